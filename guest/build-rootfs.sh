@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Stage 1 of the ZFS guest: a Debian bookworm chroot with the kernel,
+# OpenZFS 2.1.11 built by dkms for that kernel, zfsutils and the tools the
+# guest needs. Output: OUT/ (the chroot). build-image.sh picks the guest's
+# files out of it.
+#
+# Usage: build-rootfs.sh OUT
+#
+# Slow (about 15 min, mostly dkms). guest/image.sh calls it only when the
+# cache keyed by this recipe's hash is empty. See docs/guest.md.
+set -euo pipefail
+
+out=${1:?usage: build-image.sh OUT}
+mirror=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+
+work=$(mktemp -d "${TMPDIR:-/var/tmp}/zfs-guest-rootfs.XXXXXX")
+chroot_dir=$out
+cleanup() {
+  for m in proc sys dev; do umount -l "$chroot_dir/$m" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+log() { printf 'guest-build: %s\n' "$*" >&2; }
+
+log "debootstrap bookworm into $chroot_dir"
+debootstrap --variant=minbase --components=main,contrib bookworm "$chroot_dir" "$mirror" >"$work/debootstrap.log" 2>&1 ||
+  { tail -30 "$work/debootstrap.log" >&2; exit 1; }
+
+cat >"$chroot_dir/etc/apt/sources.list" <<EOF
+deb $mirror bookworm main contrib
+deb $mirror bookworm-updates main contrib
+EOF
+# No services start inside the chroot.
+printf '#!/bin/sh\nexit 101\n' >"$chroot_dir/usr/sbin/policy-rc.d"
+chmod +x "$chroot_dir/usr/sbin/policy-rc.d"
+for m in proc sys dev; do mount --bind "/$m" "$chroot_dir/$m"; done
+
+in_chroot() { chroot "$chroot_dir" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin DEBIAN_FRONTEND=noninteractive "$@"; }
+
+log "installing kernel and tools"
+in_chroot apt-get update -qq
+in_chroot apt-get install -y -qq --no-install-recommends \
+  linux-image-amd64 linux-headers-amd64 busybox-static dash bash kmod \
+  iproute2 socat fdisk coreutils util-linux procps psmisc e2fsprogs >"$work/apt.log" 2>&1 ||
+  { tail -30 "$work/apt.log" >&2; exit 1; }
+
+kver=$(basename "$(ls -d "$chroot_dir"/lib/modules/*-amd64 | sort -V | tail -1)")
+log "kernel $kver; building zfs with dkms (the slow part)"
+in_chroot apt-get install -y -qq --no-install-recommends zfs-dkms zfsutils-linux >>"$work/apt.log" 2>&1 ||
+  { tail -30 "$work/apt.log" >&2; exit 1; }
+# The postinst builds for the running kernel, which is the host's: build for the guest's.
+if ! ls "$chroot_dir/lib/modules/$kver/updates/dkms/zfs.ko"* >/dev/null 2>&1; then
+  zfsver=$(in_chroot dpkg-query -W -f='${Version}' zfs-dkms | sed 's/-.*//')
+  in_chroot dkms install "zfs/$zfsver" -k "$kver" >"$work/dkms.log" 2>&1 ||
+    { tail -30 "$work/dkms.log" >&2; exit 1; }
+fi
+
+rm -rf "$chroot_dir"/var/cache/apt/archives/*.deb "$chroot_dir"/usr/src/zfs-*/
+log "done: $out"

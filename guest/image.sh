@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Prints the directory holding the ZFS guest image (vmlinuz, initrd.gz),
+# building what the cache lacks for the current recipe first. The cache lives
+# outside the repo and each stage is keyed by a hash of its recipe files:
+#   chroot-KEY1  debootstrap + kernel + dkms (slow, ~15 min)   build-rootfs.sh
+#   image-KEY2   kernel + initramfs without init (~1 min)      + build-image.sh
+#   guest-KEY3   initramfs with guest/init appended (instant)  + init
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+cache=${ZFS_GUEST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/zfs-nomad}
+
+key() { cat "$@" | sha256sum | cut -c1-16; }
+rootfs=$cache/chroot-$(key "$here/build-rootfs.sh")
+image=$cache/image-$(key "$here/build-rootfs.sh" "$here/build-image.sh")
+guest=$cache/guest-$(key "$here/build-rootfs.sh" "$here/build-image.sh" "$here/init")
+
+if [ -s "$guest/initrd.gz" ]; then echo "$guest"; exit 0; fi
+
+mkdir -p "$cache"
+exec 9>"$cache/build.lock"
+flock 9
+if [ ! -s "$image/base.cpio.gz" ]; then
+  if [ ! -e "$rootfs/.complete" ]; then
+    echo "guest: no cached chroot for this recipe: building it (about 15 min, once)" >&2
+    "$here/../hack/install-host-deps.sh"
+    # A killed earlier build may have left its bind mounts behind: never delete through them.
+    for m in proc sys dev; do umount -l "$rootfs/$m" 2>/dev/null || true; done
+    rm -rf --one-file-system "$rootfs"
+    "$here/build-rootfs.sh" "$rootfs"
+    touch "$rootfs/.complete"
+  fi
+  rm -rf "$image.tmp"
+  "$here/build-image.sh" "$rootfs" "$image.tmp"
+  rm -rf "$image" && mv "$image.tmp" "$image"
+fi
+if [ ! -s "$guest/initrd.gz" ]; then
+  tmp=$(mktemp -d)
+  install -m 0755 "$here/init" "$tmp/init"
+  mkdir -p "$guest.tmp"
+  cp "$image/vmlinuz" "$image/kernel-version" "$guest.tmp/"
+  { cat "$image/base.cpio.gz"; (cd "$tmp" && echo init | cpio -o -H newc --quiet | gzip -1); } >"$guest.tmp/initrd.gz"
+  rm -rf "$tmp" "$guest" && mv "$guest.tmp" "$guest"
+fi
+echo "$guest"

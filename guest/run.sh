@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Boots the ZFS guest once to run SHARE/run.sh inside it, and exits with
+# that script's exit status. The guest sees SHARE at /share and, with -r,
+# the host directory REPO read-only at the same path. Each -d adds a fresh
+# sparse virtio disk (/dev/vda, /dev/vdb, ...).
+#
+# Usage: run.sh [-t SECONDS] [-d SIZE]... [-m MEM] [-r REPO] [-q] SHARE
+#
+# The console is written to SHARE/console.log (and to stdout unless -q).
+# Every boot is bounded: the guest must show it booted within 60 s (it
+# hangs at boot now and then under TCG; such a boot is retried twice), and
+# the whole run must end within -t seconds (default 600).
+set -euo pipefail
+
+timeout_s=600
+mem=2G
+repo=""
+quiet=""
+disks=()
+while getopts "t:d:m:r:q" opt; do
+  case "$opt" in
+    t) timeout_s=$OPTARG ;;
+    d) disks+=("$OPTARG") ;;
+    m) mem=$OPTARG ;;
+    r) repo=$OPTARG ;;
+    q) quiet=1 ;;
+    *) echo "usage: run.sh [-t SECONDS] [-d SIZE]... [-m MEM] [-r REPO] [-q] SHARE" >&2; exit 2 ;;
+  esac
+done
+shift $((OPTIND - 1))
+share=$(cd "${1:?usage: run.sh [options] SHARE}" && pwd)
+here=$(cd "$(dirname "$0")" && pwd)
+image=$("$here/image.sh")
+
+args=(
+  -M pc -accel tcg,thread=multi -cpu qemu64 -smp 2 -m "$mem"
+  -no-reboot -nodefaults -nographic -serial stdio
+  -bios /usr/share/qemu/qboot.rom
+  -kernel "$image/vmlinuz" -initrd "$image/initrd.gz"
+  -virtfs "local,path=$share,mount_tag=share,security_model=none"
+)
+cmdline="console=ttyS0 quiet panic=-1"
+if [ -n "$repo" ]; then
+  repo=$(cd "$repo" && pwd)
+  args+=(-virtfs "local,path=$repo,mount_tag=repo,security_model=none,readonly=on")
+  cmdline+=" zfsguest.repo=$repo"
+fi
+args+=(-append "$cmdline")
+
+disk_dir=$(mktemp -d "${TMPDIR:-/var/tmp}/zfs-guest-disks.XXXXXX")
+trap 'rm -rf "$disk_dir"' EXIT
+
+boot() {
+  local i=0 size
+  for size in "${disks[@]}"; do
+    rm -f "$disk_dir/disk$i.raw"
+    truncate -s "$size" "$disk_dir/disk$i.raw"
+    args_disks+=(-drive "file=$disk_dir/disk$i.raw,if=virtio,format=raw,cache=unsafe")
+    i=$((i + 1))
+  done
+  rm -f "$share/exit-status" "$share/booted"
+  : >"$share/console.log"
+  if [ -n "$quiet" ]; then
+    timeout -k 5 "$timeout_s" qemu-system-x86_64 "${args[@]}" "${args_disks[@]}" </dev/null >>"$share/console.log" 2>&1 &
+  else
+    timeout -k 5 "$timeout_s" qemu-system-x86_64 "${args[@]}" "${args_disks[@]}" </dev/null 2>&1 | tee -a "$share/console.log" &
+  fi
+  local pid=$!
+  # Boot watchdog: the guest's init touches /share/booted once ZFS is loaded.
+  for _ in $(seq 1 120); do
+    [ -e "$share/booted" ] && break
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.5
+  done
+  if [ ! -e "$share/booted" ] && kill -0 "$pid" 2>/dev/null; then
+    pkill -P "$pid" 2>/dev/null || true
+    pkill -f "path=$share,mount_tag=share" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+    return 75
+  fi
+  wait "$pid" || true
+}
+
+for attempt in 1 2 3; do
+  args_disks=()
+  if boot; then break; fi
+  echo "guest: no boot within 60 s (attempt $attempt); retrying" >&2
+  [ "$attempt" -lt 3 ] || { echo "guest: gave up booting; console: $share/console.log" >&2; exit 125; }
+done
+
+if [ ! -s "$share/exit-status" ]; then
+  echo "guest: ended without an exit status (timeout after ${timeout_s}s or crash); console: $share/console.log" >&2
+  exit 124
+fi
+exit "$(cat "$share/exit-status")"
