@@ -1,0 +1,86 @@
+// Command zfs-controller is the driver's controller plugin: the CSI
+// Identity and Controller services. It decides where volumes live and asks
+// the node agents to act; data never flows through it. It needs no ZFS and
+// is built without cgo.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	csispec "github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/cluster"
+	"github.com/zfs-nomad/zfs-nomad/internal/config"
+	"github.com/zfs-nomad/zfs-nomad/internal/csi"
+	"github.com/zfs-nomad/zfs-nomad/internal/version"
+)
+
+func main() {
+	if err := run(os.Args[1:]); err != nil {
+		if !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(os.Stderr, "zfs-controller:", err)
+		}
+		os.Exit(1)
+	}
+}
+
+func run(args []string) error {
+	if len(args) == 1 && (args[0] == "-version" || args[0] == "--version") {
+		fmt.Println("zfs-controller", version.Version)
+		return nil
+	}
+	cfg, err := config.LoadController(args, os.Getenv, os.Stderr)
+	if err != nil {
+		return err
+	}
+	log := csi.NewLogger("zfs-controller", os.Getenv)
+
+	var peers cluster.PeerSource = cluster.StaticPeers(cfg.Peers)
+	if cfg.PeersFile != "" {
+		peers = &cluster.PeersFile{Path: cfg.PeersFile}
+	}
+	nodes := cluster.New(peers, time.Duration(cfg.AgentTimeout), log.Named("cluster"))
+	defer nodes.Close()
+
+	lis, err := csi.Listen(cfg.CSIEndpoint)
+	if err != nil {
+		return err
+	}
+	srv := grpc.NewServer(grpc.UnaryInterceptor(csi.LoggingInterceptor(log.Named("csi"))))
+	csispec.RegisterIdentityServer(srv, csi.NewIdentity(func(ctx context.Context) error { return probe(ctx, nodes) }))
+	csispec.RegisterControllerServer(srv, csi.NewController(nodes, cfg.Placement, log.Named("csi")))
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	log.Info("serving", "version", version.Version, "csi_endpoint", cfg.CSIEndpoint, "peers", cfg.Peers, "peers_file", cfg.PeersFile)
+	err = csi.Serve(ctx, srv, lis, 10*time.Second)
+	log.Info("stopped")
+	return err
+}
+
+// probe is ready when at least one node agent answers and is healthy.
+func probe(ctx context.Context, nodes *cluster.Cluster) error {
+	all, unreachable, err := nodes.Nodes(ctx)
+	if err != nil {
+		return err
+	}
+	if len(cluster.Healthy(all)) > 0 {
+		return nil
+	}
+	var reasons []error
+	for _, n := range all {
+		reasons = append(reasons, fmt.Errorf("node %s: %s", n.Info.GetNodeId(), n.Info.GetUnhealthyReason()))
+	}
+	for _, u := range unreachable {
+		reasons = append(reasons, fmt.Errorf("agent %s: %w", u.Addr, u.Err))
+	}
+	return fmt.Errorf("no healthy node agent: %w", errors.Join(reasons...))
+}

@@ -1,0 +1,88 @@
+// Command zfs-node is the driver's node plugin: the CSI Identity and Node
+// services on the CSI endpoint, and the node agent service (for the
+// controller) on a TCP port. It runs on every Nomad client with a ZFS pool.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	csispec "github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/agent"
+	"github.com/zfs-nomad/zfs-nomad/internal/config"
+	"github.com/zfs-nomad/zfs-nomad/internal/csi"
+	"github.com/zfs-nomad/zfs-nomad/internal/mount"
+	"github.com/zfs-nomad/zfs-nomad/internal/version"
+	"github.com/zfs-nomad/zfs-nomad/internal/volume"
+	"github.com/zfs-nomad/zfs-nomad/internal/zfs/libzfs"
+	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
+)
+
+func main() {
+	if err := run(os.Args[1:]); err != nil {
+		if !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(os.Stderr, "zfs-node:", err)
+		}
+		os.Exit(1)
+	}
+}
+
+func run(args []string) error {
+	if len(args) == 1 && (args[0] == "-version" || args[0] == "--version") {
+		fmt.Println("zfs-node", version.Version)
+		return nil
+	}
+	cfg, err := config.LoadNode(args, os.Getenv, os.Stderr)
+	if err != nil {
+		return err
+	}
+	log := csi.NewLogger("zfs-node", os.Getenv).With("node_id", cfg.NodeID)
+
+	z, err := libzfs.New(volume.UserProperties...)
+	if err != nil {
+		return err
+	}
+	volumes := volume.NewManager(z, cfg, log.Named("volumes"))
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := volumes.Health(startCtx); err != nil {
+		return fmt.Errorf("cannot serve volumes: %w", err)
+	}
+
+	csiLis, err := csi.Listen(cfg.CSIEndpoint)
+	if err != nil {
+		return err
+	}
+	agentLis, err := net.Listen("tcp", cfg.AgentAddress)
+	if err != nil {
+		return fmt.Errorf("agent address %s: %w", cfg.AgentAddress, err)
+	}
+
+	csiSrv := grpc.NewServer(grpc.UnaryInterceptor(csi.LoggingInterceptor(log.Named("csi"))))
+	csispec.RegisterIdentityServer(csiSrv, csi.NewIdentity(volumes.Health))
+	csispec.RegisterNodeServer(csiSrv, csi.NewNode(volumes, mount.System{}, cfg, log.Named("csi")))
+
+	agentSrv := grpc.NewServer(grpc.UnaryInterceptor(csi.LoggingInterceptor(log.Named("agent"))))
+	pb.RegisterNodeAgentServer(agentSrv, agent.NewServer(volumes, cfg, log.Named("agent")))
+
+	log.Info("serving", "version", version.Version, "csi_endpoint", cfg.CSIEndpoint, "agent_address", agentLis.Addr().String(),
+		"root_dataset", cfg.RootDataset, "max_quota", cfg.MaxQuota.String())
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return csi.Serve(gctx, csiSrv, csiLis, 10*time.Second) })
+	g.Go(func() error { return csi.Serve(gctx, agentSrv, agentLis, 10*time.Second) })
+	err = g.Wait()
+	log.Info("stopped")
+	return err
+}

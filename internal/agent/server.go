@@ -1,0 +1,154 @@
+// Package agent is the node agent service (proto/agentpb) on both ends:
+// Server exposes a node's volume.Manager to the controller, Client is what
+// the controller calls. Protobuf types stop here: both sides speak the plain
+// types of package volume.
+package agent
+
+import (
+	"context"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/config"
+	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
+	"github.com/zfs-nomad/zfs-nomad/internal/version"
+	"github.com/zfs-nomad/zfs-nomad/internal/volume"
+	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
+)
+
+// Server implements pb.NodeAgentServer on a node.
+type Server struct {
+	pb.UnimplementedNodeAgentServer
+	volumes *volume.Manager
+	cfg     config.Node
+	log     hclog.Logger
+}
+
+// NewServer returns the agent service of the node described by cfg.
+func NewServer(volumes *volume.Manager, cfg config.Node, log hclog.Logger) *Server {
+	return &Server{volumes: volumes, cfg: cfg, log: log}
+}
+
+func (s *Server) GetNode(ctx context.Context, _ *pb.GetNodeRequest) (*pb.Node, error) {
+	n := &pb.Node{
+		NodeId:        s.cfg.NodeID,
+		Topology:      s.cfg.Segments(),
+		MaxQuotaBytes: uint64(s.cfg.MaxQuota),
+		MaxVolumes:    s.cfg.MaxVolumes,
+		Version:       version.Version,
+	}
+	if err := s.volumes.Health(ctx); err != nil {
+		n.UnhealthyReason = err.Error()
+		return n, nil
+	}
+	c, err := s.volumes.Capacity(ctx)
+	if err != nil {
+		n.UnhealthyReason = err.Error()
+		return n, nil
+	}
+	n.AvailableBytes = c.Available
+	n.Volumes = int64(c.Volumes)
+	return n, nil
+}
+
+func (s *Server) CreateVolume(ctx context.Context, req *pb.CreateVolumeRequest) (*pb.Volume, error) {
+	v, err := s.volumes.Create(ctx, volume.CreateRequest{
+		Name:             req.GetName(),
+		RequiredBytes:    req.GetRequiredBytes(),
+		LimitBytes:       req.GetLimitBytes(),
+		Parameters:       req.GetParameters(),
+		SourceSnapshotID: req.GetSourceSnapshotId(),
+		SourceVolumeID:   req.GetSourceVolumeId(),
+	})
+	if err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	return s.volumeToPB(v), nil
+}
+
+func (s *Server) DeleteVolume(ctx context.Context, req *pb.DeleteVolumeRequest) (*pb.DeleteVolumeResponse, error) {
+	if err := s.volumes.Delete(ctx, req.GetVolumeId()); err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	return &pb.DeleteVolumeResponse{}, nil
+}
+
+func (s *Server) GetVolume(ctx context.Context, req *pb.GetVolumeRequest) (*pb.Volume, error) {
+	v, err := s.volumes.Get(ctx, req.GetVolumeId())
+	if err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	return s.volumeToPB(v), nil
+}
+
+func (s *Server) ListVolumes(ctx context.Context, _ *pb.ListVolumesRequest) (*pb.ListVolumesResponse, error) {
+	vols, err := s.volumes.List(ctx)
+	if err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	resp := &pb.ListVolumesResponse{}
+	for _, v := range vols {
+		resp.Volumes = append(resp.Volumes, s.volumeToPB(v))
+	}
+	return resp, nil
+}
+
+func (s *Server) ExpandVolume(ctx context.Context, req *pb.ExpandVolumeRequest) (*pb.ExpandVolumeResponse, error) {
+	capacity, err := s.volumes.Expand(ctx, req.GetVolumeId(), req.GetRequiredBytes(), req.GetLimitBytes())
+	if err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	return &pb.ExpandVolumeResponse{CapacityBytes: capacity}, nil
+}
+
+func (s *Server) CreateSnapshot(ctx context.Context, req *pb.CreateSnapshotRequest) (*pb.Snapshot, error) {
+	snap, err := s.volumes.CreateSnapshot(ctx, req.GetSourceVolumeId(), req.GetName())
+	if err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	return s.snapshotToPB(snap), nil
+}
+
+func (s *Server) DeleteSnapshot(ctx context.Context, req *pb.DeleteSnapshotRequest) (*pb.DeleteSnapshotResponse, error) {
+	if err := s.volumes.DeleteSnapshot(ctx, req.GetSnapshotId()); err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	return &pb.DeleteSnapshotResponse{}, nil
+}
+
+func (s *Server) ListSnapshots(ctx context.Context, _ *pb.ListSnapshotsRequest) (*pb.ListSnapshotsResponse, error) {
+	snaps, err := s.volumes.ListSnapshots(ctx)
+	if err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	resp := &pb.ListSnapshotsResponse{}
+	for _, sn := range snaps {
+		resp.Snapshots = append(resp.Snapshots, s.snapshotToPB(sn))
+	}
+	return resp, nil
+}
+
+func (s *Server) volumeToPB(v volume.Volume) *pb.Volume {
+	return &pb.Volume{
+		VolumeId:      v.ID,
+		Name:          v.Name,
+		CapacityBytes: v.Capacity,
+		UsedBytes:     v.Used,
+		Parameters:    v.Parameters,
+		Source:        v.Source,
+		NodeId:        s.cfg.NodeID,
+		CreatedUnix:   v.Created.Unix(),
+		Generation:    v.Generation,
+	}
+}
+
+func (s *Server) snapshotToPB(sn volume.Snapshot) *pb.Snapshot {
+	return &pb.Snapshot{
+		SnapshotId:     sn.ID,
+		Name:           sn.Name,
+		SourceVolumeId: sn.SourceVolumeID,
+		SizeBytes:      sn.Size,
+		CreatedUnix:    sn.Created.Unix(),
+		NodeId:         s.cfg.NodeID,
+	}
+}

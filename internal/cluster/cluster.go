@@ -1,0 +1,205 @@
+// Package cluster is the controller's view of the node agents: where they
+// are (a PeerSource), what each holds (asked live, never cached as truth) and
+// where a new volume should go (Place).
+//
+// The controller keeps no state of its own. Every question ("which node holds
+// volume X?") is answered by asking the agents, whose answers come from ZFS
+// user properties; a restarted controller is at once as good as before.
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
+	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
+)
+
+// Node is one reachable agent and what it said about itself.
+type Node struct {
+	Addr   string
+	Info   *pb.Node
+	Client pb.NodeAgentClient
+}
+
+// Unreachable records an agent that did not answer.
+type Unreachable struct {
+	Addr string
+	Err  error
+}
+
+// Cluster reaches the node agents named by a PeerSource.
+type Cluster struct {
+	peers   PeerSource
+	timeout time.Duration
+	log     hclog.Logger
+	dial    func(addr string) (*grpc.ClientConn, error)
+
+	mu    sync.Mutex
+	conns map[string]*grpc.ClientConn
+}
+
+// New returns a Cluster. Each agent call is bounded by timeout.
+func New(peers PeerSource, timeout time.Duration, log hclog.Logger) *Cluster {
+	return &Cluster{
+		peers:   peers,
+		timeout: timeout,
+		log:     log,
+		conns:   map[string]*grpc.ClientConn{},
+		dial: func(addr string) (*grpc.ClientConn, error) {
+			// Plain gRPC for now; mutual TLS arrives with the replication port.
+			return grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		},
+	}
+}
+
+// Close closes all agent connections.
+func (c *Cluster) Close() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for addr, conn := range c.conns {
+		_ = conn.Close()
+		delete(c.conns, addr)
+	}
+}
+
+func (c *Cluster) client(addr string) (pb.NodeAgentClient, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	conn, ok := c.conns[addr]
+	if !ok {
+		var err error
+		if conn, err = c.dial(addr); err != nil {
+			return nil, fmt.Errorf("agent %s: %w", addr, err)
+		}
+		c.conns[addr] = conn
+	}
+	return pb.NewNodeAgentClient(conn), nil
+}
+
+// Nodes asks every agent about itself, in parallel. Unhealthy agents are
+// returned with UnhealthyReason set; agents that do not answer are listed
+// in unreachable. It fails only when the peer list cannot be read.
+func (c *Cluster) Nodes(ctx context.Context) (nodes []Node, unreachable []Unreachable, err error) {
+	addrs, err := c.peers.Peers()
+	if err != nil && len(addrs) == 0 {
+		return nil, nil, fmt.Errorf("%w: no node agents known: %v", errdefs.ErrUnavailable, err)
+	}
+	if err != nil {
+		c.log.Warn("using the last good peer list", "error", err)
+	}
+	var mu sync.Mutex
+	g, gctx := errgroup.WithContext(ctx)
+	for _, addr := range addrs {
+		g.Go(func() error {
+			n, err := c.node(gctx, addr)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				unreachable = append(unreachable, Unreachable{Addr: addr, Err: err})
+				return nil
+			}
+			nodes = append(nodes, n)
+			return nil
+		})
+	}
+	_ = g.Wait() // the goroutines record failures instead of returning them
+	sort.Slice(nodes, func(i, j int) bool { return nodes[i].Info.GetNodeId() < nodes[j].Info.GetNodeId() })
+	for _, u := range unreachable {
+		c.log.Warn("node agent unreachable", "addr", u.Addr, "error", u.Err)
+	}
+	return nodes, unreachable, nil
+}
+
+func (c *Cluster) node(ctx context.Context, addr string) (Node, error) {
+	client, err := c.client(addr)
+	if err != nil {
+		return Node{}, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	info, err := client.GetNode(ctx, &pb.GetNodeRequest{})
+	if err != nil {
+		return Node{}, fmt.Errorf("agent %s: %w", addr, err)
+	}
+	return Node{Addr: addr, Info: info, Client: client}, nil
+}
+
+// Healthy returns the nodes that answered and are healthy.
+func Healthy(nodes []Node) []Node {
+	var out []Node
+	for _, n := range nodes {
+		if n.Info.GetUnhealthyReason() == "" {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// Located is an object found on a node.
+type Located[T any] struct {
+	Node   Node
+	Object T
+}
+
+// Find asks every node, in parallel, for one object with get. A node's
+// NotFound means it does not hold it. It fails with ErrNotFound only when
+// every node answered that it does not hold it, and with ErrUnavailable when
+// some node could not answer: "not found" must never be guessed, or a
+// delete would report success while data stays behind.
+func Find[T any](ctx context.Context, c *Cluster, what string, get func(context.Context, pb.NodeAgentClient) (T, error)) (Located[T], error) {
+	nodes, unreachable, err := c.Nodes(ctx)
+	if err != nil {
+		return Located[T]{}, err
+	}
+	var (
+		mu    sync.Mutex
+		found []Located[T]
+		errs  []error
+	)
+	g, gctx := errgroup.WithContext(ctx)
+	for _, n := range nodes {
+		g.Go(func() error {
+			cctx, cancel := context.WithTimeout(gctx, c.timeout)
+			defer cancel()
+			obj, err := get(cctx, n.Client)
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				found = append(found, Located[T]{Node: n, Object: obj})
+			case !errors.Is(errdefs.FromStatus(err), errdefs.ErrNotFound):
+				errs = append(errs, fmt.Errorf("node %s: %w", n.Info.GetNodeId(), err))
+			}
+			return nil
+		})
+	}
+	_ = g.Wait()
+	if len(found) > 0 {
+		if len(found) > 1 {
+			c.log.Error("object found on more than one node; using the first", "object", what, "nodes", len(found))
+		}
+		return found[0], nil
+	}
+	for _, u := range unreachable {
+		errs = append(errs, fmt.Errorf("agent %s unreachable: %w", u.Addr, u.Err))
+	}
+	if len(errs) > 0 {
+		return Located[T]{}, fmt.Errorf("%w: cannot tell where %s is: %v", errdefs.ErrUnavailable, what, errors.Join(errs...))
+	}
+	return Located[T]{}, fmt.Errorf("%w: %s", errdefs.ErrNotFound, what)
+}
+
+// Call bounds one agent call by the agent timeout.
+func (c *Cluster) Call(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, c.timeout)
+}

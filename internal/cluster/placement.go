@@ -1,0 +1,115 @@
+package cluster
+
+import (
+	"fmt"
+	"sort"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
+)
+
+// Candidate is a node as placement sees it.
+type Candidate struct {
+	NodeID     string
+	Topology   map[string]string
+	Available  uint64
+	MaxQuota   uint64
+	Volumes    int64
+	MaxVolumes int64
+}
+
+// Requirement is what a new volume needs of its node.
+type Requirement struct {
+	Bytes uint64
+	// Requisite: the node must match one of these segments (all keys of it).
+	// Empty means any node.
+	Requisite []map[string]string
+	// Preferred: nodes matching earlier segments come first.
+	Preferred []map[string]string
+	// Node pins the volume to one node ID ("" for any).
+	Node string
+	// Policy is "most-free" or "fewest-volumes".
+	Policy string
+}
+
+// Place returns the nodes that can hold the volume, best first. It fails
+// with ErrOutOfRange when the size is above every node's ceiling, and with
+// ErrResourceExhausted when nodes match but none has room.
+func Place(cands []Candidate, req Requirement) ([]Candidate, error) {
+	var matching []Candidate
+	for _, c := range cands {
+		if (req.Node == "" || c.NodeID == req.Node) && matchesAny(c.Topology, req.Requisite) {
+			matching = append(matching, c)
+		}
+	}
+	if len(matching) == 0 {
+		return nil, fmt.Errorf("%w: no reachable, healthy node matches the topology requirement%s", errdefs.ErrResourceExhausted, describeNode(req.Node))
+	}
+	var fitting []Candidate
+	var largestCeiling uint64
+	for _, c := range matching {
+		largestCeiling = max(largestCeiling, c.MaxQuota)
+		if c.MaxQuota >= req.Bytes && c.Available >= req.Bytes && (c.MaxVolumes == 0 || c.Volumes < c.MaxVolumes) {
+			fitting = append(fitting, c)
+		}
+	}
+	if len(fitting) == 0 {
+		if req.Bytes > largestCeiling {
+			return nil, fmt.Errorf("%w: %d bytes is above the maximum volume size of every matching node (largest: %d)", errdefs.ErrOutOfRange, req.Bytes, largestCeiling)
+		}
+		return nil, fmt.Errorf("%w: no matching node has %d bytes free or room for another volume", errdefs.ErrResourceExhausted, req.Bytes)
+	}
+	sort.SliceStable(fitting, func(i, j int) bool {
+		a, b := fitting[i], fitting[j]
+		if pa, pb := preferenceRank(a.Topology, req.Preferred), preferenceRank(b.Topology, req.Preferred); pa != pb {
+			return pa < pb
+		}
+		if req.Policy == "fewest-volumes" && a.Volumes != b.Volumes {
+			return a.Volumes < b.Volumes
+		}
+		if a.Available != b.Available {
+			return a.Available > b.Available
+		}
+		return a.NodeID < b.NodeID
+	})
+	return fitting, nil
+}
+
+func describeNode(node string) string {
+	if node == "" {
+		return ""
+	}
+	return fmt.Sprintf(" and the %q parameter (%s)", "node", node)
+}
+
+// Matches reports whether a node's topology holds every key of segment.
+func Matches(topology, segment map[string]string) bool {
+	for k, v := range segment {
+		if topology[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+func matchesAny(topology map[string]string, segments []map[string]string) bool {
+	if len(segments) == 0 {
+		return true
+	}
+	for _, s := range segments {
+		if Matches(topology, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// preferenceRank is the index of the first preferred segment the node
+// matches, or len(preferred) when it matches none.
+func preferenceRank(topology map[string]string, preferred []map[string]string) int {
+	for i, s := range preferred {
+		if Matches(topology, s) {
+			return i
+		}
+	}
+	return len(preferred)
+}

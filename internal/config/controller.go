@@ -1,0 +1,78 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Controller is the configuration of zfs-controller.
+type Controller struct {
+	// CSIEndpoint is where the CSI Identity and Controller services listen.
+	CSIEndpoint string `json:"csi_endpoint"`
+	// Peers lists node agent addresses (host:port) for clusters without
+	// service discovery. Ignored when PeersFile is set.
+	Peers []string `json:"peers"`
+	// PeersFile names a file with one agent address per line, re-read when
+	// it changes. Under Nomad a template renders it from service discovery.
+	PeersFile string `json:"peers_file"`
+	// Placement is "most-free" (default: the matching node with the most
+	// free space) or "fewest-volumes".
+	Placement string `json:"placement"`
+	// AgentTimeout bounds each call to a node agent.
+	AgentTimeout Duration `json:"agent_timeout"`
+}
+
+// DefaultController returns the defaults a config file or flags override.
+func DefaultController() Controller {
+	return Controller{
+		CSIEndpoint:  "unix:///run/zfs-nomad/controller.sock",
+		Placement:    "most-free",
+		AgentTimeout: Duration(30 * time.Second),
+	}
+}
+
+// Validate checks the config and explains every problem at once.
+func (c *Controller) Validate() error {
+	var errs []error
+	if c.CSIEndpoint == "" {
+		errs = append(errs, errors.New("csi_endpoint: required (Nomad sets CSI_ENDPOINT)"))
+	}
+	if c.PeersFile == "" && len(c.Peers) == 0 {
+		errs = append(errs, errors.New("peers or peers_file: required, where the node agents are"))
+	}
+	for _, p := range c.Peers {
+		if _, port, ok := strings.Cut(p, ":"); !ok || port == "" {
+			errs = append(errs, fmt.Errorf("peers: %q is not host:port", p))
+		}
+	}
+	if c.Placement != "most-free" && c.Placement != "fewest-volumes" {
+		errs = append(errs, fmt.Errorf("placement %q: must be most-free or fewest-volumes", c.Placement))
+	}
+	if c.AgentTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("agent_timeout %s: must be positive", time.Duration(c.AgentTimeout)))
+	}
+	return errors.Join(errs...)
+}
+
+// Duration is a time.Duration that reads "30s" in JSON.
+type Duration time.Duration
+
+func (d *Duration) UnmarshalJSON(data []byte) error {
+	s := strings.Trim(string(data), `"`)
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("duration %s: %w", data, err)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+func (d Duration) String() string { return time.Duration(d).String() }
+
+func (d *Duration) Set(s string) error {
+	v, err := time.ParseDuration(s)
+	*d = Duration(v)
+	return err
+}

@@ -1,0 +1,169 @@
+package config
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+)
+
+// EnvPrefix starts every environment variable the binaries read: the flag
+// -max-quota is also ZFS_NOMAD_MAX_QUOTA.
+const EnvPrefix = "ZFS_NOMAD_"
+
+// LoadNode reads zfs-node's configuration: defaults, then the JSON file
+// named by -config, then the environment, then flags; and validates it.
+func LoadNode(args []string, getenv func(string) string, stderr io.Writer) (Node, error) {
+	cfg := DefaultNode()
+	fs := flag.NewFlagSet("zfs-node", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.String("config", "", "JSON config file (see docs/config.md)")
+	fs.StringVar(&cfg.NodeID, "node-id", cfg.NodeID, "this node's ID (Nomad: ${node.unique.name})")
+	fs.StringVar(&cfg.RootDataset, "root-dataset", cfg.RootDataset, "parent dataset of all volumes, e.g. tank/nomad")
+	fs.StringVar(&cfg.QuotaProperty, "quota-property", cfg.QuotaProperty, "quota or refquota")
+	fs.Var(&cfg.DefaultQuota, "default-quota", "size of volumes that ask for none, e.g. 1G")
+	fs.Var(&cfg.MaxQuota, "max-quota", "largest volume size allowed, e.g. 100G")
+	fs.Int64Var(&cfg.MaxVolumes, "max-volumes", cfg.MaxVolumes, "volumes this node accepts (0: no limit)")
+	fs.StringVar(&cfg.CSIEndpoint, "csi-endpoint", cfg.CSIEndpoint, "CSI endpoint (env CSI_ENDPOINT too)")
+	fs.StringVar(&cfg.AgentAddress, "agent-address", cfg.AgentAddress, "host:port of the node agent service")
+	fs.Var((*mapFlag)(&cfg.Topology), "topology", "extra topology segments, k=v,k2=v2")
+	fs.Var((*propertyFlag)(&cfg.Properties), "allow-property", "a property volumes may set: name=default or name=default:v1|v2 (repeatable)")
+	fs.Var((*listFlag)(&cfg.MountFlags), "mount-flags", "mount flags claims may ask for, comma separated")
+	if err := load(fs, args, getenv, &cfg); err != nil {
+		return cfg, err
+	}
+	if err := cfg.Validate(); err != nil {
+		return cfg, fmt.Errorf("invalid zfs-node configuration:\n%w", err)
+	}
+	return cfg, nil
+}
+
+// LoadController reads zfs-controller's configuration like LoadNode.
+func LoadController(args []string, getenv func(string) string, stderr io.Writer) (Controller, error) {
+	cfg := DefaultController()
+	fs := flag.NewFlagSet("zfs-controller", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.String("config", "", "JSON config file (see docs/config.md)")
+	fs.StringVar(&cfg.CSIEndpoint, "csi-endpoint", cfg.CSIEndpoint, "CSI endpoint (env CSI_ENDPOINT too)")
+	fs.Var((*listFlag)(&cfg.Peers), "peers", "node agent addresses, host:port,host:port")
+	fs.StringVar(&cfg.PeersFile, "peers-file", cfg.PeersFile, "file listing node agent addresses, one per line; re-read on change")
+	fs.StringVar(&cfg.Placement, "placement", cfg.Placement, "most-free or fewest-volumes")
+	fs.Var(&cfg.AgentTimeout, "agent-timeout", "bound on each call to a node agent")
+	if err := load(fs, args, getenv, &cfg); err != nil {
+		return cfg, err
+	}
+	if err := cfg.Validate(); err != nil {
+		return cfg, fmt.Errorf("invalid zfs-controller configuration:\n%w", err)
+	}
+	return cfg, nil
+}
+
+// load applies the file, the environment and the flags, in that order, to
+// cfg, which fs's flags are bound to.
+func load(fs *flag.FlagSet, args []string, getenv func(string) string, cfg any) error {
+	path := configPath(args, getenv)
+	if path != "" {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return fmt.Errorf("reading config file: %w", err)
+		}
+		dec := json.NewDecoder(strings.NewReader(string(data)))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(cfg); err != nil {
+			return fmt.Errorf("config file %s: %w", path, err)
+		}
+	}
+	var envErr error
+	fs.VisitAll(func(f *flag.Flag) {
+		if f.Name == "config" {
+			return
+		}
+		v := getenv(EnvPrefix + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_")))
+		if v == "" && f.Name == "csi-endpoint" {
+			v = getenv("CSI_ENDPOINT") // what Nomad sets for plugins
+		}
+		if v != "" && envErr == nil {
+			if err := f.Value.Set(v); err != nil {
+				envErr = fmt.Errorf("environment %s%s: %w", EnvPrefix, strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_")), err)
+			}
+		}
+	})
+	if envErr != nil {
+		return envErr
+	}
+	return fs.Parse(args)
+}
+
+func configPath(args []string, getenv func(string) string) string {
+	path := getenv(EnvPrefix + "CONFIG")
+	for i, a := range args {
+		a = strings.TrimLeft(a, "-")
+		if v, ok := strings.CutPrefix(a, "config="); ok {
+			path = v
+		} else if a == "config" && i+1 < len(args) {
+			path = args[i+1]
+		}
+	}
+	return path
+}
+
+type listFlag []string
+
+func (l *listFlag) String() string { return strings.Join(*l, ",") }
+func (l *listFlag) Set(s string) error {
+	*l = nil
+	for _, v := range strings.Split(s, ",") {
+		if v = strings.TrimSpace(v); v != "" {
+			*l = append(*l, v)
+		}
+	}
+	return nil
+}
+
+type mapFlag map[string]string
+
+func (m *mapFlag) String() string {
+	var parts []string
+	for k, v := range *m {
+		parts = append(parts, k+"="+v)
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, ",")
+}
+
+func (m *mapFlag) Set(s string) error {
+	*m = map[string]string{}
+	for _, kv := range strings.Split(s, ",") {
+		k, v, ok := strings.Cut(strings.TrimSpace(kv), "=")
+		if !ok {
+			return fmt.Errorf("%q is not key=value", kv)
+		}
+		(*m)[k] = v
+	}
+	return nil
+}
+
+type propertyFlag map[string]PropertyRule
+
+func (p *propertyFlag) String() string { return fmt.Sprint(map[string]PropertyRule(*p)) }
+
+// Set reads name=default or name=default:v1|v2; each use adds one property.
+func (p *propertyFlag) Set(s string) error {
+	name, rest, ok := strings.Cut(s, "=")
+	if !ok {
+		return fmt.Errorf("%q: want name=default or name=default:v1|v2", s)
+	}
+	def, allowed, _ := strings.Cut(rest, ":")
+	rule := PropertyRule{Default: def}
+	if allowed != "" {
+		rule.Allowed = strings.Split(allowed, "|")
+	}
+	if *p == nil {
+		*p = map[string]PropertyRule{}
+	}
+	(*p)[name] = rule
+	return nil
+}

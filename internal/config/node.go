@@ -1,0 +1,198 @@
+// Package config holds the operator's configuration of zfs-node and
+// zfs-controller: how it is read (file, environment, flags, in rising
+// precedence) and how it is validated before anything starts.
+//
+// The operator's config is the most powerful of the three places settings
+// come from: it bounds what volume parameters (set by the job submitter at
+// create) and mount flags (set per claim) may ask for. See docs/config.md.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"sort"
+	"strings"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/zfs"
+)
+
+// Node is the configuration of one zfs-node.
+type Node struct {
+	// NodeID names this node to the CO and to the controller. Required.
+	NodeID string `json:"node_id"`
+	// RootDataset is the parent of every volume on this node, e.g.
+	// "tank/nomad". It must exist. Volumes never live outside it.
+	RootDataset string `json:"root_dataset"`
+	// Topology holds extra topology segments of this node (e.g. rack,
+	// datacenter); the segment TopologyNodeKey=NodeID is always added.
+	Topology map[string]string `json:"topology"`
+	// QuotaProperty is "refquota" (default: snapshots do not eat the
+	// volume's space) or "quota" (snapshots count against it).
+	QuotaProperty string `json:"quota_property"`
+	// DefaultQuota is the size of a volume whose request names none.
+	DefaultQuota ByteSize `json:"default_quota"`
+	// MaxQuota is the largest quota a volume may have. Required.
+	MaxQuota ByteSize `json:"max_quota"`
+	// Properties are the ZFS properties volumes may set, with defaults.
+	Properties map[string]PropertyRule `json:"properties"`
+	// MountFlags are the mount flags a claim may ask for.
+	MountFlags []string `json:"mount_flags"`
+	// MaxVolumes is reported to the CO in NodeGetInfo; 0 means no limit.
+	MaxVolumes int64 `json:"max_volumes"`
+	// CSIEndpoint is where the CSI Identity and Node services listen
+	// (unix:///path or tcp://host:port). Nomad sets CSI_ENDPOINT.
+	CSIEndpoint string `json:"csi_endpoint"`
+	// AgentAddress is the host:port of the node agent service the controller
+	// calls, and later peers replicate over.
+	AgentAddress string `json:"agent_address"`
+}
+
+// PropertyRule is the operator's rule for one ZFS property.
+type PropertyRule struct {
+	// Default is set on every new volume unless its parameters say otherwise;
+	// "" leaves the property inherited from the root dataset.
+	Default string `json:"default"`
+	// Allowed lists the values a volume may ask for; empty means any value
+	// ZFS accepts for the property.
+	Allowed []string `json:"allowed"`
+}
+
+// TopologyNodeKey is the topology segment that names a node.
+const TopologyNodeKey = "zfs-nomad.io/node"
+
+// SettableProperties are the ZFS properties an operator may let volumes set.
+// Properties that would let a volume escape its place (mountpoint, canmount,
+// zoned), change its size behind the quota logic (quota, reservation) or
+// need key material (encryption) are deliberately absent.
+var SettableProperties = map[string]bool{
+	"atime": true, "relatime": true, "compression": true, "recordsize": true,
+	"checksum": true, "dedup": true, "copies": true, "sync": true, "logbias": true,
+	"primarycache": true, "secondarycache": true, "xattr": true, "dnodesize": true,
+	"acltype": true, "aclinherit": true, "snapdir": true, "redundant_metadata": true,
+	"special_small_blocks": true, "exec": true, "setuid": true, "devices": true,
+	"normalization": true, "casesensitivity": true, "utf8only": true,
+}
+
+// AllowedMountFlags are the flags a claim may ask for when the operator
+// allows them; anything else is refused.
+var AllowedMountFlags = map[string]bool{
+	"ro": true, "rw": true, "noatime": true, "relatime": true, "strictatime": true,
+	"nodiratime": true, "nodev": true, "nosuid": true, "noexec": true, "sync": true, "dirsync": true,
+}
+
+var nodeIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
+
+// DefaultNode returns the defaults a config file or flags override.
+func DefaultNode() Node {
+	return Node{
+		QuotaProperty: "refquota",
+		DefaultQuota:  1 << 30,
+		Properties:    map[string]PropertyRule{},
+		MountFlags:    []string{"ro", "noatime", "relatime", "nodev", "nosuid", "noexec"},
+		CSIEndpoint:   "unix:///run/zfs-nomad/csi.sock",
+		AgentAddress:  ":7670",
+	}
+}
+
+// Validate checks the config and explains every problem at once.
+func (c *Node) Validate() error {
+	var errs []error
+	if !nodeIDPattern.MatchString(c.NodeID) {
+		errs = append(errs, fmt.Errorf("node_id %q: required; letters, digits, _ . - (at most 128)", c.NodeID))
+	}
+	if err := zfs.ValidateName(c.RootDataset); err != nil || strings.Contains(c.RootDataset, "@") {
+		errs = append(errs, fmt.Errorf("root_dataset %q: required, a filesystem such as tank/nomad", c.RootDataset))
+	}
+	if c.QuotaProperty != "quota" && c.QuotaProperty != "refquota" {
+		errs = append(errs, fmt.Errorf("quota_property %q: must be quota or refquota", c.QuotaProperty))
+	}
+	if c.MaxQuota == 0 {
+		errs = append(errs, errors.New("max_quota: required, the largest volume this node accepts (e.g. 100G)"))
+	}
+	if c.DefaultQuota == 0 || (c.MaxQuota > 0 && c.DefaultQuota > c.MaxQuota) {
+		errs = append(errs, fmt.Errorf("default_quota %s: must be above 0 and at most max_quota %s", c.DefaultQuota, c.MaxQuota))
+	}
+	for _, name := range sortedKeys(c.Properties) {
+		if !SettableProperties[name] {
+			errs = append(errs, fmt.Errorf("properties: %q is not a property volumes may set (allowed: %s)", name, strings.Join(sortedKeys(SettableProperties), ", ")))
+			continue
+		}
+		rule := c.Properties[name]
+		for _, v := range append([]string{rule.Default}, rule.Allowed...) {
+			if err := ValidatePropertyValue(v); err != nil && v != "" {
+				errs = append(errs, fmt.Errorf("properties.%s: %w", name, err))
+			}
+		}
+		if rule.Default != "" && len(rule.Allowed) > 0 && !contains(rule.Allowed, rule.Default) {
+			errs = append(errs, fmt.Errorf("properties.%s: default %q is not among allowed %v", name, rule.Default, rule.Allowed))
+		}
+	}
+	for _, f := range c.MountFlags {
+		if !AllowedMountFlags[f] {
+			errs = append(errs, fmt.Errorf("mount_flags: %q is not a supported flag (supported: %s)", f, strings.Join(sortedKeys(AllowedMountFlags), ", ")))
+		}
+	}
+	if c.CSIEndpoint == "" {
+		errs = append(errs, errors.New("csi_endpoint: required (Nomad sets CSI_ENDPOINT)"))
+	}
+	if c.AgentAddress == "" {
+		errs = append(errs, errors.New("agent_address: required, host:port the controller reaches this node on"))
+	}
+	for k, v := range c.Topology {
+		if k == TopologyNodeKey {
+			errs = append(errs, fmt.Errorf("topology: %q is set by the driver to node_id", k))
+		}
+		if k == "" || v == "" {
+			errs = append(errs, fmt.Errorf("topology: empty key or value in %q=%q", k, v))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Segments returns the node's full topology.
+func (c *Node) Segments() map[string]string {
+	seg := map[string]string{TopologyNodeKey: c.NodeID}
+	for k, v := range c.Topology {
+		seg[k] = v
+	}
+	return seg
+}
+
+// Pool returns the pool the root dataset lives on.
+func (c *Node) Pool() string {
+	pool, _, _ := strings.Cut(c.RootDataset, "/")
+	return pool
+}
+
+// ValidatePropertyValue refuses values that could smuggle syntax into ZFS.
+func ValidatePropertyValue(v string) error {
+	if v == "" || len(v) > 64 {
+		return fmt.Errorf("value %q: must be 1 to 64 characters", v)
+	}
+	for _, r := range v {
+		ok := r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.'
+		if !ok {
+			return fmt.Errorf("value %q: character %q not allowed (letters, digits, - _ .)", v, r)
+		}
+	}
+	return nil
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}

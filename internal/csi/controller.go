@@ -1,0 +1,565 @@
+package csi
+
+import (
+	"context"
+	"errors"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/hashicorp/go-hclog"
+	"google.golang.org/protobuf/types/known/timestamppb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/cluster"
+	"github.com/zfs-nomad/zfs-nomad/internal/config"
+	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
+	"github.com/zfs-nomad/zfs-nomad/internal/keylock"
+	"github.com/zfs-nomad/zfs-nomad/internal/volume"
+	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
+)
+
+// Controller is the CSI Controller service. It decides where volumes go and
+// asks the node agents to act; it holds no state of its own.
+type Controller struct {
+	csi.UnimplementedControllerServer
+	cluster *cluster.Cluster
+	policy  string
+	log     hclog.Logger
+	// locks serialise operations per volume/snapshot name or ID; an
+	// overlapping call gets Aborted, as the spec asks.
+	locks keylock.Locks
+}
+
+// NewController returns the Controller service.
+func NewController(c *cluster.Cluster, policy string, log hclog.Logger) *Controller {
+	return &Controller{cluster: c, policy: policy, log: log}
+}
+
+func (c *Controller) tryLock(key string) (func(), error) {
+	unlock, ok := c.locks.TryLock(key)
+	if !ok {
+		return nil, errdefs.Wrap(errdefs.ErrAborted, "an operation on %s is already in progress; retry later", key)
+	}
+	return unlock, nil
+}
+
+func (c *Controller) ControllerGetCapabilities(context.Context, *csi.ControllerGetCapabilitiesRequest) (*csi.ControllerGetCapabilitiesResponse, error) {
+	var caps []*csi.ControllerServiceCapability
+	for _, t := range []csi.ControllerServiceCapability_RPC_Type{
+		csi.ControllerServiceCapability_RPC_CREATE_DELETE_VOLUME,
+		csi.ControllerServiceCapability_RPC_LIST_VOLUMES,
+		csi.ControllerServiceCapability_RPC_GET_CAPACITY,
+		csi.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT,
+		csi.ControllerServiceCapability_RPC_LIST_SNAPSHOTS,
+		csi.ControllerServiceCapability_RPC_CLONE_VOLUME,
+		csi.ControllerServiceCapability_RPC_EXPAND_VOLUME,
+		csi.ControllerServiceCapability_RPC_GET_VOLUME,
+	} {
+		caps = append(caps, &csi.ControllerServiceCapability{
+			Type: &csi.ControllerServiceCapability_Rpc{Rpc: &csi.ControllerServiceCapability_RPC{Type: t}},
+		})
+	}
+	return &csi.ControllerGetCapabilitiesResponse{Capabilities: caps}, nil
+}
+
+func (c *Controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error) {
+	v, node, err := c.createVolume(ctx, req)
+	if err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	return &csi.CreateVolumeResponse{Volume: c.csiVolume(v, node, req.GetVolumeContentSource())}, nil
+}
+
+func (c *Controller) createVolume(ctx context.Context, req *csi.CreateVolumeRequest) (*pb.Volume, cluster.Node, error) {
+	if err := volume.ValidateName("volume", req.GetName()); err != nil {
+		return nil, cluster.Node{}, err
+	}
+	if err := checkCapabilities(req.GetVolumeCapabilities()); err != nil {
+		return nil, cluster.Node{}, err
+	}
+	required, limit := req.GetCapacityRange().GetRequiredBytes(), req.GetCapacityRange().GetLimitBytes()
+	if required < 0 || limit < 0 {
+		return nil, cluster.Node{}, errdefs.Wrap(errdefs.ErrInvalidArgument, "capacity range must not be negative")
+	}
+	id := volume.VolumeIDForName(req.GetName())
+	log := c.log.With("volume_id", id, "name", req.GetName())
+	unlock, err := c.tryLock(id)
+	if err != nil {
+		return nil, cluster.Node{}, err
+	}
+	defer unlock()
+
+	agentReq := &pb.CreateVolumeRequest{
+		Name:          req.GetName(),
+		RequiredBytes: uint64(required),
+		LimitBytes:    uint64(limit),
+		Parameters:    req.GetParameters(),
+	}
+	// A volume of this name may exist already (a retried call): its node
+	// decides whether the request is compatible.
+	existing, err := c.findVolume(ctx, id)
+	if err == nil {
+		return c.createOn(ctx, existing.Node, agentReq, log)
+	}
+	if !errors.Is(err, errdefs.ErrNotFound) {
+		return nil, cluster.Node{}, err
+	}
+
+	candidates, err := c.candidates(ctx, req, agentReq)
+	if err != nil {
+		return nil, cluster.Node{}, err
+	}
+	var errs []error
+	for _, n := range candidates {
+		v, node, err := c.createOn(ctx, n, agentReq, log)
+		if err == nil {
+			return v, node, nil
+		}
+		// A node that fails for want of room or reachability is skipped;
+		// a verdict on the request itself (bad parameter) is final.
+		if !errdefs.Temporary(errdefs.FromStatus(err)) {
+			return nil, cluster.Node{}, err
+		}
+		log.Warn("node could not create the volume; trying the next", "node_id", n.Info.GetNodeId(), "error", err)
+		errs = append(errs, err)
+	}
+	return nil, cluster.Node{}, errdefs.Wrap(errdefs.ErrResourceExhausted, "no node could create the volume: %v", errors.Join(errs...))
+}
+
+func (c *Controller) createOn(ctx context.Context, n cluster.Node, req *pb.CreateVolumeRequest, log hclog.Logger) (*pb.Volume, cluster.Node, error) {
+	cctx, cancel := c.cluster.Call(ctx)
+	defer cancel()
+	v, err := n.Client.CreateVolume(cctx, req)
+	if err != nil {
+		return nil, n, errdefs.FromStatus(err)
+	}
+	log.Info("volume ready", "node_id", n.Info.GetNodeId(), "capacity", v.GetCapacityBytes())
+	return v, n, nil
+}
+
+// candidates returns the nodes a new volume may go to, best first. A volume
+// made from a snapshot or another volume must live where its source does.
+func (c *Controller) candidates(ctx context.Context, req *csi.CreateVolumeRequest, agentReq *pb.CreateVolumeRequest) ([]cluster.Node, error) {
+	sourceNode := ""
+	if src := req.GetVolumeContentSource(); src != nil {
+		switch {
+		case src.GetSnapshot() != nil:
+			id := src.GetSnapshot().GetSnapshotId()
+			snap, err := c.findSnapshot(ctx, id)
+			if err != nil {
+				return nil, err
+			}
+			agentReq.SourceSnapshotId = id
+			sourceNode = snap.Node.Info.GetNodeId()
+		case src.GetVolume() != nil:
+			id := src.GetVolume().GetVolumeId()
+			v, err := c.findVolume(ctx, id)
+			if err != nil {
+				return nil, err
+			}
+			agentReq.SourceVolumeId = id
+			sourceNode = v.Node.Info.GetNodeId()
+		default:
+			return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, "unsupported volume content source")
+		}
+	}
+	pinned := req.GetParameters()[volume.ParamNode]
+	if sourceNode != "" && pinned != "" && pinned != sourceNode {
+		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, "parameter node=%s conflicts with the source, which lives on node %s (clones are made on the source's node)", pinned, sourceNode)
+	}
+	if sourceNode != "" {
+		pinned = sourceNode
+	}
+
+	nodes, _, err := c.cluster.Nodes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	healthy := cluster.Healthy(nodes)
+	byID := map[string]cluster.Node{}
+	var cands []cluster.Candidate
+	for _, n := range healthy {
+		byID[n.Info.GetNodeId()] = n
+		cands = append(cands, cluster.Candidate{
+			NodeID: n.Info.GetNodeId(), Topology: n.Info.GetTopology(),
+			Available: n.Info.GetAvailableBytes(), MaxQuota: n.Info.GetMaxQuotaBytes(),
+			Volumes: n.Info.GetVolumes(), MaxVolumes: n.Info.GetMaxVolumes(),
+		})
+	}
+	size := agentReq.RequiredBytes
+	if size == 0 {
+		size = 1 // the node applies its default size; placement only needs a node with room
+	}
+	placed, err := cluster.Place(cands, cluster.Requirement{
+		Bytes:     size,
+		Requisite: segments(req.GetAccessibilityRequirements().GetRequisite()),
+		Preferred: segments(req.GetAccessibilityRequirements().GetPreferred()),
+		Node:      pinned,
+		Policy:    c.policy,
+	})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]cluster.Node, 0, len(placed))
+	for _, p := range placed {
+		out = append(out, byID[p.NodeID])
+	}
+	return out, nil
+}
+
+func segments(topos []*csi.Topology) []map[string]string {
+	var out []map[string]string
+	for _, t := range topos {
+		out = append(out, t.GetSegments())
+	}
+	return out
+}
+
+func (c *Controller) csiVolume(v *pb.Volume, n cluster.Node, src *csi.VolumeContentSource) *csi.Volume {
+	return &csi.Volume{
+		VolumeId:      v.GetVolumeId(),
+		CapacityBytes: int64(v.GetCapacityBytes()),
+		// Informational only: nodes never trust the context, which a
+		// submitter can forge with `nomad volume register`.
+		VolumeContext:      map[string]string{config.TopologyNodeKey: n.Info.GetNodeId()},
+		ContentSource:      src,
+		AccessibleTopology: []*csi.Topology{{Segments: n.Info.GetTopology()}},
+	}
+}
+
+func (c *Controller) findVolume(ctx context.Context, id string) (cluster.Located[*pb.Volume], error) {
+	if !volume.IsVolumeID(id) {
+		return cluster.Located[*pb.Volume]{}, errdefs.Wrap(errdefs.ErrNotFound, "volume %q does not exist (not a volume ID of this driver)", id)
+	}
+	return cluster.Find(ctx, c.cluster, "volume "+id, func(ctx context.Context, a pb.NodeAgentClient) (*pb.Volume, error) {
+		return a.GetVolume(ctx, &pb.GetVolumeRequest{VolumeId: id})
+	})
+}
+
+func (c *Controller) findSnapshot(ctx context.Context, id string) (cluster.Located[*pb.Snapshot], error) {
+	if !volume.IsSnapshotID(id) {
+		return cluster.Located[*pb.Snapshot]{}, errdefs.Wrap(errdefs.ErrNotFound, "snapshot %q does not exist (not a snapshot ID of this driver)", id)
+	}
+	return cluster.Find(ctx, c.cluster, "snapshot "+id, func(ctx context.Context, a pb.NodeAgentClient) (*pb.Snapshot, error) {
+		resp, err := a.ListSnapshots(ctx, &pb.ListSnapshotsRequest{})
+		if err != nil {
+			return nil, err
+		}
+		for _, s := range resp.GetSnapshots() {
+			if s.GetSnapshotId() == id {
+				return s, nil
+			}
+		}
+		return nil, errdefs.ToStatus(errdefs.Wrap(errdefs.ErrNotFound, "snapshot %s", id))
+	})
+}
+
+func (c *Controller) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest) (*csi.DeleteVolumeResponse, error) {
+	id := req.GetVolumeId()
+	if err := required("volume_id", id); err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	unlock, err := c.tryLock(id)
+	if err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	defer unlock()
+	found, err := c.findVolume(ctx, id)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return &csi.DeleteVolumeResponse{}, nil // deleted already, or never existed
+	}
+	if err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	cctx, cancel := c.cluster.Call(ctx)
+	defer cancel()
+	if _, err := found.Node.Client.DeleteVolume(cctx, &pb.DeleteVolumeRequest{VolumeId: id}); err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	c.log.Info("volume deleted", "volume_id", id, "node_id", found.Node.Info.GetNodeId())
+	return &csi.DeleteVolumeResponse{}, nil
+}
+
+func (c *Controller) ValidateVolumeCapabilities(ctx context.Context, req *csi.ValidateVolumeCapabilitiesRequest) (*csi.ValidateVolumeCapabilitiesResponse, error) {
+	if err := required("volume_id", req.GetVolumeId()); err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	if len(req.GetVolumeCapabilities()) == 0 {
+		return nil, errdefs.ToStatus(errdefs.Wrap(errdefs.ErrInvalidArgument, "volume capabilities are required"))
+	}
+	if _, err := c.findVolume(ctx, req.GetVolumeId()); err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	if err := checkCapabilities(req.GetVolumeCapabilities()); err != nil {
+		return &csi.ValidateVolumeCapabilitiesResponse{Message: err.Error()}, nil
+	}
+	return &csi.ValidateVolumeCapabilitiesResponse{Confirmed: &csi.ValidateVolumeCapabilitiesResponse_Confirmed{
+		VolumeContext:      req.GetVolumeContext(),
+		VolumeCapabilities: req.GetVolumeCapabilities(),
+		Parameters:         req.GetParameters(),
+	}}, nil
+}
+
+// allVolumes lists the volumes of every reachable node, sorted by ID, with
+// the node each lives on.
+func (c *Controller) allVolumes(ctx context.Context) ([]cluster.Located[*pb.Volume], error) {
+	nodes, _, err := c.cluster.Nodes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []cluster.Located[*pb.Volume]
+	for _, n := range nodes {
+		cctx, cancel := c.cluster.Call(ctx)
+		resp, err := n.Client.ListVolumes(cctx, &pb.ListVolumesRequest{})
+		cancel()
+		if err != nil {
+			c.log.Warn("listing volumes of a node failed; the list is incomplete", "node_id", n.Info.GetNodeId(), "error", err)
+			continue
+		}
+		for _, v := range resp.GetVolumes() {
+			out = append(out, cluster.Located[*pb.Volume]{Node: n, Object: v})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Object.GetVolumeId() < out[j].Object.GetVolumeId() })
+	return out, nil
+}
+
+func (c *Controller) ListVolumes(ctx context.Context, req *csi.ListVolumesRequest) (*csi.ListVolumesResponse, error) {
+	all, err := c.allVolumes(ctx)
+	if err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	page, next, err := paginate(all, func(v cluster.Located[*pb.Volume]) string { return v.Object.GetVolumeId() },
+		req.GetStartingToken(), req.GetMaxEntries(), volume.IsVolumeID)
+	if err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	resp := &csi.ListVolumesResponse{NextToken: next}
+	for _, v := range page {
+		resp.Entries = append(resp.Entries, &csi.ListVolumesResponse_Entry{Volume: c.csiVolume(v.Object, v.Node, sourceOf(v.Object))})
+	}
+	return resp, nil
+}
+
+// sourceOf turns a stored source ("snapshot:ID", "volume:ID") back into CSI.
+func sourceOf(v *pb.Volume) *csi.VolumeContentSource {
+	kind, id, _ := strings.Cut(v.GetSource(), ":")
+	switch kind {
+	case "snapshot":
+		return &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: id}}}
+	case "volume":
+		return &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: id}}}
+	}
+	return nil
+}
+
+// paginate returns one page of items sorted by key. The token is the key of
+// the first item of the next page; a token that is not a key of this
+// driver is refused with Aborted, as the spec asks.
+func paginate[T any](items []T, key func(T) string, token string, maxEntries int32, validToken func(string) bool) ([]T, string, error) {
+	if maxEntries < 0 {
+		return nil, "", errdefs.Wrap(errdefs.ErrInvalidArgument, "max_entries must not be negative")
+	}
+	start := 0
+	if token != "" {
+		if !validToken(token) {
+			return nil, "", errdefs.Wrap(errdefs.ErrAborted, "starting_token %q is not a token this plugin issued; list again from the start", token)
+		}
+		start = sort.Search(len(items), func(i int) bool { return key(items[i]) >= token })
+	}
+	end := len(items)
+	if maxEntries > 0 && start+int(maxEntries) < end {
+		end = start + int(maxEntries)
+	}
+	next := ""
+	if end < len(items) {
+		next = key(items[end])
+	}
+	return items[start:end], next, nil
+}
+
+func (c *Controller) GetCapacity(ctx context.Context, req *csi.GetCapacityRequest) (*csi.GetCapacityResponse, error) {
+	for _, capability := range req.GetVolumeCapabilities() {
+		if err := checkCapability(capability); err != nil {
+			return &csi.GetCapacityResponse{}, nil // no capacity for what cannot be served
+		}
+	}
+	nodes, _, err := c.cluster.Nodes(ctx)
+	if err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	var available, largest uint64
+	for _, n := range cluster.Healthy(nodes) {
+		if seg := req.GetAccessibleTopology().GetSegments(); seg != nil && !cluster.Matches(n.Info.GetTopology(), seg) {
+			continue
+		}
+		if pin := req.GetParameters()[volume.ParamNode]; pin != "" && pin != n.Info.GetNodeId() {
+			continue
+		}
+		available += n.Info.GetAvailableBytes()
+		largest = max(largest, min(n.Info.GetAvailableBytes(), n.Info.GetMaxQuotaBytes()))
+	}
+	return &csi.GetCapacityResponse{
+		AvailableCapacity: int64(available),
+		MaximumVolumeSize: wrapperspb.Int64(int64(largest)),
+	}, nil
+}
+
+func (c *Controller) ControllerGetVolume(ctx context.Context, req *csi.ControllerGetVolumeRequest) (*csi.ControllerGetVolumeResponse, error) {
+	if err := required("volume_id", req.GetVolumeId()); err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	found, err := c.findVolume(ctx, req.GetVolumeId())
+	if err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	return &csi.ControllerGetVolumeResponse{
+		Volume: c.csiVolume(found.Object, found.Node, sourceOf(found.Object)),
+		Status: &csi.ControllerGetVolumeResponse_VolumeStatus{},
+	}, nil
+}
+
+func (c *Controller) ControllerExpandVolume(ctx context.Context, req *csi.ControllerExpandVolumeRequest) (*csi.ControllerExpandVolumeResponse, error) {
+	id := req.GetVolumeId()
+	if err := required("volume_id", id); err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	if req.GetCapacityRange() == nil {
+		return nil, errdefs.ToStatus(errdefs.Wrap(errdefs.ErrInvalidArgument, "capacity_range is required"))
+	}
+	if vc := req.GetVolumeCapability(); vc != nil {
+		if err := checkCapability(vc); err != nil {
+			return nil, errdefs.ToStatus(err)
+		}
+	}
+	unlock, err := c.tryLock(id)
+	if err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	defer unlock()
+	found, err := c.findVolume(ctx, id)
+	if err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	cctx, cancel := c.cluster.Call(ctx)
+	defer cancel()
+	resp, err := found.Node.Client.ExpandVolume(cctx, &pb.ExpandVolumeRequest{
+		VolumeId:      id,
+		RequiredBytes: uint64(max(0, req.GetCapacityRange().GetRequiredBytes())),
+		LimitBytes:    uint64(max(0, req.GetCapacityRange().GetLimitBytes())),
+	})
+	if err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	// A quota change is effective at once, mounted or not.
+	return &csi.ControllerExpandVolumeResponse{CapacityBytes: int64(resp.GetCapacityBytes()), NodeExpansionRequired: false}, nil
+}
+
+func (c *Controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshotRequest) (*csi.CreateSnapshotResponse, error) {
+	if err := volume.ValidateName("snapshot", req.GetName()); err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	if err := required("source_volume_id", req.GetSourceVolumeId()); err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	id := volume.SnapshotIDForName(req.GetName())
+	unlock, err := c.tryLock(id)
+	if err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	defer unlock()
+	// Snapshot names are unique across the cluster, not per volume.
+	existing, err := c.findSnapshot(ctx, id)
+	if err == nil && existing.Object.GetSourceVolumeId() != req.GetSourceVolumeId() {
+		return nil, errdefs.ToStatus(errdefs.Wrap(errdefs.ErrAlreadyExists, "snapshot %q exists for volume %s, not %s", req.GetName(), existing.Object.GetSourceVolumeId(), req.GetSourceVolumeId()))
+	}
+	if err == nil {
+		return &csi.CreateSnapshotResponse{Snapshot: csiSnapshot(existing.Object)}, nil
+	}
+	if !errors.Is(err, errdefs.ErrNotFound) {
+		return nil, errdefs.ToStatus(err)
+	}
+	found, err := c.findVolume(ctx, req.GetSourceVolumeId())
+	if err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	cctx, cancel := c.cluster.Call(ctx)
+	defer cancel()
+	snap, err := found.Node.Client.CreateSnapshot(cctx, &pb.CreateSnapshotRequest{SourceVolumeId: req.GetSourceVolumeId(), Name: req.GetName()})
+	if err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	c.log.Info("snapshot created", "volume_id", req.GetSourceVolumeId(), "snapshot_id", snap.GetSnapshotId(), "node_id", found.Node.Info.GetNodeId())
+	return &csi.CreateSnapshotResponse{Snapshot: csiSnapshot(snap)}, nil
+}
+
+func csiSnapshot(s *pb.Snapshot) *csi.Snapshot {
+	return &csi.Snapshot{
+		SnapshotId:     s.GetSnapshotId(),
+		SourceVolumeId: s.GetSourceVolumeId(),
+		SizeBytes:      int64(s.GetSizeBytes()),
+		CreationTime:   timestamppb.New(time.Unix(s.GetCreatedUnix(), 0)),
+		ReadyToUse:     true, // a ZFS snapshot is complete when it exists
+	}
+}
+
+func (c *Controller) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshotRequest) (*csi.DeleteSnapshotResponse, error) {
+	id := req.GetSnapshotId()
+	if err := required("snapshot_id", id); err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	unlock, err := c.tryLock(id)
+	if err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	defer unlock()
+	found, err := c.findSnapshot(ctx, id)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return &csi.DeleteSnapshotResponse{}, nil
+	}
+	if err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	cctx, cancel := c.cluster.Call(ctx)
+	defer cancel()
+	if _, err := found.Node.Client.DeleteSnapshot(cctx, &pb.DeleteSnapshotRequest{SnapshotId: id}); err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	c.log.Info("snapshot deleted", "snapshot_id", id, "volume_id", found.Object.GetSourceVolumeId())
+	return &csi.DeleteSnapshotResponse{}, nil
+}
+
+func (c *Controller) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRequest) (*csi.ListSnapshotsResponse, error) {
+	nodes, _, err := c.cluster.Nodes(ctx)
+	if err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	var all []*pb.Snapshot
+	for _, n := range nodes {
+		cctx, cancel := c.cluster.Call(ctx)
+		resp, err := n.Client.ListSnapshots(cctx, &pb.ListSnapshotsRequest{})
+		cancel()
+		if err != nil {
+			c.log.Warn("listing snapshots of a node failed; the list is incomplete", "node_id", n.Info.GetNodeId(), "error", err)
+			continue
+		}
+		for _, s := range resp.GetSnapshots() {
+			if (req.GetSnapshotId() == "" || s.GetSnapshotId() == req.GetSnapshotId()) &&
+				(req.GetSourceVolumeId() == "" || s.GetSourceVolumeId() == req.GetSourceVolumeId()) {
+				all = append(all, s)
+			}
+		}
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i].GetSnapshotId() < all[j].GetSnapshotId() })
+	page, next, err := paginate(all, (*pb.Snapshot).GetSnapshotId, req.GetStartingToken(), req.GetMaxEntries(), volume.IsSnapshotID)
+	if err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	resp := &csi.ListSnapshotsResponse{NextToken: next}
+	for _, s := range page {
+		resp.Entries = append(resp.Entries, &csi.ListSnapshotsResponse_Entry{Snapshot: csiSnapshot(s)})
+	}
+	return resp, nil
+}

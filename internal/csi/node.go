@@ -1,0 +1,309 @@
+package csi
+
+import (
+	"context"
+	"errors"
+	"os"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/config"
+	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
+	"github.com/zfs-nomad/zfs-nomad/internal/keylock"
+	"github.com/zfs-nomad/zfs-nomad/internal/mount"
+	"github.com/zfs-nomad/zfs-nomad/internal/volume"
+)
+
+// Mounter is what the node service needs of the kernel's mount table;
+// mount.System is the real one.
+type Mounter interface {
+	Lookup(path string) (mount.Entry, bool, error)
+	MountZFS(dataset, target string, flags []string) error
+	Bind(source, target string, flags []string) error
+	Unmount(target string) error
+	Statfs(path string) (mount.Stats, error)
+}
+
+// Node is the CSI Node service of zfs-node.
+//
+// A volume is staged by mounting its dataset at the staging path and
+// published by bind-mounting the staging path at the target. The dataset is
+// derived from the volume ID alone: the volume context is never trusted,
+// since a job submitter can forge it with `nomad volume register`.
+type Node struct {
+	csi.UnimplementedNodeServer
+	volumes *volume.Manager
+	mounter Mounter
+	cfg     config.Node
+	log     hclog.Logger
+	locks   keylock.Locks
+}
+
+// NewNode returns the Node service.
+func NewNode(volumes *volume.Manager, mounter Mounter, cfg config.Node, log hclog.Logger) *Node {
+	return &Node{volumes: volumes, mounter: mounter, cfg: cfg, log: log}
+}
+
+func (n *Node) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi.NodeGetInfoResponse, error) {
+	return &csi.NodeGetInfoResponse{
+		NodeId:             n.cfg.NodeID,
+		MaxVolumesPerNode:  n.cfg.MaxVolumes,
+		AccessibleTopology: &csi.Topology{Segments: n.cfg.Segments()},
+	}, nil
+}
+
+func (n *Node) NodeGetCapabilities(context.Context, *csi.NodeGetCapabilitiesRequest) (*csi.NodeGetCapabilitiesResponse, error) {
+	var caps []*csi.NodeServiceCapability
+	for _, t := range []csi.NodeServiceCapability_RPC_Type{
+		csi.NodeServiceCapability_RPC_STAGE_UNSTAGE_VOLUME,
+		csi.NodeServiceCapability_RPC_GET_VOLUME_STATS,
+		csi.NodeServiceCapability_RPC_EXPAND_VOLUME,
+	} {
+		caps = append(caps, &csi.NodeServiceCapability{
+			Type: &csi.NodeServiceCapability_Rpc{Rpc: &csi.NodeServiceCapability_RPC{Type: t}},
+		})
+	}
+	return &csi.NodeGetCapabilitiesResponse{Capabilities: caps}, nil
+}
+
+// lockVolume gives Aborted to a call that overlaps another on the volume.
+func (n *Node) lockVolume(id string) (func(), error) {
+	unlock, ok := n.locks.TryLock(id)
+	if !ok {
+		return nil, errdefs.Wrap(errdefs.ErrAborted, "an operation on volume %s is already in progress on this node; retry later", id)
+	}
+	return unlock, nil
+}
+
+// mountFlags checks a claim's mount flags against the operator's allowlist.
+func (n *Node) mountFlags(c *csi.VolumeCapability) ([]string, error) {
+	flags := c.GetMount().GetMountFlags()
+	for _, f := range flags {
+		if !contains(n.cfg.MountFlags, f) {
+			return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, "mount flag %q is not allowed on this node (allowed: %v)", f, n.cfg.MountFlags)
+		}
+	}
+	return flags, nil
+}
+
+func (n *Node) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequest) (*csi.NodeStageVolumeResponse, error) {
+	if err := n.stage(ctx, req); err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	return &csi.NodeStageVolumeResponse{}, nil
+}
+
+func (n *Node) stage(ctx context.Context, req *csi.NodeStageVolumeRequest) error {
+	id, staging := req.GetVolumeId(), req.GetStagingTargetPath()
+	if err := firstError(required("volume_id", id), required("staging_target_path", staging), checkCapability(req.GetVolumeCapability())); err != nil {
+		return err
+	}
+	flags, err := n.mountFlags(req.GetVolumeCapability())
+	if err != nil {
+		return err
+	}
+	unlock, err := n.lockVolume(id)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	v, err := n.volumes.Get(ctx, id)
+	if err != nil {
+		return err
+	}
+	entry, mounted, err := n.mounter.Lookup(staging)
+	if err != nil {
+		return err
+	}
+	if mounted {
+		if entry.FSType == "zfs" && entry.Source == v.Dataset {
+			return nil // staged already
+		}
+		return errdefs.Wrap(errdefs.ErrAlreadyExists, "staging path %s already has %s (%s) mounted, not volume %s", staging, entry.Source, entry.FSType, id)
+	}
+	// The staging mount stays writable: read-only is applied per publish.
+	if err := n.mounter.MountZFS(v.Dataset, staging, without(flags, "ro")); err != nil {
+		return err
+	}
+	n.log.Info("volume staged", "volume_id", id, "dataset", v.Dataset, "path", staging)
+	return nil
+}
+
+func (n *Node) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolumeRequest) (*csi.NodeUnstageVolumeResponse, error) {
+	id, staging := req.GetVolumeId(), req.GetStagingTargetPath()
+	if err := firstError(required("volume_id", id), required("staging_target_path", staging)); err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	unlock, err := n.lockVolume(id)
+	if err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	defer unlock()
+	if err := n.mounter.Unmount(staging); err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	n.log.Info("volume unstaged", "volume_id", id, "path", staging)
+	return &csi.NodeUnstageVolumeResponse{}, nil
+}
+
+func (n *Node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
+	if err := n.publish(ctx, req); err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	return &csi.NodePublishVolumeResponse{}, nil
+}
+
+func (n *Node) publish(ctx context.Context, req *csi.NodePublishVolumeRequest) error {
+	id, staging, target := req.GetVolumeId(), req.GetStagingTargetPath(), req.GetTargetPath()
+	if err := firstError(required("volume_id", id), required("staging_target_path", staging), required("target_path", target), checkCapability(req.GetVolumeCapability())); err != nil {
+		return err
+	}
+	flags, err := n.mountFlags(req.GetVolumeCapability())
+	if err != nil {
+		return err
+	}
+	readOnly := req.GetReadonly() || req.GetVolumeCapability().GetAccessMode().GetMode() == csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY
+	if readOnly && !contains(flags, "ro") {
+		flags = append(flags, "ro")
+	}
+	unlock, err := n.lockVolume(id)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	v, err := n.volumes.Get(ctx, id)
+	if err != nil {
+		return err
+	}
+	if entry, mounted, err := n.mounter.Lookup(staging); err != nil {
+		return err
+	} else if !mounted || entry.Source != v.Dataset {
+		return errdefs.Wrap(errdefs.ErrFailedPrecondition, "volume %s is not staged at %s; call NodeStageVolume first", id, staging)
+	}
+	entry, mounted, err := n.mounter.Lookup(target)
+	if err != nil {
+		return err
+	}
+	if mounted {
+		if entry.Source == v.Dataset && entry.HasOption("ro") == readOnly {
+			return nil // published already
+		}
+		return errdefs.Wrap(errdefs.ErrAlreadyExists, "target %s already has %s mounted (options %s), incompatible with this request", target, entry.Source, entry.Options)
+	}
+	if err := os.MkdirAll(target, 0o750); err != nil {
+		return errdefs.Wrap(errdefs.ErrInvalidArgument, "creating target path %s: %v", target, err)
+	}
+	if err := n.mounter.Bind(staging, target, flags); err != nil {
+		return err
+	}
+	n.log.Info("volume published", "volume_id", id, "path", target, "read_only", readOnly)
+	return nil
+}
+
+func (n *Node) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
+	id, target := req.GetVolumeId(), req.GetTargetPath()
+	if err := firstError(required("volume_id", id), required("target_path", target)); err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	unlock, err := n.lockVolume(id)
+	if err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	defer unlock()
+	if err := n.mounter.Unmount(target); err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	// The plugin created the target in NodePublishVolume; the spec has it
+	// remove it again.
+	if err := os.Remove(target); err != nil && !errors.Is(err, os.ErrNotExist) {
+		n.log.Warn("could not remove the unpublished target path", "volume_id", id, "path", target, "error", err)
+	}
+	n.log.Info("volume unpublished", "volume_id", id, "path", target)
+	return &csi.NodeUnpublishVolumeResponse{}, nil
+}
+
+func (n *Node) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeStatsRequest) (*csi.NodeGetVolumeStatsResponse, error) {
+	id, path := req.GetVolumeId(), req.GetVolumePath()
+	if err := firstError(required("volume_id", id), required("volume_path", path)); err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	if err := n.checkMountedAt(ctx, id, path); err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	st, err := n.mounter.Statfs(path)
+	if err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	return &csi.NodeGetVolumeStatsResponse{Usage: []*csi.VolumeUsage{
+		{Unit: csi.VolumeUsage_BYTES, Total: st.TotalBytes, Available: st.AvailableBytes, Used: st.UsedBytes},
+		{Unit: csi.VolumeUsage_INODES, Total: st.TotalInodes, Available: st.FreeInodes, Used: st.UsedInodes},
+	}}, nil
+}
+
+// checkMountedAt fails with NotFound unless volume id exists and is mounted
+// at path.
+func (n *Node) checkMountedAt(ctx context.Context, id, path string) error {
+	v, err := n.volumes.Get(ctx, id)
+	if err != nil {
+		return err
+	}
+	entry, mounted, err := n.mounter.Lookup(path)
+	if err != nil {
+		return err
+	}
+	if !mounted || entry.Source != v.Dataset {
+		return errdefs.Wrap(errdefs.ErrNotFound, "volume %s is not mounted at %s", id, path)
+	}
+	return nil
+}
+
+// NodeExpandVolume has nothing to do: the quota the controller raised is in
+// force at once. It reports the capacity.
+func (n *Node) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolumeRequest) (*csi.NodeExpandVolumeResponse, error) {
+	id, path := req.GetVolumeId(), req.GetVolumePath()
+	if err := firstError(required("volume_id", id), required("volume_path", path)); err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	if vc := req.GetVolumeCapability(); vc != nil {
+		if err := checkCapability(vc); err != nil {
+			return nil, errdefs.ToStatus(err)
+		}
+	}
+	if err := n.checkMountedAt(ctx, id, path); err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	v, err := n.volumes.Get(ctx, id)
+	if err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	return &csi.NodeExpandVolumeResponse{CapacityBytes: int64(v.Capacity)}, nil
+}
+
+func firstError(errs ...error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+func without(list []string, drop string) []string {
+	var out []string
+	for _, x := range list {
+		if x != drop {
+			out = append(out, x)
+		}
+	}
+	return out
+}

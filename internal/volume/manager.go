@@ -1,0 +1,448 @@
+// Package volume is the node's volume logic: CSI volumes and snapshots as
+// ZFS datasets under the operator's root dataset, named by IDs derived from
+// their CSI names and labelled with the driver's user properties.
+//
+// The node agent service (for the controller) and the CSI node service both
+// call the Manager; neither touches ZFS directly. Rules (docs/volumes.md):
+//   - every volume is <root>/<volume id>, mountpoint=legacy, mounted only by
+//     the CSI node service;
+//   - a CSI snapshot is <root>/<volume id>@<snapshot id>;
+//   - snapshots are independent of their volume: deleting a volume that has
+//     snapshots turns it into a hidden tombstone, destroyed with its last
+//     snapshot;
+//   - clones stay valid after their origin is deleted: an origin snapshot
+//     with clones is destroyed deferred (zfs destroy -d) and vanishes with
+//     its last clone.
+package volume
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/config"
+	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
+	"github.com/zfs-nomad/zfs-nomad/internal/keylock"
+	"github.com/zfs-nomad/zfs-nomad/internal/zfs"
+)
+
+// Volume is a CSI volume on this node.
+type Volume struct {
+	ID         string
+	Name       string
+	Dataset    string
+	Capacity   uint64 // the quota
+	Used       uint64
+	Parameters map[string]string
+	// Source is "snapshot:ID", "volume:ID" or "".
+	Source     string
+	Generation uint64
+	Created    time.Time
+}
+
+// Snapshot is a CSI snapshot on this node.
+type Snapshot struct {
+	ID             string
+	Name           string
+	SourceVolumeID string
+	Dataset        string
+	// Size is the data the snapshot refers to: a volume restored from it
+	// needs at least this much.
+	Size    uint64
+	Created time.Time
+}
+
+// Capacity is what placement needs to know about this node.
+type Capacity struct {
+	Available uint64 // free space under the root dataset
+	MaxQuota  uint64
+	Volumes   int
+}
+
+// CreateRequest asks for a volume. The name is the CSI name; capacity values
+// are 0 when unset; at most one source is set.
+type CreateRequest struct {
+	Name             string
+	RequiredBytes    uint64
+	LimitBytes       uint64
+	Parameters       map[string]string
+	SourceSnapshotID string
+	SourceVolumeID   string
+}
+
+// Manager runs volume operations on one node. Operations on one volume are
+// serialised; different volumes proceed in parallel as far as ZFS allows.
+type Manager struct {
+	zfs   zfs.Interface
+	cfg   config.Node
+	log   hclog.Logger
+	locks keylock.Locks
+	now   func() time.Time
+}
+
+// NewManager returns a Manager for the node described by cfg.
+func NewManager(z zfs.Interface, cfg config.Node, log hclog.Logger) *Manager {
+	return &Manager{zfs: z, cfg: cfg, log: log, now: time.Now}
+}
+
+// Health says whether this node can do its job: pool online, root dataset
+// present.
+func (m *Manager) Health(ctx context.Context) error {
+	if err := m.zfs.PoolHealth(ctx, m.cfg.Pool()); err != nil {
+		return fmt.Errorf("%w: %v", errdefs.ErrUnavailable, err)
+	}
+	ds, err := m.zfs.Get(ctx, m.cfg.RootDataset)
+	if err != nil {
+		return fmt.Errorf("%w: root dataset %s: %v (create it: zfs create -p %s)", errdefs.ErrUnavailable, m.cfg.RootDataset, err, m.cfg.RootDataset)
+	}
+	if ds.Type != zfs.Filesystem {
+		return fmt.Errorf("%w: root dataset %s is not a filesystem", errdefs.ErrUnavailable, m.cfg.RootDataset)
+	}
+	return nil
+}
+
+// lock serialises operations on one volume or snapshot ID.
+func (m *Manager) lock(ctx context.Context, id string) (func(), error) {
+	unlock, err := m.locks.Lock(ctx, id)
+	if err != nil {
+		return nil, fmt.Errorf("%w: waiting for another operation on %s: %v", errdefs.ErrAborted, id, err)
+	}
+	return unlock, nil
+}
+
+// Create creates a volume, or returns the one an earlier identical request
+// created. A request that differs from the existing volume of the same name
+// fails with ErrAlreadyExists.
+func (m *Manager) Create(ctx context.Context, req CreateRequest) (Volume, error) {
+	if err := ValidateName("volume", req.Name); err != nil {
+		return Volume{}, err
+	}
+	quota, err := ResolveQuota(&m.cfg, req.RequiredBytes, req.LimitBytes)
+	if err != nil {
+		return Volume{}, err
+	}
+	props, recorded, err := ResolveProperties(&m.cfg, req.Parameters)
+	if err != nil {
+		return Volume{}, err
+	}
+	source := ""
+	switch {
+	case req.SourceSnapshotID != "" && req.SourceVolumeID != "":
+		return Volume{}, fmt.Errorf("%w: a volume has at most one source", errdefs.ErrInvalidArgument)
+	case req.SourceSnapshotID != "":
+		source = "snapshot:" + req.SourceSnapshotID
+	case req.SourceVolumeID != "":
+		source = "volume:" + req.SourceVolumeID
+	}
+
+	id := VolumeIDForName(req.Name)
+	log := m.log.With("volume_id", id)
+	unlock, err := m.lock(ctx, id)
+	if err != nil {
+		return Volume{}, err
+	}
+	defer unlock()
+
+	existing, err := m.get(ctx, id)
+	switch {
+	case err == nil:
+		if err := compatible(existing, req.Name, quota, req.LimitBytes, recorded, source); err != nil {
+			return Volume{}, err
+		}
+		log.Debug("volume exists; create is a no-op")
+		return existing, nil
+	case !errors.Is(err, errdefs.ErrNotFound):
+		return Volume{}, err
+	}
+
+	props[m.cfg.QuotaProperty] = strconv.FormatUint(quota, 10)
+	props["mountpoint"] = "legacy"
+	props[PropVolumeID] = id
+	props[PropName] = req.Name
+	props[PropRole] = RolePrimary
+	props[PropGeneration] = "1"
+	props[PropParameters] = encodeParameters(recorded)
+	props[PropSource] = source
+	dataset := datasetFor(m.cfg.RootDataset, id)
+
+	switch {
+	case req.SourceSnapshotID != "":
+		err = m.cloneSnapshot(ctx, req.SourceSnapshotID, dataset, quota, props)
+	case req.SourceVolumeID != "":
+		err = m.cloneVolume(ctx, req.SourceVolumeID, dataset, quota, props)
+	default:
+		err = m.zfs.CreateFilesystem(ctx, dataset, props)
+	}
+	if err != nil {
+		return Volume{}, zfsError(err, "creating volume "+id)
+	}
+	log.Info("volume created", "name", req.Name, "dataset", dataset, "quota", quota, "source", source)
+	return m.get(ctx, id)
+}
+
+// compatible decides whether an existing volume satisfies a repeated create.
+func compatible(v Volume, name string, quota, limit uint64, params map[string]string, source string) error {
+	switch {
+	case v.Name != name:
+		// Two names hashing to one ID: astronomically unlikely, never silently merged.
+		return fmt.Errorf("%w: volume %s belongs to name %q", errdefs.ErrAlreadyExists, v.ID, v.Name)
+	case v.Capacity < quota || (limit > 0 && v.Capacity > limit):
+		return fmt.Errorf("%w: volume %q exists with capacity %d, incompatible with the requested range", errdefs.ErrAlreadyExists, name, v.Capacity)
+	case encodeParameters(v.Parameters) != encodeParameters(params):
+		return fmt.Errorf("%w: volume %q exists with parameters %s, not %s", errdefs.ErrAlreadyExists, name, encodeParameters(v.Parameters), encodeParameters(params))
+	case v.Source != source:
+		return fmt.Errorf("%w: volume %q exists with source %q, not %q", errdefs.ErrAlreadyExists, name, v.Source, source)
+	}
+	return nil
+}
+
+func (m *Manager) cloneSnapshot(ctx context.Context, snapID, dataset string, quota uint64, props map[string]string) error {
+	snap, err := m.findSnapshot(ctx, snapID)
+	if err != nil {
+		return err
+	}
+	if snap.Size > quota {
+		return fmt.Errorf("%w: snapshot %s holds %d bytes, more than the requested capacity %d", errdefs.ErrOutOfRange, snapID, snap.Size, quota)
+	}
+	return m.zfs.Clone(ctx, snap.Dataset, dataset, props)
+}
+
+// cloneVolume clones the current state of a volume through a private
+// snapshot, which is destroyed deferred at once: ZFS removes it with the
+// clone, so nothing is left to track.
+func (m *Manager) cloneVolume(ctx context.Context, srcID, dataset string, quota uint64, props map[string]string) error {
+	src, err := m.get(ctx, srcID)
+	if err != nil {
+		return err
+	}
+	if src.Used > quota {
+		return fmt.Errorf("%w: volume %s holds %d bytes, more than the requested capacity %d", errdefs.ErrOutOfRange, srcID, src.Used, quota)
+	}
+	snap := src.Dataset + "@clone-" + shortName(dataset)
+	if err := m.zfs.Snapshot(ctx, snap, nil); err != nil && !errors.Is(err, zfs.ErrExists) {
+		return err
+	}
+	if err := m.zfs.Clone(ctx, snap, dataset, props); err != nil {
+		return err
+	}
+	return m.zfs.DestroyDeferred(ctx, snap)
+}
+
+// Get returns a volume by ID.
+func (m *Manager) Get(ctx context.Context, id string) (Volume, error) {
+	return m.get(ctx, id)
+}
+
+func (m *Manager) get(ctx context.Context, id string) (Volume, error) {
+	if !IsVolumeID(id) {
+		return Volume{}, fmt.Errorf("%w: volume %q", errdefs.ErrNotFound, id)
+	}
+	ds, err := m.zfs.Get(ctx, datasetFor(m.cfg.RootDataset, id))
+	if err != nil {
+		return Volume{}, zfsError(err, "volume "+id)
+	}
+	v, ok := m.volumeOf(ds)
+	if !ok {
+		return Volume{}, fmt.Errorf("%w: dataset %s exists but is not a volume of this driver (role %q); an operator must look at it",
+			errdefs.ErrFailedPrecondition, ds.Name, ds.User[PropRole])
+	}
+	return v, nil
+}
+
+// volumeOf reads a volume from its dataset; ok is false for anything that is
+// not a live primary volume.
+func (m *Manager) volumeOf(ds zfs.Dataset) (Volume, bool) {
+	id := ds.User[PropVolumeID]
+	if ds.Type != zfs.Filesystem || ds.User[PropRole] != RolePrimary || id != shortName(ds.Name) || zfs.Parent(ds.Name) != m.cfg.RootDataset {
+		return Volume{}, false
+	}
+	capacity := ds.RefQuota
+	if m.cfg.QuotaProperty == "quota" {
+		capacity = ds.Quota
+	}
+	gen, _ := strconv.ParseUint(ds.User[PropGeneration], 10, 64)
+	return Volume{
+		ID:         id,
+		Name:       ds.User[PropName],
+		Dataset:    ds.Name,
+		Capacity:   capacity,
+		Used:       ds.Referenced,
+		Parameters: decodeParameters(ds.User[PropParameters]),
+		Source:     ds.User[PropSource],
+		Generation: gen,
+		Created:    ds.Created,
+	}, true
+}
+
+// List returns the node's volumes sorted by ID.
+func (m *Manager) List(ctx context.Context) ([]Volume, error) {
+	all, err := m.zfs.List(ctx, m.cfg.RootDataset)
+	if err != nil {
+		return nil, zfsError(err, "listing volumes")
+	}
+	var out []Volume
+	for _, ds := range all {
+		if v, ok := m.volumeOf(ds); ok {
+			out = append(out, v)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out, nil
+}
+
+// Delete deletes a volume. Deleting a volume that does not exist succeeds.
+// A volume with snapshots becomes a tombstone (see the package comment).
+func (m *Manager) Delete(ctx context.Context, id string) error {
+	if !IsVolumeID(id) {
+		return nil // names no volume, so none to delete
+	}
+	log := m.log.With("volume_id", id)
+	unlock, err := m.lock(ctx, id)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+
+	v, err := m.get(ctx, id)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	err = m.zfs.Destroy(ctx, v.Dataset)
+	switch {
+	case err == nil:
+		log.Info("volume destroyed", "dataset", v.Dataset)
+	case errors.Is(err, zfs.ErrHasDependents):
+		if err := m.tombstone(ctx, v); err != nil {
+			return err
+		}
+		log.Info("volume deleted; its dataset stays as a tombstone until its snapshots and clones are gone", "dataset", v.Dataset)
+	case errors.Is(err, zfs.ErrBusy):
+		return fmt.Errorf("%w: volume %s is in use (still mounted?); unpublish it first: %v", errdefs.ErrFailedPrecondition, id, err)
+	default:
+		return zfsError(err, "deleting volume "+id)
+	}
+	m.collectTombstones(ctx)
+	return nil
+}
+
+// tombstone hides a deleted volume that still has snapshots or clones: it is
+// renamed out of the volume namespace (so the name can be reused) and
+// labelled deleted.
+func (m *Manager) tombstone(ctx context.Context, v Volume) error {
+	now := m.now()
+	err := m.zfs.SetProperties(ctx, v.Dataset, map[string]string{PropRole: RoleDeleted, PropDeletedAt: now.UTC().Format(time.RFC3339)})
+	if err != nil {
+		return zfsError(err, "marking volume "+v.ID+" deleted")
+	}
+	target := fmt.Sprintf("%s-deleted-%d", v.Dataset, now.UnixNano())
+	if err := m.zfs.Rename(ctx, v.Dataset, target); err != nil {
+		return zfsError(err, "renaming deleted volume "+v.ID)
+	}
+	return nil
+}
+
+// collectTombstones destroys tombstones that no snapshot or clone needs any
+// more. It is best effort: what cannot go now goes on a later call.
+func (m *Manager) collectTombstones(ctx context.Context) {
+	all, err := m.zfs.List(ctx, m.cfg.RootDataset)
+	if err != nil {
+		m.log.Warn("listing tombstones failed", "error", err)
+		return
+	}
+	for _, ds := range all {
+		if ds.Type != zfs.Filesystem || ds.User[PropRole] != RoleDeleted {
+			continue
+		}
+		err := m.zfs.Destroy(ctx, ds.Name)
+		switch {
+		case err == nil:
+			m.log.Info("tombstone destroyed", "volume_id", ds.User[PropVolumeID], "dataset", ds.Name)
+		case !errors.Is(err, zfs.ErrHasDependents):
+			m.log.Warn("destroying tombstone failed", "volume_id", ds.User[PropVolumeID], "dataset", ds.Name, "error", err)
+		}
+	}
+}
+
+// Expand raises a volume's quota to at least required bytes.
+func (m *Manager) Expand(ctx context.Context, id string, required, limit uint64) (uint64, error) {
+	unlock, err := m.lock(ctx, id)
+	if err != nil {
+		return 0, err
+	}
+	defer unlock()
+	v, err := m.get(ctx, id)
+	if err != nil {
+		return 0, err
+	}
+	quota, err := ResolveQuota(&m.cfg, required, limit)
+	if err != nil {
+		return 0, err
+	}
+	if quota <= v.Capacity {
+		return v.Capacity, nil // shrinking is not supported; the volume already satisfies the request
+	}
+	if err := m.zfs.SetProperties(ctx, v.Dataset, map[string]string{m.cfg.QuotaProperty: strconv.FormatUint(quota, 10)}); err != nil {
+		return 0, zfsError(err, "expanding volume "+id)
+	}
+	m.log.Info("volume expanded", "volume_id", id, "from", v.Capacity, "to", quota)
+	return quota, nil
+}
+
+// Capacity reports free space and limits for placement.
+func (m *Manager) Capacity(ctx context.Context) (Capacity, error) {
+	root, err := m.zfs.Get(ctx, m.cfg.RootDataset)
+	if err != nil {
+		return Capacity{}, zfsError(err, "root dataset "+m.cfg.RootDataset)
+	}
+	vols, err := m.List(ctx)
+	if err != nil {
+		return Capacity{}, err
+	}
+	return Capacity{Available: root.Available, MaxQuota: uint64(m.cfg.MaxQuota), Volumes: len(vols)}, nil
+}
+
+// zfsError classifies a ZFS error for the CSI layer.
+func zfsError(err error, what string) error {
+	switch {
+	case errors.Is(err, zfs.ErrNotFound):
+		return fmt.Errorf("%w: %s: %v", errdefs.ErrNotFound, what, err)
+	case errors.Is(err, zfs.ErrExists):
+		return fmt.Errorf("%w: %s: %v", errdefs.ErrAlreadyExists, what, err)
+	case errors.Is(err, zfs.ErrUnavailable):
+		return fmt.Errorf("%w: %s: %v", errdefs.ErrUnavailable, what, err)
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	var kinds = []error{errdefs.ErrInvalidArgument, errdefs.ErrNotFound, errdefs.ErrAlreadyExists, errdefs.ErrOutOfRange, errdefs.ErrFailedPrecondition}
+	for _, k := range kinds {
+		if errors.Is(err, k) {
+			return err // already classified by this package
+		}
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
+
+// isCSISnapshot reports whether ds is a live CSI snapshot (not a private
+// clone snapshot, not one waiting for deferred destruction).
+func isCSISnapshot(ds zfs.Dataset) bool {
+	return ds.Type == zfs.Snapshot && !ds.DeferDestroy && IsSnapshotID(shortName(ds.Name)) && ds.User[PropSnapshotName] != ""
+}
+
+func snapshotOf(ds zfs.Dataset) Snapshot {
+	return Snapshot{
+		ID:             shortName(ds.Name),
+		Name:           ds.User[PropSnapshotName],
+		SourceVolumeID: ds.User[PropSourceVolume],
+		Dataset:        ds.Name,
+		Size:           ds.Referenced,
+		Created:        ds.Created,
+	}
+}

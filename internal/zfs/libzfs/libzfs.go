@@ -1,0 +1,404 @@
+//go:build linux && cgo
+
+// Package libzfs implements zfs.Interface with go-libzfs.
+//
+// libzfs keeps one process-wide handle whose error state and caches are not
+// safe for concurrent use, so every call here runs under one lock. Calls are
+// short metadata operations (milliseconds); bulk data (zfs send/receive)
+// never runs under this lock, so a long transfer cannot stall other volumes.
+//
+// go-libzfs opens the libzfs handle when the package is loaded; without
+// /dev/zfs that handle is NULL and the first call would crash. New checks
+// the handle before anything else and returns zfs.ErrUnavailable instead.
+package libzfs
+
+/*
+#cgo CFLAGS: -I/usr/include/libzfs -I/usr/include/libspl -DHAVE_IOCTL_IN_SYS_IOCTL_H -D_GNU_SOURCE
+#cgo LDFLAGS: -lzfs -lnvpair
+#include <stdlib.h>
+#include <libzfs.h>
+#include <libnvpair.h>
+
+// The handle go-libzfs opened at load time (its common.c).
+extern libzfs_handle_t *libzfsHandle;
+
+static int handle_ok(void) { return libzfsHandle != NULL; }
+static int last_errno(void) { return libzfs_errno(libzfsHandle); }
+static const char *last_error(void) { return libzfs_error_description(libzfsHandle); }
+
+static nvlist_t *props_new(void) {
+	nvlist_t *nv = NULL;
+	if (nvlist_alloc(&nv, NV_UNIQUE_NAME, 0) != 0)
+		return NULL;
+	return nv;
+}
+static int props_add(nvlist_t *nv, const char *k, const char *v) { return nvlist_add_string(nv, k, v); }
+static void props_free(nvlist_t *nv) { nvlist_free(nv); }
+
+// go-libzfs converts only native properties to an nvlist; these take user
+// properties too, so a dataset is born with its identity.
+static int create_fs(const char *name, nvlist_t *props) {
+	return zfs_create(libzfsHandle, name, ZFS_TYPE_FILESYSTEM, props);
+}
+static int snapshot_one(const char *name, nvlist_t *props) {
+	return zfs_snapshot(libzfsHandle, name, B_FALSE, props);
+}
+static int clone_fs(const char *snap, const char *target, nvlist_t *props) {
+	zfs_handle_t *zh = zfs_open(libzfsHandle, snap, ZFS_TYPE_SNAPSHOT);
+	if (zh == NULL)
+		return -1;
+	int rc = zfs_clone(zh, target, props);
+	zfs_close(zh);
+	return rc;
+}
+*/
+import "C"
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+	"unsafe"
+
+	golibzfs "github.com/bicomsystems/go-libzfs"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/zfs"
+)
+
+// ZFS implements zfs.Interface on the local kernel module.
+type ZFS struct {
+	lock      chan struct{} // one token: libzfs is used by one goroutine at a time
+	userProps []string      // user properties Get and List read
+}
+
+var _ zfs.Interface = (*ZFS)(nil)
+
+// New checks that libzfs is usable and returns an implementation that reads
+// the given user properties on Get and List.
+func New(userProps ...string) (*ZFS, error) {
+	if _, err := os.Stat("/dev/zfs"); err != nil {
+		return nil, fmt.Errorf("%w: /dev/zfs is missing (is the zfs kernel module loaded?): %v", zfs.ErrUnavailable, err)
+	}
+	if C.handle_ok() == 0 {
+		return nil, fmt.Errorf("%w: libzfs_init failed (is the zfs module the same version as libzfs, and are we root?)", zfs.ErrUnavailable)
+	}
+	return &ZFS{lock: make(chan struct{}, 1), userProps: userProps}, nil
+}
+
+// do runs f under the libzfs lock, giving up if ctx ends while waiting.
+func (z *ZFS) do(ctx context.Context, f func() error) error {
+	select {
+	case z.lock <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("waiting for libzfs: %w", ctx.Err())
+	}
+	defer func() { <-z.lock }()
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return f()
+}
+
+// lastError turns libzfs's error state into an error wrapping the zfs
+// sentinel that matches its errno.
+func lastError(op, name string) error {
+	desc := C.GoString(C.last_error())
+	var kind error
+	switch C.last_errno() {
+	case C.EZFS_NOENT:
+		kind = zfs.ErrNotFound
+	case C.EZFS_EXISTS:
+		kind = zfs.ErrExists
+	case C.EZFS_BUSY:
+		kind = zfs.ErrBusy
+	}
+	if kind == nil {
+		return fmt.Errorf("zfs %s %s: %s", op, name, desc)
+	}
+	return fmt.Errorf("zfs %s %s: %s: %w", op, name, desc, kind)
+}
+
+func (z *ZFS) Get(ctx context.Context, name string) (zfs.Dataset, error) {
+	if err := zfs.ValidateName(name); err != nil {
+		return zfs.Dataset{}, err
+	}
+	var out zfs.Dataset
+	err := z.do(ctx, func() error {
+		d, err := z.open(name)
+		if err != nil {
+			return err
+		}
+		defer d.Close()
+		out, err = z.convert(&d)
+		return err
+	})
+	return out, err
+}
+
+func (z *ZFS) List(ctx context.Context, name string) ([]zfs.Dataset, error) {
+	if err := zfs.ValidateName(name); err != nil {
+		return nil, err
+	}
+	var out []zfs.Dataset
+	err := z.do(ctx, func() error {
+		if _, err := z.open(name); err != nil { // classify "not found" before the recursive open
+			return err
+		}
+		d, err := golibzfs.DatasetOpen(name)
+		if err != nil {
+			return fmt.Errorf("zfs list %s: %w", name, err)
+		}
+		defer d.Close()
+		return z.walk(&d, &out)
+	})
+	return out, err
+}
+
+func (z *ZFS) walk(d *golibzfs.Dataset, out *[]zfs.Dataset) error {
+	ds, err := z.convert(d)
+	if err != nil {
+		return err
+	}
+	if ds.Type == zfs.Filesystem || ds.Type == zfs.Snapshot {
+		*out = append(*out, ds)
+	}
+	for i := range d.Children {
+		if err := z.walk(&d.Children[i], out); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// open opens one dataset without its children.
+func (z *ZFS) open(name string) (golibzfs.Dataset, error) {
+	d, err := golibzfs.DatasetOpenSingle(name)
+	if err != nil {
+		if C.last_errno() == C.EZFS_NOENT || strings.Contains(err.Error(), "does not exist") {
+			return d, fmt.Errorf("%s: %w", name, zfs.ErrNotFound)
+		}
+		return d, fmt.Errorf("zfs open %s: %w", name, err)
+	}
+	return d, nil
+}
+
+func (z *ZFS) convert(d *golibzfs.Dataset) (zfs.Dataset, error) {
+	p := d.Properties
+	out := zfs.Dataset{
+		Name:         p[golibzfs.DatasetPropName].Value,
+		Used:         parseUint(p[golibzfs.DatasetPropUsed].Value),
+		Referenced:   parseUint(p[golibzfs.DatasetPropReferenced].Value),
+		Available:    parseUint(p[golibzfs.DatasetPropAvailable].Value),
+		Quota:        parseUint(p[golibzfs.DatasetPropQuota].Value),
+		RefQuota:     parseUint(p[golibzfs.DatasetPropRefquota].Value),
+		Created:      time.Unix(int64(parseUint(p[golibzfs.DatasetPropCreation].Value)), 0),
+		DeferDestroy: p[golibzfs.DatasetPropDeferDestroy].Value == "on",
+		User:         map[string]string{},
+	}
+	if o := p[golibzfs.DatasetPropOrigin].Value; o != "-" {
+		out.Origin = o
+	}
+	switch d.Type {
+	case golibzfs.DatasetTypeFilesystem:
+		out.Type = zfs.Filesystem
+	case golibzfs.DatasetTypeSnapshot:
+		out.Type = zfs.Snapshot
+	}
+	for _, key := range z.userProps {
+		prop, err := d.GetUserProperty(key)
+		if err != nil {
+			return out, fmt.Errorf("zfs get %s %s: %w", key, out.Name, err)
+		}
+		// Inherited values belong to the parent (snapshots inherit their
+		// filesystem's properties): only local and received ones count.
+		if prop.Source == "local" || prop.Source == "received" {
+			out.User[key] = prop.Value
+		}
+	}
+	return out, nil
+}
+
+func parseUint(s string) uint64 {
+	v, err := strconv.ParseUint(s, 10, 64)
+	if err != nil {
+		return 0 // "-" or "none": unset
+	}
+	return v
+}
+
+// withProps builds a C nvlist of string properties for the duration of f.
+func withProps(props map[string]string, f func(*C.nvlist_t) C.int) (C.int, error) {
+	nv := C.props_new()
+	if nv == nil {
+		return -1, errors.New("out of memory allocating an nvlist")
+	}
+	defer C.props_free(nv)
+	for k, v := range props {
+		ck, cv := C.CString(k), C.CString(v)
+		rc := C.props_add(nv, ck, cv)
+		C.free(unsafe.Pointer(ck))
+		C.free(unsafe.Pointer(cv))
+		if rc != 0 {
+			return -1, fmt.Errorf("adding property %s to an nvlist failed", k)
+		}
+	}
+	return f(nv), nil
+}
+
+func (z *ZFS) CreateFilesystem(ctx context.Context, name string, props map[string]string) error {
+	if err := zfs.ValidateName(name); err != nil {
+		return err
+	}
+	return z.do(ctx, func() error {
+		cname := C.CString(name)
+		defer C.free(unsafe.Pointer(cname))
+		rc, err := withProps(props, func(nv *C.nvlist_t) C.int { return C.create_fs(cname, nv) })
+		if err != nil {
+			return err
+		}
+		if rc != 0 {
+			return lastError("create", name)
+		}
+		return nil
+	})
+}
+
+func (z *ZFS) Snapshot(ctx context.Context, name string, props map[string]string) error {
+	if err := zfs.ValidateName(name); err != nil {
+		return err
+	}
+	return z.do(ctx, func() error {
+		cname := C.CString(name)
+		defer C.free(unsafe.Pointer(cname))
+		rc, err := withProps(props, func(nv *C.nvlist_t) C.int { return C.snapshot_one(cname, nv) })
+		if err != nil {
+			return err
+		}
+		if rc != 0 {
+			return lastError("snapshot", name)
+		}
+		return nil
+	})
+}
+
+func (z *ZFS) Clone(ctx context.Context, snapshot, name string, props map[string]string) error {
+	for _, n := range []string{snapshot, name} {
+		if err := zfs.ValidateName(n); err != nil {
+			return err
+		}
+	}
+	return z.do(ctx, func() error {
+		csnap, cname := C.CString(snapshot), C.CString(name)
+		defer C.free(unsafe.Pointer(csnap))
+		defer C.free(unsafe.Pointer(cname))
+		rc, err := withProps(props, func(nv *C.nvlist_t) C.int { return C.clone_fs(csnap, cname, nv) })
+		if err != nil {
+			return err
+		}
+		if rc != 0 {
+			return lastError("clone "+snapshot, name)
+		}
+		return nil
+	})
+}
+
+func (z *ZFS) SetProperties(ctx context.Context, name string, props map[string]string) error {
+	if err := zfs.ValidateName(name); err != nil {
+		return err
+	}
+	return z.do(ctx, func() error {
+		d, err := z.open(name)
+		if err != nil {
+			return err
+		}
+		defer d.Close()
+		for k, v := range props {
+			// SetUserProperty is zfs_prop_set by name: it takes native properties too.
+			if err := d.SetUserProperty(k, v); err != nil {
+				return fmt.Errorf("zfs set %s=%s %s: %w", k, v, name, err)
+			}
+		}
+		return nil
+	})
+}
+
+func (z *ZFS) Rename(ctx context.Context, from, to string) error {
+	for _, n := range []string{from, to} {
+		if err := zfs.ValidateName(n); err != nil {
+			return err
+		}
+	}
+	return z.do(ctx, func() error {
+		d, err := z.open(from)
+		if err != nil {
+			return err
+		}
+		defer d.Close()
+		if err := d.Rename(to, false, false); err != nil {
+			return fmt.Errorf("zfs rename %s %s: %w", from, to, err)
+		}
+		return nil
+	})
+}
+
+func (z *ZFS) Destroy(ctx context.Context, name string) error {
+	return z.destroy(ctx, name, false)
+}
+
+func (z *ZFS) DestroyDeferred(ctx context.Context, name string) error {
+	if !strings.Contains(name, "@") {
+		return fmt.Errorf("deferred destroy of %s: only snapshots can be destroyed deferred", name)
+	}
+	return z.destroy(ctx, name, true)
+}
+
+func (z *ZFS) destroy(ctx context.Context, name string, deferred bool) error {
+	if err := zfs.ValidateName(name); err != nil {
+		return err
+	}
+	return z.do(ctx, func() error {
+		d, err := golibzfs.DatasetOpen(name) // with children, to refuse rather than fail midway
+		if err != nil {
+			if _, oerr := z.open(name); errors.Is(oerr, zfs.ErrNotFound) {
+				return oerr
+			}
+			return fmt.Errorf("zfs open %s: %w", name, err)
+		}
+		defer d.Close()
+		if len(d.Children) > 0 {
+			return fmt.Errorf("zfs destroy %s: it has %d snapshots or children: %w", name, len(d.Children), zfs.ErrHasDependents)
+		}
+		if err := d.Destroy(deferred); err != nil {
+			switch C.last_errno() {
+			case C.EZFS_EXISTS: // a snapshot with clones ("snapshot is cloned")
+				return fmt.Errorf("zfs destroy %s: %v: %w", name, err, zfs.ErrHasDependents)
+			case C.EZFS_BUSY:
+				return fmt.Errorf("zfs destroy %s: %v: %w", name, err, zfs.ErrBusy)
+			}
+			return fmt.Errorf("zfs destroy %s: %w", name, err)
+		}
+		return nil
+	})
+}
+
+func (z *ZFS) PoolHealth(ctx context.Context, pool string) error {
+	return z.do(ctx, func() error {
+		p, err := golibzfs.PoolOpen(pool)
+		if err != nil {
+			return fmt.Errorf("pool %s is not imported: %v: %w", pool, err, zfs.ErrUnavailable)
+		}
+		defer p.Close()
+		health, err := p.GetProperty(golibzfs.PoolPropHealth)
+		if err != nil {
+			return fmt.Errorf("pool %s: reading health: %w", pool, err)
+		}
+		if health.Value != "ONLINE" {
+			return fmt.Errorf("pool %s is %s, not ONLINE: %w", pool, health.Value, zfs.ErrUnavailable)
+		}
+		return nil
+	})
+}

@@ -1,0 +1,162 @@
+// Package zfs is the driver's narrow view of ZFS: the few dataset operations
+// the volume logic needs, as plain Go types.
+//
+// Two implementations exist: package zfs/libzfs (go-libzfs, cgo, the real
+// thing, linked only into zfs-node) and package zfs/zfsfake (in memory, for
+// unit tests of logic). Nothing above this package knows which one it has.
+//
+// Names are full ZFS names ("tank/volumes/vol-1", "tank/volumes/vol-1@snap").
+// Callers validate names before they get here; implementations refuse names
+// that are not plain dataset or snapshot names anyway (see ValidateName).
+package zfs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Type says whether a dataset is a filesystem or a snapshot. Volumes are
+// filesystems; zvols are not used.
+type Type int
+
+const (
+	Filesystem Type = iota + 1
+	Snapshot
+)
+
+func (t Type) String() string {
+	switch t {
+	case Filesystem:
+		return "filesystem"
+	case Snapshot:
+		return "snapshot"
+	}
+	return fmt.Sprintf("type(%d)", int(t))
+}
+
+// Dataset is what the driver reads about one filesystem or snapshot.
+type Dataset struct {
+	Name string
+	Type Type
+	// Used is the space the dataset and its descendants use; for a snapshot,
+	// the space only it holds.
+	Used uint64
+	// Referenced is the data the dataset (or snapshot) refers to.
+	Referenced uint64
+	// Available is the space left for the dataset, bounded by quotas.
+	Available uint64
+	// Quota and RefQuota are 0 when unset.
+	Quota    uint64
+	RefQuota uint64
+	Created  time.Time
+	// Origin is the snapshot a clone was made from, "" otherwise.
+	Origin string
+	// DeferDestroy is set on a snapshot whose destroy waits for its clones.
+	DeferDestroy bool
+	// User holds the user properties ("module:name") set locally on the dataset.
+	User map[string]string
+}
+
+// Parent returns the name of the dataset holding name: the filesystem of a
+// snapshot, the parent of a filesystem, "" for a pool.
+func Parent(name string) string {
+	if i := strings.IndexByte(name, '@'); i >= 0 {
+		return name[:i]
+	}
+	if i := strings.LastIndexByte(name, '/'); i >= 0 {
+		return name[:i]
+	}
+	return ""
+}
+
+// Errors the implementations return, wrapped with detail. Callers test them
+// with errors.Is.
+var (
+	ErrNotFound = errors.New("dataset does not exist")
+	ErrExists   = errors.New("dataset already exists")
+	// ErrHasDependents: the dataset has snapshots, children or clones.
+	ErrHasDependents = errors.New("dataset has dependents")
+	// ErrBusy: the dataset is mounted or in use.
+	ErrBusy = errors.New("dataset is busy")
+	// ErrUnavailable: ZFS itself cannot be used (no /dev/zfs, no pool).
+	ErrUnavailable = errors.New("zfs is unavailable")
+)
+
+// DatasetManager reads and changes datasets under the node's root dataset.
+type DatasetManager interface {
+	// Get returns one filesystem or snapshot.
+	Get(ctx context.Context, name string) (Dataset, error)
+	// List returns the filesystem name and everything below it: child
+	// filesystems and the snapshots of all of them.
+	List(ctx context.Context, name string) ([]Dataset, error)
+	// CreateFilesystem creates name with the given native and user
+	// properties set at once, so a crash never leaves it half-labelled.
+	CreateFilesystem(ctx context.Context, name string, props map[string]string) error
+	// Snapshot creates snapshot name ("fs@snap") with user properties.
+	Snapshot(ctx context.Context, name string, props map[string]string) error
+	// Clone creates filesystem name from snapshot with properties.
+	Clone(ctx context.Context, snapshot, name string, props map[string]string) error
+	// SetProperties sets native or user properties.
+	SetProperties(ctx context.Context, name string, props map[string]string) error
+	// Rename renames a filesystem.
+	Rename(ctx context.Context, from, to string) error
+	// Destroy destroys a filesystem without snapshots or children, or a
+	// snapshot without clones. ErrHasDependents otherwise.
+	Destroy(ctx context.Context, name string) error
+	// DestroyDeferred destroys a snapshot now, or once its last clone is
+	// gone (zfs destroy -d).
+	DestroyDeferred(ctx context.Context, name string) error
+}
+
+// Pools checks the pool under the root dataset.
+type Pools interface {
+	// PoolHealth returns nil when the pool is imported and ONLINE.
+	PoolHealth(ctx context.Context, pool string) error
+}
+
+// Interface is everything a node needs from ZFS.
+type Interface interface {
+	DatasetManager
+	Pools
+}
+
+// ValidateName refuses anything that is not a plain filesystem or snapshot
+// name: no empty components, no "." or "..", no characters ZFS or a shell
+// would treat specially, and at most one '@'.
+func ValidateName(name string) error {
+	if name == "" || len(name) > 255 {
+		return fmt.Errorf("invalid dataset name %q: must be 1 to 255 characters", name)
+	}
+	fs, snap, isSnap := strings.Cut(name, "@")
+	if isSnap && (snap == "" || strings.ContainsAny(snap, "@/")) {
+		return fmt.Errorf("invalid snapshot name %q", name)
+	}
+	for _, part := range strings.Split(fs, "/") {
+		if err := validateComponent(part); err != nil {
+			return fmt.Errorf("invalid dataset name %q: %w", name, err)
+		}
+	}
+	if isSnap {
+		if err := validateComponent(snap); err != nil {
+			return fmt.Errorf("invalid snapshot name %q: %w", name, err)
+		}
+	}
+	return nil
+}
+
+func validateComponent(c string) error {
+	if c == "" || c == "." || c == ".." {
+		return fmt.Errorf("component %q is empty or a dot path", c)
+	}
+	for _, r := range c {
+		ok := r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' ||
+			r == '_' || r == '-' || r == '.' || r == ':'
+		if !ok {
+			return fmt.Errorf("component %q has character %q (allowed: letters, digits, _ - . :)", c, r)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,355 @@
+// Package zfsfake is an in-memory zfs.Interface for unit tests of the logic
+// above ZFS. It models names, properties, snapshots, clones, dependents and
+// quotas closely enough to exercise that logic; it proves nothing about ZFS
+// itself, which the integration tests in the guest do.
+package zfsfake
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/zfs"
+)
+
+// Fake is safe for concurrent use.
+type Fake struct {
+	mu       sync.Mutex
+	datasets map[string]*entry
+	poolSize uint64
+	now      time.Time
+	// Fail, when set, is consulted before each operation; a non-nil result
+	// is returned instead of doing it. Tests use it to inject faults.
+	Fail func(op, name string) error
+}
+
+type entry struct {
+	ds    zfs.Dataset
+	props map[string]string // native properties as set
+}
+
+var _ zfs.Interface = (*Fake)(nil)
+
+// New returns a fake with the given pools (each an empty filesystem) of
+// poolSize bytes each.
+func New(poolSize uint64, pools ...string) *Fake {
+	f := &Fake{datasets: map[string]*entry{}, poolSize: poolSize, now: time.Unix(1_700_000_000, 0)}
+	for _, p := range pools {
+		f.datasets[p] = &entry{ds: zfs.Dataset{Name: p, Type: zfs.Filesystem, Created: f.now, User: map[string]string{}}, props: map[string]string{}}
+	}
+	return f
+}
+
+// SetUsed sets the bytes a dataset uses, to test capacity logic.
+func (f *Fake) SetUsed(name string, used uint64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.datasets[name].ds.Used = used
+	f.datasets[name].ds.Referenced = used
+}
+
+// Names returns every dataset and snapshot name, sorted.
+func (f *Fake) Names() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []string
+	for n := range f.datasets {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// NativeProperty returns a native property as last set, for assertions.
+func (f *Fake) NativeProperty(name, prop string) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if e, ok := f.datasets[name]; ok {
+		return e.props[prop]
+	}
+	return ""
+}
+
+func (f *Fake) check(op, name string) error {
+	if err := zfs.ValidateName(name); err != nil {
+		return err
+	}
+	if f.Fail != nil {
+		return f.Fail(op, name)
+	}
+	return nil
+}
+
+func (f *Fake) Get(ctx context.Context, name string) (zfs.Dataset, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.check("get", name); err != nil {
+		return zfs.Dataset{}, err
+	}
+	e, ok := f.datasets[name]
+	if !ok {
+		return zfs.Dataset{}, fmt.Errorf("%s: %w", name, zfs.ErrNotFound)
+	}
+	return f.view(e), nil
+}
+
+func (f *Fake) List(ctx context.Context, name string) ([]zfs.Dataset, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.check("list", name); err != nil {
+		return nil, err
+	}
+	if _, ok := f.datasets[name]; !ok {
+		return nil, fmt.Errorf("%s: %w", name, zfs.ErrNotFound)
+	}
+	var out []zfs.Dataset
+	for n, e := range f.datasets {
+		if n == name || strings.HasPrefix(n, name+"/") || strings.HasPrefix(n, name+"@") {
+			out = append(out, f.view(e))
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+// view copies an entry and derives Available like ZFS: the pool's free space,
+// bounded by the quotas of the dataset and its ancestors.
+func (f *Fake) view(e *entry) zfs.Dataset {
+	ds := e.ds
+	ds.User = map[string]string{}
+	for k, v := range e.ds.User {
+		ds.User[k] = v
+	}
+	var used uint64
+	for n, o := range f.datasets {
+		if o.ds.Type == zfs.Filesystem && !strings.Contains(n, "/") {
+			continue
+		}
+		used += o.ds.Used
+	}
+	avail := f.poolSize - min(used, f.poolSize)
+	for n := ds.Name; n != ""; n = zfs.Parent(n) {
+		a := f.datasets[n]
+		if a == nil || a.ds.Type != zfs.Filesystem {
+			continue
+		}
+		if q := max(a.ds.Quota, a.ds.RefQuota); q > 0 {
+			avail = min(avail, q-min(q, f.usedBelow(n)))
+		}
+	}
+	ds.Available = avail
+	return ds
+}
+
+func (f *Fake) usedBelow(name string) uint64 {
+	var used uint64
+	for n, o := range f.datasets {
+		if n == name || strings.HasPrefix(n, name+"/") || strings.HasPrefix(n, name+"@") {
+			used += o.ds.Used
+		}
+	}
+	return used
+}
+
+func (f *Fake) create(name string, typ zfs.Type, origin string, props map[string]string) error {
+	if _, ok := f.datasets[name]; ok {
+		return fmt.Errorf("%s: %w", name, zfs.ErrExists)
+	}
+	parent := zfs.Parent(name)
+	if p, ok := f.datasets[parent]; !ok || p.ds.Type != zfs.Filesystem {
+		return fmt.Errorf("parent of %s: %w", name, zfs.ErrNotFound)
+	}
+	f.now = f.now.Add(time.Second)
+	e := &entry{ds: zfs.Dataset{Name: name, Type: typ, Created: f.now, Origin: origin, User: map[string]string{}}, props: map[string]string{}}
+	if err := setProps(e, props); err != nil {
+		return err
+	}
+	f.datasets[name] = e
+	return nil
+}
+
+func setProps(e *entry, props map[string]string) error {
+	for k, v := range props {
+		switch {
+		case strings.Contains(k, ":"):
+			e.ds.User[k] = v
+		case k == "quota" || k == "refquota":
+			n, err := strconv.ParseUint(v, 10, 64)
+			if v == "none" {
+				n, err = 0, nil
+			}
+			if err != nil {
+				return fmt.Errorf("bad %s %q: %w", k, v, err)
+			}
+			if n > 0 && n < e.ds.Used {
+				return fmt.Errorf("%s %d is below used %d", k, n, e.ds.Used)
+			}
+			if k == "quota" {
+				e.ds.Quota = n
+			} else {
+				e.ds.RefQuota = n
+			}
+			e.props[k] = v
+		default:
+			e.props[k] = v
+		}
+	}
+	return nil
+}
+
+func (f *Fake) CreateFilesystem(ctx context.Context, name string, props map[string]string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.check("create", name); err != nil {
+		return err
+	}
+	if strings.Contains(name, "@") {
+		return fmt.Errorf("create %s: a snapshot name", name)
+	}
+	return f.create(name, zfs.Filesystem, "", props)
+}
+
+func (f *Fake) Snapshot(ctx context.Context, name string, props map[string]string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.check("snapshot", name); err != nil {
+		return err
+	}
+	if !strings.Contains(name, "@") {
+		return fmt.Errorf("snapshot %s: not a snapshot name", name)
+	}
+	if err := f.create(name, zfs.Snapshot, "", props); err != nil {
+		return err
+	}
+	f.datasets[name].ds.Referenced = f.datasets[zfs.Parent(name)].ds.Referenced
+	return nil
+}
+
+func (f *Fake) Clone(ctx context.Context, snapshot, name string, props map[string]string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.check("clone", name); err != nil {
+		return err
+	}
+	s, ok := f.datasets[snapshot]
+	if !ok || s.ds.Type != zfs.Snapshot {
+		return fmt.Errorf("clone source %s: %w", snapshot, zfs.ErrNotFound)
+	}
+	return f.create(name, zfs.Filesystem, snapshot, props)
+}
+
+func (f *Fake) SetProperties(ctx context.Context, name string, props map[string]string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.check("set", name); err != nil {
+		return err
+	}
+	e, ok := f.datasets[name]
+	if !ok {
+		return fmt.Errorf("%s: %w", name, zfs.ErrNotFound)
+	}
+	return setProps(e, props)
+}
+
+func (f *Fake) Rename(ctx context.Context, from, to string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.check("rename", from); err != nil {
+		return err
+	}
+	if _, ok := f.datasets[from]; !ok {
+		return fmt.Errorf("%s: %w", from, zfs.ErrNotFound)
+	}
+	if _, ok := f.datasets[to]; ok {
+		return fmt.Errorf("%s: %w", to, zfs.ErrExists)
+	}
+	if _, ok := f.datasets[zfs.Parent(to)]; !ok {
+		return fmt.Errorf("parent of %s: %w", to, zfs.ErrNotFound)
+	}
+	for n, e := range f.datasets {
+		if n == from || strings.HasPrefix(n, from+"/") || strings.HasPrefix(n, from+"@") {
+			delete(f.datasets, n)
+			e.ds.Name = to + n[len(from):]
+			f.datasets[e.ds.Name] = e
+		}
+	}
+	for _, e := range f.datasets { // clones follow their origin's new name
+		if e.ds.Origin != "" && strings.HasPrefix(e.ds.Origin, from+"@") {
+			e.ds.Origin = to + e.ds.Origin[len(from):]
+		}
+	}
+	return nil
+}
+
+func (f *Fake) Destroy(ctx context.Context, name string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.check("destroy", name); err != nil {
+		return err
+	}
+	return f.destroy(name, false)
+}
+
+func (f *Fake) DestroyDeferred(ctx context.Context, name string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.check("destroy", name); err != nil {
+		return err
+	}
+	if !strings.Contains(name, "@") {
+		return fmt.Errorf("deferred destroy of %s: only snapshots", name)
+	}
+	return f.destroy(name, true)
+}
+
+func (f *Fake) destroy(name string, deferred bool) error {
+	e, ok := f.datasets[name]
+	if !ok {
+		return fmt.Errorf("%s: %w", name, zfs.ErrNotFound)
+	}
+	for n := range f.datasets {
+		if strings.HasPrefix(n, name+"/") || strings.HasPrefix(n, name+"@") {
+			return fmt.Errorf("destroy %s: %s depends on it: %w", name, n, zfs.ErrHasDependents)
+		}
+	}
+	if clones := f.clonesOf(name); len(clones) > 0 {
+		if deferred {
+			e.ds.DeferDestroy = true
+			return nil
+		}
+		return fmt.Errorf("destroy %s: clones %v: %w", name, clones, zfs.ErrHasDependents)
+	}
+	origin := e.ds.Origin
+	delete(f.datasets, name)
+	// A deferred snapshot goes with its last clone, as in ZFS.
+	if o, ok := f.datasets[origin]; ok && o.ds.DeferDestroy && len(f.clonesOf(origin)) == 0 {
+		delete(f.datasets, origin)
+	}
+	return nil
+}
+
+func (f *Fake) clonesOf(snapshot string) []string {
+	var out []string
+	for n, e := range f.datasets {
+		if e.ds.Origin == snapshot {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+func (f *Fake) PoolHealth(ctx context.Context, pool string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.datasets[pool]; !ok {
+		return fmt.Errorf("pool %s is not imported: %w", pool, zfs.ErrUnavailable)
+	}
+	if f.Fail != nil {
+		return f.Fail("pool", pool)
+	}
+	return nil
+}
