@@ -48,8 +48,9 @@ type Cluster struct {
 	conns map[string]*grpc.ClientConn
 }
 
-// New returns a Cluster. Each agent call is bounded by timeout.
-func New(peers PeerSource, timeout time.Duration, log hclog.Logger) *Cluster {
+// New returns a Cluster. Each agent call is bounded by timeout. dialOpts
+// are added to every agent connection (tests dial in memory with them).
+func New(peers PeerSource, timeout time.Duration, log hclog.Logger, dialOpts ...grpc.DialOption) *Cluster {
 	return &Cluster{
 		peers:   peers,
 		timeout: timeout,
@@ -57,7 +58,8 @@ func New(peers PeerSource, timeout time.Duration, log hclog.Logger) *Cluster {
 		conns:   map[string]*grpc.ClientConn{},
 		dial: func(addr string) (*grpc.ClientConn, error) {
 			// Plain gRPC for now; mutual TLS arrives with the replication port.
-			return grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			opts := append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, dialOpts...)
+			return grpc.NewClient(addr, opts...)
 		},
 	}
 }

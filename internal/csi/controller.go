@@ -103,7 +103,13 @@ func (c *Controller) createVolume(ctx context.Context, req *csi.CreateVolumeRequ
 	if err == nil {
 		return c.createOn(ctx, existing.Node, agentReq, log)
 	}
-	if !errors.Is(err, errdefs.ErrNotFound) {
+	switch {
+	case errors.Is(err, errdefs.ErrUnavailable):
+		// Refusing every create while any node is down would stall the
+		// cluster; the price is that a retry whose first attempt landed on
+		// the node now down makes a second, empty volume. It is logged.
+		log.Warn("some node agents did not answer; placing among those that did", "error", err)
+	case !errors.Is(err, errdefs.ErrNotFound):
 		return nil, cluster.Node{}, err
 	}
 

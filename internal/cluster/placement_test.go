@@ -1,0 +1,74 @@
+package cluster
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
+)
+
+func TestPlace(t *testing.T) {
+	nodes := []Candidate{
+		{NodeID: "a", Topology: map[string]string{"node": "a", "rack": "r1"}, Available: 10 << 30, MaxQuota: 4 << 30, Volumes: 5},
+		{NodeID: "b", Topology: map[string]string{"node": "b", "rack": "r1"}, Available: 20 << 30, MaxQuota: 4 << 30, Volumes: 9},
+		{NodeID: "c", Topology: map[string]string{"node": "c", "rack": "r2"}, Available: 1 << 30, MaxQuota: 8 << 30, Volumes: 0, MaxVolumes: 1},
+	}
+	tests := []struct {
+		name string
+		req  Requirement
+		want []string
+		err  error
+	}{
+		{"most free first", Requirement{Bytes: 1}, []string{"b", "a", "c"}, nil},
+		{"fewest volumes first", Requirement{Bytes: 1, Policy: "fewest-volumes"}, []string{"c", "a", "b"}, nil},
+		{"requisite rack", Requirement{Bytes: 1, Requisite: []map[string]string{{"rack": "r1"}}}, []string{"b", "a"}, nil},
+		{"preferred first", Requirement{Bytes: 1, Requisite: []map[string]string{{"rack": "r1"}}, Preferred: []map[string]string{{"node": "a"}}}, []string{"a", "b"}, nil},
+		{"pinned", Requirement{Bytes: 1, Node: "a"}, []string{"a"}, nil},
+		{"capacity filters", Requirement{Bytes: 2 << 30}, []string{"b", "a"}, nil},
+		{"above every ceiling", Requirement{Bytes: 9 << 30}, nil, errdefs.ErrOutOfRange},
+		{"no room", Requirement{Bytes: 5 << 30, Node: "c"}, nil, errdefs.ErrResourceExhausted},
+		{"no topology match", Requirement{Bytes: 1, Requisite: []map[string]string{{"rack": "r9"}}}, nil, errdefs.ErrResourceExhausted},
+		{"pinned to unknown", Requirement{Bytes: 1, Node: "zz"}, nil, errdefs.ErrResourceExhausted},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := Place(nodes, tc.req)
+			if !errors.Is(err, tc.err) {
+				t.Fatalf("err = %v, want %v", err, tc.err)
+			}
+			var ids []string
+			for _, c := range got {
+				ids = append(ids, c.NodeID)
+			}
+			if len(ids) != len(tc.want) {
+				t.Fatalf("got %v, want %v", ids, tc.want)
+			}
+			for i := range ids {
+				if ids[i] != tc.want[i] {
+					t.Fatalf("got %v, want %v", ids, tc.want)
+				}
+			}
+		})
+	}
+}
+
+func TestParsePeers(t *testing.T) {
+	got, err := ParsePeers([]byte("# agents\n10.0.0.1:7670\n\n10.0.0.2:7670 # rack 2\n10.0.0.1:7670\n[::1]:7670\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"10.0.0.1:7670", "10.0.0.2:7670", "[::1]:7670"}
+	if len(got) != len(want) {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("got %v, want %v", got, want)
+		}
+	}
+	for _, bad := range []string{"nohost", "host:", ":7670"} {
+		if _, err := ParsePeers([]byte(bad)); err == nil {
+			t.Errorf("ParsePeers(%q) succeeded", bad)
+		}
+	}
+}

@@ -1,0 +1,202 @@
+package csi
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/hashicorp/go-hclog"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/test/bufconn"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/agent"
+	"github.com/zfs-nomad/zfs-nomad/internal/cluster"
+	"github.com/zfs-nomad/zfs-nomad/internal/config"
+	"github.com/zfs-nomad/zfs-nomad/internal/volume"
+	"github.com/zfs-nomad/zfs-nomad/internal/zfs/zfsfake"
+	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
+)
+
+// testCluster runs real agent servers over fake ZFS, in memory.
+type testCluster struct {
+	mu        sync.Mutex
+	listeners map[string]*bufconn.Listener
+	servers   map[string]*grpc.Server
+	fakes     map[string]*zfsfake.Fake
+	peers     []string
+}
+
+// newTestCluster starts one agent per node; free gives each node's pool size.
+func newTestCluster(t *testing.T, free map[string]uint64) *testCluster {
+	tc := &testCluster{listeners: map[string]*bufconn.Listener{}, servers: map[string]*grpc.Server{}, fakes: map[string]*zfsfake.Fake{}}
+	for id, size := range free {
+		fake := zfsfake.New(size, "tank")
+		if err := fake.CreateFilesystem(context.Background(), "tank/nomad", nil); err != nil {
+			t.Fatal(err)
+		}
+		cfg := config.DefaultNode()
+		cfg.NodeID, cfg.RootDataset, cfg.MaxQuota = id, "tank/nomad", 8<<30
+		mgr := volume.NewManager(fake, cfg, hclog.NewNullLogger())
+		srv := grpc.NewServer()
+		pb.RegisterNodeAgentServer(srv, agent.NewServer(mgr, cfg, hclog.NewNullLogger()))
+		lis := bufconn.Listen(1 << 20)
+		go srv.Serve(lis)
+		addr := id + ":7670"
+		tc.listeners[addr], tc.servers[addr], tc.fakes[id] = lis, srv, fake
+		tc.peers = append(tc.peers, "passthrough:///"+addr)
+		t.Cleanup(srv.Stop)
+	}
+	return tc
+}
+
+// stop takes a node's agent down.
+func (tc *testCluster) stop(id string) {
+	tc.mu.Lock()
+	defer tc.mu.Unlock()
+	addr := id + ":7670"
+	tc.servers[addr].Stop()
+	delete(tc.listeners, addr)
+}
+
+func (tc *testCluster) controller() *Controller {
+	dialer := grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+		tc.mu.Lock()
+		lis, ok := tc.listeners[addr]
+		tc.mu.Unlock()
+		if !ok {
+			return nil, fmt.Errorf("connection refused: %s", addr)
+		}
+		return lis.DialContext(ctx)
+	})
+	c := cluster.New(cluster.StaticPeers(tc.peers), 2*time.Second, hclog.NewNullLogger(), dialer)
+	return NewController(c, "most-free", hclog.NewNullLogger())
+}
+
+var mountCap = []*csi.VolumeCapability{{
+	AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
+	AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+}}
+
+func wantCode(t *testing.T, err error, code codes.Code) {
+	t.Helper()
+	if status.Code(err) != code {
+		t.Fatalf("got %v (%v), want %v", status.Code(err), err, code)
+	}
+}
+
+func TestControllerPlacesAndIsStateless(t *testing.T) {
+	tc := newTestCluster(t, map[string]uint64{"n1": 4 << 30, "n2": 8 << 30})
+	ctx := context.Background()
+	ctl := tc.controller()
+
+	resp, err := ctl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "v", VolumeCapabilities: mountCap,
+		CapacityRange: &csi.CapacityRange{RequiredBytes: 1 << 30}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := resp.GetVolume().GetAccessibleTopology()[0].GetSegments()[config.TopologyNodeKey]; got != "n2" {
+		t.Errorf("placed on %s, want n2 (most free)", got)
+	}
+	// Topology requirement wins over free space.
+	resp2, err := ctl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "w", VolumeCapabilities: mountCap,
+		AccessibilityRequirements: &csi.TopologyRequirement{Requisite: []*csi.Topology{{Segments: map[string]string{config.TopologyNodeKey: "n1"}}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := resp2.GetVolume().GetAccessibleTopology()[0].GetSegments()[config.TopologyNodeKey]; got != "n1" {
+		t.Errorf("placed on %s, want n1 (requisite)", got)
+	}
+
+	// A new controller (a restart) sees the same volumes and answers a
+	// repeated create with the same volume, even on the other node.
+	ctl2 := tc.controller()
+	again, err := ctl2.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "w", VolumeCapabilities: mountCap})
+	if err != nil || again.GetVolume().GetVolumeId() != resp2.GetVolume().GetVolumeId() {
+		t.Fatalf("repeated create after restart: %v, %v", again, err)
+	}
+	list, err := ctl2.ListVolumes(ctx, &csi.ListVolumesRequest{})
+	if err != nil || len(list.GetEntries()) != 2 {
+		t.Fatalf("ListVolumes after restart: %v, %v", list, err)
+	}
+
+	// A snapshot restore lands on the snapshot's node.
+	snap, err := ctl2.CreateSnapshot(ctx, &csi.CreateSnapshotRequest{Name: "s", SourceVolumeId: resp.GetVolume().GetVolumeId()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	restored, err := ctl2.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "r", VolumeCapabilities: mountCap,
+		VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: snap.GetSnapshot().GetSnapshotId()}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := restored.GetVolume().GetAccessibleTopology()[0].GetSegments()[config.TopologyNodeKey]; got != "n2" {
+		t.Errorf("restore placed on %s, want n2 (the snapshot's node)", got)
+	}
+}
+
+func TestControllerErrorCodes(t *testing.T) {
+	tc := newTestCluster(t, map[string]uint64{"n1": 4 << 30})
+	ctx := context.Background()
+	ctl := tc.controller()
+	block := []*csi.VolumeCapability{{AccessType: &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}},
+		AccessMode: mountCap[0].AccessMode}}
+
+	_, err := ctl.CreateVolume(ctx, &csi.CreateVolumeRequest{VolumeCapabilities: mountCap})
+	wantCode(t, err, codes.InvalidArgument)
+	_, err = ctl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "b", VolumeCapabilities: block})
+	wantCode(t, err, codes.InvalidArgument)
+	_, err = ctl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "big", VolumeCapabilities: mountCap, CapacityRange: &csi.CapacityRange{RequiredBytes: 9 << 30}})
+	wantCode(t, err, codes.OutOfRange)
+	_, err = ctl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "p", VolumeCapabilities: mountCap, Parameters: map[string]string{"mountpoint": "/"}})
+	wantCode(t, err, codes.InvalidArgument)
+	_, err = ctl.ListVolumes(ctx, &csi.ListVolumesRequest{StartingToken: "bogus"})
+	wantCode(t, err, codes.Aborted)
+	_, err = ctl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{})
+	wantCode(t, err, codes.InvalidArgument)
+	_, err = ctl.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: volume.VolumeIDForName("none"), CapacityRange: &csi.CapacityRange{RequiredBytes: 1}})
+	wantCode(t, err, codes.NotFound)
+	_, err = ctl.CreateSnapshot(ctx, &csi.CreateSnapshotRequest{Name: "s", SourceVolumeId: volume.VolumeIDForName("none")})
+	wantCode(t, err, codes.NotFound)
+}
+
+func TestControllerNeverGuessesNotFoundWhenANodeIsDown(t *testing.T) {
+	tc := newTestCluster(t, map[string]uint64{"n1": 4 << 30, "n2": 4 << 30})
+	ctx := context.Background()
+	ctl := tc.controller()
+	resp, err := ctl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "v", VolumeCapabilities: mountCap, Parameters: map[string]string{"node": "n2"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc.stop("n2")
+	_, err = ctl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: resp.GetVolume().GetVolumeId()})
+	wantCode(t, err, codes.Unavailable)
+	// A volume that no node holds is still reported deleted only if all answer.
+	_, err = ctl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: volume.VolumeIDForName("other")})
+	wantCode(t, err, codes.Unavailable)
+	// Malformed IDs name no volume anywhere.
+	_, err = ctl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: "garbage"})
+	wantCode(t, err, codes.OK)
+	// New volumes go to the nodes that answer.
+	r, err := ctl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "x", VolumeCapabilities: mountCap})
+	if err != nil || r.GetVolume().GetAccessibleTopology()[0].GetSegments()[config.TopologyNodeKey] != "n1" {
+		t.Fatalf("create with n2 down: %v, %v", r, err)
+	}
+}
+
+func TestControllerSerialisesOneVolume(t *testing.T) {
+	tc := newTestCluster(t, map[string]uint64{"n1": 4 << 30})
+	ctl := tc.controller()
+	unlock, err := ctl.tryLock(volume.VolumeIDForName("busy"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unlock()
+	_, err = ctl.CreateVolume(context.Background(), &csi.CreateVolumeRequest{Name: "busy", VolumeCapabilities: mountCap})
+	wantCode(t, err, codes.Aborted)
+}

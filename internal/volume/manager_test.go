@@ -1,0 +1,288 @@
+package volume
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/config"
+	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
+	"github.com/zfs-nomad/zfs-nomad/internal/zfs"
+	"github.com/zfs-nomad/zfs-nomad/internal/zfs/zfsfake"
+)
+
+const root = "tank/nomad"
+
+func newManager(t *testing.T) (*Manager, *zfsfake.Fake) {
+	t.Helper()
+	fake := zfsfake.New(10<<30, "tank")
+	if err := fake.CreateFilesystem(context.Background(), root, nil); err != nil {
+		t.Fatal(err)
+	}
+	cfg := config.DefaultNode()
+	cfg.NodeID = "n1"
+	cfg.RootDataset = root
+	cfg.MaxQuota = 4 << 30
+	cfg.DefaultQuota = 1 << 30
+	cfg.Properties = map[string]config.PropertyRule{
+		"compression": {Default: "lz4", Allowed: []string{"lz4", "off", "zstd"}},
+		"atime":       {},
+	}
+	return NewManager(fake, cfg, hclog.NewNullLogger()), fake
+}
+
+func TestCreateIsIdempotentAndChecksCompatibility(t *testing.T) {
+	m, fake := newManager(t)
+	ctx := context.Background()
+	req := CreateRequest{Name: "data", RequiredBytes: 1 << 30, Parameters: map[string]string{"compression": "zstd"}}
+	v, err := m.Create(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v.ID != VolumeIDForName("data") || v.Capacity != 1<<30 || v.Dataset != root+"/"+v.ID {
+		t.Fatalf("created %+v", v)
+	}
+	if got := fake.NativeProperty(v.Dataset, "compression"); got != "zstd" {
+		t.Errorf("compression = %q, want the parameter's zstd", got)
+	}
+	if got := fake.NativeProperty(v.Dataset, "mountpoint"); got != "legacy" {
+		t.Errorf("mountpoint = %q, want legacy", got)
+	}
+	again, err := m.Create(ctx, req)
+	if err != nil || again.ID != v.ID {
+		t.Fatalf("repeated create: %+v, %v", again, err)
+	}
+
+	incompatible := []CreateRequest{
+		{Name: "data", RequiredBytes: 2 << 30, Parameters: req.Parameters},
+		{Name: "data", RequiredBytes: 1 << 30, Parameters: map[string]string{"compression": "off"}},
+		{Name: "data", RequiredBytes: 1 << 30, LimitBytes: 1 << 29, Parameters: req.Parameters},
+	}
+	for _, r := range incompatible {
+		_, err := m.Create(ctx, r)
+		if !errors.Is(err, errdefs.ErrAlreadyExists) && !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("create %+v: %v, want AlreadyExists (or InvalidArgument for a bad range)", r, err)
+		}
+	}
+}
+
+func TestCreateValidatesAgainstOperatorRules(t *testing.T) {
+	tests := []struct {
+		name string
+		req  CreateRequest
+		want error
+		msg  string
+	}{
+		{"empty name", CreateRequest{}, errdefs.ErrInvalidArgument, "name is required"},
+		{"above ceiling", CreateRequest{Name: "a", RequiredBytes: 5 << 30}, errdefs.ErrOutOfRange, "maximum volume size"},
+		{"required above limit", CreateRequest{Name: "a", RequiredBytes: 2 << 30, LimitBytes: 1 << 30}, errdefs.ErrInvalidArgument, "above the limit"},
+		{"unknown parameter", CreateRequest{Name: "a", Parameters: map[string]string{"mountpoint": "/etc"}}, errdefs.ErrInvalidArgument, `"mountpoint" is not allowed`},
+		{"value not allowed", CreateRequest{Name: "a", Parameters: map[string]string{"compression": "gzip"}}, errdefs.ErrInvalidArgument, "operator allows lz4, off, zstd"},
+		{"syntax in value", CreateRequest{Name: "a", Parameters: map[string]string{"atime": "on,quota=1"}}, errdefs.ErrInvalidArgument, "not allowed"},
+		{"missing snapshot", CreateRequest{Name: "a", SourceSnapshotID: SnapshotIDForName("nope")}, errdefs.ErrNotFound, "snapshot"},
+		{"missing volume", CreateRequest{Name: "a", SourceVolumeID: VolumeIDForName("nope")}, errdefs.ErrNotFound, "volume"},
+		{"two sources", CreateRequest{Name: "a", SourceVolumeID: "x", SourceSnapshotID: "y"}, errdefs.ErrInvalidArgument, "at most one source"},
+		{"k8s parameters ignored", CreateRequest{Name: "a", Parameters: map[string]string{"csi.storage.k8s.io/pvc/name": "x"}}, nil, ""},
+		{"node parameter accepted", CreateRequest{Name: "b", Parameters: map[string]string{"node": "n1"}}, nil, ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			m, _ := newManager(t)
+			_, err := m.Create(context.Background(), tc.req)
+			if tc.want == nil {
+				if err != nil {
+					t.Fatalf("got %v, want success", err)
+				}
+				return
+			}
+			if !errors.Is(err, tc.want) || !strings.Contains(err.Error(), tc.msg) {
+				t.Fatalf("got %v, want %v containing %q", err, tc.want, tc.msg)
+			}
+		})
+	}
+}
+
+func TestDeleteWithSnapshotsLeavesTombstoneUntilLastSnapshotGoes(t *testing.T) {
+	m, fake := newManager(t)
+	ctx := context.Background()
+	v, err := m.Create(ctx, CreateRequest{Name: "data"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, err := m.CreateSnapshot(ctx, v.ID, "s1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Delete(ctx, v.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Get(ctx, v.ID); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("deleted volume Get: %v, want NotFound", err)
+	}
+	if vols, _ := m.List(ctx); len(vols) != 0 {
+		t.Errorf("List after delete = %v, want none", vols)
+	}
+	// The snapshot outlives its volume and can still be restored.
+	snaps, err := m.ListSnapshots(ctx)
+	if err != nil || len(snaps) != 1 || snaps[0].ID != snap.ID || snaps[0].SourceVolumeID != v.ID {
+		t.Fatalf("snapshots after volume delete: %+v, %v", snaps, err)
+	}
+	restored, err := m.Create(ctx, CreateRequest{Name: "restored", SourceSnapshotID: snap.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The name is free again.
+	if _, err := m.Create(ctx, CreateRequest{Name: "data"}); err != nil {
+		t.Fatalf("re-create after delete: %v", err)
+	}
+	// Deleting the snapshot defers while the clone lives; deleting the clone
+	// then removes snapshot and tombstone.
+	if err := m.DeleteSnapshot(ctx, snap.ID); err != nil {
+		t.Fatal(err)
+	}
+	if snaps, _ := m.ListSnapshots(ctx); len(snaps) != 0 {
+		t.Errorf("deleted snapshot still listed: %+v", snaps)
+	}
+	if err := m.Delete(ctx, restored.ID); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range fake.Names() {
+		if strings.Contains(name, "deleted") || strings.Contains(name, "@") {
+			t.Errorf("left behind: %s (all: %v)", name, fake.Names())
+		}
+	}
+}
+
+func TestCloneOfVolumeSurvivesSourceDeletion(t *testing.T) {
+	m, fake := newManager(t)
+	ctx := context.Background()
+	src, _ := m.Create(ctx, CreateRequest{Name: "src"})
+	clone, err := m.Create(ctx, CreateRequest{Name: "clone", SourceVolumeID: src.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if clone.Source != "volume:"+src.ID {
+		t.Errorf("clone source = %q", clone.Source)
+	}
+	// The private clone snapshot is no CSI snapshot.
+	if snaps, _ := m.ListSnapshots(ctx); len(snaps) != 0 {
+		t.Errorf("private snapshot listed: %+v", snaps)
+	}
+	if err := m.Delete(ctx, src.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Get(ctx, clone.ID); err != nil {
+		t.Fatalf("clone after source delete: %v", err)
+	}
+	if err := m.Delete(ctx, clone.ID); err != nil {
+		t.Fatal(err)
+	}
+	if names := fake.Names(); len(names) != 2 {
+		t.Errorf("datasets left: %v, want only tank and %s", names, root)
+	}
+}
+
+func TestDeleteAndSnapshotIdempotency(t *testing.T) {
+	m, _ := newManager(t)
+	ctx := context.Background()
+	for _, id := range []string{"", "garbage", "vol-../../etc", VolumeIDForName("never")} {
+		if err := m.Delete(ctx, id); err != nil {
+			t.Errorf("Delete(%q) = %v, want success", id, err)
+		}
+		if err := m.DeleteSnapshot(ctx, id); err != nil {
+			t.Errorf("DeleteSnapshot(%q) = %v, want success", id, err)
+		}
+	}
+	a, _ := m.Create(ctx, CreateRequest{Name: "a"})
+	b, _ := m.Create(ctx, CreateRequest{Name: "b"})
+	s1, err := m.CreateSnapshot(ctx, a.ID, "snap")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, err := m.CreateSnapshot(ctx, a.ID, "snap"); err != nil || again.ID != s1.ID {
+		t.Errorf("repeat CreateSnapshot: %+v, %v", again, err)
+	}
+	if _, err := m.CreateSnapshot(ctx, b.ID, "snap"); !errors.Is(err, errdefs.ErrAlreadyExists) {
+		t.Errorf("same snapshot name on another volume: %v, want AlreadyExists", err)
+	}
+	if _, err := m.CreateSnapshot(ctx, VolumeIDForName("missing"), "other"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("snapshot of a missing volume: %v, want NotFound", err)
+	}
+}
+
+func TestExpand(t *testing.T) {
+	m, fake := newManager(t)
+	ctx := context.Background()
+	v, _ := m.Create(ctx, CreateRequest{Name: "a", RequiredBytes: 1 << 30})
+	tests := []struct {
+		required uint64
+		want     uint64
+		err      error
+	}{
+		{2 << 30, 2 << 30, nil},
+		{1 << 30, 2 << 30, nil}, // never shrinks
+		{8 << 30, 0, errdefs.ErrOutOfRange},
+	}
+	for _, tc := range tests {
+		got, err := m.Expand(ctx, v.ID, tc.required, 0)
+		if !errors.Is(err, tc.err) || got != tc.want {
+			t.Errorf("Expand(%d) = %d, %v; want %d, %v", tc.required, got, err, tc.want, tc.err)
+		}
+	}
+	if q := fake.NativeProperty(v.Dataset, "refquota"); q != "2147483648" {
+		t.Errorf("refquota = %s", q)
+	}
+	if _, err := m.Expand(ctx, VolumeIDForName("missing"), 1, 0); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("expand missing: %v", err)
+	}
+}
+
+func TestForeignDatasetIsNeverTreatedAsVolume(t *testing.T) {
+	m, fake := newManager(t)
+	ctx := context.Background()
+	id := VolumeIDForName("x")
+	// A dataset at a volume's path that the driver did not label.
+	if err := fake.CreateFilesystem(ctx, root+"/"+id, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Get(ctx, id); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("Get of an unlabelled dataset: %v, want FailedPrecondition", err)
+	}
+	if err := m.Delete(ctx, id); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("Delete of an unlabelled dataset: %v, want FailedPrecondition (never destroyed)", err)
+	}
+	if _, err := fake.Get(ctx, root+"/"+id); err != nil {
+		t.Errorf("foreign dataset gone: %v", err)
+	}
+}
+
+func TestZFSErrorsAreClassified(t *testing.T) {
+	m, fake := newManager(t)
+	ctx := context.Background()
+	fake.Fail = func(op, name string) error {
+		if op == "create" {
+			return zfs.ErrUnavailable
+		}
+		return nil
+	}
+	if _, err := m.Create(ctx, CreateRequest{Name: "a"}); !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Errorf("create with ZFS down: %v, want Unavailable", err)
+	}
+	fake.Fail = func(op, name string) error { return zfs.ErrUnavailable }
+	if err := m.Health(ctx); !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Errorf("Health with pool down: %v", err)
+	}
+}
+
+func TestCapacity(t *testing.T) {
+	m, _ := newManager(t)
+	ctx := context.Background()
+	m.Create(ctx, CreateRequest{Name: "a"})
+	c, err := m.Capacity(ctx)
+	if err != nil || c.Volumes != 1 || c.MaxQuota != 4<<30 || c.Available != 10<<30 {
+		t.Errorf("Capacity = %+v, %v", c, err)
+	}
+}
