@@ -13,6 +13,7 @@ import (
 	"github.com/kubernetes-csi/csi-test/v5/pkg/sanity"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/guesttest"
+	"github.com/zfs-nomad/zfs-nomad/internal/sim"
 )
 
 func TestMain(m *testing.M) {
@@ -26,7 +27,7 @@ func TestCSISanity(t *testing.T) {
 	// Two nodes, so placement is exercised; csi-sanity sends no topology and
 	// publishes on node n1 only, so its volumes are pinned there with the
 	// driver's "node" parameter.
-	c := guesttest.StartCluster(t, 2, guesttest.ClusterOptions{})
+	c := guesttest.StartCluster(t, 2, sim.Options{})
 	n1 := c.Nodes[0]
 
 	cfg := sanity.NewTestConfig()

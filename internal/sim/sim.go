@@ -1,0 +1,315 @@
+// Package sim runs a simulated cluster inside one ZFS guest (or on one ZFS
+// host): several nodes, each with its own pool on its own disk, its own
+// network namespace and IP on a bridge, its own mount namespace (which
+// `ip netns exec` gives it) and its own zfs-node; a zfs-controller in the
+// root namespace reaches the nodes' agents over the bridge.
+//
+//	root namespace: zfs-controller, bridge zbr0 10.77.0.254
+//	  ├─ veth vh1 ── netns n1: eth0 10.77.0.1, zfs-node, pool1/nomad on /dev/vda
+//	  ├─ veth vh2 ── netns n2: eth0 10.77.0.2, zfs-node, pool2/nomad on /dev/vdb
+//	  └─ ...
+//
+// Tests use it through package guesttest; the demo uses it directly.
+package sim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Disk returns the device of the guest's i-th disk (0: /dev/vda).
+func Disk(i int) string { return "/dev/vd" + string(rune('a'+i)) }
+
+// Run runs a command and returns its output, with the output in the error.
+func Run(name string, args ...string) (string, error) {
+	out, err := exec.Command(name, args...).CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("%s %s: %w\n%s", name, strings.Join(args, " "), err, out)
+	}
+	return string(out), nil
+}
+
+// CreatePool creates pool name on disk. The disk is partitioned first:
+// whole-disk vdevs wait for udev, which the guest does not run.
+func CreatePool(name, disk string) error {
+	if _, err := Run("sh", "-c", fmt.Sprintf("echo ',,' | sfdisk -q --wipe always %s >/dev/null", disk)); err != nil {
+		return err
+	}
+	_, err := Run("zpool", "create", "-f", "-O", "mountpoint=none", name, disk+"1")
+	return err
+}
+
+// DestroyPool destroys a pool, ignoring one that is gone.
+func DestroyPool(name string) { _ = exec.Command("zpool", "destroy", "-f", name).Run() }
+
+// Options shape a cluster.
+type Options struct {
+	// Nodes is the number of nodes; node i uses disk i-1.
+	Nodes int
+	// BinDir holds zfs-node and zfs-controller.
+	BinDir string
+	// Dir holds sockets, logs and each node's directory.
+	Dir string
+	// NodeArgs are extra zfs-node flags for every node.
+	NodeArgs []string
+	// ControllerArgs are extra zfs-controller flags.
+	ControllerArgs []string
+	// NoController leaves the controller out.
+	NoController bool
+	// LogLevel of the binaries (default debug).
+	LogLevel string
+}
+
+// Cluster is a running simulated cluster. Close undoes it.
+type Cluster struct {
+	opts       Options
+	Nodes      []*Node
+	Controller *Process
+	// ControllerEndpoint is the controller's CSI endpoint (unix://...).
+	ControllerEndpoint string
+	undo               []func()
+}
+
+// Node is one simulated node.
+type Node struct {
+	ID           string
+	Index        int // 1-based
+	Pool         string
+	RootDataset  string
+	IP           string
+	AgentAddress string // where the controller reaches the node agent
+	CSIEndpoint  string // the node's CSI socket (unix://...)
+	Dir          string // the node's directory for staging and target paths
+	Process      *Process
+	args         []string
+	c            *Cluster
+}
+
+const bridge = "zbr0"
+
+// Start sets up and starts a cluster. On error, what was set up is undone.
+func Start(opts Options) (c *Cluster, err error) {
+	if opts.LogLevel == "" {
+		opts.LogLevel = "debug"
+	}
+	c = &Cluster{opts: opts}
+	defer func() {
+		if err != nil {
+			c.Close()
+		}
+	}()
+	if _, err := net.InterfaceByName(bridge); err != nil {
+		for _, args := range [][]string{
+			{"link", "add", bridge, "type", "bridge"},
+			{"addr", "add", "10.77.0.254/24", "dev", bridge},
+			{"link", "set", bridge, "up"},
+		} {
+			if _, err := Run("ip", args...); err != nil {
+				return nil, err
+			}
+		}
+		c.undo = append(c.undo, func() { _ = exec.Command("ip", "link", "del", bridge).Run() })
+	}
+	var peers []string
+	for i := 1; i <= opts.Nodes; i++ {
+		node, err := c.addNode(i)
+		if err != nil {
+			return nil, err
+		}
+		peers = append(peers, node.AgentAddress)
+	}
+	for _, node := range c.Nodes {
+		if err := node.Start(); err != nil {
+			return nil, err
+		}
+	}
+	if !opts.NoController {
+		c.ControllerEndpoint = "unix://" + filepath.Join(opts.Dir, "controller.sock")
+		args := append([]string{"-csi-endpoint", c.ControllerEndpoint, "-peers", strings.Join(peers, ","), "-agent-timeout", "10s"}, opts.ControllerArgs...)
+		c.Controller, err = c.start("controller", filepath.Join(opts.BinDir, "zfs-controller"), args...)
+		if err != nil {
+			return nil, err
+		}
+		if err := waitForSocket(c.ControllerEndpoint); err != nil {
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+// Close stops every process and removes namespaces and pools.
+func (c *Cluster) Close() {
+	if c.Controller != nil {
+		c.Controller.Stop()
+	}
+	for _, n := range c.Nodes {
+		if n.Process != nil {
+			n.Process.Stop()
+		}
+	}
+	for i := len(c.undo) - 1; i >= 0; i-- {
+		c.undo[i]()
+	}
+	c.undo = nil
+}
+
+func (c *Cluster) addNode(i int) (*Node, error) {
+	id := fmt.Sprintf("n%d", i)
+	node := &Node{
+		ID: id, Index: i, Pool: fmt.Sprintf("pool%d", i), IP: fmt.Sprintf("10.77.0.%d", i),
+		Dir: filepath.Join(c.opts.Dir, id), c: c,
+	}
+	node.RootDataset = node.Pool + "/nomad"
+	node.AgentAddress = node.IP + ":7670"
+	node.CSIEndpoint = "unix://" + filepath.Join(node.Dir, "csi.sock")
+	if err := os.MkdirAll(node.Dir, 0o755); err != nil {
+		return nil, err
+	}
+	if err := CreatePool(node.Pool, Disk(i-1)); err != nil {
+		return nil, err
+	}
+	c.undo = append(c.undo, func() { DestroyPool(node.Pool) })
+	if _, err := Run("zfs", "create", node.RootDataset); err != nil {
+		return nil, err
+	}
+
+	ns, host := id, "vh"+strconv.Itoa(i)
+	if _, err := Run("ip", "netns", "add", ns); err != nil {
+		return nil, err
+	}
+	c.undo = append(c.undo, func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
+	for _, args := range [][]string{
+		{"link", "add", host, "type", "veth", "peer", "name", "eth0", "netns", ns},
+		{"link", "set", host, "master", bridge, "up"},
+		{"-n", ns, "addr", "add", node.IP + "/24", "dev", "eth0"},
+		{"-n", ns, "link", "set", "eth0", "up"},
+		{"-n", ns, "link", "set", "lo", "up"},
+	} {
+		if _, err := Run("ip", args...); err != nil {
+			return nil, err
+		}
+	}
+	node.args = append([]string{
+		"-node-id", id, "-root-dataset", node.RootDataset, "-max-quota", "10G", "-default-quota", "256M",
+		"-csi-endpoint", node.CSIEndpoint, "-agent-address", node.AgentAddress,
+		"-allow-property", "compression=lz4:lz4|off|zstd", "-allow-property", "atime=off:on|off",
+		"-mount-flags", "ro,noatime,nodev,nosuid,noexec",
+	}, c.opts.NodeArgs...)
+	c.Nodes = append(c.Nodes, node)
+	return node, nil
+}
+
+// Start starts (or restarts) the node's zfs-node in the node's network
+// namespace (and, through ip netns exec, its own mount namespace) and waits
+// for its CSI socket.
+func (n *Node) Start() error {
+	args := append([]string{"netns", "exec", n.ID, filepath.Join(n.c.opts.BinDir, "zfs-node")}, n.args...)
+	p, err := n.c.start(n.ID, "ip", args...)
+	if err != nil {
+		return err
+	}
+	n.Process = p
+	return waitForSocket(n.CSIEndpoint)
+}
+
+// Kill kills the node's zfs-node with SIGKILL.
+func (n *Node) Kill() { n.Process.Kill() }
+
+// CutLink takes the node off the network; RestoreLink puts it back.
+func (n *Node) CutLink() error {
+	_, err := Run("ip", "link", "set", "vh"+strconv.Itoa(n.Index), "down")
+	return err
+}
+
+func (n *Node) RestoreLink() error {
+	_, err := Run("ip", "link", "set", "vh"+strconv.Itoa(n.Index), "up")
+	return err
+}
+
+// Exec runs a shell command in the node's mount and network namespaces,
+// where its volumes are mounted.
+func (n *Node) Exec(script string) (string, error) {
+	return Run("nsenter", "-t", strconv.Itoa(n.Process.Pid()), "-m", "-n", "--", "sh", "-c", script)
+}
+
+// Process is a background process logging to a file.
+type Process struct {
+	Name string
+	Log  string
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+func (c *Cluster) start(name, bin string, args ...string) (*Process, error) {
+	logPath := filepath.Join(c.opts.Dir, name+".log")
+	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Env = append(os.Environ(), "ZFS_NOMAD_LOG_LEVEL="+c.opts.LogLevel)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return nil, fmt.Errorf("starting %s: %w", name, err)
+	}
+	p := &Process{Name: name, Log: logPath, cmd: cmd, done: make(chan struct{})}
+	go func() { _ = cmd.Wait(); logf.Close(); close(p.done) }()
+	return p, nil
+}
+
+// Pid returns the process ID.
+func (p *Process) Pid() int { return p.cmd.Process.Pid }
+
+// Kill ends the process at once.
+func (p *Process) Kill() {
+	_ = p.cmd.Process.Kill()
+	<-p.done
+}
+
+// Stop ends the process gracefully, then by force.
+func (p *Process) Stop() {
+	if p.Exited() {
+		return
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(15 * time.Second):
+		p.Kill()
+	}
+}
+
+// Exited reports whether the process has ended.
+func (p *Process) Exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+func waitForSocket(endpoint string) error {
+	path := strings.TrimPrefix(endpoint, "unix://")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for ctx.Err() == nil {
+		if conn, err := net.Dial("unix", path); err == nil {
+			conn.Close()
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return errors.New(path + " did not come up within 30s (see its log)")
+}

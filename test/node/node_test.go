@@ -1,0 +1,239 @@
+// Package node tests the CSI node service's mount paths on real ZFS in the
+// guest: staging, publishing, read-only, mount flags, quotas, expansion and
+// stats, seen from inside the node's own mount namespace.
+package node
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/guesttest"
+	"github.com/zfs-nomad/zfs-nomad/internal/sim"
+)
+
+func TestMain(m *testing.M) {
+	os.Exit(guesttest.Main(m, guesttest.Options{
+		Disks:    []string{"1G"},
+		Binaries: map[string]string{"zfs-node": "./cmd/zfs-node", "zfs-controller": "./cmd/zfs-controller"},
+	}))
+}
+
+type clients struct {
+	ctl  csi.ControllerClient
+	node csi.NodeClient
+}
+
+func dial(t *testing.T, endpoint string) *grpc.ClientConn {
+	t.Helper()
+	conn, err := grpc.NewClient(endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+func setup(t *testing.T) (*sim.Cluster, clients) {
+	c := guesttest.StartCluster(t, 1, sim.Options{})
+	return c, clients{
+		ctl:  csi.NewControllerClient(dial(t, c.ControllerEndpoint)),
+		node: csi.NewNodeClient(dial(t, c.Nodes[0].CSIEndpoint)),
+	}
+}
+
+func mountCap(mode csi.VolumeCapability_AccessMode_Mode, flags ...string) *csi.VolumeCapability {
+	return &csi.VolumeCapability{
+		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{MountFlags: flags}},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: mode},
+	}
+}
+
+var writer = mountCap(csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)
+
+func wantCode(t *testing.T, err error, code codes.Code) {
+	t.Helper()
+	if status.Code(err) != code {
+		t.Fatalf("got %v (%v), want %v", status.Code(err), err, code)
+	}
+}
+
+func createVolume(t *testing.T, cl clients, name string, size int64) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	resp, err := cl.ctl.CreateVolume(ctx, &csi.CreateVolumeRequest{
+		Name: name, VolumeCapabilities: []*csi.VolumeCapability{writer},
+		CapacityRange: &csi.CapacityRange{RequiredBytes: size},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.GetVolume().GetVolumeId()
+}
+
+func TestStagePublishReadOnlyAndUnwind(t *testing.T) {
+	c, cl := setup(t)
+	n := c.Nodes[0]
+	ctx := context.Background()
+	id := createVolume(t, cl, "data", 64<<20)
+	staging, target, roTarget := filepath.Join(n.Dir, "staging"), filepath.Join(n.Dir, "target"), filepath.Join(n.Dir, "ro")
+	if err := os.MkdirAll(staging, 0o755); err != nil {
+		t.Fatal(err)
+	}
+
+	// Publishing before staging is refused.
+	_, err := cl.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: writer})
+	wantCode(t, err, codes.FailedPrecondition)
+
+	stage := &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: writer}
+	for i := 0; i < 2; i++ { // idempotent
+		if _, err := cl.node.NodeStageVolume(ctx, stage); err != nil {
+			t.Fatalf("stage #%d: %v", i+1, err)
+		}
+	}
+	publish := &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: writer}
+	for i := 0; i < 2; i++ {
+		if _, err := cl.node.NodePublishVolume(ctx, publish); err != nil {
+			t.Fatalf("publish #%d: %v", i+1, err)
+		}
+	}
+	guesttest.Exec(t, n, "echo hello > "+target+"/file && sync")
+	if got := guesttest.Exec(t, n, "cat "+staging+"/file"); got != "hello\n" {
+		t.Errorf("file through staging = %q", got)
+	}
+	// The mounts live in the node's mount namespace, not in ours.
+	if _, err := os.Stat(filepath.Join(target, "file")); err == nil {
+		t.Errorf("the node's mount leaked into the root mount namespace")
+	}
+
+	// A read-only publish of the same volume.
+	ro := &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging, TargetPath: roTarget, VolumeCapability: writer, Readonly: true}
+	if _, err := cl.node.NodePublishVolume(ctx, ro); err != nil {
+		t.Fatal(err)
+	}
+	if got := guesttest.Exec(t, n, "cat "+roTarget+"/file"); got != "hello\n" {
+		t.Errorf("read-only read = %q", got)
+	}
+	if out, err := n.Exec("echo x > " + roTarget + "/other"); err == nil || !strings.Contains(out, "Read-only") {
+		t.Errorf("write to a read-only publish: %v %q; want refused", err, out)
+	}
+	// Publishing the read-only target again as writable is incompatible.
+	ro.Readonly = false
+	_, err = cl.node.NodePublishVolume(ctx, ro)
+	wantCode(t, err, codes.AlreadyExists)
+
+	// Stats report the quota and the inodes.
+	stats, err := cl.node.NodeGetVolumeStats(ctx, &csi.NodeGetVolumeStatsRequest{VolumeId: id, VolumePath: target})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if total := stats.GetUsage()[0].GetTotal(); total < 60<<20 || total > 68<<20 {
+		t.Errorf("total bytes = %d, want about the 64 MiB quota", total)
+	}
+	if stats.GetUsage()[1].GetUnit() != csi.VolumeUsage_INODES || stats.GetUsage()[1].GetUsed() == 0 {
+		t.Errorf("inode usage = %+v", stats.GetUsage()[1])
+	}
+
+	// Unwind, twice each.
+	for _, path := range []string{target, roTarget} {
+		for i := 0; i < 2; i++ {
+			if _, err := cl.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: path}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := os.Stat(path); !os.IsNotExist(err) {
+			t.Errorf("target %s still exists after unpublish: %v", path, err)
+		}
+	}
+	for i := 0; i < 2; i++ {
+		if _, err := cl.node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if out := guesttest.Exec(t, n, "grep -c ' "+staging+" ' /proc/self/mountinfo || true"); strings.TrimSpace(out) != "0" {
+		t.Errorf("staging still mounted: %s", out)
+	}
+	// The data survives: stage again and read it.
+	if _, err := cl.node.NodeStageVolume(ctx, stage); err != nil {
+		t.Fatal(err)
+	}
+	if got := guesttest.Exec(t, n, "cat "+staging+"/file"); got != "hello\n" {
+		t.Errorf("after restage = %q", got)
+	}
+	if _, err := cl.node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cl.ctl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
+		t.Fatal(err)
+	}
+	if out := guesttest.Run(t, "zfs", "list", "-H", "-r", "-o", "name", n.RootDataset); strings.TrimSpace(out) != n.RootDataset {
+		t.Errorf("datasets left after delete:\n%s", out)
+	}
+}
+
+func TestMountFlagsQuotaAndExpand(t *testing.T) {
+	c, cl := setup(t)
+	n := c.Nodes[0]
+	ctx := context.Background()
+	id := createVolume(t, cl, "small", 32<<20)
+	staging, target := filepath.Join(n.Dir, "s2"), filepath.Join(n.Dir, "t2")
+	os.MkdirAll(staging, 0o755)
+
+	// A flag the operator did not allow is refused; allowed ones are applied.
+	_, err := cl.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging,
+		VolumeCapability: mountCap(csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER, "suid")})
+	wantCode(t, err, codes.InvalidArgument)
+	withFlags := mountCap(csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER, "noexec", "nosuid")
+	if _, err := cl.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: withFlags}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cl.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: withFlags}); err != nil {
+		t.Fatal(err)
+	}
+	line := guesttest.Exec(t, n, "grep ' "+target+" ' /proc/self/mountinfo")
+	for _, opt := range []string{"noexec", "nosuid"} {
+		if !strings.Contains(line, opt) {
+			t.Errorf("target mount lacks %s: %s", opt, line)
+		}
+	}
+
+	// The quota holds: 48 MiB do not fit in 32 MiB.
+	if out, err := n.Exec("dd if=/dev/urandom of=" + target + "/big bs=1M count=48 2>&1; sync"); err == nil && !strings.Contains(out, "quota") && !strings.Contains(out, "space") {
+		t.Errorf("writing past the quota succeeded: %s", out)
+	}
+	// Expanded online, it fits.
+	resp, err := cl.ctl.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: id, CapacityRange: &csi.CapacityRange{RequiredBytes: 128 << 20}})
+	if err != nil || resp.GetCapacityBytes() != 128<<20 || resp.GetNodeExpansionRequired() {
+		t.Fatalf("expand: %v, %v", resp, err)
+	}
+	guesttest.Exec(t, n, "rm -f "+target+"/big; dd if=/dev/urandom of="+target+"/big bs=1M count=48 2>&1 && sync")
+	nresp, err := cl.node.NodeExpandVolume(ctx, &csi.NodeExpandVolumeRequest{VolumeId: id, VolumePath: target})
+	if err != nil || nresp.GetCapacityBytes() != 128<<20 {
+		t.Errorf("node expand: %v, %v", nresp, err)
+	}
+
+	// Another volume cannot be staged where this one is.
+	other := createVolume(t, cl, "other", 32<<20)
+	_, err = cl.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: other, StagingTargetPath: staging, VolumeCapability: writer})
+	wantCode(t, err, codes.AlreadyExists)
+	// A mounted volume cannot be deleted; once unmounted it can.
+	_, err = cl.ctl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id})
+	if status.Code(err) != codes.FailedPrecondition {
+		t.Errorf("delete while mounted: %v, want FailedPrecondition", err)
+	}
+	cl.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target})
+	cl.node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging})
+	if _, err := cl.ctl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
+		t.Fatal(err)
+	}
+}
