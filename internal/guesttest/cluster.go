@@ -37,7 +37,7 @@ func StartCluster(t testing.TB, n int, opts sim.Options) *sim.Cluster {
 	t.Helper()
 	opts.Nodes = n
 	opts.Dir = t.TempDir()
-	opts.BinDir = binDir(t)
+	opts.BinDir = BinDir(t)
 	c, err := sim.Start(opts)
 	if err != nil {
 		t.Fatal(err)

@@ -89,7 +89,8 @@ func Main(m *testing.M, opts Options) int {
 	return code
 }
 
-func binDir(t testing.TB) string {
+// BinDir returns the directory of the binaries built for Options.Binaries.
+func BinDir(t testing.TB) string {
 	t.Helper()
 	dir := os.Getenv(envBinDir)
 	if dir == "" {

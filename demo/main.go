@@ -1,0 +1,264 @@
+// Command demo walks through the driver's story on real ZFS: three
+// simulated nodes and a controller (package sim), driven through the CSI
+// API as a CO would. demo/run.sh boots the ZFS guest and runs it there;
+// `make demo` calls that.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/config"
+	"github.com/zfs-nomad/zfs-nomad/internal/sim"
+)
+
+func main() {
+	binDir := flag.String("bin", "/share/bin", "directory holding zfs-node and zfs-controller")
+	flag.Parse()
+	dir, err := os.MkdirTemp("", "zfs-demo")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	if err := run(os.Stdout, *binDir, dir); err != nil {
+		fmt.Fprintln(os.Stderr, "\ndemo failed:", err)
+		os.Exit(1)
+	}
+}
+
+// story narrates and fails on the first error.
+type story struct {
+	out  io.Writer
+	c    *sim.Cluster
+	ctl  csi.ControllerClient
+	node map[string]csi.NodeClient
+}
+
+func (s *story) step(format string, args ...any) {
+	fmt.Fprintf(s.out, "\n\033[1m== "+format+"\033[0m\n", args...)
+}
+
+func (s *story) say(format string, args ...any) { fmt.Fprintf(s.out, "   "+format+"\n", args...) }
+
+func (s *story) shell(n *sim.Node, script string) (string, error) {
+	out, err := n.Exec(script)
+	fmt.Fprintf(s.out, "   %s$ %s\n", n.ID, script)
+	for _, line := range strings.Split(strings.TrimRight(out, "\n"), "\n") {
+		if line != "" {
+			fmt.Fprintf(s.out, "     %s\n", line)
+		}
+	}
+	return out, err
+}
+
+func run(out io.Writer, binDir, dir string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	s := &story{out: out, node: map[string]csi.NodeClient{}}
+
+	s.step("Three nodes, each with its own ZFS pool, network namespace and zfs-node; one zfs-controller")
+	c, err := sim.Start(sim.Options{Nodes: 3, BinDir: binDir, Dir: dir, LogLevel: "info"})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	s.c = c
+	conn, err := grpc.NewClient(c.ControllerEndpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	s.ctl = csi.NewControllerClient(conn)
+	for _, n := range c.Nodes {
+		nc, err := grpc.NewClient(n.CSIEndpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		s.node[n.ID] = csi.NewNodeClient(nc)
+		s.say("%s: pool %s, root dataset %s, agent at %s", n.ID, n.Pool, n.RootDataset, n.AgentAddress)
+	}
+	s.say("operator config on every node: max volume 10G, default 256M, volumes may set compression (lz4|off|zstd) and atime")
+	return s.walk(ctx)
+}
+
+func (s *story) walk(ctx context.Context) error {
+	s.step("Create a 256 MiB volume with compression=zstd; the controller places it on the node with most room")
+	vol, err := s.create(ctx, &csi.CreateVolumeRequest{Name: "web-data", CapacityRange: &csi.CapacityRange{RequiredBytes: 256 << 20},
+		Parameters: map[string]string{"compression": "zstd"}})
+	if err != nil {
+		return err
+	}
+	n := s.nodeOf(vol)
+	s.shell(n, "zfs get -H -o property,value refquota,compression,mountpoint,zfs-nomad:name,zfs-nomad:role "+n.RootDataset+"/"+vol.GetVolumeId())
+
+	s.step("Stage and publish it on %s, as Nomad does for an allocation there, and write files", n.ID)
+	target, err := s.mount(ctx, n, vol.GetVolumeId(), "web")
+	if err != nil {
+		return err
+	}
+	if _, err := s.shell(n, "echo 'version 1' > "+target+"/index.html && seq 1 20000 > "+target+"/numbers && sha256sum "+target+"/*"); err != nil {
+		return err
+	}
+
+	s.step("Snapshot it, then change a file")
+	snap, err := s.ctl.CreateSnapshot(ctx, &csi.CreateSnapshotRequest{Name: "web-data-v1", SourceVolumeId: vol.GetVolumeId()})
+	if err != nil {
+		return err
+	}
+	s.say("snapshot %s, ready=%v, %d bytes", snap.GetSnapshot().GetSnapshotId(), snap.GetSnapshot().GetReadyToUse(), snap.GetSnapshot().GetSizeBytes())
+	s.shell(n, "echo 'version 2' > "+target+"/index.html && cat "+target+"/index.html")
+
+	s.step("Restore the snapshot into a new volume: it holds version 1")
+	restored, err := s.create(ctx, &csi.CreateVolumeRequest{Name: "web-data-restored", CapacityRange: &csi.CapacityRange{RequiredBytes: 256 << 20},
+		VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: snap.GetSnapshot().GetSnapshotId()}}}})
+	if err != nil {
+		return err
+	}
+	rt, err := s.mount(ctx, n, restored.GetVolumeId(), "restored")
+	if err != nil {
+		return err
+	}
+	if out, err := s.shell(n, "cat "+rt+"/index.html"); err != nil || out != "version 1\n" {
+		return fmt.Errorf("restored volume holds %q, want version 1 (%v)", out, err)
+	}
+
+	s.step("Clone the live volume: the clone holds version 2, made in an instant on the same node")
+	clone, err := s.create(ctx, &csi.CreateVolumeRequest{Name: "web-data-clone",
+		VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: vol.GetVolumeId()}}}})
+	if err != nil {
+		return err
+	}
+	ct, err := s.mount(ctx, n, clone.GetVolumeId(), "clone")
+	if err != nil {
+		return err
+	}
+	if out, err := s.shell(n, "cat "+ct+"/index.html"); err != nil || out != "version 2\n" {
+		return fmt.Errorf("clone holds %q, want version 2 (%v)", out, err)
+	}
+
+	s.step("Expand the volume online to 512 MiB")
+	exp, err := s.ctl.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: vol.GetVolumeId(), CapacityRange: &csi.CapacityRange{RequiredBytes: 512 << 20}})
+	if err != nil {
+		return err
+	}
+	s.say("capacity now %d MiB, node expansion required: %v", exp.GetCapacityBytes()>>20, exp.GetNodeExpansionRequired())
+	s.shell(n, "df -h "+target+" | tail -1")
+
+	s.step("The operator's bounds hold whatever a job submitter asks")
+	for _, bad := range []*csi.CreateVolumeRequest{
+		{Name: "escape", Parameters: map[string]string{"mountpoint": "/etc"}},
+		{Name: "huge", CapacityRange: &csi.CapacityRange{RequiredBytes: 20 << 30}},
+		{Name: "gzip", Parameters: map[string]string{"compression": "gzip-9"}},
+	} {
+		_, err := s.create(ctx, bad)
+		st := status.Convert(err)
+		s.say("%s -> %s: %s", bad.GetName(), st.Code(), st.Message())
+	}
+
+	s.step("Topology: ask for node n3 and get it")
+	pinned, err := s.create(ctx, &csi.CreateVolumeRequest{Name: "on-n3",
+		AccessibilityRequirements: &csi.TopologyRequirement{Requisite: []*csi.Topology{{Segments: map[string]string{config.TopologyNodeKey: "n3"}}}}})
+	if err != nil {
+		return err
+	}
+	if got := s.nodeOf(pinned).ID; got != "n3" {
+		return fmt.Errorf("volume landed on %s, want n3", got)
+	}
+
+	s.step("Clean up: unpublish everything, delete volumes and the snapshot")
+	for _, v := range []*csi.Volume{vol, restored, clone} {
+		if err := s.unmount(ctx, s.nodeOf(v), v.GetVolumeId()); err != nil {
+			return err
+		}
+	}
+	// The snapshot outlives its volume; the dataset stays hidden until the snapshot goes.
+	for _, v := range []*csi.Volume{vol, clone, restored, pinned} {
+		if _, err := s.ctl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: v.GetVolumeId()}); err != nil {
+			return err
+		}
+	}
+	list, err := s.ctl.ListSnapshots(ctx, &csi.ListSnapshotsRequest{})
+	if err != nil {
+		return err
+	}
+	s.say("volumes deleted; snapshots still listed: %d (snapshots are independent of their volume)", len(list.GetEntries()))
+	if _, err := s.ctl.DeleteSnapshot(ctx, &csi.DeleteSnapshotRequest{SnapshotId: snap.GetSnapshot().GetSnapshotId()}); err != nil {
+		return err
+	}
+	for _, n := range s.c.Nodes {
+		out, _ := sim.Run("zfs", "list", "-H", "-r", "-t", "all", "-o", "name", n.RootDataset)
+		s.say("%s: %s", n.ID, strings.Join(strings.Fields(out), " "))
+	}
+	s.step("Done: every dataset is gone, only the operator's root datasets remain")
+	return nil
+}
+
+func (s *story) create(ctx context.Context, req *csi.CreateVolumeRequest) (*csi.Volume, error) {
+	req.VolumeCapabilities = []*csi.VolumeCapability{capability()}
+	resp, err := s.ctl.CreateVolume(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	v := resp.GetVolume()
+	s.say("volume %q -> id %s on node %s, %d MiB", req.GetName(), v.GetVolumeId(), s.nodeOf(v).ID, v.GetCapacityBytes()>>20)
+	return v, nil
+}
+
+func (s *story) nodeOf(v *csi.Volume) *sim.Node {
+	id := v.GetAccessibleTopology()[0].GetSegments()[config.TopologyNodeKey]
+	for _, n := range s.c.Nodes {
+		if n.ID == id {
+			return n
+		}
+	}
+	return nil
+}
+
+func capability() *csi.VolumeCapability {
+	return &csi.VolumeCapability{
+		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+	}
+}
+
+func (s *story) paths(n *sim.Node, id string) (staging, target string) {
+	return filepath.Join(n.Dir, "staging", id), filepath.Join(n.Dir, "alloc", id)
+}
+
+func (s *story) mount(ctx context.Context, n *sim.Node, id, label string) (string, error) {
+	staging, target := s.paths(n, id)
+	if err := os.MkdirAll(staging, 0o755); err != nil {
+		return "", err
+	}
+	nc := s.node[n.ID]
+	if _, err := nc.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: capability()}); err != nil {
+		return "", err
+	}
+	if _, err := nc.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: capability()}); err != nil {
+		return "", err
+	}
+	s.say("%s: staged at %s, published at %s", label, staging, target)
+	return target, nil
+}
+
+func (s *story) unmount(ctx context.Context, n *sim.Node, id string) error {
+	staging, target := s.paths(n, id)
+	nc := s.node[n.ID]
+	if _, err := nc.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target}); err != nil {
+		return err
+	}
+	_, err := nc.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging})
+	return err
+}
