@@ -24,6 +24,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/config"
+	"github.com/zfs-nomad/zfs-nomad/internal/sim"
 )
 
 // Options say what a package's guest run needs.
@@ -58,6 +61,15 @@ func haveZFS() bool {
 // Main runs the tests of m where ZFS is and returns the exit code.
 func Main(m *testing.M, opts Options) int {
 	if haveZFS() {
+		if os.Getenv(envInGuest) == "" && os.Getenv(sim.EnvDisks) == "" {
+			// A host with ZFS: pools go on image files, never on devices.
+			cleanup, err := imageDisks(opts.Disks)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "guesttest:", err)
+				return 1
+			}
+			defer cleanup()
+		}
 		if os.Getenv(envBinDir) == "" {
 			dir, err := os.MkdirTemp("", "zfs-nomad-bin")
 			if err != nil {
@@ -227,4 +239,32 @@ func copyFile(src, dst string, mode os.FileMode) error {
 
 func shellQuote(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// imageDisks creates sparse image files of the given sizes and names them
+// in ZFS_NOMAD_TEST_DISKS.
+func imageDisks(sizes []string) (func(), error) {
+	dir, err := os.MkdirTemp("", "zfs-nomad-disks")
+	if err != nil {
+		return nil, err
+	}
+	var paths []string
+	for i, size := range sizes {
+		bytes, err := config.ParseByteSize(size)
+		if err != nil {
+			return nil, err
+		}
+		p := filepath.Join(dir, fmt.Sprintf("disk%d.img", i))
+		f, err := os.Create(p)
+		if err == nil {
+			err = f.Truncate(int64(bytes))
+			f.Close()
+		}
+		if err != nil {
+			return nil, err
+		}
+		paths = append(paths, p)
+	}
+	os.Setenv(sim.EnvDisks, strings.Join(paths, ","))
+	return func() { os.RemoveAll(dir) }, nil
 }

@@ -26,8 +26,21 @@ import (
 	"time"
 )
 
-// Disk returns the device of the guest's i-th disk (0: /dev/vda).
-func Disk(i int) string { return "/dev/vd" + string(rune('a'+i)) }
+// EnvDisks lists the disks (devices or image files) tests may use,
+// comma-separated. Unset in the guest, where the disks are /dev/vd*.
+const EnvDisks = "ZFS_NOMAD_TEST_DISKS"
+
+// Disk returns the i-th test disk: the i-th entry of ZFS_NOMAD_TEST_DISKS if
+// set (guesttest sets it to image files on a host with ZFS, so tests never
+// touch a real device there), else the guest's /dev/vda, /dev/vdb, ...
+func Disk(i int) string {
+	if list := os.Getenv(EnvDisks); list != "" {
+		if disks := strings.Split(list, ","); i < len(disks) {
+			return disks[i]
+		}
+	}
+	return "/dev/vd" + string(rune('a'+i))
+}
 
 // Run runs a command and returns its output, with the output in the error.
 func Run(name string, args ...string) (string, error) {
@@ -38,13 +51,18 @@ func Run(name string, args ...string) (string, error) {
 	return string(out), nil
 }
 
-// CreatePool creates pool name on disk. The disk is partitioned first:
-// whole-disk vdevs wait for udev, which the guest does not run.
+// CreatePool creates pool name on disk, a device or an image file. A device
+// is partitioned first: whole-disk vdevs wait for udev, which the guest
+// does not run.
 func CreatePool(name, disk string) error {
-	if _, err := Run("sh", "-c", fmt.Sprintf("echo ',,' | sfdisk -q --wipe always %s >/dev/null", disk)); err != nil {
-		return err
+	vdev := disk
+	if strings.HasPrefix(disk, "/dev/") {
+		if _, err := Run("sh", "-c", fmt.Sprintf("echo ',,' | sfdisk -q --wipe always %s >/dev/null", disk)); err != nil {
+			return err
+		}
+		vdev = disk + "1"
 	}
-	_, err := Run("zpool", "create", "-f", "-O", "mountpoint=none", name, disk+"1")
+	_, err := Run("zpool", "create", "-f", "-O", "mountpoint=none", name, vdev)
 	return err
 }
 

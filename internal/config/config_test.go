@@ -1,0 +1,91 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+
+func TestLoadNodePrecedence(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "node.json")
+	os.WriteFile(file, []byte(`{"node_id":"from-file","root_dataset":"tank/a","max_quota":"10G","default_quota":"1G",
+		"properties":{"compression":{"default":"lz4","allowed":["lz4","off"]}}}`), 0o644)
+	cfg, err := LoadNode([]string{"-config", file, "-root-dataset", "tank/flag"},
+		env(map[string]string{"ZFS_NOMAD_NODE_ID": "from-env", "ZFS_NOMAD_ROOT_DATASET": "tank/env", "CSI_ENDPOINT": "unix:///nomad.sock"}), os.Stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.NodeID != "from-env" || cfg.RootDataset != "tank/flag" || cfg.MaxQuota != 10<<30 || cfg.CSIEndpoint != "unix:///nomad.sock" {
+		t.Errorf("precedence wrong: %+v", cfg)
+	}
+	if cfg.Properties["compression"].Default != "lz4" || cfg.Pool() != "tank" {
+		t.Errorf("file values lost: %+v", cfg)
+	}
+}
+
+func TestNodeValidation(t *testing.T) {
+	base := []string{"-node-id", "n1", "-root-dataset", "tank/nomad", "-max-quota", "10G"}
+	tests := []struct {
+		name string
+		args []string
+		want string // "" means valid
+	}{
+		{"valid", nil, ""},
+		{"property with values", []string{"-allow-property", "compression=lz4:lz4|zstd"}, ""},
+		{"missing node id", []string{"-node-id", ""}, "node_id"},
+		{"root is a snapshot", []string{"-root-dataset", "tank@x"}, "root_dataset"},
+		{"root with escape", []string{"-root-dataset", "tank/../etc"}, "root_dataset"},
+		{"unknown property", []string{"-allow-property", "mountpoint=/x"}, `"mountpoint" is not a property`},
+		{"default not allowed", []string{"-allow-property", "compression=gzip:lz4|zstd"}, "not among allowed"},
+		{"bad value syntax", []string{"-allow-property", "atime=on,off"}, "not allowed"},
+		{"default above max", []string{"-default-quota", "20G"}, "default_quota"},
+		{"bad quota property", []string{"-quota-property", "reservation"}, "quota_property"},
+		{"unknown mount flag", []string{"-mount-flags", "suid"}, `"suid" is not a supported flag`},
+		{"reserved topology", []string{"-topology", "zfs-nomad.io/node=x"}, "set by the driver"},
+		{"bad size", []string{"-max-quota", "lots"}, "size"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := LoadNode(append(append([]string{}, base...), tc.args...), env(nil), os.Stderr)
+			if tc.want == "" && err != nil {
+				t.Fatalf("want valid, got %v", err)
+			}
+			if tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+				t.Fatalf("want error containing %q, got %v", tc.want, err)
+			}
+		})
+	}
+}
+
+func TestControllerConfig(t *testing.T) {
+	cfg, err := LoadController([]string{"-peers", "a:1,b:2", "-agent-timeout", "5s"}, env(nil), os.Stderr)
+	if err != nil || len(cfg.Peers) != 2 || time.Duration(cfg.AgentTimeout) != 5*time.Second {
+		t.Fatalf("%+v, %v", cfg, err)
+	}
+	for _, args := range [][]string{{}, {"-peers", "nohostport"}, {"-peers", "a:1", "-placement", "random"}} {
+		if _, err := LoadController(args, env(nil), os.Stderr); err == nil {
+			t.Errorf("LoadController(%v) accepted", args)
+		}
+	}
+}
+
+func TestByteSize(t *testing.T) {
+	for in, want := range map[string]ByteSize{"1G": 1 << 30, "512M": 512 << 20, "1Ti": 1 << 40, "1024": 1024, "2GB": 2 << 30} {
+		if got, err := ParseByteSize(in); err != nil || got != want {
+			t.Errorf("ParseByteSize(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"", "G", "-1G", "1.5G", "99999999999T"} {
+		if _, err := ParseByteSize(bad); err == nil {
+			t.Errorf("ParseByteSize(%q) accepted", bad)
+		}
+	}
+	if s := ByteSize(3 << 30).String(); s != "3G" {
+		t.Errorf("String = %s", s)
+	}
+}
