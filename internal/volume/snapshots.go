@@ -43,7 +43,11 @@ func (m *Manager) CreateSnapshot(ctx context.Context, volumeID, name string) (Sn
 		return Snapshot{}, zfsError(err, "creating snapshot "+id)
 	}
 	log.Info("snapshot created", "name", name, "dataset", dataset)
-	return m.findSnapshot(ctx, id)
+	ds, err := m.zfs.Get(ctx, dataset)
+	if err != nil {
+		return Snapshot{}, zfsError(err, "reading snapshot "+id)
+	}
+	return snapshotOf(ds), nil
 }
 
 // DeleteSnapshot deletes a snapshot; one that does not exist is deleted

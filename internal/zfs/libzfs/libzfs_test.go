@@ -5,6 +5,7 @@ package libzfs_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"testing"
@@ -195,6 +196,38 @@ func TestConcurrentCallsAreSafe(t *testing.T) {
 	for i := 0; i < 40; i++ {
 		if err := <-errs; err != nil {
 			t.Error(err)
+		}
+	}
+}
+
+// A snapshot is listed, with its user properties, as soon as Snapshot returns.
+func TestSnapshotVisibleAtOnce(t *testing.T) {
+	z, root := setup(t)
+	ctx := context.Background()
+	fs := root + "/v"
+	if err := z.CreateFilesystem(ctx, fs, map[string]string{userProp: "fs"}); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 40; i++ {
+		name := fmt.Sprintf("%s@s%d", fs, i)
+		if err := z.Snapshot(ctx, name, map[string]string{userProp: name}); err != nil {
+			t.Fatal(err)
+		}
+		all, err := z.List(ctx, root)
+		if err != nil {
+			t.Fatal(err)
+		}
+		found := false
+		for _, d := range all {
+			if d.Name == name {
+				found = true
+				if d.User[userProp] != name {
+					t.Errorf("%s listed with user property %q", name, d.User[userProp])
+				}
+			}
+		}
+		if !found {
+			t.Errorf("iteration %d: %s not listed right after creation (%d datasets listed)", i, name, len(all))
 		}
 	}
 }
