@@ -193,7 +193,7 @@ func TestConcurrentCallsAreSafe(t *testing.T) {
 		}()
 		go func() { _, err := z.List(ctx, root); errs <- err }()
 	}
-	for i := 0; i < 40; i++ {
+	for i := 0; i < 15; i++ {
 		if err := <-errs; err != nil {
 			t.Error(err)
 		}
@@ -208,7 +208,7 @@ func TestSnapshotVisibleAtOnce(t *testing.T) {
 	if err := z.CreateFilesystem(ctx, fs, map[string]string{userProp: "fs"}); err != nil {
 		t.Fatal(err)
 	}
-	for i := 0; i < 40; i++ {
+	for i := 0; i < 15; i++ {
 		name := fmt.Sprintf("%s@s%d", fs, i)
 		if err := z.Snapshot(ctx, name, map[string]string{userProp: name}); err != nil {
 			t.Fatal(err)
