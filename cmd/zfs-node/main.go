@@ -17,14 +17,17 @@ import (
 	csispec "github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/agent"
 	"github.com/zfs-nomad/zfs-nomad/internal/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/csi"
 	"github.com/zfs-nomad/zfs-nomad/internal/mount"
+	"github.com/zfs-nomad/zfs-nomad/internal/replication"
 	"github.com/zfs-nomad/zfs-nomad/internal/version"
 	"github.com/zfs-nomad/zfs-nomad/internal/volume"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs/libzfs"
+	"github.com/zfs-nomad/zfs-nomad/internal/zfs/zfscmd"
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
@@ -74,8 +77,16 @@ func run(args []string) error {
 	csispec.RegisterIdentityServer(csiSrv, csi.NewIdentity(volumes.Health))
 	csispec.RegisterNodeServer(csiSrv, csi.NewNode(volumes, mount.System{}, cfg, log.Named("csi")))
 
+	// Replication streams run as zfs processes, outside the libzfs lock.
+	// The agent port is plain gRPC until mutual TLS lands (docs/replication.md).
+	streams := zfscmd.Cmd{}
+	dial := func(addr string) (*grpc.ClientConn, error) {
+		return grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	}
+	pusher := replication.NewPusher(streams, cfg.RootDataset, cfg.NodeID, dial, log.Named("replication"))
 	agentSrv := grpc.NewServer(grpc.UnaryInterceptor(csi.LoggingInterceptor(log.Named("agent"))))
-	pb.RegisterNodeAgentServer(agentSrv, agent.NewServer(volumes, cfg, log.Named("agent")))
+	pb.RegisterNodeAgentServer(agentSrv, agent.NewServer(volumes, pusher, cfg, log.Named("agent")))
+	pb.RegisterReplicationServer(agentSrv, replication.NewReceiver(streams, cfg.RootDataset, log.Named("replication")))
 
 	log.Info("serving", "version", version.Version, "csi_endpoint", cfg.CSIEndpoint, "agent_address", agentLis.Addr().String(),
 		"root_dataset", cfg.RootDataset, "max_quota", cfg.MaxQuota.String())

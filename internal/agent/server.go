@@ -6,11 +6,13 @@ package agent
 
 import (
 	"context"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
+	"github.com/zfs-nomad/zfs-nomad/internal/replication"
 	"github.com/zfs-nomad/zfs-nomad/internal/version"
 	"github.com/zfs-nomad/zfs-nomad/internal/volume"
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
@@ -20,13 +22,26 @@ import (
 type Server struct {
 	pb.UnimplementedNodeAgentServer
 	volumes *volume.Manager
+	pusher  *replication.Pusher
 	cfg     config.Node
 	log     hclog.Logger
 }
 
 // NewServer returns the agent service of the node described by cfg.
-func NewServer(volumes *volume.Manager, cfg config.Node, log hclog.Logger) *Server {
-	return &Server{volumes: volumes, cfg: cfg, log: log}
+func NewServer(volumes *volume.Manager, pusher *replication.Pusher, cfg config.Node, log hclog.Logger) *Server {
+	return &Server{volumes: volumes, pusher: pusher, cfg: cfg, log: log}
+}
+
+// Replicate pushes a volume to a peer now and streams progress.
+func (s *Server) Replicate(req *pb.ReplicateRequest, stream pb.NodeAgent_ReplicateServer) error {
+	if s.pusher == nil {
+		return errdefs.ToStatus(errdefs.Wrap(errdefs.ErrFailedPrecondition, "replication is not configured on node %s", s.cfg.NodeID))
+	}
+	report := func(p replication.Progress) {
+		_ = stream.Send(&pb.ReplicateProgress{Kind: p.Kind, Snapshot: p.Snapshot, Base: p.Base, Bytes: p.Bytes, Done: p.Done})
+	}
+	_, err := s.pusher.Push(stream.Context(), req.GetVolumeId(), req.GetTargetAddress(), time.Second, report)
+	return errdefs.ToStatus(err)
 }
 
 func (s *Server) GetNode(ctx context.Context, _ *pb.GetNodeRequest) (*pb.Node, error) {

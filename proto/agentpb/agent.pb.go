@@ -962,6 +962,461 @@ func (x *ListSnapshotsResponse) GetSnapshots() []*Snapshot {
 	return nil
 }
 
+type ReplicateRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	VolumeId      string                 `protobuf:"bytes,1,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
+	TargetAddress string                 `protobuf:"bytes,2,opt,name=target_address,json=targetAddress,proto3" json:"target_address,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplicateRequest) Reset() {
+	*x = ReplicateRequest{}
+	mi := &file_agentpb_agent_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicateRequest) ProtoMessage() {}
+
+func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agentpb_agent_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicateRequest.ProtoReflect.Descriptor instead.
+func (*ReplicateRequest) Descriptor() ([]byte, []int) {
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *ReplicateRequest) GetVolumeId() string {
+	if x != nil {
+		return x.VolumeId
+	}
+	return ""
+}
+
+func (x *ReplicateRequest) GetTargetAddress() string {
+	if x != nil {
+		return x.TargetAddress
+	}
+	return ""
+}
+
+type ReplicateProgress struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "full", "incremental" or "resume".
+	Kind          string `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
+	Snapshot      string `protobuf:"bytes,2,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
+	Base          string `protobuf:"bytes,3,opt,name=base,proto3" json:"base,omitempty"`
+	Bytes         int64  `protobuf:"varint,4,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	Done          bool   `protobuf:"varint,5,opt,name=done,proto3" json:"done,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplicateProgress) Reset() {
+	*x = ReplicateProgress{}
+	mi := &file_agentpb_agent_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicateProgress) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicateProgress) ProtoMessage() {}
+
+func (x *ReplicateProgress) ProtoReflect() protoreflect.Message {
+	mi := &file_agentpb_agent_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicateProgress.ProtoReflect.Descriptor instead.
+func (*ReplicateProgress) Descriptor() ([]byte, []int) {
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *ReplicateProgress) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *ReplicateProgress) GetSnapshot() string {
+	if x != nil {
+		return x.Snapshot
+	}
+	return ""
+}
+
+func (x *ReplicateProgress) GetBase() string {
+	if x != nil {
+		return x.Base
+	}
+	return ""
+}
+
+func (x *ReplicateProgress) GetBytes() int64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *ReplicateProgress) GetDone() bool {
+	if x != nil {
+		return x.Done
+	}
+	return false
+}
+
+type ReplicaStateRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	VolumeId      string                 `protobuf:"bytes,1,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplicaStateRequest) Reset() {
+	*x = ReplicaStateRequest{}
+	mi := &file_agentpb_agent_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicaStateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicaStateRequest) ProtoMessage() {}
+
+func (x *ReplicaStateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agentpb_agent_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicaStateRequest.ProtoReflect.Descriptor instead.
+func (*ReplicaStateRequest) Descriptor() ([]byte, []int) {
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *ReplicaStateRequest) GetVolumeId() string {
+	if x != nil {
+		return x.VolumeId
+	}
+	return ""
+}
+
+type ReplicaStateResponse struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Exists bool                   `protobuf:"varint,1,opt,name=exists,proto3" json:"exists,omitempty"`
+	// "replica" or "primary" when the volume exists on the receiver.
+	Role          string   `protobuf:"bytes,2,opt,name=role,proto3" json:"role,omitempty"`
+	SnapshotGuids []uint64 `protobuf:"varint,3,rep,packed,name=snapshot_guids,json=snapshotGuids,proto3" json:"snapshot_guids,omitempty"`
+	// Set when an interrupted receive can be resumed.
+	ResumeToken   string `protobuf:"bytes,4,opt,name=resume_token,json=resumeToken,proto3" json:"resume_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplicaStateResponse) Reset() {
+	*x = ReplicaStateResponse{}
+	mi := &file_agentpb_agent_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicaStateResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicaStateResponse) ProtoMessage() {}
+
+func (x *ReplicaStateResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agentpb_agent_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicaStateResponse.ProtoReflect.Descriptor instead.
+func (*ReplicaStateResponse) Descriptor() ([]byte, []int) {
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *ReplicaStateResponse) GetExists() bool {
+	if x != nil {
+		return x.Exists
+	}
+	return false
+}
+
+func (x *ReplicaStateResponse) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *ReplicaStateResponse) GetSnapshotGuids() []uint64 {
+	if x != nil {
+		return x.SnapshotGuids
+	}
+	return nil
+}
+
+func (x *ReplicaStateResponse) GetResumeToken() string {
+	if x != nil {
+		return x.ResumeToken
+	}
+	return ""
+}
+
+type ReceiveMessage struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Msg:
+	//
+	//	*ReceiveMessage_Header
+	//	*ReceiveMessage_Data
+	Msg           isReceiveMessage_Msg `protobuf_oneof:"msg"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReceiveMessage) Reset() {
+	*x = ReceiveMessage{}
+	mi := &file_agentpb_agent_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReceiveMessage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReceiveMessage) ProtoMessage() {}
+
+func (x *ReceiveMessage) ProtoReflect() protoreflect.Message {
+	mi := &file_agentpb_agent_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReceiveMessage.ProtoReflect.Descriptor instead.
+func (*ReceiveMessage) Descriptor() ([]byte, []int) {
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *ReceiveMessage) GetMsg() isReceiveMessage_Msg {
+	if x != nil {
+		return x.Msg
+	}
+	return nil
+}
+
+func (x *ReceiveMessage) GetHeader() *ReceiveHeader {
+	if x != nil {
+		if x, ok := x.Msg.(*ReceiveMessage_Header); ok {
+			return x.Header
+		}
+	}
+	return nil
+}
+
+func (x *ReceiveMessage) GetData() []byte {
+	if x != nil {
+		if x, ok := x.Msg.(*ReceiveMessage_Data); ok {
+			return x.Data
+		}
+	}
+	return nil
+}
+
+type isReceiveMessage_Msg interface {
+	isReceiveMessage_Msg()
+}
+
+type ReceiveMessage_Header struct {
+	Header *ReceiveHeader `protobuf:"bytes,1,opt,name=header,proto3,oneof"`
+}
+
+type ReceiveMessage_Data struct {
+	Data []byte `protobuf:"bytes,2,opt,name=data,proto3,oneof"`
+}
+
+func (*ReceiveMessage_Header) isReceiveMessage_Msg() {}
+
+func (*ReceiveMessage_Data) isReceiveMessage_Msg() {}
+
+type ReceiveHeader struct {
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	VolumeId     string                 `protobuf:"bytes,1,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
+	VolumeName   string                 `protobuf:"bytes,2,opt,name=volume_name,json=volumeName,proto3" json:"volume_name,omitempty"`
+	SourceNodeId string                 `protobuf:"bytes,3,opt,name=source_node_id,json=sourceNodeId,proto3" json:"source_node_id,omitempty"`
+	// "full", "incremental" or "resume".
+	Kind string `protobuf:"bytes,4,opt,name=kind,proto3" json:"kind,omitempty"`
+	// The short name of the snapshot the stream ends at.
+	Snapshot      string `protobuf:"bytes,5,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReceiveHeader) Reset() {
+	*x = ReceiveHeader{}
+	mi := &file_agentpb_agent_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReceiveHeader) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReceiveHeader) ProtoMessage() {}
+
+func (x *ReceiveHeader) ProtoReflect() protoreflect.Message {
+	mi := &file_agentpb_agent_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReceiveHeader.ProtoReflect.Descriptor instead.
+func (*ReceiveHeader) Descriptor() ([]byte, []int) {
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *ReceiveHeader) GetVolumeId() string {
+	if x != nil {
+		return x.VolumeId
+	}
+	return ""
+}
+
+func (x *ReceiveHeader) GetVolumeName() string {
+	if x != nil {
+		return x.VolumeName
+	}
+	return ""
+}
+
+func (x *ReceiveHeader) GetSourceNodeId() string {
+	if x != nil {
+		return x.SourceNodeId
+	}
+	return ""
+}
+
+func (x *ReceiveHeader) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *ReceiveHeader) GetSnapshot() string {
+	if x != nil {
+		return x.Snapshot
+	}
+	return ""
+}
+
+type ReceiveResult struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SnapshotGuid  uint64                 `protobuf:"varint,1,opt,name=snapshot_guid,json=snapshotGuid,proto3" json:"snapshot_guid,omitempty"`
+	Bytes         int64                  `protobuf:"varint,2,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReceiveResult) Reset() {
+	*x = ReceiveResult{}
+	mi := &file_agentpb_agent_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReceiveResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReceiveResult) ProtoMessage() {}
+
+func (x *ReceiveResult) ProtoReflect() protoreflect.Message {
+	mi := &file_agentpb_agent_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReceiveResult.ProtoReflect.Descriptor instead.
+func (*ReceiveResult) Descriptor() ([]byte, []int) {
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *ReceiveResult) GetSnapshotGuid() uint64 {
+	if x != nil {
+		return x.SnapshotGuid
+	}
+	return 0
+}
+
+func (x *ReceiveResult) GetBytes() int64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
 var File_agentpb_agent_proto protoreflect.FileDescriptor
 
 const file_agentpb_agent_proto_rawDesc = "" +
@@ -1045,7 +1500,37 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\x16DeleteSnapshotResponse\"\x16\n" +
 	"\x14ListSnapshotsRequest\"R\n" +
 	"\x15ListSnapshotsResponse\x129\n" +
-	"\tsnapshots\x18\x01 \x03(\v2\x1b.zfsnomad.agent.v1.SnapshotR\tsnapshots2\xb6\x06\n" +
+	"\tsnapshots\x18\x01 \x03(\v2\x1b.zfsnomad.agent.v1.SnapshotR\tsnapshots\"V\n" +
+	"\x10ReplicateRequest\x12\x1b\n" +
+	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12%\n" +
+	"\x0etarget_address\x18\x02 \x01(\tR\rtargetAddress\"\x81\x01\n" +
+	"\x11ReplicateProgress\x12\x12\n" +
+	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x1a\n" +
+	"\bsnapshot\x18\x02 \x01(\tR\bsnapshot\x12\x12\n" +
+	"\x04base\x18\x03 \x01(\tR\x04base\x12\x14\n" +
+	"\x05bytes\x18\x04 \x01(\x03R\x05bytes\x12\x12\n" +
+	"\x04done\x18\x05 \x01(\bR\x04done\"2\n" +
+	"\x13ReplicaStateRequest\x12\x1b\n" +
+	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\"\x8c\x01\n" +
+	"\x14ReplicaStateResponse\x12\x16\n" +
+	"\x06exists\x18\x01 \x01(\bR\x06exists\x12\x12\n" +
+	"\x04role\x18\x02 \x01(\tR\x04role\x12%\n" +
+	"\x0esnapshot_guids\x18\x03 \x03(\x04R\rsnapshotGuids\x12!\n" +
+	"\fresume_token\x18\x04 \x01(\tR\vresumeToken\"i\n" +
+	"\x0eReceiveMessage\x12:\n" +
+	"\x06header\x18\x01 \x01(\v2 .zfsnomad.agent.v1.ReceiveHeaderH\x00R\x06header\x12\x14\n" +
+	"\x04data\x18\x02 \x01(\fH\x00R\x04dataB\x05\n" +
+	"\x03msg\"\xa3\x01\n" +
+	"\rReceiveHeader\x12\x1b\n" +
+	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12\x1f\n" +
+	"\vvolume_name\x18\x02 \x01(\tR\n" +
+	"volumeName\x12$\n" +
+	"\x0esource_node_id\x18\x03 \x01(\tR\fsourceNodeId\x12\x12\n" +
+	"\x04kind\x18\x04 \x01(\tR\x04kind\x12\x1a\n" +
+	"\bsnapshot\x18\x05 \x01(\tR\bsnapshot\"J\n" +
+	"\rReceiveResult\x12#\n" +
+	"\rsnapshot_guid\x18\x01 \x01(\x04R\fsnapshotGuid\x12\x14\n" +
+	"\x05bytes\x18\x02 \x01(\x03R\x05bytes2\x90\a\n" +
 	"\tNodeAgent\x12E\n" +
 	"\aGetNode\x12!.zfsnomad.agent.v1.GetNodeRequest\x1a\x17.zfsnomad.agent.v1.Node\x12Q\n" +
 	"\fCreateVolume\x12&.zfsnomad.agent.v1.CreateVolumeRequest\x1a\x19.zfsnomad.agent.v1.Volume\x12_\n" +
@@ -1055,7 +1540,11 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\fExpandVolume\x12&.zfsnomad.agent.v1.ExpandVolumeRequest\x1a'.zfsnomad.agent.v1.ExpandVolumeResponse\x12W\n" +
 	"\x0eCreateSnapshot\x12(.zfsnomad.agent.v1.CreateSnapshotRequest\x1a\x1b.zfsnomad.agent.v1.Snapshot\x12e\n" +
 	"\x0eDeleteSnapshot\x12(.zfsnomad.agent.v1.DeleteSnapshotRequest\x1a).zfsnomad.agent.v1.DeleteSnapshotResponse\x12b\n" +
-	"\rListSnapshots\x12'.zfsnomad.agent.v1.ListSnapshotsRequest\x1a(.zfsnomad.agent.v1.ListSnapshotsResponseB.Z,github.com/zfs-nomad/zfs-nomad/proto/agentpbb\x06proto3"
+	"\rListSnapshots\x12'.zfsnomad.agent.v1.ListSnapshotsRequest\x1a(.zfsnomad.agent.v1.ListSnapshotsResponse\x12X\n" +
+	"\tReplicate\x12#.zfsnomad.agent.v1.ReplicateRequest\x1a$.zfsnomad.agent.v1.ReplicateProgress0\x012\xc0\x01\n" +
+	"\vReplication\x12_\n" +
+	"\fReplicaState\x12&.zfsnomad.agent.v1.ReplicaStateRequest\x1a'.zfsnomad.agent.v1.ReplicaStateResponse\x12P\n" +
+	"\aReceive\x12!.zfsnomad.agent.v1.ReceiveMessage\x1a .zfsnomad.agent.v1.ReceiveResult(\x01B.Z,github.com/zfs-nomad/zfs-nomad/proto/agentpbb\x06proto3"
 
 var (
 	file_agentpb_agent_proto_rawDescOnce sync.Once
@@ -1069,7 +1558,7 @@ func file_agentpb_agent_proto_rawDescGZIP() []byte {
 	return file_agentpb_agent_proto_rawDescData
 }
 
-var file_agentpb_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 20)
+var file_agentpb_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_agentpb_agent_proto_goTypes = []any{
 	(*GetNodeRequest)(nil),         // 0: zfsnomad.agent.v1.GetNodeRequest
 	(*Node)(nil),                   // 1: zfsnomad.agent.v1.Node
@@ -1088,39 +1577,53 @@ var file_agentpb_agent_proto_goTypes = []any{
 	(*DeleteSnapshotResponse)(nil), // 14: zfsnomad.agent.v1.DeleteSnapshotResponse
 	(*ListSnapshotsRequest)(nil),   // 15: zfsnomad.agent.v1.ListSnapshotsRequest
 	(*ListSnapshotsResponse)(nil),  // 16: zfsnomad.agent.v1.ListSnapshotsResponse
-	nil,                            // 17: zfsnomad.agent.v1.Node.TopologyEntry
-	nil,                            // 18: zfsnomad.agent.v1.CreateVolumeRequest.ParametersEntry
-	nil,                            // 19: zfsnomad.agent.v1.Volume.ParametersEntry
+	(*ReplicateRequest)(nil),       // 17: zfsnomad.agent.v1.ReplicateRequest
+	(*ReplicateProgress)(nil),      // 18: zfsnomad.agent.v1.ReplicateProgress
+	(*ReplicaStateRequest)(nil),    // 19: zfsnomad.agent.v1.ReplicaStateRequest
+	(*ReplicaStateResponse)(nil),   // 20: zfsnomad.agent.v1.ReplicaStateResponse
+	(*ReceiveMessage)(nil),         // 21: zfsnomad.agent.v1.ReceiveMessage
+	(*ReceiveHeader)(nil),          // 22: zfsnomad.agent.v1.ReceiveHeader
+	(*ReceiveResult)(nil),          // 23: zfsnomad.agent.v1.ReceiveResult
+	nil,                            // 24: zfsnomad.agent.v1.Node.TopologyEntry
+	nil,                            // 25: zfsnomad.agent.v1.CreateVolumeRequest.ParametersEntry
+	nil,                            // 26: zfsnomad.agent.v1.Volume.ParametersEntry
 }
 var file_agentpb_agent_proto_depIdxs = []int32{
-	17, // 0: zfsnomad.agent.v1.Node.topology:type_name -> zfsnomad.agent.v1.Node.TopologyEntry
-	18, // 1: zfsnomad.agent.v1.CreateVolumeRequest.parameters:type_name -> zfsnomad.agent.v1.CreateVolumeRequest.ParametersEntry
-	19, // 2: zfsnomad.agent.v1.Volume.parameters:type_name -> zfsnomad.agent.v1.Volume.ParametersEntry
+	24, // 0: zfsnomad.agent.v1.Node.topology:type_name -> zfsnomad.agent.v1.Node.TopologyEntry
+	25, // 1: zfsnomad.agent.v1.CreateVolumeRequest.parameters:type_name -> zfsnomad.agent.v1.CreateVolumeRequest.ParametersEntry
+	26, // 2: zfsnomad.agent.v1.Volume.parameters:type_name -> zfsnomad.agent.v1.Volume.ParametersEntry
 	3,  // 3: zfsnomad.agent.v1.ListVolumesResponse.volumes:type_name -> zfsnomad.agent.v1.Volume
 	12, // 4: zfsnomad.agent.v1.ListSnapshotsResponse.snapshots:type_name -> zfsnomad.agent.v1.Snapshot
-	0,  // 5: zfsnomad.agent.v1.NodeAgent.GetNode:input_type -> zfsnomad.agent.v1.GetNodeRequest
-	2,  // 6: zfsnomad.agent.v1.NodeAgent.CreateVolume:input_type -> zfsnomad.agent.v1.CreateVolumeRequest
-	4,  // 7: zfsnomad.agent.v1.NodeAgent.DeleteVolume:input_type -> zfsnomad.agent.v1.DeleteVolumeRequest
-	6,  // 8: zfsnomad.agent.v1.NodeAgent.GetVolume:input_type -> zfsnomad.agent.v1.GetVolumeRequest
-	7,  // 9: zfsnomad.agent.v1.NodeAgent.ListVolumes:input_type -> zfsnomad.agent.v1.ListVolumesRequest
-	9,  // 10: zfsnomad.agent.v1.NodeAgent.ExpandVolume:input_type -> zfsnomad.agent.v1.ExpandVolumeRequest
-	11, // 11: zfsnomad.agent.v1.NodeAgent.CreateSnapshot:input_type -> zfsnomad.agent.v1.CreateSnapshotRequest
-	13, // 12: zfsnomad.agent.v1.NodeAgent.DeleteSnapshot:input_type -> zfsnomad.agent.v1.DeleteSnapshotRequest
-	15, // 13: zfsnomad.agent.v1.NodeAgent.ListSnapshots:input_type -> zfsnomad.agent.v1.ListSnapshotsRequest
-	1,  // 14: zfsnomad.agent.v1.NodeAgent.GetNode:output_type -> zfsnomad.agent.v1.Node
-	3,  // 15: zfsnomad.agent.v1.NodeAgent.CreateVolume:output_type -> zfsnomad.agent.v1.Volume
-	5,  // 16: zfsnomad.agent.v1.NodeAgent.DeleteVolume:output_type -> zfsnomad.agent.v1.DeleteVolumeResponse
-	3,  // 17: zfsnomad.agent.v1.NodeAgent.GetVolume:output_type -> zfsnomad.agent.v1.Volume
-	8,  // 18: zfsnomad.agent.v1.NodeAgent.ListVolumes:output_type -> zfsnomad.agent.v1.ListVolumesResponse
-	10, // 19: zfsnomad.agent.v1.NodeAgent.ExpandVolume:output_type -> zfsnomad.agent.v1.ExpandVolumeResponse
-	12, // 20: zfsnomad.agent.v1.NodeAgent.CreateSnapshot:output_type -> zfsnomad.agent.v1.Snapshot
-	14, // 21: zfsnomad.agent.v1.NodeAgent.DeleteSnapshot:output_type -> zfsnomad.agent.v1.DeleteSnapshotResponse
-	16, // 22: zfsnomad.agent.v1.NodeAgent.ListSnapshots:output_type -> zfsnomad.agent.v1.ListSnapshotsResponse
-	14, // [14:23] is the sub-list for method output_type
-	5,  // [5:14] is the sub-list for method input_type
-	5,  // [5:5] is the sub-list for extension type_name
-	5,  // [5:5] is the sub-list for extension extendee
-	0,  // [0:5] is the sub-list for field type_name
+	22, // 5: zfsnomad.agent.v1.ReceiveMessage.header:type_name -> zfsnomad.agent.v1.ReceiveHeader
+	0,  // 6: zfsnomad.agent.v1.NodeAgent.GetNode:input_type -> zfsnomad.agent.v1.GetNodeRequest
+	2,  // 7: zfsnomad.agent.v1.NodeAgent.CreateVolume:input_type -> zfsnomad.agent.v1.CreateVolumeRequest
+	4,  // 8: zfsnomad.agent.v1.NodeAgent.DeleteVolume:input_type -> zfsnomad.agent.v1.DeleteVolumeRequest
+	6,  // 9: zfsnomad.agent.v1.NodeAgent.GetVolume:input_type -> zfsnomad.agent.v1.GetVolumeRequest
+	7,  // 10: zfsnomad.agent.v1.NodeAgent.ListVolumes:input_type -> zfsnomad.agent.v1.ListVolumesRequest
+	9,  // 11: zfsnomad.agent.v1.NodeAgent.ExpandVolume:input_type -> zfsnomad.agent.v1.ExpandVolumeRequest
+	11, // 12: zfsnomad.agent.v1.NodeAgent.CreateSnapshot:input_type -> zfsnomad.agent.v1.CreateSnapshotRequest
+	13, // 13: zfsnomad.agent.v1.NodeAgent.DeleteSnapshot:input_type -> zfsnomad.agent.v1.DeleteSnapshotRequest
+	15, // 14: zfsnomad.agent.v1.NodeAgent.ListSnapshots:input_type -> zfsnomad.agent.v1.ListSnapshotsRequest
+	17, // 15: zfsnomad.agent.v1.NodeAgent.Replicate:input_type -> zfsnomad.agent.v1.ReplicateRequest
+	19, // 16: zfsnomad.agent.v1.Replication.ReplicaState:input_type -> zfsnomad.agent.v1.ReplicaStateRequest
+	21, // 17: zfsnomad.agent.v1.Replication.Receive:input_type -> zfsnomad.agent.v1.ReceiveMessage
+	1,  // 18: zfsnomad.agent.v1.NodeAgent.GetNode:output_type -> zfsnomad.agent.v1.Node
+	3,  // 19: zfsnomad.agent.v1.NodeAgent.CreateVolume:output_type -> zfsnomad.agent.v1.Volume
+	5,  // 20: zfsnomad.agent.v1.NodeAgent.DeleteVolume:output_type -> zfsnomad.agent.v1.DeleteVolumeResponse
+	3,  // 21: zfsnomad.agent.v1.NodeAgent.GetVolume:output_type -> zfsnomad.agent.v1.Volume
+	8,  // 22: zfsnomad.agent.v1.NodeAgent.ListVolumes:output_type -> zfsnomad.agent.v1.ListVolumesResponse
+	10, // 23: zfsnomad.agent.v1.NodeAgent.ExpandVolume:output_type -> zfsnomad.agent.v1.ExpandVolumeResponse
+	12, // 24: zfsnomad.agent.v1.NodeAgent.CreateSnapshot:output_type -> zfsnomad.agent.v1.Snapshot
+	14, // 25: zfsnomad.agent.v1.NodeAgent.DeleteSnapshot:output_type -> zfsnomad.agent.v1.DeleteSnapshotResponse
+	16, // 26: zfsnomad.agent.v1.NodeAgent.ListSnapshots:output_type -> zfsnomad.agent.v1.ListSnapshotsResponse
+	18, // 27: zfsnomad.agent.v1.NodeAgent.Replicate:output_type -> zfsnomad.agent.v1.ReplicateProgress
+	20, // 28: zfsnomad.agent.v1.Replication.ReplicaState:output_type -> zfsnomad.agent.v1.ReplicaStateResponse
+	23, // 29: zfsnomad.agent.v1.Replication.Receive:output_type -> zfsnomad.agent.v1.ReceiveResult
+	18, // [18:30] is the sub-list for method output_type
+	6,  // [6:18] is the sub-list for method input_type
+	6,  // [6:6] is the sub-list for extension type_name
+	6,  // [6:6] is the sub-list for extension extendee
+	0,  // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_agentpb_agent_proto_init() }
@@ -1128,15 +1631,19 @@ func file_agentpb_agent_proto_init() {
 	if File_agentpb_agent_proto != nil {
 		return
 	}
+	file_agentpb_agent_proto_msgTypes[21].OneofWrappers = []any{
+		(*ReceiveMessage_Header)(nil),
+		(*ReceiveMessage_Data)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agentpb_agent_proto_rawDesc), len(file_agentpb_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   20,
+			NumMessages:   27,
 			NumExtensions: 0,
-			NumServices:   1,
+			NumServices:   2,
 		},
 		GoTypes:           file_agentpb_agent_proto_goTypes,
 		DependencyIndexes: file_agentpb_agent_proto_depIdxs,

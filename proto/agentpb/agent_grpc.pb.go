@@ -33,6 +33,7 @@ const (
 	NodeAgent_CreateSnapshot_FullMethodName = "/zfsnomad.agent.v1.NodeAgent/CreateSnapshot"
 	NodeAgent_DeleteSnapshot_FullMethodName = "/zfsnomad.agent.v1.NodeAgent/DeleteSnapshot"
 	NodeAgent_ListSnapshots_FullMethodName  = "/zfsnomad.agent.v1.NodeAgent/ListSnapshots"
+	NodeAgent_Replicate_FullMethodName      = "/zfsnomad.agent.v1.NodeAgent/Replicate"
 )
 
 // NodeAgentClient is the client API for NodeAgent service.
@@ -49,6 +50,9 @@ type NodeAgentClient interface {
 	CreateSnapshot(ctx context.Context, in *CreateSnapshotRequest, opts ...grpc.CallOption) (*Snapshot, error)
 	DeleteSnapshot(ctx context.Context, in *DeleteSnapshotRequest, opts ...grpc.CallOption) (*DeleteSnapshotResponse, error)
 	ListSnapshots(ctx context.Context, in *ListSnapshotsRequest, opts ...grpc.CallOption) (*ListSnapshotsResponse, error)
+	// Replicate pushes the volume's current state to the node agent at
+	// target_address now, streaming progress until done (docs/replication.md).
+	Replicate(ctx context.Context, in *ReplicateRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ReplicateProgress], error)
 }
 
 type nodeAgentClient struct {
@@ -149,6 +153,25 @@ func (c *nodeAgentClient) ListSnapshots(ctx context.Context, in *ListSnapshotsRe
 	return out, nil
 }
 
+func (c *nodeAgentClient) Replicate(ctx context.Context, in *ReplicateRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ReplicateProgress], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &NodeAgent_ServiceDesc.Streams[0], NodeAgent_Replicate_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ReplicateRequest, ReplicateProgress]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type NodeAgent_ReplicateClient = grpc.ServerStreamingClient[ReplicateProgress]
+
 // NodeAgentServer is the server API for NodeAgent service.
 // All implementations must embed UnimplementedNodeAgentServer
 // for forward compatibility.
@@ -163,6 +186,9 @@ type NodeAgentServer interface {
 	CreateSnapshot(context.Context, *CreateSnapshotRequest) (*Snapshot, error)
 	DeleteSnapshot(context.Context, *DeleteSnapshotRequest) (*DeleteSnapshotResponse, error)
 	ListSnapshots(context.Context, *ListSnapshotsRequest) (*ListSnapshotsResponse, error)
+	// Replicate pushes the volume's current state to the node agent at
+	// target_address now, streaming progress until done (docs/replication.md).
+	Replicate(*ReplicateRequest, grpc.ServerStreamingServer[ReplicateProgress]) error
 	mustEmbedUnimplementedNodeAgentServer()
 }
 
@@ -199,6 +225,9 @@ func (UnimplementedNodeAgentServer) DeleteSnapshot(context.Context, *DeleteSnaps
 }
 func (UnimplementedNodeAgentServer) ListSnapshots(context.Context, *ListSnapshotsRequest) (*ListSnapshotsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListSnapshots not implemented")
+}
+func (UnimplementedNodeAgentServer) Replicate(*ReplicateRequest, grpc.ServerStreamingServer[ReplicateProgress]) error {
+	return status.Error(codes.Unimplemented, "method Replicate not implemented")
 }
 func (UnimplementedNodeAgentServer) mustEmbedUnimplementedNodeAgentServer() {}
 func (UnimplementedNodeAgentServer) testEmbeddedByValue()                   {}
@@ -383,6 +412,17 @@ func _NodeAgent_ListSnapshots_Handler(srv interface{}, ctx context.Context, dec 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _NodeAgent_Replicate_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(ReplicateRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(NodeAgentServer).Replicate(m, &grpc.GenericServerStream[ReplicateRequest, ReplicateProgress]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type NodeAgent_ReplicateServer = grpc.ServerStreamingServer[ReplicateProgress]
+
 // NodeAgent_ServiceDesc is the grpc.ServiceDesc for NodeAgent service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -427,6 +467,154 @@ var NodeAgent_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _NodeAgent_ListSnapshots_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "Replicate",
+			Handler:       _NodeAgent_Replicate_Handler,
+			ServerStreams: true,
+		},
+	},
+	Metadata: "agentpb/agent.proto",
+}
+
+const (
+	Replication_ReplicaState_FullMethodName = "/zfsnomad.agent.v1.Replication/ReplicaState"
+	Replication_Receive_FullMethodName      = "/zfsnomad.agent.v1.Replication/Receive"
+)
+
+// ReplicationClient is the client API for Replication service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+//
+// Replication is what node agents call on each other: the sender asks the
+// receiver what it holds, then streams zfs send output to it.
+type ReplicationClient interface {
+	ReplicaState(ctx context.Context, in *ReplicaStateRequest, opts ...grpc.CallOption) (*ReplicaStateResponse, error)
+	// Receive takes a header, then the stream in data chunks.
+	Receive(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[ReceiveMessage, ReceiveResult], error)
+}
+
+type replicationClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewReplicationClient(cc grpc.ClientConnInterface) ReplicationClient {
+	return &replicationClient{cc}
+}
+
+func (c *replicationClient) ReplicaState(ctx context.Context, in *ReplicaStateRequest, opts ...grpc.CallOption) (*ReplicaStateResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReplicaStateResponse)
+	err := c.cc.Invoke(ctx, Replication_ReplicaState_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *replicationClient) Receive(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[ReceiveMessage, ReceiveResult], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Replication_ServiceDesc.Streams[0], Replication_Receive_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ReceiveMessage, ReceiveResult]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Replication_ReceiveClient = grpc.ClientStreamingClient[ReceiveMessage, ReceiveResult]
+
+// ReplicationServer is the server API for Replication service.
+// All implementations must embed UnimplementedReplicationServer
+// for forward compatibility.
+//
+// Replication is what node agents call on each other: the sender asks the
+// receiver what it holds, then streams zfs send output to it.
+type ReplicationServer interface {
+	ReplicaState(context.Context, *ReplicaStateRequest) (*ReplicaStateResponse, error)
+	// Receive takes a header, then the stream in data chunks.
+	Receive(grpc.ClientStreamingServer[ReceiveMessage, ReceiveResult]) error
+	mustEmbedUnimplementedReplicationServer()
+}
+
+// UnimplementedReplicationServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedReplicationServer struct{}
+
+func (UnimplementedReplicationServer) ReplicaState(context.Context, *ReplicaStateRequest) (*ReplicaStateResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReplicaState not implemented")
+}
+func (UnimplementedReplicationServer) Receive(grpc.ClientStreamingServer[ReceiveMessage, ReceiveResult]) error {
+	return status.Error(codes.Unimplemented, "method Receive not implemented")
+}
+func (UnimplementedReplicationServer) mustEmbedUnimplementedReplicationServer() {}
+func (UnimplementedReplicationServer) testEmbeddedByValue()                     {}
+
+// UnsafeReplicationServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to ReplicationServer will
+// result in compilation errors.
+type UnsafeReplicationServer interface {
+	mustEmbedUnimplementedReplicationServer()
+}
+
+func RegisterReplicationServer(s grpc.ServiceRegistrar, srv ReplicationServer) {
+	// If the following call panics, it indicates UnimplementedReplicationServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&Replication_ServiceDesc, srv)
+}
+
+func _Replication_ReplicaState_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReplicaStateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ReplicationServer).ReplicaState(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Replication_ReplicaState_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ReplicationServer).ReplicaState(ctx, req.(*ReplicaStateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Replication_Receive_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(ReplicationServer).Receive(&grpc.GenericServerStream[ReceiveMessage, ReceiveResult]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Replication_ReceiveServer = grpc.ClientStreamingServer[ReceiveMessage, ReceiveResult]
+
+// Replication_ServiceDesc is the grpc.ServiceDesc for Replication service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var Replication_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "zfsnomad.agent.v1.Replication",
+	HandlerType: (*ReplicationServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "ReplicaState",
+			Handler:    _Replication_ReplicaState_Handler,
+		},
+	},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "Receive",
+			Handler:       _Replication_Receive_Handler,
+			ClientStreams: true,
+		},
+	},
 	Metadata: "agentpb/agent.proto",
 }

@@ -1,0 +1,232 @@
+package replication
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"google.golang.org/grpc"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
+	"github.com/zfs-nomad/zfs-nomad/internal/keylock"
+	"github.com/zfs-nomad/zfs-nomad/internal/volume"
+	"github.com/zfs-nomad/zfs-nomad/internal/zfs/zfscmd"
+	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
+)
+
+// Progress reports a transfer as it runs.
+type Progress struct {
+	Kind     string
+	Snapshot string
+	Base     string
+	Bytes    int64
+	Done     bool
+}
+
+// Pusher sends this node's volumes to peers.
+type Pusher struct {
+	z      Streams
+	root   string
+	nodeID string
+	dial   func(addr string) (*grpc.ClientConn, error)
+	log    hclog.Logger
+	locks  keylock.Locks
+	now    func() time.Time
+}
+
+// NewPusher returns a Pusher for the node whose volumes live under root;
+// dial connects to a peer's agent port.
+func NewPusher(z Streams, root, nodeID string, dial func(addr string) (*grpc.ClientConn, error), log hclog.Logger) *Pusher {
+	return &Pusher{z: z, root: root, nodeID: nodeID, dial: dial, log: log, now: time.Now}
+}
+
+// Push brings the replica of volumeID on the peer at addr up to date:
+// resuming an interrupted transfer, or sending a new snapshot
+// incrementally from the newest common one (full when there is none).
+// report is called as bytes flow (at most every interval) and at the end.
+func (p *Pusher) Push(ctx context.Context, volumeID, addr string, interval time.Duration, report func(Progress)) (Progress, error) {
+	fs, err := dataset(p.root, volumeID)
+	if err != nil {
+		return Progress{}, err
+	}
+	log := p.log.With("volume_id", volumeID, "peer", addr)
+	unlock, ok := p.locks.TryLock(volumeID)
+	if !ok {
+		return Progress{}, errdefs.Wrap(errdefs.ErrAborted, "a transfer of volume %s is already running", volumeID)
+	}
+	defer unlock()
+
+	role, err := p.z.Get(ctx, fs, volume.PropRole)
+	if err != nil {
+		return Progress{}, errdefs.Wrap(errdefs.ErrNotFound, "volume %s is not on this node: %v", volumeID, err)
+	}
+	if role != volume.RolePrimary {
+		return Progress{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "volume %s is a %s here; only a primary is sent", volumeID, role)
+	}
+	name, _ := p.z.Get(ctx, fs, volume.PropName)
+
+	conn, err := p.dial(addr)
+	if err != nil {
+		return Progress{}, errdefs.Wrap(errdefs.ErrUnavailable, "peer %s: %v", addr, err)
+	}
+	defer conn.Close()
+	peer := pb.NewReplicationClient(conn)
+	state, err := peer.ReplicaState(ctx, &pb.ReplicaStateRequest{VolumeId: volumeID})
+	if err != nil {
+		return Progress{}, errdefs.FromStatus(err)
+	}
+
+	prog, spec, err := p.plan(ctx, fs, state)
+	if err != nil {
+		return Progress{}, err
+	}
+	log = log.With("kind", prog.Kind, "snapshot", prog.Snapshot, "base", prog.Base)
+	log.Info("sending")
+
+	stream, err := peer.Receive(ctx)
+	if err != nil {
+		return Progress{}, errdefs.FromStatus(err)
+	}
+	header := &pb.ReceiveHeader{VolumeId: volumeID, VolumeName: name, SourceNodeId: p.nodeID, Kind: prog.Kind, Snapshot: shortSnapshotName(prog.Snapshot)}
+	if err := stream.Send(&pb.ReceiveMessage{Msg: &pb.ReceiveMessage_Header{Header: header}}); err != nil {
+		return Progress{}, fmt.Errorf("%w: sending the header to %s: %v", errdefs.ErrUnavailable, addr, err)
+	}
+
+	var sent atomic.Int64
+	stop := p.reportEvery(interval, func() { prog.Bytes = sent.Load(); report(prog) })
+	w := &chunkWriter{send: func(b []byte) error {
+		return stream.Send(&pb.ReceiveMessage{Msg: &pb.ReceiveMessage_Data{Data: b}})
+	}, sent: &sent}
+	_, sendErr := p.z.Send(ctx, spec, w)
+	if sendErr == nil {
+		sendErr = w.flush()
+	}
+	stop()
+	if sendErr != nil {
+		_ = stream.CloseSend()
+		_, recvErr := stream.CloseAndRecv() // the receiver's own account, if it has one
+		log.Warn("send failed; the next push resumes", "bytes", sent.Load(), "error", sendErr, "receiver", recvErr)
+		return Progress{}, errdefs.Wrap(errdefs.ErrUnavailable, "sending volume %s to %s: %v (receiver: %v)", volumeID, addr, sendErr, recvErr)
+	}
+	result, err := stream.CloseAndRecv()
+	if err != nil {
+		return Progress{}, errdefs.FromStatus(err)
+	}
+	// The peer now has the snapshot: it becomes the base on this side too.
+	if err := p.holdBase(ctx, fs, result.GetSnapshotGuid()); err != nil {
+		return Progress{}, err
+	}
+	prog.Bytes, prog.Done = sent.Load(), true
+	report(prog)
+	log.Info("sent", "bytes", prog.Bytes)
+	return prog, nil
+}
+
+// plan decides what to send, from what the receiver holds.
+func (p *Pusher) plan(ctx context.Context, fs string, state *pb.ReplicaStateResponse) (Progress, zfscmd.SendSpec, error) {
+	if state.GetExists() && state.GetRole() != RoleReplica {
+		return Progress{}, zfscmd.SendSpec{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "the peer holds %s as %q, not as a replica", fs, state.GetRole())
+	}
+	if token := state.GetResumeToken(); token != "" {
+		return Progress{Kind: KindResume}, zfscmd.SendSpec{ResumeToken: token}, nil
+	}
+	snap := fmt.Sprintf("%s@%s%d", fs, SnapshotPrefix, p.now().UnixNano())
+	if err := p.z.Snapshot(ctx, snap); err != nil {
+		return Progress{}, zfscmd.SendSpec{}, fmt.Errorf("taking the replication snapshot: %w", err)
+	}
+	local, err := p.z.Snapshots(ctx, fs)
+	if err != nil {
+		return Progress{}, zfscmd.SendSpec{}, err
+	}
+	remote := map[uint64]bool{}
+	for _, g := range state.GetSnapshotGuids() {
+		remote[g] = true
+	}
+	base := ""
+	for _, s := range local { // oldest first: the last match is the newest common snapshot
+		if remote[s.GUID] && s.Name != snap {
+			base = s.Name
+		}
+	}
+	switch {
+	case base != "":
+		return Progress{Kind: KindIncremental, Snapshot: snap, Base: base}, zfscmd.SendSpec{Snapshot: snap, Base: base}, nil
+	case state.GetExists():
+		return Progress{}, zfscmd.SendSpec{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "the peer's replica of %s shares no snapshot with this node; remove it for a full send", fs)
+	}
+	return Progress{Kind: KindFull, Snapshot: snap}, zfscmd.SendSpec{Snapshot: snap}, nil
+}
+
+func (p *Pusher) holdBase(ctx context.Context, fs string, guid uint64) error {
+	snaps, err := p.z.Snapshots(ctx, fs)
+	if err != nil {
+		return err
+	}
+	for _, s := range snaps {
+		if s.GUID == guid {
+			return moveBaseHold(ctx, p.z, fs, s.Name)
+		}
+	}
+	return fmt.Errorf("the peer received snapshot guid %s, which %s does not have", strconv.FormatUint(guid, 10), fs)
+}
+
+// reportEvery calls f every interval until stop is called.
+func (p *Pusher) reportEvery(interval time.Duration, f func()) (stop func()) {
+	if interval <= 0 {
+		return func() {}
+	}
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-t.C:
+				f()
+			case <-done:
+				return
+			}
+		}
+	}()
+	return func() { close(done); <-finished }
+}
+
+// chunkWriter cuts the zfs send stream into messages of chunkSize.
+type chunkWriter struct {
+	send func([]byte) error
+	buf  []byte
+	sent *atomic.Int64
+}
+
+func (w *chunkWriter) Write(b []byte) (int, error) {
+	n := len(b)
+	for len(b) > 0 {
+		room := chunkSize - len(w.buf)
+		take := min(room, len(b))
+		w.buf = append(w.buf, b[:take]...)
+		b = b[take:]
+		if len(w.buf) == chunkSize {
+			if err := w.flush(); err != nil {
+				return 0, err
+			}
+		}
+	}
+	return n, nil
+}
+
+func (w *chunkWriter) flush() error {
+	if len(w.buf) == 0 {
+		return nil
+	}
+	if err := w.send(w.buf); err != nil {
+		return err
+	}
+	w.sent.Add(int64(len(w.buf)))
+	w.buf = make([]byte, 0, chunkSize) // gRPC may still hold the sent slice
+	return nil
+}

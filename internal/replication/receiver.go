@@ -1,0 +1,166 @@
+package replication
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync/atomic"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
+	"github.com/zfs-nomad/zfs-nomad/internal/keylock"
+	"github.com/zfs-nomad/zfs-nomad/internal/volume"
+	"github.com/zfs-nomad/zfs-nomad/internal/zfs"
+	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
+)
+
+// Receiver is the replication service of a node: it tells senders what it
+// holds and receives their streams into replicas under its root.
+type Receiver struct {
+	pb.UnimplementedReplicationServer
+	z     Streams
+	root  string
+	log   hclog.Logger
+	locks keylock.Locks
+}
+
+// NewReceiver returns the replication service for the node whose volumes
+// live under root.
+func NewReceiver(z Streams, root string, log hclog.Logger) *Receiver {
+	return &Receiver{z: z, root: root, log: log}
+}
+
+func (r *Receiver) ReplicaState(ctx context.Context, req *pb.ReplicaStateRequest) (*pb.ReplicaStateResponse, error) {
+	state, err := r.state(ctx, req.GetVolumeId())
+	return state, errdefs.ToStatus(err)
+}
+
+func (r *Receiver) state(ctx context.Context, volumeID string) (*pb.ReplicaStateResponse, error) {
+	fs, err := dataset(r.root, volumeID)
+	if err != nil {
+		return nil, err
+	}
+	role, err := r.z.Get(ctx, fs, volume.PropRole)
+	if errors.Is(err, zfs.ErrNotFound) {
+		return &pb.ReplicaStateResponse{}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	token, err := r.z.Get(ctx, fs, "receive_resume_token")
+	if err != nil {
+		return nil, err
+	}
+	resp := &pb.ReplicaStateResponse{Exists: true, Role: role}
+	if token != "-" {
+		resp.ResumeToken = token
+	}
+	snaps, err := r.z.Snapshots(ctx, fs)
+	if err != nil {
+		return nil, err
+	}
+	for _, s := range snaps {
+		resp.SnapshotGuids = append(resp.SnapshotGuids, s.GUID)
+	}
+	return resp, nil
+}
+
+func (r *Receiver) Receive(stream pb.Replication_ReceiveServer) error {
+	result, err := r.receive(stream)
+	if err != nil {
+		return errdefs.ToStatus(err)
+	}
+	return stream.SendAndClose(result)
+}
+
+func (r *Receiver) receive(stream pb.Replication_ReceiveServer) (*pb.ReceiveResult, error) {
+	ctx := stream.Context()
+	first, err := stream.Recv()
+	if err != nil {
+		return nil, fmt.Errorf("reading the header: %w", err)
+	}
+	h := first.GetHeader()
+	if h == nil {
+		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, "a receive stream starts with a header")
+	}
+	fs, err := dataset(r.root, h.GetVolumeId())
+	if err != nil {
+		return nil, err
+	}
+	if err := zfs.ValidateName(fs + "@" + h.GetSnapshot()); err != nil && h.GetKind() != KindResume {
+		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, "snapshot name %q: %v", h.GetSnapshot(), err)
+	}
+	log := r.log.With("volume_id", h.GetVolumeId(), "source_node", h.GetSourceNodeId(), "kind", h.GetKind(), "snapshot", h.GetSnapshot())
+	unlock, ok := r.locks.TryLock(h.GetVolumeId())
+	if !ok {
+		return nil, errdefs.Wrap(errdefs.ErrAborted, "a receive of volume %s is already running", h.GetVolumeId())
+	}
+	defer unlock()
+
+	state, err := r.state(ctx, h.GetVolumeId())
+	if err != nil {
+		return nil, err
+	}
+	if state.GetExists() && state.GetRole() != RoleReplica {
+		return nil, errdefs.Wrap(errdefs.ErrFailedPrecondition, "this node holds volume %s as %q, not as a replica: refusing to overwrite it", h.GetVolumeId(), state.GetRole())
+	}
+	var props map[string]string
+	switch h.GetKind() {
+	case KindFull:
+		if state.GetExists() {
+			return nil, errdefs.Wrap(errdefs.ErrFailedPrecondition, "a replica of %s exists but shares no snapshot with the source; an operator must remove it before a full send", h.GetVolumeId())
+		}
+		props = map[string]string{
+			"readonly": "on", "mountpoint": "legacy",
+			volume.PropRole: RoleReplica, volume.PropVolumeID: h.GetVolumeId(), volume.PropName: h.GetVolumeName(),
+		}
+	case KindIncremental, KindResume:
+		if !state.GetExists() {
+			return nil, errdefs.Wrap(errdefs.ErrFailedPrecondition, "no replica of %s to receive an %s stream into", h.GetVolumeId(), h.GetKind())
+		}
+	default:
+		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, "unknown stream kind %q", h.GetKind())
+	}
+
+	log.Info("receiving")
+	pr, pw := io.Pipe()
+	var received atomic.Int64
+	go func() {
+		for {
+			msg, err := stream.Recv()
+			if err == io.EOF {
+				pw.Close()
+				return
+			}
+			if err != nil {
+				// zfs receive sees the stream end early and keeps a resume token.
+				pw.CloseWithError(fmt.Errorf("stream from %s broke: %w", h.GetSourceNodeId(), err))
+				return
+			}
+			received.Add(int64(len(msg.GetData())))
+			if _, err := pw.Write(msg.GetData()); err != nil {
+				return // zfs receive ended; its error is reported below
+			}
+		}
+	}()
+	err = r.z.Receive(ctx, fs, props, pr)
+	pr.CloseWithError(io.ErrClosedPipe) // unblocks the reader goroutine if zfs receive ended early
+	if err != nil {
+		log.Warn("receive failed; an interrupted stream can be resumed", "bytes", received.Load(), "error", err)
+		return nil, errdefs.Wrap(errdefs.ErrAborted, "receiving volume %s: %v", h.GetVolumeId(), err)
+	}
+	// The newest snapshot is the one just received (a resumed stream's
+	// header does not name it).
+	snaps, err := r.z.Snapshots(ctx, fs)
+	if err != nil || len(snaps) == 0 {
+		return nil, fmt.Errorf("reading the received snapshot of %s: %v", fs, err)
+	}
+	last := snaps[len(snaps)-1]
+	if err := moveBaseHold(ctx, r.z, fs, last.Name); err != nil {
+		return nil, err
+	}
+	log.Info("received", "bytes", received.Load(), "snapshot", last.Name)
+	return &pb.ReceiveResult{SnapshotGuid: last.GUID, Bytes: received.Load()}, nil
+}

@@ -1,0 +1,86 @@
+// Package replication streams volumes between node agents with zfs send
+// and zfs receive (docs/replication.md):
+//
+//	source node                                    target node
+//	Pusher.Push ── ReplicaState ─────────────────► Receiver.ReplicaState
+//	  zfs send ─► chunkWriter ── Receive stream ──► pipe ─► zfs receive -s -u
+//	  hold new base, release old  ◄── snapshot GUID ── hold new base, release old
+//
+// The target builds every dataset name from its own root and a validated
+// volume ID; nothing a peer sends names a dataset.
+package replication
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
+	"github.com/zfs-nomad/zfs-nomad/internal/volume"
+	"github.com/zfs-nomad/zfs-nomad/internal/zfs/zfscmd"
+)
+
+const (
+	// SnapshotPrefix starts the short name of every replication snapshot.
+	SnapshotPrefix = "zn-"
+	// BaseHoldTag holds the newest snapshot both sides share: the
+	// incremental base, never destroyed while it is the base.
+	BaseHoldTag = "zfs-nomad-base"
+	// RoleReplica labels a received copy.
+	RoleReplica = "replica"
+
+	// Transfer kinds, as reported in progress and headers.
+	KindFull        = "full"
+	KindIncremental = "incremental"
+	KindResume      = "resume"
+
+	chunkSize = 1 << 20
+)
+
+// Streams is what replication needs of ZFS; zfscmd.Cmd implements it.
+type Streams interface {
+	Send(ctx context.Context, spec zfscmd.SendSpec, w io.Writer) (int64, error)
+	Receive(ctx context.Context, target string, props map[string]string, r io.Reader) error
+	Snapshots(ctx context.Context, fs string) ([]zfscmd.Snap, error)
+	Get(ctx context.Context, dataset, prop string) (string, error)
+	Snapshot(ctx context.Context, name string) error
+	Hold(ctx context.Context, snapshot, tag string) error
+	Release(ctx context.Context, snapshot, tag string) error
+	Held(ctx context.Context, fs, tag string) ([]string, error)
+}
+
+// dataset returns the volume's dataset under root, refusing IDs that are
+// not volume IDs.
+func dataset(root, volumeID string) (string, error) {
+	if !volume.IsVolumeID(volumeID) {
+		return "", errdefs.Wrap(errdefs.ErrInvalidArgument, "%q is not a volume ID", volumeID)
+	}
+	return root + "/" + volumeID, nil
+}
+
+// moveBaseHold holds snapshot as the base and releases the tag from every
+// other snapshot of fs: hold first, so there is never a moment without a
+// protected base.
+func moveBaseHold(ctx context.Context, z Streams, fs, snapshot string) error {
+	if err := z.Hold(ctx, snapshot, BaseHoldTag); err != nil {
+		return fmt.Errorf("holding the new base %s: %w", snapshot, err)
+	}
+	held, err := z.Held(ctx, fs, BaseHoldTag)
+	if err != nil {
+		return fmt.Errorf("listing holds on %s: %w", fs, err)
+	}
+	for _, s := range held {
+		if s != snapshot {
+			if err := z.Release(ctx, s, BaseHoldTag); err != nil {
+				return fmt.Errorf("releasing the old base %s: %w", s, err)
+			}
+		}
+	}
+	return nil
+}
+
+func shortSnapshotName(full string) string {
+	_, snap, _ := strings.Cut(full, "@")
+	return snap
+}

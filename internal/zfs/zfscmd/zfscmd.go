@@ -1,0 +1,222 @@
+// Package zfscmd runs the zfs command for what must not go through the one
+// serialised libzfs handle: send and receive streams, which last minutes,
+// and the few reads and holds around them. Each call is its own process,
+// so a long transfer never stalls other volumes.
+package zfscmd
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os/exec"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/zfs"
+)
+
+// Cmd runs the zfs binary (Path, default "zfs").
+type Cmd struct {
+	Path string
+}
+
+func (c Cmd) bin() string {
+	if c.Path == "" {
+		return "zfs"
+	}
+	return c.Path
+}
+
+// run runs zfs with args and returns stdout; stderr goes into the error.
+func (c Cmd) run(ctx context.Context, args ...string) (string, error) {
+	var stdout, stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, c.bin(), args...)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return "", classify(fmt.Errorf("zfs %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String())), stderr.String())
+	}
+	return stdout.String(), nil
+}
+
+func classify(err error, stderr string) error {
+	switch {
+	case strings.Contains(stderr, "does not exist"), strings.Contains(stderr, "no such"):
+		return fmt.Errorf("%w: %w", err, zfs.ErrNotFound)
+	case strings.Contains(stderr, "already exists"):
+		return fmt.Errorf("%w: %w", err, zfs.ErrExists)
+	}
+	return err
+}
+
+// SendSpec says what to send: a resume token, or a snapshot with an
+// optional incremental base.
+type SendSpec struct {
+	Snapshot    string
+	Base        string
+	ResumeToken string
+}
+
+// Args returns the zfs send arguments: large blocks and compressed blocks
+// as stored (-L -c), so data is neither split nor recompressed.
+func (s SendSpec) Args() []string {
+	if s.ResumeToken != "" {
+		return []string{"send", "-t", s.ResumeToken} // the token carries the original flags
+	}
+	args := []string{"send", "-L", "-c"}
+	if s.Base != "" {
+		args = append(args, "-i", s.Base)
+	}
+	return append(args, s.Snapshot)
+}
+
+// Send runs zfs send and copies the stream to w. It returns the bytes
+// written; an error from w stops the sender.
+func (c Cmd) Send(ctx context.Context, spec SendSpec, w io.Writer) (int64, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, c.bin(), spec.Args()...)
+	cmd.Stderr = &stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return 0, err
+	}
+	if err := cmd.Start(); err != nil {
+		return 0, fmt.Errorf("starting zfs send: %w", err)
+	}
+	n, copyErr := io.Copy(w, out)
+	if copyErr != nil {
+		cancel() // the receiver is gone: stop the sender
+	}
+	waitErr := cmd.Wait()
+	if copyErr != nil {
+		return n, fmt.Errorf("streaming zfs %s: %w", strings.Join(spec.Args(), " "), copyErr)
+	}
+	if waitErr != nil {
+		return n, classify(fmt.Errorf("zfs %s: %w: %s", strings.Join(spec.Args(), " "), waitErr, strings.TrimSpace(stderr.String())), stderr.String())
+	}
+	return n, nil
+}
+
+// Receive runs zfs receive -s -u into target (resumable, never mounted),
+// setting props (-o) on a full receive, and reads the stream from r.
+func (c Cmd) Receive(ctx context.Context, target string, props map[string]string, r io.Reader) error {
+	if err := zfs.ValidateName(target); err != nil {
+		return err
+	}
+	args := []string{"receive", "-s", "-u"}
+	keys := make([]string, 0, len(props))
+	for k := range props {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		args = append(args, "-o", k+"="+props[k])
+	}
+	args = append(args, target)
+	var stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, c.bin(), args...)
+	cmd.Stdin, cmd.Stderr = r, &stderr
+	if err := cmd.Run(); err != nil {
+		return classify(fmt.Errorf("zfs %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String())), stderr.String())
+	}
+	return nil
+}
+
+// AbortReceive discards the partial state of an interrupted receive.
+func (c Cmd) AbortReceive(ctx context.Context, target string) error {
+	_, err := c.run(ctx, "receive", "-A", target)
+	return err
+}
+
+// Snap is one snapshot as replication sees it.
+type Snap struct {
+	Name      string // full name
+	GUID      uint64
+	CreateTXG uint64
+}
+
+// Snapshots lists the snapshots of one filesystem, oldest first.
+func (c Cmd) Snapshots(ctx context.Context, fs string) ([]Snap, error) {
+	if err := zfs.ValidateName(fs); err != nil {
+		return nil, err
+	}
+	out, err := c.run(ctx, "list", "-H", "-p", "-t", "snapshot", "-d", "1", "-s", "createtxg", "-o", "name,guid,createtxg", fs)
+	if err != nil {
+		return nil, err
+	}
+	var snaps []Snap
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		f := strings.Split(line, "\t")
+		if len(f) != 3 {
+			continue
+		}
+		guid, err1 := strconv.ParseUint(f[1], 10, 64)
+		txg, err2 := strconv.ParseUint(f[2], 10, 64)
+		if err := errors.Join(err1, err2); err != nil {
+			return nil, fmt.Errorf("zfs list: unexpected line %q: %w", line, err)
+		}
+		snaps = append(snaps, Snap{Name: f[0], GUID: guid, CreateTXG: txg})
+	}
+	return snaps, nil
+}
+
+// Get reads one property's value ("-" when unset).
+func (c Cmd) Get(ctx context.Context, dataset, prop string) (string, error) {
+	out, err := c.run(ctx, "get", "-H", "-p", "-o", "value", prop, dataset)
+	return strings.TrimSpace(out), err
+}
+
+// Snapshot creates a snapshot.
+func (c Cmd) Snapshot(ctx context.Context, name string) error {
+	if err := zfs.ValidateName(name); err != nil {
+		return err
+	}
+	_, err := c.run(ctx, "snapshot", name)
+	return err
+}
+
+// Hold puts hold tag on snapshot; holding twice is fine.
+func (c Cmd) Hold(ctx context.Context, snapshot, tag string) error {
+	_, err := c.run(ctx, "hold", tag, snapshot)
+	if err != nil && strings.Contains(err.Error(), "tag already exists") {
+		return nil
+	}
+	return err
+}
+
+// Release removes hold tag from snapshot; a missing hold is fine.
+func (c Cmd) Release(ctx context.Context, snapshot, tag string) error {
+	_, err := c.run(ctx, "release", tag, snapshot)
+	if err != nil && strings.Contains(err.Error(), "no such tag") {
+		return nil
+	}
+	return err
+}
+
+// Held lists the snapshots of fs that carry tag.
+func (c Cmd) Held(ctx context.Context, fs, tag string) ([]string, error) {
+	snaps, err := c.Snapshots(ctx, fs)
+	if err != nil || len(snaps) == 0 {
+		return nil, err
+	}
+	args := []string{"holds", "-H"}
+	for _, s := range snaps {
+		args = append(args, s.Name)
+	}
+	out, err := c.run(ctx, args...)
+	if err != nil {
+		return nil, err
+	}
+	var held []string
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		f := strings.Split(line, "\t")
+		if len(f) >= 2 && f[1] == tag {
+			held = append(held, f[0])
+		}
+	}
+	return held, nil
+}
