@@ -15,11 +15,15 @@ import (
 	"time"
 
 	csispec "github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/cluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/csi"
+	"github.com/zfs-nomad/zfs-nomad/internal/tlsconfig"
 	"github.com/zfs-nomad/zfs-nomad/internal/version"
 )
 
@@ -47,7 +51,11 @@ func run(args []string) error {
 	if cfg.PeersFile != "" {
 		peers = &cluster.PeersFile{Path: cfg.PeersFile}
 	}
-	nodes := cluster.New(peers, time.Duration(cfg.AgentTimeout), log.Named("cluster"))
+	creds, err := agentCredentials(cfg, log)
+	if err != nil {
+		return err
+	}
+	nodes := cluster.New(peers, time.Duration(cfg.AgentTimeout), log.Named("cluster"), grpc.WithTransportCredentials(creds))
 	defer nodes.Close()
 
 	lis, err := csi.Listen(cfg.CSIEndpoint)
@@ -83,4 +91,18 @@ func probe(ctx context.Context, nodes *cluster.Cluster) error {
 		reasons = append(reasons, fmt.Errorf("agent %s: %w", u.Addr, u.Err))
 	}
 	return fmt.Errorf("no healthy node agent: %w", errors.Join(reasons...))
+}
+
+// agentCredentials are the controller's mutual TLS credentials for the
+// agent ports.
+func agentCredentials(cfg config.Controller, log hclog.Logger) (credentials.TransportCredentials, error) {
+	if cfg.InsecureAgentPort {
+		log.Warn("talking to node agents WITHOUT TLS (-insecure-agent-port): use only on a closed test network")
+		return insecure.NewCredentials(), nil
+	}
+	m, err := tlsconfig.Load(tlsconfig.Files(cfg.TLS))
+	if err != nil {
+		return nil, err
+	}
+	return m.ClientCredentials(), nil
 }

@@ -15,8 +15,10 @@ import (
 	"time"
 
 	csispec "github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/agent"
@@ -24,6 +26,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/csi"
 	"github.com/zfs-nomad/zfs-nomad/internal/mount"
 	"github.com/zfs-nomad/zfs-nomad/internal/replication"
+	"github.com/zfs-nomad/zfs-nomad/internal/tlsconfig"
 	"github.com/zfs-nomad/zfs-nomad/internal/version"
 	"github.com/zfs-nomad/zfs-nomad/internal/volume"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs/libzfs"
@@ -77,14 +80,17 @@ func run(args []string) error {
 	csispec.RegisterIdentityServer(csiSrv, csi.NewIdentity(volumes.Health))
 	csispec.RegisterNodeServer(csiSrv, csi.NewNode(volumes, mount.System{}, cfg, log.Named("csi")))
 
+	serverOpts, dialCreds, err := agentTLS(cfg, log)
+	if err != nil {
+		return err
+	}
 	// Replication streams run as zfs processes, outside the libzfs lock.
-	// The agent port is plain gRPC until mutual TLS lands (docs/replication.md).
 	streams := zfscmd.Cmd{}
 	dial := func(addr string) (*grpc.ClientConn, error) {
-		return grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		return grpc.NewClient(addr, grpc.WithTransportCredentials(dialCreds))
 	}
 	pusher := replication.NewPusher(streams, cfg.RootDataset, cfg.NodeID, dial, log.Named("replication"))
-	agentSrv := grpc.NewServer(grpc.UnaryInterceptor(csi.LoggingInterceptor(log.Named("agent"))))
+	agentSrv := grpc.NewServer(serverOpts...)
 	pb.RegisterNodeAgentServer(agentSrv, agent.NewServer(volumes, pusher, cfg, log.Named("agent")))
 	pb.RegisterReplicationServer(agentSrv, replication.NewReceiver(streams, cfg.RootDataset, log.Named("replication")))
 
@@ -96,4 +102,24 @@ func run(args []string) error {
 	err = g.Wait()
 	log.Info("stopped")
 	return err
+}
+
+// agentTLS returns the agent port's server options (mutual TLS and the
+// policy of who may call what) and the credentials for dialling peers.
+func agentTLS(cfg config.Node, log hclog.Logger) ([]grpc.ServerOption, credentials.TransportCredentials, error) {
+	logging := csi.LoggingInterceptor(log.Named("agent"))
+	if cfg.InsecureAgentPort {
+		log.Warn("agent port WITHOUT TLS (-insecure-agent-port): anyone who reaches it can read and write volumes; use only on a closed test network")
+		return []grpc.ServerOption{grpc.UnaryInterceptor(logging)}, insecure.NewCredentials(), nil
+	}
+	m, err := tlsconfig.Load(tlsconfig.Files(cfg.TLS))
+	if err != nil {
+		return nil, nil, err
+	}
+	policy := tlsconfig.AgentPolicy
+	return []grpc.ServerOption{
+		grpc.Creds(m.ServerCredentials()),
+		grpc.ChainUnaryInterceptor(policy.UnaryInterceptor(), logging),
+		grpc.StreamInterceptor(policy.StreamInterceptor()),
+	}, m.ClientCredentials(), nil
 }

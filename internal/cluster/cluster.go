@@ -18,7 +18,6 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
@@ -49,7 +48,8 @@ type Cluster struct {
 }
 
 // New returns a Cluster. Each agent call is bounded by timeout. dialOpts
-// are added to every agent connection (tests dial in memory with them).
+// apply to every agent connection and must set transport credentials
+// (mutual TLS in production).
 func New(peers PeerSource, timeout time.Duration, log hclog.Logger, dialOpts ...grpc.DialOption) *Cluster {
 	return &Cluster{
 		peers:   peers,
@@ -57,9 +57,7 @@ func New(peers PeerSource, timeout time.Duration, log hclog.Logger, dialOpts ...
 		log:     log,
 		conns:   map[string]*grpc.ClientConn{},
 		dial: func(addr string) (*grpc.ClientConn, error) {
-			// Plain gRPC for now; mutual TLS arrives with the replication port.
-			opts := append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, dialOpts...)
-			return grpc.NewClient(addr, opts...)
+			return grpc.NewClient(addr, dialOpts...)
 		},
 	}
 }

@@ -15,7 +15,7 @@ func TestLoadNodePrecedence(t *testing.T) {
 	file := filepath.Join(dir, "node.json")
 	os.WriteFile(file, []byte(`{"node_id":"from-file","root_dataset":"tank/a","max_quota":"10G","default_quota":"1G",
 		"properties":{"compression":{"default":"lz4","allowed":["lz4","off"]}}}`), 0o644)
-	cfg, err := LoadNode([]string{"-config", file, "-root-dataset", "tank/flag"},
+	cfg, err := LoadNode([]string{"-config", file, "-root-dataset", "tank/flag", "-tls-ca", "ca.pem", "-tls-cert", "c.pem", "-tls-key", "k.pem"},
 		env(map[string]string{"ZFS_NOMAD_NODE_ID": "from-env", "ZFS_NOMAD_ROOT_DATASET": "tank/env", "CSI_ENDPOINT": "unix:///nomad.sock"}), os.Stderr)
 	if err != nil {
 		t.Fatal(err)
@@ -29,7 +29,7 @@ func TestLoadNodePrecedence(t *testing.T) {
 }
 
 func TestNodeValidation(t *testing.T) {
-	base := []string{"-node-id", "n1", "-root-dataset", "tank/nomad", "-max-quota", "10G"}
+	base := []string{"-node-id", "n1", "-root-dataset", "tank/nomad", "-max-quota", "10G", "-insecure-agent-port"}
 	tests := []struct {
 		name string
 		args []string
@@ -48,6 +48,8 @@ func TestNodeValidation(t *testing.T) {
 		{"unknown mount flag", []string{"-mount-flags", "suid"}, `"suid" is not a supported flag`},
 		{"reserved topology", []string{"-topology", "zfs-nomad.io/node=x"}, "set by the driver"},
 		{"bad size", []string{"-max-quota", "lots"}, "size"},
+		{"tls required", []string{"-insecure-agent-port=false"}, "mutual TLS"},
+		{"tls complete", []string{"-insecure-agent-port=false", "-tls-ca", "a", "-tls-cert", "b", "-tls-key", "c"}, ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -63,11 +65,11 @@ func TestNodeValidation(t *testing.T) {
 }
 
 func TestControllerConfig(t *testing.T) {
-	cfg, err := LoadController([]string{"-peers", "a:1,b:2", "-agent-timeout", "5s"}, env(nil), os.Stderr)
+	cfg, err := LoadController([]string{"-peers", "a:1,b:2", "-agent-timeout", "5s", "-insecure-agent-port"}, env(nil), os.Stderr)
 	if err != nil || len(cfg.Peers) != 2 || time.Duration(cfg.AgentTimeout) != 5*time.Second {
 		t.Fatalf("%+v, %v", cfg, err)
 	}
-	for _, args := range [][]string{{}, {"-peers", "nohostport"}, {"-peers", "a:1", "-placement", "random"}} {
+	for _, args := range [][]string{{"-insecure-agent-port"}, {"-peers", "nohostport", "-insecure-agent-port"}, {"-peers", "a:1", "-placement", "random", "-insecure-agent-port"}, {"-peers", "a:1"}} {
 		if _, err := LoadController(args, env(nil), os.Stderr); err == nil {
 			t.Errorf("LoadController(%v) accepted", args)
 		}

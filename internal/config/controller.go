@@ -22,6 +22,10 @@ type Controller struct {
 	Placement string `json:"placement"`
 	// AgentTimeout bounds each call to a node agent.
 	AgentTimeout Duration `json:"agent_timeout"`
+	// TLS is the controller's mutual TLS material for the agent ports.
+	TLS TLSFiles `json:"tls"`
+	// InsecureAgentPort talks to agents without TLS: test networks only.
+	InsecureAgentPort bool `json:"insecure_agent_port"`
 }
 
 // DefaultController returns the defaults a config file or flags override.
@@ -49,6 +53,9 @@ func (c *Controller) Validate() error {
 	}
 	if c.Placement != "most-free" && c.Placement != "fewest-volumes" {
 		errs = append(errs, fmt.Errorf("placement %q: must be most-free or fewest-volumes", c.Placement))
+	}
+	if err := c.TLS.validate(c.InsecureAgentPort); err != nil {
+		errs = append(errs, err)
 	}
 	if c.AgentTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("agent_timeout %s: must be positive", time.Duration(c.AgentTimeout)))

@@ -32,6 +32,7 @@ func LoadNode(args []string, getenv func(string) string, stderr io.Writer) (Node
 	fs.Var((*mapFlag)(&cfg.Topology), "topology", "extra topology segments, k=v,k2=v2")
 	fs.Var((*propertyFlag)(&cfg.Properties), "allow-property", "a property volumes may set: name=default or name=default:v1|v2 (repeatable)")
 	fs.Var((*listFlag)(&cfg.MountFlags), "mount-flags", "mount flags claims may ask for, comma separated")
+	tlsFlags(fs, &cfg.TLS, &cfg.InsecureAgentPort)
 	if err := load(fs, args, getenv, &cfg); err != nil {
 		return cfg, err
 	}
@@ -52,6 +53,7 @@ func LoadController(args []string, getenv func(string) string, stderr io.Writer)
 	fs.StringVar(&cfg.PeersFile, "peers-file", cfg.PeersFile, "file listing node agent addresses, one per line; re-read on change")
 	fs.StringVar(&cfg.Placement, "placement", cfg.Placement, "most-free or fewest-volumes")
 	fs.Var(&cfg.AgentTimeout, "agent-timeout", "bound on each call to a node agent")
+	tlsFlags(fs, &cfg.TLS, &cfg.InsecureAgentPort)
 	if err := load(fs, args, getenv, &cfg); err != nil {
 		return cfg, err
 	}
@@ -59,6 +61,13 @@ func LoadController(args []string, getenv func(string) string, stderr io.Writer)
 		return cfg, fmt.Errorf("invalid zfs-controller configuration:\n%w", err)
 	}
 	return cfg, nil
+}
+
+func tlsFlags(fs *flag.FlagSet, t *TLSFiles, insecure *bool) {
+	fs.StringVar(&t.CA, "tls-ca", t.CA, "PEM file of the operator's CA (agent port mutual TLS)")
+	fs.StringVar(&t.Cert, "tls-cert", t.Cert, "PEM certificate of this party; its first OU is its role")
+	fs.StringVar(&t.Key, "tls-key", t.Key, "PEM key of the certificate")
+	fs.BoolVar(insecure, "insecure-agent-port", *insecure, "no TLS on the agent port: closed test networks only")
 }
 
 // load applies the file, the environment and the flags, in that order, to

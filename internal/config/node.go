@@ -44,8 +44,31 @@ type Node struct {
 	// (unix:///path or tcp://host:port). Nomad sets CSI_ENDPOINT.
 	CSIEndpoint string `json:"csi_endpoint"`
 	// AgentAddress is the host:port of the node agent service the controller
-	// calls, and later peers replicate over.
+	// calls and peers replicate over.
 	AgentAddress string `json:"agent_address"`
+	// TLS is the mutual TLS material of the agent port (required).
+	TLS TLSFiles `json:"tls"`
+	// InsecureAgentPort serves the agent port without TLS: for a closed
+	// test network only.
+	InsecureAgentPort bool `json:"insecure_agent_port"`
+}
+
+// TLSFiles names PEM files: the operator's CA bundle, this party's
+// certificate (its role in the first OU) and key. See docs/security.md.
+type TLSFiles struct {
+	CA   string `json:"ca"`
+	Cert string `json:"cert"`
+	Key  string `json:"key"`
+}
+
+func (t TLSFiles) validate(insecure bool) error {
+	if insecure {
+		return nil
+	}
+	if t.CA == "" || t.Cert == "" || t.Key == "" {
+		return errors.New("tls: ca, cert and key are required: the agent port speaks only mutual TLS (see docs/security.md)")
+	}
+	return nil
 }
 
 // PropertyRule is the operator's rule for one ZFS property.
@@ -138,6 +161,9 @@ func (c *Node) Validate() error {
 	}
 	if c.AgentAddress == "" {
 		errs = append(errs, errors.New("agent_address: required, host:port the controller reaches this node on"))
+	}
+	if err := c.TLS.validate(c.InsecureAgentPort); err != nil {
+		errs = append(errs, err)
 	}
 	for k, v := range c.Topology {
 		if k == TopologyNodeKey {

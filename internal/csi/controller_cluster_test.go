@@ -12,6 +12,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 
@@ -74,7 +75,7 @@ func (tc *testCluster) controller() *Controller {
 		}
 		return lis.DialContext(ctx)
 	})
-	c := cluster.New(cluster.StaticPeers(tc.peers), 2*time.Second, hclog.NewNullLogger(), dialer)
+	c := cluster.New(cluster.StaticPeers(tc.peers), 2*time.Second, hclog.NewNullLogger(), dialer, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	return NewController(c, "most-free", hclog.NewNullLogger())
 }
 

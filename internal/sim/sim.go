@@ -24,6 +24,10 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/tlsconfig"
 )
 
 // EnvDisks lists the disks (devices or image files) tests may use,
@@ -94,7 +98,24 @@ type Cluster struct {
 	Controller *Process
 	// ControllerEndpoint is the controller's CSI endpoint (unix://...).
 	ControllerEndpoint string
-	undo               []func()
+	// CA is the cluster's throw-away CA; Operator holds an operator
+	// certificate from it, for calls to the agents (DialAgent).
+	CA       *tlsconfig.CA
+	Operator tlsconfig.Files
+	undo     []func()
+}
+
+// DialAgent connects to a node agent with the operator's certificate.
+func (c *Cluster) DialAgent(addr string) (*grpc.ClientConn, error) {
+	m, err := tlsconfig.Load(c.Operator)
+	if err != nil {
+		return nil, err
+	}
+	return grpc.NewClient(addr, grpc.WithTransportCredentials(m.ClientCredentials()))
+}
+
+func tlsArgs(f tlsconfig.Files) []string {
+	return []string{"-tls-ca", f.CA, "-tls-cert", f.Cert, "-tls-key", f.Key}
 }
 
 // Node is one simulated node.
@@ -125,6 +146,14 @@ func Start(opts Options) (c *Cluster, err error) {
 			c.Close()
 		}
 	}()
+	// Every cluster gets its own throw-away CA: the agent ports speak only
+	// mutual TLS, in tests as in production.
+	if c.CA, err = tlsconfig.NewCA(opts.Dir); err != nil {
+		return nil, err
+	}
+	if c.Operator, err = c.CA.Issue("operator", tlsconfig.RoleOperator); err != nil {
+		return nil, err
+	}
 	if _, err := net.InterfaceByName(bridge); err != nil {
 		for _, args := range [][]string{
 			{"link", "add", bridge, "type", "bridge"},
@@ -152,7 +181,12 @@ func Start(opts Options) (c *Cluster, err error) {
 	}
 	if !opts.NoController {
 		c.ControllerEndpoint = "unix://" + filepath.Join(opts.Dir, "controller.sock")
-		args := append([]string{"-csi-endpoint", c.ControllerEndpoint, "-peers", strings.Join(peers, ","), "-agent-timeout", "10s"}, opts.ControllerArgs...)
+		ctlTLS, err := c.CA.Issue("controller", tlsconfig.RoleController)
+		if err != nil {
+			return nil, err
+		}
+		args := append([]string{"-csi-endpoint", c.ControllerEndpoint, "-peers", strings.Join(peers, ","), "-agent-timeout", "10s"}, tlsArgs(ctlTLS)...)
+		args = append(args, opts.ControllerArgs...)
 		c.Controller, err = c.start("controller", filepath.Join(opts.BinDir, "zfs-controller"), args...)
 		if err != nil {
 			return nil, err
@@ -216,12 +250,17 @@ func (c *Cluster) addNode(i int) (*Node, error) {
 			return nil, err
 		}
 	}
+	nodeTLS, err := c.CA.Issue(id, tlsconfig.RoleNode)
+	if err != nil {
+		return nil, err
+	}
 	node.args = append([]string{
 		"-node-id", id, "-root-dataset", node.RootDataset, "-max-quota", "10G", "-default-quota", "256M",
 		"-csi-endpoint", node.CSIEndpoint, "-agent-address", node.AgentAddress,
 		"-allow-property", "compression=lz4:lz4|off|zstd", "-allow-property", "atime=off:on|off",
 		"-mount-flags", "ro,noatime,nodev,nosuid,noexec",
-	}, c.opts.NodeArgs...)
+	}, tlsArgs(nodeTLS)...)
+	node.args = append(node.args, c.opts.NodeArgs...)
 	c.Nodes = append(c.Nodes, node)
 	return node, nil
 }

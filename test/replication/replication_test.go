@@ -6,6 +6,7 @@ package replication
 
 import (
 	"context"
+	"encoding/base64"
 	"io"
 	"os"
 	"path/filepath"
@@ -21,6 +22,7 @@ import (
 
 	"github.com/zfs-nomad/zfs-nomad/internal/guesttest"
 	"github.com/zfs-nomad/zfs-nomad/internal/sim"
+	"github.com/zfs-nomad/zfs-nomad/internal/tlsconfig"
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
@@ -73,9 +75,9 @@ func publishedVolume(t *testing.T, c *sim.Cluster, name string) (id, target stri
 
 // replicate asks n1's agent to push the volume to n2 and returns the last
 // progress report.
-func replicate(t *testing.T, ctx context.Context, from, to *sim.Node, id string) (*pb.ReplicateProgress, error) {
+func replicate(t *testing.T, ctx context.Context, c *sim.Cluster, from, to *sim.Node, id string) (*pb.ReplicateProgress, error) {
 	t.Helper()
-	stream, err := pb.NewNodeAgentClient(dial(t, from.AgentAddress)).Replicate(ctx, &pb.ReplicateRequest{VolumeId: id, TargetAddress: to.AgentAddress})
+	stream, err := agent(t, c, from).Replicate(ctx, &pb.ReplicateRequest{VolumeId: id, TargetAddress: to.AgentAddress})
 	if err != nil {
 		return nil, err
 	}
@@ -90,6 +92,17 @@ func replicate(t *testing.T, ctx context.Context, from, to *sim.Node, id string)
 		}
 		last = p
 	}
+}
+
+// agent dials a node agent as the operator.
+func agent(t *testing.T, c *sim.Cluster, n *sim.Node) pb.NodeAgentClient {
+	t.Helper()
+	conn, err := c.DialAgent(n.AgentAddress)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return pb.NewNodeAgentClient(conn)
 }
 
 // checksums lists every file's SHA-256 under dir, in node n's namespaces.
@@ -119,7 +132,7 @@ func TestFullThenIncremental(t *testing.T) {
 	id, target := publishedVolume(t, c, "data")
 	guesttest.Exec(t, n1, "cd "+target+" && mkdir -p d/e && echo one > a && seq 1 100000 > d/e/numbers && dd if=/dev/urandom of=blob bs=1M count=16 2>/dev/null && sync")
 
-	p, err := replicate(t, ctx, n1, n2, id)
+	p, err := replicate(t, ctx, c, n1, n2, id)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,7 +150,7 @@ func TestFullThenIncremental(t *testing.T) {
 	}
 
 	guesttest.Exec(t, n1, "cd "+target+" && echo two > a && rm d/e/numbers && echo new > d/new && sync")
-	p, err = replicate(t, ctx, n1, n2, id)
+	p, err = replicate(t, ctx, c, n1, n2, id)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,7 +168,7 @@ func TestFullThenIncremental(t *testing.T) {
 		}
 	}
 	// The source's own volume on n1 is refused as a target.
-	_, err = replicate(t, ctx, n1, n1, id)
+	_, err = replicate(t, ctx, c, n1, n1, id)
 	if status.Code(err) != codes.FailedPrecondition {
 		t.Errorf("pushing onto the primary: %v, want FailedPrecondition", err)
 	}
@@ -170,7 +183,7 @@ func TestResumeAfterReceiverKilled(t *testing.T) {
 	// Kill the receiver once a quarter of the stream has gone through.
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	stream, err := pb.NewNodeAgentClient(dial(t, n1.AgentAddress)).Replicate(ctx, &pb.ReplicateRequest{VolumeId: id, TargetAddress: n2.AgentAddress})
+	stream, err := agent(t, c, n1).Replicate(ctx, &pb.ReplicateRequest{VolumeId: id, TargetAddress: n2.AgentAddress})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -204,7 +217,7 @@ func TestResumeAfterReceiverKilled(t *testing.T) {
 		t.Fatal("no resume token on the interrupted replica")
 	}
 
-	p, err := replicate(t, context.Background(), n1, n2, id)
+	p, err := replicate(t, context.Background(), c, n1, n2, id)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -215,4 +228,122 @@ func TestResumeAfterReceiverKilled(t *testing.T) {
 	if src, dst := checksums(t, n1, target), replicaChecksums(t, n2, id); src != dst {
 		t.Fatalf("after resuming the replica differs:\nsource:\n%s\nreplica:\n%s", src, dst)
 	}
+}
+
+func TestRefusesStrangersAndBadStreams(t *testing.T) {
+	c := guesttest.StartCluster(t, 2, sim.Options{})
+	n1, n2 := c.Nodes[0], c.Nodes[1]
+	ctx := context.Background()
+	id, target := publishedVolume(t, c, "guarded")
+	guesttest.Exec(t, n1, "seq 1 50000 > "+target+"/numbers && sync")
+	if _, err := replicate(t, ctx, c, n1, n2, id); err != nil {
+		t.Fatal(err)
+	}
+	before := replicaChecksums(t, n2, id)
+
+	// No client certificate at all: the TLS handshake fails.
+	plain := pb.NewReplicationClient(dial(t, n2.AgentAddress))
+	if _, err := plain.ReplicaState(ctx, &pb.ReplicaStateRequest{VolumeId: id}); status.Code(err) != codes.Unavailable {
+		t.Errorf("plaintext call: %v, want refused (Unavailable)", err)
+	}
+	// A certificate from another CA.
+	otherCA, err := tlsconfig.NewCA(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	stranger, _ := otherCA.Issue("stranger", tlsconfig.RoleNode)
+	if _, err := clientAs(t, stranger, n2).ReplicaState(ctx, &pb.ReplicaStateRequest{VolumeId: id}); err == nil {
+		t.Error("a certificate from another CA was accepted")
+	}
+	// Right CA, wrong role: an operator may not feed streams, a node may not
+	// order pushes.
+	if _, err := clientAs(t, c.Operator, n2).ReplicaState(ctx, &pb.ReplicaStateRequest{VolumeId: id}); status.Code(err) != codes.PermissionDenied {
+		t.Errorf("operator calling Replication: %v, want PermissionDenied", err)
+	}
+	nodeFiles, _ := c.CA.Issue("peer", tlsconfig.RoleNode)
+	conn := dialWith(t, nodeFiles, n1)
+	if _, err := replicateOn(ctx, pb.NewNodeAgentClient(conn), id, n2.AgentAddress); status.Code(err) != codes.PermissionDenied {
+		t.Errorf("node certificate ordering a push: %v, want PermissionDenied", err)
+	}
+
+	// A corrupted and a truncated incremental stream are refused and the
+	// replica keeps its data.
+	peer := clientAs(t, nodeFiles, n2)
+	guesttest.Exec(t, n1, "echo more >> "+target+"/numbers && sync")
+	src := n1.RootDataset + "/" + id
+	snaps := strings.Fields(guesttest.Run(t, "zfs", "list", "-H", "-t", "snapshot", "-o", "name", "-s", "createtxg", "-d", "1", src))
+	base := snaps[len(snaps)-1]
+	guesttest.Run(t, "zfs", "snapshot", src+"@manual")
+	stream := guesttest.Run(t, "sh", "-c", "zfs send -i "+base+" "+src+"@manual | base64 -w0")
+	for name, data := range map[string][]byte{
+		"corrupted": append([]byte("this is not a zfs stream"), make([]byte, 4096)...),
+		"truncated": decode(t, stream)[:len(decode(t, stream))/2],
+	} {
+		err := sendStream(ctx, peer, &pb.ReceiveHeader{VolumeId: id, Kind: "incremental", Snapshot: "manual", SourceNodeId: "peer"}, data)
+		if err == nil {
+			t.Errorf("%s stream accepted", name)
+		}
+		if zfsGet(t, "receive_resume_token", n2.RootDataset+"/"+id) != "-" {
+			guesttest.Run(t, "zfs", "receive", "-A", n2.RootDataset+"/"+id) // the deliberate clean-up of a partial state
+		}
+		if after := replicaChecksums(t, n2, id); after != before {
+			t.Errorf("after the %s stream the replica changed:\n%s\nwas:\n%s", name, after, before)
+		}
+	}
+	// A header naming something that is not a volume ID never reaches ZFS.
+	err = sendStream(ctx, peer, &pb.ReceiveHeader{VolumeId: "../../etc", Kind: "full", Snapshot: "x"}, []byte("x"))
+	if status.Code(err) != codes.InvalidArgument {
+		t.Errorf("escaping volume ID: %v, want InvalidArgument", err)
+	}
+}
+
+func decode(t *testing.T, s string) []byte {
+	t.Helper()
+	b, err := base64.StdEncoding.DecodeString(strings.TrimSpace(s))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func dialWith(t *testing.T, f tlsconfig.Files, n *sim.Node) *grpc.ClientConn {
+	t.Helper()
+	m, err := tlsconfig.Load(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := grpc.NewClient(n.AgentAddress, grpc.WithTransportCredentials(m.ClientCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+func clientAs(t *testing.T, f tlsconfig.Files, n *sim.Node) pb.ReplicationClient {
+	return pb.NewReplicationClient(dialWith(t, f, n))
+}
+
+func replicateOn(ctx context.Context, a pb.NodeAgentClient, id, to string) (*pb.ReplicateProgress, error) {
+	stream, err := a.Replicate(ctx, &pb.ReplicateRequest{VolumeId: id, TargetAddress: to})
+	if err != nil {
+		return nil, err
+	}
+	return stream.Recv()
+}
+
+func sendStream(ctx context.Context, peer pb.ReplicationClient, h *pb.ReceiveHeader, data []byte) error {
+	stream, err := peer.Receive(ctx)
+	if err != nil {
+		return err
+	}
+	if err := stream.Send(&pb.ReceiveMessage{Msg: &pb.ReceiveMessage_Header{Header: h}}); err != nil {
+		return err
+	}
+	if err := stream.Send(&pb.ReceiveMessage{Msg: &pb.ReceiveMessage_Data{Data: data}}); err != nil {
+		_, rerr := stream.CloseAndRecv()
+		return rerr
+	}
+	_, err = stream.CloseAndRecv()
+	return err
 }

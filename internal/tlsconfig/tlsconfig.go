@@ -1,0 +1,164 @@
+// Package tlsconfig sets up mutual TLS on the node agent port and decides
+// who may call what there.
+//
+// Every party holds a certificate from the operator's CA. Its role is the
+// first Organizational Unit of its subject: "node" (zfs-node: serves the
+// agent port and pushes to peers), "controller" (zfs-controller) or
+// "operator" (a person's commands). Node certificates carry the DNS name
+// ServerName, which clients verify, so nodes can be dialled by any address
+// without a certificate per IP.
+package tlsconfig
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+)
+
+// Roles, as the certificate's first OU.
+const (
+	RoleNode       = "node"
+	RoleController = "controller"
+	RoleOperator   = "operator"
+)
+
+// ServerName is the DNS name every node certificate carries.
+const ServerName = "node.zfs-nomad"
+
+// Files names the PEM files of one party.
+type Files struct {
+	CA, Cert, Key string
+}
+
+// Set reports whether any file is named.
+func (f Files) Set() bool { return f.CA != "" || f.Cert != "" || f.Key != "" }
+
+// Material is loaded TLS material.
+type Material struct {
+	pool *x509.CertPool
+	cert tls.Certificate
+}
+
+// Load reads the CA bundle and the party's certificate and key.
+func Load(f Files) (*Material, error) {
+	if f.CA == "" || f.Cert == "" || f.Key == "" {
+		return nil, errors.New("tls: the CA, certificate and key files are all required")
+	}
+	caPEM, err := os.ReadFile(f.CA)
+	if err != nil {
+		return nil, fmt.Errorf("tls: reading the CA: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(caPEM) {
+		return nil, fmt.Errorf("tls: %s holds no PEM certificate", f.CA)
+	}
+	cert, err := tls.LoadX509KeyPair(f.Cert, f.Key)
+	if err != nil {
+		return nil, fmt.Errorf("tls: loading %s and %s: %w", f.Cert, f.Key, err)
+	}
+	return &Material{pool: pool, cert: cert}, nil
+}
+
+// ServerCredentials require a client certificate from the CA.
+func (m *Material) ServerCredentials() credentials.TransportCredentials {
+	return credentials.NewTLS(&tls.Config{
+		Certificates: []tls.Certificate{m.cert},
+		ClientCAs:    m.pool,
+		ClientAuth:   tls.RequireAndVerifyClientCert,
+		MinVersion:   tls.VersionTLS13,
+	})
+}
+
+// ClientCredentials present this party's certificate and verify the node.
+func (m *Material) ClientCredentials() credentials.TransportCredentials {
+	return credentials.NewTLS(&tls.Config{
+		Certificates: []tls.Certificate{m.cert},
+		RootCAs:      m.pool,
+		ServerName:   ServerName,
+		MinVersion:   tls.VersionTLS13,
+	})
+}
+
+// Policy maps full gRPC method names (or prefixes ending in "/") to the
+// roles allowed to call them.
+type Policy map[string][]string
+
+// AgentPolicy is who may call what on a node's agent port.
+var AgentPolicy = Policy{
+	"/zfsnomad.agent.v1.Replication/":        {RoleNode},
+	"/zfsnomad.agent.v1.NodeAgent/Replicate": {RoleController, RoleOperator},
+	"/zfsnomad.agent.v1.NodeAgent/":          {RoleController, RoleOperator},
+}
+
+func (p Policy) allowed(method string) []string {
+	if roles, ok := p[method]; ok {
+		return roles
+	}
+	best := ""
+	for prefix := range p {
+		if strings.HasSuffix(prefix, "/") && strings.HasPrefix(method, prefix) && len(prefix) > len(best) {
+			best = prefix
+		}
+	}
+	return p[best]
+}
+
+// RoleOf returns the role of the verified client certificate of a call.
+func RoleOf(ctx context.Context) (string, error) {
+	pr, ok := peer.FromContext(ctx)
+	if !ok {
+		return "", errors.New("no peer")
+	}
+	info, ok := pr.AuthInfo.(credentials.TLSInfo)
+	if !ok || len(info.State.VerifiedChains) == 0 || len(info.State.VerifiedChains[0]) == 0 {
+		return "", errors.New("no verified client certificate")
+	}
+	ous := info.State.VerifiedChains[0][0].Subject.OrganizationalUnit
+	if len(ous) == 0 {
+		return "", errors.New("the client certificate names no role (OU)")
+	}
+	return ous[0], nil
+}
+
+func (p Policy) check(ctx context.Context, method string) error {
+	role, err := RoleOf(ctx)
+	if err != nil {
+		return status.Errorf(codes.Unauthenticated, "%s: %v", method, err)
+	}
+	for _, r := range p.allowed(method) {
+		if r == role {
+			return nil
+		}
+	}
+	return status.Errorf(codes.PermissionDenied, "%s: a %q certificate may not call this (allowed: %v)", method, role, p.allowed(method))
+}
+
+// UnaryInterceptor enforces the policy on unary calls.
+func (p Policy) UnaryInterceptor() grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		if err := p.check(ctx, info.FullMethod); err != nil {
+			return nil, err
+		}
+		return handler(ctx, req)
+	}
+}
+
+// StreamInterceptor enforces the policy on streaming calls.
+func (p Policy) StreamInterceptor() grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		if err := p.check(ss.Context(), info.FullMethod); err != nil {
+			return err
+		}
+		return handler(srv, ss)
+	}
+}
