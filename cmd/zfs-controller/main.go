@@ -2,6 +2,11 @@
 // Identity and Controller services. It decides where volumes live and asks
 // the node agents to act; data never flows through it. It needs no ZFS and
 // is built without cgo.
+//
+// It is also the operator's command line, with an operator certificate:
+//
+//	zfs-controller backup [flags] [-to NODE] VOLUME_ID   push a volume to a peer now, with progress
+//	zfs-controller status [flags]                        volumes, replicas, lag, running transfers
 package main
 
 import (
@@ -23,6 +28,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/cluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/csi"
+	"github.com/zfs-nomad/zfs-nomad/internal/operator"
 	"github.com/zfs-nomad/zfs-nomad/internal/tlsconfig"
 	"github.com/zfs-nomad/zfs-nomad/internal/version"
 )
@@ -40,6 +46,9 @@ func run(args []string) error {
 	if len(args) == 1 && (args[0] == "-version" || args[0] == "--version") {
 		fmt.Println("zfs-controller", version.Version)
 		return nil
+	}
+	if len(args) > 0 && (args[0] == "backup" || args[0] == "status") {
+		return command(args[0], args[1:])
 	}
 	cfg, err := config.LoadController(args, os.Getenv, os.Stderr)
 	if err != nil {
@@ -105,4 +114,44 @@ func agentCredentials(cfg config.Controller, log hclog.Logger) (credentials.Tran
 		return nil, err
 	}
 	return m.ClientCredentials(), nil
+}
+
+// command runs an operator command against the node agents.
+func command(name string, args []string) error {
+	var to string
+	cfg, rest, err := config.LoadControllerCommand("zfs-controller "+name, args, os.Getenv, os.Stderr, func(fs *flag.FlagSet) {
+		if name == "backup" {
+			fs.StringVar(&to, "to", "", "node ID to back up to (default: the healthy node with most room, preferring one that holds a replica)")
+		}
+	})
+	if err != nil {
+		return err
+	}
+	log := csi.NewLogger("zfs-controller", func(k string) string {
+		if k == "ZFS_NOMAD_LOG_LEVEL" && os.Getenv(k) == "" {
+			return "warn"
+		}
+		return os.Getenv(k)
+	})
+	creds, err := agentCredentials(cfg, log)
+	if err != nil {
+		return err
+	}
+	var peers cluster.PeerSource = cluster.StaticPeers(cfg.Peers)
+	if cfg.PeersFile != "" {
+		peers = &cluster.PeersFile{Path: cfg.PeersFile}
+	}
+	nodes := cluster.New(peers, time.Duration(cfg.AgentTimeout), log, grpc.WithTransportCredentials(creds))
+	defer nodes.Close()
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	switch name {
+	case "backup":
+		if len(rest) != 1 {
+			return errors.New("usage: zfs-controller backup [flags] [-to NODE] VOLUME_ID")
+		}
+		return operator.Backup(ctx, nodes, rest[0], to, os.Stdout)
+	default:
+		return operator.Status(ctx, nodes, os.Stdout, time.Now())
+	}
 }

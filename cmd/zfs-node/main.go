@@ -90,9 +90,10 @@ func run(args []string) error {
 		return grpc.NewClient(addr, grpc.WithTransportCredentials(dialCreds))
 	}
 	pusher := replication.NewPusher(streams, cfg.RootDataset, cfg.NodeID, dial, log.Named("replication"))
+	receiver := replication.NewReceiver(streams, cfg.RootDataset, log.Named("replication"))
 	agentSrv := grpc.NewServer(serverOpts...)
-	pb.RegisterNodeAgentServer(agentSrv, agent.NewServer(volumes, pusher, cfg, log.Named("agent")))
-	pb.RegisterReplicationServer(agentSrv, replication.NewReceiver(streams, cfg.RootDataset, log.Named("replication")))
+	pb.RegisterNodeAgentServer(agentSrv, agent.NewServer(volumes, pusher, receiver, cfg, log.Named("agent")))
+	pb.RegisterReplicationServer(agentSrv, receiver)
 
 	log.Info("serving", "version", version.Version, "csi_endpoint", cfg.CSIEndpoint, "agent_address", agentLis.Addr().String(),
 		"root_dataset", cfg.RootDataset, "max_quota", cfg.MaxQuota.String())

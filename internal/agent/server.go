@@ -21,15 +21,37 @@ import (
 // Server implements pb.NodeAgentServer on a node.
 type Server struct {
 	pb.UnimplementedNodeAgentServer
-	volumes *volume.Manager
-	pusher  *replication.Pusher
-	cfg     config.Node
-	log     hclog.Logger
+	volumes  *volume.Manager
+	pusher   *replication.Pusher
+	receiver *replication.Receiver
+	cfg      config.Node
+	log      hclog.Logger
 }
 
 // NewServer returns the agent service of the node described by cfg.
-func NewServer(volumes *volume.Manager, pusher *replication.Pusher, cfg config.Node, log hclog.Logger) *Server {
-	return &Server{volumes: volumes, pusher: pusher, cfg: cfg, log: log}
+func NewServer(volumes *volume.Manager, pusher *replication.Pusher, receiver *replication.Receiver, cfg config.Node, log hclog.Logger) *Server {
+	return &Server{volumes: volumes, pusher: pusher, receiver: receiver, cfg: cfg, log: log}
+}
+
+// Status lists the node's replicas and running transfers.
+func (s *Server) Status(ctx context.Context, _ *pb.StatusRequest) (*pb.NodeStatus, error) {
+	out := &pb.NodeStatus{}
+	if s.receiver == nil || s.pusher == nil {
+		return out, nil
+	}
+	replicas, err := s.receiver.Replicas(ctx)
+	if err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	for _, r := range replicas {
+		out.Replicas = append(out.Replicas, &pb.Replica{VolumeId: r.VolumeID, Name: r.Name, LastSnapshot: r.LastSnapshot,
+			LastSnapshotUnix: r.LastSnapshotTime.Unix(), Resumable: r.Resumable})
+	}
+	for _, t := range s.pusher.Transfers() {
+		out.Transfers = append(out.Transfers, &pb.Transfer{VolumeId: t.VolumeID, Peer: t.Peer, Kind: t.Kind,
+			Bytes: t.Bytes, TotalBytes: t.Total, StartedUnix: t.Started.Unix()})
+	}
+	return out, nil
 }
 
 // Replicate pushes a volume to a peer now and streams progress.
@@ -38,7 +60,7 @@ func (s *Server) Replicate(req *pb.ReplicateRequest, stream pb.NodeAgent_Replica
 		return errdefs.ToStatus(errdefs.Wrap(errdefs.ErrFailedPrecondition, "replication is not configured on node %s", s.cfg.NodeID))
 	}
 	report := func(p replication.Progress) {
-		_ = stream.Send(&pb.ReplicateProgress{Kind: p.Kind, Snapshot: p.Snapshot, Base: p.Base, Bytes: p.Bytes, Done: p.Done})
+		_ = stream.Send(&pb.ReplicateProgress{Kind: p.Kind, Snapshot: p.Snapshot, Base: p.Base, Bytes: p.Bytes, TotalBytes: p.Total, Done: p.Done})
 	}
 	_, err := s.pusher.Push(stream.Context(), req.GetVolumeId(), req.GetTargetAddress(), time.Second, report)
 	return errdefs.ToStatus(err)

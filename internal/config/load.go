@@ -44,8 +44,16 @@ func LoadNode(args []string, getenv func(string) string, stderr io.Writer) (Node
 
 // LoadController reads zfs-controller's configuration like LoadNode.
 func LoadController(args []string, getenv func(string) string, stderr io.Writer) (Controller, error) {
+	cfg, _, err := LoadControllerCommand("zfs-controller", args, getenv, stderr, nil)
+	return cfg, err
+}
+
+// LoadControllerCommand reads the controller's configuration for a
+// subcommand: extra adds the subcommand's own flags, and the arguments
+// after the flags are returned.
+func LoadControllerCommand(name string, args []string, getenv func(string) string, stderr io.Writer, extra func(*flag.FlagSet)) (Controller, []string, error) {
 	cfg := DefaultController()
-	fs := flag.NewFlagSet("zfs-controller", flag.ContinueOnError)
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.String("config", "", "JSON config file (see docs/config.md)")
 	fs.StringVar(&cfg.CSIEndpoint, "csi-endpoint", cfg.CSIEndpoint, "CSI endpoint (env CSI_ENDPOINT too)")
@@ -54,13 +62,16 @@ func LoadController(args []string, getenv func(string) string, stderr io.Writer)
 	fs.StringVar(&cfg.Placement, "placement", cfg.Placement, "most-free or fewest-volumes")
 	fs.Var(&cfg.AgentTimeout, "agent-timeout", "bound on each call to a node agent")
 	tlsFlags(fs, &cfg.TLS, &cfg.InsecureAgentPort)
+	if extra != nil {
+		extra(fs)
+	}
 	if err := load(fs, args, getenv, &cfg); err != nil {
-		return cfg, err
+		return cfg, nil, err
 	}
 	if err := cfg.Validate(); err != nil {
-		return cfg, fmt.Errorf("invalid zfs-controller configuration:\n%w", err)
+		return cfg, nil, fmt.Errorf("invalid zfs-controller configuration:\n%w", err)
 	}
-	return cfg, nil
+	return cfg, fs.Args(), nil
 }
 
 func tlsFlags(fs *flag.FlagSet, t *TLSFiles, insecure *bool) {

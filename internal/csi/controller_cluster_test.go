@@ -45,7 +45,7 @@ func newTestCluster(t *testing.T, free map[string]uint64) *testCluster {
 		cfg.NodeID, cfg.RootDataset, cfg.MaxQuota = id, "tank/nomad", 8<<30
 		mgr := volume.NewManager(fake, cfg, hclog.NewNullLogger())
 		srv := grpc.NewServer()
-		pb.RegisterNodeAgentServer(srv, agent.NewServer(mgr, nil, cfg, hclog.NewNullLogger()))
+		pb.RegisterNodeAgentServer(srv, agent.NewServer(mgr, nil, nil, cfg, hclog.NewNullLogger()))
 		lis := bufconn.Listen(1 << 20)
 		go srv.Serve(lis)
 		addr := id + ":7670"

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -23,7 +24,17 @@ type Progress struct {
 	Snapshot string
 	Base     string
 	Bytes    int64
-	Done     bool
+	// Total is zfs send's estimate of the whole stream; 0 if unknown.
+	Total int64
+	Done  bool
+}
+
+// Transfer is a push in progress.
+type Transfer struct {
+	VolumeID string
+	Peer     string
+	Started  time.Time
+	Progress
 }
 
 // Pusher sends this node's volumes to peers.
@@ -35,6 +46,40 @@ type Pusher struct {
 	log    hclog.Logger
 	locks  keylock.Locks
 	now    func() time.Time
+
+	mu        sync.Mutex
+	transfers map[string]*Transfer // by volume ID
+}
+
+// Transfers returns the pushes running now.
+func (p *Pusher) Transfers() []Transfer {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []Transfer
+	for _, t := range p.transfers {
+		out = append(out, *t)
+	}
+	return out
+}
+
+func (p *Pusher) track(volumeID string, t *Transfer) (untrack func()) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.transfers == nil {
+		p.transfers = map[string]*Transfer{}
+	}
+	p.transfers[volumeID] = t
+	return func() {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		delete(p.transfers, volumeID)
+	}
+}
+
+func (p *Pusher) update(t *Transfer, prog Progress) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	t.Progress = prog
 }
 
 // NewPusher returns a Pusher for the node whose volumes live under root;
@@ -83,8 +128,15 @@ func (p *Pusher) Push(ctx context.Context, volumeID, addr string, interval time.
 	if err != nil {
 		return Progress{}, err
 	}
+	if total, err := p.z.EstimateSize(ctx, spec); err == nil {
+		prog.Total = total
+	} else {
+		log.Debug("no size estimate", "error", err)
+	}
 	log = log.With("kind", prog.Kind, "snapshot", prog.Snapshot, "base", prog.Base)
-	log.Info("sending")
+	log.Info("sending", "estimated_bytes", prog.Total)
+	transfer := &Transfer{VolumeID: volumeID, Peer: addr, Started: p.now(), Progress: prog}
+	defer p.track(volumeID, transfer)()
 
 	stream, err := peer.Receive(ctx)
 	if err != nil {
@@ -96,7 +148,11 @@ func (p *Pusher) Push(ctx context.Context, volumeID, addr string, interval time.
 	}
 
 	var sent atomic.Int64
-	stop := p.reportEvery(interval, func() { prog.Bytes = sent.Load(); report(prog) })
+	stop := p.reportEvery(interval, func() {
+		prog.Bytes = sent.Load()
+		p.update(transfer, prog)
+		report(prog)
+	})
 	w := &chunkWriter{send: func(b []byte) error {
 		return stream.Send(&pb.ReceiveMessage{Msg: &pb.ReceiveMessage_Data{Data: b}})
 	}, sent: &sent}

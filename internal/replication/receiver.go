@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"sync/atomic"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 
@@ -163,4 +164,41 @@ func (r *Receiver) receive(stream pb.Replication_ReceiveServer) (*pb.ReceiveResu
 	}
 	log.Info("received", "bytes", received.Load(), "snapshot", last.Name)
 	return &pb.ReceiveResult{SnapshotGuid: last.GUID, Bytes: received.Load()}, nil
+}
+
+// Replica is a copy this node holds of another node's volume.
+type Replica struct {
+	VolumeID string
+	Name     string
+	// LastSnapshot is the newest snapshot received; LastSnapshotTime is
+	// when the source took it: the replica is current as of then.
+	LastSnapshot     string
+	LastSnapshotTime time.Time
+	// Resumable: an interrupted receive waits to be resumed.
+	Resumable bool
+}
+
+// Replicas lists the replicas under this node's root.
+func (r *Receiver) Replicas(ctx context.Context) ([]Replica, error) {
+	children, err := r.z.Children(ctx, r.root, volume.PropVolumeID, volume.PropRole, volume.PropName, "receive_resume_token")
+	if err != nil {
+		return nil, err
+	}
+	var out []Replica
+	for _, ch := range children {
+		if ch.Props[volume.PropRole] != RoleReplica {
+			continue
+		}
+		rep := Replica{VolumeID: ch.Props[volume.PropVolumeID], Name: ch.Props[volume.PropName], Resumable: ch.Props["receive_resume_token"] != "-"}
+		snaps, err := r.z.Snapshots(ctx, ch.Name)
+		if err != nil {
+			return nil, err
+		}
+		if len(snaps) > 0 {
+			last := snaps[len(snaps)-1]
+			rep.LastSnapshot, rep.LastSnapshotTime = shortSnapshotName(last.Name), time.Unix(last.Created, 0)
+		}
+		out = append(out, rep)
+	}
+	return out, nil
 }

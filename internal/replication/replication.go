@@ -48,6 +48,8 @@ type Streams interface {
 	Hold(ctx context.Context, snapshot, tag string) error
 	Release(ctx context.Context, snapshot, tag string) error
 	Held(ctx context.Context, fs, tag string) ([]string, error)
+	EstimateSize(ctx context.Context, spec zfscmd.SendSpec) (int64, error)
+	Children(ctx context.Context, parent string, props ...string) ([]zfscmd.Child, error)
 }
 
 // dataset returns the volume's dataset under root, refusing IDs that are

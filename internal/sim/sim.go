@@ -136,11 +136,11 @@ type Node struct {
 const bridge = "zbr0"
 
 // Start sets up and starts a cluster. On error, what was set up is undone.
-func Start(opts Options) (c *Cluster, err error) {
+func Start(opts Options) (_ *Cluster, err error) {
 	if opts.LogLevel == "" {
 		opts.LogLevel = "debug"
 	}
-	c = &Cluster{opts: opts}
+	c := &Cluster{opts: opts}
 	defer func() {
 		if err != nil {
 			c.Close()

@@ -1017,11 +1017,13 @@ func (x *ReplicateRequest) GetTargetAddress() string {
 type ReplicateProgress struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// "full", "incremental" or "resume".
-	Kind          string `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
-	Snapshot      string `protobuf:"bytes,2,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
-	Base          string `protobuf:"bytes,3,opt,name=base,proto3" json:"base,omitempty"`
-	Bytes         int64  `protobuf:"varint,4,opt,name=bytes,proto3" json:"bytes,omitempty"`
-	Done          bool   `protobuf:"varint,5,opt,name=done,proto3" json:"done,omitempty"`
+	Kind     string `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
+	Snapshot string `protobuf:"bytes,2,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
+	Base     string `protobuf:"bytes,3,opt,name=base,proto3" json:"base,omitempty"`
+	Bytes    int64  `protobuf:"varint,4,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	Done     bool   `protobuf:"varint,5,opt,name=done,proto3" json:"done,omitempty"`
+	// The estimated size of the whole stream (zfs send -nP); 0 if unknown.
+	TotalBytes    int64 `protobuf:"varint,6,opt,name=total_bytes,json=totalBytes,proto3" json:"total_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1091,6 +1093,263 @@ func (x *ReplicateProgress) GetDone() bool {
 	return false
 }
 
+func (x *ReplicateProgress) GetTotalBytes() int64 {
+	if x != nil {
+		return x.TotalBytes
+	}
+	return 0
+}
+
+type StatusRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StatusRequest) Reset() {
+	*x = StatusRequest{}
+	mi := &file_agentpb_agent_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StatusRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StatusRequest) ProtoMessage() {}
+
+func (x *StatusRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agentpb_agent_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
+func (*StatusRequest) Descriptor() ([]byte, []int) {
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{19}
+}
+
+type NodeStatus struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Replicas      []*Replica             `protobuf:"bytes,1,rep,name=replicas,proto3" json:"replicas,omitempty"`
+	Transfers     []*Transfer            `protobuf:"bytes,2,rep,name=transfers,proto3" json:"transfers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NodeStatus) Reset() {
+	*x = NodeStatus{}
+	mi := &file_agentpb_agent_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NodeStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NodeStatus) ProtoMessage() {}
+
+func (x *NodeStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_agentpb_agent_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
+func (*NodeStatus) Descriptor() ([]byte, []int) {
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *NodeStatus) GetReplicas() []*Replica {
+	if x != nil {
+		return x.Replicas
+	}
+	return nil
+}
+
+func (x *NodeStatus) GetTransfers() []*Transfer {
+	if x != nil {
+		return x.Transfers
+	}
+	return nil
+}
+
+type Replica struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	VolumeId string                 `protobuf:"bytes,1,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
+	Name     string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	// The newest snapshot received, and when it was taken on the source.
+	LastSnapshot     string `protobuf:"bytes,3,opt,name=last_snapshot,json=lastSnapshot,proto3" json:"last_snapshot,omitempty"`
+	LastSnapshotUnix int64  `protobuf:"varint,4,opt,name=last_snapshot_unix,json=lastSnapshotUnix,proto3" json:"last_snapshot_unix,omitempty"`
+	// An interrupted receive waits to be resumed.
+	Resumable     bool `protobuf:"varint,5,opt,name=resumable,proto3" json:"resumable,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Replica) Reset() {
+	*x = Replica{}
+	mi := &file_agentpb_agent_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Replica) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Replica) ProtoMessage() {}
+
+func (x *Replica) ProtoReflect() protoreflect.Message {
+	mi := &file_agentpb_agent_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Replica.ProtoReflect.Descriptor instead.
+func (*Replica) Descriptor() ([]byte, []int) {
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *Replica) GetVolumeId() string {
+	if x != nil {
+		return x.VolumeId
+	}
+	return ""
+}
+
+func (x *Replica) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Replica) GetLastSnapshot() string {
+	if x != nil {
+		return x.LastSnapshot
+	}
+	return ""
+}
+
+func (x *Replica) GetLastSnapshotUnix() int64 {
+	if x != nil {
+		return x.LastSnapshotUnix
+	}
+	return 0
+}
+
+func (x *Replica) GetResumable() bool {
+	if x != nil {
+		return x.Resumable
+	}
+	return false
+}
+
+type Transfer struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	VolumeId      string                 `protobuf:"bytes,1,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
+	Peer          string                 `protobuf:"bytes,2,opt,name=peer,proto3" json:"peer,omitempty"`
+	Kind          string                 `protobuf:"bytes,3,opt,name=kind,proto3" json:"kind,omitempty"`
+	Bytes         int64                  `protobuf:"varint,4,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	TotalBytes    int64                  `protobuf:"varint,5,opt,name=total_bytes,json=totalBytes,proto3" json:"total_bytes,omitempty"`
+	StartedUnix   int64                  `protobuf:"varint,6,opt,name=started_unix,json=startedUnix,proto3" json:"started_unix,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Transfer) Reset() {
+	*x = Transfer{}
+	mi := &file_agentpb_agent_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Transfer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Transfer) ProtoMessage() {}
+
+func (x *Transfer) ProtoReflect() protoreflect.Message {
+	mi := &file_agentpb_agent_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Transfer.ProtoReflect.Descriptor instead.
+func (*Transfer) Descriptor() ([]byte, []int) {
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *Transfer) GetVolumeId() string {
+	if x != nil {
+		return x.VolumeId
+	}
+	return ""
+}
+
+func (x *Transfer) GetPeer() string {
+	if x != nil {
+		return x.Peer
+	}
+	return ""
+}
+
+func (x *Transfer) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *Transfer) GetBytes() int64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *Transfer) GetTotalBytes() int64 {
+	if x != nil {
+		return x.TotalBytes
+	}
+	return 0
+}
+
+func (x *Transfer) GetStartedUnix() int64 {
+	if x != nil {
+		return x.StartedUnix
+	}
+	return 0
+}
+
 type ReplicaStateRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	VolumeId      string                 `protobuf:"bytes,1,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
@@ -1100,7 +1359,7 @@ type ReplicaStateRequest struct {
 
 func (x *ReplicaStateRequest) Reset() {
 	*x = ReplicaStateRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[19]
+	mi := &file_agentpb_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1112,7 +1371,7 @@ func (x *ReplicaStateRequest) String() string {
 func (*ReplicaStateRequest) ProtoMessage() {}
 
 func (x *ReplicaStateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[19]
+	mi := &file_agentpb_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1125,7 +1384,7 @@ func (x *ReplicaStateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaStateRequest.ProtoReflect.Descriptor instead.
 func (*ReplicaStateRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{19}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ReplicaStateRequest) GetVolumeId() string {
@@ -1149,7 +1408,7 @@ type ReplicaStateResponse struct {
 
 func (x *ReplicaStateResponse) Reset() {
 	*x = ReplicaStateResponse{}
-	mi := &file_agentpb_agent_proto_msgTypes[20]
+	mi := &file_agentpb_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1161,7 +1420,7 @@ func (x *ReplicaStateResponse) String() string {
 func (*ReplicaStateResponse) ProtoMessage() {}
 
 func (x *ReplicaStateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[20]
+	mi := &file_agentpb_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1174,7 +1433,7 @@ func (x *ReplicaStateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaStateResponse.ProtoReflect.Descriptor instead.
 func (*ReplicaStateResponse) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{20}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ReplicaStateResponse) GetExists() bool {
@@ -1218,7 +1477,7 @@ type ReceiveMessage struct {
 
 func (x *ReceiveMessage) Reset() {
 	*x = ReceiveMessage{}
-	mi := &file_agentpb_agent_proto_msgTypes[21]
+	mi := &file_agentpb_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1230,7 +1489,7 @@ func (x *ReceiveMessage) String() string {
 func (*ReceiveMessage) ProtoMessage() {}
 
 func (x *ReceiveMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[21]
+	mi := &file_agentpb_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1243,7 +1502,7 @@ func (x *ReceiveMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReceiveMessage.ProtoReflect.Descriptor instead.
 func (*ReceiveMessage) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{21}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ReceiveMessage) GetMsg() isReceiveMessage_Msg {
@@ -1302,7 +1561,7 @@ type ReceiveHeader struct {
 
 func (x *ReceiveHeader) Reset() {
 	*x = ReceiveHeader{}
-	mi := &file_agentpb_agent_proto_msgTypes[22]
+	mi := &file_agentpb_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1314,7 +1573,7 @@ func (x *ReceiveHeader) String() string {
 func (*ReceiveHeader) ProtoMessage() {}
 
 func (x *ReceiveHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[22]
+	mi := &file_agentpb_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1327,7 +1586,7 @@ func (x *ReceiveHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReceiveHeader.ProtoReflect.Descriptor instead.
 func (*ReceiveHeader) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{22}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ReceiveHeader) GetVolumeId() string {
@@ -1375,7 +1634,7 @@ type ReceiveResult struct {
 
 func (x *ReceiveResult) Reset() {
 	*x = ReceiveResult{}
-	mi := &file_agentpb_agent_proto_msgTypes[23]
+	mi := &file_agentpb_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1387,7 +1646,7 @@ func (x *ReceiveResult) String() string {
 func (*ReceiveResult) ProtoMessage() {}
 
 func (x *ReceiveResult) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[23]
+	mi := &file_agentpb_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1400,7 +1659,7 @@ func (x *ReceiveResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReceiveResult.ProtoReflect.Descriptor instead.
 func (*ReceiveResult) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{23}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ReceiveResult) GetSnapshotGuid() uint64 {
@@ -1503,13 +1762,34 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\tsnapshots\x18\x01 \x03(\v2\x1b.zfsnomad.agent.v1.SnapshotR\tsnapshots\"V\n" +
 	"\x10ReplicateRequest\x12\x1b\n" +
 	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12%\n" +
-	"\x0etarget_address\x18\x02 \x01(\tR\rtargetAddress\"\x81\x01\n" +
+	"\x0etarget_address\x18\x02 \x01(\tR\rtargetAddress\"\xa2\x01\n" +
 	"\x11ReplicateProgress\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x1a\n" +
 	"\bsnapshot\x18\x02 \x01(\tR\bsnapshot\x12\x12\n" +
 	"\x04base\x18\x03 \x01(\tR\x04base\x12\x14\n" +
 	"\x05bytes\x18\x04 \x01(\x03R\x05bytes\x12\x12\n" +
-	"\x04done\x18\x05 \x01(\bR\x04done\"2\n" +
+	"\x04done\x18\x05 \x01(\bR\x04done\x12\x1f\n" +
+	"\vtotal_bytes\x18\x06 \x01(\x03R\n" +
+	"totalBytes\"\x0f\n" +
+	"\rStatusRequest\"\x7f\n" +
+	"\n" +
+	"NodeStatus\x126\n" +
+	"\breplicas\x18\x01 \x03(\v2\x1a.zfsnomad.agent.v1.ReplicaR\breplicas\x129\n" +
+	"\ttransfers\x18\x02 \x03(\v2\x1b.zfsnomad.agent.v1.TransferR\ttransfers\"\xab\x01\n" +
+	"\aReplica\x12\x1b\n" +
+	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12#\n" +
+	"\rlast_snapshot\x18\x03 \x01(\tR\flastSnapshot\x12,\n" +
+	"\x12last_snapshot_unix\x18\x04 \x01(\x03R\x10lastSnapshotUnix\x12\x1c\n" +
+	"\tresumable\x18\x05 \x01(\bR\tresumable\"\xa9\x01\n" +
+	"\bTransfer\x12\x1b\n" +
+	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12\x12\n" +
+	"\x04peer\x18\x02 \x01(\tR\x04peer\x12\x12\n" +
+	"\x04kind\x18\x03 \x01(\tR\x04kind\x12\x14\n" +
+	"\x05bytes\x18\x04 \x01(\x03R\x05bytes\x12\x1f\n" +
+	"\vtotal_bytes\x18\x05 \x01(\x03R\n" +
+	"totalBytes\x12!\n" +
+	"\fstarted_unix\x18\x06 \x01(\x03R\vstartedUnix\"2\n" +
 	"\x13ReplicaStateRequest\x12\x1b\n" +
 	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\"\x8c\x01\n" +
 	"\x14ReplicaStateResponse\x12\x16\n" +
@@ -1530,7 +1810,7 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\bsnapshot\x18\x05 \x01(\tR\bsnapshot\"J\n" +
 	"\rReceiveResult\x12#\n" +
 	"\rsnapshot_guid\x18\x01 \x01(\x04R\fsnapshotGuid\x12\x14\n" +
-	"\x05bytes\x18\x02 \x01(\x03R\x05bytes2\x90\a\n" +
+	"\x05bytes\x18\x02 \x01(\x03R\x05bytes2\xdb\a\n" +
 	"\tNodeAgent\x12E\n" +
 	"\aGetNode\x12!.zfsnomad.agent.v1.GetNodeRequest\x1a\x17.zfsnomad.agent.v1.Node\x12Q\n" +
 	"\fCreateVolume\x12&.zfsnomad.agent.v1.CreateVolumeRequest\x1a\x19.zfsnomad.agent.v1.Volume\x12_\n" +
@@ -1541,7 +1821,8 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\x0eCreateSnapshot\x12(.zfsnomad.agent.v1.CreateSnapshotRequest\x1a\x1b.zfsnomad.agent.v1.Snapshot\x12e\n" +
 	"\x0eDeleteSnapshot\x12(.zfsnomad.agent.v1.DeleteSnapshotRequest\x1a).zfsnomad.agent.v1.DeleteSnapshotResponse\x12b\n" +
 	"\rListSnapshots\x12'.zfsnomad.agent.v1.ListSnapshotsRequest\x1a(.zfsnomad.agent.v1.ListSnapshotsResponse\x12X\n" +
-	"\tReplicate\x12#.zfsnomad.agent.v1.ReplicateRequest\x1a$.zfsnomad.agent.v1.ReplicateProgress0\x012\xc0\x01\n" +
+	"\tReplicate\x12#.zfsnomad.agent.v1.ReplicateRequest\x1a$.zfsnomad.agent.v1.ReplicateProgress0\x01\x12I\n" +
+	"\x06Status\x12 .zfsnomad.agent.v1.StatusRequest\x1a\x1d.zfsnomad.agent.v1.NodeStatus2\xc0\x01\n" +
 	"\vReplication\x12_\n" +
 	"\fReplicaState\x12&.zfsnomad.agent.v1.ReplicaStateRequest\x1a'.zfsnomad.agent.v1.ReplicaStateResponse\x12P\n" +
 	"\aReceive\x12!.zfsnomad.agent.v1.ReceiveMessage\x1a .zfsnomad.agent.v1.ReceiveResult(\x01B.Z,github.com/zfs-nomad/zfs-nomad/proto/agentpbb\x06proto3"
@@ -1558,7 +1839,7 @@ func file_agentpb_agent_proto_rawDescGZIP() []byte {
 	return file_agentpb_agent_proto_rawDescData
 }
 
-var file_agentpb_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
+var file_agentpb_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
 var file_agentpb_agent_proto_goTypes = []any{
 	(*GetNodeRequest)(nil),         // 0: zfsnomad.agent.v1.GetNodeRequest
 	(*Node)(nil),                   // 1: zfsnomad.agent.v1.Node
@@ -1579,51 +1860,59 @@ var file_agentpb_agent_proto_goTypes = []any{
 	(*ListSnapshotsResponse)(nil),  // 16: zfsnomad.agent.v1.ListSnapshotsResponse
 	(*ReplicateRequest)(nil),       // 17: zfsnomad.agent.v1.ReplicateRequest
 	(*ReplicateProgress)(nil),      // 18: zfsnomad.agent.v1.ReplicateProgress
-	(*ReplicaStateRequest)(nil),    // 19: zfsnomad.agent.v1.ReplicaStateRequest
-	(*ReplicaStateResponse)(nil),   // 20: zfsnomad.agent.v1.ReplicaStateResponse
-	(*ReceiveMessage)(nil),         // 21: zfsnomad.agent.v1.ReceiveMessage
-	(*ReceiveHeader)(nil),          // 22: zfsnomad.agent.v1.ReceiveHeader
-	(*ReceiveResult)(nil),          // 23: zfsnomad.agent.v1.ReceiveResult
-	nil,                            // 24: zfsnomad.agent.v1.Node.TopologyEntry
-	nil,                            // 25: zfsnomad.agent.v1.CreateVolumeRequest.ParametersEntry
-	nil,                            // 26: zfsnomad.agent.v1.Volume.ParametersEntry
+	(*StatusRequest)(nil),          // 19: zfsnomad.agent.v1.StatusRequest
+	(*NodeStatus)(nil),             // 20: zfsnomad.agent.v1.NodeStatus
+	(*Replica)(nil),                // 21: zfsnomad.agent.v1.Replica
+	(*Transfer)(nil),               // 22: zfsnomad.agent.v1.Transfer
+	(*ReplicaStateRequest)(nil),    // 23: zfsnomad.agent.v1.ReplicaStateRequest
+	(*ReplicaStateResponse)(nil),   // 24: zfsnomad.agent.v1.ReplicaStateResponse
+	(*ReceiveMessage)(nil),         // 25: zfsnomad.agent.v1.ReceiveMessage
+	(*ReceiveHeader)(nil),          // 26: zfsnomad.agent.v1.ReceiveHeader
+	(*ReceiveResult)(nil),          // 27: zfsnomad.agent.v1.ReceiveResult
+	nil,                            // 28: zfsnomad.agent.v1.Node.TopologyEntry
+	nil,                            // 29: zfsnomad.agent.v1.CreateVolumeRequest.ParametersEntry
+	nil,                            // 30: zfsnomad.agent.v1.Volume.ParametersEntry
 }
 var file_agentpb_agent_proto_depIdxs = []int32{
-	24, // 0: zfsnomad.agent.v1.Node.topology:type_name -> zfsnomad.agent.v1.Node.TopologyEntry
-	25, // 1: zfsnomad.agent.v1.CreateVolumeRequest.parameters:type_name -> zfsnomad.agent.v1.CreateVolumeRequest.ParametersEntry
-	26, // 2: zfsnomad.agent.v1.Volume.parameters:type_name -> zfsnomad.agent.v1.Volume.ParametersEntry
+	28, // 0: zfsnomad.agent.v1.Node.topology:type_name -> zfsnomad.agent.v1.Node.TopologyEntry
+	29, // 1: zfsnomad.agent.v1.CreateVolumeRequest.parameters:type_name -> zfsnomad.agent.v1.CreateVolumeRequest.ParametersEntry
+	30, // 2: zfsnomad.agent.v1.Volume.parameters:type_name -> zfsnomad.agent.v1.Volume.ParametersEntry
 	3,  // 3: zfsnomad.agent.v1.ListVolumesResponse.volumes:type_name -> zfsnomad.agent.v1.Volume
 	12, // 4: zfsnomad.agent.v1.ListSnapshotsResponse.snapshots:type_name -> zfsnomad.agent.v1.Snapshot
-	22, // 5: zfsnomad.agent.v1.ReceiveMessage.header:type_name -> zfsnomad.agent.v1.ReceiveHeader
-	0,  // 6: zfsnomad.agent.v1.NodeAgent.GetNode:input_type -> zfsnomad.agent.v1.GetNodeRequest
-	2,  // 7: zfsnomad.agent.v1.NodeAgent.CreateVolume:input_type -> zfsnomad.agent.v1.CreateVolumeRequest
-	4,  // 8: zfsnomad.agent.v1.NodeAgent.DeleteVolume:input_type -> zfsnomad.agent.v1.DeleteVolumeRequest
-	6,  // 9: zfsnomad.agent.v1.NodeAgent.GetVolume:input_type -> zfsnomad.agent.v1.GetVolumeRequest
-	7,  // 10: zfsnomad.agent.v1.NodeAgent.ListVolumes:input_type -> zfsnomad.agent.v1.ListVolumesRequest
-	9,  // 11: zfsnomad.agent.v1.NodeAgent.ExpandVolume:input_type -> zfsnomad.agent.v1.ExpandVolumeRequest
-	11, // 12: zfsnomad.agent.v1.NodeAgent.CreateSnapshot:input_type -> zfsnomad.agent.v1.CreateSnapshotRequest
-	13, // 13: zfsnomad.agent.v1.NodeAgent.DeleteSnapshot:input_type -> zfsnomad.agent.v1.DeleteSnapshotRequest
-	15, // 14: zfsnomad.agent.v1.NodeAgent.ListSnapshots:input_type -> zfsnomad.agent.v1.ListSnapshotsRequest
-	17, // 15: zfsnomad.agent.v1.NodeAgent.Replicate:input_type -> zfsnomad.agent.v1.ReplicateRequest
-	19, // 16: zfsnomad.agent.v1.Replication.ReplicaState:input_type -> zfsnomad.agent.v1.ReplicaStateRequest
-	21, // 17: zfsnomad.agent.v1.Replication.Receive:input_type -> zfsnomad.agent.v1.ReceiveMessage
-	1,  // 18: zfsnomad.agent.v1.NodeAgent.GetNode:output_type -> zfsnomad.agent.v1.Node
-	3,  // 19: zfsnomad.agent.v1.NodeAgent.CreateVolume:output_type -> zfsnomad.agent.v1.Volume
-	5,  // 20: zfsnomad.agent.v1.NodeAgent.DeleteVolume:output_type -> zfsnomad.agent.v1.DeleteVolumeResponse
-	3,  // 21: zfsnomad.agent.v1.NodeAgent.GetVolume:output_type -> zfsnomad.agent.v1.Volume
-	8,  // 22: zfsnomad.agent.v1.NodeAgent.ListVolumes:output_type -> zfsnomad.agent.v1.ListVolumesResponse
-	10, // 23: zfsnomad.agent.v1.NodeAgent.ExpandVolume:output_type -> zfsnomad.agent.v1.ExpandVolumeResponse
-	12, // 24: zfsnomad.agent.v1.NodeAgent.CreateSnapshot:output_type -> zfsnomad.agent.v1.Snapshot
-	14, // 25: zfsnomad.agent.v1.NodeAgent.DeleteSnapshot:output_type -> zfsnomad.agent.v1.DeleteSnapshotResponse
-	16, // 26: zfsnomad.agent.v1.NodeAgent.ListSnapshots:output_type -> zfsnomad.agent.v1.ListSnapshotsResponse
-	18, // 27: zfsnomad.agent.v1.NodeAgent.Replicate:output_type -> zfsnomad.agent.v1.ReplicateProgress
-	20, // 28: zfsnomad.agent.v1.Replication.ReplicaState:output_type -> zfsnomad.agent.v1.ReplicaStateResponse
-	23, // 29: zfsnomad.agent.v1.Replication.Receive:output_type -> zfsnomad.agent.v1.ReceiveResult
-	18, // [18:30] is the sub-list for method output_type
-	6,  // [6:18] is the sub-list for method input_type
-	6,  // [6:6] is the sub-list for extension type_name
-	6,  // [6:6] is the sub-list for extension extendee
-	0,  // [0:6] is the sub-list for field type_name
+	21, // 5: zfsnomad.agent.v1.NodeStatus.replicas:type_name -> zfsnomad.agent.v1.Replica
+	22, // 6: zfsnomad.agent.v1.NodeStatus.transfers:type_name -> zfsnomad.agent.v1.Transfer
+	26, // 7: zfsnomad.agent.v1.ReceiveMessage.header:type_name -> zfsnomad.agent.v1.ReceiveHeader
+	0,  // 8: zfsnomad.agent.v1.NodeAgent.GetNode:input_type -> zfsnomad.agent.v1.GetNodeRequest
+	2,  // 9: zfsnomad.agent.v1.NodeAgent.CreateVolume:input_type -> zfsnomad.agent.v1.CreateVolumeRequest
+	4,  // 10: zfsnomad.agent.v1.NodeAgent.DeleteVolume:input_type -> zfsnomad.agent.v1.DeleteVolumeRequest
+	6,  // 11: zfsnomad.agent.v1.NodeAgent.GetVolume:input_type -> zfsnomad.agent.v1.GetVolumeRequest
+	7,  // 12: zfsnomad.agent.v1.NodeAgent.ListVolumes:input_type -> zfsnomad.agent.v1.ListVolumesRequest
+	9,  // 13: zfsnomad.agent.v1.NodeAgent.ExpandVolume:input_type -> zfsnomad.agent.v1.ExpandVolumeRequest
+	11, // 14: zfsnomad.agent.v1.NodeAgent.CreateSnapshot:input_type -> zfsnomad.agent.v1.CreateSnapshotRequest
+	13, // 15: zfsnomad.agent.v1.NodeAgent.DeleteSnapshot:input_type -> zfsnomad.agent.v1.DeleteSnapshotRequest
+	15, // 16: zfsnomad.agent.v1.NodeAgent.ListSnapshots:input_type -> zfsnomad.agent.v1.ListSnapshotsRequest
+	17, // 17: zfsnomad.agent.v1.NodeAgent.Replicate:input_type -> zfsnomad.agent.v1.ReplicateRequest
+	19, // 18: zfsnomad.agent.v1.NodeAgent.Status:input_type -> zfsnomad.agent.v1.StatusRequest
+	23, // 19: zfsnomad.agent.v1.Replication.ReplicaState:input_type -> zfsnomad.agent.v1.ReplicaStateRequest
+	25, // 20: zfsnomad.agent.v1.Replication.Receive:input_type -> zfsnomad.agent.v1.ReceiveMessage
+	1,  // 21: zfsnomad.agent.v1.NodeAgent.GetNode:output_type -> zfsnomad.agent.v1.Node
+	3,  // 22: zfsnomad.agent.v1.NodeAgent.CreateVolume:output_type -> zfsnomad.agent.v1.Volume
+	5,  // 23: zfsnomad.agent.v1.NodeAgent.DeleteVolume:output_type -> zfsnomad.agent.v1.DeleteVolumeResponse
+	3,  // 24: zfsnomad.agent.v1.NodeAgent.GetVolume:output_type -> zfsnomad.agent.v1.Volume
+	8,  // 25: zfsnomad.agent.v1.NodeAgent.ListVolumes:output_type -> zfsnomad.agent.v1.ListVolumesResponse
+	10, // 26: zfsnomad.agent.v1.NodeAgent.ExpandVolume:output_type -> zfsnomad.agent.v1.ExpandVolumeResponse
+	12, // 27: zfsnomad.agent.v1.NodeAgent.CreateSnapshot:output_type -> zfsnomad.agent.v1.Snapshot
+	14, // 28: zfsnomad.agent.v1.NodeAgent.DeleteSnapshot:output_type -> zfsnomad.agent.v1.DeleteSnapshotResponse
+	16, // 29: zfsnomad.agent.v1.NodeAgent.ListSnapshots:output_type -> zfsnomad.agent.v1.ListSnapshotsResponse
+	18, // 30: zfsnomad.agent.v1.NodeAgent.Replicate:output_type -> zfsnomad.agent.v1.ReplicateProgress
+	20, // 31: zfsnomad.agent.v1.NodeAgent.Status:output_type -> zfsnomad.agent.v1.NodeStatus
+	24, // 32: zfsnomad.agent.v1.Replication.ReplicaState:output_type -> zfsnomad.agent.v1.ReplicaStateResponse
+	27, // 33: zfsnomad.agent.v1.Replication.Receive:output_type -> zfsnomad.agent.v1.ReceiveResult
+	21, // [21:34] is the sub-list for method output_type
+	8,  // [8:21] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_agentpb_agent_proto_init() }
@@ -1631,7 +1920,7 @@ func file_agentpb_agent_proto_init() {
 	if File_agentpb_agent_proto != nil {
 		return
 	}
-	file_agentpb_agent_proto_msgTypes[21].OneofWrappers = []any{
+	file_agentpb_agent_proto_msgTypes[25].OneofWrappers = []any{
 		(*ReceiveMessage_Header)(nil),
 		(*ReceiveMessage_Data)(nil),
 	}
@@ -1641,7 +1930,7 @@ func file_agentpb_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agentpb_agent_proto_rawDesc), len(file_agentpb_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   27,
+			NumMessages:   31,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -34,6 +34,7 @@ const (
 	NodeAgent_DeleteSnapshot_FullMethodName = "/zfsnomad.agent.v1.NodeAgent/DeleteSnapshot"
 	NodeAgent_ListSnapshots_FullMethodName  = "/zfsnomad.agent.v1.NodeAgent/ListSnapshots"
 	NodeAgent_Replicate_FullMethodName      = "/zfsnomad.agent.v1.NodeAgent/Replicate"
+	NodeAgent_Status_FullMethodName         = "/zfsnomad.agent.v1.NodeAgent/Status"
 )
 
 // NodeAgentClient is the client API for NodeAgent service.
@@ -53,6 +54,8 @@ type NodeAgentClient interface {
 	// Replicate pushes the volume's current state to the node agent at
 	// target_address now, streaming progress until done (docs/replication.md).
 	Replicate(ctx context.Context, in *ReplicateRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ReplicateProgress], error)
+	// Status lists the replicas this node holds and its running transfers.
+	Status(ctx context.Context, in *StatusRequest, opts ...grpc.CallOption) (*NodeStatus, error)
 }
 
 type nodeAgentClient struct {
@@ -172,6 +175,16 @@ func (c *nodeAgentClient) Replicate(ctx context.Context, in *ReplicateRequest, o
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type NodeAgent_ReplicateClient = grpc.ServerStreamingClient[ReplicateProgress]
 
+func (c *nodeAgentClient) Status(ctx context.Context, in *StatusRequest, opts ...grpc.CallOption) (*NodeStatus, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(NodeStatus)
+	err := c.cc.Invoke(ctx, NodeAgent_Status_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // NodeAgentServer is the server API for NodeAgent service.
 // All implementations must embed UnimplementedNodeAgentServer
 // for forward compatibility.
@@ -189,6 +202,8 @@ type NodeAgentServer interface {
 	// Replicate pushes the volume's current state to the node agent at
 	// target_address now, streaming progress until done (docs/replication.md).
 	Replicate(*ReplicateRequest, grpc.ServerStreamingServer[ReplicateProgress]) error
+	// Status lists the replicas this node holds and its running transfers.
+	Status(context.Context, *StatusRequest) (*NodeStatus, error)
 	mustEmbedUnimplementedNodeAgentServer()
 }
 
@@ -228,6 +243,9 @@ func (UnimplementedNodeAgentServer) ListSnapshots(context.Context, *ListSnapshot
 }
 func (UnimplementedNodeAgentServer) Replicate(*ReplicateRequest, grpc.ServerStreamingServer[ReplicateProgress]) error {
 	return status.Error(codes.Unimplemented, "method Replicate not implemented")
+}
+func (UnimplementedNodeAgentServer) Status(context.Context, *StatusRequest) (*NodeStatus, error) {
+	return nil, status.Error(codes.Unimplemented, "method Status not implemented")
 }
 func (UnimplementedNodeAgentServer) mustEmbedUnimplementedNodeAgentServer() {}
 func (UnimplementedNodeAgentServer) testEmbeddedByValue()                   {}
@@ -423,6 +441,24 @@ func _NodeAgent_Replicate_Handler(srv interface{}, stream grpc.ServerStream) err
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type NodeAgent_ReplicateServer = grpc.ServerStreamingServer[ReplicateProgress]
 
+func _NodeAgent_Status_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(StatusRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NodeAgentServer).Status(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: NodeAgent_Status_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NodeAgentServer).Status(ctx, req.(*StatusRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // NodeAgent_ServiceDesc is the grpc.ServiceDesc for NodeAgent service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -465,6 +501,10 @@ var NodeAgent_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListSnapshots",
 			Handler:    _NodeAgent_ListSnapshots_Handler,
+		},
+		{
+			MethodName: "Status",
+			Handler:    _NodeAgent_Status_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

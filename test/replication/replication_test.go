@@ -28,7 +28,7 @@ import (
 
 func TestMain(m *testing.M) {
 	os.Exit(guesttest.Main(m, guesttest.Options{
-		Disks:    []string{"2G", "2G"},
+		Disks:    []string{"2G", "2G", "1G"},
 		Binaries: map[string]string{"zfs-node": "./cmd/zfs-node", "zfs-controller": "./cmd/zfs-controller"},
 		Memory:   "2G",
 	}))
@@ -346,4 +346,47 @@ func sendStream(ctx context.Context, peer pb.ReplicationClient, h *pb.ReceiveHea
 	}
 	_, err = stream.CloseAndRecv()
 	return err
+}
+
+// The operator's commands: backup with live progress, then status with
+// the replica and its lag.
+func TestBackupAndStatusCommands(t *testing.T) {
+	c := guesttest.StartCluster(t, 3, sim.Options{})
+	n1 := c.Nodes[0]
+	id, target := publishedVolume(t, c, "orders")
+	guesttest.Exec(t, n1, "dd if=/dev/urandom of="+target+"/data bs=1M count=40 2>/dev/null && sync")
+
+	var peers []string
+	for _, n := range c.Nodes {
+		peers = append(peers, n.AgentAddress)
+	}
+	ctl := filepath.Join(guesttest.BinDir(t), "zfs-controller")
+	args := []string{"-peers", strings.Join(peers, ","), "-tls-ca", c.Operator.CA, "-tls-cert", c.Operator.Cert, "-tls-key", c.Operator.Key}
+
+	out := guesttest.Run(t, ctl, append(append([]string{"backup"}, args...), "-to", "n3", id)...)
+	t.Logf("backup:\n%s", out)
+	if !strings.Contains(out, "from n1 to n3") || !strings.Contains(out, "done: full") || !strings.Contains(out, "MiB") {
+		t.Errorf("backup output lacks the route, progress or completion:\n%s", out)
+	}
+	// Without -to, the node that already holds a replica is chosen again.
+	out = guesttest.Run(t, ctl, append(append([]string{"backup"}, args...), id)...)
+	if !strings.Contains(out, "to n3") || !strings.Contains(out, "done: incremental") {
+		t.Errorf("second backup did not go incrementally to n3:\n%s", out)
+	}
+	out = guesttest.Run(t, ctl, append([]string{"status"}, args...)...)
+	t.Logf("status:\n%s", out)
+	var primary, replica bool
+	for _, line := range strings.Split(out, "\n") {
+		primary = primary || strings.Contains(line, id) && strings.Contains(line, "n1") && strings.Contains(line, "primary")
+		replica = replica || strings.Contains(line, id) && strings.Contains(line, "n3") && strings.Contains(line, "replica") && strings.Contains(line, "zn-")
+	}
+	if !primary || !replica {
+		t.Errorf("status lacks the primary on n1 or the replica on n3:\n%s", out)
+	}
+	// Without an operator certificate the command is refused.
+	nodeFiles, _ := c.CA.Issue("not-an-operator", tlsconfig.RoleNode)
+	bad := []string{"-peers", strings.Join(peers, ","), "-tls-ca", nodeFiles.CA, "-tls-cert", nodeFiles.Cert, "-tls-key", nodeFiles.Key}
+	if out, err := sim.Run(ctl, append(append([]string{"backup"}, bad...), id)...); err == nil {
+		t.Errorf("backup with a node certificate succeeded:\n%s", out)
+	}
 }

@@ -101,6 +101,49 @@ func (c Cmd) Send(ctx context.Context, spec SendSpec, w io.Writer) (int64, error
 	return n, nil
 }
 
+// EstimateSize returns the size zfs send -nP predicts for spec.
+func (c Cmd) EstimateSize(ctx context.Context, spec SendSpec) (int64, error) {
+	args := spec.Args()
+	args = append([]string{"send", "-n", "-P"}, args[1:]...)
+	out, err := c.run(ctx, args...)
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(out, "\n") {
+		if f := strings.Fields(line); len(f) == 2 && f[0] == "size" {
+			return strconv.ParseInt(f[1], 10, 64)
+		}
+	}
+	return 0, fmt.Errorf("zfs send -nP printed no size")
+}
+
+// Child is a filesystem directly below a parent, with requested properties.
+type Child struct {
+	Name  string
+	Props map[string]string
+}
+
+// Children lists the filesystems directly below parent with props.
+func (c Cmd) Children(ctx context.Context, parent string, props ...string) ([]Child, error) {
+	out, err := c.run(ctx, "list", "-H", "-p", "-d", "1", "-t", "filesystem", "-o", "name,"+strings.Join(props, ","), parent)
+	if err != nil {
+		return nil, err
+	}
+	var children []Child
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		f := strings.Split(line, "\t")
+		if len(f) != len(props)+1 || f[0] == parent {
+			continue
+		}
+		ch := Child{Name: f[0], Props: map[string]string{}}
+		for i, p := range props {
+			ch.Props[p] = f[i+1]
+		}
+		children = append(children, ch)
+	}
+	return children, nil
+}
+
 // Receive runs zfs receive -s -u into target (resumable, never mounted),
 // setting props (-o) on a full receive, and reads the stream from r.
 func (c Cmd) Receive(ctx context.Context, target string, props map[string]string, r io.Reader) error {
@@ -137,6 +180,7 @@ type Snap struct {
 	Name      string // full name
 	GUID      uint64
 	CreateTXG uint64
+	Created   int64 // unix seconds
 }
 
 // Snapshots lists the snapshots of one filesystem, oldest first.
@@ -144,22 +188,23 @@ func (c Cmd) Snapshots(ctx context.Context, fs string) ([]Snap, error) {
 	if err := zfs.ValidateName(fs); err != nil {
 		return nil, err
 	}
-	out, err := c.run(ctx, "list", "-H", "-p", "-t", "snapshot", "-d", "1", "-s", "createtxg", "-o", "name,guid,createtxg", fs)
+	out, err := c.run(ctx, "list", "-H", "-p", "-t", "snapshot", "-d", "1", "-s", "createtxg", "-o", "name,guid,createtxg,creation", fs)
 	if err != nil {
 		return nil, err
 	}
 	var snaps []Snap
 	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
 		f := strings.Split(line, "\t")
-		if len(f) != 3 {
+		if len(f) != 4 {
 			continue
 		}
 		guid, err1 := strconv.ParseUint(f[1], 10, 64)
 		txg, err2 := strconv.ParseUint(f[2], 10, 64)
-		if err := errors.Join(err1, err2); err != nil {
+		created, err3 := strconv.ParseInt(f[3], 10, 64)
+		if err := errors.Join(err1, err2, err3); err != nil {
 			return nil, fmt.Errorf("zfs list: unexpected line %q: %w", line, err)
 		}
-		snaps = append(snaps, Snap{Name: f[0], GUID: guid, CreateTXG: txg})
+		snaps = append(snaps, Snap{Name: f[0], GUID: guid, CreateTXG: txg, Created: created})
 	}
 	return snaps, nil
 }
