@@ -29,6 +29,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/csi"
 	"github.com/zfs-nomad/zfs-nomad/internal/operator"
+	"github.com/zfs-nomad/zfs-nomad/internal/scheduler"
 	"github.com/zfs-nomad/zfs-nomad/internal/tlsconfig"
 	"github.com/zfs-nomad/zfs-nomad/internal/version"
 )
@@ -77,6 +78,9 @@ func run(args []string) error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	if every := time.Duration(cfg.ScheduleEvery); every > 0 {
+		go scheduler.New(nodes, cfg.ParallelPushes, log.Named("replication")).Run(ctx, every)
+	}
 	log.Info("serving", "version", version.Version, "csi_endpoint", cfg.CSIEndpoint, "peers", cfg.Peers, "peers_file", cfg.PeersFile)
 	err = csi.Serve(ctx, srv, lis, 10*time.Second)
 	log.Info("stopped")

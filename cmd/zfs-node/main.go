@@ -89,8 +89,8 @@ func run(args []string) error {
 	dial := func(addr string) (*grpc.ClientConn, error) {
 		return grpc.NewClient(addr, grpc.WithTransportCredentials(dialCreds))
 	}
-	pusher := replication.NewPusher(streams, cfg.RootDataset, cfg.NodeID, dial, log.Named("replication"))
-	receiver := replication.NewReceiver(streams, cfg.RootDataset, log.Named("replication"))
+	pusher := replication.NewPusher(streams, cfg.RootDataset, cfg.NodeID, cfg.ReplicationSnapshots, dial, log.Named("replication"))
+	receiver := replication.NewReceiver(streams, cfg.RootDataset, cfg.NodeID, cfg.ReplicationSnapshots, log.Named("replication"))
 	agentSrv := grpc.NewServer(serverOpts...)
 	pb.RegisterNodeAgentServer(agentSrv, agent.NewServer(volumes, pusher, receiver, cfg, log.Named("agent")))
 	pb.RegisterReplicationServer(agentSrv, receiver)

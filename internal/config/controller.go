@@ -22,6 +22,11 @@ type Controller struct {
 	Placement string `json:"placement"`
 	// AgentTimeout bounds each call to a node agent.
 	AgentTimeout Duration `json:"agent_timeout"`
+	// ScheduleEvery is how often the replication schedule runs; 0 turns it
+	// off (volumes then replicate only by operator command).
+	ScheduleEvery Duration `json:"schedule_every"`
+	// ParallelPushes bounds the transfers the schedule runs at once.
+	ParallelPushes int `json:"parallel_pushes"`
 	// TLS is the controller's mutual TLS material for the agent ports.
 	TLS TLSFiles `json:"tls"`
 	// InsecureAgentPort talks to agents without TLS: test networks only.
@@ -31,9 +36,11 @@ type Controller struct {
 // DefaultController returns the defaults a config file or flags override.
 func DefaultController() Controller {
 	return Controller{
-		CSIEndpoint:  "unix:///run/zfs-nomad/controller.sock",
-		Placement:    "most-free",
-		AgentTimeout: Duration(30 * time.Second),
+		CSIEndpoint:    "unix:///run/zfs-nomad/controller.sock",
+		Placement:      "most-free",
+		AgentTimeout:   Duration(30 * time.Second),
+		ScheduleEvery:  Duration(30 * time.Second),
+		ParallelPushes: 2,
 	}
 }
 
@@ -56,6 +63,9 @@ func (c *Controller) Validate() error {
 	}
 	if err := c.TLS.validate(c.InsecureAgentPort); err != nil {
 		errs = append(errs, err)
+	}
+	if c.ScheduleEvery < 0 || c.ParallelPushes < 1 {
+		errs = append(errs, fmt.Errorf("schedule_every %s must not be negative and parallel_pushes %d at least 1", c.ScheduleEvery, c.ParallelPushes))
 	}
 	if c.AgentTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("agent_timeout %s: must be positive", time.Duration(c.AgentTimeout)))

@@ -32,6 +32,9 @@ func LoadNode(args []string, getenv func(string) string, stderr io.Writer) (Node
 	fs.Var((*mapFlag)(&cfg.Topology), "topology", "extra topology segments, k=v,k2=v2")
 	fs.Var((*propertyFlag)(&cfg.Properties), "allow-property", "a property volumes may set: name=default or name=default:v1|v2 (repeatable)")
 	fs.Var((*listFlag)(&cfg.MountFlags), "mount-flags", "mount flags claims may ask for, comma separated")
+	fs.IntVar(&cfg.MaxReplicas, "max-replicas", cfg.MaxReplicas, "largest replicas parameter a volume may ask for")
+	fs.Var(&cfg.MinReplicationInterval, "min-replication-interval", "shortest replication_interval a volume may ask for")
+	fs.IntVar(&cfg.ReplicationSnapshots, "replication-snapshots", cfg.ReplicationSnapshots, "zn- snapshots kept per volume besides the incremental bases")
 	tlsFlags(fs, &cfg.TLS, &cfg.InsecureAgentPort)
 	if err := load(fs, args, getenv, &cfg); err != nil {
 		return cfg, err
@@ -61,6 +64,8 @@ func LoadControllerCommand(name string, args []string, getenv func(string) strin
 	fs.StringVar(&cfg.PeersFile, "peers-file", cfg.PeersFile, "file listing node agent addresses, one per line; re-read on change")
 	fs.StringVar(&cfg.Placement, "placement", cfg.Placement, "most-free or fewest-volumes")
 	fs.Var(&cfg.AgentTimeout, "agent-timeout", "bound on each call to a node agent")
+	fs.Var(&cfg.ScheduleEvery, "schedule-every", "how often the replication schedule runs (0: off)")
+	fs.IntVar(&cfg.ParallelPushes, "parallel-pushes", cfg.ParallelPushes, "transfers the schedule runs at once")
 	tlsFlags(fs, &cfg.TLS, &cfg.InsecureAgentPort)
 	if extra != nil {
 		extra(fs)

@@ -13,6 +13,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs"
 )
@@ -40,6 +41,13 @@ type Node struct {
 	MountFlags []string `json:"mount_flags"`
 	// MaxVolumes is reported to the CO in NodeGetInfo; 0 means no limit.
 	MaxVolumes int64 `json:"max_volumes"`
+	// MaxReplicas bounds a volume's "replicas" parameter.
+	MaxReplicas int `json:"max_replicas"`
+	// MinReplicationInterval bounds a volume's "replication_interval".
+	MinReplicationInterval Duration `json:"min_replication_interval"`
+	// ReplicationSnapshots is how many zn- snapshots each side keeps besides
+	// the held incremental bases.
+	ReplicationSnapshots int `json:"replication_snapshots"`
 	// CSIEndpoint is where the CSI Identity and Node services listen
 	// (unix:///path or tcp://host:port). Nomad sets CSI_ENDPOINT.
 	CSIEndpoint string `json:"csi_endpoint"`
@@ -109,12 +117,15 @@ var nodeIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
 // DefaultNode returns the defaults a config file or flags override.
 func DefaultNode() Node {
 	return Node{
-		QuotaProperty: "refquota",
-		DefaultQuota:  1 << 30,
-		Properties:    map[string]PropertyRule{},
-		MountFlags:    []string{"ro", "noatime", "relatime", "nodev", "nosuid", "noexec"},
-		CSIEndpoint:   "unix:///run/zfs-nomad/csi.sock",
-		AgentAddress:  ":7670",
+		QuotaProperty:          "refquota",
+		DefaultQuota:           1 << 30,
+		Properties:             map[string]PropertyRule{},
+		MountFlags:             []string{"ro", "noatime", "relatime", "nodev", "nosuid", "noexec"},
+		CSIEndpoint:            "unix:///run/zfs-nomad/csi.sock",
+		AgentAddress:           ":7670",
+		MaxReplicas:            2,
+		MinReplicationInterval: Duration(time.Minute),
+		ReplicationSnapshots:   3,
 	}
 }
 
@@ -158,6 +169,10 @@ func (c *Node) Validate() error {
 	}
 	if c.CSIEndpoint == "" {
 		errs = append(errs, errors.New("csi_endpoint: required (Nomad sets CSI_ENDPOINT)"))
+	}
+	if c.MaxReplicas < 0 || c.ReplicationSnapshots < 1 || c.MinReplicationInterval <= 0 {
+		errs = append(errs, fmt.Errorf("max_replicas %d must be 0 or more, replication_snapshots %d at least 1, min_replication_interval %s positive",
+			c.MaxReplicas, c.ReplicationSnapshots, c.MinReplicationInterval))
 	}
 	if c.AgentAddress == "" {
 		errs = append(errs, errors.New("agent_address: required, host:port the controller reaches this node on"))

@@ -42,6 +42,7 @@ type Pusher struct {
 	z      Streams
 	root   string
 	nodeID string
+	keep   int
 	dial   func(addr string) (*grpc.ClientConn, error)
 	log    hclog.Logger
 	locks  keylock.Locks
@@ -83,9 +84,10 @@ func (p *Pusher) update(t *Transfer, prog Progress) {
 }
 
 // NewPusher returns a Pusher for the node whose volumes live under root;
-// dial connects to a peer's agent port.
-func NewPusher(z Streams, root, nodeID string, dial func(addr string) (*grpc.ClientConn, error), log hclog.Logger) *Pusher {
-	return &Pusher{z: z, root: root, nodeID: nodeID, dial: dial, log: log, now: time.Now}
+// dial connects to a peer's agent port; keep replication snapshots are
+// kept besides the held bases.
+func NewPusher(z Streams, root, nodeID string, keep int, dial func(addr string) (*grpc.ClientConn, error), log hclog.Logger) *Pusher {
+	return &Pusher{z: z, root: root, nodeID: nodeID, keep: keep, dial: dial, log: log, now: time.Now}
 }
 
 // Push brings the replica of volumeID on the peer at addr up to date:
@@ -171,9 +173,12 @@ func (p *Pusher) Push(ctx context.Context, volumeID, addr string, interval time.
 	if err != nil {
 		return Progress{}, errdefs.FromStatus(err)
 	}
-	// The peer now has the snapshot: it becomes the base on this side too.
-	if err := p.holdBase(ctx, fs, result.GetSnapshotGuid()); err != nil {
+	// The peer now has the snapshot: it becomes this peer's base here too.
+	if err := p.holdBase(ctx, fs, result.GetSnapshotGuid(), BaseHoldTag+"-"+state.GetNodeId()); err != nil {
 		return Progress{}, err
+	}
+	if err := prune(ctx, p.z, fs, p.keep); err != nil {
+		log.Warn("pruning old replication snapshots failed; next push retries", "error", err)
 	}
 	prog.Bytes, prog.Done = sent.Load(), true
 	report(prog)
@@ -216,14 +221,14 @@ func (p *Pusher) plan(ctx context.Context, fs string, state *pb.ReplicaStateResp
 	return Progress{Kind: KindFull, Snapshot: snap}, zfscmd.SendSpec{Snapshot: snap}, nil
 }
 
-func (p *Pusher) holdBase(ctx context.Context, fs string, guid uint64) error {
+func (p *Pusher) holdBase(ctx context.Context, fs string, guid uint64, tag string) error {
 	snaps, err := p.z.Snapshots(ctx, fs)
 	if err != nil {
 		return err
 	}
 	for _, s := range snaps {
 		if s.GUID == guid {
-			return moveBaseHold(ctx, p.z, fs, s.Name)
+			return moveBaseHold(ctx, p.z, fs, s.Name, tag)
 		}
 	}
 	return fmt.Errorf("the peer received snapshot guid %s, which %s does not have", strconv.FormatUint(guid, 10), fs)

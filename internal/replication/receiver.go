@@ -21,16 +21,18 @@ import (
 // holds and receives their streams into replicas under its root.
 type Receiver struct {
 	pb.UnimplementedReplicationServer
-	z     Streams
-	root  string
-	log   hclog.Logger
-	locks keylock.Locks
+	z      Streams
+	root   string
+	nodeID string
+	keep   int
+	log    hclog.Logger
+	locks  keylock.Locks
 }
 
 // NewReceiver returns the replication service for the node whose volumes
-// live under root.
-func NewReceiver(z Streams, root string, log hclog.Logger) *Receiver {
-	return &Receiver{z: z, root: root, log: log}
+// live under root; replicas keep the newest keep replication snapshots.
+func NewReceiver(z Streams, root, nodeID string, keep int, log hclog.Logger) *Receiver {
+	return &Receiver{z: z, root: root, nodeID: nodeID, keep: keep, log: log}
 }
 
 func (r *Receiver) ReplicaState(ctx context.Context, req *pb.ReplicaStateRequest) (*pb.ReplicaStateResponse, error) {
@@ -45,7 +47,7 @@ func (r *Receiver) state(ctx context.Context, volumeID string) (*pb.ReplicaState
 	}
 	role, err := r.z.Get(ctx, fs, volume.PropRole)
 	if errors.Is(err, zfs.ErrNotFound) {
-		return &pb.ReplicaStateResponse{}, nil
+		return &pb.ReplicaStateResponse{NodeId: r.nodeID}, nil
 	}
 	if err != nil {
 		return nil, err
@@ -54,7 +56,7 @@ func (r *Receiver) state(ctx context.Context, volumeID string) (*pb.ReplicaState
 	if err != nil {
 		return nil, err
 	}
-	resp := &pb.ReplicaStateResponse{Exists: true, Role: role}
+	resp := &pb.ReplicaStateResponse{Exists: true, Role: role, NodeId: r.nodeID}
 	if token != "-" {
 		resp.ResumeToken = token
 	}
@@ -159,8 +161,11 @@ func (r *Receiver) receive(stream pb.Replication_ReceiveServer) (*pb.ReceiveResu
 		return nil, fmt.Errorf("reading the received snapshot of %s: %v", fs, err)
 	}
 	last := snaps[len(snaps)-1]
-	if err := moveBaseHold(ctx, r.z, fs, last.Name); err != nil {
+	if err := moveBaseHold(ctx, r.z, fs, last.Name, BaseHoldTag); err != nil {
 		return nil, err
+	}
+	if err := prune(ctx, r.z, fs, r.keep); err != nil {
+		log.Warn("pruning old replication snapshots failed; next receive retries", "error", err)
 	}
 	log.Info("received", "bytes", received.Load(), "snapshot", last.Name)
 	return &pb.ReceiveResult{SnapshotGuid: last.GUID, Bytes: received.Load()}, nil

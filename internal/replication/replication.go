@@ -25,7 +25,9 @@ const (
 	// SnapshotPrefix starts the short name of every replication snapshot.
 	SnapshotPrefix = "zn-"
 	// BaseHoldTag holds the newest snapshot both sides share: the
-	// incremental base, never destroyed while it is the base.
+	// incremental base, never destroyed while it is the base. A receiver
+	// holds its newest received snapshot with it; a sender holds the base of
+	// each peer with BaseHoldTag + "-" + the peer's node ID.
 	BaseHoldTag = "zfs-nomad-base"
 	// RoleReplica labels a received copy.
 	RoleReplica = "replica"
@@ -47,7 +49,8 @@ type Streams interface {
 	Snapshot(ctx context.Context, name string) error
 	Hold(ctx context.Context, snapshot, tag string) error
 	Release(ctx context.Context, snapshot, tag string) error
-	Held(ctx context.Context, fs, tag string) ([]string, error)
+	Holds(ctx context.Context, fs string) (map[string][]string, error)
+	Destroy(ctx context.Context, snapshot string) error
 	EstimateSize(ctx context.Context, spec zfscmd.SendSpec) (int64, error)
 	Children(ctx context.Context, parent string, props ...string) ([]zfscmd.Child, error)
 }
@@ -61,22 +64,52 @@ func dataset(root, volumeID string) (string, error) {
 	return root + "/" + volumeID, nil
 }
 
-// moveBaseHold holds snapshot as the base and releases the tag from every
-// other snapshot of fs: hold first, so there is never a moment without a
+// moveBaseHold holds snapshot with tag and releases tag from every other
+// snapshot of fs: hold first, so there is never a moment without a
 // protected base.
-func moveBaseHold(ctx context.Context, z Streams, fs, snapshot string) error {
-	if err := z.Hold(ctx, snapshot, BaseHoldTag); err != nil {
+func moveBaseHold(ctx context.Context, z Streams, fs, snapshot, tag string) error {
+	if err := z.Hold(ctx, snapshot, tag); err != nil {
 		return fmt.Errorf("holding the new base %s: %w", snapshot, err)
 	}
-	held, err := z.Held(ctx, fs, BaseHoldTag)
+	holds, err := z.Holds(ctx, fs)
 	if err != nil {
 		return fmt.Errorf("listing holds on %s: %w", fs, err)
 	}
-	for _, s := range held {
-		if s != snapshot {
-			if err := z.Release(ctx, s, BaseHoldTag); err != nil {
-				return fmt.Errorf("releasing the old base %s: %w", s, err)
+	for snap, tags := range holds {
+		for _, t := range tags {
+			if t == tag && snap != snapshot {
+				if err := z.Release(ctx, snap, tag); err != nil {
+					return fmt.Errorf("releasing the old base %s: %w", snap, err)
+				}
 			}
+		}
+	}
+	return nil
+}
+
+// prune destroys the replication snapshots of fs beyond the newest keep
+// that carry no hold. Bases are held, so they always stay.
+func prune(ctx context.Context, z Streams, fs string, keep int) error {
+	snaps, err := z.Snapshots(ctx, fs)
+	if err != nil {
+		return err
+	}
+	holds, err := z.Holds(ctx, fs)
+	if err != nil {
+		return err
+	}
+	var ours []string
+	for _, s := range snaps { // oldest first
+		if strings.HasPrefix(shortSnapshotName(s.Name), SnapshotPrefix) {
+			ours = append(ours, s.Name)
+		}
+	}
+	for i, name := range ours {
+		if i >= len(ours)-keep || len(holds[name]) > 0 {
+			continue
+		}
+		if err := z.Destroy(ctx, name); err != nil {
+			return fmt.Errorf("pruning %s: %w", name, err)
 		}
 	}
 	return nil

@@ -286,3 +286,28 @@ func TestCapacity(t *testing.T) {
 		t.Errorf("Capacity = %+v, %v", c, err)
 	}
 }
+
+func TestReplicationParameters(t *testing.T) {
+	tests := []struct {
+		params map[string]string
+		ok     bool
+	}{
+		{map[string]string{"replicas": "2", "replication_interval": "5m"}, true},
+		{map[string]string{"replicas": "0"}, true},
+		{map[string]string{"replicas": "3"}, false},  // above max_replicas 2
+		{map[string]string{"replicas": "-1"}, false}, // negative
+		{map[string]string{"replicas": "two"}, false},
+		{map[string]string{"replicas": "1", "replication_interval": "10s"}, false}, // below 1m
+		{map[string]string{"replication_interval": "soon"}, false},
+	}
+	for _, tc := range tests {
+		m, _ := newManager(t)
+		_, err := m.Create(context.Background(), CreateRequest{Name: "r", Parameters: tc.params})
+		if tc.ok != (err == nil) || (err != nil && !errors.Is(err, errdefs.ErrInvalidArgument)) {
+			t.Errorf("Create with %v: %v; want ok=%v", tc.params, err, tc.ok)
+		}
+	}
+	if n, d := ReplicationPolicy(map[string]string{"replicas": "2"}); n != 2 || d != DefaultReplicationInterval {
+		t.Errorf("ReplicationPolicy = %d, %s", n, d)
+	}
+}

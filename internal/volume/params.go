@@ -4,7 +4,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"sort"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
@@ -15,9 +17,50 @@ import (
 // topology, places its volumes.
 const ParamNode = "node"
 
+// Replication parameters: how many peers hold a copy, and how often it is
+// brought up to date (a Go duration such as "5m"). The node checks them
+// against its operator's limits; the controller's scheduler acts on them.
+const (
+	ParamReplicas            = "replicas"
+	ParamReplicationInterval = "replication_interval"
+)
+
 // controllerParameters are volume parameters that steer the controller and
 // set no ZFS property.
-var controllerParameters = map[string]bool{ParamNode: true}
+var controllerParameters = map[string]bool{ParamNode: true, ParamReplicas: true, ParamReplicationInterval: true}
+
+// checkControllerParameter checks a controller parameter's value against
+// the operator's limits.
+func checkControllerParameter(cfg *config.Node, key, value string) error {
+	switch key {
+	case ParamReplicas:
+		n, err := strconv.Atoi(value)
+		if err != nil || n < 0 || n > cfg.MaxReplicas {
+			return fmt.Errorf("%w: parameter %q=%q: want a whole number from 0 to %d (the operator's max_replicas)", errdefs.ErrInvalidArgument, key, value, cfg.MaxReplicas)
+		}
+	case ParamReplicationInterval:
+		d, err := time.ParseDuration(value)
+		if err != nil || d < time.Duration(cfg.MinReplicationInterval) {
+			return fmt.Errorf("%w: parameter %q=%q: want a duration of at least %s (the operator's min_replication_interval)", errdefs.ErrInvalidArgument, key, value, cfg.MinReplicationInterval)
+		}
+	}
+	return nil
+}
+
+// ReplicationPolicy reads a volume's replication parameters; they were
+// checked when it was created.
+func ReplicationPolicy(params map[string]string) (replicas int, interval time.Duration) {
+	replicas, _ = strconv.Atoi(params[ParamReplicas])
+	interval, _ = time.ParseDuration(params[ParamReplicationInterval])
+	if replicas > 0 && interval <= 0 {
+		interval = DefaultReplicationInterval
+	}
+	return replicas, interval
+}
+
+// DefaultReplicationInterval applies when a volume asks for replicas but
+// names no interval.
+const DefaultReplicationInterval = 5 * time.Minute
 
 // ignoredParameterPrefixes are added by Kubernetes sidecars, not submitters.
 var ignoredParameterPrefixes = []string{"csi.storage.k8s.io/"}
@@ -70,6 +113,9 @@ func ResolveProperties(cfg *config.Node, params map[string]string) (props, recor
 		}
 		recorded[key] = value
 		if controllerParameters[key] {
+			if err := checkControllerParameter(cfg, key, value); err != nil {
+				return nil, nil, err
+			}
 			continue
 		}
 		rule, ok := cfg.Properties[key]

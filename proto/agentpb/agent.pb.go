@@ -1401,7 +1401,9 @@ type ReplicaStateResponse struct {
 	Role          string   `protobuf:"bytes,2,opt,name=role,proto3" json:"role,omitempty"`
 	SnapshotGuids []uint64 `protobuf:"varint,3,rep,packed,name=snapshot_guids,json=snapshotGuids,proto3" json:"snapshot_guids,omitempty"`
 	// Set when an interrupted receive can be resumed.
-	ResumeToken   string `protobuf:"bytes,4,opt,name=resume_token,json=resumeToken,proto3" json:"resume_token,omitempty"`
+	ResumeToken string `protobuf:"bytes,4,opt,name=resume_token,json=resumeToken,proto3" json:"resume_token,omitempty"`
+	// The receiving node, whose copy the sender's base hold is named after.
+	NodeId        string `protobuf:"bytes,5,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1460,6 +1462,13 @@ func (x *ReplicaStateResponse) GetSnapshotGuids() []uint64 {
 func (x *ReplicaStateResponse) GetResumeToken() string {
 	if x != nil {
 		return x.ResumeToken
+	}
+	return ""
+}
+
+func (x *ReplicaStateResponse) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
 	}
 	return ""
 }
@@ -1791,12 +1800,13 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"totalBytes\x12!\n" +
 	"\fstarted_unix\x18\x06 \x01(\x03R\vstartedUnix\"2\n" +
 	"\x13ReplicaStateRequest\x12\x1b\n" +
-	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\"\x8c\x01\n" +
+	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\"\xa5\x01\n" +
 	"\x14ReplicaStateResponse\x12\x16\n" +
 	"\x06exists\x18\x01 \x01(\bR\x06exists\x12\x12\n" +
 	"\x04role\x18\x02 \x01(\tR\x04role\x12%\n" +
 	"\x0esnapshot_guids\x18\x03 \x03(\x04R\rsnapshotGuids\x12!\n" +
-	"\fresume_token\x18\x04 \x01(\tR\vresumeToken\"i\n" +
+	"\fresume_token\x18\x04 \x01(\tR\vresumeToken\x12\x17\n" +
+	"\anode_id\x18\x05 \x01(\tR\x06nodeId\"i\n" +
 	"\x0eReceiveMessage\x12:\n" +
 	"\x06header\x18\x01 \x01(\v2 .zfsnomad.agent.v1.ReceiveHeaderH\x00R\x06header\x12\x14\n" +
 	"\x04data\x18\x02 \x01(\fH\x00R\x04dataB\x05\n" +

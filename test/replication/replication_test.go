@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -388,5 +389,84 @@ func TestBackupAndStatusCommands(t *testing.T) {
 	bad := []string{"-peers", strings.Join(peers, ","), "-tls-ca", nodeFiles.CA, "-tls-cert", nodeFiles.Cert, "-tls-key", nodeFiles.Key}
 	if out, err := sim.Run(ctl, append(append([]string{"backup"}, bad...), id)...); err == nil {
 		t.Errorf("backup with a node certificate succeeded:\n%s", out)
+	}
+}
+
+// The controller's schedule keeps the asked-for replicas on other nodes
+// current, and old replication snapshots are pruned on both sides.
+func TestScheduleKeepsReplicasCurrent(t *testing.T) {
+	c := guesttest.StartCluster(t, 3, sim.Options{
+		NodeArgs:       []string{"-min-replication-interval", "1s", "-replication-snapshots", "2"},
+		ControllerArgs: []string{"-schedule-every", "1s"},
+	})
+	n1 := c.Nodes[0]
+	ctx := context.Background()
+	ctl := csi.NewControllerClient(dial(t, c.ControllerEndpoint))
+	// Above the operator's limit is refused.
+	_, err := ctl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "greedy", VolumeCapabilities: []*csi.VolumeCapability{writer},
+		Parameters: map[string]string{"replicas": "5"}})
+	if status.Code(err) != codes.InvalidArgument {
+		t.Errorf("5 replicas (max 2): %v, want InvalidArgument", err)
+	}
+	resp, err := ctl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "kept", VolumeCapabilities: []*csi.VolumeCapability{writer},
+		Parameters: map[string]string{"node": n1.ID, "replicas": "2", "replication_interval": "2s"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := resp.GetVolume().GetVolumeId()
+
+	// waitForReplicas waits until both other nodes hold a replica newer than since.
+	waitForReplicas := func(since time.Time) {
+		t.Helper()
+		deadline := time.Now().Add(90 * time.Second)
+		for time.Now().Before(deadline) {
+			fresh := 0
+			for _, n := range c.Nodes[1:] {
+				st, err := agent(t, c, n).Status(ctx, &pb.StatusRequest{})
+				if err != nil {
+					continue
+				}
+				for _, r := range st.GetReplicas() {
+					if r.GetVolumeId() == id && !r.GetResumable() && time.Unix(r.GetLastSnapshotUnix(), 0).After(since) {
+						fresh++
+					}
+				}
+			}
+			if fresh == 2 {
+				return
+			}
+			time.Sleep(time.Second)
+		}
+		t.Fatalf("replicas of %s on n2 and n3 not newer than %s within 90s", id, since.Format(time.TimeOnly))
+	}
+	waitForReplicas(time.Time{})
+
+	// Data written now reaches both replicas within a few intervals.
+	node := csi.NewNodeClient(dial(t, n1.CSIEndpoint))
+	staging, target := filepath.Join(n1.Dir, "s-kept"), filepath.Join(n1.Dir, "t-kept")
+	os.MkdirAll(staging, 0o755)
+	if _, err := node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: writer}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: writer}); err != nil {
+		t.Fatal(err)
+	}
+	guesttest.Exec(t, n1, "seq 1 30000 > "+target+"/log && sync")
+	written := time.Now().Add(time.Second) // snapshot times have one-second resolution
+	time.Sleep(time.Until(written))
+	waitForReplicas(written)
+	for _, n := range c.Nodes[1:] {
+		if src, dst := checksums(t, n1, target), replicaChecksums(t, n, id); src != dst {
+			t.Errorf("replica on %s differs:\nsource:\n%s\nreplica:\n%s", n.ID, src, dst)
+		}
+	}
+	// Retention: each side keeps at most 2 unheld replication snapshots
+	// plus the held bases (one per peer on the source).
+	time.Sleep(5 * time.Second) // a few more rounds
+	for _, n := range c.Nodes {
+		out := guesttest.Run(t, "sh", "-c", "zfs list -H -t snapshot -o name -d 1 "+n.RootDataset+"/"+id+" | grep -c @zn- || true")
+		if count, err := strconv.Atoi(strings.TrimSpace(out)); err != nil || count > 4 {
+			t.Errorf("%s keeps %q replication snapshots; want at most 4", n.ID, out)
+		}
 	}
 }

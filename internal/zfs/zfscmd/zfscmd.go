@@ -242,8 +242,8 @@ func (c Cmd) Release(ctx context.Context, snapshot, tag string) error {
 	return err
 }
 
-// Held lists the snapshots of fs that carry tag.
-func (c Cmd) Held(ctx context.Context, fs, tag string) ([]string, error) {
+// Holds returns the hold tags of every snapshot of fs that has any.
+func (c Cmd) Holds(ctx context.Context, fs string) (map[string][]string, error) {
 	snaps, err := c.Snapshots(ctx, fs)
 	if err != nil || len(snaps) == 0 {
 		return nil, err
@@ -256,12 +256,20 @@ func (c Cmd) Held(ctx context.Context, fs, tag string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	var held []string
+	holds := map[string][]string{}
 	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
-		f := strings.Split(line, "\t")
-		if len(f) >= 2 && f[1] == tag {
-			held = append(held, f[0])
+		if f := strings.Split(line, "\t"); len(f) >= 2 {
+			holds[f[0]] = append(holds[f[0]], f[1])
 		}
 	}
-	return held, nil
+	return holds, nil
+}
+
+// Destroy destroys one snapshot.
+func (c Cmd) Destroy(ctx context.Context, snapshot string) error {
+	if err := zfs.ValidateName(snapshot); err != nil || !strings.Contains(snapshot, "@") {
+		return fmt.Errorf("refusing to destroy %q: not a snapshot name", snapshot)
+	}
+	_, err := c.run(ctx, "destroy", snapshot)
+	return err
 }

@@ -1,0 +1,210 @@
+// Package scheduler is the controller's replication schedule: it keeps each
+// volume's asked-for number of replicas on other nodes and no older than
+// its interval, by telling the volume's node to push (the data goes node to
+// node; see docs/replication.md).
+//
+// It keeps no state: every round starts from what the nodes report (their
+// volumes with parameters, their replicas with the time of the newest
+// received snapshot), so a restarted controller picks up where the last
+// one stopped.
+package scheduler
+
+import (
+	"context"
+	"errors"
+	"io"
+	"sort"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/cluster"
+	"github.com/zfs-nomad/zfs-nomad/internal/volume"
+	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
+)
+
+// Scheduler runs replication rounds.
+type Scheduler struct {
+	cl       *cluster.Cluster
+	log      hclog.Logger
+	parallel int
+	now      func() time.Time
+}
+
+// New returns a scheduler that runs at most parallel pushes at once.
+func New(cl *cluster.Cluster, parallel int, log hclog.Logger) *Scheduler {
+	return &Scheduler{cl: cl, log: log, parallel: max(1, parallel), now: time.Now}
+}
+
+// Run runs a round every interval until ctx ends.
+func (s *Scheduler) Run(ctx context.Context, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		s.Round(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// replica is one node's copy of a volume.
+type replica struct {
+	node      cluster.Node
+	last      time.Time
+	resumable bool
+}
+
+// Push is one transfer a round decided on.
+type Push struct {
+	VolumeID string
+	Source   cluster.Node
+	Target   cluster.Node
+	Reason   string
+}
+
+// Round plans and runs one round of pushes and returns what it decided.
+func (s *Scheduler) Round(ctx context.Context) []Push {
+	pushes, err := s.Plan(ctx)
+	if err != nil {
+		s.log.Warn("replication round skipped", "error", err)
+		return nil
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(s.parallel)
+	for _, p := range pushes {
+		g.Go(func() error {
+			s.push(gctx, p)
+			return nil
+		})
+	}
+	_ = g.Wait()
+	return pushes
+}
+
+// Plan decides which volumes to push where, from what the nodes report.
+func (s *Scheduler) Plan(ctx context.Context) ([]Push, error) {
+	nodes, _, err := s.cl.Nodes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	healthy := cluster.Healthy(nodes)
+	type primary struct {
+		node cluster.Node
+		vol  *pb.Volume
+	}
+	var primaries []primary
+	replicas := map[string][]replica{}
+	for _, n := range healthy {
+		cctx, cancel := s.cl.Call(ctx)
+		vols, verr := n.Client.ListVolumes(cctx, &pb.ListVolumesRequest{})
+		st, serr := n.Client.Status(cctx, &pb.StatusRequest{})
+		cancel()
+		if err := errors.Join(verr, serr); err != nil {
+			s.log.Warn("node skipped this round", "node_id", n.Info.GetNodeId(), "error", err)
+			continue
+		}
+		for _, v := range vols.GetVolumes() {
+			primaries = append(primaries, primary{n, v})
+		}
+		for _, r := range st.GetReplicas() {
+			replicas[r.GetVolumeId()] = append(replicas[r.GetVolumeId()], replica{n, time.Unix(r.GetLastSnapshotUnix(), 0), r.GetResumable()})
+		}
+	}
+	var pushes []Push
+	for _, p := range primaries {
+		want, interval := volume.ReplicationPolicy(p.vol.GetParameters())
+		if want == 0 {
+			continue
+		}
+		for _, t := range s.targets(p.node, p.vol, want, replicas[p.vol.GetVolumeId()], healthy) {
+			if reason := s.due(t, interval); reason != "" {
+				pushes = append(pushes, Push{VolumeID: p.vol.GetVolumeId(), Source: p.node, Target: t.node, Reason: reason})
+			}
+		}
+	}
+	return pushes, nil
+}
+
+// targets returns up to want nodes for a volume's replicas: those that
+// hold one already (freshest first), then the healthy nodes with most room.
+func (s *Scheduler) targets(source cluster.Node, v *pb.Volume, want int, existing []replica, healthy []cluster.Node) []replica {
+	sort.Slice(existing, func(i, j int) bool { return existing[i].last.After(existing[j].last) })
+	var out []replica
+	taken := map[string]bool{source.Info.GetNodeId(): true}
+	for _, r := range existing {
+		if len(out) < want && !taken[r.node.Info.GetNodeId()] {
+			out = append(out, r)
+			taken[r.node.Info.GetNodeId()] = true
+		}
+	}
+	var cands []cluster.Candidate
+	byID := map[string]cluster.Node{}
+	for _, n := range healthy {
+		if taken[n.Info.GetNodeId()] {
+			continue
+		}
+		byID[n.Info.GetNodeId()] = n
+		cands = append(cands, cluster.Candidate{NodeID: n.Info.GetNodeId(), Topology: n.Info.GetTopology(),
+			Available: n.Info.GetAvailableBytes(), MaxQuota: n.Info.GetMaxQuotaBytes(), Volumes: n.Info.GetVolumes()})
+	}
+	if len(out) < want && len(cands) > 0 {
+		placed, err := cluster.Place(cands, cluster.Requirement{Bytes: max(1, v.GetUsedBytes())})
+		if err != nil {
+			s.log.Warn("no node can take another replica", "volume_id", v.GetVolumeId(), "error", err)
+		}
+		for _, c := range placed {
+			if len(out) == want {
+				break
+			}
+			out = append(out, replica{node: byID[c.NodeID]})
+		}
+	}
+	if len(out) < want {
+		s.log.Warn("fewer replicas possible than asked for", "volume_id", v.GetVolumeId(), "want", want, "possible", len(out))
+	}
+	return out
+}
+
+// due says why a replica needs a push now, or "" if it does not.
+func (s *Scheduler) due(r replica, interval time.Duration) string {
+	switch {
+	case r.last.IsZero() || r.last.Unix() == 0:
+		return "no replica yet"
+	case r.resumable:
+		return "an interrupted transfer waits"
+	case s.now().Sub(r.last) >= interval:
+		return "replica older than the interval"
+	}
+	return ""
+}
+
+func (s *Scheduler) push(ctx context.Context, p Push) {
+	log := s.log.With("volume_id", p.VolumeID, "source", p.Source.Info.GetNodeId(), "target", p.Target.Info.GetNodeId(), "reason", p.Reason)
+	start := s.now()
+	stream, err := p.Source.Client.Replicate(ctx, &pb.ReplicateRequest{VolumeId: p.VolumeID, TargetAddress: p.Target.Addr})
+	if err != nil {
+		log.Warn("push failed to start", "error", err)
+		return
+	}
+	var last *pb.ReplicateProgress
+	for {
+		prog, err := stream.Recv()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			log.Warn("push failed; the next round retries", "error", err)
+			return
+		}
+		last = prog
+	}
+	if last == nil || !last.GetDone() {
+		log.Warn("push ended without completing")
+		return
+	}
+	log.Info("replica updated", "kind", last.GetKind(), "bytes", last.GetBytes(), "duration", s.now().Sub(start).Round(time.Millisecond))
+}
