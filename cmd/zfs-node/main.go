@@ -87,11 +87,11 @@ func run(args []string) error {
 	// Replication streams run as zfs processes, outside the libzfs lock.
 	streams := zfscmd.Cmd{}
 	dial := func(addr string) (*grpc.ClientConn, error) {
-		return grpc.NewClient(addr, grpc.WithTransportCredentials(dialCreds))
+		return grpc.NewClient(addr, append(replication.DialOptions(), grpc.WithTransportCredentials(dialCreds))...)
 	}
 	pusher := replication.NewPusher(streams, cfg.RootDataset, cfg.NodeID, cfg.ReplicationSnapshots, dial, log.Named("replication"))
 	receiver := replication.NewReceiver(streams, cfg.RootDataset, cfg.NodeID, cfg.ReplicationSnapshots, log.Named("replication"))
-	agentSrv := grpc.NewServer(serverOpts...)
+	agentSrv := grpc.NewServer(append(serverOpts, replication.ServerOptions()...)...)
 	pb.RegisterNodeAgentServer(agentSrv, agent.NewServer(volumes, pusher, receiver, cfg, log.Named("agent")))
 	pb.RegisterReplicationServer(agentSrv, receiver)
 

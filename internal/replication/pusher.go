@@ -3,6 +3,7 @@ package replication
 import (
 	"context"
 	"fmt"
+	"io"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -278,6 +279,31 @@ func (w *chunkWriter) Write(b []byte) (int, error) {
 		}
 	}
 	return n, nil
+}
+
+// ReadFrom fills chunks straight from the zfs send pipe, saving io.Copy's
+// intermediate buffer and a copy per byte.
+func (w *chunkWriter) ReadFrom(r io.Reader) (int64, error) {
+	var n int64
+	for {
+		if cap(w.buf) < chunkSize {
+			w.buf = make([]byte, 0, chunkSize)
+		}
+		m, err := io.ReadFull(r, w.buf[len(w.buf):chunkSize])
+		w.buf = w.buf[:len(w.buf)+m]
+		n += int64(m)
+		if len(w.buf) == chunkSize {
+			if ferr := w.flush(); ferr != nil {
+				return n, ferr
+			}
+		}
+		switch {
+		case err == io.EOF || err == io.ErrUnexpectedEOF:
+			return n, nil
+		case err != nil:
+			return n, err
+		}
+	}
 }
 
 func (w *chunkWriter) flush() error {

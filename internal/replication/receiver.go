@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"sync/atomic"
 	"time"
 
@@ -128,18 +129,22 @@ func (r *Receiver) receive(stream pb.Replication_ReceiveServer) (*pb.ReceiveResu
 	}
 
 	log.Info("receiving")
-	pr, pw := io.Pipe()
+	// An OS pipe hands the stream to zfs receive without another copy in
+	// between. When the stream breaks, closing the write end gives zfs
+	// receive an early EOF, and it keeps a resume token.
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
 	var received atomic.Int64
 	go func() {
+		defer pw.Close()
 		for {
 			msg, err := stream.Recv()
-			if err == io.EOF {
-				pw.Close()
-				return
-			}
 			if err != nil {
-				// zfs receive sees the stream end early and keeps a resume token.
-				pw.CloseWithError(fmt.Errorf("stream from %s broke: %w", h.GetSourceNodeId(), err))
+				if err != io.EOF {
+					log.Warn("stream from the sender broke", "error", err)
+				}
 				return
 			}
 			received.Add(int64(len(msg.GetData())))
@@ -149,7 +154,7 @@ func (r *Receiver) receive(stream pb.Replication_ReceiveServer) (*pb.ReceiveResu
 		}
 	}()
 	err = r.z.Receive(ctx, fs, props, pr)
-	pr.CloseWithError(io.ErrClosedPipe) // unblocks the reader goroutine if zfs receive ended early
+	pr.Close() // a writer still running now fails instead of blocking
 	if err != nil {
 		log.Warn("receive failed; an interrupted stream can be resumed", "bytes", received.Load(), "error", err)
 		return nil, errdefs.Wrap(errdefs.ErrAborted, "receiving volume %s: %v", h.GetVolumeId(), err)

@@ -69,24 +69,34 @@ func Load(f Files) (*Material, error) {
 	return &Material{pool: pool, cert: cert}, nil
 }
 
-// ServerCredentials require a client certificate from the CA.
-func (m *Material) ServerCredentials() credentials.TransportCredentials {
-	return credentials.NewTLS(&tls.Config{
+// ServerConfig requires a client certificate from the CA.
+func (m *Material) ServerConfig() *tls.Config {
+	return &tls.Config{
 		Certificates: []tls.Certificate{m.cert},
 		ClientCAs:    m.pool,
 		ClientAuth:   tls.RequireAndVerifyClientCert,
 		MinVersion:   tls.VersionTLS13,
-	})
+	}
 }
 
-// ClientCredentials present this party's certificate and verify the node.
-func (m *Material) ClientCredentials() credentials.TransportCredentials {
-	return credentials.NewTLS(&tls.Config{
+// ClientConfig presents this party's certificate and verifies the node.
+func (m *Material) ClientConfig() *tls.Config {
+	return &tls.Config{
 		Certificates: []tls.Certificate{m.cert},
 		RootCAs:      m.pool,
 		ServerName:   ServerName,
 		MinVersion:   tls.VersionTLS13,
-	})
+	}
+}
+
+// ServerCredentials are ServerConfig for gRPC.
+func (m *Material) ServerCredentials() credentials.TransportCredentials {
+	return credentials.NewTLS(m.ServerConfig())
+}
+
+// ClientCredentials are ClientConfig for gRPC.
+func (m *Material) ClientCredentials() credentials.TransportCredentials {
+	return credentials.NewTLS(m.ClientConfig())
 }
 
 // Policy maps full gRPC method names (or prefixes ending in "/") to the
