@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
@@ -21,6 +22,7 @@ import (
 
 	"github.com/zfs-nomad/zfs-nomad/internal/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/sim"
+	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
 func main() {
@@ -39,10 +41,11 @@ func main() {
 
 // story narrates and fails on the first error.
 type story struct {
-	out  io.Writer
-	c    *sim.Cluster
-	ctl  csi.ControllerClient
-	node map[string]csi.NodeClient
+	out    io.Writer
+	binDir string
+	c      *sim.Cluster
+	ctl    csi.ControllerClient
+	node   map[string]csi.NodeClient
 }
 
 func (s *story) step(format string, args ...any) {
@@ -65,10 +68,14 @@ func (s *story) shell(n *sim.Node, script string) (string, error) {
 func run(out io.Writer, binDir, dir string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	s := &story{out: out, node: map[string]csi.NodeClient{}}
+	s := &story{out: out, binDir: binDir, node: map[string]csi.NodeClient{}}
 
 	s.step("Three nodes, each with its own ZFS pool, network namespace and zfs-node; one zfs-controller")
-	c, err := sim.Start(sim.Options{Nodes: 3, BinDir: binDir, Dir: dir, LogLevel: "info"})
+	c, err := sim.Start(sim.Options{Nodes: 3, BinDir: binDir, Dir: dir, LogLevel: "info",
+		// Short intervals so the schedule shows within the demo.
+		NodeArgs:       []string{"-min-replication-interval", "2s"},
+		ControllerArgs: []string{"-schedule-every", "2s"},
+	})
 	if err != nil {
 		return err
 	}
@@ -148,6 +155,29 @@ func (s *story) walk(ctx context.Context) error {
 		return fmt.Errorf("clone holds %q, want version 2 (%v)", out, err)
 	}
 
+	s.step("Back it up to another node now, with live progress: zfs-controller backup (operator certificate, mutual TLS)")
+	if err := s.operator(ctx, "backup", "-to", "n1", vol.GetVolumeId()); err != nil {
+		return err
+	}
+	s.shell(n, "echo 'version 3' > "+target+"/index.html")
+	if err := s.operator(ctx, "backup", vol.GetVolumeId()); err != nil {
+		return err
+	}
+	s.say("the second backup found the replica on n1 and sent only the change")
+
+	s.step("Replicas on a schedule: a volume asking for 2 replicas, at most 4 s old")
+	orders, err := s.create(ctx, &csi.CreateVolumeRequest{Name: "orders", CapacityRange: &csi.CapacityRange{RequiredBytes: 128 << 20},
+		Parameters: map[string]string{"replicas": "2", "replication_interval": "4s"}})
+	if err != nil {
+		return err
+	}
+	if err := s.waitForReplicas(ctx, orders.GetVolumeId(), 2); err != nil {
+		return err
+	}
+	if err := s.operator(ctx, "status"); err != nil {
+		return err
+	}
+
 	s.step("Expand the volume online to 512 MiB")
 	exp, err := s.ctl.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: vol.GetVolumeId(), CapacityRange: &csi.CapacityRange{RequiredBytes: 512 << 20}})
 	if err != nil {
@@ -184,7 +214,7 @@ func (s *story) walk(ctx context.Context) error {
 		}
 	}
 	// The snapshot outlives its volume; the dataset stays hidden until the snapshot goes.
-	for _, v := range []*csi.Volume{vol, clone, restored, pinned} {
+	for _, v := range []*csi.Volume{vol, clone, restored, pinned, orders} {
 		if _, err := s.ctl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: v.GetVolumeId()}); err != nil {
 			return err
 		}
@@ -200,9 +230,77 @@ func (s *story) walk(ctx context.Context) error {
 	for _, n := range s.c.Nodes {
 		out, _ := sim.Run("zfs", "list", "-H", "-r", "-t", "all", "-o", "name", n.RootDataset)
 		s.say("%s: %s", n.ID, strings.Join(strings.Fields(out), " "))
+		if strings.TrimSpace(out) != n.RootDataset {
+			return fmt.Errorf("%s still holds datasets after every volume and snapshot was deleted", n.ID)
+		}
 	}
-	s.step("Done: every dataset is gone, only the operator's root datasets remain")
+	s.step("Done: every dataset, replica and snapshot is gone; only the operator's root datasets remain")
 	return nil
+}
+
+// operator runs zfs-controller as the operator would, printing its output.
+func (s *story) operator(ctx context.Context, args ...string) error {
+	var peers []string
+	for _, n := range s.c.Nodes {
+		peers = append(peers, n.AgentAddress)
+	}
+	op := s.c.Operator
+	full := append([]string{args[0], "-peers", strings.Join(peers, ","), "-tls-ca", op.CA, "-tls-cert", op.Cert, "-tls-key", op.Key}, args[1:]...)
+	fmt.Fprintf(s.out, "   $ zfs-controller %s [peers and operator certificate] %s\n", args[0], strings.Join(args[1:], " "))
+	cmd := exec.CommandContext(ctx, filepath.Join(s.binDir, "zfs-controller"), full...)
+	cmd.Stdout, cmd.Stderr = &indent{w: s.out}, &indent{w: s.out}
+	return cmd.Run()
+}
+
+// waitForReplicas waits until want nodes hold a completed replica.
+func (s *story) waitForReplicas(ctx context.Context, id string, want int) error {
+	deadline := time.Now().Add(2 * time.Minute)
+	for time.Now().Before(deadline) {
+		have := 0
+		for _, n := range s.c.Nodes {
+			conn, err := s.c.DialAgent(n.AgentAddress)
+			if err != nil {
+				return err
+			}
+			st, err := pb.NewNodeAgentClient(conn).Status(ctx, &pb.StatusRequest{})
+			conn.Close()
+			if err != nil {
+				continue
+			}
+			for _, r := range st.GetReplicas() {
+				if r.GetVolumeId() == id && r.GetLastSnapshot() != "" {
+					have++
+				}
+			}
+		}
+		if have >= want {
+			s.say("the controller's schedule placed and filled %d replicas", have)
+			return nil
+		}
+		time.Sleep(time.Second)
+	}
+	return fmt.Errorf("volume %s did not get %d replicas within 2 minutes", id, want)
+}
+
+// indent writes a child's output indented, carriage returns kept so live
+// progress redraws its line.
+type indent struct {
+	w   io.Writer
+	mid bool
+}
+
+func (i *indent) Write(b []byte) (int, error) {
+	for _, c := range b {
+		if !i.mid {
+			fmt.Fprint(i.w, "     ")
+			i.mid = true
+		}
+		fmt.Fprintf(i.w, "%c", c)
+		if c == '\n' || c == '\r' {
+			i.mid = false
+		}
+	}
+	return len(b), nil
 }
 
 func (s *story) create(ctx context.Context, req *csi.CreateVolumeRequest) (*csi.Volume, error) {

@@ -33,6 +33,18 @@ func NewServer(volumes *volume.Manager, pusher *replication.Pusher, receiver *re
 	return &Server{volumes: volumes, pusher: pusher, receiver: receiver, cfg: cfg, log: log}
 }
 
+// DeleteReplica destroys this node's replica of a volume, if any.
+func (s *Server) DeleteReplica(ctx context.Context, req *pb.DeleteReplicaRequest) (*pb.DeleteReplicaResponse, error) {
+	if s.receiver == nil {
+		return &pb.DeleteReplicaResponse{}, nil
+	}
+	deleted, err := s.receiver.DeleteReplica(ctx, req.GetVolumeId())
+	if err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	return &pb.DeleteReplicaResponse{Deleted: deleted}, nil
+}
+
 // Status lists the node's replicas and running transfers.
 func (s *Server) Status(ctx context.Context, _ *pb.StatusRequest) (*pb.NodeStatus, error) {
 	out := &pb.NodeStatus{}

@@ -285,7 +285,34 @@ func (c *Controller) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequ
 		return nil, errdefs.ToStatus(err)
 	}
 	c.log.Info("volume deleted", "volume_id", id, "node_id", found.Node.Info.GetNodeId())
+	c.deleteReplicas(ctx, id)
 	return &csi.DeleteVolumeResponse{}, nil
+}
+
+// deleteReplicas removes the replicas of a deleted volume from every node
+// that answers. A node that does not keeps its replica, which the status
+// command then shows without a primary, for the operator to remove: a
+// replica is never guessed to be garbage, since it may be the last copy.
+func (c *Controller) deleteReplicas(ctx context.Context, id string) {
+	nodes, unreachable, err := c.cluster.Nodes(ctx)
+	if err != nil {
+		c.log.Warn("replicas of the deleted volume not removed", "volume_id", id, "error", err)
+		return
+	}
+	for _, n := range nodes {
+		cctx, cancel := c.cluster.Call(ctx)
+		resp, err := n.Client.DeleteReplica(cctx, &pb.DeleteReplicaRequest{VolumeId: id})
+		cancel()
+		switch {
+		case err != nil:
+			c.log.Warn("replica of the deleted volume not removed", "volume_id", id, "node_id", n.Info.GetNodeId(), "error", err)
+		case resp.GetDeleted():
+			c.log.Info("replica deleted", "volume_id", id, "node_id", n.Info.GetNodeId())
+		}
+	}
+	for _, u := range unreachable {
+		c.log.Warn("node unreachable: any replica it holds of the deleted volume stays", "volume_id", id, "addr", u.Addr)
+	}
 }
 
 func (c *Controller) ValidateVolumeCapabilities(ctx context.Context, req *csi.ValidateVolumeCapabilitiesRequest) (*csi.ValidateVolumeCapabilitiesResponse, error) {

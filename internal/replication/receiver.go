@@ -212,3 +212,49 @@ func (r *Receiver) Replicas(ctx context.Context) ([]Replica, error) {
 	}
 	return out, nil
 }
+
+// DeleteReplica destroys this node's replica of volumeID with its snapshots
+// and any partial receive; it reports whether there was one. A primary is
+// never touched.
+func (r *Receiver) DeleteReplica(ctx context.Context, volumeID string) (bool, error) {
+	fs, err := dataset(r.root, volumeID)
+	if err != nil {
+		return false, nil // names no volume, so no replica of one
+	}
+	unlock, ok := r.locks.TryLock(volumeID)
+	if !ok {
+		return false, errdefs.Wrap(errdefs.ErrAborted, "a receive of volume %s is running; retry", volumeID)
+	}
+	defer unlock()
+	role, err := r.z.Get(ctx, fs, volume.PropRole)
+	if errors.Is(err, zfs.ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	if role != RoleReplica {
+		return false, nil
+	}
+	if token, _ := r.z.Get(ctx, fs, "receive_resume_token"); token != "-" && token != "" {
+		if err := r.z.AbortReceive(ctx, fs); err != nil {
+			return false, err
+		}
+	}
+	holds, err := r.z.Holds(ctx, fs)
+	if err != nil {
+		return false, err
+	}
+	for snap, tags := range holds {
+		for _, tag := range tags {
+			if err := r.z.Release(ctx, snap, tag); err != nil {
+				return false, err
+			}
+		}
+	}
+	if err := r.z.DestroyRecursive(ctx, fs); err != nil {
+		return false, err
+	}
+	r.log.Info("replica deleted", "volume_id", volumeID, "dataset", fs)
+	return true, nil
+}

@@ -23,7 +23,7 @@ import (
 
 const (
 	// SnapshotPrefix starts the short name of every replication snapshot.
-	SnapshotPrefix = "zn-"
+	SnapshotPrefix = volume.ReplicationSnapshotPrefix
 	// BaseHoldTag holds the newest snapshot both sides share: the
 	// incremental base, never destroyed while it is the base. A receiver
 	// holds its newest received snapshot with it; a sender holds the base of
@@ -51,6 +51,8 @@ type Streams interface {
 	Release(ctx context.Context, snapshot, tag string) error
 	Holds(ctx context.Context, fs string) (map[string][]string, error)
 	Destroy(ctx context.Context, snapshot string) error
+	DestroyRecursive(ctx context.Context, fs string) error
+	AbortReceive(ctx context.Context, target string) error
 	EstimateSize(ctx context.Context, spec zfscmd.SendSpec) (int64, error)
 	Children(ctx context.Context, parent string, props ...string) ([]zfscmd.Child, error)
 }

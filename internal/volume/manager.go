@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -315,6 +316,9 @@ func (m *Manager) Delete(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
+	if err := m.dropReplicationSnapshots(ctx, v.Dataset); err != nil {
+		return err
+	}
 	err = m.zfs.Destroy(ctx, v.Dataset)
 	switch {
 	case err == nil:
@@ -330,6 +334,29 @@ func (m *Manager) Delete(ctx context.Context, id string) error {
 		return zfsError(err, "deleting volume "+id)
 	}
 	m.collectTombstones(ctx)
+	return nil
+}
+
+// dropReplicationSnapshots destroys a deleted volume's replication
+// snapshots, releasing the holds that protected them as incremental bases:
+// with the volume gone there is nothing left to send. Only CSI snapshots
+// and clone origins may keep a deleted volume as a tombstone.
+func (m *Manager) dropReplicationSnapshots(ctx context.Context, dataset string) error {
+	all, err := m.zfs.List(ctx, dataset)
+	if err != nil {
+		return zfsError(err, "listing snapshots of "+dataset)
+	}
+	for _, ds := range all {
+		if ds.Type != zfs.Snapshot || !strings.HasPrefix(shortName(ds.Name), ReplicationSnapshotPrefix) {
+			continue
+		}
+		if err := m.zfs.ReleaseAll(ctx, ds.Name); err != nil {
+			return zfsError(err, "releasing "+ds.Name)
+		}
+		if err := m.zfs.Destroy(ctx, ds.Name); err != nil && !errors.Is(err, zfs.ErrHasDependents) {
+			return zfsError(err, "destroying "+ds.Name)
+		}
+	}
 	return nil
 }
 

@@ -311,3 +311,21 @@ func TestReplicationParameters(t *testing.T) {
 		t.Errorf("ReplicationPolicy = %d, %s", n, d)
 	}
 }
+
+func TestDeleteDropsHeldReplicationSnapshots(t *testing.T) {
+	m, fake := newManager(t)
+	ctx := context.Background()
+	v, _ := m.Create(ctx, CreateRequest{Name: "replicated"})
+	for _, s := range []string{"zn-1", "zn-2"} {
+		if err := fake.Snapshot(ctx, v.Dataset+"@"+s, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fake.Hold(v.Dataset+"@zn-2", "zfs-nomad-base-n2") // a peer's incremental base
+	if err := m.Delete(ctx, v.ID); err != nil {
+		t.Fatal(err)
+	}
+	if names := fake.Names(); len(names) != 2 {
+		t.Errorf("left behind: %v; replication snapshots must not keep a deleted volume", names)
+	}
+}

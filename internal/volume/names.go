@@ -33,6 +33,10 @@ var UserProperties = []string{
 	PropDeletedAt, PropSnapshotName, PropSourceVolume,
 }
 
+// ReplicationSnapshotPrefix starts the short name of the snapshots that
+// replication takes (docs/replication.md): internal, never CSI snapshots.
+const ReplicationSnapshotPrefix = "zn-"
+
 const (
 	RolePrimary = "primary"
 	// RoleDeleted marks a tombstone: a volume the CO deleted while it still

@@ -109,6 +109,8 @@ type DatasetManager interface {
 	// DestroyDeferred destroys a snapshot now, or once its last clone is
 	// gone (zfs destroy -d).
 	DestroyDeferred(ctx context.Context, name string) error
+	// ReleaseAll removes every user hold from a snapshot.
+	ReleaseAll(ctx context.Context, snapshot string) error
 }
 
 // Pools checks the pool under the root dataset.

@@ -1685,6 +1685,94 @@ func (x *ReceiveResult) GetBytes() int64 {
 	return 0
 }
 
+type DeleteReplicaRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	VolumeId      string                 `protobuf:"bytes,1,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteReplicaRequest) Reset() {
+	*x = DeleteReplicaRequest{}
+	mi := &file_agentpb_agent_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteReplicaRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteReplicaRequest) ProtoMessage() {}
+
+func (x *DeleteReplicaRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agentpb_agent_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteReplicaRequest.ProtoReflect.Descriptor instead.
+func (*DeleteReplicaRequest) Descriptor() ([]byte, []int) {
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *DeleteReplicaRequest) GetVolumeId() string {
+	if x != nil {
+		return x.VolumeId
+	}
+	return ""
+}
+
+type DeleteReplicaResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Deleted       bool                   `protobuf:"varint,1,opt,name=deleted,proto3" json:"deleted,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteReplicaResponse) Reset() {
+	*x = DeleteReplicaResponse{}
+	mi := &file_agentpb_agent_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteReplicaResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteReplicaResponse) ProtoMessage() {}
+
+func (x *DeleteReplicaResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agentpb_agent_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteReplicaResponse.ProtoReflect.Descriptor instead.
+func (*DeleteReplicaResponse) Descriptor() ([]byte, []int) {
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *DeleteReplicaResponse) GetDeleted() bool {
+	if x != nil {
+		return x.Deleted
+	}
+	return false
+}
+
 var File_agentpb_agent_proto protoreflect.FileDescriptor
 
 const file_agentpb_agent_proto_rawDesc = "" +
@@ -1820,7 +1908,11 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\bsnapshot\x18\x05 \x01(\tR\bsnapshot\"J\n" +
 	"\rReceiveResult\x12#\n" +
 	"\rsnapshot_guid\x18\x01 \x01(\x04R\fsnapshotGuid\x12\x14\n" +
-	"\x05bytes\x18\x02 \x01(\x03R\x05bytes2\xdb\a\n" +
+	"\x05bytes\x18\x02 \x01(\x03R\x05bytes\"3\n" +
+	"\x14DeleteReplicaRequest\x12\x1b\n" +
+	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\"1\n" +
+	"\x15DeleteReplicaResponse\x12\x18\n" +
+	"\adeleted\x18\x01 \x01(\bR\adeleted2\xbf\b\n" +
 	"\tNodeAgent\x12E\n" +
 	"\aGetNode\x12!.zfsnomad.agent.v1.GetNodeRequest\x1a\x17.zfsnomad.agent.v1.Node\x12Q\n" +
 	"\fCreateVolume\x12&.zfsnomad.agent.v1.CreateVolumeRequest\x1a\x19.zfsnomad.agent.v1.Volume\x12_\n" +
@@ -1832,7 +1924,8 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\x0eDeleteSnapshot\x12(.zfsnomad.agent.v1.DeleteSnapshotRequest\x1a).zfsnomad.agent.v1.DeleteSnapshotResponse\x12b\n" +
 	"\rListSnapshots\x12'.zfsnomad.agent.v1.ListSnapshotsRequest\x1a(.zfsnomad.agent.v1.ListSnapshotsResponse\x12X\n" +
 	"\tReplicate\x12#.zfsnomad.agent.v1.ReplicateRequest\x1a$.zfsnomad.agent.v1.ReplicateProgress0\x01\x12I\n" +
-	"\x06Status\x12 .zfsnomad.agent.v1.StatusRequest\x1a\x1d.zfsnomad.agent.v1.NodeStatus2\xc0\x01\n" +
+	"\x06Status\x12 .zfsnomad.agent.v1.StatusRequest\x1a\x1d.zfsnomad.agent.v1.NodeStatus\x12b\n" +
+	"\rDeleteReplica\x12'.zfsnomad.agent.v1.DeleteReplicaRequest\x1a(.zfsnomad.agent.v1.DeleteReplicaResponse2\xc0\x01\n" +
 	"\vReplication\x12_\n" +
 	"\fReplicaState\x12&.zfsnomad.agent.v1.ReplicaStateRequest\x1a'.zfsnomad.agent.v1.ReplicaStateResponse\x12P\n" +
 	"\aReceive\x12!.zfsnomad.agent.v1.ReceiveMessage\x1a .zfsnomad.agent.v1.ReceiveResult(\x01B.Z,github.com/zfs-nomad/zfs-nomad/proto/agentpbb\x06proto3"
@@ -1849,7 +1942,7 @@ func file_agentpb_agent_proto_rawDescGZIP() []byte {
 	return file_agentpb_agent_proto_rawDescData
 }
 
-var file_agentpb_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
+var file_agentpb_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_agentpb_agent_proto_goTypes = []any{
 	(*GetNodeRequest)(nil),         // 0: zfsnomad.agent.v1.GetNodeRequest
 	(*Node)(nil),                   // 1: zfsnomad.agent.v1.Node
@@ -1879,14 +1972,16 @@ var file_agentpb_agent_proto_goTypes = []any{
 	(*ReceiveMessage)(nil),         // 25: zfsnomad.agent.v1.ReceiveMessage
 	(*ReceiveHeader)(nil),          // 26: zfsnomad.agent.v1.ReceiveHeader
 	(*ReceiveResult)(nil),          // 27: zfsnomad.agent.v1.ReceiveResult
-	nil,                            // 28: zfsnomad.agent.v1.Node.TopologyEntry
-	nil,                            // 29: zfsnomad.agent.v1.CreateVolumeRequest.ParametersEntry
-	nil,                            // 30: zfsnomad.agent.v1.Volume.ParametersEntry
+	(*DeleteReplicaRequest)(nil),   // 28: zfsnomad.agent.v1.DeleteReplicaRequest
+	(*DeleteReplicaResponse)(nil),  // 29: zfsnomad.agent.v1.DeleteReplicaResponse
+	nil,                            // 30: zfsnomad.agent.v1.Node.TopologyEntry
+	nil,                            // 31: zfsnomad.agent.v1.CreateVolumeRequest.ParametersEntry
+	nil,                            // 32: zfsnomad.agent.v1.Volume.ParametersEntry
 }
 var file_agentpb_agent_proto_depIdxs = []int32{
-	28, // 0: zfsnomad.agent.v1.Node.topology:type_name -> zfsnomad.agent.v1.Node.TopologyEntry
-	29, // 1: zfsnomad.agent.v1.CreateVolumeRequest.parameters:type_name -> zfsnomad.agent.v1.CreateVolumeRequest.ParametersEntry
-	30, // 2: zfsnomad.agent.v1.Volume.parameters:type_name -> zfsnomad.agent.v1.Volume.ParametersEntry
+	30, // 0: zfsnomad.agent.v1.Node.topology:type_name -> zfsnomad.agent.v1.Node.TopologyEntry
+	31, // 1: zfsnomad.agent.v1.CreateVolumeRequest.parameters:type_name -> zfsnomad.agent.v1.CreateVolumeRequest.ParametersEntry
+	32, // 2: zfsnomad.agent.v1.Volume.parameters:type_name -> zfsnomad.agent.v1.Volume.ParametersEntry
 	3,  // 3: zfsnomad.agent.v1.ListVolumesResponse.volumes:type_name -> zfsnomad.agent.v1.Volume
 	12, // 4: zfsnomad.agent.v1.ListSnapshotsResponse.snapshots:type_name -> zfsnomad.agent.v1.Snapshot
 	21, // 5: zfsnomad.agent.v1.NodeStatus.replicas:type_name -> zfsnomad.agent.v1.Replica
@@ -1903,23 +1998,25 @@ var file_agentpb_agent_proto_depIdxs = []int32{
 	15, // 16: zfsnomad.agent.v1.NodeAgent.ListSnapshots:input_type -> zfsnomad.agent.v1.ListSnapshotsRequest
 	17, // 17: zfsnomad.agent.v1.NodeAgent.Replicate:input_type -> zfsnomad.agent.v1.ReplicateRequest
 	19, // 18: zfsnomad.agent.v1.NodeAgent.Status:input_type -> zfsnomad.agent.v1.StatusRequest
-	23, // 19: zfsnomad.agent.v1.Replication.ReplicaState:input_type -> zfsnomad.agent.v1.ReplicaStateRequest
-	25, // 20: zfsnomad.agent.v1.Replication.Receive:input_type -> zfsnomad.agent.v1.ReceiveMessage
-	1,  // 21: zfsnomad.agent.v1.NodeAgent.GetNode:output_type -> zfsnomad.agent.v1.Node
-	3,  // 22: zfsnomad.agent.v1.NodeAgent.CreateVolume:output_type -> zfsnomad.agent.v1.Volume
-	5,  // 23: zfsnomad.agent.v1.NodeAgent.DeleteVolume:output_type -> zfsnomad.agent.v1.DeleteVolumeResponse
-	3,  // 24: zfsnomad.agent.v1.NodeAgent.GetVolume:output_type -> zfsnomad.agent.v1.Volume
-	8,  // 25: zfsnomad.agent.v1.NodeAgent.ListVolumes:output_type -> zfsnomad.agent.v1.ListVolumesResponse
-	10, // 26: zfsnomad.agent.v1.NodeAgent.ExpandVolume:output_type -> zfsnomad.agent.v1.ExpandVolumeResponse
-	12, // 27: zfsnomad.agent.v1.NodeAgent.CreateSnapshot:output_type -> zfsnomad.agent.v1.Snapshot
-	14, // 28: zfsnomad.agent.v1.NodeAgent.DeleteSnapshot:output_type -> zfsnomad.agent.v1.DeleteSnapshotResponse
-	16, // 29: zfsnomad.agent.v1.NodeAgent.ListSnapshots:output_type -> zfsnomad.agent.v1.ListSnapshotsResponse
-	18, // 30: zfsnomad.agent.v1.NodeAgent.Replicate:output_type -> zfsnomad.agent.v1.ReplicateProgress
-	20, // 31: zfsnomad.agent.v1.NodeAgent.Status:output_type -> zfsnomad.agent.v1.NodeStatus
-	24, // 32: zfsnomad.agent.v1.Replication.ReplicaState:output_type -> zfsnomad.agent.v1.ReplicaStateResponse
-	27, // 33: zfsnomad.agent.v1.Replication.Receive:output_type -> zfsnomad.agent.v1.ReceiveResult
-	21, // [21:34] is the sub-list for method output_type
-	8,  // [8:21] is the sub-list for method input_type
+	28, // 19: zfsnomad.agent.v1.NodeAgent.DeleteReplica:input_type -> zfsnomad.agent.v1.DeleteReplicaRequest
+	23, // 20: zfsnomad.agent.v1.Replication.ReplicaState:input_type -> zfsnomad.agent.v1.ReplicaStateRequest
+	25, // 21: zfsnomad.agent.v1.Replication.Receive:input_type -> zfsnomad.agent.v1.ReceiveMessage
+	1,  // 22: zfsnomad.agent.v1.NodeAgent.GetNode:output_type -> zfsnomad.agent.v1.Node
+	3,  // 23: zfsnomad.agent.v1.NodeAgent.CreateVolume:output_type -> zfsnomad.agent.v1.Volume
+	5,  // 24: zfsnomad.agent.v1.NodeAgent.DeleteVolume:output_type -> zfsnomad.agent.v1.DeleteVolumeResponse
+	3,  // 25: zfsnomad.agent.v1.NodeAgent.GetVolume:output_type -> zfsnomad.agent.v1.Volume
+	8,  // 26: zfsnomad.agent.v1.NodeAgent.ListVolumes:output_type -> zfsnomad.agent.v1.ListVolumesResponse
+	10, // 27: zfsnomad.agent.v1.NodeAgent.ExpandVolume:output_type -> zfsnomad.agent.v1.ExpandVolumeResponse
+	12, // 28: zfsnomad.agent.v1.NodeAgent.CreateSnapshot:output_type -> zfsnomad.agent.v1.Snapshot
+	14, // 29: zfsnomad.agent.v1.NodeAgent.DeleteSnapshot:output_type -> zfsnomad.agent.v1.DeleteSnapshotResponse
+	16, // 30: zfsnomad.agent.v1.NodeAgent.ListSnapshots:output_type -> zfsnomad.agent.v1.ListSnapshotsResponse
+	18, // 31: zfsnomad.agent.v1.NodeAgent.Replicate:output_type -> zfsnomad.agent.v1.ReplicateProgress
+	20, // 32: zfsnomad.agent.v1.NodeAgent.Status:output_type -> zfsnomad.agent.v1.NodeStatus
+	29, // 33: zfsnomad.agent.v1.NodeAgent.DeleteReplica:output_type -> zfsnomad.agent.v1.DeleteReplicaResponse
+	24, // 34: zfsnomad.agent.v1.Replication.ReplicaState:output_type -> zfsnomad.agent.v1.ReplicaStateResponse
+	27, // 35: zfsnomad.agent.v1.Replication.Receive:output_type -> zfsnomad.agent.v1.ReceiveResult
+	22, // [22:36] is the sub-list for method output_type
+	8,  // [8:22] is the sub-list for method input_type
 	8,  // [8:8] is the sub-list for extension type_name
 	8,  // [8:8] is the sub-list for extension extendee
 	0,  // [0:8] is the sub-list for field type_name
@@ -1940,7 +2037,7 @@ func file_agentpb_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agentpb_agent_proto_rawDesc), len(file_agentpb_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   31,
+			NumMessages:   33,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -35,6 +35,7 @@ const (
 	NodeAgent_ListSnapshots_FullMethodName  = "/zfsnomad.agent.v1.NodeAgent/ListSnapshots"
 	NodeAgent_Replicate_FullMethodName      = "/zfsnomad.agent.v1.NodeAgent/Replicate"
 	NodeAgent_Status_FullMethodName         = "/zfsnomad.agent.v1.NodeAgent/Status"
+	NodeAgent_DeleteReplica_FullMethodName  = "/zfsnomad.agent.v1.NodeAgent/DeleteReplica"
 )
 
 // NodeAgentClient is the client API for NodeAgent service.
@@ -56,6 +57,8 @@ type NodeAgentClient interface {
 	Replicate(ctx context.Context, in *ReplicateRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ReplicateProgress], error)
 	// Status lists the replicas this node holds and its running transfers.
 	Status(ctx context.Context, in *StatusRequest, opts ...grpc.CallOption) (*NodeStatus, error)
+	// DeleteReplica destroys this node's replica of a volume, if it has one.
+	DeleteReplica(ctx context.Context, in *DeleteReplicaRequest, opts ...grpc.CallOption) (*DeleteReplicaResponse, error)
 }
 
 type nodeAgentClient struct {
@@ -185,6 +188,16 @@ func (c *nodeAgentClient) Status(ctx context.Context, in *StatusRequest, opts ..
 	return out, nil
 }
 
+func (c *nodeAgentClient) DeleteReplica(ctx context.Context, in *DeleteReplicaRequest, opts ...grpc.CallOption) (*DeleteReplicaResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeleteReplicaResponse)
+	err := c.cc.Invoke(ctx, NodeAgent_DeleteReplica_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // NodeAgentServer is the server API for NodeAgent service.
 // All implementations must embed UnimplementedNodeAgentServer
 // for forward compatibility.
@@ -204,6 +217,8 @@ type NodeAgentServer interface {
 	Replicate(*ReplicateRequest, grpc.ServerStreamingServer[ReplicateProgress]) error
 	// Status lists the replicas this node holds and its running transfers.
 	Status(context.Context, *StatusRequest) (*NodeStatus, error)
+	// DeleteReplica destroys this node's replica of a volume, if it has one.
+	DeleteReplica(context.Context, *DeleteReplicaRequest) (*DeleteReplicaResponse, error)
 	mustEmbedUnimplementedNodeAgentServer()
 }
 
@@ -246,6 +261,9 @@ func (UnimplementedNodeAgentServer) Replicate(*ReplicateRequest, grpc.ServerStre
 }
 func (UnimplementedNodeAgentServer) Status(context.Context, *StatusRequest) (*NodeStatus, error) {
 	return nil, status.Error(codes.Unimplemented, "method Status not implemented")
+}
+func (UnimplementedNodeAgentServer) DeleteReplica(context.Context, *DeleteReplicaRequest) (*DeleteReplicaResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeleteReplica not implemented")
 }
 func (UnimplementedNodeAgentServer) mustEmbedUnimplementedNodeAgentServer() {}
 func (UnimplementedNodeAgentServer) testEmbeddedByValue()                   {}
@@ -459,6 +477,24 @@ func _NodeAgent_Status_Handler(srv interface{}, ctx context.Context, dec func(in
 	return interceptor(ctx, in, info, handler)
 }
 
+func _NodeAgent_DeleteReplica_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteReplicaRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NodeAgentServer).DeleteReplica(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: NodeAgent_DeleteReplica_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NodeAgentServer).DeleteReplica(ctx, req.(*DeleteReplicaRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // NodeAgent_ServiceDesc is the grpc.ServiceDesc for NodeAgent service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -505,6 +541,10 @@ var NodeAgent_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Status",
 			Handler:    _NodeAgent_Status_Handler,
+		},
+		{
+			MethodName: "DeleteReplica",
+			Handler:    _NodeAgent_DeleteReplica_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

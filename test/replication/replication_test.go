@@ -173,6 +173,32 @@ func TestFullThenIncremental(t *testing.T) {
 	if status.Code(err) != codes.FailedPrecondition {
 		t.Errorf("pushing onto the primary: %v, want FailedPrecondition", err)
 	}
+
+	// Deleting the volume removes it and its replica everywhere, held
+	// bases and all.
+	unpublish(t, c, id, "data")
+	if _, err := csi.NewControllerClient(dial(t, c.ControllerEndpoint)).DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range c.Nodes {
+		if out := guesttest.Run(t, "zfs", "list", "-H", "-r", "-t", "all", "-o", "name", n.RootDataset); strings.TrimSpace(out) != n.RootDataset {
+			t.Errorf("%s holds datasets after the delete:\n%s", n.ID, out)
+		}
+	}
+}
+
+// unpublish undoes publishedVolume.
+func unpublish(t *testing.T, c *sim.Cluster, id, name string) {
+	t.Helper()
+	n1 := c.Nodes[0]
+	node := csi.NewNodeClient(dial(t, n1.CSIEndpoint))
+	ctx := context.Background()
+	if _, err := node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: filepath.Join(n1.Dir, "target-"+name)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: filepath.Join(n1.Dir, "staging-"+name)}); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func TestResumeAfterReceiverKilled(t *testing.T) {

@@ -385,6 +385,29 @@ func (z *ZFS) destroy(ctx context.Context, name string, deferred bool) error {
 	})
 }
 
+func (z *ZFS) ReleaseAll(ctx context.Context, snapshot string) error {
+	if err := zfs.ValidateName(snapshot); err != nil || !strings.Contains(snapshot, "@") {
+		return fmt.Errorf("release holds of %q: not a snapshot name", snapshot)
+	}
+	return z.do(ctx, func() error {
+		d, err := z.open(snapshot)
+		if err != nil {
+			return err
+		}
+		defer d.Close()
+		tags, err := d.Holds()
+		if err != nil {
+			return fmt.Errorf("zfs holds %s: %w", snapshot, err)
+		}
+		for _, tag := range tags {
+			if err := d.Release(tag.Name); err != nil {
+				return fmt.Errorf("zfs release %s %s: %w", tag.Name, snapshot, err)
+			}
+		}
+		return nil
+	})
+}
+
 func (z *ZFS) PoolHealth(ctx context.Context, pool string) error {
 	return z.do(ctx, func() error {
 		p, err := golibzfs.PoolOpen(pool)

@@ -126,6 +126,23 @@ func TestDatasetLifecycle(t *testing.T) {
 		t.Errorf("origin after its last clone went: %v, want ErrNotFound", err)
 	}
 
+	// A held snapshot cannot be destroyed until its holds are released.
+	held := fs + "@held"
+	if err := z.Snapshot(ctx, held, nil); err != nil {
+		t.Fatal(err)
+	}
+	guesttest.Run(t, "zfs", "hold", "tag-a", held)
+	guesttest.Run(t, "zfs", "hold", "tag-b", held)
+	if err := z.Destroy(ctx, held); err == nil {
+		t.Error("destroyed a held snapshot")
+	}
+	if err := z.ReleaseAll(ctx, held); err != nil {
+		t.Fatal(err)
+	}
+	if err := z.Destroy(ctx, held); err != nil {
+		t.Errorf("destroy after ReleaseAll: %v", err)
+	}
+
 	// Properties, rename, destroy.
 	if err := z.SetProperties(ctx, fs, map[string]string{"refquota": "134217728", userProp: "changed"}); err != nil {
 		t.Fatal(err)

@@ -265,6 +265,15 @@ func (c Cmd) Holds(ctx context.Context, fs string) (map[string][]string, error) 
 	return holds, nil
 }
 
+// DestroyRecursive destroys a filesystem and its snapshots.
+func (c Cmd) DestroyRecursive(ctx context.Context, fs string) error {
+	if err := zfs.ValidateName(fs); err != nil || strings.Contains(fs, "@") || !strings.Contains(fs, "/") {
+		return fmt.Errorf("refusing to destroy %q recursively: not a filesystem below a pool", fs)
+	}
+	_, err := c.run(ctx, "destroy", "-r", fs)
+	return err
+}
+
 // Destroy destroys one snapshot.
 func (c Cmd) Destroy(ctx context.Context, snapshot string) error {
 	if err := zfs.ValidateName(snapshot); err != nil || !strings.Contains(snapshot, "@") {

@@ -30,6 +30,28 @@ type Fake struct {
 type entry struct {
 	ds    zfs.Dataset
 	props map[string]string // native properties as set
+	holds []string
+}
+
+// Hold puts a user hold on a snapshot, as zfs hold does.
+func (f *Fake) Hold(snapshot, tag string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.datasets[snapshot].holds = append(f.datasets[snapshot].holds, tag)
+}
+
+func (f *Fake) ReleaseAll(ctx context.Context, snapshot string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.check("release", snapshot); err != nil {
+		return err
+	}
+	e, ok := f.datasets[snapshot]
+	if !ok {
+		return fmt.Errorf("%s: %w", snapshot, zfs.ErrNotFound)
+	}
+	e.holds = nil
+	return nil
 }
 
 var _ zfs.Interface = (*Fake)(nil)
@@ -315,6 +337,9 @@ func (f *Fake) destroy(name string, deferred bool) error {
 		if strings.HasPrefix(n, name+"/") || strings.HasPrefix(n, name+"@") {
 			return fmt.Errorf("destroy %s: %s depends on it: %w", name, n, zfs.ErrHasDependents)
 		}
+	}
+	if len(e.holds) > 0 {
+		return fmt.Errorf("destroy %s: held by %v: %w", name, e.holds, zfs.ErrBusy)
 	}
 	if clones := f.clonesOf(name); len(clones) > 0 {
 		if deferred {
