@@ -89,7 +89,8 @@ func run(args []string) error {
 	dial := func(addr string) (*grpc.ClientConn, error) {
 		return grpc.NewClient(addr, append(replication.DialOptions(), grpc.WithTransportCredentials(dialCreds))...)
 	}
-	pusher := replication.NewPusher(streams, cfg.RootDataset, cfg.NodeID, cfg.ReplicationSnapshots, dial, log.Named("replication"))
+	pusher := replication.NewPusher(streams, cfg.RootDataset, cfg.NodeID, cfg.ReplicationSnapshots,
+		replication.NewLimiter(uint64(cfg.ReplicationBandwidth)), dial, log.Named("replication"))
 	receiver := replication.NewReceiver(streams, cfg.RootDataset, cfg.NodeID, cfg.ReplicationSnapshots, log.Named("replication"))
 	agentSrv := grpc.NewServer(append(serverOpts, replication.ServerOptions()...)...)
 	pb.RegisterNodeAgentServer(agentSrv, agent.NewServer(volumes, pusher, receiver, cfg, log.Named("agent")))

@@ -48,6 +48,9 @@ type Node struct {
 	// ReplicationSnapshots is how many zn- snapshots each side keeps besides
 	// the held incremental bases.
 	ReplicationSnapshots int `json:"replication_snapshots"`
+	// ReplicationBandwidth caps the bytes per second this node sends to
+	// peers, all transfers together; 0 means no cap.
+	ReplicationBandwidth ByteSize `json:"replication_bandwidth"`
 	// CSIEndpoint is where the CSI Identity and Node services listen
 	// (unix:///path or tcp://host:port). Nomad sets CSI_ENDPOINT.
 	CSIEndpoint string `json:"csi_endpoint"`

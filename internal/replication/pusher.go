@@ -44,6 +44,7 @@ type Pusher struct {
 	root   string
 	nodeID string
 	keep   int
+	limit  *Limiter
 	dial   func(addr string) (*grpc.ClientConn, error)
 	log    hclog.Logger
 	locks  keylock.Locks
@@ -87,8 +88,8 @@ func (p *Pusher) update(t *Transfer, prog Progress) {
 // NewPusher returns a Pusher for the node whose volumes live under root;
 // dial connects to a peer's agent port; keep replication snapshots are
 // kept besides the held bases.
-func NewPusher(z Streams, root, nodeID string, keep int, dial func(addr string) (*grpc.ClientConn, error), log hclog.Logger) *Pusher {
-	return &Pusher{z: z, root: root, nodeID: nodeID, keep: keep, dial: dial, log: log, now: time.Now}
+func NewPusher(z Streams, root, nodeID string, keep int, limit *Limiter, dial func(addr string) (*grpc.ClientConn, error), log hclog.Logger) *Pusher {
+	return &Pusher{z: z, root: root, nodeID: nodeID, keep: keep, limit: limit, dial: dial, log: log, now: time.Now}
 }
 
 // Push brings the replica of volumeID on the peer at addr up to date:
@@ -157,6 +158,9 @@ func (p *Pusher) Push(ctx context.Context, volumeID, addr string, interval time.
 		report(prog)
 	})
 	w := &chunkWriter{send: func(b []byte) error {
+		if err := p.limit.Wait(ctx, len(b)); err != nil {
+			return err
+		}
 		return stream.Send(&pb.ReceiveMessage{Msg: &pb.ReceiveMessage_Data{Data: b}})
 	}, sent: &sent}
 	_, sendErr := p.z.Send(ctx, spec, w)

@@ -496,3 +496,22 @@ func TestScheduleKeepsReplicasCurrent(t *testing.T) {
 		}
 	}
 }
+
+// A node's replication bandwidth cap holds.
+func TestBandwidthLimit(t *testing.T) {
+	c := guesttest.StartCluster(t, 2, sim.Options{NodeArgs: []string{"-replication-bandwidth", "8M"}})
+	n1, n2 := c.Nodes[0], c.Nodes[1]
+	id, target := publishedVolume(t, c, "capped")
+	guesttest.Exec(t, n1, "dd if=/dev/urandom of="+target+"/data bs=1M count=24 2>/dev/null && sync")
+	start := time.Now()
+	p, err := replicate(t, context.Background(), c, n1, n2, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	elapsed := time.Since(start)
+	rate := float64(p.GetBytes()) / elapsed.Seconds() / (1 << 20)
+	t.Logf("%d MiB in %s: %.1f MiB/s under a cap of 8 MiB/s", p.GetBytes()>>20, elapsed.Round(time.Millisecond), rate)
+	if rate > 8.5 {
+		t.Errorf("sent at %.1f MiB/s, above the 8 MiB/s cap", rate)
+	}
+}
