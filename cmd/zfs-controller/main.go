@@ -28,6 +28,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/cluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/csi"
+	"github.com/zfs-nomad/zfs-nomad/internal/metrics"
 	"github.com/zfs-nomad/zfs-nomad/internal/operator"
 	"github.com/zfs-nomad/zfs-nomad/internal/scheduler"
 	"github.com/zfs-nomad/zfs-nomad/internal/tlsconfig"
@@ -78,9 +79,17 @@ func run(args []string) error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	registry := metrics.NewRegistry()
 	if every := time.Duration(cfg.ScheduleEvery); every > 0 {
-		go scheduler.New(nodes, cfg.ParallelPushes, log.Named("replication")).Run(ctx, every)
+		sched := scheduler.New(nodes, cfg.ParallelPushes, log.Named("replication"))
+		sched.Metrics = scheduler.NewMetrics(registry)
+		go sched.Run(ctx, every)
 	}
+	go func() {
+		if err := csi.ServeMetrics(ctx, cfg.MetricsAddress, registry, log); err != nil {
+			log.Error("metrics endpoint failed", "error", err)
+		}
+	}()
 	log.Info("serving", "version", version.Version, "csi_endpoint", cfg.CSIEndpoint, "peers", cfg.Peers, "peers_file", cfg.PeersFile)
 	err = csi.Serve(ctx, srv, lis, 10*time.Second)
 	log.Info("stopped")

@@ -24,6 +24,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/agent"
 	"github.com/zfs-nomad/zfs-nomad/internal/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/csi"
+	"github.com/zfs-nomad/zfs-nomad/internal/metrics"
 	"github.com/zfs-nomad/zfs-nomad/internal/mount"
 	"github.com/zfs-nomad/zfs-nomad/internal/replication"
 	"github.com/zfs-nomad/zfs-nomad/internal/tlsconfig"
@@ -92,6 +93,9 @@ func run(args []string) error {
 	pusher := replication.NewPusher(streams, cfg.RootDataset, cfg.NodeID, cfg.ReplicationSnapshots,
 		replication.NewLimiter(uint64(cfg.ReplicationBandwidth)), dial, log.Named("replication"))
 	receiver := replication.NewReceiver(streams, cfg.RootDataset, cfg.NodeID, cfg.ReplicationSnapshots, log.Named("replication"))
+	registry := metrics.NewRegistry()
+	pusher.Metrics = replication.NewMetrics(registry)
+	receiver.Metrics = pusher.Metrics
 	agentSrv := grpc.NewServer(append(serverOpts, replication.ServerOptions()...)...)
 	pb.RegisterNodeAgentServer(agentSrv, agent.NewServer(volumes, pusher, receiver, cfg, log.Named("agent")))
 	pb.RegisterReplicationServer(agentSrv, receiver)
@@ -101,6 +105,7 @@ func run(args []string) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return csi.Serve(gctx, csiSrv, csiLis, 10*time.Second) })
 	g.Go(func() error { return csi.Serve(gctx, agentSrv, agentLis, 10*time.Second) })
+	g.Go(func() error { return csi.ServeMetrics(gctx, cfg.MetricsAddress, registry, log) })
 	err = g.Wait()
 	log.Info("stopped")
 	return err

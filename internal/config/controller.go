@@ -31,6 +31,9 @@ type Controller struct {
 	TLS TLSFiles `json:"tls"`
 	// InsecureAgentPort talks to agents without TLS: test networks only.
 	InsecureAgentPort bool `json:"insecure_agent_port"`
+	// MetricsAddress serves Prometheus metrics at http://ADDRESS/metrics
+	// ("" turns it off).
+	MetricsAddress string `json:"metrics_address"`
 }
 
 // DefaultController returns the defaults a config file or flags override.

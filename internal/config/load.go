@@ -37,6 +37,7 @@ func LoadNode(args []string, getenv func(string) string, stderr io.Writer) (Node
 	fs.Var(&cfg.ReplicationBandwidth, "replication-bandwidth", "bytes per second this node sends to peers, all transfers together (e.g. 50M; 0: no cap)")
 	fs.IntVar(&cfg.ReplicationSnapshots, "replication-snapshots", cfg.ReplicationSnapshots, "zn- snapshots kept per volume besides the incremental bases")
 	tlsFlags(fs, &cfg.TLS, &cfg.InsecureAgentPort)
+	metricsFlag(fs, &cfg.MetricsAddress)
 	if err := load(fs, args, getenv, &cfg); err != nil {
 		return cfg, err
 	}
@@ -68,6 +69,7 @@ func LoadControllerCommand(name string, args []string, getenv func(string) strin
 	fs.Var(&cfg.ScheduleEvery, "schedule-every", "how often the replication schedule runs (0: off)")
 	fs.IntVar(&cfg.ParallelPushes, "parallel-pushes", cfg.ParallelPushes, "transfers the schedule runs at once")
 	tlsFlags(fs, &cfg.TLS, &cfg.InsecureAgentPort)
+	metricsFlag(fs, &cfg.MetricsAddress)
 	if extra != nil {
 		extra(fs)
 	}
@@ -78,6 +80,10 @@ func LoadControllerCommand(name string, args []string, getenv func(string) strin
 		return cfg, nil, fmt.Errorf("invalid zfs-controller configuration:\n%w", err)
 	}
 	return cfg, fs.Args(), nil
+}
+
+func metricsFlag(fs *flag.FlagSet, addr *string) {
+	fs.StringVar(addr, "metrics-address", *addr, "serve Prometheus metrics at http://ADDRESS/metrics (empty: off)")
 }
 
 func tlsFlags(fs *flag.FlagSet, t *TLSFiles, insecure *bool) {

@@ -62,6 +62,9 @@ type Node struct {
 	// InsecureAgentPort serves the agent port without TLS: for a closed
 	// test network only.
 	InsecureAgentPort bool `json:"insecure_agent_port"`
+	// MetricsAddress serves Prometheus metrics at http://ADDRESS/metrics
+	// ("" turns it off).
+	MetricsAddress string `json:"metrics_address"`
 }
 
 // TLSFiles names PEM files: the operator's CA bundle, this party's

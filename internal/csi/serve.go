@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -15,6 +16,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/metrics"
 )
 
 // Listen opens a CSI endpoint: unix:///path/csi.sock (a stale socket file
@@ -107,6 +110,30 @@ func Serve(ctx context.Context, srv *grpc.Server, lis net.Listener, grace time.D
 	case <-stopped:
 	case <-time.After(grace):
 		srv.Stop()
+	}
+	return nil
+}
+
+// ServeMetrics serves the registry at http://addr/metrics until ctx ends;
+// an empty addr serves nothing.
+func ServeMetrics(ctx context.Context, addr string, r *metrics.Registry, log hclog.Logger) error {
+	if addr == "" {
+		return nil
+	}
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("metrics address %s: %w", addr, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", r.Handler())
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		<-ctx.Done()
+		_ = srv.Close()
+	}()
+	log.Info("serving metrics", "address", lis.Addr().String())
+	if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return err
 	}
 	return nil
 }

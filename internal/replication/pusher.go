@@ -40,6 +40,9 @@ type Transfer struct {
 
 // Pusher sends this node's volumes to peers.
 type Pusher struct {
+	// Metrics, when set, records every transfer.
+	Metrics *Metrics
+
 	z      Streams
 	root   string
 	nodeID string
@@ -152,6 +155,8 @@ func (p *Pusher) Push(ctx context.Context, volumeID, addr string, interval time.
 	}
 
 	var sent atomic.Int64
+	started := p.now()
+	peerNode := state.GetNodeId()
 	stop := p.reportEvery(interval, func() {
 		prog.Bytes = sent.Load()
 		p.update(transfer, prog)
@@ -172,9 +177,11 @@ func (p *Pusher) Push(ctx context.Context, volumeID, addr string, interval time.
 		_ = stream.CloseSend()
 		_, recvErr := stream.CloseAndRecv() // the receiver's own account, if it has one
 		log.Warn("send failed; the next push resumes", "bytes", sent.Load(), "error", sendErr, "receiver", recvErr)
+		p.Metrics.transfer("out", prog.Kind, volumeID, peerNode, sent.Load(), p.now().Sub(started), sendErr)
 		return Progress{}, errdefs.Wrap(errdefs.ErrUnavailable, "sending volume %s to %s: %v (receiver: %v)", volumeID, addr, sendErr, recvErr)
 	}
 	result, err := stream.CloseAndRecv()
+	p.Metrics.transfer("out", prog.Kind, volumeID, peerNode, sent.Load(), p.now().Sub(started), err)
 	if err != nil {
 		return Progress{}, errdefs.FromStatus(err)
 	}

@@ -22,6 +22,9 @@ import (
 // holds and receives their streams into replicas under its root.
 type Receiver struct {
 	pb.UnimplementedReplicationServer
+	// Metrics, when set, records every transfer.
+	Metrics *Metrics
+
 	z      Streams
 	root   string
 	nodeID string
@@ -153,8 +156,10 @@ func (r *Receiver) receive(stream pb.Replication_ReceiveServer) (*pb.ReceiveResu
 			}
 		}
 	}()
+	started := time.Now()
 	err = r.z.Receive(ctx, fs, props, pr)
 	pr.Close() // a writer still running now fails instead of blocking
+	r.Metrics.transfer("in", h.GetKind(), h.GetVolumeId(), h.GetSourceNodeId(), received.Load(), time.Since(started), err)
 	if err != nil {
 		log.Warn("receive failed; an interrupted stream can be resumed", "bytes", received.Load(), "error", err)
 		return nil, errdefs.Wrap(errdefs.ErrAborted, "receiving volume %s: %v", h.GetVolumeId(), err)

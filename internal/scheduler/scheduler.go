@@ -20,12 +20,16 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/cluster"
+	"github.com/zfs-nomad/zfs-nomad/internal/metrics"
 	"github.com/zfs-nomad/zfs-nomad/internal/volume"
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
 // Scheduler runs replication rounds.
 type Scheduler struct {
+	// Metrics, when set, records lag and pushes.
+	Metrics *Metrics
+
 	cl       *cluster.Cluster
 	log      hclog.Logger
 	parallel int
@@ -115,11 +119,13 @@ func (s *Scheduler) Plan(ctx context.Context) ([]Push, error) {
 		}
 	}
 	var pushes []Push
+	s.Metrics.reset()
 	for _, p := range primaries {
 		want, interval := volume.ReplicationPolicy(p.vol.GetParameters())
 		if want == 0 {
 			continue
 		}
+		s.Metrics.observe(p.vol.GetVolumeId(), want, replicas[p.vol.GetVolumeId()], s.now())
 		for _, t := range s.targets(p.node, p.vol, want, replicas[p.vol.GetVolumeId()], healthy) {
 			if reason := s.due(t, interval); reason != "" {
 				pushes = append(pushes, Push{VolumeID: p.vol.GetVolumeId(), Source: p.node, Target: t.node, Reason: reason})
@@ -188,6 +194,7 @@ func (s *Scheduler) push(ctx context.Context, p Push) {
 	stream, err := p.Source.Client.Replicate(ctx, &pb.ReplicateRequest{VolumeId: p.VolumeID, TargetAddress: p.Target.Addr})
 	if err != nil {
 		log.Warn("push failed to start", "error", err)
+		s.Metrics.push("failure")
 		return
 	}
 	var last *pb.ReplicateProgress
@@ -198,13 +205,58 @@ func (s *Scheduler) push(ctx context.Context, p Push) {
 		}
 		if err != nil {
 			log.Warn("push failed; the next round retries", "error", err)
+			s.Metrics.push("failure")
 			return
 		}
 		last = prog
 	}
 	if last == nil || !last.GetDone() {
 		log.Warn("push ended without completing")
+		s.Metrics.push("failure")
 		return
 	}
+	s.Metrics.push("success")
 	log.Info("replica updated", "kind", last.GetKind(), "bytes", last.GetBytes(), "duration", s.now().Sub(start).Round(time.Millisecond))
+}
+
+// Metrics are the controller's replication metrics. A nil *Metrics records
+// nothing.
+type Metrics struct {
+	lag, missing, pushes metrics.Vec
+}
+
+// NewMetrics declares the schedule's metrics in r.
+func NewMetrics(r *metrics.Registry) *Metrics {
+	return &Metrics{
+		lag:     r.Gauge("zfs_nomad_replica_lag_seconds", "Age of each replica's newest snapshot: what a failover to it would lose.", "volume_id", "node"),
+		missing: r.Gauge("zfs_nomad_replicas_missing", "Replicas a volume asks for but does not have (complete) yet.", "volume_id"),
+		pushes:  r.Counter("zfs_nomad_scheduled_pushes_total", "Pushes the schedule ran, by result.", "result"),
+	}
+}
+
+func (m *Metrics) reset() {
+	if m != nil {
+		m.lag.Reset()
+		m.missing.Reset()
+	}
+}
+
+func (m *Metrics) observe(volumeID string, want int, have []replica, now time.Time) {
+	if m == nil {
+		return
+	}
+	complete := 0
+	for _, r := range have {
+		if r.last.Unix() > 0 {
+			complete++
+			m.lag.Set(now.Sub(r.last).Seconds(), volumeID, r.node.Info.GetNodeId())
+		}
+	}
+	m.missing.Set(float64(max(0, want-complete)), volumeID)
+}
+
+func (m *Metrics) push(result string) {
+	if m != nil {
+		m.pushes.Add(1, result)
+	}
 }

@@ -98,6 +98,8 @@ type Cluster struct {
 	Controller *Process
 	// ControllerEndpoint is the controller's CSI endpoint (unix://...).
 	ControllerEndpoint string
+	// ControllerMetrics is the controller's Prometheus endpoint.
+	ControllerMetrics string
 	// CA is the cluster's throw-away CA; Operator holds an operator
 	// certificate from it, for calls to the agents (DialAgent).
 	CA       *tlsconfig.CA
@@ -127,6 +129,7 @@ type Node struct {
 	IP           string
 	AgentAddress string // where the controller reaches the node agent
 	CSIEndpoint  string // the node's CSI socket (unix://...)
+	Metrics      string // the node's Prometheus endpoint (http://...)
 	Dir          string // the node's directory for staging and target paths
 	Process      *Process
 	args         []string
@@ -185,7 +188,9 @@ func Start(opts Options) (_ *Cluster, err error) {
 		if err != nil {
 			return nil, err
 		}
-		args := append([]string{"-csi-endpoint", c.ControllerEndpoint, "-peers", strings.Join(peers, ","), "-agent-timeout", "10s"}, tlsArgs(ctlTLS)...)
+		c.ControllerMetrics = "http://127.0.0.1:9671/metrics"
+		args := append([]string{"-csi-endpoint", c.ControllerEndpoint, "-peers", strings.Join(peers, ","), "-agent-timeout", "10s",
+			"-metrics-address", "127.0.0.1:9671"}, tlsArgs(ctlTLS)...)
 		args = append(args, opts.ControllerArgs...)
 		c.Controller, err = c.start("controller", filepath.Join(opts.BinDir, "zfs-controller"), args...)
 		if err != nil {
@@ -223,6 +228,7 @@ func (c *Cluster) addNode(i int) (*Node, error) {
 	node.RootDataset = node.Pool + "/nomad"
 	node.AgentAddress = node.IP + ":7670"
 	node.CSIEndpoint = "unix://" + filepath.Join(node.Dir, "csi.sock")
+	node.Metrics = "http://" + node.IP + ":9670/metrics"
 	if err := os.MkdirAll(node.Dir, 0o755); err != nil {
 		return nil, err
 	}
@@ -256,7 +262,7 @@ func (c *Cluster) addNode(i int) (*Node, error) {
 	}
 	node.args = append([]string{
 		"-node-id", id, "-root-dataset", node.RootDataset, "-max-quota", "10G", "-default-quota", "256M",
-		"-csi-endpoint", node.CSIEndpoint, "-agent-address", node.AgentAddress,
+		"-csi-endpoint", node.CSIEndpoint, "-agent-address", node.AgentAddress, "-metrics-address", node.IP + ":9670",
 		"-allow-property", "compression=lz4:lz4|off|zstd", "-allow-property", "atime=off:on|off",
 		"-mount-flags", "ro,noatime,nodev,nosuid,noexec",
 	}, tlsArgs(nodeTLS)...)

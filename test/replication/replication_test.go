@@ -8,6 +8,7 @@ import (
 	"context"
 	"encoding/base64"
 	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -185,6 +186,20 @@ func TestFullThenIncremental(t *testing.T) {
 			t.Errorf("%s holds datasets after the delete:\n%s", n.ID, out)
 		}
 	}
+}
+
+func scrape(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }
 
 // unpublish undoes publishedVolume.
@@ -486,6 +501,24 @@ func TestScheduleKeepsReplicasCurrent(t *testing.T) {
 			t.Errorf("replica on %s differs:\nsource:\n%s\nreplica:\n%s", n.ID, src, dst)
 		}
 	}
+	// Metrics: lag per replica and pushes on the controller, bytes on the node.
+	ctlMetrics, n1Metrics := scrape(t, c.ControllerMetrics), scrape(t, n1.Metrics)
+	for _, want := range []string{
+		`zfs_nomad_replica_lag_seconds{volume_id="` + id + `",node="n2"}`,
+		`zfs_nomad_replica_lag_seconds{volume_id="` + id + `",node="n3"}`,
+		`zfs_nomad_replicas_missing{volume_id="` + id + `"} 0`,
+		`zfs_nomad_scheduled_pushes_total{result="success"}`,
+	} {
+		if !strings.Contains(ctlMetrics, want) {
+			t.Errorf("controller metrics lack %s:\n%s", want, ctlMetrics)
+		}
+	}
+	for _, want := range []string{`zfs_nomad_replication_sent_bytes_total{peer_node="n2"}`, `zfs_nomad_replication_transfers_total{direction="out",kind="full",result="success"}`} {
+		if !strings.Contains(n1Metrics, want) {
+			t.Errorf("node metrics lack %s:\n%s", want, n1Metrics)
+		}
+	}
+
 	// Retention: each side keeps at most 2 unheld replication snapshots
 	// plus the held bases (one per peer on the source).
 	time.Sleep(5 * time.Second) // a few more rounds
