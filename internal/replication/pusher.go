@@ -224,13 +224,18 @@ func (p *Pusher) plan(ctx context.Context, fs string, state *pb.ReplicaStateResp
 			base = s.Name
 		}
 	}
+	encryption, err := p.z.Get(ctx, fs, "encryption")
+	if err != nil {
+		return Progress{}, zfscmd.SendSpec{}, err
+	}
+	raw := encryption != "off" && encryption != "-"
 	switch {
 	case base != "":
-		return Progress{Kind: KindIncremental, Snapshot: snap, Base: base}, zfscmd.SendSpec{Snapshot: snap, Base: base}, nil
+		return Progress{Kind: KindIncremental, Snapshot: snap, Base: base}, zfscmd.SendSpec{Snapshot: snap, Base: base, Raw: raw}, nil
 	case state.GetExists():
 		return Progress{}, zfscmd.SendSpec{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "the peer's replica of %s shares no snapshot with this node; remove it for a full send", fs)
 	}
-	return Progress{Kind: KindFull, Snapshot: snap}, zfscmd.SendSpec{Snapshot: snap}, nil
+	return Progress{Kind: KindFull, Snapshot: snap}, zfscmd.SendSpec{Snapshot: snap, Raw: raw}, nil
 }
 
 func (p *Pusher) holdBase(ctx context.Context, fs string, guid uint64, tag string) error {

@@ -89,7 +89,13 @@ type Options struct {
 	NoController bool
 	// LogLevel of the binaries (default debug).
 	LogLevel string
+	// EncryptedRoots creates every node's root dataset encrypted (key in
+	// KeyFile), so every volume inherits encryption.
+	EncryptedRoots bool
 }
+
+// KeyFile returns the raw key of encrypted roots in a cluster's dir.
+func KeyFile(dir string) string { return filepath.Join(dir, "zfs.key") }
 
 // Cluster is a running simulated cluster. Close undoes it.
 type Cluster struct {
@@ -106,6 +112,9 @@ type Cluster struct {
 	Operator tlsconfig.Files
 	undo     []func()
 }
+
+// Dir is the cluster's directory (sockets, logs, keys).
+func (c *Cluster) Dir() string { return c.opts.Dir }
 
 // DialAgent connects to a node agent with the operator's certificate.
 func (c *Cluster) DialAgent(addr string) (*grpc.ClientConn, error) {
@@ -236,7 +245,17 @@ func (c *Cluster) addNode(i int) (*Node, error) {
 		return nil, err
 	}
 	c.undo = append(c.undo, func() { DestroyPool(node.Pool) })
-	if _, err := Run("zfs", "create", node.RootDataset); err != nil {
+	create := []string{"create"}
+	if c.opts.EncryptedRoots {
+		key := KeyFile(c.opts.Dir)
+		if _, err := os.Stat(key); err != nil {
+			if err := os.WriteFile(key, []byte("zfs-nomad throw-away test key!!!"), 0o600); err != nil { // 32 bytes, raw
+				return nil, err
+			}
+		}
+		create = append(create, "-o", "encryption=on", "-o", "keyformat=raw", "-o", "keylocation=file://"+key)
+	}
+	if _, err := Run("zfs", append(create, node.RootDataset)...); err != nil {
 		return nil, err
 	}
 

@@ -548,3 +548,28 @@ func TestBandwidthLimit(t *testing.T) {
 		t.Errorf("sent at %.1f MiB/s, above the 8 MiB/s cap", rate)
 	}
 }
+
+// An encrypted volume is sent raw: the replica stays encrypted and its
+// node needs no key; with the key it holds the source's files.
+func TestEncryptedVolumeStaysEncrypted(t *testing.T) {
+	c := guesttest.StartCluster(t, 2, sim.Options{EncryptedRoots: true})
+	n1, n2 := c.Nodes[0], c.Nodes[1]
+	id, target := publishedVolume(t, c, "secret")
+	guesttest.Exec(t, n1, "seq 1 20000 > "+target+"/ledger && sync")
+	if enc := zfsGet(t, "encryption", n1.RootDataset+"/"+id); enc == "off" {
+		t.Fatalf("the volume on an encrypted root is not encrypted")
+	}
+	// The receiving node does not have the key loaded for the replica.
+	p, err := replicate(t, context.Background(), c, n1, n2, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	replica := n2.RootDataset + "/" + id
+	if enc, ks := zfsGet(t, "encryption", replica), zfsGet(t, "keystatus", replica); enc == "off" || ks != "unavailable" {
+		t.Fatalf("replica encryption=%s keystatus=%s after a %s send; want encrypted, key not loaded", enc, ks, p.GetKind())
+	}
+	guesttest.Run(t, "zfs", "load-key", "-L", "file://"+sim.KeyFile(c.Dir()), replica)
+	if src, dst := checksums(t, n1, target), replicaChecksums(t, n2, id); src != dst {
+		t.Fatalf("decrypted replica differs:\nsource:\n%s\nreplica:\n%s", src, dst)
+	}
+}

@@ -57,15 +57,22 @@ type SendSpec struct {
 	Snapshot    string
 	Base        string
 	ResumeToken string
+	// Raw sends an encrypted dataset's blocks as stored (-w): the stream and
+	// the replica stay encrypted, and the receiver needs no key.
+	Raw bool
 }
 
 // Args returns the zfs send arguments: large blocks and compressed blocks
-// as stored (-L -c), so data is neither split nor recompressed.
+// as stored (-L -c), so data is neither split nor recompressed; raw (-w,
+// which implies both) for encrypted datasets.
 func (s SendSpec) Args() []string {
 	if s.ResumeToken != "" {
 		return []string{"send", "-t", s.ResumeToken} // the token carries the original flags
 	}
 	args := []string{"send", "-L", "-c"}
+	if s.Raw {
+		args = []string{"send", "-w"}
+	}
 	if s.Base != "" {
 		args = append(args, "-i", s.Base)
 	}
