@@ -1,12 +1,26 @@
 package replication
 
-import "google.golang.org/grpc"
+import (
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
+)
 
 // Bulk data flows through gRPC streams of chunkSize messages. gRPC's
 // default flow-control windows (64 KiB, grown by BDP estimation) and 32 KiB
 // buffers keep a fast stream waiting on window updates; large fixed windows
 // let the sender keep several chunks in flight (see docs/replication.md for
 // the measurements).
+// Keepalive pings notice a silent peer (a cut link, a frozen host) within
+// about keepaliveTime+keepaliveTimeout on either end: the stream then fails,
+// zfs receive sees its input end and keeps a resume token, and the next
+// push resumes. Without them a TCP connection to a vanished peer hangs.
+const (
+	keepaliveTime    = 10 * time.Second
+	keepaliveTimeout = 10 * time.Second
+)
+
 const (
 	streamWindow = 16 << 20
 	connWindow   = 32 << 20
@@ -20,6 +34,8 @@ func ServerOptions() []grpc.ServerOption {
 		grpc.InitialConnWindowSize(connWindow),
 		grpc.ReadBufferSize(bufferSize),
 		grpc.WriteBufferSize(bufferSize),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: keepaliveTime, Timeout: keepaliveTimeout}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: keepaliveTime / 2, PermitWithoutStream: true}),
 	}
 }
 
@@ -30,5 +46,6 @@ func DialOptions() []grpc.DialOption {
 		grpc.WithInitialConnWindowSize(connWindow),
 		grpc.WithReadBufferSize(bufferSize),
 		grpc.WithWriteBufferSize(bufferSize),
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: keepaliveTime, Timeout: keepaliveTimeout}),
 	}
 }

@@ -14,7 +14,6 @@ package sim
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -141,8 +140,12 @@ type Node struct {
 	Metrics      string // the node's Prometheus endpoint (http://...)
 	Dir          string // the node's directory for staging and target paths
 	Process      *Process
-	args         []string
-	c            *Cluster
+	// host holds the node's network and mount namespaces for the node's
+	// whole life, as a machine does: the mounts zfs-node makes survive its
+	// restart, as they do under Nomad.
+	host *Process
+	args []string
+	c    *Cluster
 }
 
 const bridge = "zbr0"
@@ -205,7 +208,7 @@ func Start(opts Options) (_ *Cluster, err error) {
 		if err != nil {
 			return nil, err
 		}
-		if err := waitForSocket(c.ControllerEndpoint); err != nil {
+		if err := waitForSocket(c.ControllerEndpoint, c.Controller); err != nil {
 			return nil, err
 		}
 	}
@@ -220,6 +223,9 @@ func (c *Cluster) Close() {
 	for _, n := range c.Nodes {
 		if n.Process != nil {
 			n.Process.Stop()
+		}
+		if n.host != nil {
+			n.host.Kill()
 		}
 	}
 	for i := len(c.undo) - 1; i >= 0; i-- {
@@ -290,18 +296,32 @@ func (c *Cluster) addNode(i int) (*Node, error) {
 	return node, nil
 }
 
-// Start starts (or restarts) the node's zfs-node in the node's network
-// namespace (and, through ip netns exec, its own mount namespace) and waits
-// for its CSI socket.
+// Start starts (or restarts) the node's zfs-node in the node's network and
+// mount namespaces and waits for its CSI socket.
 func (n *Node) Start() error {
-	args := append([]string{"netns", "exec", n.ID, filepath.Join(n.c.opts.BinDir, "zfs-node")}, n.args...)
-	p, err := n.c.start(n.ID, "ip", args...)
+	if n.host == nil {
+		// ip netns exec gives the holder the node's network namespace and a
+		// mount namespace of its own.
+		host, err := n.c.start(n.ID+"-host", "ip", "netns", "exec", n.ID, "sleep", "1000000000")
+		if err != nil {
+			return err
+		}
+		n.host = host
+		if err := waitForOwnNamespaces(host.Pid()); err != nil {
+			return err
+		}
+	}
+	args := append([]string{"-t", strconv.Itoa(n.host.Pid()), "-m", "-n", "--", filepath.Join(n.c.opts.BinDir, "zfs-node")}, n.args...)
+	p, err := n.c.start(n.ID, "nsenter", args...)
 	if err != nil {
 		return err
 	}
 	n.Process = p
-	return waitForSocket(n.CSIEndpoint)
+	return waitForSocket(n.CSIEndpoint, p)
 }
+
+// HostPid is a process in the node's namespaces, for nsenter.
+func (n *Node) HostPid() int { return n.host.Pid() }
 
 // Kill kills the node's zfs-node with SIGKILL.
 func (n *Node) Kill() { n.Process.Kill() }
@@ -320,7 +340,7 @@ func (n *Node) RestoreLink() error {
 // Exec runs a shell command in the node's mount and network namespaces,
 // where its volumes are mounted.
 func (n *Node) Exec(script string) (string, error) {
-	return Run("nsenter", "-t", strconv.Itoa(n.Process.Pid()), "-m", "-n", "--", "sh", "-c", script)
+	return Run("nsenter", "-t", strconv.Itoa(n.host.Pid()), "-m", "-n", "--", "sh", "-c", script)
 }
 
 // Process is a background process logging to a file.
@@ -382,7 +402,28 @@ func (p *Process) Exited() bool {
 	}
 }
 
-func waitForSocket(endpoint string) error {
+// waitForOwnNamespaces waits until process pid has left our network and
+// mount namespaces: nsenter before that would enter ours.
+func waitForOwnNamespaces(pid int) error {
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		moved := true
+		for _, ns := range []string{"net", "mnt"} {
+			theirs, err1 := os.Readlink(fmt.Sprintf("/proc/%d/ns/%s", pid, ns))
+			ours, err2 := os.Readlink("/proc/self/ns/" + ns)
+			if err1 != nil || err2 != nil || theirs == ours {
+				moved = false
+			}
+		}
+		if moved {
+			return nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return fmt.Errorf("process %d did not enter its node's namespaces within 10s", pid)
+}
+
+func waitForSocket(endpoint string, p *Process) error {
 	path := strings.TrimPrefix(endpoint, "unix://")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -393,5 +434,6 @@ func waitForSocket(endpoint string) error {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	return errors.New(path + " did not come up within 30s (see its log)")
+	log, _ := os.ReadFile(p.Log)
+	return fmt.Errorf("%s did not come up within 30s; log of %s:\n%s", path, p.Name, log)
 }

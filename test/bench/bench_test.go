@@ -17,6 +17,7 @@ package bench
 import (
 	"context"
 	"crypto/tls"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -40,6 +41,10 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	flag.Parse()
+	if f := flag.Lookup("test.bench"); f == nil || f.Value.String() == "" {
+		os.Exit(m.Run()) // no benchmark asked for (make test): no guest to boot
+	}
 	os.Exit(guesttest.Main(m, guesttest.Options{
 		Disks:    []string{"3G", "3G"},
 		Binaries: map[string]string{"zfs-node": "./cmd/zfs-node", "zfs-controller": "./cmd/zfs-controller"},
@@ -141,7 +146,7 @@ func BenchmarkReplication(b *testing.B) {
 // zfs send | socat | zfs recv over the veth, in the nodes' namespaces.
 func socatTransfer(b *testing.B, n1, n2 *sim.Node, snapshot, target string) {
 	b.Helper()
-	recv := exec.Command("nsenter", "-t", strconv.Itoa(n2.Process.Pid()), "-n", "--", "sh", "-c",
+	recv := exec.Command("nsenter", "-t", strconv.Itoa(n2.HostPid()), "-n", "--", "sh", "-c",
 		"socat -u TCP-LISTEN:9100,reuseaddr - | zfs recv -u "+target)
 	out := &strings.Builder{}
 	recv.Stdout, recv.Stderr = out, out

@@ -216,59 +216,86 @@ func unpublish(t *testing.T, c *sim.Cluster, id, name string) {
 	}
 }
 
-func TestResumeAfterReceiverKilled(t *testing.T) {
-	c := guesttest.StartCluster(t, 2, sim.Options{})
-	n1, n2 := c.Nodes[0], c.Nodes[1]
-	id, target := publishedVolume(t, c, "big")
-	guesttest.Exec(t, n1, "dd if=/dev/urandom of="+target+"/big bs=1M count=200 2>/dev/null && sync")
+// An interrupted transfer resumes from the receiver's token without
+// starting over, whatever interrupted it.
+func TestResumeAfterInterruption(t *testing.T) {
+	tests := []struct {
+		name string
+		// interrupt breaks the transfer; restore undoes what it did.
+		interrupt, restore func(t *testing.T, n1, n2 *sim.Node)
+	}{
+		{"receiver killed",
+			func(t *testing.T, n1, n2 *sim.Node) { n2.Kill() },
+			func(t *testing.T, n1, n2 *sim.Node) { mustStart(t, n2) }},
+		{"sender killed",
+			func(t *testing.T, n1, n2 *sim.Node) { n1.Kill() },
+			func(t *testing.T, n1, n2 *sim.Node) { mustStart(t, n1) }},
+		{"link down then up",
+			func(t *testing.T, n1, n2 *sim.Node) {
+				if err := n1.CutLink(); err != nil {
+					t.Fatal(err)
+				}
+				time.Sleep(30 * time.Second) // longer than the keepalive detection (about 20 s)
+			},
+			func(t *testing.T, n1, n2 *sim.Node) {
+				if err := n1.RestoreLink(); err != nil {
+					t.Fatal(err)
+				}
+			}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := guesttest.StartCluster(t, 2, sim.Options{})
+			n1, n2 := c.Nodes[0], c.Nodes[1]
+			id, target := publishedVolume(t, c, "big")
+			guesttest.Exec(t, n1, "dd if=/dev/urandom of="+target+"/big bs=1M count=200 2>/dev/null && sync")
 
-	// Kill the receiver once a quarter of the stream has gone through.
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	stream, err := agent(t, c, n1).Replicate(ctx, &pb.ReplicateRequest{VolumeId: id, TargetAddress: n2.AgentAddress})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var firstBytes int64
-	for {
-		p, err := stream.Recv()
-		if err != nil {
-			t.Fatalf("the stream ended before the receiver was killed: %v", err)
-		}
-		if p.GetBytes() > 50<<20 {
-			firstBytes = p.GetBytes()
-			n2.Kill()
-			break
-		}
-	}
-	for { // the push fails once the receiver is gone
-		if _, err := stream.Recv(); err != nil {
-			break
-		}
-	}
-	// The partial receive waits, resumable, on n2.
-	if err := n2.Start(); err != nil {
-		t.Fatal(err)
-	}
-	replica := n2.RootDataset + "/" + id
-	deadline := time.Now().Add(30 * time.Second)
-	for zfsGet(t, "receive_resume_token", replica) == "-" && time.Now().Before(deadline) {
-		time.Sleep(500 * time.Millisecond) // zfs receive saves its state once it sees the end of its input
-	}
-	if zfsGet(t, "receive_resume_token", replica) == "-" {
-		t.Fatal("no resume token on the interrupted replica")
-	}
+			// Interrupt once a quarter of the stream has gone through.
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+			defer cancel()
+			stream, err := agent(t, c, n1).Replicate(ctx, &pb.ReplicateRequest{VolumeId: id, TargetAddress: n2.AgentAddress})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var firstBytes int64
+			for firstBytes < 50<<20 {
+				p, err := stream.Recv()
+				if err != nil {
+					t.Fatalf("the stream ended before the interruption: %v", err)
+				}
+				firstBytes = p.GetBytes()
+			}
+			tc.interrupt(t, n1, n2)
+			cancel() // our call to n1 is moot now (and hangs while the link is down)
+			tc.restore(t, n1, n2)
 
-	p, err := replicate(t, context.Background(), c, n1, n2, id)
-	if err != nil {
+			replica := n2.RootDataset + "/" + id
+			deadline := time.Now().Add(60 * time.Second)
+			for zfsGet(t, "receive_resume_token", replica) == "-" && time.Now().Before(deadline) {
+				time.Sleep(500 * time.Millisecond) // zfs receive saves its state once it sees the end of its input
+			}
+			if zfsGet(t, "receive_resume_token", replica) == "-" {
+				t.Fatal("no resume token on the interrupted replica")
+			}
+			p, err := replicate(t, context.Background(), c, n1, n2, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("%s: %d MiB sent before the interruption, %d MiB by the resumed push, of a 200 MiB volume", tc.name, firstBytes>>20, p.GetBytes()>>20)
+			if p.GetKind() != "resume" || p.GetBytes() > 200<<20-firstBytes/2 {
+				t.Errorf("resumed push: %+v; want kind resume, sending well under the whole 200 MiB again", p)
+			}
+			if src, dst := checksums(t, n1, target), replicaChecksums(t, n2, id); src != dst {
+				t.Fatalf("after resuming the replica differs:\nsource:\n%s\nreplica:\n%s", src, dst)
+			}
+		})
+	}
+}
+
+func mustStart(t *testing.T, n *sim.Node) {
+	t.Helper()
+	if err := n.Start(); err != nil {
 		t.Fatal(err)
-	}
-	t.Logf("first attempt sent %d MiB before the kill; the resumed push sent %d MiB", firstBytes>>20, p.GetBytes()>>20)
-	if p.GetKind() != "resume" || p.GetBytes() > 200<<20-firstBytes/2 {
-		t.Errorf("resumed push: %+v; want kind resume, sending well under the whole 200 MiB again", p)
-	}
-	if src, dst := checksums(t, n1, target), replicaChecksums(t, n2, id); src != dst {
-		t.Fatalf("after resuming the replica differs:\nsource:\n%s\nreplica:\n%s", src, dst)
 	}
 }
 
