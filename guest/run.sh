@@ -33,7 +33,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 image=$("$here/image.sh")
 
 args=(
-  -M pc -accel tcg,thread=multi -cpu qemu64 -smp 2 -m "$mem"
+  -M pc -accel tcg,thread=multi -cpu "${ZFS_GUEST_CPU:-qemu64}" -smp 2 -m "$mem"
   -no-reboot -nodefaults -nographic -serial stdio
   -bios /usr/share/qemu/qboot.rom
   -kernel "$image/vmlinuz" -initrd "$image/initrd.gz"

@@ -320,6 +320,14 @@ func (n *Node) Start() error {
 	return waitForSocket(n.CSIEndpoint, p)
 }
 
+// RestartWith stops the node's zfs-node and starts it again with extra
+// flags added for good.
+func (n *Node) RestartWith(extra ...string) error {
+	n.Process.Stop()
+	n.args = append(n.args, extra...)
+	return n.Start()
+}
+
 // HostPid is a process in the node's namespaces, for nsenter.
 func (n *Node) HostPid() int { return n.host.Pid() }
 

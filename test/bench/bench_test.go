@@ -8,7 +8,9 @@
 //   - local:  zfs send | zfs recv between the two pools on one kernel (the ceiling);
 //   - socat:  zfs send | socat | zfs recv over the nodes' veth, plaintext
 //     (what syncoid's direct mode and openebs's nc do);
-//   - driver: the driver's Replicate (mutual TLS gRPC between the agents).
+//   - driver: the driver's Replicate (mutual TLS gRPC between the agents);
+//   - driver-plaintext: the same with -insecure-agent-port, to show what
+//     TLS costs on this CPU (never a production setting).
 //
 // BenchmarkTransport: the bare transport, 256 MiB over TLS on loopback,
 // as gRPC chunked messages and as a plain stream on the same TLS setup.
@@ -105,7 +107,7 @@ func BenchmarkReplication(b *testing.B) {
 	defer agentConn.Close()
 	agent := pb.NewNodeAgentClient(agentConn)
 
-	var local, socat, driver time.Duration
+	var local, socat, driver, plaintext time.Duration
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		local += timed(func() { sh(b, "zfs send -L -c "+src+"@bench | zfs recv -u "+n2.Pool+"/local") })
@@ -114,32 +116,57 @@ func BenchmarkReplication(b *testing.B) {
 		socat += timed(func() { socatTransfer(b, n1, n2, src+"@bench", n2.Pool+"/socat") })
 		sh(b, "zfs destroy -r "+n2.Pool+"/socat")
 
-		driver += timed(func() {
-			stream, err := agent.Replicate(ctx, &pb.ReplicateRequest{VolumeId: id, TargetAddress: n2.AgentAddress})
-			if err != nil {
-				b.Fatal(err)
-			}
-			for {
-				if _, err := stream.Recv(); err == io.EOF {
-					break
-				} else if err != nil {
-					b.Fatal(err)
-				}
-			}
-		})
-		// Drop the replica and the bases, so every round is a full send.
-		sh(b, "zfs list -H -t snapshot -o name -d 1 "+n2.RootDataset+"/"+id+" | xargs -n1 zfs release zfs-nomad-base; zfs destroy -r "+n2.RootDataset+"/"+id)
-		sh(b, "zfs list -H -t snapshot -o name -d 1 "+src+" | grep @zn- | xargs -n1 zfs release zfs-nomad-base-n2 2>/dev/null; true")
+		driver += timed(func() { push(b, agent, id, n2.AgentAddress) })
+		dropReplica(b, n1, n2, id)
+	}
+	// Plaintext last: the nodes restart without TLS for it.
+	b.StopTimer()
+	for _, n := range c.Nodes {
+		if err := n.RestartWith("-insecure-agent-port"); err != nil {
+			b.Fatal(err)
+		}
+	}
+	plainConn, err := grpc.NewClient(n1.AgentAddress, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer plainConn.Close()
+	b.StartTimer()
+	for i := 0; i < b.N; i++ {
+		plaintext += timed(func() { push(b, pb.NewNodeAgentClient(plainConn), id, n2.AgentAddress) })
+		dropReplica(b, n1, n2, id)
 	}
 	b.StopTimer()
 	mibps := func(d time.Duration) float64 { return size / (1 << 20) / (d.Seconds() / float64(b.N)) }
 	b.ReportMetric(mibps(local), "local-MiB/s")
 	b.ReportMetric(mibps(socat), "socat-MiB/s")
 	b.ReportMetric(mibps(driver), "driver-MiB/s")
+	b.ReportMetric(mibps(plaintext), "driver-plaintext-MiB/s")
 	b.ReportMetric(mibps(driver)/mibps(socat), "driver/socat")
 	b.ReportMetric(mibps(driver)/mibps(local), "driver/local")
-	b.Logf("stream %.0f MiB; local %.1f, socat %.1f, driver %.1f MiB/s; driver/socat %.2f, driver/local %.2f",
-		size/(1<<20), mibps(local), mibps(socat), mibps(driver), mibps(driver)/mibps(socat), mibps(driver)/mibps(local))
+	b.Logf("stream %.0f MiB; local %.1f, socat %.1f, driver %.1f (plaintext %.1f) MiB/s; driver/socat %.2f, driver/local %.2f",
+		size/(1<<20), mibps(local), mibps(socat), mibps(driver), mibps(plaintext), mibps(driver)/mibps(socat), mibps(driver)/mibps(local))
+}
+
+// push runs one Replicate to the end.
+func push(b *testing.B, agent pb.NodeAgentClient, id, target string) {
+	stream, err := agent.Replicate(context.Background(), &pb.ReplicateRequest{VolumeId: id, TargetAddress: target})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for {
+		if _, err := stream.Recv(); err == io.EOF {
+			return
+		} else if err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// dropReplica removes the replica and the bases, so the next push is full.
+func dropReplica(b *testing.B, n1, n2 *sim.Node, id string) {
+	sh(b, "zfs list -H -t snapshot -o name -d 1 "+n2.RootDataset+"/"+id+" | xargs -n1 zfs release zfs-nomad-base; zfs destroy -r "+n2.RootDataset+"/"+id)
+	sh(b, "zfs list -H -t snapshot -o name -d 1 "+n1.RootDataset+"/"+id+" | grep @zn- | xargs -n1 zfs release zfs-nomad-base-n2 2>/dev/null; true")
 }
 
 // socatTransfer sends snapshot from n1 to a new dataset on n2 with
