@@ -10,8 +10,9 @@ package config
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"regexp"
-	"sort"
+	"slices"
 	"strings"
 	"time"
 
@@ -153,9 +154,9 @@ func (c *Node) Validate() error {
 	if c.DefaultQuota == 0 || (c.MaxQuota > 0 && c.DefaultQuota > c.MaxQuota) {
 		errs = append(errs, fmt.Errorf("default_quota %s: must be above 0 and at most max_quota %s", c.DefaultQuota, c.MaxQuota))
 	}
-	for _, name := range sortedKeys(c.Properties) {
+	for _, name := range slices.Sorted(maps.Keys(c.Properties)) {
 		if !SettableProperties[name] {
-			errs = append(errs, fmt.Errorf("properties: %q is not a property volumes may set (allowed: %s)", name, strings.Join(sortedKeys(SettableProperties), ", ")))
+			errs = append(errs, fmt.Errorf("properties: %q is not a property volumes may set (allowed: %s)", name, strings.Join(slices.Sorted(maps.Keys(SettableProperties)), ", ")))
 			continue
 		}
 		rule := c.Properties[name]
@@ -164,13 +165,13 @@ func (c *Node) Validate() error {
 				errs = append(errs, fmt.Errorf("properties.%s: %w", name, err))
 			}
 		}
-		if rule.Default != "" && len(rule.Allowed) > 0 && !contains(rule.Allowed, rule.Default) {
+		if rule.Default != "" && len(rule.Allowed) > 0 && !slices.Contains(rule.Allowed, rule.Default) {
 			errs = append(errs, fmt.Errorf("properties.%s: default %q is not among allowed %v", name, rule.Default, rule.Allowed))
 		}
 	}
 	for _, f := range c.MountFlags {
 		if !AllowedMountFlags[f] {
-			errs = append(errs, fmt.Errorf("mount_flags: %q is not a supported flag (supported: %s)", f, strings.Join(sortedKeys(AllowedMountFlags), ", ")))
+			errs = append(errs, fmt.Errorf("mount_flags: %q is not a supported flag (supported: %s)", f, strings.Join(slices.Sorted(maps.Keys(AllowedMountFlags)), ", ")))
 		}
 	}
 	if c.CSIEndpoint == "" {
@@ -224,22 +225,4 @@ func ValidatePropertyValue(v string) error {
 		}
 	}
 	return nil
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }

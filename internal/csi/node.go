@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"slices"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/hashicorp/go-hclog"
@@ -80,7 +81,7 @@ func (n *Node) lockVolume(id string) (func(), error) {
 func (n *Node) mountFlags(c *csi.VolumeCapability) ([]string, error) {
 	flags := c.GetMount().GetMountFlags()
 	for _, f := range flags {
-		if !contains(n.cfg.MountFlags, f) {
+		if !slices.Contains(n.cfg.MountFlags, f) {
 			return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, "mount flag %q is not allowed on this node (allowed: %v)", f, n.cfg.MountFlags)
 		}
 	}
@@ -164,7 +165,7 @@ func (n *Node) publish(ctx context.Context, req *csi.NodePublishVolumeRequest) e
 		return err
 	}
 	readOnly := req.GetReadonly() || req.GetVolumeCapability().GetAccessMode().GetMode() == csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY
-	if readOnly && !contains(flags, "ro") {
+	if readOnly && !slices.Contains(flags, "ro") {
 		flags = append(flags, "ro")
 	}
 	unlock, err := n.lockVolume(id)
@@ -287,15 +288,6 @@ func firstError(errs ...error) error {
 		}
 	}
 	return nil
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 func without(list []string, drop string) []string {

@@ -3,6 +3,8 @@ package volume
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -106,7 +108,7 @@ func ResolveProperties(cfg *config.Node, params map[string]string) (props, recor
 			props[name] = rule.Default
 		}
 	}
-	for _, key := range sortedKeys(params) {
+	for _, key := range slices.Sorted(maps.Keys(params)) {
 		value := params[key]
 		if ignoredParameter(key) {
 			continue
@@ -125,7 +127,7 @@ func ResolveProperties(cfg *config.Node, params map[string]string) (props, recor
 		if err := config.ValidatePropertyValue(value); err != nil {
 			return nil, nil, fmt.Errorf("%w: parameter %q: %v", errdefs.ErrInvalidArgument, key, err)
 		}
-		if len(rule.Allowed) > 0 && !contains(rule.Allowed, value) {
+		if len(rule.Allowed) > 0 && !slices.Contains(rule.Allowed, value) {
 			return nil, nil, fmt.Errorf("%w: parameter %q=%q is not allowed; the operator allows %s", errdefs.ErrInvalidArgument, key, value, strings.Join(rule.Allowed, ", "))
 		}
 		props[key] = value
@@ -168,22 +170,4 @@ func decodeParameters(s string) map[string]string {
 	out := map[string]string{}
 	_ = json.Unmarshal([]byte(s), &out) // a damaged value reads as no parameters
 	return out
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
-}
-
-func sortedKeys(m map[string]string) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }

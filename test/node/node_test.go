@@ -12,9 +12,7 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/guesttest"
@@ -33,21 +31,11 @@ type clients struct {
 	node csi.NodeClient
 }
 
-func dial(t *testing.T, endpoint string) *grpc.ClientConn {
-	t.Helper()
-	conn, err := grpc.NewClient(endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	return conn
-}
-
 func setup(t *testing.T) (*sim.Cluster, clients) {
 	c := guesttest.StartCluster(t, 1, sim.Options{})
 	return c, clients{
-		ctl:  csi.NewControllerClient(dial(t, c.ControllerEndpoint)),
-		node: csi.NewNodeClient(dial(t, c.Nodes[0].CSIEndpoint)),
+		ctl:  csi.NewControllerClient(guesttest.Dial(t, c.ControllerEndpoint)),
+		node: csi.NewNodeClient(guesttest.Dial(t, c.Nodes[0].CSIEndpoint)),
 	}
 }
 

@@ -19,7 +19,6 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/guesttest"
@@ -36,16 +35,6 @@ func TestMain(m *testing.M) {
 	}))
 }
 
-func dial(t *testing.T, endpoint string) *grpc.ClientConn {
-	t.Helper()
-	conn, err := grpc.NewClient(endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	return conn
-}
-
 var writer = &csi.VolumeCapability{
 	AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
 	AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
@@ -56,14 +45,14 @@ func publishedVolume(t *testing.T, c *sim.Cluster, name string) (id, target stri
 	t.Helper()
 	ctx := context.Background()
 	n1 := c.Nodes[0]
-	ctl := csi.NewControllerClient(dial(t, c.ControllerEndpoint))
+	ctl := csi.NewControllerClient(guesttest.Dial(t, c.ControllerEndpoint))
 	resp, err := ctl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: name, VolumeCapabilities: []*csi.VolumeCapability{writer},
 		CapacityRange: &csi.CapacityRange{RequiredBytes: 1 << 30}, Parameters: map[string]string{"node": n1.ID, "compression": "off"}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	id = resp.GetVolume().GetVolumeId()
-	node := csi.NewNodeClient(dial(t, n1.CSIEndpoint))
+	node := csi.NewNodeClient(guesttest.Dial(t, n1.CSIEndpoint))
 	staging, target := filepath.Join(n1.Dir, "staging-"+name), filepath.Join(n1.Dir, "target-"+name)
 	os.MkdirAll(staging, 0o755)
 	if _, err := node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: writer}); err != nil {
@@ -178,7 +167,7 @@ func TestFullThenIncremental(t *testing.T) {
 	// Deleting the volume removes it and its replica everywhere, held
 	// bases and all.
 	unpublish(t, c, id, "data")
-	if _, err := csi.NewControllerClient(dial(t, c.ControllerEndpoint)).DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
+	if _, err := csi.NewControllerClient(guesttest.Dial(t, c.ControllerEndpoint)).DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
 		t.Fatal(err)
 	}
 	for _, n := range c.Nodes {
@@ -206,7 +195,7 @@ func scrape(t *testing.T, url string) string {
 func unpublish(t *testing.T, c *sim.Cluster, id, name string) {
 	t.Helper()
 	n1 := c.Nodes[0]
-	node := csi.NewNodeClient(dial(t, n1.CSIEndpoint))
+	node := csi.NewNodeClient(guesttest.Dial(t, n1.CSIEndpoint))
 	ctx := context.Background()
 	if _, err := node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: filepath.Join(n1.Dir, "target-"+name)}); err != nil {
 		t.Fatal(err)
@@ -311,7 +300,7 @@ func TestRefusesStrangersAndBadStreams(t *testing.T) {
 	before := replicaChecksums(t, n2, id)
 
 	// No client certificate at all: the TLS handshake fails.
-	plain := pb.NewReplicationClient(dial(t, n2.AgentAddress))
+	plain := pb.NewReplicationClient(guesttest.Dial(t, n2.AgentAddress))
 	if _, err := plain.ReplicaState(ctx, &pb.ReplicaStateRequest{VolumeId: id}); status.Code(err) != codes.Unavailable {
 		t.Errorf("plaintext call: %v, want refused (Unavailable)", err)
 	}
@@ -469,7 +458,7 @@ func TestScheduleKeepsReplicasCurrent(t *testing.T) {
 	})
 	n1 := c.Nodes[0]
 	ctx := context.Background()
-	ctl := csi.NewControllerClient(dial(t, c.ControllerEndpoint))
+	ctl := csi.NewControllerClient(guesttest.Dial(t, c.ControllerEndpoint))
 	// Above the operator's limit is refused.
 	_, err := ctl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "greedy", VolumeCapabilities: []*csi.VolumeCapability{writer},
 		Parameters: map[string]string{"replicas": "5"}})
@@ -510,7 +499,7 @@ func TestScheduleKeepsReplicasCurrent(t *testing.T) {
 	waitForReplicas(time.Time{})
 
 	// Data written now reaches both replicas within a few intervals.
-	node := csi.NewNodeClient(dial(t, n1.CSIEndpoint))
+	node := csi.NewNodeClient(guesttest.Dial(t, n1.CSIEndpoint))
 	staging, target := filepath.Join(n1.Dir, "s-kept"), filepath.Join(n1.Dir, "t-kept")
 	os.MkdirAll(staging, 0o755)
 	if _, err := node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: writer}); err != nil {
