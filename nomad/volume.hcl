@@ -16,7 +16,9 @@ capability {
 # "node" pins the volume to a client; leave it out to let the controller
 # choose the client with most room.
 parameters {
-  compression = "zstd"
+  compression          = "zstd"
+  replicas             = "1"   # copies on other clients, within the operator's max_replicas
+  replication_interval = "5m"  # at most this old, within min_replication_interval
 }
 
 mount_options {

@@ -5,6 +5,11 @@ variable "binary" {
   default     = "/usr/local/bin/zfs-controller"
 }
 
+variable "tls_dir" {
+  description = "Directory on the clients holding ca.pem, controller.pem, controller-key.pem (certificate OU \"controller\")"
+  default     = "/etc/zfs-nomad"
+}
+
 job "zfs-nomad-controller" {
   type = "service"
 
@@ -16,7 +21,12 @@ job "zfs-nomad-controller" {
 
       config {
         command = var.binary
-        args    = ["-peers-file", "${NOMAD_TASK_DIR}/peers"]
+        args = [
+          "-peers-file", "${NOMAD_TASK_DIR}/peers",
+          "-tls-ca", "${var.tls_dir}/ca.pem",
+          "-tls-cert", "${var.tls_dir}/controller.pem",
+          "-tls-key", "${var.tls_dir}/controller-key.pem",
+        ]
       }
 
       # The node agents, from Nomad's native service discovery. Nomad

@@ -21,6 +21,10 @@ variable "default_quota" {
 variable "agent_port" {
   default = 7670
 }
+variable "tls_dir" {
+  description = "Directory on every client holding ca.pem, node.pem, node-key.pem (certificate OU \"node\", DNS name node.zfs-nomad; see docs/security.md)"
+  default     = "/etc/zfs-nomad"
+}
 variable "data_dir" {
   description = "The clients' Nomad data_dir"
   default     = "/opt/nomad/data"
@@ -55,6 +59,9 @@ job "zfs-nomad-node" {
           "-max-quota", var.max_quota,
           "-default-quota", var.default_quota,
           "-agent-address", "${NOMAD_IP_agent}:${NOMAD_PORT_agent}",
+          "-tls-ca", "${var.tls_dir}/ca.pem",
+          "-tls-cert", "${var.tls_dir}/node.pem",
+          "-tls-key", "${var.tls_dir}/node-key.pem",
           "-allow-property", "compression=lz4:lz4|zstd|off",
           "-allow-property", "atime=off:on|off",
         ]
