@@ -85,8 +85,12 @@ func run(args []string) error {
 		sched.Metrics = scheduler.NewMetrics(registry)
 		go sched.Run(ctx, every)
 	}
+	metricsLis, err := csi.ListenMetrics(cfg.MetricsAddress)
+	if err != nil {
+		return err
+	}
 	go func() {
-		if err := csi.ServeMetrics(ctx, cfg.MetricsAddress, registry, log); err != nil {
+		if err := csi.ServeMetrics(ctx, metricsLis, registry, log); err != nil {
 			log.Error("metrics endpoint failed", "error", err)
 		}
 	}()

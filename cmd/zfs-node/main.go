@@ -76,6 +76,10 @@ func run(args []string) error {
 	if err != nil {
 		return fmt.Errorf("agent address %s: %w", cfg.AgentAddress, err)
 	}
+	metricsLis, err := csi.ListenMetrics(cfg.MetricsAddress)
+	if err != nil {
+		return err
+	}
 
 	csiSrv := grpc.NewServer(grpc.UnaryInterceptor(csi.LoggingInterceptor(log.Named("csi"))))
 	csispec.RegisterIdentityServer(csiSrv, csi.NewIdentity(volumes.Health))
@@ -105,7 +109,7 @@ func run(args []string) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return csi.Serve(gctx, csiSrv, csiLis, 10*time.Second) })
 	g.Go(func() error { return csi.Serve(gctx, agentSrv, agentLis, 10*time.Second) })
-	g.Go(func() error { return csi.ServeMetrics(gctx, cfg.MetricsAddress, registry, log) })
+	g.Go(func() error { return csi.ServeMetrics(gctx, metricsLis, registry, log) })
 	err = g.Wait()
 	log.Info("stopped")
 	return err

@@ -114,15 +114,24 @@ func Serve(ctx context.Context, srv *grpc.Server, lis net.Listener, grace time.D
 	return nil
 }
 
-// ServeMetrics serves the registry at http://addr/metrics until ctx ends;
-// an empty addr serves nothing.
-func ServeMetrics(ctx context.Context, addr string, r *metrics.Registry, log hclog.Logger) error {
+// ListenMetrics opens the metrics address; "" opens nothing. Binaries
+// call it at start, so a bad address fails the start, not later.
+func ListenMetrics(addr string) (net.Listener, error) {
 	if addr == "" {
-		return nil
+		return nil, nil
 	}
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
-		return fmt.Errorf("metrics address %s: %w", addr, err)
+		return nil, fmt.Errorf("metrics address %s: %w", addr, err)
+	}
+	return lis, nil
+}
+
+// ServeMetrics serves the registry at /metrics on lis until ctx ends; a
+// nil lis serves nothing.
+func ServeMetrics(ctx context.Context, lis net.Listener, r *metrics.Registry, log hclog.Logger) error {
+	if lis == nil {
+		return nil
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", r.Handler())

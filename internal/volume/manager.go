@@ -104,6 +104,9 @@ func (m *Manager) Health(ctx context.Context) error {
 	if ds.Type != zfs.Filesystem {
 		return fmt.Errorf("%w: root dataset %s is not a filesystem", errdefs.ErrUnavailable, m.cfg.RootDataset)
 	}
+	if ds.ReadOnly {
+		return fmt.Errorf("%w: root dataset %s is readonly=on, so no volume can be written (zfs set readonly=off %s)", errdefs.ErrUnavailable, m.cfg.RootDataset, m.cfg.RootDataset)
+	}
 	return nil
 }
 

@@ -271,6 +271,14 @@ func TestZFSErrorsAreClassified(t *testing.T) {
 	if _, err := m.Create(ctx, CreateRequest{Name: "a"}); !errors.Is(err, errdefs.ErrUnavailable) {
 		t.Errorf("create with ZFS down: %v, want Unavailable", err)
 	}
+	fake.Fail = nil
+	if err := m.Health(ctx); err != nil {
+		t.Errorf("Health of a good node: %v", err)
+	}
+	fake.SetProperties(ctx, root, map[string]string{"readonly": "on"})
+	if err := m.Health(ctx); !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "readonly") {
+		t.Errorf("Health with a read-only root: %v", err)
+	}
 	fake.Fail = func(op, name string) error { return zfs.ErrUnavailable }
 	if err := m.Health(ctx); !errors.Is(err, errdefs.ErrUnavailable) {
 		t.Errorf("Health with pool down: %v", err)

@@ -56,6 +56,8 @@ type Dataset struct {
 	Origin string
 	// DeferDestroy is set on a snapshot whose destroy waits for its clones.
 	DeferDestroy bool
+	// ReadOnly is the readonly property.
+	ReadOnly bool
 	// User holds the user properties ("module:name") set locally on the dataset.
 	User map[string]string
 }

@@ -197,6 +197,7 @@ func (z *ZFS) convert(d *golibzfs.Dataset) (zfs.Dataset, error) {
 		RefQuota:     parseUint(p[golibzfs.DatasetPropRefquota].Value),
 		Created:      time.Unix(int64(parseUint(p[golibzfs.DatasetPropCreation].Value)), 0),
 		DeferDestroy: p[golibzfs.DatasetPropDeferDestroy].Value == "on",
+		ReadOnly:     p[golibzfs.DatasetPropReadonly].Value == "on",
 		User:         map[string]string{},
 	}
 	if o := p[golibzfs.DatasetPropOrigin].Value; o != "-" {

@@ -150,6 +150,12 @@ func TestDatasetLifecycle(t *testing.T) {
 	if got := zfsGet(t, "refquota", fs); got != "134217728" {
 		t.Errorf("refquota after set = %s", got)
 	}
+	if err := z.SetProperties(ctx, fs, map[string]string{"readonly": "on"}); err != nil {
+		t.Fatal(err)
+	}
+	if ds, err := z.Get(ctx, fs); err != nil || !ds.ReadOnly {
+		t.Errorf("after readonly=on: ReadOnly=%v, %v", ds.ReadOnly, err)
+	}
 	if err := z.Rename(ctx, fs, root+"/renamed"); err != nil {
 		t.Fatal(err)
 	}

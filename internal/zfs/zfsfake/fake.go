@@ -216,6 +216,9 @@ func setProps(e *entry, props map[string]string) error {
 				e.ds.RefQuota = n
 			}
 			e.props[k] = v
+		case k == "readonly":
+			e.ds.ReadOnly = v == "on"
+			e.props[k] = v
 		default:
 			e.props[k] = v
 		}
