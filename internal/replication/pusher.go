@@ -54,7 +54,20 @@ type Pusher struct {
 	now    func() time.Time
 
 	mu        sync.Mutex
-	transfers map[string]*Transfer // by volume ID
+	transfers map[string]*Transfer          // by volume ID
+	cancels   map[string]context.CancelFunc // of running pushes, by volume ID
+}
+
+// Hold stops a running push of volumeID and keeps new ones from starting
+// (they get Aborted) until release is called. Deleting a volume holds it,
+// so a push cannot snapshot or send a volume that is being destroyed.
+func (p *Pusher) Hold(ctx context.Context, volumeID string) (release func(), err error) {
+	p.mu.Lock()
+	if cancel, ok := p.cancels[volumeID]; ok {
+		cancel()
+	}
+	p.mu.Unlock()
+	return p.locks.Lock(ctx, volumeID)
 }
 
 // Transfers returns the pushes running now.
@@ -107,9 +120,22 @@ func (p *Pusher) Push(ctx context.Context, volumeID, addr string, interval time.
 	log := p.log.With("volume_id", volumeID, "peer", addr)
 	unlock, ok := p.locks.TryLock(volumeID)
 	if !ok {
-		return Progress{}, errdefs.Wrap(errdefs.ErrAborted, "a transfer of volume %s is already running", volumeID)
+		return Progress{}, errdefs.Wrap(errdefs.ErrAborted, "a transfer of volume %s is already running, or the volume is being deleted", volumeID)
 	}
 	defer unlock()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	p.mu.Lock()
+	if p.cancels == nil {
+		p.cancels = map[string]context.CancelFunc{}
+	}
+	p.cancels[volumeID] = cancel
+	p.mu.Unlock()
+	defer func() {
+		p.mu.Lock()
+		delete(p.cancels, volumeID)
+		p.mu.Unlock()
+	}()
 
 	role, err := p.z.Get(ctx, fs, volume.PropRole)
 	if err != nil {

@@ -79,6 +79,10 @@ type CreateRequest struct {
 // Manager runs volume operations on one node. Operations on one volume are
 // serialised; different volumes proceed in parallel as far as ZFS allows.
 type Manager struct {
+	// HoldTransfers, when set, stops a running replication push of a volume
+	// and keeps new ones off until release; Delete calls it first.
+	HoldTransfers func(ctx context.Context, volumeID string) (release func(), err error)
+
 	zfs   zfs.Interface
 	cfg   config.Node
 	log   hclog.Logger
@@ -319,6 +323,13 @@ func (m *Manager) Delete(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
+	if m.HoldTransfers != nil {
+		release, err := m.HoldTransfers(ctx, id)
+		if err != nil {
+			return fmt.Errorf("%w: waiting for a replication push of %s to stop: %v", errdefs.ErrAborted, id, err)
+		}
+		defer release()
+	}
 	if err := m.dropReplicationSnapshots(ctx, v.Dataset); err != nil {
 		return err
 	}
@@ -390,6 +401,9 @@ func (m *Manager) collectTombstones(ctx context.Context) {
 	for _, ds := range all {
 		if ds.Type != zfs.Filesystem || ds.User[PropRole] != RoleDeleted {
 			continue
+		}
+		if err := m.dropReplicationSnapshots(ctx, ds.Name); err != nil {
+			m.log.Warn("dropping a tombstone's replication snapshots failed", "volume_id", ds.User[PropVolumeID], "error", err)
 		}
 		err := m.zfs.Destroy(ctx, ds.Name)
 		switch {

@@ -337,3 +337,39 @@ func TestDeleteDropsHeldReplicationSnapshots(t *testing.T) {
 		t.Errorf("left behind: %v; replication snapshots must not keep a deleted volume", names)
 	}
 }
+
+func TestDeleteHoldsTransfersAndTombstonesIgnoreReplicationSnapshots(t *testing.T) {
+	m, fake := newManager(t)
+	ctx := context.Background()
+	var held, released []string
+	m.HoldTransfers = func(ctx context.Context, id string) (func(), error) {
+		held = append(held, id)
+		return func() { released = append(released, id) }, nil
+	}
+	v, _ := m.Create(ctx, CreateRequest{Name: "busy"})
+	snap, _ := m.CreateSnapshot(ctx, v.ID, "keep")
+	if err := m.Delete(ctx, v.ID); err != nil {
+		t.Fatal(err)
+	}
+	if len(held) != 1 || held[0] != v.ID || len(released) != 1 {
+		t.Errorf("transfers held %v, released %v; want the volume once each", held, released)
+	}
+	// A replication snapshot that appeared on the tombstone (a push that
+	// raced the delete) does not keep it once the CSI snapshot goes.
+	var tomb string
+	for _, n := range fake.Names() {
+		if strings.Contains(n, "-deleted-") && !strings.Contains(n, "@") {
+			tomb = n
+		}
+	}
+	if err := fake.Snapshot(ctx, tomb+"@zn-9", nil); err != nil {
+		t.Fatal(err)
+	}
+	fake.Hold(tomb+"@zn-9", "zfs-nomad-base-n2")
+	if err := m.DeleteSnapshot(ctx, snap.ID); err != nil {
+		t.Fatal(err)
+	}
+	if names := fake.Names(); len(names) != 2 {
+		t.Errorf("left behind: %v", names)
+	}
+}
