@@ -156,14 +156,18 @@ func (s *story) walk(ctx context.Context) error {
 	}
 
 	s.step("Back it up to another node now, with live progress: zfs-controller backup (operator certificate, mutual TLS)")
-	if err := s.operator(ctx, "backup", "-to", "n1", vol.GetVolumeId()); err != nil {
+	other := s.c.Nodes[0]
+	if other.ID == n.ID {
+		other = s.c.Nodes[1]
+	}
+	if err := s.operator(ctx, "backup", "-to", other.ID, vol.GetVolumeId()); err != nil {
 		return err
 	}
 	s.shell(n, "echo 'version 3' > "+target+"/index.html")
 	if err := s.operator(ctx, "backup", vol.GetVolumeId()); err != nil {
 		return err
 	}
-	s.say("the second backup found the replica on n1 and sent only the change")
+	s.say("the second backup found the replica on %s and sent only the change", other.ID)
 
 	s.step("Replicas on a schedule: a volume asking for 2 replicas, at most 4 s old")
 	orders, err := s.create(ctx, &csi.CreateVolumeRequest{Name: "orders", CapacityRange: &csi.CapacityRange{RequiredBytes: 128 << 20},
