@@ -58,10 +58,7 @@ func run(args []string) error {
 	}
 	log := csi.NewLogger("zfs-controller", os.Getenv)
 
-	var peers cluster.PeerSource = cluster.StaticPeers(cfg.Peers)
-	if cfg.PeersFile != "" {
-		peers = &cluster.PeersFile{Path: cfg.PeersFile}
-	}
+	peers := peerSource(cfg)
 	creds, err := agentCredentials(cfg, log)
 	if err != nil {
 		return err
@@ -154,10 +151,7 @@ func command(name string, args []string) error {
 	if err != nil {
 		return err
 	}
-	var peers cluster.PeerSource = cluster.StaticPeers(cfg.Peers)
-	if cfg.PeersFile != "" {
-		peers = &cluster.PeersFile{Path: cfg.PeersFile}
-	}
+	peers := peerSource(cfg)
 	nodes := cluster.New(peers, time.Duration(cfg.AgentTimeout), log, grpc.WithTransportCredentials(creds))
 	defer nodes.Close()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
@@ -171,4 +165,13 @@ func command(name string, args []string) error {
 	default:
 		return operator.Status(ctx, nodes, os.Stdout, time.Now())
 	}
+}
+
+// peerSource says where the node agents are: the peers file when one is
+// configured, else the static list.
+func peerSource(cfg config.Controller) cluster.PeerSource {
+	if cfg.PeersFile != "" {
+		return &cluster.PeersFile{Path: cfg.PeersFile}
+	}
+	return cluster.StaticPeers(cfg.Peers)
 }
