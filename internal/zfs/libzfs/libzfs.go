@@ -16,6 +16,7 @@ package libzfs
 #cgo CFLAGS: -I/usr/include/libzfs -I/usr/include/libspl -DHAVE_IOCTL_IN_SYS_IOCTL_H -D_GNU_SOURCE
 #cgo LDFLAGS: -lzfs -lnvpair
 #include <stdlib.h>
+#include <string.h>
 #include <libzfs.h>
 #include <libnvpair.h>
 
@@ -50,6 +51,65 @@ static int clone_fs(const char *snap, const char *target, nvlist_t *props) {
 	int rc = zfs_clone(zh, target, props);
 	zfs_close(zh);
 	return rc;
+}
+
+// Recursive listing that reports failures. go-libzfs's child iteration
+// turns a failed zfs_iter_children into "no children", and CI once saw a
+// listing miss every snapshot of a dataset that way. Here every failure
+// reaches the caller (the list ioctls stop with EINTR when a signal is
+// pending, and the Go runtime signals its threads: those are retried).
+typedef struct {
+	char *buf;
+	size_t len, cap;
+	int oom;
+} names_t;
+
+static void names_add(names_t *n, const char *name) {
+	size_t l = strlen(name);
+	if (n->len + l + 2 > n->cap) {
+		size_t cap = (n->cap + l + 2) * 2;
+		char *b = realloc(n->buf, cap);
+		if (b == NULL) {
+			n->oom = 1;
+			return;
+		}
+		n->buf = b;
+		n->cap = cap;
+	}
+	memcpy(n->buf + n->len, name, l);
+	n->len += l;
+	n->buf[n->len++] = '\n';
+	n->buf[n->len] = 0;
+}
+
+static int collect(zfs_handle_t *zh, void *arg) {
+	names_t *n = arg;
+	int rc = 0;
+	names_add(n, zfs_get_name(zh));
+	if (zfs_get_type(zh) == ZFS_TYPE_FILESYSTEM) {
+		rc = zfs_iter_filesystems(zh, collect, n);
+		if (rc == 0)
+			rc = zfs_iter_snapshots(zh, B_TRUE, collect, n, 0, 0);
+	}
+	zfs_close(zh);
+	return rc != 0 ? rc : (n->oom ? -1 : 0);
+}
+
+// list_tree returns the names of name and every filesystem and snapshot
+// below it, one per line, in *out (freed by the caller).
+static int list_tree(const char *name, char **out) {
+	names_t n = {0};
+	*out = NULL;
+	zfs_handle_t *zh = zfs_open(libzfsHandle, name, ZFS_TYPE_FILESYSTEM);
+	if (zh == NULL)
+		return -1;
+	int rc = collect(zh, &n);
+	if (rc != 0) {
+		free(n.buf);
+		return rc;
+	}
+	*out = n.buf;
+	return 0;
 }
 */
 import "C"
@@ -139,39 +199,61 @@ func (z *ZFS) Get(ctx context.Context, name string) (zfs.Dataset, error) {
 	return out, err
 }
 
+// List returns name and every filesystem and snapshot below it. A listing
+// interrupted by a signal is retried; any other failure is an error, never
+// a shorter list.
 func (z *ZFS) List(ctx context.Context, name string) ([]zfs.Dataset, error) {
 	if err := zfs.ValidateName(name); err != nil {
 		return nil, err
 	}
 	var out []zfs.Dataset
 	err := z.do(ctx, func() error {
-		if _, err := z.open(name); err != nil { // classify "not found" before the recursive open
+		names, err := listNames(name)
+		if err != nil {
 			return err
 		}
-		d, err := golibzfs.DatasetOpen(name)
-		if err != nil {
-			return fmt.Errorf("zfs list %s: %w", name, err)
+		out = make([]zfs.Dataset, 0, len(names))
+		for _, n := range names {
+			d, err := z.open(n)
+			if errors.Is(err, zfs.ErrNotFound) {
+				continue // destroyed since it was listed
+			}
+			if err != nil {
+				return err
+			}
+			ds, err := z.convert(&d)
+			d.Close()
+			if err != nil {
+				return err
+			}
+			out = append(out, ds)
 		}
-		defer d.Close()
-		return z.walk(&d, &out)
+		return nil
 	})
 	return out, err
 }
 
-func (z *ZFS) walk(d *golibzfs.Dataset, out *[]zfs.Dataset) error {
-	ds, err := z.convert(d)
-	if err != nil {
-		return err
-	}
-	if ds.Type == zfs.Filesystem || ds.Type == zfs.Snapshot {
-		*out = append(*out, ds)
-	}
-	for i := range d.Children {
-		if err := z.walk(&d.Children[i], out); err != nil {
-			return err
+// listIntrRetries bounds the retries of a listing interrupted by a signal
+// (the Go runtime signals its threads; libzfs reports EZFS_INTR).
+const listIntrRetries = 5
+
+// listNames returns the names below name, retrying interrupted listings.
+// Runs under the libzfs lock.
+func listNames(name string) ([]string, error) {
+	cname := C.CString(name)
+	defer C.free(unsafe.Pointer(cname))
+	for attempt := 0; ; attempt++ {
+		var buf *C.char
+		if C.list_tree(cname, &buf) == 0 {
+			s := C.GoString(buf)
+			C.free(unsafe.Pointer(buf))
+			return strings.Split(strings.TrimSuffix(s, "\n"), "\n"), nil
 		}
+		if C.last_errno() == C.EZFS_INTR && attempt < listIntrRetries {
+			continue
+		}
+		return nil, lastError("list", name)
 	}
-	return nil
 }
 
 // open opens one dataset without its children.
@@ -362,16 +444,19 @@ func (z *ZFS) destroy(ctx context.Context, name string, deferred bool) error {
 		return err
 	}
 	return z.do(ctx, func() error {
-		d, err := golibzfs.DatasetOpen(name) // with children, to refuse rather than fail midway
+		d, err := z.open(name)
 		if err != nil {
-			if _, oerr := z.open(name); errors.Is(oerr, zfs.ErrNotFound) {
-				return oerr
-			}
-			return fmt.Errorf("zfs open %s: %w", name, err)
+			return err
 		}
 		defer d.Close()
-		if len(d.Children) > 0 {
-			return fmt.Errorf("zfs destroy %s: it has %d snapshots or children: %w", name, len(d.Children), zfs.ErrHasDependents)
+		if !strings.Contains(name, "@") { // refuse rather than fail midway
+			below, err := listNames(name)
+			if err != nil {
+				return err
+			}
+			if len(below) > 1 {
+				return fmt.Errorf("zfs destroy %s: it has %d snapshots or children: %w", name, len(below)-1, zfs.ErrHasDependents)
+			}
 		}
 		if err := d.Destroy(deferred); err != nil {
 			switch C.last_errno() {

@@ -200,8 +200,9 @@ func TestErrorsAndHealth(t *testing.T) {
 func TestConcurrentCallsAreSafe(t *testing.T) {
 	z, root := setup(t)
 	ctx := context.Background()
-	errs := make(chan error, 40)
-	for i := 0; i < 20; i++ {
+	const writers = 20
+	errs := make(chan error, 2*writers)
+	for i := 0; i < writers; i++ {
 		go func() {
 			name := root + "/c" + string(rune('a'+i))
 			if err := z.CreateFilesystem(ctx, name, map[string]string{userProp: name}); err != nil {
@@ -216,7 +217,7 @@ func TestConcurrentCallsAreSafe(t *testing.T) {
 		}()
 		go func() { _, err := z.List(ctx, root); errs <- err }()
 	}
-	for i := 0; i < 15; i++ {
+	for i := 0; i < 2*writers; i++ {
 		if err := <-errs; err != nil {
 			t.Error(err)
 		}
@@ -231,7 +232,7 @@ func TestSnapshotVisibleAtOnce(t *testing.T) {
 	if err := z.CreateFilesystem(ctx, fs, map[string]string{userProp: "fs"}); err != nil {
 		t.Fatal(err)
 	}
-	for i := 0; i < 15; i++ {
+	for i := 0; i < 20; i++ {
 		name := fmt.Sprintf("%s@s%d", fs, i)
 		if err := z.Snapshot(ctx, name, map[string]string{userProp: name}); err != nil {
 			t.Fatal(err)
