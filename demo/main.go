@@ -319,7 +319,7 @@ func (s *story) create(ctx context.Context, req *csi.CreateVolumeRequest) (*csi.
 }
 
 func (s *story) nodeOf(v *csi.Volume) *sim.Node {
-	id := v.GetAccessibleTopology()[0].GetSegments()[config.TopologyNodeKey]
+	id := v.GetVolumeContext()[config.TopologyNodeKey]
 	for _, n := range s.c.Nodes {
 		if n.ID == id {
 			return n

@@ -29,6 +29,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/csi"
 	"github.com/zfs-nomad/zfs-nomad/internal/metrics"
+	"github.com/zfs-nomad/zfs-nomad/internal/migration"
 	"github.com/zfs-nomad/zfs-nomad/internal/operator"
 	"github.com/zfs-nomad/zfs-nomad/internal/scheduler"
 	"github.com/zfs-nomad/zfs-nomad/internal/tlsconfig"
@@ -49,7 +50,7 @@ func run(args []string) error {
 		fmt.Println("zfs-controller", version.Version)
 		return nil
 	}
-	if len(args) > 0 && (args[0] == "backup" || args[0] == "status") {
+	if len(args) > 0 && (args[0] == "backup" || args[0] == "status" || args[0] == "promote") {
 		return command(args[0], args[1:])
 	}
 	cfg, err := config.LoadController(args, os.Getenv, os.Stderr)
@@ -72,14 +73,17 @@ func run(args []string) error {
 	}
 	srv := grpc.NewServer(grpc.UnaryInterceptor(csi.LoggingInterceptor(log.Named("csi"))))
 	csispec.RegisterIdentityServer(srv, csi.NewIdentity(func(ctx context.Context) error { return probe(ctx, nodes) }))
-	csispec.RegisterControllerServer(srv, csi.NewController(nodes, cfg.Placement, log.Named("csi")))
+	registry := metrics.NewRegistry()
+	migrator := migration.New(nodes, log.Named("migration"))
+	migrator.Metrics = migration.NewMetrics(registry)
+	csispec.RegisterControllerServer(srv, csi.NewController(nodes, migrator, cfg.Placement, log.Named("csi")))
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	registry := metrics.NewRegistry()
 	if every := time.Duration(cfg.ScheduleEvery); every > 0 {
 		sched := scheduler.New(nodes, cfg.ParallelPushes, log.Named("replication"))
 		sched.Metrics = scheduler.NewMetrics(registry)
+		sched.Settle = migrator.Settle
 		go sched.Run(ctx, every)
 	}
 	metricsLis, err := csi.ListenMetrics(cfg.MetricsAddress)
@@ -134,8 +138,11 @@ func agentCredentials(cfg config.Controller, log hclog.Logger) (credentials.Tran
 func command(name string, args []string) error {
 	var to string
 	cfg, rest, err := config.LoadControllerCommand("zfs-controller "+name, args, os.Getenv, os.Stderr, func(fs *flag.FlagSet) {
-		if name == "backup" {
+		switch name {
+		case "backup":
 			fs.StringVar(&to, "to", "", "node ID to back up to (default: the healthy node with most room, preferring one that holds a replica)")
+		case "promote":
+			fs.StringVar(&to, "node", "", "node ID whose replica to promote (default: the freshest)")
 		}
 	})
 	if err != nil {
@@ -162,6 +169,11 @@ func command(name string, args []string) error {
 			return errors.New("usage: zfs-controller backup [flags] [-to NODE] VOLUME_ID")
 		}
 		return operator.Backup(ctx, nodes, rest[0], to, os.Stdout)
+	case "promote":
+		if len(rest) != 1 {
+			return errors.New("usage: zfs-controller promote [flags] [-node NODE] VOLUME_ID")
+		}
+		return operator.Promote(ctx, migration.New(nodes, log), rest[0], to, os.Stdout)
 	default:
 		return operator.Status(ctx, nodes, os.Stdout, time.Now())
 	}

@@ -97,6 +97,7 @@ func run(args []string) error {
 	pusher := replication.NewPusher(streams, cfg.RootDataset, cfg.NodeID, cfg.ReplicationSnapshots,
 		replication.NewLimiter(uint64(cfg.ReplicationBandwidth)), dial, log.Named("replication"))
 	volumes.HoldTransfers = pusher.Hold
+	volumes.Mounted = mount.IsMountedZFS
 	receiver := replication.NewReceiver(streams, cfg.RootDataset, cfg.NodeID, cfg.ReplicationSnapshots, log.Named("replication"))
 	registry := metrics.NewRegistry()
 	pusher.Metrics = replication.NewMetrics(registry)

@@ -201,3 +201,74 @@ func (s *Server) snapshotToPB(sn volume.Snapshot) *pb.Snapshot {
 		NodeId:         s.cfg.NodeID,
 	}
 }
+
+// GetCopy describes this node's copy of a volume, whatever its role.
+func (s *Server) GetCopy(ctx context.Context, req *pb.GetCopyRequest) (*pb.Copy, error) {
+	c, err := s.copyOf(ctx, req.GetVolumeId())
+	return c, errdefs.ToStatus(err)
+}
+
+func (s *Server) copyOf(ctx context.Context, id string) (*pb.Copy, error) {
+	c, err := s.volumes.Copy(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	out := &pb.Copy{
+		VolumeId: id, NodeId: s.cfg.NodeID, Exists: c.Exists, Role: c.Role, Name: c.Name,
+		Generation: c.Generation, MovingTo: c.MovingTo, FencedUnixNano: c.FencedAt, Mounted: c.Mounted,
+		LastSnapshot: c.LastSnapshot, LastSnapshotUnixNano: c.LastSnapshotAt,
+		Parameters: c.Parameters, CapacityBytes: c.Capacity, FailoverFromSnapshot: c.FailoverFrom,
+	}
+	if c.Exists && c.Role == volume.RoleReplica && s.receiver != nil {
+		state, err := s.receiver.ReplicaState(ctx, &pb.ReplicaStateRequest{VolumeId: id})
+		if err != nil {
+			return nil, errdefs.FromStatus(err)
+		}
+		out.Resumable = state.GetResumeToken() != ""
+	}
+	return out, nil
+}
+
+// Fence makes this node's primary read-only for a move to another node.
+func (s *Server) Fence(ctx context.Context, req *pb.FenceRequest) (*pb.FenceResponse, error) {
+	if req.GetTargetNodeId() == "" || req.GetTargetNodeId() == s.cfg.NodeID {
+		return nil, errdefs.ToStatus(errdefs.Wrap(errdefs.ErrInvalidArgument, "fence: target_node_id must name another node"))
+	}
+	at, err := s.volumes.Fence(ctx, req.GetVolumeId(), req.GetTargetNodeId())
+	if err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	return &pb.FenceResponse{FencedUnixNano: at}, nil
+}
+
+// Unfence lifts a fence after an abandoned move.
+func (s *Server) Unfence(ctx context.Context, req *pb.UnfenceRequest) (*pb.Copy, error) {
+	if err := s.volumes.Unfence(ctx, req.GetVolumeId()); err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	return s.GetCopy(ctx, &pb.GetCopyRequest{VolumeId: req.GetVolumeId()})
+}
+
+// Promote turns this node's replica into the primary.
+func (s *Server) Promote(ctx context.Context, req *pb.PromoteRequest) (*pb.Copy, error) {
+	if req.GetGeneration() == 0 {
+		return nil, errdefs.ToStatus(errdefs.Wrap(errdefs.ErrInvalidArgument, "promote: generation is required"))
+	}
+	if s.receiver != nil {
+		if err := s.receiver.AbortPartial(ctx, req.GetVolumeId()); err != nil {
+			return nil, errdefs.ToStatus(err)
+		}
+	}
+	if err := s.volumes.Promote(ctx, req.GetVolumeId(), req.GetGeneration(), req.GetNotBeforeUnixNano(), req.GetFailover()); err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	return s.GetCopy(ctx, &pb.GetCopyRequest{VolumeId: req.GetVolumeId()})
+}
+
+// Demote retires this node's stale primary: to a replica, or aside.
+func (s *Server) Demote(ctx context.Context, req *pb.DemoteRequest) (*pb.Copy, error) {
+	if err := s.volumes.Demote(ctx, req.GetVolumeId(), req.GetGeneration(), req.GetAside()); err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	return s.GetCopy(ctx, &pb.GetCopyRequest{VolumeId: req.GetVolumeId()})
+}

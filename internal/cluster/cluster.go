@@ -18,6 +18,8 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
@@ -128,10 +130,32 @@ func (c *Cluster) node(ctx context.Context, addr string) (Node, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
 	info, err := client.GetNode(ctx, &pb.GetNodeRequest{})
+	if status.Code(err) == codes.Unavailable {
+		// After failures gRPC waits up to two minutes before dialling
+		// again. A node that is back must be seen at once (a failover's
+		// old primary must be fenced, a move may wait for it): dial now,
+		// and give the new connection a moment.
+		c.resetBackoff(addr)
+		rctx, rcancel := context.WithTimeout(ctx, reconnectWait)
+		info, err = client.GetNode(rctx, &pb.GetNodeRequest{}, grpc.WaitForReady(true))
+		rcancel()
+	}
 	if err != nil {
 		return Node{}, fmt.Errorf("agent %s: %w", addr, err)
 	}
 	return Node{Addr: addr, Info: info, Client: client}, nil
+}
+
+// reconnectWait bounds the second attempt to reach an agent whose
+// connection had failed.
+const reconnectWait = 2 * time.Second
+
+func (c *Cluster) resetBackoff(addr string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if conn, ok := c.conns[addr]; ok {
+		conn.ResetConnectBackoff()
+	}
 }
 
 // Healthy returns the nodes that answered and are healthy.
@@ -155,11 +179,38 @@ type Located[T any] struct {
 // NotFound means it does not hold it. It fails with ErrNotFound only when
 // every node answered that it does not hold it, and with ErrUnavailable when
 // some node could not answer: "not found" must never be guessed, or a
-// delete would report success while data stays behind.
-func Find[T any](ctx context.Context, c *Cluster, what string, get func(context.Context, pb.NodeAgentClient) (T, error)) (Located[T], error) {
-	nodes, unreachable, err := c.Nodes(ctx)
+// delete would report success while data stays behind. When several nodes
+// hold it, best picks (nil: the first).
+func Find[T any](ctx context.Context, c *Cluster, what string, get func(context.Context, pb.NodeAgentClient) (T, error), best ...func(a, b T) bool) (Located[T], error) {
+	found, errs, err := FindAll(ctx, c, get)
 	if err != nil {
 		return Located[T]{}, err
+	}
+	if len(found) > 0 {
+		pick := found[0]
+		for _, f := range found[1:] {
+			if len(best) > 0 && best[0](f.Object, pick.Object) {
+				pick = f
+			}
+		}
+		if len(found) > 1 && len(best) == 0 {
+			c.log.Error("object found on more than one node; using the first", "object", what, "nodes", len(found))
+		}
+		return pick, nil
+	}
+	if len(errs) > 0 {
+		return Located[T]{}, fmt.Errorf("%w: cannot tell where %s is: %v", errdefs.ErrUnavailable, what, errors.Join(errs...))
+	}
+	return Located[T]{}, fmt.Errorf("%w: %s", errdefs.ErrNotFound, what)
+}
+
+// FindAll asks every node, in parallel, with get, and returns what the
+// nodes hold and the errors of nodes that could not answer (NotFound is
+// not an error: the node does not hold it).
+func FindAll[T any](ctx context.Context, c *Cluster, get func(context.Context, pb.NodeAgentClient) (T, error)) ([]Located[T], []error, error) {
+	nodes, unreachable, err := c.Nodes(ctx)
+	if err != nil {
+		return nil, nil, err
 	}
 	var (
 		mu    sync.Mutex
@@ -184,19 +235,11 @@ func Find[T any](ctx context.Context, c *Cluster, what string, get func(context.
 		})
 	}
 	_ = g.Wait()
-	if len(found) > 0 {
-		if len(found) > 1 {
-			c.log.Error("object found on more than one node; using the first", "object", what, "nodes", len(found))
-		}
-		return found[0], nil
-	}
+	sort.Slice(found, func(i, j int) bool { return found[i].Node.Info.GetNodeId() < found[j].Node.Info.GetNodeId() })
 	for _, u := range unreachable {
 		errs = append(errs, fmt.Errorf("agent %s unreachable: %w", u.Addr, u.Err))
 	}
-	if len(errs) > 0 {
-		return Located[T]{}, fmt.Errorf("%w: cannot tell where %s is: %v", errdefs.ErrUnavailable, what, errors.Join(errs...))
-	}
-	return Located[T]{}, fmt.Errorf("%w: %s", errdefs.ErrNotFound, what)
+	return found, errs, nil
 }
 
 // Call bounds one agent call by the agent timeout.

@@ -30,6 +30,7 @@ func LoadNode(args []string, getenv func(string) string, stderr io.Writer) (Node
 	fs.StringVar(&cfg.CSIEndpoint, "csi-endpoint", cfg.CSIEndpoint, "CSI endpoint (env CSI_ENDPOINT too)")
 	fs.StringVar(&cfg.AgentAddress, "agent-address", cfg.AgentAddress, "host:port of the node agent service")
 	fs.Var((*mapFlag)(&cfg.Topology), "topology", "extra topology segments, k=v,k2=v2")
+	fs.StringVar(&cfg.Domain, "domain", cfg.Domain, "replication domain: the nodes migratable volumes move between")
 	fs.Var((*propertyFlag)(&cfg.Properties), "allow-property", "a property volumes may set: name=default or name=default:v1|v2 (repeatable)")
 	fs.Var((*listFlag)(&cfg.MountFlags), "mount-flags", "mount flags claims may ask for, comma separated")
 	fs.IntVar(&cfg.MaxReplicas, "max-replicas", cfg.MaxReplicas, "largest replicas parameter a volume may ask for")

@@ -27,8 +27,12 @@ type Node struct {
 	// "tank/nomad". It must exist. Volumes never live outside it.
 	RootDataset string `json:"root_dataset"`
 	// Topology holds extra topology segments of this node (e.g. rack,
-	// datacenter); the segment TopologyNodeKey=NodeID is always added.
+	// datacenter); the segments TopologyNodeKey=NodeID and
+	// TopologyDomainKey=Domain are always added.
 	Topology map[string]string `json:"topology"`
+	// Domain is the replication domain: the nodes a migratable volume may
+	// move between and keep replicas on (docs/migration.md).
+	Domain string `json:"domain"`
 	// QuotaProperty is "refquota" (default: snapshots do not eat the
 	// volume's space) or "quota" (snapshots count against it).
 	QuotaProperty string `json:"quota_property"`
@@ -99,6 +103,13 @@ type PropertyRule struct {
 // TopologyNodeKey is the topology segment that names a node.
 const TopologyNodeKey = "zfs-nomad.io/node"
 
+// TopologyDomainKey is the topology segment that names a node's
+// replication domain; migratable volumes are accessible from all of it.
+const TopologyDomainKey = "zfs-nomad.io/domain"
+
+// DefaultDomain is the replication domain of a node that names none.
+const DefaultDomain = "default"
+
 // SettableProperties are the ZFS properties an operator may let volumes set.
 // Properties that would let a volume escape its place (mountpoint, canmount,
 // zoned), change its size behind the quota logic (quota, reservation) or
@@ -131,6 +142,7 @@ func DefaultNode() Node {
 		CSIEndpoint:            "unix:///run/zfs-nomad/csi.sock",
 		AgentAddress:           ":7670",
 		MaxReplicas:            2,
+		Domain:                 DefaultDomain,
 		MinReplicationInterval: Duration(time.Minute),
 		ReplicationSnapshots:   3,
 	}
@@ -181,6 +193,9 @@ func (c *Node) Validate() error {
 		errs = append(errs, fmt.Errorf("max_replicas %d must be 0 or more, replication_snapshots %d at least 1, min_replication_interval %s positive",
 			c.MaxReplicas, c.ReplicationSnapshots, c.MinReplicationInterval))
 	}
+	if err := ValidatePropertyValue(c.Domain); err != nil {
+		errs = append(errs, fmt.Errorf("domain: %v", err))
+	}
 	if c.AgentAddress == "" {
 		errs = append(errs, errors.New("agent_address: required, host:port the controller reaches this node on"))
 	}
@@ -188,8 +203,8 @@ func (c *Node) Validate() error {
 		errs = append(errs, err)
 	}
 	for k, v := range c.Topology {
-		if k == TopologyNodeKey {
-			errs = append(errs, fmt.Errorf("topology: %q is set by the driver to node_id", k))
+		if k == TopologyNodeKey || k == TopologyDomainKey {
+			errs = append(errs, fmt.Errorf("topology: %q is set by the driver (node_id, domain)", k))
 		}
 		if k == "" || v == "" {
 			errs = append(errs, fmt.Errorf("topology: empty key or value in %q=%q", k, v))
@@ -200,7 +215,7 @@ func (c *Node) Validate() error {
 
 // Segments returns the node's full topology.
 func (c *Node) Segments() map[string]string {
-	seg := map[string]string{TopologyNodeKey: c.NodeID}
+	seg := map[string]string{TopologyNodeKey: c.NodeID, TopologyDomainKey: c.Domain}
 	for k, v := range c.Topology {
 		seg[k] = v
 	}

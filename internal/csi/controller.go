@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
 	"github.com/zfs-nomad/zfs-nomad/internal/keylock"
+	"github.com/zfs-nomad/zfs-nomad/internal/migration"
 	"github.com/zfs-nomad/zfs-nomad/internal/volume"
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
@@ -24,17 +26,19 @@ import (
 // asks the node agents to act; it holds no state of its own.
 type Controller struct {
 	csi.UnimplementedControllerServer
-	cluster *cluster.Cluster
-	policy  string
-	log     hclog.Logger
+	cluster  *cluster.Cluster
+	migrator *migration.Migrator
+	policy   string
+	log      hclog.Logger
 	// locks serialise operations per volume/snapshot name or ID; an
 	// overlapping call gets Aborted, as the spec asks.
 	locks keylock.Locks
 }
 
-// NewController returns the Controller service.
-func NewController(c *cluster.Cluster, policy string, log hclog.Logger) *Controller {
-	return &Controller{cluster: c, policy: policy, log: log}
+// NewController returns the Controller service; m moves volumes to the
+// node they are published on.
+func NewController(c *cluster.Cluster, m *migration.Migrator, policy string, log hclog.Logger) *Controller {
+	return &Controller{cluster: c, migrator: m, policy: policy, log: log}
 }
 
 func (c *Controller) tryLock(key string) (func(), error) {
@@ -56,6 +60,7 @@ func (c *Controller) ControllerGetCapabilities(context.Context, *csi.ControllerG
 		csi.ControllerServiceCapability_RPC_CLONE_VOLUME,
 		csi.ControllerServiceCapability_RPC_EXPAND_VOLUME,
 		csi.ControllerServiceCapability_RPC_GET_VOLUME,
+		csi.ControllerServiceCapability_RPC_PUBLISH_UNPUBLISH_VOLUME,
 	} {
 		caps = append(caps, &csi.ControllerServiceCapability{
 			Type: &csi.ControllerServiceCapability_Rpc{Rpc: &csi.ControllerServiceCapability_RPC{Type: t}},
@@ -231,17 +236,30 @@ func (c *Controller) csiVolume(v *pb.Volume, n cluster.Node, src *csi.VolumeCont
 		// submitter can forge with `nomad volume register`.
 		VolumeContext:      map[string]string{config.TopologyNodeKey: n.Info.GetNodeId()},
 		ContentSource:      src,
-		AccessibleTopology: []*csi.Topology{{Segments: n.Info.GetTopology()}},
+		AccessibleTopology: accessibleTopology(v, n),
 	}
+}
+
+// accessibleTopology is the node's for a pinned volume, and for a
+// migratable one its replication domain: ControllerPublishVolume brings the
+// data to whichever node of the domain the CO picks (docs/migration.md).
+func accessibleTopology(v *pb.Volume, n cluster.Node) []*csi.Topology {
+	domain, ok := n.Info.GetTopology()[config.TopologyDomainKey]
+	if volume.Pinned(v.GetParameters()) || !ok {
+		return []*csi.Topology{{Segments: n.Info.GetTopology()}}
+	}
+	return []*csi.Topology{{Segments: map[string]string{config.TopologyDomainKey: domain}}}
 }
 
 func (c *Controller) findVolume(ctx context.Context, id string) (cluster.Located[*pb.Volume], error) {
 	if !volume.IsVolumeID(id) {
 		return cluster.Located[*pb.Volume]{}, errdefs.Wrap(errdefs.ErrNotFound, "volume %q does not exist (not a volume ID of this driver)", id)
 	}
+	// Between a move's promotion and the demotion of the old copy, two
+	// nodes hold a primary: the newest generation is the volume.
 	return cluster.Find(ctx, c.cluster, "volume "+id, func(ctx context.Context, a pb.NodeAgentClient) (*pb.Volume, error) {
 		return a.GetVolume(ctx, &pb.GetVolumeRequest{VolumeId: id})
-	})
+	}, func(a, b *pb.Volume) bool { return a.GetGeneration() > b.GetGeneration() })
 }
 
 func (c *Controller) findSnapshot(ctx context.Context, id string) (cluster.Located[*pb.Snapshot], error) {
@@ -355,8 +373,26 @@ func (c *Controller) allVolumes(ctx context.Context) ([]cluster.Located[*pb.Volu
 			out = append(out, cluster.Located[*pb.Volume]{Node: n, Object: v})
 		}
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Object.GetVolumeId() < out[j].Object.GetVolumeId() })
-	return out, nil
+	sort.SliceStable(out, func(i, j int) bool { return out[i].Object.GetVolumeId() < out[j].Object.GetVolumeId() })
+	return newestGenerations(out), nil
+}
+
+// newestGenerations keeps, of a volume listed by two nodes (the moment
+// between a move's promotion and the old copy's demotion), the newest
+// generation. items are sorted by volume ID.
+func newestGenerations(items []cluster.Located[*pb.Volume]) []cluster.Located[*pb.Volume] {
+	var out []cluster.Located[*pb.Volume]
+	for _, it := range items {
+		last := len(out) - 1
+		if last >= 0 && out[last].Object.GetVolumeId() == it.Object.GetVolumeId() {
+			if it.Object.GetGeneration() > out[last].Object.GetGeneration() {
+				out[last] = it
+			}
+			continue
+		}
+		out = append(out, it)
+	}
+	return out
 }
 
 func (c *Controller) ListVolumes(ctx context.Context, req *csi.ListVolumesRequest) (*csi.ListVolumesResponse, error) {
@@ -595,4 +631,39 @@ func (c *Controller) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRe
 		resp.Entries = append(resp.Entries, &csi.ListSnapshotsResponse_Entry{Snapshot: csiSnapshot(s)})
 	}
 	return resp, nil
+}
+
+// ControllerPublishVolume makes the volume's data current on the node and
+// its copy there the primary: a planned move if the primary is elsewhere
+// and unpublished, a failover (by the volume's policy) if the primary's
+// node is lost. The publish context carries the generation the node must
+// find when staging (docs/migration.md).
+func (c *Controller) ControllerPublishVolume(ctx context.Context, req *csi.ControllerPublishVolumeRequest) (*csi.ControllerPublishVolumeResponse, error) {
+	id, nodeID := req.GetVolumeId(), req.GetNodeId()
+	if err := firstError(required("volume_id", id), required("node_id", nodeID), checkCapability(req.GetVolumeCapability())); err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	if !volume.IsVolumeID(id) {
+		return nil, errdefs.ToStatus(errdefs.Wrap(errdefs.ErrNotFound, "volume %q does not exist (not a volume ID of this driver)", id))
+	}
+	unlock, err := c.tryLock(id)
+	if err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	defer unlock()
+	gen, err := c.migrator.Publish(ctx, id, nodeID)
+	if err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	return &csi.ControllerPublishVolumeResponse{PublishContext: map[string]string{PublishContextGeneration: strconv.FormatUint(gen, 10)}}, nil
+}
+
+// ControllerUnpublishVolume has nothing to undo: the node unmounts, and the
+// next publish elsewhere moves the data. It succeeds for any volume, as
+// Nomad retries it after node loss and must not be stuck on a dead node.
+func (c *Controller) ControllerUnpublishVolume(ctx context.Context, req *csi.ControllerUnpublishVolumeRequest) (*csi.ControllerUnpublishVolumeResponse, error) {
+	if err := required("volume_id", req.GetVolumeId()); err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	return &csi.ControllerUnpublishVolumeResponse{}, nil
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/agent"
 	"github.com/zfs-nomad/zfs-nomad/internal/cluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/config"
+	"github.com/zfs-nomad/zfs-nomad/internal/migration"
 	"github.com/zfs-nomad/zfs-nomad/internal/volume"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs/zfsfake"
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
@@ -76,7 +77,7 @@ func (tc *testCluster) controller() *Controller {
 		return lis.DialContext(ctx)
 	})
 	c := cluster.New(cluster.StaticPeers(tc.peers), 2*time.Second, hclog.NewNullLogger(), dialer, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	return NewController(c, "most-free", hclog.NewNullLogger())
+	return NewController(c, migration.New(c, hclog.NewNullLogger()), "most-free", hclog.NewNullLogger())
 }
 
 var mountCap = []*csi.VolumeCapability{{
@@ -101,7 +102,7 @@ func TestControllerPlacesAndIsStateless(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := resp.GetVolume().GetAccessibleTopology()[0].GetSegments()[config.TopologyNodeKey]; got != "n2" {
+	if got := resp.GetVolume().GetVolumeContext()[config.TopologyNodeKey]; got != "n2" {
 		t.Errorf("placed on %s, want n2 (most free)", got)
 	}
 	// Topology requirement wins over free space.
@@ -110,7 +111,7 @@ func TestControllerPlacesAndIsStateless(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := resp2.GetVolume().GetAccessibleTopology()[0].GetSegments()[config.TopologyNodeKey]; got != "n1" {
+	if got := resp2.GetVolume().GetVolumeContext()[config.TopologyNodeKey]; got != "n1" {
 		t.Errorf("placed on %s, want n1 (requisite)", got)
 	}
 
@@ -136,7 +137,7 @@ func TestControllerPlacesAndIsStateless(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := restored.GetVolume().GetAccessibleTopology()[0].GetSegments()[config.TopologyNodeKey]; got != "n2" {
+	if got := restored.GetVolume().GetVolumeContext()[config.TopologyNodeKey]; got != "n2" {
 		t.Errorf("restore placed on %s, want n2 (the snapshot's node)", got)
 	}
 }
@@ -185,7 +186,7 @@ func TestControllerNeverGuessesNotFoundWhenANodeIsDown(t *testing.T) {
 	wantCode(t, err, codes.OK)
 	// New volumes go to the nodes that answer.
 	r, err := ctl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "x", VolumeCapabilities: mountCap})
-	if err != nil || r.GetVolume().GetAccessibleTopology()[0].GetSegments()[config.TopologyNodeKey] != "n1" {
+	if err != nil || r.GetVolume().GetVolumeContext()[config.TopologyNodeKey] != "n1" {
 		t.Fatalf("create with n2 down: %v, %v", r, err)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"slices"
+	"strconv"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/hashicorp/go-hclog"
@@ -104,15 +105,21 @@ func (n *Node) stage(ctx context.Context, req *csi.NodeStageVolumeRequest) error
 	if err != nil {
 		return err
 	}
+	generation, err := publishedGeneration(req.GetPublishContext())
+	if err != nil {
+		return err
+	}
 	unlock, err := n.lockVolume(id)
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	v, err := n.volumes.Get(ctx, id)
+	// Held until mounted, so that no fence or demotion overtakes the mount.
+	v, unlockVolume, err := n.volumes.Stageable(ctx, id, generation)
 	if err != nil {
 		return err
 	}
+	defer unlockVolume()
 	entry, mounted, err := n.mounter.Lookup(staging)
 	if err != nil {
 		return err
@@ -129,6 +136,23 @@ func (n *Node) stage(ctx context.Context, req *csi.NodeStageVolumeRequest) error
 	}
 	n.log.Info("volume staged", "volume_id", id, "dataset", v.Dataset, "path", staging)
 	return nil
+}
+
+// PublishContextGeneration is the publish context key that carries the
+// generation ControllerPublishVolume made current; a node refuses to stage
+// any other (docs/migration.md).
+const PublishContextGeneration = "generation"
+
+func publishedGeneration(pc map[string]string) (uint64, error) {
+	v, ok := pc[PublishContextGeneration]
+	if !ok {
+		return 0, nil
+	}
+	gen, err := strconv.ParseUint(v, 10, 64)
+	if err != nil || gen == 0 {
+		return 0, errdefs.Wrap(errdefs.ErrInvalidArgument, "publish context %s=%q is not a generation", PublishContextGeneration, v)
+	}
+	return gen, nil
 }
 
 func (n *Node) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolumeRequest) (*csi.NodeUnstageVolumeResponse, error) {

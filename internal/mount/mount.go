@@ -61,6 +61,21 @@ func Table() ([]Entry, error) {
 	return out, sc.Err()
 }
 
+// IsMountedZFS reports whether dataset is mounted anywhere in this mount
+// namespace.
+func IsMountedZFS(dataset string) (bool, error) {
+	entries, err := Table()
+	if err != nil {
+		return false, err
+	}
+	for _, e := range entries {
+		if e.FSType == "zfs" && e.Source == dataset {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
 // ParseMountInfoLine parses one line of /proc/self/mountinfo (proc(5)).
 func ParseMountInfoLine(line string) (Entry, error) {
 	fields := strings.Fields(line)

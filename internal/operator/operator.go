@@ -14,6 +14,7 @@ import (
 
 	"github.com/zfs-nomad/zfs-nomad/internal/cluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
+	"github.com/zfs-nomad/zfs-nomad/internal/migration"
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
@@ -196,5 +197,20 @@ func Status(ctx context.Context, cl *cluster.Cluster, out io.Writer, now time.Ti
 	for _, u := range unreachable {
 		fmt.Fprintf(out, "unreachable: %s: %v\n", u.Addr, u.Err)
 	}
+	return nil
+}
+
+// Promote is the operator's failover for a volume whose primary's node is
+// lost and whose policy is manual: it promotes the replica on node (the
+// freshest if empty) and says what may have been lost.
+func Promote(ctx context.Context, m *migration.Migrator, volumeID, node string, out io.Writer) error {
+	c, err := m.Promote(ctx, volumeID, node)
+	if err != nil {
+		return err
+	}
+	at := time.Unix(0, c.GetLastSnapshotUnixNano()).UTC().Format(time.RFC3339)
+	fmt.Fprintf(out, "volume %s: the replica on node %s is the primary now (generation %d).\n", volumeID, c.GetNodeId(), c.GetGeneration())
+	fmt.Fprintf(out, "It holds the data as of %s (snapshot %s); writes on the lost primary after that are not in it.\n", at, c.GetLastSnapshot())
+	fmt.Fprintf(out, "If the old primary's node returns, its copy is set aside (renamed %s-aside-<time>), never mounted.\n", volumeID)
 	return nil
 }

@@ -144,7 +144,10 @@ func (p *Pusher) Push(ctx context.Context, volumeID, addr string, interval time.
 	if role != volume.RolePrimary {
 		return Progress{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "volume %s is a %s here; only a primary is sent", volumeID, role)
 	}
-	name, _ := p.z.Get(ctx, fs, volume.PropName)
+	header, err := p.header(ctx, fs, volumeID)
+	if err != nil {
+		return Progress{}, err
+	}
 
 	conn, err := p.dial(addr)
 	if err != nil {
@@ -157,7 +160,7 @@ func (p *Pusher) Push(ctx context.Context, volumeID, addr string, interval time.
 		return Progress{}, errdefs.FromStatus(err)
 	}
 
-	prog, spec, err := p.plan(ctx, fs, state)
+	prog, spec, err := p.plan(ctx, fs, state, header.GetGeneration())
 	if err != nil {
 		return Progress{}, err
 	}
@@ -175,7 +178,7 @@ func (p *Pusher) Push(ctx context.Context, volumeID, addr string, interval time.
 	if err != nil {
 		return Progress{}, errdefs.FromStatus(err)
 	}
-	header := &pb.ReceiveHeader{VolumeId: volumeID, VolumeName: name, SourceNodeId: p.nodeID, Kind: prog.Kind, Snapshot: shortSnapshotName(prog.Snapshot)}
+	header.Kind, header.Snapshot = prog.Kind, shortSnapshotName(prog.Snapshot)
 	if err := stream.Send(&pb.ReceiveMessage{Msg: &pb.ReceiveMessage_Header{Header: header}}); err != nil {
 		return Progress{}, fmt.Errorf("%w: sending the header to %s: %v", errdefs.ErrUnavailable, addr, err)
 	}
@@ -215,6 +218,11 @@ func (p *Pusher) Push(ctx context.Context, volumeID, addr string, interval time.
 	if err := p.holdBase(ctx, fs, result.GetSnapshotGuid(), BaseHoldTag+"-"+state.GetNodeId()); err != nil {
 		return Progress{}, err
 	}
+	// A primary receives nothing: the hold it kept as a replica (before a
+	// move or failover promoted it) would pin its old base forever.
+	if err := releaseTags(ctx, p.z, fs, isReceiverTag); err != nil {
+		log.Warn("releasing a former replica's hold failed; next push retries", "error", err)
+	}
 	if err := prune(ctx, p.z, fs, p.keep); err != nil {
 		log.Warn("pruning old replication snapshots failed; next push retries", "error", err)
 	}
@@ -224,8 +232,34 @@ func (p *Pusher) Push(ctx context.Context, volumeID, addr string, interval time.
 	return prog, nil
 }
 
-// plan decides what to send, from what the receiver holds.
-func (p *Pusher) plan(ctx context.Context, fs string, state *pb.ReplicaStateResponse) (Progress, zfscmd.SendSpec, error) {
+// header describes the volume to the receiver: what a replica must carry
+// to become the primary one day.
+func (p *Pusher) header(ctx context.Context, fs, volumeID string) (*pb.ReceiveHeader, error) {
+	h := &pb.ReceiveHeader{VolumeId: volumeID, SourceNodeId: p.nodeID}
+	props := map[string]string{}
+	for _, prop := range []string{volume.PropName, volume.PropGeneration, volume.PropParameters, "refquota", "quota"} {
+		v, err := p.z.Get(ctx, fs, prop)
+		if err != nil {
+			return nil, fmt.Errorf("reading %s of %s: %w", prop, fs, err)
+		}
+		props[prop] = v
+	}
+	h.VolumeName = props[volume.PropName]
+	h.Generation, _ = strconv.ParseUint(props[volume.PropGeneration], 10, 64)
+	h.Parameters = volume.DecodeParameters(props[volume.PropParameters])
+	for _, q := range []string{"refquota", "quota"} { // whichever the operator uses
+		if n, err := strconv.ParseUint(props[q], 10, 64); err == nil && n > 0 {
+			h.CapacityBytes = n
+			break
+		}
+	}
+	return h, nil
+}
+
+// plan decides what to send, from what the receiver holds. A replica of an
+// older generation that shares no snapshot with this primary is replaced
+// by a full send; the receiver checks the generations too.
+func (p *Pusher) plan(ctx context.Context, fs string, state *pb.ReplicaStateResponse, generation uint64) (Progress, zfscmd.SendSpec, error) {
 	if state.GetExists() && state.GetRole() != RoleReplica {
 		return Progress{}, zfscmd.SendSpec{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "the peer holds %s as %q, not as a replica", fs, state.GetRole())
 	}
@@ -258,6 +292,8 @@ func (p *Pusher) plan(ctx context.Context, fs string, state *pb.ReplicaStateResp
 	switch {
 	case base != "":
 		return Progress{Kind: KindIncremental, Snapshot: snap, Base: base}, zfscmd.SendSpec{Snapshot: snap, Base: base, Raw: raw}, nil
+	case state.GetExists() && state.GetGeneration() < generation:
+		// replaced below
 	case state.GetExists():
 		return Progress{}, zfscmd.SendSpec{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "the peer's replica of %s shares no snapshot with this node; remove it for a full send", fs)
 	}

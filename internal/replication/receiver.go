@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -61,6 +63,9 @@ func (r *Receiver) state(ctx context.Context, volumeID string) (*pb.ReplicaState
 		return nil, err
 	}
 	resp := &pb.ReplicaStateResponse{Exists: true, Role: role, NodeId: r.nodeID}
+	if gen, err := r.z.Get(ctx, fs, volume.PropGeneration); err == nil {
+		resp.Generation, _ = strconv.ParseUint(gen, 10, 64)
+	}
 	if token != "-" {
 		resp.ResumeToken = token
 	}
@@ -114,15 +119,23 @@ func (r *Receiver) receive(stream pb.Replication_ReceiveServer) (*pb.ReceiveResu
 		return nil, errdefs.Wrap(errdefs.ErrFailedPrecondition, "this node holds volume %s as %q, not as a replica: refusing to overwrite it", h.GetVolumeId(), state.GetRole())
 	}
 	var props map[string]string
+	labels := replicaLabels(h)
 	switch h.GetKind() {
 	case KindFull:
 		if state.GetExists() {
-			return nil, errdefs.Wrap(errdefs.ErrFailedPrecondition, "a replica of %s exists but shares no snapshot with the source; an operator must remove it before a full send", h.GetVolumeId())
+			if state.GetGeneration() >= h.GetGeneration() {
+				return nil, errdefs.Wrap(errdefs.ErrFailedPrecondition, "a replica of %s exists but shares no snapshot with the source; an operator must remove it before a full send", h.GetVolumeId())
+			}
+			// A copy of an older generation, left behind by a move or a
+			// failover: the new primary has everything it had.
+			log.Warn("replacing a replica of an older generation that shares no snapshot with the new primary",
+				"replica_generation", state.GetGeneration(), "primary_generation", h.GetGeneration())
+			if err := r.destroyReplica(ctx, fs); err != nil {
+				return nil, err
+			}
 		}
-		props = map[string]string{
-			"readonly": "on", "mountpoint": "legacy",
-			volume.PropRole: RoleReplica, volume.PropVolumeID: h.GetVolumeId(), volume.PropName: h.GetVolumeName(),
-		}
+		props = map[string]string{"readonly": "on", "mountpoint": "legacy", volume.PropVolumeID: h.GetVolumeId()}
+		maps.Copy(props, labels)
 	case KindIncremental, KindResume:
 		if !state.GetExists() {
 			return nil, errdefs.Wrap(errdefs.ErrFailedPrecondition, "no replica of %s to receive an %s stream into", h.GetVolumeId(), h.GetKind())
@@ -173,6 +186,16 @@ func (r *Receiver) receive(stream pb.Replication_ReceiveServer) (*pb.ReceiveResu
 	last := snaps[len(snaps)-1]
 	if err := moveBaseHold(ctx, r.z, fs, last.Name, BaseHoldTag); err != nil {
 		return nil, err
+	}
+	if h.GetKind() != KindFull {
+		if err := r.z.Set(ctx, fs, labels); err != nil {
+			return nil, fmt.Errorf("labelling replica %s: %w", fs, err)
+		}
+	}
+	// A replica pushes nothing: holds it kept as a primary (before a move
+	// demoted it) would pin old snapshots forever.
+	if err := releaseTags(ctx, r.z, fs, isPeerTag); err != nil {
+		log.Warn("releasing a former primary's holds failed; next receive retries", "error", err)
 	}
 	if err := prune(ctx, r.z, fs, r.keep); err != nil {
 		log.Warn("pruning old replication snapshots failed; next receive retries", "error", err)
@@ -241,25 +264,62 @@ func (r *Receiver) DeleteReplica(ctx context.Context, volumeID string) (bool, er
 	if role != RoleReplica {
 		return false, nil
 	}
-	if token, _ := r.z.Get(ctx, fs, "receive_resume_token"); token != "-" && token != "" {
-		if err := r.z.AbortReceive(ctx, fs); err != nil {
-			return false, err
-		}
-	}
-	holds, err := r.z.Holds(ctx, fs)
-	if err != nil {
-		return false, err
-	}
-	for snap, tags := range holds {
-		for _, tag := range tags {
-			if err := r.z.Release(ctx, snap, tag); err != nil {
-				return false, err
-			}
-		}
-	}
-	if err := r.z.DestroyRecursive(ctx, fs); err != nil {
+	if err := r.destroyReplica(ctx, fs); err != nil {
 		return false, err
 	}
 	r.log.Info("replica deleted", "volume_id", volumeID, "dataset", fs)
 	return true, nil
+}
+
+// destroyReplica destroys a replica with its snapshots, holds and any
+// partial receive. The caller holds the volume's lock and checked the role.
+func (r *Receiver) destroyReplica(ctx context.Context, fs string) error {
+	if err := r.abortPartial(ctx, fs); err != nil {
+		return err
+	}
+	if err := releaseTags(ctx, r.z, fs, func(string) bool { return true }); err != nil {
+		return err
+	}
+	return r.z.DestroyRecursive(ctx, fs)
+}
+
+func (r *Receiver) abortPartial(ctx context.Context, fs string) error {
+	if token, _ := r.z.Get(ctx, fs, "receive_resume_token"); token != "-" && token != "" {
+		return r.z.AbortReceive(ctx, fs)
+	}
+	return nil
+}
+
+// AbortPartial discards an interrupted receive into this node's replica of
+// volumeID before it is promoted: what did not arrive whole is not data.
+func (r *Receiver) AbortPartial(ctx context.Context, volumeID string) error {
+	fs, err := dataset(r.root, volumeID)
+	if err != nil {
+		return err
+	}
+	unlock, ok := r.locks.TryLock(volumeID)
+	if !ok {
+		return errdefs.Wrap(errdefs.ErrAborted, "a receive of volume %s is running; retry", volumeID)
+	}
+	defer unlock()
+	role, err := r.z.Get(ctx, fs, volume.PropRole)
+	if err != nil || role != RoleReplica {
+		return nil // nothing to abort, or not a replica: Promote will say
+	}
+	if err := r.abortPartial(ctx, fs); err != nil {
+		return err
+	}
+	return nil
+}
+
+// replicaLabels are the properties a replica carries so that it can become
+// the primary: identity, generation, parameters and capacity.
+func replicaLabels(h *pb.ReceiveHeader) map[string]string {
+	return map[string]string{
+		volume.PropRole:       RoleReplica,
+		volume.PropName:       h.GetVolumeName(),
+		volume.PropGeneration: strconv.FormatUint(h.GetGeneration(), 10),
+		volume.PropParameters: volume.EncodeParameters(h.GetParameters()),
+		volume.PropCapacity:   strconv.FormatUint(h.GetCapacityBytes(), 10),
+	}
 }

@@ -30,7 +30,7 @@ const (
 	// each peer with BaseHoldTag + "-" + the peer's node ID.
 	BaseHoldTag = "zfs-nomad-base"
 	// RoleReplica labels a received copy.
-	RoleReplica = "replica"
+	RoleReplica = volume.RoleReplica
 
 	// Transfer kinds, as reported in progress and headers.
 	KindFull        = "full"
@@ -46,6 +46,7 @@ type Streams interface {
 	Receive(ctx context.Context, target string, props map[string]string, r io.Reader) error
 	Snapshots(ctx context.Context, fs string) ([]zfscmd.Snap, error)
 	Get(ctx context.Context, dataset, prop string) (string, error)
+	Set(ctx context.Context, dataset string, props map[string]string) error
 	Snapshot(ctx context.Context, name string) error
 	Hold(ctx context.Context, snapshot, tag string) error
 	Release(ctx context.Context, snapshot, tag string) error
@@ -88,6 +89,31 @@ func moveBaseHold(ctx context.Context, z Streams, fs, snapshot, tag string) erro
 	}
 	return nil
 }
+
+// releaseTags releases, on every snapshot of fs, the hold tags drop
+// selects. A copy that changed roles keeps no holds of its old role.
+func releaseTags(ctx context.Context, z Streams, fs string, drop func(tag string) bool) error {
+	holds, err := z.Holds(ctx, fs)
+	if err != nil {
+		return fmt.Errorf("listing holds on %s: %w", fs, err)
+	}
+	for snap, tags := range holds {
+		for _, t := range tags {
+			if drop(t) {
+				if err := z.Release(ctx, snap, t); err != nil {
+					return fmt.Errorf("releasing %s on %s: %w", t, snap, err)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// isPeerTag selects a sender's per-peer base holds.
+func isPeerTag(tag string) bool { return strings.HasPrefix(tag, BaseHoldTag+"-") }
+
+// isReceiverTag selects a receiver's base hold.
+func isReceiverTag(tag string) bool { return tag == BaseHoldTag }
 
 // prune destroys the replication snapshots of fs beyond the newest keep
 // that carry no hold. Bases are held, so they always stay.

@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/cluster"
+	"github.com/zfs-nomad/zfs-nomad/internal/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/metrics"
 	"github.com/zfs-nomad/zfs-nomad/internal/volume"
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
@@ -34,6 +35,8 @@ type Scheduler struct {
 	log      hclog.Logger
 	parallel int
 	now      func() time.Time
+	// Settle, when set, retires the older of two primaries of a volume.
+	Settle func(ctx context.Context, volumeID string) error
 }
 
 // New returns a scheduler that runs at most parallel pushes at once.
@@ -118,9 +121,28 @@ func (s *Scheduler) Plan(ctx context.Context) ([]Push, error) {
 			replicas[r.GetVolumeId()] = append(replicas[r.GetVolumeId()], replica{n, time.Unix(r.GetLastSnapshotUnix(), 0), r.GetResumable()})
 		}
 	}
+	// Two primaries of one volume: a move between promotion and demotion,
+	// or a lost primary back after a failover. Settle retires the older;
+	// the volume waits for the next round.
+	count := map[string]int{}
+	for _, p := range primaries {
+		count[p.vol.GetVolumeId()]++
+	}
 	var pushes []Push
 	s.Metrics.reset()
 	for _, p := range primaries {
+		if count[p.vol.GetVolumeId()] > 1 {
+			if s.Settle != nil {
+				if err := s.Settle(ctx, p.vol.GetVolumeId()); err != nil {
+					s.log.Warn("two primaries of a volume; retiring the older failed", "volume_id", p.vol.GetVolumeId(), "error", err)
+				}
+			}
+			count[p.vol.GetVolumeId()] = 0 // settle once per round
+			continue
+		}
+		if count[p.vol.GetVolumeId()] == 0 {
+			continue
+		}
 		want, interval := volume.ReplicationPolicy(p.vol.GetParameters())
 		if want == 0 {
 			continue
@@ -149,8 +171,11 @@ func (s *Scheduler) targets(source cluster.Node, v *pb.Volume, want int, existin
 	}
 	var cands []cluster.Candidate
 	byID := map[string]cluster.Node{}
+	domain := source.Info.GetTopology()[config.TopologyDomainKey]
 	for _, n := range healthy {
-		if taken[n.Info.GetNodeId()] {
+		// Replicas stay in the source's replication domain: that is where
+		// the volume may move (docs/migration.md).
+		if taken[n.Info.GetNodeId()] || n.Info.GetTopology()[config.TopologyDomainKey] != domain {
 			continue
 		}
 		byID[n.Info.GetNodeId()] = n

@@ -110,6 +110,8 @@ type Cluster struct {
 	CA       *tlsconfig.CA
 	Operator tlsconfig.Files
 	undo     []func()
+
+	controllerArgs []string
 }
 
 // Dir is the cluster's directory (sockets, logs, keys).
@@ -201,18 +203,26 @@ func Start(opts Options) (_ *Cluster, err error) {
 			return nil, err
 		}
 		c.ControllerMetrics = "http://127.0.0.1:9671/metrics"
-		args := append([]string{"-csi-endpoint", c.ControllerEndpoint, "-peers", strings.Join(peers, ","), "-agent-timeout", "10s",
+		c.controllerArgs = append([]string{"-csi-endpoint", c.ControllerEndpoint, "-peers", strings.Join(peers, ","), "-agent-timeout", "10s",
 			"-metrics-address", "127.0.0.1:9671"}, tlsArgs(ctlTLS)...)
-		args = append(args, opts.ControllerArgs...)
-		c.Controller, err = c.start("controller", filepath.Join(opts.BinDir, "zfs-controller"), args...)
-		if err != nil {
-			return nil, err
-		}
-		if err := waitForSocket(c.ControllerEndpoint, c.Controller); err != nil {
+		c.controllerArgs = append(c.controllerArgs, opts.ControllerArgs...)
+		if err := c.StartController(); err != nil {
 			return nil, err
 		}
 	}
 	return c, nil
+}
+
+// StartController starts the controller (again, after Controller.Kill)
+// and waits for its CSI socket.
+func (c *Cluster) StartController() error {
+	_ = os.Remove(strings.TrimPrefix(c.ControllerEndpoint, "unix://"))
+	p, err := c.start("controller", filepath.Join(c.opts.BinDir, "zfs-controller"), c.controllerArgs...)
+	if err != nil {
+		return err
+	}
+	c.Controller = p
+	return waitForSocket(c.ControllerEndpoint, p)
 }
 
 // Close stops every process and removes namespaces and pools.

@@ -44,6 +44,8 @@ type Volume struct {
 	Source     string
 	Generation uint64
 	Created    time.Time
+	// MovingTo is set while the volume is fenced for a move to that node.
+	MovingTo string
 }
 
 // Snapshot is a CSI snapshot on this node.
@@ -80,8 +82,11 @@ type CreateRequest struct {
 // serialised; different volumes proceed in parallel as far as ZFS allows.
 type Manager struct {
 	// HoldTransfers, when set, stops a running replication push of a volume
-	// and keeps new ones off until release; Delete calls it first.
+	// and keeps new ones off until release; Delete and Demote call it first.
 	HoldTransfers func(ctx context.Context, volumeID string) (release func(), err error)
+	// Mounted, when set, reports whether a dataset is mounted on this node;
+	// a mounted primary is never fenced or demoted.
+	Mounted func(dataset string) (bool, error)
 
 	zfs   zfs.Interface
 	cfg   config.Node
@@ -174,7 +179,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Volume, error)
 	props[PropName] = req.Name
 	props[PropRole] = RolePrimary
 	props[PropGeneration] = "1"
-	props[PropParameters] = encodeParameters(recorded)
+	props[PropParameters] = EncodeParameters(recorded)
 	props[PropSource] = source
 	dataset := datasetFor(m.cfg.RootDataset, id)
 
@@ -201,8 +206,8 @@ func compatible(v Volume, name string, quota, limit uint64, params map[string]st
 		return fmt.Errorf("%w: volume %s belongs to name %q", errdefs.ErrAlreadyExists, v.ID, v.Name)
 	case v.Capacity < quota || (limit > 0 && v.Capacity > limit):
 		return fmt.Errorf("%w: volume %q exists with capacity %d, incompatible with the requested range", errdefs.ErrAlreadyExists, name, v.Capacity)
-	case encodeParameters(v.Parameters) != encodeParameters(params):
-		return fmt.Errorf("%w: volume %q exists with parameters %s, not %s", errdefs.ErrAlreadyExists, name, encodeParameters(v.Parameters), encodeParameters(params))
+	case EncodeParameters(v.Parameters) != EncodeParameters(params):
+		return fmt.Errorf("%w: volume %q exists with parameters %s, not %s", errdefs.ErrAlreadyExists, name, EncodeParameters(v.Parameters), EncodeParameters(params))
 	case v.Source != source:
 		return fmt.Errorf("%w: volume %q exists with source %q, not %q", errdefs.ErrAlreadyExists, name, v.Source, source)
 	}
@@ -280,10 +285,11 @@ func (m *Manager) volumeOf(ds zfs.Dataset) (Volume, bool) {
 		Dataset:    ds.Name,
 		Capacity:   capacity,
 		Used:       ds.Referenced,
-		Parameters: decodeParameters(ds.User[PropParameters]),
+		Parameters: DecodeParameters(ds.User[PropParameters]),
 		Source:     ds.User[PropSource],
 		Generation: gen,
 		Created:    ds.Created,
+		MovingTo:   movingTo(ds),
 	}, true
 }
 

@@ -22,6 +22,12 @@ const (
 	PropParameters = propPrefix + "parameters" // the creation parameters, canonical JSON
 	PropSource     = propPrefix + "source"     // "snapshot:ID", "volume:ID" or ""
 	PropDeletedAt  = propPrefix + "deleted_at" // RFC 3339 time a tombstone was deleted
+	// Migration (docs/migration.md).
+	PropMovingTo    = propPrefix + "moving_to"     // on a fenced primary: the node it moves to; "-" when none
+	PropFencedAt    = propPrefix + "fenced_at"     // unix nanos the primary was fenced
+	PropCapacity    = propPrefix + "capacity"      // on replicas: the primary's quota, applied at promotion
+	PropFailoverLag = propPrefix + "failover_from" // on a primary promoted by failover: its newest snapshot then
+	PropSetAsideAt  = propPrefix + "set_aside_at"  // on a copy set aside: when
 	// On snapshots.
 	PropSnapshotName = propPrefix + "snapshot_name" // the CSI name of a CSI snapshot
 	PropSourceVolume = propPrefix + "source_volume" // the CSI volume ID it was taken of
@@ -31,6 +37,7 @@ const (
 var UserProperties = []string{
 	PropVolumeID, PropName, PropRole, PropGeneration, PropParameters, PropSource,
 	PropDeletedAt, PropSnapshotName, PropSourceVolume,
+	PropMovingTo, PropFencedAt, PropCapacity, PropFailoverLag,
 }
 
 // ReplicationSnapshotPrefix starts the short name of the snapshots that
@@ -43,6 +50,12 @@ const (
 	// had snapshots. It is invisible as a volume and destroyed with its last
 	// snapshot. See docs/volumes.md.
 	RoleDeleted = "deleted"
+	// RoleReplica marks a copy received from another node's primary:
+	// read-only, never staged, promoted by migration or failover.
+	RoleReplica = "replica"
+	// RoleSetAside marks a stale primary that came back after a failover:
+	// renamed to <id>-aside-<nanos>, never mounted, kept for an operator.
+	RoleSetAside = "set-aside"
 )
 
 // IDs are derived from CSI names so that a retried CreateVolume or

@@ -27,9 +27,34 @@ const (
 	ParamReplicationInterval = "replication_interval"
 )
 
+// Migration parameters (docs/migration.md): "pinned"="true" keeps a volume
+// on its node; "failover" is "manual" (default: an operator promotes a
+// replica when the primary's node is lost) or "auto".
+const (
+	ParamPinned   = "pinned"
+	ParamFailover = "failover"
+)
+
+// Failover policies.
+const (
+	FailoverManual = "manual"
+	FailoverAuto   = "auto"
+)
+
 // controllerParameters are volume parameters that steer the controller and
 // set no ZFS property.
-var controllerParameters = map[string]bool{ParamNode: true, ParamReplicas: true, ParamReplicationInterval: true}
+var controllerParameters = map[string]bool{ParamNode: true, ParamReplicas: true, ParamReplicationInterval: true, ParamPinned: true, ParamFailover: true}
+
+// Pinned reports whether a volume stays on its node.
+func Pinned(params map[string]string) bool { return params[ParamPinned] == "true" }
+
+// FailoverPolicy returns a volume's failover policy.
+func FailoverPolicy(params map[string]string) string {
+	if params[ParamFailover] == FailoverAuto {
+		return FailoverAuto
+	}
+	return FailoverManual
+}
 
 // checkControllerParameter checks a controller parameter's value against
 // the operator's limits.
@@ -39,6 +64,14 @@ func checkControllerParameter(cfg *config.Node, key, value string) error {
 		n, err := strconv.Atoi(value)
 		if err != nil || n < 0 || n > cfg.MaxReplicas {
 			return fmt.Errorf("%w: parameter %q=%q: want a whole number from 0 to %d (the operator's max_replicas)", errdefs.ErrInvalidArgument, key, value, cfg.MaxReplicas)
+		}
+	case ParamPinned:
+		if value != "true" && value != "false" {
+			return fmt.Errorf("%w: parameter %q=%q: want true or false", errdefs.ErrInvalidArgument, key, value)
+		}
+	case ParamFailover:
+		if value != FailoverAuto && value != FailoverManual {
+			return fmt.Errorf("%w: parameter %q=%q: want %q or %q", errdefs.ErrInvalidArgument, key, value, FailoverAuto, FailoverManual)
 		}
 	case ParamReplicationInterval:
 		d, err := time.ParseDuration(value)
@@ -158,7 +191,7 @@ func ignoredParameter(key string) bool {
 
 // encodeParameters gives the canonical form stored in PropParameters
 // (encoding/json sorts map keys).
-func encodeParameters(params map[string]string) string {
+func EncodeParameters(params map[string]string) string {
 	if len(params) == 0 {
 		return "{}"
 	}
@@ -166,7 +199,7 @@ func encodeParameters(params map[string]string) string {
 	return string(b)
 }
 
-func decodeParameters(s string) map[string]string {
+func DecodeParameters(s string) map[string]string {
 	out := map[string]string{}
 	_ = json.Unmarshal([]byte(s), &out) // a damaged value reads as no parameters
 	return out

@@ -37,6 +37,9 @@ func (m *Manager) CreateSnapshot(ctx context.Context, volumeID, name string) (Sn
 	if err != nil {
 		return Snapshot{}, err
 	}
+	if v.MovingTo != "" {
+		return Snapshot{}, fmt.Errorf("%w: volume %s is moving to node %s; retry when the move is done", errdefs.ErrUnavailable, volumeID, v.MovingTo)
+	}
 	dataset := v.Dataset + "@" + id
 	props := map[string]string{PropSnapshotName: name, PropSourceVolume: volumeID}
 	if err := m.zfs.Snapshot(ctx, dataset, props); err != nil {

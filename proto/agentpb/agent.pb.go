@@ -1403,7 +1403,9 @@ type ReplicaStateResponse struct {
 	// Set when an interrupted receive can be resumed.
 	ResumeToken string `protobuf:"bytes,4,opt,name=resume_token,json=resumeToken,proto3" json:"resume_token,omitempty"`
 	// The receiving node, whose copy the sender's base hold is named after.
-	NodeId        string `protobuf:"bytes,5,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	NodeId string `protobuf:"bytes,5,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// The generation of the primary the replica was last received from.
+	Generation    uint64 `protobuf:"varint,6,opt,name=generation,proto3" json:"generation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1471,6 +1473,13 @@ func (x *ReplicaStateResponse) GetNodeId() string {
 		return x.NodeId
 	}
 	return ""
+}
+
+func (x *ReplicaStateResponse) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
 }
 
 type ReceiveMessage struct {
@@ -1563,7 +1572,11 @@ type ReceiveHeader struct {
 	// "full", "incremental" or "resume".
 	Kind string `protobuf:"bytes,4,opt,name=kind,proto3" json:"kind,omitempty"`
 	// The short name of the snapshot the stream ends at.
-	Snapshot      string `protobuf:"bytes,5,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
+	Snapshot string `protobuf:"bytes,5,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
+	// What a replica needs to become the primary one day.
+	Generation    uint64            `protobuf:"varint,6,opt,name=generation,proto3" json:"generation,omitempty"`
+	Parameters    map[string]string `protobuf:"bytes,7,rep,name=parameters,proto3" json:"parameters,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	CapacityBytes uint64            `protobuf:"varint,8,opt,name=capacity_bytes,json=capacityBytes,proto3" json:"capacity_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1633,6 +1646,27 @@ func (x *ReceiveHeader) GetSnapshot() string {
 	return ""
 }
 
+func (x *ReceiveHeader) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *ReceiveHeader) GetParameters() map[string]string {
+	if x != nil {
+		return x.Parameters
+	}
+	return nil
+}
+
+func (x *ReceiveHeader) GetCapacityBytes() uint64 {
+	if x != nil {
+		return x.CapacityBytes
+	}
+	return 0
+}
+
 type ReceiveResult struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	SnapshotGuid  uint64                 `protobuf:"varint,1,opt,name=snapshot_guid,json=snapshotGuid,proto3" json:"snapshot_guid,omitempty"`
@@ -1685,6 +1719,486 @@ func (x *ReceiveResult) GetBytes() int64 {
 	return 0
 }
 
+type GetCopyRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	VolumeId      string                 `protobuf:"bytes,1,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetCopyRequest) Reset() {
+	*x = GetCopyRequest{}
+	mi := &file_agentpb_agent_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetCopyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetCopyRequest) ProtoMessage() {}
+
+func (x *GetCopyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agentpb_agent_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetCopyRequest.ProtoReflect.Descriptor instead.
+func (*GetCopyRequest) Descriptor() ([]byte, []int) {
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *GetCopyRequest) GetVolumeId() string {
+	if x != nil {
+		return x.VolumeId
+	}
+	return ""
+}
+
+type Copy struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	VolumeId string                 `protobuf:"bytes,1,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
+	NodeId   string                 `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	Exists   bool                   `protobuf:"varint,3,opt,name=exists,proto3" json:"exists,omitempty"`
+	// "primary" or "replica".
+	Role       string `protobuf:"bytes,4,opt,name=role,proto3" json:"role,omitempty"`
+	Generation uint64 `protobuf:"varint,5,opt,name=generation,proto3" json:"generation,omitempty"`
+	// Set on a fenced primary: the node it is moving to.
+	MovingTo       string `protobuf:"bytes,6,opt,name=moving_to,json=movingTo,proto3" json:"moving_to,omitempty"`
+	FencedUnixNano int64  `protobuf:"varint,7,opt,name=fenced_unix_nano,json=fencedUnixNano,proto3" json:"fenced_unix_nano,omitempty"`
+	// Mounted on this node (staged or published).
+	Mounted bool `protobuf:"varint,8,opt,name=mounted,proto3" json:"mounted,omitempty"`
+	// The newest replication snapshot and when it was taken (unix nanos,
+	// from its name).
+	LastSnapshot         string            `protobuf:"bytes,9,opt,name=last_snapshot,json=lastSnapshot,proto3" json:"last_snapshot,omitempty"`
+	LastSnapshotUnixNano int64             `protobuf:"varint,10,opt,name=last_snapshot_unix_nano,json=lastSnapshotUnixNano,proto3" json:"last_snapshot_unix_nano,omitempty"`
+	Parameters           map[string]string `protobuf:"bytes,11,rep,name=parameters,proto3" json:"parameters,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	CapacityBytes        uint64            `protobuf:"varint,12,opt,name=capacity_bytes,json=capacityBytes,proto3" json:"capacity_bytes,omitempty"`
+	// An interrupted receive waits to be resumed.
+	Resumable bool   `protobuf:"varint,13,opt,name=resumable,proto3" json:"resumable,omitempty"`
+	Name      string `protobuf:"bytes,14,opt,name=name,proto3" json:"name,omitempty"`
+	// Set on a primary promoted by failover: the newest snapshot it had, so
+	// what was written after it on the lost primary may be gone.
+	FailoverFromSnapshot string `protobuf:"bytes,15,opt,name=failover_from_snapshot,json=failoverFromSnapshot,proto3" json:"failover_from_snapshot,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
+}
+
+func (x *Copy) Reset() {
+	*x = Copy{}
+	mi := &file_agentpb_agent_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Copy) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Copy) ProtoMessage() {}
+
+func (x *Copy) ProtoReflect() protoreflect.Message {
+	mi := &file_agentpb_agent_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Copy.ProtoReflect.Descriptor instead.
+func (*Copy) Descriptor() ([]byte, []int) {
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *Copy) GetVolumeId() string {
+	if x != nil {
+		return x.VolumeId
+	}
+	return ""
+}
+
+func (x *Copy) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *Copy) GetExists() bool {
+	if x != nil {
+		return x.Exists
+	}
+	return false
+}
+
+func (x *Copy) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *Copy) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *Copy) GetMovingTo() string {
+	if x != nil {
+		return x.MovingTo
+	}
+	return ""
+}
+
+func (x *Copy) GetFencedUnixNano() int64 {
+	if x != nil {
+		return x.FencedUnixNano
+	}
+	return 0
+}
+
+func (x *Copy) GetMounted() bool {
+	if x != nil {
+		return x.Mounted
+	}
+	return false
+}
+
+func (x *Copy) GetLastSnapshot() string {
+	if x != nil {
+		return x.LastSnapshot
+	}
+	return ""
+}
+
+func (x *Copy) GetLastSnapshotUnixNano() int64 {
+	if x != nil {
+		return x.LastSnapshotUnixNano
+	}
+	return 0
+}
+
+func (x *Copy) GetParameters() map[string]string {
+	if x != nil {
+		return x.Parameters
+	}
+	return nil
+}
+
+func (x *Copy) GetCapacityBytes() uint64 {
+	if x != nil {
+		return x.CapacityBytes
+	}
+	return 0
+}
+
+func (x *Copy) GetResumable() bool {
+	if x != nil {
+		return x.Resumable
+	}
+	return false
+}
+
+func (x *Copy) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Copy) GetFailoverFromSnapshot() string {
+	if x != nil {
+		return x.FailoverFromSnapshot
+	}
+	return ""
+}
+
+type FenceRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	VolumeId      string                 `protobuf:"bytes,1,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
+	TargetNodeId  string                 `protobuf:"bytes,2,opt,name=target_node_id,json=targetNodeId,proto3" json:"target_node_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FenceRequest) Reset() {
+	*x = FenceRequest{}
+	mi := &file_agentpb_agent_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FenceRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FenceRequest) ProtoMessage() {}
+
+func (x *FenceRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agentpb_agent_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FenceRequest.ProtoReflect.Descriptor instead.
+func (*FenceRequest) Descriptor() ([]byte, []int) {
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *FenceRequest) GetVolumeId() string {
+	if x != nil {
+		return x.VolumeId
+	}
+	return ""
+}
+
+func (x *FenceRequest) GetTargetNodeId() string {
+	if x != nil {
+		return x.TargetNodeId
+	}
+	return ""
+}
+
+type FenceResponse struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	FencedUnixNano int64                  `protobuf:"varint,1,opt,name=fenced_unix_nano,json=fencedUnixNano,proto3" json:"fenced_unix_nano,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *FenceResponse) Reset() {
+	*x = FenceResponse{}
+	mi := &file_agentpb_agent_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FenceResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FenceResponse) ProtoMessage() {}
+
+func (x *FenceResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agentpb_agent_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FenceResponse.ProtoReflect.Descriptor instead.
+func (*FenceResponse) Descriptor() ([]byte, []int) {
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *FenceResponse) GetFencedUnixNano() int64 {
+	if x != nil {
+		return x.FencedUnixNano
+	}
+	return 0
+}
+
+type UnfenceRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	VolumeId      string                 `protobuf:"bytes,1,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UnfenceRequest) Reset() {
+	*x = UnfenceRequest{}
+	mi := &file_agentpb_agent_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UnfenceRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UnfenceRequest) ProtoMessage() {}
+
+func (x *UnfenceRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agentpb_agent_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UnfenceRequest.ProtoReflect.Descriptor instead.
+func (*UnfenceRequest) Descriptor() ([]byte, []int) {
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *UnfenceRequest) GetVolumeId() string {
+	if x != nil {
+		return x.VolumeId
+	}
+	return ""
+}
+
+type PromoteRequest struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	VolumeId   string                 `protobuf:"bytes,1,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
+	Generation uint64                 `protobuf:"varint,2,opt,name=generation,proto3" json:"generation,omitempty"`
+	// A planned move: the replica must hold a snapshot taken at or after
+	// this time (the source's fence). 0 for a failover.
+	NotBeforeUnixNano int64 `protobuf:"varint,3,opt,name=not_before_unix_nano,json=notBeforeUnixNano,proto3" json:"not_before_unix_nano,omitempty"`
+	Failover          bool  `protobuf:"varint,4,opt,name=failover,proto3" json:"failover,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *PromoteRequest) Reset() {
+	*x = PromoteRequest{}
+	mi := &file_agentpb_agent_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PromoteRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PromoteRequest) ProtoMessage() {}
+
+func (x *PromoteRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agentpb_agent_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PromoteRequest.ProtoReflect.Descriptor instead.
+func (*PromoteRequest) Descriptor() ([]byte, []int) {
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *PromoteRequest) GetVolumeId() string {
+	if x != nil {
+		return x.VolumeId
+	}
+	return ""
+}
+
+func (x *PromoteRequest) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *PromoteRequest) GetNotBeforeUnixNano() int64 {
+	if x != nil {
+		return x.NotBeforeUnixNano
+	}
+	return 0
+}
+
+func (x *PromoteRequest) GetFailover() bool {
+	if x != nil {
+		return x.Failover
+	}
+	return false
+}
+
+type DemoteRequest struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	VolumeId string                 `protobuf:"bytes,1,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
+	// The generation of the primary that replaces this copy.
+	Generation uint64 `protobuf:"varint,2,opt,name=generation,proto3" json:"generation,omitempty"`
+	// Set aside (renamed, kept for an operator) instead of kept as a replica.
+	Aside         bool `protobuf:"varint,3,opt,name=aside,proto3" json:"aside,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DemoteRequest) Reset() {
+	*x = DemoteRequest{}
+	mi := &file_agentpb_agent_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DemoteRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DemoteRequest) ProtoMessage() {}
+
+func (x *DemoteRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agentpb_agent_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DemoteRequest.ProtoReflect.Descriptor instead.
+func (*DemoteRequest) Descriptor() ([]byte, []int) {
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *DemoteRequest) GetVolumeId() string {
+	if x != nil {
+		return x.VolumeId
+	}
+	return ""
+}
+
+func (x *DemoteRequest) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *DemoteRequest) GetAside() bool {
+	if x != nil {
+		return x.Aside
+	}
+	return false
+}
+
 type DeleteReplicaRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	VolumeId      string                 `protobuf:"bytes,1,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
@@ -1694,7 +2208,7 @@ type DeleteReplicaRequest struct {
 
 func (x *DeleteReplicaRequest) Reset() {
 	*x = DeleteReplicaRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[28]
+	mi := &file_agentpb_agent_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1706,7 +2220,7 @@ func (x *DeleteReplicaRequest) String() string {
 func (*DeleteReplicaRequest) ProtoMessage() {}
 
 func (x *DeleteReplicaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[28]
+	mi := &file_agentpb_agent_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1719,7 +2233,7 @@ func (x *DeleteReplicaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteReplicaRequest.ProtoReflect.Descriptor instead.
 func (*DeleteReplicaRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{28}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *DeleteReplicaRequest) GetVolumeId() string {
@@ -1738,7 +2252,7 @@ type DeleteReplicaResponse struct {
 
 func (x *DeleteReplicaResponse) Reset() {
 	*x = DeleteReplicaResponse{}
-	mi := &file_agentpb_agent_proto_msgTypes[29]
+	mi := &file_agentpb_agent_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1750,7 +2264,7 @@ func (x *DeleteReplicaResponse) String() string {
 func (*DeleteReplicaResponse) ProtoMessage() {}
 
 func (x *DeleteReplicaResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[29]
+	mi := &file_agentpb_agent_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1763,7 +2277,7 @@ func (x *DeleteReplicaResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteReplicaResponse.ProtoReflect.Descriptor instead.
 func (*DeleteReplicaResponse) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{29}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *DeleteReplicaResponse) GetDeleted() bool {
@@ -1888,31 +2402,90 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"totalBytes\x12!\n" +
 	"\fstarted_unix\x18\x06 \x01(\x03R\vstartedUnix\"2\n" +
 	"\x13ReplicaStateRequest\x12\x1b\n" +
-	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\"\xa5\x01\n" +
+	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\"\xc5\x01\n" +
 	"\x14ReplicaStateResponse\x12\x16\n" +
 	"\x06exists\x18\x01 \x01(\bR\x06exists\x12\x12\n" +
 	"\x04role\x18\x02 \x01(\tR\x04role\x12%\n" +
 	"\x0esnapshot_guids\x18\x03 \x03(\x04R\rsnapshotGuids\x12!\n" +
 	"\fresume_token\x18\x04 \x01(\tR\vresumeToken\x12\x17\n" +
-	"\anode_id\x18\x05 \x01(\tR\x06nodeId\"i\n" +
+	"\anode_id\x18\x05 \x01(\tR\x06nodeId\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x06 \x01(\x04R\n" +
+	"generation\"i\n" +
 	"\x0eReceiveMessage\x12:\n" +
 	"\x06header\x18\x01 \x01(\v2 .zfsnomad.agent.v1.ReceiveHeaderH\x00R\x06header\x12\x14\n" +
 	"\x04data\x18\x02 \x01(\fH\x00R\x04dataB\x05\n" +
-	"\x03msg\"\xa3\x01\n" +
+	"\x03msg\"\xfb\x02\n" +
 	"\rReceiveHeader\x12\x1b\n" +
 	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12\x1f\n" +
 	"\vvolume_name\x18\x02 \x01(\tR\n" +
 	"volumeName\x12$\n" +
 	"\x0esource_node_id\x18\x03 \x01(\tR\fsourceNodeId\x12\x12\n" +
 	"\x04kind\x18\x04 \x01(\tR\x04kind\x12\x1a\n" +
-	"\bsnapshot\x18\x05 \x01(\tR\bsnapshot\"J\n" +
+	"\bsnapshot\x18\x05 \x01(\tR\bsnapshot\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x06 \x01(\x04R\n" +
+	"generation\x12P\n" +
+	"\n" +
+	"parameters\x18\a \x03(\v20.zfsnomad.agent.v1.ReceiveHeader.ParametersEntryR\n" +
+	"parameters\x12%\n" +
+	"\x0ecapacity_bytes\x18\b \x01(\x04R\rcapacityBytes\x1a=\n" +
+	"\x0fParametersEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"J\n" +
 	"\rReceiveResult\x12#\n" +
 	"\rsnapshot_guid\x18\x01 \x01(\x04R\fsnapshotGuid\x12\x14\n" +
-	"\x05bytes\x18\x02 \x01(\x03R\x05bytes\"3\n" +
+	"\x05bytes\x18\x02 \x01(\x03R\x05bytes\"-\n" +
+	"\x0eGetCopyRequest\x12\x1b\n" +
+	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\"\xdc\x04\n" +
+	"\x04Copy\x12\x1b\n" +
+	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12\x17\n" +
+	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x16\n" +
+	"\x06exists\x18\x03 \x01(\bR\x06exists\x12\x12\n" +
+	"\x04role\x18\x04 \x01(\tR\x04role\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x05 \x01(\x04R\n" +
+	"generation\x12\x1b\n" +
+	"\tmoving_to\x18\x06 \x01(\tR\bmovingTo\x12(\n" +
+	"\x10fenced_unix_nano\x18\a \x01(\x03R\x0efencedUnixNano\x12\x18\n" +
+	"\amounted\x18\b \x01(\bR\amounted\x12#\n" +
+	"\rlast_snapshot\x18\t \x01(\tR\flastSnapshot\x125\n" +
+	"\x17last_snapshot_unix_nano\x18\n" +
+	" \x01(\x03R\x14lastSnapshotUnixNano\x12G\n" +
+	"\n" +
+	"parameters\x18\v \x03(\v2'.zfsnomad.agent.v1.Copy.ParametersEntryR\n" +
+	"parameters\x12%\n" +
+	"\x0ecapacity_bytes\x18\f \x01(\x04R\rcapacityBytes\x12\x1c\n" +
+	"\tresumable\x18\r \x01(\bR\tresumable\x12\x12\n" +
+	"\x04name\x18\x0e \x01(\tR\x04name\x124\n" +
+	"\x16failover_from_snapshot\x18\x0f \x01(\tR\x14failoverFromSnapshot\x1a=\n" +
+	"\x0fParametersEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"Q\n" +
+	"\fFenceRequest\x12\x1b\n" +
+	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12$\n" +
+	"\x0etarget_node_id\x18\x02 \x01(\tR\ftargetNodeId\"9\n" +
+	"\rFenceResponse\x12(\n" +
+	"\x10fenced_unix_nano\x18\x01 \x01(\x03R\x0efencedUnixNano\"-\n" +
+	"\x0eUnfenceRequest\x12\x1b\n" +
+	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\"\x9a\x01\n" +
+	"\x0ePromoteRequest\x12\x1b\n" +
+	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x02 \x01(\x04R\n" +
+	"generation\x12/\n" +
+	"\x14not_before_unix_nano\x18\x03 \x01(\x03R\x11notBeforeUnixNano\x12\x1a\n" +
+	"\bfailover\x18\x04 \x01(\bR\bfailover\"b\n" +
+	"\rDemoteRequest\x12\x1b\n" +
+	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x02 \x01(\x04R\n" +
+	"generation\x12\x14\n" +
+	"\x05aside\x18\x03 \x01(\bR\x05aside\"3\n" +
 	"\x14DeleteReplicaRequest\x12\x1b\n" +
 	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\"1\n" +
 	"\x15DeleteReplicaResponse\x12\x18\n" +
-	"\adeleted\x18\x01 \x01(\bR\adeleted2\xbf\b\n" +
+	"\adeleted\x18\x01 \x01(\bR\adeleted2\xa5\v\n" +
 	"\tNodeAgent\x12E\n" +
 	"\aGetNode\x12!.zfsnomad.agent.v1.GetNodeRequest\x1a\x17.zfsnomad.agent.v1.Node\x12Q\n" +
 	"\fCreateVolume\x12&.zfsnomad.agent.v1.CreateVolumeRequest\x1a\x19.zfsnomad.agent.v1.Volume\x12_\n" +
@@ -1925,7 +2498,12 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\rListSnapshots\x12'.zfsnomad.agent.v1.ListSnapshotsRequest\x1a(.zfsnomad.agent.v1.ListSnapshotsResponse\x12X\n" +
 	"\tReplicate\x12#.zfsnomad.agent.v1.ReplicateRequest\x1a$.zfsnomad.agent.v1.ReplicateProgress0\x01\x12I\n" +
 	"\x06Status\x12 .zfsnomad.agent.v1.StatusRequest\x1a\x1d.zfsnomad.agent.v1.NodeStatus\x12b\n" +
-	"\rDeleteReplica\x12'.zfsnomad.agent.v1.DeleteReplicaRequest\x1a(.zfsnomad.agent.v1.DeleteReplicaResponse2\xc0\x01\n" +
+	"\rDeleteReplica\x12'.zfsnomad.agent.v1.DeleteReplicaRequest\x1a(.zfsnomad.agent.v1.DeleteReplicaResponse\x12E\n" +
+	"\aGetCopy\x12!.zfsnomad.agent.v1.GetCopyRequest\x1a\x17.zfsnomad.agent.v1.Copy\x12J\n" +
+	"\x05Fence\x12\x1f.zfsnomad.agent.v1.FenceRequest\x1a .zfsnomad.agent.v1.FenceResponse\x12E\n" +
+	"\aUnfence\x12!.zfsnomad.agent.v1.UnfenceRequest\x1a\x17.zfsnomad.agent.v1.Copy\x12E\n" +
+	"\aPromote\x12!.zfsnomad.agent.v1.PromoteRequest\x1a\x17.zfsnomad.agent.v1.Copy\x12C\n" +
+	"\x06Demote\x12 .zfsnomad.agent.v1.DemoteRequest\x1a\x17.zfsnomad.agent.v1.Copy2\xc0\x01\n" +
 	"\vReplication\x12_\n" +
 	"\fReplicaState\x12&.zfsnomad.agent.v1.ReplicaStateRequest\x1a'.zfsnomad.agent.v1.ReplicaStateResponse\x12P\n" +
 	"\aReceive\x12!.zfsnomad.agent.v1.ReceiveMessage\x1a .zfsnomad.agent.v1.ReceiveResult(\x01B.Z,github.com/zfs-nomad/zfs-nomad/proto/agentpbb\x06proto3"
@@ -1942,7 +2520,7 @@ func file_agentpb_agent_proto_rawDescGZIP() []byte {
 	return file_agentpb_agent_proto_rawDescData
 }
 
-var file_agentpb_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
+var file_agentpb_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
 var file_agentpb_agent_proto_goTypes = []any{
 	(*GetNodeRequest)(nil),         // 0: zfsnomad.agent.v1.GetNodeRequest
 	(*Node)(nil),                   // 1: zfsnomad.agent.v1.Node
@@ -1972,54 +2550,75 @@ var file_agentpb_agent_proto_goTypes = []any{
 	(*ReceiveMessage)(nil),         // 25: zfsnomad.agent.v1.ReceiveMessage
 	(*ReceiveHeader)(nil),          // 26: zfsnomad.agent.v1.ReceiveHeader
 	(*ReceiveResult)(nil),          // 27: zfsnomad.agent.v1.ReceiveResult
-	(*DeleteReplicaRequest)(nil),   // 28: zfsnomad.agent.v1.DeleteReplicaRequest
-	(*DeleteReplicaResponse)(nil),  // 29: zfsnomad.agent.v1.DeleteReplicaResponse
-	nil,                            // 30: zfsnomad.agent.v1.Node.TopologyEntry
-	nil,                            // 31: zfsnomad.agent.v1.CreateVolumeRequest.ParametersEntry
-	nil,                            // 32: zfsnomad.agent.v1.Volume.ParametersEntry
+	(*GetCopyRequest)(nil),         // 28: zfsnomad.agent.v1.GetCopyRequest
+	(*Copy)(nil),                   // 29: zfsnomad.agent.v1.Copy
+	(*FenceRequest)(nil),           // 30: zfsnomad.agent.v1.FenceRequest
+	(*FenceResponse)(nil),          // 31: zfsnomad.agent.v1.FenceResponse
+	(*UnfenceRequest)(nil),         // 32: zfsnomad.agent.v1.UnfenceRequest
+	(*PromoteRequest)(nil),         // 33: zfsnomad.agent.v1.PromoteRequest
+	(*DemoteRequest)(nil),          // 34: zfsnomad.agent.v1.DemoteRequest
+	(*DeleteReplicaRequest)(nil),   // 35: zfsnomad.agent.v1.DeleteReplicaRequest
+	(*DeleteReplicaResponse)(nil),  // 36: zfsnomad.agent.v1.DeleteReplicaResponse
+	nil,                            // 37: zfsnomad.agent.v1.Node.TopologyEntry
+	nil,                            // 38: zfsnomad.agent.v1.CreateVolumeRequest.ParametersEntry
+	nil,                            // 39: zfsnomad.agent.v1.Volume.ParametersEntry
+	nil,                            // 40: zfsnomad.agent.v1.ReceiveHeader.ParametersEntry
+	nil,                            // 41: zfsnomad.agent.v1.Copy.ParametersEntry
 }
 var file_agentpb_agent_proto_depIdxs = []int32{
-	30, // 0: zfsnomad.agent.v1.Node.topology:type_name -> zfsnomad.agent.v1.Node.TopologyEntry
-	31, // 1: zfsnomad.agent.v1.CreateVolumeRequest.parameters:type_name -> zfsnomad.agent.v1.CreateVolumeRequest.ParametersEntry
-	32, // 2: zfsnomad.agent.v1.Volume.parameters:type_name -> zfsnomad.agent.v1.Volume.ParametersEntry
+	37, // 0: zfsnomad.agent.v1.Node.topology:type_name -> zfsnomad.agent.v1.Node.TopologyEntry
+	38, // 1: zfsnomad.agent.v1.CreateVolumeRequest.parameters:type_name -> zfsnomad.agent.v1.CreateVolumeRequest.ParametersEntry
+	39, // 2: zfsnomad.agent.v1.Volume.parameters:type_name -> zfsnomad.agent.v1.Volume.ParametersEntry
 	3,  // 3: zfsnomad.agent.v1.ListVolumesResponse.volumes:type_name -> zfsnomad.agent.v1.Volume
 	12, // 4: zfsnomad.agent.v1.ListSnapshotsResponse.snapshots:type_name -> zfsnomad.agent.v1.Snapshot
 	21, // 5: zfsnomad.agent.v1.NodeStatus.replicas:type_name -> zfsnomad.agent.v1.Replica
 	22, // 6: zfsnomad.agent.v1.NodeStatus.transfers:type_name -> zfsnomad.agent.v1.Transfer
 	26, // 7: zfsnomad.agent.v1.ReceiveMessage.header:type_name -> zfsnomad.agent.v1.ReceiveHeader
-	0,  // 8: zfsnomad.agent.v1.NodeAgent.GetNode:input_type -> zfsnomad.agent.v1.GetNodeRequest
-	2,  // 9: zfsnomad.agent.v1.NodeAgent.CreateVolume:input_type -> zfsnomad.agent.v1.CreateVolumeRequest
-	4,  // 10: zfsnomad.agent.v1.NodeAgent.DeleteVolume:input_type -> zfsnomad.agent.v1.DeleteVolumeRequest
-	6,  // 11: zfsnomad.agent.v1.NodeAgent.GetVolume:input_type -> zfsnomad.agent.v1.GetVolumeRequest
-	7,  // 12: zfsnomad.agent.v1.NodeAgent.ListVolumes:input_type -> zfsnomad.agent.v1.ListVolumesRequest
-	9,  // 13: zfsnomad.agent.v1.NodeAgent.ExpandVolume:input_type -> zfsnomad.agent.v1.ExpandVolumeRequest
-	11, // 14: zfsnomad.agent.v1.NodeAgent.CreateSnapshot:input_type -> zfsnomad.agent.v1.CreateSnapshotRequest
-	13, // 15: zfsnomad.agent.v1.NodeAgent.DeleteSnapshot:input_type -> zfsnomad.agent.v1.DeleteSnapshotRequest
-	15, // 16: zfsnomad.agent.v1.NodeAgent.ListSnapshots:input_type -> zfsnomad.agent.v1.ListSnapshotsRequest
-	17, // 17: zfsnomad.agent.v1.NodeAgent.Replicate:input_type -> zfsnomad.agent.v1.ReplicateRequest
-	19, // 18: zfsnomad.agent.v1.NodeAgent.Status:input_type -> zfsnomad.agent.v1.StatusRequest
-	28, // 19: zfsnomad.agent.v1.NodeAgent.DeleteReplica:input_type -> zfsnomad.agent.v1.DeleteReplicaRequest
-	23, // 20: zfsnomad.agent.v1.Replication.ReplicaState:input_type -> zfsnomad.agent.v1.ReplicaStateRequest
-	25, // 21: zfsnomad.agent.v1.Replication.Receive:input_type -> zfsnomad.agent.v1.ReceiveMessage
-	1,  // 22: zfsnomad.agent.v1.NodeAgent.GetNode:output_type -> zfsnomad.agent.v1.Node
-	3,  // 23: zfsnomad.agent.v1.NodeAgent.CreateVolume:output_type -> zfsnomad.agent.v1.Volume
-	5,  // 24: zfsnomad.agent.v1.NodeAgent.DeleteVolume:output_type -> zfsnomad.agent.v1.DeleteVolumeResponse
-	3,  // 25: zfsnomad.agent.v1.NodeAgent.GetVolume:output_type -> zfsnomad.agent.v1.Volume
-	8,  // 26: zfsnomad.agent.v1.NodeAgent.ListVolumes:output_type -> zfsnomad.agent.v1.ListVolumesResponse
-	10, // 27: zfsnomad.agent.v1.NodeAgent.ExpandVolume:output_type -> zfsnomad.agent.v1.ExpandVolumeResponse
-	12, // 28: zfsnomad.agent.v1.NodeAgent.CreateSnapshot:output_type -> zfsnomad.agent.v1.Snapshot
-	14, // 29: zfsnomad.agent.v1.NodeAgent.DeleteSnapshot:output_type -> zfsnomad.agent.v1.DeleteSnapshotResponse
-	16, // 30: zfsnomad.agent.v1.NodeAgent.ListSnapshots:output_type -> zfsnomad.agent.v1.ListSnapshotsResponse
-	18, // 31: zfsnomad.agent.v1.NodeAgent.Replicate:output_type -> zfsnomad.agent.v1.ReplicateProgress
-	20, // 32: zfsnomad.agent.v1.NodeAgent.Status:output_type -> zfsnomad.agent.v1.NodeStatus
-	29, // 33: zfsnomad.agent.v1.NodeAgent.DeleteReplica:output_type -> zfsnomad.agent.v1.DeleteReplicaResponse
-	24, // 34: zfsnomad.agent.v1.Replication.ReplicaState:output_type -> zfsnomad.agent.v1.ReplicaStateResponse
-	27, // 35: zfsnomad.agent.v1.Replication.Receive:output_type -> zfsnomad.agent.v1.ReceiveResult
-	22, // [22:36] is the sub-list for method output_type
-	8,  // [8:22] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	40, // 8: zfsnomad.agent.v1.ReceiveHeader.parameters:type_name -> zfsnomad.agent.v1.ReceiveHeader.ParametersEntry
+	41, // 9: zfsnomad.agent.v1.Copy.parameters:type_name -> zfsnomad.agent.v1.Copy.ParametersEntry
+	0,  // 10: zfsnomad.agent.v1.NodeAgent.GetNode:input_type -> zfsnomad.agent.v1.GetNodeRequest
+	2,  // 11: zfsnomad.agent.v1.NodeAgent.CreateVolume:input_type -> zfsnomad.agent.v1.CreateVolumeRequest
+	4,  // 12: zfsnomad.agent.v1.NodeAgent.DeleteVolume:input_type -> zfsnomad.agent.v1.DeleteVolumeRequest
+	6,  // 13: zfsnomad.agent.v1.NodeAgent.GetVolume:input_type -> zfsnomad.agent.v1.GetVolumeRequest
+	7,  // 14: zfsnomad.agent.v1.NodeAgent.ListVolumes:input_type -> zfsnomad.agent.v1.ListVolumesRequest
+	9,  // 15: zfsnomad.agent.v1.NodeAgent.ExpandVolume:input_type -> zfsnomad.agent.v1.ExpandVolumeRequest
+	11, // 16: zfsnomad.agent.v1.NodeAgent.CreateSnapshot:input_type -> zfsnomad.agent.v1.CreateSnapshotRequest
+	13, // 17: zfsnomad.agent.v1.NodeAgent.DeleteSnapshot:input_type -> zfsnomad.agent.v1.DeleteSnapshotRequest
+	15, // 18: zfsnomad.agent.v1.NodeAgent.ListSnapshots:input_type -> zfsnomad.agent.v1.ListSnapshotsRequest
+	17, // 19: zfsnomad.agent.v1.NodeAgent.Replicate:input_type -> zfsnomad.agent.v1.ReplicateRequest
+	19, // 20: zfsnomad.agent.v1.NodeAgent.Status:input_type -> zfsnomad.agent.v1.StatusRequest
+	35, // 21: zfsnomad.agent.v1.NodeAgent.DeleteReplica:input_type -> zfsnomad.agent.v1.DeleteReplicaRequest
+	28, // 22: zfsnomad.agent.v1.NodeAgent.GetCopy:input_type -> zfsnomad.agent.v1.GetCopyRequest
+	30, // 23: zfsnomad.agent.v1.NodeAgent.Fence:input_type -> zfsnomad.agent.v1.FenceRequest
+	32, // 24: zfsnomad.agent.v1.NodeAgent.Unfence:input_type -> zfsnomad.agent.v1.UnfenceRequest
+	33, // 25: zfsnomad.agent.v1.NodeAgent.Promote:input_type -> zfsnomad.agent.v1.PromoteRequest
+	34, // 26: zfsnomad.agent.v1.NodeAgent.Demote:input_type -> zfsnomad.agent.v1.DemoteRequest
+	23, // 27: zfsnomad.agent.v1.Replication.ReplicaState:input_type -> zfsnomad.agent.v1.ReplicaStateRequest
+	25, // 28: zfsnomad.agent.v1.Replication.Receive:input_type -> zfsnomad.agent.v1.ReceiveMessage
+	1,  // 29: zfsnomad.agent.v1.NodeAgent.GetNode:output_type -> zfsnomad.agent.v1.Node
+	3,  // 30: zfsnomad.agent.v1.NodeAgent.CreateVolume:output_type -> zfsnomad.agent.v1.Volume
+	5,  // 31: zfsnomad.agent.v1.NodeAgent.DeleteVolume:output_type -> zfsnomad.agent.v1.DeleteVolumeResponse
+	3,  // 32: zfsnomad.agent.v1.NodeAgent.GetVolume:output_type -> zfsnomad.agent.v1.Volume
+	8,  // 33: zfsnomad.agent.v1.NodeAgent.ListVolumes:output_type -> zfsnomad.agent.v1.ListVolumesResponse
+	10, // 34: zfsnomad.agent.v1.NodeAgent.ExpandVolume:output_type -> zfsnomad.agent.v1.ExpandVolumeResponse
+	12, // 35: zfsnomad.agent.v1.NodeAgent.CreateSnapshot:output_type -> zfsnomad.agent.v1.Snapshot
+	14, // 36: zfsnomad.agent.v1.NodeAgent.DeleteSnapshot:output_type -> zfsnomad.agent.v1.DeleteSnapshotResponse
+	16, // 37: zfsnomad.agent.v1.NodeAgent.ListSnapshots:output_type -> zfsnomad.agent.v1.ListSnapshotsResponse
+	18, // 38: zfsnomad.agent.v1.NodeAgent.Replicate:output_type -> zfsnomad.agent.v1.ReplicateProgress
+	20, // 39: zfsnomad.agent.v1.NodeAgent.Status:output_type -> zfsnomad.agent.v1.NodeStatus
+	36, // 40: zfsnomad.agent.v1.NodeAgent.DeleteReplica:output_type -> zfsnomad.agent.v1.DeleteReplicaResponse
+	29, // 41: zfsnomad.agent.v1.NodeAgent.GetCopy:output_type -> zfsnomad.agent.v1.Copy
+	31, // 42: zfsnomad.agent.v1.NodeAgent.Fence:output_type -> zfsnomad.agent.v1.FenceResponse
+	29, // 43: zfsnomad.agent.v1.NodeAgent.Unfence:output_type -> zfsnomad.agent.v1.Copy
+	29, // 44: zfsnomad.agent.v1.NodeAgent.Promote:output_type -> zfsnomad.agent.v1.Copy
+	29, // 45: zfsnomad.agent.v1.NodeAgent.Demote:output_type -> zfsnomad.agent.v1.Copy
+	24, // 46: zfsnomad.agent.v1.Replication.ReplicaState:output_type -> zfsnomad.agent.v1.ReplicaStateResponse
+	27, // 47: zfsnomad.agent.v1.Replication.Receive:output_type -> zfsnomad.agent.v1.ReceiveResult
+	29, // [29:48] is the sub-list for method output_type
+	10, // [10:29] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_agentpb_agent_proto_init() }
@@ -2037,7 +2636,7 @@ func file_agentpb_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agentpb_agent_proto_rawDesc), len(file_agentpb_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   33,
+			NumMessages:   42,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

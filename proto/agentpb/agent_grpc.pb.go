@@ -36,6 +36,11 @@ const (
 	NodeAgent_Replicate_FullMethodName      = "/zfsnomad.agent.v1.NodeAgent/Replicate"
 	NodeAgent_Status_FullMethodName         = "/zfsnomad.agent.v1.NodeAgent/Status"
 	NodeAgent_DeleteReplica_FullMethodName  = "/zfsnomad.agent.v1.NodeAgent/DeleteReplica"
+	NodeAgent_GetCopy_FullMethodName        = "/zfsnomad.agent.v1.NodeAgent/GetCopy"
+	NodeAgent_Fence_FullMethodName          = "/zfsnomad.agent.v1.NodeAgent/Fence"
+	NodeAgent_Unfence_FullMethodName        = "/zfsnomad.agent.v1.NodeAgent/Unfence"
+	NodeAgent_Promote_FullMethodName        = "/zfsnomad.agent.v1.NodeAgent/Promote"
+	NodeAgent_Demote_FullMethodName         = "/zfsnomad.agent.v1.NodeAgent/Demote"
 )
 
 // NodeAgentClient is the client API for NodeAgent service.
@@ -59,6 +64,18 @@ type NodeAgentClient interface {
 	Status(ctx context.Context, in *StatusRequest, opts ...grpc.CallOption) (*NodeStatus, error)
 	// DeleteReplica destroys this node's replica of a volume, if it has one.
 	DeleteReplica(ctx context.Context, in *DeleteReplicaRequest, opts ...grpc.CallOption) (*DeleteReplicaResponse, error)
+	// Migration (docs/migration.md). GetCopy describes this node's copy of a
+	// volume, whatever its role.
+	GetCopy(ctx context.Context, in *GetCopyRequest, opts ...grpc.CallOption) (*Copy, error)
+	// Fence makes the primary read-only and marks it as moving to a node;
+	// refused while it is mounted. Unfence undoes it.
+	Fence(ctx context.Context, in *FenceRequest, opts ...grpc.CallOption) (*FenceResponse, error)
+	Unfence(ctx context.Context, in *UnfenceRequest, opts ...grpc.CallOption) (*Copy, error)
+	// Promote turns this node's replica into the primary at a generation.
+	Promote(ctx context.Context, in *PromoteRequest, opts ...grpc.CallOption) (*Copy, error)
+	// Demote turns this node's primary into a replica, or sets it aside when
+	// it may hold writes no other copy has.
+	Demote(ctx context.Context, in *DemoteRequest, opts ...grpc.CallOption) (*Copy, error)
 }
 
 type nodeAgentClient struct {
@@ -198,6 +215,56 @@ func (c *nodeAgentClient) DeleteReplica(ctx context.Context, in *DeleteReplicaRe
 	return out, nil
 }
 
+func (c *nodeAgentClient) GetCopy(ctx context.Context, in *GetCopyRequest, opts ...grpc.CallOption) (*Copy, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Copy)
+	err := c.cc.Invoke(ctx, NodeAgent_GetCopy_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *nodeAgentClient) Fence(ctx context.Context, in *FenceRequest, opts ...grpc.CallOption) (*FenceResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(FenceResponse)
+	err := c.cc.Invoke(ctx, NodeAgent_Fence_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *nodeAgentClient) Unfence(ctx context.Context, in *UnfenceRequest, opts ...grpc.CallOption) (*Copy, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Copy)
+	err := c.cc.Invoke(ctx, NodeAgent_Unfence_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *nodeAgentClient) Promote(ctx context.Context, in *PromoteRequest, opts ...grpc.CallOption) (*Copy, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Copy)
+	err := c.cc.Invoke(ctx, NodeAgent_Promote_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *nodeAgentClient) Demote(ctx context.Context, in *DemoteRequest, opts ...grpc.CallOption) (*Copy, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Copy)
+	err := c.cc.Invoke(ctx, NodeAgent_Demote_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // NodeAgentServer is the server API for NodeAgent service.
 // All implementations must embed UnimplementedNodeAgentServer
 // for forward compatibility.
@@ -219,6 +286,18 @@ type NodeAgentServer interface {
 	Status(context.Context, *StatusRequest) (*NodeStatus, error)
 	// DeleteReplica destroys this node's replica of a volume, if it has one.
 	DeleteReplica(context.Context, *DeleteReplicaRequest) (*DeleteReplicaResponse, error)
+	// Migration (docs/migration.md). GetCopy describes this node's copy of a
+	// volume, whatever its role.
+	GetCopy(context.Context, *GetCopyRequest) (*Copy, error)
+	// Fence makes the primary read-only and marks it as moving to a node;
+	// refused while it is mounted. Unfence undoes it.
+	Fence(context.Context, *FenceRequest) (*FenceResponse, error)
+	Unfence(context.Context, *UnfenceRequest) (*Copy, error)
+	// Promote turns this node's replica into the primary at a generation.
+	Promote(context.Context, *PromoteRequest) (*Copy, error)
+	// Demote turns this node's primary into a replica, or sets it aside when
+	// it may hold writes no other copy has.
+	Demote(context.Context, *DemoteRequest) (*Copy, error)
 	mustEmbedUnimplementedNodeAgentServer()
 }
 
@@ -264,6 +343,21 @@ func (UnimplementedNodeAgentServer) Status(context.Context, *StatusRequest) (*No
 }
 func (UnimplementedNodeAgentServer) DeleteReplica(context.Context, *DeleteReplicaRequest) (*DeleteReplicaResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DeleteReplica not implemented")
+}
+func (UnimplementedNodeAgentServer) GetCopy(context.Context, *GetCopyRequest) (*Copy, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetCopy not implemented")
+}
+func (UnimplementedNodeAgentServer) Fence(context.Context, *FenceRequest) (*FenceResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Fence not implemented")
+}
+func (UnimplementedNodeAgentServer) Unfence(context.Context, *UnfenceRequest) (*Copy, error) {
+	return nil, status.Error(codes.Unimplemented, "method Unfence not implemented")
+}
+func (UnimplementedNodeAgentServer) Promote(context.Context, *PromoteRequest) (*Copy, error) {
+	return nil, status.Error(codes.Unimplemented, "method Promote not implemented")
+}
+func (UnimplementedNodeAgentServer) Demote(context.Context, *DemoteRequest) (*Copy, error) {
+	return nil, status.Error(codes.Unimplemented, "method Demote not implemented")
 }
 func (UnimplementedNodeAgentServer) mustEmbedUnimplementedNodeAgentServer() {}
 func (UnimplementedNodeAgentServer) testEmbeddedByValue()                   {}
@@ -495,6 +589,96 @@ func _NodeAgent_DeleteReplica_Handler(srv interface{}, ctx context.Context, dec 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _NodeAgent_GetCopy_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetCopyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NodeAgentServer).GetCopy(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: NodeAgent_GetCopy_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NodeAgentServer).GetCopy(ctx, req.(*GetCopyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _NodeAgent_Fence_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(FenceRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NodeAgentServer).Fence(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: NodeAgent_Fence_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NodeAgentServer).Fence(ctx, req.(*FenceRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _NodeAgent_Unfence_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UnfenceRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NodeAgentServer).Unfence(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: NodeAgent_Unfence_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NodeAgentServer).Unfence(ctx, req.(*UnfenceRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _NodeAgent_Promote_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PromoteRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NodeAgentServer).Promote(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: NodeAgent_Promote_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NodeAgentServer).Promote(ctx, req.(*PromoteRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _NodeAgent_Demote_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DemoteRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NodeAgentServer).Demote(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: NodeAgent_Demote_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NodeAgentServer).Demote(ctx, req.(*DemoteRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // NodeAgent_ServiceDesc is the grpc.ServiceDesc for NodeAgent service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -545,6 +729,26 @@ var NodeAgent_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DeleteReplica",
 			Handler:    _NodeAgent_DeleteReplica_Handler,
+		},
+		{
+			MethodName: "GetCopy",
+			Handler:    _NodeAgent_GetCopy_Handler,
+		},
+		{
+			MethodName: "Fence",
+			Handler:    _NodeAgent_Fence_Handler,
+		},
+		{
+			MethodName: "Unfence",
+			Handler:    _NodeAgent_Unfence_Handler,
+		},
+		{
+			MethodName: "Promote",
+			Handler:    _NodeAgent_Promote_Handler,
+		},
+		{
+			MethodName: "Demote",
+			Handler:    _NodeAgent_Demote_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

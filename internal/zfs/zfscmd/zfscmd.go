@@ -176,6 +176,24 @@ func (c Cmd) Receive(ctx context.Context, target string, props map[string]string
 	return nil
 }
 
+// Set sets properties on a dataset.
+func (c Cmd) Set(ctx context.Context, dataset string, props map[string]string) error {
+	if err := zfs.ValidateName(dataset); err != nil {
+		return err
+	}
+	keys := make([]string, 0, len(props))
+	for k := range props {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	args := []string{"set"}
+	for _, k := range keys {
+		args = append(args, k+"="+props[k])
+	}
+	_, err := c.run(ctx, append(args, dataset)...)
+	return err
+}
+
 // AbortReceive discards the partial state of an interrupted receive.
 func (c Cmd) AbortReceive(ctx context.Context, target string) error {
 	_, err := c.run(ctx, "receive", "-A", target)

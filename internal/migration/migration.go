@@ -1,0 +1,395 @@
+// Package migration moves a volume's primary between nodes for the
+// controller: a planned move when the CO publishes the volume on another
+// node, failover when the primary's node is lost, and fencing of a stale
+// primary that comes back (docs/migration.md).
+//
+// It keeps no state. Every decision starts from what the nodes report about
+// their copies (role, generation, fence, newest snapshot), and every step
+// on a node is idempotent, so a move interrupted anywhere is finished by
+// the next attempt. The invariant: the primary is the copy of the highest
+// generation; a promotion raises the generation before the old copy is
+// demoted, so there is never a moment without a primary, and an older
+// primary is never mounted again.
+package migration
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/cluster"
+	"github.com/zfs-nomad/zfs-nomad/internal/config"
+	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
+	"github.com/zfs-nomad/zfs-nomad/internal/volume"
+	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
+)
+
+// Migrator runs moves and failovers.
+type Migrator struct {
+	// Metrics, when set, counts moves and failovers.
+	Metrics *Metrics
+
+	cluster *cluster.Cluster
+	log     hclog.Logger
+	now     func() time.Time
+}
+
+// New returns a Migrator over the cluster's node agents.
+func New(c *cluster.Cluster, log hclog.Logger) *Migrator {
+	return &Migrator{cluster: c, log: log, now: time.Now}
+}
+
+// copyOn is one node's copy of a volume.
+type copyOn struct {
+	node cluster.Node
+	copy *pb.Copy
+}
+
+func (c copyOn) nodeID() string { return c.node.Info.GetNodeId() }
+
+// view is what the reachable nodes hold of one volume.
+type view struct {
+	nodes       []cluster.Node
+	copies      []copyOn // existing copies, by node ID
+	unreachable []string // agents that did not answer
+}
+
+func (m *Migrator) gather(ctx context.Context, id string) (view, error) {
+	nodes, unreachable, err := m.cluster.Nodes(ctx)
+	if err != nil {
+		return view{}, err
+	}
+	v := view{nodes: nodes}
+	for _, u := range unreachable {
+		v.unreachable = append(v.unreachable, u.Addr)
+	}
+	var mu sync.Mutex
+	g, gctx := errgroup.WithContext(ctx)
+	for _, n := range nodes {
+		g.Go(func() error {
+			cctx, cancel := m.cluster.Call(gctx)
+			defer cancel()
+			c, err := n.Client.GetCopy(cctx, &pb.GetCopyRequest{VolumeId: id})
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err != nil:
+				m.log.Warn("node cannot describe its copy", "volume_id", id, "node_id", n.Info.GetNodeId(), "error", err)
+				v.unreachable = append(v.unreachable, n.Addr)
+			case c.GetExists():
+				v.copies = append(v.copies, copyOn{node: n, copy: c})
+			}
+			return nil
+		})
+	}
+	_ = g.Wait() // failures are recorded as unreachable
+	sort.Slice(v.copies, func(i, j int) bool { return v.copies[i].nodeID() < v.copies[j].nodeID() })
+	return v, nil
+}
+
+// primary is the primary copy of the highest generation.
+func (v view) primary() (copyOn, bool) {
+	var best copyOn
+	found := false
+	for _, c := range v.copies {
+		if c.copy.GetRole() == volume.RolePrimary && (!found || c.copy.GetGeneration() > best.copy.GetGeneration()) {
+			best, found = c, true
+		}
+	}
+	return best, found
+}
+
+// freshestReplica is the replica with the newest snapshot; on a tie the
+// one of the highest generation.
+func (v view) freshestReplica(onNode string) (copyOn, bool) {
+	var best copyOn
+	found := false
+	for _, c := range v.copies {
+		if c.copy.GetRole() != volume.RoleReplica || (onNode != "" && c.nodeID() != onNode) {
+			continue
+		}
+		newer := c.copy.GetLastSnapshotUnixNano() > best.copy.GetLastSnapshotUnixNano() ||
+			c.copy.GetLastSnapshotUnixNano() == best.copy.GetLastSnapshotUnixNano() && c.copy.GetGeneration() > best.copy.GetGeneration()
+		if !found || newer {
+			best, found = c, true
+		}
+	}
+	return best, found
+}
+
+func (v view) maxGeneration() uint64 {
+	var g uint64
+	for _, c := range v.copies {
+		g = max(g, c.copy.GetGeneration())
+	}
+	return g
+}
+
+func (v view) node(id string) (cluster.Node, bool) {
+	for _, n := range v.nodes {
+		if n.Info.GetNodeId() == id {
+			return n, true
+		}
+	}
+	return cluster.Node{}, false
+}
+
+// settle retires primaries older than the current one: a copy fenced for a
+// move to the current primary's node becomes a replica; any other (a
+// primary that was lost and came back) is set aside.
+func (m *Migrator) settle(ctx context.Context, id string, v view) error {
+	p, ok := v.primary()
+	if !ok {
+		return nil
+	}
+	var errs []error
+	for _, c := range v.copies {
+		if c.copy.GetRole() != volume.RolePrimary || c.copy.GetGeneration() >= p.copy.GetGeneration() {
+			continue
+		}
+		aside := c.copy.GetMovingTo() != p.nodeID()
+		cctx, cancel := m.cluster.Call(ctx)
+		_, err := c.node.Client.Demote(cctx, &pb.DemoteRequest{VolumeId: id, Generation: p.copy.GetGeneration(), Aside: aside})
+		cancel()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("demoting the stale copy on node %s: %w", c.nodeID(), errdefs.FromStatus(err)))
+			continue
+		}
+		if aside {
+			m.Metrics.count("fenced", "ok")
+			m.log.Warn("stale primary set aside after a failover", "volume_id", id, "node_id", c.nodeID(),
+				"stale_generation", c.copy.GetGeneration(), "generation", p.copy.GetGeneration())
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Settle retires stale primaries of a volume; the scheduler calls it when
+// two nodes report the volume as primary.
+func (m *Migrator) Settle(ctx context.Context, id string) error {
+	v, err := m.gather(ctx, id)
+	if err != nil {
+		return err
+	}
+	return m.settle(ctx, id, v)
+}
+
+// maxSteps bounds one Publish: a failover, a move and a retried push.
+const maxSteps = 5
+
+// Publish makes the volume's primary live on nodeID, moving or failing it
+// over as needed, and returns its generation: the fencing token the node
+// checks when staging.
+func (m *Migrator) Publish(ctx context.Context, id, nodeID string) (uint64, error) {
+	log := m.log.With("volume_id", id, "node_id", nodeID)
+	for step := 0; step < maxSteps; step++ {
+		v, err := m.gather(ctx, id)
+		if err != nil {
+			return 0, err
+		}
+		target, ok := v.node(nodeID)
+		if !ok {
+			if len(v.unreachable) > 0 {
+				return 0, errdefs.Wrap(errdefs.ErrUnavailable, "node %s did not answer (unreachable agents: %s); retry", nodeID, strings.Join(v.unreachable, ", "))
+			}
+			return 0, errdefs.Wrap(errdefs.ErrNotFound, "node %s is not a node of this driver", nodeID)
+		}
+		if err := m.settle(ctx, id, v); err != nil {
+			log.Warn("stale copies remain; retrying later", "error", err)
+		}
+		p, ok := v.primary()
+		if !ok {
+			promoted, err := m.failover(ctx, id, v, log)
+			if err != nil {
+				return 0, err
+			}
+			if promoted.GetNodeId() == nodeID {
+				return promoted.GetGeneration(), nil
+			}
+			continue // and move it on to the target
+		}
+		if p.nodeID() == nodeID {
+			if p.copy.GetMovingTo() != "" {
+				if err := m.unfence(ctx, id, p, log); err != nil {
+					return 0, err
+				}
+			}
+			return p.copy.GetGeneration(), nil
+		}
+		if err := m.checkMove(p, target); err != nil {
+			return 0, err
+		}
+		gen, err := m.move(ctx, id, p, target, v, log)
+		if errors.Is(err, errRetry) {
+			continue
+		}
+		return gen, err
+	}
+	return 0, errdefs.Wrap(errdefs.ErrAborted, "volume %s did not settle on node %s in %d steps; retry", id, nodeID, maxSteps)
+}
+
+var errRetry = errors.New("retry")
+
+func (m *Migrator) checkMove(p copyOn, target cluster.Node) error {
+	id := p.copy.GetVolumeId()
+	if volume.Pinned(p.copy.GetParameters()) {
+		return errdefs.Wrap(errdefs.ErrFailedPrecondition, "volume %s is pinned to node %s (parameter pinned=true); it cannot be published on node %s", id, p.nodeID(), target.Info.GetNodeId())
+	}
+	from, to := p.node.Info.GetTopology()[config.TopologyDomainKey], target.Info.GetTopology()[config.TopologyDomainKey]
+	if from != to {
+		return errdefs.Wrap(errdefs.ErrFailedPrecondition, "volume %s lives in replication domain %q; node %s is in %q", id, from, target.Info.GetNodeId(), to)
+	}
+	if p.copy.GetMounted() {
+		return errdefs.Wrap(errdefs.ErrFailedPrecondition, "volume %s is still published on node %s; it moves to node %s once it is unpublished there", id, p.nodeID(), target.Info.GetNodeId())
+	}
+	return nil
+}
+
+// move is the planned move of p to target: fence, send the final
+// snapshot, promote the target, demote the source.
+func (m *Migrator) move(ctx context.Context, id string, p copyOn, target cluster.Node, v view, log hclog.Logger) (uint64, error) {
+	started := m.now()
+	gen := v.maxGeneration() + 1
+	log = log.With("from_node", p.nodeID(), "generation", gen)
+	log.Info("moving volume")
+	cctx, cancel := m.cluster.Call(ctx)
+	fence, err := p.node.Client.Fence(cctx, &pb.FenceRequest{VolumeId: id, TargetNodeId: target.Info.GetNodeId()})
+	cancel()
+	if err != nil {
+		m.Metrics.count("move", "failed")
+		return 0, fmt.Errorf("fencing the primary on node %s: %w", p.nodeID(), errdefs.FromStatus(err))
+	}
+	if err := m.sendFinal(ctx, id, p, target, fence.GetFencedUnixNano(), log); err != nil {
+		m.Metrics.count("move", "failed")
+		return 0, err
+	}
+	cctx, cancel = m.cluster.Call(ctx)
+	_, err = target.Client.Promote(cctx, &pb.PromoteRequest{VolumeId: id, Generation: gen, NotBeforeUnixNano: fence.GetFencedUnixNano()})
+	cancel()
+	if err != nil {
+		m.Metrics.count("move", "failed")
+		return 0, fmt.Errorf("promoting the copy on node %s: %w", target.Info.GetNodeId(), errdefs.FromStatus(err))
+	}
+	// The target is the primary now; demoting the source can wait for the
+	// next attempt or the scheduler if it fails here.
+	cctx, cancel = m.cluster.Call(ctx)
+	_, err = p.node.Client.Demote(cctx, &pb.DemoteRequest{VolumeId: id, Generation: gen})
+	cancel()
+	if err != nil {
+		log.Warn("the old primary is not demoted yet; it stays fenced and is retried", "error", err)
+	}
+	m.Metrics.count("move", "ok")
+	m.Metrics.observeMove(m.now().Sub(started))
+	log.Info("volume moved", "seconds", m.now().Sub(started).Seconds())
+	return gen, nil
+}
+
+// sendFinal pushes the fenced primary to the target until the target holds
+// a snapshot taken after the fence (a push may first finish an older,
+// interrupted transfer).
+func (m *Migrator) sendFinal(ctx context.Context, id string, p copyOn, target cluster.Node, fencedAt int64, log hclog.Logger) error {
+	for attempt := 0; attempt < 3; attempt++ {
+		stream, err := p.node.Client.Replicate(ctx, &pb.ReplicateRequest{VolumeId: id, TargetAddress: target.Addr})
+		if err != nil {
+			return fmt.Errorf("sending volume %s to node %s: %w", id, target.Info.GetNodeId(), errdefs.FromStatus(err))
+		}
+		var last *pb.ReplicateProgress
+		for {
+			prog, err := stream.Recv()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				return fmt.Errorf("sending volume %s to node %s: %w", id, target.Info.GetNodeId(), errdefs.FromStatus(err))
+			}
+			last = prog
+		}
+		log.Info("final snapshot sent", "kind", last.GetKind(), "bytes", last.GetBytes(), "snapshot", last.GetSnapshot())
+		cctx, cancel := m.cluster.Call(ctx)
+		c, err := target.Client.GetCopy(cctx, &pb.GetCopyRequest{VolumeId: id})
+		cancel()
+		if err != nil {
+			return errdefs.FromStatus(err)
+		}
+		if c.GetLastSnapshotUnixNano() >= fencedAt {
+			return nil
+		}
+	}
+	return errdefs.Wrap(errdefs.ErrAborted, "node %s has no snapshot of volume %s newer than its fence after 3 pushes; retry", target.Info.GetNodeId(), id)
+}
+
+func (m *Migrator) unfence(ctx context.Context, id string, p copyOn, log hclog.Logger) error {
+	cctx, cancel := m.cluster.Call(ctx)
+	defer cancel()
+	if _, err := p.node.Client.Unfence(cctx, &pb.UnfenceRequest{VolumeId: id}); err != nil {
+		return fmt.Errorf("lifting the fence on node %s: %w", p.nodeID(), errdefs.FromStatus(err))
+	}
+	log.Info("move abandoned: the volume is published where it was")
+	return nil
+}
+
+// failover runs when no reachable node holds a primary: the volume's
+// policy decides between promoting the freshest replica and waiting for an
+// operator.
+func (m *Migrator) failover(ctx context.Context, id string, v view, log hclog.Logger) (*pb.Copy, error) {
+	r, ok := v.freshestReplica("")
+	if !ok {
+		if len(v.unreachable) > 0 {
+			return nil, errdefs.Wrap(errdefs.ErrUnavailable, "no reachable node holds volume %s (unreachable agents: %s); retry", id, strings.Join(v.unreachable, ", "))
+		}
+		return nil, errdefs.Wrap(errdefs.ErrNotFound, "volume %s does not exist", id)
+	}
+	lastAt := time.Unix(0, r.copy.GetLastSnapshotUnixNano())
+	if volume.FailoverPolicy(r.copy.GetParameters()) != volume.FailoverAuto {
+		return nil, errdefs.Wrap(errdefs.ErrUnavailable, "the primary of volume %s is unreachable and its failover policy is manual: an operator promotes a replica with `zfs-controller promote -node %s %s` (the freshest, as of %s), or brings the primary's node back",
+			id, r.nodeID(), id, lastAt.UTC().Format(time.RFC3339))
+	}
+	return m.promote(ctx, id, r, v, log)
+}
+
+func (m *Migrator) promote(ctx context.Context, id string, r copyOn, v view, log hclog.Logger) (*pb.Copy, error) {
+	gen := v.maxGeneration() + 1
+	lastAt := time.Unix(0, r.copy.GetLastSnapshotUnixNano())
+	cctx, cancel := m.cluster.Call(ctx)
+	c, err := r.node.Client.Promote(cctx, &pb.PromoteRequest{VolumeId: id, Generation: gen, Failover: true})
+	cancel()
+	if err != nil {
+		m.Metrics.count("failover", "failed")
+		return nil, fmt.Errorf("promoting the replica on node %s: %w", r.nodeID(), errdefs.FromStatus(err))
+	}
+	rpo := m.now().Sub(lastAt)
+	m.Metrics.count("failover", "ok")
+	m.Metrics.recordRPO(id, rpo)
+	log.Warn("failover: replica promoted; writes on the lost primary after its last replicated snapshot are lost",
+		"promoted_node", r.nodeID(), "generation", gen, "last_snapshot", r.copy.GetLastSnapshot(),
+		"last_snapshot_time", lastAt.UTC().Format(time.RFC3339), "rpo_seconds", int64(rpo.Seconds()))
+	return c, nil
+}
+
+// Promote is the operator's failover: it promotes the replica on nodeID
+// (the freshest if empty) when no reachable node holds a primary.
+func (m *Migrator) Promote(ctx context.Context, id, nodeID string) (*pb.Copy, error) {
+	if !volume.IsVolumeID(id) {
+		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, "%q is not a volume ID", id)
+	}
+	v, err := m.gather(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	if p, ok := v.primary(); ok {
+		return nil, errdefs.Wrap(errdefs.ErrFailedPrecondition, "volume %s has a primary on node %s (generation %d); publishing it elsewhere moves it", id, p.nodeID(), p.copy.GetGeneration())
+	}
+	r, ok := v.freshestReplica(nodeID)
+	if !ok {
+		return nil, errdefs.Wrap(errdefs.ErrNotFound, "no reachable node holds a replica of volume %s%s", id, map[bool]string{true: " on node " + nodeID}[nodeID != ""])
+	}
+	return m.promote(ctx, id, r, v, m.log.With("volume_id", id, "operator", true))
+}

@@ -1,0 +1,312 @@
+package volume
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
+	"github.com/zfs-nomad/zfs-nomad/internal/zfs"
+)
+
+// The node's side of migration (docs/migration.md). The controller decides;
+// these steps each check, under the volume's lock, that they are safe on
+// this node's copy, and each is idempotent, so a move interrupted anywhere
+// is finished or undone by repeating it.
+
+// Copy is this node's copy of a volume, whatever its role.
+type Copy struct {
+	VolumeID   string
+	Name       string
+	Exists     bool
+	Role       string // RolePrimary or RoleReplica
+	Generation uint64
+	MovingTo   string
+	FencedAt   int64 // unix nanos
+	Mounted    bool
+	// LastSnapshot is the newest replication snapshot, LastSnapshotAt the
+	// time in its name (unix nanos, the source's clock).
+	LastSnapshot   string
+	LastSnapshotAt int64
+	Parameters     map[string]string
+	Capacity       uint64
+	// FailoverFrom is set on a primary promoted by failover: the newest
+	// snapshot it had; writes after it on the lost primary may be gone.
+	FailoverFrom string
+}
+
+// notMoving is the value of PropMovingTo on a primary that is not fenced.
+const notMoving = "-"
+
+func movingTo(ds zfs.Dataset) string {
+	if v := ds.User[PropMovingTo]; v != notMoving {
+		return v
+	}
+	return ""
+}
+
+// Copy describes this node's copy of volume id; Exists is false if there is
+// none.
+func (m *Manager) Copy(ctx context.Context, id string) (Copy, error) {
+	out := Copy{VolumeID: id}
+	if !IsVolumeID(id) {
+		return out, nil
+	}
+	dataset := datasetFor(m.cfg.RootDataset, id)
+	all, err := m.zfs.List(ctx, dataset)
+	if errors.Is(err, zfs.ErrNotFound) {
+		return out, nil
+	}
+	if err != nil {
+		return out, zfsError(err, "reading the copy of "+id)
+	}
+	ds := all[0]
+	role := ds.User[PropRole]
+	if ds.User[PropVolumeID] != id || (role != RolePrimary && role != RoleReplica) {
+		return out, nil
+	}
+	out.Exists, out.Role, out.Name = true, role, ds.User[PropName]
+	out.Generation, _ = strconv.ParseUint(ds.User[PropGeneration], 10, 64)
+	out.MovingTo = movingTo(ds)
+	out.FencedAt, _ = strconv.ParseInt(ds.User[PropFencedAt], 10, 64)
+	out.Parameters = DecodeParameters(ds.User[PropParameters])
+	out.FailoverFrom = ds.User[PropFailoverLag]
+	out.Capacity, _ = strconv.ParseUint(ds.User[PropCapacity], 10, 64)
+	if role == RolePrimary {
+		out.Capacity = ds.RefQuota
+		if m.cfg.QuotaProperty == "quota" {
+			out.Capacity = ds.Quota
+		}
+	}
+	for _, s := range all[1:] {
+		if at, ok := replicationSnapshotTime(s.Name); ok && at >= out.LastSnapshotAt {
+			out.LastSnapshot, out.LastSnapshotAt = shortName(s.Name), at
+		}
+	}
+	if out.Mounted, err = m.mounted(dataset); err != nil {
+		return out, err
+	}
+	return out, nil
+}
+
+// replicationSnapshotTime reads the time out of a zn-<unix nanos> name.
+func replicationSnapshotTime(name string) (int64, bool) {
+	_, short, ok := strings.Cut(name, "@")
+	if !ok || !strings.HasPrefix(short, ReplicationSnapshotPrefix) {
+		return 0, false
+	}
+	at, err := strconv.ParseInt(strings.TrimPrefix(short, ReplicationSnapshotPrefix), 10, 64)
+	return at, err == nil
+}
+
+func (m *Manager) mounted(dataset string) (bool, error) {
+	if m.Mounted == nil {
+		return false, nil
+	}
+	mounted, err := m.Mounted(dataset)
+	if err != nil {
+		return false, fmt.Errorf("reading the mount table: %w", err)
+	}
+	return mounted, nil
+}
+
+// Fence makes the primary read-only and marks it as moving to target, so
+// that nothing writes it after the final snapshot. It is refused while the
+// volume is mounted here: the CO must unpublish it first. It returns when
+// the fence went up (unix nanos): replication snapshots taken after that
+// hold everything the volume will ever have here.
+func (m *Manager) Fence(ctx context.Context, id, target string) (int64, error) {
+	unlock, err := m.lock(ctx, id)
+	if err != nil {
+		return 0, err
+	}
+	defer unlock()
+	v, err := m.get(ctx, id)
+	if err != nil {
+		return 0, err
+	}
+	ds, err := m.zfs.Get(ctx, v.Dataset)
+	if err != nil {
+		return 0, zfsError(err, "volume "+id)
+	}
+	if v.MovingTo == target {
+		at, _ := strconv.ParseInt(ds.User[PropFencedAt], 10, 64)
+		return at, nil
+	}
+	mounted, err := m.mounted(v.Dataset)
+	if err != nil {
+		return 0, err
+	}
+	if mounted {
+		return 0, fmt.Errorf("%w: volume %s is still mounted on node %s; it can move to node %s once the CO has unpublished it there",
+			errdefs.ErrFailedPrecondition, id, m.cfg.NodeID, target)
+	}
+	at := m.now().UnixNano()
+	props := map[string]string{"readonly": "on", PropMovingTo: target, PropFencedAt: strconv.FormatInt(at, 10)}
+	if err := m.zfs.SetProperties(ctx, v.Dataset, props); err != nil {
+		return 0, zfsError(err, "fencing volume "+id)
+	}
+	m.log.Info("volume fenced for a move: read-only until the target is promoted", "volume_id", id, "target_node", target)
+	return at, nil
+}
+
+// Unfence lifts a fence: the move was abandoned and this copy stays the
+// primary.
+func (m *Manager) Unfence(ctx context.Context, id string) error {
+	unlock, err := m.lock(ctx, id)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	v, err := m.get(ctx, id)
+	if err != nil {
+		return err
+	}
+	if v.MovingTo == "" {
+		return nil
+	}
+	if err := m.zfs.SetProperties(ctx, v.Dataset, map[string]string{"readonly": "off", PropMovingTo: notMoving}); err != nil {
+		return zfsError(err, "unfencing volume "+id)
+	}
+	m.log.Info("move abandoned; volume writable again", "volume_id", id, "was_moving_to", v.MovingTo)
+	return nil
+}
+
+// Promote turns this node's replica into the primary at generation. For a
+// planned move (notBefore > 0) the replica must hold a snapshot the source
+// took after its fence, so nothing written there is missing. failover
+// records the newest snapshot the replica had: the recovery point.
+// Interrupted receives must have been aborted first.
+func (m *Manager) Promote(ctx context.Context, id string, generation uint64, notBefore int64, failover bool) error {
+	unlock, err := m.lock(ctx, id)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	c, err := m.Copy(ctx, id)
+	if err != nil {
+		return err
+	}
+	log := m.log.With("volume_id", id, "generation", generation)
+	switch {
+	case !c.Exists:
+		return fmt.Errorf("%w: node %s holds no copy of volume %s to promote", errdefs.ErrNotFound, m.cfg.NodeID, id)
+	case c.Role == RolePrimary && c.Generation == generation:
+		return nil // promoted already
+	case c.Role != RoleReplica:
+		return fmt.Errorf("%w: node %s holds volume %s as %s generation %d, not as a replica", errdefs.ErrFailedPrecondition, m.cfg.NodeID, id, c.Role, c.Generation)
+	case generation <= c.Generation:
+		return fmt.Errorf("%w: promoting volume %s to generation %d, but this replica is already at %d", errdefs.ErrFailedPrecondition, id, generation, c.Generation)
+	case notBefore > 0 && c.LastSnapshotAt < notBefore:
+		return fmt.Errorf("%w: this replica of volume %s ends at %s, taken before the source was fenced: send the final snapshot first",
+			errdefs.ErrFailedPrecondition, id, c.LastSnapshot)
+	}
+	props, _, err := ResolveProperties(&m.cfg, c.Parameters)
+	if err != nil {
+		return fmt.Errorf("%w: volume %s's parameters are not allowed on node %s: %v", errdefs.ErrFailedPrecondition, id, m.cfg.NodeID, err)
+	}
+	if c.Capacity > 0 {
+		props[m.cfg.QuotaProperty] = strconv.FormatUint(c.Capacity, 10)
+	}
+	props["readonly"] = "off"
+	props[PropRole] = RolePrimary
+	props[PropGeneration] = strconv.FormatUint(generation, 10)
+	props[PropMovingTo] = notMoving
+	if failover {
+		props[PropFailoverLag] = c.LastSnapshot
+	}
+	if err := m.zfs.SetProperties(ctx, datasetFor(m.cfg.RootDataset, id), props); err != nil {
+		return zfsError(err, "promoting volume "+id)
+	}
+	if failover {
+		log.Warn("replica promoted by failover: writes on the lost primary after this snapshot are not here", "last_snapshot", c.LastSnapshot)
+	} else {
+		log.Info("replica promoted to primary", "last_snapshot", c.LastSnapshot)
+	}
+	return nil
+}
+
+// Demote retires this node's primary of volume id in favour of a primary of
+// a newer generation elsewhere. A fenced primary (a planned move) becomes a
+// replica: it has nothing the new primary lacks. Any other, or with aside,
+// is renamed to <id>-aside-<nanos>: it may hold writes made after the last
+// replication, so it is kept for an operator, never destroyed and never
+// mounted.
+func (m *Manager) Demote(ctx context.Context, id string, generation uint64, aside bool) error {
+	if m.HoldTransfers != nil {
+		release, err := m.HoldTransfers(ctx, id)
+		if err != nil {
+			return fmt.Errorf("%w: stopping transfers of %s: %v", errdefs.ErrAborted, id, err)
+		}
+		defer release()
+	}
+	unlock, err := m.lock(ctx, id)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	c, err := m.Copy(ctx, id)
+	if err != nil {
+		return err
+	}
+	switch {
+	case !c.Exists || c.Role == RoleReplica:
+		return nil // demoted or set aside already
+	case c.Generation >= generation:
+		return fmt.Errorf("%w: node %s holds volume %s at generation %d, not older than %d: refusing to demote it",
+			errdefs.ErrFailedPrecondition, m.cfg.NodeID, id, c.Generation, generation)
+	case c.Mounted:
+		return fmt.Errorf("%w: volume %s is mounted on node %s while generation %d is the primary elsewhere; unmount it: it is stale",
+			errdefs.ErrFailedPrecondition, id, m.cfg.NodeID, generation)
+	}
+	dataset := datasetFor(m.cfg.RootDataset, id)
+	log := m.log.With("volume_id", id, "generation", c.Generation, "new_generation", generation)
+	if c.MovingTo != "" && !aside {
+		props := map[string]string{"readonly": "on", PropRole: RoleReplica, PropGeneration: strconv.FormatUint(generation, 10),
+			PropMovingTo: notMoving, PropCapacity: strconv.FormatUint(c.Capacity, 10)}
+		if err := m.zfs.SetProperties(ctx, dataset, props); err != nil {
+			return zfsError(err, "demoting volume "+id)
+		}
+		log.Info("primary demoted to a replica after its move", "moved_to", c.MovingTo)
+		return nil
+	}
+	now := m.now()
+	props := map[string]string{"readonly": "on", PropRole: RoleSetAside, PropSetAsideAt: now.UTC().Format("2006-01-02T15:04:05Z")}
+	if err := m.zfs.SetProperties(ctx, dataset, props); err != nil {
+		return zfsError(err, "setting volume "+id+" aside")
+	}
+	asideName := fmt.Sprintf("%s-aside-%d", dataset, now.UnixNano())
+	if err := m.zfs.Rename(ctx, dataset, asideName); err != nil {
+		return zfsError(err, "renaming stale volume "+id+" aside")
+	}
+	log.Warn("stale primary set aside: it may hold writes made after its last replication; an operator decides what to keep",
+		"dataset", asideName, "last_snapshot", c.LastSnapshot)
+	return nil
+}
+
+// Stageable returns the primary for staging after checking that this node
+// may mount it: not fenced for a move and of the generation the CO
+// published (0: not checked). unlock must be called once it is mounted, so
+// no fence or demotion overtakes the mount.
+func (m *Manager) Stageable(ctx context.Context, id string, generation uint64) (Volume, func(), error) {
+	unlock, err := m.lock(ctx, id)
+	if err != nil {
+		return Volume{}, nil, err
+	}
+	v, err := m.get(ctx, id)
+	switch {
+	case err != nil:
+	case v.MovingTo != "":
+		err = fmt.Errorf("%w: volume %s is moving to node %s and cannot be staged on node %s", errdefs.ErrFailedPrecondition, id, v.MovingTo, m.cfg.NodeID)
+	case generation != 0 && v.Generation != generation:
+		err = fmt.Errorf("%w: node %s holds volume %s at generation %d but generation %d was published: refusing a stale copy",
+			errdefs.ErrFailedPrecondition, m.cfg.NodeID, id, v.Generation, generation)
+	}
+	if err != nil {
+		unlock()
+		return Volume{}, nil, err
+	}
+	return v, unlock, nil
+}

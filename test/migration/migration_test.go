@@ -1,0 +1,494 @@
+// Package migration tests that a volume's data follows its workload, on
+// real ZFS in the guest with three simulated nodes: planned moves with and
+// without a replica, failover (auto and manual) with the lost primary
+// fenced when it returns, and moves interrupted by killed processes.
+package migration
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/guesttest"
+	"github.com/zfs-nomad/zfs-nomad/internal/sim"
+	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
+)
+
+func TestMain(m *testing.M) {
+	os.Exit(guesttest.Main(m, guesttest.Options{
+		Disks:    []string{"2G", "2G", "2G"},
+		Binaries: map[string]string{"zfs-node": "./cmd/zfs-node", "zfs-controller": "./cmd/zfs-controller"},
+		Memory:   "2G",
+	}))
+}
+
+var writer = &csi.VolumeCapability{
+	AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
+	AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+}
+
+// env is a three-node cluster and clients for it.
+type env struct {
+	t   *testing.T
+	c   *sim.Cluster
+	ctx context.Context
+}
+
+func start(t *testing.T) *env {
+	// No schedule: the tests push replicas themselves, at chosen moments.
+	c := guesttest.StartCluster(t, 3, sim.Options{ControllerArgs: []string{"-schedule-every", "0"}})
+	return &env{t: t, c: c, ctx: context.Background()}
+}
+
+func (e *env) controller() csi.ControllerClient {
+	return csi.NewControllerClient(guesttest.Dial(e.t, e.c.ControllerEndpoint))
+}
+
+func (e *env) node(id string) *sim.Node {
+	for _, n := range e.c.Nodes {
+		if n.ID == id {
+			return n
+		}
+	}
+	e.t.Fatalf("no node %s", id)
+	return nil
+}
+
+func (e *env) agent(nodeID string) pb.NodeAgentClient {
+	conn, err := e.c.DialAgent(e.node(nodeID).AgentAddress)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { conn.Close() })
+	return pb.NewNodeAgentClient(conn)
+}
+
+// create makes a volume on n1.
+func (e *env) create(name string, params map[string]string) string {
+	e.t.Helper()
+	p := map[string]string{"node": "n1", "compression": "off"}
+	for k, v := range params {
+		p[k] = v
+	}
+	resp, err := e.controller().CreateVolume(e.ctx, &csi.CreateVolumeRequest{Name: name, VolumeCapabilities: []*csi.VolumeCapability{writer},
+		CapacityRange: &csi.CapacityRange{RequiredBytes: 1 << 30}, Parameters: p})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return resp.GetVolume().GetVolumeId()
+}
+
+// publish does what Nomad does for a claim on nodeID: ControllerPublish,
+// then stage and publish with the publish context. It returns the path the
+// workload sees.
+func (e *env) publish(id, nodeID string) (string, error) {
+	resp, err := e.controller().ControllerPublishVolume(e.ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: nodeID, VolumeCapability: writer})
+	if err != nil {
+		return "", err
+	}
+	return e.stage(id, nodeID, resp.GetPublishContext())
+}
+
+func (e *env) stage(id, nodeID string, publishContext map[string]string) (string, error) {
+	n := e.node(nodeID)
+	node := csi.NewNodeClient(guesttest.Dial(e.t, n.CSIEndpoint))
+	staging, target := filepath.Join(n.Dir, "staging-"+id), filepath.Join(n.Dir, "target-"+id)
+	os.MkdirAll(staging, 0o755)
+	if _, err := node.NodeStageVolume(e.ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: writer, PublishContext: publishContext}); err != nil {
+		return "", err
+	}
+	if _, err := node.NodePublishVolume(e.ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: writer, PublishContext: publishContext}); err != nil {
+		return "", err
+	}
+	return target, nil
+}
+
+func (e *env) mustPublish(id, nodeID string) string {
+	e.t.Helper()
+	target, err := e.publish(id, nodeID)
+	if err != nil {
+		e.t.Fatalf("publishing %s on %s: %v", id, nodeID, err)
+	}
+	return target
+}
+
+// unpublish is the claim's end on nodeID: node unpublish and unstage, then
+// ControllerUnpublish.
+func (e *env) unpublish(id, nodeID string) {
+	e.t.Helper()
+	n := e.node(nodeID)
+	node := csi.NewNodeClient(guesttest.Dial(e.t, n.CSIEndpoint))
+	if _, err := node.NodeUnpublishVolume(e.ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: filepath.Join(n.Dir, "target-"+id)}); err != nil {
+		e.t.Fatal(err)
+	}
+	if _, err := node.NodeUnstageVolume(e.ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: filepath.Join(n.Dir, "staging-"+id)}); err != nil {
+		e.t.Fatal(err)
+	}
+	if _, err := e.controller().ControllerUnpublishVolume(e.ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: id, NodeId: nodeID}); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// replicate pushes the volume from one node to another now.
+func (e *env) replicate(id, from, to string) {
+	e.t.Helper()
+	stream, err := e.agent(from).Replicate(e.ctx, &pb.ReplicateRequest{VolumeId: id, TargetAddress: e.node(to).AgentAddress})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for {
+		if _, err := stream.Recv(); err == io.EOF {
+			return
+		} else if err != nil {
+			e.t.Fatalf("replicating %s from %s to %s: %v", id, from, to, err)
+		}
+	}
+}
+
+func (e *env) copyOn(id, nodeID string) *pb.Copy {
+	e.t.Helper()
+	c, err := e.agent(nodeID).GetCopy(e.ctx, &pb.GetCopyRequest{VolumeId: id})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return c
+}
+
+// primaries lists the nodes holding the volume as primary, read from ZFS
+// directly (agents may be down).
+func (e *env) primaries(id string) []string {
+	e.t.Helper()
+	out := guesttest.Run(e.t, "sh", "-c", "zfs get -H -o name,property,value zfs-nomad:role,zfs-nomad:generation -t filesystem | grep '/"+id+"\t'")
+	roles, gens := map[string]string{}, map[string]string{}
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		f := strings.Split(line, "\t")
+		if len(f) != 3 {
+			continue
+		}
+		node := "n" + strings.TrimPrefix(strings.Split(f[0], "/")[0], "pool")
+		if f[1] == "zfs-nomad:role" {
+			roles[node] = f[2]
+		} else {
+			gens[node] = f[2]
+		}
+	}
+	var primaries []string
+	for _, n := range e.c.Nodes {
+		if roles[n.ID] == "primary" {
+			primaries = append(primaries, n.ID+"(gen "+gens[n.ID]+")")
+		}
+	}
+	return primaries
+}
+
+func (e *env) write(nodeID, dir, script string) {
+	e.t.Helper()
+	guesttest.Exec(e.t, e.node(nodeID), "cd "+dir+" && "+script+" && sync")
+}
+
+func (e *env) checksums(nodeID, dir string) string {
+	e.t.Helper()
+	return guesttest.Exec(e.t, e.node(nodeID), "cd "+dir+" && find . -type f | sort | xargs -r sha256sum")
+}
+
+func wantCode(t *testing.T, err error, code codes.Code, mention string) {
+	t.Helper()
+	if status.Code(err) != code || !strings.Contains(status.Convert(err).Message(), mention) {
+		t.Fatalf("got %v, want %s mentioning %q", err, code, mention)
+	}
+}
+
+// A planned move brings every file to the new node, with and without a
+// replica there beforehand; the old primary becomes a replica, and moving
+// back sends only the increment.
+func TestPlannedMove(t *testing.T) {
+	e := start(t)
+	for _, withReplica := range []bool{false, true} {
+		t.Run(fmt.Sprintf("replica=%v", withReplica), func(t *testing.T) {
+			e.t = t
+			id := e.create(fmt.Sprintf("move-%v", withReplica), nil)
+			dir := e.mustPublish(id, "n1")
+			e.write("n1", dir, "mkdir -p d && echo one > a && seq 1 50000 > d/n && dd if=/dev/urandom of=blob bs=1M count=24 2>/dev/null")
+			if withReplica {
+				e.replicate(id, "n1", "n2")
+				e.write("n1", dir, "echo two > a && echo late > d/late")
+			}
+			before := e.checksums("n1", dir)
+
+			// Still published on n1: the move waits, and says why.
+			_, err := e.publish(id, "n2")
+			wantCode(t, err, codes.FailedPrecondition, "still published on node n1")
+
+			e.unpublish(id, "n1")
+			dir2 := e.mustPublish(id, "n2")
+			if after := e.checksums("n2", dir2); after != before {
+				t.Fatalf("files differ after the move:\nn1:\n%s\nn2:\n%s", before, after)
+			}
+			if got := e.primaries(id); len(got) != 1 || got[0] != "n2(gen 2)" {
+				t.Fatalf("primaries after the move: %v, want [n2(gen 2)]", got)
+			}
+			old := e.copyOn(id, "n1")
+			if old.GetRole() != "replica" || old.GetGeneration() != 2 || old.GetMovingTo() != "" {
+				t.Fatalf("n1's copy after the move: %+v, want a replica at generation 2", old)
+			}
+			// The old node refuses to stage its copy, whatever it is told.
+			_, err = e.stage(id, "n1", map[string]string{"generation": "1"})
+			wantCode(t, err, codes.FailedPrecondition, "replica")
+
+			// Back to n1: an increment onto n1's copy, and a third generation.
+			e.write("n2", dir2, "echo three > a && dd if=/dev/urandom of=d/more bs=1M count=2 2>/dev/null")
+			before = e.checksums("n2", dir2)
+			e.unpublish(id, "n2")
+			dir1 := e.mustPublish(id, "n1")
+			if after := e.checksums("n1", dir1); after != before {
+				t.Fatalf("files differ after moving back:\nn2:\n%s\nn1:\n%s", before, after)
+			}
+			if got := e.primaries(id); len(got) != 1 || got[0] != "n1(gen 3)" {
+				t.Fatalf("primaries after moving back: %v, want [n1(gen 3)]", got)
+			}
+			// Publishing where it is is a no-op with the same generation.
+			resp, err := e.controller().ControllerPublishVolume(e.ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: "n1", VolumeCapability: writer})
+			if err != nil || resp.GetPublishContext()["generation"] != "3" {
+				t.Fatalf("repeated publish: %v, %v", resp, err)
+			}
+			e.unpublish(id, "n1")
+		})
+	}
+}
+
+// loseNode kills a node's agent and cuts its link: to the controller it is
+// gone, while its mounts stay (the node itself did not crash).
+func (e *env) loseNode(nodeID string) {
+	e.t.Helper()
+	n := e.node(nodeID)
+	n.Kill()
+	if err := n.CutLink(); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+func (e *env) returnNode(nodeID string) {
+	e.t.Helper()
+	n := e.node(nodeID)
+	if err := n.RestoreLink(); err != nil {
+		e.t.Fatal(err)
+	}
+	if err := n.Start(); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// Failover with policy auto promotes the freshest replica; what was
+// written after the last replication is not claimed; the lost primary,
+// back again, is refused for staging and set aside, never destroyed.
+func TestFailoverAuto(t *testing.T) {
+	e := start(t)
+	id := e.create("precious", map[string]string{"failover": "auto"})
+	dir := e.mustPublish(id, "n1")
+	e.write("n1", dir, "echo replicated > a && dd if=/dev/urandom of=blob bs=1M count=8 2>/dev/null")
+	e.replicate(id, "n1", "n3") // older replica
+	e.write("n1", dir, "echo newer > b")
+	e.replicate(id, "n1", "n2") // the freshest
+	replicated := e.checksums("n1", dir)
+	e.write("n1", dir, "echo lost > c") // never replicated
+
+	e.loseNode("n1")
+	dir2 := e.mustPublish(id, "n2")
+	if got := e.checksums("n2", dir2); got != replicated {
+		t.Fatalf("after failover n2 has:\n%s\nwant what was replicated:\n%s", got, replicated)
+	}
+	c := e.copyOn(id, "n2")
+	if c.GetRole() != "primary" || c.GetGeneration() != 2 || c.GetFailoverFromSnapshot() == "" {
+		t.Fatalf("promoted copy: %+v", c)
+	}
+	metrics := scrape(t, e.c.ControllerMetrics)
+	if !strings.Contains(metrics, `zfs_nomad_migrations_total{kind="failover",result="ok"} 1`) || !strings.Contains(metrics, `zfs_nomad_failover_rpo_seconds{volume_id="`+id+`"}`) {
+		t.Errorf("metrics lack the failover:\n%s", metrics)
+	}
+
+	// n1 comes back with its copy still mounted (the workload there was
+	// never stopped). It is refused the new generation, and it is not
+	// demoted while mounted.
+	e.returnNode("n1")
+	_, err := e.stage(id, "n1", map[string]string{"generation": "2"})
+	wantCode(t, err, codes.FailedPrecondition, "generation 1 but generation 2 was published")
+	// Nomad stops the lost allocation there; then the stale copy is set
+	// aside by the next publish (or the schedule).
+	e.unpublish(id, "n1")
+	e.settled(id, "n2", "n2(gen 2)")
+	if c := e.copyOn(id, "n1"); c.GetExists() {
+		t.Fatalf("n1 still holds a copy under the volume's name: %+v", c)
+	}
+	aside := strings.TrimSpace(guesttest.Run(t, "sh", "-c", "zfs list -H -o name,zfs-nomad:role -r "+e.node("n1").RootDataset+" | grep aside"))
+	if !strings.Contains(aside, id+"-aside-") || !strings.HasSuffix(aside, "set-aside") {
+		t.Fatalf("n1's stale copy was not set aside: %q", aside)
+	}
+	// The older replica on n3 is replaced by the new primary's lineage.
+	e.replicate(id, "n2", "n3")
+	if c := e.copyOn(id, "n3"); c.GetGeneration() != 2 || c.GetRole() != "replica" {
+		t.Fatalf("n3 after a push from the new primary: %+v", c)
+	}
+}
+
+// With the default policy, manual, publishing keeps failing with a clear
+// message until the operator promotes a replica.
+func TestFailoverManual(t *testing.T) {
+	e := start(t)
+	id := e.create("careful", nil)
+	dir := e.mustPublish(id, "n1")
+	e.write("n1", dir, "echo hello > a")
+	e.replicate(id, "n1", "n2")
+	e.loseNode("n1")
+
+	for i := 0; i < 2; i++ {
+		_, err := e.publish(id, "n3")
+		wantCode(t, err, codes.Unavailable, "zfs-controller promote -node n2 "+id)
+	}
+	var peers []string
+	for _, n := range e.c.Nodes {
+		peers = append(peers, n.AgentAddress)
+	}
+	ctl := filepath.Join(guesttest.BinDir(t), "zfs-controller")
+	out := guesttest.Run(t, ctl, "promote", "-peers", strings.Join(peers, ","), "-agent-timeout", "3s",
+		"-tls-ca", e.c.Operator.CA, "-tls-cert", e.c.Operator.Cert, "-tls-key", e.c.Operator.Key, "-node", "n2", id)
+	t.Logf("promote:\n%s", out)
+	if !strings.Contains(out, "node n2 is the primary now (generation 2)") {
+		t.Errorf("promote output: %s", out)
+	}
+	dir3 := e.mustPublish(id, "n3") // moves on from n2
+	if got := guesttest.Exec(t, e.node("n3"), "cat "+dir3+"/a"); strings.TrimSpace(got) != "hello" {
+		t.Fatalf("n3 reads %q", got)
+	}
+	// The lost node's copy is still a primary of generation 1 in its pool,
+	// until the node returns and its workload is stopped: then it is set
+	// aside.
+	if got := e.primaries(id); strings.Join(got, " ") != "n1(gen 1) n3(gen 3)" {
+		t.Fatalf("primaries: %v, want the lost n1(gen 1) and n3(gen 3)", got)
+	}
+	e.returnNode("n1")
+	e.unpublish(id, "n1")
+	e.settled(id, "n3", "n3(gen 3)")
+}
+
+// settled publishes the volume on nodeID, as Nomad retries a claim, until
+// the primaries are exactly want: a returning node's connection may take a
+// few seconds to come back (TCP retransmits its SYN).
+func (e *env) settled(id, nodeID, want string) {
+	e.t.Helper()
+	var got []string
+	for deadline := time.Now().Add(45 * time.Second); time.Now().Before(deadline); time.Sleep(2 * time.Second) {
+		if _, err := e.controller().ControllerPublishVolume(e.ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: nodeID, VolumeCapability: writer}); err != nil {
+			e.t.Fatal(err)
+		}
+		if got = e.primaries(id); strings.Join(got, " ") == want {
+			return
+		}
+	}
+	e.t.Fatalf("primaries: %v, want [%s]", got, want)
+}
+
+func scrape(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+// A move interrupted by a killed controller, sender or receiver is
+// finished by the next publish: exactly one primary, every file there.
+func TestInterruptedMoves(t *testing.T) {
+	e := start(t)
+	tests := []struct {
+		name string
+		kill func()
+		// revive undoes kill before the retry.
+		revive func()
+	}{
+		{"controller", func() { e.c.Controller.Kill() }, func() {
+			if err := e.c.StartController(); err != nil {
+				e.t.Fatal(err)
+			}
+		}},
+		{"sender", func() { e.node("n1").Kill() }, func() { e.returnNodeProcess("n1") }},
+		{"receiver", func() { e.node("n2").Kill() }, func() { e.returnNodeProcess("n2") }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e.t = t
+			id := e.create("interrupted-"+tt.name, nil)
+			dir := e.mustPublish(id, "n1")
+			e.write("n1", dir, "dd if=/dev/urandom of=blob bs=1M count=160 2>/dev/null && echo end > z")
+			before := e.checksums("n1", dir)
+			e.unpublish(id, "n1")
+
+			errc := make(chan error, 1)
+			go func() { _, err := e.publish(id, "n2"); errc <- err }()
+			e.waitForTransfer(id, "n1")
+			tt.kill()
+			err := <-errc
+			t.Logf("publish interrupted by killing the %s: %v", tt.name, err)
+			if got := e.primaries(id); len(got) != 1 {
+				t.Fatalf("after the kill the primaries are %v, want one", got)
+			}
+			tt.revive()
+			var dir2 string
+			for attempt := 0; ; attempt++ { // as Nomad retries
+				dir2, err = e.publish(id, "n2")
+				if err == nil || attempt == 5 {
+					break
+				}
+				t.Logf("retry %d: %v", attempt, err)
+				time.Sleep(2 * time.Second)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if after := e.checksums("n2", dir2); after != before {
+				t.Fatalf("files differ after the interrupted move:\n%s\n%s", before, after)
+			}
+			if got := e.primaries(id); len(got) != 1 || got[0] != "n2(gen 2)" {
+				t.Fatalf("primaries: %v, want [n2(gen 2)]", got)
+			}
+			e.unpublish(id, "n2")
+		})
+	}
+}
+
+func (e *env) returnNodeProcess(nodeID string) {
+	e.t.Helper()
+	if err := e.node(nodeID).Start(); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// waitForTransfer waits until the node sends the volume.
+func (e *env) waitForTransfer(id, nodeID string) {
+	e.t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		st, err := e.agent(nodeID).Status(e.ctx, &pb.StatusRequest{})
+		if err == nil {
+			for _, tr := range st.GetTransfers() {
+				if tr.GetVolumeId() == id && tr.GetBytes() > 8<<20 {
+					return
+				}
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	e.t.Fatal("no transfer started")
+}
