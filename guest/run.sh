@@ -9,7 +9,8 @@
 # The console is written to SHARE/console.log (and to stdout unless -q).
 # Every boot is bounded: the guest must show it booted within 60 s (it
 # hangs at boot now and then under TCG; such a boot is retried twice), and
-# the whole run must end within -t seconds (default 600).
+# the whole run must end within -t seconds (default 600). Guest runs on one
+# machine take turns (a lock in the cache directory).
 set -euo pipefail
 
 timeout_s=600
@@ -31,6 +32,16 @@ shift $((OPTIND - 1))
 share=$(cd "${1:?usage: run.sh [options] SHARE}" && pwd)
 here=$(cd "$(dirname "$0")" && pwd)
 image=$("$here/image.sh")
+
+# One guest at a time: the machines we run on have two cores, and two
+# emulated guests side by side starve each other into boot timeouts.
+lock="${XDG_CACHE_HOME:-$HOME/.cache}/zfs-nomad/guest.lock"
+mkdir -p "$(dirname "$lock")"
+exec 9>"$lock"
+if ! flock -n 9; then
+  echo "guest: waiting for another guest run to finish ($lock)" >&2
+  flock 9
+fi
 
 args=(
   -M pc -accel tcg,thread=multi -cpu "${ZFS_GUEST_CPU:-qemu64}" -smp 2 -m "$mem"
