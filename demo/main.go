@@ -9,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,6 +22,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/config"
+	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
 	"github.com/zfs-nomad/zfs-nomad/internal/sim"
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
@@ -66,7 +68,7 @@ func (s *story) shell(n *sim.Node, script string) (string, error) {
 }
 
 func run(out io.Writer, binDir, dir string) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	s := &story{out: out, binDir: binDir, node: map[string]csi.NodeClient{}}
 
@@ -182,6 +184,10 @@ func (s *story) walk(ctx context.Context) error {
 		return err
 	}
 
+	if err := s.follow(ctx, orders); err != nil {
+		return err
+	}
+
 	s.step("Expand the volume online to 512 MiB")
 	exp, err := s.ctl.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: vol.GetVolumeId(), CapacityRange: &csi.CapacityRange{RequiredBytes: 512 << 20}})
 	if err != nil {
@@ -211,6 +217,11 @@ func (s *story) walk(ctx context.Context) error {
 		return fmt.Errorf("volume landed on %s, want n3", got)
 	}
 
+	ledger, err := s.failover(ctx)
+	if err != nil {
+		return err
+	}
+
 	s.step("Clean up: unpublish everything, delete volumes and the snapshot")
 	for _, v := range []*csi.Volume{vol, restored, clone} {
 		if err := s.unmount(ctx, s.nodeOf(v), v.GetVolumeId()); err != nil {
@@ -218,7 +229,7 @@ func (s *story) walk(ctx context.Context) error {
 		}
 	}
 	// The snapshot outlives its volume; the dataset stays hidden until the snapshot goes.
-	for _, v := range []*csi.Volume{vol, clone, restored, pinned, orders} {
+	for _, v := range []*csi.Volume{vol, clone, restored, pinned, orders, ledger} {
 		if _, err := s.ctl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: v.GetVolumeId()}); err != nil {
 			return err
 		}
@@ -363,4 +374,205 @@ func (s *story) unmount(ctx context.Context, n *sim.Node, id string) error {
 	}
 	_, err := nc.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging})
 	return err
+}
+
+// publish does what Nomad does for a claim on node n: ControllerPublish
+// (which brings the data there), then stage and publish with the publish
+// context.
+func (s *story) publish(ctx context.Context, n *sim.Node, id, label string) (string, error) {
+	var resp *csi.ControllerPublishVolumeResponse
+	var err error
+	for attempt := 0; attempt < 5; attempt++ { // Nomad retries a claim too
+		resp, err = s.ctl.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: n.ID, VolumeCapability: capability()})
+		if err == nil || !errdefs.Temporary(err) {
+			break
+		}
+		s.say("(publish: %s; retrying)", status.Convert(err).Message())
+		time.Sleep(2 * time.Second)
+	}
+	if err != nil {
+		return "", err
+	}
+	staging, target := s.paths(n, id)
+	if err := os.MkdirAll(staging, 0o755); err != nil {
+		return "", err
+	}
+	pc := resp.GetPublishContext()
+	nc := s.node[n.ID]
+	if _, err := nc.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: capability(), PublishContext: pc}); err != nil {
+		return "", err
+	}
+	if _, err := nc.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: capability(), PublishContext: pc}); err != nil {
+		return "", err
+	}
+	s.say("%s: published on %s with generation %s", label, n.ID, pc["generation"])
+	return target, nil
+}
+
+// unpublish is the end of a claim on n: node unpublish and unstage, then
+// ControllerUnpublish.
+func (s *story) unpublish(ctx context.Context, n *sim.Node, id string) error {
+	if err := s.unmount(ctx, n, id); err != nil {
+		return err
+	}
+	_, err := s.ctl.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: id, NodeId: n.ID})
+	return err
+}
+
+func (s *story) otherNode(not *sim.Node) *sim.Node {
+	for _, n := range s.c.Nodes {
+		if n.ID != not.ID {
+			return n
+		}
+	}
+	return nil
+}
+
+// follow moves a replicated volume with its workload.
+func (s *story) follow(ctx context.Context, v *csi.Volume) error {
+	from := s.nodeOf(v)
+	s.step("Data follows the workload: a job on %s writes to %q, then Nomad moves it to another node", from.ID, "orders")
+	dir, err := s.publish(ctx, from, v.GetVolumeId(), "orders")
+	if err != nil {
+		return err
+	}
+	sum, err := s.shell(from, "cd "+dir+" && dd if=/dev/urandom of=ledger bs=1M count=32 2>/dev/null && echo 'order 42' > last && sync && sha256sum ledger last")
+	if err != nil {
+		return err
+	}
+	to := s.otherNode(from)
+	s.say("the job stops on %s (drain); Nomad claims the volume on %s: ControllerPublish fences the old copy, sends the final increment on top of the replica, promotes %s", from.ID, to.ID, to.ID)
+	if err := s.unpublish(ctx, from, v.GetVolumeId()); err != nil {
+		return err
+	}
+	started := time.Now()
+	dir2, err := s.publish(ctx, to, v.GetVolumeId(), "orders")
+	if err != nil {
+		return err
+	}
+	s.say("moved in %.1f s", time.Since(started).Seconds())
+	got, err := s.shell(to, "cd "+dir2+" && sha256sum ledger last")
+	if err != nil || got != sum {
+		return fmt.Errorf("after the move %s reads %q, want %q (%v)", to.ID, got, sum, err)
+	}
+	s.say("every file arrived; the old copy on %s is now a replica", from.ID)
+	if err := s.operator(ctx, "status"); err != nil {
+		return err
+	}
+	return s.unpublish(ctx, to, v.GetVolumeId())
+}
+
+// failover loses the node of an auto-failover volume and brings it back.
+func (s *story) failover(ctx context.Context) (*csi.Volume, error) {
+	s.step("Failover: a volume with failover=auto and a replica; its node is lost")
+	v, err := s.create(ctx, &csi.CreateVolumeRequest{Name: "ledger", CapacityRange: &csi.CapacityRange{RequiredBytes: 128 << 20},
+		Parameters: map[string]string{"replicas": "1", "replication_interval": "4s", "failover": "auto"}})
+	if err != nil {
+		return nil, err
+	}
+	lost := s.nodeOf(v)
+	dir, err := s.publish(ctx, lost, v.GetVolumeId(), "ledger")
+	if err != nil {
+		return nil, err
+	}
+	if _, err := s.shell(lost, "echo 'replicated' > "+dir+"/a && sync"); err != nil {
+		return nil, err
+	}
+	if err := s.waitForReplicas(ctx, v.GetVolumeId(), 1); err != nil {
+		return nil, err
+	}
+	// The schedule pushes every 4 s: wait for a push after the write.
+	time.Sleep(9 * time.Second)
+	s.shell(lost, "echo 'written after the last replication' > "+dir+"/b && sync")
+	s.say("%s's zfs-node dies and its link goes down; the job is still mounted there", lost.ID)
+	lost.Kill()
+	if err := lost.CutLink(); err != nil {
+		return nil, err
+	}
+	survivor, err := s.replicaHolder(ctx, v.GetVolumeId(), lost)
+	if err != nil {
+		return nil, err
+	}
+	s.say("Nomad reschedules the job to %s: ControllerPublish promotes the freshest replica", survivor.ID)
+	dir2, err := s.publish(ctx, survivor, v.GetVolumeId(), "ledger")
+	if err != nil {
+		return nil, err
+	}
+	s.shell(survivor, "ls "+dir2+" && cat "+dir2+"/a")
+	s.say("file b, written after the last replication, is not claimed to exist: the recovery point is logged and in metrics")
+	s.metrics("zfs_nomad_failover_rpo_seconds", "zfs_nomad_migrations_total")
+
+	s.step("%s comes back: its stale copy is refused, then set aside, never destroyed", lost.ID)
+	if err := lost.RestoreLink(); err != nil {
+		return nil, err
+	}
+	if err := lost.Start(); err != nil {
+		return nil, err
+	}
+	// A fresh connection: the old one waits out gRPC's reconnect backoff.
+	nc, err := grpc.NewClient(lost.CSIEndpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, err
+	}
+	s.node[lost.ID] = csi.NewNodeClient(nc)
+	_, err = s.node[lost.ID].NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: v.GetVolumeId(), StagingTargetPath: filepath.Join(lost.Dir, "stale"),
+		VolumeCapability: capability(), PublishContext: map[string]string{"generation": "2"}})
+	s.say("staging the stale copy on %s: %s", lost.ID, status.Convert(err).Message())
+	s.say("Nomad stops the lost allocation on %s; the next publish sets the stale copy aside", lost.ID)
+	if err := s.unpublish(ctx, lost, v.GetVolumeId()); err != nil {
+		return nil, err
+	}
+	for i := 0; i < 20; i++ {
+		if _, err := s.ctl.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: v.GetVolumeId(), NodeId: survivor.ID, VolumeCapability: capability()}); err != nil {
+			return nil, err
+		}
+		if out, _ := sim.Run("sh", "-c", "zfs list -H -o name -r "+lost.RootDataset+" | grep aside || true"); strings.TrimSpace(out) != "" {
+			break
+		}
+		time.Sleep(2 * time.Second)
+	}
+	if err := s.operator(ctx, "status"); err != nil {
+		return nil, err
+	}
+	s.say("the operator looked at the stale copy and lets it go")
+	if _, err := s.shell(lost, "zfs list -H -o name -r "+lost.RootDataset+" | grep -- -aside- | xargs -r -n1 zfs destroy -r"); err != nil {
+		return nil, err
+	}
+	if err := s.unpublish(ctx, survivor, v.GetVolumeId()); err != nil {
+		return nil, err
+	}
+	return v, nil
+}
+
+// replicaHolder returns the node other than not that holds a replica.
+func (s *story) replicaHolder(ctx context.Context, id string, not *sim.Node) (*sim.Node, error) {
+	for _, n := range s.c.Nodes {
+		if n.ID == not.ID {
+			continue
+		}
+		if out, _ := sim.Run("zfs", "get", "-H", "-o", "value", "zfs-nomad:role", n.RootDataset+"/"+id); strings.TrimSpace(out) == "replica" {
+			return n, nil
+		}
+	}
+	return nil, fmt.Errorf("no node holds a replica of %s", id)
+}
+
+// metrics prints the controller's metric lines that start with one of
+// prefixes.
+func (s *story) metrics(prefixes ...string) {
+	resp, err := http.Get(s.c.ControllerMetrics)
+	if err != nil {
+		s.say("metrics: %v", err)
+		return
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	s.say("$ curl %s", s.c.ControllerMetrics)
+	for _, line := range strings.Split(string(body), "\n") {
+		for _, p := range prefixes {
+			if strings.HasPrefix(line, p) {
+				s.say("  %s", line)
+			}
+		}
+	}
 }

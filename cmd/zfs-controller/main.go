@@ -50,7 +50,7 @@ func run(args []string) error {
 		fmt.Println("zfs-controller", version.Version)
 		return nil
 	}
-	if len(args) > 0 && (args[0] == "backup" || args[0] == "status" || args[0] == "promote") {
+	if len(args) > 0 && (args[0] == "backup" || args[0] == "status" || args[0] == "promote" || args[0] == "remove-replica") {
 		return command(args[0], args[1:])
 	}
 	cfg, err := config.LoadController(args, os.Getenv, os.Stderr)
@@ -137,12 +137,16 @@ func agentCredentials(cfg config.Controller, log hclog.Logger) (credentials.Tran
 // command runs an operator command against the node agents.
 func command(name string, args []string) error {
 	var to string
+	var force bool
 	cfg, rest, err := config.LoadControllerCommand("zfs-controller "+name, args, os.Getenv, os.Stderr, func(fs *flag.FlagSet) {
 		switch name {
 		case "backup":
 			fs.StringVar(&to, "to", "", "node ID to back up to (default: the healthy node with most room, preferring one that holds a replica)")
 		case "promote":
 			fs.StringVar(&to, "node", "", "node ID whose replica to promote (default: the freshest)")
+		case "remove-replica":
+			fs.StringVar(&to, "node", "", "node ID whose replica to remove (required)")
+			fs.BoolVar(&force, "force", false, "remove it even when no reachable node holds the volume's primary")
 		}
 	})
 	if err != nil {
@@ -174,6 +178,11 @@ func command(name string, args []string) error {
 			return errors.New("usage: zfs-controller promote [flags] [-node NODE] VOLUME_ID")
 		}
 		return operator.Promote(ctx, migration.New(nodes, log), rest[0], to, os.Stdout)
+	case "remove-replica":
+		if len(rest) != 1 || to == "" {
+			return errors.New("usage: zfs-controller remove-replica [flags] -node NODE [-force] VOLUME_ID")
+		}
+		return operator.RemoveReplica(ctx, nodes, rest[0], to, force, os.Stdout)
 	default:
 		return operator.Status(ctx, nodes, os.Stdout, time.Now())
 	}

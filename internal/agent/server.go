@@ -59,6 +59,9 @@ func (s *Server) Status(ctx context.Context, _ *pb.StatusRequest) (*pb.NodeStatu
 		out.Replicas = append(out.Replicas, &pb.Replica{VolumeId: r.VolumeID, Name: r.Name, LastSnapshot: r.LastSnapshot,
 			LastSnapshotUnix: r.LastSnapshotTime.Unix(), Resumable: r.Resumable})
 	}
+	if out.SetAside, err = s.receiver.SetAside(ctx); err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
 	for _, t := range s.pusher.Transfers() {
 		out.Transfers = append(out.Transfers, &pb.Transfer{VolumeId: t.VolumeID, Peer: t.Peer, Kind: t.Kind,
 			Bytes: t.Bytes, TotalBytes: t.Total, StartedUnix: t.Started.Unix()})
@@ -179,15 +182,17 @@ func (s *Server) ListSnapshots(ctx context.Context, _ *pb.ListSnapshotsRequest) 
 
 func (s *Server) volumeToPB(v volume.Volume) *pb.Volume {
 	return &pb.Volume{
-		VolumeId:      v.ID,
-		Name:          v.Name,
-		CapacityBytes: v.Capacity,
-		UsedBytes:     v.Used,
-		Parameters:    v.Parameters,
-		Source:        v.Source,
-		NodeId:        s.cfg.NodeID,
-		CreatedUnix:   v.Created.Unix(),
-		Generation:    v.Generation,
+		VolumeId:             v.ID,
+		Name:                 v.Name,
+		CapacityBytes:        v.Capacity,
+		UsedBytes:            v.Used,
+		Parameters:           v.Parameters,
+		Source:               v.Source,
+		NodeId:               s.cfg.NodeID,
+		CreatedUnix:          v.Created.Unix(),
+		Generation:           v.Generation,
+		MovingTo:             v.MovingTo,
+		FailoverFromSnapshot: v.FailoverFrom,
 	}
 }
 

@@ -296,21 +296,20 @@ func (m *Migrator) move(ctx context.Context, id string, p copyOn, target cluster
 // a snapshot taken after the fence (a push may first finish an older,
 // interrupted transfer).
 func (m *Migrator) sendFinal(ctx context.Context, id string, p copyOn, target cluster.Node, fencedAt int64, log hclog.Logger) error {
+	busy := 0
 	for attempt := 0; attempt < 3; attempt++ {
-		stream, err := p.node.Client.Replicate(ctx, &pb.ReplicateRequest{VolumeId: id, TargetAddress: target.Addr})
-		if err != nil {
-			return fmt.Errorf("sending volume %s to node %s: %w", id, target.Info.GetNodeId(), errdefs.FromStatus(err))
+		last, err := m.push(ctx, id, p, target)
+		if errors.Is(err, errdefs.ErrAborted) && busy < maxBusyWaits {
+			// A scheduled push of the volume holds it: it ends soon.
+			busy++
+			attempt--
+			if err := sleep(ctx, time.Second); err != nil {
+				return err
+			}
+			continue
 		}
-		var last *pb.ReplicateProgress
-		for {
-			prog, err := stream.Recv()
-			if err == io.EOF {
-				break
-			}
-			if err != nil {
-				return fmt.Errorf("sending volume %s to node %s: %w", id, target.Info.GetNodeId(), errdefs.FromStatus(err))
-			}
-			last = prog
+		if err != nil {
+			return fmt.Errorf("sending volume %s to node %s: %w", id, target.Info.GetNodeId(), err)
 		}
 		log.Info("final snapshot sent", "kind", last.GetKind(), "bytes", last.GetBytes(), "snapshot", last.GetSnapshot())
 		cctx, cancel := m.cluster.Call(ctx)
@@ -324,6 +323,41 @@ func (m *Migrator) sendFinal(ctx context.Context, id string, p copyOn, target cl
 		}
 	}
 	return errdefs.Wrap(errdefs.ErrAborted, "node %s has no snapshot of volume %s newer than its fence after 3 pushes; retry", target.Info.GetNodeId(), id)
+}
+
+// maxBusyWaits bounds the seconds a move waits for other transfers of the
+// volume to end.
+const maxBusyWaits = 60
+
+// push runs one Replicate from p's node to target and returns the last
+// progress report.
+func (m *Migrator) push(ctx context.Context, id string, p copyOn, target cluster.Node) (*pb.ReplicateProgress, error) {
+	stream, err := p.node.Client.Replicate(ctx, &pb.ReplicateRequest{VolumeId: id, TargetAddress: target.Addr})
+	if err != nil {
+		return nil, errdefs.FromStatus(err)
+	}
+	var last *pb.ReplicateProgress
+	for {
+		prog, err := stream.Recv()
+		if err == io.EOF {
+			return last, nil
+		}
+		if err != nil {
+			return last, errdefs.FromStatus(err)
+		}
+		last = prog
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
 }
 
 func (m *Migrator) unfence(ctx context.Context, id string, p copyOn, log hclog.Logger) error {

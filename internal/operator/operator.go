@@ -149,7 +149,7 @@ func Status(ctx context.Context, cl *cluster.Cluster, out io.Writer, now time.Ti
 	}
 	type row struct{ volume, name, node, role, snapshot, lag string }
 	var rows []row
-	var transfers []string
+	var transfers, setAside []string
 	for _, n := range nodes {
 		id := n.Info.GetNodeId()
 		cctx, cancel := cl.Call(ctx)
@@ -161,7 +161,10 @@ func Status(ctx context.Context, cl *cluster.Cluster, out io.Writer, now time.Ti
 			continue
 		}
 		for _, v := range vols.GetVolumes() {
-			rows = append(rows, row{v.GetVolumeId(), v.GetName(), id, "primary", "", ""})
+			rows = append(rows, row{v.GetVolumeId(), v.GetName(), id, primaryRole(v), "", ""})
+		}
+		for _, name := range st.GetSetAside() {
+			setAside = append(setAside, fmt.Sprintf("%s on %s", name, id))
 		}
 		for _, r := range st.GetReplicas() {
 			lag := now.Sub(time.Unix(r.GetLastSnapshotUnix(), 0)).Round(time.Second).String()
@@ -194,6 +197,12 @@ func Status(ctx context.Context, cl *cluster.Cluster, out io.Writer, now time.Ti
 	for _, t := range transfers {
 		fmt.Fprintln(out, "  "+t)
 	}
+	if len(setAside) > 0 {
+		fmt.Fprintf(out, "\nstale primaries set aside after a failover (an operator decides what to keep, then zfs destroy -r):\n")
+		for _, a := range setAside {
+			fmt.Fprintln(out, "  "+a)
+		}
+	}
 	for _, u := range unreachable {
 		fmt.Fprintf(out, "unreachable: %s: %v\n", u.Addr, u.Err)
 	}
@@ -213,4 +222,56 @@ func Promote(ctx context.Context, m *migration.Migrator, volumeID, node string, 
 	fmt.Fprintf(out, "It holds the data as of %s (snapshot %s); writes on the lost primary after that are not in it.\n", at, c.GetLastSnapshot())
 	fmt.Fprintf(out, "If the old primary's node returns, its copy is set aside (renamed %s-aside-<time>), never mounted.\n", volumeID)
 	return nil
+}
+
+// primaryRole describes a primary: its generation, a move in progress, a
+// failover it came from.
+func primaryRole(v *pb.Volume) string {
+	role := fmt.Sprintf("primary g%d", v.GetGeneration())
+	if v.GetMovingTo() != "" {
+		role += ", moving to " + v.GetMovingTo()
+	}
+	if v.GetFailoverFromSnapshot() != "" {
+		role += ", failed over at " + v.GetFailoverFromSnapshot()
+	}
+	return role
+}
+
+// RemoveReplica deletes node's replica of a volume: the replica a delete
+// could not reach while its node was down, or one the operator no longer
+// wants. Without force it refuses when no reachable node holds the
+// volume's primary, since the replica may then be the last copy.
+func RemoveReplica(ctx context.Context, cl *cluster.Cluster, volumeID, node string, force bool, out io.Writer) error {
+	primaries, errs, err := cluster.FindAll(ctx, cl, func(ctx context.Context, a pb.NodeAgentClient) (*pb.Volume, error) {
+		return a.GetVolume(ctx, &pb.GetVolumeRequest{VolumeId: volumeID})
+	})
+	if err != nil {
+		return err
+	}
+	if len(primaries) == 0 && !force {
+		return fmt.Errorf("no reachable node holds volume %s as primary (%d nodes could not answer): the replica on %s may be its last copy; "+
+			"if the volume was deleted while %s was down, run again with -force", volumeID, len(errs), node, node)
+	}
+	nodes, _, err := cl.Nodes(ctx)
+	if err != nil {
+		return err
+	}
+	for _, n := range nodes {
+		if n.Info.GetNodeId() != node {
+			continue
+		}
+		cctx, cancel := cl.Call(ctx)
+		defer cancel()
+		resp, err := n.Client.DeleteReplica(cctx, &pb.DeleteReplicaRequest{VolumeId: volumeID})
+		if err != nil {
+			return fmt.Errorf("node %s: %w", node, err)
+		}
+		if !resp.GetDeleted() {
+			fmt.Fprintf(out, "node %s holds no replica of %s\n", node, volumeID)
+			return nil
+		}
+		fmt.Fprintf(out, "removed the replica of %s on node %s\n", volumeID, node)
+		return nil
+	}
+	return fmt.Errorf("node %s did not answer or is not a node of this cluster", node)
 }

@@ -241,6 +241,22 @@ func (r *Receiver) Replicas(ctx context.Context) ([]Replica, error) {
 	return out, nil
 }
 
+// SetAside lists the stale primaries set aside under this node's root
+// (docs/migration.md): kept for an operator, never mounted.
+func (r *Receiver) SetAside(ctx context.Context) ([]string, error) {
+	children, err := r.z.Children(ctx, r.root, volume.PropRole)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, ch := range children {
+		if ch.Props[volume.PropRole] == volume.RoleSetAside {
+			out = append(out, ch.Name)
+		}
+	}
+	return out, nil
+}
+
 // DeleteReplica destroys this node's replica of volumeID with its snapshots
 // and any partial receive; it reports whether there was one. A primary is
 // never touched.

@@ -143,6 +143,9 @@ func (s *Scheduler) Plan(ctx context.Context) ([]Push, error) {
 		if count[p.vol.GetVolumeId()] == 0 {
 			continue
 		}
+		if p.vol.GetMovingTo() != "" {
+			continue // a move is sending it; pushes of its own would only delay it
+		}
 		want, interval := volume.ReplicationPolicy(p.vol.GetParameters())
 		if want == 0 {
 			continue

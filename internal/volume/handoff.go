@@ -281,6 +281,11 @@ func (m *Manager) Demote(ctx context.Context, id string, generation uint64, asid
 	if err := m.zfs.Rename(ctx, dataset, asideName); err != nil {
 		return zfsError(err, "renaming stale volume "+id+" aside")
 	}
+	// Its replication holds protected bases for peers that have moved on;
+	// left in place they would make the operator's zfs destroy fail.
+	if err := m.releaseHolds(ctx, asideName); err != nil {
+		log.Warn("releasing the set-aside copy's holds failed; zfs release them before destroying it", "dataset", asideName, "error", err)
+	}
 	log.Warn("stale primary set aside: it may hold writes made after its last replication; an operator decides what to keep",
 		"dataset", asideName, "last_snapshot", c.LastSnapshot)
 	return nil
@@ -309,4 +314,20 @@ func (m *Manager) Stageable(ctx context.Context, id string, generation uint64) (
 		return Volume{}, nil, err
 	}
 	return v, unlock, nil
+}
+
+// releaseHolds releases every hold on the snapshots of dataset.
+func (m *Manager) releaseHolds(ctx context.Context, dataset string) error {
+	all, err := m.zfs.List(ctx, dataset)
+	if err != nil {
+		return err
+	}
+	for _, ds := range all {
+		if ds.Type == zfs.Snapshot {
+			if err := m.zfs.ReleaseAll(ctx, ds.Name); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }

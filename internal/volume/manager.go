@@ -46,6 +46,9 @@ type Volume struct {
 	Created    time.Time
 	// MovingTo is set while the volume is fenced for a move to that node.
 	MovingTo string
+	// FailoverFrom is set on a primary promoted by failover: the newest
+	// snapshot it had then.
+	FailoverFrom string
 }
 
 // Snapshot is a CSI snapshot on this node.
@@ -280,16 +283,17 @@ func (m *Manager) volumeOf(ds zfs.Dataset) (Volume, bool) {
 	}
 	gen, _ := strconv.ParseUint(ds.User[PropGeneration], 10, 64)
 	return Volume{
-		ID:         id,
-		Name:       ds.User[PropName],
-		Dataset:    ds.Name,
-		Capacity:   capacity,
-		Used:       ds.Referenced,
-		Parameters: DecodeParameters(ds.User[PropParameters]),
-		Source:     ds.User[PropSource],
-		Generation: gen,
-		Created:    ds.Created,
-		MovingTo:   movingTo(ds),
+		ID:           id,
+		Name:         ds.User[PropName],
+		Dataset:      ds.Name,
+		Capacity:     capacity,
+		Used:         ds.Referenced,
+		Parameters:   DecodeParameters(ds.User[PropParameters]),
+		Source:       ds.User[PropSource],
+		Generation:   gen,
+		Created:      ds.Created,
+		MovingTo:     movingTo(ds),
+		FailoverFrom: ds.User[PropFailoverLag],
 	}, true
 }
 

@@ -257,12 +257,16 @@ type Volume struct {
 	UsedBytes     uint64                 `protobuf:"varint,4,opt,name=used_bytes,json=usedBytes,proto3" json:"used_bytes,omitempty"`
 	Parameters    map[string]string      `protobuf:"bytes,5,rep,name=parameters,proto3" json:"parameters,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// "snapshot:ID", "volume:ID" or "".
-	Source        string `protobuf:"bytes,6,opt,name=source,proto3" json:"source,omitempty"`
-	NodeId        string `protobuf:"bytes,7,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
-	CreatedUnix   int64  `protobuf:"varint,8,opt,name=created_unix,json=createdUnix,proto3" json:"created_unix,omitempty"`
-	Generation    uint64 `protobuf:"varint,9,opt,name=generation,proto3" json:"generation,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Source      string `protobuf:"bytes,6,opt,name=source,proto3" json:"source,omitempty"`
+	NodeId      string `protobuf:"bytes,7,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	CreatedUnix int64  `protobuf:"varint,8,opt,name=created_unix,json=createdUnix,proto3" json:"created_unix,omitempty"`
+	Generation  uint64 `protobuf:"varint,9,opt,name=generation,proto3" json:"generation,omitempty"`
+	// Set while the volume is fenced for a move to that node.
+	MovingTo string `protobuf:"bytes,10,opt,name=moving_to,json=movingTo,proto3" json:"moving_to,omitempty"`
+	// Set on a primary promoted by failover: the newest snapshot it had.
+	FailoverFromSnapshot string `protobuf:"bytes,11,opt,name=failover_from_snapshot,json=failoverFromSnapshot,proto3" json:"failover_from_snapshot,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *Volume) Reset() {
@@ -356,6 +360,20 @@ func (x *Volume) GetGeneration() uint64 {
 		return x.Generation
 	}
 	return 0
+}
+
+func (x *Volume) GetMovingTo() string {
+	if x != nil {
+		return x.MovingTo
+	}
+	return ""
+}
+
+func (x *Volume) GetFailoverFromSnapshot() string {
+	if x != nil {
+		return x.FailoverFromSnapshot
+	}
+	return ""
 }
 
 type DeleteVolumeRequest struct {
@@ -1137,9 +1155,11 @@ func (*StatusRequest) Descriptor() ([]byte, []int) {
 }
 
 type NodeStatus struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Replicas      []*Replica             `protobuf:"bytes,1,rep,name=replicas,proto3" json:"replicas,omitempty"`
-	Transfers     []*Transfer            `protobuf:"bytes,2,rep,name=transfers,proto3" json:"transfers,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Replicas  []*Replica             `protobuf:"bytes,1,rep,name=replicas,proto3" json:"replicas,omitempty"`
+	Transfers []*Transfer            `protobuf:"bytes,2,rep,name=transfers,proto3" json:"transfers,omitempty"`
+	// Stale primaries set aside after a failover, kept for an operator.
+	SetAside      []string `protobuf:"bytes,3,rep,name=set_aside,json=setAside,proto3" json:"set_aside,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1184,6 +1204,13 @@ func (x *NodeStatus) GetReplicas() []*Replica {
 func (x *NodeStatus) GetTransfers() []*Transfer {
 	if x != nil {
 		return x.Transfers
+	}
+	return nil
+}
+
+func (x *NodeStatus) GetSetAside() []string {
+	if x != nil {
+		return x.SetAside
 	}
 	return nil
 }
@@ -2318,7 +2345,7 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\x10source_volume_id\x18\x06 \x01(\tR\x0esourceVolumeId\x1a=\n" +
 	"\x0fParametersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xfd\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd0\x03\n" +
 	"\x06Volume\x12\x1b\n" +
 	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12%\n" +
@@ -2333,7 +2360,10 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\fcreated_unix\x18\b \x01(\x03R\vcreatedUnix\x12\x1e\n" +
 	"\n" +
 	"generation\x18\t \x01(\x04R\n" +
-	"generation\x1a=\n" +
+	"generation\x12\x1b\n" +
+	"\tmoving_to\x18\n" +
+	" \x01(\tR\bmovingTo\x124\n" +
+	"\x16failover_from_snapshot\x18\v \x01(\tR\x14failoverFromSnapshot\x1a=\n" +
 	"\x0fParametersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"2\n" +
@@ -2382,11 +2412,12 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\x04done\x18\x05 \x01(\bR\x04done\x12\x1f\n" +
 	"\vtotal_bytes\x18\x06 \x01(\x03R\n" +
 	"totalBytes\"\x0f\n" +
-	"\rStatusRequest\"\x7f\n" +
+	"\rStatusRequest\"\x9c\x01\n" +
 	"\n" +
 	"NodeStatus\x126\n" +
 	"\breplicas\x18\x01 \x03(\v2\x1a.zfsnomad.agent.v1.ReplicaR\breplicas\x129\n" +
-	"\ttransfers\x18\x02 \x03(\v2\x1b.zfsnomad.agent.v1.TransferR\ttransfers\"\xab\x01\n" +
+	"\ttransfers\x18\x02 \x03(\v2\x1b.zfsnomad.agent.v1.TransferR\ttransfers\x12\x1b\n" +
+	"\tset_aside\x18\x03 \x03(\tR\bsetAside\"\xab\x01\n" +
 	"\aReplica\x12\x1b\n" +
 	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12#\n" +

@@ -12,6 +12,10 @@
 //   - driver-plaintext: the same with -insecure-agent-port, to show what
 //     TLS costs on this CPU (never a production setting).
 //
+// BenchmarkMigration: ControllerPublishVolume moving a volume whose delta
+// since its replica is 10 MiB, against a raw incremental zfs send | socat |
+// zfs recv of the same delta (see its comment).
+//
 // BenchmarkTransport: the bare transport, 256 MiB over TLS on loopback,
 // as gRPC chunked messages and as a plain stream on the same TLS setup.
 package bench
@@ -286,5 +290,84 @@ func (sink) Receive(stream pb.Replication_ReceiveServer) error {
 		} else if err != nil {
 			return err
 		}
+	}
+}
+
+// BenchmarkMigration: ControllerPublishVolume of a volume holding
+// ZFS_NOMAD_BENCH_MIB (default 500; the issue asks for 1000) MiB whose
+// delta since its replica on the target is 10 MiB, against a raw
+// zfs send -i | socat | zfs recv of the same 10 MiB between the same
+// nodes, measured in the same run. Goal: at most 2x.
+func BenchmarkMigration(b *testing.B) {
+	c := guesttest.StartCluster(b, 2, sim.Options{LogLevel: "info", ControllerArgs: []string{"-schedule-every", "0"}})
+	n1, n2 := c.Nodes[0], c.Nodes[1]
+	ctx := context.Background()
+	conn, err := grpc.NewClient(c.ControllerEndpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer conn.Close()
+	ctl := csi.NewControllerClient(conn)
+	capability := &csi.VolumeCapability{
+		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER}}
+	resp, err := ctl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "moving", CapacityRange: &csi.CapacityRange{RequiredBytes: 2 << 30},
+		Parameters: map[string]string{"node": n1.ID, "compression": "off"}, VolumeCapabilities: []*csi.VolumeCapability{capability}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	id := resp.GetVolume().GetVolumeId()
+	src := n1.RootDataset + "/" + id
+	mnt := filepath.Join(n1.Dir, "moving")
+	write := func(file string, mib int) {
+		sh(b, fmt.Sprintf("mkdir -p %s && mount -t zfs %s %s && dd if=/dev/urandom of=%s/%s bs=1M count=%d 2>/dev/null && sync && umount %s",
+			mnt, src, mnt, mnt, file, mib, mnt))
+	}
+	write("data", benchMiB())
+	agentConn, err := c.DialAgent(n1.AgentAddress)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer agentConn.Close()
+	push(b, pb.NewNodeAgentClient(agentConn), id, n2.AgentAddress) // the replica on n2
+
+	// The baseline's own copy of the replicated state on n2.
+	base := strings.TrimSpace(sh(b, "zfs list -H -t snapshot -o name -s createtxg -d 1 "+src+" | grep @zn- | tail -1"))
+	sh(b, "zfs send -L -c "+base+" | zfs recv -u "+n2.Pool+"/raw")
+	write("delta", 10)
+	sh(b, "zfs snapshot "+src+"@delta")
+
+	var raw, publish time.Duration
+	b.ResetTimer()
+	raw = timed(func() { socatIncremental(b, n1, n2, base, src+"@delta", n2.Pool+"/raw") })
+	publish = timed(func() {
+		if _, err := ctl.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: n2.ID, VolumeCapability: capability}); err != nil {
+			b.Fatal(err)
+		}
+	})
+	b.StopTimer()
+	b.ReportMetric(raw.Seconds(), "raw-delta-s")
+	b.ReportMetric(publish.Seconds(), "publish-s")
+	b.ReportMetric(publish.Seconds()/raw.Seconds(), "publish/raw")
+	b.Logf("volume %d MiB, delta 10 MiB: raw zfs send -i | socat | zfs recv %.2f s, ControllerPublishVolume (move) %.2f s: %.2fx",
+		benchMiB(), raw.Seconds(), publish.Seconds(), publish.Seconds()/raw.Seconds())
+}
+
+// socatIncremental sends the increment from base to snapshot over the veth
+// into target, which holds base.
+func socatIncremental(b *testing.B, n1, n2 *sim.Node, base, snapshot, target string) {
+	b.Helper()
+	recv := exec.Command("nsenter", "-t", strconv.Itoa(n2.HostPid()), "-n", "--", "sh", "-c",
+		"socat -u TCP-LISTEN:9101,reuseaddr - | zfs recv -u "+target)
+	out := &strings.Builder{}
+	recv.Stdout, recv.Stderr = out, out
+	if err := recv.Start(); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := n1.Exec("zfs send -L -c -i " + base + " " + snapshot + " | socat -u - TCP:" + n2.IP + ":9101,retry=200,interval=0.05"); err != nil {
+		b.Fatal(err)
+	}
+	if err := recv.Wait(); err != nil {
+		b.Fatalf("socat receiver: %v: %s", err, out)
 	}
 }

@@ -333,6 +333,11 @@ func TestFailoverAuto(t *testing.T) {
 	if !strings.Contains(aside, id+"-aside-") || !strings.HasSuffix(aside, "set-aside") {
 		t.Fatalf("n1's stale copy was not set aside: %q", aside)
 	}
+	// It holds what was written after the last replication, for the
+	// operator to look at, and nothing keeps the operator from removing it.
+	asideDS := strings.Fields(aside)[0]
+	guesttest.Exec(t, e.node("n1"), "mkdir -p /tmp/aside && mount -t zfs -o ro "+asideDS+" /tmp/aside && cat /tmp/aside/c && umount /tmp/aside")
+	guesttest.Run(t, "zfs", "destroy", "-r", asideDS)
 	// The older replica on n3 is replaced by the new primary's lineage.
 	e.replicate(id, "n2", "n3")
 	if c := e.copyOn(id, "n3"); c.GetGeneration() != 2 || c.GetRole() != "replica" {
@@ -431,7 +436,7 @@ func TestInterruptedMoves(t *testing.T) {
 			e.t = t
 			id := e.create("interrupted-"+tt.name, nil)
 			dir := e.mustPublish(id, "n1")
-			e.write("n1", dir, "dd if=/dev/urandom of=blob bs=1M count=160 2>/dev/null && echo end > z")
+			e.write("n1", dir, "dd if=/dev/urandom of=blob bs=1M count=96 2>/dev/null && echo end > z")
 			before := e.checksums("n1", dir)
 			e.unpublish(id, "n1")
 

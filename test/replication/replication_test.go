@@ -447,6 +447,30 @@ func TestBackupAndStatusCommands(t *testing.T) {
 	if out, err := sim.Run(ctl, append(append([]string{"backup"}, bad...), id)...); err == nil {
 		t.Errorf("backup with a node certificate succeeded:\n%s", out)
 	}
+
+	// Deleting the volume while n3 is down leaves n3's replica; the
+	// operator removes it, and must insist, as it may be a last copy.
+	n3 := c.Nodes[2]
+	unpublish(t, c, id, "orders")
+	n3.Kill()
+	if _, err := csi.NewControllerClient(guesttest.Dial(t, c.ControllerEndpoint)).DeleteVolume(context.Background(), &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
+		t.Fatal(err)
+	}
+	mustStart(t, n3)
+	left := n3.RootDataset + "/" + id
+	if got := zfsGet(t, "zfs-nomad:role", left); got != "replica" {
+		t.Fatalf("n3's replica after a delete it missed: role %q", got)
+	}
+	if out, err := sim.Run(ctl, append(append([]string{"remove-replica"}, args...), "-node", "n3", id)...); err == nil || !strings.Contains(out, "may be its last copy") {
+		t.Errorf("remove-replica without -force: %v\n%s", err, out)
+	}
+	out = guesttest.Run(t, ctl, append(append([]string{"remove-replica"}, args...), "-node", "n3", "-force", id)...)
+	if !strings.Contains(out, "removed the replica") {
+		t.Errorf("remove-replica -force: %s", out)
+	}
+	if _, err := sim.Run("zfs", "list", left); err == nil {
+		t.Errorf("%s still exists", left)
+	}
 }
 
 // The controller's schedule keeps the asked-for replicas on other nodes
