@@ -218,12 +218,7 @@ func (s *Server) copyOf(ctx context.Context, id string) (*pb.Copy, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := &pb.Copy{
-		VolumeId: id, NodeId: s.cfg.NodeID, Exists: c.Exists, Role: c.Role, Name: c.Name,
-		Generation: c.Generation, MovingTo: c.MovingTo, FencedUnixNano: c.FencedAt, Mounted: c.Mounted,
-		LastSnapshot: c.LastSnapshot, LastSnapshotUnixNano: c.LastSnapshotAt,
-		Parameters: c.Parameters, CapacityBytes: c.Capacity, FailoverFromSnapshot: c.FailoverFrom,
-	}
+	out := s.copyToPB(c)
 	if c.Exists && c.Role == volume.RoleReplica && s.receiver != nil {
 		state, err := s.receiver.ReplicaState(ctx, &pb.ReplicaStateRequest{VolumeId: id})
 		if err != nil {
@@ -232,6 +227,15 @@ func (s *Server) copyOf(ctx context.Context, id string) (*pb.Copy, error) {
 		out.Resumable = state.GetResumeToken() != ""
 	}
 	return out, nil
+}
+
+func (s *Server) copyToPB(c volume.Copy) *pb.Copy {
+	return &pb.Copy{
+		VolumeId: c.VolumeID, NodeId: s.cfg.NodeID, Exists: c.Exists, Role: c.Role, Name: c.Name,
+		Generation: c.Generation, MovingTo: c.MovingTo, FencedUnixNano: c.FencedAt, Mounted: c.Mounted,
+		LastSnapshot: c.LastSnapshot, LastSnapshotUnixNano: c.LastSnapshotAt,
+		Parameters: c.Parameters, CapacityBytes: c.Capacity, FailoverFromSnapshot: c.FailoverFrom,
+	}
 }
 
 // Fence makes this node's primary read-only for a move to another node.
@@ -264,10 +268,11 @@ func (s *Server) Promote(ctx context.Context, req *pb.PromoteRequest) (*pb.Copy,
 			return nil, errdefs.ToStatus(err)
 		}
 	}
-	if err := s.volumes.Promote(ctx, req.GetVolumeId(), req.GetGeneration(), req.GetNotBeforeUnixNano(), req.GetFailover()); err != nil {
+	c, err := s.volumes.Promote(ctx, req.GetVolumeId(), req.GetGeneration(), req.GetNotBeforeUnixNano(), req.GetFailover())
+	if err != nil {
 		return nil, errdefs.ToStatus(err)
 	}
-	return s.GetCopy(ctx, &pb.GetCopyRequest{VolumeId: req.GetVolumeId()})
+	return s.copyToPB(c), nil
 }
 
 // Demote retires this node's stale primary: to a replica, or aside.

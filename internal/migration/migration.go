@@ -278,18 +278,25 @@ func (m *Migrator) move(ctx context.Context, id string, p copyOn, target cluster
 		m.Metrics.count("move", "failed")
 		return 0, fmt.Errorf("promoting the copy on node %s: %w", target.Info.GetNodeId(), errdefs.FromStatus(err))
 	}
-	// The target is the primary now; demoting the source can wait for the
-	// next attempt or the scheduler if it fails here.
-	cctx, cancel = m.cluster.Call(ctx)
-	_, err = p.node.Client.Demote(cctx, &pb.DemoteRequest{VolumeId: id, Generation: gen})
-	cancel()
-	if err != nil {
-		log.Warn("the old primary is not demoted yet; it stays fenced and is retried", "error", err)
-	}
+	// The target is the primary now and the source a fenced, read-only copy
+	// of an older generation: the workload need not wait for its demotion.
+	// If it fails, the next publish or schedule round settles it.
+	go m.demote(id, p, gen, log)
 	m.Metrics.count("move", "ok")
 	m.Metrics.observeMove(m.now().Sub(started))
 	log.Info("volume moved", "seconds", m.now().Sub(started).Seconds())
 	return gen, nil
+}
+
+// demoteTimeout bounds the demotion that follows a move.
+const demoteTimeout = time.Minute
+
+func (m *Migrator) demote(id string, p copyOn, gen uint64, log hclog.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), demoteTimeout)
+	defer cancel()
+	if _, err := p.node.Client.Demote(ctx, &pb.DemoteRequest{VolumeId: id, Generation: gen}); err != nil {
+		log.Warn("the old primary is not demoted yet; it stays fenced and is settled later", "error", err)
+	}
 }
 
 // sendFinal pushes the fenced primary to the target until the target holds
@@ -312,6 +319,9 @@ func (m *Migrator) sendFinal(ctx context.Context, id string, p copyOn, target cl
 			return fmt.Errorf("sending volume %s to node %s: %w", id, target.Info.GetNodeId(), err)
 		}
 		log.Info("final snapshot sent", "kind", last.GetKind(), "bytes", last.GetBytes(), "snapshot", last.GetSnapshot())
+		if at, ok := volume.ReplicationSnapshotTime(last.GetSnapshot()); ok && at >= fencedAt {
+			return nil // the promotion checks it again on the target
+		}
 		cctx, cancel := m.cluster.Call(ctx)
 		c, err := target.Client.GetCopy(cctx, &pb.GetCopyRequest{VolumeId: id})
 		cancel()

@@ -164,13 +164,18 @@ func (p *Pusher) Push(ctx context.Context, volumeID, addr string, interval time.
 	if err != nil {
 		return Progress{}, err
 	}
-	if total, err := p.z.EstimateSize(ctx, spec); err == nil {
-		prog.Total = total
-	} else {
-		log.Debug("no size estimate", "error", err)
-	}
+	// The size estimate (zfs send -nP) is for progress reports only: it
+	// must not delay the transfer.
+	var total atomic.Int64
+	go func() {
+		if n, err := p.z.EstimateSize(ctx, spec); err == nil {
+			total.Store(n)
+		} else {
+			log.Debug("no size estimate", "error", err)
+		}
+	}()
 	log = log.With("kind", prog.Kind, "snapshot", prog.Snapshot, "base", prog.Base)
-	log.Info("sending", "estimated_bytes", prog.Total)
+	log.Info("sending")
 	transfer := &Transfer{VolumeID: volumeID, Peer: addr, Started: p.now(), Progress: prog}
 	defer p.track(volumeID, transfer)()
 
@@ -187,7 +192,7 @@ func (p *Pusher) Push(ctx context.Context, volumeID, addr string, interval time.
 	started := p.now()
 	peerNode := state.GetNodeId()
 	stop := p.reportEvery(interval, func() {
-		prog.Bytes = sent.Load()
+		prog.Bytes, prog.Total = sent.Load(), total.Load()
 		p.update(transfer, prog)
 		report(prog)
 	})
@@ -218,31 +223,39 @@ func (p *Pusher) Push(ctx context.Context, volumeID, addr string, interval time.
 	if err := p.holdBase(ctx, fs, result.GetSnapshotGuid(), BaseHoldTag+"-"+state.GetNodeId()); err != nil {
 		return Progress{}, err
 	}
-	// A primary receives nothing: the hold it kept as a replica (before a
-	// move or failover promoted it) would pin its old base forever.
+	// Tidying up need not delay the caller (a move waits for this push):
+	// it only destroys unheld snapshots and releases stale tags.
+	go p.tidy(fs, log)
+	prog.Bytes, prog.Total, prog.Done = sent.Load(), total.Load(), true
+	report(prog)
+	log.Info("sent", "bytes", prog.Bytes)
+	return prog, nil
+}
+
+// tidyTimeout bounds the clean-up after a push.
+const tidyTimeout = 2 * time.Minute
+
+// tidy runs after a successful push. A primary receives nothing: the hold
+// it kept as a replica (before a move or failover promoted it) would pin
+// its old base forever. Then old replication snapshots are pruned.
+func (p *Pusher) tidy(fs string, log hclog.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), tidyTimeout)
+	defer cancel()
 	if err := releaseTags(ctx, p.z, fs, isReceiverTag); err != nil {
 		log.Warn("releasing a former replica's hold failed; next push retries", "error", err)
 	}
 	if err := prune(ctx, p.z, fs, p.keep); err != nil {
 		log.Warn("pruning old replication snapshots failed; next push retries", "error", err)
 	}
-	prog.Bytes, prog.Done = sent.Load(), true
-	report(prog)
-	log.Info("sent", "bytes", prog.Bytes)
-	return prog, nil
 }
 
 // header describes the volume to the receiver: what a replica must carry
 // to become the primary one day.
 func (p *Pusher) header(ctx context.Context, fs, volumeID string) (*pb.ReceiveHeader, error) {
 	h := &pb.ReceiveHeader{VolumeId: volumeID, SourceNodeId: p.nodeID}
-	props := map[string]string{}
-	for _, prop := range []string{volume.PropName, volume.PropGeneration, volume.PropParameters, "refquota", "quota"} {
-		v, err := p.z.Get(ctx, fs, prop)
-		if err != nil {
-			return nil, fmt.Errorf("reading %s of %s: %w", prop, fs, err)
-		}
-		props[prop] = v
+	props, err := p.z.GetAll(ctx, fs, volume.PropName, volume.PropGeneration, volume.PropParameters, "refquota", "quota")
+	if err != nil {
+		return nil, fmt.Errorf("reading the labels of %s: %w", fs, err)
 	}
 	h.VolumeName = props[volume.PropName]
 	h.Generation, _ = strconv.ParseUint(props[volume.PropGeneration], 10, 64)

@@ -51,22 +51,17 @@ func (r *Receiver) state(ctx context.Context, volumeID string) (*pb.ReplicaState
 	if err != nil {
 		return nil, err
 	}
-	role, err := r.z.Get(ctx, fs, volume.PropRole)
+	props, err := r.z.GetAll(ctx, fs, volume.PropRole, "receive_resume_token", volume.PropGeneration)
 	if errors.Is(err, zfs.ErrNotFound) {
 		return &pb.ReplicaStateResponse{NodeId: r.nodeID}, nil
 	}
 	if err != nil {
 		return nil, err
 	}
-	token, err := r.z.Get(ctx, fs, "receive_resume_token")
-	if err != nil {
-		return nil, err
-	}
-	resp := &pb.ReplicaStateResponse{Exists: true, Role: role, NodeId: r.nodeID}
-	if gen, err := r.z.Get(ctx, fs, volume.PropGeneration); err == nil {
-		resp.Generation, _ = strconv.ParseUint(gen, 10, 64)
-	}
-	if token != "-" {
+	token := props["receive_resume_token"]
+	resp := &pb.ReplicaStateResponse{Exists: true, Role: props[volume.PropRole], NodeId: r.nodeID}
+	resp.Generation, _ = strconv.ParseUint(props[volume.PropGeneration], 10, 64)
+	if token != "-" && token != "" {
 		resp.ResumeToken = token
 	}
 	snaps, err := r.z.Snapshots(ctx, fs)
@@ -192,16 +187,44 @@ func (r *Receiver) receive(stream pb.Replication_ReceiveServer) (*pb.ReceiveResu
 			return nil, fmt.Errorf("labelling replica %s: %w", fs, err)
 		}
 	}
-	// A replica pushes nothing: holds it kept as a primary (before a move
-	// demoted it) would pin old snapshots forever.
+	go r.tidy(h.GetVolumeId(), fs, log)
+	log.Info("received", "bytes", received.Load(), "snapshot", last.Name)
+	return &pb.ReceiveResult{SnapshotGuid: last.GUID, Bytes: received.Load()}, nil
+}
+
+// tidy runs after a successful receive, without delaying the sender (a
+// move waits for it). A replica pushes nothing: holds it kept as a primary
+// (before a move demoted it) would pin old snapshots forever. Then old
+// replication snapshots are pruned; held bases always stay.
+func (r *Receiver) tidy(volumeID, fs string, log hclog.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), tidyTimeout)
+	defer cancel()
+	// The receive that spawned this still holds the lock for a moment.
+	unlock, err := r.waitLock(ctx, volumeID)
+	if err != nil {
+		return // busy with another receive: the next one tidies
+	}
+	defer unlock()
 	if err := releaseTags(ctx, r.z, fs, isPeerTag); err != nil {
 		log.Warn("releasing a former primary's holds failed; next receive retries", "error", err)
 	}
 	if err := prune(ctx, r.z, fs, r.keep); err != nil {
 		log.Warn("pruning old replication snapshots failed; next receive retries", "error", err)
 	}
-	log.Info("received", "bytes", received.Load(), "snapshot", last.Name)
-	return &pb.ReceiveResult{SnapshotGuid: last.GUID, Bytes: received.Load()}, nil
+}
+
+// lockWait bounds how long deleting or promoting a replica waits for the
+// clean-up after a receive; a running receive makes them Aborted instead.
+const lockWait = 10 * time.Second
+
+func (r *Receiver) waitLock(ctx context.Context, volumeID string) (func(), error) {
+	ctx, cancel := context.WithTimeout(ctx, lockWait)
+	defer cancel()
+	unlock, err := r.locks.Lock(ctx, volumeID)
+	if err != nil {
+		return nil, errdefs.Wrap(errdefs.ErrAborted, "a receive of volume %s is running; retry", volumeID)
+	}
+	return unlock, nil
 }
 
 // Replica is a copy this node holds of another node's volume.
@@ -265,9 +288,9 @@ func (r *Receiver) DeleteReplica(ctx context.Context, volumeID string) (bool, er
 	if err != nil {
 		return false, nil // names no volume, so no replica of one
 	}
-	unlock, ok := r.locks.TryLock(volumeID)
-	if !ok {
-		return false, errdefs.Wrap(errdefs.ErrAborted, "a receive of volume %s is running; retry", volumeID)
+	unlock, err := r.waitLock(ctx, volumeID)
+	if err != nil {
+		return false, err
 	}
 	defer unlock()
 	role, err := r.z.Get(ctx, fs, volume.PropRole)
@@ -313,19 +336,24 @@ func (r *Receiver) AbortPartial(ctx context.Context, volumeID string) error {
 	if err != nil {
 		return err
 	}
-	unlock, ok := r.locks.TryLock(volumeID)
-	if !ok {
-		return errdefs.Wrap(errdefs.ErrAborted, "a receive of volume %s is running; retry", volumeID)
+	// Without a partial receive there is nothing to wait for (only the
+	// source pushes this volume, and a move's source is fenced).
+	if token, err := r.z.Get(ctx, fs, "receive_resume_token"); err != nil || token == "-" || token == "" {
+		return nil
 	}
-	defer unlock()
-	role, err := r.z.Get(ctx, fs, volume.PropRole)
-	if err != nil || role != RoleReplica {
-		return nil // nothing to abort, or not a replica: Promote will say
-	}
-	if err := r.abortPartial(ctx, fs); err != nil {
+	unlock, err := r.waitLock(ctx, volumeID)
+	if err != nil {
 		return err
 	}
-	return nil
+	defer unlock()
+	props, err := r.z.GetAll(ctx, fs, volume.PropRole, "receive_resume_token")
+	if err != nil || props[volume.PropRole] != RoleReplica {
+		return nil // not a replica: Promote will say
+	}
+	if token := props["receive_resume_token"]; token == "-" || token == "" {
+		return nil
+	}
+	return r.z.AbortReceive(ctx, fs)
 }
 
 // replicaLabels are the properties a replica carries so that it can become

@@ -46,6 +46,7 @@ type Streams interface {
 	Receive(ctx context.Context, target string, props map[string]string, r io.Reader) error
 	Snapshots(ctx context.Context, fs string) ([]zfscmd.Snap, error)
 	Get(ctx context.Context, dataset, prop string) (string, error)
+	GetAll(ctx context.Context, dataset string, props ...string) (map[string]string, error)
 	Set(ctx context.Context, dataset string, props map[string]string) error
 	Snapshot(ctx context.Context, name string) error
 	Hold(ctx context.Context, snapshot, tag string) error

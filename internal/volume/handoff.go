@@ -81,7 +81,7 @@ func (m *Manager) Copy(ctx context.Context, id string) (Copy, error) {
 		}
 	}
 	for _, s := range all[1:] {
-		if at, ok := replicationSnapshotTime(s.Name); ok && at >= out.LastSnapshotAt {
+		if at, ok := ReplicationSnapshotTime(s.Name); ok && at >= out.LastSnapshotAt {
 			out.LastSnapshot, out.LastSnapshotAt = shortName(s.Name), at
 		}
 	}
@@ -92,7 +92,7 @@ func (m *Manager) Copy(ctx context.Context, id string) (Copy, error) {
 }
 
 // replicationSnapshotTime reads the time out of a zn-<unix nanos> name.
-func replicationSnapshotTime(name string) (int64, bool) {
+func ReplicationSnapshotTime(name string) (int64, bool) {
 	_, short, ok := strings.Cut(name, "@")
 	if !ok || !strings.HasPrefix(short, ReplicationSnapshotPrefix) {
 		return 0, false
@@ -179,16 +179,28 @@ func (m *Manager) Unfence(ctx context.Context, id string) error {
 // took after its fence, so nothing written there is missing. failover
 // records the newest snapshot the replica had: the recovery point.
 // Interrupted receives must have been aborted first.
-func (m *Manager) Promote(ctx context.Context, id string, generation uint64, notBefore int64, failover bool) error {
+func (m *Manager) Promote(ctx context.Context, id string, generation uint64, notBefore int64, failover bool) (Copy, error) {
 	unlock, err := m.lock(ctx, id)
 	if err != nil {
-		return err
+		return Copy{}, err
 	}
 	defer unlock()
 	c, err := m.Copy(ctx, id)
 	if err != nil {
-		return err
+		return Copy{}, err
 	}
+	if err := m.promote(ctx, c, generation, notBefore, failover); err != nil {
+		return Copy{}, err
+	}
+	c.Role, c.Generation, c.MovingTo = RolePrimary, generation, ""
+	if failover {
+		c.FailoverFrom = c.LastSnapshot
+	}
+	return c, nil
+}
+
+func (m *Manager) promote(ctx context.Context, c Copy, generation uint64, notBefore int64, failover bool) error {
+	id := c.VolumeID
 	log := m.log.With("volume_id", id, "generation", generation)
 	switch {
 	case !c.Exists:

@@ -240,6 +240,21 @@ func (c Cmd) Get(ctx context.Context, dataset, prop string) (string, error) {
 	return strings.TrimSpace(out), err
 }
 
+// GetAll reads several properties in one call; unset ones are "-".
+func (c Cmd) GetAll(ctx context.Context, dataset string, props ...string) (map[string]string, error) {
+	out, err := c.run(ctx, "get", "-H", "-p", "-o", "property,value", strings.Join(props, ","), dataset)
+	if err != nil {
+		return nil, err
+	}
+	values := map[string]string{}
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		if k, v, ok := strings.Cut(line, "\t"); ok {
+			values[k] = v
+		}
+	}
+	return values, nil
+}
+
 // Snapshot creates a snapshot.
 func (c Cmd) Snapshot(ctx context.Context, name string) error {
 	if err := zfs.ValidateName(name); err != nil {
