@@ -202,3 +202,54 @@ func TestControllerSerialisesOneVolume(t *testing.T) {
 	_, err = ctl.CreateVolume(context.Background(), &csi.CreateVolumeRequest{Name: "busy", VolumeCapabilities: mountCap})
 	wantCode(t, err, codes.Aborted)
 }
+
+// A migratable volume advertises its replication domain, a pinned one its
+// node; ControllerPublishVolume answers with the generation where the
+// primary is, refuses to move a pinned volume, and knows no strangers.
+func TestControllerPublishDecisions(t *testing.T) {
+	tc := newTestCluster(t, map[string]uint64{"n1": 8 << 30, "n2": 4 << 30})
+	ctx := context.Background()
+	ctl := tc.controller()
+	create := func(name string, params map[string]string) *csi.Volume {
+		t.Helper()
+		resp, err := ctl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: name, VolumeCapabilities: mountCap, Parameters: params})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.GetVolume()
+	}
+	moving := create("moving", map[string]string{"node": "n1"})
+	pinned := create("pinned", map[string]string{"node": "n1", "pinned": "true"})
+	tests := []struct {
+		name string
+		v    *csi.Volume
+		want map[string]string
+	}{
+		{"migratable", moving, map[string]string{config.TopologyDomainKey: config.DefaultDomain}},
+		{"pinned", pinned, map[string]string{config.TopologyNodeKey: "n1", config.TopologyDomainKey: config.DefaultDomain}},
+	}
+	for _, tt := range tests {
+		if got := tt.v.GetAccessibleTopology()[0].GetSegments(); fmt.Sprint(got) != fmt.Sprint(tt.want) {
+			t.Errorf("%s volume: topology %v, want %v", tt.name, got, tt.want)
+		}
+	}
+
+	publish := func(id, node string) (*csi.ControllerPublishVolumeResponse, error) {
+		return ctl.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: node, VolumeCapability: mountCap[0]})
+	}
+	resp, err := publish(moving.GetVolumeId(), "n1")
+	if err != nil || resp.GetPublishContext()["generation"] != "1" {
+		t.Fatalf("publish where the primary is: %v, %v", resp, err)
+	}
+	_, err = publish(pinned.GetVolumeId(), "n2")
+	wantCode(t, err, codes.FailedPrecondition)
+	_, err = publish(moving.GetVolumeId(), "n9")
+	wantCode(t, err, codes.NotFound)
+	_, err = publish(volume.VolumeIDForName("nothing"), "n1")
+	wantCode(t, err, codes.NotFound)
+	_, err = publish("", "n1")
+	wantCode(t, err, codes.InvalidArgument)
+	if _, err := ctl.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: moving.GetVolumeId(), NodeId: "n1"}); err != nil {
+		t.Fatal(err)
+	}
+}

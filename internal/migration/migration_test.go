@@ -1,0 +1,53 @@
+package migration
+
+import (
+	"testing"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/cluster"
+	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
+)
+
+func on(node, role string, gen uint64, lastSnap int64) copyOn {
+	return copyOn{node: cluster.Node{Info: &pb.Node{NodeId: node}},
+		copy: &pb.Copy{NodeId: node, Exists: true, Role: role, Generation: gen, LastSnapshotUnixNano: lastSnap}}
+}
+
+func TestViewPicksThePrimaryAndTheFreshestReplica(t *testing.T) {
+	tests := []struct {
+		name          string
+		copies        []copyOn
+		onNode        string
+		primary       string // "" when none
+		freshest      string // "" when none
+		maxGeneration uint64
+	}{
+		{name: "nothing"},
+		{name: "one primary", copies: []copyOn{on("n1", "primary", 1, 0), on("n2", "replica", 1, 5)}, primary: "n1", freshest: "n2", maxGeneration: 1},
+		{name: "a move between promotion and demotion: the newer generation",
+			copies: []copyOn{on("n1", "primary", 1, 9), on("n2", "primary", 2, 9)}, primary: "n2", maxGeneration: 2},
+		{name: "failover: the newest snapshot wins",
+			copies: []copyOn{on("n2", "replica", 1, 5), on("n3", "replica", 1, 7)}, freshest: "n3", maxGeneration: 1},
+		{name: "a tie goes to the newer generation",
+			copies: []copyOn{on("n2", "replica", 3, 7), on("n3", "replica", 2, 7)}, freshest: "n2", maxGeneration: 3},
+		{name: "the operator's chosen node",
+			copies: []copyOn{on("n2", "replica", 1, 5), on("n3", "replica", 1, 7)}, onNode: "n2", freshest: "n2", maxGeneration: 1},
+		{name: "the operator's node holds none",
+			copies: []copyOn{on("n3", "replica", 1, 7)}, onNode: "n2", maxGeneration: 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			v := view{copies: tt.copies}
+			p, ok := v.primary()
+			if got := map[bool]string{true: p.nodeID()}[ok]; got != tt.primary {
+				t.Errorf("primary on %q, want %q", got, tt.primary)
+			}
+			r, ok := v.freshestReplica(tt.onNode)
+			if got := map[bool]string{true: r.nodeID()}[ok]; got != tt.freshest {
+				t.Errorf("freshest replica on %q, want %q", got, tt.freshest)
+			}
+			if got := v.maxGeneration(); got != tt.maxGeneration {
+				t.Errorf("max generation %d, want %d", got, tt.maxGeneration)
+			}
+		})
+	}
+}

@@ -1,0 +1,115 @@
+package volume
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
+)
+
+// The node's migration steps refuse what would give two writers or lose
+// data, and repeat harmlessly.
+func TestHandoffSteps(t *testing.T) {
+	ctx := context.Background()
+	m, fake := newManager(t)
+	v, err := m.Create(ctx, CreateRequest{Name: "data", RequiredBytes: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mounted := true
+	m.Mounted = func(string) (bool, error) { return mounted, nil }
+
+	if _, err := m.Fence(ctx, v.ID, "n2"); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("fencing a mounted volume: %v, want FailedPrecondition", err)
+	}
+	mounted = false
+	at, err := m.Fence(ctx, v.ID, "n2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, err := m.Fence(ctx, v.ID, "n2"); err != nil || again != at {
+		t.Fatalf("repeated fence: %d, %v; want the first fence time %d", again, err, at)
+	}
+	if ds, _ := fake.Get(ctx, v.Dataset); !ds.ReadOnly {
+		t.Error("a fenced volume is writable")
+	}
+	if _, _, err := m.Stageable(ctx, v.ID, 1); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("staging a fenced volume: %v", err)
+	}
+	if _, err := m.CreateSnapshot(ctx, v.ID, "during-move"); !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Errorf("snapshot of a fenced volume: %v, want Unavailable", err)
+	}
+	if err := m.Unfence(ctx, v.ID); err != nil {
+		t.Fatal(err)
+	}
+	_, unlock, err := m.Stageable(ctx, v.ID, 1)
+	if err != nil {
+		t.Fatalf("staging after the fence was lifted: %v", err)
+	}
+	unlock()
+	if _, _, err := m.Stageable(ctx, v.ID, 2); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("staging with another generation: %v", err)
+	}
+
+	// Demotion: never of the newest generation; a fenced copy becomes a
+	// replica, an unfenced one is set aside, renamed and kept.
+	if err := m.Demote(ctx, v.ID, 1, false); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("demoting to its own generation: %v", err)
+	}
+	if err := m.Demote(ctx, v.ID, 2, false); err != nil {
+		t.Fatal(err)
+	}
+	c, err := m.Copy(ctx, v.ID)
+	if err != nil || c.Exists {
+		t.Fatalf("after setting aside, the volume's name holds %+v (%v)", c, err)
+	}
+	all, _ := fake.List(ctx, "tank/nomad")
+	aside := false
+	for _, ds := range all {
+		aside = aside || strings.HasPrefix(ds.Name, v.Dataset+"-aside-") && ds.User[PropRole] == RoleSetAside && ds.ReadOnly
+	}
+	if !aside {
+		t.Errorf("no read-only set-aside copy among %v", all)
+	}
+	if err := m.Demote(ctx, v.ID, 2, false); err != nil {
+		t.Errorf("repeated demotion: %v", err)
+	}
+}
+
+func TestPromoteChecksTheReplica(t *testing.T) {
+	ctx := context.Background()
+	m, fake := newManager(t)
+	ds := "tank/nomad/" + VolumeIDForName("r")
+	id := VolumeIDForName("r")
+	props := map[string]string{PropVolumeID: id, PropRole: RoleReplica, PropGeneration: "1", PropName: "r",
+		PropParameters: `{"compression":"lz4"}`, PropCapacity: "1073741824", "readonly": "on"}
+	if err := fake.CreateFilesystem(ctx, ds, props); err != nil {
+		t.Fatal(err)
+	}
+	if err := fake.Snapshot(ctx, ds+"@zn-100", nil); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name       string
+		generation uint64
+		notBefore  int64
+		want       error
+	}{
+		{"not newer than the replica", 1, 0, errdefs.ErrFailedPrecondition},
+		{"final snapshot missing", 2, 200, errdefs.ErrFailedPrecondition},
+		{"planned move", 2, 100, nil},
+		{"repeated", 2, 100, nil},
+	}
+	for _, tt := range tests {
+		_, err := m.Promote(ctx, id, tt.generation, tt.notBefore, false)
+		if tt.want == nil && err != nil || tt.want != nil && !errors.Is(err, tt.want) {
+			t.Errorf("%s: %v, want %v", tt.name, err, tt.want)
+		}
+	}
+	v, err := m.Get(ctx, id)
+	if err != nil || v.Generation != 2 || v.Capacity != 1<<30 {
+		t.Fatalf("promoted volume: %+v, %v", v, err)
+	}
+}
