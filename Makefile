@@ -9,7 +9,7 @@ LDFLAGS := -X github.com/zfs-nomad/zfs-nomad/internal/version.Version=$(VERSION)
 TOOLS := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/zfs-nomad/tools/$(shell sha256sum hack/tools/go.sum | cut -c1-12)
 GO_TEST_TIMEOUT ?= 45m
 
-.PHONY: help deps build check unit test bench guest-image proto demo clean
+.PHONY: help deps build check unit test nomad bench guest-image proto demo clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -42,6 +42,9 @@ guest-image: deps ## build (or find cached) the ZFS guest image
 # on a 2-core machine.
 test: check guest-image ## everything: checks, unit tests, real-ZFS tests and csi-sanity in the guest
 	go test -p 1 -count=1 -timeout $(GO_TEST_TIMEOUT) ./...
+
+nomad: ## build (or find cached) the Nomad binary for the end-to-end test (about 14 min, once)
+	@./hack/nomad.sh
 
 bench: guest-image ## replication throughput vs zfs send|socat|zfs recv and the local pipe, in the guest
 	go test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 40m ./test/bench/
