@@ -9,7 +9,7 @@ LDFLAGS := -X github.com/zfs-nomad/zfs-nomad/internal/version.Version=$(VERSION)
 TOOLS := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/zfs-nomad/tools/$(shell sha256sum hack/tools/go.sum | cut -c1-12)
 GO_TEST_TIMEOUT ?= 45m
 
-.PHONY: help deps build check unit test nomad bench guest-image proto demo clean
+.PHONY: help deps build check unit test test-nomad nomad bench guest-image proto demo clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -45,6 +45,9 @@ test: check guest-image ## everything: checks, unit tests, real-ZFS tests and cs
 
 nomad: ## build (or find cached) the Nomad binary for the end-to-end test (about 14 min, once)
 	@./hack/nomad.sh
+
+test-nomad: guest-image ## the driver under a real Nomad (1 server, 3 clients) in the guest, from the nomad/ job files
+	ZFS_NOMAD_NOMAD=$$(./hack/nomad.sh) go test -count=1 -v -timeout 25m ./test/nomad/
 
 bench: guest-image ## replication throughput vs zfs send|socat|zfs recv and the local pipe, in the guest
 	go test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 40m ./test/bench/
