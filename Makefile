@@ -40,14 +40,16 @@ guest-image: deps ## build (or find cached) the ZFS guest image
 
 # Packages that need ZFS boot a guest each: -p 1 keeps one guest at a time
 # on a 2-core machine.
-test: check guest-image ## everything: checks, unit tests, real-ZFS tests and csi-sanity in the guest
-	go test -p 1 -count=1 -timeout $(GO_TEST_TIMEOUT) ./...
+# The Nomad end-to-end test (test/nomad) needs a Nomad binary: hack/nomad.sh
+# builds it once (about 12 min) and prints its cached path.
+test: check guest-image ## everything: checks, unit tests, real-ZFS tests, csi-sanity and Nomad end to end in the guest
+	nomad=$$(./hack/nomad.sh) && ZFS_NOMAD_NOMAD=$$nomad go test -p 1 -count=1 -timeout $(GO_TEST_TIMEOUT) ./...
 
 nomad: ## build (or find cached) the Nomad binary for the end-to-end test (about 14 min, once)
 	@./hack/nomad.sh
 
 test-nomad: guest-image ## the driver under a real Nomad (1 server, 3 clients) in the guest, from the nomad/ job files
-	ZFS_NOMAD_NOMAD=$$(./hack/nomad.sh) go test -count=1 -v -timeout 25m ./test/nomad/
+	nomad=$$(./hack/nomad.sh) && ZFS_NOMAD_NOMAD=$$nomad go test -count=1 -v -timeout 25m ./test/nomad/
 
 bench: guest-image ## replication throughput vs zfs send|socat|zfs recv and the local pipe, in the guest
 	go test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 40m ./test/bench/

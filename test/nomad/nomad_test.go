@@ -81,10 +81,15 @@ func TestNomadEndToEnd(t *testing.T) {
 	})
 
 	e.step("drain the job's node: the job and its data move", func() {
+		// An operator drains a settled job: a drain during a deployment
+		// is another story.
+		e.waitForDeployment("counter")
+		controller := e.runningOn("zfs-nomad-controller")
 		began := time.Now()
 		e.nomad("node", "drain", "-enable", "-yes", "-ignore-system", "-deadline", "2m", e.nodeIDs[first.node])
 		moved = e.waitForCounter(first.id)
-		t.Logf("FIGURE drain move: %s (drain command to the job ready on %s)", time.Since(began).Round(100*time.Millisecond), moved.node)
+		t.Logf("FIGURE drain move: %s (drain command to the job ready on %s; the controller ran on %s)",
+			time.Since(began).Round(100*time.Millisecond), moved.node, controller)
 		e.logFailedAllocations()
 		e.wantSameData(first, moved, true)
 		e.nomad("node", "drain", "-disable", "-yes", e.nodeIDs[first.node])
@@ -146,10 +151,13 @@ capability {
 		before := e.runCounter("web-data-auto")
 		// Make the replica current: what failover keeps is what was replicated.
 		e.backup(e.externalID("web-data-auto"))
+		e.waitForDeployment("counter")
+		controller := e.runningOn("zfs-nomad-controller")
 		began := time.Now()
 		e.killNode(before.node)
 		after := e.waitForCounter(before.id)
-		t.Logf("FIGURE failover: %s (node killed to the job ready on %s)", time.Since(began).Round(100*time.Millisecond), after.node)
+		t.Logf("FIGURE failover: %s (node killed to the job ready on %s; the controller ran on %s)",
+			time.Since(began).Round(100*time.Millisecond), after.node, controller)
 		e.logFailedAllocations()
 		e.wantSameData(before, after, true)
 	})
@@ -384,6 +392,36 @@ func (e *e2e) waitForCounter(previous string) allocation {
 		return fmt.Errorf("no running allocation besides %q: %+v", previous, allocs)
 	})
 	return a
+}
+
+// waitForDeployment waits until a job's latest deployment succeeded.
+func (e *e2e) waitForDeployment(job string) {
+	e.t.Helper()
+	e.eventually(time.Minute, job+" deployed", func() error {
+		var d struct{ Status string }
+		if err := e.get("/v1/job/"+job+"/deployment", &d); err != nil {
+			return err
+		}
+		if d.Status != "successful" {
+			return fmt.Errorf("deployment %s", d.Status)
+		}
+		return nil
+	})
+}
+
+// runningOn names the node of a job's running allocation.
+func (e *e2e) runningOn(job string) string {
+	e.t.Helper()
+	var allocs []struct{ NodeName, ClientStatus string }
+	if err := e.get("/v1/job/"+job+"/allocations", &allocs); err != nil {
+		e.t.Fatal(err)
+	}
+	for _, a := range allocs {
+		if a.ClientStatus == "running" {
+			return a.NodeName
+		}
+	}
+	return "no node"
 }
 
 // logFailedAllocations shows why counter allocations failed (the task
