@@ -9,7 +9,7 @@ LDFLAGS := -X github.com/zfs-nomad/zfs-nomad/internal/version.Version=$(VERSION)
 TOOLS := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/zfs-nomad/tools/$(shell sha256sum hack/tools/go.sum | cut -c1-12)
 GO_TEST_TIMEOUT ?= 45m
 
-.PHONY: help deps build check unit test bench guest-image proto demo clean
+.PHONY: help deps build check unit test test-nomad nomad bench guest-image proto demo clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -40,8 +40,16 @@ guest-image: deps ## build (or find cached) the ZFS guest image
 
 # Packages that need ZFS boot a guest each: -p 1 keeps one guest at a time
 # on a 2-core machine.
-test: check guest-image ## everything: checks, unit tests, real-ZFS tests and csi-sanity in the guest
-	go test -p 1 -count=1 -timeout $(GO_TEST_TIMEOUT) ./...
+# The Nomad end-to-end test (test/nomad) needs a Nomad binary: hack/nomad.sh
+# builds it once (about 12 min) and prints its cached path.
+test: check guest-image ## everything: checks, unit tests, real-ZFS tests, csi-sanity and Nomad end to end in the guest
+	nomad=$$(./hack/nomad.sh) && ZFS_NOMAD_NOMAD=$$nomad go test -p 1 -count=1 -timeout $(GO_TEST_TIMEOUT) ./...
+
+nomad: ## build (or find cached) the Nomad binary for the end-to-end test (about 14 min, once)
+	@./hack/nomad.sh
+
+test-nomad: guest-image ## the driver under a real Nomad (1 server, 3 clients) in the guest, from the nomad/ job files
+	nomad=$$(./hack/nomad.sh) && ZFS_NOMAD_NOMAD=$$nomad go test -count=1 -v -timeout 25m ./test/nomad/
 
 bench: guest-image ## replication throughput vs zfs send|socat|zfs recv and the local pipe, in the guest
 	go test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 40m ./test/bench/

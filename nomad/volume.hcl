@@ -1,9 +1,17 @@
-# nomad volume create nomad/volume.hcl
+# A replicated, migratable volume:
+#
+#   nomad volume create volume.hcl
+#
+# The controller picks the client with the most room (or the one named by
+# the "node" parameter) and keeps `replicas` copies on other clients of the
+# same domain. When Nomad moves the job that uses it (drain, reschedule),
+# ControllerPublish moves the data to the job's new client first.
 id        = "web-data"
 name      = "web-data"
 type      = "csi"
 plugin_id = "zfs-nomad"
 
+# The ZFS quota (refquota by default): within the operator's max_quota.
 capacity_min = "1GiB"
 capacity_max = "2GiB"
 
@@ -12,13 +20,23 @@ capability {
   attachment_mode = "file-system"
 }
 
-# ZFS properties the operator allows (-allow-property on the nodes).
-# "node" pins the volume to a client; leave it out to let the controller
-# choose the client with most room.
 parameters {
-  compression          = "zstd"
-  replicas             = "1"   # copies on other clients, within the operator's max_replicas
-  replication_interval = "5m"  # at most this old, within min_replication_interval
+  # ZFS properties, only those the operator allows (-allow-property /
+  # allow_properties in zfs-node.nomad.hcl).
+  compression = "zstd"
+  atime       = "off"
+
+  # Copies on other clients, within the operator's max_replicas.
+  replicas = "1"
+  # Replicas are at most this old, within min_replication_interval.
+  replication_interval = "5m"
+  # When the client holding the volume is lost: "manual" (an operator runs
+  # `zfs-controller promote`) or "auto" (the freshest replica is promoted
+  # at once: writes newer than it are lost).
+  failover = "manual"
+
+  # node   = "client-1" # create it on this client
+  # pinned = "true"     # never move it: the job follows the data instead
 }
 
 mount_options {

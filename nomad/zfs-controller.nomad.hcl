@@ -1,13 +1,42 @@
-# The controller plugin: decides where volumes go; needs no ZFS.
-# Draft: not yet run on a real Nomad agent (see README.md).
+# The controller plugin: decides where volumes go and moves them; needs no
+# ZFS and no cgo. Any client can run it.
+#
+#   nomad job run zfs-controller.nomad.hcl
+#
+# It reaches the node agents through a peers file that a template renders
+# from Nomad's native service discovery (the service the node plugin job
+# registers), plus any static peers; the controller re-reads the file when
+# it changes, so no restart and no Nomad token are needed.
+
 variable "binary" {
   description = "Path of zfs-controller on the clients"
   default     = "/usr/local/bin/zfs-controller"
 }
 
 variable "tls_dir" {
-  description = "Directory on the clients holding ca.pem, controller.pem, controller-key.pem (certificate OU \"controller\")"
+  description = "Directory on the clients holding ca.pem, controller.pem, controller-key.pem (OU \"controller\"; docs/security.md)"
   default     = "/etc/zfs-nomad"
+}
+
+variable "agent_service" {
+  description = "Nomad service of the node agents (as in zfs-node.nomad.hcl)"
+  default     = "zfs-nomad-agent"
+}
+
+variable "peers" {
+  description = "Static node agent addresses (host:port), besides those found through agent_service"
+  type        = list(string)
+  default     = []
+}
+
+variable "extra_args" {
+  description = "More zfs-controller flags, e.g. [\"-agent-timeout\", \"10s\"] (zfs-controller -h)"
+  type        = list(string)
+  default     = []
+}
+
+variable "log_level" {
+  default = "info"
 }
 
 job "zfs-nomad-controller" {
@@ -21,22 +50,28 @@ job "zfs-nomad-controller" {
 
       config {
         command = var.binary
-        args = [
+        args = concat([
           "-peers-file", "${NOMAD_TASK_DIR}/peers",
           "-tls-ca", "${var.tls_dir}/ca.pem",
           "-tls-cert", "${var.tls_dir}/controller.pem",
           "-tls-key", "${var.tls_dir}/controller-key.pem",
-        ]
+        ], var.extra_args)
       }
 
-      # The node agents, from Nomad's native service discovery. Nomad
-      # re-renders the file when agents come and go; the controller re-reads
-      # it on change (change_mode = "noop": no restart needed).
+      env {
+        ZFS_NOMAD_LOG_LEVEL = var.log_level
+      }
+
+      # Nomad re-renders the file as agents come and go; the controller
+      # re-reads it on change (change_mode = "noop": no restart).
       template {
         destination = "local/peers"
         change_mode = "noop"
         data        = <<-EOT
-        {{- range nomadService "zfs-nomad-agent" }}
+        # static peers
+        ${join("\n", var.peers)}
+        # from service discovery
+        {{- range nomadService "${var.agent_service}" }}
         {{ .Address }}:{{ .Port }}
         {{- end }}
         EOT

@@ -1,33 +1,73 @@
-# The node plugin: one zfs-node per Nomad client with a ZFS pool.
+# The node plugin: one zfs-node on every Nomad client with a ZFS pool.
 #
-# Runs under raw_exec (no Docker needed): a node plugin under exec would make
-# its mounts in a private mount namespace the consumers never see. Set
-# stage_publish_base_dir so Nomad sends host paths rather than container
-# paths. Draft: not yet run on a real Nomad agent (see README.md).
+#   nomad job run -var 'root_dataset=tank/nomad' zfs-node.nomad.hcl
+#
+# Runs under raw_exec (no Docker needed): a node plugin under exec makes its
+# mounts in a private mount namespace the consumers never see. Nomad then
+# sends the plugin host paths only if stage_publish_base_dir says where
+# Nomad's data_dir is. See README.md for the Docker variant.
+
 variable "binary" {
-  description = "Path of zfs-node on the clients"
+  description = "Path of zfs-node on the clients (built against the client's libzfs: same OpenZFS as the kernel module)"
   default     = "/usr/local/bin/zfs-node"
 }
+
 variable "root_dataset" {
-  description = "Parent dataset of all volumes on every client (must exist)"
+  type        = string
+  description = "Parent dataset of all volumes on every client (must exist). Clients whose pools differ: \"$${meta.zfs_nomad_root_dataset}\" reads it from each client's meta"
   default     = "tank/nomad"
 }
+
 variable "max_quota" {
-  default = "100G"
+  description = "Largest volume a client accepts"
+  default     = "100G"
 }
+
 variable "default_quota" {
-  default = "1G"
+  description = "Size of a volume that asks for none"
+  default     = "1G"
 }
+
+variable "allow_properties" {
+  description = "ZFS properties volumes may set: name=default or name=default:v1|v2 (docs/config.md)"
+  type        = list(string)
+  default     = ["compression=lz4:lz4|zstd|off", "atime=off:on|off"]
+}
+
+variable "domain" {
+  description = "Replication domain: the clients a migratable volume moves between"
+  default     = "default"
+}
+
 variable "agent_port" {
-  default = 7670
+  description = "TCP port of the node agent (mutual TLS only) for the controller and peers"
+  type        = number
+  default     = 7670
 }
+
+variable "agent_service" {
+  description = "Nomad service the agents register; the controller job renders its peers from it"
+  default     = "zfs-nomad-agent"
+}
+
 variable "tls_dir" {
-  description = "Directory on every client holding ca.pem, node.pem, node-key.pem (certificate OU \"node\", DNS name node.zfs-nomad; see docs/security.md)"
+  description = "Directory on every client holding ca.pem, node.pem, node-key.pem (OU \"node\", DNS name node.zfs-nomad; docs/security.md)"
   default     = "/etc/zfs-nomad"
 }
+
 variable "data_dir" {
-  description = "The clients' Nomad data_dir"
+  description = "The clients' Nomad data_dir (the same path on every client)"
   default     = "/opt/nomad/data"
+}
+
+variable "extra_args" {
+  description = "More zfs-node flags, e.g. [\"-max-replicas\", \"3\"] (zfs-node -h)"
+  type        = list(string)
+  default     = []
+}
+
+variable "log_level" {
+  default = "info"
 }
 
 job "zfs-nomad-node" {
@@ -43,7 +83,7 @@ job "zfs-nomad-node" {
     # Native service discovery: the controller's template renders the agents
     # from this service, so no Nomad token is handed to the plugin.
     service {
-      name     = "zfs-nomad-agent"
+      name     = var.agent_service
       provider = "nomad"
       port     = "agent"
     }
@@ -53,18 +93,21 @@ job "zfs-nomad-node" {
 
       config {
         command = var.binary
-        args = [
+        args = concat([
           "-node-id", "${node.unique.name}",
           "-root-dataset", var.root_dataset,
+          "-domain", var.domain,
           "-max-quota", var.max_quota,
           "-default-quota", var.default_quota,
           "-agent-address", "${NOMAD_IP_agent}:${NOMAD_PORT_agent}",
           "-tls-ca", "${var.tls_dir}/ca.pem",
           "-tls-cert", "${var.tls_dir}/node.pem",
           "-tls-key", "${var.tls_dir}/node-key.pem",
-          "-allow-property", "compression=lz4:lz4|zstd|off",
-          "-allow-property", "atime=off:on|off",
-        ]
+        ], flatten([for p in var.allow_properties : ["-allow-property", p]]), var.extra_args)
+      }
+
+      env {
+        ZFS_NOMAD_LOG_LEVEL = var.log_level
       }
 
       csi_plugin {
@@ -73,6 +116,9 @@ job "zfs-nomad-node" {
         mount_dir              = "/csi"
         stage_publish_base_dir = "${var.data_dir}/client/csi/node/zfs-nomad"
       }
+
+      # Mounts made by a plugin that is killed stay; the next one finds them.
+      kill_timeout = "10s"
 
       resources {
         cpu    = 100

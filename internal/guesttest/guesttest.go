@@ -36,6 +36,9 @@ type Options struct {
 	// Binaries maps a name to a main package path ("./cmd/zfs-node")
 	// built for the guest; BinPath(name) finds it inside.
 	Binaries map[string]string
+	// Files maps a name to a file on the host (a prebuilt binary such as
+	// Nomad) copied next to the Binaries; BinDir holds it inside.
+	Files map[string]string
 	// Timeout bounds the whole guest run (default 10 min).
 	Timeout time.Duration
 	// Memory for the guest (default 2G).
@@ -77,7 +80,7 @@ func Main(m *testing.M, opts Options) int {
 				return 1
 			}
 			defer os.RemoveAll(dir)
-			if err := buildBinaries(opts.Binaries, dir); err != nil {
+			if err := buildBinaries(opts, dir); err != nil {
 				fmt.Fprintln(os.Stderr, "guesttest:", err)
 				return 1
 			}
@@ -123,7 +126,7 @@ func runInGuest(opts Options) (int, error) {
 	if err := os.Mkdir(filepath.Join(share, "bin"), 0o755); err != nil {
 		return 0, err
 	}
-	if err := buildBinaries(opts.Binaries, filepath.Join(share, "bin")); err != nil {
+	if err := buildBinaries(opts, filepath.Join(share, "bin")); err != nil {
 		return 0, err
 	}
 	self, err := os.Executable()
@@ -185,15 +188,21 @@ func guestArgs(args []string) string {
 	return strings.Join(out, " ")
 }
 
-func buildBinaries(bins map[string]string, dir string) error {
-	if len(bins) == 0 {
+// buildBinaries builds opts.Binaries into dir and copies opts.Files there.
+func buildBinaries(opts Options, dir string) error {
+	for name, src := range opts.Files {
+		if err := copyFile(src, filepath.Join(dir, name), 0o755); err != nil {
+			return fmt.Errorf("copying %s: %w", src, err)
+		}
+	}
+	if len(opts.Binaries) == 0 {
 		return nil
 	}
 	repo, err := repoRoot()
 	if err != nil {
 		return err
 	}
-	for name, pkg := range bins {
+	for name, pkg := range opts.Binaries {
 		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, name), pkg)
 		cmd.Dir = repo
 		if out, err := cmd.CombinedOutput(); err != nil {

@@ -86,6 +86,10 @@ type Options struct {
 	ControllerArgs []string
 	// NoController leaves the controller out.
 	NoController bool
+	// NoNodeProcesses sets the nodes up (pool, namespaces, certificates)
+	// without starting zfs-node: something else runs it there (the Nomad
+	// end-to-end test runs Nomad clients that run it as a plugin job).
+	NoNodeProcesses bool
 	// LogLevel of the binaries (default debug).
 	LogLevel string
 	// EncryptedRoots creates every node's root dataset encrypted (key in
@@ -141,7 +145,9 @@ type Node struct {
 	CSIEndpoint  string // the node's CSI socket (unix://...)
 	Metrics      string // the node's Prometheus endpoint (http://...)
 	Dir          string // the node's directory for staging and target paths
-	Process      *Process
+	// TLS is the node's certificate (role node) from the cluster's CA.
+	TLS     tlsconfig.Files
+	Process *Process
 	// host holds the node's network and mount namespaces for the node's
 	// whole life, as a machine does: the mounts zfs-node makes survive its
 	// restart, as they do under Nomad.
@@ -192,7 +198,11 @@ func Start(opts Options) (_ *Cluster, err error) {
 		peers = append(peers, node.AgentAddress)
 	}
 	for _, node := range c.Nodes {
-		if err := node.Start(); err != nil {
+		start := node.Start
+		if opts.NoNodeProcesses {
+			start = node.startHost
+		}
+		if err := start(); err != nil {
 			return nil, err
 		}
 	}
@@ -295,6 +305,7 @@ func (c *Cluster) addNode(i int) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
+	node.TLS = nodeTLS
 	node.args = append([]string{
 		"-node-id", id, "-root-dataset", node.RootDataset, "-max-quota", "10G", "-default-quota", "256M",
 		"-csi-endpoint", node.CSIEndpoint, "-agent-address", node.AgentAddress, "-metrics-address", node.IP + ":9670",
@@ -309,25 +320,38 @@ func (c *Cluster) addNode(i int) (*Node, error) {
 // Start starts (or restarts) the node's zfs-node in the node's network and
 // mount namespaces and waits for its CSI socket.
 func (n *Node) Start() error {
-	if n.host == nil {
-		// ip netns exec gives the holder the node's network namespace and a
-		// mount namespace of its own.
-		host, err := n.c.start(n.ID+"-host", "ip", "netns", "exec", n.ID, "sleep", "1000000000")
-		if err != nil {
-			return err
-		}
-		n.host = host
-		if err := waitForOwnNamespaces(host.Pid()); err != nil {
-			return err
-		}
+	if err := n.startHost(); err != nil {
+		return err
 	}
-	args := append([]string{"-t", strconv.Itoa(n.host.Pid()), "-m", "-n", "--", filepath.Join(n.c.opts.BinDir, "zfs-node")}, n.args...)
-	p, err := n.c.start(n.ID, "nsenter", args...)
+	p, err := n.StartProcess(n.ID, filepath.Join(n.c.opts.BinDir, "zfs-node"), n.args...)
 	if err != nil {
 		return err
 	}
 	n.Process = p
 	return waitForSocket(n.CSIEndpoint, p)
+}
+
+// startHost starts the process holding the node's namespaces, once.
+func (n *Node) startHost() error {
+	if n.host != nil {
+		return nil
+	}
+	// ip netns exec gives the holder the node's network namespace and a
+	// mount namespace of its own.
+	host, err := n.c.start(n.ID+"-host", "ip", "netns", "exec", n.ID, "sleep", "1000000000")
+	if err != nil {
+		return err
+	}
+	n.host = host
+	return waitForOwnNamespaces(host.Pid())
+}
+
+// StartProcess starts a background process in the node's network and
+// mount namespaces, logging to <cluster dir>/<name>.log. Close does not
+// stop it: the caller does.
+func (n *Node) StartProcess(name, bin string, args ...string) (*Process, error) {
+	args = append([]string{"-t", strconv.Itoa(n.host.Pid()), "-m", "-n", "--", bin}, args...)
+	return n.c.start(name, "nsenter", args...)
 }
 
 // RestartWith stops the node's zfs-node and starts it again with extra
@@ -367,6 +391,13 @@ type Process struct {
 	Log  string
 	cmd  *exec.Cmd
 	done chan struct{}
+}
+
+// StartProcess starts a background process in the root namespaces,
+// logging to <cluster dir>/<name>.log. Close does not stop it: the caller
+// does.
+func (c *Cluster) StartProcess(name, bin string, args ...string) (*Process, error) {
+	return c.start(name, bin, args...)
 }
 
 func (c *Cluster) start(name, bin string, args ...string) (*Process, error) {

@@ -1,0 +1,676 @@
+// Package nomad runs the driver under a real Nomad, end to end, in the ZFS
+// guest: one Nomad server and three Nomad clients, each client a simulated
+// node (package sim) with its own pool, network and mount namespace. The
+// plugins are deployed from the job files in nomad/ that users get; only
+// their variables are set here.
+//
+// Nomad is not built here: hack/nomad.sh builds it once from the Go module
+// proxy and caches it, and `make test-nomad` passes its path in
+// ZFS_NOMAD_NOMAD. Without it the package is skipped.
+package nomad
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/guesttest"
+	"github.com/zfs-nomad/zfs-nomad/internal/sim"
+	"github.com/zfs-nomad/zfs-nomad/internal/tlsconfig"
+)
+
+// envNomad names the Nomad binary on the host.
+const envNomad = "ZFS_NOMAD_NOMAD"
+
+func TestMain(m *testing.M) {
+	files := map[string]string{}
+	if path := os.Getenv(envNomad); path != "" {
+		files["nomad"] = path
+	} else if !guesttest.InGuest() {
+		fmt.Printf("test/nomad: %s is not set: skipping the Nomad end-to-end test (make test-nomad builds Nomad and sets it)\n", envNomad)
+		os.Exit(0)
+	}
+	os.Exit(guesttest.Main(m, guesttest.Options{
+		Disks:    []string{"2G", "2G", "2G"},
+		Binaries: map[string]string{"zfs-node": "./cmd/zfs-node", "zfs-controller": "./cmd/zfs-controller"},
+		Files:    files,
+		Memory:   "3G",
+		Timeout:  15 * time.Minute,
+	}))
+}
+
+const (
+	serverIP = "10.77.0.254" // the bridge's address in the root namespace
+	apiAddr  = "http://" + serverIP + ":4646"
+	// nomadDir is each client's own tmpfs in its mount namespace: the same
+	// path on every client, as stage_publish_base_dir needs.
+	nomadDir = "/nomad"
+)
+
+// e2e is the running Nomad cluster.
+type e2e struct {
+	t       *testing.T
+	c       *sim.Cluster
+	bin     string // directory of nomad, zfs-node, zfs-controller
+	repo    string
+	nodeIDs map[string]string // Nomad node name (n1) -> Nomad node ID
+	procs   []*sim.Process
+}
+
+func TestNomadEndToEnd(t *testing.T) {
+	bin := guesttest.BinDir(t)
+	if _, err := os.Stat(filepath.Join(bin, "nomad")); err != nil {
+		t.Skipf("no Nomad binary: set %s (make test-nomad does)", envNomad)
+	}
+	e := start(t, bin)
+
+	e.step("deploy the plugins from nomad/", e.deployPlugins)
+
+	var first, moved allocation
+	e.step("create a replicated volume and run the example job on it", func() {
+		e.nomad("volume", "create", e.file("volume.hcl"))
+		first = e.runCounter("web-data")
+		t.Logf("counter runs on %s: %s", first.node, first.data)
+	})
+
+	e.step("drain the job's node: the job and its data move", func() {
+		// An operator drains a settled job: a drain during a deployment
+		// is another story.
+		e.waitForDeployment("counter")
+		controller := e.runningOn("zfs-nomad-controller")
+		began := time.Now()
+		e.nomad("node", "drain", "-enable", "-yes", "-ignore-system", "-deadline", "2m", e.nodeIDs[first.node])
+		moved = e.waitForCounter(first.id)
+		t.Logf("FIGURE drain move: %s (drain command to the job ready on %s; the controller ran on %s)",
+			time.Since(began).Round(100*time.Millisecond), moved.node, controller)
+		e.logFailedAllocations()
+		e.wantSameData(first, moved, true)
+		e.nomad("node", "drain", "-disable", "-yes", e.nodeIDs[first.node])
+		e.nomad("node", "eligibility", "-enable", e.nodeIDs[first.node])
+	})
+
+	var snapID string
+	e.step("snapshot, and a volume from the snapshot", func() {
+		out := e.nomad("volume", "snapshot", "create", "web-data", "snap1")
+		t.Logf("%s", out)
+		snapID = e.snapshotID("web-data")
+		e.nomad("job", "stop", "-purge", "counter")
+		spec := fmt.Sprintf(`id = "web-data-restored"
+name = "web-data-restored"
+type = "csi"
+plugin_id = "zfs-nomad"
+snapshot_id = %q
+capability {
+  access_mode     = "single-node-writer"
+  attachment_mode = "file-system"
+}
+`, snapID)
+		e.nomad("volume", "create", e.writeFile("restored.hcl", spec))
+		restored := e.runCounter("web-data-restored")
+		e.wantSameData(moved, restored, false)
+		e.nomad("job", "stop", "-purge", "counter")
+		e.nomad("volume", "snapshot", "delete", "zfs-nomad", snapID)
+		if out := e.nomad("volume", "snapshot", "list", "-plugin", "zfs-nomad"); strings.Contains(out, snapID) {
+			t.Fatalf("snapshot %s still listed after delete:\n%s", snapID, out)
+		}
+	})
+
+	e.step("delete the volumes: nothing is left on any node", func() {
+		// The drain left the old primary behind as a replica (or the
+		// schedule made one): the delete must remove it too.
+		id := e.externalID("web-data")
+		e.eventually(time.Minute, "copies of web-data on two nodes", func() error {
+			if holders := e.holders(id); len(holders) < 2 {
+				return fmt.Errorf("held by %v", holders)
+			}
+			return nil
+		})
+		for _, id := range []string{"web-data-restored", "web-data"} {
+			e.eventually(time.Minute, "delete of "+id, func() error {
+				_, err := e.run("volume", "delete", id)
+				return err
+			})
+		}
+		e.eventually(30*time.Second, "datasets gone", e.onlyRootDatasets)
+	})
+
+	e.step("failover=auto: the job's node dies and the job comes back elsewhere", func() {
+		spec := strings.NewReplacer(`"web-data"`, `"web-data-auto"`, `failover = "manual"`, `failover = "auto"`).
+			Replace(e.readFile(e.file("volume.hcl")))
+		if !strings.Contains(spec, `failover = "auto"`) {
+			t.Fatal("nomad/volume.hcl no longer says failover = \"manual\": update this test")
+		}
+		e.nomad("volume", "create", e.writeFile("auto.hcl", spec))
+		before := e.runCounter("web-data-auto")
+		// Make the replica current: what failover keeps is what was replicated.
+		e.backup(e.externalID("web-data-auto"))
+		e.waitForDeployment("counter")
+		controller := e.runningOn("zfs-nomad-controller")
+		began := time.Now()
+		e.killNode(before.node)
+		after := e.waitForCounter(before.id)
+		t.Logf("FIGURE failover: %s (node killed to the job ready on %s; the controller ran on %s)",
+			time.Since(began).Round(100*time.Millisecond), after.node, controller)
+		e.logFailedAllocations()
+		e.wantSameData(before, after, true)
+	})
+}
+
+// step runs one part of the scenario and logs its duration.
+func (e *e2e) step(name string, fn func()) {
+	e.t.Helper()
+	began := time.Now()
+	e.t.Logf("== %s", name)
+	fn()
+	e.t.Logf("   done in %s", time.Since(began).Round(100*time.Millisecond))
+}
+
+// start sets up three simulated nodes without zfs-node, a Nomad server in
+// the root namespace and a Nomad client in each node.
+func start(t *testing.T, bin string) *e2e {
+	began := time.Now()
+	repo, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mountCgroups(t, nil)
+	c := guesttest.StartCluster(t, 3, sim.Options{NoNodeProcesses: true, NoController: true})
+	e := &e2e{t: t, c: c, bin: bin, repo: repo, nodeIDs: map[string]string{}}
+	t.Cleanup(e.stop)
+
+	ctl, err := c.CA.Issue("controller", tlsconfig.RoleController)
+	if err != nil {
+		t.Fatal(err)
+	}
+	server, err := c.StartProcess("nomad-server", filepath.Join(bin, "nomad"), "agent", "-config", e.writeFile("server.hcl", serverConfig(c.Dir())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.procs = append(e.procs, server)
+	for _, n := range c.Nodes {
+		e.prepareNode(n, ctl)
+		p, err := n.StartProcess("nomad-"+n.ID, filepath.Join(bin, "nomad"), "agent", "-config", e.writeFile("client-"+n.ID+".hcl", clientConfig(n)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.procs = append(e.procs, p)
+	}
+	e.eventually(2*time.Minute, "three ready Nomad clients", func() error {
+		var nodes []struct{ ID, Name, Status string }
+		if err := e.get("/v1/nodes", &nodes); err != nil {
+			return err
+		}
+		for _, n := range nodes {
+			if n.Status == "ready" {
+				e.nodeIDs[n.Name] = n.ID
+			}
+		}
+		if len(e.nodeIDs) != 3 {
+			return fmt.Errorf("clients ready: %v", e.nodeIDs)
+		}
+		return nil
+	})
+	t.Logf("FIGURE Nomad cluster ready: %s", time.Since(began).Round(100*time.Millisecond))
+	return e
+}
+
+// mountCgroups mounts cgroup v2, which Nomad's task drivers need, in the
+// root namespace (n nil) or in a node's mount namespace: `ip netns exec`
+// gave each node a fresh /sys without it.
+func mountCgroups(t *testing.T, n *sim.Node) {
+	script := "grep -q ' /sys/fs/cgroup cgroup2 ' /proc/self/mountinfo || mount -t cgroup2 -o nsdelegate cgroup2 /sys/fs/cgroup"
+	if n == nil {
+		guesttest.Run(t, "sh", "-c", script)
+		return
+	}
+	guesttest.Exec(t, n, script)
+}
+
+// prepareNode gives a node what an operator puts on a client: a data
+// directory on a tmpfs (busybox df cannot resolve the guest's initramfs
+// root), the TLS material, and a small chroot for exec tasks (Nomad's
+// default copies /bin, /lib, /usr, ... into every task).
+func (e *e2e) prepareNode(n *sim.Node, ctl tlsconfig.Files) {
+	e.t.Helper()
+	guesttest.Run(e.t, "mkdir", "-p", nomadDir)
+	mountCgroups(e.t, n)
+	script := fmt.Sprintf(`set -e
+mount -t tmpfs tmpfs %[1]s
+mkdir -p %[1]s/data %[1]s/tls %[1]s/chroot/bin %[1]s/chroot/etc
+cp %[2]s %[1]s/tls/ca.pem
+cp %[3]s %[1]s/tls/node.pem
+cp %[4]s %[1]s/tls/node-key.pem
+cp %[5]s %[1]s/tls/controller.pem
+cp %[6]s %[1]s/tls/controller-key.pem
+cp /bin/busybox %[1]s/chroot/bin/busybox
+for a in sh cat cut date echo head sha256sum sleep sync tr; do ln %[1]s/chroot/bin/busybox %[1]s/chroot/bin/$a; done
+cp /etc/passwd /etc/group %[1]s/chroot/etc/
+`, nomadDir, n.TLS.CA, n.TLS.Cert, n.TLS.Key, ctl.Cert, ctl.Key)
+	guesttest.Exec(e.t, n, script)
+}
+
+// serverConfig makes node loss quick to notice and claims of lost
+// allocations quick to free (Nomad's defaults take minutes).
+func serverConfig(dir string) string {
+	return fmt.Sprintf(`name = "server"
+data_dir = %q
+bind_addr = %q
+log_level = "DEBUG"
+server {
+  enabled = true
+  bootstrap_expect = 1
+  heartbeat_grace = "3s"
+  min_heartbeat_ttl = "3s"
+  csi_volume_claim_gc_interval = "5s"
+  csi_volume_claim_gc_threshold = "5s"
+}
+`, filepath.Join(dir, "nomad-server"), serverIP)
+}
+
+// clientConfig is one client: the root dataset in its meta (the node job
+// reads it there), raw_exec for the plugins, exec without pivot_root (the
+// guest's root is an initramfs), root allowed for exec tasks (volumes are
+// root-owned), and no cloud fingerprinting.
+func clientConfig(n *sim.Node) string {
+	return fmt.Sprintf(`name = %[1]q
+data_dir = "%[2]s/data"
+bind_addr = %[3]q
+log_level = "DEBUG"
+client {
+  enabled = true
+  servers = ["%[4]s:4647"]
+  network_interface = "eth0"
+  meta {
+    zfs_nomad_root_dataset = %[5]q
+  }
+  chroot_env {
+    "%[2]s/chroot/bin" = "/bin"
+    "%[2]s/chroot/etc" = "/etc"
+  }
+  options {
+    "fingerprint.denylist" = "env_aws,env_gce,env_azure,env_digitalocean"
+    "user.checked_drivers" = "qemu"
+  }
+}
+plugin "raw_exec" {
+  config {
+    enabled = true
+  }
+}
+plugin "exec" {
+  config {
+    no_pivot_root = true
+  }
+}
+`, n.ID, nomadDir, n.IP, serverIP, n.RootDataset)
+}
+
+// deployPlugins runs the two plugin jobs and waits until Nomad reports the
+// controller and all three nodes healthy.
+func (e *e2e) deployPlugins() {
+	began := time.Now()
+	e.nomad("job", "run", "-detach",
+		"-var", "binary="+filepath.Join(e.bin, "zfs-node"),
+		"-var", "root_dataset=${meta.zfs_nomad_root_dataset}",
+		"-var", "tls_dir="+nomadDir+"/tls",
+		"-var", "data_dir="+nomadDir+"/data",
+		"-var", "log_level=debug",
+		e.file("zfs-node.nomad.hcl"))
+	e.nomad("job", "run", "-detach",
+		"-var", "binary="+filepath.Join(e.bin, "zfs-controller"),
+		"-var", "tls_dir="+nomadDir+"/tls",
+		"-var", `extra_args=["-agent-timeout", "10s"]`,
+		"-var", "log_level=debug",
+		e.file("zfs-controller.nomad.hcl"))
+	e.eventually(2*time.Minute, "healthy plugins", func() error {
+		var p struct{ ControllersHealthy, NodesHealthy int }
+		if err := e.get("/v1/plugin/csi/zfs-nomad", &p); err != nil {
+			return err
+		}
+		if p.ControllersHealthy != 1 || p.NodesHealthy != 3 {
+			return fmt.Errorf("controllers healthy %d, nodes healthy %d", p.ControllersHealthy, p.NodesHealthy)
+		}
+		return nil
+	})
+	e.t.Logf("FIGURE plugins healthy: %s after job run", time.Since(began).Round(100*time.Millisecond))
+}
+
+// allocation is a running counter job's allocation and what it reported.
+type allocation struct {
+	id, node string
+	data     string // checksum of data.bin
+	allocs   string // the allocations that used the volume, oldest first
+}
+
+// runCounter runs nomad/example-job.nomad.hcl on volume and waits until it
+// is ready.
+func (e *e2e) runCounter(volume string) allocation {
+	e.t.Helper()
+	e.nomad("job", "run", "-detach", "-var", "volume="+volume, e.file("example-job.nomad.hcl"))
+	return e.waitForCounter("")
+}
+
+var (
+	dataLine   = regexp.MustCompile(`(?m)^data\.bin ([0-9a-f]{64})$`)
+	allocsLine = regexp.MustCompile(`(?m)^allocs (.*)$`)
+)
+
+// waitForCounter waits for a running counter allocation other than
+// previous that has printed "ready", and returns what it printed.
+func (e *e2e) waitForCounter(previous string) allocation {
+	e.t.Helper()
+	var a allocation
+	e.eventually(3*time.Minute, "the counter job ready", func() error {
+		var allocs []struct {
+			ID, NodeName, ClientStatus, DesiredStatus string
+		}
+		if err := e.get("/v1/job/counter/allocations", &allocs); err != nil {
+			return err
+		}
+		for _, al := range allocs {
+			if al.ID == previous || al.ClientStatus != "running" || al.DesiredStatus != "run" {
+				continue
+			}
+			logs, err := e.run("alloc", "logs", al.ID, "counter")
+			if err != nil || !strings.Contains(logs, "\nready\n") {
+				return fmt.Errorf("allocation %s on %s not ready yet: %v %s", al.ID, al.NodeName, err, logs)
+			}
+			d, l := dataLine.FindStringSubmatch(logs), allocsLine.FindStringSubmatch(logs)
+			if d == nil || l == nil {
+				e.t.Fatalf("allocation %s printed:\n%s", al.ID, logs)
+			}
+			a = allocation{id: al.ID, node: al.NodeName, data: d[1], allocs: strings.TrimSpace(l[1])}
+			return nil
+		}
+		return fmt.Errorf("no running allocation besides %q: %+v", previous, allocs)
+	})
+	return a
+}
+
+// waitForDeployment waits until a job's latest deployment succeeded.
+func (e *e2e) waitForDeployment(job string) {
+	e.t.Helper()
+	e.eventually(time.Minute, job+" deployed", func() error {
+		var d struct{ Status string }
+		if err := e.get("/v1/job/"+job+"/deployment", &d); err != nil {
+			return err
+		}
+		if d.Status != "successful" {
+			return fmt.Errorf("deployment %s", d.Status)
+		}
+		return nil
+	})
+}
+
+// runningOn names the node of a job's running allocation.
+func (e *e2e) runningOn(job string) string {
+	e.t.Helper()
+	var allocs []struct{ NodeName, ClientStatus string }
+	if err := e.get("/v1/job/"+job+"/allocations", &allocs); err != nil {
+		e.t.Fatal(err)
+	}
+	for _, a := range allocs {
+		if a.ClientStatus == "running" {
+			return a.NodeName
+		}
+	}
+	return "no node"
+}
+
+// logFailedAllocations shows why counter allocations failed (the task
+// events), to explain the figures.
+func (e *e2e) logFailedAllocations() {
+	e.t.Helper()
+	var allocs []struct {
+		ID, NodeName, ClientStatus string
+		TaskStates                 map[string]struct {
+			Events []struct{ Type, DisplayMessage string }
+		}
+	}
+	if err := e.get("/v1/job/counter/allocations", &allocs); err != nil {
+		e.t.Fatal(err)
+	}
+	for _, a := range allocs {
+		if a.ClientStatus != "failed" {
+			continue
+		}
+		var events []string
+		for _, ev := range a.TaskStates["counter"].Events {
+			events = append(events, ev.Type+": "+ev.DisplayMessage)
+		}
+		e.t.Logf("failed allocation %s on %s:\n  %s", a.ID, a.NodeName, strings.Join(events, "\n  "))
+	}
+}
+
+// wantSameData checks that next found exactly the data before left, and
+// that every allocation before it used the same volume; and, if moved, that
+// next runs on another node.
+func (e *e2e) wantSameData(before, next allocation, moved bool) {
+	e.t.Helper()
+	if moved && next.node == before.node {
+		e.t.Errorf("allocation %s runs on %s, where %s ran: it did not move", next.id, next.node, before.id)
+	}
+	if next.data != before.data {
+		e.t.Errorf("data.bin on %s: sha256 %s, want %s (as on %s)", next.node, next.data, before.data, before.node)
+	}
+	if want := before.allocs + " " + next.id; next.allocs != want {
+		e.t.Errorf("allocations recorded on the volume: %q, want %q", next.allocs, want)
+	}
+}
+
+// snapshotID finds the snapshot of a volume through Nomad's snapshot list
+// and checks that the CLI lists it too.
+func (e *e2e) snapshotID(volume string) string {
+	e.t.Helper()
+	source := e.externalID(volume)
+	var resp struct {
+		Snapshots []struct{ ID, ExternalSourceVolumeID string }
+	}
+	if err := e.get("/v1/volumes/snapshot?plugin_id=zfs-nomad", &resp); err != nil {
+		e.t.Fatal(err)
+	}
+	out := e.nomad("volume", "snapshot", "list", "-plugin", "zfs-nomad")
+	for _, s := range resp.Snapshots {
+		if s.ExternalSourceVolumeID != source {
+			continue
+		}
+		if !strings.Contains(out, s.ID) {
+			e.t.Fatalf("snapshot %s missing from nomad volume snapshot list:\n%s", s.ID, out)
+		}
+		return s.ID
+	}
+	e.t.Fatalf("no snapshot of %s (%s) in %+v", volume, source, resp.Snapshots)
+	return ""
+}
+
+// externalID is the driver's ID of a Nomad volume.
+func (e *e2e) externalID(volume string) string {
+	e.t.Helper()
+	var v struct{ ExternalID string }
+	if err := e.get("/v1/volume/csi/"+volume, &v); err != nil {
+		e.t.Fatal(err)
+	}
+	return v.ExternalID
+}
+
+// holders lists the nodes holding a dataset of a volume (primary or replica).
+func (e *e2e) holders(volumeID string) []string {
+	e.t.Helper()
+	var out []string
+	for _, n := range e.c.Nodes {
+		if _, err := sim.Run("zfs", "list", "-H", "-o", "name", n.RootDataset+"/"+volumeID); err == nil {
+			out = append(out, n.ID)
+		}
+	}
+	return out
+}
+
+// onlyRootDatasets checks that no node holds a dataset besides its root.
+func (e *e2e) onlyRootDatasets() error {
+	for _, n := range e.c.Nodes {
+		out, err := sim.Run("zfs", "list", "-H", "-o", "name", "-t", "all", "-r", n.RootDataset)
+		if err != nil {
+			return err
+		}
+		if strings.TrimSpace(out) != n.RootDataset {
+			return fmt.Errorf("%s holds:\n%s", n.ID, out)
+		}
+	}
+	return nil
+}
+
+// backup pushes a volume to its replica now, as an operator would.
+func (e *e2e) backup(volumeID string) {
+	e.t.Helper()
+	var peers []string
+	for _, n := range e.c.Nodes {
+		peers = append(peers, n.AgentAddress)
+	}
+	out := guesttest.Run(e.t, filepath.Join(e.bin, "zfs-controller"), "backup", "-peers", strings.Join(peers, ","),
+		"-tls-ca", e.c.Operator.CA, "-tls-cert", e.c.Operator.Cert, "-tls-key", e.c.Operator.Key, volumeID)
+	e.t.Logf("backup:\n%s", out)
+}
+
+// killNode stops a node hard: its link goes down and every process in it
+// (Nomad client, plugins, tasks) is killed, as when a machine dies. The
+// process holding its namespaces stays, so its pool stays imported.
+func (e *e2e) killNode(name string) {
+	e.t.Helper()
+	for _, n := range e.c.Nodes {
+		if n.ID != name {
+			continue
+		}
+		if err := n.CutLink(); err != nil {
+			e.t.Fatal(err)
+		}
+		e.eventually(10*time.Second, "every process on "+name+" killed", func() error { return killAll(n) })
+		return
+	}
+	e.t.Fatalf("no node %s", name)
+}
+
+// stop ends Nomad and everything it started, before the cluster's pools
+// go, and shows the logs if the test failed.
+func (e *e2e) stop() {
+	if e.t.Failed() {
+		e.showLogs()
+	}
+	for _, n := range e.c.Nodes {
+		_ = killAll(n)
+	}
+	for _, p := range e.procs {
+		p.Kill()
+	}
+}
+
+// killAll kills every process in a node's network namespace but the one
+// holding its namespaces, and reports any left (some may be starting).
+func killAll(n *sim.Node) error {
+	_, _ = sim.Run("sh", "-c", fmt.Sprintf("for p in $(ip netns pids %s); do [ $p = %d ] || kill -9 $p 2>/dev/null; done; true", n.ID, n.HostPid()))
+	out, err := sim.Run("ip", "netns", "pids", n.ID)
+	if err != nil {
+		return err
+	}
+	if left := strings.Fields(out); len(left) != 1 {
+		return fmt.Errorf("processes left: %v", left)
+	}
+	return nil
+}
+
+func (e *e2e) showLogs() {
+	for _, p := range e.procs {
+		if data, err := os.ReadFile(p.Log); err == nil {
+			e.t.Logf("---- log of %s ----\n%s", p.Name, tail(string(data), 60))
+		}
+	}
+	for _, n := range e.c.Nodes {
+		out, _ := n.Exec(fmt.Sprintf("for f in %s/data/alloc/*/alloc/logs/*; do echo \"---- $f\"; tail -n 60 $f; done", nomadDir))
+		e.t.Logf("---- task logs on %s ----\n%s", n.ID, out)
+	}
+}
+
+func tail(s string, lines int) string {
+	parts := strings.Split(s, "\n")
+	if len(parts) > lines {
+		parts = parts[len(parts)-lines:]
+	}
+	return strings.Join(parts, "\n")
+}
+
+// nomad runs the Nomad CLI against the server and fails the test if it
+// fails.
+func (e *e2e) nomad(args ...string) string {
+	e.t.Helper()
+	out, err := e.run(args...)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return out
+}
+
+func (e *e2e) run(args ...string) (string, error) {
+	cmd := exec.Command(filepath.Join(e.bin, "nomad"), args...)
+	cmd.Env = append(os.Environ(), "NOMAD_ADDR="+apiAddr)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("nomad %s: %w\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out), nil
+}
+
+// get reads a Nomad HTTP API path into out.
+func (e *e2e) get(path string, out any) error {
+	resp, err := http.Get(apiAddr + path)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s", path, resp.Status)
+	}
+	return json.NewDecoder(resp.Body).Decode(out)
+}
+
+// eventually retries fn until it succeeds or the time is up.
+func (e *e2e) eventually(limit time.Duration, what string, fn func() error) {
+	e.t.Helper()
+	deadline := time.Now().Add(limit)
+	for {
+		err := fn()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("%s: not within %s: %v", what, limit, err)
+		}
+		time.Sleep(time.Second)
+	}
+}
+
+// file is a file of nomad/, as users get it.
+func (e *e2e) file(name string) string { return filepath.Join(e.repo, "nomad", name) }
+
+func (e *e2e) writeFile(name, data string) string {
+	e.t.Helper()
+	path := filepath.Join(e.c.Dir(), name)
+	if err := os.WriteFile(path, []byte(data), 0o644); err != nil {
+		e.t.Fatal(err)
+	}
+	return path
+}
+
+func (e *e2e) readFile(path string) string {
+	e.t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return string(data)
+}
