@@ -47,6 +47,11 @@ func movingTo(ds zfs.Dataset) string {
 	return ""
 }
 
+func fencedAt(ds zfs.Dataset) int64 {
+	at, _ := strconv.ParseInt(ds.User[PropFencedAt], 10, 64)
+	return at
+}
+
 // Copy describes this node's copy of volume id; Exists is false if there is
 // none.
 func (m *Manager) Copy(ctx context.Context, id string) (Copy, error) {
@@ -70,7 +75,7 @@ func (m *Manager) Copy(ctx context.Context, id string) (Copy, error) {
 	out.Exists, out.Role, out.Name = true, role, ds.User[PropName]
 	out.Generation, _ = strconv.ParseUint(ds.User[PropGeneration], 10, 64)
 	out.MovingTo = movingTo(ds)
-	out.FencedAt, _ = strconv.ParseInt(ds.User[PropFencedAt], 10, 64)
+	out.FencedAt = fencedAt(ds)
 	out.Parameters = DecodeParameters(ds.User[PropParameters])
 	out.FailoverFrom = ds.User[PropFailoverLag]
 	out.Capacity, _ = strconv.ParseUint(ds.User[PropCapacity], 10, 64)
@@ -127,13 +132,8 @@ func (m *Manager) Fence(ctx context.Context, id, target string) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	ds, err := m.zfs.Get(ctx, v.Dataset)
-	if err != nil {
-		return 0, zfsError(err, "volume "+id)
-	}
 	if v.MovingTo == target {
-		at, _ := strconv.ParseInt(ds.User[PropFencedAt], 10, 64)
-		return at, nil
+		return v.FencedAt, nil
 	}
 	mounted, err := m.mounted(v.Dataset)
 	if err != nil {
@@ -247,13 +247,11 @@ func (m *Manager) promote(ctx context.Context, c Copy, generation uint64, notBef
 // replication, so it is kept for an operator, never destroyed and never
 // mounted.
 func (m *Manager) Demote(ctx context.Context, id string, generation uint64, aside bool) error {
-	if m.HoldTransfers != nil {
-		release, err := m.HoldTransfers(ctx, id)
-		if err != nil {
-			return fmt.Errorf("%w: stopping transfers of %s: %v", errdefs.ErrAborted, id, err)
-		}
-		defer release()
+	release, err := m.holdTransfers(ctx, id)
+	if err != nil {
+		return err
 	}
+	defer release()
 	unlock, err := m.lock(ctx, id)
 	if err != nil {
 		return err

@@ -44,8 +44,10 @@ type Volume struct {
 	Source     string
 	Generation uint64
 	Created    time.Time
-	// MovingTo is set while the volume is fenced for a move to that node.
+	// MovingTo is set while the volume is fenced for a move to that node,
+	// since FencedAt (unix nanos).
 	MovingTo string
+	FencedAt int64
 	// FailoverFrom is set on a primary promoted by failover: the newest
 	// snapshot it had then.
 	FailoverFrom string
@@ -120,6 +122,19 @@ func (m *Manager) Health(ctx context.Context) error {
 		return fmt.Errorf("%w: root dataset %s is readonly=on, so no volume can be written (zfs set readonly=off %s)", errdefs.ErrUnavailable, m.cfg.RootDataset, m.cfg.RootDataset)
 	}
 	return nil
+}
+
+// holdTransfers stops a running push of the volume and keeps new ones off
+// until release (see HoldTransfers).
+func (m *Manager) holdTransfers(ctx context.Context, id string) (release func(), err error) {
+	if m.HoldTransfers == nil {
+		return func() {}, nil
+	}
+	release, err = m.HoldTransfers(ctx, id)
+	if err != nil {
+		return nil, fmt.Errorf("%w: waiting for a replication push of %s to stop: %v", errdefs.ErrAborted, id, err)
+	}
+	return release, nil
 }
 
 // lock serialises operations on one volume or snapshot ID.
@@ -293,6 +308,7 @@ func (m *Manager) volumeOf(ds zfs.Dataset) (Volume, bool) {
 		Generation:   gen,
 		Created:      ds.Created,
 		MovingTo:     movingTo(ds),
+		FencedAt:     fencedAt(ds),
 		FailoverFrom: ds.User[PropFailoverLag],
 	}, true
 }
@@ -333,13 +349,11 @@ func (m *Manager) Delete(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	if m.HoldTransfers != nil {
-		release, err := m.HoldTransfers(ctx, id)
-		if err != nil {
-			return fmt.Errorf("%w: waiting for a replication push of %s to stop: %v", errdefs.ErrAborted, id, err)
-		}
-		defer release()
+	release, err := m.holdTransfers(ctx, id)
+	if err != nil {
+		return err
 	}
+	defer release()
 	if err := m.dropReplicationSnapshots(ctx, v.Dataset); err != nil {
 		return err
 	}
