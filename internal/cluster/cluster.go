@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"sort"
 	"sync"
 	"time"
@@ -245,4 +246,28 @@ func FindAll[T any](ctx context.Context, c *Cluster, get func(context.Context, p
 // Call bounds one agent call by the agent timeout.
 func (c *Cluster) Call(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(ctx, c.timeout)
+}
+
+// Replicate asks the agent to push a volume to the agent at targetAddr now,
+// calls each (if set) with every progress report, and returns the last
+// one; a push that completed ends with Done set.
+func Replicate(ctx context.Context, agent pb.NodeAgentClient, volumeID, targetAddr string, each func(*pb.ReplicateProgress)) (*pb.ReplicateProgress, error) {
+	stream, err := agent.Replicate(ctx, &pb.ReplicateRequest{VolumeId: volumeID, TargetAddress: targetAddr})
+	if err != nil {
+		return nil, errdefs.FromStatus(err)
+	}
+	var last *pb.ReplicateProgress
+	for {
+		p, err := stream.Recv()
+		if err == io.EOF {
+			return last, nil
+		}
+		if err != nil {
+			return last, errdefs.FromStatus(err)
+		}
+		if each != nil {
+			each(p)
+		}
+		last = p
+	}
 }

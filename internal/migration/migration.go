@@ -16,7 +16,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"sort"
 	"strings"
 	"sync"
@@ -342,21 +341,7 @@ const maxBusyWaits = 60
 // push runs one Replicate from p's node to target and returns the last
 // progress report.
 func (m *Migrator) push(ctx context.Context, id string, p copyOn, target cluster.Node) (*pb.ReplicateProgress, error) {
-	stream, err := p.node.Client.Replicate(ctx, &pb.ReplicateRequest{VolumeId: id, TargetAddress: target.Addr})
-	if err != nil {
-		return nil, errdefs.FromStatus(err)
-	}
-	var last *pb.ReplicateProgress
-	for {
-		prog, err := stream.Recv()
-		if err == io.EOF {
-			return last, nil
-		}
-		if err != nil {
-			return last, errdefs.FromStatus(err)
-		}
-		last = prog
-	}
+	return cluster.Replicate(ctx, p.node.Client, id, target.Addr, nil)
 }
 
 func sleep(ctx context.Context, d time.Duration) error {

@@ -33,26 +33,19 @@ func Backup(ctx context.Context, cl *cluster.Cluster, volumeID, toNode string, o
 		return err
 	}
 	fmt.Fprintf(out, "backing up %s (%s) from %s to %s\n", volumeID, src.Object.GetName(), src.Node.Info.GetNodeId(), target.Info.GetNodeId())
-	stream, err := src.Node.Client.Replicate(ctx, &pb.ReplicateRequest{VolumeId: volumeID, TargetAddress: target.Addr})
-	if err != nil {
-		return errdefs.FromStatus(err)
-	}
 	start := time.Now()
-	for {
-		p, err := stream.Recv()
-		if err == io.EOF {
-			return errors.New("the node ended the backup without reporting completion")
-		}
-		if err != nil {
-			fmt.Fprintln(out)
-			return errdefs.FromStatus(err)
-		}
+	last, err := cluster.Replicate(ctx, src.Node.Client, volumeID, target.Addr, func(p *pb.ReplicateProgress) {
 		fmt.Fprintf(out, "\r%s", FormatProgress(p, time.Since(start)))
-		if p.GetDone() {
-			fmt.Fprintf(out, "\ndone: %s snapshot %s\n", p.GetKind(), p.GetSnapshot())
-			return nil
-		}
+	})
+	if err != nil {
+		fmt.Fprintln(out)
+		return err
 	}
+	if !last.GetDone() {
+		return errors.New("the node ended the backup without reporting completion")
+	}
+	fmt.Fprintf(out, "\ndone: %s snapshot %s\n", last.GetKind(), last.GetSnapshot())
+	return nil
 }
 
 // pickTarget chooses where a backup goes.

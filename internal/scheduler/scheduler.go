@@ -12,7 +12,6 @@ package scheduler
 import (
 	"context"
 	"errors"
-	"io"
 	"sort"
 	"time"
 
@@ -219,24 +218,11 @@ func (s *Scheduler) due(r replica, interval time.Duration) string {
 func (s *Scheduler) push(ctx context.Context, p Push) {
 	log := s.log.With("volume_id", p.VolumeID, "source", p.Source.Info.GetNodeId(), "target", p.Target.Info.GetNodeId(), "reason", p.Reason)
 	start := s.now()
-	stream, err := p.Source.Client.Replicate(ctx, &pb.ReplicateRequest{VolumeId: p.VolumeID, TargetAddress: p.Target.Addr})
+	last, err := cluster.Replicate(ctx, p.Source.Client, p.VolumeID, p.Target.Addr, nil)
 	if err != nil {
-		log.Warn("push failed to start", "error", err)
+		log.Warn("push failed; the next round retries", "error", err)
 		s.Metrics.push("failure")
 		return
-	}
-	var last *pb.ReplicateProgress
-	for {
-		prog, err := stream.Recv()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			log.Warn("push failed; the next round retries", "error", err)
-			s.Metrics.push("failure")
-			return
-		}
-		last = prog
 	}
 	if last == nil || !last.GetDone() {
 		log.Warn("push ended without completing")
