@@ -323,10 +323,16 @@ func (r *Receiver) destroyReplica(ctx context.Context, fs string) error {
 }
 
 func (r *Receiver) abortPartial(ctx context.Context, fs string) error {
-	if token, _ := r.z.Get(ctx, fs, "receive_resume_token"); token != "-" && token != "" {
+	if r.hasPartial(ctx, fs) {
 		return r.z.AbortReceive(ctx, fs)
 	}
 	return nil
+}
+
+// hasPartial reports whether an interrupted receive into fs waits.
+func (r *Receiver) hasPartial(ctx context.Context, fs string) bool {
+	token, err := r.z.Get(ctx, fs, "receive_resume_token")
+	return err == nil && token != "-" && token != ""
 }
 
 // AbortPartial discards an interrupted receive into this node's replica of
@@ -338,7 +344,7 @@ func (r *Receiver) AbortPartial(ctx context.Context, volumeID string) error {
 	}
 	// Without a partial receive there is nothing to wait for (only the
 	// source pushes this volume, and a move's source is fenced).
-	if token, err := r.z.Get(ctx, fs, "receive_resume_token"); err != nil || token == "-" || token == "" {
+	if !r.hasPartial(ctx, fs) {
 		return nil
 	}
 	unlock, err := r.waitLock(ctx, volumeID)
@@ -346,14 +352,10 @@ func (r *Receiver) AbortPartial(ctx context.Context, volumeID string) error {
 		return err
 	}
 	defer unlock()
-	props, err := r.z.GetAll(ctx, fs, volume.PropRole, "receive_resume_token")
-	if err != nil || props[volume.PropRole] != RoleReplica {
+	if role, err := r.z.Get(ctx, fs, volume.PropRole); err != nil || role != RoleReplica {
 		return nil // not a replica: Promote will say
 	}
-	if token := props["receive_resume_token"]; token == "-" || token == "" {
-		return nil
-	}
-	return r.z.AbortReceive(ctx, fs)
+	return r.abortPartial(ctx, fs)
 }
 
 // replicaLabels are the properties a replica carries so that it can become
