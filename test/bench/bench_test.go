@@ -117,7 +117,7 @@ func BenchmarkReplication(b *testing.B) {
 		local += timed(func() { sh(b, "zfs send -L -c "+src+"@bench | zfs recv -u "+n2.Pool+"/local") })
 		sh(b, "zfs destroy -r "+n2.Pool+"/local")
 
-		socat += timed(func() { socatTransfer(b, n1, n2, src+"@bench", n2.Pool+"/socat") })
+		socat += timed(func() { socatSend(b, n1, n2, src+"@bench", n2.Pool+"/socat") })
 		sh(b, "zfs destroy -r "+n2.Pool+"/socat")
 
 		driver += timed(func() { push(b, agent, id, n2.AgentAddress) })
@@ -173,9 +173,10 @@ func dropReplica(b *testing.B, n1, n2 *sim.Node, id string) {
 	sh(b, "zfs list -H -t snapshot -o name -d 1 "+n1.RootDataset+"/"+id+" | grep @zn- | xargs -n1 zfs release zfs-nomad-base-n2 2>/dev/null; true")
 }
 
-// socatTransfer sends snapshot from n1 to a new dataset on n2 with
-// zfs send | socat | zfs recv over the veth, in the nodes' namespaces.
-func socatTransfer(b *testing.B, n1, n2 *sim.Node, snapshot, target string) {
+// socatSend runs zfs send SEND | socat | zfs recv TARGET from n1 to n2
+// over the veth, in the nodes' namespaces: SEND is a snapshot (a full
+// stream) or "-i BASE SNAPSHOT".
+func socatSend(b *testing.B, n1, n2 *sim.Node, send, target string) {
 	b.Helper()
 	recv := exec.Command("nsenter", "-t", strconv.Itoa(n2.HostPid()), "-n", "--", "sh", "-c",
 		"socat -u TCP-LISTEN:9100,reuseaddr - | zfs recv -u "+target)
@@ -185,7 +186,7 @@ func socatTransfer(b *testing.B, n1, n2 *sim.Node, snapshot, target string) {
 		b.Fatal(err)
 	}
 	// The sender retries until the listener is up.
-	if _, err := n1.Exec("zfs send -L -c " + snapshot + " | socat -u - TCP:" + n2.IP + ":9100,retry=200,interval=0.05"); err != nil {
+	if _, err := n1.Exec("zfs send -L -c " + send + " | socat -u - TCP:" + n2.IP + ":9100,retry=200,interval=0.05"); err != nil {
 		b.Fatal(err)
 	}
 	if err := recv.Wait(); err != nil {
@@ -339,7 +340,7 @@ func BenchmarkMigration(b *testing.B) {
 
 	var raw, publish time.Duration
 	b.ResetTimer()
-	raw = timed(func() { socatIncremental(b, n1, n2, base, src+"@delta", n2.Pool+"/raw") })
+	raw = timed(func() { socatSend(b, n1, n2, "-i "+base+" "+src+"@delta", n2.Pool+"/raw") })
 	publish = timed(func() {
 		if _, err := ctl.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: n2.ID, VolumeCapability: capability}); err != nil {
 			b.Fatal(err)
@@ -351,23 +352,4 @@ func BenchmarkMigration(b *testing.B) {
 	b.ReportMetric(publish.Seconds()/raw.Seconds(), "publish/raw")
 	b.Logf("volume %d MiB, delta 10 MiB: raw zfs send -i | socat | zfs recv %.2f s, ControllerPublishVolume (move) %.2f s: %.2fx",
 		benchMiB(), raw.Seconds(), publish.Seconds(), publish.Seconds()/raw.Seconds())
-}
-
-// socatIncremental sends the increment from base to snapshot over the veth
-// into target, which holds base.
-func socatIncremental(b *testing.B, n1, n2 *sim.Node, base, snapshot, target string) {
-	b.Helper()
-	recv := exec.Command("nsenter", "-t", strconv.Itoa(n2.HostPid()), "-n", "--", "sh", "-c",
-		"socat -u TCP-LISTEN:9101,reuseaddr - | zfs recv -u "+target)
-	out := &strings.Builder{}
-	recv.Stdout, recv.Stderr = out, out
-	if err := recv.Start(); err != nil {
-		b.Fatal(err)
-	}
-	if _, err := n1.Exec("zfs send -L -c -i " + base + " " + snapshot + " | socat -u - TCP:" + n2.IP + ":9101,retry=200,interval=0.05"); err != nil {
-		b.Fatal(err)
-	}
-	if err := recv.Wait(); err != nil {
-		b.Fatalf("socat receiver: %v: %s", err, out)
-	}
 }
