@@ -9,7 +9,7 @@ LDFLAGS := -X github.com/zfs-nomad/zfs-nomad/internal/version.Version=$(VERSION)
 TOOLS := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/zfs-nomad/tools/$(shell sha256sum hack/tools/go.sum | cut -c1-12)
 GO_TEST_TIMEOUT ?= 45m
 
-.PHONY: help deps build check unit test test-nomad nomad bench guest-image proto demo clean
+.PHONY: help deps build check unit test test-nomad nomad bench guest-image proto demo demo-nomad clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -60,6 +60,9 @@ proto: $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc ## regenerate proto/*.
 
 demo: build guest-image ## live demo: three nodes and a controller in the ZFS guest
 	./demo/run.sh
+
+demo-nomad: guest-image ## live demo under a real Nomad: 1 server, 3 clients, the nomad/ job files
+	./demo/nomad.sh
 
 clean: ## remove build output (caches live in ~/.cache/zfs-nomad)
 	rm -rf bin

@@ -11,6 +11,7 @@ package nomad
 
 import (
 	"encoding/json"
+	"flag"
 	"fmt"
 	"net/http"
 	"os"
@@ -28,6 +29,11 @@ import (
 
 // envNomad names the Nomad binary on the host.
 const envNomad = "ZFS_NOMAD_NOMAD"
+
+// narrate turns the test into `make demo-nomad`: each step, each Nomad
+// command and what the job found are told on standard output as they
+// happen, for a reader rather than for a test log.
+var narrate = flag.Bool("narrate", false, "tell the scenario on standard output as it runs (make demo-nomad)")
 
 func TestMain(m *testing.M) {
 	files := map[string]string{}
@@ -77,7 +83,7 @@ func TestNomadEndToEnd(t *testing.T) {
 	e.step("create a replicated volume and run the example job on it", func() {
 		e.nomad("volume", "create", e.file("volume.hcl"))
 		first = e.runCounter("web-data")
-		t.Logf("counter runs on %s: %s", first.node, first.data)
+		e.tell("the counter job runs on %s and wrote data.bin, sha256 %.16s...", first.node, first.data)
 	})
 
 	e.step("drain the job's node: the job and its data move", func() {
@@ -88,7 +94,7 @@ func TestNomadEndToEnd(t *testing.T) {
 		began := time.Now()
 		e.nomad("node", "drain", "-enable", "-yes", "-ignore-system", "-deadline", "2m", e.nodeIDs[first.node])
 		moved = e.waitForCounter(first.id)
-		t.Logf("FIGURE drain move: %s (drain command to the job ready on %s; the controller ran on %s)",
+		e.tell("FIGURE drain move: %s (drain command to the job ready on %s; the controller ran on %s)",
 			time.Since(began).Round(100*time.Millisecond), moved.node, controller)
 		e.logFailedAllocations()
 		e.wantSameData(first, moved, true)
@@ -98,8 +104,7 @@ func TestNomadEndToEnd(t *testing.T) {
 
 	var snapID string
 	e.step("snapshot, and a volume from the snapshot", func() {
-		out := e.nomad("volume", "snapshot", "create", "web-data", "snap1")
-		t.Logf("%s", out)
+		e.nomad("volume", "snapshot", "create", "web-data", "snap1")
 		snapID = e.snapshotID("web-data")
 		e.nomad("job", "stop", "-purge", "counter")
 		spec := fmt.Sprintf(`id = "web-data-restored"
@@ -134,11 +139,15 @@ capability {
 		})
 		for _, id := range []string{"web-data-restored", "web-data"} {
 			e.eventually(time.Minute, "delete of "+id, func() error {
-				_, err := e.run("volume", "delete", id)
+				out, err := e.run("volume", "delete", id)
+				if err == nil {
+					e.show("nomad volume delete "+id, out)
+				}
 				return err
 			})
 		}
 		e.eventually(30*time.Second, "datasets gone", e.onlyRootDatasets)
+		e.tell("no node holds a dataset or snapshot besides its root dataset")
 	})
 
 	e.step("failover=auto: the job's node dies and the job comes back elsewhere", func() {
@@ -156,9 +165,31 @@ capability {
 		began := time.Now()
 		e.killNode(before.node)
 		after := e.waitForCounter(before.id)
-		t.Logf("FIGURE failover: %s (node killed to the job ready on %s; the controller ran on %s)",
+		e.tell("FIGURE failover: %s (node killed to the job ready on %s; the controller ran on %s)",
 			time.Since(began).Round(100*time.Millisecond), after.node, controller)
 		e.logFailedAllocations()
+		e.wantSameData(before, after, true)
+	})
+
+	e.step("failover=manual: the job waits until the operator promotes a replica", func() {
+		e.nomad("job", "stop", "-purge", "counter")
+		spec := strings.ReplaceAll(e.readFile(e.file("volume.hcl")), `"web-data"`, `"web-data-manual"`)
+		e.nomad("volume", "create", e.writeFile("manual.hcl", spec))
+		before := e.runCounter("web-data-manual")
+		id := e.externalID("web-data-manual")
+		e.backup(id)
+		e.waitForDeployment("counter")
+		e.killNode(before.node)
+		hint := e.waitForFailedClaim("zfs-controller promote")
+		e.tell("Nomad cannot claim the volume elsewhere: %s", hint)
+		replica := ""
+		for _, n := range e.holders(id) {
+			if n != before.node {
+				replica = n
+			}
+		}
+		e.operator("promote", "-node", replica, id)
+		after := e.waitForCounter(before.id)
 		e.wantSameData(before, after, true)
 	})
 }
@@ -167,9 +198,24 @@ capability {
 func (e *e2e) step(name string, fn func()) {
 	e.t.Helper()
 	began := time.Now()
-	e.t.Logf("== %s", name)
+	if *narrate {
+		fmt.Printf("\n\033[1m== %s\033[0m\n", name)
+	} else {
+		e.t.Logf("== %s", name)
+	}
 	fn()
-	e.t.Logf("   done in %s", time.Since(began).Round(100*time.Millisecond))
+	e.tell("(%s)", time.Since(began).Round(100*time.Millisecond))
+}
+
+// tell says something worth knowing: on standard output when narrating,
+// else in the test log.
+func (e *e2e) tell(format string, args ...any) {
+	e.t.Helper()
+	if *narrate {
+		fmt.Printf("   "+strings.TrimPrefix(format, "FIGURE ")+"\n", args...)
+		return
+	}
+	e.t.Logf(format, args...)
 }
 
 // start sets up three simulated nodes without zfs-node, a Nomad server in
@@ -217,7 +263,7 @@ func start(t *testing.T, bin string) *e2e {
 		}
 		return nil
 	})
-	t.Logf("FIGURE Nomad cluster ready: %s", time.Since(began).Round(100*time.Millisecond))
+	e.tell("FIGURE Nomad cluster ready: %s", time.Since(began).Round(100*time.Millisecond))
 	return e
 }
 
@@ -339,7 +385,7 @@ func (e *e2e) deployPlugins() {
 		}
 		return nil
 	})
-	e.t.Logf("FIGURE plugins healthy: %s after job run", time.Since(began).Round(100*time.Millisecond))
+	e.tell("FIGURE plugins healthy: %s after job run", time.Since(began).Round(100*time.Millisecond))
 }
 
 // allocation is a running counter job's allocation and what it reported.
@@ -424,9 +470,13 @@ func (e *e2e) runningOn(job string) string {
 	return "no node"
 }
 
-// logFailedAllocations shows why counter allocations failed (the task
-// events), to explain the figures.
-func (e *e2e) logFailedAllocations() {
+// counterAllocation is a counter allocation's status and task events.
+type counterAllocation struct {
+	id, node, status string
+	events           []string // "Type: message", oldest first
+}
+
+func (e *e2e) counterAllocations() []counterAllocation {
 	e.t.Helper()
 	var allocs []struct {
 		ID, NodeName, ClientStatus string
@@ -437,16 +487,45 @@ func (e *e2e) logFailedAllocations() {
 	if err := e.get("/v1/job/counter/allocations", &allocs); err != nil {
 		e.t.Fatal(err)
 	}
+	var out []counterAllocation
 	for _, a := range allocs {
-		if a.ClientStatus != "failed" {
-			continue
-		}
-		var events []string
+		ca := counterAllocation{id: a.ID, node: a.NodeName, status: a.ClientStatus}
 		for _, ev := range a.TaskStates["counter"].Events {
-			events = append(events, ev.Type+": "+ev.DisplayMessage)
+			ca.events = append(ca.events, ev.Type+": "+ev.DisplayMessage)
 		}
-		e.t.Logf("failed allocation %s on %s:\n  %s", a.ID, a.NodeName, strings.Join(events, "\n  "))
+		out = append(out, ca)
 	}
+	return out
+}
+
+// logFailedAllocations shows why counter allocations failed (the task
+// events), to explain the figures.
+func (e *e2e) logFailedAllocations() {
+	e.t.Helper()
+	for _, a := range e.counterAllocations() {
+		if a.status == "failed" {
+			e.t.Logf("failed allocation %s on %s:\n  %s", a.id, a.node, strings.Join(a.events, "\n  "))
+		}
+	}
+}
+
+// waitForFailedClaim waits until a counter allocation's events tell of a
+// refused claim mentioning want, and returns the error.
+func (e *e2e) waitForFailedClaim(want string) string {
+	e.t.Helper()
+	var found string
+	e.eventually(3*time.Minute, "a claim refused with "+want, func() error {
+		for _, a := range e.counterAllocations() {
+			for _, ev := range a.events {
+				if i := strings.Index(ev, "rpc error"); i >= 0 && strings.Contains(ev, want) {
+					found = ev[i:]
+					return nil
+				}
+			}
+		}
+		return fmt.Errorf("no allocation event mentions %q", want)
+	})
+	return found
 }
 
 // wantSameData checks that next found exactly the data before left, and
@@ -463,6 +542,8 @@ func (e *e2e) wantSameData(before, next allocation, moved bool) {
 	if want := before.allocs + " " + next.id; next.allocs != want {
 		e.t.Errorf("allocations recorded on the volume: %q, want %q", next.allocs, want)
 	}
+	e.tell("the job on %s found data.bin, sha256 %.16s..., as left on %s; allocations that used the volume: %s",
+		next.node, next.data, before.node, next.allocs)
 }
 
 // snapshotID finds the snapshot of a volume through Nomad's snapshot list
@@ -527,15 +608,20 @@ func (e *e2e) onlyRootDatasets() error {
 }
 
 // backup pushes a volume to its replica now, as an operator would.
-func (e *e2e) backup(volumeID string) {
+func (e *e2e) backup(volumeID string) { e.operator("backup", volumeID) }
+
+// operator runs a zfs-controller operator command with the operator's
+// certificate against every node's agent.
+func (e *e2e) operator(command string, args ...string) {
 	e.t.Helper()
 	var peers []string
 	for _, n := range e.c.Nodes {
 		peers = append(peers, n.AgentAddress)
 	}
-	out := guesttest.Run(e.t, filepath.Join(e.bin, "zfs-controller"), "backup", "-peers", strings.Join(peers, ","),
-		"-tls-ca", e.c.Operator.CA, "-tls-cert", e.c.Operator.Cert, "-tls-key", e.c.Operator.Key, volumeID)
-	e.t.Logf("backup:\n%s", out)
+	argv := append([]string{command, "-peers", strings.Join(peers, ","),
+		"-tls-ca", e.c.Operator.CA, "-tls-cert", e.c.Operator.Cert, "-tls-key", e.c.Operator.Key}, args...)
+	out := guesttest.Run(e.t, filepath.Join(e.bin, "zfs-controller"), argv...)
+	e.show("zfs-controller "+command+" "+strings.Join(args, " "), out)
 }
 
 // killNode stops a node hard: its link goes down and every process in it
@@ -543,6 +629,7 @@ func (e *e2e) backup(volumeID string) {
 // process holding its namespaces stays, so its pool stays imported.
 func (e *e2e) killNode(name string) {
 	e.t.Helper()
+	e.tell("%s dies: its link goes down and every process on it (Nomad client, plugins, the job) is killed", name)
 	for _, n := range e.c.Nodes {
 		if n.ID != name {
 			continue
@@ -609,10 +696,26 @@ func tail(s string, lines int) string {
 func (e *e2e) nomad(args ...string) string {
 	e.t.Helper()
 	out, err := e.run(args...)
+	e.show("nomad "+strings.Join(args, " "), out)
 	if err != nil {
 		e.t.Fatal(err)
 	}
 	return out
+}
+
+// show tells a command and its output when narrating, with the test's
+// directories left out of paths.
+func (e *e2e) show(command, out string) {
+	if !*narrate {
+		return
+	}
+	short := strings.NewReplacer(e.repo+"/", "", e.c.Dir()+"/", "", e.bin+"/", "")
+	fmt.Printf("   $ %s\n", short.Replace(command))
+	for _, line := range strings.Split(strings.TrimRight(out, "\n"), "\n") {
+		if strings.TrimSpace(line) != "" {
+			fmt.Printf("     %s\n", line)
+		}
+	}
 }
 
 func (e *e2e) run(args ...string) (string, error) {

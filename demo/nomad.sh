@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# `make demo-nomad`: the Nomad end-to-end scenario (test/nomad) told as a
+# demo. A Nomad server and three Nomad clients run in the ZFS guest, each
+# client a simulated node with its own pool; the plugins run from the job
+# files in nomad/. Builds Nomad once (hack/nomad.sh caches it).
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+nomad=$("$repo/hack/nomad.sh")
+work=$(mktemp -d "${TMPDIR:-/var/tmp}/zfs-demo-nomad.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+cd "$repo/test/nomad"
+go test -c -o "$work/nomad.test" .
+echo "Booting the ZFS guest (real OpenZFS under QEMU), then a Nomad server and three clients; about 6 minutes..."
+ZFS_NOMAD_NOMAD=$nomad "$work/nomad.test" -test.run '^TestNomadEndToEnd$' -test.timeout 25m -narrate 2>&1 |
+  grep -v -E '^\[ *[0-9]+\.[0-9]+\] ' # the guest kernel's messages
