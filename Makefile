@@ -9,7 +9,7 @@ LDFLAGS := -X github.com/zfs-nomad/zfs-nomad/internal/version.Version=$(VERSION)
 TOOLS := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/zfs-nomad/tools/$(shell sha256sum hack/tools/go.sum | cut -c1-12)
 GO_TEST_TIMEOUT ?= 45m
 
-.PHONY: help deps build check unit test test-nomad nomad bench guest-image proto demo demo-nomad clean
+.PHONY: help deps build check unit images test test-nomad nomad bench guest-image proto demo demo-nomad clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -34,6 +34,11 @@ check: deps $(TOOLS)/staticcheck ## gofmt, go vet, staticcheck, go mod tidy
 
 unit: deps ## unit tests only (skips the packages that need real ZFS)
 	ZFS_NOMAD_SKIP_GUEST=1 go test -count=1 ./...
+
+# Builds with buildah from Debian's mirrors and the host's Go: no container
+# registry needed (see hack/images.sh).
+images: ## build the zfs-controller and zfs-node images (docker/) and run each one's --version
+	@VERSION=$(VERSION) ./hack/images.sh
 
 guest-image: deps ## build (or find cached) the ZFS guest image
 	@./guest/image.sh >/dev/null

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what building and testing the driver needs on a Debian 12 host:
 # the contrib component (ZFS lives there), libzfs headers for cgo, QEMU and
-# debootstrap for the ZFS guest, protoc. Idempotent: it does nothing when all
-# is present.
+# debootstrap for the ZFS guest, protoc, and any packages named as arguments
+# (hack/images.sh adds buildah). Idempotent: it does nothing when all is
+# present.
 set -euo pipefail
 
 packages=(
@@ -13,6 +14,7 @@ packages=(
   protobuf-compiler        # make proto
   iproute2 socat kmod     # kmod: depmod for the guest initramfs
   build-essential pkg-config
+  "$@"
 )
 
 missing=()

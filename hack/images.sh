@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# Builds the container images from docker/Dockerfile.controller and
+# docker/Dockerfile.node with buildah, then runs each image's entrypoint with
+# --version and fails unless it prints the binary's name and VERSION.
+#
+# No container registry is needed: the Dockerfiles' base images are build
+# arguments, and this script passes local stand-ins built from Debian's
+# mirrors and the host's Go toolchain (docker/local/):
+#   localhost/zfs-nomad-base:bookworm-KEY  debootstrap bookworm (for
+#       debian:bookworm-slim and, for the controller, the distroless image)
+#   localhost/zfs-nomad-go:goX-KEY         base + gcc + the host's Go
+#       (for golang:1.26-bookworm)
+# Each is keyed by a hash of its recipe and built only when missing; the base
+# root filesystem is cached as ~/.cache/zfs-nomad/base-KEY/rootfs.tar. Go
+# modules come from the host's module cache (go mod download first), Go's
+# build cache for the images is ~/.cache/zfs-nomad/images-go-build.
+#
+# Output: localhost/zfs-nomad/zfs-controller:TAG and
+# localhost/zfs-nomad/zfs-node:TAG (TAG defaults to dev) in buildah's storage
+# (/var/lib/containers/storage as root); a summary on stdout.
+#
+# Environment: VERSION (default: git describe, as the Makefile), TAG,
+# BUILDAH_ISOLATION (default chroot: no OCI runtime or systemd needed),
+# STORAGE_DRIVER (buildah's default is overlay; vfs where overlay is not
+# supported, e.g. inside another container), DEBIAN_MIRROR.
+# Runs as root (buildah, debootstrap). Idempotent; holds a lock so that two
+# runs do not build at once.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/.." && pwd)
+cache=${XDG_CACHE_HOME:-$HOME/.cache}/zfs-nomad
+version=${VERSION:-$(git -C "$repo" describe --tags --always --dirty 2>/dev/null || echo dev)}
+tag=${TAG:-dev}
+export BUILDAH_ISOLATION=${BUILDAH_ISOLATION:-chroot}
+
+log() { printf 'images: %s\n' "$*" >&2; }
+die() { log "$*"; exit 1; }
+# Runs a command with its output in a log, shown (the end of it) on failure.
+quiet() {
+  local out
+  out=$(mktemp)
+  if ! "$@" >"$out" 2>&1; then
+    tail -40 "$out" >&2
+    rm -f "$out"
+    die "failed: $*"
+  fi
+  rm -f "$out"
+}
+key() { cat "$@" | sha256sum | cut -c1-16; }
+have_image() { buildah inspect --type image "$1" >/dev/null 2>&1; }
+
+[ "$(id -u)" -eq 0 ] || die "run as root (buildah and debootstrap need it)"
+command -v go >/dev/null || die "go not found on PATH"
+"$repo/hack/install-host-deps.sh" buildah
+
+mkdir -p "$cache"
+exec 9>"$cache/images.lock"
+flock 9
+
+# The Debian base.
+base_key=$(key "$repo/docker/local/base-rootfs.sh")
+base=localhost/zfs-nomad-base:bookworm-$base_key
+if ! have_image "$base"; then
+  tarball=$cache/base-$base_key/rootfs.tar
+  if [ ! -s "$tarball" ]; then
+    log "no cached Debian base for this recipe: debootstrap bookworm (about 1-2 min, once)"
+    mkdir -p "$(dirname "$tarball")"
+    "$repo/docker/local/base-rootfs.sh" "$tarball"
+  fi
+  log "importing $base"
+  ctr=$(buildah from --pull=never scratch)
+  quiet buildah add "$ctr" "$tarball" /
+  quiet buildah config --cmd /bin/bash "$ctr"
+  quiet buildah commit --rm "$ctr" "$base"
+fi
+
+# The Go builder: base + gcc + the host's Go toolchain.
+goroot=$(go env GOROOT)
+gover=$(go env GOVERSION)
+go_key=$(printf '%s %s\n' "$base_key" "$gover" | cat - "$repo/docker/local/Dockerfile.golang" | sha256sum | cut -c1-16)
+goimage=localhost/zfs-nomad-go:$gover-$go_key
+if ! have_image "$goimage"; then
+  log "building $goimage from the host's $gover (about 1 min, once)"
+  quiet buildah build --pull=never --layers -f "$repo/docker/local/Dockerfile.golang" \
+    --build-arg "BASE_IMAGE=$base" --build-context "goroot=$goroot" -t "$goimage" "$repo/docker/local"
+fi
+
+# The module cache the builds read (GOPROXY=off inside).
+modcache=$(go env GOMODCACHE)
+(cd "$repo" && quiet go mod download)
+gocache=$cache/images-go-build
+mkdir -p "$gocache"
+
+build() { # NAME DOCKERFILE BUILD-ARGS...
+  local name=$1 file=$2
+  shift 2
+  quiet buildah build --pull=never --layers -f "$file" \
+    --build-arg "GO_IMAGE=$goimage" --build-arg "VERSION=$version" "$@" \
+    -v "$modcache:/go/pkg/mod" -v "$gocache:/root/.cache/go-build" \
+    -t "localhost/zfs-nomad/$name:$tag" "$repo"
+}
+build zfs-controller "$repo/docker/Dockerfile.controller" --build-arg "RUNTIME_IMAGE=$base"
+build zfs-node "$repo/docker/Dockerfile.node" --build-arg "BASE_IMAGE=$base"
+
+# Each image's entrypoint with --version, as `docker run IMAGE --version`
+# would; in the node image also the zfs command zfs-node runs, and the
+# OpenZFS version the image's libzfs comes from.
+check() { # NAME [COMMAND...]: prints the --version line, then COMMAND's output
+  local name=$1 image=localhost/zfs-nomad/$1:$tag entry ctr out
+  shift
+  entry=$(buildah inspect --type image --format '{{range .OCIv1.Config.Entrypoint}}{{.}} {{end}}' "$image")
+  [ -n "$entry" ] || die "$image has no entrypoint"
+  ctr=$(buildah from --pull=never "$image")
+  # shellcheck disable=SC2086 # the entrypoint's words
+  out=$(buildah run "$ctr" -- $entry --version 2>&1) || { buildah rm "$ctr" >/dev/null; die "$image: ${entry}--version failed: $out"; }
+  [ "$out" = "$name $version" ] || { buildah rm "$ctr" >/dev/null; die "$image: ${entry}--version printed '$out', want '$name $version'"; }
+  printf '%s' "$out"
+  if [ $# -gt 0 ]; then
+    out=$(buildah run "$ctr" -- "$@" 2>&1) || { buildah rm "$ctr" >/dev/null; die "$image: $* failed: $out"; }
+    printf ', %s' "$out"
+  fi
+  buildah rm "$ctr" >/dev/null
+}
+ctl=$(check zfs-controller)
+# shellcheck disable=SC2016 # for dpkg-query, not the shell
+node=$(check zfs-node sh -ec 'test -x "$(command -v zfs)"; dpkg-query -W -f="zfsutils-linux \${Version}" zfsutils-linux')
+
+# Intermediate images of earlier builds that no tag refers to any more.
+quiet buildah rmi --prune
+
+size() { buildah images --format '{{.Size}}' "$1" | head -1; }
+echo "localhost/zfs-nomad/zfs-controller:$tag  $(size "localhost/zfs-nomad/zfs-controller:$tag")  --version: $ctl"
+echo "localhost/zfs-nomad/zfs-node:$tag        $(size "localhost/zfs-nomad/zfs-node:$tag")  --version: $node"
