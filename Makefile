@@ -47,7 +47,7 @@ guest-image: deps ## build (or find cached) the ZFS guest image
 # on a 2-core machine.
 # The Nomad end-to-end test (test/nomad) needs a Nomad binary: hack/nomad.sh
 # builds it once (about 12 min) and prints its cached path.
-test: check guest-image ## everything: checks, unit tests, real-ZFS tests, csi-sanity and Nomad end to end in the guest
+test: check images guest-image ## everything: checks, the images, unit tests, real-ZFS tests, csi-sanity and Nomad end to end in the guest
 	nomad=$$(./hack/nomad.sh) && ZFS_NOMAD_NOMAD=$$nomad go test -p 1 -count=1 -timeout $(GO_TEST_TIMEOUT) ./...
 
 nomad: ## build (or find cached) the Nomad binary for the end-to-end test (about 14 min, once)
