@@ -22,7 +22,8 @@
 # Environment: VERSION (default: git describe, as the Makefile), TAG,
 # BUILDAH_ISOLATION (default chroot: no OCI runtime or systemd needed),
 # STORAGE_DRIVER (buildah's default is overlay; vfs where overlay is not
-# supported, e.g. inside another container), DEBIAN_MIRROR.
+# supported, e.g. inside another container; the storage must be new or
+# already of that driver), DEBIAN_MIRROR.
 # Runs as root (buildah, debootstrap). Idempotent; holds a lock so that two
 # runs do not build at once.
 set -euo pipefail
@@ -47,7 +48,12 @@ quiet() {
   rm -f "$out"
 }
 key() { cat "$@" | sha256sum | cut -c1-16; }
-have_image() { buildah inspect --type image "$1" >/dev/null 2>&1; }
+# bah: buildah with STORAGE_DRIVER as its option (buildah 1.28 reads no such
+# variable itself).
+buildah_opts=()
+[ -z "${STORAGE_DRIVER:-}" ] || buildah_opts=(--storage-driver "$STORAGE_DRIVER")
+bah() { buildah "${buildah_opts[@]}" "$@"; }
+have_image() { bah inspect --type image "$1" >/dev/null 2>&1; }
 
 [ "$(id -u)" -eq 0 ] || die "run as root (buildah and debootstrap need it)"
 command -v go >/dev/null || die "go not found on PATH"
@@ -68,10 +74,10 @@ if ! have_image "$base"; then
     "$repo/docker/local/base-rootfs.sh" "$tarball"
   fi
   log "importing $base"
-  ctr=$(buildah from --pull=never scratch)
-  quiet buildah add "$ctr" "$tarball" /
-  quiet buildah config --cmd /bin/bash "$ctr"
-  quiet buildah commit --rm "$ctr" "$base"
+  ctr=$(bah from --pull=never scratch)
+  quiet bah add "$ctr" "$tarball" /
+  quiet bah config --cmd /bin/bash "$ctr"
+  quiet bah commit --rm "$ctr" "$base"
 fi
 
 # The Go builder: base + gcc + the host's Go toolchain.
@@ -81,7 +87,7 @@ go_key=$(printf '%s %s\n' "$base_key" "$gover" | cat - "$repo/docker/local/Docke
 goimage=localhost/zfs-nomad-go:$gover-$go_key
 if ! have_image "$goimage"; then
   log "building $goimage from the host's $gover (about 1 min, once)"
-  quiet buildah build --pull=never --layers -f "$repo/docker/local/Dockerfile.golang" \
+  quiet bah build --pull=never --layers -f "$repo/docker/local/Dockerfile.golang" \
     --build-arg "BASE_IMAGE=$base" --build-context "goroot=$goroot" -t "$goimage" "$repo/docker/local"
 fi
 
@@ -94,7 +100,7 @@ mkdir -p "$gocache"
 build() { # NAME DOCKERFILE BUILD-ARGS...
   local name=$1 file=$2
   shift 2
-  quiet buildah build --pull=never --layers -f "$file" \
+  quiet bah build --pull=never --layers -f "$file" \
     --build-arg "GO_IMAGE=$goimage" --build-arg "VERSION=$version" "$@" \
     -v "$modcache:/go/pkg/mod" -v "$gocache:/root/.cache/go-build" \
     -t "localhost/zfs-nomad/$name:$tag" "$repo"
@@ -108,26 +114,26 @@ build zfs-node "$repo/docker/Dockerfile.node" --build-arg "BASE_IMAGE=$base"
 check() { # NAME [COMMAND...]: prints the --version line, then COMMAND's output
   local name=$1 image=localhost/zfs-nomad/$1:$tag entry ctr out
   shift
-  entry=$(buildah inspect --type image --format '{{range .OCIv1.Config.Entrypoint}}{{.}} {{end}}' "$image")
+  entry=$(bah inspect --type image --format '{{range .OCIv1.Config.Entrypoint}}{{.}} {{end}}' "$image")
   [ -n "$entry" ] || die "$image has no entrypoint"
-  ctr=$(buildah from --pull=never "$image")
+  ctr=$(bah from --pull=never "$image")
   # shellcheck disable=SC2086 # the entrypoint's words
-  out=$(buildah run "$ctr" -- $entry --version 2>&1) || { buildah rm "$ctr" >/dev/null; die "$image: ${entry}--version failed: $out"; }
-  [ "$out" = "$name $version" ] || { buildah rm "$ctr" >/dev/null; die "$image: ${entry}--version printed '$out', want '$name $version'"; }
+  out=$(bah run "$ctr" -- $entry --version 2>&1) || { bah rm "$ctr" >/dev/null; die "$image: ${entry}--version failed: $out"; }
+  [ "$out" = "$name $version" ] || { bah rm "$ctr" >/dev/null; die "$image: ${entry}--version printed '$out', want '$name $version'"; }
   printf '%s' "$out"
   if [ $# -gt 0 ]; then
-    out=$(buildah run "$ctr" -- "$@" 2>&1) || { buildah rm "$ctr" >/dev/null; die "$image: $* failed: $out"; }
+    out=$(bah run "$ctr" -- "$@" 2>&1) || { bah rm "$ctr" >/dev/null; die "$image: $* failed: $out"; }
     printf ', %s' "$out"
   fi
-  buildah rm "$ctr" >/dev/null
+  bah rm "$ctr" >/dev/null
 }
 ctl=$(check zfs-controller)
 # shellcheck disable=SC2016 # for dpkg-query, not the shell
 node=$(check zfs-node sh -ec 'test -x "$(command -v zfs)"; dpkg-query -W -f="zfsutils-linux \${Version}" zfsutils-linux')
 
 # Intermediate images of earlier builds that no tag refers to any more.
-quiet buildah rmi --prune
+quiet bah rmi --prune
 
-size() { buildah images --format '{{.Size}}' "$1" | head -1; }
+size() { bah images --format '{{.Size}}' "$1" | head -1; }
 echo "localhost/zfs-nomad/zfs-controller:$tag  $(size "localhost/zfs-nomad/zfs-controller:$tag")  --version: $ctl"
 echo "localhost/zfs-nomad/zfs-node:$tag        $(size "localhost/zfs-nomad/zfs-node:$tag")  --version: $node"
