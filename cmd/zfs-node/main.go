@@ -89,8 +89,9 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
-	// Replication streams run as zfs processes, outside the libzfs lock.
-	streams := zfscmd.Cmd{}
+	// Replication streams run as zfs processes, outside the libzfs lock;
+	// the short reads and holds around them run in process.
+	streams := z.Streams(zfscmd.Cmd{})
 	dial := func(addr string) (*grpc.ClientConn, error) {
 		return grpc.NewClient(addr, append(replication.DialOptions(), grpc.WithTransportCredentials(dialCreds))...)
 	}

@@ -8,11 +8,14 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"reflect"
+	"sort"
 	"testing"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/guesttest"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs/libzfs"
+	"github.com/zfs-nomad/zfs-nomad/internal/zfs/zfscmd"
 )
 
 // These tests run on real ZFS: in the guest, or on a host with /dev/zfs.
@@ -254,4 +257,103 @@ func TestSnapshotVisibleAtOnce(t *testing.T) {
 			t.Errorf("iteration %d: %s not listed right after creation (%d datasets listed)", i, name, len(all))
 		}
 	}
+}
+
+// TestStreamsMatchZfsCommand: replication's in-process reads, snapshots
+// and holds answer exactly what the zfs command answers on the same
+// datasets, so the two are interchangeable behind replication.Streams.
+func TestStreamsMatchZfsCommand(t *testing.T) {
+	z, root := setup(t)
+	ctx := context.Background()
+	in, cmd := z.Streams(zfscmd.Cmd{}), zfscmd.Cmd{}
+	fs := root + "/v1"
+	if err := z.CreateFilesystem(ctx, fs, map[string]string{"refquota": "67108864", userProp: "replica"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := z.CreateFilesystem(ctx, root+"/v2", nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{"s1", "s2", "s3"} {
+		if err := in.Snapshot(ctx, fs+"@"+s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	steps := []struct {
+		name string
+		do   func() error
+	}{
+		{"hold s1 t1", func() error { return in.Hold(ctx, fs+"@s1", "t1") }},
+		{"hold s1 t1 again", func() error { return in.Hold(ctx, fs+"@s1", "t1") }},
+		{"hold s1 t2", func() error { return in.Hold(ctx, fs+"@s1", "t2") }},
+		{"hold s2 t1", func() error { return in.Hold(ctx, fs+"@s2", "t1") }},
+		{"release s2 t1", func() error { return in.Release(ctx, fs+"@s2", "t1") }},
+		{"release s2 t1 again", func() error { return in.Release(ctx, fs+"@s2", "t1") }},
+		{"destroy s3", func() error { return in.Destroy(ctx, fs+"@s3") }},
+		{"set a property", func() error { return in.Set(ctx, fs, map[string]string{"zfs-nomad:generation": "7"}) }},
+	}
+	for _, s := range steps {
+		if err := s.do(); err != nil {
+			t.Fatalf("%s: %v", s.name, err)
+		}
+	}
+
+	reads := []struct {
+		name string
+		read func(Streamer) (any, error)
+	}{
+		{"snapshots", func(s Streamer) (any, error) { return s.Snapshots(ctx, fs) }},
+		{"holds", func(s Streamer) (any, error) {
+			h, err := s.Holds(ctx, fs)
+			for _, tags := range h {
+				sort.Strings(tags)
+			}
+			return h, err
+		}},
+		{"properties", func(s Streamer) (any, error) {
+			return s.GetAll(ctx, fs, "refquota", "receive_resume_token", "encryption", "guid", userProp, "zfs-nomad:generation", "zfs-nomad:unset")
+		}},
+		{"inherited user property of a snapshot", func(s Streamer) (any, error) { return s.Get(ctx, fs+"@s1", userProp) }},
+		{"children", func(s Streamer) (any, error) { return s.Children(ctx, root, userProp, "receive_resume_token") }},
+	}
+	for _, r := range reads {
+		got, gerr := r.read(in)
+		want, werr := r.read(cmd)
+		if gerr != nil || werr != nil {
+			t.Errorf("%s: in process: %v, zfs command: %v", r.name, gerr, werr)
+			continue
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("%s:\n in process  %#v\n zfs command %#v", r.name, got, want)
+		}
+	}
+	if snaps, _ := in.Snapshots(ctx, fs); len(snaps) != 2 {
+		t.Errorf("snapshots after destroying s3: %+v, want s1 and s2", snaps)
+	}
+
+	failures := []struct {
+		name string
+		do   func() error
+		want error
+	}{
+		{"get of a missing dataset", func() error { _, err := in.Get(ctx, root+"/missing", "guid"); return err }, zfs.ErrNotFound},
+		{"snapshots of a missing dataset", func() error { _, err := in.Snapshots(ctx, root+"/missing"); return err }, zfs.ErrNotFound},
+		{"hold of a missing snapshot", func() error { return in.Hold(ctx, fs+"@missing", "t1") }, zfs.ErrNotFound},
+		{"destroy of a held snapshot", func() error { return in.Destroy(ctx, fs+"@s1") }, zfs.ErrBusy},
+		{"destroy of a filesystem", func() error { return in.Destroy(ctx, root+"/v2") }, nil},
+	}
+	for _, f := range failures {
+		err := f.do()
+		if err == nil || (f.want != nil && !errors.Is(err, f.want)) {
+			t.Errorf("%s: %v, want an error wrapping %v", f.name, err, f.want)
+		}
+	}
+}
+
+// Streamer is what the test reads through both implementations.
+type Streamer interface {
+	Snapshots(ctx context.Context, fs string) ([]zfscmd.Snap, error)
+	Holds(ctx context.Context, fs string) (map[string][]string, error)
+	GetAll(ctx context.Context, dataset string, props ...string) (map[string]string, error)
+	Get(ctx context.Context, dataset, prop string) (string, error)
+	Children(ctx context.Context, parent string, props ...string) ([]zfscmd.Child, error)
 }

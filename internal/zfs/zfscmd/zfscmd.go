@@ -1,7 +1,9 @@
 // Package zfscmd runs the zfs command for what must not go through the one
-// serialised libzfs handle: send and receive streams, which last minutes,
-// and the few reads and holds around them. Each call is its own process,
-// so a long transfer never stalls other volumes.
+// serialised libzfs handle: send and receive streams, which last minutes.
+// Each call is its own process, so a long transfer never stalls other
+// volumes. It also has the reads and holds around the streams, which the
+// node runs in process instead (libzfs.Streams) and tests use to check
+// that both agree.
 package zfscmd
 
 import (

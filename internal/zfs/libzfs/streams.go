@@ -1,0 +1,388 @@
+//go:build linux && cgo
+
+package libzfs
+
+/*
+#cgo CFLAGS: -I/usr/include/libzfs -I/usr/include/libspl -DHAVE_IOCTL_IN_SYS_IOCTL_H -D_GNU_SOURCE
+#cgo LDFLAGS: -lzfs -lnvpair
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <libzfs.h>
+#include <libnvpair.h>
+
+extern libzfs_handle_t *libzfsHandle;
+
+static int errno_now(void) { return libzfs_errno(libzfsHandle); }
+
+static zfs_handle_t *open_any(const char *name) {
+	return zfs_open(libzfsHandle, name, ZFS_TYPE_FILESYSTEM | ZFS_TYPE_SNAPSHOT | ZFS_TYPE_VOLUME);
+}
+
+// prop_get writes a property's parsable value into buf, as `zfs get -Hp`
+// prints it: "-" when the property does not apply or a user property is
+// unset. Native and user properties alike.
+static void prop_get(zfs_handle_t *zh, const char *name, char *buf, size_t len) {
+	zfs_prop_t p = zfs_name_to_prop(name);
+	if (p != ZPROP_INVAL) {
+		if (zfs_prop_get(zh, p, buf, len, NULL, NULL, 0, B_TRUE) != 0)
+			snprintf(buf, len, "-");
+		return;
+	}
+	nvlist_t *user = zfs_get_user_props(zh), *entry = NULL;
+	char *value = NULL;
+	if (nvlist_lookup_nvlist(user, name, &entry) == 0 &&
+	    nvlist_lookup_string(entry, ZPROP_VALUE, &value) == 0)
+		snprintf(buf, len, "%s", value);
+	else
+		snprintf(buf, len, "-");
+}
+
+// One line per snapshot: "name\tguid\tcreatetxg\tcreation", and with
+// holds set, one "name\ttag" line per hold instead.
+typedef struct {
+	char *buf;
+	size_t len, cap;
+	int oom, holds;
+} lines_t;
+
+static void lines_add(lines_t *l, const char *s) {
+	size_t n = strlen(s);
+	if (l->len + n + 2 > l->cap) {
+		size_t cap = (l->cap + n + 2) * 2;
+		char *b = realloc(l->buf, cap);
+		if (b == NULL) {
+			l->oom = 1;
+			return;
+		}
+		l->buf = b;
+		l->cap = cap;
+	}
+	memcpy(l->buf + l->len, s, n);
+	l->len += n;
+	l->buf[l->len++] = '\n';
+	l->buf[l->len] = 0;
+}
+
+static int snapshot_line(zfs_handle_t *zh, void *arg) {
+	lines_t *l = arg;
+	char line[ZFS_MAX_DATASET_NAME_LEN + 512];
+	const char *name = zfs_get_name(zh);
+	if (!l->holds) {
+		snprintf(line, sizeof(line), "%s\t%llu\t%llu\t%llu", name,
+		    (unsigned long long)zfs_prop_get_int(zh, ZFS_PROP_GUID),
+		    (unsigned long long)zfs_prop_get_int(zh, ZFS_PROP_CREATETXG),
+		    (unsigned long long)zfs_prop_get_int(zh, ZFS_PROP_CREATION));
+		lines_add(l, line);
+	} else if (zfs_prop_get_int(zh, ZFS_PROP_USERREFS) > 0) {
+		nvlist_t *holds = NULL;
+		if (zfs_get_holds(zh, &holds) != 0) {
+			zfs_close(zh);
+			return -1;
+		}
+		for (nvpair_t *p = nvlist_next_nvpair(holds, NULL); p != NULL; p = nvlist_next_nvpair(holds, p)) {
+			snprintf(line, sizeof(line), "%s\t%s", name, nvpair_name(p));
+			lines_add(l, line);
+		}
+		nvlist_free(holds);
+	}
+	zfs_close(zh);
+	return l->oom ? -1 : 0;
+}
+
+// list_snapshots lists the snapshots of fs (or their holds) into *out,
+// freed by the caller.
+static int list_snapshots(const char *fs, int holds, char **out) {
+	lines_t l = {0};
+	l.holds = holds;
+	*out = NULL;
+	zfs_handle_t *zh = zfs_open(libzfsHandle, fs, ZFS_TYPE_FILESYSTEM | ZFS_TYPE_VOLUME);
+	if (zh == NULL)
+		return -1;
+	int rc = zfs_iter_snapshots(zh, B_FALSE, snapshot_line, &l, 0, 0);
+	zfs_close(zh);
+	if (rc != 0) {
+		free(l.buf);
+		return rc;
+	}
+	*out = l.buf;
+	return 0;
+}
+
+static int child_line(zfs_handle_t *zh, void *arg) {
+	if (zfs_get_type(zh) == ZFS_TYPE_FILESYSTEM)
+		lines_add(arg, zfs_get_name(zh));
+	zfs_close(zh);
+	return ((lines_t *)arg)->oom ? -1 : 0;
+}
+
+// list_children lists the filesystems directly below parent into *out.
+static int list_children(const char *parent, char **out) {
+	lines_t l = {0};
+	*out = NULL;
+	zfs_handle_t *zh = zfs_open(libzfsHandle, parent, ZFS_TYPE_FILESYSTEM);
+	if (zh == NULL)
+		return -1;
+	int rc = zfs_iter_filesystems(zh, child_line, &l);
+	zfs_close(zh);
+	if (rc != 0) {
+		free(l.buf);
+		return rc;
+	}
+	*out = l.buf;
+	return 0;
+}
+
+// hold_one and release_one take "fs@snap".
+static int hold_one(const char *snapshot, const char *tag) {
+	char fs[ZFS_MAX_DATASET_NAME_LEN];
+	const char *at = strchr(snapshot, '@');
+	if (at == NULL || (size_t)(at - snapshot) >= sizeof(fs))
+		return -1;
+	memcpy(fs, snapshot, at - snapshot);
+	fs[at - snapshot] = 0;
+	zfs_handle_t *zh = zfs_open(libzfsHandle, fs, ZFS_TYPE_FILESYSTEM | ZFS_TYPE_VOLUME);
+	if (zh == NULL)
+		return -1;
+	int rc = zfs_hold(zh, at + 1, tag, B_FALSE, -1);
+	zfs_close(zh);
+	return rc;
+}
+
+static int release_one(const char *snapshot, const char *tag) {
+	char fs[ZFS_MAX_DATASET_NAME_LEN];
+	const char *at = strchr(snapshot, '@');
+	if (at == NULL || (size_t)(at - snapshot) >= sizeof(fs))
+		return -1;
+	memcpy(fs, snapshot, at - snapshot);
+	fs[at - snapshot] = 0;
+	zfs_handle_t *zh = zfs_open(libzfsHandle, fs, ZFS_TYPE_FILESYSTEM | ZFS_TYPE_VOLUME);
+	if (zh == NULL)
+		return -1;
+	int rc = zfs_release(zh, at + 1, tag, B_FALSE);
+	zfs_close(zh);
+	return rc;
+}
+*/
+import "C"
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"unsafe"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/zfs"
+	"github.com/zfs-nomad/zfs-nomad/internal/zfs/zfscmd"
+)
+
+// Streams is what replication needs of ZFS: the streams (send, receive,
+// size estimates) from zfscmd, each its own process so a long transfer
+// never holds the libzfs lock; and the short reads, snapshots and holds
+// around them in process, under the lock. A zfs command costs a process
+// start and a libzfs_init each; on the critical path of a move there are
+// a dozen of them.
+type Streams struct {
+	zfscmd.Cmd
+	z *ZFS
+}
+
+// Streams returns the replication view of z, running streams with cmd.
+func (z *ZFS) Streams(cmd zfscmd.Cmd) Streams { return Streams{Cmd: cmd, z: z} }
+
+// propValueMax bounds a property value (a resume token is the longest).
+const propValueMax = 8192
+
+// GetAll reads several properties; those unset or not applicable are "-".
+func (s Streams) GetAll(ctx context.Context, dataset string, props ...string) (map[string]string, error) {
+	if err := zfs.ValidateName(dataset); err != nil {
+		return nil, err
+	}
+	values := map[string]string{}
+	err := s.z.do(ctx, func() error {
+		cname := C.CString(dataset)
+		defer C.free(unsafe.Pointer(cname))
+		zh := C.open_any(cname)
+		if zh == nil {
+			return lastError("get", dataset)
+		}
+		defer C.zfs_close(zh)
+		buf := (*C.char)(C.malloc(propValueMax))
+		defer C.free(unsafe.Pointer(buf))
+		for _, p := range props {
+			cp := C.CString(p)
+			C.prop_get(zh, cp, buf, propValueMax)
+			C.free(unsafe.Pointer(cp))
+			values[p] = C.GoString(buf)
+		}
+		return nil
+	})
+	return values, err
+}
+
+// Get reads one property ("-" when unset).
+func (s Streams) Get(ctx context.Context, dataset, prop string) (string, error) {
+	values, err := s.GetAll(ctx, dataset, prop)
+	return values[prop], err
+}
+
+// Set sets properties on a dataset.
+func (s Streams) Set(ctx context.Context, dataset string, props map[string]string) error {
+	return s.z.SetProperties(ctx, dataset, props)
+}
+
+// Snapshot creates a snapshot.
+func (s Streams) Snapshot(ctx context.Context, name string) error {
+	return s.z.Snapshot(ctx, name, nil)
+}
+
+// Destroy destroys one snapshot.
+func (s Streams) Destroy(ctx context.Context, snapshot string) error {
+	if !strings.Contains(snapshot, "@") {
+		return fmt.Errorf("refusing to destroy %q: not a snapshot name", snapshot)
+	}
+	return s.z.Destroy(ctx, snapshot)
+}
+
+// Snapshots lists the snapshots of one filesystem, oldest first.
+func (s Streams) Snapshots(ctx context.Context, fs string) ([]zfscmd.Snap, error) {
+	lines, err := s.snapshotLines(ctx, fs, false)
+	if err != nil {
+		return nil, err
+	}
+	snaps := make([]zfscmd.Snap, 0, len(lines))
+	for _, line := range lines {
+		f := strings.Split(line, "\t")
+		if len(f) != 4 {
+			return nil, fmt.Errorf("listing snapshots of %s: unexpected line %q", fs, line)
+		}
+		guid, err1 := strconv.ParseUint(f[1], 10, 64)
+		txg, err2 := strconv.ParseUint(f[2], 10, 64)
+		created, err3 := strconv.ParseInt(f[3], 10, 64)
+		if err := errors.Join(err1, err2, err3); err != nil {
+			return nil, fmt.Errorf("listing snapshots of %s: line %q: %w", fs, line, err)
+		}
+		snaps = append(snaps, zfscmd.Snap{Name: f[0], GUID: guid, CreateTXG: txg, Created: created})
+	}
+	sort.Slice(snaps, func(i, j int) bool { return snaps[i].CreateTXG < snaps[j].CreateTXG })
+	return snaps, nil
+}
+
+// Holds returns the hold tags of every snapshot of fs that has any.
+func (s Streams) Holds(ctx context.Context, fs string) (map[string][]string, error) {
+	lines, err := s.snapshotLines(ctx, fs, true)
+	if err != nil {
+		return nil, err
+	}
+	holds := map[string][]string{}
+	for _, line := range lines {
+		if snap, tag, ok := strings.Cut(line, "\t"); ok {
+			holds[snap] = append(holds[snap], tag)
+		}
+	}
+	for _, tags := range holds {
+		sort.Strings(tags)
+	}
+	return holds, nil
+}
+
+func (s Streams) snapshotLines(ctx context.Context, fs string, holds bool) ([]string, error) {
+	if err := zfs.ValidateName(fs); err != nil {
+		return nil, err
+	}
+	var lines []string
+	err := s.z.do(ctx, func() error {
+		cfs := C.CString(fs)
+		defer C.free(unsafe.Pointer(cfs))
+		withHolds := C.int(0)
+		if holds {
+			withHolds = 1
+		}
+		var err error
+		lines, err = retryInterrupted("list snapshots", fs, func(out **C.char) C.int { return C.list_snapshots(cfs, withHolds, out) })
+		return err
+	})
+	return lines, err
+}
+
+// retryInterrupted runs a listing, retrying it when a signal interrupted
+// it (see listNames), and splits its output into lines. Runs under the
+// libzfs lock.
+func retryInterrupted(op, name string, list func(**C.char) C.int) ([]string, error) {
+	for attempt := 0; ; attempt++ {
+		var buf *C.char
+		if list(&buf) == 0 {
+			out := C.GoString(buf)
+			C.free(unsafe.Pointer(buf))
+			if out == "" {
+				return nil, nil
+			}
+			return strings.Split(strings.TrimSuffix(out, "\n"), "\n"), nil
+		}
+		if C.errno_now() == C.EZFS_INTR && attempt < listIntrRetries {
+			continue
+		}
+		return nil, lastError(op, name)
+	}
+}
+
+// Children lists the filesystems directly below parent with props.
+func (s Streams) Children(ctx context.Context, parent string, props ...string) ([]zfscmd.Child, error) {
+	if err := zfs.ValidateName(parent); err != nil {
+		return nil, err
+	}
+	var names []string
+	err := s.z.do(ctx, func() error {
+		cparent := C.CString(parent)
+		defer C.free(unsafe.Pointer(cparent))
+		var err error
+		names, err = retryInterrupted("list", parent, func(out **C.char) C.int { return C.list_children(cparent, out) })
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	sort.Strings(names)
+	children := make([]zfscmd.Child, 0, len(names))
+	for _, name := range names {
+		values, err := s.GetAll(ctx, name, props...)
+		if errors.Is(err, zfs.ErrNotFound) {
+			continue // destroyed since it was listed
+		}
+		if err != nil {
+			return nil, err
+		}
+		children = append(children, zfscmd.Child{Name: name, Props: values})
+	}
+	return children, nil
+}
+
+// Hold puts hold tag on snapshot; holding twice is fine.
+func (s Streams) Hold(ctx context.Context, snapshot, tag string) error {
+	return s.holdOrRelease(ctx, "hold", snapshot, tag, C.EZFS_REFTAG_HOLD, func(cs, ct *C.char) C.int { return C.hold_one(cs, ct) })
+}
+
+// Release removes hold tag from snapshot; a missing hold is fine.
+func (s Streams) Release(ctx context.Context, snapshot, tag string) error {
+	return s.holdOrRelease(ctx, "release", snapshot, tag, C.EZFS_REFTAG_RELE, func(cs, ct *C.char) C.int { return C.release_one(cs, ct) })
+}
+
+// holdOrRelease runs op, taking the errno that says it was done already
+// as success.
+func (s Streams) holdOrRelease(ctx context.Context, op, snapshot, tag string, done C.int, f func(cs, ct *C.char) C.int) error {
+	if err := zfs.ValidateName(snapshot); err != nil || !strings.Contains(snapshot, "@") {
+		return fmt.Errorf("zfs %s %s: not a snapshot name", op, snapshot)
+	}
+	return s.z.do(ctx, func() error {
+		cs, ct := C.CString(snapshot), C.CString(tag)
+		defer C.free(unsafe.Pointer(cs))
+		defer C.free(unsafe.Pointer(ct))
+		if f(cs, ct) == 0 || C.errno_now() == done {
+			return nil
+		}
+		return lastError(op+" "+tag, snapshot)
+	})
+}
