@@ -119,9 +119,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"strconv"
 	"strings"
-	"time"
 	"unsafe"
 
 	golibzfs "github.com/bicomsystems/go-libzfs"
@@ -188,12 +186,8 @@ func (z *ZFS) Get(ctx context.Context, name string) (zfs.Dataset, error) {
 	}
 	var out zfs.Dataset
 	err := z.do(ctx, func() error {
-		d, err := z.open(name)
-		if err != nil {
-			return err
-		}
-		defer d.Close()
-		out, err = z.convert(&d)
+		var err error
+		out, err = z.read(name)
 		return err
 	})
 	return out, err
@@ -214,15 +208,10 @@ func (z *ZFS) List(ctx context.Context, name string) ([]zfs.Dataset, error) {
 		}
 		out = make([]zfs.Dataset, 0, len(names))
 		for _, n := range names {
-			d, err := z.open(n)
+			ds, err := z.read(n)
 			if errors.Is(err, zfs.ErrNotFound) {
 				continue // destroyed since it was listed
 			}
-			if err != nil {
-				return err
-			}
-			ds, err := z.convert(&d)
-			d.Close()
 			if err != nil {
 				return err
 			}
@@ -266,51 +255,6 @@ func (z *ZFS) open(name string) (golibzfs.Dataset, error) {
 		return d, fmt.Errorf("zfs open %s: %w", name, err)
 	}
 	return d, nil
-}
-
-func (z *ZFS) convert(d *golibzfs.Dataset) (zfs.Dataset, error) {
-	p := d.Properties
-	out := zfs.Dataset{
-		Name:         p[golibzfs.DatasetPropName].Value,
-		Used:         parseUint(p[golibzfs.DatasetPropUsed].Value),
-		Referenced:   parseUint(p[golibzfs.DatasetPropReferenced].Value),
-		Available:    parseUint(p[golibzfs.DatasetPropAvailable].Value),
-		Quota:        parseUint(p[golibzfs.DatasetPropQuota].Value),
-		RefQuota:     parseUint(p[golibzfs.DatasetPropRefquota].Value),
-		Created:      time.Unix(int64(parseUint(p[golibzfs.DatasetPropCreation].Value)), 0),
-		DeferDestroy: p[golibzfs.DatasetPropDeferDestroy].Value == "on",
-		ReadOnly:     p[golibzfs.DatasetPropReadonly].Value == "on",
-		User:         map[string]string{},
-	}
-	if o := p[golibzfs.DatasetPropOrigin].Value; o != "-" {
-		out.Origin = o
-	}
-	switch d.Type {
-	case golibzfs.DatasetTypeFilesystem:
-		out.Type = zfs.Filesystem
-	case golibzfs.DatasetTypeSnapshot:
-		out.Type = zfs.Snapshot
-	}
-	for _, key := range z.userProps {
-		prop, err := d.GetUserProperty(key)
-		if err != nil {
-			return out, fmt.Errorf("zfs get %s %s: %w", key, out.Name, err)
-		}
-		// Inherited values belong to the parent (snapshots inherit their
-		// filesystem's properties): only local and received ones count.
-		if prop.Source == "local" || prop.Source == "received" {
-			out.User[key] = prop.Value
-		}
-	}
-	return out, nil
-}
-
-func parseUint(s string) uint64 {
-	v, err := strconv.ParseUint(s, 10, 64)
-	if err != nil {
-		return 0 // "-" or "none": unset
-	}
-	return v
 }
 
 // withProps builds a C nvlist of string properties for the duration of f.
@@ -393,20 +337,10 @@ func (z *ZFS) SetProperties(ctx context.Context, name string, props map[string]s
 	if err := zfs.ValidateName(name); err != nil {
 		return err
 	}
-	return z.do(ctx, func() error {
-		d, err := z.open(name)
-		if err != nil {
-			return err
-		}
-		defer d.Close()
-		for k, v := range props {
-			// SetUserProperty is zfs_prop_set by name: it takes native properties too.
-			if err := d.SetUserProperty(k, v); err != nil {
-				return fmt.Errorf("zfs set %s=%s %s: %w", k, v, name, err)
-			}
-		}
+	if len(props) == 0 {
 		return nil
-	})
+	}
+	return z.do(ctx, func() error { return setProps(name, props) })
 }
 
 func (z *ZFS) Rename(ctx context.Context, from, to string) error {
