@@ -121,25 +121,24 @@ func (s *Scheduler) Plan(ctx context.Context) ([]Push, error) {
 		}
 	}
 	// Two primaries of one volume: a move between promotion and demotion,
-	// or a lost primary back after a failover. Settle retires the older;
-	// the volume waits for the next round.
-	count := map[string]int{}
+	// or a lost primary back after a failover. Settle retires the older
+	// (once per round); the volume waits for the next round.
+	holders := map[string]int{}
 	for _, p := range primaries {
-		count[p.vol.GetVolumeId()]++
+		holders[p.vol.GetVolumeId()]++
 	}
+	settled := map[string]bool{}
 	var pushes []Push
 	s.Metrics.reset()
 	for _, p := range primaries {
-		if count[p.vol.GetVolumeId()] > 1 {
-			if s.Settle != nil {
-				if err := s.Settle(ctx, p.vol.GetVolumeId()); err != nil {
-					s.log.Warn("two primaries of a volume; retiring the older failed", "volume_id", p.vol.GetVolumeId(), "error", err)
+		id := p.vol.GetVolumeId()
+		if holders[id] > 1 {
+			if !settled[id] && s.Settle != nil {
+				if err := s.Settle(ctx, id); err != nil {
+					s.log.Warn("two primaries of a volume; retiring the older failed", "volume_id", id, "error", err)
 				}
 			}
-			count[p.vol.GetVolumeId()] = 0 // settle once per round
-			continue
-		}
-		if count[p.vol.GetVolumeId()] == 0 {
+			settled[id] = true
 			continue
 		}
 		if p.vol.GetMovingTo() != "" {

@@ -1,0 +1,183 @@
+package scheduler
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/test/bufconn"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/cluster"
+	"github.com/zfs-nomad/zfs-nomad/internal/config"
+	"github.com/zfs-nomad/zfs-nomad/internal/volume"
+	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
+)
+
+// agent answers what the scheduler asks a node: who it is, its primaries
+// and its replicas.
+type agent struct {
+	pb.UnimplementedNodeAgentServer
+	node     *pb.Node
+	volumes  []*pb.Volume
+	replicas []*pb.Replica
+}
+
+func (a *agent) GetNode(context.Context, *pb.GetNodeRequest) (*pb.Node, error) { return a.node, nil }
+
+func (a *agent) ListVolumes(context.Context, *pb.ListVolumesRequest) (*pb.ListVolumesResponse, error) {
+	return &pb.ListVolumesResponse{Volumes: a.volumes}, nil
+}
+
+func (a *agent) Status(context.Context, *pb.StatusRequest) (*pb.NodeStatus, error) {
+	return &pb.NodeStatus{Replicas: a.replicas}, nil
+}
+
+// startAgents serves each agent in memory and returns a cluster of them.
+func startAgents(t *testing.T, agents []*agent) *cluster.Cluster {
+	t.Helper()
+	listeners := map[string]*bufconn.Listener{}
+	var peers []string
+	for _, a := range agents {
+		lis := bufconn.Listen(1 << 16)
+		srv := grpc.NewServer()
+		pb.RegisterNodeAgentServer(srv, a)
+		go srv.Serve(lis)
+		t.Cleanup(srv.Stop)
+		addr := a.node.GetNodeId() + ":7670"
+		listeners[addr] = lis
+		peers = append(peers, "passthrough:///"+addr)
+	}
+	dialer := grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+		lis, ok := listeners[addr]
+		if !ok {
+			return nil, fmt.Errorf("connection refused: %s", addr)
+		}
+		return lis.DialContext(ctx)
+	})
+	return cluster.New(cluster.StaticPeers(peers), 2*time.Second, hclog.NewNullLogger(), dialer, grpc.WithTransportCredentials(insecure.NewCredentials()))
+}
+
+func node(id, domain string, availableGiB uint64) *pb.Node {
+	return &pb.Node{NodeId: id, AvailableBytes: availableGiB << 30, MaxQuotaBytes: 8 << 30,
+		Topology: map[string]string{config.TopologyNodeKey: id, config.TopologyDomainKey: domain}}
+}
+
+func vol(id string, replicas int, interval string) *pb.Volume {
+	return &pb.Volume{VolumeId: id, UsedBytes: 1 << 20, Parameters: map[string]string{
+		volume.ParamReplicas: fmt.Sprint(replicas), volume.ParamReplicationInterval: interval}}
+}
+
+var now = time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
+
+func replicaOf(id string, age time.Duration) *pb.Replica {
+	return &pb.Replica{VolumeId: id, LastSnapshotUnix: now.Add(-age).Unix()}
+}
+
+func TestPlan(t *testing.T) {
+	tests := []struct {
+		name        string
+		agents      []*agent
+		wantPushes  []string // "volume source->target: reason"
+		wantSettled []string
+	}{
+		{
+			name: "a new replica goes to the node with most room in the source's domain",
+			agents: []*agent{
+				{node: node("n1", "a", 10), volumes: []*pb.Volume{vol("v", 1, "1m")}},
+				{node: node("n2", "a", 5)},
+				{node: node("n3", "a", 8)},
+				{node: node("n4", "b", 50)},
+			},
+			wantPushes: []string{"v n1->n3: no replica yet"},
+		},
+		{
+			name: "an existing replica is kept, and pushed to only when older than the interval",
+			agents: []*agent{
+				{node: node("n1", "a", 10), volumes: []*pb.Volume{vol("fresh", 1, "1m"), vol("stale", 1, "1m")}},
+				{node: node("n2", "a", 1), replicas: []*pb.Replica{replicaOf("fresh", 30*time.Second), replicaOf("stale", 2*time.Minute)}},
+				{node: node("n3", "a", 9)},
+			},
+			wantPushes: []string{"stale n1->n2: replica older than the interval"},
+		},
+		{
+			name: "an interrupted transfer is resumed at once",
+			agents: []*agent{
+				{node: node("n1", "a", 10), volumes: []*pb.Volume{vol("v", 1, "1h")}},
+				{node: node("n2", "a", 1), replicas: []*pb.Replica{{VolumeId: "v", LastSnapshotUnix: now.Unix(), Resumable: true}}},
+			},
+			wantPushes: []string{"v n1->n2: an interrupted transfer waits"},
+		},
+		{
+			name: "two replicas asked for: the freshest existing one plus the roomiest other node",
+			agents: []*agent{
+				{node: node("n1", "a", 10), volumes: []*pb.Volume{vol("v", 2, "1m")}},
+				{node: node("n2", "a", 1), replicas: []*pb.Replica{replicaOf("v", 10*time.Second)}},
+				{node: node("n3", "a", 2)},
+				{node: node("n4", "a", 3)},
+			},
+			wantPushes: []string{"v n1->n4: no replica yet"},
+		},
+		{
+			name: "unhealthy nodes are neither asked nor given replicas",
+			agents: []*agent{
+				{node: node("n1", "a", 10), volumes: []*pb.Volume{vol("v", 1, "1m")}},
+				{node: &pb.Node{NodeId: "n2", AvailableBytes: 100 << 30, UnhealthyReason: "pool faulted",
+					Topology: map[string]string{config.TopologyDomainKey: "a"}}},
+				{node: node("n3", "a", 1)},
+			},
+			wantPushes: []string{"v n1->n3: no replica yet"},
+		},
+		{
+			name: "a volume without replicas, and one being moved, get no pushes",
+			agents: []*agent{
+				{node: node("n1", "a", 10), volumes: []*pb.Volume{vol("none", 0, ""), func() *pb.Volume {
+					v := vol("moving", 1, "1m")
+					v.MovingTo = "n2"
+					return v
+				}()}},
+				{node: node("n2", "a", 5)},
+			},
+		},
+		{
+			name: "two primaries of a volume are settled once, and nothing is pushed for it",
+			agents: []*agent{
+				{node: node("n1", "a", 10), volumes: []*pb.Volume{vol("v", 1, "1m")}},
+				{node: node("n2", "a", 10), volumes: []*pb.Volume{vol("v", 1, "1m")}},
+				{node: node("n3", "a", 10)},
+			},
+			wantSettled: []string{"v"},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := New(startAgents(t, tt.agents), 1, hclog.NewNullLogger())
+			s.now = func() time.Time { return now }
+			var settled []string
+			s.Settle = func(_ context.Context, id string) error {
+				settled = append(settled, id)
+				return nil
+			}
+			pushes, err := s.Plan(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, p := range pushes {
+				got = append(got, fmt.Sprintf("%s %s->%s: %s", p.VolumeID, p.Source.Info.GetNodeId(), p.Target.Info.GetNodeId(), p.Reason))
+			}
+			slices.Sort(got)
+			if !slices.Equal(got, tt.wantPushes) {
+				t.Errorf("pushes:\n got  %q\n want %q", got, tt.wantPushes)
+			}
+			if !slices.Equal(settled, tt.wantSettled) {
+				t.Errorf("settled %q, want %q", settled, tt.wantSettled)
+			}
+		})
+	}
+}
