@@ -244,6 +244,9 @@ func (p *Pusher) tidy(fs string, log hclog.Logger) {
 	if err := releaseTags(ctx, p.z, fs, isReceiverTag); err != nil {
 		log.Warn("releasing a former replica's hold failed; next push retries", "error", err)
 	}
+	if err := releaseSuperseded(ctx, p.z, fs); err != nil {
+		log.Warn("releasing old base holds failed; next push retries", "error", err)
+	}
 	if err := prune(ctx, p.z, fs, p.keep); err != nil {
 		log.Warn("pruning old replication snapshots failed; next push retries", "error", err)
 	}
@@ -320,7 +323,10 @@ func (p *Pusher) holdBase(ctx context.Context, fs string, guid uint64, tag strin
 	}
 	for _, s := range snaps {
 		if s.GUID == guid {
-			return moveBaseHold(ctx, p.z, fs, s.Name, tag)
+			if err := p.z.Hold(ctx, s.Name, tag); err != nil {
+				return fmt.Errorf("holding the new base %s: %w", s.Name, err)
+			}
+			return nil // tidy releases the old base
 		}
 	}
 	return fmt.Errorf("the peer received snapshot guid %s, which %s does not have", strconv.FormatUint(guid, 10), fs)

@@ -179,8 +179,8 @@ func (r *Receiver) receive(stream pb.Replication_ReceiveServer) (*pb.ReceiveResu
 		return nil, fmt.Errorf("reading the received snapshot of %s: %v", fs, err)
 	}
 	last := snaps[len(snaps)-1]
-	if err := moveBaseHold(ctx, r.z, fs, last.Name, BaseHoldTag); err != nil {
-		return nil, err
+	if err := r.z.Hold(ctx, last.Name, BaseHoldTag); err != nil { // tidy releases the old base
+		return nil, fmt.Errorf("holding the new base %s: %w", last.Name, err)
 	}
 	if h.GetKind() != KindFull {
 		if err := r.z.Set(ctx, fs, labels); err != nil {
@@ -207,6 +207,9 @@ func (r *Receiver) tidy(volumeID, fs string, log hclog.Logger) {
 	defer unlock()
 	if err := releaseTags(ctx, r.z, fs, isPeerTag); err != nil {
 		log.Warn("releasing a former primary's holds failed; next receive retries", "error", err)
+	}
+	if err := releaseSuperseded(ctx, r.z, fs); err != nil {
+		log.Warn("releasing the old base hold failed; next receive retries", "error", err)
 	}
 	if err := prune(ctx, r.z, fs, r.keep); err != nil {
 		log.Warn("pruning old replication snapshots failed; next receive retries", "error", err)

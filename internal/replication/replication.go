@@ -68,28 +68,42 @@ func dataset(root, volumeID string) (string, error) {
 	return root + "/" + volumeID, nil
 }
 
-// moveBaseHold holds snapshot with tag and releases tag from every other
-// snapshot of fs: hold first, so there is never a moment without a
-// protected base.
-func moveBaseHold(ctx context.Context, z Streams, fs, snapshot, tag string) error {
-	if err := z.Hold(ctx, snapshot, tag); err != nil {
-		return fmt.Errorf("holding the new base %s: %w", snapshot, err)
+// releaseSuperseded releases every base hold of fs that a newer snapshot
+// carries too: only the newest snapshot held with a tag is the base it
+// names. A new base is held when a transfer succeeds, before the answer;
+// this runs afterwards (tidy), so there is never a moment without a
+// protected base, and the answer waits for one sync task, not two.
+func releaseSuperseded(ctx context.Context, z Streams, fs string) error {
+	snaps, err := z.Snapshots(ctx, fs) // oldest first
+	if err != nil {
+		return err
 	}
 	holds, err := z.Holds(ctx, fs)
 	if err != nil {
 		return fmt.Errorf("listing holds on %s: %w", fs, err)
 	}
-	for snap, tags := range holds {
-		for _, t := range tags {
-			if t == tag && snap != snapshot {
-				if err := z.Release(ctx, snap, tag); err != nil {
-					return fmt.Errorf("releasing the old base %s: %w", snap, err)
+	newest := map[string]string{} // tag -> newest snapshot holding it
+	for _, s := range snaps {
+		for _, t := range holds[s.Name] {
+			if isBaseTag(t) {
+				newest[t] = s.Name
+			}
+		}
+	}
+	for _, s := range snaps {
+		for _, t := range holds[s.Name] {
+			if isBaseTag(t) && newest[t] != s.Name {
+				if err := z.Release(ctx, s.Name, t); err != nil {
+					return fmt.Errorf("releasing the old base %s: %w", s.Name, err)
 				}
 			}
 		}
 	}
 	return nil
 }
+
+// isBaseTag selects the holds that protect incremental bases.
+func isBaseTag(tag string) bool { return tag == BaseHoldTag || isPeerTag(tag) }
 
 // releaseTags releases, on every snapshot of fs, the hold tags drop
 // selects. A copy that changed roles keeps no holds of its old role.
