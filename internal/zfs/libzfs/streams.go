@@ -3,166 +3,7 @@
 package libzfs
 
 /*
-#cgo CFLAGS: -I/usr/include/libzfs -I/usr/include/libspl -DHAVE_IOCTL_IN_SYS_IOCTL_H -D_GNU_SOURCE
-#cgo LDFLAGS: -lzfs -lnvpair
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <libzfs.h>
-#include <libnvpair.h>
-
-extern libzfs_handle_t *libzfsHandle;
-
-static int errno_now(void) { return libzfs_errno(libzfsHandle); }
-
-static zfs_handle_t *open_any(const char *name) {
-	return zfs_open(libzfsHandle, name, ZFS_TYPE_FILESYSTEM | ZFS_TYPE_SNAPSHOT | ZFS_TYPE_VOLUME);
-}
-
-// prop_get writes a property's parsable value into buf, as `zfs get -Hp`
-// prints it: "-" when the property does not apply or a user property is
-// unset. Native and user properties alike.
-static void prop_get(zfs_handle_t *zh, const char *name, char *buf, size_t len) {
-	zfs_prop_t p = zfs_name_to_prop(name);
-	if (p != ZPROP_INVAL) {
-		if (zfs_prop_get(zh, p, buf, len, NULL, NULL, 0, B_TRUE) != 0)
-			snprintf(buf, len, "-");
-		return;
-	}
-	nvlist_t *user = zfs_get_user_props(zh), *entry = NULL;
-	char *value = NULL;
-	if (nvlist_lookup_nvlist(user, name, &entry) == 0 &&
-	    nvlist_lookup_string(entry, ZPROP_VALUE, &value) == 0)
-		snprintf(buf, len, "%s", value);
-	else
-		snprintf(buf, len, "-");
-}
-
-// One line per snapshot: "name\tguid\tcreatetxg\tcreation", and with
-// holds set, one "name\ttag" line per hold instead.
-typedef struct {
-	char *buf;
-	size_t len, cap;
-	int oom, holds;
-} lines_t;
-
-static void lines_add(lines_t *l, const char *s) {
-	size_t n = strlen(s);
-	if (l->len + n + 2 > l->cap) {
-		size_t cap = (l->cap + n + 2) * 2;
-		char *b = realloc(l->buf, cap);
-		if (b == NULL) {
-			l->oom = 1;
-			return;
-		}
-		l->buf = b;
-		l->cap = cap;
-	}
-	memcpy(l->buf + l->len, s, n);
-	l->len += n;
-	l->buf[l->len++] = '\n';
-	l->buf[l->len] = 0;
-}
-
-static int snapshot_line(zfs_handle_t *zh, void *arg) {
-	lines_t *l = arg;
-	char line[ZFS_MAX_DATASET_NAME_LEN + 512];
-	const char *name = zfs_get_name(zh);
-	if (!l->holds) {
-		snprintf(line, sizeof(line), "%s\t%llu\t%llu\t%llu", name,
-		    (unsigned long long)zfs_prop_get_int(zh, ZFS_PROP_GUID),
-		    (unsigned long long)zfs_prop_get_int(zh, ZFS_PROP_CREATETXG),
-		    (unsigned long long)zfs_prop_get_int(zh, ZFS_PROP_CREATION));
-		lines_add(l, line);
-	} else if (zfs_prop_get_int(zh, ZFS_PROP_USERREFS) > 0) {
-		nvlist_t *holds = NULL;
-		if (zfs_get_holds(zh, &holds) != 0) {
-			zfs_close(zh);
-			return -1;
-		}
-		for (nvpair_t *p = nvlist_next_nvpair(holds, NULL); p != NULL; p = nvlist_next_nvpair(holds, p)) {
-			snprintf(line, sizeof(line), "%s\t%s", name, nvpair_name(p));
-			lines_add(l, line);
-		}
-		nvlist_free(holds);
-	}
-	zfs_close(zh);
-	return l->oom ? -1 : 0;
-}
-
-// list_snapshots lists the snapshots of fs (or their holds) into *out,
-// freed by the caller.
-static int list_snapshots(const char *fs, int holds, char **out) {
-	lines_t l = {0};
-	l.holds = holds;
-	*out = NULL;
-	zfs_handle_t *zh = zfs_open(libzfsHandle, fs, ZFS_TYPE_FILESYSTEM | ZFS_TYPE_VOLUME);
-	if (zh == NULL)
-		return -1;
-	int rc = zfs_iter_snapshots(zh, B_FALSE, snapshot_line, &l, 0, 0);
-	zfs_close(zh);
-	if (rc != 0) {
-		free(l.buf);
-		return rc;
-	}
-	*out = l.buf;
-	return 0;
-}
-
-static int child_line(zfs_handle_t *zh, void *arg) {
-	if (zfs_get_type(zh) == ZFS_TYPE_FILESYSTEM)
-		lines_add(arg, zfs_get_name(zh));
-	zfs_close(zh);
-	return ((lines_t *)arg)->oom ? -1 : 0;
-}
-
-// list_children lists the filesystems directly below parent into *out.
-static int list_children(const char *parent, char **out) {
-	lines_t l = {0};
-	*out = NULL;
-	zfs_handle_t *zh = zfs_open(libzfsHandle, parent, ZFS_TYPE_FILESYSTEM);
-	if (zh == NULL)
-		return -1;
-	int rc = zfs_iter_filesystems(zh, child_line, &l);
-	zfs_close(zh);
-	if (rc != 0) {
-		free(l.buf);
-		return rc;
-	}
-	*out = l.buf;
-	return 0;
-}
-
-// hold_one and release_one take "fs@snap".
-static int hold_one(const char *snapshot, const char *tag) {
-	char fs[ZFS_MAX_DATASET_NAME_LEN];
-	const char *at = strchr(snapshot, '@');
-	if (at == NULL || (size_t)(at - snapshot) >= sizeof(fs))
-		return -1;
-	memcpy(fs, snapshot, at - snapshot);
-	fs[at - snapshot] = 0;
-	zfs_handle_t *zh = zfs_open(libzfsHandle, fs, ZFS_TYPE_FILESYSTEM | ZFS_TYPE_VOLUME);
-	if (zh == NULL)
-		return -1;
-	int rc = zfs_hold(zh, at + 1, tag, B_FALSE, -1);
-	zfs_close(zh);
-	return rc;
-}
-
-static int release_one(const char *snapshot, const char *tag) {
-	char fs[ZFS_MAX_DATASET_NAME_LEN];
-	const char *at = strchr(snapshot, '@');
-	if (at == NULL || (size_t)(at - snapshot) >= sizeof(fs))
-		return -1;
-	memcpy(fs, snapshot, at - snapshot);
-	fs[at - snapshot] = 0;
-	zfs_handle_t *zh = zfs_open(libzfsHandle, fs, ZFS_TYPE_FILESYSTEM | ZFS_TYPE_VOLUME);
-	if (zh == NULL)
-		return -1;
-	int rc = zfs_release(zh, at + 1, tag, B_FALSE);
-	zfs_close(zh);
-	return rc;
-}
+#include "shim.h"
 */
 import "C"
 
@@ -205,7 +46,7 @@ func (s Streams) GetAll(ctx context.Context, dataset string, props ...string) (m
 	err := s.z.do(ctx, func() error {
 		cname := C.CString(dataset)
 		defer C.free(unsafe.Pointer(cname))
-		zh := C.open_any(cname)
+		zh := C.open_dataset(cname)
 		if zh == nil {
 			return lastError("get", dataset)
 		}
@@ -322,7 +163,7 @@ func retryInterrupted(op, name string, list func(**C.char) C.int) ([]string, err
 			}
 			return strings.Split(strings.TrimSuffix(out, "\n"), "\n"), nil
 		}
-		if C.errno_now() == C.EZFS_INTR && attempt < listIntrRetries {
+		if C.last_errno() == C.EZFS_INTR && attempt < listIntrRetries {
 			continue
 		}
 		return nil, lastError(op, name)
@@ -362,12 +203,12 @@ func (s Streams) Children(ctx context.Context, parent string, props ...string) (
 
 // Hold puts hold tag on snapshot; holding twice is fine.
 func (s Streams) Hold(ctx context.Context, snapshot, tag string) error {
-	return s.holdOrRelease(ctx, "hold", snapshot, tag, C.EZFS_REFTAG_HOLD, func(cs, ct *C.char) C.int { return C.hold_one(cs, ct) })
+	return s.holdOrRelease(ctx, "hold", snapshot, tag, C.EZFS_REFTAG_HOLD, func(cs, ct *C.char) C.int { return C.hold_or_release(cs, ct, 0) })
 }
 
 // Release removes hold tag from snapshot; a missing hold is fine.
 func (s Streams) Release(ctx context.Context, snapshot, tag string) error {
-	return s.holdOrRelease(ctx, "release", snapshot, tag, C.EZFS_REFTAG_RELE, func(cs, ct *C.char) C.int { return C.release_one(cs, ct) })
+	return s.holdOrRelease(ctx, "release", snapshot, tag, C.EZFS_REFTAG_RELE, func(cs, ct *C.char) C.int { return C.hold_or_release(cs, ct, 1) })
 }
 
 // holdOrRelease runs op, taking the errno that says it was done already
@@ -380,7 +221,7 @@ func (s Streams) holdOrRelease(ctx context.Context, op, snapshot, tag string, do
 		cs, ct := C.CString(snapshot), C.CString(tag)
 		defer C.free(unsafe.Pointer(cs))
 		defer C.free(unsafe.Pointer(ct))
-		if f(cs, ct) == 0 || C.errno_now() == done {
+		if f(cs, ct) == 0 || C.last_errno() == done {
 			return nil
 		}
 		return lastError(op+" "+tag, snapshot)

@@ -1,0 +1,254 @@
+//go:build linux && cgo
+
+#include <stdio.h>
+#include <string.h>
+#include "shim.h"
+
+// The handle go-libzfs opened at load time (its common.c).
+extern libzfs_handle_t *libzfsHandle;
+
+int handle_ok(void) { return libzfsHandle != NULL; }
+int last_errno(void) { return libzfs_errno(libzfsHandle); }
+const char *last_error(void) { return libzfs_error_description(libzfsHandle); }
+
+nvlist_t *props_new(void) {
+	nvlist_t *nv = NULL;
+	if (nvlist_alloc(&nv, NV_UNIQUE_NAME, 0) != 0)
+		return NULL;
+	return nv;
+}
+int props_add(nvlist_t *nv, const char *k, const char *v) { return nvlist_add_string(nv, k, v); }
+void props_free(nvlist_t *nv) { nvlist_free(nv); }
+
+zfs_handle_t *open_dataset(const char *name) {
+	return zfs_open(libzfsHandle, name, ZFS_TYPE_FILESYSTEM | ZFS_TYPE_SNAPSHOT | ZFS_TYPE_VOLUME);
+}
+
+// go-libzfs converts only native properties to an nvlist; these take user
+// properties too, so a dataset is born with its identity.
+int create_fs(const char *name, nvlist_t *props) {
+	return zfs_create(libzfsHandle, name, ZFS_TYPE_FILESYSTEM, props);
+}
+
+int snapshot_one(const char *name, nvlist_t *props) {
+	return zfs_snapshot(libzfsHandle, name, B_FALSE, props);
+}
+
+int clone_fs(const char *snap, const char *target, nvlist_t *props) {
+	zfs_handle_t *zh = zfs_open(libzfsHandle, snap, ZFS_TYPE_SNAPSHOT);
+	if (zh == NULL)
+		return -1;
+	int rc = zfs_clone(zh, target, props);
+	zfs_close(zh);
+	return rc;
+}
+
+// set_props sets every property of props in one call: one sync task for
+// all of them, where one zfs_prop_set per property waits for one each.
+int set_props(const char *name, nvlist_t *props) {
+	zfs_handle_t *zh = open_dataset(name);
+	if (zh == NULL)
+		return -1;
+	int rc = zfs_prop_set_list(zh, props);
+	zfs_close(zh);
+	return rc;
+}
+
+// Listings that report failures. go-libzfs's child iteration turns a
+// failed zfs_iter_children into "no children", and CI once saw a listing
+// miss every snapshot of a dataset that way. Here every failure reaches
+// the caller (the list ioctls stop with EINTR when a signal is pending, and
+// the Go runtime signals its threads: the Go side retries those).
+typedef struct {
+	char *buf;
+	size_t len, cap;
+	int oom;
+	int holds; // list_snapshots: holds instead of snapshots
+} lines_t;
+
+static void lines_add(lines_t *l, const char *s) {
+	size_t n = strlen(s);
+	if (l->len + n + 2 > l->cap) {
+		size_t cap = (l->cap + n + 2) * 2;
+		char *b = realloc(l->buf, cap);
+		if (b == NULL) {
+			l->oom = 1;
+			return;
+		}
+		l->buf = b;
+		l->cap = cap;
+	}
+	memcpy(l->buf + l->len, s, n);
+	l->len += n;
+	l->buf[l->len++] = '\n';
+	l->buf[l->len] = 0;
+}
+
+// lines_done hands the lines to the caller, or frees them on failure.
+static int lines_done(lines_t *l, int rc, char **out) {
+	if (rc != 0 || l->oom) {
+		free(l->buf);
+		return rc != 0 ? rc : -1;
+	}
+	*out = l->buf;
+	return 0;
+}
+
+static int collect(zfs_handle_t *zh, void *arg) {
+	lines_t *l = arg;
+	int rc = 0;
+	lines_add(l, zfs_get_name(zh));
+	if (zfs_get_type(zh) == ZFS_TYPE_FILESYSTEM) {
+		rc = zfs_iter_filesystems(zh, collect, l);
+		if (rc == 0)
+			rc = zfs_iter_snapshots(zh, B_TRUE, collect, l, 0, 0);
+	}
+	zfs_close(zh);
+	return rc != 0 ? rc : (l->oom ? -1 : 0);
+}
+
+// list_tree lists name and every filesystem and snapshot below it.
+int list_tree(const char *name, char **out) {
+	lines_t l = {0};
+	*out = NULL;
+	zfs_handle_t *zh = zfs_open(libzfsHandle, name, ZFS_TYPE_FILESYSTEM);
+	if (zh == NULL)
+		return -1;
+	return lines_done(&l, collect(zh, &l), out);
+}
+
+// One line per snapshot: "name\tguid\tcreatetxg\tcreation"; with holds
+// set, one "name\ttag" line per hold instead.
+static int snapshot_line(zfs_handle_t *zh, void *arg) {
+	lines_t *l = arg;
+	char line[ZFS_MAX_DATASET_NAME_LEN + 512];
+	const char *name = zfs_get_name(zh);
+	if (!l->holds) {
+		snprintf(line, sizeof(line), "%s\t%llu\t%llu\t%llu", name,
+		    (unsigned long long)zfs_prop_get_int(zh, ZFS_PROP_GUID),
+		    (unsigned long long)zfs_prop_get_int(zh, ZFS_PROP_CREATETXG),
+		    (unsigned long long)zfs_prop_get_int(zh, ZFS_PROP_CREATION));
+		lines_add(l, line);
+	} else if (zfs_prop_get_int(zh, ZFS_PROP_USERREFS) > 0) {
+		nvlist_t *holds = NULL;
+		if (zfs_get_holds(zh, &holds) != 0) {
+			zfs_close(zh);
+			return -1;
+		}
+		for (nvpair_t *p = nvlist_next_nvpair(holds, NULL); p != NULL; p = nvlist_next_nvpair(holds, p)) {
+			snprintf(line, sizeof(line), "%s\t%s", name, nvpair_name(p));
+			lines_add(l, line);
+		}
+		nvlist_free(holds);
+	}
+	zfs_close(zh);
+	return l->oom ? -1 : 0;
+}
+
+// list_snapshots lists the snapshots of fs, or their holds.
+int list_snapshots(const char *fs, int holds, char **out) {
+	lines_t l = {0};
+	l.holds = holds;
+	*out = NULL;
+	zfs_handle_t *zh = zfs_open(libzfsHandle, fs, ZFS_TYPE_FILESYSTEM | ZFS_TYPE_VOLUME);
+	if (zh == NULL)
+		return -1;
+	int rc = zfs_iter_snapshots(zh, B_FALSE, snapshot_line, &l, 0, 0);
+	zfs_close(zh);
+	return lines_done(&l, rc, out);
+}
+
+static int child_line(zfs_handle_t *zh, void *arg) {
+	lines_t *l = arg;
+	if (zfs_get_type(zh) == ZFS_TYPE_FILESYSTEM)
+		lines_add(l, zfs_get_name(zh));
+	zfs_close(zh);
+	return l->oom ? -1 : 0;
+}
+
+// list_children lists the filesystems directly below parent.
+int list_children(const char *parent, char **out) {
+	lines_t l = {0};
+	*out = NULL;
+	zfs_handle_t *zh = zfs_open(libzfsHandle, parent, ZFS_TYPE_FILESYSTEM);
+	if (zh == NULL)
+		return -1;
+	int rc = zfs_iter_filesystems(zh, child_line, &l);
+	zfs_close(zh);
+	return lines_done(&l, rc, out);
+}
+
+// hold_or_release puts tag on snapshot ("fs@snap"), or takes it off.
+int hold_or_release(const char *snapshot, const char *tag, int release) {
+	char fs[ZFS_MAX_DATASET_NAME_LEN];
+	const char *at = strchr(snapshot, '@');
+	if (at == NULL || (size_t)(at - snapshot) >= sizeof(fs))
+		return -1;
+	memcpy(fs, snapshot, at - snapshot);
+	fs[at - snapshot] = 0;
+	zfs_handle_t *zh = zfs_open(libzfsHandle, fs, ZFS_TYPE_FILESYSTEM | ZFS_TYPE_VOLUME);
+	if (zh == NULL)
+		return -1;
+	int rc = release ? zfs_release(zh, at + 1, tag, B_FALSE) : zfs_hold(zh, at + 1, tag, B_FALSE, -1);
+	zfs_close(zh);
+	return rc;
+}
+
+// prop_get writes a property's parsable value into buf, as `zfs get -Hp`
+// prints it: "-" when the property does not apply or a user property is
+// unset. Native and user properties alike.
+void prop_get(zfs_handle_t *zh, const char *name, char *buf, size_t len) {
+	zfs_prop_t p = zfs_name_to_prop(name);
+	if (p != ZPROP_INVAL) {
+		if (zfs_prop_get(zh, p, buf, len, NULL, NULL, 0, B_TRUE) != 0)
+			snprintf(buf, len, "-");
+		return;
+	}
+	nvlist_t *entry = NULL;
+	char *value = NULL;
+	if (nvlist_lookup_nvlist(zfs_get_user_props(zh), name, &entry) == 0 &&
+	    nvlist_lookup_string(entry, ZPROP_VALUE, &value) == 0)
+		snprintf(buf, len, "%s", value);
+	else
+		snprintf(buf, len, "-");
+}
+
+// own_user_prop copies a user property set on this dataset itself (locally
+// or by a receive) into buf and returns 1; inherited or unset: 0. The
+// source test is the one `zfs get` makes.
+int own_user_prop(zfs_handle_t *zh, const char *key, char *buf, size_t len) {
+	nvlist_t *entry = NULL;
+	char *value = NULL, *source = NULL;
+	if (nvlist_lookup_nvlist(zfs_get_user_props(zh), key, &entry) != 0 ||
+	    nvlist_lookup_string(entry, ZPROP_VALUE, &value) != 0 ||
+	    nvlist_lookup_string(entry, ZPROP_SOURCE, &source) != 0)
+		return 0;
+	if (strcmp(source, zfs_get_name(zh)) != 0 && strcmp(source, ZPROP_SOURCE_VAL_RECVD) != 0)
+		return 0;
+	snprintf(buf, len, "%s", value);
+	return 1;
+}
+
+void read_origin(zfs_handle_t *zh, char *buf, size_t len) {
+	if (zfs_get_type(zh) == ZFS_TYPE_SNAPSHOT ||
+	    zfs_prop_get(zh, ZFS_PROP_ORIGIN, buf, len, NULL, NULL, 0, B_TRUE) != 0)
+		buf[0] = 0;
+}
+
+// read_numbers reads from the statistics zfs_open fetched: no further
+// ioctls, unlike reading every property by name.
+void read_numbers(zfs_handle_t *zh, numbers_t *n) {
+	memset(n, 0, sizeof(*n));
+	n->type = zfs_get_type(zh);
+	n->used = zfs_prop_get_int(zh, ZFS_PROP_USED);
+	n->referenced = zfs_prop_get_int(zh, ZFS_PROP_REFERENCED);
+	n->creation = zfs_prop_get_int(zh, ZFS_PROP_CREATION);
+	n->readonly = zfs_prop_get_int(zh, ZFS_PROP_READONLY);
+	if (n->type == ZFS_TYPE_SNAPSHOT) {
+		n->defer_destroy = zfs_prop_get_int(zh, ZFS_PROP_DEFER_DESTROY);
+	} else {
+		n->available = zfs_prop_get_int(zh, ZFS_PROP_AVAILABLE);
+		n->quota = zfs_prop_get_int(zh, ZFS_PROP_QUOTA);
+		n->refquota = zfs_prop_get_int(zh, ZFS_PROP_REFQUOTA);
+	}
+}

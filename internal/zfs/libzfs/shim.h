@@ -1,0 +1,43 @@
+// The C side of package libzfs: small wrappers around libzfs calls that
+// cgo cannot make directly, or that would take many crossings one by one.
+// Every function runs under the package's libzfs lock (see libzfs.go).
+#ifndef ZFS_NOMAD_LIBZFS_SHIM_H
+#define ZFS_NOMAD_LIBZFS_SHIM_H
+
+#include <stdlib.h>
+#include <libzfs.h>
+#include <libnvpair.h>
+
+int handle_ok(void);
+int last_errno(void);
+const char *last_error(void);
+
+nvlist_t *props_new(void);
+int props_add(nvlist_t *nv, const char *k, const char *v);
+void props_free(nvlist_t *nv);
+
+int create_fs(const char *name, nvlist_t *props);
+int snapshot_one(const char *name, nvlist_t *props);
+int clone_fs(const char *snap, const char *target, nvlist_t *props);
+int set_props(const char *name, nvlist_t *props);
+
+// Listings: one line per entry in *out, freed by the caller.
+int list_tree(const char *name, char **out);
+int list_snapshots(const char *fs, int holds, char **out);
+int list_children(const char *parent, char **out);
+
+int hold_or_release(const char *snapshot, const char *tag, int release);
+
+zfs_handle_t *open_dataset(const char *name);
+void prop_get(zfs_handle_t *zh, const char *name, char *buf, size_t len);
+int own_user_prop(zfs_handle_t *zh, const char *key, char *buf, size_t len);
+void read_origin(zfs_handle_t *zh, char *buf, size_t len);
+
+// The numbers zfs.Dataset needs, all from the statistics zfs_open read.
+typedef struct {
+	int type;
+	uint64_t used, referenced, available, quota, refquota, creation, defer_destroy, readonly;
+} numbers_t;
+void read_numbers(zfs_handle_t *zh, numbers_t *n);
+
+#endif
