@@ -1,6 +1,9 @@
 //go:build linux && cgo
 
-// Package libzfs implements zfs.Interface with go-libzfs.
+// Package libzfs implements zfs.Interface on the kernel module through
+// libzfs: go-libzfs for renames, destroys and pool health, and its own C
+// shim (shim.c) for reads, listings, holds and property sets, which it
+// does in one call each where go-libzfs would take many.
 //
 // libzfs keeps one process-wide handle whose error state and caches are not
 // safe for concurrent use, so every call here runs under one lock. Calls are
