@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
@@ -54,6 +55,7 @@ type Cluster struct {
 // apply to every agent connection and must set transport credentials
 // (mutual TLS in production).
 func New(peers PeerSource, timeout time.Duration, log hclog.Logger, dialOpts ...grpc.DialOption) *Cluster {
+	dialOpts = append([]grpc.DialOption{grpc.WithKeepaliveParams(agentKeepalive)}, dialOpts...)
 	return &Cluster{
 		peers:   peers,
 		timeout: timeout,
@@ -64,6 +66,16 @@ func New(peers PeerSource, timeout time.Duration, log hclog.Logger, dialOpts ...
 		},
 	}
 }
+
+// agentKeepalive pings idle agent connections. A node that dies without
+// closing its connections (power loss, a cut link) otherwise leaves the
+// controller a connection that looks healthy: the next call to it, often
+// the ControllerPublish that fails its volumes over, would wait the whole
+// call timeout (30 s by default) before the node counts as unreachable.
+// With pings the connection fails within Time+Timeout of going silent,
+// and calls to the node fail at once. The agents' servers allow pings
+// every 5 s without streams (replication.ServerOptions).
+var agentKeepalive = keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}
 
 // Close closes all agent connections.
 func (c *Cluster) Close() {

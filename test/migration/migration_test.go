@@ -288,6 +288,36 @@ func (e *env) returnNode(nodeID string) {
 	}
 }
 
+// TestPublishAfterSilentNodeLoss: a node that dies without closing its
+// connections (its link goes before its processes) must not cost the next
+// publish the controller's agent timeout: keepalive pings find the dead
+// connection first, and calls to the node fail at once.
+func TestPublishAfterSilentNodeLoss(t *testing.T) {
+	const agentTimeout = 30 * time.Second // the production default
+	c := guesttest.StartCluster(t, 3, sim.Options{ControllerArgs: []string{"-schedule-every", "0", "-agent-timeout", agentTimeout.String()}})
+	e := &env{t: t, c: c, ctx: context.Background()}
+	id := e.create("silent", map[string]string{"failover": "auto"})
+	dir := e.mustPublish(id, "n1") // the controller now holds a connection to every agent
+	e.write("n1", dir, "echo replicated > a")
+	e.replicate(id, "n1", "n2")
+	e.unpublish(id, "n1")
+
+	n1 := e.node("n1")
+	if err := n1.CutLink(); err != nil {
+		t.Fatal(err)
+	}
+	n1.Kill()
+	// Nomad takes at least this long to free a lost node's claims.
+	time.Sleep(20 * time.Second)
+	began := time.Now()
+	e.mustPublish(id, "n2")
+	took := time.Since(began)
+	t.Logf("publish on n2 after n1 was lost silently: %s", took.Round(100*time.Millisecond))
+	if took > agentTimeout*2/3 {
+		t.Fatalf("publish after the silent loss of n1 took %s: the controller waited on the dead connection (agent timeout %s)", took, agentTimeout)
+	}
+}
+
 // Failover with policy auto promotes the freshest replica; what was
 // written after the last replication is not claimed; the lost primary,
 // back again, is refused for staging and set aside, never destroyed.
