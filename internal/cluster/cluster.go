@@ -19,6 +19,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
@@ -55,7 +56,7 @@ type Cluster struct {
 // apply to every agent connection and must set transport credentials
 // (mutual TLS in production).
 func New(peers PeerSource, timeout time.Duration, log hclog.Logger, dialOpts ...grpc.DialOption) *Cluster {
-	dialOpts = append([]grpc.DialOption{grpc.WithKeepaliveParams(agentKeepalive)}, dialOpts...)
+	dialOpts = append([]grpc.DialOption{grpc.WithKeepaliveParams(agentKeepalive), grpc.WithConnectParams(agentConnect)}, dialOpts...)
 	return &Cluster{
 		peers:   peers,
 		timeout: timeout,
@@ -76,6 +77,11 @@ func New(peers PeerSource, timeout time.Duration, log hclog.Logger, dialOpts ...
 // and calls to the node fail at once. The agents' servers allow pings
 // every 5 s without streams (replication.ServerOptions).
 var agentKeepalive = keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}
+
+// agentConnect bounds a connection attempt (TCP and TLS handshakes) to 5 s
+// instead of gRPC's 20: calls wait while a connection is being made, and
+// an attempt to a dead node's address otherwise holds them that long.
+var agentConnect = grpc.ConnectParams{Backoff: backoff.DefaultConfig, MinConnectTimeout: 5 * time.Second}
 
 // Close closes all agent connections.
 func (c *Cluster) Close() {
