@@ -96,7 +96,7 @@ func (m *Manager) Copy(ctx context.Context, id string) (Copy, error) {
 	return out, nil
 }
 
-// replicationSnapshotTime reads the time out of a zn-<unix nanos> name.
+// ReplicationSnapshotTime reads the time out of a zn-<unix nanos> name.
 func ReplicationSnapshotTime(name string) (int64, bool) {
 	_, short, ok := strings.Cut(name, "@")
 	if !ok || !strings.HasPrefix(short, ReplicationSnapshotPrefix) {

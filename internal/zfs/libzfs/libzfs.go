@@ -139,17 +139,26 @@ const listIntrRetries = 5
 func listNames(name string) ([]string, error) {
 	cname := C.CString(name)
 	defer C.free(unsafe.Pointer(cname))
+	return retryInterrupted("list", name, func(out **C.char) C.int { return C.list_tree(cname, out) })
+}
+
+// retryInterrupted runs a listing, retrying it when a signal interrupted
+// it, and splits its output into lines. Runs under the libzfs lock.
+func retryInterrupted(op, name string, list func(**C.char) C.int) ([]string, error) {
 	for attempt := 0; ; attempt++ {
 		var buf *C.char
-		if C.list_tree(cname, &buf) == 0 {
-			s := C.GoString(buf)
+		if list(&buf) == 0 {
+			out := C.GoString(buf)
 			C.free(unsafe.Pointer(buf))
-			return strings.Split(strings.TrimSuffix(s, "\n"), "\n"), nil
+			if out == "" {
+				return nil, nil
+			}
+			return strings.Split(strings.TrimSuffix(out, "\n"), "\n"), nil
 		}
 		if C.last_errno() == C.EZFS_INTR && attempt < listIntrRetries {
 			continue
 		}
-		return nil, lastError("list", name)
+		return nil, lastError(op, name)
 	}
 }
 
@@ -165,11 +174,12 @@ func (z *ZFS) open(name string) (golibzfs.Dataset, error) {
 	return d, nil
 }
 
-// withProps builds a C nvlist of string properties for the duration of f.
-func withProps(props map[string]string, f func(*C.nvlist_t) C.int) (C.int, error) {
+// withProps runs the libzfs call f with a C nvlist of string properties,
+// and turns its failure into the error for op on name.
+func withProps(op, name string, props map[string]string, f func(*C.nvlist_t) C.int) error {
 	nv := C.props_new()
 	if nv == nil {
-		return -1, errors.New("out of memory allocating an nvlist")
+		return errors.New("out of memory allocating an nvlist")
 	}
 	defer C.props_free(nv)
 	for k, v := range props {
@@ -178,10 +188,13 @@ func withProps(props map[string]string, f func(*C.nvlist_t) C.int) (C.int, error
 		C.free(unsafe.Pointer(ck))
 		C.free(unsafe.Pointer(cv))
 		if rc != 0 {
-			return -1, fmt.Errorf("adding property %s to an nvlist failed", k)
+			return fmt.Errorf("adding property %s to an nvlist failed", k)
 		}
 	}
-	return f(nv), nil
+	if f(nv) != 0 {
+		return lastError(op, name)
+	}
+	return nil
 }
 
 func (z *ZFS) CreateFilesystem(ctx context.Context, name string, props map[string]string) error {
@@ -191,14 +204,7 @@ func (z *ZFS) CreateFilesystem(ctx context.Context, name string, props map[strin
 	return z.do(ctx, func() error {
 		cname := C.CString(name)
 		defer C.free(unsafe.Pointer(cname))
-		rc, err := withProps(props, func(nv *C.nvlist_t) C.int { return C.create_fs(cname, nv) })
-		if err != nil {
-			return err
-		}
-		if rc != 0 {
-			return lastError("create", name)
-		}
-		return nil
+		return withProps("create", name, props, func(nv *C.nvlist_t) C.int { return C.create_fs(cname, nv) })
 	})
 }
 
@@ -209,14 +215,7 @@ func (z *ZFS) Snapshot(ctx context.Context, name string, props map[string]string
 	return z.do(ctx, func() error {
 		cname := C.CString(name)
 		defer C.free(unsafe.Pointer(cname))
-		rc, err := withProps(props, func(nv *C.nvlist_t) C.int { return C.snapshot_one(cname, nv) })
-		if err != nil {
-			return err
-		}
-		if rc != 0 {
-			return lastError("snapshot", name)
-		}
-		return nil
+		return withProps("snapshot", name, props, func(nv *C.nvlist_t) C.int { return C.snapshot_one(cname, nv) })
 	})
 }
 
@@ -230,14 +229,7 @@ func (z *ZFS) Clone(ctx context.Context, snapshot, name string, props map[string
 		csnap, cname := C.CString(snapshot), C.CString(name)
 		defer C.free(unsafe.Pointer(csnap))
 		defer C.free(unsafe.Pointer(cname))
-		rc, err := withProps(props, func(nv *C.nvlist_t) C.int { return C.clone_fs(csnap, cname, nv) })
-		if err != nil {
-			return err
-		}
-		if rc != 0 {
-			return lastError("clone "+snapshot, name)
-		}
-		return nil
+		return withProps("clone "+snapshot, name, props, func(nv *C.nvlist_t) C.int { return C.clone_fs(csnap, cname, nv) })
 	})
 }
 

@@ -64,12 +64,5 @@ func (z *ZFS) read(name string) (zfs.Dataset, error) {
 func setProps(name string, props map[string]string) error {
 	cname := C.CString(name)
 	defer C.free(unsafe.Pointer(cname))
-	rc, err := withProps(props, func(nv *C.nvlist_t) C.int { return C.set_props(cname, nv) })
-	if err != nil {
-		return err
-	}
-	if rc != 0 {
-		return lastError("set", name)
-	}
-	return nil
+	return withProps("set", name, props, func(nv *C.nvlist_t) C.int { return C.set_props(cname, nv) })
 }

@@ -149,27 +149,6 @@ func (s Streams) snapshotLines(ctx context.Context, fs string, holds bool) ([]st
 	return lines, err
 }
 
-// retryInterrupted runs a listing, retrying it when a signal interrupted
-// it (see listNames), and splits its output into lines. Runs under the
-// libzfs lock.
-func retryInterrupted(op, name string, list func(**C.char) C.int) ([]string, error) {
-	for attempt := 0; ; attempt++ {
-		var buf *C.char
-		if list(&buf) == 0 {
-			out := C.GoString(buf)
-			C.free(unsafe.Pointer(buf))
-			if out == "" {
-				return nil, nil
-			}
-			return strings.Split(strings.TrimSuffix(out, "\n"), "\n"), nil
-		}
-		if C.last_errno() == C.EZFS_INTR && attempt < listIntrRetries {
-			continue
-		}
-		return nil, lastError(op, name)
-	}
-}
-
 // Children lists the filesystems directly below parent with props.
 func (s Streams) Children(ctx context.Context, parent string, props ...string) ([]zfscmd.Child, error) {
 	if err := zfs.ValidateName(parent); err != nil {
