@@ -39,6 +39,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/cluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/guesttest"
 	"github.com/zfs-nomad/zfs-nomad/internal/replication"
 	"github.com/zfs-nomad/zfs-nomad/internal/sim"
@@ -154,16 +155,8 @@ func BenchmarkReplication(b *testing.B) {
 
 // push runs one Replicate to the end.
 func push(b *testing.B, agent pb.NodeAgentClient, id, target string) {
-	stream, err := agent.Replicate(context.Background(), &pb.ReplicateRequest{VolumeId: id, TargetAddress: target})
-	if err != nil {
+	if _, err := cluster.Replicate(context.Background(), agent, id, target, nil); err != nil {
 		b.Fatal(err)
-	}
-	for {
-		if _, err := stream.Recv(); err == io.EOF {
-			return
-		} else if err != nil {
-			b.Fatal(err)
-		}
 	}
 }
 

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/cluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/guesttest"
 	"github.com/zfs-nomad/zfs-nomad/internal/sim"
 	"github.com/zfs-nomad/zfs-nomad/internal/tlsconfig"
@@ -68,21 +69,7 @@ func publishedVolume(t *testing.T, c *sim.Cluster, name string) (id, target stri
 // progress report.
 func replicate(t *testing.T, ctx context.Context, c *sim.Cluster, from, to *sim.Node, id string) (*pb.ReplicateProgress, error) {
 	t.Helper()
-	stream, err := agent(t, c, from).Replicate(ctx, &pb.ReplicateRequest{VolumeId: id, TargetAddress: to.AgentAddress})
-	if err != nil {
-		return nil, err
-	}
-	var last *pb.ReplicateProgress
-	for {
-		p, err := stream.Recv()
-		if err == io.EOF {
-			return last, nil
-		}
-		if err != nil {
-			return last, err
-		}
-		last = p
-	}
+	return cluster.Replicate(ctx, agent(t, c, from), id, to.AgentAddress, nil)
 }
 
 // agent dials a node agent as the operator.
