@@ -60,14 +60,13 @@ func (m *Manager) Copy(ctx context.Context, id string) (Copy, error) {
 		return out, nil
 	}
 	dataset := datasetFor(m.cfg.RootDataset, id)
-	all, err := m.zfs.List(ctx, dataset)
+	ds, err := m.zfs.Get(ctx, dataset)
 	if errors.Is(err, zfs.ErrNotFound) {
 		return out, nil
 	}
 	if err != nil {
 		return out, zfsError(err, "reading the copy of "+id)
 	}
-	ds := all[0]
 	role := ds.User[PropRole]
 	if ds.User[PropVolumeID] != id || (role != RolePrimary && role != RoleReplica) {
 		return out, nil
@@ -85,9 +84,14 @@ func (m *Manager) Copy(ctx context.Context, id string) (Copy, error) {
 			out.Capacity = ds.Quota
 		}
 	}
-	for _, s := range all[1:] {
-		if at, ok := ReplicationSnapshotTime(s.Name); ok && at >= out.LastSnapshotAt {
-			out.LastSnapshot, out.LastSnapshotAt = shortName(s.Name), at
+	// Only the names: a replication snapshot's time is in its name.
+	snapshots, err := m.zfs.SnapshotNames(ctx, dataset)
+	if err != nil {
+		return out, zfsError(err, "listing the snapshots of "+id)
+	}
+	for _, s := range snapshots {
+		if at, ok := ReplicationSnapshotTime(s); ok && at >= out.LastSnapshotAt {
+			out.LastSnapshot, out.LastSnapshotAt = shortName(s), at
 		}
 	}
 	if out.Mounted, err = m.mounted(dataset); err != nil {

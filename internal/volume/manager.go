@@ -315,7 +315,7 @@ func (m *Manager) volumeOf(ds zfs.Dataset) (Volume, bool) {
 
 // List returns the node's volumes sorted by ID.
 func (m *Manager) List(ctx context.Context) ([]Volume, error) {
-	all, err := m.zfs.List(ctx, m.cfg.RootDataset)
+	all, err := m.zfs.Children(ctx, m.cfg.RootDataset)
 	if err != nil {
 		return nil, zfsError(err, "listing volumes")
 	}

@@ -94,6 +94,12 @@ type DatasetManager interface {
 	// List returns the filesystem name and everything below it: child
 	// filesystems and the snapshots of all of them.
 	List(ctx context.Context, name string) ([]Dataset, error)
+	// Children returns the filesystems directly below name, without
+	// snapshots: much cheaper than List when only those are needed.
+	Children(ctx context.Context, name string) ([]Dataset, error)
+	// SnapshotNames returns the names ("fs@snap") of fs's snapshots,
+	// sorted, without reading their properties.
+	SnapshotNames(ctx context.Context, fs string) ([]string, error)
 	// CreateFilesystem creates name with the given native and user
 	// properties set at once, so a crash never leaves it half-labelled.
 	CreateFilesystem(ctx context.Context, name string, props map[string]string) error

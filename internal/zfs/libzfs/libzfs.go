@@ -5,10 +5,12 @@
 // shim (shim.c) for reads, listings, holds and property sets, which it
 // does in one call each where go-libzfs would take many.
 //
-// libzfs keeps one process-wide handle whose error state and caches are not
-// safe for concurrent use, so every call here runs under one lock. Calls are
-// short metadata operations (milliseconds); bulk data (zfs send/receive)
-// never runs under this lock, so a long transfer cannot stall other volumes.
+// A libzfs handle's error state and caches are not safe for concurrent
+// use, so each call takes a handle of its own from a small pool (do), and
+// go-libzfs's calls take the one handle go-libzfs keeps (doGlobal). A call
+// that changes something holds its handle while the change syncs, so calls
+// for other volumes use the other handles meanwhile. Bulk data (zfs
+// send/receive) never holds a handle, so a long transfer stalls nothing.
 //
 // go-libzfs opens the libzfs handle when the package is loaded; without
 // /dev/zfs that handle is NULL and the first call would crash. New checks
@@ -27,7 +29,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sort"
 	"strings"
+	"sync"
 	"unsafe"
 
 	golibzfs "github.com/bicomsystems/go-libzfs"
@@ -37,11 +41,42 @@ import (
 
 // ZFS implements zfs.Interface on the local kernel module.
 type ZFS struct {
-	lock      chan struct{} // one token: libzfs is used by one goroutine at a time
-	userProps []string      // user properties Get and List read
+	userProps []string // user properties Get and List read
 }
 
 var _ zfs.Interface = (*ZFS)(nil)
+
+// poolSize is how many libzfs calls may run at once. A call that changes
+// something waits for a transaction group to sync (tens of milliseconds,
+// more on a busy pool); with several handles, calls for other volumes
+// need not queue behind it, and concurrent changes share one sync.
+const poolSize = 4
+
+// A handle is one libzfs handle, used by one goroutine at a time.
+type handle struct{ h *C.libzfs_handle_t }
+
+var (
+	// handles holds the shim's own handles, opened once per process:
+	// libzfs_init also initialises libzfs's global property tables.
+	handles     chan handle
+	handlesOnce sync.Once
+	handlesErr  error
+	// global guards the handle go-libzfs opened at load time, which its
+	// own calls (renames, destroys, pool health) use.
+	global = make(chan struct{}, 1)
+)
+
+func openHandles() {
+	handles = make(chan handle, poolSize)
+	for range poolSize {
+		h := C.libzfs_init()
+		if h == nil {
+			handlesErr = fmt.Errorf("%w: libzfs_init failed (is the zfs module the same version as libzfs, and are we root?)", zfs.ErrUnavailable)
+			return
+		}
+		handles <- handle{h}
+	}
+}
 
 // New checks that libzfs is usable and returns an implementation that reads
 // the given user properties on Get and List.
@@ -52,29 +87,51 @@ func New(userProps ...string) (*ZFS, error) {
 	if C.handle_ok() == 0 {
 		return nil, fmt.Errorf("%w: libzfs_init failed (is the zfs module the same version as libzfs, and are we root?)", zfs.ErrUnavailable)
 	}
-	return &ZFS{lock: make(chan struct{}, 1), userProps: userProps}, nil
+	handlesOnce.Do(openHandles)
+	if handlesErr != nil {
+		return nil, handlesErr
+	}
+	return &ZFS{userProps: userProps}, nil
 }
 
-// do runs f under the libzfs lock, giving up if ctx ends while waiting.
-func (z *ZFS) do(ctx context.Context, f func() error) error {
+// do runs f with a handle of its own, giving up if ctx ends while waiting
+// for one.
+func (z *ZFS) do(ctx context.Context, f func(handle) error) error {
+	var h handle
 	select {
-	case z.lock <- struct{}{}:
+	case h = <-handles:
 	case <-ctx.Done():
 		return fmt.Errorf("waiting for libzfs: %w", ctx.Err())
 	}
-	defer func() { <-z.lock }()
+	defer func() { handles <- h }()
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return f()
+	return f(h)
 }
 
-// lastError turns libzfs's error state into an error wrapping the zfs
+// doGlobal runs f, which calls go-libzfs, on go-libzfs's handle.
+func (z *ZFS) doGlobal(ctx context.Context, f func(handle) error) error {
+	select {
+	case global <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("waiting for libzfs: %w", ctx.Err())
+	}
+	defer func() { <-global }()
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return f(handle{C.global_handle()})
+}
+
+func (h handle) errno() C.int { return C.last_errno(h.h) }
+
+// lastError turns the handle's error state into an error wrapping the zfs
 // sentinel that matches its errno.
-func lastError(op, name string) error {
-	desc := C.GoString(C.last_error())
+func (h handle) lastError(op, name string) error {
+	desc := C.GoString(C.last_error(h.h))
 	var kind error
-	switch C.last_errno() {
+	switch h.errno() {
 	case C.EZFS_NOENT:
 		kind = zfs.ErrNotFound
 	case C.EZFS_EXISTS:
@@ -93,9 +150,9 @@ func (z *ZFS) Get(ctx context.Context, name string) (zfs.Dataset, error) {
 		return zfs.Dataset{}, err
 	}
 	var out zfs.Dataset
-	err := z.do(ctx, func() error {
+	err := z.do(ctx, func(h handle) error {
 		var err error
-		out, err = z.read(name)
+		out, err = z.read(h, name)
 		return err
 	})
 	return out, err
@@ -109,25 +166,70 @@ func (z *ZFS) List(ctx context.Context, name string) ([]zfs.Dataset, error) {
 		return nil, err
 	}
 	var out []zfs.Dataset
-	err := z.do(ctx, func() error {
-		names, err := listNames(name)
+	err := z.do(ctx, func(h handle) error {
+		names, err := listNames(h, name)
 		if err != nil {
 			return err
 		}
-		out = make([]zfs.Dataset, 0, len(names))
-		for _, n := range names {
-			ds, err := z.read(n)
-			if errors.Is(err, zfs.ErrNotFound) {
-				continue // destroyed since it was listed
-			}
-			if err != nil {
-				return err
-			}
-			out = append(out, ds)
-		}
-		return nil
+		out, err = z.readAll(h, names)
+		return err
 	})
 	return out, err
+}
+
+// Children returns the filesystems directly below name, without their
+// snapshots: each is read once, so a node's volumes are counted without
+// reading every snapshot of every volume.
+func (z *ZFS) Children(ctx context.Context, name string) ([]zfs.Dataset, error) {
+	if err := zfs.ValidateName(name); err != nil {
+		return nil, err
+	}
+	var out []zfs.Dataset
+	err := z.do(ctx, func(h handle) error {
+		cname := C.CString(name)
+		defer C.free(unsafe.Pointer(cname))
+		names, err := retryInterrupted(h, "list", name, func(out **C.char) C.int { return C.list_children(h.h, cname, out) })
+		if err != nil {
+			return err
+		}
+		out, err = z.readAll(h, names)
+		return err
+	})
+	return out, err
+}
+
+// SnapshotNames returns the names of fs's snapshots without reading them.
+func (z *ZFS) SnapshotNames(ctx context.Context, fs string) ([]string, error) {
+	if err := zfs.ValidateName(fs); err != nil {
+		return nil, err
+	}
+	var names []string
+	err := z.do(ctx, func(h handle) error {
+		cfs := C.CString(fs)
+		defer C.free(unsafe.Pointer(cfs))
+		var err error
+		names, err = retryInterrupted(h, "list snapshots", fs, func(out **C.char) C.int { return C.list_snapshot_names(h.h, cfs, out) })
+		return err
+	})
+	sort.Strings(names)
+	return names, err
+}
+
+// readAll reads the listed datasets, skipping those destroyed since they
+// were listed.
+func (z *ZFS) readAll(h handle, names []string) ([]zfs.Dataset, error) {
+	out := make([]zfs.Dataset, 0, len(names))
+	for _, n := range names {
+		ds, err := z.read(h, n)
+		if errors.Is(err, zfs.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, ds)
+	}
+	return out, nil
 }
 
 // listIntrRetries bounds the retries of a listing interrupted by a signal
@@ -135,16 +237,15 @@ func (z *ZFS) List(ctx context.Context, name string) ([]zfs.Dataset, error) {
 const listIntrRetries = 5
 
 // listNames returns the names below name, retrying interrupted listings.
-// Runs under the libzfs lock.
-func listNames(name string) ([]string, error) {
+func listNames(h handle, name string) ([]string, error) {
 	cname := C.CString(name)
 	defer C.free(unsafe.Pointer(cname))
-	return retryInterrupted("list", name, func(out **C.char) C.int { return C.list_tree(cname, out) })
+	return retryInterrupted(h, "list", name, func(out **C.char) C.int { return C.list_tree(h.h, cname, out) })
 }
 
 // retryInterrupted runs a listing, retrying it when a signal interrupted
-// it, and splits its output into lines. Runs under the libzfs lock.
-func retryInterrupted(op, name string, list func(**C.char) C.int) ([]string, error) {
+// it, and splits its output into lines.
+func retryInterrupted(h handle, op, name string, list func(**C.char) C.int) ([]string, error) {
 	for attempt := 0; ; attempt++ {
 		var buf *C.char
 		if list(&buf) == 0 {
@@ -155,18 +256,18 @@ func retryInterrupted(op, name string, list func(**C.char) C.int) ([]string, err
 			}
 			return strings.Split(strings.TrimSuffix(out, "\n"), "\n"), nil
 		}
-		if C.last_errno() == C.EZFS_INTR && attempt < listIntrRetries {
+		if h.errno() == C.EZFS_INTR && attempt < listIntrRetries {
 			continue
 		}
-		return nil, lastError(op, name)
+		return nil, h.lastError(op, name)
 	}
 }
 
 // open opens one dataset without its children.
-func (z *ZFS) open(name string) (golibzfs.Dataset, error) {
+func (z *ZFS) open(h handle, name string) (golibzfs.Dataset, error) {
 	d, err := golibzfs.DatasetOpenSingle(name)
 	if err != nil {
-		if C.last_errno() == C.EZFS_NOENT || strings.Contains(err.Error(), "does not exist") {
+		if h.errno() == C.EZFS_NOENT || strings.Contains(err.Error(), "does not exist") {
 			return d, fmt.Errorf("%s: %w", name, zfs.ErrNotFound)
 		}
 		return d, fmt.Errorf("zfs open %s: %w", name, err)
@@ -176,7 +277,7 @@ func (z *ZFS) open(name string) (golibzfs.Dataset, error) {
 
 // withProps runs the libzfs call f with a C nvlist of string properties,
 // and turns its failure into the error for op on name.
-func withProps(op, name string, props map[string]string, f func(*C.nvlist_t) C.int) error {
+func withProps(h handle, op, name string, props map[string]string, f func(*C.nvlist_t) C.int) error {
 	nv := C.props_new()
 	if nv == nil {
 		return errors.New("out of memory allocating an nvlist")
@@ -192,7 +293,7 @@ func withProps(op, name string, props map[string]string, f func(*C.nvlist_t) C.i
 		}
 	}
 	if f(nv) != 0 {
-		return lastError(op, name)
+		return h.lastError(op, name)
 	}
 	return nil
 }
@@ -201,10 +302,10 @@ func (z *ZFS) CreateFilesystem(ctx context.Context, name string, props map[strin
 	if err := zfs.ValidateName(name); err != nil {
 		return err
 	}
-	return z.do(ctx, func() error {
+	return z.do(ctx, func(h handle) error {
 		cname := C.CString(name)
 		defer C.free(unsafe.Pointer(cname))
-		return withProps("create", name, props, func(nv *C.nvlist_t) C.int { return C.create_fs(cname, nv) })
+		return withProps(h, "create", name, props, func(nv *C.nvlist_t) C.int { return C.create_fs(h.h, cname, nv) })
 	})
 }
 
@@ -212,10 +313,10 @@ func (z *ZFS) Snapshot(ctx context.Context, name string, props map[string]string
 	if err := zfs.ValidateName(name); err != nil {
 		return err
 	}
-	return z.do(ctx, func() error {
+	return z.do(ctx, func(h handle) error {
 		cname := C.CString(name)
 		defer C.free(unsafe.Pointer(cname))
-		return withProps("snapshot", name, props, func(nv *C.nvlist_t) C.int { return C.snapshot_one(cname, nv) })
+		return withProps(h, "snapshot", name, props, func(nv *C.nvlist_t) C.int { return C.snapshot_one(h.h, cname, nv) })
 	})
 }
 
@@ -225,11 +326,11 @@ func (z *ZFS) Clone(ctx context.Context, snapshot, name string, props map[string
 			return err
 		}
 	}
-	return z.do(ctx, func() error {
+	return z.do(ctx, func(h handle) error {
 		csnap, cname := C.CString(snapshot), C.CString(name)
 		defer C.free(unsafe.Pointer(csnap))
 		defer C.free(unsafe.Pointer(cname))
-		return withProps("clone "+snapshot, name, props, func(nv *C.nvlist_t) C.int { return C.clone_fs(csnap, cname, nv) })
+		return withProps(h, "clone "+snapshot, name, props, func(nv *C.nvlist_t) C.int { return C.clone_fs(h.h, csnap, cname, nv) })
 	})
 }
 
@@ -240,7 +341,7 @@ func (z *ZFS) SetProperties(ctx context.Context, name string, props map[string]s
 	if len(props) == 0 {
 		return nil
 	}
-	return z.do(ctx, func() error { return setProps(name, props) })
+	return z.do(ctx, func(h handle) error { return setProps(h, name, props) })
 }
 
 func (z *ZFS) Rename(ctx context.Context, from, to string) error {
@@ -249,8 +350,8 @@ func (z *ZFS) Rename(ctx context.Context, from, to string) error {
 			return err
 		}
 	}
-	return z.do(ctx, func() error {
-		d, err := z.open(from)
+	return z.doGlobal(ctx, func(h handle) error {
+		d, err := z.open(h, from)
 		if err != nil {
 			return err
 		}
@@ -277,14 +378,14 @@ func (z *ZFS) destroy(ctx context.Context, name string, deferred bool) error {
 	if err := zfs.ValidateName(name); err != nil {
 		return err
 	}
-	return z.do(ctx, func() error {
-		d, err := z.open(name)
+	return z.doGlobal(ctx, func(h handle) error {
+		d, err := z.open(h, name)
 		if err != nil {
 			return err
 		}
 		defer d.Close()
 		if !strings.Contains(name, "@") { // refuse rather than fail midway
-			below, err := listNames(name)
+			below, err := listNames(h, name)
 			if err != nil {
 				return err
 			}
@@ -293,7 +394,7 @@ func (z *ZFS) destroy(ctx context.Context, name string, deferred bool) error {
 			}
 		}
 		if err := d.Destroy(deferred); err != nil {
-			switch C.last_errno() {
+			switch h.errno() {
 			case C.EZFS_EXISTS: // a snapshot with clones ("snapshot is cloned")
 				return fmt.Errorf("zfs destroy %s: %v: %w", name, err, zfs.ErrHasDependents)
 			case C.EZFS_BUSY:
@@ -309,8 +410,8 @@ func (z *ZFS) ReleaseAll(ctx context.Context, snapshot string) error {
 	if err := zfs.ValidateName(snapshot); err != nil || !strings.Contains(snapshot, "@") {
 		return fmt.Errorf("release holds of %q: not a snapshot name", snapshot)
 	}
-	return z.do(ctx, func() error {
-		d, err := z.open(snapshot)
+	return z.doGlobal(ctx, func(h handle) error {
+		d, err := z.open(h, snapshot)
 		if err != nil {
 			return err
 		}
@@ -329,7 +430,7 @@ func (z *ZFS) ReleaseAll(ctx context.Context, snapshot string) error {
 }
 
 func (z *ZFS) PoolHealth(ctx context.Context, pool string) error {
-	return z.do(ctx, func() error {
+	return z.doGlobal(ctx, func(h handle) error {
 		p, err := golibzfs.PoolOpen(pool)
 		if err != nil {
 			return fmt.Errorf("pool %s is not imported: %v: %w", pool, err, zfs.ErrUnavailable)

@@ -98,6 +98,25 @@ func TestDatasetLifecycle(t *testing.T) {
 	if len(all) != 3 || names[0] != root {
 		t.Errorf("List = %v, want root, vol and its snapshot", names)
 	}
+	if err := z.CreateFilesystem(ctx, fs+"/grandchild", nil); err != nil {
+		t.Fatal(err)
+	}
+	children, err := z.Children(ctx, root)
+	if err != nil || len(children) != 1 || children[0].Name != fs || children[0].RefQuota != 64<<20 || children[0].User[userProp] != "hello world" {
+		t.Errorf("Children(root) = %+v, %v; want vol alone, read in full", children, err)
+	}
+	if err := z.Snapshot(ctx, fs+"@s0", nil); err != nil {
+		t.Fatal(err)
+	}
+	if snaps, err := z.SnapshotNames(ctx, fs); err != nil || !reflect.DeepEqual(snaps, []string{fs + "@s0", snap}) {
+		t.Errorf("SnapshotNames = %v, %v; want %v", snaps, err, []string{fs + "@s0", snap})
+	}
+	if err := z.Destroy(ctx, fs+"@s0"); err != nil {
+		t.Fatal(err)
+	}
+	if err := z.Destroy(ctx, fs+"/grandchild"); err != nil {
+		t.Fatal(err)
+	}
 
 	// A filesystem with snapshots is refused, not half-destroyed.
 	if err := z.Destroy(ctx, fs); !errors.Is(err, zfs.ErrHasDependents) {
@@ -180,6 +199,8 @@ func TestErrorsAndHealth(t *testing.T) {
 	}{
 		{"get missing", func() error { _, err := z.Get(ctx, root+"/missing"); return err }, zfs.ErrNotFound},
 		{"list missing", func() error { _, err := z.List(ctx, root+"/missing"); return err }, zfs.ErrNotFound},
+		{"children of missing", func() error { _, err := z.Children(ctx, root+"/missing"); return err }, zfs.ErrNotFound},
+		{"snapshot names of missing", func() error { _, err := z.SnapshotNames(ctx, root+"/missing"); return err }, zfs.ErrNotFound},
 		{"create without parent", func() error { return z.CreateFilesystem(ctx, root+"/a/b", nil) }, zfs.ErrNotFound},
 		{"snapshot of missing", func() error { return z.Snapshot(ctx, root+"/missing@s", nil) }, zfs.ErrNotFound},
 		{"pool missing", func() error { return z.PoolHealth(ctx, "nosuchpool") }, zfs.ErrUnavailable},
@@ -204,7 +225,7 @@ func TestConcurrentCallsAreSafe(t *testing.T) {
 	z, root := setup(t)
 	ctx := context.Background()
 	const writers = 20
-	errs := make(chan error, 2*writers)
+	errs := make(chan error, 3*writers)
 	for i := 0; i < writers; i++ {
 		go func() {
 			name := root + "/c" + string(rune('a'+i))
@@ -220,7 +241,21 @@ func TestConcurrentCallsAreSafe(t *testing.T) {
 		}()
 		go func() { _, err := z.List(ctx, root); errs <- err }()
 	}
-	for i := 0; i < 2*writers; i++ {
+	// go-libzfs's own handle (renames, destroys) alongside the pool's.
+	for i := 0; i < writers; i++ {
+		go func() {
+			name := root + "/r" + string(rune('a'+i))
+			err := z.CreateFilesystem(ctx, name, nil)
+			if err == nil {
+				err = z.Rename(ctx, name, name+"-renamed")
+			}
+			if err == nil {
+				err = z.Destroy(ctx, name+"-renamed")
+			}
+			errs <- err
+		}()
+	}
+	for i := 0; i < 3*writers; i++ {
 		if err := <-errs; err != nil {
 			t.Error(err)
 		}

@@ -16,13 +16,12 @@ import (
 
 // read reads one dataset: the numbers from the statistics zfs_open
 // fetched, and the user properties z reads, set on the dataset itself.
-// Runs under the libzfs lock.
-func (z *ZFS) read(name string) (zfs.Dataset, error) {
+func (z *ZFS) read(h handle, name string) (zfs.Dataset, error) {
 	cname := C.CString(name)
 	defer C.free(unsafe.Pointer(cname))
-	zh := C.open_dataset(cname)
+	zh := C.open_dataset(h.h, cname)
 	if zh == nil {
-		return zfs.Dataset{}, lastError("open", name)
+		return zfs.Dataset{}, h.lastError("open", name)
 	}
 	defer C.zfs_close(zh)
 
@@ -60,9 +59,9 @@ func (z *ZFS) read(name string) (zfs.Dataset, error) {
 	return out, nil
 }
 
-// setProps sets props on name in one call. Runs under the libzfs lock.
-func setProps(name string, props map[string]string) error {
+// setProps sets props on name in one call.
+func setProps(h handle, name string, props map[string]string) error {
 	cname := C.CString(name)
 	defer C.free(unsafe.Pointer(cname))
-	return withProps("set", name, props, func(nv *C.nvlist_t) C.int { return C.set_props(cname, nv) })
+	return withProps(h, "set", name, props, func(nv *C.nvlist_t) C.int { return C.set_props(h.h, cname, nv) })
 }

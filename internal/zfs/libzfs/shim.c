@@ -8,8 +8,9 @@
 extern libzfs_handle_t *libzfsHandle;
 
 int handle_ok(void) { return libzfsHandle != NULL; }
-int last_errno(void) { return libzfs_errno(libzfsHandle); }
-const char *last_error(void) { return libzfs_error_description(libzfsHandle); }
+libzfs_handle_t *global_handle(void) { return libzfsHandle; }
+int last_errno(libzfs_handle_t *h) { return libzfs_errno(h); }
+const char *last_error(libzfs_handle_t *h) { return libzfs_error_description(h); }
 
 nvlist_t *props_new(void) {
 	nvlist_t *nv = NULL;
@@ -20,22 +21,22 @@ nvlist_t *props_new(void) {
 int props_add(nvlist_t *nv, const char *k, const char *v) { return nvlist_add_string(nv, k, v); }
 void props_free(nvlist_t *nv) { nvlist_free(nv); }
 
-zfs_handle_t *open_dataset(const char *name) {
-	return zfs_open(libzfsHandle, name, ZFS_TYPE_FILESYSTEM | ZFS_TYPE_SNAPSHOT | ZFS_TYPE_VOLUME);
+zfs_handle_t *open_dataset(libzfs_handle_t *h, const char *name) {
+	return zfs_open(h, name, ZFS_TYPE_FILESYSTEM | ZFS_TYPE_SNAPSHOT | ZFS_TYPE_VOLUME);
 }
 
 // go-libzfs converts only native properties to an nvlist; these take user
 // properties too, so a dataset is born with its identity.
-int create_fs(const char *name, nvlist_t *props) {
-	return zfs_create(libzfsHandle, name, ZFS_TYPE_FILESYSTEM, props);
+int create_fs(libzfs_handle_t *h, const char *name, nvlist_t *props) {
+	return zfs_create(h, name, ZFS_TYPE_FILESYSTEM, props);
 }
 
-int snapshot_one(const char *name, nvlist_t *props) {
-	return zfs_snapshot(libzfsHandle, name, B_FALSE, props);
+int snapshot_one(libzfs_handle_t *h, const char *name, nvlist_t *props) {
+	return zfs_snapshot(h, name, B_FALSE, props);
 }
 
-int clone_fs(const char *snap, const char *target, nvlist_t *props) {
-	zfs_handle_t *zh = zfs_open(libzfsHandle, snap, ZFS_TYPE_SNAPSHOT);
+int clone_fs(libzfs_handle_t *h, const char *snap, const char *target, nvlist_t *props) {
+	zfs_handle_t *zh = zfs_open(h, snap, ZFS_TYPE_SNAPSHOT);
 	if (zh == NULL)
 		return -1;
 	int rc = zfs_clone(zh, target, props);
@@ -45,8 +46,8 @@ int clone_fs(const char *snap, const char *target, nvlist_t *props) {
 
 // set_props sets every property of props in one call: one sync task for
 // all of them, where one zfs_prop_set per property waits for one each.
-int set_props(const char *name, nvlist_t *props) {
-	zfs_handle_t *zh = open_dataset(name);
+int set_props(libzfs_handle_t *h, const char *name, nvlist_t *props) {
+	zfs_handle_t *zh = open_dataset(h, name);
 	if (zh == NULL)
 		return -1;
 	int rc = zfs_prop_set_list(zh, props);
@@ -108,10 +109,10 @@ static int collect(zfs_handle_t *zh, void *arg) {
 }
 
 // list_tree lists name and every filesystem and snapshot below it.
-int list_tree(const char *name, char **out) {
+int list_tree(libzfs_handle_t *h, const char *name, char **out) {
 	lines_t l = {0};
 	*out = NULL;
-	zfs_handle_t *zh = zfs_open(libzfsHandle, name, ZFS_TYPE_FILESYSTEM);
+	zfs_handle_t *zh = zfs_open(h, name, ZFS_TYPE_FILESYSTEM);
 	if (zh == NULL)
 		return -1;
 	return lines_done(&l, collect(zh, &l), out);
@@ -146,14 +147,34 @@ static int snapshot_line(zfs_handle_t *zh, void *arg) {
 }
 
 // list_snapshots lists the snapshots of fs, or their holds.
-int list_snapshots(const char *fs, int holds, char **out) {
+int list_snapshots(libzfs_handle_t *h, const char *fs, int holds, char **out) {
 	lines_t l = {0};
 	l.holds = holds;
 	*out = NULL;
-	zfs_handle_t *zh = zfs_open(libzfsHandle, fs, ZFS_TYPE_FILESYSTEM | ZFS_TYPE_VOLUME);
+	zfs_handle_t *zh = zfs_open(h, fs, ZFS_TYPE_FILESYSTEM | ZFS_TYPE_VOLUME);
 	if (zh == NULL)
 		return -1;
 	int rc = zfs_iter_snapshots(zh, B_FALSE, snapshot_line, &l, 0, 0);
+	zfs_close(zh);
+	return lines_done(&l, rc, out);
+}
+
+static int name_line(zfs_handle_t *zh, void *arg) {
+	lines_t *l = arg;
+	lines_add(l, zfs_get_name(zh));
+	zfs_close(zh);
+	return l->oom ? -1 : 0;
+}
+
+// list_snapshot_names lists the names of fs's snapshots and nothing else:
+// the kernel then skips reading each snapshot's properties.
+int list_snapshot_names(libzfs_handle_t *h, const char *fs, char **out) {
+	lines_t l = {0};
+	*out = NULL;
+	zfs_handle_t *zh = zfs_open(h, fs, ZFS_TYPE_FILESYSTEM | ZFS_TYPE_VOLUME);
+	if (zh == NULL)
+		return -1;
+	int rc = zfs_iter_snapshots(zh, B_TRUE, name_line, &l, 0, 0);
 	zfs_close(zh);
 	return lines_done(&l, rc, out);
 }
@@ -167,10 +188,10 @@ static int child_line(zfs_handle_t *zh, void *arg) {
 }
 
 // list_children lists the filesystems directly below parent.
-int list_children(const char *parent, char **out) {
+int list_children(libzfs_handle_t *h, const char *parent, char **out) {
 	lines_t l = {0};
 	*out = NULL;
-	zfs_handle_t *zh = zfs_open(libzfsHandle, parent, ZFS_TYPE_FILESYSTEM);
+	zfs_handle_t *zh = zfs_open(h, parent, ZFS_TYPE_FILESYSTEM);
 	if (zh == NULL)
 		return -1;
 	int rc = zfs_iter_filesystems(zh, child_line, &l);
@@ -179,14 +200,14 @@ int list_children(const char *parent, char **out) {
 }
 
 // hold_or_release puts tag on snapshot ("fs@snap"), or takes it off.
-int hold_or_release(const char *snapshot, const char *tag, int release) {
+int hold_or_release(libzfs_handle_t *h, const char *snapshot, const char *tag, int release) {
 	char fs[ZFS_MAX_DATASET_NAME_LEN];
 	const char *at = strchr(snapshot, '@');
 	if (at == NULL || (size_t)(at - snapshot) >= sizeof(fs))
 		return -1;
 	memcpy(fs, snapshot, at - snapshot);
 	fs[at - snapshot] = 0;
-	zfs_handle_t *zh = zfs_open(libzfsHandle, fs, ZFS_TYPE_FILESYSTEM | ZFS_TYPE_VOLUME);
+	zfs_handle_t *zh = zfs_open(h, fs, ZFS_TYPE_FILESYSTEM | ZFS_TYPE_VOLUME);
 	if (zh == NULL)
 		return -1;
 	int rc = release ? zfs_release(zh, at + 1, tag, B_FALSE) : zfs_hold(zh, at + 1, tag, B_FALSE, -1);

@@ -1,6 +1,7 @@
 // The C side of package libzfs: small wrappers around libzfs calls that
 // cgo cannot make directly, or that would take many crossings one by one.
-// Every function runs under the package's libzfs lock (see libzfs.go).
+// Each call is given a libzfs handle no other goroutine is using (see
+// libzfs.go).
 #ifndef ZFS_NOMAD_LIBZFS_SHIM_H
 #define ZFS_NOMAD_LIBZFS_SHIM_H
 
@@ -9,26 +10,28 @@
 #include <libnvpair.h>
 
 int handle_ok(void);
-int last_errno(void);
-const char *last_error(void);
+libzfs_handle_t *global_handle(void);
+int last_errno(libzfs_handle_t *h);
+const char *last_error(libzfs_handle_t *h);
 
 nvlist_t *props_new(void);
 int props_add(nvlist_t *nv, const char *k, const char *v);
 void props_free(nvlist_t *nv);
 
-int create_fs(const char *name, nvlist_t *props);
-int snapshot_one(const char *name, nvlist_t *props);
-int clone_fs(const char *snap, const char *target, nvlist_t *props);
-int set_props(const char *name, nvlist_t *props);
+int create_fs(libzfs_handle_t *h, const char *name, nvlist_t *props);
+int snapshot_one(libzfs_handle_t *h, const char *name, nvlist_t *props);
+int clone_fs(libzfs_handle_t *h, const char *snap, const char *target, nvlist_t *props);
+int set_props(libzfs_handle_t *h, const char *name, nvlist_t *props);
 
 // Listings: one line per entry in *out, freed by the caller.
-int list_tree(const char *name, char **out);
-int list_snapshots(const char *fs, int holds, char **out);
-int list_children(const char *parent, char **out);
+int list_tree(libzfs_handle_t *h, const char *name, char **out);
+int list_snapshots(libzfs_handle_t *h, const char *fs, int holds, char **out);
+int list_snapshot_names(libzfs_handle_t *h, const char *fs, char **out);
+int list_children(libzfs_handle_t *h, const char *parent, char **out);
 
-int hold_or_release(const char *snapshot, const char *tag, int release);
+int hold_or_release(libzfs_handle_t *h, const char *snapshot, const char *tag, int release);
 
-zfs_handle_t *open_dataset(const char *name);
+zfs_handle_t *open_dataset(libzfs_handle_t *h, const char *name);
 void prop_get(zfs_handle_t *zh, const char *name, char *buf, size_t len);
 int own_user_prop(zfs_handle_t *zh, const char *key, char *buf, size_t len);
 void read_origin(zfs_handle_t *zh, char *buf, size_t len);

@@ -22,8 +22,8 @@ import (
 
 // Streams is what replication needs of ZFS: the streams (send, receive,
 // size estimates) from zfscmd, each its own process so a long transfer
-// never holds the libzfs lock; and the short reads, snapshots and holds
-// around them in process, under the lock. A zfs command costs a process
+// never holds a libzfs handle; and the short reads, snapshots and holds
+// around them in process. A zfs command costs a process
 // start and a libzfs_init each; on the critical path of a move there are
 // a dozen of them.
 type Streams struct {
@@ -43,12 +43,12 @@ func (s Streams) GetAll(ctx context.Context, dataset string, props ...string) (m
 		return nil, err
 	}
 	values := map[string]string{}
-	err := s.z.do(ctx, func() error {
+	err := s.z.do(ctx, func(h handle) error {
 		cname := C.CString(dataset)
 		defer C.free(unsafe.Pointer(cname))
-		zh := C.open_dataset(cname)
+		zh := C.open_dataset(h.h, cname)
 		if zh == nil {
-			return lastError("get", dataset)
+			return h.lastError("get", dataset)
 		}
 		defer C.zfs_close(zh)
 		buf := (*C.char)(C.malloc(propValueMax))
@@ -135,7 +135,7 @@ func (s Streams) snapshotLines(ctx context.Context, fs string, holds bool) ([]st
 		return nil, err
 	}
 	var lines []string
-	err := s.z.do(ctx, func() error {
+	err := s.z.do(ctx, func(h handle) error {
 		cfs := C.CString(fs)
 		defer C.free(unsafe.Pointer(cfs))
 		withHolds := C.int(0)
@@ -143,7 +143,7 @@ func (s Streams) snapshotLines(ctx context.Context, fs string, holds bool) ([]st
 			withHolds = 1
 		}
 		var err error
-		lines, err = retryInterrupted("list snapshots", fs, func(out **C.char) C.int { return C.list_snapshots(cfs, withHolds, out) })
+		lines, err = retryInterrupted(h, "list snapshots", fs, func(out **C.char) C.int { return C.list_snapshots(h.h, cfs, withHolds, out) })
 		return err
 	})
 	return lines, err
@@ -155,11 +155,11 @@ func (s Streams) Children(ctx context.Context, parent string, props ...string) (
 		return nil, err
 	}
 	var names []string
-	err := s.z.do(ctx, func() error {
+	err := s.z.do(ctx, func(h handle) error {
 		cparent := C.CString(parent)
 		defer C.free(unsafe.Pointer(cparent))
 		var err error
-		names, err = retryInterrupted("list", parent, func(out **C.char) C.int { return C.list_children(cparent, out) })
+		names, err = retryInterrupted(h, "list", parent, func(out **C.char) C.int { return C.list_children(h.h, cparent, out) })
 		return err
 	})
 	if err != nil {
@@ -182,27 +182,27 @@ func (s Streams) Children(ctx context.Context, parent string, props ...string) (
 
 // Hold puts hold tag on snapshot; holding twice is fine.
 func (s Streams) Hold(ctx context.Context, snapshot, tag string) error {
-	return s.holdOrRelease(ctx, "hold", snapshot, tag, C.EZFS_REFTAG_HOLD, func(cs, ct *C.char) C.int { return C.hold_or_release(cs, ct, 0) })
+	return s.holdOrRelease(ctx, "hold", snapshot, tag, C.EZFS_REFTAG_HOLD, func(h handle, cs, ct *C.char) C.int { return C.hold_or_release(h.h, cs, ct, 0) })
 }
 
 // Release removes hold tag from snapshot; a missing hold is fine.
 func (s Streams) Release(ctx context.Context, snapshot, tag string) error {
-	return s.holdOrRelease(ctx, "release", snapshot, tag, C.EZFS_REFTAG_RELE, func(cs, ct *C.char) C.int { return C.hold_or_release(cs, ct, 1) })
+	return s.holdOrRelease(ctx, "release", snapshot, tag, C.EZFS_REFTAG_RELE, func(h handle, cs, ct *C.char) C.int { return C.hold_or_release(h.h, cs, ct, 1) })
 }
 
 // holdOrRelease runs op, taking the errno that says it was done already
 // as success.
-func (s Streams) holdOrRelease(ctx context.Context, op, snapshot, tag string, done C.int, f func(cs, ct *C.char) C.int) error {
+func (s Streams) holdOrRelease(ctx context.Context, op, snapshot, tag string, done C.int, f func(h handle, cs, ct *C.char) C.int) error {
 	if err := zfs.ValidateName(snapshot); err != nil || !strings.Contains(snapshot, "@") {
 		return fmt.Errorf("zfs %s %s: not a snapshot name", op, snapshot)
 	}
-	return s.z.do(ctx, func() error {
+	return s.z.do(ctx, func(h handle) error {
 		cs, ct := C.CString(snapshot), C.CString(tag)
 		defer C.free(unsafe.Pointer(cs))
 		defer C.free(unsafe.Pointer(ct))
-		if f(cs, ct) == 0 || C.last_errno() == done {
+		if f(h, cs, ct) == 0 || h.errno() == done {
 			return nil
 		}
-		return lastError(op+" "+tag, snapshot)
+		return h.lastError(op+" "+tag, snapshot)
 	})
 }

@@ -138,6 +138,34 @@ func (f *Fake) List(ctx context.Context, name string) ([]zfs.Dataset, error) {
 	return out, nil
 }
 
+func (f *Fake) Children(ctx context.Context, name string) ([]zfs.Dataset, error) {
+	all, err := f.List(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	var out []zfs.Dataset
+	for _, ds := range all {
+		if ds.Type == zfs.Filesystem && zfs.Parent(ds.Name) == name {
+			out = append(out, ds)
+		}
+	}
+	return out, nil
+}
+
+func (f *Fake) SnapshotNames(ctx context.Context, fs string) ([]string, error) {
+	all, err := f.List(ctx, fs)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, ds := range all {
+		if ds.Type == zfs.Snapshot && zfs.Parent(ds.Name) == fs {
+			out = append(out, ds.Name)
+		}
+	}
+	return out, nil
+}
+
 // view copies an entry and derives Available like ZFS: the pool's free space,
 // bounded by the quotas of the dataset and its ancestors.
 func (f *Fake) view(e *entry) zfs.Dataset {
