@@ -223,8 +223,16 @@ func (m *Manager) promote(ctx context.Context, c Copy, generation uint64, notBef
 	if err != nil {
 		return fmt.Errorf("%w: volume %s's parameters are not allowed on node %s: %v", errdefs.ErrFailedPrecondition, id, m.cfg.NodeID, err)
 	}
+	dataset := datasetFor(m.cfg.RootDataset, id)
+	// The quota first, on its own: ZFS sets a quota in a step of its own
+	// anyway, and a promotion that stops between the two steps must leave
+	// a replica with a quota, never a primary without one. A retry then
+	// finishes it.
 	if c.Capacity > 0 {
-		props[m.cfg.QuotaProperty] = strconv.FormatUint(c.Capacity, 10)
+		quota := map[string]string{m.cfg.QuotaProperty: strconv.FormatUint(c.Capacity, 10)}
+		if err := m.zfs.SetProperties(ctx, dataset, quota); err != nil {
+			return zfsError(err, "setting the quota of volume "+id+" before promoting it")
+		}
 	}
 	props["readonly"] = "off"
 	props[PropRole] = RolePrimary
@@ -233,7 +241,7 @@ func (m *Manager) promote(ctx context.Context, c Copy, generation uint64, notBef
 	if failover {
 		props[PropFailoverLag] = c.LastSnapshot
 	}
-	if err := m.zfs.SetProperties(ctx, datasetFor(m.cfg.RootDataset, id), props); err != nil {
+	if err := m.zfs.SetProperties(ctx, dataset, props); err != nil {
 		return zfsError(err, "promoting volume "+id)
 	}
 	if failover {

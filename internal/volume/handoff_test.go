@@ -95,15 +95,27 @@ func TestPromoteChecksTheReplica(t *testing.T) {
 		name       string
 		generation uint64
 		notBefore  int64
+		used       uint64
 		want       error
 	}{
-		{"not newer than the replica", 1, 0, errdefs.ErrFailedPrecondition},
-		{"final snapshot missing", 2, 200, errdefs.ErrFailedPrecondition},
-		{"planned move", 2, 100, nil},
-		{"repeated", 2, 100, nil},
+		{"not newer than the replica", 1, 0, 0, errdefs.ErrFailedPrecondition},
+		{"final snapshot missing", 2, 200, 0, errdefs.ErrFailedPrecondition},
+		// ZFS refuses a quota below the space used but sets the other
+		// properties of the same call: the quota goes first, alone, so
+		// the copy stays a replica, and a retry finishes the promotion.
+		{"quota cannot be set", 2, 100, 2 << 30, nil},
+		{"planned move", 2, 100, 0, nil},
+		{"repeated", 2, 100, 0, nil},
 	}
 	for _, tt := range tests {
+		fake.SetUsed(ds, tt.used)
 		_, err := m.Promote(ctx, id, tt.generation, tt.notBefore, false)
+		if tt.used > 0 {
+			if c, _ := m.Copy(ctx, id); err == nil || c.Role != RoleReplica {
+				t.Errorf("%s: %v, and the copy is a %s; want an error and still a replica", tt.name, err, c.Role)
+			}
+			continue
+		}
 		if tt.want == nil && err != nil || tt.want != nil && !errors.Is(err, tt.want) {
 			t.Errorf("%s: %v, want %v", tt.name, err, tt.want)
 		}

@@ -222,7 +222,11 @@ func (f *Fake) create(name string, typ zfs.Type, origin string, props map[string
 	return nil
 }
 
+// setProps sets props like ZFS does: a quota that cannot be set fails the
+// call, but the other properties are set all the same (seen on OpenZFS
+// 2.1 with `refquota` below the space used).
 func setProps(e *entry, props map[string]string) error {
+	var quotaErr error
 	for k, v := range props {
 		switch {
 		case strings.Contains(k, ":"):
@@ -233,10 +237,12 @@ func setProps(e *entry, props map[string]string) error {
 				n, err = 0, nil
 			}
 			if err != nil {
-				return fmt.Errorf("bad %s %q: %w", k, v, err)
+				quotaErr = fmt.Errorf("bad %s %q: %w", k, v, err)
+				continue
 			}
 			if n > 0 && n < e.ds.Used {
-				return fmt.Errorf("%s %d is below used %d", k, n, e.ds.Used)
+				quotaErr = fmt.Errorf("%s %d is below used %d", k, n, e.ds.Used)
+				continue
 			}
 			if k == "quota" {
 				e.ds.Quota = n
@@ -251,7 +257,7 @@ func setProps(e *entry, props map[string]string) error {
 			e.props[k] = v
 		}
 	}
-	return nil
+	return quotaErr
 }
 
 func (f *Fake) CreateFilesystem(ctx context.Context, name string, props map[string]string) error {
