@@ -111,6 +111,24 @@ func (c *Cluster) client(addr string) (pb.NodeAgentClient, error) {
 // returned with UnhealthyReason set; agents that do not answer are listed
 // in unreachable. It fails only when the peer list cannot be read.
 func (c *Cluster) Nodes(ctx context.Context) (nodes []Node, unreachable []Unreachable, err error) {
+	answers, unreachable, err := Ask[struct{}](ctx, c, nil)
+	for _, a := range answers {
+		nodes = append(nodes, a.Node)
+	}
+	return nodes, unreachable, err
+}
+
+// Answer is a reachable node and its answer to a question.
+type Answer[T any] struct {
+	Node   Node
+	Object T
+	Err    error // the node's failure to answer the question
+}
+
+// Ask is Nodes plus a question: it asks every agent about itself and, at
+// the same time, calls get (unless nil) on it, so each node costs one
+// round trip instead of two. Answers are sorted by node ID.
+func Ask[T any](ctx context.Context, c *Cluster, get func(context.Context, pb.NodeAgentClient) (T, error)) (answers []Answer[T], unreachable []Unreachable, err error) {
 	addrs, err := c.peers.Peers()
 	if err != nil && len(addrs) == 0 {
 		return nil, nil, fmt.Errorf("%w: no node agents known: %v", errdefs.ErrUnavailable, err)
@@ -122,23 +140,55 @@ func (c *Cluster) Nodes(ctx context.Context) (nodes []Node, unreachable []Unreac
 	g, gctx := errgroup.WithContext(ctx)
 	for _, addr := range addrs {
 		g.Go(func() error {
-			n, err := c.node(gctx, addr)
+			a, err := ask(gctx, c, addr, get)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
 				unreachable = append(unreachable, Unreachable{Addr: addr, Err: err})
 				return nil
 			}
-			nodes = append(nodes, n)
+			answers = append(answers, a)
 			return nil
 		})
 	}
 	_ = g.Wait() // the goroutines record failures instead of returning them
-	sort.Slice(nodes, func(i, j int) bool { return nodes[i].Info.GetNodeId() < nodes[j].Info.GetNodeId() })
+	sort.Slice(answers, func(i, j int) bool { return answers[i].Node.Info.GetNodeId() < answers[j].Node.Info.GetNodeId() })
 	for _, u := range unreachable {
 		c.log.Warn("node agent unreachable", "addr", u.Addr, "error", u.Err)
 	}
-	return nodes, unreachable, nil
+	return answers, unreachable, nil
+}
+
+// ask asks one agent about itself and calls get on it at the same time.
+// A question that failed because the connection was down is asked again
+// once the node has answered (node redials a failed connection).
+func ask[T any](ctx context.Context, c *Cluster, addr string, get func(context.Context, pb.NodeAgentClient) (T, error)) (Answer[T], error) {
+	if get == nil {
+		n, err := c.node(ctx, addr)
+		return Answer[T]{Node: n}, err
+	}
+	client, err := c.client(addr)
+	if err != nil {
+		return Answer[T]{}, err
+	}
+	question := func() Answer[T] {
+		ctx, cancel := c.Call(ctx)
+		defer cancel()
+		obj, err := get(ctx, client)
+		return Answer[T]{Object: obj, Err: err}
+	}
+	answered := make(chan Answer[T], 1)
+	go func() { answered <- question() }()
+	n, err := c.node(ctx, addr)
+	a := <-answered
+	if err != nil {
+		return Answer[T]{}, err
+	}
+	if status.Code(a.Err) == codes.Unavailable {
+		a = question()
+	}
+	a.Node = n
+	return a, nil
 }
 
 func (c *Cluster) node(ctx context.Context, addr string) (Node, error) {
@@ -227,34 +277,22 @@ func Find[T any](ctx context.Context, c *Cluster, what string, get func(context.
 // nodes hold and the errors of nodes that could not answer (NotFound is
 // not an error: the node does not hold it).
 func FindAll[T any](ctx context.Context, c *Cluster, get func(context.Context, pb.NodeAgentClient) (T, error)) ([]Located[T], []error, error) {
-	nodes, unreachable, err := c.Nodes(ctx)
+	answers, unreachable, err := Ask(ctx, c, get)
 	if err != nil {
 		return nil, nil, err
 	}
 	var (
-		mu    sync.Mutex
 		found []Located[T]
 		errs  []error
 	)
-	g, gctx := errgroup.WithContext(ctx)
-	for _, n := range nodes {
-		g.Go(func() error {
-			cctx, cancel := context.WithTimeout(gctx, c.timeout)
-			defer cancel()
-			obj, err := get(cctx, n.Client)
-			mu.Lock()
-			defer mu.Unlock()
-			switch {
-			case err == nil:
-				found = append(found, Located[T]{Node: n, Object: obj})
-			case !errors.Is(errdefs.FromStatus(err), errdefs.ErrNotFound):
-				errs = append(errs, fmt.Errorf("node %s: %w", n.Info.GetNodeId(), err))
-			}
-			return nil
-		})
+	for _, a := range answers {
+		switch {
+		case a.Err == nil:
+			found = append(found, Located[T]{Node: a.Node, Object: a.Object})
+		case !errors.Is(errdefs.FromStatus(a.Err), errdefs.ErrNotFound):
+			errs = append(errs, fmt.Errorf("node %s: %w", a.Node.Info.GetNodeId(), a.Err))
+		}
 	}
-	_ = g.Wait()
-	sort.Slice(found, func(i, j int) bool { return found[i].Node.Info.GetNodeId() < found[j].Node.Info.GetNodeId() })
 	for _, u := range unreachable {
 		errs = append(errs, fmt.Errorf("agent %s unreachable: %w", u.Addr, u.Err))
 	}

@@ -16,13 +16,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"golang.org/x/sync/errgroup"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/cluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/config"
@@ -62,35 +59,26 @@ type view struct {
 }
 
 func (m *Migrator) gather(ctx context.Context, id string) (view, error) {
-	nodes, unreachable, err := m.cluster.Nodes(ctx)
+	answers, unreachable, err := cluster.Ask(ctx, m.cluster, func(ctx context.Context, a pb.NodeAgentClient) (*pb.Copy, error) {
+		return a.GetCopy(ctx, &pb.GetCopyRequest{VolumeId: id})
+	})
 	if err != nil {
 		return view{}, err
 	}
-	v := view{nodes: nodes}
+	var v view
 	for _, u := range unreachable {
 		v.unreachable = append(v.unreachable, u.Addr)
 	}
-	var mu sync.Mutex
-	g, gctx := errgroup.WithContext(ctx)
-	for _, n := range nodes {
-		g.Go(func() error {
-			cctx, cancel := m.cluster.Call(gctx)
-			defer cancel()
-			c, err := n.Client.GetCopy(cctx, &pb.GetCopyRequest{VolumeId: id})
-			mu.Lock()
-			defer mu.Unlock()
-			switch {
-			case err != nil:
-				m.log.Warn("node cannot describe its copy", "volume_id", id, "node_id", n.Info.GetNodeId(), "error", err)
-				v.unreachable = append(v.unreachable, n.Addr)
-			case c.GetExists():
-				v.copies = append(v.copies, copyOn{node: n, copy: c})
-			}
-			return nil
-		})
+	for _, a := range answers { // sorted by node ID
+		v.nodes = append(v.nodes, a.Node)
+		switch {
+		case a.Err != nil:
+			m.log.Warn("node cannot describe its copy", "volume_id", id, "node_id", a.Node.Info.GetNodeId(), "error", a.Err)
+			v.unreachable = append(v.unreachable, a.Node.Addr)
+		case a.Object.GetExists():
+			v.copies = append(v.copies, copyOn{node: a.Node, copy: a.Object})
+		}
 	}
-	_ = g.Wait() // failures are recorded as unreachable
-	sort.Slice(v.copies, func(i, j int) bool { return v.copies[i].nodeID() < v.copies[j].nodeID() })
 	return v, nil
 }
 

@@ -1,0 +1,135 @@
+package cluster_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/test/bufconn"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/cluster"
+	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
+)
+
+// agent answers GetNode, and GetCopy with the errors it is given, one per
+// call, before its copy.
+type agent struct {
+	pb.UnimplementedNodeAgentServer
+	id        string
+	nodeErr   error
+	copyErrs  []error
+	copyCalls atomic.Int32
+}
+
+func (a *agent) GetNode(context.Context, *pb.GetNodeRequest) (*pb.Node, error) {
+	if a.nodeErr != nil {
+		return nil, a.nodeErr
+	}
+	return &pb.Node{NodeId: a.id}, nil
+}
+
+func (a *agent) GetCopy(_ context.Context, req *pb.GetCopyRequest) (*pb.Copy, error) {
+	if n := int(a.copyCalls.Add(1)); n <= len(a.copyErrs) {
+		return nil, a.copyErrs[n-1]
+	}
+	return &pb.Copy{VolumeId: req.GetVolumeId(), Exists: true, Generation: 7}, nil
+}
+
+// serve serves the agents in memory; extra names peers nobody serves.
+func serve(t *testing.T, agents []*agent, extra ...string) *cluster.Cluster {
+	t.Helper()
+	listeners := map[string]*bufconn.Listener{}
+	var peers []string
+	for _, a := range agents {
+		lis := bufconn.Listen(1 << 16)
+		srv := grpc.NewServer()
+		pb.RegisterNodeAgentServer(srv, a)
+		go srv.Serve(lis)
+		t.Cleanup(srv.Stop)
+		listeners[a.id+":7670"] = lis
+		peers = append(peers, "passthrough:///"+a.id+":7670")
+	}
+	for _, e := range extra {
+		peers = append(peers, "passthrough:///"+e)
+	}
+	dialer := grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+		lis, ok := listeners[addr]
+		if !ok {
+			return nil, fmt.Errorf("connection refused: %s", addr)
+		}
+		return lis.DialContext(ctx)
+	})
+	c := cluster.New(cluster.StaticPeers(peers), 2*time.Second, hclog.NewNullLogger(), dialer, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	t.Cleanup(c.Close)
+	return c
+}
+
+func TestAsk(t *testing.T) {
+	unavailable := status.Error(codes.Unavailable, "connection reset")
+	notFound := status.Error(codes.NotFound, "no copy")
+	tests := []struct {
+		name            string
+		agents          []*agent
+		extra           []string
+		want            []string // "node: generation or error code"
+		wantUnreachable int
+	}{
+		{
+			name:   "every node answers both, sorted by node ID",
+			agents: []*agent{{id: "n2"}, {id: "n1"}},
+			want:   []string{"n1: 7", "n2: 7"},
+		},
+		{
+			name:   "a node's refusal is its answer, not unreachability",
+			agents: []*agent{{id: "n1", copyErrs: []error{notFound}}, {id: "n2"}},
+			want:   []string{"n1: NotFound", "n2: 7"},
+		},
+		{
+			name:   "a question lost to a connection failure is asked again once the node answered",
+			agents: []*agent{{id: "n1", copyErrs: []error{unavailable}}},
+			want:   []string{"n1: 7"},
+		},
+		{
+			name:   "it is asked again only once",
+			agents: []*agent{{id: "n1", copyErrs: []error{unavailable, unavailable}}},
+			want:   []string{"n1: Unavailable"},
+		},
+		{
+			name:            "a node that cannot say who it is is unreachable",
+			agents:          []*agent{{id: "n1", nodeErr: status.Error(codes.Internal, "broken")}, {id: "n2"}},
+			extra:           []string{"gone:7670"},
+			want:            []string{"n2: 7"},
+			wantUnreachable: 2,
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := serve(t, tc.agents, tc.extra...)
+			answers, unreachable, err := cluster.Ask(context.Background(), c, func(ctx context.Context, a pb.NodeAgentClient) (*pb.Copy, error) {
+				return a.GetCopy(ctx, &pb.GetCopyRequest{VolumeId: "v"})
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, a := range answers {
+				if a.Err != nil {
+					got = append(got, fmt.Sprintf("%s: %s", a.Node.Info.GetNodeId(), status.Code(a.Err)))
+				} else {
+					got = append(got, fmt.Sprintf("%s: %d", a.Node.Info.GetNodeId(), a.Object.GetGeneration()))
+				}
+			}
+			if fmt.Sprint(got) != fmt.Sprint(tc.want) || len(unreachable) != tc.wantUnreachable {
+				t.Errorf("answers %v, %d unreachable; want %v, %d", got, len(unreachable), tc.want, tc.wantUnreachable)
+			}
+		})
+	}
+}
