@@ -89,7 +89,7 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
-	// Replication streams run as zfs processes, outside the libzfs lock;
+	// Replication streams run as zfs processes, holding no libzfs handle;
 	// the short reads and holds around them run in process.
 	streams := z.Streams(zfscmd.Cmd{})
 	dial := func(addr string) (*grpc.ClientConn, error) {
@@ -97,6 +97,7 @@ func run(args []string) error {
 	}
 	pusher := replication.NewPusher(streams, cfg.RootDataset, cfg.NodeID, cfg.ReplicationSnapshots,
 		replication.NewLimiter(uint64(cfg.ReplicationBandwidth)), dial, log.Named("replication"))
+	defer pusher.Close()
 	volumes.HoldTransfers = pusher.Hold
 	volumes.Mounted = mount.IsMountedZFS
 	receiver := replication.NewReceiver(streams, cfg.RootDataset, cfg.NodeID, cfg.ReplicationSnapshots, log.Named("replication"))

@@ -46,6 +46,9 @@ func DialOptions() []grpc.DialOption {
 		grpc.WithInitialConnWindowSize(connWindow),
 		grpc.WithReadBufferSize(bufferSize),
 		grpc.WithWriteBufferSize(bufferSize),
-		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: keepaliveTime, Timeout: keepaliveTimeout}),
+		// Also without streams: a pusher keeps its connections to peers
+		// between pushes, and one to a vanished peer must fail rather
+		// than hold the next push.
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: keepaliveTime, Timeout: keepaliveTimeout, PermitWithoutStream: true}),
 	}
 }

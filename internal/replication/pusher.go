@@ -11,6 +11,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/connectivity"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
 	"github.com/zfs-nomad/zfs-nomad/internal/keylock"
@@ -56,6 +57,42 @@ type Pusher struct {
 	mu        sync.Mutex
 	transfers map[string]*Transfer          // by volume ID
 	cancels   map[string]context.CancelFunc // of running pushes, by volume ID
+	peers     map[string]*grpc.ClientConn   // by address, kept between pushes
+}
+
+// peer returns a connection to the agent at addr. Connections are kept:
+// a TLS handshake per push would add its round trips and CPU to every
+// move. One that has failed is replaced, so a peer that is back is dialled
+// at once rather than after gRPC's reconnect backoff.
+func (p *Pusher) peer(addr string) (*grpc.ClientConn, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if conn, ok := p.peers[addr]; ok {
+		if s := conn.GetState(); s != connectivity.TransientFailure && s != connectivity.Shutdown {
+			return conn, nil
+		}
+		_ = conn.Close()
+		delete(p.peers, addr)
+	}
+	conn, err := p.dial(addr)
+	if err != nil {
+		return nil, err
+	}
+	if p.peers == nil {
+		p.peers = map[string]*grpc.ClientConn{}
+	}
+	p.peers[addr] = conn
+	return conn, nil
+}
+
+// Close closes the connections to peers.
+func (p *Pusher) Close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for addr, conn := range p.peers {
+		_ = conn.Close()
+		delete(p.peers, addr)
+	}
 }
 
 // Hold stops a running push of volumeID and keeps new ones from starting
@@ -149,11 +186,10 @@ func (p *Pusher) Push(ctx context.Context, volumeID, addr string, interval time.
 		return Progress{}, err
 	}
 
-	conn, err := p.dial(addr)
+	conn, err := p.peer(addr)
 	if err != nil {
 		return Progress{}, errdefs.Wrap(errdefs.ErrUnavailable, "peer %s: %v", addr, err)
 	}
-	defer conn.Close()
 	peer := pb.NewReplicationClient(conn)
 	state, err := peer.ReplicaState(ctx, &pb.ReplicaStateRequest{VolumeId: volumeID})
 	if err != nil {
@@ -220,12 +256,13 @@ func (p *Pusher) Push(ctx context.Context, volumeID, addr string, interval time.
 		return Progress{}, errdefs.FromStatus(err)
 	}
 	// The peer now has the snapshot: it becomes this peer's base here too.
-	if err := p.holdBase(ctx, fs, result.GetSnapshotGuid(), BaseHoldTag+"-"+state.GetNodeId()); err != nil {
+	// Holding it need not delay the caller (a move waits for this push):
+	// the old base stays held until it is.
+	base, err := p.snapshotByGUID(ctx, fs, result.GetSnapshotGuid())
+	if err != nil {
 		return Progress{}, err
 	}
-	// Tidying up need not delay the caller (a move waits for this push):
-	// it only destroys unheld snapshots and releases stale tags.
-	go p.tidy(fs, log)
+	go p.tidy(fs, base, BaseHoldTag+"-"+state.GetNodeId(), log)
 	prog.Bytes, prog.Total, prog.Done = sent.Load(), total.Load(), true
 	report(prog)
 	log.Info("sent", "bytes", prog.Bytes)
@@ -235,12 +272,18 @@ func (p *Pusher) Push(ctx context.Context, volumeID, addr string, interval time.
 // tidyTimeout bounds the clean-up after a push.
 const tidyTimeout = 2 * time.Minute
 
-// tidy runs after a successful push. A primary receives nothing: the hold
-// it kept as a replica (before a move or failover promoted it) would pin
-// its old base forever. Then old replication snapshots are pruned.
-func (p *Pusher) tidy(fs string, log hclog.Logger) {
+// tidy runs after a successful push. It holds base, the snapshot the peer
+// now has, with the peer's tag before anything releases the old base, so
+// some common snapshot is always held. A primary receives nothing: the
+// hold it kept as a replica (before a move or failover promoted it) would
+// pin its old base forever. Then old replication snapshots are pruned.
+func (p *Pusher) tidy(fs, base, tag string, log hclog.Logger) {
 	ctx, cancel := context.WithTimeout(context.Background(), tidyTimeout)
 	defer cancel()
+	if err := p.z.Hold(ctx, base, tag); err != nil {
+		log.Warn("holding the new base failed; the old base stays held until a push holds a newer one", "snapshot", base, "error", err)
+		return
+	}
 	if err := releaseTags(ctx, p.z, fs, isReceiverTag); err != nil {
 		log.Warn("releasing a former replica's hold failed; next push retries", "error", err)
 	}
@@ -316,20 +359,19 @@ func (p *Pusher) plan(ctx context.Context, fs string, state *pb.ReplicaStateResp
 	return Progress{Kind: KindFull, Snapshot: snap}, zfscmd.SendSpec{Snapshot: snap, Raw: raw}, nil
 }
 
-func (p *Pusher) holdBase(ctx context.Context, fs string, guid uint64, tag string) error {
+// snapshotByGUID names fs's snapshot with guid: the one the peer says it
+// received.
+func (p *Pusher) snapshotByGUID(ctx context.Context, fs string, guid uint64) (string, error) {
 	snaps, err := p.z.Snapshots(ctx, fs)
 	if err != nil {
-		return err
+		return "", err
 	}
 	for _, s := range snaps {
 		if s.GUID == guid {
-			if err := p.z.Hold(ctx, s.Name, tag); err != nil {
-				return fmt.Errorf("holding the new base %s: %w", s.Name, err)
-			}
-			return nil // tidy releases the old base
+			return s.Name, nil
 		}
 	}
-	return fmt.Errorf("the peer received snapshot guid %s, which %s does not have", strconv.FormatUint(guid, 10), fs)
+	return "", fmt.Errorf("the peer received snapshot guid %s, which %s does not have", strconv.FormatUint(guid, 10), fs)
 }
 
 // reportEvery calls f every interval until stop is called.

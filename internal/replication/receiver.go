@@ -7,6 +7,7 @@ import (
 	"io"
 	"maps"
 	"os"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -179,32 +180,53 @@ func (r *Receiver) receive(stream pb.Replication_ReceiveServer) (*pb.ReceiveResu
 		return nil, fmt.Errorf("reading the received snapshot of %s: %v", fs, err)
 	}
 	last := snaps[len(snaps)-1]
-	if err := r.z.Hold(ctx, last.Name, BaseHoldTag); err != nil { // tidy releases the old base
-		return nil, fmt.Errorf("holding the new base %s: %w", last.Name, err)
-	}
 	if h.GetKind() != KindFull {
-		if err := r.z.Set(ctx, fs, labels); err != nil {
-			return nil, fmt.Errorf("labelling replica %s: %w", fs, err)
+		if err := r.relabel(ctx, fs, labels); err != nil {
+			return nil, err
 		}
 	}
-	go r.tidy(h.GetVolumeId(), fs, log)
+	go r.tidy(h.GetVolumeId(), fs, last.Name, log)
 	log.Info("received", "bytes", received.Load(), "snapshot", last.Name)
 	return &pb.ReceiveResult{SnapshotGuid: last.GUID, Bytes: received.Load()}, nil
 }
 
+// relabel updates a replica's labels (a new generation, parameters or
+// capacity) when they differ: a property change waits for a sync, which
+// the answer to the sender, and so a move, would wait for.
+func (r *Receiver) relabel(ctx context.Context, fs string, labels map[string]string) error {
+	keys := slices.Collect(maps.Keys(labels))
+	current, err := r.z.GetAll(ctx, fs, keys...)
+	if err != nil {
+		return fmt.Errorf("reading the labels of replica %s: %w", fs, err)
+	}
+	if maps.Equal(current, labels) {
+		return nil
+	}
+	if err := r.z.Set(ctx, fs, labels); err != nil {
+		return fmt.Errorf("labelling replica %s: %w", fs, err)
+	}
+	return nil
+}
+
 // tidy runs after a successful receive, without delaying the sender (a
-// move waits for it). A replica pushes nothing: holds it kept as a primary
-// (before a move demoted it) would pin old snapshots forever. Then old
-// replication snapshots are pruned; held bases always stay.
-func (r *Receiver) tidy(volumeID, fs string, log hclog.Logger) {
+// move waits for it). It holds the snapshot just received as the new base
+// before anything releases the old one, so some common snapshot is always
+// held. A replica pushes nothing: holds it kept as a primary (before a
+// move demoted it) would pin old snapshots forever. Then old replication
+// snapshots are pruned; held bases always stay.
+func (r *Receiver) tidy(volumeID, fs, received string, log hclog.Logger) {
 	ctx, cancel := context.WithTimeout(context.Background(), tidyTimeout)
 	defer cancel()
 	// The receive that spawned this still holds the lock for a moment.
 	unlock, err := r.waitLock(ctx, volumeID)
 	if err != nil {
-		return // busy with another receive: the next one tidies
+		return // busy with another receive: it holds its own base
 	}
 	defer unlock()
+	if err := r.z.Hold(ctx, received, BaseHoldTag); err != nil {
+		log.Warn("holding the new base failed; the old base stays held until a receive holds a newer one", "snapshot", received, "error", err)
+		return
+	}
 	if err := releaseTags(ctx, r.z, fs, isPeerTag); err != nil {
 		log.Warn("releasing a former primary's holds failed; next receive retries", "error", err)
 	}

@@ -70,9 +70,9 @@ func dataset(root, volumeID string) (string, error) {
 
 // releaseSuperseded releases every base hold of fs that a newer snapshot
 // carries too: only the newest snapshot held with a tag is the base it
-// names. A new base is held when a transfer succeeds, before the answer;
-// this runs afterwards (tidy), so there is never a moment without a
-// protected base, and the answer waits for one sync task, not two.
+// names. After a transfer, tidy holds the new base and only then runs
+// this, so some common snapshot is held at every moment, and the answer
+// to the transfer waits for neither sync task.
 func releaseSuperseded(ctx context.Context, z Streams, fs string) error {
 	snaps, err := z.Snapshots(ctx, fs) // oldest first
 	if err != nil {
