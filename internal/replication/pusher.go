@@ -2,6 +2,7 @@ package replication
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"strconv"
@@ -16,6 +17,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
 	"github.com/zfs-nomad/zfs-nomad/internal/keylock"
 	"github.com/zfs-nomad/zfs-nomad/internal/volume"
+	"github.com/zfs-nomad/zfs-nomad/internal/zfs"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs/zfscmd"
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
@@ -174,17 +176,19 @@ func (p *Pusher) Push(ctx context.Context, volumeID, addr string, interval time.
 		p.mu.Unlock()
 	}()
 
-	role, err := p.z.Get(ctx, fs, volume.PropRole)
-	if err != nil {
+	props, err := p.z.GetAll(ctx, fs, volume.PropRole, volume.PropName, volume.PropGeneration, volume.PropParameters, "refquota", "quota", "encryption")
+	if errors.Is(err, zfs.ErrNotFound) {
 		return Progress{}, errdefs.Wrap(errdefs.ErrNotFound, "volume %s is not on this node: %v", volumeID, err)
 	}
-	if role != volume.RolePrimary {
+	if err != nil {
+		return Progress{}, fmt.Errorf("reading the labels of %s: %w", fs, err)
+	}
+	if role := props[volume.PropRole]; role != volume.RolePrimary {
 		return Progress{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "volume %s is a %s here; only a primary is sent", volumeID, role)
 	}
-	header, err := p.header(ctx, fs, volumeID)
-	if err != nil {
-		return Progress{}, err
-	}
+	header := p.header(volumeID, props)
+	// Encrypted volumes are sent raw, so they stay encrypted on the peer.
+	raw := props["encryption"] != "off" && props["encryption"] != "-"
 
 	conn, err := p.peer(addr)
 	if err != nil {
@@ -196,10 +200,11 @@ func (p *Pusher) Push(ctx context.Context, volumeID, addr string, interval time.
 		return Progress{}, errdefs.FromStatus(err)
 	}
 
-	prog, spec, err := p.plan(ctx, fs, state, header.GetGeneration())
+	plan, err := p.plan(ctx, fs, state, header.GetGeneration(), raw)
 	if err != nil {
 		return Progress{}, err
 	}
+	prog, spec := plan.prog, plan.spec
 	// The size estimate (zfs send -nP) is for progress reports only: it
 	// must not delay the transfer.
 	var total atomic.Int64
@@ -258,7 +263,7 @@ func (p *Pusher) Push(ctx context.Context, volumeID, addr string, interval time.
 	// The peer now has the snapshot: it becomes this peer's base here too.
 	// Holding it need not delay the caller (a move waits for this push):
 	// the old base stays held until it is.
-	base, err := p.snapshotByGUID(ctx, fs, result.GetSnapshotGuid())
+	base, err := p.sentSnapshot(ctx, fs, plan, result.GetSnapshotGuid())
 	if err != nil {
 		return Progress{}, err
 	}
@@ -295,15 +300,10 @@ func (p *Pusher) tidy(fs, base, tag string, log hclog.Logger) {
 	}
 }
 
-// header describes the volume to the receiver: what a replica must carry
-// to become the primary one day.
-func (p *Pusher) header(ctx context.Context, fs, volumeID string) (*pb.ReceiveHeader, error) {
-	h := &pb.ReceiveHeader{VolumeId: volumeID, SourceNodeId: p.nodeID}
-	props, err := p.z.GetAll(ctx, fs, volume.PropName, volume.PropGeneration, volume.PropParameters, "refquota", "quota")
-	if err != nil {
-		return nil, fmt.Errorf("reading the labels of %s: %w", fs, err)
-	}
-	h.VolumeName = props[volume.PropName]
+// header describes the volume to the receiver, from its properties: what
+// a replica must carry to become the primary one day.
+func (p *Pusher) header(volumeID string, props map[string]string) *pb.ReceiveHeader {
+	h := &pb.ReceiveHeader{VolumeId: volumeID, SourceNodeId: p.nodeID, VolumeName: props[volume.PropName]}
 	h.Generation, _ = strconv.ParseUint(props[volume.PropGeneration], 10, 64)
 	h.Parameters = volume.DecodeParameters(props[volume.PropParameters])
 	for _, q := range []string{"refquota", "quota"} { // whichever the operator uses
@@ -312,51 +312,72 @@ func (p *Pusher) header(ctx context.Context, fs, volumeID string) (*pb.ReceiveHe
 			break
 		}
 	}
-	return h, nil
+	return h
+}
+
+// A sendPlan is what one push sends.
+type sendPlan struct {
+	prog Progress
+	spec zfscmd.SendSpec
+	guid uint64 // of the snapshot sent; 0 when resuming, whose header does not say
 }
 
 // plan decides what to send, from what the receiver holds. A replica of an
 // older generation that shares no snapshot with this primary is replaced
 // by a full send; the receiver checks the generations too.
-func (p *Pusher) plan(ctx context.Context, fs string, state *pb.ReplicaStateResponse, generation uint64) (Progress, zfscmd.SendSpec, error) {
+func (p *Pusher) plan(ctx context.Context, fs string, state *pb.ReplicaStateResponse, generation uint64, raw bool) (sendPlan, error) {
 	if state.GetExists() && state.GetRole() != RoleReplica {
-		return Progress{}, zfscmd.SendSpec{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "the peer holds %s as %q, not as a replica", fs, state.GetRole())
+		return sendPlan{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "the peer holds %s as %q, not as a replica", fs, state.GetRole())
 	}
 	if token := state.GetResumeToken(); token != "" {
-		return Progress{Kind: KindResume}, zfscmd.SendSpec{ResumeToken: token}, nil
+		return sendPlan{prog: Progress{Kind: KindResume}, spec: zfscmd.SendSpec{ResumeToken: token}}, nil
 	}
 	snap := fmt.Sprintf("%s@%s%d", fs, SnapshotPrefix, p.now().UnixNano())
 	if err := p.z.Snapshot(ctx, snap); err != nil {
-		return Progress{}, zfscmd.SendSpec{}, fmt.Errorf("taking the replication snapshot: %w", err)
+		return sendPlan{}, fmt.Errorf("taking the replication snapshot: %w", err)
 	}
 	local, err := p.z.Snapshots(ctx, fs)
 	if err != nil {
-		return Progress{}, zfscmd.SendSpec{}, err
+		return sendPlan{}, err
 	}
 	remote := map[uint64]bool{}
 	for _, g := range state.GetSnapshotGuids() {
 		remote[g] = true
 	}
-	base := ""
+	base, guid := "", uint64(0)
 	for _, s := range local { // oldest first: the last match is the newest common snapshot
-		if remote[s.GUID] && s.Name != snap {
+		switch {
+		case s.Name == snap:
+			guid = s.GUID
+		case remote[s.GUID]:
 			base = s.Name
 		}
 	}
-	encryption, err := p.z.Get(ctx, fs, "encryption")
-	if err != nil {
-		return Progress{}, zfscmd.SendSpec{}, err
+	if guid == 0 {
+		return sendPlan{}, fmt.Errorf("the replication snapshot %s is not listed after it was taken", snap)
 	}
-	raw := encryption != "off" && encryption != "-"
 	switch {
 	case base != "":
-		return Progress{Kind: KindIncremental, Snapshot: snap, Base: base}, zfscmd.SendSpec{Snapshot: snap, Base: base, Raw: raw}, nil
+		return sendPlan{Progress{Kind: KindIncremental, Snapshot: snap, Base: base}, zfscmd.SendSpec{Snapshot: snap, Base: base, Raw: raw}, guid}, nil
 	case state.GetExists() && state.GetGeneration() < generation:
 		// replaced below
 	case state.GetExists():
-		return Progress{}, zfscmd.SendSpec{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "the peer's replica of %s shares no snapshot with this node; remove it for a full send", fs)
+		return sendPlan{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "the peer's replica of %s shares no snapshot with this node; remove it for a full send", fs)
 	}
-	return Progress{Kind: KindFull, Snapshot: snap}, zfscmd.SendSpec{Snapshot: snap, Raw: raw}, nil
+	return sendPlan{Progress{Kind: KindFull, Snapshot: snap}, zfscmd.SendSpec{Snapshot: snap, Raw: raw}, guid}, nil
+}
+
+// sentSnapshot names the snapshot the peer says it received (guid): the
+// planned one, which must be it, or for a resumed stream the one of
+// fs's snapshots with that guid.
+func (p *Pusher) sentSnapshot(ctx context.Context, fs string, plan sendPlan, guid uint64) (string, error) {
+	if plan.guid == 0 {
+		return p.snapshotByGUID(ctx, fs, guid)
+	}
+	if guid != plan.guid {
+		return "", fmt.Errorf("the peer received snapshot guid %d, but %s (guid %d) was sent", guid, plan.prog.Snapshot, plan.guid)
+	}
+	return plan.prog.Snapshot, nil
 }
 
 // snapshotByGUID names fs's snapshot with guid: the one the peer says it

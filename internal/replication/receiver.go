@@ -18,6 +18,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/keylock"
 	"github.com/zfs-nomad/zfs-nomad/internal/volume"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs"
+	"github.com/zfs-nomad/zfs-nomad/internal/zfs/zfscmd"
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
@@ -52,6 +53,23 @@ func (r *Receiver) state(ctx context.Context, volumeID string) (*pb.ReplicaState
 	if err != nil {
 		return nil, err
 	}
+	resp, err := r.copyState(ctx, fs)
+	if err != nil || !resp.GetExists() {
+		return resp, err
+	}
+	snaps, err := r.z.Snapshots(ctx, fs)
+	if err != nil {
+		return nil, err
+	}
+	for _, s := range snaps {
+		resp.SnapshotGuids = append(resp.SnapshotGuids, s.GUID)
+	}
+	return resp, nil
+}
+
+// copyState is the state of the copy at fs without its snapshots, which
+// take a listing to read.
+func (r *Receiver) copyState(ctx context.Context, fs string) (*pb.ReplicaStateResponse, error) {
 	props, err := r.z.GetAll(ctx, fs, volume.PropRole, "receive_resume_token", volume.PropGeneration)
 	if errors.Is(err, zfs.ErrNotFound) {
 		return &pb.ReplicaStateResponse{NodeId: r.nodeID}, nil
@@ -64,13 +82,6 @@ func (r *Receiver) state(ctx context.Context, volumeID string) (*pb.ReplicaState
 	resp.Generation, _ = strconv.ParseUint(props[volume.PropGeneration], 10, 64)
 	if token != "-" && token != "" {
 		resp.ResumeToken = token
-	}
-	snaps, err := r.z.Snapshots(ctx, fs)
-	if err != nil {
-		return nil, err
-	}
-	for _, s := range snaps {
-		resp.SnapshotGuids = append(resp.SnapshotGuids, s.GUID)
 	}
 	return resp, nil
 }
@@ -107,7 +118,7 @@ func (r *Receiver) receive(stream pb.Replication_ReceiveServer) (*pb.ReceiveResu
 	}
 	defer unlock()
 
-	state, err := r.state(ctx, h.GetVolumeId())
+	state, err := r.copyState(ctx, fs)
 	if err != nil {
 		return nil, err
 	}
@@ -173,13 +184,10 @@ func (r *Receiver) receive(stream pb.Replication_ReceiveServer) (*pb.ReceiveResu
 		log.Warn("receive failed; an interrupted stream can be resumed", "bytes", received.Load(), "error", err)
 		return nil, errdefs.Wrap(errdefs.ErrAborted, "receiving volume %s: %v", h.GetVolumeId(), err)
 	}
-	// The newest snapshot is the one just received (a resumed stream's
-	// header does not name it).
-	snaps, err := r.z.Snapshots(ctx, fs)
-	if err != nil || len(snaps) == 0 {
-		return nil, fmt.Errorf("reading the received snapshot of %s: %v", fs, err)
+	last, err := r.received(ctx, fs, h)
+	if err != nil {
+		return nil, err
 	}
-	last := snaps[len(snaps)-1]
 	if h.GetKind() != KindFull {
 		if err := r.relabel(ctx, fs, labels); err != nil {
 			return nil, err
@@ -188,6 +196,28 @@ func (r *Receiver) receive(stream pb.Replication_ReceiveServer) (*pb.ReceiveResu
 	go r.tidy(h.GetVolumeId(), fs, last.Name, log)
 	log.Info("received", "bytes", received.Load(), "snapshot", last.Name)
 	return &pb.ReceiveResult{SnapshotGuid: last.GUID, Bytes: received.Load()}, nil
+}
+
+// received reads the snapshot a receive brought: the one its header
+// names, or for a resumed stream, whose header does not, the newest.
+func (r *Receiver) received(ctx context.Context, fs string, h *pb.ReceiveHeader) (zfscmd.Snap, error) {
+	if h.GetKind() != KindResume {
+		name := fs + "@" + h.GetSnapshot()
+		guid, err := r.z.Get(ctx, name, "guid")
+		if err != nil {
+			return zfscmd.Snap{}, fmt.Errorf("reading the received snapshot %s: %w", name, err)
+		}
+		n, err := strconv.ParseUint(guid, 10, 64)
+		if err != nil {
+			return zfscmd.Snap{}, fmt.Errorf("reading the received snapshot %s: guid %q: %w", name, guid, err)
+		}
+		return zfscmd.Snap{Name: name, GUID: n}, nil
+	}
+	snaps, err := r.z.Snapshots(ctx, fs)
+	if err != nil || len(snaps) == 0 {
+		return zfscmd.Snap{}, fmt.Errorf("reading the received snapshot of %s: %v", fs, err)
+	}
+	return snaps[len(snaps)-1], nil
 }
 
 // relabel updates a replica's labels (a new generation, parameters or
