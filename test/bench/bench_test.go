@@ -30,6 +30,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -112,16 +113,16 @@ func BenchmarkReplication(b *testing.B) {
 	defer agentConn.Close()
 	agent := pb.NewNodeAgentClient(agentConn)
 
-	var local, socat, driver, plaintext time.Duration
+	var local, socat, driver, plaintext usage
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		local += timed(func() { sh(b, "zfs send -L -c "+src+"@bench | zfs recv -u "+n2.Pool+"/local") })
+		local.add(measure(b, func() { sh(b, "zfs send -L -c "+src+"@bench | zfs recv -u "+n2.Pool+"/local") }))
 		sh(b, "zfs destroy -r "+n2.Pool+"/local")
 
-		socat += timed(func() { socatSend(b, n1, n2, src+"@bench", n2.Pool+"/socat") })
+		socat.add(measure(b, func() { socatSend(b, n1, n2, src+"@bench", n2.Pool+"/socat") }))
 		sh(b, "zfs destroy -r "+n2.Pool+"/socat")
 
-		driver += timed(func() { push(b, agent, id, n2.AgentAddress) })
+		driver.add(measure(b, func() { push(b, agent, id, n2.AgentAddress) }))
 		dropReplica(b, n1, n2, id)
 	}
 	// Plaintext last: the nodes restart without TLS for it.
@@ -138,19 +139,70 @@ func BenchmarkReplication(b *testing.B) {
 	defer plainConn.Close()
 	b.StartTimer()
 	for i := 0; i < b.N; i++ {
-		plaintext += timed(func() { push(b, pb.NewNodeAgentClient(plainConn), id, n2.AgentAddress) })
+		plaintext.add(measure(b, func() { push(b, pb.NewNodeAgentClient(plainConn), id, n2.AgentAddress) }))
 		dropReplica(b, n1, n2, id)
 	}
 	b.StopTimer()
-	mibps := func(d time.Duration) float64 { return size / (1 << 20) / (d.Seconds() / float64(b.N)) }
+	mibps := func(u usage) float64 { return size / (1 << 20) / (u.wall.Seconds() / float64(b.N)) }
+	// CPU seconds per GiB moved, all the guest's processes and kernel
+	// together (both nodes share its vCPUs): what each path costs, apart
+	// from how fast this machine is.
+	cpuPerGiB := func(u usage) float64 { return u.cpu.Seconds() / float64(b.N) / (size / (1 << 30)) }
 	b.ReportMetric(mibps(local), "local-MiB/s")
 	b.ReportMetric(mibps(socat), "socat-MiB/s")
 	b.ReportMetric(mibps(driver), "driver-MiB/s")
 	b.ReportMetric(mibps(plaintext), "driver-plaintext-MiB/s")
 	b.ReportMetric(mibps(driver)/mibps(socat), "driver/socat")
 	b.ReportMetric(mibps(driver)/mibps(local), "driver/local")
+	b.ReportMetric(cpuPerGiB(socat), "socat-cpu-s/GiB")
+	b.ReportMetric(cpuPerGiB(driver), "driver-cpu-s/GiB")
+	b.ReportMetric(cpuPerGiB(plaintext), "driver-plaintext-cpu-s/GiB")
 	b.Logf("stream %.0f MiB; local %.1f, socat %.1f, driver %.1f (plaintext %.1f) MiB/s; driver/socat %.2f, driver/local %.2f",
 		size/(1<<20), mibps(local), mibps(socat), mibps(driver), mibps(plaintext), mibps(driver)/mibps(socat), mibps(driver)/mibps(local))
+	b.Logf("guest CPU (%d vCPUs): local %.1f, socat %.1f, driver %.1f, plaintext %.1f CPU-s/GiB; busy vCPUs: local %.2f, socat %.2f, driver %.2f, plaintext %.2f",
+		runtime.NumCPU(), cpuPerGiB(local), cpuPerGiB(socat), cpuPerGiB(driver), cpuPerGiB(plaintext), local.busy(), socat.busy(), driver.busy(), plaintext.busy())
+}
+
+// usage is the wall time of a run and the CPU time the guest spent in it.
+type usage struct{ wall, cpu time.Duration }
+
+func (u *usage) add(v usage) { u.wall += v.wall; u.cpu += v.cpu }
+
+// busy is how many vCPUs were busy on average.
+func (u usage) busy() float64 { return u.cpu.Seconds() / u.wall.Seconds() }
+
+// measure runs f and returns its wall time and the CPU time the whole
+// guest spent meanwhile (all processes and the kernel, from /proc/stat).
+func measure(b *testing.B, f func()) usage {
+	before := cpuBusy(b)
+	wall := timed(f)
+	return usage{wall: wall, cpu: cpuBusy(b) - before}
+}
+
+// cpuBusy reads the time all CPUs spent not idle since boot.
+func cpuBusy(b *testing.B) time.Duration {
+	data, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		b.Fatal(err)
+	}
+	line, _, _ := strings.Cut(string(data), "\n")
+	fields := strings.Fields(line) // cpu user nice system idle iowait irq softirq steal ...
+	if len(fields) < 9 || fields[0] != "cpu" {
+		b.Fatalf("unexpected /proc/stat: %q", line)
+	}
+	var busy uint64
+	for i, f := range fields[1:9] {
+		if i == 3 || i == 4 { // idle, iowait
+			continue
+		}
+		n, err := strconv.ParseUint(f, 10, 64)
+		if err != nil {
+			b.Fatal(err)
+		}
+		busy += n
+	}
+	const userHZ = 100 // the kernel's USER_HZ: /proc/stat counts in 1/100 s
+	return time.Duration(busy) * time.Second / userHZ
 }
 
 // push runs one Replicate to the end.
