@@ -81,7 +81,7 @@ func (s *Server) Replicate(req *pb.ReplicateRequest, stream pb.NodeAgent_Replica
 	return errdefs.ToStatus(err)
 }
 
-func (s *Server) GetNode(ctx context.Context, _ *pb.GetNodeRequest) (*pb.Node, error) {
+func (s *Server) GetNode(ctx context.Context, req *pb.GetNodeRequest) (*pb.Node, error) {
 	n := &pb.Node{
 		NodeId:        s.cfg.NodeID,
 		Topology:      s.cfg.Segments(),
@@ -91,6 +91,9 @@ func (s *Server) GetNode(ctx context.Context, _ *pb.GetNodeRequest) (*pb.Node, e
 	}
 	if err := s.volumes.Health(ctx); err != nil {
 		n.UnhealthyReason = err.Error()
+		return n, nil
+	}
+	if req.GetWithoutCapacity() {
 		return n, nil
 	}
 	c, err := s.volumes.Capacity(ctx)

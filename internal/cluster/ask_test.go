@@ -29,11 +29,16 @@ type agent struct {
 	copyCalls atomic.Int32
 }
 
-func (a *agent) GetNode(context.Context, *pb.GetNodeRequest) (*pb.Node, error) {
+// GetNode reports its capacity (42 bytes) unless asked without.
+func (a *agent) GetNode(_ context.Context, req *pb.GetNodeRequest) (*pb.Node, error) {
 	if a.nodeErr != nil {
 		return nil, a.nodeErr
 	}
-	return &pb.Node{NodeId: a.id}, nil
+	n := &pb.Node{NodeId: a.id}
+	if !req.GetWithoutCapacity() {
+		n.AvailableBytes = 42
+	}
+	return n, nil
 }
 
 func (a *agent) GetCopy(_ context.Context, req *pb.GetCopyRequest) (*pb.Copy, error) {
@@ -121,6 +126,9 @@ func TestAsk(t *testing.T) {
 			}
 			var got []string
 			for _, a := range answers {
+				if a.Node.Info.GetAvailableBytes() != 0 {
+					t.Errorf("Ask read %s's capacity; it asks without", a.Node.Info.GetNodeId())
+				}
 				if a.Err != nil {
 					got = append(got, fmt.Sprintf("%s: %s", a.Node.Info.GetNodeId(), status.Code(a.Err)))
 				} else {
@@ -131,5 +139,14 @@ func TestAsk(t *testing.T) {
 				t.Errorf("answers %v, %d unreachable; want %v, %d", got, len(unreachable), tc.want, tc.wantUnreachable)
 			}
 		})
+	}
+}
+
+// Nodes, which placement uses, reads the capacity.
+func TestNodesReadCapacity(t *testing.T) {
+	c := serve(t, []*agent{{id: "n1"}})
+	nodes, _, err := c.Nodes(context.Background())
+	if err != nil || len(nodes) != 1 || nodes[0].Info.GetAvailableBytes() != 42 {
+		t.Fatalf("Nodes = %v, %v; want n1 with its capacity", nodes, err)
 	}
 }

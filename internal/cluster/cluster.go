@@ -107,11 +107,12 @@ func (c *Cluster) client(addr string) (pb.NodeAgentClient, error) {
 	return pb.NewNodeAgentClient(conn), nil
 }
 
-// Nodes asks every agent about itself, in parallel. Unhealthy agents are
-// returned with UnhealthyReason set; agents that do not answer are listed
-// in unreachable. It fails only when the peer list cannot be read.
+// Nodes asks every agent about itself and its capacity, in parallel.
+// Unhealthy agents are returned with UnhealthyReason set; agents that do
+// not answer are listed in unreachable. It fails only when the peer list
+// cannot be read.
 func (c *Cluster) Nodes(ctx context.Context) (nodes []Node, unreachable []Unreachable, err error) {
-	answers, unreachable, err := Ask[struct{}](ctx, c, nil)
+	answers, unreachable, err := ask[struct{}](ctx, c, &pb.GetNodeRequest{}, nil)
 	for _, a := range answers {
 		nodes = append(nodes, a.Node)
 	}
@@ -126,9 +127,16 @@ type Answer[T any] struct {
 }
 
 // Ask is Nodes plus a question: it asks every agent about itself and, at
-// the same time, calls get (unless nil) on it, so each node costs one
-// round trip instead of two. Answers are sorted by node ID.
+// the same time, calls get on it, so each node costs one round trip
+// instead of two. The nodes say who they are and whether they are
+// healthy, not their capacity (Info's AvailableBytes and Volumes are 0):
+// counting a node's volumes reads every one of them. Answers are sorted
+// by node ID.
 func Ask[T any](ctx context.Context, c *Cluster, get func(context.Context, pb.NodeAgentClient) (T, error)) (answers []Answer[T], unreachable []Unreachable, err error) {
+	return ask(ctx, c, &pb.GetNodeRequest{WithoutCapacity: true}, get)
+}
+
+func ask[T any](ctx context.Context, c *Cluster, about *pb.GetNodeRequest, get func(context.Context, pb.NodeAgentClient) (T, error)) (answers []Answer[T], unreachable []Unreachable, err error) {
 	addrs, err := c.peers.Peers()
 	if err != nil && len(addrs) == 0 {
 		return nil, nil, fmt.Errorf("%w: no node agents known: %v", errdefs.ErrUnavailable, err)
@@ -140,7 +148,7 @@ func Ask[T any](ctx context.Context, c *Cluster, get func(context.Context, pb.No
 	g, gctx := errgroup.WithContext(ctx)
 	for _, addr := range addrs {
 		g.Go(func() error {
-			a, err := ask(gctx, c, addr, get)
+			a, err := askOne(gctx, c, addr, about, get)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -159,12 +167,13 @@ func Ask[T any](ctx context.Context, c *Cluster, get func(context.Context, pb.No
 	return answers, unreachable, nil
 }
 
-// ask asks one agent about itself and calls get on it at the same time.
-// A question that failed because the connection was down is asked again
-// once the node has answered (node redials a failed connection).
-func ask[T any](ctx context.Context, c *Cluster, addr string, get func(context.Context, pb.NodeAgentClient) (T, error)) (Answer[T], error) {
+// askOne asks one agent about itself and calls get (unless nil) on it at
+// the same time. A question that failed because the connection was down
+// is asked again once the node has answered (node redials a failed
+// connection).
+func askOne[T any](ctx context.Context, c *Cluster, addr string, about *pb.GetNodeRequest, get func(context.Context, pb.NodeAgentClient) (T, error)) (Answer[T], error) {
 	if get == nil {
-		n, err := c.node(ctx, addr)
+		n, err := c.node(ctx, addr, about)
 		return Answer[T]{Node: n}, err
 	}
 	client, err := c.client(addr)
@@ -179,7 +188,7 @@ func ask[T any](ctx context.Context, c *Cluster, addr string, get func(context.C
 	}
 	answered := make(chan Answer[T], 1)
 	go func() { answered <- question() }()
-	n, err := c.node(ctx, addr)
+	n, err := c.node(ctx, addr, about)
 	a := <-answered
 	if err != nil {
 		return Answer[T]{}, err
@@ -191,14 +200,14 @@ func ask[T any](ctx context.Context, c *Cluster, addr string, get func(context.C
 	return a, nil
 }
 
-func (c *Cluster) node(ctx context.Context, addr string) (Node, error) {
+func (c *Cluster) node(ctx context.Context, addr string, about *pb.GetNodeRequest) (Node, error) {
 	client, err := c.client(addr)
 	if err != nil {
 		return Node{}, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
-	info, err := client.GetNode(ctx, &pb.GetNodeRequest{})
+	info, err := client.GetNode(ctx, about)
 	if status.Code(err) == codes.Unavailable {
 		// After failures gRPC waits up to two minutes before dialling
 		// again. A node that is back must be seen at once (a failover's
@@ -206,7 +215,7 @@ func (c *Cluster) node(ctx context.Context, addr string) (Node, error) {
 		// and give the new connection a moment.
 		c.resetBackoff(addr)
 		rctx, rcancel := context.WithTimeout(ctx, reconnectWait)
-		info, err = client.GetNode(rctx, &pb.GetNodeRequest{}, grpc.WaitForReady(true))
+		info, err = client.GetNode(rctx, about, grpc.WaitForReady(true))
 		rcancel()
 	}
 	if err != nil {

@@ -27,9 +27,12 @@ const (
 )
 
 type GetNodeRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Only who the node is and whether it is healthy: available_bytes and
+	// volumes are left 0. Counting volumes reads every one of them.
+	WithoutCapacity bool `protobuf:"varint,1,opt,name=without_capacity,json=withoutCapacity,proto3" json:"without_capacity,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *GetNodeRequest) Reset() {
@@ -60,6 +63,13 @@ func (x *GetNodeRequest) ProtoReflect() protoreflect.Message {
 // Deprecated: Use GetNodeRequest.ProtoReflect.Descriptor instead.
 func (*GetNodeRequest) Descriptor() ([]byte, []int) {
 	return file_agentpb_agent_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *GetNodeRequest) GetWithoutCapacity() bool {
+	if x != nil {
+		return x.WithoutCapacity
+	}
+	return false
 }
 
 type Node struct {
@@ -2318,8 +2328,9 @@ var File_agentpb_agent_proto protoreflect.FileDescriptor
 
 const file_agentpb_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x13agentpb/agent.proto\x12\x11zfsnomad.agent.v1\"\x10\n" +
-	"\x0eGetNodeRequest\"\xf0\x02\n" +
+	"\x13agentpb/agent.proto\x12\x11zfsnomad.agent.v1\";\n" +
+	"\x0eGetNodeRequest\x12)\n" +
+	"\x10without_capacity\x18\x01 \x01(\bR\x0fwithoutCapacity\"\xf0\x02\n" +
 	"\x04Node\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12A\n" +
 	"\btopology\x18\x02 \x03(\v2%.zfsnomad.agent.v1.Node.TopologyEntryR\btopology\x12'\n" +
