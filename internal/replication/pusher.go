@@ -195,26 +195,46 @@ func (p *Pusher) Push(ctx context.Context, volumeID, addr string, interval time.
 		return Progress{}, errdefs.Wrap(errdefs.ErrUnavailable, "peer %s: %v", addr, err)
 	}
 	peer := pb.NewReplicationClient(conn)
+	// The new replication snapshot is taken while the peer says what it
+	// holds: each waits tens of milliseconds (a pool sync, a round trip).
+	snap := fmt.Sprintf("%s@%s%d", fs, SnapshotPrefix, p.now().UnixNano())
+	snapped := make(chan error, 1)
+	go func() { snapped <- p.z.Snapshot(ctx, snap) }()
 	state, err := peer.ReplicaState(ctx, &pb.ReplicaStateRequest{VolumeId: volumeID})
+	snapErr := <-snapped
+	streaming := false
+	if snapErr == nil {
+		// Unless its stream starts (then a receiver's resume token may
+		// need it), the snapshot goes again: a peer that keeps refusing,
+		// or a push that resumes instead, must not pile them up.
+		defer func() {
+			if !streaming {
+				p.dropSnapshot(snap, log)
+			}
+		}()
+	}
 	if err != nil {
 		return Progress{}, errdefs.FromStatus(err)
 	}
 
-	plan, err := p.plan(ctx, fs, state, header.GetGeneration(), raw)
+	plan, err := p.plan(ctx, fs, state, header.GetGeneration(), raw, snap, snapErr)
 	if err != nil {
 		return Progress{}, err
 	}
 	prog, spec := plan.prog, plan.spec
-	// The size estimate (zfs send -nP) is for progress reports only: it
-	// must not delay the transfer.
+	// The size estimate (zfs send -nP, a process of its own) is for
+	// progress reports only. It starts after estimateDelay: a short push
+	// (a move's final increment) ends without it instead of sharing the
+	// CPU with it, and a long one has it for all but its first moments.
 	var total atomic.Int64
-	go func() {
+	estimate := time.AfterFunc(estimateDelay, func() {
 		if n, err := p.z.EstimateSize(ctx, spec); err == nil {
 			total.Store(n)
 		} else {
 			log.Debug("no size estimate", "error", err)
 		}
-	}()
+	})
+	defer estimate.Stop()
 	log = log.With("kind", prog.Kind, "snapshot", prog.Snapshot, "base", prog.Base)
 	log.Info("sending")
 	transfer := &Transfer{VolumeID: volumeID, Peer: addr, Started: p.now(), Progress: prog}
@@ -243,6 +263,7 @@ func (p *Pusher) Push(ctx context.Context, volumeID, addr string, interval time.
 		}
 		return stream.Send(&pb.ReceiveMessage{Msg: &pb.ReceiveMessage_Data{Data: b}})
 	}, sent: &sent}
+	streaming = spec.Snapshot == snap
 	_, sendErr := p.z.Send(ctx, spec, w)
 	if sendErr == nil {
 		sendErr = w.flush()
@@ -268,11 +289,25 @@ func (p *Pusher) Push(ctx context.Context, volumeID, addr string, interval time.
 		return Progress{}, err
 	}
 	go p.tidy(fs, base, BaseHoldTag+"-"+state.GetNodeId(), log)
-	prog.Bytes, prog.Total, prog.Done = sent.Load(), total.Load(), true
+	prog.Bytes, prog.Done = sent.Load(), true
+	prog.Total = prog.Bytes // what the estimate was for
 	report(prog)
 	log.Info("sent", "bytes", prog.Bytes)
 	return prog, nil
 }
+
+// dropSnapshot destroys a replication snapshot a push took but did not
+// send. Failing that, pruning takes it later.
+func (p *Pusher) dropSnapshot(snap string, log hclog.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), tidyTimeout)
+	defer cancel()
+	if err := p.z.Destroy(ctx, snap); err != nil {
+		log.Warn("destroying an unsent replication snapshot failed; pruning takes it later", "snapshot", snap, "error", err)
+	}
+}
+
+// estimateDelay is how long a push runs before it estimates its size.
+const estimateDelay = time.Second
 
 // tidyTimeout bounds the clean-up after a push.
 const tidyTimeout = 2 * time.Minute
@@ -325,16 +360,17 @@ type sendPlan struct {
 // plan decides what to send, from what the receiver holds. A replica of an
 // older generation that shares no snapshot with this primary is replaced
 // by a full send; the receiver checks the generations too.
-func (p *Pusher) plan(ctx context.Context, fs string, state *pb.ReplicaStateResponse, generation uint64, raw bool) (sendPlan, error) {
+// snap is the new replication snapshot, or snapErr why it could not be
+// taken.
+func (p *Pusher) plan(ctx context.Context, fs string, state *pb.ReplicaStateResponse, generation uint64, raw bool, snap string, snapErr error) (sendPlan, error) {
 	if state.GetExists() && state.GetRole() != RoleReplica {
 		return sendPlan{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "the peer holds %s as %q, not as a replica", fs, state.GetRole())
 	}
 	if token := state.GetResumeToken(); token != "" {
 		return sendPlan{prog: Progress{Kind: KindResume}, spec: zfscmd.SendSpec{ResumeToken: token}}, nil
 	}
-	snap := fmt.Sprintf("%s@%s%d", fs, SnapshotPrefix, p.now().UnixNano())
-	if err := p.z.Snapshot(ctx, snap); err != nil {
-		return sendPlan{}, fmt.Errorf("taking the replication snapshot: %w", err)
+	if snapErr != nil {
+		return sendPlan{}, fmt.Errorf("taking the replication snapshot: %w", snapErr)
 	}
 	local, err := p.z.Snapshots(ctx, fs)
 	if err != nil {
