@@ -3,19 +3,14 @@ package cluster_test
 import (
 	"context"
 	"fmt"
-	"net"
 	"sync/atomic"
 	"testing"
-	"time"
 
-	"github.com/hashicorp/go-hclog"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
-	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/cluster"
+	"github.com/zfs-nomad/zfs-nomad/internal/cluster/clustertest"
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
@@ -51,30 +46,11 @@ func (a *agent) GetCopy(_ context.Context, req *pb.GetCopyRequest) (*pb.Copy, er
 // serve serves the agents in memory; extra names peers nobody serves.
 func serve(t *testing.T, agents []*agent, extra ...string) *cluster.Cluster {
 	t.Helper()
-	listeners := map[string]*bufconn.Listener{}
-	var peers []string
+	var served clustertest.Agents
 	for _, a := range agents {
-		lis := bufconn.Listen(1 << 16)
-		srv := grpc.NewServer()
-		pb.RegisterNodeAgentServer(srv, a)
-		go srv.Serve(lis)
-		t.Cleanup(srv.Stop)
-		listeners[a.id+":7670"] = lis
-		peers = append(peers, "passthrough:///"+a.id+":7670")
+		served.Serve(t, a.id+":7670", a)
 	}
-	for _, e := range extra {
-		peers = append(peers, "passthrough:///"+e)
-	}
-	dialer := grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
-		lis, ok := listeners[addr]
-		if !ok {
-			return nil, fmt.Errorf("connection refused: %s", addr)
-		}
-		return lis.DialContext(ctx)
-	})
-	c := cluster.New(cluster.StaticPeers(peers), 2*time.Second, hclog.NewNullLogger(), dialer, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	t.Cleanup(c.Close)
-	return c
+	return served.Cluster(t, extra...)
 }
 
 func TestAsk(t *testing.T) {

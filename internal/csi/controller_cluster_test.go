@@ -3,40 +3,31 @@ package csi
 import (
 	"context"
 	"fmt"
-	"net"
-	"sync"
 	"testing"
-	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/hashicorp/go-hclog"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
-	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/agent"
-	"github.com/zfs-nomad/zfs-nomad/internal/cluster"
+	"github.com/zfs-nomad/zfs-nomad/internal/cluster/clustertest"
 	"github.com/zfs-nomad/zfs-nomad/internal/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/migration"
 	"github.com/zfs-nomad/zfs-nomad/internal/volume"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs/zfsfake"
-	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
 // testCluster runs real agent servers over fake ZFS, in memory.
 type testCluster struct {
-	mu        sync.Mutex
-	listeners map[string]*bufconn.Listener
-	servers   map[string]*grpc.Server
-	fakes     map[string]*zfsfake.Fake
-	peers     []string
+	t      *testing.T
+	agents clustertest.Agents
+	fakes  map[string]*zfsfake.Fake
 }
 
 // newTestCluster starts one agent per node; free gives each node's pool size.
 func newTestCluster(t *testing.T, free map[string]uint64) *testCluster {
-	tc := &testCluster{listeners: map[string]*bufconn.Listener{}, servers: map[string]*grpc.Server{}, fakes: map[string]*zfsfake.Fake{}}
+	tc := &testCluster{t: t, fakes: map[string]*zfsfake.Fake{}}
 	for id, size := range free {
 		fake := zfsfake.New(size, "tank")
 		if err := fake.CreateFilesystem(context.Background(), "tank/nomad", nil); err != nil {
@@ -45,38 +36,17 @@ func newTestCluster(t *testing.T, free map[string]uint64) *testCluster {
 		cfg := config.DefaultNode()
 		cfg.NodeID, cfg.RootDataset, cfg.MaxQuota = id, "tank/nomad", 8<<30
 		mgr := volume.NewManager(fake, cfg, hclog.NewNullLogger())
-		srv := grpc.NewServer()
-		pb.RegisterNodeAgentServer(srv, agent.NewServer(mgr, nil, nil, cfg, hclog.NewNullLogger()))
-		lis := bufconn.Listen(1 << 20)
-		go srv.Serve(lis)
-		addr := id + ":7670"
-		tc.listeners[addr], tc.servers[addr], tc.fakes[id] = lis, srv, fake
-		tc.peers = append(tc.peers, "passthrough:///"+addr)
-		t.Cleanup(srv.Stop)
+		tc.agents.Serve(t, id+":7670", agent.NewServer(mgr, nil, nil, cfg, hclog.NewNullLogger()))
+		tc.fakes[id] = fake
 	}
 	return tc
 }
 
 // stop takes a node's agent down.
-func (tc *testCluster) stop(id string) {
-	tc.mu.Lock()
-	defer tc.mu.Unlock()
-	addr := id + ":7670"
-	tc.servers[addr].Stop()
-	delete(tc.listeners, addr)
-}
+func (tc *testCluster) stop(id string) { tc.agents.Stop(id + ":7670") }
 
 func (tc *testCluster) controller() *Controller {
-	dialer := grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
-		tc.mu.Lock()
-		lis, ok := tc.listeners[addr]
-		tc.mu.Unlock()
-		if !ok {
-			return nil, fmt.Errorf("connection refused: %s", addr)
-		}
-		return lis.DialContext(ctx)
-	})
-	c := cluster.New(cluster.StaticPeers(tc.peers), 2*time.Second, hclog.NewNullLogger(), dialer, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	c := tc.agents.Cluster(tc.t)
 	return NewController(c, migration.New(c, hclog.NewNullLogger()), "most-free", hclog.NewNullLogger())
 }
 

@@ -3,17 +3,14 @@ package scheduler
 import (
 	"context"
 	"fmt"
-	"net"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/cluster"
+	"github.com/zfs-nomad/zfs-nomad/internal/cluster/clustertest"
 	"github.com/zfs-nomad/zfs-nomad/internal/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/volume"
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
@@ -41,26 +38,11 @@ func (a *agent) Status(context.Context, *pb.StatusRequest) (*pb.NodeStatus, erro
 // startAgents serves each agent in memory and returns a cluster of them.
 func startAgents(t *testing.T, agents []*agent) *cluster.Cluster {
 	t.Helper()
-	listeners := map[string]*bufconn.Listener{}
-	var peers []string
+	var served clustertest.Agents
 	for _, a := range agents {
-		lis := bufconn.Listen(1 << 16)
-		srv := grpc.NewServer()
-		pb.RegisterNodeAgentServer(srv, a)
-		go srv.Serve(lis)
-		t.Cleanup(srv.Stop)
-		addr := a.node.GetNodeId() + ":7670"
-		listeners[addr] = lis
-		peers = append(peers, "passthrough:///"+addr)
+		served.Serve(t, a.node.GetNodeId()+":7670", a)
 	}
-	dialer := grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
-		lis, ok := listeners[addr]
-		if !ok {
-			return nil, fmt.Errorf("connection refused: %s", addr)
-		}
-		return lis.DialContext(ctx)
-	})
-	return cluster.New(cluster.StaticPeers(peers), 2*time.Second, hclog.NewNullLogger(), dialer, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	return served.Cluster(t)
 }
 
 func node(id, domain string, availableGiB uint64) *pb.Node {
