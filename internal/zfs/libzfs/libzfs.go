@@ -186,9 +186,7 @@ func (z *ZFS) Children(ctx context.Context, name string) ([]zfs.Dataset, error) 
 	}
 	var out []zfs.Dataset
 	err := z.do(ctx, func(h handle) error {
-		cname := C.CString(name)
-		defer C.free(unsafe.Pointer(cname))
-		names, err := retryInterrupted(h, "list", name, func(out **C.char) C.int { return C.list_children(h.h, cname, out) })
+		names, err := childNames(h, name)
 		if err != nil {
 			return err
 		}
@@ -200,19 +198,28 @@ func (z *ZFS) Children(ctx context.Context, name string) ([]zfs.Dataset, error) 
 
 // SnapshotNames returns the names of fs's snapshots without reading them.
 func (z *ZFS) SnapshotNames(ctx context.Context, fs string) ([]string, error) {
+	names, err := z.snapshotLines(ctx, fs, C.SNAPSHOT_NAMES)
+	sort.Strings(names)
+	return names, err
+}
+
+// snapshotLines lists fs's snapshots in one of list_snapshots' modes.
+func (z *ZFS) snapshotLines(ctx context.Context, fs string, mode C.int) ([]string, error) {
 	if err := zfs.ValidateName(fs); err != nil {
 		return nil, err
 	}
-	var names []string
+	var lines []string
 	err := z.do(ctx, func(h handle) error {
-		cfs := C.CString(fs)
-		defer C.free(unsafe.Pointer(cfs))
 		var err error
-		names, err = retryInterrupted(h, "list snapshots", fs, func(out **C.char) C.int { return C.list_snapshot_names(h.h, cfs, out) })
+		lines, err = retryInterrupted(h, "list snapshots", fs, func(cfs *C.char, out **C.char) C.int { return C.list_snapshots(h.h, cfs, mode, out) })
 		return err
 	})
-	sort.Strings(names)
-	return names, err
+	return lines, err
+}
+
+// childNames lists the filesystems directly below parent.
+func childNames(h handle, parent string) ([]string, error) {
+	return retryInterrupted(h, "list", parent, func(cparent *C.char, out **C.char) C.int { return C.list_children(h.h, cparent, out) })
 }
 
 // readAll reads the listed datasets, skipping those destroyed since they
@@ -238,17 +245,17 @@ const listIntrRetries = 5
 
 // listNames returns the names below name, retrying interrupted listings.
 func listNames(h handle, name string) ([]string, error) {
-	cname := C.CString(name)
-	defer C.free(unsafe.Pointer(cname))
-	return retryInterrupted(h, "list", name, func(out **C.char) C.int { return C.list_tree(h.h, cname, out) })
+	return retryInterrupted(h, "list", name, func(cname *C.char, out **C.char) C.int { return C.list_tree(h.h, cname, out) })
 }
 
-// retryInterrupted runs a listing, retrying it when a signal interrupted
-// it, and splits its output into lines.
-func retryInterrupted(h handle, op, name string, list func(**C.char) C.int) ([]string, error) {
+// retryInterrupted runs a listing of name, retrying it when a signal
+// interrupted it, and splits its output into lines.
+func retryInterrupted(h handle, op, name string, list func(cname *C.char, out **C.char) C.int) ([]string, error) {
+	cname := C.CString(name)
+	defer C.free(unsafe.Pointer(cname))
 	for attempt := 0; ; attempt++ {
 		var buf *C.char
-		if list(&buf) == 0 {
+		if list(cname, &buf) == 0 {
 			out := C.GoString(buf)
 			C.free(unsafe.Pointer(buf))
 			if out == "" {

@@ -64,7 +64,7 @@ typedef struct {
 	char *buf;
 	size_t len, cap;
 	int oom;
-	int holds; // list_snapshots: holds instead of snapshots
+	int mode; // list_snapshots: one of the SNAPSHOT_ modes
 } lines_t;
 
 static void lines_add(lines_t *l, const char *s) {
@@ -118,13 +118,16 @@ int list_tree(libzfs_handle_t *h, const char *name, char **out) {
 	return lines_done(&l, collect(zh, &l), out);
 }
 
-// One line per snapshot: "name\tguid\tcreatetxg\tcreation"; with holds
-// set, one "name\ttag" line per hold instead.
+// One line per snapshot: "name\tguid\tcreatetxg\tcreation"; in
+// SNAPSHOT_HOLDS mode one "name\ttag" line per hold instead, in
+// SNAPSHOT_NAMES mode the name alone.
 static int snapshot_line(zfs_handle_t *zh, void *arg) {
 	lines_t *l = arg;
 	char line[ZFS_MAX_DATASET_NAME_LEN + 512];
 	const char *name = zfs_get_name(zh);
-	if (!l->holds) {
+	if (l->mode == SNAPSHOT_NAMES) {
+		lines_add(l, name);
+	} else if (l->mode == SNAPSHOT_DETAILS) {
 		snprintf(line, sizeof(line), "%s\t%llu\t%llu\t%llu", name,
 		    (unsigned long long)zfs_prop_get_int(zh, ZFS_PROP_GUID),
 		    (unsigned long long)zfs_prop_get_int(zh, ZFS_PROP_CREATETXG),
@@ -146,35 +149,16 @@ static int snapshot_line(zfs_handle_t *zh, void *arg) {
 	return l->oom ? -1 : 0;
 }
 
-// list_snapshots lists the snapshots of fs, or their holds.
-int list_snapshots(libzfs_handle_t *h, const char *fs, int holds, char **out) {
+// list_snapshots lists the snapshots of fs as mode says. For names alone
+// the kernel skips reading each snapshot's properties.
+int list_snapshots(libzfs_handle_t *h, const char *fs, int mode, char **out) {
 	lines_t l = {0};
-	l.holds = holds;
+	l.mode = mode;
 	*out = NULL;
 	zfs_handle_t *zh = zfs_open(h, fs, ZFS_TYPE_FILESYSTEM | ZFS_TYPE_VOLUME);
 	if (zh == NULL)
 		return -1;
-	int rc = zfs_iter_snapshots(zh, B_FALSE, snapshot_line, &l, 0, 0);
-	zfs_close(zh);
-	return lines_done(&l, rc, out);
-}
-
-static int name_line(zfs_handle_t *zh, void *arg) {
-	lines_t *l = arg;
-	lines_add(l, zfs_get_name(zh));
-	zfs_close(zh);
-	return l->oom ? -1 : 0;
-}
-
-// list_snapshot_names lists the names of fs's snapshots and nothing else:
-// the kernel then skips reading each snapshot's properties.
-int list_snapshot_names(libzfs_handle_t *h, const char *fs, char **out) {
-	lines_t l = {0};
-	*out = NULL;
-	zfs_handle_t *zh = zfs_open(h, fs, ZFS_TYPE_FILESYSTEM | ZFS_TYPE_VOLUME);
-	if (zh == NULL)
-		return -1;
-	int rc = zfs_iter_snapshots(zh, B_TRUE, name_line, &l, 0, 0);
+	int rc = zfs_iter_snapshots(zh, mode == SNAPSHOT_NAMES, snapshot_line, &l, 0, 0);
 	zfs_close(zh);
 	return lines_done(&l, rc, out);
 }

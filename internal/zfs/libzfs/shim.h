@@ -25,8 +25,8 @@ int set_props(libzfs_handle_t *h, const char *name, nvlist_t *props);
 
 // Listings: one line per entry in *out, freed by the caller.
 int list_tree(libzfs_handle_t *h, const char *name, char **out);
-int list_snapshots(libzfs_handle_t *h, const char *fs, int holds, char **out);
-int list_snapshot_names(libzfs_handle_t *h, const char *fs, char **out);
+enum { SNAPSHOT_DETAILS, SNAPSHOT_HOLDS, SNAPSHOT_NAMES };
+int list_snapshots(libzfs_handle_t *h, const char *fs, int mode, char **out);
 int list_children(libzfs_handle_t *h, const char *parent, char **out);
 
 int hold_or_release(libzfs_handle_t *h, const char *snapshot, const char *tag, int release);

@@ -90,7 +90,7 @@ func (s Streams) Destroy(ctx context.Context, snapshot string) error {
 
 // Snapshots lists the snapshots of one filesystem, oldest first.
 func (s Streams) Snapshots(ctx context.Context, fs string) ([]zfscmd.Snap, error) {
-	lines, err := s.snapshotLines(ctx, fs, false)
+	lines, err := s.z.snapshotLines(ctx, fs, C.SNAPSHOT_DETAILS)
 	if err != nil {
 		return nil, err
 	}
@@ -114,7 +114,7 @@ func (s Streams) Snapshots(ctx context.Context, fs string) ([]zfscmd.Snap, error
 
 // Holds returns the hold tags of every snapshot of fs that has any.
 func (s Streams) Holds(ctx context.Context, fs string) (map[string][]string, error) {
-	lines, err := s.snapshotLines(ctx, fs, true)
+	lines, err := s.z.snapshotLines(ctx, fs, C.SNAPSHOT_HOLDS)
 	if err != nil {
 		return nil, err
 	}
@@ -130,25 +130,6 @@ func (s Streams) Holds(ctx context.Context, fs string) (map[string][]string, err
 	return holds, nil
 }
 
-func (s Streams) snapshotLines(ctx context.Context, fs string, holds bool) ([]string, error) {
-	if err := zfs.ValidateName(fs); err != nil {
-		return nil, err
-	}
-	var lines []string
-	err := s.z.do(ctx, func(h handle) error {
-		cfs := C.CString(fs)
-		defer C.free(unsafe.Pointer(cfs))
-		withHolds := C.int(0)
-		if holds {
-			withHolds = 1
-		}
-		var err error
-		lines, err = retryInterrupted(h, "list snapshots", fs, func(out **C.char) C.int { return C.list_snapshots(h.h, cfs, withHolds, out) })
-		return err
-	})
-	return lines, err
-}
-
 // Children lists the filesystems directly below parent with props.
 func (s Streams) Children(ctx context.Context, parent string, props ...string) ([]zfscmd.Child, error) {
 	if err := zfs.ValidateName(parent); err != nil {
@@ -156,10 +137,8 @@ func (s Streams) Children(ctx context.Context, parent string, props ...string) (
 	}
 	var names []string
 	err := s.z.do(ctx, func(h handle) error {
-		cparent := C.CString(parent)
-		defer C.free(unsafe.Pointer(cparent))
 		var err error
-		names, err = retryInterrupted(h, "list", parent, func(out **C.char) C.int { return C.list_children(h.h, cparent, out) })
+		names, err = childNames(h, parent)
 		return err
 	})
 	if err != nil {
