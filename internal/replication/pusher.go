@@ -56,10 +56,16 @@ type Pusher struct {
 	locks  keylock.Locks
 	now    func() time.Time
 
-	mu        sync.Mutex
-	transfers map[string]*Transfer          // by volume ID
-	cancels   map[string]context.CancelFunc // of running pushes, by volume ID
-	peers     map[string]*grpc.ClientConn   // by address, kept between pushes
+	// tidies serialises a volume's clean-up after a push with Hold: a
+	// delete or demote never meets a tidy holding or pruning snapshots
+	// under it.
+	tidies keylock.Locks
+
+	mu          sync.Mutex
+	transfers   map[string]*Transfer          // by volume ID
+	cancels     map[string]context.CancelFunc // of running pushes, by volume ID
+	tidyCancels map[string]context.CancelFunc // of running tidies, by volume ID
+	peers       map[string]*grpc.ClientConn   // by address, kept between pushes
 }
 
 // peer returns a connection to the agent at addr. Connections are kept:
@@ -97,16 +103,49 @@ func (p *Pusher) Close() {
 	}
 }
 
-// Hold stops a running push of volumeID and keeps new ones from starting
-// (they get Aborted) until release is called. Deleting a volume holds it,
-// so a push cannot snapshot or send a volume that is being destroyed.
+// Hold stops a running push of volumeID and the clean-up after one, and
+// keeps new ones from starting (they get Aborted) until release is
+// called. Deleting a volume holds it, so a push cannot snapshot or send a
+// volume that is being destroyed, nor a tidy hold or prune its snapshots
+// meanwhile. Lock order: the push lock, then the tidy lock.
 func (p *Pusher) Hold(ctx context.Context, volumeID string) (release func(), err error) {
+	p.cancel(p.cancels, volumeID)
+	unlockPush, err := p.locks.Lock(ctx, volumeID)
+	if err != nil {
+		return nil, err
+	}
+	p.cancel(p.tidyCancels, volumeID)
+	unlockTidy, err := p.tidies.Lock(ctx, volumeID)
+	if err != nil {
+		unlockPush()
+		return nil, err
+	}
+	return func() { unlockTidy(); unlockPush() }, nil
+}
+
+// cancel cancels the work of volumeID registered in cancels.
+func (p *Pusher) cancel(cancels map[string]context.CancelFunc, volumeID string) {
 	p.mu.Lock()
-	if cancel, ok := p.cancels[volumeID]; ok {
+	defer p.mu.Unlock()
+	if cancel, ok := cancels[volumeID]; ok {
 		cancel()
 	}
-	p.mu.Unlock()
-	return p.locks.Lock(ctx, volumeID)
+}
+
+// register records cancel as the way to stop volumeID's work in *cancels
+// until the returned function is called.
+func (p *Pusher) register(cancels *map[string]context.CancelFunc, volumeID string, cancel context.CancelFunc) (unregister func()) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if *cancels == nil {
+		*cancels = map[string]context.CancelFunc{}
+	}
+	(*cancels)[volumeID] = cancel
+	return func() {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		delete(*cancels, volumeID)
+	}
 }
 
 // Transfers returns the pushes running now.
@@ -164,17 +203,7 @@ func (p *Pusher) Push(ctx context.Context, volumeID, addr string, interval time.
 	defer unlock()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	p.mu.Lock()
-	if p.cancels == nil {
-		p.cancels = map[string]context.CancelFunc{}
-	}
-	p.cancels[volumeID] = cancel
-	p.mu.Unlock()
-	defer func() {
-		p.mu.Lock()
-		delete(p.cancels, volumeID)
-		p.mu.Unlock()
-	}()
+	defer p.register(&p.cancels, volumeID, cancel)()
 
 	props, err := p.z.GetAll(ctx, fs, volume.PropRole, volume.PropName, volume.PropGeneration, volume.PropParameters, "refquota", "quota", "encryption")
 	if errors.Is(err, zfs.ErrNotFound) {
@@ -288,7 +317,7 @@ func (p *Pusher) Push(ctx context.Context, volumeID, addr string, interval time.
 	if err != nil {
 		return Progress{}, err
 	}
-	go p.tidy(fs, base, BaseHoldTag+"-"+state.GetNodeId(), log)
+	p.startTidy(volumeID, fs, base, BaseHoldTag+"-"+state.GetNodeId(), log)
 	prog.Bytes, prog.Done = sent.Load(), true
 	prog.Total = prog.Bytes // what the estimate was for
 	report(prog)
@@ -312,14 +341,36 @@ const estimateDelay = time.Second
 // tidyTimeout bounds the clean-up after a push.
 const tidyTimeout = 2 * time.Minute
 
+// startTidy tidies after a successful push, in the background: the caller
+// (a move waits for the push) need not wait for its holds and prunes. The
+// tidy lock is taken here, before Push returns and so before the push
+// lock is released, so a Hold that follows always waits for this tidy. If
+// the previous tidy of the volume still runs, this one is skipped: the
+// old base stays held, and the next push tidies.
+func (p *Pusher) startTidy(volumeID, fs, base, tag string, log hclog.Logger) {
+	unlock, ok := p.tidies.TryLock(volumeID)
+	if !ok {
+		log.Debug("the previous tidy still runs; the next push tidies")
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), tidyTimeout)
+	unregister := p.register(&p.tidyCancels, volumeID, cancel)
+	go func() {
+		defer unlock()
+		defer unregister()
+		defer cancel()
+		p.tidy(ctx, fs, base, tag, log)
+	}()
+}
+
 // tidy runs after a successful push. It holds base, the snapshot the peer
 // now has, with the peer's tag before anything releases the old base, so
 // some common snapshot is always held. A primary receives nothing: the
 // hold it kept as a replica (before a move or failover promoted it) would
 // pin its old base forever. Then old replication snapshots are pruned.
-func (p *Pusher) tidy(fs, base, tag string, log hclog.Logger) {
-	ctx, cancel := context.WithTimeout(context.Background(), tidyTimeout)
-	defer cancel()
+// Stopped at any step (Hold cancels it), it leaves some common snapshot
+// held.
+func (p *Pusher) tidy(ctx context.Context, fs, base, tag string, log hclog.Logger) {
 	if err := p.z.Hold(ctx, base, tag); err != nil {
 		log.Warn("holding the new base failed; the old base stays held until a push holds a newer one", "snapshot", base, "error", err)
 		return

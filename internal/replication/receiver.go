@@ -389,7 +389,10 @@ func (r *Receiver) destroyReplica(ctx context.Context, fs string) error {
 	if err := releaseTags(ctx, r.z, fs, func(string) bool { return true }); err != nil {
 		return err
 	}
-	return r.z.DestroyRecursive(ctx, fs)
+	if err := r.z.DestroyRecursive(ctx, fs); err != nil && !errors.Is(err, zfs.ErrNotFound) {
+		return err
+	}
+	return nil
 }
 
 func (r *Receiver) abortPartial(ctx context.Context, fs string) error {

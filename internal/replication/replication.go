@@ -12,12 +12,14 @@ package replication
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
 	"github.com/zfs-nomad/zfs-nomad/internal/volume"
+	"github.com/zfs-nomad/zfs-nomad/internal/zfs"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs/zfscmd"
 )
 
@@ -93,7 +95,7 @@ func releaseSuperseded(ctx context.Context, z Streams, fs string) error {
 	for _, s := range snaps {
 		for _, t := range holds[s.Name] {
 			if isBaseTag(t) && newest[t] != s.Name {
-				if err := z.Release(ctx, s.Name, t); err != nil {
+				if err := z.Release(ctx, s.Name, t); err != nil && !errors.Is(err, zfs.ErrNotFound) {
 					return fmt.Errorf("releasing the old base %s: %w", s.Name, err)
 				}
 			}
@@ -107,6 +109,8 @@ func isBaseTag(tag string) bool { return tag == BaseHoldTag || isPeerTag(tag) }
 
 // releaseTags releases, on every snapshot of fs, the hold tags drop
 // selects. A copy that changed roles keeps no holds of its old role.
+// Here and in the other bookkeeping, a snapshot that vanished since the
+// listing (destroyed by a delete or a concurrent prune) is done with.
 func releaseTags(ctx context.Context, z Streams, fs string, drop func(tag string) bool) error {
 	holds, err := z.Holds(ctx, fs)
 	if err != nil {
@@ -115,7 +119,7 @@ func releaseTags(ctx context.Context, z Streams, fs string, drop func(tag string
 	for snap, tags := range holds {
 		for _, t := range tags {
 			if drop(t) {
-				if err := z.Release(ctx, snap, t); err != nil {
+				if err := z.Release(ctx, snap, t); err != nil && !errors.Is(err, zfs.ErrNotFound) {
 					return fmt.Errorf("releasing %s on %s: %w", t, snap, err)
 				}
 			}
@@ -151,7 +155,7 @@ func prune(ctx context.Context, z Streams, fs string, keep int) error {
 		if i >= len(ours)-keep || len(holds[name]) > 0 {
 			continue
 		}
-		if err := z.Destroy(ctx, name); err != nil {
+		if err := z.Destroy(ctx, name); err != nil && !errors.Is(err, zfs.ErrNotFound) {
 			return fmt.Errorf("pruning %s: %w", name, err)
 		}
 	}

@@ -349,6 +349,11 @@ func (m *Manager) Delete(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
+	// A mounted volume is refused before anything is touched: its
+	// replication snapshots are the bases of its replicas' increments.
+	if err := m.refuseMounted(v); err != nil {
+		return err
+	}
 	release, err := m.holdTransfers(ctx, id)
 	if err != nil {
 		return err
@@ -361,6 +366,8 @@ func (m *Manager) Delete(ctx context.Context, id string) error {
 	switch {
 	case err == nil:
 		log.Info("volume destroyed", "dataset", v.Dataset)
+	case errors.Is(err, zfs.ErrNotFound):
+		log.Info("volume already destroyed meanwhile", "dataset", v.Dataset)
 	case errors.Is(err, zfs.ErrHasDependents):
 		if err := m.tombstone(ctx, v); err != nil {
 			return err
@@ -375,12 +382,33 @@ func (m *Manager) Delete(ctx context.Context, id string) error {
 	return nil
 }
 
+// refuseMounted answers FailedPrecondition for a volume mounted on this
+// node.
+func (m *Manager) refuseMounted(v Volume) error {
+	mounted, err := m.mounted(v.Dataset)
+	if err != nil {
+		return err
+	}
+	if mounted {
+		return fmt.Errorf("%w: volume %s is mounted on node %s; unpublish it first", errdefs.ErrFailedPrecondition, v.ID, m.cfg.NodeID)
+	}
+	return nil
+}
+
 // dropReplicationSnapshots destroys a deleted volume's replication
 // snapshots, releasing the holds that protected them as incremental bases:
 // with the volume gone there is nothing left to send. Only CSI snapshots
 // and clone origins may keep a deleted volume as a tombstone.
+//
+// A replication snapshot may vanish or gain a hold between the listing and
+// its destruction (a push's tidy prunes and holds on its own schedule):
+// one that is gone counts as destroyed, one held meanwhile is released
+// again.
 func (m *Manager) dropReplicationSnapshots(ctx context.Context, dataset string) error {
 	all, err := m.zfs.List(ctx, dataset)
+	if errors.Is(err, zfs.ErrNotFound) {
+		return nil
+	}
 	if err != nil {
 		return zfsError(err, "listing snapshots of "+dataset)
 	}
@@ -388,14 +416,36 @@ func (m *Manager) dropReplicationSnapshots(ctx context.Context, dataset string) 
 		if ds.Type != zfs.Snapshot || !strings.HasPrefix(shortName(ds.Name), ReplicationSnapshotPrefix) {
 			continue
 		}
-		if err := m.zfs.ReleaseAll(ctx, ds.Name); err != nil {
-			return zfsError(err, "releasing "+ds.Name)
-		}
-		if err := m.zfs.Destroy(ctx, ds.Name); err != nil && !errors.Is(err, zfs.ErrHasDependents) {
-			return zfsError(err, "destroying "+ds.Name)
+		if err := m.releaseAndDestroy(ctx, ds.Name); err != nil {
+			return err
 		}
 	}
 	return nil
+}
+
+// releaseAndDestroy releases every hold on a snapshot and destroys it. A
+// snapshot already gone is destroyed; one that a clone keeps stays for its
+// tombstone; one held again meanwhile is released again, a few times.
+func (m *Manager) releaseAndDestroy(ctx context.Context, snap string) error {
+	const attempts = 3
+	var err error
+	for range attempts {
+		err = m.zfs.ReleaseAll(ctx, snap)
+		if errors.Is(err, zfs.ErrNotFound) {
+			return nil
+		}
+		if err != nil {
+			return zfsError(err, "releasing the holds on "+snap)
+		}
+		err = m.zfs.Destroy(ctx, snap)
+		if err == nil || errors.Is(err, zfs.ErrNotFound) || errors.Is(err, zfs.ErrHasDependents) {
+			return nil
+		}
+		if !errors.Is(err, zfs.ErrBusy) {
+			break
+		}
+	}
+	return zfsError(err, "destroying "+snap)
 }
 
 // tombstone hides a deleted volume that still has snapshots or clones: it is
@@ -433,7 +483,7 @@ func (m *Manager) collectTombstones(ctx context.Context) {
 		switch {
 		case err == nil:
 			m.log.Info("tombstone destroyed", "volume_id", ds.User[PropVolumeID], "dataset", ds.Name)
-		case !errors.Is(err, zfs.ErrHasDependents):
+		case !errors.Is(err, zfs.ErrHasDependents) && !errors.Is(err, zfs.ErrNotFound):
 			m.log.Warn("destroying tombstone failed", "volume_id", ds.User[PropVolumeID], "dataset", ds.Name, "error", err)
 		}
 	}

@@ -373,3 +373,83 @@ func TestDeleteHoldsTransfersAndTombstonesIgnoreReplicationSnapshots(t *testing.
 		t.Errorf("left behind: %v", names)
 	}
 }
+
+// TestDeleteRacesTidy has a push's tidy (which prunes and holds
+// replication snapshots on its own schedule) act between a delete's steps:
+// the delete must end with everything gone and answer OK.
+func TestDeleteRacesTidy(t *testing.T) {
+	tests := []struct {
+		name string
+		// race runs once, just before the delete's op on the named
+		// snapshot (short name), as the concurrent caller.
+		op, snap string
+		race     func(f *zfsfake.Fake, snap string)
+	}{
+		{"a snapshot pruned before its release", "release", "zn-1", func(f *zfsfake.Fake, s string) { _ = f.Destroy(context.Background(), s) }},
+		{"a snapshot pruned before its destroy", "destroy", "zn-1", func(f *zfsfake.Fake, s string) { _ = f.Destroy(context.Background(), s) }},
+		{"a snapshot held as the new base before its destroy", "destroy", "zn-2", func(f *zfsfake.Fake, s string) { f.Hold(s, "zfs-nomad-base-n2") }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m, fake := newManager(t)
+			ctx := context.Background()
+			v, _ := m.Create(ctx, CreateRequest{Name: "replicated"})
+			for _, s := range []string{"zn-1", "zn-2"} {
+				if err := fake.Snapshot(ctx, v.Dataset+"@"+s, nil); err != nil {
+					t.Fatal(err)
+				}
+			}
+			fake.Hold(v.Dataset+"@zn-2", "zfs-nomad-base-n2")
+			raced := false
+			fake.Before = func(op, name string) {
+				if !raced && op == tt.op && name == v.Dataset+"@"+tt.snap {
+					raced = true
+					tt.race(fake, name)
+				}
+			}
+			if err := m.Delete(ctx, v.ID); err != nil {
+				t.Fatalf("delete: %v", err)
+			}
+			if !raced {
+				t.Fatal("the race never happened: the delete's steps changed, update the test")
+			}
+			if names := fake.Names(); len(names) != 2 {
+				t.Errorf("left behind: %v", names)
+			}
+		})
+	}
+}
+
+func TestDeleteSnapshotGoneMeanwhile(t *testing.T) {
+	m, fake := newManager(t)
+	ctx := context.Background()
+	v, _ := m.Create(ctx, CreateRequest{Name: "v"})
+	snap, _ := m.CreateSnapshot(ctx, v.ID, "s")
+	fake.Before = func(op, name string) {
+		if op == "destroy" && name == snap.Dataset {
+			fake.Before = nil
+			_ = fake.Destroy(ctx, name)
+		}
+	}
+	if err := m.DeleteSnapshot(ctx, snap.ID); err != nil {
+		t.Fatalf("delete of a snapshot destroyed meanwhile: %v", err)
+	}
+}
+
+func TestDeleteRefusesAMountedVolumeBeforeTouchingIt(t *testing.T) {
+	m, fake := newManager(t)
+	ctx := context.Background()
+	v, _ := m.Create(ctx, CreateRequest{Name: "mounted"})
+	if err := fake.Snapshot(ctx, v.Dataset+"@zn-1", nil); err != nil {
+		t.Fatal(err)
+	}
+	fake.Hold(v.Dataset+"@zn-1", "zfs-nomad-base-n2")
+	m.Mounted = func(ds string) (bool, error) { return ds == v.Dataset, nil }
+	err := m.Delete(ctx, v.ID)
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "unpublish") {
+		t.Fatalf("delete of a mounted volume: %v, want FailedPrecondition asking to unpublish", err)
+	}
+	if _, err := fake.Get(ctx, v.Dataset+"@zn-1"); err != nil {
+		t.Errorf("the held replication base is gone after a refused delete: %v", err)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"sort"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
+	"github.com/zfs-nomad/zfs-nomad/internal/zfs"
 )
 
 // CreateSnapshot snapshots a volume, or returns the snapshot an earlier
@@ -71,7 +72,8 @@ func (m *Manager) DeleteSnapshot(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	if err := m.zfs.DestroyDeferred(ctx, snap.Dataset); err != nil {
+	err = m.zfs.DestroyDeferred(ctx, snap.Dataset)
+	if err != nil && !errors.Is(err, zfs.ErrNotFound) { // gone meanwhile: deleted
 		return zfsError(err, "deleting snapshot "+id)
 	}
 	m.log.Info("snapshot deleted", "volume_id", snap.SourceVolumeID, "snapshot_id", id, "dataset", snap.Dataset)

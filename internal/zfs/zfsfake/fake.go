@@ -25,6 +25,10 @@ type Fake struct {
 	// Fail, when set, is consulted before each operation; a non-nil result
 	// is returned instead of doing it. Tests use it to inject faults.
 	Fail func(op, name string) error
+	// Before, when set, runs before each operation, outside the fake's
+	// lock: a test can do another operation there, as a concurrent caller
+	// whose call happened to land first would.
+	Before func(op, name string)
 }
 
 type entry struct {
@@ -41,6 +45,7 @@ func (f *Fake) Hold(snapshot, tag string) {
 }
 
 func (f *Fake) ReleaseAll(ctx context.Context, snapshot string) error {
+	f.before("release", snapshot)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.check("release", snapshot); err != nil {
@@ -96,6 +101,12 @@ func (f *Fake) NativeProperty(name, prop string) string {
 	return ""
 }
 
+func (f *Fake) before(op, name string) {
+	if f.Before != nil {
+		f.Before(op, name)
+	}
+}
+
 func (f *Fake) check(op, name string) error {
 	if err := zfs.ValidateName(name); err != nil {
 		return err
@@ -107,6 +118,7 @@ func (f *Fake) check(op, name string) error {
 }
 
 func (f *Fake) Get(ctx context.Context, name string) (zfs.Dataset, error) {
+	f.before("get", name)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.check("get", name); err != nil {
@@ -120,6 +132,7 @@ func (f *Fake) Get(ctx context.Context, name string) (zfs.Dataset, error) {
 }
 
 func (f *Fake) List(ctx context.Context, name string) ([]zfs.Dataset, error) {
+	f.before("list", name)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.check("list", name); err != nil {
@@ -261,6 +274,7 @@ func setProps(e *entry, props map[string]string) error {
 }
 
 func (f *Fake) CreateFilesystem(ctx context.Context, name string, props map[string]string) error {
+	f.before("create", name)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.check("create", name); err != nil {
@@ -273,6 +287,7 @@ func (f *Fake) CreateFilesystem(ctx context.Context, name string, props map[stri
 }
 
 func (f *Fake) Snapshot(ctx context.Context, name string, props map[string]string) error {
+	f.before("snapshot", name)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.check("snapshot", name); err != nil {
@@ -289,6 +304,7 @@ func (f *Fake) Snapshot(ctx context.Context, name string, props map[string]strin
 }
 
 func (f *Fake) Clone(ctx context.Context, snapshot, name string, props map[string]string) error {
+	f.before("clone", name)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.check("clone", name); err != nil {
@@ -302,6 +318,7 @@ func (f *Fake) Clone(ctx context.Context, snapshot, name string, props map[strin
 }
 
 func (f *Fake) SetProperties(ctx context.Context, name string, props map[string]string) error {
+	f.before("set", name)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.check("set", name); err != nil {
@@ -315,6 +332,7 @@ func (f *Fake) SetProperties(ctx context.Context, name string, props map[string]
 }
 
 func (f *Fake) Rename(ctx context.Context, from, to string) error {
+	f.before("rename", from)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.check("rename", from); err != nil {
@@ -345,6 +363,7 @@ func (f *Fake) Rename(ctx context.Context, from, to string) error {
 }
 
 func (f *Fake) Destroy(ctx context.Context, name string) error {
+	f.before("destroy", name)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.check("destroy", name); err != nil {
@@ -354,6 +373,7 @@ func (f *Fake) Destroy(ctx context.Context, name string) error {
 }
 
 func (f *Fake) DestroyDeferred(ctx context.Context, name string) error {
+	f.before("destroy", name)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.check("destroy", name); err != nil {
