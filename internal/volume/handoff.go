@@ -259,16 +259,16 @@ func (m *Manager) promote(ctx context.Context, c Copy, generation uint64, notBef
 // replication, so it is kept for an operator, never destroyed and never
 // mounted.
 func (m *Manager) Demote(ctx context.Context, id string, generation uint64, aside bool) error {
-	release, err := m.holdTransfers(ctx, id)
-	if err != nil {
-		return err
-	}
-	defer release()
 	unlock, err := m.lock(ctx, id)
 	if err != nil {
 		return err
 	}
 	defer unlock()
+	release, err := m.holdTransfers(ctx, id)
+	if err != nil {
+		return err
+	}
+	defer release()
 	c, err := m.Copy(ctx, id)
 	if err != nil {
 		return err

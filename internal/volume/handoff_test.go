@@ -125,3 +125,41 @@ func TestPromoteChecksTheReplica(t *testing.T) {
 		t.Fatalf("promoted volume: %+v, %v", v, err)
 	}
 }
+
+// TestOneLockOrder: every operation that holds a volume's transfers does
+// so under the volume's lock (volume lock first, then the transfers), so
+// a delete and a demotion of one volume cannot wait for each other.
+func TestOneLockOrder(t *testing.T) {
+	ctx := context.Background()
+	ops := []struct {
+		name string
+		run  func(m *Manager, id string) error
+	}{
+		{"delete", func(m *Manager, id string) error { return m.Delete(ctx, id) }},
+		{"demote", func(m *Manager, id string) error { return m.Demote(ctx, id, 2, true) }},
+	}
+	for _, op := range ops {
+		t.Run(op.name, func(t *testing.T) {
+			m, _ := newManager(t)
+			v, err := m.Create(ctx, CreateRequest{Name: "v"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			held := false
+			m.HoldTransfers = func(_ context.Context, id string) (func(), error) {
+				held = true
+				if unlock, free := m.locks.TryLock(id); free {
+					unlock()
+					t.Errorf("%s held the transfers of %s before taking the volume's lock", op.name, id)
+				}
+				return func() {}, nil
+			}
+			if err := op.run(m, v.ID); err != nil {
+				t.Fatal(err)
+			}
+			if !held {
+				t.Errorf("%s did not hold the transfers", op.name)
+			}
+		})
+	}
+}

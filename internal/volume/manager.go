@@ -87,7 +87,8 @@ type CreateRequest struct {
 // serialised; different volumes proceed in parallel as far as ZFS allows.
 type Manager struct {
 	// HoldTransfers, when set, stops a running replication push of a volume
-	// and keeps new ones off until release; Delete and Demote call it first.
+	// and keeps new ones off until release; Delete and Demote call it. Lock
+	// order: the volume's lock first, then the transfers' hold.
 	HoldTransfers func(ctx context.Context, volumeID string) (release func(), err error)
 	// Mounted, when set, reports whether a dataset is mounted on this node;
 	// a mounted primary is never fenced or demoted.
