@@ -98,11 +98,16 @@ func TestNomadEndToEnd(t *testing.T) {
 			time.Since(began).Round(100*time.Millisecond), moved.node, controller)
 		e.logFailedAllocations()
 		e.wantSameData(first, moved, true)
+		// The next steps need the controller: if it ran on the drained
+		// node, it moves too, possibly after the job did.
+		e.waitForDrained(first.node)
+		e.waitForPlugins(3, first.node)
 		e.nomad("node", "drain", "-disable", "-yes", e.nodeIDs[first.node])
 		e.nomad("node", "eligibility", "-enable", e.nodeIDs[first.node])
 	})
 
 	var snapID string
+	var autoNode string // the node the failover=auto step kills
 	e.step("snapshot, and a volume from the snapshot", func() {
 		e.nomad("volume", "snapshot", "create", "web-data", "snap1")
 		snapID = e.snapshotID("web-data")
@@ -158,6 +163,7 @@ capability {
 		}
 		e.nomad("volume", "create", e.writeFile("auto.hcl", spec))
 		before := e.runCounter("web-data-auto")
+		autoNode = before.node
 		// Make the replica current: what failover keeps is what was replicated.
 		e.backup(e.externalID("web-data-auto"))
 		e.waitForDeployment("counter")
@@ -173,6 +179,9 @@ capability {
 
 	e.step("failover=manual: the job waits until the operator promotes a replica", func() {
 		e.nomad("job", "stop", "-purge", "counter")
+		// The controller may have died with the node the last step
+		// killed; creating a volume needs its replacement.
+		e.waitForPlugins(2, autoNode)
 		spec := strings.ReplaceAll(e.readFile(e.file("volume.hcl")), `"web-data"`, `"web-data-manual"`)
 		e.nomad("volume", "create", e.writeFile("manual.hcl", spec))
 		before := e.runCounter("web-data-manual")
@@ -375,17 +384,55 @@ func (e *e2e) deployPlugins() {
 		"-var", `extra_args=["-agent-timeout", "10s"]`,
 		"-var", "log_level=debug",
 		e.file("zfs-controller.nomad.hcl"))
-	e.eventually(2*time.Minute, "healthy plugins", func() error {
-		var p struct{ ControllersHealthy, NodesHealthy int }
+	e.waitForPlugins(3, "")
+	e.tell("FIGURE plugins healthy: %s after job run", time.Since(began).Round(100*time.Millisecond))
+}
+
+// waitForPlugins waits until Nomad reports a healthy controller plugin on
+// a node other than gone (a node drained or killed: a controller that ran
+// there is being replaced, and Nomad may still count the old one healthy)
+// and at least nodes healthy node plugins. Every step that needs the
+// controller (volume and snapshot commands, claims) waits for this after
+// a step that may have moved it: where Nomad places the controller is
+// Nomad's choice.
+func (e *e2e) waitForPlugins(nodes int, gone string) {
+	e.t.Helper()
+	e.eventually(2*time.Minute, fmt.Sprintf("a healthy controller plugin (not on %q) and %d healthy node plugins", gone, nodes), func() error {
+		var p struct {
+			Controllers  map[string]struct{ Healthy bool }
+			NodesHealthy int
+		}
 		if err := e.get("/v1/plugin/csi/zfs-nomad", &p); err != nil {
 			return err
 		}
-		if p.ControllersHealthy != 1 || p.NodesHealthy != 3 {
-			return fmt.Errorf("controllers healthy %d, nodes healthy %d", p.ControllersHealthy, p.NodesHealthy)
+		var healthy []string
+		for id, c := range p.Controllers {
+			if c.Healthy && id != e.nodeIDs[gone] {
+				healthy = append(healthy, id)
+			}
+		}
+		if len(healthy) == 0 || p.NodesHealthy < nodes {
+			return fmt.Errorf("healthy controllers on %v (of %d reported), %d healthy node plugins", healthy, len(p.Controllers), p.NodesHealthy)
 		}
 		return nil
 	})
-	e.tell("FIGURE plugins healthy: %s after job run", time.Since(began).Round(100*time.Millisecond))
+}
+
+// waitForDrained waits until Nomad reports a node's drain complete: every
+// allocation but the system jobs' (the node plugin) has left it,
+// including the controller plugin if it ran there.
+func (e *e2e) waitForDrained(name string) {
+	e.t.Helper()
+	e.eventually(3*time.Minute, "the drain of "+name+" complete (Nomad clears the node's DrainStrategy)", func() error {
+		var n struct{ DrainStrategy *struct{ Deadline int64 } }
+		if err := e.get("/v1/node/"+e.nodeIDs[name], &n); err != nil {
+			return err
+		}
+		if n.DrainStrategy != nil {
+			return fmt.Errorf("%s is still draining", name)
+		}
+		return nil
+	})
 }
 
 // allocation is a running counter job's allocation and what it reported.
