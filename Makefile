@@ -9,7 +9,7 @@ LDFLAGS := -X github.com/zfs-nomad/zfs-nomad/internal/version.Version=$(VERSION)
 TOOLS := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/zfs-nomad/tools/$(shell sha256sum hack/tools/go.sum | cut -c1-12)
 GO_TEST_TIMEOUT ?= 45m
 
-.PHONY: help deps build check unit images test test-nomad nomad bench guest-image proto demo demo-nomad clean
+.PHONY: help deps build check unit images test test-nomad nomad bench soak guest-image proto demo demo-nomad clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -49,6 +49,12 @@ guest-image: deps ## build (or find cached) the ZFS guest image
 # builds it once (about 12 min) and prints its cached path.
 test: check images guest-image ## everything: checks, the images, unit tests, real-ZFS tests, csi-sanity and Nomad end to end in the guest
 	nomad=$$(./hack/nomad.sh) && ZFS_NOMAD_NOMAD=$$nomad go test -p 1 -count=1 -timeout $(GO_TEST_TIMEOUT) ./...
+
+# make soak N=5 [PKGS="./test/migration ./demo"]: the guest packages (and
+# the demo, and test/nomad) N times each, every run's log kept.
+N ?= 5
+soak: guest-image ## run the guest test packages and the demo N times (N=5), to flush out flaky tests; logs kept
+	nomad=$$(./hack/nomad.sh) && ZFS_NOMAD_NOMAD=$$nomad ./hack/soak.sh $(N) $(PKGS)
 
 nomad: ## build (or find cached) the Nomad binary for the end-to-end test (about 14 min, once)
 	@./hack/nomad.sh

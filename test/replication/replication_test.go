@@ -620,3 +620,40 @@ func TestEncryptedVolumeStaysEncrypted(t *testing.T) {
 		t.Fatalf("decrypted replica differs:\nsource:\n%s\nreplica:\n%s", src, dst)
 	}
 }
+
+// TestDeleteRacesTidies deletes volumes right after pushes, at delays that
+// land before, during and after the sender's tidy and the receiver's
+// (which waits a second after a receive): every delete answers OK and
+// leaves nothing of the volume on either node.
+func TestDeleteRacesTidies(t *testing.T) {
+	c := guesttest.StartCluster(t, 2, sim.Options{})
+	n1, n2 := c.Nodes[0], c.Nodes[1]
+	ctx := context.Background()
+	ctl := csi.NewControllerClient(guesttest.Dial(t, c.ControllerEndpoint))
+	for i, delay := range []time.Duration{0, 300 * time.Millisecond, 900 * time.Millisecond, 1100 * time.Millisecond, 1500 * time.Millisecond} {
+		resp, err := ctl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "race-" + strconv.Itoa(i), VolumeCapabilities: []*csi.VolumeCapability{writer},
+			CapacityRange: &csi.CapacityRange{RequiredBytes: 1 << 30}, Parameters: map[string]string{"node": n1.ID}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		id := resp.GetVolume().GetVolumeId()
+		// Three pushes: the later ones are incremental, so the tidies
+		// hold new bases, release old ones and prune.
+		for range 3 {
+			if _, err := replicate(t, ctx, c, n1, n2, id); err != nil {
+				t.Fatalf("push of %s: %v", id, err)
+			}
+		}
+		time.Sleep(delay)
+		if _, err := ctl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
+			t.Errorf("delete %s after the last push: %v", delay, err)
+			continue
+		}
+		for _, n := range []*sim.Node{n1, n2} {
+			ds := n.RootDataset + "/" + id
+			if out, err := sim.Run("zfs", "list", "-H", "-t", "all", "-r", "-o", "name", ds); err == nil {
+				t.Errorf("delete %s after the last push answered OK, but %s still holds:\n%s", delay, n.ID, out)
+			}
+		}
+	}
+}
