@@ -12,11 +12,12 @@ package scheduler
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sort"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"golang.org/x/sync/errgroup"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/cluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/config"
@@ -30,17 +31,30 @@ type Scheduler struct {
 	// Metrics, when set, records lag and pushes.
 	Metrics *Metrics
 
-	cl       *cluster.Cluster
-	log      hclog.Logger
-	parallel int
-	now      func() time.Time
+	cl  *cluster.Cluster
+	log hclog.Logger
+	now func() time.Time
 	// Settle, when set, retires the older of two primaries of a volume.
 	Settle func(ctx context.Context, volumeID string) error
+	// StallTimeout cancels a push that has moved no byte for that long
+	// (default DefaultStallTimeout): a hung peer or stream must not keep
+	// its volume's replicas from ever being updated.
+	StallTimeout time.Duration
+
+	slots   chan struct{} // one per push allowed to run at once
+	pushes  sync.WaitGroup
+	mu      sync.Mutex
+	running map[string]bool // volume IDs with a push under way
 }
+
+// DefaultStallTimeout is how long a push may move no data before the
+// schedule cancels it.
+const DefaultStallTimeout = 2 * time.Minute
 
 // New returns a scheduler that runs at most parallel pushes at once.
 func New(cl *cluster.Cluster, parallel int, log hclog.Logger) *Scheduler {
-	return &Scheduler{cl: cl, log: log, parallel: max(1, parallel), now: time.Now}
+	return &Scheduler{cl: cl, log: log, now: time.Now, StallTimeout: DefaultStallTimeout,
+		slots: make(chan struct{}, max(1, parallel)), running: map[string]bool{}}
 }
 
 // Run runs a round every interval until ctx ends.
@@ -72,23 +86,58 @@ type Push struct {
 	Reason   string
 }
 
-// Round plans and runs one round of pushes and returns what it decided.
+// Round plans one round and starts its pushes in the background, at most
+// parallel at once across rounds, and returns the pushes it started. It
+// does not wait for them: a slow or stalled push holds up only its own
+// volume, which later rounds skip until the push ends. Wait waits for
+// the pushes started so far.
 func (s *Scheduler) Round(ctx context.Context) []Push {
 	pushes, err := s.Plan(ctx)
 	if err != nil {
 		s.log.Warn("replication round skipped", "error", err)
 		return nil
 	}
-	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(s.parallel)
+	var started []Push
 	for _, p := range pushes {
-		g.Go(func() error {
-			s.push(gctx, p)
-			return nil
-		})
+		if !s.claim(p.VolumeID) {
+			s.log.Debug("a push of the volume from an earlier round still runs", "volume_id", p.VolumeID, "target", p.Target.Info.GetNodeId())
+			continue
+		}
+		started = append(started, p)
+		s.pushes.Add(1)
+		go func() {
+			defer s.pushes.Done()
+			defer s.unclaim(p.VolumeID)
+			select {
+			case s.slots <- struct{}{}:
+				defer func() { <-s.slots }()
+			case <-ctx.Done():
+				return
+			}
+			s.push(ctx, p)
+		}()
 	}
-	_ = g.Wait()
-	return pushes
+	return started
+}
+
+// Wait waits until the pushes started by earlier rounds have ended.
+func (s *Scheduler) Wait() { s.pushes.Wait() }
+
+// claim marks a volume as being pushed, unless it is already.
+func (s *Scheduler) claim(volumeID string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.running[volumeID] {
+		return false
+	}
+	s.running[volumeID] = true
+	return true
+}
+
+func (s *Scheduler) unclaim(volumeID string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.running, volumeID)
 }
 
 // Plan decides which volumes to push where, from what the nodes report.
@@ -217,7 +266,12 @@ func (s *Scheduler) due(r replica, interval time.Duration) string {
 func (s *Scheduler) push(ctx context.Context, p Push) {
 	log := s.log.With("volume_id", p.VolumeID, "source", p.Source.Info.GetNodeId(), "target", p.Target.Info.GetNodeId(), "reason", p.Reason)
 	start := s.now()
-	last, err := cluster.Replicate(ctx, p.Source.Client, p.VolumeID, p.Target.Addr, nil)
+	ctx, progressed, stop := stallGuard(ctx, s.StallTimeout)
+	defer stop()
+	last, err := cluster.Replicate(ctx, p.Source.Client, p.VolumeID, p.Target.Addr, func(p *pb.ReplicateProgress) { progressed(p.GetBytes()) })
+	if cause := context.Cause(ctx); errors.Is(cause, errStalled) {
+		err = cause
+	}
 	if err != nil {
 		log.Warn("push failed; the next round retries", "error", err)
 		s.Metrics.push("failure")
@@ -230,6 +284,28 @@ func (s *Scheduler) push(ctx context.Context, p Push) {
 	}
 	s.Metrics.push("success")
 	log.Info("replica updated", "kind", last.GetKind(), "bytes", last.GetBytes(), "duration", s.now().Sub(start).Round(time.Millisecond))
+}
+
+// errStalled cancels a push that moved no data for the stall timeout.
+var errStalled = errors.New("the push moved no data for the stall timeout; cancelled")
+
+// stallGuard returns a context that is cancelled with errStalled once
+// progressed has not been called with a larger byte count for timeout.
+// stop releases the guard.
+func stallGuard(ctx context.Context, timeout time.Duration) (_ context.Context, progressed func(bytes int64), stop func()) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	var mu sync.Mutex
+	var most int64
+	timer := time.AfterFunc(timeout, func() { cancel(fmt.Errorf("%w (%s)", errStalled, timeout)) })
+	progressed = func(bytes int64) {
+		mu.Lock()
+		defer mu.Unlock()
+		if bytes > most {
+			most = bytes
+			timer.Reset(timeout)
+		}
+	}
+	return ctx, progressed, func() { timer.Stop(); cancel(nil) }
 }
 
 // Metrics are the controller's replication metrics. A nil *Metrics records

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -161,5 +163,64 @@ func TestPlan(t *testing.T) {
 				t.Errorf("settled %q, want %q", settled, tt.wantSettled)
 			}
 		})
+	}
+}
+
+// pushing is an agent whose pushes are answered by replicate.
+type pushing struct {
+	agent
+	replicate func(req *pb.ReplicateRequest, stream pb.NodeAgent_ReplicateServer) error
+}
+
+func (a *pushing) Replicate(req *pb.ReplicateRequest, stream pb.NodeAgent_ReplicateServer) error {
+	return a.replicate(req, stream)
+}
+
+// TestStalledPushBlocksNothing: a push that hangs is cancelled after the
+// stall timeout, and meanwhile later rounds run and push other volumes.
+func TestStalledPushBlocksNothing(t *testing.T) {
+	stalled := make(chan struct{})
+	var pushed sync.Map // volume ID -> pushes
+	src := &pushing{agent: agent{node: node("n1", "a", 10), volumes: []*pb.Volume{vol("hung", 1, "1m"), vol("fine", 1, "1m")}}}
+	src.replicate = func(req *pb.ReplicateRequest, stream pb.NodeAgent_ReplicateServer) error {
+		n, _ := pushed.LoadOrStore(req.GetVolumeId(), new(atomic.Int32))
+		n.(*atomic.Int32).Add(1)
+		if req.GetVolumeId() == "hung" {
+			_ = stream.Send(&pb.ReplicateProgress{Bytes: 1}) // then nothing more
+			<-stream.Context().Done()
+			close(stalled)
+			return stream.Context().Err()
+		}
+		return stream.Send(&pb.ReplicateProgress{Bytes: 10, Done: true})
+	}
+	var served clustertest.Agents
+	served.Serve(t, "n1:7670", src)
+	served.Serve(t, "n2:7670", &agent{node: node("n2", "a", 10)})
+	s := New(served.Cluster(t), 4, hclog.NewNullLogger())
+	s.StallTimeout = 300 * time.Millisecond
+	ctx := context.Background()
+
+	if got := len(s.Round(ctx)); got != 2 {
+		t.Fatalf("first round started %d pushes, want 2", got)
+	}
+	time.Sleep(100 * time.Millisecond) // "fine" is done, "hung" hangs
+	second := make(chan []Push, 1)
+	go func() { second <- s.Round(ctx) }()
+	select {
+	case started := <-second:
+		if len(started) != 1 || started[0].VolumeID != "fine" {
+			t.Errorf("second round started %v, want only the volume whose push is not running", started)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a round waited for the hung push")
+	}
+	select {
+	case <-stalled:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the hung push was never cancelled")
+	}
+	s.Wait()
+	if n, _ := pushed.Load("fine"); n.(*atomic.Int32).Load() != 2 {
+		t.Errorf("volume fine pushed %d times, want once per round", n.(*atomic.Int32).Load())
 	}
 }
