@@ -12,7 +12,9 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/status"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
 	"github.com/zfs-nomad/zfs-nomad/internal/keylock"
@@ -303,6 +305,12 @@ func (p *Pusher) Push(ctx context.Context, volumeID, addr string, interval time.
 		_, recvErr := stream.CloseAndRecv() // the receiver's own account, if it has one
 		log.Warn("send failed; the next push resumes", "bytes", sent.Load(), "error", sendErr, "receiver", recvErr)
 		p.Metrics.transfer("out", prog.Kind, volumeID, peerNode, sent.Load(), p.now().Sub(started), sendErr)
+		if receiverSaidWhy(recvErr) {
+			// The receiver refused or gave up and said why: its verdict,
+			// not the broken stream it caused, is the answer (a move
+			// retries Aborted).
+			return Progress{}, fmt.Errorf("sending volume %s to %s: %w", volumeID, addr, errdefs.FromStatus(recvErr))
+		}
 		return Progress{}, errdefs.Wrap(errdefs.ErrUnavailable, "sending volume %s to %s: %v (receiver: %v)", volumeID, addr, sendErr, recvErr)
 	}
 	result, err := stream.CloseAndRecv()
@@ -323,6 +331,18 @@ func (p *Pusher) Push(ctx context.Context, volumeID, addr string, interval time.
 	report(prog)
 	log.Info("sent", "bytes", prog.Bytes)
 	return prog, nil
+}
+
+// receiverSaidWhy reports whether a receiver's answer to a broken stream
+// is a verdict of its own (a refusal, or Aborted: busy or failed to
+// receive) rather than the transport's failure.
+func receiverSaidWhy(recvErr error) bool {
+	switch status.Code(recvErr) {
+	case codes.Aborted, codes.FailedPrecondition, codes.InvalidArgument, codes.NotFound,
+		codes.AlreadyExists, codes.OutOfRange, codes.PermissionDenied, codes.ResourceExhausted:
+		return true
+	}
+	return false
 }
 
 // dropSnapshot destroys a replication snapshot a push took but did not

@@ -2,11 +2,14 @@ package replication
 
 import (
 	"context"
+	"errors"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // stuckHold is a Streams whose Hold waits until its context ends, like a
@@ -53,5 +56,24 @@ func TestHoldStopsAndWaitsForTidy(t *testing.T) {
 	time.Sleep(100 * time.Millisecond)
 	if n := z.calls.Load(); n != 1 {
 		t.Errorf("a tidy ran while the volume was held (%d holds tried)", n)
+	}
+}
+
+func TestReceiverSaidWhy(t *testing.T) {
+	tests := []struct {
+		err  error
+		want bool
+	}{
+		{status.Error(codes.Aborted, "a receive of volume v is running; retry"), true},
+		{status.Error(codes.FailedPrecondition, "refusing to overwrite a primary"), true},
+		{status.Error(codes.Unavailable, "connection reset"), false},
+		{status.Error(codes.Canceled, "context canceled"), false},
+		{errors.New("EOF"), false},
+		{nil, false},
+	}
+	for _, tt := range tests {
+		if got := receiverSaidWhy(tt.err); got != tt.want {
+			t.Errorf("receiverSaidWhy(%v) = %v, want %v", tt.err, got, tt.want)
+		}
 	}
 }

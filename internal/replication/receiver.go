@@ -112,9 +112,13 @@ func (r *Receiver) receive(stream pb.Replication_ReceiveServer) (*pb.ReceiveResu
 		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, "snapshot name %q: %v", h.GetSnapshot(), err)
 	}
 	log := r.log.With("volume_id", h.GetVolumeId(), "source_node", h.GetSourceNodeId(), "kind", h.GetKind(), "snapshot", h.GetSnapshot())
-	unlock, ok := r.locks.TryLock(h.GetVolumeId())
-	if !ok {
-		return nil, errdefs.Wrap(errdefs.ErrAborted, "a receive of volume %s is already running", h.GetVolumeId())
+	// The lock may be held by the tidy after the previous receive (a
+	// second or so): a push that lands then waits for it rather than
+	// failing. Another receive of the volume that outlasts lockWait gets
+	// Aborted.
+	unlock, err := r.waitLock(ctx, h.GetVolumeId())
+	if err != nil {
+		return nil, err
 	}
 	defer unlock()
 
@@ -283,8 +287,9 @@ func (r *Receiver) tidy(volumeID, fs, received string, log hclog.Logger) {
 	}
 }
 
-// lockWait bounds how long deleting or promoting a replica waits for the
-// clean-up after a receive; a running receive makes them Aborted instead.
+// lockWait bounds how long a receive, or deleting or promoting a replica,
+// waits for the clean-up after a receive; a running receive that outlasts
+// it makes them Aborted instead.
 const lockWait = 10 * time.Second
 
 func (r *Receiver) waitLock(ctx context.Context, volumeID string) (func(), error) {
