@@ -1,9 +1,9 @@
 package main
 
 import (
-	"bytes"
 	"os"
 	"testing"
+	"time"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/guesttest"
 )
@@ -12,15 +12,14 @@ func TestMain(m *testing.M) {
 	os.Exit(guesttest.Main(m, guesttest.Options{
 		Disks:    []string{"1G", "1G", "1G"},
 		Binaries: map[string]string{"zfs-node": "./cmd/zfs-node", "zfs-controller": "./cmd/zfs-controller"},
+		Timeout:  20 * time.Minute,
 	}))
 }
 
-// TestDemo runs `make demo`'s story, so the demo keeps working.
+// TestDemo runs `make demo`'s story, so the demo keeps working. The story
+// goes to standard output as it runs, so a run that hangs shows where.
 func TestDemo(t *testing.T) {
-	var out bytes.Buffer
-	err := run(&out, guesttest.BinDir(t), t.TempDir())
-	t.Log(out.String())
-	if err != nil {
+	if err := run(os.Stdout, guesttest.BinDir(t), t.TempDir()); err != nil {
 		t.Fatal(err)
 	}
 }

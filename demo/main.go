@@ -68,7 +68,7 @@ func (s *story) shell(n *sim.Node, script string) (string, error) {
 }
 
 func run(out io.Writer, binDir, dir string) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	s := &story{out: out, binDir: binDir, node: map[string]csi.NodeClient{}}
 
@@ -243,10 +243,18 @@ func (s *story) walk(ctx context.Context) error {
 		return err
 	}
 	for _, n := range s.c.Nodes {
-		out, _ := sim.Run("zfs", "list", "-H", "-r", "-t", "all", "-o", "name", n.RootDataset)
+		// Deletes answer once the datasets are gone; a push the schedule
+		// started just before may still be settling its last snapshot.
+		var out string
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(time.Second) {
+			out, _ = sim.Run("zfs", "list", "-H", "-r", "-t", "all", "-o", "name", n.RootDataset)
+			if strings.TrimSpace(out) == n.RootDataset || time.Now().After(deadline) {
+				break
+			}
+		}
 		s.say("%s: %s", n.ID, strings.Join(strings.Fields(out), " "))
 		if strings.TrimSpace(out) != n.RootDataset {
-			return fmt.Errorf("%s still holds datasets after every volume and snapshot was deleted", n.ID)
+			return fmt.Errorf("%s still holds datasets 30 s after every volume and snapshot was deleted:\n%s", n.ID, out)
 		}
 	}
 	s.step("Done: every dataset, replica and snapshot is gone; only the operator's root datasets remain")
@@ -294,7 +302,38 @@ func (s *story) waitForReplicas(ctx context.Context, id string, want int) error 
 		}
 		time.Sleep(time.Second)
 	}
-	return fmt.Errorf("volume %s did not get %d replicas within 2 minutes", id, want)
+	return fmt.Errorf("volume %s did not get %d complete replicas within 2 minutes", id, want)
+}
+
+// waitForReplicaAfter waits until a replica of the volume holds a snapshot
+// taken after t (snapshot times are whole seconds, so strictly after t's
+// second).
+func (s *story) waitForReplicaAfter(ctx context.Context, id string, t time.Time) error {
+	deadline := time.Now().Add(time.Minute)
+	var last int64
+	for time.Now().Before(deadline) {
+		for _, n := range s.c.Nodes {
+			conn, err := s.c.DialAgent(n.AgentAddress)
+			if err != nil {
+				return err
+			}
+			st, err := pb.NewNodeAgentClient(conn).Status(ctx, &pb.StatusRequest{})
+			conn.Close()
+			if err != nil {
+				continue
+			}
+			for _, r := range st.GetReplicas() {
+				if r.GetVolumeId() == id {
+					last = max(last, r.GetLastSnapshotUnix())
+				}
+			}
+		}
+		if last > t.Unix() {
+			return nil
+		}
+		time.Sleep(time.Second)
+	}
+	return fmt.Errorf("waited a minute for a replica of %s with a snapshot taken after %s: newest %s", id, t.Format(time.TimeOnly), time.Unix(last, 0).Format(time.TimeOnly))
 }
 
 // indent writes a child's output indented, carriage returns kept so live
@@ -482,7 +521,9 @@ func (s *story) failover(ctx context.Context) (*csi.Volume, error) {
 		return nil, err
 	}
 	// The schedule pushes every 4 s: wait for a push after the write.
-	time.Sleep(9 * time.Second)
+	if err := s.waitForReplicaAfter(ctx, v.GetVolumeId(), time.Now()); err != nil {
+		return nil, err
+	}
 	s.shell(lost, "echo 'written after the last replication' > "+dir+"/b && sync")
 	s.say("%s's zfs-node dies and its link goes down; the job is still mounted there", lost.ID)
 	lost.Kill()
@@ -498,7 +539,9 @@ func (s *story) failover(ctx context.Context) (*csi.Volume, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.shell(survivor, "ls "+dir2+" && cat "+dir2+"/a")
+	if out, err := s.shell(survivor, "ls "+dir2+" && cat "+dir2+"/a"); err != nil || !strings.HasSuffix(out, "replicated\n") {
+		return nil, fmt.Errorf("the promoted replica on %s lacks file a as replicated: %q (%v)", survivor.ID, out, err)
+	}
 	s.say("file b, written after the last replication, is not claimed to exist: the recovery point is logged and in metrics")
 	s.metrics("zfs_nomad_failover_rpo_seconds", "zfs_nomad_migrations_total")
 
@@ -522,12 +565,16 @@ func (s *story) failover(ctx context.Context) (*csi.Volume, error) {
 	if err := s.unpublish(ctx, lost, v.GetVolumeId()); err != nil {
 		return nil, err
 	}
-	for i := 0; i < 20; i++ {
+	for i := 0; ; i++ {
 		if _, err := s.ctl.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: v.GetVolumeId(), NodeId: survivor.ID, VolumeCapability: capability()}); err != nil {
 			return nil, err
 		}
 		if out, _ := sim.Run("sh", "-c", "zfs list -H -o name -r "+lost.RootDataset+" | grep aside || true"); strings.TrimSpace(out) != "" {
 			break
+		}
+		if i == 20 {
+			out, _ := sim.Run("zfs", "list", "-H", "-o", "name,zfs-nomad:role", "-r", lost.RootDataset)
+			return nil, fmt.Errorf("waited 40 s for %s's stale copy of %s to be set aside; %s holds:\n%s", lost.ID, v.GetVolumeId(), lost.ID, out)
 		}
 		time.Sleep(2 * time.Second)
 	}

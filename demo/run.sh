@@ -14,4 +14,4 @@ exec /share/demo -bin /share/bin
 SCRIPT
 chmod +x "$share/run.sh"
 echo "Booting the ZFS guest (real OpenZFS under QEMU; about 10 s)..."
-"$repo/guest/run.sh" -t 600 -d 1G -d 1G -d 1G "$share" | grep -v 'reboot: Power down'
+"$repo/guest/run.sh" -t 1200 -d 1G -d 1G -d 1G "$share" | grep -v 'reboot: Power down'

@@ -69,8 +69,25 @@ func CreatePool(name, disk string) error {
 	return err
 }
 
-// DestroyPool destroys a pool, ignoring one that is gone.
-func DestroyPool(name string) { _ = exec.Command("zpool", "destroy", "-f", name).Run() }
+// DestroyPool destroys a pool, ignoring one that is gone. A pool still
+// busy (a process of the cluster just killed, a mount on its way out) is
+// tried again for a while, and one that stays is reported on standard
+// error: the next test's CreatePool would otherwise fail without saying
+// why.
+func DestroyPool(name string) {
+	var out []byte
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(500 * time.Millisecond) {
+		var err error
+		out, err = exec.Command("zpool", "destroy", "-f", name).CombinedOutput()
+		if err == nil || strings.Contains(string(out), "no such pool") {
+			return
+		}
+		if time.Now().After(deadline) {
+			break
+		}
+	}
+	fmt.Fprintf(os.Stderr, "sim: pool %s could not be destroyed for 10 s: %s\n", name, strings.TrimSpace(string(out)))
+}
 
 // Options shape a cluster.
 type Options struct {

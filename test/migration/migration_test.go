@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -29,6 +30,7 @@ func TestMain(m *testing.M) {
 		Disks:    []string{"2G", "2G", "2G"},
 		Binaries: map[string]string{"zfs-node": "./cmd/zfs-node", "zfs-controller": "./cmd/zfs-controller"},
 		Memory:   "2G",
+		Timeout:  25 * time.Minute,
 	}))
 }
 
@@ -191,6 +193,34 @@ func (e *env) primaries(id string) []string {
 	return primaries
 }
 
+// waitPrimaries waits until the volume's primaries are exactly want
+// ("n2(gen 2)", in node order). ControllerPublishVolume answers once the
+// target is the primary; the old copy is demoted right after, in the
+// background, so a check made at once may still see it.
+func (e *env) waitPrimaries(id string, want ...string) {
+	e.t.Helper()
+	var got []string
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		if got = e.primaries(id); slices.Equal(got, want) {
+			return
+		}
+	}
+	e.t.Fatalf("waited 30 s for the primaries of %s to be %v: last %v", id, want, got)
+}
+
+// waitRole waits until nodeID's copy of the volume has the role.
+func (e *env) waitRole(id, nodeID, role string) *pb.Copy {
+	e.t.Helper()
+	var c *pb.Copy
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		if c = e.copyOn(id, nodeID); c.GetRole() == role {
+			return c
+		}
+	}
+	e.t.Fatalf("waited 30 s for %s's copy of %s to be a %s: last %+v", nodeID, id, role, c)
+	return nil
+}
+
 func (e *env) write(nodeID, dir, script string) {
 	e.t.Helper()
 	guesttest.Exec(e.t, e.node(nodeID), "cd "+dir+" && "+script+" && sync")
@@ -234,11 +264,9 @@ func TestPlannedMove(t *testing.T) {
 			if after := e.checksums("n2", dir2); after != before {
 				t.Fatalf("files differ after the move:\nn1:\n%s\nn2:\n%s", before, after)
 			}
-			if got := e.primaries(id); len(got) != 1 || got[0] != "n2(gen 2)" {
-				t.Fatalf("primaries after the move: %v, want [n2(gen 2)]", got)
-			}
-			old := e.copyOn(id, "n1")
-			if old.GetRole() != "replica" || old.GetGeneration() != 2 || old.GetMovingTo() != "" {
+			e.waitPrimaries(id, "n2(gen 2)")
+			old := e.waitRole(id, "n1", "replica")
+			if old.GetGeneration() != 2 || old.GetMovingTo() != "" {
 				t.Fatalf("n1's copy after the move: %+v, want a replica at generation 2", old)
 			}
 			// The old node refuses to stage its copy, whatever it is told.
@@ -253,9 +281,7 @@ func TestPlannedMove(t *testing.T) {
 			if after := e.checksums("n1", dir1); after != before {
 				t.Fatalf("files differ after moving back:\nn2:\n%s\nn1:\n%s", before, after)
 			}
-			if got := e.primaries(id); len(got) != 1 || got[0] != "n1(gen 3)" {
-				t.Fatalf("primaries after moving back: %v, want [n1(gen 3)]", got)
-			}
+			e.waitPrimaries(id, "n1(gen 3)")
 			// Publishing where it is is a no-op with the same generation.
 			resp, err := e.controller().ControllerPublishVolume(e.ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: "n1", VolumeCapability: writer})
 			if err != nil || resp.GetPublishContext()["generation"] != "3" {
@@ -394,7 +420,7 @@ func TestFailoverManual(t *testing.T) {
 		peers = append(peers, n.AgentAddress)
 	}
 	ctl := filepath.Join(guesttest.BinDir(t), "zfs-controller")
-	out := guesttest.Run(t, ctl, "promote", "-peers", strings.Join(peers, ","), "-agent-timeout", "3s",
+	out := guesttest.Run(t, ctl, "promote", "-peers", strings.Join(peers, ","), "-agent-timeout", "30s",
 		"-tls-ca", e.c.Operator.CA, "-tls-cert", e.c.Operator.Cert, "-tls-key", e.c.Operator.Key, "-node", "n2", id)
 	t.Logf("promote:\n%s", out)
 	if !strings.Contains(out, "node n2 is the primary now (generation 2)") {
@@ -407,9 +433,7 @@ func TestFailoverManual(t *testing.T) {
 	// The lost node's copy is still a primary of generation 1 in its pool,
 	// until the node returns and its workload is stopped: then it is set
 	// aside.
-	if got := e.primaries(id); strings.Join(got, " ") != "n1(gen 1) n3(gen 3)" {
-		t.Fatalf("primaries: %v, want the lost n1(gen 1) and n3(gen 3)", got)
-	}
+	e.waitPrimaries(id, "n1(gen 1)", "n3(gen 3)")
 	e.returnNode("n1")
 	e.unpublish(id, "n1")
 	e.settled(id, "n3", "n3(gen 3)")
@@ -495,9 +519,7 @@ func TestInterruptedMoves(t *testing.T) {
 			if after := e.checksums("n2", dir2); after != before {
 				t.Fatalf("files differ after the interrupted move:\n%s\n%s", before, after)
 			}
-			if got := e.primaries(id); len(got) != 1 || got[0] != "n2(gen 2)" {
-				t.Fatalf("primaries: %v, want [n2(gen 2)]", got)
-			}
+			e.waitPrimaries(id, "n2(gen 2)")
 			e.unpublish(id, "n2")
 		})
 	}

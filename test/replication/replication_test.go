@@ -33,6 +33,7 @@ func TestMain(m *testing.M) {
 		Disks:    []string{"2G", "2G", "1G"},
 		Binaries: map[string]string{"zfs-node": "./cmd/zfs-node", "zfs-controller": "./cmd/zfs-controller"},
 		Memory:   "2G",
+		Timeout:  25 * time.Minute,
 	}))
 }
 
