@@ -216,8 +216,13 @@ func push(b *testing.B, agent pb.NodeAgentClient, id, target string) {
 }
 
 // dropReplica removes the replica and the bases, so the next push is full.
+// It first waits (up to 30 s) for the receiver's tidy, which holds the
+// received snapshot a second after the receive: a hold placed between the
+// release and the destroy would fail the destroy.
 func dropReplica(b *testing.B, n1, n2 *sim.Node, id string) {
-	sh(b, "zfs list -H -t snapshot -o name -d 1 "+n2.RootDataset+"/"+id+" | xargs -n1 zfs release zfs-nomad-base; zfs destroy -r "+n2.RootDataset+"/"+id)
+	ds := n2.RootDataset + "/" + id
+	sh(b, "s=$(zfs list -H -t snapshot -o name -s createtxg -d 1 "+ds+" | tail -1); for i in $(seq 60); do zfs holds -H $s | grep -q zfs-nomad-base && break; sleep 0.5; done")
+	sh(b, "zfs list -H -t snapshot -o name -d 1 "+ds+" | xargs -n1 zfs release zfs-nomad-base; zfs destroy -r "+ds)
 	sh(b, "zfs list -H -t snapshot -o name -d 1 "+n1.RootDataset+"/"+id+" | grep @zn- | xargs -n1 zfs release zfs-nomad-base-n2 2>/dev/null; true")
 }
 
@@ -424,13 +429,13 @@ func BenchmarkMigration(b *testing.B) {
 // waitDemoted waits until the volume's copy on n is a replica: the
 // controller demotes the old primary after answering the move.
 func waitDemoted(b *testing.B, n *sim.Node, id string) {
-	for try := 0; try < 100; try++ {
-		if strings.TrimSpace(sh(b, "zfs get -H -o value zfs-nomad:role "+n.RootDataset+"/"+id)) == "replica" {
+	var role string
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if role = strings.TrimSpace(sh(b, "zfs get -H -o value zfs-nomad:role "+n.RootDataset+"/"+id)); role == "replica" {
 			return
 		}
-		time.Sleep(100 * time.Millisecond)
 	}
-	b.Fatalf("the old primary on %s was not demoted within 10 s", n.ID)
+	b.Fatalf("waited 30 s for the old primary on %s to be demoted to a replica: its role is still %q", n.ID, role)
 }
 
 func median(xs []float64) float64 {
