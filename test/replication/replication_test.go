@@ -622,32 +622,49 @@ func TestEncryptedVolumeStaysEncrypted(t *testing.T) {
 	}
 }
 
-// TestDeleteRacesTidies deletes volumes right after pushes, at delays that
-// land before, during and after the sender's tidy and the receiver's
-// (which waits a second after a receive): every delete answers OK and
-// leaves nothing of the volume on either node.
+// TestDeleteRacesTidies deletes volumes the moment a push answers, and at
+// delays that land during and after the sender's tidy and the
+// receiver's (which waits a second after a receive). Nodes keep one
+// replication snapshot besides the bases, so every tidy prunes: the
+// delete meets snapshots that a tidy holds, releases and destroys under
+// it. Every delete must answer OK and leave nothing of the volume on
+// either node.
 func TestDeleteRacesTidies(t *testing.T) {
-	c := guesttest.StartCluster(t, 2, sim.Options{})
+	c := guesttest.StartCluster(t, 2, sim.Options{NodeArgs: []string{"-replication-snapshots", "1"}})
 	n1, n2 := c.Nodes[0], c.Nodes[1]
 	ctx := context.Background()
 	ctl := csi.NewControllerClient(guesttest.Dial(t, c.ControllerEndpoint))
-	for i, delay := range []time.Duration{0, 300 * time.Millisecond, 900 * time.Millisecond, 1100 * time.Millisecond, 1500 * time.Millisecond} {
+	source := agent(t, c, n1)
+	delays := []time.Duration{0, 0, 0, 50 * time.Millisecond, 100 * time.Millisecond, 200 * time.Millisecond, 1100 * time.Millisecond}
+	for i, delay := range delays {
 		resp, err := ctl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "race-" + strconv.Itoa(i), VolumeCapabilities: []*csi.VolumeCapability{writer},
 			CapacityRange: &csi.CapacityRange{RequiredBytes: 1 << 30}, Parameters: map[string]string{"node": n1.ID}})
 		if err != nil {
 			t.Fatal(err)
 		}
 		id := resp.GetVolume().GetVolumeId()
-		// Three pushes: the later ones are incremental, so the tidies
-		// hold new bases, release old ones and prune.
 		for range 3 {
 			if _, err := replicate(t, ctx, c, n1, n2, id); err != nil {
 				t.Fatalf("push of %s: %v", id, err)
 			}
 		}
-		time.Sleep(delay)
-		if _, err := ctl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
-			t.Errorf("delete %s after the last push: %v", delay, err)
+		// The last push: the delete starts as soon as the push reports
+		// it is done, when its tidy has just begun.
+		deleted := make(chan error, 1)
+		_, err = cluster.Replicate(ctx, source, id, n2.AgentAddress, func(p *pb.ReplicateProgress) {
+			if p.GetDone() {
+				go func() {
+					time.Sleep(delay)
+					_, err := ctl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id})
+					deleted <- err
+				}()
+			}
+		})
+		if err != nil {
+			t.Fatalf("push of %s: %v", id, err)
+		}
+		if err := <-deleted; err != nil {
+			t.Errorf("delete %s after the last push answered: %v", delay, err)
 			continue
 		}
 		for _, n := range []*sim.Node{n1, n2} {
