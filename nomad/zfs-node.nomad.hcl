@@ -100,6 +100,9 @@ job "zfs-nomad-node" {
           "-max-quota", var.max_quota,
           "-default-quota", var.default_quota,
           "-agent-address", "${NOMAD_IP_agent}:${NOMAD_PORT_agent}",
+          # Staging and target paths must lie below this (as
+          # stage_publish_base_dir below puts them); anything else is refused.
+          "-mount-base-dirs", "${var.data_dir}/client/csi",
           "-tls-ca", "${var.tls_dir}/ca.pem",
           "-tls-cert", "${var.tls_dir}/node.pem",
           "-tls-key", "${var.tls_dir}/node-key.pem",

@@ -33,6 +33,7 @@ func LoadNode(args []string, getenv func(string) string, stderr io.Writer) (Node
 	fs.StringVar(&cfg.Domain, "domain", cfg.Domain, "replication domain: the nodes migratable volumes move between")
 	fs.Var((*propertyFlag)(&cfg.Properties), "allow-property", "a property volumes may set: name=default or name=default:v1|v2 (repeatable)")
 	fs.Var((*listFlag)(&cfg.MountFlags), "mount-flags", "mount flags claims may ask for, comma separated")
+	fs.Var((*listFlag)(&cfg.MountBaseDirs), "mount-base-dirs", "directories staging and target paths must lie below, comma separated (default: Nomad's, see docs/config.md)")
 	fs.IntVar(&cfg.MaxReplicas, "max-replicas", cfg.MaxReplicas, "largest replicas parameter a volume may ask for")
 	fs.Var(&cfg.MinReplicationInterval, "min-replication-interval", "shortest replication_interval a volume may ask for")
 	fs.Var(&cfg.ReplicationBandwidth, "replication-bandwidth", "bytes per second this node sends to peers, all transfers together (e.g. 50M; 0: no cap)")

@@ -16,6 +16,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/hostpath"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs"
 )
 
@@ -44,6 +45,10 @@ type Node struct {
 	Properties map[string]PropertyRule `json:"properties"`
 	// MountFlags are the mount flags a claim may ask for.
 	MountFlags []string `json:"mount_flags"`
+	// MountBaseDirs are the directories staging and target paths must lie
+	// below (package hostpath). Empty: the directory Nomad's CSI endpoint
+	// points into plus hostpath.DefaultBases.
+	MountBaseDirs []string `json:"mount_base_dirs"`
 	// MaxVolumes is reported to the CO in NodeGetInfo; 0 means no limit.
 	MaxVolumes int64 `json:"max_volumes"`
 	// MaxReplicas bounds a volume's "replicas" parameter.
@@ -189,6 +194,11 @@ func (c *Node) Validate() error {
 	if c.CSIEndpoint == "" {
 		errs = append(errs, errors.New("csi_endpoint: required (Nomad sets CSI_ENDPOINT)"))
 	}
+	for _, b := range c.MountBaseDirs {
+		if err := hostpath.ValidateBase(b); err != nil {
+			errs = append(errs, fmt.Errorf("mount_base_dirs: %w", err))
+		}
+	}
 	if c.MaxReplicas < 0 || c.ReplicationSnapshots < 1 || c.MinReplicationInterval <= 0 {
 		errs = append(errs, fmt.Errorf("max_replicas %d must be 0 or more, replication_snapshots %d at least 1, min_replication_interval %s positive",
 			c.MaxReplicas, c.ReplicationSnapshots, c.MinReplicationInterval))
@@ -211,6 +221,20 @@ func (c *Node) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// BaseDirs returns the directories staging and target paths must lie
+// below: MountBaseDirs, or by default the directory Nomad's CSI endpoint
+// points into and hostpath.DefaultBases.
+func (c *Node) BaseDirs() []string {
+	if len(c.MountBaseDirs) > 0 {
+		return c.MountBaseDirs
+	}
+	bases := slices.Clone(hostpath.DefaultBases)
+	if b := hostpath.NomadBase(c.CSIEndpoint); b != "" && !slices.Contains(bases, b) {
+		bases = append([]string{b}, bases...)
+	}
+	return bases
 }
 
 // Segments returns the node's full topology.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/zfs-nomad/zfs-nomad/internal/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
+	"github.com/zfs-nomad/zfs-nomad/internal/hostpath"
 	"github.com/zfs-nomad/zfs-nomad/internal/keylock"
 	"github.com/zfs-nomad/zfs-nomad/internal/mount"
 	"github.com/zfs-nomad/zfs-nomad/internal/volume"
@@ -78,6 +79,18 @@ func (n *Node) lockVolume(id string) (func(), error) {
 	return unlock, nil
 }
 
+// checkPaths refuses, as InvalidArgument and before anything is mounted,
+// a staging or target path that is not absolute and clean, not below the
+// operator's base directories, or reached through a symbolic link.
+func (n *Node) checkPaths(paths ...string) error {
+	for _, p := range paths {
+		if err := hostpath.Check(p, n.cfg.BaseDirs()); err != nil {
+			return errdefs.Wrap(errdefs.ErrInvalidArgument, "%v", err)
+		}
+	}
+	return nil
+}
+
 // mountFlags checks a claim's mount flags against the operator's allowlist.
 func (n *Node) mountFlags(c *csi.VolumeCapability) ([]string, error) {
 	flags := c.GetMount().GetMountFlags()
@@ -99,6 +112,9 @@ func (n *Node) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequ
 func (n *Node) stage(ctx context.Context, req *csi.NodeStageVolumeRequest) error {
 	id, staging := req.GetVolumeId(), req.GetStagingTargetPath()
 	if err := firstError(required("volume_id", id), required("staging_target_path", staging), checkCapability(req.GetVolumeCapability())); err != nil {
+		return err
+	}
+	if err := n.checkPaths(staging); err != nil {
 		return err
 	}
 	flags, err := n.mountFlags(req.GetVolumeCapability())
@@ -160,6 +176,9 @@ func (n *Node) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolume
 	if err := firstError(required("volume_id", id), required("staging_target_path", staging)); err != nil {
 		return nil, errdefs.ToStatus(err)
 	}
+	if err := n.checkPaths(staging); err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
 	unlock, err := n.lockVolume(id)
 	if err != nil {
 		return nil, errdefs.ToStatus(err)
@@ -182,6 +201,9 @@ func (n *Node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 func (n *Node) publish(ctx context.Context, req *csi.NodePublishVolumeRequest) error {
 	id, staging, target := req.GetVolumeId(), req.GetStagingTargetPath(), req.GetTargetPath()
 	if err := firstError(required("volume_id", id), required("staging_target_path", staging), required("target_path", target), checkCapability(req.GetVolumeCapability())); err != nil {
+		return err
+	}
+	if err := n.checkPaths(staging, target); err != nil {
 		return err
 	}
 	flags, err := n.mountFlags(req.GetVolumeCapability())
@@ -229,6 +251,9 @@ func (n *Node) publish(ctx context.Context, req *csi.NodePublishVolumeRequest) e
 func (n *Node) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
 	id, target := req.GetVolumeId(), req.GetTargetPath()
 	if err := firstError(required("volume_id", id), required("target_path", target)); err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	if err := n.checkPaths(target); err != nil {
 		return nil, errdefs.ToStatus(err)
 	}
 	unlock, err := n.lockVolume(id)

@@ -327,7 +327,7 @@ func (c *Cluster) addNode(i int) (*Node, error) {
 		"-node-id", id, "-root-dataset", node.RootDataset, "-max-quota", "10G", "-default-quota", "256M",
 		"-csi-endpoint", node.CSIEndpoint, "-agent-address", node.AgentAddress, "-metrics-address", node.IP + ":9670",
 		"-allow-property", "compression=lz4:lz4|off|zstd", "-allow-property", "atime=off:on|off",
-		"-mount-flags", "ro,noatime,nodev,nosuid,noexec",
+		"-mount-flags", "ro,noatime,nodev,nosuid,noexec", "-mount-base-dirs", node.Dir,
 	}, tlsArgs(nodeTLS)...)
 	node.args = append(node.args, c.opts.NodeArgs...)
 	c.Nodes = append(c.Nodes, node)

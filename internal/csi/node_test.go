@@ -1,0 +1,93 @@
+package csi
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/hashicorp/go-hclog"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/config"
+	"github.com/zfs-nomad/zfs-nomad/internal/mount"
+	"github.com/zfs-nomad/zfs-nomad/internal/volume"
+	"github.com/zfs-nomad/zfs-nomad/internal/zfs/zfsfake"
+)
+
+// recordingMounter mounts nothing and remembers what it was asked.
+type recordingMounter struct{ calls []string }
+
+func (m *recordingMounter) Lookup(string) (mount.Entry, bool, error) {
+	return mount.Entry{}, false, nil
+}
+func (m *recordingMounter) MountZFS(dataset, target string, _ []string) error {
+	m.calls = append(m.calls, "mount "+dataset+" "+target)
+	return nil
+}
+func (m *recordingMounter) Bind(source, target string, _ []string) error {
+	m.calls = append(m.calls, "bind "+source+" "+target)
+	return nil
+}
+func (m *recordingMounter) Unmount(target string) error {
+	m.calls = append(m.calls, "unmount "+target)
+	return nil
+}
+func (m *recordingMounter) Statfs(string) (mount.Stats, error) { return mount.Stats{}, nil }
+
+// TestNodeRefusesHostPaths: staging and target paths outside the
+// operator's base directories, relative, unclean or through a symbolic
+// link are InvalidArgument, and nothing is mounted or unmounted.
+func TestNodeRefusesHostPaths(t *testing.T) {
+	ctx := context.Background()
+	fake := zfsfake.New(10<<30, "tank")
+	if err := fake.CreateFilesystem(ctx, "tank/nomad", nil); err != nil {
+		t.Fatal(err)
+	}
+	base := t.TempDir()
+	if err := os.Symlink("/etc", filepath.Join(base, "link")); err != nil {
+		t.Fatal(err)
+	}
+	cfg := config.DefaultNode()
+	cfg.NodeID, cfg.RootDataset, cfg.MaxQuota = "n1", "tank/nomad", 1<<30
+	cfg.MountBaseDirs = []string{base}
+	volumes := volume.NewManager(fake, cfg, hclog.NewNullLogger())
+	v, err := volumes.Create(ctx, volume.CreateRequest{Name: "v"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mounter := &recordingMounter{}
+	n := NewNode(volumes, mounter, cfg, hclog.NewNullLogger())
+	capability := &csi.VolumeCapability{
+		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+	}
+	staging := filepath.Join(base, "staging")
+	bad := []string{"/etc", "relative/target", base + "/x/../../etc", filepath.Join(base, "link"), filepath.Join(base, "link", "target"), "/var/lib/elsewhere/target"}
+	for _, path := range bad {
+		_, err := n.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: v.ID, StagingTargetPath: path, VolumeCapability: capability})
+		if status.Code(err) != codes.InvalidArgument {
+			t.Errorf("NodeStageVolume at %q: %v, want InvalidArgument", path, err)
+		}
+		_, err = n.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: v.ID, StagingTargetPath: staging, TargetPath: path, VolumeCapability: capability})
+		if status.Code(err) != codes.InvalidArgument {
+			t.Errorf("NodePublishVolume to %q: %v, want InvalidArgument", path, err)
+		}
+		_, err = n.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: v.ID, TargetPath: path})
+		if status.Code(err) != codes.InvalidArgument {
+			t.Errorf("NodeUnpublishVolume of %q: %v, want InvalidArgument", path, err)
+		}
+		_, err = n.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: v.ID, StagingTargetPath: path})
+		if status.Code(err) != codes.InvalidArgument {
+			t.Errorf("NodeUnstageVolume of %q: %v, want InvalidArgument", path, err)
+		}
+	}
+	if len(mounter.calls) > 0 {
+		t.Errorf("refused paths still reached the mount table: %q", mounter.calls)
+	}
+	if _, err := n.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: v.ID, StagingTargetPath: staging, VolumeCapability: capability}); err != nil {
+		t.Errorf("NodeStageVolume below the base directory: %v", err)
+	}
+}
