@@ -214,15 +214,23 @@ func (n *Node) publish(ctx context.Context, req *csi.NodePublishVolumeRequest) e
 	if readOnly && !slices.Contains(flags, "ro") {
 		flags = append(flags, "ro")
 	}
+	generation, err := publishedGeneration(req.GetPublishContext())
+	if err != nil {
+		return err
+	}
 	unlock, err := n.lockVolume(id)
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	v, err := n.volumes.Get(ctx, id)
+	// The generation is checked again here, not only at staging: a copy
+	// staged before a newer generation took over elsewhere must not be
+	// handed to another allocation.
+	v, unlockVolume, err := n.volumes.Stageable(ctx, id, generation)
 	if err != nil {
 		return err
 	}
+	defer unlockVolume()
 	if entry, mounted, err := n.mounter.Lookup(staging); err != nil {
 		return err
 	} else if !mounted || entry.Source != v.Dataset {

@@ -17,19 +17,32 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs/zfsfake"
 )
 
-// recordingMounter mounts nothing and remembers what it was asked.
-type recordingMounter struct{ calls []string }
+// recordingMounter keeps a mount table in memory and remembers what it
+// was asked.
+type recordingMounter struct {
+	calls  []string
+	mounts map[string]mount.Entry
+}
 
-func (m *recordingMounter) Lookup(string) (mount.Entry, bool, error) {
-	return mount.Entry{}, false, nil
+func (m *recordingMounter) Lookup(path string) (mount.Entry, bool, error) {
+	e, ok := m.mounts[path]
+	return e, ok, nil
 }
 func (m *recordingMounter) MountZFS(dataset, target string, _ []string) error {
 	m.calls = append(m.calls, "mount "+dataset+" "+target)
+	m.mount(target, mount.Entry{MountPoint: target, FSType: "zfs", Source: dataset})
 	return nil
 }
 func (m *recordingMounter) Bind(source, target string, _ []string) error {
 	m.calls = append(m.calls, "bind "+source+" "+target)
+	m.mount(target, mount.Entry{MountPoint: target, FSType: "zfs", Source: m.mounts[source].Source})
 	return nil
+}
+func (m *recordingMounter) mount(target string, e mount.Entry) {
+	if m.mounts == nil {
+		m.mounts = map[string]mount.Entry{}
+	}
+	m.mounts[target] = e
 }
 func (m *recordingMounter) Unmount(target string) error {
 	m.calls = append(m.calls, "unmount "+target)
@@ -89,5 +102,50 @@ func TestNodeRefusesHostPaths(t *testing.T) {
 	}
 	if _, err := n.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: v.ID, StagingTargetPath: staging, VolumeCapability: capability}); err != nil {
 		t.Errorf("NodeStageVolume below the base directory: %v", err)
+	}
+}
+
+// TestStalePublishContextRefused: a copy staged at generation 1, whose
+// volume has since gone to generation 2 elsewhere (its label changed
+// here), is refused by NodeStage even though it is staged already, and by
+// NodePublish, when asked with the old publish context.
+func TestStalePublishContextRefused(t *testing.T) {
+	ctx := context.Background()
+	fake := zfsfake.New(10<<30, "tank")
+	if err := fake.CreateFilesystem(ctx, "tank/nomad", nil); err != nil {
+		t.Fatal(err)
+	}
+	base := t.TempDir()
+	cfg := config.DefaultNode()
+	cfg.NodeID, cfg.RootDataset, cfg.MaxQuota, cfg.MountBaseDirs = "n1", "tank/nomad", 1<<30, []string{base}
+	volumes := volume.NewManager(fake, cfg, hclog.NewNullLogger())
+	v, err := volumes.Create(ctx, volume.CreateRequest{Name: "v"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := NewNode(volumes, &recordingMounter{}, cfg, hclog.NewNullLogger())
+	capability := &csi.VolumeCapability{
+		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+	}
+	staging, target := filepath.Join(base, "staging"), filepath.Join(base, "target")
+	gen1 := map[string]string{PublishContextGeneration: "1"}
+	if _, err := n.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: v.ID, StagingTargetPath: staging, VolumeCapability: capability, PublishContext: gen1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := fake.SetProperties(ctx, v.Dataset, map[string]string{volume.PropGeneration: "2"}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = n.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: v.ID, StagingTargetPath: staging, VolumeCapability: capability, PublishContext: gen1})
+	if status.Code(err) != codes.FailedPrecondition {
+		t.Errorf("NodeStageVolume of a staged copy with a stale generation: %v, want FailedPrecondition", err)
+	}
+	_, err = n.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: v.ID, StagingTargetPath: staging, TargetPath: target, VolumeCapability: capability, PublishContext: gen1})
+	if status.Code(err) != codes.FailedPrecondition {
+		t.Errorf("NodePublishVolume with a stale generation: %v, want FailedPrecondition", err)
+	}
+	gen2 := map[string]string{PublishContextGeneration: "2"}
+	if _, err := n.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: v.ID, StagingTargetPath: staging, TargetPath: target, VolumeCapability: capability, PublishContext: gen2}); err != nil {
+		t.Errorf("NodePublishVolume with the current generation: %v", err)
 	}
 }
