@@ -29,18 +29,39 @@ type Receiver struct {
 	// Metrics, when set, records every transfer.
 	Metrics *Metrics
 
+	// IdleTimeout ends a receive whose sender sent nothing for that long
+	// (default DefaultIdleTimeout): a peer that stalls must not hold a
+	// zfs receive and the volume's lock forever. What arrived stays
+	// resumable.
+	IdleTimeout time.Duration
+
 	z      Streams
 	root   string
 	nodeID string
 	keep   int
 	log    hclog.Logger
 	locks  keylock.Locks
+	slots  chan struct{} // one per receive allowed at once
 }
+
+// DefaultIdleTimeout is how long a receive waits for the sender's next
+// message.
+const DefaultIdleTimeout = 2 * time.Minute
+
+// MaxReceives bounds the receives a node runs at once; one more is
+// refused with ResourceExhausted and retried by its sender later.
+const MaxReceives = 8
+
+// MaxGeneration bounds the generation a stream may carry: far above any
+// a volume reaches (one per move or failover), far below where adding one
+// would overflow.
+const MaxGeneration = 1 << 48
 
 // NewReceiver returns the replication service for the node whose volumes
 // live under root; replicas keep the newest keep replication snapshots.
 func NewReceiver(z Streams, root, nodeID string, keep int, log hclog.Logger) *Receiver {
-	return &Receiver{z: z, root: root, nodeID: nodeID, keep: keep, log: log}
+	return &Receiver{z: z, root: root, nodeID: nodeID, keep: keep, log: log,
+		IdleTimeout: DefaultIdleTimeout, slots: make(chan struct{}, MaxReceives)}
 }
 
 func (r *Receiver) ReplicaState(ctx context.Context, req *pb.ReplicaStateRequest) (*pb.ReplicaStateResponse, error) {
@@ -95,11 +116,18 @@ func (r *Receiver) Receive(stream pb.Replication_ReceiveServer) error {
 }
 
 func (r *Receiver) receive(stream pb.Replication_ReceiveServer) (*pb.ReceiveResult, error) {
-	ctx := stream.Context()
-	first, err := stream.Recv()
+	// Every message, the header included, must come within the idle
+	// timeout; when it does not, ctx ends with errIdle and so does zfs
+	// receive (returning ends the stream and unblocks its reader).
+	ctx, cancel := context.WithCancelCause(stream.Context())
+	defer cancel(nil)
+	idle := time.AfterFunc(r.IdleTimeout, func() { cancel(fmt.Errorf("%w (%s)", errIdle, r.IdleTimeout)) })
+	defer idle.Stop()
+	first, err := recvWithin(ctx, stream)
 	if err != nil {
 		return nil, fmt.Errorf("reading the header: %w", err)
 	}
+	idle.Reset(r.IdleTimeout)
 	h := first.GetHeader()
 	if h == nil {
 		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, "a receive stream starts with a header")
@@ -111,7 +139,16 @@ func (r *Receiver) receive(stream pb.Replication_ReceiveServer) (*pb.ReceiveResu
 	if err := zfs.ValidateName(fs + "@" + h.GetSnapshot()); err != nil && h.GetKind() != KindResume {
 		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, "snapshot name %q: %v", h.GetSnapshot(), err)
 	}
+	if g := h.GetGeneration(); g == 0 || g > MaxGeneration {
+		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, "generation %d in the header of volume %s: must be 1 to %d", g, h.GetVolumeId(), uint64(MaxGeneration))
+	}
 	log := r.log.With("volume_id", h.GetVolumeId(), "source_node", h.GetSourceNodeId(), "kind", h.GetKind(), "snapshot", h.GetSnapshot())
+	select {
+	case r.slots <- struct{}{}:
+		defer func() { <-r.slots }()
+	default:
+		return nil, errdefs.Wrap(errdefs.ErrResourceExhausted, "node %s is receiving %d streams already; retry later", r.nodeID, MaxReceives)
+	}
 	// The lock may be held by the tidy after the previous receive (a
 	// second or so): a push that lands then waits for it rather than
 	// failing. Another receive of the volume that outlasts lockWait gets
@@ -151,6 +188,10 @@ func (r *Receiver) receive(stream pb.Replication_ReceiveServer) (*pb.ReceiveResu
 		if !state.GetExists() {
 			return nil, errdefs.Wrap(errdefs.ErrFailedPrecondition, "no replica of %s to receive an %s stream into", h.GetVolumeId(), h.GetKind())
 		}
+		if state.GetGeneration() > h.GetGeneration() {
+			return nil, errdefs.Wrap(errdefs.ErrFailedPrecondition, "the replica of %s here is of generation %d; a stream of generation %d would lower it: refused",
+				h.GetVolumeId(), state.GetGeneration(), h.GetGeneration())
+		}
 	default:
 		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, "unknown stream kind %q", h.GetKind())
 	}
@@ -174,6 +215,7 @@ func (r *Receiver) receive(stream pb.Replication_ReceiveServer) (*pb.ReceiveResu
 				}
 				return
 			}
+			idle.Reset(r.IdleTimeout)
 			received.Add(int64(len(msg.GetData())))
 			if _, err := pw.Write(msg.GetData()); err != nil {
 				return // zfs receive ended; its error is reported below
@@ -184,6 +226,9 @@ func (r *Receiver) receive(stream pb.Replication_ReceiveServer) (*pb.ReceiveResu
 	err = r.z.Receive(ctx, fs, props, pr)
 	pr.Close() // a writer still running now fails instead of blocking
 	r.Metrics.transfer("in", h.GetKind(), h.GetVolumeId(), h.GetSourceNodeId(), received.Load(), time.Since(started), err)
+	if cause := context.Cause(ctx); errors.Is(cause, errIdle) {
+		err = cause
+	}
 	if err != nil {
 		log.Warn("receive failed; an interrupted stream can be resumed", "bytes", received.Load(), "error", err)
 		return nil, errdefs.Wrap(errdefs.ErrAborted, "receiving volume %s: %v", h.GetVolumeId(), err)
@@ -200,6 +245,29 @@ func (r *Receiver) receive(stream pb.Replication_ReceiveServer) (*pb.ReceiveResu
 	go r.tidy(h.GetVolumeId(), fs, last.Name, log)
 	log.Info("received", "bytes", received.Load(), "snapshot", last.Name)
 	return &pb.ReceiveResult{SnapshotGuid: last.GUID, Bytes: received.Load()}, nil
+}
+
+// errIdle ends a receive whose sender went quiet.
+var errIdle = errors.New("the sender sent nothing for the idle timeout")
+
+// recvWithin reads the stream's next message, or gives up when ctx ends
+// (the caller then returns, which ends the stream and the read).
+func recvWithin(ctx context.Context, stream pb.Replication_ReceiveServer) (*pb.ReceiveMessage, error) {
+	type result struct {
+		msg *pb.ReceiveMessage
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		msg, err := stream.Recv()
+		got <- result{msg, err}
+	}()
+	select {
+	case r := <-got:
+		return r.msg, r.err
+	case <-ctx.Done():
+		return nil, errdefs.Wrap(errdefs.ErrAborted, "%v", context.Cause(ctx))
+	}
 }
 
 // received reads the snapshot a receive brought: the one its header

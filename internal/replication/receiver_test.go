@@ -1,0 +1,188 @@
+package replication
+
+import (
+	"context"
+	"io"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
+	"github.com/zfs-nomad/zfs-nomad/internal/volume"
+	"github.com/zfs-nomad/zfs-nomad/internal/zfs"
+	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
+)
+
+// replicaStore is the part of Streams a receive uses, over one replica
+// in memory.
+type replicaStore struct {
+	Streams
+	mu         sync.Mutex
+	exists     bool
+	generation uint64
+	received   int
+}
+
+func (s *replicaStore) GetAll(_ context.Context, _ string, props ...string) (map[string]string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.exists {
+		return nil, zfs.ErrNotFound
+	}
+	out := map[string]string{}
+	for _, p := range props {
+		switch p {
+		case volume.PropRole:
+			out[p] = RoleReplica
+		case volume.PropGeneration:
+			out[p] = strconv.FormatUint(s.generation, 10)
+		default:
+			out[p] = "-"
+		}
+	}
+	return out, nil
+}
+
+func (s *replicaStore) Receive(ctx context.Context, _ string, _ map[string]string, r io.Reader) error {
+	done := make(chan error, 1)
+	go func() { _, err := io.Copy(io.Discard, r); done <- err }()
+	select {
+	case err := <-done:
+		s.mu.Lock()
+		s.exists, s.received = true, s.received+1
+		s.mu.Unlock()
+		return err
+	case <-ctx.Done():
+		return ctx.Err() // zfs receive is killed
+	}
+}
+
+func (s *replicaStore) Get(_ context.Context, _, prop string) (string, error) {
+	if prop == volume.PropRole {
+		return volume.RolePrimary, nil // keeps the tidy away
+	}
+	return "42", nil // the guid
+}
+
+func (s *replicaStore) Set(context.Context, string, map[string]string) error { return nil }
+
+// fakeStream is a Receive stream fed by a channel.
+type fakeStream struct {
+	grpc.ServerStream
+	ctx  context.Context
+	msgs chan *pb.ReceiveMessage
+}
+
+func (f *fakeStream) Context() context.Context { return f.ctx }
+func (f *fakeStream) Recv() (*pb.ReceiveMessage, error) {
+	select {
+	case m, ok := <-f.msgs:
+		if !ok {
+			return nil, io.EOF
+		}
+		return m, nil
+	case <-f.ctx.Done():
+		return nil, f.ctx.Err()
+	}
+}
+func (f *fakeStream) SendAndClose(*pb.ReceiveResult) error { return nil }
+
+const testVolume = "vol-0123456789abcdef0123"
+
+func header(kind string, generation uint64) *pb.ReceiveMessage {
+	return &pb.ReceiveMessage{Msg: &pb.ReceiveMessage_Header{Header: &pb.ReceiveHeader{
+		VolumeId: testVolume, Kind: kind, Snapshot: "zn-2", Generation: generation, SourceNodeId: "n1"}}}
+}
+
+// stream returns a stream that sends msgs and then ends, or stays open
+// (sending nothing more) when open is set.
+func stream(t *testing.T, open bool, msgs ...*pb.ReceiveMessage) *fakeStream {
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	ch := make(chan *pb.ReceiveMessage, len(msgs))
+	for _, m := range msgs {
+		ch <- m
+	}
+	if !open {
+		close(ch)
+	}
+	return &fakeStream{ctx: ctx, msgs: ch}
+}
+
+func TestReceiveChecksTheGeneration(t *testing.T) {
+	data := &pb.ReceiveMessage{Msg: &pb.ReceiveMessage_Data{Data: []byte("stream")}}
+	tests := []struct {
+		name string
+		kind string
+		gen  uint64
+		want codes.Code
+	}{
+		{"an incremental of the replica's generation", KindIncremental, 5, codes.OK},
+		{"an incremental of a newer generation", KindIncremental, 6, codes.OK},
+		{"an incremental that would lower the generation", KindIncremental, 3, codes.FailedPrecondition},
+		{"a resume that would lower the generation", KindResume, 4, codes.FailedPrecondition},
+		{"generation 0", KindIncremental, 0, codes.InvalidArgument},
+		{"an absurd generation", KindFull, 1<<64 - 1, codes.InvalidArgument},
+		{"just above the bound", KindIncremental, MaxGeneration + 1, codes.InvalidArgument},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			z := &replicaStore{exists: true, generation: 5}
+			r := NewReceiver(z, "tank/nomad", "n2", 2, hclog.NewNullLogger())
+			_, err := r.receive(stream(t, false, header(tt.kind, tt.gen), data))
+			if got := status.Code(errdefs.ToStatus(err)); got != tt.want {
+				t.Errorf("%v, want %s", err, tt.want)
+			}
+			if tt.want != codes.OK && z.received > 0 {
+				t.Error("a refused stream reached zfs receive")
+			}
+		})
+	}
+}
+
+// TestReceiveEndsWhenTheSenderStalls: a sender that goes quiet, before or
+// after its header, loses its receive after the idle timeout, and the
+// volume's lock is free again.
+func TestReceiveEndsWhenTheSenderStalls(t *testing.T) {
+	for name, msgs := range map[string][]*pb.ReceiveMessage{
+		"no header":       nil,
+		"header, no data": {header(KindIncremental, 5)},
+	} {
+		t.Run(name, func(t *testing.T) {
+			r := NewReceiver(&replicaStore{exists: true, generation: 5}, "tank/nomad", "n2", 2, hclog.NewNullLogger())
+			r.IdleTimeout = 100 * time.Millisecond
+			done := make(chan error, 1)
+			go func() { _, err := r.receive(stream(t, true, msgs...)); done <- err }()
+			select {
+			case err := <-done:
+				if status.Code(errdefs.ToStatus(err)) != codes.Aborted {
+					t.Errorf("stalled receive ended with %v, want Aborted", err)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("a stalled sender kept its receive")
+			}
+			if unlock, ok := r.locks.TryLock(testVolume); !ok {
+				t.Error("the volume's lock is still held")
+			} else {
+				unlock()
+			}
+		})
+	}
+}
+
+func TestReceivesAreBounded(t *testing.T) {
+	r := NewReceiver(&replicaStore{exists: true, generation: 5}, "tank/nomad", "n2", 2, hclog.NewNullLogger())
+	for range MaxReceives {
+		r.slots <- struct{}{}
+	}
+	_, err := r.receive(stream(t, false, header(KindIncremental, 5)))
+	if status.Code(errdefs.ToStatus(err)) != codes.ResourceExhausted {
+		t.Errorf("receive beyond %d at once: %v, want ResourceExhausted", MaxReceives, err)
+	}
+}
