@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -248,7 +249,7 @@ func (p *Pusher) Push(ctx context.Context, volumeID, addr string, interval time.
 		return Progress{}, errdefs.FromStatus(err)
 	}
 
-	plan, err := p.plan(ctx, fs, state, header.GetGeneration(), raw, snap, snapErr)
+	plan, err := p.plan(ctx, fs, state, header.GetGeneration(), raw, snap, snapErr, log)
 	if err != nil {
 		return Progress{}, err
 	}
@@ -433,12 +434,18 @@ type sendPlan struct {
 // by a full send; the receiver checks the generations too.
 // snap is the new replication snapshot, or snapErr why it could not be
 // taken.
-func (p *Pusher) plan(ctx context.Context, fs string, state *pb.ReplicaStateResponse, generation uint64, raw bool, snap string, snapErr error) (sendPlan, error) {
+func (p *Pusher) plan(ctx context.Context, fs string, state *pb.ReplicaStateResponse, generation uint64, raw bool, snap string, snapErr error, log hclog.Logger) (sendPlan, error) {
 	if state.GetExists() && state.GetRole() != RoleReplica {
 		return sendPlan{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "the peer holds %s as %q, not as a replica", fs, state.GetRole())
 	}
 	if token := state.GetResumeToken(); token != "" {
-		return sendPlan{prog: Progress{Kind: KindResume}, spec: zfscmd.SendSpec{ResumeToken: token}}, nil
+		err := p.checkResumeToken(ctx, fs, token, raw)
+		if err == nil {
+			return sendPlan{prog: Progress{Kind: KindResume}, spec: zfscmd.SendSpec{ResumeToken: token}}, nil
+		}
+		// A fresh stream follows; the receiver discards its partial
+		// receive when it gets one that is not a resume.
+		log.Warn("not resuming the peer's interrupted receive: its resume token does not fit; sending afresh", "error", err)
 	}
 	if snapErr != nil {
 		return sendPlan{}, fmt.Errorf("taking the replication snapshot: %w", snapErr)
@@ -472,6 +479,40 @@ func (p *Pusher) plan(ctx context.Context, fs string, state *pb.ReplicaStateResp
 		return sendPlan{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "the peer's replica of %s shares no snapshot with this node; remove it for a full send", fs)
 	}
 	return sendPlan{Progress{Kind: KindFull, Snapshot: snap}, zfscmd.SendSpec{Snapshot: snap, Raw: raw}, guid}, nil
+}
+
+// checkResumeToken checks what a receiver's resume token asks this node to
+// send: a snapshot of this very volume that still exists, from a base of
+// this volume, raw when the volume is sent only raw. The token is the
+// peer's word: unchecked, it could make zfs send stream any snapshot of
+// the pool, or an encrypted volume's plaintext; and one whose snapshot
+// was pruned here would fail every push, and every move, for good.
+func (p *Pusher) checkResumeToken(ctx context.Context, fs, token string, raw bool) error {
+	info, err := p.z.ResumeToken(ctx, token)
+	if err != nil {
+		return err
+	}
+	if !strings.HasPrefix(info.ToName, fs+"@") {
+		return fmt.Errorf("the token asks for %s, which is not a snapshot of %s", info.ToName, fs)
+	}
+	snaps, err := p.z.Snapshots(ctx, fs)
+	if err != nil {
+		return err
+	}
+	have := map[uint64]string{}
+	for _, s := range snaps {
+		have[s.GUID] = s.Name
+	}
+	if have[info.ToGUID] != info.ToName {
+		return fmt.Errorf("the token asks for %s (guid %d), which this node no longer has", info.ToName, info.ToGUID)
+	}
+	if info.FromGUID != 0 && have[info.FromGUID] == "" {
+		return fmt.Errorf("the token's incremental base (guid %d) is not a snapshot of %s here", info.FromGUID, fs)
+	}
+	if raw && !info.Raw {
+		return fmt.Errorf("the token asks for a stream that is not raw, but %s is encrypted and leaves this node only raw", fs)
+	}
+	return nil
 }
 
 // sentSnapshot names the snapshot the peer says it received (guid): the

@@ -10,6 +10,9 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/zfs/zfscmd"
+	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
 // stuckHold is a Streams whose Hold waits until its context ends, like a
@@ -75,5 +78,64 @@ func TestReceiverSaidWhy(t *testing.T) {
 		if got := receiverSaidWhy(tt.err); got != tt.want {
 			t.Errorf("receiverSaidWhy(%v) = %v, want %v", tt.err, got, tt.want)
 		}
+	}
+}
+
+// tokenStreams decodes every resume token to info and lists snaps.
+type tokenStreams struct {
+	Streams
+	info  zfscmd.ResumeInfo
+	err   error
+	snaps []zfscmd.Snap
+}
+
+func (z *tokenStreams) ResumeToken(context.Context, string) (zfscmd.ResumeInfo, error) {
+	return z.info, z.err
+}
+
+func (z *tokenStreams) Snapshots(context.Context, string) ([]zfscmd.Snap, error) { return z.snaps, nil }
+
+// TestResumeTokensAreChecked: a receiver's resume token is used only when
+// it asks for a snapshot of the very volume being pushed that this node
+// still has, from one of its snapshots, raw when the volume is sent raw;
+// any other token gives a fresh send instead (the receiver then discards
+// its partial receive).
+func TestResumeTokensAreChecked(t *testing.T) {
+	const fs = "tank/nomad/" + testVolume
+	snaps := []zfscmd.Snap{{Name: fs + "@zn-1", GUID: 1}, {Name: fs + "@zn-2", GUID: 2}, {Name: fs + "@zn-3", GUID: 3}}
+	tests := []struct {
+		name   string
+		info   zfscmd.ResumeInfo
+		err    error
+		raw    bool
+		resume bool
+	}{
+		{"a full stream of this volume", zfscmd.ResumeInfo{ToName: fs + "@zn-2", ToGUID: 2}, nil, false, true},
+		{"an incremental of this volume", zfscmd.ResumeInfo{ToName: fs + "@zn-2", ToGUID: 2, FromGUID: 1}, nil, false, true},
+		{"raw, for an encrypted volume", zfscmd.ResumeInfo{ToName: fs + "@zn-2", ToGUID: 2, Raw: true}, nil, true, true},
+		{"another volume's snapshot", zfscmd.ResumeInfo{ToName: "tank/nomad/vol-ffffffffffffffffffff@zn-2", ToGUID: 2}, nil, false, false},
+		{"a dataset outside the root", zfscmd.ResumeInfo{ToName: "tank/secrets@daily", ToGUID: 2}, nil, false, false},
+		{"a snapshot pruned here", zfscmd.ResumeInfo{ToName: fs + "@zn-0", ToGUID: 99}, nil, false, false},
+		{"a name with another snapshot's guid", zfscmd.ResumeInfo{ToName: fs + "@zn-1", ToGUID: 2}, nil, false, false},
+		{"a base that is not this volume's", zfscmd.ResumeInfo{ToName: fs + "@zn-2", ToGUID: 2, FromGUID: 77}, nil, false, false},
+		{"plaintext of an encrypted volume", zfscmd.ResumeInfo{ToName: fs + "@zn-2", ToGUID: 2}, nil, true, false},
+		{"a token that does not decode", zfscmd.ResumeInfo{}, errors.New("bad token"), false, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			z := &tokenStreams{info: tt.info, err: tt.err, snaps: snaps}
+			p := NewPusher(z, "tank/nomad", "n1", 2, nil, nil, hclog.NewNullLogger())
+			state := &pb.ReplicaStateResponse{Exists: true, Role: RoleReplica, Generation: 1, ResumeToken: "1-abc-10-789c", SnapshotGuids: []uint64{1}}
+			plan, err := p.plan(context.Background(), fs, state, 1, tt.raw, fs+"@zn-3", nil, hclog.NewNullLogger())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resumed := plan.spec.ResumeToken != ""; resumed != tt.resume {
+				t.Errorf("resumed = %v, want %v (plan %+v)", resumed, tt.resume, plan)
+			}
+			if !tt.resume && (plan.prog.Kind != KindIncremental || plan.spec.Base != fs+"@zn-1" || plan.spec.Snapshot != fs+"@zn-3") {
+				t.Errorf("instead of resuming: %+v, want an incremental from zn-1 to zn-3", plan)
+			}
+		})
 	}
 }

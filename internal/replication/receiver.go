@@ -168,6 +168,15 @@ func (r *Receiver) receive(stream pb.Replication_ReceiveServer) (*pb.ReceiveResu
 	}
 	var props map[string]string
 	labels := replicaLabels(h)
+	if state.GetResumeToken() != "" && h.GetKind() != KindResume {
+		// The sender chose not to resume (it checks every token, and
+		// refuses one whose snapshot it pruned): the partial receive is
+		// of no use, and would make this receive fail.
+		log.Warn("the sender sends afresh instead of resuming: discarding the partial receive")
+		if err := r.z.AbortReceive(ctx, fs); err != nil {
+			return nil, fmt.Errorf("discarding the partial receive into %s: %w", fs, err)
+		}
+	}
 	switch h.GetKind() {
 	case KindFull:
 		if state.GetExists() {

@@ -1,8 +1,10 @@
 package replication
 
 import (
+	"cmp"
 	"context"
 	"io"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -27,6 +29,16 @@ type replicaStore struct {
 	exists     bool
 	generation uint64
 	received   int
+	token      string   // receive_resume_token; "" for none
+	calls      []string // AbortReceive and Receive, in order
+}
+
+func (s *replicaStore) AbortReceive(context.Context, string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.calls = append(s.calls, "abort")
+	s.token = ""
+	return nil
 }
 
 func (s *replicaStore) GetAll(_ context.Context, _ string, props ...string) (map[string]string, error) {
@@ -42,6 +54,8 @@ func (s *replicaStore) GetAll(_ context.Context, _ string, props ...string) (map
 			out[p] = RoleReplica
 		case volume.PropGeneration:
 			out[p] = strconv.FormatUint(s.generation, 10)
+		case "receive_resume_token":
+			out[p] = cmp.Or(s.token, "-")
 		default:
 			out[p] = "-"
 		}
@@ -56,6 +70,7 @@ func (s *replicaStore) Receive(ctx context.Context, _ string, _ map[string]strin
 	case err := <-done:
 		s.mu.Lock()
 		s.exists, s.received = true, s.received+1
+		s.calls = append(s.calls, "receive")
 		s.mu.Unlock()
 		return err
 	case <-ctx.Done():
@@ -184,5 +199,20 @@ func TestReceivesAreBounded(t *testing.T) {
 	_, err := r.receive(stream(t, false, header(KindIncremental, 5)))
 	if status.Code(errdefs.ToStatus(err)) != codes.ResourceExhausted {
 		t.Errorf("receive beyond %d at once: %v, want ResourceExhausted", MaxReceives, err)
+	}
+}
+
+// TestFreshStreamDiscardsAPartialReceive: a sender that does not resume
+// (its check refused the token) sends afresh; the receiver discards the
+// partial receive first, which would otherwise make zfs receive fail.
+func TestFreshStreamDiscardsAPartialReceive(t *testing.T) {
+	z := &replicaStore{exists: true, generation: 5, token: "1-abc-10-789c"}
+	r := NewReceiver(z, "tank/nomad", "n2", 2, hclog.NewNullLogger())
+	data := &pb.ReceiveMessage{Msg: &pb.ReceiveMessage_Data{Data: []byte("stream")}}
+	if _, err := r.receive(stream(t, false, header(KindIncremental, 5), data)); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"abort", "receive"}; !slices.Equal(z.calls, want) {
+		t.Errorf("calls %v, want %v", z.calls, want)
 	}
 }

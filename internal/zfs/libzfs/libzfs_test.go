@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"reflect"
 	"sort"
+	"strconv"
 	"testing"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/guesttest"
@@ -391,4 +392,54 @@ type Streamer interface {
 	GetAll(ctx context.Context, dataset string, props ...string) (map[string]string, error)
 	Get(ctx context.Context, dataset, prop string) (string, error)
 	Children(ctx context.Context, parent string, props ...string) ([]zfscmd.Child, error)
+}
+
+// TestResumeTokenDecodes: a token left by a broken receive decodes to the
+// snapshot that was being sent, its guid, its incremental base and
+// whether the stream was raw, as a sender needs to check it.
+func TestResumeTokenDecodes(t *testing.T) {
+	z, root := setup(t)
+	ctx := context.Background()
+	in := z.Streams(zfscmd.Cmd{})
+	fs, target := root+"/src", root+"/dst"
+	if err := z.CreateFilesystem(ctx, fs, map[string]string{"compression": "off"}); err != nil {
+		t.Fatal(err)
+	}
+	guesttest.Run(t, "sh", "-c", "mkdir -p /tmp/src && mount -t zfs "+fs+" /tmp/src && dd if=/dev/urandom of=/tmp/src/blob bs=1M count=8 2>/dev/null && umount /tmp/src")
+	for _, s := range []string{"s1", "s2"} {
+		if err := in.Snapshot(ctx, fs+"@"+s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	guesttest.Run(t, "sh", "-c", "zfs send "+fs+"@s1 | zfs receive -u "+target)
+	guesttest.Run(t, "sh", "-c", "mkdir -p /tmp/src && mount -t zfs "+fs+" /tmp/src && dd if=/dev/urandom of=/tmp/src/more bs=1M count=8 2>/dev/null && umount /tmp/src")
+	if err := in.Snapshot(ctx, fs+"@s3"); err != nil {
+		t.Fatal(err)
+	}
+	// An incremental broken after 1 MiB leaves a token.
+	guesttest.Run(t, "sh", "-c", "zfs send -i "+fs+"@s1 "+fs+"@s3 | head -c 1048576 | zfs receive -s -u "+target+" || true")
+	token := zfsGet(t, "receive_resume_token", target)
+	if token == "-" || token == "" {
+		t.Fatal("the broken receive left no resume token")
+	}
+	info, err := in.ResumeToken(ctx, token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := zfscmd.ResumeInfo{ToName: fs + "@s3", ToGUID: guid(t, fs+"@s3"), FromGUID: guid(t, fs+"@s1")}
+	if info != want {
+		t.Errorf("decoded %+v, want %+v", info, want)
+	}
+	if _, err := in.ResumeToken(ctx, "1-bogus-10-789c"); err == nil {
+		t.Error("a bogus token decoded")
+	}
+}
+
+func guid(t *testing.T, snap string) uint64 {
+	t.Helper()
+	g, err := strconv.ParseUint(zfsGet(t, "guid", snap), 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g
 }

@@ -257,3 +257,24 @@ void read_numbers(zfs_handle_t *zh, numbers_t *n) {
 		n->refquota = zfs_prop_get_int(zh, ZFS_PROP_REFQUOTA);
 	}
 }
+
+// resume_token_info decodes a receive resume token: the snapshot it asks
+// for (name and guid), the incremental base's guid (0 for a full stream)
+// and whether the stream was raw. -1 if the token does not decode.
+int resume_token_info(libzfs_handle_t *h, const char *token, resume_info_t *out) {
+	nvlist_t *nv = zfs_send_resume_token_to_nvlist(h, token);
+	if (nv == NULL)
+		return -1;
+	char *name = NULL;
+	int rc = -1;
+	if (nvlist_lookup_string(nv, "toname", &name) == 0 && nvlist_lookup_uint64(nv, "toguid", &out->toguid) == 0 &&
+	    strlen(name) < sizeof(out->toname)) {
+		strcpy(out->toname, name);
+		if (nvlist_lookup_uint64(nv, "fromguid", &out->fromguid) != 0)
+			out->fromguid = 0;
+		out->raw = nvlist_exists(nv, "rawok");
+		rc = 0;
+	}
+	nvlist_free(nv);
+	return rc;
+}

@@ -31,6 +31,14 @@ int list_children(libzfs_handle_t *h, const char *parent, char **out);
 
 int hold_or_release(libzfs_handle_t *h, const char *snapshot, const char *tag, int release);
 
+// What a receive resume token asks the sender for (libzfs decodes it).
+typedef struct {
+	char toname[ZFS_MAX_DATASET_NAME_LEN];
+	uint64_t toguid, fromguid;
+	int raw;
+} resume_info_t;
+int resume_token_info(libzfs_handle_t *h, const char *token, resume_info_t *out);
+
 zfs_handle_t *open_dataset(libzfs_handle_t *h, const char *name);
 void prop_get(zfs_handle_t *zh, const char *name, char *buf, size_t len);
 int own_user_prop(zfs_handle_t *zh, const char *key, char *buf, size_t len);

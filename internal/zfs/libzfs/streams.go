@@ -159,6 +159,23 @@ func (s Streams) Children(ctx context.Context, parent string, props ...string) (
 	return children, nil
 }
 
+// ResumeToken decodes a receive resume token with libzfs itself, so a
+// sender can check what a peer's token asks for before it sends.
+func (s Streams) ResumeToken(ctx context.Context, token string) (zfscmd.ResumeInfo, error) {
+	var info zfscmd.ResumeInfo
+	err := s.z.do(ctx, func(h handle) error {
+		ct := C.CString(token)
+		defer C.free(unsafe.Pointer(ct))
+		var out C.resume_info_t
+		if C.resume_token_info(h.h, ct, &out) != 0 {
+			return fmt.Errorf("the resume token does not decode: %s", C.GoString(C.last_error(h.h)))
+		}
+		info = zfscmd.ResumeInfo{ToName: C.GoString(&out.toname[0]), ToGUID: uint64(out.toguid), FromGUID: uint64(out.fromguid), Raw: out.raw != 0}
+		return nil
+	})
+	return info, err
+}
+
 // Hold puts hold tag on snapshot; holding twice is fine.
 func (s Streams) Hold(ctx context.Context, snapshot, tag string) error {
 	return s.holdOrRelease(ctx, "hold", snapshot, tag, C.EZFS_REFTAG_HOLD, func(h handle, cs, ct *C.char) C.int { return C.hold_or_release(h.h, cs, ct, 0) })

@@ -126,6 +126,14 @@ func (c Cmd) EstimateSize(ctx context.Context, spec SendSpec) (int64, error) {
 	return 0, fmt.Errorf("zfs send -nP printed no size")
 }
 
+// ResumeInfo is what a receive resume token asks the sender to send.
+type ResumeInfo struct {
+	ToName   string // the snapshot, full name
+	ToGUID   uint64
+	FromGUID uint64 // the incremental base; 0 for a full stream
+	Raw      bool   // the stream was raw (-w)
+}
+
 // Child is a filesystem directly below a parent, with requested properties.
 type Child struct {
 	Name  string
