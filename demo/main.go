@@ -275,63 +275,67 @@ func (s *story) operator(ctx context.Context, args ...string) error {
 	return cmd.Run()
 }
 
+// replicas lists the replicas of a volume that the nodes report; a node
+// that does not answer is left out.
+func (s *story) replicas(ctx context.Context, id string) ([]*pb.Replica, error) {
+	var out []*pb.Replica
+	for _, n := range s.c.Nodes {
+		conn, err := s.c.DialAgent(n.AgentAddress)
+		if err != nil {
+			return nil, err
+		}
+		st, err := pb.NewNodeAgentClient(conn).Status(ctx, &pb.StatusRequest{})
+		conn.Close()
+		if err != nil {
+			continue
+		}
+		for _, r := range st.GetReplicas() {
+			if r.GetVolumeId() == id {
+				out = append(out, r)
+			}
+		}
+	}
+	return out, nil
+}
+
 // waitForReplicas waits until want nodes hold a completed replica.
 func (s *story) waitForReplicas(ctx context.Context, id string, want int) error {
-	deadline := time.Now().Add(2 * time.Minute)
-	for time.Now().Before(deadline) {
-		have := 0
-		for _, n := range s.c.Nodes {
-			conn, err := s.c.DialAgent(n.AgentAddress)
-			if err != nil {
-				return err
-			}
-			st, err := pb.NewNodeAgentClient(conn).Status(ctx, &pb.StatusRequest{})
-			conn.Close()
-			if err != nil {
-				continue
-			}
-			for _, r := range st.GetReplicas() {
-				if r.GetVolumeId() == id && r.GetLastSnapshot() != "" {
-					have++
-				}
+	have := 0
+	for deadline := time.Now().Add(2 * time.Minute); time.Now().Before(deadline); time.Sleep(time.Second) {
+		reps, err := s.replicas(ctx, id)
+		if err != nil {
+			return err
+		}
+		have = 0
+		for _, r := range reps {
+			if r.GetLastSnapshot() != "" {
+				have++
 			}
 		}
 		if have >= want {
 			s.say("the controller's schedule placed and filled %d replicas", have)
 			return nil
 		}
-		time.Sleep(time.Second)
 	}
-	return fmt.Errorf("volume %s did not get %d complete replicas within 2 minutes", id, want)
+	return fmt.Errorf("volume %s has %d complete replicas after 2 minutes, want %d", id, have, want)
 }
 
 // waitForReplicaAfter waits until a replica of the volume holds a snapshot
 // taken after t (snapshot times are whole seconds, so strictly after t's
 // second).
 func (s *story) waitForReplicaAfter(ctx context.Context, id string, t time.Time) error {
-	deadline := time.Now().Add(time.Minute)
 	var last int64
-	for time.Now().Before(deadline) {
-		for _, n := range s.c.Nodes {
-			conn, err := s.c.DialAgent(n.AgentAddress)
-			if err != nil {
-				return err
-			}
-			st, err := pb.NewNodeAgentClient(conn).Status(ctx, &pb.StatusRequest{})
-			conn.Close()
-			if err != nil {
-				continue
-			}
-			for _, r := range st.GetReplicas() {
-				if r.GetVolumeId() == id {
-					last = max(last, r.GetLastSnapshotUnix())
-				}
-			}
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(time.Second) {
+		reps, err := s.replicas(ctx, id)
+		if err != nil {
+			return err
+		}
+		for _, r := range reps {
+			last = max(last, r.GetLastSnapshotUnix())
 		}
 		if last > t.Unix() {
 			return nil
 		}
-		time.Sleep(time.Second)
 	}
 	return fmt.Errorf("waited a minute for a replica of %s with a snapshot taken after %s: newest %s", id, t.Format(time.TimeOnly), time.Unix(last, 0).Format(time.TimeOnly))
 }

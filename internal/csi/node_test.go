@@ -50,32 +50,41 @@ func (m *recordingMounter) Unmount(target string) error {
 }
 func (m *recordingMounter) Statfs(string) (mount.Stats, error) { return mount.Stats{}, nil }
 
-// TestNodeRefusesHostPaths: staging and target paths outside the
-// operator's base directories, relative, unclean or through a symbolic
-// link are InvalidArgument, and nothing is mounted or unmounted.
-func TestNodeRefusesHostPaths(t *testing.T) {
+// capability is a single-node-writer file system.
+var capability = &csi.VolumeCapability{
+	AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
+	AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+}
+
+// newTestNode returns a node service over the ZFS fake and an in-memory
+// mount table, with one volume, whose only mount base directory is base.
+func newTestNode(t *testing.T) (n *Node, mounter *recordingMounter, fake *zfsfake.Fake, v volume.Volume, base string) {
+	t.Helper()
 	ctx := context.Background()
-	fake := zfsfake.New(10<<30, "tank")
+	fake = zfsfake.New(10<<30, "tank")
 	if err := fake.CreateFilesystem(ctx, "tank/nomad", nil); err != nil {
 		t.Fatal(err)
 	}
-	base := t.TempDir()
-	if err := os.Symlink("/etc", filepath.Join(base, "link")); err != nil {
-		t.Fatal(err)
-	}
+	base = t.TempDir()
 	cfg := config.DefaultNode()
-	cfg.NodeID, cfg.RootDataset, cfg.MaxQuota = "n1", "tank/nomad", 1<<30
-	cfg.MountBaseDirs = []string{base}
+	cfg.NodeID, cfg.RootDataset, cfg.MaxQuota, cfg.MountBaseDirs = "n1", "tank/nomad", 1<<30, []string{base}
 	volumes := volume.NewManager(fake, cfg, hclog.NewNullLogger())
 	v, err := volumes.Create(ctx, volume.CreateRequest{Name: "v"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	mounter := &recordingMounter{}
-	n := NewNode(volumes, mounter, cfg, hclog.NewNullLogger())
-	capability := &csi.VolumeCapability{
-		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
-		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+	mounter = &recordingMounter{}
+	return NewNode(volumes, mounter, cfg, hclog.NewNullLogger()), mounter, fake, v, base
+}
+
+// TestNodeRefusesHostPaths: staging and target paths outside the
+// operator's base directories, relative, unclean or through a symbolic
+// link are InvalidArgument, and nothing is mounted or unmounted.
+func TestNodeRefusesHostPaths(t *testing.T) {
+	ctx := context.Background()
+	n, mounter, _, v, base := newTestNode(t)
+	if err := os.Symlink("/etc", filepath.Join(base, "link")); err != nil {
+		t.Fatal(err)
 	}
 	staging := filepath.Join(base, "staging")
 	bad := []string{"/etc", "relative/target", base + "/x/../../etc", filepath.Join(base, "link"), filepath.Join(base, "link", "target"), "/var/lib/elsewhere/target"}
@@ -111,23 +120,7 @@ func TestNodeRefusesHostPaths(t *testing.T) {
 // NodePublish, when asked with the old publish context.
 func TestStalePublishContextRefused(t *testing.T) {
 	ctx := context.Background()
-	fake := zfsfake.New(10<<30, "tank")
-	if err := fake.CreateFilesystem(ctx, "tank/nomad", nil); err != nil {
-		t.Fatal(err)
-	}
-	base := t.TempDir()
-	cfg := config.DefaultNode()
-	cfg.NodeID, cfg.RootDataset, cfg.MaxQuota, cfg.MountBaseDirs = "n1", "tank/nomad", 1<<30, []string{base}
-	volumes := volume.NewManager(fake, cfg, hclog.NewNullLogger())
-	v, err := volumes.Create(ctx, volume.CreateRequest{Name: "v"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := NewNode(volumes, &recordingMounter{}, cfg, hclog.NewNullLogger())
-	capability := &csi.VolumeCapability{
-		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
-		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
-	}
+	n, _, fake, v, base := newTestNode(t)
 	staging, target := filepath.Join(base, "staging"), filepath.Join(base, "target")
 	gen1 := map[string]string{PublishContextGeneration: "1"}
 	if _, err := n.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: v.ID, StagingTargetPath: staging, VolumeCapability: capability, PublishContext: gen1}); err != nil {
@@ -136,7 +129,7 @@ func TestStalePublishContextRefused(t *testing.T) {
 	if err := fake.SetProperties(ctx, v.Dataset, map[string]string{volume.PropGeneration: "2"}); err != nil {
 		t.Fatal(err)
 	}
-	_, err = n.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: v.ID, StagingTargetPath: staging, VolumeCapability: capability, PublishContext: gen1})
+	_, err := n.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: v.ID, StagingTargetPath: staging, VolumeCapability: capability, PublishContext: gen1})
 	if status.Code(err) != codes.FailedPrecondition {
 		t.Errorf("NodeStageVolume of a staged copy with a stale generation: %v, want FailedPrecondition", err)
 	}

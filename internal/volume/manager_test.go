@@ -320,16 +320,28 @@ func TestReplicationParameters(t *testing.T) {
 	}
 }
 
-func TestDeleteDropsHeldReplicationSnapshots(t *testing.T) {
-	m, fake := newManager(t)
+// replicatedVolume creates a volume with two replication snapshots, the
+// newer held as a peer's incremental base.
+func replicatedVolume(t *testing.T, m *Manager, fake *zfsfake.Fake) Volume {
+	t.Helper()
 	ctx := context.Background()
-	v, _ := m.Create(ctx, CreateRequest{Name: "replicated"})
+	v, err := m.Create(ctx, CreateRequest{Name: "replicated"})
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, s := range []string{"zn-1", "zn-2"} {
 		if err := fake.Snapshot(ctx, v.Dataset+"@"+s, nil); err != nil {
 			t.Fatal(err)
 		}
 	}
-	fake.Hold(v.Dataset+"@zn-2", "zfs-nomad-base-n2") // a peer's incremental base
+	fake.Hold(v.Dataset+"@zn-2", "zfs-nomad-base-n2")
+	return v
+}
+
+func TestDeleteDropsHeldReplicationSnapshots(t *testing.T) {
+	m, fake := newManager(t)
+	ctx := context.Background()
+	v := replicatedVolume(t, m, fake)
 	if err := m.Delete(ctx, v.ID); err != nil {
 		t.Fatal(err)
 	}
@@ -393,13 +405,7 @@ func TestDeleteRacesTidy(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			m, fake := newManager(t)
 			ctx := context.Background()
-			v, _ := m.Create(ctx, CreateRequest{Name: "replicated"})
-			for _, s := range []string{"zn-1", "zn-2"} {
-				if err := fake.Snapshot(ctx, v.Dataset+"@"+s, nil); err != nil {
-					t.Fatal(err)
-				}
-			}
-			fake.Hold(v.Dataset+"@zn-2", "zfs-nomad-base-n2")
+			v := replicatedVolume(t, m, fake)
 			raced := false
 			fake.Before = func(op, name string) {
 				if !raced && op == tt.op && name == v.Dataset+"@"+tt.snap {
