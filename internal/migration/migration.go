@@ -94,6 +94,42 @@ func (v view) primary() (copyOn, bool) {
 	return best, found
 }
 
+// conflict names the nodes of two or more primaries sharing the highest
+// generation, or nil. A generation is never given to two copies (I3 in
+// docs/safety.md); when it happened anyway (a promotion that timed out at
+// the controller but completed on its node, retried elsewhere), either
+// copy may hold writes the other lacks, so neither is staged until an
+// operator sets one aside.
+func (v view) conflict() []string {
+	p, ok := v.primary()
+	if !ok {
+		return nil
+	}
+	var nodes []string
+	for _, c := range v.copies {
+		if c.copy.GetRole() == volume.RolePrimary && c.copy.GetGeneration() == p.copy.GetGeneration() {
+			nodes = append(nodes, c.nodeID())
+		}
+	}
+	if len(nodes) < 2 {
+		return nil
+	}
+	return nodes
+}
+
+// conflictError reports a conflict (see conflict) in the log, the metrics
+// and the error, which names what the operator must do.
+func (m *Migrator) conflictError(id string, v view, nodes []string) error {
+	p, _ := v.primary()
+	m.Metrics.count("conflict", "refused")
+	m.log.Error("two primaries of one generation: neither is staged until an operator sets one aside",
+		"volume_id", id, "generation", p.copy.GetGeneration(), "nodes", strings.Join(nodes, ","))
+	return errdefs.Wrap(errdefs.ErrFailedPrecondition,
+		"volume %s has primaries of the same generation %d on nodes %s: either may hold writes the other lacks, so neither is used; "+
+			"an operator must compare them and set one aside (zfs-controller status shows them)",
+		id, p.copy.GetGeneration(), strings.Join(nodes, ", "))
+}
+
 // freshestReplica is the replica with the newest snapshot; on a tie the
 // one of the highest generation.
 func (v view) freshestReplica(onNode string) (copyOn, bool) {
@@ -136,6 +172,9 @@ func (m *Migrator) settle(ctx context.Context, id string, v view) error {
 	p, ok := v.primary()
 	if !ok {
 		return nil
+	}
+	if nodes := v.conflict(); nodes != nil {
+		return m.conflictError(id, v, nodes)
 	}
 	var errs []error
 	for _, c := range v.copies {
@@ -188,6 +227,9 @@ func (m *Migrator) Publish(ctx context.Context, id, nodeID string) (uint64, erro
 				return 0, errdefs.Wrap(errdefs.ErrUnavailable, "node %s did not answer (unreachable agents: %s); retry", nodeID, strings.Join(v.unreachable, ", "))
 			}
 			return 0, errdefs.Wrap(errdefs.ErrNotFound, "node %s is not a node of this driver", nodeID)
+		}
+		if nodes := v.conflict(); nodes != nil {
+			return 0, m.conflictError(id, v, nodes)
 		}
 		if err := m.settle(ctx, id, v); err != nil {
 			log.Warn("stale copies remain; retrying later", "error", err)

@@ -1,9 +1,16 @@
 package migration
 
 import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
 	"testing"
 
+	"github.com/hashicorp/go-hclog"
+
 	"github.com/zfs-nomad/zfs-nomad/internal/cluster"
+	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
@@ -49,5 +56,32 @@ func TestViewPicksThePrimaryAndTheFreshestReplica(t *testing.T) {
 				t.Errorf("max generation %d, want %d", got, tt.maxGeneration)
 			}
 		})
+	}
+}
+
+func TestConflictingPrimaries(t *testing.T) {
+	tests := []struct {
+		name   string
+		copies []copyOn
+		want   []string
+	}{
+		{"one primary", []copyOn{on("n1", "primary", 2, 0), on("n2", "replica", 2, 0)}, nil},
+		{"an older primary is stale, not a conflict", []copyOn{on("n1", "primary", 1, 0), on("n2", "primary", 2, 0)}, nil},
+		{"two primaries of the newest generation", []copyOn{on("n1", "primary", 1, 0), on("n2", "primary", 3, 0), on("n3", "primary", 3, 0)}, []string{"n2", "n3"}},
+		{"equal replicas are no conflict", []copyOn{on("n1", "primary", 3, 0), on("n2", "replica", 3, 0), on("n3", "replica", 3, 0)}, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := (view{copies: tt.copies}).conflict(); !slices.Equal(got, tt.want) {
+				t.Errorf("conflict %v, want %v", got, tt.want)
+			}
+		})
+	}
+	// Publish and Settle refuse such a volume and say why.
+	m := &Migrator{log: hclog.NewNullLogger()}
+	v := view{copies: []copyOn{on("n2", "primary", 3, 0), on("n3", "primary", 3, 0)}}
+	err := m.settle(context.Background(), "vol-x", v)
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "n2, n3") {
+		t.Errorf("settle with two primaries of one generation: %v, want FailedPrecondition naming both nodes", err)
 	}
 }

@@ -140,7 +140,6 @@ func Status(ctx context.Context, cl *cluster.Cluster, out io.Writer, now time.Ti
 	if err != nil {
 		return err
 	}
-	type row struct{ volume, name, node, role, snapshot, lag string }
 	var rows []row
 	var transfers, setAside []string
 	for _, n := range nodes {
@@ -154,7 +153,7 @@ func Status(ctx context.Context, cl *cluster.Cluster, out io.Writer, now time.Ti
 			continue
 		}
 		for _, v := range vols.GetVolumes() {
-			rows = append(rows, row{v.GetVolumeId(), v.GetName(), id, primaryRole(v), "", ""})
+			rows = append(rows, row{volume: v.GetVolumeId(), name: v.GetName(), node: id, role: primaryRole(v), generation: v.GetGeneration()})
 		}
 		for _, name := range st.GetSetAside() {
 			setAside = append(setAside, fmt.Sprintf("%s on %s", name, id))
@@ -167,13 +166,14 @@ func Status(ctx context.Context, cl *cluster.Cluster, out io.Writer, now time.Ti
 			if r.GetResumable() {
 				lag += " (interrupted, resumable)"
 			}
-			rows = append(rows, row{r.GetVolumeId(), r.GetName(), id, "replica", r.GetLastSnapshot(), lag})
+			rows = append(rows, row{volume: r.GetVolumeId(), name: r.GetName(), node: id, role: "replica", snapshot: r.GetLastSnapshot(), lag: lag})
 		}
 		for _, t := range st.GetTransfers() {
 			transfers = append(transfers, fmt.Sprintf("%s: %s -> %s  %s", t.GetVolumeId(), id, t.GetPeer(),
 				FormatProgress(&pb.ReplicateProgress{Kind: t.GetKind(), Bytes: t.GetBytes(), TotalBytes: t.GetTotalBytes()}, now.Sub(time.Unix(t.GetStartedUnix(), 0)))))
 		}
 	}
+	markConflicts(rows)
 	sort.Slice(rows, func(i, j int) bool {
 		if rows[i].volume != rows[j].volume {
 			return rows[i].volume < rows[j].volume
@@ -219,6 +219,33 @@ func Promote(ctx context.Context, m *migration.Migrator, volumeID, node string, 
 
 // primaryRole describes a primary: its generation, a move in progress, a
 // failover it came from.
+// row is one copy in the status table.
+type row struct {
+	volume, name, node, role, snapshot, lag string
+	generation                              uint64 // of a primary; 0 for a replica
+}
+
+// markConflicts marks primaries that share a volume and a generation
+// with another primary (docs/safety.md, I3): neither is staged until an
+// operator sets one aside.
+func markConflicts(rows []row) {
+	type key struct {
+		volume     string
+		generation uint64
+	}
+	count := map[key]int{}
+	for _, r := range rows {
+		if r.generation > 0 {
+			count[key{r.volume, r.generation}]++
+		}
+	}
+	for i, r := range rows {
+		if r.generation > 0 && count[key{r.volume, r.generation}] > 1 {
+			rows[i].role += ", CONFLICT: another primary has this generation"
+		}
+	}
+}
+
 func primaryRole(v *pb.Volume) string {
 	role := fmt.Sprintf("primary g%d", v.GetGeneration())
 	if v.GetMovingTo() != "" {

@@ -1,6 +1,7 @@
 package operator
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -30,6 +31,22 @@ func TestBytes(t *testing.T) {
 	for n, want := range map[int64]string{0: "0 B", 1023: "1023 B", 1024: "1.0 KiB", 3 << 30: "3.0 GiB", 5 << 40: "5.0 TiB"} {
 		if got := Bytes(n); got != want {
 			t.Errorf("Bytes(%d) = %q, want %q", n, got, want)
+		}
+	}
+}
+
+func TestMarkConflicts(t *testing.T) {
+	rows := []row{
+		{volume: "a", node: "n1", role: "primary g3", generation: 3},
+		{volume: "a", node: "n2", role: "primary g3", generation: 3},
+		{volume: "a", node: "n3", role: "replica"},
+		{volume: "b", node: "n1", role: "primary g1", generation: 1},
+		{volume: "b", node: "n2", role: "primary g2", generation: 2},
+	}
+	markConflicts(rows)
+	for i, conflicted := range []bool{true, true, false, false, false} {
+		if got := strings.Contains(rows[i].role, "CONFLICT"); got != conflicted {
+			t.Errorf("%s on %s: %q, conflict marked %v, want %v", rows[i].volume, rows[i].node, rows[i].role, got, conflicted)
 		}
 	}
 }
