@@ -3,6 +3,7 @@ package csi
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sort"
 	"strconv"
 	"strings"
@@ -285,52 +286,109 @@ func (c *Controller) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequ
 	if err := required("volume_id", id); err != nil {
 		return nil, errdefs.ToStatus(err)
 	}
+	if !volume.IsVolumeID(id) {
+		return &csi.DeleteVolumeResponse{}, nil // names no volume, so none to delete
+	}
 	unlock, err := c.tryLock(id)
 	if err != nil {
 		return nil, errdefs.ToStatus(err)
 	}
 	defer unlock()
-	found, err := c.findVolume(ctx, id)
-	if errors.Is(err, errdefs.ErrNotFound) {
-		return &csi.DeleteVolumeResponse{}, nil // deleted already, or never existed
-	}
-	if err != nil {
+	if err := c.deleteVolume(ctx, id); err != nil {
 		return nil, errdefs.ToStatus(err)
 	}
-	cctx, cancel := c.cluster.Call(ctx)
-	defer cancel()
-	if _, err := found.Node.Client.DeleteVolume(cctx, &pb.DeleteVolumeRequest{VolumeId: id}); err != nil {
-		return nil, errdefs.ToStatus(err)
-	}
-	c.log.Info("volume deleted", "volume_id", id, "node_id", found.Node.Info.GetNodeId())
-	c.deleteReplicas(ctx, id)
 	return &csi.DeleteVolumeResponse{}, nil
 }
 
-// deleteReplicas removes the replicas of a deleted volume from every node
-// that answers. A node that does not keeps its replica, which the status
-// command then shows without a primary, for the operator to remove: a
-// replica is never guessed to be garbage, since it may be the last copy.
-func (c *Controller) deleteReplicas(ctx context.Context, id string) {
+// deleteVolume removes every copy of a volume, or answers an error and
+// leaves what it could not remove for a retry. It answers OK only when
+// every node answered: a copy on a node that did not (a primary lost with
+// writes the others lack, or a replica) would outlive a delete that said
+// it was gone, and a later create of the same name would adopt it
+// (docs/safety.md). Older primaries are set aside, never destroyed: they
+// may hold writes the newest lacks.
+func (c *Controller) deleteVolume(ctx context.Context, id string) error {
+	answers, unreachable, err := cluster.Ask(ctx, c.cluster, func(ctx context.Context, a pb.NodeAgentClient) (*pb.Copy, error) {
+		return a.GetCopy(ctx, &pb.GetCopyRequest{VolumeId: id})
+	})
+	if err != nil {
+		return err
+	}
+	var silent []string
+	var primaries []cluster.Answer[*pb.Copy]
+	for _, a := range answers {
+		switch {
+		case a.Err != nil:
+			silent = append(silent, fmt.Sprintf("node %s: %v", a.Node.Info.GetNodeId(), a.Err))
+		case a.Object.GetExists() && a.Object.GetRole() == volume.RolePrimary:
+			primaries = append(primaries, a)
+		}
+	}
+	for _, u := range unreachable {
+		silent = append(silent, fmt.Sprintf("agent %s: %v", u.Addr, u.Err))
+	}
+	if len(silent) > 0 {
+		return fmt.Errorf("%w: volume %s is not deleted: a node that does not answer may hold a copy (%s); retry once it is back, or take it out of the controller's peers if it is gone for good",
+			errdefs.ErrUnavailable, id, strings.Join(silent, "; "))
+	}
+	sort.Slice(primaries, func(i, j int) bool { return primaries[i].Object.GetGeneration() > primaries[j].Object.GetGeneration() })
+	if len(primaries) > 0 {
+		newest := primaries[0]
+		for _, stale := range primaries[1:] {
+			if err := c.setAside(ctx, id, stale.Node, newest.Object.GetGeneration()); err != nil {
+				return err
+			}
+		}
+		cctx, cancel := c.cluster.Call(ctx)
+		_, err := newest.Node.Client.DeleteVolume(cctx, &pb.DeleteVolumeRequest{VolumeId: id})
+		cancel()
+		if err != nil {
+			return errdefs.FromStatus(err)
+		}
+		c.log.Info("volume deleted", "volume_id", id, "node_id", newest.Node.Info.GetNodeId())
+	}
+	return c.deleteReplicas(ctx, id)
+}
+
+// setAside retires an older primary of a volume being deleted: renamed,
+// read-only, kept for an operator.
+func (c *Controller) setAside(ctx context.Context, id string, n cluster.Node, generation uint64) error {
+	cctx, cancel := c.cluster.Call(ctx)
+	defer cancel()
+	if _, err := n.Client.Demote(cctx, &pb.DemoteRequest{VolumeId: id, Generation: generation, Aside: true}); err != nil {
+		return fmt.Errorf("volume %s is not deleted: setting aside its older primary on node %s: %w", id, n.Info.GetNodeId(), errdefs.FromStatus(err))
+	}
+	c.log.Warn("an older primary of the deleted volume is set aside, not destroyed: it may hold writes the newest lacked",
+		"volume_id", id, "node_id", n.Info.GetNodeId())
+	return nil
+}
+
+// deleteReplicas removes the replicas of a deleted volume from every
+// node, and fails (the CO retries the delete) if one cannot be removed.
+func (c *Controller) deleteReplicas(ctx context.Context, id string) error {
 	nodes, unreachable, err := c.cluster.Nodes(ctx)
 	if err != nil {
-		c.log.Warn("replicas of the deleted volume not removed", "volume_id", id, "error", err)
-		return
+		return err
 	}
+	var errs []error
 	for _, n := range nodes {
 		cctx, cancel := c.cluster.Call(ctx)
 		resp, err := n.Client.DeleteReplica(cctx, &pb.DeleteReplicaRequest{VolumeId: id})
 		cancel()
 		switch {
 		case err != nil:
-			c.log.Warn("replica of the deleted volume not removed", "volume_id", id, "node_id", n.Info.GetNodeId(), "error", err)
+			errs = append(errs, fmt.Errorf("node %s: %w", n.Info.GetNodeId(), errdefs.FromStatus(err)))
 		case resp.GetDeleted():
 			c.log.Info("replica deleted", "volume_id", id, "node_id", n.Info.GetNodeId())
 		}
 	}
 	for _, u := range unreachable {
-		c.log.Warn("node unreachable: any replica it holds of the deleted volume stays", "volume_id", id, "addr", u.Addr)
+		errs = append(errs, fmt.Errorf("agent %s unreachable: %w", u.Addr, u.Err))
 	}
+	if len(errs) > 0 {
+		return fmt.Errorf("%w: volume %s is deleted but some of its replicas may remain (%v); retry the delete", errdefs.ErrUnavailable, id, errors.Join(errs...))
+	}
+	return nil
 }
 
 func (c *Controller) ValidateVolumeCapabilities(ctx context.Context, req *csi.ValidateVolumeCapabilitiesRequest) (*csi.ValidateVolumeCapabilitiesResponse, error) {

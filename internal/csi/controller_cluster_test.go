@@ -3,6 +3,7 @@ package csi
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -222,4 +223,66 @@ func TestControllerPublishDecisions(t *testing.T) {
 	if _, err := ctl.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: moving.GetVolumeId(), NodeId: "n1"}); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// copyOf labels a dataset on a node's fake as a copy of volume id.
+func (tc *testCluster) copyOf(node, id, role string, generation int) string {
+	tc.t.Helper()
+	ds := "tank/nomad/" + id
+	props := map[string]string{volume.PropVolumeID: id, volume.PropRole: role, volume.PropName: "v",
+		volume.PropGeneration: fmt.Sprint(generation), "mountpoint": "legacy"}
+	if err := tc.fakes[node].CreateFilesystem(context.Background(), ds, props); err != nil {
+		tc.t.Fatal(err)
+	}
+	return ds
+}
+
+// TestDeleteNeverLeavesACopyBehind: DeleteVolume answers OK only when no
+// copy of the volume can remain; with a node down it touches nothing and
+// answers Unavailable naming the node; an older primary is set aside, not
+// destroyed.
+func TestDeleteNeverLeavesACopyBehind(t *testing.T) {
+	ctx := context.Background()
+	id := volume.VolumeIDForName("v")
+
+	t.Run("a node that may hold a copy is down", func(t *testing.T) {
+		tc := newTestCluster(t, map[string]uint64{"n1": 4 << 30, "n2": 4 << 30})
+		primary := tc.copyOf("n1", id, volume.RolePrimary, 2)
+		tc.copyOf("n2", id, volume.RoleReplica, 2)
+		ctl := tc.controller()
+		tc.stop("n2")
+		_, err := ctl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id})
+		wantCode(t, err, codes.Unavailable)
+		if !strings.Contains(status.Convert(err).Message(), "n2") {
+			t.Errorf("the refusal does not name the node: %v", err)
+		}
+		if _, err := tc.fakes["n1"].Get(ctx, primary); err != nil {
+			t.Errorf("the primary on n1 is gone although the delete was refused: %v", err)
+		}
+	})
+
+	t.Run("an older primary is set aside", func(t *testing.T) {
+		tc := newTestCluster(t, map[string]uint64{"n1": 4 << 30, "n2": 4 << 30, "n3": 4 << 30})
+		stale := tc.copyOf("n1", id, volume.RolePrimary, 1)
+		current := tc.copyOf("n2", id, volume.RolePrimary, 2)
+		replica := tc.copyOf("n3", id, volume.RoleReplica, 2)
+		ctl := tc.controller()
+		if _, err := ctl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tc.fakes["n2"].Get(ctx, current); err == nil {
+			t.Error("the newest primary is still there")
+		}
+		if _, err := tc.fakes["n1"].Get(ctx, stale); err == nil {
+			t.Error("the older primary still holds the volume's name")
+		}
+		aside := false
+		for _, name := range tc.fakes["n1"].Names() {
+			aside = aside || strings.HasPrefix(name, stale+"-aside-")
+		}
+		if !aside {
+			t.Errorf("the older primary was destroyed instead of set aside: n1 holds %v", tc.fakes["n1"].Names())
+		}
+		_ = replica // n3's replica is removed by its receiver, which this in-memory cluster has not
+	})
 }
