@@ -402,7 +402,7 @@ func TestResumeTokenDecodes(t *testing.T) {
 	ctx := context.Background()
 	in := z.Streams(zfscmd.Cmd{})
 	fs, target := root+"/src", root+"/dst"
-	if err := z.CreateFilesystem(ctx, fs, map[string]string{"compression": "off"}); err != nil {
+	if err := z.CreateFilesystem(ctx, fs, map[string]string{"compression": "off", "mountpoint": "legacy"}); err != nil {
 		t.Fatal(err)
 	}
 	guesttest.Run(t, "sh", "-c", "mkdir -p /tmp/src && mount -t zfs "+fs+" /tmp/src && dd if=/dev/urandom of=/tmp/src/blob bs=1M count=8 2>/dev/null && umount /tmp/src")
