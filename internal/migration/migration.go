@@ -130,8 +130,12 @@ func (m *Migrator) conflictError(id string, v view, nodes []string) error {
 		id, p.copy.GetGeneration(), strings.Join(nodes, ", "))
 }
 
-// freshestReplica is the replica with the newest snapshot; on a tie the
-// one of the highest generation.
+// freshestReplica is the replica of the highest generation and, among
+// those, with the newest snapshot. Generation first: a replica labelled
+// by a newer primary descends from it, whatever the clocks say. Within
+// one generation every replication snapshot was named by that
+// generation's one primary, from its own clock, so the names order them
+// as that primary took them; clocks of different nodes never meet.
 func (v view) freshestReplica(onNode string) (copyOn, bool) {
 	var best copyOn
 	found := false
@@ -139,8 +143,8 @@ func (v view) freshestReplica(onNode string) (copyOn, bool) {
 		if c.copy.GetRole() != volume.RoleReplica || (onNode != "" && c.nodeID() != onNode) {
 			continue
 		}
-		newer := c.copy.GetLastSnapshotUnixNano() > best.copy.GetLastSnapshotUnixNano() ||
-			c.copy.GetLastSnapshotUnixNano() == best.copy.GetLastSnapshotUnixNano() && c.copy.GetGeneration() > best.copy.GetGeneration()
+		newer := c.copy.GetGeneration() > best.copy.GetGeneration() ||
+			c.copy.GetGeneration() == best.copy.GetGeneration() && c.copy.GetLastSnapshotUnixNano() > best.copy.GetLastSnapshotUnixNano()
 		if !found || newer {
 			best, found = c, true
 		}

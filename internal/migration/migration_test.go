@@ -36,6 +36,10 @@ func TestViewPicksThePrimaryAndTheFreshestReplica(t *testing.T) {
 			copies: []copyOn{on("n2", "replica", 1, 5), on("n3", "replica", 1, 7)}, freshest: "n3", maxGeneration: 1},
 		{name: "a tie goes to the newer generation",
 			copies: []copyOn{on("n2", "replica", 3, 7), on("n3", "replica", 2, 7)}, freshest: "n2", maxGeneration: 3},
+		// The old primary's clock ran ahead: its snapshots' names are
+		// later than the new primary's, but the newer generation wins.
+		{name: "the generation decides before any clock",
+			copies: []copyOn{on("n2", "replica", 2, 9_000), on("n3", "replica", 3, 5)}, freshest: "n3", maxGeneration: 3},
 		{name: "the operator's chosen node",
 			copies: []copyOn{on("n2", "replica", 1, 5), on("n3", "replica", 1, 7)}, onNode: "n2", freshest: "n2", maxGeneration: 1},
 		{name: "the operator's node holds none",
