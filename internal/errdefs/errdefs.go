@@ -25,6 +25,7 @@ var (
 	ErrOutOfRange         = errors.New("out of range")
 	ErrFailedPrecondition = errors.New("failed precondition")
 	ErrResourceExhausted  = errors.New("resource exhausted")
+	ErrPermissionDenied   = errors.New("permission denied")
 )
 
 // Temporary kinds: the same request may succeed later.
@@ -45,6 +46,7 @@ var kinds = []struct {
 	{ErrOutOfRange, codes.OutOfRange},
 	{ErrFailedPrecondition, codes.FailedPrecondition},
 	{ErrResourceExhausted, codes.ResourceExhausted},
+	{ErrPermissionDenied, codes.PermissionDenied},
 	{ErrAborted, codes.Aborted},
 	{ErrUnavailable, codes.Unavailable},
 	{context.DeadlineExceeded, codes.DeadlineExceeded},

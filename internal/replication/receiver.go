@@ -16,6 +16,7 @@ import (
 
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
 	"github.com/zfs-nomad/zfs-nomad/internal/keylock"
+	"github.com/zfs-nomad/zfs-nomad/internal/tlsconfig"
 	"github.com/zfs-nomad/zfs-nomad/internal/volume"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs/zfscmd"
@@ -138,6 +139,12 @@ func (r *Receiver) receive(stream pb.Replication_ReceiveServer) (*pb.ReceiveResu
 	}
 	if err := zfs.ValidateName(fs + "@" + h.GetSnapshot()); err != nil && h.GetKind() != KindResume {
 		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, "snapshot name %q: %v", h.GetSnapshot(), err)
+	}
+	// A node's certificate names the node: a stream may not claim to come
+	// from another (docs/security.md).
+	if name, ok := tlsconfig.NameOf(ctx); ok && name != h.GetSourceNodeId() {
+		return nil, errdefs.Wrap(errdefs.ErrPermissionDenied, "the stream of volume %s claims to come from node %q, but its sender's certificate names %q: each node needs a certificate of its own, with its node ID as the common name",
+			h.GetVolumeId(), h.GetSourceNodeId(), name)
 	}
 	if g := h.GetGeneration(); g == 0 || g > MaxGeneration {
 		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, "generation %d in the header of volume %s: must be 1 to %d", g, h.GetVolumeId(), uint64(MaxGeneration))

@@ -3,6 +3,9 @@ package replication
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"io"
 	"slices"
 	"strconv"
@@ -13,6 +16,8 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
@@ -214,5 +219,18 @@ func TestFreshStreamDiscardsAPartialReceive(t *testing.T) {
 	}
 	if want := []string{"abort", "receive"}; !slices.Equal(z.calls, want) {
 		t.Errorf("calls %v, want %v", z.calls, want)
+	}
+}
+
+// TestSenderMustBeWhoItClaims: a stream's source node must be the node
+// its sender's certificate names.
+func TestSenderMustBeWhoItClaims(t *testing.T) {
+	r := NewReceiver(&replicaStore{exists: true, generation: 5}, "tank/nomad", "n2", 2, hclog.NewNullLogger())
+	s := stream(t, false, header(KindIncremental, 5))
+	cert := &x509.Certificate{Subject: pkix.Name{CommonName: "n9", OrganizationalUnit: []string{"node"}}}
+	s.ctx = peer.NewContext(s.ctx, &peer.Peer{AuthInfo: credentials.TLSInfo{State: tls.ConnectionState{VerifiedChains: [][]*x509.Certificate{{cert}}}}})
+	_, err := r.receive(s)
+	if status.Code(errdefs.ToStatus(err)) != codes.PermissionDenied {
+		t.Errorf("a stream claiming node n1 from n9's certificate: %v, want PermissionDenied", err)
 	}
 }

@@ -123,17 +123,37 @@ func (p Policy) allowed(method string) []string {
 	return p[best]
 }
 
-// RoleOf returns the role of the verified client certificate of a call.
-func RoleOf(ctx context.Context) (string, error) {
+// clientCertificate returns the verified client certificate of a call.
+func clientCertificate(ctx context.Context) (*x509.Certificate, error) {
 	pr, ok := peer.FromContext(ctx)
 	if !ok {
-		return "", errors.New("no peer")
+		return nil, errors.New("no peer")
 	}
 	info, ok := pr.AuthInfo.(credentials.TLSInfo)
 	if !ok || len(info.State.VerifiedChains) == 0 || len(info.State.VerifiedChains[0]) == 0 {
-		return "", errors.New("no verified client certificate")
+		return nil, errors.New("no verified client certificate")
 	}
-	ous := info.State.VerifiedChains[0][0].Subject.OrganizationalUnit
+	return info.State.VerifiedChains[0][0], nil
+}
+
+// NameOf returns the common name of the verified client certificate of a
+// call: for a node, its node ID. ok is false when the call came without
+// TLS (an insecure test port).
+func NameOf(ctx context.Context) (name string, ok bool) {
+	cert, err := clientCertificate(ctx)
+	if err != nil {
+		return "", false
+	}
+	return cert.Subject.CommonName, true
+}
+
+// RoleOf returns the role of the verified client certificate of a call.
+func RoleOf(ctx context.Context) (string, error) {
+	cert, err := clientCertificate(ctx)
+	if err != nil {
+		return "", err
+	}
+	ous := cert.Subject.OrganizationalUnit
 	if len(ous) == 0 {
 		return "", errors.New("the client certificate names no role (OU)")
 	}

@@ -332,13 +332,21 @@ func TestRefusesStrangersAndBadStreams(t *testing.T) {
 	base := snaps[len(snaps)-1]
 	guesttest.Run(t, "zfs", "snapshot", src+"@manual")
 	stream := guesttest.Run(t, "sh", "-c", "zfs send -i "+base+" "+src+"@manual | base64 -w0")
+	// A node may not claim to be another: the header's source must be
+	// the node its certificate names.
+	err = sendStream(ctx, peer, &pb.ReceiveHeader{VolumeId: id, Kind: "incremental", Snapshot: "manual", SourceNodeId: n1.ID, Generation: 1}, decode(t, stream))
+	if status.Code(err) != codes.PermissionDenied {
+		t.Errorf("a stream claiming to come from %s, sent with the certificate of \"peer\": %v, want PermissionDenied", n1.ID, err)
+	}
 	for name, data := range map[string][]byte{
 		"corrupted": append([]byte("this is not a zfs stream"), make([]byte, 4096)...),
 		"truncated": decode(t, stream)[:len(decode(t, stream))/2],
 	} {
-		err := sendStream(ctx, peer, &pb.ReceiveHeader{VolumeId: id, Kind: "incremental", Snapshot: "manual", SourceNodeId: "peer"}, data)
-		if err == nil {
-			t.Errorf("%s stream accepted", name)
+		// The header is valid, so the stream itself reaches zfs receive,
+		// which must refuse it.
+		err := sendStream(ctx, peer, &pb.ReceiveHeader{VolumeId: id, Kind: "incremental", Snapshot: "manual", SourceNodeId: "peer", Generation: 1}, data)
+		if status.Code(err) != codes.Aborted || !strings.Contains(err.Error(), "receiving volume") {
+			t.Errorf("%s stream: %v, want Aborted from zfs receive", name, err)
 		}
 		if zfsGet(t, "receive_resume_token", n2.RootDataset+"/"+id) != "-" {
 			guesttest.Run(t, "zfs", "receive", "-A", n2.RootDataset+"/"+id) // the deliberate clean-up of a partial state
