@@ -347,7 +347,11 @@ func (c *Controller) deleteVolume(ctx context.Context, id string) error {
 		}
 		c.log.Info("volume deleted", "volume_id", id, "node_id", newest.Node.Info.GetNodeId())
 	}
-	return c.deleteReplicas(ctx, id)
+	var nodes []cluster.Node
+	for _, a := range answers {
+		nodes = append(nodes, a.Node)
+	}
+	return c.deleteReplicas(ctx, id, nodes)
 }
 
 // setAside retires an older primary of a volume being deleted: renamed,
@@ -363,13 +367,10 @@ func (c *Controller) setAside(ctx context.Context, id string, n cluster.Node, ge
 	return nil
 }
 
-// deleteReplicas removes the replicas of a deleted volume from every
-// node, and fails (the CO retries the delete) if one cannot be removed.
-func (c *Controller) deleteReplicas(ctx context.Context, id string) error {
-	nodes, unreachable, err := c.cluster.Nodes(ctx)
-	if err != nil {
-		return err
-	}
+// deleteReplicas removes the replicas of a deleted volume from nodes
+// (every node: the caller made sure all answered), and fails (the CO
+// retries the delete) if one cannot be removed.
+func (c *Controller) deleteReplicas(ctx context.Context, id string, nodes []cluster.Node) error {
 	var errs []error
 	for _, n := range nodes {
 		cctx, cancel := c.cluster.Call(ctx)
@@ -381,9 +382,6 @@ func (c *Controller) deleteReplicas(ctx context.Context, id string) error {
 		case resp.GetDeleted():
 			c.log.Info("replica deleted", "volume_id", id, "node_id", n.Info.GetNodeId())
 		}
-	}
-	for _, u := range unreachable {
-		errs = append(errs, fmt.Errorf("agent %s unreachable: %w", u.Addr, u.Err))
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("%w: volume %s is deleted but some of its replicas may remain (%v); retry the delete", errdefs.ErrUnavailable, id, errors.Join(errs...))

@@ -221,11 +221,17 @@ func (r *Receiver) receive(stream pb.Replication_ReceiveServer) (*pb.ReceiveResu
 		return nil, err
 	}
 	var received atomic.Int64
+	// The idle clock runs only while the stream does: from here (the
+	// checks and clean-up above may take a while, with the sender held by
+	// flow control) until its last message, after which zfs receive may
+	// still take its time to finish.
+	idle.Reset(r.IdleTimeout)
 	go func() {
 		defer pw.Close()
 		for {
 			msg, err := stream.Recv()
 			if err != nil {
+				idle.Stop()
 				if err != io.EOF {
 					log.Warn("stream from the sender broke", "error", err)
 				}

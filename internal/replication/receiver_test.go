@@ -34,8 +34,9 @@ type replicaStore struct {
 	exists     bool
 	generation uint64
 	received   int
-	token      string   // receive_resume_token; "" for none
-	calls      []string // AbortReceive and Receive, in order
+	token      string        // receive_resume_token; "" for none
+	calls      []string      // AbortReceive and Receive, in order
+	finishing  time.Duration // zfs receive's work after the stream's end
 }
 
 func (s *replicaStore) AbortReceive(context.Context, string) error {
@@ -70,7 +71,11 @@ func (s *replicaStore) GetAll(_ context.Context, _ string, props ...string) (map
 
 func (s *replicaStore) Receive(ctx context.Context, _ string, _ map[string]string, r io.Reader) error {
 	done := make(chan error, 1)
-	go func() { _, err := io.Copy(io.Discard, r); done <- err }()
+	go func() {
+		_, err := io.Copy(io.Discard, r)
+		time.Sleep(s.finishing)
+		done <- err
+	}()
 	select {
 	case err := <-done:
 		s.mu.Lock()
@@ -232,5 +237,18 @@ func TestSenderMustBeWhoItClaims(t *testing.T) {
 	_, err := r.receive(s)
 	if status.Code(errdefs.ToStatus(err)) != codes.PermissionDenied {
 		t.Errorf("a stream claiming node n1 from n9's certificate: %v, want PermissionDenied", err)
+	}
+}
+
+// TestIdleClockStopsWithTheStream: once the sender's stream has ended, zfs
+// receive may take longer than the idle timeout to finish; the receive is
+// not cut short.
+func TestIdleClockStopsWithTheStream(t *testing.T) {
+	z := &replicaStore{exists: true, generation: 5, finishing: 300 * time.Millisecond}
+	r := NewReceiver(z, "tank/nomad", "n2", 2, hclog.NewNullLogger())
+	r.IdleTimeout = 100 * time.Millisecond
+	data := &pb.ReceiveMessage{Msg: &pb.ReceiveMessage_Data{Data: []byte("stream")}}
+	if _, err := r.receive(stream(t, false, header(KindIncremental, 5), data)); err != nil {
+		t.Errorf("a receive that finished after its stream ended: %v", err)
 	}
 }
