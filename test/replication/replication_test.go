@@ -455,12 +455,23 @@ func TestBackupAndStatusCommands(t *testing.T) {
 		t.Errorf("backup with a node certificate succeeded:\n%s", out)
 	}
 
-	// Deleting the volume while n3 is down leaves n3's replica; the
-	// operator removes it, and must insist, as it may be a last copy.
+	// Deleting the volume while n3 is down is refused, naming n3: its
+	// copy would outlive a delete that said it was gone. Nothing is
+	// touched.
 	n3 := c.Nodes[2]
 	unpublish(t, c, id, "orders")
 	n3.Kill()
-	if _, err := csi.NewControllerClient(guesttest.Dial(t, c.ControllerEndpoint)).DeleteVolume(context.Background(), &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
+	_, err := csi.NewControllerClient(guesttest.Dial(t, c.ControllerEndpoint)).DeleteVolume(context.Background(), &csi.DeleteVolumeRequest{VolumeId: id})
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), n3.AgentAddress) {
+		t.Fatalf("delete with n3 down: %v, want Unavailable naming %s", err, n3.AgentAddress)
+	}
+	if got := zfsGet(t, "zfs-nomad:role", n1.RootDataset+"/"+id); got != "primary" {
+		t.Fatalf("the primary on n1 after a refused delete: role %q", got)
+	}
+	// An operator who gave n3 up deletes the primary by hand; n3 comes
+	// back with its replica, which the operator removes, and must insist,
+	// as it may be a last copy.
+	if _, err := agent(t, c, n1).DeleteVolume(context.Background(), &pb.DeleteVolumeRequest{VolumeId: id}); err != nil {
 		t.Fatal(err)
 	}
 	mustStart(t, n3)
