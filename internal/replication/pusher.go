@@ -458,19 +458,29 @@ func (p *Pusher) plan(ctx context.Context, fs string, state *pb.ReplicaStateResp
 	for _, g := range state.GetSnapshotGuids() {
 		remote[g] = true
 	}
-	base, guid := "", uint64(0)
+	base, baseGUID, guid := "", uint64(0), uint64(0)
 	for _, s := range local { // oldest first: the last match is the newest common snapshot
 		switch {
 		case s.Name == snap:
 			guid = s.GUID
 		case remote[s.GUID]:
-			base = s.Name
+			base, baseGUID = s.Name, s.GUID
 		}
 	}
 	if guid == 0 {
 		return sendPlan{}, fmt.Errorf("the replication snapshot %s is not listed after it was taken", snap)
 	}
+	remoteGUIDs := state.GetSnapshotGuids()
+	newerThere := len(remoteGUIDs) > 0 && remoteGUIDs[len(remoteGUIDs)-1] != baseGUID
 	switch {
+	case base != "" && newerThere && state.GetGeneration() < generation:
+		// The replica holds snapshots after the newest common one that
+		// this node lacks: taken by an older generation's primary, maybe
+		// writes this one never had (it was promoted from a staler
+		// copy). An incremental would fail on them; a full stream
+		// replaces the replica, which the receiver sets aside (I4).
+		log.Warn("the peer's replica has snapshots of an older generation that this node lacks: sending in full; the peer sets its replica aside",
+			"peer_generation", state.GetGeneration())
 	case base != "":
 		return sendPlan{Progress{Kind: KindIncremental, Snapshot: snap, Base: base}, zfscmd.SendSpec{Snapshot: snap, Base: base, Raw: raw}, guid}, nil
 	case state.GetExists() && state.GetGeneration() < generation:

@@ -139,3 +139,45 @@ func TestResumeTokensAreChecked(t *testing.T) {
 		})
 	}
 }
+
+// TestPlanChoosesTheKind: an incremental from the newest common snapshot,
+// unless the peer's replica is of an older generation and holds snapshots
+// after it that this node lacks (a failover promoted a staler copy): then
+// a full stream, which replaces the replica and sets it aside, instead of
+// an incremental that zfs receive refuses on every push.
+func TestPlanChoosesTheKind(t *testing.T) {
+	const fs = "tank/nomad/" + testVolume
+	local := []zfscmd.Snap{{Name: fs + "@zn-1", GUID: 1}, {Name: fs + "@zn-2", GUID: 2}, {Name: fs + "@zn-3", GUID: 3}}
+	tests := []struct {
+		name       string
+		generation uint64 // the peer's; this node's is 2
+		remote     []uint64
+		want       string // a kind, or "" for a refusal
+		base       string
+	}{
+		{"the peer's newest is common", 2, []uint64{1, 2}, KindIncremental, "zn-2"},
+		{"an older generation's replica that is behind", 1, []uint64{1}, KindIncremental, "zn-1"},
+		{"an older generation's replica ahead of this node", 1, []uint64{1, 99}, KindFull, ""},
+		{"an older generation's replica with nothing in common", 1, []uint64{98, 99}, KindFull, ""},
+		{"this generation's replica with nothing in common", 2, []uint64{98, 99}, "", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := NewPusher(&tokenStreams{snaps: local}, "tank/nomad", "n1", 2, nil, nil, hclog.NewNullLogger())
+			state := &pb.ReplicaStateResponse{Exists: true, Role: RoleReplica, Generation: tt.generation, SnapshotGuids: tt.remote}
+			plan, err := p.plan(context.Background(), fs, state, 2, false, fs+"@zn-3", nil, hclog.NewNullLogger())
+			if tt.want == "" {
+				if err == nil {
+					t.Errorf("planned %+v, want a refusal", plan)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if plan.prog.Kind != tt.want || (tt.base != "" && plan.spec.Base != fs+"@"+tt.base) {
+				t.Errorf("planned %+v, want %s from %q", plan, tt.want, tt.base)
+			}
+		})
+	}
+}
