@@ -124,11 +124,86 @@ func (r *Receiver) receive(stream pb.Replication_ReceiveServer) (*pb.ReceiveResu
 	defer cancel(nil)
 	idle := time.AfterFunc(r.IdleTimeout, func() { cancel(fmt.Errorf("%w (%s)", errIdle, r.IdleTimeout)) })
 	defer idle.Stop()
+	h, err := r.readHeader(ctx, stream)
+	if err != nil {
+		return nil, err
+	}
+	fs, _ := dataset(r.root, h.GetVolumeId()) // checked in readHeader
+	idle.Reset(r.IdleTimeout)
+	// The stream's own first record, read before anything is touched:
+	// what the stream does is decided by it, not by the header.
+	begin, err := readBegin(ctx, stream, idle, r.IdleTimeout)
+	if err != nil {
+		return nil, fmt.Errorf("the stream of volume %s: %w", h.GetVolumeId(), err)
+	}
+	if _, err := checkBegin(begin, h.GetKind()); err != nil {
+		return nil, fmt.Errorf("the stream of volume %s: %w", h.GetVolumeId(), err)
+	}
+	log := r.log.With("volume_id", h.GetVolumeId(), "source_node", h.GetSourceNodeId(), "kind", h.GetKind(), "snapshot", h.GetSnapshot())
+	select {
+	case r.slots <- struct{}{}:
+		defer func() { <-r.slots }()
+	default:
+		return nil, errdefs.Wrap(errdefs.ErrResourceExhausted, "node %s is receiving %d streams already; retry later", r.nodeID, MaxReceives)
+	}
+	// The lock may be held by the tidy after the previous receive (a
+	// second or so): a push that lands then waits for it rather than
+	// failing. Another receive of the volume that outlasts lockWait gets
+	// Aborted.
+	unlock, err := r.waitLock(ctx, h.GetVolumeId())
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	if err := r.finishReplace(ctx, fs, log); err != nil {
+		return nil, err
+	}
+	into, err := r.prepare(ctx, fs, h, log)
+	if err != nil {
+		return nil, err
+	}
+	log.Info("receiving", "into", into.target)
+	// The idle clock runs only while the stream does: from here (the
+	// checks and clean-up above may take a while, with the sender held by
+	// flow control) until its last message, after which zfs receive may
+	// still take its time to finish.
+	idle.Reset(r.IdleTimeout)
+	received, err := r.zfsReceive(ctx, h, into, begin, stream, idle, log)
+	if err != nil {
+		if into.replacing {
+			// A replacement is not resumed: the next push sends it whole
+			// again, and the old replica stays as it was meanwhile.
+			r.dropIncoming(ctx, into.target, log)
+		}
+		return nil, err
+	}
+	if into.replacing {
+		if err := r.replace(ctx, fs, into.target, fullLabels(h), log); err != nil {
+			return nil, err
+		}
+	}
+	last, err := r.received(ctx, fs, h)
+	if err != nil {
+		return nil, err
+	}
+	if h.GetKind() != KindFull {
+		if err := r.relabel(ctx, fs, replicaLabels(h)); err != nil {
+			return nil, err
+		}
+	}
+	go r.tidy(h.GetVolumeId(), fs, last.Name, log)
+	log.Info("received", "bytes", received, "snapshot", last.Name)
+	return &pb.ReceiveResult{SnapshotGuid: last.GUID, Bytes: received}, nil
+}
+
+// readHeader reads and checks the stream's header: a volume ID, a
+// snapshot name, a sender that is who its certificate says, a generation
+// in bounds.
+func (r *Receiver) readHeader(ctx context.Context, stream pb.Replication_ReceiveServer) (*pb.ReceiveHeader, error) {
 	first, err := recvWithin(ctx, stream)
 	if err != nil {
 		return nil, fmt.Errorf("reading the header: %w", err)
 	}
-	idle.Reset(r.IdleTimeout)
 	h := first.GetHeader()
 	if h == nil {
 		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, "a receive stream starts with a header")
@@ -149,85 +224,107 @@ func (r *Receiver) receive(stream pb.Replication_ReceiveServer) (*pb.ReceiveResu
 	if g := h.GetGeneration(); g == 0 || g > MaxGeneration {
 		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, "generation %d in the header of volume %s: must be 1 to %d", g, h.GetVolumeId(), uint64(MaxGeneration))
 	}
-	log := r.log.With("volume_id", h.GetVolumeId(), "source_node", h.GetSourceNodeId(), "kind", h.GetKind(), "snapshot", h.GetSnapshot())
-	select {
-	case r.slots <- struct{}{}:
-		defer func() { <-r.slots }()
-	default:
-		return nil, errdefs.Wrap(errdefs.ErrResourceExhausted, "node %s is receiving %d streams already; retry later", r.nodeID, MaxReceives)
-	}
-	// The lock may be held by the tidy after the previous receive (a
-	// second or so): a push that lands then waits for it rather than
-	// failing. Another receive of the volume that outlasts lockWait gets
-	// Aborted.
-	unlock, err := r.waitLock(ctx, h.GetVolumeId())
-	if err != nil {
-		return nil, err
-	}
-	defer unlock()
+	return h, nil
+}
 
+// readBegin reads the stream's data messages until it holds the first
+// record, each message within the idle timeout.
+func readBegin(ctx context.Context, stream pb.Replication_ReceiveServer, idle *time.Timer, timeout time.Duration) ([]byte, error) {
+	var head []byte
+	for len(head) < beginRecordSize {
+		msg, err := recvWithin(ctx, stream)
+		if err == io.EOF {
+			return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, "it ends after %d bytes, before its first record", len(head))
+		}
+		if err != nil {
+			return nil, err
+		}
+		idle.Reset(timeout)
+		head = append(head, msg.GetData()...)
+	}
+	return head, nil
+}
+
+// intoTarget is where a stream is received.
+type intoTarget struct {
+	target    string            // the replica, or for a replacement its incoming name
+	props     map[string]string // set by zfs receive -o (a full stream only)
+	replacing bool              // a full stream replacing an existing replica
+}
+
+// prepare checks that the stream fits this node's copy and says where it
+// goes. A full stream for a volume of which this node holds an older
+// generation's replica is received beside it, under the incoming name,
+// and takes its place only once complete (replace).
+func (r *Receiver) prepare(ctx context.Context, fs string, h *pb.ReceiveHeader, log hclog.Logger) (intoTarget, error) {
 	state, err := r.copyState(ctx, fs)
 	if err != nil {
-		return nil, err
+		return intoTarget{}, err
 	}
 	if state.GetExists() && state.GetRole() != RoleReplica {
-		return nil, errdefs.Wrap(errdefs.ErrFailedPrecondition, "this node holds volume %s as %q, not as a replica: refusing to overwrite it", h.GetVolumeId(), state.GetRole())
+		return intoTarget{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "this node holds volume %s as %q, not as a replica: refusing to overwrite it", h.GetVolumeId(), state.GetRole())
 	}
-	var props map[string]string
-	labels := replicaLabels(h)
 	if state.GetResumeToken() != "" && h.GetKind() != KindResume {
 		// The sender chose not to resume (it checks every token, and
 		// refuses one whose snapshot it pruned): the partial receive is
 		// of no use, and would make this receive fail.
 		log.Warn("the sender sends afresh instead of resuming: discarding the partial receive")
 		if err := r.z.AbortReceive(ctx, fs); err != nil {
-			return nil, fmt.Errorf("discarding the partial receive into %s: %w", fs, err)
+			return intoTarget{}, fmt.Errorf("discarding the partial receive into %s: %w", fs, err)
 		}
 	}
 	switch h.GetKind() {
 	case KindFull:
-		if state.GetExists() {
-			if state.GetGeneration() >= h.GetGeneration() {
-				return nil, errdefs.Wrap(errdefs.ErrFailedPrecondition, "a replica of %s exists but shares no snapshot with the source; an operator must remove it before a full send", h.GetVolumeId())
-			}
-			// A copy of an older generation, left behind by a move or a
-			// failover: the new primary has everything it had.
-			log.Warn("replacing a replica of an older generation that shares no snapshot with the new primary",
-				"replica_generation", state.GetGeneration(), "primary_generation", h.GetGeneration())
-			if err := r.destroyReplica(ctx, fs); err != nil {
-				return nil, err
-			}
+		props := map[string]string{"readonly": "on", "mountpoint": "legacy"}
+		if !state.GetExists() {
+			maps.Copy(props, fullLabels(h))
+			return intoTarget{target: fs, props: props}, nil
 		}
-		props = map[string]string{"readonly": "on", "mountpoint": "legacy", volume.PropVolumeID: h.GetVolumeId()}
-		maps.Copy(props, labels)
+		if state.GetGeneration() >= h.GetGeneration() {
+			return intoTarget{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "a replica of %s exists but shares no snapshot with the source; an operator must remove it before a full send", h.GetVolumeId())
+		}
+		// A copy of an older generation, left behind by a move or a
+		// failover. Unlabelled until complete, the incoming copy is
+		// neither listed nor taken for a replica.
+		log.Warn("receiving a replacement for a replica of an older generation that shares no snapshot with the new primary",
+			"replica_generation", state.GetGeneration(), "primary_generation", h.GetGeneration())
+		incoming := incomingName(fs)
+		if err := r.destroyIncoming(ctx, incoming); err != nil {
+			return intoTarget{}, fmt.Errorf("removing an earlier, broken replacement %s: %w", incoming, err)
+		}
+		return intoTarget{target: incoming, props: props, replacing: true}, nil
 	case KindIncremental, KindResume:
 		if !state.GetExists() {
-			return nil, errdefs.Wrap(errdefs.ErrFailedPrecondition, "no replica of %s to receive an %s stream into", h.GetVolumeId(), h.GetKind())
+			return intoTarget{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "no replica of %s to receive an %s stream into", h.GetVolumeId(), h.GetKind())
 		}
 		if state.GetGeneration() > h.GetGeneration() {
-			return nil, errdefs.Wrap(errdefs.ErrFailedPrecondition, "the replica of %s here is of generation %d; a stream of generation %d would lower it: refused",
+			return intoTarget{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "the replica of %s here is of generation %d; a stream of generation %d would lower it: refused",
 				h.GetVolumeId(), state.GetGeneration(), h.GetGeneration())
 		}
-	default:
-		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, "unknown stream kind %q", h.GetKind())
+		return intoTarget{target: fs}, nil
 	}
+	return intoTarget{}, errdefs.Wrap(errdefs.ErrInvalidArgument, "unknown stream kind %q", h.GetKind())
+}
 
-	log.Info("receiving")
+// zfsReceive runs zfs receive into the target, fed with the first record
+// already read and then the rest of the stream; it returns the bytes
+// received.
+func (r *Receiver) zfsReceive(ctx context.Context, h *pb.ReceiveHeader, into intoTarget, begin []byte,
+	stream pb.Replication_ReceiveServer, idle *time.Timer, log hclog.Logger) (int64, error) {
 	// An OS pipe hands the stream to zfs receive without another copy in
 	// between. When the stream breaks, closing the write end gives zfs
 	// receive an early EOF, and it keeps a resume token.
 	pr, pw, err := os.Pipe()
 	if err != nil {
-		return nil, err
+		return 0, err
 	}
 	var received atomic.Int64
-	// The idle clock runs only while the stream does: from here (the
-	// checks and clean-up above may take a while, with the sender held by
-	// flow control) until its last message, after which zfs receive may
-	// still take its time to finish.
-	idle.Reset(r.IdleTimeout)
+	received.Store(int64(len(begin)))
 	go func() {
 		defer pw.Close()
+		if _, err := pw.Write(begin); err != nil {
+			return
+		}
 		for {
 			msg, err := stream.Recv()
 			if err != nil {
@@ -245,7 +342,7 @@ func (r *Receiver) receive(stream pb.Replication_ReceiveServer) (*pb.ReceiveResu
 		}
 	}()
 	started := time.Now()
-	err = r.z.Receive(ctx, fs, props, pr)
+	err = r.z.Receive(ctx, into.target, into.props, pr)
 	pr.Close() // a writer still running now fails instead of blocking
 	r.Metrics.transfer("in", h.GetKind(), h.GetVolumeId(), h.GetSourceNodeId(), received.Load(), time.Since(started), err)
 	if cause := context.Cause(ctx); errors.Is(cause, errIdle) {
@@ -253,20 +350,9 @@ func (r *Receiver) receive(stream pb.Replication_ReceiveServer) (*pb.ReceiveResu
 	}
 	if err != nil {
 		log.Warn("receive failed; an interrupted stream can be resumed", "bytes", received.Load(), "error", err)
-		return nil, errdefs.Wrap(errdefs.ErrAborted, "receiving volume %s: %v", h.GetVolumeId(), err)
+		return 0, errdefs.Wrap(errdefs.ErrAborted, "receiving volume %s: %v", h.GetVolumeId(), err)
 	}
-	last, err := r.received(ctx, fs, h)
-	if err != nil {
-		return nil, err
-	}
-	if h.GetKind() != KindFull {
-		if err := r.relabel(ctx, fs, labels); err != nil {
-			return nil, err
-		}
-	}
-	go r.tidy(h.GetVolumeId(), fs, last.Name, log)
-	log.Info("received", "bytes", received.Load(), "snapshot", last.Name)
-	return &pb.ReceiveResult{SnapshotGuid: last.GUID, Bytes: received.Load()}, nil
+	return received.Load(), nil
 }
 
 // errIdle ends a receive whose sender went quiet.
@@ -412,7 +498,9 @@ func (r *Receiver) Replicas(ctx context.Context) ([]Replica, error) {
 	}
 	var out []Replica
 	for _, ch := range children {
-		if ch.Props[volume.PropRole] != RoleReplica {
+		// A replacement labelled but not yet renamed into place is not
+		// the replica yet.
+		if ch.Props[volume.PropRole] != RoleReplica || ch.Name != r.root+"/"+ch.Props[volume.PropVolumeID] {
 			continue
 		}
 		rep := Replica{VolumeID: ch.Props[volume.PropVolumeID], Name: ch.Props[volume.PropName], Resumable: ch.Props["receive_resume_token"] != "-"}
@@ -524,6 +612,14 @@ func (r *Receiver) AbortPartial(ctx context.Context, volumeID string) error {
 		return nil // not a replica: Promote will say
 	}
 	return r.abortPartial(ctx, fs)
+}
+
+// fullLabels are a replica's labels with its volume ID, which a full
+// receive sets once.
+func fullLabels(h *pb.ReceiveHeader) map[string]string {
+	labels := replicaLabels(h)
+	labels[volume.PropVolumeID] = h.GetVolumeId()
+	return labels
 }
 
 // replicaLabels are the properties a replica carries so that it can become

@@ -9,6 +9,7 @@ import (
 	"io"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -88,7 +89,10 @@ func (s *replicaStore) Receive(ctx context.Context, _ string, _ map[string]strin
 	}
 }
 
-func (s *replicaStore) Get(_ context.Context, _, prop string) (string, error) {
+func (s *replicaStore) Get(_ context.Context, name, prop string) (string, error) {
+	if strings.HasSuffix(name, incomingSuffix) {
+		return "", zfs.ErrNotFound
+	}
 	if prop == volume.PropRole {
 		return volume.RolePrimary, nil // keeps the tidy away
 	}
@@ -102,12 +106,16 @@ type fakeStream struct {
 	grpc.ServerStream
 	ctx  context.Context
 	msgs chan *pb.ReceiveMessage
+	fail error // returned once msgs are sent, instead of io.EOF
 }
 
 func (f *fakeStream) Context() context.Context { return f.ctx }
 func (f *fakeStream) Recv() (*pb.ReceiveMessage, error) {
 	select {
 	case m, ok := <-f.msgs:
+		if !ok && f.fail != nil {
+			return nil, f.fail
+		}
 		if !ok {
 			return nil, io.EOF
 		}
@@ -123,6 +131,17 @@ const testVolume = "vol-0123456789abcdef0123"
 func header(kind string, generation uint64) *pb.ReceiveMessage {
 	return &pb.ReceiveMessage{Msg: &pb.ReceiveMessage_Header{Header: &pb.ReceiveHeader{
 		VolumeId: testVolume, Kind: kind, Snapshot: "zn-2", Generation: generation, SourceNodeId: "n1"}}}
+}
+
+// plainStream is a data message holding the first record of a plain
+// stream of the kind (full: without a base) and some bytes of the rest.
+func plainStream(kind string) *pb.ReceiveMessage {
+	from := uint64(41)
+	if kind == KindFull {
+		from = 0
+	}
+	data := append(testBegin(from, 42, "tank/nomad/"+testVolume+"@zn-2"), "records"...)
+	return &pb.ReceiveMessage{Msg: &pb.ReceiveMessage_Data{Data: data}}
 }
 
 // stream returns a stream that sends msgs and then ends, or stays open
@@ -141,7 +160,6 @@ func stream(t *testing.T, open bool, msgs ...*pb.ReceiveMessage) *fakeStream {
 }
 
 func TestReceiveChecksTheGeneration(t *testing.T) {
-	data := &pb.ReceiveMessage{Msg: &pb.ReceiveMessage_Data{Data: []byte("stream")}}
 	tests := []struct {
 		name string
 		kind string
@@ -160,7 +178,7 @@ func TestReceiveChecksTheGeneration(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			z := &replicaStore{exists: true, generation: 5}
 			r := NewReceiver(z, "tank/nomad", "n2", 2, hclog.NewNullLogger())
-			_, err := r.receive(stream(t, false, header(tt.kind, tt.gen), data))
+			_, err := r.receive(stream(t, false, header(tt.kind, tt.gen), plainStream(tt.kind)))
 			if got := status.Code(errdefs.ToStatus(err)); got != tt.want {
 				t.Errorf("%v, want %s", err, tt.want)
 			}
@@ -206,7 +224,7 @@ func TestReceivesAreBounded(t *testing.T) {
 	for range MaxReceives {
 		r.slots <- struct{}{}
 	}
-	_, err := r.receive(stream(t, false, header(KindIncremental, 5)))
+	_, err := r.receive(stream(t, false, header(KindIncremental, 5), plainStream(KindIncremental)))
 	if status.Code(errdefs.ToStatus(err)) != codes.ResourceExhausted {
 		t.Errorf("receive beyond %d at once: %v, want ResourceExhausted", MaxReceives, err)
 	}
@@ -218,7 +236,7 @@ func TestReceivesAreBounded(t *testing.T) {
 func TestFreshStreamDiscardsAPartialReceive(t *testing.T) {
 	z := &replicaStore{exists: true, generation: 5, token: "1-abc-10-789c"}
 	r := NewReceiver(z, "tank/nomad", "n2", 2, hclog.NewNullLogger())
-	data := &pb.ReceiveMessage{Msg: &pb.ReceiveMessage_Data{Data: []byte("stream")}}
+	data := plainStream(KindIncremental)
 	if _, err := r.receive(stream(t, false, header(KindIncremental, 5), data)); err != nil {
 		t.Fatal(err)
 	}
@@ -247,7 +265,7 @@ func TestIdleClockStopsWithTheStream(t *testing.T) {
 	z := &replicaStore{exists: true, generation: 5, finishing: 300 * time.Millisecond}
 	r := NewReceiver(z, "tank/nomad", "n2", 2, hclog.NewNullLogger())
 	r.IdleTimeout = 100 * time.Millisecond
-	data := &pb.ReceiveMessage{Msg: &pb.ReceiveMessage_Data{Data: []byte("stream")}}
+	data := plainStream(KindIncremental)
 	if _, err := r.receive(stream(t, false, header(KindIncremental, 5), data)); err != nil {
 		t.Errorf("a receive that finished after its stream ended: %v", err)
 	}

@@ -57,6 +57,7 @@ type Streams interface {
 	Destroy(ctx context.Context, snapshot string) error
 	DestroyRecursive(ctx context.Context, fs string) error
 	AbortReceive(ctx context.Context, target string) error
+	Rename(ctx context.Context, from, to string) error
 	EstimateSize(ctx context.Context, spec zfscmd.SendSpec) (int64, error)
 	ResumeToken(ctx context.Context, token string) (zfscmd.ResumeInfo, error)
 	Children(ctx context.Context, parent string, props ...string) ([]zfscmd.Child, error)

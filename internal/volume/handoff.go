@@ -299,7 +299,7 @@ func (m *Manager) Demote(ctx context.Context, id string, generation uint64, asid
 	if err := m.zfs.SetProperties(ctx, dataset, props); err != nil {
 		return zfsError(err, "setting volume "+id+" aside")
 	}
-	asideName := fmt.Sprintf("%s-aside-%d", dataset, now.UnixNano())
+	asideName := AsideName(dataset, now)
 	if err := m.zfs.Rename(ctx, dataset, asideName); err != nil {
 		return zfsError(err, "renaming stale volume "+id+" aside")
 	}

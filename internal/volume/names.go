@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"time"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
 )
@@ -100,6 +101,12 @@ func ValidateName(kind, name string) error {
 
 // datasetFor returns the dataset of volume id under root.
 func datasetFor(root, id string) string { return root + "/" + id }
+
+// AsideName is the name a copy set aside at t gets: <dataset>-aside-<nanos>.
+// Not a volume ID, so nothing lists it as a volume or a replica.
+func AsideName(dataset string, t time.Time) string {
+	return fmt.Sprintf("%s-aside-%d", dataset, t.UnixNano())
+}
 
 // shortName returns the part of a ZFS name after its last '/' or '@'.
 func shortName(name string) string {

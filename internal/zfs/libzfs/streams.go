@@ -75,6 +75,11 @@ func (s Streams) Set(ctx context.Context, dataset string, props map[string]strin
 	return s.z.SetProperties(ctx, dataset, props)
 }
 
+// Rename renames a filesystem with its snapshots, in process.
+func (s Streams) Rename(ctx context.Context, from, to string) error {
+	return s.z.Rename(ctx, from, to)
+}
+
 // Snapshot creates a snapshot.
 func (s Streams) Snapshot(ctx context.Context, name string) error {
 	return s.z.Snapshot(ctx, name, nil)

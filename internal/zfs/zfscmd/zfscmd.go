@@ -204,6 +204,17 @@ func (c Cmd) Set(ctx context.Context, dataset string, props map[string]string) e
 	return err
 }
 
+// Rename renames a filesystem with its snapshots.
+func (c Cmd) Rename(ctx context.Context, from, to string) error {
+	for _, n := range []string{from, to} {
+		if err := zfs.ValidateName(n); err != nil {
+			return err
+		}
+	}
+	_, err := c.run(ctx, "rename", from, to)
+	return err
+}
+
 // AbortReceive discards the partial state of an interrupted receive.
 func (c Cmd) AbortReceive(ctx context.Context, target string) error {
 	_, err := c.run(ctx, "receive", "-A", target)

@@ -1,0 +1,166 @@
+package replication
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/hashicorp/go-hclog"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
+	"github.com/zfs-nomad/zfs-nomad/internal/volume"
+	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
+)
+
+const (
+	testRoot    = "tank/nomad"
+	testDataset = testRoot + "/" + testVolume
+)
+
+func dataMsg(b []byte) *pb.ReceiveMessage {
+	return &pb.ReceiveMessage{Msg: &pb.ReceiveMessage_Data{Data: b}}
+}
+
+// fullStream is a full stream of snapshot zn-2 (guid 42), whole or broken
+// off after its first record.
+func fullStream(t *testing.T, generation uint64, whole bool) *fakeStream {
+	msgs := []*pb.ReceiveMessage{header(KindFull, generation), dataMsg(testBegin(0, 42, "tank/nomad/"+testVolume+"@zn-2")), dataMsg([]byte("records"))}
+	if !whole {
+		s := stream(t, false, msgs...)
+		s.fail = errors.New("connection reset by peer")
+		return s
+	}
+	return stream(t, false, append(msgs, dataMsg([]byte(streamEnd)))...)
+}
+
+func replicaProps(generation string) map[string]string {
+	return map[string]string{volume.PropRole: RoleReplica, volume.PropGeneration: generation, volume.PropVolumeID: testVolume}
+}
+
+// TestFullReplaceKeepsTheOldReplicaUntilComplete: a full stream of a newer
+// generation replaces an existing replica only once it is complete; a
+// transfer that breaks leaves the old replica as it was (I2), and the
+// replaced one is set aside, not destroyed (I4).
+func TestFullReplaceKeepsTheOldReplicaUntilComplete(t *testing.T) {
+	z := newMemPool(testRoot)
+	z.put(testDataset, replicaProps("1"), "zn-1:7")
+	r := NewReceiver(z, testRoot, "n2", 2, hclog.NewNullLogger())
+
+	_, err := r.receive(fullStream(t, 2, false))
+	if status.Code(errdefs.ToStatus(err)) != codes.Aborted {
+		t.Fatalf("a broken full stream: %v, want Aborted", err)
+	}
+	old := z.dataset(testDataset)
+	if old == nil || old.props[volume.PropGeneration] != "1" || len(old.snaps) != 1 || old.snaps[0].GUID != 7 {
+		t.Fatalf("after a broken replacement the replica is %+v, want generation 1 with zn-1 as before", old)
+	}
+	if names := z.names(); !slices.Equal(names, []string{testRoot, testDataset}) {
+		t.Errorf("after a broken replacement the pool holds %v, want the old replica alone", names)
+	}
+
+	if _, err := r.receive(fullStream(t, 2, true)); err != nil {
+		t.Fatalf("a whole full stream: %v", err)
+	}
+	now := z.dataset(testDataset)
+	if now == nil || now.props[volume.PropGeneration] != "2" || now.props[volume.PropRole] != RoleReplica || len(now.snaps) != 1 || now.snaps[0].GUID != 42 {
+		t.Fatalf("after the replacement the replica is %+v, want generation 2 with zn-2", now)
+	}
+	var aside []string
+	for _, n := range z.names() {
+		if strings.HasPrefix(n, testDataset+"-aside-") {
+			aside = append(aside, n)
+		}
+	}
+	if len(aside) != 1 || z.dataset(aside[0]).props[volume.PropRole] != volume.RoleSetAside || z.dataset(aside[0]).snaps[0].GUID != 7 {
+		t.Fatalf("the replaced replica: %v, want it set aside with zn-1", aside)
+	}
+	if n := len(z.names()); n != 3 {
+		t.Errorf("pool holds %v, want the root, the replica and the one set aside", z.names())
+	}
+}
+
+// TestRecoverFinishesReplacements: whatever step of a replacement a crash
+// interrupted, the node's recovery leaves one replica at the volume's name
+// and loses no copy that may hold data.
+func TestRecoverFinishesReplacements(t *testing.T) {
+	incoming := incomingName(testDataset)
+	tests := []struct {
+		name      string
+		setup     func(z *memPool)
+		wantGen   string // the generation at the volume's name
+		wantRole  string
+		wantAside int
+	}{
+		{"a partial replacement is discarded", func(z *memPool) {
+			z.put(testDataset, replicaProps("1"), "zn-1:7")
+			z.put(incoming, map[string]string{"readonly": "on"})
+			z.ds[incoming].token, z.ds[incoming].partial = "1-abc", true
+		}, "1", RoleReplica, 0},
+		{"a complete but unlabelled replacement is discarded", func(z *memPool) {
+			z.put(testDataset, replicaProps("1"), "zn-1:7")
+			z.put(incoming, map[string]string{"readonly": "on"}, "zn-2:42")
+		}, "1", RoleReplica, 0},
+		{"a labelled replacement takes the replica's place", func(z *memPool) {
+			z.put(testDataset, replicaProps("1"), "zn-1:7")
+			z.put(incoming, replicaProps("2"), "zn-2:42")
+		}, "2", RoleReplica, 1},
+		{"a labelled replacement whose old replica is gone", func(z *memPool) {
+			z.put(incoming, replicaProps("2"), "zn-2:42")
+		}, "2", RoleReplica, 0},
+		{"a replacement for a replica promoted meanwhile is set aside", func(z *memPool) {
+			z.put(testDataset, map[string]string{volume.PropRole: volume.RolePrimary, volume.PropGeneration: "3"}, "zn-1:7")
+			z.put(incoming, replicaProps("2"), "zn-2:42")
+		}, "3", volume.RolePrimary, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			z := newMemPool(testRoot)
+			tt.setup(z)
+			r := NewReceiver(z, testRoot, "n2", 2, hclog.NewNullLogger())
+			if err := r.Recover(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			got := z.dataset(testDataset)
+			if got == nil || got.props[volume.PropGeneration] != tt.wantGen || got.props[volume.PropRole] != tt.wantRole {
+				t.Fatalf("at %s: %+v, want %s generation %s", testDataset, got, tt.wantRole, tt.wantGen)
+			}
+			aside := 0
+			for _, n := range z.names() {
+				if n == incoming {
+					t.Errorf("%s is still there", incoming)
+				}
+				if strings.HasPrefix(n, testDataset+"-aside-") {
+					aside++
+				}
+			}
+			if aside != tt.wantAside {
+				t.Errorf("%d copies set aside, want %d (pool: %v)", aside, tt.wantAside, z.names())
+			}
+		})
+	}
+}
+
+// TestStreamsWithPropertiesAreRefused: a stream carrying properties (zfs
+// send -p), which could set a mountpoint over a host directory or this
+// driver's labels, is refused before zfs receive sees it.
+func TestStreamsWithPropertiesAreRefused(t *testing.T) {
+	z := newMemPool(testRoot)
+	z.put(testDataset, replicaProps("1"), "zn-1:7")
+	r := NewReceiver(z, testRoot, "n2", 2, hclog.NewNullLogger())
+	compound := testBegin(0, 42, "tank/nomad/"+testVolume+"@zn-2")
+	compound[16] = 2 // a compound stream
+	_, err := r.receive(stream(t, false, header(KindFull, 2), dataMsg(compound), dataMsg([]byte(streamEnd))))
+	if status.Code(errdefs.ToStatus(err)) != codes.InvalidArgument {
+		t.Errorf("a stream with properties: %v, want InvalidArgument", err)
+	}
+	if z.receives != 0 {
+		t.Error("the stream reached zfs receive")
+	}
+	if got := z.dataset(testDataset); got == nil || got.props[volume.PropGeneration] != "1" {
+		t.Errorf("the replica changed: %+v", got)
+	}
+}
