@@ -338,15 +338,31 @@ func TestRefusesStrangersAndBadStreams(t *testing.T) {
 	if status.Code(err) != codes.PermissionDenied {
 		t.Errorf("a stream claiming to come from %s, sent with the certificate of \"peer\": %v, want PermissionDenied", n1.ID, err)
 	}
-	for name, data := range map[string][]byte{
-		"corrupted": append([]byte("this is not a zfs stream"), make([]byte, 4096)...),
-		"truncated": decode(t, stream)[:len(decode(t, stream))/2],
+	real := decode(t, stream)
+	// zfs send -p: the stream carries the source's properties, which a
+	// lying peer would choose (a mountpoint over /etc, setuid, the
+	// driver's own labels).
+	withProps := decode(t, guesttest.Run(t, "sh", "-c", "zfs send -p -i "+base+" "+src+"@manual | base64 -w0"))
+	for name, tt := range map[string]struct {
+		data []byte
+		want codes.Code
+		says string
+	}{
+		// Refused by the receiver from the stream's first record, before
+		// zfs receive sees a byte.
+		"not a stream":        {append([]byte("this is not a zfs stream"), make([]byte, 4096)...), codes.InvalidArgument, "not a zfs send stream"},
+		"carrying properties": {withProps, codes.InvalidArgument, "carries properties"},
+		// A valid first record: the rest reaches zfs receive, which must
+		// refuse it.
+		"corrupted": {append(real[:312:312], make([]byte, 4096)...), codes.Aborted, "receiving volume"},
+		"truncated": {real[:len(real)/2], codes.Aborted, "receiving volume"},
 	} {
-		// The header is valid, so the stream itself reaches zfs receive,
-		// which must refuse it.
-		err := sendStream(ctx, peer, &pb.ReceiveHeader{VolumeId: id, Kind: "incremental", Snapshot: "manual", SourceNodeId: "peer", Generation: 1}, data)
-		if status.Code(err) != codes.Aborted || !strings.Contains(err.Error(), "receiving volume") {
-			t.Errorf("%s stream: %v, want Aborted from zfs receive", name, err)
+		err := sendStream(ctx, peer, &pb.ReceiveHeader{VolumeId: id, Kind: "incremental", Snapshot: "manual", SourceNodeId: "peer", Generation: 1}, tt.data)
+		if status.Code(err) != tt.want || !strings.Contains(err.Error(), tt.says) {
+			t.Errorf("%s stream: %v, want %s saying %q", name, err, tt.want, tt.says)
+		}
+		if mp := zfsGet(t, "mountpoint", n2.RootDataset+"/"+id); mp != "legacy" {
+			t.Errorf("after the %s stream the replica's mountpoint is %s", name, mp)
 		}
 		if zfsGet(t, "receive_resume_token", n2.RootDataset+"/"+id) != "-" {
 			guesttest.Run(t, "zfs", "receive", "-A", n2.RootDataset+"/"+id) // the deliberate clean-up of a partial state
@@ -359,6 +375,64 @@ func TestRefusesStrangersAndBadStreams(t *testing.T) {
 	err = sendStream(ctx, peer, &pb.ReceiveHeader{VolumeId: "../../etc", Kind: "full", Snapshot: "x"}, []byte("x"))
 	if status.Code(err) != codes.InvalidArgument {
 		t.Errorf("escaping volume ID: %v, want InvalidArgument", err)
+	}
+}
+
+// TestBrokenReplaceKeepsTheReplica: a full stream of a newer generation
+// that breaks midway leaves the existing replica as it was; a whole one
+// takes its place, and the old replica is set aside, not destroyed.
+func TestBrokenReplaceKeepsTheReplica(t *testing.T) {
+	c := guesttest.StartCluster(t, 2, sim.Options{})
+	n1, n2 := c.Nodes[0], c.Nodes[1]
+	ctx := context.Background()
+	id, target := publishedVolume(t, c, "replaced")
+	guesttest.Exec(t, n1, "seq 1 50000 > "+target+"/numbers && sync")
+	if _, err := replicate(t, ctx, c, n1, n2, id); err != nil {
+		t.Fatal(err)
+	}
+	replica := n2.RootDataset + "/" + id
+	before := replicaChecksums(t, n2, id)
+	oldGUIDs := guesttest.Run(t, "zfs", "list", "-H", "-t", "snapshot", "-o", "guid", "-d", "1", replica)
+
+	// A full stream of generation 2 with other data, as a new primary
+	// promoted from another copy would send.
+	other := n1.RootDataset + "/other"
+	guesttest.Run(t, "zfs", "create", other)
+	guesttest.Run(t, "sh", "-c", "zfs set mountpoint=none "+other+" && zfs snapshot "+other+"@zn-new")
+	full := decode(t, guesttest.Run(t, "sh", "-c", "zfs send -L -c "+other+"@zn-new | base64 -w0"))
+	nodeFiles, _ := c.CA.Issue("peer", tlsconfig.RoleNode)
+	peer := clientAs(t, nodeFiles, n2)
+	h := &pb.ReceiveHeader{VolumeId: id, Kind: "full", Snapshot: "zn-new", SourceNodeId: "peer", Generation: 2}
+
+	err := sendStream(ctx, peer, h, full[:len(full)/2])
+	if status.Code(err) != codes.Aborted {
+		t.Fatalf("a full stream broken midway: %v, want Aborted", err)
+	}
+	if gen := zfsGet(t, "zfs-nomad:generation", replica); gen != "1" {
+		t.Errorf("after a broken replacement the replica is of generation %s, want 1", gen)
+	}
+	if after := replicaChecksums(t, n2, id); after != before {
+		t.Errorf("after a broken replacement the replica changed:\n%s\nwas:\n%s", after, before)
+	}
+	if list := guesttest.Run(t, "zfs", "list", "-H", "-o", "name", "-r", n2.RootDataset); strings.Contains(list, "-incoming") {
+		t.Errorf("the broken replacement was left behind:\n%s", list)
+	}
+
+	if err := sendStream(ctx, peer, h, full); err != nil {
+		t.Fatalf("the whole full stream: %v", err)
+	}
+	if gen := zfsGet(t, "zfs-nomad:generation", replica); gen != "2" {
+		t.Errorf("after the replacement the replica is of generation %s, want 2", gen)
+	}
+	aside := strings.Fields(guesttest.Run(t, "sh", "-c", "zfs list -H -o name -d 1 "+n2.RootDataset+" | grep -- "+id+"-aside- || true"))
+	if len(aside) != 1 {
+		t.Fatalf("set aside: %v, want the old replica", aside)
+	}
+	if role := zfsGet(t, "zfs-nomad:role", aside[0]); role != "set-aside" {
+		t.Errorf("%s has role %s, want set-aside", aside[0], role)
+	}
+	if guids := guesttest.Run(t, "zfs", "list", "-H", "-t", "snapshot", "-o", "guid", "-d", "1", aside[0]); guids != oldGUIDs {
+		t.Errorf("the copy set aside has snapshots %q, the old replica had %q", guids, oldGUIDs)
 	}
 }
 
