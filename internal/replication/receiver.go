@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math"
 	"os"
 	"slices"
 	"strconv"
@@ -29,6 +30,16 @@ type Receiver struct {
 	pb.UnimplementedReplicationServer
 	// Metrics, when set, records every transfer.
 	Metrics *Metrics
+
+	// MaxQuota, when set, bounds every stream: a stream may carry at most
+	// its volume's capacity, and never more than this (the operator's
+	// max_quota), plus a margin for its own records (streamLimit). zfs
+	// receive enforces no quota, so without a bound a peer could fill
+	// the pool.
+	MaxQuota uint64
+	// QuotaProperty, when set, is set on every replica to the primary's
+	// capacity (quota or refquota, as the node's volumes have).
+	QuotaProperty string
 
 	// IdleTimeout ends a receive whose sender sent nothing for that long
 	// (default DefaultIdleTimeout): a peer that stalls must not hold a
@@ -178,7 +189,7 @@ func (r *Receiver) receive(stream pb.Replication_ReceiveServer) (*pb.ReceiveResu
 		return nil, err
 	}
 	if into.replacing {
-		if err := r.replace(ctx, fs, into.target, fullLabels(h), log); err != nil {
+		if err := r.replace(ctx, fs, into.target, r.fullLabels(h), log); err != nil {
 			return nil, err
 		}
 	}
@@ -187,7 +198,7 @@ func (r *Receiver) receive(stream pb.Replication_ReceiveServer) (*pb.ReceiveResu
 		return nil, err
 	}
 	if h.GetKind() != KindFull {
-		if err := r.relabel(ctx, fs, replicaLabels(h)); err != nil {
+		if err := r.relabel(ctx, fs, r.labels(h)); err != nil {
 			return nil, err
 		}
 	}
@@ -277,7 +288,7 @@ func (r *Receiver) prepare(ctx context.Context, fs string, h *pb.ReceiveHeader, 
 	case KindFull:
 		props := map[string]string{"readonly": "on", "mountpoint": "legacy"}
 		if !state.GetExists() {
-			maps.Copy(props, fullLabels(h))
+			maps.Copy(props, r.fullLabels(h))
 			return intoTarget{target: fs, props: props}, nil
 		}
 		if state.GetGeneration() >= h.GetGeneration() {
@@ -320,6 +331,8 @@ func (r *Receiver) zfsReceive(ctx context.Context, h *pb.ReceiveHeader, into int
 	}
 	var received atomic.Int64
 	received.Store(int64(len(begin)))
+	limit := streamLimit(h.GetCapacityBytes(), r.MaxQuota)
+	var tooBig atomic.Bool
 	go func() {
 		defer pw.Close()
 		if _, err := pw.Write(begin); err != nil {
@@ -335,7 +348,10 @@ func (r *Receiver) zfsReceive(ctx context.Context, h *pb.ReceiveHeader, into int
 				return
 			}
 			idle.Reset(r.IdleTimeout)
-			received.Add(int64(len(msg.GetData())))
+			if received.Add(int64(len(msg.GetData()))) > limit {
+				tooBig.Store(true)
+				return // zfs receive sees the stream end and fails
+			}
 			if _, err := pw.Write(msg.GetData()); err != nil {
 				return // zfs receive ended; its error is reported below
 			}
@@ -348,11 +364,43 @@ func (r *Receiver) zfsReceive(ctx context.Context, h *pb.ReceiveHeader, into int
 	if cause := context.Cause(ctx); errors.Is(cause, errIdle) {
 		err = cause
 	}
+	if tooBig.Load() {
+		// Not resumable: a resumed stream would count from zero again.
+		if !into.replacing {
+			if aerr := r.abortPartial(context.WithoutCancel(ctx), into.target); aerr != nil {
+				log.Warn("discarding the partial receive of an oversized stream failed; the next receive retries", "error", aerr)
+			}
+		}
+		log.Warn("stream refused: larger than the volume's capacity allows", "bytes_limit", limit, "capacity", h.GetCapacityBytes())
+		return 0, errdefs.Wrap(errdefs.ErrInvalidArgument, "the stream of volume %s carries more than %d bytes, more than a volume of capacity %d (at most max_quota %d) can send: refused",
+			h.GetVolumeId(), limit, h.GetCapacityBytes(), r.MaxQuota)
+	}
 	if err != nil {
 		log.Warn("receive failed; an interrupted stream can be resumed", "bytes", received.Load(), "error", err)
 		return 0, errdefs.Wrap(errdefs.ErrAborted, "receiving volume %s: %v", h.GetVolumeId(), err)
 	}
 	return received.Load(), nil
+}
+
+// streamMargin is what a stream may carry beyond its volume's capacity:
+// its own records, and the slack by which ZFS lets a quota be exceeded.
+var streamMargin uint64 = 64 << 20
+
+// streamLimit is the most bytes one stream of a volume of the capacity
+// may carry on a node whose operator allows maxQuota (0: no bound). No
+// snapshot references more than the volume's quota, and neither a full
+// nor an incremental stream sends more than the snapshot references.
+func streamLimit(capacity, maxQuota uint64) int64 {
+	if maxQuota == 0 {
+		return math.MaxInt64
+	}
+	if capacity == 0 || capacity > maxQuota {
+		capacity = maxQuota
+	}
+	if capacity >= math.MaxInt64/2 {
+		return math.MaxInt64 // beyond any pool; the sum would overflow
+	}
+	return int64(capacity + capacity/8 + streamMargin)
 }
 
 // errIdle ends a receive whose sender went quiet.
@@ -616,9 +664,20 @@ func (r *Receiver) AbortPartial(ctx context.Context, volumeID string) error {
 
 // fullLabels are a replica's labels with its volume ID, which a full
 // receive sets once.
-func fullLabels(h *pb.ReceiveHeader) map[string]string {
-	labels := replicaLabels(h)
+func (r *Receiver) fullLabels(h *pb.ReceiveHeader) map[string]string {
+	labels := r.labels(h)
 	labels[volume.PropVolumeID] = h.GetVolumeId()
+	return labels
+}
+
+// labels are the replica's labels and its quota: the primary's capacity,
+// so that the replica shows what it may grow to, and a promoted copy has
+// its quota from the first moment.
+func (r *Receiver) labels(h *pb.ReceiveHeader) map[string]string {
+	labels := replicaLabels(h)
+	if r.QuotaProperty != "" && h.GetCapacityBytes() > 0 {
+		labels[r.QuotaProperty] = strconv.FormatUint(h.GetCapacityBytes(), 10)
+	}
 	return labels
 }
 

@@ -3,6 +3,7 @@ package replication
 import (
 	"context"
 	"errors"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -162,5 +163,63 @@ func TestStreamsWithPropertiesAreRefused(t *testing.T) {
 	}
 	if got := z.dataset(testDataset); got == nil || got.props[volume.PropGeneration] != "1" {
 		t.Errorf("the replica changed: %+v", got)
+	}
+}
+
+func TestStreamLimit(t *testing.T) {
+	const gib = 1 << 30
+	tests := []struct {
+		name               string
+		capacity, maxQuota uint64
+		want               int64
+	}{
+		{"the volume's capacity", gib, 10 * gib, gib + gib/8 + 64<<20},
+		{"a capacity above max_quota counts as max_quota", 100 * gib, 10 * gib, 10*gib + 10*gib/8 + 64<<20},
+		{"no capacity: max_quota", 0, 10 * gib, 10*gib + 10*gib/8 + 64<<20},
+		{"no max_quota: unbounded", gib, 0, math.MaxInt64},
+		{"no overflow", math.MaxUint64, math.MaxUint64, math.MaxInt64},
+	}
+	for _, tt := range tests {
+		if got := streamLimit(tt.capacity, tt.maxQuota); got != tt.want {
+			t.Errorf("%s: %d, want %d", tt.name, got, tt.want)
+		}
+	}
+}
+
+// TestOversizedStreamsAreRefused: zfs receive enforces no quota, so the
+// receiver ends a stream that carries more than its volume could send,
+// and discards what arrived rather than keep it resumable; the replica
+// stays as it was.
+func TestOversizedStreamsAreRefused(t *testing.T) {
+	defer func(m uint64) { streamMargin = m }(streamMargin)
+	streamMargin = 0
+	for _, kind := range []string{KindIncremental, KindFull} {
+		t.Run(kind, func(t *testing.T) {
+			z := newMemPool(testRoot)
+			z.put(testDataset, replicaProps("1"), "zn-1:41")
+			r := NewReceiver(z, testRoot, "n2", 2, hclog.NewNullLogger())
+			r.MaxQuota = 1000
+			from := uint64(41)
+			if kind == KindFull {
+				from = 0
+			}
+			h := header(kind, 2)
+			h.GetHeader().CapacityBytes = 400 // a limit of 450 bytes
+			msgs := []*pb.ReceiveMessage{h, dataMsg(testBegin(from, 42, testDataset+"@zn-2"))}
+			for range 10 {
+				msgs = append(msgs, dataMsg(make([]byte, 100)))
+			}
+			_, err := r.receive(stream(t, false, append(msgs, dataMsg([]byte(streamEnd)))...))
+			if status.Code(errdefs.ToStatus(err)) != codes.InvalidArgument {
+				t.Fatalf("a stream of 1300 bytes for a volume of 400: %v, want InvalidArgument", err)
+			}
+			got := z.dataset(testDataset)
+			if got == nil || got.props[volume.PropGeneration] != "1" || len(got.snaps) != 1 || got.token != "" {
+				t.Errorf("the replica after an oversized stream: %+v, want it as it was, with no partial receive", got)
+			}
+			if names := z.names(); len(names) != 2 {
+				t.Errorf("the pool holds %v, want the root and the replica", names)
+			}
+		})
 	}
 }
