@@ -483,6 +483,9 @@ func (p *Pusher) plan(ctx context.Context, fs string, state *pb.ReplicaStateResp
 			"peer_generation", state.GetGeneration())
 	case base != "":
 		return sendPlan{Progress{Kind: KindIncremental, Snapshot: snap, Base: base}, zfscmd.SendSpec{Snapshot: snap, Base: base, Raw: raw}, guid}, nil
+	case state.GetExists() && len(remoteGUIDs) == 0:
+		// A first receive that was interrupted and not resumed: the
+		// peer's copy holds nothing yet; it discards the partial state.
 	case state.GetExists() && state.GetGeneration() < generation:
 		// replaced below
 	case state.GetExists():

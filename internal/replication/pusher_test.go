@@ -160,6 +160,7 @@ func TestPlanChoosesTheKind(t *testing.T) {
 		{"an older generation's replica ahead of this node", 1, []uint64{1, 99}, KindFull, ""},
 		{"an older generation's replica with nothing in common", 1, []uint64{98, 99}, KindFull, ""},
 		{"this generation's replica with nothing in common", 2, []uint64{98, 99}, "", ""},
+		{"an interrupted first receive, not resumed", 2, nil, KindFull, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

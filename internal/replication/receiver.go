@@ -283,10 +283,21 @@ func (r *Receiver) prepare(ctx context.Context, fs string, h *pb.ReceiveHeader, 
 		if err := r.z.AbortReceive(ctx, fs); err != nil {
 			return intoTarget{}, fmt.Errorf("discarding the partial receive into %s: %w", fs, err)
 		}
+		// Discarding an interrupted first receive removes the copy.
+		if state, err = r.copyState(ctx, fs); err != nil {
+			return intoTarget{}, err
+		}
 	}
 	switch h.GetKind() {
 	case KindFull:
 		props := map[string]string{"readonly": "on", "mountpoint": "legacy"}
+		if state.GetExists() && r.empty(ctx, fs) {
+			// A copy without a snapshot holds nothing to keep.
+			if err := r.destroyReplica(ctx, fs); err != nil {
+				return intoTarget{}, fmt.Errorf("removing the empty replica %s before a full receive: %w", fs, err)
+			}
+			state.Exists = false
+		}
 		if !state.GetExists() {
 			maps.Copy(props, r.fullLabels(h))
 			return intoTarget{target: fs, props: props}, nil
@@ -315,6 +326,12 @@ func (r *Receiver) prepare(ctx context.Context, fs string, h *pb.ReceiveHeader, 
 		return intoTarget{target: fs}, nil
 	}
 	return intoTarget{}, errdefs.Wrap(errdefs.ErrInvalidArgument, "unknown stream kind %q", h.GetKind())
+}
+
+// empty reports whether the copy at fs has no snapshot.
+func (r *Receiver) empty(ctx context.Context, fs string) bool {
+	snaps, err := r.z.Snapshots(ctx, fs)
+	return err == nil && len(snaps) == 0
 }
 
 // zfsReceive runs zfs receive into the target, fed with the first record

@@ -223,3 +223,21 @@ func TestOversizedStreamsAreRefused(t *testing.T) {
 		})
 	}
 }
+
+// TestInterruptedFirstReceiveIsSentAfresh: a first receive that was
+// interrupted, whose resume token the sender will not use (the snapshot
+// it names was pruned), is discarded and received whole instead of
+// wedging every later push.
+func TestInterruptedFirstReceiveIsSentAfresh(t *testing.T) {
+	z := newMemPool(testRoot)
+	z.put(testDataset, replicaProps("1"))
+	z.ds[testDataset].token, z.ds[testDataset].partial = "1-abc", true
+	r := NewReceiver(z, testRoot, "n2", 2, hclog.NewNullLogger())
+	if _, err := r.receive(fullStream(t, 1, true)); err != nil {
+		t.Fatal(err)
+	}
+	got := z.dataset(testDataset)
+	if got == nil || got.token != "" || len(got.snaps) != 1 || got.snaps[0].GUID != 42 {
+		t.Fatalf("the replica after a fresh full stream: %+v, want zn-2 received whole", got)
+	}
+}

@@ -211,13 +211,16 @@ func TestResumeAfterInterruption(t *testing.T) {
 		name string
 		// interrupt breaks the transfer; restore undoes what it did.
 		interrupt, restore func(t *testing.T, n1, n2 *sim.Node)
+		// pruned: the snapshot the resume token names is destroyed on
+		// the sender meanwhile; the push must send afresh, not wedge.
+		pruned bool
 	}{
 		{"receiver killed",
 			func(t *testing.T, n1, n2 *sim.Node) { n2.Kill() },
-			func(t *testing.T, n1, n2 *sim.Node) { mustStart(t, n2) }},
+			func(t *testing.T, n1, n2 *sim.Node) { mustStart(t, n2) }, false},
 		{"sender killed",
 			func(t *testing.T, n1, n2 *sim.Node) { n1.Kill() },
-			func(t *testing.T, n1, n2 *sim.Node) { mustStart(t, n1) }},
+			func(t *testing.T, n1, n2 *sim.Node) { mustStart(t, n1) }, false},
 		{"link down then up",
 			func(t *testing.T, n1, n2 *sim.Node) {
 				if err := n1.CutLink(); err != nil {
@@ -229,7 +232,10 @@ func TestResumeAfterInterruption(t *testing.T) {
 				if err := n1.RestoreLink(); err != nil {
 					t.Fatal(err)
 				}
-			}},
+			}, false},
+		{"receiver killed and the snapshot pruned on the sender",
+			func(t *testing.T, n1, n2 *sim.Node) { n2.Kill() },
+			func(t *testing.T, n1, n2 *sim.Node) { mustStart(t, n2) }, true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -264,6 +270,24 @@ func TestResumeAfterInterruption(t *testing.T) {
 			}
 			if zfsGet(t, "receive_resume_token", replica) == "-" {
 				t.Fatal("no resume token on the interrupted replica")
+			}
+			if tc.pruned {
+				src := n1.RootDataset + "/" + id
+				snaps := strings.Fields(guesttest.Run(t, "zfs", "list", "-H", "-t", "snapshot", "-o", "name", "-d", "1", src))
+				for _, s := range snaps {
+					guesttest.Run(t, "zfs", "destroy", s) // the interrupted push's snapshot: nothing holds it
+				}
+				p, err := replicate(t, context.Background(), c, n1, n2, id)
+				if err != nil {
+					t.Fatalf("a push after the token's snapshot was pruned: %v", err)
+				}
+				if p.GetKind() == "resume" {
+					t.Errorf("resumed from a token whose snapshot is gone: %+v", p)
+				}
+				if src, dst := checksums(t, n1, target), replicaChecksums(t, n2, id); src != dst {
+					t.Fatalf("after sending afresh the replica differs:\nsource:\n%s\nreplica:\n%s", src, dst)
+				}
+				return
 			}
 			p, err := replicate(t, context.Background(), c, n1, n2, id)
 			if err != nil {
