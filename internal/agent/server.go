@@ -35,6 +35,11 @@ func NewServer(volumes *volume.Manager, pusher *replication.Pusher, receiver *re
 
 // DeleteReplica destroys this node's replica of a volume, if any.
 func (s *Server) DeleteReplica(ctx context.Context, req *pb.DeleteReplicaRequest) (*pb.DeleteReplicaResponse, error) {
+	if req.GetVolumeDeleted() {
+		if err := s.volumes.Forget(ctx, req.GetVolumeId()); err != nil {
+			return nil, errdefs.ToStatus(err)
+		}
+	}
 	if s.receiver == nil {
 		return &pb.DeleteReplicaResponse{}, nil
 	}
@@ -222,6 +227,11 @@ func (s *Server) copyOf(ctx context.Context, id string) (*pb.Copy, error) {
 		return nil, err
 	}
 	out := s.copyToPB(c)
+	promised, err := s.volumes.Promised(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	out.PromisedGeneration, out.PromisedHolder = promised.Generation, promised.Holder
 	if c.Exists && c.Role == volume.RoleReplica && s.receiver != nil {
 		state, err := s.receiver.ReplicaState(ctx, &pb.ReplicaStateRequest{VolumeId: id})
 		if err != nil {
@@ -230,6 +240,15 @@ func (s *Server) copyOf(ctx context.Context, id string) (*pb.Copy, error) {
 		out.Resumable = state.GetResumeToken() != ""
 	}
 	return out, nil
+}
+
+// Reserve promises a generation of a volume to one promotion.
+func (s *Server) Reserve(ctx context.Context, req *pb.ReserveRequest) (*pb.ReserveResponse, error) {
+	p, granted, err := s.volumes.Reserve(ctx, req.GetVolumeId(), req.GetGeneration(), req.GetHolderNodeId())
+	if err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	return &pb.ReserveResponse{Granted: granted, PromisedGeneration: p.Generation, PromisedHolder: p.Holder}, nil
 }
 
 func (s *Server) copyToPB(c volume.Copy) *pb.Copy {

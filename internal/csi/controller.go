@@ -374,7 +374,7 @@ func (c *Controller) deleteReplicas(ctx context.Context, id string, nodes []clus
 	var errs []error
 	for _, n := range nodes {
 		cctx, cancel := c.cluster.Call(ctx)
-		resp, err := n.Client.DeleteReplica(cctx, &pb.DeleteReplicaRequest{VolumeId: id})
+		resp, err := n.Client.DeleteReplica(cctx, &pb.DeleteReplicaRequest{VolumeId: id, VolumeDeleted: true})
 		cancel()
 		switch {
 		case err != nil:

@@ -286,3 +286,85 @@ func TestDeleteNeverLeavesACopyBehind(t *testing.T) {
 		_ = replica // n3's replica is removed by its receiver, which this in-memory cluster has not
 	})
 }
+
+// promise records on a node's fake that it promised generation gen of
+// volume id to holder (as Reserve does).
+func (tc *testCluster) promise(node, id string, gen int, holder string) {
+	tc.t.Helper()
+	if err := tc.fakes[node].SetProperties(context.Background(), "tank/nomad", map[string]string{volume.PropPromisePrefix + id: fmt.Sprintf("%d %s", gen, holder)}); err != nil {
+		tc.t.Fatal(err)
+	}
+}
+
+// TestPublishDecidesOnlyFromAMajority: issue 12, case 3. Every generation
+// is promised by a majority before it is used, so a majority of answers
+// shows it even when the node holding it is down.
+func TestPublishDecidesOnlyFromAMajority(t *testing.T) {
+	ctx := context.Background()
+	id := volume.VolumeIDForName("v")
+	publish := func(ctl *Controller, node string) (*csi.ControllerPublishVolumeResponse, error) {
+		return ctl.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: node, VolumeCapability: mountCap[0]})
+	}
+
+	t.Run("a stale primary is not published while the newer one's node is down", func(t *testing.T) {
+		tc := newTestCluster(t, map[string]uint64{"n1": 4 << 30, "n2": 4 << 30, "n3": 4 << 30})
+		tc.copyOf("n1", id, volume.RolePrimary, 1) // came back from a partition
+		tc.copyOf("n2", id, volume.RoleReplica, 2)
+		tc.copyOf("n3", id, volume.RolePrimary, 2) // promoted by the failover
+		tc.promise("n2", id, 2, "n3")
+		tc.promise("n3", id, 2, "n3")
+		ctl := tc.controller()
+		tc.stop("n3")
+		resp, err := publish(ctl, "n1")
+		wantCode(t, err, codes.Unavailable)
+		if !strings.Contains(status.Convert(err).Message(), "n3") {
+			t.Errorf("the refusal does not name the node that holds the newer generation: %v", err)
+		}
+		_ = resp
+	})
+
+	t.Run("a promise whose holder answered without the copy is void", func(t *testing.T) {
+		tc := newTestCluster(t, map[string]uint64{"n1": 4 << 30, "n2": 4 << 30, "n3": 4 << 30})
+		tc.copyOf("n1", id, volume.RolePrimary, 1)
+		tc.promise("n2", id, 2, "n3") // a promotion to n3 that never happened
+		ctl := tc.controller()
+		resp, err := publish(ctl, "n1")
+		if err != nil || resp.GetPublishContext()["generation"] != "1" {
+			t.Fatalf("publish where the only primary is: %v, %v", resp, err)
+		}
+	})
+
+	t.Run("a failover never reuses a generation given to a node that is down", func(t *testing.T) {
+		nodes := map[string]uint64{"n1": 4 << 30, "n2": 4 << 30, "n3": 4 << 30, "n4": 4 << 30, "n5": 4 << 30}
+		tc := newTestCluster(t, nodes)
+		tc.copyOf("n1", id, volume.RolePrimary, 1) // the lost primary
+		tc.copyOf("n2", id, volume.RolePrimary, 2) // promoted, though the controller timed out
+		replica := tc.copyOf("n3", id, volume.RoleReplica, 1)
+		for _, n := range []string{"n2", "n3", "n4"} {
+			tc.promise(n, id, 2, "n2")
+		}
+		if err := tc.fakes["n3"].SetProperties(ctx, replica, map[string]string{volume.PropParameters: `{"failover":"auto"}`}); err != nil {
+			t.Fatal(err)
+		}
+		ctl := tc.controller()
+		tc.stop("n1")
+		tc.stop("n2")
+		resp, err := publish(ctl, "n3")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if gen := resp.GetPublishContext()["generation"]; gen != "3" {
+			t.Errorf("the failover promoted n3 to generation %s, want 3: generation 2 is n2's", gen)
+		}
+	})
+
+	t.Run("no decision without a majority", func(t *testing.T) {
+		tc := newTestCluster(t, map[string]uint64{"n1": 4 << 30, "n2": 4 << 30, "n3": 4 << 30})
+		tc.copyOf("n1", id, volume.RolePrimary, 1)
+		ctl := tc.controller()
+		tc.stop("n2")
+		tc.stop("n3")
+		_, err := publish(ctl, "n1")
+		wantCode(t, err, codes.Unavailable)
+	})
+}

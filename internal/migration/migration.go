@@ -54,8 +54,45 @@ func (c copyOn) nodeID() string { return c.node.Info.GetNodeId() }
 // view is what the reachable nodes hold of one volume.
 type view struct {
 	nodes       []cluster.Node
-	copies      []copyOn // existing copies, by node ID
-	unreachable []string // agents that did not answer
+	copies      []copyOn   // existing copies, by node ID
+	promises    []promised // what each answering node promised
+	unreachable []string   // agents that did not answer
+}
+
+// promised is one node's promise of a generation (Reserve).
+type promised struct {
+	generation uint64
+	holder     string
+}
+
+// quorum reports whether a majority of the nodes answered: only then does
+// the view hold every generation ever given (each was promised by a
+// majority, and two majorities share a node).
+func (v view) quorum() bool { return len(v.nodes) > (len(v.nodes)+len(v.unreachable))/2 }
+
+// newest is the highest generation any answering node holds or promised.
+func (v view) newest() uint64 {
+	g := v.maxGeneration()
+	for _, p := range v.promises {
+		g = max(g, p.generation)
+	}
+	return g
+}
+
+// newerElsewhere returns a promise of a generation above p's whose holder
+// did not answer: that node may hold a newer primary, so p may be stale.
+// A promise whose holder answered is void if the holder has no such copy
+// (its promotion never happened).
+func (v view) newerElsewhere(p copyOn) (promised, bool) {
+	for _, pr := range v.promises {
+		if pr.generation <= p.copy.GetGeneration() {
+			continue
+		}
+		if _, answered := v.node(pr.holder); !answered {
+			return pr, true
+		}
+	}
+	return promised{}, false
 }
 
 func (m *Migrator) gather(ctx context.Context, id string) (view, error) {
@@ -75,8 +112,13 @@ func (m *Migrator) gather(ctx context.Context, id string) (view, error) {
 		case a.Err != nil:
 			m.log.Warn("node cannot describe its copy", "volume_id", id, "node_id", a.Node.Info.GetNodeId(), "error", a.Err)
 			v.unreachable = append(v.unreachable, a.Node.Addr)
+			v.nodes = v.nodes[:len(v.nodes)-1]
+			continue
 		case a.Object.GetExists():
 			v.copies = append(v.copies, copyOn{node: a.Node, copy: a.Object})
+		}
+		if g := a.Object.GetPromisedGeneration(); g > 0 {
+			v.promises = append(v.promises, promised{generation: g, holder: a.Object.GetPromisedHolder()})
 		}
 	}
 	return v, nil
@@ -235,12 +277,24 @@ func (m *Migrator) Publish(ctx context.Context, id, nodeID string) (uint64, erro
 		if nodes := v.conflict(); nodes != nil {
 			return 0, m.conflictError(id, v, nodes)
 		}
+		if !v.quorum() {
+			return 0, m.noQuorum(id, v)
+		}
 		if err := m.settle(ctx, id, v); err != nil {
 			log.Warn("stale copies remain; retrying later", "error", err)
 		}
 		p, ok := v.primary()
+		if ok {
+			if pr, newer := v.newerElsewhere(p); newer {
+				return 0, errdefs.Wrap(errdefs.ErrUnavailable, "generation %d of volume %s was promised to node %s, which did not answer: the copy on node %s (generation %d) may be stale, so it is not published; retry once node %s answers",
+					pr.generation, id, pr.holder, p.nodeID(), p.copy.GetGeneration(), pr.holder)
+			}
+		}
 		if !ok {
 			promoted, err := m.failover(ctx, id, v, log)
+			if errors.Is(err, errRetry) {
+				continue
+			}
 			if err != nil {
 				return 0, err
 			}
@@ -250,6 +304,8 @@ func (m *Migrator) Publish(ctx context.Context, id, nodeID string) (uint64, erro
 			continue // and move it on to the target
 		}
 		if p.nodeID() == nodeID {
+			// A fence is lifted only when no other node may have been
+			// promoted meanwhile: newerElsewhere above saw to that.
 			if p.copy.GetMovingTo() != "" {
 				if err := m.unfence(ctx, id, p, log); err != nil {
 					return 0, err
@@ -271,6 +327,57 @@ func (m *Migrator) Publish(ctx context.Context, id, nodeID string) (uint64, erro
 
 var errRetry = errors.New("retry")
 
+// noQuorum is the error for a decision a view without a majority cannot
+// make: a newer generation may live on the nodes that did not answer.
+func (m *Migrator) noQuorum(id string, v view) error {
+	return errdefs.Wrap(errdefs.ErrUnavailable, "only %d of the %d nodes answered (not answering: %s): a majority must answer to know volume %s's newest copy; retry",
+		len(v.nodes), len(v.nodes)+len(v.unreachable), strings.Join(v.unreachable, ", "), id)
+}
+
+// reserve has a majority of the nodes promise generation gen of the
+// volume to holder's copy before it is promoted with it: no other copy
+// can then ever get gen (docs/safety.md, "Generations"). A refusal means
+// a newer generation exists or another promotion raced this one: the
+// caller looks again (errRetry).
+func (m *Migrator) reserve(ctx context.Context, id string, gen uint64, holder string, v view) error {
+	type answer struct {
+		node string
+		resp *pb.ReserveResponse
+		err  error
+	}
+	answers := make(chan answer, len(v.nodes))
+	for _, n := range v.nodes {
+		go func() {
+			cctx, cancel := m.cluster.Call(ctx)
+			defer cancel()
+			resp, err := n.Client.Reserve(cctx, &pb.ReserveRequest{VolumeId: id, Generation: gen, HolderNodeId: holder})
+			answers <- answer{n.Info.GetNodeId(), resp, err}
+		}()
+	}
+	total := len(v.nodes) + len(v.unreachable)
+	granted, holderGranted := 0, false
+	var refusals []string
+	for range v.nodes {
+		a := <-answers
+		switch {
+		case a.err != nil:
+			refusals = append(refusals, fmt.Sprintf("node %s: %v", a.node, errdefs.FromStatus(a.err)))
+		case a.resp.GetGranted():
+			granted++
+			holderGranted = holderGranted || a.node == holder
+		default:
+			refusals = append(refusals, fmt.Sprintf("node %s promised generation %d to node %s", a.node, a.resp.GetPromisedGeneration(), a.resp.GetPromisedHolder()))
+		}
+	}
+	if granted > total/2 && holderGranted {
+		return nil
+	}
+	m.log.Warn("generation not reserved; looking again", "volume_id", id, "generation", gen, "holder", holder,
+		"granted", granted, "nodes", total, "refusals", strings.Join(refusals, "; "))
+	return fmt.Errorf("%w: %w: generation %d of volume %s for node %s: %d of %d nodes granted it (%s)",
+		errRetry, errdefs.ErrAborted, gen, id, holder, granted, total, strings.Join(refusals, "; "))
+}
+
 func (m *Migrator) checkMove(p copyOn, target cluster.Node) error {
 	id := p.copy.GetVolumeId()
 	if volume.Pinned(p.copy.GetParameters()) {
@@ -290,9 +397,13 @@ func (m *Migrator) checkMove(p copyOn, target cluster.Node) error {
 // snapshot, promote the target, demote the source.
 func (m *Migrator) move(ctx context.Context, id string, p copyOn, target cluster.Node, v view, log hclog.Logger) (uint64, error) {
 	started := m.now()
-	gen := v.maxGeneration() + 1
+	gen := v.newest() + 1
 	log = log.With("from_node", p.nodeID(), "generation", gen)
 	log.Info("moving volume")
+	// The reservation runs beside the fence and the final send, off the
+	// move's critical path; the promotion waits for it.
+	reserved := make(chan error, 1)
+	go func() { reserved <- m.reserve(ctx, id, gen, target.Info.GetNodeId(), v) }()
 	cctx, cancel := m.cluster.Call(ctx)
 	fence, err := p.node.Client.Fence(cctx, &pb.FenceRequest{VolumeId: id, TargetNodeId: target.Info.GetNodeId()})
 	cancel()
@@ -302,6 +413,9 @@ func (m *Migrator) move(ctx context.Context, id string, p copyOn, target cluster
 	}
 	if err := m.sendFinal(ctx, id, p, target, fence.GetFencedUnixNano(), log); err != nil {
 		m.Metrics.count("move", "failed")
+		return 0, err
+	}
+	if err := <-reserved; err != nil {
 		return 0, err
 	}
 	cctx, cancel = m.cluster.Call(ctx)
@@ -419,8 +533,14 @@ func (m *Migrator) failover(ctx context.Context, id string, v view, log hclog.Lo
 }
 
 func (m *Migrator) promote(ctx context.Context, id string, r copyOn, v view, log hclog.Logger) (*pb.Copy, error) {
-	gen := v.maxGeneration() + 1
+	if !v.quorum() {
+		return nil, m.noQuorum(id, v)
+	}
+	gen := v.newest() + 1
 	lastAt := time.Unix(0, r.copy.GetLastSnapshotUnixNano())
+	if err := m.reserve(ctx, id, gen, r.nodeID(), v); err != nil {
+		return nil, err
+	}
 	cctx, cancel := m.cluster.Call(ctx)
 	c, err := r.node.Client.Promote(cctx, &pb.PromoteRequest{VolumeId: id, Generation: gen, Failover: true})
 	cancel()

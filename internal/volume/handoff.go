@@ -193,6 +193,11 @@ func (m *Manager) Promote(ctx context.Context, id string, generation uint64, not
 	if err != nil {
 		return Copy{}, err
 	}
+	if promoted := c.Exists && c.Role == RolePrimary && c.Generation == generation; !promoted {
+		if err := m.checkPromised(ctx, id, generation); err != nil {
+			return Copy{}, err
+		}
+	}
 	if err := m.promote(ctx, c, generation, notBefore, failover); err != nil {
 		return Copy{}, err
 	}

@@ -99,6 +99,8 @@ func TestPromoteChecksTheReplica(t *testing.T) {
 		want       error
 	}{
 		{"not newer than the replica", 1, 0, 0, errdefs.ErrFailedPrecondition},
+		// The controller reserves a generation on a majority first.
+		{"generation not reserved", 2, 100, 0, errdefs.ErrFailedPrecondition},
 		{"final snapshot missing", 2, 200, 0, errdefs.ErrFailedPrecondition},
 		// ZFS refuses a quota below the space used but sets the other
 		// properties of the same call: the quota goes first, alone, so
@@ -108,6 +110,11 @@ func TestPromoteChecksTheReplica(t *testing.T) {
 		{"repeated", 2, 100, 0, nil},
 	}
 	for _, tt := range tests {
+		if tt.name == "final snapshot missing" {
+			if _, granted, err := m.Reserve(ctx, id, 2, "n1"); err != nil || !granted {
+				t.Fatalf("reserving generation 2: granted %v, %v", granted, err)
+			}
+		}
 		fake.SetUsed(ds, tt.used)
 		_, err := m.Promote(ctx, id, tt.generation, tt.notBefore, false)
 		if tt.used > 0 {

@@ -97,6 +97,10 @@ type DatasetManager interface {
 	// Children returns the filesystems directly below name, without
 	// snapshots: much cheaper than List when only those are needed.
 	Children(ctx context.Context, name string) ([]Dataset, error)
+	// UserProperty reads one user property set on name itself; ok is
+	// false when it is not set there. Get reads only the properties the
+	// implementation was given; this reads any.
+	UserProperty(ctx context.Context, name, key string) (value string, ok bool, err error)
 	// SnapshotNames returns the names ("fs@snap") of fs's snapshots,
 	// sorted, without reading their properties.
 	SnapshotNames(ctx context.Context, fs string) ([]string, error)

@@ -1825,8 +1825,12 @@ type Copy struct {
 	// Set on a primary promoted by failover: the newest snapshot it had, so
 	// what was written after it on the lost primary may be gone.
 	FailoverFromSnapshot string `protobuf:"bytes,15,opt,name=failover_from_snapshot,json=failoverFromSnapshot,proto3" json:"failover_from_snapshot,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// The highest generation of the volume this node has promised (Reserve),
+	// and to which node; set whether or not the node holds a copy.
+	PromisedGeneration uint64 `protobuf:"varint,16,opt,name=promised_generation,json=promisedGeneration,proto3" json:"promised_generation,omitempty"`
+	PromisedHolder     string `protobuf:"bytes,17,opt,name=promised_holder,json=promisedHolder,proto3" json:"promised_holder,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *Copy) Reset() {
@@ -1964,6 +1968,143 @@ func (x *Copy) GetFailoverFromSnapshot() string {
 	return ""
 }
 
+func (x *Copy) GetPromisedGeneration() uint64 {
+	if x != nil {
+		return x.PromisedGeneration
+	}
+	return 0
+}
+
+func (x *Copy) GetPromisedHolder() string {
+	if x != nil {
+		return x.PromisedHolder
+	}
+	return ""
+}
+
+type ReserveRequest struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	VolumeId   string                 `protobuf:"bytes,1,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
+	Generation uint64                 `protobuf:"varint,2,opt,name=generation,proto3" json:"generation,omitempty"`
+	// The node whose copy will be promoted with the generation.
+	HolderNodeId  string `protobuf:"bytes,3,opt,name=holder_node_id,json=holderNodeId,proto3" json:"holder_node_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReserveRequest) Reset() {
+	*x = ReserveRequest{}
+	mi := &file_agentpb_agent_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReserveRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReserveRequest) ProtoMessage() {}
+
+func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agentpb_agent_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReserveRequest.ProtoReflect.Descriptor instead.
+func (*ReserveRequest) Descriptor() ([]byte, []int) {
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *ReserveRequest) GetVolumeId() string {
+	if x != nil {
+		return x.VolumeId
+	}
+	return ""
+}
+
+func (x *ReserveRequest) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *ReserveRequest) GetHolderNodeId() string {
+	if x != nil {
+		return x.HolderNodeId
+	}
+	return ""
+}
+
+type ReserveResponse struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Granted bool                   `protobuf:"varint,1,opt,name=granted,proto3" json:"granted,omitempty"`
+	// What this node had promised before (when granted) or has promised
+	// (when refused), and to which node; its copy's generation counts too.
+	PromisedGeneration uint64 `protobuf:"varint,2,opt,name=promised_generation,json=promisedGeneration,proto3" json:"promised_generation,omitempty"`
+	PromisedHolder     string `protobuf:"bytes,3,opt,name=promised_holder,json=promisedHolder,proto3" json:"promised_holder,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
+}
+
+func (x *ReserveResponse) Reset() {
+	*x = ReserveResponse{}
+	mi := &file_agentpb_agent_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReserveResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReserveResponse) ProtoMessage() {}
+
+func (x *ReserveResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agentpb_agent_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReserveResponse.ProtoReflect.Descriptor instead.
+func (*ReserveResponse) Descriptor() ([]byte, []int) {
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *ReserveResponse) GetGranted() bool {
+	if x != nil {
+		return x.Granted
+	}
+	return false
+}
+
+func (x *ReserveResponse) GetPromisedGeneration() uint64 {
+	if x != nil {
+		return x.PromisedGeneration
+	}
+	return 0
+}
+
+func (x *ReserveResponse) GetPromisedHolder() string {
+	if x != nil {
+		return x.PromisedHolder
+	}
+	return ""
+}
+
 type FenceRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	VolumeId      string                 `protobuf:"bytes,1,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
@@ -1974,7 +2115,7 @@ type FenceRequest struct {
 
 func (x *FenceRequest) Reset() {
 	*x = FenceRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[30]
+	mi := &file_agentpb_agent_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1986,7 +2127,7 @@ func (x *FenceRequest) String() string {
 func (*FenceRequest) ProtoMessage() {}
 
 func (x *FenceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[30]
+	mi := &file_agentpb_agent_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1999,7 +2140,7 @@ func (x *FenceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FenceRequest.ProtoReflect.Descriptor instead.
 func (*FenceRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{30}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *FenceRequest) GetVolumeId() string {
@@ -2025,7 +2166,7 @@ type FenceResponse struct {
 
 func (x *FenceResponse) Reset() {
 	*x = FenceResponse{}
-	mi := &file_agentpb_agent_proto_msgTypes[31]
+	mi := &file_agentpb_agent_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2037,7 +2178,7 @@ func (x *FenceResponse) String() string {
 func (*FenceResponse) ProtoMessage() {}
 
 func (x *FenceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[31]
+	mi := &file_agentpb_agent_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2050,7 +2191,7 @@ func (x *FenceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FenceResponse.ProtoReflect.Descriptor instead.
 func (*FenceResponse) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{31}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *FenceResponse) GetFencedUnixNano() int64 {
@@ -2069,7 +2210,7 @@ type UnfenceRequest struct {
 
 func (x *UnfenceRequest) Reset() {
 	*x = UnfenceRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[32]
+	mi := &file_agentpb_agent_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2081,7 +2222,7 @@ func (x *UnfenceRequest) String() string {
 func (*UnfenceRequest) ProtoMessage() {}
 
 func (x *UnfenceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[32]
+	mi := &file_agentpb_agent_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2094,7 +2235,7 @@ func (x *UnfenceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnfenceRequest.ProtoReflect.Descriptor instead.
 func (*UnfenceRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{32}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *UnfenceRequest) GetVolumeId() string {
@@ -2118,7 +2259,7 @@ type PromoteRequest struct {
 
 func (x *PromoteRequest) Reset() {
 	*x = PromoteRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[33]
+	mi := &file_agentpb_agent_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2130,7 +2271,7 @@ func (x *PromoteRequest) String() string {
 func (*PromoteRequest) ProtoMessage() {}
 
 func (x *PromoteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[33]
+	mi := &file_agentpb_agent_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2143,7 +2284,7 @@ func (x *PromoteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PromoteRequest.ProtoReflect.Descriptor instead.
 func (*PromoteRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{33}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *PromoteRequest) GetVolumeId() string {
@@ -2187,7 +2328,7 @@ type DemoteRequest struct {
 
 func (x *DemoteRequest) Reset() {
 	*x = DemoteRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[34]
+	mi := &file_agentpb_agent_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2199,7 +2340,7 @@ func (x *DemoteRequest) String() string {
 func (*DemoteRequest) ProtoMessage() {}
 
 func (x *DemoteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[34]
+	mi := &file_agentpb_agent_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2212,7 +2353,7 @@ func (x *DemoteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DemoteRequest.ProtoReflect.Descriptor instead.
 func (*DemoteRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{34}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *DemoteRequest) GetVolumeId() string {
@@ -2237,15 +2378,20 @@ func (x *DemoteRequest) GetAside() bool {
 }
 
 type DeleteReplicaRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	VolumeId      string                 `protobuf:"bytes,1,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	VolumeId string                 `protobuf:"bytes,1,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
+	// The volume itself is being deleted (DeleteVolume asks every node):
+	// the node also forgets the generation it promised of it. Never set when
+	// one replica is removed: a promise forgotten for a living volume could
+	// let a generation be given twice.
+	VolumeDeleted bool `protobuf:"varint,2,opt,name=volume_deleted,json=volumeDeleted,proto3" json:"volume_deleted,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DeleteReplicaRequest) Reset() {
 	*x = DeleteReplicaRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[35]
+	mi := &file_agentpb_agent_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2257,7 +2403,7 @@ func (x *DeleteReplicaRequest) String() string {
 func (*DeleteReplicaRequest) ProtoMessage() {}
 
 func (x *DeleteReplicaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[35]
+	mi := &file_agentpb_agent_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2270,7 +2416,7 @@ func (x *DeleteReplicaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteReplicaRequest.ProtoReflect.Descriptor instead.
 func (*DeleteReplicaRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{35}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *DeleteReplicaRequest) GetVolumeId() string {
@@ -2278,6 +2424,13 @@ func (x *DeleteReplicaRequest) GetVolumeId() string {
 		return x.VolumeId
 	}
 	return ""
+}
+
+func (x *DeleteReplicaRequest) GetVolumeDeleted() bool {
+	if x != nil {
+		return x.VolumeDeleted
+	}
+	return false
 }
 
 type DeleteReplicaResponse struct {
@@ -2289,7 +2442,7 @@ type DeleteReplicaResponse struct {
 
 func (x *DeleteReplicaResponse) Reset() {
 	*x = DeleteReplicaResponse{}
-	mi := &file_agentpb_agent_proto_msgTypes[36]
+	mi := &file_agentpb_agent_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2301,7 +2454,7 @@ func (x *DeleteReplicaResponse) String() string {
 func (*DeleteReplicaResponse) ProtoMessage() {}
 
 func (x *DeleteReplicaResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[36]
+	mi := &file_agentpb_agent_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2314,7 +2467,7 @@ func (x *DeleteReplicaResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteReplicaResponse.ProtoReflect.Descriptor instead.
 func (*DeleteReplicaResponse) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{36}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *DeleteReplicaResponse) GetDeleted() bool {
@@ -2479,7 +2632,7 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\rsnapshot_guid\x18\x01 \x01(\x04R\fsnapshotGuid\x12\x14\n" +
 	"\x05bytes\x18\x02 \x01(\x03R\x05bytes\"-\n" +
 	"\x0eGetCopyRequest\x12\x1b\n" +
-	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\"\xdc\x04\n" +
+	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\"\xb6\x05\n" +
 	"\x04Copy\x12\x1b\n" +
 	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x16\n" +
@@ -2500,10 +2653,22 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\x0ecapacity_bytes\x18\f \x01(\x04R\rcapacityBytes\x12\x1c\n" +
 	"\tresumable\x18\r \x01(\bR\tresumable\x12\x12\n" +
 	"\x04name\x18\x0e \x01(\tR\x04name\x124\n" +
-	"\x16failover_from_snapshot\x18\x0f \x01(\tR\x14failoverFromSnapshot\x1a=\n" +
+	"\x16failover_from_snapshot\x18\x0f \x01(\tR\x14failoverFromSnapshot\x12/\n" +
+	"\x13promised_generation\x18\x10 \x01(\x04R\x12promisedGeneration\x12'\n" +
+	"\x0fpromised_holder\x18\x11 \x01(\tR\x0epromisedHolder\x1a=\n" +
 	"\x0fParametersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"Q\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"s\n" +
+	"\x0eReserveRequest\x12\x1b\n" +
+	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x02 \x01(\x04R\n" +
+	"generation\x12$\n" +
+	"\x0eholder_node_id\x18\x03 \x01(\tR\fholderNodeId\"\x85\x01\n" +
+	"\x0fReserveResponse\x12\x18\n" +
+	"\agranted\x18\x01 \x01(\bR\agranted\x12/\n" +
+	"\x13promised_generation\x18\x02 \x01(\x04R\x12promisedGeneration\x12'\n" +
+	"\x0fpromised_holder\x18\x03 \x01(\tR\x0epromisedHolder\"Q\n" +
 	"\fFenceRequest\x12\x1b\n" +
 	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12$\n" +
 	"\x0etarget_node_id\x18\x02 \x01(\tR\ftargetNodeId\"9\n" +
@@ -2523,11 +2688,12 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\n" +
 	"generation\x18\x02 \x01(\x04R\n" +
 	"generation\x12\x14\n" +
-	"\x05aside\x18\x03 \x01(\bR\x05aside\"3\n" +
+	"\x05aside\x18\x03 \x01(\bR\x05aside\"Z\n" +
 	"\x14DeleteReplicaRequest\x12\x1b\n" +
-	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\"1\n" +
+	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12%\n" +
+	"\x0evolume_deleted\x18\x02 \x01(\bR\rvolumeDeleted\"1\n" +
 	"\x15DeleteReplicaResponse\x12\x18\n" +
-	"\adeleted\x18\x01 \x01(\bR\adeleted2\xa5\v\n" +
+	"\adeleted\x18\x01 \x01(\bR\adeleted2\xf7\v\n" +
 	"\tNodeAgent\x12E\n" +
 	"\aGetNode\x12!.zfsnomad.agent.v1.GetNodeRequest\x1a\x17.zfsnomad.agent.v1.Node\x12Q\n" +
 	"\fCreateVolume\x12&.zfsnomad.agent.v1.CreateVolumeRequest\x1a\x19.zfsnomad.agent.v1.Volume\x12_\n" +
@@ -2545,7 +2711,8 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\x05Fence\x12\x1f.zfsnomad.agent.v1.FenceRequest\x1a .zfsnomad.agent.v1.FenceResponse\x12E\n" +
 	"\aUnfence\x12!.zfsnomad.agent.v1.UnfenceRequest\x1a\x17.zfsnomad.agent.v1.Copy\x12E\n" +
 	"\aPromote\x12!.zfsnomad.agent.v1.PromoteRequest\x1a\x17.zfsnomad.agent.v1.Copy\x12C\n" +
-	"\x06Demote\x12 .zfsnomad.agent.v1.DemoteRequest\x1a\x17.zfsnomad.agent.v1.Copy2\xc0\x01\n" +
+	"\x06Demote\x12 .zfsnomad.agent.v1.DemoteRequest\x1a\x17.zfsnomad.agent.v1.Copy\x12P\n" +
+	"\aReserve\x12!.zfsnomad.agent.v1.ReserveRequest\x1a\".zfsnomad.agent.v1.ReserveResponse2\xc0\x01\n" +
 	"\vReplication\x12_\n" +
 	"\fReplicaState\x12&.zfsnomad.agent.v1.ReplicaStateRequest\x1a'.zfsnomad.agent.v1.ReplicaStateResponse\x12P\n" +
 	"\aReceive\x12!.zfsnomad.agent.v1.ReceiveMessage\x1a .zfsnomad.agent.v1.ReceiveResult(\x01B.Z,github.com/zfs-nomad/zfs-nomad/proto/agentpbb\x06proto3"
@@ -2562,7 +2729,7 @@ func file_agentpb_agent_proto_rawDescGZIP() []byte {
 	return file_agentpb_agent_proto_rawDescData
 }
 
-var file_agentpb_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
+var file_agentpb_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
 var file_agentpb_agent_proto_goTypes = []any{
 	(*GetNodeRequest)(nil),         // 0: zfsnomad.agent.v1.GetNodeRequest
 	(*Node)(nil),                   // 1: zfsnomad.agent.v1.Node
@@ -2594,30 +2761,32 @@ var file_agentpb_agent_proto_goTypes = []any{
 	(*ReceiveResult)(nil),          // 27: zfsnomad.agent.v1.ReceiveResult
 	(*GetCopyRequest)(nil),         // 28: zfsnomad.agent.v1.GetCopyRequest
 	(*Copy)(nil),                   // 29: zfsnomad.agent.v1.Copy
-	(*FenceRequest)(nil),           // 30: zfsnomad.agent.v1.FenceRequest
-	(*FenceResponse)(nil),          // 31: zfsnomad.agent.v1.FenceResponse
-	(*UnfenceRequest)(nil),         // 32: zfsnomad.agent.v1.UnfenceRequest
-	(*PromoteRequest)(nil),         // 33: zfsnomad.agent.v1.PromoteRequest
-	(*DemoteRequest)(nil),          // 34: zfsnomad.agent.v1.DemoteRequest
-	(*DeleteReplicaRequest)(nil),   // 35: zfsnomad.agent.v1.DeleteReplicaRequest
-	(*DeleteReplicaResponse)(nil),  // 36: zfsnomad.agent.v1.DeleteReplicaResponse
-	nil,                            // 37: zfsnomad.agent.v1.Node.TopologyEntry
-	nil,                            // 38: zfsnomad.agent.v1.CreateVolumeRequest.ParametersEntry
-	nil,                            // 39: zfsnomad.agent.v1.Volume.ParametersEntry
-	nil,                            // 40: zfsnomad.agent.v1.ReceiveHeader.ParametersEntry
-	nil,                            // 41: zfsnomad.agent.v1.Copy.ParametersEntry
+	(*ReserveRequest)(nil),         // 30: zfsnomad.agent.v1.ReserveRequest
+	(*ReserveResponse)(nil),        // 31: zfsnomad.agent.v1.ReserveResponse
+	(*FenceRequest)(nil),           // 32: zfsnomad.agent.v1.FenceRequest
+	(*FenceResponse)(nil),          // 33: zfsnomad.agent.v1.FenceResponse
+	(*UnfenceRequest)(nil),         // 34: zfsnomad.agent.v1.UnfenceRequest
+	(*PromoteRequest)(nil),         // 35: zfsnomad.agent.v1.PromoteRequest
+	(*DemoteRequest)(nil),          // 36: zfsnomad.agent.v1.DemoteRequest
+	(*DeleteReplicaRequest)(nil),   // 37: zfsnomad.agent.v1.DeleteReplicaRequest
+	(*DeleteReplicaResponse)(nil),  // 38: zfsnomad.agent.v1.DeleteReplicaResponse
+	nil,                            // 39: zfsnomad.agent.v1.Node.TopologyEntry
+	nil,                            // 40: zfsnomad.agent.v1.CreateVolumeRequest.ParametersEntry
+	nil,                            // 41: zfsnomad.agent.v1.Volume.ParametersEntry
+	nil,                            // 42: zfsnomad.agent.v1.ReceiveHeader.ParametersEntry
+	nil,                            // 43: zfsnomad.agent.v1.Copy.ParametersEntry
 }
 var file_agentpb_agent_proto_depIdxs = []int32{
-	37, // 0: zfsnomad.agent.v1.Node.topology:type_name -> zfsnomad.agent.v1.Node.TopologyEntry
-	38, // 1: zfsnomad.agent.v1.CreateVolumeRequest.parameters:type_name -> zfsnomad.agent.v1.CreateVolumeRequest.ParametersEntry
-	39, // 2: zfsnomad.agent.v1.Volume.parameters:type_name -> zfsnomad.agent.v1.Volume.ParametersEntry
+	39, // 0: zfsnomad.agent.v1.Node.topology:type_name -> zfsnomad.agent.v1.Node.TopologyEntry
+	40, // 1: zfsnomad.agent.v1.CreateVolumeRequest.parameters:type_name -> zfsnomad.agent.v1.CreateVolumeRequest.ParametersEntry
+	41, // 2: zfsnomad.agent.v1.Volume.parameters:type_name -> zfsnomad.agent.v1.Volume.ParametersEntry
 	3,  // 3: zfsnomad.agent.v1.ListVolumesResponse.volumes:type_name -> zfsnomad.agent.v1.Volume
 	12, // 4: zfsnomad.agent.v1.ListSnapshotsResponse.snapshots:type_name -> zfsnomad.agent.v1.Snapshot
 	21, // 5: zfsnomad.agent.v1.NodeStatus.replicas:type_name -> zfsnomad.agent.v1.Replica
 	22, // 6: zfsnomad.agent.v1.NodeStatus.transfers:type_name -> zfsnomad.agent.v1.Transfer
 	26, // 7: zfsnomad.agent.v1.ReceiveMessage.header:type_name -> zfsnomad.agent.v1.ReceiveHeader
-	40, // 8: zfsnomad.agent.v1.ReceiveHeader.parameters:type_name -> zfsnomad.agent.v1.ReceiveHeader.ParametersEntry
-	41, // 9: zfsnomad.agent.v1.Copy.parameters:type_name -> zfsnomad.agent.v1.Copy.ParametersEntry
+	42, // 8: zfsnomad.agent.v1.ReceiveHeader.parameters:type_name -> zfsnomad.agent.v1.ReceiveHeader.ParametersEntry
+	43, // 9: zfsnomad.agent.v1.Copy.parameters:type_name -> zfsnomad.agent.v1.Copy.ParametersEntry
 	0,  // 10: zfsnomad.agent.v1.NodeAgent.GetNode:input_type -> zfsnomad.agent.v1.GetNodeRequest
 	2,  // 11: zfsnomad.agent.v1.NodeAgent.CreateVolume:input_type -> zfsnomad.agent.v1.CreateVolumeRequest
 	4,  // 12: zfsnomad.agent.v1.NodeAgent.DeleteVolume:input_type -> zfsnomad.agent.v1.DeleteVolumeRequest
@@ -2629,35 +2798,37 @@ var file_agentpb_agent_proto_depIdxs = []int32{
 	15, // 18: zfsnomad.agent.v1.NodeAgent.ListSnapshots:input_type -> zfsnomad.agent.v1.ListSnapshotsRequest
 	17, // 19: zfsnomad.agent.v1.NodeAgent.Replicate:input_type -> zfsnomad.agent.v1.ReplicateRequest
 	19, // 20: zfsnomad.agent.v1.NodeAgent.Status:input_type -> zfsnomad.agent.v1.StatusRequest
-	35, // 21: zfsnomad.agent.v1.NodeAgent.DeleteReplica:input_type -> zfsnomad.agent.v1.DeleteReplicaRequest
+	37, // 21: zfsnomad.agent.v1.NodeAgent.DeleteReplica:input_type -> zfsnomad.agent.v1.DeleteReplicaRequest
 	28, // 22: zfsnomad.agent.v1.NodeAgent.GetCopy:input_type -> zfsnomad.agent.v1.GetCopyRequest
-	30, // 23: zfsnomad.agent.v1.NodeAgent.Fence:input_type -> zfsnomad.agent.v1.FenceRequest
-	32, // 24: zfsnomad.agent.v1.NodeAgent.Unfence:input_type -> zfsnomad.agent.v1.UnfenceRequest
-	33, // 25: zfsnomad.agent.v1.NodeAgent.Promote:input_type -> zfsnomad.agent.v1.PromoteRequest
-	34, // 26: zfsnomad.agent.v1.NodeAgent.Demote:input_type -> zfsnomad.agent.v1.DemoteRequest
-	23, // 27: zfsnomad.agent.v1.Replication.ReplicaState:input_type -> zfsnomad.agent.v1.ReplicaStateRequest
-	25, // 28: zfsnomad.agent.v1.Replication.Receive:input_type -> zfsnomad.agent.v1.ReceiveMessage
-	1,  // 29: zfsnomad.agent.v1.NodeAgent.GetNode:output_type -> zfsnomad.agent.v1.Node
-	3,  // 30: zfsnomad.agent.v1.NodeAgent.CreateVolume:output_type -> zfsnomad.agent.v1.Volume
-	5,  // 31: zfsnomad.agent.v1.NodeAgent.DeleteVolume:output_type -> zfsnomad.agent.v1.DeleteVolumeResponse
-	3,  // 32: zfsnomad.agent.v1.NodeAgent.GetVolume:output_type -> zfsnomad.agent.v1.Volume
-	8,  // 33: zfsnomad.agent.v1.NodeAgent.ListVolumes:output_type -> zfsnomad.agent.v1.ListVolumesResponse
-	10, // 34: zfsnomad.agent.v1.NodeAgent.ExpandVolume:output_type -> zfsnomad.agent.v1.ExpandVolumeResponse
-	12, // 35: zfsnomad.agent.v1.NodeAgent.CreateSnapshot:output_type -> zfsnomad.agent.v1.Snapshot
-	14, // 36: zfsnomad.agent.v1.NodeAgent.DeleteSnapshot:output_type -> zfsnomad.agent.v1.DeleteSnapshotResponse
-	16, // 37: zfsnomad.agent.v1.NodeAgent.ListSnapshots:output_type -> zfsnomad.agent.v1.ListSnapshotsResponse
-	18, // 38: zfsnomad.agent.v1.NodeAgent.Replicate:output_type -> zfsnomad.agent.v1.ReplicateProgress
-	20, // 39: zfsnomad.agent.v1.NodeAgent.Status:output_type -> zfsnomad.agent.v1.NodeStatus
-	36, // 40: zfsnomad.agent.v1.NodeAgent.DeleteReplica:output_type -> zfsnomad.agent.v1.DeleteReplicaResponse
-	29, // 41: zfsnomad.agent.v1.NodeAgent.GetCopy:output_type -> zfsnomad.agent.v1.Copy
-	31, // 42: zfsnomad.agent.v1.NodeAgent.Fence:output_type -> zfsnomad.agent.v1.FenceResponse
-	29, // 43: zfsnomad.agent.v1.NodeAgent.Unfence:output_type -> zfsnomad.agent.v1.Copy
-	29, // 44: zfsnomad.agent.v1.NodeAgent.Promote:output_type -> zfsnomad.agent.v1.Copy
-	29, // 45: zfsnomad.agent.v1.NodeAgent.Demote:output_type -> zfsnomad.agent.v1.Copy
-	24, // 46: zfsnomad.agent.v1.Replication.ReplicaState:output_type -> zfsnomad.agent.v1.ReplicaStateResponse
-	27, // 47: zfsnomad.agent.v1.Replication.Receive:output_type -> zfsnomad.agent.v1.ReceiveResult
-	29, // [29:48] is the sub-list for method output_type
-	10, // [10:29] is the sub-list for method input_type
+	32, // 23: zfsnomad.agent.v1.NodeAgent.Fence:input_type -> zfsnomad.agent.v1.FenceRequest
+	34, // 24: zfsnomad.agent.v1.NodeAgent.Unfence:input_type -> zfsnomad.agent.v1.UnfenceRequest
+	35, // 25: zfsnomad.agent.v1.NodeAgent.Promote:input_type -> zfsnomad.agent.v1.PromoteRequest
+	36, // 26: zfsnomad.agent.v1.NodeAgent.Demote:input_type -> zfsnomad.agent.v1.DemoteRequest
+	30, // 27: zfsnomad.agent.v1.NodeAgent.Reserve:input_type -> zfsnomad.agent.v1.ReserveRequest
+	23, // 28: zfsnomad.agent.v1.Replication.ReplicaState:input_type -> zfsnomad.agent.v1.ReplicaStateRequest
+	25, // 29: zfsnomad.agent.v1.Replication.Receive:input_type -> zfsnomad.agent.v1.ReceiveMessage
+	1,  // 30: zfsnomad.agent.v1.NodeAgent.GetNode:output_type -> zfsnomad.agent.v1.Node
+	3,  // 31: zfsnomad.agent.v1.NodeAgent.CreateVolume:output_type -> zfsnomad.agent.v1.Volume
+	5,  // 32: zfsnomad.agent.v1.NodeAgent.DeleteVolume:output_type -> zfsnomad.agent.v1.DeleteVolumeResponse
+	3,  // 33: zfsnomad.agent.v1.NodeAgent.GetVolume:output_type -> zfsnomad.agent.v1.Volume
+	8,  // 34: zfsnomad.agent.v1.NodeAgent.ListVolumes:output_type -> zfsnomad.agent.v1.ListVolumesResponse
+	10, // 35: zfsnomad.agent.v1.NodeAgent.ExpandVolume:output_type -> zfsnomad.agent.v1.ExpandVolumeResponse
+	12, // 36: zfsnomad.agent.v1.NodeAgent.CreateSnapshot:output_type -> zfsnomad.agent.v1.Snapshot
+	14, // 37: zfsnomad.agent.v1.NodeAgent.DeleteSnapshot:output_type -> zfsnomad.agent.v1.DeleteSnapshotResponse
+	16, // 38: zfsnomad.agent.v1.NodeAgent.ListSnapshots:output_type -> zfsnomad.agent.v1.ListSnapshotsResponse
+	18, // 39: zfsnomad.agent.v1.NodeAgent.Replicate:output_type -> zfsnomad.agent.v1.ReplicateProgress
+	20, // 40: zfsnomad.agent.v1.NodeAgent.Status:output_type -> zfsnomad.agent.v1.NodeStatus
+	38, // 41: zfsnomad.agent.v1.NodeAgent.DeleteReplica:output_type -> zfsnomad.agent.v1.DeleteReplicaResponse
+	29, // 42: zfsnomad.agent.v1.NodeAgent.GetCopy:output_type -> zfsnomad.agent.v1.Copy
+	33, // 43: zfsnomad.agent.v1.NodeAgent.Fence:output_type -> zfsnomad.agent.v1.FenceResponse
+	29, // 44: zfsnomad.agent.v1.NodeAgent.Unfence:output_type -> zfsnomad.agent.v1.Copy
+	29, // 45: zfsnomad.agent.v1.NodeAgent.Promote:output_type -> zfsnomad.agent.v1.Copy
+	29, // 46: zfsnomad.agent.v1.NodeAgent.Demote:output_type -> zfsnomad.agent.v1.Copy
+	31, // 47: zfsnomad.agent.v1.NodeAgent.Reserve:output_type -> zfsnomad.agent.v1.ReserveResponse
+	24, // 48: zfsnomad.agent.v1.Replication.ReplicaState:output_type -> zfsnomad.agent.v1.ReplicaStateResponse
+	27, // 49: zfsnomad.agent.v1.Replication.Receive:output_type -> zfsnomad.agent.v1.ReceiveResult
+	30, // [30:50] is the sub-list for method output_type
+	10, // [10:30] is the sub-list for method input_type
 	10, // [10:10] is the sub-list for extension type_name
 	10, // [10:10] is the sub-list for extension extendee
 	0,  // [0:10] is the sub-list for field type_name
@@ -2678,7 +2849,7 @@ func file_agentpb_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agentpb_agent_proto_rawDesc), len(file_agentpb_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   42,
+			NumMessages:   44,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

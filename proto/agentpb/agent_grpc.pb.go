@@ -41,6 +41,7 @@ const (
 	NodeAgent_Unfence_FullMethodName        = "/zfsnomad.agent.v1.NodeAgent/Unfence"
 	NodeAgent_Promote_FullMethodName        = "/zfsnomad.agent.v1.NodeAgent/Promote"
 	NodeAgent_Demote_FullMethodName         = "/zfsnomad.agent.v1.NodeAgent/Demote"
+	NodeAgent_Reserve_FullMethodName        = "/zfsnomad.agent.v1.NodeAgent/Reserve"
 )
 
 // NodeAgentClient is the client API for NodeAgent service.
@@ -76,6 +77,12 @@ type NodeAgentClient interface {
 	// Demote turns this node's primary into a replica, or sets it aside when
 	// it may hold writes no other copy has.
 	Demote(ctx context.Context, in *DemoteRequest, opts ...grpc.CallOption) (*Copy, error)
+	// Reserve promises a generation of a volume to one promotion: granted
+	// only above every generation this node has promised or holds, or again
+	// to the same holder. A promotion needs the grants of a majority of the
+	// nodes first, so no generation is ever given to two copies
+	// (docs/safety.md, "Generations").
+	Reserve(ctx context.Context, in *ReserveRequest, opts ...grpc.CallOption) (*ReserveResponse, error)
 }
 
 type nodeAgentClient struct {
@@ -265,6 +272,16 @@ func (c *nodeAgentClient) Demote(ctx context.Context, in *DemoteRequest, opts ..
 	return out, nil
 }
 
+func (c *nodeAgentClient) Reserve(ctx context.Context, in *ReserveRequest, opts ...grpc.CallOption) (*ReserveResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReserveResponse)
+	err := c.cc.Invoke(ctx, NodeAgent_Reserve_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // NodeAgentServer is the server API for NodeAgent service.
 // All implementations must embed UnimplementedNodeAgentServer
 // for forward compatibility.
@@ -298,6 +315,12 @@ type NodeAgentServer interface {
 	// Demote turns this node's primary into a replica, or sets it aside when
 	// it may hold writes no other copy has.
 	Demote(context.Context, *DemoteRequest) (*Copy, error)
+	// Reserve promises a generation of a volume to one promotion: granted
+	// only above every generation this node has promised or holds, or again
+	// to the same holder. A promotion needs the grants of a majority of the
+	// nodes first, so no generation is ever given to two copies
+	// (docs/safety.md, "Generations").
+	Reserve(context.Context, *ReserveRequest) (*ReserveResponse, error)
 	mustEmbedUnimplementedNodeAgentServer()
 }
 
@@ -358,6 +381,9 @@ func (UnimplementedNodeAgentServer) Promote(context.Context, *PromoteRequest) (*
 }
 func (UnimplementedNodeAgentServer) Demote(context.Context, *DemoteRequest) (*Copy, error) {
 	return nil, status.Error(codes.Unimplemented, "method Demote not implemented")
+}
+func (UnimplementedNodeAgentServer) Reserve(context.Context, *ReserveRequest) (*ReserveResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Reserve not implemented")
 }
 func (UnimplementedNodeAgentServer) mustEmbedUnimplementedNodeAgentServer() {}
 func (UnimplementedNodeAgentServer) testEmbeddedByValue()                   {}
@@ -679,6 +705,24 @@ func _NodeAgent_Demote_Handler(srv interface{}, ctx context.Context, dec func(in
 	return interceptor(ctx, in, info, handler)
 }
 
+func _NodeAgent_Reserve_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReserveRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NodeAgentServer).Reserve(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: NodeAgent_Reserve_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NodeAgentServer).Reserve(ctx, req.(*ReserveRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // NodeAgent_ServiceDesc is the grpc.ServiceDesc for NodeAgent service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -749,6 +793,10 @@ var NodeAgent_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Demote",
 			Handler:    _NodeAgent_Demote_Handler,
+		},
+		{
+			MethodName: "Reserve",
+			Handler:    _NodeAgent_Reserve_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -158,6 +158,32 @@ func (z *ZFS) Get(ctx context.Context, name string) (zfs.Dataset, error) {
 	return out, err
 }
 
+func (z *ZFS) UserProperty(ctx context.Context, name, key string) (string, bool, error) {
+	if err := zfs.ValidateName(name); err != nil {
+		return "", false, err
+	}
+	var value string
+	var ok bool
+	err := z.do(ctx, func(h handle) error {
+		cname := C.CString(name)
+		defer C.free(unsafe.Pointer(cname))
+		zh := C.open_dataset(h.h, cname)
+		if zh == nil {
+			return h.lastError("open", name)
+		}
+		defer C.zfs_close(zh)
+		ckey := C.CString(key)
+		defer C.free(unsafe.Pointer(ckey))
+		buf := (*C.char)(C.malloc(propValueMax))
+		defer C.free(unsafe.Pointer(buf))
+		if C.own_user_prop(zh, ckey, buf, propValueMax) == 1 {
+			value, ok = C.GoString(buf), true
+		}
+		return nil
+	})
+	return value, ok, err
+}
+
 // List returns name and every filesystem and snapshot below it. A listing
 // interrupted by a signal is retried; any other failure is an error, never
 // a shorter list.

@@ -131,6 +131,21 @@ func (f *Fake) Get(ctx context.Context, name string) (zfs.Dataset, error) {
 	return f.view(e), nil
 }
 
+func (f *Fake) UserProperty(ctx context.Context, name, key string) (string, bool, error) {
+	f.before("get", name)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.check("get", name); err != nil {
+		return "", false, err
+	}
+	e, ok := f.datasets[name]
+	if !ok {
+		return "", false, fmt.Errorf("%s: %w", name, zfs.ErrNotFound)
+	}
+	v, ok := e.ds.User[key]
+	return v, ok, nil
+}
+
 func (f *Fake) List(ctx context.Context, name string) ([]zfs.Dataset, error) {
 	f.before("list", name)
 	f.mu.Lock()

@@ -1,0 +1,125 @@
+package volume
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
+)
+
+// Generations are reserved before they are used (docs/safety.md,
+// "Generations"). Each node keeps, per volume, the highest generation it
+// has promised and the node it promised it to, as a user property of the
+// root dataset: the record lives in the pool, with the copies, and a node
+// keeps it whether or not it holds a copy. A promotion needs the promise
+// of a majority of the nodes; two majorities share a node, and a node
+// promises a generation to one holder only, so no generation is ever
+// given to two copies (I3).
+
+// PropPromisePrefix + volume ID, on the root dataset: "GENERATION HOLDER".
+const PropPromisePrefix = propPrefix + "promise:"
+
+// Promise is what a node promised of one volume's generations.
+type Promise struct {
+	Generation uint64 // 0: nothing promised
+	Holder     string // the node whose copy gets the generation
+}
+
+func promiseProp(id string) string { return PropPromisePrefix + id }
+
+func parsePromise(v string) Promise {
+	gen, holder, _ := strings.Cut(v, " ")
+	n, err := strconv.ParseUint(gen, 10, 64)
+	if err != nil {
+		return Promise{}
+	}
+	return Promise{Generation: n, Holder: holder}
+}
+
+func (p Promise) String() string { return strconv.FormatUint(p.Generation, 10) + " " + p.Holder }
+
+// Promised returns what this node promised of volume id.
+func (m *Manager) Promised(ctx context.Context, id string) (Promise, error) {
+	if !IsVolumeID(id) {
+		return Promise{}, nil
+	}
+	v, ok, err := m.zfs.UserProperty(ctx, m.cfg.RootDataset, promiseProp(id))
+	if err != nil {
+		return Promise{}, zfsError(err, "reading the generation promised for volume "+id)
+	}
+	if !ok {
+		return Promise{}, nil
+	}
+	return parsePromise(v), nil
+}
+
+// Reserve promises generation of volume id to holder. It is granted above
+// every generation this node promised or holds a copy of, and again to the
+// same holder (a retried reservation); otherwise refused, returning what
+// stands in the way. granted reports which.
+func (m *Manager) Reserve(ctx context.Context, id string, generation uint64, holder string) (Promise, bool, error) {
+	if !IsVolumeID(id) {
+		return Promise{}, false, fmt.Errorf("%w: %q is not a volume ID", errdefs.ErrInvalidArgument, id)
+	}
+	if generation == 0 || holder == "" {
+		return Promise{}, false, fmt.Errorf("%w: reserving a generation of volume %s needs a generation and a holder", errdefs.ErrInvalidArgument, id)
+	}
+	unlock, err := m.lock(ctx, id)
+	if err != nil {
+		return Promise{}, false, err
+	}
+	defer unlock()
+	promised, err := m.Promised(ctx, id)
+	if err != nil {
+		return Promise{}, false, err
+	}
+	if promised.Generation == generation && promised.Holder == holder {
+		return promised, true, nil
+	}
+	c, err := m.Copy(ctx, id)
+	if err != nil {
+		return Promise{}, false, err
+	}
+	known := promised
+	if c.Exists && c.Generation > known.Generation {
+		known = Promise{Generation: c.Generation, Holder: m.cfg.NodeID}
+	}
+	if generation <= known.Generation {
+		return known, false, nil
+	}
+	want := Promise{Generation: generation, Holder: holder}
+	if err := m.zfs.SetProperties(ctx, m.cfg.RootDataset, map[string]string{promiseProp(id): want.String()}); err != nil {
+		return Promise{}, false, zfsError(err, "recording the generation promised for volume "+id)
+	}
+	m.log.Info("generation promised", "volume_id", id, "generation", generation, "holder", holder)
+	return promised, true, nil
+}
+
+// Forget drops the promise of a volume being deleted, so that a volume
+// created later under the same name starts afresh.
+func (m *Manager) Forget(ctx context.Context, id string) error {
+	promised, err := m.Promised(ctx, id)
+	if err != nil || promised.Generation == 0 {
+		return err
+	}
+	if err := m.zfs.SetProperties(ctx, m.cfg.RootDataset, map[string]string{promiseProp(id): "0"}); err != nil {
+		return zfsError(err, "forgetting the generation promised for volume "+id)
+	}
+	return nil
+}
+
+// checkPromised refuses a promotion to a generation this node has not been
+// promised: the controller reserves it on a majority first.
+func (m *Manager) checkPromised(ctx context.Context, id string, generation uint64) error {
+	promised, err := m.Promised(ctx, id)
+	if err != nil {
+		return err
+	}
+	if promised.Generation != generation || promised.Holder != m.cfg.NodeID {
+		return fmt.Errorf("%w: generation %d of volume %s is not reserved for node %s (this node promised generation %d to %q); the controller reserves it on a majority of the nodes first",
+			errdefs.ErrFailedPrecondition, generation, id, m.cfg.NodeID, promised.Generation, promised.Holder)
+	}
+	return nil
+}
