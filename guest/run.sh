@@ -9,7 +9,11 @@
 # The console is written to SHARE/console.log (and to stdout unless -q).
 # Every boot is bounded: the guest must show it booted within 60 s (it
 # hangs at boot now and then under TCG; such a boot is retried twice), and
-# the whole run must end within -t seconds (default 600). Guest runs on one
+# the whole run must end within -t seconds (default 600). A guest whose
+# kernel reports a soft lockup of two minutes or more has wedged emulated
+# CPUs (seen once under TCG, both CPUs spinning for 15 minutes while Nomad
+# started): it is stopped and the run starts again from scratch, once, with
+# the wedged console kept beside the new one. Guest runs on one
 # machine take turns (a lock in the cache directory).
 set -euo pipefail
 
@@ -84,19 +88,43 @@ boot() {
     sleep 0.5
   done
   if [ ! -e "$share/booted" ] && kill -0 "$pid" 2>/dev/null; then
-    pkill -P "$pid" 2>/dev/null || true
-    pkill -f "path=$share,mount_tag=share" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
+    stop_guest "$pid"
     return 75
   fi
+  while kill -0 "$pid" 2>/dev/null; do
+    if locked_up "$share/console.log"; then
+      stop_guest "$pid"
+      return 76
+    fi
+    sleep 2
+  done
   wait "$pid" || true
 }
 
-for attempt in 1 2 3; do
-  args_disks=()
-  if boot; then break; fi
-  echo "guest: no boot within 60 s (attempt $attempt); retrying" >&2
-  [ "$attempt" -lt 3 ] || { echo "guest: gave up booting; console: $share/console.log" >&2; exit 125; }
+stop_guest() {
+  pkill -P "$1" 2>/dev/null || true
+  pkill -f "path=$share,mount_tag=share" 2>/dev/null || true
+  wait "$1" 2>/dev/null || true
+}
+
+# locked_up reports a soft lockup of 120 s or more in a console log.
+locked_up() {
+  grep -qE 'soft lockup - CPU#[0-9]+ stuck for ([0-9]{4,}|[2-9][0-9]{2}|1[2-9][0-9])s' "$1"
+}
+
+for run in 1 2; do
+  for attempt in 1 2 3; do
+    args_disks=()
+    status=0
+    boot || status=$?
+    [ "$status" -eq 75 ] || break
+    echo "guest: no boot within 60 s (attempt $attempt); retrying" >&2
+    [ "$attempt" -lt 3 ] || { echo "guest: gave up booting; console: $share/console.log" >&2; exit 125; }
+  done
+  [ "$status" -eq 76 ] || break
+  cp "$share/console.log" "$share/console-lockup-$run.log"
+  [ "$run" -lt 2 ] || { echo "guest: the guest kernel locked up twice; consoles: $share/console-lockup-*.log" >&2; exit 124; }
+  echo "guest: the guest kernel locked up (a soft lockup of 2 minutes or more: its emulated CPUs are wedged; console kept at $share/console-lockup-$run.log); running again from the start" >&2
 done
 
 if [ ! -s "$share/exit-status" ]; then
