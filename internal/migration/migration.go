@@ -79,6 +79,22 @@ func (v view) newest() uint64 {
 	return g
 }
 
+// nextGeneration is the generation to promote holder's copy with: one
+// above every copy and promise seen; or, when the newest is a promise to
+// holder that no copy holds yet, that one: a retry of an interrupted
+// promotion finishes it rather than spending another generation.
+func (v view) nextGeneration(holder string) uint64 {
+	newest := v.newest()
+	if newest > v.maxGeneration() {
+		for _, p := range v.promises {
+			if p.generation == newest && p.holder == holder {
+				return newest
+			}
+		}
+	}
+	return newest + 1
+}
+
 // newerElsewhere returns a promise of a generation above p's whose holder
 // did not answer: that node may hold a newer primary, so p may be stale.
 // A promise whose holder answered is void if the holder has no such copy
@@ -397,7 +413,7 @@ func (m *Migrator) checkMove(p copyOn, target cluster.Node) error {
 // snapshot, promote the target, demote the source.
 func (m *Migrator) move(ctx context.Context, id string, p copyOn, target cluster.Node, v view, log hclog.Logger) (uint64, error) {
 	started := m.now()
-	gen := v.newest() + 1
+	gen := v.nextGeneration(target.Info.GetNodeId())
 	log = log.With("from_node", p.nodeID(), "generation", gen)
 	log.Info("moving volume")
 	// The reservation runs beside the fence and the final send, off the
@@ -536,7 +552,7 @@ func (m *Migrator) promote(ctx context.Context, id string, r copyOn, v view, log
 	if !v.quorum() {
 		return nil, m.noQuorum(id, v)
 	}
-	gen := v.newest() + 1
+	gen := v.nextGeneration(r.nodeID())
 	lastAt := time.Unix(0, r.copy.GetLastSnapshotUnixNano())
 	if err := m.reserve(ctx, id, gen, r.nodeID(), v); err != nil {
 		return nil, err

@@ -89,3 +89,24 @@ func TestConflictingPrimaries(t *testing.T) {
 		t.Errorf("settle with two primaries of one generation: %v, want FailedPrecondition naming both nodes", err)
 	}
 }
+
+func TestNextGeneration(t *testing.T) {
+	tests := []struct {
+		name     string
+		copies   []copyOn
+		promises []promised
+		holder   string
+		want     uint64
+	}{
+		{"above every copy", []copyOn{on("n1", "primary", 2, 0), on("n2", "replica", 2, 0)}, nil, "n2", 3},
+		{"above every promise", []copyOn{on("n1", "primary", 2, 0)}, []promised{{4, "n3"}}, "n2", 5},
+		{"a retry finishes the promotion promised to the same node", []copyOn{on("n1", "primary", 1, 0), on("n2", "replica", 1, 0)},
+			[]promised{{2, "n2"}, {2, "n2"}}, "n2", 2},
+		{"a promise the holder's copy already has is spent", []copyOn{on("n2", "primary", 2, 0)}, []promised{{2, "n2"}}, "n2", 3},
+	}
+	for _, tt := range tests {
+		if got := (view{copies: tt.copies, promises: tt.promises}).nextGeneration(tt.holder); got != tt.want {
+			t.Errorf("%s: %d, want %d", tt.name, got, tt.want)
+		}
+	}
+}
