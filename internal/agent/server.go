@@ -238,6 +238,7 @@ func (s *Server) copyOf(ctx context.Context, id string) (*pb.Copy, error) {
 			return nil, errdefs.FromStatus(err)
 		}
 		out.Resumable = state.GetResumeToken() != ""
+		out.SnapshotGuids = state.GetSnapshotGuids()
 	}
 	return out, nil
 }

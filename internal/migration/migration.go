@@ -16,6 +16,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -189,11 +190,8 @@ func (m *Migrator) conflictError(id string, v view, nodes []string) error {
 }
 
 // freshestReplica is the replica of the highest generation and, among
-// those, with the newest snapshot. Generation first: a replica labelled
-// by a newer primary descends from it, whatever the clocks say. Within
-// one generation every replication snapshot was named by that
-// generation's one primary, from its own clock, so the names order them
-// as that primary took them; clocks of different nodes never meet.
+// those, the freshest (fresherWithin). Generation first: a replica
+// labelled by a newer primary descends from it, whatever the clocks say.
 func (v view) freshestReplica(onNode string) (copyOn, bool) {
 	var best copyOn
 	found := false
@@ -202,12 +200,34 @@ func (v view) freshestReplica(onNode string) (copyOn, bool) {
 			continue
 		}
 		newer := c.copy.GetGeneration() > best.copy.GetGeneration() ||
-			c.copy.GetGeneration() == best.copy.GetGeneration() && c.copy.GetLastSnapshotUnixNano() > best.copy.GetLastSnapshotUnixNano()
+			c.copy.GetGeneration() == best.copy.GetGeneration() && fresherWithin(c, best)
 		if !found || newer {
 			best, found = c, true
 		}
 	}
 	return best, found
+}
+
+// fresherWithin orders two replicas of one generation, whose snapshots
+// all came from that generation's one primary. By lineage first: the
+// replica holding the other's newest snapshot and more after it is
+// fresher, whatever any clock says. Only when neither holds the other's
+// newest (their retained snapshots do not overlap) do the times in the
+// names decide: that one primary's clock, which could have stepped back.
+func fresherWithin(a, b copyOn) bool {
+	ag, bg := a.copy.GetSnapshotGuids(), b.copy.GetSnapshotGuids()
+	if len(ag) > 0 && len(bg) > 0 {
+		an, bn := ag[len(ag)-1], bg[len(bg)-1]
+		switch {
+		case an == bn:
+			return false
+		case slices.Contains(ag, bn):
+			return true
+		case slices.Contains(bg, an):
+			return false
+		}
+	}
+	return a.copy.GetLastSnapshotUnixNano() > b.copy.GetLastSnapshotUnixNano()
 }
 
 func (v view) maxGeneration() uint64 {

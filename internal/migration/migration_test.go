@@ -19,6 +19,11 @@ func on(node, role string, gen uint64, lastSnap int64) copyOn {
 		copy: &pb.Copy{NodeId: node, Exists: true, Role: role, Generation: gen, LastSnapshotUnixNano: lastSnap}}
 }
 
+func withGUIDs(c copyOn, guids ...uint64) copyOn {
+	c.copy.SnapshotGuids = guids
+	return c
+}
+
 func TestViewPicksThePrimaryAndTheFreshestReplica(t *testing.T) {
 	tests := []struct {
 		name          string
@@ -40,6 +45,13 @@ func TestViewPicksThePrimaryAndTheFreshestReplica(t *testing.T) {
 		// later than the new primary's, but the newer generation wins.
 		{name: "the generation decides before any clock",
 			copies: []copyOn{on("n2", "replica", 2, 9_000), on("n3", "replica", 3, 5)}, freshest: "n3", maxGeneration: 3},
+		// Within one generation the snapshots' lineage decides: n3 holds
+		// n2's newest snapshot and one more, though the primary's clock
+		// stepped back between them.
+		{name: "lineage decides before the clock",
+			copies: []copyOn{withGUIDs(on("n2", "replica", 2, 9_000), 1, 2, 3), withGUIDs(on("n3", "replica", 2, 5), 2, 3, 4)}, freshest: "n3", maxGeneration: 2},
+		{name: "without overlap the names decide",
+			copies: []copyOn{withGUIDs(on("n2", "replica", 2, 9_000), 1, 2), withGUIDs(on("n3", "replica", 2, 5), 7, 8)}, freshest: "n2", maxGeneration: 2},
 		{name: "the operator's chosen node",
 			copies: []copyOn{on("n2", "replica", 1, 5), on("n3", "replica", 1, 7)}, onNode: "n2", freshest: "n2", maxGeneration: 1},
 		{name: "the operator's node holds none",

@@ -1829,8 +1829,12 @@ type Copy struct {
 	// and to which node; set whether or not the node holds a copy.
 	PromisedGeneration uint64 `protobuf:"varint,16,opt,name=promised_generation,json=promisedGeneration,proto3" json:"promised_generation,omitempty"`
 	PromisedHolder     string `protobuf:"bytes,17,opt,name=promised_holder,json=promisedHolder,proto3" json:"promised_holder,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// On a replica: the GUIDs of its snapshots, oldest first. Within one
+	// generation they order replicas without any clock: the one holding the
+	// other's newest snapshot and more is fresher.
+	SnapshotGuids []uint64 `protobuf:"varint,18,rep,packed,name=snapshot_guids,json=snapshotGuids,proto3" json:"snapshot_guids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Copy) Reset() {
@@ -1980,6 +1984,13 @@ func (x *Copy) GetPromisedHolder() string {
 		return x.PromisedHolder
 	}
 	return ""
+}
+
+func (x *Copy) GetSnapshotGuids() []uint64 {
+	if x != nil {
+		return x.SnapshotGuids
+	}
+	return nil
 }
 
 type ReserveRequest struct {
@@ -2632,7 +2643,7 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\rsnapshot_guid\x18\x01 \x01(\x04R\fsnapshotGuid\x12\x14\n" +
 	"\x05bytes\x18\x02 \x01(\x03R\x05bytes\"-\n" +
 	"\x0eGetCopyRequest\x12\x1b\n" +
-	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\"\xb6\x05\n" +
+	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\"\xdd\x05\n" +
 	"\x04Copy\x12\x1b\n" +
 	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x16\n" +
@@ -2655,7 +2666,8 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\x04name\x18\x0e \x01(\tR\x04name\x124\n" +
 	"\x16failover_from_snapshot\x18\x0f \x01(\tR\x14failoverFromSnapshot\x12/\n" +
 	"\x13promised_generation\x18\x10 \x01(\x04R\x12promisedGeneration\x12'\n" +
-	"\x0fpromised_holder\x18\x11 \x01(\tR\x0epromisedHolder\x1a=\n" +
+	"\x0fpromised_holder\x18\x11 \x01(\tR\x0epromisedHolder\x12%\n" +
+	"\x0esnapshot_guids\x18\x12 \x03(\x04R\rsnapshotGuids\x1a=\n" +
 	"\x0fParametersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"s\n" +
