@@ -368,3 +368,28 @@ func TestPublishDecidesOnlyFromAMajority(t *testing.T) {
 		wantCode(t, err, codes.Unavailable)
 	})
 }
+
+// TestSnapshotsComeOnlyFromTheCurrentPrimary: a snapshot of a stale
+// primary, taken while the newest one's node is down, would let a restore
+// bring back stale data. CreateSnapshot first looks its name up on every
+// node, which needs every node to answer: with one down it is Unavailable
+// before any copy is chosen (docs/safety.md, "Generations").
+func TestSnapshotsComeOnlyFromTheCurrentPrimary(t *testing.T) {
+	ctx := context.Background()
+	id := volume.VolumeIDForName("v")
+	tc := newTestCluster(t, map[string]uint64{"n1": 4 << 30, "n2": 4 << 30, "n3": 4 << 30})
+	stale := tc.copyOf("n1", id, volume.RolePrimary, 1)
+	tc.copyOf("n2", id, volume.RoleReplica, 2)
+	tc.copyOf("n3", id, volume.RolePrimary, 2)
+	tc.promise("n2", id, 2, "n3")
+	tc.promise("n3", id, 2, "n3")
+	ctl := tc.controller()
+	tc.stop("n3")
+	_, err := ctl.CreateSnapshot(ctx, &csi.CreateSnapshotRequest{Name: "s", SourceVolumeId: id})
+	wantCode(t, err, codes.Unavailable)
+	for _, name := range tc.fakes["n1"].Names() {
+		if strings.HasPrefix(name, stale+"@") {
+			t.Errorf("a snapshot was taken of the stale primary: %s", name)
+		}
+	}
+}
