@@ -401,6 +401,50 @@ func TestFailoverAuto(t *testing.T) {
 	}
 }
 
+// TestStaleCopyWaitsForTheNewestsNode: issue 12, case 3. After a
+// failover, the old primary's node returns while the new primary's node
+// is down. The old copy still says "primary, generation 1", and the
+// replica on n3 is of generation 1 too; only n3's promise of generation 2
+// to n2 shows that a newer copy exists. The publish must wait for n2, not
+// hand out the stale copy.
+func TestStaleCopyWaitsForTheNewestsNode(t *testing.T) {
+	e := start(t)
+	id := e.create("promised", map[string]string{"failover": "auto"})
+	dir := e.mustPublish(id, "n1")
+	e.write("n1", dir, "echo replicated > a")
+	e.replicate(id, "n1", "n2")
+	e.replicate(id, "n1", "n3")
+	e.unpublish(id, "n1")
+
+	e.loseNode("n1")
+	dir2 := e.mustPublish(id, "n2") // failover: generation 2, promised by n2 and n3
+	e.write("n2", dir2, "echo only-on-n2 > b")
+	newest := e.checksums("n2", dir2)
+	e.unpublish(id, "n2")
+	e.loseNode("n2")
+	e.returnNode("n1")
+
+	// As Nomad does, retry while the controller has not reconnected to
+	// n1 yet.
+	var err error
+	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(2 * time.Second) {
+		if _, err = e.publish(id, "n1"); err == nil || !strings.Contains(err.Error(), "node n1 did not answer") {
+			break
+		}
+	}
+	wantCode(t, err, codes.Unavailable, "promised to node n2")
+	if c := e.copyOn(id, "n1"); c.GetRole() != "primary" || c.GetGeneration() != 1 || c.GetMounted() {
+		t.Fatalf("n1's stale copy changed or was mounted: %+v", c)
+	}
+
+	// Once n2 answers, the volume comes to n1 with n2's files.
+	e.returnNode("n2")
+	dir3 := e.mustPublish(id, "n1")
+	if got := e.checksums("n1", dir3); got != newest {
+		t.Fatalf("n1 has:\n%s\nwant n2's newest:\n%s", got, newest)
+	}
+}
+
 // With the default policy, manual, publishing keeps failing with a clear
 // message until the operator promotes a replica.
 func TestFailoverManual(t *testing.T) {
