@@ -591,5 +591,5 @@ func (e *env) waitForTransfer(id, nodeID string) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	e.t.Fatal("no transfer started")
+	e.t.Fatalf("node %s reported no transfer of volume %s past 8 MiB within 60 s: the move's final send never started", nodeID, id)
 }

@@ -226,7 +226,10 @@ func TestResumeAfterInterruption(t *testing.T) {
 				if err := n1.CutLink(); err != nil {
 					t.Fatal(err)
 				}
-				time.Sleep(30 * time.Second) // longer than the keepalive detection (about 20 s)
+				// The receiver notices the dead link by its keepalive
+				// (about 20 s) and zfs receive saves its state: wait for
+				// that, not for a fixed time, before the link returns.
+				waitForResumeToken(t, n2, 2*time.Minute)
 			},
 			func(t *testing.T, n1, n2 *sim.Node) {
 				if err := n1.RestoreLink(); err != nil {
@@ -302,6 +305,30 @@ func TestResumeAfterInterruption(t *testing.T) {
 			}
 		})
 	}
+}
+
+func containsAll(s string, subs []string) bool {
+	for _, sub := range subs {
+		if !strings.Contains(s, sub) {
+			return false
+		}
+	}
+	return true
+}
+
+// waitForResumeToken waits until a receive on n has saved a resume token.
+func waitForResumeToken(t *testing.T, n *sim.Node, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		for _, v := range strings.Fields(guesttest.Run(t, "zfs", "get", "-H", "-r", "-o", "value", "receive_resume_token", n.RootDataset)) {
+			if v != "-" {
+				return
+			}
+		}
+		time.Sleep(time.Second)
+	}
+	t.Fatalf("no receive on %s saved a resume token within %s of the link going down: the receiver never noticed the dead link", n.ID, timeout)
 }
 
 func mustStart(t *testing.T, n *sim.Node) {
@@ -657,18 +684,26 @@ func TestScheduleKeepsReplicasCurrent(t *testing.T) {
 			t.Errorf("replica on %s differs:\nsource:\n%s\nreplica:\n%s", n.ID, src, dst)
 		}
 	}
-	// Metrics: lag per replica and pushes on the controller, bytes on the node.
-	ctlMetrics, n1Metrics := scrape(t, c.ControllerMetrics), scrape(t, n1.Metrics)
-	for _, want := range []string{
+	// Metrics: lag per replica and pushes on the controller, bytes on the
+	// node. The controller records a round's gauges and a push's count
+	// once they end, which may be a moment after the replica is fresh: it
+	// is scraped until they show, for two rounds at most.
+	wantCtl := []string{
 		`zfs_nomad_replica_lag_seconds{volume_id="` + id + `",node="n2"}`,
 		`zfs_nomad_replica_lag_seconds{volume_id="` + id + `",node="n3"}`,
 		`zfs_nomad_replicas_missing{volume_id="` + id + `"} 0`,
 		`zfs_nomad_scheduled_pushes_total{result="success"}`,
-	} {
+	}
+	ctlMetrics := scrape(t, c.ControllerMetrics)
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline) && !containsAll(ctlMetrics, wantCtl); time.Sleep(time.Second) {
+		ctlMetrics = scrape(t, c.ControllerMetrics)
+	}
+	for _, want := range wantCtl {
 		if !strings.Contains(ctlMetrics, want) {
-			t.Errorf("controller metrics lack %s:\n%s", want, ctlMetrics)
+			t.Errorf("controller metrics lack %s after 30 s:\n%s", want, ctlMetrics)
 		}
 	}
+	n1Metrics := scrape(t, n1.Metrics)
 	for _, want := range []string{`zfs_nomad_replication_sent_bytes_total{peer_node="n2"}`, `zfs_nomad_replication_transfers_total{direction="out",kind="full",result="success"}`} {
 		if !strings.Contains(n1Metrics, want) {
 			t.Errorf("node metrics lack %s:\n%s", want, n1Metrics)
