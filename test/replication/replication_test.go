@@ -422,6 +422,17 @@ func TestRefusesStrangersAndBadStreams(t *testing.T) {
 			t.Errorf("after the %s stream the replica changed:\n%s\nwas:\n%s", name, after, before)
 		}
 	}
+	// A generation near 2^64 would make the next promotion overflow, and
+	// one lower than the replica's would relabel it downwards.
+	for _, gen := range []uint64{1<<64 - 1, 0} {
+		err := sendStream(ctx, peer, &pb.ReceiveHeader{VolumeId: id, Kind: "incremental", Snapshot: "manual", SourceNodeId: "peer", Generation: gen}, real)
+		if status.Code(err) != codes.InvalidArgument {
+			t.Errorf("a stream of generation %d: %v, want InvalidArgument", gen, err)
+		}
+	}
+	if gen := zfsGet(t, "zfs-nomad:generation", n2.RootDataset+"/"+id); gen != "1" {
+		t.Errorf("after the lying headers the replica's generation is %s, want 1", gen)
+	}
 	// A header naming something that is not a volume ID never reaches ZFS.
 	err = sendStream(ctx, peer, &pb.ReceiveHeader{VolumeId: "../../etc", Kind: "full", Snapshot: "x"}, []byte("x"))
 	if status.Code(err) != codes.InvalidArgument {
