@@ -423,7 +423,7 @@ func TestRefusesStrangersAndBadStreams(t *testing.T) {
 		}
 	}
 	// A generation near 2^64 would make the next promotion overflow, and
-	// one lower than the replica's would relabel it downwards.
+	// generation 0 is none at all.
 	for _, gen := range []uint64{1<<64 - 1, 0} {
 		err := sendStream(ctx, peer, &pb.ReceiveHeader{VolumeId: id, Kind: "incremental", Snapshot: "manual", SourceNodeId: "peer", Generation: gen}, real)
 		if status.Code(err) != codes.InvalidArgument {
