@@ -144,6 +144,7 @@ func command(name string, args []string) error {
 			fs.StringVar(&to, "to", "", "node ID to back up to (default: the healthy node with most room, preferring one that holds a replica)")
 		case "promote":
 			fs.StringVar(&to, "node", "", "node ID whose replica to promote (default: the freshest)")
+			fs.BoolVar(&force, "force", false, "promote even when fewer than a majority of the nodes answer: you assert the silent nodes are lost for good, or hold nothing newer")
 		case "remove-replica":
 			fs.StringVar(&to, "node", "", "node ID whose replica to remove (required)")
 			fs.BoolVar(&force, "force", false, "remove it even when no reachable node holds the volume's primary")
@@ -175,9 +176,9 @@ func command(name string, args []string) error {
 		return operator.Backup(ctx, nodes, rest[0], to, os.Stdout)
 	case "promote":
 		if len(rest) != 1 {
-			return errors.New("usage: zfs-controller promote [flags] [-node NODE] VOLUME_ID")
+			return errors.New("usage: zfs-controller promote [flags] [-node NODE] [-force] VOLUME_ID")
 		}
-		return operator.Promote(ctx, migration.New(nodes, log), rest[0], to, os.Stdout)
+		return operator.Promote(ctx, migration.New(nodes, log), rest[0], to, force, os.Stdout)
 	case "remove-replica":
 		if len(rest) != 1 || to == "" {
 			return errors.New("usage: zfs-controller remove-replica [flags] -node NODE [-force] VOLUME_ID")

@@ -258,6 +258,7 @@ func (s *Server) copyToPB(c volume.Copy) *pb.Copy {
 		Generation: c.Generation, MovingTo: c.MovingTo, FencedUnixNano: c.FencedAt, Mounted: c.Mounted,
 		LastSnapshot: c.LastSnapshot, LastSnapshotUnixNano: c.LastSnapshotAt,
 		Parameters: c.Parameters, CapacityBytes: c.Capacity, FailoverFromSnapshot: c.FailoverFrom,
+		ForcedGeneration: c.Forced,
 	}
 }
 
@@ -294,6 +295,12 @@ func (s *Server) Promote(ctx context.Context, req *pb.PromoteRequest) (*pb.Copy,
 	c, err := s.volumes.Promote(ctx, req.GetVolumeId(), req.GetGeneration(), req.GetNotBeforeUnixNano(), req.GetFailover())
 	if err != nil {
 		return nil, errdefs.ToStatus(err)
+	}
+	if req.GetForced() {
+		if err := s.volumes.MarkForced(ctx, req.GetVolumeId(), req.GetGeneration()); err != nil {
+			return nil, errdefs.ToStatus(err)
+		}
+		c.Forced = req.GetGeneration()
 	}
 	return s.copyToPB(c), nil
 }

@@ -2,6 +2,7 @@ package csi
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/agent"
 	"github.com/zfs-nomad/zfs-nomad/internal/cluster/clustertest"
 	"github.com/zfs-nomad/zfs-nomad/internal/config"
+	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
 	"github.com/zfs-nomad/zfs-nomad/internal/migration"
 	"github.com/zfs-nomad/zfs-nomad/internal/volume"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs/zfsfake"
@@ -356,6 +358,30 @@ func TestPublishDecidesOnlyFromAMajority(t *testing.T) {
 		if gen := resp.GetPublishContext()["generation"]; gen != "3" {
 			t.Errorf("the failover promoted n3 to generation %s, want 3: generation 2 is n2's", gen)
 		}
+	})
+
+	t.Run("the operator's forced promotion is published without a majority", func(t *testing.T) {
+		tc := newTestCluster(t, map[string]uint64{"n1": 4 << 30, "n2": 4 << 30, "n3": 4 << 30})
+		tc.copyOf("n1", id, volume.RolePrimary, 1)
+		tc.copyOf("n3", id, volume.RoleReplica, 1)
+		ctl := tc.controller()
+		tc.stop("n1")
+		tc.stop("n2")
+		m := migration.New(tc.agents.Cluster(t), hclog.NewNullLogger())
+		_, err := m.Promote(ctx, id, "n3", false)
+		if !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "-force") {
+			t.Fatalf("promote without a majority: %v, want Unavailable pointing to -force", err)
+		}
+		c, err := m.Promote(ctx, id, "n3", true)
+		if err != nil || c.GetGeneration() != 2 || c.GetForcedGeneration() != 2 {
+			t.Fatalf("forced promote: %+v, %v", c, err)
+		}
+		resp, err := publish(ctl, "n3")
+		if err != nil || resp.GetPublishContext()["generation"] != "2" {
+			t.Fatalf("publish of the forced primary: %v, %v", resp, err)
+		}
+		_, err = publish(ctl, "n2")
+		wantCode(t, err, codes.Unavailable) // a move still needs a majority
 	})
 
 	t.Run("no decision without a majority", func(t *testing.T) {

@@ -80,6 +80,19 @@ func (v view) newest() uint64 {
 	return g
 }
 
+// forcedOn reports whether the newest primary in view is on nodeID and was
+// promoted there by the operator without a majority (promote -force) at
+// its current generation: the one copy that may be published while the
+// majority stays lost, on the operator's word.
+func (v view) forcedOn(nodeID string) bool {
+	p, ok := v.primary()
+	if !ok || p.nodeID() != nodeID || p.copy.GetForcedGeneration() != p.copy.GetGeneration() {
+		return false
+	}
+	_, newer := v.newerElsewhere(p)
+	return !newer && p.copy.GetGeneration() >= v.newest()
+}
+
 // nextGeneration is the generation to promote holder's copy with: one
 // above every copy and promise seen; or, when the newest is a promise to
 // holder that no copy holds yet, that one: a retry of an interrupted
@@ -313,7 +326,7 @@ func (m *Migrator) Publish(ctx context.Context, id, nodeID string) (uint64, erro
 		if nodes := v.conflict(); nodes != nil {
 			return 0, m.conflictError(id, v, nodes)
 		}
-		if !v.quorum() {
+		if !v.quorum() && !v.forcedOn(nodeID) {
 			return 0, m.noQuorum(id, v)
 		}
 		if err := m.settle(ctx, id, v); err != nil {
@@ -366,7 +379,8 @@ var errRetry = errors.New("retry")
 // noQuorum is the error for a decision a view without a majority cannot
 // make: a newer generation may live on the nodes that did not answer.
 func (m *Migrator) noQuorum(id string, v view) error {
-	return errdefs.Wrap(errdefs.ErrUnavailable, "only %d of the %d nodes answered (not answering: %s): a majority must answer to know volume %s's newest copy; retry",
+	return errdefs.Wrap(errdefs.ErrUnavailable, "only %d of the %d nodes answered (not answering: %s): a majority must answer to know volume %s's newest copy; retry, "+
+		"or if those nodes are lost for good, an operator may promote a replica with zfs-controller promote -force",
 		len(v.nodes), len(v.nodes)+len(v.unreachable), strings.Join(v.unreachable, ", "), id)
 }
 
@@ -376,6 +390,12 @@ func (m *Migrator) noQuorum(id string, v view) error {
 // a newer generation exists or another promotion raced this one: the
 // caller looks again (errRetry).
 func (m *Migrator) reserve(ctx context.Context, id string, gen uint64, holder string, v view) error {
+	return m.reserveFrom(ctx, id, gen, holder, v, false)
+}
+
+// reserveFrom is reserve; with everyAnswering (the operator's forced
+// promotion, without a majority) every node that answered must grant it.
+func (m *Migrator) reserveFrom(ctx context.Context, id string, gen uint64, holder string, v view, everyAnswering bool) error {
 	type answer struct {
 		node string
 		resp *pb.ReserveResponse
@@ -405,7 +425,11 @@ func (m *Migrator) reserve(ctx context.Context, id string, gen uint64, holder st
 			refusals = append(refusals, fmt.Sprintf("node %s promised generation %d to node %s", a.node, a.resp.GetPromisedGeneration(), a.resp.GetPromisedHolder()))
 		}
 	}
-	if granted > total/2 && holderGranted {
+	enough := granted > total/2
+	if everyAnswering {
+		enough = granted == len(v.nodes)
+	}
+	if enough && holderGranted {
 		return nil
 	}
 	m.log.Warn("generation not reserved; looking again", "volume_id", id, "generation", gen, "holder", holder,
@@ -565,20 +589,27 @@ func (m *Migrator) failover(ctx context.Context, id string, v view, log hclog.Lo
 		return nil, errdefs.Wrap(errdefs.ErrUnavailable, "the primary of volume %s is unreachable and its failover policy is manual: an operator promotes a replica with `zfs-controller promote -node %s %s` (the freshest, as of %s), or brings the primary's node back",
 			id, r.nodeID(), id, lastAt.UTC().Format(time.RFC3339))
 	}
-	return m.promote(ctx, id, r, v, log)
+	return m.promote(ctx, id, r, v, false, log)
 }
 
-func (m *Migrator) promote(ctx context.Context, id string, r copyOn, v view, log hclog.Logger) (*pb.Copy, error) {
-	if !v.quorum() {
+// promote promotes the replica r by failover. forced is the operator's
+// promotion without a majority (promote -force): every node that answered
+// must grant the generation, and the copy records it was forced.
+func (m *Migrator) promote(ctx context.Context, id string, r copyOn, v view, forced bool, log hclog.Logger) (*pb.Copy, error) {
+	if !v.quorum() && !forced {
 		return nil, m.noQuorum(id, v)
 	}
 	gen := v.nextGeneration(r.nodeID())
 	lastAt := time.Unix(0, r.copy.GetLastSnapshotUnixNano())
-	if err := m.reserve(ctx, id, gen, r.nodeID(), v); err != nil {
+	if err := m.reserveFrom(ctx, id, gen, r.nodeID(), v, forced && !v.quorum()); err != nil {
 		return nil, err
 	}
+	if forced && !v.quorum() {
+		log.Warn("promoting without a majority of the nodes, as the operator forced: the silent nodes must hold nothing newer",
+			"not_answering", strings.Join(v.unreachable, ","), "generation", gen)
+	}
 	cctx, cancel := m.cluster.Call(ctx)
-	c, err := r.node.Client.Promote(cctx, &pb.PromoteRequest{VolumeId: id, Generation: gen, Failover: true})
+	c, err := r.node.Client.Promote(cctx, &pb.PromoteRequest{VolumeId: id, Generation: gen, Failover: true, Forced: forced && !v.quorum()})
 	cancel()
 	if err != nil {
 		m.Metrics.count("failover", "failed")
@@ -594,8 +625,11 @@ func (m *Migrator) promote(ctx context.Context, id string, r copyOn, v view, log
 }
 
 // Promote is the operator's failover: it promotes the replica on nodeID
-// (the freshest if empty) when no reachable node holds a primary.
-func (m *Migrator) Promote(ctx context.Context, id, nodeID string) (*pb.Copy, error) {
+// (the freshest if empty) when no reachable node holds a primary. Without
+// a majority of the nodes answering it refuses, unless forced: the
+// operator then asserts that the silent nodes are lost for good, or hold
+// nothing newer (docs/safety.md, "Generations").
+func (m *Migrator) Promote(ctx context.Context, id, nodeID string, force bool) (*pb.Copy, error) {
 	if !volume.IsVolumeID(id) {
 		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, "%q is not a volume ID", id)
 	}
@@ -610,5 +644,5 @@ func (m *Migrator) Promote(ctx context.Context, id, nodeID string) (*pb.Copy, er
 	if !ok {
 		return nil, errdefs.Wrap(errdefs.ErrNotFound, "no reachable node holds a replica of volume %s%s", id, map[bool]string{true: " on node " + nodeID}[nodeID != ""])
 	}
-	return m.promote(ctx, id, r, v, m.log.With("volume_id", id, "operator", true))
+	return m.promote(ctx, id, r, v, force, m.log.With("volume_id", id, "operator", true))
 }

@@ -205,8 +205,8 @@ func Status(ctx context.Context, cl *cluster.Cluster, out io.Writer, now time.Ti
 // Promote is the operator's failover for a volume whose primary's node is
 // lost and whose policy is manual: it promotes the replica on node (the
 // freshest if empty) and says what may have been lost.
-func Promote(ctx context.Context, m *migration.Migrator, volumeID, node string, out io.Writer) error {
-	c, err := m.Promote(ctx, volumeID, node)
+func Promote(ctx context.Context, m *migration.Migrator, volumeID, node string, force bool, out io.Writer) error {
+	c, err := m.Promote(ctx, volumeID, node, force)
 	if err != nil {
 		return err
 	}

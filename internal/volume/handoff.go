@@ -35,6 +35,9 @@ type Copy struct {
 	// FailoverFrom is set on a primary promoted by failover: the newest
 	// snapshot it had; writes after it on the lost primary may be gone.
 	FailoverFrom string
+	// Forced is the generation the operator promoted this primary at
+	// without a majority of the nodes (MarkForced); 0 if never.
+	Forced uint64
 }
 
 // notMoving is the value of PropMovingTo on a primary that is not fenced.
@@ -77,6 +80,7 @@ func (m *Manager) Copy(ctx context.Context, id string) (Copy, error) {
 	out.FencedAt = fencedAt(ds)
 	out.Parameters = DecodeParameters(ds.User[PropParameters])
 	out.FailoverFrom = ds.User[PropFailoverLag]
+	out.Forced, _ = strconv.ParseUint(ds.User[PropForced], 10, 64)
 	out.Capacity, _ = strconv.ParseUint(ds.User[PropCapacity], 10, 64)
 	if role == RolePrimary {
 		out.Capacity = ds.RefQuota

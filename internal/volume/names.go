@@ -29,6 +29,7 @@ const (
 	PropCapacity    = propPrefix + "capacity"      // on replicas: the primary's quota, applied at promotion
 	PropFailoverLag = propPrefix + "failover_from" // on a primary promoted by failover: its newest snapshot then
 	PropSetAsideAt  = propPrefix + "set_aside_at"  // on a copy set aside: when
+	PropForced      = propPrefix + "forced"        // on a primary the operator promoted without a majority: its generation then
 	// On snapshots.
 	PropSnapshotName = propPrefix + "snapshot_name" // the CSI name of a CSI snapshot
 	PropSourceVolume = propPrefix + "source_volume" // the CSI volume ID it was taken of
@@ -38,7 +39,7 @@ const (
 var UserProperties = []string{
 	PropVolumeID, PropName, PropRole, PropGeneration, PropParameters, PropSource,
 	PropDeletedAt, PropSnapshotName, PropSourceVolume,
-	PropMovingTo, PropFencedAt, PropCapacity, PropFailoverLag,
+	PropMovingTo, PropFencedAt, PropCapacity, PropFailoverLag, PropForced,
 }
 
 // ReplicationSnapshotPrefix starts the short name of the snapshots that

@@ -110,6 +110,30 @@ func (m *Manager) Forget(ctx context.Context, id string) error {
 	return nil
 }
 
+// MarkForced records on the primary of volume id that the operator
+// promoted it at generation without a majority of the nodes: the
+// controller may then publish it while the majority stays lost, on the
+// operator's word that the silent nodes hold nothing newer.
+func (m *Manager) MarkForced(ctx context.Context, id string, generation uint64) error {
+	unlock, err := m.lock(ctx, id)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	c, err := m.Copy(ctx, id)
+	if err != nil {
+		return err
+	}
+	if !c.Exists || c.Role != RolePrimary || c.Generation != generation {
+		return fmt.Errorf("%w: node %s holds no primary of volume %s at generation %d to mark as forced", errdefs.ErrFailedPrecondition, m.cfg.NodeID, id, generation)
+	}
+	if err := m.zfs.SetProperties(ctx, datasetFor(m.cfg.RootDataset, id), map[string]string{PropForced: strconv.FormatUint(generation, 10)}); err != nil {
+		return zfsError(err, "marking volume "+id+" as forced")
+	}
+	m.log.Warn("primary promoted by the operator without a majority of the nodes", "volume_id", id, "generation", generation)
+	return nil
+}
+
 // checkPromised refuses a promotion to a generation this node has not been
 // promised: the controller reserves it on a majority first.
 func (m *Manager) checkPromised(ctx context.Context, id string, generation uint64) error {

@@ -1833,8 +1833,11 @@ type Copy struct {
 	// generation they order replicas without any clock: the one holding the
 	// other's newest snapshot and more is fresher.
 	SnapshotGuids []uint64 `protobuf:"varint,18,rep,packed,name=snapshot_guids,json=snapshotGuids,proto3" json:"snapshot_guids,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// On a primary the operator promoted without a majority: the generation
+	// it was forced at.
+	ForcedGeneration uint64 `protobuf:"varint,19,opt,name=forced_generation,json=forcedGeneration,proto3" json:"forced_generation,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Copy) Reset() {
@@ -1991,6 +1994,13 @@ func (x *Copy) GetSnapshotGuids() []uint64 {
 		return x.SnapshotGuids
 	}
 	return nil
+}
+
+func (x *Copy) GetForcedGeneration() uint64 {
+	if x != nil {
+		return x.ForcedGeneration
+	}
+	return 0
 }
 
 type ReserveRequest struct {
@@ -2264,8 +2274,12 @@ type PromoteRequest struct {
 	// this time (the source's fence). 0 for a failover.
 	NotBeforeUnixNano int64 `protobuf:"varint,3,opt,name=not_before_unix_nano,json=notBeforeUnixNano,proto3" json:"not_before_unix_nano,omitempty"`
 	Failover          bool  `protobuf:"varint,4,opt,name=failover,proto3" json:"failover,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// The operator forced it without a majority of the nodes (zfs-controller
+	// promote -force): recorded on the copy, so that it can be published
+	// while the majority stays lost.
+	Forced        bool `protobuf:"varint,5,opt,name=forced,proto3" json:"forced,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PromoteRequest) Reset() {
@@ -2322,6 +2336,13 @@ func (x *PromoteRequest) GetNotBeforeUnixNano() int64 {
 func (x *PromoteRequest) GetFailover() bool {
 	if x != nil {
 		return x.Failover
+	}
+	return false
+}
+
+func (x *PromoteRequest) GetForced() bool {
+	if x != nil {
+		return x.Forced
 	}
 	return false
 }
@@ -2643,7 +2664,7 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\rsnapshot_guid\x18\x01 \x01(\x04R\fsnapshotGuid\x12\x14\n" +
 	"\x05bytes\x18\x02 \x01(\x03R\x05bytes\"-\n" +
 	"\x0eGetCopyRequest\x12\x1b\n" +
-	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\"\xdd\x05\n" +
+	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\"\x8a\x06\n" +
 	"\x04Copy\x12\x1b\n" +
 	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x16\n" +
@@ -2667,7 +2688,8 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\x16failover_from_snapshot\x18\x0f \x01(\tR\x14failoverFromSnapshot\x12/\n" +
 	"\x13promised_generation\x18\x10 \x01(\x04R\x12promisedGeneration\x12'\n" +
 	"\x0fpromised_holder\x18\x11 \x01(\tR\x0epromisedHolder\x12%\n" +
-	"\x0esnapshot_guids\x18\x12 \x03(\x04R\rsnapshotGuids\x1a=\n" +
+	"\x0esnapshot_guids\x18\x12 \x03(\x04R\rsnapshotGuids\x12+\n" +
+	"\x11forced_generation\x18\x13 \x01(\x04R\x10forcedGeneration\x1a=\n" +
 	"\x0fParametersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"s\n" +
@@ -2687,14 +2709,15 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\rFenceResponse\x12(\n" +
 	"\x10fenced_unix_nano\x18\x01 \x01(\x03R\x0efencedUnixNano\"-\n" +
 	"\x0eUnfenceRequest\x12\x1b\n" +
-	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\"\x9a\x01\n" +
+	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\"\xb2\x01\n" +
 	"\x0ePromoteRequest\x12\x1b\n" +
 	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x02 \x01(\x04R\n" +
 	"generation\x12/\n" +
 	"\x14not_before_unix_nano\x18\x03 \x01(\x03R\x11notBeforeUnixNano\x12\x1a\n" +
-	"\bfailover\x18\x04 \x01(\bR\bfailover\"b\n" +
+	"\bfailover\x18\x04 \x01(\bR\bfailover\x12\x16\n" +
+	"\x06forced\x18\x05 \x01(\bR\x06forced\"b\n" +
 	"\rDemoteRequest\x12\x1b\n" +
 	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12\x1e\n" +
 	"\n" +
