@@ -388,14 +388,10 @@ func (m *Migrator) noQuorum(id string, v view) error {
 // volume to holder's copy before it is promoted with it: no other copy
 // can then ever get gen (docs/safety.md, "Generations"). A refusal means
 // a newer generation exists or another promotion raced this one: the
-// caller looks again (errRetry).
-func (m *Migrator) reserve(ctx context.Context, id string, gen uint64, holder string, v view) error {
-	return m.reserveFrom(ctx, id, gen, holder, v, false)
-}
-
-// reserveFrom is reserve; with everyAnswering (the operator's forced
-// promotion, without a majority) every node that answered must grant it.
-func (m *Migrator) reserveFrom(ctx context.Context, id string, gen uint64, holder string, v view, everyAnswering bool) error {
+// caller looks again (errRetry). With everyAnswering (the operator's
+// forced promotion, without a majority) every node that answered must
+// grant it instead.
+func (m *Migrator) reserve(ctx context.Context, id string, gen uint64, holder string, v view, everyAnswering bool) error {
 	type answer struct {
 		node string
 		resp *pb.ReserveResponse
@@ -463,7 +459,7 @@ func (m *Migrator) move(ctx context.Context, id string, p copyOn, target cluster
 	// The reservation runs beside the fence and the final send, off the
 	// move's critical path; the promotion waits for it.
 	reserved := make(chan error, 1)
-	go func() { reserved <- m.reserve(ctx, id, gen, target.Info.GetNodeId(), v) }()
+	go func() { reserved <- m.reserve(ctx, id, gen, target.Info.GetNodeId(), v, false) }()
 	cctx, cancel := m.cluster.Call(ctx)
 	fence, err := p.node.Client.Fence(cctx, &pb.FenceRequest{VolumeId: id, TargetNodeId: target.Info.GetNodeId()})
 	cancel()
@@ -596,20 +592,21 @@ func (m *Migrator) failover(ctx context.Context, id string, v view, log hclog.Lo
 // promotion without a majority (promote -force): every node that answered
 // must grant the generation, and the copy records it was forced.
 func (m *Migrator) promote(ctx context.Context, id string, r copyOn, v view, forced bool, log hclog.Logger) (*pb.Copy, error) {
-	if !v.quorum() && !forced {
+	withoutMajority := !v.quorum()
+	if withoutMajority && !forced {
 		return nil, m.noQuorum(id, v)
 	}
 	gen := v.nextGeneration(r.nodeID())
 	lastAt := time.Unix(0, r.copy.GetLastSnapshotUnixNano())
-	if err := m.reserveFrom(ctx, id, gen, r.nodeID(), v, forced && !v.quorum()); err != nil {
+	if err := m.reserve(ctx, id, gen, r.nodeID(), v, withoutMajority); err != nil {
 		return nil, err
 	}
-	if forced && !v.quorum() {
+	if withoutMajority {
 		log.Warn("promoting without a majority of the nodes, as the operator forced: the silent nodes must hold nothing newer",
 			"not_answering", strings.Join(v.unreachable, ","), "generation", gen)
 	}
 	cctx, cancel := m.cluster.Call(ctx)
-	c, err := r.node.Client.Promote(cctx, &pb.PromoteRequest{VolumeId: id, Generation: gen, Failover: true, Forced: forced && !v.quorum()})
+	c, err := r.node.Client.Promote(cctx, &pb.PromoteRequest{VolumeId: id, Generation: gen, Failover: true, Forced: withoutMajority})
 	cancel()
 	if err != nil {
 		m.Metrics.count("failover", "failed")

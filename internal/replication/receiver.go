@@ -687,25 +687,20 @@ func (r *Receiver) fullLabels(h *pb.ReceiveHeader) map[string]string {
 	return labels
 }
 
-// labels are the replica's labels and its quota: the primary's capacity,
-// so that the replica shows what it may grow to, and a promoted copy has
-// its quota from the first moment.
+// labels are the properties a replica carries so that it can become the
+// primary (identity, generation, parameters and capacity), and its quota:
+// the primary's capacity, so that the replica shows what it may grow to,
+// and a promoted copy has its quota from the first moment.
 func (r *Receiver) labels(h *pb.ReceiveHeader) map[string]string {
-	labels := replicaLabels(h)
-	if r.QuotaProperty != "" && h.GetCapacityBytes() > 0 {
-		labels[r.QuotaProperty] = strconv.FormatUint(h.GetCapacityBytes(), 10)
-	}
-	return labels
-}
-
-// replicaLabels are the properties a replica carries so that it can become
-// the primary: identity, generation, parameters and capacity.
-func replicaLabels(h *pb.ReceiveHeader) map[string]string {
-	return map[string]string{
+	labels := map[string]string{
 		volume.PropRole:       RoleReplica,
 		volume.PropName:       h.GetVolumeName(),
 		volume.PropGeneration: strconv.FormatUint(h.GetGeneration(), 10),
 		volume.PropParameters: volume.EncodeParameters(h.GetParameters()),
 		volume.PropCapacity:   strconv.FormatUint(h.GetCapacityBytes(), 10),
 	}
+	if r.QuotaProperty != "" && h.GetCapacityBytes() > 0 {
+		labels[r.QuotaProperty] = strconv.FormatUint(h.GetCapacityBytes(), 10)
+	}
+	return labels
 }
