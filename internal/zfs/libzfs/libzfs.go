@@ -128,6 +128,19 @@ func (h handle) errno() C.int { return C.last_errno(h.h) }
 
 // lastError turns the handle's error state into an error wrapping the zfs
 // sentinel that matches its errno.
+// withDataset opens the dataset name for fn and closes it afterwards; op
+// names the call in the error when it cannot be opened.
+func (h handle) withDataset(op, name string, fn func(zh *C.zfs_handle_t) error) error {
+	cname := C.CString(name)
+	defer C.free(unsafe.Pointer(cname))
+	zh := C.open_dataset(h.h, cname)
+	if zh == nil {
+		return h.lastError(op, name)
+	}
+	defer C.zfs_close(zh)
+	return fn(zh)
+}
+
 func (h handle) lastError(op, name string) error {
 	desc := C.GoString(C.last_error(h.h))
 	var kind error
@@ -165,21 +178,16 @@ func (z *ZFS) UserProperty(ctx context.Context, name, key string) (string, bool,
 	var value string
 	var ok bool
 	err := z.do(ctx, func(h handle) error {
-		cname := C.CString(name)
-		defer C.free(unsafe.Pointer(cname))
-		zh := C.open_dataset(h.h, cname)
-		if zh == nil {
-			return h.lastError("open", name)
-		}
-		defer C.zfs_close(zh)
-		ckey := C.CString(key)
-		defer C.free(unsafe.Pointer(ckey))
-		buf := (*C.char)(C.malloc(propValueMax))
-		defer C.free(unsafe.Pointer(buf))
-		if C.own_user_prop(zh, ckey, buf, propValueMax) == 1 {
-			value, ok = C.GoString(buf), true
-		}
-		return nil
+		return h.withDataset("open", name, func(zh *C.zfs_handle_t) error {
+			ckey := C.CString(key)
+			defer C.free(unsafe.Pointer(ckey))
+			buf := (*C.char)(C.malloc(propValueMax))
+			defer C.free(unsafe.Pointer(buf))
+			if C.own_user_prop(zh, ckey, buf, propValueMax) == 1 {
+				value, ok = C.GoString(buf), true
+			}
+			return nil
+		})
 	})
 	return value, ok, err
 }

@@ -72,6 +72,23 @@ func TestDatasetLifecycle(t *testing.T) {
 	if ds.Type != zfs.Filesystem || ds.RefQuota != 64<<20 || ds.User[userProp] != "hello world" || ds.Created.IsZero() {
 		t.Errorf("Get = %+v", ds)
 	}
+	// UserProperty reads any user property set on the dataset itself, not
+	// only those New was given, and not one inherited from the parent.
+	if v, ok, err := z.UserProperty(ctx, fs, userProp); err != nil || !ok || v != "hello world" {
+		t.Errorf("UserProperty(%s) = %q, %v, %v", userProp, v, ok, err)
+	}
+	if err := z.SetProperties(ctx, root, map[string]string{"zfs-nomad:other": "on the root"}); err != nil {
+		t.Fatal(err)
+	}
+	if v, ok, err := z.UserProperty(ctx, root, "zfs-nomad:other"); err != nil || !ok || v != "on the root" {
+		t.Errorf("UserProperty of a key New was not given = %q, %v, %v", v, ok, err)
+	}
+	if v, ok, err := z.UserProperty(ctx, fs, "zfs-nomad:other"); err != nil || ok {
+		t.Errorf("UserProperty of an inherited key = %q, %v, %v; want not set", v, ok, err)
+	}
+	if _, _, err := z.UserProperty(ctx, fs+"-missing", userProp); !errors.Is(err, zfs.ErrNotFound) {
+		t.Errorf("UserProperty of a missing dataset: %v, want ErrNotFound", err)
+	}
 	if err := z.CreateFilesystem(ctx, fs, nil); !errors.Is(err, zfs.ErrExists) {
 		t.Errorf("second create: %v, want ErrExists", err)
 	}

@@ -17,14 +17,16 @@ import (
 // read reads one dataset: the numbers from the statistics zfs_open
 // fetched, and the user properties z reads, set on the dataset itself.
 func (z *ZFS) read(h handle, name string) (zfs.Dataset, error) {
-	cname := C.CString(name)
-	defer C.free(unsafe.Pointer(cname))
-	zh := C.open_dataset(h.h, cname)
-	if zh == nil {
-		return zfs.Dataset{}, h.lastError("open", name)
-	}
-	defer C.zfs_close(zh)
+	var out zfs.Dataset
+	err := h.withDataset("open", name, func(zh *C.zfs_handle_t) error {
+		out = z.readOpen(zh)
+		return nil
+	})
+	return out, err
+}
 
+// readOpen reads the dataset zh, as read does.
+func (z *ZFS) readOpen(zh *C.zfs_handle_t) zfs.Dataset {
 	var n C.numbers_t
 	C.read_numbers(zh, &n)
 	out := zfs.Dataset{
@@ -56,7 +58,7 @@ func (z *ZFS) read(h handle, name string) (zfs.Dataset, error) {
 		}
 		C.free(unsafe.Pointer(ckey))
 	}
-	return out, nil
+	return out
 }
 
 // setProps sets props on name in one call.

@@ -44,22 +44,17 @@ func (s Streams) GetAll(ctx context.Context, dataset string, props ...string) (m
 	}
 	values := map[string]string{}
 	err := s.z.do(ctx, func(h handle) error {
-		cname := C.CString(dataset)
-		defer C.free(unsafe.Pointer(cname))
-		zh := C.open_dataset(h.h, cname)
-		if zh == nil {
-			return h.lastError("get", dataset)
-		}
-		defer C.zfs_close(zh)
-		buf := (*C.char)(C.malloc(propValueMax))
-		defer C.free(unsafe.Pointer(buf))
-		for _, p := range props {
-			cp := C.CString(p)
-			C.prop_get(zh, cp, buf, propValueMax)
-			C.free(unsafe.Pointer(cp))
-			values[p] = C.GoString(buf)
-		}
-		return nil
+		return h.withDataset("get", dataset, func(zh *C.zfs_handle_t) error {
+			buf := (*C.char)(C.malloc(propValueMax))
+			defer C.free(unsafe.Pointer(buf))
+			for _, p := range props {
+				cp := C.CString(p)
+				C.prop_get(zh, cp, buf, propValueMax)
+				C.free(unsafe.Pointer(cp))
+				values[p] = C.GoString(buf)
+			}
+			return nil
+		})
 	})
 	return values, err
 }
