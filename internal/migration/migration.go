@@ -137,14 +137,13 @@ func (m *Migrator) gather(ctx context.Context, id string) (view, error) {
 		v.unreachable = append(v.unreachable, u.Addr)
 	}
 	for _, a := range answers { // sorted by node ID
-		v.nodes = append(v.nodes, a.Node)
-		switch {
-		case a.Err != nil:
+		if a.Err != nil {
 			m.log.Warn("node cannot describe its copy", "volume_id", id, "node_id", a.Node.Info.GetNodeId(), "error", a.Err)
 			v.unreachable = append(v.unreachable, a.Node.Addr)
-			v.nodes = v.nodes[:len(v.nodes)-1]
 			continue
-		case a.Object.GetExists():
+		}
+		v.nodes = append(v.nodes, a.Node)
+		if a.Object.GetExists() {
 			v.copies = append(v.copies, copyOn{node: a.Node, copy: a.Object})
 		}
 		if g := a.Object.GetPromisedGeneration(); g > 0 {
