@@ -147,7 +147,7 @@ func (r *Receiver) receive(stream pb.Replication_ReceiveServer) (*pb.ReceiveResu
 	if err != nil {
 		return nil, fmt.Errorf("the stream of volume %s: %w", h.GetVolumeId(), err)
 	}
-	if _, err := checkBegin(begin, h.GetKind()); err != nil {
+	if err := checkBegin(begin, h.GetKind()); err != nil {
 		return nil, fmt.Errorf("the stream of volume %s: %w", h.GetVolumeId(), err)
 	}
 	log := r.log.With("volume_id", h.GetVolumeId(), "source_node", h.GetSourceNodeId(), "kind", h.GetKind(), "snapshot", h.GetSnapshot())

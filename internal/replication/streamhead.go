@@ -74,18 +74,18 @@ func parseBegin(b []byte) (streamBegin, error) {
 // setuid, or this driver's own labels. A raw stream's encryption
 // parameters travel inside a plain stream's begin record and stay
 // allowed.
-func checkBegin(b []byte, kind string) (streamBegin, error) {
+func checkBegin(b []byte, kind string) error {
 	begin, err := parseBegin(b)
 	if err != nil {
-		return begin, errdefs.Wrap(errdefs.ErrInvalidArgument, "%v", err)
+		return errdefs.Wrap(errdefs.ErrInvalidArgument, "%v", err)
 	}
 	switch {
 	case begin.compound:
-		return begin, errdefs.Wrap(errdefs.ErrInvalidArgument, "the stream of %s carries properties or several datasets (zfs send -p or -R): only plain streams are received", begin.toName)
+		return errdefs.Wrap(errdefs.ErrInvalidArgument, "the stream of %s carries properties or several datasets (zfs send -p or -R): only plain streams are received", begin.toName)
 	case kind == KindFull && begin.fromGUID != 0:
-		return begin, errdefs.Wrap(errdefs.ErrInvalidArgument, "the header says a full stream, but the stream of %s is incremental", begin.toName)
+		return errdefs.Wrap(errdefs.ErrInvalidArgument, "the header says a full stream, but the stream of %s is incremental", begin.toName)
 	case kind == KindIncremental && begin.fromGUID == 0:
-		return begin, errdefs.Wrap(errdefs.ErrInvalidArgument, "the header says an incremental stream, but the stream of %s is full", begin.toName)
+		return errdefs.Wrap(errdefs.ErrInvalidArgument, "the header says an incremental stream, but the stream of %s is full", begin.toName)
 	}
-	return begin, nil
+	return nil
 }

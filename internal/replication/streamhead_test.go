@@ -65,12 +65,12 @@ func TestCheckBegin(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			begin, err := checkBegin(tt.stream, tt.kind)
+			err := checkBegin(tt.stream, tt.kind)
 			if tt.want == nil {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if begin.toName != tt.to {
+				if begin, _ := parseBegin(tt.stream); begin.toName != tt.to {
 					t.Errorf("snapshot %q, want %q", begin.toName, tt.to)
 				}
 				return
