@@ -140,8 +140,7 @@ func plainStream(kind string) *pb.ReceiveMessage {
 	if kind == KindFull {
 		from = 0
 	}
-	data := append(testBegin(from, 42, "tank/nomad/"+testVolume+"@zn-2"), "records"...)
-	return &pb.ReceiveMessage{Msg: &pb.ReceiveMessage_Data{Data: data}}
+	return dataMsg(append(testBegin(from, 42, "tank/nomad/"+testVolume+"@zn-2"), "records"...))
 }
 
 // stream returns a stream that sends msgs and then ends, or stays open
