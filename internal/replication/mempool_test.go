@@ -217,10 +217,36 @@ func (p *memPool) Release(_ context.Context, snapshot, tag string) error {
 func (p *memPool) Destroy(_ context.Context, snapshot string) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	fs, _, _ := strings.Cut(snapshot, "@")
+	fs, snap, _ := strings.Cut(snapshot, "@")
 	if d, ok := p.ds[fs]; ok {
+		if len(d.holds[snap]) > 0 {
+			return fmt.Errorf("zfs destroy %s: %w", snapshot, zfs.ErrBusy)
+		}
 		d.snaps = slices.DeleteFunc(d.snaps, func(s zfscmd.Snap) bool { return s.Name == snapshot })
 	}
+	return nil
+}
+
+// Rollback is zfs rollback -r: it destroys the snapshots after snapshot,
+// and fails when one of them is held.
+func (p *memPool) Rollback(_ context.Context, snapshot string) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	fs, _, _ := strings.Cut(snapshot, "@")
+	d, ok := p.ds[fs]
+	if !ok {
+		return fmt.Errorf("%s: %w", fs, zfs.ErrNotFound)
+	}
+	i := slices.IndexFunc(d.snaps, func(s zfscmd.Snap) bool { return s.Name == snapshot })
+	if i < 0 {
+		return fmt.Errorf("%s: %w", snapshot, zfs.ErrNotFound)
+	}
+	for _, s := range d.snaps[i+1:] {
+		if _, short, _ := strings.Cut(s.Name, "@"); len(d.holds[short]) > 0 {
+			return fmt.Errorf("zfs rollback: %s is held: %w", s.Name, zfs.ErrBusy)
+		}
+	}
+	d.snaps = d.snaps[:i+1]
 	return nil
 }
 

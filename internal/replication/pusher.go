@@ -208,7 +208,7 @@ func (p *Pusher) Push(ctx context.Context, volumeID, addr string, interval time.
 	defer cancel()
 	defer p.register(&p.cancels, volumeID, cancel)()
 
-	props, err := p.z.GetAll(ctx, fs, volume.PropRole, volume.PropName, volume.PropGeneration, volume.PropParameters, "refquota", "quota", "encryption")
+	props, err := p.z.GetAll(ctx, fs, volume.PropRole, volume.PropName, volume.PropGeneration, volume.PropHistoryFrom, volume.PropParameters, "refquota", "quota", "encryption")
 	if errors.Is(err, zfs.ErrNotFound) {
 		return Progress{}, errdefs.Wrap(errdefs.ErrNotFound, "volume %s is not on this node: %v", volumeID, err)
 	}
@@ -249,7 +249,7 @@ func (p *Pusher) Push(ctx context.Context, volumeID, addr string, interval time.
 		return Progress{}, errdefs.FromStatus(err)
 	}
 
-	plan, err := p.plan(ctx, fs, state, header.GetGeneration(), raw, snap, snapErr, log)
+	plan, err := p.plan(ctx, fs, state, header, raw, snap, snapErr, log)
 	if err != nil {
 		return Progress{}, err
 	}
@@ -412,6 +412,7 @@ func (p *Pusher) tidy(ctx context.Context, fs, base, tag string, log hclog.Logge
 func (p *Pusher) header(volumeID string, props map[string]string) *pb.ReceiveHeader {
 	h := &pb.ReceiveHeader{VolumeId: volumeID, SourceNodeId: p.nodeID, VolumeName: props[volume.PropName]}
 	h.Generation, _ = strconv.ParseUint(props[volume.PropGeneration], 10, 64)
+	h.HistoryFrom = volume.HistoryFrom(props[volume.PropHistoryFrom], h.Generation)
 	h.Parameters = volume.DecodeParameters(props[volume.PropParameters])
 	for _, q := range []string{"refquota", "quota"} { // whichever the operator uses
 		if n, err := strconv.ParseUint(props[q], 10, 64); err == nil && n > 0 {
@@ -429,12 +430,18 @@ type sendPlan struct {
 	guid uint64 // of the snapshot sent; 0 when resuming, whose header does not say
 }
 
-// plan decides what to send, from what the receiver holds. A replica of an
-// older generation that shares no snapshot with this primary is replaced
-// by a full send; the receiver checks the generations too.
+// plan decides what to send, from what the receiver holds and what this
+// primary's header says of it: an incremental from the newest common
+// snapshot when there is one; a full send that replaces the replica when
+// there is none and the replica is of an older generation. A replica of
+// an older generation that holds snapshots after the newest common one
+// gets the incremental only when this copy's history vouches for that
+// generation (the receiver then rolls them back); otherwise the full
+// send, and the receiver sets the replica aside (I4).
 // snap is the new replication snapshot, or snapErr why it could not be
 // taken.
-func (p *Pusher) plan(ctx context.Context, fs string, state *pb.ReplicaStateResponse, generation uint64, raw bool, snap string, snapErr error, log hclog.Logger) (sendPlan, error) {
+func (p *Pusher) plan(ctx context.Context, fs string, state *pb.ReplicaStateResponse, h *pb.ReceiveHeader, raw bool, snap string, snapErr error, log hclog.Logger) (sendPlan, error) {
+	generation := h.GetGeneration()
 	if state.GetExists() && state.GetRole() != RoleReplica {
 		return sendPlan{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "the peer holds %s as %q, not as a replica", fs, state.GetRole())
 	}
@@ -472,17 +479,25 @@ func (p *Pusher) plan(ctx context.Context, fs string, state *pb.ReplicaStateResp
 	}
 	remoteGUIDs := state.GetSnapshotGuids()
 	newerThere := len(remoteGUIDs) > 0 && remoteGUIDs[len(remoteGUIDs)-1] != baseGUID
+	incremental := sendPlan{Progress{Kind: KindIncremental, Snapshot: snap, Base: base}, zfscmd.SendSpec{Snapshot: snap, Base: base, Raw: raw}, guid}
 	switch {
+	case base != "" && newerThere && state.GetGeneration() < generation && state.GetGeneration() >= h.GetHistoryFrom():
+		// Snapshots after the newest common one, taken by a primary of
+		// a generation this copy's history holds whole (a planned move
+		// ended it with a final snapshot this copy has): earlier
+		// states, nothing this copy lacks.
+		log.Info("the peer's replica has snapshots of an earlier generation after the newest common one; this copy's history holds them: the peer rolls them back",
+			"peer_generation", state.GetGeneration(), "history_from", h.GetHistoryFrom(), "base", base)
+		return incremental, nil
 	case base != "" && newerThere && state.GetGeneration() < generation:
-		// The replica holds snapshots after the newest common one that
-		// this node lacks: taken by an older generation's primary, maybe
-		// writes this one never had (it was promoted from a staler
-		// copy). An incremental would fail on them; a full stream
-		// replaces the replica, which the receiver sets aside (I4).
+		// Taken by an older generation's primary this copy's history
+		// does not vouch for (it was promoted by a failover): maybe
+		// writes this one never had. A full stream replaces the
+		// replica, which the receiver sets aside (I4).
 		log.Warn("the peer's replica has snapshots of an older generation that this node lacks: sending in full; the peer sets its replica aside",
-			"peer_generation", state.GetGeneration())
+			"peer_generation", state.GetGeneration(), "history_from", h.GetHistoryFrom())
 	case base != "":
-		return sendPlan{Progress{Kind: KindIncremental, Snapshot: snap, Base: base}, zfscmd.SendSpec{Snapshot: snap, Base: base, Raw: raw}, guid}, nil
+		return incremental, nil
 	case state.GetExists() && len(remoteGUIDs) == 0:
 		// A first receive that was interrupted and not resumed: the
 		// peer's copy holds nothing yet; it discards the partial state.

@@ -126,7 +126,7 @@ func TestResumeTokensAreChecked(t *testing.T) {
 			z := &tokenStreams{info: tt.info, err: tt.err, snaps: snaps}
 			p := NewPusher(z, "tank/nomad", "n1", 2, nil, nil, hclog.NewNullLogger())
 			state := &pb.ReplicaStateResponse{Exists: true, Role: RoleReplica, Generation: 1, ResumeToken: "1-abc-10-789c", SnapshotGuids: []uint64{1}}
-			plan, err := p.plan(context.Background(), fs, state, 1, tt.raw, fs+"@zn-3", nil, hclog.NewNullLogger())
+			plan, err := p.plan(context.Background(), fs, state, &pb.ReceiveHeader{Generation: 1}, tt.raw, fs+"@zn-3", nil, hclog.NewNullLogger())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -142,31 +142,40 @@ func TestResumeTokensAreChecked(t *testing.T) {
 
 // TestPlanChoosesTheKind: an incremental from the newest common snapshot,
 // unless the peer's replica is of an older generation and holds snapshots
-// after it that this node lacks (a failover promoted a staler copy): then
-// a full stream, which replaces the replica and sets it aside, instead of
-// an incremental that zfs receive refuses on every push.
+// after it that this node lacks. Then, when this copy's history vouches
+// for that generation (planned moves since), still the incremental: the
+// receiver rolls those earlier states back. Otherwise (a failover
+// promoted a staler copy since) a full stream, which replaces the replica
+// and sets it aside, instead of an incremental that zfs receive refuses on
+// every push.
 func TestPlanChoosesTheKind(t *testing.T) {
 	const fs = "tank/nomad/" + testVolume
 	local := []zfscmd.Snap{{Name: fs + "@zn-1", GUID: 1}, {Name: fs + "@zn-2", GUID: 2}, {Name: fs + "@zn-3", GUID: 3}}
 	tests := []struct {
-		name       string
-		generation uint64 // the peer's; this node's is 2
-		remote     []uint64
-		want       string // a kind, or "" for a refusal
-		base       string
+		name        string
+		generation  uint64 // the peer's; this node's is 3
+		historyFrom uint64 // this node's
+		remote      []uint64
+		want        string // a kind, or "" for a refusal
+		base        string
 	}{
-		{"the peer's newest is common", 2, []uint64{1, 2}, KindIncremental, "zn-2"},
-		{"an older generation's replica that is behind", 1, []uint64{1}, KindIncremental, "zn-1"},
-		{"an older generation's replica ahead of this node", 1, []uint64{1, 99}, KindFull, ""},
-		{"an older generation's replica with nothing in common", 1, []uint64{98, 99}, KindFull, ""},
-		{"this generation's replica with nothing in common", 2, []uint64{98, 99}, "", ""},
-		{"an interrupted first receive, not resumed", 2, nil, KindFull, ""},
+		{"the peer's newest is common", 3, 3, []uint64{1, 2}, KindIncremental, "zn-2"},
+		{"an older generation's replica that is behind", 2, 3, []uint64{1}, KindIncremental, "zn-1"},
+		{"a replica ahead of this node after a failover", 2, 3, []uint64{1, 99}, KindFull, ""},
+		{"a replica ahead of this node after planned moves", 2, 1, []uint64{1, 99}, KindIncremental, "zn-1"},
+		{"a replica ahead from before a failover then a move", 1, 2, []uint64{1, 99}, KindFull, ""},
+		{"a replica ahead from the generation the history starts at", 2, 2, []uint64{2, 98, 99}, KindIncremental, "zn-2"},
+		{"an older generation's replica with nothing in common", 1, 1, []uint64{98, 99}, KindFull, ""},
+		{"this generation's replica with nothing in common", 3, 1, []uint64{98, 99}, "", ""},
+		{"this generation's replica ahead of this node", 3, 1, []uint64{1, 99}, KindIncremental, "zn-1"},
+		{"an interrupted first receive, not resumed", 3, 3, nil, KindFull, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			p := NewPusher(&tokenStreams{snaps: local}, "tank/nomad", "n1", 2, nil, nil, hclog.NewNullLogger())
 			state := &pb.ReplicaStateResponse{Exists: true, Role: RoleReplica, Generation: tt.generation, SnapshotGuids: tt.remote}
-			plan, err := p.plan(context.Background(), fs, state, 2, false, fs+"@zn-3", nil, hclog.NewNullLogger())
+			h := &pb.ReceiveHeader{Generation: 3, HistoryFrom: tt.historyFrom}
+			plan, err := p.plan(context.Background(), fs, state, h, false, fs+"@zn-3", nil, hclog.NewNullLogger())
 			if tt.want == "" {
 				if err == nil {
 					t.Errorf("planned %+v, want a refusal", plan)

@@ -169,7 +169,8 @@ func (r *Receiver) receive(stream pb.Replication_ReceiveServer) (*pb.ReceiveResu
 	if err := r.finishReplace(ctx, fs, log); err != nil {
 		return nil, err
 	}
-	into, err := r.prepare(ctx, fs, h, log)
+	parsed, _ := parseBegin(begin) // checked above
+	into, err := r.prepare(ctx, fs, h, parsed.fromGUID, log)
 	if err != nil {
 		return nil, err
 	}
@@ -267,7 +268,7 @@ type intoTarget struct {
 // goes. A full stream for a volume of which this node holds an older
 // generation's replica is received beside it, under the incoming name,
 // and takes its place only once complete (replace).
-func (r *Receiver) prepare(ctx context.Context, fs string, h *pb.ReceiveHeader, log hclog.Logger) (intoTarget, error) {
+func (r *Receiver) prepare(ctx context.Context, fs string, h *pb.ReceiveHeader, fromGUID uint64, log hclog.Logger) (intoTarget, error) {
 	state, err := r.copyState(ctx, fs)
 	if err != nil {
 		return intoTarget{}, err
@@ -323,9 +324,62 @@ func (r *Receiver) prepare(ctx context.Context, fs string, h *pb.ReceiveHeader, 
 			return intoTarget{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "the replica of %s here is of generation %d; a stream of generation %d would lower it: refused",
 				h.GetVolumeId(), state.GetGeneration(), h.GetGeneration())
 		}
+		if h.GetKind() == KindIncremental {
+			if err := r.rollBackTo(ctx, fs, fromGUID, state.GetGeneration(), h, log); err != nil {
+				return intoTarget{}, err
+			}
+		}
 		return intoTarget{target: fs}, nil
 	}
 	return intoTarget{}, errdefs.Wrap(errdefs.ErrInvalidArgument, "unknown stream kind %q", h.GetKind())
+}
+
+// rollBackTo readies the replica at fs for an incremental from its
+// snapshot with GUID base. Snapshots after the base are rolled back only
+// when the sender's history holds them: the replica is of an older
+// generation than the sender, one its history vouches for (a planned move
+// ended it with a final snapshot the sender has), so they are earlier
+// states of what the sender sends. Otherwise they may hold writes the
+// sender lacks, and the stream is refused: the sender sends in full
+// instead, and the replica is set aside (I4).
+func (r *Receiver) rollBackTo(ctx context.Context, fs string, base, generation uint64, h *pb.ReceiveHeader, log hclog.Logger) error {
+	snaps, err := r.z.Snapshots(ctx, fs)
+	if err != nil {
+		return fmt.Errorf("listing the snapshots of %s: %w", fs, err)
+	}
+	i := slices.IndexFunc(snaps, func(s zfscmd.Snap) bool { return s.GUID == base })
+	if i < 0 {
+		return errdefs.Wrap(errdefs.ErrFailedPrecondition, "the replica of %s lacks the stream's base (guid %d): it was destroyed meanwhile; the next push picks another", h.GetVolumeId(), base)
+	}
+	after := snaps[i+1:]
+	if len(after) == 0 {
+		return nil
+	}
+	vouched := h.GetHistoryFrom() > 0 && h.GetHistoryFrom() <= generation && generation < h.GetGeneration()
+	if !vouched {
+		return errdefs.Wrap(errdefs.ErrFailedPrecondition,
+			"the replica of %s holds %d snapshots after the stream's base, taken at generation %d, which the sender's history (generations %d to %d) does not hold: they may hold writes the sender lacks; refused",
+			h.GetVolumeId(), len(after), generation, h.GetHistoryFrom(), h.GetGeneration())
+	}
+	holds, err := r.z.Holds(ctx, fs)
+	if err != nil {
+		return fmt.Errorf("listing holds on %s: %w", fs, err)
+	}
+	names := make([]string, 0, len(after))
+	for _, s := range after {
+		for _, tag := range holds[s.Name] {
+			if err := r.z.Release(ctx, s.Name, tag); err != nil && !errors.Is(err, zfs.ErrNotFound) {
+				return fmt.Errorf("releasing %s on %s before rolling it back: %w", tag, s.Name, err)
+			}
+		}
+		names = append(names, shortSnapshotName(s.Name))
+	}
+	if err := r.z.Rollback(ctx, snaps[i].Name); err != nil {
+		return fmt.Errorf("rolling the replica of %s back to %s: %w", h.GetVolumeId(), snaps[i].Name, err)
+	}
+	log.Info("rolled back snapshots of an earlier generation that the sender's history holds", "replica_generation", generation,
+		"history_from", h.GetHistoryFrom(), "base", shortSnapshotName(snaps[i].Name), "rolled_back", names)
+	return nil
 }
 
 // empty reports whether the copy at fs has no snapshot.
@@ -696,8 +750,11 @@ func (r *Receiver) labels(h *pb.ReceiveHeader) map[string]string {
 		volume.PropRole:       RoleReplica,
 		volume.PropName:       h.GetVolumeName(),
 		volume.PropGeneration: strconv.FormatUint(h.GetGeneration(), 10),
-		volume.PropParameters: volume.EncodeParameters(h.GetParameters()),
-		volume.PropCapacity:   strconv.FormatUint(h.GetCapacityBytes(), 10),
+		// What the replica's history holds is what its sender's did:
+		// a planned move promoting it keeps the value.
+		volume.PropHistoryFrom: strconv.FormatUint(volume.BoundHistoryFrom(h.GetHistoryFrom(), h.GetGeneration()), 10),
+		volume.PropParameters:  volume.EncodeParameters(h.GetParameters()),
+		volume.PropCapacity:    strconv.FormatUint(h.GetCapacityBytes(), 10),
 	}
 	if r.QuotaProperty != "" && h.GetCapacityBytes() > 0 {
 		labels[r.QuotaProperty] = strconv.FormatUint(h.GetCapacityBytes(), 10)

@@ -24,6 +24,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
 	"github.com/zfs-nomad/zfs-nomad/internal/volume"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs"
+	"github.com/zfs-nomad/zfs-nomad/internal/zfs/zfscmd"
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
@@ -100,6 +101,11 @@ func (s *replicaStore) Get(_ context.Context, name, prop string) (string, error)
 }
 
 func (s *replicaStore) Set(context.Context, string, map[string]string) error { return nil }
+
+// Snapshots lists the base of plainStream's incremental alone.
+func (s *replicaStore) Snapshots(_ context.Context, fs string) ([]zfscmd.Snap, error) {
+	return []zfscmd.Snap{{Name: fs + "@zn-1", GUID: 41}}, nil
+}
 
 // fakeStream is a Receive stream fed by a channel.
 type fakeStream struct {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -25,8 +26,10 @@ import (
 //     or unlabelled incoming copy is nobody's replica, and is destroyed
 //     when found.
 //  2. Label it a replica: from now on it is complete.
-//  3. Set the old replica aside (it may hold snapshots the new primary
-//     lacks: I4), or destroy it when it holds no snapshot at all.
+//  3. Destroy the old replica when it holds nothing the new copy lacks:
+//     no snapshot at all, or only snapshots of a generation the new
+//     copy's history holds (planned moves since). Otherwise set it aside:
+//     it may hold writes the new primary lacks (I4).
 //  4. Rename <id>-incoming to <id>.
 //
 // finishReplace completes steps 3 and 4 for a labelled incoming copy, and
@@ -75,7 +78,7 @@ func (r *Receiver) finishReplace(ctx context.Context, fs string, log hclog.Logge
 		log.Warn("the replica was promoted while its replacement arrived: setting the replacement aside", "dataset", incoming)
 		return r.setAside(ctx, incoming, fs, log)
 	case state.GetExists():
-		if err := r.retire(ctx, fs, log); err != nil {
+		if err := r.retire(ctx, fs, incoming, state.GetGeneration(), log); err != nil {
 			return err
 		}
 	}
@@ -86,15 +89,29 @@ func (r *Receiver) finishReplace(ctx context.Context, fs string, log hclog.Logge
 	return nil
 }
 
-// retire removes the replica at fs from its place before a replacement
-// takes it: aside when it holds any snapshot, which the new primary may
-// lack; destroyed when it holds none.
-func (r *Receiver) retire(ctx context.Context, fs string, log hclog.Logger) error {
+// retire removes the replica at fs, of generation, from its place before
+// the complete replacement at incoming takes it. It is destroyed when it
+// holds nothing the replacement lacks: no snapshot, or only earlier states
+// of the replacement's (its generation is one the replacement's history
+// holds). Otherwise it is set aside: it may hold writes the new primary
+// lacks (I4).
+func (r *Receiver) retire(ctx context.Context, fs, incoming string, generation uint64, log hclog.Logger) error {
 	snaps, err := r.z.Snapshots(ctx, fs)
 	if err != nil {
 		return fmt.Errorf("listing the snapshots of the replica being replaced, %s: %w", fs, err)
 	}
 	if len(snaps) == 0 {
+		return r.destroyReplica(ctx, fs)
+	}
+	labels, err := r.z.GetAll(ctx, incoming, volume.PropGeneration, volume.PropHistoryFrom)
+	if err != nil {
+		return fmt.Errorf("reading the labels of the replacement %s: %w", incoming, err)
+	}
+	newGeneration, _ := strconv.ParseUint(labels[volume.PropGeneration], 10, 64)
+	historyFrom := volume.HistoryFrom(labels[volume.PropHistoryFrom], newGeneration)
+	if historyFrom <= generation && generation < newGeneration {
+		log.Info("the replaced replica holds only earlier states of the new primary's history: destroying it",
+			"replica_generation", generation, "history_from", historyFrom, "generation", newGeneration)
 		return r.destroyReplica(ctx, fs)
 	}
 	return r.setAside(ctx, fs, fs, log)

@@ -241,3 +241,105 @@ func TestInterruptedFirstReceiveIsSentAfresh(t *testing.T) {
 		t.Fatalf("the replica after a fresh full stream: %+v, want zn-2 received whole", got)
 	}
 }
+
+// TestIncrementalRollsBackOnlyWhatTheSendersHistoryHolds: a replica of an
+// older generation with a snapshot after the stream's base takes the
+// incremental, rolling that snapshot back, only when the sender's history
+// vouches for the replica's generation (planned moves since). Otherwise,
+// or for a replica of the sender's own generation, the stream is refused
+// and the replica stays as it was: its snapshot may hold writes the sender
+// lacks (I4).
+func TestIncrementalRollsBackOnlyWhatTheSendersHistoryHolds(t *testing.T) {
+	tests := []struct {
+		name        string
+		replicaGen  string
+		generation  uint64 // the sender's
+		historyFrom uint64 // the sender's
+		want        codes.Code
+	}{
+		{"planned moves since the replica's generation", "1", 3, 1, codes.OK},
+		{"the history starts at the replica's generation", "2", 3, 2, codes.OK},
+		{"a failover since the replica's generation", "1", 3, 2, codes.FailedPrecondition},
+		{"a sender that vouches for nothing (an older version)", "1", 3, 0, codes.FailedPrecondition},
+		{"a replica of the sender's generation", "3", 3, 1, codes.FailedPrecondition},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			z := newMemPool(testRoot)
+			z.put(testDataset, replicaProps(tt.replicaGen), "zn-1:41", "zn-5:5")
+			if err := z.Hold(context.Background(), testDataset+"@zn-5", BaseHoldTag); err != nil {
+				t.Fatal(err)
+			}
+			r := NewReceiver(z, testRoot, "n2", 2, hclog.NewNullLogger())
+			h := header(KindIncremental, tt.generation)
+			h.GetHeader().HistoryFrom = tt.historyFrom
+			_, err := r.receive(stream(t, false, h, plainStream(KindIncremental), dataMsg([]byte(streamEnd))))
+			if got := status.Code(errdefs.ToStatus(err)); got != tt.want {
+				t.Fatalf("receive: %v (%s), want %s", err, got, tt.want)
+			}
+			var snaps []uint64
+			for _, s := range z.dataset(testDataset).snaps {
+				snaps = append(snaps, s.GUID)
+			}
+			want := []uint64{41, 42}
+			if tt.want != codes.OK {
+				want = []uint64{41, 5}
+			}
+			if !slices.Equal(snaps, want) {
+				t.Errorf("the replica's snapshots (guids) are %v, want %v", snaps, want)
+			}
+			if n := len(z.names()); n != 2 {
+				t.Errorf("pool holds %v, want the root and the replica alone", z.names())
+			}
+		})
+	}
+}
+
+// TestReplacedReplicaIsDestroyedOnlyWhenTheHistoryHoldsIt: a replica that
+// a full stream replaces is destroyed when the sender's history holds its
+// generation (planned moves since: its snapshots are earlier states of
+// the new copy), and set aside otherwise (I4).
+func TestReplacedReplicaIsDestroyedOnlyWhenTheHistoryHoldsIt(t *testing.T) {
+	tests := []struct {
+		name        string
+		historyFrom uint64 // the sender's; its generation is 2, the replica's 1
+		wantAside   bool
+	}{
+		{"planned moves since the replica's generation", 1, false},
+		{"a failover since", 2, true},
+		{"a sender that vouches for nothing (an older version)", 0, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			z := newMemPool(testRoot)
+			z.put(testDataset, replicaProps("1"), "zn-1:7")
+			if err := z.Hold(context.Background(), testDataset+"@zn-1", BaseHoldTag); err != nil {
+				t.Fatal(err)
+			}
+			r := NewReceiver(z, testRoot, "n2", 2, hclog.NewNullLogger())
+			s := fullStream(t, 2, true)
+			h := <-s.msgs
+			h.GetHeader().HistoryFrom = tt.historyFrom
+			s = stream(t, false, append([]*pb.ReceiveMessage{h}, drain(s)...)...)
+			if _, err := r.receive(s); err != nil {
+				t.Fatal(err)
+			}
+			if now := z.dataset(testDataset); now == nil || now.props[volume.PropGeneration] != "2" || len(now.snaps) != 1 || now.snaps[0].GUID != 42 {
+				t.Fatalf("after the replacement the replica is %+v, want generation 2 with zn-2", now)
+			}
+			aside := slices.ContainsFunc(z.names(), func(n string) bool { return strings.HasPrefix(n, testDataset+"-aside-") })
+			if aside != tt.wantAside || len(z.names()) != map[bool]int{false: 2, true: 3}[tt.wantAside] {
+				t.Errorf("pool holds %v; want the old replica set aside: %v", z.names(), tt.wantAside)
+			}
+		})
+	}
+}
+
+// drain returns the messages left in a test stream.
+func drain(s *fakeStream) []*pb.ReceiveMessage {
+	var out []*pb.ReceiveMessage
+	for m := range s.msgs {
+		out = append(out, m)
+	}
+	return out
+}

@@ -57,6 +57,7 @@ type Streams interface {
 	Destroy(ctx context.Context, snapshot string) error
 	DestroyRecursive(ctx context.Context, fs string) error
 	AbortReceive(ctx context.Context, target string) error
+	Rollback(ctx context.Context, snapshot string) error
 	Rename(ctx context.Context, from, to string) error
 	EstimateSize(ctx context.Context, spec zfscmd.SendSpec) (int64, error)
 	ResumeToken(ctx context.Context, token string) (zfscmd.ResumeInfo, error)

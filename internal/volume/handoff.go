@@ -38,6 +38,9 @@ type Copy struct {
 	// Forced is the generation the operator promoted this primary at
 	// without a majority of the nodes (MarkForced); 0 if never.
 	Forced uint64
+	// HistoryFrom is the oldest generation whose every snapshot is an
+	// earlier state of this copy (volume.HistoryFrom).
+	HistoryFrom uint64
 }
 
 // notMoving is the value of PropMovingTo on a primary that is not fenced.
@@ -81,6 +84,7 @@ func (m *Manager) Copy(ctx context.Context, id string) (Copy, error) {
 	out.Parameters = DecodeParameters(ds.User[PropParameters])
 	out.FailoverFrom = ds.User[PropFailoverLag]
 	out.Forced, _ = strconv.ParseUint(ds.User[PropForced], 10, 64)
+	out.HistoryFrom = HistoryFrom(ds.User[PropHistoryFrom], out.Generation)
 	out.Capacity, _ = strconv.ParseUint(ds.User[PropCapacity], 10, 64)
 	if role == RolePrimary {
 		out.Capacity = ds.RefQuota
@@ -247,8 +251,13 @@ func (m *Manager) promote(ctx context.Context, c Copy, generation uint64, notBef
 	props[PropRole] = RolePrimary
 	props[PropGeneration] = strconv.FormatUint(generation, 10)
 	props[PropMovingTo] = notMoving
+	// A planned move's replica holds the fenced primary's last state, so
+	// it vouches for all the fenced primary vouched for; a failover's may
+	// lack the lost primary's last writes, and vouches for nothing older.
+	props[PropHistoryFrom] = strconv.FormatUint(c.HistoryFrom, 10)
 	if failover {
 		props[PropFailoverLag] = c.LastSnapshot
+		props[PropHistoryFrom] = strconv.FormatUint(generation, 10)
 	}
 	if err := m.zfs.SetProperties(ctx, dataset, props); err != nil {
 		return zfsError(err, "promoting volume "+id)

@@ -170,3 +170,52 @@ func TestOneLockOrder(t *testing.T) {
 		})
 	}
 }
+
+// TestPromotionCarriesTheHistory: a planned move keeps what the replica's
+// history holds (its sender's, fenced with a final snapshot the replica
+// has); a failover starts the history at the new generation, and a copy
+// that never recorded one vouches for its own generation alone.
+func TestPromotionCarriesTheHistory(t *testing.T) {
+	tests := []struct {
+		name        string
+		historyFrom string // the replica's label; "" for none
+		failover    bool
+		want        uint64
+	}{
+		{"a planned move", "1", false, 1},
+		{"a planned move from a copy without a history", "", false, 2},
+		{"a failover", "1", true, 3},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx := context.Background()
+			m, fake := newManager(t)
+			id := VolumeIDForName("r")
+			ds := "tank/nomad/" + id
+			props := map[string]string{PropVolumeID: id, PropRole: RoleReplica, PropGeneration: "2", PropName: "r", "readonly": "on"}
+			if tt.historyFrom != "" {
+				props[PropHistoryFrom] = tt.historyFrom
+			}
+			if err := fake.CreateFilesystem(ctx, ds, props); err != nil {
+				t.Fatal(err)
+			}
+			if err := fake.Snapshot(ctx, ds+"@zn-100", nil); err != nil {
+				t.Fatal(err)
+			}
+			if _, granted, err := m.Reserve(ctx, id, 3, "n1"); err != nil || !granted {
+				t.Fatalf("reserving generation 3: granted %v, %v", granted, err)
+			}
+			notBefore := int64(100)
+			if tt.failover {
+				notBefore = 0
+			}
+			if _, err := m.Promote(ctx, id, 3, notBefore, tt.failover); err != nil {
+				t.Fatal(err)
+			}
+			c, err := m.Copy(ctx, id)
+			if err != nil || c.Generation != 3 || c.HistoryFrom != tt.want {
+				t.Errorf("promoted copy: generation %d, history from %d (%v); want 3, %d", c.Generation, c.HistoryFrom, err, tt.want)
+			}
+		})
+	}
+}

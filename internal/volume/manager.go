@@ -198,6 +198,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Volume, error)
 	props[PropName] = req.Name
 	props[PropRole] = RolePrimary
 	props[PropGeneration] = "1"
+	props[PropHistoryFrom] = "1"
 	props[PropParameters] = EncodeParameters(recorded)
 	props[PropSource] = source
 	dataset := datasetFor(m.cfg.RootDataset, id)

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -30,6 +31,9 @@ const (
 	PropFailoverLag = propPrefix + "failover_from" // on a primary promoted by failover: its newest snapshot then
 	PropSetAsideAt  = propPrefix + "set_aside_at"  // on a copy set aside: when
 	PropForced      = propPrefix + "forced"        // on a primary the operator promoted without a majority: its generation then
+	// On primaries and replicas: the oldest generation whose every state
+	// is in this copy's history (see HistoryFrom).
+	PropHistoryFrom = propPrefix + "history_from"
 	// On snapshots.
 	PropSnapshotName = propPrefix + "snapshot_name" // the CSI name of a CSI snapshot
 	PropSourceVolume = propPrefix + "source_volume" // the CSI volume ID it was taken of
@@ -40,6 +44,28 @@ var UserProperties = []string{
 	PropVolumeID, PropName, PropRole, PropGeneration, PropParameters, PropSource,
 	PropDeletedAt, PropSnapshotName, PropSourceVolume,
 	PropMovingTo, PropFencedAt, PropCapacity, PropFailoverLag, PropForced,
+	PropHistoryFrom,
+}
+
+// HistoryFrom reads a copy's PropHistoryFrom: the oldest generation g such
+// that every snapshot any primary of generations g up to the copy's own
+// took is an earlier state of this copy. A planned move keeps it (the new
+// primary holds the fenced primary's last state); a failover starts it
+// afresh at the new generation (the lost primary may have written what
+// the promoted replica lacks). A copy without the property, or with a
+// value past its generation, answers its own generation: nothing older
+// is vouched for.
+func HistoryFrom(value string, generation uint64) uint64 {
+	g, _ := strconv.ParseUint(value, 10, 64)
+	return BoundHistoryFrom(g, generation)
+}
+
+// BoundHistoryFrom is g, or generation when g is unset (0) or past it.
+func BoundHistoryFrom(g, generation uint64) uint64 {
+	if g == 0 || g > generation {
+		return generation
+	}
+	return g
 }
 
 // ReplicationSnapshotPrefix starts the short name of the snapshots that

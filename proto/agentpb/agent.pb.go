@@ -1614,6 +1614,11 @@ type ReceiveHeader struct {
 	Generation    uint64            `protobuf:"varint,6,opt,name=generation,proto3" json:"generation,omitempty"`
 	Parameters    map[string]string `protobuf:"bytes,7,rep,name=parameters,proto3" json:"parameters,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	CapacityBytes uint64            `protobuf:"varint,8,opt,name=capacity_bytes,json=capacityBytes,proto3" json:"capacity_bytes,omitempty"`
+	// The oldest generation whose every snapshot is an earlier state of the
+	// sender's copy (docs/replication.md, "Replicas of an older
+	// generation"): a replica of such a generation holding snapshots the
+	// sender lacks may roll them back for an incremental.
+	HistoryFrom   uint64 `protobuf:"varint,9,opt,name=history_from,json=historyFrom,proto3" json:"history_from,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1700,6 +1705,13 @@ func (x *ReceiveHeader) GetParameters() map[string]string {
 func (x *ReceiveHeader) GetCapacityBytes() uint64 {
 	if x != nil {
 		return x.CapacityBytes
+	}
+	return 0
+}
+
+func (x *ReceiveHeader) GetHistoryFrom() uint64 {
+	if x != nil {
+		return x.HistoryFrom
 	}
 	return 0
 }
@@ -2642,7 +2654,7 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\x0eReceiveMessage\x12:\n" +
 	"\x06header\x18\x01 \x01(\v2 .zfsnomad.agent.v1.ReceiveHeaderH\x00R\x06header\x12\x14\n" +
 	"\x04data\x18\x02 \x01(\fH\x00R\x04dataB\x05\n" +
-	"\x03msg\"\xfb\x02\n" +
+	"\x03msg\"\x9e\x03\n" +
 	"\rReceiveHeader\x12\x1b\n" +
 	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12\x1f\n" +
 	"\vvolume_name\x18\x02 \x01(\tR\n" +
@@ -2656,7 +2668,8 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\n" +
 	"parameters\x18\a \x03(\v20.zfsnomad.agent.v1.ReceiveHeader.ParametersEntryR\n" +
 	"parameters\x12%\n" +
-	"\x0ecapacity_bytes\x18\b \x01(\x04R\rcapacityBytes\x1a=\n" +
+	"\x0ecapacity_bytes\x18\b \x01(\x04R\rcapacityBytes\x12!\n" +
+	"\fhistory_from\x18\t \x01(\x04R\vhistoryFrom\x1a=\n" +
 	"\x0fParametersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"J\n" +

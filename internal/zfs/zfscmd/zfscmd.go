@@ -215,6 +215,19 @@ func (c Cmd) Rename(ctx context.Context, from, to string) error {
 	return err
 }
 
+// Rollback reverts a filesystem to one of its snapshots, destroying the
+// snapshots after it (zfs rollback -r); held ones make it fail.
+func (c Cmd) Rollback(ctx context.Context, snapshot string) error {
+	if err := zfs.ValidateName(snapshot); err != nil {
+		return err
+	}
+	if !strings.Contains(snapshot, "@") {
+		return fmt.Errorf("invalid snapshot name %q: rollback needs a snapshot", snapshot)
+	}
+	_, err := c.run(ctx, "rollback", "-r", snapshot)
+	return err
+}
+
 // AbortReceive discards the partial state of an interrupted receive.
 func (c Cmd) AbortReceive(ctx context.Context, target string) error {
 	_, err := c.run(ctx, "receive", "-A", target)
