@@ -252,6 +252,9 @@ func TestPlannedMove(t *testing.T) {
 			if withReplica {
 				e.replicate(id, "n1", "n2")
 				e.write("n1", dir, "echo two > a && echo late > d/late")
+				// n3's replica gets a snapshot n2's lacks: after the
+				// move it is ahead of the new primary.
+				e.replicate(id, "n1", "n3")
 			}
 			before := e.checksums("n1", dir)
 
@@ -273,6 +276,9 @@ func TestPlannedMove(t *testing.T) {
 			_, err = e.stage(id, "n1", map[string]string{"generation": "1"})
 			wantCode(t, err, codes.FailedPrecondition, "replica")
 
+			if withReplica {
+				e.rolledForward(id, "n2", "n3", 2)
+			}
 			// Back to n1: an increment onto n1's copy, and a third generation.
 			e.write("n2", dir2, "echo three > a && dd if=/dev/urandom of=d/more bs=1M count=2 2>/dev/null")
 			before = e.checksums("n2", dir2)
@@ -282,6 +288,9 @@ func TestPlannedMove(t *testing.T) {
 				t.Fatalf("files differ after moving back:\nn2:\n%s\nn1:\n%s", before, after)
 			}
 			e.waitPrimaries(id, "n1(gen 3)")
+			if withReplica {
+				e.rolledForward(id, "n1", "n3", 3)
+			}
 			// Publishing where it is is a no-op with the same generation.
 			resp, err := e.controller().ControllerPublishVolume(e.ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: "n1", VolumeCapability: writer})
 			if err != nil || resp.GetPublishContext()["generation"] != "3" {
@@ -289,6 +298,22 @@ func TestPlannedMove(t *testing.T) {
 			}
 			e.unpublish(id, "n1")
 		})
+	}
+}
+
+// rolledForward pushes the volume from its primary on from to the replica
+// on to, which holds snapshots of an earlier generation that the primary
+// lacks (planned moves since). The replica takes an incremental that rolls
+// them back: it ends at the primary's generation, with the primary's
+// newest snapshot, and nothing on to is set aside.
+func (e *env) rolledForward(id, from, to string, generation uint64) {
+	e.t.Helper()
+	e.replicate(id, from, to)
+	if c := e.copyOn(id, to); c.GetRole() != "replica" || c.GetGeneration() != generation || c.GetLastSnapshot() != e.copyOn(id, from).GetLastSnapshot() {
+		e.t.Fatalf("%s's copy after a push from %s: %+v, want a replica at generation %d with %s's newest snapshot", to, from, c, generation, from)
+	}
+	if aside := guesttest.Run(e.t, "sh", "-c", "zfs list -H -o name -r "+e.node(to).RootDataset+" | grep -- -aside- || true"); strings.TrimSpace(aside) != "" {
+		e.t.Fatalf("a push after planned moves set a replica aside on %s:\n%s", to, aside)
 	}
 }
 
@@ -395,9 +420,14 @@ func TestFailoverAuto(t *testing.T) {
 	guesttest.Exec(t, e.node("n1"), "mkdir -p /tmp/aside && mount -t zfs -o ro "+asideDS+" /tmp/aside && cat /tmp/aside/c && umount /tmp/aside")
 	guesttest.Run(t, "zfs", "destroy", "-r", asideDS)
 	// The older replica on n3 is replaced by the new primary's lineage.
+	// A failover's history vouches for no older generation: n3's old
+	// copy may hold what n2 lacks, and is set aside, not destroyed.
 	e.replicate(id, "n2", "n3")
 	if c := e.copyOn(id, "n3"); c.GetGeneration() != 2 || c.GetRole() != "replica" {
 		t.Fatalf("n3 after a push from the new primary: %+v", c)
+	}
+	if aside := guesttest.Run(t, "sh", "-c", "zfs list -H -o name -r "+e.node("n3").RootDataset+" | grep -- -aside- || true"); !strings.Contains(aside, id+"-aside-") {
+		t.Fatalf("n3's replica from before the failover was not set aside: %q", aside)
 	}
 }
 

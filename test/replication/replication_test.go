@@ -826,3 +826,73 @@ func TestDeleteRacesTidies(t *testing.T) {
 		}
 	}
 }
+
+// TestReplicaAheadOfAMovedPrimary: issue 12, case 8. n2's replica holds a
+// snapshot after the newest one it shares with n1, taken by the primary
+// of generation 1. n1's copy is made the primary of generation 2 without
+// that snapshot, as a move or a failover leaves it. When n1's history
+// holds generation 1 (planned moves since), n2 takes an incremental that
+// rolls the snapshot back, and nothing is set aside. When it does not (a
+// failover since), n2's replica may hold writes n1 lacks: n1 sends in
+// full, and n2's old replica is set aside whole.
+func TestReplicaAheadOfAMovedPrimary(t *testing.T) {
+	for _, tt := range []struct {
+		historyFrom string
+		wantKind    string
+		wantAside   bool
+	}{
+		{"1", "incremental", false},
+		{"2", "full", true},
+	} {
+		t.Run("history from "+tt.historyFrom, func(t *testing.T) {
+			c := guesttest.StartCluster(t, 2, sim.Options{})
+			n1, n2 := c.Nodes[0], c.Nodes[1]
+			ctx := context.Background()
+			name := "ahead-" + tt.historyFrom
+			id, target := publishedVolume(t, c, name)
+			primary, replica := n1.RootDataset+"/"+id, n2.RootDataset+"/"+id
+			guesttest.Exec(t, n1, "seq 1 50000 > "+target+"/shared && sync")
+			if _, err := replicate(t, ctx, c, n1, n2, id); err != nil {
+				t.Fatal(err)
+			}
+			shared := strings.TrimSpace(guesttest.Run(t, "sh", "-c", "zfs list -H -t snapshot -o name -d 1 "+primary+" | tail -1"))
+			guesttest.Exec(t, n1, "echo only-in-the-later-snapshot > "+target+"/later && sync")
+			if _, err := replicate(t, ctx, c, n1, n2, id); err != nil {
+				t.Fatal(err)
+			}
+			aheadGUIDs := guesttest.Run(t, "zfs", "list", "-H", "-t", "snapshot", "-o", "guid", "-d", "1", replica)
+			unpublish(t, c, id, name)
+			// n1 becomes the primary of generation 2 at the shared
+			// snapshot: the later one exists on n2 alone. The push's
+			// tidy holds its new base a moment after it answered: the
+			// release is retried until the rollback gets through.
+			rollback := "for i in $(seq 1 40); do zfs holds -H $(zfs list -H -t snapshot -o name -d 1 " + primary + ") | while read s tag _; do zfs release $tag $s; done; " +
+				"zfs rollback -r " + shared + " 2>/dev/null && exit 0; sleep 0.5; done; zfs rollback -r " + shared
+			guesttest.Run(t, "sh", "-c", rollback)
+			guesttest.Run(t, "zfs", "set", "zfs-nomad:generation=2", "zfs-nomad:history_from="+tt.historyFrom, primary)
+
+			prog, err := replicate(t, ctx, c, n1, n2, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if prog.GetKind() != tt.wantKind {
+				t.Errorf("sent %s, want %s", prog.GetKind(), tt.wantKind)
+			}
+			if gen := zfsGet(t, "zfs-nomad:generation", replica); gen != "2" {
+				t.Errorf("the replica is of generation %s after the push, want 2", gen)
+			}
+			if got := replicaChecksums(t, n2, id); strings.Contains(got, "later") {
+				t.Errorf("the replica still has the file of the rolled-back snapshot:\n%s", got)
+			}
+			aside := strings.Fields(guesttest.Run(t, "sh", "-c", "zfs list -H -o name -d 1 "+n2.RootDataset+" | grep -- "+id+"-aside- || true"))
+			if (len(aside) == 1) != tt.wantAside || len(aside) > 1 {
+				t.Fatalf("set aside on n2: %v, want the old replica set aside: %v", aside, tt.wantAside)
+			}
+			if tt.wantAside {
+				if guids := guesttest.Run(t, "zfs", "list", "-H", "-t", "snapshot", "-o", "guid", "-d", "1", aside[0]); guids != aheadGUIDs {
+					t.Errorf("the copy set aside has snapshots %q, the replica had %q", guids, aheadGUIDs)
+				}
+			}
+		})
+	}
+}
