@@ -119,7 +119,10 @@ func TestFullThenIncremental(t *testing.T) {
 		t.Fatalf("first push: %+v", p)
 	}
 	replica := n2.RootDataset + "/" + id
-	for prop, want := range map[string]string{"zfs-nomad:role": "replica", "readonly": "on", "mountpoint": "legacy", "zfs-nomad:volume_id": id, "zfs-nomad:name": "data"} {
+	// The replica carries the primary's quota (1 GiB, refquota by
+	// default): promoted, it is bounded from its first moment.
+	for prop, want := range map[string]string{"zfs-nomad:role": "replica", "readonly": "on", "mountpoint": "legacy", "zfs-nomad:volume_id": id, "zfs-nomad:name": "data",
+		"refquota": "1G", "zfs-nomad:history_from": "1"} {
 		if got := zfsGet(t, prop, replica); got != want {
 			t.Errorf("replica %s = %q, want %q", prop, got, want)
 		}
