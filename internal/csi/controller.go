@@ -167,7 +167,7 @@ func (c *Controller) candidates(ctx context.Context, req *csi.CreateVolumeReques
 			sourceNode = snap.Node.Info.GetNodeId()
 		case src.GetVolume() != nil:
 			id := src.GetVolume().GetVolumeId()
-			v, err := c.findVolume(ctx, id)
+			v, err := c.currentVolume(ctx, id)
 			if err != nil {
 				return nil, err
 			}
@@ -261,6 +261,27 @@ func (c *Controller) findVolume(ctx context.Context, id string) (cluster.Located
 	return cluster.Find(ctx, c.cluster, "volume "+id, func(ctx context.Context, a pb.NodeAgentClient) (*pb.Volume, error) {
 		return a.GetVolume(ctx, &pb.GetVolumeRequest{VolumeId: id})
 	}, func(a, b *pb.Volume) bool { return a.GetGeneration() > b.GetGeneration() })
+}
+
+// currentVolume finds the volume on the node of its current primary, as a
+// publish decides it (Migrator.Current): with the newest copy's node
+// silent it answers Unavailable instead of a stale copy. Everything that
+// acts on the volume's data or reports its state uses it.
+func (c *Controller) currentVolume(ctx context.Context, id string) (cluster.Located[*pb.Volume], error) {
+	if !volume.IsVolumeID(id) {
+		return cluster.Located[*pb.Volume]{}, errdefs.Wrap(errdefs.ErrNotFound, "volume %q does not exist (not a volume ID of this driver)", id)
+	}
+	node, _, err := c.migrator.Current(ctx, id)
+	if err != nil {
+		return cluster.Located[*pb.Volume]{}, err
+	}
+	cctx, cancel := c.cluster.Call(ctx)
+	defer cancel()
+	v, err := node.Client.GetVolume(cctx, &pb.GetVolumeRequest{VolumeId: id})
+	if err != nil {
+		return cluster.Located[*pb.Volume]{}, errdefs.FromStatus(err)
+	}
+	return cluster.Located[*pb.Volume]{Node: node, Object: v}, nil
 }
 
 func (c *Controller) findSnapshot(ctx context.Context, id string) (cluster.Located[*pb.Snapshot], error) {
@@ -536,7 +557,7 @@ func (c *Controller) ControllerGetVolume(ctx context.Context, req *csi.Controlle
 	if err := required("volume_id", req.GetVolumeId()); err != nil {
 		return nil, errdefs.ToStatus(err)
 	}
-	found, err := c.findVolume(ctx, req.GetVolumeId())
+	found, err := c.currentVolume(ctx, req.GetVolumeId())
 	if err != nil {
 		return nil, errdefs.ToStatus(err)
 	}
@@ -564,7 +585,7 @@ func (c *Controller) ControllerExpandVolume(ctx context.Context, req *csi.Contro
 		return nil, errdefs.ToStatus(err)
 	}
 	defer unlock()
-	found, err := c.findVolume(ctx, id)
+	found, err := c.currentVolume(ctx, id)
 	if err != nil {
 		return nil, errdefs.ToStatus(err)
 	}
@@ -606,7 +627,7 @@ func (c *Controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshot
 	if !errors.Is(err, errdefs.ErrNotFound) {
 		return nil, errdefs.ToStatus(err)
 	}
-	found, err := c.findVolume(ctx, req.GetSourceVolumeId())
+	found, err := c.currentVolume(ctx, req.GetSourceVolumeId())
 	if err != nil {
 		return nil, errdefs.ToStatus(err)
 	}

@@ -419,3 +419,42 @@ func TestSnapshotsComeOnlyFromTheCurrentPrimary(t *testing.T) {
 		}
 	}
 }
+
+// TestNothingActsOnAStaleCopy: issue 12, G8. The newest primary's node is
+// down and a majority answers; the stale primary on n1 is neither
+// reported as the volume, nor expanded, nor cloned: each answers
+// Unavailable naming the silent node, as a publish does.
+func TestNothingActsOnAStaleCopy(t *testing.T) {
+	ctx := context.Background()
+	id := volume.VolumeIDForName("v")
+	tc := newTestCluster(t, map[string]uint64{"n1": 4 << 30, "n2": 4 << 30, "n3": 4 << 30})
+	stale := tc.copyOf("n1", id, volume.RolePrimary, 1)
+	tc.copyOf("n2", id, volume.RoleReplica, 2)
+	tc.copyOf("n3", id, volume.RolePrimary, 2)
+	tc.promise("n2", id, 2, "n3")
+	tc.promise("n3", id, 2, "n3")
+	ctl := tc.controller()
+	tc.stop("n3")
+	quota := func() uint64 {
+		ds, err := tc.fakes["n1"].Get(ctx, stale)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ds.RefQuota
+	}
+	before := quota()
+
+	_, err := ctl.ControllerGetVolume(ctx, &csi.ControllerGetVolumeRequest{VolumeId: id})
+	wantCode(t, err, codes.Unavailable)
+	if !strings.Contains(status.Convert(err).Message(), "node n3") {
+		t.Errorf("the error does not name the silent node: %v", err)
+	}
+	_, err = ctl.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: id, CapacityRange: &csi.CapacityRange{RequiredBytes: 3 << 30}})
+	wantCode(t, err, codes.Unavailable)
+	if after := quota(); after != before {
+		t.Errorf("the stale primary's quota changed from %d to %d", before, after)
+	}
+	_, err = ctl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "clone", VolumeCapabilities: mountCap,
+		VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: id}}}})
+	wantCode(t, err, codes.Unavailable)
+}

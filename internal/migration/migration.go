@@ -375,6 +375,39 @@ func (m *Migrator) Publish(ctx context.Context, id, nodeID string) (uint64, erro
 
 var errRetry = errors.New("retry")
 
+// Current returns the node of the volume's current primary, decided as a
+// publish decides it: from a majority of the nodes (or the operator's
+// forced copy), with no newer generation promised to a node that did not
+// answer, and no two primaries of one generation. Operations that act on
+// the primary without moving it (expansion) and reports of it use it, so
+// that none of them takes a stale copy for the volume (docs/safety.md,
+// G8).
+func (m *Migrator) Current(ctx context.Context, id string) (cluster.Node, *pb.Copy, error) {
+	v, err := m.gather(ctx, id)
+	if err != nil {
+		return cluster.Node{}, nil, err
+	}
+	if nodes := v.conflict(); nodes != nil {
+		return cluster.Node{}, nil, m.conflictError(id, v, nodes)
+	}
+	p, ok := v.primary()
+	if !v.quorum() && !(ok && v.forcedOn(p.nodeID())) {
+		return cluster.Node{}, nil, m.noQuorum(id, v)
+	}
+	if !ok {
+		if _, maybe := v.newerElsewhere(copyOn{copy: &pb.Copy{}}); len(v.copies) == 0 && !maybe {
+			return cluster.Node{}, nil, errdefs.Wrap(errdefs.ErrNotFound, "volume %s does not exist", id)
+		}
+		return cluster.Node{}, nil, errdefs.Wrap(errdefs.ErrUnavailable, "no node that answered holds volume %s's primary (not answering: %s): its node is down; a publish fails over by the volume's policy, or retry once it answers",
+			id, strings.Join(v.unreachable, ", "))
+	}
+	if pr, newer := v.newerElsewhere(p); newer {
+		return cluster.Node{}, nil, errdefs.Wrap(errdefs.ErrUnavailable, "generation %d of volume %s was promised to node %s, which did not answer: the copy on node %s (generation %d) may be stale; retry once node %s answers",
+			pr.generation, id, pr.holder, p.nodeID(), p.copy.GetGeneration(), pr.holder)
+	}
+	return p.node, p.copy, nil
+}
+
 // noQuorum is the error for a decision a view without a majority cannot
 // make: a newer generation may live on the nodes that did not answer.
 func (m *Migrator) noQuorum(id string, v view) error {
