@@ -102,6 +102,7 @@ func run(args []string) error {
 	volumes.Mounted = mount.IsMountedZFS
 	receiver := replication.NewReceiver(streams, cfg.RootDataset, cfg.NodeID, cfg.ReplicationSnapshots, log.Named("replication"))
 	receiver.MaxQuota, receiver.QuotaProperty = uint64(cfg.MaxQuota), cfg.QuotaProperty
+	receiver.IdleTimeout = time.Duration(cfg.ReceiveIdleTimeout)
 	if err := receiver.Recover(startCtx); err != nil {
 		// Not fatal: the next receive of the volume retries it.
 		log.Error("finishing replica replacements a crash interrupted failed", "error", err)

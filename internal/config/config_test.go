@@ -48,6 +48,8 @@ func TestNodeValidation(t *testing.T) {
 		{"unknown mount flag", []string{"-mount-flags", "suid"}, `"suid" is not a supported flag`},
 		{"reserved topology", []string{"-topology", "zfs-nomad.io/node=x"}, "set by the driver"},
 		{"bad size", []string{"-max-quota", "lots"}, "size"},
+		{"receive idle timeout", []string{"-receive-idle-timeout", "5s"}, ""},
+		{"receive idle timeout too short", []string{"-receive-idle-timeout", "10ms"}, "receive_idle_timeout"},
 		{"tls required", []string{"-insecure-agent-port=false"}, "mutual TLS"},
 		{"tls complete", []string{"-insecure-agent-port=false", "-tls-ca", "a", "-tls-cert", "b", "-tls-key", "c"}, ""},
 	}

@@ -37,6 +37,7 @@ func LoadNode(args []string, getenv func(string) string, stderr io.Writer) (Node
 	fs.IntVar(&cfg.MaxReplicas, "max-replicas", cfg.MaxReplicas, "largest replicas parameter a volume may ask for")
 	fs.Var(&cfg.MinReplicationInterval, "min-replication-interval", "shortest replication_interval a volume may ask for")
 	fs.Var(&cfg.ReplicationBandwidth, "replication-bandwidth", "bytes per second this node sends to peers, all transfers together (e.g. 50M; 0: no cap)")
+	fs.Var(&cfg.ReceiveIdleTimeout, "receive-idle-timeout", "how long a receive waits for the sender's next message before it ends (e.g. 2m)")
 	fs.IntVar(&cfg.ReplicationSnapshots, "replication-snapshots", cfg.ReplicationSnapshots, "zn- snapshots kept per volume besides the incremental bases")
 	tlsFlags(fs, &cfg.TLS, &cfg.InsecureAgentPort)
 	metricsFlag(fs, &cfg.MetricsAddress)

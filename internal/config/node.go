@@ -58,6 +58,10 @@ type Node struct {
 	// ReplicationSnapshots is how many zn- snapshots each side keeps besides
 	// the held incremental bases.
 	ReplicationSnapshots int `json:"replication_snapshots"`
+	// ReceiveIdleTimeout ends a receive whose sender sent nothing for that
+	// long: a peer that stalls must not hold a zfs receive and the
+	// volume's receive lock for good.
+	ReceiveIdleTimeout Duration `json:"receive_idle_timeout"`
 	// ReplicationBandwidth caps the bytes per second this node sends to
 	// peers, all transfers together; 0 means no cap.
 	ReplicationBandwidth ByteSize `json:"replication_bandwidth"`
@@ -150,6 +154,7 @@ func DefaultNode() Node {
 		Domain:                 DefaultDomain,
 		MinReplicationInterval: Duration(time.Minute),
 		ReplicationSnapshots:   3,
+		ReceiveIdleTimeout:     Duration(2 * time.Minute),
 	}
 }
 
@@ -202,6 +207,9 @@ func (c *Node) Validate() error {
 	if c.MaxReplicas < 0 || c.ReplicationSnapshots < 1 || c.MinReplicationInterval <= 0 {
 		errs = append(errs, fmt.Errorf("max_replicas %d must be 0 or more, replication_snapshots %d at least 1, min_replication_interval %s positive",
 			c.MaxReplicas, c.ReplicationSnapshots, c.MinReplicationInterval))
+	}
+	if c.ReceiveIdleTimeout < Duration(time.Second) {
+		errs = append(errs, fmt.Errorf("receive_idle_timeout %s: at least 1s (a sender's pause between two messages must not end its transfer)", c.ReceiveIdleTimeout))
 	}
 	if err := ValidatePropertyValue(c.Domain); err != nil {
 		errs = append(errs, fmt.Errorf("domain: %v", err))

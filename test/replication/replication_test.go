@@ -899,3 +899,60 @@ func TestReplicaAheadOfAMovedPrimary(t *testing.T) {
 		})
 	}
 }
+
+// TestStalledSenderIsCutOff: issue 12, case 5. A peer with a valid node
+// certificate sends a header and half a stream, then nothing, keeping the
+// connection open. The receive ends after the idle timeout (5 s here,
+// receive_idle_timeout), the replica keeps its data, and the volume's
+// receive lock is free again: the primary's next push succeeds.
+func TestStalledSenderIsCutOff(t *testing.T) {
+	const idle = 5 * time.Second
+	c := guesttest.StartCluster(t, 2, sim.Options{NodeArgs: []string{"-receive-idle-timeout=" + idle.String()}})
+	n1, n2 := c.Nodes[0], c.Nodes[1]
+	ctx := context.Background()
+	id, target := publishedVolume(t, c, "stalled")
+	guesttest.Exec(t, n1, "seq 1 50000 > "+target+"/numbers && sync")
+	if _, err := replicate(t, ctx, c, n1, n2, id); err != nil {
+		t.Fatal(err)
+	}
+	before := replicaChecksums(t, n2, id)
+
+	src := n1.RootDataset + "/" + id
+	base := strings.TrimSpace(guesttest.Run(t, "sh", "-c", "zfs list -H -t snapshot -o name -s createtxg -d 1 "+src+" | tail -1"))
+	guesttest.Exec(t, n1, "dd if=/dev/urandom of="+target+"/blob bs=1M count=4 2>/dev/null && sync")
+	guesttest.Run(t, "zfs", "snapshot", src+"@stalled")
+	data := decode(t, guesttest.Run(t, "sh", "-c", "zfs send -i "+base+" "+src+"@stalled | base64 -w0"))
+	nodeFiles, _ := c.CA.Issue("peer", tlsconfig.RoleNode)
+	stream, err := clientAs(t, nodeFiles, n2).Receive(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &pb.ReceiveHeader{VolumeId: id, Kind: "incremental", Snapshot: "stalled", SourceNodeId: "peer", Generation: 1}
+	if err := stream.Send(&pb.ReceiveMessage{Msg: &pb.ReceiveMessage_Header{Header: h}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Send(&pb.ReceiveMessage{Msg: &pb.ReceiveMessage_Data{Data: data[:len(data)/2]}}); err != nil {
+		t.Fatal(err)
+	}
+	started := time.Now()
+	err = stream.RecvMsg(&pb.ReceiveResult{}) // the send side stays open: the peer stalls
+	took := time.Since(started)
+	if err == nil || !strings.Contains(err.Error(), "idle timeout") {
+		t.Fatalf("a stalled stream ended with %v, want the idle timeout", err)
+	}
+	if took < idle-time.Second || took > 4*idle {
+		t.Errorf("the stalled receive ended after %s, want about the idle timeout (%s)", took.Round(time.Millisecond), idle)
+	}
+	t.Logf("a stalled stream was cut off after %s (idle timeout %s)", took.Round(time.Millisecond), idle)
+	if after := replicaChecksums(t, n2, id); after != before {
+		t.Errorf("after the stalled stream the replica changed:\n%s\nwas:\n%s", after, before)
+	}
+	// The lock is free, and the partial receive the stall left is the
+	// primary's to resume or replace.
+	if _, err := replicate(t, ctx, c, n1, n2, id); err != nil {
+		t.Fatalf("the push after the stalled stream: %v", err)
+	}
+	if src, dst := checksums(t, n1, target), replicaChecksums(t, n2, id); src != dst {
+		t.Errorf("after the next push the replica differs:\nsource:\n%s\nreplica:\n%s", src, dst)
+	}
+}
