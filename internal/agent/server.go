@@ -287,12 +287,17 @@ func (s *Server) Promote(ctx context.Context, req *pb.PromoteRequest) (*pb.Copy,
 	if req.GetGeneration() == 0 {
 		return nil, errdefs.ToStatus(errdefs.Wrap(errdefs.ErrInvalidArgument, "promote: generation is required"))
 	}
-	if s.receiver != nil {
-		if err := s.receiver.AbortPartial(ctx, req.GetVolumeId()); err != nil {
-			return nil, errdefs.ToStatus(err)
-		}
+	var c volume.Copy
+	promote := func() (err error) {
+		c, err = s.volumes.Promote(ctx, req.GetVolumeId(), req.GetGeneration(), req.GetNotBeforeUnixNano(), req.GetFailover())
+		return err
 	}
-	c, err := s.volumes.Promote(ctx, req.GetVolumeId(), req.GetGeneration(), req.GetNotBeforeUnixNano(), req.GetFailover())
+	var err error
+	if s.receiver != nil {
+		err = s.receiver.Exclusive(ctx, req.GetVolumeId(), promote)
+	} else {
+		err = promote()
+	}
 	if err != nil {
 		return nil, errdefs.ToStatus(err)
 	}

@@ -710,27 +710,30 @@ func (r *Receiver) hasPartial(ctx context.Context, fs string) bool {
 	return err == nil && token != "-" && token != ""
 }
 
-// AbortPartial discards an interrupted receive into this node's replica of
-// volumeID before it is promoted: what did not arrive whole is not data.
-func (r *Receiver) AbortPartial(ctx context.Context, volumeID string) error {
+// Exclusive runs promote while nothing else of the receiver touches the
+// volume: it waits for a running receive (Aborted after lockWait) and
+// discards a partial one first, and no receive, tidy or replica deletion
+// starts until promote returns. Without it a receive that started between
+// the discard and the promotion would finish on the promoted copy and
+// label it a replica of the older generation again (I3).
+func (r *Receiver) Exclusive(ctx context.Context, volumeID string, promote func() error) error {
 	fs, err := dataset(r.root, volumeID)
 	if err != nil {
 		return err
-	}
-	// Without a partial receive there is nothing to wait for (only the
-	// source pushes this volume, and a move's source is fenced).
-	if !r.hasPartial(ctx, fs) {
-		return nil
 	}
 	unlock, err := r.waitLock(ctx, volumeID)
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	if role, err := r.z.Get(ctx, fs, volume.PropRole); err != nil || role != RoleReplica {
-		return nil // not a replica: Promote will say
+	if r.hasPartial(ctx, fs) {
+		if role, err := r.z.Get(ctx, fs, volume.PropRole); err == nil && role == RoleReplica {
+			if err := r.abortPartial(ctx, fs); err != nil {
+				return fmt.Errorf("discarding the partial receive into %s before promoting it: %w", fs, err)
+			}
+		}
 	}
-	return r.abortPartial(ctx, fs)
+	return promote()
 }
 
 // fullLabels are a replica's labels with its volume ID, which a full

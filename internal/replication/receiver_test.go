@@ -275,3 +275,36 @@ func TestIdleClockStopsWithTheStream(t *testing.T) {
 		t.Errorf("a receive that finished after its stream ended: %v", err)
 	}
 }
+
+// TestNoReceiveDuringAPromotion: a receive that arrives while a replica is
+// promoted waits for the promotion, then finds a primary and is refused.
+// Run beside it, it would have labelled the promoted copy a replica of the
+// older generation again.
+func TestNoReceiveDuringAPromotion(t *testing.T) {
+	z := newMemPool(testRoot)
+	z.put(testDataset, replicaProps("1"), "zn-1:41")
+	r := NewReceiver(z, testRoot, "n2", 2, hclog.NewNullLogger())
+	received := make(chan error, 1)
+	err := r.Exclusive(context.Background(), testVolume, func() error {
+		go func() {
+			_, err := r.receive(stream(t, false, header(KindIncremental, 1), plainStream(KindIncremental), dataMsg([]byte(streamEnd))))
+			received <- err
+		}()
+		select {
+		case err := <-received:
+			t.Errorf("a receive ran during the promotion: %v", err)
+			received <- err
+		case <-time.After(300 * time.Millisecond):
+		}
+		return z.Set(context.Background(), testDataset, map[string]string{volume.PropRole: volume.RolePrimary, volume.PropGeneration: "2"})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := <-received; status.Code(errdefs.ToStatus(err)) != codes.FailedPrecondition {
+		t.Errorf("the receive after the promotion: %v, want FailedPrecondition", err)
+	}
+	if d := z.dataset(testDataset); d.props[volume.PropRole] != volume.RolePrimary || d.props[volume.PropGeneration] != "2" || z.receives != 0 {
+		t.Errorf("after the promotion the copy is %v with %d receives run; want the primary of generation 2, untouched", d.props, z.receives)
+	}
+}
