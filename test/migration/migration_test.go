@@ -623,3 +623,46 @@ func (e *env) waitForTransfer(id, nodeID string) {
 	}
 	e.t.Fatalf("node %s reported no transfer of volume %s past 8 MiB within 60 s: the move's final send never started", nodeID, id)
 }
+
+// TestDeleteWithANodeDown: issue 12, case 4. With a node that holds a
+// replica down, DeleteVolume touches nothing and answers Unavailable
+// naming it (the CO retries); once it is back, the delete removes every
+// copy and answers OK, and a retry answers OK again.
+func TestDeleteWithANodeDown(t *testing.T) {
+	e := start(t)
+	id := e.create("doomed", nil)
+	dir := e.mustPublish(id, "n1")
+	e.write("n1", dir, "echo keep-until-deleted > a")
+	e.replicate(id, "n1", "n2")
+	e.unpublish(id, "n1")
+
+	e.loseNode("n2")
+	var err error
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(time.Second) {
+		// Until the controller notices n2 is gone, its call may fail
+		// differently; the verdict that counts is the one naming n2.
+		if _, err = e.controller().DeleteVolume(e.ctx, &csi.DeleteVolumeRequest{VolumeId: id}); status.Code(err) == codes.Unavailable {
+			break
+		}
+	}
+	wantCode(t, err, codes.Unavailable, e.node("n2").AgentAddress)
+	if c := e.copyOn(id, "n1"); c.GetRole() != "primary" {
+		t.Fatalf("n1's primary after the refused delete: %+v", c)
+	}
+
+	e.returnNode("n2")
+	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(2 * time.Second) {
+		if _, err = e.controller().DeleteVolume(e.ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err == nil {
+			break
+		}
+	}
+	if err != nil {
+		t.Fatalf("delete with every node back: %v", err)
+	}
+	if left := guesttest.Run(t, "sh", "-c", "zfs list -H -o name -t all | grep -- "+id+" || true"); strings.TrimSpace(left) != "" {
+		t.Fatalf("copies left after the delete:\n%s", left)
+	}
+	if _, err := e.controller().DeleteVolume(e.ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
+		t.Errorf("a repeated delete: %v, want OK", err)
+	}
+}
