@@ -41,6 +41,10 @@ type Copy struct {
 	// HistoryFrom is the oldest generation whose every snapshot is an
 	// earlier state of this copy (volume.HistoryFrom).
 	HistoryFrom uint64
+	// quota is the dataset's quota property as set (QuotaProperty), 0
+	// when unset: a replica received with its primary's quota needs no
+	// separate step to set it when promoted.
+	quota uint64
 }
 
 // notMoving is the value of PropMovingTo on a primary that is not fenced.
@@ -86,11 +90,12 @@ func (m *Manager) Copy(ctx context.Context, id string) (Copy, error) {
 	out.Forced, _ = strconv.ParseUint(ds.User[PropForced], 10, 64)
 	out.HistoryFrom = HistoryFrom(ds.User[PropHistoryFrom], out.Generation)
 	out.Capacity, _ = strconv.ParseUint(ds.User[PropCapacity], 10, 64)
+	out.quota = ds.RefQuota
+	if m.cfg.QuotaProperty == "quota" {
+		out.quota = ds.Quota
+	}
 	if role == RolePrimary {
-		out.Capacity = ds.RefQuota
-		if m.cfg.QuotaProperty == "quota" {
-			out.Capacity = ds.Quota
-		}
+		out.Capacity = out.quota
 	}
 	// Only the names: a replication snapshot's time is in its name.
 	snapshots, err := m.zfs.SnapshotNames(ctx, dataset)
@@ -240,8 +245,9 @@ func (m *Manager) promote(ctx context.Context, c Copy, generation uint64, notBef
 	// The quota first, on its own: ZFS sets a quota in a step of its own
 	// anyway, and a promotion that stops between the two steps must leave
 	// a replica with a quota, never a primary without one. A retry then
-	// finishes it.
-	if c.Capacity > 0 {
+	// finishes it. A replica usually has it already from its receives;
+	// each property change waits for a pool sync, which a move waits for.
+	if c.Capacity > 0 && c.quota != c.Capacity {
 		quota := map[string]string{m.cfg.QuotaProperty: strconv.FormatUint(c.Capacity, 10)}
 		if err := m.zfs.SetProperties(ctx, dataset, quota); err != nil {
 			return zfsError(err, "setting the quota of volume "+id+" before promoting it")

@@ -219,3 +219,54 @@ func TestPromotionCarriesTheHistory(t *testing.T) {
 		})
 	}
 }
+
+// TestPromotionSetsTheQuotaOnlyWhenMissing: each property change waits for
+// a pool sync, which a move waits for. A replica received with its
+// primary's quota is promoted in one change; one without gets the quota
+// in a step of its own first.
+func TestPromotionSetsTheQuotaOnlyWhenMissing(t *testing.T) {
+	for _, tt := range []struct {
+		name     string
+		quota    string // the replica's refquota; "" for none
+		wantSets int
+	}{
+		{"the replica carries its quota", "1073741824", 1},
+		{"the replica lacks its quota", "", 2},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx := context.Background()
+			m, fake := newManager(t)
+			id := VolumeIDForName("r")
+			ds := "tank/nomad/" + id
+			props := map[string]string{PropVolumeID: id, PropRole: RoleReplica, PropGeneration: "1", PropName: "r", PropCapacity: "1073741824", "readonly": "on"}
+			if tt.quota != "" {
+				props["refquota"] = tt.quota
+			}
+			if err := fake.CreateFilesystem(ctx, ds, props); err != nil {
+				t.Fatal(err)
+			}
+			if err := fake.Snapshot(ctx, ds+"@zn-100", nil); err != nil {
+				t.Fatal(err)
+			}
+			if _, granted, err := m.Reserve(ctx, id, 2, "n1"); err != nil || !granted {
+				t.Fatalf("reserving generation 2: granted %v, %v", granted, err)
+			}
+			sets := 0
+			fake.Before = func(op, name string) {
+				if op == "set" && name == ds {
+					sets++
+				}
+			}
+			if _, err := m.Promote(ctx, id, 2, 100, false); err != nil {
+				t.Fatal(err)
+			}
+			fake.Before = nil
+			if sets != tt.wantSets {
+				t.Errorf("the promotion changed properties %d times, want %d", sets, tt.wantSets)
+			}
+			if v, err := m.Get(ctx, id); err != nil || v.Capacity != 1<<30 {
+				t.Errorf("promoted volume: %+v, %v; want 1 GiB", v, err)
+			}
+		})
+	}
+}
