@@ -106,6 +106,7 @@ type Policy map[string][]string
 // AgentPolicy is who may call what on a node's agent port.
 var AgentPolicy = Policy{
 	"/zfsnomad.agent.v1.Replication/":        {RoleNode},
+	"/zfsnomad.agent.v1.Peers/":              {RoleNode},
 	"/zfsnomad.agent.v1.NodeAgent/Replicate": {RoleController, RoleOperator},
 	"/zfsnomad.agent.v1.NodeAgent/":          {RoleController, RoleOperator},
 }

@@ -26,6 +26,182 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type PingRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PingRequest) Reset() {
+	*x = PingRequest{}
+	mi := &file_agentpb_agent_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PingRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PingRequest) ProtoMessage() {}
+
+func (x *PingRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agentpb_agent_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PingRequest.ProtoReflect.Descriptor instead.
+func (*PingRequest) Descriptor() ([]byte, []int) {
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{0}
+}
+
+type PingResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	NodeId        string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	Domain        string                 `protobuf:"bytes,2,opt,name=domain,proto3" json:"domain,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PingResponse) Reset() {
+	*x = PingResponse{}
+	mi := &file_agentpb_agent_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PingResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PingResponse) ProtoMessage() {}
+
+func (x *PingResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agentpb_agent_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PingResponse.ProtoReflect.Descriptor instead.
+func (*PingResponse) Descriptor() ([]byte, []int) {
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *PingResponse) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *PingResponse) GetDomain() string {
+	if x != nil {
+		return x.Domain
+	}
+	return ""
+}
+
+type PromisesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	VolumeIds     []string               `protobuf:"bytes,1,rep,name=volume_ids,json=volumeIds,proto3" json:"volume_ids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PromisesRequest) Reset() {
+	*x = PromisesRequest{}
+	mi := &file_agentpb_agent_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PromisesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PromisesRequest) ProtoMessage() {}
+
+func (x *PromisesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agentpb_agent_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PromisesRequest.ProtoReflect.Descriptor instead.
+func (*PromisesRequest) Descriptor() ([]byte, []int) {
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *PromisesRequest) GetVolumeIds() []string {
+	if x != nil {
+		return x.VolumeIds
+	}
+	return nil
+}
+
+type PromisesResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Generations   map[string]uint64      `protobuf:"bytes,1,rep,name=generations,proto3" json:"generations,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PromisesResponse) Reset() {
+	*x = PromisesResponse{}
+	mi := &file_agentpb_agent_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PromisesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PromisesResponse) ProtoMessage() {}
+
+func (x *PromisesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agentpb_agent_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PromisesResponse.ProtoReflect.Descriptor instead.
+func (*PromisesResponse) Descriptor() ([]byte, []int) {
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *PromisesResponse) GetGenerations() map[string]uint64 {
+	if x != nil {
+		return x.Generations
+	}
+	return nil
+}
+
 type GetNodeRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Only who the node is and whether it is healthy: available_bytes and
@@ -37,7 +213,7 @@ type GetNodeRequest struct {
 
 func (x *GetNodeRequest) Reset() {
 	*x = GetNodeRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[0]
+	mi := &file_agentpb_agent_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -49,7 +225,7 @@ func (x *GetNodeRequest) String() string {
 func (*GetNodeRequest) ProtoMessage() {}
 
 func (x *GetNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[0]
+	mi := &file_agentpb_agent_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -62,7 +238,7 @@ func (x *GetNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetNodeRequest.ProtoReflect.Descriptor instead.
 func (*GetNodeRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{0}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *GetNodeRequest) GetWithoutCapacity() bool {
@@ -91,7 +267,7 @@ type Node struct {
 
 func (x *Node) Reset() {
 	*x = Node{}
-	mi := &file_agentpb_agent_proto_msgTypes[1]
+	mi := &file_agentpb_agent_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -103,7 +279,7 @@ func (x *Node) String() string {
 func (*Node) ProtoMessage() {}
 
 func (x *Node) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[1]
+	mi := &file_agentpb_agent_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -116,7 +292,7 @@ func (x *Node) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Node.ProtoReflect.Descriptor instead.
 func (*Node) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{1}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Node) GetNodeId() string {
@@ -189,7 +365,7 @@ type CreateVolumeRequest struct {
 
 func (x *CreateVolumeRequest) Reset() {
 	*x = CreateVolumeRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[2]
+	mi := &file_agentpb_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -201,7 +377,7 @@ func (x *CreateVolumeRequest) String() string {
 func (*CreateVolumeRequest) ProtoMessage() {}
 
 func (x *CreateVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[2]
+	mi := &file_agentpb_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -214,7 +390,7 @@ func (x *CreateVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateVolumeRequest.ProtoReflect.Descriptor instead.
 func (*CreateVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{2}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *CreateVolumeRequest) GetName() string {
@@ -281,7 +457,7 @@ type Volume struct {
 
 func (x *Volume) Reset() {
 	*x = Volume{}
-	mi := &file_agentpb_agent_proto_msgTypes[3]
+	mi := &file_agentpb_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -293,7 +469,7 @@ func (x *Volume) String() string {
 func (*Volume) ProtoMessage() {}
 
 func (x *Volume) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[3]
+	mi := &file_agentpb_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -306,7 +482,7 @@ func (x *Volume) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Volume.ProtoReflect.Descriptor instead.
 func (*Volume) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{3}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Volume) GetVolumeId() string {
@@ -395,7 +571,7 @@ type DeleteVolumeRequest struct {
 
 func (x *DeleteVolumeRequest) Reset() {
 	*x = DeleteVolumeRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[4]
+	mi := &file_agentpb_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -407,7 +583,7 @@ func (x *DeleteVolumeRequest) String() string {
 func (*DeleteVolumeRequest) ProtoMessage() {}
 
 func (x *DeleteVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[4]
+	mi := &file_agentpb_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -420,7 +596,7 @@ func (x *DeleteVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteVolumeRequest.ProtoReflect.Descriptor instead.
 func (*DeleteVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{4}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *DeleteVolumeRequest) GetVolumeId() string {
@@ -438,7 +614,7 @@ type DeleteVolumeResponse struct {
 
 func (x *DeleteVolumeResponse) Reset() {
 	*x = DeleteVolumeResponse{}
-	mi := &file_agentpb_agent_proto_msgTypes[5]
+	mi := &file_agentpb_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -450,7 +626,7 @@ func (x *DeleteVolumeResponse) String() string {
 func (*DeleteVolumeResponse) ProtoMessage() {}
 
 func (x *DeleteVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[5]
+	mi := &file_agentpb_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -463,7 +639,7 @@ func (x *DeleteVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteVolumeResponse.ProtoReflect.Descriptor instead.
 func (*DeleteVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{5}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{9}
 }
 
 type GetVolumeRequest struct {
@@ -475,7 +651,7 @@ type GetVolumeRequest struct {
 
 func (x *GetVolumeRequest) Reset() {
 	*x = GetVolumeRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[6]
+	mi := &file_agentpb_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -487,7 +663,7 @@ func (x *GetVolumeRequest) String() string {
 func (*GetVolumeRequest) ProtoMessage() {}
 
 func (x *GetVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[6]
+	mi := &file_agentpb_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -500,7 +676,7 @@ func (x *GetVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetVolumeRequest.ProtoReflect.Descriptor instead.
 func (*GetVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{6}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *GetVolumeRequest) GetVolumeId() string {
@@ -518,7 +694,7 @@ type ListVolumesRequest struct {
 
 func (x *ListVolumesRequest) Reset() {
 	*x = ListVolumesRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[7]
+	mi := &file_agentpb_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -530,7 +706,7 @@ func (x *ListVolumesRequest) String() string {
 func (*ListVolumesRequest) ProtoMessage() {}
 
 func (x *ListVolumesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[7]
+	mi := &file_agentpb_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -543,7 +719,7 @@ func (x *ListVolumesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListVolumesRequest.ProtoReflect.Descriptor instead.
 func (*ListVolumesRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{7}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{11}
 }
 
 type ListVolumesResponse struct {
@@ -555,7 +731,7 @@ type ListVolumesResponse struct {
 
 func (x *ListVolumesResponse) Reset() {
 	*x = ListVolumesResponse{}
-	mi := &file_agentpb_agent_proto_msgTypes[8]
+	mi := &file_agentpb_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -567,7 +743,7 @@ func (x *ListVolumesResponse) String() string {
 func (*ListVolumesResponse) ProtoMessage() {}
 
 func (x *ListVolumesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[8]
+	mi := &file_agentpb_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -580,7 +756,7 @@ func (x *ListVolumesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListVolumesResponse.ProtoReflect.Descriptor instead.
 func (*ListVolumesResponse) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{8}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ListVolumesResponse) GetVolumes() []*Volume {
@@ -601,7 +777,7 @@ type ExpandVolumeRequest struct {
 
 func (x *ExpandVolumeRequest) Reset() {
 	*x = ExpandVolumeRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[9]
+	mi := &file_agentpb_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -613,7 +789,7 @@ func (x *ExpandVolumeRequest) String() string {
 func (*ExpandVolumeRequest) ProtoMessage() {}
 
 func (x *ExpandVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[9]
+	mi := &file_agentpb_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -626,7 +802,7 @@ func (x *ExpandVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExpandVolumeRequest.ProtoReflect.Descriptor instead.
 func (*ExpandVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{9}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ExpandVolumeRequest) GetVolumeId() string {
@@ -659,7 +835,7 @@ type ExpandVolumeResponse struct {
 
 func (x *ExpandVolumeResponse) Reset() {
 	*x = ExpandVolumeResponse{}
-	mi := &file_agentpb_agent_proto_msgTypes[10]
+	mi := &file_agentpb_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -671,7 +847,7 @@ func (x *ExpandVolumeResponse) String() string {
 func (*ExpandVolumeResponse) ProtoMessage() {}
 
 func (x *ExpandVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[10]
+	mi := &file_agentpb_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -684,7 +860,7 @@ func (x *ExpandVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExpandVolumeResponse.ProtoReflect.Descriptor instead.
 func (*ExpandVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{10}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ExpandVolumeResponse) GetCapacityBytes() uint64 {
@@ -704,7 +880,7 @@ type CreateSnapshotRequest struct {
 
 func (x *CreateSnapshotRequest) Reset() {
 	*x = CreateSnapshotRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[11]
+	mi := &file_agentpb_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -716,7 +892,7 @@ func (x *CreateSnapshotRequest) String() string {
 func (*CreateSnapshotRequest) ProtoMessage() {}
 
 func (x *CreateSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[11]
+	mi := &file_agentpb_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -729,7 +905,7 @@ func (x *CreateSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*CreateSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{11}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *CreateSnapshotRequest) GetSourceVolumeId() string {
@@ -760,7 +936,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_agentpb_agent_proto_msgTypes[12]
+	mi := &file_agentpb_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -772,7 +948,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[12]
+	mi := &file_agentpb_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -785,7 +961,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{12}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Snapshot) GetSnapshotId() string {
@@ -839,7 +1015,7 @@ type DeleteSnapshotRequest struct {
 
 func (x *DeleteSnapshotRequest) Reset() {
 	*x = DeleteSnapshotRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[13]
+	mi := &file_agentpb_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -851,7 +1027,7 @@ func (x *DeleteSnapshotRequest) String() string {
 func (*DeleteSnapshotRequest) ProtoMessage() {}
 
 func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[13]
+	mi := &file_agentpb_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -864,7 +1040,7 @@ func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{13}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *DeleteSnapshotRequest) GetSnapshotId() string {
@@ -882,7 +1058,7 @@ type DeleteSnapshotResponse struct {
 
 func (x *DeleteSnapshotResponse) Reset() {
 	*x = DeleteSnapshotResponse{}
-	mi := &file_agentpb_agent_proto_msgTypes[14]
+	mi := &file_agentpb_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -894,7 +1070,7 @@ func (x *DeleteSnapshotResponse) String() string {
 func (*DeleteSnapshotResponse) ProtoMessage() {}
 
 func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[14]
+	mi := &file_agentpb_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -907,7 +1083,7 @@ func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{14}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{18}
 }
 
 type ListSnapshotsRequest struct {
@@ -918,7 +1094,7 @@ type ListSnapshotsRequest struct {
 
 func (x *ListSnapshotsRequest) Reset() {
 	*x = ListSnapshotsRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[15]
+	mi := &file_agentpb_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -930,7 +1106,7 @@ func (x *ListSnapshotsRequest) String() string {
 func (*ListSnapshotsRequest) ProtoMessage() {}
 
 func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[15]
+	mi := &file_agentpb_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -943,7 +1119,7 @@ func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{15}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{19}
 }
 
 type ListSnapshotsResponse struct {
@@ -955,7 +1131,7 @@ type ListSnapshotsResponse struct {
 
 func (x *ListSnapshotsResponse) Reset() {
 	*x = ListSnapshotsResponse{}
-	mi := &file_agentpb_agent_proto_msgTypes[16]
+	mi := &file_agentpb_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -967,7 +1143,7 @@ func (x *ListSnapshotsResponse) String() string {
 func (*ListSnapshotsResponse) ProtoMessage() {}
 
 func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[16]
+	mi := &file_agentpb_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -980,7 +1156,7 @@ func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{16}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListSnapshotsResponse) GetSnapshots() []*Snapshot {
@@ -1000,7 +1176,7 @@ type ReplicateRequest struct {
 
 func (x *ReplicateRequest) Reset() {
 	*x = ReplicateRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[17]
+	mi := &file_agentpb_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1012,7 +1188,7 @@ func (x *ReplicateRequest) String() string {
 func (*ReplicateRequest) ProtoMessage() {}
 
 func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[17]
+	mi := &file_agentpb_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1025,7 +1201,7 @@ func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateRequest.ProtoReflect.Descriptor instead.
 func (*ReplicateRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{17}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ReplicateRequest) GetVolumeId() string {
@@ -1058,7 +1234,7 @@ type ReplicateProgress struct {
 
 func (x *ReplicateProgress) Reset() {
 	*x = ReplicateProgress{}
-	mi := &file_agentpb_agent_proto_msgTypes[18]
+	mi := &file_agentpb_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1070,7 +1246,7 @@ func (x *ReplicateProgress) String() string {
 func (*ReplicateProgress) ProtoMessage() {}
 
 func (x *ReplicateProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[18]
+	mi := &file_agentpb_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1083,7 +1259,7 @@ func (x *ReplicateProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateProgress.ProtoReflect.Descriptor instead.
 func (*ReplicateProgress) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{18}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ReplicateProgress) GetKind() string {
@@ -1136,7 +1312,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[19]
+	mi := &file_agentpb_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1148,7 +1324,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[19]
+	mi := &file_agentpb_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1161,7 +1337,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{19}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{23}
 }
 
 type NodeStatus struct {
@@ -1176,7 +1352,7 @@ type NodeStatus struct {
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_agentpb_agent_proto_msgTypes[20]
+	mi := &file_agentpb_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1188,7 +1364,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[20]
+	mi := &file_agentpb_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1201,7 +1377,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{20}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *NodeStatus) GetReplicas() []*Replica {
@@ -1240,7 +1416,7 @@ type Replica struct {
 
 func (x *Replica) Reset() {
 	*x = Replica{}
-	mi := &file_agentpb_agent_proto_msgTypes[21]
+	mi := &file_agentpb_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1252,7 +1428,7 @@ func (x *Replica) String() string {
 func (*Replica) ProtoMessage() {}
 
 func (x *Replica) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[21]
+	mi := &file_agentpb_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1265,7 +1441,7 @@ func (x *Replica) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Replica.ProtoReflect.Descriptor instead.
 func (*Replica) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{21}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *Replica) GetVolumeId() string {
@@ -1317,7 +1493,7 @@ type Transfer struct {
 
 func (x *Transfer) Reset() {
 	*x = Transfer{}
-	mi := &file_agentpb_agent_proto_msgTypes[22]
+	mi := &file_agentpb_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1329,7 +1505,7 @@ func (x *Transfer) String() string {
 func (*Transfer) ProtoMessage() {}
 
 func (x *Transfer) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[22]
+	mi := &file_agentpb_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1342,7 +1518,7 @@ func (x *Transfer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Transfer.ProtoReflect.Descriptor instead.
 func (*Transfer) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{22}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *Transfer) GetVolumeId() string {
@@ -1396,7 +1572,7 @@ type ReplicaStateRequest struct {
 
 func (x *ReplicaStateRequest) Reset() {
 	*x = ReplicaStateRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[23]
+	mi := &file_agentpb_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1408,7 +1584,7 @@ func (x *ReplicaStateRequest) String() string {
 func (*ReplicaStateRequest) ProtoMessage() {}
 
 func (x *ReplicaStateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[23]
+	mi := &file_agentpb_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1421,7 +1597,7 @@ func (x *ReplicaStateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaStateRequest.ProtoReflect.Descriptor instead.
 func (*ReplicaStateRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{23}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ReplicaStateRequest) GetVolumeId() string {
@@ -1449,7 +1625,7 @@ type ReplicaStateResponse struct {
 
 func (x *ReplicaStateResponse) Reset() {
 	*x = ReplicaStateResponse{}
-	mi := &file_agentpb_agent_proto_msgTypes[24]
+	mi := &file_agentpb_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1461,7 +1637,7 @@ func (x *ReplicaStateResponse) String() string {
 func (*ReplicaStateResponse) ProtoMessage() {}
 
 func (x *ReplicaStateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[24]
+	mi := &file_agentpb_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1474,7 +1650,7 @@ func (x *ReplicaStateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaStateResponse.ProtoReflect.Descriptor instead.
 func (*ReplicaStateResponse) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{24}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ReplicaStateResponse) GetExists() bool {
@@ -1532,7 +1708,7 @@ type ReceiveMessage struct {
 
 func (x *ReceiveMessage) Reset() {
 	*x = ReceiveMessage{}
-	mi := &file_agentpb_agent_proto_msgTypes[25]
+	mi := &file_agentpb_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1544,7 +1720,7 @@ func (x *ReceiveMessage) String() string {
 func (*ReceiveMessage) ProtoMessage() {}
 
 func (x *ReceiveMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[25]
+	mi := &file_agentpb_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1557,7 +1733,7 @@ func (x *ReceiveMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReceiveMessage.ProtoReflect.Descriptor instead.
 func (*ReceiveMessage) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{25}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ReceiveMessage) GetMsg() isReceiveMessage_Msg {
@@ -1625,7 +1801,7 @@ type ReceiveHeader struct {
 
 func (x *ReceiveHeader) Reset() {
 	*x = ReceiveHeader{}
-	mi := &file_agentpb_agent_proto_msgTypes[26]
+	mi := &file_agentpb_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1637,7 +1813,7 @@ func (x *ReceiveHeader) String() string {
 func (*ReceiveHeader) ProtoMessage() {}
 
 func (x *ReceiveHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[26]
+	mi := &file_agentpb_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1650,7 +1826,7 @@ func (x *ReceiveHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReceiveHeader.ProtoReflect.Descriptor instead.
 func (*ReceiveHeader) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{26}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ReceiveHeader) GetVolumeId() string {
@@ -1726,7 +1902,7 @@ type ReceiveResult struct {
 
 func (x *ReceiveResult) Reset() {
 	*x = ReceiveResult{}
-	mi := &file_agentpb_agent_proto_msgTypes[27]
+	mi := &file_agentpb_agent_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1738,7 +1914,7 @@ func (x *ReceiveResult) String() string {
 func (*ReceiveResult) ProtoMessage() {}
 
 func (x *ReceiveResult) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[27]
+	mi := &file_agentpb_agent_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1751,7 +1927,7 @@ func (x *ReceiveResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReceiveResult.ProtoReflect.Descriptor instead.
 func (*ReceiveResult) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{27}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ReceiveResult) GetSnapshotGuid() uint64 {
@@ -1777,7 +1953,7 @@ type GetCopyRequest struct {
 
 func (x *GetCopyRequest) Reset() {
 	*x = GetCopyRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[28]
+	mi := &file_agentpb_agent_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1789,7 +1965,7 @@ func (x *GetCopyRequest) String() string {
 func (*GetCopyRequest) ProtoMessage() {}
 
 func (x *GetCopyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[28]
+	mi := &file_agentpb_agent_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1802,7 +1978,7 @@ func (x *GetCopyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCopyRequest.ProtoReflect.Descriptor instead.
 func (*GetCopyRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{28}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *GetCopyRequest) GetVolumeId() string {
@@ -1854,7 +2030,7 @@ type Copy struct {
 
 func (x *Copy) Reset() {
 	*x = Copy{}
-	mi := &file_agentpb_agent_proto_msgTypes[29]
+	mi := &file_agentpb_agent_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1866,7 +2042,7 @@ func (x *Copy) String() string {
 func (*Copy) ProtoMessage() {}
 
 func (x *Copy) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[29]
+	mi := &file_agentpb_agent_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1879,7 +2055,7 @@ func (x *Copy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Copy.ProtoReflect.Descriptor instead.
 func (*Copy) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{29}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *Copy) GetVolumeId() string {
@@ -2027,7 +2203,7 @@ type ReserveRequest struct {
 
 func (x *ReserveRequest) Reset() {
 	*x = ReserveRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[30]
+	mi := &file_agentpb_agent_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2039,7 +2215,7 @@ func (x *ReserveRequest) String() string {
 func (*ReserveRequest) ProtoMessage() {}
 
 func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[30]
+	mi := &file_agentpb_agent_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2052,7 +2228,7 @@ func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveRequest.ProtoReflect.Descriptor instead.
 func (*ReserveRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{30}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ReserveRequest) GetVolumeId() string {
@@ -2089,7 +2265,7 @@ type ReserveResponse struct {
 
 func (x *ReserveResponse) Reset() {
 	*x = ReserveResponse{}
-	mi := &file_agentpb_agent_proto_msgTypes[31]
+	mi := &file_agentpb_agent_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2101,7 +2277,7 @@ func (x *ReserveResponse) String() string {
 func (*ReserveResponse) ProtoMessage() {}
 
 func (x *ReserveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[31]
+	mi := &file_agentpb_agent_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2114,7 +2290,7 @@ func (x *ReserveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveResponse.ProtoReflect.Descriptor instead.
 func (*ReserveResponse) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{31}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ReserveResponse) GetGranted() bool {
@@ -2148,7 +2324,7 @@ type FenceRequest struct {
 
 func (x *FenceRequest) Reset() {
 	*x = FenceRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[32]
+	mi := &file_agentpb_agent_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2160,7 +2336,7 @@ func (x *FenceRequest) String() string {
 func (*FenceRequest) ProtoMessage() {}
 
 func (x *FenceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[32]
+	mi := &file_agentpb_agent_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2173,7 +2349,7 @@ func (x *FenceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FenceRequest.ProtoReflect.Descriptor instead.
 func (*FenceRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{32}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *FenceRequest) GetVolumeId() string {
@@ -2199,7 +2375,7 @@ type FenceResponse struct {
 
 func (x *FenceResponse) Reset() {
 	*x = FenceResponse{}
-	mi := &file_agentpb_agent_proto_msgTypes[33]
+	mi := &file_agentpb_agent_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2211,7 +2387,7 @@ func (x *FenceResponse) String() string {
 func (*FenceResponse) ProtoMessage() {}
 
 func (x *FenceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[33]
+	mi := &file_agentpb_agent_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2224,7 +2400,7 @@ func (x *FenceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FenceResponse.ProtoReflect.Descriptor instead.
 func (*FenceResponse) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{33}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *FenceResponse) GetFencedUnixNano() int64 {
@@ -2243,7 +2419,7 @@ type UnfenceRequest struct {
 
 func (x *UnfenceRequest) Reset() {
 	*x = UnfenceRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[34]
+	mi := &file_agentpb_agent_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2255,7 +2431,7 @@ func (x *UnfenceRequest) String() string {
 func (*UnfenceRequest) ProtoMessage() {}
 
 func (x *UnfenceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[34]
+	mi := &file_agentpb_agent_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2268,7 +2444,7 @@ func (x *UnfenceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnfenceRequest.ProtoReflect.Descriptor instead.
 func (*UnfenceRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{34}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *UnfenceRequest) GetVolumeId() string {
@@ -2296,7 +2472,7 @@ type PromoteRequest struct {
 
 func (x *PromoteRequest) Reset() {
 	*x = PromoteRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[35]
+	mi := &file_agentpb_agent_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2308,7 +2484,7 @@ func (x *PromoteRequest) String() string {
 func (*PromoteRequest) ProtoMessage() {}
 
 func (x *PromoteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[35]
+	mi := &file_agentpb_agent_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2321,7 +2497,7 @@ func (x *PromoteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PromoteRequest.ProtoReflect.Descriptor instead.
 func (*PromoteRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{35}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *PromoteRequest) GetVolumeId() string {
@@ -2372,7 +2548,7 @@ type DemoteRequest struct {
 
 func (x *DemoteRequest) Reset() {
 	*x = DemoteRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[36]
+	mi := &file_agentpb_agent_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2384,7 +2560,7 @@ func (x *DemoteRequest) String() string {
 func (*DemoteRequest) ProtoMessage() {}
 
 func (x *DemoteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[36]
+	mi := &file_agentpb_agent_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2397,7 +2573,7 @@ func (x *DemoteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DemoteRequest.ProtoReflect.Descriptor instead.
 func (*DemoteRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{36}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *DemoteRequest) GetVolumeId() string {
@@ -2435,7 +2611,7 @@ type DeleteReplicaRequest struct {
 
 func (x *DeleteReplicaRequest) Reset() {
 	*x = DeleteReplicaRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[37]
+	mi := &file_agentpb_agent_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2447,7 +2623,7 @@ func (x *DeleteReplicaRequest) String() string {
 func (*DeleteReplicaRequest) ProtoMessage() {}
 
 func (x *DeleteReplicaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[37]
+	mi := &file_agentpb_agent_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2460,7 +2636,7 @@ func (x *DeleteReplicaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteReplicaRequest.ProtoReflect.Descriptor instead.
 func (*DeleteReplicaRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{37}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *DeleteReplicaRequest) GetVolumeId() string {
@@ -2486,7 +2662,7 @@ type DeleteReplicaResponse struct {
 
 func (x *DeleteReplicaResponse) Reset() {
 	*x = DeleteReplicaResponse{}
-	mi := &file_agentpb_agent_proto_msgTypes[38]
+	mi := &file_agentpb_agent_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2498,7 +2674,7 @@ func (x *DeleteReplicaResponse) String() string {
 func (*DeleteReplicaResponse) ProtoMessage() {}
 
 func (x *DeleteReplicaResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[38]
+	mi := &file_agentpb_agent_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2511,7 +2687,7 @@ func (x *DeleteReplicaResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteReplicaResponse.ProtoReflect.Descriptor instead.
 func (*DeleteReplicaResponse) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{38}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *DeleteReplicaResponse) GetDeleted() bool {
@@ -2525,7 +2701,19 @@ var File_agentpb_agent_proto protoreflect.FileDescriptor
 
 const file_agentpb_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x13agentpb/agent.proto\x12\x11zfsnomad.agent.v1\";\n" +
+	"\x13agentpb/agent.proto\x12\x11zfsnomad.agent.v1\"\r\n" +
+	"\vPingRequest\"?\n" +
+	"\fPingResponse\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x16\n" +
+	"\x06domain\x18\x02 \x01(\tR\x06domain\"0\n" +
+	"\x0fPromisesRequest\x12\x1d\n" +
+	"\n" +
+	"volume_ids\x18\x01 \x03(\tR\tvolumeIds\"\xaa\x01\n" +
+	"\x10PromisesResponse\x12V\n" +
+	"\vgenerations\x18\x01 \x03(\v24.zfsnomad.agent.v1.PromisesResponse.GenerationsEntryR\vgenerations\x1a>\n" +
+	"\x10GenerationsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\";\n" +
 	"\x0eGetNodeRequest\x12)\n" +
 	"\x10without_capacity\x18\x01 \x01(\bR\x0fwithoutCapacity\"\xf0\x02\n" +
 	"\x04Node\x12\x17\n" +
@@ -2760,7 +2948,10 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\aUnfence\x12!.zfsnomad.agent.v1.UnfenceRequest\x1a\x17.zfsnomad.agent.v1.Copy\x12E\n" +
 	"\aPromote\x12!.zfsnomad.agent.v1.PromoteRequest\x1a\x17.zfsnomad.agent.v1.Copy\x12C\n" +
 	"\x06Demote\x12 .zfsnomad.agent.v1.DemoteRequest\x1a\x17.zfsnomad.agent.v1.Copy\x12P\n" +
-	"\aReserve\x12!.zfsnomad.agent.v1.ReserveRequest\x1a\".zfsnomad.agent.v1.ReserveResponse2\xc0\x01\n" +
+	"\aReserve\x12!.zfsnomad.agent.v1.ReserveRequest\x1a\".zfsnomad.agent.v1.ReserveResponse2\xa5\x01\n" +
+	"\x05Peers\x12G\n" +
+	"\x04Ping\x12\x1e.zfsnomad.agent.v1.PingRequest\x1a\x1f.zfsnomad.agent.v1.PingResponse\x12S\n" +
+	"\bPromises\x12\".zfsnomad.agent.v1.PromisesRequest\x1a#.zfsnomad.agent.v1.PromisesResponse2\xc0\x01\n" +
 	"\vReplication\x12_\n" +
 	"\fReplicaState\x12&.zfsnomad.agent.v1.ReplicaStateRequest\x1a'.zfsnomad.agent.v1.ReplicaStateResponse\x12P\n" +
 	"\aReceive\x12!.zfsnomad.agent.v1.ReceiveMessage\x1a .zfsnomad.agent.v1.ReceiveResult(\x01B.Z,github.com/zfs-nomad/zfs-nomad/proto/agentpbb\x06proto3"
@@ -2777,109 +2968,119 @@ func file_agentpb_agent_proto_rawDescGZIP() []byte {
 	return file_agentpb_agent_proto_rawDescData
 }
 
-var file_agentpb_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
+var file_agentpb_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 49)
 var file_agentpb_agent_proto_goTypes = []any{
-	(*GetNodeRequest)(nil),         // 0: zfsnomad.agent.v1.GetNodeRequest
-	(*Node)(nil),                   // 1: zfsnomad.agent.v1.Node
-	(*CreateVolumeRequest)(nil),    // 2: zfsnomad.agent.v1.CreateVolumeRequest
-	(*Volume)(nil),                 // 3: zfsnomad.agent.v1.Volume
-	(*DeleteVolumeRequest)(nil),    // 4: zfsnomad.agent.v1.DeleteVolumeRequest
-	(*DeleteVolumeResponse)(nil),   // 5: zfsnomad.agent.v1.DeleteVolumeResponse
-	(*GetVolumeRequest)(nil),       // 6: zfsnomad.agent.v1.GetVolumeRequest
-	(*ListVolumesRequest)(nil),     // 7: zfsnomad.agent.v1.ListVolumesRequest
-	(*ListVolumesResponse)(nil),    // 8: zfsnomad.agent.v1.ListVolumesResponse
-	(*ExpandVolumeRequest)(nil),    // 9: zfsnomad.agent.v1.ExpandVolumeRequest
-	(*ExpandVolumeResponse)(nil),   // 10: zfsnomad.agent.v1.ExpandVolumeResponse
-	(*CreateSnapshotRequest)(nil),  // 11: zfsnomad.agent.v1.CreateSnapshotRequest
-	(*Snapshot)(nil),               // 12: zfsnomad.agent.v1.Snapshot
-	(*DeleteSnapshotRequest)(nil),  // 13: zfsnomad.agent.v1.DeleteSnapshotRequest
-	(*DeleteSnapshotResponse)(nil), // 14: zfsnomad.agent.v1.DeleteSnapshotResponse
-	(*ListSnapshotsRequest)(nil),   // 15: zfsnomad.agent.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil),  // 16: zfsnomad.agent.v1.ListSnapshotsResponse
-	(*ReplicateRequest)(nil),       // 17: zfsnomad.agent.v1.ReplicateRequest
-	(*ReplicateProgress)(nil),      // 18: zfsnomad.agent.v1.ReplicateProgress
-	(*StatusRequest)(nil),          // 19: zfsnomad.agent.v1.StatusRequest
-	(*NodeStatus)(nil),             // 20: zfsnomad.agent.v1.NodeStatus
-	(*Replica)(nil),                // 21: zfsnomad.agent.v1.Replica
-	(*Transfer)(nil),               // 22: zfsnomad.agent.v1.Transfer
-	(*ReplicaStateRequest)(nil),    // 23: zfsnomad.agent.v1.ReplicaStateRequest
-	(*ReplicaStateResponse)(nil),   // 24: zfsnomad.agent.v1.ReplicaStateResponse
-	(*ReceiveMessage)(nil),         // 25: zfsnomad.agent.v1.ReceiveMessage
-	(*ReceiveHeader)(nil),          // 26: zfsnomad.agent.v1.ReceiveHeader
-	(*ReceiveResult)(nil),          // 27: zfsnomad.agent.v1.ReceiveResult
-	(*GetCopyRequest)(nil),         // 28: zfsnomad.agent.v1.GetCopyRequest
-	(*Copy)(nil),                   // 29: zfsnomad.agent.v1.Copy
-	(*ReserveRequest)(nil),         // 30: zfsnomad.agent.v1.ReserveRequest
-	(*ReserveResponse)(nil),        // 31: zfsnomad.agent.v1.ReserveResponse
-	(*FenceRequest)(nil),           // 32: zfsnomad.agent.v1.FenceRequest
-	(*FenceResponse)(nil),          // 33: zfsnomad.agent.v1.FenceResponse
-	(*UnfenceRequest)(nil),         // 34: zfsnomad.agent.v1.UnfenceRequest
-	(*PromoteRequest)(nil),         // 35: zfsnomad.agent.v1.PromoteRequest
-	(*DemoteRequest)(nil),          // 36: zfsnomad.agent.v1.DemoteRequest
-	(*DeleteReplicaRequest)(nil),   // 37: zfsnomad.agent.v1.DeleteReplicaRequest
-	(*DeleteReplicaResponse)(nil),  // 38: zfsnomad.agent.v1.DeleteReplicaResponse
-	nil,                            // 39: zfsnomad.agent.v1.Node.TopologyEntry
-	nil,                            // 40: zfsnomad.agent.v1.CreateVolumeRequest.ParametersEntry
-	nil,                            // 41: zfsnomad.agent.v1.Volume.ParametersEntry
-	nil,                            // 42: zfsnomad.agent.v1.ReceiveHeader.ParametersEntry
-	nil,                            // 43: zfsnomad.agent.v1.Copy.ParametersEntry
+	(*PingRequest)(nil),            // 0: zfsnomad.agent.v1.PingRequest
+	(*PingResponse)(nil),           // 1: zfsnomad.agent.v1.PingResponse
+	(*PromisesRequest)(nil),        // 2: zfsnomad.agent.v1.PromisesRequest
+	(*PromisesResponse)(nil),       // 3: zfsnomad.agent.v1.PromisesResponse
+	(*GetNodeRequest)(nil),         // 4: zfsnomad.agent.v1.GetNodeRequest
+	(*Node)(nil),                   // 5: zfsnomad.agent.v1.Node
+	(*CreateVolumeRequest)(nil),    // 6: zfsnomad.agent.v1.CreateVolumeRequest
+	(*Volume)(nil),                 // 7: zfsnomad.agent.v1.Volume
+	(*DeleteVolumeRequest)(nil),    // 8: zfsnomad.agent.v1.DeleteVolumeRequest
+	(*DeleteVolumeResponse)(nil),   // 9: zfsnomad.agent.v1.DeleteVolumeResponse
+	(*GetVolumeRequest)(nil),       // 10: zfsnomad.agent.v1.GetVolumeRequest
+	(*ListVolumesRequest)(nil),     // 11: zfsnomad.agent.v1.ListVolumesRequest
+	(*ListVolumesResponse)(nil),    // 12: zfsnomad.agent.v1.ListVolumesResponse
+	(*ExpandVolumeRequest)(nil),    // 13: zfsnomad.agent.v1.ExpandVolumeRequest
+	(*ExpandVolumeResponse)(nil),   // 14: zfsnomad.agent.v1.ExpandVolumeResponse
+	(*CreateSnapshotRequest)(nil),  // 15: zfsnomad.agent.v1.CreateSnapshotRequest
+	(*Snapshot)(nil),               // 16: zfsnomad.agent.v1.Snapshot
+	(*DeleteSnapshotRequest)(nil),  // 17: zfsnomad.agent.v1.DeleteSnapshotRequest
+	(*DeleteSnapshotResponse)(nil), // 18: zfsnomad.agent.v1.DeleteSnapshotResponse
+	(*ListSnapshotsRequest)(nil),   // 19: zfsnomad.agent.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),  // 20: zfsnomad.agent.v1.ListSnapshotsResponse
+	(*ReplicateRequest)(nil),       // 21: zfsnomad.agent.v1.ReplicateRequest
+	(*ReplicateProgress)(nil),      // 22: zfsnomad.agent.v1.ReplicateProgress
+	(*StatusRequest)(nil),          // 23: zfsnomad.agent.v1.StatusRequest
+	(*NodeStatus)(nil),             // 24: zfsnomad.agent.v1.NodeStatus
+	(*Replica)(nil),                // 25: zfsnomad.agent.v1.Replica
+	(*Transfer)(nil),               // 26: zfsnomad.agent.v1.Transfer
+	(*ReplicaStateRequest)(nil),    // 27: zfsnomad.agent.v1.ReplicaStateRequest
+	(*ReplicaStateResponse)(nil),   // 28: zfsnomad.agent.v1.ReplicaStateResponse
+	(*ReceiveMessage)(nil),         // 29: zfsnomad.agent.v1.ReceiveMessage
+	(*ReceiveHeader)(nil),          // 30: zfsnomad.agent.v1.ReceiveHeader
+	(*ReceiveResult)(nil),          // 31: zfsnomad.agent.v1.ReceiveResult
+	(*GetCopyRequest)(nil),         // 32: zfsnomad.agent.v1.GetCopyRequest
+	(*Copy)(nil),                   // 33: zfsnomad.agent.v1.Copy
+	(*ReserveRequest)(nil),         // 34: zfsnomad.agent.v1.ReserveRequest
+	(*ReserveResponse)(nil),        // 35: zfsnomad.agent.v1.ReserveResponse
+	(*FenceRequest)(nil),           // 36: zfsnomad.agent.v1.FenceRequest
+	(*FenceResponse)(nil),          // 37: zfsnomad.agent.v1.FenceResponse
+	(*UnfenceRequest)(nil),         // 38: zfsnomad.agent.v1.UnfenceRequest
+	(*PromoteRequest)(nil),         // 39: zfsnomad.agent.v1.PromoteRequest
+	(*DemoteRequest)(nil),          // 40: zfsnomad.agent.v1.DemoteRequest
+	(*DeleteReplicaRequest)(nil),   // 41: zfsnomad.agent.v1.DeleteReplicaRequest
+	(*DeleteReplicaResponse)(nil),  // 42: zfsnomad.agent.v1.DeleteReplicaResponse
+	nil,                            // 43: zfsnomad.agent.v1.PromisesResponse.GenerationsEntry
+	nil,                            // 44: zfsnomad.agent.v1.Node.TopologyEntry
+	nil,                            // 45: zfsnomad.agent.v1.CreateVolumeRequest.ParametersEntry
+	nil,                            // 46: zfsnomad.agent.v1.Volume.ParametersEntry
+	nil,                            // 47: zfsnomad.agent.v1.ReceiveHeader.ParametersEntry
+	nil,                            // 48: zfsnomad.agent.v1.Copy.ParametersEntry
 }
 var file_agentpb_agent_proto_depIdxs = []int32{
-	39, // 0: zfsnomad.agent.v1.Node.topology:type_name -> zfsnomad.agent.v1.Node.TopologyEntry
-	40, // 1: zfsnomad.agent.v1.CreateVolumeRequest.parameters:type_name -> zfsnomad.agent.v1.CreateVolumeRequest.ParametersEntry
-	41, // 2: zfsnomad.agent.v1.Volume.parameters:type_name -> zfsnomad.agent.v1.Volume.ParametersEntry
-	3,  // 3: zfsnomad.agent.v1.ListVolumesResponse.volumes:type_name -> zfsnomad.agent.v1.Volume
-	12, // 4: zfsnomad.agent.v1.ListSnapshotsResponse.snapshots:type_name -> zfsnomad.agent.v1.Snapshot
-	21, // 5: zfsnomad.agent.v1.NodeStatus.replicas:type_name -> zfsnomad.agent.v1.Replica
-	22, // 6: zfsnomad.agent.v1.NodeStatus.transfers:type_name -> zfsnomad.agent.v1.Transfer
-	26, // 7: zfsnomad.agent.v1.ReceiveMessage.header:type_name -> zfsnomad.agent.v1.ReceiveHeader
-	42, // 8: zfsnomad.agent.v1.ReceiveHeader.parameters:type_name -> zfsnomad.agent.v1.ReceiveHeader.ParametersEntry
-	43, // 9: zfsnomad.agent.v1.Copy.parameters:type_name -> zfsnomad.agent.v1.Copy.ParametersEntry
-	0,  // 10: zfsnomad.agent.v1.NodeAgent.GetNode:input_type -> zfsnomad.agent.v1.GetNodeRequest
-	2,  // 11: zfsnomad.agent.v1.NodeAgent.CreateVolume:input_type -> zfsnomad.agent.v1.CreateVolumeRequest
-	4,  // 12: zfsnomad.agent.v1.NodeAgent.DeleteVolume:input_type -> zfsnomad.agent.v1.DeleteVolumeRequest
-	6,  // 13: zfsnomad.agent.v1.NodeAgent.GetVolume:input_type -> zfsnomad.agent.v1.GetVolumeRequest
-	7,  // 14: zfsnomad.agent.v1.NodeAgent.ListVolumes:input_type -> zfsnomad.agent.v1.ListVolumesRequest
-	9,  // 15: zfsnomad.agent.v1.NodeAgent.ExpandVolume:input_type -> zfsnomad.agent.v1.ExpandVolumeRequest
-	11, // 16: zfsnomad.agent.v1.NodeAgent.CreateSnapshot:input_type -> zfsnomad.agent.v1.CreateSnapshotRequest
-	13, // 17: zfsnomad.agent.v1.NodeAgent.DeleteSnapshot:input_type -> zfsnomad.agent.v1.DeleteSnapshotRequest
-	15, // 18: zfsnomad.agent.v1.NodeAgent.ListSnapshots:input_type -> zfsnomad.agent.v1.ListSnapshotsRequest
-	17, // 19: zfsnomad.agent.v1.NodeAgent.Replicate:input_type -> zfsnomad.agent.v1.ReplicateRequest
-	19, // 20: zfsnomad.agent.v1.NodeAgent.Status:input_type -> zfsnomad.agent.v1.StatusRequest
-	37, // 21: zfsnomad.agent.v1.NodeAgent.DeleteReplica:input_type -> zfsnomad.agent.v1.DeleteReplicaRequest
-	28, // 22: zfsnomad.agent.v1.NodeAgent.GetCopy:input_type -> zfsnomad.agent.v1.GetCopyRequest
-	32, // 23: zfsnomad.agent.v1.NodeAgent.Fence:input_type -> zfsnomad.agent.v1.FenceRequest
-	34, // 24: zfsnomad.agent.v1.NodeAgent.Unfence:input_type -> zfsnomad.agent.v1.UnfenceRequest
-	35, // 25: zfsnomad.agent.v1.NodeAgent.Promote:input_type -> zfsnomad.agent.v1.PromoteRequest
-	36, // 26: zfsnomad.agent.v1.NodeAgent.Demote:input_type -> zfsnomad.agent.v1.DemoteRequest
-	30, // 27: zfsnomad.agent.v1.NodeAgent.Reserve:input_type -> zfsnomad.agent.v1.ReserveRequest
-	23, // 28: zfsnomad.agent.v1.Replication.ReplicaState:input_type -> zfsnomad.agent.v1.ReplicaStateRequest
-	25, // 29: zfsnomad.agent.v1.Replication.Receive:input_type -> zfsnomad.agent.v1.ReceiveMessage
-	1,  // 30: zfsnomad.agent.v1.NodeAgent.GetNode:output_type -> zfsnomad.agent.v1.Node
-	3,  // 31: zfsnomad.agent.v1.NodeAgent.CreateVolume:output_type -> zfsnomad.agent.v1.Volume
-	5,  // 32: zfsnomad.agent.v1.NodeAgent.DeleteVolume:output_type -> zfsnomad.agent.v1.DeleteVolumeResponse
-	3,  // 33: zfsnomad.agent.v1.NodeAgent.GetVolume:output_type -> zfsnomad.agent.v1.Volume
-	8,  // 34: zfsnomad.agent.v1.NodeAgent.ListVolumes:output_type -> zfsnomad.agent.v1.ListVolumesResponse
-	10, // 35: zfsnomad.agent.v1.NodeAgent.ExpandVolume:output_type -> zfsnomad.agent.v1.ExpandVolumeResponse
-	12, // 36: zfsnomad.agent.v1.NodeAgent.CreateSnapshot:output_type -> zfsnomad.agent.v1.Snapshot
-	14, // 37: zfsnomad.agent.v1.NodeAgent.DeleteSnapshot:output_type -> zfsnomad.agent.v1.DeleteSnapshotResponse
-	16, // 38: zfsnomad.agent.v1.NodeAgent.ListSnapshots:output_type -> zfsnomad.agent.v1.ListSnapshotsResponse
-	18, // 39: zfsnomad.agent.v1.NodeAgent.Replicate:output_type -> zfsnomad.agent.v1.ReplicateProgress
-	20, // 40: zfsnomad.agent.v1.NodeAgent.Status:output_type -> zfsnomad.agent.v1.NodeStatus
-	38, // 41: zfsnomad.agent.v1.NodeAgent.DeleteReplica:output_type -> zfsnomad.agent.v1.DeleteReplicaResponse
-	29, // 42: zfsnomad.agent.v1.NodeAgent.GetCopy:output_type -> zfsnomad.agent.v1.Copy
-	33, // 43: zfsnomad.agent.v1.NodeAgent.Fence:output_type -> zfsnomad.agent.v1.FenceResponse
-	29, // 44: zfsnomad.agent.v1.NodeAgent.Unfence:output_type -> zfsnomad.agent.v1.Copy
-	29, // 45: zfsnomad.agent.v1.NodeAgent.Promote:output_type -> zfsnomad.agent.v1.Copy
-	29, // 46: zfsnomad.agent.v1.NodeAgent.Demote:output_type -> zfsnomad.agent.v1.Copy
-	31, // 47: zfsnomad.agent.v1.NodeAgent.Reserve:output_type -> zfsnomad.agent.v1.ReserveResponse
-	24, // 48: zfsnomad.agent.v1.Replication.ReplicaState:output_type -> zfsnomad.agent.v1.ReplicaStateResponse
-	27, // 49: zfsnomad.agent.v1.Replication.Receive:output_type -> zfsnomad.agent.v1.ReceiveResult
-	30, // [30:50] is the sub-list for method output_type
-	10, // [10:30] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	43, // 0: zfsnomad.agent.v1.PromisesResponse.generations:type_name -> zfsnomad.agent.v1.PromisesResponse.GenerationsEntry
+	44, // 1: zfsnomad.agent.v1.Node.topology:type_name -> zfsnomad.agent.v1.Node.TopologyEntry
+	45, // 2: zfsnomad.agent.v1.CreateVolumeRequest.parameters:type_name -> zfsnomad.agent.v1.CreateVolumeRequest.ParametersEntry
+	46, // 3: zfsnomad.agent.v1.Volume.parameters:type_name -> zfsnomad.agent.v1.Volume.ParametersEntry
+	7,  // 4: zfsnomad.agent.v1.ListVolumesResponse.volumes:type_name -> zfsnomad.agent.v1.Volume
+	16, // 5: zfsnomad.agent.v1.ListSnapshotsResponse.snapshots:type_name -> zfsnomad.agent.v1.Snapshot
+	25, // 6: zfsnomad.agent.v1.NodeStatus.replicas:type_name -> zfsnomad.agent.v1.Replica
+	26, // 7: zfsnomad.agent.v1.NodeStatus.transfers:type_name -> zfsnomad.agent.v1.Transfer
+	30, // 8: zfsnomad.agent.v1.ReceiveMessage.header:type_name -> zfsnomad.agent.v1.ReceiveHeader
+	47, // 9: zfsnomad.agent.v1.ReceiveHeader.parameters:type_name -> zfsnomad.agent.v1.ReceiveHeader.ParametersEntry
+	48, // 10: zfsnomad.agent.v1.Copy.parameters:type_name -> zfsnomad.agent.v1.Copy.ParametersEntry
+	4,  // 11: zfsnomad.agent.v1.NodeAgent.GetNode:input_type -> zfsnomad.agent.v1.GetNodeRequest
+	6,  // 12: zfsnomad.agent.v1.NodeAgent.CreateVolume:input_type -> zfsnomad.agent.v1.CreateVolumeRequest
+	8,  // 13: zfsnomad.agent.v1.NodeAgent.DeleteVolume:input_type -> zfsnomad.agent.v1.DeleteVolumeRequest
+	10, // 14: zfsnomad.agent.v1.NodeAgent.GetVolume:input_type -> zfsnomad.agent.v1.GetVolumeRequest
+	11, // 15: zfsnomad.agent.v1.NodeAgent.ListVolumes:input_type -> zfsnomad.agent.v1.ListVolumesRequest
+	13, // 16: zfsnomad.agent.v1.NodeAgent.ExpandVolume:input_type -> zfsnomad.agent.v1.ExpandVolumeRequest
+	15, // 17: zfsnomad.agent.v1.NodeAgent.CreateSnapshot:input_type -> zfsnomad.agent.v1.CreateSnapshotRequest
+	17, // 18: zfsnomad.agent.v1.NodeAgent.DeleteSnapshot:input_type -> zfsnomad.agent.v1.DeleteSnapshotRequest
+	19, // 19: zfsnomad.agent.v1.NodeAgent.ListSnapshots:input_type -> zfsnomad.agent.v1.ListSnapshotsRequest
+	21, // 20: zfsnomad.agent.v1.NodeAgent.Replicate:input_type -> zfsnomad.agent.v1.ReplicateRequest
+	23, // 21: zfsnomad.agent.v1.NodeAgent.Status:input_type -> zfsnomad.agent.v1.StatusRequest
+	41, // 22: zfsnomad.agent.v1.NodeAgent.DeleteReplica:input_type -> zfsnomad.agent.v1.DeleteReplicaRequest
+	32, // 23: zfsnomad.agent.v1.NodeAgent.GetCopy:input_type -> zfsnomad.agent.v1.GetCopyRequest
+	36, // 24: zfsnomad.agent.v1.NodeAgent.Fence:input_type -> zfsnomad.agent.v1.FenceRequest
+	38, // 25: zfsnomad.agent.v1.NodeAgent.Unfence:input_type -> zfsnomad.agent.v1.UnfenceRequest
+	39, // 26: zfsnomad.agent.v1.NodeAgent.Promote:input_type -> zfsnomad.agent.v1.PromoteRequest
+	40, // 27: zfsnomad.agent.v1.NodeAgent.Demote:input_type -> zfsnomad.agent.v1.DemoteRequest
+	34, // 28: zfsnomad.agent.v1.NodeAgent.Reserve:input_type -> zfsnomad.agent.v1.ReserveRequest
+	0,  // 29: zfsnomad.agent.v1.Peers.Ping:input_type -> zfsnomad.agent.v1.PingRequest
+	2,  // 30: zfsnomad.agent.v1.Peers.Promises:input_type -> zfsnomad.agent.v1.PromisesRequest
+	27, // 31: zfsnomad.agent.v1.Replication.ReplicaState:input_type -> zfsnomad.agent.v1.ReplicaStateRequest
+	29, // 32: zfsnomad.agent.v1.Replication.Receive:input_type -> zfsnomad.agent.v1.ReceiveMessage
+	5,  // 33: zfsnomad.agent.v1.NodeAgent.GetNode:output_type -> zfsnomad.agent.v1.Node
+	7,  // 34: zfsnomad.agent.v1.NodeAgent.CreateVolume:output_type -> zfsnomad.agent.v1.Volume
+	9,  // 35: zfsnomad.agent.v1.NodeAgent.DeleteVolume:output_type -> zfsnomad.agent.v1.DeleteVolumeResponse
+	7,  // 36: zfsnomad.agent.v1.NodeAgent.GetVolume:output_type -> zfsnomad.agent.v1.Volume
+	12, // 37: zfsnomad.agent.v1.NodeAgent.ListVolumes:output_type -> zfsnomad.agent.v1.ListVolumesResponse
+	14, // 38: zfsnomad.agent.v1.NodeAgent.ExpandVolume:output_type -> zfsnomad.agent.v1.ExpandVolumeResponse
+	16, // 39: zfsnomad.agent.v1.NodeAgent.CreateSnapshot:output_type -> zfsnomad.agent.v1.Snapshot
+	18, // 40: zfsnomad.agent.v1.NodeAgent.DeleteSnapshot:output_type -> zfsnomad.agent.v1.DeleteSnapshotResponse
+	20, // 41: zfsnomad.agent.v1.NodeAgent.ListSnapshots:output_type -> zfsnomad.agent.v1.ListSnapshotsResponse
+	22, // 42: zfsnomad.agent.v1.NodeAgent.Replicate:output_type -> zfsnomad.agent.v1.ReplicateProgress
+	24, // 43: zfsnomad.agent.v1.NodeAgent.Status:output_type -> zfsnomad.agent.v1.NodeStatus
+	42, // 44: zfsnomad.agent.v1.NodeAgent.DeleteReplica:output_type -> zfsnomad.agent.v1.DeleteReplicaResponse
+	33, // 45: zfsnomad.agent.v1.NodeAgent.GetCopy:output_type -> zfsnomad.agent.v1.Copy
+	37, // 46: zfsnomad.agent.v1.NodeAgent.Fence:output_type -> zfsnomad.agent.v1.FenceResponse
+	33, // 47: zfsnomad.agent.v1.NodeAgent.Unfence:output_type -> zfsnomad.agent.v1.Copy
+	33, // 48: zfsnomad.agent.v1.NodeAgent.Promote:output_type -> zfsnomad.agent.v1.Copy
+	33, // 49: zfsnomad.agent.v1.NodeAgent.Demote:output_type -> zfsnomad.agent.v1.Copy
+	35, // 50: zfsnomad.agent.v1.NodeAgent.Reserve:output_type -> zfsnomad.agent.v1.ReserveResponse
+	1,  // 51: zfsnomad.agent.v1.Peers.Ping:output_type -> zfsnomad.agent.v1.PingResponse
+	3,  // 52: zfsnomad.agent.v1.Peers.Promises:output_type -> zfsnomad.agent.v1.PromisesResponse
+	28, // 53: zfsnomad.agent.v1.Replication.ReplicaState:output_type -> zfsnomad.agent.v1.ReplicaStateResponse
+	31, // 54: zfsnomad.agent.v1.Replication.Receive:output_type -> zfsnomad.agent.v1.ReceiveResult
+	33, // [33:55] is the sub-list for method output_type
+	11, // [11:33] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_agentpb_agent_proto_init() }
@@ -2887,7 +3088,7 @@ func file_agentpb_agent_proto_init() {
 	if File_agentpb_agent_proto != nil {
 		return
 	}
-	file_agentpb_agent_proto_msgTypes[25].OneofWrappers = []any{
+	file_agentpb_agent_proto_msgTypes[29].OneofWrappers = []any{
 		(*ReceiveMessage_Header)(nil),
 		(*ReceiveMessage_Data)(nil),
 	}
@@ -2897,9 +3098,9 @@ func file_agentpb_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agentpb_agent_proto_rawDesc), len(file_agentpb_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   44,
+			NumMessages:   49,
 			NumExtensions: 0,
-			NumServices:   2,
+			NumServices:   3,
 		},
 		GoTypes:           file_agentpb_agent_proto_goTypes,
 		DependencyIndexes: file_agentpb_agent_proto_depIdxs,

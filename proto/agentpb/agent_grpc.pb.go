@@ -810,6 +810,160 @@ var NodeAgent_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
+	Peers_Ping_FullMethodName     = "/zfsnomad.agent.v1.Peers/Ping"
+	Peers_Promises_FullMethodName = "/zfsnomad.agent.v1.Peers/Promises"
+)
+
+// PeersClient is the client API for Peers service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+//
+// Peers is what node agents ask each other about their leases
+// (docs/safety.md, "Leases").
+type PeersClient interface {
+	// Ping answers a peer's heartbeat with this node's identity.
+	Ping(ctx context.Context, in *PingRequest, opts ...grpc.CallOption) (*PingResponse, error)
+	// Promises answers, for each volume asked, the highest generation this
+	// node has promised (0 for none): a node that lost its lease lifts the
+	// read-only of a primary only when a majority promised nothing newer.
+	Promises(ctx context.Context, in *PromisesRequest, opts ...grpc.CallOption) (*PromisesResponse, error)
+}
+
+type peersClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewPeersClient(cc grpc.ClientConnInterface) PeersClient {
+	return &peersClient{cc}
+}
+
+func (c *peersClient) Ping(ctx context.Context, in *PingRequest, opts ...grpc.CallOption) (*PingResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PingResponse)
+	err := c.cc.Invoke(ctx, Peers_Ping_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *peersClient) Promises(ctx context.Context, in *PromisesRequest, opts ...grpc.CallOption) (*PromisesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PromisesResponse)
+	err := c.cc.Invoke(ctx, Peers_Promises_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// PeersServer is the server API for Peers service.
+// All implementations must embed UnimplementedPeersServer
+// for forward compatibility.
+//
+// Peers is what node agents ask each other about their leases
+// (docs/safety.md, "Leases").
+type PeersServer interface {
+	// Ping answers a peer's heartbeat with this node's identity.
+	Ping(context.Context, *PingRequest) (*PingResponse, error)
+	// Promises answers, for each volume asked, the highest generation this
+	// node has promised (0 for none): a node that lost its lease lifts the
+	// read-only of a primary only when a majority promised nothing newer.
+	Promises(context.Context, *PromisesRequest) (*PromisesResponse, error)
+	mustEmbedUnimplementedPeersServer()
+}
+
+// UnimplementedPeersServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedPeersServer struct{}
+
+func (UnimplementedPeersServer) Ping(context.Context, *PingRequest) (*PingResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Ping not implemented")
+}
+func (UnimplementedPeersServer) Promises(context.Context, *PromisesRequest) (*PromisesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Promises not implemented")
+}
+func (UnimplementedPeersServer) mustEmbedUnimplementedPeersServer() {}
+func (UnimplementedPeersServer) testEmbeddedByValue()               {}
+
+// UnsafePeersServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to PeersServer will
+// result in compilation errors.
+type UnsafePeersServer interface {
+	mustEmbedUnimplementedPeersServer()
+}
+
+func RegisterPeersServer(s grpc.ServiceRegistrar, srv PeersServer) {
+	// If the following call panics, it indicates UnimplementedPeersServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&Peers_ServiceDesc, srv)
+}
+
+func _Peers_Ping_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PingRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeersServer).Ping(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peers_Ping_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeersServer).Ping(ctx, req.(*PingRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Peers_Promises_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PromisesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeersServer).Promises(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peers_Promises_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeersServer).Promises(ctx, req.(*PromisesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+// Peers_ServiceDesc is the grpc.ServiceDesc for Peers service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var Peers_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "zfsnomad.agent.v1.Peers",
+	HandlerType: (*PeersServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "Ping",
+			Handler:    _Peers_Ping_Handler,
+		},
+		{
+			MethodName: "Promises",
+			Handler:    _Peers_Promises_Handler,
+		},
+	},
+	Streams:  []grpc.StreamDesc{},
+	Metadata: "agentpb/agent.proto",
+}
+
+const (
 	Replication_ReplicaState_FullMethodName = "/zfsnomad.agent.v1.Replication/ReplicaState"
 	Replication_Receive_FullMethodName      = "/zfsnomad.agent.v1.Replication/Receive"
 )

@@ -1,0 +1,249 @@
+package lease
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"google.golang.org/grpc"
+
+	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
+)
+
+// Volumes is what the heartbeat does to the node's primaries
+// (volume.Manager).
+type Volumes interface {
+	// SelfFence makes the mounted primaries read-only; it returns the IDs
+	// it fenced now.
+	SelfFence(ctx context.Context) ([]string, error)
+	// LeaseFenced lists the primaries fenced by the lease, by ID, with
+	// their generations.
+	LeaseFenced(ctx context.Context) (map[string]uint64, error)
+	// LiftLeaseFence makes one writable again at its generation.
+	LiftLeaseFence(ctx context.Context, id string, generation uint64) error
+	// Promised is the highest generation of the volume this node promised.
+	Promised(ctx context.Context, id string) (uint64, error)
+}
+
+// Heartbeat pings the peers every Interval (a quarter of the lease),
+// fences the node's mounted primaries while it does not hold the lease,
+// and lifts them once it does again and a majority of the domain confirms
+// that no newer copy was promoted meanwhile.
+type Heartbeat struct {
+	Monitor  *Monitor
+	NodeID   string
+	Interval time.Duration
+	// Peers lists the agent addresses (a peers file may change).
+	Peers   func() ([]string, error)
+	Dial    func(addr string) (*grpc.ClientConn, error)
+	Volumes Volumes
+	// Held, when set, is told whether the lease is held after each beat
+	// (a metric).
+	Held func(bool)
+	Log  hclog.Logger
+
+	mu    sync.Mutex
+	conns map[string]*grpc.ClientConn
+}
+
+// Run beats until ctx ends. It starts as if fenced volumes may exist: a
+// restart keeps the marks on the datasets.
+func (h *Heartbeat) Run(ctx context.Context) {
+	ticker := time.NewTicker(h.Interval)
+	defer ticker.Stop()
+	defer h.closeConns()
+	held, fencedSome := true, true
+	for {
+		held, fencedSome = h.step(ctx, held, fencedSome)
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+		}
+	}
+}
+
+// step is one beat: ping the peers, then fence the mounted primaries if
+// the lease is lost, or lift fenced ones the domain confirms if it is
+// held. wasHeld and fencedSome are what the previous step left; it
+// returns them for the next.
+func (h *Heartbeat) step(ctx context.Context, wasHeld, fencedSome bool) (held, stillFenced bool) {
+	h.beat(ctx)
+	held = h.Monitor.Held(h.NodeID)
+	switch {
+	case !held:
+		if wasHeld {
+			h.Log.Warn("lease lost: no majority of the domain answered within the lease; mounted primaries become read-only", "lease", h.Monitor.lease)
+		}
+		fenced, err := h.Volumes.SelfFence(ctx)
+		if err != nil {
+			h.Log.Error("making primaries read-only failed; retrying at the next beat", "error", err)
+		}
+		fencedSome = fencedSome || len(fenced) > 0 || err != nil
+	case fencedSome:
+		if !wasHeld {
+			h.Log.Info("lease held again: a majority of the domain answers")
+		}
+		fencedSome = h.lift(ctx)
+	}
+	if h.Held != nil {
+		h.Held(held)
+	}
+	return held, fencedSome
+}
+
+// beat pings every peer at once, each within the interval.
+func (h *Heartbeat) beat(ctx context.Context) {
+	addrs, err := h.Peers()
+	if err != nil {
+		h.Log.Warn("reading the peers failed; using the last list", "error", err)
+	}
+	if addrs != nil {
+		h.Monitor.SetPeers(addrs)
+	}
+	h.fanOut(ctx, h.Monitor.Peers(), func(ctx context.Context, addr string, c pb.PeersClient) {
+		if resp, err := c.Ping(ctx, &pb.PingRequest{}); err == nil {
+			h.Monitor.Answered(addr, resp.GetNodeId(), resp.GetDomain())
+		}
+	})
+}
+
+// fanOut calls every peer at addrs at once, all within the interval.
+func (h *Heartbeat) fanOut(ctx context.Context, addrs []string, call func(ctx context.Context, addr string, c pb.PeersClient)) {
+	ctx, cancel := context.WithTimeout(ctx, h.Interval)
+	defer cancel()
+	var wg sync.WaitGroup
+	for _, addr := range addrs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if c, err := h.client(addr); err == nil {
+				call(ctx, addr, c)
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// lift asks the domain, for every primary fenced by the lease, whether a
+// newer generation was promised, and lifts each that a majority confirms.
+// It reports whether some stay fenced.
+func (h *Heartbeat) lift(ctx context.Context) bool {
+	fenced, err := h.Volumes.LeaseFenced(ctx)
+	if err != nil {
+		h.Log.Warn("listing the primaries fenced by the lease failed; retrying at the next beat", "error", err)
+		return true
+	}
+	if len(fenced) == 0 {
+		return false
+	}
+	ids := make([]string, 0, len(fenced))
+	for id := range fenced {
+		ids = append(ids, id)
+	}
+	answers := h.askPromises(ctx, ids)
+	remain := false
+	for id, gen := range fenced {
+		if !h.confirmed(ctx, id, gen, answers) {
+			remain = true
+			continue
+		}
+		if err := h.Volumes.LiftLeaseFence(ctx, id, gen); err != nil {
+			h.Log.Warn("making the volume writable again failed", "volume_id", id, "error", err)
+			remain = true
+		}
+	}
+	return remain
+}
+
+// confirmed reports whether a majority of the domain (this node included)
+// answered and none of them promised a generation above gen: any failover
+// needed a majority's promise above it, and two majorities share a node.
+func (h *Heartbeat) confirmed(ctx context.Context, id string, gen uint64, answers []map[string]uint64) bool {
+	own, err := h.Volumes.Promised(ctx, id)
+	if err != nil || own > gen {
+		if own > gen {
+			h.Log.Warn("this node promised a newer generation of the volume: it stays read-only; the controller settles it", "volume_id", id, "generation", gen, "promised", own)
+		}
+		return false
+	}
+	_, total := h.Monitor.count(h.NodeID)
+	agreed := 1
+	for _, a := range answers {
+		if a[id] > gen {
+			h.Log.Warn("a peer promised a newer generation of the volume: it stays read-only; the controller settles it", "volume_id", id, "generation", gen, "promised", a[id])
+			return false
+		}
+		agreed++
+	}
+	return agreed > total/2
+}
+
+// askPromises asks every peer of the domain, except this node, for its
+// promises of ids; it returns the answers of those that answered.
+func (h *Heartbeat) askPromises(ctx context.Context, ids []string) []map[string]uint64 {
+	var (
+		mu  sync.Mutex
+		out []map[string]uint64
+	)
+	h.fanOut(ctx, h.Monitor.domainPeers(h.NodeID), func(ctx context.Context, _ string, c pb.PeersClient) {
+		resp, err := c.Promises(ctx, &pb.PromisesRequest{VolumeIds: ids})
+		if err != nil {
+			return
+		}
+		mu.Lock()
+		out = append(out, resp.GetGenerations())
+		mu.Unlock()
+	})
+	return out
+}
+
+func (h *Heartbeat) client(addr string) (pb.PeersClient, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.conns == nil {
+		h.conns = map[string]*grpc.ClientConn{}
+	}
+	conn, ok := h.conns[addr]
+	if !ok {
+		var err error
+		if conn, err = h.Dial(addr); err != nil {
+			return nil, err
+		}
+		h.conns[addr] = conn
+	}
+	return pb.NewPeersClient(conn), nil
+}
+
+func (h *Heartbeat) closeConns() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, c := range h.conns {
+		c.Close()
+	}
+	h.conns = nil
+}
+
+// Server answers the peers' Ping and Promises.
+type Server struct {
+	pb.UnimplementedPeersServer
+	NodeID, Domain string
+	Promised       func(ctx context.Context, id string) (uint64, error)
+}
+
+func (s *Server) Ping(context.Context, *pb.PingRequest) (*pb.PingResponse, error) {
+	return &pb.PingResponse{NodeId: s.NodeID, Domain: s.Domain}, nil
+}
+
+func (s *Server) Promises(ctx context.Context, req *pb.PromisesRequest) (*pb.PromisesResponse, error) {
+	out := &pb.PromisesResponse{Generations: map[string]uint64{}}
+	for _, id := range req.GetVolumeIds() {
+		g, err := s.Promised(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		out.Generations[id] = g
+	}
+	return out, nil
+}

@@ -1,0 +1,141 @@
+package lease
+
+import (
+	"context"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/test/bufconn"
+
+	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
+)
+
+// fakeVolumes records what the heartbeat does to the node's primaries.
+type fakeVolumes struct {
+	mu       sync.Mutex
+	fenced   map[string]uint64 // fenced by the lease: id -> generation
+	mounted  map[string]uint64
+	promised map[string]uint64
+	lifted   []string
+}
+
+func (f *fakeVolumes) SelfFence(context.Context) ([]string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var ids []string
+	for id, g := range f.mounted {
+		if _, ok := f.fenced[id]; !ok {
+			f.fenced[id] = g
+			ids = append(ids, id)
+		}
+	}
+	return ids, nil
+}
+
+func (f *fakeVolumes) LeaseFenced(context.Context) (map[string]uint64, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := map[string]uint64{}
+	for id, g := range f.fenced {
+		out[id] = g
+	}
+	return out, nil
+}
+
+func (f *fakeVolumes) LiftLeaseFence(_ context.Context, id string, _ uint64) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.fenced, id)
+	f.lifted = append(f.lifted, id)
+	return nil
+}
+
+func (f *fakeVolumes) Promised(_ context.Context, id string) (uint64, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.promised[id], nil
+}
+
+// peerNet serves lease.Servers on in-memory listeners, by address.
+type peerNet struct {
+	t         *testing.T
+	listeners map[string]*bufconn.Listener
+	servers   map[string]*grpc.Server
+}
+
+func (n *peerNet) serve(addr, nodeID string, promised map[string]uint64) {
+	lis := bufconn.Listen(1 << 16)
+	srv := grpc.NewServer()
+	pb.RegisterPeersServer(srv, &Server{NodeID: nodeID, Domain: "d", Promised: func(_ context.Context, id string) (uint64, error) { return promised[id], nil }})
+	go srv.Serve(lis)
+	n.t.Cleanup(srv.Stop)
+	n.listeners[addr], n.servers[addr] = lis, srv
+}
+
+func (n *peerNet) dial(addr string) (*grpc.ClientConn, error) {
+	return grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, a string) (net.Conn, error) {
+			lis, ok := n.listeners[a]
+			if !ok {
+				return nil, net.ErrClosed
+			}
+			return lis.DialContext(ctx)
+		}))
+}
+
+func TestHeartbeatFencesAndLifts(t *testing.T) {
+	const id = "vol-0123456789abcdef0123"
+	tests := []struct {
+		name       string
+		up         []string          // peers that answer, of n2 and n3
+		promisedN3 uint64            // n3's promise of the volume
+		wantHeld   bool              // after one beat
+		wantFenced map[string]uint64 // after the beat and the lift
+	}{
+		{"a majority answers and promised nothing newer", []string{"n2", "n3"}, 0, true, map[string]uint64{}},
+		{"one peer of two answers", []string{"n2"}, 0, true, map[string]uint64{}},
+		{"a peer promised a newer generation", []string{"n2", "n3"}, 3, true, map[string]uint64{id: 2}},
+		{"no peer answers", nil, 0, false, map[string]uint64{id: 2, "vol-ffffffffffffffffffff": 1}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			net := &peerNet{t: t, listeners: map[string]*bufconn.Listener{}, servers: map[string]*grpc.Server{}}
+			for _, p := range tt.up {
+				promised := map[string]uint64{}
+				if p == "n3" {
+					promised[id] = tt.promisedN3
+				}
+				net.serve(p+":7670", p, promised)
+			}
+			vols := &fakeVolumes{fenced: map[string]uint64{id: 2}, mounted: map[string]uint64{"vol-ffffffffffffffffffff": 1}, promised: map[string]uint64{}}
+			h := &Heartbeat{
+				Monitor:  NewMonitor(time.Minute, "d", time.Now),
+				NodeID:   "n1",
+				Interval: 2 * time.Second,
+				Peers:    func() ([]string, error) { return []string{"n2:7670", "n3:7670"}, nil },
+				Dial:     net.dial,
+				Volumes:  vols,
+				Log:      hclog.NewNullLogger(),
+			}
+			defer h.closeConns()
+			held, _ := h.step(context.Background(), true, true)
+			if held != tt.wantHeld {
+				t.Fatalf("held = %v, want %v", held, tt.wantHeld)
+			}
+			got, _ := vols.LeaseFenced(context.Background())
+			if len(got) != len(tt.wantFenced) {
+				t.Fatalf("fenced after the beat: %v, want %v", got, tt.wantFenced)
+			}
+			for k, v := range tt.wantFenced {
+				if got[k] != v {
+					t.Errorf("fenced after the beat: %v, want %v", got, tt.wantFenced)
+				}
+			}
+		})
+	}
+}

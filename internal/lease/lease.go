@@ -1,0 +1,119 @@
+// Package lease tells a node whether it may keep writing to its primaries:
+// it holds the lease while it heard from a majority of its replication
+// domain (itself included) within the lease time L. A node cut off from
+// that majority makes its mounted primaries read-only (docs/safety.md,
+// "Leases"), so that by the time the others could fail a volume over it
+// writes nothing any more.
+//
+// Heard means a round trip: this node's ping to the peer was answered. A
+// link that works one way only is no link.
+package lease
+
+import (
+	"sync"
+	"time"
+)
+
+// Monitor keeps, on the monotonic clock, when each peer last answered.
+type Monitor struct {
+	lease  time.Duration
+	domain string
+	now    func() time.Time
+
+	mu      sync.Mutex
+	started time.Time
+	peers   map[string]*peer // by address
+}
+
+type peer struct {
+	heard  time.Time // zero: never
+	nodeID string    // "" until it answered once
+	domain string
+}
+
+// NewMonitor returns a monitor of lease time lease for a node of domain.
+// now is time.Now outside tests (its readings carry the monotonic clock,
+// so wall clock steps do not move a lease).
+func NewMonitor(lease time.Duration, domain string, now func() time.Time) *Monitor {
+	return &Monitor{lease: lease, domain: domain, now: now, started: now(), peers: map[string]*peer{}}
+}
+
+// SetPeers replaces the peer addresses; what is known of an address that
+// stays is kept. Its own address may be among them: the node's answer to
+// itself names it, and from then on it counts once, as itself.
+func (m *Monitor) SetPeers(addrs []string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	next := make(map[string]*peer, len(addrs))
+	for _, a := range addrs {
+		if p, ok := m.peers[a]; ok {
+			next[a] = p
+		} else {
+			next[a] = &peer{}
+		}
+	}
+	m.peers = next
+}
+
+// Answered records that the peer at addr answered a ping now, naming
+// itself and its domain.
+func (m *Monitor) Answered(addr, nodeID, domain string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if p, ok := m.peers[addr]; ok {
+		p.heard, p.nodeID, p.domain = m.now(), nodeID, domain
+	}
+}
+
+// Held reports whether this node (selfID) heard from a majority of its
+// domain within the lease time. Peers of another domain do not count; one
+// that never answered counts against it (its domain is unknown). With no
+// peer at all the node is a domain of one and always holds the lease.
+func (m *Monitor) Held(selfID string) bool {
+	heard, total := m.count(selfID)
+	return heard > total/2
+}
+
+// count returns how many members of the domain were heard within the
+// lease (this node always), and how many there are.
+func (m *Monitor) count(selfID string) (heard, total int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.now()
+	heard, total = 1, 1
+	for _, p := range m.peers {
+		if p.nodeID == selfID || (p.nodeID != "" && p.domain != m.domain) {
+			continue
+		}
+		total++
+		if !p.heard.IsZero() && now.Sub(p.heard) < m.lease {
+			heard++
+		}
+	}
+	return heard, total
+}
+
+// Peers returns the addresses to ping.
+func (m *Monitor) Peers() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]string, 0, len(m.peers))
+	for a := range m.peers {
+		out = append(out, a)
+	}
+	return out
+}
+
+// domainPeers returns the addresses of the peers known (they answered a
+// ping) to be of this node's domain, this node excluded.
+func (m *Monitor) domainPeers(selfID string) []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []string
+	for a, p := range m.peers {
+		if p.nodeID != "" && p.nodeID != selfID && p.domain == m.domain {
+			out = append(out, a)
+		}
+	}
+	return out
+}

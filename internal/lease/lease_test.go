@@ -1,0 +1,69 @@
+package lease
+
+import (
+	"testing"
+	"time"
+)
+
+// clock is a settable time for tests.
+type clock struct{ t time.Time }
+
+func (c *clock) now() time.Time { return c.t }
+
+func TestHeldNeedsAMajorityOfTheDomainWithinTheLease(t *testing.T) {
+	const lease = 10 * time.Second
+	type answer struct {
+		addr, node, domain string
+		ago                time.Duration
+	}
+	tests := []struct {
+		name    string
+		peers   []string
+		answers []answer
+		want    bool
+	}{
+		{"a domain of one", nil, nil, true},
+		{"two of three heard", []string{"a", "b"}, []answer{{"a", "n2", "d", time.Second}}, true},
+		{"one of three heard", []string{"a", "b"}, nil, false},
+		{"an answer older than the lease", []string{"a", "b"}, []answer{{"a", "n2", "d", lease}}, false},
+		{"its own address counts once", []string{"self", "a", "b"}, []answer{{"self", "n1", "d", 0}, {"a", "n2", "d", time.Second}}, true},
+		{"alone with its own address", []string{"self", "a", "b"}, []answer{{"self", "n1", "d", 0}}, false},
+		{"another domain does not count", []string{"a", "b", "c"}, []answer{{"a", "n2", "d", 0}, {"b", "x1", "other", 0}, {"c", "x2", "other", 0}}, true},
+		{"a peer never heard counts against", []string{"a", "b", "c"}, []answer{{"a", "n2", "d", 0}}, false},
+		{"two of four is no majority", []string{"a", "b", "c"}, []answer{{"a", "n2", "d", 0}}, false},
+		{"three of four", []string{"a", "b", "c"}, []answer{{"a", "n2", "d", 0}, {"b", "n3", "d", 0}}, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := &clock{t: time.Unix(1000, 0)}
+			m := NewMonitor(lease, "d", c.now)
+			m.SetPeers(tt.peers)
+			c.t = c.t.Add(time.Minute)
+			for _, a := range tt.answers {
+				c.t = c.t.Add(-a.ago)
+				m.Answered(a.addr, a.node, a.domain)
+				c.t = c.t.Add(a.ago)
+			}
+			if got := m.Held("n1"); got != tt.want {
+				t.Errorf("Held = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+// TestPeersChangeKeepsWhatIsKnown: a re-read peers file keeps the times of
+// the addresses it still lists and forgets the others.
+func TestPeersChangeKeepsWhatIsKnown(t *testing.T) {
+	c := &clock{t: time.Unix(1000, 0)}
+	m := NewMonitor(10*time.Second, "d", c.now)
+	m.SetPeers([]string{"a", "b"})
+	m.Answered("a", "n2", "d")
+	m.SetPeers([]string{"a", "c"})
+	if !m.Held("n1") {
+		t.Error("a's answer was lost when the peers changed")
+	}
+	m.SetPeers([]string{"c", "d"})
+	if m.Held("n1") {
+		t.Error("an address no longer listed still counts")
+	}
+}
