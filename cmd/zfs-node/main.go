@@ -22,8 +22,10 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/agent"
+	"github.com/zfs-nomad/zfs-nomad/internal/cluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/csi"
+	"github.com/zfs-nomad/zfs-nomad/internal/lease"
 	"github.com/zfs-nomad/zfs-nomad/internal/metrics"
 	"github.com/zfs-nomad/zfs-nomad/internal/mount"
 	"github.com/zfs-nomad/zfs-nomad/internal/replication"
@@ -113,6 +115,12 @@ func run(args []string) error {
 	agentSrv := grpc.NewServer(append(serverOpts, replication.ServerOptions()...)...)
 	pb.RegisterNodeAgentServer(agentSrv, agent.NewServer(volumes, pusher, receiver, cfg, log.Named("agent")))
 	pb.RegisterReplicationServer(agentSrv, receiver)
+	promised := func(ctx context.Context, id string) (uint64, error) {
+		p, err := volumes.Promised(ctx, id)
+		return p.Generation, err
+	}
+	pb.RegisterPeersServer(agentSrv, &lease.Server{NodeID: cfg.NodeID, Domain: cfg.Domain, Promised: promised})
+	heartbeat := newHeartbeat(cfg, volumes, promised, dial, registry, log.Named("lease"))
 
 	log.Info("serving", "version", version.Version, "csi_endpoint", cfg.CSIEndpoint, "agent_address", agentLis.Addr().String(),
 		"root_dataset", cfg.RootDataset, "max_quota", cfg.MaxQuota.String())
@@ -120,6 +128,7 @@ func run(args []string) error {
 	g.Go(func() error { return csi.Serve(gctx, csiSrv, csiLis, 10*time.Second) })
 	g.Go(func() error { return csi.Serve(gctx, agentSrv, agentLis, 10*time.Second) })
 	g.Go(func() error { return csi.ServeMetrics(gctx, metricsLis, registry, log) })
+	g.Go(func() error { heartbeat.Run(gctx); return nil })
 	err = g.Wait()
 	log.Info("stopped")
 	return err
@@ -143,4 +152,44 @@ func agentTLS(cfg config.Node, log hclog.Logger) ([]grpc.ServerOption, credentia
 		grpc.ChainUnaryInterceptor(policy.UnaryInterceptor(), logging),
 		grpc.StreamInterceptor(policy.StreamInterceptor()),
 	}, m.ClientCredentials(), nil
+}
+
+// newHeartbeat sets up the node's lease (docs/safety.md, "Leases"): the
+// peers to ping, and what losing and regaining the lease does to the
+// volumes. Staging waits for the lease too.
+func newHeartbeat(cfg config.Node, volumes *volume.Manager, promised func(context.Context, string) (uint64, error),
+	dial func(string) (*grpc.ClientConn, error), registry *metrics.Registry, log hclog.Logger) *lease.Heartbeat {
+	monitor := lease.NewMonitor(time.Duration(cfg.Lease), cfg.Domain, time.Now)
+	volumes.LeaseHeld = func() bool { return monitor.Held(cfg.NodeID) }
+	var peers cluster.PeerSource = cluster.StaticPeers(cfg.Peers)
+	if cfg.PeersFile != "" {
+		peers = &cluster.PeersFile{Path: cfg.PeersFile}
+	}
+	gauge := registry.Gauge("zfs_nomad_lease_held", "1 while this node heard from a majority of its domain within the lease, else 0 (its mounted primaries are read-only).")
+	return &lease.Heartbeat{
+		Monitor:  monitor,
+		NodeID:   cfg.NodeID,
+		Interval: time.Duration(cfg.Lease) / 4,
+		Peers:    peers.Peers,
+		Dial:     dial,
+		Volumes:  leaseVolumes{volumes, promised},
+		Held: func(held bool) {
+			v := 0.0
+			if held {
+				v = 1
+			}
+			gauge.Set(v)
+		},
+		Log: log,
+	}
+}
+
+// leaseVolumes is the volume manager as the heartbeat sees it.
+type leaseVolumes struct {
+	*volume.Manager
+	promised func(context.Context, string) (uint64, error)
+}
+
+func (v leaseVolumes) Promised(ctx context.Context, id string) (uint64, error) {
+	return v.promised(ctx, id)
 }

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net"
 	"regexp"
 	"slices"
 	"strings"
@@ -58,6 +59,16 @@ type Node struct {
 	// ReplicationSnapshots is how many zn- snapshots each side keeps besides
 	// the held incremental bases.
 	ReplicationSnapshots int `json:"replication_snapshots"`
+	// Peers lists the node agents of the cluster (host:port, this node's
+	// own may be among them), PeersFile a file listing them, re-read when
+	// it changes (it wins over Peers). A node pings the peers of its
+	// domain every Lease/4; one that hears from no majority of its domain
+	// for Lease makes its mounted primaries read-only (docs/safety.md,
+	// "Leases"). Without peers the node is a domain of one and never
+	// does.
+	Peers     []string `json:"peers"`
+	PeersFile string   `json:"peers_file"`
+	Lease     Duration `json:"lease"`
 	// ReceiveIdleTimeout ends a receive whose sender sent nothing for that
 	// long: a peer that stalls must not hold a zfs receive and the
 	// volume's receive lock for good.
@@ -155,6 +166,7 @@ func DefaultNode() Node {
 		MinReplicationInterval: Duration(time.Minute),
 		ReplicationSnapshots:   3,
 		ReceiveIdleTimeout:     Duration(2 * time.Minute),
+		Lease:                  Duration(30 * time.Second),
 	}
 }
 
@@ -207,6 +219,14 @@ func (c *Node) Validate() error {
 	if c.MaxReplicas < 0 || c.ReplicationSnapshots < 1 || c.MinReplicationInterval <= 0 {
 		errs = append(errs, fmt.Errorf("max_replicas %d must be 0 or more, replication_snapshots %d at least 1, min_replication_interval %s positive",
 			c.MaxReplicas, c.ReplicationSnapshots, c.MinReplicationInterval))
+	}
+	if c.Lease < Duration(2*time.Second) {
+		errs = append(errs, fmt.Errorf("lease %s: at least 2s (a peer's answer must fit in a quarter of it)", c.Lease))
+	}
+	for _, p := range c.Peers {
+		if _, _, err := net.SplitHostPort(p); err != nil {
+			errs = append(errs, fmt.Errorf("peers: %q is not host:port", p))
+		}
 	}
 	if c.ReceiveIdleTimeout < Duration(time.Second) {
 		errs = append(errs, fmt.Errorf("receive_idle_timeout %s: at least 1s (a sender's pause between two messages must not end its transfer)", c.ReceiveIdleTimeout))

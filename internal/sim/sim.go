@@ -99,6 +99,10 @@ type Options struct {
 	Dir string
 	// NodeArgs are extra zfs-node flags for every node.
 	NodeArgs []string
+	// Lease, when set, gives every node the others as peers and this
+	// lease time (docs/safety.md, "Leases"); without it nodes have no
+	// peers and never fence themselves.
+	Lease time.Duration
 	// ControllerArgs are extra zfs-controller flags.
 	ControllerArgs []string
 	// NoController leaves the controller out.
@@ -329,6 +333,13 @@ func (c *Cluster) addNode(i int) (*Node, error) {
 		"-allow-property", "compression=lz4:lz4|off|zstd", "-allow-property", "atime=off:on|off",
 		"-mount-flags", "ro,noatime,nodev,nosuid,noexec", "-mount-base-dirs", node.Dir,
 	}, tlsArgs(nodeTLS)...)
+	if c.opts.Lease > 0 {
+		var peers []string
+		for j := 1; j <= c.opts.Nodes; j++ {
+			peers = append(peers, fmt.Sprintf("10.77.0.%d:7670", j))
+		}
+		node.args = append(node.args, "-peers", strings.Join(peers, ","), "-lease", c.opts.Lease.String())
+	}
 	node.args = append(node.args, c.opts.NodeArgs...)
 	c.Nodes = append(c.Nodes, node)
 	return node, nil

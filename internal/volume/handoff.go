@@ -351,6 +351,12 @@ func (m *Manager) Stageable(ctx context.Context, id string, generation uint64) (
 	case err != nil:
 	case v.MovingTo != "":
 		err = fmt.Errorf("%w: volume %s is moving to node %s and cannot be staged on node %s", errdefs.ErrFailedPrecondition, id, v.MovingTo, m.cfg.NodeID)
+	case m.LeaseHeld != nil && !m.LeaseHeld() && !v.Forced:
+		err = fmt.Errorf("%w: node %s hears from no majority of its domain (lease lost): another copy of volume %s may be promoted meanwhile, so it is not staged; retry once the node's peers answer",
+			errdefs.ErrUnavailable, m.cfg.NodeID, id)
+	case v.LeaseFencedAt != 0:
+		err = fmt.Errorf("%w: volume %s is read-only since node %s lost its lease; it is staged again once a majority of the domain confirms no newer copy exists (within a lease time)",
+			errdefs.ErrUnavailable, id, m.cfg.NodeID)
 	case generation != 0 && v.Generation != generation:
 		err = fmt.Errorf("%w: node %s holds volume %s at generation %d but generation %d was published: refusing a stale copy",
 			errdefs.ErrFailedPrecondition, m.cfg.NodeID, id, v.Generation, generation)

@@ -51,6 +51,13 @@ type Volume struct {
 	// FailoverFrom is set on a primary promoted by failover: the newest
 	// snapshot it had then.
 	FailoverFrom string
+	// LeaseFencedAt is set (unix nanos) while the volume is read-only
+	// because its node lost its lease.
+	LeaseFencedAt int64
+	// Forced is set while the volume is the copy an operator promoted
+	// without a majority (promote -force) at its current generation: the
+	// lease does not apply to it, on the operator's word.
+	Forced bool
 }
 
 // Snapshot is a CSI snapshot on this node.
@@ -93,6 +100,9 @@ type Manager struct {
 	// Mounted, when set, reports whether a dataset is mounted on this node;
 	// a mounted primary is never fenced or demoted.
 	Mounted func(dataset string) (bool, error)
+	// LeaseHeld, when set, reports whether this node holds its lease
+	// (package lease); no primary is staged while it does not.
+	LeaseHeld func() bool
 
 	zfs   zfs.Interface
 	cfg   config.Node
@@ -300,18 +310,20 @@ func (m *Manager) volumeOf(ds zfs.Dataset) (Volume, bool) {
 	}
 	gen, _ := strconv.ParseUint(ds.User[PropGeneration], 10, 64)
 	return Volume{
-		ID:           id,
-		Name:         ds.User[PropName],
-		Dataset:      ds.Name,
-		Capacity:     capacity,
-		Used:         ds.Referenced,
-		Parameters:   DecodeParameters(ds.User[PropParameters]),
-		Source:       ds.User[PropSource],
-		Generation:   gen,
-		Created:      ds.Created,
-		MovingTo:     movingTo(ds),
-		FencedAt:     fencedAt(ds),
-		FailoverFrom: ds.User[PropFailoverLag],
+		ID:            id,
+		Name:          ds.User[PropName],
+		Dataset:       ds.Name,
+		Capacity:      capacity,
+		Used:          ds.Referenced,
+		Parameters:    DecodeParameters(ds.User[PropParameters]),
+		Source:        ds.User[PropSource],
+		Generation:    gen,
+		Created:       ds.Created,
+		MovingTo:      movingTo(ds),
+		FencedAt:      fencedAt(ds),
+		FailoverFrom:  ds.User[PropFailoverLag],
+		LeaseFencedAt: leaseFencedAt(ds.User[PropLeaseFenced]),
+		Forced:        ds.User[PropForced] != "" && ds.User[PropForced] == ds.User[PropGeneration],
 	}, true
 }
 

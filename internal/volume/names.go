@@ -31,6 +31,9 @@ const (
 	PropFailoverLag = propPrefix + "failover_from" // on a primary promoted by failover: its newest snapshot then
 	PropSetAsideAt  = propPrefix + "set_aside_at"  // on a copy set aside: when
 	PropForced      = propPrefix + "forced"        // on a primary the operator promoted without a majority: its generation then
+	// On a primary made read-only when its node lost its lease: unix
+	// nanos then; "-" when lifted.
+	PropLeaseFenced = propPrefix + "lease_fenced"
 	// On primaries and replicas: the oldest generation whose every state
 	// is in this copy's history (see HistoryFrom).
 	PropHistoryFrom = propPrefix + "history_from"
@@ -44,7 +47,7 @@ var UserProperties = []string{
 	PropVolumeID, PropName, PropRole, PropGeneration, PropParameters, PropSource,
 	PropDeletedAt, PropSnapshotName, PropSourceVolume,
 	PropMovingTo, PropFencedAt, PropCapacity, PropFailoverLag, PropForced,
-	PropHistoryFrom,
+	PropHistoryFrom, PropLeaseFenced,
 }
 
 // HistoryFrom reads a copy's PropHistoryFrom: the oldest generation g such

@@ -666,3 +666,65 @@ func TestDeleteWithANodeDown(t *testing.T) {
 		t.Errorf("a repeated delete: %v, want OK", err)
 	}
 }
+
+// TestPartitionedPrimaryTurnsReadOnly: issue 12, case 2 (G1). A primary
+// whose node is cut off from its peers stops taking writes within about a
+// lease (writes fail with EROFS instead of diverging), and takes them
+// again once its link is back and a majority confirms that no newer copy
+// was promoted. The times are logged: L, the time to the read-only
+// switch, the time to writable again.
+func TestPartitionedPrimaryTurnsReadOnly(t *testing.T) {
+	const lease = 8 * time.Second
+	e := &env{t: t, c: guesttest.StartCluster(t, 3, sim.Options{ControllerArgs: []string{"-schedule-every", "0"}, Lease: lease}), ctx: context.Background()}
+	id := e.create("partitioned", nil)
+	dir := e.mustPublish(id, "n1")
+	e.write("n1", dir, "echo before > a")
+	n1 := e.node("n1")
+	probe := func() error {
+		_, err := n1.Exec("cd " + dir + " && echo probe > p && sync")
+		return err
+	}
+	// Wait for the lease to be held (the first beats after start).
+	waitFor(t, 3*lease, "a write on n1 with its peers answering", func() bool { return probe() == nil })
+
+	if err := n1.CutLink(); err != nil {
+		t.Fatal(err)
+	}
+	cut := time.Now()
+	waitFor(t, 3*lease, "writes on n1 to fail after its link was cut", func() bool { return probe() != nil })
+	fenced := time.Since(cut)
+	if out, _ := n1.Exec("cd " + dir + " && echo x > q 2>&1"); !strings.Contains(out, "Read-only file system") {
+		t.Errorf("a write on the cut-off node failed with %q, want EROFS", out)
+	}
+	_, err := e.stage(id, "n1", map[string]string{"generation": "1"})
+	if status.Code(err) != codes.Unavailable {
+		t.Errorf("staging on the cut-off node: %v, want Unavailable", err)
+	}
+
+	if err := n1.RestoreLink(); err != nil {
+		t.Fatal(err)
+	}
+	restored := time.Now()
+	waitFor(t, 3*lease, "writes on n1 to succeed after its link came back", func() bool { return probe() == nil })
+	lifted := time.Since(restored)
+	t.Logf("lease %s: read-only %.1f s after the link was cut, writable %.1f s after it came back", lease, fenced.Seconds(), lifted.Seconds())
+	if fenced > lease+lease/2 {
+		t.Errorf("the read-only switch took %s, want at most 1.5 leases (%s)", fenced, lease+lease/2)
+	}
+	if got := guesttest.Exec(t, n1, "cat "+dir+"/a"); strings.TrimSpace(got) != "before" {
+		t.Errorf("the file written before the cut reads %q", got)
+	}
+	e.unpublish(id, "n1")
+}
+
+// waitFor polls cond every 200 ms for up to d; the failure names what it
+// waited for.
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		if cond() {
+			return
+		}
+	}
+	t.Fatalf("waited %s for %s", d, what)
+}

@@ -1,0 +1,92 @@
+package volume
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
+)
+
+// TestSelfFenceAndLift: a node that lost its lease makes its mounted
+// primaries read-only and stages none; a confirmation for another
+// generation lifts nothing; the right one makes the volume writable and
+// stageable again.
+func TestSelfFenceAndLift(t *testing.T) {
+	ctx := context.Background()
+	m, fake := newManager(t)
+	mounted, err := m.Create(ctx, CreateRequest{Name: "mounted"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	idle, err := m.Create(ctx, CreateRequest{Name: "idle"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Mounted = func(ds string) (bool, error) { return ds == mounted.Dataset, nil }
+	held := true
+	m.LeaseHeld = func() bool { return held }
+	readonly := func(ds string) string {
+		return fake.NativeProperty(ds, "readonly")
+	}
+
+	held = false
+	fenced, err := m.SelfFence(ctx)
+	if err != nil || !slices.Equal(fenced, []string{mounted.ID}) {
+		t.Fatalf("SelfFence fenced %v (%v), want only the mounted volume %s", fenced, err, mounted.ID)
+	}
+	if readonly(mounted.Dataset) != "on" || readonly(idle.Dataset) == "on" {
+		t.Errorf("readonly: mounted %s, idle %s; want on and off", readonly(mounted.Dataset), readonly(idle.Dataset))
+	}
+	if again, err := m.SelfFence(ctx); err != nil || len(again) != 0 {
+		t.Errorf("a second SelfFence fenced %v (%v), want nothing", again, err)
+	}
+	if _, _, err := m.Stageable(ctx, idle.ID, 1); !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Errorf("staging without the lease: %v, want Unavailable", err)
+	}
+
+	held = true
+	if _, _, err := m.Stageable(ctx, mounted.ID, 1); !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Errorf("staging a volume fenced by the lease: %v, want Unavailable", err)
+	}
+	if got, err := m.LeaseFenced(ctx); err != nil || len(got) != 1 || got[mounted.ID] != 1 {
+		t.Errorf("LeaseFenced = %v (%v), want %s at generation 1", got, err, mounted.ID)
+	}
+	if err := m.LiftLeaseFence(ctx, mounted.ID, 2); !errors.Is(err, errdefs.ErrFailedPrecondition) || readonly(mounted.Dataset) != "on" {
+		t.Errorf("lifting with another generation: %v, readonly %s; want FailedPrecondition and still on", err, readonly(mounted.Dataset))
+	}
+	if err := m.LiftLeaseFence(ctx, mounted.ID, 1); err != nil || readonly(mounted.Dataset) != "off" {
+		t.Fatalf("lifting: %v, readonly %s; want off", err, readonly(mounted.Dataset))
+	}
+	_, unlock, err := m.Stageable(ctx, mounted.ID, 1)
+	if err != nil {
+		t.Fatalf("staging after the lift: %v", err)
+	}
+	unlock()
+}
+
+// TestForcedCopyIgnoresTheLease: the copy an operator promoted without a
+// majority is staged and kept writable without the lease: a lone node is
+// exactly where the operator forced it.
+func TestForcedCopyIgnoresTheLease(t *testing.T) {
+	ctx := context.Background()
+	m, fake := newManager(t)
+	v, err := m.Create(ctx, CreateRequest{Name: "forced"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.MarkForced(ctx, v.ID, 1); err != nil {
+		t.Fatal(err)
+	}
+	m.Mounted = func(string) (bool, error) { return true, nil }
+	m.LeaseHeld = func() bool { return false }
+	if fenced, err := m.SelfFence(ctx); err != nil || len(fenced) != 0 || fake.NativeProperty(v.Dataset, "readonly") == "on" {
+		t.Errorf("SelfFence fenced %v (%v); want the forced copy left writable", fenced, err)
+	}
+	_, unlock, err := m.Stageable(ctx, v.ID, 1)
+	if err != nil {
+		t.Fatalf("staging the forced copy without the lease: %v", err)
+	}
+	unlock()
+}
