@@ -113,7 +113,8 @@ func run(args []string) error {
 	pusher.Metrics = replication.NewMetrics(registry)
 	receiver.Metrics = pusher.Metrics
 	agentSrv := grpc.NewServer(append(serverOpts, replication.ServerOptions()...)...)
-	pb.RegisterNodeAgentServer(agentSrv, agent.NewServer(volumes, pusher, receiver, cfg, log.Named("agent")))
+	agentServer := agent.NewServer(volumes, pusher, receiver, cfg, log.Named("agent"))
+	pb.RegisterNodeAgentServer(agentSrv, agentServer)
 	pb.RegisterReplicationServer(agentSrv, receiver)
 	promised := func(ctx context.Context, id string) (uint64, error) {
 		p, err := volumes.Promised(ctx, id)
@@ -121,6 +122,9 @@ func run(args []string) error {
 	}
 	pb.RegisterPeersServer(agentSrv, &lease.Server{NodeID: cfg.NodeID, Domain: cfg.Domain, Promised: promised})
 	heartbeat := newHeartbeat(cfg, volumes, promised, dial, registry, log.Named("lease"))
+	agentServer.AttestSilence = func(addrs []string) error {
+		return heartbeat.Monitor.Attest(addrs, time.Duration(cfg.Lease+cfg.LeaseMargin))
+	}
 
 	log.Info("serving", "version", version.Version, "csi_endpoint", cfg.CSIEndpoint, "agent_address", agentLis.Addr().String(),
 		"root_dataset", cfg.RootDataset, "max_quota", cfg.MaxQuota.String())

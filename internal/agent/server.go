@@ -21,6 +21,11 @@ import (
 // Server implements pb.NodeAgentServer on a node.
 type Server struct {
 	pb.UnimplementedNodeAgentServer
+	// AttestSilence, when set, checks that the nodes at the addresses a
+	// failover's reservation names have been silent for the lease and its
+	// margin (lease.Monitor.Attest); the reservation is refused otherwise.
+	AttestSilence func(addrs []string) error
+
 	volumes  *volume.Manager
 	pusher   *replication.Pusher
 	receiver *replication.Receiver
@@ -245,6 +250,12 @@ func (s *Server) copyOf(ctx context.Context, id string) (*pb.Copy, error) {
 
 // Reserve promises a generation of a volume to one promotion.
 func (s *Server) Reserve(ctx context.Context, req *pb.ReserveRequest) (*pb.ReserveResponse, error) {
+	if from := req.GetFailoverFrom(); len(from) > 0 && s.AttestSilence != nil {
+		if err := s.AttestSilence(from); err != nil {
+			return nil, errdefs.ToStatus(errdefs.Wrap(errdefs.ErrUnavailable, "node %s does not grant generation %d of volume %s for a failover yet: %v",
+				s.cfg.NodeID, req.GetGeneration(), req.GetVolumeId(), err))
+		}
+	}
 	p, granted, err := s.volumes.Reserve(ctx, req.GetVolumeId(), req.GetGeneration(), req.GetHolderNodeId())
 	if err != nil {
 		return nil, errdefs.ToStatus(err)

@@ -69,6 +69,10 @@ type Node struct {
 	Peers     []string `json:"peers"`
 	PeersFile string   `json:"peers_file"`
 	Lease     Duration `json:"lease"`
+	// LeaseMargin is added to Lease before this node grants a failover
+	// away from a silent node: clock rate drift and the time the
+	// read-only switch takes.
+	LeaseMargin Duration `json:"lease_margin"`
 	// ReceiveIdleTimeout ends a receive whose sender sent nothing for that
 	// long: a peer that stalls must not hold a zfs receive and the
 	// volume's receive lock for good.
@@ -167,6 +171,7 @@ func DefaultNode() Node {
 		ReplicationSnapshots:   3,
 		ReceiveIdleTimeout:     Duration(2 * time.Minute),
 		Lease:                  Duration(30 * time.Second),
+		LeaseMargin:            Duration(15 * time.Second),
 	}
 }
 
@@ -222,6 +227,9 @@ func (c *Node) Validate() error {
 	}
 	if c.Lease < Duration(2*time.Second) {
 		errs = append(errs, fmt.Errorf("lease %s: at least 2s (a peer's answer must fit in a quarter of it)", c.Lease))
+	}
+	if c.LeaseMargin < c.Lease/4 {
+		errs = append(errs, fmt.Errorf("lease_margin %s: at least a quarter of the lease (%s): the read-only switch happens up to one beat after the lease ends", c.LeaseMargin, c.Lease/4))
 	}
 	for _, p := range c.Peers {
 		if _, _, err := net.SplitHostPort(p); err != nil {

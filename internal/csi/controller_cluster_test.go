@@ -23,14 +23,15 @@ import (
 
 // testCluster runs real agent servers over fake ZFS, in memory.
 type testCluster struct {
-	t      *testing.T
-	agents clustertest.Agents
-	fakes  map[string]*zfsfake.Fake
+	t       *testing.T
+	agents  clustertest.Agents
+	fakes   map[string]*zfsfake.Fake
+	servers map[string]*agent.Server
 }
 
 // newTestCluster starts one agent per node; free gives each node's pool size.
 func newTestCluster(t *testing.T, free map[string]uint64) *testCluster {
-	tc := &testCluster{t: t, fakes: map[string]*zfsfake.Fake{}}
+	tc := &testCluster{t: t, fakes: map[string]*zfsfake.Fake{}, servers: map[string]*agent.Server{}}
 	for id, size := range free {
 		fake := zfsfake.New(size, "tank")
 		if err := fake.CreateFilesystem(context.Background(), "tank/nomad", nil); err != nil {
@@ -39,8 +40,9 @@ func newTestCluster(t *testing.T, free map[string]uint64) *testCluster {
 		cfg := config.DefaultNode()
 		cfg.NodeID, cfg.RootDataset, cfg.MaxQuota = id, "tank/nomad", 8<<30
 		mgr := volume.NewManager(fake, cfg, hclog.NewNullLogger())
-		tc.agents.Serve(t, id+":7670", agent.NewServer(mgr, nil, nil, cfg, hclog.NewNullLogger()))
-		tc.fakes[id] = fake
+		srv := agent.NewServer(mgr, nil, nil, cfg, hclog.NewNullLogger())
+		tc.agents.Serve(t, id+":7670", srv)
+		tc.fakes[id], tc.servers[id] = fake, srv
 	}
 	return tc
 }
@@ -357,6 +359,41 @@ func TestPublishDecidesOnlyFromAMajority(t *testing.T) {
 		}
 		if gen := resp.GetPublishContext()["generation"]; gen != "3" {
 			t.Errorf("the failover promoted n3 to generation %s, want 3: generation 2 is n2's", gen)
+		}
+	})
+
+	t.Run("a failover waits until a majority attests the lost node's silence", func(t *testing.T) {
+		tc := newTestCluster(t, map[string]uint64{"n1": 4 << 30, "n2": 4 << 30, "n3": 4 << 30})
+		tc.copyOf("n1", id, volume.RolePrimary, 1)
+		replica := tc.copyOf("n2", id, volume.RoleReplica, 1)
+		if err := tc.fakes["n2"].SetProperties(ctx, replica, map[string]string{volume.PropParameters: `{"failover":"auto"}`}); err != nil {
+			t.Fatal(err)
+		}
+		silent := false
+		var asked []string
+		for _, n := range []string{"n2", "n3"} {
+			tc.servers[n].AttestSilence = func(addrs []string) error {
+				asked = addrs
+				if !silent {
+					return errors.New(addrs[0] + " answered this node 3s ago")
+				}
+				return nil
+			}
+		}
+		ctl := tc.controller()
+		tc.stop("n1")
+		_, err := publish(ctl, "n2")
+		wantCode(t, err, codes.Unavailable)
+		if !strings.Contains(status.Convert(err).Message(), "n1:7670 answered") || len(asked) != 1 || !strings.HasSuffix(asked[0], "n1:7670") {
+			t.Errorf("the refusal: %v (nodes asked about %v); want it to name n1:7670, the node lost", err, asked)
+		}
+		if c, _ := tc.fakes["n2"].Get(ctx, replica); c.User[volume.PropRole] != volume.RoleReplica {
+			t.Fatalf("n2's replica was promoted although no majority attested n1's silence: %v", c.User)
+		}
+		silent = true
+		resp, err := publish(ctl, "n2")
+		if err != nil || resp.GetPublishContext()["generation"] != "2" {
+			t.Fatalf("the failover once n1 was silent long enough: %v, %v", resp, err)
 		}
 	})
 

@@ -10,6 +10,7 @@
 package lease
 
 import (
+	"fmt"
 	"sync"
 	"time"
 )
@@ -91,6 +92,36 @@ func (m *Monitor) count(selfID string) (heard, total int) {
 		}
 	}
 	return heard, total
+}
+
+// Attest checks that none of addrs answered this node's pings for at
+// least need (counted from this node's start when one never did): a
+// failover away from them is then safe, since a primary among them that
+// heard from no majority for the lease made itself read-only, and one
+// that heard from a majority was heard by a node of every majority. A
+// node without peers keeps no leases and attests nothing: it answers nil.
+func (m *Monitor) Attest(addrs []string, need time.Duration) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(m.peers) == 0 {
+		return nil
+	}
+	now := m.now()
+	for _, a := range addrs {
+		p, ok := m.peers[a]
+		if !ok {
+			return fmt.Errorf("%s is not among this node's peers, so this node cannot tell how long it has been silent", a)
+		}
+		last := p.heard
+		if last.IsZero() {
+			last = m.started
+		}
+		if silent := now.Sub(last); silent < need {
+			return fmt.Errorf("%s answered this node %s ago; a failover away from it waits until it has been silent for %s (%s more), when a primary there has made itself read-only",
+				a, silent.Round(time.Second), need, (need - silent).Round(time.Second))
+		}
+	}
+	return nil
 }
 
 // Peers returns the addresses to ping.

@@ -67,3 +67,43 @@ func TestPeersChangeKeepsWhatIsKnown(t *testing.T) {
 		t.Error("an address no longer listed still counts")
 	}
 }
+
+// TestAttest: a node attests the silence of peers that have not answered
+// it for the time needed, counted from its own start for one that never
+// did; it cannot attest an address it does not ping; without peers it
+// keeps no leases and attests anything.
+func TestAttest(t *testing.T) {
+	const need = 20 * time.Second
+	tests := []struct {
+		name    string
+		peers   []string
+		started time.Duration // before now
+		heard   time.Duration // before now; 0: never
+		want    bool
+	}{
+		{"silent long enough", []string{"a"}, time.Hour, 25 * time.Second, true},
+		{"answered lately", []string{"a"}, time.Hour, 5 * time.Second, false},
+		{"never answered, this node up long enough", []string{"a"}, 30 * time.Second, 0, true},
+		{"never answered, this node just started", []string{"a"}, 5 * time.Second, 0, false},
+		{"not among the peers", []string{"b"}, time.Hour, 0, false},
+		{"no peers: no leases kept", nil, time.Hour, 0, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := &clock{t: time.Unix(10000, 0)}
+			c.t = c.t.Add(-tt.started)
+			m := NewMonitor(10*time.Second, "d", c.now)
+			m.SetPeers(tt.peers)
+			c.t = c.t.Add(tt.started)
+			if tt.heard > 0 {
+				c.t = c.t.Add(-tt.heard)
+				m.Answered("a", "n2", "d")
+				c.t = c.t.Add(tt.heard)
+			}
+			err := m.Attest([]string{"a"}, need)
+			if (err == nil) != tt.want {
+				t.Errorf("Attest: %v, want attested %v", err, tt.want)
+			}
+		})
+	}
+}

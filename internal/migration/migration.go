@@ -423,7 +423,7 @@ func (m *Migrator) noQuorum(id string, v view) error {
 // caller looks again (errRetry). With everyAnswering (the operator's
 // forced promotion, without a majority) every node that answered must
 // grant it instead.
-func (m *Migrator) reserve(ctx context.Context, id string, gen uint64, holder string, v view, everyAnswering bool) error {
+func (m *Migrator) reserve(ctx context.Context, id string, gen uint64, holder string, v view, everyAnswering bool, failoverFrom []string) error {
 	type answer struct {
 		node string
 		resp *pb.ReserveResponse
@@ -434,18 +434,19 @@ func (m *Migrator) reserve(ctx context.Context, id string, gen uint64, holder st
 		go func() {
 			cctx, cancel := m.cluster.Call(ctx)
 			defer cancel()
-			resp, err := n.Client.Reserve(cctx, &pb.ReserveRequest{VolumeId: id, Generation: gen, HolderNodeId: holder})
+			resp, err := n.Client.Reserve(cctx, &pb.ReserveRequest{VolumeId: id, Generation: gen, HolderNodeId: holder, FailoverFrom: failoverFrom})
 			answers <- answer{n.Info.GetNodeId(), resp, err}
 		}()
 	}
 	total := len(v.nodes) + len(v.unreachable)
-	granted, holderGranted := 0, false
+	granted, holderGranted, waiting := 0, false, false
 	var refusals []string
 	for range v.nodes {
 		a := <-answers
 		switch {
 		case a.err != nil:
 			refusals = append(refusals, fmt.Sprintf("node %s: %v", a.node, errdefs.FromStatus(a.err)))
+			waiting = waiting || (len(failoverFrom) > 0 && errors.Is(errdefs.FromStatus(a.err), errdefs.ErrUnavailable))
 		case a.resp.GetGranted():
 			granted++
 			holderGranted = holderGranted || a.node == holder
@@ -459,6 +460,15 @@ func (m *Migrator) reserve(ctx context.Context, id string, gen uint64, holder st
 	}
 	if enough && holderGranted {
 		return nil
+	}
+	if waiting {
+		// Nodes that keep leases wait for the silent ones' to run out:
+		// looking again at once changes nothing; the CO's retry comes
+		// later.
+		m.log.Warn("generation not reserved: nodes wait for the silent ones' leases to run out", "volume_id", id, "generation", gen, "holder", holder,
+			"granted", granted, "nodes", total, "refusals", strings.Join(refusals, "; "))
+		return errdefs.Wrap(errdefs.ErrUnavailable, "generation %d of volume %s for node %s: %d of %d nodes granted it (%s); retry",
+			gen, id, holder, granted, total, strings.Join(refusals, "; "))
 	}
 	m.log.Warn("generation not reserved; looking again", "volume_id", id, "generation", gen, "holder", holder,
 		"granted", granted, "nodes", total, "refusals", strings.Join(refusals, "; "))
@@ -491,7 +501,7 @@ func (m *Migrator) move(ctx context.Context, id string, p copyOn, target cluster
 	// The reservation runs beside the fence and the final send, off the
 	// move's critical path; the promotion waits for it.
 	reserved := make(chan error, 1)
-	go func() { reserved <- m.reserve(ctx, id, gen, target.Info.GetNodeId(), v, false) }()
+	go func() { reserved <- m.reserve(ctx, id, gen, target.Info.GetNodeId(), v, false, nil) }()
 	cctx, cancel := m.cluster.Call(ctx)
 	fence, err := p.node.Client.Fence(cctx, &pb.FenceRequest{VolumeId: id, TargetNodeId: target.Info.GetNodeId()})
 	cancel()
@@ -630,7 +640,15 @@ func (m *Migrator) promote(ctx context.Context, id string, r copyOn, v view, for
 	}
 	gen := v.nextGeneration(r.nodeID())
 	lastAt := time.Unix(0, r.copy.GetLastSnapshotUnixNano())
-	if err := m.reserve(ctx, id, gen, r.nodeID(), v, withoutMajority); err != nil {
+	// A failover waits until a majority of the nodes attest that the
+	// silent ones, one of which may hold the primary, have been silent for
+	// a lease and its margin (docs/safety.md, "Leases"); the operator's
+	// forced promotion does not.
+	var failoverFrom []string
+	if !withoutMajority {
+		failoverFrom = v.unreachable
+	}
+	if err := m.reserve(ctx, id, gen, r.nodeID(), v, withoutMajority, failoverFrom); err != nil {
 		return nil, err
 	}
 	if withoutMajority {

@@ -2196,7 +2196,13 @@ type ReserveRequest struct {
 	VolumeId   string                 `protobuf:"bytes,1,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
 	Generation uint64                 `protobuf:"varint,2,opt,name=generation,proto3" json:"generation,omitempty"`
 	// The node whose copy will be promoted with the generation.
-	HolderNodeId  string `protobuf:"bytes,3,opt,name=holder_node_id,json=holderNodeId,proto3" json:"holder_node_id,omitempty"`
+	HolderNodeId string `protobuf:"bytes,3,opt,name=holder_node_id,json=holderNodeId,proto3" json:"holder_node_id,omitempty"`
+	// For a failover: the agent addresses the controller could not reach,
+	// one of which may hold the primary. A node that keeps leases grants
+	// only if none of them answered its heartbeats for the lease plus its
+	// margin: by then a primary among them made itself read-only
+	// (docs/safety.md, "Leases").
+	FailoverFrom  []string `protobuf:"bytes,4,rep,name=failover_from,json=failoverFrom,proto3" json:"failover_from,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2250,6 +2256,13 @@ func (x *ReserveRequest) GetHolderNodeId() string {
 		return x.HolderNodeId
 	}
 	return ""
+}
+
+func (x *ReserveRequest) GetFailoverFrom() []string {
+	if x != nil {
+		return x.FailoverFrom
+	}
+	return nil
 }
 
 type ReserveResponse struct {
@@ -2893,13 +2906,14 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\x11forced_generation\x18\x13 \x01(\x04R\x10forcedGeneration\x1a=\n" +
 	"\x0fParametersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"s\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x98\x01\n" +
 	"\x0eReserveRequest\x12\x1b\n" +
 	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x02 \x01(\x04R\n" +
 	"generation\x12$\n" +
-	"\x0eholder_node_id\x18\x03 \x01(\tR\fholderNodeId\"\x85\x01\n" +
+	"\x0eholder_node_id\x18\x03 \x01(\tR\fholderNodeId\x12#\n" +
+	"\rfailover_from\x18\x04 \x03(\tR\ffailoverFrom\"\x85\x01\n" +
 	"\x0fReserveResponse\x12\x18\n" +
 	"\agranted\x18\x01 \x01(\bR\agranted\x12/\n" +
 	"\x13promised_generation\x18\x02 \x01(\x04R\x12promisedGeneration\x12'\n" +

@@ -728,3 +728,75 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 	}
 	t.Fatalf("waited %s for %s", d, what)
 }
+
+// TestFailoverWaitsForTheLease: issue 12, case 2 (G1). The primary's node
+// is cut off with its workload still running. Auto failover is refused
+// (Unavailable, the CO retries) until a majority attests that node's
+// silence for the lease and its margin, by which time it has made its
+// copy read-only: at no moment can both copies take writes. When its
+// link returns, the old copy stays read-only: a majority promised a newer
+// generation.
+func TestFailoverWaitsForTheLease(t *testing.T) {
+	const lease, margin = 8 * time.Second, 4 * time.Second
+	e := &env{t: t, c: guesttest.StartCluster(t, 3, sim.Options{ControllerArgs: []string{"-schedule-every", "0"}, Lease: lease,
+		NodeArgs: []string{"-lease-margin=" + margin.String()}}), ctx: context.Background()}
+	id := e.create("leased", map[string]string{"failover": "auto"})
+	dir := e.mustPublish(id, "n1")
+	e.write("n1", dir, "echo replicated > a")
+	e.replicate(id, "n1", "n2")
+	replicated := e.checksums("n1", dir)
+	n1 := e.node("n1")
+	probe := func() error {
+		_, err := n1.Exec("cd " + dir + " && echo probe > p && sync")
+		return err
+	}
+	waitFor(t, 3*lease, "a write on n1 with its peers answering", func() bool { return probe() == nil })
+
+	if err := n1.CutLink(); err != nil {
+		t.Fatal(err)
+	}
+	cut := time.Now()
+	readOnly := make(chan time.Duration, 1)
+	go func() {
+		for time.Since(cut) < 5*lease {
+			if probe() != nil {
+				readOnly <- time.Since(cut)
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		readOnly <- -1
+	}()
+	var dir2 string
+	var err error
+	for time.Since(cut) < 5*lease {
+		if dir2, err = e.publish(id, "n2"); err == nil {
+			break
+		}
+		if status.Code(err) != codes.Unavailable {
+			t.Fatalf("publish on n2 while n1 is cut off: %v, want Unavailable until the failover", err)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatalf("no failover %s after n1 was cut off: %v", 5*lease, err)
+	}
+	failedOver := time.Since(cut)
+	fenced := <-readOnly
+	t.Logf("lease %s, margin %s: n1 read-only %.1f s after its link was cut, failover to n2 %.1f s after", lease, margin, fenced.Seconds(), failedOver.Seconds())
+	if fenced < 0 || fenced >= failedOver {
+		t.Fatalf("n1 turned read-only after %s, the failover came after %s: both could take writes", fenced, failedOver)
+	}
+	if got := e.checksums("n2", dir2); got != replicated {
+		t.Errorf("after the failover n2 has:\n%s\nwant what was replicated:\n%s", got, replicated)
+	}
+
+	if err := n1.RestoreLink(); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(lease); time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
+		if probe() == nil {
+			t.Fatal("n1's stale copy took writes again after its link came back")
+		}
+	}
+}
