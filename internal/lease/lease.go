@@ -39,21 +39,21 @@ func NewMonitor(lease time.Duration, domain string, now func() time.Time) *Monit
 	return &Monitor{lease: lease, domain: domain, now: now, started: now(), peers: map[string]*peer{}}
 }
 
-// SetPeers replaces the peer addresses; what is known of an address that
-// stays is kept. Its own address may be among them: the node's answer to
-// itself names it, and from then on it counts once, as itself.
+// SetPeers adds the peer addresses not known yet. An address once listed
+// stays until the node restarts, even when a re-read peers file drops it:
+// a peers file rendered from service discovery drops the nodes a
+// partition hides, and a membership that shrank with them would let a
+// cut-off node count itself a majority. Its own address may be among
+// them: the node's answer to itself names it, and from then on it counts
+// once, as itself.
 func (m *Monitor) SetPeers(addrs []string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	next := make(map[string]*peer, len(addrs))
 	for _, a := range addrs {
-		if p, ok := m.peers[a]; ok {
-			next[a] = p
-		} else {
-			next[a] = &peer{}
+		if _, ok := m.peers[a]; !ok {
+			m.peers[a] = &peer{}
 		}
 	}
-	m.peers = next
 }
 
 // Answered records that the peer at addr answered a ping now, naming

@@ -51,20 +51,27 @@ func TestHeldNeedsAMajorityOfTheDomainWithinTheLease(t *testing.T) {
 	}
 }
 
-// TestPeersChangeKeepsWhatIsKnown: a re-read peers file keeps the times of
-// the addresses it still lists and forgets the others.
-func TestPeersChangeKeepsWhatIsKnown(t *testing.T) {
+// TestPeersNeverShrink: a re-read peers file adds addresses but drops
+// none. A file rendered from service discovery loses the nodes a
+// partition hides; were they dropped, a cut-off node would count itself
+// a majority of what is left.
+func TestPeersNeverShrink(t *testing.T) {
 	c := &clock{t: time.Unix(1000, 0)}
 	m := NewMonitor(10*time.Second, "d", c.now)
 	m.SetPeers([]string{"a", "b"})
 	m.Answered("a", "n2", "d")
-	m.SetPeers([]string{"a", "c"})
+	m.SetPeers([]string{"a"}) // b is gone from the file
 	if !m.Held("n1") {
 		t.Error("a's answer was lost when the peers changed")
 	}
-	m.SetPeers([]string{"c", "d"})
+	c.t = c.t.Add(time.Minute) // nobody answers any more
+	m.SetPeers(nil)
 	if m.Held("n1") {
-		t.Error("an address no longer listed still counts")
+		t.Error("with its peers dropped from the file, a node that hears from nobody holds the lease")
+	}
+	m.SetPeers([]string{"c"})
+	if n := len(m.Peers()); n != 3 {
+		t.Errorf("peers after adding c: %d, want a, b and c", n)
 	}
 }
 
