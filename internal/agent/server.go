@@ -269,7 +269,7 @@ func (s *Server) copyToPB(c volume.Copy) *pb.Copy {
 		Generation: c.Generation, MovingTo: c.MovingTo, FencedUnixNano: c.FencedAt, Mounted: c.Mounted,
 		LastSnapshot: c.LastSnapshot, LastSnapshotUnixNano: c.LastSnapshotAt,
 		Parameters: c.Parameters, CapacityBytes: c.Capacity, FailoverFromSnapshot: c.FailoverFrom,
-		ForcedGeneration: c.Forced,
+		ForcedGeneration: c.Forced, LeaseFenced: c.LeaseFenced,
 	}
 }
 
@@ -287,7 +287,7 @@ func (s *Server) Fence(ctx context.Context, req *pb.FenceRequest) (*pb.FenceResp
 
 // Unfence lifts a fence after an abandoned move.
 func (s *Server) Unfence(ctx context.Context, req *pb.UnfenceRequest) (*pb.Copy, error) {
-	if err := s.volumes.Unfence(ctx, req.GetVolumeId()); err != nil {
+	if err := s.volumes.Unfence(ctx, req.GetVolumeId(), req.GetGeneration()); err != nil {
 		return nil, errdefs.ToStatus(err)
 	}
 	return s.GetCopy(ctx, &pb.GetCopyRequest{VolumeId: req.GetVolumeId()})

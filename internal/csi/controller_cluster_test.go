@@ -397,6 +397,23 @@ func TestPublishDecidesOnlyFromAMajority(t *testing.T) {
 		}
 	})
 
+	t.Run("a publish that finds a copy fenced by its lease current lifts it", func(t *testing.T) {
+		tc := newTestCluster(t, map[string]uint64{"n1": 4 << 30, "n2": 4 << 30, "n3": 4 << 30})
+		primary := tc.copyOf("n1", id, volume.RolePrimary, 1)
+		if err := tc.fakes["n1"].SetProperties(ctx, primary, map[string]string{"readonly": "on", volume.PropLeaseFenced: "1700000000000000000"}); err != nil {
+			t.Fatal(err)
+		}
+		tc.promise("n2", id, 2, "n3") // an interrupted failover: n3 answers without the copy
+		ctl := tc.controller()
+		resp, err := publish(ctl, "n1")
+		if err != nil || resp.GetPublishContext()["generation"] != "1" {
+			t.Fatalf("publish: %v, %v", resp, err)
+		}
+		if ro, mark := tc.fakes["n1"].NativeProperty(primary, "readonly"), tc.fakes["n1"].NativeProperty(primary, volume.PropLeaseFenced); ro != "off" {
+			t.Errorf("after the publish the copy is readonly=%s (%s=%s), want writable", ro, volume.PropLeaseFenced, mark)
+		}
+	})
+
 	t.Run("the operator's forced promotion is published without a majority", func(t *testing.T) {
 		tc := newTestCluster(t, map[string]uint64{"n1": 4 << 30, "n2": 4 << 30, "n3": 4 << 30})
 		tc.copyOf("n1", id, volume.RolePrimary, 1)

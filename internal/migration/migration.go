@@ -354,7 +354,7 @@ func (m *Migrator) Publish(ctx context.Context, id, nodeID string) (uint64, erro
 		if p.nodeID() == nodeID {
 			// A fence is lifted only when no other node may have been
 			// promoted meanwhile: newerElsewhere above saw to that.
-			if p.copy.GetMovingTo() != "" {
+			if p.copy.GetMovingTo() != "" || p.copy.GetLeaseFenced() {
 				if err := m.unfence(ctx, id, p, log); err != nil {
 					return 0, err
 				}
@@ -604,10 +604,14 @@ func sleep(ctx context.Context, d time.Duration) error {
 func (m *Migrator) unfence(ctx context.Context, id string, p copyOn, log hclog.Logger) error {
 	cctx, cancel := m.cluster.Call(ctx)
 	defer cancel()
-	if _, err := p.node.Client.Unfence(cctx, &pb.UnfenceRequest{VolumeId: id}); err != nil {
+	if _, err := p.node.Client.Unfence(cctx, &pb.UnfenceRequest{VolumeId: id, Generation: p.copy.GetGeneration()}); err != nil {
 		return fmt.Errorf("lifting the fence on node %s: %w", p.nodeID(), errdefs.FromStatus(err))
 	}
-	log.Info("move abandoned: the volume is published where it was")
+	if p.copy.GetMovingTo() != "" {
+		log.Info("move abandoned: the volume is published where it was")
+	} else {
+		log.Info("a majority shows the copy current: its lease's read-only lifted", "generation", p.copy.GetGeneration())
+	}
 	return nil
 }
 

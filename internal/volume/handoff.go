@@ -41,6 +41,8 @@ type Copy struct {
 	// HistoryFrom is the oldest generation whose every snapshot is an
 	// earlier state of this copy (volume.HistoryFrom).
 	HistoryFrom uint64
+	// LeaseFenced: read-only since this node lost its lease.
+	LeaseFenced bool
 	// quota is the dataset's quota property as set (QuotaProperty), 0
 	// when unset: a replica received with its primary's quota needs no
 	// separate step to set it when promoted.
@@ -89,6 +91,7 @@ func (m *Manager) Copy(ctx context.Context, id string) (Copy, error) {
 	out.FailoverFrom = ds.User[PropFailoverLag]
 	out.Forced, _ = strconv.ParseUint(ds.User[PropForced], 10, 64)
 	out.HistoryFrom = HistoryFrom(ds.User[PropHistoryFrom], out.Generation)
+	out.LeaseFenced = leaseFencedAt(ds.User[PropLeaseFenced]) != 0
 	out.Capacity, _ = strconv.ParseUint(ds.User[PropCapacity], 10, 64)
 	out.quota = ds.RefQuota
 	if m.cfg.QuotaProperty == "quota" {
@@ -171,7 +174,7 @@ func (m *Manager) Fence(ctx context.Context, id, target string) (int64, error) {
 
 // Unfence lifts a fence: the move was abandoned and this copy stays the
 // primary.
-func (m *Manager) Unfence(ctx context.Context, id string) error {
+func (m *Manager) Unfence(ctx context.Context, id string, generation uint64) error {
 	unlock, err := m.lock(ctx, id)
 	if err != nil {
 		return err
@@ -180,6 +183,9 @@ func (m *Manager) Unfence(ctx context.Context, id string) error {
 	v, err := m.get(ctx, id)
 	if err != nil {
 		return err
+	}
+	if v.LeaseFencedAt != 0 && v.MovingTo == "" {
+		return m.liftLeaseFence(ctx, v, generation)
 	}
 	if v.MovingTo == "" {
 		return nil

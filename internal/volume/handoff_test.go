@@ -41,7 +41,7 @@ func TestHandoffSteps(t *testing.T) {
 	if _, err := m.CreateSnapshot(ctx, v.ID, "during-move"); !errors.Is(err, errdefs.ErrUnavailable) {
 		t.Errorf("snapshot of a fenced volume: %v, want Unavailable", err)
 	}
-	if err := m.Unfence(ctx, v.ID); err != nil {
+	if err := m.Unfence(ctx, v.ID, v.Generation); err != nil {
 		t.Fatal(err)
 	}
 	_, unlock, err := m.Stageable(ctx, v.ID, 1)

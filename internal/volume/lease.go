@@ -104,8 +104,19 @@ func (m *Manager) LiftLeaseFence(ctx context.Context, id string, generation uint
 	if err != nil {
 		return err
 	}
+	return m.liftLeaseFence(ctx, v, generation)
+}
+
+// liftLeaseFence makes v writable again if it is fenced by the lease, of
+// generation, and the node holds its lease again. The caller holds the
+// volume's lock.
+func (m *Manager) liftLeaseFence(ctx context.Context, v Volume, generation uint64) error {
+	id := v.ID
 	if v.LeaseFencedAt == 0 {
 		return nil
+	}
+	if m.LeaseHeld != nil && !m.LeaseHeld() {
+		return fmt.Errorf("%w: node %s hears from no majority of its domain: volume %s stays read-only until it does", errdefs.ErrUnavailable, m.cfg.NodeID, id)
 	}
 	if v.Generation != generation || v.MovingTo != "" {
 		return fmt.Errorf("%w: volume %s is at generation %d (moving to %q); the confirmation was for generation %d",

@@ -56,8 +56,13 @@ func TestSelfFenceAndLift(t *testing.T) {
 	if err := m.LiftLeaseFence(ctx, mounted.ID, 2); !errors.Is(err, errdefs.ErrFailedPrecondition) || readonly(mounted.Dataset) != "on" {
 		t.Errorf("lifting with another generation: %v, readonly %s; want FailedPrecondition and still on", err, readonly(mounted.Dataset))
 	}
-	if err := m.LiftLeaseFence(ctx, mounted.ID, 1); err != nil || readonly(mounted.Dataset) != "off" {
-		t.Fatalf("lifting: %v, readonly %s; want off", err, readonly(mounted.Dataset))
+	held = false
+	if err := m.Unfence(ctx, mounted.ID, 1); !errors.Is(err, errdefs.ErrUnavailable) || readonly(mounted.Dataset) != "on" {
+		t.Errorf("the controller's unfence without the lease: %v, readonly %s; want Unavailable and still on", err, readonly(mounted.Dataset))
+	}
+	held = true
+	if err := m.Unfence(ctx, mounted.ID, 1); err != nil || readonly(mounted.Dataset) != "off" {
+		t.Fatalf("the controller's unfence (a publish found the copy current): %v, readonly %s; want off", err, readonly(mounted.Dataset))
 	}
 	_, unlock, err := m.Stageable(ctx, mounted.ID, 1)
 	if err != nil {

@@ -2024,8 +2024,11 @@ type Copy struct {
 	// On a primary the operator promoted without a majority: the generation
 	// it was forced at.
 	ForcedGeneration uint64 `protobuf:"varint,19,opt,name=forced_generation,json=forcedGeneration,proto3" json:"forced_generation,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// A primary read-only since its node lost its lease (docs/safety.md,
+	// "Leases"); a publish that finds it current lifts that (Unfence).
+	LeaseFenced   bool `protobuf:"varint,20,opt,name=lease_fenced,json=leaseFenced,proto3" json:"lease_fenced,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Copy) Reset() {
@@ -2189,6 +2192,13 @@ func (x *Copy) GetForcedGeneration() uint64 {
 		return x.ForcedGeneration
 	}
 	return 0
+}
+
+func (x *Copy) GetLeaseFenced() bool {
+	if x != nil {
+		return x.LeaseFenced
+	}
+	return false
 }
 
 type ReserveRequest struct {
@@ -2424,8 +2434,11 @@ func (x *FenceResponse) GetFencedUnixNano() int64 {
 }
 
 type UnfenceRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	VolumeId      string                 `protobuf:"bytes,1,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	VolumeId string                 `protobuf:"bytes,1,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
+	// The generation the controller found current: a lease's read-only is
+	// lifted only on a copy of that generation.
+	Generation    uint64 `protobuf:"varint,2,opt,name=generation,proto3" json:"generation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2465,6 +2478,13 @@ func (x *UnfenceRequest) GetVolumeId() string {
 		return x.VolumeId
 	}
 	return ""
+}
+
+func (x *UnfenceRequest) GetGeneration() uint64 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
 }
 
 type PromoteRequest struct {
@@ -2878,7 +2898,7 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\rsnapshot_guid\x18\x01 \x01(\x04R\fsnapshotGuid\x12\x14\n" +
 	"\x05bytes\x18\x02 \x01(\x03R\x05bytes\"-\n" +
 	"\x0eGetCopyRequest\x12\x1b\n" +
-	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\"\x8a\x06\n" +
+	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\"\xad\x06\n" +
 	"\x04Copy\x12\x1b\n" +
 	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x16\n" +
@@ -2903,7 +2923,8 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\x13promised_generation\x18\x10 \x01(\x04R\x12promisedGeneration\x12'\n" +
 	"\x0fpromised_holder\x18\x11 \x01(\tR\x0epromisedHolder\x12%\n" +
 	"\x0esnapshot_guids\x18\x12 \x03(\x04R\rsnapshotGuids\x12+\n" +
-	"\x11forced_generation\x18\x13 \x01(\x04R\x10forcedGeneration\x1a=\n" +
+	"\x11forced_generation\x18\x13 \x01(\x04R\x10forcedGeneration\x12!\n" +
+	"\flease_fenced\x18\x14 \x01(\bR\vleaseFenced\x1a=\n" +
 	"\x0fParametersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x98\x01\n" +
@@ -2922,9 +2943,12 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12$\n" +
 	"\x0etarget_node_id\x18\x02 \x01(\tR\ftargetNodeId\"9\n" +
 	"\rFenceResponse\x12(\n" +
-	"\x10fenced_unix_nano\x18\x01 \x01(\x03R\x0efencedUnixNano\"-\n" +
+	"\x10fenced_unix_nano\x18\x01 \x01(\x03R\x0efencedUnixNano\"M\n" +
 	"\x0eUnfenceRequest\x12\x1b\n" +
-	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\"\xb2\x01\n" +
+	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x02 \x01(\x04R\n" +
+	"generation\"\xb2\x01\n" +
 	"\x0ePromoteRequest\x12\x1b\n" +
 	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12\x1e\n" +
 	"\n" +
