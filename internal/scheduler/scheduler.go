@@ -13,6 +13,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -198,7 +199,12 @@ func (s *Scheduler) Plan(ctx context.Context) ([]Push, error) {
 			continue
 		}
 		s.Metrics.observe(p.vol.GetVolumeId(), want, replicas[p.vol.GetVolumeId()], s.now())
-		for _, t := range s.targets(p.node, p.vol, want, replicas[p.vol.GetVolumeId()], healthy) {
+		// The stalest target first: a round starts one push per volume
+		// (Round), so a target that is always due (slow pushes, a short
+		// interval) would otherwise starve the ones after it.
+		targets := s.targets(p.node, p.vol, want, replicas[p.vol.GetVolumeId()], healthy)
+		slices.SortStableFunc(targets, func(a, b replica) int { return a.last.Compare(b.last) })
+		for _, t := range targets {
 			if reason := s.due(t, interval); reason != "" {
 				pushes = append(pushes, Push{VolumeID: p.vol.GetVolumeId(), Source: p.node, Target: t.node, Reason: reason})
 			}

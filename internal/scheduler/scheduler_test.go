@@ -224,3 +224,29 @@ func TestStalledPushBlocksNothing(t *testing.T) {
 		t.Errorf("volume fine pushed %d times, want once per round", n.(*atomic.Int32).Load())
 	}
 }
+
+// TestStalestReplicaIsPushedFirst: a round starts one push per volume, so
+// a volume's pushes come stalest target first. In the other order, a
+// replica that is due at every round (slow pushes, a short interval)
+// starved the volume's other replica: it never got its first push.
+func TestStalestReplicaIsPushedFirst(t *testing.T) {
+	agents := []*agent{
+		{node: node("n1", "a", 10), volumes: []*pb.Volume{vol("v", 2, "1m")}},
+		{node: node("n2", "a", 1), replicas: []*pb.Replica{replicaOf("v", 2*time.Minute)}},
+		{node: node("n3", "a", 2)},
+	}
+	s := New(startAgents(t, agents), 1, hclog.NewNullLogger())
+	s.now = func() time.Time { return now }
+	pushes, err := s.Plan(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, p := range pushes {
+		got = append(got, p.Target.Info.GetNodeId()+": "+p.Reason)
+	}
+	want := []string{"n3: no replica yet", "n2: replica older than the interval"}
+	if !slices.Equal(got, want) {
+		t.Errorf("pushes in order %q, want %q", got, want)
+	}
+}
