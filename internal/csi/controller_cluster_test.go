@@ -449,14 +449,11 @@ func TestPublishDecidesOnlyFromAMajority(t *testing.T) {
 	})
 }
 
-// TestSnapshotsComeOnlyFromTheCurrentPrimary: a snapshot of a stale
-// primary, taken while the newest one's node is down, would let a restore
-// bring back stale data. CreateSnapshot first looks its name up on every
-// node, which needs every node to answer: with one down it is Unavailable
-// before any copy is chosen (docs/safety.md, "Generations").
-func TestSnapshotsComeOnlyFromTheCurrentPrimary(t *testing.T) {
-	ctx := context.Background()
-	id := volume.VolumeIDForName("v")
+// staleView is three nodes after a failover: n1 holds a stale primary of
+// generation 1, n3 the primary of generation 2 (promised by n2 and n3),
+// and n3 is down, so a majority answers but the newest copy does not.
+// It returns n1's stale dataset.
+func staleView(t *testing.T, id string) (*testCluster, *Controller, string) {
 	tc := newTestCluster(t, map[string]uint64{"n1": 4 << 30, "n2": 4 << 30, "n3": 4 << 30})
 	stale := tc.copyOf("n1", id, volume.RolePrimary, 1)
 	tc.copyOf("n2", id, volume.RoleReplica, 2)
@@ -465,6 +462,18 @@ func TestSnapshotsComeOnlyFromTheCurrentPrimary(t *testing.T) {
 	tc.promise("n3", id, 2, "n3")
 	ctl := tc.controller()
 	tc.stop("n3")
+	return tc, ctl, stale
+}
+
+// TestSnapshotsComeOnlyFromTheCurrentPrimary: a snapshot of a stale
+// primary, taken while the newest one's node is down, would let a restore
+// bring back stale data. CreateSnapshot first looks its name up on every
+// node, which needs every node to answer: with one down it is Unavailable
+// before any copy is chosen (docs/safety.md, "Generations").
+func TestSnapshotsComeOnlyFromTheCurrentPrimary(t *testing.T) {
+	ctx := context.Background()
+	id := volume.VolumeIDForName("v")
+	tc, ctl, stale := staleView(t, id)
 	_, err := ctl.CreateSnapshot(ctx, &csi.CreateSnapshotRequest{Name: "s", SourceVolumeId: id})
 	wantCode(t, err, codes.Unavailable)
 	for _, name := range tc.fakes["n1"].Names() {
@@ -481,14 +490,7 @@ func TestSnapshotsComeOnlyFromTheCurrentPrimary(t *testing.T) {
 func TestNothingActsOnAStaleCopy(t *testing.T) {
 	ctx := context.Background()
 	id := volume.VolumeIDForName("v")
-	tc := newTestCluster(t, map[string]uint64{"n1": 4 << 30, "n2": 4 << 30, "n3": 4 << 30})
-	stale := tc.copyOf("n1", id, volume.RolePrimary, 1)
-	tc.copyOf("n2", id, volume.RoleReplica, 2)
-	tc.copyOf("n3", id, volume.RolePrimary, 2)
-	tc.promise("n2", id, 2, "n3")
-	tc.promise("n3", id, 2, "n3")
-	ctl := tc.controller()
-	tc.stop("n3")
+	tc, ctl, stale := staleView(t, id)
 	quota := func() uint64 {
 		ds, err := tc.fakes["n1"].Get(ctx, stale)
 		if err != nil {

@@ -675,15 +675,12 @@ func TestDeleteWithANodeDown(t *testing.T) {
 // switch, the time to writable again.
 func TestPartitionedPrimaryTurnsReadOnly(t *testing.T) {
 	const lease = 8 * time.Second
-	e := &env{t: t, c: guesttest.StartCluster(t, 3, sim.Options{ControllerArgs: []string{"-schedule-every", "0"}, Lease: lease}), ctx: context.Background()}
+	e := startWithLease(t, lease)
 	id := e.create("partitioned", nil)
 	dir := e.mustPublish(id, "n1")
 	e.write("n1", dir, "echo before > a")
 	n1 := e.node("n1")
-	probe := func() error {
-		_, err := n1.Exec("cd " + dir + " && echo probe > p && sync")
-		return err
-	}
+	probe := func() error { return e.tryWrite("n1", dir) }
 	// Wait for the lease to be held (the first beats after start).
 	waitFor(t, 3*lease, "a write on n1 with its peers answering", func() bool { return probe() == nil })
 
@@ -717,6 +714,20 @@ func TestPartitionedPrimaryTurnsReadOnly(t *testing.T) {
 	e.unpublish(id, "n1")
 }
 
+// startWithLease starts three nodes that keep leases of length lease
+// (each other's peers), with extra zfs-node flags, and no schedule.
+func startWithLease(t *testing.T, lease time.Duration, nodeArgs ...string) *env {
+	c := guesttest.StartCluster(t, 3, sim.Options{ControllerArgs: []string{"-schedule-every", "0"}, Lease: lease, NodeArgs: nodeArgs})
+	return &env{t: t, c: c, ctx: context.Background()}
+}
+
+// tryWrite writes and syncs a file in dir on nodeID; a read-only copy
+// makes it fail.
+func (e *env) tryWrite(nodeID, dir string) error {
+	_, err := e.node(nodeID).Exec("cd " + dir + " && echo probe > p && sync")
+	return err
+}
+
 // waitFor polls cond every 200 ms for up to d; the failure names what it
 // waited for.
 func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
@@ -738,18 +749,14 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 // generation.
 func TestFailoverWaitsForTheLease(t *testing.T) {
 	const lease, margin = 8 * time.Second, 4 * time.Second
-	e := &env{t: t, c: guesttest.StartCluster(t, 3, sim.Options{ControllerArgs: []string{"-schedule-every", "0"}, Lease: lease,
-		NodeArgs: []string{"-lease-margin=" + margin.String()}}), ctx: context.Background()}
+	e := startWithLease(t, lease, "-lease-margin="+margin.String())
 	id := e.create("leased", map[string]string{"failover": "auto"})
 	dir := e.mustPublish(id, "n1")
 	e.write("n1", dir, "echo replicated > a")
 	e.replicate(id, "n1", "n2")
 	replicated := e.checksums("n1", dir)
 	n1 := e.node("n1")
-	probe := func() error {
-		_, err := n1.Exec("cd " + dir + " && echo probe > p && sync")
-		return err
-	}
+	probe := func() error { return e.tryWrite("n1", dir) }
 	waitFor(t, 3*lease, "a write on n1 with its peers answering", func() bool { return probe() == nil })
 
 	if err := n1.CutLink(); err != nil {
