@@ -2,11 +2,18 @@
 // above ZFS. It models names, properties, snapshots, clones, dependents and
 // quotas closely enough to exercise that logic; it proves nothing about ZFS
 // itself, which the integration tests in the guest do.
+//
+// The same pool is seen by replication through Streams (streams.go), with
+// GUIDs, createtxg, holds, send and receive; and file contents are modelled
+// as lists of tokens (Write, Content), so that a simulation can check that
+// no write is lost.
 package zfsfake
 
 import (
 	"context"
 	"fmt"
+	"hash/fnv"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -29,12 +36,29 @@ type Fake struct {
 	// lock: a test can do another operation there, as a concurrent caller
 	// whose call happened to land first would.
 	Before func(op, name string)
+	// GUIDSeed seeds the GUIDs the fake makes (see nextGUID). New derives
+	// it from the pool names, so fakes with the same pools make the same
+	// GUIDs: a simulation of several nodes with same-named pools must give
+	// each its own seed, or unrelated snapshots would look common to
+	// replication. Set it before the first snapshot.
+	GUIDSeed uint64
+	guids    uint64 // GUIDs made so far
+	txg      uint64 // the last createtxg given
 }
 
 type entry struct {
 	ds    zfs.Dataset
 	props map[string]string // native properties as set
 	holds []string
+	// guid and createTXG are ZFS's: a snapshot keeps its GUID across send
+	// and receive; createtxg orders the snapshots of a filesystem.
+	guid      uint64
+	createTXG uint64
+	// content is the file data: tokens in the order written. A snapshot's
+	// is frozen at its creation.
+	content []string
+	// recv is an interrupted receive into this filesystem (streams.go).
+	recv *partialRecv
 }
 
 // Hold puts a user hold on a snapshot, as zfs hold does.
@@ -64,11 +88,56 @@ var _ zfs.Interface = (*Fake)(nil)
 // New returns a fake with the given pools (each an empty filesystem) of
 // poolSize bytes each.
 func New(poolSize uint64, pools ...string) *Fake {
-	f := &Fake{datasets: map[string]*entry{}, poolSize: poolSize, now: time.Unix(1_700_000_000, 0)}
+	f := &Fake{datasets: map[string]*entry{}, poolSize: poolSize, now: time.Unix(1_700_000_000, 0), GUIDSeed: seedOf(pools)}
 	for _, p := range pools {
-		f.datasets[p] = &entry{ds: zfs.Dataset{Name: p, Type: zfs.Filesystem, Created: f.now, User: map[string]string{}}, props: map[string]string{}}
+		f.datasets[p] = &entry{ds: zfs.Dataset{Name: p, Type: zfs.Filesystem, Created: f.now, User: map[string]string{}}, props: map[string]string{},
+			guid: f.nextGUID(), createTXG: f.nextTXG()}
 	}
 	return f
+}
+
+// seedOf is the default GUIDSeed: a hash of the pool names, so that the
+// same fake is the same in every run.
+func seedOf(pools []string) uint64 {
+	h := fnv.New64a()
+	for _, p := range pools {
+		h.Write([]byte(p))
+		h.Write([]byte{0})
+	}
+	return h.Sum64()
+}
+
+// nextGUID returns a new GUID: splitmix64 of the seed and a counter, which
+// is deterministic, distinct for every count (splitmix is a bijection), and
+// never 0 (ZFS's "no GUID").
+func (f *Fake) nextGUID() uint64 {
+	for {
+		f.guids++
+		if g := splitmix64(f.GUIDSeed + f.guids*0x9E3779B97F4A7C15); g != 0 {
+			return g
+		}
+	}
+}
+
+func splitmix64(z uint64) uint64 {
+	z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
+	z = (z ^ (z >> 27)) * 0x94D049BB133111EB
+	return z ^ (z >> 31)
+}
+
+// nextTXG returns the createtxg of a new dataset: the pool's transaction
+// groups only grow.
+func (f *Fake) nextTXG() uint64 {
+	f.txg++
+	return f.txg
+}
+
+// SetNow sets the fake's clock: the creation time of what is created next
+// (each creation advances it by a second).
+func (f *Fake) SetNow(t time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.now = t
 }
 
 // SetUsed sets the bytes a dataset uses, to test capacity logic.
@@ -246,14 +315,27 @@ func (f *Fake) create(name string, typ zfs.Type, origin string, props map[string
 	if err := setProps(e, props); err != nil {
 		return err
 	}
+	e.guid, e.createTXG = f.nextGUID(), f.nextTXG()
 	f.datasets[name] = e
 	return nil
+}
+
+// readOnlyProps are the native properties ZFS computes; zfs set refuses them.
+var readOnlyProps = map[string]bool{
+	"name": true, "type": true, "guid": true, "createtxg": true, "creation": true,
+	"used": true, "referenced": true, "available": true, "origin": true,
+	"receive_resume_token": true, "userrefs": true, "defer_destroy": true,
 }
 
 // setProps sets props like ZFS does: a quota that cannot be set fails the
 // call, but the other properties are set all the same (seen on OpenZFS
 // 2.1 with `refquota` below the space used).
 func setProps(e *entry, props map[string]string) error {
+	for k := range props {
+		if readOnlyProps[k] {
+			return fmt.Errorf("cannot set property %s on %s: read-only property", k, e.ds.Name)
+		}
+	}
 	var quotaErr error
 	for k, v := range props {
 		switch {
@@ -314,7 +396,9 @@ func (f *Fake) Snapshot(ctx context.Context, name string, props map[string]strin
 	if err := f.create(name, zfs.Snapshot, "", props); err != nil {
 		return err
 	}
-	f.datasets[name].ds.Referenced = f.datasets[zfs.Parent(name)].ds.Referenced
+	fs, snap := f.datasets[zfs.Parent(name)], f.datasets[name]
+	snap.ds.Referenced = fs.ds.Referenced
+	snap.content = slices.Clone(fs.content) // frozen from now on
 	return nil
 }
 
@@ -329,7 +413,11 @@ func (f *Fake) Clone(ctx context.Context, snapshot, name string, props map[strin
 	if !ok || s.ds.Type != zfs.Snapshot {
 		return fmt.Errorf("clone source %s: %w", snapshot, zfs.ErrNotFound)
 	}
-	return f.create(name, zfs.Filesystem, snapshot, props)
+	if err := f.create(name, zfs.Filesystem, snapshot, props); err != nil {
+		return err
+	}
+	f.datasets[name].content = slices.Clone(s.content)
+	return nil
 }
 
 func (f *Fake) SetProperties(ctx context.Context, name string, props map[string]string) error {
@@ -359,18 +447,32 @@ func (f *Fake) Rename(ctx context.Context, from, to string) error {
 	if _, ok := f.datasets[to]; ok {
 		return fmt.Errorf("%s: %w", to, zfs.ErrExists)
 	}
-	if _, ok := f.datasets[zfs.Parent(to)]; !ok {
+	if err := zfs.ValidateName(to); err != nil {
+		return err
+	}
+	isSnap := strings.Contains(from, "@")
+	if isSnap != strings.Contains(to, "@") || isSnap && zfs.Parent(from) != zfs.Parent(to) || strings.HasPrefix(to, from+"/") {
+		return fmt.Errorf("rename %s to %s: not a rename ZFS allows", from, to)
+	}
+	if p, ok := f.datasets[zfs.Parent(to)]; !ok || p.ds.Type != zfs.Filesystem {
 		return fmt.Errorf("parent of %s: %w", to, zfs.ErrNotFound)
 	}
-	for n, e := range f.datasets {
+	// The whole entries move, so snapshots keep their GUIDs, holds and
+	// content. Collected first: the map must not change while ranged over.
+	var moving []string
+	for n := range f.datasets {
 		if n == from || strings.HasPrefix(n, from+"/") || strings.HasPrefix(n, from+"@") {
-			delete(f.datasets, n)
-			e.ds.Name = to + n[len(from):]
-			f.datasets[e.ds.Name] = e
+			moving = append(moving, n)
 		}
 	}
+	for _, n := range moving {
+		e := f.datasets[n]
+		delete(f.datasets, n)
+		e.ds.Name = to + n[len(from):]
+		f.datasets[e.ds.Name] = e
+	}
 	for _, e := range f.datasets { // clones follow their origin's new name
-		if e.ds.Origin != "" && strings.HasPrefix(e.ds.Origin, from+"@") {
+		if o := e.ds.Origin; strings.HasPrefix(o, from+"@") || strings.HasPrefix(o, from+"/") {
 			e.ds.Origin = to + e.ds.Origin[len(from):]
 		}
 	}
