@@ -45,23 +45,33 @@ type Heartbeat struct {
 
 	mu    sync.Mutex
 	conns map[string]*grpc.ClientConn
+
+	// What the last beat left, for the next (see step). Zero before the
+	// first beat: the node starts as if it held the lease and fenced
+	// volumes may exist, since a restart keeps the marks on the datasets.
+	lost, noneFenced bool
 }
 
-// Run beats until ctx ends. It starts as if fenced volumes may exist: a
-// restart keeps the marks on the datasets.
+// Run beats every Interval until ctx ends.
 func (h *Heartbeat) Run(ctx context.Context) {
 	ticker := time.NewTicker(h.Interval)
 	defer ticker.Stop()
 	defer h.closeConns()
-	held, fencedSome := true, true
 	for {
-		held, fencedSome = h.step(ctx, held, fencedSome)
+		h.Beat(ctx)
 		select {
 		case <-ctx.Done():
 			return
 		case <-ticker.C:
 		}
 	}
+}
+
+// Beat runs one beat. Run calls it every Interval; the fault-injection
+// simulation (internal/faultsim) calls it on its own clock.
+func (h *Heartbeat) Beat(ctx context.Context) {
+	held, fencedSome := h.step(ctx, !h.lost, !h.noneFenced)
+	h.lost, h.noneFenced = !held, !fencedSome
 }
 
 // step is one beat: ping the peers, then fence the mounted primaries if
@@ -215,6 +225,9 @@ func (h *Heartbeat) client(addr string) (pb.PeersClient, error) {
 	}
 	return pb.NewPeersClient(conn), nil
 }
+
+// Close closes the connections to the peers; Run does it when it ends.
+func (h *Heartbeat) Close() { h.closeConns() }
 
 func (h *Heartbeat) closeConns() {
 	h.mu.Lock()
