@@ -109,13 +109,7 @@ func (c *Controller) createVolume(ctx context.Context, req *csi.CreateVolumeRequ
 	if err == nil {
 		return c.createOn(ctx, existing.Node, agentReq, log)
 	}
-	switch {
-	case errors.Is(err, errdefs.ErrUnavailable):
-		// Refusing every create while any node is down would stall the
-		// cluster; the price is that a retry whose first attempt landed on
-		// the node now down makes a second, empty volume. It is logged.
-		log.Warn("some node agents did not answer; placing among those that did", "error", err)
-	case !errors.Is(err, errdefs.ErrNotFound):
+	if err != nil && !errors.Is(err, errdefs.ErrNotFound) && !errors.Is(err, errdefs.ErrUnavailable) {
 		return nil, cluster.Node{}, err
 	}
 
@@ -123,21 +117,18 @@ func (c *Controller) createVolume(ctx context.Context, req *csi.CreateVolumeRequ
 	if err != nil {
 		return nil, cluster.Node{}, err
 	}
-	var errs []error
+	ids := make([]string, 0, len(candidates))
 	for _, n := range candidates {
-		v, node, err := c.createOn(ctx, n, agentReq, log)
-		if err == nil {
-			return v, node, nil
-		}
-		// A node that fails for want of room or reachability is skipped;
-		// a verdict on the request itself (bad parameter) is final.
-		if !errdefs.Temporary(errdefs.FromStatus(err)) {
-			return nil, cluster.Node{}, err
-		}
-		log.Warn("node could not create the volume; trying the next", "node_id", n.Info.GetNodeId(), "error", err)
-		errs = append(errs, err)
+		ids = append(ids, n.Info.GetNodeId())
 	}
-	return nil, cluster.Node{}, errdefs.Wrap(errdefs.ErrResourceExhausted, "no node could create the volume: %v", errors.Join(errs...))
+	// Generation 1 is promised to one node by a majority before it is
+	// created there, so a retry after a lost answer never makes a second
+	// volume on another node (a silent node answers Unavailable instead).
+	node, err := c.migrator.ReserveCreation(ctx, id, ids)
+	if err != nil {
+		return nil, cluster.Node{}, err
+	}
+	return c.createOn(ctx, node, agentReq, log)
 }
 
 func (c *Controller) createOn(ctx context.Context, n cluster.Node, req *pb.CreateVolumeRequest, log hclog.Logger) (*pb.Volume, cluster.Node, error) {

@@ -201,6 +201,15 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Volume, error)
 	case !errors.Is(err, errdefs.ErrNotFound):
 		return Volume{}, err
 	}
+	// The controller has a majority promise generation 1 to one node
+	// before it creates (migration.ReserveCreation): a create that reaches
+	// another node (a late retry) must not make a second primary of it.
+	if p, err := m.Promised(ctx, id); err != nil {
+		return Volume{}, err
+	} else if p.Generation > 0 && p.Holder != m.cfg.NodeID {
+		return Volume{}, fmt.Errorf("%w: generation %d of volume %s was promised to node %s, so it is not created on node %s; retry the create, which goes there",
+			errdefs.ErrFailedPrecondition, p.Generation, id, p.Holder, m.cfg.NodeID)
+	}
 
 	props[m.cfg.QuotaProperty] = strconv.FormatUint(quota, 10)
 	props["mountpoint"] = "legacy"
