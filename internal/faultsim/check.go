@@ -1,0 +1,190 @@
+package faultsim
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/volume"
+)
+
+// checker asserts the invariants of docs/safety.md against the real state
+// of every node's pool and mount table, whatever the processes believe:
+//
+//	I1  at most one copy of a volume is mounted writable;
+//	I2, I4  every write a job saw succeed is still in some dataset or
+//	    snapshot of the volume on some node, until the volume is deleted
+//	    (so nothing acknowledged is lost and no copy holding the only
+//	    instance of a write was destroyed);
+//	I3  a copy's generation never goes down, and no two copies are ever
+//	    primary at one generation.
+//
+// Besides: a mounted dataset is never renamed or destroyed under its
+// mount, and once DeleteVolume answered OK no copy is left on any node,
+// down or not.
+type checker struct {
+	w *world
+	// writes: by volume ID, the token of every write that succeeded.
+	writes map[string][]string
+	// deletingIDs: volumes whose delete began; what it destroys is meant.
+	deletingIDs map[string]bool
+	// generations: the last generation seen of each copy, by node and ID.
+	generations map[string]uint64
+	// primaries: by volume ID and generation, the node first seen primary.
+	primaries map[string]string
+	// pending is a violation found between checks.
+	pending error
+}
+
+func newChecker(w *world) *checker {
+	return &checker{w: w, writes: map[string][]string{}, deletingIDs: map[string]bool{},
+		generations: map[string]uint64{}, primaries: map[string]string{}}
+}
+
+func volumeOf(dataset string) string {
+	id := strings.TrimPrefix(dataset, rootDataset+"/")
+	id, _, _ = strings.Cut(id, "@")
+	return id
+}
+
+func (c *checker) acked(dataset, token, node string) {
+	id := volumeOf(dataset)
+	c.writes[id] = append(c.writes[id], token)
+}
+
+func (c *checker) created(id string) { delete(c.deletingIDs, id) }
+
+func (c *checker) deleting(id string) { c.deletingIDs[id] = true }
+
+// deleted forgets the volume: a later one of the same name starts anew.
+func (c *checker) deleted(id string) {
+	delete(c.writes, id)
+	for key := range c.generations {
+		if strings.HasSuffix(key, "/"+id) {
+			delete(c.generations, key)
+		}
+	}
+	for key := range c.primaries {
+		if strings.HasPrefix(key, id+"@") {
+			delete(c.primaries, key)
+		}
+	}
+	for _, n := range c.w.nodes {
+		if slices.Contains(n.pool.Names(), rootDataset+"/"+id) {
+			c.late(fmt.Errorf("DeleteVolume of %s answered OK, but node %s still holds %s/%s", id, n.id, rootDataset, id))
+		}
+	}
+}
+
+// late records a violation found outside check, for check to return.
+func (c *checker) late(err error) {
+	if c.pending == nil {
+		c.pending = err
+	}
+}
+
+func (c *checker) check() error {
+	if err := c.pending; err != nil {
+		return err
+	}
+	for _, v := range c.w.vols {
+		for _, check := range []func(id string) error{c.oneWriter, c.generationsGrow, c.nothingLost, c.mountsStay} {
+			if err := check(v.id); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (c *checker) user(n *simNode, dataset, prop string) string {
+	v, _, _ := n.pool.UserProperty(context.Background(), dataset, prop)
+	return v
+}
+
+// oneWriter is I1.
+func (c *checker) oneWriter(id string) error {
+	fs := rootDataset + "/" + id
+	var writable []string
+	for _, n := range c.w.nodes {
+		if mounted, _ := n.mounts.isMounted(fs); mounted && n.pool.NativeProperty(fs, "readonly") != "on" {
+			writable = append(writable, fmt.Sprintf("%s (generation %s, role %s)", n.id,
+				c.user(n, fs, volume.PropGeneration), c.user(n, fs, volume.PropRole)))
+		}
+	}
+	if len(writable) > 1 {
+		return fmt.Errorf("I1 broken: volume %s is mounted writable on %s", id, strings.Join(writable, " and "))
+	}
+	return nil
+}
+
+// generationsGrow is I3.
+func (c *checker) generationsGrow(id string) error {
+	fs := rootDataset + "/" + id
+	for _, n := range c.w.nodes {
+		if !slices.Contains(n.pool.Names(), fs) {
+			continue
+		}
+		gen, err := strconv.ParseUint(c.user(n, fs, volume.PropGeneration), 10, 64)
+		if err != nil {
+			continue // a replica being received carries no label yet
+		}
+		key := n.id + "/" + id
+		if last := c.generations[key]; gen < last {
+			return fmt.Errorf("I3 broken: the copy of %s on %s went from generation %d to %d", id, n.id, last, gen)
+		}
+		c.generations[key] = gen
+		if c.user(n, fs, volume.PropRole) != volume.RolePrimary {
+			continue
+		}
+		pkey := fmt.Sprintf("%s@%d", id, gen)
+		if first, ok := c.primaries[pkey]; ok && first != n.id {
+			return fmt.Errorf("I3 broken: generation %d of %s was given to the copies on %s and on %s", gen, id, first, n.id)
+		}
+		c.primaries[pkey] = n.id
+	}
+	return nil
+}
+
+// nothingLost is I2 and I4: every write the job saw succeed is in some
+// dataset or snapshot of the volume on some node.
+func (c *checker) nothingLost(id string) error {
+	if c.deletingIDs[id] {
+		return nil
+	}
+	have := map[string]bool{}
+	for _, n := range c.w.nodes {
+		for _, name := range n.pool.Names() {
+			if !strings.HasPrefix(name, rootDataset+"/"+id) {
+				continue
+			}
+			content, err := n.pool.Content(name)
+			if err != nil {
+				continue
+			}
+			for _, t := range content {
+				have[t] = true
+			}
+		}
+	}
+	for _, t := range c.writes[id] {
+		if !have[t] {
+			return fmt.Errorf("I2/I4 broken: the write %s to volume %s succeeded, but no dataset or snapshot on any node holds it", t, id)
+		}
+	}
+	return nil
+}
+
+// mountsStay: a mounted dataset is never renamed or destroyed (ZFS would
+// follow a rename, and the job with it, to a copy set aside).
+func (c *checker) mountsStay(id string) error {
+	fs := rootDataset + "/" + id
+	for _, n := range c.w.nodes {
+		if mounted, _ := n.mounts.isMounted(fs); mounted && !slices.Contains(n.pool.Names(), fs) {
+			return fmt.Errorf("volume %s is mounted on %s, but its dataset %s is gone from under the mount", id, n.id, fs)
+		}
+	}
+	return nil
+}

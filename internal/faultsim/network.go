@@ -1,0 +1,338 @@
+package faultsim
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/test/bufconn"
+	"google.golang.org/protobuf/proto"
+)
+
+// controllerEndpoint names the controller (and the CO beside it) on the
+// network.
+const controllerEndpoint = "ctl"
+
+// rates are the chances of the network's faults, per message.
+type rates struct {
+	loss float64 // a request, or its answer, is lost
+	dup  float64 // a request is delivered twice
+	cut  float64 // a stream breaks after a message
+}
+
+// network carries gRPC between the controller and the nodes' agents in
+// memory, and loses, duplicates and cuts messages and partitions links as
+// the run's dice say. Every node has one listener for its whole life;
+// each incarnation of its process serves the connections it hands out
+// (handoff), so clients reconnect to a restarted node at once, as they
+// would to a real one.
+type network struct {
+	dice  *dice
+	rates rates
+
+	mu       sync.Mutex
+	handoffs map[string]*handoff // by address
+	up       map[string]bool     // endpoint -> its process runs
+	cut      map[[2]string]bool  // from, to: messages that way are lost
+	sent     map[string]uint64   // per link and method: how many so far
+	budget   map[string]int      // endpoint -> calls left before it crashes (absent: no limit)
+	log      func(format string, args ...any)
+}
+
+func newNetwork(d *dice, r rates, log func(string, ...any)) *network {
+	return &network{dice: d, rates: r, handoffs: map[string]*handoff{}, up: map[string]bool{controllerEndpoint: true},
+		cut: map[[2]string]bool{}, sent: map[string]uint64{}, budget: map[string]int{}, log: log}
+}
+
+func addrOf(node string) string { return node + ":7670" }
+
+func endpointOf(target string) string {
+	target = strings.TrimPrefix(target, "passthrough:///")
+	node, _, _ := strings.Cut(target, ":")
+	return node
+}
+
+// handoff passes the connections of one permanent listener to whichever
+// incarnation serves now.
+type handoff struct {
+	lis   *bufconn.Listener
+	conns chan net.Conn
+}
+
+func (n *network) listen(node string) *handoff {
+	h := &handoff{lis: bufconn.Listen(1 << 20), conns: make(chan net.Conn)}
+	go func() {
+		for {
+			c, err := h.lis.Accept()
+			if err != nil {
+				return
+			}
+			h.conns <- c
+		}
+	}()
+	n.mu.Lock()
+	n.handoffs[addrOf(node)] = h
+	n.mu.Unlock()
+	return h
+}
+
+// incarnationListener is one incarnation's view of a handoff; closing it
+// ends only that incarnation's Accept.
+type incarnationListener struct {
+	h      *handoff
+	closed chan struct{}
+	once   sync.Once
+}
+
+func (h *handoff) listener() *incarnationListener {
+	return &incarnationListener{h: h, closed: make(chan struct{})}
+}
+
+func (l *incarnationListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.h.conns:
+		return c, nil
+	case <-l.closed:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *incarnationListener) Close() error   { l.once.Do(func() { close(l.closed) }); return nil }
+func (l *incarnationListener) Addr() net.Addr { return l.h.lis.Addr() }
+
+func (n *network) setUp(endpoint string, up bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.up[endpoint] = up
+}
+
+func (n *network) isUp(endpoint string) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.up[endpoint]
+}
+
+// partition cuts (or heals) the link from one endpoint to another; a
+// symmetric partition cuts both ways.
+func (n *network) partition(from, to string, cut bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if cut {
+		n.cut[[2]string{from, to}] = true
+	} else {
+		delete(n.cut, [2]string{from, to})
+	}
+}
+
+func (n *network) healAll() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.cut = map[[2]string]bool{}
+}
+
+func (n *network) isCut(from, to string) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.cut[[2]string{from, to}]
+}
+
+// crashAfter makes the endpoint's process die after its next calls
+// (the controller's crash in the middle of an operation); a negative
+// count lifts the limit.
+func (n *network) crashAfter(endpoint string, calls int) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if calls < 0 {
+		delete(n.budget, endpoint)
+		return
+	}
+	n.budget[endpoint] = calls
+}
+
+// spend counts one call of endpoint against its budget; false once the
+// budget is spent (the process is dead).
+func (n *network) spend(endpoint string) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	left, limited := n.budget[endpoint]
+	if !limited {
+		return true
+	}
+	if left <= 0 {
+		return false
+	}
+	n.budget[endpoint] = left - 1
+	return true
+}
+
+// count returns the number of this message on its link, for the dice.
+func (n *network) count(key string) uint64 {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	c := n.sent[key]
+	n.sent[key] = c + 1
+	return c
+}
+
+func (n *network) logUnless(quiet bool, format string, args ...any) {
+	if !quiet {
+		n.log(format, args...)
+	}
+}
+
+func lost(why string) error { return status.Error(codes.Unavailable, "sim: "+why) }
+
+// deliverable says why a message from one endpoint to another is lost
+// now, or "" when it gets through (before the dice).
+func (n *network) deliverable(from, to string) string {
+	switch {
+	case !n.isUp(from):
+		return from + " is down"
+	case !n.isUp(to):
+		return to + " is down"
+	case n.isCut(from, to):
+		return "link " + from + "->" + to + " is cut"
+	}
+	return ""
+}
+
+// dialOptions are the options of every client of endpoint from: an
+// in-memory dialer, no TLS, reconnection without back-off, and the
+// faults.
+func (n *network) dialOptions(from string, alive func() bool) []grpc.DialOption {
+	dialer := func(ctx context.Context, addr string) (net.Conn, error) {
+		n.mu.Lock()
+		h, ok := n.handoffs[addr]
+		n.mu.Unlock()
+		if !ok {
+			return nil, fmt.Errorf("sim: no node at %s", addr)
+		}
+		return h.lis.DialContext(ctx)
+	}
+	fast := backoff.Config{BaseDelay: time.Millisecond, Multiplier: 1, MaxDelay: time.Millisecond}
+	return []grpc.DialOption{
+		grpc.WithContextDialer(dialer),
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithConnectParams(grpc.ConnectParams{Backoff: fast, MinConnectTimeout: time.Second}),
+		grpc.WithChainUnaryInterceptor(n.unary(from, alive)),
+		grpc.WithChainStreamInterceptor(n.stream(from, alive)),
+	}
+}
+
+// unary loses requests and answers, and delivers requests twice.
+func (n *network) unary(from string, alive func() bool) grpc.UnaryClientInterceptor {
+	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		to := endpointOf(cc.Target())
+		key := from + ">" + to + method
+		i := n.count(key)
+		if !alive() || !n.spend(from) {
+			return lost(from + " is down")
+		}
+		if why := n.deliverable(from, to); why != "" {
+			return lost(why)
+		}
+		quiet := strings.Contains(method, "Peers/")
+		if n.dice.roll(key+"/req", i) < n.rates.loss {
+			n.logUnless(quiet, "net: lost %s %s->%s", short(method), from, to)
+			return lost("request lost")
+		}
+		err := invoker(ctx, method, req, reply, cc, opts...)
+		if n.dice.roll(key+"/dup", i) < n.rates.dup {
+			n.logUnless(quiet, "net: duplicated %s %s->%s", short(method), from, to)
+			again := reply.(proto.Message).ProtoReflect().New().Interface()
+			_ = invoker(ctx, method, req, again, cc, opts...)
+		}
+		if why := n.deliverable(to, from); why != "" {
+			return lost("answer lost: " + why)
+		}
+		if n.dice.roll(key+"/resp", i) < n.rates.loss {
+			n.logUnless(quiet, "net: lost the answer to %s %s->%s", short(method), from, to)
+			return lost("answer lost")
+		}
+		return err
+	}
+}
+
+// stream refuses streams over cut links and breaks open ones.
+func (n *network) stream(from string, alive func() bool) grpc.StreamClientInterceptor {
+	return func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+		to := endpointOf(cc.Target())
+		key := from + ">" + to + method
+		i := n.count(key)
+		if !alive() || !n.spend(from) {
+			return nil, lost(from + " is down")
+		}
+		if why := n.deliverable(from, to); why != "" {
+			return nil, lost(why)
+		}
+		ctx, cancel := context.WithCancel(ctx)
+		cs, err := streamer(ctx, desc, cc, method, opts...)
+		if err != nil {
+			cancel()
+			return nil, err
+		}
+		return &faultyStream{ClientStream: cs, n: n, from: from, to: to, key: fmt.Sprintf("%s#%d", key, i), cancel: cancel, alive: alive}, nil
+	}
+}
+
+// faultyStream breaks when its link is cut, its process dies, or the dice
+// say so after a message.
+type faultyStream struct {
+	grpc.ClientStream
+	n        *network
+	from, to string
+	key      string
+	sent     uint64
+	cancel   context.CancelFunc
+	alive    func() bool
+}
+
+func (s *faultyStream) check(dir string) error {
+	why := s.n.deliverable(s.from, s.to)
+	if why == "" {
+		why = s.n.deliverable(s.to, s.from)
+	}
+	if why == "" && !s.alive() {
+		why = s.from + " is down"
+	}
+	if why == "" && s.n.dice.roll(s.key+dir, s.sent) < s.n.rates.cut {
+		why = "stream broken"
+		s.n.log("net: broke stream %s after %d messages", s.key, s.sent)
+	}
+	if why != "" {
+		s.cancel()
+		return lost(why)
+	}
+	return nil
+}
+
+func (s *faultyStream) SendMsg(m any) error {
+	s.sent++
+	if err := s.check("/send"); err != nil {
+		return err
+	}
+	return s.ClientStream.SendMsg(m)
+}
+
+func (s *faultyStream) RecvMsg(m any) error {
+	if err := s.ClientStream.RecvMsg(m); err != nil {
+		return err
+	}
+	s.sent++
+	return s.check("/recv")
+}
+
+func short(method string) string {
+	if i := strings.LastIndex(method, "/"); i >= 0 {
+		return method[i+1:]
+	}
+	return method
+}

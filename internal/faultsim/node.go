@@ -1,0 +1,248 @@
+package faultsim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"google.golang.org/grpc"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/agent"
+	"github.com/zfs-nomad/zfs-nomad/internal/config"
+	"github.com/zfs-nomad/zfs-nomad/internal/csi"
+	"github.com/zfs-nomad/zfs-nomad/internal/lease"
+	"github.com/zfs-nomad/zfs-nomad/internal/mount"
+	"github.com/zfs-nomad/zfs-nomad/internal/replication"
+	"github.com/zfs-nomad/zfs-nomad/internal/volume"
+	"github.com/zfs-nomad/zfs-nomad/internal/zfs/zfsfake"
+	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
+)
+
+const (
+	rootDataset = "tank/nomad"
+	poolSize    = 64 << 30
+)
+
+// errCrashed is what a dead process's calls into its pool get.
+var errCrashed = errors.New("sim: the process has crashed")
+
+// simNode is one machine: a pool and a mount table that outlive its
+// zfs-node process, and the process itself (an incarnation), which may
+// crash and be started again.
+type simNode struct {
+	id      string
+	w       *world
+	pool    *zfsfake.Fake
+	mounts  *mountTable
+	handoff *handoff
+	base    string // the base directory of its staging and target paths
+
+	inc       *incarnation // nil while the process is down
+	incs      int          // incarnations started so far
+	restartAt int          // the step at which a down process starts again
+}
+
+// incarnation is one run of a node's zfs-node process.
+type incarnation struct {
+	n         *simNode
+	num       int
+	dead      atomic.Bool
+	ops       atomic.Uint64
+	srv       *grpc.Server
+	lis       *incarnationListener
+	node      *csi.Node
+	volumes   *volume.Manager
+	pusher    *replication.Pusher
+	heartbeat *lease.Heartbeat
+}
+
+func (n *simNode) addr() string { return "passthrough:///" + addrOf(n.id) }
+
+func (n *simNode) config() config.Node {
+	cfg := config.DefaultNode()
+	cfg.NodeID, cfg.RootDataset, cfg.MaxQuota = n.id, rootDataset, 8<<30
+	cfg.MountBaseDirs = []string{n.base}
+	cfg.Lease, cfg.LeaseMargin = config.Duration(n.w.cfg.Lease), config.Duration(n.w.cfg.LeaseMargin)
+	cfg.ReceiveIdleTimeout = config.Duration(5 * time.Second)
+	for _, m := range n.w.nodes {
+		cfg.Peers = append(cfg.Peers, m.addr())
+	}
+	return cfg
+}
+
+// start runs a new incarnation of the node's process over its pool.
+func (n *simNode) start(ctx context.Context) {
+	n.incs++
+	inc := &incarnation{n: n, num: n.incs}
+	cfg := n.config()
+	log := hclog.NewNullLogger()
+	if n.w.cfg.Verbose {
+		log = hclog.New(&hclog.LoggerOptions{Name: n.id, Level: hclog.Debug})
+	}
+	streams := liveStreams{s: n.pool.Streams(), alive: inc.alive}
+	inc.volumes = volume.NewManager(liveZFS{z: n.pool, alive: inc.alive}, cfg, log.Named("volumes"))
+	dial := func(addr string) (*grpc.ClientConn, error) {
+		return grpc.NewClient(addr, append(replication.DialOptions(), n.w.net.dialOptions(n.id, inc.isAlive)...)...)
+	}
+	inc.pusher = replication.NewPusher(streams, rootDataset, n.id, cfg.ReplicationSnapshots, replication.NewLimiter(0), dial, log.Named("replication"))
+	inc.volumes.HoldTransfers = inc.pusher.Hold
+	inc.volumes.Mounted = n.mounts.isMounted
+	receiver := replication.NewReceiver(streams, rootDataset, n.id, cfg.ReplicationSnapshots, log.Named("replication"))
+	receiver.MaxQuota, receiver.QuotaProperty = uint64(cfg.MaxQuota), cfg.QuotaProperty
+	receiver.IdleTimeout = time.Duration(cfg.ReceiveIdleTimeout)
+	_ = receiver.Recover(ctx) // not fatal, as in zfs-node: the next receive retries
+
+	monitor := lease.NewMonitor(n.w.cfg.Lease, cfg.Domain, n.w.now)
+	inc.volumes.LeaseHeld = func() bool { return monitor.Held(n.id) }
+	promised := func(ctx context.Context, id string) (uint64, error) {
+		p, err := inc.volumes.Promised(ctx, id)
+		return p.Generation, err
+	}
+	inc.heartbeat = &lease.Heartbeat{Monitor: monitor, NodeID: n.id, Interval: n.w.cfg.Lease / 4,
+		Peers: func() ([]string, error) { return cfg.Peers, nil }, Dial: dial,
+		Volumes: leaseVolumes{inc.volumes, promised}, Log: log.Named("lease")}
+
+	agentServer := agent.NewServer(inc.volumes, inc.pusher, receiver, cfg, log.Named("agent"))
+	agentServer.AttestSilence = func(addrs []string) error {
+		return monitor.Attest(addrs, n.w.cfg.Lease+n.w.cfg.LeaseMargin)
+	}
+	inc.srv = grpc.NewServer(replication.ServerOptions()...)
+	pb.RegisterNodeAgentServer(inc.srv, agentServer)
+	pb.RegisterReplicationServer(inc.srv, receiver)
+	pb.RegisterPeersServer(inc.srv, &lease.Server{NodeID: n.id, Domain: cfg.Domain, Promised: promised})
+	inc.lis = n.handoff.listener()
+	go func() { _ = inc.srv.Serve(inc.lis) }()
+	inc.node = csi.NewNode(inc.volumes, n.mounts, cfg, log.Named("csi"))
+	n.inc = inc
+	n.w.net.setUp(n.id, true)
+	n.w.tracef("%s: process started (incarnation %d)", n.id, inc.num)
+}
+
+// leaseVolumes is the volume manager as the heartbeat sees it.
+type leaseVolumes struct {
+	*volume.Manager
+	promised func(context.Context, string) (uint64, error)
+}
+
+func (v leaseVolumes) Promised(ctx context.Context, id string) (uint64, error) {
+	return v.promised(ctx, id)
+}
+
+func (inc *incarnation) isAlive() bool { return !inc.dead.Load() }
+
+// alive lets a call into the pool through while the incarnation lives,
+// and crashes it there when the dice say so.
+func (inc *incarnation) alive(op, name string) error {
+	if inc.dead.Load() {
+		return errCrashed
+	}
+	w := inc.n.w
+	i := inc.ops.Add(1)
+	if w.crashing.Load() && w.dice.roll(fmt.Sprintf("crash/%s/%d", inc.n.id, inc.num), i) < w.cfg.Rates.Crash {
+		w.tracef("%s: process crashes at %s %s", inc.n.id, op, name)
+		inc.die()
+		return errCrashed
+	}
+	return nil
+}
+
+// die marks the process dead: from now on its calls into the pool and
+// its messages fail. stop, run by the simulation's loop, cleans up.
+func (inc *incarnation) die() {
+	inc.dead.Store(true)
+	inc.n.w.net.setUp(inc.n.id, false)
+}
+
+// stop ends the incarnation: its server, its connections.
+func (n *simNode) stop() {
+	inc := n.inc
+	if inc == nil {
+		return
+	}
+	inc.die()
+	inc.srv.Stop()
+	_ = inc.lis.Close()
+	inc.pusher.Close()
+	inc.heartbeat.Close()
+	n.inc = nil
+}
+
+// mountTable is a node's kernel mount table: it survives the process.
+type mountTable struct {
+	mu      sync.Mutex
+	entries map[string]mount.Entry // by mount point
+}
+
+func newMountTable() *mountTable { return &mountTable{entries: map[string]mount.Entry{}} }
+
+func (m *mountTable) Lookup(path string) (mount.Entry, bool, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e, ok := m.entries[path]
+	return e, ok, nil
+}
+
+func (m *mountTable) MountZFS(dataset, target string, flags []string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.entries[target] = mount.Entry{Root: "/", MountPoint: target, Options: strings.Join(flags, ","), FSType: "zfs", Source: dataset}
+	return nil
+}
+
+func (m *mountTable) Bind(source, target string, flags []string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	src, ok := m.entries[source]
+	if !ok {
+		return fmt.Errorf("sim: bind of %s: nothing mounted there", source)
+	}
+	m.entries[target] = mount.Entry{Root: "/", MountPoint: target, Options: strings.Join(flags, ","), FSType: src.FSType, Source: src.Source}
+	return nil
+}
+
+func (m *mountTable) Unmount(target string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.entries, target)
+	return nil
+}
+
+func (m *mountTable) Statfs(string) (mount.Stats, error) { return mount.Stats{}, nil }
+
+func (m *mountTable) isMounted(dataset string) (bool, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, e := range m.entries {
+		if e.Source == dataset {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// datasets returns the datasets mounted, each once, sorted.
+func (m *mountTable) datasets() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []string
+	for _, e := range m.entries {
+		if !slices.Contains(out, e.Source) {
+			out = append(out, e.Source)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// reboot empties the table: a node that lost power mounts nothing.
+func (m *mountTable) reboot() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.entries = map[string]mount.Entry{}
+}

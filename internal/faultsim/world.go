@@ -1,0 +1,311 @@
+// Package faultsim is a deterministic fault-injection simulation of the
+// driver (docs/safety.md, "The simulation"), after FoundationDB's
+// simulation testing and TigerBeetle's VOPR: the real controller (CSI
+// controller, migration, placement) and several real node processes
+// (agent, volume manager, replication, leases, CSI node service), each
+// over its own fake pool, talk gRPC over an in-memory network that loses,
+// duplicates and cuts messages and partitions links; processes crash at
+// any call into their pool and start again; a CO moves allocations,
+// retries and replays calls as Nomad does. A seed fixes every choice;
+// after every step a checker asserts the invariants I1-I4 against the
+// pools' and mount tables' real state.
+package faultsim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/cluster"
+	"github.com/zfs-nomad/zfs-nomad/internal/csi"
+	"github.com/zfs-nomad/zfs-nomad/internal/migration"
+	"github.com/zfs-nomad/zfs-nomad/internal/zfs/zfsfake"
+)
+
+// Config is one run.
+type Config struct {
+	Seed    uint64
+	Steps   int
+	Nodes   int
+	Volumes int
+	// Lease and LeaseMargin are the nodes' lease configuration, on the
+	// simulation's clock: one step is one second.
+	Lease, LeaseMargin time.Duration
+	// MaxProcessDowntime bounds, in steps, how long a crashed zfs-node
+	// process stays down before it runs again (Nomad restarts it). The
+	// leases are safe only while it is below Lease+LeaseMargin
+	// (docs/safety.md).
+	MaxProcessDowntime int
+	Rates              Rates
+	// Dir holds the nodes' staging and target directories.
+	Dir     string
+	Verbose bool
+	// Trace, when set, gets every line of the run's trace as it happens.
+	Trace func(string)
+}
+
+// Rates are the chances of the faults.
+type Rates struct {
+	Loss  float64 // per message: a request or its answer is lost
+	Dup   float64 // per request: delivered twice
+	Cut   float64 // per stream message: the stream breaks
+	Crash float64 // per call into a pool during an operation: the process dies there
+}
+
+// DefaultConfig is what make test runs for each seed.
+func DefaultConfig(seed uint64) Config {
+	return Config{Seed: seed, Steps: 60, Nodes: 3, Volumes: 2, Lease: 8 * time.Second, LeaseMargin: 4 * time.Second,
+		MaxProcessDowntime: 6, Rates: Rates{Loss: 0.01, Dup: 0.01, Cut: 0.02, Crash: 0.003}}
+}
+
+// world is one run: the machines, the network, the controller, the CO.
+type world struct {
+	cfg      Config
+	dice     *dice
+	net      *network
+	crashing atomic.Bool
+
+	clockMu sync.Mutex
+	clock   time.Time
+
+	nodes []*simNode
+	ctl   *csi.Controller
+	cl    *cluster.Cluster
+	vols  []*simVolume
+	step  int
+
+	stats Stats
+
+	traceMu sync.Mutex
+	trace   []string
+	checker *checker
+}
+
+// Stats count what a run exercised, so that a run that tests nothing
+// shows.
+type Stats struct {
+	Publishes     int // ControllerPublishVolume answered OK
+	NewGeneration int // of which moved or failed the volume over
+	Stages        int // NodeStage and NodePublish succeeded
+	StaleRefused  int // a replayed claim was refused
+	Writes        int // a job's write succeeded
+	ReadOnly      int // a job's write failed: its copy is read-only
+	Pushes        int // an operator's push succeeded
+	Crashes       int // processes crashed or lost power
+	Deletes       int // DeleteVolume answered OK
+}
+
+func (s *Stats) Add(o Stats) {
+	s.Publishes += o.Publishes
+	s.NewGeneration += o.NewGeneration
+	s.Stages += o.Stages
+	s.StaleRefused += o.StaleRefused
+	s.Writes += o.Writes
+	s.ReadOnly += o.ReadOnly
+	s.Pushes += o.Pushes
+	s.Crashes += o.Crashes
+	s.Deletes += o.Deletes
+}
+
+// Run runs one seed and returns the first invariant it broke, with the
+// trace that led there.
+func Run(cfg Config) (Stats, error) {
+	w := newWorld(cfg)
+	defer w.close()
+	for w.step = 1; w.step <= cfg.Steps; w.step++ {
+		if err := w.runStep(); err != nil {
+			return w.stats, &Failure{Seed: cfg.Seed, Step: w.step, Err: err, Trace: w.lastTrace(80)}
+		}
+	}
+	return w.stats, nil
+}
+
+// Failure is an invariant broken at a step of a seed.
+type Failure struct {
+	Seed  uint64
+	Step  int
+	Err   error
+	Trace []string
+}
+
+func (f *Failure) Error() string {
+	return fmt.Sprintf("seed %d, step %d: %v\n  trace (last %d lines):\n    %s\n  replay: go test ./internal/faultsim -run 'TestSimulation$' -seed %d -v",
+		f.Seed, f.Step, f.Err, len(f.Trace), strings.Join(f.Trace, "\n    "), f.Seed)
+}
+
+func newWorld(cfg Config) *world {
+	w := &world{cfg: cfg, dice: newDice(cfg.Seed), clock: time.Unix(1_800_000_000, 0)}
+	w.net = newNetwork(w.dice, rates{loss: cfg.Rates.Loss, dup: cfg.Rates.Dup, cut: cfg.Rates.Cut}, w.tracef)
+	w.checker = newChecker(w)
+	for i := 1; i <= cfg.Nodes; i++ {
+		id := fmt.Sprintf("n%d", i)
+		n := &simNode{id: id, w: w, mounts: newMountTable(), base: filepath.Join(cfg.Dir, id)}
+		n.pool = zfsfake.New(poolSize, "tank")
+		n.pool.GUIDSeed = guidSeed(cfg.Seed, id)
+		if err := n.pool.CreateFilesystem(context.Background(), rootDataset, nil); err != nil {
+			panic(err) // an empty fake always takes it
+		}
+		if err := os.MkdirAll(n.base, 0o750); err != nil {
+			panic(err)
+		}
+		n.handoff = w.net.listen(id)
+		w.nodes = append(w.nodes, n)
+	}
+	for _, n := range w.nodes {
+		n.start(context.Background())
+	}
+	w.startController()
+	for i := 0; i < cfg.Volumes; i++ {
+		w.vols = append(w.vols, newSimVolume(fmt.Sprintf("vol%d", i)))
+	}
+	return w
+}
+
+func guidSeed(seed uint64, node string) uint64 {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(node))
+	return splitmix64(seed ^ h.Sum64())
+}
+
+func (w *world) close() {
+	for _, n := range w.nodes {
+		n.stop()
+		_ = n.handoff.lis.Close()
+	}
+	w.cl.Close()
+}
+
+// startController starts the controller anew (a restart: it keeps no
+// state).
+func (w *world) startController() {
+	if w.cl != nil {
+		w.cl.Close()
+	}
+	var peers []string
+	for _, n := range w.nodes {
+		peers = append(peers, n.addr())
+	}
+	log := hclog.NewNullLogger()
+	if w.cfg.Verbose {
+		log = hclog.New(&hclog.LoggerOptions{Name: "controller", Level: hclog.Debug})
+	}
+	w.cl = cluster.New(cluster.StaticPeers(peers), 5*time.Second, log, w.net.dialOptions(controllerEndpoint, func() bool { return true })...)
+	w.ctl = csi.NewController(w.cl, migration.New(w.cl, log), "most-free", log)
+}
+
+func (w *world) now() time.Time {
+	w.clockMu.Lock()
+	defer w.clockMu.Unlock()
+	return w.clock
+}
+
+func (w *world) tick() {
+	w.clockMu.Lock()
+	defer w.clockMu.Unlock()
+	w.clock = w.clock.Add(time.Second)
+}
+
+func (w *world) tracef(format string, args ...any) {
+	line := fmt.Sprintf("[%3d] ", w.step) + fmt.Sprintf(format, args...)
+	w.traceMu.Lock()
+	w.trace = append(w.trace, line)
+	w.traceMu.Unlock()
+	if w.cfg.Trace != nil {
+		w.cfg.Trace(line)
+	}
+}
+
+func (w *world) lastTrace(n int) []string {
+	w.traceMu.Lock()
+	defer w.traceMu.Unlock()
+	if len(w.trace) > n {
+		return append([]string(nil), w.trace[len(w.trace)-n:]...)
+	}
+	return append([]string(nil), w.trace...)
+}
+
+func (w *world) node(id string) *simNode {
+	for _, n := range w.nodes {
+		if n.id == id {
+			return n
+		}
+	}
+	return nil
+}
+
+// runStep advances the clock one second, does one thing (an operation of
+// the CO or a fault), lets the processes beat and the jobs write, and
+// checks the invariants.
+func (w *world) runStep() error {
+	w.tick()
+	w.restartDue()
+	act := w.pick()
+	w.crashing.Store(true)
+	act()
+	w.crashing.Store(false)
+	w.reap()
+	w.beat()
+	w.reap()
+	w.write()
+	return w.checker.check()
+}
+
+// reap stops the processes that died during the step and sets when each
+// starts again.
+func (w *world) reap() {
+	for _, n := range w.nodes {
+		if n.inc != nil && !n.inc.isAlive() {
+			n.stop()
+			w.stats.Crashes++
+			n.restartAt = w.step + 1 + w.dice.intn(w.cfg.MaxProcessDowntime)
+			w.tracef("%s: process down until step %d", n.id, n.restartAt)
+		}
+	}
+}
+
+func (w *world) restartDue() {
+	for _, n := range w.nodes {
+		if n.inc == nil && n.restartAt <= w.step {
+			n.start(context.Background())
+		}
+	}
+}
+
+// beat runs one heartbeat on every live node.
+func (w *world) beat() {
+	for _, n := range w.nodes {
+		if n.inc == nil {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		n.inc.heartbeat.Beat(ctx)
+		cancel()
+	}
+}
+
+// write lets every job write to the copy mounted on its node: a job keeps
+// writing where its volume is mounted whatever the driver or the CO
+// believe, so a copy mounted writable in two places is two writers.
+func (w *world) write() {
+	for _, n := range w.nodes {
+		for _, ds := range n.mounts.datasets() {
+			token := fmt.Sprintf("%s/s%d", n.id, w.step)
+			if err := n.pool.Write(ds, token); err == nil {
+				w.checker.acked(ds, token, n.id)
+				w.stats.Writes++
+			} else if errors.Is(err, syscall.EROFS) {
+				w.stats.ReadOnly++
+			}
+		}
+	}
+}
