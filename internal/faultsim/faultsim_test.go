@@ -14,6 +14,7 @@ var (
 	seedsFlag = flag.Int("seeds", 0, "how many seeds to run (default: "+strconv.Itoa(defaultSeeds)+", or $ZFS_NOMAD_SIM_SEEDS)")
 	firstFlag = flag.Uint64("first-seed", 1, "the first seed of the range")
 	stepsFlag = flag.Int("steps", 0, "steps per seed (default: DefaultConfig's)")
+	downFlag  = flag.Int("max-downtime", 0, "longest a crashed node process stays down, in steps (default: DefaultConfig's)")
 	goOnFlag  = flag.Bool("keep-going", false, "run every seed and list the failing ones, instead of stopping at the first")
 )
 
@@ -44,6 +45,9 @@ func TestSimulation(t *testing.T) {
 		cfg.Dir = t.TempDir()
 		if *stepsFlag > 0 {
 			cfg.Steps = *stepsFlag
+		}
+		if *downFlag > 0 {
+			cfg.MaxProcessDowntime = *downFlag
 		}
 		if *seedFlag != 0 && testing.Verbose() {
 			cfg.Trace = func(line string) { t.Log(line) }

@@ -45,11 +45,12 @@ type network struct {
 	sent     map[string]uint64   // per link and method: how many so far
 	budget   map[string]int      // endpoint -> calls left before it crashes (absent: no limit)
 	log      func(format string, args ...any)
+	step     func() int64
 }
 
-func newNetwork(d *dice, r rates, log func(string, ...any)) *network {
+func newNetwork(d *dice, r rates, log func(string, ...any), step func() int64) *network {
 	return &network{dice: d, rates: r, handoffs: map[string]*handoff{}, up: map[string]bool{controllerEndpoint: true},
-		cut: map[[2]string]bool{}, sent: map[string]uint64{}, budget: map[string]int{}, log: log}
+		cut: map[[2]string]bool{}, sent: map[string]uint64{}, budget: map[string]int{}, log: log, step: step}
 }
 
 func addrOf(node string) string { return node + ":7670" }
@@ -173,10 +174,14 @@ func (n *network) spend(endpoint string) bool {
 	return true
 }
 
-// count returns the number of this message on its link, for the dice.
+// count returns the number of this message on its link in this step,
+// for the dice. Counting per step and per link and method keeps the
+// decisions of one step from depending on how goroutines interleaved in
+// the steps before.
 func (n *network) count(key string) uint64 {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	key = fmt.Sprintf("%d/%s", n.step(), key)
 	c := n.sent[key]
 	n.sent[key] = c + 1
 	return c
@@ -231,8 +236,8 @@ func (n *network) dialOptions(from string, alive func() bool) []grpc.DialOption 
 func (n *network) unary(from string, alive func() bool) grpc.UnaryClientInterceptor {
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		to := endpointOf(cc.Target())
-		key := from + ">" + to + method
-		i := n.count(key)
+		i := n.count(from + ">" + to + method)
+		key := fmt.Sprintf("%d/%s>%s%s", n.step(), from, to, method)
 		if !alive() || !n.spend(from) {
 			return lost(from + " is down")
 		}
@@ -265,8 +270,8 @@ func (n *network) unary(from string, alive func() bool) grpc.UnaryClientIntercep
 func (n *network) stream(from string, alive func() bool) grpc.StreamClientInterceptor {
 	return func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
 		to := endpointOf(cc.Target())
-		key := from + ">" + to + method
-		i := n.count(key)
+		i := n.count(from + ">" + to + method)
+		key := fmt.Sprintf("%d/%s>%s%s", n.step(), from, to, method)
 		if !alive() || !n.spend(from) {
 			return nil, lost(from + " is down")
 		}

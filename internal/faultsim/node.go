@@ -53,7 +53,6 @@ type incarnation struct {
 	n         *simNode
 	num       int
 	dead      atomic.Bool
-	ops       atomic.Uint64
 	srv       *grpc.Server
 	lis       *incarnationListener
 	node      *csi.Node
@@ -143,8 +142,10 @@ func (inc *incarnation) alive(op, name string) error {
 		return errCrashed
 	}
 	w := inc.n.w
-	i := inc.ops.Add(1)
-	if w.crashing.Load() && w.dice.roll(fmt.Sprintf("crash/%s/%d", inc.n.id, inc.num), i) < w.cfg.Rates.Crash {
+	// Keyed by what is called, in this step: which call the dice stop
+	// at does not depend on how goroutines interleaved.
+	key := fmt.Sprintf("crash/%d/%s/%d/%s/%s", w.stepNow.Load(), inc.n.id, inc.num, op, name)
+	if w.crashing.Load() && w.dice.roll(key, w.net.count(key)) < w.cfg.Rates.Crash {
 		w.tracef("%s: process crashes at %s %s", inc.n.id, op, name)
 		inc.die()
 		return errCrashed

@@ -83,6 +83,8 @@ type world struct {
 	cl    *cluster.Cluster
 	vols  []*simVolume
 	step  int
+	// stepNow is step, for goroutines of the system under test.
+	stepNow atomic.Int64
 
 	stats Stats
 
@@ -123,6 +125,7 @@ func Run(cfg Config) (Stats, error) {
 	w := newWorld(cfg)
 	defer w.close()
 	for w.step = 1; w.step <= cfg.Steps; w.step++ {
+		w.stepNow.Store(int64(w.step))
 		if err := w.runStep(); err != nil {
 			return w.stats, &Failure{Seed: cfg.Seed, Step: w.step, Err: err, Trace: w.lastTrace(80)}
 		}
@@ -145,7 +148,7 @@ func (f *Failure) Error() string {
 
 func newWorld(cfg Config) *world {
 	w := &world{cfg: cfg, dice: newDice(cfg.Seed), clock: time.Unix(1_800_000_000, 0)}
-	w.net = newNetwork(w.dice, rates{loss: cfg.Rates.Loss, dup: cfg.Rates.Dup, cut: cfg.Rates.Cut}, w.tracef)
+	w.net = newNetwork(w.dice, rates{loss: cfg.Rates.Loss, dup: cfg.Rates.Dup, cut: cfg.Rates.Cut}, w.tracef, w.stepNow.Load)
 	w.checker = newChecker(w)
 	for i := 1; i <= cfg.Nodes; i++ {
 		id := fmt.Sprintf("n%d", i)
@@ -216,7 +219,7 @@ func (w *world) tick() {
 }
 
 func (w *world) tracef(format string, args ...any) {
-	line := fmt.Sprintf("[%3d] ", w.step) + fmt.Sprintf(format, args...)
+	line := fmt.Sprintf("[%3d] ", w.stepNow.Load()) + fmt.Sprintf(format, args...)
 	w.traceMu.Lock()
 	w.trace = append(w.trace, line)
 	w.traceMu.Unlock()
