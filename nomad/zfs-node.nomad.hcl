@@ -106,11 +106,43 @@ job "zfs-nomad-node" {
           "-tls-ca", "${var.tls_dir}/ca.pem",
           "-tls-cert", "${var.tls_dir}/node.pem",
           "-tls-key", "${var.tls_dir}/node-key.pem",
+          # The leases (docs/safety.md, "Leases"): the node pings these
+          # peers, fences its mounted primaries when it hears from no
+          # majority of its domain, and grants a failover away from a
+          # silent node only after lease plus lease_margin.
+          "-peers-file", "${NOMAD_TASK_DIR}/peers",
         ], flatten([for p in var.allow_properties : ["-allow-property", p]]), var.extra_args)
       }
 
       env {
         ZFS_NOMAD_LOG_LEVEL = var.log_level
+      }
+
+      # The peers, rendered from the agents' service as in the controller
+      # job; zfs-node re-reads the file at every beat (no restart). A node
+      # keeps every peer it ever saw until it restarts, so a partition
+      # that hides nodes from service discovery cannot shrink the
+      # majority it needs.
+      template {
+        destination = "local/peers"
+        change_mode = "noop"
+        data        = <<-EOT
+        {{- range nomadService "${var.agent_service}" }}
+        {{ .Address }}:{{ .Port }}
+        {{- end }}
+        EOT
+      }
+
+      # A crashed zfs-node must run again well within lease + lease_margin
+      # (45 s by default): while it is down nothing fences its mounted
+      # primaries, and after that long its peers grant a failover
+      # (docs/safety.md, "A crashed zfs-node must come back within L+M").
+      # Nomad's default for system jobs gives up after two failures.
+      restart {
+        attempts = 20
+        interval = "5m"
+        delay    = "2s"
+        mode     = "delay"
       }
 
       csi_plugin {

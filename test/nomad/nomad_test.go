@@ -188,7 +188,29 @@ capability {
 		id := e.externalID("web-data-manual")
 		e.backup(id)
 		e.waitForDeployment("counter")
+		last := ""
+		for _, n := range e.c.Nodes {
+			if n.ID != before.node && n.ID != autoNode {
+				last = n.ID
+			}
+		}
+		lostBefore, err := e.taskLogCount(last, "zfs-node", "lease lost")
+		if err != nil {
+			t.Fatal(err)
+		}
 		e.killNode(before.node)
+		// The last node hears from no majority of its peers now: with the
+		// peers the node job renders, it loses its lease within 8 s (its
+		// mounted primaries would turn read-only; the operator's -force
+		// copy below is exempt). Without peers it never would.
+		e.eventually(time.Minute, "node "+last+" reporting its lease lost", func() error {
+			n, err := e.taskLogCount(last, "zfs-node", "lease lost")
+			if err == nil && n <= lostBefore {
+				err = fmt.Errorf("its zfs-node logs say %q %d times, as before the kill", "lease lost", n)
+			}
+			return err
+		})
+		e.tell("%s lost its lease: it hears from no majority of its domain", last)
 		hint := e.waitForFailedClaim("zfs-controller promote")
 		e.tell("Nomad cannot claim the volume elsewhere: %s", hint)
 		replica := ""
@@ -380,6 +402,9 @@ func (e *e2e) deployPlugins() {
 		"-var", "tls_dir="+nomadDir+"/tls",
 		"-var", "data_dir="+nomadDir+"/data",
 		"-var", "log_level=debug",
+		// Leases short enough for the failover steps: a failover away
+		// from a killed node waits 12 s of silence instead of 45.
+		"-var", `extra_args=["-lease", "8s", "-lease-margin", "4s"]`,
 		e.file("zfs-node.nomad.hcl"))
 	e.nomad("job", "run", "-detach",
 		"-var", "binary="+filepath.Join(e.bin, "zfs-controller"),
@@ -731,6 +756,22 @@ func (e *e2e) showLogs() {
 		out, _ := n.Exec(fmt.Sprintf("for f in %s/data/alloc/*/alloc/logs/*; do echo \"---- $f\"; tail -n 60 $f; done", nomadDir))
 		e.t.Logf("---- task logs on %s ----\n%s", n.ID, out)
 	}
+}
+
+// taskLogCount counts the lines of a task's logs on a node that contain
+// want.
+func (e *e2e) taskLogCount(node, task, want string) (int, error) {
+	for _, n := range e.c.Nodes {
+		if n.ID != node {
+			continue
+		}
+		out, err := n.Exec(fmt.Sprintf("cat %s/data/alloc/*/alloc/logs/%s.std*", nomadDir, task))
+		if err != nil {
+			return 0, fmt.Errorf("reading the %s logs on %s: %v", task, node, err)
+		}
+		return strings.Count(out, want), nil
+	}
+	return 0, fmt.Errorf("no node %s", node)
 }
 
 func tail(s string, lines int) string {
