@@ -21,8 +21,11 @@ import (
 //	I3  a copy's generation never goes down, and no two copies are ever
 //	    primary at one generation.
 //
-// Besides: a mounted dataset is never renamed or destroyed under its
-// mount, and once DeleteVolume answered OK no copy is left on any node,
+// Besides: a stage that succeeds mounts the newest primary of the volume
+// on any node, down or not (a job never gets a stale copy: what it wrote
+// on a newer one would seem lost to it, and it would write a second
+// history); a mounted dataset is never renamed or destroyed under its
+// mount; and once DeleteVolume answered OK no copy is left on any node,
 // down or not.
 type checker struct {
 	w *world
@@ -74,6 +77,22 @@ func (c *checker) deleted(id string) {
 	for _, n := range c.w.nodes {
 		if slices.Contains(n.pool.Names(), rootDataset+"/"+id) {
 			c.late(fmt.Errorf("DeleteVolume of %s answered OK, but node %s still holds %s/%s", id, n.id, rootDataset, id))
+		}
+	}
+}
+
+// staged checks, when a stage succeeded, that no node holds a primary of
+// the volume newer than the staged copy.
+func (c *checker) staged(id, node string) {
+	fs := rootDataset + "/" + id
+	n := c.w.node(node)
+	gen, _ := strconv.ParseUint(c.user(n, fs, volume.PropGeneration), 10, 64)
+	for _, m := range c.w.nodes {
+		if m == n || !slices.Contains(m.pool.Names(), fs) || c.user(m, fs, volume.PropRole) != volume.RolePrimary {
+			continue
+		}
+		if g, _ := strconv.ParseUint(c.user(m, fs, volume.PropGeneration), 10, 64); g > gen {
+			c.late(fmt.Errorf("a stale copy was staged: volume %s at generation %d on %s, while %s holds its primary at generation %d", id, gen, node, m.id, g))
 		}
 	}
 }

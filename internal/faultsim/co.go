@@ -52,7 +52,8 @@ func (w *world) pick() func() {
 	choices := []choice{
 		{20, func() { w.schedule(v, n) }},
 		{8, func() { w.stopJob(v) }},
-		{15, func() { w.backup(v, n, m) }},
+		{10, func() { w.backup(v, n, m) }},
+		{6, func() { w.scheduleRound() }},
 		{6, func() { w.replay(v) }},
 		{4, func() { w.cut(n, m) }},
 		{6, func() { w.heal() }},
@@ -189,6 +190,7 @@ func (w *world) stage(v *simVolume, c claim) bool {
 	w.tracef("co: NodeStage+NodePublish %s on %s with %v: %v", v.name, n.id, c.context, errText(err))
 	if err == nil {
 		w.stats.Stages++
+		w.checker.staged(v.id, n.id)
 	}
 	return err == nil
 }
@@ -227,6 +229,18 @@ func (w *world) backup(v *simVolume, from, to *simNode) {
 			}
 			return
 		}
+	}
+}
+
+// scheduleRound runs one round of the controller's replication schedule
+// and waits for its pushes.
+func (w *world) scheduleRound() {
+	ctx, cancel := opContext()
+	defer cancel()
+	pushes := w.sched.Round(ctx)
+	w.sched.Wait()
+	for _, p := range pushes {
+		w.tracef("controller: scheduled push of %s %s->%s (%s)", p.VolumeID, p.Source.Info.GetNodeId(), p.Target.Info.GetNodeId(), p.Reason)
 	}
 }
 

@@ -29,6 +29,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/cluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/csi"
 	"github.com/zfs-nomad/zfs-nomad/internal/migration"
+	"github.com/zfs-nomad/zfs-nomad/internal/scheduler"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs/zfsfake"
 )
 
@@ -81,6 +82,7 @@ type world struct {
 	nodes []*simNode
 	ctl   *csi.Controller
 	cl    *cluster.Cluster
+	sched *scheduler.Scheduler
 	vols  []*simVolume
 	step  int
 	// stepNow is step, for goroutines of the system under test.
@@ -203,7 +205,10 @@ func (w *world) startController() {
 		log = hclog.New(&hclog.LoggerOptions{Name: "controller", Level: hclog.Debug})
 	}
 	w.cl = cluster.New(cluster.StaticPeers(peers), 5*time.Second, log, w.net.dialOptions(controllerEndpoint, func() bool { return true })...)
-	w.ctl = csi.NewController(w.cl, migration.New(w.cl, log), "most-free", log)
+	mig := migration.New(w.cl, log)
+	w.ctl = csi.NewController(w.cl, mig, "most-free", log)
+	w.sched = scheduler.New(w.cl, 2, log)
+	w.sched.Settle = mig.Settle
 }
 
 func (w *world) now() time.Time {
