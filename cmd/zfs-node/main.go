@@ -165,6 +165,11 @@ func newHeartbeat(cfg config.Node, volumes *volume.Manager, promised func(contex
 	dial func(string) (*grpc.ClientConn, error), registry *metrics.Registry, log hclog.Logger) *lease.Heartbeat {
 	monitor := lease.NewMonitor(time.Duration(cfg.Lease), cfg.Domain, time.Now)
 	volumes.LeaseHeld = func() bool { return monitor.Held(cfg.NodeID) }
+	if len(cfg.Peers) > 0 || cfg.PeersFile != "" {
+		// After a start or a lost lease, an unmounted primary is staged
+		// only once a majority confirmed it current (docs/safety.md).
+		volumes.RequireConfirmation()
+	}
 	var peers cluster.PeerSource = cluster.StaticPeers(cfg.Peers)
 	if cfg.PeersFile != "" {
 		peers = &cluster.PeersFile{Path: cfg.PeersFile}

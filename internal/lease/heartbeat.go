@@ -24,6 +24,13 @@ type Volumes interface {
 	LiftLeaseFence(ctx context.Context, id string, generation uint64) error
 	// Promised is the highest generation of the volume this node promised.
 	Promised(ctx context.Context, id string) (uint64, error)
+	// Unconfirmed lists the primaries not confirmed current since the
+	// process started or the lease was lost, with their generations;
+	// Confirm records one confirmed; ForgetConfirmations forgets them all
+	// (volume.Manager: staging an unmounted primary waits for it).
+	Unconfirmed(ctx context.Context) (map[string]uint64, error)
+	Confirm(id string, generation uint64)
+	ForgetConfirmations()
 }
 
 // Heartbeat pings the peers every Interval (a quarter of the lease),
@@ -50,6 +57,9 @@ type Heartbeat struct {
 	// first beat: the node starts as if it held the lease and fenced
 	// volumes may exist, since a restart keeps the marks on the datasets.
 	lost, noneFenced bool
+	// allConfirmed: every primary was confirmed current since the lease
+	// was last held (false at start: a restart forgets).
+	allConfirmed bool
 }
 
 // Run beats every Interval until ctx ends.
@@ -91,11 +101,19 @@ func (h *Heartbeat) step(ctx context.Context, wasHeld, fencedSome bool) (held, s
 			h.Log.Error("making primaries read-only failed; retrying at the next beat", "error", err)
 		}
 		fencedSome = fencedSome || len(fenced) > 0 || err != nil
-	case fencedSome:
+		// A failover may follow: every primary must be confirmed again.
+		h.Volumes.ForgetConfirmations()
+		h.allConfirmed = false
+	default:
 		if !wasHeld {
 			h.Log.Info("lease held again: a majority of the domain answers")
 		}
-		fencedSome = h.lift(ctx)
+		if fencedSome {
+			fencedSome = h.lift(ctx)
+		}
+		if !h.allConfirmed {
+			h.allConfirmed = h.confirm(ctx)
+		}
 	}
 	if h.Held != nil {
 		h.Held(held)
@@ -167,6 +185,34 @@ func (h *Heartbeat) lift(ctx context.Context) bool {
 	return remain
 }
 
+// confirm asks the domain about the primaries not confirmed current since
+// the process started or the lease was lost, and confirms each a majority
+// vouches for. It reports whether all are confirmed.
+func (h *Heartbeat) confirm(ctx context.Context) bool {
+	pending, err := h.Volumes.Unconfirmed(ctx)
+	if err != nil {
+		h.Log.Warn("listing the primaries to confirm failed; retrying at the next beat", "error", err)
+		return false
+	}
+	if len(pending) == 0 {
+		return true
+	}
+	ids := make([]string, 0, len(pending))
+	for id := range pending {
+		ids = append(ids, id)
+	}
+	answers := h.askPromises(ctx, ids)
+	all := true
+	for id, gen := range pending {
+		if !h.confirmed(ctx, id, gen, answers) {
+			all = false
+			continue
+		}
+		h.Volumes.Confirm(id, gen)
+	}
+	return all
+}
+
 // confirmed reports whether a majority of the domain (this node included)
 // answered and none of them promised a generation above gen: any failover
 // needed a majority's promise above it, and two majorities share a node.
@@ -174,7 +220,7 @@ func (h *Heartbeat) confirmed(ctx context.Context, id string, gen uint64, answer
 	own, err := h.Volumes.Promised(ctx, id)
 	if err != nil || own > gen {
 		if own > gen {
-			h.Log.Warn("this node promised a newer generation of the volume: it stays read-only; the controller settles it", "volume_id", id, "generation", gen, "promised", own)
+			h.Log.Warn("this node promised a newer generation of the volume: its copy is neither made writable nor staged; the controller settles it", "volume_id", id, "generation", gen, "promised", own)
 		}
 		return false
 	}
@@ -182,7 +228,7 @@ func (h *Heartbeat) confirmed(ctx context.Context, id string, gen uint64, answer
 	agreed := 1
 	for _, a := range answers {
 		if a[id] > gen {
-			h.Log.Warn("a peer promised a newer generation of the volume: it stays read-only; the controller settles it", "volume_id", id, "generation", gen, "promised", a[id])
+			h.Log.Warn("a peer promised a newer generation of the volume: this node's copy is neither made writable nor staged; the controller settles it", "volume_id", id, "generation", gen, "promised", a[id])
 			return false
 		}
 		agreed++

@@ -3,6 +3,7 @@ package lease
 import (
 	"context"
 	"net"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -22,6 +23,34 @@ type fakeVolumes struct {
 	mounted  map[string]uint64
 	promised map[string]uint64
 	lifted   []string
+	// primaries are every primary, by ID, with its generation; confirmed
+	// those confirmed current.
+	primaries map[string]uint64
+	confirmed map[string]uint64
+}
+
+func (f *fakeVolumes) Unconfirmed(context.Context) (map[string]uint64, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := map[string]uint64{}
+	for id, g := range f.primaries {
+		if f.confirmed[id] != g {
+			out[id] = g
+		}
+	}
+	return out, nil
+}
+
+func (f *fakeVolumes) Confirm(id string, generation uint64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.confirmed[id] = generation
+}
+
+func (f *fakeVolumes) ForgetConfirmations() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.confirmed = map[string]uint64{}
 }
 
 func (f *fakeVolumes) SelfFence(context.Context) ([]string, error) {
@@ -88,19 +117,26 @@ func (n *peerNet) dial(addr string) (*grpc.ClientConn, error) {
 		}))
 }
 
-func TestHeartbeatFencesAndLifts(t *testing.T) {
-	const id = "vol-0123456789abcdef0123"
+func TestHeartbeatFencesLiftsAndConfirms(t *testing.T) {
+	const (
+		id        = "vol-0123456789abcdef0123" // fenced by the lease
+		other     = "vol-ffffffffffffffffffff" // mounted
+		unmounted = "vol-eeeeeeeeeeeeeeeeeeee" // confirmed by an earlier beat
+	)
 	tests := []struct {
 		name       string
 		up         []string          // peers that answer, of n2 and n3
 		promisedN3 uint64            // n3's promise of the volume
 		wantHeld   bool              // after one beat
 		wantFenced map[string]uint64 // after the beat and the lift
+		// The primaries confirmed current after the beat: before it, only
+		// vol-eee... was (from an earlier beat).
+		wantConfirmed []string
 	}{
-		{"a majority answers and promised nothing newer", []string{"n2", "n3"}, 0, true, map[string]uint64{}},
-		{"one peer of two answers", []string{"n2"}, 0, true, map[string]uint64{}},
-		{"a peer promised a newer generation", []string{"n2", "n3"}, 3, true, map[string]uint64{id: 2}},
-		{"no peer answers", nil, 0, false, map[string]uint64{id: 2, "vol-ffffffffffffffffffff": 1}},
+		{"a majority answers and promised nothing newer", []string{"n2", "n3"}, 0, true, map[string]uint64{}, []string{id, other, unmounted}},
+		{"one peer of two answers", []string{"n2"}, 0, true, map[string]uint64{}, []string{id, other, unmounted}},
+		{"a peer promised a newer generation", []string{"n2", "n3"}, 3, true, map[string]uint64{id: 2}, []string{other, unmounted}},
+		{"no peer answers: every confirmation is forgotten", nil, 0, false, map[string]uint64{id: 2, other: 1}, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -112,7 +148,8 @@ func TestHeartbeatFencesAndLifts(t *testing.T) {
 				}
 				net.serve(p+":7670", p, promised)
 			}
-			vols := &fakeVolumes{fenced: map[string]uint64{id: 2}, mounted: map[string]uint64{"vol-ffffffffffffffffffff": 1}, promised: map[string]uint64{}}
+			vols := &fakeVolumes{fenced: map[string]uint64{id: 2}, mounted: map[string]uint64{other: 1}, promised: map[string]uint64{},
+				primaries: map[string]uint64{id: 2, other: 1, unmounted: 1}, confirmed: map[string]uint64{unmounted: 1}}
 			h := &Heartbeat{
 				Monitor:  NewMonitor(time.Minute, "d", time.Now),
 				NodeID:   "n1",
@@ -123,7 +160,8 @@ func TestHeartbeatFencesAndLifts(t *testing.T) {
 				Log:      hclog.NewNullLogger(),
 			}
 			defer h.closeConns()
-			held, _ := h.step(context.Background(), true, true)
+			h.Beat(context.Background())
+			held := !h.lost
 			if held != tt.wantHeld {
 				t.Fatalf("held = %v, want %v", held, tt.wantHeld)
 			}
@@ -135,6 +173,15 @@ func TestHeartbeatFencesAndLifts(t *testing.T) {
 				if got[k] != v {
 					t.Errorf("fenced after the beat: %v, want %v", got, tt.wantFenced)
 				}
+			}
+			var confirmed []string
+			for k := range vols.confirmed {
+				confirmed = append(confirmed, k)
+			}
+			slices.Sort(confirmed)
+			want := slices.Sorted(slices.Values(tt.wantConfirmed))
+			if !slices.Equal(confirmed, want) {
+				t.Errorf("confirmed after the beat: %v, want %v", confirmed, want)
 			}
 		})
 	}

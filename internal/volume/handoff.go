@@ -221,6 +221,7 @@ func (m *Manager) Promote(ctx context.Context, id string, generation uint64, not
 		return Copy{}, err
 	}
 	c.Role, c.Generation, c.MovingTo = RolePrimary, generation, ""
+	m.Confirm(id, generation) // a majority promised it to this copy first
 	if failover {
 		c.FailoverFrom = c.LastSnapshot
 	}
@@ -366,6 +367,8 @@ func (m *Manager) Stageable(ctx context.Context, id string, generation uint64) (
 	case generation != 0 && v.Generation != generation:
 		err = fmt.Errorf("%w: node %s holds volume %s at generation %d but generation %d was published: refusing a stale copy",
 			errdefs.ErrFailedPrecondition, m.cfg.NodeID, id, v.Generation, generation)
+	default:
+		err = m.checkConfirmed(v)
 	}
 	if err != nil {
 		unlock()

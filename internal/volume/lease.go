@@ -126,5 +126,6 @@ func (m *Manager) liftLeaseFence(ctx context.Context, v Volume, generation uint6
 		return zfsError(err, "making volume "+id+" writable again")
 	}
 	m.log.Info("lease held again and no newer copy exists: volume writable again", "volume_id", id, "generation", generation)
+	m.Confirm(id, generation)
 	return nil
 }

@@ -104,11 +104,12 @@ type Manager struct {
 	// (package lease); no primary is staged while it does not.
 	LeaseHeld func() bool
 
-	zfs   zfs.Interface
-	cfg   config.Node
-	log   hclog.Logger
-	locks keylock.Locks
-	now   func() time.Time
+	zfs       zfs.Interface
+	cfg       config.Node
+	log       hclog.Logger
+	locks     keylock.Locks
+	now       func() time.Time
+	confirmed confirmations
 }
 
 // NewManager returns a Manager for the node described by cfg.
@@ -234,6 +235,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Volume, error)
 		return Volume{}, zfsError(err, "creating volume "+id)
 	}
 	log.Info("volume created", "name", req.Name, "dataset", dataset, "quota", quota, "source", source)
+	m.Confirm(id, 1) // a majority promised generation 1 to this node first
 	return m.get(ctx, id)
 }
 

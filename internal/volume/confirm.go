@@ -1,0 +1,96 @@
+package volume
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
+)
+
+// Confirmed primaries (docs/safety.md, "Confirmed primaries"). A node
+// whose process starts, or that lost its lease, cannot know whether
+// another copy of one of its primaries was promoted meanwhile: a failover
+// while it was powered off or cut off leaves its copy labelled primary at
+// an older generation, and a replayed publish context of that generation
+// (a restored allocation, Nomad keeping the original allocation of a
+// reconnecting client) would pass the generation check. So, on a node
+// with peers, a primary that is not mounted is staged only once a
+// majority of the domain confirmed that none of them promised a newer
+// generation since the process started or the lease was last lost. A
+// mounted primary is exempt: its job is running, and the lease covers it
+// (a node cut off fences it within L; a crashed process comes back
+// within L+M, before any failover away from it).
+
+// confirmations are the generations confirmed current, by volume ID, in
+// memory: a restart forgets them, which is the point.
+type confirmations struct {
+	mu       sync.Mutex
+	required bool
+	gen      map[string]uint64
+}
+
+// RequireConfirmation makes staging wait for a primary's confirmation
+// (nodes with peers; a node alone has no one to ask).
+func (m *Manager) RequireConfirmation() {
+	m.confirmed.mu.Lock()
+	defer m.confirmed.mu.Unlock()
+	m.confirmed.required = true
+}
+
+// Confirm records that a majority of the domain confirmed generation of
+// volume id current (lease.Heartbeat), or that this node made it so
+// (create, promotion).
+func (m *Manager) Confirm(id string, generation uint64) {
+	m.confirmed.mu.Lock()
+	defer m.confirmed.mu.Unlock()
+	if m.confirmed.gen == nil {
+		m.confirmed.gen = map[string]uint64{}
+	}
+	m.confirmed.gen[id] = generation
+}
+
+// ForgetConfirmations forgets every confirmation: the node lost its lease,
+// and a failover may follow.
+func (m *Manager) ForgetConfirmations() {
+	m.confirmed.mu.Lock()
+	defer m.confirmed.mu.Unlock()
+	m.confirmed.gen = nil
+}
+
+func (m *Manager) isConfirmed(id string, generation uint64) bool {
+	m.confirmed.mu.Lock()
+	defer m.confirmed.mu.Unlock()
+	return !m.confirmed.required || m.confirmed.gen[id] == generation
+}
+
+// Unconfirmed lists the primaries not confirmed at their generation, with
+// it (forced copies are the operator's word and need none).
+func (m *Manager) Unconfirmed(ctx context.Context) (map[string]uint64, error) {
+	vols, err := m.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]uint64{}
+	for _, v := range vols {
+		if !v.Forced && !m.isConfirmed(v.ID, v.Generation) {
+			out[v.ID] = v.Generation
+		}
+	}
+	return out, nil
+}
+
+// checkConfirmed refuses to stage an unmounted primary no majority
+// confirmed current since the process started or the lease was lost.
+func (m *Manager) checkConfirmed(v Volume) error {
+	if v.Forced || m.isConfirmed(v.ID, v.Generation) {
+		return nil
+	}
+	mounted, err := m.mounted(v.Dataset)
+	if err != nil || mounted {
+		return err
+	}
+	return fmt.Errorf("%w: node %s has not yet confirmed with a majority of its domain that its copy of volume %s (generation %d) is still the newest: "+
+		"it started or lost its lease since, and another copy may have been promoted meanwhile; retry in a few seconds (a lease beat)",
+		errdefs.ErrUnavailable, m.cfg.NodeID, v.ID, v.Generation)
+}
