@@ -54,11 +54,11 @@ func (w *world) pick() func() {
 		{8, func() { w.stopJob(v) }},
 		{10, func() { w.backup(v, n, m) }},
 		{6, func() { w.scheduleRound() }},
-		{6, func() { w.replay(v) }},
+		{25, func() { w.replay(v) }},
 		{4, func() { w.cut(n, m) }},
 		{6, func() { w.heal() }},
 		{3, func() { w.crashProcess(n) }},
-		{2, func() { w.powerLoss(n) }},
+		{8, func() { w.powerLoss(n) }},
 		{4, func() { w.crashController(v, n) }},
 		{2, func() { w.delete(v) }},
 		{15, func() {}}, // time passes

@@ -41,7 +41,8 @@ type simNode struct {
 	pool    *zfsfake.Fake
 	mounts  *mountTable
 	handoff *handoff
-	base    string // the base directory of its staging and target paths
+	base    string  // the base directory of its staging and target paths
+	rate    float64 // its clock's rate against the simulation's (0: the same)
 
 	inc       *incarnation // nil while the process is down
 	incs      int          // incarnations started so far
@@ -97,8 +98,9 @@ func (n *simNode) start(ctx context.Context) {
 	receiver.IdleTimeout = time.Duration(cfg.ReceiveIdleTimeout)
 	_ = receiver.Recover(ctx) // not fatal, as in zfs-node: the next receive retries
 
-	monitor := lease.NewMonitor(n.w.cfg.Lease, cfg.Domain, n.w.now)
+	monitor := lease.NewMonitor(n.w.cfg.Lease, cfg.Domain, func() time.Time { return n.w.nodeNow(n.rate) })
 	inc.volumes.LeaseHeld = func() bool { return monitor.Held(n.id) }
+	inc.volumes.RequireConfirmation()
 	promised := func(ctx context.Context, id string) (uint64, error) {
 		p, err := inc.volumes.Promised(ctx, id)
 		return p.Generation, err
@@ -120,7 +122,11 @@ func (n *simNode) start(ctx context.Context) {
 	inc.node = csi.NewNode(inc.volumes, n.mounts, cfg, log.Named("csi"))
 	n.inc = inc
 	n.w.net.setUp(n.id, true)
-	n.w.tracef("%s: process started (incarnation %d)", n.id, inc.num)
+	rate := n.rate
+	if rate == 0 {
+		rate = 1
+	}
+	n.w.tracef("%s: process started (incarnation %d, clock rate %.2f)", n.id, inc.num, rate)
 }
 
 // leaseVolumes is the volume manager as the heartbeat sees it.

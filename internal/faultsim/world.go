@@ -47,7 +47,11 @@ type Config struct {
 	// leases are safe only while it is below Lease+LeaseMargin
 	// (docs/safety.md).
 	MaxProcessDowntime int
-	Rates              Rates
+	// Drift is the largest rate error of a node's clock, in percent: each
+	// node's lease clock runs at its own rate within ±Drift of the
+	// simulation's (the lease margin is there for it).
+	Drift int
+	Rates Rates
 	// Dir holds the nodes' staging and target directories.
 	Dir     string
 	Verbose bool
@@ -66,7 +70,7 @@ type Rates struct {
 // DefaultConfig is what make test runs for each seed.
 func DefaultConfig(seed uint64) Config {
 	return Config{Seed: seed, Steps: 60, Nodes: 3, Volumes: 2, Lease: 8 * time.Second, LeaseMargin: 4 * time.Second,
-		MaxProcessDowntime: 6, Rates: Rates{Loss: 0.01, Dup: 0.01, Cut: 0.02, Crash: 0.003}}
+		MaxProcessDowntime: 6, Drift: 10, Rates: Rates{Loss: 0.01, Dup: 0.01, Cut: 0.02, Crash: 0.003}}
 }
 
 // world is one run: the machines, the network, the controller, the CO.
@@ -78,6 +82,7 @@ type world struct {
 
 	clockMu sync.Mutex
 	clock   time.Time
+	start   time.Time
 
 	nodes []*simNode
 	ctl   *csi.Controller
@@ -150,11 +155,15 @@ func (f *Failure) Error() string {
 
 func newWorld(cfg Config) *world {
 	w := &world{cfg: cfg, dice: newDice(cfg.Seed), clock: time.Unix(1_800_000_000, 0)}
+	w.start = w.clock
 	w.net = newNetwork(w.dice, rates{loss: cfg.Rates.Loss, dup: cfg.Rates.Dup, cut: cfg.Rates.Cut}, w.tracef, w.stepNow.Load)
 	w.checker = newChecker(w)
 	for i := 1; i <= cfg.Nodes; i++ {
 		id := fmt.Sprintf("n%d", i)
 		n := &simNode{id: id, w: w, mounts: newMountTable(), base: filepath.Join(cfg.Dir, id)}
+		if cfg.Drift > 0 {
+			n.rate = 1 + float64(w.dice.intn(2*cfg.Drift+1)-cfg.Drift)/100
+		}
 		n.pool = zfsfake.New(poolSize, "tank")
 		n.pool.GUIDSeed = guidSeed(cfg.Seed, id)
 		if err := n.pool.CreateFilesystem(context.Background(), rootDataset, nil); err != nil {
@@ -215,6 +224,16 @@ func (w *world) now() time.Time {
 	w.clockMu.Lock()
 	defer w.clockMu.Unlock()
 	return w.clock
+}
+
+// nodeNow is the time on a node's clock, which runs at rate times the
+// simulation's.
+func (w *world) nodeNow(rate float64) time.Time {
+	now := w.now()
+	if rate == 0 {
+		return now
+	}
+	return w.start.Add(time.Duration(float64(now.Sub(w.start)) * rate))
 }
 
 func (w *world) tick() {
