@@ -154,7 +154,7 @@ func (h *Heartbeat) fanOut(ctx context.Context, addrs []string, call func(ctx co
 	wg.Wait()
 }
 
-// lift asks the domain, for every primary fenced by the lease, whether a
+// lift asks the domain about each primary fenced by the lease whether a
 // newer generation was promised, and lifts each that a majority confirms.
 // It reports whether some stay fenced.
 func (h *Heartbeat) lift(ctx context.Context) bool {
@@ -163,17 +163,10 @@ func (h *Heartbeat) lift(ctx context.Context) bool {
 		h.Log.Warn("listing the primaries fenced by the lease failed; retrying at the next beat", "error", err)
 		return true
 	}
-	if len(fenced) == 0 {
-		return false
-	}
-	ids := make([]string, 0, len(fenced))
-	for id := range fenced {
-		ids = append(ids, id)
-	}
-	answers := h.askPromises(ctx, ids)
+	ok := h.vouched(ctx, fenced)
 	remain := false
 	for id, gen := range fenced {
-		if !h.confirmed(ctx, id, gen, answers) {
+		if !ok[id] {
 			remain = true
 			continue
 		}
@@ -194,23 +187,33 @@ func (h *Heartbeat) confirm(ctx context.Context) bool {
 		h.Log.Warn("listing the primaries to confirm failed; retrying at the next beat", "error", err)
 		return false
 	}
-	if len(pending) == 0 {
-		return true
+	ok := h.vouched(ctx, pending)
+	for id, gen := range pending {
+		if ok[id] {
+			h.Volumes.Confirm(id, gen)
+		}
 	}
-	ids := make([]string, 0, len(pending))
-	for id := range pending {
+	return len(ok) == len(pending)
+}
+
+// vouched asks the domain, in one round, about volumes (ID -> this
+// node's generation) and returns those a majority confirms current.
+func (h *Heartbeat) vouched(ctx context.Context, volumes map[string]uint64) map[string]bool {
+	ok := map[string]bool{}
+	if len(volumes) == 0 {
+		return ok
+	}
+	ids := make([]string, 0, len(volumes))
+	for id := range volumes {
 		ids = append(ids, id)
 	}
 	answers := h.askPromises(ctx, ids)
-	all := true
-	for id, gen := range pending {
-		if !h.confirmed(ctx, id, gen, answers) {
-			all = false
-			continue
+	for id, gen := range volumes {
+		if h.confirmed(ctx, id, gen, answers) {
+			ok[id] = true
 		}
-		h.Volumes.Confirm(id, gen)
 	}
-	return all
+	return ok
 }
 
 // confirmed reports whether a majority of the domain (this node included)
