@@ -18,8 +18,8 @@ var (
 	goOnFlag  = flag.Bool("keep-going", false, "run every seed and list the failing ones, instead of stopping at the first")
 )
 
-// defaultSeeds is what make test runs: a few minutes on two cores.
-const defaultSeeds = 300
+// defaultSeeds is what make test runs: about three minutes on two cores.
+const defaultSeeds = 1000
 
 func seeds() int {
 	if *seedsFlag > 0 {
