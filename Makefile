@@ -9,7 +9,7 @@ LDFLAGS := -X github.com/zfs-nomad/zfs-nomad/internal/version.Version=$(VERSION)
 TOOLS := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/zfs-nomad/tools/$(shell sha256sum hack/tools/go.sum | cut -c1-12)
 GO_TEST_TIMEOUT ?= 45m
 
-.PHONY: help deps build check unit images test test-nomad nomad bench soak guest-image proto demo demo-nomad clean
+.PHONY: help deps build check unit images test test-nomad nomad bench soak sim guest-image proto demo demo-nomad clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -55,6 +55,14 @@ test: check images guest-image ## everything: checks, the images, unit tests, re
 N ?= 5
 soak: guest-image ## run the guest test packages and the demo N times (N=5), to flush out flaky tests; logs kept
 	nomad=$$(./hack/nomad.sh) && ZFS_NOMAD_NOMAD=$$nomad ./hack/soak.sh $(N) $(PKGS)
+
+# make sim SEEDS=5000 [FIRST=1]: the fault-injection simulation's long
+# mode (docs/safety.md): every failing seed listed, each replayable with
+# go test ./internal/faultsim -run 'TestSimulation$$' -seed N -v.
+SEEDS ?= 5000
+FIRST ?= 1
+sim: ## the fault-injection simulation, SEEDS seeds (5000) from FIRST (1), every failure listed
+	ZFS_NOMAD_SKIP_GUEST=1 go test -count=1 -timeout 180m -run 'TestSimulation$$' ./internal/faultsim -v -args -seeds $(SEEDS) -first-seed $(FIRST) -keep-going
 
 nomad: ## build (or find cached) the Nomad binary for the end-to-end test (about 14 min, once)
 	@./hack/nomad.sh
