@@ -166,8 +166,10 @@ func newHeartbeat(cfg config.Node, volumes *volume.Manager, promised func(contex
 	monitor := lease.NewMonitor(time.Duration(cfg.Lease), cfg.Domain, time.Now)
 	volumes.LeaseHeld = func() bool { return monitor.Held(cfg.NodeID) }
 	if len(cfg.Peers) > 0 || cfg.PeersFile != "" {
-		// After a start or a lost lease, an unmounted primary is staged
+		// No lease and no attested silence before the peers are known;
+		// after a start or a lost lease, an unmounted primary is staged
 		// only once a majority confirmed it current (docs/safety.md).
+		monitor.RequirePeers()
 		volumes.RequireConfirmation()
 	}
 	var peers cluster.PeerSource = cluster.StaticPeers(cfg.Peers)

@@ -99,6 +99,7 @@ func (n *simNode) start(ctx context.Context) {
 	_ = receiver.Recover(ctx) // not fatal, as in zfs-node: the next receive retries
 
 	monitor := lease.NewMonitor(n.w.cfg.Lease, cfg.Domain, func() time.Time { return n.w.nodeNow(n.rate) })
+	monitor.RequirePeers()
 	inc.volumes.LeaseHeld = func() bool { return monitor.Held(n.id) }
 	inc.volumes.RequireConfirmation()
 	promised := func(ctx context.Context, id string) (uint64, error) {

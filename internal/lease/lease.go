@@ -11,6 +11,7 @@ package lease
 
 import (
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 )
@@ -24,6 +25,21 @@ type Monitor struct {
 	mu      sync.Mutex
 	started time.Time
 	peers   map[string]*peer // by address
+	// needsPeers: the node is configured with peers (RequirePeers), so
+	// knowing none yet means it has not learned them, not that it is a
+	// domain of one.
+	needsPeers bool
+}
+
+// RequirePeers tells the monitor the node is configured with peers: until
+// it knows one (the first beat, a peers file not rendered yet), it holds
+// no lease and attests no silence. Without it, a node that had just
+// started granted a failover away from a primary that still held its
+// lease (found by the fault-injection simulation, seeds 1593 and 2786).
+func (m *Monitor) RequirePeers() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.needsPeers = true
 }
 
 type peer struct {
@@ -71,8 +87,19 @@ func (m *Monitor) Answered(addr, nodeID, domain string) {
 // that never answered counts against it (its domain is unknown). With no
 // peer at all the node is a domain of one and always holds the lease.
 func (m *Monitor) Held(selfID string) bool {
+	if m.learning() {
+		return false
+	}
 	heard, total := m.count(selfID)
 	return heard > total/2
+}
+
+// learning reports whether the node is configured with peers but knows
+// none yet.
+func (m *Monitor) learning() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.needsPeers && len(m.peers) == 0
 }
 
 // count returns how many members of the domain were heard within the
@@ -104,6 +131,9 @@ func (m *Monitor) Attest(addrs []string, need time.Duration) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if len(m.peers) == 0 {
+		if m.needsPeers {
+			return fmt.Errorf("this node has not learned its peers yet (it has just started, or its peers file lists none), so it cannot tell how long %s has been silent", strings.Join(addrs, ", "))
+		}
 		return nil
 	}
 	now := m.now()

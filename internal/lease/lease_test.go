@@ -49,6 +49,13 @@ func TestHeldNeedsAMajorityOfTheDomainWithinTheLease(t *testing.T) {
 			}
 		})
 	}
+	// A node configured with peers that knows none yet is not a domain of
+	// one: it has not learned them.
+	m := NewMonitor(lease, "d", time.Now)
+	m.RequirePeers()
+	if m.Held("n1") {
+		t.Error("Held before any peer is known, with peers configured: true, want false")
+	}
 }
 
 // TestPeersNeverShrink: a re-read peers file adds addresses but drops
@@ -82,24 +89,32 @@ func TestPeersNeverShrink(t *testing.T) {
 func TestAttest(t *testing.T) {
 	const need = 20 * time.Second
 	tests := []struct {
-		name    string
-		peers   []string
-		started time.Duration // before now
-		heard   time.Duration // before now; 0: never
-		want    bool
+		name       string
+		peers      []string
+		started    time.Duration // before now
+		heard      time.Duration // before now; 0: never
+		want       bool
+		needsPeers bool // configured with peers (RequirePeers)
 	}{
-		{"silent long enough", []string{"a"}, time.Hour, 25 * time.Second, true},
-		{"answered lately", []string{"a"}, time.Hour, 5 * time.Second, false},
-		{"never answered, this node up long enough", []string{"a"}, 30 * time.Second, 0, true},
-		{"never answered, this node just started", []string{"a"}, 5 * time.Second, 0, false},
-		{"not among the peers", []string{"b"}, time.Hour, 0, false},
-		{"no peers: no leases kept", nil, time.Hour, 0, true},
+		{"silent long enough", []string{"a"}, time.Hour, 25 * time.Second, true, false},
+		{"answered lately", []string{"a"}, time.Hour, 5 * time.Second, false, false},
+		{"never answered, this node up long enough", []string{"a"}, 30 * time.Second, 0, true, false},
+		{"never answered, this node just started", []string{"a"}, 5 * time.Second, 0, false, false},
+		{"not among the peers", []string{"b"}, time.Hour, 0, false, false},
+		{"no peers: no leases kept", nil, time.Hour, 0, true, false},
+		// Seeds 1593 and 2786 of the simulation: a node that had just
+		// started granted a failover before its first beat.
+		{"peers configured, none learned yet", nil, time.Hour, 0, false, true},
+		{"peers configured and learned", []string{"a"}, time.Hour, 25 * time.Second, true, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			c := &clock{t: time.Unix(10000, 0)}
 			c.t = c.t.Add(-tt.started)
 			m := NewMonitor(10*time.Second, "d", c.now)
+			if tt.needsPeers {
+				m.RequirePeers()
+			}
 			m.SetPeers(tt.peers)
 			c.t = c.t.Add(tt.started)
 			if tt.heard > 0 {
