@@ -59,7 +59,7 @@ func (w *world) pick() func() {
 		{6, func() { w.heal() }},
 		{3, func() { w.crashProcess(n) }},
 		{8, func() { w.powerLoss(n) }},
-		{4, func() { w.crashController(v, n) }},
+		{map[bool]int{true: 4}[w.cfg.ControllerCrashes], func() { w.crashController(v, n) }},
 		{2, func() { w.delete(v) }},
 		{15, func() {}}, // time passes
 	}

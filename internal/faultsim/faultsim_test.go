@@ -4,7 +4,9 @@ import (
 	"errors"
 	"flag"
 	"os"
+	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -71,4 +73,60 @@ func TestSimulation(t *testing.T) {
 	if n >= 50 && (total.NewGeneration == 0 || total.StaleRefused == 0 || total.ReadOnly == 0 || total.Deletes == 0 || total.Crashes == 0) {
 		t.Errorf("the seeds did not exercise every kind of event: %+v", total)
 	}
+}
+
+// TestReplaysRepeatTheirRun: a seed run twice gives the same trace, so a
+// failing seed's replay shows what failed. Lines are compared as sets of
+// words: the order of a fan-out's answers within an error message
+// follows its goroutines. Two sources of difference remain, both in
+// timing the seed does not fix: the agent client asks again once a
+// dropped connection is back (cluster.Ask), and a controller crash cuts
+// a fan-out wherever its racing calls happen to be (so those are off
+// here). Measured: 23 to 27 of 30 seeds replay line for line, the
+// others part somewhere after the start. The test requires half, so it
+// fails only when replays really broke.
+func TestReplaysRepeatTheirRun(t *testing.T) {
+	const seeds = 30
+	same := 0
+	for seed := uint64(1); seed <= seeds; seed++ {
+		var runs [2][]string
+		for i := range runs {
+			cfg := DefaultConfig(seed)
+			cfg.ControllerCrashes = false
+			cfg.Dir = t.TempDir()
+			cfg.Trace = func(line string) { runs[i] = append(runs[i], wordsOf(line)) }
+			if _, err := Run(cfg); err != nil {
+				t.Fatalf("seed %d: %v", seed, err)
+			}
+		}
+		if i := firstDifference(runs[0], runs[1]); i >= 0 {
+			t.Logf("seed %d: the replay parts at line %d of %d", seed, i, len(runs[0]))
+			continue
+		}
+		same++
+	}
+	t.Logf("%d of %d seeds replayed exactly", same, seeds)
+	if same < seeds/2 {
+		t.Errorf("only %d of %d seeds replayed exactly, want at least half", same, seeds)
+	}
+}
+
+// firstDifference returns the first line at which a and b differ, or -1.
+func firstDifference(a, b []string) int {
+	for i := range min(len(a), len(b)) {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	if len(a) != len(b) {
+		return min(len(a), len(b))
+	}
+	return -1
+}
+
+// wordsOf returns a line's words, sorted, as one string.
+func wordsOf(line string) string {
+	words := strings.Fields(strings.NewReplacer(";", " ", ",", " ", "(", " ", ")", " ").Replace(line))
+	slices.Sort(words)
+	return strings.Join(words, " ")
 }

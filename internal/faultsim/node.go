@@ -150,8 +150,10 @@ func (inc *incarnation) alive(op, name string) error {
 	}
 	w := inc.n.w
 	// Keyed by what is called, in this step: which call the dice stop
-	// at does not depend on how goroutines interleaved.
-	key := fmt.Sprintf("crash/%d/%s/%d/%s/%s", w.stepNow.Load(), inc.n.id, inc.num, op, name)
+	// at does not depend on how goroutines interleaved. Snapshot names
+	// carry the wall clock (zn-<nanos>), so only the filesystem counts.
+	fs, _, _ := strings.Cut(name, "@")
+	key := fmt.Sprintf("crash/%d/%s/%d/%s/%s", w.stepNow.Load(), inc.n.id, inc.num, op, fs)
 	if w.crashing.Load() && w.dice.roll(key, w.net.count(key)) < w.cfg.Rates.Crash {
 		w.tracef("%s: process crashes at %s %s", inc.n.id, op, name)
 		inc.die()

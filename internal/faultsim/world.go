@@ -52,6 +52,11 @@ type Config struct {
 	// simulation's (the lease margin is there for it).
 	Drift int
 	Rates Rates
+	// ControllerCrashes lets the controller die in the middle of a publish.
+	// It dies after k of its calls to the agents, and calls of one fan-out
+	// race, so which k got through before it died can differ between two
+	// runs of a seed: the one fault a replay may not repeat exactly.
+	ControllerCrashes bool
 	// Dir holds the nodes' staging and target directories.
 	Dir     string
 	Verbose bool
@@ -70,7 +75,7 @@ type Rates struct {
 // DefaultConfig is what make test runs for each seed.
 func DefaultConfig(seed uint64) Config {
 	return Config{Seed: seed, Steps: 60, Nodes: 3, Volumes: 2, Lease: 8 * time.Second, LeaseMargin: 4 * time.Second,
-		MaxProcessDowntime: 6, Drift: 10, Rates: Rates{Loss: 0.01, Dup: 0.01, Cut: 0.02, Crash: 0.003}}
+		MaxProcessDowntime: 6, Drift: 10, ControllerCrashes: true, Rates: Rates{Loss: 0.01, Dup: 0.01, Cut: 0.02, Crash: 0.003}}
 }
 
 // world is one run: the machines, the network, the controller, the CO.
