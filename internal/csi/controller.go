@@ -109,7 +109,7 @@ func (c *Controller) createVolume(ctx context.Context, req *csi.CreateVolumeRequ
 	if err == nil {
 		return c.createOn(ctx, existing.Node, agentReq, log)
 	}
-	if err != nil && !errors.Is(err, errdefs.ErrNotFound) && !errors.Is(err, errdefs.ErrUnavailable) {
+	if !errors.Is(err, errdefs.ErrNotFound) && !errors.Is(err, errdefs.ErrUnavailable) {
 		return nil, cluster.Node{}, err
 	}
 

@@ -52,7 +52,7 @@ func volumeOf(dataset string) string {
 	return id
 }
 
-func (c *checker) acked(dataset, token, node string) {
+func (c *checker) acked(dataset, token string) {
 	id := volumeOf(dataset)
 	c.writes[id] = append(c.writes[id], token)
 }

@@ -333,7 +333,7 @@ func (w *world) write() {
 		for _, ds := range n.mounts.datasets() {
 			token := fmt.Sprintf("%s/s%d", n.id, w.step)
 			if err := n.pool.Write(ds, token); err == nil {
-				w.checker.acked(ds, token, n.id)
+				w.checker.acked(ds, token)
 				w.stats.Writes++
 			} else if errors.Is(err, syscall.EROFS) {
 				w.stats.ReadOnly++

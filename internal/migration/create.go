@@ -32,53 +32,45 @@ func (m *Migrator) ReserveCreation(ctx context.Context, id string, candidates []
 		if len(v.copies) > 0 {
 			return v.copies[0].node, nil
 		}
-		if holder, ok := v.firstPromise(); ok {
-			n, answered := v.node(holder)
-			if !answered {
-				return cluster.Node{}, errdefs.Wrap(errdefs.ErrUnavailable, "an earlier attempt to create volume %s chose node %s, which does not answer; retry once it does (the volume may be there)", id, holder)
-			}
-			// A majority may not have granted the earlier attempt's
-			// promise: granting the same one again is idempotent.
-			if err := m.reserve(ctx, id, 1, holder, v, false, nil); err != nil {
-				if errors.Is(err, errRetry) {
-					continue
-				}
-				return cluster.Node{}, err
-			}
-			return n, nil
+		n, err := v.creationNode(id, candidates)
+		if err != nil {
+			return cluster.Node{}, err
 		}
-		n, err := m.reserveFirst(ctx, id, candidates, v)
+		// A majority may not have granted an earlier attempt's promise:
+		// granting the same one again is idempotent.
+		err = m.reserve(ctx, id, 1, n.Info.GetNodeId(), v, false, nil)
 		if errors.Is(err, errRetry) {
 			continue
 		}
-		return n, err
-	}
-	return cluster.Node{}, errdefs.Wrap(errdefs.ErrAborted, "creating volume %s raced other creations %d times; retry", id, maxSteps)
-}
-
-// reserveFirst promises generation 1 to the first candidate that answered.
-func (m *Migrator) reserveFirst(ctx context.Context, id string, candidates []string, v view) (cluster.Node, error) {
-	for _, c := range candidates {
-		n, ok := v.node(c)
-		if !ok {
-			continue
-		}
-		if err := m.reserve(ctx, id, 1, c, v, false, nil); err != nil {
+		if err != nil {
 			return cluster.Node{}, err
 		}
 		return n, nil
 	}
-	return cluster.Node{}, errdefs.Wrap(errdefs.ErrUnavailable, "none of the nodes chosen for volume %s answered; retry", id)
+	return cluster.Node{}, errdefs.Wrap(errdefs.ErrAborted, "creating volume %s raced other creations %d times; retry", id, maxSteps)
 }
 
-// firstPromise returns the holder of the highest generation promised when
-// no copy exists: the node an earlier create chose.
-func (v view) firstPromise() (string, bool) {
+// creationNode is the node to create a volume no node holds on: the one
+// an earlier attempt was promised (the holder of the highest promise),
+// which must have answered, or else the first candidate that answered.
+func (v view) creationNode(id string, candidates []string) (cluster.Node, error) {
 	var best promised
 	for _, p := range v.promises {
 		if p.generation > best.generation {
 			best = p
 		}
 	}
-	return best.holder, best.generation > 0
+	if best.generation > 0 {
+		n, answered := v.node(best.holder)
+		if !answered {
+			return cluster.Node{}, errdefs.Wrap(errdefs.ErrUnavailable, "an earlier attempt to create volume %s chose node %s, which does not answer; retry once it does (the volume may be there)", id, best.holder)
+		}
+		return n, nil
+	}
+	for _, c := range candidates {
+		if n, ok := v.node(c); ok {
+			return n, nil
+		}
+	}
+	return cluster.Node{}, errdefs.Wrap(errdefs.ErrUnavailable, "none of the nodes chosen for volume %s answered; retry", id)
 }
