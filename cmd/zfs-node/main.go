@@ -97,14 +97,15 @@ func run(args []string) error {
 	dial := func(addr string) (*grpc.ClientConn, error) {
 		return grpc.NewClient(addr, append(replication.DialOptions(), grpc.WithTransportCredentials(dialCreds))...)
 	}
-	pusher := replication.NewPusher(streams, cfg.RootDataset, cfg.NodeID, cfg.ReplicationSnapshots,
+	// One lock per copy, whichever part of the node changes it.
+	pusher := replication.NewPusher(streams, volumes.Locks(), cfg.RootDataset, cfg.NodeID, cfg.ReplicationSnapshots,
 		replication.NewLimiter(uint64(cfg.ReplicationBandwidth)), dial, log.Named("replication"))
 	defer pusher.Close()
-	volumes.HoldTransfers = pusher.Hold
 	volumes.Mounted = mount.IsMountedZFS
-	receiver := replication.NewReceiver(streams, cfg.RootDataset, cfg.NodeID, cfg.ReplicationSnapshots, log.Named("replication"))
+	receiver := replication.NewReceiver(streams, volumes.Locks(), cfg.RootDataset, cfg.NodeID, cfg.ReplicationSnapshots, log.Named("replication"))
 	receiver.MaxQuota, receiver.QuotaProperty = uint64(cfg.MaxQuota), cfg.QuotaProperty
 	receiver.IdleTimeout = time.Duration(cfg.ReceiveIdleTimeout)
+	volumes.DiscardPartialReceive = receiver.DiscardPartial
 	if err := receiver.Recover(startCtx); err != nil {
 		// Not fatal: the next receive of the volume retries it.
 		log.Error("finishing replica replacements a crash interrupted failed", "error", err)

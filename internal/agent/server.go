@@ -298,17 +298,7 @@ func (s *Server) Promote(ctx context.Context, req *pb.PromoteRequest) (*pb.Copy,
 	if req.GetGeneration() == 0 {
 		return nil, errdefs.ToStatus(errdefs.Wrap(errdefs.ErrInvalidArgument, "promote: generation is required"))
 	}
-	var c volume.Copy
-	promote := func() (err error) {
-		c, err = s.volumes.Promote(ctx, req.GetVolumeId(), req.GetGeneration(), req.GetNotBeforeUnixNano(), req.GetFailover())
-		return err
-	}
-	var err error
-	if s.receiver != nil {
-		err = s.receiver.Exclusive(ctx, req.GetVolumeId(), promote)
-	} else {
-		err = promote()
-	}
+	c, err := s.volumes.Promote(ctx, req.GetVolumeId(), req.GetGeneration(), req.GetNotBeforeUnixNano(), req.GetFailover())
 	if err != nil {
 		return nil, errdefs.ToStatus(err)
 	}

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/volume"
 )
@@ -27,6 +28,10 @@ import (
 // history); a mounted dataset is never renamed or destroyed under its
 // mount; and once DeleteVolume answered OK no copy is left on any node,
 // down or not.
+//
+//	I5  no copy changes on a node without its copy's lock (package
+//	    copylock): the one owner of a copy's life. Checked at every
+//	    change, in the pool wrapper (lockedChange).
 type checker struct {
 	w *world
 	// writes: by volume ID, the token of every write that succeeded.
@@ -39,6 +44,9 @@ type checker struct {
 	primaries map[string]string
 	// pending is a violation found between checks.
 	pending error
+	// unlocked is the first change of a copy made without its lock (I5),
+	// recorded from whichever goroutine made it.
+	unlocked atomic.Pointer[error]
 }
 
 func newChecker(w *world) *checker {
@@ -107,6 +115,9 @@ func (c *checker) late(err error) {
 func (c *checker) check() error {
 	if err := c.pending; err != nil {
 		return err
+	}
+	if err := c.unlocked.Load(); err != nil {
+		return *err
 	}
 	for _, v := range c.w.vols {
 		for _, check := range []func(id string) error{c.oneWriter, c.generationsGrow, c.nothingLost, c.mountsStay} {
@@ -206,4 +217,41 @@ func (c *checker) mountsStay(id string) error {
 		}
 	}
 	return nil
+}
+
+// changes are the pool operations that change a dataset or snapshot.
+var changes = map[string]bool{"create": true, "snapshot": true, "clone": true, "set": true, "rename": true, "destroy": true,
+	"release": true, "receive": true, "hold": true, "abort": true, "rollback": true}
+
+// lockedChange records a violation of I5 when op changes a copy on node
+// while nobody holds the copy's lock.
+func (c *checker) lockedChange(inc *incarnation, op, name string) {
+	if !changes[op] || inc.volumes == nil {
+		return
+	}
+	id, ok := copyOf(name)
+	if !ok {
+		return
+	}
+	if _, held := inc.volumes.Locks().Held(id); !held {
+		err := fmt.Errorf("I5: %s %s on %s without the lock of volume %s's copy", op, name, inc.n.id, id)
+		c.unlocked.CompareAndSwap(nil, &err)
+	}
+}
+
+// copyOf names the volume whose copy name (a dataset or snapshot) belongs
+// to: <root>/<id>, its snapshots, and the names a copy takes on its way
+// (<id>-incoming, <id>-aside-<nanos>). Tombstones (<id>-deleted-<nanos>)
+// are no copy: only a CSI snapshot keeps one.
+func copyOf(name string) (string, bool) {
+	rest, ok := strings.CutPrefix(name, rootDataset+"/")
+	if !ok {
+		return "", false
+	}
+	rest, _, _ = strings.Cut(rest, "@")
+	const idLen = len("vol-") + 20
+	if len(rest) < idLen || !volume.IsVolumeID(rest[:idLen]) || strings.HasPrefix(rest[idLen:], "-deleted-") {
+		return "", false
+	}
+	return rest[:idLen], true
 }

@@ -90,12 +90,12 @@ func (n *simNode) start(ctx context.Context) {
 	dial := func(addr string) (*grpc.ClientConn, error) {
 		return grpc.NewClient(addr, append(replication.DialOptions(), n.w.net.dialOptions(n.id, inc.isAlive)...)...)
 	}
-	inc.pusher = replication.NewPusher(streams, rootDataset, n.id, cfg.ReplicationSnapshots, replication.NewLimiter(0), dial, log.Named("replication"))
-	inc.volumes.HoldTransfers = inc.pusher.Hold
+	inc.pusher = replication.NewPusher(streams, inc.volumes.Locks(), rootDataset, n.id, cfg.ReplicationSnapshots, replication.NewLimiter(0), dial, log.Named("replication"))
 	inc.volumes.Mounted = n.mounts.isMounted
-	receiver := replication.NewReceiver(streams, rootDataset, n.id, cfg.ReplicationSnapshots, log.Named("replication"))
+	receiver := replication.NewReceiver(streams, inc.volumes.Locks(), rootDataset, n.id, cfg.ReplicationSnapshots, log.Named("replication"))
 	receiver.MaxQuota, receiver.QuotaProperty = uint64(cfg.MaxQuota), cfg.QuotaProperty
 	receiver.IdleTimeout = time.Duration(cfg.ReceiveIdleTimeout)
+	inc.volumes.DiscardPartialReceive = receiver.DiscardPartial
 	_ = receiver.Recover(ctx) // not fatal, as in zfs-node: the next receive retries
 
 	monitor := lease.NewMonitor(n.w.cfg.Lease, cfg.Domain, func() time.Time { return n.w.nodeNow(n.rate) })
@@ -149,6 +149,7 @@ func (inc *incarnation) alive(op, name string) error {
 		return errCrashed
 	}
 	w := inc.n.w
+	w.checker.lockedChange(inc, op, name)
 	// Keyed by what is called, in this step: which call the dice stop
 	// at does not depend on how goroutines interleaved. Snapshot names
 	// carry the wall clock (zn-<nanos>), so only the filesystem counts.

@@ -17,8 +17,8 @@ import (
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/copylock"
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
-	"github.com/zfs-nomad/zfs-nomad/internal/keylock"
 	"github.com/zfs-nomad/zfs-nomad/internal/volume"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs/zfscmd"
@@ -56,19 +56,12 @@ type Pusher struct {
 	limit  *Limiter
 	dial   func(addr string) (*grpc.ClientConn, error)
 	log    hclog.Logger
-	locks  keylock.Locks
+	locks  *copylock.Locks // the node's, shared with volume.Manager
 	now    func() time.Time
 
-	// tidies serialises a volume's clean-up after a push with Hold: a
-	// delete or demote never meets a tidy holding or pruning snapshots
-	// under it.
-	tidies keylock.Locks
-
-	mu          sync.Mutex
-	transfers   map[string]*Transfer          // by volume ID
-	cancels     map[string]context.CancelFunc // of running pushes, by volume ID
-	tidyCancels map[string]context.CancelFunc // of running tidies, by volume ID
-	peers       map[string]*grpc.ClientConn   // by address, kept between pushes
+	mu        sync.Mutex
+	transfers map[string]*Transfer        // by volume ID
+	peers     map[string]*grpc.ClientConn // by address, kept between pushes
 }
 
 // peer returns a connection to the agent at addr. Connections are kept:
@@ -106,51 +99,6 @@ func (p *Pusher) Close() {
 	}
 }
 
-// Hold stops a running push of volumeID and the clean-up after one, and
-// keeps new ones from starting (they get Aborted) until release is
-// called. Deleting a volume holds it, so a push cannot snapshot or send a
-// volume that is being destroyed, nor a tidy hold or prune its snapshots
-// meanwhile. Lock order: the push lock, then the tidy lock.
-func (p *Pusher) Hold(ctx context.Context, volumeID string) (release func(), err error) {
-	p.cancel(p.cancels, volumeID)
-	unlockPush, err := p.locks.Lock(ctx, volumeID)
-	if err != nil {
-		return nil, err
-	}
-	p.cancel(p.tidyCancels, volumeID)
-	unlockTidy, err := p.tidies.Lock(ctx, volumeID)
-	if err != nil {
-		unlockPush()
-		return nil, err
-	}
-	return func() { unlockTidy(); unlockPush() }, nil
-}
-
-// cancel cancels the work of volumeID registered in cancels.
-func (p *Pusher) cancel(cancels map[string]context.CancelFunc, volumeID string) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if cancel, ok := cancels[volumeID]; ok {
-		cancel()
-	}
-}
-
-// register records cancel as the way to stop volumeID's work in *cancels
-// until the returned function is called.
-func (p *Pusher) register(cancels *map[string]context.CancelFunc, volumeID string, cancel context.CancelFunc) (unregister func()) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if *cancels == nil {
-		*cancels = map[string]context.CancelFunc{}
-	}
-	(*cancels)[volumeID] = cancel
-	return func() {
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		delete(*cancels, volumeID)
-	}
-}
-
 // Transfers returns the pushes running now.
 func (p *Pusher) Transfers() []Transfer {
 	p.mu.Lock()
@@ -182,56 +130,68 @@ func (p *Pusher) update(t *Transfer, prog Progress) {
 	t.Progress = prog
 }
 
-// NewPusher returns a Pusher for the node whose volumes live under root;
-// dial connects to a peer's agent port; keep replication snapshots are
-// kept besides the held bases.
-func NewPusher(z Streams, root, nodeID string, keep int, limit *Limiter, dial func(addr string) (*grpc.ClientConn, error), log hclog.Logger) *Pusher {
-	return &Pusher{z: z, root: root, nodeID: nodeID, keep: keep, limit: limit, dial: dial, log: log, now: time.Now}
+// NewPusher returns a Pusher for the node whose volumes live under root
+// and whose copies locks guards (volume.Manager.Locks); dial connects to a
+// peer's agent port; keep replication snapshots are kept besides the held
+// bases.
+func NewPusher(z Streams, locks *copylock.Locks, root, nodeID string, keep int, limit *Limiter, dial func(addr string) (*grpc.ClientConn, error), log hclog.Logger) *Pusher {
+	return &Pusher{z: z, locks: locks, root: root, nodeID: nodeID, keep: keep, limit: limit, dial: dial, log: log, now: time.Now}
 }
 
 // Push brings the replica of volumeID on the peer at addr up to date:
 // resuming an interrupted transfer, or sending a new snapshot
 // incrementally from the newest common one (full when there is none).
 // report is called as bytes flow (at most every interval) and at the end.
+//
+// The push is the volume's transfer (copylock): a delete or demote stops
+// it. It changes the copy only under the copy's lock: its snapshot, and
+// after the stream the unsent snapshot's removal or the tidy.
 func (p *Pusher) Push(ctx context.Context, volumeID, addr string, interval time.Duration, report func(Progress)) (Progress, error) {
 	fs, err := dataset(p.root, volumeID)
 	if err != nil {
 		return Progress{}, err
 	}
 	log := p.log.With("volume_id", volumeID, "peer", addr)
-	unlock, ok := p.locks.TryLock(volumeID)
-	if !ok {
-		return Progress{}, errdefs.Wrap(errdefs.ErrAborted, "a transfer of volume %s is already running, or the volume is being deleted", volumeID)
+	tctx, end, err := p.locks.StartTransfer(ctx, volumeID, "a push to "+addr)
+	if err != nil {
+		return Progress{}, err
 	}
-	defer unlock()
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	defer p.register(&p.cancels, volumeID, cancel)()
-
-	props, err := p.z.GetAll(ctx, fs, volume.PropRole, volume.PropName, volume.PropGeneration, volume.PropHistoryFrom, volume.PropParameters, "refquota", "quota", "encryption")
-	if errors.Is(err, zfs.ErrNotFound) {
-		return Progress{}, errdefs.Wrap(errdefs.ErrNotFound, "volume %s is not on this node: %v", volumeID, err)
+	out, err := p.push(tctx, volumeID, fs, addr, interval, report, log)
+	end()
+	if out.unsent != "" {
+		p.dropSnapshot(volumeID, out.unsent, log)
 	}
 	if err != nil {
-		return Progress{}, fmt.Errorf("reading the labels of %s: %w", fs, err)
+		return Progress{}, err
 	}
-	if role := props[volume.PropRole]; role != volume.RolePrimary {
-		return Progress{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "volume %s is a %s here; only a primary is sent", volumeID, role)
-	}
-	header := p.header(volumeID, props)
-	// Encrypted volumes are sent raw, so they stay encrypted on the peer.
-	raw := props["encryption"] != "off" && props["encryption"] != "-"
+	p.startTidy(volumeID, fs, out.base, out.tag, log)
+	return out.prog, nil
+}
 
+// pushed is what a push did, for what follows it under the copy's lock.
+type pushed struct {
+	prog   Progress
+	unsent string // a snapshot the push took but did not send
+	base   string // the snapshot the peer now has
+	tag    string // the hold tag of that peer
+}
+
+// push sends; see Push.
+func (p *Pusher) push(ctx context.Context, volumeID, fs, addr string, interval time.Duration, report func(Progress), log hclog.Logger) (out pushed, err error) {
 	conn, err := p.peer(addr)
 	if err != nil {
-		return Progress{}, errdefs.Wrap(errdefs.ErrUnavailable, "peer %s: %v", addr, err)
+		return pushed{}, errdefs.Wrap(errdefs.ErrUnavailable, "peer %s: %v", addr, err)
 	}
 	peer := pb.NewReplicationClient(conn)
 	// The new replication snapshot is taken while the peer says what it
 	// holds: each waits tens of milliseconds (a pool sync, a round trip).
-	snap := fmt.Sprintf("%s@%s%d", fs, SnapshotPrefix, p.now().UnixNano())
-	snapped := make(chan error, 1)
-	go func() { snapped <- p.z.Snapshot(ctx, snap) }()
+	props, snap, snapped, err := p.snapshot(ctx, volumeID, fs)
+	if err != nil {
+		return pushed{}, err
+	}
+	header := p.header(volumeID, props)
+	// Encrypted volumes are sent raw, so they stay encrypted on the peer.
+	raw := props["encryption"] != "off" && props["encryption"] != "-"
 	state, err := peer.ReplicaState(ctx, &pb.ReplicaStateRequest{VolumeId: volumeID})
 	snapErr := <-snapped
 	streaming := false
@@ -241,17 +201,17 @@ func (p *Pusher) Push(ctx context.Context, volumeID, addr string, interval time.
 		// or a push that resumes instead, must not pile them up.
 		defer func() {
 			if !streaming {
-				p.dropSnapshot(snap, log)
+				out.unsent = snap
 			}
 		}()
 	}
 	if err != nil {
-		return Progress{}, errdefs.FromStatus(err)
+		return pushed{}, errdefs.FromStatus(err)
 	}
 
 	plan, err := p.plan(ctx, fs, state, header, raw, snap, snapErr, log)
 	if err != nil {
-		return Progress{}, err
+		return pushed{}, err
 	}
 	prog, spec := plan.prog, plan.spec
 	// The size estimate (zfs send -nP, a process of its own) is for
@@ -274,11 +234,11 @@ func (p *Pusher) Push(ctx context.Context, volumeID, addr string, interval time.
 
 	stream, err := peer.Receive(ctx)
 	if err != nil {
-		return Progress{}, errdefs.FromStatus(err)
+		return pushed{}, errdefs.FromStatus(err)
 	}
 	header.Kind, header.Snapshot = prog.Kind, shortSnapshotName(prog.Snapshot)
 	if err := stream.Send(&pb.ReceiveMessage{Msg: &pb.ReceiveMessage_Header{Header: header}}); err != nil {
-		return Progress{}, fmt.Errorf("%w: sending the header to %s: %v", errdefs.ErrUnavailable, addr, err)
+		return pushed{}, fmt.Errorf("%w: sending the header to %s: %v", errdefs.ErrUnavailable, addr, err)
 	}
 
 	var sent atomic.Int64
@@ -310,28 +270,27 @@ func (p *Pusher) Push(ctx context.Context, volumeID, addr string, interval time.
 			// The receiver refused or gave up and said why: its verdict,
 			// not the broken stream it caused, is the answer (a move
 			// retries Aborted).
-			return Progress{}, fmt.Errorf("sending volume %s to %s: %w", volumeID, addr, errdefs.FromStatus(recvErr))
+			return pushed{}, fmt.Errorf("sending volume %s to %s: %w", volumeID, addr, errdefs.FromStatus(recvErr))
 		}
-		return Progress{}, errdefs.Wrap(errdefs.ErrUnavailable, "sending volume %s to %s: %v (receiver: %v)", volumeID, addr, sendErr, recvErr)
+		return pushed{}, errdefs.Wrap(errdefs.ErrUnavailable, "sending volume %s to %s: %v (receiver: %v)", volumeID, addr, sendErr, recvErr)
 	}
 	result, err := stream.CloseAndRecv()
 	p.Metrics.transfer("out", prog.Kind, volumeID, peerNode, sent.Load(), p.now().Sub(started), err)
 	if err != nil {
-		return Progress{}, errdefs.FromStatus(err)
+		return pushed{}, errdefs.FromStatus(err)
 	}
 	// The peer now has the snapshot: it becomes this peer's base here too.
 	// Holding it need not delay the caller (a move waits for this push):
 	// the old base stays held until it is.
 	base, err := p.sentSnapshot(ctx, fs, plan, result.GetSnapshotGuid())
 	if err != nil {
-		return Progress{}, err
+		return pushed{}, err
 	}
-	p.startTidy(volumeID, fs, base, BaseHoldTag+"-"+state.GetNodeId(), log)
 	prog.Bytes, prog.Done = sent.Load(), true
 	prog.Total = prog.Bytes // what the estimate was for
 	report(prog)
 	log.Info("sent", "bytes", prog.Bytes)
-	return prog, nil
+	return pushed{prog: prog, base: base, tag: BaseHoldTag + "-" + state.GetNodeId()}, nil
 }
 
 // receiverSaidWhy reports whether a receiver's answer to a broken stream
@@ -346,12 +305,49 @@ func receiverSaidWhy(recvErr error) bool {
 	return false
 }
 
-// dropSnapshot destroys a replication snapshot a push took but did not
-// send. Failing that, pruning takes it later.
-func (p *Pusher) dropSnapshot(snap string, log hclog.Logger) {
+// snapshot reads the volume's labels and takes the push's replication
+// snapshot, under the copy's lock: only a primary is sent, and no delete
+// or demote can overtake the snapshot. The lock is released when the
+// snapshot is taken, which snapped reports, so the caller can ask the
+// peer meanwhile.
+func (p *Pusher) snapshot(ctx context.Context, volumeID, fs string) (props map[string]string, snap string, snapped <-chan error, err error) {
+	unlock, err := p.locks.Lock(ctx, volumeID, "a push's snapshot")
+	if err != nil {
+		return nil, "", nil, err
+	}
+	props, err = p.z.GetAll(ctx, fs, volume.PropRole, volume.PropName, volume.PropGeneration, volume.PropHistoryFrom, volume.PropParameters, "refquota", "quota", "encryption")
+	if errors.Is(err, zfs.ErrNotFound) {
+		err = errdefs.Wrap(errdefs.ErrNotFound, "volume %s is not on this node: %v", volumeID, err)
+	} else if err != nil {
+		err = fmt.Errorf("reading the labels of %s: %w", fs, err)
+	} else if role := props[volume.PropRole]; role != volume.RolePrimary {
+		err = errdefs.Wrap(errdefs.ErrFailedPrecondition, "volume %s is a %s here; only a primary is sent", volumeID, role)
+	}
+	if err != nil {
+		unlock()
+		return nil, "", nil, err
+	}
+	snap = fmt.Sprintf("%s@%s%d", fs, SnapshotPrefix, p.now().UnixNano())
+	done := make(chan error, 1)
+	go func() {
+		defer unlock()
+		done <- p.z.Snapshot(ctx, snap)
+	}()
+	return props, snap, done, nil
+}
+
+// dropSnapshot destroys, under the copy's lock, a replication snapshot a
+// push took but did not send. Failing that, pruning takes it later.
+func (p *Pusher) dropSnapshot(volumeID, snap string, log hclog.Logger) {
 	ctx, cancel := context.WithTimeout(context.Background(), tidyTimeout)
 	defer cancel()
-	if err := p.z.Destroy(ctx, snap); err != nil {
+	unlock, err := p.locks.Lock(ctx, volumeID, "dropping an unsent snapshot")
+	if err != nil {
+		log.Warn("an unsent replication snapshot stays; pruning takes it later", "snapshot", snap, "error", err)
+		return
+	}
+	defer unlock()
+	if err := p.z.Destroy(ctx, snap); err != nil && !errors.Is(err, zfs.ErrNotFound) {
 		log.Warn("destroying an unsent replication snapshot failed; pruning takes it later", "snapshot", snap, "error", err)
 	}
 }
@@ -363,23 +359,22 @@ const estimateDelay = time.Second
 const tidyTimeout = 2 * time.Minute
 
 // startTidy tidies after a successful push, in the background: the caller
-// (a move waits for the push) need not wait for its holds and prunes. The
-// tidy lock is taken here, before Push returns and so before the push
-// lock is released, so a Hold that follows always waits for this tidy. If
-// the previous tidy of the volume still runs, this one is skipped: the
-// old base stays held, and the next push tidies.
+// (a move waits for the push) need not wait for its holds and prunes. It
+// runs under the copy's lock, and only on a primary: a delete or demote
+// that came first leaves it nothing to do.
 func (p *Pusher) startTidy(volumeID, fs, base, tag string, log hclog.Logger) {
-	unlock, ok := p.tidies.TryLock(volumeID)
-	if !ok {
-		log.Debug("the previous tidy still runs; the next push tidies")
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), tidyTimeout)
-	unregister := p.register(&p.tidyCancels, volumeID, cancel)
 	go func() {
-		defer unlock()
-		defer unregister()
+		ctx, cancel := context.WithTimeout(context.Background(), tidyTimeout)
 		defer cancel()
+		unlock, err := p.locks.Lock(ctx, volumeID, "tidy after a push")
+		if err != nil {
+			log.Debug("no tidy after this push; the next one tidies", "error", err)
+			return
+		}
+		defer unlock()
+		if role, err := p.z.Get(ctx, fs, volume.PropRole); err != nil || role != volume.RolePrimary {
+			return
+		}
 		p.tidy(ctx, fs, base, tag, log)
 	}()
 }
@@ -389,8 +384,7 @@ func (p *Pusher) startTidy(volumeID, fs, base, tag string, log hclog.Logger) {
 // some common snapshot is always held. A primary receives nothing: the
 // hold it kept as a replica (before a move or failover promoted it) would
 // pin its old base forever. Then old replication snapshots are pruned.
-// Stopped at any step (Hold cancels it), it leaves some common snapshot
-// held.
+// Stopped at any step, it leaves some common snapshot held.
 func (p *Pusher) tidy(ctx context.Context, fs, base, tag string, log hclog.Logger) {
 	if err := p.z.Hold(ctx, base, tag); err != nil {
 		log.Warn("holding the new base failed; the old base stays held until a push holds a newer one", "snapshot", base, "error", err)

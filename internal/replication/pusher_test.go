@@ -11,54 +11,92 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/copylock"
+	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
+	"github.com/zfs-nomad/zfs-nomad/internal/volume"
+	"github.com/zfs-nomad/zfs-nomad/internal/zfs"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs/zfscmd"
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
-// stuckHold is a Streams whose Hold waits until its context ends, like a
-// tidy caught in a slow pool sync.
-type stuckHold struct {
+// tidyStreams records a tidy's holds on a primary, or on nothing when
+// gone is set.
+type tidyStreams struct {
 	Streams
-	entered chan struct{}
-	calls   atomic.Int32
-	ended   atomic.Bool
+	gone  atomic.Bool
+	holds atomic.Int32
 }
 
-func (s *stuckHold) Hold(ctx context.Context, _, _ string) error {
-	if s.calls.Add(1) == 1 {
-		close(s.entered)
+func (s *tidyStreams) Get(_ context.Context, _, prop string) (string, error) {
+	if s.gone.Load() {
+		return "", zfs.ErrNotFound
 	}
-	<-ctx.Done()
-	s.ended.Store(true)
-	return ctx.Err()
+	return volume.RolePrimary, nil
 }
 
-// TestHoldStopsAndWaitsForTidy: a delete (which holds transfers) must not
-// run while the tidy after a push still holds or prunes the volume's
-// snapshots.
-func TestHoldStopsAndWaitsForTidy(t *testing.T) {
-	z := &stuckHold{entered: make(chan struct{})}
-	p := NewPusher(z, "tank/nomad", "n1", 2, nil, nil, hclog.NewNullLogger())
+func (s *tidyStreams) Hold(context.Context, string, string) error {
+	s.holds.Add(1)
+	return nil
+}
+func (s *tidyStreams) Release(context.Context, string, string) error { return nil }
+func (s *tidyStreams) Holds(context.Context, string) (map[string][]string, error) {
+	return nil, nil
+}
+func (s *tidyStreams) Snapshots(context.Context, string) ([]zfscmd.Snap, error) { return nil, nil }
+
+// TestTidyWaitsForTheCopyLock: the tidy after a push holds and prunes the
+// copy's snapshots only under the copy's lock, so a delete holding it
+// never meets a tidy under it; after the delete, the tidy finds no
+// primary and does nothing.
+func TestTidyWaitsForTheCopyLock(t *testing.T) {
+	ctx := context.Background()
+	z := &tidyStreams{}
+	locks := new(copylock.Locks)
+	p := NewPusher(z, locks, "tank/nomad", "n1", 2, nil, nil, hclog.NewNullLogger())
 	const id = "vol-0123456789abcdef0123"
 	fs := "tank/nomad/" + id
-	p.startTidy(id, fs, fs+"@zn-1", BaseHoldTag+"-n2", hclog.NewNullLogger())
-	<-z.entered
 
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	release, err := p.Hold(ctx, id)
+	unlock, err := locks.Lock(ctx, id, "delete")
 	if err != nil {
-		t.Fatalf("Hold did not stop the tidy: %v", err)
+		t.Fatal(err)
 	}
-	defer release()
-	if !z.ended.Load() {
-		t.Fatal("Hold returned while the tidy still ran")
+	p.startTidy(id, fs, fs+"@zn-1", BaseHoldTag+"-n2", hclog.NewNullLogger())
+	time.Sleep(200 * time.Millisecond)
+	if n := z.holds.Load(); n != 0 {
+		t.Fatalf("the tidy held %d snapshots while a delete held the copy's lock", n)
 	}
-	// While held, a tidy (of a push that raced the hold) is skipped.
+	z.gone.Store(true)
+	unlock()
+	time.Sleep(200 * time.Millisecond)
+	if n := z.holds.Load(); n != 0 {
+		t.Errorf("the tidy held %d snapshots of a deleted volume", n)
+	}
+
+	z.gone.Store(false)
 	p.startTidy(id, fs, fs+"@zn-2", BaseHoldTag+"-n2", hclog.NewNullLogger())
-	time.Sleep(100 * time.Millisecond)
-	if n := z.calls.Load(); n != 1 {
-		t.Errorf("a tidy ran while the volume was held (%d holds tried)", n)
+	deadline := time.Now().Add(5 * time.Second)
+	for z.holds.Load() == 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if z.holds.Load() == 0 {
+		t.Error("the tidy of a primary with a free lock held nothing")
+	}
+}
+
+// TestOneTransferPerVolume: a push while another of the volume runs is
+// Aborted, before it touches the copy.
+func TestOneTransferPerVolume(t *testing.T) {
+	locks := new(copylock.Locks)
+	p := NewPusher(&tidyStreams{}, locks, "tank/nomad", "n1", 2, nil, nil, hclog.NewNullLogger())
+	const id = "vol-0123456789abcdef0123"
+	_, end, err := locks.StartTransfer(context.Background(), id, "a push to n3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer end()
+	_, err = p.Push(context.Background(), id, "n2:1", 0, func(Progress) {})
+	if status.Code(errdefs.ToStatus(err)) != codes.Aborted || !errors.Is(err, copylock.ErrTransferRunning) {
+		t.Errorf("a second push: %v, want Aborted naming the running one", err)
 	}
 }
 
@@ -124,7 +162,7 @@ func TestResumeTokensAreChecked(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			z := &tokenStreams{info: tt.info, err: tt.err, snaps: snaps}
-			p := NewPusher(z, "tank/nomad", "n1", 2, nil, nil, hclog.NewNullLogger())
+			p := NewPusher(z, new(copylock.Locks), "tank/nomad", "n1", 2, nil, nil, hclog.NewNullLogger())
 			state := &pb.ReplicaStateResponse{Exists: true, Role: RoleReplica, Generation: 1, ResumeToken: "1-abc-10-789c", SnapshotGuids: []uint64{1}}
 			plan, err := p.plan(context.Background(), fs, state, &pb.ReceiveHeader{Generation: 1}, tt.raw, fs+"@zn-3", nil, hclog.NewNullLogger())
 			if err != nil {
@@ -172,7 +210,7 @@ func TestPlanChoosesTheKind(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			p := NewPusher(&tokenStreams{snaps: local}, "tank/nomad", "n1", 2, nil, nil, hclog.NewNullLogger())
+			p := NewPusher(&tokenStreams{snaps: local}, new(copylock.Locks), "tank/nomad", "n1", 2, nil, nil, hclog.NewNullLogger())
 			state := &pb.ReplicaStateResponse{Exists: true, Role: RoleReplica, Generation: tt.generation, SnapshotGuids: tt.remote}
 			h := &pb.ReceiveHeader{Generation: 3, HistoryFrom: tt.historyFrom}
 			plan, err := p.plan(context.Background(), fs, state, h, false, fs+"@zn-3", nil, hclog.NewNullLogger())

@@ -15,8 +15,8 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/copylock"
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
-	"github.com/zfs-nomad/zfs-nomad/internal/keylock"
 	"github.com/zfs-nomad/zfs-nomad/internal/tlsconfig"
 	"github.com/zfs-nomad/zfs-nomad/internal/volume"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs"
@@ -52,8 +52,8 @@ type Receiver struct {
 	nodeID string
 	keep   int
 	log    hclog.Logger
-	locks  keylock.Locks
-	slots  chan struct{} // one per receive allowed at once
+	locks  *copylock.Locks // the node's, shared with volume.Manager
+	slots  chan struct{}   // one per receive allowed at once
 }
 
 // DefaultIdleTimeout is how long a receive waits for the sender's next
@@ -70,9 +70,10 @@ const MaxReceives = 8
 const MaxGeneration = 1 << 48
 
 // NewReceiver returns the replication service for the node whose volumes
-// live under root; replicas keep the newest keep replication snapshots.
-func NewReceiver(z Streams, root, nodeID string, keep int, log hclog.Logger) *Receiver {
-	return &Receiver{z: z, root: root, nodeID: nodeID, keep: keep, log: log,
+// live under root and whose copies locks guards (volume.Manager.Locks);
+// replicas keep the newest keep replication snapshots.
+func NewReceiver(z Streams, locks *copylock.Locks, root, nodeID string, keep int, log hclog.Logger) *Receiver {
+	return &Receiver{z: z, locks: locks, root: root, nodeID: nodeID, keep: keep, log: log,
 		IdleTimeout: DefaultIdleTimeout, slots: make(chan struct{}, MaxReceives)}
 }
 
@@ -159,9 +160,9 @@ func (r *Receiver) receive(stream pb.Replication_ReceiveServer) (*pb.ReceiveResu
 	}
 	// The lock may be held by the tidy after the previous receive (a
 	// second or so): a push that lands then waits for it rather than
-	// failing. Another receive of the volume that outlasts lockWait gets
-	// Aborted.
-	unlock, err := r.waitLock(ctx, h.GetVolumeId())
+	// failing. Another change of the copy that outlasts copylock.Wait (a
+	// receive) makes it Aborted.
+	unlock, err := r.locks.Lock(ctx, h.GetVolumeId(), "receive from node "+h.GetSourceNodeId())
 	if err != nil {
 		return nil, err
 	}
@@ -559,7 +560,7 @@ func (r *Receiver) tidy(volumeID, fs, received string, log hclog.Logger) {
 		return
 	case <-time.After(tidyDelay):
 	}
-	unlock, err := r.waitLock(ctx, volumeID)
+	unlock, err := r.locks.Lock(ctx, volumeID, "tidy after a receive")
 	if err != nil {
 		return // busy with another receive: it holds its own base
 	}
@@ -580,21 +581,6 @@ func (r *Receiver) tidy(volumeID, fs, received string, log hclog.Logger) {
 	if err := prune(ctx, r.z, fs, r.keep); err != nil {
 		log.Warn("pruning old replication snapshots failed; next receive retries", "error", err)
 	}
-}
-
-// lockWait bounds how long a receive, or deleting or promoting a replica,
-// waits for the clean-up after a receive; a running receive that outlasts
-// it makes them Aborted instead.
-const lockWait = 10 * time.Second
-
-func (r *Receiver) waitLock(ctx context.Context, volumeID string) (func(), error) {
-	ctx, cancel := context.WithTimeout(ctx, lockWait)
-	defer cancel()
-	unlock, err := r.locks.Lock(ctx, volumeID)
-	if err != nil {
-		return nil, errdefs.Wrap(errdefs.ErrAborted, "a receive of volume %s is running; retry", volumeID)
-	}
-	return unlock, nil
 }
 
 // Replica is a copy this node holds of another node's volume.
@@ -660,7 +646,7 @@ func (r *Receiver) DeleteReplica(ctx context.Context, volumeID string) (bool, er
 	if err != nil {
 		return false, nil // names no volume, so no replica of one
 	}
-	unlock, err := r.waitLock(ctx, volumeID)
+	unlock, err := r.locks.Lock(ctx, volumeID, "deleting the replica")
 	if err != nil {
 		return false, err
 	}
@@ -710,30 +696,26 @@ func (r *Receiver) hasPartial(ctx context.Context, fs string) bool {
 	return err == nil && token != "-" && token != ""
 }
 
-// Exclusive runs promote while nothing else of the receiver touches the
-// volume: it waits for a running receive (Aborted after lockWait) and
-// discards a partial one first, and no receive, tidy or replica deletion
-// starts until promote returns. Without it a receive that started between
-// the discard and the promotion would finish on the promoted copy and
-// label it a replica of the older generation again (I3).
-func (r *Receiver) Exclusive(ctx context.Context, volumeID string, promote func() error) error {
+// DiscardPartial discards an interrupted receive into this node's replica
+// of volumeID, before it is promoted (volume.Manager.Promote, which holds
+// the volume's lock, so no receive can start until the promotion is
+// done: a receive that finished on the promoted copy would label it a
+// replica of the older generation again, I3). A primary is left alone.
+func (r *Receiver) DiscardPartial(ctx context.Context, volumeID string) error {
 	fs, err := dataset(r.root, volumeID)
 	if err != nil {
 		return err
 	}
-	unlock, err := r.waitLock(ctx, volumeID)
-	if err != nil {
-		return err
+	if !r.hasPartial(ctx, fs) {
+		return nil
 	}
-	defer unlock()
-	if r.hasPartial(ctx, fs) {
-		if role, err := r.z.Get(ctx, fs, volume.PropRole); err == nil && role == RoleReplica {
-			if err := r.abortPartial(ctx, fs); err != nil {
-				return fmt.Errorf("discarding the partial receive into %s before promoting it: %w", fs, err)
-			}
-		}
+	if role, err := r.z.Get(ctx, fs, volume.PropRole); err != nil || role != RoleReplica {
+		return nil
 	}
-	return promote()
+	if err := r.abortPartial(ctx, fs); err != nil {
+		return fmt.Errorf("discarding the partial receive into %s before promoting it: %w", fs, err)
+	}
+	return nil
 }
 
 // fullLabels are a replica's labels with its volume ID, which a full

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/copylock"
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
 	"github.com/zfs-nomad/zfs-nomad/internal/volume"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs"
@@ -182,7 +183,7 @@ func TestReceiveChecksTheGeneration(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			z := &replicaStore{exists: true, generation: 5}
-			r := NewReceiver(z, "tank/nomad", "n2", 2, hclog.NewNullLogger())
+			r := NewReceiver(z, new(copylock.Locks), "tank/nomad", "n2", 2, hclog.NewNullLogger())
 			_, err := r.receive(stream(t, false, header(tt.kind, tt.gen), plainStream(tt.kind)))
 			if got := status.Code(errdefs.ToStatus(err)); got != tt.want {
 				t.Errorf("%v, want %s", err, tt.want)
@@ -203,7 +204,7 @@ func TestReceiveEndsWhenTheSenderStalls(t *testing.T) {
 		"header, no data": {header(KindIncremental, 5)},
 	} {
 		t.Run(name, func(t *testing.T) {
-			r := NewReceiver(&replicaStore{exists: true, generation: 5}, "tank/nomad", "n2", 2, hclog.NewNullLogger())
+			r := NewReceiver(&replicaStore{exists: true, generation: 5}, new(copylock.Locks), "tank/nomad", "n2", 2, hclog.NewNullLogger())
 			r.IdleTimeout = 100 * time.Millisecond
 			done := make(chan error, 1)
 			go func() { _, err := r.receive(stream(t, true, msgs...)); done <- err }()
@@ -215,17 +216,15 @@ func TestReceiveEndsWhenTheSenderStalls(t *testing.T) {
 			case <-time.After(5 * time.Second):
 				t.Fatal("a stalled sender kept its receive")
 			}
-			if unlock, ok := r.locks.TryLock(testVolume); !ok {
-				t.Error("the volume's lock is still held")
-			} else {
-				unlock()
+			if what, held := r.locks.Held(testVolume); held {
+				t.Errorf("the volume's lock is still held, by %s", what)
 			}
 		})
 	}
 }
 
 func TestReceivesAreBounded(t *testing.T) {
-	r := NewReceiver(&replicaStore{exists: true, generation: 5}, "tank/nomad", "n2", 2, hclog.NewNullLogger())
+	r := NewReceiver(&replicaStore{exists: true, generation: 5}, new(copylock.Locks), "tank/nomad", "n2", 2, hclog.NewNullLogger())
 	for range MaxReceives {
 		r.slots <- struct{}{}
 	}
@@ -240,7 +239,7 @@ func TestReceivesAreBounded(t *testing.T) {
 // partial receive first, which would otherwise make zfs receive fail.
 func TestFreshStreamDiscardsAPartialReceive(t *testing.T) {
 	z := &replicaStore{exists: true, generation: 5, token: "1-abc-10-789c"}
-	r := NewReceiver(z, "tank/nomad", "n2", 2, hclog.NewNullLogger())
+	r := NewReceiver(z, new(copylock.Locks), "tank/nomad", "n2", 2, hclog.NewNullLogger())
 	data := plainStream(KindIncremental)
 	if _, err := r.receive(stream(t, false, header(KindIncremental, 5), data)); err != nil {
 		t.Fatal(err)
@@ -253,7 +252,7 @@ func TestFreshStreamDiscardsAPartialReceive(t *testing.T) {
 // TestSenderMustBeWhoItClaims: a stream's source node must be the node
 // its sender's certificate names.
 func TestSenderMustBeWhoItClaims(t *testing.T) {
-	r := NewReceiver(&replicaStore{exists: true, generation: 5}, "tank/nomad", "n2", 2, hclog.NewNullLogger())
+	r := NewReceiver(&replicaStore{exists: true, generation: 5}, new(copylock.Locks), "tank/nomad", "n2", 2, hclog.NewNullLogger())
 	s := stream(t, false, header(KindIncremental, 5))
 	cert := &x509.Certificate{Subject: pkix.Name{CommonName: "n9", OrganizationalUnit: []string{"node"}}}
 	s.ctx = peer.NewContext(s.ctx, &peer.Peer{AuthInfo: credentials.TLSInfo{State: tls.ConnectionState{VerifiedChains: [][]*x509.Certificate{{cert}}}}})
@@ -268,7 +267,7 @@ func TestSenderMustBeWhoItClaims(t *testing.T) {
 // not cut short.
 func TestIdleClockStopsWithTheStream(t *testing.T) {
 	z := &replicaStore{exists: true, generation: 5, finishing: 300 * time.Millisecond}
-	r := NewReceiver(z, "tank/nomad", "n2", 2, hclog.NewNullLogger())
+	r := NewReceiver(z, new(copylock.Locks), "tank/nomad", "n2", 2, hclog.NewNullLogger())
 	r.IdleTimeout = 100 * time.Millisecond
 	data := plainStream(KindIncremental)
 	if _, err := r.receive(stream(t, false, header(KindIncremental, 5), data)); err != nil {
@@ -277,30 +276,35 @@ func TestIdleClockStopsWithTheStream(t *testing.T) {
 }
 
 // TestNoReceiveDuringAPromotion: a receive that arrives while a replica is
-// promoted waits for the promotion, then finds a primary and is refused.
-// Run beside it, it would have labelled the promoted copy a replica of the
-// older generation again.
+// promoted (volume.Manager.Promote, holding the copy's lock) waits for
+// the promotion, then finds a primary and is refused. Run beside it, it
+// would have labelled the promoted copy a replica of the older generation
+// again.
 func TestNoReceiveDuringAPromotion(t *testing.T) {
+	ctx := context.Background()
 	z := newMemPool(testRoot)
 	z.put(testDataset, replicaProps("1"), "zn-1:41")
-	r := NewReceiver(z, testRoot, "n2", 2, hclog.NewNullLogger())
-	received := make(chan error, 1)
-	err := r.Exclusive(context.Background(), testVolume, func() error {
-		go func() {
-			_, err := r.receive(stream(t, false, header(KindIncremental, 1), plainStream(KindIncremental), dataMsg([]byte(streamEnd))))
-			received <- err
-		}()
-		select {
-		case err := <-received:
-			t.Errorf("a receive ran during the promotion: %v", err)
-			received <- err
-		case <-time.After(300 * time.Millisecond):
-		}
-		return z.Set(context.Background(), testDataset, map[string]string{volume.PropRole: volume.RolePrimary, volume.PropGeneration: "2"})
-	})
+	locks := new(copylock.Locks)
+	r := NewReceiver(z, locks, testRoot, "n2", 2, hclog.NewNullLogger())
+	unlock, err := locks.Lock(ctx, testVolume, "promote")
 	if err != nil {
 		t.Fatal(err)
 	}
+	received := make(chan error, 1)
+	go func() {
+		_, err := r.receive(stream(t, false, header(KindIncremental, 1), plainStream(KindIncremental), dataMsg([]byte(streamEnd))))
+		received <- err
+	}()
+	select {
+	case err := <-received:
+		t.Errorf("a receive ran during the promotion: %v", err)
+		received <- err
+	case <-time.After(300 * time.Millisecond):
+	}
+	if err := z.Set(ctx, testDataset, map[string]string{volume.PropRole: volume.RolePrimary, volume.PropGeneration: "2"}); err != nil {
+		t.Fatal(err)
+	}
+	unlock()
 	if err := <-received; status.Code(errdefs.ToStatus(err)) != codes.FailedPrecondition {
 		t.Errorf("the receive after the promotion: %v, want FailedPrecondition", err)
 	}

@@ -178,7 +178,7 @@ func (r *Receiver) Recover(ctx context.Context) error {
 }
 
 func (r *Receiver) recoverOne(ctx context.Context, id, fs string) error {
-	unlock, err := r.waitLock(ctx, id)
+	unlock, err := r.locks.Lock(ctx, id, "finishing a replacement")
 	if err != nil {
 		return err
 	}

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/copylock"
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
 	"github.com/zfs-nomad/zfs-nomad/internal/volume"
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
@@ -49,7 +50,7 @@ func replicaProps(generation string) map[string]string {
 func TestFullReplaceKeepsTheOldReplicaUntilComplete(t *testing.T) {
 	z := newMemPool(testRoot)
 	z.put(testDataset, replicaProps("1"), "zn-1:7")
-	r := NewReceiver(z, testRoot, "n2", 2, hclog.NewNullLogger())
+	r := NewReceiver(z, new(copylock.Locks), testRoot, "n2", 2, hclog.NewNullLogger())
 
 	_, err := r.receive(fullStream(t, 2, false))
 	if status.Code(errdefs.ToStatus(err)) != codes.Aborted {
@@ -121,7 +122,7 @@ func TestRecoverFinishesReplacements(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			z := newMemPool(testRoot)
 			tt.setup(z)
-			r := NewReceiver(z, testRoot, "n2", 2, hclog.NewNullLogger())
+			r := NewReceiver(z, new(copylock.Locks), testRoot, "n2", 2, hclog.NewNullLogger())
 			if err := r.Recover(context.Background()); err != nil {
 				t.Fatal(err)
 			}
@@ -151,7 +152,7 @@ func TestRecoverFinishesReplacements(t *testing.T) {
 func TestStreamsWithPropertiesAreRefused(t *testing.T) {
 	z := newMemPool(testRoot)
 	z.put(testDataset, replicaProps("1"), "zn-1:7")
-	r := NewReceiver(z, testRoot, "n2", 2, hclog.NewNullLogger())
+	r := NewReceiver(z, new(copylock.Locks), testRoot, "n2", 2, hclog.NewNullLogger())
 	compound := testBegin(0, 42, "tank/nomad/"+testVolume+"@zn-2")
 	compound[16] = 2 // a compound stream
 	_, err := r.receive(stream(t, false, header(KindFull, 2), dataMsg(compound), dataMsg([]byte(streamEnd))))
@@ -197,7 +198,7 @@ func TestOversizedStreamsAreRefused(t *testing.T) {
 		t.Run(kind, func(t *testing.T) {
 			z := newMemPool(testRoot)
 			z.put(testDataset, replicaProps("1"), "zn-1:41")
-			r := NewReceiver(z, testRoot, "n2", 2, hclog.NewNullLogger())
+			r := NewReceiver(z, new(copylock.Locks), testRoot, "n2", 2, hclog.NewNullLogger())
 			r.MaxQuota = 1000
 			from := uint64(41)
 			if kind == KindFull {
@@ -232,7 +233,7 @@ func TestInterruptedFirstReceiveIsSentAfresh(t *testing.T) {
 	z := newMemPool(testRoot)
 	z.put(testDataset, replicaProps("1"))
 	z.ds[testDataset].token, z.ds[testDataset].partial = "1-abc", true
-	r := NewReceiver(z, testRoot, "n2", 2, hclog.NewNullLogger())
+	r := NewReceiver(z, new(copylock.Locks), testRoot, "n2", 2, hclog.NewNullLogger())
 	if _, err := r.receive(fullStream(t, 1, true)); err != nil {
 		t.Fatal(err)
 	}
@@ -270,7 +271,7 @@ func TestIncrementalRollsBackOnlyWhatTheSendersHistoryHolds(t *testing.T) {
 			if err := z.Hold(context.Background(), testDataset+"@zn-5", BaseHoldTag); err != nil {
 				t.Fatal(err)
 			}
-			r := NewReceiver(z, testRoot, "n2", 2, hclog.NewNullLogger())
+			r := NewReceiver(z, new(copylock.Locks), testRoot, "n2", 2, hclog.NewNullLogger())
 			h := header(KindIncremental, tt.generation)
 			h.GetHeader().HistoryFrom = tt.historyFrom
 			_, err := r.receive(stream(t, false, h, plainStream(KindIncremental), dataMsg([]byte(streamEnd))))
@@ -316,7 +317,7 @@ func TestReplacedReplicaIsDestroyedOnlyWhenTheHistoryHoldsIt(t *testing.T) {
 			if err := z.Hold(context.Background(), testDataset+"@zn-1", BaseHoldTag); err != nil {
 				t.Fatal(err)
 			}
-			r := NewReceiver(z, testRoot, "n2", 2, hclog.NewNullLogger())
+			r := NewReceiver(z, new(copylock.Locks), testRoot, "n2", 2, hclog.NewNullLogger())
 			s := fullStream(t, 2, true)
 			h := <-s.msgs
 			h.GetHeader().HistoryFrom = tt.historyFrom

@@ -143,7 +143,7 @@ func (m *Manager) mounted(dataset string) (bool, error) {
 // the fence went up (unix nanos): replication snapshots taken after that
 // hold everything the volume will ever have here.
 func (m *Manager) Fence(ctx context.Context, id, target string) (int64, error) {
-	unlock, err := m.lock(ctx, id)
+	unlock, err := m.lock(ctx, id, "fence")
 	if err != nil {
 		return 0, err
 	}
@@ -175,7 +175,7 @@ func (m *Manager) Fence(ctx context.Context, id, target string) (int64, error) {
 // Unfence lifts a fence: the move was abandoned and this copy stays the
 // primary.
 func (m *Manager) Unfence(ctx context.Context, id string, generation uint64) error {
-	unlock, err := m.lock(ctx, id)
+	unlock, err := m.lock(ctx, id, "unfence")
 	if err != nil {
 		return err
 	}
@@ -200,14 +200,20 @@ func (m *Manager) Unfence(ctx context.Context, id string, generation uint64) err
 // Promote turns this node's replica into the primary at generation. For a
 // planned move (notBefore > 0) the replica must hold a snapshot the source
 // took after its fence, so nothing written there is missing. failover
-// records the newest snapshot the replica had: the recovery point.
-// Interrupted receives must have been aborted first.
+// records the newest snapshot the replica had: the recovery point. A
+// receive into the replica that is running finishes first (it holds the
+// lock), and an interrupted one is discarded (DiscardPartialReceive).
 func (m *Manager) Promote(ctx context.Context, id string, generation uint64, notBefore int64, failover bool) (Copy, error) {
-	unlock, err := m.lock(ctx, id)
+	unlock, err := m.lock(ctx, id, "promote")
 	if err != nil {
 		return Copy{}, err
 	}
 	defer unlock()
+	if m.DiscardPartialReceive != nil {
+		if err := m.DiscardPartialReceive(ctx, id); err != nil {
+			return Copy{}, err
+		}
+	}
 	c, err := m.Copy(ctx, id)
 	if err != nil {
 		return Copy{}, err
@@ -290,16 +296,16 @@ func (m *Manager) promote(ctx context.Context, c Copy, generation uint64, notBef
 // replication, so it is kept for an operator, never destroyed and never
 // mounted.
 func (m *Manager) Demote(ctx context.Context, id string, generation uint64, aside bool) error {
-	unlock, err := m.lock(ctx, id)
+	unlock, err := m.lock(ctx, id, "demote")
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	release, err := m.holdTransfers(ctx, id)
-	if err != nil {
+	// A push of this copy stops first: a replica or a copy set aside sends
+	// nothing.
+	if err := m.locks.StopTransfer(ctx, id); err != nil {
 		return err
 	}
-	defer release()
 	c, err := m.Copy(ctx, id)
 	if err != nil {
 		return err
@@ -349,7 +355,7 @@ func (m *Manager) Demote(ctx context.Context, id string, generation uint64, asid
 // published (0: not checked). unlock must be called once it is mounted, so
 // no fence or demotion overtakes the mount.
 func (m *Manager) Stageable(ctx context.Context, id string, generation uint64) (Volume, func(), error) {
-	unlock, err := m.lock(ctx, id)
+	unlock, err := m.lock(ctx, id, "stage")
 	if err != nil {
 		return Volume{}, nil, err
 	}

@@ -133,10 +133,11 @@ func TestPromoteChecksTheReplica(t *testing.T) {
 	}
 }
 
-// TestOneLockOrder: every operation that holds a volume's transfers does
-// so under the volume's lock (volume lock first, then the transfers), so
-// a delete and a demotion of one volume cannot wait for each other.
-func TestOneLockOrder(t *testing.T) {
+// TestDeleteAndDemoteStopTheTransfer: a delete or demotion stops the
+// volume's running transfer (a push) and waits for it, holding the copy's
+// one lock, so no push can snapshot or send the copy meanwhile and no
+// second lock is taken in another order.
+func TestDeleteAndDemoteStopTheTransfer(t *testing.T) {
 	ctx := context.Background()
 	ops := []struct {
 		name string
@@ -152,20 +153,30 @@ func TestOneLockOrder(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			held := false
-			m.HoldTransfers = func(_ context.Context, id string) (func(), error) {
-				held = true
-				if unlock, free := m.locks.TryLock(id); free {
-					unlock()
-					t.Errorf("%s held the transfers of %s before taking the volume's lock", op.name, id)
-				}
-				return func() {}, nil
+			tctx, end, err := m.Locks().StartTransfer(ctx, v.ID, "a push to n2")
+			if err != nil {
+				t.Fatal(err)
 			}
+			stopped := make(chan string, 1)
+			go func() {
+				<-tctx.Done()
+				what, held := m.Locks().Held(v.ID)
+				if !held {
+					what = "nothing"
+				}
+				stopped <- what
+				end()
+			}()
 			if err := op.run(m, v.ID); err != nil {
 				t.Fatal(err)
 			}
-			if !held {
-				t.Errorf("%s did not hold the transfers", op.name)
+			select {
+			case what := <-stopped:
+				if what != op.name {
+					t.Errorf("the transfer was stopped while %s held the copy's lock, want %s", what, op.name)
+				}
+			default:
+				t.Errorf("%s returned without stopping the transfer", op.name)
 			}
 		})
 	}

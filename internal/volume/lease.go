@@ -49,7 +49,7 @@ func (m *Manager) SelfFence(ctx context.Context) ([]string, error) {
 }
 
 func (m *Manager) selfFence(ctx context.Context, id string) (bool, error) {
-	unlock, err := m.lock(ctx, id)
+	unlock, err := m.lock(ctx, id, "self-fence after losing the lease")
 	if err != nil {
 		return false, err
 	}
@@ -95,7 +95,7 @@ func (m *Manager) LeaseFenced(ctx context.Context) (map[string]uint64, error) {
 // generation: no other copy can have been promoted. It does nothing to a
 // copy of another generation or one fenced for a move.
 func (m *Manager) LiftLeaseFence(ctx context.Context, id string, generation uint64) error {
-	unlock, err := m.lock(ctx, id)
+	unlock, err := m.lock(ctx, id, "lifting the lease fence")
 	if err != nil {
 		return err
 	}

@@ -27,8 +27,8 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/config"
+	"github.com/zfs-nomad/zfs-nomad/internal/copylock"
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
-	"github.com/zfs-nomad/zfs-nomad/internal/keylock"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs"
 )
 
@@ -93,10 +93,11 @@ type CreateRequest struct {
 // Manager runs volume operations on one node. Operations on one volume are
 // serialised; different volumes proceed in parallel as far as ZFS allows.
 type Manager struct {
-	// HoldTransfers, when set, stops a running replication push of a volume
-	// and keeps new ones off until release; Delete and Demote call it. Lock
-	// order: the volume's lock first, then the transfers' hold.
-	HoldTransfers func(ctx context.Context, volumeID string) (release func(), err error)
+	// DiscardPartialReceive, when set, discards an interrupted receive into
+	// the volume's replica (replication.Receiver.DiscardPartial). Promote
+	// calls it holding the volume's lock, so no receive starts between
+	// the discard and the promotion.
+	DiscardPartialReceive func(ctx context.Context, volumeID string) error
 	// Mounted, when set, reports whether a dataset is mounted on this node;
 	// a mounted primary is never fenced or demoted.
 	Mounted func(dataset string) (bool, error)
@@ -107,15 +108,19 @@ type Manager struct {
 	zfs       zfs.Interface
 	cfg       config.Node
 	log       hclog.Logger
-	locks     keylock.Locks
+	locks     *copylock.Locks
 	now       func() time.Time
 	confirmed confirmations
 }
 
 // NewManager returns a Manager for the node described by cfg.
 func NewManager(z zfs.Interface, cfg config.Node, log hclog.Logger) *Manager {
-	return &Manager{zfs: z, cfg: cfg, log: log, now: time.Now}
+	return &Manager{zfs: z, cfg: cfg, log: log, now: time.Now, locks: new(copylock.Locks)}
 }
+
+// Locks is the one lock of each copy on this node (package copylock): the
+// replication pusher and receiver change copies under it too.
+func (m *Manager) Locks() *copylock.Locks { return m.locks }
 
 // Health says whether this node can do its job: pool online, root dataset
 // present.
@@ -136,26 +141,10 @@ func (m *Manager) Health(ctx context.Context) error {
 	return nil
 }
 
-// holdTransfers stops a running push of the volume and keeps new ones off
-// until release (see HoldTransfers).
-func (m *Manager) holdTransfers(ctx context.Context, id string) (release func(), err error) {
-	if m.HoldTransfers == nil {
-		return func() {}, nil
-	}
-	release, err = m.HoldTransfers(ctx, id)
-	if err != nil {
-		return nil, fmt.Errorf("%w: waiting for a replication push of %s to stop: %v", errdefs.ErrAborted, id, err)
-	}
-	return release, nil
-}
-
-// lock serialises operations on one volume or snapshot ID.
-func (m *Manager) lock(ctx context.Context, id string) (func(), error) {
-	unlock, err := m.locks.Lock(ctx, id)
-	if err != nil {
-		return nil, fmt.Errorf("%w: waiting for another operation on %s: %v", errdefs.ErrAborted, id, err)
-	}
-	return unlock, nil
+// lock takes the lock of a volume's copy, or of a snapshot ID, for the
+// change what (package copylock).
+func (m *Manager) lock(ctx context.Context, id, what string) (func(), error) {
+	return m.locks.Lock(ctx, id, what)
 }
 
 // Create creates a volume, or returns the one an earlier identical request
@@ -185,7 +174,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Volume, error)
 
 	id := VolumeIDForName(req.Name)
 	log := m.log.With("volume_id", id)
-	unlock, err := m.lock(ctx, id)
+	unlock, err := m.lock(ctx, id, "create")
 	if err != nil {
 		return Volume{}, err
 	}
@@ -361,7 +350,7 @@ func (m *Manager) Delete(ctx context.Context, id string) error {
 		return nil // names no volume, so none to delete
 	}
 	log := m.log.With("volume_id", id)
-	unlock, err := m.lock(ctx, id)
+	unlock, err := m.lock(ctx, id, "delete")
 	if err != nil {
 		return err
 	}
@@ -379,11 +368,11 @@ func (m *Manager) Delete(ctx context.Context, id string) error {
 	if err := m.refuseMounted(v); err != nil {
 		return err
 	}
-	release, err := m.holdTransfers(ctx, id)
-	if err != nil {
+	// A push snapshots and sends this copy: it stops first, and the next
+	// one waits for this lock and then finds no volume.
+	if err := m.locks.StopTransfer(ctx, id); err != nil {
 		return err
 	}
-	defer release()
 	if err := m.dropReplicationSnapshots(ctx, v.Dataset); err != nil {
 		return err
 	}
@@ -516,7 +505,7 @@ func (m *Manager) collectTombstones(ctx context.Context) {
 
 // Expand raises a volume's quota to at least required bytes.
 func (m *Manager) Expand(ctx context.Context, id string, required, limit uint64) (uint64, error) {
-	unlock, err := m.lock(ctx, id)
+	unlock, err := m.lock(ctx, id, "expand")
 	if err != nil {
 		return 0, err
 	}

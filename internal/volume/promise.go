@@ -66,7 +66,7 @@ func (m *Manager) Reserve(ctx context.Context, id string, generation uint64, hol
 	if generation == 0 || holder == "" {
 		return Promise{}, false, fmt.Errorf("%w: reserving a generation of volume %s needs a generation and a holder", errdefs.ErrInvalidArgument, id)
 	}
-	unlock, err := m.lock(ctx, id)
+	unlock, err := m.lock(ctx, id, "reserving a generation")
 	if err != nil {
 		return Promise{}, false, err
 	}
@@ -100,6 +100,14 @@ func (m *Manager) Reserve(ctx context.Context, id string, generation uint64, hol
 // Forget drops the promise of a volume being deleted, so that a volume
 // created later under the same name starts afresh.
 func (m *Manager) Forget(ctx context.Context, id string) error {
+	if !IsVolumeID(id) {
+		return nil
+	}
+	unlock, err := m.lock(ctx, id, "forgetting the promise")
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	promised, err := m.Promised(ctx, id)
 	if err != nil || promised.Generation == 0 {
 		return err
@@ -115,7 +123,7 @@ func (m *Manager) Forget(ctx context.Context, id string) error {
 // controller may then publish it while the majority stays lost, on the
 // operator's word that the silent nodes hold nothing newer.
 func (m *Manager) MarkForced(ctx context.Context, id string, generation uint64) error {
-	unlock, err := m.lock(ctx, id)
+	unlock, err := m.lock(ctx, id, "marking forced")
 	if err != nil {
 		return err
 	}

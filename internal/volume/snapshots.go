@@ -19,7 +19,7 @@ func (m *Manager) CreateSnapshot(ctx context.Context, volumeID, name string) (Sn
 	}
 	id := SnapshotIDForName(name)
 	log := m.log.With("volume_id", volumeID, "snapshot_id", id)
-	unlock, err := m.lock(ctx, volumeID)
+	unlock, err := m.lock(ctx, volumeID, "snapshot")
 	if err != nil {
 		return Snapshot{}, err
 	}
@@ -60,7 +60,7 @@ func (m *Manager) DeleteSnapshot(ctx context.Context, id string) error {
 	if !IsSnapshotID(id) {
 		return nil
 	}
-	unlock, err := m.lock(ctx, id)
+	unlock, err := m.lock(ctx, id, "deleting a snapshot")
 	if err != nil {
 		return err
 	}

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/test/bufconn"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/copylock"
 	"github.com/zfs-nomad/zfs-nomad/internal/replication"
 	"github.com/zfs-nomad/zfs-nomad/internal/volume"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs/zfscmd"
@@ -72,14 +73,14 @@ func TestRealReplication(t *testing.T) {
 func pusherTo(t *testing.T, src, dst node) func(id string) (replication.Progress, error) {
 	lis := bufconn.Listen(1 << 20)
 	srv := grpc.NewServer()
-	pb.RegisterReplicationServer(srv, replication.NewReceiver(dst.s, "tank/nomad", "n2", 2, hclog.NewNullLogger()))
+	pb.RegisterReplicationServer(srv, replication.NewReceiver(dst.s, new(copylock.Locks), "tank/nomad", "n2", 2, hclog.NewNullLogger()))
 	go func() { _ = srv.Serve(lis) }()
 	t.Cleanup(srv.Stop)
 	dial := func(string) (*grpc.ClientConn, error) {
 		return grpc.NewClient("passthrough:///bufnet", grpc.WithTransportCredentials(insecure.NewCredentials()),
 			grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }))
 	}
-	p := replication.NewPusher(src.s, "tank/nomad", "n1", 2, nil, dial, hclog.NewNullLogger())
+	p := replication.NewPusher(src.s, new(copylock.Locks), "tank/nomad", "n1", 2, nil, dial, hclog.NewNullLogger())
 	t.Cleanup(p.Close)
 	return func(id string) (replication.Progress, error) {
 		return p.Push(ctx, id, "n2", 0, func(replication.Progress) {})
