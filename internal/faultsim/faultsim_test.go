@@ -18,6 +18,9 @@ var (
 	stepsFlag = flag.Int("steps", 0, "steps per seed (default: DefaultConfig's)")
 	downFlag  = flag.Int("max-downtime", 0, "longest a crashed node process stays down, in steps (default: DefaultConfig's)")
 	goOnFlag  = flag.Bool("keep-going", false, "run every seed and list the failing ones, instead of stopping at the first")
+	nodesFlag = flag.Int("nodes", 0, "nodes per run (default: DefaultConfig's)")
+	volsFlag  = flag.Int("volumes", 0, "volumes per run (default: DefaultConfig's)")
+	skewFlag  = flag.Duration("skew", -1, "largest offset of a node's wall clock (default: DefaultConfig's)")
 )
 
 // defaultSeeds is what make test runs: about three minutes on two cores.
@@ -36,7 +39,24 @@ func seeds() int {
 // TestSimulation runs the seeds; each one's failure names the command
 // that replays it.
 func TestSimulation(t *testing.T) {
-	first, n := *firstFlag, seeds()
+	runSeeds(t, seeds(), func(*Config) {})
+}
+
+// TestSimulationFiveNodes runs a fifth as many seeds on five nodes with
+// three volumes: majorities of three, copies on nodes a volume never
+// lived on, more links to cut. Replay a failure with
+// -run 'TestSimulation$' -seed N -nodes 5 -volumes 3 -v.
+func TestSimulationFiveNodes(t *testing.T) {
+	if *seedFlag != 0 || *nodesFlag != 0 {
+		t.Skip("a replay or a chosen shape runs in TestSimulation")
+	}
+	runSeeds(t, max(seeds()/5, 1), func(cfg *Config) { cfg.Nodes, cfg.Volumes = 5, 3 })
+}
+
+// runSeeds runs n seeds from -first-seed (or the one -seed), each shaped
+// by shape and then by the flags.
+func runSeeds(t *testing.T, n int, shape func(*Config)) {
+	first := *firstFlag
 	if *seedFlag != 0 {
 		first, n = *seedFlag, 1
 	}
@@ -44,12 +64,22 @@ func TestSimulation(t *testing.T) {
 	var total Stats
 	for seed := first; seed < first+uint64(n); seed++ {
 		cfg := DefaultConfig(seed)
+		shape(&cfg)
 		cfg.Dir = t.TempDir()
 		if *stepsFlag > 0 {
 			cfg.Steps = *stepsFlag
 		}
 		if *downFlag > 0 {
 			cfg.MaxProcessDowntime = *downFlag
+		}
+		if *nodesFlag > 0 {
+			cfg.Nodes = *nodesFlag
+		}
+		if *volsFlag > 0 {
+			cfg.Volumes = *volsFlag
+		}
+		if *skewFlag >= 0 {
+			cfg.Skew = *skewFlag
 		}
 		if *seedFlag != 0 && testing.Verbose() {
 			cfg.Trace = func(line string) { t.Log(line) }

@@ -43,6 +43,10 @@ type simNode struct {
 	handoff *handoff
 	base    string  // the base directory of its staging and target paths
 	rate    float64 // its clock's rate against the simulation's (0: the same)
+	// skew is its wall clock's offset: it names replication snapshots
+	// and dates fences. The wall clock runs in real time, so that names
+	// taken within one step differ.
+	skew time.Duration
 
 	inc       *incarnation // nil while the process is down
 	incs      int          // incarnations started so far
@@ -92,6 +96,9 @@ func (n *simNode) start(ctx context.Context) {
 	}
 	inc.pusher = replication.NewPusher(streams, inc.volumes.Locks(), rootDataset, n.id, cfg.ReplicationSnapshots, replication.NewLimiter(0), dial, log.Named("replication"))
 	inc.volumes.Mounted = n.mounts.isMounted
+	wall := func() time.Time { return time.Now().Add(n.skew) }
+	inc.volumes.UseClock(wall)
+	inc.pusher.UseClock(wall)
 	receiver := replication.NewReceiver(streams, inc.volumes.Locks(), rootDataset, n.id, cfg.ReplicationSnapshots, log.Named("replication"))
 	receiver.MaxQuota, receiver.QuotaProperty = uint64(cfg.MaxQuota), cfg.QuotaProperty
 	receiver.IdleTimeout = time.Duration(cfg.ReceiveIdleTimeout)
@@ -127,7 +134,7 @@ func (n *simNode) start(ctx context.Context) {
 	if rate == 0 {
 		rate = 1
 	}
-	n.w.tracef("%s: process started (incarnation %d, clock rate %.2f)", n.id, inc.num, rate)
+	n.w.tracef("%s: process started (incarnation %d, clock rate %.2f, wall clock %+v)", n.id, inc.num, rate, n.skew)
 }
 
 // leaseVolumes is the volume manager as the heartbeat sees it.

@@ -51,6 +51,10 @@ type Config struct {
 	// node's lease clock runs at its own rate within ±Drift of the
 	// simulation's (the lease margin is there for it).
 	Drift int
+	// Skew is the largest offset of a node's wall clock (which names
+	// replication snapshots and dates fences) from the simulation's: no
+	// decision may compare two nodes' readings of it.
+	Skew  time.Duration
 	Rates Rates
 	// ControllerCrashes lets the controller die in the middle of a publish.
 	// It dies after k of its calls to the agents, and calls of one fan-out
@@ -75,7 +79,7 @@ type Rates struct {
 // DefaultConfig is what make test runs for each seed.
 func DefaultConfig(seed uint64) Config {
 	return Config{Seed: seed, Steps: 60, Nodes: 3, Volumes: 2, Lease: 8 * time.Second, LeaseMargin: 4 * time.Second,
-		MaxProcessDowntime: 6, Drift: 10, ControllerCrashes: true, Rates: Rates{Loss: 0.01, Dup: 0.01, Cut: 0.02, Crash: 0.003}}
+		MaxProcessDowntime: 6, Drift: 10, Skew: time.Hour, ControllerCrashes: true, Rates: Rates{Loss: 0.01, Dup: 0.01, Cut: 0.02, Crash: 0.003}}
 }
 
 // world is one run: the machines, the network, the controller, the CO.
@@ -139,7 +143,7 @@ func Run(cfg Config) (Stats, error) {
 	for w.step = 1; w.step <= cfg.Steps; w.step++ {
 		w.stepNow.Store(int64(w.step))
 		if err := w.runStep(); err != nil {
-			return w.stats, &Failure{Seed: cfg.Seed, Step: w.step, Err: err, Trace: w.lastTrace(80)}
+			return w.stats, &Failure{Seed: cfg.Seed, Step: w.step, Err: err, Trace: w.lastTrace(80), shape: shapeFlags(cfg)}
 		}
 	}
 	return w.stats, nil
@@ -151,11 +155,27 @@ type Failure struct {
 	Step  int
 	Err   error
 	Trace []string
+	shape string // the flags that give a replay the run's shape
+}
+
+// shapeFlags are the flags a replay of cfg needs beyond -seed.
+func shapeFlags(cfg Config) string {
+	def, out := DefaultConfig(cfg.Seed), ""
+	if cfg.Nodes != def.Nodes {
+		out += fmt.Sprintf(" -nodes %d", cfg.Nodes)
+	}
+	if cfg.Volumes != def.Volumes {
+		out += fmt.Sprintf(" -volumes %d", cfg.Volumes)
+	}
+	if cfg.Skew != def.Skew {
+		out += fmt.Sprintf(" -skew %s", cfg.Skew)
+	}
+	return out
 }
 
 func (f *Failure) Error() string {
-	return fmt.Sprintf("seed %d, step %d: %v\n  trace (last %d lines):\n    %s\n  replay: go test ./internal/faultsim -run 'TestSimulation$' -seed %d -v",
-		f.Seed, f.Step, f.Err, len(f.Trace), strings.Join(f.Trace, "\n    "), f.Seed)
+	return fmt.Sprintf("seed %d, step %d: %v\n  trace (last %d lines):\n    %s\n  replay: go test ./internal/faultsim -run 'TestSimulation$' -seed %d%s -v",
+		f.Seed, f.Step, f.Err, len(f.Trace), strings.Join(f.Trace, "\n    "), f.Seed, f.shape)
 }
 
 func newWorld(cfg Config) *world {
@@ -168,6 +188,11 @@ func newWorld(cfg Config) *world {
 		n := &simNode{id: id, w: w, mounts: newMountTable(), base: filepath.Join(cfg.Dir, id)}
 		if cfg.Drift > 0 {
 			n.rate = 1 + float64(w.dice.intn(2*cfg.Drift+1)-cfg.Drift)/100
+		}
+		if cfg.Skew > 0 {
+			// From a roll of its own, so the seeds' other choices stay
+			// as they were without skew.
+			n.skew = time.Duration((2*w.dice.roll("skew/"+id, 0) - 1) * float64(cfg.Skew)).Truncate(time.Second)
 		}
 		n.pool = zfsfake.New(poolSize, "tank")
 		n.pool.GUIDSeed = guidSeed(cfg.Seed, id)

@@ -138,6 +138,10 @@ func NewPusher(z Streams, locks *copylock.Locks, root, nodeID string, keep int, 
 	return &Pusher{z: z, locks: locks, root: root, nodeID: nodeID, keep: keep, limit: limit, dial: dial, log: log, now: time.Now}
 }
 
+// UseClock sets the node's wall clock (time.Now by default), which names
+// replication snapshots: the simulation skews it per node.
+func (p *Pusher) UseClock(now func() time.Time) { p.now = now }
+
 // Push brings the replica of volumeID on the peer at addr up to date:
 // resuming an interrupted transfer, or sending a new snapshot
 // incrementally from the newest common one (full when there is none).

@@ -118,6 +118,11 @@ func NewManager(z zfs.Interface, cfg config.Node, log hclog.Logger) *Manager {
 	return &Manager{zfs: z, cfg: cfg, log: log, now: time.Now, locks: new(copylock.Locks)}
 }
 
+// UseClock sets the node's wall clock (time.Now by default), which names
+// set-aside copies and dates fences: the simulation skews it per node.
+// No decision compares two nodes' readings of it (docs/safety.md).
+func (m *Manager) UseClock(now func() time.Time) { m.now = now }
+
 // Locks is the one lock of each copy on this node (package copylock): the
 // replication pusher and receiver change copies under it too.
 func (m *Manager) Locks() *copylock.Locks { return m.locks }
