@@ -6,6 +6,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -146,8 +147,14 @@ func (s *Server) GetVolume(ctx context.Context, req *pb.GetVolumeRequest) (*pb.V
 	return s.volumeToPB(v), nil
 }
 
-func (s *Server) ListVolumes(ctx context.Context, _ *pb.ListVolumesRequest) (*pb.ListVolumesResponse, error) {
-	vols, err := s.volumes.List(ctx)
+func (s *Server) ListVolumes(ctx context.Context, req *pb.ListVolumesRequest) (*pb.ListVolumesResponse, error) {
+	list := s.volumes.List
+	if req.GetFrom() != "" || req.GetMaxEntries() > 0 {
+		list = func(ctx context.Context) ([]volume.Volume, error) {
+			return s.volumes.ListPage(ctx, req.GetFrom(), int(req.GetMaxEntries()))
+		}
+	}
+	vols, err := list(ctx)
 	if err != nil {
 		return nil, errdefs.ToStatus(err)
 	}
@@ -181,8 +188,19 @@ func (s *Server) DeleteSnapshot(ctx context.Context, req *pb.DeleteSnapshotReque
 	return &pb.DeleteSnapshotResponse{}, nil
 }
 
-func (s *Server) ListSnapshots(ctx context.Context, _ *pb.ListSnapshotsRequest) (*pb.ListSnapshotsResponse, error) {
-	snaps, err := s.volumes.ListSnapshots(ctx)
+func (s *Server) ListSnapshots(ctx context.Context, req *pb.ListSnapshotsRequest) (*pb.ListSnapshotsResponse, error) {
+	var snaps []volume.Snapshot
+	var err error
+	if id := req.GetSnapshotId(); id != "" {
+		var snap volume.Snapshot
+		if snap, err = s.volumes.GetSnapshot(ctx, id); err == nil {
+			snaps = append(snaps, snap)
+		} else if errors.Is(err, errdefs.ErrNotFound) {
+			err = nil
+		}
+	} else {
+		snaps, err = s.volumes.SnapshotPage(ctx, req.GetFrom(), int(req.GetMaxEntries()))
+	}
 	if err != nil {
 		return nil, errdefs.ToStatus(err)
 	}

@@ -280,7 +280,7 @@ func (c *Controller) findSnapshot(ctx context.Context, id string) (cluster.Locat
 		return cluster.Located[*pb.Snapshot]{}, errdefs.Wrap(errdefs.ErrNotFound, "snapshot %q does not exist (not a snapshot ID of this driver)", id)
 	}
 	return cluster.Find(ctx, c.cluster, "snapshot "+id, func(ctx context.Context, a pb.NodeAgentClient) (*pb.Snapshot, error) {
-		resp, err := a.ListSnapshots(ctx, &pb.ListSnapshotsRequest{})
+		resp, err := a.ListSnapshots(ctx, &pb.ListSnapshotsRequest{SnapshotId: id})
 		if err != nil {
 			return nil, err
 		}
@@ -421,9 +421,9 @@ func (c *Controller) ValidateVolumeCapabilities(ctx context.Context, req *csi.Va
 	}}, nil
 }
 
-// allVolumes lists the volumes of every reachable node, sorted by ID, with
-// the node each lives on.
-func (c *Controller) allVolumes(ctx context.Context) ([]cluster.Located[*pb.Volume], error) {
+// volumesFrom lists the nodes' primaries as req asks (all, or a page from
+// an ID on), sorted by ID, the newest generation of each.
+func (c *Controller) volumesFrom(ctx context.Context, req *pb.ListVolumesRequest) ([]cluster.Located[*pb.Volume], error) {
 	nodes, _, err := c.cluster.Nodes(ctx)
 	if err != nil {
 		return nil, err
@@ -431,7 +431,7 @@ func (c *Controller) allVolumes(ctx context.Context) ([]cluster.Located[*pb.Volu
 	var out []cluster.Located[*pb.Volume]
 	for _, n := range nodes {
 		cctx, cancel := c.cluster.Call(ctx)
-		resp, err := n.Client.ListVolumes(cctx, &pb.ListVolumesRequest{})
+		resp, err := n.Client.ListVolumes(cctx, req)
 		cancel()
 		if err != nil {
 			c.log.Warn("listing volumes of a node failed; the list is incomplete", "node_id", n.Info.GetNodeId(), "error", err)
@@ -463,8 +463,23 @@ func newestGenerations(items []cluster.Located[*pb.Volume]) []cluster.Located[*p
 	return out
 }
 
+// ListVolumes answers a page from each node's page: every node lists its
+// first max_entries+1 primaries from the token on, which holds the first
+// max_entries+1 distinct volumes of all nodes (a node's volumes before any
+// one of them are among the cluster's before it), so a page costs each
+// node in proportion to the page, not to its volumes.
 func (c *Controller) ListVolumes(ctx context.Context, req *csi.ListVolumesRequest) (*csi.ListVolumesResponse, error) {
-	all, err := c.allVolumes(ctx)
+	if req.GetMaxEntries() < 0 {
+		return nil, errdefs.ToStatus(errdefs.Wrap(errdefs.ErrInvalidArgument, "max_entries must not be negative"))
+	}
+	if token := req.GetStartingToken(); token != "" && !volume.IsVolumeID(token) {
+		return nil, errdefs.ToStatus(errdefs.Wrap(errdefs.ErrAborted, "starting_token %q is not a token this plugin issued; list again from the start", token))
+	}
+	nodeReq := &pb.ListVolumesRequest{From: req.GetStartingToken()}
+	if req.GetMaxEntries() > 0 {
+		nodeReq.MaxEntries = uint32(req.GetMaxEntries()) + 1
+	}
+	all, err := c.volumesFrom(ctx, nodeReq)
 	if err != nil {
 		return nil, errdefs.ToStatus(err)
 	}
@@ -668,7 +683,17 @@ func (c *Controller) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshot
 	return &csi.DeleteSnapshotResponse{}, nil
 }
 
+// ListSnapshots pages like ListVolumes: each node answers its first
+// max_entries+1 snapshots from the token on (or the one snapshot asked
+// for). A filter by source volume reads every snapshot of every node.
 func (c *Controller) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRequest) (*csi.ListSnapshotsResponse, error) {
+	if token := req.GetStartingToken(); token != "" && !volume.IsSnapshotID(token) {
+		return nil, errdefs.ToStatus(errdefs.Wrap(errdefs.ErrAborted, "starting_token %q is not a token this plugin issued; list again from the start", token))
+	}
+	nodeReq := &pb.ListSnapshotsRequest{SnapshotId: req.GetSnapshotId(), From: req.GetStartingToken()}
+	if req.GetMaxEntries() > 0 && req.GetSourceVolumeId() == "" {
+		nodeReq.MaxEntries = uint32(req.GetMaxEntries()) + 1
+	}
 	nodes, _, err := c.cluster.Nodes(ctx)
 	if err != nil {
 		return nil, errdefs.ToStatus(err)
@@ -676,7 +701,7 @@ func (c *Controller) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRe
 	var all []*pb.Snapshot
 	for _, n := range nodes {
 		cctx, cancel := c.cluster.Call(ctx)
-		resp, err := n.Client.ListSnapshots(cctx, &pb.ListSnapshotsRequest{})
+		resp, err := n.Client.ListSnapshots(cctx, nodeReq)
 		cancel()
 		if err != nil {
 			c.log.Warn("listing snapshots of a node failed; the list is incomplete", "node_id", n.Info.GetNodeId(), "error", err)

@@ -209,6 +209,8 @@ func (m *Manager) Promote(ctx context.Context, id string, generation uint64, not
 		return Copy{}, err
 	}
 	defer unlock()
+	// Whether it is a primary may change: the index reads it again.
+	defer m.reindex(ctx, id)
 	if m.DiscardPartialReceive != nil {
 		if err := m.DiscardPartialReceive(ctx, id); err != nil {
 			return Copy{}, err
@@ -301,6 +303,8 @@ func (m *Manager) Demote(ctx context.Context, id string, generation uint64, asid
 		return err
 	}
 	defer unlock()
+	// Whether it is a primary may change: the index reads it again.
+	defer m.reindex(ctx, id)
 	// A push of this copy stops first: a replica or a copy set aside sends
 	// nothing.
 	if err := m.locks.StopTransfer(ctx, id); err != nil {
@@ -340,6 +344,7 @@ func (m *Manager) Demote(ctx context.Context, id string, generation uint64, asid
 	if err := m.zfs.Rename(ctx, dataset, asideName); err != nil {
 		return zfsError(err, "renaming stale volume "+id+" aside")
 	}
+	m.reindexSnapshotsOf(ctx, asideName) // its CSI snapshots moved with it
 	// Its replication holds protected bases for peers that have moved on;
 	// left in place they would make the operator's zfs destroy fail.
 	if err := m.releaseHolds(ctx, asideName); err != nil {

@@ -22,6 +22,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -111,6 +112,11 @@ type Manager struct {
 	locks     *copylock.Locks
 	now       func() time.Time
 	confirmed confirmations
+	// primaryIndex and snapshotIndex: see index.go.
+	primaryIndex, snapshotIndex idIndex
+	// swept is when tombstones were last looked for on the whole node.
+	sweepMu sync.Mutex
+	swept   time.Time
 }
 
 // NewManager returns a Manager for the node described by cfg.
@@ -184,6 +190,8 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Volume, error)
 		return Volume{}, err
 	}
 	defer unlock()
+	// Whether it is a primary may change: the index reads it again.
+	defer m.reindex(ctx, id)
 
 	existing, err := m.get(ctx, id)
 	switch {
@@ -360,6 +368,8 @@ func (m *Manager) Delete(ctx context.Context, id string) error {
 		return err
 	}
 	defer unlock()
+	// Whether it is a primary may change: the index reads it again.
+	defer m.reindex(ctx, id)
 
 	v, err := m.get(ctx, id)
 	if errors.Is(err, errdefs.ErrNotFound) {
@@ -381,6 +391,12 @@ func (m *Manager) Delete(ctx context.Context, id string) error {
 	if err := m.dropReplicationSnapshots(ctx, v.Dataset); err != nil {
 		return err
 	}
+	// A clone's origin snapshot, destroyed deferred, goes with it, and
+	// may leave its tombstone free to go.
+	var origin string
+	if ds, err := m.zfs.Get(ctx, v.Dataset); err == nil {
+		origin = ds.Origin
+	}
 	err = m.zfs.Destroy(ctx, v.Dataset)
 	switch {
 	case err == nil:
@@ -397,7 +413,10 @@ func (m *Manager) Delete(ctx context.Context, id string) error {
 	default:
 		return zfsError(err, "deleting volume "+id)
 	}
-	m.collectTombstones(ctx)
+	if origin != "" {
+		m.collectTombstone(ctx, zfs.Parent(origin))
+	}
+	m.sweepTombstones(ctx)
 	return nil
 }
 
@@ -480,31 +499,59 @@ func (m *Manager) tombstone(ctx context.Context, v Volume) error {
 	if err := m.zfs.Rename(ctx, v.Dataset, target); err != nil {
 		return zfsError(err, "renaming deleted volume "+v.ID)
 	}
+	m.reindexSnapshotsOf(ctx, target) // its CSI snapshots moved with it
 	return nil
 }
 
-// collectTombstones destroys tombstones that no snapshot or clone needs any
-// more. It is best effort: what cannot go now goes on a later call.
-func (m *Manager) collectTombstones(ctx context.Context) {
-	all, err := m.zfs.List(ctx, m.cfg.RootDataset)
+// A tombstone goes when its last CSI snapshot and clone are gone: the
+// deletes that can free one (of a snapshot on it, of a clone of one of
+// its snapshots) collect that one tombstone (collectTombstone), and a
+// sweep of the whole node, at most every indexMaxAge, collects what a
+// crash between the two left behind. Tombstones are no copies: no copy
+// lock guards them (docs/safety.md, "One owner of a copy").
+
+// sweepTombstones collects every tombstone that can go, if the last sweep
+// is older than indexMaxAge: its cost grows with the node's datasets, so
+// it runs seldom. Best effort.
+func (m *Manager) sweepTombstones(ctx context.Context) {
+	m.sweepMu.Lock()
+	due := m.now().Sub(m.swept) >= indexMaxAge || m.now().Before(m.swept)
+	if due {
+		m.swept = m.now()
+	}
+	m.sweepMu.Unlock()
+	if !due {
+		return
+	}
+	all, err := m.zfs.Children(ctx, m.cfg.RootDataset)
 	if err != nil {
 		m.log.Warn("listing tombstones failed", "error", err)
 		return
 	}
 	for _, ds := range all {
-		if ds.Type != zfs.Filesystem || ds.User[PropRole] != RoleDeleted {
-			continue
+		if ds.User[PropRole] == RoleDeleted {
+			m.collectTombstone(ctx, ds.Name)
 		}
-		if err := m.dropReplicationSnapshots(ctx, ds.Name); err != nil {
-			m.log.Warn("dropping a tombstone's replication snapshots failed", "volume_id", ds.User[PropVolumeID], "error", err)
-		}
-		err := m.zfs.Destroy(ctx, ds.Name)
-		switch {
-		case err == nil:
-			m.log.Info("tombstone destroyed", "volume_id", ds.User[PropVolumeID], "dataset", ds.Name)
-		case !errors.Is(err, zfs.ErrHasDependents) && !errors.Is(err, zfs.ErrNotFound):
-			m.log.Warn("destroying tombstone failed", "volume_id", ds.User[PropVolumeID], "dataset", ds.Name, "error", err)
-		}
+	}
+}
+
+// collectTombstone destroys fs if it is a tombstone that no snapshot or
+// clone needs any more. Best effort: what cannot go now goes later.
+func (m *Manager) collectTombstone(ctx context.Context, fs string) {
+	ds, err := m.zfs.Get(ctx, fs)
+	if err != nil || ds.Type != zfs.Filesystem || ds.User[PropRole] != RoleDeleted {
+		return
+	}
+	id := ds.User[PropVolumeID]
+	if err := m.dropReplicationSnapshots(ctx, fs); err != nil {
+		m.log.Warn("dropping a tombstone's replication snapshots failed", "volume_id", id, "error", err)
+	}
+	err = m.zfs.Destroy(ctx, fs)
+	switch {
+	case err == nil:
+		m.log.Info("tombstone destroyed", "volume_id", id, "dataset", fs)
+	case !errors.Is(err, zfs.ErrHasDependents) && !errors.Is(err, zfs.ErrNotFound):
+		m.log.Warn("destroying tombstone failed", "volume_id", id, "dataset", fs, "error", err)
 	}
 }
 
@@ -539,11 +586,11 @@ func (m *Manager) Capacity(ctx context.Context) (Capacity, error) {
 	if err != nil {
 		return Capacity{}, zfsError(err, "root dataset "+m.cfg.RootDataset)
 	}
-	vols, err := m.List(ctx)
+	primaries, err := m.primaries(ctx)
 	if err != nil {
 		return Capacity{}, err
 	}
-	return Capacity{Available: root.Available, MaxQuota: uint64(m.cfg.MaxQuota), Volumes: len(vols)}, nil
+	return Capacity{Available: root.Available, MaxQuota: uint64(m.cfg.MaxQuota), Volumes: len(primaries)}, nil
 }
 
 // zfsError classifies a ZFS error for the CSI layer.

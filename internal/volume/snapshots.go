@@ -47,24 +47,17 @@ func (m *Manager) CreateSnapshot(ctx context.Context, volumeID, name string) (Sn
 		return Snapshot{}, zfsError(err, "creating snapshot "+id)
 	}
 	log.Info("snapshot created", "name", name, "dataset", dataset)
-	ds, err := m.zfs.Get(ctx, dataset)
-	if err != nil {
-		return Snapshot{}, zfsError(err, "reading snapshot "+id)
-	}
-	return snapshotOf(ds), nil
+	m.reindexSnapshot(ctx, id, dataset)
+	return m.readSnapshot(ctx, dataset)
 }
 
 // DeleteSnapshot deletes a snapshot; one that does not exist is deleted
-// already. A snapshot with clones is destroyed once its last clone is.
+// already. A snapshot with clones is destroyed once its last clone is. It
+// is a change of its volume's copy, made under the copy's lock.
 func (m *Manager) DeleteSnapshot(ctx context.Context, id string) error {
 	if !IsSnapshotID(id) {
 		return nil
 	}
-	unlock, err := m.lock(ctx, id, "deleting a snapshot")
-	if err != nil {
-		return err
-	}
-	defer unlock()
 	snap, err := m.findSnapshot(ctx, id)
 	if errors.Is(err, errdefs.ErrNotFound) {
 		return nil
@@ -72,17 +65,43 @@ func (m *Manager) DeleteSnapshot(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
+	unlock, err := m.lock(ctx, copyIDOf(snap.Dataset), "deleting snapshot "+id)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	// Found again under the lock: a delete of its volume may have moved
+	// it to a tombstone meanwhile.
+	if snap, err = m.findSnapshot(ctx, id); errors.Is(err, errdefs.ErrNotFound) {
+		return nil
+	} else if err != nil {
+		return err
+	}
 	err = m.zfs.DestroyDeferred(ctx, snap.Dataset)
 	if err != nil && !errors.Is(err, zfs.ErrNotFound) { // gone meanwhile: deleted
 		return zfsError(err, "deleting snapshot "+id)
 	}
+	m.reindexSnapshot(ctx, id, snap.Dataset)
 	m.log.Info("snapshot deleted", "volume_id", snap.SourceVolumeID, "snapshot_id", id, "dataset", snap.Dataset)
-	m.collectTombstones(ctx)
+	m.collectTombstone(ctx, zfs.Parent(snap.Dataset))
+	m.sweepTombstones(ctx)
 	return nil
 }
 
+// copyIDOf is the volume ID of the copy a snapshot name belongs to:
+// <root>/<id>@..., or a tombstone's or set-aside copy's <root>/<id>-...@...
+func copyIDOf(snapshot string) string {
+	short := shortName(zfs.Parent(snapshot))
+	const idLen = len("vol-") + 20
+	if len(short) >= idLen && IsVolumeID(short[:idLen]) {
+		return short[:idLen]
+	}
+	return short
+}
+
 // ListSnapshots returns the node's CSI snapshots sorted by ID, including
-// those of deleted volumes.
+// those of deleted volumes, from one listing of the whole node: it fills
+// the snapshot index; callers page through SnapshotPage.
 func (m *Manager) ListSnapshots(ctx context.Context) ([]Snapshot, error) {
 	all, err := m.zfs.List(ctx, m.cfg.RootDataset)
 	if err != nil {
@@ -103,18 +122,27 @@ func (m *Manager) GetSnapshot(ctx context.Context, id string) (Snapshot, error) 
 	return m.findSnapshot(ctx, id)
 }
 
+// findSnapshot finds a CSI snapshot through the index, reading it to be
+// sure: an entry whose snapshot is gone (destroyed by hand, or rolled back
+// on a replica) makes the index list again, once.
 func (m *Manager) findSnapshot(ctx context.Context, id string) (Snapshot, error) {
 	if !IsSnapshotID(id) {
 		return Snapshot{}, fmt.Errorf("%w: snapshot %q", errdefs.ErrNotFound, id)
 	}
-	snaps, err := m.ListSnapshots(ctx)
-	if err != nil {
-		return Snapshot{}, err
-	}
-	for _, s := range snaps {
-		if s.ID == id {
-			return s, nil
+	for attempt := 0; ; attempt++ {
+		index, err := m.snapshots(ctx)
+		if err != nil {
+			return Snapshot{}, err
 		}
+		name, ok := index[id]
+		if !ok {
+			return Snapshot{}, fmt.Errorf("%w: snapshot %s", errdefs.ErrNotFound, id)
+		}
+		s, err := m.readSnapshot(ctx, name)
+		if errors.Is(err, errdefs.ErrNotFound) && attempt == 0 {
+			m.snapshotIndex.invalidate()
+			continue
+		}
+		return s, err
 	}
-	return Snapshot{}, fmt.Errorf("%w: snapshot %s", errdefs.ErrNotFound, id)
 }

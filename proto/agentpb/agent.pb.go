@@ -686,8 +686,13 @@ func (x *GetVolumeRequest) GetVolumeId() string {
 	return ""
 }
 
+// ListVolumesRequest asks for a page of the node's primaries in the order of
+// their IDs: from the first ID at or after from, at most max_entries (all,
+// when 0). A page costs the node in proportion to the page.
 type ListVolumesRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
+	From          string                 `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
+	MaxEntries    uint32                 `protobuf:"varint,2,opt,name=max_entries,json=maxEntries,proto3" json:"max_entries,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -720,6 +725,20 @@ func (x *ListVolumesRequest) ProtoReflect() protoreflect.Message {
 // Deprecated: Use ListVolumesRequest.ProtoReflect.Descriptor instead.
 func (*ListVolumesRequest) Descriptor() ([]byte, []int) {
 	return file_agentpb_agent_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *ListVolumesRequest) GetFrom() string {
+	if x != nil {
+		return x.From
+	}
+	return ""
+}
+
+func (x *ListVolumesRequest) GetMaxEntries() uint32 {
+	if x != nil {
+		return x.MaxEntries
+	}
+	return 0
 }
 
 type ListVolumesResponse struct {
@@ -1086,8 +1105,15 @@ func (*DeleteSnapshotResponse) Descriptor() ([]byte, []int) {
 	return file_agentpb_agent_proto_rawDescGZIP(), []int{18}
 }
 
+// ListSnapshotsRequest asks for the node's CSI snapshot snapshot_id alone,
+// or a page of its CSI snapshots in the order of their IDs: from the first
+// ID at or after from, at most max_entries (all, when 0). Either costs the
+// node in proportion to the answer.
 type ListSnapshotsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
+	SnapshotId    string                 `protobuf:"bytes,1,opt,name=snapshot_id,json=snapshotId,proto3" json:"snapshot_id,omitempty"`
+	From          string                 `protobuf:"bytes,2,opt,name=from,proto3" json:"from,omitempty"`
+	MaxEntries    uint32                 `protobuf:"varint,3,opt,name=max_entries,json=maxEntries,proto3" json:"max_entries,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1120,6 +1146,27 @@ func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
 // Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
 	return file_agentpb_agent_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *ListSnapshotsRequest) GetSnapshotId() string {
+	if x != nil {
+		return x.SnapshotId
+	}
+	return ""
+}
+
+func (x *ListSnapshotsRequest) GetFrom() string {
+	if x != nil {
+		return x.From
+	}
+	return ""
+}
+
+func (x *ListSnapshotsRequest) GetMaxEntries() uint32 {
+	if x != nil {
+		return x.MaxEntries
+	}
+	return 0
 }
 
 type ListSnapshotsResponse struct {
@@ -2800,8 +2847,11 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\"\x16\n" +
 	"\x14DeleteVolumeResponse\"/\n" +
 	"\x10GetVolumeRequest\x12\x1b\n" +
-	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\"\x14\n" +
-	"\x12ListVolumesRequest\"J\n" +
+	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\"I\n" +
+	"\x12ListVolumesRequest\x12\x12\n" +
+	"\x04from\x18\x01 \x01(\tR\x04from\x12\x1f\n" +
+	"\vmax_entries\x18\x02 \x01(\rR\n" +
+	"maxEntries\"J\n" +
 	"\x13ListVolumesResponse\x123\n" +
 	"\avolumes\x18\x01 \x03(\v2\x19.zfsnomad.agent.v1.VolumeR\avolumes\"z\n" +
 	"\x13ExpandVolumeRequest\x12\x1b\n" +
@@ -2826,8 +2876,13 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\x15DeleteSnapshotRequest\x12\x1f\n" +
 	"\vsnapshot_id\x18\x01 \x01(\tR\n" +
 	"snapshotId\"\x18\n" +
-	"\x16DeleteSnapshotResponse\"\x16\n" +
-	"\x14ListSnapshotsRequest\"R\n" +
+	"\x16DeleteSnapshotResponse\"l\n" +
+	"\x14ListSnapshotsRequest\x12\x1f\n" +
+	"\vsnapshot_id\x18\x01 \x01(\tR\n" +
+	"snapshotId\x12\x12\n" +
+	"\x04from\x18\x02 \x01(\tR\x04from\x12\x1f\n" +
+	"\vmax_entries\x18\x03 \x01(\rR\n" +
+	"maxEntries\"R\n" +
 	"\x15ListSnapshotsResponse\x129\n" +
 	"\tsnapshots\x18\x01 \x03(\v2\x1b.zfsnomad.agent.v1.SnapshotR\tsnapshots\"V\n" +
 	"\x10ReplicateRequest\x12\x1b\n" +

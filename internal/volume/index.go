@@ -1,0 +1,247 @@
+package volume
+
+import (
+	"context"
+	"errors"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
+	"github.com/zfs-nomad/zfs-nomad/internal/zfs"
+)
+
+// The node's indexes of its primaries and of its CSI snapshots (issue 13,
+// docs/volumes.md "Counting and listing"): placement's volume count,
+// ListVolumes' and ListSnapshots' pages and finding a snapshot by ID come
+// from them, so none opens every dataset on the node. One listing fills
+// an index when it is first needed; from then on every change that can
+// make, end or rename a primary or a CSI snapshot (create, delete,
+// promote, demote, snapshot), holding the copy's lock, reads what it
+// changed again and updates the index. So an index is exact for the
+// driver's own changes, and a crash loses nothing (the next process lists
+// again). A change made by hand behind the driver's back shows at the
+// latest after indexMaxAge, when the next read lists again; an entry
+// whose dataset is gone is caught when it is read (ListPage and
+// findSnapshot read each entry they return).
+
+// indexMaxAge bounds how long an index trusts itself without a listing.
+const indexMaxAge = 5 * time.Minute
+
+// idIndex maps IDs to their datasets.
+type idIndex struct {
+	mu      sync.Mutex
+	entries map[string]string // nil until filled
+	listed  time.Time         // when it was filled
+	changes uint64            // updates so far: a listing that raced one is not kept
+}
+
+// read returns a copy of the index, filling it first with list when it is
+// empty or older than indexMaxAge on the clock now.
+func (x *idIndex) read(ctx context.Context, now func() time.Time, list func(context.Context) (map[string]string, error)) (map[string]string, error) {
+	x.mu.Lock()
+	if x.entries != nil && now().Sub(x.listed) < indexMaxAge && !now().Before(x.listed) {
+		defer x.mu.Unlock()
+		return copyMap(x.entries), nil
+	}
+	x.mu.Unlock()
+	const attempts = 3
+	var entries map[string]string
+	for range attempts {
+		x.mu.Lock()
+		changes, started := x.changes, now()
+		x.mu.Unlock()
+		var err error
+		if entries, err = list(ctx); err != nil {
+			return nil, err
+		}
+		x.mu.Lock()
+		// An update during the listing may be missing from it: such a
+		// listing answers this call but is not kept.
+		if x.changes == changes {
+			x.entries, x.listed = entries, started
+			x.mu.Unlock()
+			return copyMap(entries), nil
+		}
+		x.mu.Unlock()
+	}
+	return entries, nil
+}
+
+// update sets id's dataset, or removes id when dataset is "".
+func (x *idIndex) update(id, dataset string) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.changes++
+	switch {
+	case x.entries == nil:
+	case dataset == "":
+		delete(x.entries, id)
+	default:
+		x.entries[id] = dataset
+	}
+}
+
+// invalidate makes the next read list again.
+func (x *idIndex) invalidate() {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.changes++
+	x.entries = nil
+}
+
+func copyMap(m map[string]string) map[string]string {
+	out := make(map[string]string, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}
+
+// sortedFrom returns the keys of m at or after from, sorted.
+func sortedFrom(m map[string]string, from string) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		if k >= from {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// primaries returns the index of the node's primaries: ID to dataset.
+func (m *Manager) primaries(ctx context.Context) (map[string]string, error) {
+	return m.primaryIndex.read(ctx, m.now, func(ctx context.Context) (map[string]string, error) {
+		vols, err := m.List(ctx)
+		if err != nil {
+			return nil, err
+		}
+		out := make(map[string]string, len(vols))
+		for _, v := range vols {
+			out[v.ID] = v.Dataset
+		}
+		return out, nil
+	})
+}
+
+// reindex reads volume id's copy again and updates the index of
+// primaries. The caller holds the copy's lock and has just changed it (or
+// tried to). An error other than "no primary here" makes the index list
+// again.
+func (m *Manager) reindex(ctx context.Context, id string) {
+	v, err := m.get(ctx, id)
+	switch {
+	case err == nil:
+		m.primaryIndex.update(id, v.Dataset)
+	case errors.Is(err, errdefs.ErrNotFound), errors.Is(err, errdefs.ErrFailedPrecondition):
+		m.primaryIndex.update(id, "")
+	default:
+		m.primaryIndex.invalidate()
+	}
+}
+
+// ListPage returns up to limit of the node's primaries (all, for limit 0)
+// in the order of their IDs, from the first ID at or after from: the cost
+// is the page's, not the node's.
+func (m *Manager) ListPage(ctx context.Context, from string, limit int) ([]Volume, error) {
+	index, err := m.primaries(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []Volume
+	for _, id := range sortedFrom(index, from) {
+		if limit > 0 && len(out) == limit {
+			break
+		}
+		v, err := m.get(ctx, id)
+		if errors.Is(err, errdefs.ErrNotFound) || errors.Is(err, errdefs.ErrFailedPrecondition) {
+			continue // gone or changed by hand: the index learns at its next listing
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+// snapshots returns the index of the node's CSI snapshots: ID to snapshot
+// name (dataset@ID).
+func (m *Manager) snapshots(ctx context.Context) (map[string]string, error) {
+	return m.snapshotIndex.read(ctx, m.now, func(ctx context.Context) (map[string]string, error) {
+		snaps, err := m.ListSnapshots(ctx)
+		if err != nil {
+			return nil, err
+		}
+		out := make(map[string]string, len(snaps))
+		for _, s := range snaps {
+			out[s.ID] = s.Dataset
+		}
+		return out, nil
+	})
+}
+
+// reindexSnapshot reads one snapshot again and updates the index.
+func (m *Manager) reindexSnapshot(ctx context.Context, id, name string) {
+	ds, err := m.zfs.Get(ctx, name)
+	switch {
+	case err == nil && isCSISnapshot(ds):
+		m.snapshotIndex.update(id, ds.Name)
+	case err == nil, errors.Is(err, zfs.ErrNotFound):
+		m.snapshotIndex.update(id, "")
+	default:
+		m.snapshotIndex.invalidate()
+	}
+}
+
+// reindexSnapshotsOf reads the CSI snapshots of a filesystem again after
+// it was renamed (a tombstone, a copy set aside).
+func (m *Manager) reindexSnapshotsOf(ctx context.Context, fs string) {
+	names, err := m.zfs.SnapshotNames(ctx, fs)
+	if err != nil {
+		m.snapshotIndex.invalidate()
+		return
+	}
+	for _, name := range names {
+		if id := shortName(name); IsSnapshotID(id) {
+			m.reindexSnapshot(ctx, id, name)
+		}
+	}
+}
+
+// SnapshotPage returns up to limit of the node's CSI snapshots (all, for
+// limit 0) in the order of their IDs, from the first ID at or after from.
+func (m *Manager) SnapshotPage(ctx context.Context, from string, limit int) ([]Snapshot, error) {
+	index, err := m.snapshots(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []Snapshot
+	for _, id := range sortedFrom(index, from) {
+		if limit > 0 && len(out) == limit {
+			break
+		}
+		s, err := m.readSnapshot(ctx, index[id])
+		if errors.Is(err, errdefs.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}
+
+// readSnapshot reads one CSI snapshot by its name.
+func (m *Manager) readSnapshot(ctx context.Context, name string) (Snapshot, error) {
+	ds, err := m.zfs.Get(ctx, name)
+	if err != nil {
+		return Snapshot{}, zfsError(err, "snapshot "+name)
+	}
+	if !isCSISnapshot(ds) {
+		return Snapshot{}, errdefs.Wrap(errdefs.ErrNotFound, "%s is no CSI snapshot", name)
+	}
+	return snapshotOf(ds), nil
+}

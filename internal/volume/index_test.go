@@ -1,0 +1,168 @@
+package volume
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
+)
+
+// primaryIDsListed are the node's primaries from a full listing: the
+// truth the index must agree with.
+func primaryIDsListed(t *testing.T, m *Manager) []string {
+	t.Helper()
+	vols, err := m.List(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return idsOf(vols)
+}
+
+func pageIDs(t *testing.T, m *Manager, from string, limit int) []string {
+	t.Helper()
+	vols, err := m.ListPage(context.Background(), from, limit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return idsOf(vols)
+}
+
+func idsOf(vols []Volume) []string {
+	var ids []string
+	for _, v := range vols {
+		ids = append(ids, v.ID)
+	}
+	return ids
+}
+
+// TestIndexFollowsTheDriversChanges: after every change that makes or
+// ends a primary, the index (the volume count placement reads, and
+// ListVolumes' pages) agrees with a full listing, without one.
+func TestIndexFollowsTheDriversChanges(t *testing.T) {
+	ctx := context.Background()
+	m, fake := newManager(t)
+	agree := func(step string) {
+		t.Helper()
+		want := primaryIDsListed(t, m)
+		if got := pageIDs(t, m, "", 0); !slices.Equal(got, want) {
+			t.Errorf("after %s: index %v, listing %v", step, got, want)
+		}
+		c, err := m.Capacity(ctx)
+		if err != nil || c.Volumes != len(want) {
+			t.Errorf("after %s: Capacity counts %d (%v), want %d", step, c.Volumes, err, len(want))
+		}
+	}
+	agree("nothing")
+	var ids []string
+	for _, name := range []string{"a", "b", "c", "d"} {
+		v, err := m.Create(ctx, CreateRequest{Name: name})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, v.ID)
+	}
+	agree("creates")
+	if err := m.Delete(ctx, ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	agree("a delete")
+	if err := m.Demote(ctx, ids[1], 2, true); err != nil {
+		t.Fatal(err)
+	}
+	agree("a demotion")
+	// A replica promoted here.
+	id := VolumeIDForName("r")
+	if err := fake.CreateFilesystem(ctx, "tank/nomad/"+id, map[string]string{PropVolumeID: id, PropRole: RoleReplica, PropGeneration: "1", PropName: "r"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := m.Reserve(ctx, id, 2, "n1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.Promote(ctx, id, 2, 0, true); err != nil {
+		t.Fatal(err)
+	}
+	agree("a promotion")
+
+	// Pages: from an ID on, a limited number.
+	all := primaryIDsListed(t, m)
+	if got := pageIDs(t, m, all[1], 1); !slices.Equal(got, all[1:2]) {
+		t.Errorf("page from %s of 1: %v, want %v", all[1], got, all[1:2])
+	}
+	// By hand, behind the driver's back: a page skips what is gone, and
+	// the count follows at the next listing.
+	if err := fake.Destroy(ctx, "tank/nomad/"+all[0]); err != nil {
+		t.Fatal(err)
+	}
+	if got := pageIDs(t, m, "", 0); slices.Contains(got, all[0]) {
+		t.Errorf("a page lists %s, destroyed by hand", all[0])
+	}
+	m.now = func() time.Time { return time.Now().Add(indexMaxAge + time.Second) }
+	agree("a destroy by hand, after indexMaxAge")
+}
+
+// TestIndexKeepsNoListingThatRacedAChange: a listing that ran while a
+// change updated the index may lack the change: it answers its own call
+// but is not kept.
+func TestIndexKeepsNoListingThatRacedAChange(t *testing.T) {
+	var x idIndex
+	now := time.Now
+	stale := func(context.Context) (map[string]string, error) {
+		x.update("vol-new", "tank/nomad/vol-new") // a create finished meanwhile
+		return map[string]string{"vol-old": "tank/nomad/vol-old"}, nil
+	}
+	if _, err := x.read(context.Background(), now, stale); err != nil {
+		t.Fatal(err)
+	}
+	lists := 0
+	fresh := func(context.Context) (map[string]string, error) {
+		lists++
+		return map[string]string{"vol-old": "", "vol-new": ""}, nil
+	}
+	got, _ := x.read(context.Background(), now, fresh)
+	if lists != 1 || len(got) != 2 {
+		t.Errorf("after a raced listing, the next read listed %d times and found %v; want one listing with both", lists, got)
+	}
+	if _, _ = x.read(context.Background(), now, fresh); lists != 1 {
+		t.Errorf("a kept listing was listed again (%d)", lists)
+	}
+}
+
+// TestSnapshotIndex: CSI snapshots are found by ID through the index,
+// also once their volume's dataset became a tombstone, and one destroyed
+// by hand is not found.
+func TestSnapshotIndex(t *testing.T) {
+	ctx := context.Background()
+	m, fake := newManager(t)
+	v, _ := m.Create(ctx, CreateRequest{Name: "v"})
+	s1, err := m.CreateSnapshot(ctx, v.ID, "s1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s2, _ := m.CreateSnapshot(ctx, v.ID, "s2")
+	if err := m.Delete(ctx, v.ID); err != nil { // a tombstone: it has snapshots
+		t.Fatal(err)
+	}
+	got, err := m.GetSnapshot(ctx, s1.ID)
+	if err != nil || got.Dataset == s1.Dataset {
+		t.Fatalf("snapshot %s after its volume became a tombstone: %+v, %v; want it found on the tombstone", s1.ID, got, err)
+	}
+	if err := fake.Destroy(ctx, got.Dataset); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.GetSnapshot(ctx, s1.ID); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("a snapshot destroyed by hand: %v, want NotFound", err)
+	}
+	if err := m.DeleteSnapshot(ctx, s2.ID); err != nil {
+		t.Fatal(err)
+	}
+	if names := fake.Names(); len(names) != 2 {
+		t.Errorf("after the last snapshot went, left: %v; want the tombstone collected", names)
+	}
+	page, err := m.SnapshotPage(ctx, "", 0)
+	if err != nil || len(page) != 0 {
+		t.Errorf("snapshots left: %v, %v", page, err)
+	}
+}
