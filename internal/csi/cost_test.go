@@ -6,7 +6,6 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
-	"sync/atomic"
 	"testing"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -17,84 +16,14 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/migration"
 	"github.com/zfs-nomad/zfs-nomad/internal/volume"
-	"github.com/zfs-nomad/zfs-nomad/internal/zfs"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs/zfsfake"
 )
-
-// countingZFS counts the work a node asks of ZFS: one per call, and one
-// per dataset a listing returns (ZFS opens each one it lists).
-type countingZFS struct {
-	zfs.Interface
-	work atomic.Int64
-}
-
-func (c *countingZFS) add(n int) { c.work.Add(int64(n)) }
-
-func (c *countingZFS) Get(ctx context.Context, name string) (zfs.Dataset, error) {
-	c.add(1)
-	return c.Interface.Get(ctx, name)
-}
-func (c *countingZFS) List(ctx context.Context, name string) ([]zfs.Dataset, error) {
-	out, err := c.Interface.List(ctx, name)
-	c.add(1 + len(out))
-	return out, err
-}
-func (c *countingZFS) Children(ctx context.Context, name string) ([]zfs.Dataset, error) {
-	out, err := c.Interface.Children(ctx, name)
-	c.add(1 + len(out))
-	return out, err
-}
-func (c *countingZFS) UserProperty(ctx context.Context, name, key string) (string, bool, error) {
-	c.add(1)
-	return c.Interface.UserProperty(ctx, name, key)
-}
-func (c *countingZFS) SnapshotNames(ctx context.Context, fs string) ([]string, error) {
-	out, err := c.Interface.SnapshotNames(ctx, fs)
-	c.add(1 + len(out))
-	return out, err
-}
-func (c *countingZFS) CreateFilesystem(ctx context.Context, name string, props map[string]string) error {
-	c.add(1)
-	return c.Interface.CreateFilesystem(ctx, name, props)
-}
-func (c *countingZFS) Snapshot(ctx context.Context, name string, props map[string]string) error {
-	c.add(1)
-	return c.Interface.Snapshot(ctx, name, props)
-}
-func (c *countingZFS) Clone(ctx context.Context, snapshot, name string, props map[string]string) error {
-	c.add(1)
-	return c.Interface.Clone(ctx, snapshot, name, props)
-}
-func (c *countingZFS) SetProperties(ctx context.Context, name string, props map[string]string) error {
-	c.add(1)
-	return c.Interface.SetProperties(ctx, name, props)
-}
-func (c *countingZFS) Rename(ctx context.Context, from, to string) error {
-	c.add(1)
-	return c.Interface.Rename(ctx, from, to)
-}
-func (c *countingZFS) Destroy(ctx context.Context, name string) error {
-	c.add(1)
-	return c.Interface.Destroy(ctx, name)
-}
-func (c *countingZFS) DestroyDeferred(ctx context.Context, name string) error {
-	c.add(1)
-	return c.Interface.DestroyDeferred(ctx, name)
-}
-func (c *countingZFS) ReleaseAll(ctx context.Context, snapshot string) error {
-	c.add(1)
-	return c.Interface.ReleaseAll(ctx, snapshot)
-}
-func (c *countingZFS) PoolHealth(ctx context.Context, pool string) error {
-	c.add(1)
-	return c.Interface.PoolHealth(ctx, pool)
-}
 
 // costCluster is three real agents and node services over counting fakes,
 // each node holding some volumes besides the ones an operation uses.
 type costCluster struct {
 	base  string // the nodes' mount base directory
-	zfs   map[string]*countingZFS
+	zfs   map[string]*zfsfake.Counting
 	nodes map[string]*Node
 	vols  map[string]*volume.Manager
 	ctl   *Controller
@@ -102,14 +31,14 @@ type costCluster struct {
 
 func newCostCluster(t *testing.T) *costCluster {
 	base := t.TempDir()
-	cc := &costCluster{base: base, zfs: map[string]*countingZFS{}, nodes: map[string]*Node{}, vols: map[string]*volume.Manager{}}
+	cc := &costCluster{base: base, zfs: map[string]*zfsfake.Counting{}, nodes: map[string]*Node{}, vols: map[string]*volume.Manager{}}
 	var agents clustertest.Agents
 	for _, id := range []string{"n1", "n2", "n3"} {
 		fake := zfsfake.New(1<<50, "tank")
 		if err := fake.CreateFilesystem(context.Background(), "tank/nomad", nil); err != nil {
 			t.Fatal(err)
 		}
-		z := &countingZFS{Interface: fake}
+		z := &zfsfake.Counting{Interface: fake}
 		cfg := config.DefaultNode()
 		cfg.NodeID, cfg.RootDataset, cfg.MaxQuota, cfg.MountBaseDirs = id, "tank/nomad", 8<<30, []string{base}
 		mgr := volume.NewManager(z, cfg, hclog.NewNullLogger())
@@ -137,7 +66,7 @@ func (cc *costCluster) fill(t *testing.T, n int) {
 func (cc *costCluster) work() int64 {
 	var sum int64
 	for _, z := range cc.zfs {
-		sum += z.work.Load()
+		sum += z.Work()
 	}
 	return sum
 }

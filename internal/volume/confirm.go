@@ -2,6 +2,7 @@ package volume
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 
@@ -65,19 +66,44 @@ func (m *Manager) isConfirmed(id string, generation uint64) bool {
 }
 
 // Unconfirmed lists the primaries not confirmed at their generation, with
-// it (forced copies are the operator's word and need none).
+// it (forced copies are the operator's word and need none). It reads only
+// the primaries without a confirmation: the heartbeat asks while one
+// stays unconfirmed (a stale primary no majority vouches for may, for
+// good), and reading all at every beat would cost in proportion to the
+// node's volumes. A confirmation is always of the primary's current
+// generation: every change of it (create, promote) confirms the new one,
+// and losing the lease forgets them all.
 func (m *Manager) Unconfirmed(ctx context.Context) (map[string]uint64, error) {
-	vols, err := m.List(ctx)
+	primaries, err := m.primaries(ctx)
 	if err != nil {
 		return nil, err
 	}
 	out := map[string]uint64{}
-	for _, v := range vols {
+	for id := range primaries {
+		if m.hasConfirmation(id) {
+			continue
+		}
+		v, err := m.get(ctx, id)
+		if errors.Is(err, errdefs.ErrNotFound) || errors.Is(err, errdefs.ErrFailedPrecondition) {
+			continue // gone meanwhile
+		}
+		if err != nil {
+			return nil, err
+		}
 		if !v.Forced && !m.isConfirmed(v.ID, v.Generation) {
 			out[v.ID] = v.Generation
 		}
 	}
 	return out, nil
+}
+
+// hasConfirmation reports whether a primary needs no asking: confirmation
+// is not required, or it has one.
+func (m *Manager) hasConfirmation(id string) bool {
+	m.confirmed.mu.Lock()
+	defer m.confirmed.mu.Unlock()
+	_, ok := m.confirmed.gen[id]
+	return !m.confirmed.required || ok
 }
 
 // checkConfirmed refuses to stage an unmounted primary no majority

@@ -3,11 +3,13 @@ package volume
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
+	"github.com/zfs-nomad/zfs-nomad/internal/zfs/zfsfake"
 )
 
 // primaryIDsListed are the node's primaries from a full listing: the
@@ -164,5 +166,41 @@ func TestSnapshotIndex(t *testing.T) {
 	page, err := m.SnapshotPage(ctx, "", 0)
 	if err != nil || len(page) != 0 {
 		t.Errorf("snapshots left: %v, %v", page, err)
+	}
+}
+
+// TestUnconfirmedCostsTheUnconfirmed: the heartbeat asks for the
+// unconfirmed primaries at every beat while one stays so; that reads the
+// unconfirmed ones, not every volume on the node.
+func TestUnconfirmedCostsTheUnconfirmed(t *testing.T) {
+	ctx := context.Background()
+	m, fake := newManager(t)
+	counting := &zfsfake.Counting{Interface: fake}
+	m.zfs = counting
+	m.RequireConfirmation()
+	costWith := func(n int) int64 {
+		for i := range n {
+			if _, err := m.Create(ctx, CreateRequest{Name: fmt.Sprintf("v%d-%d", n, i)}); err != nil { // confirmed at create
+				t.Fatal(err)
+			}
+		}
+		m.Confirm(VolumeIDForName("stale"), 0)        // a stale entry, never matched
+		if _, err := m.Unconfirmed(ctx); err != nil { // fills the index
+			t.Fatal(err)
+		}
+		before := counting.Work()
+		pending, err := m.Unconfirmed(ctx)
+		if err != nil || len(pending) != 1 {
+			t.Fatalf("unconfirmed: %v, %v; want the one made by hand", pending, err)
+		}
+		return counting.Work() - before
+	}
+	id := VolumeIDForName("unconfirmed")
+	if err := fake.CreateFilesystem(ctx, "tank/nomad/"+id, map[string]string{PropVolumeID: id, PropRole: RolePrimary, PropGeneration: "3", PropName: "unconfirmed"}); err != nil {
+		t.Fatal(err)
+	}
+	few, many := costWith(5), costWith(100)
+	if many > few {
+		t.Errorf("Unconfirmed made %d ZFS calls with 6 volumes, %d with 106: it grows with the volumes", few, many)
 	}
 }
