@@ -66,6 +66,9 @@ func (w *world) pick() func() {
 	if !v.created {
 		choices = append(choices, choice{30, func() { w.create(v) }})
 	}
+	if w.cfg.LyingPeers {
+		choices = append(choices, choice{10, func() { w.lie(v, n, m) }})
+	}
 	total := 0
 	for _, c := range choices {
 		total += c.weight

@@ -21,6 +21,7 @@ var (
 	nodesFlag = flag.Int("nodes", 0, "nodes per run (default: DefaultConfig's)")
 	volsFlag  = flag.Int("volumes", 0, "volumes per run (default: DefaultConfig's)")
 	skewFlag  = flag.Duration("skew", -1, "largest offset of a node's wall clock (default: DefaultConfig's)")
+	liesFlag  = flag.Bool("lying-peers", false, "let nodes' certificate holders send forged streams")
 )
 
 // defaultSeeds is what make test runs: about three minutes on two cores.
@@ -53,6 +54,16 @@ func TestSimulationFiveNodes(t *testing.T) {
 	runSeeds(t, max(seeds()/5, 1), func(cfg *Config) { cfg.Nodes, cfg.Volumes = 5, 3 })
 }
 
+// TestSimulationLyingPeers runs a fifth as many seeds with lying peers:
+// forged streams from a node's certificate holder (liar.go). Replay a
+// failure with -run 'TestSimulation$' -seed N -lying-peers -v.
+func TestSimulationLyingPeers(t *testing.T) {
+	if *seedFlag != 0 || *liesFlag {
+		t.Skip("a replay or a chosen shape runs in TestSimulation")
+	}
+	runSeeds(t, max(seeds()/5, 1), func(cfg *Config) { cfg.LyingPeers = true })
+}
+
 // runSeeds runs n seeds from -first-seed (or the one -seed), each shaped
 // by shape and then by the flags.
 func runSeeds(t *testing.T, n int, shape func(*Config)) {
@@ -81,6 +92,9 @@ func runSeeds(t *testing.T, n int, shape func(*Config)) {
 		if *skewFlag >= 0 {
 			cfg.Skew = *skewFlag
 		}
+		if *liesFlag {
+			cfg.LyingPeers = true
+		}
 		if *seedFlag != 0 && testing.Verbose() {
 			cfg.Trace = func(line string) { t.Log(line) }
 		}
@@ -100,7 +114,10 @@ func runSeeds(t *testing.T, n int, shape func(*Config)) {
 	}
 	t.Logf("%d seeds of %d steps in %s: %+v", n, DefaultConfig(0).Steps, time.Since(start).Round(time.Millisecond), total)
 	// A run that exercised nothing proves nothing.
-	if n >= 50 && (total.NewGeneration == 0 || total.StaleRefused == 0 || total.ReadOnly == 0 || total.Deletes == 0 || total.Crashes == 0) {
+	lied := DefaultConfig(0)
+	shape(&lied)
+	if n >= 50 && (total.NewGeneration == 0 || total.StaleRefused == 0 || total.ReadOnly == 0 || total.Deletes == 0 || total.Crashes == 0 ||
+		lied.LyingPeers && total.LiesRefused == 0) {
 		t.Errorf("the seeds did not exercise every kind of event: %+v", total)
 	}
 }

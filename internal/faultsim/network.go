@@ -11,7 +11,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/proto"
@@ -210,8 +209,8 @@ func (n *network) deliverable(from, to string) string {
 }
 
 // dialOptions are the options of every client of endpoint from: an
-// in-memory dialer, no TLS, reconnection without back-off, and the
-// faults.
+// in-memory dialer, from's identity (identity.go), reconnection without
+// back-off, and the faults.
 func (n *network) dialOptions(from string, alive func() bool) []grpc.DialOption {
 	dialer := func(ctx context.Context, addr string) (net.Conn, error) {
 		n.mu.Lock()
@@ -225,7 +224,7 @@ func (n *network) dialOptions(from string, alive func() bool) []grpc.DialOption 
 	fast := backoff.Config{BaseDelay: time.Millisecond, Multiplier: 1, MaxDelay: time.Millisecond}
 	return []grpc.DialOption{
 		grpc.WithContextDialer(dialer),
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithTransportCredentials(identity{name: from}),
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: fast, MinConnectTimeout: time.Second}),
 		grpc.WithChainUnaryInterceptor(n.unary(from, alive)),
 		grpc.WithChainStreamInterceptor(n.stream(from, alive)),

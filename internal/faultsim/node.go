@@ -121,7 +121,7 @@ func (n *simNode) start(ctx context.Context) {
 	agentServer.AttestSilence = func(addrs []string) error {
 		return monitor.Attest(addrs, n.w.cfg.Lease+n.w.cfg.LeaseMargin)
 	}
-	inc.srv = grpc.NewServer(replication.ServerOptions()...)
+	inc.srv = grpc.NewServer(append(replication.ServerOptions(), grpc.Creds(identity{}))...)
 	pb.RegisterNodeAgentServer(inc.srv, agentServer)
 	pb.RegisterReplicationServer(inc.srv, receiver)
 	pb.RegisterPeersServer(inc.srv, &lease.Server{NodeID: n.id, Domain: cfg.Domain, Promised: promised})

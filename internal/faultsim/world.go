@@ -61,6 +61,10 @@ type Config struct {
 	// race, so which k got through before it died can differ between two
 	// runs of a seed: the one fault a replay may not repeat exactly.
 	ControllerCrashes bool
+	// LyingPeers lets a node's certificate holder send another node forged
+	// streams (liar.go). Off by default, so that a seed's other choices
+	// stay what they were.
+	LyingPeers bool
 	// Dir holds the nodes' staging and target directories.
 	Dir     string
 	Verbose bool
@@ -121,6 +125,7 @@ type Stats struct {
 	Pushes        int // an operator's push succeeded
 	Crashes       int // processes crashed or lost power
 	Deletes       int // DeleteVolume answered OK
+	LiesRefused   int // a lying peer's stream was refused as it should be
 }
 
 func (s *Stats) Add(o Stats) {
@@ -133,6 +138,7 @@ func (s *Stats) Add(o Stats) {
 	s.Pushes += o.Pushes
 	s.Crashes += o.Crashes
 	s.Deletes += o.Deletes
+	s.LiesRefused += o.LiesRefused
 }
 
 // Run runs one seed and returns the first invariant it broke, with the
@@ -166,6 +172,9 @@ func shapeFlags(cfg Config) string {
 	}
 	if cfg.Volumes != def.Volumes {
 		out += fmt.Sprintf(" -volumes %d", cfg.Volumes)
+	}
+	if cfg.LyingPeers {
+		out += " -lying-peers"
 	}
 	if cfg.Skew != def.Skew {
 		out += fmt.Sprintf(" -skew %s", cfg.Skew)

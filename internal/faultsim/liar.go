@@ -1,0 +1,147 @@
+package faultsim
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/replication"
+	"github.com/zfs-nomad/zfs-nomad/internal/volume"
+	"github.com/zfs-nomad/zfs-nomad/internal/zfs/zfscmd"
+	"github.com/zfs-nomad/zfs-nomad/internal/zfs/zfsfake"
+	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
+)
+
+// A lying peer (Config.LyingPeers): something holding node liar's valid
+// certificate sends node victim a forged stream of a volume, one of the
+// lies docs/safety.md's fault model names. Each must be refused; a lie
+// accepted is a violation at once, and what a refused one may have
+// changed on the way is left to the invariants after the step.
+type lie struct {
+	name   string
+	header func(h *pb.ReceiveHeader)
+	kind   string // of the stream sent
+	want   codes.Code
+}
+
+// lies are the forgeries that fit the victim's copy of the volume.
+func lies(liar, other string, role string, generation uint64) []lie {
+	out := []lie{
+		{"claims to come from " + other, func(h *pb.ReceiveHeader) { h.SourceNodeId = other }, replication.KindFull, codes.PermissionDenied},
+		{"an absurd generation", func(h *pb.ReceiveHeader) { h.Generation = replication.MaxGeneration + 1 }, replication.KindFull, codes.InvalidArgument},
+	}
+	switch {
+	case role == volume.RolePrimary:
+		out = append(out, lie{"a full stream over the primary", func(h *pb.ReceiveHeader) { h.Generation = generation + 1 }, replication.KindFull, codes.FailedPrecondition})
+	case role == volume.RoleReplica && generation > 1:
+		out = append(out, lie{"an incremental lowering the replica's generation", func(h *pb.ReceiveHeader) { h.Generation = generation - 1 }, replication.KindIncremental, codes.FailedPrecondition})
+	}
+	return out
+}
+
+func (w *world) lie(v *simVolume, liar, victim *simNode) {
+	// The liar is the process on node liar (a compromised zfs-node): it
+	// lies while that node is up.
+	if !v.created || liar == victim || victim.inc == nil || liar.inc == nil {
+		return
+	}
+	fs := rootDataset + "/" + v.id
+	role, generation := "", uint64(0)
+	if victim.pool.NativeProperty(fs, "type") != "" || w.checker.user(victim, fs, volume.PropRole) != "" {
+		role = w.checker.user(victim, fs, volume.PropRole)
+		generation, _ = strconv.ParseUint(w.checker.user(victim, fs, volume.PropGeneration), 10, 64)
+	}
+	other := w.nodes[0].id
+	for _, n := range w.nodes {
+		if n != liar {
+			other = n.id
+			break
+		}
+	}
+	options := lies(liar.id, other, role, generation)
+	l := options[w.dice.intn(len(options))]
+	streams, err := forgedStreams(v.id, w.cfg.Seed)
+	if err != nil {
+		panic(err) // a scratch fake always makes them
+	}
+	h := &pb.ReceiveHeader{VolumeId: v.id, VolumeName: v.name, SourceNodeId: liar.id, Generation: max(generation, 1),
+		Kind: l.kind, Snapshot: "zn-1", CapacityBytes: 1 << 30}
+	if l.kind == replication.KindIncremental {
+		h.Snapshot = "zn-2"
+	}
+	l.header(h)
+	err = w.sendForged(liar, victim, h, streams[l.kind])
+	w.tracef("%s lies to %s about %s: %s: %v", liar.id, victim.id, v.name, l.name, errText(err))
+	switch {
+	case err == nil:
+		w.checker.late(fmt.Errorf("node %s accepted a lying peer's stream of volume %s (%s)", victim.id, v.id, l.name))
+	case status.Code(err) == l.want:
+		w.stats.LiesRefused++
+	}
+}
+
+// sendForged sends a forged stream from liar's identity to victim and
+// returns the receiver's answer.
+func (w *world) sendForged(liar, victim *simNode, h *pb.ReceiveHeader, data []byte) error {
+	conn, err := grpc.NewClient(victim.addr(), w.net.dialOptions(liar.id, func() bool { return true })...)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ctx, cancel := opContext()
+	defer cancel()
+	stream, err := pb.NewReplicationClient(conn).Receive(ctx)
+	if err != nil {
+		return err
+	}
+	msgs := []*pb.ReceiveMessage{{Msg: &pb.ReceiveMessage_Header{Header: h}}, {Msg: &pb.ReceiveMessage_Data{Data: data}}}
+	for _, m := range msgs {
+		if err := stream.Send(m); errors.Is(err, io.EOF) {
+			break // the receiver answered already: CloseAndRecv reads it
+		} else if err != nil {
+			return err
+		}
+	}
+	_, err = stream.CloseAndRecv()
+	return err
+}
+
+// forgedStreams are real streams of a scratch pool's copy of volume id: a
+// full one of zn-1 and an incremental from zn-1 to zn-2.
+func forgedStreams(id string, seed uint64) (map[string][]byte, error) {
+	ctx := context.Background()
+	scratch := zfsfake.New(1<<30, "tank")
+	scratch.GUIDSeed = guidSeed(seed, "liar")
+	fs := rootDataset + "/" + id
+	for _, step := range []func() error{
+		func() error { return scratch.CreateFilesystem(ctx, rootDataset, nil) },
+		func() error { return scratch.CreateFilesystem(ctx, fs, nil) },
+		func() error { return scratch.Write(fs, "forged") },
+		func() error { return scratch.Snapshot(ctx, fs+"@zn-1", nil) },
+		func() error { return scratch.Write(fs, "forged-more") },
+		func() error { return scratch.Snapshot(ctx, fs+"@zn-2", nil) },
+	} {
+		if err := step(); err != nil {
+			return nil, err
+		}
+	}
+	out := map[string][]byte{}
+	for kind, spec := range map[string]zfscmd.SendSpec{
+		replication.KindFull:        {Snapshot: fs + "@zn-1"},
+		replication.KindIncremental: {Snapshot: fs + "@zn-2", Base: fs + "@zn-1"},
+	} {
+		var b bytes.Buffer
+		if _, err := scratch.Streams().Send(ctx, spec, &b); err != nil {
+			return nil, err
+		}
+		out[kind] = b.Bytes()
+	}
+	return out, nil
+}

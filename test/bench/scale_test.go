@@ -1,0 +1,195 @@
+package bench
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/guesttest"
+	"github.com/zfs-nomad/zfs-nomad/internal/sim"
+	"github.com/zfs-nomad/zfs-nomad/internal/volume"
+)
+
+var (
+	scaleCounts = flag.String("scale-counts", "10,100,1000", "volumes per node BenchmarkScale measures at")
+	scaleReps   = flag.Int("scale-reps", 5, "calls of each kind BenchmarkScale takes the median of")
+)
+
+// BenchmarkScale (issue 13): with 10, 100 and 1000 volumes on every node
+// of three, the median latency of each CSI call that concerns one volume,
+// against raw zfs create and zfs list -d1 of the same pool in the same
+// run, and the processes' memory. The volumes besides the measured ones
+// are made by zfs create with the driver's labels (in parallel: the
+// driver's own CreateVolume would take minutes for a thousand), and the
+// node processes restart after each fill, so they know them only from
+// their pools. Goal: every per-volume call at 1000 at most 1.2x its
+// figure at 10.
+func BenchmarkScale(b *testing.B) {
+	c := guesttest.StartCluster(b, 3, sim.Options{LogLevel: "info", ControllerArgs: []string{"-schedule-every", "0"}})
+	ctx := context.Background()
+	conn, err := grpc.NewClient(c.ControllerEndpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer conn.Close()
+	ctl := csi.NewControllerClient(conn)
+	capability := &csi.VolumeCapability{
+		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER}}
+
+	var table []string
+	have := 0
+	b.ResetTimer()
+	for _, field := range strings.Split(*scaleCounts, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(field))
+		if err != nil || n < have {
+			b.Fatalf("-scale-counts %q: counts must be numbers, growing", *scaleCounts)
+		}
+		b.StopTimer()
+		for _, node := range c.Nodes {
+			fillNode(b, node, have, n)
+			if err := node.RestartWith(); err != nil {
+				b.Fatal(err)
+			}
+		}
+		have = n
+		b.StartTimer()
+		row := scaleRow(b, ctx, c, ctl, capability, n)
+		table = append(table, row)
+		b.Log(row)
+	}
+	b.StopTimer()
+	b.Logf("median seconds per call, %d calls each, on three nodes (raw: zfs create, zfs list -d1 on one pool):\n%s\n%s",
+		*scaleReps, scaleHeader, strings.Join(table, "\n"))
+}
+
+const scaleHeader = "volumes/node  raw-create raw-list  Create   Delete   Publish  Stage    GetCap   List100  ListAll  ctl-RSS-MiB node-RSS-MiB"
+
+// fillNode makes volumes from..to-1 of a node with zfs create, eight at
+// once, labelled as the driver labels a primary.
+func fillNode(b *testing.B, n *sim.Node, from, to int) {
+	if to <= from {
+		return
+	}
+	var lines strings.Builder
+	for i := from; i < to; i++ {
+		id := fmt.Sprintf("vol-%020x", uint64(n.Index)<<32|uint64(i))
+		fmt.Fprintf(&lines, "-o mountpoint=legacy -o %s=%s -o %s=fill-%s-%d -o %s=%s -o %s=1 -o %s=1 %s/%s\n",
+			volume.PropVolumeID, id, volume.PropName, n.ID, i, volume.PropRole, volume.RolePrimary, volume.PropGeneration, volume.PropHistoryFrom, n.RootDataset, id)
+	}
+	list := filepath.Join(b.TempDir(), "fill")
+	if err := os.WriteFile(list, []byte(lines.String()), 0o600); err != nil {
+		b.Fatal(err)
+	}
+	sh(b, fmt.Sprintf("xargs -P 8 -L 1 zfs create < %s", list))
+}
+
+// scaleRow measures one row of the table with n volumes on every node.
+func scaleRow(b *testing.B, ctx context.Context, c *sim.Cluster, ctl csi.ControllerClient, capability *csi.VolumeCapability, n int) string {
+	n1 := c.Nodes[0]
+	nodeConn, err := grpc.NewClient(n1.CSIEndpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer nodeConn.Close()
+	node := csi.NewNodeClient(nodeConn)
+	var rawCreate, rawList, create, del, publish, stage, getCap, list100, listAll []float64
+	for i := range *scaleReps {
+		raw := fmt.Sprintf("%s/raw-%d-%d", n1.RootDataset, n, i)
+		rawCreate = append(rawCreate, seconds(func() { sh(b, "zfs create "+raw) }))
+		rawList = append(rawList, seconds(func() { sh(b, "zfs list -H -d1 -o name,zfs-nomad:role "+n1.RootDataset+" >/dev/null") }))
+		sh(b, "zfs destroy "+raw)
+
+		name := fmt.Sprintf("scale-%d-%d", n, i)
+		var id string
+		create = append(create, seconds(func() {
+			resp, err := ctl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: name, VolumeCapabilities: []*csi.VolumeCapability{capability},
+				Parameters: map[string]string{"node": n1.ID}})
+			if err != nil {
+				b.Fatal(err)
+			}
+			id = resp.GetVolume().GetVolumeId()
+		}))
+		var publishContext map[string]string
+		publish = append(publish, seconds(func() {
+			resp, err := ctl.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: n1.ID, VolumeCapability: capability})
+			if err != nil {
+				b.Fatal(err)
+			}
+			publishContext = resp.GetPublishContext()
+		}))
+		staging := filepath.Join(n1.Dir, "staging-"+name)
+		stage = append(stage, seconds(func() {
+			if _, err := node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging,
+				VolumeCapability: capability, PublishContext: publishContext}); err != nil {
+				b.Fatal(err)
+			}
+		}))
+		if _, err := node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging}); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := ctl.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: id, NodeId: n1.ID}); err != nil {
+			b.Fatal(err)
+		}
+		getCap = append(getCap, seconds(func() {
+			if _, err := ctl.GetCapacity(ctx, &csi.GetCapacityRequest{}); err != nil {
+				b.Fatal(err)
+			}
+		}))
+		list100 = append(list100, seconds(func() {
+			if _, err := ctl.ListVolumes(ctx, &csi.ListVolumesRequest{MaxEntries: 100}); err != nil {
+				b.Fatal(err)
+			}
+		}))
+		listAll = append(listAll, seconds(func() {
+			token := ""
+			for {
+				resp, err := ctl.ListVolumes(ctx, &csi.ListVolumesRequest{MaxEntries: 100, StartingToken: token})
+				if err != nil {
+					b.Fatal(err)
+				}
+				if token = resp.GetNextToken(); token == "" {
+					return
+				}
+			}
+		}))
+		del = append(del, seconds(func() {
+			if _, err := ctl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
+				b.Fatal(err)
+			}
+		}))
+	}
+	var nodeRSS float64
+	for _, nd := range c.Nodes {
+		nodeRSS = max(nodeRSS, rssMiB(nd.Process.Pid()))
+	}
+	return fmt.Sprintf("%12d  %9.3f %9.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %11.1f %12.1f",
+		n, median(rawCreate), median(rawList), median(create), median(del), median(publish), median(stage),
+		median(getCap), median(list100), median(listAll), rssMiB(c.Controller.Pid()), nodeRSS)
+}
+
+func seconds(f func()) float64 { return timed(f).Seconds() }
+
+// rssMiB reads a process's resident memory.
+func rssMiB(pid int) float64 {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, _ := strconv.ParseFloat(strings.Fields(rest)[0], 64)
+			return kb / 1024
+		}
+	}
+	return 0
+}
