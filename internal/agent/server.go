@@ -99,6 +99,9 @@ func (s *Server) GetNode(ctx context.Context, req *pb.GetNodeRequest) (*pb.Node,
 		MaxQuotaBytes: uint64(s.cfg.MaxQuota),
 		MaxVolumes:    s.cfg.MaxVolumes,
 		Version:       version.Version,
+		// Before the health check: the version says what the node's
+		// primaries are, whatever its health.
+		VolumesVersion: s.volumes.VolumesVersion(),
 	}
 	if err := s.volumes.Health(ctx); err != nil {
 		n.UnhealthyReason = err.Error()

@@ -3,10 +3,16 @@
 // its interval, by telling the volume's node to push (the data goes node to
 // node; see docs/replication.md).
 //
-// It keeps no state: every round starts from what the nodes report (their
-// volumes with parameters, their replicas with the time of the newest
-// received snapshot), so a restarted controller picks up where the last
-// one stopped.
+// It keeps no state it cannot lose: a round plans from what the nodes
+// report (their volumes with parameters, their replicas with the time of
+// the newest received snapshot), so a restarted controller picks up where
+// the last one stopped. What a full plan learned is kept for the rounds
+// after it (the book), which ask each node only for its volumes' version
+// and push what the book says is due, so a round's work is in proportion
+// to the volumes due, not to all volumes (issue 13). A node whose
+// primaries changed since (its version differs), a node that came or
+// went, a push refused because its source no longer holds the primary,
+// and every Resync make the next round plan in full again.
 package scheduler
 
 import (
@@ -19,9 +25,12 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/cluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/config"
+	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
 	"github.com/zfs-nomad/zfs-nomad/internal/metrics"
 	"github.com/zfs-nomad/zfs-nomad/internal/volume"
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
@@ -42,10 +51,36 @@ type Scheduler struct {
 	// its volume's replicas from ever being updated.
 	StallTimeout time.Duration
 
+	// Resync bounds how long rounds plan from the book without a full
+	// plan (default DefaultResync): replicas changed behind the
+	// schedule's back (an operator's backup or remove-replica) show then.
+	Resync time.Duration
+
 	slots   chan struct{} // one per push allowed to run at once
 	pushes  sync.WaitGroup
 	mu      sync.Mutex
 	running map[string]bool // volume IDs with a push under way
+	book    *book           // nil: the next round plans in full
+}
+
+// DefaultResync is how often a full plan runs while no node's primaries
+// change.
+const DefaultResync = 10 * time.Minute
+
+// book is what the last full plan learned: each node's volumes version,
+// and each volume's source, interval and replica targets.
+type book struct {
+	planned  time.Time
+	versions map[string]string // node ID -> volumes version
+	volumes  map[string]*booked
+}
+
+// booked is one volume in the book.
+type booked struct {
+	source   cluster.Node
+	want     int
+	interval time.Duration
+	targets  []replica
 }
 
 // DefaultStallTimeout is how long a push may move no data before the
@@ -141,13 +176,122 @@ func (s *Scheduler) unclaim(volumeID string) {
 	delete(s.running, volumeID)
 }
 
-// Plan decides which volumes to push where, from what the nodes report.
+// Plan decides which volumes to push where: from the book while every
+// node's primaries are as the book knows them, else from what the nodes
+// report.
 func (s *Scheduler) Plan(ctx context.Context) ([]Push, error) {
 	nodes, _, err := s.cl.Nodes(ctx)
 	if err != nil {
 		return nil, err
 	}
 	healthy := cluster.Healthy(nodes)
+	if b := s.currentBook(healthy); b != nil {
+		return s.planFromBook(b), nil
+	}
+	return s.planInFull(ctx, healthy)
+}
+
+// currentBook returns the book if it still describes the nodes: the same
+// healthy nodes, each reporting the volumes version the book saw, within
+// Resync of the full plan.
+func (s *Scheduler) currentBook(healthy []cluster.Node) *book {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b := s.book
+	resync := s.Resync
+	if resync <= 0 {
+		resync = DefaultResync
+	}
+	if b == nil || len(healthy) != len(b.versions) || s.now().Sub(b.planned) >= resync || s.now().Before(b.planned) {
+		return nil
+	}
+	for _, n := range healthy {
+		v, ok := b.versions[n.Info.GetNodeId()]
+		if !ok || v == "" || v != n.Info.GetVolumesVersion() {
+			return nil
+		}
+	}
+	return b
+}
+
+// planFromBook returns the pushes due by the book.
+func (s *Scheduler) planFromBook(b *book) []Push {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var pushes []Push
+	s.Metrics.reset()
+	for _, id := range sortedKeys(b.volumes) {
+		v := b.volumes[id]
+		var have []replica
+		for _, t := range v.targets {
+			if !t.last.IsZero() {
+				have = append(have, t)
+			}
+		}
+		s.Metrics.observe(id, v.want, have, s.now())
+		targets := slices.Clone(v.targets)
+		slices.SortStableFunc(targets, func(a, b replica) int { return a.last.Compare(b.last) })
+		for _, t := range targets {
+			if reason := s.due(t, v.interval); reason != "" {
+				pushes = append(pushes, Push{VolumeID: id, Source: v.source, Target: t.node, Reason: reason})
+			}
+		}
+	}
+	return pushes
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// recordPush brings the book up to date after a push: a replica pushed at
+// started is as fresh as then; a push refused because the source no
+// longer holds the volume's primary sends the next round to a full plan.
+func (s *Scheduler) recordPush(p Push, started time.Time, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.book == nil {
+		return
+	}
+	if err != nil {
+		if sourceGone(err) {
+			s.book = nil
+		}
+		return
+	}
+	v, ok := s.book.volumes[p.VolumeID]
+	if !ok {
+		return
+	}
+	for i, t := range v.targets {
+		if t.node.Info.GetNodeId() == p.Target.Info.GetNodeId() {
+			v.targets[i].last, v.targets[i].resumable = started, false
+		}
+	}
+}
+
+// sourceGone reports whether a push failed because its source does not
+// hold the volume's primary (any more): the book is out of date.
+func sourceGone(err error) bool {
+	switch status.Code(err) {
+	case codes.NotFound, codes.FailedPrecondition:
+		return true
+	}
+	return errors.Is(err, errdefs.ErrNotFound) || errors.Is(err, errdefs.ErrFailedPrecondition)
+}
+
+// planInFull decides which volumes to push where from what the nodes
+// report, and keeps what it learned in the book.
+func (s *Scheduler) planInFull(ctx context.Context, healthy []cluster.Node) ([]Push, error) {
+	next := &book{planned: s.now(), versions: map[string]string{}, volumes: map[string]*booked{}}
+	for _, n := range healthy {
+		next.versions[n.Info.GetNodeId()] = n.Info.GetVolumesVersion()
+	}
 	type primary struct {
 		node cluster.Node
 		vol  *pb.Volume
@@ -161,6 +305,7 @@ func (s *Scheduler) Plan(ctx context.Context) ([]Push, error) {
 		cancel()
 		if err := errors.Join(verr, serr); err != nil {
 			s.log.Warn("node skipped this round", "node_id", n.Info.GetNodeId(), "error", err)
+			next = nil // what it holds is unknown: plan in full again
 			continue
 		}
 		for _, v := range vols.GetVolumes() {
@@ -209,7 +354,16 @@ func (s *Scheduler) Plan(ctx context.Context) ([]Push, error) {
 				pushes = append(pushes, Push{VolumeID: p.vol.GetVolumeId(), Source: p.node, Target: t.node, Reason: reason})
 			}
 		}
+		if next != nil {
+			next.volumes[id] = &booked{source: p.node, want: want, interval: interval, targets: targets}
+		}
 	}
+	if len(settled) > 0 {
+		next = nil // the settled volumes wait for a full plan
+	}
+	s.mu.Lock()
+	s.book = next
+	s.mu.Unlock()
 	return pushes, nil
 }
 
@@ -278,6 +432,10 @@ func (s *Scheduler) push(ctx context.Context, p Push) {
 	if cause := context.Cause(ctx); errors.Is(cause, errStalled) {
 		err = cause
 	}
+	if err == nil && (last == nil || !last.GetDone()) {
+		err = errors.New("the push ended without completing")
+	}
+	s.recordPush(p, start, err)
 	if err != nil {
 		log.Warn("push failed; the next round retries", "error", err)
 		s.Metrics.push("failure")

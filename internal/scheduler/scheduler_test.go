@@ -10,6 +10,9 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/cluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/cluster/clustertest"
@@ -248,5 +251,94 @@ func TestStalestReplicaIsPushedFirst(t *testing.T) {
 	want := []string{"n3: no replica yet", "n2: replica older than the interval"}
 	if !slices.Equal(got, want) {
 		t.Errorf("pushes in order %q, want %q", got, want)
+	}
+}
+
+// listing counts the listings a node answers, and reports a volumes
+// version.
+type listing struct {
+	pushing
+	mu       sync.Mutex
+	version  string
+	listings int
+}
+
+func (a *listing) GetNode(context.Context, *pb.GetNodeRequest) (*pb.Node, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	n := proto.Clone(a.node).(*pb.Node)
+	n.VolumesVersion = a.version
+	return n, nil
+}
+
+func (a *listing) ListVolumes(ctx context.Context, req *pb.ListVolumesRequest) (*pb.ListVolumesResponse, error) {
+	a.mu.Lock()
+	a.listings++
+	a.mu.Unlock()
+	return a.agent.ListVolumes(ctx, req)
+}
+
+func (a *listing) count() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.listings
+}
+
+func (a *listing) setVersion(v string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.version = v
+}
+
+// TestRoundsBetweenChangesListNothing (issue 13): while no node's
+// primaries change (their volumes versions stay), a round asks the nodes
+// only who they are and pushes what the book says is due; a pushed
+// replica is not due again within its interval; a changed version, or a
+// push refused because the source lost the primary, makes the next
+// round plan in full.
+func TestRoundsBetweenChangesListNothing(t *testing.T) {
+	var refuse atomic.Bool
+	var pushes atomic.Int32
+	replicate := func(req *pb.ReplicateRequest, stream pb.NodeAgent_ReplicateServer) error {
+		pushes.Add(1)
+		if refuse.Load() {
+			return status.Error(codes.FailedPrecondition, "volume is a replica here")
+		}
+		return stream.Send(&pb.ReplicateProgress{Bytes: 10, Done: true})
+	}
+	volumes := []*pb.Volume{vol("a", 1, "1h"), vol("b", 1, "1h"), vol("c", 1, "1h")}
+	n1 := &listing{pushing: pushing{agent: agent{node: node("n1", "a", 10), volumes: volumes}, replicate: replicate}, version: "1-0"}
+	n2 := &listing{pushing: pushing{agent: agent{node: node("n2", "a", 10)}, replicate: replicate}, version: "1-0"}
+	var served clustertest.Agents
+	served.Serve(t, "n1:7670", n1)
+	served.Serve(t, "n2:7670", n2)
+	s := New(served.Cluster(t), 4, hclog.NewNullLogger())
+	s.Resync = 24 * time.Hour
+	ctx := context.Background()
+	round := func() int {
+		started := len(s.Round(ctx))
+		s.Wait()
+		return started
+	}
+
+	if got := round(); got != 3 || n1.count() != 1 {
+		t.Fatalf("first round: %d pushes, %d listings of n1; want 3 and a full plan", got, n1.count())
+	}
+	for i := range 3 {
+		if got := round(); got != 0 || n1.count() != 1 {
+			t.Fatalf("round %d without changes: %d pushes, %d listings of n1; want none and no listing", i+2, got, n1.count())
+		}
+	}
+	n1.setVersion("1-1") // a volume created, deleted, promoted or demoted
+	if round(); n1.count() != 2 {
+		t.Errorf("after n1's primaries changed: %d listings of n1, want a full plan", n1.count())
+	}
+	s.now = func() time.Time { return time.Now().Add(2 * time.Hour) } // all due again
+	refuse.Store(true)
+	if got := round(); got != 3 || n1.count() != 2 {
+		t.Errorf("due again: %d pushes, %d listings; want 3 pushes from the book", got, n1.count())
+	}
+	if round(); n1.count() != 3 {
+		t.Errorf("after pushes refused for a lost primary: %d listings of n1, want a full plan", n1.count())
 	}
 }

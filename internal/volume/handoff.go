@@ -148,6 +148,8 @@ func (m *Manager) Fence(ctx context.Context, id, target string) (int64, error) {
 		return 0, err
 	}
 	defer unlock()
+	// The schedule skips a volume being moved: it must learn of it.
+	defer m.reindex(ctx, id)
 	v, err := m.get(ctx, id)
 	if err != nil {
 		return 0, err
@@ -180,6 +182,8 @@ func (m *Manager) Unfence(ctx context.Context, id string, generation uint64) err
 		return err
 	}
 	defer unlock()
+	// The schedule skips a volume being moved: it must learn of it.
+	defer m.reindex(ctx, id)
 	v, err := m.get(ctx, id)
 	if err != nil {
 		return err

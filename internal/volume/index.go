@@ -3,6 +3,7 @@ package volume
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sort"
 	"sync"
 	"time"
@@ -139,6 +140,15 @@ func (m *Manager) reindex(ctx context.Context, id string) {
 	default:
 		m.primaryIndex.invalidate()
 	}
+}
+
+// VolumesVersion changes whenever the node's primaries change (every
+// update of the index) and when the process restarts: the schedule plans
+// anew only when some node's changed (scheduler.Scheduler).
+func (m *Manager) VolumesVersion() string {
+	m.primaryIndex.mu.Lock()
+	defer m.primaryIndex.mu.Unlock()
+	return fmt.Sprintf("%d-%d", m.started.UnixNano(), m.primaryIndex.changes)
 }
 
 // ListPage returns up to limit of the node's primaries (all, for limit 0)

@@ -114,6 +114,7 @@ type Manager struct {
 	confirmed confirmations
 	// primaryIndex and snapshotIndex: see index.go.
 	primaryIndex, snapshotIndex idIndex
+	started                     time.Time // of the process: part of VolumesVersion
 	// swept is when tombstones were last looked for on the whole node.
 	sweepMu sync.Mutex
 	swept   time.Time
@@ -121,7 +122,7 @@ type Manager struct {
 
 // NewManager returns a Manager for the node described by cfg.
 func NewManager(z zfs.Interface, cfg config.Node, log hclog.Logger) *Manager {
-	return &Manager{zfs: z, cfg: cfg, log: log, now: time.Now, locks: new(copylock.Locks)}
+	return &Manager{zfs: z, cfg: cfg, log: log, now: time.Now, locks: new(copylock.Locks), started: time.Now()}
 }
 
 // UseClock sets the node's wall clock (time.Now by default), which names

@@ -261,8 +261,13 @@ type Node struct {
 	// Empty when healthy; otherwise what is wrong.
 	UnhealthyReason string `protobuf:"bytes,7,opt,name=unhealthy_reason,json=unhealthyReason,proto3" json:"unhealthy_reason,omitempty"`
 	Version         string `protobuf:"bytes,8,opt,name=version,proto3" json:"version,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Changes whenever the node's primaries change (one is created,
+	// deleted, promoted or demoted) and when its process restarts: whoever
+	// saw the same value knows the same primaries. Empty from a node that
+	// does not keep one.
+	VolumesVersion string `protobuf:"bytes,9,opt,name=volumes_version,json=volumesVersion,proto3" json:"volumes_version,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Node) Reset() {
@@ -347,6 +352,13 @@ func (x *Node) GetUnhealthyReason() string {
 func (x *Node) GetVersion() string {
 	if x != nil {
 		return x.Version
+	}
+	return ""
+}
+
+func (x *Node) GetVolumesVersion() string {
+	if x != nil {
+		return x.VolumesVersion
 	}
 	return ""
 }
@@ -2795,7 +2807,7 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\";\n" +
 	"\x0eGetNodeRequest\x12)\n" +
-	"\x10without_capacity\x18\x01 \x01(\bR\x0fwithoutCapacity\"\xf0\x02\n" +
+	"\x10without_capacity\x18\x01 \x01(\bR\x0fwithoutCapacity\"\x99\x03\n" +
 	"\x04Node\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12A\n" +
 	"\btopology\x18\x02 \x03(\v2%.zfsnomad.agent.v1.Node.TopologyEntryR\btopology\x12'\n" +
@@ -2805,7 +2817,8 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\vmax_volumes\x18\x06 \x01(\x03R\n" +
 	"maxVolumes\x12)\n" +
 	"\x10unhealthy_reason\x18\a \x01(\tR\x0funhealthyReason\x12\x18\n" +
-	"\aversion\x18\b \x01(\tR\aversion\x1a;\n" +
+	"\aversion\x18\b \x01(\tR\aversion\x12'\n" +
+	"\x0fvolumes_version\x18\t \x01(\tR\x0evolumesVersion\x1a;\n" +
 	"\rTopologyEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe0\x02\n" +
