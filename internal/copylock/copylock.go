@@ -98,6 +98,14 @@ func (l *Locks) Held(id string) (what string, held bool) {
 	return h.what, held
 }
 
+// Busy reports whether any copy's lock is held: a change may be half
+// done.
+func (l *Locks) Busy() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.holders) > 0
+}
+
 // ErrTransferRunning is wrapped by StartTransfer's answer when the volume
 // has a transfer running already.
 var ErrTransferRunning = errors.New("a transfer is running")

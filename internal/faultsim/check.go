@@ -32,6 +32,9 @@ import (
 //	I5  no copy changes on a node without its copy's lock (package
 //	    copylock): the one owner of a copy's life. Checked at every
 //	    change, in the pool wrapper (lockedChange).
+//
+// And each live node's index of its primaries agrees with its pool
+// (indexAgrees).
 type checker struct {
 	w *world
 	// writes: by volume ID, the token of every write that succeeded.
@@ -125,6 +128,47 @@ func (c *checker) check() error {
 				return err
 			}
 		}
+	}
+	for _, n := range c.w.nodes {
+		if err := c.indexAgrees(n); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// indexAgrees checks that a live node's index of its primaries (what
+// placement counts and ListVolumes pages through) agrees with a listing
+// of its pool, when no change is half done there.
+func (c *checker) indexAgrees(n *simNode) error {
+	inc := n.inc
+	if inc == nil || !inc.isAlive() {
+		return nil
+	}
+	quiet := func() (string, bool) { return inc.volumes.VolumesVersion(), !inc.volumes.Locks().Busy() }
+	version, ok := quiet()
+	if !ok {
+		return nil
+	}
+	ctx := context.Background()
+	listed, err := inc.volumes.List(ctx)
+	if err != nil {
+		return nil // the process died meanwhile
+	}
+	capacity, cerr := inc.volumes.Capacity(ctx)
+	page, perr := inc.volumes.ListPage(ctx, "", 0)
+	if after, ok := quiet(); !ok || after != version || cerr != nil || perr != nil {
+		return nil
+	}
+	var want, got []string
+	for _, v := range listed {
+		want = append(want, v.ID)
+	}
+	for _, v := range page {
+		got = append(got, v.ID)
+	}
+	if !slices.Equal(got, want) || capacity.Volumes != len(want) {
+		return fmt.Errorf("the index of node %s's primaries is wrong: it pages %v and counts %d, its pool holds %v", n.id, got, capacity.Volumes, want)
 	}
 	return nil
 }
