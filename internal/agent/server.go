@@ -202,7 +202,7 @@ func (s *Server) ListSnapshots(ctx context.Context, req *pb.ListSnapshotsRequest
 			err = nil
 		}
 	} else {
-		snaps, err = s.volumes.SnapshotPage(ctx, req.GetFrom(), int(req.GetMaxEntries()))
+		snaps, err = s.volumes.SnapshotPage(ctx, req.GetFrom(), int(req.GetMaxEntries()), req.GetSourceVolumeId())
 	}
 	if err != nil {
 		return nil, errdefs.ToStatus(err)

@@ -684,14 +684,14 @@ func (c *Controller) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshot
 }
 
 // ListSnapshots pages like ListVolumes: each node answers its first
-// max_entries+1 snapshots from the token on (or the one snapshot asked
-// for). A filter by source volume reads every snapshot of every node.
+// max_entries+1 snapshots from the token on, of the source volume when
+// one is given (or the one snapshot asked for).
 func (c *Controller) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRequest) (*csi.ListSnapshotsResponse, error) {
 	if token := req.GetStartingToken(); token != "" && !volume.IsSnapshotID(token) {
 		return nil, errdefs.ToStatus(errdefs.Wrap(errdefs.ErrAborted, "starting_token %q is not a token this plugin issued; list again from the start", token))
 	}
-	nodeReq := &pb.ListSnapshotsRequest{SnapshotId: req.GetSnapshotId(), From: req.GetStartingToken()}
-	if req.GetMaxEntries() > 0 && req.GetSourceVolumeId() == "" {
+	nodeReq := &pb.ListSnapshotsRequest{SnapshotId: req.GetSnapshotId(), From: req.GetStartingToken(), SourceVolumeId: req.GetSourceVolumeId()}
+	if req.GetMaxEntries() > 0 {
 		nodeReq.MaxEntries = uint32(req.GetMaxEntries()) + 1
 	}
 	nodes, _, err := c.cluster.Nodes(ctx)

@@ -221,8 +221,10 @@ func (m *Manager) reindexSnapshotsOf(ctx context.Context, fs string) {
 }
 
 // SnapshotPage returns up to limit of the node's CSI snapshots (all, for
-// limit 0) in the order of their IDs, from the first ID at or after from.
-func (m *Manager) SnapshotPage(ctx context.Context, from string, limit int) ([]Snapshot, error) {
+// limit 0) in the order of their IDs, from the first ID at or after from;
+// only those of volume source when it is set (a snapshot's name says whose
+// copy it is on, so no other is read).
+func (m *Manager) SnapshotPage(ctx context.Context, from string, limit int, source string) ([]Snapshot, error) {
 	index, err := m.snapshots(ctx)
 	if err != nil {
 		return nil, err
@@ -231,6 +233,9 @@ func (m *Manager) SnapshotPage(ctx context.Context, from string, limit int) ([]S
 	for _, id := range sortedFrom(index, from) {
 		if limit > 0 && len(out) == limit {
 			break
+		}
+		if source != "" && copyIDOf(index[id]) != source {
+			continue
 		}
 		s, err := m.readSnapshot(ctx, index[id])
 		if errors.Is(err, errdefs.ErrNotFound) {

@@ -163,7 +163,7 @@ func TestSnapshotIndex(t *testing.T) {
 	if names := fake.Names(); len(names) != 2 {
 		t.Errorf("after the last snapshot went, left: %v; want the tombstone collected", names)
 	}
-	page, err := m.SnapshotPage(ctx, "", 0)
+	page, err := m.SnapshotPage(ctx, "", 0, "")
 	if err != nil || len(page) != 0 {
 		t.Errorf("snapshots left: %v, %v", page, err)
 	}

@@ -1119,15 +1119,17 @@ func (*DeleteSnapshotResponse) Descriptor() ([]byte, []int) {
 
 // ListSnapshotsRequest asks for the node's CSI snapshot snapshot_id alone,
 // or a page of its CSI snapshots in the order of their IDs: from the first
-// ID at or after from, at most max_entries (all, when 0). Either costs the
-// node in proportion to the answer.
+// ID at or after from, of source_volume_id's only when set, at most
+// max_entries (all, when 0). Either costs the node in proportion to the
+// answer.
 type ListSnapshotsRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SnapshotId    string                 `protobuf:"bytes,1,opt,name=snapshot_id,json=snapshotId,proto3" json:"snapshot_id,omitempty"`
-	From          string                 `protobuf:"bytes,2,opt,name=from,proto3" json:"from,omitempty"`
-	MaxEntries    uint32                 `protobuf:"varint,3,opt,name=max_entries,json=maxEntries,proto3" json:"max_entries,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	SnapshotId     string                 `protobuf:"bytes,1,opt,name=snapshot_id,json=snapshotId,proto3" json:"snapshot_id,omitempty"`
+	From           string                 `protobuf:"bytes,2,opt,name=from,proto3" json:"from,omitempty"`
+	MaxEntries     uint32                 `protobuf:"varint,3,opt,name=max_entries,json=maxEntries,proto3" json:"max_entries,omitempty"`
+	SourceVolumeId string                 `protobuf:"bytes,4,opt,name=source_volume_id,json=sourceVolumeId,proto3" json:"source_volume_id,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ListSnapshotsRequest) Reset() {
@@ -1179,6 +1181,13 @@ func (x *ListSnapshotsRequest) GetMaxEntries() uint32 {
 		return x.MaxEntries
 	}
 	return 0
+}
+
+func (x *ListSnapshotsRequest) GetSourceVolumeId() string {
+	if x != nil {
+		return x.SourceVolumeId
+	}
+	return ""
 }
 
 type ListSnapshotsResponse struct {
@@ -2889,13 +2898,14 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\x15DeleteSnapshotRequest\x12\x1f\n" +
 	"\vsnapshot_id\x18\x01 \x01(\tR\n" +
 	"snapshotId\"\x18\n" +
-	"\x16DeleteSnapshotResponse\"l\n" +
+	"\x16DeleteSnapshotResponse\"\x96\x01\n" +
 	"\x14ListSnapshotsRequest\x12\x1f\n" +
 	"\vsnapshot_id\x18\x01 \x01(\tR\n" +
 	"snapshotId\x12\x12\n" +
 	"\x04from\x18\x02 \x01(\tR\x04from\x12\x1f\n" +
 	"\vmax_entries\x18\x03 \x01(\rR\n" +
-	"maxEntries\"R\n" +
+	"maxEntries\x12(\n" +
+	"\x10source_volume_id\x18\x04 \x01(\tR\x0esourceVolumeId\"R\n" +
 	"\x15ListSnapshotsResponse\x129\n" +
 	"\tsnapshots\x18\x01 \x03(\v2\x1b.zfsnomad.agent.v1.SnapshotR\tsnapshots\"V\n" +
 	"\x10ReplicateRequest\x12\x1b\n" +
