@@ -27,7 +27,9 @@ func leaseFencedAt(v string) int64 {
 // fail with EROFS) and marks it as fenced by the lease. It returns the IDs
 // it fenced now; ones fenced already, moving or not mounted are left, and
 // so is a copy the operator forced without a majority (promote -force):
-// the operator took on what the lease guards against.
+// the operator took on what the lease guards against. It lists the pool
+// rather than trusting the primary index: it is the guard against two
+// writers, and runs only while the lease is lost.
 func (m *Manager) SelfFence(ctx context.Context) ([]string, error) {
 	vols, err := m.List(ctx)
 	if err != nil {
