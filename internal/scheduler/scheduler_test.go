@@ -341,4 +341,18 @@ func TestRoundsBetweenChangesListNothing(t *testing.T) {
 	if round(); n1.count() != 3 {
 		t.Errorf("after pushes refused for a lost primary: %d listings of n1, want a full plan", n1.count())
 	}
+	refuse.Store(false)
+	round() // pushes succeed: the book is current again
+	listings := n1.count()
+	if round(); n1.count() != listings {
+		t.Fatalf("a round without changes listed n1")
+	}
+	served.Stop("n2:7670") // a node went
+	if round(); n1.count() != listings+1 {
+		t.Errorf("after a node went: %d listings of n1, want a full plan", n1.count()-listings)
+	}
+	s.now = func() time.Time { return time.Now().Add(50 * time.Hour) } // past Resync
+	if round(); n1.count() != listings+2 {
+		t.Errorf("past Resync: no full plan")
+	}
 }
