@@ -204,3 +204,18 @@ func TestUnconfirmedCostsTheUnconfirmed(t *testing.T) {
 		t.Errorf("Unconfirmed made %d ZFS calls with 6 volumes, %d with 106: it grows with the volumes", few, many)
 	}
 }
+
+func TestCopyIDOf(t *testing.T) {
+	const id = "vol-0123456789abcdef0123"
+	tests := []struct{ snapshot, want string }{
+		{"tank/nomad/" + id + "@snap-0123456789abcdef0123", id},
+		{"tank/nomad/" + id + "-deleted-1795498586594602304@snap-0123456789abcdef0123", id},
+		{"tank/nomad/" + id + "-aside-1795498586594602304@snap-0123456789abcdef0123", id},
+		{"tank/nomad/other@snap-0123456789abcdef0123", "other"},
+	}
+	for _, tt := range tests {
+		if got := copyIDOf(tt.snapshot); got != tt.want {
+			t.Errorf("copyIDOf(%q) = %q, want %q", tt.snapshot, got, tt.want)
+		}
+	}
+}
