@@ -35,38 +35,64 @@ type idIndex struct {
 	entries map[string]string // nil until filled
 	listed  time.Time         // when it was filled
 	changes uint64            // updates so far: a listing that raced one is not kept
+	filling chan struct{}     // closed when the running listing ends; nil when none runs
+	last    map[string]string // what the last listing found
+	lastErr error             // and why it failed
 }
 
-// read returns a copy of the index, filling it first with list when it is
-// empty or older than indexMaxAge on the clock now.
+// fillTimeout bounds one listing of the node. It runs apart from the
+// call that started it: on a node with many volumes under a slow pool it
+// may outlast that call's deadline (the controller's GetNode), and
+// cutting it short every time would leave the index empty for good.
+const fillTimeout = 10 * time.Minute
+
+// read returns a copy of the index, listing first with list when it is
+// empty or older than indexMaxAge on the clock now. One listing runs at a
+// time, whoever asked; a caller whose ctx ends stops waiting for it, not
+// the listing.
 func (x *idIndex) read(ctx context.Context, now func() time.Time, list func(context.Context) (map[string]string, error)) (map[string]string, error) {
 	x.mu.Lock()
 	if x.entries != nil && now().Sub(x.listed) < indexMaxAge && !now().Before(x.listed) {
 		defer x.mu.Unlock()
 		return copyMap(x.entries), nil
 	}
-	x.mu.Unlock()
-	const attempts = 3
-	var entries map[string]string
-	for range attempts {
-		x.mu.Lock()
-		changes, started := x.changes, now()
-		x.mu.Unlock()
-		var err error
-		if entries, err = list(ctx); err != nil {
-			return nil, err
-		}
-		x.mu.Lock()
-		// An update during the listing may be missing from it: such a
-		// listing answers this call but is not kept.
-		if x.changes == changes {
-			x.entries, x.listed = entries, started
-			x.mu.Unlock()
-			return copyMap(entries), nil
-		}
-		x.mu.Unlock()
+	if x.filling == nil {
+		x.filling = make(chan struct{})
+		go x.fill(now, list, x.filling)
 	}
-	return entries, nil
+	done := x.filling
+	x.mu.Unlock()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("listing the node's datasets (still running): %w", ctx.Err())
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.lastErr != nil {
+		return nil, x.lastErr
+	}
+	// Kept, or raced by an update (then it answers this call only).
+	return copyMap(x.last), nil
+}
+
+// fill lists the node and keeps the listing unless an update ran
+// meanwhile (it may be missing from the listing).
+func (x *idIndex) fill(now func() time.Time, list func(context.Context) (map[string]string, error), done chan struct{}) {
+	ctx, cancel := context.WithTimeout(context.Background(), fillTimeout)
+	defer cancel()
+	x.mu.Lock()
+	changes, started := x.changes, now()
+	x.mu.Unlock()
+	entries, err := list(ctx)
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.last, x.lastErr = entries, err
+	if err == nil && x.changes == changes {
+		x.entries, x.listed = entries, started
+	}
+	x.filling = nil
+	close(done)
 }
 
 // update sets id's dataset, or removes id when dataset is "".

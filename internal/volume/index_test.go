@@ -219,3 +219,33 @@ func TestCopyIDOf(t *testing.T) {
 		}
 	}
 }
+
+// TestIndexListingOutlivesItsCaller: on a node whose listing takes longer
+// than a caller's deadline (a thousand volumes, a slow pool, the
+// controller's GetNode), the listing goes on after the caller gave up, so
+// a later call finds the index filled instead of starting (and losing)
+// the listing again.
+func TestIndexListingOutlivesItsCaller(t *testing.T) {
+	var x idIndex
+	release := make(chan struct{})
+	lists := 0
+	slow := func(ctx context.Context) (map[string]string, error) {
+		lists++
+		select {
+		case <-release:
+			return map[string]string{"vol-a": "tank/nomad/vol-a"}, nil
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	short, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if _, err := x.read(short, time.Now, slow); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a caller whose deadline passed: %v, want DeadlineExceeded", err)
+	}
+	close(release)
+	got, err := x.read(context.Background(), time.Now, slow)
+	if err != nil || len(got) != 1 || lists != 1 {
+		t.Errorf("after the listing finished: %v, %v, %d listings; want the one volume from the one listing", got, err, lists)
+	}
+}

@@ -75,7 +75,8 @@ func BenchmarkScale(b *testing.B) {
 const scaleHeader = "volumes/node  raw-create raw-list  Create   Delete   Publish  Stage    GetCap   List100  ListAll  ctl-RSS-MiB node-RSS-MiB"
 
 // fillNode makes volumes from..to-1 of a node with zfs create, eight at
-// once, labelled as the driver labels a primary.
+// once, labelled as the driver labels a primary, and checks they are
+// there.
 func fillNode(b *testing.B, n *sim.Node, from, to int) {
 	if to <= from {
 		return
@@ -90,7 +91,13 @@ func fillNode(b *testing.B, n *sim.Node, from, to int) {
 	if err := os.WriteFile(list, []byte(lines.String()), 0o600); err != nil {
 		b.Fatal(err)
 	}
-	sh(b, fmt.Sprintf("xargs -P 8 -L 1 zfs create < %s", list))
+	// Eight at a time (the guest's busybox xargs has no -L): creates that
+	// wait for the same pool sync share it.
+	sh(b, fmt.Sprintf(`i=0; while read -r args; do zfs create $args & i=$((i+1)); [ $((i %% 8)) -eq 0 ] && wait; done < %s; wait`, list))
+	got := strings.Count(sh(b, "zfs list -H -d1 -o name "+n.RootDataset), "\n") - 1
+	if got < to {
+		b.Fatalf("filling node %s: %d volumes, want %d", n.ID, got, to)
+	}
 }
 
 // scaleRow measures one row of the table with n volumes on every node.
