@@ -364,15 +364,7 @@ func BenchmarkMigration(b *testing.B) {
 	c := guesttest.StartCluster(b, 2, sim.Options{LogLevel: "info", ControllerArgs: []string{"-schedule-every", "0"}})
 	n1, n2 := c.Nodes[0], c.Nodes[1]
 	ctx := context.Background()
-	conn, err := grpc.NewClient(c.ControllerEndpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer conn.Close()
-	ctl := csi.NewControllerClient(conn)
-	capability := &csi.VolumeCapability{
-		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
-		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER}}
+	ctl, capability := controllerClient(b, c), mountCapability
 	resp, err := ctl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "moving", CapacityRange: &csi.CapacityRange{RequiredBytes: 2 << 30},
 		Parameters: map[string]string{"node": n1.ID, "compression": "off"}, VolumeCapabilities: []*csi.VolumeCapability{capability}})
 	if err != nil {
@@ -442,6 +434,22 @@ func waitDemoted(b *testing.B, n *sim.Node, id string) {
 	}
 	b.Fatalf("waited 30 s for the old primary on %s to be demoted to a replica: its role is still %q", n.ID, role)
 }
+
+// controllerClient connects to the cluster's controller until the
+// benchmark ends.
+func controllerClient(b *testing.B, c *sim.Cluster) csi.ControllerClient {
+	conn, err := grpc.NewClient(c.ControllerEndpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { conn.Close() })
+	return csi.NewControllerClient(conn)
+}
+
+// mountCapability is a single-node-writer file system.
+var mountCapability = &csi.VolumeCapability{
+	AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
+	AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER}}
 
 func median(xs []float64) float64 {
 	s := slices.Clone(xs)

@@ -36,15 +36,7 @@ var (
 func BenchmarkScale(b *testing.B) {
 	c := guesttest.StartCluster(b, 3, sim.Options{LogLevel: "info", ControllerArgs: []string{"-schedule-every", "0"}})
 	ctx := context.Background()
-	conn, err := grpc.NewClient(c.ControllerEndpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer conn.Close()
-	ctl := csi.NewControllerClient(conn)
-	capability := &csi.VolumeCapability{
-		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
-		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER}}
+	ctl, capability := controllerClient(b, c), mountCapability
 
 	var table []string
 	have := 0
