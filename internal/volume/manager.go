@@ -115,9 +115,11 @@ type Manager struct {
 	// primaryIndex and snapshotIndex: see index.go.
 	primaryIndex, snapshotIndex idIndex
 	started                     time.Time // of the process: part of VolumesVersion
-	// swept is when tombstones were last looked for on the whole node.
-	sweepMu sync.Mutex
-	swept   time.Time
+	// swept is when the last sweep of the node's tombstones began;
+	// sweeping, whether one runs (sweepTombstones).
+	sweepMu  sync.Mutex
+	swept    time.Time
+	sweeping bool
 }
 
 // NewManager returns a Manager for the node described by cfg.
@@ -417,7 +419,7 @@ func (m *Manager) Delete(ctx context.Context, id string) error {
 	if origin != "" {
 		m.collectTombstone(ctx, zfs.Parent(origin))
 	}
-	m.sweepTombstones(ctx)
+	m.sweepTombstones()
 	return nil
 }
 
@@ -511,19 +513,32 @@ func (m *Manager) tombstone(ctx context.Context, v Volume) error {
 // crash between the two left behind. Tombstones are no copies: no copy
 // lock guards them (docs/safety.md, "One owner of a copy").
 
-// sweepTombstones collects every tombstone that can go, if the last sweep
-// is older than indexMaxAge: its cost grows with the node's datasets, so
-// it runs seldom. Best effort.
-func (m *Manager) sweepTombstones(ctx context.Context) {
+// sweepTombstones starts a sweep of the node's tombstones if the last one
+// began more than indexMaxAge ago and none runs. The sweep lists every
+// dataset of the node, so it runs apart from the call that started it,
+// with its own deadline: the first delete after a start on a node with a
+// thousand volumes answered only after that listing, past the
+// controller's deadline (BenchmarkScale found it). Best effort.
+func (m *Manager) sweepTombstones() {
 	m.sweepMu.Lock()
+	defer m.sweepMu.Unlock()
 	due := m.now().Sub(m.swept) >= indexMaxAge || m.now().Before(m.swept)
-	if due {
-		m.swept = m.now()
-	}
-	m.sweepMu.Unlock()
-	if !due {
+	if !due || m.sweeping {
 		return
 	}
+	m.swept, m.sweeping = m.now(), true
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), fillTimeout)
+		defer cancel()
+		m.sweep(ctx)
+		m.sweepMu.Lock()
+		m.sweeping = false
+		m.sweepMu.Unlock()
+	}()
+}
+
+// sweep collects every tombstone of the node that can go.
+func (m *Manager) sweep(ctx context.Context) {
 	all, err := m.zfs.Children(ctx, m.cfg.RootDataset)
 	if err != nil {
 		m.log.Warn("listing tombstones failed", "error", err)

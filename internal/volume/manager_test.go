@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 
@@ -450,4 +451,74 @@ func TestDeleteRefusesAMountedVolumeBeforeTouchingIt(t *testing.T) {
 	if _, err := fake.Get(ctx, v.Dataset+"@zn-1"); err != nil {
 		t.Errorf("the held replication base is gone after a refused delete: %v", err)
 	}
+}
+
+// TestDeleteDoesNotWaitForTheSweep: the sweep of the node's tombstones
+// lists every dataset, so a delete only starts it: on a node with a
+// thousand volumes, a delete that waited for it answered past the
+// controller's deadline (BenchmarkScale). The sweep still collects the
+// tombstone a crash left behind.
+func TestDeleteDoesNotWaitForTheSweep(t *testing.T) {
+	ctx := context.Background()
+	m, fake := newManager(t)
+	clock := time.Now()
+	m.now = func() time.Time { return clock }
+	v, _ := m.Create(ctx, CreateRequest{Name: "v"})
+	s, err := m.CreateSnapshot(ctx, v.ID, "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Delete(ctx, v.ID); err != nil { // a tombstone: it has a snapshot
+		t.Fatal(err)
+	}
+	waitForSweep(t, m)
+	// The snapshot goes behind the driver's back (a crash between its
+	// destroy and the tombstone's collection): only a sweep finds it.
+	held, err := m.GetSnapshot(ctx, s.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := fake.Destroy(ctx, held.Dataset); err != nil {
+		t.Fatal(err)
+	}
+	tombstone := zfs.Parent(held.Dataset)
+
+	release := make(chan struct{})
+	fake.Before = func(op, name string) {
+		if op == "list" && name == root {
+			<-release // the node's listing takes as long as the test wants
+		}
+	}
+	clock = clock.Add(indexMaxAge)
+	w, _ := m.Create(ctx, CreateRequest{Name: "w"})
+	deleted := make(chan error, 1)
+	go func() { deleted <- m.Delete(ctx, w.ID) }()
+	select {
+	case err := <-deleted:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		close(release)
+		t.Fatal("DeleteVolume waited for the sweep's listing of the whole node")
+	}
+	close(release)
+	waitForSweep(t, m)
+	if _, err := fake.Get(ctx, tombstone); !errors.Is(err, zfs.ErrNotFound) {
+		t.Errorf("tombstone %s after the sweep: %v, want it collected", tombstone, err)
+	}
+}
+
+// waitForSweep waits until no sweep of tombstones runs.
+func waitForSweep(t *testing.T, m *Manager) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		m.sweepMu.Lock()
+		running := m.sweeping
+		m.sweepMu.Unlock()
+		if !running {
+			return
+		}
+	}
+	t.Fatal("the sweep of tombstones did not end within 5s")
 }
