@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -398,9 +399,12 @@ func TestPublishDecidesOnlyFromAMajority(t *testing.T) {
 			t.Fatal(err)
 		}
 		silent := false
+		var mu sync.Mutex // n2 and n3 are asked at once
 		var asked []string
 		for _, n := range []string{"n2", "n3"} {
 			tc.servers[n].AttestSilence = func(addrs []string) error {
+				mu.Lock()
+				defer mu.Unlock()
 				asked = addrs
 				if !silent {
 					return errors.New(addrs[0] + " answered this node 3s ago")
@@ -412,13 +416,18 @@ func TestPublishDecidesOnlyFromAMajority(t *testing.T) {
 		tc.stop("n1")
 		_, err := publish(ctl, "n2")
 		wantCode(t, err, codes.Unavailable)
-		if !strings.Contains(status.Convert(err).Message(), "n1:7670 answered") || len(asked) != 1 || !strings.HasSuffix(asked[0], "n1:7670") {
-			t.Errorf("the refusal: %v (nodes asked about %v); want it to name n1:7670, the node lost", err, asked)
+		mu.Lock()
+		askedAbout := asked
+		mu.Unlock()
+		if !strings.Contains(status.Convert(err).Message(), "n1:7670 answered") || len(askedAbout) != 1 || !strings.HasSuffix(askedAbout[0], "n1:7670") {
+			t.Errorf("the refusal: %v (nodes asked about %v); want it to name n1:7670, the node lost", err, askedAbout)
 		}
 		if c, _ := tc.fakes["n2"].Get(ctx, replica); c.User[volume.PropRole] != volume.RoleReplica {
 			t.Fatalf("n2's replica was promoted although no majority attested n1's silence: %v", c.User)
 		}
+		mu.Lock()
 		silent = true
+		mu.Unlock()
 		resp, err := publish(ctl, "n2")
 		if err != nil || resp.GetPublishContext()["generation"] != "2" {
 			t.Fatalf("the failover once n1 was silent long enough: %v, %v", resp, err)
