@@ -110,6 +110,7 @@ func run(args []string) error {
 		// Not fatal: the next receive of the volume retries it.
 		log.Error("finishing replica replacements a crash interrupted failed", "error", err)
 	}
+	volumes.WarmIndexes()
 	registry := metrics.NewRegistry()
 	pusher.Metrics = replication.NewMetrics(registry)
 	receiver.Metrics = pusher.Metrics

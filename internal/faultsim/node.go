@@ -104,6 +104,7 @@ func (n *simNode) start(ctx context.Context) {
 	receiver.IdleTimeout = time.Duration(cfg.ReceiveIdleTimeout)
 	inc.volumes.DiscardPartialReceive = receiver.DiscardPartial
 	_ = receiver.Recover(ctx) // not fatal, as in zfs-node: the next receive retries
+	inc.volumes.WarmIndexes()
 
 	monitor := lease.NewMonitor(n.w.cfg.Lease, cfg.Domain, func() time.Time { return n.w.nodeNow(n.rate) })
 	monitor.RequirePeers()

@@ -16,12 +16,13 @@ import (
 // docs/volumes.md "Counting and listing"): placement's volume count,
 // ListVolumes' and ListSnapshots' pages and finding a snapshot by ID come
 // from them, so none opens every dataset on the node. One listing fills
-// an index when it is first needed; from then on every change that can
-// make, end or rename a primary or a CSI snapshot (create, delete,
-// promote, demote, snapshot), holding the copy's lock, reads what it
-// changed again and updates the index. So an index is exact for the
-// driver's own changes, and a crash loses nothing (the next process lists
-// again). A change made by hand behind the driver's back shows at the
+// an index, at the node's start (WarmIndexes) or when first needed; every
+// change that can make, end or rename a primary or a CSI snapshot
+// (create, delete, promote, demote, snapshot), holding the copy's lock,
+// reads what it changed again and updates the index, and an update made
+// while a listing runs is applied over that listing too. So an index is
+// exact for the driver's own changes, and a crash loses nothing (the next
+// process lists again). A change made by hand behind the driver's back shows at the
 // latest after indexMaxAge, when the next read lists again; an entry
 // whose dataset is gone is caught when it is read (ListPage and
 // findSnapshot read each entry they return).
@@ -34,10 +35,16 @@ type idIndex struct {
 	mu      sync.Mutex
 	entries map[string]string // nil until filled
 	listed  time.Time         // when it was filled
-	changes uint64            // updates so far: a listing that raced one is not kept
+	changes uint64            // updates so far (VolumesVersion)
 	filling chan struct{}     // closed when the running listing ends; nil when none runs
-	last    map[string]string // what the last listing found
-	lastErr error             // and why it failed
+	// raced holds the updates made while the running listing runs: the
+	// listing may have read their datasets before or after the change,
+	// so they are applied over it when it ends.
+	raced map[string]string
+	// invalidations counts invalidate calls: a listing that one raced is
+	// not kept, as what went wrong may be missing from it.
+	invalidations uint64
+	lastErr       error // why the last listing failed
 }
 
 // fillTimeout bounds one listing of the node. It runs apart from the
@@ -49,49 +56,76 @@ const fillTimeout = 10 * time.Minute
 // read returns a copy of the index, listing first with list when it is
 // empty or older than indexMaxAge on the clock now. One listing runs at a
 // time, whoever asked; a caller whose ctx ends stops waiting for it, not
-// the listing.
+// the listing. A listing that an invalidation raced is not kept, and the
+// caller waits for another: an answer is never older than the call.
 func (x *idIndex) read(ctx context.Context, now func() time.Time, list func(context.Context) (map[string]string, error)) (map[string]string, error) {
-	x.mu.Lock()
-	if x.entries != nil && now().Sub(x.listed) < indexMaxAge && !now().Before(x.listed) {
-		defer x.mu.Unlock()
-		return copyMap(x.entries), nil
+	for {
+		x.mu.Lock()
+		if x.fresh(now) {
+			defer x.mu.Unlock()
+			return copyMap(x.entries), nil
+		}
+		done := x.startFill(now, list)
+		x.mu.Unlock()
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("listing the node's datasets (still running): %w", ctx.Err())
+		}
+		x.mu.Lock()
+		err := x.lastErr
+		x.mu.Unlock()
+		if err != nil {
+			return nil, err
+		}
 	}
-	if x.filling == nil {
-		x.filling = make(chan struct{})
-		go x.fill(now, list, x.filling)
-	}
-	done := x.filling
-	x.mu.Unlock()
-	select {
-	case <-done:
-	case <-ctx.Done():
-		return nil, fmt.Errorf("listing the node's datasets (still running): %w", ctx.Err())
-	}
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	if x.lastErr != nil {
-		return nil, x.lastErr
-	}
-	// Kept, or raced by an update (then it answers this call only).
-	return copyMap(x.last), nil
 }
 
-// fill lists the node and keeps the listing unless an update ran
-// meanwhile (it may be missing from the listing).
+// warm starts a listing unless the index is fresh or one runs.
+func (x *idIndex) warm(now func() time.Time, list func(context.Context) (map[string]string, error)) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if !x.fresh(now) {
+		x.startFill(now, list)
+	}
+}
+
+// fresh tells whether the index holds a listing younger than indexMaxAge.
+// The caller holds x.mu.
+func (x *idIndex) fresh(now func() time.Time) bool {
+	return x.entries != nil && now().Sub(x.listed) < indexMaxAge && !now().Before(x.listed)
+}
+
+// startFill starts a listing unless one runs, and returns the channel
+// closed when the running one ends. The caller holds x.mu.
+func (x *idIndex) startFill(now func() time.Time, list func(context.Context) (map[string]string, error)) chan struct{} {
+	if x.filling == nil {
+		x.filling = make(chan struct{})
+		x.raced = map[string]string{}
+		go x.fill(now, list, x.filling)
+	}
+	return x.filling
+}
+
+// fill lists the node and keeps the listing, with the updates that raced
+// it applied over it, unless an invalidation raced it.
 func (x *idIndex) fill(now func() time.Time, list func(context.Context) (map[string]string, error), done chan struct{}) {
 	ctx, cancel := context.WithTimeout(context.Background(), fillTimeout)
 	defer cancel()
 	x.mu.Lock()
-	changes, started := x.changes, now()
+	invalidations, started := x.invalidations, now()
 	x.mu.Unlock()
 	entries, err := list(ctx)
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	x.last, x.lastErr = entries, err
-	if err == nil && x.changes == changes {
+	x.lastErr = err
+	if err == nil && x.invalidations == invalidations {
+		for id, dataset := range x.raced {
+			set(entries, id, dataset)
+		}
 		x.entries, x.listed = entries, started
 	}
-	x.filling = nil
+	x.filling, x.raced = nil, nil
 	close(done)
 }
 
@@ -100,12 +134,20 @@ func (x *idIndex) update(id, dataset string) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	x.changes++
-	switch {
-	case x.entries == nil:
-	case dataset == "":
-		delete(x.entries, id)
-	default:
-		x.entries[id] = dataset
+	if x.raced != nil {
+		x.raced[id] = dataset
+	}
+	if x.entries != nil {
+		set(x.entries, id, dataset)
+	}
+}
+
+// set sets id's dataset in entries, or removes id when dataset is "".
+func set(entries map[string]string, id, dataset string) {
+	if dataset == "" {
+		delete(entries, id)
+	} else {
+		entries[id] = dataset
 	}
 }
 
@@ -114,6 +156,7 @@ func (x *idIndex) invalidate() {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	x.changes++
+	x.invalidations++
 	x.entries = nil
 }
 
@@ -139,17 +182,30 @@ func sortedFrom(m map[string]string, from string) []string {
 
 // primaries returns the index of the node's primaries: ID to dataset.
 func (m *Manager) primaries(ctx context.Context) (map[string]string, error) {
-	return m.primaryIndex.read(ctx, m.now, func(ctx context.Context) (map[string]string, error) {
-		vols, err := m.List(ctx)
-		if err != nil {
-			return nil, err
-		}
-		out := make(map[string]string, len(vols))
-		for _, v := range vols {
-			out[v.ID] = v.Dataset
-		}
-		return out, nil
-	})
+	return m.primaryIndex.read(ctx, m.now, m.listPrimaries)
+}
+
+// listPrimaries lists the node's primaries for their index.
+func (m *Manager) listPrimaries(ctx context.Context) (map[string]string, error) {
+	vols, err := m.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]string, len(vols))
+	for _, v := range vols {
+		out[v.ID] = v.Dataset
+	}
+	return out, nil
+}
+
+// WarmIndexes starts the listings that fill the node's indexes, which the
+// node runs once at its start: then the first calls after a start (the
+// controller's GetNode, a ListVolumes) find them filled, instead of
+// waiting for a listing that, with a thousand volumes under a slow pool,
+// outlasts their deadline.
+func (m *Manager) WarmIndexes() {
+	m.primaryIndex.warm(m.now, m.listPrimaries)
+	m.snapshotIndex.warm(m.now, m.listSnapshotIndex)
 }
 
 // reindex reads volume id's copy again and updates the index of
@@ -205,17 +261,20 @@ func (m *Manager) ListPage(ctx context.Context, from string, limit int) ([]Volum
 // snapshots returns the index of the node's CSI snapshots: ID to snapshot
 // name (dataset@ID).
 func (m *Manager) snapshots(ctx context.Context) (map[string]string, error) {
-	return m.snapshotIndex.read(ctx, m.now, func(ctx context.Context) (map[string]string, error) {
-		snaps, err := m.ListSnapshots(ctx)
-		if err != nil {
-			return nil, err
-		}
-		out := make(map[string]string, len(snaps))
-		for _, s := range snaps {
-			out[s.ID] = s.Dataset
-		}
-		return out, nil
-	})
+	return m.snapshotIndex.read(ctx, m.now, m.listSnapshotIndex)
+}
+
+// listSnapshotIndex lists the node's CSI snapshots for their index.
+func (m *Manager) listSnapshotIndex(ctx context.Context) (map[string]string, error) {
+	snaps, err := m.ListSnapshots(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]string, len(snaps))
+	for _, s := range snaps {
+		out[s.ID] = s.Dataset
+	}
+	return out, nil
 }
 
 // reindexSnapshot reads one snapshot again and updates the index.

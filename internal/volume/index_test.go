@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -105,31 +107,54 @@ func TestIndexFollowsTheDriversChanges(t *testing.T) {
 	agree("a destroy by hand, after indexMaxAge")
 }
 
-// TestIndexKeepsNoListingThatRacedAChange: a listing that ran while a
-// change updated the index may lack the change: it answers its own call
-// but is not kept.
-func TestIndexKeepsNoListingThatRacedAChange(t *testing.T) {
+// TestIndexAppliesTheUpdatesThatRacedItsListing: a listing may read a
+// dataset before or after a change that ends while it runs (the
+// simulation found a count one too high after a start, when the node's
+// first listing raced a change that ended a primary); the change's update
+// is applied over the listing, and the listing is kept.
+func TestIndexAppliesTheUpdatesThatRacedItsListing(t *testing.T) {
 	var x idIndex
 	now := time.Now
 	stale := func(context.Context) (map[string]string, error) {
 		x.update("vol-new", "tank/nomad/vol-new") // a create finished meanwhile
-		return map[string]string{"vol-old": "tank/nomad/vol-old"}, nil
+		x.update("vol-gone", "")                  // and a delete
+		return map[string]string{"vol-old": "tank/nomad/vol-old", "vol-gone": "tank/nomad/vol-gone"}, nil
 	}
-	if _, err := x.read(context.Background(), now, stale); err != nil {
+	got, err := x.read(context.Background(), now, stale)
+	if err != nil {
 		t.Fatal(err)
 	}
+	want := map[string]string{"vol-old": "tank/nomad/vol-old", "vol-new": "tank/nomad/vol-new"}
+	if !maps.Equal(got, want) {
+		t.Errorf("a listing raced by a create and a delete: %v, want %v", got, want)
+	}
+	if got, _ := x.read(context.Background(), now, failingList); !maps.Equal(got, want) {
+		t.Errorf("the next read: %v, want the kept listing %v", got, want)
+	}
+}
+
+// TestIndexKeepsNoListingThatAnInvalidationRaced: what made the index
+// invalid may be missing from a listing that ran meanwhile, so the read
+// lists again instead of answering from it.
+func TestIndexKeepsNoListingThatAnInvalidationRaced(t *testing.T) {
+	var x idIndex
 	lists := 0
-	fresh := func(context.Context) (map[string]string, error) {
+	list := func(context.Context) (map[string]string, error) {
 		lists++
-		return map[string]string{"vol-old": "", "vol-new": ""}, nil
+		if lists == 1 {
+			x.invalidate()
+			return map[string]string{"vol-stale": "tank/nomad/vol-stale"}, nil
+		}
+		return map[string]string{"vol-a": "tank/nomad/vol-a"}, nil
 	}
-	got, _ := x.read(context.Background(), now, fresh)
-	if lists != 1 || len(got) != 2 {
-		t.Errorf("after a raced listing, the next read listed %d times and found %v; want one listing with both", lists, got)
+	got, err := x.read(context.Background(), time.Now, list)
+	if err != nil || lists != 2 || len(got) != 1 || got["vol-a"] == "" {
+		t.Errorf("read: %v, %v after %d listings; want vol-a from a second listing", got, err, lists)
 	}
-	if _, _ = x.read(context.Background(), now, fresh); lists != 1 {
-		t.Errorf("a kept listing was listed again (%d)", lists)
-	}
+}
+
+func failingList(context.Context) (map[string]string, error) {
+	return nil, errors.New("listed again")
 }
 
 // TestSnapshotIndex: CSI snapshots are found by ID through the index,
@@ -247,5 +272,45 @@ func TestIndexListingOutlivesItsCaller(t *testing.T) {
 	got, err := x.read(context.Background(), time.Now, slow)
 	if err != nil || len(got) != 1 || lists != 1 {
 		t.Errorf("after the listing finished: %v, %v, %d listings; want the one volume from the one listing", got, err, lists)
+	}
+}
+
+// TestWarmIndexes: the listings a node starts with fill both indexes, so
+// the first count and the first page after a start list nothing.
+func TestWarmIndexes(t *testing.T) {
+	ctx := context.Background()
+	m, fake := newManager(t)
+	v, _ := m.Create(ctx, CreateRequest{Name: "v"})
+	if _, err := m.CreateSnapshot(ctx, v.ID, "s"); err != nil {
+		t.Fatal(err)
+	}
+	m.primaryIndex.invalidate() // as a process that just started
+	m.snapshotIndex.invalidate()
+	var mu sync.Mutex
+	lists := 0
+	fake.Before = func(op, name string) {
+		if op == "list" && name == root {
+			mu.Lock()
+			lists++
+			mu.Unlock()
+		}
+	}
+	m.WarmIndexes()
+	for _, x := range []*idIndex{&m.primaryIndex, &m.snapshotIndex} {
+		if _, err := x.read(ctx, m.now, failingList); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c, err := m.Capacity(ctx)
+	if err != nil || c.Volumes != 1 {
+		t.Fatalf("capacity: %+v, %v; want one volume", c, err)
+	}
+	if page, err := m.SnapshotPage(ctx, "", 0, ""); err != nil || len(page) != 1 {
+		t.Fatalf("snapshots: %v, %v; want one", page, err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if lists != 2 {
+		t.Errorf("%d listings of the node; want the two the start ran", lists)
 	}
 }
