@@ -3,17 +3,18 @@
 // the node agents to act; data never flows through it. It needs no ZFS and
 // is built without cgo.
 //
-// It is also the operator's command line, with an operator certificate:
-//
-//	zfs-controller backup [flags] [-to NODE] VOLUME_ID   push a volume to a peer now, with progress
-//	zfs-controller status [flags]                        volumes, replicas, lag, running transfers
+// It is also the operator's command line, with an operator certificate
+// (zfs-controller -h lists the commands, zfs-controller COMMAND -h shows
+// one's usage and flags).
 package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"syscall"
@@ -36,24 +37,91 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/version"
 )
 
+// command is one of zfs-controller's commands.
+type command struct {
+	name, args, summary string
+	run                 func(c command, args []string) error
+}
+
+// usage is the command's usage line and summary, above its flags in -h.
+func (c command) usage() string {
+	return fmt.Sprintf("usage: zfs-controller %s %s\n\n%s.", c.name, c.args, c.summary)
+}
+
+var commands = []command{
+	{"serve", "[flags]", "Serve the CSI Identity and Controller services: what Nomad runs (the command when the first argument is a flag)", serve},
+	{"backup", "[flags] [-to NODE] VOLUME_ID", "Push a volume to a peer now, with live progress", backup},
+	{"status", "[flags] [-json]", "Show every node's volumes, replicas and their lag, running transfers and stale copies set aside", status},
+	{"promote", "[flags] [-node NODE] [-force] VOLUME_ID", "Promote a replica of a volume whose primary's node is lost (failover=manual)", promote},
+	{"remove-replica", "[flags] -node NODE [-force] VOLUME_ID", "Remove one node's replica of a volume", removeReplica},
+	{"version", "", "Print the version", func(command, []string) error {
+		fmt.Println("zfs-controller", version.Version)
+		return nil
+	}},
+}
+
 func main() {
-	if err := run(os.Args[1:]); err != nil {
-		if !errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintln(os.Stderr, "zfs-controller:", err)
-		}
-		os.Exit(1)
+	os.Exit(exitCode(run(os.Args[1:], os.Getenv), os.Stderr))
+}
+
+// exitCode reports err and turns it into the exit status: 0 for none or
+// -h, 2 for a wrong command line (as flag errors), 1 for a failure.
+func exitCode(err error, stderr io.Writer) int {
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.Is(err, config.ErrUsage):
+		fmt.Fprintln(stderr, "zfs-controller:", err)
+		return 2
+	default:
+		fmt.Fprintln(stderr, "zfs-controller:", err)
+		return 1
 	}
 }
 
-func run(args []string) error {
-	if len(args) == 1 && (args[0] == "-version" || args[0] == "--version") {
-		fmt.Println("zfs-controller", version.Version)
+// run picks the command. Without arguments it serves when the environment
+// configures a server (a CO sets CSI_ENDPOINT for its plugins), and lists
+// the commands otherwise.
+func run(args []string, getenv func(string) string) error {
+	if len(args) == 0 {
+		if getenv("CSI_ENDPOINT") != "" || getenv(config.EnvPrefix+"CONFIG") != "" {
+			return serve(commands[0], args)
+		}
+		printCommands(os.Stderr)
+		return fmt.Errorf("%w: no command given", config.ErrUsage)
+	}
+	switch first := args[0]; first {
+	case "-h", "-help", "--help", "help":
+		if len(args) > 1 && first == "help" {
+			return run([]string{args[1], "-h"}, getenv)
+		}
+		printCommands(os.Stdout)
 		return nil
+	case "-version", "--version":
+		return run([]string{"version"}, getenv)
 	}
-	if len(args) > 0 && (args[0] == "backup" || args[0] == "status" || args[0] == "promote" || args[0] == "remove-replica") {
-		return command(args[0], args[1:])
+	if args[0][0] == '-' {
+		return serve(commands[0], args)
 	}
-	cfg, err := config.LoadController(args, os.Getenv, os.Stderr)
+	for _, c := range commands {
+		if c.name == args[0] {
+			return c.run(c, args[1:])
+		}
+	}
+	return fmt.Errorf("%w: unknown command %q; zfs-controller -h lists the commands", config.ErrUsage, args[0])
+}
+
+func printCommands(out io.Writer) {
+	fmt.Fprintf(out, "usage: zfs-controller COMMAND [flags] [arguments]\n\nCommands:\n")
+	for _, c := range commands {
+		fmt.Fprintf(out, "  %-15s %s\n", c.name, c.summary)
+	}
+	fmt.Fprintf(out, "\nzfs-controller COMMAND -h shows a command's usage and flags; docs/config.md the configuration.\n")
+}
+
+// serve runs the controller plugin until SIGINT or SIGTERM.
+func serve(c command, args []string) error {
+	cfg, err := config.LoadController(c.usage(), args, os.Getenv, os.Stderr)
 	if err != nil {
 		return err
 	}
@@ -134,24 +202,22 @@ func agentCredentials(cfg config.Controller, log hclog.Logger) (credentials.Tran
 	return m.ClientCredentials(), nil
 }
 
-// command runs an operator command against the node agents.
-func command(name string, args []string) error {
-	var to string
-	var force bool
-	cfg, rest, err := config.LoadControllerCommand("zfs-controller "+name, args, os.Getenv, os.Stderr, func(fs *flag.FlagSet) {
-		switch name {
-		case "backup":
-			fs.StringVar(&to, "to", "", "node ID to back up to (default: the healthy node with most room, preferring one that holds a replica)")
-		case "promote":
-			fs.StringVar(&to, "node", "", "node ID whose replica to promote (default: the freshest)")
-			fs.BoolVar(&force, "force", false, "promote even when fewer than a majority of the nodes answer: you assert the silent nodes are lost for good, or hold nothing newer")
-		case "remove-replica":
-			fs.StringVar(&to, "node", "", "node ID whose replica to remove (required)")
-			fs.BoolVar(&force, "force", false, "remove it even when no reachable node holds the volume's primary")
-		}
-	})
+// connect reads an operator command's configuration (extra adds its own
+// flags), checks its arguments (one VOLUME_ID if volumeArg, else none),
+// and connects to the node agents. The caller closes the cluster.
+func connect(c command, args []string, volumeArg bool, extra func(*flag.FlagSet)) (*cluster.Cluster, string, hclog.Logger, error) {
+	cfg, rest, err := config.LoadOperator("zfs-controller "+c.name, c.usage(), args, os.Getenv, os.Stderr, extra)
 	if err != nil {
-		return err
+		return nil, "", nil, err
+	}
+	var volumeID string
+	switch {
+	case volumeArg && len(rest) != 1:
+		return nil, "", nil, fmt.Errorf("%w: want one VOLUME_ID, got %d arguments (usage: zfs-controller %s %s)", config.ErrUsage, len(rest), c.name, c.args)
+	case volumeArg:
+		volumeID = rest[0]
+	case len(rest) > 0:
+		return nil, "", nil, fmt.Errorf("%w: %s takes no arguments, got %q", config.ErrUsage, c.name, rest)
 	}
 	log := csi.NewLogger("zfs-controller", func(k string) string {
 		if k == "ZFS_NOMAD_LOG_LEVEL" && os.Getenv(k) == "" {
@@ -161,32 +227,87 @@ func command(name string, args []string) error {
 	})
 	creds, err := agentCredentials(cfg, log)
 	if err != nil {
+		return nil, "", nil, err
+	}
+	nodes := cluster.New(peerSource(cfg), time.Duration(cfg.AgentTimeout), log, grpc.WithTransportCredentials(creds))
+	return nodes, volumeID, log, nil
+}
+
+func signalContext() (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+}
+
+func backup(c command, args []string) error {
+	var to string
+	nodes, volumeID, _, err := connect(c, args, true, func(fs *flag.FlagSet) {
+		fs.StringVar(&to, "to", "", "node ID to back up to (default: the healthy node with most room, preferring one that holds a replica)")
+	})
+	if err != nil {
 		return err
 	}
-	peers := peerSource(cfg)
-	nodes := cluster.New(peers, time.Duration(cfg.AgentTimeout), log, grpc.WithTransportCredentials(creds))
 	defer nodes.Close()
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	ctx, stop := signalContext()
 	defer stop()
-	switch name {
-	case "backup":
-		if len(rest) != 1 {
-			return errors.New("usage: zfs-controller backup [flags] [-to NODE] VOLUME_ID")
-		}
-		return operator.Backup(ctx, nodes, rest[0], to, os.Stdout)
-	case "promote":
-		if len(rest) != 1 {
-			return errors.New("usage: zfs-controller promote [flags] [-node NODE] [-force] VOLUME_ID")
-		}
-		return operator.Promote(ctx, migration.New(nodes, log), rest[0], to, force, os.Stdout)
-	case "remove-replica":
-		if len(rest) != 1 || to == "" {
-			return errors.New("usage: zfs-controller remove-replica [flags] -node NODE [-force] VOLUME_ID")
-		}
-		return operator.RemoveReplica(ctx, nodes, rest[0], to, force, os.Stdout)
-	default:
-		return operator.Status(ctx, nodes, os.Stdout, time.Now())
+	return operator.Backup(ctx, nodes, volumeID, to, os.Stdout)
+}
+
+func status(c command, args []string) error {
+	var asJSON bool
+	nodes, _, _, err := connect(c, args, false, func(fs *flag.FlagSet) {
+		fs.BoolVar(&asJSON, "json", false, "print the report as JSON, for scripts")
+	})
+	if err != nil {
+		return err
 	}
+	defer nodes.Close()
+	ctx, stop := signalContext()
+	defer stop()
+	report, err := operator.Status(ctx, nodes)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(report)
+	}
+	operator.PrintStatus(os.Stdout, report, time.Now())
+	return nil
+}
+
+func promote(c command, args []string) error {
+	var node string
+	var force bool
+	nodes, volumeID, log, err := connect(c, args, true, func(fs *flag.FlagSet) {
+		fs.StringVar(&node, "node", "", "node ID whose replica to promote (default: the freshest)")
+		fs.BoolVar(&force, "force", false, "promote even when fewer than a majority of the nodes answer: you assert the silent nodes are lost for good, or hold nothing newer")
+	})
+	if err != nil {
+		return err
+	}
+	defer nodes.Close()
+	ctx, stop := signalContext()
+	defer stop()
+	return operator.Promote(ctx, migration.New(nodes, log), volumeID, node, force, os.Stdout)
+}
+
+func removeReplica(c command, args []string) error {
+	var node string
+	var force bool
+	nodes, volumeID, _, err := connect(c, args, true, func(fs *flag.FlagSet) {
+		fs.StringVar(&node, "node", "", "node ID whose replica to remove (required)")
+		fs.BoolVar(&force, "force", false, "remove it even when no reachable node holds the volume's primary")
+	})
+	if err != nil {
+		return err
+	}
+	defer nodes.Close()
+	if node == "" {
+		return fmt.Errorf("%w: -node is required (usage: zfs-controller %s %s)", config.ErrUsage, c.name, c.args)
+	}
+	ctx, stop := signalContext()
+	defer stop()
+	return operator.RemoveReplica(ctx, nodes, volumeID, node, force, os.Stdout)
 }
 
 // peerSource says where the node agents are: the peers file when one is

@@ -37,11 +37,18 @@ import (
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
+// main exits 0 when done or after -h, 2 on a wrong command line (as
+// zfs-controller), 1 on a failure.
 func main() {
-	if err := run(os.Args[1:]); err != nil {
-		if !errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintln(os.Stderr, "zfs-node:", err)
-		}
+	err := run(os.Args[1:])
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return
+	case errors.Is(err, config.ErrUsage):
+		fmt.Fprintln(os.Stderr, "zfs-node:", err)
+		os.Exit(2)
+	default:
+		fmt.Fprintln(os.Stderr, "zfs-node:", err)
 		os.Exit(1)
 	}
 }

@@ -1,8 +1,12 @@
 package config
 
 import (
+	"errors"
+	"flag"
+	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -67,14 +71,37 @@ func TestNodeValidation(t *testing.T) {
 }
 
 func TestControllerConfig(t *testing.T) {
-	cfg, err := LoadController([]string{"-peers", "a:1,b:2", "-agent-timeout", "5s", "-insecure-agent-port"}, env(nil), os.Stderr)
+	cfg, err := LoadController("usage", []string{"-peers", "a:1,b:2", "-agent-timeout", "5s", "-insecure-agent-port"}, env(nil), os.Stderr)
 	if err != nil || len(cfg.Peers) != 2 || time.Duration(cfg.AgentTimeout) != 5*time.Second {
 		t.Fatalf("%+v, %v", cfg, err)
 	}
 	for _, args := range [][]string{{"-insecure-agent-port"}, {"-peers", "nohostport", "-insecure-agent-port"}, {"-peers", "a:1", "-placement", "random", "-insecure-agent-port"}, {"-peers", "a:1"}} {
-		if _, err := LoadController(args, env(nil), os.Stderr); err == nil {
+		if _, err := LoadController("usage", args, env(nil), os.Stderr); err == nil {
 			t.Errorf("LoadController(%v) accepted", args)
 		}
+	}
+}
+
+// TestOperatorConfig: an operator command reads where the agents are and
+// its own flags, not the server's, and -h shows its usage and only those.
+func TestOperatorConfig(t *testing.T) {
+	var to string
+	extra := func(fs *flag.FlagSet) { fs.StringVar(&to, "to", "", "target node") }
+	cfg, rest, err := LoadOperator("zfs-controller backup", "usage: zfs-controller backup [flags] VOLUME_ID", []string{"-peers", "a:1", "-insecure-agent-port", "-to", "n2", "vol-1"}, env(nil), io.Discard, extra)
+	if err != nil || len(cfg.Peers) != 1 || to != "n2" || !slices.Equal(rest, []string{"vol-1"}) {
+		t.Fatalf("%+v, %q, %v, %v", cfg, to, rest, err)
+	}
+	if _, _, err := LoadOperator("zfs-controller backup", "usage", []string{"-peers", "a:1", "-insecure-agent-port", "-placement", "most-free", "vol-1"}, env(nil), io.Discard, extra); err == nil {
+		t.Error("an operator command accepted the server's -placement")
+	}
+	var help strings.Builder
+	_, _, err = LoadOperator("zfs-controller backup", "usage: zfs-controller backup [flags] VOLUME_ID", []string{"-h"}, env(nil), &help, extra)
+	if !errors.Is(err, flag.ErrHelp) || !strings.HasPrefix(help.String(), "usage: zfs-controller backup") || !strings.Contains(help.String(), "-to") ||
+		strings.Contains(help.String(), "-schedule-every") || strings.Contains(help.String(), "-csi-endpoint") {
+		t.Errorf("-h: %v, printed:\n%s\nwant the usage line, -to, and no flag of the server", err, help.String())
+	}
+	if _, err := LoadController("usage", []string{"-peers", "a:1", "-insecure-agent-port", "stray"}, env(nil), io.Discard); !errors.Is(err, ErrUsage) {
+		t.Errorf("serve with a stray argument: %v, want ErrUsage", err)
 	}
 }
 

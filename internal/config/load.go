@@ -2,6 +2,7 @@ package config
 
 import (
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -54,29 +55,38 @@ func LoadNode(args []string, getenv func(string) string, stderr io.Writer) (Node
 	return cfg, nil
 }
 
-// LoadController reads zfs-controller's configuration like LoadNode.
-func LoadController(args []string, getenv func(string) string, stderr io.Writer) (Controller, error) {
-	cfg, _, err := LoadControllerCommand("zfs-controller", args, getenv, stderr, nil)
-	return cfg, err
-}
-
-// LoadControllerCommand reads the controller's configuration for a
-// subcommand: extra adds the subcommand's own flags, and the arguments
-// after the flags are returned.
-func LoadControllerCommand(name string, args []string, getenv func(string) string, stderr io.Writer, extra func(*flag.FlagSet)) (Controller, []string, error) {
+// LoadController reads the configuration of zfs-controller serve like
+// LoadNode. usage heads what -h prints, above the flags.
+func LoadController(usage string, args []string, getenv func(string) string, stderr io.Writer) (Controller, error) {
 	cfg := DefaultController()
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.String("config", "", "JSON config file (see docs/config.md)")
+	fs := newFlagSet("zfs-controller serve", usage, stderr)
 	fs.StringVar(&cfg.CSIEndpoint, "csi-endpoint", cfg.CSIEndpoint, "CSI endpoint (env CSI_ENDPOINT too)")
-	fs.Var((*listFlag)(&cfg.Peers), "peers", "node agent addresses, host:port,host:port")
-	fs.StringVar(&cfg.PeersFile, "peers-file", cfg.PeersFile, "file listing node agent addresses, one per line; re-read on change")
+	agentFlags(fs, &cfg)
 	fs.StringVar(&cfg.Placement, "placement", cfg.Placement, "most-free or fewest-volumes")
-	fs.Var(&cfg.AgentTimeout, "agent-timeout", "bound on each call to a node agent")
 	fs.Var(&cfg.ScheduleEvery, "schedule-every", "how often the replication schedule runs (0: off)")
 	fs.IntVar(&cfg.ParallelPushes, "parallel-pushes", cfg.ParallelPushes, "transfers the schedule runs at once")
-	tlsFlags(fs, &cfg.TLS, &cfg.InsecureAgentPort)
 	metricsFlag(fs, &cfg.MetricsAddress)
+	if err := load(fs, args, getenv, &cfg); err != nil {
+		return cfg, err
+	}
+	if fs.NArg() > 0 {
+		return cfg, fmt.Errorf("%w: unexpected argument %q (flags only; zfs-controller -h lists the commands)", ErrUsage, fs.Arg(0))
+	}
+	if err := cfg.Validate(); err != nil {
+		return cfg, fmt.Errorf("invalid zfs-controller configuration:\n%w", err)
+	}
+	return cfg, nil
+}
+
+// LoadOperator reads what an operator command (name, e.g. "zfs-controller
+// backup") needs: where the node agents are and the operator's
+// certificate, from the same file and environment as the controller, and
+// the flags it registers with extra. It returns the arguments after the
+// flags.
+func LoadOperator(name, usage string, args []string, getenv func(string) string, stderr io.Writer, extra func(*flag.FlagSet)) (Controller, []string, error) {
+	cfg := DefaultController()
+	fs := newFlagSet(name, usage, stderr)
+	agentFlags(fs, &cfg)
 	if extra != nil {
 		extra(fs)
 	}
@@ -84,9 +94,33 @@ func LoadControllerCommand(name string, args []string, getenv func(string) strin
 		return cfg, nil, err
 	}
 	if err := cfg.Validate(); err != nil {
-		return cfg, nil, fmt.Errorf("invalid zfs-controller configuration:\n%w", err)
+		return cfg, nil, fmt.Errorf("invalid configuration:\n%w", err)
 	}
 	return cfg, fs.Args(), nil
+}
+
+// ErrUsage marks a command line that names no command or misses an
+// argument: the binaries exit with status 2 on it, as flag errors do.
+var ErrUsage = errors.New("usage")
+
+// newFlagSet returns a flag set whose -h prints usage, then the flags.
+func newFlagSet(name, usage string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "%s\n\nFlags:\n", usage)
+		fs.PrintDefaults()
+	}
+	fs.String("config", "", "JSON config file (see docs/config.md)")
+	return fs
+}
+
+// agentFlags registers what reaching the node agents takes.
+func agentFlags(fs *flag.FlagSet, cfg *Controller) {
+	fs.Var((*listFlag)(&cfg.Peers), "peers", "node agent addresses, host:port,host:port")
+	fs.StringVar(&cfg.PeersFile, "peers-file", cfg.PeersFile, "file listing node agent addresses, one per line; re-read on change")
+	fs.Var(&cfg.AgentTimeout, "agent-timeout", "bound on each call to a node agent")
+	tlsFlags(fs, &cfg.TLS, &cfg.InsecureAgentPort)
 }
 
 func metricsFlag(fs *flag.FlagSet, addr *string) {
@@ -133,7 +167,26 @@ func load(fs *flag.FlagSet, args []string, getenv func(string) string, cfg any) 
 	if envErr != nil {
 		return envErr
 	}
-	return fs.Parse(args)
+	return parseFlags(fs, args)
+}
+
+// parseFlags parses args with fs. -h prints fs's usage and returns
+// flag.ErrHelp; a wrong flag returns ErrUsage with what was wrong, and the
+// caller prints it once (the flag package would print it with the whole
+// usage above).
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	out := fs.Output()
+	fs.SetOutput(io.Discard)
+	err := fs.Parse(args)
+	fs.SetOutput(out)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		fs.Usage()
+		return err
+	case err != nil:
+		return fmt.Errorf("%w: %w (%s -h lists its flags)", ErrUsage, err, fs.Name())
+	}
+	return nil
 }
 
 func configPath(args []string, getenv func(string) string) string {

@@ -133,15 +133,70 @@ func Bytes(n int64) string {
 	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTP"[exp])
 }
 
-// Status prints every node's volumes, the replicas of each with their lag,
-// and the transfers running now.
-func Status(ctx context.Context, cl *cluster.Cluster, out io.Writer, now time.Time) error {
+// Report is what zfs-controller status finds: every copy of every
+// volume on the nodes that answered, the transfers running, the stale
+// primaries set aside, and the nodes that did not answer. Its JSON form
+// (status -json) is for scripts.
+type Report struct {
+	Copies      []CopyStatus     `json:"copies"`
+	Transfers   []TransferStatus `json:"transfers"`
+	SetAside    []SetAsideCopy   `json:"set_aside"`
+	Unreachable []Unreachable    `json:"unreachable"`
+}
+
+// CopyStatus is one copy of a volume on one node.
+type CopyStatus struct {
+	VolumeID string `json:"volume_id"`
+	Name     string `json:"name"`
+	Node     string `json:"node"`
+	Role     string `json:"role"` // "primary" or "replica"
+	// Of a primary: its generation, a move in progress, the failover it
+	// came from, and whether another primary has the same generation
+	// (docs/safety.md, I3: neither is staged until an operator sets one
+	// aside).
+	Generation   uint64 `json:"generation,omitempty"`
+	MovingTo     string `json:"moving_to,omitempty"`
+	FailedOverAt string `json:"failed_over_at,omitempty"`
+	Conflict     bool   `json:"conflict,omitempty"`
+	// Of a replica: the newest snapshot received and when its source took
+	// it (zero: none completed yet), and whether a receive was cut and
+	// waits to be resumed.
+	LastSnapshot     string    `json:"last_snapshot,omitempty"`
+	LastSnapshotTime time.Time `json:"last_snapshot_time,omitzero"`
+	Resumable        bool      `json:"resumable,omitempty"`
+}
+
+// TransferStatus is a push running on its source node.
+type TransferStatus struct {
+	VolumeID   string    `json:"volume_id"`
+	From       string    `json:"from"`
+	To         string    `json:"to"`
+	Kind       string    `json:"kind"`
+	Bytes      int64     `json:"bytes"`
+	TotalBytes int64     `json:"total_bytes,omitempty"`
+	Started    time.Time `json:"started"`
+}
+
+// SetAsideCopy is a stale primary set aside after a failover.
+type SetAsideCopy struct {
+	Node    string `json:"node"`
+	Dataset string `json:"dataset"`
+}
+
+// Unreachable is a node agent that did not answer, or answered only in
+// part: Node is its ID when known, else its address.
+type Unreachable struct {
+	Node  string `json:"node"`
+	Error string `json:"error"`
+}
+
+// Status asks every node for its copies, transfers and copies set aside.
+func Status(ctx context.Context, cl *cluster.Cluster) (Report, error) {
 	nodes, unreachable, err := cl.Nodes(ctx)
 	if err != nil {
-		return err
+		return Report{}, err
 	}
-	var rows []row
-	var transfers, setAside []string
+	report := Report{Copies: []CopyStatus{}, Transfers: []TransferStatus{}, SetAside: []SetAsideCopy{}, Unreachable: []Unreachable{}}
 	for _, n := range nodes {
 		id := n.Info.GetNodeId()
 		cctx, cancel := cl.Call(ctx)
@@ -149,57 +204,100 @@ func Status(ctx context.Context, cl *cluster.Cluster, out io.Writer, now time.Ti
 		st, serr := n.Client.Status(cctx, &pb.StatusRequest{})
 		cancel()
 		if err := errors.Join(verr, serr); err != nil {
-			fmt.Fprintf(out, "node %s: %v\n", id, err)
+			report.Unreachable = append(report.Unreachable, Unreachable{Node: id, Error: err.Error()})
 			continue
 		}
 		for _, v := range vols.GetVolumes() {
-			rows = append(rows, row{volume: v.GetVolumeId(), name: v.GetName(), node: id, role: primaryRole(v), generation: v.GetGeneration()})
+			report.Copies = append(report.Copies, CopyStatus{VolumeID: v.GetVolumeId(), Name: v.GetName(), Node: id, Role: "primary",
+				Generation: v.GetGeneration(), MovingTo: v.GetMovingTo(), FailedOverAt: v.GetFailoverFromSnapshot()})
 		}
 		for _, name := range st.GetSetAside() {
-			setAside = append(setAside, fmt.Sprintf("%s on %s", name, id))
+			report.SetAside = append(report.SetAside, SetAsideCopy{Node: id, Dataset: name})
 		}
 		for _, r := range st.GetReplicas() {
-			lag := now.Sub(time.Unix(r.GetLastSnapshotUnix(), 0)).Round(time.Second).String()
-			if r.GetLastSnapshot() == "" {
-				lag = "never completed"
+			c := CopyStatus{VolumeID: r.GetVolumeId(), Name: r.GetName(), Node: id, Role: "replica", LastSnapshot: r.GetLastSnapshot(), Resumable: r.GetResumable()}
+			if c.LastSnapshot != "" {
+				c.LastSnapshotTime = time.Unix(r.GetLastSnapshotUnix(), 0).UTC()
 			}
-			if r.GetResumable() {
-				lag += " (interrupted, resumable)"
-			}
-			rows = append(rows, row{volume: r.GetVolumeId(), name: r.GetName(), node: id, role: "replica", snapshot: r.GetLastSnapshot(), lag: lag})
+			report.Copies = append(report.Copies, c)
 		}
 		for _, t := range st.GetTransfers() {
-			transfers = append(transfers, fmt.Sprintf("%s: %s -> %s  %s", t.GetVolumeId(), id, t.GetPeer(),
-				FormatProgress(&pb.ReplicateProgress{Kind: t.GetKind(), Bytes: t.GetBytes(), TotalBytes: t.GetTotalBytes()}, now.Sub(time.Unix(t.GetStartedUnix(), 0)))))
-		}
-	}
-	markConflicts(rows)
-	sort.Slice(rows, func(i, j int) bool {
-		if rows[i].volume != rows[j].volume {
-			return rows[i].volume < rows[j].volume
-		}
-		return rows[i].role < rows[j].role
-	})
-	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "VOLUME\tNAME\tNODE\tROLE\tLAST SNAPSHOT\tLAG")
-	for _, r := range rows {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.volume, r.name, r.node, r.role, r.snapshot, r.lag)
-	}
-	tw.Flush()
-	fmt.Fprintf(out, "\ntransfers running: %d\n", len(transfers))
-	for _, t := range transfers {
-		fmt.Fprintln(out, "  "+t)
-	}
-	if len(setAside) > 0 {
-		fmt.Fprintf(out, "\nstale primaries set aside after a failover (an operator decides what to keep, then zfs destroy -r):\n")
-		for _, a := range setAside {
-			fmt.Fprintln(out, "  "+a)
+			report.Transfers = append(report.Transfers, TransferStatus{VolumeID: t.GetVolumeId(), From: id, To: t.GetPeer(), Kind: t.GetKind(),
+				Bytes: t.GetBytes(), TotalBytes: t.GetTotalBytes(), Started: time.Unix(t.GetStartedUnix(), 0).UTC()})
 		}
 	}
 	for _, u := range unreachable {
-		fmt.Fprintf(out, "unreachable: %s: %v\n", u.Addr, u.Err)
+		report.Unreachable = append(report.Unreachable, Unreachable{Node: u.Addr, Error: u.Err.Error()})
 	}
-	return nil
+	markConflicts(report.Copies)
+	sort.Slice(report.Copies, func(i, j int) bool {
+		a, b := report.Copies[i], report.Copies[j]
+		if a.VolumeID != b.VolumeID {
+			return a.VolumeID < b.VolumeID
+		}
+		if a.Role != b.Role {
+			return a.Role < b.Role
+		}
+		return a.Node < b.Node
+	})
+	return report, nil
+}
+
+// PrintStatus writes a report as tables for people, with lags as of now.
+func PrintStatus(out io.Writer, r Report, now time.Time) {
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "VOLUME\tNAME\tNODE\tROLE\tLAST SNAPSHOT\tLAG")
+	for _, c := range r.Copies {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", c.VolumeID, c.Name, c.Node, describeRole(c), c.LastSnapshot, lag(c, now))
+	}
+	tw.Flush()
+	fmt.Fprintf(out, "\ntransfers running: %d\n", len(r.Transfers))
+	for _, t := range r.Transfers {
+		progress := FormatProgress(&pb.ReplicateProgress{Kind: t.Kind, Bytes: t.Bytes, TotalBytes: t.TotalBytes}, now.Sub(t.Started))
+		fmt.Fprintf(out, "  %s: %s -> %s  %s\n", t.VolumeID, t.From, t.To, progress)
+	}
+	if len(r.SetAside) > 0 {
+		fmt.Fprintf(out, "\nstale primaries set aside after a failover (an operator decides what to keep, then zfs destroy -r):\n")
+		for _, a := range r.SetAside {
+			fmt.Fprintf(out, "  %s on %s\n", a.Dataset, a.Node)
+		}
+	}
+	for _, u := range r.Unreachable {
+		fmt.Fprintf(out, "unreachable: %s: %s\n", u.Node, u.Error)
+	}
+}
+
+// describeRole is a copy's role as the status table shows it.
+func describeRole(c CopyStatus) string {
+	if c.Role != "primary" {
+		return c.Role
+	}
+	role := fmt.Sprintf("primary g%d", c.Generation)
+	if c.MovingTo != "" {
+		role += ", moving to " + c.MovingTo
+	}
+	if c.FailedOverAt != "" {
+		role += ", failed over at " + c.FailedOverAt
+	}
+	if c.Conflict {
+		role += ", CONFLICT: another primary has this generation"
+	}
+	return role
+}
+
+// lag is how far a replica is behind as of now.
+func lag(c CopyStatus, now time.Time) string {
+	if c.Role != "replica" {
+		return ""
+	}
+	lag := "never completed"
+	if !c.LastSnapshotTime.IsZero() {
+		lag = now.Sub(c.LastSnapshotTime).Round(time.Second).String()
+	}
+	if c.Resumable {
+		lag += " (interrupted, resumable)"
+	}
+	return lag
 }
 
 // Promote is the operator's failover for a volume whose primary's node is
@@ -219,42 +317,24 @@ func Promote(ctx context.Context, m *migration.Migrator, volumeID, node string, 
 
 // primaryRole describes a primary: its generation, a move in progress, a
 // failover it came from.
-// row is one copy in the status table.
-type row struct {
-	volume, name, node, role, snapshot, lag string
-	generation                              uint64 // of a primary; 0 for a replica
-}
-
 // markConflicts marks primaries that share a volume and a generation
-// with another primary (docs/safety.md, I3): neither is staged until an
-// operator sets one aside.
-func markConflicts(rows []row) {
+// with another primary (docs/safety.md, I3).
+func markConflicts(copies []CopyStatus) {
 	type key struct {
 		volume     string
 		generation uint64
 	}
 	count := map[key]int{}
-	for _, r := range rows {
-		if r.generation > 0 {
-			count[key{r.volume, r.generation}]++
+	for _, c := range copies {
+		if c.Role == "primary" {
+			count[key{c.VolumeID, c.Generation}]++
 		}
 	}
-	for i, r := range rows {
-		if r.generation > 0 && count[key{r.volume, r.generation}] > 1 {
-			rows[i].role += ", CONFLICT: another primary has this generation"
+	for i, c := range copies {
+		if c.Role == "primary" && count[key{c.VolumeID, c.Generation}] > 1 {
+			copies[i].Conflict = true
 		}
 	}
-}
-
-func primaryRole(v *pb.Volume) string {
-	role := fmt.Sprintf("primary g%d", v.GetGeneration())
-	if v.GetMovingTo() != "" {
-		role += ", moving to " + v.GetMovingTo()
-	}
-	if v.GetFailoverFromSnapshot() != "" {
-		role += ", failed over at " + v.GetFailoverFromSnapshot()
-	}
-	return role
 }
 
 // RemoveReplica deletes node's replica of a volume: the replica a delete

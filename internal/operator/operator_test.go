@@ -36,17 +36,46 @@ func TestBytes(t *testing.T) {
 }
 
 func TestMarkConflicts(t *testing.T) {
-	rows := []row{
-		{volume: "a", node: "n1", role: "primary g3", generation: 3},
-		{volume: "a", node: "n2", role: "primary g3", generation: 3},
-		{volume: "a", node: "n3", role: "replica"},
-		{volume: "b", node: "n1", role: "primary g1", generation: 1},
-		{volume: "b", node: "n2", role: "primary g2", generation: 2},
+	copies := []CopyStatus{
+		{VolumeID: "a", Node: "n1", Role: "primary", Generation: 3},
+		{VolumeID: "a", Node: "n2", Role: "primary", Generation: 3},
+		{VolumeID: "a", Node: "n3", Role: "replica"},
+		{VolumeID: "b", Node: "n1", Role: "primary", Generation: 1},
+		{VolumeID: "b", Node: "n2", Role: "primary", Generation: 2},
 	}
-	markConflicts(rows)
+	markConflicts(copies)
 	for i, conflicted := range []bool{true, true, false, false, false} {
-		if got := strings.Contains(rows[i].role, "CONFLICT"); got != conflicted {
-			t.Errorf("%s on %s: %q, conflict marked %v, want %v", rows[i].volume, rows[i].node, rows[i].role, got, conflicted)
+		role := describeRole(copies[i])
+		if got := strings.Contains(role, "CONFLICT"); got != conflicted || copies[i].Conflict != conflicted {
+			t.Errorf("%s on %s: %q, conflict marked %v, want %v", copies[i].VolumeID, copies[i].Node, role, got, conflicted)
+		}
+	}
+}
+
+func TestPrintStatus(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	r := Report{
+		Copies: []CopyStatus{
+			{VolumeID: "vol-a", Name: "orders", Node: "n1", Role: "primary", Generation: 2, MovingTo: "n2"},
+			{VolumeID: "vol-a", Name: "orders", Node: "n3", Role: "replica", LastSnapshot: "zn-1", LastSnapshotTime: now.Add(-90 * time.Second), Resumable: true},
+			{VolumeID: "vol-b", Name: "logs", Node: "n2", Role: "replica"},
+		},
+		Transfers:   []TransferStatus{{VolumeID: "vol-a", From: "n1", To: "n3", Kind: "incremental", Bytes: 1 << 20, Started: now.Add(-time.Second)}},
+		SetAside:    []SetAsideCopy{{Node: "n2", Dataset: "tank/nomad/vol-c-aside-1"}},
+		Unreachable: []Unreachable{{Node: "10.0.0.4:7670", Error: "connection refused"}},
+	}
+	var out strings.Builder
+	PrintStatus(&out, r, now)
+	for _, want := range []string{
+		"primary g2, moving to n2",
+		"1m30s (interrupted, resumable)",
+		"never completed",
+		"transfers running: 1\n  vol-a: n1 -> n3  incremental   1.0 MiB  1.0 MiB/s",
+		"tank/nomad/vol-c-aside-1 on n2",
+		"unreachable: 10.0.0.4:7670: connection refused",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("status lacks %q:\n%s", want, out.String())
 		}
 	}
 }

@@ -7,9 +7,11 @@ package replication
 import (
 	"context"
 	"encoding/base64"
+	"encoding/json"
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -23,6 +25,7 @@ import (
 
 	"github.com/zfs-nomad/zfs-nomad/internal/cluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/guesttest"
+	"github.com/zfs-nomad/zfs-nomad/internal/operator"
 	"github.com/zfs-nomad/zfs-nomad/internal/sim"
 	"github.com/zfs-nomad/zfs-nomad/internal/tlsconfig"
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
@@ -575,6 +578,24 @@ func TestBackupAndStatusCommands(t *testing.T) {
 	if !primary || !replica {
 		t.Errorf("status lacks the primary on n1 or the replica on n3:\n%s", out)
 	}
+	// stdout only: a script reads the report there, the logs go to stderr.
+	jsonOut, err := exec.Command(ctl, append([]string{"status", "-json"}, args...)...).Output()
+	var report operator.Report
+	if err == nil {
+		err = json.Unmarshal(jsonOut, &report)
+	}
+	if err != nil {
+		t.Fatalf("status -json: %v\n%s", err, jsonOut)
+	}
+	roles := map[string]string{}
+	for _, c := range report.Copies {
+		if c.VolumeID == id {
+			roles[c.Node] = c.Role
+		}
+	}
+	if roles["n1"] != "primary" || roles["n3"] != "replica" || len(report.Unreachable) != 0 {
+		t.Errorf("status -json: copies of %s %v, unreachable %v; want the primary on n1, the replica on n3, every node answering", id, roles, report.Unreachable)
+	}
 	// Without an operator certificate the command is refused.
 	nodeFiles, _ := c.CA.Issue("not-an-operator", tlsconfig.RoleNode)
 	bad := []string{"-peers", strings.Join(peers, ","), "-tls-ca", nodeFiles.CA, "-tls-cert", nodeFiles.Cert, "-tls-key", nodeFiles.Key}
@@ -588,7 +609,7 @@ func TestBackupAndStatusCommands(t *testing.T) {
 	n3 := c.Nodes[2]
 	unpublish(t, c, id, "orders")
 	n3.Kill()
-	_, err := csi.NewControllerClient(guesttest.Dial(t, c.ControllerEndpoint)).DeleteVolume(context.Background(), &csi.DeleteVolumeRequest{VolumeId: id})
+	_, err = csi.NewControllerClient(guesttest.Dial(t, c.ControllerEndpoint)).DeleteVolume(context.Background(), &csi.DeleteVolumeRequest{VolumeId: id})
 	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), n3.AgentAddress) {
 		t.Fatalf("delete with n3 down: %v, want Unavailable naming %s", err, n3.AgentAddress)
 	}
