@@ -63,7 +63,7 @@ func TestMain(m *testing.M) {
 	os.Exit(guesttest.Main(m, guesttest.Options{
 		Disks:    []string{"3G", "3G", "3G"},
 		Binaries: map[string]string{"zfs-node": "./cmd/zfs-node", "zfs-controller": "./cmd/zfs-controller"},
-		Timeout:  30 * time.Minute,
+		Timeout:  90 * time.Minute, // BenchmarkScale at 1000 volumes per node fills 3000 datasets
 	}))
 }
 

@@ -26,8 +26,9 @@ var (
 
 // BenchmarkScale (issue 13): with 10, 100 and 1000 volumes on every node
 // of three, the median latency of each CSI call that concerns one volume,
-// against raw zfs create and zfs list -d1 of the same pool in the same
-// run, and the processes' memory. The volumes besides the measured ones
+// and of the operator's zfs-controller status (whose answer grows with the
+// volumes), against raw zfs create and zfs list -d1 of the same pool in
+// the same run, and the processes' memory. The volumes besides the measured ones
 // are made by zfs create with the driver's labels (in parallel: the
 // driver's own CreateVolume would take minutes for a thousand), and the
 // node processes restart after each fill, so they know them only from
@@ -64,7 +65,7 @@ func BenchmarkScale(b *testing.B) {
 		*scaleReps, scaleHeader, strings.Join(table, "\n"))
 }
 
-const scaleHeader = "volumes/node  raw-create raw-list  Create   Delete   Publish  Stage    GetCap   List100  ListAll  ctl-RSS-MiB node-RSS-MiB"
+const scaleHeader = "volumes/node  raw-create raw-list  Create   Delete   Publish  Stage    GetCap   List100  ListAll  status   ctl-RSS-MiB node-RSS-MiB"
 
 // fillNode makes volumes from..to-1 of a node with zfs create, eight at
 // once, labelled as the driver labels a primary, and checks they are
@@ -101,7 +102,7 @@ func scaleRow(b *testing.B, ctx context.Context, c *sim.Cluster, ctl csi.Control
 	}
 	defer nodeConn.Close()
 	node := csi.NewNodeClient(nodeConn)
-	var rawCreate, rawList, create, del, publish, stage, getCap, list100, listAll []float64
+	var rawCreate, rawList, create, del, publish, stage, getCap, list100, listAll, status []float64
 	for i := range *scaleReps {
 		raw := fmt.Sprintf("%s/raw-%d-%d", n1.RootDataset, n, i)
 		rawCreate = append(rawCreate, seconds(func() { sh(b, "zfs create "+raw) }))
@@ -161,6 +162,7 @@ func scaleRow(b *testing.B, ctx context.Context, c *sim.Cluster, ctl csi.Control
 				}
 			}
 		}))
+		status = append(status, seconds(func() { operatorStatus(b, c) }))
 		del = append(del, seconds(func() {
 			if _, err := ctl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
 				b.Fatal(err)
@@ -171,12 +173,25 @@ func scaleRow(b *testing.B, ctx context.Context, c *sim.Cluster, ctl csi.Control
 	for _, nd := range c.Nodes {
 		nodeRSS = max(nodeRSS, rssMiB(nd.Process.Pid()))
 	}
-	return fmt.Sprintf("%12d  %9.3f %9.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %11.1f %12.1f",
+	return fmt.Sprintf("%12d  %9.3f %9.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %11.1f %12.1f",
 		n, median(rawCreate), median(rawList), median(create), median(del), median(publish), median(stage),
-		median(getCap), median(list100), median(listAll), rssMiB(c.Controller.Pid()), nodeRSS)
+		median(getCap), median(list100), median(listAll), median(status), rssMiB(c.Controller.Pid()), nodeRSS)
 }
 
 func seconds(f func()) float64 { return timed(f).Seconds() }
+
+// operatorStatus runs zfs-controller status as the operator does, with
+// the operator's certificate.
+func operatorStatus(b *testing.B, c *sim.Cluster) {
+	var peers []string
+	for _, n := range c.Nodes {
+		peers = append(peers, n.AgentAddress)
+	}
+	args := []string{"status", "-peers", strings.Join(peers, ","), "-tls-ca", c.Operator.CA, "-tls-cert", c.Operator.Cert, "-tls-key", c.Operator.Key}
+	if out, err := sim.Run(filepath.Join(guesttest.BinDir(b), "zfs-controller"), args...); err != nil {
+		b.Fatalf("zfs-controller status: %v\n%s", err, out)
+	}
+}
 
 // rssMiB reads a process's resident memory.
 func rssMiB(pid int) float64 {
