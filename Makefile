@@ -37,7 +37,7 @@ unit: deps ## unit tests only (skips the packages that need real ZFS)
 
 # The race detector over the host packages (the guest packages skip
 # themselves), the simulation on 30 seeds of each shape: a race is a
-# defect even where the tests pass (about 3 min on 2 cores).
+# defect even where the tests pass (about 4 min on 2 cores).
 race: deps ## unit tests and a short simulation under the race detector
 	ZFS_NOMAD_SKIP_GUEST=1 go test -race -count=1 $$(go list ./... | grep -v /internal/faultsim)
 	ZFS_NOMAD_SKIP_GUEST=1 go test -race -count=1 ./internal/faultsim -args -seeds 30

@@ -283,9 +283,11 @@ func (w *world) tick() {
 
 func (w *world) tracef(format string, args ...any) {
 	line := fmt.Sprintf("[%3d] ", w.stepNow.Load()) + fmt.Sprintf(format, args...)
+	// Under the lock, Trace too: goroutines of the system trace at once,
+	// and Trace gets the lines one at a time, in the trace's order.
 	w.traceMu.Lock()
+	defer w.traceMu.Unlock()
 	w.trace = append(w.trace, line)
-	w.traceMu.Unlock()
 	if w.cfg.Trace != nil {
 		w.cfg.Trace(line)
 	}
