@@ -30,7 +30,7 @@ variable "peers" {
 }
 
 variable "extra_args" {
-  description = "More zfs-controller flags, e.g. [\"-agent-timeout\", \"10s\"] (zfs-controller -h)"
+  description = "More zfs-controller flags, e.g. [\"-agent-timeout\", \"10s\"] (zfs-controller serve -h)"
   type        = list(string)
   default     = []
 }
