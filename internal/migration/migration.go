@@ -220,6 +220,23 @@ func (v view) freshestReplica(onNode string) (copyOn, bool) {
 	return best, found
 }
 
+// failoverReplica is the replica a failover promotes for a publish on
+// target: the freshest, or target's own when it is as fresh, which saves
+// the move that would follow (and the setting aside of target's replica
+// that a move after a failover brings: the new primary's history starts
+// at its failover, so it cannot vouch for an older replica).
+func (v view) failoverReplica(target string) (copyOn, bool) {
+	best, ok := v.freshestReplica("")
+	if !ok || best.nodeID() == target {
+		return best, ok
+	}
+	own, ok := v.freshestReplica(target)
+	if ok && own.copy.GetGeneration() == best.copy.GetGeneration() && !fresherWithin(best, own) {
+		return own, true
+	}
+	return best, true
+}
+
 // fresherWithin orders two replicas of one generation, whose snapshots
 // all came from that generation's one primary. By lineage first: the
 // replica holding the other's newest snapshot and more after it is
@@ -339,7 +356,7 @@ func (m *Migrator) Publish(ctx context.Context, id, nodeID string) (uint64, erro
 			}
 		}
 		if !ok {
-			promoted, err := m.failover(ctx, id, v, log)
+			promoted, err := m.failover(ctx, id, v, nodeID, log)
 			if errors.Is(err, errRetry) {
 				continue
 			}
@@ -616,10 +633,10 @@ func (m *Migrator) unfence(ctx context.Context, id string, p copyOn, log hclog.L
 }
 
 // failover runs when no reachable node holds a primary: the volume's
-// policy decides between promoting the freshest replica and waiting for an
-// operator.
-func (m *Migrator) failover(ctx context.Context, id string, v view, log hclog.Logger) (*pb.Copy, error) {
-	r, ok := v.freshestReplica("")
+// policy decides between promoting the freshest replica (target's, if it
+// is as fresh) and waiting for an operator.
+func (m *Migrator) failover(ctx context.Context, id string, v view, target string, log hclog.Logger) (*pb.Copy, error) {
+	r, ok := v.failoverReplica(target)
 	if !ok {
 		if len(v.unreachable) > 0 {
 			return nil, errdefs.Wrap(errdefs.ErrUnavailable, "no reachable node holds volume %s (unreachable agents: %s); retry", id, strings.Join(v.unreachable, ", "))

@@ -75,6 +75,34 @@ func TestViewPicksThePrimaryAndTheFreshestReplica(t *testing.T) {
 	}
 }
 
+// TestFailoverPrefersTheTarget: a failover for a publish on a node
+// promotes that node's replica when it is as fresh as any, never a staler
+// one. Promoting another node's then moving it set the target's replica
+// aside (the demo's clean-up found it).
+func TestFailoverPrefersTheTarget(t *testing.T) {
+	tests := []struct {
+		name   string
+		copies []copyOn
+		target string
+		want   string
+	}{
+		{"the target's replica is as fresh", []copyOn{withGUIDs(on("n2", "replica", 1, 7), 1, 2), withGUIDs(on("n3", "replica", 1, 7), 1, 2)}, "n3", "n3"},
+		{"the target's is as fresh by the clock", []copyOn{on("n2", "replica", 1, 7), on("n3", "replica", 1, 7)}, "n3", "n3"},
+		{"the target's is staler", []copyOn{withGUIDs(on("n2", "replica", 1, 7), 1, 2, 3), withGUIDs(on("n3", "replica", 1, 9), 1, 2)}, "n3", "n2"},
+		{"the target's is of an older generation", []copyOn{on("n2", "replica", 2, 7), on("n3", "replica", 1, 7)}, "n3", "n2"},
+		{"the target holds none", []copyOn{on("n2", "replica", 1, 7)}, "n1", "n2"},
+		{"the freshest is the target's", []copyOn{on("n2", "replica", 1, 5), on("n3", "replica", 1, 7)}, "n3", "n3"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r, ok := (view{copies: tt.copies}).failoverReplica(tt.target)
+			if got := map[bool]string{true: r.nodeID()}[ok]; got != tt.want {
+				t.Errorf("failover promotes the replica on %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
+
 func TestConflictingPrimaries(t *testing.T) {
 	tests := []struct {
 		name   string

@@ -59,7 +59,10 @@ type Scheduler struct {
 	slots   chan struct{} // one per push allowed to run at once
 	pushes  sync.WaitGroup
 	mu      sync.Mutex
-	running map[string]bool // volume IDs with a push under way
+	// running maps each volume with a push under way to its target node:
+	// a first push's replica is invisible until its receive completes, and
+	// a full plan meanwhile must not place the volume's replica anew.
+	running map[string]string
 	book    *book           // nil: the next round plans in full
 }
 
@@ -90,7 +93,7 @@ const DefaultStallTimeout = 2 * time.Minute
 // New returns a scheduler that runs at most parallel pushes at once.
 func New(cl *cluster.Cluster, parallel int, log hclog.Logger) *Scheduler {
 	return &Scheduler{cl: cl, log: log, now: time.Now, StallTimeout: DefaultStallTimeout,
-		slots: make(chan struct{}, max(1, parallel)), running: map[string]bool{}}
+		slots: make(chan struct{}, max(1, parallel)), running: map[string]string{}}
 }
 
 // Run runs a round every interval until ctx ends.
@@ -135,7 +138,7 @@ func (s *Scheduler) Round(ctx context.Context) []Push {
 	}
 	var started []Push
 	for _, p := range pushes {
-		if !s.claim(p.VolumeID) {
+		if !s.claim(p.VolumeID, p.Target.Info.GetNodeId()) {
 			s.log.Debug("a push of the volume from an earlier round still runs", "volume_id", p.VolumeID, "target", p.Target.Info.GetNodeId())
 			continue
 		}
@@ -159,15 +162,22 @@ func (s *Scheduler) Round(ctx context.Context) []Push {
 // Wait waits until the pushes started by earlier rounds have ended.
 func (s *Scheduler) Wait() { s.pushes.Wait() }
 
-// claim marks a volume as being pushed, unless it is already.
-func (s *Scheduler) claim(volumeID string) bool {
+// claim marks a volume as being pushed to target, unless it is already.
+func (s *Scheduler) claim(volumeID, target string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.running[volumeID] {
+	if _, ok := s.running[volumeID]; ok {
 		return false
 	}
-	s.running[volumeID] = true
+	s.running[volumeID] = target
 	return true
+}
+
+// pushingTo returns the target node of the volume's push under way, or "".
+func (s *Scheduler) pushingTo(volumeID string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.running[volumeID]
 }
 
 func (s *Scheduler) unclaim(volumeID string) {
@@ -368,7 +378,8 @@ func (s *Scheduler) planInFull(ctx context.Context, healthy []cluster.Node) ([]P
 }
 
 // targets returns up to want nodes for a volume's replicas: those that
-// hold one already (freshest first), then the healthy nodes with most room.
+// hold one already (freshest first), then the node a push under way is
+// making one on, then the healthy nodes with most room.
 func (s *Scheduler) targets(source cluster.Node, v *pb.Volume, want int, existing []replica, healthy []cluster.Node) []replica {
 	sort.Slice(existing, func(i, j int) bool { return existing[i].last.After(existing[j].last) })
 	var out []replica
@@ -377,6 +388,18 @@ func (s *Scheduler) targets(source cluster.Node, v *pb.Volume, want int, existin
 		if len(out) < want && !taken[r.node.Info.GetNodeId()] {
 			out = append(out, r)
 			taken[r.node.Info.GetNodeId()] = true
+		}
+	}
+	// A first push shows no replica until its receive completes: placing
+	// the volume anew meanwhile (rooms change as it fills) would start a
+	// second replica, which the volume did not ask for and which a
+	// failover may later prefer over the one a job is rescheduled to.
+	if to := s.pushingTo(v.GetVolumeId()); to != "" && len(out) < want && !taken[to] {
+		for _, n := range healthy {
+			if n.Info.GetNodeId() == to {
+				out = append(out, replica{node: n})
+				taken[to] = true
+			}
 		}
 	}
 	var cands []cluster.Candidate

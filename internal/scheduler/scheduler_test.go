@@ -356,3 +356,45 @@ func TestRoundsBetweenChangesListNothing(t *testing.T) {
 		t.Errorf("past Resync: no full plan")
 	}
 }
+
+// TestFullPlanKeepsTheReplicaBeingMade: a first push's replica shows only
+// once its receive completes. A full plan meanwhile, with another node
+// now having most room, must count the push under way as the volume's
+// replica: placing it anew made a second replica that nobody asked for,
+// and a failover preferred it over the one a job was rescheduled to (the
+// demo's failover then moved the volume and set the other replica aside).
+func TestFullPlanKeepsTheReplicaBeingMade(t *testing.T) {
+	agents := []*agent{
+		{node: node("n1", "a", 10), volumes: []*pb.Volume{vol("v", 1, "1m")}},
+		{node: node("n2", "a", 10)},
+		{node: node("n3", "a", 1)},
+	}
+	tests := []struct {
+		name     string
+		pushing  string // the target of v's push under way, if any
+		wantPush string
+	}{
+		{name: "no push under way: the node with most room", wantPush: "n2"},
+		{name: "a first push to n3 under way", pushing: "n3", wantPush: "n3"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := New(startAgents(t, agents), 1, hclog.NewNullLogger())
+			s.now = func() time.Time { return now }
+			if tt.pushing != "" && !s.claim("v", tt.pushing) {
+				t.Fatal("claim of an idle volume refused")
+			}
+			pushes, err := s.Plan(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, p := range pushes {
+				got = append(got, p.Target.Info.GetNodeId())
+			}
+			if !slices.Equal(got, []string{tt.wantPush}) {
+				t.Errorf("pushes of v go to %q, want only %q", got, tt.wantPush)
+			}
+		})
+	}
+}
