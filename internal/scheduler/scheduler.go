@@ -56,14 +56,14 @@ type Scheduler struct {
 	// schedule's back (an operator's backup or remove-replica) show then.
 	Resync time.Duration
 
-	slots   chan struct{} // one per push allowed to run at once
-	pushes  sync.WaitGroup
-	mu      sync.Mutex
+	slots  chan struct{} // one per push allowed to run at once
+	pushes sync.WaitGroup
+	mu     sync.Mutex
 	// running maps each volume with a push under way to its target node:
 	// a first push's replica is invisible until its receive completes, and
 	// a full plan meanwhile must not place the volume's replica anew.
 	running map[string]string
-	book    *book           // nil: the next round plans in full
+	book    *book // nil: the next round plans in full
 }
 
 // DefaultResync is how often a full plan runs while no node's primaries
