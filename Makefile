@@ -25,9 +25,10 @@ $(TOOLS)/staticcheck $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc: hack/to
 	@mkdir -p $(TOOLS)
 	cd hack/tools && go build -o $(TOOLS)/ honnef.co/go/tools/cmd/staticcheck google.golang.org/protobuf/cmd/protoc-gen-go google.golang.org/grpc/cmd/protoc-gen-go-grpc
 
-check: deps $(TOOLS)/staticcheck ## gofmt, go vet, staticcheck, go mod tidy
+check: deps $(TOOLS)/staticcheck ## gofmt, go vet, the controller/node edge (hack/edges.sh), staticcheck, go mod tidy
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	go vet ./...
+	./hack/edges.sh
 	$(TOOLS)/staticcheck ./...
 	go mod tidy -diff
 	cd hack/tools && go mod tidy -diff

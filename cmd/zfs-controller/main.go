@@ -28,7 +28,8 @@ import (
 
 	"github.com/zfs-nomad/zfs-nomad/internal/cluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/config"
-	"github.com/zfs-nomad/zfs-nomad/internal/csi"
+	"github.com/zfs-nomad/zfs-nomad/internal/csi/controller"
+	"github.com/zfs-nomad/zfs-nomad/internal/csi/plugin"
 	"github.com/zfs-nomad/zfs-nomad/internal/metrics"
 	"github.com/zfs-nomad/zfs-nomad/internal/migration"
 	"github.com/zfs-nomad/zfs-nomad/internal/operator"
@@ -125,7 +126,7 @@ func serve(c command, args []string) error {
 	if err != nil {
 		return err
 	}
-	log := csi.NewLogger("zfs-controller", os.Getenv)
+	log := plugin.NewLogger("zfs-controller", os.Getenv)
 
 	peers := peerSource(cfg)
 	creds, err := agentCredentials(cfg, log)
@@ -135,16 +136,16 @@ func serve(c command, args []string) error {
 	nodes := cluster.New(peers, time.Duration(cfg.AgentTimeout), log.Named("cluster"), grpc.WithTransportCredentials(creds))
 	defer nodes.Close()
 
-	lis, err := csi.Listen(cfg.CSIEndpoint)
+	lis, err := plugin.Listen(cfg.CSIEndpoint)
 	if err != nil {
 		return err
 	}
-	srv := grpc.NewServer(grpc.UnaryInterceptor(csi.LoggingInterceptor(log.Named("csi"))))
-	csispec.RegisterIdentityServer(srv, csi.NewIdentity(func(ctx context.Context) error { return probe(ctx, nodes) }))
+	srv := grpc.NewServer(grpc.UnaryInterceptor(plugin.LoggingInterceptor(log.Named("csi"))))
+	csispec.RegisterIdentityServer(srv, plugin.NewIdentity(func(ctx context.Context) error { return probe(ctx, nodes) }))
 	registry := metrics.NewRegistry()
 	migrator := migration.New(nodes, log.Named("migration"))
 	migrator.Metrics = migration.NewMetrics(registry)
-	csispec.RegisterControllerServer(srv, csi.NewController(nodes, migrator, cfg.Placement, log.Named("csi")))
+	csispec.RegisterControllerServer(srv, controller.New(nodes, migrator, cfg.Placement, log.Named("csi")))
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -154,17 +155,17 @@ func serve(c command, args []string) error {
 		sched.Settle = migrator.Settle
 		go sched.Run(ctx, every)
 	}
-	metricsLis, err := csi.ListenMetrics(cfg.MetricsAddress)
+	metricsLis, err := plugin.ListenMetrics(cfg.MetricsAddress)
 	if err != nil {
 		return err
 	}
 	go func() {
-		if err := csi.ServeMetrics(ctx, metricsLis, registry, log); err != nil {
+		if err := plugin.ServeMetrics(ctx, metricsLis, registry, log); err != nil {
 			log.Error("metrics endpoint failed", "error", err)
 		}
 	}()
 	log.Info("serving", "version", version.Version, "csi_endpoint", cfg.CSIEndpoint, "peers", cfg.Peers, "peers_file", cfg.PeersFile)
-	err = csi.Serve(ctx, srv, lis, 10*time.Second)
+	err = plugin.Serve(ctx, srv, lis, 10*time.Second)
 	log.Info("stopped")
 	return err
 }
@@ -219,7 +220,7 @@ func connect(c command, args []string, volumeArg bool, extra func(*flag.FlagSet)
 	case len(rest) > 0:
 		return nil, "", nil, fmt.Errorf("%w: %s takes no arguments, got %q", config.ErrUsage, c.name, rest)
 	}
-	log := csi.NewLogger("zfs-controller", func(k string) string {
+	log := plugin.NewLogger("zfs-controller", func(k string) string {
 		if k == "ZFS_NOMAD_LOG_LEVEL" && os.Getenv(k) == "" {
 			return "warn"
 		}

@@ -24,7 +24,8 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/agent"
 	"github.com/zfs-nomad/zfs-nomad/internal/cluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/config"
-	"github.com/zfs-nomad/zfs-nomad/internal/csi"
+	csinode "github.com/zfs-nomad/zfs-nomad/internal/csi/node"
+	"github.com/zfs-nomad/zfs-nomad/internal/csi/plugin"
 	"github.com/zfs-nomad/zfs-nomad/internal/lease"
 	"github.com/zfs-nomad/zfs-nomad/internal/metrics"
 	"github.com/zfs-nomad/zfs-nomad/internal/mount"
@@ -62,7 +63,7 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
-	log := csi.NewLogger("zfs-node", os.Getenv).With("node_id", cfg.NodeID)
+	log := plugin.NewLogger("zfs-node", os.Getenv).With("node_id", cfg.NodeID)
 
 	z, err := libzfs.New(volume.UserProperties...)
 	if err != nil {
@@ -77,7 +78,7 @@ func run(args []string) error {
 		return fmt.Errorf("cannot serve volumes: %w", err)
 	}
 
-	csiLis, err := csi.Listen(cfg.CSIEndpoint)
+	csiLis, err := plugin.Listen(cfg.CSIEndpoint)
 	if err != nil {
 		return err
 	}
@@ -85,14 +86,14 @@ func run(args []string) error {
 	if err != nil {
 		return fmt.Errorf("agent address %s: %w", cfg.AgentAddress, err)
 	}
-	metricsLis, err := csi.ListenMetrics(cfg.MetricsAddress)
+	metricsLis, err := plugin.ListenMetrics(cfg.MetricsAddress)
 	if err != nil {
 		return err
 	}
 
-	csiSrv := grpc.NewServer(grpc.UnaryInterceptor(csi.LoggingInterceptor(log.Named("csi"))))
-	csispec.RegisterIdentityServer(csiSrv, csi.NewIdentity(volumes.Health))
-	csispec.RegisterNodeServer(csiSrv, csi.NewNode(volumes, mount.System{}, cfg, log.Named("csi")))
+	csiSrv := grpc.NewServer(grpc.UnaryInterceptor(plugin.LoggingInterceptor(log.Named("csi"))))
+	csispec.RegisterIdentityServer(csiSrv, plugin.NewIdentity(volumes.Health))
+	csispec.RegisterNodeServer(csiSrv, csinode.New(volumes, mount.System{}, cfg, log.Named("csi")))
 
 	serverOpts, dialCreds, err := agentTLS(cfg, log)
 	if err != nil {
@@ -138,9 +139,9 @@ func run(args []string) error {
 	log.Info("serving", "version", version.Version, "csi_endpoint", cfg.CSIEndpoint, "agent_address", agentLis.Addr().String(),
 		"root_dataset", cfg.RootDataset, "max_quota", cfg.MaxQuota.String())
 	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return csi.Serve(gctx, csiSrv, csiLis, 10*time.Second) })
-	g.Go(func() error { return csi.Serve(gctx, agentSrv, agentLis, 10*time.Second) })
-	g.Go(func() error { return csi.ServeMetrics(gctx, metricsLis, registry, log) })
+	g.Go(func() error { return plugin.Serve(gctx, csiSrv, csiLis, 10*time.Second) })
+	g.Go(func() error { return plugin.Serve(gctx, agentSrv, agentLis, 10*time.Second) })
+	g.Go(func() error { return plugin.ServeMetrics(gctx, metricsLis, registry, log) })
 	g.Go(func() error { heartbeat.Run(gctx); return nil })
 	err = g.Wait()
 	log.Info("stopped")
@@ -150,7 +151,7 @@ func run(args []string) error {
 // agentTLS returns the agent port's server options (mutual TLS and the
 // policy of who may call what) and the credentials for dialling peers.
 func agentTLS(cfg config.Node, log hclog.Logger) ([]grpc.ServerOption, credentials.TransportCredentials, error) {
-	logging := csi.LoggingInterceptor(log.Named("agent"))
+	logging := plugin.LoggingInterceptor(log.Named("agent"))
 	if cfg.InsecureAgentPort {
 		log.Warn("agent port WITHOUT TLS (-insecure-agent-port): anyone who reaches it can read and write volumes; use only on a closed test network")
 		return []grpc.ServerOption{grpc.UnaryInterceptor(logging)}, insecure.NewCredentials(), nil

@@ -15,6 +15,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
 	"github.com/zfs-nomad/zfs-nomad/internal/replication"
 	"github.com/zfs-nomad/zfs-nomad/internal/version"
+	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
 	"github.com/zfs-nomad/zfs-nomad/internal/volume"
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
@@ -258,7 +259,7 @@ func (s *Server) copyOf(ctx context.Context, id string) (*pb.Copy, error) {
 		return nil, err
 	}
 	out.PromisedGeneration, out.PromisedHolder = promised.Generation, promised.Holder
-	if c.Exists && c.Role == volume.RoleReplica && s.receiver != nil {
+	if c.Exists && c.Role == vocab.RoleReplica && s.receiver != nil {
 		state, err := s.receiver.ReplicaState(ctx, &pb.ReplicaStateRequest{VolumeId: id})
 		if err != nil {
 			return nil, errdefs.FromStatus(err)

@@ -18,7 +18,7 @@ import (
 	"time"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/hostpath"
-	"github.com/zfs-nomad/zfs-nomad/internal/zfs"
+	"github.com/zfs-nomad/zfs-nomad/internal/zfs/zfsname"
 )
 
 // Node is the configuration of one zfs-node.
@@ -181,7 +181,7 @@ func (c *Node) Validate() error {
 	if !nodeIDPattern.MatchString(c.NodeID) {
 		errs = append(errs, fmt.Errorf("node_id %q: required; letters, digits, _ . - (at most 128)", c.NodeID))
 	}
-	if err := zfs.ValidateName(c.RootDataset); err != nil || strings.Contains(c.RootDataset, "@") {
+	if err := zfsname.Validate(c.RootDataset); err != nil || strings.Contains(c.RootDataset, "@") {
 		errs = append(errs, fmt.Errorf("root_dataset %q: required, a filesystem such as tank/nomad", c.RootDataset))
 	}
 	if c.QuotaProperty != "quota" && c.QuotaProperty != "refquota" {

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync/atomic"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
 	"github.com/zfs-nomad/zfs-nomad/internal/volume"
 )
 
@@ -99,7 +100,7 @@ func (c *checker) staged(id, node string) {
 	n := c.w.node(node)
 	gen, _ := strconv.ParseUint(c.user(n, fs, volume.PropGeneration), 10, 64)
 	for _, m := range c.w.nodes {
-		if m == n || !slices.Contains(m.pool.Names(), fs) || c.user(m, fs, volume.PropRole) != volume.RolePrimary {
+		if m == n || !slices.Contains(m.pool.Names(), fs) || c.user(m, fs, volume.PropRole) != vocab.RolePrimary {
 			continue
 		}
 		if g, _ := strconv.ParseUint(c.user(m, fs, volume.PropGeneration), 10, 64); g > gen {
@@ -183,7 +184,7 @@ func (c *checker) oneWriter(id string) error {
 	fs := rootDataset + "/" + id
 	var writable []string
 	for _, n := range c.w.nodes {
-		if mounted, _ := n.mounts.isMounted(fs); mounted && n.pool.NativeProperty(fs, "readonly") != "on" {
+		if n.mounts.Mounted(fs) && n.pool.NativeProperty(fs, "readonly") != "on" {
 			writable = append(writable, fmt.Sprintf("%s (generation %s, role %s)", n.id,
 				c.user(n, fs, volume.PropGeneration), c.user(n, fs, volume.PropRole)))
 		}
@@ -210,7 +211,7 @@ func (c *checker) generationsGrow(id string) error {
 			return fmt.Errorf("I3 broken: the copy of %s on %s went from generation %d to %d", id, n.id, last, gen)
 		}
 		c.generations[key] = gen
-		if c.user(n, fs, volume.PropRole) != volume.RolePrimary {
+		if c.user(n, fs, volume.PropRole) != vocab.RolePrimary {
 			continue
 		}
 		pkey := fmt.Sprintf("%s@%d", id, gen)
@@ -256,7 +257,7 @@ func (c *checker) nothingLost(id string) error {
 func (c *checker) mountsStay(id string) error {
 	fs := rootDataset + "/" + id
 	for _, n := range c.w.nodes {
-		if mounted, _ := n.mounts.isMounted(fs); mounted && !slices.Contains(n.pool.Names(), fs) {
+		if n.mounts.Mounted(fs) && !slices.Contains(n.pool.Names(), fs) {
 			return fmt.Errorf("volume %s is mounted on %s, but its dataset %s is gone from under the mount", id, n.id, fs)
 		}
 	}
@@ -294,7 +295,7 @@ func copyOf(name string) (string, bool) {
 	}
 	rest, _, _ = strings.Cut(rest, "@")
 	const idLen = len("vol-") + 20
-	if len(rest) < idLen || !volume.IsVolumeID(rest[:idLen]) || strings.HasPrefix(rest[idLen:], "-deleted-") {
+	if len(rest) < idLen || !vocab.IsVolumeID(rest[:idLen]) || strings.HasPrefix(rest[idLen:], "-deleted-") {
 		return "", false
 	}
 	return rest[:idLen], true

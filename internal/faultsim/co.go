@@ -10,8 +10,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/cluster"
-	"github.com/zfs-nomad/zfs-nomad/internal/csi"
-	"github.com/zfs-nomad/zfs-nomad/internal/volume"
+	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
 )
 
 // simVolume is one volume as the CO knows it.
@@ -32,7 +31,7 @@ type claim struct {
 }
 
 func newSimVolume(name string) *simVolume {
-	return &simVolume{name: name, id: volume.VolumeIDForName(name)}
+	return &simVolume{name: name, id: vocab.VolumeIDForName(name)}
 }
 
 var mountCapability = &csispec.VolumeCapability{
@@ -92,7 +91,7 @@ func (w *world) create(v *simVolume) {
 	defer cancel()
 	replicas := []string{"1", "2"}[w.dice.intn(2)]
 	_, err := w.ctl.CreateVolume(ctx, &csispec.CreateVolumeRequest{Name: v.name, VolumeCapabilities: []*csispec.VolumeCapability{mountCapability},
-		Parameters: map[string]string{volume.ParamReplicas: replicas, volume.ParamFailover: volume.FailoverAuto}})
+		Parameters: map[string]string{vocab.ParamReplicas: replicas, vocab.ParamFailover: vocab.FailoverAuto}})
 	w.tracef("co: CreateVolume %s replicas=%s: %v", v.name, replicas, errText(err))
 	if err == nil {
 		v.created = true
@@ -166,7 +165,7 @@ func (w *world) schedule(v *simVolume, n *simNode) {
 	}
 	w.stats.Publishes++
 	c := claim{node: n.id, context: resp.GetPublishContext()}
-	if len(v.claims) > 0 && v.claims[len(v.claims)-1].context[csi.PublishContextGeneration] != c.context[csi.PublishContextGeneration] {
+	if len(v.claims) > 0 && v.claims[len(v.claims)-1].context[vocab.PublishContextGeneration] != c.context[vocab.PublishContextGeneration] {
 		w.stats.NewGeneration++
 	}
 	v.claims = append(v.claims, c)
@@ -306,7 +305,7 @@ func (w *world) powerLoss(n *simNode) {
 	if n.inc != nil {
 		n.stop()
 	}
-	n.mounts.reboot()
+	n.mounts.Reset()
 	w.stats.Crashes++
 	n.restartAt = w.step + 1 + w.dice.intn(30)
 	w.tracef("%s: power lost, back at step %d", n.id, n.restartAt)

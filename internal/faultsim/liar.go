@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/replication"
+	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
 	"github.com/zfs-nomad/zfs-nomad/internal/volume"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs/zfscmd"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs/zfsfake"
@@ -38,9 +39,9 @@ func lies(liar, other string, role string, generation uint64) []lie {
 		{"an absurd generation", func(h *pb.ReceiveHeader) { h.Generation = replication.MaxGeneration + 1 }, replication.KindFull, codes.InvalidArgument},
 	}
 	switch {
-	case role == volume.RolePrimary:
+	case role == vocab.RolePrimary:
 		out = append(out, lie{"a full stream over the primary", func(h *pb.ReceiveHeader) { h.Generation = generation + 1 }, replication.KindFull, codes.FailedPrecondition})
-	case role == volume.RoleReplica && generation > 1:
+	case role == vocab.RoleReplica && generation > 1:
 		out = append(out, lie{"an incremental lowering the replica's generation", func(h *pb.ReceiveHeader) { h.Generation = generation - 1 }, replication.KindIncremental, codes.FailedPrecondition})
 	}
 	return out

@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -15,7 +13,7 @@ import (
 
 	"github.com/zfs-nomad/zfs-nomad/internal/agent"
 	"github.com/zfs-nomad/zfs-nomad/internal/config"
-	"github.com/zfs-nomad/zfs-nomad/internal/csi"
+	csinode "github.com/zfs-nomad/zfs-nomad/internal/csi/node"
 	"github.com/zfs-nomad/zfs-nomad/internal/lease"
 	"github.com/zfs-nomad/zfs-nomad/internal/mount"
 	"github.com/zfs-nomad/zfs-nomad/internal/replication"
@@ -39,7 +37,7 @@ type simNode struct {
 	id      string
 	w       *world
 	pool    *zfsfake.Fake
-	mounts  *mountTable
+	mounts  *mount.Fake // its kernel mount table: it survives the process
 	handoff *handoff
 	base    string  // the base directory of its staging and target paths
 	rate    float64 // its clock's rate against the simulation's (0: the same)
@@ -60,7 +58,7 @@ type incarnation struct {
 	dead      atomic.Bool
 	srv       *grpc.Server
 	lis       *incarnationListener
-	node      *csi.Node
+	node      *csinode.Node
 	volumes   *volume.Manager
 	pusher    *replication.Pusher
 	heartbeat *lease.Heartbeat
@@ -95,7 +93,7 @@ func (n *simNode) start(ctx context.Context) {
 		return grpc.NewClient(addr, append(replication.DialOptions(), n.w.net.dialOptions(n.id, inc.isAlive)...)...)
 	}
 	inc.pusher = replication.NewPusher(streams, inc.volumes.Locks(), rootDataset, n.id, cfg.ReplicationSnapshots, replication.NewLimiter(0), dial, log.Named("replication"))
-	inc.volumes.Mounted = n.mounts.isMounted
+	inc.volumes.Mounted = func(dataset string) (bool, error) { return n.mounts.Mounted(dataset), nil }
 	wall := func() time.Time { return time.Now().Add(n.skew) }
 	inc.volumes.UseClock(wall)
 	inc.pusher.UseClock(wall)
@@ -128,7 +126,7 @@ func (n *simNode) start(ctx context.Context) {
 	pb.RegisterPeersServer(inc.srv, &lease.Server{NodeID: n.id, Domain: cfg.Domain, Promised: promised})
 	inc.lis = n.handoff.listener()
 	go func() { _ = inc.srv.Serve(inc.lis) }()
-	inc.node = csi.NewNode(inc.volumes, n.mounts, cfg, log.Named("csi"))
+	inc.node = csinode.New(inc.volumes, n.mounts, cfg, log.Named("csi"))
 	n.inc = inc
 	n.w.net.setUp(n.id, true)
 	rate := n.rate
@@ -190,78 +188,4 @@ func (n *simNode) stop() {
 	inc.pusher.Close()
 	inc.heartbeat.Close()
 	n.inc = nil
-}
-
-// mountTable is a node's kernel mount table: it survives the process.
-type mountTable struct {
-	mu      sync.Mutex
-	entries map[string]mount.Entry // by mount point
-}
-
-func newMountTable() *mountTable { return &mountTable{entries: map[string]mount.Entry{}} }
-
-func (m *mountTable) Lookup(path string) (mount.Entry, bool, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	e, ok := m.entries[path]
-	return e, ok, nil
-}
-
-func (m *mountTable) MountZFS(dataset, target string, flags []string) error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.entries[target] = mount.Entry{Root: "/", MountPoint: target, Options: strings.Join(flags, ","), FSType: "zfs", Source: dataset}
-	return nil
-}
-
-func (m *mountTable) Bind(source, target string, flags []string) error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	src, ok := m.entries[source]
-	if !ok {
-		return fmt.Errorf("sim: bind of %s: nothing mounted there", source)
-	}
-	m.entries[target] = mount.Entry{Root: "/", MountPoint: target, Options: strings.Join(flags, ","), FSType: src.FSType, Source: src.Source}
-	return nil
-}
-
-func (m *mountTable) Unmount(target string) error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	delete(m.entries, target)
-	return nil
-}
-
-func (m *mountTable) Statfs(string) (mount.Stats, error) { return mount.Stats{}, nil }
-
-func (m *mountTable) isMounted(dataset string) (bool, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for _, e := range m.entries {
-		if e.Source == dataset {
-			return true, nil
-		}
-	}
-	return false, nil
-}
-
-// datasets returns the datasets mounted, each once, sorted.
-func (m *mountTable) datasets() []string {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	var out []string
-	for _, e := range m.entries {
-		if !slices.Contains(out, e.Source) {
-			out = append(out, e.Source)
-		}
-	}
-	slices.Sort(out)
-	return out
-}
-
-// reboot empties the table: a node that lost power mounts nothing.
-func (m *mountTable) reboot() {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.entries = map[string]mount.Entry{}
 }

@@ -27,8 +27,9 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/cluster"
-	"github.com/zfs-nomad/zfs-nomad/internal/csi"
+	"github.com/zfs-nomad/zfs-nomad/internal/csi/controller"
 	"github.com/zfs-nomad/zfs-nomad/internal/migration"
+	"github.com/zfs-nomad/zfs-nomad/internal/mount"
 	"github.com/zfs-nomad/zfs-nomad/internal/scheduler"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs/zfsfake"
 )
@@ -98,7 +99,7 @@ type world struct {
 	start   time.Time
 
 	nodes []*simNode
-	ctl   *csi.Controller
+	ctl   *controller.Controller
 	cl    *cluster.Cluster
 	sched *scheduler.Scheduler
 	vols  []*simVolume
@@ -194,7 +195,7 @@ func newWorld(cfg Config) *world {
 	w.checker = newChecker(w)
 	for i := 1; i <= cfg.Nodes; i++ {
 		id := fmt.Sprintf("n%d", i)
-		n := &simNode{id: id, w: w, mounts: newMountTable(), base: filepath.Join(cfg.Dir, id)}
+		n := &simNode{id: id, w: w, mounts: mount.NewFake(), base: filepath.Join(cfg.Dir, id)}
 		if cfg.Drift > 0 {
 			n.rate = 1 + float64(w.dice.intn(2*cfg.Drift+1)-cfg.Drift)/100
 		}
@@ -254,7 +255,7 @@ func (w *world) startController() {
 	}
 	w.cl = cluster.New(cluster.StaticPeers(peers), 5*time.Second, log, w.net.dialOptions(controllerEndpoint, func() bool { return true })...)
 	mig := migration.New(w.cl, log)
-	w.ctl = csi.NewController(w.cl, mig, "most-free", log)
+	w.ctl = controller.New(w.cl, mig, "most-free", log)
 	w.sched = scheduler.New(w.cl, 2, log)
 	w.sched.Settle = mig.Settle
 }
@@ -366,7 +367,7 @@ func (w *world) beat() {
 // believe, so a copy mounted writable in two places is two writers.
 func (w *world) write() {
 	for _, n := range w.nodes {
-		for _, ds := range n.mounts.datasets() {
+		for _, ds := range n.mounts.Datasets() {
 			token := fmt.Sprintf("%s/s%d", n.id, w.step)
 			if err := n.pool.Write(ds, token); err == nil {
 				w.checker.acked(ds, token)

@@ -25,7 +25,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/cluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
-	"github.com/zfs-nomad/zfs-nomad/internal/volume"
+	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
@@ -158,7 +158,7 @@ func (v view) primary() (copyOn, bool) {
 	var best copyOn
 	found := false
 	for _, c := range v.copies {
-		if c.copy.GetRole() == volume.RolePrimary && (!found || c.copy.GetGeneration() > best.copy.GetGeneration()) {
+		if c.copy.GetRole() == vocab.RolePrimary && (!found || c.copy.GetGeneration() > best.copy.GetGeneration()) {
 			best, found = c, true
 		}
 	}
@@ -178,7 +178,7 @@ func (v view) conflict() []string {
 	}
 	var nodes []string
 	for _, c := range v.copies {
-		if c.copy.GetRole() == volume.RolePrimary && c.copy.GetGeneration() == p.copy.GetGeneration() {
+		if c.copy.GetRole() == vocab.RolePrimary && c.copy.GetGeneration() == p.copy.GetGeneration() {
 			nodes = append(nodes, c.nodeID())
 		}
 	}
@@ -208,7 +208,7 @@ func (v view) freshestReplica(onNode string) (copyOn, bool) {
 	var best copyOn
 	found := false
 	for _, c := range v.copies {
-		if c.copy.GetRole() != volume.RoleReplica || (onNode != "" && c.nodeID() != onNode) {
+		if c.copy.GetRole() != vocab.RoleReplica || (onNode != "" && c.nodeID() != onNode) {
 			continue
 		}
 		newer := c.copy.GetGeneration() > best.copy.GetGeneration() ||
@@ -289,7 +289,7 @@ func (m *Migrator) settle(ctx context.Context, id string, v view) error {
 	}
 	var errs []error
 	for _, c := range v.copies {
-		if c.copy.GetRole() != volume.RolePrimary || c.copy.GetGeneration() >= p.copy.GetGeneration() {
+		if c.copy.GetRole() != vocab.RolePrimary || c.copy.GetGeneration() >= p.copy.GetGeneration() {
 			continue
 		}
 		aside := c.copy.GetMovingTo() != p.nodeID()
@@ -495,7 +495,7 @@ func (m *Migrator) reserve(ctx context.Context, id string, gen uint64, holder st
 
 func (m *Migrator) checkMove(p copyOn, target cluster.Node) error {
 	id := p.copy.GetVolumeId()
-	if volume.Pinned(p.copy.GetParameters()) {
+	if vocab.Pinned(p.copy.GetParameters()) {
 		return errdefs.Wrap(errdefs.ErrFailedPrecondition, "volume %s is pinned to node %s (parameter pinned=true); it cannot be published on node %s", id, p.nodeID(), target.Info.GetNodeId())
 	}
 	from, to := p.node.Info.GetTopology()[config.TopologyDomainKey], target.Info.GetTopology()[config.TopologyDomainKey]
@@ -581,7 +581,7 @@ func (m *Migrator) sendFinal(ctx context.Context, id string, p copyOn, target cl
 			return fmt.Errorf("sending volume %s to node %s: %w", id, target.Info.GetNodeId(), err)
 		}
 		log.Info("final snapshot sent", "kind", last.GetKind(), "bytes", last.GetBytes(), "snapshot", last.GetSnapshot())
-		if at, ok := volume.ReplicationSnapshotTime(last.GetSnapshot()); ok && at >= fencedAt {
+		if at, ok := vocab.ReplicationSnapshotTime(last.GetSnapshot()); ok && at >= fencedAt {
 			return nil // the promotion checks it again on the target
 		}
 		cctx, cancel := m.cluster.Call(ctx)
@@ -644,7 +644,7 @@ func (m *Migrator) failover(ctx context.Context, id string, v view, target strin
 		return nil, errdefs.Wrap(errdefs.ErrNotFound, "volume %s does not exist", id)
 	}
 	lastAt := time.Unix(0, r.copy.GetLastSnapshotUnixNano())
-	if volume.FailoverPolicy(r.copy.GetParameters()) != volume.FailoverAuto {
+	if vocab.FailoverPolicy(r.copy.GetParameters()) != vocab.FailoverAuto {
 		return nil, errdefs.Wrap(errdefs.ErrUnavailable, "the primary of volume %s is unreachable and its failover policy is manual: an operator promotes a replica with `zfs-controller promote -node %s %s` (the freshest, as of %s), or brings the primary's node back",
 			id, r.nodeID(), id, lastAt.UTC().Format(time.RFC3339))
 	}
@@ -698,7 +698,7 @@ func (m *Migrator) promote(ctx context.Context, id string, r copyOn, v view, for
 // operator then asserts that the silent nodes are lost for good, or hold
 // nothing newer (docs/safety.md, "Generations").
 func (m *Migrator) Promote(ctx context.Context, id, nodeID string, force bool) (*pb.Copy, error) {
-	if !volume.IsVolumeID(id) {
+	if !vocab.IsVolumeID(id) {
 		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, "%q is not a volume ID", id)
 	}
 	v, err := m.gather(ctx, id)

@@ -19,6 +19,7 @@ import (
 
 	"github.com/zfs-nomad/zfs-nomad/internal/copylock"
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
+	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
 	"github.com/zfs-nomad/zfs-nomad/internal/volume"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs/zfscmd"
@@ -324,7 +325,7 @@ func (p *Pusher) snapshot(ctx context.Context, volumeID, fs string) (props map[s
 		err = errdefs.Wrap(errdefs.ErrNotFound, "volume %s is not on this node: %v", volumeID, err)
 	} else if err != nil {
 		err = fmt.Errorf("reading the labels of %s: %w", fs, err)
-	} else if role := props[volume.PropRole]; role != volume.RolePrimary {
+	} else if role := props[volume.PropRole]; role != vocab.RolePrimary {
 		err = errdefs.Wrap(errdefs.ErrFailedPrecondition, "volume %s is a %s here; only a primary is sent", volumeID, role)
 	}
 	if err != nil {
@@ -376,7 +377,7 @@ func (p *Pusher) startTidy(volumeID, fs, base, tag string, log hclog.Logger) {
 			return
 		}
 		defer unlock()
-		if role, err := p.z.Get(ctx, fs, volume.PropRole); err != nil || role != volume.RolePrimary {
+		if role, err := p.z.Get(ctx, fs, volume.PropRole); err != nil || role != vocab.RolePrimary {
 			return
 		}
 		p.tidy(ctx, fs, base, tag, log)

@@ -13,7 +13,7 @@ import (
 
 	"github.com/zfs-nomad/zfs-nomad/internal/copylock"
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
-	"github.com/zfs-nomad/zfs-nomad/internal/volume"
+	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs/zfscmd"
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
@@ -31,7 +31,7 @@ func (s *tidyStreams) Get(_ context.Context, _, prop string) (string, error) {
 	if s.gone.Load() {
 		return "", zfs.ErrNotFound
 	}
-	return volume.RolePrimary, nil
+	return vocab.RolePrimary, nil
 }
 
 func (s *tidyStreams) Hold(context.Context, string, string) error {

@@ -18,6 +18,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/copylock"
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
 	"github.com/zfs-nomad/zfs-nomad/internal/tlsconfig"
+	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
 	"github.com/zfs-nomad/zfs-nomad/internal/volume"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs/zfscmd"
@@ -631,7 +632,7 @@ func (r *Receiver) SetAside(ctx context.Context) ([]string, error) {
 	}
 	var out []string
 	for _, ch := range children {
-		if ch.Props[volume.PropRole] == volume.RoleSetAside {
+		if ch.Props[volume.PropRole] == vocab.RoleSetAside {
 			out = append(out, ch.Name)
 		}
 	}

@@ -23,6 +23,7 @@ import (
 
 	"github.com/zfs-nomad/zfs-nomad/internal/copylock"
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
+	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
 	"github.com/zfs-nomad/zfs-nomad/internal/volume"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs/zfscmd"
@@ -96,7 +97,7 @@ func (s *replicaStore) Get(_ context.Context, name, prop string) (string, error)
 		return "", zfs.ErrNotFound
 	}
 	if prop == volume.PropRole {
-		return volume.RolePrimary, nil // keeps the tidy away
+		return vocab.RolePrimary, nil // keeps the tidy away
 	}
 	return "42", nil // the guid
 }
@@ -301,14 +302,14 @@ func TestNoReceiveDuringAPromotion(t *testing.T) {
 		received <- err
 	case <-time.After(300 * time.Millisecond):
 	}
-	if err := z.Set(ctx, testDataset, map[string]string{volume.PropRole: volume.RolePrimary, volume.PropGeneration: "2"}); err != nil {
+	if err := z.Set(ctx, testDataset, map[string]string{volume.PropRole: vocab.RolePrimary, volume.PropGeneration: "2"}); err != nil {
 		t.Fatal(err)
 	}
 	unlock()
 	if err := <-received; status.Code(errdefs.ToStatus(err)) != codes.FailedPrecondition {
 		t.Errorf("the receive after the promotion: %v, want FailedPrecondition", err)
 	}
-	if d := z.dataset(testDataset); d.props[volume.PropRole] != volume.RolePrimary || d.props[volume.PropGeneration] != "2" || z.receives != 0 {
+	if d := z.dataset(testDataset); d.props[volume.PropRole] != vocab.RolePrimary || d.props[volume.PropGeneration] != "2" || z.receives != 0 {
 		t.Errorf("after the promotion the copy is %v with %d receives run; want the primary of generation 2, untouched", d.props, z.receives)
 	}
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
 	"github.com/zfs-nomad/zfs-nomad/internal/volume"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs"
 )
@@ -123,7 +124,7 @@ func (r *Receiver) retire(ctx context.Context, fs, incoming string, generation u
 // the operator's zfs destroy would fail.
 func (r *Receiver) setAside(ctx context.Context, name, fs string, log hclog.Logger) error {
 	now := time.Now()
-	props := map[string]string{"readonly": "on", volume.PropRole: volume.RoleSetAside, volume.PropSetAsideAt: now.UTC().Format("2006-01-02T15:04:05Z")}
+	props := map[string]string{"readonly": "on", volume.PropRole: vocab.RoleSetAside, volume.PropSetAsideAt: now.UTC().Format("2006-01-02T15:04:05Z")}
 	if err := r.z.Set(ctx, name, props); err != nil {
 		return fmt.Errorf("setting %s aside: %w", name, err)
 	}
@@ -167,7 +168,7 @@ func (r *Receiver) Recover(ctx context.Context) error {
 	for _, ch := range children {
 		fs, ok := strings.CutSuffix(ch.Name, incomingSuffix)
 		id := fs[strings.LastIndexByte(fs, '/')+1:]
-		if !ok || !volume.IsVolumeID(id) {
+		if !ok || !vocab.IsVolumeID(id) {
 			continue
 		}
 		if err := r.recoverOne(ctx, id, fs); err != nil {

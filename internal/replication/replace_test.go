@@ -14,6 +14,7 @@ import (
 
 	"github.com/zfs-nomad/zfs-nomad/internal/copylock"
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
+	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
 	"github.com/zfs-nomad/zfs-nomad/internal/volume"
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
@@ -77,7 +78,7 @@ func TestFullReplaceKeepsTheOldReplicaUntilComplete(t *testing.T) {
 			aside = append(aside, n)
 		}
 	}
-	if len(aside) != 1 || z.dataset(aside[0]).props[volume.PropRole] != volume.RoleSetAside || z.dataset(aside[0]).snaps[0].GUID != 7 {
+	if len(aside) != 1 || z.dataset(aside[0]).props[volume.PropRole] != vocab.RoleSetAside || z.dataset(aside[0]).snaps[0].GUID != 7 {
 		t.Fatalf("the replaced replica: %v, want it set aside with zn-1", aside)
 	}
 	if n := len(z.names()); n != 3 {
@@ -114,9 +115,9 @@ func TestRecoverFinishesReplacements(t *testing.T) {
 			z.put(incoming, replicaProps("2"), "zn-2:42")
 		}, "2", RoleReplica, 0},
 		{"a replacement for a replica promoted meanwhile is set aside", func(z *memPool) {
-			z.put(testDataset, map[string]string{volume.PropRole: volume.RolePrimary, volume.PropGeneration: "3"}, "zn-1:7")
+			z.put(testDataset, map[string]string{volume.PropRole: vocab.RolePrimary, volume.PropGeneration: "3"}, "zn-1:7")
 			z.put(incoming, replicaProps("2"), "zn-2:42")
-		}, "3", volume.RolePrimary, 1},
+		}, "3", vocab.RolePrimary, 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

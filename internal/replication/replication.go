@@ -18,21 +18,21 @@ import (
 	"strings"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
-	"github.com/zfs-nomad/zfs-nomad/internal/volume"
+	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs/zfscmd"
 )
 
 const (
 	// SnapshotPrefix starts the short name of every replication snapshot.
-	SnapshotPrefix = volume.ReplicationSnapshotPrefix
+	SnapshotPrefix = vocab.ReplicationSnapshotPrefix
 	// BaseHoldTag holds the newest snapshot both sides share: the
 	// incremental base, never destroyed while it is the base. A receiver
 	// holds its newest received snapshot with it; a sender holds the base of
 	// each peer with BaseHoldTag + "-" + the peer's node ID.
 	BaseHoldTag = "zfs-nomad-base"
 	// RoleReplica labels a received copy.
-	RoleReplica = volume.RoleReplica
+	RoleReplica = vocab.RoleReplica
 
 	// Transfer kinds, as reported in progress and headers.
 	KindFull        = "full"
@@ -67,7 +67,7 @@ type Streams interface {
 // dataset returns the volume's dataset under root, refusing IDs that are
 // not volume IDs.
 func dataset(root, volumeID string) (string, error) {
-	if !volume.IsVolumeID(volumeID) {
+	if !vocab.IsVolumeID(volumeID) {
 		return "", errdefs.Wrap(errdefs.ErrInvalidArgument, "%q is not a volume ID", volumeID)
 	}
 	return root + "/" + volumeID, nil

@@ -32,7 +32,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
 	"github.com/zfs-nomad/zfs-nomad/internal/metrics"
-	"github.com/zfs-nomad/zfs-nomad/internal/volume"
+	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
@@ -349,7 +349,7 @@ func (s *Scheduler) planInFull(ctx context.Context, healthy []cluster.Node) ([]P
 		if p.vol.GetMovingTo() != "" {
 			continue // a move is sending it; pushes of its own would only delay it
 		}
-		want, interval := volume.ReplicationPolicy(p.vol.GetParameters())
+		want, interval := vocab.ReplicationPolicy(p.vol.GetParameters())
 		if want == 0 {
 			continue
 		}

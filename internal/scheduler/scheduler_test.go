@@ -17,7 +17,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/cluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/cluster/clustertest"
 	"github.com/zfs-nomad/zfs-nomad/internal/config"
-	"github.com/zfs-nomad/zfs-nomad/internal/volume"
+	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
@@ -57,7 +57,7 @@ func node(id, domain string, availableGiB uint64) *pb.Node {
 
 func vol(id string, replicas int, interval string) *pb.Volume {
 	return &pb.Volume{VolumeId: id, UsedBytes: 1 << 20, Parameters: map[string]string{
-		volume.ParamReplicas: fmt.Sprint(replicas), volume.ParamReplicationInterval: interval}}
+		vocab.ParamReplicas: fmt.Sprint(replicas), vocab.ParamReplicationInterval: interval}}
 }
 
 var now = time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)

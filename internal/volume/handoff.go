@@ -5,9 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
+	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs"
 )
 
@@ -21,7 +21,7 @@ type Copy struct {
 	VolumeID   string
 	Name       string
 	Exists     bool
-	Role       string // RolePrimary or RoleReplica
+	Role       string // vocab.RolePrimary or vocab.RoleReplica
 	Generation uint64
 	MovingTo   string
 	FencedAt   int64 // unix nanos
@@ -68,7 +68,7 @@ func fencedAt(ds zfs.Dataset) int64 {
 // none.
 func (m *Manager) Copy(ctx context.Context, id string) (Copy, error) {
 	out := Copy{VolumeID: id}
-	if !IsVolumeID(id) {
+	if !vocab.IsVolumeID(id) {
 		return out, nil
 	}
 	dataset := datasetFor(m.cfg.RootDataset, id)
@@ -80,7 +80,7 @@ func (m *Manager) Copy(ctx context.Context, id string) (Copy, error) {
 		return out, zfsError(err, "reading the copy of "+id)
 	}
 	role := ds.User[PropRole]
-	if ds.User[PropVolumeID] != id || (role != RolePrimary && role != RoleReplica) {
+	if ds.User[PropVolumeID] != id || (role != vocab.RolePrimary && role != vocab.RoleReplica) {
 		return out, nil
 	}
 	out.Exists, out.Role, out.Name = true, role, ds.User[PropName]
@@ -97,7 +97,7 @@ func (m *Manager) Copy(ctx context.Context, id string) (Copy, error) {
 	if m.cfg.QuotaProperty == "quota" {
 		out.quota = ds.Quota
 	}
-	if role == RolePrimary {
+	if role == vocab.RolePrimary {
 		out.Capacity = out.quota
 	}
 	// Only the names: a replication snapshot's time is in its name.
@@ -106,7 +106,7 @@ func (m *Manager) Copy(ctx context.Context, id string) (Copy, error) {
 		return out, zfsError(err, "listing the snapshots of "+id)
 	}
 	for _, s := range snapshots {
-		if at, ok := ReplicationSnapshotTime(s); ok && at >= out.LastSnapshotAt {
+		if at, ok := vocab.ReplicationSnapshotTime(s); ok && at >= out.LastSnapshotAt {
 			out.LastSnapshot, out.LastSnapshotAt = shortName(s), at
 		}
 	}
@@ -114,16 +114,6 @@ func (m *Manager) Copy(ctx context.Context, id string) (Copy, error) {
 		return out, err
 	}
 	return out, nil
-}
-
-// ReplicationSnapshotTime reads the time out of a zn-<unix nanos> name.
-func ReplicationSnapshotTime(name string) (int64, bool) {
-	_, short, ok := strings.Cut(name, "@")
-	if !ok || !strings.HasPrefix(short, ReplicationSnapshotPrefix) {
-		return 0, false
-	}
-	at, err := strconv.ParseInt(strings.TrimPrefix(short, ReplicationSnapshotPrefix), 10, 64)
-	return at, err == nil
 }
 
 func (m *Manager) mounted(dataset string) (bool, error) {
@@ -224,7 +214,7 @@ func (m *Manager) Promote(ctx context.Context, id string, generation uint64, not
 	if err != nil {
 		return Copy{}, err
 	}
-	if promoted := c.Exists && c.Role == RolePrimary && c.Generation == generation; !promoted {
+	if promoted := c.Exists && c.Role == vocab.RolePrimary && c.Generation == generation; !promoted {
 		if err := m.checkPromised(ctx, id, generation); err != nil {
 			return Copy{}, err
 		}
@@ -232,7 +222,7 @@ func (m *Manager) Promote(ctx context.Context, id string, generation uint64, not
 	if err := m.promote(ctx, c, generation, notBefore, failover); err != nil {
 		return Copy{}, err
 	}
-	c.Role, c.Generation, c.MovingTo = RolePrimary, generation, ""
+	c.Role, c.Generation, c.MovingTo = vocab.RolePrimary, generation, ""
 	m.Confirm(id, generation) // a majority promised it to this copy first
 	if failover {
 		c.FailoverFrom = c.LastSnapshot
@@ -246,9 +236,9 @@ func (m *Manager) promote(ctx context.Context, c Copy, generation uint64, notBef
 	switch {
 	case !c.Exists:
 		return fmt.Errorf("%w: node %s holds no copy of volume %s to promote", errdefs.ErrNotFound, m.cfg.NodeID, id)
-	case c.Role == RolePrimary && c.Generation == generation:
+	case c.Role == vocab.RolePrimary && c.Generation == generation:
 		return nil // promoted already
-	case c.Role != RoleReplica:
+	case c.Role != vocab.RoleReplica:
 		return fmt.Errorf("%w: node %s holds volume %s as %s generation %d, not as a replica", errdefs.ErrFailedPrecondition, m.cfg.NodeID, id, c.Role, c.Generation)
 	case generation <= c.Generation:
 		return fmt.Errorf("%w: promoting volume %s to generation %d, but this replica is already at %d", errdefs.ErrFailedPrecondition, id, generation, c.Generation)
@@ -273,7 +263,7 @@ func (m *Manager) promote(ctx context.Context, c Copy, generation uint64, notBef
 		}
 	}
 	props["readonly"] = "off"
-	props[PropRole] = RolePrimary
+	props[PropRole] = vocab.RolePrimary
 	props[PropGeneration] = strconv.FormatUint(generation, 10)
 	props[PropMovingTo] = notMoving
 	// A planned move's replica holds the fenced primary's last state, so
@@ -319,7 +309,7 @@ func (m *Manager) Demote(ctx context.Context, id string, generation uint64, asid
 		return err
 	}
 	switch {
-	case !c.Exists || c.Role == RoleReplica:
+	case !c.Exists || c.Role == vocab.RoleReplica:
 		return nil // demoted or set aside already
 	case c.Generation >= generation:
 		return fmt.Errorf("%w: node %s holds volume %s at generation %d, not older than %d: refusing to demote it",
@@ -331,7 +321,7 @@ func (m *Manager) Demote(ctx context.Context, id string, generation uint64, asid
 	dataset := datasetFor(m.cfg.RootDataset, id)
 	log := m.log.With("volume_id", id, "generation", c.Generation, "new_generation", generation)
 	if c.MovingTo != "" && !aside {
-		props := map[string]string{"readonly": "on", PropRole: RoleReplica, PropGeneration: strconv.FormatUint(generation, 10),
+		props := map[string]string{"readonly": "on", PropRole: vocab.RoleReplica, PropGeneration: strconv.FormatUint(generation, 10),
 			PropMovingTo: notMoving, PropCapacity: strconv.FormatUint(c.Capacity, 10)}
 		if err := m.zfs.SetProperties(ctx, dataset, props); err != nil {
 			return zfsError(err, "demoting volume "+id)
@@ -340,7 +330,7 @@ func (m *Manager) Demote(ctx context.Context, id string, generation uint64, asid
 		return nil
 	}
 	now := m.now()
-	props := map[string]string{"readonly": "on", PropRole: RoleSetAside, PropSetAsideAt: now.UTC().Format("2006-01-02T15:04:05Z")}
+	props := map[string]string{"readonly": "on", PropRole: vocab.RoleSetAside, PropSetAsideAt: now.UTC().Format("2006-01-02T15:04:05Z")}
 	if err := m.zfs.SetProperties(ctx, dataset, props); err != nil {
 		return zfsError(err, "setting volume "+id+" aside")
 	}

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
+	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
 )
 
 // The node's migration steps refuse what would give two writers or lose
@@ -68,7 +69,7 @@ func TestHandoffSteps(t *testing.T) {
 	all, _ := fake.List(ctx, "tank/nomad")
 	aside := false
 	for _, ds := range all {
-		aside = aside || strings.HasPrefix(ds.Name, v.Dataset+"-aside-") && ds.User[PropRole] == RoleSetAside && ds.ReadOnly
+		aside = aside || strings.HasPrefix(ds.Name, v.Dataset+"-aside-") && ds.User[PropRole] == vocab.RoleSetAside && ds.ReadOnly
 	}
 	if !aside {
 		t.Errorf("no read-only set-aside copy among %v", all)
@@ -81,9 +82,9 @@ func TestHandoffSteps(t *testing.T) {
 func TestPromoteChecksTheReplica(t *testing.T) {
 	ctx := context.Background()
 	m, fake := newManager(t)
-	ds := "tank/nomad/" + VolumeIDForName("r")
-	id := VolumeIDForName("r")
-	props := map[string]string{PropVolumeID: id, PropRole: RoleReplica, PropGeneration: "1", PropName: "r",
+	ds := "tank/nomad/" + vocab.VolumeIDForName("r")
+	id := vocab.VolumeIDForName("r")
+	props := map[string]string{PropVolumeID: id, PropRole: vocab.RoleReplica, PropGeneration: "1", PropName: "r",
 		PropParameters: `{"compression":"lz4"}`, PropCapacity: "1073741824", "readonly": "on"}
 	if err := fake.CreateFilesystem(ctx, ds, props); err != nil {
 		t.Fatal(err)
@@ -118,7 +119,7 @@ func TestPromoteChecksTheReplica(t *testing.T) {
 		fake.SetUsed(ds, tt.used)
 		_, err := m.Promote(ctx, id, tt.generation, tt.notBefore, false)
 		if tt.used > 0 {
-			if c, _ := m.Copy(ctx, id); err == nil || c.Role != RoleReplica {
+			if c, _ := m.Copy(ctx, id); err == nil || c.Role != vocab.RoleReplica {
 				t.Errorf("%s: %v, and the copy is a %s; want an error and still a replica", tt.name, err, c.Role)
 			}
 			continue
@@ -201,9 +202,9 @@ func TestPromotionCarriesTheHistory(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			ctx := context.Background()
 			m, fake := newManager(t)
-			id := VolumeIDForName("r")
+			id := vocab.VolumeIDForName("r")
 			ds := "tank/nomad/" + id
-			props := map[string]string{PropVolumeID: id, PropRole: RoleReplica, PropGeneration: "2", PropName: "r", "readonly": "on"}
+			props := map[string]string{PropVolumeID: id, PropRole: vocab.RoleReplica, PropGeneration: "2", PropName: "r", "readonly": "on"}
 			if tt.historyFrom != "" {
 				props[PropHistoryFrom] = tt.historyFrom
 			}
@@ -247,9 +248,9 @@ func TestPromotionSetsTheQuotaOnlyWhenMissing(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			ctx := context.Background()
 			m, fake := newManager(t)
-			id := VolumeIDForName("r")
+			id := vocab.VolumeIDForName("r")
 			ds := "tank/nomad/" + id
-			props := map[string]string{PropVolumeID: id, PropRole: RoleReplica, PropGeneration: "1", PropName: "r", PropCapacity: "1073741824", "readonly": "on"}
+			props := map[string]string{PropVolumeID: id, PropRole: vocab.RoleReplica, PropGeneration: "1", PropName: "r", PropCapacity: "1073741824", "readonly": "on"}
 			if tt.quota != "" {
 				props["refquota"] = tt.quota
 			}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
+	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs"
 )
 
@@ -299,7 +300,7 @@ func (m *Manager) reindexSnapshotsOf(ctx context.Context, fs string) {
 		return
 	}
 	for _, name := range names {
-		if id := shortName(name); IsSnapshotID(id) {
+		if id := shortName(name); vocab.IsSnapshotID(id) {
 			m.reindexSnapshot(ctx, id, name)
 		}
 	}

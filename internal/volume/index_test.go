@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
+	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs/zfsfake"
 )
 
@@ -78,8 +79,8 @@ func TestIndexFollowsTheDriversChanges(t *testing.T) {
 	}
 	agree("a demotion")
 	// A replica promoted here.
-	id := VolumeIDForName("r")
-	if err := fake.CreateFilesystem(ctx, "tank/nomad/"+id, map[string]string{PropVolumeID: id, PropRole: RoleReplica, PropGeneration: "1", PropName: "r"}); err != nil {
+	id := vocab.VolumeIDForName("r")
+	if err := fake.CreateFilesystem(ctx, "tank/nomad/"+id, map[string]string{PropVolumeID: id, PropRole: vocab.RoleReplica, PropGeneration: "1", PropName: "r"}); err != nil {
 		t.Fatal(err)
 	}
 	if _, _, err := m.Reserve(ctx, id, 2, "n1"); err != nil {
@@ -209,7 +210,7 @@ func TestUnconfirmedCostsTheUnconfirmed(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		m.Confirm(VolumeIDForName("stale"), 0)        // a stale entry, never matched
+		m.Confirm(vocab.VolumeIDForName("stale"), 0)  // a stale entry, never matched
 		if _, err := m.Unconfirmed(ctx); err != nil { // fills the index
 			t.Fatal(err)
 		}
@@ -220,8 +221,8 @@ func TestUnconfirmedCostsTheUnconfirmed(t *testing.T) {
 		}
 		return counting.Work() - before
 	}
-	id := VolumeIDForName("unconfirmed")
-	if err := fake.CreateFilesystem(ctx, "tank/nomad/"+id, map[string]string{PropVolumeID: id, PropRole: RolePrimary, PropGeneration: "3", PropName: "unconfirmed"}); err != nil {
+	id := vocab.VolumeIDForName("unconfirmed")
+	if err := fake.CreateFilesystem(ctx, "tank/nomad/"+id, map[string]string{PropVolumeID: id, PropRole: vocab.RolePrimary, PropGeneration: "3", PropName: "unconfirmed"}); err != nil {
 		t.Fatal(err)
 	}
 	few, many := costWith(5), costWith(100)

@@ -30,6 +30,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/copylock"
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
+	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs"
 )
 
@@ -165,7 +166,7 @@ func (m *Manager) lock(ctx context.Context, id, what string) (func(), error) {
 // created. A request that differs from the existing volume of the same name
 // fails with ErrAlreadyExists.
 func (m *Manager) Create(ctx context.Context, req CreateRequest) (Volume, error) {
-	if err := ValidateName("volume", req.Name); err != nil {
+	if err := vocab.ValidateName("volume", req.Name); err != nil {
 		return Volume{}, err
 	}
 	quota, err := ResolveQuota(&m.cfg, req.RequiredBytes, req.LimitBytes)
@@ -186,7 +187,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Volume, error)
 		source = "volume:" + req.SourceVolumeID
 	}
 
-	id := VolumeIDForName(req.Name)
+	id := vocab.VolumeIDForName(req.Name)
 	log := m.log.With("volume_id", id)
 	unlock, err := m.lock(ctx, id, "create")
 	if err != nil {
@@ -221,7 +222,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Volume, error)
 	props["mountpoint"] = "legacy"
 	props[PropVolumeID] = id
 	props[PropName] = req.Name
-	props[PropRole] = RolePrimary
+	props[PropRole] = vocab.RolePrimary
 	props[PropGeneration] = "1"
 	props[PropHistoryFrom] = "1"
 	props[PropParameters] = EncodeParameters(recorded)
@@ -298,7 +299,7 @@ func (m *Manager) Get(ctx context.Context, id string) (Volume, error) {
 }
 
 func (m *Manager) get(ctx context.Context, id string) (Volume, error) {
-	if !IsVolumeID(id) {
+	if !vocab.IsVolumeID(id) {
 		return Volume{}, fmt.Errorf("%w: volume %q", errdefs.ErrNotFound, id)
 	}
 	ds, err := m.zfs.Get(ctx, datasetFor(m.cfg.RootDataset, id))
@@ -317,7 +318,7 @@ func (m *Manager) get(ctx context.Context, id string) (Volume, error) {
 // not a live primary volume.
 func (m *Manager) volumeOf(ds zfs.Dataset) (Volume, bool) {
 	id := ds.User[PropVolumeID]
-	if ds.Type != zfs.Filesystem || ds.User[PropRole] != RolePrimary || id != shortName(ds.Name) || zfs.Parent(ds.Name) != m.cfg.RootDataset {
+	if ds.Type != zfs.Filesystem || ds.User[PropRole] != vocab.RolePrimary || id != shortName(ds.Name) || zfs.Parent(ds.Name) != m.cfg.RootDataset {
 		return Volume{}, false
 	}
 	capacity := ds.RefQuota
@@ -362,7 +363,7 @@ func (m *Manager) List(ctx context.Context) ([]Volume, error) {
 // Delete deletes a volume. Deleting a volume that does not exist succeeds.
 // A volume with snapshots becomes a tombstone (see the package comment).
 func (m *Manager) Delete(ctx context.Context, id string) error {
-	if !IsVolumeID(id) {
+	if !vocab.IsVolumeID(id) {
 		return nil // names no volume, so none to delete
 	}
 	log := m.log.With("volume_id", id)
@@ -454,7 +455,7 @@ func (m *Manager) dropReplicationSnapshots(ctx context.Context, dataset string) 
 		return zfsError(err, "listing snapshots of "+dataset)
 	}
 	for _, ds := range all {
-		if ds.Type != zfs.Snapshot || !strings.HasPrefix(shortName(ds.Name), ReplicationSnapshotPrefix) {
+		if ds.Type != zfs.Snapshot || !strings.HasPrefix(shortName(ds.Name), vocab.ReplicationSnapshotPrefix) {
 			continue
 		}
 		if err := m.releaseAndDestroy(ctx, ds.Name); err != nil {
@@ -494,7 +495,7 @@ func (m *Manager) releaseAndDestroy(ctx context.Context, snap string) error {
 // labelled deleted.
 func (m *Manager) tombstone(ctx context.Context, v Volume) error {
 	now := m.now()
-	err := m.zfs.SetProperties(ctx, v.Dataset, map[string]string{PropRole: RoleDeleted, PropDeletedAt: now.UTC().Format(time.RFC3339)})
+	err := m.zfs.SetProperties(ctx, v.Dataset, map[string]string{PropRole: vocab.RoleDeleted, PropDeletedAt: now.UTC().Format(time.RFC3339)})
 	if err != nil {
 		return zfsError(err, "marking volume "+v.ID+" deleted")
 	}
@@ -545,7 +546,7 @@ func (m *Manager) sweep(ctx context.Context) {
 		return
 	}
 	for _, ds := range all {
-		if ds.User[PropRole] == RoleDeleted {
+		if ds.User[PropRole] == vocab.RoleDeleted {
 			m.collectTombstone(ctx, ds.Name)
 		}
 	}
@@ -555,7 +556,7 @@ func (m *Manager) sweep(ctx context.Context) {
 // clone needs any more. Best effort: what cannot go now goes later.
 func (m *Manager) collectTombstone(ctx context.Context, fs string) {
 	ds, err := m.zfs.Get(ctx, fs)
-	if err != nil || ds.Type != zfs.Filesystem || ds.User[PropRole] != RoleDeleted {
+	if err != nil || ds.Type != zfs.Filesystem || ds.User[PropRole] != vocab.RoleDeleted {
 		return
 	}
 	id := ds.User[PropVolumeID]
@@ -633,7 +634,7 @@ func zfsError(err error, what string) error {
 // isCSISnapshot reports whether ds is a live CSI snapshot (not a private
 // clone snapshot, not one waiting for deferred destruction).
 func isCSISnapshot(ds zfs.Dataset) bool {
-	return ds.Type == zfs.Snapshot && !ds.DeferDestroy && IsSnapshotID(shortName(ds.Name)) && ds.User[PropSnapshotName] != ""
+	return ds.Type == zfs.Snapshot && !ds.DeferDestroy && vocab.IsSnapshotID(shortName(ds.Name)) && ds.User[PropSnapshotName] != ""
 }
 
 func snapshotOf(ds zfs.Dataset) Snapshot {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/zfs-nomad/zfs-nomad/internal/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
+	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs/zfsfake"
 )
@@ -43,7 +44,7 @@ func TestCreateIsIdempotentAndChecksCompatibility(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if v.ID != VolumeIDForName("data") || v.Capacity != 1<<30 || v.Dataset != root+"/"+v.ID {
+	if v.ID != vocab.VolumeIDForName("data") || v.Capacity != 1<<30 || v.Dataset != root+"/"+v.ID {
 		t.Fatalf("created %+v", v)
 	}
 	if got := fake.NativeProperty(v.Dataset, "compression"); got != "zstd" {
@@ -83,8 +84,8 @@ func TestCreateValidatesAgainstOperatorRules(t *testing.T) {
 		{"unknown parameter", CreateRequest{Name: "a", Parameters: map[string]string{"mountpoint": "/etc"}}, errdefs.ErrInvalidArgument, `"mountpoint" is not allowed`},
 		{"value not allowed", CreateRequest{Name: "a", Parameters: map[string]string{"compression": "gzip"}}, errdefs.ErrInvalidArgument, "operator allows lz4, off, zstd"},
 		{"syntax in value", CreateRequest{Name: "a", Parameters: map[string]string{"atime": "on,quota=1"}}, errdefs.ErrInvalidArgument, "not allowed"},
-		{"missing snapshot", CreateRequest{Name: "a", SourceSnapshotID: SnapshotIDForName("nope")}, errdefs.ErrNotFound, "snapshot"},
-		{"missing volume", CreateRequest{Name: "a", SourceVolumeID: VolumeIDForName("nope")}, errdefs.ErrNotFound, "volume"},
+		{"missing snapshot", CreateRequest{Name: "a", SourceSnapshotID: vocab.SnapshotIDForName("nope")}, errdefs.ErrNotFound, "snapshot"},
+		{"missing volume", CreateRequest{Name: "a", SourceVolumeID: vocab.VolumeIDForName("nope")}, errdefs.ErrNotFound, "volume"},
 		{"two sources", CreateRequest{Name: "a", SourceVolumeID: "x", SourceSnapshotID: "y"}, errdefs.ErrInvalidArgument, "at most one source"},
 		{"k8s parameters ignored", CreateRequest{Name: "a", Parameters: map[string]string{"csi.storage.k8s.io/pvc/name": "x"}}, nil, ""},
 		{"node parameter accepted", CreateRequest{Name: "b", Parameters: map[string]string{"node": "n1"}}, nil, ""},
@@ -189,7 +190,7 @@ func TestCloneOfVolumeSurvivesSourceDeletion(t *testing.T) {
 func TestDeleteAndSnapshotIdempotency(t *testing.T) {
 	m, _ := newManager(t)
 	ctx := context.Background()
-	for _, id := range []string{"", "garbage", "vol-../../etc", VolumeIDForName("never")} {
+	for _, id := range []string{"", "garbage", "vol-../../etc", vocab.VolumeIDForName("never")} {
 		if err := m.Delete(ctx, id); err != nil {
 			t.Errorf("Delete(%q) = %v, want success", id, err)
 		}
@@ -209,7 +210,7 @@ func TestDeleteAndSnapshotIdempotency(t *testing.T) {
 	if _, err := m.CreateSnapshot(ctx, b.ID, "snap"); !errors.Is(err, errdefs.ErrAlreadyExists) {
 		t.Errorf("same snapshot name on another volume: %v, want AlreadyExists", err)
 	}
-	if _, err := m.CreateSnapshot(ctx, VolumeIDForName("missing"), "other"); !errors.Is(err, errdefs.ErrNotFound) {
+	if _, err := m.CreateSnapshot(ctx, vocab.VolumeIDForName("missing"), "other"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("snapshot of a missing volume: %v, want NotFound", err)
 	}
 }
@@ -236,7 +237,7 @@ func TestExpand(t *testing.T) {
 	if q := fake.NativeProperty(v.Dataset, "refquota"); q != "2147483648" {
 		t.Errorf("refquota = %s", q)
 	}
-	if _, err := m.Expand(ctx, VolumeIDForName("missing"), 1, 0); !errors.Is(err, errdefs.ErrNotFound) {
+	if _, err := m.Expand(ctx, vocab.VolumeIDForName("missing"), 1, 0); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("expand missing: %v", err)
 	}
 }
@@ -244,7 +245,7 @@ func TestExpand(t *testing.T) {
 func TestForeignDatasetIsNeverTreatedAsVolume(t *testing.T) {
 	m, fake := newManager(t)
 	ctx := context.Background()
-	id := VolumeIDForName("x")
+	id := vocab.VolumeIDForName("x")
 	// A dataset at a volume's path that the driver did not label.
 	if err := fake.CreateFilesystem(ctx, root+"/"+id, nil); err != nil {
 		t.Fatal(err)
@@ -316,8 +317,8 @@ func TestReplicationParameters(t *testing.T) {
 			t.Errorf("Create with %v: %v; want ok=%v", tc.params, err, tc.ok)
 		}
 	}
-	if n, d := ReplicationPolicy(map[string]string{"replicas": "2"}); n != 2 || d != DefaultReplicationInterval {
-		t.Errorf("ReplicationPolicy = %d, %s", n, d)
+	if n, d := vocab.ReplicationPolicy(map[string]string{"replicas": "2"}); n != 2 || d != vocab.DefaultReplicationInterval {
+		t.Errorf("vocab.ReplicationPolicy = %d, %s", n, d)
 	}
 }
 

@@ -1,15 +1,10 @@
 package volume
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
-	"regexp"
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
 )
 
 // The user properties the driver owns in ZFS. They are the truth about every
@@ -19,7 +14,7 @@ const (
 	// On volume filesystems.
 	PropVolumeID   = propPrefix + "volume_id"  // the CSI volume ID; equals the dataset's last component
 	PropName       = propPrefix + "name"       // the CSI name it was created with
-	PropRole       = propPrefix + "role"       // RolePrimary or RoleDeleted (replicas come with replication)
+	PropRole       = propPrefix + "role"       // vocab.RolePrimary or vocab.RoleDeleted (replicas come with replication)
 	PropGeneration = propPrefix + "generation" // fencing token for migration; 1 at creation
 	PropParameters = propPrefix + "parameters" // the creation parameters, canonical JSON
 	PropSource     = propPrefix + "source"     // "snapshot:ID", "volume:ID" or ""
@@ -69,64 +64,6 @@ func BoundHistoryFrom(g, generation uint64) uint64 {
 		return generation
 	}
 	return g
-}
-
-// ReplicationSnapshotPrefix starts the short name of the snapshots that
-// replication takes (docs/replication.md): internal, never CSI snapshots.
-const ReplicationSnapshotPrefix = "zn-"
-
-const (
-	RolePrimary = "primary"
-	// RoleDeleted marks a tombstone: a volume the CO deleted while it still
-	// had snapshots. It is invisible as a volume and destroyed with its last
-	// snapshot. See docs/volumes.md.
-	RoleDeleted = "deleted"
-	// RoleReplica marks a copy received from another node's primary:
-	// read-only, never staged, promoted by migration or failover.
-	RoleReplica = "replica"
-	// RoleSetAside marks a stale primary that came back after a failover:
-	// renamed to <id>-aside-<nanos>, never mounted, kept for an operator.
-	RoleSetAside = "set-aside"
-)
-
-// IDs are derived from CSI names so that a retried CreateVolume or
-// CreateSnapshot finds the dataset of the first attempt by name alone, and
-// so that nothing a job submitter types ever becomes part of a ZFS name.
-var (
-	volumeIDPattern   = regexp.MustCompile(`^vol-[0-9a-f]{20}$`)
-	snapshotIDPattern = regexp.MustCompile(`^snap-[0-9a-f]{20}$`)
-)
-
-// VolumeIDForName returns the volume ID for a CSI volume name.
-func VolumeIDForName(name string) string { return "vol-" + digest("volume", name) }
-
-// SnapshotIDForName returns the snapshot ID for a CSI snapshot name.
-func SnapshotIDForName(name string) string { return "snap-" + digest("snapshot", name) }
-
-func digest(kind, name string) string {
-	sum := sha256.Sum256([]byte(kind + "\x00" + name))
-	return hex.EncodeToString(sum[:10])
-}
-
-// IsVolumeID reports whether id has the form of a volume ID. Anything else
-// names no volume, and is never put into a ZFS name.
-func IsVolumeID(id string) bool { return volumeIDPattern.MatchString(id) }
-
-// IsSnapshotID reports whether id has the form of a snapshot ID.
-func IsSnapshotID(id string) bool { return snapshotIDPattern.MatchString(id) }
-
-// ValidateName checks a CSI name given at create.
-func ValidateName(kind, name string) error {
-	if name == "" {
-		return fmt.Errorf("%w: %s name is required", errdefs.ErrInvalidArgument, kind)
-	}
-	if len(name) > 128 {
-		return fmt.Errorf("%w: %s name is %d bytes, at most 128 are allowed", errdefs.ErrInvalidArgument, kind, len(name))
-	}
-	if strings.ContainsRune(name, 0) {
-		return fmt.Errorf("%w: %s name contains a NUL byte", errdefs.ErrInvalidArgument, kind)
-	}
-	return nil
 }
 
 // datasetFor returns the dataset of volume id under root.

@@ -12,68 +12,31 @@ import (
 
 	"github.com/zfs-nomad/zfs-nomad/internal/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
-)
-
-// ParamNode pins a new volume to a node; the controller reads it for
-// placement and nodes ignore it. It is how csi-sanity, which sends no
-// topology, places its volumes.
-const ParamNode = "node"
-
-// Replication parameters: how many peers hold a copy, and how often it is
-// brought up to date (a Go duration such as "5m"). The node checks them
-// against its operator's limits; the controller's scheduler acts on them.
-const (
-	ParamReplicas            = "replicas"
-	ParamReplicationInterval = "replication_interval"
-)
-
-// Migration parameters (docs/migration.md): "pinned"="true" keeps a volume
-// on its node; "failover" is "manual" (default: an operator promotes a
-// replica when the primary's node is lost) or "auto".
-const (
-	ParamPinned   = "pinned"
-	ParamFailover = "failover"
-)
-
-// Failover policies.
-const (
-	FailoverManual = "manual"
-	FailoverAuto   = "auto"
+	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
 )
 
 // controllerParameters are volume parameters that steer the controller and
 // set no ZFS property.
-var controllerParameters = map[string]bool{ParamNode: true, ParamReplicas: true, ParamReplicationInterval: true, ParamPinned: true, ParamFailover: true}
-
-// Pinned reports whether a volume stays on its node.
-func Pinned(params map[string]string) bool { return params[ParamPinned] == "true" }
-
-// FailoverPolicy returns a volume's failover policy.
-func FailoverPolicy(params map[string]string) string {
-	if params[ParamFailover] == FailoverAuto {
-		return FailoverAuto
-	}
-	return FailoverManual
-}
+var controllerParameters = map[string]bool{vocab.ParamNode: true, vocab.ParamReplicas: true, vocab.ParamReplicationInterval: true, vocab.ParamPinned: true, vocab.ParamFailover: true}
 
 // checkControllerParameter checks a controller parameter's value against
 // the operator's limits.
 func checkControllerParameter(cfg *config.Node, key, value string) error {
 	switch key {
-	case ParamReplicas:
+	case vocab.ParamReplicas:
 		n, err := strconv.Atoi(value)
 		if err != nil || n < 0 || n > cfg.MaxReplicas {
 			return fmt.Errorf("%w: parameter %q=%q: want a whole number from 0 to %d (the operator's max_replicas)", errdefs.ErrInvalidArgument, key, value, cfg.MaxReplicas)
 		}
-	case ParamPinned:
+	case vocab.ParamPinned:
 		if value != "true" && value != "false" {
 			return fmt.Errorf("%w: parameter %q=%q: want true or false", errdefs.ErrInvalidArgument, key, value)
 		}
-	case ParamFailover:
-		if value != FailoverAuto && value != FailoverManual {
-			return fmt.Errorf("%w: parameter %q=%q: want %q or %q", errdefs.ErrInvalidArgument, key, value, FailoverAuto, FailoverManual)
+	case vocab.ParamFailover:
+		if value != vocab.FailoverAuto && value != vocab.FailoverManual {
+			return fmt.Errorf("%w: parameter %q=%q: want %q or %q", errdefs.ErrInvalidArgument, key, value, vocab.FailoverAuto, vocab.FailoverManual)
 		}
-	case ParamReplicationInterval:
+	case vocab.ParamReplicationInterval:
 		d, err := time.ParseDuration(value)
 		if err != nil || d < time.Duration(cfg.MinReplicationInterval) {
 			return fmt.Errorf("%w: parameter %q=%q: want a duration of at least %s (the operator's min_replication_interval)", errdefs.ErrInvalidArgument, key, value, cfg.MinReplicationInterval)
@@ -81,21 +44,6 @@ func checkControllerParameter(cfg *config.Node, key, value string) error {
 	}
 	return nil
 }
-
-// ReplicationPolicy reads a volume's replication parameters; they were
-// checked when it was created.
-func ReplicationPolicy(params map[string]string) (replicas int, interval time.Duration) {
-	replicas, _ = strconv.Atoi(params[ParamReplicas])
-	interval, _ = time.ParseDuration(params[ParamReplicationInterval])
-	if replicas > 0 && interval <= 0 {
-		interval = DefaultReplicationInterval
-	}
-	return replicas, interval
-}
-
-// DefaultReplicationInterval applies when a volume asks for replicas but
-// names no interval.
-const DefaultReplicationInterval = 5 * time.Minute
 
 // ignoredParameterPrefixes are added by Kubernetes sidecars, not submitters.
 var ignoredParameterPrefixes = []string{"csi.storage.k8s.io/"}

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
+	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
 )
 
 // Generations are reserved before they are used (docs/safety.md,
@@ -42,7 +43,7 @@ func (p Promise) String() string { return strconv.FormatUint(p.Generation, 10) +
 
 // Promised returns what this node promised of volume id.
 func (m *Manager) Promised(ctx context.Context, id string) (Promise, error) {
-	if !IsVolumeID(id) {
+	if !vocab.IsVolumeID(id) {
 		return Promise{}, nil
 	}
 	v, ok, err := m.zfs.UserProperty(ctx, m.cfg.RootDataset, promiseProp(id))
@@ -60,7 +61,7 @@ func (m *Manager) Promised(ctx context.Context, id string) (Promise, error) {
 // same holder (a retried reservation); otherwise refused, returning what
 // stands in the way. granted reports which.
 func (m *Manager) Reserve(ctx context.Context, id string, generation uint64, holder string) (Promise, bool, error) {
-	if !IsVolumeID(id) {
+	if !vocab.IsVolumeID(id) {
 		return Promise{}, false, fmt.Errorf("%w: %q is not a volume ID", errdefs.ErrInvalidArgument, id)
 	}
 	if generation == 0 || holder == "" {
@@ -100,7 +101,7 @@ func (m *Manager) Reserve(ctx context.Context, id string, generation uint64, hol
 // Forget drops the promise of a volume being deleted, so that a volume
 // created later under the same name starts afresh.
 func (m *Manager) Forget(ctx context.Context, id string) error {
-	if !IsVolumeID(id) {
+	if !vocab.IsVolumeID(id) {
 		return nil
 	}
 	unlock, err := m.lock(ctx, id, "forgetting the promise")
@@ -132,7 +133,7 @@ func (m *Manager) MarkForced(ctx context.Context, id string, generation uint64) 
 	if err != nil {
 		return err
 	}
-	if !c.Exists || c.Role != RolePrimary || c.Generation != generation {
+	if !c.Exists || c.Role != vocab.RolePrimary || c.Generation != generation {
 		return fmt.Errorf("%w: node %s holds no primary of volume %s at generation %d to mark as forced", errdefs.ErrFailedPrecondition, m.cfg.NodeID, id, generation)
 	}
 	if err := m.zfs.SetProperties(ctx, datasetFor(m.cfg.RootDataset, id), map[string]string{PropForced: strconv.FormatUint(generation, 10)}); err != nil {

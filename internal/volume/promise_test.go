@@ -3,6 +3,8 @@ package volume
 import (
 	"context"
 	"testing"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
 )
 
 // TestReserve: a node promises a generation of a volume once, to one
@@ -11,8 +13,8 @@ import (
 func TestReserve(t *testing.T) {
 	ctx := context.Background()
 	m, fake := newManager(t)
-	id := VolumeIDForName("v")
-	if err := fake.CreateFilesystem(ctx, "tank/nomad/"+id, map[string]string{PropVolumeID: id, PropRole: RoleReplica, PropGeneration: "3"}); err != nil {
+	id := vocab.VolumeIDForName("v")
+	if err := fake.CreateFilesystem(ctx, "tank/nomad/"+id, map[string]string{PropVolumeID: id, PropRole: vocab.RoleReplica, PropGeneration: "3"}); err != nil {
 		t.Fatal(err)
 	}
 	steps := []struct {

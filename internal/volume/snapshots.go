@@ -7,6 +7,7 @@ import (
 	"sort"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
+	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs"
 )
 
@@ -14,10 +15,10 @@ import (
 // identical request created. The same name for another volume fails with
 // ErrAlreadyExists.
 func (m *Manager) CreateSnapshot(ctx context.Context, volumeID, name string) (Snapshot, error) {
-	if err := ValidateName("snapshot", name); err != nil {
+	if err := vocab.ValidateName("snapshot", name); err != nil {
 		return Snapshot{}, err
 	}
-	id := SnapshotIDForName(name)
+	id := vocab.SnapshotIDForName(name)
 	log := m.log.With("volume_id", volumeID, "snapshot_id", id)
 	unlock, err := m.lock(ctx, volumeID, "snapshot")
 	if err != nil {
@@ -55,7 +56,7 @@ func (m *Manager) CreateSnapshot(ctx context.Context, volumeID, name string) (Sn
 // already. A snapshot with clones is destroyed once its last clone is. It
 // is a change of its volume's copy, made under the copy's lock.
 func (m *Manager) DeleteSnapshot(ctx context.Context, id string) error {
-	if !IsSnapshotID(id) {
+	if !vocab.IsSnapshotID(id) {
 		return nil
 	}
 	snap, err := m.findSnapshot(ctx, id)
@@ -93,7 +94,7 @@ func (m *Manager) DeleteSnapshot(ctx context.Context, id string) error {
 func copyIDOf(snapshot string) string {
 	short := shortName(zfs.Parent(snapshot))
 	const idLen = len("vol-") + 20
-	if len(short) >= idLen && IsVolumeID(short[:idLen]) {
+	if len(short) >= idLen && vocab.IsVolumeID(short[:idLen]) {
 		return short[:idLen]
 	}
 	return short
@@ -126,7 +127,7 @@ func (m *Manager) GetSnapshot(ctx context.Context, id string) (Snapshot, error) 
 // sure: an entry whose snapshot is gone (destroyed by hand, or rolled back
 // on a replica) makes the index list again, once.
 func (m *Manager) findSnapshot(ctx context.Context, id string) (Snapshot, error) {
-	if !IsSnapshotID(id) {
+	if !vocab.IsSnapshotID(id) {
 		return Snapshot{}, fmt.Errorf("%w: snapshot %q", errdefs.ErrNotFound, id)
 	}
 	for attempt := 0; ; attempt++ {

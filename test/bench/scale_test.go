@@ -16,6 +16,7 @@ import (
 
 	"github.com/zfs-nomad/zfs-nomad/internal/guesttest"
 	"github.com/zfs-nomad/zfs-nomad/internal/sim"
+	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
 	"github.com/zfs-nomad/zfs-nomad/internal/volume"
 )
 
@@ -78,7 +79,7 @@ func fillNode(b *testing.B, n *sim.Node, from, to int) {
 	for i := from; i < to; i++ {
 		id := fmt.Sprintf("vol-%020x", uint64(n.Index)<<32|uint64(i))
 		fmt.Fprintf(&lines, "-o mountpoint=legacy -o %s=%s -o %s=fill-%s-%d -o %s=%s -o %s=1 -o %s=1 %s/%s\n",
-			volume.PropVolumeID, id, volume.PropName, n.ID, i, volume.PropRole, volume.RolePrimary, volume.PropGeneration, volume.PropHistoryFrom, n.RootDataset, id)
+			volume.PropVolumeID, id, volume.PropName, n.ID, i, volume.PropRole, vocab.RolePrimary, volume.PropGeneration, volume.PropHistoryFrom, n.RootDataset, id)
 	}
 	list := filepath.Join(b.TempDir(), "fill")
 	if err := os.WriteFile(list, []byte(lines.String()), 0o600); err != nil {

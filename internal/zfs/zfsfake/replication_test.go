@@ -14,6 +14,7 @@ import (
 
 	"github.com/zfs-nomad/zfs-nomad/internal/copylock"
 	"github.com/zfs-nomad/zfs-nomad/internal/replication"
+	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
 	"github.com/zfs-nomad/zfs-nomad/internal/volume"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs/zfscmd"
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
@@ -26,7 +27,7 @@ func TestRealReplication(t *testing.T) {
 	const id = "vol-0123456789abcdef0123"
 	src, dst := newNode(t, 1, "tank/nomad"), newNode(t, 2, "tank/nomad")
 	fs := "tank/nomad/" + id
-	must(t, src.CreateFilesystem(ctx, fs, map[string]string{volume.PropRole: volume.RolePrimary, volume.PropVolumeID: id,
+	must(t, src.CreateFilesystem(ctx, fs, map[string]string{volume.PropRole: vocab.RolePrimary, volume.PropVolumeID: id,
 		volume.PropGeneration: "1", volume.PropName: "v", "refquota": "1000000"}))
 	push := pusherTo(t, src, dst)
 

@@ -1,4 +1,4 @@
-package csi
+package node
 
 import (
 	"context"
@@ -13,42 +13,10 @@ import (
 
 	"github.com/zfs-nomad/zfs-nomad/internal/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/mount"
+	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
 	"github.com/zfs-nomad/zfs-nomad/internal/volume"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs/zfsfake"
 )
-
-// recordingMounter keeps a mount table in memory and remembers what it
-// was asked.
-type recordingMounter struct {
-	calls  []string
-	mounts map[string]mount.Entry
-}
-
-func (m *recordingMounter) Lookup(path string) (mount.Entry, bool, error) {
-	e, ok := m.mounts[path]
-	return e, ok, nil
-}
-func (m *recordingMounter) MountZFS(dataset, target string, _ []string) error {
-	m.calls = append(m.calls, "mount "+dataset+" "+target)
-	m.mount(target, mount.Entry{MountPoint: target, FSType: "zfs", Source: dataset})
-	return nil
-}
-func (m *recordingMounter) Bind(source, target string, _ []string) error {
-	m.calls = append(m.calls, "bind "+source+" "+target)
-	m.mount(target, mount.Entry{MountPoint: target, FSType: "zfs", Source: m.mounts[source].Source})
-	return nil
-}
-func (m *recordingMounter) mount(target string, e mount.Entry) {
-	if m.mounts == nil {
-		m.mounts = map[string]mount.Entry{}
-	}
-	m.mounts[target] = e
-}
-func (m *recordingMounter) Unmount(target string) error {
-	m.calls = append(m.calls, "unmount "+target)
-	return nil
-}
-func (m *recordingMounter) Statfs(string) (mount.Stats, error) { return mount.Stats{}, nil }
 
 // capability is a single-node-writer file system.
 var capability = &csi.VolumeCapability{
@@ -58,7 +26,7 @@ var capability = &csi.VolumeCapability{
 
 // newTestNode returns a node service over the ZFS fake and an in-memory
 // mount table, with one volume, whose only mount base directory is base.
-func newTestNode(t *testing.T) (n *Node, mounter *recordingMounter, fake *zfsfake.Fake, v volume.Volume, base string) {
+func newTestNode(t *testing.T) (n *Node, mounter *mount.Fake, fake *zfsfake.Fake, v volume.Volume, base string) {
 	t.Helper()
 	ctx := context.Background()
 	fake = zfsfake.New(10<<30, "tank")
@@ -73,8 +41,8 @@ func newTestNode(t *testing.T) (n *Node, mounter *recordingMounter, fake *zfsfak
 	if err != nil {
 		t.Fatal(err)
 	}
-	mounter = &recordingMounter{}
-	return NewNode(volumes, mounter, cfg, hclog.NewNullLogger()), mounter, fake, v, base
+	mounter = mount.NewFake()
+	return New(volumes, mounter, cfg, hclog.NewNullLogger()), mounter, fake, v, base
 }
 
 // TestNodeRefusesHostPaths: staging and target paths outside the
@@ -106,8 +74,8 @@ func TestNodeRefusesHostPaths(t *testing.T) {
 			t.Errorf("NodeUnstageVolume of %q: %v, want InvalidArgument", path, err)
 		}
 	}
-	if len(mounter.calls) > 0 {
-		t.Errorf("refused paths still reached the mount table: %q", mounter.calls)
+	if calls := mounter.Calls(); len(calls) > 0 {
+		t.Errorf("refused paths still reached the mount table: %q", calls)
 	}
 	if _, err := n.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: v.ID, StagingTargetPath: staging, VolumeCapability: capability}); err != nil {
 		t.Errorf("NodeStageVolume below the base directory: %v", err)
@@ -122,7 +90,7 @@ func TestStalePublishContextRefused(t *testing.T) {
 	ctx := context.Background()
 	n, _, fake, v, base := newTestNode(t)
 	staging, target := filepath.Join(base, "staging"), filepath.Join(base, "target")
-	gen1 := map[string]string{PublishContextGeneration: "1"}
+	gen1 := map[string]string{vocab.PublishContextGeneration: "1"}
 	if _, err := n.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: v.ID, StagingTargetPath: staging, VolumeCapability: capability, PublishContext: gen1}); err != nil {
 		t.Fatal(err)
 	}
@@ -137,7 +105,7 @@ func TestStalePublishContextRefused(t *testing.T) {
 	if status.Code(err) != codes.FailedPrecondition {
 		t.Errorf("NodePublishVolume with a stale generation: %v, want FailedPrecondition", err)
 	}
-	gen2 := map[string]string{PublishContextGeneration: "2"}
+	gen2 := map[string]string{vocab.PublishContextGeneration: "2"}
 	if _, err := n.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: v.ID, StagingTargetPath: staging, TargetPath: target, VolumeCapability: capability, PublishContext: gen2}); err != nil {
 		t.Errorf("NodePublishVolume with the current generation: %v", err)
 	}

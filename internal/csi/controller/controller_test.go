@@ -1,4 +1,4 @@
-package csi
+package controller
 
 import (
 	"errors"
@@ -6,11 +6,11 @@ import (
 	"testing"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
-	"github.com/zfs-nomad/zfs-nomad/internal/volume"
+	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
 )
 
 func TestPaginate(t *testing.T) {
-	ids := []string{volume.VolumeIDForName("a"), volume.VolumeIDForName("b"), volume.VolumeIDForName("c"), volume.VolumeIDForName("d"), volume.VolumeIDForName("e")}
+	ids := []string{vocab.VolumeIDForName("a"), vocab.VolumeIDForName("b"), vocab.VolumeIDForName("c"), vocab.VolumeIDForName("d"), vocab.VolumeIDForName("e")}
 	sort.Strings(ids)
 	key := func(s string) string { return s }
 
@@ -18,7 +18,7 @@ func TestPaginate(t *testing.T) {
 	var seen []string
 	token := ""
 	for pages := 0; pages < 10; pages++ {
-		page, next, err := paginate(ids, key, token, 2, volume.IsVolumeID)
+		page, next, err := paginate(ids, key, token, 2, vocab.IsVolumeID)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -51,7 +51,7 @@ func TestPaginate(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			page, _, err := paginate(ids, key, tc.token, tc.max, volume.IsVolumeID)
+			page, _, err := paginate(ids, key, tc.token, tc.max, vocab.IsVolumeID)
 			if !errors.Is(err, tc.err) || len(page) != tc.n {
 				t.Fatalf("got %d items, %v; want %d, %v", len(page), err, tc.n, tc.err)
 			}

@@ -1,4 +1,4 @@
-package csi
+package controller
 
 import (
 	"context"
@@ -7,6 +7,9 @@ import (
 	"sort"
 	"strings"
 	"testing"
+
+	csinode "github.com/zfs-nomad/zfs-nomad/internal/csi/node"
+	"github.com/zfs-nomad/zfs-nomad/internal/mount"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/hashicorp/go-hclog"
@@ -24,14 +27,14 @@ import (
 type costCluster struct {
 	base  string // the nodes' mount base directory
 	zfs   map[string]*zfsfake.Counting
-	nodes map[string]*Node
+	nodes map[string]*csinode.Node
 	vols  map[string]*volume.Manager
 	ctl   *Controller
 }
 
 func newCostCluster(t *testing.T) *costCluster {
 	base := t.TempDir()
-	cc := &costCluster{base: base, zfs: map[string]*zfsfake.Counting{}, nodes: map[string]*Node{}, vols: map[string]*volume.Manager{}}
+	cc := &costCluster{base: base, zfs: map[string]*zfsfake.Counting{}, nodes: map[string]*csinode.Node{}, vols: map[string]*volume.Manager{}}
 	var agents clustertest.Agents
 	for _, id := range []string{"n1", "n2", "n3"} {
 		fake := zfsfake.New(1<<50, "tank")
@@ -44,10 +47,10 @@ func newCostCluster(t *testing.T) *costCluster {
 		mgr := volume.NewManager(z, cfg, hclog.NewNullLogger())
 		agents.Serve(t, id+":7670", agent.NewServer(mgr, nil, nil, cfg, hclog.NewNullLogger()))
 		cc.zfs[id], cc.vols[id] = z, mgr
-		cc.nodes[id] = NewNode(mgr, &recordingMounter{}, cfg, hclog.NewNullLogger())
+		cc.nodes[id] = csinode.New(mgr, mount.NewFake(), cfg, hclog.NewNullLogger())
 	}
 	c := agents.Cluster(t)
-	cc.ctl = NewController(c, migration.New(c, hclog.NewNullLogger()), "most-free", hclog.NewNullLogger())
+	cc.ctl = New(c, migration.New(c, hclog.NewNullLogger()), "most-free", hclog.NewNullLogger())
 	return cc
 }
 

@@ -1,8 +1,11 @@
-// Package csi adapts the CSI gRPC services to the driver's logic. It stays
-// thin: validate the request, call the logic in plain Go types, map the
-// result back and the error to the code the CSI spec prescribes (through
-// package errdefs). No protobuf type travels further in.
-package csi
+// Package plugin is what the two CSI plugins share: the identity service,
+// the serving plumbing (endpoint, logging interceptor, graceful stop,
+// metrics) and the request checks both the controller and the node
+// service make. The services themselves live in csi/controller
+// (zfs-controller) and csi/node (zfs-node); each stays thin: validate the
+// request, call the logic in plain Go types, map the result back and the
+// error to the code the CSI spec prescribes (through package errdefs).
+package plugin
 
 import (
 	"context"

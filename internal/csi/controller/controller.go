@@ -1,4 +1,8 @@
-package csi
+// Package controller is the CSI controller service, served by
+// zfs-controller: it creates, deletes, snapshots and publishes volumes by
+// asking the nodes' agents (package cluster) and deciding from their
+// answers (package migration). It links no ZFS, mount or node code.
+package controller
 
 import (
 	"context"
@@ -16,10 +20,11 @@ import (
 
 	"github.com/zfs-nomad/zfs-nomad/internal/cluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/config"
+	"github.com/zfs-nomad/zfs-nomad/internal/csi/plugin"
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
 	"github.com/zfs-nomad/zfs-nomad/internal/keylock"
 	"github.com/zfs-nomad/zfs-nomad/internal/migration"
-	"github.com/zfs-nomad/zfs-nomad/internal/volume"
+	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
@@ -36,9 +41,9 @@ type Controller struct {
 	locks keylock.Locks
 }
 
-// NewController returns the Controller service; m moves volumes to the
+// New returns the Controller service; m moves volumes to the
 // node they are published on.
-func NewController(c *cluster.Cluster, m *migration.Migrator, policy string, log hclog.Logger) *Controller {
+func New(c *cluster.Cluster, m *migration.Migrator, policy string, log hclog.Logger) *Controller {
 	return &Controller{cluster: c, migrator: m, policy: policy, log: log}
 }
 
@@ -79,17 +84,17 @@ func (c *Controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 }
 
 func (c *Controller) createVolume(ctx context.Context, req *csi.CreateVolumeRequest) (*pb.Volume, cluster.Node, error) {
-	if err := volume.ValidateName("volume", req.GetName()); err != nil {
+	if err := vocab.ValidateName("volume", req.GetName()); err != nil {
 		return nil, cluster.Node{}, err
 	}
-	if err := checkCapabilities(req.GetVolumeCapabilities()); err != nil {
+	if err := plugin.CheckCapabilities(req.GetVolumeCapabilities()); err != nil {
 		return nil, cluster.Node{}, err
 	}
 	required, limit := req.GetCapacityRange().GetRequiredBytes(), req.GetCapacityRange().GetLimitBytes()
 	if required < 0 || limit < 0 {
 		return nil, cluster.Node{}, errdefs.Wrap(errdefs.ErrInvalidArgument, "capacity range must not be negative")
 	}
-	id := volume.VolumeIDForName(req.GetName())
+	id := vocab.VolumeIDForName(req.GetName())
 	log := c.log.With("volume_id", id, "name", req.GetName())
 	unlock, err := c.tryLock(id)
 	if err != nil {
@@ -168,7 +173,7 @@ func (c *Controller) candidates(ctx context.Context, req *csi.CreateVolumeReques
 			return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, "unsupported volume content source")
 		}
 	}
-	pinned := req.GetParameters()[volume.ParamNode]
+	pinned := req.GetParameters()[vocab.ParamNode]
 	if sourceNode != "" && pinned != "" && pinned != sourceNode {
 		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, "parameter node=%s conflicts with the source, which lives on node %s (clones are made on the source's node)", pinned, sourceNode)
 	}
@@ -237,14 +242,14 @@ func (c *Controller) csiVolume(v *pb.Volume, n cluster.Node, src *csi.VolumeCont
 // data to whichever node of the domain the CO picks (docs/migration.md).
 func accessibleTopology(v *pb.Volume, n cluster.Node) []*csi.Topology {
 	domain, ok := n.Info.GetTopology()[config.TopologyDomainKey]
-	if volume.Pinned(v.GetParameters()) || !ok {
+	if vocab.Pinned(v.GetParameters()) || !ok {
 		return []*csi.Topology{{Segments: n.Info.GetTopology()}}
 	}
 	return []*csi.Topology{{Segments: map[string]string{config.TopologyDomainKey: domain}}}
 }
 
 func (c *Controller) findVolume(ctx context.Context, id string) (cluster.Located[*pb.Volume], error) {
-	if !volume.IsVolumeID(id) {
+	if !vocab.IsVolumeID(id) {
 		return cluster.Located[*pb.Volume]{}, errdefs.Wrap(errdefs.ErrNotFound, "volume %q does not exist (not a volume ID of this driver)", id)
 	}
 	// Between a move's promotion and the demotion of the old copy, two
@@ -259,7 +264,7 @@ func (c *Controller) findVolume(ctx context.Context, id string) (cluster.Located
 // silent it answers Unavailable instead of a stale copy. Everything that
 // acts on the volume's data or reports its state uses it.
 func (c *Controller) currentVolume(ctx context.Context, id string) (cluster.Located[*pb.Volume], error) {
-	if !volume.IsVolumeID(id) {
+	if !vocab.IsVolumeID(id) {
 		return cluster.Located[*pb.Volume]{}, errdefs.Wrap(errdefs.ErrNotFound, "volume %q does not exist (not a volume ID of this driver)", id)
 	}
 	node, _, err := c.migrator.Current(ctx, id)
@@ -276,7 +281,7 @@ func (c *Controller) currentVolume(ctx context.Context, id string) (cluster.Loca
 }
 
 func (c *Controller) findSnapshot(ctx context.Context, id string) (cluster.Located[*pb.Snapshot], error) {
-	if !volume.IsSnapshotID(id) {
+	if !vocab.IsSnapshotID(id) {
 		return cluster.Located[*pb.Snapshot]{}, errdefs.Wrap(errdefs.ErrNotFound, "snapshot %q does not exist (not a snapshot ID of this driver)", id)
 	}
 	return cluster.Find(ctx, c.cluster, "snapshot "+id, func(ctx context.Context, a pb.NodeAgentClient) (*pb.Snapshot, error) {
@@ -295,10 +300,10 @@ func (c *Controller) findSnapshot(ctx context.Context, id string) (cluster.Locat
 
 func (c *Controller) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest) (*csi.DeleteVolumeResponse, error) {
 	id := req.GetVolumeId()
-	if err := required("volume_id", id); err != nil {
+	if err := plugin.Required("volume_id", id); err != nil {
 		return nil, errdefs.ToStatus(err)
 	}
-	if !volume.IsVolumeID(id) {
+	if !vocab.IsVolumeID(id) {
 		return &csi.DeleteVolumeResponse{}, nil // names no volume, so none to delete
 	}
 	unlock, err := c.tryLock(id)
@@ -332,7 +337,7 @@ func (c *Controller) deleteVolume(ctx context.Context, id string) error {
 		switch {
 		case a.Err != nil:
 			silent = append(silent, fmt.Sprintf("node %s: %v", a.Node.Info.GetNodeId(), a.Err))
-		case a.Object.GetExists() && a.Object.GetRole() == volume.RolePrimary:
+		case a.Object.GetExists() && a.Object.GetRole() == vocab.RolePrimary:
 			primaries = append(primaries, a)
 		}
 	}
@@ -402,7 +407,7 @@ func (c *Controller) deleteReplicas(ctx context.Context, id string, nodes []clus
 }
 
 func (c *Controller) ValidateVolumeCapabilities(ctx context.Context, req *csi.ValidateVolumeCapabilitiesRequest) (*csi.ValidateVolumeCapabilitiesResponse, error) {
-	if err := required("volume_id", req.GetVolumeId()); err != nil {
+	if err := plugin.Required("volume_id", req.GetVolumeId()); err != nil {
 		return nil, errdefs.ToStatus(err)
 	}
 	if len(req.GetVolumeCapabilities()) == 0 {
@@ -411,7 +416,7 @@ func (c *Controller) ValidateVolumeCapabilities(ctx context.Context, req *csi.Va
 	if _, err := c.findVolume(ctx, req.GetVolumeId()); err != nil {
 		return nil, errdefs.ToStatus(err)
 	}
-	if err := checkCapabilities(req.GetVolumeCapabilities()); err != nil {
+	if err := plugin.CheckCapabilities(req.GetVolumeCapabilities()); err != nil {
 		return &csi.ValidateVolumeCapabilitiesResponse{Message: err.Error()}, nil
 	}
 	return &csi.ValidateVolumeCapabilitiesResponse{Confirmed: &csi.ValidateVolumeCapabilitiesResponse_Confirmed{
@@ -472,7 +477,7 @@ func (c *Controller) ListVolumes(ctx context.Context, req *csi.ListVolumesReques
 	if req.GetMaxEntries() < 0 {
 		return nil, errdefs.ToStatus(errdefs.Wrap(errdefs.ErrInvalidArgument, "max_entries must not be negative"))
 	}
-	if token := req.GetStartingToken(); token != "" && !volume.IsVolumeID(token) {
+	if token := req.GetStartingToken(); token != "" && !vocab.IsVolumeID(token) {
 		return nil, errdefs.ToStatus(errdefs.Wrap(errdefs.ErrAborted, "starting_token %q is not a token this plugin issued; list again from the start", token))
 	}
 	nodeReq := &pb.ListVolumesRequest{From: req.GetStartingToken()}
@@ -484,7 +489,7 @@ func (c *Controller) ListVolumes(ctx context.Context, req *csi.ListVolumesReques
 		return nil, errdefs.ToStatus(err)
 	}
 	page, next, err := paginate(all, func(v cluster.Located[*pb.Volume]) string { return v.Object.GetVolumeId() },
-		req.GetStartingToken(), req.GetMaxEntries(), volume.IsVolumeID)
+		req.GetStartingToken(), req.GetMaxEntries(), vocab.IsVolumeID)
 	if err != nil {
 		return nil, errdefs.ToStatus(err)
 	}
@@ -534,7 +539,7 @@ func paginate[T any](items []T, key func(T) string, token string, maxEntries int
 
 func (c *Controller) GetCapacity(ctx context.Context, req *csi.GetCapacityRequest) (*csi.GetCapacityResponse, error) {
 	for _, capability := range req.GetVolumeCapabilities() {
-		if err := checkCapability(capability); err != nil {
+		if err := plugin.CheckCapability(capability); err != nil {
 			return &csi.GetCapacityResponse{}, nil // no capacity for what cannot be served
 		}
 	}
@@ -547,7 +552,7 @@ func (c *Controller) GetCapacity(ctx context.Context, req *csi.GetCapacityReques
 		if seg := req.GetAccessibleTopology().GetSegments(); seg != nil && !cluster.Matches(n.Info.GetTopology(), seg) {
 			continue
 		}
-		if pin := req.GetParameters()[volume.ParamNode]; pin != "" && pin != n.Info.GetNodeId() {
+		if pin := req.GetParameters()[vocab.ParamNode]; pin != "" && pin != n.Info.GetNodeId() {
 			continue
 		}
 		available += n.Info.GetAvailableBytes()
@@ -560,7 +565,7 @@ func (c *Controller) GetCapacity(ctx context.Context, req *csi.GetCapacityReques
 }
 
 func (c *Controller) ControllerGetVolume(ctx context.Context, req *csi.ControllerGetVolumeRequest) (*csi.ControllerGetVolumeResponse, error) {
-	if err := required("volume_id", req.GetVolumeId()); err != nil {
+	if err := plugin.Required("volume_id", req.GetVolumeId()); err != nil {
 		return nil, errdefs.ToStatus(err)
 	}
 	found, err := c.currentVolume(ctx, req.GetVolumeId())
@@ -575,14 +580,14 @@ func (c *Controller) ControllerGetVolume(ctx context.Context, req *csi.Controlle
 
 func (c *Controller) ControllerExpandVolume(ctx context.Context, req *csi.ControllerExpandVolumeRequest) (*csi.ControllerExpandVolumeResponse, error) {
 	id := req.GetVolumeId()
-	if err := required("volume_id", id); err != nil {
+	if err := plugin.Required("volume_id", id); err != nil {
 		return nil, errdefs.ToStatus(err)
 	}
 	if req.GetCapacityRange() == nil {
 		return nil, errdefs.ToStatus(errdefs.Wrap(errdefs.ErrInvalidArgument, "capacity_range is required"))
 	}
 	if vc := req.GetVolumeCapability(); vc != nil {
-		if err := checkCapability(vc); err != nil {
+		if err := plugin.CheckCapability(vc); err != nil {
 			return nil, errdefs.ToStatus(err)
 		}
 	}
@@ -610,13 +615,13 @@ func (c *Controller) ControllerExpandVolume(ctx context.Context, req *csi.Contro
 }
 
 func (c *Controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshotRequest) (*csi.CreateSnapshotResponse, error) {
-	if err := volume.ValidateName("snapshot", req.GetName()); err != nil {
+	if err := vocab.ValidateName("snapshot", req.GetName()); err != nil {
 		return nil, errdefs.ToStatus(err)
 	}
-	if err := required("source_volume_id", req.GetSourceVolumeId()); err != nil {
+	if err := plugin.Required("source_volume_id", req.GetSourceVolumeId()); err != nil {
 		return nil, errdefs.ToStatus(err)
 	}
-	id := volume.SnapshotIDForName(req.GetName())
+	id := vocab.SnapshotIDForName(req.GetName())
 	unlock, err := c.tryLock(id)
 	if err != nil {
 		return nil, errdefs.ToStatus(err)
@@ -659,7 +664,7 @@ func csiSnapshot(s *pb.Snapshot) *csi.Snapshot {
 
 func (c *Controller) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshotRequest) (*csi.DeleteSnapshotResponse, error) {
 	id := req.GetSnapshotId()
-	if err := required("snapshot_id", id); err != nil {
+	if err := plugin.Required("snapshot_id", id); err != nil {
 		return nil, errdefs.ToStatus(err)
 	}
 	unlock, err := c.tryLock(id)
@@ -687,7 +692,7 @@ func (c *Controller) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshot
 // max_entries+1 snapshots from the token on, of the source volume when
 // one is given (or the one snapshot asked for).
 func (c *Controller) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRequest) (*csi.ListSnapshotsResponse, error) {
-	if token := req.GetStartingToken(); token != "" && !volume.IsSnapshotID(token) {
+	if token := req.GetStartingToken(); token != "" && !vocab.IsSnapshotID(token) {
 		return nil, errdefs.ToStatus(errdefs.Wrap(errdefs.ErrAborted, "starting_token %q is not a token this plugin issued; list again from the start", token))
 	}
 	nodeReq := &pb.ListSnapshotsRequest{SnapshotId: req.GetSnapshotId(), From: req.GetStartingToken(), SourceVolumeId: req.GetSourceVolumeId()}
@@ -715,7 +720,7 @@ func (c *Controller) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRe
 		}
 	}
 	sort.Slice(all, func(i, j int) bool { return all[i].GetSnapshotId() < all[j].GetSnapshotId() })
-	page, next, err := paginate(all, (*pb.Snapshot).GetSnapshotId, req.GetStartingToken(), req.GetMaxEntries(), volume.IsSnapshotID)
+	page, next, err := paginate(all, (*pb.Snapshot).GetSnapshotId, req.GetStartingToken(), req.GetMaxEntries(), vocab.IsSnapshotID)
 	if err != nil {
 		return nil, errdefs.ToStatus(err)
 	}
@@ -733,10 +738,10 @@ func (c *Controller) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRe
 // find when staging (docs/migration.md).
 func (c *Controller) ControllerPublishVolume(ctx context.Context, req *csi.ControllerPublishVolumeRequest) (*csi.ControllerPublishVolumeResponse, error) {
 	id, nodeID := req.GetVolumeId(), req.GetNodeId()
-	if err := firstError(required("volume_id", id), required("node_id", nodeID), checkCapability(req.GetVolumeCapability())); err != nil {
+	if err := plugin.FirstError(plugin.Required("volume_id", id), plugin.Required("node_id", nodeID), plugin.CheckCapability(req.GetVolumeCapability())); err != nil {
 		return nil, errdefs.ToStatus(err)
 	}
-	if !volume.IsVolumeID(id) {
+	if !vocab.IsVolumeID(id) {
 		return nil, errdefs.ToStatus(errdefs.Wrap(errdefs.ErrNotFound, "volume %q does not exist (not a volume ID of this driver)", id))
 	}
 	unlock, err := c.tryLock(id)
@@ -748,14 +753,14 @@ func (c *Controller) ControllerPublishVolume(ctx context.Context, req *csi.Contr
 	if err != nil {
 		return nil, errdefs.ToStatus(err)
 	}
-	return &csi.ControllerPublishVolumeResponse{PublishContext: map[string]string{PublishContextGeneration: strconv.FormatUint(gen, 10)}}, nil
+	return &csi.ControllerPublishVolumeResponse{PublishContext: map[string]string{vocab.PublishContextGeneration: strconv.FormatUint(gen, 10)}}, nil
 }
 
 // ControllerUnpublishVolume has nothing to undo: the node unmounts, and the
 // next publish elsewhere moves the data. It succeeds for any volume, as
 // Nomad retries it after node loss and must not be stuck on a dead node.
 func (c *Controller) ControllerUnpublishVolume(ctx context.Context, req *csi.ControllerUnpublishVolumeRequest) (*csi.ControllerUnpublishVolumeResponse, error) {
-	if err := required("volume_id", req.GetVolumeId()); err != nil {
+	if err := plugin.Required("volume_id", req.GetVolumeId()); err != nil {
 		return nil, errdefs.ToStatus(err)
 	}
 	return &csi.ControllerUnpublishVolumeResponse{}, nil

@@ -1,4 +1,4 @@
-package csi
+package controller
 
 import (
 	"context"
@@ -19,6 +19,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
 	"github.com/zfs-nomad/zfs-nomad/internal/migration"
+	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
 	"github.com/zfs-nomad/zfs-nomad/internal/volume"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs/zfsfake"
 )
@@ -54,7 +55,7 @@ func (tc *testCluster) stop(id string) { tc.agents.Stop(id + ":7670") }
 
 func (tc *testCluster) controller() *Controller {
 	c := tc.agents.Cluster(tc.t)
-	return NewController(c, migration.New(c, hclog.NewNullLogger()), "most-free", hclog.NewNullLogger())
+	return New(c, migration.New(c, hclog.NewNullLogger()), "most-free", hclog.NewNullLogger())
 }
 
 var mountCap = []*csi.VolumeCapability{{
@@ -138,9 +139,9 @@ func TestControllerErrorCodes(t *testing.T) {
 	wantCode(t, err, codes.Aborted)
 	_, err = ctl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{})
 	wantCode(t, err, codes.InvalidArgument)
-	_, err = ctl.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: volume.VolumeIDForName("none"), CapacityRange: &csi.CapacityRange{RequiredBytes: 1}})
+	_, err = ctl.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: vocab.VolumeIDForName("none"), CapacityRange: &csi.CapacityRange{RequiredBytes: 1}})
 	wantCode(t, err, codes.NotFound)
-	_, err = ctl.CreateSnapshot(ctx, &csi.CreateSnapshotRequest{Name: "s", SourceVolumeId: volume.VolumeIDForName("none")})
+	_, err = ctl.CreateSnapshot(ctx, &csi.CreateSnapshotRequest{Name: "s", SourceVolumeId: vocab.VolumeIDForName("none")})
 	wantCode(t, err, codes.NotFound)
 }
 
@@ -156,7 +157,7 @@ func TestControllerNeverGuessesNotFoundWhenANodeIsDown(t *testing.T) {
 	_, err = ctl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: resp.GetVolume().GetVolumeId()})
 	wantCode(t, err, codes.Unavailable)
 	// A volume that no node holds is still reported deleted only if all answer.
-	_, err = ctl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: volume.VolumeIDForName("other")})
+	_, err = ctl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: vocab.VolumeIDForName("other")})
 	wantCode(t, err, codes.Unavailable)
 	// Malformed IDs name no volume anywhere.
 	_, err = ctl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: "garbage"})
@@ -185,7 +186,7 @@ func TestCreateRetriedWhileItsNodeIsDownWaitsForIt(t *testing.T) {
 	_, err = ctl.CreateVolume(ctx, req)
 	wantCode(t, err, codes.Unavailable)
 	for id, fake := range tc.fakes {
-		if id != "n2" && slices.Contains(fake.Names(), "tank/nomad/"+volume.VolumeIDForName("v")) {
+		if id != "n2" && slices.Contains(fake.Names(), "tank/nomad/"+vocab.VolumeIDForName("v")) {
 			t.Fatalf("the retried create made a second volume on %s", id)
 		}
 	}
@@ -198,7 +199,7 @@ func TestCreateRetriedWhileItsNodeIsDownWaitsForIt(t *testing.T) {
 func TestControllerSerialisesOneVolume(t *testing.T) {
 	tc := newTestCluster(t, map[string]uint64{"n1": 4 << 30})
 	ctl := tc.controller()
-	unlock, err := ctl.tryLock(volume.VolumeIDForName("busy"))
+	unlock, err := ctl.tryLock(vocab.VolumeIDForName("busy"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -249,7 +250,7 @@ func TestControllerPublishDecisions(t *testing.T) {
 	wantCode(t, err, codes.FailedPrecondition)
 	_, err = publish(moving.GetVolumeId(), "n9")
 	wantCode(t, err, codes.NotFound)
-	_, err = publish(volume.VolumeIDForName("nothing"), "n1")
+	_, err = publish(vocab.VolumeIDForName("nothing"), "n1")
 	wantCode(t, err, codes.NotFound)
 	_, err = publish("", "n1")
 	wantCode(t, err, codes.InvalidArgument)
@@ -276,12 +277,12 @@ func (tc *testCluster) copyOf(node, id, role string, generation int) string {
 // destroyed.
 func TestDeleteNeverLeavesACopyBehind(t *testing.T) {
 	ctx := context.Background()
-	id := volume.VolumeIDForName("v")
+	id := vocab.VolumeIDForName("v")
 
 	t.Run("a node that may hold a copy is down", func(t *testing.T) {
 		tc := newTestCluster(t, map[string]uint64{"n1": 4 << 30, "n2": 4 << 30})
-		primary := tc.copyOf("n1", id, volume.RolePrimary, 2)
-		tc.copyOf("n2", id, volume.RoleReplica, 2)
+		primary := tc.copyOf("n1", id, vocab.RolePrimary, 2)
+		tc.copyOf("n2", id, vocab.RoleReplica, 2)
 		ctl := tc.controller()
 		tc.stop("n2")
 		_, err := ctl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id})
@@ -296,9 +297,9 @@ func TestDeleteNeverLeavesACopyBehind(t *testing.T) {
 
 	t.Run("an older primary is set aside", func(t *testing.T) {
 		tc := newTestCluster(t, map[string]uint64{"n1": 4 << 30, "n2": 4 << 30, "n3": 4 << 30})
-		stale := tc.copyOf("n1", id, volume.RolePrimary, 1)
-		current := tc.copyOf("n2", id, volume.RolePrimary, 2)
-		replica := tc.copyOf("n3", id, volume.RoleReplica, 2)
+		stale := tc.copyOf("n1", id, vocab.RolePrimary, 1)
+		current := tc.copyOf("n2", id, vocab.RolePrimary, 2)
+		replica := tc.copyOf("n3", id, vocab.RoleReplica, 2)
 		ctl := tc.controller()
 		if _, err := ctl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
 			t.Fatal(err)
@@ -334,16 +335,16 @@ func (tc *testCluster) promise(node, id string, gen int, holder string) {
 // shows it even when the node holding it is down.
 func TestPublishDecidesOnlyFromAMajority(t *testing.T) {
 	ctx := context.Background()
-	id := volume.VolumeIDForName("v")
+	id := vocab.VolumeIDForName("v")
 	publish := func(ctl *Controller, node string) (*csi.ControllerPublishVolumeResponse, error) {
 		return ctl.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: node, VolumeCapability: mountCap[0]})
 	}
 
 	t.Run("a stale primary is not published while the newer one's node is down", func(t *testing.T) {
 		tc := newTestCluster(t, map[string]uint64{"n1": 4 << 30, "n2": 4 << 30, "n3": 4 << 30})
-		tc.copyOf("n1", id, volume.RolePrimary, 1) // came back from a partition
-		tc.copyOf("n2", id, volume.RoleReplica, 2)
-		tc.copyOf("n3", id, volume.RolePrimary, 2) // promoted by the failover
+		tc.copyOf("n1", id, vocab.RolePrimary, 1) // came back from a partition
+		tc.copyOf("n2", id, vocab.RoleReplica, 2)
+		tc.copyOf("n3", id, vocab.RolePrimary, 2) // promoted by the failover
 		tc.promise("n2", id, 2, "n3")
 		tc.promise("n3", id, 2, "n3")
 		ctl := tc.controller()
@@ -358,7 +359,7 @@ func TestPublishDecidesOnlyFromAMajority(t *testing.T) {
 
 	t.Run("a promise whose holder answered without the copy is void", func(t *testing.T) {
 		tc := newTestCluster(t, map[string]uint64{"n1": 4 << 30, "n2": 4 << 30, "n3": 4 << 30})
-		tc.copyOf("n1", id, volume.RolePrimary, 1)
+		tc.copyOf("n1", id, vocab.RolePrimary, 1)
 		tc.promise("n2", id, 2, "n3") // a promotion to n3 that never happened
 		ctl := tc.controller()
 		resp, err := publish(ctl, "n1")
@@ -370,9 +371,9 @@ func TestPublishDecidesOnlyFromAMajority(t *testing.T) {
 	t.Run("a failover never reuses a generation given to a node that is down", func(t *testing.T) {
 		nodes := map[string]uint64{"n1": 4 << 30, "n2": 4 << 30, "n3": 4 << 30, "n4": 4 << 30, "n5": 4 << 30}
 		tc := newTestCluster(t, nodes)
-		tc.copyOf("n1", id, volume.RolePrimary, 1) // the lost primary
-		tc.copyOf("n2", id, volume.RolePrimary, 2) // promoted, though the controller timed out
-		replica := tc.copyOf("n3", id, volume.RoleReplica, 1)
+		tc.copyOf("n1", id, vocab.RolePrimary, 1) // the lost primary
+		tc.copyOf("n2", id, vocab.RolePrimary, 2) // promoted, though the controller timed out
+		replica := tc.copyOf("n3", id, vocab.RoleReplica, 1)
 		for _, n := range []string{"n2", "n3", "n4"} {
 			tc.promise(n, id, 2, "n2")
 		}
@@ -393,8 +394,8 @@ func TestPublishDecidesOnlyFromAMajority(t *testing.T) {
 
 	t.Run("a failover waits until a majority attests the lost node's silence", func(t *testing.T) {
 		tc := newTestCluster(t, map[string]uint64{"n1": 4 << 30, "n2": 4 << 30, "n3": 4 << 30})
-		tc.copyOf("n1", id, volume.RolePrimary, 1)
-		replica := tc.copyOf("n2", id, volume.RoleReplica, 1)
+		tc.copyOf("n1", id, vocab.RolePrimary, 1)
+		replica := tc.copyOf("n2", id, vocab.RoleReplica, 1)
 		if err := tc.fakes["n2"].SetProperties(ctx, replica, map[string]string{volume.PropParameters: `{"failover":"auto"}`}); err != nil {
 			t.Fatal(err)
 		}
@@ -422,7 +423,7 @@ func TestPublishDecidesOnlyFromAMajority(t *testing.T) {
 		if !strings.Contains(status.Convert(err).Message(), "n1:7670 answered") || len(askedAbout) != 1 || !strings.HasSuffix(askedAbout[0], "n1:7670") {
 			t.Errorf("the refusal: %v (nodes asked about %v); want it to name n1:7670, the node lost", err, askedAbout)
 		}
-		if c, _ := tc.fakes["n2"].Get(ctx, replica); c.User[volume.PropRole] != volume.RoleReplica {
+		if c, _ := tc.fakes["n2"].Get(ctx, replica); c.User[volume.PropRole] != vocab.RoleReplica {
 			t.Fatalf("n2's replica was promoted although no majority attested n1's silence: %v", c.User)
 		}
 		mu.Lock()
@@ -436,7 +437,7 @@ func TestPublishDecidesOnlyFromAMajority(t *testing.T) {
 
 	t.Run("a publish that finds a copy fenced by its lease current lifts it", func(t *testing.T) {
 		tc := newTestCluster(t, map[string]uint64{"n1": 4 << 30, "n2": 4 << 30, "n3": 4 << 30})
-		primary := tc.copyOf("n1", id, volume.RolePrimary, 1)
+		primary := tc.copyOf("n1", id, vocab.RolePrimary, 1)
 		if err := tc.fakes["n1"].SetProperties(ctx, primary, map[string]string{"readonly": "on", volume.PropLeaseFenced: "1700000000000000000"}); err != nil {
 			t.Fatal(err)
 		}
@@ -453,8 +454,8 @@ func TestPublishDecidesOnlyFromAMajority(t *testing.T) {
 
 	t.Run("the operator's forced promotion is published without a majority", func(t *testing.T) {
 		tc := newTestCluster(t, map[string]uint64{"n1": 4 << 30, "n2": 4 << 30, "n3": 4 << 30})
-		tc.copyOf("n1", id, volume.RolePrimary, 1)
-		tc.copyOf("n3", id, volume.RoleReplica, 1)
+		tc.copyOf("n1", id, vocab.RolePrimary, 1)
+		tc.copyOf("n3", id, vocab.RoleReplica, 1)
 		ctl := tc.controller()
 		tc.stop("n1")
 		tc.stop("n2")
@@ -477,7 +478,7 @@ func TestPublishDecidesOnlyFromAMajority(t *testing.T) {
 
 	t.Run("no decision without a majority", func(t *testing.T) {
 		tc := newTestCluster(t, map[string]uint64{"n1": 4 << 30, "n2": 4 << 30, "n3": 4 << 30})
-		tc.copyOf("n1", id, volume.RolePrimary, 1)
+		tc.copyOf("n1", id, vocab.RolePrimary, 1)
 		ctl := tc.controller()
 		tc.stop("n2")
 		tc.stop("n3")
@@ -492,9 +493,9 @@ func TestPublishDecidesOnlyFromAMajority(t *testing.T) {
 // It returns n1's stale dataset.
 func staleView(t *testing.T, id string) (*testCluster, *Controller, string) {
 	tc := newTestCluster(t, map[string]uint64{"n1": 4 << 30, "n2": 4 << 30, "n3": 4 << 30})
-	stale := tc.copyOf("n1", id, volume.RolePrimary, 1)
-	tc.copyOf("n2", id, volume.RoleReplica, 2)
-	tc.copyOf("n3", id, volume.RolePrimary, 2)
+	stale := tc.copyOf("n1", id, vocab.RolePrimary, 1)
+	tc.copyOf("n2", id, vocab.RoleReplica, 2)
+	tc.copyOf("n3", id, vocab.RolePrimary, 2)
 	tc.promise("n2", id, 2, "n3")
 	tc.promise("n3", id, 2, "n3")
 	ctl := tc.controller()
@@ -509,7 +510,7 @@ func staleView(t *testing.T, id string) (*testCluster, *Controller, string) {
 // before any copy is chosen (docs/safety.md, "Generations").
 func TestSnapshotsComeOnlyFromTheCurrentPrimary(t *testing.T) {
 	ctx := context.Background()
-	id := volume.VolumeIDForName("v")
+	id := vocab.VolumeIDForName("v")
 	tc, ctl, stale := staleView(t, id)
 	_, err := ctl.CreateSnapshot(ctx, &csi.CreateSnapshotRequest{Name: "s", SourceVolumeId: id})
 	wantCode(t, err, codes.Unavailable)
@@ -526,7 +527,7 @@ func TestSnapshotsComeOnlyFromTheCurrentPrimary(t *testing.T) {
 // Unavailable naming the silent node, as a publish does.
 func TestNothingActsOnAStaleCopy(t *testing.T) {
 	ctx := context.Background()
-	id := volume.VolumeIDForName("v")
+	id := vocab.VolumeIDForName("v")
 	tc, ctl, stale := staleView(t, id)
 	quota := func() uint64 {
 		ds, err := tc.fakes["n1"].Get(ctx, stale)

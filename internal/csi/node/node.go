@@ -1,4 +1,7 @@
-package csi
+// Package node is the CSI node service, served by zfs-node: it stages
+// and publishes the volumes this node holds (package volume) into the
+// paths the CO names (package mount).
+package node
 
 import (
 	"context"
@@ -11,10 +14,12 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/config"
+	"github.com/zfs-nomad/zfs-nomad/internal/csi/plugin"
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
 	"github.com/zfs-nomad/zfs-nomad/internal/hostpath"
 	"github.com/zfs-nomad/zfs-nomad/internal/keylock"
 	"github.com/zfs-nomad/zfs-nomad/internal/mount"
+	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
 	"github.com/zfs-nomad/zfs-nomad/internal/volume"
 )
 
@@ -43,8 +48,8 @@ type Node struct {
 	locks   keylock.Locks
 }
 
-// NewNode returns the Node service.
-func NewNode(volumes *volume.Manager, mounter Mounter, cfg config.Node, log hclog.Logger) *Node {
+// New returns the Node service.
+func New(volumes *volume.Manager, mounter Mounter, cfg config.Node, log hclog.Logger) *Node {
 	return &Node{volumes: volumes, mounter: mounter, cfg: cfg, log: log}
 }
 
@@ -111,7 +116,7 @@ func (n *Node) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequ
 
 func (n *Node) stage(ctx context.Context, req *csi.NodeStageVolumeRequest) error {
 	id, staging := req.GetVolumeId(), req.GetStagingTargetPath()
-	if err := firstError(required("volume_id", id), required("staging_target_path", staging), checkCapability(req.GetVolumeCapability())); err != nil {
+	if err := plugin.FirstError(plugin.Required("volume_id", id), plugin.Required("staging_target_path", staging), plugin.CheckCapability(req.GetVolumeCapability())); err != nil {
 		return err
 	}
 	if err := n.checkPaths(staging); err != nil {
@@ -154,26 +159,21 @@ func (n *Node) stage(ctx context.Context, req *csi.NodeStageVolumeRequest) error
 	return nil
 }
 
-// PublishContextGeneration is the publish context key that carries the
-// generation ControllerPublishVolume made current; a node refuses to stage
-// any other (docs/migration.md).
-const PublishContextGeneration = "generation"
-
 func publishedGeneration(pc map[string]string) (uint64, error) {
-	v, ok := pc[PublishContextGeneration]
+	v, ok := pc[vocab.PublishContextGeneration]
 	if !ok {
 		return 0, nil
 	}
 	gen, err := strconv.ParseUint(v, 10, 64)
 	if err != nil || gen == 0 {
-		return 0, errdefs.Wrap(errdefs.ErrInvalidArgument, "publish context %s=%q is not a generation", PublishContextGeneration, v)
+		return 0, errdefs.Wrap(errdefs.ErrInvalidArgument, "publish context %s=%q is not a generation", vocab.PublishContextGeneration, v)
 	}
 	return gen, nil
 }
 
 func (n *Node) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolumeRequest) (*csi.NodeUnstageVolumeResponse, error) {
 	id, staging := req.GetVolumeId(), req.GetStagingTargetPath()
-	if err := firstError(required("volume_id", id), required("staging_target_path", staging)); err != nil {
+	if err := plugin.FirstError(plugin.Required("volume_id", id), plugin.Required("staging_target_path", staging)); err != nil {
 		return nil, errdefs.ToStatus(err)
 	}
 	if err := n.checkPaths(staging); err != nil {
@@ -200,7 +200,7 @@ func (n *Node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 
 func (n *Node) publish(ctx context.Context, req *csi.NodePublishVolumeRequest) error {
 	id, staging, target := req.GetVolumeId(), req.GetStagingTargetPath(), req.GetTargetPath()
-	if err := firstError(required("volume_id", id), required("staging_target_path", staging), required("target_path", target), checkCapability(req.GetVolumeCapability())); err != nil {
+	if err := plugin.FirstError(plugin.Required("volume_id", id), plugin.Required("staging_target_path", staging), plugin.Required("target_path", target), plugin.CheckCapability(req.GetVolumeCapability())); err != nil {
 		return err
 	}
 	if err := n.checkPaths(staging, target); err != nil {
@@ -258,7 +258,7 @@ func (n *Node) publish(ctx context.Context, req *csi.NodePublishVolumeRequest) e
 
 func (n *Node) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
 	id, target := req.GetVolumeId(), req.GetTargetPath()
-	if err := firstError(required("volume_id", id), required("target_path", target)); err != nil {
+	if err := plugin.FirstError(plugin.Required("volume_id", id), plugin.Required("target_path", target)); err != nil {
 		return nil, errdefs.ToStatus(err)
 	}
 	if err := n.checkPaths(target); err != nil {
@@ -283,7 +283,7 @@ func (n *Node) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVo
 
 func (n *Node) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeStatsRequest) (*csi.NodeGetVolumeStatsResponse, error) {
 	id, path := req.GetVolumeId(), req.GetVolumePath()
-	if err := firstError(required("volume_id", id), required("volume_path", path)); err != nil {
+	if err := plugin.FirstError(plugin.Required("volume_id", id), plugin.Required("volume_path", path)); err != nil {
 		return nil, errdefs.ToStatus(err)
 	}
 	if err := n.checkMountedAt(ctx, id, path); err != nil {
@@ -320,11 +320,11 @@ func (n *Node) checkMountedAt(ctx context.Context, id, path string) error {
 // force at once. It reports the capacity.
 func (n *Node) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolumeRequest) (*csi.NodeExpandVolumeResponse, error) {
 	id, path := req.GetVolumeId(), req.GetVolumePath()
-	if err := firstError(required("volume_id", id), required("volume_path", path)); err != nil {
+	if err := plugin.FirstError(plugin.Required("volume_id", id), plugin.Required("volume_path", path)); err != nil {
 		return nil, errdefs.ToStatus(err)
 	}
 	if vc := req.GetVolumeCapability(); vc != nil {
-		if err := checkCapability(vc); err != nil {
+		if err := plugin.CheckCapability(vc); err != nil {
 			return nil, errdefs.ToStatus(err)
 		}
 	}
@@ -336,15 +336,6 @@ func (n *Node) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolumeRe
 		return nil, errdefs.ToStatus(err)
 	}
 	return &csi.NodeExpandVolumeResponse{CapacityBytes: int64(v.Capacity)}, nil
-}
-
-func firstError(errs ...error) error {
-	for _, err := range errs {
-		if err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 func without(list []string, drop string) []string {

@@ -1,4 +1,4 @@
-package csi
+package plugin
 
 import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -13,21 +13,22 @@ var supportedAccessModes = map[csi.VolumeCapability_AccessMode_Mode]bool{
 	csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY: true,
 }
 
-// checkCapabilities refuses capabilities the driver cannot serve: block
+// CheckCapabilities refuses capabilities the driver cannot serve: block
 // access (volumes are filesystems), other filesystem types, multi-node modes.
-func checkCapabilities(caps []*csi.VolumeCapability) error {
+func CheckCapabilities(caps []*csi.VolumeCapability) error {
 	if len(caps) == 0 {
 		return errdefs.Wrap(errdefs.ErrInvalidArgument, "volume capabilities are required")
 	}
 	for _, c := range caps {
-		if err := checkCapability(c); err != nil {
+		if err := CheckCapability(c); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-func checkCapability(c *csi.VolumeCapability) error {
+// CheckCapability refuses one capability the driver cannot serve.
+func CheckCapability(c *csi.VolumeCapability) error {
 	if c == nil {
 		return errdefs.Wrap(errdefs.ErrInvalidArgument, "volume capability is required")
 	}
@@ -48,9 +49,21 @@ func checkCapability(c *csi.VolumeCapability) error {
 	return nil
 }
 
-func required(field, value string) error {
+// Required refuses an empty required field.
+func Required(field, value string) error {
 	if value == "" {
 		return errdefs.Wrap(errdefs.ErrInvalidArgument, "%s is required", field)
+	}
+	return nil
+}
+
+// FirstError returns the first non-nil of errs: a request's checks in
+// the order the fields appear.
+func FirstError(errs ...error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
 	}
 	return nil
 }

@@ -1,4 +1,4 @@
-package csi
+package plugin
 
 import (
 	"context"
