@@ -30,6 +30,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/copylock"
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
+	"github.com/zfs-nomad/zfs-nomad/internal/keylock"
 	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs"
 )
@@ -107,12 +108,17 @@ type Manager struct {
 	// (package lease); no primary is staged while it does not.
 	LeaseHeld func() bool
 
-	zfs       zfs.Interface
-	cfg       config.Node
-	log       hclog.Logger
-	locks     *copylock.Locks
-	now       func() time.Time
-	confirmed confirmations
+	zfs   zfs.Interface
+	cfg   config.Node
+	log   hclog.Logger
+	locks *copylock.Locks
+	// promiseLocks serialise the reads and writes of each volume's
+	// promise record (promise.go). It is not the copy: Reserve takes only
+	// this lock, so a reservation never waits for a receive or a push of
+	// the copy; anything that needs both takes the copy's lock first.
+	promiseLocks keylock.Locks
+	now          func() time.Time
+	confirmed    confirmations
 	// primaryIndex and snapshotIndex: see index.go.
 	primaryIndex, snapshotIndex idIndex
 	started                     time.Time // of the process: part of VolumesVersion
@@ -211,7 +217,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Volume, error)
 	// The controller has a majority promise generation 1 to one node
 	// before it creates (migration.ReserveCreation): a create that reaches
 	// another node (a late retry) must not make a second primary of it.
-	if p, err := m.Promised(ctx, id); err != nil {
+	if p, err := m.lockedPromise(ctx, id); err != nil {
 		return Volume{}, err
 	} else if p.Generation > 0 && p.Holder != m.cfg.NodeID {
 		return Volume{}, fmt.Errorf("%w: generation %d of volume %s was promised to node %s, so it is not created on node %s; retry the create, which goes there",

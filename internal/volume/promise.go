@@ -18,6 +18,13 @@ import (
 // of a majority of the nodes; two majorities share a node, and a node
 // promises a generation to one holder only, so no generation is ever
 // given to two copies (I3).
+//
+// The record has its own lock (promiseLocks), apart from the copy's: a
+// move reserves its generation on every node while the copy's final
+// snapshot is being sent and received under the copy's lock, and waiting
+// for that put a pool sync on the move's critical path. Reserve takes
+// only the promise lock; Create, Promote and Forget take the copy's lock
+// and then the promise lock, never the other way round.
 
 // PropPromisePrefix + volume ID, on the root dataset: "GENERATION HOLDER".
 const PropPromisePrefix = propPrefix + "promise:"
@@ -56,6 +63,16 @@ func (m *Manager) Promised(ctx context.Context, id string) (Promise, error) {
 	return parsePromise(v), nil
 }
 
+// lockedPromise reads the promise of volume id under its lock.
+func (m *Manager) lockedPromise(ctx context.Context, id string) (Promise, error) {
+	unlock, err := m.promiseLocks.Lock(ctx, id)
+	if err != nil {
+		return Promise{}, fmt.Errorf("%w: waiting for the promise record of volume %s: %v", errdefs.ErrAborted, id, err)
+	}
+	defer unlock()
+	return m.Promised(ctx, id)
+}
+
 // Reserve promises generation of volume id to holder. It is granted above
 // every generation this node promised or holds a copy of, and again to the
 // same holder (a retried reservation); otherwise refused, returning what
@@ -67,9 +84,13 @@ func (m *Manager) Reserve(ctx context.Context, id string, generation uint64, hol
 	if generation == 0 || holder == "" {
 		return Promise{}, false, fmt.Errorf("%w: reserving a generation of volume %s needs a generation and a holder", errdefs.ErrInvalidArgument, id)
 	}
-	unlock, err := m.lock(ctx, id, "reserving a generation")
+	// Only the promise's lock: the copy may be receiving a move's final
+	// snapshot meanwhile. Its generation, read below without the copy's
+	// lock, is the one before or after that receive, both below any
+	// generation a controller reserves for the move (nextGeneration).
+	unlock, err := m.promiseLocks.Lock(ctx, id)
 	if err != nil {
-		return Promise{}, false, err
+		return Promise{}, false, fmt.Errorf("%w: waiting for the promise record of volume %s: %v", errdefs.ErrAborted, id, err)
 	}
 	defer unlock()
 	promised, err := m.Promised(ctx, id)
@@ -109,6 +130,11 @@ func (m *Manager) Forget(ctx context.Context, id string) error {
 		return err
 	}
 	defer unlock()
+	unlockPromise, err := m.promiseLocks.Lock(ctx, id)
+	if err != nil {
+		return fmt.Errorf("%w: waiting for the promise record of volume %s: %v", errdefs.ErrAborted, id, err)
+	}
+	defer unlockPromise()
 	promised, err := m.Promised(ctx, id)
 	if err != nil || promised.Generation == 0 {
 		return err
@@ -146,7 +172,7 @@ func (m *Manager) MarkForced(ctx context.Context, id string, generation uint64) 
 // checkPromised refuses a promotion to a generation this node has not been
 // promised: the controller reserves it on a majority first.
 func (m *Manager) checkPromised(ctx context.Context, id string, generation uint64) error {
-	promised, err := m.Promised(ctx, id)
+	promised, err := m.lockedPromise(ctx, id)
 	if err != nil {
 		return err
 	}

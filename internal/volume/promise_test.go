@@ -3,6 +3,7 @@ package volume
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
 )
@@ -48,5 +49,29 @@ func TestReserve(t *testing.T) {
 	}
 	if p, _ := m.Promised(ctx, id); p != (Promise{}) {
 		t.Errorf("after Forget: %+v, want nothing", p)
+	}
+}
+
+// TestReserveDoesNotWaitForTheCopy: a move reserves its generation on
+// every node while the copy's final snapshot is received (or sent) under
+// the copy's lock. The reservation takes only the promise's lock: waiting
+// for the copy's put a pool sync on the move's critical path (the move
+// benchmark measured it at about 0.45 s of a 2 s move).
+func TestReserveDoesNotWaitForTheCopy(t *testing.T) {
+	ctx := context.Background()
+	m, fake := newManager(t)
+	id := vocab.VolumeIDForName("v")
+	if err := fake.CreateFilesystem(ctx, "tank/nomad/"+id, map[string]string{PropVolumeID: id, PropRole: vocab.RoleReplica, PropGeneration: "1"}); err != nil {
+		t.Fatal(err)
+	}
+	unlock, err := m.Locks().Lock(ctx, id, "receiving the final snapshot")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unlock()
+	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if _, granted, err := m.Reserve(rctx, id, 2, "n1"); err != nil || !granted {
+		t.Fatalf("Reserve while the copy is locked: granted %v, %v; want granted at once", granted, err)
 	}
 }
