@@ -241,7 +241,7 @@ func signalContext() (context.Context, context.CancelFunc) {
 func backup(c command, args []string) error {
 	var to string
 	nodes, volumeID, _, err := connect(c, args, true, func(fs *flag.FlagSet) {
-		fs.StringVar(&to, "to", "", "node ID to back up to (default: the healthy node with most room, preferring one that holds a replica)")
+		fs.StringVar(&to, "to", "", "node ID to back up to (default: a healthy node that holds a replica, else the one with most room in the volume's replication domain)")
 	})
 	if err != nil {
 		return err

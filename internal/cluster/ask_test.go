@@ -3,6 +3,8 @@ package cluster_test
 import (
 	"context"
 	"fmt"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -124,5 +126,40 @@ func TestNodesReadCapacity(t *testing.T) {
 	nodes, _, err := c.Nodes(context.Background())
 	if err != nil || len(nodes) != 1 || nodes[0].Info.GetAvailableBytes() != 42 {
 		t.Fatalf("Nodes = %v, %v; want n1 with its capacity", nodes, err)
+	}
+}
+
+// TestEachAsksAtOnce: a fan-out asks every node at the same time (each
+// question here waits until all have been asked: asked one after another,
+// the first would wait forever), and answers in the order of the nodes.
+func TestEachAsksAtOnce(t *testing.T) {
+	c := serve(t, []*agent{{id: "n1"}, {id: "n2"}, {id: "n3"}})
+	nodes, _, err := c.Nodes(context.Background())
+	if err != nil || len(nodes) != 3 {
+		t.Fatalf("nodes %v, %v", nodes, err)
+	}
+	slices.Reverse(nodes)
+	var asked sync.WaitGroup
+	asked.Add(len(nodes))
+	all := make(chan struct{})
+	go func() { asked.Wait(); close(all) }()
+	answers := cluster.Each(context.Background(), c, nodes, func(ctx context.Context, n cluster.Node) (string, error) {
+		asked.Done()
+		select {
+		case <-all:
+			return n.Info.GetNodeId(), nil
+		case <-ctx.Done():
+			return "", fmt.Errorf("node %s was asked alone: %w", n.Info.GetNodeId(), ctx.Err())
+		}
+	})
+	var got []string
+	for _, a := range answers {
+		if a.Err != nil {
+			t.Fatal(a.Err)
+		}
+		got = append(got, a.Object+"@"+a.Node.Info.GetNodeId())
+	}
+	if want := []string{"n3@n3", "n2@n2", "n1@n1"}; !slices.Equal(got, want) {
+		t.Errorf("answers %q, want %q", got, want)
 	}
 }

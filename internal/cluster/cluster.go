@@ -336,3 +336,39 @@ func Replicate(ctx context.Context, agent pb.NodeAgentClient, volumeID, targetAd
 		last = p
 	}
 }
+
+// Each calls ask on every node of nodes at once, each call under its own
+// deadline (Call), and returns the answers in the order of nodes: one
+// slow node costs a fan-out one call's time, not the sum of all.
+func Each[T any](ctx context.Context, c *Cluster, nodes []Node, ask func(context.Context, Node) (T, error)) []Answer[T] {
+	out := make([]Answer[T], len(nodes))
+	var wg sync.WaitGroup
+	for i, n := range nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cctx, cancel := c.Call(ctx)
+			defer cancel()
+			obj, err := ask(cctx, n)
+			out[i] = Answer[T]{Node: n, Object: obj, Err: err}
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+// Holding is what a node holds: its primaries (ListVolumes), and its
+// replicas, transfers and copies set aside (Status).
+type Holding struct {
+	Volumes []*pb.Volume
+	Status  *pb.NodeStatus
+}
+
+// Holdings asks every node of nodes at once what it holds.
+func Holdings(ctx context.Context, c *Cluster, nodes []Node) []Answer[Holding] {
+	return Each(ctx, c, nodes, func(ctx context.Context, n Node) (Holding, error) {
+		vols, verr := n.Client.ListVolumes(ctx, &pb.ListVolumesRequest{})
+		st, serr := n.Client.Status(ctx, &pb.StatusRequest{})
+		return Holding{Volumes: vols.GetVolumes(), Status: st}, errors.Join(verr, serr)
+	})
+}

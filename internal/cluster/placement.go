@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sort"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
 )
 
@@ -112,4 +113,72 @@ func preferenceRank(topology map[string]string, preferred []map[string]string) i
 		}
 	}
 	return len(preferred)
+}
+
+// CandidateOf is node n as placement sees it.
+func CandidateOf(n Node) Candidate {
+	return Candidate{
+		NodeID: n.Info.GetNodeId(), Topology: n.Info.GetTopology(),
+		Available: n.Info.GetAvailableBytes(), MaxQuota: n.Info.GetMaxQuotaBytes(),
+		Volumes: n.Info.GetVolumes(), MaxVolumes: n.Info.GetMaxVolumes(),
+	}
+}
+
+// PlaceNodes is Place over nodes: those that can hold the volume, best
+// first.
+func PlaceNodes(nodes []Node, req Requirement) ([]Node, error) {
+	byID := make(map[string]Node, len(nodes))
+	cands := make([]Candidate, 0, len(nodes))
+	for _, n := range nodes {
+		byID[n.Info.GetNodeId()] = n
+		cands = append(cands, CandidateOf(n))
+	}
+	placed, err := Place(cands, req)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Node, 0, len(placed))
+	for _, p := range placed {
+		out = append(out, byID[p.NodeID])
+	}
+	return out, nil
+}
+
+// ReplicaTargets returns up to want nodes to hold replicas of a volume of
+// bytes whose primary is on source: first the holders (nodes that hold a
+// replica, or are being given one), in the order given, then the nodes
+// of source's replication domain that Place ranks best. Replicas stay in
+// the source's domain: that is where the volume may move
+// (docs/migration.md). The schedule and the operator's backup both choose
+// with it. When fewer than want can be placed, err says why no more.
+func ReplicaTargets(source Node, bytes uint64, want int, holders, healthy []Node) ([]Node, error) {
+	var out []Node
+	taken := map[string]bool{source.Info.GetNodeId(): true}
+	for _, h := range holders {
+		if len(out) < want && !taken[h.Info.GetNodeId()] {
+			out = append(out, h)
+			taken[h.Info.GetNodeId()] = true
+		}
+	}
+	if len(out) == want {
+		return out, nil
+	}
+	domain := source.Info.GetTopology()[config.TopologyDomainKey]
+	var others []Node
+	for _, n := range healthy {
+		if !taken[n.Info.GetNodeId()] && n.Info.GetTopology()[config.TopologyDomainKey] == domain {
+			others = append(others, n)
+		}
+	}
+	if len(others) == 0 {
+		return out, fmt.Errorf("%w: no healthy node other than the volume's own and its replicas' in replication domain %q", errdefs.ErrResourceExhausted, domain)
+	}
+	placed, err := PlaceNodes(others, Requirement{Bytes: max(1, bytes)})
+	for _, n := range placed {
+		if len(out) == want {
+			break
+		}
+		out = append(out, n)
+	}
+	return out, err
 }

@@ -2,9 +2,12 @@ package cluster
 
 import (
 	"errors"
+	"slices"
 	"testing"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
+	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
 func TestPlace(t *testing.T) {
@@ -70,5 +73,48 @@ func TestParsePeers(t *testing.T) {
 		if _, err := ParsePeers([]byte(bad)); err == nil {
 			t.Errorf("ParsePeers(%q) succeeded", bad)
 		}
+	}
+}
+
+// TestReplicaTargets: the one rule the schedule and the operator's backup
+// place replicas by: holders first, in their order, then the nodes of the
+// source's replication domain with most room; never the source.
+func TestReplicaTargets(t *testing.T) {
+	node := func(id, domain string, availGiB uint64) Node {
+		return Node{Info: &pb.Node{NodeId: id, AvailableBytes: availGiB << 30, MaxQuotaBytes: 8 << 30,
+			Topology: map[string]string{config.TopologyNodeKey: id, config.TopologyDomainKey: domain}}}
+	}
+	src, a, b, c, far := node("src", "d1", 50), node("a", "d1", 1), node("b", "d1", 5), node("c", "d1", 3), node("far", "d2", 100)
+	healthy := []Node{src, a, b, c, far}
+	tests := []struct {
+		name    string
+		want    int
+		holders []Node
+		bytes   uint64
+		out     []string
+		err     error
+	}{
+		{"most room in the domain", 2, nil, 1, []string{"b", "c"}, nil},
+		{"holders first, in their order", 2, []Node{a, c}, 1, []string{"a", "c"}, nil},
+		{"a holder, then the most room", 2, []Node{a}, 1, []string{"a", "b"}, nil},
+		{"never the source", 1, []Node{src}, 1, []string{"b"}, nil},
+		{"a holder in another domain is kept", 1, []Node{far}, 1, []string{"far"}, nil},
+		{"fewer than asked: the domain holds three others", 4, nil, 1, []string{"b", "c", "a"}, nil},
+		{"no room for the volume", 1, nil, 6 << 30, nil, errdefs.ErrResourceExhausted},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := ReplicaTargets(src, tt.bytes, tt.want, tt.holders, healthy)
+			var ids []string
+			for _, n := range got {
+				ids = append(ids, n.Info.GetNodeId())
+			}
+			if !slices.Equal(ids, tt.out) {
+				t.Errorf("targets %q, want %q", ids, tt.out)
+			}
+			if tt.err != nil && !errors.Is(err, tt.err) {
+				t.Errorf("error %v, want %v", err, tt.err)
+			}
+		})
 	}
 }

@@ -19,8 +19,9 @@ import (
 )
 
 // Backup pushes a volume now from its node to the node toNode (or, if
-// empty, the healthy node with the most free space, preferring one that
-// already holds a replica) and prints live progress to out.
+// empty, where the schedule would place its replica: a node holding one,
+// else the one with most room in its replication domain) and prints live
+// progress to out.
 func Backup(ctx context.Context, cl *cluster.Cluster, volumeID, toNode string, out io.Writer) error {
 	src, err := cluster.Find(ctx, cl, "volume "+volumeID, func(ctx context.Context, a pb.NodeAgentClient) (*pb.Volume, error) {
 		return a.GetVolume(ctx, &pb.GetVolumeRequest{VolumeId: volumeID})
@@ -28,7 +29,7 @@ func Backup(ctx context.Context, cl *cluster.Cluster, volumeID, toNode string, o
 	if err != nil {
 		return err
 	}
-	target, err := pickTarget(ctx, cl, src.Node.Info.GetNodeId(), volumeID, toNode)
+	target, err := pickTarget(ctx, cl, src.Node, src.Object, toNode)
 	if err != nil {
 		return err
 	}
@@ -48,49 +49,48 @@ func Backup(ctx context.Context, cl *cluster.Cluster, volumeID, toNode string, o
 	return nil
 }
 
-// pickTarget chooses where a backup goes.
-func pickTarget(ctx context.Context, cl *cluster.Cluster, srcNode, volumeID, want string) (cluster.Node, error) {
-	nodes, _, err := cl.Nodes(ctx)
+// pickTarget chooses where a backup goes: the node asked for, else where
+// the schedule would place the volume's replica (cluster.ReplicaTargets):
+// a healthy node that holds one already, else the one with most room in
+// the volume's replication domain.
+func pickTarget(ctx context.Context, cl *cluster.Cluster, src cluster.Node, vol *pb.Volume, want string) (cluster.Node, error) {
+	srcNode := src.Info.GetNodeId()
+	if want != "" {
+		nodes, _, err := cl.Nodes(ctx)
+		if err != nil {
+			return cluster.Node{}, err
+		}
+		for _, n := range cluster.Healthy(nodes) {
+			if id := n.Info.GetNodeId(); id == want && id != srcNode {
+				return n, nil
+			}
+		}
+		return cluster.Node{}, errdefs.Wrap(errdefs.ErrNotFound, "node %q is not a healthy node other than the volume's own", want)
+	}
+	answers, _, err := cluster.Ask(ctx, cl, func(ctx context.Context, a pb.NodeAgentClient) (*pb.NodeStatus, error) {
+		return a.Status(ctx, &pb.StatusRequest{})
+	})
 	if err != nil {
 		return cluster.Node{}, err
 	}
-	var best cluster.Node
-	bestHasReplica := false
-	for _, n := range cluster.Healthy(nodes) {
-		id := n.Info.GetNodeId()
-		if id == srcNode {
+	var healthy, holders []cluster.Node
+	for _, a := range answers {
+		if a.Node.Info.GetUnhealthyReason() != "" {
 			continue
 		}
-		if want != "" {
-			if id == want {
-				return n, nil
-			}
-			continue
-		}
-		hasReplica := holdsReplica(ctx, cl, n, volumeID)
-		better := best.Info == nil ||
-			(hasReplica && !bestHasReplica) ||
-			(hasReplica == bestHasReplica && n.Info.GetAvailableBytes() > best.Info.GetAvailableBytes())
-		if better {
-			best, bestHasReplica = n, hasReplica
+		healthy = append(healthy, a.Node)
+		if a.Err == nil && holdsReplica(a.Object, vol.GetVolumeId()) {
+			holders = append(holders, a.Node)
 		}
 	}
-	if want != "" {
-		return cluster.Node{}, errdefs.Wrap(errdefs.ErrNotFound, "node %q is not a healthy node other than the volume's own", want)
+	targets, err := cluster.ReplicaTargets(src, vol.GetUsedBytes(), 1, holders, healthy)
+	if len(targets) == 0 {
+		return cluster.Node{}, fmt.Errorf("no node to back volume %s up to from node %s: %w", vol.GetVolumeId(), srcNode, err)
 	}
-	if best.Info == nil {
-		return cluster.Node{}, errdefs.Wrap(errdefs.ErrResourceExhausted, "no healthy node other than %s to back up to", srcNode)
-	}
-	return best, nil
+	return targets[0], nil
 }
 
-func holdsReplica(ctx context.Context, cl *cluster.Cluster, n cluster.Node, volumeID string) bool {
-	cctx, cancel := cl.Call(ctx)
-	defer cancel()
-	st, err := n.Client.Status(cctx, &pb.StatusRequest{})
-	if err != nil {
-		return false
-	}
+func holdsReplica(st *pb.NodeStatus, volumeID string) bool {
 	for _, r := range st.GetReplicas() {
 		if r.GetVolumeId() == volumeID {
 			return true
@@ -197,17 +197,13 @@ func Status(ctx context.Context, cl *cluster.Cluster) (Report, error) {
 		return Report{}, err
 	}
 	report := Report{Copies: []CopyStatus{}, Transfers: []TransferStatus{}, SetAside: []SetAsideCopy{}, Unreachable: []Unreachable{}}
-	for _, n := range nodes {
-		id := n.Info.GetNodeId()
-		cctx, cancel := cl.Call(ctx)
-		vols, verr := n.Client.ListVolumes(cctx, &pb.ListVolumesRequest{})
-		st, serr := n.Client.Status(cctx, &pb.StatusRequest{})
-		cancel()
-		if err := errors.Join(verr, serr); err != nil {
-			report.Unreachable = append(report.Unreachable, Unreachable{Node: id, Error: err.Error()})
+	for _, a := range cluster.Holdings(ctx, cl, nodes) {
+		id, vols, st := a.Node.Info.GetNodeId(), a.Object.Volumes, a.Object.Status
+		if a.Err != nil {
+			report.Unreachable = append(report.Unreachable, Unreachable{Node: id, Error: a.Err.Error()})
 			continue
 		}
-		for _, v := range vols.GetVolumes() {
+		for _, v := range vols {
 			report.Copies = append(report.Copies, CopyStatus{VolumeID: v.GetVolumeId(), Name: v.GetName(), Node: id, Role: "primary",
 				Generation: v.GetGeneration(), MovingTo: v.GetMovingTo(), FailedOverAt: v.GetFailoverFromSnapshot()})
 		}

@@ -29,7 +29,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/cluster"
-	"github.com/zfs-nomad/zfs-nomad/internal/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
 	"github.com/zfs-nomad/zfs-nomad/internal/metrics"
 	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
@@ -308,17 +307,14 @@ func (s *Scheduler) planInFull(ctx context.Context, healthy []cluster.Node) ([]P
 	}
 	var primaries []primary
 	replicas := map[string][]replica{}
-	for _, n := range healthy {
-		cctx, cancel := s.cl.Call(ctx)
-		vols, verr := n.Client.ListVolumes(cctx, &pb.ListVolumesRequest{})
-		st, serr := n.Client.Status(cctx, &pb.StatusRequest{})
-		cancel()
-		if err := errors.Join(verr, serr); err != nil {
-			s.log.Warn("node skipped this round", "node_id", n.Info.GetNodeId(), "error", err)
+	for _, a := range cluster.Holdings(ctx, s.cl, healthy) {
+		n, vols, st := a.Node, a.Object.Volumes, a.Object.Status
+		if a.Err != nil {
+			s.log.Warn("node skipped this round", "node_id", n.Info.GetNodeId(), "error", a.Err)
 			next = nil // what it holds is unknown: plan in full again
 			continue
 		}
-		for _, v := range vols.GetVolumes() {
+		for _, v := range vols {
 			primaries = append(primaries, primary{n, v})
 		}
 		for _, r := range st.GetReplicas() {
@@ -377,58 +373,39 @@ func (s *Scheduler) planInFull(ctx context.Context, healthy []cluster.Node) ([]P
 	return pushes, nil
 }
 
-// targets returns up to want nodes for a volume's replicas: those that
-// hold one already (freshest first), then the node a push under way is
-// making one on, then the healthy nodes with most room.
+// targets returns up to want replicas for a volume: those that exist
+// (freshest first), then the one a push under way is making, then new
+// ones where cluster.ReplicaTargets places them.
 func (s *Scheduler) targets(source cluster.Node, v *pb.Volume, want int, existing []replica, healthy []cluster.Node) []replica {
 	sort.Slice(existing, func(i, j int) bool { return existing[i].last.After(existing[j].last) })
-	var out []replica
-	taken := map[string]bool{source.Info.GetNodeId(): true}
+	byID := map[string]replica{}
+	var holders []cluster.Node
 	for _, r := range existing {
-		if len(out) < want && !taken[r.node.Info.GetNodeId()] {
-			out = append(out, r)
-			taken[r.node.Info.GetNodeId()] = true
-		}
+		byID[r.node.Info.GetNodeId()] = r
+		holders = append(holders, r.node)
 	}
 	// A first push shows no replica until its receive completes: placing
 	// the volume anew meanwhile (rooms change as it fills) would start a
 	// second replica, which the volume did not ask for and which a
 	// failover may later prefer over the one a job is rescheduled to.
-	if to := s.pushingTo(v.GetVolumeId()); to != "" && len(out) < want && !taken[to] {
+	if to := s.pushingTo(v.GetVolumeId()); to != "" {
 		for _, n := range healthy {
-			if n.Info.GetNodeId() == to {
-				out = append(out, replica{node: n})
-				taken[to] = true
+			if _, held := byID[to]; !held && n.Info.GetNodeId() == to {
+				holders = append(holders, n)
 			}
 		}
 	}
-	var cands []cluster.Candidate
-	byID := map[string]cluster.Node{}
-	domain := source.Info.GetTopology()[config.TopologyDomainKey]
-	for _, n := range healthy {
-		// Replicas stay in the source's replication domain: that is where
-		// the volume may move (docs/migration.md).
-		if taken[n.Info.GetNodeId()] || n.Info.GetTopology()[config.TopologyDomainKey] != domain {
-			continue
-		}
-		byID[n.Info.GetNodeId()] = n
-		cands = append(cands, cluster.Candidate{NodeID: n.Info.GetNodeId(), Topology: n.Info.GetTopology(),
-			Available: n.Info.GetAvailableBytes(), MaxQuota: n.Info.GetMaxQuotaBytes(), Volumes: n.Info.GetVolumes()})
+	nodes, err := cluster.ReplicaTargets(source, v.GetUsedBytes(), want, holders, healthy)
+	if len(nodes) < want {
+		s.log.Warn("fewer replicas possible than asked for", "volume_id", v.GetVolumeId(), "want", want, "possible", len(nodes), "error", err)
 	}
-	if len(out) < want && len(cands) > 0 {
-		placed, err := cluster.Place(cands, cluster.Requirement{Bytes: max(1, v.GetUsedBytes())})
-		if err != nil {
-			s.log.Warn("no node can take another replica", "volume_id", v.GetVolumeId(), "error", err)
+	out := make([]replica, 0, len(nodes))
+	for _, n := range nodes {
+		r, ok := byID[n.Info.GetNodeId()]
+		if !ok {
+			r = replica{node: n}
 		}
-		for _, c := range placed {
-			if len(out) == want {
-				break
-			}
-			out = append(out, replica{node: byID[c.NodeID]})
-		}
-	}
-	if len(out) < want {
-		s.log.Warn("fewer replicas possible than asked for", "volume_id", v.GetVolumeId(), "want", want, "possible", len(out))
+		out = append(out, r)
 	}
 	return out
 }

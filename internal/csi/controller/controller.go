@@ -185,36 +185,17 @@ func (c *Controller) candidates(ctx context.Context, req *csi.CreateVolumeReques
 	if err != nil {
 		return nil, err
 	}
-	healthy := cluster.Healthy(nodes)
-	byID := map[string]cluster.Node{}
-	var cands []cluster.Candidate
-	for _, n := range healthy {
-		byID[n.Info.GetNodeId()] = n
-		cands = append(cands, cluster.Candidate{
-			NodeID: n.Info.GetNodeId(), Topology: n.Info.GetTopology(),
-			Available: n.Info.GetAvailableBytes(), MaxQuota: n.Info.GetMaxQuotaBytes(),
-			Volumes: n.Info.GetVolumes(), MaxVolumes: n.Info.GetMaxVolumes(),
-		})
-	}
 	size := agentReq.RequiredBytes
 	if size == 0 {
 		size = 1 // the node applies its default size; placement only needs a node with room
 	}
-	placed, err := cluster.Place(cands, cluster.Requirement{
+	return cluster.PlaceNodes(cluster.Healthy(nodes), cluster.Requirement{
 		Bytes:     size,
 		Requisite: segments(req.GetAccessibilityRequirements().GetRequisite()),
 		Preferred: segments(req.GetAccessibilityRequirements().GetPreferred()),
 		Node:      pinned,
 		Policy:    c.policy,
 	})
-	if err != nil {
-		return nil, err
-	}
-	out := make([]cluster.Node, 0, len(placed))
-	for _, p := range placed {
-		out = append(out, byID[p.NodeID])
-	}
-	return out, nil
 }
 
 func segments(topos []*csi.Topology) []map[string]string {
@@ -389,15 +370,15 @@ func (c *Controller) setAside(ctx context.Context, id string, n cluster.Node, ge
 // retries the delete) if one cannot be removed.
 func (c *Controller) deleteReplicas(ctx context.Context, id string, nodes []cluster.Node) error {
 	var errs []error
-	for _, n := range nodes {
-		cctx, cancel := c.cluster.Call(ctx)
-		resp, err := n.Client.DeleteReplica(cctx, &pb.DeleteReplicaRequest{VolumeId: id, VolumeDeleted: true})
-		cancel()
+	answers := cluster.Each(ctx, c.cluster, nodes, func(ctx context.Context, n cluster.Node) (*pb.DeleteReplicaResponse, error) {
+		return n.Client.DeleteReplica(ctx, &pb.DeleteReplicaRequest{VolumeId: id, VolumeDeleted: true})
+	})
+	for _, a := range answers {
 		switch {
-		case err != nil:
-			errs = append(errs, fmt.Errorf("node %s: %w", n.Info.GetNodeId(), errdefs.FromStatus(err)))
-		case resp.GetDeleted():
-			c.log.Info("replica deleted", "volume_id", id, "node_id", n.Info.GetNodeId())
+		case a.Err != nil:
+			errs = append(errs, fmt.Errorf("node %s: %w", a.Node.Info.GetNodeId(), errdefs.FromStatus(a.Err)))
+		case a.Object.GetDeleted():
+			c.log.Info("replica deleted", "volume_id", id, "node_id", a.Node.Info.GetNodeId())
 		}
 	}
 	if len(errs) > 0 {
@@ -434,16 +415,16 @@ func (c *Controller) volumesFrom(ctx context.Context, req *pb.ListVolumesRequest
 		return nil, err
 	}
 	var out []cluster.Located[*pb.Volume]
-	for _, n := range nodes {
-		cctx, cancel := c.cluster.Call(ctx)
-		resp, err := n.Client.ListVolumes(cctx, req)
-		cancel()
-		if err != nil {
-			c.log.Warn("listing volumes of a node failed; the list is incomplete", "node_id", n.Info.GetNodeId(), "error", err)
+	answers := cluster.Each(ctx, c.cluster, nodes, func(ctx context.Context, n cluster.Node) (*pb.ListVolumesResponse, error) {
+		return n.Client.ListVolumes(ctx, req)
+	})
+	for _, a := range answers {
+		if a.Err != nil {
+			c.log.Warn("listing volumes of a node failed; the list is incomplete", "node_id", a.Node.Info.GetNodeId(), "error", a.Err)
 			continue
 		}
-		for _, v := range resp.GetVolumes() {
-			out = append(out, cluster.Located[*pb.Volume]{Node: n, Object: v})
+		for _, v := range a.Object.GetVolumes() {
+			out = append(out, cluster.Located[*pb.Volume]{Node: a.Node, Object: v})
 		}
 	}
 	sort.SliceStable(out, func(i, j int) bool { return out[i].Object.GetVolumeId() < out[j].Object.GetVolumeId() })
@@ -704,15 +685,15 @@ func (c *Controller) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRe
 		return nil, errdefs.ToStatus(err)
 	}
 	var all []*pb.Snapshot
-	for _, n := range nodes {
-		cctx, cancel := c.cluster.Call(ctx)
-		resp, err := n.Client.ListSnapshots(cctx, nodeReq)
-		cancel()
-		if err != nil {
-			c.log.Warn("listing snapshots of a node failed; the list is incomplete", "node_id", n.Info.GetNodeId(), "error", err)
+	answers := cluster.Each(ctx, c.cluster, nodes, func(ctx context.Context, n cluster.Node) (*pb.ListSnapshotsResponse, error) {
+		return n.Client.ListSnapshots(ctx, nodeReq)
+	})
+	for _, a := range answers {
+		if a.Err != nil {
+			c.log.Warn("listing snapshots of a node failed; the list is incomplete", "node_id", a.Node.Info.GetNodeId(), "error", a.Err)
 			continue
 		}
-		for _, s := range resp.GetSnapshots() {
+		for _, s := range a.Object.GetSnapshots() {
 			if (req.GetSnapshotId() == "" || s.GetSnapshotId() == req.GetSnapshotId()) &&
 				(req.GetSourceVolumeId() == "" || s.GetSourceVolumeId() == req.GetSourceVolumeId()) {
 				all = append(all, s)
