@@ -410,25 +410,36 @@ func (c *Controller) ValidateVolumeCapabilities(ctx context.Context, req *csi.Va
 // volumesFrom lists the nodes' primaries as req asks (all, or a page from
 // an ID on), sorted by ID, the newest generation of each.
 func (c *Controller) volumesFrom(ctx context.Context, req *pb.ListVolumesRequest) ([]cluster.Located[*pb.Volume], error) {
+	out, err := fromEveryNode(ctx, c, "volumes", func(ctx context.Context, n cluster.Node) ([]*pb.Volume, error) {
+		resp, err := n.Client.ListVolumes(ctx, req)
+		return resp.GetVolumes(), err
+	})
+	if err != nil {
+		return nil, err
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].Object.GetVolumeId() < out[j].Object.GetVolumeId() })
+	return newestGenerations(out), nil
+}
+
+// fromEveryNode asks every node for a list at once and joins the lists,
+// each item with its node. A node that does not answer is logged and left
+// out: listings are informational (what names the items in the log).
+func fromEveryNode[T any](ctx context.Context, c *Controller, what string, list func(context.Context, cluster.Node) ([]T, error)) ([]cluster.Located[T], error) {
 	nodes, _, err := c.cluster.Nodes(ctx)
 	if err != nil {
 		return nil, err
 	}
-	var out []cluster.Located[*pb.Volume]
-	answers := cluster.Each(ctx, c.cluster, nodes, func(ctx context.Context, n cluster.Node) (*pb.ListVolumesResponse, error) {
-		return n.Client.ListVolumes(ctx, req)
-	})
-	for _, a := range answers {
+	var out []cluster.Located[T]
+	for _, a := range cluster.Each(ctx, c.cluster, nodes, list) {
 		if a.Err != nil {
-			c.log.Warn("listing volumes of a node failed; the list is incomplete", "node_id", a.Node.Info.GetNodeId(), "error", a.Err)
+			c.log.Warn("listing the "+what+" of a node failed; the list is incomplete", "node_id", a.Node.Info.GetNodeId(), "error", a.Err)
 			continue
 		}
-		for _, v := range a.Object.GetVolumes() {
-			out = append(out, cluster.Located[*pb.Volume]{Node: a.Node, Object: v})
+		for _, item := range a.Object {
+			out = append(out, cluster.Located[T]{Node: a.Node, Object: item})
 		}
 	}
-	sort.SliceStable(out, func(i, j int) bool { return out[i].Object.GetVolumeId() < out[j].Object.GetVolumeId() })
-	return newestGenerations(out), nil
+	return out, nil
 }
 
 // newestGenerations keeps, of a volume listed by two nodes (the moment
@@ -680,24 +691,19 @@ func (c *Controller) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRe
 	if req.GetMaxEntries() > 0 {
 		nodeReq.MaxEntries = uint32(req.GetMaxEntries()) + 1
 	}
-	nodes, _, err := c.cluster.Nodes(ctx)
+	listed, err := fromEveryNode(ctx, c, "snapshots", func(ctx context.Context, n cluster.Node) ([]*pb.Snapshot, error) {
+		resp, err := n.Client.ListSnapshots(ctx, nodeReq)
+		return resp.GetSnapshots(), err
+	})
 	if err != nil {
 		return nil, errdefs.ToStatus(err)
 	}
 	var all []*pb.Snapshot
-	answers := cluster.Each(ctx, c.cluster, nodes, func(ctx context.Context, n cluster.Node) (*pb.ListSnapshotsResponse, error) {
-		return n.Client.ListSnapshots(ctx, nodeReq)
-	})
-	for _, a := range answers {
-		if a.Err != nil {
-			c.log.Warn("listing snapshots of a node failed; the list is incomplete", "node_id", a.Node.Info.GetNodeId(), "error", a.Err)
-			continue
-		}
-		for _, s := range a.Object.GetSnapshots() {
-			if (req.GetSnapshotId() == "" || s.GetSnapshotId() == req.GetSnapshotId()) &&
-				(req.GetSourceVolumeId() == "" || s.GetSourceVolumeId() == req.GetSourceVolumeId()) {
-				all = append(all, s)
-			}
+	for _, l := range listed {
+		s := l.Object
+		if (req.GetSnapshotId() == "" || s.GetSnapshotId() == req.GetSnapshotId()) &&
+			(req.GetSourceVolumeId() == "" || s.GetSourceVolumeId() == req.GetSourceVolumeId()) {
+			all = append(all, s)
 		}
 	}
 	sort.Slice(all, func(i, j int) bool { return all[i].GetSnapshotId() < all[j].GetSnapshotId() })
