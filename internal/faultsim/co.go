@@ -60,6 +60,10 @@ func (w *world) pick() func() {
 		{8, func() { w.powerLoss(n) }},
 		{map[bool]int{true: 4}[w.cfg.ControllerCrashes], func() { w.crashController(v, n) }},
 		{2, func() { w.delete(v) }},
+		{5, func() { w.snapshot(v) }},
+		{3, func() { w.deleteSnapshot() }},
+		{2, func() { w.restore() }},
+		{3, func() { w.expand(v) }},
 		{15, func() {}}, // time passes
 	}
 	if !v.created {

@@ -103,7 +103,11 @@ type world struct {
 	cl    *cluster.Cluster
 	sched *scheduler.Scheduler
 	vols  []*simVolume
-	step  int
+	snaps []*simSnapshot // the CSI snapshots the CO holds
+	// snapshotsTaken and restores count CreateSnapshot and restore calls,
+	// to name their objects.
+	snapshotsTaken, restores int
+	step                     int
 	// stepNow is step, for goroutines of the system under test.
 	stepNow atomic.Int64
 
@@ -127,6 +131,10 @@ type Stats struct {
 	Crashes       int // processes crashed or lost power
 	Deletes       int // DeleteVolume answered OK
 	LiesRefused   int // a lying peer's stream was refused as it should be
+	Snapshots     int // CreateSnapshot answered OK
+	// SnapshotDeletes, Restores, Expands: DeleteSnapshot, CreateVolume
+	// from a snapshot and ControllerExpandVolume answered OK.
+	SnapshotDeletes, Restores, Expands int
 }
 
 func (s *Stats) Add(o Stats) {
@@ -140,6 +148,10 @@ func (s *Stats) Add(o Stats) {
 	s.Crashes += o.Crashes
 	s.Deletes += o.Deletes
 	s.LiesRefused += o.LiesRefused
+	s.Snapshots += o.Snapshots
+	s.SnapshotDeletes += o.SnapshotDeletes
+	s.Restores += o.Restores
+	s.Expands += o.Expands
 }
 
 // Run runs one seed and returns the first invariant it broke, with the
