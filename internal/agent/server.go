@@ -44,7 +44,7 @@ func NewServer(volumes *volume.Manager, pusher *replication.Pusher, receiver *re
 func (s *Server) DeleteReplica(ctx context.Context, req *pb.DeleteReplicaRequest) (*pb.DeleteReplicaResponse, error) {
 	if req.GetVolumeDeleted() {
 		if err := s.volumes.Forget(ctx, req.GetVolumeId()); err != nil {
-			return nil, errdefs.ToStatus(err)
+			return nil, err
 		}
 	}
 	if s.receiver == nil {
@@ -52,7 +52,7 @@ func (s *Server) DeleteReplica(ctx context.Context, req *pb.DeleteReplicaRequest
 	}
 	deleted, err := s.receiver.DeleteReplica(ctx, req.GetVolumeId())
 	if err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	return &pb.DeleteReplicaResponse{Deleted: deleted}, nil
 }
@@ -65,14 +65,14 @@ func (s *Server) Status(ctx context.Context, _ *pb.StatusRequest) (*pb.NodeStatu
 	}
 	replicas, err := s.receiver.Replicas(ctx)
 	if err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	for _, r := range replicas {
 		out.Replicas = append(out.Replicas, &pb.Replica{VolumeId: r.VolumeID, Name: r.Name, LastSnapshot: r.LastSnapshot,
 			LastSnapshotUnix: r.LastSnapshotTime.Unix(), Resumable: r.Resumable})
 	}
 	if out.SetAside, err = s.receiver.SetAside(ctx); err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	for _, t := range s.pusher.Transfers() {
 		out.Transfers = append(out.Transfers, &pb.Transfer{VolumeId: t.VolumeID, Peer: t.Peer, Kind: t.Kind,
@@ -83,6 +83,7 @@ func (s *Server) Status(ctx context.Context, _ *pb.StatusRequest) (*pb.NodeStatu
 
 // Replicate pushes a volume to a peer now and streams progress.
 func (s *Server) Replicate(req *pb.ReplicateRequest, stream pb.NodeAgent_ReplicateServer) error {
+	// A stream passes no unary interceptor: its error is converted here.
 	if s.pusher == nil {
 		return errdefs.ToStatus(errdefs.Wrap(errdefs.ErrFailedPrecondition, "replication is not configured on node %s", s.cfg.NodeID))
 	}
@@ -131,14 +132,14 @@ func (s *Server) CreateVolume(ctx context.Context, req *pb.CreateVolumeRequest) 
 		SourceVolumeID:   req.GetSourceVolumeId(),
 	})
 	if err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	return s.volumeToPB(v), nil
 }
 
 func (s *Server) DeleteVolume(ctx context.Context, req *pb.DeleteVolumeRequest) (*pb.DeleteVolumeResponse, error) {
 	if err := s.volumes.Delete(ctx, req.GetVolumeId()); err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	return &pb.DeleteVolumeResponse{}, nil
 }
@@ -146,7 +147,7 @@ func (s *Server) DeleteVolume(ctx context.Context, req *pb.DeleteVolumeRequest) 
 func (s *Server) GetVolume(ctx context.Context, req *pb.GetVolumeRequest) (*pb.Volume, error) {
 	v, err := s.volumes.Get(ctx, req.GetVolumeId())
 	if err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	return s.volumeToPB(v), nil
 }
@@ -160,7 +161,7 @@ func (s *Server) ListVolumes(ctx context.Context, req *pb.ListVolumesRequest) (*
 	}
 	vols, err := list(ctx)
 	if err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	resp := &pb.ListVolumesResponse{}
 	for _, v := range vols {
@@ -172,7 +173,7 @@ func (s *Server) ListVolumes(ctx context.Context, req *pb.ListVolumesRequest) (*
 func (s *Server) ExpandVolume(ctx context.Context, req *pb.ExpandVolumeRequest) (*pb.ExpandVolumeResponse, error) {
 	capacity, err := s.volumes.Expand(ctx, req.GetVolumeId(), req.GetRequiredBytes(), req.GetLimitBytes())
 	if err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	return &pb.ExpandVolumeResponse{CapacityBytes: capacity}, nil
 }
@@ -180,14 +181,14 @@ func (s *Server) ExpandVolume(ctx context.Context, req *pb.ExpandVolumeRequest) 
 func (s *Server) CreateSnapshot(ctx context.Context, req *pb.CreateSnapshotRequest) (*pb.Snapshot, error) {
 	snap, err := s.volumes.CreateSnapshot(ctx, req.GetSourceVolumeId(), req.GetName())
 	if err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	return s.snapshotToPB(snap), nil
 }
 
 func (s *Server) DeleteSnapshot(ctx context.Context, req *pb.DeleteSnapshotRequest) (*pb.DeleteSnapshotResponse, error) {
 	if err := s.volumes.DeleteSnapshot(ctx, req.GetSnapshotId()); err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	return &pb.DeleteSnapshotResponse{}, nil
 }
@@ -206,7 +207,7 @@ func (s *Server) ListSnapshots(ctx context.Context, req *pb.ListSnapshotsRequest
 		snaps, err = s.volumes.SnapshotPage(ctx, req.GetFrom(), int(req.GetMaxEntries()), req.GetSourceVolumeId())
 	}
 	if err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	resp := &pb.ListSnapshotsResponse{}
 	for _, sn := range snaps {
@@ -245,7 +246,7 @@ func (s *Server) snapshotToPB(sn volume.Snapshot) *pb.Snapshot {
 // GetCopy describes this node's copy of a volume, whatever its role.
 func (s *Server) GetCopy(ctx context.Context, req *pb.GetCopyRequest) (*pb.Copy, error) {
 	c, err := s.copyOf(ctx, req.GetVolumeId())
-	return c, errdefs.ToStatus(err)
+	return c, err
 }
 
 func (s *Server) copyOf(ctx context.Context, id string) (*pb.Copy, error) {
@@ -274,13 +275,13 @@ func (s *Server) copyOf(ctx context.Context, id string) (*pb.Copy, error) {
 func (s *Server) Reserve(ctx context.Context, req *pb.ReserveRequest) (*pb.ReserveResponse, error) {
 	if from := req.GetFailoverFrom(); len(from) > 0 && s.AttestSilence != nil {
 		if err := s.AttestSilence(from); err != nil {
-			return nil, errdefs.ToStatus(errdefs.Wrap(errdefs.ErrUnavailable, "node %s does not grant generation %d of volume %s for a failover yet: %v",
-				s.cfg.NodeID, req.GetGeneration(), req.GetVolumeId(), err))
+			return nil, errdefs.Wrap(errdefs.ErrUnavailable, "node %s does not grant generation %d of volume %s for a failover yet: %v",
+				s.cfg.NodeID, req.GetGeneration(), req.GetVolumeId(), err)
 		}
 	}
 	p, granted, err := s.volumes.Reserve(ctx, req.GetVolumeId(), req.GetGeneration(), req.GetHolderNodeId())
 	if err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	return &pb.ReserveResponse{Granted: granted, PromisedGeneration: p.Generation, PromisedHolder: p.Holder}, nil
 }
@@ -298,11 +299,11 @@ func (s *Server) copyToPB(c volume.Copy) *pb.Copy {
 // Fence makes this node's primary read-only for a move to another node.
 func (s *Server) Fence(ctx context.Context, req *pb.FenceRequest) (*pb.FenceResponse, error) {
 	if req.GetTargetNodeId() == "" || req.GetTargetNodeId() == s.cfg.NodeID {
-		return nil, errdefs.ToStatus(errdefs.Wrap(errdefs.ErrInvalidArgument, "fence: target_node_id must name another node"))
+		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, "fence: target_node_id must name another node")
 	}
 	at, err := s.volumes.Fence(ctx, req.GetVolumeId(), req.GetTargetNodeId())
 	if err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	return &pb.FenceResponse{FencedUnixNano: at}, nil
 }
@@ -310,7 +311,7 @@ func (s *Server) Fence(ctx context.Context, req *pb.FenceRequest) (*pb.FenceResp
 // Unfence lifts a fence after an abandoned move.
 func (s *Server) Unfence(ctx context.Context, req *pb.UnfenceRequest) (*pb.Copy, error) {
 	if err := s.volumes.Unfence(ctx, req.GetVolumeId(), req.GetGeneration()); err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	return s.GetCopy(ctx, &pb.GetCopyRequest{VolumeId: req.GetVolumeId()})
 }
@@ -318,15 +319,15 @@ func (s *Server) Unfence(ctx context.Context, req *pb.UnfenceRequest) (*pb.Copy,
 // Promote turns this node's replica into the primary.
 func (s *Server) Promote(ctx context.Context, req *pb.PromoteRequest) (*pb.Copy, error) {
 	if req.GetGeneration() == 0 {
-		return nil, errdefs.ToStatus(errdefs.Wrap(errdefs.ErrInvalidArgument, "promote: generation is required"))
+		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, "promote: generation is required")
 	}
 	c, err := s.volumes.Promote(ctx, req.GetVolumeId(), req.GetGeneration(), req.GetNotBeforeUnixNano(), req.GetFailover())
 	if err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	if req.GetForced() {
 		if err := s.volumes.MarkForced(ctx, req.GetVolumeId(), req.GetGeneration()); err != nil {
-			return nil, errdefs.ToStatus(err)
+			return nil, err
 		}
 		c.Forced = req.GetGeneration()
 	}
@@ -336,7 +337,7 @@ func (s *Server) Promote(ctx context.Context, req *pb.PromoteRequest) (*pb.Copy,
 // Demote retires this node's stale primary: to a replica, or aside.
 func (s *Server) Demote(ctx context.Context, req *pb.DemoteRequest) (*pb.Copy, error) {
 	if err := s.volumes.Demote(ctx, req.GetVolumeId(), req.GetGeneration(), req.GetAside()); err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	return s.GetCopy(ctx, &pb.GetCopyRequest{VolumeId: req.GetVolumeId()})
 }

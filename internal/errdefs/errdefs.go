@@ -2,10 +2,13 @@
 // one place that turns them into gRPC status codes.
 //
 // Logic wraps a kind with detail: fmt.Errorf("%w: quota above ceiling",
-// errdefs.ErrOutOfRange). The CSI and agent servers call ToStatus once, at
-// the boundary. An error that already is a gRPC status (one that came back
-// from a node agent) keeps its code, so a node's verdict reaches the CO
-// unchanged through the controller.
+// errdefs.ErrOutOfRange). Each kind carries its gRPC code, so status.Code
+// reads it from any error that wraps one; the servers' interceptor
+// (csi/plugin.LoggingInterceptor) calls ToStatus once, at the boundary,
+// for every handler of the CSI services and the node agent. An error that
+// already is a gRPC status (one that came back from a node agent) keeps
+// its code, so a node's verdict reaches the CO unchanged through the
+// controller; FromStatus turns such a status back into its kind.
 package errdefs
 
 import (
@@ -19,22 +22,33 @@ import (
 
 // Permanent kinds: retrying the same request will not help.
 var (
-	ErrInvalidArgument    = errors.New("invalid argument")
-	ErrNotFound           = errors.New("not found")
-	ErrAlreadyExists      = errors.New("already exists")
-	ErrOutOfRange         = errors.New("out of range")
-	ErrFailedPrecondition = errors.New("failed precondition")
-	ErrResourceExhausted  = errors.New("resource exhausted")
-	ErrPermissionDenied   = errors.New("permission denied")
+	ErrInvalidArgument    error = &kind{"invalid argument", codes.InvalidArgument}
+	ErrNotFound           error = &kind{"not found", codes.NotFound}
+	ErrAlreadyExists      error = &kind{"already exists", codes.AlreadyExists}
+	ErrOutOfRange         error = &kind{"out of range", codes.OutOfRange}
+	ErrFailedPrecondition error = &kind{"failed precondition", codes.FailedPrecondition}
+	ErrResourceExhausted  error = &kind{"resource exhausted", codes.ResourceExhausted}
+	ErrPermissionDenied   error = &kind{"permission denied", codes.PermissionDenied}
 )
 
 // Temporary kinds: the same request may succeed later.
 var (
 	// ErrAborted: another operation on the same object is in progress.
-	ErrAborted = errors.New("operation in progress")
+	ErrAborted error = &kind{"operation in progress", codes.Aborted}
 	// ErrUnavailable: a node, pool or ZFS cannot be reached right now.
-	ErrUnavailable = errors.New("unavailable")
+	ErrUnavailable error = &kind{"unavailable", codes.Unavailable}
 )
+
+// kind is an error kind. It carries its gRPC code: gRPC's status.Code and
+// status.FromError find it in any error that wraps it, and take the
+// message from the whole error.
+type kind struct {
+	msg  string
+	code codes.Code
+}
+
+func (k *kind) Error() string              { return k.msg }
+func (k *kind) GRPCStatus() *status.Status { return status.New(k.code, k.msg) }
 
 var kinds = []struct {
 	err  error

@@ -49,3 +49,17 @@ func TestCodeAndRoundTrip(t *testing.T) {
 		t.Error("a peer's NotFound is not ErrNotFound")
 	}
 }
+
+// TestKindsCarryTheirCode: gRPC reads a kind's code from any error that
+// wraps it, with the whole error as the message, so a handler returns
+// its error as it is and the boundary (or a direct caller) sees the code.
+func TestKindsCarryTheirCode(t *testing.T) {
+	err := fmt.Errorf("deleting volume x: %w", Wrap(ErrFailedPrecondition, "it is mounted on node n1"))
+	s, ok := status.FromError(err)
+	if !ok || s.Code() != codes.FailedPrecondition || s.Message() != err.Error() {
+		t.Errorf("status.FromError = %v (ok %v), want FailedPrecondition with the whole message", s, ok)
+	}
+	if got := status.Code(fmt.Errorf("%w: no such volume", ErrNotFound)); got != codes.NotFound {
+		t.Errorf("status.Code of a wrapped kind = %v, want NotFound", got)
+	}
+}

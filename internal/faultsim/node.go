@@ -14,6 +14,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/agent"
 	"github.com/zfs-nomad/zfs-nomad/internal/config"
 	csinode "github.com/zfs-nomad/zfs-nomad/internal/csi/node"
+	"github.com/zfs-nomad/zfs-nomad/internal/csi/plugin"
 	"github.com/zfs-nomad/zfs-nomad/internal/lease"
 	"github.com/zfs-nomad/zfs-nomad/internal/mount"
 	"github.com/zfs-nomad/zfs-nomad/internal/replication"
@@ -120,7 +121,10 @@ func (n *simNode) start(ctx context.Context) {
 	agentServer.AttestSilence = func(addrs []string) error {
 		return monitor.Attest(addrs, n.w.cfg.Lease+n.w.cfg.LeaseMargin)
 	}
-	inc.srv = grpc.NewServer(append(replication.ServerOptions(), grpc.Creds(identity{}))...)
+	// As zfs-node serves it: the interceptor maps the handlers' errors to
+	// their gRPC status.
+	inc.srv = grpc.NewServer(append(replication.ServerOptions(), grpc.Creds(identity{}),
+		grpc.UnaryInterceptor(plugin.LoggingInterceptor(log.Named("agent"))))...)
 	pb.RegisterNodeAgentServer(inc.srv, agentServer)
 	pb.RegisterReplicationServer(inc.srv, receiver)
 	pb.RegisterPeersServer(inc.srv, &lease.Server{NodeID: n.id, Domain: cfg.Domain, Promised: promised})

@@ -78,7 +78,7 @@ func (c *Controller) ControllerGetCapabilities(context.Context, *csi.ControllerG
 func (c *Controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error) {
 	v, node, err := c.createVolume(ctx, req)
 	if err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	return &csi.CreateVolumeResponse{Volume: c.csiVolume(v, node, req.GetVolumeContentSource())}, nil
 }
@@ -275,25 +275,25 @@ func (c *Controller) findSnapshot(ctx context.Context, id string) (cluster.Locat
 				return s, nil
 			}
 		}
-		return nil, errdefs.ToStatus(errdefs.Wrap(errdefs.ErrNotFound, "snapshot %s", id))
+		return nil, errdefs.Wrap(errdefs.ErrNotFound, "snapshot %s", id)
 	})
 }
 
 func (c *Controller) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest) (*csi.DeleteVolumeResponse, error) {
 	id := req.GetVolumeId()
 	if err := plugin.Required("volume_id", id); err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	if !vocab.IsVolumeID(id) {
 		return &csi.DeleteVolumeResponse{}, nil // names no volume, so none to delete
 	}
 	unlock, err := c.tryLock(id)
 	if err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	defer unlock()
 	if err := c.deleteVolume(ctx, id); err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	return &csi.DeleteVolumeResponse{}, nil
 }
@@ -389,13 +389,13 @@ func (c *Controller) deleteReplicas(ctx context.Context, id string, nodes []clus
 
 func (c *Controller) ValidateVolumeCapabilities(ctx context.Context, req *csi.ValidateVolumeCapabilitiesRequest) (*csi.ValidateVolumeCapabilitiesResponse, error) {
 	if err := plugin.Required("volume_id", req.GetVolumeId()); err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	if len(req.GetVolumeCapabilities()) == 0 {
-		return nil, errdefs.ToStatus(errdefs.Wrap(errdefs.ErrInvalidArgument, "volume capabilities are required"))
+		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, "volume capabilities are required")
 	}
 	if _, err := c.findVolume(ctx, req.GetVolumeId()); err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	if err := plugin.CheckCapabilities(req.GetVolumeCapabilities()); err != nil {
 		return &csi.ValidateVolumeCapabilitiesResponse{Message: err.Error()}, nil
@@ -467,10 +467,10 @@ func newestGenerations(items []cluster.Located[*pb.Volume]) []cluster.Located[*p
 // node in proportion to the page, not to its volumes.
 func (c *Controller) ListVolumes(ctx context.Context, req *csi.ListVolumesRequest) (*csi.ListVolumesResponse, error) {
 	if req.GetMaxEntries() < 0 {
-		return nil, errdefs.ToStatus(errdefs.Wrap(errdefs.ErrInvalidArgument, "max_entries must not be negative"))
+		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, "max_entries must not be negative")
 	}
 	if token := req.GetStartingToken(); token != "" && !vocab.IsVolumeID(token) {
-		return nil, errdefs.ToStatus(errdefs.Wrap(errdefs.ErrAborted, "starting_token %q is not a token this plugin issued; list again from the start", token))
+		return nil, errdefs.Wrap(errdefs.ErrAborted, "starting_token %q is not a token this plugin issued; list again from the start", token)
 	}
 	nodeReq := &pb.ListVolumesRequest{From: req.GetStartingToken()}
 	if req.GetMaxEntries() > 0 {
@@ -478,12 +478,12 @@ func (c *Controller) ListVolumes(ctx context.Context, req *csi.ListVolumesReques
 	}
 	all, err := c.volumesFrom(ctx, nodeReq)
 	if err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	page, next, err := paginate(all, func(v cluster.Located[*pb.Volume]) string { return v.Object.GetVolumeId() },
 		req.GetStartingToken(), req.GetMaxEntries(), vocab.IsVolumeID)
 	if err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	resp := &csi.ListVolumesResponse{NextToken: next}
 	for _, v := range page {
@@ -537,7 +537,7 @@ func (c *Controller) GetCapacity(ctx context.Context, req *csi.GetCapacityReques
 	}
 	nodes, _, err := c.cluster.Nodes(ctx)
 	if err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	var available, largest uint64
 	for _, n := range cluster.Healthy(nodes) {
@@ -558,11 +558,11 @@ func (c *Controller) GetCapacity(ctx context.Context, req *csi.GetCapacityReques
 
 func (c *Controller) ControllerGetVolume(ctx context.Context, req *csi.ControllerGetVolumeRequest) (*csi.ControllerGetVolumeResponse, error) {
 	if err := plugin.Required("volume_id", req.GetVolumeId()); err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	found, err := c.currentVolume(ctx, req.GetVolumeId())
 	if err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	return &csi.ControllerGetVolumeResponse{
 		Volume: c.csiVolume(found.Object, found.Node, sourceOf(found.Object)),
@@ -573,24 +573,24 @@ func (c *Controller) ControllerGetVolume(ctx context.Context, req *csi.Controlle
 func (c *Controller) ControllerExpandVolume(ctx context.Context, req *csi.ControllerExpandVolumeRequest) (*csi.ControllerExpandVolumeResponse, error) {
 	id := req.GetVolumeId()
 	if err := plugin.Required("volume_id", id); err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	if req.GetCapacityRange() == nil {
-		return nil, errdefs.ToStatus(errdefs.Wrap(errdefs.ErrInvalidArgument, "capacity_range is required"))
+		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, "capacity_range is required")
 	}
 	if vc := req.GetVolumeCapability(); vc != nil {
 		if err := plugin.CheckCapability(vc); err != nil {
-			return nil, errdefs.ToStatus(err)
+			return nil, err
 		}
 	}
 	unlock, err := c.tryLock(id)
 	if err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	defer unlock()
 	found, err := c.currentVolume(ctx, id)
 	if err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	cctx, cancel := c.cluster.Call(ctx)
 	defer cancel()
@@ -600,7 +600,7 @@ func (c *Controller) ControllerExpandVolume(ctx context.Context, req *csi.Contro
 		LimitBytes:    uint64(max(0, req.GetCapacityRange().GetLimitBytes())),
 	})
 	if err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	// A quota change is effective at once, mounted or not.
 	return &csi.ControllerExpandVolumeResponse{CapacityBytes: int64(resp.GetCapacityBytes()), NodeExpansionRequired: false}, nil
@@ -608,37 +608,37 @@ func (c *Controller) ControllerExpandVolume(ctx context.Context, req *csi.Contro
 
 func (c *Controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshotRequest) (*csi.CreateSnapshotResponse, error) {
 	if err := vocab.ValidateName("snapshot", req.GetName()); err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	if err := plugin.Required("source_volume_id", req.GetSourceVolumeId()); err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	id := vocab.SnapshotIDForName(req.GetName())
 	unlock, err := c.tryLock(id)
 	if err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	defer unlock()
 	// Snapshot names are unique across the cluster, not per volume.
 	existing, err := c.findSnapshot(ctx, id)
 	if err == nil && existing.Object.GetSourceVolumeId() != req.GetSourceVolumeId() {
-		return nil, errdefs.ToStatus(errdefs.Wrap(errdefs.ErrAlreadyExists, "snapshot %q exists for volume %s, not %s", req.GetName(), existing.Object.GetSourceVolumeId(), req.GetSourceVolumeId()))
+		return nil, errdefs.Wrap(errdefs.ErrAlreadyExists, "snapshot %q exists for volume %s, not %s", req.GetName(), existing.Object.GetSourceVolumeId(), req.GetSourceVolumeId())
 	}
 	if err == nil {
 		return &csi.CreateSnapshotResponse{Snapshot: csiSnapshot(existing.Object)}, nil
 	}
 	if !errors.Is(err, errdefs.ErrNotFound) {
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	found, err := c.currentVolume(ctx, req.GetSourceVolumeId())
 	if err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	cctx, cancel := c.cluster.Call(ctx)
 	defer cancel()
 	snap, err := found.Node.Client.CreateSnapshot(cctx, &pb.CreateSnapshotRequest{SourceVolumeId: req.GetSourceVolumeId(), Name: req.GetName()})
 	if err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	c.log.Info("snapshot created", "volume_id", req.GetSourceVolumeId(), "snapshot_id", snap.GetSnapshotId(), "node_id", found.Node.Info.GetNodeId())
 	return &csi.CreateSnapshotResponse{Snapshot: csiSnapshot(snap)}, nil
@@ -657,11 +657,11 @@ func csiSnapshot(s *pb.Snapshot) *csi.Snapshot {
 func (c *Controller) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshotRequest) (*csi.DeleteSnapshotResponse, error) {
 	id := req.GetSnapshotId()
 	if err := plugin.Required("snapshot_id", id); err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	unlock, err := c.tryLock(id)
 	if err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	defer unlock()
 	found, err := c.findSnapshot(ctx, id)
@@ -669,12 +669,12 @@ func (c *Controller) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshot
 		return &csi.DeleteSnapshotResponse{}, nil
 	}
 	if err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	cctx, cancel := c.cluster.Call(ctx)
 	defer cancel()
 	if _, err := found.Node.Client.DeleteSnapshot(cctx, &pb.DeleteSnapshotRequest{SnapshotId: id}); err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	c.log.Info("snapshot deleted", "snapshot_id", id, "volume_id", found.Object.GetSourceVolumeId())
 	return &csi.DeleteSnapshotResponse{}, nil
@@ -685,7 +685,7 @@ func (c *Controller) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshot
 // one is given (or the one snapshot asked for).
 func (c *Controller) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRequest) (*csi.ListSnapshotsResponse, error) {
 	if token := req.GetStartingToken(); token != "" && !vocab.IsSnapshotID(token) {
-		return nil, errdefs.ToStatus(errdefs.Wrap(errdefs.ErrAborted, "starting_token %q is not a token this plugin issued; list again from the start", token))
+		return nil, errdefs.Wrap(errdefs.ErrAborted, "starting_token %q is not a token this plugin issued; list again from the start", token)
 	}
 	nodeReq := &pb.ListSnapshotsRequest{SnapshotId: req.GetSnapshotId(), From: req.GetStartingToken(), SourceVolumeId: req.GetSourceVolumeId()}
 	if req.GetMaxEntries() > 0 {
@@ -696,7 +696,7 @@ func (c *Controller) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRe
 		return resp.GetSnapshots(), err
 	})
 	if err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	var all []*pb.Snapshot
 	for _, l := range listed {
@@ -709,7 +709,7 @@ func (c *Controller) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRe
 	sort.Slice(all, func(i, j int) bool { return all[i].GetSnapshotId() < all[j].GetSnapshotId() })
 	page, next, err := paginate(all, (*pb.Snapshot).GetSnapshotId, req.GetStartingToken(), req.GetMaxEntries(), vocab.IsSnapshotID)
 	if err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	resp := &csi.ListSnapshotsResponse{NextToken: next}
 	for _, s := range page {
@@ -726,19 +726,19 @@ func (c *Controller) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRe
 func (c *Controller) ControllerPublishVolume(ctx context.Context, req *csi.ControllerPublishVolumeRequest) (*csi.ControllerPublishVolumeResponse, error) {
 	id, nodeID := req.GetVolumeId(), req.GetNodeId()
 	if err := plugin.FirstError(plugin.Required("volume_id", id), plugin.Required("node_id", nodeID), plugin.CheckCapability(req.GetVolumeCapability())); err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	if !vocab.IsVolumeID(id) {
-		return nil, errdefs.ToStatus(errdefs.Wrap(errdefs.ErrNotFound, "volume %q does not exist (not a volume ID of this driver)", id))
+		return nil, errdefs.Wrap(errdefs.ErrNotFound, "volume %q does not exist (not a volume ID of this driver)", id)
 	}
 	unlock, err := c.tryLock(id)
 	if err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	defer unlock()
 	gen, err := c.migrator.Publish(ctx, id, nodeID)
 	if err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	return &csi.ControllerPublishVolumeResponse{PublishContext: map[string]string{vocab.PublishContextGeneration: strconv.FormatUint(gen, 10)}}, nil
 }
@@ -748,7 +748,7 @@ func (c *Controller) ControllerPublishVolume(ctx context.Context, req *csi.Contr
 // Nomad retries it after node loss and must not be stuck on a dead node.
 func (c *Controller) ControllerUnpublishVolume(ctx context.Context, req *csi.ControllerUnpublishVolumeRequest) (*csi.ControllerUnpublishVolumeResponse, error) {
 	if err := plugin.Required("volume_id", req.GetVolumeId()); err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	return &csi.ControllerUnpublishVolumeResponse{}, nil
 }

@@ -109,7 +109,7 @@ func (n *Node) mountFlags(c *csi.VolumeCapability) ([]string, error) {
 
 func (n *Node) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequest) (*csi.NodeStageVolumeResponse, error) {
 	if err := n.stage(ctx, req); err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	return &csi.NodeStageVolumeResponse{}, nil
 }
@@ -174,18 +174,18 @@ func publishedGeneration(pc map[string]string) (uint64, error) {
 func (n *Node) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolumeRequest) (*csi.NodeUnstageVolumeResponse, error) {
 	id, staging := req.GetVolumeId(), req.GetStagingTargetPath()
 	if err := plugin.FirstError(plugin.Required("volume_id", id), plugin.Required("staging_target_path", staging)); err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	if err := n.checkPaths(staging); err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	unlock, err := n.lockVolume(id)
 	if err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	defer unlock()
 	if err := n.mounter.Unmount(staging); err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	n.log.Info("volume unstaged", "volume_id", id, "path", staging)
 	return &csi.NodeUnstageVolumeResponse{}, nil
@@ -193,7 +193,7 @@ func (n *Node) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolume
 
 func (n *Node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
 	if err := n.publish(ctx, req); err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	return &csi.NodePublishVolumeResponse{}, nil
 }
@@ -259,18 +259,18 @@ func (n *Node) publish(ctx context.Context, req *csi.NodePublishVolumeRequest) e
 func (n *Node) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
 	id, target := req.GetVolumeId(), req.GetTargetPath()
 	if err := plugin.FirstError(plugin.Required("volume_id", id), plugin.Required("target_path", target)); err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	if err := n.checkPaths(target); err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	unlock, err := n.lockVolume(id)
 	if err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	defer unlock()
 	if err := n.mounter.Unmount(target); err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	// The plugin created the target in NodePublishVolume; the spec has it
 	// remove it again.
@@ -284,14 +284,14 @@ func (n *Node) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVo
 func (n *Node) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeStatsRequest) (*csi.NodeGetVolumeStatsResponse, error) {
 	id, path := req.GetVolumeId(), req.GetVolumePath()
 	if err := plugin.FirstError(plugin.Required("volume_id", id), plugin.Required("volume_path", path)); err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	if err := n.checkMountedAt(ctx, id, path); err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	st, err := n.mounter.Statfs(path)
 	if err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	return &csi.NodeGetVolumeStatsResponse{Usage: []*csi.VolumeUsage{
 		{Unit: csi.VolumeUsage_BYTES, Total: st.TotalBytes, Available: st.AvailableBytes, Used: st.UsedBytes},
@@ -321,19 +321,19 @@ func (n *Node) checkMountedAt(ctx context.Context, id, path string) error {
 func (n *Node) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolumeRequest) (*csi.NodeExpandVolumeResponse, error) {
 	id, path := req.GetVolumeId(), req.GetVolumePath()
 	if err := plugin.FirstError(plugin.Required("volume_id", id), plugin.Required("volume_path", path)); err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	if vc := req.GetVolumeCapability(); vc != nil {
 		if err := plugin.CheckCapability(vc); err != nil {
-			return nil, errdefs.ToStatus(err)
+			return nil, err
 		}
 	}
 	if err := n.checkMountedAt(ctx, id, path); err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	v, err := n.volumes.Get(ctx, id)
 	if err != nil {
-		return nil, errdefs.ToStatus(err)
+		return nil, err
 	}
 	return &csi.NodeExpandVolumeResponse{CapacityBytes: int64(v.Capacity)}, nil
 }

@@ -52,7 +52,7 @@ func (i *Identity) GetPluginCapabilities(context.Context, *csi.GetPluginCapabili
 // FailedPrecondition and what is wrong, which Nomad shows as plugin health.
 func (i *Identity) Probe(ctx context.Context, _ *csi.ProbeRequest) (*csi.ProbeResponse, error) {
 	if err := i.probe(ctx); err != nil {
-		return nil, errdefs.ToStatus(errdefs.Wrap(errdefs.ErrFailedPrecondition, "not ready: %v", err))
+		return nil, errdefs.Wrap(errdefs.ErrFailedPrecondition, "not ready: %v", err)
 	}
 	return &csi.ProbeResponse{Ready: wrapperspb.Bool(true)}, nil
 }

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
 	"github.com/zfs-nomad/zfs-nomad/internal/metrics"
 )
 
@@ -46,12 +47,15 @@ func Listen(endpoint string) (net.Listener, error) {
 	return nil, fmt.Errorf("endpoint %q: want unix:///path or tcp://host:port", endpoint)
 }
 
-// LoggingInterceptor logs every call with its outcome, and the volume or
-// snapshot ID when the request names one.
+// LoggingInterceptor turns a handler's error into its gRPC status
+// (errdefs.ToStatus: the one conversion at the boundary of the CSI
+// services and the node agent) and logs every call with its outcome, and
+// the volume or snapshot ID when the request names one.
 func LoggingInterceptor(log hclog.Logger) grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		start := time.Now()
 		resp, err := handler(ctx, req)
+		err = errdefs.ToStatus(err)
 		fields := []any{"method", info.FullMethod, "duration", time.Since(start).Round(time.Microsecond)}
 		if r, ok := req.(interface{ GetVolumeId() string }); ok && r.GetVolumeId() != "" {
 			fields = append(fields, "volume_id", r.GetVolumeId())
