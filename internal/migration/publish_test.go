@@ -170,7 +170,7 @@ func fakeCluster(t *testing.T, nodes []string, down []string, copies []copyOf, p
 		for _, c := range copies {
 			if c.node == id {
 				a.copy = &pb.Copy{VolumeId: testVolume, Role: c.role, Generation: c.gen, MovingTo: c.movingTo,
-					FencedUnixNano: map[bool]int64{true: c.snapAt}[c.movingTo != ""],
+					FencedUnixNano:       map[bool]int64{true: c.snapAt}[c.movingTo != ""],
 					LastSnapshotUnixNano: c.snapAt, Parameters: c.params}
 			}
 		}
