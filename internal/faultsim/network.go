@@ -60,6 +60,15 @@ func endpointOf(target string) string {
 	return node
 }
 
+// pipeBytes is the buffer of each direction of an in-memory connection.
+// Every dial allocates two, and a run dials thousands of times (crashes,
+// cuts, reconnections); runs still referenced for a second after they end
+// (a receiver's delayed tidy) kept them alive, and 1 MiB pipes took the
+// whole simulation past 20 GiB of heap (killed by the OOM killer in a
+// make test). The streams here are small; 64 KiB only makes a large
+// write wait for its reader, as a socket does.
+const pipeBytes = 64 << 10
+
 // handoff passes the connections of one permanent listener to whichever
 // incarnation serves now.
 type handoff struct {
@@ -68,7 +77,7 @@ type handoff struct {
 }
 
 func (n *network) listen(node string) *handoff {
-	h := &handoff{lis: bufconn.Listen(1 << 20), conns: make(chan net.Conn)}
+	h := &handoff{lis: bufconn.Listen(pipeBytes), conns: make(chan net.Conn)}
 	go func() {
 		for {
 			c, err := h.lis.Accept()
