@@ -15,7 +15,9 @@ package sim
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -227,6 +229,15 @@ func Start(opts Options) (_ *Cluster, err error) {
 			return nil, err
 		}
 	}
+	// A node holds no lease until a majority of its peers answered, a beat
+	// or two after they all run; until then it stages no primary. Tests
+	// and the demo start staging at once, so wait for it here instead of
+	// in every caller (a test that staged first failed at random).
+	if opts.Lease > 0 && !opts.NoNodeProcesses {
+		if err := c.WaitForLeases(3 * opts.Lease); err != nil {
+			return nil, err
+		}
+	}
 	if !opts.NoController {
 		c.ControllerEndpoint = "unix://" + filepath.Join(opts.Dir, "controller.sock")
 		ctlTLS, err := c.CA.Issue("controller", tlsconfig.RoleController)
@@ -254,6 +265,55 @@ func (c *Cluster) StartController() error {
 	}
 	c.Controller = p
 	return waitForSocket(c.ControllerEndpoint, p)
+}
+
+// WaitForLeases waits up to timeout until every running node reports on
+// its metrics endpoint that it holds its lease (zfs_nomad_lease_held 1).
+func (c *Cluster) WaitForLeases(timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for _, n := range c.Nodes {
+		if n.Process == nil {
+			continue
+		}
+		for !n.holdsLease() {
+			if time.Now().After(deadline) {
+				return fmt.Errorf("node %s did not hold its lease within %s of the start (waited for zfs_nomad_lease_held 1 on %s); log of %s:\n%s",
+					n.ID, timeout, n.Metrics, n.Process.Name, tail(n.Process.Log, 40))
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+	return nil
+}
+
+// holdsLease reads the node's lease gauge; false if it cannot be read.
+func (n *Node) holdsLease() bool {
+	client := http.Client{Timeout: 2 * time.Second}
+	resp, err := client.Get(n.Metrics)
+	if err != nil {
+		return false
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(body), "\n") {
+		if f := strings.Fields(line); len(f) == 2 && f[0] == "zfs_nomad_lease_held" {
+			return f[1] == "1"
+		}
+	}
+	return false
+}
+
+// tail returns the last lines of the file at path, or why it cannot.
+func tail(path string, lines int) string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	all := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+	return strings.Join(all[max(0, len(all)-lines):], "\n")
 }
 
 // Close stops every process and removes namespaces and pools.
