@@ -1,0 +1,233 @@
+// Package agentclient is the controller's client of the node agents: one
+// method per agent RPC the controller uses, taking and returning plain Go
+// types, and failing with the error kinds of internal/errdefs.
+//
+// Protobuf stops here. The agent protocol (proto/agentpb) is spoken by
+// this client and by the agent server (internal/agent); the controller's
+// logic (cluster, migration, scheduler, operator, csi/controller) sees
+// only the types of this package.
+//
+//	controller logic ──plain types──► agentclient ──agentpb/gRPC──► internal/agent
+package agentclient
+
+import (
+	"context"
+	"io"
+
+	"google.golang.org/grpc"
+
+	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
+)
+
+// Client calls one node agent.
+type Client struct {
+	rpc pb.NodeAgentClient
+}
+
+// New returns a client of the agent at the other end of conn.
+func New(conn grpc.ClientConnInterface) *Client {
+	return &Client{rpc: pb.NewNodeAgentClient(conn)}
+}
+
+// GetNode asks the agent about its node.
+func (c *Client) GetNode(ctx context.Context, opts GetNodeOptions) (NodeInfo, error) {
+	var callOpts []grpc.CallOption
+	if opts.WaitForReady {
+		callOpts = append(callOpts, grpc.WaitForReady(true))
+	}
+	n, err := c.rpc.GetNode(ctx, &pb.GetNodeRequest{WithoutCapacity: opts.WithoutCapacity}, callOpts...)
+	if err != nil {
+		return NodeInfo{}, fromStatus(err)
+	}
+	return nodeInfoFromPB(n), nil
+}
+
+// CreateVolume creates a volume on the node, or returns the one an
+// earlier attempt created.
+func (c *Client) CreateVolume(ctx context.Context, v NewVolume) (Volume, error) {
+	got, err := c.rpc.CreateVolume(ctx, &pb.CreateVolumeRequest{
+		Name:             v.Name,
+		RequiredBytes:    v.RequiredBytes,
+		LimitBytes:       v.LimitBytes,
+		Parameters:       v.Parameters,
+		SourceSnapshotId: v.SourceSnapshotID,
+		SourceVolumeId:   v.SourceVolumeID,
+	})
+	if err != nil {
+		return Volume{}, fromStatus(err)
+	}
+	return volumeFromPB(got), nil
+}
+
+// DeleteVolume deletes the node's primary of a volume.
+func (c *Client) DeleteVolume(ctx context.Context, volumeID string) error {
+	_, err := c.rpc.DeleteVolume(ctx, &pb.DeleteVolumeRequest{VolumeId: volumeID})
+	return fromStatus(err)
+}
+
+// GetVolume returns the node's primary of a volume; NotFound when the
+// node holds none.
+func (c *Client) GetVolume(ctx context.Context, volumeID string) (Volume, error) {
+	v, err := c.rpc.GetVolume(ctx, &pb.GetVolumeRequest{VolumeId: volumeID})
+	if err != nil {
+		return Volume{}, fromStatus(err)
+	}
+	return volumeFromPB(v), nil
+}
+
+// ListVolumes returns a page of the node's primaries, by volume ID.
+func (c *Client) ListVolumes(ctx context.Context, page Page) ([]Volume, error) {
+	resp, err := c.rpc.ListVolumes(ctx, &pb.ListVolumesRequest{From: page.From, MaxEntries: page.MaxEntries})
+	if err != nil {
+		return nil, fromStatus(err)
+	}
+	return convertAll(resp.GetVolumes(), volumeFromPB), nil
+}
+
+// ExpandVolume grows a volume's quota and returns its new capacity.
+func (c *Client) ExpandVolume(ctx context.Context, volumeID string, requiredBytes, limitBytes uint64) (capacityBytes uint64, err error) {
+	resp, err := c.rpc.ExpandVolume(ctx, &pb.ExpandVolumeRequest{VolumeId: volumeID, RequiredBytes: requiredBytes, LimitBytes: limitBytes})
+	if err != nil {
+		return 0, fromStatus(err)
+	}
+	return resp.GetCapacityBytes(), nil
+}
+
+// CreateSnapshot snapshots a volume on the node that holds its primary.
+func (c *Client) CreateSnapshot(ctx context.Context, sourceVolumeID, name string) (Snapshot, error) {
+	s, err := c.rpc.CreateSnapshot(ctx, &pb.CreateSnapshotRequest{SourceVolumeId: sourceVolumeID, Name: name})
+	if err != nil {
+		return Snapshot{}, fromStatus(err)
+	}
+	return snapshotFromPB(s), nil
+}
+
+// DeleteSnapshot deletes a snapshot on the node.
+func (c *Client) DeleteSnapshot(ctx context.Context, snapshotID string) error {
+	_, err := c.rpc.DeleteSnapshot(ctx, &pb.DeleteSnapshotRequest{SnapshotId: snapshotID})
+	return fromStatus(err)
+}
+
+// ListSnapshots returns the node's snapshots that q selects.
+func (c *Client) ListSnapshots(ctx context.Context, q SnapshotQuery) ([]Snapshot, error) {
+	resp, err := c.rpc.ListSnapshots(ctx, &pb.ListSnapshotsRequest{
+		SnapshotId:     q.SnapshotID,
+		SourceVolumeId: q.SourceVolumeID,
+		From:           q.From,
+		MaxEntries:     q.MaxEntries,
+	})
+	if err != nil {
+		return nil, fromStatus(err)
+	}
+	return convertAll(resp.GetSnapshots(), snapshotFromPB), nil
+}
+
+// Replicate asks the agent to push a volume to the agent at targetAddr now,
+// calls each (if set) with every progress report, and returns the last
+// one; a push that completed ends with Done set.
+func (c *Client) Replicate(ctx context.Context, volumeID, targetAddr string, each func(Progress)) (Progress, error) {
+	stream, err := c.rpc.Replicate(ctx, &pb.ReplicateRequest{VolumeId: volumeID, TargetAddress: targetAddr})
+	if err != nil {
+		return Progress{}, fromStatus(err)
+	}
+	var last Progress
+	for {
+		p, err := stream.Recv()
+		if err == io.EOF {
+			return last, nil
+		}
+		if err != nil {
+			return last, fromStatus(err)
+		}
+		last = progressFromPB(p)
+		if each != nil {
+			each(last)
+		}
+	}
+}
+
+// Status returns the node's replicas, transfers and copies set aside.
+func (c *Client) Status(ctx context.Context) (NodeStatus, error) {
+	st, err := c.rpc.Status(ctx, &pb.StatusRequest{})
+	if err != nil {
+		return NodeStatus{}, fromStatus(err)
+	}
+	return nodeStatusFromPB(st), nil
+}
+
+// DeleteReplica deletes the node's replica of a volume (volumeDeleted: the
+// volume itself was deleted) and reports whether there was one.
+func (c *Client) DeleteReplica(ctx context.Context, volumeID string, volumeDeleted bool) (deleted bool, err error) {
+	resp, err := c.rpc.DeleteReplica(ctx, &pb.DeleteReplicaRequest{VolumeId: volumeID, VolumeDeleted: volumeDeleted})
+	if err != nil {
+		return false, fromStatus(err)
+	}
+	return resp.GetDeleted(), nil
+}
+
+// GetCopy describes the node's copy of a volume (Exists false when it
+// holds none) and the generation it promised for it.
+func (c *Client) GetCopy(ctx context.Context, volumeID string) (Copy, error) {
+	cp, err := c.rpc.GetCopy(ctx, &pb.GetCopyRequest{VolumeId: volumeID})
+	if err != nil {
+		return Copy{}, fromStatus(err)
+	}
+	return copyFromPB(cp), nil
+}
+
+// Fence makes the node's primary read-only for a move to targetNodeID and
+// returns when it was fenced (unix nanos).
+func (c *Client) Fence(ctx context.Context, volumeID, targetNodeID string) (fencedUnixNano int64, err error) {
+	resp, err := c.rpc.Fence(ctx, &pb.FenceRequest{VolumeId: volumeID, TargetNodeId: targetNodeID})
+	if err != nil {
+		return 0, fromStatus(err)
+	}
+	return resp.GetFencedUnixNano(), nil
+}
+
+// Unfence lifts the fence of the node's primary of generation.
+func (c *Client) Unfence(ctx context.Context, volumeID string, generation uint64) (Copy, error) {
+	cp, err := c.rpc.Unfence(ctx, &pb.UnfenceRequest{VolumeId: volumeID, Generation: generation})
+	if err != nil {
+		return Copy{}, fromStatus(err)
+	}
+	return copyFromPB(cp), nil
+}
+
+// Promote makes the node's copy the volume's primary.
+func (c *Client) Promote(ctx context.Context, p Promotion) (Copy, error) {
+	cp, err := c.rpc.Promote(ctx, &pb.PromoteRequest{
+		VolumeId:          p.VolumeID,
+		Generation:        p.Generation,
+		NotBeforeUnixNano: p.NotBeforeUnixNano,
+		Failover:          p.Failover,
+		Forced:            p.Forced,
+	})
+	if err != nil {
+		return Copy{}, fromStatus(err)
+	}
+	return copyFromPB(cp), nil
+}
+
+// Demote retires the node's older primary.
+func (c *Client) Demote(ctx context.Context, d Demotion) (Copy, error) {
+	cp, err := c.rpc.Demote(ctx, &pb.DemoteRequest{VolumeId: d.VolumeID, Generation: d.Generation, Aside: d.Aside})
+	if err != nil {
+		return Copy{}, fromStatus(err)
+	}
+	return copyFromPB(cp), nil
+}
+
+// Reserve asks the node to promise a generation of a volume.
+func (c *Client) Reserve(ctx context.Context, r Reservation) (Promise, error) {
+	resp, err := c.rpc.Reserve(ctx, &pb.ReserveRequest{
+		VolumeId:     r.VolumeID,
+		Generation:   r.Generation,
+		HolderNodeId: r.HolderNodeID,
+		FailoverFrom: r.FailoverFrom,
+	})
+	if err != nil {
+		return Promise{}, fromStatus(err)
+	}
+	return Promise{Granted: resp.GetGranted(), PromisedGeneration: resp.GetPromisedGeneration(), PromisedHolder: resp.GetPromisedHolder()}, nil
+}

@@ -1,0 +1,188 @@
+package agentclient
+
+// NodeInfo is what an agent says about its node (GetNode).
+type NodeInfo struct {
+	NodeID   string
+	Topology map[string]string
+	// Capacity: zero when asked without it (GetNodeOptions).
+	AvailableBytes uint64
+	MaxQuotaBytes  uint64
+	Volumes        int64
+	MaxVolumes     int64
+	// UnhealthyReason is empty when the node is healthy.
+	UnhealthyReason string
+	Version         string
+	// VolumesVersion changes whenever the node's primaries change and
+	// when its process restarts; empty from a node that keeps none.
+	VolumesVersion string
+}
+
+// GetNodeOptions shape a GetNode call.
+type GetNodeOptions struct {
+	// WithoutCapacity skips counting the node's volumes and free space.
+	WithoutCapacity bool
+	// WaitForReady waits for the connection to come up (within the
+	// context's deadline) instead of failing at once while it is down.
+	WaitForReady bool
+}
+
+// Volume is a volume's primary copy as its node reports it.
+type Volume struct {
+	VolumeID      string
+	Name          string
+	CapacityBytes uint64
+	UsedBytes     uint64
+	Parameters    map[string]string
+	// Source is "snapshot:<id>" or "volume:<id>" for a volume created
+	// from a content source, else empty.
+	Source               string
+	NodeID               string
+	CreatedUnix          int64
+	Generation           uint64
+	MovingTo             string
+	FailoverFromSnapshot string
+}
+
+// NewVolume asks a node to create a volume (CreateVolume).
+type NewVolume struct {
+	Name             string
+	RequiredBytes    uint64
+	LimitBytes       uint64
+	Parameters       map[string]string
+	SourceSnapshotID string
+	SourceVolumeID   string
+}
+
+// Page selects part of a node's volume list: the volumes from From on,
+// at most MaxEntries (zero: all).
+type Page struct {
+	From       string
+	MaxEntries uint32
+}
+
+// Snapshot is a volume snapshot on a node.
+type Snapshot struct {
+	SnapshotID     string
+	Name           string
+	SourceVolumeID string
+	SizeBytes      uint64
+	CreatedUnix    int64
+	NodeID         string
+}
+
+// SnapshotQuery selects a node's snapshots: by ID, by source volume, and
+// a page of the list (from From on, at most MaxEntries; zero: all).
+type SnapshotQuery struct {
+	SnapshotID     string
+	SourceVolumeID string
+	From           string
+	MaxEntries     uint32
+}
+
+// Progress is one report of a push (Replicate).
+type Progress struct {
+	Kind       string
+	Snapshot   string
+	Base       string
+	Bytes      int64
+	TotalBytes int64 // the estimate; zero when unknown
+	Done       bool  // the push completed
+}
+
+// NodeStatus is what a node holds besides its primaries: its replicas,
+// the transfers it runs and the stale primaries set aside.
+type NodeStatus struct {
+	Replicas  []Replica
+	Transfers []Transfer
+	SetAside  []string
+}
+
+// Replica is a replica held on a node.
+type Replica struct {
+	VolumeID         string
+	Name             string
+	LastSnapshot     string
+	LastSnapshotUnix int64
+	Resumable        bool
+}
+
+// Transfer is a push running on its source node.
+type Transfer struct {
+	VolumeID    string
+	Peer        string
+	Kind        string
+	Bytes       int64
+	TotalBytes  int64
+	StartedUnix int64
+}
+
+// Copy is everything a node knows of its copy of a volume (GetCopy), and
+// the generation it promised for the volume.
+type Copy struct {
+	VolumeID string
+	NodeID   string
+	Exists   bool
+	Role     string // vocab.RolePrimary or vocab.RoleReplica
+	// Generation of the copy, and on a fenced primary the node it is
+	// moving to and when it was fenced.
+	Generation     uint64
+	MovingTo       string
+	FencedUnixNano int64
+	Mounted        bool // staged or published on its node
+	// The newest replication snapshot and when it was taken (unix nanos,
+	// from its name).
+	LastSnapshot         string
+	LastSnapshotUnixNano int64
+	Parameters           map[string]string
+	CapacityBytes        uint64
+	Resumable            bool // an interrupted receive waits to be resumed
+	Name                 string
+	FailoverFromSnapshot string
+	// The highest generation of the volume the node promised, and to
+	// which node: set whether or not the node holds a copy.
+	PromisedGeneration uint64
+	PromisedHolder     string
+	// On a replica: its snapshots' GUIDs, oldest first.
+	SnapshotGUIDs []uint64
+	// On a primary promoted without a majority: the generation it was
+	// forced at.
+	ForcedGeneration uint64
+	// A primary read-only since its node lost its lease.
+	LeaseFenced bool
+}
+
+// Reservation asks a node to promise a generation of a volume to a
+// holder's copy (Reserve).
+type Reservation struct {
+	VolumeID     string
+	Generation   uint64
+	HolderNodeID string
+	// FailoverFrom names the agents that did not answer: the node grants
+	// only once its lease says they have been silent long enough.
+	FailoverFrom []string
+}
+
+// Promise is a node's answer to a Reservation: granted, or the promise
+// it holds instead.
+type Promise struct {
+	Granted            bool
+	PromisedGeneration uint64
+	PromisedHolder     string
+}
+
+// Promotion makes a node's copy the primary of a generation (Promote).
+type Promotion struct {
+	VolumeID          string
+	Generation        uint64
+	NotBeforeUnixNano int64
+	Failover          bool
+	Forced            bool
+}
+
+// Demotion retires a node's older primary (Demote): to a replica, or set
+// aside when Aside.
+type Demotion struct {
+	VolumeID   string
+	Generation uint64
+	Aside      bool
+}
