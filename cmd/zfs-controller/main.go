@@ -181,7 +181,7 @@ func probe(ctx context.Context, nodes *cluster.Cluster) error {
 	}
 	var reasons []error
 	for _, n := range all {
-		reasons = append(reasons, fmt.Errorf("node %s: %s", n.Info.GetNodeId(), n.Info.GetUnhealthyReason()))
+		reasons = append(reasons, fmt.Errorf("node %s: %s", n.Info.NodeID, n.Info.UnhealthyReason))
 	}
 	for _, u := range unreachable {
 		reasons = append(reasons, fmt.Errorf("agent %s: %w", u.Addr, u.Err))

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/agentclient"
 	"github.com/zfs-nomad/zfs-nomad/internal/cluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/cluster/clustertest"
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
@@ -96,21 +97,21 @@ func TestAsk(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			c := serve(t, tc.agents, tc.extra...)
-			answers, unreachable, err := cluster.Ask(context.Background(), c, func(ctx context.Context, a pb.NodeAgentClient) (*pb.Copy, error) {
-				return a.GetCopy(ctx, &pb.GetCopyRequest{VolumeId: "v"})
+			answers, unreachable, err := cluster.Ask(context.Background(), c, func(ctx context.Context, a cluster.Agent) (agentclient.Copy, error) {
+				return a.GetCopy(ctx, "v")
 			})
 			if err != nil {
 				t.Fatal(err)
 			}
 			var got []string
 			for _, a := range answers {
-				if a.Node.Info.GetAvailableBytes() != 0 {
-					t.Errorf("Ask read %s's capacity; it asks without", a.Node.Info.GetNodeId())
+				if a.Node.Info.AvailableBytes != 0 {
+					t.Errorf("Ask read %s's capacity; it asks without", a.Node.Info.NodeID)
 				}
 				if a.Err != nil {
-					got = append(got, fmt.Sprintf("%s: %s", a.Node.Info.GetNodeId(), status.Code(a.Err)))
+					got = append(got, fmt.Sprintf("%s: %s", a.Node.Info.NodeID, status.Code(a.Err)))
 				} else {
-					got = append(got, fmt.Sprintf("%s: %d", a.Node.Info.GetNodeId(), a.Object.GetGeneration()))
+					got = append(got, fmt.Sprintf("%s: %d", a.Node.Info.NodeID, a.Object.Generation))
 				}
 			}
 			if fmt.Sprint(got) != fmt.Sprint(tc.want) || len(unreachable) != tc.wantUnreachable {
@@ -124,7 +125,7 @@ func TestAsk(t *testing.T) {
 func TestNodesReadCapacity(t *testing.T) {
 	c := serve(t, []*agent{{id: "n1"}})
 	nodes, _, err := c.Nodes(context.Background())
-	if err != nil || len(nodes) != 1 || nodes[0].Info.GetAvailableBytes() != 42 {
+	if err != nil || len(nodes) != 1 || nodes[0].Info.AvailableBytes != 42 {
 		t.Fatalf("Nodes = %v, %v; want n1 with its capacity", nodes, err)
 	}
 }
@@ -147,9 +148,9 @@ func TestEachAsksAtOnce(t *testing.T) {
 		asked.Done()
 		select {
 		case <-all:
-			return n.Info.GetNodeId(), nil
+			return n.Info.NodeID, nil
 		case <-ctx.Done():
-			return "", fmt.Errorf("node %s was asked alone: %w", n.Info.GetNodeId(), ctx.Err())
+			return "", fmt.Errorf("node %s was asked alone: %w", n.Info.NodeID, ctx.Err())
 		}
 	})
 	var got []string
@@ -157,7 +158,7 @@ func TestEachAsksAtOnce(t *testing.T) {
 		if a.Err != nil {
 			t.Fatal(a.Err)
 		}
-		got = append(got, a.Object+"@"+a.Node.Info.GetNodeId())
+		got = append(got, a.Object+"@"+a.Node.Info.NodeID)
 	}
 	if want := []string{"n3@n3", "n2@n2", "n1@n1"}; !slices.Equal(got, want) {
 		t.Errorf("answers %q, want %q", got, want)

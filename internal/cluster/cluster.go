@@ -11,7 +11,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"sort"
 	"sync"
 	"time"
@@ -20,20 +19,44 @@ import (
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/keepalive"
-	"google.golang.org/grpc/status"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/agentclient"
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
-	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
 // Node is one reachable agent and what it said about itself.
 type Node struct {
-	Addr   string
-	Info   *pb.Node
-	Client pb.NodeAgentClient
+	Addr  string
+	Info  agentclient.NodeInfo
+	Agent Agent
 }
+
+// Agent is a node agent as the controller calls it: plain Go types in and
+// out, errors of the errdefs kinds (internal/agentclient implements it
+// over gRPC; protobuf stops there).
+type Agent interface {
+	GetNode(ctx context.Context, opts agentclient.GetNodeOptions) (agentclient.NodeInfo, error)
+	CreateVolume(ctx context.Context, v agentclient.NewVolume) (agentclient.Volume, error)
+	DeleteVolume(ctx context.Context, volumeID string) error
+	GetVolume(ctx context.Context, volumeID string) (agentclient.Volume, error)
+	ListVolumes(ctx context.Context, page agentclient.Page) ([]agentclient.Volume, error)
+	ExpandVolume(ctx context.Context, volumeID string, requiredBytes, limitBytes uint64) (capacityBytes uint64, err error)
+	CreateSnapshot(ctx context.Context, sourceVolumeID, name string) (agentclient.Snapshot, error)
+	DeleteSnapshot(ctx context.Context, snapshotID string) error
+	ListSnapshots(ctx context.Context, q agentclient.SnapshotQuery) ([]agentclient.Snapshot, error)
+	Replicate(ctx context.Context, volumeID, targetAddr string, each func(agentclient.Progress)) (agentclient.Progress, error)
+	Status(ctx context.Context) (agentclient.NodeStatus, error)
+	DeleteReplica(ctx context.Context, volumeID string, volumeDeleted bool) (deleted bool, err error)
+	GetCopy(ctx context.Context, volumeID string) (agentclient.Copy, error)
+	Fence(ctx context.Context, volumeID, targetNodeID string) (fencedUnixNano int64, err error)
+	Unfence(ctx context.Context, volumeID string, generation uint64) (agentclient.Copy, error)
+	Promote(ctx context.Context, p agentclient.Promotion) (agentclient.Copy, error)
+	Demote(ctx context.Context, d agentclient.Demotion) (agentclient.Copy, error)
+	Reserve(ctx context.Context, r agentclient.Reservation) (agentclient.Promise, error)
+}
+
+var _ Agent = (*agentclient.Client)(nil)
 
 // Unreachable records an agent that did not answer.
 type Unreachable struct {
@@ -93,7 +116,7 @@ func (c *Cluster) Close() {
 	}
 }
 
-func (c *Cluster) client(addr string) (pb.NodeAgentClient, error) {
+func (c *Cluster) client(addr string) (*agentclient.Client, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	conn, ok := c.conns[addr]
@@ -104,7 +127,7 @@ func (c *Cluster) client(addr string) (pb.NodeAgentClient, error) {
 		}
 		c.conns[addr] = conn
 	}
-	return pb.NewNodeAgentClient(conn), nil
+	return agentclient.New(conn), nil
 }
 
 // Nodes asks every agent about itself and its capacity, in parallel.
@@ -112,7 +135,7 @@ func (c *Cluster) client(addr string) (pb.NodeAgentClient, error) {
 // not answer are listed in unreachable. It fails only when the peer list
 // cannot be read.
 func (c *Cluster) Nodes(ctx context.Context) (nodes []Node, unreachable []Unreachable, err error) {
-	answers, unreachable, err := ask[struct{}](ctx, c, &pb.GetNodeRequest{}, nil)
+	answers, unreachable, err := ask[struct{}](ctx, c, agentclient.GetNodeOptions{}, nil)
 	for _, a := range answers {
 		nodes = append(nodes, a.Node)
 	}
@@ -132,11 +155,11 @@ type Answer[T any] struct {
 // healthy, not their capacity (Info's AvailableBytes and Volumes are 0):
 // counting a node's volumes reads every one of them. Answers are sorted
 // by node ID.
-func Ask[T any](ctx context.Context, c *Cluster, get func(context.Context, pb.NodeAgentClient) (T, error)) (answers []Answer[T], unreachable []Unreachable, err error) {
-	return ask(ctx, c, &pb.GetNodeRequest{WithoutCapacity: true}, get)
+func Ask[T any](ctx context.Context, c *Cluster, get func(context.Context, Agent) (T, error)) (answers []Answer[T], unreachable []Unreachable, err error) {
+	return ask(ctx, c, agentclient.GetNodeOptions{WithoutCapacity: true}, get)
 }
 
-func ask[T any](ctx context.Context, c *Cluster, about *pb.GetNodeRequest, get func(context.Context, pb.NodeAgentClient) (T, error)) (answers []Answer[T], unreachable []Unreachable, err error) {
+func ask[T any](ctx context.Context, c *Cluster, about agentclient.GetNodeOptions, get func(context.Context, Agent) (T, error)) (answers []Answer[T], unreachable []Unreachable, err error) {
 	addrs, err := c.peers.Peers()
 	if err != nil && len(addrs) == 0 {
 		return nil, nil, fmt.Errorf("%w: no node agents known: %v", errdefs.ErrUnavailable, err)
@@ -160,7 +183,7 @@ func ask[T any](ctx context.Context, c *Cluster, about *pb.GetNodeRequest, get f
 		})
 	}
 	_ = g.Wait() // the goroutines record failures instead of returning them
-	sort.Slice(answers, func(i, j int) bool { return answers[i].Node.Info.GetNodeId() < answers[j].Node.Info.GetNodeId() })
+	sort.Slice(answers, func(i, j int) bool { return answers[i].Node.Info.NodeID < answers[j].Node.Info.NodeID })
 	for _, u := range unreachable {
 		c.log.Warn("node agent unreachable", "addr", u.Addr, "error", u.Err)
 	}
@@ -171,7 +194,7 @@ func ask[T any](ctx context.Context, c *Cluster, about *pb.GetNodeRequest, get f
 // the same time. A question that failed because the connection was down
 // is asked again once the node has answered (node redials a failed
 // connection).
-func askOne[T any](ctx context.Context, c *Cluster, addr string, about *pb.GetNodeRequest, get func(context.Context, pb.NodeAgentClient) (T, error)) (Answer[T], error) {
+func askOne[T any](ctx context.Context, c *Cluster, addr string, about agentclient.GetNodeOptions, get func(context.Context, Agent) (T, error)) (Answer[T], error) {
 	if get == nil {
 		n, err := c.node(ctx, addr, about)
 		return Answer[T]{Node: n}, err
@@ -193,14 +216,14 @@ func askOne[T any](ctx context.Context, c *Cluster, addr string, about *pb.GetNo
 	if err != nil {
 		return Answer[T]{}, err
 	}
-	if status.Code(a.Err) == codes.Unavailable {
+	if errors.Is(a.Err, errdefs.ErrUnavailable) {
 		a = question()
 	}
 	a.Node = n
 	return a, nil
 }
 
-func (c *Cluster) node(ctx context.Context, addr string, about *pb.GetNodeRequest) (Node, error) {
+func (c *Cluster) node(ctx context.Context, addr string, about agentclient.GetNodeOptions) (Node, error) {
 	client, err := c.client(addr)
 	if err != nil {
 		return Node{}, err
@@ -208,20 +231,22 @@ func (c *Cluster) node(ctx context.Context, addr string, about *pb.GetNodeReques
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
 	info, err := client.GetNode(ctx, about)
-	if status.Code(err) == codes.Unavailable {
+	if errors.Is(err, errdefs.ErrUnavailable) {
 		// After failures gRPC waits up to two minutes before dialling
 		// again. A node that is back must be seen at once (a failover's
 		// old primary must be fenced, a move may wait for it): dial now,
 		// and give the new connection a moment.
 		c.resetBackoff(addr)
 		rctx, rcancel := context.WithTimeout(ctx, reconnectWait)
-		info, err = client.GetNode(rctx, about, grpc.WaitForReady(true))
+		waiting := about
+		waiting.WaitForReady = true
+		info, err = client.GetNode(rctx, waiting)
 		rcancel()
 	}
 	if err != nil {
 		return Node{}, fmt.Errorf("agent %s: %w", addr, err)
 	}
-	return Node{Addr: addr, Info: info, Client: client}, nil
+	return Node{Addr: addr, Info: info, Agent: client}, nil
 }
 
 // reconnectWait bounds the second attempt to reach an agent whose
@@ -240,7 +265,7 @@ func (c *Cluster) resetBackoff(addr string) {
 func Healthy(nodes []Node) []Node {
 	var out []Node
 	for _, n := range nodes {
-		if n.Info.GetUnhealthyReason() == "" {
+		if n.Info.UnhealthyReason == "" {
 			out = append(out, n)
 		}
 	}
@@ -259,7 +284,7 @@ type Located[T any] struct {
 // some node could not answer: "not found" must never be guessed, or a
 // delete would report success while data stays behind. When several nodes
 // hold it, best picks (nil: the first).
-func Find[T any](ctx context.Context, c *Cluster, what string, get func(context.Context, pb.NodeAgentClient) (T, error), best ...func(a, b T) bool) (Located[T], error) {
+func Find[T any](ctx context.Context, c *Cluster, what string, get func(context.Context, Agent) (T, error), best ...func(a, b T) bool) (Located[T], error) {
 	found, errs, err := FindAll(ctx, c, get)
 	if err != nil {
 		return Located[T]{}, err
@@ -285,7 +310,7 @@ func Find[T any](ctx context.Context, c *Cluster, what string, get func(context.
 // FindAll asks every node, in parallel, with get, and returns what the
 // nodes hold and the errors of nodes that could not answer (NotFound is
 // not an error: the node does not hold it).
-func FindAll[T any](ctx context.Context, c *Cluster, get func(context.Context, pb.NodeAgentClient) (T, error)) ([]Located[T], []error, error) {
+func FindAll[T any](ctx context.Context, c *Cluster, get func(context.Context, Agent) (T, error)) ([]Located[T], []error, error) {
 	answers, unreachable, err := Ask(ctx, c, get)
 	if err != nil {
 		return nil, nil, err
@@ -298,8 +323,8 @@ func FindAll[T any](ctx context.Context, c *Cluster, get func(context.Context, p
 		switch {
 		case a.Err == nil:
 			found = append(found, Located[T]{Node: a.Node, Object: a.Object})
-		case !errors.Is(errdefs.FromStatus(a.Err), errdefs.ErrNotFound):
-			errs = append(errs, fmt.Errorf("node %s: %w", a.Node.Info.GetNodeId(), a.Err))
+		case !errors.Is(a.Err, errdefs.ErrNotFound):
+			errs = append(errs, fmt.Errorf("node %s: %w", a.Node.Info.NodeID, a.Err))
 		}
 	}
 	for _, u := range unreachable {
@@ -311,30 +336,6 @@ func FindAll[T any](ctx context.Context, c *Cluster, get func(context.Context, p
 // Call bounds one agent call by the agent timeout.
 func (c *Cluster) Call(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(ctx, c.timeout)
-}
-
-// Replicate asks the agent to push a volume to the agent at targetAddr now,
-// calls each (if set) with every progress report, and returns the last
-// one; a push that completed ends with Done set.
-func Replicate(ctx context.Context, agent pb.NodeAgentClient, volumeID, targetAddr string, each func(*pb.ReplicateProgress)) (*pb.ReplicateProgress, error) {
-	stream, err := agent.Replicate(ctx, &pb.ReplicateRequest{VolumeId: volumeID, TargetAddress: targetAddr})
-	if err != nil {
-		return nil, errdefs.FromStatus(err)
-	}
-	var last *pb.ReplicateProgress
-	for {
-		p, err := stream.Recv()
-		if err == io.EOF {
-			return last, nil
-		}
-		if err != nil {
-			return last, errdefs.FromStatus(err)
-		}
-		if each != nil {
-			each(p)
-		}
-		last = p
-	}
 }
 
 // Each calls ask on every node of nodes at once, each call under its own
@@ -360,15 +361,15 @@ func Each[T any](ctx context.Context, c *Cluster, nodes []Node, ask func(context
 // Holding is what a node holds: its primaries (ListVolumes), and its
 // replicas, transfers and copies set aside (Status).
 type Holding struct {
-	Volumes []*pb.Volume
-	Status  *pb.NodeStatus
+	Volumes []agentclient.Volume
+	Status  agentclient.NodeStatus
 }
 
 // Holdings asks every node of nodes at once what it holds.
 func Holdings(ctx context.Context, c *Cluster, nodes []Node) []Answer[Holding] {
 	return Each(ctx, c, nodes, func(ctx context.Context, n Node) (Holding, error) {
-		vols, verr := n.Client.ListVolumes(ctx, &pb.ListVolumesRequest{})
-		st, serr := n.Client.Status(ctx, &pb.StatusRequest{})
-		return Holding{Volumes: vols.GetVolumes(), Status: st}, errors.Join(verr, serr)
+		vols, verr := n.Agent.ListVolumes(ctx, agentclient.Page{})
+		st, serr := n.Agent.Status(ctx)
+		return Holding{Volumes: vols, Status: st}, errors.Join(verr, serr)
 	})
 }

@@ -118,9 +118,9 @@ func preferenceRank(topology map[string]string, preferred []map[string]string) i
 // CandidateOf is node n as placement sees it.
 func CandidateOf(n Node) Candidate {
 	return Candidate{
-		NodeID: n.Info.GetNodeId(), Topology: n.Info.GetTopology(),
-		Available: n.Info.GetAvailableBytes(), MaxQuota: n.Info.GetMaxQuotaBytes(),
-		Volumes: n.Info.GetVolumes(), MaxVolumes: n.Info.GetMaxVolumes(),
+		NodeID: n.Info.NodeID, Topology: n.Info.Topology,
+		Available: n.Info.AvailableBytes, MaxQuota: n.Info.MaxQuotaBytes,
+		Volumes: n.Info.Volumes, MaxVolumes: n.Info.MaxVolumes,
 	}
 }
 
@@ -130,7 +130,7 @@ func PlaceNodes(nodes []Node, req Requirement) ([]Node, error) {
 	byID := make(map[string]Node, len(nodes))
 	cands := make([]Candidate, 0, len(nodes))
 	for _, n := range nodes {
-		byID[n.Info.GetNodeId()] = n
+		byID[n.Info.NodeID] = n
 		cands = append(cands, CandidateOf(n))
 	}
 	placed, err := Place(cands, req)
@@ -153,20 +153,20 @@ func PlaceNodes(nodes []Node, req Requirement) ([]Node, error) {
 // with it. When fewer than want can be placed, err says why no more.
 func ReplicaTargets(source Node, bytes uint64, want int, holders, healthy []Node) ([]Node, error) {
 	var out []Node
-	taken := map[string]bool{source.Info.GetNodeId(): true}
+	taken := map[string]bool{source.Info.NodeID: true}
 	for _, h := range holders {
-		if len(out) < want && !taken[h.Info.GetNodeId()] {
+		if len(out) < want && !taken[h.Info.NodeID] {
 			out = append(out, h)
-			taken[h.Info.GetNodeId()] = true
+			taken[h.Info.NodeID] = true
 		}
 	}
 	if len(out) == want {
 		return out, nil
 	}
-	domain := source.Info.GetTopology()[config.TopologyDomainKey]
+	domain := source.Info.Topology[config.TopologyDomainKey]
 	var others []Node
 	for _, n := range healthy {
-		if !taken[n.Info.GetNodeId()] && n.Info.GetTopology()[config.TopologyDomainKey] == domain {
+		if !taken[n.Info.NodeID] && n.Info.Topology[config.TopologyDomainKey] == domain {
 			others = append(others, n)
 		}
 	}

@@ -5,9 +5,9 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/agentclient"
 	"github.com/zfs-nomad/zfs-nomad/internal/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
-	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
 func TestPlace(t *testing.T) {
@@ -81,7 +81,7 @@ func TestParsePeers(t *testing.T) {
 // source's replication domain with most room; never the source.
 func TestReplicaTargets(t *testing.T) {
 	node := func(id, domain string, availGiB uint64) Node {
-		return Node{Info: &pb.Node{NodeId: id, AvailableBytes: availGiB << 30, MaxQuotaBytes: 8 << 30,
+		return Node{Info: agentclient.NodeInfo{NodeID: id, AvailableBytes: availGiB << 30, MaxQuotaBytes: 8 << 30,
 			Topology: map[string]string{config.TopologyNodeKey: id, config.TopologyDomainKey: domain}}}
 	}
 	src, a, b, c, far := node("src", "d1", 50), node("a", "d1", 1), node("b", "d1", 5), node("c", "d1", 3), node("far", "d2", 100)
@@ -107,7 +107,7 @@ func TestReplicaTargets(t *testing.T) {
 			got, err := ReplicaTargets(src, tt.bytes, tt.want, tt.holders, healthy)
 			var ids []string
 			for _, n := range got {
-				ids = append(ids, n.Info.GetNodeId())
+				ids = append(ids, n.Info.NodeID)
 			}
 			if !slices.Equal(ids, tt.out) {
 				t.Errorf("targets %q, want %q", ids, tt.out)

@@ -9,7 +9,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/zfs-nomad/zfs-nomad/internal/cluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
 )
 
@@ -227,9 +226,9 @@ func (w *world) backup(v *simVolume, from, to *simNode) {
 		return
 	}
 	for _, node := range nodes {
-		if node.Info.GetNodeId() == from.id {
-			last, err := cluster.Replicate(ctx, node.Client, v.id, to.addr(), nil)
-			w.tracef("co: backup %s %s->%s: %s %v", v.name, from.id, to.id, last.GetKind(), errText(err))
+		if node.Info.NodeID == from.id {
+			last, err := node.Agent.Replicate(ctx, v.id, to.addr(), nil)
+			w.tracef("co: backup %s %s->%s: %s %v", v.name, from.id, to.id, last.Kind, errText(err))
 			if err == nil {
 				w.stats.Pushes++
 			}
@@ -246,7 +245,7 @@ func (w *world) scheduleRound() {
 	pushes := w.sched.Round(ctx)
 	w.sched.Wait()
 	for _, p := range pushes {
-		w.tracef("controller: scheduled push of %s %s->%s (%s)", p.VolumeID, p.Source.Info.GetNodeId(), p.Target.Info.GetNodeId(), p.Reason)
+		w.tracef("controller: scheduled push of %s %s->%s (%s)", p.VolumeID, p.Source.Info.NodeID, p.Target.Info.NodeID, p.Reason)
 	}
 }
 

@@ -22,11 +22,11 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/agentclient"
 	"github.com/zfs-nomad/zfs-nomad/internal/cluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
 	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
-	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
 // Migrator runs moves and failovers.
@@ -47,10 +47,10 @@ func New(c *cluster.Cluster, log hclog.Logger) *Migrator {
 // copyOn is one node's copy of a volume.
 type copyOn struct {
 	node cluster.Node
-	copy *pb.Copy
+	copy agentclient.Copy
 }
 
-func (c copyOn) nodeID() string { return c.node.Info.GetNodeId() }
+func (c copyOn) nodeID() string { return c.node.Info.NodeID }
 
 // view is what the reachable nodes hold of one volume.
 type view struct {
@@ -86,11 +86,11 @@ func (v view) newest() uint64 {
 // majority stays lost, on the operator's word.
 func (v view) forcedOn(nodeID string) bool {
 	p, ok := v.primary()
-	if !ok || p.nodeID() != nodeID || p.copy.GetForcedGeneration() != p.copy.GetGeneration() {
+	if !ok || p.nodeID() != nodeID || p.copy.ForcedGeneration != p.copy.Generation {
 		return false
 	}
 	_, newer := v.newerElsewhere(p)
-	return !newer && p.copy.GetGeneration() >= v.newest()
+	return !newer && p.copy.Generation >= v.newest()
 }
 
 // nextGeneration is the generation to promote holder's copy with: one
@@ -115,7 +115,7 @@ func (v view) nextGeneration(holder string) uint64 {
 // (its promotion never happened).
 func (v view) newerElsewhere(p copyOn) (promised, bool) {
 	for _, pr := range v.promises {
-		if pr.generation <= p.copy.GetGeneration() {
+		if pr.generation <= p.copy.Generation {
 			continue
 		}
 		if _, answered := v.node(pr.holder); !answered {
@@ -126,8 +126,8 @@ func (v view) newerElsewhere(p copyOn) (promised, bool) {
 }
 
 func (m *Migrator) gather(ctx context.Context, id string) (view, error) {
-	answers, unreachable, err := cluster.Ask(ctx, m.cluster, func(ctx context.Context, a pb.NodeAgentClient) (*pb.Copy, error) {
-		return a.GetCopy(ctx, &pb.GetCopyRequest{VolumeId: id})
+	answers, unreachable, err := cluster.Ask(ctx, m.cluster, func(ctx context.Context, a cluster.Agent) (agentclient.Copy, error) {
+		return a.GetCopy(ctx, id)
 	})
 	if err != nil {
 		return view{}, err
@@ -138,16 +138,16 @@ func (m *Migrator) gather(ctx context.Context, id string) (view, error) {
 	}
 	for _, a := range answers { // sorted by node ID
 		if a.Err != nil {
-			m.log.Warn("node cannot describe its copy", "volume_id", id, "node_id", a.Node.Info.GetNodeId(), "error", a.Err)
+			m.log.Warn("node cannot describe its copy", "volume_id", id, "node_id", a.Node.Info.NodeID, "error", a.Err)
 			v.unreachable = append(v.unreachable, a.Node.Addr)
 			continue
 		}
 		v.nodes = append(v.nodes, a.Node)
-		if a.Object.GetExists() {
+		if a.Object.Exists {
 			v.copies = append(v.copies, copyOn{node: a.Node, copy: a.Object})
 		}
-		if g := a.Object.GetPromisedGeneration(); g > 0 {
-			v.promises = append(v.promises, promised{generation: g, holder: a.Object.GetPromisedHolder()})
+		if g := a.Object.PromisedGeneration; g > 0 {
+			v.promises = append(v.promises, promised{generation: g, holder: a.Object.PromisedHolder})
 		}
 	}
 	return v, nil
@@ -158,7 +158,7 @@ func (v view) primary() (copyOn, bool) {
 	var best copyOn
 	found := false
 	for _, c := range v.copies {
-		if c.copy.GetRole() == vocab.RolePrimary && (!found || c.copy.GetGeneration() > best.copy.GetGeneration()) {
+		if c.copy.Role == vocab.RolePrimary && (!found || c.copy.Generation > best.copy.Generation) {
 			best, found = c, true
 		}
 	}
@@ -178,7 +178,7 @@ func (v view) conflict() []string {
 	}
 	var nodes []string
 	for _, c := range v.copies {
-		if c.copy.GetRole() == vocab.RolePrimary && c.copy.GetGeneration() == p.copy.GetGeneration() {
+		if c.copy.Role == vocab.RolePrimary && c.copy.Generation == p.copy.Generation {
 			nodes = append(nodes, c.nodeID())
 		}
 	}
@@ -194,11 +194,11 @@ func (m *Migrator) conflictError(id string, v view, nodes []string) error {
 	p, _ := v.primary()
 	m.Metrics.count("conflict", "refused")
 	m.log.Error("two primaries of one generation: neither is staged until an operator sets one aside",
-		"volume_id", id, "generation", p.copy.GetGeneration(), "nodes", strings.Join(nodes, ","))
+		"volume_id", id, "generation", p.copy.Generation, "nodes", strings.Join(nodes, ","))
 	return errdefs.Wrap(errdefs.ErrFailedPrecondition,
 		"volume %s has primaries of the same generation %d on nodes %s: either may hold writes the other lacks, so neither is used; "+
 			"an operator must compare them and set one aside (zfs-controller status shows them)",
-		id, p.copy.GetGeneration(), strings.Join(nodes, ", "))
+		id, p.copy.Generation, strings.Join(nodes, ", "))
 }
 
 // freshestReplica is the replica of the highest generation and, among
@@ -208,11 +208,11 @@ func (v view) freshestReplica(onNode string) (copyOn, bool) {
 	var best copyOn
 	found := false
 	for _, c := range v.copies {
-		if c.copy.GetRole() != vocab.RoleReplica || (onNode != "" && c.nodeID() != onNode) {
+		if c.copy.Role != vocab.RoleReplica || (onNode != "" && c.nodeID() != onNode) {
 			continue
 		}
-		newer := c.copy.GetGeneration() > best.copy.GetGeneration() ||
-			c.copy.GetGeneration() == best.copy.GetGeneration() && fresherWithin(c, best)
+		newer := c.copy.Generation > best.copy.Generation ||
+			c.copy.Generation == best.copy.Generation && fresherWithin(c, best)
 		if !found || newer {
 			best, found = c, true
 		}
@@ -231,7 +231,7 @@ func (v view) failoverReplica(target string) (copyOn, bool) {
 		return best, ok
 	}
 	own, ok := v.freshestReplica(target)
-	if ok && own.copy.GetGeneration() == best.copy.GetGeneration() && !fresherWithin(best, own) {
+	if ok && own.copy.Generation == best.copy.Generation && !fresherWithin(best, own) {
 		return own, true
 	}
 	return best, true
@@ -244,7 +244,7 @@ func (v view) failoverReplica(target string) (copyOn, bool) {
 // newest (their retained snapshots do not overlap) do the times in the
 // names decide: that one primary's clock, which could have stepped back.
 func fresherWithin(a, b copyOn) bool {
-	ag, bg := a.copy.GetSnapshotGuids(), b.copy.GetSnapshotGuids()
+	ag, bg := a.copy.SnapshotGUIDs, b.copy.SnapshotGUIDs
 	if len(ag) > 0 && len(bg) > 0 {
 		an, bn := ag[len(ag)-1], bg[len(bg)-1]
 		switch {
@@ -256,20 +256,20 @@ func fresherWithin(a, b copyOn) bool {
 			return false
 		}
 	}
-	return a.copy.GetLastSnapshotUnixNano() > b.copy.GetLastSnapshotUnixNano()
+	return a.copy.LastSnapshotUnixNano > b.copy.LastSnapshotUnixNano
 }
 
 func (v view) maxGeneration() uint64 {
 	var g uint64
 	for _, c := range v.copies {
-		g = max(g, c.copy.GetGeneration())
+		g = max(g, c.copy.Generation)
 	}
 	return g
 }
 
 func (v view) node(id string) (cluster.Node, bool) {
 	for _, n := range v.nodes {
-		if n.Info.GetNodeId() == id {
+		if n.Info.NodeID == id {
 			return n, true
 		}
 	}
@@ -289,12 +289,12 @@ func (m *Migrator) settle(ctx context.Context, id string, v view) error {
 	}
 	var errs []error
 	for _, c := range v.copies {
-		if c.copy.GetRole() != vocab.RolePrimary || c.copy.GetGeneration() >= p.copy.GetGeneration() {
+		if c.copy.Role != vocab.RolePrimary || c.copy.Generation >= p.copy.Generation {
 			continue
 		}
-		aside := c.copy.GetMovingTo() != p.nodeID()
+		aside := c.copy.MovingTo != p.nodeID()
 		cctx, cancel := m.cluster.Call(ctx)
-		_, err := c.node.Client.Demote(cctx, &pb.DemoteRequest{VolumeId: id, Generation: p.copy.GetGeneration(), Aside: aside})
+		_, err := c.node.Agent.Demote(cctx, agentclient.Demotion{VolumeID: id, Generation: p.copy.Generation, Aside: aside})
 		cancel()
 		if err != nil {
 			errs = append(errs, fmt.Errorf("demoting the stale copy on node %s: %w", c.nodeID(), errdefs.FromStatus(err)))
@@ -303,7 +303,7 @@ func (m *Migrator) settle(ctx context.Context, id string, v view) error {
 		if aside {
 			m.Metrics.count("fenced", "ok")
 			m.log.Warn("stale primary set aside after a failover", "volume_id", id, "node_id", c.nodeID(),
-				"stale_generation", c.copy.GetGeneration(), "generation", p.copy.GetGeneration())
+				"stale_generation", c.copy.Generation, "generation", p.copy.Generation)
 		}
 	}
 	return errors.Join(errs...)
@@ -352,7 +352,7 @@ func (m *Migrator) Publish(ctx context.Context, id, nodeID string) (uint64, erro
 		if ok {
 			if pr, newer := v.newerElsewhere(p); newer {
 				return 0, errdefs.Wrap(errdefs.ErrUnavailable, "generation %d of volume %s was promised to node %s, which did not answer: the copy on node %s (generation %d) may be stale, so it is not published; retry once node %s answers",
-					pr.generation, id, pr.holder, p.nodeID(), p.copy.GetGeneration(), pr.holder)
+					pr.generation, id, pr.holder, p.nodeID(), p.copy.Generation, pr.holder)
 			}
 		}
 		if !ok {
@@ -363,20 +363,20 @@ func (m *Migrator) Publish(ctx context.Context, id, nodeID string) (uint64, erro
 			if err != nil {
 				return 0, err
 			}
-			if promoted.GetNodeId() == nodeID {
-				return promoted.GetGeneration(), nil
+			if promoted.NodeID == nodeID {
+				return promoted.Generation, nil
 			}
 			continue // and move it on to the target
 		}
 		if p.nodeID() == nodeID {
 			// A fence is lifted only when no other node may have been
 			// promoted meanwhile: newerElsewhere above saw to that.
-			if p.copy.GetMovingTo() != "" || p.copy.GetLeaseFenced() {
+			if p.copy.MovingTo != "" || p.copy.LeaseFenced {
 				if err := m.unfence(ctx, id, p, log); err != nil {
 					return 0, err
 				}
 			}
-			return p.copy.GetGeneration(), nil
+			return p.copy.Generation, nil
 		}
 		if err := m.checkMove(p, target); err != nil {
 			return 0, err
@@ -399,28 +399,28 @@ var errRetry = errors.New("retry")
 // the primary without moving it (expansion) and reports of it use it, so
 // that none of them takes a stale copy for the volume (docs/safety.md,
 // G8).
-func (m *Migrator) Current(ctx context.Context, id string) (cluster.Node, *pb.Copy, error) {
+func (m *Migrator) Current(ctx context.Context, id string) (cluster.Node, agentclient.Copy, error) {
 	v, err := m.gather(ctx, id)
 	if err != nil {
-		return cluster.Node{}, nil, err
+		return cluster.Node{}, agentclient.Copy{}, err
 	}
 	if nodes := v.conflict(); nodes != nil {
-		return cluster.Node{}, nil, m.conflictError(id, v, nodes)
+		return cluster.Node{}, agentclient.Copy{}, m.conflictError(id, v, nodes)
 	}
 	p, ok := v.primary()
 	if !v.quorum() && !(ok && v.forcedOn(p.nodeID())) {
-		return cluster.Node{}, nil, m.noQuorum(id, v)
+		return cluster.Node{}, agentclient.Copy{}, m.noQuorum(id, v)
 	}
 	if !ok {
-		if _, maybe := v.newerElsewhere(copyOn{copy: &pb.Copy{}}); len(v.copies) == 0 && !maybe {
-			return cluster.Node{}, nil, errdefs.Wrap(errdefs.ErrNotFound, "volume %s does not exist", id)
+		if _, maybe := v.newerElsewhere(copyOn{}); len(v.copies) == 0 && !maybe {
+			return cluster.Node{}, agentclient.Copy{}, errdefs.Wrap(errdefs.ErrNotFound, "volume %s does not exist", id)
 		}
-		return cluster.Node{}, nil, errdefs.Wrap(errdefs.ErrUnavailable, "no node that answered holds volume %s's primary (not answering: %s): its node is down; a publish fails over by the volume's policy, or retry once it answers",
+		return cluster.Node{}, agentclient.Copy{}, errdefs.Wrap(errdefs.ErrUnavailable, "no node that answered holds volume %s's primary (not answering: %s): its node is down; a publish fails over by the volume's policy, or retry once it answers",
 			id, strings.Join(v.unreachable, ", "))
 	}
 	if pr, newer := v.newerElsewhere(p); newer {
-		return cluster.Node{}, nil, errdefs.Wrap(errdefs.ErrUnavailable, "generation %d of volume %s was promised to node %s, which did not answer: the copy on node %s (generation %d) may be stale; retry once node %s answers",
-			pr.generation, id, pr.holder, p.nodeID(), p.copy.GetGeneration(), pr.holder)
+		return cluster.Node{}, agentclient.Copy{}, errdefs.Wrap(errdefs.ErrUnavailable, "generation %d of volume %s was promised to node %s, which did not answer: the copy on node %s (generation %d) may be stale; retry once node %s answers",
+			pr.generation, id, pr.holder, p.nodeID(), p.copy.Generation, pr.holder)
 	}
 	return p.node, p.copy, nil
 }
@@ -443,7 +443,7 @@ func (m *Migrator) noQuorum(id string, v view) error {
 func (m *Migrator) reserve(ctx context.Context, id string, gen uint64, holder string, v view, everyAnswering bool, failoverFrom []string) error {
 	type answer struct {
 		node string
-		resp *pb.ReserveResponse
+		resp agentclient.Promise
 		err  error
 	}
 	answers := make(chan answer, len(v.nodes))
@@ -451,8 +451,8 @@ func (m *Migrator) reserve(ctx context.Context, id string, gen uint64, holder st
 		go func() {
 			cctx, cancel := m.cluster.Call(ctx)
 			defer cancel()
-			resp, err := n.Client.Reserve(cctx, &pb.ReserveRequest{VolumeId: id, Generation: gen, HolderNodeId: holder, FailoverFrom: failoverFrom})
-			answers <- answer{n.Info.GetNodeId(), resp, err}
+			resp, err := n.Agent.Reserve(cctx, agentclient.Reservation{VolumeID: id, Generation: gen, HolderNodeID: holder, FailoverFrom: failoverFrom})
+			answers <- answer{n.Info.NodeID, resp, err}
 		}()
 	}
 	total := len(v.nodes) + len(v.unreachable)
@@ -464,11 +464,11 @@ func (m *Migrator) reserve(ctx context.Context, id string, gen uint64, holder st
 		case a.err != nil:
 			refusals = append(refusals, fmt.Sprintf("node %s: %v", a.node, errdefs.FromStatus(a.err)))
 			waiting = waiting || (len(failoverFrom) > 0 && errors.Is(errdefs.FromStatus(a.err), errdefs.ErrUnavailable))
-		case a.resp.GetGranted():
+		case a.resp.Granted:
 			granted++
 			holderGranted = holderGranted || a.node == holder
 		default:
-			refusals = append(refusals, fmt.Sprintf("node %s promised generation %d to node %s", a.node, a.resp.GetPromisedGeneration(), a.resp.GetPromisedHolder()))
+			refusals = append(refusals, fmt.Sprintf("node %s promised generation %d to node %s", a.node, a.resp.PromisedGeneration, a.resp.PromisedHolder))
 		}
 	}
 	enough := granted > total/2
@@ -494,16 +494,16 @@ func (m *Migrator) reserve(ctx context.Context, id string, gen uint64, holder st
 }
 
 func (m *Migrator) checkMove(p copyOn, target cluster.Node) error {
-	id := p.copy.GetVolumeId()
-	if vocab.Pinned(p.copy.GetParameters()) {
-		return errdefs.Wrap(errdefs.ErrFailedPrecondition, "volume %s is pinned to node %s (parameter pinned=true); it cannot be published on node %s", id, p.nodeID(), target.Info.GetNodeId())
+	id := p.copy.VolumeID
+	if vocab.Pinned(p.copy.Parameters) {
+		return errdefs.Wrap(errdefs.ErrFailedPrecondition, "volume %s is pinned to node %s (parameter pinned=true); it cannot be published on node %s", id, p.nodeID(), target.Info.NodeID)
 	}
-	from, to := p.node.Info.GetTopology()[config.TopologyDomainKey], target.Info.GetTopology()[config.TopologyDomainKey]
+	from, to := p.node.Info.Topology[config.TopologyDomainKey], target.Info.Topology[config.TopologyDomainKey]
 	if from != to {
-		return errdefs.Wrap(errdefs.ErrFailedPrecondition, "volume %s lives in replication domain %q; node %s is in %q", id, from, target.Info.GetNodeId(), to)
+		return errdefs.Wrap(errdefs.ErrFailedPrecondition, "volume %s lives in replication domain %q; node %s is in %q", id, from, target.Info.NodeID, to)
 	}
-	if p.copy.GetMounted() {
-		return errdefs.Wrap(errdefs.ErrFailedPrecondition, "volume %s is still published on node %s; it moves to node %s once it is unpublished there", id, p.nodeID(), target.Info.GetNodeId())
+	if p.copy.Mounted {
+		return errdefs.Wrap(errdefs.ErrFailedPrecondition, "volume %s is still published on node %s; it moves to node %s once it is unpublished there", id, p.nodeID(), target.Info.NodeID)
 	}
 	return nil
 }
@@ -512,21 +512,21 @@ func (m *Migrator) checkMove(p copyOn, target cluster.Node) error {
 // snapshot, promote the target, demote the source.
 func (m *Migrator) move(ctx context.Context, id string, p copyOn, target cluster.Node, v view, log hclog.Logger) (uint64, error) {
 	started := m.now()
-	gen := v.nextGeneration(target.Info.GetNodeId())
+	gen := v.nextGeneration(target.Info.NodeID)
 	log = log.With("from_node", p.nodeID(), "generation", gen)
 	log.Info("moving volume")
 	// The reservation runs beside the fence and the final send, off the
 	// move's critical path; the promotion waits for it.
 	reserved := make(chan error, 1)
-	go func() { reserved <- m.reserve(ctx, id, gen, target.Info.GetNodeId(), v, false, nil) }()
+	go func() { reserved <- m.reserve(ctx, id, gen, target.Info.NodeID, v, false, nil) }()
 	cctx, cancel := m.cluster.Call(ctx)
-	fence, err := p.node.Client.Fence(cctx, &pb.FenceRequest{VolumeId: id, TargetNodeId: target.Info.GetNodeId()})
+	fencedAt, err := p.node.Agent.Fence(cctx, id, target.Info.NodeID)
 	cancel()
 	if err != nil {
 		m.Metrics.count("move", "failed")
 		return 0, fmt.Errorf("fencing the primary on node %s: %w", p.nodeID(), errdefs.FromStatus(err))
 	}
-	if err := m.sendFinal(ctx, id, p, target, fence.GetFencedUnixNano(), log); err != nil {
+	if err := m.sendFinal(ctx, id, p, target, fencedAt, log); err != nil {
 		m.Metrics.count("move", "failed")
 		return 0, err
 	}
@@ -534,11 +534,11 @@ func (m *Migrator) move(ctx context.Context, id string, p copyOn, target cluster
 		return 0, err
 	}
 	cctx, cancel = m.cluster.Call(ctx)
-	_, err = target.Client.Promote(cctx, &pb.PromoteRequest{VolumeId: id, Generation: gen, NotBeforeUnixNano: fence.GetFencedUnixNano()})
+	_, err = target.Agent.Promote(cctx, agentclient.Promotion{VolumeID: id, Generation: gen, NotBeforeUnixNano: fencedAt})
 	cancel()
 	if err != nil {
 		m.Metrics.count("move", "failed")
-		return 0, fmt.Errorf("promoting the copy on node %s: %w", target.Info.GetNodeId(), errdefs.FromStatus(err))
+		return 0, fmt.Errorf("promoting the copy on node %s: %w", target.Info.NodeID, errdefs.FromStatus(err))
 	}
 	// The target is the primary now and the source a fenced, read-only copy
 	// of an older generation: the workload need not wait for its demotion.
@@ -556,7 +556,7 @@ const demoteTimeout = time.Minute
 func (m *Migrator) demote(id string, p copyOn, gen uint64, log hclog.Logger) {
 	ctx, cancel := context.WithTimeout(context.Background(), demoteTimeout)
 	defer cancel()
-	if _, err := p.node.Client.Demote(ctx, &pb.DemoteRequest{VolumeId: id, Generation: gen}); err != nil {
+	if _, err := p.node.Agent.Demote(ctx, agentclient.Demotion{VolumeID: id, Generation: gen}); err != nil {
 		log.Warn("the old primary is not demoted yet; it stays fenced and is settled later", "error", err)
 	}
 }
@@ -578,23 +578,23 @@ func (m *Migrator) sendFinal(ctx context.Context, id string, p copyOn, target cl
 			continue
 		}
 		if err != nil {
-			return fmt.Errorf("sending volume %s to node %s: %w", id, target.Info.GetNodeId(), err)
+			return fmt.Errorf("sending volume %s to node %s: %w", id, target.Info.NodeID, err)
 		}
-		log.Info("final snapshot sent", "kind", last.GetKind(), "bytes", last.GetBytes(), "snapshot", last.GetSnapshot())
-		if at, ok := vocab.ReplicationSnapshotTime(last.GetSnapshot()); ok && at >= fencedAt {
+		log.Info("final snapshot sent", "kind", last.Kind, "bytes", last.Bytes, "snapshot", last.Snapshot)
+		if at, ok := vocab.ReplicationSnapshotTime(last.Snapshot); ok && at >= fencedAt {
 			return nil // the promotion checks it again on the target
 		}
 		cctx, cancel := m.cluster.Call(ctx)
-		c, err := target.Client.GetCopy(cctx, &pb.GetCopyRequest{VolumeId: id})
+		c, err := target.Agent.GetCopy(cctx, id)
 		cancel()
 		if err != nil {
 			return errdefs.FromStatus(err)
 		}
-		if c.GetLastSnapshotUnixNano() >= fencedAt {
+		if c.LastSnapshotUnixNano >= fencedAt {
 			return nil
 		}
 	}
-	return errdefs.Wrap(errdefs.ErrAborted, "node %s has no snapshot of volume %s newer than its fence after 3 pushes; retry", target.Info.GetNodeId(), id)
+	return errdefs.Wrap(errdefs.ErrAborted, "node %s has no snapshot of volume %s newer than its fence after 3 pushes; retry", target.Info.NodeID, id)
 }
 
 // maxBusyWaits bounds the seconds a move waits for other transfers of the
@@ -603,8 +603,8 @@ const maxBusyWaits = 60
 
 // push runs one Replicate from p's node to target and returns the last
 // progress report.
-func (m *Migrator) push(ctx context.Context, id string, p copyOn, target cluster.Node) (*pb.ReplicateProgress, error) {
-	return cluster.Replicate(ctx, p.node.Client, id, target.Addr, nil)
+func (m *Migrator) push(ctx context.Context, id string, p copyOn, target cluster.Node) (agentclient.Progress, error) {
+	return p.node.Agent.Replicate(ctx, id, target.Addr, nil)
 }
 
 func sleep(ctx context.Context, d time.Duration) error {
@@ -621,13 +621,13 @@ func sleep(ctx context.Context, d time.Duration) error {
 func (m *Migrator) unfence(ctx context.Context, id string, p copyOn, log hclog.Logger) error {
 	cctx, cancel := m.cluster.Call(ctx)
 	defer cancel()
-	if _, err := p.node.Client.Unfence(cctx, &pb.UnfenceRequest{VolumeId: id, Generation: p.copy.GetGeneration()}); err != nil {
+	if _, err := p.node.Agent.Unfence(cctx, id, p.copy.Generation); err != nil {
 		return fmt.Errorf("lifting the fence on node %s: %w", p.nodeID(), errdefs.FromStatus(err))
 	}
-	if p.copy.GetMovingTo() != "" {
+	if p.copy.MovingTo != "" {
 		log.Info("move abandoned: the volume is published where it was")
 	} else {
-		log.Info("a majority shows the copy current: its lease's read-only lifted", "generation", p.copy.GetGeneration())
+		log.Info("a majority shows the copy current: its lease's read-only lifted", "generation", p.copy.Generation)
 	}
 	return nil
 }
@@ -635,17 +635,17 @@ func (m *Migrator) unfence(ctx context.Context, id string, p copyOn, log hclog.L
 // failover runs when no reachable node holds a primary: the volume's
 // policy decides between promoting the freshest replica (target's, if it
 // is as fresh) and waiting for an operator.
-func (m *Migrator) failover(ctx context.Context, id string, v view, target string, log hclog.Logger) (*pb.Copy, error) {
+func (m *Migrator) failover(ctx context.Context, id string, v view, target string, log hclog.Logger) (agentclient.Copy, error) {
 	r, ok := v.failoverReplica(target)
 	if !ok {
 		if len(v.unreachable) > 0 {
-			return nil, errdefs.Wrap(errdefs.ErrUnavailable, "no reachable node holds volume %s (unreachable agents: %s); retry", id, strings.Join(v.unreachable, ", "))
+			return agentclient.Copy{}, errdefs.Wrap(errdefs.ErrUnavailable, "no reachable node holds volume %s (unreachable agents: %s); retry", id, strings.Join(v.unreachable, ", "))
 		}
-		return nil, errdefs.Wrap(errdefs.ErrNotFound, "volume %s does not exist", id)
+		return agentclient.Copy{}, errdefs.Wrap(errdefs.ErrNotFound, "volume %s does not exist", id)
 	}
-	lastAt := time.Unix(0, r.copy.GetLastSnapshotUnixNano())
-	if vocab.FailoverPolicy(r.copy.GetParameters()) != vocab.FailoverAuto {
-		return nil, errdefs.Wrap(errdefs.ErrUnavailable, "the primary of volume %s is unreachable and its failover policy is manual: an operator promotes a replica with `zfs-controller promote -node %s %s` (the freshest, as of %s), or brings the primary's node back",
+	lastAt := time.Unix(0, r.copy.LastSnapshotUnixNano)
+	if vocab.FailoverPolicy(r.copy.Parameters) != vocab.FailoverAuto {
+		return agentclient.Copy{}, errdefs.Wrap(errdefs.ErrUnavailable, "the primary of volume %s is unreachable and its failover policy is manual: an operator promotes a replica with `zfs-controller promote -node %s %s` (the freshest, as of %s), or brings the primary's node back",
 			id, r.nodeID(), id, lastAt.UTC().Format(time.RFC3339))
 	}
 	return m.promote(ctx, id, r, v, false, log)
@@ -654,13 +654,13 @@ func (m *Migrator) failover(ctx context.Context, id string, v view, target strin
 // promote promotes the replica r by failover. forced is the operator's
 // promotion without a majority (promote -force): every node that answered
 // must grant the generation, and the copy records it was forced.
-func (m *Migrator) promote(ctx context.Context, id string, r copyOn, v view, forced bool, log hclog.Logger) (*pb.Copy, error) {
+func (m *Migrator) promote(ctx context.Context, id string, r copyOn, v view, forced bool, log hclog.Logger) (agentclient.Copy, error) {
 	withoutMajority := !v.quorum()
 	if withoutMajority && !forced {
-		return nil, m.noQuorum(id, v)
+		return agentclient.Copy{}, m.noQuorum(id, v)
 	}
 	gen := v.nextGeneration(r.nodeID())
-	lastAt := time.Unix(0, r.copy.GetLastSnapshotUnixNano())
+	lastAt := time.Unix(0, r.copy.LastSnapshotUnixNano)
 	// A failover waits until a majority of the nodes attest that the
 	// silent ones, one of which may hold the primary, have been silent for
 	// a lease and its margin (docs/safety.md, "Leases"); the operator's
@@ -670,24 +670,24 @@ func (m *Migrator) promote(ctx context.Context, id string, r copyOn, v view, for
 		failoverFrom = v.unreachable
 	}
 	if err := m.reserve(ctx, id, gen, r.nodeID(), v, withoutMajority, failoverFrom); err != nil {
-		return nil, err
+		return agentclient.Copy{}, err
 	}
 	if withoutMajority {
 		log.Warn("promoting without a majority of the nodes, as the operator forced: the silent nodes must hold nothing newer",
 			"not_answering", strings.Join(v.unreachable, ","), "generation", gen)
 	}
 	cctx, cancel := m.cluster.Call(ctx)
-	c, err := r.node.Client.Promote(cctx, &pb.PromoteRequest{VolumeId: id, Generation: gen, Failover: true, Forced: withoutMajority})
+	c, err := r.node.Agent.Promote(cctx, agentclient.Promotion{VolumeID: id, Generation: gen, Failover: true, Forced: withoutMajority})
 	cancel()
 	if err != nil {
 		m.Metrics.count("failover", "failed")
-		return nil, fmt.Errorf("promoting the replica on node %s: %w", r.nodeID(), errdefs.FromStatus(err))
+		return agentclient.Copy{}, fmt.Errorf("promoting the replica on node %s: %w", r.nodeID(), errdefs.FromStatus(err))
 	}
 	rpo := m.now().Sub(lastAt)
 	m.Metrics.count("failover", "ok")
 	m.Metrics.recordRPO(id, rpo)
 	log.Warn("failover: replica promoted; writes on the lost primary after its last replicated snapshot are lost",
-		"promoted_node", r.nodeID(), "generation", gen, "last_snapshot", r.copy.GetLastSnapshot(),
+		"promoted_node", r.nodeID(), "generation", gen, "last_snapshot", r.copy.LastSnapshot,
 		"last_snapshot_time", lastAt.UTC().Format(time.RFC3339), "rpo_seconds", int64(rpo.Seconds()))
 	return c, nil
 }
@@ -697,20 +697,20 @@ func (m *Migrator) promote(ctx context.Context, id string, r copyOn, v view, for
 // a majority of the nodes answering it refuses, unless forced: the
 // operator then asserts that the silent nodes are lost for good, or hold
 // nothing newer (docs/safety.md, "Generations").
-func (m *Migrator) Promote(ctx context.Context, id, nodeID string, force bool) (*pb.Copy, error) {
+func (m *Migrator) Promote(ctx context.Context, id, nodeID string, force bool) (agentclient.Copy, error) {
 	if !vocab.IsVolumeID(id) {
-		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, "%q is not a volume ID", id)
+		return agentclient.Copy{}, errdefs.Wrap(errdefs.ErrInvalidArgument, "%q is not a volume ID", id)
 	}
 	v, err := m.gather(ctx, id)
 	if err != nil {
-		return nil, err
+		return agentclient.Copy{}, err
 	}
 	if p, ok := v.primary(); ok {
-		return nil, errdefs.Wrap(errdefs.ErrFailedPrecondition, "volume %s has a primary on node %s (generation %d); publishing it elsewhere moves it", id, p.nodeID(), p.copy.GetGeneration())
+		return agentclient.Copy{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "volume %s has a primary on node %s (generation %d); publishing it elsewhere moves it", id, p.nodeID(), p.copy.Generation)
 	}
 	r, ok := v.freshestReplica(nodeID)
 	if !ok {
-		return nil, errdefs.Wrap(errdefs.ErrNotFound, "no reachable node holds a replica of volume %s%s", id, map[bool]string{true: " on node " + nodeID}[nodeID != ""])
+		return agentclient.Copy{}, errdefs.Wrap(errdefs.ErrNotFound, "no reachable node holds a replica of volume %s%s", id, map[bool]string{true: " on node " + nodeID}[nodeID != ""])
 	}
 	return m.promote(ctx, id, r, v, force, m.log.With("volume_id", id, "operator", true))
 }

@@ -9,18 +9,18 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/agentclient"
 	"github.com/zfs-nomad/zfs-nomad/internal/cluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
-	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
 func on(node, role string, gen uint64, lastSnap int64) copyOn {
-	return copyOn{node: cluster.Node{Info: &pb.Node{NodeId: node}},
-		copy: &pb.Copy{NodeId: node, Exists: true, Role: role, Generation: gen, LastSnapshotUnixNano: lastSnap}}
+	return copyOn{node: cluster.Node{Info: agentclient.NodeInfo{NodeID: node}},
+		copy: agentclient.Copy{NodeID: node, Exists: true, Role: role, Generation: gen, LastSnapshotUnixNano: lastSnap}}
 }
 
 func withGUIDs(c copyOn, guids ...uint64) copyOn {
-	c.copy.SnapshotGuids = guids
+	c.copy.SnapshotGUIDs = guids
 	return c
 }
 

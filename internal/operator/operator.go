@@ -12,10 +12,10 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/agentclient"
 	"github.com/zfs-nomad/zfs-nomad/internal/cluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
 	"github.com/zfs-nomad/zfs-nomad/internal/migration"
-	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
 // Backup pushes a volume now from its node to the node toNode (or, if
@@ -23,8 +23,8 @@ import (
 // else the one with most room in its replication domain) and prints live
 // progress to out.
 func Backup(ctx context.Context, cl *cluster.Cluster, volumeID, toNode string, out io.Writer) error {
-	src, err := cluster.Find(ctx, cl, "volume "+volumeID, func(ctx context.Context, a pb.NodeAgentClient) (*pb.Volume, error) {
-		return a.GetVolume(ctx, &pb.GetVolumeRequest{VolumeId: volumeID})
+	src, err := cluster.Find(ctx, cl, "volume "+volumeID, func(ctx context.Context, a cluster.Agent) (agentclient.Volume, error) {
+		return a.GetVolume(ctx, volumeID)
 	})
 	if err != nil {
 		return err
@@ -33,19 +33,19 @@ func Backup(ctx context.Context, cl *cluster.Cluster, volumeID, toNode string, o
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "backing up %s (%s) from %s to %s\n", volumeID, src.Object.GetName(), src.Node.Info.GetNodeId(), target.Info.GetNodeId())
+	fmt.Fprintf(out, "backing up %s (%s) from %s to %s\n", volumeID, src.Object.Name, src.Node.Info.NodeID, target.Info.NodeID)
 	start := time.Now()
-	last, err := cluster.Replicate(ctx, src.Node.Client, volumeID, target.Addr, func(p *pb.ReplicateProgress) {
+	last, err := src.Node.Agent.Replicate(ctx, volumeID, target.Addr, func(p agentclient.Progress) {
 		fmt.Fprintf(out, "\r%s", FormatProgress(p, time.Since(start)))
 	})
 	if err != nil {
 		fmt.Fprintln(out)
 		return err
 	}
-	if !last.GetDone() {
+	if !last.Done {
 		return errors.New("the node ended the backup without reporting completion")
 	}
-	fmt.Fprintf(out, "\ndone: %s snapshot %s\n", last.GetKind(), last.GetSnapshot())
+	fmt.Fprintf(out, "\ndone: %s snapshot %s\n", last.Kind, last.Snapshot)
 	return nil
 }
 
@@ -53,46 +53,46 @@ func Backup(ctx context.Context, cl *cluster.Cluster, volumeID, toNode string, o
 // the schedule would place the volume's replica (cluster.ReplicaTargets):
 // a healthy node that holds one already, else the one with most room in
 // the volume's replication domain.
-func pickTarget(ctx context.Context, cl *cluster.Cluster, src cluster.Node, vol *pb.Volume, want string) (cluster.Node, error) {
-	srcNode := src.Info.GetNodeId()
+func pickTarget(ctx context.Context, cl *cluster.Cluster, src cluster.Node, vol agentclient.Volume, want string) (cluster.Node, error) {
+	srcNode := src.Info.NodeID
 	if want != "" {
 		nodes, _, err := cl.Nodes(ctx)
 		if err != nil {
 			return cluster.Node{}, err
 		}
 		for _, n := range cluster.Healthy(nodes) {
-			if id := n.Info.GetNodeId(); id == want && id != srcNode {
+			if id := n.Info.NodeID; id == want && id != srcNode {
 				return n, nil
 			}
 		}
 		return cluster.Node{}, errdefs.Wrap(errdefs.ErrNotFound, "node %q is not a healthy node other than the volume's own", want)
 	}
-	answers, _, err := cluster.Ask(ctx, cl, func(ctx context.Context, a pb.NodeAgentClient) (*pb.NodeStatus, error) {
-		return a.Status(ctx, &pb.StatusRequest{})
+	answers, _, err := cluster.Ask(ctx, cl, func(ctx context.Context, a cluster.Agent) (agentclient.NodeStatus, error) {
+		return a.Status(ctx)
 	})
 	if err != nil {
 		return cluster.Node{}, err
 	}
 	var healthy, holders []cluster.Node
 	for _, a := range answers {
-		if a.Node.Info.GetUnhealthyReason() != "" {
+		if a.Node.Info.UnhealthyReason != "" {
 			continue
 		}
 		healthy = append(healthy, a.Node)
-		if a.Err == nil && holdsReplica(a.Object, vol.GetVolumeId()) {
+		if a.Err == nil && holdsReplica(a.Object, vol.VolumeID) {
 			holders = append(holders, a.Node)
 		}
 	}
-	targets, err := cluster.ReplicaTargets(src, vol.GetUsedBytes(), 1, holders, healthy)
+	targets, err := cluster.ReplicaTargets(src, vol.UsedBytes, 1, holders, healthy)
 	if len(targets) == 0 {
-		return cluster.Node{}, fmt.Errorf("no node to back volume %s up to from node %s: %w", vol.GetVolumeId(), srcNode, err)
+		return cluster.Node{}, fmt.Errorf("no node to back volume %s up to from node %s: %w", vol.VolumeID, srcNode, err)
 	}
 	return targets[0], nil
 }
 
-func holdsReplica(st *pb.NodeStatus, volumeID string) bool {
-	for _, r := range st.GetReplicas() {
-		if r.GetVolumeId() == volumeID {
+func holdsReplica(st agentclient.NodeStatus, volumeID string) bool {
+	for _, r := range st.Replicas {
+		if r.VolumeID == volumeID {
 			return true
 		}
 	}
@@ -100,17 +100,17 @@ func holdsReplica(st *pb.NodeStatus, volumeID string) bool {
 }
 
 // FormatProgress renders one progress line: bytes, rate and ETA.
-func FormatProgress(p *pb.ReplicateProgress, elapsed time.Duration) string {
+func FormatProgress(p agentclient.Progress, elapsed time.Duration) string {
 	rate := 0.0
 	if elapsed > 0 {
-		rate = float64(p.GetBytes()) / elapsed.Seconds()
+		rate = float64(p.Bytes) / elapsed.Seconds()
 	}
-	line := fmt.Sprintf("%-11s %9s", p.GetKind(), Bytes(p.GetBytes()))
-	if total := p.GetTotalBytes(); total > 0 {
-		pct := min(100, 100*float64(p.GetBytes())/float64(total))
+	line := fmt.Sprintf("%-11s %9s", p.Kind, Bytes(p.Bytes))
+	if total := p.TotalBytes; total > 0 {
+		pct := min(100, 100*float64(p.Bytes)/float64(total))
 		line += fmt.Sprintf(" of %s (%3.0f%%)", Bytes(total), pct)
-		if rate > 0 && !p.GetDone() {
-			eta := time.Duration(float64(max(0, total-p.GetBytes())) / rate * float64(time.Second))
+		if rate > 0 && !p.Done {
+			eta := time.Duration(float64(max(0, total-p.Bytes)) / rate * float64(time.Second))
 			line += fmt.Sprintf("  %s/s  ETA %s", Bytes(int64(rate)), eta.Round(time.Second))
 		}
 	} else if rate > 0 {
@@ -198,28 +198,28 @@ func Status(ctx context.Context, cl *cluster.Cluster) (Report, error) {
 	}
 	report := Report{Copies: []CopyStatus{}, Transfers: []TransferStatus{}, SetAside: []SetAsideCopy{}, Unreachable: []Unreachable{}}
 	for _, a := range cluster.Holdings(ctx, cl, nodes) {
-		id, vols, st := a.Node.Info.GetNodeId(), a.Object.Volumes, a.Object.Status
+		id, vols, st := a.Node.Info.NodeID, a.Object.Volumes, a.Object.Status
 		if a.Err != nil {
 			report.Unreachable = append(report.Unreachable, Unreachable{Node: id, Error: a.Err.Error()})
 			continue
 		}
 		for _, v := range vols {
-			report.Copies = append(report.Copies, CopyStatus{VolumeID: v.GetVolumeId(), Name: v.GetName(), Node: id, Role: "primary",
-				Generation: v.GetGeneration(), MovingTo: v.GetMovingTo(), FailedOverAt: v.GetFailoverFromSnapshot()})
+			report.Copies = append(report.Copies, CopyStatus{VolumeID: v.VolumeID, Name: v.Name, Node: id, Role: "primary",
+				Generation: v.Generation, MovingTo: v.MovingTo, FailedOverAt: v.FailoverFromSnapshot})
 		}
-		for _, name := range st.GetSetAside() {
+		for _, name := range st.SetAside {
 			report.SetAside = append(report.SetAside, SetAsideCopy{Node: id, Dataset: name})
 		}
-		for _, r := range st.GetReplicas() {
-			c := CopyStatus{VolumeID: r.GetVolumeId(), Name: r.GetName(), Node: id, Role: "replica", LastSnapshot: r.GetLastSnapshot(), Resumable: r.GetResumable()}
+		for _, r := range st.Replicas {
+			c := CopyStatus{VolumeID: r.VolumeID, Name: r.Name, Node: id, Role: "replica", LastSnapshot: r.LastSnapshot, Resumable: r.Resumable}
 			if c.LastSnapshot != "" {
-				c.LastSnapshotTime = time.Unix(r.GetLastSnapshotUnix(), 0).UTC()
+				c.LastSnapshotTime = time.Unix(r.LastSnapshotUnix, 0).UTC()
 			}
 			report.Copies = append(report.Copies, c)
 		}
-		for _, t := range st.GetTransfers() {
-			report.Transfers = append(report.Transfers, TransferStatus{VolumeID: t.GetVolumeId(), From: id, To: t.GetPeer(), Kind: t.GetKind(),
-				Bytes: t.GetBytes(), TotalBytes: t.GetTotalBytes(), Started: time.Unix(t.GetStartedUnix(), 0).UTC()})
+		for _, t := range st.Transfers {
+			report.Transfers = append(report.Transfers, TransferStatus{VolumeID: t.VolumeID, From: id, To: t.Peer, Kind: t.Kind,
+				Bytes: t.Bytes, TotalBytes: t.TotalBytes, Started: time.Unix(t.StartedUnix, 0).UTC()})
 		}
 	}
 	for _, u := range unreachable {
@@ -249,7 +249,7 @@ func PrintStatus(out io.Writer, r Report, now time.Time) {
 	tw.Flush()
 	fmt.Fprintf(out, "\ntransfers running: %d\n", len(r.Transfers))
 	for _, t := range r.Transfers {
-		progress := FormatProgress(&pb.ReplicateProgress{Kind: t.Kind, Bytes: t.Bytes, TotalBytes: t.TotalBytes}, now.Sub(t.Started))
+		progress := FormatProgress(agentclient.Progress{Kind: t.Kind, Bytes: t.Bytes, TotalBytes: t.TotalBytes}, now.Sub(t.Started))
 		fmt.Fprintf(out, "  %s: %s -> %s  %s\n", t.VolumeID, t.From, t.To, progress)
 	}
 	if len(r.SetAside) > 0 {
@@ -304,9 +304,9 @@ func Promote(ctx context.Context, m *migration.Migrator, volumeID, node string, 
 	if err != nil {
 		return err
 	}
-	at := time.Unix(0, c.GetLastSnapshotUnixNano()).UTC().Format(time.RFC3339)
-	fmt.Fprintf(out, "volume %s: the replica on node %s is the primary now (generation %d).\n", volumeID, c.GetNodeId(), c.GetGeneration())
-	fmt.Fprintf(out, "It holds the data as of %s (snapshot %s); writes on the lost primary after that are not in it.\n", at, c.GetLastSnapshot())
+	at := time.Unix(0, c.LastSnapshotUnixNano).UTC().Format(time.RFC3339)
+	fmt.Fprintf(out, "volume %s: the replica on node %s is the primary now (generation %d).\n", volumeID, c.NodeID, c.Generation)
+	fmt.Fprintf(out, "It holds the data as of %s (snapshot %s); writes on the lost primary after that are not in it.\n", at, c.LastSnapshot)
 	fmt.Fprintf(out, "If the old primary's node returns, its copy is set aside (renamed %s-aside-<time>), never mounted.\n", volumeID)
 	return nil
 }
@@ -338,8 +338,8 @@ func markConflicts(copies []CopyStatus) {
 // wants. Without force it refuses when no reachable node holds the
 // volume's primary, since the replica may then be the last copy.
 func RemoveReplica(ctx context.Context, cl *cluster.Cluster, volumeID, node string, force bool, out io.Writer) error {
-	primaries, errs, err := cluster.FindAll(ctx, cl, func(ctx context.Context, a pb.NodeAgentClient) (*pb.Volume, error) {
-		return a.GetVolume(ctx, &pb.GetVolumeRequest{VolumeId: volumeID})
+	primaries, errs, err := cluster.FindAll(ctx, cl, func(ctx context.Context, a cluster.Agent) (agentclient.Volume, error) {
+		return a.GetVolume(ctx, volumeID)
 	})
 	if err != nil {
 		return err
@@ -353,16 +353,16 @@ func RemoveReplica(ctx context.Context, cl *cluster.Cluster, volumeID, node stri
 		return err
 	}
 	for _, n := range nodes {
-		if n.Info.GetNodeId() != node {
+		if n.Info.NodeID != node {
 			continue
 		}
 		cctx, cancel := cl.Call(ctx)
 		defer cancel()
-		resp, err := n.Client.DeleteReplica(cctx, &pb.DeleteReplicaRequest{VolumeId: volumeID})
+		deleted, err := n.Agent.DeleteReplica(cctx, volumeID, false)
 		if err != nil {
 			return fmt.Errorf("node %s: %w", node, err)
 		}
-		if !resp.GetDeleted() {
+		if !deleted {
 			fmt.Fprintf(out, "node %s holds no replica of %s\n", node, volumeID)
 			return nil
 		}

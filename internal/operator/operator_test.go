@@ -5,20 +5,20 @@ import (
 	"testing"
 	"time"
 
-	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
+	"github.com/zfs-nomad/zfs-nomad/internal/agentclient"
 )
 
 func TestFormatProgress(t *testing.T) {
 	tests := []struct {
-		p       *pb.ReplicateProgress
+		p       agentclient.Progress
 		elapsed time.Duration
 		want    string
 	}{
-		{&pb.ReplicateProgress{Kind: "full", Bytes: 50 << 20, TotalBytes: 200 << 20}, 5 * time.Second,
+		{agentclient.Progress{Kind: "full", Bytes: 50 << 20, TotalBytes: 200 << 20}, 5 * time.Second,
 			"full         50.0 MiB of 200.0 MiB ( 25%)  10.0 MiB/s  ETA 15s"},
-		{&pb.ReplicateProgress{Kind: "incremental", Bytes: 1 << 20}, time.Second, "incremental   1.0 MiB  1.0 MiB/s"},
-		{&pb.ReplicateProgress{Kind: "resume", Bytes: 300, TotalBytes: 300, Done: true}, time.Second, "resume          300 B of 300 B (100%)"},
-		{&pb.ReplicateProgress{Kind: "full"}, 0, "full              0 B"},
+		{agentclient.Progress{Kind: "incremental", Bytes: 1 << 20}, time.Second, "incremental   1.0 MiB  1.0 MiB/s"},
+		{agentclient.Progress{Kind: "resume", Bytes: 300, TotalBytes: 300, Done: true}, time.Second, "resume          300 B of 300 B (100%)"},
+		{agentclient.Progress{Kind: "full"}, 0, "full              0 B"},
 	}
 	for _, tc := range tests {
 		if got := FormatProgress(tc.p, tc.elapsed); got != tc.want {

@@ -25,14 +25,12 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/agentclient"
 	"github.com/zfs-nomad/zfs-nomad/internal/cluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
 	"github.com/zfs-nomad/zfs-nomad/internal/metrics"
 	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
-	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
 // Scheduler runs replication rounds.
@@ -137,8 +135,8 @@ func (s *Scheduler) Round(ctx context.Context) []Push {
 	}
 	var started []Push
 	for _, p := range pushes {
-		if !s.claim(p.VolumeID, p.Target.Info.GetNodeId()) {
-			s.log.Debug("a push of the volume from an earlier round still runs", "volume_id", p.VolumeID, "target", p.Target.Info.GetNodeId())
+		if !s.claim(p.VolumeID, p.Target.Info.NodeID) {
+			s.log.Debug("a push of the volume from an earlier round still runs", "volume_id", p.VolumeID, "target", p.Target.Info.NodeID)
 			continue
 		}
 		started = append(started, p)
@@ -215,8 +213,8 @@ func (s *Scheduler) currentBook(healthy []cluster.Node) *book {
 		return nil
 	}
 	for _, n := range healthy {
-		v, ok := b.versions[n.Info.GetNodeId()]
-		if !ok || v == "" || v != n.Info.GetVolumesVersion() {
+		v, ok := b.versions[n.Info.NodeID]
+		if !ok || v == "" || v != n.Info.VolumesVersion {
 			return nil
 		}
 	}
@@ -278,7 +276,7 @@ func (s *Scheduler) recordPush(p Push, started time.Time, err error) {
 		return
 	}
 	for i, t := range v.targets {
-		if t.node.Info.GetNodeId() == p.Target.Info.GetNodeId() {
+		if t.node.Info.NodeID == p.Target.Info.NodeID {
 			v.targets[i].last, v.targets[i].resumable = started, false
 		}
 	}
@@ -287,10 +285,6 @@ func (s *Scheduler) recordPush(p Push, started time.Time, err error) {
 // sourceGone reports whether a push failed because its source does not
 // hold the volume's primary (any more): the book is out of date.
 func sourceGone(err error) bool {
-	switch status.Code(err) {
-	case codes.NotFound, codes.FailedPrecondition:
-		return true
-	}
 	return errors.Is(err, errdefs.ErrNotFound) || errors.Is(err, errdefs.ErrFailedPrecondition)
 }
 
@@ -299,26 +293,26 @@ func sourceGone(err error) bool {
 func (s *Scheduler) planInFull(ctx context.Context, healthy []cluster.Node) ([]Push, error) {
 	next := &book{planned: s.now(), versions: map[string]string{}, volumes: map[string]*booked{}}
 	for _, n := range healthy {
-		next.versions[n.Info.GetNodeId()] = n.Info.GetVolumesVersion()
+		next.versions[n.Info.NodeID] = n.Info.VolumesVersion
 	}
 	type primary struct {
 		node cluster.Node
-		vol  *pb.Volume
+		vol  agentclient.Volume
 	}
 	var primaries []primary
 	replicas := map[string][]replica{}
 	for _, a := range cluster.Holdings(ctx, s.cl, healthy) {
 		n, vols, st := a.Node, a.Object.Volumes, a.Object.Status
 		if a.Err != nil {
-			s.log.Warn("node skipped this round", "node_id", n.Info.GetNodeId(), "error", a.Err)
+			s.log.Warn("node skipped this round", "node_id", n.Info.NodeID, "error", a.Err)
 			next = nil // what it holds is unknown: plan in full again
 			continue
 		}
 		for _, v := range vols {
 			primaries = append(primaries, primary{n, v})
 		}
-		for _, r := range st.GetReplicas() {
-			replicas[r.GetVolumeId()] = append(replicas[r.GetVolumeId()], replica{n, time.Unix(r.GetLastSnapshotUnix(), 0), r.GetResumable()})
+		for _, r := range st.Replicas {
+			replicas[r.VolumeID] = append(replicas[r.VolumeID], replica{n, time.Unix(r.LastSnapshotUnix, 0), r.Resumable})
 		}
 	}
 	// Two primaries of one volume: a move between promotion and demotion,
@@ -326,13 +320,13 @@ func (s *Scheduler) planInFull(ctx context.Context, healthy []cluster.Node) ([]P
 	// (once per round); the volume waits for the next round.
 	holders := map[string]int{}
 	for _, p := range primaries {
-		holders[p.vol.GetVolumeId()]++
+		holders[p.vol.VolumeID]++
 	}
 	settled := map[string]bool{}
 	var pushes []Push
 	s.Metrics.reset()
 	for _, p := range primaries {
-		id := p.vol.GetVolumeId()
+		id := p.vol.VolumeID
 		if holders[id] > 1 {
 			if !settled[id] && s.Settle != nil {
 				if err := s.Settle(ctx, id); err != nil {
@@ -342,22 +336,22 @@ func (s *Scheduler) planInFull(ctx context.Context, healthy []cluster.Node) ([]P
 			settled[id] = true
 			continue
 		}
-		if p.vol.GetMovingTo() != "" {
+		if p.vol.MovingTo != "" {
 			continue // a move is sending it; pushes of its own would only delay it
 		}
-		want, interval := vocab.ReplicationPolicy(p.vol.GetParameters())
+		want, interval := vocab.ReplicationPolicy(p.vol.Parameters)
 		if want == 0 {
 			continue
 		}
-		s.Metrics.observe(p.vol.GetVolumeId(), want, replicas[p.vol.GetVolumeId()], s.now())
+		s.Metrics.observe(p.vol.VolumeID, want, replicas[p.vol.VolumeID], s.now())
 		// The stalest target first: a round starts one push per volume
 		// (Round), so a target that is always due (slow pushes, a short
 		// interval) would otherwise starve the ones after it.
-		targets := s.targets(p.node, p.vol, want, replicas[p.vol.GetVolumeId()], healthy)
+		targets := s.targets(p.node, p.vol, want, replicas[p.vol.VolumeID], healthy)
 		slices.SortStableFunc(targets, func(a, b replica) int { return a.last.Compare(b.last) })
 		for _, t := range targets {
 			if reason := s.due(t, interval); reason != "" {
-				pushes = append(pushes, Push{VolumeID: p.vol.GetVolumeId(), Source: p.node, Target: t.node, Reason: reason})
+				pushes = append(pushes, Push{VolumeID: p.vol.VolumeID, Source: p.node, Target: t.node, Reason: reason})
 			}
 		}
 		if next != nil {
@@ -376,32 +370,32 @@ func (s *Scheduler) planInFull(ctx context.Context, healthy []cluster.Node) ([]P
 // targets returns up to want replicas for a volume: those that exist
 // (freshest first), then the one a push under way is making, then new
 // ones where cluster.ReplicaTargets places them.
-func (s *Scheduler) targets(source cluster.Node, v *pb.Volume, want int, existing []replica, healthy []cluster.Node) []replica {
+func (s *Scheduler) targets(source cluster.Node, v agentclient.Volume, want int, existing []replica, healthy []cluster.Node) []replica {
 	sort.Slice(existing, func(i, j int) bool { return existing[i].last.After(existing[j].last) })
 	byID := map[string]replica{}
 	var holders []cluster.Node
 	for _, r := range existing {
-		byID[r.node.Info.GetNodeId()] = r
+		byID[r.node.Info.NodeID] = r
 		holders = append(holders, r.node)
 	}
 	// A first push shows no replica until its receive completes: placing
 	// the volume anew meanwhile (rooms change as it fills) would start a
 	// second replica, which the volume did not ask for and which a
 	// failover may later prefer over the one a job is rescheduled to.
-	if to := s.pushingTo(v.GetVolumeId()); to != "" {
+	if to := s.pushingTo(v.VolumeID); to != "" {
 		for _, n := range healthy {
-			if _, held := byID[to]; !held && n.Info.GetNodeId() == to {
+			if _, held := byID[to]; !held && n.Info.NodeID == to {
 				holders = append(holders, n)
 			}
 		}
 	}
-	nodes, err := cluster.ReplicaTargets(source, v.GetUsedBytes(), want, holders, healthy)
+	nodes, err := cluster.ReplicaTargets(source, v.UsedBytes, want, holders, healthy)
 	if len(nodes) < want {
-		s.log.Warn("fewer replicas possible than asked for", "volume_id", v.GetVolumeId(), "want", want, "possible", len(nodes), "error", err)
+		s.log.Warn("fewer replicas possible than asked for", "volume_id", v.VolumeID, "want", want, "possible", len(nodes), "error", err)
 	}
 	out := make([]replica, 0, len(nodes))
 	for _, n := range nodes {
-		r, ok := byID[n.Info.GetNodeId()]
+		r, ok := byID[n.Info.NodeID]
 		if !ok {
 			r = replica{node: n}
 		}
@@ -424,15 +418,15 @@ func (s *Scheduler) due(r replica, interval time.Duration) string {
 }
 
 func (s *Scheduler) push(ctx context.Context, p Push) {
-	log := s.log.With("volume_id", p.VolumeID, "source", p.Source.Info.GetNodeId(), "target", p.Target.Info.GetNodeId(), "reason", p.Reason)
+	log := s.log.With("volume_id", p.VolumeID, "source", p.Source.Info.NodeID, "target", p.Target.Info.NodeID, "reason", p.Reason)
 	start := s.now()
 	ctx, progressed, stop := stallGuard(ctx, s.StallTimeout)
 	defer stop()
-	last, err := cluster.Replicate(ctx, p.Source.Client, p.VolumeID, p.Target.Addr, func(p *pb.ReplicateProgress) { progressed(p.GetBytes()) })
+	last, err := p.Source.Agent.Replicate(ctx, p.VolumeID, p.Target.Addr, func(p agentclient.Progress) { progressed(p.Bytes) })
 	if cause := context.Cause(ctx); errors.Is(cause, errStalled) {
 		err = cause
 	}
-	if err == nil && (last == nil || !last.GetDone()) {
+	if err == nil && !last.Done {
 		err = errors.New("the push ended without completing")
 	}
 	s.recordPush(p, start, err)
@@ -441,13 +435,13 @@ func (s *Scheduler) push(ctx context.Context, p Push) {
 		s.Metrics.push("failure")
 		return
 	}
-	if last == nil || !last.GetDone() {
+	if !last.Done {
 		log.Warn("push ended without completing")
 		s.Metrics.push("failure")
 		return
 	}
 	s.Metrics.push("success")
-	log.Info("replica updated", "kind", last.GetKind(), "bytes", last.GetBytes(), "duration", s.now().Sub(start).Round(time.Millisecond))
+	log.Info("replica updated", "kind", last.Kind, "bytes", last.Bytes, "duration", s.now().Sub(start).Round(time.Millisecond))
 }
 
 // errStalled cancels a push that moved no data for the stall timeout.
@@ -502,7 +496,7 @@ func (m *Metrics) observe(volumeID string, want int, have []replica, now time.Ti
 	for _, r := range have {
 		if r.last.Unix() > 0 {
 			complete++
-			m.lag.Set(now.Sub(r.last).Seconds(), volumeID, r.node.Info.GetNodeId())
+			m.lag.Set(now.Sub(r.last).Seconds(), volumeID, r.node.Info.NodeID)
 		}
 	}
 	m.missing.Set(float64(max(0, want-complete)), volumeID)

@@ -156,7 +156,7 @@ func TestPlan(t *testing.T) {
 			}
 			var got []string
 			for _, p := range pushes {
-				got = append(got, fmt.Sprintf("%s %s->%s: %s", p.VolumeID, p.Source.Info.GetNodeId(), p.Target.Info.GetNodeId(), p.Reason))
+				got = append(got, fmt.Sprintf("%s %s->%s: %s", p.VolumeID, p.Source.Info.NodeID, p.Target.Info.NodeID, p.Reason))
 			}
 			slices.Sort(got)
 			if !slices.Equal(got, tt.wantPushes) {
@@ -246,7 +246,7 @@ func TestStalestReplicaIsPushedFirst(t *testing.T) {
 	}
 	var got []string
 	for _, p := range pushes {
-		got = append(got, p.Target.Info.GetNodeId()+": "+p.Reason)
+		got = append(got, p.Target.Info.NodeID+": "+p.Reason)
 	}
 	want := []string{"n3: no replica yet", "n2: replica older than the interval"}
 	if !slices.Equal(got, want) {
@@ -390,7 +390,7 @@ func TestFullPlanKeepsTheReplicaBeingMade(t *testing.T) {
 			}
 			var got []string
 			for _, p := range pushes {
-				got = append(got, p.Target.Info.GetNodeId())
+				got = append(got, p.Target.Info.NodeID)
 			}
 			if !slices.Equal(got, []string{tt.wantPush}) {
 				t.Errorf("pushes of v go to %q, want only %q", got, tt.wantPush)

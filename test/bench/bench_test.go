@@ -47,7 +47,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/zfs-nomad/zfs-nomad/internal/cluster"
+	"github.com/zfs-nomad/zfs-nomad/internal/agentclient"
 	"github.com/zfs-nomad/zfs-nomad/internal/guesttest"
 	"github.com/zfs-nomad/zfs-nomad/internal/replication"
 	"github.com/zfs-nomad/zfs-nomad/internal/sim"
@@ -119,7 +119,7 @@ func BenchmarkReplication(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer agentConn.Close()
-	agent := pb.NewNodeAgentClient(agentConn)
+	agent := agentclient.New(agentConn)
 
 	var local, socat, driver, plaintext usage
 	b.ResetTimer()
@@ -147,7 +147,7 @@ func BenchmarkReplication(b *testing.B) {
 	defer plainConn.Close()
 	b.StartTimer()
 	for i := 0; i < b.N; i++ {
-		plaintext.add(measure(b, func() { push(b, pb.NewNodeAgentClient(plainConn), id, n2.AgentAddress) }))
+		plaintext.add(measure(b, func() { push(b, agentclient.New(plainConn), id, n2.AgentAddress) }))
 		dropReplica(b, n1, n2, id)
 	}
 	b.StopTimer()
@@ -214,8 +214,8 @@ func cpuBusy(b *testing.B) time.Duration {
 }
 
 // push runs one Replicate to the end.
-func push(b *testing.B, agent pb.NodeAgentClient, id, target string) {
-	if _, err := cluster.Replicate(context.Background(), agent, id, target, nil); err != nil {
+func push(b *testing.B, agent *agentclient.Client, id, target string) {
+	if _, err := agent.Replicate(context.Background(), id, target, nil); err != nil {
 		b.Fatal(err)
 	}
 }
@@ -383,7 +383,7 @@ func BenchmarkMigration(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer agentConn.Close()
-	push(b, pb.NewNodeAgentClient(agentConn), id, n2.AgentAddress) // the replica on n2
+	push(b, agentclient.New(agentConn), id, n2.AgentAddress) // the replica on n2
 
 	var raws, publishes, ratios []float64
 	b.ResetTimer()

@@ -23,7 +23,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/zfs-nomad/zfs-nomad/internal/cluster"
+	"github.com/zfs-nomad/zfs-nomad/internal/agentclient"
 	"github.com/zfs-nomad/zfs-nomad/internal/guesttest"
 	"github.com/zfs-nomad/zfs-nomad/internal/operator"
 	"github.com/zfs-nomad/zfs-nomad/internal/sim"
@@ -71,9 +71,21 @@ func publishedVolume(t *testing.T, c *sim.Cluster, name string) (id, target stri
 
 // replicate asks n1's agent to push the volume to n2 and returns the last
 // progress report.
-func replicate(t *testing.T, ctx context.Context, c *sim.Cluster, from, to *sim.Node, id string) (*pb.ReplicateProgress, error) {
+func replicate(t *testing.T, ctx context.Context, c *sim.Cluster, from, to *sim.Node, id string) (agentclient.Progress, error) {
 	t.Helper()
-	return cluster.Replicate(ctx, agent(t, c, from), id, to.AgentAddress, nil)
+	return controllerAgent(t, c, from).Replicate(ctx, id, to.AgentAddress, nil)
+}
+
+// controllerAgent dials a node agent as the operator, through the
+// controller's typed client.
+func controllerAgent(t *testing.T, c *sim.Cluster, n *sim.Node) *agentclient.Client {
+	t.Helper()
+	conn, err := c.DialAgent(n.AgentAddress)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return agentclient.New(conn)
 }
 
 // agent dials a node agent as the operator.
@@ -118,7 +130,7 @@ func TestFullThenIncremental(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p.GetKind() != "full" || !p.GetDone() || p.GetBytes() < 16<<20 {
+	if p.Kind != "full" || !p.Done || p.Bytes < 16<<20 {
 		t.Fatalf("first push: %+v", p)
 	}
 	replica := n2.RootDataset + "/" + id
@@ -139,7 +151,7 @@ func TestFullThenIncremental(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p.GetKind() != "incremental" || p.GetBytes() > 4<<20 {
+	if p.Kind != "incremental" || p.Bytes > 4<<20 {
 		t.Fatalf("second push: %+v; want a small incremental", p)
 	}
 	if src, dst := checksums(t, n1, target), replicaChecksums(t, n2, id); src != dst {
@@ -293,7 +305,7 @@ func TestResumeAfterInterruption(t *testing.T) {
 				if err != nil {
 					t.Fatalf("a push after the token's snapshot was pruned: %v", err)
 				}
-				if p.GetKind() == "resume" {
+				if p.Kind == "resume" {
 					t.Errorf("resumed from a token whose snapshot is gone: %+v", p)
 				}
 				if src, dst := checksums(t, n1, target), replicaChecksums(t, n2, id); src != dst {
@@ -305,8 +317,8 @@ func TestResumeAfterInterruption(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			t.Logf("%s: %d MiB sent before the interruption, %d MiB by the resumed push, of a 200 MiB volume", tc.name, firstBytes>>20, p.GetBytes()>>20)
-			if p.GetKind() != "resume" || p.GetBytes() > 200<<20-firstBytes/2 {
+			t.Logf("%s: %d MiB sent before the interruption, %d MiB by the resumed push, of a 200 MiB volume", tc.name, firstBytes>>20, p.Bytes>>20)
+			if p.Kind != "resume" || p.Bytes > 200<<20-firstBytes/2 {
 				t.Errorf("resumed push: %+v; want kind resume, sending well under the whole 200 MiB again", p)
 			}
 			if src, dst := checksums(t, n1, target), replicaChecksums(t, n2, id); src != dst {
@@ -765,8 +777,8 @@ func TestBandwidthLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 	elapsed := time.Since(start)
-	rate := float64(p.GetBytes()) / elapsed.Seconds() / (1 << 20)
-	t.Logf("%d MiB in %s: %.1f MiB/s under a cap of 8 MiB/s", p.GetBytes()>>20, elapsed.Round(time.Millisecond), rate)
+	rate := float64(p.Bytes) / elapsed.Seconds() / (1 << 20)
+	t.Logf("%d MiB in %s: %.1f MiB/s under a cap of 8 MiB/s", p.Bytes>>20, elapsed.Round(time.Millisecond), rate)
 	if rate > 8.5 {
 		t.Errorf("sent at %.1f MiB/s, above the 8 MiB/s cap", rate)
 	}
@@ -789,7 +801,7 @@ func TestEncryptedVolumeStaysEncrypted(t *testing.T) {
 	}
 	replica := n2.RootDataset + "/" + id
 	if enc, ks := zfsGet(t, "encryption", replica), zfsGet(t, "keystatus", replica); enc == "off" || ks != "unavailable" {
-		t.Fatalf("replica encryption=%s keystatus=%s after a %s send; want encrypted, key not loaded", enc, ks, p.GetKind())
+		t.Fatalf("replica encryption=%s keystatus=%s after a %s send; want encrypted, key not loaded", enc, ks, p.Kind)
 	}
 	guesttest.Run(t, "zfs", "load-key", "-L", "file://"+sim.KeyFile(c.Dir()), replica)
 	if src, dst := checksums(t, n1, target), replicaChecksums(t, n2, id); src != dst {
@@ -809,7 +821,7 @@ func TestDeleteRacesTidies(t *testing.T) {
 	n1, n2 := c.Nodes[0], c.Nodes[1]
 	ctx := context.Background()
 	ctl := csi.NewControllerClient(guesttest.Dial(t, c.ControllerEndpoint))
-	source := agent(t, c, n1)
+	source := controllerAgent(t, c, n1)
 	delays := []time.Duration{0, 0, 0, 50 * time.Millisecond, 100 * time.Millisecond, 200 * time.Millisecond, 1100 * time.Millisecond}
 	for i, delay := range delays {
 		resp, err := ctl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "race-" + strconv.Itoa(i), VolumeCapabilities: []*csi.VolumeCapability{writer},
@@ -826,8 +838,8 @@ func TestDeleteRacesTidies(t *testing.T) {
 		// The last push: the delete starts as soon as the push reports
 		// it is done, when its tidy has just begun.
 		deleted := make(chan error, 1)
-		_, err = cluster.Replicate(ctx, source, id, n2.AgentAddress, func(p *pb.ReplicateProgress) {
-			if p.GetDone() {
+		_, err = source.Replicate(ctx, id, n2.AgentAddress, func(p agentclient.Progress) {
+			if p.Done {
 				go func() {
 					time.Sleep(delay)
 					_, err := ctl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id})
@@ -899,8 +911,8 @@ func TestReplicaAheadOfAMovedPrimary(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if prog.GetKind() != tt.wantKind {
-				t.Errorf("sent %s, want %s", prog.GetKind(), tt.wantKind)
+			if prog.Kind != tt.wantKind {
+				t.Errorf("sent %s, want %s", prog.Kind, tt.wantKind)
 			}
 			if gen := zfsGet(t, "zfs-nomad:generation", replica); gen != "2" {
 				t.Errorf("the replica is of generation %s after the push, want 2", gen)

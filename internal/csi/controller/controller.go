@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/agentclient"
 	"github.com/zfs-nomad/zfs-nomad/internal/cluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/csi/plugin"
@@ -25,7 +26,6 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/keylock"
 	"github.com/zfs-nomad/zfs-nomad/internal/migration"
 	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
-	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
 // Controller is the CSI Controller service. It decides where volumes go and
@@ -83,26 +83,26 @@ func (c *Controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 	return &csi.CreateVolumeResponse{Volume: c.csiVolume(v, node, req.GetVolumeContentSource())}, nil
 }
 
-func (c *Controller) createVolume(ctx context.Context, req *csi.CreateVolumeRequest) (*pb.Volume, cluster.Node, error) {
+func (c *Controller) createVolume(ctx context.Context, req *csi.CreateVolumeRequest) (agentclient.Volume, cluster.Node, error) {
 	if err := vocab.ValidateName("volume", req.GetName()); err != nil {
-		return nil, cluster.Node{}, err
+		return agentclient.Volume{}, cluster.Node{}, err
 	}
 	if err := plugin.CheckCapabilities(req.GetVolumeCapabilities()); err != nil {
-		return nil, cluster.Node{}, err
+		return agentclient.Volume{}, cluster.Node{}, err
 	}
 	required, limit := req.GetCapacityRange().GetRequiredBytes(), req.GetCapacityRange().GetLimitBytes()
 	if required < 0 || limit < 0 {
-		return nil, cluster.Node{}, errdefs.Wrap(errdefs.ErrInvalidArgument, "capacity range must not be negative")
+		return agentclient.Volume{}, cluster.Node{}, errdefs.Wrap(errdefs.ErrInvalidArgument, "capacity range must not be negative")
 	}
 	id := vocab.VolumeIDForName(req.GetName())
 	log := c.log.With("volume_id", id, "name", req.GetName())
 	unlock, err := c.tryLock(id)
 	if err != nil {
-		return nil, cluster.Node{}, err
+		return agentclient.Volume{}, cluster.Node{}, err
 	}
 	defer unlock()
 
-	agentReq := &pb.CreateVolumeRequest{
+	agentReq := agentclient.NewVolume{
 		Name:          req.GetName(),
 		RequiredBytes: uint64(required),
 		LimitBytes:    uint64(limit),
@@ -115,41 +115,41 @@ func (c *Controller) createVolume(ctx context.Context, req *csi.CreateVolumeRequ
 		return c.createOn(ctx, existing.Node, agentReq, log)
 	}
 	if !errors.Is(err, errdefs.ErrNotFound) && !errors.Is(err, errdefs.ErrUnavailable) {
-		return nil, cluster.Node{}, err
+		return agentclient.Volume{}, cluster.Node{}, err
 	}
 
-	candidates, err := c.candidates(ctx, req, agentReq)
+	candidates, err := c.candidates(ctx, req, &agentReq)
 	if err != nil {
-		return nil, cluster.Node{}, err
+		return agentclient.Volume{}, cluster.Node{}, err
 	}
 	ids := make([]string, 0, len(candidates))
 	for _, n := range candidates {
-		ids = append(ids, n.Info.GetNodeId())
+		ids = append(ids, n.Info.NodeID)
 	}
 	// Generation 1 is promised to one node by a majority before it is
 	// created there, so a retry after a lost answer never makes a second
 	// volume on another node (a silent node answers Unavailable instead).
 	node, err := c.migrator.ReserveCreation(ctx, id, ids)
 	if err != nil {
-		return nil, cluster.Node{}, err
+		return agentclient.Volume{}, cluster.Node{}, err
 	}
 	return c.createOn(ctx, node, agentReq, log)
 }
 
-func (c *Controller) createOn(ctx context.Context, n cluster.Node, req *pb.CreateVolumeRequest, log hclog.Logger) (*pb.Volume, cluster.Node, error) {
+func (c *Controller) createOn(ctx context.Context, n cluster.Node, req agentclient.NewVolume, log hclog.Logger) (agentclient.Volume, cluster.Node, error) {
 	cctx, cancel := c.cluster.Call(ctx)
 	defer cancel()
-	v, err := n.Client.CreateVolume(cctx, req)
+	v, err := n.Agent.CreateVolume(cctx, req)
 	if err != nil {
-		return nil, n, errdefs.FromStatus(err)
+		return agentclient.Volume{}, n, errdefs.FromStatus(err)
 	}
-	log.Info("volume ready", "node_id", n.Info.GetNodeId(), "capacity", v.GetCapacityBytes())
+	log.Info("volume ready", "node_id", n.Info.NodeID, "capacity", v.CapacityBytes)
 	return v, n, nil
 }
 
 // candidates returns the nodes a new volume may go to, best first. A volume
 // made from a snapshot or another volume must live where its source does.
-func (c *Controller) candidates(ctx context.Context, req *csi.CreateVolumeRequest, agentReq *pb.CreateVolumeRequest) ([]cluster.Node, error) {
+func (c *Controller) candidates(ctx context.Context, req *csi.CreateVolumeRequest, agentReq *agentclient.NewVolume) ([]cluster.Node, error) {
 	sourceNode := ""
 	if src := req.GetVolumeContentSource(); src != nil {
 		switch {
@@ -159,16 +159,16 @@ func (c *Controller) candidates(ctx context.Context, req *csi.CreateVolumeReques
 			if err != nil {
 				return nil, err
 			}
-			agentReq.SourceSnapshotId = id
-			sourceNode = snap.Node.Info.GetNodeId()
+			agentReq.SourceSnapshotID = id
+			sourceNode = snap.Node.Info.NodeID
 		case src.GetVolume() != nil:
 			id := src.GetVolume().GetVolumeId()
 			v, err := c.currentVolume(ctx, id)
 			if err != nil {
 				return nil, err
 			}
-			agentReq.SourceVolumeId = id
-			sourceNode = v.Node.Info.GetNodeId()
+			agentReq.SourceVolumeID = id
+			sourceNode = v.Node.Info.NodeID
 		default:
 			return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, "unsupported volume content source")
 		}
@@ -206,13 +206,13 @@ func segments(topos []*csi.Topology) []map[string]string {
 	return out
 }
 
-func (c *Controller) csiVolume(v *pb.Volume, n cluster.Node, src *csi.VolumeContentSource) *csi.Volume {
+func (c *Controller) csiVolume(v agentclient.Volume, n cluster.Node, src *csi.VolumeContentSource) *csi.Volume {
 	return &csi.Volume{
-		VolumeId:      v.GetVolumeId(),
-		CapacityBytes: int64(v.GetCapacityBytes()),
+		VolumeId:      v.VolumeID,
+		CapacityBytes: int64(v.CapacityBytes),
 		// Informational only: nodes never trust the context, which a
 		// submitter can forge with `nomad volume register`.
-		VolumeContext:      map[string]string{config.TopologyNodeKey: n.Info.GetNodeId()},
+		VolumeContext:      map[string]string{config.TopologyNodeKey: n.Info.NodeID},
 		ContentSource:      src,
 		AccessibleTopology: accessibleTopology(v, n),
 	}
@@ -221,61 +221,61 @@ func (c *Controller) csiVolume(v *pb.Volume, n cluster.Node, src *csi.VolumeCont
 // accessibleTopology is the node's for a pinned volume, and for a
 // migratable one its replication domain: ControllerPublishVolume brings the
 // data to whichever node of the domain the CO picks (docs/migration.md).
-func accessibleTopology(v *pb.Volume, n cluster.Node) []*csi.Topology {
-	domain, ok := n.Info.GetTopology()[config.TopologyDomainKey]
-	if vocab.Pinned(v.GetParameters()) || !ok {
-		return []*csi.Topology{{Segments: n.Info.GetTopology()}}
+func accessibleTopology(v agentclient.Volume, n cluster.Node) []*csi.Topology {
+	domain, ok := n.Info.Topology[config.TopologyDomainKey]
+	if vocab.Pinned(v.Parameters) || !ok {
+		return []*csi.Topology{{Segments: n.Info.Topology}}
 	}
 	return []*csi.Topology{{Segments: map[string]string{config.TopologyDomainKey: domain}}}
 }
 
-func (c *Controller) findVolume(ctx context.Context, id string) (cluster.Located[*pb.Volume], error) {
+func (c *Controller) findVolume(ctx context.Context, id string) (cluster.Located[agentclient.Volume], error) {
 	if !vocab.IsVolumeID(id) {
-		return cluster.Located[*pb.Volume]{}, errdefs.Wrap(errdefs.ErrNotFound, "volume %q does not exist (not a volume ID of this driver)", id)
+		return cluster.Located[agentclient.Volume]{}, errdefs.Wrap(errdefs.ErrNotFound, "volume %q does not exist (not a volume ID of this driver)", id)
 	}
 	// Between a move's promotion and the demotion of the old copy, two
 	// nodes hold a primary: the newest generation is the volume.
-	return cluster.Find(ctx, c.cluster, "volume "+id, func(ctx context.Context, a pb.NodeAgentClient) (*pb.Volume, error) {
-		return a.GetVolume(ctx, &pb.GetVolumeRequest{VolumeId: id})
-	}, func(a, b *pb.Volume) bool { return a.GetGeneration() > b.GetGeneration() })
+	return cluster.Find(ctx, c.cluster, "volume "+id, func(ctx context.Context, a cluster.Agent) (agentclient.Volume, error) {
+		return a.GetVolume(ctx, id)
+	}, func(a, b agentclient.Volume) bool { return a.Generation > b.Generation })
 }
 
 // currentVolume finds the volume on the node of its current primary, as a
 // publish decides it (Migrator.Current): with the newest copy's node
 // silent it answers Unavailable instead of a stale copy. Everything that
 // acts on the volume's data or reports its state uses it.
-func (c *Controller) currentVolume(ctx context.Context, id string) (cluster.Located[*pb.Volume], error) {
+func (c *Controller) currentVolume(ctx context.Context, id string) (cluster.Located[agentclient.Volume], error) {
 	if !vocab.IsVolumeID(id) {
-		return cluster.Located[*pb.Volume]{}, errdefs.Wrap(errdefs.ErrNotFound, "volume %q does not exist (not a volume ID of this driver)", id)
+		return cluster.Located[agentclient.Volume]{}, errdefs.Wrap(errdefs.ErrNotFound, "volume %q does not exist (not a volume ID of this driver)", id)
 	}
 	node, _, err := c.migrator.Current(ctx, id)
 	if err != nil {
-		return cluster.Located[*pb.Volume]{}, err
+		return cluster.Located[agentclient.Volume]{}, err
 	}
 	cctx, cancel := c.cluster.Call(ctx)
 	defer cancel()
-	v, err := node.Client.GetVolume(cctx, &pb.GetVolumeRequest{VolumeId: id})
+	v, err := node.Agent.GetVolume(cctx, id)
 	if err != nil {
-		return cluster.Located[*pb.Volume]{}, errdefs.FromStatus(err)
+		return cluster.Located[agentclient.Volume]{}, errdefs.FromStatus(err)
 	}
-	return cluster.Located[*pb.Volume]{Node: node, Object: v}, nil
+	return cluster.Located[agentclient.Volume]{Node: node, Object: v}, nil
 }
 
-func (c *Controller) findSnapshot(ctx context.Context, id string) (cluster.Located[*pb.Snapshot], error) {
+func (c *Controller) findSnapshot(ctx context.Context, id string) (cluster.Located[agentclient.Snapshot], error) {
 	if !vocab.IsSnapshotID(id) {
-		return cluster.Located[*pb.Snapshot]{}, errdefs.Wrap(errdefs.ErrNotFound, "snapshot %q does not exist (not a snapshot ID of this driver)", id)
+		return cluster.Located[agentclient.Snapshot]{}, errdefs.Wrap(errdefs.ErrNotFound, "snapshot %q does not exist (not a snapshot ID of this driver)", id)
 	}
-	return cluster.Find(ctx, c.cluster, "snapshot "+id, func(ctx context.Context, a pb.NodeAgentClient) (*pb.Snapshot, error) {
-		resp, err := a.ListSnapshots(ctx, &pb.ListSnapshotsRequest{SnapshotId: id})
+	return cluster.Find(ctx, c.cluster, "snapshot "+id, func(ctx context.Context, a cluster.Agent) (agentclient.Snapshot, error) {
+		snaps, err := a.ListSnapshots(ctx, agentclient.SnapshotQuery{SnapshotID: id})
 		if err != nil {
-			return nil, err
+			return agentclient.Snapshot{}, err
 		}
-		for _, s := range resp.GetSnapshots() {
-			if s.GetSnapshotId() == id {
+		for _, s := range snaps {
+			if s.SnapshotID == id {
 				return s, nil
 			}
 		}
-		return nil, errdefs.Wrap(errdefs.ErrNotFound, "snapshot %s", id)
+		return agentclient.Snapshot{}, errdefs.Wrap(errdefs.ErrNotFound, "snapshot %s", id)
 	})
 }
 
@@ -306,19 +306,19 @@ func (c *Controller) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequ
 // (docs/safety.md). Older primaries are set aside, never destroyed: they
 // may hold writes the newest lacks.
 func (c *Controller) deleteVolume(ctx context.Context, id string) error {
-	answers, unreachable, err := cluster.Ask(ctx, c.cluster, func(ctx context.Context, a pb.NodeAgentClient) (*pb.Copy, error) {
-		return a.GetCopy(ctx, &pb.GetCopyRequest{VolumeId: id})
+	answers, unreachable, err := cluster.Ask(ctx, c.cluster, func(ctx context.Context, a cluster.Agent) (agentclient.Copy, error) {
+		return a.GetCopy(ctx, id)
 	})
 	if err != nil {
 		return err
 	}
 	var silent []string
-	var primaries []cluster.Answer[*pb.Copy]
+	var primaries []cluster.Answer[agentclient.Copy]
 	for _, a := range answers {
 		switch {
 		case a.Err != nil:
-			silent = append(silent, fmt.Sprintf("node %s: %v", a.Node.Info.GetNodeId(), a.Err))
-		case a.Object.GetExists() && a.Object.GetRole() == vocab.RolePrimary:
+			silent = append(silent, fmt.Sprintf("node %s: %v", a.Node.Info.NodeID, a.Err))
+		case a.Object.Exists && a.Object.Role == vocab.RolePrimary:
 			primaries = append(primaries, a)
 		}
 	}
@@ -329,21 +329,21 @@ func (c *Controller) deleteVolume(ctx context.Context, id string) error {
 		return fmt.Errorf("%w: volume %s is not deleted: a node that does not answer may hold a copy (%s); retry once it is back, or take it out of the controller's peers if it is gone for good",
 			errdefs.ErrUnavailable, id, strings.Join(silent, "; "))
 	}
-	sort.Slice(primaries, func(i, j int) bool { return primaries[i].Object.GetGeneration() > primaries[j].Object.GetGeneration() })
+	sort.Slice(primaries, func(i, j int) bool { return primaries[i].Object.Generation > primaries[j].Object.Generation })
 	if len(primaries) > 0 {
 		newest := primaries[0]
 		for _, stale := range primaries[1:] {
-			if err := c.setAside(ctx, id, stale.Node, newest.Object.GetGeneration()); err != nil {
+			if err := c.setAside(ctx, id, stale.Node, newest.Object.Generation); err != nil {
 				return err
 			}
 		}
 		cctx, cancel := c.cluster.Call(ctx)
-		_, err := newest.Node.Client.DeleteVolume(cctx, &pb.DeleteVolumeRequest{VolumeId: id})
+		err := newest.Node.Agent.DeleteVolume(cctx, id)
 		cancel()
 		if err != nil {
 			return errdefs.FromStatus(err)
 		}
-		c.log.Info("volume deleted", "volume_id", id, "node_id", newest.Node.Info.GetNodeId())
+		c.log.Info("volume deleted", "volume_id", id, "node_id", newest.Node.Info.NodeID)
 	}
 	var nodes []cluster.Node
 	for _, a := range answers {
@@ -357,11 +357,11 @@ func (c *Controller) deleteVolume(ctx context.Context, id string) error {
 func (c *Controller) setAside(ctx context.Context, id string, n cluster.Node, generation uint64) error {
 	cctx, cancel := c.cluster.Call(ctx)
 	defer cancel()
-	if _, err := n.Client.Demote(cctx, &pb.DemoteRequest{VolumeId: id, Generation: generation, Aside: true}); err != nil {
-		return fmt.Errorf("volume %s is not deleted: setting aside its older primary on node %s: %w", id, n.Info.GetNodeId(), errdefs.FromStatus(err))
+	if _, err := n.Agent.Demote(cctx, agentclient.Demotion{VolumeID: id, Generation: generation, Aside: true}); err != nil {
+		return fmt.Errorf("volume %s is not deleted: setting aside its older primary on node %s: %w", id, n.Info.NodeID, errdefs.FromStatus(err))
 	}
 	c.log.Warn("an older primary of the deleted volume is set aside, not destroyed: it may hold writes the newest lacked",
-		"volume_id", id, "node_id", n.Info.GetNodeId())
+		"volume_id", id, "node_id", n.Info.NodeID)
 	return nil
 }
 
@@ -370,15 +370,15 @@ func (c *Controller) setAside(ctx context.Context, id string, n cluster.Node, ge
 // retries the delete) if one cannot be removed.
 func (c *Controller) deleteReplicas(ctx context.Context, id string, nodes []cluster.Node) error {
 	var errs []error
-	answers := cluster.Each(ctx, c.cluster, nodes, func(ctx context.Context, n cluster.Node) (*pb.DeleteReplicaResponse, error) {
-		return n.Client.DeleteReplica(ctx, &pb.DeleteReplicaRequest{VolumeId: id, VolumeDeleted: true})
+	answers := cluster.Each(ctx, c.cluster, nodes, func(ctx context.Context, n cluster.Node) (bool, error) {
+		return n.Agent.DeleteReplica(ctx, id, true)
 	})
 	for _, a := range answers {
 		switch {
 		case a.Err != nil:
-			errs = append(errs, fmt.Errorf("node %s: %w", a.Node.Info.GetNodeId(), errdefs.FromStatus(a.Err)))
-		case a.Object.GetDeleted():
-			c.log.Info("replica deleted", "volume_id", id, "node_id", a.Node.Info.GetNodeId())
+			errs = append(errs, fmt.Errorf("node %s: %w", a.Node.Info.NodeID, errdefs.FromStatus(a.Err)))
+		case a.Object: // the node held a replica
+			c.log.Info("replica deleted", "volume_id", id, "node_id", a.Node.Info.NodeID)
 		}
 	}
 	if len(errs) > 0 {
@@ -409,15 +409,14 @@ func (c *Controller) ValidateVolumeCapabilities(ctx context.Context, req *csi.Va
 
 // volumesFrom lists the nodes' primaries as req asks (all, or a page from
 // an ID on), sorted by ID, the newest generation of each.
-func (c *Controller) volumesFrom(ctx context.Context, req *pb.ListVolumesRequest) ([]cluster.Located[*pb.Volume], error) {
-	out, err := fromEveryNode(ctx, c, "volumes", func(ctx context.Context, n cluster.Node) ([]*pb.Volume, error) {
-		resp, err := n.Client.ListVolumes(ctx, req)
-		return resp.GetVolumes(), err
+func (c *Controller) volumesFrom(ctx context.Context, page agentclient.Page) ([]cluster.Located[agentclient.Volume], error) {
+	out, err := fromEveryNode(ctx, c, "volumes", func(ctx context.Context, n cluster.Node) ([]agentclient.Volume, error) {
+		return n.Agent.ListVolumes(ctx, page)
 	})
 	if err != nil {
 		return nil, err
 	}
-	sort.SliceStable(out, func(i, j int) bool { return out[i].Object.GetVolumeId() < out[j].Object.GetVolumeId() })
+	sort.SliceStable(out, func(i, j int) bool { return out[i].Object.VolumeID < out[j].Object.VolumeID })
 	return newestGenerations(out), nil
 }
 
@@ -432,7 +431,7 @@ func fromEveryNode[T any](ctx context.Context, c *Controller, what string, list 
 	var out []cluster.Located[T]
 	for _, a := range cluster.Each(ctx, c.cluster, nodes, list) {
 		if a.Err != nil {
-			c.log.Warn("listing the "+what+" of a node failed; the list is incomplete", "node_id", a.Node.Info.GetNodeId(), "error", a.Err)
+			c.log.Warn("listing the "+what+" of a node failed; the list is incomplete", "node_id", a.Node.Info.NodeID, "error", a.Err)
 			continue
 		}
 		for _, item := range a.Object {
@@ -445,12 +444,12 @@ func fromEveryNode[T any](ctx context.Context, c *Controller, what string, list 
 // newestGenerations keeps, of a volume listed by two nodes (the moment
 // between a move's promotion and the old copy's demotion), the newest
 // generation. items are sorted by volume ID.
-func newestGenerations(items []cluster.Located[*pb.Volume]) []cluster.Located[*pb.Volume] {
-	var out []cluster.Located[*pb.Volume]
+func newestGenerations(items []cluster.Located[agentclient.Volume]) []cluster.Located[agentclient.Volume] {
+	var out []cluster.Located[agentclient.Volume]
 	for _, it := range items {
 		last := len(out) - 1
-		if last >= 0 && out[last].Object.GetVolumeId() == it.Object.GetVolumeId() {
-			if it.Object.GetGeneration() > out[last].Object.GetGeneration() {
+		if last >= 0 && out[last].Object.VolumeID == it.Object.VolumeID {
+			if it.Object.Generation > out[last].Object.Generation {
 				out[last] = it
 			}
 			continue
@@ -472,7 +471,7 @@ func (c *Controller) ListVolumes(ctx context.Context, req *csi.ListVolumesReques
 	if token := req.GetStartingToken(); token != "" && !vocab.IsVolumeID(token) {
 		return nil, errdefs.Wrap(errdefs.ErrAborted, "starting_token %q is not a token this plugin issued; list again from the start", token)
 	}
-	nodeReq := &pb.ListVolumesRequest{From: req.GetStartingToken()}
+	nodeReq := agentclient.Page{From: req.GetStartingToken()}
 	if req.GetMaxEntries() > 0 {
 		nodeReq.MaxEntries = uint32(req.GetMaxEntries()) + 1
 	}
@@ -480,7 +479,7 @@ func (c *Controller) ListVolumes(ctx context.Context, req *csi.ListVolumesReques
 	if err != nil {
 		return nil, err
 	}
-	page, next, err := paginate(all, func(v cluster.Located[*pb.Volume]) string { return v.Object.GetVolumeId() },
+	page, next, err := paginate(all, func(v cluster.Located[agentclient.Volume]) string { return v.Object.VolumeID },
 		req.GetStartingToken(), req.GetMaxEntries(), vocab.IsVolumeID)
 	if err != nil {
 		return nil, err
@@ -493,8 +492,8 @@ func (c *Controller) ListVolumes(ctx context.Context, req *csi.ListVolumesReques
 }
 
 // sourceOf turns a stored source ("snapshot:ID", "volume:ID") back into CSI.
-func sourceOf(v *pb.Volume) *csi.VolumeContentSource {
-	kind, id, _ := strings.Cut(v.GetSource(), ":")
+func sourceOf(v agentclient.Volume) *csi.VolumeContentSource {
+	kind, id, _ := strings.Cut(v.Source, ":")
 	switch kind {
 	case "snapshot":
 		return &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: id}}}
@@ -541,14 +540,14 @@ func (c *Controller) GetCapacity(ctx context.Context, req *csi.GetCapacityReques
 	}
 	var available, largest uint64
 	for _, n := range cluster.Healthy(nodes) {
-		if seg := req.GetAccessibleTopology().GetSegments(); seg != nil && !cluster.Matches(n.Info.GetTopology(), seg) {
+		if seg := req.GetAccessibleTopology().GetSegments(); seg != nil && !cluster.Matches(n.Info.Topology, seg) {
 			continue
 		}
-		if pin := req.GetParameters()[vocab.ParamNode]; pin != "" && pin != n.Info.GetNodeId() {
+		if pin := req.GetParameters()[vocab.ParamNode]; pin != "" && pin != n.Info.NodeID {
 			continue
 		}
-		available += n.Info.GetAvailableBytes()
-		largest = max(largest, min(n.Info.GetAvailableBytes(), n.Info.GetMaxQuotaBytes()))
+		available += n.Info.AvailableBytes
+		largest = max(largest, min(n.Info.AvailableBytes, n.Info.MaxQuotaBytes))
 	}
 	return &csi.GetCapacityResponse{
 		AvailableCapacity: int64(available),
@@ -594,16 +593,14 @@ func (c *Controller) ControllerExpandVolume(ctx context.Context, req *csi.Contro
 	}
 	cctx, cancel := c.cluster.Call(ctx)
 	defer cancel()
-	resp, err := found.Node.Client.ExpandVolume(cctx, &pb.ExpandVolumeRequest{
-		VolumeId:      id,
-		RequiredBytes: uint64(max(0, req.GetCapacityRange().GetRequiredBytes())),
-		LimitBytes:    uint64(max(0, req.GetCapacityRange().GetLimitBytes())),
-	})
+	capacity, err := found.Node.Agent.ExpandVolume(cctx, id,
+		uint64(max(0, req.GetCapacityRange().GetRequiredBytes())),
+		uint64(max(0, req.GetCapacityRange().GetLimitBytes())))
 	if err != nil {
 		return nil, err
 	}
 	// A quota change is effective at once, mounted or not.
-	return &csi.ControllerExpandVolumeResponse{CapacityBytes: int64(resp.GetCapacityBytes()), NodeExpansionRequired: false}, nil
+	return &csi.ControllerExpandVolumeResponse{CapacityBytes: int64(capacity), NodeExpansionRequired: false}, nil
 }
 
 func (c *Controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshotRequest) (*csi.CreateSnapshotResponse, error) {
@@ -621,8 +618,8 @@ func (c *Controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshot
 	defer unlock()
 	// Snapshot names are unique across the cluster, not per volume.
 	existing, err := c.findSnapshot(ctx, id)
-	if err == nil && existing.Object.GetSourceVolumeId() != req.GetSourceVolumeId() {
-		return nil, errdefs.Wrap(errdefs.ErrAlreadyExists, "snapshot %q exists for volume %s, not %s", req.GetName(), existing.Object.GetSourceVolumeId(), req.GetSourceVolumeId())
+	if err == nil && existing.Object.SourceVolumeID != req.GetSourceVolumeId() {
+		return nil, errdefs.Wrap(errdefs.ErrAlreadyExists, "snapshot %q exists for volume %s, not %s", req.GetName(), existing.Object.SourceVolumeID, req.GetSourceVolumeId())
 	}
 	if err == nil {
 		return &csi.CreateSnapshotResponse{Snapshot: csiSnapshot(existing.Object)}, nil
@@ -636,20 +633,20 @@ func (c *Controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshot
 	}
 	cctx, cancel := c.cluster.Call(ctx)
 	defer cancel()
-	snap, err := found.Node.Client.CreateSnapshot(cctx, &pb.CreateSnapshotRequest{SourceVolumeId: req.GetSourceVolumeId(), Name: req.GetName()})
+	snap, err := found.Node.Agent.CreateSnapshot(cctx, req.GetSourceVolumeId(), req.GetName())
 	if err != nil {
 		return nil, err
 	}
-	c.log.Info("snapshot created", "volume_id", req.GetSourceVolumeId(), "snapshot_id", snap.GetSnapshotId(), "node_id", found.Node.Info.GetNodeId())
+	c.log.Info("snapshot created", "volume_id", req.GetSourceVolumeId(), "snapshot_id", snap.SnapshotID, "node_id", found.Node.Info.NodeID)
 	return &csi.CreateSnapshotResponse{Snapshot: csiSnapshot(snap)}, nil
 }
 
-func csiSnapshot(s *pb.Snapshot) *csi.Snapshot {
+func csiSnapshot(s agentclient.Snapshot) *csi.Snapshot {
 	return &csi.Snapshot{
-		SnapshotId:     s.GetSnapshotId(),
-		SourceVolumeId: s.GetSourceVolumeId(),
-		SizeBytes:      int64(s.GetSizeBytes()),
-		CreationTime:   timestamppb.New(time.Unix(s.GetCreatedUnix(), 0)),
+		SnapshotId:     s.SnapshotID,
+		SourceVolumeId: s.SourceVolumeID,
+		SizeBytes:      int64(s.SizeBytes),
+		CreationTime:   timestamppb.New(time.Unix(s.CreatedUnix, 0)),
 		ReadyToUse:     true, // a ZFS snapshot is complete when it exists
 	}
 }
@@ -673,10 +670,10 @@ func (c *Controller) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshot
 	}
 	cctx, cancel := c.cluster.Call(ctx)
 	defer cancel()
-	if _, err := found.Node.Client.DeleteSnapshot(cctx, &pb.DeleteSnapshotRequest{SnapshotId: id}); err != nil {
+	if err := found.Node.Agent.DeleteSnapshot(cctx, id); err != nil {
 		return nil, err
 	}
-	c.log.Info("snapshot deleted", "snapshot_id", id, "volume_id", found.Object.GetSourceVolumeId())
+	c.log.Info("snapshot deleted", "snapshot_id", id, "volume_id", found.Object.SourceVolumeID)
 	return &csi.DeleteSnapshotResponse{}, nil
 }
 
@@ -687,27 +684,26 @@ func (c *Controller) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRe
 	if token := req.GetStartingToken(); token != "" && !vocab.IsSnapshotID(token) {
 		return nil, errdefs.Wrap(errdefs.ErrAborted, "starting_token %q is not a token this plugin issued; list again from the start", token)
 	}
-	nodeReq := &pb.ListSnapshotsRequest{SnapshotId: req.GetSnapshotId(), From: req.GetStartingToken(), SourceVolumeId: req.GetSourceVolumeId()}
+	nodeReq := agentclient.SnapshotQuery{SnapshotID: req.GetSnapshotId(), From: req.GetStartingToken(), SourceVolumeID: req.GetSourceVolumeId()}
 	if req.GetMaxEntries() > 0 {
 		nodeReq.MaxEntries = uint32(req.GetMaxEntries()) + 1
 	}
-	listed, err := fromEveryNode(ctx, c, "snapshots", func(ctx context.Context, n cluster.Node) ([]*pb.Snapshot, error) {
-		resp, err := n.Client.ListSnapshots(ctx, nodeReq)
-		return resp.GetSnapshots(), err
+	listed, err := fromEveryNode(ctx, c, "snapshots", func(ctx context.Context, n cluster.Node) ([]agentclient.Snapshot, error) {
+		return n.Agent.ListSnapshots(ctx, nodeReq)
 	})
 	if err != nil {
 		return nil, err
 	}
-	var all []*pb.Snapshot
+	var all []agentclient.Snapshot
 	for _, l := range listed {
 		s := l.Object
-		if (req.GetSnapshotId() == "" || s.GetSnapshotId() == req.GetSnapshotId()) &&
-			(req.GetSourceVolumeId() == "" || s.GetSourceVolumeId() == req.GetSourceVolumeId()) {
+		if (req.GetSnapshotId() == "" || s.SnapshotID == req.GetSnapshotId()) &&
+			(req.GetSourceVolumeId() == "" || s.SourceVolumeID == req.GetSourceVolumeId()) {
 			all = append(all, s)
 		}
 	}
-	sort.Slice(all, func(i, j int) bool { return all[i].GetSnapshotId() < all[j].GetSnapshotId() })
-	page, next, err := paginate(all, (*pb.Snapshot).GetSnapshotId, req.GetStartingToken(), req.GetMaxEntries(), vocab.IsSnapshotID)
+	sort.Slice(all, func(i, j int) bool { return all[i].SnapshotID < all[j].SnapshotID })
+	page, next, err := paginate(all, func(s agentclient.Snapshot) string { return s.SnapshotID }, req.GetStartingToken(), req.GetMaxEntries(), vocab.IsSnapshotID)
 	if err != nil {
 		return nil, err
 	}

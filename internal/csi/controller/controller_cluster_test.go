@@ -465,7 +465,7 @@ func TestPublishDecidesOnlyFromAMajority(t *testing.T) {
 			t.Fatalf("promote without a majority: %v, want Unavailable pointing to -force", err)
 		}
 		c, err := m.Promote(ctx, id, "n3", true)
-		if err != nil || c.GetGeneration() != 2 || c.GetForcedGeneration() != 2 {
+		if err != nil || c.Generation != 2 || c.ForcedGeneration != 2 {
 			t.Fatalf("forced promote: %+v, %v", c, err)
 		}
 		resp, err := publish(ctl, "n3")
