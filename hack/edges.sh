@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Checks the edge between the two binaries (docs/architecture.md): the
-# controller links no node code (ZFS, mounts, volumes on disk, replication
-# streams, the agent server), so it builds without cgo for any OS.
+# Checks the edges of docs/architecture.md: the controller links no node
+# code (ZFS, mounts, volumes on disk, replication streams, the agent
+# server), so it builds without cgo for any OS; and its logic sees no
+# protobuf, which stops at the agent client.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 module=$(go list -m)
@@ -9,7 +10,18 @@ node_only='internal/(volume|mount|zfs|zfs/libzfs|zfs/zfscmd|zfs/zfsfake|replicat
 linked=$(go list -deps ./cmd/zfs-controller | grep "^$module/" | sed "s|^$module/||" | grep -E "^$node_only" || true)
 if [ -n "$linked" ]; then
 	echo "zfs-controller links node code:" $linked
-	echo "(see docs/architecture.md: the controller reaches nodes only through package cluster)"
+	echo "(see docs/architecture.md: the controller reaches nodes only through packages cluster and agentclient)"
+	exit 1
+fi
+# Protobuf stops at the agent client (internal/agentclient): the
+# controller's logic works on its plain types, never on agentpb's messages.
+# (Their tests may serve fake agents, which are gRPC servers.)
+plain='cluster migration scheduler operator csi/controller'
+leaks=$(go list -f '{{.ImportPath}} {{join .Imports " "}}' $(printf './internal/%s ' $plain) |
+	awk -v pb="$module/proto/agentpb" '{for (i = 2; i <= NF; i++) if ($i == pb) print $1}')
+if [ -n "$leaks" ]; then
+	echo "controller logic imports proto/agentpb:" $leaks
+	echo "(see docs/architecture.md: protobuf stops at internal/agentclient)"
 	exit 1
 fi
 for os in linux darwin; do
