@@ -32,11 +32,11 @@ type Node struct {
 	Agent Agent
 }
 
-// Agent is a node agent as the controller calls it: plain Go types in and
-// out, errors of the errdefs kinds (internal/agentclient implements it
-// over gRPC; protobuf stops there).
+// Agent is a node agent as the controller's logic calls it: plain Go
+// types in and out, errors of the errdefs kinds. *agentclient.Client
+// implements it over gRPC; protobuf stops there. (What a node says about
+// itself, GetNode, the cluster asks on its own and hands out as Info.)
 type Agent interface {
-	GetNode(ctx context.Context, opts agentclient.GetNodeOptions) (agentclient.NodeInfo, error)
 	CreateVolume(ctx context.Context, v agentclient.NewVolume) (agentclient.Volume, error)
 	DeleteVolume(ctx context.Context, volumeID string) error
 	GetVolume(ctx context.Context, volumeID string) (agentclient.Volume, error)

@@ -463,7 +463,7 @@ func (m *Migrator) reserve(ctx context.Context, id string, gen uint64, holder st
 		switch {
 		case a.err != nil:
 			refusals = append(refusals, fmt.Sprintf("node %s: %v", a.node, errdefs.FromStatus(a.err)))
-			waiting = waiting || (len(failoverFrom) > 0 && errors.Is(errdefs.FromStatus(a.err), errdefs.ErrUnavailable))
+			waiting = waiting || (len(failoverFrom) > 0 && errors.Is(a.err, errdefs.ErrUnavailable))
 		case a.resp.Granted:
 			granted++
 			holderGranted = holderGranted || a.node == holder
