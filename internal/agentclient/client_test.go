@@ -293,3 +293,15 @@ func TestNilConvertsToZero(t *testing.T) {
 		t.Errorf("nodeStatusFromPB(nil) = %+v", got)
 	}
 }
+
+// Only gRPC statuses are converted: no error stays nil, and an error that
+// carries no status passes through as it is.
+func TestFromStatusLeavesOtherErrors(t *testing.T) {
+	if err := fromStatus(nil); err != nil {
+		t.Errorf("fromStatus(nil) = %v", err)
+	}
+	plain := errors.New("not a status")
+	if err := fromStatus(plain); err != plain {
+		t.Errorf("fromStatus(plain) = %v, want it unchanged", err)
+	}
+}
