@@ -97,8 +97,14 @@ func ToStatus(err error) error {
 }
 
 // FromStatus turns a gRPC status from a peer back into an error of the
-// matching kind, so logic can test it with errors.Is.
+// matching kind, so logic can test it with errors.Is. Its text is the
+// peer's message, without gRPC's "rpc error: code = ... desc =" prefix;
+// its code stays the peer's, also for codes that have no kind here
+// (Internal). An error that carries no status is returned as it is.
 func FromStatus(err error) error {
+	if err == nil {
+		return nil
+	}
 	s, ok := status.FromError(err)
 	if !ok {
 		return err
@@ -108,7 +114,7 @@ func FromStatus(err error) error {
 			return &statusError{kind: k.err, st: s}
 		}
 	}
-	return err
+	return &statusError{st: s}
 }
 
 type statusError struct {

@@ -297,7 +297,7 @@ func (m *Migrator) settle(ctx context.Context, id string, v view) error {
 		_, err := c.node.Agent.Demote(cctx, agentclient.Demotion{VolumeID: id, Generation: p.copy.Generation, Aside: aside})
 		cancel()
 		if err != nil {
-			errs = append(errs, fmt.Errorf("demoting the stale copy on node %s: %w", c.nodeID(), errdefs.FromStatus(err)))
+			errs = append(errs, fmt.Errorf("demoting the stale copy on node %s: %w", c.nodeID(), err))
 			continue
 		}
 		if aside {
@@ -462,7 +462,7 @@ func (m *Migrator) reserve(ctx context.Context, id string, gen uint64, holder st
 		a := <-answers
 		switch {
 		case a.err != nil:
-			refusals = append(refusals, fmt.Sprintf("node %s: %v", a.node, errdefs.FromStatus(a.err)))
+			refusals = append(refusals, fmt.Sprintf("node %s: %v", a.node, a.err))
 			waiting = waiting || (len(failoverFrom) > 0 && errors.Is(a.err, errdefs.ErrUnavailable))
 		case a.resp.Granted:
 			granted++
@@ -524,7 +524,7 @@ func (m *Migrator) move(ctx context.Context, id string, p copyOn, target cluster
 	cancel()
 	if err != nil {
 		m.Metrics.count("move", "failed")
-		return 0, fmt.Errorf("fencing the primary on node %s: %w", p.nodeID(), errdefs.FromStatus(err))
+		return 0, fmt.Errorf("fencing the primary on node %s: %w", p.nodeID(), err)
 	}
 	if err := m.sendFinal(ctx, id, p, target, fencedAt, log); err != nil {
 		m.Metrics.count("move", "failed")
@@ -538,7 +538,7 @@ func (m *Migrator) move(ctx context.Context, id string, p copyOn, target cluster
 	cancel()
 	if err != nil {
 		m.Metrics.count("move", "failed")
-		return 0, fmt.Errorf("promoting the copy on node %s: %w", target.Info.NodeID, errdefs.FromStatus(err))
+		return 0, fmt.Errorf("promoting the copy on node %s: %w", target.Info.NodeID, err)
 	}
 	// The target is the primary now and the source a fenced, read-only copy
 	// of an older generation: the workload need not wait for its demotion.
@@ -588,7 +588,7 @@ func (m *Migrator) sendFinal(ctx context.Context, id string, p copyOn, target cl
 		c, err := target.Agent.GetCopy(cctx, id)
 		cancel()
 		if err != nil {
-			return errdefs.FromStatus(err)
+			return err
 		}
 		if c.LastSnapshotUnixNano >= fencedAt {
 			return nil
@@ -622,7 +622,7 @@ func (m *Migrator) unfence(ctx context.Context, id string, p copyOn, log hclog.L
 	cctx, cancel := m.cluster.Call(ctx)
 	defer cancel()
 	if _, err := p.node.Agent.Unfence(cctx, id, p.copy.Generation); err != nil {
-		return fmt.Errorf("lifting the fence on node %s: %w", p.nodeID(), errdefs.FromStatus(err))
+		return fmt.Errorf("lifting the fence on node %s: %w", p.nodeID(), err)
 	}
 	if p.copy.MovingTo != "" {
 		log.Info("move abandoned: the volume is published where it was")
@@ -681,7 +681,7 @@ func (m *Migrator) promote(ctx context.Context, id string, r copyOn, v view, for
 	cancel()
 	if err != nil {
 		m.Metrics.count("failover", "failed")
-		return agentclient.Copy{}, fmt.Errorf("promoting the replica on node %s: %w", r.nodeID(), errdefs.FromStatus(err))
+		return agentclient.Copy{}, fmt.Errorf("promoting the replica on node %s: %w", r.nodeID(), err)
 	}
 	rpo := m.now().Sub(lastAt)
 	m.Metrics.count("failover", "ok")

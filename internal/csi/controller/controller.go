@@ -141,7 +141,7 @@ func (c *Controller) createOn(ctx context.Context, n cluster.Node, req agentclie
 	defer cancel()
 	v, err := n.Agent.CreateVolume(cctx, req)
 	if err != nil {
-		return agentclient.Volume{}, n, errdefs.FromStatus(err)
+		return agentclient.Volume{}, n, err
 	}
 	log.Info("volume ready", "node_id", n.Info.NodeID, "capacity", v.CapacityBytes)
 	return v, n, nil
@@ -256,7 +256,7 @@ func (c *Controller) currentVolume(ctx context.Context, id string) (cluster.Loca
 	defer cancel()
 	v, err := node.Agent.GetVolume(cctx, id)
 	if err != nil {
-		return cluster.Located[agentclient.Volume]{}, errdefs.FromStatus(err)
+		return cluster.Located[agentclient.Volume]{}, err
 	}
 	return cluster.Located[agentclient.Volume]{Node: node, Object: v}, nil
 }
@@ -341,7 +341,7 @@ func (c *Controller) deleteVolume(ctx context.Context, id string) error {
 		err := newest.Node.Agent.DeleteVolume(cctx, id)
 		cancel()
 		if err != nil {
-			return errdefs.FromStatus(err)
+			return err
 		}
 		c.log.Info("volume deleted", "volume_id", id, "node_id", newest.Node.Info.NodeID)
 	}
@@ -358,7 +358,7 @@ func (c *Controller) setAside(ctx context.Context, id string, n cluster.Node, ge
 	cctx, cancel := c.cluster.Call(ctx)
 	defer cancel()
 	if _, err := n.Agent.Demote(cctx, agentclient.Demotion{VolumeID: id, Generation: generation, Aside: true}); err != nil {
-		return fmt.Errorf("volume %s is not deleted: setting aside its older primary on node %s: %w", id, n.Info.NodeID, errdefs.FromStatus(err))
+		return fmt.Errorf("volume %s is not deleted: setting aside its older primary on node %s: %w", id, n.Info.NodeID, err)
 	}
 	c.log.Warn("an older primary of the deleted volume is set aside, not destroyed: it may hold writes the newest lacked",
 		"volume_id", id, "node_id", n.Info.NodeID)
@@ -376,7 +376,7 @@ func (c *Controller) deleteReplicas(ctx context.Context, id string, nodes []clus
 	for _, a := range answers {
 		switch {
 		case a.Err != nil:
-			errs = append(errs, fmt.Errorf("node %s: %w", a.Node.Info.NodeID, errdefs.FromStatus(a.Err)))
+			errs = append(errs, fmt.Errorf("node %s: %w", a.Node.Info.NodeID, a.Err))
 		case a.Object: // the node held a replica
 			c.log.Info("replica deleted", "volume_id", id, "node_id", a.Node.Info.NodeID)
 		}
