@@ -67,18 +67,17 @@ func pickTarget(ctx context.Context, cl *cluster.Cluster, src cluster.Node, vol 
 		}
 		return cluster.Node{}, errdefs.Wrap(errdefs.ErrNotFound, "node %q is not a healthy node other than the volume's own", want)
 	}
-	answers, _, err := cluster.Ask(ctx, cl, func(ctx context.Context, a cluster.Agent) (agentclient.NodeStatus, error) {
-		return a.Status(ctx)
-	})
+	// Placement needs each node's room (cluster.Ask leaves it out), then
+	// which of them hold a replica already.
+	nodes, _, err := cl.Nodes(ctx)
 	if err != nil {
 		return cluster.Node{}, err
 	}
-	var healthy, holders []cluster.Node
-	for _, a := range answers {
-		if a.Node.Info.UnhealthyReason != "" {
-			continue
-		}
-		healthy = append(healthy, a.Node)
+	healthy := cluster.Healthy(nodes)
+	var holders []cluster.Node
+	for _, a := range cluster.Each(ctx, cl, healthy, func(ctx context.Context, n cluster.Node) (agentclient.NodeStatus, error) {
+		return n.Agent.Status(ctx)
+	}) {
 		if a.Err == nil && holdsReplica(a.Object, vol.VolumeID) {
 			holders = append(holders, a.Node)
 		}
