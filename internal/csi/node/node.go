@@ -84,6 +84,28 @@ func (n *Node) lockVolume(id string) (func(), error) {
 	return unlock, nil
 }
 
+// lockStageable checks that the volume's copy here may be staged at the
+// generation the controller published, and returns it locked: the call's
+// lock on the volume (Aborted if another call holds it) and the copy's
+// lock, held until the caller's mount is done, so that no fence or
+// demotion overtakes it.
+func (n *Node) lockStageable(ctx context.Context, id string, publishContext map[string]string) (volume.Volume, func(), error) {
+	generation, err := publishedGeneration(publishContext)
+	if err != nil {
+		return volume.Volume{}, nil, err
+	}
+	unlockCall, err := n.lockVolume(id)
+	if err != nil {
+		return volume.Volume{}, nil, err
+	}
+	v, unlockCopy, err := n.volumes.Stageable(ctx, id, generation)
+	if err != nil {
+		unlockCall()
+		return volume.Volume{}, nil, err
+	}
+	return v, func() { unlockCopy(); unlockCall() }, nil
+}
+
 // checkPaths refuses, as InvalidArgument and before anything is mounted,
 // a staging or target path that is not absolute and clean, not below the
 // operator's base directories, or reached through a symbolic link.
@@ -126,21 +148,11 @@ func (n *Node) stage(ctx context.Context, req *csi.NodeStageVolumeRequest) error
 	if err != nil {
 		return err
 	}
-	generation, err := publishedGeneration(req.GetPublishContext())
-	if err != nil {
-		return err
-	}
-	unlock, err := n.lockVolume(id)
+	v, unlock, err := n.lockStageable(ctx, id, req.GetPublishContext())
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	// Held until mounted, so that no fence or demotion overtakes the mount.
-	v, unlockVolume, err := n.volumes.Stageable(ctx, id, generation)
-	if err != nil {
-		return err
-	}
-	defer unlockVolume()
 	entry, mounted, err := n.mounter.Lookup(staging)
 	if err != nil {
 		return err
@@ -214,23 +226,14 @@ func (n *Node) publish(ctx context.Context, req *csi.NodePublishVolumeRequest) e
 	if readOnly && !slices.Contains(flags, "ro") {
 		flags = append(flags, "ro")
 	}
-	generation, err := publishedGeneration(req.GetPublishContext())
-	if err != nil {
-		return err
-	}
-	unlock, err := n.lockVolume(id)
+	// The generation is checked again here, not only at staging: a copy
+	// staged before a newer generation took over elsewhere must not be
+	// handed to another allocation.
+	v, unlock, err := n.lockStageable(ctx, id, req.GetPublishContext())
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	// The generation is checked again here, not only at staging: a copy
-	// staged before a newer generation took over elsewhere must not be
-	// handed to another allocation.
-	v, unlockVolume, err := n.volumes.Stageable(ctx, id, generation)
-	if err != nil {
-		return err
-	}
-	defer unlockVolume()
 	if entry, mounted, err := n.mounter.Lookup(staging); err != nil {
 		return err
 	} else if !mounted || entry.Source != v.Dataset {
