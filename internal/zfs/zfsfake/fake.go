@@ -69,12 +69,11 @@ func (f *Fake) Hold(snapshot, tag string) {
 }
 
 func (f *Fake) ReleaseAll(ctx context.Context, snapshot string) error {
-	f.before("release", snapshot)
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if err := f.check("release", snapshot); err != nil {
+	unlock, err := f.enter("release", snapshot)
+	if err != nil {
 		return err
 	}
+	defer unlock()
 	e, ok := f.datasets[snapshot]
 	if !ok {
 		return fmt.Errorf("%s: %w", snapshot, zfs.ErrNotFound)
@@ -176,6 +175,20 @@ func (f *Fake) before(op, name string) {
 	}
 }
 
+// enter starts an operation on name: the test's Before hook (outside the
+// lock, so a hook may block), then the fake's lock and the name and
+// injected-failure checks. On success the caller holds the lock until it
+// calls unlock.
+func (f *Fake) enter(op, name string) (unlock func(), err error) {
+	f.before(op, name)
+	f.mu.Lock()
+	if err := f.check(op, name); err != nil {
+		f.mu.Unlock()
+		return nil, err
+	}
+	return f.mu.Unlock, nil
+}
+
 func (f *Fake) check(op, name string) error {
 	if err := zfs.ValidateName(name); err != nil {
 		return err
@@ -187,12 +200,11 @@ func (f *Fake) check(op, name string) error {
 }
 
 func (f *Fake) Get(ctx context.Context, name string) (zfs.Dataset, error) {
-	f.before("get", name)
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if err := f.check("get", name); err != nil {
+	unlock, err := f.enter("get", name)
+	if err != nil {
 		return zfs.Dataset{}, err
 	}
+	defer unlock()
 	e, ok := f.datasets[name]
 	if !ok {
 		return zfs.Dataset{}, fmt.Errorf("%s: %w", name, zfs.ErrNotFound)
@@ -201,12 +213,11 @@ func (f *Fake) Get(ctx context.Context, name string) (zfs.Dataset, error) {
 }
 
 func (f *Fake) UserProperty(ctx context.Context, name, key string) (string, bool, error) {
-	f.before("get", name)
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if err := f.check("get", name); err != nil {
+	unlock, err := f.enter("get", name)
+	if err != nil {
 		return "", false, err
 	}
+	defer unlock()
 	e, ok := f.datasets[name]
 	if !ok {
 		return "", false, fmt.Errorf("%s: %w", name, zfs.ErrNotFound)
@@ -216,12 +227,11 @@ func (f *Fake) UserProperty(ctx context.Context, name, key string) (string, bool
 }
 
 func (f *Fake) List(ctx context.Context, name string) ([]zfs.Dataset, error) {
-	f.before("list", name)
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if err := f.check("list", name); err != nil {
+	unlock, err := f.enter("list", name)
+	if err != nil {
 		return nil, err
 	}
+	defer unlock()
 	if _, ok := f.datasets[name]; !ok {
 		return nil, fmt.Errorf("%s: %w", name, zfs.ErrNotFound)
 	}
@@ -371,12 +381,11 @@ func setProps(e *entry, props map[string]string) error {
 }
 
 func (f *Fake) CreateFilesystem(ctx context.Context, name string, props map[string]string) error {
-	f.before("create", name)
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if err := f.check("create", name); err != nil {
+	unlock, err := f.enter("create", name)
+	if err != nil {
 		return err
 	}
+	defer unlock()
 	if strings.Contains(name, "@") {
 		return fmt.Errorf("create %s: a snapshot name", name)
 	}
@@ -384,12 +393,11 @@ func (f *Fake) CreateFilesystem(ctx context.Context, name string, props map[stri
 }
 
 func (f *Fake) Snapshot(ctx context.Context, name string, props map[string]string) error {
-	f.before("snapshot", name)
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if err := f.check("snapshot", name); err != nil {
+	unlock, err := f.enter("snapshot", name)
+	if err != nil {
 		return err
 	}
+	defer unlock()
 	if !strings.Contains(name, "@") {
 		return fmt.Errorf("snapshot %s: not a snapshot name", name)
 	}
@@ -403,12 +411,11 @@ func (f *Fake) Snapshot(ctx context.Context, name string, props map[string]strin
 }
 
 func (f *Fake) Clone(ctx context.Context, snapshot, name string, props map[string]string) error {
-	f.before("clone", name)
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if err := f.check("clone", name); err != nil {
+	unlock, err := f.enter("clone", name)
+	if err != nil {
 		return err
 	}
+	defer unlock()
 	s, ok := f.datasets[snapshot]
 	if !ok || s.ds.Type != zfs.Snapshot {
 		return fmt.Errorf("clone source %s: %w", snapshot, zfs.ErrNotFound)
@@ -421,12 +428,11 @@ func (f *Fake) Clone(ctx context.Context, snapshot, name string, props map[strin
 }
 
 func (f *Fake) SetProperties(ctx context.Context, name string, props map[string]string) error {
-	f.before("set", name)
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if err := f.check("set", name); err != nil {
+	unlock, err := f.enter("set", name)
+	if err != nil {
 		return err
 	}
+	defer unlock()
 	e, ok := f.datasets[name]
 	if !ok {
 		return fmt.Errorf("%s: %w", name, zfs.ErrNotFound)
@@ -435,12 +441,11 @@ func (f *Fake) SetProperties(ctx context.Context, name string, props map[string]
 }
 
 func (f *Fake) Rename(ctx context.Context, from, to string) error {
-	f.before("rename", from)
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if err := f.check("rename", from); err != nil {
+	unlock, err := f.enter("rename", from)
+	if err != nil {
 		return err
 	}
+	defer unlock()
 	if _, ok := f.datasets[from]; !ok {
 		return fmt.Errorf("%s: %w", from, zfs.ErrNotFound)
 	}
@@ -480,22 +485,20 @@ func (f *Fake) Rename(ctx context.Context, from, to string) error {
 }
 
 func (f *Fake) Destroy(ctx context.Context, name string) error {
-	f.before("destroy", name)
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if err := f.check("destroy", name); err != nil {
+	unlock, err := f.enter("destroy", name)
+	if err != nil {
 		return err
 	}
+	defer unlock()
 	return f.destroy(name, false)
 }
 
 func (f *Fake) DestroyDeferred(ctx context.Context, name string) error {
-	f.before("destroy", name)
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if err := f.check("destroy", name); err != nil {
+	unlock, err := f.enter("destroy", name)
+	if err != nil {
 		return err
 	}
+	defer unlock()
 	if !strings.Contains(name, "@") {
 		return fmt.Errorf("deferred destroy of %s: only snapshots", name)
 	}

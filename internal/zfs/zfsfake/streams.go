@@ -37,12 +37,11 @@ func (f *Fake) Streams() *Streams { return &Streams{f: f} }
 // Write appends token to the content of filesystem fs, as a write to its
 // files would: refused with EROFS when it is read-only.
 func (f *Fake) Write(fs, token string) error {
-	f.before("write", fs)
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if err := f.check("write", fs); err != nil {
+	unlock, err := f.enter("write", fs)
+	if err != nil {
 		return err
 	}
+	defer unlock()
 	e, ok := f.datasets[fs]
 	switch {
 	case !ok:
@@ -116,12 +115,11 @@ func (f *Fake) snapshot(name string) (*entry, error) {
 
 func (s *Streams) Snapshots(ctx context.Context, fs string) ([]zfscmd.Snap, error) {
 	f := s.f
-	f.before("list", fs)
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if err := f.check("list", fs); err != nil {
+	unlock, err := f.enter("list", fs)
+	if err != nil {
 		return nil, err
 	}
+	defer unlock()
 	if _, err := f.filesystem(fs); err != nil {
 		return nil, err
 	}
@@ -134,12 +132,11 @@ func (s *Streams) Snapshots(ctx context.Context, fs string) ([]zfscmd.Snap, erro
 
 func (s *Streams) Holds(ctx context.Context, fs string) (map[string][]string, error) {
 	f := s.f
-	f.before("list", fs)
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if err := f.check("list", fs); err != nil {
+	unlock, err := f.enter("list", fs)
+	if err != nil {
 		return nil, err
 	}
+	defer unlock()
 	if _, err := f.filesystem(fs); err != nil {
 		return nil, err
 	}
@@ -161,12 +158,11 @@ func (s *Streams) Get(ctx context.Context, dataset, prop string) (string, error)
 
 func (s *Streams) GetAll(ctx context.Context, dataset string, props ...string) (map[string]string, error) {
 	f := s.f
-	f.before("get", dataset)
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if err := f.check("get", dataset); err != nil {
+	unlock, err := f.enter("get", dataset)
+	if err != nil {
 		return nil, err
 	}
+	defer unlock()
 	e, ok := f.datasets[dataset]
 	if !ok {
 		return nil, fmt.Errorf("%s: %w", dataset, zfs.ErrNotFound)
@@ -176,12 +172,11 @@ func (s *Streams) GetAll(ctx context.Context, dataset string, props ...string) (
 
 func (s *Streams) Children(ctx context.Context, parent string, props ...string) ([]zfscmd.Child, error) {
 	f := s.f
-	f.before("list", parent)
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if err := f.check("list", parent); err != nil {
+	unlock, err := f.enter("list", parent)
+	if err != nil {
 		return nil, err
 	}
+	defer unlock()
 	if _, err := f.filesystem(parent); err != nil {
 		return nil, err
 	}
@@ -321,12 +316,11 @@ func (s *Streams) Destroy(ctx context.Context, snapshot string) error {
 // Hold puts hold tag on snapshot; holding twice is fine.
 func (s *Streams) Hold(ctx context.Context, snapshot, tag string) error {
 	f := s.f
-	f.before("hold", snapshot)
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if err := f.check("hold", snapshot); err != nil {
+	unlock, err := f.enter("hold", snapshot)
+	if err != nil {
 		return err
 	}
+	defer unlock()
 	e, err := f.snapshot(snapshot)
 	if err != nil {
 		return fmt.Errorf("zfs hold %s: %w", tag, err)
@@ -340,12 +334,11 @@ func (s *Streams) Hold(ctx context.Context, snapshot, tag string) error {
 // Release removes hold tag from snapshot; a missing hold is fine.
 func (s *Streams) Release(ctx context.Context, snapshot, tag string) error {
 	f := s.f
-	f.before("release", snapshot)
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if err := f.check("release", snapshot); err != nil {
+	unlock, err := f.enter("release", snapshot)
+	if err != nil {
 		return err
 	}
+	defer unlock()
 	e, err := f.snapshot(snapshot)
 	if err != nil {
 		return fmt.Errorf("zfs release %s: %w", tag, err)
@@ -359,12 +352,11 @@ func (s *Streams) Release(ctx context.Context, snapshot, tag string) error {
 // has a clone outside them (ErrHasDependents).
 func (s *Streams) DestroyRecursive(ctx context.Context, fs string) error {
 	f := s.f
-	f.before("destroy", fs)
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if err := f.check("destroy", fs); err != nil {
+	unlock, err := f.enter("destroy", fs)
+	if err != nil {
 		return err
 	}
+	defer unlock()
 	if strings.Contains(fs, "@") || !strings.Contains(fs, "/") {
 		return fmt.Errorf("refusing to destroy %q recursively: not a filesystem below a pool", fs)
 	}
@@ -406,12 +398,11 @@ func (s *Streams) DestroyRecursive(ctx context.Context, fs string) error {
 // (ErrBusy) or cloned (ErrHasDependents) makes it fail with no change.
 func (s *Streams) Rollback(ctx context.Context, snapshot string) error {
 	f := s.f
-	f.before("rollback", snapshot)
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if err := f.check("rollback", snapshot); err != nil {
+	unlock, err := f.enter("rollback", snapshot)
+	if err != nil {
 		return err
 	}
+	defer unlock()
 	to, err := f.snapshot(snapshot)
 	if err != nil {
 		return fmt.Errorf("zfs rollback: %w", err)
@@ -643,12 +634,11 @@ func (f *Fake) stream(op string, spec zfscmd.SendSpec) (streamHead, []byte, erro
 		}
 		token, name = t, t.ToName
 	}
-	f.before(op, name)
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if err := f.check(op, name); err != nil {
+	unlock, err := f.enter(op, name)
+	if err != nil {
 		return streamHead{}, nil, err
 	}
+	defer unlock()
 	if spec.ResumeToken != "" {
 		return f.resumeStream(token)
 	}
@@ -907,12 +897,11 @@ func shortName(snapshot string) string {
 // filesystem too when a full stream created it.
 func (s *Streams) AbortReceive(ctx context.Context, target string) error {
 	f := s.f
-	f.before("abort_receive", target)
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if err := f.check("abort_receive", target); err != nil {
+	unlock, err := f.enter("abort_receive", target)
+	if err != nil {
 		return err
 	}
+	defer unlock()
 	d, ok := f.datasets[target]
 	if !ok || d.recv == nil {
 		return fmt.Errorf("zfs receive -A %s: no partial receive: %w", target, zfs.ErrNotFound)
