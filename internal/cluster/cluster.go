@@ -56,7 +56,14 @@ type Agent interface {
 	Reserve(ctx context.Context, r agentclient.Reservation) (agentclient.Promise, error)
 }
 
-var _ Agent = (*agentclient.Client)(nil)
+var _ NodeAgent = (*agentclient.Client)(nil)
+
+// NodeAgent is an Agent that also says what its node is (GetNode): what
+// the cluster reaches at each peer address.
+type NodeAgent interface {
+	Agent
+	GetNode(ctx context.Context, opts agentclient.GetNodeOptions) (agentclient.NodeInfo, error)
+}
 
 // Unreachable records an agent that did not answer.
 type Unreachable struct {
@@ -69,6 +76,9 @@ type Cluster struct {
 	peers   PeerSource
 	timeout time.Duration
 	log     hclog.Logger
+	// connect returns the agent at a peer address: a gRPC client, or
+	// in tests an in-memory fake (NewWithAgents).
+	connect func(addr string) (NodeAgent, error)
 	dial    func(addr string) (*grpc.ClientConn, error)
 
 	mu    sync.Mutex
@@ -80,7 +90,7 @@ type Cluster struct {
 // (mutual TLS in production).
 func New(peers PeerSource, timeout time.Duration, log hclog.Logger, dialOpts ...grpc.DialOption) *Cluster {
 	dialOpts = append([]grpc.DialOption{grpc.WithKeepaliveParams(agentKeepalive), grpc.WithConnectParams(agentConnect)}, dialOpts...)
-	return &Cluster{
+	c := &Cluster{
 		peers:   peers,
 		timeout: timeout,
 		log:     log,
@@ -89,6 +99,15 @@ func New(peers PeerSource, timeout time.Duration, log hclog.Logger, dialOpts ...
 			return grpc.NewClient(addr, dialOpts...)
 		},
 	}
+	c.connect = c.client
+	return c
+}
+
+// NewWithAgents returns a Cluster whose agents connect returns, without
+// gRPC: the controller's logic is tested against in-memory fakes of the
+// agents (clustertest.Fakes). connect's error makes the peer unreachable.
+func NewWithAgents(peers PeerSource, connect func(addr string) (NodeAgent, error), timeout time.Duration, log hclog.Logger) *Cluster {
+	return &Cluster{peers: peers, timeout: timeout, log: log, connect: connect, conns: map[string]*grpc.ClientConn{}}
 }
 
 // agentKeepalive pings idle agent connections. A node that dies without
@@ -116,7 +135,7 @@ func (c *Cluster) Close() {
 	}
 }
 
-func (c *Cluster) client(addr string) (*agentclient.Client, error) {
+func (c *Cluster) client(addr string) (NodeAgent, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	conn, ok := c.conns[addr]
@@ -199,7 +218,7 @@ func askOne[T any](ctx context.Context, c *Cluster, addr string, about agentclie
 		n, err := c.node(ctx, addr, about)
 		return Answer[T]{Node: n}, err
 	}
-	client, err := c.client(addr)
+	client, err := c.connect(addr)
 	if err != nil {
 		return Answer[T]{}, err
 	}
@@ -224,7 +243,7 @@ func askOne[T any](ctx context.Context, c *Cluster, addr string, about agentclie
 }
 
 func (c *Cluster) node(ctx context.Context, addr string, about agentclient.GetNodeOptions) (Node, error) {
-	client, err := c.client(addr)
+	client, err := c.connect(addr)
 	if err != nil {
 		return Node{}, err
 	}

@@ -1,0 +1,519 @@
+package clustertest
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/agentclient"
+	"github.com/zfs-nomad/zfs-nomad/internal/cluster"
+	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
+	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
+)
+
+// FakeAgent is a node agent in memory, in the plain types of
+// cluster.Agent: no gRPC, no ZFS. It keeps what the controller's logic
+// asks about (each volume's copy, the generation promised for it, the
+// snapshots and the copies set aside) and follows the agent's rules
+// where that logic depends on them: a promise is granted above every
+// generation the node knows, or again to the same holder; a demotion
+// needs a newer generation. It does not replicate, fence or promote.
+type FakeAgent struct {
+	mu        sync.Mutex
+	info      agentclient.NodeInfo
+	down      bool
+	copies    map[string]agentclient.Copy // by volume ID
+	sources   map[string]string           // a volume's content source, "snapshot:ID" or "volume:ID"
+	snapshots map[string]agentclient.Snapshot
+	setAside  []string
+	refusals  map[string]error // by method name
+	calls     []string
+}
+
+// NewFakeAgent returns the agent of a node that holds nothing.
+func NewFakeAgent(info agentclient.NodeInfo) *FakeAgent {
+	return &FakeAgent{
+		info:      info,
+		copies:    map[string]agentclient.Copy{},
+		sources:   map[string]string{},
+		snapshots: map[string]agentclient.Snapshot{},
+		refusals:  map[string]error{},
+	}
+}
+
+var _ cluster.NodeAgent = (*FakeAgent)(nil)
+
+// PutCopy gives the node a copy of a volume (its NodeID is the node's).
+func (f *FakeAgent) PutCopy(c agentclient.Copy) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c.NodeID, c.Exists = f.info.NodeID, true
+	f.copies[c.VolumeID] = c
+}
+
+// PutPrimary gives the node the primary of volume name at generation.
+func (f *FakeAgent) PutPrimary(name string, generation uint64) string {
+	id := vocab.VolumeIDForName(name)
+	f.PutCopy(agentclient.Copy{VolumeID: id, Name: name, Role: vocab.RolePrimary, Generation: generation, CapacityBytes: 1 << 30})
+	return id
+}
+
+// PutReplica gives the node a replica of volume name at generation.
+func (f *FakeAgent) PutReplica(name string, generation uint64) string {
+	id := vocab.VolumeIDForName(name)
+	f.PutCopy(agentclient.Copy{VolumeID: id, Name: name, Role: vocab.RoleReplica, Generation: generation, CapacityBytes: 1 << 30})
+	return id
+}
+
+// Promise records that the node promised generation of volume id to holder.
+func (f *FakeAgent) Promise(id string, generation uint64, holder string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c := f.copies[id]
+	if !c.Exists {
+		c = agentclient.Copy{VolumeID: id, NodeID: f.info.NodeID}
+	}
+	c.PromisedGeneration, c.PromisedHolder = generation, holder
+	f.copies[id] = c
+}
+
+// Copy returns the node's copy of volume id, if it holds one.
+func (f *FakeAgent) Copy(id string) (agentclient.Copy, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c := f.copies[id]
+	return c, c.Exists
+}
+
+// SetAside returns the IDs of the volumes whose copies were set aside.
+func (f *FakeAgent) SetAside() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.setAside...)
+}
+
+// Refuse makes every later call of method (a cluster.Agent method name)
+// answer err; nil answers normally again.
+func (f *FakeAgent) Refuse(method string, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err == nil {
+		delete(f.refusals, method)
+		return
+	}
+	f.refusals[method] = err
+}
+
+// SetDown makes the node answer nothing (every call Unavailable), as a
+// node that is off; false brings it back.
+func (f *FakeAgent) SetDown(down bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.down = down
+}
+
+// Calls returns the calls the node answered or refused, "Method ID" (or
+// "Method" for a call about no one volume), oldest first.
+func (f *FakeAgent) Calls() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.calls...)
+}
+
+// enter records a call and returns the error it answers instead of its
+// work: the node is down, or the test made it refuse method. The caller
+// holds f.mu.
+func (f *FakeAgent) enter(method, id string) error {
+	call := method
+	if id != "" {
+		call += " " + id
+	}
+	f.calls = append(f.calls, call)
+	if f.down {
+		return errdefs.Wrap(errdefs.ErrUnavailable, "node %s is down", f.info.NodeID)
+	}
+	return f.refusals[method]
+}
+
+func (f *FakeAgent) GetNode(_ context.Context, opts agentclient.GetNodeOptions) (agentclient.NodeInfo, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.enter("GetNode", ""); err != nil {
+		return agentclient.NodeInfo{}, err
+	}
+	info := f.info
+	if opts.WithoutCapacity {
+		info.AvailableBytes, info.Volumes = 0, 0
+		return info, nil
+	}
+	for _, c := range f.copies {
+		if c.Exists && c.Role == vocab.RolePrimary {
+			info.Volumes++
+		}
+	}
+	return info, nil
+}
+
+// primary returns the node's primary of volume id, or NotFound. The caller
+// holds f.mu.
+func (f *FakeAgent) primary(id string) (agentclient.Copy, error) {
+	c := f.copies[id]
+	if !c.Exists || c.Role != vocab.RolePrimary {
+		return agentclient.Copy{}, errdefs.Wrap(errdefs.ErrNotFound, "node %s holds no primary of volume %s", f.info.NodeID, id)
+	}
+	return c, nil
+}
+
+func (f *FakeAgent) volume(c agentclient.Copy) agentclient.Volume {
+	return agentclient.Volume{
+		VolumeID:             c.VolumeID,
+		Name:                 c.Name,
+		CapacityBytes:        c.CapacityBytes,
+		Parameters:           c.Parameters,
+		Source:               f.sources[c.VolumeID],
+		NodeID:               f.info.NodeID,
+		Generation:           c.Generation,
+		MovingTo:             c.MovingTo,
+		FailoverFromSnapshot: c.FailoverFromSnapshot,
+	}
+}
+
+// CreateVolume creates the primary of generation 1, or answers the
+// primary of that name the node holds already.
+func (f *FakeAgent) CreateVolume(_ context.Context, v agentclient.NewVolume) (agentclient.Volume, error) {
+	id := vocab.VolumeIDForName(v.Name)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.enter("CreateVolume", id); err != nil {
+		return agentclient.Volume{}, err
+	}
+	if c, ok := f.copies[id]; ok && c.Exists {
+		if c.Role != vocab.RolePrimary {
+			return agentclient.Volume{}, errdefs.Wrap(errdefs.ErrAlreadyExists, "node %s holds a %s of volume %s", f.info.NodeID, c.Role, id)
+		}
+		return f.volume(c), nil
+	}
+	if v.RequiredBytes > f.info.AvailableBytes {
+		return agentclient.Volume{}, errdefs.Wrap(errdefs.ErrResourceExhausted, "node %s has %d bytes free, not %d", f.info.NodeID, f.info.AvailableBytes, v.RequiredBytes)
+	}
+	size := max(v.RequiredBytes, 1<<30)
+	c := f.copies[id] // keeps the promise
+	c.VolumeID, c.NodeID, c.Exists, c.Name = id, f.info.NodeID, true, v.Name
+	c.Role, c.Generation, c.CapacityBytes, c.Parameters = vocab.RolePrimary, 1, size, v.Parameters
+	f.copies[id] = c
+	switch {
+	case v.SourceSnapshotID != "":
+		f.sources[id] = "snapshot:" + v.SourceSnapshotID
+	case v.SourceVolumeID != "":
+		f.sources[id] = "volume:" + v.SourceVolumeID
+	}
+	f.info.AvailableBytes -= size
+	return f.volume(c), nil
+}
+
+// DeleteVolume destroys the node's primary of volume id, if it holds one.
+func (f *FakeAgent) DeleteVolume(_ context.Context, id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.enter("DeleteVolume", id); err != nil {
+		return err
+	}
+	if _, err := f.primary(id); err == nil {
+		f.forget(id)
+	}
+	return nil
+}
+
+// forget drops the copy of volume id and keeps its promise. The caller
+// holds f.mu.
+func (f *FakeAgent) forget(id string) {
+	c := f.copies[id]
+	f.copies[id] = agentclient.Copy{VolumeID: id, NodeID: f.info.NodeID, PromisedGeneration: c.PromisedGeneration, PromisedHolder: c.PromisedHolder}
+}
+
+func (f *FakeAgent) GetVolume(_ context.Context, id string) (agentclient.Volume, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.enter("GetVolume", id); err != nil {
+		return agentclient.Volume{}, err
+	}
+	c, err := f.primary(id)
+	if err != nil {
+		return agentclient.Volume{}, err
+	}
+	return f.volume(c), nil
+}
+
+// ListVolumes lists the node's primaries by ID, a page of them as asked.
+func (f *FakeAgent) ListVolumes(_ context.Context, page agentclient.Page) ([]agentclient.Volume, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.enter("ListVolumes", ""); err != nil {
+		return nil, err
+	}
+	var out []agentclient.Volume
+	for _, c := range f.copies {
+		if c.Exists && c.Role == vocab.RolePrimary && c.VolumeID >= page.From {
+			out = append(out, f.volume(c))
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].VolumeID < out[j].VolumeID })
+	if page.MaxEntries > 0 && len(out) > int(page.MaxEntries) {
+		out = out[:page.MaxEntries]
+	}
+	return out, nil
+}
+
+// ExpandVolume raises the primary's capacity to requiredBytes.
+func (f *FakeAgent) ExpandVolume(_ context.Context, id string, requiredBytes, _ uint64) (uint64, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.enter("ExpandVolume", id); err != nil {
+		return 0, err
+	}
+	c, err := f.primary(id)
+	if err != nil {
+		return 0, err
+	}
+	c.CapacityBytes = max(c.CapacityBytes, requiredBytes)
+	f.copies[id] = c
+	return c.CapacityBytes, nil
+}
+
+func (f *FakeAgent) CreateSnapshot(_ context.Context, sourceVolumeID, name string) (agentclient.Snapshot, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.enter("CreateSnapshot", sourceVolumeID); err != nil {
+		return agentclient.Snapshot{}, err
+	}
+	if _, err := f.primary(sourceVolumeID); err != nil {
+		return agentclient.Snapshot{}, err
+	}
+	s := agentclient.Snapshot{SnapshotID: vocab.SnapshotIDForName(name), Name: name, SourceVolumeID: sourceVolumeID,
+		CreatedUnix: time.Now().Unix(), NodeID: f.info.NodeID}
+	f.snapshots[s.SnapshotID] = s
+	return s, nil
+}
+
+func (f *FakeAgent) DeleteSnapshot(_ context.Context, id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.enter("DeleteSnapshot", id); err != nil {
+		return err
+	}
+	delete(f.snapshots, id)
+	return nil
+}
+
+// ListSnapshots lists the node's snapshots by ID, as q selects them.
+func (f *FakeAgent) ListSnapshots(_ context.Context, q agentclient.SnapshotQuery) ([]agentclient.Snapshot, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.enter("ListSnapshots", q.SnapshotID); err != nil {
+		return nil, err
+	}
+	var out []agentclient.Snapshot
+	for _, s := range f.snapshots {
+		if (q.SnapshotID == "" || s.SnapshotID == q.SnapshotID) &&
+			(q.SourceVolumeID == "" || s.SourceVolumeID == q.SourceVolumeID) && s.SnapshotID >= q.From {
+			out = append(out, s)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].SnapshotID < out[j].SnapshotID })
+	if q.MaxEntries > 0 && len(out) > int(q.MaxEntries) {
+		out = out[:q.MaxEntries]
+	}
+	return out, nil
+}
+
+// Status reports the node's replicas and the copies it set aside.
+func (f *FakeAgent) Status(context.Context) (agentclient.NodeStatus, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.enter("Status", ""); err != nil {
+		return agentclient.NodeStatus{}, err
+	}
+	st := agentclient.NodeStatus{SetAside: append([]string(nil), f.setAside...)}
+	for _, c := range f.copies {
+		if c.Exists && c.Role == vocab.RoleReplica {
+			st.Replicas = append(st.Replicas, agentclient.Replica{VolumeID: c.VolumeID, Name: c.Name})
+		}
+	}
+	sort.Slice(st.Replicas, func(i, j int) bool { return st.Replicas[i].VolumeID < st.Replicas[j].VolumeID })
+	return st, nil
+}
+
+// DeleteReplica destroys the node's replica of volume id and reports
+// whether it held one.
+func (f *FakeAgent) DeleteReplica(_ context.Context, id string, _ bool) (bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.enter("DeleteReplica", id); err != nil {
+		return false, err
+	}
+	if c := f.copies[id]; !c.Exists || c.Role != vocab.RoleReplica {
+		return false, nil
+	}
+	f.forget(id)
+	return true, nil
+}
+
+func (f *FakeAgent) GetCopy(_ context.Context, id string) (agentclient.Copy, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.enter("GetCopy", id); err != nil {
+		return agentclient.Copy{}, err
+	}
+	c, ok := f.copies[id]
+	if !ok {
+		return agentclient.Copy{VolumeID: id, NodeID: f.info.NodeID}, nil
+	}
+	return c, nil
+}
+
+// Demote retires the node's primary, older than generation: to a replica,
+// or set aside (gone from the node's copies, listed by SetAside).
+func (f *FakeAgent) Demote(_ context.Context, d agentclient.Demotion) (agentclient.Copy, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.enter("Demote", d.VolumeID); err != nil {
+		return agentclient.Copy{}, err
+	}
+	c, err := f.primary(d.VolumeID)
+	if err != nil {
+		return agentclient.Copy{}, err
+	}
+	if c.Generation >= d.Generation {
+		return agentclient.Copy{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "node %s holds generation %d of volume %s, not older than %d", f.info.NodeID, c.Generation, d.VolumeID, d.Generation)
+	}
+	if d.Aside {
+		f.setAside = append(f.setAside, d.VolumeID)
+		f.forget(d.VolumeID)
+		return f.copies[d.VolumeID], nil
+	}
+	c.Role = vocab.RoleReplica
+	f.copies[d.VolumeID] = c
+	return c, nil
+}
+
+// Reserve grants a generation above every one the node promised or holds
+// a copy of, and again to the same holder; else it answers what stands in
+// the way.
+func (f *FakeAgent) Reserve(_ context.Context, r agentclient.Reservation) (agentclient.Promise, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.enter("Reserve", r.VolumeID); err != nil {
+		return agentclient.Promise{}, err
+	}
+	c := f.copies[r.VolumeID]
+	if c.PromisedGeneration == r.Generation && c.PromisedHolder == r.HolderNodeID {
+		return agentclient.Promise{Granted: true, PromisedGeneration: r.Generation, PromisedHolder: r.HolderNodeID}, nil
+	}
+	known := agentclient.Promise{PromisedGeneration: c.PromisedGeneration, PromisedHolder: c.PromisedHolder}
+	if c.Exists && c.Generation > known.PromisedGeneration {
+		known = agentclient.Promise{PromisedGeneration: c.Generation, PromisedHolder: f.info.NodeID}
+	}
+	if r.Generation <= known.PromisedGeneration {
+		return known, nil
+	}
+	if !c.Exists {
+		c = agentclient.Copy{VolumeID: r.VolumeID, NodeID: f.info.NodeID}
+	}
+	c.PromisedGeneration, c.PromisedHolder = r.Generation, r.HolderNodeID
+	f.copies[r.VolumeID] = c
+	return agentclient.Promise{Granted: true, PromisedGeneration: r.Generation, PromisedHolder: r.HolderNodeID}, nil
+}
+
+// errNotFaked answers the calls the fake does not play.
+func (f *FakeAgent) errNotFaked(method string) error {
+	return errdefs.Wrap(errdefs.ErrFailedPrecondition, "the fake agent of node %s does not %s", f.info.NodeID, method)
+}
+
+func (f *FakeAgent) Replicate(_ context.Context, id, _ string, _ func(agentclient.Progress)) (agentclient.Progress, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.enter("Replicate", id); err != nil {
+		return agentclient.Progress{}, err
+	}
+	return agentclient.Progress{}, f.errNotFaked("replicate")
+}
+
+func (f *FakeAgent) Fence(_ context.Context, id, _ string) (int64, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.enter("Fence", id); err != nil {
+		return 0, err
+	}
+	return 0, f.errNotFaked("fence")
+}
+
+func (f *FakeAgent) Unfence(_ context.Context, id string, _ uint64) (agentclient.Copy, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.enter("Unfence", id); err != nil {
+		return agentclient.Copy{}, err
+	}
+	return agentclient.Copy{}, f.errNotFaked("unfence")
+}
+
+func (f *FakeAgent) Promote(_ context.Context, p agentclient.Promotion) (agentclient.Copy, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.enter("Promote", p.VolumeID); err != nil {
+		return agentclient.Copy{}, err
+	}
+	return agentclient.Copy{}, f.errNotFaked("promote")
+}
+
+// Fakes are fake node agents, each at the address "<node ID>:7670".
+type Fakes struct {
+	mu     sync.Mutex
+	agents map[string]*FakeAgent
+	peers  []string
+}
+
+// Add returns the fake agent of a new node; a node without free space
+// set gets 100 GiB.
+func (fs *Fakes) Add(info agentclient.NodeInfo) *FakeAgent {
+	if info.AvailableBytes == 0 {
+		info.AvailableBytes = 100 << 30
+	}
+	if info.MaxQuotaBytes == 0 {
+		info.MaxQuotaBytes = 8 << 30
+	}
+	f := NewFakeAgent(info)
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	if fs.agents == nil {
+		fs.agents = map[string]*FakeAgent{}
+	}
+	addr := info.NodeID + ":7670"
+	fs.agents[addr] = f
+	fs.peers = append(fs.peers, addr)
+	return f
+}
+
+// Cluster returns a cluster of the fake agents, plus peers at the extra
+// addresses, which nobody answers. Each agent call is bounded by 2 s.
+func (fs *Fakes) Cluster(t testing.TB, extra ...string) *cluster.Cluster {
+	fs.mu.Lock()
+	peers := append(append([]string(nil), fs.peers...), extra...)
+	fs.mu.Unlock()
+	connect := func(addr string) (cluster.NodeAgent, error) {
+		fs.mu.Lock()
+		defer fs.mu.Unlock()
+		f, ok := fs.agents[addr]
+		if !ok {
+			return nil, fmt.Errorf("%w: connection refused: %s", errdefs.ErrUnavailable, addr)
+		}
+		return f, nil
+	}
+	c := cluster.NewWithAgents(cluster.StaticPeers(peers), connect, 2*time.Second, hclog.NewNullLogger())
+	t.Cleanup(c.Close)
+	return c
+}
