@@ -1,14 +1,13 @@
 // Package controller is the CSI controller service, served by
-// zfs-controller: it creates, deletes, snapshots and publishes volumes by
-// asking the nodes' agents (package cluster) and deciding from their
-// answers (package migration). It links no ZFS, mount or node code.
+// zfs-controller. It is an adapter: it checks each CSI request, turns it
+// into a call of the controller's logic (package provision for volumes
+// and snapshots, package migration for publishing) and the result back
+// into CSI; the decisions are the logic's. It links no ZFS, mount or node
+// code.
 package controller
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -25,26 +24,26 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
 	"github.com/zfs-nomad/zfs-nomad/internal/keylock"
 	"github.com/zfs-nomad/zfs-nomad/internal/migration"
+	"github.com/zfs-nomad/zfs-nomad/internal/provision"
 	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
 )
 
-// Controller is the CSI Controller service. It decides where volumes go and
-// asks the node agents to act; it holds no state of its own.
+// Controller is the CSI Controller service. It translates CSI calls into
+// the logic's (provision, migration); it holds no state of its own.
 type Controller struct {
 	csi.UnimplementedControllerServer
-	cluster  *cluster.Cluster
+	volumes  *provision.Provisioner
 	migrator *migration.Migrator
-	policy   string
-	log      hclog.Logger
 	// locks serialise operations per volume/snapshot name or ID; an
 	// overlapping call gets Aborted, as the spec asks.
 	locks keylock.Locks
 }
 
-// New returns the Controller service; m moves volumes to the
-// node they are published on.
+// New returns the Controller service over the cluster's agents; m moves
+// volumes to the node they are published on, and policy places new
+// volumes.
 func New(c *cluster.Cluster, m *migration.Migrator, policy string, log hclog.Logger) *Controller {
-	return &Controller{cluster: c, migrator: m, policy: policy, log: log}
+	return &Controller{volumes: provision.New(c, m, policy, log), migrator: m}
 }
 
 func (c *Controller) tryLock(key string) (func(), error) {
@@ -76,126 +75,53 @@ func (c *Controller) ControllerGetCapabilities(context.Context, *csi.ControllerG
 }
 
 func (c *Controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error) {
-	v, node, err := c.createVolume(ctx, req)
+	create, err := createRequest(req)
 	if err != nil {
 		return nil, err
 	}
-	return &csi.CreateVolumeResponse{Volume: c.csiVolume(v, node, req.GetVolumeContentSource())}, nil
+	unlock, err := c.tryLock(vocab.VolumeIDForName(req.GetName()))
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	v, node, err := c.volumes.Create(ctx, create)
+	if err != nil {
+		return nil, err
+	}
+	return &csi.CreateVolumeResponse{Volume: csiVolume(v, node, req.GetVolumeContentSource())}, nil
 }
 
-func (c *Controller) createVolume(ctx context.Context, req *csi.CreateVolumeRequest) (agentclient.Volume, cluster.Node, error) {
+// createRequest checks a CSI create and translates it.
+func createRequest(req *csi.CreateVolumeRequest) (provision.CreateRequest, error) {
 	if err := vocab.ValidateName("volume", req.GetName()); err != nil {
-		return agentclient.Volume{}, cluster.Node{}, err
+		return provision.CreateRequest{}, err
 	}
 	if err := plugin.CheckCapabilities(req.GetVolumeCapabilities()); err != nil {
-		return agentclient.Volume{}, cluster.Node{}, err
+		return provision.CreateRequest{}, err
 	}
 	required, limit := req.GetCapacityRange().GetRequiredBytes(), req.GetCapacityRange().GetLimitBytes()
 	if required < 0 || limit < 0 {
-		return agentclient.Volume{}, cluster.Node{}, errdefs.Wrap(errdefs.ErrInvalidArgument, "capacity range must not be negative")
+		return provision.CreateRequest{}, errdefs.Wrap(errdefs.ErrInvalidArgument, "capacity range must not be negative")
 	}
-	id := vocab.VolumeIDForName(req.GetName())
-	log := c.log.With("volume_id", id, "name", req.GetName())
-	unlock, err := c.tryLock(id)
-	if err != nil {
-		return agentclient.Volume{}, cluster.Node{}, err
-	}
-	defer unlock()
-
-	agentReq := agentclient.NewVolume{
+	create := provision.CreateRequest{
 		Name:          req.GetName(),
 		RequiredBytes: uint64(required),
 		LimitBytes:    uint64(limit),
 		Parameters:    req.GetParameters(),
+		Requisite:     segments(req.GetAccessibilityRequirements().GetRequisite()),
+		Preferred:     segments(req.GetAccessibilityRequirements().GetPreferred()),
 	}
-	// A volume of this name may exist already (a retried call): its node
-	// decides whether the request is compatible.
-	existing, err := c.findVolume(ctx, id)
-	if err == nil {
-		return c.createOn(ctx, existing.Node, agentReq, log)
-	}
-	if !errors.Is(err, errdefs.ErrNotFound) && !errors.Is(err, errdefs.ErrUnavailable) {
-		return agentclient.Volume{}, cluster.Node{}, err
-	}
-
-	candidates, err := c.candidates(ctx, req, &agentReq)
-	if err != nil {
-		return agentclient.Volume{}, cluster.Node{}, err
-	}
-	ids := make([]string, 0, len(candidates))
-	for _, n := range candidates {
-		ids = append(ids, n.Info.NodeID)
-	}
-	// Generation 1 is promised to one node by a majority before it is
-	// created there, so a retry after a lost answer never makes a second
-	// volume on another node (a silent node answers Unavailable instead).
-	node, err := c.migrator.ReserveCreation(ctx, id, ids)
-	if err != nil {
-		return agentclient.Volume{}, cluster.Node{}, err
-	}
-	return c.createOn(ctx, node, agentReq, log)
-}
-
-func (c *Controller) createOn(ctx context.Context, n cluster.Node, req agentclient.NewVolume, log hclog.Logger) (agentclient.Volume, cluster.Node, error) {
-	cctx, cancel := c.cluster.Call(ctx)
-	defer cancel()
-	v, err := n.Agent.CreateVolume(cctx, req)
-	if err != nil {
-		return agentclient.Volume{}, n, err
-	}
-	log.Info("volume ready", "node_id", n.Info.NodeID, "capacity", v.CapacityBytes)
-	return v, n, nil
-}
-
-// candidates returns the nodes a new volume may go to, best first. A volume
-// made from a snapshot or another volume must live where its source does.
-func (c *Controller) candidates(ctx context.Context, req *csi.CreateVolumeRequest, agentReq *agentclient.NewVolume) ([]cluster.Node, error) {
-	sourceNode := ""
 	if src := req.GetVolumeContentSource(); src != nil {
 		switch {
 		case src.GetSnapshot() != nil:
-			id := src.GetSnapshot().GetSnapshotId()
-			snap, err := c.findSnapshot(ctx, id)
-			if err != nil {
-				return nil, err
-			}
-			agentReq.SourceSnapshotID = id
-			sourceNode = snap.Node.Info.NodeID
+			create.SourceSnapshotID = src.GetSnapshot().GetSnapshotId()
 		case src.GetVolume() != nil:
-			id := src.GetVolume().GetVolumeId()
-			v, err := c.currentVolume(ctx, id)
-			if err != nil {
-				return nil, err
-			}
-			agentReq.SourceVolumeID = id
-			sourceNode = v.Node.Info.NodeID
+			create.SourceVolumeID = src.GetVolume().GetVolumeId()
 		default:
-			return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, "unsupported volume content source")
+			return provision.CreateRequest{}, errdefs.Wrap(errdefs.ErrInvalidArgument, "unsupported volume content source")
 		}
 	}
-	pinned := req.GetParameters()[vocab.ParamNode]
-	if sourceNode != "" && pinned != "" && pinned != sourceNode {
-		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, "parameter node=%s conflicts with the source, which lives on node %s (clones are made on the source's node)", pinned, sourceNode)
-	}
-	if sourceNode != "" {
-		pinned = sourceNode
-	}
-
-	nodes, _, err := c.cluster.Nodes(ctx)
-	if err != nil {
-		return nil, err
-	}
-	size := agentReq.RequiredBytes
-	if size == 0 {
-		size = 1 // the node applies its default size; placement only needs a node with room
-	}
-	return cluster.PlaceNodes(cluster.Healthy(nodes), cluster.Requirement{
-		Bytes:     size,
-		Requisite: segments(req.GetAccessibilityRequirements().GetRequisite()),
-		Preferred: segments(req.GetAccessibilityRequirements().GetPreferred()),
-		Node:      pinned,
-		Policy:    c.policy,
-	})
+	return create, nil
 }
 
 func segments(topos []*csi.Topology) []map[string]string {
@@ -206,7 +132,7 @@ func segments(topos []*csi.Topology) []map[string]string {
 	return out
 }
 
-func (c *Controller) csiVolume(v agentclient.Volume, n cluster.Node, src *csi.VolumeContentSource) *csi.Volume {
+func csiVolume(v agentclient.Volume, n cluster.Node, src *csi.VolumeContentSource) *csi.Volume {
 	return &csi.Volume{
 		VolumeId:      v.VolumeID,
 		CapacityBytes: int64(v.CapacityBytes),
@@ -229,56 +155,6 @@ func accessibleTopology(v agentclient.Volume, n cluster.Node) []*csi.Topology {
 	return []*csi.Topology{{Segments: map[string]string{config.TopologyDomainKey: domain}}}
 }
 
-func (c *Controller) findVolume(ctx context.Context, id string) (cluster.Located[agentclient.Volume], error) {
-	if !vocab.IsVolumeID(id) {
-		return cluster.Located[agentclient.Volume]{}, errdefs.Wrap(errdefs.ErrNotFound, "volume %q does not exist (not a volume ID of this driver)", id)
-	}
-	// Between a move's promotion and the demotion of the old copy, two
-	// nodes hold a primary: the newest generation is the volume.
-	return cluster.Find(ctx, c.cluster, "volume "+id, func(ctx context.Context, a cluster.Agent) (agentclient.Volume, error) {
-		return a.GetVolume(ctx, id)
-	}, func(a, b agentclient.Volume) bool { return a.Generation > b.Generation })
-}
-
-// currentVolume finds the volume on the node of its current primary, as a
-// publish decides it (Migrator.Current): with the newest copy's node
-// silent it answers Unavailable instead of a stale copy. Everything that
-// acts on the volume's data or reports its state uses it.
-func (c *Controller) currentVolume(ctx context.Context, id string) (cluster.Located[agentclient.Volume], error) {
-	if !vocab.IsVolumeID(id) {
-		return cluster.Located[agentclient.Volume]{}, errdefs.Wrap(errdefs.ErrNotFound, "volume %q does not exist (not a volume ID of this driver)", id)
-	}
-	node, _, err := c.migrator.Current(ctx, id)
-	if err != nil {
-		return cluster.Located[agentclient.Volume]{}, err
-	}
-	cctx, cancel := c.cluster.Call(ctx)
-	defer cancel()
-	v, err := node.Agent.GetVolume(cctx, id)
-	if err != nil {
-		return cluster.Located[agentclient.Volume]{}, err
-	}
-	return cluster.Located[agentclient.Volume]{Node: node, Object: v}, nil
-}
-
-func (c *Controller) findSnapshot(ctx context.Context, id string) (cluster.Located[agentclient.Snapshot], error) {
-	if !vocab.IsSnapshotID(id) {
-		return cluster.Located[agentclient.Snapshot]{}, errdefs.Wrap(errdefs.ErrNotFound, "snapshot %q does not exist (not a snapshot ID of this driver)", id)
-	}
-	return cluster.Find(ctx, c.cluster, "snapshot "+id, func(ctx context.Context, a cluster.Agent) (agentclient.Snapshot, error) {
-		snaps, err := a.ListSnapshots(ctx, agentclient.SnapshotQuery{SnapshotID: id})
-		if err != nil {
-			return agentclient.Snapshot{}, err
-		}
-		for _, s := range snaps {
-			if s.SnapshotID == id {
-				return s, nil
-			}
-		}
-		return agentclient.Snapshot{}, errdefs.Wrap(errdefs.ErrNotFound, "snapshot %s", id)
-	})
-}
-
 func (c *Controller) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest) (*csi.DeleteVolumeResponse, error) {
 	id := req.GetVolumeId()
 	if err := plugin.Required("volume_id", id); err != nil {
@@ -292,99 +168,10 @@ func (c *Controller) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequ
 		return nil, err
 	}
 	defer unlock()
-	if err := c.deleteVolume(ctx, id); err != nil {
+	if err := c.volumes.Delete(ctx, id); err != nil {
 		return nil, err
 	}
 	return &csi.DeleteVolumeResponse{}, nil
-}
-
-// deleteVolume removes every copy of a volume, or answers an error and
-// leaves what it could not remove for a retry. It answers OK only when
-// every node answered: a copy on a node that did not (a primary lost with
-// writes the others lack, or a replica) would outlive a delete that said
-// it was gone, and a later create of the same name would adopt it
-// (docs/safety.md). Older primaries are set aside, never destroyed: they
-// may hold writes the newest lacks.
-func (c *Controller) deleteVolume(ctx context.Context, id string) error {
-	answers, unreachable, err := cluster.Ask(ctx, c.cluster, func(ctx context.Context, a cluster.Agent) (agentclient.Copy, error) {
-		return a.GetCopy(ctx, id)
-	})
-	if err != nil {
-		return err
-	}
-	var silent []string
-	var primaries []cluster.Answer[agentclient.Copy]
-	for _, a := range answers {
-		switch {
-		case a.Err != nil:
-			silent = append(silent, fmt.Sprintf("node %s: %v", a.Node.Info.NodeID, a.Err))
-		case a.Object.Exists && a.Object.Role == vocab.RolePrimary:
-			primaries = append(primaries, a)
-		}
-	}
-	for _, u := range unreachable {
-		silent = append(silent, fmt.Sprintf("agent %s: %v", u.Addr, u.Err))
-	}
-	if len(silent) > 0 {
-		return fmt.Errorf("%w: volume %s is not deleted: a node that does not answer may hold a copy (%s); retry once it is back, or take it out of the controller's peers if it is gone for good",
-			errdefs.ErrUnavailable, id, strings.Join(silent, "; "))
-	}
-	sort.Slice(primaries, func(i, j int) bool { return primaries[i].Object.Generation > primaries[j].Object.Generation })
-	if len(primaries) > 0 {
-		newest := primaries[0]
-		for _, stale := range primaries[1:] {
-			if err := c.setAside(ctx, id, stale.Node, newest.Object.Generation); err != nil {
-				return err
-			}
-		}
-		cctx, cancel := c.cluster.Call(ctx)
-		err := newest.Node.Agent.DeleteVolume(cctx, id)
-		cancel()
-		if err != nil {
-			return err
-		}
-		c.log.Info("volume deleted", "volume_id", id, "node_id", newest.Node.Info.NodeID)
-	}
-	var nodes []cluster.Node
-	for _, a := range answers {
-		nodes = append(nodes, a.Node)
-	}
-	return c.deleteReplicas(ctx, id, nodes)
-}
-
-// setAside retires an older primary of a volume being deleted: renamed,
-// read-only, kept for an operator.
-func (c *Controller) setAside(ctx context.Context, id string, n cluster.Node, generation uint64) error {
-	cctx, cancel := c.cluster.Call(ctx)
-	defer cancel()
-	if _, err := n.Agent.Demote(cctx, agentclient.Demotion{VolumeID: id, Generation: generation, Aside: true}); err != nil {
-		return fmt.Errorf("volume %s is not deleted: setting aside its older primary on node %s: %w", id, n.Info.NodeID, err)
-	}
-	c.log.Warn("an older primary of the deleted volume is set aside, not destroyed: it may hold writes the newest lacked",
-		"volume_id", id, "node_id", n.Info.NodeID)
-	return nil
-}
-
-// deleteReplicas removes the replicas of a deleted volume from nodes
-// (every node: the caller made sure all answered), and fails (the CO
-// retries the delete) if one cannot be removed.
-func (c *Controller) deleteReplicas(ctx context.Context, id string, nodes []cluster.Node) error {
-	var errs []error
-	answers := cluster.Each(ctx, c.cluster, nodes, func(ctx context.Context, n cluster.Node) (bool, error) {
-		return n.Agent.DeleteReplica(ctx, id, true)
-	})
-	for _, a := range answers {
-		switch {
-		case a.Err != nil:
-			errs = append(errs, fmt.Errorf("node %s: %w", a.Node.Info.NodeID, a.Err))
-		case a.Object: // the node held a replica
-			c.log.Info("replica deleted", "volume_id", id, "node_id", a.Node.Info.NodeID)
-		}
-	}
-	if len(errs) > 0 {
-		return fmt.Errorf("%w: volume %s is deleted but some of its replicas may remain (%v); retry the delete", errdefs.ErrUnavailable, id, errors.Join(errs...))
-	}
-	return nil
 }
 
 func (c *Controller) ValidateVolumeCapabilities(ctx context.Context, req *csi.ValidateVolumeCapabilitiesRequest) (*csi.ValidateVolumeCapabilitiesResponse, error) {
@@ -394,7 +181,7 @@ func (c *Controller) ValidateVolumeCapabilities(ctx context.Context, req *csi.Va
 	if len(req.GetVolumeCapabilities()) == 0 {
 		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, "volume capabilities are required")
 	}
-	if _, err := c.findVolume(ctx, req.GetVolumeId()); err != nil {
+	if _, err := c.volumes.FindVolume(ctx, req.GetVolumeId()); err != nil {
 		return nil, err
 	}
 	if err := plugin.CheckCapabilities(req.GetVolumeCapabilities()); err != nil {
@@ -407,86 +194,14 @@ func (c *Controller) ValidateVolumeCapabilities(ctx context.Context, req *csi.Va
 	}}, nil
 }
 
-// volumesFrom lists the nodes' primaries as req asks (all, or a page from
-// an ID on), sorted by ID, the newest generation of each.
-func (c *Controller) volumesFrom(ctx context.Context, page agentclient.Page) ([]cluster.Located[agentclient.Volume], error) {
-	out, err := fromEveryNode(ctx, c, "volumes", func(ctx context.Context, n cluster.Node) ([]agentclient.Volume, error) {
-		return n.Agent.ListVolumes(ctx, page)
-	})
-	if err != nil {
-		return nil, err
-	}
-	sort.SliceStable(out, func(i, j int) bool { return out[i].Object.VolumeID < out[j].Object.VolumeID })
-	return newestGenerations(out), nil
-}
-
-// fromEveryNode asks every node for a list at once and joins the lists,
-// each item with its node. A node that does not answer is logged and left
-// out: listings are informational (what names the items in the log).
-func fromEveryNode[T any](ctx context.Context, c *Controller, what string, list func(context.Context, cluster.Node) ([]T, error)) ([]cluster.Located[T], error) {
-	nodes, _, err := c.cluster.Nodes(ctx)
-	if err != nil {
-		return nil, err
-	}
-	var out []cluster.Located[T]
-	for _, a := range cluster.Each(ctx, c.cluster, nodes, list) {
-		if a.Err != nil {
-			c.log.Warn("listing the "+what+" of a node failed; the list is incomplete", "node_id", a.Node.Info.NodeID, "error", a.Err)
-			continue
-		}
-		for _, item := range a.Object {
-			out = append(out, cluster.Located[T]{Node: a.Node, Object: item})
-		}
-	}
-	return out, nil
-}
-
-// newestGenerations keeps, of a volume listed by two nodes (the moment
-// between a move's promotion and the old copy's demotion), the newest
-// generation. items are sorted by volume ID.
-func newestGenerations(items []cluster.Located[agentclient.Volume]) []cluster.Located[agentclient.Volume] {
-	var out []cluster.Located[agentclient.Volume]
-	for _, it := range items {
-		last := len(out) - 1
-		if last >= 0 && out[last].Object.VolumeID == it.Object.VolumeID {
-			if it.Object.Generation > out[last].Object.Generation {
-				out[last] = it
-			}
-			continue
-		}
-		out = append(out, it)
-	}
-	return out
-}
-
-// ListVolumes answers a page from each node's page: every node lists its
-// first max_entries+1 primaries from the token on, which holds the first
-// max_entries+1 distinct volumes of all nodes (a node's volumes before any
-// one of them are among the cluster's before it), so a page costs each
-// node in proportion to the page, not to its volumes.
 func (c *Controller) ListVolumes(ctx context.Context, req *csi.ListVolumesRequest) (*csi.ListVolumesResponse, error) {
-	if req.GetMaxEntries() < 0 {
-		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, "max_entries must not be negative")
-	}
-	if token := req.GetStartingToken(); token != "" && !vocab.IsVolumeID(token) {
-		return nil, errdefs.Wrap(errdefs.ErrAborted, "starting_token %q is not a token this plugin issued; list again from the start", token)
-	}
-	nodeReq := agentclient.Page{From: req.GetStartingToken()}
-	if req.GetMaxEntries() > 0 {
-		nodeReq.MaxEntries = uint32(req.GetMaxEntries()) + 1
-	}
-	all, err := c.volumesFrom(ctx, nodeReq)
+	page, err := c.volumes.ListVolumes(ctx, provision.Page{StartingToken: req.GetStartingToken(), MaxEntries: req.GetMaxEntries()})
 	if err != nil {
 		return nil, err
 	}
-	page, next, err := paginate(all, func(v cluster.Located[agentclient.Volume]) string { return v.Object.VolumeID },
-		req.GetStartingToken(), req.GetMaxEntries(), vocab.IsVolumeID)
-	if err != nil {
-		return nil, err
-	}
-	resp := &csi.ListVolumesResponse{NextToken: next}
-	for _, v := range page {
-		resp.Entries = append(resp.Entries, &csi.ListVolumesResponse_Entry{Volume: c.csiVolume(v.Object, v.Node, sourceOf(v.Object))})
+	resp := &csi.ListVolumesResponse{NextToken: page.NextToken}
+	for _, v := range page.Volumes {
+		resp.Entries = append(resp.Entries, &csi.ListVolumesResponse_Entry{Volume: csiVolume(v.Object, v.Node, sourceOf(v.Object))})
 	}
 	return resp, nil
 }
@@ -503,55 +218,19 @@ func sourceOf(v agentclient.Volume) *csi.VolumeContentSource {
 	return nil
 }
 
-// paginate returns one page of items sorted by key. The token is the key of
-// the first item of the next page; a token that is not a key of this
-// driver is refused with Aborted, as the spec asks.
-func paginate[T any](items []T, key func(T) string, token string, maxEntries int32, validToken func(string) bool) ([]T, string, error) {
-	if maxEntries < 0 {
-		return nil, "", errdefs.Wrap(errdefs.ErrInvalidArgument, "max_entries must not be negative")
-	}
-	start := 0
-	if token != "" {
-		if !validToken(token) {
-			return nil, "", errdefs.Wrap(errdefs.ErrAborted, "starting_token %q is not a token this plugin issued; list again from the start", token)
-		}
-		start = sort.Search(len(items), func(i int) bool { return key(items[i]) >= token })
-	}
-	end := len(items)
-	if maxEntries > 0 && start+int(maxEntries) < end {
-		end = start + int(maxEntries)
-	}
-	next := ""
-	if end < len(items) {
-		next = key(items[end])
-	}
-	return items[start:end], next, nil
-}
-
 func (c *Controller) GetCapacity(ctx context.Context, req *csi.GetCapacityRequest) (*csi.GetCapacityResponse, error) {
 	for _, capability := range req.GetVolumeCapabilities() {
 		if err := plugin.CheckCapability(capability); err != nil {
 			return &csi.GetCapacityResponse{}, nil // no capacity for what cannot be served
 		}
 	}
-	nodes, _, err := c.cluster.Nodes(ctx)
+	capacity, err := c.volumes.CapacityOf(ctx, req.GetAccessibleTopology().GetSegments(), req.GetParameters()[vocab.ParamNode])
 	if err != nil {
 		return nil, err
 	}
-	var available, largest uint64
-	for _, n := range cluster.Healthy(nodes) {
-		if seg := req.GetAccessibleTopology().GetSegments(); seg != nil && !cluster.Matches(n.Info.Topology, seg) {
-			continue
-		}
-		if pin := req.GetParameters()[vocab.ParamNode]; pin != "" && pin != n.Info.NodeID {
-			continue
-		}
-		available += n.Info.AvailableBytes
-		largest = max(largest, min(n.Info.AvailableBytes, n.Info.MaxQuotaBytes))
-	}
 	return &csi.GetCapacityResponse{
-		AvailableCapacity: int64(available),
-		MaximumVolumeSize: wrapperspb.Int64(int64(largest)),
+		AvailableCapacity: int64(capacity.AvailableBytes),
+		MaximumVolumeSize: wrapperspb.Int64(int64(capacity.MaxVolumeBytes)),
 	}, nil
 }
 
@@ -559,12 +238,12 @@ func (c *Controller) ControllerGetVolume(ctx context.Context, req *csi.Controlle
 	if err := plugin.Required("volume_id", req.GetVolumeId()); err != nil {
 		return nil, err
 	}
-	found, err := c.currentVolume(ctx, req.GetVolumeId())
+	found, err := c.volumes.CurrentVolume(ctx, req.GetVolumeId())
 	if err != nil {
 		return nil, err
 	}
 	return &csi.ControllerGetVolumeResponse{
-		Volume: c.csiVolume(found.Object, found.Node, sourceOf(found.Object)),
+		Volume: csiVolume(found.Object, found.Node, sourceOf(found.Object)),
 		Status: &csi.ControllerGetVolumeResponse_VolumeStatus{},
 	}, nil
 }
@@ -587,13 +266,7 @@ func (c *Controller) ControllerExpandVolume(ctx context.Context, req *csi.Contro
 		return nil, err
 	}
 	defer unlock()
-	found, err := c.currentVolume(ctx, id)
-	if err != nil {
-		return nil, err
-	}
-	cctx, cancel := c.cluster.Call(ctx)
-	defer cancel()
-	capacity, err := found.Node.Agent.ExpandVolume(cctx, id,
+	capacity, err := c.volumes.Expand(ctx, id,
 		uint64(max(0, req.GetCapacityRange().GetRequiredBytes())),
 		uint64(max(0, req.GetCapacityRange().GetLimitBytes())))
 	if err != nil {
@@ -610,34 +283,15 @@ func (c *Controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshot
 	if err := plugin.Required("source_volume_id", req.GetSourceVolumeId()); err != nil {
 		return nil, err
 	}
-	id := vocab.SnapshotIDForName(req.GetName())
-	unlock, err := c.tryLock(id)
+	unlock, err := c.tryLock(vocab.SnapshotIDForName(req.GetName()))
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	// Snapshot names are unique across the cluster, not per volume.
-	existing, err := c.findSnapshot(ctx, id)
-	if err == nil && existing.Object.SourceVolumeID != req.GetSourceVolumeId() {
-		return nil, errdefs.Wrap(errdefs.ErrAlreadyExists, "snapshot %q exists for volume %s, not %s", req.GetName(), existing.Object.SourceVolumeID, req.GetSourceVolumeId())
-	}
-	if err == nil {
-		return &csi.CreateSnapshotResponse{Snapshot: csiSnapshot(existing.Object)}, nil
-	}
-	if !errors.Is(err, errdefs.ErrNotFound) {
-		return nil, err
-	}
-	found, err := c.currentVolume(ctx, req.GetSourceVolumeId())
+	snap, err := c.volumes.CreateSnapshot(ctx, req.GetName(), req.GetSourceVolumeId())
 	if err != nil {
 		return nil, err
 	}
-	cctx, cancel := c.cluster.Call(ctx)
-	defer cancel()
-	snap, err := found.Node.Agent.CreateSnapshot(cctx, req.GetSourceVolumeId(), req.GetName())
-	if err != nil {
-		return nil, err
-	}
-	c.log.Info("snapshot created", "volume_id", req.GetSourceVolumeId(), "snapshot_id", snap.SnapshotID, "node_id", found.Node.Info.NodeID)
 	return &csi.CreateSnapshotResponse{Snapshot: csiSnapshot(snap)}, nil
 }
 
@@ -661,54 +315,23 @@ func (c *Controller) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshot
 		return nil, err
 	}
 	defer unlock()
-	found, err := c.findSnapshot(ctx, id)
-	if errors.Is(err, errdefs.ErrNotFound) {
-		return &csi.DeleteSnapshotResponse{}, nil
-	}
-	if err != nil {
+	if err := c.volumes.DeleteSnapshot(ctx, id); err != nil {
 		return nil, err
 	}
-	cctx, cancel := c.cluster.Call(ctx)
-	defer cancel()
-	if err := found.Node.Agent.DeleteSnapshot(cctx, id); err != nil {
-		return nil, err
-	}
-	c.log.Info("snapshot deleted", "snapshot_id", id, "volume_id", found.Object.SourceVolumeID)
 	return &csi.DeleteSnapshotResponse{}, nil
 }
 
-// ListSnapshots pages like ListVolumes: each node answers its first
-// max_entries+1 snapshots from the token on, of the source volume when
-// one is given (or the one snapshot asked for).
 func (c *Controller) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRequest) (*csi.ListSnapshotsResponse, error) {
-	if token := req.GetStartingToken(); token != "" && !vocab.IsSnapshotID(token) {
-		return nil, errdefs.Wrap(errdefs.ErrAborted, "starting_token %q is not a token this plugin issued; list again from the start", token)
-	}
-	nodeReq := agentclient.SnapshotQuery{SnapshotID: req.GetSnapshotId(), From: req.GetStartingToken(), SourceVolumeID: req.GetSourceVolumeId()}
-	if req.GetMaxEntries() > 0 {
-		nodeReq.MaxEntries = uint32(req.GetMaxEntries()) + 1
-	}
-	listed, err := fromEveryNode(ctx, c, "snapshots", func(ctx context.Context, n cluster.Node) ([]agentclient.Snapshot, error) {
-		return n.Agent.ListSnapshots(ctx, nodeReq)
+	page, err := c.volumes.ListSnapshots(ctx, provision.SnapshotQuery{
+		SnapshotID:     req.GetSnapshotId(),
+		SourceVolumeID: req.GetSourceVolumeId(),
+		Page:           provision.Page{StartingToken: req.GetStartingToken(), MaxEntries: req.GetMaxEntries()},
 	})
 	if err != nil {
 		return nil, err
 	}
-	var all []agentclient.Snapshot
-	for _, l := range listed {
-		s := l.Object
-		if (req.GetSnapshotId() == "" || s.SnapshotID == req.GetSnapshotId()) &&
-			(req.GetSourceVolumeId() == "" || s.SourceVolumeID == req.GetSourceVolumeId()) {
-			all = append(all, s)
-		}
-	}
-	sort.Slice(all, func(i, j int) bool { return all[i].SnapshotID < all[j].SnapshotID })
-	page, next, err := paginate(all, func(s agentclient.Snapshot) string { return s.SnapshotID }, req.GetStartingToken(), req.GetMaxEntries(), vocab.IsSnapshotID)
-	if err != nil {
-		return nil, err
-	}
-	resp := &csi.ListSnapshotsResponse{NextToken: next}
-	for _, s := range page {
+	resp := &csi.ListSnapshotsResponse{NextToken: page.NextToken}
+	for _, s := range page.Snapshots {
 		resp.Entries = append(resp.Entries, &csi.ListSnapshotsResponse_Entry{Snapshot: csiSnapshot(s)})
 	}
 	return resp, nil
