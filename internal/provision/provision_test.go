@@ -1,0 +1,510 @@
+package provision
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/agentclient"
+	"github.com/zfs-nomad/zfs-nomad/internal/cluster/clustertest"
+	"github.com/zfs-nomad/zfs-nomad/internal/config"
+	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
+	"github.com/zfs-nomad/zfs-nomad/internal/migration"
+	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
+)
+
+// world is three fake nodes, n1 to n3, in memory; n2 has the most free
+// space, then n1, then n3. Each node's topology names it.
+type world struct {
+	fakes clustertest.Fakes
+	nodes map[string]*clustertest.FakeAgent
+}
+
+func newWorld() *world {
+	w := &world{nodes: map[string]*clustertest.FakeAgent{}}
+	for id, free := range map[string]uint64{"n1": 20 << 30, "n2": 30 << 30, "n3": 10 << 30} {
+		w.nodes[id] = w.fakes.Add(agentclient.NodeInfo{NodeID: id, AvailableBytes: free,
+			Topology: map[string]string{config.TopologyNodeKey: id}})
+	}
+	return w
+}
+
+// provisioner is the logic over the world's nodes, plus peers at the
+// extra addresses, which nobody answers.
+func (w *world) provisioner(t *testing.T, extra ...string) *Provisioner {
+	c := w.fakes.Cluster(t, extra...)
+	return New(c, migration.New(c, hclog.NewNullLogger()), "most-free", hclog.NewNullLogger())
+}
+
+// holders returns the nodes holding a copy of volume id, as "node:role:generation".
+func (w *world) holders(id string) []string {
+	var out []string
+	for node, f := range w.nodes {
+		if c, ok := f.Copy(id); ok {
+			out = append(out, node+":"+c.Role+":"+strconv.FormatUint(c.Generation, 10))
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// promiseOnMajority records on n1 and n2 (a majority of three) that an
+// earlier create of volume name reserved generation 1 for holder.
+func (w *world) promiseOnMajority(name, holder string) {
+	for _, n := range []string{"n1", "n2"} {
+		w.nodes[n].Promise(vocab.VolumeIDForName(name), 1, holder)
+	}
+}
+
+func TestCreate(t *testing.T) {
+	snapshotOnN3 := func(w *world) {
+		w.nodes["n3"].PutPrimary("src", 1)
+		if _, err := w.nodes["n3"].CreateSnapshot(context.Background(), vocab.VolumeIDForName("src"), "snap"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tests := []struct {
+		name    string
+		setup   func(w *world)
+		req     CreateRequest
+		down    []string // nodes that answer nothing
+		want    string   // the node the volume is on
+		wantErr error
+	}{
+		{
+			name: "a new volume goes to the node with the most free space",
+			req:  CreateRequest{Name: "v", RequiredBytes: 1 << 30},
+			want: "n2",
+		},
+		{
+			name: "a topology requirement wins over free space",
+			req:  CreateRequest{Name: "v", Requisite: []map[string]string{{config.TopologyNodeKey: "n3"}}},
+			want: "n3",
+		},
+		{
+			name:  "an existing volume is answered from its node, wherever placement would put a new one",
+			setup: func(w *world) { w.nodes["n3"].PutPrimary("v", 4) },
+			req:   CreateRequest{Name: "v"},
+			want:  "n3",
+		},
+		{
+			name:  "a retry after a lost answer creates on the node an earlier attempt was promised",
+			setup: func(w *world) { w.promiseOnMajority("v", "n3") },
+			req:   CreateRequest{Name: "v"},
+			want:  "n3",
+		},
+		{
+			name:    "a retry whose promised node is down waits for it",
+			setup:   func(w *world) { w.promiseOnMajority("v", "n3") },
+			down:    []string{"n3"},
+			req:     CreateRequest{Name: "v"},
+			wantErr: errdefs.ErrUnavailable,
+		},
+		{
+			name:    "no node matches the topology",
+			req:     CreateRequest{Name: "v", Requisite: []map[string]string{{config.TopologyNodeKey: "n9"}}},
+			wantErr: errdefs.ErrResourceExhausted,
+		},
+		{
+			name:    "the size is above every node's ceiling",
+			req:     CreateRequest{Name: "v", RequiredBytes: 40 << 30},
+			wantErr: errdefs.ErrOutOfRange,
+		},
+		{
+			name: "the best candidate cannot say what it holds: the next one gets the volume",
+			setup: func(w *world) {
+				w.nodes["n2"].Refuse("GetCopy", errdefs.Wrap(errdefs.ErrUnavailable, "pool busy"))
+			},
+			req:  CreateRequest{Name: "v"},
+			want: "n1",
+		},
+		{
+			name:    "without a majority nothing is created",
+			down:    []string{"n1", "n2"},
+			req:     CreateRequest{Name: "v"},
+			wantErr: errdefs.ErrUnavailable,
+		},
+		{
+			name:  "a clone of a snapshot is made on the snapshot's node",
+			setup: snapshotOnN3,
+			req:   CreateRequest{Name: "v", SourceSnapshotID: vocab.SnapshotIDForName("snap")},
+			want:  "n3",
+		},
+		{
+			name:    "a clone pinned to another node than its source's is refused",
+			setup:   snapshotOnN3,
+			req:     CreateRequest{Name: "v", SourceSnapshotID: vocab.SnapshotIDForName("snap"), Parameters: map[string]string{vocab.ParamNode: "n1"}},
+			wantErr: errdefs.ErrInvalidArgument,
+		},
+		{
+			name:    "a clone of a snapshot no node holds",
+			req:     CreateRequest{Name: "v", SourceSnapshotID: vocab.SnapshotIDForName("nowhere")},
+			wantErr: errdefs.ErrNotFound,
+		},
+		{
+			name: "the chosen node's refusal is the answer",
+			setup: func(w *world) {
+				w.nodes["n2"].Refuse("CreateVolume", errdefs.Wrap(errdefs.ErrInvalidArgument, `parameter "mountpoint" is not allowed`))
+			},
+			req:     CreateRequest{Name: "v"},
+			wantErr: errdefs.ErrInvalidArgument,
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWorld()
+			if tc.setup != nil {
+				tc.setup(w)
+			}
+			for _, n := range tc.down {
+				w.nodes[n].SetDown(true)
+			}
+			v, node, err := w.provisioner(t).Create(context.Background(), tc.req)
+			if tc.wantErr != nil {
+				if !errors.Is(err, tc.wantErr) {
+					t.Fatalf("got %v, want %v", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			id := vocab.VolumeIDForName(tc.req.Name)
+			if node.Info.NodeID != tc.want || v.VolumeID != id {
+				t.Fatalf("volume %s on %s, want %s on %s", v.VolumeID, node.Info.NodeID, id, tc.want)
+			}
+			if got := w.holders(id); len(got) != 1 {
+				t.Fatalf("copies after the create: %v, want one", got)
+			}
+		})
+	}
+}
+
+// TestCreateTwiceMakesOneVolume: a repeated create (the CO's retry)
+// answers the first one's volume and reserves nothing again.
+func TestCreateTwiceMakesOneVolume(t *testing.T) {
+	w := newWorld()
+	p := w.provisioner(t)
+	ctx := context.Background()
+	first, _, err := p.Create(ctx, CreateRequest{Name: "v"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The retry asks for another node's topology: the volume stays where
+	// it is all the same.
+	reserves := countCalls(w, "Reserve")
+	again, node, err := p.Create(ctx, CreateRequest{Name: "v", Requisite: []map[string]string{{config.TopologyNodeKey: "n1"}}})
+	if err != nil || again.VolumeID != first.VolumeID || node.Info.NodeID != "n2" {
+		t.Fatalf("repeated create: %+v on %s, %v; want %s on n2", again, node.Info.NodeID, err, first.VolumeID)
+	}
+	if got := countCalls(w, "Reserve"); got != reserves {
+		t.Errorf("a repeated create reserved again (%d Reserve calls, were %d)", got, reserves)
+	}
+	if got := w.holders(first.VolumeID); !slices.Equal(got, []string{"n2:primary:1"}) {
+		t.Errorf("copies: %v, want n2's primary only", got)
+	}
+}
+
+func countCalls(w *world, method string) int {
+	n := 0
+	for _, f := range w.nodes {
+		for _, c := range f.Calls() {
+			if c == method || strings.HasPrefix(c, method+" ") {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+func TestDelete(t *testing.T) {
+	const name = "v"
+	id := vocab.VolumeIDForName(name)
+	tests := []struct {
+		name     string
+		setup    func(w *world)
+		extra    []string // peers nobody answers
+		wantErr  error
+		wantLeft []string // copies left, "node:role:generation"
+		aside    string   // the node that set a copy aside
+	}{
+		{
+			name: "the primary and every replica are deleted",
+			setup: func(w *world) {
+				w.nodes["n1"].PutPrimary(name, 1)
+				w.nodes["n2"].PutReplica(name, 1)
+				w.nodes["n3"].PutReplica(name, 1)
+			},
+		},
+		{
+			name: "a volume no node holds is deleted already",
+		},
+		{
+			name: "a node that does not answer may hold a copy: nothing is deleted",
+			setup: func(w *world) {
+				w.nodes["n1"].PutPrimary(name, 1)
+				w.nodes["n2"].PutReplica(name, 1)
+				w.nodes["n3"].SetDown(true)
+			},
+			wantErr:  errdefs.ErrUnavailable,
+			wantLeft: []string{"n1:primary:1", "n2:replica:1"},
+		},
+		{
+			name: "a peer that cannot be reached may hold a copy: nothing is deleted",
+			setup: func(w *world) {
+				w.nodes["n1"].PutPrimary(name, 1)
+			},
+			extra:    []string{"n4:7670"},
+			wantErr:  errdefs.ErrUnavailable,
+			wantLeft: []string{"n1:primary:1"},
+		},
+		{
+			name: "a node that cannot describe its copy: nothing is deleted",
+			setup: func(w *world) {
+				w.nodes["n1"].PutPrimary(name, 1)
+				w.nodes["n2"].Refuse("GetCopy", errdefs.Wrap(errdefs.ErrFailedPrecondition, "pool suspended"))
+			},
+			wantErr:  errdefs.ErrUnavailable,
+			wantLeft: []string{"n1:primary:1"},
+		},
+		{
+			name: "an older primary is set aside, not destroyed",
+			setup: func(w *world) {
+				w.nodes["n1"].PutPrimary(name, 1)
+				w.nodes["n2"].PutPrimary(name, 2)
+				w.nodes["n3"].PutReplica(name, 2)
+			},
+			aside: "n1",
+		},
+		{
+			name: "an older primary that cannot be set aside keeps the volume",
+			setup: func(w *world) {
+				w.nodes["n1"].PutPrimary(name, 1)
+				w.nodes["n2"].PutPrimary(name, 2)
+				w.nodes["n1"].Refuse("Demote", errdefs.Wrap(errdefs.ErrAborted, "busy"))
+			},
+			wantErr:  errdefs.ErrAborted,
+			wantLeft: []string{"n1:primary:1", "n2:primary:2"},
+		},
+		{
+			name: "a replica that cannot be deleted fails the delete after the primary is gone",
+			setup: func(w *world) {
+				w.nodes["n1"].PutPrimary(name, 1)
+				w.nodes["n2"].PutReplica(name, 1)
+				w.nodes["n2"].Refuse("DeleteReplica", errdefs.Wrap(errdefs.ErrAborted, "receiving"))
+			},
+			wantErr:  errdefs.ErrUnavailable,
+			wantLeft: []string{"n2:replica:1"},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWorld()
+			if tc.setup != nil {
+				tc.setup(w)
+			}
+			err := w.provisioner(t, tc.extra...).Delete(context.Background(), id)
+			if !errors.Is(err, tc.wantErr) {
+				t.Fatalf("got %v, want %v", err, tc.wantErr)
+			}
+			if got := w.holders(id); !slices.Equal(got, tc.wantLeft) {
+				t.Errorf("copies left: %v, want %v", got, tc.wantLeft)
+			}
+			for node, f := range w.nodes {
+				setAside := slices.Contains(f.SetAside(), id)
+				if setAside != (node == tc.aside) {
+					t.Errorf("node %s set the volume aside: %v, want %v", node, setAside, node == tc.aside)
+				}
+			}
+			if tc.aside != "" && slices.Contains(w.nodes[tc.aside].Calls(), "DeleteVolume "+id) {
+				t.Errorf("the older primary on %s was destroyed", tc.aside)
+			}
+		})
+	}
+}
+
+func TestDeleteOfNoVolumeIDAsksNobody(t *testing.T) {
+	w := newWorld()
+	if err := w.provisioner(t).Delete(context.Background(), "not-a-volume"); err != nil {
+		t.Fatal(err)
+	}
+	if n := countCalls(w, "GetCopy"); n != 0 {
+		t.Errorf("%d nodes asked about an ID of no volume", n)
+	}
+}
+
+func TestListVolumes(t *testing.T) {
+	w := newWorld()
+	// Seven volumes over the nodes; "moving" is on two, between a move's
+	// promotion (n3, generation 2) and the old copy's demotion.
+	for i, name := range []string{"a", "b", "c", "d", "e", "f"} {
+		w.nodes[[]string{"n1", "n2", "n3"}[i%3]].PutPrimary(name, 1)
+	}
+	moving := w.nodes["n1"].PutPrimary("moving", 1)
+	w.nodes["n3"].PutPrimary("moving", 2)
+	p := w.provisioner(t)
+	ctx := context.Background()
+
+	all, err := p.ListVolumes(ctx, Page{})
+	if err != nil || len(all.Volumes) != 7 || all.NextToken != "" {
+		t.Fatalf("all at once: %d volumes, next %q, %v; want 7 and no next page", len(all.Volumes), all.NextToken, err)
+	}
+	var want []string
+	for _, v := range all.Volumes {
+		want = append(want, v.Object.VolumeID)
+		if v.Object.VolumeID == moving && (v.Node.Info.NodeID != "n3" || v.Object.Generation != 2) {
+			t.Errorf("the moving volume is listed on %s at generation %d, want n3 at 2 (the newest)", v.Node.Info.NodeID, v.Object.Generation)
+		}
+	}
+	if !slices.IsSorted(want) {
+		t.Errorf("listed out of order: %v", want)
+	}
+
+	// Pages of 3 list every volume once, in order.
+	var got []string
+	token := ""
+	for pages := 0; pages < 10; pages++ {
+		page, err := p.ListVolumes(ctx, Page{StartingToken: token, MaxEntries: 3})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(page.Volumes) > 3 {
+			t.Fatalf("a page of %d volumes, want at most 3", len(page.Volumes))
+		}
+		for _, v := range page.Volumes {
+			got = append(got, v.Object.VolumeID)
+		}
+		if token = page.NextToken; token == "" {
+			break
+		}
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("pages listed %v, want %v", got, want)
+	}
+
+	// A node that does not answer is left out: listings are informational.
+	w.nodes["n2"].SetDown(true)
+	part, err := p.ListVolumes(ctx, Page{})
+	if err != nil || len(part.Volumes) != 5 {
+		t.Fatalf("with n2 down: %d volumes, %v; want the other nodes' 5", len(part.Volumes), err)
+	}
+
+	for _, bad := range []struct {
+		page Page
+		err  error
+	}{
+		{Page{StartingToken: "not-a-token"}, errdefs.ErrAborted},
+		{Page{MaxEntries: -1}, errdefs.ErrInvalidArgument},
+	} {
+		if _, err := p.ListVolumes(ctx, bad.page); !errors.Is(err, bad.err) {
+			t.Errorf("ListVolumes(%+v): %v, want %v", bad.page, err, bad.err)
+		}
+	}
+}
+
+func TestSnapshots(t *testing.T) {
+	w := newWorld()
+	vol := w.nodes["n1"].PutPrimary("v", 1)
+	other := w.nodes["n2"].PutPrimary("w", 1)
+	p := w.provisioner(t)
+	ctx := context.Background()
+
+	snap, err := p.CreateSnapshot(ctx, "s", vol)
+	if err != nil || snap.NodeID != "n1" || snap.SourceVolumeID != vol {
+		t.Fatalf("CreateSnapshot: %+v, %v; want a snapshot of %s on n1", snap, err, vol)
+	}
+	again, err := p.CreateSnapshot(ctx, "s", vol)
+	if err != nil || again.SnapshotID != snap.SnapshotID || countCalls(w, "CreateSnapshot") != 1 {
+		t.Fatalf("repeated CreateSnapshot: %+v, %v; want the first one's, not a second", again, err)
+	}
+	if _, err := p.CreateSnapshot(ctx, "s", other); !errors.Is(err, errdefs.ErrAlreadyExists) {
+		t.Fatalf("the name of another volume's snapshot: %v, want AlreadyExists", err)
+	}
+	if _, err := p.CreateSnapshot(ctx, "t", other); err != nil {
+		t.Fatal(err)
+	}
+
+	of, err := p.ListSnapshots(ctx, SnapshotQuery{SourceVolumeID: vol})
+	if err != nil || len(of.Snapshots) != 1 || of.Snapshots[0].SnapshotID != snap.SnapshotID {
+		t.Fatalf("snapshots of %s: %+v, %v; want only %s", vol, of, err, snap.SnapshotID)
+	}
+	first, err := p.ListSnapshots(ctx, SnapshotQuery{Page: Page{MaxEntries: 1}})
+	if err != nil || len(first.Snapshots) != 1 || first.NextToken == "" {
+		t.Fatalf("a page of one: %+v, %v; want one snapshot and a next page", first, err)
+	}
+	if _, err := p.ListSnapshots(ctx, SnapshotQuery{Page: Page{StartingToken: vol}}); !errors.Is(err, errdefs.ErrAborted) {
+		t.Fatalf("a volume ID as a snapshot token: %v, want Aborted", err)
+	}
+
+	if err := p.DeleteSnapshot(ctx, snap.SnapshotID); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.DeleteSnapshot(ctx, snap.SnapshotID); err != nil {
+		t.Fatalf("deleting a deleted snapshot: %v, want OK", err)
+	}
+	w.nodes["n3"].SetDown(true)
+	if err := p.DeleteSnapshot(ctx, vocab.SnapshotIDForName("t")); err != nil {
+		t.Fatalf("deleting a snapshot whose node answers, with another down: %v", err)
+	}
+	if err := p.DeleteSnapshot(ctx, vocab.SnapshotIDForName("u")); !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Fatalf("deleting a snapshot no answering node holds, with a node down: %v, want Unavailable", err)
+	}
+}
+
+// TestCurrentPrimaryOnly: what acts on a volume's data acts on its current
+// primary, never on an older one, and waits while that cannot be told.
+func TestCurrentPrimaryOnly(t *testing.T) {
+	w := newWorld()
+	id := w.nodes["n1"].PutPrimary("v", 1)
+	w.nodes["n2"].PutPrimary("v", 2)
+	p := w.provisioner(t)
+	ctx := context.Background()
+
+	capacity, err := p.Expand(ctx, id, 5<<30, 0)
+	if err != nil || capacity != 5<<30 {
+		t.Fatalf("Expand: %d, %v; want 5 GiB", capacity, err)
+	}
+	if c, _ := w.nodes["n2"].Copy(id); c.CapacityBytes != 5<<30 {
+		t.Errorf("the newest primary has %d bytes, want 5 GiB", c.CapacityBytes)
+	}
+	if slices.Contains(w.nodes["n1"].Calls(), "ExpandVolume "+id) {
+		t.Errorf("the older primary on n1 was expanded")
+	}
+
+	// Generation 3 was promised to n3, which is down: n2's copy may be
+	// stale.
+	for _, n := range []string{"n1", "n2"} {
+		w.nodes[n].Promise(id, 3, "n3")
+	}
+	w.nodes["n3"].SetDown(true)
+	if _, err := p.CurrentVolume(ctx, id); !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Fatalf("CurrentVolume with a newer generation promised to a silent node: %v, want Unavailable", err)
+	}
+	if _, err := p.CreateSnapshot(ctx, "s", id); !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Fatalf("CreateSnapshot then: %v, want Unavailable", err)
+	}
+}
+
+func TestCapacityOf(t *testing.T) {
+	w := newWorld()
+	w.nodes["n3"].SetDown(true)
+	p := w.provisioner(t)
+	ctx := context.Background()
+	all, err := p.CapacityOf(ctx, nil, "")
+	if err != nil || all.AvailableBytes != 50<<30 || all.MaxVolumeBytes != 8<<30 {
+		t.Fatalf("capacity: %+v, %v; want 50 GiB of the answering nodes, at most 8 GiB (the ceiling) each", all, err)
+	}
+	one, err := p.CapacityOf(ctx, map[string]string{config.TopologyNodeKey: "n1"}, "")
+	if err != nil || one.AvailableBytes != 20<<30 {
+		t.Fatalf("capacity of n1's topology: %+v, %v; want 20 GiB", one, err)
+	}
+	pinned, err := p.CapacityOf(ctx, nil, "n2")
+	if err != nil || pinned.AvailableBytes != 30<<30 {
+		t.Fatalf("capacity pinned to n2: %+v, %v; want 30 GiB", pinned, err)
+	}
+}
