@@ -4,8 +4,8 @@
 //
 // Protobuf stops here. The agent protocol (proto/agentpb) is spoken by
 // this client and by the agent server (internal/agent); the controller's
-// logic (cluster, migration, scheduler, operator, csi/controller) sees
-// only the types of this package.
+// logic (cluster, provision, migration, scheduler, operator) and the CSI
+// adapter (csi/controller) see only the types of this package.
 //
 //	controller logic ──plain types──► agentclient ──agentpb/gRPC──► internal/agent
 package agentclient
