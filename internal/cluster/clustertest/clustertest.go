@@ -1,5 +1,7 @@
-// Package clustertest serves node agents in memory, for tests of the
-// controller's side (cluster, scheduler, CSI controller) without a network.
+// Package clustertest gives tests of the controller's side (cluster,
+// provision, migration, scheduler, the CSI controller) node agents
+// without a network: real agent servers over in-memory gRPC (Agents), or
+// in-memory fakes of cluster.Agent in plain types, without gRPC (Fakes).
 package clustertest
 
 import (
