@@ -1,5 +1,7 @@
 package agentclient
 
+import "github.com/zfs-nomad/zfs-nomad/internal/vocab"
+
 // NodeInfo is what an agent says about its node (GetNode).
 type NodeInfo struct {
 	NodeID   string
@@ -44,14 +46,7 @@ type Volume struct {
 }
 
 // NewVolume asks a node to create a volume (CreateVolume).
-type NewVolume struct {
-	Name             string
-	RequiredBytes    uint64
-	LimitBytes       uint64
-	Parameters       map[string]string
-	SourceSnapshotID string
-	SourceVolumeID   string
-}
+type NewVolume = vocab.VolumeRequest
 
 // Page selects part of a node's volume list: the volumes from From on,
 // at most MaxEntries (zero: all).

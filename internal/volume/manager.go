@@ -84,14 +84,7 @@ type Capacity struct {
 
 // CreateRequest asks for a volume. The name is the CSI name; capacity values
 // are 0 when unset; at most one source is set.
-type CreateRequest struct {
-	Name             string
-	RequiredBytes    uint64
-	LimitBytes       uint64
-	Parameters       map[string]string
-	SourceSnapshotID string
-	SourceVolumeID   string
-}
+type CreateRequest = vocab.VolumeRequest
 
 // Manager runs volume operations on one node. Operations on one volume are
 // serialised; different volumes proceed in parallel as far as ZFS allows.
