@@ -42,13 +42,7 @@ func New(c *cluster.Cluster, m *migration.Migrator, policy string, log hclog.Log
 // SourceVolumeID is set: the volume is then a clone made on its source's
 // node.
 type CreateRequest struct {
-	Name          string
-	RequiredBytes uint64
-	LimitBytes    uint64
-	Parameters    map[string]string
-	// SourceSnapshotID or SourceVolumeID names the content source.
-	SourceSnapshotID string
-	SourceVolumeID   string
+	vocab.VolumeRequest
 	// Requisite and Preferred are topologies: the volume must go to a
 	// node matching one of Requisite (when given), preferably the first
 	// of Preferred it can.

@@ -78,41 +78,41 @@ func TestCreate(t *testing.T) {
 	}{
 		{
 			name: "a new volume goes to the node with the most free space",
-			req:  CreateRequest{Name: "v", RequiredBytes: 1 << 30},
+			req:  CreateRequest{VolumeRequest: vocab.VolumeRequest{Name: "v", RequiredBytes: 1 << 30}},
 			want: "n2",
 		},
 		{
 			name: "a topology requirement wins over free space",
-			req:  CreateRequest{Name: "v", Requisite: []map[string]string{{config.TopologyNodeKey: "n3"}}},
+			req:  CreateRequest{VolumeRequest: vocab.VolumeRequest{Name: "v"}, Requisite: []map[string]string{{config.TopologyNodeKey: "n3"}}},
 			want: "n3",
 		},
 		{
 			name:  "an existing volume is answered from its node, wherever placement would put a new one",
 			setup: func(w *world) { w.nodes["n3"].PutPrimary("v", 4) },
-			req:   CreateRequest{Name: "v"},
+			req:   CreateRequest{VolumeRequest: vocab.VolumeRequest{Name: "v"}},
 			want:  "n3",
 		},
 		{
 			name:  "a retry after a lost answer creates on the node an earlier attempt was promised",
 			setup: func(w *world) { w.promiseOnMajority("v", "n3") },
-			req:   CreateRequest{Name: "v"},
+			req:   CreateRequest{VolumeRequest: vocab.VolumeRequest{Name: "v"}},
 			want:  "n3",
 		},
 		{
 			name:    "a retry whose promised node is down waits for it",
 			setup:   func(w *world) { w.promiseOnMajority("v", "n3") },
 			down:    []string{"n3"},
-			req:     CreateRequest{Name: "v"},
+			req:     CreateRequest{VolumeRequest: vocab.VolumeRequest{Name: "v"}},
 			wantErr: errdefs.ErrUnavailable,
 		},
 		{
 			name:    "no node matches the topology",
-			req:     CreateRequest{Name: "v", Requisite: []map[string]string{{config.TopologyNodeKey: "n9"}}},
+			req:     CreateRequest{VolumeRequest: vocab.VolumeRequest{Name: "v"}, Requisite: []map[string]string{{config.TopologyNodeKey: "n9"}}},
 			wantErr: errdefs.ErrResourceExhausted,
 		},
 		{
 			name:    "the size is above every node's ceiling",
-			req:     CreateRequest{Name: "v", RequiredBytes: 40 << 30},
+			req:     CreateRequest{VolumeRequest: vocab.VolumeRequest{Name: "v", RequiredBytes: 40 << 30}},
 			wantErr: errdefs.ErrOutOfRange,
 		},
 		{
@@ -120,30 +120,30 @@ func TestCreate(t *testing.T) {
 			setup: func(w *world) {
 				w.nodes["n2"].Refuse("GetCopy", errdefs.Wrap(errdefs.ErrUnavailable, "pool busy"))
 			},
-			req:  CreateRequest{Name: "v"},
+			req:  CreateRequest{VolumeRequest: vocab.VolumeRequest{Name: "v"}},
 			want: "n1",
 		},
 		{
 			name:    "without a majority nothing is created",
 			down:    []string{"n1", "n2"},
-			req:     CreateRequest{Name: "v"},
+			req:     CreateRequest{VolumeRequest: vocab.VolumeRequest{Name: "v"}},
 			wantErr: errdefs.ErrUnavailable,
 		},
 		{
 			name:  "a clone of a snapshot is made on the snapshot's node",
 			setup: snapshotOnN3,
-			req:   CreateRequest{Name: "v", SourceSnapshotID: vocab.SnapshotIDForName("snap")},
+			req:   CreateRequest{VolumeRequest: vocab.VolumeRequest{Name: "v", SourceSnapshotID: vocab.SnapshotIDForName("snap")}},
 			want:  "n3",
 		},
 		{
 			name:    "a clone pinned to another node than its source's is refused",
 			setup:   snapshotOnN3,
-			req:     CreateRequest{Name: "v", SourceSnapshotID: vocab.SnapshotIDForName("snap"), Parameters: map[string]string{vocab.ParamNode: "n1"}},
+			req:     CreateRequest{VolumeRequest: vocab.VolumeRequest{Name: "v", SourceSnapshotID: vocab.SnapshotIDForName("snap"), Parameters: map[string]string{vocab.ParamNode: "n1"}}},
 			wantErr: errdefs.ErrInvalidArgument,
 		},
 		{
 			name:    "a clone of a snapshot no node holds",
-			req:     CreateRequest{Name: "v", SourceSnapshotID: vocab.SnapshotIDForName("nowhere")},
+			req:     CreateRequest{VolumeRequest: vocab.VolumeRequest{Name: "v", SourceSnapshotID: vocab.SnapshotIDForName("nowhere")}},
 			wantErr: errdefs.ErrNotFound,
 		},
 		{
@@ -151,7 +151,7 @@ func TestCreate(t *testing.T) {
 			setup: func(w *world) {
 				w.nodes["n2"].Refuse("CreateVolume", errdefs.Wrap(errdefs.ErrInvalidArgument, `parameter "mountpoint" is not allowed`))
 			},
-			req:     CreateRequest{Name: "v"},
+			req:     CreateRequest{VolumeRequest: vocab.VolumeRequest{Name: "v"}},
 			wantErr: errdefs.ErrInvalidArgument,
 		},
 	}
@@ -191,14 +191,14 @@ func TestCreateTwiceMakesOneVolume(t *testing.T) {
 	w := newWorld()
 	p := w.provisioner(t)
 	ctx := context.Background()
-	first, _, err := p.Create(ctx, CreateRequest{Name: "v"})
+	first, _, err := p.Create(ctx, CreateRequest{VolumeRequest: vocab.VolumeRequest{Name: "v"}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	// The retry asks for another node's topology: the volume stays where
 	// it is all the same.
 	reserves := countCalls(w, "Reserve")
-	again, node, err := p.Create(ctx, CreateRequest{Name: "v", Requisite: []map[string]string{{config.TopologyNodeKey: "n1"}}})
+	again, node, err := p.Create(ctx, CreateRequest{VolumeRequest: vocab.VolumeRequest{Name: "v"}, Requisite: []map[string]string{{config.TopologyNodeKey: "n1"}}})
 	if err != nil || again.VolumeID != first.VolumeID || node.Info.NodeID != "n2" {
 		t.Fatalf("repeated create: %+v on %s, %v; want %s on n2", again, node.Info.NodeID, err, first.VolumeID)
 	}

@@ -104,12 +104,14 @@ func createRequest(req *csi.CreateVolumeRequest) (provision.CreateRequest, error
 		return provision.CreateRequest{}, errdefs.Wrap(errdefs.ErrInvalidArgument, "capacity range must not be negative")
 	}
 	create := provision.CreateRequest{
-		Name:          req.GetName(),
-		RequiredBytes: uint64(required),
-		LimitBytes:    uint64(limit),
-		Parameters:    req.GetParameters(),
-		Requisite:     segments(req.GetAccessibilityRequirements().GetRequisite()),
-		Preferred:     segments(req.GetAccessibilityRequirements().GetPreferred()),
+		VolumeRequest: vocab.VolumeRequest{
+			Name:          req.GetName(),
+			RequiredBytes: uint64(required),
+			LimitBytes:    uint64(limit),
+			Parameters:    req.GetParameters(),
+		},
+		Requisite: segments(req.GetAccessibilityRequirements().GetRequisite()),
+		Preferred: segments(req.GetAccessibilityRequirements().GetPreferred()),
 	}
 	if src := req.GetVolumeContentSource(); src != nil {
 		switch {
