@@ -234,7 +234,7 @@ func Start(opts Options) (_ *Cluster, err error) {
 	// and the demo start staging at once, so wait for it here instead of
 	// in every caller (a test that staged first failed at random).
 	if opts.Lease > 0 && !opts.NoNodeProcesses {
-		if err := c.WaitForLeases(3 * opts.Lease); err != nil {
+		if err := c.waitForLeases(3 * opts.Lease); err != nil {
 			return nil, err
 		}
 	}
@@ -267,9 +267,9 @@ func (c *Cluster) StartController() error {
 	return waitForSocket(c.ControllerEndpoint, p)
 }
 
-// WaitForLeases waits up to timeout until every running node reports on
+// waitForLeases waits up to timeout until every running node reports on
 // its metrics endpoint that it holds its lease (zfs_nomad_lease_held 1).
-func (c *Cluster) WaitForLeases(timeout time.Duration) error {
+func (c *Cluster) waitForLeases(timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for _, n := range c.Nodes {
 		if n.Process == nil {
