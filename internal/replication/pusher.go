@@ -197,6 +197,10 @@ func (p *Pusher) push(ctx context.Context, volumeID, fs, addr string, interval t
 	header := p.header(volumeID, props)
 	// Encrypted volumes are sent raw, so they stay encrypted on the peer.
 	raw := props["encryption"] != "off" && props["encryption"] != "-"
+	// This node's snapshots are listed meanwhile too: the listing is the
+	// plan's longest read, and the plan needs of it only the snapshots
+	// older than the one in flight (the bases the peer may share).
+	local := p.listAhead(ctx, fs)
 	state, err := peer.ReplicaState(ctx, &pb.ReplicaStateRequest{VolumeId: volumeID})
 	snapErr := <-snapped
 	streaming := false
@@ -214,7 +218,7 @@ func (p *Pusher) push(ctx context.Context, volumeID, fs, addr string, interval t
 		return pushed{}, errdefs.FromStatus(err)
 	}
 
-	plan, err := p.plan(ctx, fs, state, header, raw, snap, snapErr, log)
+	plan, err := p.plan(ctx, fs, state, header, raw, snap, snapErr, local, log)
 	if err != nil {
 		return pushed{}, err
 	}
@@ -439,7 +443,8 @@ type sendPlan struct {
 // send, and the receiver sets the replica aside (I4).
 // snap is the new replication snapshot, or snapErr why it could not be
 // taken.
-func (p *Pusher) plan(ctx context.Context, fs string, state *pb.ReplicaStateResponse, h *pb.ReceiveHeader, raw bool, snap string, snapErr error, log hclog.Logger) (sendPlan, error) {
+func (p *Pusher) plan(ctx context.Context, fs string, state *pb.ReplicaStateResponse, h *pb.ReceiveHeader, raw bool, snap string, snapErr error,
+	listed func() ([]zfscmd.Snap, error), log hclog.Logger) (sendPlan, error) {
 	generation := h.GetGeneration()
 	if state.GetExists() && state.GetRole() != RoleReplica {
 		return sendPlan{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "the peer holds %s as %q, not as a replica", fs, state.GetRole())
@@ -456,7 +461,7 @@ func (p *Pusher) plan(ctx context.Context, fs string, state *pb.ReplicaStateResp
 	if snapErr != nil {
 		return sendPlan{}, fmt.Errorf("taking the replication snapshot: %w", snapErr)
 	}
-	local, err := p.z.Snapshots(ctx, fs)
+	local, err := listed()
 	if err != nil {
 		return sendPlan{}, err
 	}
@@ -474,7 +479,10 @@ func (p *Pusher) plan(ctx context.Context, fs string, state *pb.ReplicaStateResp
 		}
 	}
 	if guid == 0 {
-		return sendPlan{}, fmt.Errorf("the replication snapshot %s is not listed after it was taken", snap)
+		// Listed before it was taken: its GUID alone is read now.
+		if guid, err = p.guidOf(ctx, snap); err != nil {
+			return sendPlan{}, fmt.Errorf("reading the replication snapshot %s after it was taken: %w", snap, err)
+		}
 	}
 	remoteGUIDs := state.GetSnapshotGuids()
 	newerThere := len(remoteGUIDs) > 0 && remoteGUIDs[len(remoteGUIDs)-1] != baseGUID
@@ -506,6 +514,32 @@ func (p *Pusher) plan(ctx context.Context, fs string, state *pb.ReplicaStateResp
 		return sendPlan{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "the peer's replica of %s shares no snapshot with this node; remove it for a full send", fs)
 	}
 	return sendPlan{Progress{Kind: KindFull, Snapshot: snap}, zfscmd.SendSpec{Snapshot: snap, Raw: raw}, guid}, nil
+}
+
+// listAhead lists the snapshots of fs in the background and returns the
+// wait for the listing.
+func (p *Pusher) listAhead(ctx context.Context, fs string) func() ([]zfscmd.Snap, error) {
+	type listing struct {
+		snaps []zfscmd.Snap
+		err   error
+	}
+	done := make(chan listing, 1)
+	go func() {
+		snaps, err := p.z.Snapshots(ctx, fs)
+		done <- listing{snaps, err}
+	}()
+	return func() ([]zfscmd.Snap, error) {
+		l := <-done
+		return l.snaps, l.err
+	}
+}
+
+func (p *Pusher) guidOf(ctx context.Context, snap string) (uint64, error) {
+	v, err := p.z.Get(ctx, snap, "guid")
+	if err != nil {
+		return 0, err
+	}
+	return strconv.ParseUint(v, 10, 64)
 }
 
 // checkResumeToken checks what a receiver's resume token asks this node to

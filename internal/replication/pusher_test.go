@@ -164,7 +164,7 @@ func TestResumeTokensAreChecked(t *testing.T) {
 			z := &tokenStreams{info: tt.info, err: tt.err, snaps: snaps}
 			p := NewPusher(z, new(copylock.Locks), "tank/nomad", "n1", 2, nil, nil, hclog.NewNullLogger())
 			state := &pb.ReplicaStateResponse{Exists: true, Role: RoleReplica, Generation: 1, ResumeToken: "1-abc-10-789c", SnapshotGuids: []uint64{1}}
-			plan, err := p.plan(context.Background(), fs, state, &pb.ReceiveHeader{Generation: 1}, tt.raw, fs+"@zn-3", nil, hclog.NewNullLogger())
+			plan, err := p.plan(context.Background(), fs, state, &pb.ReceiveHeader{Generation: 1}, tt.raw, fs+"@zn-3", nil, p.listAhead(context.Background(), fs), hclog.NewNullLogger())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -213,7 +213,7 @@ func TestPlanChoosesTheKind(t *testing.T) {
 			p := NewPusher(&tokenStreams{snaps: local}, new(copylock.Locks), "tank/nomad", "n1", 2, nil, nil, hclog.NewNullLogger())
 			state := &pb.ReplicaStateResponse{Exists: true, Role: RoleReplica, Generation: tt.generation, SnapshotGuids: tt.remote}
 			h := &pb.ReceiveHeader{Generation: 3, HistoryFrom: tt.historyFrom}
-			plan, err := p.plan(context.Background(), fs, state, h, false, fs+"@zn-3", nil, hclog.NewNullLogger())
+			plan, err := p.plan(context.Background(), fs, state, h, false, fs+"@zn-3", nil, p.listAhead(context.Background(), fs), hclog.NewNullLogger())
 			if tt.want == "" {
 				if err == nil {
 					t.Errorf("planned %+v, want a refusal", plan)

@@ -142,16 +142,6 @@ func (r *Receiver) receive(stream pb.Replication_ReceiveServer) (*pb.ReceiveResu
 		return nil, err
 	}
 	fs, _ := dataset(r.root, h.GetVolumeId()) // checked in readHeader
-	idle.Reset(r.IdleTimeout)
-	// The stream's own first record, read before anything is touched:
-	// what the stream does is decided by it, not by the header.
-	begin, err := readBegin(ctx, stream, idle, r.IdleTimeout)
-	if err != nil {
-		return nil, fmt.Errorf("the stream of volume %s: %w", h.GetVolumeId(), err)
-	}
-	if err := checkBegin(begin, h.GetKind()); err != nil {
-		return nil, fmt.Errorf("the stream of volume %s: %w", h.GetVolumeId(), err)
-	}
 	log := r.log.With("volume_id", h.GetVolumeId(), "source_node", h.GetSourceNodeId(), "kind", h.GetKind(), "snapshot", h.GetSnapshot())
 	select {
 	case r.slots <- struct{}{}:
@@ -162,17 +152,51 @@ func (r *Receiver) receive(stream pb.Replication_ReceiveServer) (*pb.ReceiveResu
 	// The lock may be held by the tidy after the previous receive (a
 	// second or so): a push that lands then waits for it rather than
 	// failing. Another change of the copy that outlasts copylock.Wait (a
-	// receive) makes it Aborted.
+	// receive) makes it Aborted. Taking it before the stream's first
+	// record gives a peer no more than it has anyway: a sender that
+	// stalls after a valid first record holds it until the idle timeout.
 	unlock, err := r.locks.Lock(ctx, h.GetVolumeId(), "receive from node "+h.GetSourceNodeId())
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	if err := r.finishReplace(ctx, fs, log); err != nil {
-		return nil, err
+	// What the copy holds is read while the sender starts zfs send (a
+	// process start, the longest wait before its first record); the lock
+	// keeps it true until this receive changes it.
+	ahead := r.readAhead(ctx, fs)
+	// So is zfs receive into the replica for the streams that go there
+	// as they are (an incremental, a resumed one): like the copy's state
+	// it waits for the first record, and it reads that record before it
+	// changes anything, so one that is not fed ends without a trace.
+	var early *pendingReceive
+	if k := h.GetKind(); k == KindIncremental || k == KindResume {
+		if early, err = r.startReceive(ctx, fs, nil); err != nil {
+			return nil, err
+		}
+		defer func() { early.abandon() }() // unless it was used
+	}
+	idle.Reset(r.IdleTimeout)
+	// The stream's own first record, read before anything is touched:
+	// what the stream does is decided by it, not by the header.
+	begin, err := readBegin(ctx, stream, idle, r.IdleTimeout)
+	if err != nil {
+		return nil, fmt.Errorf("the stream of volume %s: %w", h.GetVolumeId(), err)
+	}
+	if err := checkBegin(begin, h.GetKind()); err != nil {
+		return nil, fmt.Errorf("the stream of volume %s: %w", h.GetVolumeId(), err)
+	}
+	found := ahead()
+	if found.replacing {
+		if err := r.finishReplace(ctx, fs, log); err != nil {
+			return nil, err
+		}
+		found = r.readCopy(ctx, fs)
+	}
+	if found.err != nil {
+		return nil, found.err
 	}
 	parsed, _ := parseBegin(begin) // checked above
-	into, err := r.prepare(ctx, fs, h, parsed.fromGUID, log)
+	into, err := r.prepare(ctx, fs, h, parsed.fromGUID, found, log)
 	if err != nil {
 		return nil, err
 	}
@@ -182,7 +206,15 @@ func (r *Receiver) receive(stream pb.Replication_ReceiveServer) (*pb.ReceiveResu
 	// flow control) until its last message, after which zfs receive may
 	// still take its time to finish.
 	idle.Reset(r.IdleTimeout)
-	received, err := r.zfsReceive(ctx, h, into, begin, stream, idle, log)
+	zr := early
+	if early == nil || early.target != into.target || len(into.props) > 0 {
+		early.abandon()
+		if zr, err = r.startReceive(ctx, into.target, into.props); err != nil {
+			return nil, err
+		}
+	}
+	early = nil
+	received, err := r.zfsReceive(ctx, h, zr, into.replacing, begin, stream, idle, log)
 	if err != nil {
 		if into.replacing {
 			// A replacement is not resumed: the next push sends it whole
@@ -270,11 +302,8 @@ type intoTarget struct {
 // goes. A full stream for a volume of which this node holds an older
 // generation's replica is received beside it, under the incoming name,
 // and takes its place only once complete (replace).
-func (r *Receiver) prepare(ctx context.Context, fs string, h *pb.ReceiveHeader, fromGUID uint64, log hclog.Logger) (intoTarget, error) {
-	state, err := r.copyState(ctx, fs)
-	if err != nil {
-		return intoTarget{}, err
-	}
+func (r *Receiver) prepare(ctx context.Context, fs string, h *pb.ReceiveHeader, fromGUID uint64, found copyRead, log hclog.Logger) (intoTarget, error) {
+	state := found.state
 	if state.GetExists() && state.GetRole() != RoleReplica {
 		return intoTarget{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "this node holds volume %s as %q, not as a replica: refusing to overwrite it", h.GetVolumeId(), state.GetRole())
 	}
@@ -287,14 +316,15 @@ func (r *Receiver) prepare(ctx context.Context, fs string, h *pb.ReceiveHeader, 
 			return intoTarget{}, fmt.Errorf("discarding the partial receive into %s: %w", fs, err)
 		}
 		// Discarding an interrupted first receive removes the copy.
-		if state, err = r.copyState(ctx, fs); err != nil {
-			return intoTarget{}, err
+		if found = r.readCopy(ctx, fs); found.err != nil {
+			return intoTarget{}, found.err
 		}
+		state = found.state
 	}
 	switch h.GetKind() {
 	case KindFull:
 		props := map[string]string{"readonly": "on", "mountpoint": "legacy"}
-		if state.GetExists() && r.empty(ctx, fs) {
+		if state.GetExists() && len(found.snapshots) == 0 {
 			// A copy without a snapshot holds nothing to keep.
 			if err := r.destroyReplica(ctx, fs); err != nil {
 				return intoTarget{}, fmt.Errorf("removing the empty replica %s before a full receive: %w", fs, err)
@@ -327,7 +357,7 @@ func (r *Receiver) prepare(ctx context.Context, fs string, h *pb.ReceiveHeader, 
 				h.GetVolumeId(), state.GetGeneration(), h.GetGeneration())
 		}
 		if h.GetKind() == KindIncremental {
-			if err := r.rollBackTo(ctx, fs, fromGUID, state.GetGeneration(), h, log); err != nil {
+			if err := r.rollBackTo(ctx, fs, found.snapshots, fromGUID, state.GetGeneration(), h, log); err != nil {
 				return intoTarget{}, err
 			}
 		}
@@ -344,11 +374,7 @@ func (r *Receiver) prepare(ctx context.Context, fs string, h *pb.ReceiveHeader, 
 // states of what the sender sends. Otherwise they may hold writes the
 // sender lacks, and the stream is refused: the sender sends in full
 // instead, and the replica is set aside (I4).
-func (r *Receiver) rollBackTo(ctx context.Context, fs string, base, generation uint64, h *pb.ReceiveHeader, log hclog.Logger) error {
-	snaps, err := r.z.Snapshots(ctx, fs)
-	if err != nil {
-		return fmt.Errorf("listing the snapshots of %s: %w", fs, err)
-	}
+func (r *Receiver) rollBackTo(ctx context.Context, fs string, snaps []zfscmd.Snap, base, generation uint64, h *pb.ReceiveHeader, log hclog.Logger) error {
 	i := slices.IndexFunc(snaps, func(s zfscmd.Snap) bool { return s.GUID == base })
 	if i < 0 {
 		return errdefs.Wrap(errdefs.ErrFailedPrecondition, "the replica of %s lacks the stream's base (guid %d): it was destroyed meanwhile; the next push picks another", h.GetVolumeId(), base)
@@ -384,24 +410,77 @@ func (r *Receiver) rollBackTo(ctx context.Context, fs string, base, generation u
 	return nil
 }
 
-// empty reports whether the copy at fs has no snapshot.
-func (r *Receiver) empty(ctx context.Context, fs string) bool {
-	snaps, err := r.z.Snapshots(ctx, fs)
-	return err == nil && len(snaps) == 0
+// copyRead is what a receive reads of the copy before it decides.
+type copyRead struct {
+	state     *pb.ReplicaStateResponse
+	snapshots []zfscmd.Snap // oldest first; none when the copy does not exist
+	replacing bool          // an interrupted replacement waits beside it
+	err       error
 }
 
-// zfsReceive runs zfs receive into the target, fed with the first record
-// already read and then the rest of the stream; it returns the bytes
-// received.
-func (r *Receiver) zfsReceive(ctx context.Context, h *pb.ReceiveHeader, into intoTarget, begin []byte,
-	stream pb.Replication_ReceiveServer, idle *time.Timer, log hclog.Logger) (int64, error) {
-	// An OS pipe hands the stream to zfs receive without another copy in
-	// between. When the stream breaks, closing the write end gives zfs
-	// receive an early EOF, and it keeps a resume token.
+// readAhead reads the copy at fs in the background and returns the wait
+// for it. The caller holds the volume's lock, so what it reads stays true
+// until the caller changes the copy.
+func (r *Receiver) readAhead(ctx context.Context, fs string) func() copyRead {
+	done := make(chan copyRead, 1)
+	go func() { done <- r.readCopy(ctx, fs) }()
+	return func() copyRead { return <-done }
+}
+
+func (r *Receiver) readCopy(ctx context.Context, fs string) copyRead {
+	var found copyRead
+	// Unless it is surely absent, finishReplace looks at it and says.
+	_, err := r.z.Get(ctx, incomingName(fs), volume.PropRole)
+	found.replacing = !errors.Is(err, zfs.ErrNotFound)
+	if found.state, found.err = r.copyState(ctx, fs); found.err != nil || !found.state.GetExists() {
+		return found
+	}
+	if found.snapshots, found.err = r.z.Snapshots(ctx, fs); found.err != nil {
+		found.err = fmt.Errorf("listing the snapshots of %s: %w", fs, found.err)
+	}
+	return found
+}
+
+// pendingReceive is a zfs receive started and waiting on its pipe for the
+// stream. An OS pipe hands the stream to zfs receive without another copy
+// in between. When the stream breaks, closing the write end gives zfs
+// receive an early EOF, and it keeps a resume token.
+type pendingReceive struct {
+	target string
+	pw     *os.File
+	done   chan error
+}
+
+func (r *Receiver) startReceive(ctx context.Context, target string, props map[string]string) (*pendingReceive, error) {
 	pr, pw, err := os.Pipe()
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
+	p := &pendingReceive{target: target, pw: pw, done: make(chan error, 1)}
+	go func() {
+		err := r.z.Receive(ctx, target, props, pr)
+		pr.Close() // a writer still running now fails instead of blocking
+		p.done <- err
+	}()
+	return p, nil
+}
+
+// abandon ends a receive that was never fed: without a first record zfs
+// receive touches nothing. It waits for the end, so that nothing of it
+// outlives its caller's lock.
+func (p *pendingReceive) abandon() {
+	if p == nil {
+		return
+	}
+	p.pw.Close()
+	<-p.done
+}
+
+// zfsReceive feeds zr with the first record already read and then the rest
+// of the stream, and waits for it; it returns the bytes received.
+func (r *Receiver) zfsReceive(ctx context.Context, h *pb.ReceiveHeader, zr *pendingReceive, replacing bool, begin []byte,
+	stream pb.Replication_ReceiveServer, idle *time.Timer, log hclog.Logger) (int64, error) {
+	pw := zr.pw
 	var received atomic.Int64
 	received.Store(int64(len(begin)))
 	limit := streamLimit(h.GetCapacityBytes(), r.MaxQuota)
@@ -431,16 +510,15 @@ func (r *Receiver) zfsReceive(ctx context.Context, h *pb.ReceiveHeader, into int
 		}
 	}()
 	started := time.Now()
-	err = r.z.Receive(ctx, into.target, into.props, pr)
-	pr.Close() // a writer still running now fails instead of blocking
+	err := <-zr.done
 	r.Metrics.transfer("in", h.GetKind(), h.GetVolumeId(), h.GetSourceNodeId(), received.Load(), time.Since(started), err)
 	if cause := context.Cause(ctx); errors.Is(cause, errIdle) {
 		err = cause
 	}
 	if tooBig.Load() {
 		// Not resumable: a resumed stream would count from zero again.
-		if !into.replacing {
-			if aerr := r.abortPartial(context.WithoutCancel(ctx), into.target); aerr != nil {
+		if !replacing {
+			if aerr := r.abortPartial(context.WithoutCancel(ctx), zr.target); aerr != nil {
 				log.Warn("discarding the partial receive of an oversized stream failed; the next receive retries", "error", aerr)
 			}
 		}

@@ -6,11 +6,13 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"errors"
 	"io"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -41,6 +43,7 @@ type replicaStore struct {
 	token      string        // receive_resume_token; "" for none
 	calls      []string      // AbortReceive and Receive, in order
 	finishing  time.Duration // zfs receive's work after the stream's end
+	started    atomic.Int32  // zfs receives started, fed or not
 }
 
 func (s *replicaStore) AbortReceive(context.Context, string) error {
@@ -74,14 +77,21 @@ func (s *replicaStore) GetAll(_ context.Context, _ string, props ...string) (map
 }
 
 func (s *replicaStore) Receive(ctx context.Context, _ string, _ map[string]string, r io.Reader) error {
+	s.started.Add(1)
 	done := make(chan error, 1)
 	go func() {
-		_, err := io.Copy(io.Discard, r)
+		n, err := io.Copy(io.Discard, r)
+		if err == nil && n == 0 {
+			err = errors.New("cannot receive: failed to read from stream") // and changes nothing
+		}
 		time.Sleep(s.finishing)
 		done <- err
 	}()
 	select {
 	case err := <-done:
+		if err != nil {
+			return err
+		}
 		s.mu.Lock()
 		s.exists, s.received = true, s.received+1
 		s.calls = append(s.calls, "receive")
@@ -199,6 +209,35 @@ func TestReceiveChecksTheGeneration(t *testing.T) {
 // TestReceiveEndsWhenTheSenderStalls: a sender that goes quiet, before or
 // after its header, loses its receive after the idle timeout, and the
 // volume's lock is free again.
+// TestReceiveStartsZFSReceiveEarly: for an incremental or a resumed
+// stream zfs receive is started while the sender is still starting zfs
+// send (before the stream's first record), so the two process starts
+// overlap; a full stream, whose target and properties its first record
+// decides, waits for it.
+func TestReceiveStartsZFSReceiveEarly(t *testing.T) {
+	for _, tt := range []struct {
+		kind  string
+		early bool
+	}{{KindIncremental, true}, {KindResume, true}, {KindFull, false}} {
+		t.Run(tt.kind, func(t *testing.T) {
+			z := &replicaStore{exists: true, generation: 5}
+			r := NewReceiver(z, new(copylock.Locks), "tank/nomad", "n2", 2, hclog.NewNullLogger())
+			r.IdleTimeout = 200 * time.Millisecond
+			// Only the header: the first record never comes.
+			_, err := r.receive(stream(t, true, header(tt.kind, 5)))
+			if status.Code(errdefs.ToStatus(err)) != codes.Aborted {
+				t.Fatalf("a stream without its first record: %v, want Aborted (idle)", err)
+			}
+			if started := z.started.Load() > 0; started != tt.early {
+				t.Errorf("zfs receive started before the first record: %v, want %v", started, tt.early)
+			}
+			if z.received != 0 {
+				t.Errorf("the unfed zfs receive changed the copy (%d receives)", z.received)
+			}
+		})
+	}
+}
+
 func TestReceiveEndsWhenTheSenderStalls(t *testing.T) {
 	for name, msgs := range map[string][]*pb.ReceiveMessage{
 		"no header":       nil,

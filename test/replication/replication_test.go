@@ -401,18 +401,20 @@ func TestRefusesStrangersAndBadStreams(t *testing.T) {
 	// driver's own labels).
 	withProps := decode(t, guesttest.Run(t, "sh", "-c", "zfs send -p -i "+base+" "+src+"@manual | base64 -w0"))
 	for name, tt := range map[string]struct {
-		data []byte
-		want codes.Code
-		says string
+		data    []byte
+		want    codes.Code
+		says    string
+		partial bool // zfs receive saw some of it and may keep a resume token
 	}{
 		// Refused by the receiver from the stream's first record, before
-		// zfs receive sees a byte.
-		"not a stream":        {append([]byte("this is not a zfs stream"), make([]byte, 4096)...), codes.InvalidArgument, "not a zfs send stream"},
-		"carrying properties": {withProps, codes.InvalidArgument, "carries properties"},
+		// zfs receive sees a byte (the receive started early for an
+		// incremental is abandoned unfed: it must leave no trace).
+		"not a stream":        {append([]byte("this is not a zfs stream"), make([]byte, 4096)...), codes.InvalidArgument, "not a zfs send stream", false},
+		"carrying properties": {withProps, codes.InvalidArgument, "carries properties", false},
 		// A valid first record: the rest reaches zfs receive, which must
 		// refuse it.
-		"corrupted": {append(real[:312:312], make([]byte, 4096)...), codes.Aborted, "receiving volume"},
-		"truncated": {real[:len(real)/2], codes.Aborted, "receiving volume"},
+		"corrupted": {append(real[:312:312], make([]byte, 4096)...), codes.Aborted, "receiving volume", true},
+		"truncated": {real[:len(real)/2], codes.Aborted, "receiving volume", true},
 	} {
 		err := sendStream(ctx, peer, &pb.ReceiveHeader{VolumeId: id, Kind: "incremental", Snapshot: "manual", SourceNodeId: "peer", Generation: 1}, tt.data)
 		if status.Code(err) != tt.want || !strings.Contains(err.Error(), tt.says) {
@@ -422,6 +424,9 @@ func TestRefusesStrangersAndBadStreams(t *testing.T) {
 			t.Errorf("after the %s stream the replica's mountpoint is %s", name, mp)
 		}
 		if zfsGet(t, "receive_resume_token", n2.RootDataset+"/"+id) != "-" {
+			if !tt.partial {
+				t.Errorf("after the %s stream, refused before zfs receive saw a byte, the replica holds a partial receive", name)
+			}
 			guesttest.Run(t, "zfs", "receive", "-A", n2.RootDataset+"/"+id) // the deliberate clean-up of a partial state
 		}
 		if after := replicaChecksums(t, n2, id); after != before {
