@@ -88,9 +88,15 @@ func (s *Server) Replicate(req *pb.ReplicateRequest, stream pb.NodeAgent_Replica
 		return errdefs.ToStatus(errdefs.Wrap(errdefs.ErrFailedPrecondition, "replication is not configured on node %s", s.cfg.NodeID))
 	}
 	report := func(p replication.Progress) {
-		_ = stream.Send(&pb.ReplicateProgress{Kind: p.Kind, Snapshot: p.Snapshot, Base: p.Base, Bytes: p.Bytes, TotalBytes: p.Total, Done: p.Done})
+		_ = stream.Send(&pb.ReplicateProgress{Kind: p.Kind, Snapshot: p.Snapshot, Base: p.Base, Bytes: p.Bytes, TotalBytes: p.Total, Done: p.Done,
+			FencedUnixNano: p.FencedAt})
 	}
-	_, err := s.pusher.Push(stream.Context(), req.GetVolumeId(), req.GetTargetAddress(), time.Second, report)
+	var fence replication.Fence
+	if target := req.GetFenceForNodeId(); target != "" {
+		id := req.GetVolumeId()
+		fence = func(ctx context.Context, at int64) (int64, error) { return s.volumes.FenceHeld(ctx, id, target, at) }
+	}
+	_, err := s.pusher.PushFenced(stream.Context(), req.GetVolumeId(), req.GetTargetAddress(), time.Second, report, fence)
 	return errdefs.ToStatus(err)
 }
 

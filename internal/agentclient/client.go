@@ -126,7 +126,19 @@ func (c *Client) ListSnapshots(ctx context.Context, q SnapshotQuery) ([]Snapshot
 // calls each (if set) with every progress report, and returns the last
 // one; a push that completed ends with Done set.
 func (c *Client) Replicate(ctx context.Context, volumeID, targetAddr string, each func(Progress)) (Progress, error) {
-	stream, err := c.rpc.Replicate(ctx, &pb.ReplicateRequest{VolumeId: volumeID, TargetAddress: targetAddr})
+	return c.replicate(ctx, &pb.ReplicateRequest{VolumeId: volumeID, TargetAddress: targetAddr}, each)
+}
+
+// MoveFinal is a planned move's final push: the agent fences its primary
+// for a move to targetNodeID (as Fence does) and pushes a snapshot taken
+// after the fence to the agent at targetAddr. The last progress report
+// carries the fence's time.
+func (c *Client) MoveFinal(ctx context.Context, volumeID, targetAddr, targetNodeID string) (Progress, error) {
+	return c.replicate(ctx, &pb.ReplicateRequest{VolumeId: volumeID, TargetAddress: targetAddr, FenceForNodeId: targetNodeID}, nil)
+}
+
+func (c *Client) replicate(ctx context.Context, req *pb.ReplicateRequest, each func(Progress)) (Progress, error) {
+	stream, err := c.rpc.Replicate(ctx, req)
 	if err != nil {
 		return Progress{}, fromStatus(err)
 	}

@@ -56,6 +56,7 @@ func progressFromPB(p *pb.ReplicateProgress) Progress {
 		Bytes:      p.GetBytes(),
 		TotalBytes: p.GetTotalBytes(),
 		Done:       p.GetDone(),
+		FencedAt:   p.GetFencedUnixNano(),
 	}
 }
 

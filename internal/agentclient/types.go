@@ -82,6 +82,7 @@ type Progress struct {
 	Bytes      int64
 	TotalBytes int64 // the estimate; zero when unknown
 	Done       bool  // the push completed
+	FencedAt   int64 // a MoveFinal's fence time (unix nanos)
 }
 
 // NodeStatus is what a node holds besides its primaries: its replicas,

@@ -49,7 +49,7 @@ type Agent interface {
 	Status(ctx context.Context) (agentclient.NodeStatus, error)
 	DeleteReplica(ctx context.Context, volumeID string, volumeDeleted bool) (deleted bool, err error)
 	GetCopy(ctx context.Context, volumeID string) (agentclient.Copy, error)
-	Fence(ctx context.Context, volumeID, targetNodeID string) (fencedUnixNano int64, err error)
+	MoveFinal(ctx context.Context, volumeID, targetAddr, targetNodeID string) (agentclient.Progress, error)
 	Unfence(ctx context.Context, volumeID string, generation uint64) (agentclient.Copy, error)
 	Promote(ctx context.Context, p agentclient.Promotion) (agentclient.Copy, error)
 	Demote(ctx context.Context, d agentclient.Demotion) (agentclient.Copy, error)

@@ -508,8 +508,9 @@ func (m *Migrator) checkMove(p copyOn, target cluster.Node) error {
 	return nil
 }
 
-// move is the planned move of p to target: fence, send the final
-// snapshot, promote the target, demote the source.
+// move is the planned move of p to target: fence and send the final
+// snapshot (one call: the source fences under the same lock hold as the
+// snapshot), promote the target, demote the source.
 func (m *Migrator) move(ctx context.Context, id string, p copyOn, target cluster.Node, v view, log hclog.Logger) (uint64, error) {
 	started := m.now()
 	gen := v.nextGeneration(target.Info.NodeID)
@@ -519,21 +520,15 @@ func (m *Migrator) move(ctx context.Context, id string, p copyOn, target cluster
 	// move's critical path; the promotion waits for it.
 	reserved := make(chan error, 1)
 	go func() { reserved <- m.reserve(ctx, id, gen, target.Info.NodeID, v, false, nil) }()
-	cctx, cancel := m.cluster.Call(ctx)
-	fencedAt, err := p.node.Agent.Fence(cctx, id, target.Info.NodeID)
-	cancel()
+	fencedAt, err := m.sendFinal(ctx, id, p, target, log)
 	if err != nil {
-		m.Metrics.count("move", "failed")
-		return 0, fmt.Errorf("fencing the primary on node %s: %w", p.nodeID(), err)
-	}
-	if err := m.sendFinal(ctx, id, p, target, fencedAt, log); err != nil {
 		m.Metrics.count("move", "failed")
 		return 0, err
 	}
 	if err := <-reserved; err != nil {
 		return 0, err
 	}
-	cctx, cancel = m.cluster.Call(ctx)
+	cctx, cancel := m.cluster.Call(ctx)
 	_, err = target.Agent.Promote(cctx, agentclient.Promotion{VolumeID: id, Generation: gen, NotBeforeUnixNano: fencedAt})
 	cancel()
 	if err != nil {
@@ -561,51 +556,51 @@ func (m *Migrator) demote(id string, p copyOn, gen uint64, log hclog.Logger) {
 	}
 }
 
-// sendFinal pushes the fenced primary to the target until the target holds
-// a snapshot taken after the fence (a push may first finish an older,
-// interrupted transfer).
-func (m *Migrator) sendFinal(ctx context.Context, id string, p copyOn, target cluster.Node, fencedAt int64, log hclog.Logger) error {
+// sendFinal fences the primary for the move and pushes it to the target
+// until the target holds a snapshot taken after the fence (a push may
+// first finish an older, interrupted transfer); it returns the fence's
+// time. Every push fences: the first one up keeps its time.
+func (m *Migrator) sendFinal(ctx context.Context, id string, p copyOn, target cluster.Node, log hclog.Logger) (int64, error) {
 	busy := 0
 	for attempt := 0; attempt < 3; attempt++ {
-		last, err := m.push(ctx, id, p, target)
+		last, err := p.node.Agent.MoveFinal(ctx, id, target.Addr, target.Info.NodeID)
 		if errors.Is(err, errdefs.ErrAborted) && busy < maxBusyWaits {
 			// A scheduled push of the volume holds it: it ends soon.
 			busy++
 			attempt--
 			if err := sleep(ctx, time.Second); err != nil {
-				return err
+				return 0, err
 			}
 			continue
 		}
 		if err != nil {
-			return fmt.Errorf("sending volume %s to node %s: %w", id, target.Info.NodeID, err)
+			return 0, fmt.Errorf("fencing volume %s on node %s and sending it to node %s: %w", id, p.nodeID(), target.Info.NodeID, err)
+		}
+		fencedAt := last.FencedAt
+		if fencedAt == 0 {
+			return 0, fmt.Errorf("%w: node %s pushed volume %s without fencing it (a zfs-node older than the controller?): upgrade zfs-node there, then retry",
+				errdefs.ErrFailedPrecondition, p.nodeID(), id)
 		}
 		log.Info("final snapshot sent", "kind", last.Kind, "bytes", last.Bytes, "snapshot", last.Snapshot)
 		if at, ok := vocab.ReplicationSnapshotTime(last.Snapshot); ok && at >= fencedAt {
-			return nil // the promotion checks it again on the target
+			return fencedAt, nil // the promotion checks it again on the target
 		}
 		cctx, cancel := m.cluster.Call(ctx)
 		c, err := target.Agent.GetCopy(cctx, id)
 		cancel()
 		if err != nil {
-			return err
+			return 0, err
 		}
 		if c.LastSnapshotUnixNano >= fencedAt {
-			return nil
+			return fencedAt, nil
 		}
 	}
-	return errdefs.Wrap(errdefs.ErrAborted, "node %s has no snapshot of volume %s newer than its fence after 3 pushes; retry", target.Info.NodeID, id)
+	return 0, errdefs.Wrap(errdefs.ErrAborted, "node %s has no snapshot of volume %s newer than its fence after 3 pushes; retry", target.Info.NodeID, id)
 }
 
 // maxBusyWaits bounds the seconds a move waits for other transfers of the
 // volume to end.
 const maxBusyWaits = 60
-
-// push runs one Replicate from p's node to target and returns the last
-// progress report.
-func (m *Migrator) push(ctx context.Context, id string, p copyOn, target cluster.Node) (agentclient.Progress, error) {
-	return p.node.Agent.Replicate(ctx, id, target.Addr, nil)
-}
 
 func sleep(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)

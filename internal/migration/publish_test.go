@@ -82,17 +82,17 @@ func (a *fakeAgent) Reserve(_ context.Context, req *pb.ReserveRequest) (*pb.Rese
 	return &pb.ReserveResponse{Granted: true}, nil
 }
 
-func (a *fakeAgent) Fence(_ context.Context, req *pb.FenceRequest) (*pb.FenceResponse, error) {
-	a.all.mu.Lock()
-	defer a.all.mu.Unlock()
+// fence is Fence's work (a move's final push does it first); the caller
+// holds a.all.mu.
+func (a *fakeAgent) fence(target string) (int64, error) {
 	a.all.record("Fence", a.id)
 	if a.copy.GetRole() != vocab.RolePrimary {
-		return nil, errdefs.ToStatus(errdefs.Wrap(errdefs.ErrFailedPrecondition, "no primary on %s", a.id))
+		return 0, errdefs.ToStatus(errdefs.Wrap(errdefs.ErrFailedPrecondition, "no primary on %s", a.id))
 	}
 	if a.copy.GetMovingTo() == "" {
-		a.copy.MovingTo, a.copy.FencedUnixNano = req.GetTargetNodeId(), a.all.tick()
+		a.copy.MovingTo, a.copy.FencedUnixNano = target, a.all.tick()
 	}
-	return &pb.FenceResponse{FencedUnixNano: a.copy.GetFencedUnixNano()}, nil
+	return a.copy.GetFencedUnixNano(), nil
 }
 
 func (a *fakeAgent) Unfence(context.Context, *pb.UnfenceRequest) (*pb.Copy, error) {
@@ -107,6 +107,15 @@ func (a *fakeAgent) Unfence(context.Context, *pb.UnfenceRequest) (*pb.Copy, erro
 // received as a replica of this copy's generation.
 func (a *fakeAgent) Replicate(req *pb.ReplicateRequest, stream pb.NodeAgent_ReplicateServer) error {
 	a.all.mu.Lock()
+	var fencedAt int64
+	if target := req.GetFenceForNodeId(); target != "" {
+		at, err := a.fence(target)
+		if err != nil {
+			a.all.mu.Unlock()
+			return err
+		}
+		fencedAt = at
+	}
 	a.all.record("Replicate", a.id)
 	addr := req.GetTargetAddress()
 	target := a.all.nodes[strings.TrimSuffix(addr[strings.LastIndex(addr, "/")+1:], ":7670")]
@@ -115,7 +124,7 @@ func (a *fakeAgent) Replicate(req *pb.ReplicateRequest, stream pb.NodeAgent_Repl
 	target.copy = &pb.Copy{VolumeId: req.GetVolumeId(), Role: vocab.RoleReplica, Generation: a.copy.GetGeneration(),
 		Parameters: a.copy.GetParameters(), LastSnapshot: snap, LastSnapshotUnixNano: at}
 	a.all.mu.Unlock()
-	return stream.Send(&pb.ReplicateProgress{Kind: "incremental", Snapshot: snap, Done: true})
+	return stream.Send(&pb.ReplicateProgress{Kind: "incremental", Snapshot: snap, Done: true, FencedUnixNano: fencedAt})
 }
 
 func (a *fakeAgent) Promote(_ context.Context, req *pb.PromoteRequest) (*pb.Copy, error) {

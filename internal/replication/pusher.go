@@ -35,7 +35,14 @@ type Progress struct {
 	// Total is zfs send's estimate of the whole stream; 0 if unknown.
 	Total int64
 	Done  bool
+	// FencedAt is the fence's time (unix nanos) of a push with a Fence.
+	FencedAt int64
 }
+
+// Fence fences the volume's primary for a move, under the copy's lock the
+// caller holds, at the time given (unix nanos), and returns the fence's
+// time (an earlier one when it was fenced for the same move already).
+type Fence func(ctx context.Context, at int64) (int64, error)
 
 // Transfer is a push in progress.
 type Transfer struct {
@@ -152,6 +159,17 @@ func (p *Pusher) UseClock(now func() time.Time) { p.now = now }
 // it. It changes the copy only under the copy's lock: its snapshot, and
 // after the stream the unsent snapshot's removal or the tidy.
 func (p *Pusher) Push(ctx context.Context, volumeID, addr string, interval time.Duration, report func(Progress)) (Progress, error) {
+	return p.PushFenced(ctx, volumeID, addr, interval, report, nil)
+}
+
+// PushFenced is Push for a planned move's final push: fence puts the
+// primary's fence up under the same lock hold as the push's snapshot, and
+// the snapshot is named after the fence's time, so it holds everything
+// the copy will ever have here (nothing can write an unmounted copy while
+// its lock is held). The fence's write and the snapshot run at once and
+// share the pool's sync: a separate Fence call cost a move a sync and a
+// round trip. The answer carries the fence's time.
+func (p *Pusher) PushFenced(ctx context.Context, volumeID, addr string, interval time.Duration, report func(Progress), fence Fence) (Progress, error) {
 	fs, err := dataset(p.root, volumeID)
 	if err != nil {
 		return Progress{}, err
@@ -161,7 +179,7 @@ func (p *Pusher) Push(ctx context.Context, volumeID, addr string, interval time.
 	if err != nil {
 		return Progress{}, err
 	}
-	out, err := p.push(tctx, volumeID, fs, addr, interval, report, log)
+	out, err := p.push(tctx, volumeID, fs, addr, interval, report, fence, log)
 	end()
 	if out.unsent != "" {
 		p.dropSnapshot(volumeID, out.unsent, log)
@@ -182,7 +200,7 @@ type pushed struct {
 }
 
 // push sends; see Push.
-func (p *Pusher) push(ctx context.Context, volumeID, fs, addr string, interval time.Duration, report func(Progress), log hclog.Logger) (out pushed, err error) {
+func (p *Pusher) push(ctx context.Context, volumeID, fs, addr string, interval time.Duration, report func(Progress), fence Fence, log hclog.Logger) (out pushed, err error) {
 	conn, err := p.peer(addr)
 	if err != nil {
 		return pushed{}, errdefs.Wrap(errdefs.ErrUnavailable, "peer %s: %v", addr, err)
@@ -190,7 +208,7 @@ func (p *Pusher) push(ctx context.Context, volumeID, fs, addr string, interval t
 	peer := pb.NewReplicationClient(conn)
 	// The new replication snapshot is taken while the peer says what it
 	// holds: each waits tens of milliseconds (a pool sync, a round trip).
-	props, snap, snapped, err := p.snapshot(ctx, volumeID, fs)
+	props, snap, snapped, err := p.snapshot(ctx, volumeID, fs, fence)
 	if err != nil {
 		return pushed{}, err
 	}
@@ -202,7 +220,8 @@ func (p *Pusher) push(ctx context.Context, volumeID, fs, addr string, interval t
 	// older than the one in flight (the bases the peer may share).
 	local := p.listAhead(ctx, fs)
 	state, err := peer.ReplicaState(ctx, &pb.ReplicaStateRequest{VolumeId: volumeID})
-	snapErr := <-snapped
+	taken := <-snapped
+	snapErr := taken.err
 	streaming := false
 	if snapErr == nil {
 		// Unless its stream starts (then a receiver's resume token may
@@ -214,6 +233,9 @@ func (p *Pusher) push(ctx context.Context, volumeID, fs, addr string, interval t
 			}
 		}()
 	}
+	if taken.fenceErr != nil {
+		return pushed{}, fmt.Errorf("fencing the primary of volume %s: %w", volumeID, taken.fenceErr)
+	}
 	if err != nil {
 		return pushed{}, errdefs.FromStatus(err)
 	}
@@ -223,6 +245,7 @@ func (p *Pusher) push(ctx context.Context, volumeID, fs, addr string, interval t
 		return pushed{}, err
 	}
 	prog, spec := plan.prog, plan.spec
+	prog.FencedAt = taken.fencedAt
 	// The size estimate (zfs send -nP, a process of its own) is for
 	// progress reports only. It starts after estimateDelay: a short push
 	// (a move's final increment) ends without it instead of sharing the
@@ -314,12 +337,20 @@ func receiverSaidWhy(recvErr error) bool {
 	return false
 }
 
+// taken is what snapshot did under the copy's lock.
+type taken struct {
+	err      error // the snapshot's
+	fencedAt int64
+	fenceErr error
+}
+
 // snapshot reads the volume's labels and takes the push's replication
 // snapshot, under the copy's lock: only a primary is sent, and no delete
-// or demote can overtake the snapshot. The lock is released when the
-// snapshot is taken, which snapped reports, so the caller can ask the
-// peer meanwhile.
-func (p *Pusher) snapshot(ctx context.Context, volumeID, fs string) (props map[string]string, snap string, snapped <-chan error, err error) {
+// or demote can overtake the snapshot. With a fence, the fence goes up
+// under the same hold, beside the snapshot. The lock is released when
+// both are done, which snapped reports, so the caller can ask the peer
+// meanwhile.
+func (p *Pusher) snapshot(ctx context.Context, volumeID, fs string, fence Fence) (props map[string]string, snap string, snapped <-chan taken, err error) {
 	unlock, err := p.locks.Lock(ctx, volumeID, "a push's snapshot")
 	if err != nil {
 		return nil, "", nil, err
@@ -336,11 +367,30 @@ func (p *Pusher) snapshot(ctx context.Context, volumeID, fs string) (props map[s
 		unlock()
 		return nil, "", nil, err
 	}
+	// The fence's time comes first and the snapshot is named after it:
+	// a promotion checks the final snapshot is not older than the fence.
+	// Which write the pool applies first does not matter: the copy is not
+	// mounted (the fence refuses otherwise) and cannot be while the lock
+	// is held, so the snapshot holds the same either way, and a snapshot
+	// without its fence (a crash between) is only one more snapshot.
+	at := p.now().UnixNano()
 	snap = fmt.Sprintf("%s@%s%d", fs, SnapshotPrefix, p.now().UnixNano())
-	done := make(chan error, 1)
+	done := make(chan taken, 1)
 	go func() {
 		defer unlock()
-		done <- p.z.Snapshot(ctx, snap)
+		var t taken
+		fenced := make(chan struct{})
+		if fence != nil {
+			go func() {
+				defer close(fenced)
+				t.fencedAt, t.fenceErr = fence(ctx, at)
+			}()
+		} else {
+			close(fenced)
+		}
+		t.err = p.z.Snapshot(ctx, snap)
+		<-fenced
+		done <- t
 	}()
 	return props, snap, done, nil
 }

@@ -138,6 +138,14 @@ func (m *Manager) Fence(ctx context.Context, id, target string) (int64, error) {
 		return 0, err
 	}
 	defer unlock()
+	return m.FenceHeld(ctx, id, target, m.now().UnixNano())
+}
+
+// FenceHeld is Fence for a caller that holds the copy's lock: a move's
+// final push, which takes its snapshot under the same hold (the two
+// writes then share a pool sync). at is the fence's time; a copy fenced
+// for target already keeps its earlier one.
+func (m *Manager) FenceHeld(ctx context.Context, id, target string, at int64) (int64, error) {
 	// The schedule skips a volume being moved: it must learn of it.
 	defer m.reindex(ctx, id)
 	v, err := m.get(ctx, id)
@@ -155,7 +163,6 @@ func (m *Manager) Fence(ctx context.Context, id, target string) (int64, error) {
 		return 0, fmt.Errorf("%w: volume %s is still mounted on node %s; it can move to node %s once the CO has unpublished it there",
 			errdefs.ErrFailedPrecondition, id, m.cfg.NodeID, target)
 	}
-	at := m.now().UnixNano()
 	props := map[string]string{"readonly": "on", PropMovingTo: target, PropFencedAt: strconv.FormatInt(at, 10)}
 	if err := m.zfs.SetProperties(ctx, v.Dataset, props); err != nil {
 		return 0, zfsError(err, "fencing volume "+id)

@@ -1238,8 +1238,12 @@ type ReplicateRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	VolumeId      string                 `protobuf:"bytes,1,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
 	TargetAddress string                 `protobuf:"bytes,2,opt,name=target_address,json=targetAddress,proto3" json:"target_address,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// A planned move's final push: the node fences its primary for a move
+	// to this node (as Fence does) under the same lock hold as the push's
+	// snapshot, which is taken after the fence's time. Empty: no fence.
+	FenceForNodeId string `protobuf:"bytes,3,opt,name=fence_for_node_id,json=fenceForNodeId,proto3" json:"fence_for_node_id,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ReplicateRequest) Reset() {
@@ -1286,6 +1290,13 @@ func (x *ReplicateRequest) GetTargetAddress() string {
 	return ""
 }
 
+func (x *ReplicateRequest) GetFenceForNodeId() string {
+	if x != nil {
+		return x.FenceForNodeId
+	}
+	return ""
+}
+
 type ReplicateProgress struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// "full", "incremental" or "resume".
@@ -1295,9 +1306,11 @@ type ReplicateProgress struct {
 	Bytes    int64  `protobuf:"varint,4,opt,name=bytes,proto3" json:"bytes,omitempty"`
 	Done     bool   `protobuf:"varint,5,opt,name=done,proto3" json:"done,omitempty"`
 	// The estimated size of the whole stream (zfs send -nP); 0 if unknown.
-	TotalBytes    int64 `protobuf:"varint,6,opt,name=total_bytes,json=totalBytes,proto3" json:"total_bytes,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	TotalBytes int64 `protobuf:"varint,6,opt,name=total_bytes,json=totalBytes,proto3" json:"total_bytes,omitempty"`
+	// With fence_for_node_id: the fence's time (as Fence returns it).
+	FencedUnixNano int64 `protobuf:"varint,7,opt,name=fenced_unix_nano,json=fencedUnixNano,proto3" json:"fenced_unix_nano,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ReplicateProgress) Reset() {
@@ -1368,6 +1381,13 @@ func (x *ReplicateProgress) GetDone() bool {
 func (x *ReplicateProgress) GetTotalBytes() int64 {
 	if x != nil {
 		return x.TotalBytes
+	}
+	return 0
+}
+
+func (x *ReplicateProgress) GetFencedUnixNano() int64 {
+	if x != nil {
+		return x.FencedUnixNano
 	}
 	return 0
 }
@@ -2907,10 +2927,11 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"maxEntries\x12(\n" +
 	"\x10source_volume_id\x18\x04 \x01(\tR\x0esourceVolumeId\"R\n" +
 	"\x15ListSnapshotsResponse\x129\n" +
-	"\tsnapshots\x18\x01 \x03(\v2\x1b.zfsnomad.agent.v1.SnapshotR\tsnapshots\"V\n" +
+	"\tsnapshots\x18\x01 \x03(\v2\x1b.zfsnomad.agent.v1.SnapshotR\tsnapshots\"\x81\x01\n" +
 	"\x10ReplicateRequest\x12\x1b\n" +
 	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12%\n" +
-	"\x0etarget_address\x18\x02 \x01(\tR\rtargetAddress\"\xa2\x01\n" +
+	"\x0etarget_address\x18\x02 \x01(\tR\rtargetAddress\x12)\n" +
+	"\x11fence_for_node_id\x18\x03 \x01(\tR\x0efenceForNodeId\"\xcc\x01\n" +
 	"\x11ReplicateProgress\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x1a\n" +
 	"\bsnapshot\x18\x02 \x01(\tR\bsnapshot\x12\x12\n" +
@@ -2918,7 +2939,8 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\x05bytes\x18\x04 \x01(\x03R\x05bytes\x12\x12\n" +
 	"\x04done\x18\x05 \x01(\bR\x04done\x12\x1f\n" +
 	"\vtotal_bytes\x18\x06 \x01(\x03R\n" +
-	"totalBytes\"\x0f\n" +
+	"totalBytes\x12(\n" +
+	"\x10fenced_unix_nano\x18\a \x01(\x03R\x0efencedUnixNano\"\x0f\n" +
 	"\rStatusRequest\"\x9c\x01\n" +
 	"\n" +
 	"NodeStatus\x126\n" +

@@ -443,13 +443,13 @@ func (f *FakeAgent) Replicate(_ context.Context, id, _ string, _ func(agentclien
 	return agentclient.Progress{}, f.errNotFaked("replicate")
 }
 
-func (f *FakeAgent) Fence(_ context.Context, id, _ string) (int64, error) {
+func (f *FakeAgent) MoveFinal(_ context.Context, id, _, _ string) (agentclient.Progress, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if err := f.enter("Fence", id); err != nil {
-		return 0, err
+	if err := f.enter("MoveFinal", id); err != nil {
+		return agentclient.Progress{}, err
 	}
-	return 0, f.errNotFaked("fence")
+	return agentclient.Progress{}, f.errNotFaked("fence and push a move's final snapshot")
 }
 
 func (f *FakeAgent) Unfence(_ context.Context, id string, _ uint64) (agentclient.Copy, error) {

@@ -3,9 +3,12 @@ package zfsfake_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"net"
 	"slices"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
@@ -24,11 +27,7 @@ import (
 // through gRPC in memory: the fake must be the pool they expect, for a
 // full push, a resumed one and an incremental one.
 func TestRealReplication(t *testing.T) {
-	const id = "vol-0123456789abcdef0123"
-	src, dst := newNode(t, 1, "tank/nomad"), newNode(t, 2, "tank/nomad")
-	fs := "tank/nomad/" + id
-	must(t, src.CreateFilesystem(ctx, fs, map[string]string{volume.PropRole: vocab.RolePrimary, volume.PropVolumeID: id,
-		volume.PropGeneration: "1", volume.PropName: "v", "refquota": "1000000"}))
+	src, dst, id, fs := primaryAndPeer(t)
 	push := pusherTo(t, src, dst)
 
 	check := func(kind string) {
@@ -70,8 +69,92 @@ func TestRealReplication(t *testing.T) {
 	}
 }
 
+// primaryAndPeer returns two nodes, the first holding a primary at
+// generation 1, with its volume ID and dataset.
+func primaryAndPeer(t *testing.T) (src, dst node, id, fs string) {
+	id = "vol-0123456789abcdef0123"
+	src, dst = newNode(t, 1, "tank/nomad"), newNode(t, 2, "tank/nomad")
+	fs = "tank/nomad/" + id
+	must(t, src.CreateFilesystem(ctx, fs, map[string]string{volume.PropRole: vocab.RolePrimary, volume.PropVolumeID: id,
+		volume.PropGeneration: "1", volume.PropName: "v", "refquota": "1000000"}))
+	return src, dst, id, fs
+}
+
 // pusherTo returns a push of a volume from src to a Receiver on dst.
 func pusherTo(t *testing.T, src, dst node) func(id string) (replication.Progress, error) {
+	p := pusherWith(t, src, dst, new(copylock.Locks))
+	return func(id string) (replication.Progress, error) {
+		return p.Push(ctx, id, "n2", 0, func(replication.Progress) {})
+	}
+}
+
+// TestFencedPush: a move's final push fences the primary under the lock
+// that guards its snapshot, names the snapshot after the fence's time and
+// reports that time; a refused fence sends nothing and leaves no snapshot.
+func TestFencedPush(t *testing.T) {
+	src, dst, id, fs := primaryAndPeer(t)
+	must(t, src.Write(fs, "a"))
+	push := pusherTo(t, src, dst)
+	if _, err := push(id); err != nil {
+		t.Fatal(err)
+	}
+	locks := new(copylock.Locks)
+	p := pusherWith(t, src, dst, locks)
+
+	var fencedAt int64
+	lockedDuringFence := false
+	fence := func(ctx context.Context, at int64) (int64, error) {
+		probe, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+		defer cancel()
+		if unlock, err := locks.Lock(probe, id, "a probe"); err == nil {
+			unlock()
+		} else {
+			lockedDuringFence = true
+		}
+		fencedAt = at
+		return at, nil
+	}
+	must(t, src.Write(fs, "b"))
+	prog, err := p.PushFenced(ctx, id, "n2", 0, func(replication.Progress) {}, fence)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !lockedDuringFence {
+		t.Error("the fence ran without the copy's lock held")
+	}
+	if prog.FencedAt != fencedAt || fencedAt == 0 {
+		t.Errorf("the push reported fence time %d, the fence %d", prog.FencedAt, fencedAt)
+	}
+	if at, ok := vocab.ReplicationSnapshotTime(prog.Snapshot); !ok || at < fencedAt {
+		t.Errorf("the final snapshot %s is not named after the fence (%d)", prog.Snapshot, fencedAt)
+	}
+	if got := dst.content(t, fs); !slices.Equal(got, []string{"a", "b"}) {
+		t.Errorf("the replica holds %v after the fenced push", got)
+	}
+
+	received := len(dst.snaps(t, fs))
+	must(t, src.Write(fs, "c"))
+	refuse := func(context.Context, int64) (int64, error) {
+		return 0, errors.New("volume is still mounted")
+	}
+	if _, err := p.PushFenced(ctx, id, "n2", 0, func(replication.Progress) {}, refuse); err == nil || !strings.Contains(err.Error(), "still mounted") {
+		t.Errorf("a push whose fence was refused: %v, want the fence's error", err)
+	}
+	if n := len(dst.snaps(t, fs)); n != received {
+		t.Errorf("a push whose fence was refused sent a snapshot (%d, were %d)", n, received)
+	}
+	// The unsent snapshot goes under the lock, after the answer.
+	newest := func() string { snaps := src.snaps(t, fs); return snaps[len(snaps)-1].Name }
+	for deadline := time.Now().Add(2 * time.Second); newest() != prog.Snapshot && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := newest(); n != prog.Snapshot {
+		t.Errorf("a push whose fence was refused left its snapshot %s", n)
+	}
+}
+
+// pusherWith is a Pusher from src to a Receiver on dst, over locks.
+func pusherWith(t *testing.T, src, dst node, locks *copylock.Locks) *replication.Pusher {
 	lis := bufconn.Listen(1 << 20)
 	srv := grpc.NewServer()
 	pb.RegisterReplicationServer(srv, replication.NewReceiver(dst.s, new(copylock.Locks), "tank/nomad", "n2", 2, hclog.NewNullLogger()))
@@ -81,9 +164,7 @@ func pusherTo(t *testing.T, src, dst node) func(id string) (replication.Progress
 		return grpc.NewClient("passthrough:///bufnet", grpc.WithTransportCredentials(insecure.NewCredentials()),
 			grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }))
 	}
-	p := replication.NewPusher(src.s, new(copylock.Locks), "tank/nomad", "n1", 2, nil, dial, hclog.NewNullLogger())
+	p := replication.NewPusher(src.s, locks, "tank/nomad", "n1", 2, nil, dial, hclog.NewNullLogger())
 	t.Cleanup(p.Close)
-	return func(id string) (replication.Progress, error) {
-		return p.Push(ctx, id, "n2", 0, func(replication.Progress) {})
-	}
+	return p
 }
