@@ -64,6 +64,20 @@ func fencedAt(ds zfs.Dataset) int64 {
 	return at
 }
 
+// copyDataset reads this node's dataset of volume id, and whether it is
+// a copy of it (a primary or a replica labelled with that ID).
+func (m *Manager) copyDataset(ctx context.Context, id string) (zfs.Dataset, bool, error) {
+	ds, err := m.zfs.Get(ctx, datasetFor(m.cfg.RootDataset, id))
+	if errors.Is(err, zfs.ErrNotFound) {
+		return zfs.Dataset{}, false, nil
+	}
+	if err != nil {
+		return zfs.Dataset{}, false, zfsError(err, "reading the copy of "+id)
+	}
+	role := ds.User[PropRole]
+	return ds, ds.User[PropVolumeID] == id && (role == vocab.RolePrimary || role == vocab.RoleReplica), nil
+}
+
 // Copy describes this node's copy of volume id; Exists is false if there is
 // none.
 func (m *Manager) Copy(ctx context.Context, id string) (Copy, error) {
@@ -72,17 +86,11 @@ func (m *Manager) Copy(ctx context.Context, id string) (Copy, error) {
 		return out, nil
 	}
 	dataset := datasetFor(m.cfg.RootDataset, id)
-	ds, err := m.zfs.Get(ctx, dataset)
-	if errors.Is(err, zfs.ErrNotFound) {
-		return out, nil
-	}
-	if err != nil {
-		return out, zfsError(err, "reading the copy of "+id)
+	ds, exists, err := m.copyDataset(ctx, id)
+	if err != nil || !exists {
+		return out, err
 	}
 	role := ds.User[PropRole]
-	if ds.User[PropVolumeID] != id || (role != vocab.RolePrimary && role != vocab.RoleReplica) {
-		return out, nil
-	}
 	out.Exists, out.Role, out.Name = true, role, ds.User[PropName]
 	out.Generation, _ = strconv.ParseUint(ds.User[PropGeneration], 10, 64)
 	out.MovingTo = movingTo(ds)

@@ -100,13 +100,13 @@ func (m *Manager) Reserve(ctx context.Context, id string, generation uint64, hol
 	if promised.Generation == generation && promised.Holder == holder {
 		return promised, true, nil
 	}
-	c, err := m.Copy(ctx, id)
+	generation0, err := m.copyGeneration(ctx, id)
 	if err != nil {
 		return Promise{}, false, err
 	}
 	known := promised
-	if c.Exists && c.Generation > known.Generation {
-		known = Promise{Generation: c.Generation, Holder: m.cfg.NodeID}
+	if generation0 > known.Generation {
+		known = Promise{Generation: generation0, Holder: m.cfg.NodeID}
 	}
 	if generation <= known.Generation {
 		return known, false, nil
@@ -117,6 +117,20 @@ func (m *Manager) Reserve(ctx context.Context, id string, generation uint64, hol
 	}
 	m.log.Info("generation promised", "volume_id", id, "generation", generation, "holder", holder)
 	return promised, true, nil
+}
+
+// copyGeneration is the generation of this node's copy of id (0 when it
+// holds none), read without listing the copy's snapshots as Copy does: a
+// move reserves its generation on every node while the source and the
+// target take and receive its final snapshot, and the listing only
+// competed with them.
+func (m *Manager) copyGeneration(ctx context.Context, id string) (uint64, error) {
+	ds, exists, err := m.copyDataset(ctx, id)
+	if err != nil || !exists {
+		return 0, err
+	}
+	generation, _ := strconv.ParseUint(ds.User[PropGeneration], 10, 64)
+	return generation, nil
 }
 
 // Forget drops the promise of a volume being deleted, so that a volume
