@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
@@ -49,6 +50,7 @@ func BenchmarkScale(b *testing.B) {
 			b.Fatalf("-scale-counts %q: counts must be numbers, growing", *scaleCounts)
 		}
 		b.StopTimer()
+		filled := time.Now()
 		for _, node := range c.Nodes {
 			fillNode(b, node, have, n)
 			if err := node.RestartWith(); err != nil {
@@ -57,9 +59,13 @@ func BenchmarkScale(b *testing.B) {
 		}
 		have = n
 		b.StartTimer()
+		// Printed at once too: a benchmark's log comes only at its end,
+		// and a long run cut short by its timeout would show nothing.
+		fmt.Printf("BenchmarkScale: %d volumes per node filled in %.0f s\n", n, time.Since(filled).Seconds())
 		row := scaleRow(b, ctx, c, ctl, capability, n)
 		table = append(table, row)
 		b.Log(row)
+		fmt.Printf("BenchmarkScale: %s\nBenchmarkScale: %s\n", scaleHeader, row)
 	}
 	b.StopTimer()
 	b.Logf("median seconds per call, %d calls each, on three nodes (raw: zfs create, zfs list -d1 on one pool):\n%s\n%s",
