@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/agentclient"
@@ -272,10 +273,18 @@ func (c *Cluster) node(ctx context.Context, addr string, about agentclient.GetNo
 // connection had failed.
 const reconnectWait = 2 * time.Second
 
+// resetBackoff dials addr again at once if its connection waits out a
+// backoff after failed attempts (TransientFailure); in any other state
+// a call dials, or is dialling, without waiting. The state check is also
+// what keeps ResetConnectBackoff safe: gRPC (v1.85) iterates the
+// connection's subchannels without its lock there, racing with a
+// connection that leaves idleness and creates them (the race detector
+// found it in the simulation, about one run in ten); a connection in
+// TransientFailure creates none.
 func (c *Cluster) resetBackoff(addr string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if conn, ok := c.conns[addr]; ok {
+	if conn, ok := c.conns[addr]; ok && conn.GetState() == connectivity.TransientFailure {
 		conn.ResetConnectBackoff()
 	}
 }
