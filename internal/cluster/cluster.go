@@ -279,7 +279,9 @@ const reconnectWait = 2 * time.Second
 // what keeps ResetConnectBackoff safe: gRPC (v1.85) iterates the
 // connection's subchannels without its lock there, racing with a
 // connection that leaves idleness and creates them (the race detector
-// found it in the simulation, about one run in ten); a connection in
+// found it in the simulation, about one run in ten; outside it, the
+// runtime's fatal "concurrent map iteration and map write" would end the
+// controller: grpc-go pull request 9155); a connection in
 // TransientFailure creates none.
 func (c *Cluster) resetBackoff(addr string) {
 	c.mu.Lock()
