@@ -256,7 +256,6 @@ func (s *Server) GetCopy(ctx context.Context, req *pb.GetCopyRequest) (*pb.Copy,
 }
 
 func (s *Server) copyOf(ctx context.Context, id string) (*pb.Copy, error) {
-	replicaState := s.readReplicaState(ctx, id)
 	c, err := s.volumes.Copy(ctx, id)
 	if err != nil {
 		return nil, err
@@ -268,7 +267,7 @@ func (s *Server) copyOf(ctx context.Context, id string) (*pb.Copy, error) {
 	}
 	out.PromisedGeneration, out.PromisedHolder = promised.Generation, promised.Holder
 	if c.Exists && c.Role == vocab.RoleReplica && s.receiver != nil {
-		state, err := replicaState()
+		state, err := s.receiver.ReplicaState(ctx, &pb.ReplicaStateRequest{VolumeId: id})
 		if err != nil {
 			return nil, errdefs.FromStatus(err)
 		}
@@ -276,31 +275,6 @@ func (s *Server) copyOf(ctx context.Context, id string) (*pb.Copy, error) {
 		out.SnapshotGuids = state.GetSnapshotGuids()
 	}
 	return out, nil
-}
-
-// readReplicaState reads what the receiver knows of the copy (its
-// snapshots' GUIDs, a resume token) beside the caller's own reads, and
-// returns the wait for it. A move's first question waits for the slowest
-// node's answer, and that is the replica's: read one after the other,
-// the two reads made it the longest step before the fence. For a copy
-// that turns out not to be a replica the answer is not used.
-func (s *Server) readReplicaState(ctx context.Context, id string) func() (*pb.ReplicaStateResponse, error) {
-	if s.receiver == nil {
-		return func() (*pb.ReplicaStateResponse, error) { return nil, nil }
-	}
-	type answer struct {
-		state *pb.ReplicaStateResponse
-		err   error
-	}
-	done := make(chan answer, 1)
-	go func() {
-		state, err := s.receiver.ReplicaState(ctx, &pb.ReplicaStateRequest{VolumeId: id})
-		done <- answer{state, err}
-	}()
-	return func() (*pb.ReplicaStateResponse, error) {
-		a := <-done
-		return a.state, a.err
-	}
 }
 
 // Reserve promises a generation of a volume to one promotion.
