@@ -164,7 +164,7 @@ func (p *Pusher) Push(ctx context.Context, volumeID, addr string, interval time.
 
 // PushFenced is Push for a planned move's final push: fence puts the
 // primary's fence up under the same lock hold as the push's snapshot, and
-// the snapshot is named after the fence's time, so it holds everything
+// the snapshot is named with the fence's time, so it holds everything
 // the copy will ever have here (nothing can write an unmounted copy while
 // its lock is held). The fence's write and the snapshot run at once and
 // share the pool's sync: a separate Fence call cost a move a sync and a
@@ -367,14 +367,14 @@ func (p *Pusher) snapshot(ctx context.Context, volumeID, fs string, fence Fence)
 		unlock()
 		return nil, "", nil, err
 	}
-	// The fence's time comes first and the snapshot is named after it:
-	// a promotion checks the final snapshot is not older than the fence.
+	// The snapshot is named with the fence's time: a promotion checks the
+	// final snapshot is not older than the fence.
 	// Which write the pool applies first does not matter: the copy is not
 	// mounted (the fence refuses otherwise) and cannot be while the lock
 	// is held, so the snapshot holds the same either way, and a snapshot
 	// without its fence (a crash between) is only one more snapshot.
 	at := p.now().UnixNano()
-	snap = fmt.Sprintf("%s@%s%d", fs, SnapshotPrefix, p.now().UnixNano())
+	snap = fmt.Sprintf("%s@%s%d", fs, SnapshotPrefix, at)
 	done := make(chan taken, 1)
 	go func() {
 		defer unlock()

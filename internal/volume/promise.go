@@ -100,13 +100,13 @@ func (m *Manager) Reserve(ctx context.Context, id string, generation uint64, hol
 	if promised.Generation == generation && promised.Holder == holder {
 		return promised, true, nil
 	}
-	generation0, err := m.copyGeneration(ctx, id)
+	held, err := m.copyGeneration(ctx, id)
 	if err != nil {
 		return Promise{}, false, err
 	}
 	known := promised
-	if generation0 > known.Generation {
-		known = Promise{Generation: generation0, Holder: m.cfg.NodeID}
+	if held > known.Generation {
+		known = Promise{Generation: held, Holder: m.cfg.NodeID}
 	}
 	if generation <= known.Generation {
 		return known, false, nil

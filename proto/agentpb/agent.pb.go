@@ -1240,7 +1240,7 @@ type ReplicateRequest struct {
 	TargetAddress string                 `protobuf:"bytes,2,opt,name=target_address,json=targetAddress,proto3" json:"target_address,omitempty"`
 	// A planned move's final push: the node fences its primary for a move
 	// to this node (as Fence does) under the same lock hold as the push's
-	// snapshot, which is taken after the fence's time. Empty: no fence.
+	// snapshot, named with the fence's time. Empty: no fence.
 	FenceForNodeId string `protobuf:"bytes,3,opt,name=fence_for_node_id,json=fenceForNodeId,proto3" json:"fence_for_node_id,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
