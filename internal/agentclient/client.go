@@ -130,7 +130,7 @@ func (c *Client) Replicate(ctx context.Context, volumeID, targetAddr string, eac
 }
 
 // MoveFinal is a planned move's final push: the agent fences its primary
-// for a move to targetNodeID (as Fence does) and pushes a snapshot taken
+// for a move to targetNodeID (read-only, marked as moving there) and pushes a snapshot taken
 // after the fence to the agent at targetAddr. The last progress report
 // carries the fence's time.
 func (c *Client) MoveFinal(ctx context.Context, volumeID, targetAddr, targetNodeID string) (Progress, error) {
@@ -185,16 +185,6 @@ func (c *Client) GetCopy(ctx context.Context, volumeID string) (Copy, error) {
 		return Copy{}, fromStatus(err)
 	}
 	return copyFromPB(cp), nil
-}
-
-// Fence makes the node's primary read-only for a move to targetNodeID and
-// returns when it was fenced (unix nanos).
-func (c *Client) Fence(ctx context.Context, volumeID, targetNodeID string) (fencedUnixNano int64, err error) {
-	resp, err := c.rpc.Fence(ctx, &pb.FenceRequest{VolumeId: volumeID, TargetNodeId: targetNodeID})
-	if err != nil {
-		return 0, fromStatus(err)
-	}
-	return resp.GetFencedUnixNano(), nil
 }
 
 // Unfence lifts the fence of the node's primary of generation.
