@@ -239,9 +239,10 @@ func signalContext() (context.Context, context.CancelFunc) {
 }
 
 func backup(c command, args []string) error {
-	var to string
+	var opts operator.BackupOptions
 	nodes, volumeID, _, err := connect(c, args, true, func(fs *flag.FlagSet) {
-		fs.StringVar(&to, "to", "", "node ID to back up to (default: a healthy node that holds a replica, else the one with most room in the volume's replication domain)")
+		fs.StringVar(&opts.To, "to", "", "node ID to back up to (default: a healthy node that holds a replica, else the one with most room in the volume's replication domain)")
+		fs.DurationVar(&opts.WaitBusy, "wait", 5*time.Minute, "how long to wait for a running push or move of the volume to end before pushing (0: fail at once)")
 	})
 	if err != nil {
 		return err
@@ -249,7 +250,7 @@ func backup(c command, args []string) error {
 	defer nodes.Close()
 	ctx, stop := signalContext()
 	defer stop()
-	return operator.Backup(ctx, nodes, volumeID, to, os.Stdout)
+	return operator.Backup(ctx, nodes, volumeID, opts, os.Stdout)
 }
 
 func status(c command, args []string) error {

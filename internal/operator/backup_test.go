@@ -2,11 +2,15 @@ package operator
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/agentclient"
 	"github.com/zfs-nomad/zfs-nomad/internal/cluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/cluster/clustertest"
+	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
 	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
 )
 
@@ -52,6 +56,58 @@ func TestBackupTarget(t *testing.T) {
 			}
 			if got.Info.NodeID != tt.want {
 				t.Errorf("backup goes to %s, want %s", got.Info.NodeID, tt.want)
+			}
+		})
+	}
+}
+
+// TestBackupWaitsForRunningPush: a backup that meets a push of the volume
+// running already (the schedule's) waits for it to end and then pushes
+// its own, within -wait; without a wait, or past it, it fails Aborted
+// and says so. test/nomad's backup failed when the schedule's first push
+// of a new volume ran at the same moment.
+func TestBackupWaitsForRunningPush(t *testing.T) {
+	busy := errdefs.Wrap(errdefs.ErrAborted, "a transfer is running")
+	tests := []struct {
+		name      string
+		busyCalls int // the node's answers Aborted before it pushes; -1: always
+		wait      time.Duration
+		wantErr   string // empty: done
+		wantCalls int
+	}{
+		{"idle: pushes at once", 0, time.Minute, "", 1},
+		{"busy twice: waits, then pushes", 2, time.Minute, "", 3},
+		{"busy, no wait: fails at once", 1, 0, "a transfer is running", 1},
+		{"busy beyond the wait: fails and says so", -1, 50 * time.Millisecond, "still busy after waiting", 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var fakes clustertest.Fakes
+			src := fakes.Add(agentclient.NodeInfo{NodeID: "n1", AvailableBytes: 1 << 30, MaxVolumes: 100})
+			fakes.Add(agentclient.NodeInfo{NodeID: "n2", AvailableBytes: 1 << 30, MaxVolumes: 100})
+			id := src.PutPrimary("backed-up", 1)
+			src.RefuseTimes("Replicate", tt.busyCalls, busy)
+			var out strings.Builder
+			err := Backup(context.Background(), fakes.Cluster(t), id, BackupOptions{WaitBusy: tt.wait, RetryEvery: 5 * time.Millisecond}, &out)
+			switch {
+			case tt.wantErr == "" && err != nil:
+				t.Fatalf("backup failed: %v\n%s", err, out.String())
+			case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)):
+				t.Fatalf("backup answered %v, want an error saying %q", err, tt.wantErr)
+			case tt.wantErr != "" && !errors.Is(err, errdefs.ErrAborted):
+				t.Errorf("backup answered %v, not of kind Aborted", err)
+			}
+			pushes := 0
+			for _, c := range src.Calls() {
+				if strings.HasPrefix(c, "Replicate ") {
+					pushes++
+				}
+			}
+			if tt.wantCalls > 0 && pushes != tt.wantCalls {
+				t.Errorf("the node was asked to push %d times, want %d", pushes, tt.wantCalls)
+			}
+			if waited := strings.Contains(out.String(), "waiting up to"); waited != (tt.busyCalls != 0 && tt.wait > 0) {
+				t.Errorf("output says it waits: %v; output:\n%s", waited, out.String())
 			}
 		})
 	}

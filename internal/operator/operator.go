@@ -18,26 +18,48 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/migration"
 )
 
-// Backup pushes a volume now from its node to the node toNode (or, if
+// BackupOptions says where a backup goes and how long it waits.
+type BackupOptions struct {
+	// To is the node to push to; empty means where the schedule would
+	// place the volume's replica (pickTarget).
+	To string
+	// WaitBusy bounds the wait for another operation on the volume (a
+	// scheduled push, a move) to end; zero means give up at once.
+	WaitBusy time.Duration
+	// RetryEvery is how often a busy volume is tried again; zero means
+	// every two seconds.
+	RetryEvery time.Duration
+}
+
+// Backup pushes a volume now from its node to the node opts.To (or, if
 // empty, where the schedule would place its replica: a node holding one,
 // else the one with most room in its replication domain) and prints live
 // progress to out.
-func Backup(ctx context.Context, cl *cluster.Cluster, volumeID, toNode string, out io.Writer) error {
+//
+// A volume whose node is pushing it already (the schedule's round, whose
+// snapshot may predate the operator's request) answers Aborted: the
+// backup waits for that push to end and then pushes its own, for up to
+// opts.WaitBusy, so that what the node held when the command was typed
+// reaches the target.
+func Backup(ctx context.Context, cl *cluster.Cluster, volumeID string, opts BackupOptions, out io.Writer) error {
 	src, err := cluster.Find(ctx, cl, "volume "+volumeID, func(ctx context.Context, a cluster.Agent) (agentclient.Volume, error) {
 		return a.GetVolume(ctx, volumeID)
 	})
 	if err != nil {
 		return err
 	}
-	target, err := pickTarget(ctx, cl, src.Node, src.Object, toNode)
+	target, err := pickTarget(ctx, cl, src.Node, src.Object, opts.To)
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(out, "backing up %s (%s) from %s to %s\n", volumeID, src.Object.Name, src.Node.Info.NodeID, target.Info.NodeID)
 	start := time.Now()
-	last, err := src.Node.Agent.Replicate(ctx, volumeID, target.Addr, func(p agentclient.Progress) {
-		fmt.Fprintf(out, "\r%s", FormatProgress(p, time.Since(start)))
-	})
+	push := func() (agentclient.Progress, error) {
+		return src.Node.Agent.Replicate(ctx, volumeID, target.Addr, func(p agentclient.Progress) {
+			fmt.Fprintf(out, "\r%s", FormatProgress(p, time.Since(start)))
+		})
+	}
+	last, err := whenIdle(ctx, opts, out, push)
 	if err != nil {
 		fmt.Fprintln(out)
 		return err
@@ -47,6 +69,40 @@ func Backup(ctx context.Context, cl *cluster.Cluster, volumeID, toNode string, o
 	}
 	fmt.Fprintf(out, "\ndone: %s snapshot %s\n", last.Kind, last.Snapshot)
 	return nil
+}
+
+// whenIdle calls push until it answers anything but Aborted (another
+// operation on the volume is running), trying again every
+// opts.RetryEvery for up to opts.WaitBusy; it says once on out what it
+// waits for.
+func whenIdle(ctx context.Context, opts BackupOptions, out io.Writer, push func() (agentclient.Progress, error)) (agentclient.Progress, error) {
+	every := opts.RetryEvery
+	if every <= 0 {
+		every = 2 * time.Second
+	}
+	deadline := time.Now().Add(opts.WaitBusy)
+	told := false
+	for {
+		last, err := push()
+		if !errors.Is(err, errdefs.ErrAborted) {
+			return last, err
+		}
+		if time.Now().Add(every).After(deadline) {
+			if told {
+				err = fmt.Errorf("still busy after waiting %s (raise -wait to wait longer): %w", opts.WaitBusy, err)
+			}
+			return last, err
+		}
+		if !told {
+			fmt.Fprintf(out, "waiting up to %s for the volume's running operation to end: %v\n", opts.WaitBusy, err)
+			told = true
+		}
+		select {
+		case <-ctx.Done():
+			return agentclient.Progress{}, fmt.Errorf("gave up waiting for the volume's running operation: %w", ctx.Err())
+		case <-time.After(every):
+		}
+	}
 }
 
 // pickTarget chooses where a backup goes: the node asked for, else where

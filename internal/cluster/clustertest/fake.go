@@ -22,7 +22,8 @@ import (
 // snapshots and the copies set aside) and follows the agent's rules
 // where that logic depends on them: a promise is granted above every
 // generation the node knows, or again to the same holder; a demotion
-// needs a newer generation. It does not replicate, fence or promote.
+// needs a newer generation. A push (Replicate) answers done without
+// the copy arriving anywhere; it does not fence or promote.
 type FakeAgent struct {
 	mu        sync.Mutex
 	info      agentclient.NodeInfo
@@ -31,7 +32,7 @@ type FakeAgent struct {
 	sources   map[string]string           // a volume's content source, "snapshot:ID" or "volume:ID"
 	snapshots map[string]agentclient.Snapshot
 	setAside  []string
-	refusals  map[string]error // by method name
+	refusals  map[string]refusal // by method name
 	calls     []string
 }
 
@@ -42,7 +43,7 @@ func NewFakeAgent(info agentclient.NodeInfo) *FakeAgent {
 		copies:    map[string]agentclient.Copy{},
 		sources:   map[string]string{},
 		snapshots: map[string]agentclient.Snapshot{},
-		refusals:  map[string]error{},
+		refusals:  map[string]refusal{},
 	}
 }
 
@@ -97,16 +98,29 @@ func (f *FakeAgent) SetAside() []string {
 	return append([]string(nil), f.setAside...)
 }
 
+// refusal is what a refused method answers, and how many more times
+// (times < 0: until the test says otherwise).
+type refusal struct {
+	err   error
+	times int
+}
+
 // Refuse makes every later call of method (a cluster.Agent method name)
 // answer err; nil answers normally again.
 func (f *FakeAgent) Refuse(method string, err error) {
+	f.RefuseTimes(method, -1, err)
+}
+
+// RefuseTimes makes the next n calls of method answer err (all later
+// ones for n < 0); the calls after them answer normally.
+func (f *FakeAgent) RefuseTimes(method string, n int, err error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if err == nil {
+	if err == nil || n == 0 {
 		delete(f.refusals, method)
 		return
 	}
-	f.refusals[method] = err
+	f.refusals[method] = refusal{err: err, times: n}
 }
 
 // SetDown makes the node answer nothing (every call Unavailable), as a
@@ -137,7 +151,18 @@ func (f *FakeAgent) enter(method, id string) error {
 	if f.down {
 		return errdefs.Wrap(errdefs.ErrUnavailable, "node %s is down", f.info.NodeID)
 	}
-	return f.refusals[method]
+	r, ok := f.refusals[method]
+	if !ok {
+		return nil
+	}
+	if r.times > 0 {
+		r.times--
+		f.refusals[method] = r
+		if r.times == 0 {
+			delete(f.refusals, method)
+		}
+	}
+	return r.err
 }
 
 func (f *FakeAgent) GetNode(_ context.Context, opts agentclient.GetNodeOptions) (agentclient.NodeInfo, error) {
@@ -440,7 +465,10 @@ func (f *FakeAgent) Replicate(_ context.Context, id, _ string, _ func(agentclien
 	if err := f.enter("Replicate", id); err != nil {
 		return agentclient.Progress{}, err
 	}
-	return agentclient.Progress{}, f.errNotFaked("replicate")
+	if _, err := f.primary(id); err != nil {
+		return agentclient.Progress{}, err
+	}
+	return agentclient.Progress{Kind: "full", Snapshot: "zn-fake", Done: true}, nil
 }
 
 func (f *FakeAgent) MoveFinal(_ context.Context, id, _, _ string) (agentclient.Progress, error) {
