@@ -23,8 +23,9 @@ import (
 // reads what it changed again and updates the index, and an update made
 // while a listing runs is applied over that listing too. So an index is
 // exact for the driver's own changes, and a crash loses nothing (the next
-// process lists again). A change made by hand behind the driver's back shows at the
-// latest after indexMaxAge, when the next read lists again; an entry
+// process lists again). A change made by hand behind the driver's back
+// shows at the latest after indexMaxAge, when the next read starts a
+// listing (and serves the index it has until that listing ends); an entry
 // whose dataset is gone is caught when it is read (ListPage and
 // findSnapshot read each entry they return).
 
@@ -54,16 +55,25 @@ type idIndex struct {
 // cutting it short every time would leave the index empty for good.
 const fillTimeout = 10 * time.Minute
 
-// read returns a copy of the index, listing first with list when it is
-// empty or older than indexMaxAge on the clock now. One listing runs at a
-// time, whoever asked; a caller whose ctx ends stops waiting for it, not
-// the listing. A listing that an invalidation raced is not kept, and the
-// caller waits for another: an answer is never older than the call.
+// read returns a copy of the index. An index that was never filled, or
+// was invalidated, is listed first with list, and the caller waits; one
+// older than indexMaxAge on the clock now is returned as it is while a
+// listing runs apart (it is exact for the driver's own changes, which
+// update it; only a change made by hand waits for that listing). So no
+// call but the first after a start or an invalidation meets a listing,
+// which takes seconds with a thousand volumes: BenchmarkScale found every
+// fifth minute's create and delete waiting for one. One listing runs at
+// a time, whoever asked; a caller whose ctx ends stops waiting for it,
+// not the listing. A listing that an invalidation raced is not kept, and
+// the caller waits for another.
 func (x *idIndex) read(ctx context.Context, now func() time.Time, list func(context.Context) (map[string]string, error)) (map[string]string, error) {
 	for {
 		x.mu.Lock()
-		if x.fresh(now) {
+		if x.entries != nil {
 			defer x.mu.Unlock()
+			if !x.fresh(now) {
+				x.startFill(now, list)
+			}
 			return copyMap(x.entries), nil
 		}
 		done := x.startFill(now, list)
@@ -188,14 +198,17 @@ func (m *Manager) primaries(ctx context.Context) (map[string]string, error) {
 
 // listPrimaries lists the node's primaries for their index.
 func (m *Manager) listPrimaries(ctx context.Context) (map[string]string, error) {
+	began := time.Now()
 	vols, err := m.List(ctx)
 	if err != nil {
+		m.log.Warn("listing the node's primaries for their index failed", "error", err)
 		return nil, err
 	}
 	out := make(map[string]string, len(vols))
 	for _, v := range vols {
 		out[v.ID] = v.Dataset
 	}
+	m.log.Debug("listed the node's primaries for their index", "primaries", len(out), "took", time.Since(began))
 	return out, nil
 }
 
@@ -267,14 +280,17 @@ func (m *Manager) snapshots(ctx context.Context) (map[string]string, error) {
 
 // listSnapshotIndex lists the node's CSI snapshots for their index.
 func (m *Manager) listSnapshotIndex(ctx context.Context) (map[string]string, error) {
+	began := time.Now()
 	snaps, err := m.ListSnapshots(ctx)
 	if err != nil {
+		m.log.Warn("listing the node's CSI snapshots for their index failed", "error", err)
 		return nil, err
 	}
 	out := make(map[string]string, len(snaps))
 	for _, s := range snaps {
 		out[s.ID] = s.Dataset
 	}
+	m.log.Debug("listed the node's CSI snapshots for their index", "snapshots", len(out), "took", time.Since(began))
 	return out, nil
 }
 

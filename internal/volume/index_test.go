@@ -105,7 +105,72 @@ func TestIndexFollowsTheDriversChanges(t *testing.T) {
 		t.Errorf("a page lists %s, destroyed by hand", all[0])
 	}
 	m.now = func() time.Time { return time.Now().Add(indexMaxAge + time.Second) }
-	agree("a destroy by hand, after indexMaxAge")
+	pageIDs(t, m, "", 0) // starts the listing of an index past its age
+	waitForListing(t, &m.primaryIndex)
+	agree("a destroy by hand, after indexMaxAge and the listing it started")
+}
+
+// waitForListing waits until no listing of x runs.
+func waitForListing(t *testing.T, x *idIndex) {
+	t.Helper()
+	x.mu.Lock()
+	done := x.filling
+	x.mu.Unlock()
+	if done == nil {
+		return
+	}
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the index's listing did not end within 5s")
+	}
+}
+
+// TestIndexServesItselfWhileItListsAgain: an index past indexMaxAge is
+// listed again apart from its readers, who get the index as it is
+// meanwhile (exact for the driver's own changes) instead of waiting for a
+// listing of the whole node; a change made while the listing runs is not
+// lost, and the next read after it has what the listing found.
+func TestIndexServesItselfWhileItListsAgain(t *testing.T) {
+	var x idIndex
+	clock := time.Now()
+	now := func() time.Time { return clock }
+	first := func(context.Context) (map[string]string, error) {
+		return map[string]string{"vol-a": "tank/nomad/vol-a"}, nil
+	}
+	if _, err := x.read(context.Background(), now, first); err != nil {
+		t.Fatal(err)
+	}
+	clock = clock.Add(indexMaxAge)
+	release := make(chan struct{})
+	lists := 0
+	slow := func(context.Context) (map[string]string, error) {
+		lists++
+		<-release
+		// vol-b was made by hand; vol-c by the driver after the listing read.
+		return map[string]string{"vol-a": "tank/nomad/vol-a", "vol-b": "tank/nomad/vol-b"}, nil
+	}
+	read := func(step string, want ...string) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		got, err := x.read(ctx, now, slow)
+		if err != nil {
+			t.Fatalf("%s: %v (the read waited for the listing)", step, err)
+		}
+		if keys := slices.Sorted(maps.Keys(got)); !slices.Equal(keys, want) {
+			t.Errorf("%s: %v, want %v", step, keys, want)
+		}
+	}
+	read("past its age, while the listing runs", "vol-a")
+	x.update("vol-c", "tank/nomad/vol-c")
+	read("after a change, while the listing runs", "vol-a", "vol-c")
+	close(release)
+	waitForListing(t, &x)
+	read("after the listing", "vol-a", "vol-b", "vol-c")
+	if lists != 1 {
+		t.Errorf("%d listings, want one: reads of a listing index start none", lists)
+	}
 }
 
 // TestIndexAppliesTheUpdatesThatRacedItsListing: a listing may read a
