@@ -7,6 +7,8 @@ package agent
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -33,6 +35,10 @@ type Server struct {
 	receiver *replication.Receiver
 	cfg      config.Node
 	log      hclog.Logger
+	// replicasDeleted counts the replicas DeleteReplica destroyed: part
+	// of the node's volumes version, so that the schedule, which keeps
+	// what a node holds while its version stays, asks it again.
+	replicasDeleted atomic.Uint64
 }
 
 // NewServer returns the agent service of the node described by cfg.
@@ -54,6 +60,9 @@ func (s *Server) DeleteReplica(ctx context.Context, req *pb.DeleteReplicaRequest
 	if err != nil {
 		return nil, err
 	}
+	if deleted {
+		s.replicasDeleted.Add(1)
+	}
 	return &pb.DeleteReplicaResponse{Deleted: deleted}, nil
 }
 
@@ -63,7 +72,7 @@ func (s *Server) Status(ctx context.Context, _ *pb.StatusRequest) (*pb.NodeStatu
 	if s.receiver == nil || s.pusher == nil {
 		return out, nil
 	}
-	replicas, err := s.receiver.Replicas(ctx)
+	replicas, setAside, err := s.receiver.Holdings(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -71,9 +80,7 @@ func (s *Server) Status(ctx context.Context, _ *pb.StatusRequest) (*pb.NodeStatu
 		out.Replicas = append(out.Replicas, &pb.Replica{VolumeId: r.VolumeID, Name: r.Name, LastSnapshot: r.LastSnapshot,
 			LastSnapshotUnix: r.LastSnapshotTime.Unix(), Resumable: r.Resumable})
 	}
-	if out.SetAside, err = s.receiver.SetAside(ctx); err != nil {
-		return nil, err
-	}
+	out.SetAside = setAside
 	for _, t := range s.pusher.Transfers() {
 		out.Transfers = append(out.Transfers, &pb.Transfer{VolumeId: t.VolumeID, Peer: t.Peer, Kind: t.Kind,
 			Bytes: t.Bytes, TotalBytes: t.Total, StartedUnix: t.Started.Unix()})
@@ -109,7 +116,7 @@ func (s *Server) GetNode(ctx context.Context, req *pb.GetNodeRequest) (*pb.Node,
 		Version:       version.Version,
 		// Before the health check: the version says what the node's
 		// primaries are, whatever its health.
-		VolumesVersion: s.volumes.VolumesVersion(),
+		VolumesVersion: fmt.Sprintf("%s-%d", s.volumes.VolumesVersion(), s.replicasDeleted.Load()),
 	}
 	if err := s.volumes.Health(ctx); err != nil {
 		n.UnhealthyReason = err.Error()

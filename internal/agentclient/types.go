@@ -14,8 +14,9 @@ type NodeInfo struct {
 	// UnhealthyReason is empty when the node is healthy.
 	UnhealthyReason string
 	Version         string
-	// VolumesVersion changes whenever the node's primaries change and
-	// when its process restarts; empty from a node that keeps none.
+	// VolumesVersion changes whenever the node's primaries change, when
+	// it deletes a replica and when its process restarts; empty from a
+	// node that keeps none.
 	VolumesVersion string
 }
 

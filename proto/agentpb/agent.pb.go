@@ -262,9 +262,10 @@ type Node struct {
 	UnhealthyReason string `protobuf:"bytes,7,opt,name=unhealthy_reason,json=unhealthyReason,proto3" json:"unhealthy_reason,omitempty"`
 	Version         string `protobuf:"bytes,8,opt,name=version,proto3" json:"version,omitempty"`
 	// Changes whenever the node's primaries change (one is created,
-	// deleted, promoted or demoted) and when its process restarts: whoever
-	// saw the same value knows the same primaries. Empty from a node that
-	// does not keep one.
+	// deleted, promoted or demoted), when DeleteReplica destroys a replica
+	// and when its process restarts: whoever saw the same value knows the
+	// same primaries, and the same replicas but for those received since.
+	// Empty from a node that does not keep one.
 	VolumesVersion string `protobuf:"bytes,9,opt,name=volumes_version,json=volumesVersion,proto3" json:"volumes_version,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
