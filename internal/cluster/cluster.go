@@ -372,15 +372,23 @@ func (c *Cluster) Call(ctx context.Context) (context.Context, context.CancelFunc
 // deadline (Call), and returns the answers in the order of nodes: one
 // slow node costs a fan-out one call's time, not the sum of all.
 func Each[T any](ctx context.Context, c *Cluster, nodes []Node, ask func(context.Context, Node) (T, error)) []Answer[T] {
+	return fanOut(ctx, nodes, func(ctx context.Context, n Node) (T, error) {
+		cctx, cancel := c.Call(ctx)
+		defer cancel()
+		return ask(cctx, n)
+	})
+}
+
+// fanOut calls ask on every node of nodes at once and returns the
+// answers in the order of nodes. ask bounds its own calls.
+func fanOut[T any](ctx context.Context, nodes []Node, ask func(context.Context, Node) (T, error)) []Answer[T] {
 	out := make([]Answer[T], len(nodes))
 	var wg sync.WaitGroup
 	for i, n := range nodes {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			cctx, cancel := c.Call(ctx)
-			defer cancel()
-			obj, err := ask(cctx, n)
+			obj, err := ask(ctx, n)
 			out[i] = Answer[T]{Node: n, Object: obj, Err: err}
 		}()
 	}
@@ -395,11 +403,44 @@ type Holding struct {
 	Status  agentclient.NodeStatus
 }
 
-// Holdings asks every node of nodes at once what it holds.
+// Holdings asks every node of nodes at once what it holds: its primaries
+// a page at a time, then its status, each call under its own deadline
+// (Call). A page costs the node a read per volume, so a node with
+// thousands of volumes is asked in calls that each fit the agent
+// timeout, where one call for all of them did not (BenchmarkScale).
 func Holdings(ctx context.Context, c *Cluster, nodes []Node) []Answer[Holding] {
-	return Each(ctx, c, nodes, func(ctx context.Context, n Node) (Holding, error) {
-		vols, verr := n.Agent.ListVolumes(ctx, agentclient.Page{})
-		st, serr := n.Agent.Status(ctx)
-		return Holding{Volumes: vols, Status: st}, errors.Join(verr, serr)
+	return fanOut(ctx, nodes, func(ctx context.Context, n Node) (Holding, error) {
+		vols, err := allVolumes(ctx, c, n)
+		if err != nil {
+			return Holding{}, err
+		}
+		cctx, cancel := c.Call(ctx)
+		defer cancel()
+		st, err := n.Agent.Status(cctx)
+		return Holding{Volumes: vols, Status: st}, err
 	})
+}
+
+// HoldingPage is how many primaries Holdings asks a node for per call.
+const HoldingPage = 200
+
+// allVolumes lists node n's primaries in pages of HoldingPage, each
+// asked for one more than it keeps: the extra one is where the next
+// page starts.
+func allVolumes(ctx context.Context, c *Cluster, n Node) ([]agentclient.Volume, error) {
+	var out []agentclient.Volume
+	from := ""
+	for {
+		cctx, cancel := c.Call(ctx)
+		page, err := n.Agent.ListVolumes(cctx, agentclient.Page{From: from, MaxEntries: HoldingPage + 1})
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+		if len(page) <= HoldingPage {
+			return append(out, page...), nil
+		}
+		out = append(out, page[:HoldingPage]...)
+		from = page[HoldingPage].VolumeID
+	}
 }
