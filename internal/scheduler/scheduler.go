@@ -10,9 +10,11 @@
 // after it (the book), which ask each node only for its volumes' version
 // and push what the book says is due, so a round's work is in proportion
 // to the volumes due, not to all volumes (issue 13). A node whose
-// primaries changed since (its version differs), a node that came or
-// went, a push refused because its source no longer holds the primary,
-// and every Resync make the next round plan in full again.
+// primaries changed since (its version differs) is asked again, and the
+// round plans over what it answers and what the book keeps of the others
+// (with the pushes made since applied); a node that came or went, a push
+// refused because its source no longer holds the primary, and every
+// Resync make the next round ask every node again.
 package scheduler
 
 import (
@@ -67,11 +69,13 @@ type Scheduler struct {
 // change.
 const DefaultResync = 10 * time.Minute
 
-// book is what the last full plan learned: each node's volumes version,
-// and each volume's source, interval and replica targets.
+// book is what the last full plan learned: each node's volumes version
+// and what it held (with the pushes since applied), and each volume's
+// source, interval and replica targets.
 type book struct {
-	planned  time.Time
+	planned  time.Time         // when the last plan that asked every node ran
 	versions map[string]string // node ID -> volumes version
+	held     map[string]cluster.Holding
 	volumes  map[string]*booked
 }
 
@@ -192,16 +196,18 @@ func (s *Scheduler) Plan(ctx context.Context) ([]Push, error) {
 		return nil, err
 	}
 	healthy := cluster.Healthy(nodes)
-	if b := s.currentBook(healthy); b != nil {
+	b, changed := s.currentBook(healthy)
+	if b != nil && len(changed) == 0 {
 		return s.planFromBook(b), nil
 	}
-	return s.planInFull(ctx, healthy)
+	return s.planInFull(ctx, healthy, b, changed)
 }
 
-// currentBook returns the book if it still describes the nodes: the same
-// healthy nodes, each reporting the volumes version the book saw, within
-// Resync of the full plan.
-func (s *Scheduler) currentBook(healthy []cluster.Node) *book {
+// currentBook returns the book if it still describes the nodes (the same
+// healthy nodes, within Resync of the full plan) and the nodes whose
+// volumes version differs from the one the book saw: their primaries
+// changed since.
+func (s *Scheduler) currentBook(healthy []cluster.Node) (*book, map[string]bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	b := s.book
@@ -210,15 +216,19 @@ func (s *Scheduler) currentBook(healthy []cluster.Node) *book {
 		resync = DefaultResync
 	}
 	if b == nil || len(healthy) != len(b.versions) || s.now().Sub(b.planned) >= resync || s.now().Before(b.planned) {
-		return nil
+		return nil, nil
 	}
+	changed := map[string]bool{}
 	for _, n := range healthy {
 		v, ok := b.versions[n.Info.NodeID]
-		if !ok || v == "" || v != n.Info.VolumesVersion {
-			return nil
+		if !ok {
+			return nil, nil
+		}
+		if v == "" || v != n.Info.VolumesVersion {
+			changed[n.Info.NodeID] = true
 		}
 	}
-	return b
+	return b, changed
 }
 
 // planFromBook returns the pushes due by the book.
@@ -280,6 +290,20 @@ func (s *Scheduler) recordPush(p Push, started time.Time, err error) {
 			v.targets[i].last, v.targets[i].resumable = started, false
 		}
 	}
+	s.book.held[p.Target.Info.NodeID] = pushedTo(s.book.held[p.Target.Info.NodeID], p.VolumeID, started)
+}
+
+// pushedTo returns what a node holds after a push of a volume to it
+// that started at started: a replica as fresh as then.
+func pushedTo(h cluster.Holding, volumeID string, started time.Time) cluster.Holding {
+	replicas := slices.Clone(h.Status.Replicas)
+	i := slices.IndexFunc(replicas, func(r agentclient.Replica) bool { return r.VolumeID == volumeID })
+	if i < 0 {
+		replicas, i = append(replicas, agentclient.Replica{VolumeID: volumeID}), len(replicas)
+	}
+	replicas[i].LastSnapshotUnix, replicas[i].Resumable = started.Unix(), false
+	h.Status.Replicas = replicas
+	return h
 }
 
 // sourceGone reports whether a push failed because its source does not
@@ -289,24 +313,42 @@ func sourceGone(err error) bool {
 }
 
 // planInFull decides which volumes to push where from what the nodes
-// report, and keeps what it learned in the book.
-func (s *Scheduler) planInFull(ctx context.Context, healthy []cluster.Node) ([]Push, error) {
-	next := &book{planned: s.now(), versions: map[string]string{}, volumes: map[string]*booked{}}
+// hold, and keeps what it learned in the book. It asks the nodes of
+// changed (all, when old is nil) and takes what the others hold from
+// old: their primaries are as old saw them, and the replicas pushed to
+// them since are applied there (recordPush). So a round after a create
+// on one node asks that node, not all of them.
+func (s *Scheduler) planInFull(ctx context.Context, healthy []cluster.Node, old *book, changed map[string]bool) ([]Push, error) {
+	next := &book{planned: s.now(), versions: map[string]string{}, held: map[string]cluster.Holding{}, volumes: map[string]*booked{}}
+	if old != nil {
+		next.planned = old.planned // Resync counts from the last plan that asked every node
+	}
+	var ask []cluster.Node
+	answers := []cluster.Answer[cluster.Holding]{}
 	for _, n := range healthy {
 		next.versions[n.Info.NodeID] = n.Info.VolumesVersion
+		if h, ok := s.keptHolding(old, changed, n); ok {
+			answers = append(answers, cluster.Answer[cluster.Holding]{Node: n, Object: h})
+		} else {
+			ask = append(ask, n)
+		}
 	}
+	answers = append(answers, cluster.Holdings(ctx, s.cl, ask)...)
 	type primary struct {
 		node cluster.Node
 		vol  agentclient.Volume
 	}
 	var primaries []primary
 	replicas := map[string][]replica{}
-	for _, a := range cluster.Holdings(ctx, s.cl, healthy) {
+	for _, a := range answers {
 		n, vols, st := a.Node, a.Object.Volumes, a.Object.Status
 		if a.Err != nil {
 			s.log.Warn("node skipped this round", "node_id", n.Info.NodeID, "error", a.Err)
 			next = nil // what it holds is unknown: plan in full again
 			continue
+		}
+		if next != nil {
+			next.held[n.Info.NodeID] = a.Object
 		}
 		for _, v := range vols {
 			primaries = append(primaries, primary{n, v})
@@ -365,6 +407,18 @@ func (s *Scheduler) planInFull(ctx context.Context, healthy []cluster.Node) ([]P
 	s.book = next
 	s.mu.Unlock()
 	return pushes, nil
+}
+
+// keptHolding returns what node n holds as the book old keeps it, unless
+// n's primaries changed since (or old is nil).
+func (s *Scheduler) keptHolding(old *book, changed map[string]bool, n cluster.Node) (cluster.Holding, bool) {
+	if old == nil || changed[n.Info.NodeID] {
+		return cluster.Holding{}, false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	h, ok := old.held[n.Info.NodeID]
+	return h, ok
 }
 
 // targets returns up to want replicas for a volume: those that exist

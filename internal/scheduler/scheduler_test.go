@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -273,9 +274,30 @@ func (a *listing) GetNode(context.Context, *pb.GetNodeRequest) (*pb.Node, error)
 
 func (a *listing) ListVolumes(ctx context.Context, req *pb.ListVolumesRequest) (*pb.ListVolumesResponse, error) {
 	a.mu.Lock()
+	defer a.mu.Unlock()
 	a.listings++
-	a.mu.Unlock()
 	return a.agent.ListVolumes(ctx, req)
+}
+
+func (a *listing) Status(ctx context.Context, req *pb.StatusRequest) (*pb.NodeStatus, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.agent.Status(ctx, req)
+}
+
+// add gives the node a new primary, and a new volumes version.
+func (a *listing) add(v *pb.Volume, version string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.volumes = append(a.volumes, v)
+	a.version = version
+}
+
+// received records a replica of volume id received now.
+func (a *listing) received(id string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.replicas = append(a.replicas, &pb.Replica{VolumeId: id, LastSnapshotUnix: time.Now().Unix()})
 }
 
 func (a *listing) count() int {
@@ -354,6 +376,57 @@ func TestRoundsBetweenChangesListNothing(t *testing.T) {
 	s.now = func() time.Time { return time.Now().Add(50 * time.Hour) } // past Resync
 	if round(); n1.count() != listings+2 {
 		t.Errorf("past Resync: no full plan")
+	}
+}
+
+// TestPlanAsksOnlyTheNodesThatChanged (issue 13): after one node's
+// primaries change, the next plan asks that node what it holds and takes
+// the other nodes' holdings from the book, with the pushes made since
+// applied to them: a replica pushed to a node that is not asked again is
+// neither placed anew nor pushed to before its interval.
+func TestPlanAsksOnlyTheNodesThatChanged(t *testing.T) {
+	nodes := map[string]*listing{}
+	replicate := func(req *pb.ReplicateRequest, stream pb.NodeAgent_ReplicateServer) error {
+		nodes[strings.TrimPrefix(req.GetTargetAddress(), "passthrough:///")].received(req.GetVolumeId())
+		return stream.Send(&pb.ReplicateProgress{Bytes: 10, Done: true})
+	}
+	var served clustertest.Agents
+	for i, id := range []string{"n1", "n2", "n3"} {
+		a := &listing{pushing: pushing{agent: agent{node: node(id, "a", 10)}, replicate: replicate}, version: "1-0"}
+		if i < 2 {
+			a.volumes = []*pb.Volume{vol("vol-of-"+id, 1, "1h")}
+		}
+		nodes[id+":7670"] = a
+		served.Serve(t, id+":7670", a)
+	}
+	s := New(served.Cluster(t), 4, hclog.NewNullLogger())
+	s.Resync = 24 * time.Hour
+	ctx := context.Background()
+	pushed := func() []string {
+		var ids []string
+		for _, p := range s.Round(ctx) {
+			ids = append(ids, p.VolumeID)
+		}
+		s.Wait()
+		slices.Sort(ids)
+		return ids
+	}
+	listings := func() []int {
+		return []int{nodes["n1:7670"].count(), nodes["n2:7670"].count(), nodes["n3:7670"].count()}
+	}
+
+	if got := pushed(); !slices.Equal(got, []string{"vol-of-n1", "vol-of-n2"}) || !slices.Equal(listings(), []int{1, 1, 1}) {
+		t.Fatalf("first round: pushes of %v, listings %v; want both volumes and every node asked", got, listings())
+	}
+	nodes["n2:7670"].add(vol("new", 1, "1h"), "1-1")
+	if got := pushed(); !slices.Equal(got, []string{"new"}) {
+		t.Errorf("after a create on n2: pushes of %v, want only the new volume's", got)
+	}
+	if got := listings(); !slices.Equal(got, []int{1, 2, 1}) {
+		t.Errorf("after a create on n2: listings %v, want only n2 asked again", got)
+	}
+	if got := pushed(); len(got) != 0 {
+		t.Errorf("a round after: pushes of %v, want none", got)
 	}
 }
 
