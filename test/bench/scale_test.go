@@ -12,11 +12,15 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/cluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/guesttest"
+	"github.com/zfs-nomad/zfs-nomad/internal/scheduler"
 	"github.com/zfs-nomad/zfs-nomad/internal/sim"
+	"github.com/zfs-nomad/zfs-nomad/internal/tlsconfig"
 	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
 	"github.com/zfs-nomad/zfs-nomad/internal/volume"
 )
@@ -73,7 +77,7 @@ func BenchmarkScale(b *testing.B) {
 		*scaleReps, scaleHeader, strings.Join(table, "\n"))
 }
 
-const scaleHeader = "volumes/node  raw-create raw-list  1stCreate Create   Delete   Publish  Stage    GetCap   List100  ListAll  status   ctl-RSS-MiB node-RSS-MiB"
+const scaleHeader = "volumes/node  raw-create raw-list  1stCreate Create   Delete   Publish  Stage    GetCap   List100  ListAll  status   RoundFull  RoundBook  ctl-RSS-MiB node-RSS-MiB"
 
 // fillNode makes volumes from..to-1 of a node with zfs create, eight at
 // once, labelled as the driver labels a primary, and checks they are
@@ -85,8 +89,15 @@ func fillNode(b *testing.B, n *sim.Node, from, to int) {
 	var lines strings.Builder
 	for i := from; i < to; i++ {
 		id := fmt.Sprintf("vol-%020x", uint64(n.Index)<<32|uint64(i))
-		fmt.Fprintf(&lines, "-o mountpoint=legacy -o %s=%s -o %s=fill-%s-%d -o %s=%s -o %s=1 -o %s=1 %s/%s\n",
-			volume.PropVolumeID, id, volume.PropName, n.ID, i, volume.PropRole, vocab.RolePrimary, volume.PropGeneration, volume.PropHistoryFrom, n.RootDataset, id)
+		// Every tenth asks for a replica: the schedule's rounds have a
+		// tenth of the volumes due (no replica exists yet).
+		params := map[string]string{}
+		if i%10 == 0 {
+			params[vocab.ParamReplicas], params[vocab.ParamReplicationInterval] = "1", "1h"
+		}
+		fmt.Fprintf(&lines, "-o mountpoint=legacy -o %s=%s -o %s=fill-%s-%d -o %s=%s -o %s=1 -o %s=1 -o %s=%s %s/%s\n",
+			volume.PropVolumeID, id, volume.PropName, n.ID, i, volume.PropRole, vocab.RolePrimary, volume.PropGeneration, volume.PropHistoryFrom,
+			volume.PropParameters, volume.EncodeParameters(params), n.RootDataset, id)
 	}
 	list := filepath.Join(b.TempDir(), "fill")
 	if err := os.WriteFile(list, []byte(lines.String()), 0o600); err != nil {
@@ -190,16 +201,56 @@ func scaleRow(b *testing.B, ctx context.Context, c *sim.Cluster, ctl csi.Control
 			}
 		}))
 	}
+	full, fromBook := scheduleRound(b, ctx, c, n)
 	var nodeRSS float64
 	for _, nd := range c.Nodes {
 		nodeRSS = max(nodeRSS, rssMiB(nd.Process.Pid()))
 	}
-	return fmt.Sprintf("%12d  %9.3f %9.3f %9.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %11.1f %12.1f",
+	return fmt.Sprintf("%12d  %9.3f %9.3f %9.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %10.3f %10.3f %11.1f %12.1f",
 		n, median(rawCreate), median(rawList), firstCreate, median(create), median(del), median(publish), median(stage),
-		median(getCap), median(list100), median(listAll), median(status), rssMiB(c.Controller.Pid()), nodeRSS)
+		median(getCap), median(list100), median(listAll), median(status), full, fromBook, rssMiB(c.Controller.Pid()), nodeRSS)
 }
 
 func seconds(f func()) float64 { return timed(f).Seconds() }
+
+// scheduleRound plans the replication schedule's rounds as the controller
+// does, with the operator's certificate, and returns the seconds of a
+// full plan (what the first round after a change of primaries does) and
+// the median of a round planned from its book (the rounds between). A
+// plan starts no push; the pushes are the rounds' work in proportion to
+// what is due, a tenth of the volumes here. It fails unless each plan
+// finds every due volume.
+func scheduleRound(b *testing.B, ctx context.Context, c *sim.Cluster, perNode int) (full, fromBook float64) {
+	material, err := tlsconfig.Load(c.Operator)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var peers []string
+	for _, n := range c.Nodes {
+		peers = append(peers, n.AgentAddress)
+	}
+	log := hclog.New(&hclog.LoggerOptions{Name: "schedule", Level: hclog.Warn, Output: os.Stderr})
+	// 30 s: the controller's default agent_timeout.
+	cl := cluster.New(cluster.StaticPeers(peers), 30*time.Second, log, grpc.WithTransportCredentials(material.ClientCredentials()))
+	defer cl.Close()
+	s := scheduler.New(cl, 1, log)
+	due := len(c.Nodes) * ((perNode + 9) / 10)
+	plan := func() {
+		pushes, err := s.Plan(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(pushes) != due {
+			b.Fatalf("a round with %d volumes per node planned %d pushes, want %d (a tenth of the volumes ask for a replica)", perNode, len(pushes), due)
+		}
+	}
+	full = seconds(plan)
+	var rounds []float64
+	for range *scaleReps {
+		rounds = append(rounds, seconds(plan))
+	}
+	return full, median(rounds)
+}
 
 // operatorStatus runs zfs-controller status as the operator does, with
 // the operator's certificate.
