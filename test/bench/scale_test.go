@@ -33,9 +33,9 @@ var (
 // BenchmarkScale (issue 13): with 10, 100 and 1000 volumes on every node
 // of three, the median latency of each CSI call that concerns one volume,
 // and of the operator's zfs-controller status (whose answer grows with the
-// volumes), against raw zfs create and zfs list -d1 of the same pool in
-// the same run, and the processes' memory. The volumes besides the measured ones
-// are made by zfs create with the driver's labels (in parallel: the
+// volumes), and of a schedule round, against raw zfs create, zfs destroy
+// and zfs list -d1 of the same pool in the same run, and the processes'
+// memory. The volumes besides the measured ones are made by zfs create with the driver's labels (in parallel: the
 // driver's own CreateVolume would take minutes for a thousand), and the
 // node processes restart after each fill, so they know them only from
 // their pools; the first create after that restart (1stCreate, create
@@ -77,7 +77,7 @@ func BenchmarkScale(b *testing.B) {
 		*scaleReps, scaleHeader, strings.Join(table, "\n"))
 }
 
-const scaleHeader = "volumes/node  raw-create raw-list  1stCreate Create   Delete   Publish  Stage    GetCap   List100  ListAll  status   RoundFull  RoundBook  ctl-RSS-MiB node-RSS-MiB"
+const scaleHeader = "volumes/node  raw-create raw-destroy raw-list  1stCreate Create   Delete   Publish  Stage    GetCap   List100  ListAll  status   RoundFull  RoundBook  ctl-RSS-MiB node-RSS-MiB"
 
 // fillNode makes volumes from..to-1 of a node with zfs create, eight at
 // once, labelled as the driver labels a primary, and checks they are
@@ -134,12 +134,12 @@ func scaleRow(b *testing.B, ctx context.Context, c *sim.Cluster, ctl csi.Control
 			b.Fatal(err)
 		}
 	})
-	var rawCreate, rawList, create, del, publish, stage, getCap, list100, listAll, status []float64
+	var rawCreate, rawDestroy, rawList, create, del, publish, stage, getCap, list100, listAll, status []float64
 	for i := range *scaleReps {
 		raw := fmt.Sprintf("%s/raw-%d-%d", n1.RootDataset, n, i)
 		rawCreate = append(rawCreate, seconds(func() { sh(b, "zfs create "+raw) }))
 		rawList = append(rawList, seconds(func() { sh(b, "zfs list -H -d1 -o name,zfs-nomad:role "+n1.RootDataset+" >/dev/null") }))
-		sh(b, "zfs destroy "+raw)
+		rawDestroy = append(rawDestroy, seconds(func() { sh(b, "zfs destroy "+raw) }))
 
 		name := fmt.Sprintf("scale-%d-%d", n, i)
 		var id string
@@ -206,8 +206,8 @@ func scaleRow(b *testing.B, ctx context.Context, c *sim.Cluster, ctl csi.Control
 	for _, nd := range c.Nodes {
 		nodeRSS = max(nodeRSS, rssMiB(nd.Process.Pid()))
 	}
-	return fmt.Sprintf("%12d  %9.3f %9.3f %9.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %10.3f %10.3f %11.1f %12.1f",
-		n, median(rawCreate), median(rawList), firstCreate, median(create), median(del), median(publish), median(stage),
+	return fmt.Sprintf("%12d  %9.3f %10.3f %9.3f %9.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %10.3f %10.3f %11.1f %12.1f",
+		n, median(rawCreate), median(rawDestroy), median(rawList), firstCreate, median(create), median(del), median(publish), median(stage),
 		median(getCap), median(list100), median(listAll), median(status), full, fromBook, rssMiB(c.Controller.Pid()), nodeRSS)
 }
 
