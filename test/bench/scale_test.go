@@ -45,6 +45,7 @@ func BenchmarkScale(b *testing.B) {
 	c := guesttest.StartCluster(b, 3, sim.Options{LogLevel: "info", ControllerArgs: []string{"-schedule-every", "0"}})
 	ctx := context.Background()
 	ctl, capability := controllerClient(b, c), mountCapability
+	agents := operatorCluster(b, c)
 
 	var table []string
 	have := 0
@@ -62,12 +63,13 @@ func BenchmarkScale(b *testing.B) {
 				b.Fatal(err)
 			}
 		}
+		waitForAgents(b, ctx, agents, len(c.Nodes))
 		have = n
 		b.StartTimer()
 		// Printed at once too: a benchmark's log comes only at its end,
 		// and a long run cut short by its timeout would show nothing.
 		fmt.Printf("BenchmarkScale: %d volumes per node filled in %.0f s\n", n, time.Since(filled).Seconds())
-		row := scaleRow(b, ctx, c, ctl, capability, n)
+		row := scaleRow(b, ctx, c, agents, ctl, capability, n)
 		table = append(table, row)
 		b.Log(row)
 		fmt.Printf("BenchmarkScale: %s\nBenchmarkScale: %s\n", scaleHeader, row)
@@ -77,7 +79,7 @@ func BenchmarkScale(b *testing.B) {
 		*scaleReps, scaleHeader, strings.Join(table, "\n"))
 }
 
-const scaleHeader = "volumes/node  raw-create raw-destroy raw-list  1stCreate Create   Delete   Publish  Stage    GetCap   List100  ListAll  status   RoundFull  RoundBook  ctl-RSS-MiB node-RSS-MiB"
+const scaleHeader = "volumes/node  raw-create raw-destroy raw-list  1stCreate Create   Delete   Publish  Stage    GetCap   List100  ListAll  status   RoundFull  RoundBook  RoundCreate ctl-RSS-MiB node-RSS-MiB"
 
 // fillNode makes volumes from..to-1 of a node with zfs create, eight at
 // once, labelled as the driver labels a primary, and checks they are
@@ -113,7 +115,7 @@ func fillNode(b *testing.B, n *sim.Node, from, to int) {
 }
 
 // scaleRow measures one row of the table with n volumes on every node.
-func scaleRow(b *testing.B, ctx context.Context, c *sim.Cluster, ctl csi.ControllerClient, capability *csi.VolumeCapability, n int) string {
+func scaleRow(b *testing.B, ctx context.Context, c *sim.Cluster, agents *cluster.Cluster, ctl csi.ControllerClient, capability *csi.VolumeCapability, n int) string {
 	n1 := c.Nodes[0]
 	nodeConn, err := grpc.NewClient(n1.CSIEndpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -201,26 +203,22 @@ func scaleRow(b *testing.B, ctx context.Context, c *sim.Cluster, ctl csi.Control
 			}
 		}))
 	}
-	full, fromBook := scheduleRound(b, ctx, c, n)
+	full, fromBook, afterCreate := scheduleRound(b, ctx, agents, ctl, capability, n1.ID, len(c.Nodes), n)
 	var nodeRSS float64
 	for _, nd := range c.Nodes {
 		nodeRSS = max(nodeRSS, rssMiB(nd.Process.Pid()))
 	}
-	return fmt.Sprintf("%12d  %9.3f %10.3f %9.3f %9.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %10.3f %10.3f %11.1f %12.1f",
+	return fmt.Sprintf("%12d  %9.3f %10.3f %9.3f %9.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %10.3f %10.3f %10.3f %11.1f %12.1f",
 		n, median(rawCreate), median(rawDestroy), median(rawList), firstCreate, median(create), median(del), median(publish), median(stage),
-		median(getCap), median(list100), median(listAll), median(status), full, fromBook, rssMiB(c.Controller.Pid()), nodeRSS)
+		median(getCap), median(list100), median(listAll), median(status), full, fromBook, afterCreate, rssMiB(c.Controller.Pid()), nodeRSS)
 }
 
 func seconds(f func()) float64 { return timed(f).Seconds() }
 
-// scheduleRound plans the replication schedule's rounds as the controller
-// does, with the operator's certificate, and returns the seconds of a
-// full plan (what the first round after a change of primaries does) and
-// the median of a round planned from its book (the rounds between). A
-// plan starts no push; the pushes are the rounds' work in proportion to
-// what is due, a tenth of the volumes here. It fails unless each plan
-// finds every due volume.
-func scheduleRound(b *testing.B, ctx context.Context, c *sim.Cluster, perNode int) (full, fromBook float64) {
+// operatorCluster connects to the nodes' agents as the operator's
+// commands do, with the operator's certificate, and the controller's
+// default agent_timeout (30 s).
+func operatorCluster(b *testing.B, c *sim.Cluster) *cluster.Cluster {
 	material, err := tlsconfig.Load(c.Operator)
 	if err != nil {
 		b.Fatal(err)
@@ -229,12 +227,43 @@ func scheduleRound(b *testing.B, ctx context.Context, c *sim.Cluster, perNode in
 	for _, n := range c.Nodes {
 		peers = append(peers, n.AgentAddress)
 	}
-	log := hclog.New(&hclog.LoggerOptions{Name: "schedule", Level: hclog.Warn, Output: os.Stderr})
-	// 30 s: the controller's default agent_timeout.
+	log := hclog.New(&hclog.LoggerOptions{Name: "bench", Level: hclog.Warn, Output: os.Stderr})
 	cl := cluster.New(cluster.StaticPeers(peers), 30*time.Second, log, grpc.WithTransportCredentials(material.ClientCredentials()))
-	defer cl.Close()
-	s := scheduler.New(cl, 1, log)
-	due := len(c.Nodes) * ((perNode + 9) / 10)
+	b.Cleanup(cl.Close)
+	return cl
+}
+
+// waitForAgents waits until every node's agent answers: a node restarted
+// with a thousand volumes finishes its start (the recovery's listing)
+// before it serves, and a call meanwhile finds it unreachable.
+func waitForAgents(b *testing.B, ctx context.Context, cl *cluster.Cluster, want int) {
+	began := time.Now()
+	for {
+		nodes, unreachable, err := cl.Nodes(ctx)
+		if err == nil && len(nodes) == want && len(unreachable) == 0 {
+			fmt.Printf("BenchmarkScale: every agent answers %.0f s after the restarts\n", time.Since(began).Seconds())
+			return
+		}
+		if time.Since(began) > 5*time.Minute {
+			b.Fatalf("the agents do not all answer 5 min after their restart: %d of %d, unreachable %v, %v", len(nodes), want, unreachable, err)
+		}
+		time.Sleep(time.Second)
+	}
+}
+
+// scheduleRound plans the replication schedule's rounds as the controller
+// does and returns the seconds of a full plan (what the first round after
+// the controller's start does) and the median of a round planned from its
+// book (the rounds while no node's primaries change). A plan starts no
+// push; the pushes are the rounds' work in proportion to what is due, a
+// tenth of the volumes here. It fails unless each plan finds every due
+// volume.
+//
+// afterCreate is a round after a create on one node: it asks that node
+// what it holds again and takes the others' from the book.
+func scheduleRound(b *testing.B, ctx context.Context, cl *cluster.Cluster, ctl csi.ControllerClient, capability *csi.VolumeCapability, node string, nodes, perNode int) (full, fromBook, afterCreate float64) {
+	s := scheduler.New(cl, 1, hclog.New(&hclog.LoggerOptions{Name: "schedule", Level: hclog.Warn, Output: os.Stderr}))
+	due := nodes * ((perNode + 9) / 10)
 	plan := func() {
 		pushes, err := s.Plan(ctx)
 		if err != nil {
@@ -245,11 +274,21 @@ func scheduleRound(b *testing.B, ctx context.Context, c *sim.Cluster, perNode in
 		}
 	}
 	full = seconds(plan)
-	var rounds []float64
-	for range *scaleReps {
+	var rounds, created []float64
+	for i := range *scaleReps {
 		rounds = append(rounds, seconds(plan))
+		resp, err := ctl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: fmt.Sprintf("round-%d-%d", perNode, i),
+			VolumeCapabilities: []*csi.VolumeCapability{capability}, Parameters: map[string]string{"node": node}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		created = append(created, seconds(plan))
+		if _, err := ctl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: resp.GetVolume().GetVolumeId()}); err != nil {
+			b.Fatal(err)
+		}
+		plan() // the delete changed the node again: the next book round starts from here
 	}
-	return full, median(rounds)
+	return full, median(rounds), median(created)
 }
 
 // operatorStatus runs zfs-controller status as the operator does, with
