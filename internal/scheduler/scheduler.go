@@ -290,7 +290,9 @@ func (s *Scheduler) recordPush(p Push, started time.Time, err error) {
 			v.targets[i].last, v.targets[i].resumable = started, false
 		}
 	}
-	s.book.held[p.Target.Info.NodeID] = pushedTo(s.book.held[p.Target.Info.NodeID], p.VolumeID, started)
+	if h, ok := s.book.held[p.Target.Info.NodeID]; ok {
+		s.book.held[p.Target.Info.NodeID] = pushedTo(h, p.VolumeID, started)
+	}
 }
 
 // pushedTo returns what a node holds after a push of a volume to it
