@@ -263,10 +263,7 @@ func (s *story) walk(ctx context.Context) error {
 
 // operator runs zfs-controller as the operator would, printing its output.
 func (s *story) operator(ctx context.Context, args ...string) error {
-	var peers []string
-	for _, n := range s.c.Nodes {
-		peers = append(peers, n.AgentAddress)
-	}
+	peers := s.c.AgentAddresses()
 	op := s.c.Operator
 	full := append([]string{args[0], "-peers", strings.Join(peers, ","), "-tls-ca", op.CA, "-tls-cert", op.Cert, "-tls-key", op.Key}, args[1:]...)
 	fmt.Fprintf(s.out, "   $ zfs-controller %s [peers and operator certificate] %s\n", args[0], strings.Join(args[1:], " "))

@@ -144,6 +144,16 @@ type Cluster struct {
 // Dir is the cluster's directory (sockets, logs, keys).
 func (c *Cluster) Dir() string { return c.opts.Dir }
 
+// AgentAddresses returns the nodes' agent addresses, in the order of
+// Nodes: the peer list of the controller and of the operator's commands.
+func (c *Cluster) AgentAddresses() []string {
+	var out []string
+	for _, n := range c.Nodes {
+		out = append(out, n.AgentAddress)
+	}
+	return out
+}
+
 // DialAgent connects to a node agent with the operator's certificate.
 func (c *Cluster) DialAgent(addr string) (*grpc.ClientConn, error) {
 	m, err := tlsconfig.Load(c.Operator)
@@ -212,13 +222,10 @@ func Start(opts Options) (_ *Cluster, err error) {
 		}
 		c.undo = append(c.undo, func() { _ = exec.Command("ip", "link", "del", bridge).Run() })
 	}
-	var peers []string
 	for i := 1; i <= opts.Nodes; i++ {
-		node, err := c.addNode(i)
-		if err != nil {
+		if _, err := c.addNode(i); err != nil {
 			return nil, err
 		}
-		peers = append(peers, node.AgentAddress)
 	}
 	for _, node := range c.Nodes {
 		start := node.Start
@@ -245,7 +252,7 @@ func Start(opts Options) (_ *Cluster, err error) {
 			return nil, err
 		}
 		c.ControllerMetrics = "http://127.0.0.1:9671/metrics"
-		c.controllerArgs = append([]string{"-csi-endpoint", c.ControllerEndpoint, "-peers", strings.Join(peers, ","), "-agent-timeout", "10s",
+		c.controllerArgs = append([]string{"-csi-endpoint", c.ControllerEndpoint, "-peers", strings.Join(c.AgentAddresses(), ","), "-agent-timeout", "10s",
 			"-metrics-address", "127.0.0.1:9671"}, tlsArgs(ctlTLS)...)
 		c.controllerArgs = append(c.controllerArgs, opts.ControllerArgs...)
 		if err := c.StartController(); err != nil {

@@ -223,10 +223,7 @@ func operatorCluster(b *testing.B, c *sim.Cluster) *cluster.Cluster {
 	if err != nil {
 		b.Fatal(err)
 	}
-	var peers []string
-	for _, n := range c.Nodes {
-		peers = append(peers, n.AgentAddress)
-	}
+	peers := c.AgentAddresses()
 	log := hclog.New(&hclog.LoggerOptions{Name: "bench", Level: hclog.Warn, Output: os.Stderr})
 	cl := cluster.New(cluster.StaticPeers(peers), 30*time.Second, log, grpc.WithTransportCredentials(material.ClientCredentials()))
 	b.Cleanup(cl.Close)
@@ -294,10 +291,7 @@ func scheduleRound(b *testing.B, ctx context.Context, cl *cluster.Cluster, ctl c
 // operatorStatus runs zfs-controller status as the operator does, with
 // the operator's certificate.
 func operatorStatus(b *testing.B, c *sim.Cluster) {
-	var peers []string
-	for _, n := range c.Nodes {
-		peers = append(peers, n.AgentAddress)
-	}
+	peers := c.AgentAddresses()
 	args := []string{"status", "-peers", strings.Join(peers, ","), "-tls-ca", c.Operator.CA, "-tls-cert", c.Operator.Cert, "-tls-key", c.Operator.Key}
 	if out, err := sim.Run(filepath.Join(guesttest.BinDir(b), "zfs-controller"), args...); err != nil {
 		b.Fatalf("zfs-controller status: %v\n%s", err, out)

@@ -489,10 +489,7 @@ func TestFailoverManual(t *testing.T) {
 		_, err := e.publish(id, "n3")
 		wantCode(t, err, codes.Unavailable, "zfs-controller promote -node n2 "+id)
 	}
-	var peers []string
-	for _, n := range e.c.Nodes {
-		peers = append(peers, n.AgentAddress)
-	}
+	peers := e.c.AgentAddresses()
 	ctl := filepath.Join(guesttest.BinDir(t), "zfs-controller")
 	out := guesttest.Run(t, ctl, "promote", "-peers", strings.Join(peers, ","), "-agent-timeout", "30s",
 		"-tls-ca", e.c.Operator.CA, "-tls-cert", e.c.Operator.Cert, "-tls-key", e.c.Operator.Key, "-node", "n2", id)

@@ -689,10 +689,7 @@ func (e *e2e) backup(volumeID string) { e.operator("backup", volumeID) }
 // certificate against every node's agent.
 func (e *e2e) operator(command string, args ...string) {
 	e.t.Helper()
-	var peers []string
-	for _, n := range e.c.Nodes {
-		peers = append(peers, n.AgentAddress)
-	}
+	peers := e.c.AgentAddresses()
 	argv := append([]string{command, "-peers", strings.Join(peers, ","),
 		"-tls-ca", e.c.Operator.CA, "-tls-cert", e.c.Operator.Cert, "-tls-key", e.c.Operator.Key}, args...)
 	out := guesttest.Run(e.t, filepath.Join(e.bin, "zfs-controller"), argv...)

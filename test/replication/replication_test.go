@@ -568,10 +568,7 @@ func TestBackupAndStatusCommands(t *testing.T) {
 	id, target := publishedVolume(t, c, "orders")
 	guesttest.Exec(t, n1, "dd if=/dev/urandom of="+target+"/data bs=1M count=40 2>/dev/null && sync")
 
-	var peers []string
-	for _, n := range c.Nodes {
-		peers = append(peers, n.AgentAddress)
-	}
+	peers := c.AgentAddresses()
 	ctl := filepath.Join(guesttest.BinDir(t), "zfs-controller")
 	args := []string{"-peers", strings.Join(peers, ","), "-tls-ca", c.Operator.CA, "-tls-cert", c.Operator.Cert, "-tls-key", c.Operator.Key}
 
