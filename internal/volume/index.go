@@ -48,8 +48,15 @@ type idIndex struct {
 	// invalidations counts invalidate calls: a listing that one raced is
 	// not kept, as what went wrong may be missing from it.
 	invalidations uint64
-	lastErr       error // why the last listing failed
+	lastErr       error     // why the last listing failed
+	failed        time.Time // when the last failed listing began
 }
+
+// relistAfterFailure is how long an index that has entries waits after a
+// failed listing before it lists again: without it, every read of a stale
+// index whose listings fail (a sick pool) would start one more listing of
+// the whole node, each costing seconds at a thousand volumes.
+const relistAfterFailure = 30 * time.Second
 
 // fillTimeout bounds one listing of the node. It runs apart from the
 // call that started it: on a node with many volumes under a slow pool it
@@ -73,7 +80,7 @@ func (x *idIndex) read(ctx context.Context, now func() time.Time, list func(cont
 		x.mu.Lock()
 		if x.entries != nil {
 			defer x.mu.Unlock()
-			if !x.fresh(now) {
+			if x.relistDue(now) {
 				x.startFill(now, list)
 			}
 			return copyMap(x.entries), nil
@@ -98,9 +105,21 @@ func (x *idIndex) read(ctx context.Context, now func() time.Time, list func(cont
 func (x *idIndex) warm(now func() time.Time, list func(context.Context) (map[string]string, error)) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	if !x.fresh(now) {
+	if x.relistDue(now) {
 		x.startFill(now, list)
 	}
+}
+
+// relistDue tells whether an index should list again: it is not fresh,
+// and its last listing did not fail within relistAfterFailure (one that
+// has no entries lists at once: its readers wait for it). The caller
+// holds x.mu.
+func (x *idIndex) relistDue(now func() time.Time) bool {
+	if x.fresh(now) {
+		return false
+	}
+	sinceFailure := now().Sub(x.failed)
+	return x.entries == nil || x.lastErr == nil || sinceFailure >= relistAfterFailure || sinceFailure < 0
 }
 
 // fresh tells whether the index holds a listing younger than indexMaxAge.
@@ -132,6 +151,9 @@ func (x *idIndex) fill(now func() time.Time, list func(context.Context) (map[str
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	x.lastErr = err
+	if err != nil {
+		x.failed = started
+	}
 	if err == nil && x.invalidations == invalidations {
 		for id, dataset := range x.raced {
 			set(entries, id, dataset)

@@ -173,6 +173,43 @@ func TestIndexServesItselfWhileItListsAgain(t *testing.T) {
 	}
 }
 
+// TestIndexListsAgainNoSoonerThanAWhileAfterAFailure: a stale index whose
+// background listing failed keeps serving what it has, and its readers do
+// not each start one more listing of the whole node: the next waits
+// relistAfterFailure.
+func TestIndexListsAgainNoSoonerThanAWhileAfterAFailure(t *testing.T) {
+	var x idIndex
+	clock := time.Now()
+	now := func() time.Time { return clock }
+	lists := 0
+	list := func(context.Context) (map[string]string, error) {
+		lists++
+		if lists == 1 {
+			return map[string]string{"vol-a": "tank/nomad/vol-a"}, nil
+		}
+		return nil, errors.New("the pool is sick")
+	}
+	read := func(step string, wantLists int) {
+		t.Helper()
+		got, err := x.read(context.Background(), now, list)
+		if err != nil || len(got) != 1 {
+			t.Fatalf("%s: %v, %v; want the index it has", step, got, err)
+		}
+		waitForListing(t, &x)
+		if lists != wantLists {
+			t.Errorf("%s: %d listings, want %d", step, lists, wantLists)
+		}
+	}
+	read("filled", 1)
+	clock = clock.Add(indexMaxAge)
+	read("stale: lists again, and that fails", 2)
+	read("right after the failure", 2)
+	clock = clock.Add(relistAfterFailure - time.Second)
+	read("before relistAfterFailure", 2)
+	clock = clock.Add(time.Second)
+	read("after relistAfterFailure", 3)
+}
+
 // TestIndexAppliesTheUpdatesThatRacedItsListing: a listing may read a
 // dataset before or after a change that ends while it runs (the
 // simulation found a count one too high after a start, when the node's
