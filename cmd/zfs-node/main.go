@@ -38,6 +38,10 @@ import (
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
+// recoverTimeout bounds the start's recovery of replica replacements a
+// crash interrupted (Receiver.Recover).
+const recoverTimeout = 5 * time.Minute
+
 // main exits 0 when done or after -h, 2 on a wrong command line (as
 // zfs-controller), 1 on a failure.
 func main() {
@@ -114,7 +118,12 @@ func run(args []string) error {
 	receiver.MaxQuota, receiver.QuotaProperty = uint64(cfg.MaxQuota), cfg.QuotaProperty
 	receiver.IdleTimeout = time.Duration(cfg.ReceiveIdleTimeout)
 	volumes.DiscardPartialReceive = receiver.DiscardPartial
-	if err := receiver.Recover(startCtx); err != nil {
+	// Recovery lists every dataset of the node: with a thousand of them
+	// under a slow pool it outlasts what is left of startCtx, so it has a
+	// deadline of its own.
+	recoverCtx, cancelRecover := context.WithTimeout(ctx, recoverTimeout)
+	defer cancelRecover()
+	if err := receiver.Recover(recoverCtx); err != nil {
 		// Not fatal: the next receive of the volume retries it.
 		log.Error("finishing replica replacements a crash interrupted failed", "error", err)
 	}
