@@ -7,8 +7,6 @@ package agent
 import (
 	"context"
 	"errors"
-	"fmt"
-	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -35,10 +33,6 @@ type Server struct {
 	receiver *replication.Receiver
 	cfg      config.Node
 	log      hclog.Logger
-	// replicasDeleted counts the replicas DeleteReplica destroyed: part
-	// of the node's volumes version, so that the schedule, which keeps
-	// what a node holds while its version stays, asks it again.
-	replicasDeleted atomic.Uint64
 }
 
 // NewServer returns the agent service of the node described by cfg.
@@ -61,9 +55,46 @@ func (s *Server) DeleteReplica(ctx context.Context, req *pb.DeleteReplicaRequest
 		return nil, err
 	}
 	if deleted {
-		s.replicasDeleted.Add(1)
+		// The schedule, which keeps what a node holds while its volumes
+		// version stays, must learn it.
+		s.volumes.NoteChanged(req.GetVolumeId())
 	}
 	return &pb.DeleteReplicaResponse{Deleted: deleted}, nil
+}
+
+// maxChanges bounds the volumes one Changes call reads: a caller further
+// behind asks for everything, a page at a time.
+const maxChanges = 200
+
+// Changes tells what became of the volumes whose copy here changed since
+// the node reported a volumes version: for each, its primary or its
+// replica here now, if any.
+func (s *Server) Changes(ctx context.Context, req *pb.ChangesRequest) (*pb.ChangesResponse, error) {
+	ids, ok := s.volumes.ChangedSince(req.GetSince(), maxChanges)
+	if !ok {
+		return &pb.ChangesResponse{}, nil
+	}
+	resp := &pb.ChangesResponse{Known: true, VolumeIds: ids}
+	for _, id := range ids {
+		v, err := s.volumes.Get(ctx, id)
+		switch {
+		case err == nil:
+			resp.Volumes = append(resp.Volumes, s.volumeToPB(v))
+		case !errors.Is(err, errdefs.ErrNotFound) && !errors.Is(err, errdefs.ErrFailedPrecondition):
+			return nil, err
+		}
+		if s.receiver == nil {
+			continue
+		}
+		r, held, err := s.receiver.ReplicaOf(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		if held {
+			resp.Replicas = append(resp.Replicas, replicaToPB(r))
+		}
+	}
+	return resp, nil
 }
 
 // Status lists the node's replicas and running transfers.
@@ -77,8 +108,7 @@ func (s *Server) Status(ctx context.Context, _ *pb.StatusRequest) (*pb.NodeStatu
 		return nil, err
 	}
 	for _, r := range replicas {
-		out.Replicas = append(out.Replicas, &pb.Replica{VolumeId: r.VolumeID, Name: r.Name, LastSnapshot: r.LastSnapshot,
-			LastSnapshotUnix: r.LastSnapshotTime.Unix(), Resumable: r.Resumable})
+		out.Replicas = append(out.Replicas, replicaToPB(r))
 	}
 	out.SetAside = setAside
 	for _, t := range s.pusher.Transfers() {
@@ -86,6 +116,11 @@ func (s *Server) Status(ctx context.Context, _ *pb.StatusRequest) (*pb.NodeStatu
 			Bytes: t.Bytes, TotalBytes: t.Total, StartedUnix: t.Started.Unix()})
 	}
 	return out, nil
+}
+
+func replicaToPB(r replication.Replica) *pb.Replica {
+	return &pb.Replica{VolumeId: r.VolumeID, Name: r.Name, LastSnapshot: r.LastSnapshot,
+		LastSnapshotUnix: r.LastSnapshotTime.Unix(), Resumable: r.Resumable}
 }
 
 // Replicate pushes a volume to a peer now and streams progress.
@@ -116,7 +151,7 @@ func (s *Server) GetNode(ctx context.Context, req *pb.GetNodeRequest) (*pb.Node,
 		Version:       version.Version,
 		// Before the health check: the version says what the node's
 		// primaries are, whatever its health.
-		VolumesVersion: fmt.Sprintf("%s-%d", s.volumes.VolumesVersion(), s.replicasDeleted.Load()),
+		VolumesVersion: s.volumes.VolumesVersion(),
 	}
 	if err := s.volumes.Health(ctx); err != nil {
 		n.UnhealthyReason = err.Error()

@@ -15,6 +15,8 @@ import (
 	"io"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
@@ -165,6 +167,24 @@ func (c *Client) Status(ctx context.Context) (NodeStatus, error) {
 		return NodeStatus{}, fromStatus(err)
 	}
 	return nodeStatusFromPB(st), nil
+}
+
+// Changes asks the node what became of the volumes whose copy there
+// changed since it reported the volumes version since.
+func (c *Client) Changes(ctx context.Context, since string) (Changes, error) {
+	resp, err := c.rpc.Changes(ctx, &pb.ChangesRequest{Since: since})
+	if status.Code(err) == codes.Unimplemented {
+		return Changes{}, nil // a node from before the call: it cannot tell
+	}
+	if err != nil {
+		return Changes{}, fromStatus(err)
+	}
+	return Changes{
+		Known:     resp.GetKnown(),
+		VolumeIDs: resp.GetVolumeIds(),
+		Volumes:   convertAll(resp.GetVolumes(), volumeFromPB),
+		Replicas:  convertAll(resp.GetReplicas(), replicaFromPB),
+	}, nil
 }
 
 // DeleteReplica deletes the node's replica of a volume (volumeDeleted: the

@@ -94,6 +94,16 @@ type NodeStatus struct {
 	SetAside  []string
 }
 
+// Changes is what a node tells of the volumes whose copy there changed
+// since it reported a volumes version. Known is false when it cannot tell
+// (nor can a node too old to know the call): ask it for everything.
+type Changes struct {
+	Known     bool
+	VolumeIDs []string  // every volume whose copy changed
+	Volumes   []Volume  // those that are primaries there now
+	Replicas  []Replica // those that are replicas there now
+}
+
 // Replica is a replica held on a node.
 type Replica struct {
 	VolumeID         string

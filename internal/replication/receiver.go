@@ -679,7 +679,7 @@ type Replica struct {
 // set aside there (docs/migration.md: kept for an operator, never
 // mounted).
 func (r *Receiver) Holdings(ctx context.Context) (replicas []Replica, setAside []string, err error) {
-	children, err := r.z.Children(ctx, r.root, volume.PropVolumeID, volume.PropRole, volume.PropName, "receive_resume_token")
+	children, err := r.z.Children(ctx, r.root, holdingProps...)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -698,6 +698,31 @@ func (r *Receiver) Holdings(ctx context.Context) (replicas []Replica, setAside [
 		}
 	}
 	return replicas, setAside, nil
+}
+
+// holdingProps are the properties Holdings and ReplicaOf read.
+var holdingProps = []string{volume.PropVolumeID, volume.PropRole, volume.PropName, "receive_resume_token"}
+
+// ReplicaOf reads this node's replica of volumeID as Holdings reports it,
+// or false when the node holds none (a replacement labelled but not yet
+// renamed into place is none yet).
+func (r *Receiver) ReplicaOf(ctx context.Context, volumeID string) (Replica, bool, error) {
+	fs, err := dataset(r.root, volumeID)
+	if err != nil {
+		return Replica{}, false, nil // names no volume, so no replica of one
+	}
+	props, err := r.z.GetAll(ctx, fs, holdingProps...)
+	if errors.Is(err, zfs.ErrNotFound) {
+		return Replica{}, false, nil
+	}
+	if err != nil {
+		return Replica{}, false, err
+	}
+	if props[volume.PropRole] != RoleReplica || props[volume.PropVolumeID] != volumeID {
+		return Replica{}, false, nil
+	}
+	rep, err := r.replica(ctx, zfscmd.Child{Name: fs, Props: props})
+	return rep, err == nil, err
 }
 
 // replica reads what Holdings reports of one replica: its newest

@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -316,10 +317,11 @@ func sourceGone(err error) bool {
 
 // planInFull decides which volumes to push where from what the nodes
 // hold, and keeps what it learned in the book. It asks the nodes of
-// changed (all, when old is nil) and takes what the others hold from
-// old: their primaries are as old saw them, and the replicas pushed to
-// them since are applied there (recordPush). So a round after a create
-// on one node asks that node, not all of them.
+// changed (all, when old is nil): for what changed since the version old
+// saw, when they can tell (changedHolding), else for everything. What the
+// others hold it takes from old: their primaries as old saw them, with
+// the replicas pushed to them since applied (recordPush). So a round
+// after a create on one node reads that volume, not every node's.
 func (s *Scheduler) planInFull(ctx context.Context, healthy []cluster.Node, old *book, changed map[string]bool) ([]Push, error) {
 	next := &book{planned: s.now(), versions: map[string]string{}, held: map[string]cluster.Holding{}, volumes: map[string]*booked{}}
 	if old != nil {
@@ -329,7 +331,7 @@ func (s *Scheduler) planInFull(ctx context.Context, healthy []cluster.Node, old 
 	answers := []cluster.Answer[cluster.Holding]{}
 	for _, n := range healthy {
 		next.versions[n.Info.NodeID] = n.Info.VolumesVersion
-		if h, ok := s.keptHolding(old, changed, n); ok {
+		if h, ok := s.knownHolding(ctx, old, changed, n); ok {
 			answers = append(answers, cluster.Answer[cluster.Holding]{Node: n, Object: h})
 		} else {
 			ask = append(ask, n)
@@ -411,16 +413,67 @@ func (s *Scheduler) planInFull(ctx context.Context, healthy []cluster.Node, old 
 	return pushes, nil
 }
 
-// keptHolding returns what node n holds as the book old keeps it, unless
-// n's primaries changed since (or old is nil).
-func (s *Scheduler) keptHolding(old *book, changed map[string]bool, n cluster.Node) (cluster.Holding, bool) {
-	if old == nil || changed[n.Info.NodeID] {
+// knownHolding returns what node n holds without asking it for
+// everything: as the book old keeps it while n's volumes version stays,
+// and with what n tells changed since the version old saw applied when
+// it moved (changedHolding). False when old is nil or n cannot tell.
+func (s *Scheduler) knownHolding(ctx context.Context, old *book, changed map[string]bool, n cluster.Node) (cluster.Holding, bool) {
+	if old == nil {
 		return cluster.Holding{}, false
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	h, ok := old.held[n.Info.NodeID]
-	return h, ok
+	h, held := old.held[n.Info.NodeID]
+	since := old.versions[n.Info.NodeID]
+	s.mu.Unlock()
+	if !held || !changed[n.Info.NodeID] {
+		return h, held
+	}
+	return s.changedHolding(ctx, n, h, since)
+}
+
+// changeTeller is an agent that tells what changed on its node since a
+// volumes version (agentclient.Client does).
+type changeTeller interface {
+	Changes(ctx context.Context, since string) (agentclient.Changes, error)
+}
+
+// changedHolding asks node n what changed since it reported version
+// since, and applies that to h, what it held then: the node reads the
+// volumes that changed, not all of them. False when n cannot tell (a
+// restart, too many changes, an agent without the call): ask in full.
+func (s *Scheduler) changedHolding(ctx context.Context, n cluster.Node, h cluster.Holding, since string) (cluster.Holding, bool) {
+	teller, ok := n.Agent.(changeTeller)
+	if !ok || since == "" {
+		return cluster.Holding{}, false
+	}
+	cctx, cancel := s.cl.Call(ctx)
+	defer cancel()
+	ch, err := teller.Changes(cctx, since)
+	if err != nil {
+		s.log.Debug("asking a node what changed failed; asking it for everything", "node_id", n.Info.NodeID, "error", err)
+		return cluster.Holding{}, false
+	}
+	if !ch.Known {
+		return cluster.Holding{}, false
+	}
+	return applyChanges(h, ch), true
+}
+
+// applyChanges returns h with the primaries and replicas of the volumes
+// ch tells changed replaced by what ch says they are now.
+func applyChanges(h cluster.Holding, ch agentclient.Changes) cluster.Holding {
+	changed := make(map[string]bool, len(ch.VolumeIDs))
+	for _, id := range ch.VolumeIDs {
+		changed[id] = true
+	}
+	volumes := slices.DeleteFunc(slices.Clone(h.Volumes), func(v agentclient.Volume) bool { return changed[v.VolumeID] })
+	volumes = append(volumes, ch.Volumes...)
+	slices.SortFunc(volumes, func(a, b agentclient.Volume) int { return strings.Compare(a.VolumeID, b.VolumeID) })
+	replicas := slices.DeleteFunc(slices.Clone(h.Status.Replicas), func(r agentclient.Replica) bool { return changed[r.VolumeID] })
+	replicas = append(replicas, ch.Replicas...)
+	slices.SortFunc(replicas, func(a, b agentclient.Replica) int { return strings.Compare(a.VolumeID, b.VolumeID) })
+	h.Volumes, h.Status.Replicas = volumes, replicas
+	return h
 }
 
 // targets returns up to want replicas for a volume: those that exist

@@ -262,6 +262,37 @@ type listing struct {
 	mu       sync.Mutex
 	version  string
 	listings int
+	// tells: the node answers Changes from history, the versions it went
+	// through and the volume each one changed.
+	tells   bool
+	history []change
+	asked   int // Changes answered
+}
+
+type change struct{ version, volumeID string }
+
+// Changes tells what changed since a version the node went through.
+func (a *listing) Changes(ctx context.Context, req *pb.ChangesRequest) (*pb.ChangesResponse, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if !a.tells {
+		return a.pushing.Changes(ctx, req) // unimplemented, as on an older node
+	}
+	a.asked++
+	i := slices.IndexFunc(a.history, func(c change) bool { return c.version == req.GetSince() })
+	if i < 0 {
+		return &pb.ChangesResponse{}, nil
+	}
+	resp := &pb.ChangesResponse{Known: true}
+	for _, c := range a.history[i+1:] {
+		resp.VolumeIds = append(resp.VolumeIds, c.volumeID)
+		for _, v := range a.volumes {
+			if v.GetVolumeId() == c.volumeID {
+				resp.Volumes = append(resp.Volumes, v)
+			}
+		}
+	}
+	return resp, nil
 }
 
 func (a *listing) GetNode(context.Context, *pb.GetNodeRequest) (*pb.Node, error) {
@@ -290,6 +321,10 @@ func (a *listing) add(v *pb.Volume, version string) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.volumes = append(a.volumes, v)
+	if len(a.history) == 0 {
+		a.history = []change{{version: a.version}}
+	}
+	a.history = append(a.history, change{version: version, volumeID: v.GetVolumeId()})
 	a.version = version
 }
 
@@ -385,48 +420,74 @@ func TestRoundsBetweenChangesListNothing(t *testing.T) {
 // applied to them: a replica pushed to a node that is not asked again is
 // neither placed anew nor pushed to before its interval.
 func TestPlanAsksOnlyTheNodesThatChanged(t *testing.T) {
-	nodes := map[string]*listing{}
-	replicate := func(req *pb.ReplicateRequest, stream pb.NodeAgent_ReplicateServer) error {
-		nodes[strings.TrimPrefix(req.GetTargetAddress(), "passthrough:///")].received(req.GetVolumeId())
-		return stream.Send(&pb.ReplicateProgress{Bytes: 10, Done: true})
+	tests := []struct {
+		name         string
+		tells        bool // the nodes answer Changes
+		wantListings []int
+		wantAsked    []int
+	}{
+		{name: "nodes that tell what changed", tells: true, wantListings: []int{1, 1, 1}, wantAsked: []int{0, 1, 0}},
+		{name: "nodes that cannot tell", tells: false, wantListings: []int{1, 2, 1}, wantAsked: []int{0, 0, 0}},
 	}
-	var served clustertest.Agents
-	for i, id := range []string{"n1", "n2", "n3"} {
-		a := &listing{pushing: pushing{agent: agent{node: node(id, "a", 10)}, replicate: replicate}, version: "1-0"}
-		if i < 2 {
-			a.volumes = []*pb.Volume{vol("vol-of-"+id, 1, "1h")}
-		}
-		nodes[id+":7670"] = a
-		served.Serve(t, id+":7670", a)
-	}
-	s := New(served.Cluster(t), 4, hclog.NewNullLogger())
-	s.Resync = 24 * time.Hour
-	ctx := context.Background()
-	pushed := func() []string {
-		var ids []string
-		for _, p := range s.Round(ctx) {
-			ids = append(ids, p.VolumeID)
-		}
-		s.Wait()
-		slices.Sort(ids)
-		return ids
-	}
-	listings := func() []int {
-		return []int{nodes["n1:7670"].count(), nodes["n2:7670"].count(), nodes["n3:7670"].count()}
-	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			nodes := map[string]*listing{}
+			replicate := func(req *pb.ReplicateRequest, stream pb.NodeAgent_ReplicateServer) error {
+				nodes[strings.TrimPrefix(req.GetTargetAddress(), "passthrough:///")].received(req.GetVolumeId())
+				return stream.Send(&pb.ReplicateProgress{Bytes: 10, Done: true})
+			}
+			var served clustertest.Agents
+			for i, id := range []string{"n1", "n2", "n3"} {
+				a := &listing{pushing: pushing{agent: agent{node: node(id, "a", 10)}, replicate: replicate}, version: "1-0", tells: tt.tells}
+				if i < 2 {
+					a.volumes = []*pb.Volume{vol("vol-of-"+id, 1, "1h")}
+				}
+				nodes[id+":7670"] = a
+				served.Serve(t, id+":7670", a)
+			}
+			s := New(served.Cluster(t), 4, hclog.NewNullLogger())
+			s.Resync = 24 * time.Hour
+			ctx := context.Background()
+			pushed := func() []string {
+				var ids []string
+				for _, p := range s.Round(ctx) {
+					ids = append(ids, p.VolumeID)
+				}
+				s.Wait()
+				slices.Sort(ids)
+				return ids
+			}
+			each := func(f func(*listing) int) []int {
+				return []int{f(nodes["n1:7670"]), f(nodes["n2:7670"]), f(nodes["n3:7670"])}
+			}
+			listings := func() []int { return each(func(a *listing) int { return a.count() }) }
+			asked := func() []int {
+				return each(func(a *listing) int { a.mu.Lock(); defer a.mu.Unlock(); return a.asked })
+			}
 
-	if got := pushed(); !slices.Equal(got, []string{"vol-of-n1", "vol-of-n2"}) || !slices.Equal(listings(), []int{1, 1, 1}) {
-		t.Fatalf("first round: pushes of %v, listings %v; want both volumes and every node asked", got, listings())
-	}
-	nodes["n2:7670"].add(vol("new", 1, "1h"), "1-1")
-	if got := pushed(); !slices.Equal(got, []string{"new"}) {
-		t.Errorf("after a create on n2: pushes of %v, want only the new volume's", got)
-	}
-	if got := listings(); !slices.Equal(got, []int{1, 2, 1}) {
-		t.Errorf("after a create on n2: listings %v, want only n2 asked again", got)
-	}
-	if got := pushed(); len(got) != 0 {
-		t.Errorf("a round after: pushes of %v, want none", got)
+			if got := pushed(); !slices.Equal(got, []string{"vol-of-n1", "vol-of-n2"}) || !slices.Equal(listings(), []int{1, 1, 1}) {
+				t.Fatalf("first round: pushes of %v, listings %v; want both volumes and every node asked", got, listings())
+			}
+			nodes["n2:7670"].add(vol("new", 1, "1h"), "1-1")
+			if got := pushed(); !slices.Equal(got, []string{"new"}) {
+				t.Errorf("after a create on n2: pushes of %v, want only the new volume's", got)
+			}
+			if got := listings(); !slices.Equal(got, tt.wantListings) {
+				t.Errorf("after a create on n2: listings %v, want %v", got, tt.wantListings)
+			}
+			if got := asked(); !slices.Equal(got, tt.wantAsked) {
+				t.Errorf("after a create on n2: asked what changed %v, want %v", got, tt.wantAsked)
+			}
+			if got := pushed(); len(got) != 0 {
+				t.Errorf("a round after: pushes of %v, want none", got)
+			}
+			// The replicas pushed in the first round are still known on
+			// n2 after the changes were applied: nothing is due again.
+			nodes["n2:7670"].add(vol("newer", 0, ""), "1-2")
+			if got := pushed(); len(got) != 0 {
+				t.Errorf("after a second create on n2 (no replicas asked): pushes of %v, want none", got)
+			}
+		})
 	}
 }
 

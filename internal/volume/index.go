@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -40,7 +43,12 @@ type idIndex struct {
 	entries map[string]string // nil until filled
 	listed  time.Time         // when it was filled
 	changes uint64            // updates so far (VolumesVersion)
-	filling chan struct{}     // closed when the running listing ends; nil when none runs
+	// changed logs which ID each of the last updates changed (at most
+	// changeLogMax), for ChangedSince; updates up to logFloor are not in
+	// it any more.
+	changed  []change
+	logFloor uint64
+	filling  chan struct{} // closed when the running listing ends; nil when none runs
 	// raced holds the updates made while the running listing runs: the
 	// listing may have read their datasets before or after the change,
 	// so they are applied over it when it ends.
@@ -164,11 +172,57 @@ func (x *idIndex) fill(now func() time.Time, list func(context.Context) (map[str
 	close(done)
 }
 
+// change is one logged update: the ID it changed, and its number.
+type change struct {
+	seq uint64
+	id  string
+}
+
+// changeLogMax bounds the change log: a caller further behind asks for
+// everything.
+const changeLogMax = 4096
+
+// note counts a change of id's copy on the node and logs it. The caller
+// holds x.mu.
+func (x *idIndex) note(id string) {
+	x.changes++
+	x.changed = append(x.changed, change{seq: x.changes, id: id})
+	if len(x.changed) > changeLogMax {
+		drop := len(x.changed) - changeLogMax/2
+		x.logFloor = x.changed[drop-1].seq
+		x.changed = slices.Clone(x.changed[drop:])
+	}
+}
+
+// changedSince returns the IDs changed by the updates after the first
+// seq, each once, or false when the log no longer holds all of them, or
+// they are more than limit.
+func (x *idIndex) changedSince(seq uint64, limit int) ([]string, bool) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if seq < x.logFloor || seq > x.changes {
+		return nil, false
+	}
+	seen := map[string]bool{}
+	var ids []string
+	for _, c := range x.changed {
+		if c.seq > seq && !seen[c.id] {
+			seen[c.id] = true
+			ids = append(ids, c.id)
+		}
+	}
+	if len(ids) > limit {
+		return nil, false
+	}
+	sort.Strings(ids)
+	return ids, true
+}
+
 // update sets id's dataset, or removes id when dataset is "".
 func (x *idIndex) update(id, dataset string) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	x.changes++
+	x.note(id)
 	if x.raced != nil {
 		x.raced[id] = dataset
 	}
@@ -193,6 +247,8 @@ func (x *idIndex) invalidate() {
 	x.changes++
 	x.invalidations++
 	x.entries = nil
+	// What changed is unknown: nobody behind this learns it from the log.
+	x.changed, x.logFloor = nil, x.changes
 }
 
 func copyMap(m map[string]string) map[string]string {
@@ -271,12 +327,38 @@ func (m *Manager) reindex(ctx context.Context, id string) {
 }
 
 // VolumesVersion changes whenever the node's primaries change (every
-// update of the index) and when the process restarts: the schedule plans
-// anew only when some node's changed (scheduler.Scheduler).
+// update of the index), a replica is deleted (NoteChanged) and when the
+// process restarts: the schedule asks again only the nodes whose version
+// changed, and only for what ChangedSince tells (scheduler.Scheduler).
 func (m *Manager) VolumesVersion() string {
 	m.primaryIndex.mu.Lock()
 	defer m.primaryIndex.mu.Unlock()
 	return fmt.Sprintf("%d-%d", m.started.UnixNano(), m.primaryIndex.changes)
+}
+
+// NoteChanged counts a change of a volume's copy on the node that is no
+// change of its primaries (a replica deleted), so that VolumesVersion
+// moves and ChangedSince tells it.
+func (m *Manager) NoteChanged(id string) {
+	m.primaryIndex.mu.Lock()
+	defer m.primaryIndex.mu.Unlock()
+	m.primaryIndex.note(id)
+}
+
+// ChangedSince returns the IDs of the volumes whose copy on the node
+// changed since the node reported version (VolumesVersion), or false when
+// it cannot tell: version is another process's, the node's change log no
+// longer reaches back to it, or the IDs are more than limit.
+func (m *Manager) ChangedSince(version string, limit int) ([]string, bool) {
+	started, seq, ok := strings.Cut(version, "-")
+	if !ok || started != strconv.FormatInt(m.started.UnixNano(), 10) {
+		return nil, false
+	}
+	n, err := strconv.ParseUint(seq, 10, 64)
+	if err != nil {
+		return nil, false
+	}
+	return m.primaryIndex.changedSince(n, limit)
 }
 
 // ListPage returns up to limit of the node's primaries (all, for limit 0)

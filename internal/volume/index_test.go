@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -208,6 +209,83 @@ func TestIndexListsAgainNoSoonerThanAWhileAfterAFailure(t *testing.T) {
 	read("before relistAfterFailure", 2)
 	clock = clock.Add(time.Second)
 	read("after relistAfterFailure", 3)
+}
+
+// TestChangedSince (issue 13): the node tells which volumes changed since
+// a version it reported, each once, as long as it can be sure: not for
+// another process's version, not past an invalidation, not further back
+// than its log, not more than the caller's limit.
+func TestChangedSince(t *testing.T) {
+	ctx := context.Background()
+	m, _ := newManager(t)
+	v0 := m.VolumesVersion()
+	a, err := m.Create(ctx, CreateRequest{Name: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v1 := m.VolumesVersion()
+	b, err := m.Create(ctx, CreateRequest{Name: "b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Delete(ctx, a.ID); err != nil {
+		t.Fatal(err)
+	}
+	v2 := m.VolumesVersion()
+	m.NoteChanged("vol-replica-gone")
+	all := []string{a.ID, b.ID, "vol-replica-gone"}
+	slices.Sort(all)
+	now := m.VolumesVersion()
+	tests := []struct {
+		name   string
+		since  string
+		limit  int
+		want   []string
+		wantOK bool
+	}{
+		{"from the start", v0, 10, all, true},
+		{"after the first create (a deleted since)", v1, 10, all, true},
+		{"after the delete", v2, 10, []string{"vol-replica-gone"}, true},
+		{"nothing since", now, 10, nil, true},
+		{"more than the limit", v0, 2, nil, false},
+		{"another process's version", "1-0", 10, nil, false},
+		{"a version from the future", strings.Split(now, "-")[0] + "-999999", 10, nil, false},
+		{"not a version", "garbage", 10, nil, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, ok := m.ChangedSince(tt.since, tt.limit)
+			if ok != tt.wantOK || !slices.Equal(got, tt.want) {
+				t.Errorf("ChangedSince(%s, %d) = %v, %v; want %v, %v", tt.since, tt.limit, got, ok, tt.want, tt.wantOK)
+			}
+		})
+	}
+	if v1 == now {
+		t.Errorf("the version did not move: %s", now)
+	}
+	m.primaryIndex.invalidate()
+	if got, ok := m.ChangedSince(now, 10); ok {
+		t.Errorf("after an invalidation: %v, true; want not known", got)
+	}
+}
+
+// TestChangeLogForgetsTheOldest: the change log keeps the newest changes;
+// a caller further behind is told to ask for everything.
+func TestChangeLogForgetsTheOldest(t *testing.T) {
+	var x idIndex
+	for i := range changeLogMax + 1 {
+		x.update(fmt.Sprintf("vol-%d", i), "tank/nomad/x")
+	}
+	if _, ok := x.changedSince(0, changeLogMax*2); ok {
+		t.Error("since the start, past the log's reach: known; want not")
+	}
+	ids, ok := x.changedSince(x.changes-1, 10)
+	if !ok || !slices.Equal(ids, []string{fmt.Sprintf("vol-%d", changeLogMax)}) {
+		t.Errorf("the last change: %v, %v", ids, ok)
+	}
+	if len(x.changed) > changeLogMax {
+		t.Errorf("the log holds %d changes, more than %d", len(x.changed), changeLogMax)
+	}
 }
 
 // TestIndexAppliesTheUpdatesThatRacedItsListing: a listing may read a

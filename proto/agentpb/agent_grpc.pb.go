@@ -35,6 +35,7 @@ const (
 	NodeAgent_ListSnapshots_FullMethodName  = "/zfsnomad.agent.v1.NodeAgent/ListSnapshots"
 	NodeAgent_Replicate_FullMethodName      = "/zfsnomad.agent.v1.NodeAgent/Replicate"
 	NodeAgent_Status_FullMethodName         = "/zfsnomad.agent.v1.NodeAgent/Status"
+	NodeAgent_Changes_FullMethodName        = "/zfsnomad.agent.v1.NodeAgent/Changes"
 	NodeAgent_DeleteReplica_FullMethodName  = "/zfsnomad.agent.v1.NodeAgent/DeleteReplica"
 	NodeAgent_GetCopy_FullMethodName        = "/zfsnomad.agent.v1.NodeAgent/GetCopy"
 	NodeAgent_Fence_FullMethodName          = "/zfsnomad.agent.v1.NodeAgent/Fence"
@@ -63,6 +64,11 @@ type NodeAgentClient interface {
 	Replicate(ctx context.Context, in *ReplicateRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ReplicateProgress], error)
 	// Status lists the replicas this node holds and its running transfers.
 	Status(ctx context.Context, in *StatusRequest, opts ...grpc.CallOption) (*NodeStatus, error)
+	// Changes tells what became of the volumes whose copy on this node
+	// changed since the node's volumes_version was since: the schedule's
+	// round after a change reads those alone, not the whole node
+	// (docs/replication.md, "book").
+	Changes(ctx context.Context, in *ChangesRequest, opts ...grpc.CallOption) (*ChangesResponse, error)
 	// DeleteReplica destroys this node's replica of a volume, if it has one.
 	DeleteReplica(ctx context.Context, in *DeleteReplicaRequest, opts ...grpc.CallOption) (*DeleteReplicaResponse, error)
 	// Migration (docs/migration.md). GetCopy describes this node's copy of a
@@ -212,6 +218,16 @@ func (c *nodeAgentClient) Status(ctx context.Context, in *StatusRequest, opts ..
 	return out, nil
 }
 
+func (c *nodeAgentClient) Changes(ctx context.Context, in *ChangesRequest, opts ...grpc.CallOption) (*ChangesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ChangesResponse)
+	err := c.cc.Invoke(ctx, NodeAgent_Changes_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *nodeAgentClient) DeleteReplica(ctx context.Context, in *DeleteReplicaRequest, opts ...grpc.CallOption) (*DeleteReplicaResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(DeleteReplicaResponse)
@@ -301,6 +317,11 @@ type NodeAgentServer interface {
 	Replicate(*ReplicateRequest, grpc.ServerStreamingServer[ReplicateProgress]) error
 	// Status lists the replicas this node holds and its running transfers.
 	Status(context.Context, *StatusRequest) (*NodeStatus, error)
+	// Changes tells what became of the volumes whose copy on this node
+	// changed since the node's volumes_version was since: the schedule's
+	// round after a change reads those alone, not the whole node
+	// (docs/replication.md, "book").
+	Changes(context.Context, *ChangesRequest) (*ChangesResponse, error)
 	// DeleteReplica destroys this node's replica of a volume, if it has one.
 	DeleteReplica(context.Context, *DeleteReplicaRequest) (*DeleteReplicaResponse, error)
 	// Migration (docs/migration.md). GetCopy describes this node's copy of a
@@ -363,6 +384,9 @@ func (UnimplementedNodeAgentServer) Replicate(*ReplicateRequest, grpc.ServerStre
 }
 func (UnimplementedNodeAgentServer) Status(context.Context, *StatusRequest) (*NodeStatus, error) {
 	return nil, status.Error(codes.Unimplemented, "method Status not implemented")
+}
+func (UnimplementedNodeAgentServer) Changes(context.Context, *ChangesRequest) (*ChangesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Changes not implemented")
 }
 func (UnimplementedNodeAgentServer) DeleteReplica(context.Context, *DeleteReplicaRequest) (*DeleteReplicaResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DeleteReplica not implemented")
@@ -597,6 +621,24 @@ func _NodeAgent_Status_Handler(srv interface{}, ctx context.Context, dec func(in
 	return interceptor(ctx, in, info, handler)
 }
 
+func _NodeAgent_Changes_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ChangesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NodeAgentServer).Changes(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: NodeAgent_Changes_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NodeAgentServer).Changes(ctx, req.(*ChangesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _NodeAgent_DeleteReplica_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(DeleteReplicaRequest)
 	if err := dec(in); err != nil {
@@ -769,6 +811,10 @@ var NodeAgent_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Status",
 			Handler:    _NodeAgent_Status_Handler,
+		},
+		{
+			MethodName: "Changes",
+			Handler:    _NodeAgent_Changes_Handler,
 		},
 		{
 			MethodName: "DeleteReplica",
