@@ -163,24 +163,98 @@ int list_snapshots(libzfs_handle_t *h, const char *fs, int mode, char **out) {
 	return lines_done(&l, rc, out);
 }
 
-static int child_line(zfs_handle_t *zh, void *arg) {
-	lines_t *l = arg;
+// Listings that hand back the iteration's own handles, open, for the
+// caller to read and close: each handle carries the statistics and
+// properties the list ioctl returned, so reading a thousand datasets
+// costs the listing alone, not a zfs_open (one more ioctl) per dataset.
+typedef struct {
+	zfs_handle_t **v;
+	size_t len, cap;
+	int oom;
+} handles_t;
+
+static void handles_add(handles_t *l, zfs_handle_t *zh) {
+	if (l->len == l->cap) {
+		size_t cap = l->cap == 0 ? 64 : l->cap * 2;
+		zfs_handle_t **v = realloc(l->v, cap * sizeof(*v));
+		if (v == NULL) {
+			l->oom = 1;
+			zfs_close(zh);
+			return;
+		}
+		l->v = v;
+		l->cap = cap;
+	}
+	l->v[l->len++] = zh;
+}
+
+// close_handles closes every handle of a listing and frees it.
+void close_handles(zfs_handle_t **v, size_t n) {
+	for (size_t i = 0; i < n; i++)
+		zfs_close(v[i]);
+	free(v);
+}
+
+// handles_done hands the handles to the caller, or closes them on failure.
+static int handles_done(handles_t *l, int rc, zfs_handle_t ***out, size_t *n) {
+	if (rc != 0 || l->oom) {
+		close_handles(l->v, l->len);
+		return rc != 0 ? rc : -1;
+	}
+	*out = l->v;
+	*n = l->len;
+	return 0;
+}
+
+// collect_tree keeps zh, then the filesystems and snapshots below it.
+// Snapshots are iterated with their properties (not "simple"), since the
+// caller reads them.
+static int collect_tree(zfs_handle_t *zh, void *arg) {
+	handles_t *l = arg;
+	int rc = 0;
+	int fs = zfs_get_type(zh) == ZFS_TYPE_FILESYSTEM;
+	handles_add(l, zh);
+	if (l->oom)
+		return -1;
+	if (fs) {
+		rc = zfs_iter_filesystems(zh, collect_tree, l);
+		if (rc == 0)
+			rc = zfs_iter_snapshots(zh, B_FALSE, collect_tree, l, 0, 0);
+	}
+	return rc != 0 ? rc : (l->oom ? -1 : 0);
+}
+
+static int collect_child(zfs_handle_t *zh, void *arg) {
+	handles_t *l = arg;
 	if (zfs_get_type(zh) == ZFS_TYPE_FILESYSTEM)
-		lines_add(l, zfs_get_name(zh));
-	zfs_close(zh);
+		handles_add(l, zh);
+	else
+		zfs_close(zh);
 	return l->oom ? -1 : 0;
 }
 
-// list_children lists the filesystems directly below parent.
-int list_children(libzfs_handle_t *h, const char *parent, char **out) {
-	lines_t l = {0};
+// open_subtree opens name and every filesystem and snapshot below it.
+int open_subtree(libzfs_handle_t *h, const char *name, zfs_handle_t ***out, size_t *n) {
+	handles_t l = {0};
 	*out = NULL;
+	*n = 0;
+	zfs_handle_t *zh = zfs_open(h, name, ZFS_TYPE_FILESYSTEM);
+	if (zh == NULL)
+		return -1;
+	return handles_done(&l, collect_tree(zh, &l), out, n);
+}
+
+// open_child_filesystems opens the filesystems directly below parent.
+int open_child_filesystems(libzfs_handle_t *h, const char *parent, zfs_handle_t ***out, size_t *n) {
+	handles_t l = {0};
+	*out = NULL;
+	*n = 0;
 	zfs_handle_t *zh = zfs_open(h, parent, ZFS_TYPE_FILESYSTEM);
 	if (zh == NULL)
 		return -1;
-	int rc = zfs_iter_filesystems(zh, child_line, &l);
+	int rc = zfs_iter_filesystems(zh, collect_child, &l);
 	zfs_close(zh);
-	return lines_done(&l, rc, out);
+	return handles_done(&l, rc, out, n);
 }
 
 // hold_or_release puts tag on snapshot ("fs@snap"), or takes it off.

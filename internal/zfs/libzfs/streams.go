@@ -42,21 +42,29 @@ func (s Streams) GetAll(ctx context.Context, dataset string, props ...string) (m
 	if err := zfs.ValidateName(dataset); err != nil {
 		return nil, err
 	}
-	values := map[string]string{}
+	var values map[string]string
 	err := s.z.do(ctx, func(h handle) error {
 		return h.withDataset("get", dataset, func(zh *C.zfs_handle_t) error {
-			buf := (*C.char)(C.malloc(propValueMax))
-			defer C.free(unsafe.Pointer(buf))
-			for _, p := range props {
-				cp := C.CString(p)
-				C.prop_get(zh, cp, buf, propValueMax)
-				C.free(unsafe.Pointer(cp))
-				values[p] = C.GoString(buf)
-			}
+			values = readProps(zh, props)
 			return nil
 		})
 	})
 	return values, err
+}
+
+// readProps reads props of the open dataset zh as `zfs get -Hp` prints
+// them ("-" when unset).
+func readProps(zh *C.zfs_handle_t, props []string) map[string]string {
+	values := make(map[string]string, len(props))
+	buf := (*C.char)(C.malloc(propValueMax))
+	defer C.free(unsafe.Pointer(buf))
+	for _, p := range props {
+		cp := C.CString(p)
+		C.prop_get(zh, cp, buf, propValueMax)
+		C.free(unsafe.Pointer(cp))
+		values[p] = C.GoString(buf)
+	}
+	return values
 }
 
 // Get reads one property ("-" when unset).
@@ -130,32 +138,22 @@ func (s Streams) Holds(ctx context.Context, fs string) (map[string][]string, err
 	return holds, nil
 }
 
-// Children lists the filesystems directly below parent with props.
+// Children lists the filesystems directly below parent with props, read
+// from the listing's own handles.
 func (s Streams) Children(ctx context.Context, parent string, props ...string) ([]zfscmd.Child, error) {
 	if err := zfs.ValidateName(parent); err != nil {
 		return nil, err
 	}
-	var names []string
+	var children []zfscmd.Child
 	err := s.z.do(ctx, func(h handle) error {
-		var err error
-		names, err = childNames(h, parent)
-		return err
+		return eachListed(h, parent, childFilesystems(h), func(zh *C.zfs_handle_t) {
+			children = append(children, zfscmd.Child{Name: C.GoString(C.zfs_get_name(zh)), Props: readProps(zh, props)})
+		})
 	})
 	if err != nil {
 		return nil, err
 	}
-	sort.Strings(names)
-	children := make([]zfscmd.Child, 0, len(names))
-	for _, name := range names {
-		values, err := s.GetAll(ctx, name, props...)
-		if errors.Is(err, zfs.ErrNotFound) {
-			continue // destroyed since it was listed
-		}
-		if err != nil {
-			return nil, err
-		}
-		children = append(children, zfscmd.Child{Name: name, Props: values})
-	}
+	sort.Slice(children, func(i, j int) bool { return children[i].Name < children[j].Name })
 	return children, nil
 }
 
