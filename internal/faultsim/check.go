@@ -35,7 +35,9 @@ import (
 //	    change, in the pool wrapper (lockedChange).
 //
 // And each live node's index of its primaries agrees with its pool
-// (indexAgrees).
+// (indexAgrees), and so does what the schedule's book keeps of the node's
+// primaries while the node reports the version the book saw (bookAgrees,
+// after each round).
 type checker struct {
 	w *world
 	// writes: by volume ID, the token of every write that succeeded.
@@ -170,6 +172,34 @@ func (c *checker) indexAgrees(n *simNode) error {
 	}
 	if !slices.Equal(got, want) || capacity.Volumes != len(want) {
 		return fmt.Errorf("the index of node %s's primaries is wrong: it pages %v and counts %d, its pool holds %v", n.id, got, capacity.Volumes, want)
+	}
+	return nil
+}
+
+// bookAgrees checks that what the schedule's book keeps of a live node's
+// primaries is what its pool holds, while the node reports the volumes
+// version the book saw, and no change is half done there: the book
+// learns a changed node's primaries from what it tells changed since
+// (Changes), and a change it misses would leave a volume unreplicated.
+func (c *checker) bookAgrees(n *simNode) error {
+	inc := n.inc
+	if inc == nil || !inc.isAlive() {
+		return nil
+	}
+	booked, version, ok := c.w.sched.Held(n.id)
+	if !ok || version != inc.volumes.VolumesVersion() || inc.volumes.Locks().Busy() {
+		return nil
+	}
+	listed, err := inc.volumes.List(context.Background())
+	if err != nil || version != inc.volumes.VolumesVersion() || inc.volumes.Locks().Busy() {
+		return nil // the process died, or a change began meanwhile
+	}
+	var want []string
+	for _, v := range listed {
+		want = append(want, v.ID)
+	}
+	if !slices.Equal(booked, want) {
+		return fmt.Errorf("the schedule's book keeps %v as node %s's primaries at its version %s; its pool holds %v", booked, n.id, version, want)
 	}
 	return nil
 }

@@ -247,6 +247,11 @@ func (w *world) scheduleRound() {
 	for _, p := range pushes {
 		w.tracef("controller: scheduled push of %s %s->%s (%s)", p.VolumeID, p.Source.Info.NodeID, p.Target.Info.NodeID, p.Reason)
 	}
+	for _, n := range w.nodes {
+		if err := w.checker.bookAgrees(n); err != nil {
+			w.checker.late(err)
+		}
+	}
 }
 
 func (w *world) delete(v *simVolume) {

@@ -102,6 +102,7 @@ func (n *simNode) start(ctx context.Context) {
 	receiver.MaxQuota, receiver.QuotaProperty = uint64(cfg.MaxQuota), cfg.QuotaProperty
 	receiver.IdleTimeout = time.Duration(cfg.ReceiveIdleTimeout)
 	inc.volumes.DiscardPartialReceive = receiver.DiscardPartial
+	receiver.Changed = inc.volumes.NoteChanged
 	_ = receiver.Recover(ctx) // not fatal, as in zfs-node: the next receive retries
 	inc.volumes.WarmIndexes()
 

@@ -48,6 +48,13 @@ type Receiver struct {
 	// resumable.
 	IdleTimeout time.Duration
 
+	// Changed, when set, is told the volume of every receive that took
+	// the copy's lock, done or not (it may have made, replaced or left a
+	// resumable replica): the node's volumes version moves, and the
+	// schedule learns the replica at its next round
+	// (volume.Manager.NoteChanged).
+	Changed func(volumeID string)
+
 	z      Streams
 	root   string
 	nodeID string
@@ -160,6 +167,9 @@ func (r *Receiver) receive(stream pb.Replication_ReceiveServer) (*pb.ReceiveResu
 		return nil, err
 	}
 	defer unlock()
+	if r.Changed != nil {
+		defer r.Changed(h.GetVolumeId()) // before the unlock: a reader after it sees the change noted
+	}
 	// What the copy holds is read while the sender starts zfs send (a
 	// process start, the longest wait before its first record); the lock
 	// keeps it true until this receive changes it.

@@ -413,6 +413,27 @@ func (s *Scheduler) planInFull(ctx context.Context, healthy []cluster.Node, old 
 	return pushes, nil
 }
 
+// Held returns the IDs of the primaries the book keeps for a node, and
+// the volumes version the node reported when the book learned them;
+// false when the book keeps nothing of it. For checks: while the node
+// reports that version, the IDs must be its primaries.
+func (s *Scheduler) Held(nodeID string) (volumeIDs []string, version string, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.book == nil {
+		return nil, "", false
+	}
+	h, ok := s.book.held[nodeID]
+	if !ok {
+		return nil, "", false
+	}
+	for _, v := range h.Volumes {
+		volumeIDs = append(volumeIDs, v.VolumeID)
+	}
+	slices.Sort(volumeIDs)
+	return volumeIDs, s.book.versions[nodeID], true
+}
+
 // knownHolding returns what node n holds without asking it for
 // everything: as the book old keeps it while n's volumes version stays,
 // and with what n tells changed since the version old saw applied when
