@@ -368,6 +368,18 @@ func (c *Cluster) Call(ctx context.Context) (context.Context, context.CancelFunc
 	return context.WithTimeout(ctx, c.timeout)
 }
 
+// listingTimeouts is how many agent timeouts a call may take whose work
+// grows with the node's datasets and cannot be paged (Status lists the
+// node's root): at a thousand volumes under a slow pool, with the node's
+// own periodic listings beside it, one took over 30 s (BenchmarkScale),
+// and the schedule's full plan then planned nothing.
+const listingTimeouts = 5
+
+// CallListing bounds one agent call that lists the node's datasets.
+func (c *Cluster) CallListing(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, listingTimeouts*c.timeout)
+}
+
 // Each calls ask on every node of nodes at once, each call under its own
 // deadline (Call), and returns the answers in the order of nodes: one
 // slow node costs a fan-out one call's time, not the sum of all.
@@ -405,7 +417,7 @@ type Holding struct {
 
 // Holdings asks every node of nodes at once what it holds: its primaries
 // a page at a time, then its status, each call under its own deadline
-// (Call). A page costs the node a read per volume, so a node with
+// (Call; CallListing for the status, which lists the node's root). A page costs the node a read per volume, so a node with
 // thousands of volumes is asked in calls that each fit the agent
 // timeout, where one call for all of them did not (BenchmarkScale).
 func Holdings(ctx context.Context, c *Cluster, nodes []Node) []Answer[Holding] {
@@ -414,7 +426,7 @@ func Holdings(ctx context.Context, c *Cluster, nodes []Node) []Answer[Holding] {
 		if err != nil {
 			return Holding{}, err
 		}
-		cctx, cancel := c.Call(ctx)
+		cctx, cancel := c.CallListing(ctx)
 		defer cancel()
 		st, err := n.Agent.Status(cctx)
 		return Holding{Volumes: vols, Status: st}, err
