@@ -7,7 +7,9 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -207,5 +209,41 @@ func TestHoldingsPagesTheVolumes(t *testing.T) {
 				t.Errorf("%d ListVolumes calls for %d primaries, want %d", calls, count, wantCalls)
 			}
 		})
+	}
+}
+
+// slowStatus is a node whose Status, a listing of its root, takes longer
+// than one agent timeout.
+type slowStatus struct {
+	*clustertest.FakeAgent
+	took time.Duration
+}
+
+func (s slowStatus) Status(ctx context.Context) (agentclient.NodeStatus, error) {
+	select {
+	case <-time.After(s.took):
+		return s.FakeAgent.Status(ctx)
+	case <-ctx.Done():
+		return agentclient.NodeStatus{}, ctx.Err()
+	}
+}
+
+// TestHoldingsWaitsForASlowStatus: a node's Status lists its root and
+// cannot be paged; at a thousand volumes under a slow pool it outlasted
+// one agent timeout, and the schedule's full plan planned nothing. It
+// gets several (CallListing); every paged call still gets one.
+func TestHoldingsWaitsForASlowStatus(t *testing.T) {
+	const timeout = 100 * time.Millisecond
+	agent := slowStatus{clustertest.NewFakeAgent(agentclient.NodeInfo{NodeID: "n1", AvailableBytes: 1 << 30}), 3 * timeout}
+	connect := func(string) (cluster.NodeAgent, error) { return agent, nil }
+	c := cluster.NewWithAgents(cluster.StaticPeers{"n1:7670"}, connect, timeout, hclog.NewNullLogger())
+	t.Cleanup(c.Close)
+	nodes, _, err := c.Nodes(context.Background())
+	if err != nil || len(nodes) != 1 {
+		t.Fatalf("nodes %v, %v", nodes, err)
+	}
+	answers := cluster.Holdings(context.Background(), c, nodes)
+	if len(answers) != 1 || answers[0].Err != nil {
+		t.Fatalf("Holdings of a node whose Status takes three agent timeouts: %+v", answers)
 	}
 }
