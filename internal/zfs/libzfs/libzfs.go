@@ -29,6 +29,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime/cgo"
 	"sort"
 	"strings"
 	"sync"
@@ -245,52 +246,54 @@ func (z *ZFS) snapshotLines(ctx context.Context, fs string, mode C.int) ([]strin
 	return lines, err
 }
 
-// A listing that hands back the iteration's open handles (open_subtree,
-// open_child_filesystems): *n of them in *v.
-type openListing func(cname *C.char, v ***C.zfs_handle_t, n *C.size_t) C.int
+// A listing that hands each dataset's handle to listed, with arg
+// (visit_subtree, visit_child_filesystems).
+type visitListing func(cname *C.char, arg C.uintptr_t) C.int
 
-// subtree opens name and everything below it, on h.
-func subtree(h handle) openListing {
-	return func(cname *C.char, v ***C.zfs_handle_t, n *C.size_t) C.int { return C.open_subtree(h.h, cname, v, n) }
+// subtree visits name and everything below it, on h.
+func subtree(h handle) visitListing {
+	return func(cname *C.char, arg C.uintptr_t) C.int { return C.visit_subtree(h.h, cname, arg) }
 }
 
-// childFilesystems opens the filesystems directly below name, on h.
-func childFilesystems(h handle) openListing {
-	return func(cname *C.char, v ***C.zfs_handle_t, n *C.size_t) C.int {
-		return C.open_child_filesystems(h.h, cname, v, n)
-	}
+// childFilesystems visits the filesystems directly below name, on h.
+func childFilesystems(h handle) visitListing {
+	return func(cname *C.char, arg C.uintptr_t) C.int { return C.visit_child_filesystems(h.h, cname, arg) }
 }
 
-// readListing reads every dataset a listing of name opens.
-func (z *ZFS) readListing(h handle, name string, open openListing) ([]zfs.Dataset, error) {
-	var out []zfs.Dataset
-	err := eachListed(h, name, open, func(zh *C.zfs_handle_t) { out = append(out, z.readOpen(zh)) })
-	return out, err
+// readListing reads every dataset a listing of name visits.
+func (z *ZFS) readListing(h handle, name string, visit visitListing) ([]zfs.Dataset, error) {
+	return eachListed(h, name, visit, z.readOpen)
 }
 
 // eachListed runs a listing of name, retrying it when a signal
-// interrupted it, and calls read with each dataset's handle before it
-// closes them all: the iteration's handles carry what the list ioctl
-// returned, so no dataset is opened a second time (at a thousand
-// datasets, that second open per dataset cost as much as the listing).
-func eachListed(h handle, name string, open openListing, read func(zh *C.zfs_handle_t)) error {
+// interrupted it, and reads each dataset with read from the handle the
+// iteration made, while the iteration runs: no dataset is opened a
+// second time (at a thousand datasets, a second open per dataset cost as
+// much as the listing).
+func eachListed[T any](h handle, name string, visit visitListing, read func(zh *C.zfs_handle_t) T) ([]T, error) {
 	cname := C.CString(name)
 	defer C.free(unsafe.Pointer(cname))
 	for attempt := 0; ; attempt++ {
-		var v **C.zfs_handle_t
-		var n C.size_t
-		if open(cname, &v, &n) == 0 {
-			defer C.close_handles(v, n)
-			for _, zh := range unsafe.Slice(v, int(n)) {
-				read(zh)
-			}
-			return nil
+		var out []T
+		v := cgo.NewHandle(func(zh *C.zfs_handle_t) { out = append(out, read(zh)) })
+		rc := visit(cname, C.uintptr_t(v))
+		v.Delete()
+		if rc == 0 {
+			return out, nil
 		}
 		if h.errno() == C.EZFS_INTR && attempt < listIntrRetries {
 			continue
 		}
-		return h.lastError("list", name)
+		return nil, h.lastError("list", name)
 	}
+}
+
+// listed is called by the C listings with each dataset's handle, for the
+// reader arg names (a cgo.Handle of eachListed's).
+//
+//export listed
+func listed(zh *C.zfs_handle_t, arg C.uintptr_t) {
+	cgo.Handle(arg).Value().(func(*C.zfs_handle_t))(zh)
 }
 
 // listIntrRetries bounds the retries of a listing interrupted by a signal

@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 #include "shim.h"
+#include "_cgo_export.h"
 
 // The handle go-libzfs opened at load time (its common.c).
 extern libzfs_handle_t *libzfsHandle;
@@ -163,98 +164,52 @@ int list_snapshots(libzfs_handle_t *h, const char *fs, int mode, char **out) {
 	return lines_done(&l, rc, out);
 }
 
-// Listings that hand back the iteration's own handles, open, for the
-// caller to read and close: each handle carries the statistics and
-// properties the list ioctl returned, so reading a thousand datasets
-// costs the listing alone, not a zfs_open (one more ioctl) per dataset.
-typedef struct {
-	zfs_handle_t **v;
-	size_t len, cap;
-	int oom;
-} handles_t;
+// Listings that hand each dataset's handle, as the iteration made it, to
+// the Go side (listed, in libzfs.go) and close it right after: each
+// handle carries the statistics and properties the list ioctl returned,
+// so reading a thousand datasets costs the listing alone, not a zfs_open
+// (one more ioctl) per dataset; and no more than the handles of one path
+// down the tree are open at once (holding every handle of a listing
+// until its end made a node with a thousand volumes grow by 150 MiB).
 
-static void handles_add(handles_t *l, zfs_handle_t *zh) {
-	if (l->len == l->cap) {
-		size_t cap = l->cap == 0 ? 64 : l->cap * 2;
-		zfs_handle_t **v = realloc(l->v, cap * sizeof(*v));
-		if (v == NULL) {
-			l->oom = 1;
-			zfs_close(zh);
-			return;
-		}
-		l->v = v;
-		l->cap = cap;
+// visit_tree hands zh, then the filesystems and snapshots below it, to Go.
+// Snapshots are iterated with their properties (not "simple"), since Go
+// reads them.
+static int visit_tree(zfs_handle_t *zh, void *arg) {
+	int rc = 0;
+	listed(zh, (uintptr_t)arg);
+	if (zfs_get_type(zh) == ZFS_TYPE_FILESYSTEM) {
+		rc = zfs_iter_filesystems(zh, visit_tree, arg);
+		if (rc == 0)
+			rc = zfs_iter_snapshots(zh, B_FALSE, visit_tree, arg, 0, 0);
 	}
-	l->v[l->len++] = zh;
+	zfs_close(zh);
+	return rc;
 }
 
-// close_handles closes every handle of a listing and frees it.
-void close_handles(zfs_handle_t **v, size_t n) {
-	for (size_t i = 0; i < n; i++)
-		zfs_close(v[i]);
-	free(v);
-}
-
-// handles_done hands the handles to the caller, or closes them on failure.
-static int handles_done(handles_t *l, int rc, zfs_handle_t ***out, size_t *n) {
-	if (rc != 0 || l->oom) {
-		close_handles(l->v, l->len);
-		return rc != 0 ? rc : -1;
-	}
-	*out = l->v;
-	*n = l->len;
+static int visit_child(zfs_handle_t *zh, void *arg) {
+	if (zfs_get_type(zh) == ZFS_TYPE_FILESYSTEM)
+		listed(zh, (uintptr_t)arg);
+	zfs_close(zh);
 	return 0;
 }
 
-// collect_tree keeps zh, then the filesystems and snapshots below it.
-// Snapshots are iterated with their properties (not "simple"), since the
-// caller reads them.
-static int collect_tree(zfs_handle_t *zh, void *arg) {
-	handles_t *l = arg;
-	int rc = 0;
-	int fs = zfs_get_type(zh) == ZFS_TYPE_FILESYSTEM;
-	handles_add(l, zh);
-	if (l->oom)
-		return -1;
-	if (fs) {
-		rc = zfs_iter_filesystems(zh, collect_tree, l);
-		if (rc == 0)
-			rc = zfs_iter_snapshots(zh, B_FALSE, collect_tree, l, 0, 0);
-	}
-	return rc != 0 ? rc : (l->oom ? -1 : 0);
-}
-
-static int collect_child(zfs_handle_t *zh, void *arg) {
-	handles_t *l = arg;
-	if (zfs_get_type(zh) == ZFS_TYPE_FILESYSTEM)
-		handles_add(l, zh);
-	else
-		zfs_close(zh);
-	return l->oom ? -1 : 0;
-}
-
-// open_subtree opens name and every filesystem and snapshot below it.
-int open_subtree(libzfs_handle_t *h, const char *name, zfs_handle_t ***out, size_t *n) {
-	handles_t l = {0};
-	*out = NULL;
-	*n = 0;
+// visit_subtree hands name and every filesystem and snapshot below it to Go.
+int visit_subtree(libzfs_handle_t *h, const char *name, uintptr_t arg) {
 	zfs_handle_t *zh = zfs_open(h, name, ZFS_TYPE_FILESYSTEM);
 	if (zh == NULL)
 		return -1;
-	return handles_done(&l, collect_tree(zh, &l), out, n);
+	return visit_tree(zh, (void *)arg);
 }
 
-// open_child_filesystems opens the filesystems directly below parent.
-int open_child_filesystems(libzfs_handle_t *h, const char *parent, zfs_handle_t ***out, size_t *n) {
-	handles_t l = {0};
-	*out = NULL;
-	*n = 0;
+// visit_child_filesystems hands the filesystems directly below parent to Go.
+int visit_child_filesystems(libzfs_handle_t *h, const char *parent, uintptr_t arg) {
 	zfs_handle_t *zh = zfs_open(h, parent, ZFS_TYPE_FILESYSTEM);
 	if (zh == NULL)
 		return -1;
-	int rc = zfs_iter_filesystems(zh, collect_child, &l);
+	int rc = zfs_iter_filesystems(zh, visit_child, (void *)arg);
 	zfs_close(zh);
-	return handles_done(&l, rc, out, n);
+	return rc;
 }
 
 // hold_or_release puts tag on snapshot ("fs@snap"), or takes it off.

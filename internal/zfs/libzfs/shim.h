@@ -27,11 +27,10 @@ int set_props(libzfs_handle_t *h, const char *name, nvlist_t *props);
 int list_tree(libzfs_handle_t *h, const char *name, char **out);
 enum { SNAPSHOT_DETAILS, SNAPSHOT_HOLDS, SNAPSHOT_NAMES };
 int list_snapshots(libzfs_handle_t *h, const char *fs, int mode, char **out);
-// Listings that hand back the open handles (*n of them in *out), for the
-// caller to read and then close with close_handles.
-int open_subtree(libzfs_handle_t *h, const char *name, zfs_handle_t ***out, size_t *n);
-int open_child_filesystems(libzfs_handle_t *h, const char *parent, zfs_handle_t ***out, size_t *n);
-void close_handles(zfs_handle_t **v, size_t n);
+// Listings that hand each dataset's handle to the Go side's listed, with
+// arg, during the iteration.
+int visit_subtree(libzfs_handle_t *h, const char *name, uintptr_t arg);
+int visit_child_filesystems(libzfs_handle_t *h, const char *parent, uintptr_t arg);
 
 int hold_or_release(libzfs_handle_t *h, const char *snapshot, const char *tag, int release);
 

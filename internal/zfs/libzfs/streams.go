@@ -146,9 +146,11 @@ func (s Streams) Children(ctx context.Context, parent string, props ...string) (
 	}
 	var children []zfscmd.Child
 	err := s.z.do(ctx, func(h handle) error {
-		return eachListed(h, parent, childFilesystems(h), func(zh *C.zfs_handle_t) {
-			children = append(children, zfscmd.Child{Name: C.GoString(C.zfs_get_name(zh)), Props: readProps(zh, props)})
+		var err error
+		children, err = eachListed(h, parent, childFilesystems(h), func(zh *C.zfs_handle_t) zfscmd.Child {
+			return zfscmd.Child{Name: C.GoString(C.zfs_get_name(zh)), Props: readProps(zh, props)}
 		})
+		return err
 	})
 	if err != nil {
 		return nil, err
