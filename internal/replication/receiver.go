@@ -697,9 +697,7 @@ func (r *Receiver) Holdings(ctx context.Context) (replicas []Replica, setAside [
 		switch role := ch.Props[volume.PropRole]; {
 		case role == vocab.RoleSetAside:
 			setAside = append(setAside, ch.Name)
-		// A replacement labelled but not yet renamed into place is not
-		// the replica yet.
-		case role == RoleReplica && ch.Name == r.root+"/"+ch.Props[volume.PropVolumeID]:
+		case r.isReplica(ch):
 			rep, err := r.replica(ctx, ch)
 			if err != nil {
 				return nil, nil, err
@@ -728,11 +726,19 @@ func (r *Receiver) ReplicaOf(ctx context.Context, volumeID string) (Replica, boo
 	if err != nil {
 		return Replica{}, false, err
 	}
-	if props[volume.PropRole] != RoleReplica || props[volume.PropVolumeID] != volumeID {
+	ch := zfscmd.Child{Name: fs, Props: props}
+	if !r.isReplica(ch) {
 		return Replica{}, false, nil
 	}
-	rep, err := r.replica(ctx, zfscmd.Child{Name: fs, Props: props})
+	rep, err := r.replica(ctx, ch)
 	return rep, err == nil, err
+}
+
+// isReplica tells whether a child of the root, read with holdingProps, is
+// a replica. A replacement labelled but not yet renamed into place is not
+// the replica yet.
+func (r *Receiver) isReplica(ch zfscmd.Child) bool {
+	return ch.Props[volume.PropRole] == RoleReplica && ch.Name == r.root+"/"+ch.Props[volume.PropVolumeID]
 }
 
 // replica reads what Holdings reports of one replica: its newest

@@ -487,14 +487,18 @@ func applyChanges(h cluster.Holding, ch agentclient.Changes) cluster.Holding {
 	for _, id := range ch.VolumeIDs {
 		changed[id] = true
 	}
-	volumes := slices.DeleteFunc(slices.Clone(h.Volumes), func(v agentclient.Volume) bool { return changed[v.VolumeID] })
-	volumes = append(volumes, ch.Volumes...)
-	slices.SortFunc(volumes, func(a, b agentclient.Volume) int { return strings.Compare(a.VolumeID, b.VolumeID) })
-	replicas := slices.DeleteFunc(slices.Clone(h.Status.Replicas), func(r agentclient.Replica) bool { return changed[r.VolumeID] })
-	replicas = append(replicas, ch.Replicas...)
-	slices.SortFunc(replicas, func(a, b agentclient.Replica) int { return strings.Compare(a.VolumeID, b.VolumeID) })
-	h.Volumes, h.Status.Replicas = volumes, replicas
+	h.Volumes = replaceChanged(h.Volumes, ch.Volumes, changed, func(v agentclient.Volume) string { return v.VolumeID })
+	h.Status.Replicas = replaceChanged(h.Status.Replicas, ch.Replicas, changed, func(r agentclient.Replica) string { return r.VolumeID })
 	return h
+}
+
+// replaceChanged returns a copy of old without the items of changed
+// volumes, with now's added, sorted by volume ID.
+func replaceChanged[T any](old, now []T, changed map[string]bool, volumeID func(T) string) []T {
+	out := slices.DeleteFunc(slices.Clone(old), func(item T) bool { return changed[volumeID(item)] })
+	out = append(out, now...)
+	slices.SortFunc(out, func(a, b T) int { return strings.Compare(volumeID(a), volumeID(b)) })
+	return out
 }
 
 // targets returns up to want replicas for a volume: those that exist
