@@ -276,9 +276,25 @@ func (m *Manager) primaries(ctx context.Context) (map[string]string, error) {
 	return m.primaryIndex.read(ctx, m.now, m.listPrimaries)
 }
 
-// listPrimaries lists the node's primaries for their index.
+// listPrimaries lists the node's primaries for their index. The same
+// listing finds the node's tombstones, which are collected apart
+// (collectTombstones): one listing of the node instead of two, each
+// taking seconds at a thousand volumes.
 func (m *Manager) listPrimaries(ctx context.Context) (map[string]string, error) {
-	return listForIndex(ctx, m.log, "primaries", m.List, func(v Volume) (string, string) { return v.ID, v.Dataset })
+	var tombstones []string
+	list := func(ctx context.Context) ([]Volume, error) {
+		children, err := m.zfs.Children(ctx, m.cfg.RootDataset)
+		if err != nil {
+			return nil, zfsError(err, "listing volumes")
+		}
+		tombstones = tombstonesAmong(children)
+		return m.volumesAmong(children), nil
+	}
+	index, err := listForIndex(ctx, m.log, "primaries", list, func(v Volume) (string, string) { return v.ID, v.Dataset })
+	if err == nil {
+		m.collectTombstones(tombstones)
+	}
+	return index, err
 }
 
 // listForIndex lists what an index holds with list, maps each item to

@@ -115,10 +115,9 @@ type Manager struct {
 	// primaryIndex and snapshotIndex: see index.go.
 	primaryIndex, snapshotIndex idIndex
 	started                     time.Time // of the process: part of VolumesVersion
-	// swept is when the last sweep of the node's tombstones began;
-	// sweeping, whether one runs (sweepTombstones).
+	// sweeping tells whether the tombstones a listing found are being
+	// collected (collectTombstones).
 	sweepMu  sync.Mutex
-	swept    time.Time
 	sweeping bool
 }
 
@@ -349,14 +348,20 @@ func (m *Manager) List(ctx context.Context) ([]Volume, error) {
 	if err != nil {
 		return nil, zfsError(err, "listing volumes")
 	}
+	return m.volumesAmong(all), nil
+}
+
+// volumesAmong returns the primaries among the children of the node's
+// root, in the order of their IDs.
+func (m *Manager) volumesAmong(children []zfs.Dataset) []Volume {
 	var out []Volume
-	for _, ds := range all {
+	for _, ds := range children {
 		if v, ok := m.volumeOf(ds); ok {
 			out = append(out, v)
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
-	return out, nil
+	return out
 }
 
 // Delete deletes a volume. Deleting a volume that does not exist succeeds.
@@ -419,7 +424,6 @@ func (m *Manager) Delete(ctx context.Context, id string) error {
 	if origin != "" {
 		m.collectTombstone(ctx, zfs.Parent(origin))
 	}
-	m.sweepTombstones()
 	return nil
 }
 
@@ -508,47 +512,47 @@ func (m *Manager) tombstone(ctx context.Context, v Volume) error {
 
 // A tombstone goes when its last CSI snapshot and clone are gone: the
 // deletes that can free one (of a snapshot on it, of a clone of one of
-// its snapshots) collect that one tombstone (collectTombstone), and a
-// sweep of the whole node, at most every indexMaxAge, collects what a
-// crash between the two left behind. Tombstones are no copies: no copy
+// its snapshots) collect that one tombstone (collectTombstone), and every
+// listing of the node's primaries (at the node's start, and then at most
+// every indexMaxAge, index.go) collects the ones it finds, which is what
+// a crash between the two left behind. Tombstones are no copies: no copy
 // lock guards them (docs/safety.md, "One owner of a copy").
 
-// sweepTombstones starts a sweep of the node's tombstones if the last one
-// began more than indexMaxAge ago and none runs. The sweep lists every
-// dataset of the node, so it runs apart from the call that started it,
-// with its own deadline: the first delete after a start on a node with a
-// thousand volumes answered only after that listing, past the
-// controller's deadline (BenchmarkScale found it). Best effort.
-func (m *Manager) sweepTombstones() {
-	m.sweepMu.Lock()
-	defer m.sweepMu.Unlock()
-	due := m.now().Sub(m.swept) >= indexMaxAge || m.now().Before(m.swept)
-	if !due || m.sweeping {
+// tombstonesAmong returns the tombstones among the children of the
+// node's root.
+func tombstonesAmong(children []zfs.Dataset) []string {
+	var out []string
+	for _, ds := range children {
+		if ds.Type == zfs.Filesystem && ds.User[PropRole] == vocab.RoleDeleted {
+			out = append(out, ds.Name)
+		}
+	}
+	return out
+}
+
+// collectTombstones collects the tombstones a listing found, apart from
+// the listing and with its own deadline, unless the last ones are still
+// being collected (the next listing finds what they leave). Best effort.
+func (m *Manager) collectTombstones(tombstones []string) {
+	if len(tombstones) == 0 {
 		return
 	}
-	m.swept, m.sweeping = m.now(), true
+	m.sweepMu.Lock()
+	defer m.sweepMu.Unlock()
+	if m.sweeping {
+		return
+	}
+	m.sweeping = true
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), fillTimeout)
 		defer cancel()
-		m.sweep(ctx)
+		for _, fs := range tombstones {
+			m.collectTombstone(ctx, fs)
+		}
 		m.sweepMu.Lock()
 		m.sweeping = false
 		m.sweepMu.Unlock()
 	}()
-}
-
-// sweep collects every tombstone of the node that can go.
-func (m *Manager) sweep(ctx context.Context) {
-	all, err := m.zfs.Children(ctx, m.cfg.RootDataset)
-	if err != nil {
-		m.log.Warn("listing tombstones failed", "error", err)
-		return
-	}
-	for _, ds := range all {
-		if ds.User[PropRole] == vocab.RoleDeleted {
-			m.collectTombstone(ctx, ds.Name)
-		}
-	}
 }
 
 // collectTombstone destroys fs if it is a tombstone that no snapshot or

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -454,12 +455,12 @@ func TestDeleteRefusesAMountedVolumeBeforeTouchingIt(t *testing.T) {
 	}
 }
 
-// TestDeleteDoesNotWaitForTheSweep: the sweep of the node's tombstones
-// lists every dataset, so a delete only starts it: on a node with a
-// thousand volumes, a delete that waited for it answered past the
-// controller's deadline (BenchmarkScale). The sweep still collects the
-// tombstone a crash left behind.
-func TestDeleteDoesNotWaitForTheSweep(t *testing.T) {
+// TestTheIndexListingCollectsTombstones: deletes list nothing (on a node
+// with a thousand volumes, a delete that listed the node answered past the
+// controller's deadline, BenchmarkScale), and the tombstone a crash left
+// behind is collected by the next listing of the node's primaries, which
+// a read of the index starts once it is indexMaxAge old.
+func TestTheIndexListingCollectsTombstones(t *testing.T) {
 	ctx := context.Background()
 	m, fake := newManager(t)
 	clock := time.Now()
@@ -472,9 +473,8 @@ func TestDeleteDoesNotWaitForTheSweep(t *testing.T) {
 	if err := m.Delete(ctx, v.ID); err != nil { // a tombstone: it has a snapshot
 		t.Fatal(err)
 	}
-	waitForSweep(t, m)
 	// The snapshot goes behind the driver's back (a crash between its
-	// destroy and the tombstone's collection): only a sweep finds it.
+	// destroy and the tombstone's collection): only a listing finds it.
 	held, err := m.GetSnapshot(ctx, s.ID)
 	if err != nil {
 		t.Fatal(err)
@@ -484,33 +484,40 @@ func TestDeleteDoesNotWaitForTheSweep(t *testing.T) {
 	}
 	tombstone := zfs.Parent(held.Dataset)
 
-	release := make(chan struct{})
+	var listings atomic.Int32
 	fake.Before = func(op, name string) {
 		if op == "list" && name == root {
-			<-release // the node's listing takes as long as the test wants
+			listings.Add(1)
 		}
 	}
-	clock = clock.Add(indexMaxAge)
 	w, _ := m.Create(ctx, CreateRequest{Name: "w"})
-	deleted := make(chan error, 1)
-	go func() { deleted <- m.Delete(ctx, w.ID) }()
-	select {
-	case err := <-deleted:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(5 * time.Second):
-		close(release)
-		t.Fatal("DeleteVolume waited for the sweep's listing of the whole node")
+	waitForListing(t, &m.primaryIndex)
+	listings.Store(0)
+	clock = clock.Add(indexMaxAge)
+	if err := m.Delete(ctx, w.ID); err != nil {
+		t.Fatal(err)
 	}
-	close(release)
+	if n := listings.Load(); n != 0 {
+		t.Errorf("a delete listed the node %d times, want none", n)
+	}
+	if _, err := fake.Get(ctx, tombstone); err != nil {
+		t.Fatalf("tombstone %s collected before any listing: %v", tombstone, err)
+	}
+
+	if _, err := m.primaries(ctx); err != nil { // stale: starts a listing
+		t.Fatal(err)
+	}
+	waitForListing(t, &m.primaryIndex)
 	waitForSweep(t, m)
+	if n := listings.Load(); n != 1 {
+		t.Errorf("the index's listing and the tombstones' collection listed the node %d times, want once", n)
+	}
 	if _, err := fake.Get(ctx, tombstone); !errors.Is(err, zfs.ErrNotFound) {
-		t.Errorf("tombstone %s after the sweep: %v, want it collected", tombstone, err)
+		t.Errorf("tombstone %s after the index's listing: %v, want it collected", tombstone, err)
 	}
 }
 
-// waitForSweep waits until no sweep of tombstones runs.
+// waitForSweep waits until no collection of tombstones runs.
 func waitForSweep(t *testing.T, m *Manager) {
 	t.Helper()
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
@@ -521,5 +528,5 @@ func waitForSweep(t *testing.T, m *Manager) {
 			return
 		}
 	}
-	t.Fatal("the sweep of tombstones did not end within 5s")
+	t.Fatal("the collection of tombstones did not end within 5s")
 }

@@ -85,7 +85,6 @@ func (m *Manager) DeleteSnapshot(ctx context.Context, id string) error {
 	m.reindexSnapshot(ctx, id, snap.Dataset)
 	m.log.Info("snapshot deleted", "volume_id", snap.SourceVolumeID, "snapshot_id", id, "dataset", snap.Dataset)
 	m.collectTombstone(ctx, zfs.Parent(snap.Dataset))
-	m.sweepTombstones()
 	return nil
 }
 
