@@ -22,8 +22,10 @@ import (
 // snapshots and the copies set aside) and follows the agent's rules
 // where that logic depends on them: a promise is granted above every
 // generation the node knows, or again to the same holder; a demotion
-// needs a newer generation. A push (Replicate) answers done without
-// the copy arriving anywhere; it does not fence or promote.
+// needs a newer generation; a push (Replicate, MoveFinal) makes the
+// target's copy a replica of the primary's generation, holding a
+// snapshot taken now; a promotion needs the node's own promise and a
+// replica as fresh as the move's fence.
 type FakeAgent struct {
 	mu        sync.Mutex
 	info      agentclient.NodeInfo
@@ -34,6 +36,7 @@ type FakeAgent struct {
 	setAside  []string
 	refusals  map[string]refusal // by method name
 	calls     []string
+	world     *Fakes // the node's peers, when it was made by Fakes.Add
 }
 
 // NewFakeAgent returns the agent of a node that holds nothing.
@@ -401,8 +404,10 @@ func (f *FakeAgent) GetCopy(_ context.Context, id string) (agentclient.Copy, err
 	return c, nil
 }
 
-// Demote retires the node's primary, older than generation: to a replica,
-// or set aside (gone from the node's copies, listed by SetAside).
+// Demote retires the node's primary, older than generation: a primary
+// fenced for a move becomes a replica of generation, any other (or any
+// when Aside) is set aside (gone from the node's copies, listed by
+// SetAside), as the node does.
 func (f *FakeAgent) Demote(_ context.Context, d agentclient.Demotion) (agentclient.Copy, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -416,12 +421,12 @@ func (f *FakeAgent) Demote(_ context.Context, d agentclient.Demotion) (agentclie
 	if c.Generation >= d.Generation {
 		return agentclient.Copy{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "node %s holds generation %d of volume %s, not older than %d", f.info.NodeID, c.Generation, d.VolumeID, d.Generation)
 	}
-	if d.Aside {
+	if d.Aside || c.MovingTo == "" {
 		f.setAside = append(f.setAside, d.VolumeID)
 		f.forget(d.VolumeID)
 		return f.copies[d.VolumeID], nil
 	}
-	c.Role = vocab.RoleReplica
+	c.Role, c.Generation, c.MovingTo, c.FencedUnixNano = vocab.RoleReplica, d.Generation, "", 0
 	f.copies[d.VolumeID] = c
 	return c, nil
 }
@@ -454,48 +459,122 @@ func (f *FakeAgent) Reserve(_ context.Context, r agentclient.Reservation) (agent
 	return agentclient.Promise{Granted: true, PromisedGeneration: r.Generation, PromisedHolder: r.HolderNodeID}, nil
 }
 
-// errNotFaked answers the calls the fake does not play.
-func (f *FakeAgent) errNotFaked(method string) error {
-	return errdefs.Wrap(errdefs.ErrFailedPrecondition, "the fake agent of node %s does not %s", f.info.NodeID, method)
-}
-
-func (f *FakeAgent) Replicate(_ context.Context, id, _ string, _ func(agentclient.Progress)) (agentclient.Progress, error) {
+// Replicate pushes the node's primary to the agent at targetAddr: a
+// snapshot taken now (on the fakes' clock) arrives there as a replica of
+// the primary's generation, unless the target holds a primary. A target
+// that is no fake of the same Fakes receives nothing; the push answers
+// done all the same.
+func (f *FakeAgent) Replicate(_ context.Context, id, targetAddr string, each func(agentclient.Progress)) (agentclient.Progress, error) {
 	f.mu.Lock()
-	defer f.mu.Unlock()
 	if err := f.enter("Replicate", id); err != nil {
+		f.mu.Unlock()
 		return agentclient.Progress{}, err
 	}
-	if _, err := f.primary(id); err != nil {
-		return agentclient.Progress{}, err
+	p, err := f.push(id, targetAddr)
+	if err == nil && each != nil {
+		each(p)
 	}
-	return agentclient.Progress{Kind: "full", Snapshot: "zn-fake", Done: true}, nil
+	return p, err
 }
 
-func (f *FakeAgent) MoveFinal(_ context.Context, id, _, _ string) (agentclient.Progress, error) {
+// push sends the primary of volume id to targetAddr and unlocks f.mu,
+// which the caller holds: the target is locked only after it, so two
+// pushes in opposite directions never wait for each other.
+func (f *FakeAgent) push(id, targetAddr string) (agentclient.Progress, error) {
+	c, err := f.primary(id)
+	world := f.world
+	f.mu.Unlock()
+	if err != nil {
+		return agentclient.Progress{}, err
+	}
+	at := f.tick()
+	p := agentclient.Progress{Kind: "full", Snapshot: fmt.Sprintf("%s@%s%d", id, vocab.ReplicationSnapshotPrefix, at), Done: true}
+	if world == nil {
+		return p, nil
+	}
+	if target := world.agent(targetAddr); target != nil {
+		return p, target.receive(c, p.Snapshot, at)
+	}
+	return p, nil
+}
+
+// receive makes the node's copy of c's volume a replica of c that holds
+// snapshot, taken at (unix nanos), unless the node holds a primary.
+func (f *FakeAgent) receive(c agentclient.Copy, snapshot string, at int64) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if err := f.enter("MoveFinal", id); err != nil {
-		return agentclient.Progress{}, err
+	old := f.copies[c.VolumeID]
+	if old.Exists && old.Role == vocab.RolePrimary {
+		return errdefs.Wrap(errdefs.ErrFailedPrecondition, "node %s holds the primary of volume %s: it receives no replica", f.info.NodeID, c.VolumeID)
 	}
-	return agentclient.Progress{}, f.errNotFaked("fence and push a move's final snapshot")
+	r := agentclient.Copy{VolumeID: c.VolumeID, NodeID: f.info.NodeID, Exists: true, Role: vocab.RoleReplica, Generation: c.Generation,
+		Name: c.Name, Parameters: c.Parameters, CapacityBytes: c.CapacityBytes, LastSnapshot: snapshot, LastSnapshotUnixNano: at,
+		PromisedGeneration: old.PromisedGeneration, PromisedHolder: old.PromisedHolder}
+	f.copies[c.VolumeID] = r
+	return nil
 }
 
+// MoveFinal fences the node's primary for targetNodeID (once: a second
+// call keeps the first fence's time) and pushes it as Replicate does.
+func (f *FakeAgent) MoveFinal(_ context.Context, id, targetAddr, targetNodeID string) (agentclient.Progress, error) {
+	f.mu.Lock()
+	if err := f.enter("MoveFinal", id); err != nil {
+		f.mu.Unlock()
+		return agentclient.Progress{}, err
+	}
+	c, err := f.primary(id)
+	if err != nil {
+		f.mu.Unlock()
+		return agentclient.Progress{}, err
+	}
+	if c.MovingTo == "" {
+		c.MovingTo, c.FencedUnixNano = targetNodeID, f.tick()
+		f.copies[id] = c
+	}
+	p, err := f.push(id, targetAddr)
+	p.FencedAt = c.FencedUnixNano
+	return p, err
+}
+
+// Unfence lifts the node's fences of its primary: a move's and a lost
+// lease's.
 func (f *FakeAgent) Unfence(_ context.Context, id string, _ uint64) (agentclient.Copy, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.enter("Unfence", id); err != nil {
 		return agentclient.Copy{}, err
 	}
-	return agentclient.Copy{}, f.errNotFaked("unfence")
+	c, err := f.primary(id)
+	if err != nil {
+		return agentclient.Copy{}, err
+	}
+	c.MovingTo, c.FencedUnixNano, c.LeaseFenced = "", 0, false
+	f.copies[id] = c
+	return c, nil
 }
 
+// Promote makes the node's replica the primary of the generation the
+// node promised to itself, if it holds a snapshot taken at or after
+// NotBeforeUnixNano.
 func (f *FakeAgent) Promote(_ context.Context, p agentclient.Promotion) (agentclient.Copy, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.enter("Promote", p.VolumeID); err != nil {
 		return agentclient.Copy{}, err
 	}
-	return agentclient.Copy{}, f.errNotFaked("promote")
+	c := f.copies[p.VolumeID]
+	switch {
+	case c.PromisedGeneration != p.Generation || c.PromisedHolder != f.info.NodeID:
+		return agentclient.Copy{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "node %s was not promised generation %d of volume %s", f.info.NodeID, p.Generation, p.VolumeID)
+	case !c.Exists || c.Role != vocab.RoleReplica || c.LastSnapshotUnixNano < p.NotBeforeUnixNano:
+		return agentclient.Copy{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "node %s holds no replica of volume %s fresh enough", f.info.NodeID, p.VolumeID)
+	}
+	c.Role, c.Generation = vocab.RolePrimary, p.Generation
+	if p.Forced {
+		c.ForcedGeneration = p.Generation
+	}
+	f.copies[p.VolumeID] = c
+	return c, nil
 }
 
 // Fakes are fake node agents, each at the address "<node ID>:7670".
@@ -503,6 +582,34 @@ type Fakes struct {
 	mu     sync.Mutex
 	agents map[string]*FakeAgent
 	peers  []string
+	clock  int64 // unix nanos handed out to snapshots and fences
+}
+
+// tick returns the fakes' clock, one second later than its last reading.
+func (fs *Fakes) tick() int64 {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	if fs.clock == 0 {
+		fs.clock = int64(100 * time.Second)
+	}
+	fs.clock += int64(time.Second)
+	return fs.clock
+}
+
+// tick reads the clock of the node's Fakes, or the wall clock for a fake
+// made alone.
+func (f *FakeAgent) tick() int64 {
+	if f.world == nil {
+		return time.Now().UnixNano()
+	}
+	return f.world.tick()
+}
+
+// agent returns the fake at addr, or nil.
+func (fs *Fakes) agent(addr string) *FakeAgent {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	return fs.agents[addr]
 }
 
 // Add returns the fake agent of a new node; a node without free space
@@ -515,6 +622,7 @@ func (fs *Fakes) Add(info agentclient.NodeInfo) *FakeAgent {
 		info.MaxQuotaBytes = 8 << 30
 	}
 	f := NewFakeAgent(info)
+	f.world = fs
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
 	if fs.agents == nil {
