@@ -21,10 +21,10 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/agentclient"
 	"github.com/zfs-nomad/zfs-nomad/internal/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
 	"github.com/zfs-nomad/zfs-nomad/internal/sim"
-	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
 func main() {
@@ -274,20 +274,20 @@ func (s *story) operator(ctx context.Context, args ...string) error {
 
 // replicas lists the replicas of a volume that the nodes report; a node
 // that does not answer is left out.
-func (s *story) replicas(ctx context.Context, id string) ([]*pb.Replica, error) {
-	var out []*pb.Replica
+func (s *story) replicas(ctx context.Context, id string) ([]agentclient.Replica, error) {
+	var out []agentclient.Replica
 	for _, n := range s.c.Nodes {
 		conn, err := s.c.DialAgent(n.AgentAddress)
 		if err != nil {
 			return nil, err
 		}
-		st, err := pb.NewNodeAgentClient(conn).Status(ctx, &pb.StatusRequest{})
+		st, err := agentclient.New(conn).Status(ctx)
 		conn.Close()
 		if err != nil {
 			continue
 		}
-		for _, r := range st.GetReplicas() {
-			if r.GetVolumeId() == id {
+		for _, r := range st.Replicas {
+			if r.VolumeID == id {
 				out = append(out, r)
 			}
 		}
@@ -305,7 +305,7 @@ func (s *story) waitForReplicas(ctx context.Context, id string, want int) error 
 		}
 		have = 0
 		for _, r := range reps {
-			if r.GetLastSnapshot() != "" {
+			if r.LastSnapshot != "" {
 				have++
 			}
 		}
@@ -328,7 +328,7 @@ func (s *story) waitForReplicaAfter(ctx context.Context, id string, t time.Time)
 			return err
 		}
 		for _, r := range reps {
-			last = max(last, r.GetLastSnapshotUnix())
+			last = max(last, r.LastSnapshotUnix)
 		}
 		if last > t.Unix() {
 			return nil
