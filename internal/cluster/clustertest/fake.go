@@ -3,6 +3,7 @@ package clustertest
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 	"testing"
@@ -37,6 +38,14 @@ type FakeAgent struct {
 	refusals  map[string]refusal // by method name
 	calls     []string
 	world     *Fakes // the node's peers, when it was made by Fakes.Add
+	// changed logs the volume of every change of a copy (the node's
+	// volumes version is its length), for Changes; mute makes Changes
+	// answer that the node cannot tell, as an older node does.
+	changed []string
+	mute    bool
+	// BeforePush, when set, runs before each push (Replicate, MoveFinal)
+	// of the node, outside its lock; an error is the push's answer.
+	BeforePush func(ctx context.Context, volumeID string, each func(agentclient.Progress)) error
 }
 
 // NewFakeAgent returns the agent of a node that holds nothing.
@@ -57,7 +66,7 @@ func (f *FakeAgent) PutCopy(c agentclient.Copy) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	c.NodeID, c.Exists = f.info.NodeID, true
-	f.copies[c.VolumeID] = c
+	f.setCopy(c)
 }
 
 // PutPrimary gives the node the primary of volume name at generation.
@@ -175,6 +184,7 @@ func (f *FakeAgent) GetNode(_ context.Context, opts agentclient.GetNodeOptions) 
 		return agentclient.NodeInfo{}, err
 	}
 	info := f.info
+	info.VolumesVersion = f.version()
 	if opts.WithoutCapacity {
 		info.AvailableBytes, info.Volumes = 0, 0
 		return info, nil
@@ -233,7 +243,7 @@ func (f *FakeAgent) CreateVolume(_ context.Context, v agentclient.NewVolume) (ag
 	c := f.copies[id] // keeps the promise
 	c.VolumeID, c.NodeID, c.Exists, c.Name = id, f.info.NodeID, true, v.Name
 	c.Role, c.Generation, c.CapacityBytes, c.Parameters = vocab.RolePrimary, 1, size, v.Parameters
-	f.copies[id] = c
+	f.setCopy(c)
 	switch {
 	case v.SourceSnapshotID != "":
 		f.sources[id] = "snapshot:" + v.SourceSnapshotID
@@ -261,7 +271,61 @@ func (f *FakeAgent) DeleteVolume(_ context.Context, id string) error {
 // holds f.mu.
 func (f *FakeAgent) forget(id string) {
 	c := f.copies[id]
-	f.copies[id] = agentclient.Copy{VolumeID: id, NodeID: f.info.NodeID, PromisedGeneration: c.PromisedGeneration, PromisedHolder: c.PromisedHolder}
+	f.setCopy(agentclient.Copy{VolumeID: id, NodeID: f.info.NodeID, PromisedGeneration: c.PromisedGeneration, PromisedHolder: c.PromisedHolder})
+}
+
+// setCopy sets the node's copy of a volume, a change of the node's
+// volumes. The caller holds f.mu.
+func (f *FakeAgent) setCopy(c agentclient.Copy) {
+	f.copies[c.VolumeID] = c
+	f.changed = append(f.changed, c.VolumeID)
+}
+
+// version is the node's volumes version. The caller holds f.mu.
+func (f *FakeAgent) version() string {
+	return fmt.Sprintf("fake-%d", len(f.changed))
+}
+
+// SetTellsChanges makes the node answer Changes (the default) or not, as
+// a node older than the call.
+func (f *FakeAgent) SetTellsChanges(tells bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.mute = !tells
+}
+
+// Changes tells what became of each volume whose copy changed since the
+// node reported volumes version since.
+func (f *FakeAgent) Changes(_ context.Context, since string) (agentclient.Changes, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.enter("Changes", ""); err != nil {
+		return agentclient.Changes{}, err
+	}
+	var seen int
+	if _, err := fmt.Sscanf(since, "fake-%d", &seen); err != nil || f.mute || seen > len(f.changed) {
+		return agentclient.Changes{}, nil
+	}
+	out := agentclient.Changes{Known: true}
+	for _, id := range f.changed[seen:] {
+		if slices.Contains(out.VolumeIDs, id) {
+			continue
+		}
+		out.VolumeIDs = append(out.VolumeIDs, id)
+		switch c := f.copies[id]; {
+		case c.Exists && c.Role == vocab.RolePrimary:
+			out.Volumes = append(out.Volumes, f.volume(c))
+		case c.Exists && c.Role == vocab.RoleReplica:
+			out.Replicas = append(out.Replicas, replicaOf(c))
+		}
+	}
+	return out, nil
+}
+
+// replicaOf is what Status reports of a replica.
+func replicaOf(c agentclient.Copy) agentclient.Replica {
+	return agentclient.Replica{VolumeID: c.VolumeID, Name: c.Name, LastSnapshot: c.LastSnapshot,
+		LastSnapshotUnix: c.LastSnapshotUnixNano / int64(time.Second), Resumable: c.Resumable}
 }
 
 func (f *FakeAgent) GetVolume(_ context.Context, id string) (agentclient.Volume, error) {
@@ -369,7 +433,7 @@ func (f *FakeAgent) Status(context.Context) (agentclient.NodeStatus, error) {
 	st := agentclient.NodeStatus{SetAside: append([]string(nil), f.setAside...)}
 	for _, c := range f.copies {
 		if c.Exists && c.Role == vocab.RoleReplica {
-			st.Replicas = append(st.Replicas, agentclient.Replica{VolumeID: c.VolumeID, Name: c.Name})
+			st.Replicas = append(st.Replicas, replicaOf(c))
 		}
 	}
 	sort.Slice(st.Replicas, func(i, j int) bool { return st.Replicas[i].VolumeID < st.Replicas[j].VolumeID })
@@ -427,7 +491,7 @@ func (f *FakeAgent) Demote(_ context.Context, d agentclient.Demotion) (agentclie
 		return f.copies[d.VolumeID], nil
 	}
 	c.Role, c.Generation, c.MovingTo, c.FencedUnixNano = vocab.RoleReplica, d.Generation, "", 0
-	f.copies[d.VolumeID] = c
+	f.setCopy(c)
 	return c, nil
 }
 
@@ -460,11 +524,14 @@ func (f *FakeAgent) Reserve(_ context.Context, r agentclient.Reservation) (agent
 }
 
 // Replicate pushes the node's primary to the agent at targetAddr: a
-// snapshot taken now (on the fakes' clock) arrives there as a replica of
+// snapshot taken now arrives there as a replica of
 // the primary's generation, unless the target holds a primary. A target
 // that is no fake of the same Fakes receives nothing; the push answers
 // done all the same.
-func (f *FakeAgent) Replicate(_ context.Context, id, targetAddr string, each func(agentclient.Progress)) (agentclient.Progress, error) {
+func (f *FakeAgent) Replicate(ctx context.Context, id, targetAddr string, each func(agentclient.Progress)) (agentclient.Progress, error) {
+	if err := f.beforePush(ctx, id, each); err != nil {
+		return agentclient.Progress{}, err
+	}
 	f.mu.Lock()
 	if err := f.enter("Replicate", id); err != nil {
 		f.mu.Unlock()
@@ -475,6 +542,20 @@ func (f *FakeAgent) Replicate(_ context.Context, id, targetAddr string, each fun
 		each(p)
 	}
 	return p, err
+}
+
+// beforePush runs the test's BeforePush, if any.
+func (f *FakeAgent) beforePush(ctx context.Context, id string, each func(agentclient.Progress)) error {
+	f.mu.Lock()
+	hook := f.BeforePush
+	f.mu.Unlock()
+	if hook == nil {
+		return nil
+	}
+	if each == nil {
+		each = func(agentclient.Progress) {}
+	}
+	return hook(ctx, id, each)
 }
 
 // push sends the primary of volume id to targetAddr and unlocks f.mu,
@@ -510,13 +591,16 @@ func (f *FakeAgent) receive(c agentclient.Copy, snapshot string, at int64) error
 	r := agentclient.Copy{VolumeID: c.VolumeID, NodeID: f.info.NodeID, Exists: true, Role: vocab.RoleReplica, Generation: c.Generation,
 		Name: c.Name, Parameters: c.Parameters, CapacityBytes: c.CapacityBytes, LastSnapshot: snapshot, LastSnapshotUnixNano: at,
 		PromisedGeneration: old.PromisedGeneration, PromisedHolder: old.PromisedHolder}
-	f.copies[c.VolumeID] = r
+	f.setCopy(r)
 	return nil
 }
 
 // MoveFinal fences the node's primary for targetNodeID (once: a second
 // call keeps the first fence's time) and pushes it as Replicate does.
-func (f *FakeAgent) MoveFinal(_ context.Context, id, targetAddr, targetNodeID string) (agentclient.Progress, error) {
+func (f *FakeAgent) MoveFinal(ctx context.Context, id, targetAddr, targetNodeID string) (agentclient.Progress, error) {
+	if err := f.beforePush(ctx, id, nil); err != nil {
+		return agentclient.Progress{}, err
+	}
 	f.mu.Lock()
 	if err := f.enter("MoveFinal", id); err != nil {
 		f.mu.Unlock()
@@ -529,7 +613,7 @@ func (f *FakeAgent) MoveFinal(_ context.Context, id, targetAddr, targetNodeID st
 	}
 	if c.MovingTo == "" {
 		c.MovingTo, c.FencedUnixNano = targetNodeID, f.tick()
-		f.copies[id] = c
+		f.setCopy(c)
 	}
 	p, err := f.push(id, targetAddr)
 	p.FencedAt = c.FencedUnixNano
@@ -549,7 +633,7 @@ func (f *FakeAgent) Unfence(_ context.Context, id string, _ uint64) (agentclient
 		return agentclient.Copy{}, err
 	}
 	c.MovingTo, c.FencedUnixNano, c.LeaseFenced = "", 0, false
-	f.copies[id] = c
+	f.setCopy(c)
 	return c, nil
 }
 
@@ -573,7 +657,7 @@ func (f *FakeAgent) Promote(_ context.Context, p agentclient.Promotion) (agentcl
 	if p.Forced {
 		c.ForcedGeneration = p.Generation
 	}
-	f.copies[p.VolumeID] = c
+	f.setCopy(c)
 	return c, nil
 }
 
@@ -582,17 +666,15 @@ type Fakes struct {
 	mu     sync.Mutex
 	agents map[string]*FakeAgent
 	peers  []string
-	clock  int64 // unix nanos handed out to snapshots and fences
+	clock  int64 // the last unix nanos handed out to a snapshot or fence
 }
 
-// tick returns the fakes' clock, one second later than its last reading.
+// tick returns the fakes' clock: the wall clock, but never the same
+// reading twice, so that snapshots and fences keep their order.
 func (fs *Fakes) tick() int64 {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
-	if fs.clock == 0 {
-		fs.clock = int64(100 * time.Second)
-	}
-	fs.clock += int64(time.Second)
+	fs.clock = max(time.Now().UnixNano(), fs.clock+1)
 	return fs.clock
 }
 
