@@ -20,7 +20,6 @@ package scheduler
 import (
 	"context"
 	"errors"
-	"fmt"
 	"slices"
 	"sort"
 	"strings"
@@ -554,50 +553,15 @@ func (s *Scheduler) due(r replica, interval time.Duration) string {
 func (s *Scheduler) push(ctx context.Context, p Push) {
 	log := s.log.With("volume_id", p.VolumeID, "source", p.Source.Info.NodeID, "target", p.Target.Info.NodeID, "reason", p.Reason)
 	start := s.now()
-	ctx, progressed, stop := stallGuard(ctx, s.StallTimeout)
-	defer stop()
-	last, err := p.Source.Agent.Replicate(ctx, p.VolumeID, p.Target.Addr, func(p agentclient.Progress) { progressed(p.Bytes) })
-	if cause := context.Cause(ctx); errors.Is(cause, errStalled) {
-		err = cause
-	}
-	if err == nil && !last.Done {
-		err = errors.New("the push ended without completing")
-	}
+	last, err := cluster.Push(ctx, p.Source, p.VolumeID, p.Target.Addr, s.StallTimeout, nil)
 	s.recordPush(p, start, err)
 	if err != nil {
 		log.Warn("push failed; the next round retries", "error", err)
 		s.Metrics.push("failure")
 		return
 	}
-	if !last.Done {
-		log.Warn("push ended without completing")
-		s.Metrics.push("failure")
-		return
-	}
 	s.Metrics.push("success")
 	log.Info("replica updated", "kind", last.Kind, "bytes", last.Bytes, "duration", s.now().Sub(start).Round(time.Millisecond))
-}
-
-// errStalled cancels a push that moved no data for the stall timeout.
-var errStalled = errors.New("the push moved no data for the stall timeout; cancelled")
-
-// stallGuard returns a context that is cancelled with errStalled once
-// progressed has not been called with a larger byte count for timeout.
-// stop releases the guard.
-func stallGuard(ctx context.Context, timeout time.Duration) (_ context.Context, progressed func(bytes int64), stop func()) {
-	ctx, cancel := context.WithCancelCause(ctx)
-	var mu sync.Mutex
-	var most int64
-	timer := time.AfterFunc(timeout, func() { cancel(fmt.Errorf("%w (%s)", errStalled, timeout)) })
-	progressed = func(bytes int64) {
-		mu.Lock()
-		defer mu.Unlock()
-		if bytes > most {
-			most = bytes
-			timer.Reset(timeout)
-		}
-	}
-	return ctx, progressed, func() { timer.Stop(); cancel(nil) }
 }
 
 // Metrics are the controller's replication metrics. A nil *Metrics records
