@@ -23,7 +23,6 @@ import (
 
 	"github.com/zfs-nomad/zfs-nomad/internal/agentclient"
 	"github.com/zfs-nomad/zfs-nomad/internal/config"
-	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
 	"github.com/zfs-nomad/zfs-nomad/internal/sim"
 )
 
@@ -420,16 +419,14 @@ func (s *story) unmount(ctx context.Context, n *sim.Node, id string) error {
 // (which brings the data there), then stage and publish with the publish
 // context.
 func (s *story) publish(ctx context.Context, n *sim.Node, id, label string) (string, error) {
-	var resp *csi.ControllerPublishVolumeResponse
-	var err error
-	for attempt := 0; attempt < 5; attempt++ { // Nomad retries a claim too
-		resp, err = s.ctl.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: n.ID, VolumeCapability: capability()})
-		if err == nil || !errdefs.Temporary(err) {
-			break
+	last := ""
+	req := &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: n.ID, VolumeCapability: capability()}
+	resp, err := sim.Publish(ctx, s.ctl, req, 3*time.Minute, func(err error) { // as Nomad retries a claim
+		if msg := status.Convert(err).Message(); msg != last {
+			s.say("(publish: %s; retrying)", msg)
+			last = msg
 		}
-		s.say("(publish: %s; retrying)", status.Convert(err).Message())
-		time.Sleep(2 * time.Second)
-	}
+	})
 	if err != nil {
 		return "", err
 	}

@@ -145,6 +145,7 @@ func serve(c command, args []string) error {
 	registry := metrics.NewRegistry()
 	migrator := migration.New(nodes, log.Named("migration"))
 	migrator.Metrics = migration.NewMetrics(registry)
+	migrator.MaxCatchUps = cfg.MoveCatchUps
 	csispec.RegisterControllerServer(srv, controller.New(nodes, migrator, cfg.Placement, log.Named("csi")))
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)

@@ -27,6 +27,9 @@ type Controller struct {
 	ScheduleEvery Duration `json:"schedule_every"`
 	// ParallelPushes bounds the transfers the schedule runs at once.
 	ParallelPushes int `json:"parallel_pushes"`
+	// MoveCatchUps bounds the background pushes that catch moves'
+	// targets up, per source node (docs/migration.md, "Catch-up").
+	MoveCatchUps int `json:"move_catch_ups"`
 	// TLS is the controller's mutual TLS material for the agent ports.
 	TLS TLSFiles `json:"tls"`
 	// InsecureAgentPort talks to agents without TLS: test networks only.
@@ -44,6 +47,7 @@ func DefaultController() Controller {
 		AgentTimeout:   Duration(30 * time.Second),
 		ScheduleEvery:  Duration(30 * time.Second),
 		ParallelPushes: 2,
+		MoveCatchUps:   4,
 	}
 }
 
@@ -69,6 +73,9 @@ func (c *Controller) Validate() error {
 	}
 	if c.ScheduleEvery < 0 || c.ParallelPushes < 1 {
 		errs = append(errs, fmt.Errorf("schedule_every %s must not be negative and parallel_pushes %d at least 1", c.ScheduleEvery, c.ParallelPushes))
+	}
+	if c.MoveCatchUps < 1 {
+		errs = append(errs, fmt.Errorf("move_catch_ups %d: must be at least 1", c.MoveCatchUps))
 	}
 	if c.AgentTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("agent_timeout %s: must be positive", time.Duration(c.AgentTimeout)))

@@ -65,6 +65,7 @@ func LoadController(usage string, args []string, getenv func(string) string, std
 	fs.StringVar(&cfg.Placement, "placement", cfg.Placement, "most-free or fewest-volumes")
 	fs.Var(&cfg.ScheduleEvery, "schedule-every", "how often the replication schedule runs (0: off)")
 	fs.IntVar(&cfg.ParallelPushes, "parallel-pushes", cfg.ParallelPushes, "transfers the schedule runs at once")
+	fs.IntVar(&cfg.MoveCatchUps, "move-catch-ups", cfg.MoveCatchUps, "background pushes catching moves' targets up, per source node")
 	metricsFlag(fs, &cfg.MetricsAddress)
 	if err := load(fs, args, getenv, &cfg); err != nil {
 		return cfg, err

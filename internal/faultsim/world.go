@@ -267,6 +267,10 @@ func (w *world) startController() {
 	}
 	w.cl = cluster.New(cluster.StaticPeers(peers), 5*time.Second, log, w.net.dialOptions(controllerEndpoint, func() bool { return true })...)
 	mig := migration.New(w.cl, log)
+	// A move's catch-up is an ordinary push run apart, on the wall
+	// clock; the simulation keeps moves in one call, on its own clock,
+	// and exercises pushes through the schedule.
+	mig.CatchUpFresh = -1
 	w.ctl = controller.New(w.cl, mig, "most-free", log)
 	w.sched = scheduler.New(w.cl, 2, log)
 	w.sched.Settle = mig.Settle

@@ -8,15 +8,30 @@ import (
 
 // Metrics are the controller's migration metrics.
 type Metrics struct {
-	events, moveSeconds, rpo metrics.Vec
+	events, moveSeconds, rpo, catchUps, catchUpsRunning metrics.Vec
 }
 
 // NewMetrics declares the migration metrics in r.
 func NewMetrics(r *metrics.Registry) *Metrics {
 	return &Metrics{
-		events:      r.Counter("zfs_nomad_migrations_total", "Moves, failovers and stale primaries set aside, by result.", "kind", "result"),
-		moveSeconds: r.Counter("zfs_nomad_move_seconds_total", "Time spent in successful planned moves."),
-		rpo:         r.Gauge("zfs_nomad_failover_rpo_seconds", "Age of the snapshot a failover promoted: writes in this window on the lost primary are gone.", "volume_id"),
+		events:          r.Counter("zfs_nomad_migrations_total", "Moves, failovers and stale primaries set aside, by result.", "kind", "result"),
+		moveSeconds:     r.Counter("zfs_nomad_move_seconds_total", "Time spent in successful planned moves."),
+		rpo:             r.Gauge("zfs_nomad_failover_rpo_seconds", "Age of the snapshot a failover promoted: writes in this window on the lost primary are gone.", "volume_id"),
+		catchUps:        r.Counter("zfs_nomad_move_catchups_total", "Background pushes that caught a move's target up before its final step, by result.", "result"),
+		catchUpsRunning: r.Gauge("zfs_nomad_move_catchups_running", "Background pushes catching a move's target up now."),
+	}
+}
+
+func (m *Metrics) catchUpStarted() {
+	if m != nil {
+		m.catchUpsRunning.Add(1)
+	}
+}
+
+func (m *Metrics) catchUpEnded(result string) {
+	if m != nil {
+		m.catchUpsRunning.Add(-1)
+		m.catchUps.Add(1, result)
 	}
 }
 

@@ -34,9 +34,24 @@ type Migrator struct {
 	// Metrics, when set, counts moves and failovers.
 	Metrics *Metrics
 
-	cluster *cluster.Cluster
-	log     hclog.Logger
-	now     func() time.Time
+	// CatchUpFresh: a move whose target holds a replica younger than
+	// this goes straight to its final step; any other first catches the
+	// target up in the background (catchup.go). Zero means
+	// DefaultCatchUpFresh; negative turns catch-ups off (the publish then
+	// sends everything itself, however long that takes).
+	CatchUpFresh time.Duration
+	// MaxCatchUps bounds the catch-ups running from one source node
+	// (zero: DefaultMaxCatchUps).
+	MaxCatchUps int
+	// StallTimeout cancels a catch-up that moved no data for that long
+	// (zero: DefaultStallTimeout).
+	StallTimeout time.Duration
+
+	cluster     *cluster.Cluster
+	log         hclog.Logger
+	now         func() time.Time
+	catchUps    catchUps
+	catchUpWait time.Duration // zero: catchUpWait
 }
 
 // New returns a Migrator over the cluster's node agents.
@@ -502,16 +517,23 @@ func (m *Migrator) checkMove(p copyOn, target cluster.Node) error {
 	if from != to {
 		return errdefs.Wrap(errdefs.ErrFailedPrecondition, "volume %s lives in replication domain %q; node %s is in %q", id, from, target.Info.NodeID, to)
 	}
-	if p.copy.Mounted {
-		return errdefs.Wrap(errdefs.ErrFailedPrecondition, "volume %s is still published on node %s; it moves to node %s once it is unpublished there", id, p.nodeID(), target.Info.NodeID)
-	}
 	return nil
 }
 
-// move is the planned move of p to target: fence and send the final
-// snapshot (one call: the source fences under the same lock hold as the
+// move is the planned move of p to target: catch the target up in the
+// background unless it is fresh (caughtUp: until then the publish
+// answers a retryable error), then fence and send the final snapshot
+// (one call: the source fences under the same lock hold as the
 // snapshot), promote the target, demote the source.
 func (m *Migrator) move(ctx context.Context, id string, p copyOn, target cluster.Node, v view, log hclog.Logger) (uint64, error) {
+	// The catch-up may run while the workload still writes on the source:
+	// it is a push like the schedule's, and the final step sends the rest.
+	if err := m.caughtUp(ctx, p, target, v, log); err != nil {
+		return 0, err
+	}
+	if p.copy.Mounted {
+		return 0, errdefs.Wrap(errdefs.ErrFailedPrecondition, "volume %s is still published on node %s; it moves to node %s once it is unpublished there", id, p.nodeID(), target.Info.NodeID)
+	}
 	started := m.now()
 	gen := v.nextGeneration(target.Info.NodeID)
 	log = log.With("from_node", p.nodeID(), "generation", gen)

@@ -22,7 +22,9 @@ type copyOf struct {
 	node     string
 	role     string
 	gen      uint64
-	snapAt   int64  // unix nanos of its newest snapshot
+	snapAt   int64 // unix nanos of its newest snapshot
+	fresh    bool  // its newest snapshot was taken just now instead
+	mounted  bool
 	movingTo string // a fenced primary's target
 	params   map[string]string
 }
@@ -38,9 +40,9 @@ func fakeCluster(t *testing.T, nodes []string, down []string, copies []copyOf, p
 		a := fakes.Add(agentclient.NodeInfo{NodeID: id})
 		for _, c := range copies {
 			if c.node == id {
-				a.PutCopy(agentclient.Copy{VolumeID: testVolume, Role: c.role, Generation: c.gen, MovingTo: c.movingTo,
+				a.PutCopy(agentclient.Copy{VolumeID: testVolume, Role: c.role, Generation: c.gen, MovingTo: c.movingTo, Mounted: c.mounted,
 					FencedUnixNano:       map[bool]int64{true: c.snapAt}[c.movingTo != ""],
-					LastSnapshotUnixNano: c.snapAt, Parameters: c.params})
+					LastSnapshotUnixNano: map[bool]int64{false: c.snapAt, true: time.Now().UnixNano()}[c.fresh], Parameters: c.params})
 			}
 		}
 		if p, ok := promises[id]; ok {
@@ -100,18 +102,24 @@ func TestPublishDecides(t *testing.T) {
 	}{
 		{name: "already there", nodes: three, target: "n1", gen: 1,
 			copies: []copyOf{{node: "n1", role: vocab.RolePrimary, gen: 1}, {node: "n2", role: vocab.RoleReplica, gen: 1, snapAt: 50}}},
-		{name: "a move to the replica's node", nodes: three, target: "n2", gen: 2,
+		{name: "a move to a stale replica's node: caught up first", nodes: three, target: "n2", gen: 2,
 			copies: []copyOf{{node: "n1", role: vocab.RolePrimary, gen: 1}, {node: "n2", role: vocab.RoleReplica, gen: 1, snapAt: 50}},
+			calls:  []string{"Demote@n1", "MoveFinal@n1", "Promote@n2", "Replicate@n1", "Reserve@n1", "Reserve@n2", "Reserve@n3"}},
+		{name: "a move to a fresh replica's node: no catch-up", nodes: three, target: "n2", gen: 2,
+			copies: []copyOf{{node: "n1", role: vocab.RolePrimary, gen: 1}, {node: "n2", role: vocab.RoleReplica, gen: 1, fresh: true}},
 			calls:  []string{"Demote@n1", "MoveFinal@n1", "Promote@n2", "Reserve@n1", "Reserve@n2", "Reserve@n3"}},
 		{name: "a move to a node without a copy", nodes: three, target: "n3", gen: 2,
 			copies: []copyOf{{node: "n1", role: vocab.RolePrimary, gen: 1}},
-			calls:  []string{"Demote@n1", "MoveFinal@n1", "Promote@n3", "Reserve@n1", "Reserve@n2", "Reserve@n3"}},
+			calls:  []string{"Demote@n1", "MoveFinal@n1", "Promote@n3", "Replicate@n1", "Reserve@n1", "Reserve@n2", "Reserve@n3"}},
 		{name: "the source refuses the final push: nothing is promoted", nodes: three, target: "n2", err: errdefs.ErrFailedPrecondition, say: "fencing volume",
 			copies: []copyOf{{node: "n1", role: vocab.RolePrimary, gen: 1}}, refuse: []string{"n1 MoveFinal"},
-			calls:  []string{"MoveFinal@n1", "Reserve@n1", "Reserve@n2", "Reserve@n3"}},
+			calls: []string{"MoveFinal@n1", "Replicate@n1", "Reserve@n1", "Reserve@n2", "Reserve@n3"}},
 		{name: "the target refuses the promotion: the source is not demoted", nodes: three, target: "n2", err: errdefs.ErrFailedPrecondition, say: "promoting the copy on node n2",
 			copies: []copyOf{{node: "n1", role: vocab.RolePrimary, gen: 1}}, refuse: []string{"n2 Promote"},
-			calls:  []string{"MoveFinal@n1", "Promote@n2", "Reserve@n1", "Reserve@n2", "Reserve@n3"}},
+			calls: []string{"MoveFinal@n1", "Promote@n2", "Replicate@n1", "Reserve@n1", "Reserve@n2", "Reserve@n3"}},
+		{name: "still published on the source: caught up, not moved", nodes: three, target: "n2", err: errdefs.ErrFailedPrecondition, say: "still published on node n1",
+			copies: []copyOf{{node: "n1", role: vocab.RolePrimary, gen: 1, mounted: true}},
+			calls:  []string{"Replicate@n1"}},
 		{name: "a pinned volume does not move", nodes: three, target: "n2", err: errdefs.ErrFailedPrecondition, say: "pinned",
 			copies: []copyOf{{node: "n1", role: vocab.RolePrimary, gen: 1, params: pinned}}},
 		{name: "an abandoned move: the fence is lifted", nodes: three, target: "n1", gen: 1,
@@ -122,7 +130,7 @@ func TestPublishDecides(t *testing.T) {
 			calls:  []string{"Promote@n3", "Reserve@n1", "Reserve@n2", "Reserve@n3"}},
 		{name: "failover auto: the fresher replica, then a move", nodes: three, down: []string{"n4"}, target: "n2", gen: 3,
 			copies: []copyOf{{node: "n2", role: vocab.RoleReplica, gen: 1, snapAt: 40, params: auto}, {node: "n3", role: vocab.RoleReplica, gen: 1, snapAt: 50, params: auto}},
-			calls: []string{"Demote@n3", "MoveFinal@n3", "Promote@n2", "Promote@n3",
+			calls: []string{"Demote@n3", "MoveFinal@n3", "Promote@n2", "Promote@n3", "Replicate@n3",
 				"Reserve@n1", "Reserve@n1", "Reserve@n2", "Reserve@n2", "Reserve@n3", "Reserve@n3"}},
 		{name: "failover manual: the operator decides", nodes: three, down: []string{"n4"}, target: "n2", err: errdefs.ErrUnavailable, say: "zfs-controller promote",
 			copies: []copyOf{{node: "n2", role: vocab.RoleReplica, gen: 1, snapAt: 50}}},

@@ -16,6 +16,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/cluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
 	"github.com/zfs-nomad/zfs-nomad/internal/migration"
+	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
 )
 
 // BackupOptions says where a backup goes and how long it waits.
@@ -160,32 +161,18 @@ func FormatProgress(p agentclient.Progress, elapsed time.Duration) string {
 	if elapsed > 0 {
 		rate = float64(p.Bytes) / elapsed.Seconds()
 	}
-	line := fmt.Sprintf("%-11s %9s", p.Kind, Bytes(p.Bytes))
+	line := fmt.Sprintf("%-11s %9s", p.Kind, vocab.Bytes(p.Bytes))
 	if total := p.TotalBytes; total > 0 {
 		pct := min(100, 100*float64(p.Bytes)/float64(total))
-		line += fmt.Sprintf(" of %s (%3.0f%%)", Bytes(total), pct)
+		line += fmt.Sprintf(" of %s (%3.0f%%)", vocab.Bytes(total), pct)
 		if rate > 0 && !p.Done {
 			eta := time.Duration(float64(max(0, total-p.Bytes)) / rate * float64(time.Second))
-			line += fmt.Sprintf("  %s/s  ETA %s", Bytes(int64(rate)), eta.Round(time.Second))
+			line += fmt.Sprintf("  %s/s  ETA %s", vocab.Bytes(int64(rate)), eta.Round(time.Second))
 		}
 	} else if rate > 0 {
-		line += fmt.Sprintf("  %s/s", Bytes(int64(rate)))
+		line += fmt.Sprintf("  %s/s", vocab.Bytes(int64(rate)))
 	}
 	return line
-}
-
-// Bytes renders a byte count with a binary unit.
-func Bytes(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit && exp < 4; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTP"[exp])
 }
 
 // Report is what zfs-controller status finds: every copy of every

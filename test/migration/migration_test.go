@@ -90,11 +90,13 @@ func (e *env) create(name string, params map[string]string) string {
 	return resp.GetVolume().GetVolumeId()
 }
 
-// publish does what Nomad does for a claim on nodeID: ControllerPublish,
-// then stage and publish with the publish context. It returns the path the
+// publish does what Nomad does for a claim on nodeID: ControllerPublish
+// (retried while a move's catch-up runs, sim.Publish), then stage and
+// publish with the publish context. It returns the path the
 // workload sees.
 func (e *env) publish(id, nodeID string) (string, error) {
-	resp, err := e.controller().ControllerPublishVolume(e.ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: nodeID, VolumeCapability: writer})
+	req := &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: nodeID, VolumeCapability: writer}
+	resp, err := sim.Publish(e.ctx, e.controller(), req, 3*time.Minute, func(err error) { e.t.Logf("publish of %s on %s: %v; retrying", id, nodeID, err) })
 	if err != nil {
 		return "", err
 	}
@@ -561,6 +563,10 @@ func TestInterruptedMoves(t *testing.T) {
 			e.t = t
 			id := e.create("interrupted-"+tt.name, nil)
 			dir := e.mustPublish(id, "n1")
+			// A fresh replica on n2 sends the move straight to its final
+			// step (no catch-up, docs/migration.md), which then carries
+			// the 96 MiB written after it: the kill hits the final send.
+			e.replicate(id, "n1", "n2")
 			e.write("n1", dir, "dd if=/dev/urandom of=blob bs=1M count=96 2>/dev/null && echo end > z")
 			before := e.checksums("n1", dir)
 			e.unpublish(id, "n1")
@@ -594,6 +600,63 @@ func TestInterruptedMoves(t *testing.T) {
 			e.unpublish(id, "n2")
 		})
 	}
+}
+
+// TestCatchUpBlocksNoOtherVolume (issue 15): a move whose target lacks
+// the data answers within seconds, FailedPrecondition, while the data
+// streams in the background; meanwhile creates and publishes of other
+// volumes answer within their usual time; the publish retried after the
+// catch-up finishes the move with every file there.
+func TestCatchUpBlocksNoOtherVolume(t *testing.T) {
+	e := start(t)
+	// 300 MiB at 20 MiB/s: about fifteen seconds of catch-up.
+	if err := e.node("n1").RestartWith("-replication-bandwidth=20M"); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := e.node("n1").RestartWith("-replication-bandwidth=0"); err != nil {
+			t.Error(err)
+		}
+	}()
+	id := e.create("bulk", nil)
+	dir := e.mustPublish(id, "n1")
+	e.write("n1", dir, "dd if=/dev/urandom of=blob bs=1M count=300 2>/dev/null && echo end > z")
+	before := e.checksums("n1", dir)
+	e.unpublish(id, "n1")
+
+	otherVolume := func(name string) time.Duration {
+		began := time.Now()
+		other := e.create(name, nil)
+		if _, err := e.controller().ControllerPublishVolume(e.ctx, &csi.ControllerPublishVolumeRequest{VolumeId: other, NodeId: "n1", VolumeCapability: writer}); err != nil {
+			t.Fatalf("publishing %s: %v", name, err)
+		}
+		return time.Since(began)
+	}
+	usual := otherVolume("usual")
+
+	began := time.Now()
+	_, err := e.controller().ControllerPublishVolume(e.ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: "n2", VolumeCapability: writer})
+	answered := time.Since(began)
+	if !sim.CatchingUp(err) || answered > 15*time.Second {
+		t.Fatalf("publish of a 300 MiB volume on a node without it: %v after %s, want FailedPrecondition (catching up) within seconds", err, answered)
+	}
+	t.Logf("the move's first publish answered after %s: %v", answered.Round(time.Millisecond), err)
+	meanwhile := otherVolume("meanwhile")
+	_, err = e.controller().ControllerPublishVolume(e.ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: "n2", VolumeCapability: writer})
+	if !sim.CatchingUp(err) {
+		t.Fatalf("the catch-up ended before the other volume's calls did (%v): nothing was measured beside it; send more", err)
+	}
+	t.Logf("create and publish of another volume: %s usually, %s beside the catch-up", usual.Round(time.Millisecond), meanwhile.Round(time.Millisecond))
+	if meanwhile > 3*usual+2*time.Second {
+		t.Errorf("create and publish of another volume took %s beside the catch-up, %s without: the catch-up holds the controller", meanwhile, usual)
+	}
+
+	dir2 := e.mustPublish(id, "n2") // retried until the catch-up is done
+	if after := e.checksums("n2", dir2); after != before {
+		t.Fatalf("files differ after the move:\n%s\n%s", before, after)
+	}
+	e.waitPrimaries(id, "n2(gen 2)")
+	e.unpublish(id, "n2")
 }
 
 func (e *env) returnNodeProcess(nodeID string) {
