@@ -23,6 +23,7 @@ import (
 
 	"github.com/zfs-nomad/zfs-nomad/internal/agentclient"
 	"github.com/zfs-nomad/zfs-nomad/internal/config"
+	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
 	"github.com/zfs-nomad/zfs-nomad/internal/sim"
 )
 
@@ -421,11 +422,15 @@ func (s *story) unmount(ctx context.Context, n *sim.Node, id string) error {
 func (s *story) publish(ctx context.Context, n *sim.Node, id, label string) (string, error) {
 	last := ""
 	req := &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: n.ID, VolumeCapability: capability()}
-	resp, err := sim.Publish(ctx, s.ctl, req, 3*time.Minute, func(err error) { // as Nomad retries a claim
+	resp, err := sim.Publish(ctx, s.ctl, req, 3*time.Minute, func(err error) bool { // as Nomad retries a claim
+		if !sim.CatchingUp(err) && !errdefs.Temporary(err) {
+			return false
+		}
 		if msg := status.Convert(err).Message(); msg != last {
 			s.say("(publish: %s; retrying)", msg)
 			last = msg
 		}
+		return true
 	})
 	if err != nil {
 		return "", err

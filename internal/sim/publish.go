@@ -8,25 +8,17 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-
-	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
 )
 
-// Publish calls ControllerPublishVolume as Nomad's claim does, retrying
-// for up to within: a move's catch-up running in the background
-// (FailedPrecondition saying so, which Nomad's claim retries with
-// backoff) and the temporary codes. Other FailedPreconditions, which
-// Nomad would retry too, are answered at once: a test that expects one
-// sees it. each, when set, is told every answer retried.
-func Publish(ctx context.Context, ctl csi.ControllerClient, req *csi.ControllerPublishVolumeRequest, within time.Duration, each func(error)) (*csi.ControllerPublishVolumeResponse, error) {
+// Publish calls ControllerPublishVolume as Nomad's claim does: again,
+// every second for up to within, while retry (told each failed answer)
+// says so; CatchingUp is what Nomad's claim waits out during a move.
+func Publish(ctx context.Context, ctl csi.ControllerClient, req *csi.ControllerPublishVolumeRequest, within time.Duration, retry func(error) bool) (*csi.ControllerPublishVolumeResponse, error) {
 	deadline := time.Now().Add(within)
 	for {
 		resp, err := ctl.ControllerPublishVolume(ctx, req)
-		if err == nil || !(CatchingUp(err) || errdefs.Temporary(err)) || time.Now().After(deadline) {
+		if err == nil || time.Now().After(deadline) || !retry(err) {
 			return resp, err
-		}
-		if each != nil {
-			each(err)
 		}
 		select {
 		case <-ctx.Done():

@@ -96,7 +96,13 @@ func (e *env) create(name string, params map[string]string) string {
 // workload sees.
 func (e *env) publish(id, nodeID string) (string, error) {
 	req := &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: nodeID, VolumeCapability: writer}
-	resp, err := sim.Publish(e.ctx, e.controller(), req, 3*time.Minute, func(err error) { e.t.Logf("publish of %s on %s: %v; retrying", id, nodeID, err) })
+	resp, err := sim.Publish(e.ctx, e.controller(), req, 3*time.Minute, func(err error) bool {
+		if !sim.CatchingUp(err) {
+			return false
+		}
+		e.t.Logf("publish of %s on %s: %v; retrying", id, nodeID, err)
+		return true
+	})
 	if err != nil {
 		return "", err
 	}
