@@ -152,21 +152,6 @@ func (cs *catchUps) remove(c *catchUp) {
 	}
 }
 
-// Running returns the catch-ups that run now.
-func (cs *catchUps) running() int {
-	cs.mu.Lock()
-	defer cs.mu.Unlock()
-	n := 0
-	for _, c := range cs.all {
-		c.mu.Lock()
-		if c.ended.IsZero() {
-			n++
-		}
-		c.mu.Unlock()
-	}
-	return n
-}
-
 // caughtUp returns nil when the move of p to target may go on to its
 // final step: the target holds a replica of p's generation fresher than
 // CatchUpFresh, or a catch-up to it has just completed. Otherwise it
