@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -200,13 +201,15 @@ func TestStalledPushBlocksNothing(t *testing.T) {
 	}
 	s := New(cl, 4, hclog.NewNullLogger())
 	s.StallTimeout = 300 * time.Millisecond
+	var ahead atomic.Int64 // how far the schedule's clock is ahead of the wall clock
+	s.now = func() time.Time { return time.Now().Add(time.Duration(ahead.Load())) }
 	ctx := context.Background()
 
 	if got := len(s.Round(ctx)); got != 2 {
 		t.Fatalf("first round started %d pushes, want 2", got)
 	}
 	time.Sleep(100 * time.Millisecond)                                  // "fine" is done, "hung" hangs
-	s.now = func() time.Time { return time.Now().Add(2 * time.Minute) } // "fine" is due again
+	ahead.Store(int64(2 * time.Minute)) // "fine" is due again
 	second := make(chan []Push, 1)
 	go func() { second <- s.Round(ctx) }()
 	select {
