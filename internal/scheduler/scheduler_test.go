@@ -208,7 +208,7 @@ func TestStalledPushBlocksNothing(t *testing.T) {
 	if got := len(s.Round(ctx)); got != 2 {
 		t.Fatalf("first round started %d pushes, want 2", got)
 	}
-	time.Sleep(100 * time.Millisecond)                                  // "fine" is done, "hung" hangs
+	time.Sleep(100 * time.Millisecond)  // "fine" is done, "hung" hangs
 	ahead.Store(int64(2 * time.Minute)) // "fine" is due again
 	second := make(chan []Push, 1)
 	go func() { second <- s.Round(ctx) }()
