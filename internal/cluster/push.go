@@ -10,15 +10,23 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/agentclient"
 )
 
+// DefaultStallTimeout is how long a push may move no data before it is
+// cancelled, when its caller names no other bound.
+const DefaultStallTimeout = 2 * time.Minute
+
 // ErrStalled ends a push that moved no data for its stall timeout.
 var ErrStalled = errors.New("the push moved no data for the stall timeout; cancelled")
 
 // Push has source push its primary of volumeID to the agent at
 // targetAddr, and reports each progress to each (when set). A push that
-// moves no byte for stall is cancelled with ErrStalled: a hung peer or
+// moves no byte for stall (DefaultStallTimeout when stall is not
+// positive) is cancelled with ErrStalled: a hung peer or
 // stream must not hold a push, and whatever waits for it, forever. Its
 // answer is an error unless the push completed.
 func Push(ctx context.Context, source Node, volumeID, targetAddr string, stall time.Duration, each func(agentclient.Progress)) (agentclient.Progress, error) {
+	if stall <= 0 {
+		stall = DefaultStallTimeout
+	}
 	ctx, progressed, stop := stallGuard(ctx, stall)
 	defer stop()
 	last, err := source.Agent.Replicate(ctx, volumeID, targetAddr, func(p agentclient.Progress) {

@@ -223,7 +223,7 @@ func (m *Migrator) runCatchUp(c *catchUp, source cluster.Node, targetAddr string
 	ctx := context.Background()
 	var err error
 	for busy := 0; ; busy++ {
-		_, err = cluster.Push(ctx, source, c.volumeID, targetAddr, m.stallTimeout(), c.progress)
+		_, err = cluster.Push(ctx, source, c.volumeID, targetAddr, m.StallTimeout, c.progress)
 		if !errors.Is(err, errdefs.ErrAborted) || busy >= maxBusyWaits {
 			break
 		}
@@ -256,14 +256,3 @@ func (m *Migrator) maxCatchUps() int {
 	}
 	return m.MaxCatchUps
 }
-
-func (m *Migrator) stallTimeout() time.Duration {
-	if m.StallTimeout <= 0 {
-		return DefaultStallTimeout
-	}
-	return m.StallTimeout
-}
-
-// DefaultStallTimeout is how long a catch-up may move no data before it
-// is cancelled (the next retry starts another).
-const DefaultStallTimeout = 2 * time.Minute

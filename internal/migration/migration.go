@@ -44,7 +44,7 @@ type Migrator struct {
 	// (zero: DefaultMaxCatchUps).
 	MaxCatchUps int
 	// StallTimeout cancels a catch-up that moved no data for that long
-	// (zero: DefaultStallTimeout).
+	// (zero: cluster.DefaultStallTimeout).
 	StallTimeout time.Duration
 
 	cluster     *cluster.Cluster

@@ -46,8 +46,8 @@ type Scheduler struct {
 	// Settle, when set, retires the older of two primaries of a volume.
 	Settle func(ctx context.Context, volumeID string) error
 	// StallTimeout cancels a push that has moved no byte for that long
-	// (default DefaultStallTimeout): a hung peer or stream must not keep
-	// its volume's replicas from ever being updated.
+	// (default cluster.DefaultStallTimeout): a hung peer or stream must
+	// not keep its volume's replicas from ever being updated.
 	StallTimeout time.Duration
 
 	// Resync bounds how long rounds plan from the book without a full
@@ -87,13 +87,9 @@ type booked struct {
 	targets  []replica
 }
 
-// DefaultStallTimeout is how long a push may move no data before the
-// schedule cancels it.
-const DefaultStallTimeout = 2 * time.Minute
-
 // New returns a scheduler that runs at most parallel pushes at once.
 func New(cl *cluster.Cluster, parallel int, log hclog.Logger) *Scheduler {
-	return &Scheduler{cl: cl, log: log, now: time.Now, StallTimeout: DefaultStallTimeout,
+	return &Scheduler{cl: cl, log: log, now: time.Now, StallTimeout: cluster.DefaultStallTimeout,
 		slots: make(chan struct{}, max(1, parallel)), running: map[string]string{}}
 }
 
