@@ -128,6 +128,10 @@ func run(args []string) error {
 		// Not fatal: the next receive of the volume retries it.
 		log.Error("finishing replica replacements a crash interrupted failed", "error", err)
 	}
+	if err := volumes.CheckLegacyPromises(recoverCtx); err != nil {
+		// Not fatal: the node then keeps looking on the root too.
+		log.Error("looking for promise records on the root dataset failed", "error", err)
+	}
 	volumes.WarmIndexes()
 	registry := metrics.NewRegistry()
 	pusher.Metrics = replication.NewMetrics(registry)

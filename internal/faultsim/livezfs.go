@@ -49,6 +49,20 @@ func (l liveZFS) UserProperty(ctx context.Context, name, key string) (string, bo
 	return l.z.UserProperty(ctx, name, key)
 }
 
+func (l liveZFS) OwnUserProperties(ctx context.Context, name, prefix string) (map[string]string, error) {
+	if err := l.alive("get", name); err != nil {
+		return nil, err
+	}
+	return l.z.OwnUserProperties(ctx, name, prefix)
+}
+
+func (l liveZFS) ClearUserProperty(ctx context.Context, name, key string) error {
+	if err := l.alive("set", name); err != nil {
+		return err
+	}
+	return l.z.ClearUserProperty(ctx, name, key)
+}
+
 func (l liveZFS) SnapshotNames(ctx context.Context, fs string) ([]string, error) {
 	if err := l.alive("list", fs); err != nil {
 		return nil, err

@@ -104,6 +104,7 @@ func (n *simNode) start(ctx context.Context) {
 	inc.volumes.DiscardPartialReceive = receiver.DiscardPartial
 	receiver.Changed = inc.volumes.NoteChanged
 	_ = receiver.Recover(ctx) // not fatal, as in zfs-node: the next receive retries
+	_ = inc.volumes.CheckLegacyPromises(ctx)
 	inc.volumes.WarmIndexes()
 
 	monitor := lease.NewMonitor(n.w.cfg.Lease, cfg.Domain, func() time.Time { return n.w.nodeNow(n.rate) })

@@ -23,6 +23,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -110,8 +111,11 @@ type Manager struct {
 	// this lock, so a reservation never waits for a receive or a push of
 	// the copy; anything that needs both takes the copy's lock first.
 	promiseLocks keylock.Locks
-	now          func() time.Time
-	confirmed    confirmations
+	// legacyPromises tells that promise records may be kept on the root
+	// dataset (CheckLegacyPromises); true until the node has looked.
+	legacyPromises atomic.Bool
+	now            func() time.Time
+	confirmed      confirmations
 	// primaryIndex and snapshotIndex: see index.go.
 	primaryIndex, snapshotIndex idIndex
 	started                     time.Time // of the process: part of VolumesVersion
@@ -123,7 +127,9 @@ type Manager struct {
 
 // NewManager returns a Manager for the node described by cfg.
 func NewManager(z zfs.Interface, cfg config.Node, log hclog.Logger) *Manager {
-	return &Manager{zfs: z, cfg: cfg, log: log, now: time.Now, locks: new(copylock.Locks), started: time.Now()}
+	m := &Manager{zfs: z, cfg: cfg, log: log, now: time.Now, locks: new(copylock.Locks), started: time.Now()}
+	m.legacyPromises.Store(true)
+	return m
 }
 
 // UseClock sets the node's wall clock (time.Now by default), which names

@@ -2,6 +2,8 @@ package volume
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -73,5 +75,103 @@ func TestReserveDoesNotWaitForTheCopy(t *testing.T) {
 	defer cancel()
 	if _, granted, err := m.Reserve(rctx, id, 2, "n1"); err != nil || !granted {
 		t.Fatalf("Reserve while the copy is locked: granted %v, %v; want granted at once", granted, err)
+	}
+}
+
+// TestPromiseRecordsStayOffTheRoot: every volume below the root inherits
+// the root's user properties, so a record kept there made every open of
+// every volume read all records (issue 13). Records go to the shards, and
+// a deletion removes them rather than leaving a "0" behind.
+func TestPromiseRecordsStayOffTheRoot(t *testing.T) {
+	ctx := context.Background()
+	m, fake := newManager(t)
+	if err := m.CheckLegacyPromises(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for i := range 200 {
+		id := vocab.VolumeIDForName(fmt.Sprintf("v%d", i))
+		ids = append(ids, id)
+		if _, granted, err := m.Reserve(ctx, id, 1, "n2"); err != nil || !granted {
+			t.Fatalf("Reserve %s: granted %v, %v", id, granted, err)
+		}
+	}
+	if onRoot, _ := fake.OwnUserProperties(ctx, root, PropPromisePrefix); len(onRoot) != 0 {
+		t.Errorf("%d promise records on the root dataset, want none", len(onRoot))
+	}
+	perShard := map[string]int{}
+	for _, id := range ids {
+		shard := PromiseShard(root, id)
+		if !strings.HasPrefix(shard, root+"/"+PromisesDataset+"/") {
+			t.Fatalf("shard %s of %s is not under %s/%s", shard, id, root, PromisesDataset)
+		}
+		perShard[shard]++
+	}
+	if len(perShard) > promiseShards || len(perShard) < promiseShards/2 {
+		t.Errorf("200 records in %d shards, want them spread over about %d", len(perShard), promiseShards)
+	}
+	for _, id := range ids[:100] {
+		if err := m.Forget(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	left := 0
+	for shard := range perShard {
+		records, err := fake.OwnUserProperties(ctx, shard, PropPromisePrefix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		left += len(records)
+	}
+	if left != 100 {
+		t.Errorf("%d records left after forgetting 100 of 200, want 100", left)
+	}
+	if p, _ := m.Promised(ctx, ids[150]); p != (Promise{1, "n2"}) {
+		t.Errorf("promised %+v, want generation 1 to n2", p)
+	}
+}
+
+// TestLegacyPromiseRecords: records an earlier build kept on the root
+// still count (they guard I3), move to their shard at the volume's next
+// reservation and go with its deletion; a node that found none at its
+// start never reads the root for them.
+func TestLegacyPromiseRecords(t *testing.T) {
+	ctx := context.Background()
+	m, fake := newManager(t)
+	a, b := vocab.VolumeIDForName("a"), vocab.VolumeIDForName("b")
+	if err := fake.SetProperties(ctx, root, map[string]string{promiseProp(a): "3 n2", promiseProp(b): "1 n1"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.CheckLegacyPromises(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if p, _ := m.Promised(ctx, a); p != (Promise{3, "n2"}) {
+		t.Errorf("a: promised %+v, want the root's generation 3 to n2", p)
+	}
+	if got, granted, err := m.Reserve(ctx, a, 3, "n3"); err != nil || granted || got != (Promise{3, "n2"}) {
+		t.Errorf("Reserve a 3 to n3: granted %v (%+v), %v; want refused by the root's record", granted, got, err)
+	}
+	if _, granted, err := m.Reserve(ctx, a, 4, "n3"); err != nil || !granted {
+		t.Fatalf("Reserve a 4 to n3: granted %v, %v", granted, err)
+	}
+	if err := m.Forget(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	if onRoot, _ := fake.OwnUserProperties(ctx, root, PropPromisePrefix); len(onRoot) != 0 {
+		t.Errorf("records left on the root: %v, want none (a moved to its shard, b forgotten)", onRoot)
+	}
+	if p, _ := m.Promised(ctx, a); p != (Promise{4, "n3"}) {
+		t.Errorf("a: promised %+v, want generation 4 to n3 from its shard", p)
+	}
+
+	// A restarted node finds none left, and stops reading the root.
+	if err := m.CheckLegacyPromises(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := fake.SetProperties(ctx, root, map[string]string{promiseProp(b): "9 n9"}); err != nil {
+		t.Fatal(err)
+	}
+	if p, _ := m.Promised(ctx, b); p != (Promise{}) {
+		t.Errorf("b: promised %+v after a start that found no record on the root; want the root left unread", p)
 	}
 }

@@ -103,6 +103,12 @@ type DatasetManager interface {
 	// false when it is not set there. Get reads only the properties the
 	// implementation was given; this reads any.
 	UserProperty(ctx context.Context, name, key string) (value string, ok bool, err error)
+	// OwnUserProperties reads the user properties set on name itself
+	// whose keys start with prefix, in one read.
+	OwnUserProperties(ctx context.Context, name, prefix string) (map[string]string, error)
+	// ClearUserProperty removes user property key set on name itself, as
+	// zfs inherit does; one not set there is no error.
+	ClearUserProperty(ctx context.Context, name, key string) error
 	// SnapshotNames returns the names ("fs@snap") of fs's snapshots,
 	// sorted, without reading their properties.
 	SnapshotNames(ctx context.Context, fs string) ([]string, error)

@@ -59,6 +59,7 @@ func BenchmarkScale(b *testing.B) {
 		filled := time.Now()
 		for _, node := range c.Nodes {
 			fillNode(b, node, have, n)
+			fillPromises(b, node, c.Nodes, have, n)
 			if err := node.RestartWith(); err != nil {
 				b.Fatal(err)
 			}
@@ -90,7 +91,7 @@ func fillNode(b *testing.B, n *sim.Node, from, to int) {
 	}
 	var lines strings.Builder
 	for i := from; i < to; i++ {
-		id := fmt.Sprintf("vol-%020x", uint64(n.Index)<<32|uint64(i))
+		id := fillID(n, i)
 		// Every tenth asks for a replica: the schedule's rounds have a
 		// tenth of the volumes due (no replica exists yet).
 		params := map[string]string{}
@@ -112,6 +113,35 @@ func fillNode(b *testing.B, n *sim.Node, from, to int) {
 	if got < to {
 		b.Fatalf("filling node %s: %d volumes, want %d", n.ID, got, to)
 	}
+}
+
+func fillID(n *sim.Node, i int) string {
+	return fmt.Sprintf("vol-%020x", uint64(n.Index)<<32|uint64(i))
+}
+
+// fillPromises records on node what the driver's creates of the volumes
+// from..to-1 of every node would have left there: each create reserves
+// generation 1 on every node that answers (a majority is needed), so a
+// node keeps a promise record for every volume of the cluster, in the
+// shards of volume.PromiseShard. One zfs set per shard.
+func fillPromises(b *testing.B, node *sim.Node, all []*sim.Node, from, to int) {
+	if to <= from {
+		return
+	}
+	shards := map[string][]string{}
+	for _, holder := range all {
+		for i := from; i < to; i++ {
+			id := fillID(holder, i)
+			shard := volume.PromiseShard(node.RootDataset, id)
+			shards[shard] = append(shards[shard], fmt.Sprintf("%s%s='1 %s'", volume.PropPromisePrefix, id, holder.ID))
+		}
+	}
+	var script strings.Builder
+	script.WriteString("set -e\n")
+	for shard, records := range shards {
+		fmt.Fprintf(&script, "zfs create -p -o canmount=off -o mountpoint=none %s 2>/dev/null || true\nzfs set %s %s\n", shard, strings.Join(records, " "), shard)
+	}
+	sh(b, script.String())
 }
 
 // scaleRow measures one row of the table with n volumes on every node.

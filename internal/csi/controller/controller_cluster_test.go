@@ -21,6 +21,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/migration"
 	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
 	"github.com/zfs-nomad/zfs-nomad/internal/volume"
+	"github.com/zfs-nomad/zfs-nomad/internal/zfs"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs/zfsfake"
 )
 
@@ -43,6 +44,9 @@ func newTestCluster(t *testing.T, free map[string]uint64) *testCluster {
 		cfg := config.DefaultNode()
 		cfg.NodeID, cfg.RootDataset, cfg.MaxQuota = id, "tank/nomad", 8<<30
 		mgr := volume.NewManager(fake, cfg, hclog.NewNullLogger())
+		if err := mgr.CheckLegacyPromises(context.Background()); err != nil {
+			t.Fatal(err)
+		}
 		srv := agent.NewServer(mgr, nil, nil, cfg, hclog.NewNullLogger())
 		tc.agents.Serve(t, id+":7670", srv)
 		tc.fakes[id], tc.servers[id] = fake, srv
@@ -325,7 +329,14 @@ func TestDeleteNeverLeavesACopyBehind(t *testing.T) {
 // volume id to holder (as Reserve does).
 func (tc *testCluster) promise(node, id string, gen int, holder string) {
 	tc.t.Helper()
-	if err := tc.fakes[node].SetProperties(context.Background(), "tank/nomad", map[string]string{volume.PropPromisePrefix + id: fmt.Sprintf("%d %s", gen, holder)}); err != nil {
+	ctx, fake := context.Background(), tc.fakes[node]
+	shard := volume.PromiseShard("tank/nomad", id)
+	for _, ds := range []string{zfs.Parent(shard), shard} {
+		if err := fake.CreateFilesystem(ctx, ds, nil); err != nil && !errors.Is(err, zfs.ErrExists) {
+			tc.t.Fatal(err)
+		}
+	}
+	if err := fake.SetProperties(ctx, shard, map[string]string{volume.PropPromisePrefix + id: fmt.Sprintf("%d %s", gen, holder)}); err != nil {
 		tc.t.Fatal(err)
 	}
 }

@@ -193,6 +193,54 @@ func (z *ZFS) UserProperty(ctx context.Context, name, key string) (string, bool,
 	return value, ok, err
 }
 
+// OwnUserProperties reads, in one open, the user properties set on name
+// itself whose keys start with prefix.
+func (z *ZFS) OwnUserProperties(ctx context.Context, name, prefix string) (map[string]string, error) {
+	if err := zfs.ValidateName(name); err != nil {
+		return nil, err
+	}
+	var lines []string
+	err := z.do(ctx, func(h handle) error {
+		cname, cprefix := C.CString(name), C.CString(prefix)
+		defer C.free(unsafe.Pointer(cname))
+		defer C.free(unsafe.Pointer(cprefix))
+		var buf *C.char
+		if C.own_user_props(h.h, cname, cprefix, &buf) != 0 {
+			return h.lastError("open", name)
+		}
+		defer C.free(unsafe.Pointer(buf))
+		if out := C.GoString(buf); out != "" {
+			lines = strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	props := make(map[string]string, len(lines)/2)
+	for i := 0; i+1 < len(lines); i += 2 {
+		props[lines[i]] = lines[i+1]
+	}
+	return props, nil
+}
+
+// ClearUserProperty removes user property key set on name itself (zfs
+// inherit); one not set there is no error.
+func (z *ZFS) ClearUserProperty(ctx context.Context, name, key string) error {
+	if err := zfs.ValidateName(name); err != nil {
+		return err
+	}
+	return z.do(ctx, func(h handle) error {
+		cname, ckey := C.CString(name), C.CString(key)
+		defer C.free(unsafe.Pointer(cname))
+		defer C.free(unsafe.Pointer(ckey))
+		if C.clear_user_prop(h.h, cname, ckey) != 0 {
+			return h.lastError("inherit "+key, name)
+		}
+		return nil
+	})
+}
+
 // List returns name and every filesystem and snapshot below it. A listing
 // interrupted by a signal is retried; any other failure is an error, never
 // a shorter list.

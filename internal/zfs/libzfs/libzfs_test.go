@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"reflect"
@@ -96,6 +97,32 @@ func TestDatasetLifecycle(t *testing.T) {
 	}
 	if _, _, err := z.UserProperty(ctx, fs+"-missing", userProp); !errors.Is(err, zfs.ErrNotFound) {
 		t.Errorf("UserProperty of a missing dataset: %v, want ErrNotFound", err)
+	}
+	// OwnUserProperties reads the keys with a prefix set on the dataset
+	// itself, none inherited; ClearUserProperty removes one (zfs inherit),
+	// and clearing one that is not set is no error.
+	if err := z.SetProperties(ctx, root, map[string]string{"zfs-nomad:p:a": "1 n1", "zfs-nomad:p:b": "2 n2"}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := z.OwnUserProperties(ctx, root, "zfs-nomad:p:"); err != nil || !maps.Equal(got, map[string]string{"zfs-nomad:p:a": "1 n1", "zfs-nomad:p:b": "2 n2"}) {
+		t.Errorf("OwnUserProperties(root) = %v, %v", got, err)
+	}
+	if got, err := z.OwnUserProperties(ctx, fs, "zfs-nomad:"); err != nil || !maps.Equal(got, map[string]string{userProp: "hello world"}) {
+		t.Errorf("OwnUserProperties(fs) = %v, %v; want only its own, none inherited", got, err)
+	}
+	for _, key := range []string{"zfs-nomad:p:a", "zfs-nomad:p:b", "zfs-nomad:p:never-set"} {
+		if err := z.ClearUserProperty(ctx, root, key); err != nil {
+			t.Errorf("ClearUserProperty(%s): %v", key, err)
+		}
+	}
+	if got, err := z.OwnUserProperties(ctx, root, "zfs-nomad:p:"); err != nil || len(got) != 0 {
+		t.Errorf("after clearing: %v, %v; want none", got, err)
+	}
+	if got := zfsGet(t, "zfs-nomad:p:a", fs); got != "-" {
+		t.Errorf("zfs get of a cleared key on the child = %q, want -", got)
+	}
+	if err := z.ClearUserProperty(ctx, fs+"-missing", userProp); !errors.Is(err, zfs.ErrNotFound) {
+		t.Errorf("ClearUserProperty of a missing dataset: %v, want ErrNotFound", err)
 	}
 	if err := z.CreateFilesystem(ctx, fs, nil); !errors.Is(err, zfs.ErrExists) {
 		t.Errorf("second create: %v, want ErrExists", err)

@@ -263,6 +263,46 @@ int own_user_prop(zfs_handle_t *zh, const char *key, char *buf, size_t len) {
 	return 1;
 }
 
+// own_user_props lists the user properties set on dataset name itself
+// whose names start with prefix, as lines "name" and "value" in turn, from
+// one open; a value with a line break is left out. *out is NULL when
+// none matches.
+int own_user_props(libzfs_handle_t *h, const char *name, const char *prefix, char **out) {
+	zfs_handle_t *zh = open_dataset(h, name);
+	if (zh == NULL)
+		return -1;
+	lines_t l = {0};
+	size_t plen = strlen(prefix);
+	nvlist_t *props = zfs_get_user_props(zh);
+	for (nvpair_t *p = nvlist_next_nvpair(props, NULL); p != NULL; p = nvlist_next_nvpair(props, p)) {
+		nvlist_t *entry = NULL;
+		char *value = NULL, *source = NULL;
+		if (strncmp(nvpair_name(p), prefix, plen) != 0 || nvpair_value_nvlist(p, &entry) != 0 ||
+		    nvlist_lookup_string(entry, ZPROP_VALUE, &value) != 0 ||
+		    nvlist_lookup_string(entry, ZPROP_SOURCE, &source) != 0)
+			continue;
+		if (strcmp(source, zfs_get_name(zh)) != 0 && strcmp(source, ZPROP_SOURCE_VAL_RECVD) != 0)
+			continue;
+		if (strchr(value, '\n') != NULL)
+			continue;
+		lines_add(&l, nvpair_name(p));
+		lines_add(&l, value);
+	}
+	zfs_close(zh);
+	return lines_done(&l, 0, out);
+}
+
+// clear_user_prop removes a user property set on dataset name itself, as
+// zfs inherit does; one not set there is no error.
+int clear_user_prop(libzfs_handle_t *h, const char *name, const char *key) {
+	zfs_handle_t *zh = open_dataset(h, name);
+	if (zh == NULL)
+		return -1;
+	int rc = zfs_prop_inherit(zh, key, B_FALSE);
+	zfs_close(zh);
+	return rc;
+}
+
 void read_origin(zfs_handle_t *zh, char *buf, size_t len) {
 	if (zfs_get_type(zh) == ZFS_TYPE_SNAPSHOT ||
 	    zfs_prop_get(zh, ZFS_PROP_ORIGIN, buf, len, NULL, NULL, 0, B_TRUE) != 0)

@@ -45,6 +45,8 @@ int resume_token_info(libzfs_handle_t *h, const char *token, resume_info_t *out)
 zfs_handle_t *open_dataset(libzfs_handle_t *h, const char *name);
 void prop_get(zfs_handle_t *zh, const char *name, char *buf, size_t len);
 int own_user_prop(zfs_handle_t *zh, const char *key, char *buf, size_t len);
+int own_user_props(libzfs_handle_t *h, const char *name, const char *prefix, char **out);
+int clear_user_prop(libzfs_handle_t *h, const char *name, const char *key);
 void read_origin(zfs_handle_t *zh, char *buf, size_t len);
 
 // The numbers zfs.Dataset needs, all from the statistics zfs_open read.

@@ -39,6 +39,15 @@ func (c *Counting) UserProperty(ctx context.Context, name, key string) (string, 
 	c.add(1)
 	return c.Interface.UserProperty(ctx, name, key)
 }
+func (c *Counting) OwnUserProperties(ctx context.Context, name, prefix string) (map[string]string, error) {
+	out, err := c.Interface.OwnUserProperties(ctx, name, prefix)
+	c.add(1 + len(out))
+	return out, err
+}
+func (c *Counting) ClearUserProperty(ctx context.Context, name, key string) error {
+	c.add(1)
+	return c.Interface.ClearUserProperty(ctx, name, key)
+}
 func (c *Counting) SnapshotNames(ctx context.Context, fs string) ([]string, error) {
 	out, err := c.Interface.SnapshotNames(ctx, fs)
 	c.add(1 + len(out))

@@ -226,6 +226,39 @@ func (f *Fake) UserProperty(ctx context.Context, name, key string) (string, bool
 	return v, ok, nil
 }
 
+func (f *Fake) OwnUserProperties(ctx context.Context, name, prefix string) (map[string]string, error) {
+	unlock, err := f.enter("get", name)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	e, ok := f.datasets[name]
+	if !ok {
+		return nil, fmt.Errorf("%s: %w", name, zfs.ErrNotFound)
+	}
+	out := map[string]string{}
+	for k, v := range e.ds.User {
+		if strings.HasPrefix(k, prefix) {
+			out[k] = v
+		}
+	}
+	return out, nil
+}
+
+func (f *Fake) ClearUserProperty(ctx context.Context, name, key string) error {
+	unlock, err := f.enter("set", name)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	e, ok := f.datasets[name]
+	if !ok {
+		return fmt.Errorf("%s: %w", name, zfs.ErrNotFound)
+	}
+	delete(e.ds.User, key)
+	return nil
+}
+
 func (f *Fake) List(ctx context.Context, name string) ([]zfs.Dataset, error) {
 	unlock, err := f.enter("list", name)
 	if err != nil {
