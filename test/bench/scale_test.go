@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/agentclient"
 	"github.com/zfs-nomad/zfs-nomad/internal/cluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/guesttest"
 	"github.com/zfs-nomad/zfs-nomad/internal/scheduler"
@@ -80,7 +81,7 @@ func BenchmarkScale(b *testing.B) {
 		*scaleReps, scaleHeader, strings.Join(table, "\n"))
 }
 
-const scaleHeader = "volumes/node  raw-create raw-destroy raw-list  1stCreate Create   Delete   Publish  Stage    GetCap   List100  ListAll  status   RoundFull  RoundBook  RoundCreate ctl-RSS-MiB node-RSS-MiB"
+const scaleHeader = "volumes/node  raw-create raw-destroy raw-list  1stCreate Create   GetNode  GetCopy  Delete   Publish  Stage    GetCap   List100  ListAll  status   RoundFull  RoundBook  RoundCreate ctl-RSS-MiB node-RSS-MiB"
 
 // fillNode makes volumes from..to-1 of a node with zfs create, eight at
 // once, labelled as the driver labels a primary, and checks they are
@@ -166,7 +167,23 @@ func scaleRow(b *testing.B, ctx context.Context, c *sim.Cluster, agents *cluster
 			b.Fatal(err)
 		}
 	})
-	var rawCreate, rawDestroy, rawList, create, del, publish, stage, getCap, list100, listAll, status []float64
+	// Two of CreateVolume's parts, asked of n1's agent directly: the
+	// placement's GetNode (every node's count and free space) and the
+	// majority's GetCopy (each node's copy and promise record).
+	nodes, _, err := agents.Nodes(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var a1 cluster.NodeAgent
+	for _, nd := range nodes {
+		if nd.Info.NodeID == n1.ID {
+			a1, _ = nd.Agent.(cluster.NodeAgent)
+		}
+	}
+	if a1 == nil {
+		b.Fatalf("node %s's agent does not answer", n1.ID)
+	}
+	var rawCreate, rawDestroy, rawList, create, getNode, getCopy, del, publish, stage, getCap, list100, listAll, status []float64
 	for i := range *scaleReps {
 		raw := fmt.Sprintf("%s/raw-%d-%d", n1.RootDataset, n, i)
 		rawCreate = append(rawCreate, seconds(func() { sh(b, "zfs create "+raw) }))
@@ -174,6 +191,16 @@ func scaleRow(b *testing.B, ctx context.Context, c *sim.Cluster, agents *cluster
 		rawDestroy = append(rawDestroy, seconds(func() { sh(b, "zfs destroy "+raw) }))
 
 		name := fmt.Sprintf("scale-%d-%d", n, i)
+		getNode = append(getNode, seconds(func() {
+			if _, err := a1.GetNode(ctx, agentclient.GetNodeOptions{}); err != nil {
+				b.Fatal(err)
+			}
+		}))
+		getCopy = append(getCopy, seconds(func() {
+			if _, err := a1.GetCopy(ctx, vocab.VolumeIDForName(name)); err != nil {
+				b.Fatal(err)
+			}
+		}))
 		var id string
 		create = append(create, seconds(func() {
 			resp, err := ctl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: name, VolumeCapabilities: []*csi.VolumeCapability{capability},
@@ -238,8 +265,8 @@ func scaleRow(b *testing.B, ctx context.Context, c *sim.Cluster, agents *cluster
 	for _, nd := range c.Nodes {
 		nodeRSS = max(nodeRSS, rssMiB(nd.Process.Pid()))
 	}
-	return fmt.Sprintf("%12d  %9.3f %10.3f %9.3f %9.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %10.3f %10.3f %10.3f %11.1f %12.1f",
-		n, median(rawCreate), median(rawDestroy), median(rawList), firstCreate, median(create), median(del), median(publish), median(stage),
+	return fmt.Sprintf("%12d  %9.3f %10.3f %9.3f %9.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %8.3f %10.3f %10.3f %10.3f %11.1f %12.1f",
+		n, median(rawCreate), median(rawDestroy), median(rawList), firstCreate, median(create), median(getNode), median(getCopy), median(del), median(publish), median(stage),
 		median(getCap), median(list100), median(listAll), median(status), full, fromBook, afterCreate, rssMiB(c.Controller.Pid()), nodeRSS)
 }
 
