@@ -243,10 +243,11 @@ func (s *story) walk(ctx context.Context) error {
 		return err
 	}
 	// A replica that held snapshots the failed-over primary lacks is set
-	// aside by the first push after the failover, not destroyed (it
-	// happens when the schedule reached it before the failover: issue
-	// 15, replicas do not share snapshots yet). Deletes leave set-aside
-	// copies to the operator, who lets them go here as above.
+	// aside by the first push after the failover, not destroyed. Replicas
+	// share a base (docs/replication.md), so it takes a replica that
+	// missed the other's base (a push that failed, or one cut short by
+	// the demo's own steps). Deletes leave set-aside copies to the
+	// operator, who lets them go here as above.
 	for _, n := range s.c.Nodes {
 		out, _ := sim.Run("sh", "-c", "zfs list -H -o name -r "+n.RootDataset+" | grep -- -aside- || true")
 		if aside := strings.Fields(out); len(aside) > 0 {

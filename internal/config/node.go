@@ -12,12 +12,12 @@ import (
 	"fmt"
 	"maps"
 	"net"
-	"regexp"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/hostpath"
+	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs/zfsname"
 )
 
@@ -154,8 +154,6 @@ var AllowedMountFlags = map[string]bool{
 	"nodiratime": true, "nodev": true, "nosuid": true, "noexec": true, "sync": true, "dirsync": true,
 }
 
-var nodeIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
-
 // DefaultNode returns the defaults a config file or flags override.
 func DefaultNode() Node {
 	return Node{
@@ -178,7 +176,7 @@ func DefaultNode() Node {
 // Validate checks the config and explains every problem at once.
 func (c *Node) Validate() error {
 	var errs []error
-	if !nodeIDPattern.MatchString(c.NodeID) {
+	if !vocab.IsNodeID(c.NodeID) {
 		errs = append(errs, fmt.Errorf("node_id %q: required; letters, digits, _ . - (at most 128)", c.NodeID))
 	}
 	if err := zfsname.Validate(c.RootDataset); err != nil || strings.Contains(c.RootDataset, "@") {

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -16,6 +18,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/copylock"
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
@@ -70,6 +73,9 @@ type Pusher struct {
 	mu        sync.Mutex
 	transfers map[string]*Transfer        // by volume ID
 	peers     map[string]*grpc.ClientConn // by address, kept between pushes
+	// sent is, by volume ID and peer node ID, the snapshot a push sent
+	// last: the peer's base before the tidy holds it (peerBases).
+	sent map[string]map[string]string
 }
 
 // peer returns a connection to the agent at addr. Connections are kept:
@@ -219,6 +225,7 @@ func (p *Pusher) push(ctx context.Context, volumeID, fs, addr string, interval t
 	// plan's longest read, and the plan needs of it only the snapshots
 	// older than the one in flight (the bases the peer may share).
 	local := p.listAhead(ctx, fs)
+	held := p.holdsAhead(ctx, fs)
 	state, err := peer.ReplicaState(ctx, &pb.ReplicaStateRequest{VolumeId: volumeID})
 	taken := <-snapped
 	snapErr := taken.err
@@ -244,6 +251,9 @@ func (p *Pusher) push(ctx context.Context, volumeID, fs, addr string, interval t
 	if err != nil {
 		return pushed{}, err
 	}
+	if plan, err = p.bridge(volumeID, plan, state, header, local, held); err != nil {
+		return pushed{}, err
+	}
 	prog, spec := plan.prog, plan.spec
 	prog.FencedAt = taken.fencedAt
 	// The size estimate (zfs send -nP, a process of its own) is for
@@ -251,8 +261,12 @@ func (p *Pusher) push(ctx context.Context, volumeID, fs, addr string, interval t
 	// (a move's final increment) ends without it instead of sharing the
 	// CPU with it, and a long one has it for all but its first moments.
 	var total atomic.Int64
+	whole := spec // the bridges and the last stream: from the plan's base
+	if whole.ResumeToken == "" {
+		whole.Base = prog.Base
+	}
 	estimate := time.AfterFunc(estimateDelay, func() {
-		if n, err := p.z.EstimateSize(ctx, spec); err == nil {
+		if n, err := p.z.EstimateSize(ctx, whole); err == nil {
 			total.Store(n)
 		} else {
 			log.Debug("no size estimate", "error", err)
@@ -260,69 +274,100 @@ func (p *Pusher) push(ctx context.Context, volumeID, fs, addr string, interval t
 	})
 	defer estimate.Stop()
 	log = log.With("kind", prog.Kind, "snapshot", prog.Snapshot, "base", prog.Base)
-	log.Info("sending")
+	log.Info("sending", "bridges", len(plan.bridges))
 	transfer := &Transfer{VolumeID: volumeID, Peer: addr, Started: p.now(), Progress: prog}
 	defer p.track(volumeID, transfer)()
 
-	stream, err := peer.Receive(ctx)
-	if err != nil {
-		return pushed{}, errdefs.FromStatus(err)
-	}
-	header.Kind, header.Snapshot = prog.Kind, shortSnapshotName(prog.Snapshot)
-	if err := stream.Send(&pb.ReceiveMessage{Msg: &pb.ReceiveMessage_Header{Header: header}}); err != nil {
-		return pushed{}, fmt.Errorf("%w: sending the header to %s: %v", errdefs.ErrUnavailable, addr, err)
-	}
-
 	var sent atomic.Int64
-	started := p.now()
-	peerNode := state.GetNodeId()
 	stop := p.reportEvery(interval, func() {
 		prog.Bytes, prog.Total = sent.Load(), total.Load()
 		p.update(transfer, prog)
 		report(prog)
 	})
-	w := &chunkWriter{send: func(b []byte) error {
-		if err := p.limit.Wait(ctx, len(b)); err != nil {
-			return err
+	defer stop()
+	// The peer bases the target lacks go first, each a stream of its own
+	// (bridge); a failure leaves the target with those that arrived, and
+	// the next push goes on from the newest.
+	for _, b := range plan.bridges {
+		if _, err := p.sendStream(ctx, peer, header, b, &sent, volumeID, state.GetNodeId(), addr, log); err != nil {
+			return pushed{}, err
 		}
-		return stream.Send(&pb.ReceiveMessage{Msg: &pb.ReceiveMessage_Data{Data: b}})
-	}, sent: &sent}
+	}
 	streaming = spec.Snapshot == snap
-	_, sendErr := p.z.Send(ctx, spec, w)
-	if sendErr == nil {
-		sendErr = w.flush()
-	}
-	stop()
-	if sendErr != nil {
-		_ = stream.CloseSend()
-		_, recvErr := stream.CloseAndRecv() // the receiver's own account, if it has one
-		log.Warn("send failed; the next push resumes", "bytes", sent.Load(), "error", sendErr, "receiver", recvErr)
-		p.Metrics.transfer("out", prog.Kind, volumeID, peerNode, sent.Load(), p.now().Sub(started), sendErr)
-		if receiverSaidWhy(recvErr) {
-			// The receiver refused or gave up and said why: its verdict,
-			// not the broken stream it caused, is the answer (a move
-			// retries Aborted).
-			return pushed{}, fmt.Errorf("sending volume %s to %s: %w", volumeID, addr, errdefs.FromStatus(recvErr))
-		}
-		return pushed{}, errdefs.Wrap(errdefs.ErrUnavailable, "sending volume %s to %s: %v (receiver: %v)", volumeID, addr, sendErr, recvErr)
-	}
-	result, err := stream.CloseAndRecv()
-	p.Metrics.transfer("out", prog.Kind, volumeID, peerNode, sent.Load(), p.now().Sub(started), err)
-	if err != nil {
-		return pushed{}, errdefs.FromStatus(err)
-	}
-	// The peer now has the snapshot: it becomes this peer's base here too.
-	// Holding it need not delay the caller (a move waits for this push):
-	// the old base stays held until it is.
-	base, err := p.sentSnapshot(ctx, fs, plan, result.GetSnapshotGuid())
+	guid, err := p.sendStream(ctx, peer, header, streamSpec{kind: kindOf(spec), spec: spec}, &sent, volumeID, state.GetNodeId(), addr, log)
 	if err != nil {
 		return pushed{}, err
 	}
+	stop()
+	// The peer now has the snapshot: it becomes this peer's base here too.
+	// Holding it need not delay the caller (a move waits for this push):
+	// the old base stays held until it is.
+	base, err := p.sentSnapshot(ctx, fs, plan, guid)
+	if err != nil {
+		return pushed{}, err
+	}
+	p.noteSent(volumeID, state.GetNodeId(), base)
 	prog.Bytes, prog.Done = sent.Load(), true
 	prog.Total = prog.Bytes // what the estimate was for
 	report(prog)
 	log.Info("sent", "bytes", prog.Bytes)
 	return pushed{prog: prog, base: base, tag: BaseHoldTag + "-" + state.GetNodeId()}, nil
+}
+
+// A streamSpec is one stream of a push.
+type streamSpec struct {
+	kind string // KindFull, KindIncremental or KindResume
+	spec zfscmd.SendSpec
+	guid uint64 // of the snapshot sent; 0 when resuming
+}
+
+// sendStream sends one stream to the peer and returns the GUID of the
+// snapshot the peer says it received; sent counts its bytes.
+func (p *Pusher) sendStream(ctx context.Context, peer pb.ReplicationClient, header *pb.ReceiveHeader, st streamSpec, sent *atomic.Int64,
+	volumeID, peerNode, addr string, log hclog.Logger) (uint64, error) {
+	stream, err := peer.Receive(ctx)
+	if err != nil {
+		return 0, errdefs.FromStatus(err)
+	}
+	h := proto.Clone(header).(*pb.ReceiveHeader)
+	h.Kind, h.Snapshot = st.kind, shortSnapshotName(st.spec.Snapshot)
+	if err := stream.Send(&pb.ReceiveMessage{Msg: &pb.ReceiveMessage_Header{Header: h}}); err != nil {
+		return 0, fmt.Errorf("%w: sending the header to %s: %v", errdefs.ErrUnavailable, addr, err)
+	}
+	before, started := sent.Load(), p.now()
+	w := &chunkWriter{send: func(b []byte) error {
+		if err := p.limit.Wait(ctx, len(b)); err != nil {
+			return err
+		}
+		return stream.Send(&pb.ReceiveMessage{Msg: &pb.ReceiveMessage_Data{Data: b}})
+	}, sent: sent}
+	_, sendErr := p.z.Send(ctx, st.spec, w)
+	if sendErr == nil {
+		sendErr = w.flush()
+	}
+	bytes := sent.Load() - before
+	if sendErr != nil {
+		_ = stream.CloseSend()
+		_, recvErr := stream.CloseAndRecv() // the receiver's own account, if it has one
+		log.Warn("send failed; the next push resumes", "stream", st.spec.Snapshot, "bytes", bytes, "error", sendErr, "receiver", recvErr)
+		p.Metrics.transfer("out", st.kind, volumeID, peerNode, bytes, p.now().Sub(started), sendErr)
+		if receiverSaidWhy(recvErr) {
+			// The receiver refused or gave up and said why: its verdict,
+			// not the broken stream it caused, is the answer (a move
+			// retries Aborted).
+			return 0, fmt.Errorf("sending volume %s to %s: %w", volumeID, addr, errdefs.FromStatus(recvErr))
+		}
+		return 0, errdefs.Wrap(errdefs.ErrUnavailable, "sending volume %s to %s: %v (receiver: %v)", volumeID, addr, sendErr, recvErr)
+	}
+	result, err := stream.CloseAndRecv()
+	p.Metrics.transfer("out", st.kind, volumeID, peerNode, bytes, p.now().Sub(started), err)
+	if err != nil {
+		return 0, errdefs.FromStatus(err)
+	}
+	if st.guid != 0 && result.GetSnapshotGuid() != st.guid {
+		return 0, fmt.Errorf("the peer received snapshot guid %d, but %s (guid %d) was sent", result.GetSnapshotGuid(), st.spec.Snapshot, st.guid)
+	}
+	return result.GetSnapshotGuid(), nil
 }
 
 // receiverSaidWhy reports whether a receiver's answer to a broken stream
@@ -449,6 +494,7 @@ func (p *Pusher) tidy(ctx context.Context, fs, base, tag string, log hclog.Logge
 		log.Warn("holding the new base failed; the old base stays held until a push holds a newer one", "snapshot", base, "error", err)
 		return
 	}
+	p.forgetSent(zfs.Parent(base), strings.TrimPrefix(tag, BaseHoldTag+"-"), base)
 	if err := releaseTags(ctx, p.z, fs, isReceiverTag); err != nil {
 		log.Warn("releasing a former replica's hold failed; next push retries", "error", err)
 	}
@@ -481,6 +527,9 @@ type sendPlan struct {
 	prog Progress
 	spec zfscmd.SendSpec
 	guid uint64 // of the snapshot sent; 0 when resuming, whose header does not say
+	// bridges are the streams before spec's: the peer bases the target
+	// lacks (bridge).
+	bridges []streamSpec
 }
 
 // plan decides what to send, from what the receiver holds and what this
@@ -536,7 +585,7 @@ func (p *Pusher) plan(ctx context.Context, fs string, state *pb.ReplicaStateResp
 	}
 	remoteGUIDs := state.GetSnapshotGuids()
 	newerThere := len(remoteGUIDs) > 0 && remoteGUIDs[len(remoteGUIDs)-1] != baseGUID
-	incremental := sendPlan{Progress{Kind: KindIncremental, Snapshot: snap, Base: base}, zfscmd.SendSpec{Snapshot: snap, Base: base, Raw: raw}, guid}
+	incremental := sendPlan{prog: Progress{Kind: KindIncremental, Snapshot: snap, Base: base}, spec: zfscmd.SendSpec{Snapshot: snap, Base: base, Raw: raw}, guid: guid}
 	switch {
 	case base != "" && newerThere && state.GetGeneration() < generation && state.GetGeneration() >= h.GetHistoryFrom():
 		// Snapshots after the newest common one, taken by a primary of
@@ -563,7 +612,151 @@ func (p *Pusher) plan(ctx context.Context, fs string, state *pb.ReplicaStateResp
 	case state.GetExists():
 		return sendPlan{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "the peer's replica of %s shares no snapshot with this node; remove it for a full send", fs)
 	}
-	return sendPlan{Progress{Kind: KindFull, Snapshot: snap}, zfscmd.SendSpec{Snapshot: snap, Raw: raw}, guid}, nil
+	return sendPlan{prog: Progress{Kind: KindFull, Snapshot: snap}, spec: zfscmd.SendSpec{Snapshot: snap, Raw: raw}, guid: guid}, nil
+}
+
+// bridge makes a push carry the peer bases the target lacks (docs/
+// replication.md, "Replicas share a base"): the snapshots this primary
+// holds as the bases of its other replicas, newer than the plan's base
+// (all of them for a full send), oldest first, each sent from the one
+// before; the plan's own snapshot follows from the newest. So whichever
+// replica is promoted next, every other replica shares its base with it,
+// and the header tells the target which snapshot is whose base. A resume
+// carries none: the next push does.
+func (p *Pusher) bridge(volumeID string, plan sendPlan, state *pb.ReplicaStateResponse, header *pb.ReceiveHeader,
+	listed func() ([]zfscmd.Snap, error), held func() (map[string][]string, error)) (sendPlan, error) {
+	holds, err := held()
+	if err != nil {
+		return sendPlan{}, fmt.Errorf("listing the holds of %s: %w", zfs.Parent(plan.prog.Snapshot), err)
+	}
+	local, err := listed()
+	if err != nil {
+		return sendPlan{}, err
+	}
+	target := state.GetNodeId()
+	remote := map[uint64]bool{}
+	for _, g := range state.GetSnapshotGuids() {
+		remote[g] = true
+	}
+	bases := p.peerBases(volumeID, local, holds)
+	delete(bases, target)
+	isBase := map[string]bool{}
+	header.PeerBases = nil
+	for _, peer := range slices.Sorted(maps.Keys(bases)) {
+		header.PeerBases = append(header.PeerBases, &pb.PeerBase{Guid: bases[peer].GUID, NodeId: peer})
+		isBase[bases[peer].Name] = true
+	}
+	if plan.prog.Kind == KindResume {
+		return plan, nil
+	}
+	from, after := plan.spec.Base, plan.spec.Base == ""
+	for _, s := range local { // oldest first
+		switch {
+		case s.Name == plan.spec.Snapshot:
+			plan.spec.Base = from
+			return plan, nil
+		case s.Name == plan.spec.Base:
+			after = true
+		case after && !remote[s.GUID] && isBase[s.Name]:
+			spec := zfscmd.SendSpec{Snapshot: s.Name, Base: from, Raw: plan.spec.Raw}
+			plan.bridges = append(plan.bridges, streamSpec{kind: kindOf(spec), spec: spec, guid: s.GUID})
+			from = s.Name
+		}
+	}
+	// The new snapshot was listed before it was taken: it comes after
+	// every listed one.
+	plan.spec.Base = from
+	return plan, nil
+}
+
+// kindOf names the kind of stream spec sends.
+func kindOf(spec zfscmd.SendSpec) string {
+	switch {
+	case spec.ResumeToken != "":
+		return KindResume
+	case spec.Base == "":
+		return KindFull
+	}
+	return KindIncremental
+}
+
+// peersHeldFor returns the peers whose base hold tags are among tags.
+func peersHeldFor(tags []string) []string {
+	var peers []string
+	for _, t := range tags {
+		if isPeerTag(t) {
+			peers = append(peers, strings.TrimPrefix(t, BaseHoldTag+"-"))
+		}
+	}
+	return peers
+}
+
+// peerBases returns each peer's base among local: the newest snapshot
+// held with its tag, or sent to it last by this process (the hold
+// follows a push's answer in the background, and a push to another peer
+// right after must count it already).
+func (p *Pusher) peerBases(volumeID string, local []zfscmd.Snap, holds map[string][]string) map[string]zfscmd.Snap {
+	p.mu.Lock()
+	sent := maps.Clone(p.sent[volumeID])
+	p.mu.Unlock()
+	bases := map[string]zfscmd.Snap{}
+	for _, s := range local { // oldest first: the newest wins
+		for _, peer := range peersHeldFor(holds[s.Name]) {
+			bases[peer] = s
+		}
+		for peer, name := range sent {
+			if name == s.Name {
+				bases[peer] = s
+			}
+		}
+	}
+	return bases
+}
+
+// forgetSent drops what noteSent recorded once the hold carries it, so
+// the record holds only the pushes whose tidy has not run.
+func (p *Pusher) forgetSent(fs, peer, snapshot string) {
+	volumeID := fs[strings.LastIndexByte(fs, '/')+1:]
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.sent[volumeID][peer] == snapshot {
+		delete(p.sent[volumeID], peer)
+		if len(p.sent[volumeID]) == 0 {
+			delete(p.sent, volumeID)
+		}
+	}
+}
+
+// noteSent records that peer received snapshot of volumeID.
+func (p *Pusher) noteSent(volumeID, peer, snapshot string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.sent == nil {
+		p.sent = map[string]map[string]string{}
+	}
+	if p.sent[volumeID] == nil {
+		p.sent[volumeID] = map[string]string{}
+	}
+	p.sent[volumeID][peer] = snapshot
+}
+
+// holdsAhead lists the holds on the snapshots of fs in the background and
+// returns the wait for the listing.
+func (p *Pusher) holdsAhead(ctx context.Context, fs string) func() (map[string][]string, error) {
+	type listing struct {
+		holds map[string][]string
+		err   error
+	}
+	var l listing
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		l.holds, l.err = p.z.Holds(ctx, fs)
+	}()
+	return func() (map[string][]string, error) {
+		<-done
+		return l.holds, l.err
+	}
 }
 
 // listAhead lists the snapshots of fs in the background and returns the
@@ -573,13 +766,15 @@ func (p *Pusher) listAhead(ctx context.Context, fs string) func() ([]zfscmd.Snap
 		snaps []zfscmd.Snap
 		err   error
 	}
-	done := make(chan listing, 1)
+	var l listing
+	done := make(chan struct{})
 	go func() {
-		snaps, err := p.z.Snapshots(ctx, fs)
-		done <- listing{snaps, err}
+		defer close(done)
+		l.snaps, l.err = p.z.Snapshots(ctx, fs)
 	}()
+	// Read by the plan and by bridge: every call waits for the one listing.
 	return func() ([]zfscmd.Snap, error) {
-		l := <-done
+		<-done
 		return l.snaps, l.err
 	}
 }
@@ -674,7 +869,8 @@ func (p *Pusher) reportEvery(interval time.Duration, f func()) (stop func()) {
 			}
 		}
 	}()
-	return func() { close(done); <-finished }
+	var once sync.Once
+	return func() { once.Do(func() { close(done); <-finished }) }
 }
 
 // chunkWriter cuts the zfs send stream into messages of chunkSize.

@@ -247,7 +247,7 @@ func (r *Receiver) receive(stream pb.Replication_ReceiveServer) (*pb.ReceiveResu
 			return nil, err
 		}
 	}
-	go r.tidy(h.GetVolumeId(), fs, last.Name, log)
+	go r.tidy(h.GetVolumeId(), fs, last.Name, r.peerBases(h), log)
 	log.Info("received", "bytes", received, "snapshot", last.Name)
 	return &pb.ReceiveResult{SnapshotGuid: last.GUID, Bytes: received}, nil
 }
@@ -641,7 +641,7 @@ const tidyDelay = time.Second
 // as a primary (before a move demoted it) would pin old snapshots forever.
 // Then old replication snapshots are pruned; held bases always stay. A
 // replica promoted meanwhile is left alone: it is the primary's to tidy.
-func (r *Receiver) tidy(volumeID, fs, received string, log hclog.Logger) {
+func (r *Receiver) tidy(volumeID, fs, received string, peerBases map[uint64][]string, log hclog.Logger) {
 	ctx, cancel := context.WithTimeout(context.Background(), tidyTimeout)
 	defer cancel()
 	select {
@@ -661,8 +661,8 @@ func (r *Receiver) tidy(volumeID, fs, received string, log hclog.Logger) {
 		log.Warn("holding the new base failed; the old base stays held until a receive holds a newer one", "snapshot", received, "error", err)
 		return
 	}
-	if err := releaseTags(ctx, r.z, fs, isPeerTag); err != nil {
-		log.Warn("releasing a former primary's holds failed; next receive retries", "error", err)
+	if err := mirrorPeerBases(ctx, r.z, fs, peerBases); err != nil {
+		log.Warn("holding the sender's peer bases failed; next receive retries", "error", err)
 	}
 	if err := releaseSuperseded(ctx, r.z, fs); err != nil {
 		log.Warn("releasing the old base hold failed; next receive retries", "error", err)
@@ -670,6 +670,65 @@ func (r *Receiver) tidy(volumeID, fs, received string, log hclog.Logger) {
 	if err := prune(ctx, r.z, fs, r.keep); err != nil {
 		log.Warn("pruning old replication snapshots failed; next receive retries", "error", err)
 	}
+}
+
+// peerBases reads the header's peer bases: GUID to the peers whose base
+// the sender holds it as, leaving out this node and any node ID that is
+// not one (it becomes part of a hold tag here).
+func (r *Receiver) peerBases(h *pb.ReceiveHeader) map[uint64][]string {
+	out := map[uint64][]string{}
+	for _, b := range h.GetPeerBases() {
+		if id := b.GetNodeId(); id != r.nodeID && vocab.IsNodeID(id) {
+			out[b.GetGuid()] = append(out[b.GetGuid()], id)
+		}
+	}
+	return out
+}
+
+// mirrorPeerBases makes the holds of a replica's peer tags those of its
+// sender (docs/replication.md, "Replicas share a base"): each snapshot
+// the sender holds as a peer's base, and this replica has, is held here
+// with that peer's tag, and no other snapshot keeps a peer tag. Promoted,
+// the replica then keeps what every other replica shares with it, and its
+// first push to each goes on incrementally from there. The holds are made
+// before any is released.
+func mirrorPeerBases(ctx context.Context, z Streams, fs string, peerBases map[uint64][]string) error {
+	snaps, err := z.Snapshots(ctx, fs)
+	if err != nil {
+		return err
+	}
+	holds, err := z.Holds(ctx, fs)
+	if err != nil {
+		return fmt.Errorf("listing holds on %s: %w", fs, err)
+	}
+	want := map[string]map[string]bool{} // snapshot -> peer tags
+	for _, s := range snaps {
+		for _, peer := range peerBases[s.GUID] {
+			if want[s.Name] == nil {
+				want[s.Name] = map[string]bool{}
+			}
+			want[s.Name][BaseHoldTag+"-"+peer] = true
+		}
+	}
+	for snap, tags := range want {
+		for tag := range tags {
+			if !slices.Contains(holds[snap], tag) {
+				if err := z.Hold(ctx, snap, tag); err != nil && !errors.Is(err, zfs.ErrNotFound) {
+					return fmt.Errorf("holding %s with %s: %w", snap, tag, err)
+				}
+			}
+		}
+	}
+	for snap, tags := range holds {
+		for _, tag := range tags {
+			if isPeerTag(tag) && !want[snap][tag] {
+				if err := z.Release(ctx, snap, tag); err != nil && !errors.Is(err, zfs.ErrNotFound) {
+					return fmt.Errorf("releasing %s on %s: %w", tag, snap, err)
+				}
+			}
+		}
+	}
+	return nil
 }
 
 // Replica is a copy this node holds of another node's volume.

@@ -49,3 +49,9 @@ func ValidateName(kind, name string) error {
 	}
 	return nil
 }
+
+var nodeIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
+
+// IsNodeID tells whether id is a valid node ID: letters, digits, _ . -,
+// at most 128, starting with a letter or digit.
+func IsNodeID(id string) bool { return nodeIDPattern.MatchString(id) }

@@ -2000,7 +2000,12 @@ type ReceiveHeader struct {
 	// sender's copy (docs/replication.md, "Replicas of an older
 	// generation"): a replica of such a generation holding snapshots the
 	// sender lacks may roll them back for an incremental.
-	HistoryFrom   uint64 `protobuf:"varint,9,opt,name=history_from,json=historyFrom,proto3" json:"history_from,omitempty"`
+	HistoryFrom uint64 `protobuf:"varint,9,opt,name=history_from,json=historyFrom,proto3" json:"history_from,omitempty"`
+	// The snapshots the sender holds as the incremental bases of its other
+	// replicas (docs/replication.md, "Replicas share a base"): the receiver
+	// holds each it has with the same peer's tag, so that if it is
+	// promoted, every other replica shares a snapshot with it.
+	PeerBases     []*PeerBase `protobuf:"bytes,10,rep,name=peer_bases,json=peerBases,proto3" json:"peer_bases,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2098,6 +2103,66 @@ func (x *ReceiveHeader) GetHistoryFrom() uint64 {
 	return 0
 }
 
+func (x *ReceiveHeader) GetPeerBases() []*PeerBase {
+	if x != nil {
+		return x.PeerBases
+	}
+	return nil
+}
+
+// PeerBase is the snapshot (by GUID) a sender holds as a peer's base.
+type PeerBase struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Guid          uint64                 `protobuf:"varint,1,opt,name=guid,proto3" json:"guid,omitempty"`
+	NodeId        string                 `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PeerBase) Reset() {
+	*x = PeerBase{}
+	mi := &file_agentpb_agent_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PeerBase) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PeerBase) ProtoMessage() {}
+
+func (x *PeerBase) ProtoReflect() protoreflect.Message {
+	mi := &file_agentpb_agent_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PeerBase.ProtoReflect.Descriptor instead.
+func (*PeerBase) Descriptor() ([]byte, []int) {
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *PeerBase) GetGuid() uint64 {
+	if x != nil {
+		return x.Guid
+	}
+	return 0
+}
+
+func (x *PeerBase) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
 type ReceiveResult struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	SnapshotGuid  uint64                 `protobuf:"varint,1,opt,name=snapshot_guid,json=snapshotGuid,proto3" json:"snapshot_guid,omitempty"`
@@ -2108,7 +2173,7 @@ type ReceiveResult struct {
 
 func (x *ReceiveResult) Reset() {
 	*x = ReceiveResult{}
-	mi := &file_agentpb_agent_proto_msgTypes[33]
+	mi := &file_agentpb_agent_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2120,7 +2185,7 @@ func (x *ReceiveResult) String() string {
 func (*ReceiveResult) ProtoMessage() {}
 
 func (x *ReceiveResult) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[33]
+	mi := &file_agentpb_agent_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2133,7 +2198,7 @@ func (x *ReceiveResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReceiveResult.ProtoReflect.Descriptor instead.
 func (*ReceiveResult) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{33}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ReceiveResult) GetSnapshotGuid() uint64 {
@@ -2159,7 +2224,7 @@ type GetCopyRequest struct {
 
 func (x *GetCopyRequest) Reset() {
 	*x = GetCopyRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[34]
+	mi := &file_agentpb_agent_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2171,7 +2236,7 @@ func (x *GetCopyRequest) String() string {
 func (*GetCopyRequest) ProtoMessage() {}
 
 func (x *GetCopyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[34]
+	mi := &file_agentpb_agent_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2184,7 +2249,7 @@ func (x *GetCopyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCopyRequest.ProtoReflect.Descriptor instead.
 func (*GetCopyRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{34}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *GetCopyRequest) GetVolumeId() string {
@@ -2239,7 +2304,7 @@ type Copy struct {
 
 func (x *Copy) Reset() {
 	*x = Copy{}
-	mi := &file_agentpb_agent_proto_msgTypes[35]
+	mi := &file_agentpb_agent_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2251,7 +2316,7 @@ func (x *Copy) String() string {
 func (*Copy) ProtoMessage() {}
 
 func (x *Copy) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[35]
+	mi := &file_agentpb_agent_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2264,7 +2329,7 @@ func (x *Copy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Copy.ProtoReflect.Descriptor instead.
 func (*Copy) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{35}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *Copy) GetVolumeId() string {
@@ -2425,7 +2490,7 @@ type ReserveRequest struct {
 
 func (x *ReserveRequest) Reset() {
 	*x = ReserveRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[36]
+	mi := &file_agentpb_agent_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2437,7 +2502,7 @@ func (x *ReserveRequest) String() string {
 func (*ReserveRequest) ProtoMessage() {}
 
 func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[36]
+	mi := &file_agentpb_agent_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2450,7 +2515,7 @@ func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveRequest.ProtoReflect.Descriptor instead.
 func (*ReserveRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{36}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ReserveRequest) GetVolumeId() string {
@@ -2494,7 +2559,7 @@ type ReserveResponse struct {
 
 func (x *ReserveResponse) Reset() {
 	*x = ReserveResponse{}
-	mi := &file_agentpb_agent_proto_msgTypes[37]
+	mi := &file_agentpb_agent_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2506,7 +2571,7 @@ func (x *ReserveResponse) String() string {
 func (*ReserveResponse) ProtoMessage() {}
 
 func (x *ReserveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[37]
+	mi := &file_agentpb_agent_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2519,7 +2584,7 @@ func (x *ReserveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveResponse.ProtoReflect.Descriptor instead.
 func (*ReserveResponse) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{37}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ReserveResponse) GetGranted() bool {
@@ -2553,7 +2618,7 @@ type FenceRequest struct {
 
 func (x *FenceRequest) Reset() {
 	*x = FenceRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[38]
+	mi := &file_agentpb_agent_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2565,7 +2630,7 @@ func (x *FenceRequest) String() string {
 func (*FenceRequest) ProtoMessage() {}
 
 func (x *FenceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[38]
+	mi := &file_agentpb_agent_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2578,7 +2643,7 @@ func (x *FenceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FenceRequest.ProtoReflect.Descriptor instead.
 func (*FenceRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{38}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *FenceRequest) GetVolumeId() string {
@@ -2604,7 +2669,7 @@ type FenceResponse struct {
 
 func (x *FenceResponse) Reset() {
 	*x = FenceResponse{}
-	mi := &file_agentpb_agent_proto_msgTypes[39]
+	mi := &file_agentpb_agent_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2616,7 +2681,7 @@ func (x *FenceResponse) String() string {
 func (*FenceResponse) ProtoMessage() {}
 
 func (x *FenceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[39]
+	mi := &file_agentpb_agent_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2629,7 +2694,7 @@ func (x *FenceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FenceResponse.ProtoReflect.Descriptor instead.
 func (*FenceResponse) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{39}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *FenceResponse) GetFencedUnixNano() int64 {
@@ -2651,7 +2716,7 @@ type UnfenceRequest struct {
 
 func (x *UnfenceRequest) Reset() {
 	*x = UnfenceRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[40]
+	mi := &file_agentpb_agent_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2663,7 +2728,7 @@ func (x *UnfenceRequest) String() string {
 func (*UnfenceRequest) ProtoMessage() {}
 
 func (x *UnfenceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[40]
+	mi := &file_agentpb_agent_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2676,7 +2741,7 @@ func (x *UnfenceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnfenceRequest.ProtoReflect.Descriptor instead.
 func (*UnfenceRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{40}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *UnfenceRequest) GetVolumeId() string {
@@ -2711,7 +2776,7 @@ type PromoteRequest struct {
 
 func (x *PromoteRequest) Reset() {
 	*x = PromoteRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[41]
+	mi := &file_agentpb_agent_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2723,7 +2788,7 @@ func (x *PromoteRequest) String() string {
 func (*PromoteRequest) ProtoMessage() {}
 
 func (x *PromoteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[41]
+	mi := &file_agentpb_agent_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2736,7 +2801,7 @@ func (x *PromoteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PromoteRequest.ProtoReflect.Descriptor instead.
 func (*PromoteRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{41}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *PromoteRequest) GetVolumeId() string {
@@ -2787,7 +2852,7 @@ type DemoteRequest struct {
 
 func (x *DemoteRequest) Reset() {
 	*x = DemoteRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[42]
+	mi := &file_agentpb_agent_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2799,7 +2864,7 @@ func (x *DemoteRequest) String() string {
 func (*DemoteRequest) ProtoMessage() {}
 
 func (x *DemoteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[42]
+	mi := &file_agentpb_agent_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2812,7 +2877,7 @@ func (x *DemoteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DemoteRequest.ProtoReflect.Descriptor instead.
 func (*DemoteRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{42}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *DemoteRequest) GetVolumeId() string {
@@ -2850,7 +2915,7 @@ type DeleteReplicaRequest struct {
 
 func (x *DeleteReplicaRequest) Reset() {
 	*x = DeleteReplicaRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[43]
+	mi := &file_agentpb_agent_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2862,7 +2927,7 @@ func (x *DeleteReplicaRequest) String() string {
 func (*DeleteReplicaRequest) ProtoMessage() {}
 
 func (x *DeleteReplicaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[43]
+	mi := &file_agentpb_agent_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2875,7 +2940,7 @@ func (x *DeleteReplicaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteReplicaRequest.ProtoReflect.Descriptor instead.
 func (*DeleteReplicaRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{43}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *DeleteReplicaRequest) GetVolumeId() string {
@@ -2901,7 +2966,7 @@ type DeleteReplicaResponse struct {
 
 func (x *DeleteReplicaResponse) Reset() {
 	*x = DeleteReplicaResponse{}
-	mi := &file_agentpb_agent_proto_msgTypes[44]
+	mi := &file_agentpb_agent_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2913,7 +2978,7 @@ func (x *DeleteReplicaResponse) String() string {
 func (*DeleteReplicaResponse) ProtoMessage() {}
 
 func (x *DeleteReplicaResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[44]
+	mi := &file_agentpb_agent_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2926,7 +2991,7 @@ func (x *DeleteReplicaResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteReplicaResponse.ProtoReflect.Descriptor instead.
 func (*DeleteReplicaResponse) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{44}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *DeleteReplicaResponse) GetDeleted() bool {
@@ -3101,7 +3166,7 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\x0eReceiveMessage\x12:\n" +
 	"\x06header\x18\x01 \x01(\v2 .zfsnomad.agent.v1.ReceiveHeaderH\x00R\x06header\x12\x14\n" +
 	"\x04data\x18\x02 \x01(\fH\x00R\x04dataB\x05\n" +
-	"\x03msg\"\x9e\x03\n" +
+	"\x03msg\"\xda\x03\n" +
 	"\rReceiveHeader\x12\x1b\n" +
 	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12\x1f\n" +
 	"\vvolume_name\x18\x02 \x01(\tR\n" +
@@ -3116,10 +3181,16 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"parameters\x18\a \x03(\v20.zfsnomad.agent.v1.ReceiveHeader.ParametersEntryR\n" +
 	"parameters\x12%\n" +
 	"\x0ecapacity_bytes\x18\b \x01(\x04R\rcapacityBytes\x12!\n" +
-	"\fhistory_from\x18\t \x01(\x04R\vhistoryFrom\x1a=\n" +
+	"\fhistory_from\x18\t \x01(\x04R\vhistoryFrom\x12:\n" +
+	"\n" +
+	"peer_bases\x18\n" +
+	" \x03(\v2\x1b.zfsnomad.agent.v1.PeerBaseR\tpeerBases\x1a=\n" +
 	"\x0fParametersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"J\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"7\n" +
+	"\bPeerBase\x12\x12\n" +
+	"\x04guid\x18\x01 \x01(\x04R\x04guid\x12\x17\n" +
+	"\anode_id\x18\x02 \x01(\tR\x06nodeId\"J\n" +
 	"\rReceiveResult\x12#\n" +
 	"\rsnapshot_guid\x18\x01 \x01(\x04R\fsnapshotGuid\x12\x14\n" +
 	"\x05bytes\x18\x02 \x01(\x03R\x05bytes\"-\n" +
@@ -3233,7 +3304,7 @@ func file_agentpb_agent_proto_rawDescGZIP() []byte {
 	return file_agentpb_agent_proto_rawDescData
 }
 
-var file_agentpb_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 51)
+var file_agentpb_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 52)
 var file_agentpb_agent_proto_goTypes = []any{
 	(*PingRequest)(nil),            // 0: zfsnomad.agent.v1.PingRequest
 	(*PingResponse)(nil),           // 1: zfsnomad.agent.v1.PingResponse
@@ -3268,30 +3339,31 @@ var file_agentpb_agent_proto_goTypes = []any{
 	(*ReplicaStateResponse)(nil),   // 30: zfsnomad.agent.v1.ReplicaStateResponse
 	(*ReceiveMessage)(nil),         // 31: zfsnomad.agent.v1.ReceiveMessage
 	(*ReceiveHeader)(nil),          // 32: zfsnomad.agent.v1.ReceiveHeader
-	(*ReceiveResult)(nil),          // 33: zfsnomad.agent.v1.ReceiveResult
-	(*GetCopyRequest)(nil),         // 34: zfsnomad.agent.v1.GetCopyRequest
-	(*Copy)(nil),                   // 35: zfsnomad.agent.v1.Copy
-	(*ReserveRequest)(nil),         // 36: zfsnomad.agent.v1.ReserveRequest
-	(*ReserveResponse)(nil),        // 37: zfsnomad.agent.v1.ReserveResponse
-	(*FenceRequest)(nil),           // 38: zfsnomad.agent.v1.FenceRequest
-	(*FenceResponse)(nil),          // 39: zfsnomad.agent.v1.FenceResponse
-	(*UnfenceRequest)(nil),         // 40: zfsnomad.agent.v1.UnfenceRequest
-	(*PromoteRequest)(nil),         // 41: zfsnomad.agent.v1.PromoteRequest
-	(*DemoteRequest)(nil),          // 42: zfsnomad.agent.v1.DemoteRequest
-	(*DeleteReplicaRequest)(nil),   // 43: zfsnomad.agent.v1.DeleteReplicaRequest
-	(*DeleteReplicaResponse)(nil),  // 44: zfsnomad.agent.v1.DeleteReplicaResponse
-	nil,                            // 45: zfsnomad.agent.v1.PromisesResponse.GenerationsEntry
-	nil,                            // 46: zfsnomad.agent.v1.Node.TopologyEntry
-	nil,                            // 47: zfsnomad.agent.v1.CreateVolumeRequest.ParametersEntry
-	nil,                            // 48: zfsnomad.agent.v1.Volume.ParametersEntry
-	nil,                            // 49: zfsnomad.agent.v1.ReceiveHeader.ParametersEntry
-	nil,                            // 50: zfsnomad.agent.v1.Copy.ParametersEntry
+	(*PeerBase)(nil),               // 33: zfsnomad.agent.v1.PeerBase
+	(*ReceiveResult)(nil),          // 34: zfsnomad.agent.v1.ReceiveResult
+	(*GetCopyRequest)(nil),         // 35: zfsnomad.agent.v1.GetCopyRequest
+	(*Copy)(nil),                   // 36: zfsnomad.agent.v1.Copy
+	(*ReserveRequest)(nil),         // 37: zfsnomad.agent.v1.ReserveRequest
+	(*ReserveResponse)(nil),        // 38: zfsnomad.agent.v1.ReserveResponse
+	(*FenceRequest)(nil),           // 39: zfsnomad.agent.v1.FenceRequest
+	(*FenceResponse)(nil),          // 40: zfsnomad.agent.v1.FenceResponse
+	(*UnfenceRequest)(nil),         // 41: zfsnomad.agent.v1.UnfenceRequest
+	(*PromoteRequest)(nil),         // 42: zfsnomad.agent.v1.PromoteRequest
+	(*DemoteRequest)(nil),          // 43: zfsnomad.agent.v1.DemoteRequest
+	(*DeleteReplicaRequest)(nil),   // 44: zfsnomad.agent.v1.DeleteReplicaRequest
+	(*DeleteReplicaResponse)(nil),  // 45: zfsnomad.agent.v1.DeleteReplicaResponse
+	nil,                            // 46: zfsnomad.agent.v1.PromisesResponse.GenerationsEntry
+	nil,                            // 47: zfsnomad.agent.v1.Node.TopologyEntry
+	nil,                            // 48: zfsnomad.agent.v1.CreateVolumeRequest.ParametersEntry
+	nil,                            // 49: zfsnomad.agent.v1.Volume.ParametersEntry
+	nil,                            // 50: zfsnomad.agent.v1.ReceiveHeader.ParametersEntry
+	nil,                            // 51: zfsnomad.agent.v1.Copy.ParametersEntry
 }
 var file_agentpb_agent_proto_depIdxs = []int32{
-	45, // 0: zfsnomad.agent.v1.PromisesResponse.generations:type_name -> zfsnomad.agent.v1.PromisesResponse.GenerationsEntry
-	46, // 1: zfsnomad.agent.v1.Node.topology:type_name -> zfsnomad.agent.v1.Node.TopologyEntry
-	47, // 2: zfsnomad.agent.v1.CreateVolumeRequest.parameters:type_name -> zfsnomad.agent.v1.CreateVolumeRequest.ParametersEntry
-	48, // 3: zfsnomad.agent.v1.Volume.parameters:type_name -> zfsnomad.agent.v1.Volume.ParametersEntry
+	46, // 0: zfsnomad.agent.v1.PromisesResponse.generations:type_name -> zfsnomad.agent.v1.PromisesResponse.GenerationsEntry
+	47, // 1: zfsnomad.agent.v1.Node.topology:type_name -> zfsnomad.agent.v1.Node.TopologyEntry
+	48, // 2: zfsnomad.agent.v1.CreateVolumeRequest.parameters:type_name -> zfsnomad.agent.v1.CreateVolumeRequest.ParametersEntry
+	49, // 3: zfsnomad.agent.v1.Volume.parameters:type_name -> zfsnomad.agent.v1.Volume.ParametersEntry
 	7,  // 4: zfsnomad.agent.v1.ListVolumesResponse.volumes:type_name -> zfsnomad.agent.v1.Volume
 	16, // 5: zfsnomad.agent.v1.ListSnapshotsResponse.snapshots:type_name -> zfsnomad.agent.v1.Snapshot
 	27, // 6: zfsnomad.agent.v1.NodeStatus.replicas:type_name -> zfsnomad.agent.v1.Replica
@@ -3299,59 +3371,60 @@ var file_agentpb_agent_proto_depIdxs = []int32{
 	7,  // 8: zfsnomad.agent.v1.ChangesResponse.volumes:type_name -> zfsnomad.agent.v1.Volume
 	27, // 9: zfsnomad.agent.v1.ChangesResponse.replicas:type_name -> zfsnomad.agent.v1.Replica
 	32, // 10: zfsnomad.agent.v1.ReceiveMessage.header:type_name -> zfsnomad.agent.v1.ReceiveHeader
-	49, // 11: zfsnomad.agent.v1.ReceiveHeader.parameters:type_name -> zfsnomad.agent.v1.ReceiveHeader.ParametersEntry
-	50, // 12: zfsnomad.agent.v1.Copy.parameters:type_name -> zfsnomad.agent.v1.Copy.ParametersEntry
-	4,  // 13: zfsnomad.agent.v1.NodeAgent.GetNode:input_type -> zfsnomad.agent.v1.GetNodeRequest
-	6,  // 14: zfsnomad.agent.v1.NodeAgent.CreateVolume:input_type -> zfsnomad.agent.v1.CreateVolumeRequest
-	8,  // 15: zfsnomad.agent.v1.NodeAgent.DeleteVolume:input_type -> zfsnomad.agent.v1.DeleteVolumeRequest
-	10, // 16: zfsnomad.agent.v1.NodeAgent.GetVolume:input_type -> zfsnomad.agent.v1.GetVolumeRequest
-	11, // 17: zfsnomad.agent.v1.NodeAgent.ListVolumes:input_type -> zfsnomad.agent.v1.ListVolumesRequest
-	13, // 18: zfsnomad.agent.v1.NodeAgent.ExpandVolume:input_type -> zfsnomad.agent.v1.ExpandVolumeRequest
-	15, // 19: zfsnomad.agent.v1.NodeAgent.CreateSnapshot:input_type -> zfsnomad.agent.v1.CreateSnapshotRequest
-	17, // 20: zfsnomad.agent.v1.NodeAgent.DeleteSnapshot:input_type -> zfsnomad.agent.v1.DeleteSnapshotRequest
-	19, // 21: zfsnomad.agent.v1.NodeAgent.ListSnapshots:input_type -> zfsnomad.agent.v1.ListSnapshotsRequest
-	21, // 22: zfsnomad.agent.v1.NodeAgent.Replicate:input_type -> zfsnomad.agent.v1.ReplicateRequest
-	23, // 23: zfsnomad.agent.v1.NodeAgent.Status:input_type -> zfsnomad.agent.v1.StatusRequest
-	25, // 24: zfsnomad.agent.v1.NodeAgent.Changes:input_type -> zfsnomad.agent.v1.ChangesRequest
-	43, // 25: zfsnomad.agent.v1.NodeAgent.DeleteReplica:input_type -> zfsnomad.agent.v1.DeleteReplicaRequest
-	34, // 26: zfsnomad.agent.v1.NodeAgent.GetCopy:input_type -> zfsnomad.agent.v1.GetCopyRequest
-	38, // 27: zfsnomad.agent.v1.NodeAgent.Fence:input_type -> zfsnomad.agent.v1.FenceRequest
-	40, // 28: zfsnomad.agent.v1.NodeAgent.Unfence:input_type -> zfsnomad.agent.v1.UnfenceRequest
-	41, // 29: zfsnomad.agent.v1.NodeAgent.Promote:input_type -> zfsnomad.agent.v1.PromoteRequest
-	42, // 30: zfsnomad.agent.v1.NodeAgent.Demote:input_type -> zfsnomad.agent.v1.DemoteRequest
-	36, // 31: zfsnomad.agent.v1.NodeAgent.Reserve:input_type -> zfsnomad.agent.v1.ReserveRequest
-	0,  // 32: zfsnomad.agent.v1.Peers.Ping:input_type -> zfsnomad.agent.v1.PingRequest
-	2,  // 33: zfsnomad.agent.v1.Peers.Promises:input_type -> zfsnomad.agent.v1.PromisesRequest
-	29, // 34: zfsnomad.agent.v1.Replication.ReplicaState:input_type -> zfsnomad.agent.v1.ReplicaStateRequest
-	31, // 35: zfsnomad.agent.v1.Replication.Receive:input_type -> zfsnomad.agent.v1.ReceiveMessage
-	5,  // 36: zfsnomad.agent.v1.NodeAgent.GetNode:output_type -> zfsnomad.agent.v1.Node
-	7,  // 37: zfsnomad.agent.v1.NodeAgent.CreateVolume:output_type -> zfsnomad.agent.v1.Volume
-	9,  // 38: zfsnomad.agent.v1.NodeAgent.DeleteVolume:output_type -> zfsnomad.agent.v1.DeleteVolumeResponse
-	7,  // 39: zfsnomad.agent.v1.NodeAgent.GetVolume:output_type -> zfsnomad.agent.v1.Volume
-	12, // 40: zfsnomad.agent.v1.NodeAgent.ListVolumes:output_type -> zfsnomad.agent.v1.ListVolumesResponse
-	14, // 41: zfsnomad.agent.v1.NodeAgent.ExpandVolume:output_type -> zfsnomad.agent.v1.ExpandVolumeResponse
-	16, // 42: zfsnomad.agent.v1.NodeAgent.CreateSnapshot:output_type -> zfsnomad.agent.v1.Snapshot
-	18, // 43: zfsnomad.agent.v1.NodeAgent.DeleteSnapshot:output_type -> zfsnomad.agent.v1.DeleteSnapshotResponse
-	20, // 44: zfsnomad.agent.v1.NodeAgent.ListSnapshots:output_type -> zfsnomad.agent.v1.ListSnapshotsResponse
-	22, // 45: zfsnomad.agent.v1.NodeAgent.Replicate:output_type -> zfsnomad.agent.v1.ReplicateProgress
-	24, // 46: zfsnomad.agent.v1.NodeAgent.Status:output_type -> zfsnomad.agent.v1.NodeStatus
-	26, // 47: zfsnomad.agent.v1.NodeAgent.Changes:output_type -> zfsnomad.agent.v1.ChangesResponse
-	44, // 48: zfsnomad.agent.v1.NodeAgent.DeleteReplica:output_type -> zfsnomad.agent.v1.DeleteReplicaResponse
-	35, // 49: zfsnomad.agent.v1.NodeAgent.GetCopy:output_type -> zfsnomad.agent.v1.Copy
-	39, // 50: zfsnomad.agent.v1.NodeAgent.Fence:output_type -> zfsnomad.agent.v1.FenceResponse
-	35, // 51: zfsnomad.agent.v1.NodeAgent.Unfence:output_type -> zfsnomad.agent.v1.Copy
-	35, // 52: zfsnomad.agent.v1.NodeAgent.Promote:output_type -> zfsnomad.agent.v1.Copy
-	35, // 53: zfsnomad.agent.v1.NodeAgent.Demote:output_type -> zfsnomad.agent.v1.Copy
-	37, // 54: zfsnomad.agent.v1.NodeAgent.Reserve:output_type -> zfsnomad.agent.v1.ReserveResponse
-	1,  // 55: zfsnomad.agent.v1.Peers.Ping:output_type -> zfsnomad.agent.v1.PingResponse
-	3,  // 56: zfsnomad.agent.v1.Peers.Promises:output_type -> zfsnomad.agent.v1.PromisesResponse
-	30, // 57: zfsnomad.agent.v1.Replication.ReplicaState:output_type -> zfsnomad.agent.v1.ReplicaStateResponse
-	33, // 58: zfsnomad.agent.v1.Replication.Receive:output_type -> zfsnomad.agent.v1.ReceiveResult
-	36, // [36:59] is the sub-list for method output_type
-	13, // [13:36] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	50, // 11: zfsnomad.agent.v1.ReceiveHeader.parameters:type_name -> zfsnomad.agent.v1.ReceiveHeader.ParametersEntry
+	33, // 12: zfsnomad.agent.v1.ReceiveHeader.peer_bases:type_name -> zfsnomad.agent.v1.PeerBase
+	51, // 13: zfsnomad.agent.v1.Copy.parameters:type_name -> zfsnomad.agent.v1.Copy.ParametersEntry
+	4,  // 14: zfsnomad.agent.v1.NodeAgent.GetNode:input_type -> zfsnomad.agent.v1.GetNodeRequest
+	6,  // 15: zfsnomad.agent.v1.NodeAgent.CreateVolume:input_type -> zfsnomad.agent.v1.CreateVolumeRequest
+	8,  // 16: zfsnomad.agent.v1.NodeAgent.DeleteVolume:input_type -> zfsnomad.agent.v1.DeleteVolumeRequest
+	10, // 17: zfsnomad.agent.v1.NodeAgent.GetVolume:input_type -> zfsnomad.agent.v1.GetVolumeRequest
+	11, // 18: zfsnomad.agent.v1.NodeAgent.ListVolumes:input_type -> zfsnomad.agent.v1.ListVolumesRequest
+	13, // 19: zfsnomad.agent.v1.NodeAgent.ExpandVolume:input_type -> zfsnomad.agent.v1.ExpandVolumeRequest
+	15, // 20: zfsnomad.agent.v1.NodeAgent.CreateSnapshot:input_type -> zfsnomad.agent.v1.CreateSnapshotRequest
+	17, // 21: zfsnomad.agent.v1.NodeAgent.DeleteSnapshot:input_type -> zfsnomad.agent.v1.DeleteSnapshotRequest
+	19, // 22: zfsnomad.agent.v1.NodeAgent.ListSnapshots:input_type -> zfsnomad.agent.v1.ListSnapshotsRequest
+	21, // 23: zfsnomad.agent.v1.NodeAgent.Replicate:input_type -> zfsnomad.agent.v1.ReplicateRequest
+	23, // 24: zfsnomad.agent.v1.NodeAgent.Status:input_type -> zfsnomad.agent.v1.StatusRequest
+	25, // 25: zfsnomad.agent.v1.NodeAgent.Changes:input_type -> zfsnomad.agent.v1.ChangesRequest
+	44, // 26: zfsnomad.agent.v1.NodeAgent.DeleteReplica:input_type -> zfsnomad.agent.v1.DeleteReplicaRequest
+	35, // 27: zfsnomad.agent.v1.NodeAgent.GetCopy:input_type -> zfsnomad.agent.v1.GetCopyRequest
+	39, // 28: zfsnomad.agent.v1.NodeAgent.Fence:input_type -> zfsnomad.agent.v1.FenceRequest
+	41, // 29: zfsnomad.agent.v1.NodeAgent.Unfence:input_type -> zfsnomad.agent.v1.UnfenceRequest
+	42, // 30: zfsnomad.agent.v1.NodeAgent.Promote:input_type -> zfsnomad.agent.v1.PromoteRequest
+	43, // 31: zfsnomad.agent.v1.NodeAgent.Demote:input_type -> zfsnomad.agent.v1.DemoteRequest
+	37, // 32: zfsnomad.agent.v1.NodeAgent.Reserve:input_type -> zfsnomad.agent.v1.ReserveRequest
+	0,  // 33: zfsnomad.agent.v1.Peers.Ping:input_type -> zfsnomad.agent.v1.PingRequest
+	2,  // 34: zfsnomad.agent.v1.Peers.Promises:input_type -> zfsnomad.agent.v1.PromisesRequest
+	29, // 35: zfsnomad.agent.v1.Replication.ReplicaState:input_type -> zfsnomad.agent.v1.ReplicaStateRequest
+	31, // 36: zfsnomad.agent.v1.Replication.Receive:input_type -> zfsnomad.agent.v1.ReceiveMessage
+	5,  // 37: zfsnomad.agent.v1.NodeAgent.GetNode:output_type -> zfsnomad.agent.v1.Node
+	7,  // 38: zfsnomad.agent.v1.NodeAgent.CreateVolume:output_type -> zfsnomad.agent.v1.Volume
+	9,  // 39: zfsnomad.agent.v1.NodeAgent.DeleteVolume:output_type -> zfsnomad.agent.v1.DeleteVolumeResponse
+	7,  // 40: zfsnomad.agent.v1.NodeAgent.GetVolume:output_type -> zfsnomad.agent.v1.Volume
+	12, // 41: zfsnomad.agent.v1.NodeAgent.ListVolumes:output_type -> zfsnomad.agent.v1.ListVolumesResponse
+	14, // 42: zfsnomad.agent.v1.NodeAgent.ExpandVolume:output_type -> zfsnomad.agent.v1.ExpandVolumeResponse
+	16, // 43: zfsnomad.agent.v1.NodeAgent.CreateSnapshot:output_type -> zfsnomad.agent.v1.Snapshot
+	18, // 44: zfsnomad.agent.v1.NodeAgent.DeleteSnapshot:output_type -> zfsnomad.agent.v1.DeleteSnapshotResponse
+	20, // 45: zfsnomad.agent.v1.NodeAgent.ListSnapshots:output_type -> zfsnomad.agent.v1.ListSnapshotsResponse
+	22, // 46: zfsnomad.agent.v1.NodeAgent.Replicate:output_type -> zfsnomad.agent.v1.ReplicateProgress
+	24, // 47: zfsnomad.agent.v1.NodeAgent.Status:output_type -> zfsnomad.agent.v1.NodeStatus
+	26, // 48: zfsnomad.agent.v1.NodeAgent.Changes:output_type -> zfsnomad.agent.v1.ChangesResponse
+	45, // 49: zfsnomad.agent.v1.NodeAgent.DeleteReplica:output_type -> zfsnomad.agent.v1.DeleteReplicaResponse
+	36, // 50: zfsnomad.agent.v1.NodeAgent.GetCopy:output_type -> zfsnomad.agent.v1.Copy
+	40, // 51: zfsnomad.agent.v1.NodeAgent.Fence:output_type -> zfsnomad.agent.v1.FenceResponse
+	36, // 52: zfsnomad.agent.v1.NodeAgent.Unfence:output_type -> zfsnomad.agent.v1.Copy
+	36, // 53: zfsnomad.agent.v1.NodeAgent.Promote:output_type -> zfsnomad.agent.v1.Copy
+	36, // 54: zfsnomad.agent.v1.NodeAgent.Demote:output_type -> zfsnomad.agent.v1.Copy
+	38, // 55: zfsnomad.agent.v1.NodeAgent.Reserve:output_type -> zfsnomad.agent.v1.ReserveResponse
+	1,  // 56: zfsnomad.agent.v1.Peers.Ping:output_type -> zfsnomad.agent.v1.PingResponse
+	3,  // 57: zfsnomad.agent.v1.Peers.Promises:output_type -> zfsnomad.agent.v1.PromisesResponse
+	30, // 58: zfsnomad.agent.v1.Replication.ReplicaState:output_type -> zfsnomad.agent.v1.ReplicaStateResponse
+	34, // 59: zfsnomad.agent.v1.Replication.Receive:output_type -> zfsnomad.agent.v1.ReceiveResult
+	37, // [37:60] is the sub-list for method output_type
+	14, // [14:37] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_agentpb_agent_proto_init() }
@@ -3369,7 +3442,7 @@ func file_agentpb_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agentpb_agent_proto_rawDesc), len(file_agentpb_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   51,
+			NumMessages:   52,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -149,19 +149,23 @@ func (e *env) unpublish(id, nodeID string) {
 	}
 }
 
-// replicate pushes the volume from one node to another now.
-func (e *env) replicate(id, from, to string) {
+// replicate pushes the volume from one node to another now, and returns
+// the push's last progress report (its kind and bytes).
+func (e *env) replicate(id, from, to string) *pb.ReplicateProgress {
 	e.t.Helper()
 	stream, err := e.agent(from).Replicate(e.ctx, &pb.ReplicateRequest{VolumeId: id, TargetAddress: e.node(to).AgentAddress})
 	if err != nil {
 		e.t.Fatal(err)
 	}
+	var last *pb.ReplicateProgress
 	for {
-		if _, err := stream.Recv(); err == io.EOF {
-			return
+		prog, err := stream.Recv()
+		if err == io.EOF {
+			return last
 		} else if err != nil {
 			e.t.Fatalf("replicating %s from %s to %s: %v", id, from, to, err)
 		}
+		last = prog
 	}
 }
 
@@ -260,8 +264,9 @@ func TestPlannedMove(t *testing.T) {
 			if withReplica {
 				e.replicate(id, "n1", "n2")
 				e.write("n1", dir, "echo two > a && echo late > d/late")
-				// n3's replica gets a snapshot n2's lacks: after the
-				// move it is ahead of the new primary.
+				// n3's replica gets a snapshot n2's lacks; the move's
+				// pushes to n2 bring it (docs/replication.md,
+				// "Replicas share a base").
 				e.replicate(id, "n1", "n3")
 			}
 			before := e.checksums("n1", dir)
@@ -285,7 +290,11 @@ func TestPlannedMove(t *testing.T) {
 			wantCode(t, err, codes.FailedPrecondition, "replica")
 
 			if withReplica {
-				e.rolledForward(id, "n2", "n3", 2)
+				// n3 continues from the base n2 now shares with it:
+				// an increment, not its 24 MiB again.
+				if prog := e.rolledForward(id, "n2", "n3", 2); prog.GetKind() != "incremental" || prog.GetBytes() > 4<<20 {
+					t.Fatalf("after the move, n3's first push from n2 was %s, %d bytes; want a small increment", prog.GetKind(), prog.GetBytes())
+				}
 			}
 			// Back to n1: an increment onto n1's copy, and a third generation.
 			e.write("n2", dir2, "echo three > a && dd if=/dev/urandom of=d/more bs=1M count=2 2>/dev/null")
@@ -314,15 +323,16 @@ func TestPlannedMove(t *testing.T) {
 // lacks (planned moves since). The replica takes an incremental that rolls
 // them back: it ends at the primary's generation, with the primary's
 // newest snapshot, and nothing on to is set aside.
-func (e *env) rolledForward(id, from, to string, generation uint64) {
+func (e *env) rolledForward(id, from, to string, generation uint64) *pb.ReplicateProgress {
 	e.t.Helper()
-	e.replicate(id, from, to)
+	prog := e.replicate(id, from, to)
 	if c := e.copyOn(id, to); c.GetRole() != "replica" || c.GetGeneration() != generation || c.GetLastSnapshot() != e.copyOn(id, from).GetLastSnapshot() {
 		e.t.Fatalf("%s's copy after a push from %s: %+v, want a replica at generation %d with %s's newest snapshot", to, from, c, generation, from)
 	}
 	if aside := guesttest.Run(e.t, "sh", "-c", "zfs list -H -o name -r "+e.node(to).RootDataset+" | grep -- -aside- || true"); strings.TrimSpace(aside) != "" {
 		e.t.Fatalf("a push after planned moves set a replica aside on %s:\n%s", to, aside)
 	}
+	return prog
 }
 
 // loseNode kills a node's agent and cuts its link: to the controller it is
@@ -427,15 +437,18 @@ func TestFailoverAuto(t *testing.T) {
 	asideDS := strings.Fields(aside)[0]
 	guesttest.Exec(t, e.node("n1"), "mkdir -p /tmp/aside && mount -t zfs -o ro "+asideDS+" /tmp/aside && cat /tmp/aside/c && umount /tmp/aside")
 	guesttest.Run(t, "zfs", "destroy", "-r", asideDS)
-	// The older replica on n3 is replaced by the new primary's lineage.
-	// A failover's history vouches for no older generation: n3's old
-	// copy may hold what n2 lacks, and is set aside, not destroyed.
-	e.replicate(id, "n2", "n3")
+	// The older replica on n3 continues from the base n2 shares with it
+	// (n1's push to n2 brought n3's base, docs/replication.md "Replicas
+	// share a base"): an increment, not the 8 MiB again, and n3 holds
+	// nothing after that base, so nothing of it is set aside.
+	if prog := e.replicate(id, "n2", "n3"); prog.GetKind() != "incremental" || prog.GetBytes() > 4<<20 {
+		t.Fatalf("after the failover, n3's first push from n2 was %s, %d bytes; want a small increment", prog.GetKind(), prog.GetBytes())
+	}
 	if c := e.copyOn(id, "n3"); c.GetGeneration() != 2 || c.GetRole() != "replica" {
 		t.Fatalf("n3 after a push from the new primary: %+v", c)
 	}
-	if aside := guesttest.Run(t, "sh", "-c", "zfs list -H -o name -r "+e.node("n3").RootDataset+" | grep -- -aside- || true"); !strings.Contains(aside, id+"-aside-") {
-		t.Fatalf("n3's replica from before the failover was not set aside: %q", aside)
+	if aside := guesttest.Run(t, "sh", "-c", "zfs list -H -o name -r "+e.node("n3").RootDataset+" | grep -- -aside- || true"); strings.TrimSpace(aside) != "" {
+		t.Fatalf("n3's replica was set aside, although it holds nothing the new primary lacks: %q", aside)
 	}
 }
 

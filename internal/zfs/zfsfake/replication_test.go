@@ -168,3 +168,84 @@ func pusherWith(t *testing.T, src, dst node, locks *copylock.Locks) *replication
 	t.Cleanup(p.Close)
 	return p
 }
+
+// TestReplicasShareABase (issue 15): every push brings its target the
+// bases of the primary's other replicas and the target holds them with
+// their peers' tags, so a replica promoted by a failover shares a
+// snapshot with every other replica, and its first push to each is an
+// increment. Pushes alternate between two replicas, each with a snapshot
+// of its own: without the bridges the two replicas share none.
+func TestReplicasShareABase(t *testing.T) {
+	const id = "vol-0123456789abcdef0123"
+	fs := "tank/nomad/" + id
+	nodes := map[string]node{"n1": newNode(t, 1, "tank/nomad"), "n2": newNode(t, 2, "tank/nomad"), "n3": newNode(t, 3, "tank/nomad")}
+	must(t, nodes["n1"].CreateFilesystem(ctx, fs, map[string]string{volume.PropRole: vocab.RolePrimary, volume.PropVolumeID: id,
+		volume.PropGeneration: "1", volume.PropName: "v", "refquota": "1000000"}))
+	pusher := meshOf(t, nodes)
+	push := func(p *replication.Pusher, to string) replication.Progress {
+		t.Helper()
+		prog, err := p.Push(ctx, id, to, 0, func(replication.Progress) {})
+		if err != nil {
+			t.Fatalf("push to %s: %v", to, err)
+		}
+		return prog
+	}
+	a := pusher("n1")
+	for i, to := range []string{"n3", "n2", "n3", "n2"} {
+		must(t, nodes["n1"].Write(fs, string(rune('a'+i))))
+		push(a, to)
+	}
+	// n3's base is held on n2 with n3's tag once n2's tidy has run.
+	heldFor := func(on, peer string) bool {
+		holds, err := nodes[on].s.Holds(ctx, fs)
+		must(t, err)
+		for _, tags := range holds {
+			if slices.Contains(tags, replication.BaseHoldTag+"-"+peer) {
+				return true
+			}
+		}
+		return false
+	}
+	for deadline := time.Now().Add(5 * time.Second); !heldFor("n2", "n3") && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !heldFor("n2", "n3") {
+		t.Fatalf("n2 holds no snapshot with n3's tag: %v", nodes["n2"].snaps(t, fs))
+	}
+
+	// n1 is lost; n2's replica, the freshest, is promoted by a failover.
+	must(t, nodes["n2"].SetProperties(ctx, fs, map[string]string{volume.PropRole: vocab.RolePrimary, volume.PropGeneration: "2", volume.PropHistoryFrom: "2", "readonly": "off"}))
+	must(t, nodes["n2"].Write(fs, "e"))
+	if prog := push(pusher("n2"), "n3"); prog.Kind != replication.KindIncremental {
+		t.Errorf("the promoted replica's first push to the other replica was %s from %q, want an increment", prog.Kind, prog.Base)
+	}
+	if got, want := nodes["n3"].content(t, fs), nodes["n2"].content(t, fs); !slices.Equal(got, want) {
+		t.Errorf("n3's replica holds %v, the new primary %v", got, want)
+	}
+}
+
+// meshOf serves a Receiver on each node, addressed by its node ID, and
+// returns a Pusher from any of them. A node's pusher and receiver share
+// its copy locks, as in zfs-node.
+func meshOf(t *testing.T, nodes map[string]node) func(from string) *replication.Pusher {
+	listeners, locks := map[string]*bufconn.Listener{}, map[string]*copylock.Locks{}
+	for id, n := range nodes {
+		lis := bufconn.Listen(1 << 20)
+		locks[id] = new(copylock.Locks)
+		srv := grpc.NewServer()
+		pb.RegisterReplicationServer(srv, replication.NewReceiver(n.s, locks[id], "tank/nomad", id, 2, hclog.NewNullLogger()))
+		go func() { _ = srv.Serve(lis) }()
+		t.Cleanup(srv.Stop)
+		listeners[id] = lis
+	}
+	dial := func(addr string) (*grpc.ClientConn, error) {
+		lis := listeners[addr]
+		return grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }))
+	}
+	return func(from string) *replication.Pusher {
+		p := replication.NewPusher(nodes[from].s, locks[from], "tank/nomad", from, 2, nil, dial, hclog.NewNullLogger())
+		t.Cleanup(p.Close)
+		return p
+	}
+}
