@@ -225,6 +225,9 @@ func (p *Pusher) push(ctx context.Context, volumeID, fs, addr string, interval t
 	// plan's longest read, and the plan needs of it only the snapshots
 	// older than the one in flight (the bases the peer may share).
 	local := p.listAhead(ctx, fs)
+	// What was sent is read before the holds are listed: a tidy holds
+	// its base before it forgets it was sent, so one of the two has it.
+	sentTo := p.sentTo(volumeID)
 	held := p.holdsAhead(ctx, fs)
 	state, err := peer.ReplicaState(ctx, &pb.ReplicaStateRequest{VolumeId: volumeID})
 	taken := <-snapped
@@ -251,7 +254,7 @@ func (p *Pusher) push(ctx context.Context, volumeID, fs, addr string, interval t
 	if err != nil {
 		return pushed{}, err
 	}
-	if plan, err = p.bridge(volumeID, plan, state, header, local, held); err != nil {
+	if plan, err = p.bridge(plan, state, header, local, held, sentTo); err != nil {
 		return pushed{}, err
 	}
 	prog, spec := plan.prog, plan.spec
@@ -623,8 +626,8 @@ func (p *Pusher) plan(ctx context.Context, fs string, state *pb.ReplicaStateResp
 // replica is promoted next, every other replica shares its base with it,
 // and the header tells the target which snapshot is whose base. A resume
 // carries none: the next push does.
-func (p *Pusher) bridge(volumeID string, plan sendPlan, state *pb.ReplicaStateResponse, header *pb.ReceiveHeader,
-	listed func() ([]zfscmd.Snap, error), held func() (map[string][]string, error)) (sendPlan, error) {
+func (p *Pusher) bridge(plan sendPlan, state *pb.ReplicaStateResponse, header *pb.ReceiveHeader,
+	listed func() ([]zfscmd.Snap, error), held func() (map[string][]string, error), sentTo map[string]string) (sendPlan, error) {
 	holds, err := held()
 	if err != nil {
 		return sendPlan{}, fmt.Errorf("listing the holds of %s: %w", zfs.Parent(plan.prog.Snapshot), err)
@@ -638,7 +641,7 @@ func (p *Pusher) bridge(volumeID string, plan sendPlan, state *pb.ReplicaStateRe
 	for _, g := range state.GetSnapshotGuids() {
 		remote[g] = true
 	}
-	bases := p.peerBases(volumeID, local, holds)
+	bases := peerBases(local, holds, sentTo)
 	delete(bases, target)
 	isBase := map[string]bool{}
 	header.PeerBases = nil
@@ -695,10 +698,7 @@ func peersHeldFor(tags []string) []string {
 // held with its tag, or sent to it last by this process (the hold
 // follows a push's answer in the background, and a push to another peer
 // right after must count it already).
-func (p *Pusher) peerBases(volumeID string, local []zfscmd.Snap, holds map[string][]string) map[string]zfscmd.Snap {
-	p.mu.Lock()
-	sent := maps.Clone(p.sent[volumeID])
-	p.mu.Unlock()
+func peerBases(local []zfscmd.Snap, holds map[string][]string, sent map[string]string) map[string]zfscmd.Snap {
 	bases := map[string]zfscmd.Snap{}
 	for _, s := range local { // oldest first: the newest wins
 		for _, peer := range peersHeldFor(holds[s.Name]) {
@@ -711,6 +711,14 @@ func (p *Pusher) peerBases(volumeID string, local []zfscmd.Snap, holds map[strin
 		}
 	}
 	return bases
+}
+
+// sentTo returns, by peer, the snapshots of volumeID this process sent
+// and its tidy has not held yet.
+func (p *Pusher) sentTo(volumeID string) map[string]string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return maps.Clone(p.sent[volumeID])
 }
 
 // forgetSent drops what noteSent recorded once the hold carries it, so

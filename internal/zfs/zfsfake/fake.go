@@ -199,54 +199,10 @@ func (f *Fake) check(op, name string) error {
 	return nil
 }
 
-func (f *Fake) Get(ctx context.Context, name string) (zfs.Dataset, error) {
-	unlock, err := f.enter("get", name)
-	if err != nil {
-		return zfs.Dataset{}, err
-	}
-	defer unlock()
-	e, ok := f.datasets[name]
-	if !ok {
-		return zfs.Dataset{}, fmt.Errorf("%s: %w", name, zfs.ErrNotFound)
-	}
-	return f.view(e), nil
-}
-
-func (f *Fake) UserProperty(ctx context.Context, name, key string) (string, bool, error) {
-	unlock, err := f.enter("get", name)
-	if err != nil {
-		return "", false, err
-	}
-	defer unlock()
-	e, ok := f.datasets[name]
-	if !ok {
-		return "", false, fmt.Errorf("%s: %w", name, zfs.ErrNotFound)
-	}
-	v, ok := e.ds.User[key]
-	return v, ok, nil
-}
-
-func (f *Fake) OwnUserProperties(ctx context.Context, name, prefix string) (map[string]string, error) {
-	unlock, err := f.enter("get", name)
-	if err != nil {
-		return nil, err
-	}
-	defer unlock()
-	e, ok := f.datasets[name]
-	if !ok {
-		return nil, fmt.Errorf("%s: %w", name, zfs.ErrNotFound)
-	}
-	out := map[string]string{}
-	for k, v := range e.ds.User {
-		if strings.HasPrefix(k, prefix) {
-			out[k] = v
-		}
-	}
-	return out, nil
-}
-
-func (f *Fake) ClearUserProperty(ctx context.Context, name, key string) error {
-	unlock, err := f.enter("set", name)
+// onDataset runs fn on dataset name as call op (enter), under the lock:
+// ErrNotFound when there is none.
+func (f *Fake) onDataset(op, name string, fn func(e *entry) error) error {
+	unlock, err := f.enter(op, name)
 	if err != nil {
 		return err
 	}
@@ -255,8 +211,43 @@ func (f *Fake) ClearUserProperty(ctx context.Context, name, key string) error {
 	if !ok {
 		return fmt.Errorf("%s: %w", name, zfs.ErrNotFound)
 	}
-	delete(e.ds.User, key)
-	return nil
+	return fn(e)
+}
+
+func (f *Fake) Get(ctx context.Context, name string) (ds zfs.Dataset, err error) {
+	err = f.onDataset("get", name, func(e *entry) error {
+		ds = f.view(e)
+		return nil
+	})
+	return ds, err
+}
+
+func (f *Fake) UserProperty(ctx context.Context, name, key string) (value string, ok bool, err error) {
+	err = f.onDataset("get", name, func(e *entry) error {
+		value, ok = e.ds.User[key]
+		return nil
+	})
+	return value, ok, err
+}
+
+func (f *Fake) OwnUserProperties(ctx context.Context, name, prefix string) (map[string]string, error) {
+	out := map[string]string{}
+	err := f.onDataset("get", name, func(e *entry) error {
+		for k, v := range e.ds.User {
+			if strings.HasPrefix(k, prefix) {
+				out[k] = v
+			}
+		}
+		return nil
+	})
+	return out, err
+}
+
+func (f *Fake) ClearUserProperty(ctx context.Context, name, key string) error {
+	return f.onDataset("set", name, func(e *entry) error {
+		delete(e.ds.User, key)
+		return nil
+	})
 }
 
 func (f *Fake) List(ctx context.Context, name string) ([]zfs.Dataset, error) {
@@ -461,16 +452,7 @@ func (f *Fake) Clone(ctx context.Context, snapshot, name string, props map[strin
 }
 
 func (f *Fake) SetProperties(ctx context.Context, name string, props map[string]string) error {
-	unlock, err := f.enter("set", name)
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	e, ok := f.datasets[name]
-	if !ok {
-		return fmt.Errorf("%s: %w", name, zfs.ErrNotFound)
-	}
-	return setProps(e, props)
+	return f.onDataset("set", name, func(e *entry) error { return setProps(e, props) })
 }
 
 func (f *Fake) Rename(ctx context.Context, from, to string) error {
