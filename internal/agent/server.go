@@ -113,7 +113,7 @@ func (s *Server) Status(ctx context.Context, _ *pb.StatusRequest) (*pb.NodeStatu
 	out.SetAside = setAside
 	for _, t := range s.pusher.Transfers() {
 		out.Transfers = append(out.Transfers, &pb.Transfer{VolumeId: t.VolumeID, Peer: t.Peer, Kind: t.Kind,
-			Bytes: t.Bytes, TotalBytes: t.Total, StartedUnix: t.Started.Unix()})
+			Bytes: t.Bytes, TotalBytes: t.Total, StartedUnix: t.Started.Unix(), Purpose: t.Purpose})
 	}
 	return out, nil
 }
@@ -138,7 +138,7 @@ func (s *Server) Replicate(req *pb.ReplicateRequest, stream pb.NodeAgent_Replica
 		id := req.GetVolumeId()
 		fence = func(ctx context.Context, at int64) (int64, error) { return s.volumes.FenceHeld(ctx, id, target, at) }
 	}
-	_, err := s.pusher.PushFenced(stream.Context(), req.GetVolumeId(), req.GetTargetAddress(), time.Second, report, fence)
+	_, err := s.pusher.PushFenced(stream.Context(), req.GetVolumeId(), req.GetTargetAddress(), req.GetPurpose(), time.Second, report, fence)
 	return errdefs.ToStatus(err)
 }
 

@@ -126,9 +126,11 @@ func (c *Client) ListSnapshots(ctx context.Context, q SnapshotQuery) ([]Snapshot
 
 // Replicate asks the agent to push a volume to the agent at targetAddr now,
 // calls each (if set) with every progress report, and returns the last
-// one; a push that completed ends with Done set.
-func (c *Client) Replicate(ctx context.Context, volumeID, targetAddr string, each func(Progress)) (Progress, error) {
-	return c.replicate(ctx, &pb.ReplicateRequest{VolumeId: volumeID, TargetAddress: targetAddr}, each)
+// one; a push that completed ends with Done set. purpose says why, in the
+// source node's Status ("schedule", "backup", "catch-up for the move to
+// n2").
+func (c *Client) Replicate(ctx context.Context, volumeID, targetAddr, purpose string, each func(Progress)) (Progress, error) {
+	return c.replicate(ctx, &pb.ReplicateRequest{VolumeId: volumeID, TargetAddress: targetAddr, Purpose: purpose}, each)
 }
 
 // MoveFinal is a planned move's final push: the agent fences its primary
@@ -136,7 +138,8 @@ func (c *Client) Replicate(ctx context.Context, volumeID, targetAddr string, eac
 // after the fence to the agent at targetAddr. The last progress report
 // carries the fence's time.
 func (c *Client) MoveFinal(ctx context.Context, volumeID, targetAddr, targetNodeID string) (Progress, error) {
-	return c.replicate(ctx, &pb.ReplicateRequest{VolumeId: volumeID, TargetAddress: targetAddr, FenceForNodeId: targetNodeID}, nil)
+	return c.replicate(ctx, &pb.ReplicateRequest{VolumeId: volumeID, TargetAddress: targetAddr, FenceForNodeId: targetNodeID,
+		Purpose: "final step of the move to " + targetNodeID}, nil)
 }
 
 func (c *Client) replicate(ctx context.Context, req *pb.ReplicateRequest, each func(Progress)) (Progress, error) {

@@ -86,6 +86,7 @@ func transferFromPB(t *pb.Transfer) Transfer {
 		Bytes:       t.GetBytes(),
 		TotalBytes:  t.GetTotalBytes(),
 		StartedUnix: t.GetStartedUnix(),
+		Purpose:     t.GetPurpose(),
 	}
 }
 

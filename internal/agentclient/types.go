@@ -121,6 +121,7 @@ type Transfer struct {
 	Bytes       int64
 	TotalBytes  int64
 	StartedUnix int64
+	Purpose     string // why it runs, as its requester said
 }
 
 // Copy is everything a node knows of its copy of a volume (GetCopy), and

@@ -23,13 +23,13 @@ var ErrStalled = errors.New("the push moved no data for the stall timeout; cance
 // positive) is cancelled with ErrStalled: a hung peer or
 // stream must not hold a push, and whatever waits for it, forever. Its
 // answer is an error unless the push completed.
-func Push(ctx context.Context, source Node, volumeID, targetAddr string, stall time.Duration, each func(agentclient.Progress)) (agentclient.Progress, error) {
+func Push(ctx context.Context, source Node, volumeID, targetAddr, purpose string, stall time.Duration, each func(agentclient.Progress)) (agentclient.Progress, error) {
 	if stall <= 0 {
 		stall = DefaultStallTimeout
 	}
 	ctx, progressed, stop := stallGuard(ctx, stall)
 	defer stop()
-	last, err := source.Agent.Replicate(ctx, volumeID, targetAddr, func(p agentclient.Progress) {
+	last, err := source.Agent.Replicate(ctx, volumeID, targetAddr, purpose, func(p agentclient.Progress) {
 		progressed(p.Bytes)
 		if each != nil {
 			each(p)

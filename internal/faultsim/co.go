@@ -227,7 +227,7 @@ func (w *world) backup(v *simVolume, from, to *simNode) {
 	}
 	for _, node := range nodes {
 		if node.Info.NodeID == from.id {
-			last, err := node.Agent.Replicate(ctx, v.id, to.addr(), nil)
+			last, err := node.Agent.Replicate(ctx, v.id, to.addr(), "simulation", nil)
 			w.tracef("co: backup %s %s->%s: %s %v", v.name, from.id, to.id, last.Kind, errText(err))
 			if err == nil {
 				w.stats.Pushes++

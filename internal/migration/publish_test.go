@@ -226,6 +226,9 @@ func TestAMoveCatchesUpInTheBackground(t *testing.T) {
 	if got := pushes.Load(); got != 1 {
 		t.Errorf("%d pushes during three publishes, want the one catch-up", got)
 	}
+	if got := n1.Purposes(); !slices.Equal(got, []string{"catch-up for the move to n2"}) {
+		t.Errorf("the pushes told n1 they were for %q, want the catch-up for the move (zfs-controller status shows it)", got)
+	}
 	if c, _ := n1.Copy(id); c.Role != vocab.RolePrimary || c.MovingTo != "" {
 		t.Errorf("n1's copy during the catch-up: %+v, want its unfenced primary", c)
 	}

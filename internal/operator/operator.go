@@ -56,7 +56,7 @@ func Backup(ctx context.Context, cl *cluster.Cluster, volumeID string, opts Back
 	fmt.Fprintf(out, "backing up %s (%s) from %s to %s\n", volumeID, src.Object.Name, src.Node.Info.NodeID, target.Info.NodeID)
 	start := time.Now()
 	push := func() (agentclient.Progress, error) {
-		return src.Node.Agent.Replicate(ctx, volumeID, target.Addr, func(p agentclient.Progress) {
+		return src.Node.Agent.Replicate(ctx, volumeID, target.Addr, "backup", func(p agentclient.Progress) {
 			fmt.Fprintf(out, "\r%s", FormatProgress(p, time.Since(start)))
 		})
 	}
@@ -217,6 +217,9 @@ type TransferStatus struct {
 	Bytes      int64     `json:"bytes"`
 	TotalBytes int64     `json:"total_bytes,omitempty"`
 	Started    time.Time `json:"started"`
+	// Purpose says why it runs: "schedule", "backup", "catch-up for the
+	// move to n2", "final step of the move to n2".
+	Purpose string `json:"purpose,omitempty"`
 }
 
 // SetAsideCopy is a stale primary set aside after a failover.
@@ -261,7 +264,7 @@ func Status(ctx context.Context, cl *cluster.Cluster) (Report, error) {
 		}
 		for _, t := range st.Transfers {
 			report.Transfers = append(report.Transfers, TransferStatus{VolumeID: t.VolumeID, From: id, To: t.Peer, Kind: t.Kind,
-				Bytes: t.Bytes, TotalBytes: t.TotalBytes, Started: time.Unix(t.StartedUnix, 0).UTC()})
+				Bytes: t.Bytes, TotalBytes: t.TotalBytes, Started: time.Unix(t.StartedUnix, 0).UTC(), Purpose: t.Purpose})
 		}
 	}
 	for _, u := range unreachable {
@@ -292,7 +295,11 @@ func PrintStatus(out io.Writer, r Report, now time.Time) {
 	fmt.Fprintf(out, "\ntransfers running: %d\n", len(r.Transfers))
 	for _, t := range r.Transfers {
 		progress := FormatProgress(agentclient.Progress{Kind: t.Kind, Bytes: t.Bytes, TotalBytes: t.TotalBytes}, now.Sub(t.Started))
-		fmt.Fprintf(out, "  %s: %s -> %s  %s\n", t.VolumeID, t.From, t.To, progress)
+		purpose := ""
+		if t.Purpose != "" {
+			purpose = "  (" + t.Purpose + ")"
+		}
+		fmt.Fprintf(out, "  %s: %s -> %s  %s%s\n", t.VolumeID, t.From, t.To, progress, purpose)
 	}
 	if len(r.SetAside) > 0 {
 		fmt.Fprintf(out, "\nstale primaries set aside after a failover (an operator decides what to keep, then zfs destroy -r):\n")

@@ -52,7 +52,8 @@ func TestPrintStatus(t *testing.T) {
 			{VolumeID: "vol-a", Name: "orders", Node: "n3", Role: "replica", LastSnapshot: "zn-1", LastSnapshotTime: now.Add(-90 * time.Second), Resumable: true},
 			{VolumeID: "vol-b", Name: "logs", Node: "n2", Role: "replica"},
 		},
-		Transfers:   []TransferStatus{{VolumeID: "vol-a", From: "n1", To: "n3", Kind: "incremental", Bytes: 1 << 20, Started: now.Add(-time.Second)}},
+		Transfers: []TransferStatus{{VolumeID: "vol-a", From: "n1", To: "n3", Kind: "incremental", Bytes: 1 << 20, Started: now.Add(-time.Second),
+			Purpose: "catch-up for the move to n3"}},
 		SetAside:    []SetAsideCopy{{Node: "n2", Dataset: "tank/nomad/vol-c-aside-1"}},
 		Unreachable: []Unreachable{{Node: "10.0.0.4:7670", Error: "connection refused"}},
 	}
@@ -62,7 +63,7 @@ func TestPrintStatus(t *testing.T) {
 		"primary g2, moving to n2",
 		"1m30s (interrupted, resumable)",
 		"never completed",
-		"transfers running: 1\n  vol-a: n1 -> n3  incremental   1.0 MiB  1.0 MiB/s",
+		"transfers running: 1\n  vol-a: n1 -> n3  incremental   1.0 MiB  1.0 MiB/s  (catch-up for the move to n3)",
 		"tank/nomad/vol-c-aside-1 on n2",
 		"unreachable: 10.0.0.4:7670: connection refused",
 	} {

@@ -51,6 +51,7 @@ type Fence func(ctx context.Context, at int64) (int64, error)
 type Transfer struct {
 	VolumeID string
 	Peer     string
+	Purpose  string // why it runs, as its requester said
 	Started  time.Time
 	Progress
 }
@@ -165,7 +166,7 @@ func (p *Pusher) UseClock(now func() time.Time) { p.now = now }
 // it. It changes the copy only under the copy's lock: its snapshot, and
 // after the stream the unsent snapshot's removal or the tidy.
 func (p *Pusher) Push(ctx context.Context, volumeID, addr string, interval time.Duration, report func(Progress)) (Progress, error) {
-	return p.PushFenced(ctx, volumeID, addr, interval, report, nil)
+	return p.PushFenced(ctx, volumeID, addr, "", interval, report, nil)
 }
 
 // PushFenced is Push for a planned move's final push: fence puts the
@@ -175,7 +176,8 @@ func (p *Pusher) Push(ctx context.Context, volumeID, addr string, interval time.
 // its lock is held). The fence's write and the snapshot run at once and
 // share the pool's sync: a separate Fence call cost a move a sync and a
 // round trip. The answer carries the fence's time.
-func (p *Pusher) PushFenced(ctx context.Context, volumeID, addr string, interval time.Duration, report func(Progress), fence Fence) (Progress, error) {
+// purpose says why the push runs, in Transfers.
+func (p *Pusher) PushFenced(ctx context.Context, volumeID, addr, purpose string, interval time.Duration, report func(Progress), fence Fence) (Progress, error) {
 	fs, err := dataset(p.root, volumeID)
 	if err != nil {
 		return Progress{}, err
@@ -185,7 +187,7 @@ func (p *Pusher) PushFenced(ctx context.Context, volumeID, addr string, interval
 	if err != nil {
 		return Progress{}, err
 	}
-	out, err := p.push(tctx, volumeID, fs, addr, interval, report, fence, log)
+	out, err := p.push(tctx, volumeID, fs, addr, purpose, interval, report, fence, log)
 	end()
 	if out.unsent != "" {
 		p.dropSnapshot(volumeID, out.unsent, log)
@@ -206,7 +208,7 @@ type pushed struct {
 }
 
 // push sends; see Push.
-func (p *Pusher) push(ctx context.Context, volumeID, fs, addr string, interval time.Duration, report func(Progress), fence Fence, log hclog.Logger) (out pushed, err error) {
+func (p *Pusher) push(ctx context.Context, volumeID, fs, addr, purpose string, interval time.Duration, report func(Progress), fence Fence, log hclog.Logger) (out pushed, err error) {
 	conn, err := p.peer(addr)
 	if err != nil {
 		return pushed{}, errdefs.Wrap(errdefs.ErrUnavailable, "peer %s: %v", addr, err)
@@ -278,7 +280,7 @@ func (p *Pusher) push(ctx context.Context, volumeID, fs, addr string, interval t
 	defer estimate.Stop()
 	log = log.With("kind", prog.Kind, "snapshot", prog.Snapshot, "base", prog.Base)
 	log.Info("sending", "bridges", len(plan.bridges))
-	transfer := &Transfer{VolumeID: volumeID, Peer: addr, Started: p.now(), Progress: prog}
+	transfer := &Transfer{VolumeID: volumeID, Peer: addr, Purpose: purpose, Started: p.now(), Progress: prog}
 	defer p.track(volumeID, transfer)()
 
 	var sent atomic.Int64

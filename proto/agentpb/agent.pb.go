@@ -1243,8 +1243,11 @@ type ReplicateRequest struct {
 	// to this node (as Fence does) under the same lock hold as the push's
 	// snapshot, named with the fence's time. Empty: no fence.
 	FenceForNodeId string `protobuf:"bytes,3,opt,name=fence_for_node_id,json=fenceForNodeId,proto3" json:"fence_for_node_id,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Why the push runs ("catch-up for the move to n2", "schedule",
+	// "backup"), shown by the source node's Status.
+	Purpose       string `protobuf:"bytes,4,opt,name=purpose,proto3" json:"purpose,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ReplicateRequest) Reset() {
@@ -1294,6 +1297,13 @@ func (x *ReplicateRequest) GetTargetAddress() string {
 func (x *ReplicateRequest) GetFenceForNodeId() string {
 	if x != nil {
 		return x.FenceForNodeId
+	}
+	return ""
+}
+
+func (x *ReplicateRequest) GetPurpose() string {
+	if x != nil {
+		return x.Purpose
 	}
 	return ""
 }
@@ -1686,13 +1696,15 @@ func (x *Replica) GetResumable() bool {
 }
 
 type Transfer struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	VolumeId      string                 `protobuf:"bytes,1,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
-	Peer          string                 `protobuf:"bytes,2,opt,name=peer,proto3" json:"peer,omitempty"`
-	Kind          string                 `protobuf:"bytes,3,opt,name=kind,proto3" json:"kind,omitempty"`
-	Bytes         int64                  `protobuf:"varint,4,opt,name=bytes,proto3" json:"bytes,omitempty"`
-	TotalBytes    int64                  `protobuf:"varint,5,opt,name=total_bytes,json=totalBytes,proto3" json:"total_bytes,omitempty"`
-	StartedUnix   int64                  `protobuf:"varint,6,opt,name=started_unix,json=startedUnix,proto3" json:"started_unix,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	VolumeId    string                 `protobuf:"bytes,1,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
+	Peer        string                 `protobuf:"bytes,2,opt,name=peer,proto3" json:"peer,omitempty"`
+	Kind        string                 `protobuf:"bytes,3,opt,name=kind,proto3" json:"kind,omitempty"`
+	Bytes       int64                  `protobuf:"varint,4,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	TotalBytes  int64                  `protobuf:"varint,5,opt,name=total_bytes,json=totalBytes,proto3" json:"total_bytes,omitempty"`
+	StartedUnix int64                  `protobuf:"varint,6,opt,name=started_unix,json=startedUnix,proto3" json:"started_unix,omitempty"`
+	// Why it runs (ReplicateRequest.purpose).
+	Purpose       string `protobuf:"bytes,7,opt,name=purpose,proto3" json:"purpose,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1767,6 +1779,13 @@ func (x *Transfer) GetStartedUnix() int64 {
 		return x.StartedUnix
 	}
 	return 0
+}
+
+func (x *Transfer) GetPurpose() string {
+	if x != nil {
+		return x.Purpose
+	}
+	return ""
 }
 
 type ReplicaStateRequest struct {
@@ -3110,11 +3129,12 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"maxEntries\x12(\n" +
 	"\x10source_volume_id\x18\x04 \x01(\tR\x0esourceVolumeId\"R\n" +
 	"\x15ListSnapshotsResponse\x129\n" +
-	"\tsnapshots\x18\x01 \x03(\v2\x1b.zfsnomad.agent.v1.SnapshotR\tsnapshots\"\x81\x01\n" +
+	"\tsnapshots\x18\x01 \x03(\v2\x1b.zfsnomad.agent.v1.SnapshotR\tsnapshots\"\x9b\x01\n" +
 	"\x10ReplicateRequest\x12\x1b\n" +
 	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12%\n" +
 	"\x0etarget_address\x18\x02 \x01(\tR\rtargetAddress\x12)\n" +
-	"\x11fence_for_node_id\x18\x03 \x01(\tR\x0efenceForNodeId\"\xcc\x01\n" +
+	"\x11fence_for_node_id\x18\x03 \x01(\tR\x0efenceForNodeId\x12\x18\n" +
+	"\apurpose\x18\x04 \x01(\tR\apurpose\"\xcc\x01\n" +
 	"\x11ReplicateProgress\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x1a\n" +
 	"\bsnapshot\x18\x02 \x01(\tR\bsnapshot\x12\x12\n" +
@@ -3143,7 +3163,7 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12#\n" +
 	"\rlast_snapshot\x18\x03 \x01(\tR\flastSnapshot\x12,\n" +
 	"\x12last_snapshot_unix\x18\x04 \x01(\x03R\x10lastSnapshotUnix\x12\x1c\n" +
-	"\tresumable\x18\x05 \x01(\bR\tresumable\"\xa9\x01\n" +
+	"\tresumable\x18\x05 \x01(\bR\tresumable\"\xc3\x01\n" +
 	"\bTransfer\x12\x1b\n" +
 	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12\x12\n" +
 	"\x04peer\x18\x02 \x01(\tR\x04peer\x12\x12\n" +
@@ -3151,7 +3171,8 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\x05bytes\x18\x04 \x01(\x03R\x05bytes\x12\x1f\n" +
 	"\vtotal_bytes\x18\x05 \x01(\x03R\n" +
 	"totalBytes\x12!\n" +
-	"\fstarted_unix\x18\x06 \x01(\x03R\vstartedUnix\"2\n" +
+	"\fstarted_unix\x18\x06 \x01(\x03R\vstartedUnix\x12\x18\n" +
+	"\apurpose\x18\a \x01(\tR\apurpose\"2\n" +
 	"\x13ReplicaStateRequest\x12\x1b\n" +
 	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\"\xc5\x01\n" +
 	"\x14ReplicaStateResponse\x12\x16\n" +

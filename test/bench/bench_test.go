@@ -215,7 +215,7 @@ func cpuBusy(b *testing.B) time.Duration {
 
 // push runs one Replicate to the end.
 func push(b *testing.B, agent *agentclient.Client, id, target string) {
-	if _, err := agent.Replicate(context.Background(), id, target, nil); err != nil {
+	if _, err := agent.Replicate(context.Background(), id, target, "bench", nil); err != nil {
 		b.Fatal(err)
 	}
 }

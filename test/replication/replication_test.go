@@ -73,7 +73,7 @@ func publishedVolume(t *testing.T, c *sim.Cluster, name string) (id, target stri
 // progress report.
 func replicate(t *testing.T, ctx context.Context, c *sim.Cluster, from, to *sim.Node, id string) (agentclient.Progress, error) {
 	t.Helper()
-	return controllerAgent(t, c, from).Replicate(ctx, id, to.AgentAddress, nil)
+	return controllerAgent(t, c, from).Replicate(ctx, id, to.AgentAddress, "test", nil)
 }
 
 // controllerAgent dials a node agent as the operator, through the
@@ -840,7 +840,7 @@ func TestDeleteRacesTidies(t *testing.T) {
 		// The last push: the delete starts as soon as the push reports
 		// it is done, when its tidy has just begun.
 		deleted := make(chan error, 1)
-		_, err = source.Replicate(ctx, id, n2.AgentAddress, func(p agentclient.Progress) {
+		_, err = source.Replicate(ctx, id, n2.AgentAddress, "test", func(p agentclient.Progress) {
 			if p.Done {
 				go func() {
 					time.Sleep(delay)

@@ -37,7 +37,8 @@ type FakeAgent struct {
 	setAside  []string
 	refusals  map[string]refusal // by method name
 	calls     []string
-	world     *Fakes // the node's peers, when it was made by Fakes.Add
+	purposes  []string // of the Replicate calls, in order
+	world     *Fakes   // the node's peers, when it was made by Fakes.Add
 	// changed logs the volume of every change of a copy (the node's
 	// volumes version is its length), for Changes; mute makes Changes
 	// answer that the node cannot tell, as an older node does.
@@ -528,7 +529,10 @@ func (f *FakeAgent) Reserve(_ context.Context, r agentclient.Reservation) (agent
 // the primary's generation, unless the target holds a primary. A target
 // that is no fake of the same Fakes receives nothing; the push answers
 // done all the same.
-func (f *FakeAgent) Replicate(ctx context.Context, id, targetAddr string, each func(agentclient.Progress)) (agentclient.Progress, error) {
+func (f *FakeAgent) Replicate(ctx context.Context, id, targetAddr, purpose string, each func(agentclient.Progress)) (agentclient.Progress, error) {
+	f.mu.Lock()
+	f.purposes = append(f.purposes, purpose)
+	f.mu.Unlock()
 	if err := f.beforePush(ctx, id, each); err != nil {
 		return agentclient.Progress{}, err
 	}
@@ -542,6 +546,13 @@ func (f *FakeAgent) Replicate(ctx context.Context, id, targetAddr string, each f
 		each(p)
 	}
 	return p, err
+}
+
+// Purposes returns the purposes the node's Replicate calls gave, in order.
+func (f *FakeAgent) Purposes() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.purposes)
 }
 
 // beforePush runs the test's BeforePush, if any.
