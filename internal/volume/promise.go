@@ -127,14 +127,23 @@ func (m *Manager) writePromise(ctx context.Context, id string, p Promise) error 
 	return m.zfs.SetProperties(ctx, shard, record)
 }
 
-// clearPromise removes the record of volume id: from its shard, and from
-// the root while older records may be kept there.
+// clearPromise removes the record of volume id, if there is one: a
+// removal costs a pool sync. While records may be kept on the root, the
+// root's goes too.
 func (m *Manager) clearPromise(ctx context.Context, id string) error {
-	err := m.zfs.ClearUserProperty(ctx, PromiseShard(m.cfg.RootDataset, id), promiseProp(id))
-	if err != nil && !errors.Is(err, zfs.ErrNotFound) {
+	p, onRoot, err := m.readPromise(ctx, id)
+	switch {
+	case err != nil:
+		return err
+	case onRoot: // the shard holds none
+		return m.zfs.ClearUserProperty(ctx, m.cfg.RootDataset, promiseProp(id))
+	case p.Generation == 0:
+		return nil
+	}
+	if err := m.zfs.ClearUserProperty(ctx, PromiseShard(m.cfg.RootDataset, id), promiseProp(id)); err != nil {
 		return err
 	}
-	if m.legacyPromises.Load() {
+	if m.legacyPromises.Load() { // a reservation that failed to clear it
 		return m.zfs.ClearUserProperty(ctx, m.cfg.RootDataset, promiseProp(id))
 	}
 	return nil
@@ -151,12 +160,39 @@ func (m *Manager) CheckLegacyPromises(ctx context.Context) error {
 	if err != nil {
 		return zfsError(err, "looking for promise records on the root dataset")
 	}
+	var forgotten []string // "0": what earlier builds left of a deleted volume's
+	for key, v := range legacy {
+		if parsePromise(v).Generation == 0 {
+			forgotten = append(forgotten, key)
+		}
+	}
+	live := len(legacy) - len(forgotten)
 	m.legacyPromises.Store(len(legacy) > 0)
-	if len(legacy) > 0 {
+	if live > 0 {
 		m.log.Warn("promise records are kept on the root dataset by an earlier build: every volume inherits them, which slows every read; each moves to its shard at the volume's next reservation, and goes with its deletion",
-			"records", len(legacy), "root", m.cfg.RootDataset)
+			"records", live, "root", m.cfg.RootDataset)
+	}
+	if len(forgotten) > 0 {
+		go m.dropForgotten(forgotten, live == 0)
 	}
 	return nil
+}
+
+// dropForgotten removes, in the background, the records of deleted
+// volumes that earlier builds left on the root as "0" (they promise
+// nothing); when no other record is kept there, reads then stop looking.
+func (m *Manager) dropForgotten(keys []string, last bool) {
+	ctx := context.Background()
+	for _, key := range keys {
+		if err := m.zfs.ClearUserProperty(ctx, m.cfg.RootDataset, key); err != nil {
+			m.log.Warn("removing a deleted volume's promise record from the root dataset failed; the next start retries", "record", key, "error", err)
+			return
+		}
+	}
+	m.log.Info("removed the promise records of deleted volumes from the root dataset", "records", len(keys))
+	if last {
+		m.legacyPromises.Store(false)
+	}
 }
 
 // lockedPromise reads the promise of volume id under its lock.

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
+	"github.com/zfs-nomad/zfs-nomad/internal/zfs/zfsfake"
 )
 
 // TestReserve: a node promises a generation of a volume once, to one
@@ -173,5 +174,40 @@ func TestLegacyPromiseRecords(t *testing.T) {
 	}
 	if p, _ := m.Promised(ctx, b); p != (Promise{}) {
 		t.Errorf("b: promised %+v after a start that found no record on the root; want the root left unread", p)
+	}
+}
+
+// TestForgottenLegacyRecordsGo: the "0" an earlier build left on the
+// root for each deleted volume promises nothing; the node removes them
+// after its start, and with no other record kept there stops reading the
+// root. A deletion of a volume with no record writes nothing (a removal
+// costs a pool sync).
+func TestForgottenLegacyRecordsGo(t *testing.T) {
+	ctx := context.Background()
+	m, fake := newManager(t)
+	old := vocab.VolumeIDForName("deleted long ago")
+	if err := fake.SetProperties(ctx, root, map[string]string{promiseProp(old): "0"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.CheckLegacyPromises(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); m.legacyPromises.Load() && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if onRoot, _ := fake.OwnUserProperties(ctx, root, PropPromisePrefix); len(onRoot) != 0 || m.legacyPromises.Load() {
+		t.Fatalf("after the start: %v on the root, still read: %v; want none, not read", onRoot, m.legacyPromises.Load())
+	}
+
+	counting := &zfsfake.Counting{Interface: fake}
+	m.zfs = counting
+	if err := m.Forget(ctx, vocab.VolumeIDForName("never promised here")); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Forget(ctx, vocab.VolumeIDForName("never promised here")); err != nil {
+		t.Fatal(err)
+	}
+	if w := counting.Work(); w > 2 {
+		t.Errorf("two deletions of a volume with no record asked ZFS for %d calls, want reads only (a removal costs a pool sync)", w)
 	}
 }
