@@ -292,7 +292,9 @@ func TestPlannedMove(t *testing.T) {
 			if withReplica {
 				// n3 continues from the base n2 now shares with it:
 				// an increment, not its 24 MiB again.
-				if prog := e.rolledForward(id, "n2", "n3", 2); prog.GetKind() != "incremental" || prog.GetBytes() > 4<<20 {
+				prog := e.rolledForward(id, "n2", "n3", 2)
+				t.Logf("after the move, n3's first push from n2: %s, %d bytes", prog.GetKind(), prog.GetBytes())
+				if prog.GetKind() != "incremental" || prog.GetBytes() > 4<<20 {
 					t.Fatalf("after the move, n3's first push from n2 was %s, %d bytes; want a small increment", prog.GetKind(), prog.GetBytes())
 				}
 			}
@@ -441,7 +443,9 @@ func TestFailoverAuto(t *testing.T) {
 	// (n1's push to n2 brought n3's base, docs/replication.md "Replicas
 	// share a base"): an increment, not the 8 MiB again, and n3 holds
 	// nothing after that base, so nothing of it is set aside.
-	if prog := e.replicate(id, "n2", "n3"); prog.GetKind() != "incremental" || prog.GetBytes() > 4<<20 {
+	prog := e.replicate(id, "n2", "n3")
+	t.Logf("after the failover, n3's first push from n2: %s, %d bytes", prog.GetKind(), prog.GetBytes())
+	if prog.GetKind() != "incremental" || prog.GetBytes() > 4<<20 {
 		t.Fatalf("after the failover, n3's first push from n2 was %s, %d bytes; want a small increment", prog.GetKind(), prog.GetBytes())
 	}
 	if c := e.copyOn(id, "n3"); c.GetGeneration() != 2 || c.GetRole() != "replica" {
