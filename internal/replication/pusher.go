@@ -230,7 +230,7 @@ func (p *Pusher) push(ctx context.Context, volumeID, fs, addr, purpose string, i
 	// What was sent is read before the holds are listed: a tidy holds
 	// its base before it forgets it was sent, so one of the two has it.
 	sentTo := p.sentTo(volumeID)
-	held := p.holdsAhead(ctx, fs)
+	held := ahead(func() (map[string][]string, error) { return p.z.Holds(ctx, fs) })
 	state, err := peer.ReplicaState(ctx, &pb.ReplicaStateRequest{VolumeId: volumeID})
 	taken := <-snapped
 	snapErr := taken.err
@@ -750,42 +750,26 @@ func (p *Pusher) noteSent(volumeID, peer, snapshot string) {
 	p.sent[volumeID][peer] = snapshot
 }
 
-// holdsAhead lists the holds on the snapshots of fs in the background and
-// returns the wait for the listing.
-func (p *Pusher) holdsAhead(ctx context.Context, fs string) func() (map[string][]string, error) {
-	type listing struct {
-		holds map[string][]string
-		err   error
-	}
-	var l listing
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		l.holds, l.err = p.z.Holds(ctx, fs)
-	}()
-	return func() (map[string][]string, error) {
-		<-done
-		return l.holds, l.err
-	}
-}
-
 // listAhead lists the snapshots of fs in the background and returns the
 // wait for the listing.
 func (p *Pusher) listAhead(ctx context.Context, fs string) func() ([]zfscmd.Snap, error) {
-	type listing struct {
-		snaps []zfscmd.Snap
-		err   error
-	}
-	var l listing
+	return ahead(func() ([]zfscmd.Snap, error) { return p.z.Snapshots(ctx, fs) })
+}
+
+// ahead runs read in the background and returns the wait for its
+// answer; every call of the wait returns the one answer (the plan and
+// bridge both read the snapshot listing).
+func ahead[T any](read func() (T, error)) func() (T, error) {
+	var out T
+	var err error
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		l.snaps, l.err = p.z.Snapshots(ctx, fs)
+		out, err = read()
 	}()
-	// Read by the plan and by bridge: every call waits for the one listing.
-	return func() ([]zfscmd.Snap, error) {
+	return func() (T, error) {
 		<-done
-		return l.snaps, l.err
+		return out, err
 	}
 }
 
