@@ -25,6 +25,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
 	"github.com/zfs-nomad/zfs-nomad/internal/sim"
+	"github.com/zfs-nomad/zfs-nomad/internal/volume"
 )
 
 func main() {
@@ -260,19 +261,20 @@ func (s *story) walk(ctx context.Context) error {
 	for _, n := range s.c.Nodes {
 		// Deletes answer once the datasets are gone; a push the schedule
 		// started just before may still be settling its last snapshot.
-		var out string
+		var left []string
+		var err error
 		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(time.Second) {
-			out, _ = sim.Run("zfs", "list", "-H", "-r", "-t", "all", "-o", "name", n.RootDataset)
-			if strings.TrimSpace(out) == n.RootDataset || time.Now().After(deadline) {
+			left, err = sim.DatasetsLeft(n.RootDataset)
+			if err == nil && len(left) == 0 || time.Now().After(deadline) {
 				break
 			}
 		}
-		s.say("%s: %s", n.ID, strings.Join(strings.Fields(out), " "))
-		if strings.TrimSpace(out) != n.RootDataset {
-			return fmt.Errorf("%s still holds datasets 30 s after every volume and snapshot was deleted:\n%s", n.ID, out)
+		s.say("%s: %s, and its promise records (%s/%s)", n.ID, n.RootDataset, n.RootDataset, volume.PromisesDataset)
+		if err != nil || len(left) > 0 {
+			return fmt.Errorf("%s still holds datasets 30 s after every volume and snapshot was deleted: %v %v", n.ID, left, err)
 		}
 	}
-	s.step("Done: every dataset, replica and snapshot is gone; only the operator's root datasets remain")
+	s.step("Done: every dataset, replica and snapshot is gone; only the operator's root datasets (and each node's promise records) remain")
 	return nil
 }
 

@@ -29,6 +29,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/tlsconfig"
+	"github.com/zfs-nomad/zfs-nomad/internal/volume"
 )
 
 // EnvDisks lists the disks (devices or image files) tests may use,
@@ -54,6 +55,25 @@ func Run(name string, args ...string) (string, error) {
 		return string(out), fmt.Errorf("%s %s: %w\n%s", name, strings.Join(args, " "), err, out)
 	}
 	return string(out), nil
+}
+
+// DatasetsLeft lists what a node holds under its root dataset besides the
+// root and its promise records (volume.PromisesDataset, which outlive
+// every volume): the datasets and snapshots of volumes, replicas and
+// copies set aside. Empty once every volume is deleted.
+func DatasetsLeft(root string) ([]string, error) {
+	out, err := Run("zfs", "list", "-H", "-r", "-t", "all", "-o", "name", root)
+	if err != nil {
+		return nil, err
+	}
+	promises := root + "/" + volume.PromisesDataset
+	var left []string
+	for _, name := range strings.Fields(out) {
+		if name != root && name != promises && !strings.HasPrefix(name, promises+"/") {
+			left = append(left, name)
+		}
+	}
+	return left, nil
 }
 
 // CreatePool creates pool name on disk, a device or an image file. A device

@@ -165,8 +165,8 @@ func TestStagePublishReadOnlyAndUnwind(t *testing.T) {
 	if _, err := cl.ctl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
 		t.Fatal(err)
 	}
-	if out := guesttest.Run(t, "zfs", "list", "-H", "-r", "-o", "name", n.RootDataset); strings.TrimSpace(out) != n.RootDataset {
-		t.Errorf("datasets left after delete:\n%s", out)
+	if left, err := sim.DatasetsLeft(n.RootDataset); err != nil || len(left) > 0 {
+		t.Errorf("datasets left after delete: %v %v", left, err)
 	}
 }
 
