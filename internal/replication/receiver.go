@@ -637,10 +637,11 @@ const tidyDelay = time.Second
 // tidy runs after a successful receive, without delaying the sender (a
 // move waits for it), and after tidyDelay. It holds the snapshot just
 // received as the new base before anything releases the old one, so some
-// common snapshot is always held. A replica pushes nothing: holds it kept
-// as a primary (before a move demoted it) would pin old snapshots forever.
-// Then old replication snapshots are pruned; held bases always stay. A
-// replica promoted meanwhile is left alone: it is the primary's to tidy.
+// common snapshot is always held. Its peer tags become the sender's
+// (mirrorPeerBases): those it kept as a primary (before a move demoted
+// it) go, the sender's other replicas' bases are held. Then old
+// replication snapshots are pruned; held bases always stay. A replica
+// promoted meanwhile is left alone: it is the primary's to tidy.
 func (r *Receiver) tidy(volumeID, fs, received string, peerBases map[uint64][]string, log hclog.Logger) {
 	ctx, cancel := context.WithTimeout(context.Background(), tidyTimeout)
 	defer cancel()
@@ -672,12 +673,20 @@ func (r *Receiver) tidy(volumeID, fs, received string, peerBases map[uint64][]st
 	}
 }
 
+// maxPeerBases bounds the peer bases a receiver holds for one volume: a
+// volume has at most a few replicas, and each entry pins a snapshot here.
+const maxPeerBases = 32
+
 // peerBases reads the header's peer bases: GUID to the peers whose base
 // the sender holds it as, leaving out this node and any node ID that is
-// not one (it becomes part of a hold tag here).
+// not one (it becomes part of a hold tag here), and any beyond
+// maxPeerBases.
 func (r *Receiver) peerBases(h *pb.ReceiveHeader) map[uint64][]string {
 	out := map[uint64][]string{}
-	for _, b := range h.GetPeerBases() {
+	for i, b := range h.GetPeerBases() {
+		if i >= maxPeerBases {
+			break
+		}
 		if id := b.GetNodeId(); id != r.nodeID && vocab.IsNodeID(id) {
 			out[b.GetGuid()] = append(out[b.GetGuid()], id)
 		}
