@@ -195,7 +195,7 @@ func (p *Pusher) PushFenced(ctx context.Context, volumeID, addr, purpose string,
 	if err != nil {
 		return Progress{}, err
 	}
-	p.startTidy(volumeID, fs, out.base, out.tag, log)
+	p.startTidy(volumeID, fs, out.base, out.peer, log)
 	return out.prog, nil
 }
 
@@ -204,7 +204,7 @@ type pushed struct {
 	prog   Progress
 	unsent string // a snapshot the push took but did not send
 	base   string // the snapshot the peer now has
-	tag    string // the hold tag of that peer
+	peer   string // that peer's node ID
 }
 
 // push sends; see Push.
@@ -316,7 +316,7 @@ func (p *Pusher) push(ctx context.Context, volumeID, fs, addr, purpose string, i
 	prog.Total = prog.Bytes // what the estimate was for
 	report(prog)
 	log.Info("sent", "bytes", prog.Bytes)
-	return pushed{prog: prog, base: base, tag: BaseHoldTag + "-" + state.GetNodeId()}, nil
+	return pushed{prog: prog, base: base, peer: state.GetNodeId()}, nil
 }
 
 // A streamSpec is one stream of a push.
@@ -471,7 +471,7 @@ const tidyTimeout = 2 * time.Minute
 // (a move waits for the push) need not wait for its holds and prunes. It
 // runs under the copy's lock, and only on a primary: a delete or demote
 // that came first leaves it nothing to do.
-func (p *Pusher) startTidy(volumeID, fs, base, tag string, log hclog.Logger) {
+func (p *Pusher) startTidy(volumeID, fs, base, peer string, log hclog.Logger) {
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), tidyTimeout)
 		defer cancel()
@@ -484,7 +484,7 @@ func (p *Pusher) startTidy(volumeID, fs, base, tag string, log hclog.Logger) {
 		if role, err := p.z.Get(ctx, fs, volume.PropRole); err != nil || role != vocab.RolePrimary {
 			return
 		}
-		p.tidy(ctx, fs, base, tag, log)
+		p.tidy(ctx, volumeID, fs, base, peer, log)
 	}()
 }
 
@@ -494,12 +494,12 @@ func (p *Pusher) startTidy(volumeID, fs, base, tag string, log hclog.Logger) {
 // hold it kept as a replica (before a move or failover promoted it) would
 // pin its old base forever. Then old replication snapshots are pruned.
 // Stopped at any step, it leaves some common snapshot held.
-func (p *Pusher) tidy(ctx context.Context, fs, base, tag string, log hclog.Logger) {
-	if err := p.z.Hold(ctx, base, tag); err != nil {
+func (p *Pusher) tidy(ctx context.Context, volumeID, fs, base, peer string, log hclog.Logger) {
+	if err := p.z.Hold(ctx, base, peerTag(peer)); err != nil {
 		log.Warn("holding the new base failed; the old base stays held until a push holds a newer one", "snapshot", base, "error", err)
 		return
 	}
-	p.forgetSent(zfs.Parent(base), strings.TrimPrefix(tag, BaseHoldTag+"-"), base)
+	p.forgetSent(volumeID, peer, base)
 	if err := releaseTags(ctx, p.z, fs, isReceiverTag); err != nil {
 		log.Warn("releasing a former replica's hold failed; next push retries", "error", err)
 	}
@@ -690,7 +690,7 @@ func peersHeldFor(tags []string) []string {
 	var peers []string
 	for _, t := range tags {
 		if isPeerTag(t) {
-			peers = append(peers, strings.TrimPrefix(t, BaseHoldTag+"-"))
+			peers = append(peers, strings.TrimPrefix(t, peerTag("")))
 		}
 	}
 	return peers
@@ -725,8 +725,7 @@ func (p *Pusher) sentTo(volumeID string) map[string]string {
 
 // forgetSent drops what noteSent recorded once the hold carries it, so
 // the record holds only the pushes whose tidy has not run.
-func (p *Pusher) forgetSent(fs, peer, snapshot string) {
-	volumeID := fs[strings.LastIndexByte(fs, '/')+1:]
+func (p *Pusher) forgetSent(volumeID, peer, snapshot string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.sent[volumeID][peer] == snapshot {

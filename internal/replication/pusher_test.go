@@ -60,7 +60,7 @@ func TestTidyWaitsForTheCopyLock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p.startTidy(id, fs, fs+"@zn-1", BaseHoldTag+"-n2", hclog.NewNullLogger())
+	p.startTidy(id, fs, fs+"@zn-1", "n2", hclog.NewNullLogger())
 	time.Sleep(200 * time.Millisecond)
 	if n := z.holds.Load(); n != 0 {
 		t.Fatalf("the tidy held %d snapshots while a delete held the copy's lock", n)
@@ -73,7 +73,7 @@ func TestTidyWaitsForTheCopyLock(t *testing.T) {
 	}
 
 	z.gone.Store(false)
-	p.startTidy(id, fs, fs+"@zn-2", BaseHoldTag+"-n2", hclog.NewNullLogger())
+	p.startTidy(id, fs, fs+"@zn-2", "n2", hclog.NewNullLogger())
 	deadline := time.Now().Add(5 * time.Second)
 	for z.holds.Load() == 0 && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)

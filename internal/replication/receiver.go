@@ -716,7 +716,7 @@ func mirrorPeerBases(ctx context.Context, z Streams, fs string, peerBases map[ui
 			if want[s.Name] == nil {
 				want[s.Name] = map[string]bool{}
 			}
-			want[s.Name][BaseHoldTag+"-"+peer] = true
+			want[s.Name][peerTag(peer)] = true
 		}
 	}
 	for snap, tags := range want {

@@ -131,8 +131,11 @@ func releaseTags(ctx context.Context, z Streams, fs string, drop func(tag string
 	return nil
 }
 
+// peerTag is the hold tag of peer's base.
+func peerTag(peer string) string { return BaseHoldTag + "-" + peer }
+
 // isPeerTag selects a sender's per-peer base holds.
-func isPeerTag(tag string) bool { return strings.HasPrefix(tag, BaseHoldTag+"-") }
+func isPeerTag(tag string) bool { return strings.HasPrefix(tag, peerTag("")) }
 
 // isReceiverTag selects a receiver's base hold.
 func isReceiverTag(tag string) bool { return tag == BaseHoldTag }
