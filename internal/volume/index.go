@@ -29,13 +29,29 @@ import (
 // while a listing runs is applied over that listing too. So an index is
 // exact for the driver's own changes, and a crash loses nothing (the next
 // process lists again). A change made by hand behind the driver's back
-// shows at the latest after indexMaxAge, when the next read starts a
+// shows at the latest after the index's maxAge, when the next read starts a
 // listing (and serves the index it has until that listing ends); an entry
 // whose dataset is gone is caught when it is read (ListPage and
 // findSnapshot read each entry they return).
 
-// indexMaxAge bounds how long an index trusts itself without a listing.
+// indexMaxAge bounds how long an index trusts itself without a listing,
+// unless its listings are slow (relistSpacing).
 const indexMaxAge = 5 * time.Minute
+
+// relistSpacing keeps an index from listing again sooner than this many
+// times its last listing took: a listing of a node's whole tree walks
+// every dataset, and on a node with a thousand volumes under a slow pool
+// (30 s in the test guest) a listing every five minutes would compete
+// with the calls it serves a tenth of the time, for the sake of changes
+// made by hand. Spaced this way, relisting costs a node at most about
+// 1/relistSpacing of one pool's time per index; a change made by hand
+// shows after at most relistSpacing listings' time.
+const relistSpacing = 60
+
+// slowListing is how long a listing may take before it is logged at info
+// level: an operator sees why calls slow down, and how often the node
+// lists again.
+const slowListing = 5 * time.Second
 
 // idIndex maps IDs to their datasets.
 type idIndex struct {
@@ -56,8 +72,9 @@ type idIndex struct {
 	// invalidations counts invalidate calls: a listing that one raced is
 	// not kept, as what went wrong may be missing from it.
 	invalidations uint64
-	lastErr       error     // why the last listing failed
-	failed        time.Time // when the last failed listing began
+	lastErr       error         // why the last listing failed
+	failed        time.Time     // when the last failed listing began
+	took          time.Duration // how long the last kept listing took
 }
 
 // relistAfterFailure is how long an index that has entries waits after a
@@ -74,7 +91,7 @@ const fillTimeout = 10 * time.Minute
 
 // read returns a copy of the index. An index that was never filled, or
 // was invalidated, is listed first with list, and the caller waits; one
-// older than indexMaxAge on the clock now is returned as it is while a
+// older than its maxAge on the clock now is returned as it is while a
 // listing runs apart (it is exact for the driver's own changes, which
 // update it; only a change made by hand waits for that listing). So no
 // call but the first after a start or an invalidation meets a listing,
@@ -130,10 +147,17 @@ func (x *idIndex) relistDue(now func() time.Time) bool {
 	return x.entries == nil || x.lastErr == nil || sinceFailure >= relistAfterFailure || sinceFailure < 0
 }
 
-// fresh tells whether the index holds a listing younger than indexMaxAge.
-// The caller holds x.mu.
+// fresh tells whether the index holds a listing younger than its
+// maxAge. The caller holds x.mu.
 func (x *idIndex) fresh(now func() time.Time) bool {
-	return x.entries != nil && now().Sub(x.listed) < indexMaxAge && !now().Before(x.listed)
+	return x.entries != nil && now().Sub(x.listed) < x.maxAge() && !now().Before(x.listed)
+}
+
+// maxAge is how long the index trusts its last listing: indexMaxAge, or
+// relistSpacing times that listing's duration when that is longer. The
+// caller holds x.mu.
+func (x *idIndex) maxAge() time.Duration {
+	return max(indexMaxAge, relistSpacing*x.took)
 }
 
 // startFill starts a listing unless one runs, and returns the channel
@@ -166,7 +190,7 @@ func (x *idIndex) fill(now func() time.Time, list func(context.Context) (map[str
 		for id, dataset := range x.raced {
 			set(entries, id, dataset)
 		}
-		x.entries, x.listed = entries, started
+		x.entries, x.listed, x.took = entries, started, max(0, now().Sub(started))
 	}
 	x.filling, x.raced = nil, nil
 	close(done)
@@ -312,7 +336,13 @@ func listForIndex[T any](ctx context.Context, log hclog.Logger, what string, lis
 		id, dataset := entry(item)
 		out[id] = dataset
 	}
-	log.Debug("listed the node's "+what+" for their index", "count", len(out), "took", time.Since(began))
+	took := time.Since(began)
+	logAt := log.Debug
+	if took >= slowListing {
+		logAt = log.Info
+	}
+	logAt("listed the node's "+what+" for their index", "count", len(out), "took", took,
+		"next_listing_after", max(indexMaxAge, relistSpacing*took))
 	return out, nil
 }
 

@@ -211,6 +211,51 @@ func TestIndexListsAgainNoSoonerThanAWhileAfterAFailure(t *testing.T) {
 	read("after relistAfterFailure", 3)
 }
 
+// TestASlowListingSpacesTheNext (issue 13): an index whose listing took
+// long trusts it for relistSpacing times that, not only indexMaxAge, so a
+// node with a thousand volumes under a slow pool does not spend a tenth
+// of its time listing; a quick listing keeps indexMaxAge.
+func TestASlowListingSpacesTheNext(t *testing.T) {
+	tests := []struct {
+		name     string
+		took     time.Duration
+		fresh    time.Duration // still fresh this long after the listing began
+		relisted time.Duration // listed again by a read this long after
+	}{
+		{"quick", time.Second, indexMaxAge - time.Second, indexMaxAge},
+		{"at the bound", indexMaxAge / relistSpacing, indexMaxAge - time.Second, indexMaxAge},
+		{"slow", 30 * time.Second, relistSpacing*30*time.Second - time.Second, relistSpacing * 30 * time.Second},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var x idIndex
+			began := time.Now()
+			clock := began
+			now := func() time.Time { return clock }
+			lists := 0
+			list := func(context.Context) (map[string]string, error) {
+				lists++
+				clock = clock.Add(tt.took) // the listing's duration, on the index's clock
+				return map[string]string{"vol-a": "tank/nomad/vol-a"}, nil
+			}
+			read := func(at time.Duration, wantLists int) {
+				t.Helper()
+				clock = began.Add(at)
+				if _, err := x.read(context.Background(), now, list); err != nil {
+					t.Fatal(err)
+				}
+				waitForListing(t, &x)
+				if lists != wantLists {
+					t.Errorf("a read %v after the first listing began: %d listings, want %d", at, lists, wantLists)
+				}
+			}
+			read(0, 1)
+			read(tt.fresh, 1)
+			read(tt.relisted, 2)
+		})
+	}
+}
+
 // TestChangedSince (issue 13): the node tells which volumes changed since
 // a version it reported, each once, as long as it can be sure: not for
 // another process's version, not past an invalidation, not further back

@@ -199,6 +199,7 @@ func scaleRow(b *testing.B, ctx context.Context, c *sim.Cluster, agents *cluster
 	if a1 == nil {
 		b.Fatalf("node %s's agent does not answer", n1.ID)
 	}
+	var createdAt []string // each create's time, and when it began: to lay beside the nodes' listings
 	var rawCreate, rawDestroy, rawList, create, getNode, getCopy, del, publish, stage, getCap, list100, listAll, status []float64
 	for i := range *scaleReps {
 		raw := fmt.Sprintf("%s/raw-%d-%d", n1.RootDataset, n, i)
@@ -218,6 +219,7 @@ func scaleRow(b *testing.B, ctx context.Context, c *sim.Cluster, agents *cluster
 			}
 		}))
 		var id string
+		began := time.Now()
 		create = append(create, seconds(func() {
 			resp, err := ctl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: name, VolumeCapabilities: []*csi.VolumeCapability{capability},
 				Parameters: map[string]string{"node": n1.ID}})
@@ -226,6 +228,7 @@ func scaleRow(b *testing.B, ctx context.Context, c *sim.Cluster, agents *cluster
 			}
 			id = resp.GetVolume().GetVolumeId()
 		}))
+		createdAt = append(createdAt, fmt.Sprintf("%.3f s at %s", create[len(create)-1], began.Format("15:04:05")))
 		var publishContext map[string]string
 		publish = append(publish, seconds(func() {
 			resp, err := ctl.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: n1.ID, VolumeCapability: capability})
@@ -276,6 +279,8 @@ func scaleRow(b *testing.B, ctx context.Context, c *sim.Cluster, agents *cluster
 			}
 		}))
 	}
+	fmt.Printf("BenchmarkScale: %d volumes per node, the creates: %s\n", n, strings.Join(createdAt, ", "))
+	printListings(c, n)
 	full, fromBook, afterCreate := scheduleRound(b, ctx, agents, ctl, capability, n1.ID, len(c.Nodes), n)
 	var nodeRSS float64
 	for _, nd := range c.Nodes {
@@ -287,6 +292,24 @@ func scaleRow(b *testing.B, ctx context.Context, c *sim.Cluster, agents *cluster
 }
 
 func seconds(f func()) float64 { return timed(f).Seconds() }
+
+// printListings prints the nodes' log lines about the listings of their
+// indexes (at info when slow): a call that meets one competes with it
+// for the guest, and the row's figures are read beside them.
+func printListings(c *sim.Cluster, n int) {
+	for _, node := range c.Nodes {
+		data, err := os.ReadFile(node.Process.Log)
+		if err != nil {
+			fmt.Printf("BenchmarkScale: reading %s's log: %v\n", node.ID, err)
+			continue
+		}
+		for _, line := range strings.Split(string(data), "\n") {
+			if strings.Contains(line, "for their index") {
+				fmt.Printf("BenchmarkScale: %d volumes per node, %s: %s\n", n, node.ID, line)
+			}
+		}
+	}
+}
 
 // operatorCluster connects to the nodes' agents as the operator's
 // commands do, with the operator's certificate, and the controller's
