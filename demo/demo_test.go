@@ -14,7 +14,7 @@ import (
 func TestMain(m *testing.M) {
 	os.Exit(guesttest.Main(m, guesttest.Options{
 		Disks:    []string{"1G", "1G", "1G"},
-		Binaries: map[string]string{"zfs-node": "./cmd/zfs-node", "zfs-controller": "./cmd/zfs-controller"},
+		Binaries: guesttest.DriverBinaries(),
 		Timeout:  20 * time.Minute,
 	}))
 }

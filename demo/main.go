@@ -376,7 +376,7 @@ func (i *indent) Write(b []byte) (int, error) {
 }
 
 func (s *story) create(ctx context.Context, req *csi.CreateVolumeRequest) (*csi.Volume, error) {
-	req.VolumeCapabilities = []*csi.VolumeCapability{capability()}
+	req.VolumeCapabilities = []*csi.VolumeCapability{sim.MountWriter()}
 	resp, err := s.ctl.CreateVolume(ctx, req)
 	if err != nil {
 		return nil, err
@@ -396,13 +396,6 @@ func (s *story) nodeOf(v *csi.Volume) *sim.Node {
 	return nil
 }
 
-func capability() *csi.VolumeCapability {
-	return &csi.VolumeCapability{
-		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
-		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
-	}
-}
-
 func (s *story) paths(n *sim.Node, id string) (staging, target string) {
 	return filepath.Join(n.Dir, "staging", id), filepath.Join(n.Dir, "alloc", id)
 }
@@ -413,10 +406,10 @@ func (s *story) mount(ctx context.Context, n *sim.Node, id, label string) (strin
 		return "", err
 	}
 	nc := s.node[n.ID]
-	if _, err := nc.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: capability()}); err != nil {
+	if _, err := nc.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: sim.MountWriter()}); err != nil {
 		return "", err
 	}
-	if _, err := nc.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: capability()}); err != nil {
+	if _, err := nc.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: sim.MountWriter()}); err != nil {
 		return "", err
 	}
 	s.say("%s: staged at %s, published at %s", label, staging, target)
@@ -438,7 +431,7 @@ func (s *story) unmount(ctx context.Context, n *sim.Node, id string) error {
 // context.
 func (s *story) publish(ctx context.Context, n *sim.Node, id, label string) (string, error) {
 	last := ""
-	req := &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: n.ID, VolumeCapability: capability()}
+	req := &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: n.ID, VolumeCapability: sim.MountWriter()}
 	resp, err := sim.Publish(ctx, s.ctl, req, 3*time.Minute, func(err error) bool { // as Nomad retries a claim
 		if !sim.CatchingUp(err) && !errdefs.Temporary(err) {
 			return false
@@ -458,10 +451,10 @@ func (s *story) publish(ctx context.Context, n *sim.Node, id, label string) (str
 	}
 	pc := resp.GetPublishContext()
 	nc := s.node[n.ID]
-	if _, err := nc.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: capability(), PublishContext: pc}); err != nil {
+	if _, err := nc.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: sim.MountWriter(), PublishContext: pc}); err != nil {
 		return "", err
 	}
-	if _, err := nc.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: capability(), PublishContext: pc}); err != nil {
+	if _, err := nc.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: sim.MountWriter(), PublishContext: pc}); err != nil {
 		return "", err
 	}
 	s.say("%s: published on %s with generation %s", label, n.ID, pc["generation"])
@@ -579,14 +572,14 @@ func (s *story) failover(ctx context.Context) (*csi.Volume, error) {
 	}
 	s.node[lost.ID] = csi.NewNodeClient(nc)
 	_, err = s.node[lost.ID].NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: v.GetVolumeId(), StagingTargetPath: filepath.Join(lost.Dir, "stale"),
-		VolumeCapability: capability(), PublishContext: map[string]string{"generation": "2"}})
+		VolumeCapability: sim.MountWriter(), PublishContext: map[string]string{"generation": "2"}})
 	s.say("staging the stale copy on %s: %s", lost.ID, status.Convert(err).Message())
 	s.say("Nomad stops the lost allocation on %s; the next publish sets the stale copy aside", lost.ID)
 	if err := s.unpublish(ctx, lost, v.GetVolumeId()); err != nil {
 		return nil, err
 	}
 	for i := 0; ; i++ {
-		if _, err := s.ctl.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: v.GetVolumeId(), NodeId: survivor.ID, VolumeCapability: capability()}); err != nil {
+		if _, err := s.ctl.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: v.GetVolumeId(), NodeId: survivor.ID, VolumeCapability: sim.MountWriter()}); err != nil {
 			return nil, err
 		}
 		if out, _ := sim.Run("sh", "-c", "zfs list -H -o name -r "+lost.RootDataset+" | grep aside || true"); strings.TrimSpace(out) != "" {

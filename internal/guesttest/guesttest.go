@@ -29,6 +29,11 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/sim"
 )
 
+// DriverBinaries are the driver's two programs, for Options.Binaries.
+func DriverBinaries() map[string]string {
+	return map[string]string{"zfs-node": "./cmd/zfs-node", "zfs-controller": "./cmd/zfs-controller"}
+}
+
 // Options say what a package's guest run needs.
 type Options struct {
 	// Disks are the sizes of the guest's virtio disks (/dev/vda, ...).

@@ -34,3 +34,12 @@ func CatchingUp(err error) bool {
 	s := status.Convert(err)
 	return s.Code() == codes.FailedPrecondition && strings.Contains(s.Message(), "in the background")
 }
+
+// MountWriter is the capability the tests and the demo publish with: a
+// file system that one node writes.
+func MountWriter() *csi.VolumeCapability {
+	return &csi.VolumeCapability{
+		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
+	}
+}

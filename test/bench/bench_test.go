@@ -62,7 +62,7 @@ func TestMain(m *testing.M) {
 	}
 	os.Exit(guesttest.Main(m, guesttest.Options{
 		Disks:    []string{"3G", "3G", "3G"},
-		Binaries: map[string]string{"zfs-node": "./cmd/zfs-node", "zfs-controller": "./cmd/zfs-controller"},
+		Binaries: guesttest.DriverBinaries(),
 		Timeout:  90 * time.Minute, // BenchmarkScale at 1000 volumes per node fills 3000 datasets
 	}))
 }
@@ -447,9 +447,7 @@ func controllerClient(b *testing.B, c *sim.Cluster) csi.ControllerClient {
 }
 
 // mountCapability is a single-node-writer file system.
-var mountCapability = &csi.VolumeCapability{
-	AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
-	AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER}}
+var mountCapability = sim.MountWriter()
 
 func median(xs []float64) float64 {
 	s := slices.Clone(xs)

@@ -28,16 +28,13 @@ import (
 func TestMain(m *testing.M) {
 	os.Exit(guesttest.Main(m, guesttest.Options{
 		Disks:    []string{"2G", "2G", "2G"},
-		Binaries: map[string]string{"zfs-node": "./cmd/zfs-node", "zfs-controller": "./cmd/zfs-controller"},
+		Binaries: guesttest.DriverBinaries(),
 		Memory:   "2G",
 		Timeout:  25 * time.Minute,
 	}))
 }
 
-var writer = &csi.VolumeCapability{
-	AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
-	AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
-}
+var writer = sim.MountWriter()
 
 // env is a three-node cluster and clients for it.
 type env struct {

@@ -45,7 +45,7 @@ func TestMain(m *testing.M) {
 	}
 	os.Exit(guesttest.Main(m, guesttest.Options{
 		Disks:    []string{"2G", "2G", "2G"},
-		Binaries: map[string]string{"zfs-node": "./cmd/zfs-node", "zfs-controller": "./cmd/zfs-controller"},
+		Binaries: guesttest.DriverBinaries(),
 		Files:    files,
 		Memory:   "3G",
 		Timeout:  15 * time.Minute,

@@ -19,7 +19,7 @@ import (
 func TestMain(m *testing.M) {
 	os.Exit(guesttest.Main(m, guesttest.Options{
 		Disks:    []string{"2G", "2G"},
-		Binaries: map[string]string{"zfs-node": "./cmd/zfs-node", "zfs-controller": "./cmd/zfs-controller"},
+		Binaries: guesttest.DriverBinaries(),
 	}))
 }
 
