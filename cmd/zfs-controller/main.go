@@ -154,6 +154,7 @@ func serve(c command, args []string) error {
 		sched := scheduler.New(nodes, cfg.ParallelPushes, log.Named("replication"))
 		sched.Metrics = scheduler.NewMetrics(registry)
 		sched.Settle = migrator.Settle
+		sched.SurplusGrace = time.Duration(cfg.SurplusGrace)
 		go sched.Run(ctx, every)
 	}
 	metricsLis, err := plugin.ListenMetrics(cfg.MetricsAddress)

@@ -50,7 +50,12 @@ func (s *Server) DeleteReplica(ctx context.Context, req *pb.DeleteReplicaRequest
 	if s.receiver == nil {
 		return &pb.DeleteReplicaResponse{}, nil
 	}
-	deleted, err := s.receiver.DeleteReplica(ctx, req.GetVolumeId())
+	deleted, err := false, error(nil)
+	if newest := req.GetSurplusNewest(); newest != "" {
+		deleted, err = s.receiver.DeleteSurplus(ctx, req.GetVolumeId(), newest)
+	} else {
+		deleted, err = s.receiver.DeleteReplica(ctx, req.GetVolumeId())
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -118,9 +123,17 @@ func (s *Server) Status(ctx context.Context, _ *pb.StatusRequest) (*pb.NodeStatu
 	return out, nil
 }
 
+// unixOrZero is t in unix seconds, or 0 for the zero time.
+func unixOrZero(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.Unix()
+}
+
 func replicaToPB(r replication.Replica) *pb.Replica {
 	return &pb.Replica{VolumeId: r.VolumeID, Name: r.Name, LastSnapshot: r.LastSnapshot,
-		LastSnapshotUnix: r.LastSnapshotTime.Unix(), Resumable: r.Resumable}
+		LastSnapshotUnix: r.LastSnapshotTime.Unix(), Resumable: r.Resumable, DemotedAtUnix: unixOrZero(r.DemotedAt)}
 }
 
 // Replicate pushes a volume to a peer now and streams progress.

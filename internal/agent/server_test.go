@@ -2,13 +2,18 @@ package agent
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"maps"
 	"slices"
 	"testing"
 
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/config"
+	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
 	"github.com/zfs-nomad/zfs-nomad/internal/replication"
+	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
 	"github.com/zfs-nomad/zfs-nomad/internal/volume"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs/zfsfake"
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
@@ -83,5 +88,63 @@ func TestChangesTellsWhatBecameOfEachChangedVolume(t *testing.T) {
 	resp, err = s.Changes(ctx, &pb.ChangesRequest{Since: "1-0"})
 	if err != nil || resp.GetKnown() {
 		t.Errorf("Changes since another process's version = known %v, %v; want not known", resp.GetKnown(), err)
+	}
+}
+
+// TestDeleteSurplus (issue 15): the node removes a replica as a surplus
+// copy only when that loses nothing the caller did not judge: a copy
+// demoted after a move, whose newest snapshot is the one the schedule
+// saw, with no snapshot but replication snapshots. Anything else is
+// refused with FailedPrecondition and left as it was; a primary, or no
+// copy, is not a replica to delete.
+func TestDeleteSurplus(t *testing.T) {
+	ctx := context.Background()
+	demoted := map[string]string{volume.PropRole: replication.RoleReplica, volume.PropDemotedAt: "1800000000"}
+	tests := []struct {
+		name      string
+		props     map[string]string // nil: no copy
+		snapshots []string
+		newest    string
+		deleted   bool
+		refused   bool
+	}{
+		{"demoted, as fresh as judged", demoted, []string{"zn-1", "zn-2"}, "zn-2", true, false},
+		{"not demoted: the schedule's own replica", map[string]string{volume.PropRole: replication.RoleReplica}, []string{"zn-2"}, "zn-2", false, true},
+		{"promoted since", map[string]string{volume.PropRole: replication.RoleReplica, volume.PropDemotedAt: "-"}, []string{"zn-2"}, "zn-2", false, true},
+		{"received since it was judged", demoted, []string{"zn-2", "zn-3"}, "zn-2", false, true},
+		{"holds a CSI snapshot", demoted, []string{"snap-before-upgrade", "zn-2"}, "zn-2", false, true},
+		{"a primary", map[string]string{volume.PropRole: vocab.RolePrimary, volume.PropDemotedAt: "1800000000"}, []string{"zn-2"}, "zn-2", false, false},
+		{"no copy", nil, nil, "zn-2", false, false},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, _, fake := newServer(t)
+			id := fmt.Sprintf("vol-%020d", i+1)
+			fs := root + "/" + id
+			if tt.props != nil {
+				props := maps.Clone(tt.props)
+				props[volume.PropVolumeID] = id
+				if err := fake.CreateFilesystem(ctx, fs, props); err != nil {
+					t.Fatal(err)
+				}
+				for _, snap := range tt.snapshots {
+					if err := fake.Snapshot(ctx, fs+"@"+snap, nil); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			resp, err := s.DeleteReplica(ctx, &pb.DeleteReplicaRequest{VolumeId: id, SurplusNewest: tt.newest})
+			if tt.refused {
+				if !errors.Is(err, errdefs.ErrFailedPrecondition) {
+					t.Fatalf("DeleteReplica as surplus: %v, want FailedPrecondition", err)
+				}
+			} else if err != nil || resp.GetDeleted() != tt.deleted {
+				t.Fatalf("DeleteReplica as surplus: deleted %v, %v; want %v", resp.GetDeleted(), err, tt.deleted)
+			}
+			_, err = fake.Get(ctx, fs)
+			if exists := err == nil; exists != (tt.props != nil && !tt.deleted) {
+				t.Errorf("after it the copy exists: %v (%v)", exists, err)
+			}
+		})
 	}
 }

@@ -200,6 +200,19 @@ func (c *Client) DeleteReplica(ctx context.Context, volumeID string, volumeDelet
 	return resp.GetDeleted(), nil
 }
 
+// DeleteSurplus deletes the node's replica of a volume as a surplus copy:
+// only if it was demoted from primary after a move, its newest snapshot
+// is newest, and it holds no snapshot but the driver's replication
+// snapshots (errdefs.ErrFailedPrecondition otherwise). It reports
+// whether there was one.
+func (c *Client) DeleteSurplus(ctx context.Context, volumeID, newest string) (deleted bool, err error) {
+	resp, err := c.rpc.DeleteReplica(ctx, &pb.DeleteReplicaRequest{VolumeId: volumeID, SurplusNewest: newest})
+	if err != nil {
+		return false, fromStatus(err)
+	}
+	return resp.GetDeleted(), nil
+}
+
 // GetCopy describes the node's copy of a volume (Exists false when it
 // holds none) and the generation it promised for it.
 func (c *Client) GetCopy(ctx context.Context, volumeID string) (Copy, error) {

@@ -128,7 +128,7 @@ func TestConversions(t *testing.T) {
 			Source: "snapshot:snap-1", NodeId: "n1", CreatedUnix: 100, Generation: 3, MovingTo: "n2", FailoverFromSnapshot: "s"},
 		snapshot: &pb.Snapshot{SnapshotId: "snap-1", Name: "s1", SourceVolumeId: "vol-1", SizeBytes: 9, CreatedUnix: 200, NodeId: "n1"},
 		status: &pb.NodeStatus{
-			Replicas:  []*pb.Replica{{VolumeId: "vol-2", Name: "r", LastSnapshot: "zn-1", LastSnapshotUnix: 300, Resumable: true}},
+			Replicas:  []*pb.Replica{{VolumeId: "vol-2", Name: "r", LastSnapshot: "zn-1", LastSnapshotUnix: 300, Resumable: true, DemotedAtUnix: 250}},
 			Transfers: []*pb.Transfer{{VolumeId: "vol-1", Peer: "n2", Kind: "full", Bytes: 1, TotalBytes: 2, StartedUnix: 400}},
 			SetAside:  []string{"tank/vol-3-aside-1"},
 		},
@@ -167,7 +167,7 @@ func TestConversions(t *testing.T) {
 			return c.ListSnapshots(ctx, SnapshotQuery{SnapshotID: "snap-1", SourceVolumeID: "vol-1", From: "snap-0", MaxEntries: 5})
 		}, []Snapshot{wantSnapshot}},
 		{"Status", func() (any, error) { return c.Status(ctx) }, NodeStatus{
-			Replicas:  []Replica{{VolumeID: "vol-2", Name: "r", LastSnapshot: "zn-1", LastSnapshotUnix: 300, Resumable: true}},
+			Replicas:  []Replica{{VolumeID: "vol-2", Name: "r", LastSnapshot: "zn-1", LastSnapshotUnix: 300, Resumable: true, DemotedAtUnix: 250}},
 			Transfers: []Transfer{{VolumeID: "vol-1", Peer: "n2", Kind: "full", Bytes: 1, TotalBytes: 2, StartedUnix: 400}},
 			SetAside:  []string{"tank/vol-3-aside-1"},
 		}},
@@ -216,8 +216,14 @@ func TestConversions(t *testing.T) {
 	if r := a.gotReserve; r.GetVolumeId() != "vol-1" || r.GetGeneration() != 8 || r.GetHolderNodeId() != "n1" || !reflect.DeepEqual(r.GetFailoverFrom(), []string{"n3:7670"}) {
 		t.Errorf("Reserve sent %v", r)
 	}
-	if r := a.gotReplicas; r.GetVolumeId() != "vol-1" || !r.GetVolumeDeleted() {
+	if r := a.gotReplicas; r.GetVolumeId() != "vol-1" || !r.GetVolumeDeleted() || r.GetSurplusNewest() != "" {
 		t.Errorf("DeleteReplica sent %v", r)
+	}
+	if deleted, err := c.DeleteSurplus(ctx, "vol-2", "zn-4"); err != nil || !deleted {
+		t.Errorf("DeleteSurplus: %v, %v", deleted, err)
+	}
+	if r := a.gotReplicas; r.GetVolumeId() != "vol-2" || r.GetVolumeDeleted() || r.GetSurplusNewest() != "zn-4" {
+		t.Errorf("DeleteSurplus sent %v", r)
 	}
 	if len(seen) != 2 || seen[0] != (Progress{Kind: "full", Bytes: 1}) {
 		t.Errorf("Replicate reported %+v", seen)

@@ -75,6 +75,7 @@ func replicaFromPB(r *pb.Replica) Replica {
 		LastSnapshot:     r.GetLastSnapshot(),
 		LastSnapshotUnix: r.GetLastSnapshotUnix(),
 		Resumable:        r.GetResumable(),
+		DemotedAtUnix:    r.GetDemotedAtUnix(),
 	}
 }
 

@@ -111,6 +111,9 @@ type Replica struct {
 	LastSnapshot     string
 	LastSnapshotUnix int64
 	Resumable        bool
+	// DemotedAtUnix: when the replica was demoted from primary after a
+	// move; 0 when it was not.
+	DemotedAtUnix int64
 }
 
 // Transfer is a push running on its source node.

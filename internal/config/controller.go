@@ -30,6 +30,9 @@ type Controller struct {
 	// MoveCatchUps bounds the background pushes that catch moves'
 	// targets up, per source node (docs/migration.md, "Catch-up").
 	MoveCatchUps int `json:"move_catch_ups"`
+	// SurplusGrace is how long a copy a move demoted stays at least,
+	// surplus or not (docs/replication.md, "Surplus copies").
+	SurplusGrace Duration `json:"surplus_grace"`
 	// TLS is the controller's mutual TLS material for the agent ports.
 	TLS TLSFiles `json:"tls"`
 	// InsecureAgentPort talks to agents without TLS: test networks only.
@@ -48,6 +51,7 @@ func DefaultController() Controller {
 		ScheduleEvery:  Duration(30 * time.Second),
 		ParallelPushes: 2,
 		MoveCatchUps:   4,
+		SurplusGrace:   Duration(10 * time.Minute),
 	}
 }
 
@@ -73,6 +77,9 @@ func (c *Controller) Validate() error {
 	}
 	if c.ScheduleEvery < 0 || c.ParallelPushes < 1 {
 		errs = append(errs, fmt.Errorf("schedule_every %s must not be negative and parallel_pushes %d at least 1", c.ScheduleEvery, c.ParallelPushes))
+	}
+	if c.SurplusGrace < 0 {
+		errs = append(errs, fmt.Errorf("surplus_grace %s: must not be negative", time.Duration(c.SurplusGrace)))
 	}
 	if c.MoveCatchUps < 1 {
 		errs = append(errs, fmt.Errorf("move_catch_ups %d: must be at least 1", c.MoveCatchUps))

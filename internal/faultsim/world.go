@@ -274,6 +274,9 @@ func (w *world) startController() {
 	w.ctl = controller.New(w.cl, mig, "most-free", log)
 	w.sched = scheduler.New(w.cl, 2, log)
 	w.sched.Settle = mig.Settle
+	// Surplus copies go as soon as they are surplus: the simulation's
+	// checks (nothing acknowledged lost) then judge every removal.
+	w.sched.SurplusGrace = 0
 }
 
 func (w *world) now() time.Time {

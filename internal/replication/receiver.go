@@ -10,6 +10,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -750,6 +751,10 @@ type Replica struct {
 	LastSnapshotTime time.Time
 	// Resumable: an interrupted receive waits to be resumed.
 	Resumable bool
+	// DemotedAt: when this replica was demoted from primary after a move;
+	// zero when it was not. Such a copy is surplus once the volume's
+	// other replicas are as fresh (DeleteSurplus).
+	DemotedAt time.Time
 }
 
 // Holdings lists, in one listing of this node's root (it costs seconds
@@ -777,7 +782,7 @@ func (r *Receiver) Holdings(ctx context.Context) (replicas []Replica, setAside [
 }
 
 // holdingProps are the properties Holdings and ReplicaOf read.
-var holdingProps = []string{volume.PropVolumeID, volume.PropRole, volume.PropName, "receive_resume_token"}
+var holdingProps = []string{volume.PropVolumeID, volume.PropRole, volume.PropName, volume.PropDemotedAt, "receive_resume_token"}
 
 // ReplicaOf reads this node's replica of volumeID as Holdings reports it,
 // or false when the node holds none (a replacement labelled but not yet
@@ -812,7 +817,8 @@ func (r *Receiver) isReplica(ch zfscmd.Child) bool {
 // replica reads what Holdings reports of one replica: its newest
 // snapshot.
 func (r *Receiver) replica(ctx context.Context, ch zfscmd.Child) (Replica, error) {
-	rep := Replica{VolumeID: ch.Props[volume.PropVolumeID], Name: ch.Props[volume.PropName], Resumable: ch.Props["receive_resume_token"] != "-"}
+	rep := Replica{VolumeID: ch.Props[volume.PropVolumeID], Name: ch.Props[volume.PropName], Resumable: ch.Props["receive_resume_token"] != "-",
+		DemotedAt: volume.DemotedAt(ch.Props[volume.PropDemotedAt])}
 	snaps, err := r.z.Snapshots(ctx, ch.Name)
 	if err != nil {
 		return Replica{}, err
@@ -852,6 +858,68 @@ func (r *Receiver) DeleteReplica(ctx context.Context, volumeID string) (bool, er
 	}
 	r.log.Info("replica deleted", "volume_id", volumeID, "dataset", fs)
 	return true, nil
+}
+
+// DeleteSurplus destroys this node's replica of volumeID as a surplus
+// copy (docs/replication.md, "Surplus copies"): only a replica demoted
+// from primary after a move, whose newest snapshot is still newest (the
+// one the schedule judged it by: a push since may have made it the
+// freshest copy), with no receive waiting to resume, and holding no
+// snapshot but the driver's replication snapshots (a CSI snapshot, or one
+// made by hand, would go with it). Anything else is FailedPrecondition,
+// and nothing changes. It reports whether there was a replica.
+func (r *Receiver) DeleteSurplus(ctx context.Context, volumeID, newest string) (bool, error) {
+	fs, err := dataset(r.root, volumeID)
+	if err != nil {
+		return false, nil // names no volume, so no replica of one
+	}
+	unlock, err := r.locks.Lock(ctx, volumeID, "deleting a surplus replica")
+	if err != nil {
+		return false, err
+	}
+	defer unlock()
+	props, err := r.z.GetAll(ctx, fs, holdingProps...)
+	if errors.Is(err, zfs.ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	if !r.isReplica(zfscmd.Child{Name: fs, Props: props}) {
+		return false, nil
+	}
+	if err := r.surplus(ctx, fs, props, newest); err != nil {
+		return false, fmt.Errorf("%w: keeping node %s's replica of volume %s: %v", errdefs.ErrFailedPrecondition, r.nodeID, volumeID, err)
+	}
+	if err := r.destroyReplica(ctx, fs); err != nil {
+		return false, err
+	}
+	r.log.Info("surplus replica deleted: the volume's other replicas are as fresh", "volume_id", volumeID, "dataset", fs, "newest", newest)
+	return true, nil
+}
+
+// surplus says why replica fs, with props, is not a surplus copy whose
+// newest snapshot is newest, or nil when it is one.
+func (r *Receiver) surplus(ctx context.Context, fs string, props map[string]string, newest string) error {
+	if volume.DemotedAt(props[volume.PropDemotedAt]).IsZero() {
+		return errors.New("it was not demoted from primary by a move")
+	}
+	if token := props["receive_resume_token"]; token != "" && token != "-" {
+		return errors.New("an interrupted receive into it waits to be resumed")
+	}
+	snaps, err := r.z.Snapshots(ctx, fs)
+	if err != nil {
+		return err
+	}
+	if len(snaps) == 0 || shortSnapshotName(snaps[len(snaps)-1].Name) != newest {
+		return fmt.Errorf("its newest snapshot is no longer %s", newest)
+	}
+	for _, snap := range snaps {
+		if name := shortSnapshotName(snap.Name); !strings.HasPrefix(name, vocab.ReplicationSnapshotPrefix) {
+			return fmt.Errorf("it holds snapshot %s, which is not a replication snapshot and may exist nowhere else", name)
+		}
+	}
+	return nil
 }
 
 // destroyReplica destroys a replica with its snapshots, holds and any

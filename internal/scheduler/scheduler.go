@@ -55,6 +55,11 @@ type Scheduler struct {
 	// schedule's back (an operator's backup or remove-replica) show then.
 	Resync time.Duration
 
+	// SurplusGrace is how long a copy demoted by a move stays at least,
+	// even when it is surplus (default DefaultSurplusGrace): it is a
+	// whole copy of the volume while the new primary proves itself.
+	SurplusGrace time.Duration
+
 	slots  chan struct{} // one per push allowed to run at once
 	pushes sync.WaitGroup
 	mu     sync.Mutex
@@ -63,6 +68,22 @@ type Scheduler struct {
 	// a full plan meanwhile must not place the volume's replica anew.
 	running map[string]string
 	book    *book // nil: the next round plans in full
+	// surplusFound are the surplus copies the last full plan found, for
+	// the next round to remove; removing is true while a round does.
+	surplusFound []Removal
+	removing     bool
+}
+
+// DefaultSurplusGrace is SurplusGrace's default.
+const DefaultSurplusGrace = 10 * time.Minute
+
+// Removal is a surplus copy a full plan found (docs/replication.md,
+// "Surplus copies"): a replica demoted by a move, of a volume whose
+// kept replicas are as fresh as it and as many as it wants.
+type Removal struct {
+	VolumeID string
+	Node     cluster.Node
+	Newest   string // the copy's newest snapshot when it was judged
 }
 
 // DefaultResync is how often a full plan runs while no node's primaries
@@ -89,7 +110,7 @@ type booked struct {
 
 // New returns a scheduler that runs at most parallel pushes at once.
 func New(cl *cluster.Cluster, parallel int, log hclog.Logger) *Scheduler {
-	return &Scheduler{cl: cl, log: log, now: time.Now, StallTimeout: cluster.DefaultStallTimeout,
+	return &Scheduler{cl: cl, log: log, now: time.Now, StallTimeout: cluster.DefaultStallTimeout, SurplusGrace: DefaultSurplusGrace,
 		slots: make(chan struct{}, max(1, parallel)), running: map[string]string{}}
 }
 
@@ -112,6 +133,8 @@ type replica struct {
 	node      cluster.Node
 	last      time.Time
 	resumable bool
+	newest    string    // the newest snapshot's name
+	demotedAt time.Time // when it was demoted from primary by a move; zero if not
 }
 
 // Push is one transfer a round decided on.
@@ -153,7 +176,100 @@ func (s *Scheduler) Round(ctx context.Context) []Push {
 			s.push(ctx, p)
 		}()
 	}
+	s.startRemovals(ctx)
 	return started
+}
+
+// startRemovals removes, in the background and one at a time, the
+// surplus copies the last full plan found, unless an earlier round's
+// removals still run (they are found again by a later plan).
+func (s *Scheduler) startRemovals(ctx context.Context) {
+	s.mu.Lock()
+	found := s.surplusFound
+	s.surplusFound = nil
+	if len(found) == 0 || s.removing {
+		s.mu.Unlock()
+		return
+	}
+	s.removing = true
+	s.mu.Unlock()
+	s.pushes.Add(1)
+	go func() {
+		defer s.pushes.Done()
+		defer func() {
+			s.mu.Lock()
+			s.removing = false
+			s.mu.Unlock()
+		}()
+		for _, r := range found {
+			if ctx.Err() != nil {
+				return
+			}
+			s.remove(ctx, r)
+		}
+	}()
+}
+
+// surplusRemover is an agent that deletes a replica as a surplus copy
+// (agentclient.Client does): the node checks again, under the copy's
+// lock, that it is one, and that its newest snapshot is still newest.
+type surplusRemover interface {
+	DeleteSurplus(ctx context.Context, volumeID, newest string) (bool, error)
+}
+
+// remove deletes one surplus copy, unless a push of its volume runs now
+// (it may be making another copy fresher, or this one).
+func (s *Scheduler) remove(ctx context.Context, r Removal) {
+	log := s.log.With("volume_id", r.VolumeID, "node_id", r.Node.Info.NodeID, "newest", r.Newest)
+	remover, ok := r.Node.Agent.(surplusRemover)
+	if !ok || s.pushingTo(r.VolumeID) != "" {
+		return
+	}
+	cctx, cancel := s.cl.Call(ctx)
+	defer cancel()
+	deleted, err := remover.DeleteSurplus(cctx, r.VolumeID, r.Newest)
+	switch {
+	case err != nil:
+		log.Info("surplus copy kept: its node refused to remove it", "error", err)
+	case deleted:
+		log.Info("surplus copy removed: the copy a move demoted, now that the volume's replicas are as fresh")
+	}
+}
+
+// surplus returns the surplus copies among a volume's replicas: those a
+// move demoted (on the nodes of existing) that are not among its kept
+// replicas, were demoted at least SurplusGrace ago, have no receive to
+// resume, and are no fresher than at least want kept replicas that have
+// none either. So removing them loses nothing the volume's primary on
+// source and those replicas do not hold (docs/replication.md, "Surplus
+// copies"); the node checks again before it deletes.
+func (s *Scheduler) surplus(source cluster.Node, volumeID string, want int, kept, existing []replica) []Removal {
+	var out []Removal
+	for _, r := range existing {
+		if r.demotedAt.IsZero() || s.now().Sub(r.demotedAt) < s.SurplusGrace || r.resumable || r.newest == "" ||
+			r.node.Info.NodeID == source.Info.NodeID || slices.ContainsFunc(kept, func(k replica) bool { return k.node.Info.NodeID == r.node.Info.NodeID }) {
+			continue
+		}
+		asFresh := 0
+		for _, k := range kept {
+			if !k.resumable && !k.last.IsZero() && k.last.Unix() > 0 && !k.last.Before(r.last) {
+				asFresh++
+			}
+		}
+		if asFresh >= want {
+			out = append(out, Removal{VolumeID: volumeID, Node: r.node, Newest: r.newest})
+		}
+	}
+	return out
+}
+
+// replicaFrom is what a full plan keeps of replica r on node n.
+func replicaFrom(n cluster.Node, r agentclient.Replica) replica {
+	out := replica{node: n, last: time.Unix(r.LastSnapshotUnix, 0), resumable: r.Resumable, newest: r.LastSnapshot}
+	if r.DemotedAtUnix > 0 {
+		out.demotedAt = time.Unix(r.DemotedAtUnix, 0)
+	}
+	return out
 }
 
 // Wait waits until the pushes started by earlier rounds have ended.
@@ -353,7 +469,7 @@ func (s *Scheduler) planInFull(ctx context.Context, healthy []cluster.Node, old 
 			primaries = append(primaries, primary{n, v})
 		}
 		for _, r := range st.Replicas {
-			replicas[r.VolumeID] = append(replicas[r.VolumeID], replica{n, time.Unix(r.LastSnapshotUnix, 0), r.Resumable})
+			replicas[r.VolumeID] = append(replicas[r.VolumeID], replicaFrom(n, r))
 		}
 	}
 	// Two primaries of one volume: a move between promotion and demotion,
@@ -365,6 +481,7 @@ func (s *Scheduler) planInFull(ctx context.Context, healthy []cluster.Node, old 
 	}
 	settled := map[string]bool{}
 	var pushes []Push
+	var surplus []Removal
 	s.Metrics.reset()
 	for _, p := range primaries {
 		id := p.vol.VolumeID
@@ -381,14 +498,18 @@ func (s *Scheduler) planInFull(ctx context.Context, healthy []cluster.Node, old 
 			continue // a move is sending it; pushes of its own would only delay it
 		}
 		want, interval := vocab.ReplicationPolicy(p.vol.Parameters)
+		var targets []replica
+		if want > 0 {
+			s.Metrics.observe(p.vol.VolumeID, want, replicas[p.vol.VolumeID], s.now())
+			targets = s.targets(p.node, p.vol, want, replicas[p.vol.VolumeID], healthy)
+		}
+		surplus = append(surplus, s.surplus(p.node, p.vol.VolumeID, want, targets, replicas[p.vol.VolumeID])...)
 		if want == 0 {
 			continue
 		}
-		s.Metrics.observe(p.vol.VolumeID, want, replicas[p.vol.VolumeID], s.now())
 		// The stalest target first: a round starts one push per volume
 		// (Round), so a target that is always due (slow pushes, a short
 		// interval) would otherwise starve the ones after it.
-		targets := s.targets(p.node, p.vol, want, replicas[p.vol.VolumeID], healthy)
 		slices.SortStableFunc(targets, func(a, b replica) int { return a.last.Compare(b.last) })
 		for _, t := range targets {
 			if reason := s.due(t, interval); reason != "" {
@@ -404,6 +525,7 @@ func (s *Scheduler) planInFull(ctx context.Context, healthy []cluster.Node, old 
 	}
 	s.mu.Lock()
 	s.book = next
+	s.surplusFound = surplus
 	s.mu.Unlock()
 	return pushes, nil
 }
@@ -497,10 +619,16 @@ func replaceChanged[T any](old, now []T, changed map[string]bool, volumeID func(
 }
 
 // targets returns up to want replicas for a volume: those that exist
-// (freshest first), then the one a push under way is making, then new
-// ones where cluster.ReplicaTargets places them.
+// (freshest first, but a copy demoted by a move after the others: it
+// goes once they are as fresh, surplus), then the one a push under way
+// is making, then new ones where cluster.ReplicaTargets places them.
 func (s *Scheduler) targets(source cluster.Node, v agentclient.Volume, want int, existing []replica, healthy []cluster.Node) []replica {
-	sort.Slice(existing, func(i, j int) bool { return existing[i].last.After(existing[j].last) })
+	sort.SliceStable(existing, func(i, j int) bool {
+		if a, b := existing[i].demotedAt.IsZero(), existing[j].demotedAt.IsZero(); a != b {
+			return a
+		}
+		return existing[i].last.After(existing[j].last)
+	})
 	byID := map[string]replica{}
 	var holders []cluster.Node
 	for _, r := range existing {

@@ -446,3 +446,108 @@ func TestFullPlanKeepsTheReplicaBeingMade(t *testing.T) {
 		})
 	}
 }
+
+// TestSurplusCopies (issue 15): after a move the demoted source is one
+// replica more than the volume asks for; a full plan removes it once it
+// was demoted SurplusGrace ago and as many kept replicas as the volume
+// wants are as fresh as it, and never otherwise: not a replica of the
+// schedule's own, not one fresher than the kept ones, not while a move
+// runs, not the volume's only replica when it wants one.
+func TestSurplusCopies(t *testing.T) {
+	demoted := func(age time.Duration) agentclient.Copy { return replicaOf("v", age) }
+	resumable := func(c agentclient.Copy) agentclient.Copy {
+		c.Resumable = true
+		return c
+	}
+	moving := vol("v", 1, "1h")
+	moving.MovingTo = "n3"
+	tests := []struct {
+		name       string
+		primary    agentclient.Copy
+		onN2       agentclient.Copy // marked demoted demotedAgo ago, unless demotedAgo is 0
+		onN3       *agentclient.Copy
+		demotedAgo time.Duration
+		removed    bool
+	}{
+		{"the other replica is as fresh: the demoted copy goes", vol("v", 1, "1h"), demoted(5 * time.Minute), ptr(replicaOf("v", time.Minute)), time.Hour, true},
+		{"the volume wants no replica: the demoted copy goes", vol("v", 0, "1h"), demoted(5 * time.Minute), nil, time.Hour, true},
+		{"the other replica is staler: kept until it is as fresh", vol("v", 1, "1h"), demoted(time.Minute), ptr(replicaOf("v", 5*time.Minute)), time.Hour, false},
+		{"no other replica: the demoted copy is the replica", vol("v", 1, "1h"), demoted(time.Minute), nil, time.Hour, false},
+		{"demoted within the grace", vol("v", 0, "1h"), demoted(time.Minute), nil, time.Minute, false},
+		{"not demoted: the schedule's own surplus replica stays", vol("v", 1, "1h"), replicaOf("v", 5*time.Minute), ptr(replicaOf("v", time.Minute)), 0, false},
+		{"the other replica's receive waits to resume", vol("v", 1, "1h"), demoted(5 * time.Minute), ptr(resumable(replicaOf("v", time.Minute))), time.Hour, false},
+		{"its own receive waits to resume", vol("v", 1, "1h"), resumable(demoted(5 * time.Minute)), ptr(replicaOf("v", time.Minute)), time.Hour, false},
+		{"the volume is moving", moving, demoted(5 * time.Minute), ptr(replicaOf("v", time.Minute)), time.Hour, false},
+		{"two wanted: both replicas are kept", vol("v", 2, "1h"), demoted(5 * time.Minute), ptr(replicaOf("v", time.Minute)), time.Hour, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tt.onN2.LastSnapshot = "zn-on-n2"
+			n3 := &agent{node: node("n3", "a", 5)}
+			if tt.onN3 != nil {
+				n3.replicas = []agentclient.Copy{*tt.onN3}
+			}
+			cl, agents := startAgents(t, []*agent{
+				{node: node("n1", "a", 10), volumes: []agentclient.Copy{tt.primary}},
+				{node: node("n2", "a", 5), replicas: []agentclient.Copy{tt.onN2}},
+				n3,
+			})
+			if tt.demotedAgo > 0 {
+				agents["n2"].MarkDemoted("v", now.Add(-tt.demotedAgo))
+			}
+			s := New(cl, 2, hclog.NewNullLogger())
+			s.now = func() time.Time { return now }
+			ctx := context.Background()
+			s.Round(ctx)
+			s.Wait()
+			c, err := agents["n2"].GetCopy(ctx, "v")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if removed := !c.Exists; removed != tt.removed {
+				t.Errorf("n2's copy removed: %v, want %v (calls: %q)", removed, tt.removed, agents["n2"].Calls())
+			}
+			// The schedule judges for itself; the node's own refusal is
+			// for what changed since.
+			if asked := count(agents["n2"], "DeleteSurplus") > 0; asked != tt.removed {
+				t.Errorf("n2 asked to remove its copy: %v, want %v", asked, tt.removed)
+			}
+			if c3, _ := agents["n3"].GetCopy(ctx, "v"); tt.onN3 != nil && !c3.Exists {
+				t.Error("n3's replica was removed")
+			}
+		})
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// TestTheKeptReplicaCatchesUpNotTheDemotedCopy (issue 15): after a move
+// the schedule updates the volume's other replica, not the demoted copy
+// (fresher at first), so the other becomes as fresh and the demoted copy
+// goes; pushing to the demoted copy instead would keep both for good.
+func TestTheKeptReplicaCatchesUpNotTheDemotedCopy(t *testing.T) {
+	onN2 := replicaOf("v", time.Minute)
+	onN2.LastSnapshot = "zn-final"
+	cl, agents := startAgents(t, []*agent{
+		{node: node("n1", "a", 10), volumes: []agentclient.Copy{vol("v", 1, "1h")}},
+		{node: node("n2", "a", 5), replicas: []agentclient.Copy{onN2}},
+		{node: node("n3", "a", 5), replicas: []agentclient.Copy{replicaOf("v", 2*time.Hour)}},
+	})
+	agents["n2"].MarkDemoted("v", now.Add(-time.Hour))
+	s := New(cl, 2, hclog.NewNullLogger())
+	s.now = func() time.Time { return now }
+	ctx := context.Background()
+	pushes := s.Round(ctx)
+	s.Wait()
+	if len(pushes) != 1 || pushes[0].Target.Info.NodeID != "n3" {
+		t.Fatalf("first round pushed %v; want v to n3, the replica older than its interval", pushes)
+	}
+	if c, _ := agents["n2"].GetCopy(ctx, "v"); !c.Exists {
+		t.Fatal("the demoted copy went before the other replica was as fresh")
+	}
+	s.Round(ctx)
+	s.Wait()
+	if c, _ := agents["n2"].GetCopy(ctx, "v"); c.Exists {
+		t.Errorf("the demoted copy is still there after n3 caught up (calls: %q)", agents["n2"].Calls())
+	}
+}

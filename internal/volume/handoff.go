@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
 	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
@@ -51,6 +52,20 @@ type Copy struct {
 
 // notMoving is the value of PropMovingTo on a primary that is not fenced.
 const notMoving = "-"
+
+// notDemoted is the value of PropDemotedAt on a copy promoted since its
+// demotion.
+const notDemoted = "-"
+
+// DemotedAt reads PropDemotedAt: when a replica was demoted from primary
+// after a move; zero when it was not (or was promoted since).
+func DemotedAt(value string) time.Time {
+	secs, err := strconv.ParseInt(value, 10, 64)
+	if err != nil || secs <= 0 {
+		return time.Time{}
+	}
+	return time.Unix(secs, 0)
+}
 
 func movingTo(ds zfs.Dataset) string {
 	if v := ds.User[PropMovingTo]; v != notMoving {
@@ -281,6 +296,7 @@ func (m *Manager) promote(ctx context.Context, c Copy, generation uint64, notBef
 	props[PropRole] = vocab.RolePrimary
 	props[PropGeneration] = strconv.FormatUint(generation, 10)
 	props[PropMovingTo] = notMoving
+	props[PropDemotedAt] = notDemoted
 	// A planned move's replica holds the fenced primary's last state, so
 	// it vouches for all the fenced primary vouched for; a failover's may
 	// lack the lost primary's last writes, and vouches for nothing older.
@@ -336,8 +352,11 @@ func (m *Manager) Demote(ctx context.Context, id string, generation uint64, asid
 	dataset := datasetFor(m.cfg.RootDataset, id)
 	log := m.log.With("volume_id", id, "generation", c.Generation, "new_generation", generation)
 	if c.MovingTo != "" && !aside {
+		// Marked as demoted: once the volume's other replicas are as
+		// fresh, the schedule removes it if the volume wants no more
+		// replicas (docs/replication.md, "Surplus copies").
 		props := map[string]string{"readonly": "on", PropRole: vocab.RoleReplica, PropGeneration: strconv.FormatUint(generation, 10),
-			PropMovingTo: notMoving, PropCapacity: strconv.FormatUint(c.Capacity, 10)}
+			PropMovingTo: notMoving, PropCapacity: strconv.FormatUint(c.Capacity, 10), PropDemotedAt: strconv.FormatInt(m.now().Unix(), 10)}
 		if err := m.zfs.SetProperties(ctx, dataset, props); err != nil {
 			return zfsError(err, "demoting volume "+id)
 		}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
 	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
@@ -76,6 +77,53 @@ func TestHandoffSteps(t *testing.T) {
 	}
 	if err := m.Demote(ctx, v.ID, 2, false); err != nil {
 		t.Errorf("repeated demotion: %v", err)
+	}
+}
+
+// TestADemotedPrimaryIsMarked: a primary demoted after its move carries
+// the time of its demotion (the schedule removes it once the volume's
+// other replicas are as fresh: docs/replication.md, "Surplus copies"); a
+// promotion of it clears the mark, so a primary never carries one.
+func TestADemotedPrimaryIsMarked(t *testing.T) {
+	ctx := context.Background()
+	m, fake := newManager(t)
+	demotedAt := time.Unix(1_800_000_000, 0)
+	m.now = func() time.Time { return demotedAt }
+	v, err := m.Create(ctx, CreateRequest{Name: "moved"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mark := func() string {
+		t.Helper()
+		ds, err := fake.Get(ctx, v.Dataset)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ds.User[PropDemotedAt]
+	}
+	if got := DemotedAt(mark()); !got.IsZero() {
+		t.Fatalf("a new primary is marked demoted at %v", got)
+	}
+	if _, err := m.Fence(ctx, v.ID, "n2"); err != nil {
+		t.Fatal(err)
+	}
+	if err := fake.Snapshot(ctx, v.Dataset+"@zn-final", nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Demote(ctx, v.ID, 2, false); err != nil {
+		t.Fatal(err)
+	}
+	if got := DemotedAt(mark()); !got.Equal(demotedAt) {
+		t.Fatalf("demoted after its move: marked %v (%q), want %v", got, mark(), demotedAt)
+	}
+	if _, granted, err := m.Reserve(ctx, v.ID, 3, "n1"); err != nil || !granted {
+		t.Fatalf("reserving generation 3: granted %v, %v", granted, err)
+	}
+	if _, err := m.Promote(ctx, v.ID, 3, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	if got := DemotedAt(mark()); !got.IsZero() {
+		t.Errorf("promoted again: still marked demoted at %v (%q)", got, mark())
 	}
 }
 

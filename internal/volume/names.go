@@ -26,6 +26,7 @@ const (
 	PropFailoverLag = propPrefix + "failover_from" // on a primary promoted by failover: its newest snapshot then
 	PropSetAsideAt  = propPrefix + "set_aside_at"  // on a copy set aside: when
 	PropForced      = propPrefix + "forced"        // on a primary the operator promoted without a majority: its generation then
+	PropDemotedAt   = propPrefix + "demoted_at"    // on a replica that was the primary before a move: unix seconds then; "-" or unset otherwise
 	// On a primary made read-only when its node lost its lease: unix
 	// nanos then; "-" when lifted.
 	PropLeaseFenced = propPrefix + "lease_fenced"

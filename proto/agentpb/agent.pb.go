@@ -1625,7 +1625,11 @@ type Replica struct {
 	LastSnapshot     string `protobuf:"bytes,3,opt,name=last_snapshot,json=lastSnapshot,proto3" json:"last_snapshot,omitempty"`
 	LastSnapshotUnix int64  `protobuf:"varint,4,opt,name=last_snapshot_unix,json=lastSnapshotUnix,proto3" json:"last_snapshot_unix,omitempty"`
 	// An interrupted receive waits to be resumed.
-	Resumable     bool `protobuf:"varint,5,opt,name=resumable,proto3" json:"resumable,omitempty"`
+	Resumable bool `protobuf:"varint,5,opt,name=resumable,proto3" json:"resumable,omitempty"`
+	// When this replica was demoted from primary after a move (unix
+	// seconds); 0 when it was not. Such a copy is surplus once the volume's
+	// other replicas are as fresh (docs/replication.md, "Surplus copies").
+	DemotedAtUnix int64 `protobuf:"varint,6,opt,name=demoted_at_unix,json=demotedAtUnix,proto3" json:"demoted_at_unix,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1693,6 +1697,13 @@ func (x *Replica) GetResumable() bool {
 		return x.Resumable
 	}
 	return false
+}
+
+func (x *Replica) GetDemotedAtUnix() int64 {
+	if x != nil {
+		return x.DemotedAtUnix
+	}
+	return 0
 }
 
 type Transfer struct {
@@ -2928,6 +2939,13 @@ type DeleteReplicaRequest struct {
 	// one replica is removed: a promise forgotten for a living volume could
 	// let a generation be given twice.
 	VolumeDeleted bool `protobuf:"varint,2,opt,name=volume_deleted,json=volumeDeleted,proto3" json:"volume_deleted,omitempty"`
+	// When set, the replica goes only as a surplus copy: it must have been
+	// demoted from primary after a move, its newest snapshot must be this
+	// one (the one the caller judged it by), and it must hold no snapshot
+	// but the driver's replication snapshots (a CSI snapshot, or one made
+	// by hand, would be lost with it). Otherwise FailedPrecondition, and
+	// nothing changes.
+	SurplusNewest string `protobuf:"bytes,3,opt,name=surplus_newest,json=surplusNewest,proto3" json:"surplus_newest,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2974,6 +2992,13 @@ func (x *DeleteReplicaRequest) GetVolumeDeleted() bool {
 		return x.VolumeDeleted
 	}
 	return false
+}
+
+func (x *DeleteReplicaRequest) GetSurplusNewest() string {
+	if x != nil {
+		return x.SurplusNewest
+	}
+	return ""
 }
 
 type DeleteReplicaResponse struct {
@@ -3157,13 +3182,14 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\n" +
 	"volume_ids\x18\x02 \x03(\tR\tvolumeIds\x123\n" +
 	"\avolumes\x18\x03 \x03(\v2\x19.zfsnomad.agent.v1.VolumeR\avolumes\x126\n" +
-	"\breplicas\x18\x04 \x03(\v2\x1a.zfsnomad.agent.v1.ReplicaR\breplicas\"\xab\x01\n" +
+	"\breplicas\x18\x04 \x03(\v2\x1a.zfsnomad.agent.v1.ReplicaR\breplicas\"\xd3\x01\n" +
 	"\aReplica\x12\x1b\n" +
 	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12#\n" +
 	"\rlast_snapshot\x18\x03 \x01(\tR\flastSnapshot\x12,\n" +
 	"\x12last_snapshot_unix\x18\x04 \x01(\x03R\x10lastSnapshotUnix\x12\x1c\n" +
-	"\tresumable\x18\x05 \x01(\bR\tresumable\"\xc3\x01\n" +
+	"\tresumable\x18\x05 \x01(\bR\tresumable\x12&\n" +
+	"\x0fdemoted_at_unix\x18\x06 \x01(\x03R\rdemotedAtUnix\"\xc3\x01\n" +
 	"\bTransfer\x12\x1b\n" +
 	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12\x12\n" +
 	"\x04peer\x18\x02 \x01(\tR\x04peer\x12\x12\n" +
@@ -3280,10 +3306,11 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\n" +
 	"generation\x18\x02 \x01(\x04R\n" +
 	"generation\x12\x14\n" +
-	"\x05aside\x18\x03 \x01(\bR\x05aside\"Z\n" +
+	"\x05aside\x18\x03 \x01(\bR\x05aside\"\x81\x01\n" +
 	"\x14DeleteReplicaRequest\x12\x1b\n" +
 	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12%\n" +
-	"\x0evolume_deleted\x18\x02 \x01(\bR\rvolumeDeleted\"1\n" +
+	"\x0evolume_deleted\x18\x02 \x01(\bR\rvolumeDeleted\x12%\n" +
+	"\x0esurplus_newest\x18\x03 \x01(\tR\rsurplusNewest\"1\n" +
 	"\x15DeleteReplicaResponse\x12\x18\n" +
 	"\adeleted\x18\x01 \x01(\bR\adeleted2\xc9\f\n" +
 	"\tNodeAgent\x12E\n" +

@@ -306,6 +306,9 @@ func TestPlannedMove(t *testing.T) {
 			e.waitPrimaries(id, "n1(gen 3)")
 			if withReplica {
 				e.rolledForward(id, "n1", "n3", 3)
+				// n2's copy, demoted by the move back, is now surplus:
+				// n3 is as fresh (docs/replication.md, "Surplus copies").
+				e.surplusGoes(id, "n2")
 			}
 			// Publishing where it is is a no-op with the same generation.
 			resp, err := e.controller().ControllerPublishVolume(e.ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: "n1", VolumeCapability: writer})
@@ -332,6 +335,34 @@ func (e *env) rolledForward(id, from, to string, generation uint64) *pb.Replicat
 		e.t.Fatalf("a push after planned moves set a replica aside on %s:\n%s", to, aside)
 	}
 	return prog
+}
+
+// surplusGoes checks on real ZFS that node nodeID's copy of volume id,
+// demoted by a move, carries the mark, and that the node deletes it as a
+// surplus copy only as judged by its newest snapshot and only while it
+// holds no snapshot but replication snapshots.
+func (e *env) surplusGoes(id, nodeID string) {
+	e.t.Helper()
+	fs := e.node(nodeID).RootDataset + "/" + id
+	if mark := strings.TrimSpace(guesttest.Run(e.t, "zfs", "get", "-H", "-o", "value", "zfs-nomad:demoted_at", fs)); mark == "-" || mark == "" {
+		e.t.Fatalf("%s's copy, demoted by a move, carries no mark", nodeID)
+	}
+	newest := e.copyOn(id, nodeID).GetLastSnapshot()
+	agent := e.agent(nodeID)
+	remove := func(newest string) error {
+		_, err := agent.DeleteReplica(e.ctx, &pb.DeleteReplicaRequest{VolumeId: id, SurplusNewest: newest})
+		return err
+	}
+	wantCode(e.t, remove("zn-1"), codes.FailedPrecondition, "newest snapshot is no longer")
+	guesttest.Run(e.t, "zfs", "snapshot", fs+"@by-hand")
+	wantCode(e.t, remove("by-hand"), codes.FailedPrecondition, "not a replication snapshot")
+	guesttest.Run(e.t, "zfs", "destroy", fs+"@by-hand")
+	if err := remove(newest); err != nil {
+		e.t.Fatalf("deleting %s's surplus copy: %v", nodeID, err)
+	}
+	if c := e.copyOn(id, nodeID); c.GetExists() {
+		e.t.Fatalf("%s's surplus copy is still there: %+v", nodeID, c)
+	}
 }
 
 // loseNode kills a node's agent and cuts its link: to the controller it is

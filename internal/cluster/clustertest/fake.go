@@ -44,6 +44,9 @@ type FakeAgent struct {
 	// answer that the node cannot tell, as an older node does.
 	changed []string
 	mute    bool
+	// demoted: when each replica demoted by a move was, as the node
+	// marks it (volume.PropDemotedAt).
+	demoted map[string]time.Time
 	// BeforePush, when set, runs before each push (Replicate, MoveFinal)
 	// of the node, outside its lock; an error is the push's answer.
 	BeforePush func(ctx context.Context, volumeID string, each func(agentclient.Progress)) error
@@ -57,6 +60,7 @@ func NewFakeAgent(info agentclient.NodeInfo) *FakeAgent {
 		sources:   map[string]string{},
 		snapshots: map[string]agentclient.Snapshot{},
 		refusals:  map[string]refusal{},
+		demoted:   map[string]time.Time{},
 	}
 }
 
@@ -271,6 +275,7 @@ func (f *FakeAgent) DeleteVolume(_ context.Context, id string) error {
 // forget drops the copy of volume id and keeps its promise. The caller
 // holds f.mu.
 func (f *FakeAgent) forget(id string) {
+	delete(f.demoted, id)
 	c := f.copies[id]
 	f.setCopy(agentclient.Copy{VolumeID: id, NodeID: f.info.NodeID, PromisedGeneration: c.PromisedGeneration, PromisedHolder: c.PromisedHolder})
 }
@@ -317,16 +322,49 @@ func (f *FakeAgent) Changes(_ context.Context, since string) (agentclient.Change
 		case c.Exists && c.Role == vocab.RolePrimary:
 			out.Volumes = append(out.Volumes, f.volume(c))
 		case c.Exists && c.Role == vocab.RoleReplica:
-			out.Replicas = append(out.Replicas, replicaOf(c))
+			out.Replicas = append(out.Replicas, f.replicaOf(c))
 		}
 	}
 	return out, nil
 }
 
 // replicaOf is what Status reports of a replica.
-func replicaOf(c agentclient.Copy) agentclient.Replica {
-	return agentclient.Replica{VolumeID: c.VolumeID, Name: c.Name, LastSnapshot: c.LastSnapshot,
+// replicaOf is what Status tells of replica c. The caller holds f.mu.
+func (f *FakeAgent) replicaOf(c agentclient.Copy) agentclient.Replica {
+	r := agentclient.Replica{VolumeID: c.VolumeID, Name: c.Name, LastSnapshot: c.LastSnapshot,
 		LastSnapshotUnix: c.LastSnapshotUnixNano / int64(time.Second), Resumable: c.Resumable}
+	if at, ok := f.demoted[c.VolumeID]; ok {
+		r.DemotedAtUnix = at.Unix()
+	}
+	return r
+}
+
+// MarkDemoted marks the node's replica of volume id as demoted from
+// primary by a move at time at, as Demote does (at the wall clock's now).
+func (f *FakeAgent) MarkDemoted(id string, at time.Time) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.demoted[id] = at
+}
+
+// DeleteSurplus deletes the node's replica of volume id as a surplus
+// copy, with the node's checks: demoted by a move, newest still its
+// newest snapshot, no receive to resume (FailedPrecondition otherwise).
+func (f *FakeAgent) DeleteSurplus(_ context.Context, id, newest string) (bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.enter("DeleteSurplus", id); err != nil {
+		return false, err
+	}
+	c := f.copies[id]
+	if !c.Exists || c.Role != vocab.RoleReplica {
+		return false, nil
+	}
+	if _, demoted := f.demoted[id]; !demoted || c.LastSnapshot != newest || c.Resumable {
+		return false, errdefs.Wrap(errdefs.ErrFailedPrecondition, "node %s keeps its replica of volume %s: not a surplus copy whose newest snapshot is %s", f.info.NodeID, id, newest)
+	}
+	f.forget(id)
+	return true, nil
 }
 
 func (f *FakeAgent) GetVolume(_ context.Context, id string) (agentclient.Volume, error) {
@@ -434,7 +472,7 @@ func (f *FakeAgent) Status(context.Context) (agentclient.NodeStatus, error) {
 	st := agentclient.NodeStatus{SetAside: append([]string(nil), f.setAside...)}
 	for _, c := range f.copies {
 		if c.Exists && c.Role == vocab.RoleReplica {
-			st.Replicas = append(st.Replicas, replicaOf(c))
+			st.Replicas = append(st.Replicas, f.replicaOf(c))
 		}
 	}
 	sort.Slice(st.Replicas, func(i, j int) bool { return st.Replicas[i].VolumeID < st.Replicas[j].VolumeID })
@@ -492,6 +530,7 @@ func (f *FakeAgent) Demote(_ context.Context, d agentclient.Demotion) (agentclie
 		return f.copies[d.VolumeID], nil
 	}
 	c.Role, c.Generation, c.MovingTo, c.FencedUnixNano = vocab.RoleReplica, d.Generation, "", 0
+	f.demoted[d.VolumeID] = time.Now()
 	f.setCopy(c)
 	return c, nil
 }
@@ -665,6 +704,7 @@ func (f *FakeAgent) Promote(_ context.Context, p agentclient.Promotion) (agentcl
 		return agentclient.Copy{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "node %s holds no replica of volume %s fresh enough", f.info.NodeID, p.VolumeID)
 	}
 	c.Role, c.Generation = vocab.RolePrimary, p.Generation
+	delete(f.demoted, p.VolumeID)
 	if p.Forced {
 		c.ForcedGeneration = p.Generation
 	}
