@@ -101,22 +101,20 @@ type catchUps struct {
 func catchUpKey(volumeID, target string) string { return volumeID + " " + target }
 
 // find returns the catch-up of volumeID to target, unless there is none
-// or it ended more than catchUpKeep before now.
-func (cs *catchUps) find(volumeID, target string, now time.Time) *catchUp {
+// or it ended more than catchUpKeep before now; those it forgets.
+func (cs *catchUps) find(volumeID, target string, now time.Time) (c *catchUp, forgotten []*catchUp) {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
-	c := cs.all[catchUpKey(volumeID, target)]
-	if c == nil {
-		return nil
+	for key, other := range cs.all {
+		other.mu.Lock()
+		stale := !other.ended.IsZero() && now.Sub(other.ended) > catchUpKeep
+		other.mu.Unlock()
+		if stale {
+			delete(cs.all, key)
+			forgotten = append(forgotten, other)
+		}
 	}
-	c.mu.Lock()
-	stale := !c.ended.IsZero() && now.Sub(c.ended) > catchUpKeep
-	c.mu.Unlock()
-	if stale {
-		delete(cs.all, catchUpKey(volumeID, target))
-		return nil
-	}
-	return c
+	return cs.all[catchUpKey(volumeID, target)], forgotten
 }
 
 // add records c unless max catch-ups from c's source run already.
@@ -162,7 +160,10 @@ func (m *Migrator) caughtUp(ctx context.Context, p copyOn, target cluster.Node, 
 		return nil // catch-ups off: the move sends everything itself
 	}
 	id := p.copy.VolumeID
-	c := m.catchUps.find(id, target.Info.NodeID, m.now())
+	c, forgotten := m.catchUps.find(id, target.Info.NodeID, m.now())
+	for _, f := range forgotten {
+		m.Metrics.finalStepPending(f, false) // the CO gave up on it, or went elsewhere
+	}
 	if c == nil {
 		if m.targetFresh(p, target, v) {
 			return nil
@@ -188,6 +189,7 @@ func (m *Migrator) caughtUp(ctx context.Context, p copyOn, target cluster.Node, 
 		return ctx.Err()
 	}
 	m.catchUps.remove(c)
+	m.Metrics.finalStepPending(c, false)
 	if c.err == nil {
 		return nil
 	}
@@ -228,6 +230,10 @@ func (m *Migrator) runCatchUp(c *catchUp, source cluster.Node, targetAddr string
 			break
 		}
 		_ = sleep(ctx, time.Second)
+	}
+	if err == nil {
+		// Before finish: the publish waiting for it clears this.
+		m.Metrics.finalStepPending(c, true)
 	}
 	c.finish(err, m.now())
 	c.mu.Lock()

@@ -8,7 +8,7 @@ import (
 
 // Metrics are the controller's migration metrics.
 type Metrics struct {
-	events, moveSeconds, rpo, catchUps, catchUpsRunning metrics.Vec
+	events, moveSeconds, rpo, catchUps, catchUpsRunning, finalPending metrics.Vec
 }
 
 // NewMetrics declares the migration metrics in r.
@@ -19,6 +19,20 @@ func NewMetrics(r *metrics.Registry) *Metrics {
 		rpo:             r.Gauge("zfs_nomad_failover_rpo_seconds", "Age of the snapshot a failover promoted: writes in this window on the lost primary are gone.", "volume_id"),
 		catchUps:        r.Counter("zfs_nomad_move_catchups_total", "Background pushes that caught a move's target up before its final step, by result.", "result"),
 		catchUpsRunning: r.Gauge("zfs_nomad_move_catchups_running", "Background pushes catching a move's target up now."),
+		finalPending:    r.Gauge("zfs_nomad_move_final_step_pending", "1 while a move's target is caught up and the move waits for the publish retry that runs its final step.", "volume_id", "target"),
+	}
+}
+
+// finalStepPending records that c's move waits for its final step (pending)
+// or no longer does.
+func (m *Metrics) finalStepPending(c *catchUp, pending bool) {
+	if m == nil {
+		return
+	}
+	if pending {
+		m.finalPending.Set(1, c.volumeID, c.target)
+	} else {
+		m.finalPending.Delete(c.volumeID, c.target)
 	}
 }
 

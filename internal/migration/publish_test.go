@@ -15,6 +15,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/agentclient"
 	"github.com/zfs-nomad/zfs-nomad/internal/cluster/clustertest"
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
+	"github.com/zfs-nomad/zfs-nomad/internal/metrics"
 	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
 )
 
@@ -215,6 +216,15 @@ func TestAMoveCatchesUpInTheBackground(t *testing.T) {
 	pushes := heldPushes(n1, release)
 	m := New(fakes.Cluster(t), hclog.NewNullLogger())
 	m.catchUpWait = 50 * time.Millisecond
+	registry := metrics.NewRegistry()
+	m.Metrics = NewMetrics(registry)
+	pending := func() bool {
+		var b strings.Builder
+		if _, err := registry.WriteTo(&b); err != nil {
+			t.Fatal(err)
+		}
+		return strings.Contains(b.String(), fmt.Sprintf("zfs_nomad_move_final_step_pending{volume_id=%q,target=\"n2\"} 1", id))
+	}
 	ctx := context.Background()
 
 	for attempt := range 3 {
@@ -233,7 +243,15 @@ func TestAMoveCatchesUpInTheBackground(t *testing.T) {
 		t.Errorf("n1's copy during the catch-up: %+v, want its unfenced primary", c)
 	}
 
+	if pending() {
+		t.Error("the move's final step shows pending while its catch-up runs")
+	}
 	close(release)
+	for deadline := time.Now().Add(5 * time.Second); !pending() && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+	}
+	if !pending() {
+		t.Error("the caught-up move's final step never showed pending in the metrics")
+	}
 	var gen uint64
 	var err error
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
@@ -243,6 +261,9 @@ func TestAMoveCatchesUpInTheBackground(t *testing.T) {
 	}
 	if err != nil || gen != 2 {
 		t.Fatalf("publish after the catch-up: generation %d, %v; want 2", gen, err)
+	}
+	if pending() {
+		t.Error("the move's final step still shows pending after the move")
 	}
 	if c, _ := n2.Copy(id); c.Role != vocab.RolePrimary || c.Generation != 2 {
 		t.Errorf("n2's copy after the move: %+v, want the primary of generation 2", c)
