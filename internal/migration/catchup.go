@@ -1,6 +1,7 @@
 package migration
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -64,6 +65,16 @@ func (c *catchUp) progress(p agentclient.Progress) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.bytes, c.total = p.Bytes, p.TotalBytes
+}
+
+// isDone tells whether c is done.
+func (c *catchUp) isDone() bool {
+	select {
+	case <-c.done:
+		return true
+	default:
+		return false
+	}
 }
 
 func (c *catchUp) finish(err error, at time.Time) {
@@ -153,8 +164,9 @@ func (cs *catchUps) remove(c *catchUp) {
 // caughtUp returns nil when the move of p to target may go on to its
 // final step: the target holds a replica of p's generation fresher than
 // CatchUpFresh, or a catch-up to it has just completed. Otherwise it
-// starts a catch-up (or finds the one running), waits catchUpWait for it,
-// and answers FailedPrecondition with its progress while it runs.
+// starts a catch-up and waits catchUpWait for it, or finds the one
+// running, and answers FailedPrecondition with its progress while it
+// runs.
 func (m *Migrator) caughtUp(ctx context.Context, p copyOn, target cluster.Node, v view, log hclog.Logger) error {
 	if m.CatchUpFresh < 0 {
 		return nil // catch-ups off: the move sends everything itself
@@ -164,6 +176,10 @@ func (m *Migrator) caughtUp(ctx context.Context, p copyOn, target cluster.Node, 
 	for _, f := range forgotten {
 		m.Metrics.finalStepPending(f, false) // the CO gave up on it, or went elsewhere
 	}
+	// Only the call that starts a catch-up waits for it: Nomad sends a
+	// plugin's controller calls one at a time, so a retry that waited
+	// for a running one would hold every other volume's calls that long.
+	wait := time.Duration(0)
 	if c == nil {
 		if m.targetFresh(p, target, v) {
 			return nil
@@ -174,19 +190,13 @@ func (m *Migrator) caughtUp(ctx context.Context, p copyOn, target cluster.Node, 
 		}
 		log.Info("catching the move's target up in the background", "from_node", c.source)
 		go m.runCatchUp(c, p.node, target.Addr, log)
+		wait = cmp.Or(m.catchUpWait, catchUpWait)
 	}
-	wait := m.catchUpWait
-	if wait == 0 {
-		wait = catchUpWait
+	if err := waitFor(ctx, c.done, wait); err != nil {
+		return err
 	}
-	t := time.NewTimer(wait)
-	defer t.Stop()
-	select {
-	case <-c.done:
-	case <-t.C:
+	if !c.isDone() {
 		return c.runningError(m.now())
-	case <-ctx.Done():
-		return ctx.Err()
 	}
 	m.catchUps.remove(c)
 	m.Metrics.finalStepPending(c, false)
@@ -200,6 +210,23 @@ func (m *Migrator) caughtUp(ctx context.Context, p copyOn, target cluster.Node, 
 	// pass: the retry starts another, which resumes what arrived.
 	return errdefs.Wrap(errdefs.ErrFailedPrecondition, "sending volume %s to node %s before the move failed: %v; a retry sends it again from where it stopped",
 		id, target.Info.NodeID, c.err)
+}
+
+// waitFor waits until done is closed or wait has passed, whichever is
+// first; only ctx's end is an error.
+func waitFor(ctx context.Context, done <-chan struct{}, wait time.Duration) error {
+	if wait <= 0 {
+		return nil
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return nil
 }
 
 // targetFresh reports whether target holds a replica of p's generation
