@@ -834,30 +834,7 @@ func (r *Receiver) replica(ctx context.Context, ch zfscmd.Child) (Replica, error
 // and any partial receive; it reports whether there was one. A primary is
 // never touched.
 func (r *Receiver) DeleteReplica(ctx context.Context, volumeID string) (bool, error) {
-	fs, err := dataset(r.root, volumeID)
-	if err != nil {
-		return false, nil // names no volume, so no replica of one
-	}
-	unlock, err := r.locks.Lock(ctx, volumeID, "deleting the replica")
-	if err != nil {
-		return false, err
-	}
-	defer unlock()
-	role, err := r.z.Get(ctx, fs, volume.PropRole)
-	if errors.Is(err, zfs.ErrNotFound) {
-		return false, nil
-	}
-	if err != nil {
-		return false, err
-	}
-	if role != RoleReplica {
-		return false, nil
-	}
-	if err := r.destroyReplica(ctx, fs); err != nil {
-		return false, err
-	}
-	r.log.Info("replica deleted", "volume_id", volumeID, "dataset", fs)
-	return true, nil
+	return r.deleteReplica(ctx, volumeID, "the replica", nil)
 }
 
 // DeleteSurplus destroys this node's replica of volumeID as a surplus
@@ -869,11 +846,23 @@ func (r *Receiver) DeleteReplica(ctx context.Context, volumeID string) (bool, er
 // made by hand, would go with it). Anything else is FailedPrecondition,
 // and nothing changes. It reports whether there was a replica.
 func (r *Receiver) DeleteSurplus(ctx context.Context, volumeID, newest string) (bool, error) {
+	return r.deleteReplica(ctx, volumeID, "a surplus replica", func(fs string, props map[string]string) error {
+		if err := r.surplus(ctx, fs, props, newest); err != nil {
+			return fmt.Errorf("%w: keeping node %s's replica of volume %s: %v", errdefs.ErrFailedPrecondition, r.nodeID, volumeID, err)
+		}
+		return nil
+	})
+}
+
+// deleteReplica destroys this node's replica of volumeID (what it is, for
+// the lock and the log), holding its lock, unless check (when set) says
+// why not; it reports whether there was a replica.
+func (r *Receiver) deleteReplica(ctx context.Context, volumeID, what string, check func(fs string, props map[string]string) error) (bool, error) {
 	fs, err := dataset(r.root, volumeID)
 	if err != nil {
 		return false, nil // names no volume, so no replica of one
 	}
-	unlock, err := r.locks.Lock(ctx, volumeID, "deleting a surplus replica")
+	unlock, err := r.locks.Lock(ctx, volumeID, "deleting "+what)
 	if err != nil {
 		return false, err
 	}
@@ -888,13 +877,15 @@ func (r *Receiver) DeleteSurplus(ctx context.Context, volumeID, newest string) (
 	if !r.isReplica(zfscmd.Child{Name: fs, Props: props}) {
 		return false, nil
 	}
-	if err := r.surplus(ctx, fs, props, newest); err != nil {
-		return false, fmt.Errorf("%w: keeping node %s's replica of volume %s: %v", errdefs.ErrFailedPrecondition, r.nodeID, volumeID, err)
+	if check != nil {
+		if err := check(fs, props); err != nil {
+			return false, err
+		}
 	}
 	if err := r.destroyReplica(ctx, fs); err != nil {
 		return false, err
 	}
-	r.log.Info("surplus replica deleted: the volume's other replicas are as fresh", "volume_id", volumeID, "dataset", fs, "newest", newest)
+	r.log.Info("deleted "+what, "volume_id", volumeID, "dataset", fs)
 	return true, nil
 }
 
