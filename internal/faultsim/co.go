@@ -92,7 +92,9 @@ func opContext() (context.Context, context.CancelFunc) {
 func (w *world) create(v *simVolume) {
 	ctx, cancel := opContext()
 	defer cancel()
-	replicas := []string{"1", "2"}[w.dice.intn(2)]
+	// Some ask for no replica: a move leaves a surplus copy of those,
+	// which the schedule removes.
+	replicas := []string{"0", "1", "1", "2"}[w.dice.intn(4)]
 	_, err := w.ctl.CreateVolume(ctx, &csispec.CreateVolumeRequest{Name: v.name, VolumeCapabilities: []*csispec.VolumeCapability{mountCapability},
 		Parameters: map[string]string{vocab.ParamReplicas: replicas, vocab.ParamFailover: vocab.FailoverAuto}})
 	w.tracef("co: CreateVolume %s replicas=%s: %v", v.name, replicas, errText(err))
@@ -242,8 +244,10 @@ func (w *world) backup(v *simVolume, from, to *simNode) {
 func (w *world) scheduleRound() {
 	ctx, cancel := opContext()
 	defer cancel()
+	removed := w.sched.SurplusRemoved()
 	pushes := w.sched.Round(ctx)
 	w.sched.Wait()
+	w.stats.SurplusRemoved += int(w.sched.SurplusRemoved() - removed)
 	for _, p := range pushes {
 		w.tracef("controller: scheduled push of %s %s->%s (%s)", p.VolumeID, p.Source.Info.NodeID, p.Target.Info.NodeID, p.Reason)
 	}

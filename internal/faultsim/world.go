@@ -135,6 +135,7 @@ type Stats struct {
 	// SnapshotDeletes, Restores, Expands: DeleteSnapshot, CreateVolume
 	// from a snapshot and ControllerExpandVolume answered OK.
 	SnapshotDeletes, Restores, Expands int
+	SurplusRemoved                     int // copies a move demoted that the schedule removed
 }
 
 func (s *Stats) Add(o Stats) {
@@ -152,6 +153,7 @@ func (s *Stats) Add(o Stats) {
 	s.SnapshotDeletes += o.SnapshotDeletes
 	s.Restores += o.Restores
 	s.Expands += o.Expands
+	s.SurplusRemoved += o.SurplusRemoved
 }
 
 // Run runs one seed and returns the first invariant it broke, with the
@@ -277,6 +279,7 @@ func (w *world) startController() {
 	// Surplus copies go as soon as they are surplus: the simulation's
 	// checks (nothing acknowledged lost) then judge every removal.
 	w.sched.SurplusGrace = 0
+	w.sched.SetClock(w.now) // replicas' ages are on the nodes' clocks, near the simulation's
 }
 
 func (w *world) now() time.Time {

@@ -24,6 +24,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -72,6 +73,7 @@ type Scheduler struct {
 	// the next round to remove; removing is true while a round does.
 	surplusFound []Removal
 	removing     bool
+	removed      atomic.Int64 // surplus copies removed, for SurplusRemoved
 }
 
 // DefaultSurplusGrace is SurplusGrace's default.
@@ -230,11 +232,21 @@ func (s *Scheduler) remove(ctx context.Context, r Removal) {
 	deleted, err := remover.DeleteSurplus(cctx, r.VolumeID, r.Newest)
 	switch {
 	case err != nil:
+		s.Metrics.surplusCopy("kept")
 		log.Info("surplus copy kept: its node refused to remove it", "error", err)
 	case deleted:
+		s.Metrics.surplusCopy("removed")
+		s.removed.Add(1)
 		log.Info("surplus copy removed: the copy a move demoted, now that the volume's replicas are as fresh")
 	}
 }
+
+// SetClock sets the clock the schedule judges ages by (the wall clock by
+// default): the fault simulation's own.
+func (s *Scheduler) SetClock(now func() time.Time) { s.now = now }
+
+// SurplusRemoved counts the surplus copies the schedule removed.
+func (s *Scheduler) SurplusRemoved() int64 { return s.removed.Load() }
 
 // surplus returns the surplus copies among a volume's replicas: those a
 // move demoted (on the nodes of existing) that are not among its kept
@@ -691,7 +703,7 @@ func (s *Scheduler) push(ctx context.Context, p Push) {
 // Metrics are the controller's replication metrics. A nil *Metrics records
 // nothing.
 type Metrics struct {
-	lag, missing, pushes metrics.Vec
+	lag, missing, pushes, surplus metrics.Vec
 }
 
 // NewMetrics declares the schedule's metrics in r.
@@ -700,6 +712,13 @@ func NewMetrics(r *metrics.Registry) *Metrics {
 		lag:     r.Gauge("zfs_nomad_replica_lag_seconds", "Age of each replica's newest snapshot: what a failover to it would lose.", "volume_id", "node"),
 		missing: r.Gauge("zfs_nomad_replicas_missing", "Replicas a volume asks for but does not have (complete) yet.", "volume_id"),
 		pushes:  r.Counter("zfs_nomad_scheduled_pushes_total", "Pushes the schedule ran, by result.", "result"),
+		surplus: r.Counter("zfs_nomad_surplus_copies_total", "Copies a move demoted that the schedule found surplus: removed, or kept because their node refused.", "result"),
+	}
+}
+
+func (m *Metrics) surplusCopy(result string) {
+	if m != nil {
+		m.surplus.Add(1, result)
 	}
 }
 
