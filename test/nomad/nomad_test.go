@@ -44,11 +44,12 @@ func TestMain(m *testing.M) {
 		os.Exit(0)
 	}
 	os.Exit(guesttest.Main(m, guesttest.Options{
-		Disks:    []string{"2G", "2G", "2G"},
+		// Room for the many-volume drain's 1 GiB volume and its copy.
+		Disks:    []string{"4G", "4G", "4G"},
 		Binaries: guesttest.DriverBinaries(),
 		Files:    files,
 		Memory:   "3G",
-		Timeout:  15 * time.Minute,
+		Timeout:  55 * time.Minute,
 	}))
 }
 
@@ -154,6 +155,10 @@ capability {
 		e.eventually(30*time.Second, "datasets gone", e.onlyRootDatasets)
 		e.tell("no node holds a dataset or snapshot besides its root dataset")
 	})
+
+	if *drainMany {
+		e.step("drain a client holding eight volumes: every job moves with its data", e.drainManyVolumes)
+	}
 
 	e.step("failover=auto: the job's node dies and the job comes back elsewhere", func() {
 		spec := strings.NewReplacer(`"web-data"`, `"web-data-auto"`, `failover = "manual"`, `failover = "auto"`).
@@ -366,6 +371,9 @@ log_level = "DEBUG"
 client {
   enabled = true
   servers = ["%[4]s:4647"]
+  # Room for the many-volume drain's eight jobs on one client, whatever
+  # the emulated CPU fingerprints.
+  cpu_total_compute = 8000
   network_interface = "eth0"
   meta {
     zfs_nomad_root_dataset = %[5]q
@@ -409,7 +417,9 @@ func (e *e2e) deployPlugins() {
 	e.nomad("job", "run", "-detach",
 		"-var", "binary="+filepath.Join(e.bin, "zfs-controller"),
 		"-var", "tls_dir="+nomadDir+"/tls",
-		"-var", `extra_args=["-agent-timeout", "10s"]`,
+		// Surplus copies go at once: the many-volume drain checks that
+		// the copy a move left of a volume without replicas goes.
+		"-var", `extra_args=["-agent-timeout", "10s", "-surplus-grace", "0s"]`,
 		"-var", "log_level=debug",
 		e.file("zfs-controller.nomad.hcl"))
 	e.waitForPlugins(3, "")
@@ -489,30 +499,66 @@ func (e *e2e) waitForCounter(previous string) allocation {
 	e.t.Helper()
 	var a allocation
 	e.eventually(3*time.Minute, "the counter job ready", func() error {
-		var allocs []struct {
-			ID, NodeName, ClientStatus, DesiredStatus string
-		}
-		if err := e.get("/v1/job/counter/allocations", &allocs); err != nil {
-			return err
-		}
-		for _, al := range allocs {
-			if al.ID == previous || al.ClientStatus != "running" || al.DesiredStatus != "run" {
-				continue
-			}
-			logs, err := e.run("alloc", "logs", al.ID, "counter")
-			if err != nil || !strings.Contains(logs, "\nready\n") {
-				return fmt.Errorf("allocation %s on %s not ready yet: %v %s", al.ID, al.NodeName, err, logs)
-			}
-			d, l := dataLine.FindStringSubmatch(logs), allocsLine.FindStringSubmatch(logs)
-			if d == nil || l == nil {
-				e.t.Fatalf("allocation %s printed:\n%s", al.ID, logs)
-			}
-			a = allocation{id: al.ID, node: al.NodeName, data: d[1], allocs: strings.TrimSpace(l[1])}
-			return nil
-		}
-		return fmt.Errorf("no running allocation besides %q: %+v", previous, allocs)
+		var err error
+		a, err = e.readyAllocation("counter", previous)
+		return err
 	})
 	return a
+}
+
+// readyAllocation returns what a running allocation of job (a copy of
+// nomad/example-job.nomad.hcl) other than previous printed once ready, or
+// why there is none yet.
+func (e *e2e) readyAllocation(job, previous string) (allocation, error) {
+	e.t.Helper()
+	var allocs []struct {
+		ID, NodeName, ClientStatus, DesiredStatus string
+	}
+	if err := e.get("/v1/job/"+job+"/allocations", &allocs); err != nil {
+		return allocation{}, err
+	}
+	for _, al := range allocs {
+		if al.ID == previous || al.ClientStatus != "running" || al.DesiredStatus != "run" {
+			continue
+		}
+		logs, err := e.run("alloc", "logs", al.ID, "counter")
+		if err != nil || !strings.Contains(logs, "\nready\n") {
+			return allocation{}, fmt.Errorf("allocation %s of %s on %s not ready yet: %v %s", al.ID, job, al.NodeName, err, logs)
+		}
+		d, l := dataLine.FindStringSubmatch(logs), allocsLine.FindStringSubmatch(logs)
+		if d == nil || l == nil {
+			e.t.Fatalf("allocation %s printed:\n%s", al.ID, logs)
+		}
+		return allocation{id: al.ID, node: al.NodeName, data: d[1], allocs: strings.TrimSpace(l[1])}, nil
+	}
+	return allocation{}, fmt.Errorf("no running allocation of %s besides %q: %+v%s", job, previous, allocs, e.placementFailures(job))
+}
+
+// placementFailures tells why the scheduler placed none of a job's
+// allocations, from its evaluations: "" when it says nothing.
+func (e *e2e) placementFailures(job string) string {
+	var evals []struct {
+		Status         string
+		FailedTGAllocs map[string]struct {
+			DimensionExhausted map[string]int
+			ConstraintFiltered map[string]int
+			NodesEvaluated     int
+			NodesExhausted     int
+		}
+	}
+	if err := e.get("/v1/job/"+job+"/evaluations", &evals); err != nil {
+		return ""
+	}
+	var out []string
+	for _, ev := range evals {
+		for group, f := range ev.FailedTGAllocs {
+			out = append(out, fmt.Sprintf("group %s not placed: %d nodes evaluated, %d exhausted %v, filtered %v", group, f.NodesEvaluated, f.NodesExhausted, f.DimensionExhausted, f.ConstraintFiltered))
+		}
+	}
+	if len(out) == 0 {
+		return ""
+	}
+	return "; " + strings.Join(out, "; ")
 }
 
 // waitForDeployment waits until a job's latest deployment succeeded.

@@ -1,0 +1,148 @@
+package bench
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/guesttest"
+	"github.com/zfs-nomad/zfs-nomad/internal/sim"
+)
+
+var (
+	drainCounts = flag.String("drain-counts", "1,8,32", "volumes BenchmarkDrain moves off a node at once")
+	drainMiB    = flag.Int("drain-mib", 16, "MiB of random data in each volume BenchmarkDrain moves")
+)
+
+// BenchmarkDrain (issue 15): N volumes (-drain-counts, 1, 8 and 32) of
+// -drain-mib MiB each, without replicas, moved off a node at once, as a
+// drain of N jobs does: one ControllerPublishVolume per volume to another
+// node, retried every second while the answer says the target is being
+// caught up (as Nomad's claim retries, with its backoff), and the calls of all
+// volumes one at a time, as Nomad sends a plugin's controller calls. It
+// reports the time until every volume is on the new node, per volume,
+// and against zfs send | zfs receive of the same volumes one after
+// another between the same pools (the bytes alone, measured before).
+func BenchmarkDrain(b *testing.B) {
+	c := guesttest.StartCluster(b, 2, sim.Options{LogLevel: "info", ControllerArgs: []string{"-schedule-every", "0"}})
+	n1, n2 := c.Nodes[0], c.Nodes[1]
+	ctx := context.Background()
+	ctl := controllerClient(b, c)
+	var table []string
+	b.ResetTimer()
+	for _, field := range strings.Split(*drainCounts, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(field))
+		if err != nil || n < 1 {
+			b.Fatalf("-drain-counts %q: counts must be positive numbers", *drainCounts)
+		}
+		b.StopTimer()
+		ids := drainVolumes(b, ctl, n1, n)
+		raw := timed(func() {
+			for _, id := range ids {
+				sh(b, fmt.Sprintf("zfs snapshot %[1]s/%[2]s@raw && zfs send -L -c %[1]s/%[2]s@raw | zfs recv -u %[3]s/raw-%[2]s", n1.RootDataset, id, n2.Pool))
+			}
+		})
+		for _, id := range ids {
+			sh(b, fmt.Sprintf("zfs destroy -r %s/raw-%s && zfs destroy %s/%s@raw", n2.Pool, id, n1.RootDataset, id))
+		}
+		b.StartTimer()
+
+		var serial sync.Mutex // Nomad sends a plugin's controller calls one at a time
+		var wg sync.WaitGroup
+		took := make([]time.Duration, n)
+		began := time.Now()
+		for i, id := range ids {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				err := claim(ctx, oneAtATime{ctl, &serial}, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: n2.ID, VolumeCapability: mountCapability})
+				if err != nil {
+					b.Error(err)
+				}
+				took[i] = time.Since(began)
+			}()
+		}
+		wg.Wait()
+		all := time.Since(began)
+		b.StopTimer()
+		row := fmt.Sprintf("%7d %9d %10.1f %12.2f %10.1f %8.2f %10.1f", n, *drainMiB, all.Seconds(), all.Seconds()/float64(n), raw.Seconds(), all.Seconds()/raw.Seconds(), maxDuration(took).Seconds())
+		table = append(table, row)
+		fmt.Printf("BenchmarkDrain: %s\nBenchmarkDrain: %s\n", drainHeader, row)
+		for _, id := range ids {
+			if _, err := ctl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.StartTimer()
+	}
+	b.StopTimer()
+	b.Logf("volumes moved off a node at once, each alone in its calls as under Nomad (seconds):\n%s\n%s", drainHeader, strings.Join(table, "\n"))
+}
+
+const drainHeader = "volumes  MiB-each  all-moved  per-volume  raw-serial  all/raw  last-ready"
+
+// drainVolumes creates n volumes on node, without replicas, each holding
+// -drain-mib MiB of random data.
+func drainVolumes(b *testing.B, ctl csi.ControllerClient, node *sim.Node, n int) []string {
+	ctx := context.Background()
+	ids := make([]string, n)
+	for i := range n {
+		resp, err := ctl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: fmt.Sprintf("drain-%d-%d", n, i),
+			CapacityRange: &csi.CapacityRange{RequiredBytes: int64(*drainMiB+64) << 20}, VolumeCapabilities: []*csi.VolumeCapability{mountCapability},
+			Parameters: map[string]string{"node": node.ID, "compression": "off"}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		ids[i] = resp.GetVolume().GetVolumeId()
+		mnt := filepath.Join(node.Dir, "drain-fill")
+		sh(b, fmt.Sprintf("mkdir -p %[1]s && mount -t zfs %[2]s/%[3]s %[1]s && dd if=/dev/urandom of=%[1]s/data bs=1M count=%[4]d 2>/dev/null && sync && umount %[1]s",
+			mnt, node.RootDataset, ids[i], *drainMiB))
+	}
+	return ids
+}
+
+// claim publishes as Nomad's claim of a volume for an allocation does
+// (claimWithRetry in client/allocrunner/csi_hook.go): again while the
+// answer is retryable (here: the target is being caught up), after 1 s,
+// then twice as long each time up to a minute.
+func claim(ctx context.Context, ctl csi.ControllerClient, req *csi.ControllerPublishVolumeRequest) error {
+	backoff := time.Second
+	for deadline := time.Now().Add(30 * time.Minute); ; {
+		_, err := ctl.ControllerPublishVolume(ctx, req)
+		if err == nil || !sim.CatchingUp(err) || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(backoff)
+		backoff = min(2*backoff, time.Minute)
+	}
+}
+
+// oneAtATime sends a controller's publishes one at a time, as Nomad sends
+// a plugin's controller calls.
+type oneAtATime struct {
+	csi.ControllerClient
+	mu *sync.Mutex
+}
+
+func (o oneAtATime) ControllerPublishVolume(ctx context.Context, req *csi.ControllerPublishVolumeRequest, opts ...grpc.CallOption) (*csi.ControllerPublishVolumeResponse, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.ControllerClient.ControllerPublishVolume(ctx, req, opts...)
+}
+
+func maxDuration(ds []time.Duration) time.Duration {
+	var out time.Duration
+	for _, d := range ds {
+		out = max(out, d)
+	}
+	return out
+}

@@ -1,0 +1,274 @@
+package nomad
+
+import (
+	"flag"
+	"fmt"
+	"regexp"
+	"slices"
+	"time"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/guesttest"
+)
+
+// drainMany adds the many-volume drain to the end-to-end run (make
+// test-nomad-drain). Not yet part of make test: in the emulated guest the
+// job writing 1 GiB was not ready within five minutes beside the seven
+// others (issue 15's note says what is left).
+var drainMany = flag.Bool("drain-many", false, "also drain a client holding eight volumes (issue 15)")
+
+// drainJob is one of the jobs the many-volume drain moves.
+type drainJob struct {
+	name     string // the job's and its volume's name
+	replicas int
+	interval string
+	dataMiB  int  // what the job writes at its first start
+	stale    bool // its replica is made before the job writes
+	fresh    bool // an operator backup makes its replica current before the drain
+}
+
+// drainJobs are the eight of issue 15: most with a current replica, one
+// with replicas = 0 and 1 GiB of data, one whose replica is older than
+// what the job wrote.
+func drainJobs() []drainJob {
+	jobs := []drainJob{
+		{name: "drain-big", replicas: 0, interval: "5m", dataMiB: 1024},
+		{name: "drain-stale", replicas: 1, interval: "1h", dataMiB: 64, stale: true},
+	}
+	for i := range 6 {
+		jobs = append(jobs, drainJob{name: fmt.Sprintf("drain-%d", i), replicas: 1, interval: "5m", dataMiB: 8, fresh: true})
+	}
+	return jobs
+}
+
+// drainManyVolumes (issue 15): a Nomad client holding eight volumes used
+// by eight jobs is drained, and every job runs elsewhere with exactly its
+// data. The same drain of eight jobs without volumes, in the same run, is
+// the baseline; the bytes not yet replicated at the drain, at the rate
+// zfs send | zfs receive reaches between two pools here, are what the
+// drain cannot do without. Figures, not assertions: a timed test would
+// fail at random on a loaded machine.
+func (e *e2e) drainManyVolumes() {
+	jobs := drainJobs()
+	controller := e.runningOn("zfs-nomad-controller")
+	var node string // the drained client: one the controller does not run on
+	for _, n := range e.c.Nodes {
+		if n.ID != controller && node == "" {
+			node = n.ID
+		}
+	}
+	rate := e.sendRate(node)
+	e.tell("FIGURE zfs send | zfs receive between two pools here: %.1f MiB/s", rate)
+
+	plain := e.timedDrain(node, jobs, false)
+	e.tell("FIGURE drain of %d jobs without volumes: %s", len(jobs), plain.Round(100*time.Millisecond))
+
+	unreplicated := 0
+	for _, j := range jobs {
+		e.createDrainVolume(node, j)
+		if !j.fresh {
+			unreplicated += j.dataMiB
+		}
+	}
+	moved := e.timedDrain(node, jobs, true)
+	need := time.Duration(float64(unreplicated) / rate * float64(time.Second))
+	goal := time.Duration(1.5*float64(plain)) + need
+	e.tell("FIGURE drain of %d jobs with their volumes: %s; without volumes %s; %d MiB not replicated at the drain, %s at %.1f MiB/s; goal (1.5x plus that) %s",
+		len(jobs), moved.Round(100*time.Millisecond), plain.Round(100*time.Millisecond), unreplicated, need.Round(100*time.Millisecond), rate, goal.Round(100*time.Millisecond))
+
+	// The copy the move of the volume without replicas left behind is
+	// surplus (the controller runs with -surplus-grace 0s here).
+	big := e.externalID("drain-big")
+	e.eventually(3*time.Minute, "the surplus copy of drain-big removed", func() error {
+		if holders := e.holders(big); len(holders) != 1 || holders[0] == node {
+			return fmt.Errorf("held by %v", holders)
+		}
+		return nil
+	})
+	e.tell("the copy the move left of drain-big (replicas = 0) on %s was removed as surplus", node)
+
+	for _, j := range jobs {
+		e.nomad("job", "stop", "-purge", j.name)
+	}
+	for _, j := range jobs {
+		e.eventually(time.Minute, "delete of "+j.name, func() error {
+			_, err := e.run("volume", "delete", j.name)
+			return err
+		})
+	}
+}
+
+// createDrainVolume creates job j's volume on node.
+func (e *e2e) createDrainVolume(node string, j drainJob) {
+	e.t.Helper()
+	spec := fmt.Sprintf(`id = %[1]q
+name = %[1]q
+type = "csi"
+plugin_id = "zfs-nomad"
+capacity_min = "%[2]dMiB"
+capacity_max = "%[2]dMiB"
+capability {
+  access_mode     = "single-node-writer"
+  attachment_mode = "file-system"
+}
+parameters {
+  compression          = "off"
+  replicas             = "%[3]d"
+  replication_interval = %[4]q
+  node                 = %[5]q
+}
+`, j.name, j.dataMiB+j.dataMiB/4+64, j.replicas, j.interval, node)
+	e.nomad("volume", "create", e.writeFile(j.name+".hcl", spec))
+	if j.stale {
+		// The schedule makes the replica while the volume is empty; the
+		// job writes after, and the interval keeps it from being updated.
+		id := e.externalID(j.name)
+		e.eventually(2*time.Minute, "a replica of "+j.name, func() error {
+			if holders := e.holders(id); len(holders) < 2 {
+				return fmt.Errorf("held by %v", holders)
+			}
+			return nil
+		})
+	}
+}
+
+// timedDrain runs the jobs on node alone (the other clients ineligible
+// meanwhile), drains node, and returns the time from the drain command
+// until every job runs ready on another client; with volumes, each with
+// exactly the data it left. The node is made eligible again after.
+func (e *e2e) timedDrain(node string, jobs []drainJob, withVolumes bool) time.Duration {
+	e.t.Helper()
+	var others []string
+	for name := range e.nodeIDs {
+		if name != node {
+			others = append(others, name)
+		}
+	}
+	slices.Sort(others)
+	for _, o := range others {
+		e.nomad("node", "eligibility", "-disable", e.nodeIDs[o])
+	}
+	suffix := ""
+	if !withVolumes {
+		suffix = "-plain"
+	}
+	for _, j := range jobs {
+		e.nomad("job", "run", "-detach", "-var", "volume="+j.name, e.writeFile(j.name+suffix+".nomad.hcl", e.drainJobSpec(j, suffix, withVolumes)))
+	}
+	before := map[string]allocation{}
+	for _, j := range jobs {
+		e.eventually(15*time.Minute, j.name+suffix+" ready on "+node, func() error {
+			a, err := e.readyAllocation(j.name+suffix, "")
+			if err == nil && a.node != node {
+				err = fmt.Errorf("runs on %s, not %s", a.node, node)
+			}
+			before[j.name] = a
+			return err
+		})
+	}
+	for _, o := range others {
+		e.nomad("node", "eligibility", "-enable", e.nodeIDs[o])
+	}
+	if withVolumes {
+		for _, j := range jobs {
+			if j.fresh {
+				e.backup(e.externalID(j.name))
+			}
+		}
+	}
+
+	began := time.Now()
+	e.nomad("node", "drain", "-enable", "-yes", "-detach", "-ignore-system", "-deadline", "15m", e.nodeIDs[node])
+	after := map[string]allocation{}
+	ready := map[string]time.Duration{}
+	e.eventually(12*time.Minute, fmt.Sprintf("every job off %s and ready", node), func() error {
+		var waiting []string
+		for _, j := range jobs {
+			if _, done := after[j.name]; done {
+				continue
+			}
+			a, err := e.readyAllocation(j.name+suffix, before[j.name].id)
+			if err != nil {
+				waiting = append(waiting, j.name)
+				continue
+			}
+			after[j.name], ready[j.name] = a, time.Since(began)
+		}
+		if len(waiting) > 0 {
+			return fmt.Errorf("not yet ready elsewhere: %v", waiting)
+		}
+		return nil
+	})
+	took := time.Since(began)
+	for _, j := range jobs {
+		e.t.Logf("%s: ready on %s %s after the drain began", j.name+suffix, after[j.name].node, ready[j.name].Round(100*time.Millisecond))
+		if withVolumes {
+			e.wantSameData(before[j.name], after[j.name], true)
+		} else if after[j.name].node == node {
+			e.t.Errorf("%s still runs on the drained %s", j.name+suffix, node)
+		}
+	}
+	e.logFailedAllocations()
+	e.waitForDrained(node)
+	e.nomad("node", "drain", "-disable", "-yes", e.nodeIDs[node])
+	e.nomad("node", "eligibility", "-enable", e.nodeIDs[node])
+	if !withVolumes {
+		for _, j := range jobs {
+			e.nomad("job", "stop", "-purge", j.name+suffix)
+		}
+	}
+	return took
+}
+
+// drainJobSpec is nomad/example-job.nomad.hcl as job j (name plus suffix)
+// writing j's data; without volumes, it keeps a few bytes in the task's
+// own directory instead.
+func (e *e2e) drainJobSpec(j drainJob, suffix string, withVolume bool) string {
+	e.t.Helper()
+	spec := e.readFile(e.file("example-job.nomad.hcl"))
+	replace := func(pattern *regexp.Regexp, with string) {
+		e.t.Helper()
+		if !pattern.MatchString(spec) {
+			e.t.Fatalf("nomad/example-job.nomad.hcl has nothing like %s any more: update this test", pattern)
+		}
+		spec = pattern.ReplaceAllLiteralString(spec, with)
+	}
+	replace(regexp.MustCompile(`job "counter" \{`), fmt.Sprintf("job %q {", j.name+suffix))
+	// Nomad reserves 300 MB of the client's disk per allocation by
+	// default (and the task's logs must fit in it): the clients' data
+	// directories here are small, and eight jobs share one.
+	replace(regexp.MustCompile(`group "counter" \{`), "group \"counter\" {\n    ephemeral_disk {\n      size = 10\n    }\n")
+	replace(regexp.MustCompile(`task "counter" \{`), "task \"counter\" {\n      logs {\n        max_files     = 2\n        max_file_size = 2\n      }\n")
+	size := j.dataMiB << 20
+	if !withVolume {
+		size = 4096 // the task's own directory is memory, within the task's 32 MB
+	}
+	replace(regexp.MustCompile(`head -c 8388608 /dev/urandom`), fmt.Sprintf("head -c %d /dev/urandom", size))
+	if !withVolume {
+		replace(regexp.MustCompile(`(?s)\n    volume "data" \{.*?\n    \}\n`), "\n")
+		replace(regexp.MustCompile(`(?s)\n      volume_mount \{.*?\n      \}\n`), "\n")
+		replace(regexp.MustCompile(`cd /data`), "mkdir -p /tmp/data && cd /tmp/data")
+	}
+	return spec
+}
+
+// sendRate measures zfs send | zfs receive of 256 MiB of random data
+// between node's pool and another's, in MiB/s: the rate the bytes a drain
+// must move go at here.
+func (e *e2e) sendRate(node string) float64 {
+	e.t.Helper()
+	var from, to string
+	for _, n := range e.c.Nodes {
+		switch {
+		case n.ID == node:
+			from = n.RootDataset + "/rate-probe"
+		case to == "":
+			to = n.RootDataset + "/rate-probe"
+		}
+	}
+	guesttest.Run(e.t, "sh", "-c", fmt.Sprintf("zfs create -o compression=off -o mountpoint=/tmp/rate-probe %[1]s && head -c %[2]d /dev/urandom > /tmp/rate-probe/data && zfs snapshot %[1]s@s", from, 256<<20))
+	began := time.Now()
+	guesttest.Run(e.t, "sh", "-c", fmt.Sprintf("zfs send %s@s | zfs receive -u %s", from, to))
+	took := time.Since(began)
+	guesttest.Run(e.t, "sh", "-c", fmt.Sprintf("zfs destroy -r %s && zfs destroy -r %s", from, to))
+	return 256 / took.Seconds()
+}
