@@ -156,8 +156,11 @@ func (x *idIndex) fresh(now func() time.Time) bool {
 // maxAge is how long the index trusts its last listing: indexMaxAge, or
 // relistSpacing times that listing's duration when that is longer. The
 // caller holds x.mu.
-func (x *idIndex) maxAge() time.Duration {
-	return max(indexMaxAge, relistSpacing*x.took)
+func (x *idIndex) maxAge() time.Duration { return relistAfter(x.took) }
+
+// relistAfter is how long an index trusts a listing that took took.
+func relistAfter(took time.Duration) time.Duration {
+	return max(indexMaxAge, relistSpacing*took)
 }
 
 // startFill starts a listing unless one runs, and returns the channel
@@ -342,7 +345,7 @@ func listForIndex[T any](ctx context.Context, log hclog.Logger, what string, lis
 		logAt = log.Info
 	}
 	logAt("listed the node's "+what+" for their index", "count", len(out), "took", took,
-		"next_listing_after", max(indexMaxAge, relistSpacing*took))
+		"next_listing_after", relistAfter(took))
 	return out, nil
 }
 
