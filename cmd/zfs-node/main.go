@@ -118,7 +118,7 @@ func run(args []string) error {
 	receiver.MaxQuota, receiver.QuotaProperty = uint64(cfg.MaxQuota), cfg.QuotaProperty
 	receiver.IdleTimeout = time.Duration(cfg.ReceiveIdleTimeout)
 	volumes.DiscardPartialReceive = receiver.DiscardPartial
-	receiver.Changed = volumes.NoteChanged
+	receiver.Changed = volumes.Received
 	// Recovery lists every dataset of the node: with a thousand of them
 	// under a slow pool it outlasts what is left of startCtx, so it has a
 	// deadline of its own.

@@ -620,14 +620,20 @@ func (p *Pusher) plan(ctx context.Context, fs string, state *pb.ReplicaStateResp
 	return sendPlan{prog: Progress{Kind: KindFull, Snapshot: snap}, spec: zfscmd.SendSpec{Snapshot: snap, Raw: raw}, guid: guid}, nil
 }
 
-// bridge makes a push carry the peer bases the target lacks (docs/
-// replication.md, "Replicas share a base"): the snapshots this primary
-// holds as the bases of its other replicas, newer than the plan's base
-// (all of them for a full send), oldest first, each sent from the one
-// before; the plan's own snapshot follows from the newest. So whichever
-// replica is promoted next, every other replica shares its base with it,
-// and the header tells the target which snapshot is whose base. A resume
-// carries none: the next push does.
+// bridge makes a push carry the snapshots the target lacks that it must
+// have, newer than the plan's base (all of them for a full send), oldest
+// first, each sent from the one before; the plan's own snapshot follows
+// from the newest. They are:
+//   - the peer bases (docs/replication.md, "Replicas share a base"): the
+//     snapshots this primary holds as the bases of its other replicas, so
+//     that whichever replica is promoted next, every other replica shares
+//     its base with it; the header tells the target which is whose;
+//   - the CSI snapshots (docs/replication.md, "CSI snapshots"), so that a
+//     snapshot outlives the loss of the node it was taken on and follows
+//     its volume when it moves; a deleted one (deferred, kept by a clone)
+//     is not sent.
+//
+// A resume carries none: the next push does.
 func (p *Pusher) bridge(plan sendPlan, state *pb.ReplicaStateResponse, header *pb.ReceiveHeader,
 	listed func() ([]zfscmd.Snap, error), held func() (map[string][]string, error), sentTo map[string]string) (sendPlan, error) {
 	holds, err := held()
@@ -662,7 +668,7 @@ func (p *Pusher) bridge(plan sendPlan, state *pb.ReplicaStateResponse, header *p
 			return plan, nil
 		case s.Name == plan.spec.Base:
 			after = true
-		case after && !remote[s.GUID] && isBase[s.Name]:
+		case after && !remote[s.GUID] && (isBase[s.Name] || isLiveCSISnapshot(s)):
 			spec := zfscmd.SendSpec{Snapshot: s.Name, Base: from, Raw: plan.spec.Raw}
 			plan.bridges = append(plan.bridges, streamSpec{kind: kindOf(spec), spec: spec, guid: s.GUID})
 			from = s.Name
@@ -672,6 +678,12 @@ func (p *Pusher) bridge(plan sendPlan, state *pb.ReplicaStateResponse, header *p
 	// every listed one.
 	plan.spec.Base = from
 	return plan, nil
+}
+
+// isLiveCSISnapshot reports whether s is a CSI snapshot not deleted: its
+// short name is a snapshot ID (volume.isCSISnapshot).
+func isLiveCSISnapshot(s zfscmd.Snap) bool {
+	return !s.Deferred && vocab.IsSnapshotID(shortSnapshotName(s.Name))
 }
 
 // kindOf names the kind of stream spec sends.

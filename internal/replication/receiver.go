@@ -53,7 +53,7 @@ type Receiver struct {
 	// the copy's lock, done or not (it may have made, replaced or left a
 	// resumable replica): the node's volumes version moves, and the
 	// schedule learns the replica at its next round
-	// (volume.Manager.NoteChanged).
+	// (volume.Manager.Received).
 	Changed func(volumeID string)
 
 	z      Streams

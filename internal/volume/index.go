@@ -258,6 +258,18 @@ func (x *idIndex) update(id, dataset string) {
 	}
 }
 
+// knows tells whether an update of id to dataset would change nothing:
+// the index has it so, or holds nothing and no listing runs (the next
+// read lists).
+func (x *idIndex) knows(id, dataset string) bool {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.filling != nil {
+		return false
+	}
+	return x.entries == nil || x.entries[id] == dataset
+}
+
 // set sets id's dataset in entries, or removes id when dataset is "".
 func set(entries map[string]string, id, dataset string) {
 	if dataset == "" {
@@ -393,6 +405,37 @@ func (m *Manager) NoteChanged(id string) {
 	defer m.primaryIndex.mu.Unlock()
 	m.primaryIndex.note(id)
 }
+
+// Received notes a receive into the volume's copy on the node
+// (replication.Receiver.Changed), which holds the copy's lock: the
+// volumes version moves (NoteChanged), and the CSI snapshots the streams
+// brought (docs/replication.md, "CSI snapshots") enter the snapshot
+// index. Only the snapshots the index lacks at this copy are read: most
+// receives bring none, and then this costs one listing of the copy's
+// snapshot names.
+func (m *Manager) Received(id string) {
+	m.NoteChanged(id)
+	ctx, cancel := context.WithTimeout(context.Background(), receivedReadTimeout)
+	defer cancel()
+	fs := m.cfg.RootDataset + "/" + id
+	names, err := m.zfs.SnapshotNames(ctx, fs)
+	if errors.Is(err, zfs.ErrNotFound) {
+		return // a receive that made nothing
+	}
+	if err != nil {
+		m.log.Warn("reading the snapshots a receive brought failed; the snapshot index lists again", "volume_id", id, "error", err)
+		m.snapshotIndex.invalidate()
+		return
+	}
+	for _, name := range names {
+		if snapID := shortName(name); vocab.IsSnapshotID(snapID) && !m.snapshotIndex.knows(snapID, name) {
+			m.reindexSnapshot(ctx, snapID, name)
+		}
+	}
+}
+
+// receivedReadTimeout bounds Received's reads.
+const receivedReadTimeout = 30 * time.Second
 
 // ChangedSince returns the IDs of the volumes whose copy on the node
 // changed since the node reported version (VolumesVersion), or false when

@@ -540,3 +540,43 @@ func TestWarmIndexes(t *testing.T) {
 		t.Errorf("%d listings of the node; want the two the start ran", lists)
 	}
 }
+
+// TestReceivedCSISnapshotsAreIndexed (issue 16): a CSI snapshot a
+// receive brings to a replica, without the labels it was taken with, is
+// found by ID and listed as its volume's once the receiver tells the
+// node (Received), without a listing of the node; a receive that brings
+// none reads no snapshot.
+func TestReceivedCSISnapshotsAreIndexed(t *testing.T) {
+	ctx := context.Background()
+	m, fake := newManager(t)
+	counting := &zfsfake.Counting{Interface: fake}
+	m.zfs = counting
+	id := vocab.VolumeIDForName("replicated")
+	fs := root + "/" + id
+	if err := fake.CreateFilesystem(ctx, fs, map[string]string{PropVolumeID: id, PropRole: vocab.RoleReplica, PropGeneration: "1"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := m.SnapshotPage(ctx, "", 0, ""); err != nil { // fills the index
+		t.Fatal(err)
+	}
+	snapID := vocab.SnapshotIDForName("before-upgrade")
+	for _, s := range []string{"zn-1", snapID, "zn-2"} {
+		if err := fake.Snapshot(ctx, fs+"@"+s, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m.Received(id)
+	before := counting.Work()
+	got, err := m.GetSnapshot(ctx, snapID)
+	if err != nil || got.SourceVolumeID != id || got.Dataset != fs+"@"+snapID {
+		t.Fatalf("the received snapshot: %+v, %v; want it found on %s, of volume %s", got, err, fs, id)
+	}
+	if n := counting.Work() - before; n != 1 {
+		t.Errorf("finding it cost %d ZFS calls, want 1 (a read of it, no listing of the node)", n)
+	}
+	before = counting.Work()
+	m.Received(id) // nothing new
+	if n := counting.Work() - before; n != 4 {
+		t.Errorf("a receive that brought no snapshot cost %d, want 4 (the listing of the copy's 3 snapshot names)", n)
+	}
+}

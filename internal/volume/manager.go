@@ -641,16 +641,27 @@ func zfsError(err error, what string) error {
 }
 
 // isCSISnapshot reports whether ds is a live CSI snapshot (not a private
-// clone snapshot, not one waiting for deferred destruction).
+// clone snapshot, not one waiting for deferred destruction). Its name
+// says so: a snapshot ID is the hash of its CSI name. The labels it was
+// taken with (PropSnapshotName, PropSourceVolume) stay on the copy where
+// it was taken; copies received by replication carry none (zfs send
+// without -p sends no properties: docs/replication.md, "CSI snapshots").
 func isCSISnapshot(ds zfs.Dataset) bool {
-	return ds.Type == zfs.Snapshot && !ds.DeferDestroy && vocab.IsSnapshotID(shortName(ds.Name)) && ds.User[PropSnapshotName] != ""
+	return ds.Type == zfs.Snapshot && !ds.DeferDestroy && vocab.IsSnapshotID(shortName(ds.Name))
 }
 
+// snapshotOf reads a CSI snapshot. Its volume is the copy it is on
+// (<root>/<id>, or that volume's tombstone or set-aside copy) when it
+// carries no label saying so.
 func snapshotOf(ds zfs.Dataset) Snapshot {
+	source := ds.User[PropSourceVolume]
+	if source == "" {
+		source = copyIDOf(ds.Name)
+	}
 	return Snapshot{
 		ID:             shortName(ds.Name),
 		Name:           ds.User[PropSnapshotName],
-		SourceVolumeID: ds.User[PropSourceVolume],
+		SourceVolumeID: source,
 		Dataset:        ds.Name,
 		Size:           ds.Referenced,
 		Created:        ds.Created,

@@ -119,7 +119,7 @@ int list_tree(libzfs_handle_t *h, const char *name, char **out) {
 	return lines_done(&l, collect(zh, &l), out);
 }
 
-// One line per snapshot: "name\tguid\tcreatetxg\tcreation"; in
+// One line per snapshot: "name\tguid\tcreatetxg\tcreation\tdefer_destroy"; in
 // SNAPSHOT_HOLDS mode one "name\ttag" line per hold instead, in
 // SNAPSHOT_NAMES mode the name alone.
 static int snapshot_line(zfs_handle_t *zh, void *arg) {
@@ -129,10 +129,11 @@ static int snapshot_line(zfs_handle_t *zh, void *arg) {
 	if (l->mode == SNAPSHOT_NAMES) {
 		lines_add(l, name);
 	} else if (l->mode == SNAPSHOT_DETAILS) {
-		snprintf(line, sizeof(line), "%s\t%llu\t%llu\t%llu", name,
+		snprintf(line, sizeof(line), "%s\t%llu\t%llu\t%llu\t%d", name,
 		    (unsigned long long)zfs_prop_get_int(zh, ZFS_PROP_GUID),
 		    (unsigned long long)zfs_prop_get_int(zh, ZFS_PROP_CREATETXG),
-		    (unsigned long long)zfs_prop_get_int(zh, ZFS_PROP_CREATION));
+		    (unsigned long long)zfs_prop_get_int(zh, ZFS_PROP_CREATION),
+		    zfs_prop_get_int(zh, ZFS_PROP_DEFER_DESTROY) != 0);
 		lines_add(l, line);
 	} else if (zfs_prop_get_int(zh, ZFS_PROP_USERREFS) > 0) {
 		nvlist_t *holds = NULL;

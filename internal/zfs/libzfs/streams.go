@@ -105,7 +105,7 @@ func (s Streams) Snapshots(ctx context.Context, fs string) ([]zfscmd.Snap, error
 	snaps := make([]zfscmd.Snap, 0, len(lines))
 	for _, line := range lines {
 		f := strings.Split(line, "\t")
-		if len(f) != 4 {
+		if len(f) != 5 {
 			return nil, fmt.Errorf("listing snapshots of %s: unexpected line %q", fs, line)
 		}
 		guid, err1 := strconv.ParseUint(f[1], 10, 64)
@@ -114,7 +114,7 @@ func (s Streams) Snapshots(ctx context.Context, fs string) ([]zfscmd.Snap, error
 		if err := errors.Join(err1, err2, err3); err != nil {
 			return nil, fmt.Errorf("listing snapshots of %s: line %q: %w", fs, line, err)
 		}
-		snaps = append(snaps, zfscmd.Snap{Name: f[0], GUID: guid, CreateTXG: txg, Created: created})
+		snaps = append(snaps, zfscmd.Snap{Name: f[0], GUID: guid, CreateTXG: txg, Created: created, Deferred: f[4] == "1"})
 	}
 	sort.Slice(snaps, func(i, j int) bool { return snaps[i].CreateTXG < snaps[j].CreateTXG })
 	return snaps, nil

@@ -240,6 +240,11 @@ type Snap struct {
 	GUID      uint64
 	CreateTXG uint64
 	Created   int64 // unix seconds
+	// Deferred: destroyed with zfs destroy -d while clones or holds kept
+	// it; ZFS removes it with the last of them. A CSI snapshot deferred
+	// so is deleted: it is never sent (docs/replication.md, "CSI
+	// snapshots").
+	Deferred bool
 }
 
 // Snapshots lists the snapshots of one filesystem, oldest first.
@@ -247,14 +252,14 @@ func (c Cmd) Snapshots(ctx context.Context, fs string) ([]Snap, error) {
 	if err := zfs.ValidateName(fs); err != nil {
 		return nil, err
 	}
-	out, err := c.run(ctx, "list", "-H", "-p", "-t", "snapshot", "-d", "1", "-s", "createtxg", "-o", "name,guid,createtxg,creation", fs)
+	out, err := c.run(ctx, "list", "-H", "-p", "-t", "snapshot", "-d", "1", "-s", "createtxg", "-o", "name,guid,createtxg,creation,defer_destroy", fs)
 	if err != nil {
 		return nil, err
 	}
 	var snaps []Snap
 	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
 		f := strings.Split(line, "\t")
-		if len(f) != 4 {
+		if len(f) != 5 {
 			continue
 		}
 		guid, err1 := strconv.ParseUint(f[1], 10, 64)
@@ -263,7 +268,7 @@ func (c Cmd) Snapshots(ctx context.Context, fs string) ([]Snap, error) {
 		if err := errors.Join(err1, err2, err3); err != nil {
 			return nil, fmt.Errorf("zfs list: unexpected line %q: %w", line, err)
 		}
-		snaps = append(snaps, Snap{Name: f[0], GUID: guid, CreateTXG: txg, Created: created})
+		snaps = append(snaps, Snap{Name: f[0], GUID: guid, CreateTXG: txg, Created: created, Deferred: f[4] == "on" || f[4] == "1"})
 	}
 	return snaps, nil
 }

@@ -249,3 +249,67 @@ func meshOf(t *testing.T, nodes map[string]node) func(from string) *replication.
 		return p
 	}
 }
+
+// TestCSISnapshotsFollowTheirVolume (issue 16): every push brings its
+// target the CSI snapshots it lacks, those taken before the replica's
+// first full send too, each an exact state of the volume; a deleted one
+// (kept by a clone, destroyed deferred) stays behind; pruning the
+// replication snapshots leaves them alone.
+func TestCSISnapshotsFollowTheirVolume(t *testing.T) {
+	const id = "vol-0123456789abcdef0123"
+	fs := "tank/nomad/" + id
+	nodes := map[string]node{"n1": newNode(t, 1, "tank/nomad"), "n2": newNode(t, 2, "tank/nomad")}
+	must(t, nodes["n1"].CreateFilesystem(ctx, fs, map[string]string{volume.PropRole: vocab.RolePrimary, volume.PropVolumeID: id,
+		volume.PropGeneration: "1", volume.PropName: "v", "refquota": "1000000"}))
+	push := meshOf(t, nodes)("n1")
+	csiSnapshot := func(name string) string {
+		t.Helper()
+		snap := fs + "@" + vocab.SnapshotIDForName(name)
+		must(t, nodes["n1"].Snapshot(ctx, snap, map[string]string{volume.PropSnapshotName: name, volume.PropSourceVolume: id}))
+		return snap
+	}
+	pushTo := func(want string) {
+		t.Helper()
+		prog, err := push.Push(ctx, id, "n2", 0, func(replication.Progress) {})
+		if err != nil || prog.Kind != want {
+			t.Fatalf("push: %+v, %v; want a %s push", prog, err, want)
+		}
+	}
+	holds := func(snap string) bool {
+		t.Helper()
+		for _, s := range nodes["n2"].snaps(t, fs) {
+			if s.Name == snap {
+				if got, want := nodes["n2"].content(t, snap), nodes["n1"].content(t, snap); !slices.Equal(got, want) {
+					t.Errorf("the replica's %s holds %v, the primary's %v", snap, got, want)
+				}
+				return true
+			}
+		}
+		return false
+	}
+
+	must(t, nodes["n1"].Write(fs, "a"))
+	before := csiSnapshot("before-the-replica")
+	must(t, nodes["n1"].Write(fs, "b"))
+	pushTo(replication.KindFull)
+	if !holds(before) {
+		t.Errorf("after the first (full) push the replica lacks %s, taken before it: %v", before, nodes["n2"].snaps(t, fs))
+	}
+
+	must(t, nodes["n1"].Write(fs, "c"))
+	after := csiSnapshot("after-the-replica")
+	must(t, nodes["n1"].Write(fs, "d"))
+	deleted := csiSnapshot("deleted")
+	must(t, nodes["n1"].Clone(ctx, deleted, "tank/nomad/clone", nil))
+	must(t, nodes["n1"].DestroyDeferred(ctx, deleted))
+	for range 4 { // more than the replication snapshots kept
+		must(t, nodes["n1"].Write(fs, "e"))
+		pushTo(replication.KindIncremental)
+	}
+	if !holds(after) || !holds(before) {
+		t.Errorf("after incremental pushes the replica lacks a CSI snapshot: %v", nodes["n2"].snaps(t, fs))
+	}
+	if holds(deleted) {
+		t.Errorf("the replica received %s, deleted on the primary", deleted)
+	}
+}

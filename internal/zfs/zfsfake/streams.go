@@ -125,7 +125,7 @@ func (s *Streams) Snapshots(ctx context.Context, fs string) ([]zfscmd.Snap, erro
 	}
 	var out []zfscmd.Snap
 	for _, e := range f.snapshotsOf(fs) {
-		out = append(out, zfscmd.Snap{Name: e.ds.Name, GUID: e.guid, CreateTXG: e.createTXG, Created: e.ds.Created.Unix()})
+		out = append(out, zfscmd.Snap{Name: e.ds.Name, GUID: e.guid, CreateTXG: e.createTXG, Created: e.ds.Created.Unix(), Deferred: e.ds.DeferDestroy})
 	}
 	return out, nil
 }
