@@ -119,6 +119,7 @@ func run(args []string) error {
 	receiver.IdleTimeout = time.Duration(cfg.ReceiveIdleTimeout)
 	volumes.DiscardPartialReceive = receiver.DiscardPartial
 	receiver.Changed = volumes.Received
+	receiver.Entombed = volumes.IndexSnapshotsOf
 	// Recovery lists every dataset of the node: with a thousand of them
 	// under a slow pool it outlasts what is left of startCtx, so it has a
 	// deadline of its own.

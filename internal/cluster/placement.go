@@ -2,7 +2,9 @@ package cluster
 
 import (
 	"fmt"
+	"slices"
 	"sort"
+	"strings"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
@@ -28,6 +30,9 @@ type Requirement struct {
 	Preferred []map[string]string
 	// Node pins the volume to one node ID ("" for any).
 	Node string
+	// Among, when set, are the only node IDs that may hold it: those
+	// holding its source (a clone lives where its source does).
+	Among []string
 	// Policy is "most-free" or "fewest-volumes".
 	Policy string
 }
@@ -38,12 +43,12 @@ type Requirement struct {
 func Place(cands []Candidate, req Requirement) ([]Candidate, error) {
 	var matching []Candidate
 	for _, c := range cands {
-		if (req.Node == "" || c.NodeID == req.Node) && matchesAny(c.Topology, req.Requisite) {
+		if (req.Node == "" || c.NodeID == req.Node) && (req.Among == nil || slices.Contains(req.Among, c.NodeID)) && matchesAny(c.Topology, req.Requisite) {
 			matching = append(matching, c)
 		}
 	}
 	if len(matching) == 0 {
-		return nil, fmt.Errorf("%w: no reachable, healthy node matches the topology requirement%s", errdefs.ErrResourceExhausted, describeNode(req.Node))
+		return nil, fmt.Errorf("%w: no reachable, healthy node matches the topology requirement%s", errdefs.ErrResourceExhausted, describeNode(req.Node, req.Among))
 	}
 	var fitting []Candidate
 	var largestCeiling uint64
@@ -75,11 +80,14 @@ func Place(cands []Candidate, req Requirement) ([]Candidate, error) {
 	return fitting, nil
 }
 
-func describeNode(node string) string {
-	if node == "" {
-		return ""
+func describeNode(node string, among []string) string {
+	switch {
+	case node != "":
+		return fmt.Sprintf(" and the %q parameter (%s)", "node", node)
+	case among != nil:
+		return fmt.Sprintf(" among the nodes holding its source (%s)", strings.Join(among, ", "))
 	}
-	return fmt.Sprintf(" and the %q parameter (%s)", "node", node)
+	return ""
 }
 
 // Matches reports whether a node's topology holds every key of segment.

@@ -102,7 +102,8 @@ func (n *simNode) start(ctx context.Context) {
 	receiver.MaxQuota, receiver.QuotaProperty = uint64(cfg.MaxQuota), cfg.QuotaProperty
 	receiver.IdleTimeout = time.Duration(cfg.ReceiveIdleTimeout)
 	inc.volumes.DiscardPartialReceive = receiver.DiscardPartial
-	receiver.Changed = inc.volumes.NoteChanged
+	receiver.Changed = inc.volumes.Received
+	receiver.Entombed = inc.volumes.IndexSnapshotsOf
 	_ = receiver.Recover(ctx) // not fatal, as in zfs-node: the next receive retries
 	_ = inc.volumes.CheckLegacyPromises(ctx)
 	inc.volumes.WarmIndexes()

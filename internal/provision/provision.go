@@ -12,6 +12,8 @@ package provision
 import (
 	"context"
 	"errors"
+	"slices"
+	"strings"
 
 	"github.com/hashicorp/go-hclog"
 
@@ -102,32 +104,32 @@ func (p *Provisioner) createOn(ctx context.Context, n cluster.Node, req agentcli
 }
 
 // candidates returns the nodes a new volume may go to, best first. A volume
-// made from a snapshot or another volume must live where its source does;
-// agentReq gets the source.
+// made from a snapshot or another volume must live where its source does:
+// on a node holding a copy of the snapshot (replicas hold them too), on
+// the node of the volume's primary; agentReq gets the source.
 func (p *Provisioner) candidates(ctx context.Context, req CreateRequest, agentReq *agentclient.NewVolume) ([]cluster.Node, error) {
-	sourceNode := ""
+	var holders []string // nil: no source
 	switch {
 	case req.SourceSnapshotID != "":
-		snap, err := p.FindSnapshot(ctx, req.SourceSnapshotID)
+		copies, err := p.SnapshotCopies(ctx, req.SourceSnapshotID)
 		if err != nil {
 			return nil, err
 		}
 		agentReq.SourceSnapshotID = req.SourceSnapshotID
-		sourceNode = snap.Node.Info.NodeID
+		for _, c := range copies {
+			holders = append(holders, c.Node.Info.NodeID)
+		}
 	case req.SourceVolumeID != "":
 		v, err := p.CurrentVolume(ctx, req.SourceVolumeID)
 		if err != nil {
 			return nil, err
 		}
 		agentReq.SourceVolumeID = req.SourceVolumeID
-		sourceNode = v.Node.Info.NodeID
+		holders = []string{v.Node.Info.NodeID}
 	}
 	pinned := req.Parameters[vocab.ParamNode]
-	if sourceNode != "" && pinned != "" && pinned != sourceNode {
-		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, "parameter node=%s conflicts with the source, which lives on node %s (clones are made on the source's node)", pinned, sourceNode)
-	}
-	if sourceNode != "" {
-		pinned = sourceNode
+	if holders != nil && pinned != "" && !slices.Contains(holders, pinned) {
+		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, "parameter node=%s conflicts with the source, which lives on node %s (clones are made where their source is)", pinned, strings.Join(holders, ", "))
 	}
 
 	nodes, _, err := p.cluster.Nodes(ctx)
@@ -143,6 +145,7 @@ func (p *Provisioner) candidates(ctx context.Context, req CreateRequest, agentRe
 		Requisite: req.Requisite,
 		Preferred: req.Preferred,
 		Node:      pinned,
+		Among:     holders,
 		Policy:    p.policy,
 	})
 }

@@ -68,6 +68,13 @@ func TestCreate(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// snapshotOnN3AndN1: n1 holds a replica of the snapshot's volume, and
+	// replication gave it a copy.
+	snapshotOnN3AndN1 := func(w *world) {
+		snapshotOnN3(w)
+		s, _ := w.nodes["n3"].ListSnapshots(context.Background(), agentclient.SnapshotQuery{})
+		w.nodes["n1"].PutSnapshot(s[0])
+	}
 	tests := []struct {
 		name    string
 		setup   func(w *world)
@@ -133,6 +140,18 @@ func TestCreate(t *testing.T) {
 			name:  "a clone of a snapshot is made on the snapshot's node",
 			setup: snapshotOnN3,
 			req:   CreateRequest{VolumeRequest: vocab.VolumeRequest{Name: "v", SourceSnapshotID: vocab.SnapshotIDForName("snap")}},
+			want:  "n3",
+		},
+		{
+			name:  "a clone of a snapshot held by two nodes goes where placement prefers (most free)",
+			setup: snapshotOnN3AndN1,
+			req:   CreateRequest{VolumeRequest: vocab.VolumeRequest{Name: "v", SourceSnapshotID: vocab.SnapshotIDForName("snap")}},
+			want:  "n1",
+		},
+		{
+			name:  "a clone pinned to a node holding a copy of its snapshot",
+			setup: snapshotOnN3AndN1,
+			req:   CreateRequest{VolumeRequest: vocab.VolumeRequest{Name: "v", SourceSnapshotID: vocab.SnapshotIDForName("snap"), Parameters: map[string]string{vocab.ParamNode: "n3"}}},
 			want:  "n3",
 		},
 		{
@@ -447,9 +466,28 @@ func TestSnapshots(t *testing.T) {
 	if err := p.DeleteSnapshot(ctx, snap.SnapshotID); err != nil {
 		t.Fatalf("deleting a deleted snapshot: %v, want OK", err)
 	}
+	// Replication gave n3 a copy of t (n3 holds a replica of other).
+	tID := vocab.SnapshotIDForName("t")
+	tCopy, _ := w.nodes["n2"].ListSnapshots(ctx, agentclient.SnapshotQuery{SnapshotID: tID})
+	w.nodes["n3"].PutSnapshot(tCopy[0])
+	if all, err := p.ListSnapshots(ctx, SnapshotQuery{}); err != nil || len(all.Snapshots) != 1 || all.Snapshots[0].SnapshotID != tID {
+		t.Fatalf("ListSnapshots with t on two nodes: %+v, %v; want t once", all, err)
+	}
+	w.nodes["n1"].PutSnapshot(tCopy[0])
+	w.nodes["n1"].SetDown(true)
+	if err := p.DeleteSnapshot(ctx, tID); !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Fatalf("deleting a snapshot with a node down: %v, want Unavailable (the node may hold a copy)", err)
+	}
+	if w.nodes["n2"].HasSnapshot(tID) || w.nodes["n3"].HasSnapshot(tID) {
+		t.Errorf("the copies on the nodes that answered were not deleted")
+	}
+	w.nodes["n1"].SetDown(false)
+	if err := p.DeleteSnapshot(ctx, tID); err != nil || w.nodes["n1"].HasSnapshot(tID) {
+		t.Fatalf("the retry once every node answers: %v (n1 still holds it: %v), want every copy gone", err, w.nodes["n1"].HasSnapshot(tID))
+	}
 	w.nodes["n3"].SetDown(true)
-	if err := p.DeleteSnapshot(ctx, vocab.SnapshotIDForName("t")); err != nil {
-		t.Fatalf("deleting a snapshot whose node answers, with another down: %v", err)
+	if err := p.DeleteSnapshot(ctx, vocab.SnapshotIDForName("t")); !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Fatalf("deleting a deleted snapshot with a node down: %v, want Unavailable", err)
 	}
 	if err := p.DeleteSnapshot(ctx, vocab.SnapshotIDForName("u")); !errors.Is(err, errdefs.ErrUnavailable) {
 		t.Fatalf("deleting a snapshot no answering node holds, with a node down: %v, want Unavailable", err)

@@ -3,6 +3,7 @@ package provision
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sort"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/agentclient"
@@ -11,13 +12,33 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
 )
 
-// FindSnapshot finds the snapshot on any node. NotFound only when every
-// node answered that it holds none.
+// FindSnapshot finds a copy of the snapshot on any node. NotFound only
+// when every node answered that it holds none.
 func (p *Provisioner) FindSnapshot(ctx context.Context, id string) (cluster.Located[agentclient.Snapshot], error) {
-	if !vocab.IsSnapshotID(id) {
-		return cluster.Located[agentclient.Snapshot]{}, errdefs.Wrap(errdefs.ErrNotFound, "snapshot %q does not exist (not a snapshot ID of this driver)", id)
+	copies, err := p.SnapshotCopies(ctx, id)
+	if err != nil {
+		return cluster.Located[agentclient.Snapshot]{}, err
 	}
-	return cluster.Find(ctx, p.cluster, "snapshot "+id, func(ctx context.Context, a cluster.Agent) (agentclient.Snapshot, error) {
+	return copies[0], nil
+}
+
+// SnapshotCopies finds every copy of the snapshot: replication takes a
+// CSI snapshot to each replica of its volume (docs/replication.md, "CSI
+// snapshots"). They are sorted by node ID. An error when a node could
+// not answer (it may hold one) and none did; NotFound only when every
+// node answered that it holds none.
+func (p *Provisioner) SnapshotCopies(ctx context.Context, id string) ([]cluster.Located[agentclient.Snapshot], error) {
+	copies, _, err := p.snapshotCopies(ctx, id)
+	return copies, err
+}
+
+// snapshotCopies is SnapshotCopies, with the errors of the nodes that did
+// not answer even when others hold copies.
+func (p *Provisioner) snapshotCopies(ctx context.Context, id string) ([]cluster.Located[agentclient.Snapshot], []error, error) {
+	if !vocab.IsSnapshotID(id) {
+		return nil, nil, errdefs.Wrap(errdefs.ErrNotFound, "snapshot %q does not exist (not a snapshot ID of this driver)", id)
+	}
+	found, errs, err := cluster.FindAll(ctx, p.cluster, func(ctx context.Context, a cluster.Agent) (agentclient.Snapshot, error) {
 		snaps, err := a.ListSnapshots(ctx, agentclient.SnapshotQuery{SnapshotID: id})
 		if err != nil {
 			return agentclient.Snapshot{}, err
@@ -29,6 +50,16 @@ func (p *Provisioner) FindSnapshot(ctx context.Context, id string) (cluster.Loca
 		}
 		return agentclient.Snapshot{}, errdefs.Wrap(errdefs.ErrNotFound, "snapshot %s", id)
 	})
+	switch {
+	case err != nil:
+		return nil, nil, err
+	case len(found) == 0 && len(errs) > 0:
+		return nil, errs, fmt.Errorf("%w: cannot tell where snapshot %s is: %v", errdefs.ErrUnavailable, id, errors.Join(errs...))
+	case len(found) == 0:
+		return nil, nil, errdefs.Wrap(errdefs.ErrNotFound, "snapshot %s", id)
+	}
+	sort.Slice(found, func(i, j int) bool { return found[i].Node.Info.NodeID < found[j].Node.Info.NodeID })
+	return found, errs, nil
 }
 
 // CreateSnapshot snapshots the volume's current primary, or answers the
@@ -61,22 +92,40 @@ func (p *Provisioner) CreateSnapshot(ctx context.Context, name, sourceVolumeID s
 	return snap, nil
 }
 
-// DeleteSnapshot deletes the snapshot from its node; a snapshot no node
-// holds is deleted already.
+// DeleteSnapshot deletes every copy of the snapshot; a snapshot no node
+// holds is deleted already. It answers OK only when every node answered:
+// a copy on a node that did not would outlive a delete that said it was
+// gone (Unavailable: the CO retries).
 func (p *Provisioner) DeleteSnapshot(ctx context.Context, id string) error {
-	found, err := p.FindSnapshot(ctx, id)
+	copies, silent, err := p.snapshotCopies(ctx, id)
 	if errors.Is(err, errdefs.ErrNotFound) {
 		return nil
 	}
 	if err != nil {
 		return err
 	}
-	cctx, cancel := p.cluster.Call(ctx)
-	defer cancel()
-	if err := found.Node.Agent.DeleteSnapshot(cctx, id); err != nil {
-		return err
+	nodes := make([]cluster.Node, 0, len(copies))
+	for _, c := range copies {
+		nodes = append(nodes, c.Node)
 	}
-	p.log.Info("snapshot deleted", "snapshot_id", id, "volume_id", found.Object.SourceVolumeID)
+	answers := cluster.Each(ctx, p.cluster, nodes, func(ctx context.Context, n cluster.Node) (struct{}, error) {
+		return struct{}{}, n.Agent.DeleteSnapshot(ctx, id)
+	})
+	var errs []error
+	for _, a := range answers {
+		if a.Err != nil {
+			errs = append(errs, fmt.Errorf("node %s: %w", a.Node.Info.NodeID, a.Err))
+			continue
+		}
+		p.log.Info("snapshot deleted", "snapshot_id", id, "volume_id", copies[0].Object.SourceVolumeID, "node_id", a.Node.Info.NodeID)
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("snapshot %s is not deleted everywhere; retry the delete: %w", id, errors.Join(errs...))
+	}
+	if len(silent) > 0 {
+		return fmt.Errorf("%w: snapshot %s is deleted on the nodes that hold it, but a node that does not answer may hold a copy (%v); retry once it is back, or take it out of the controller's peers if it is gone for good",
+			errdefs.ErrUnavailable, id, errors.Join(silent...))
+	}
 	return nil
 }
 
@@ -112,11 +161,15 @@ func (p *Provisioner) ListSnapshots(ctx context.Context, q SnapshotQuery) (Snaps
 	if err != nil {
 		return SnapshotPage{}, err
 	}
+	// A snapshot is listed once, however many nodes hold a copy: the
+	// copies are the same snapshot (same data, size and creation time).
 	var all []agentclient.Snapshot
+	seen := map[string]bool{}
 	for _, l := range listed {
 		s := l.Object
 		if (q.SnapshotID == "" || s.SnapshotID == q.SnapshotID) &&
-			(q.SourceVolumeID == "" || s.SourceVolumeID == q.SourceVolumeID) {
+			(q.SourceVolumeID == "" || s.SourceVolumeID == q.SourceVolumeID) && !seen[s.SnapshotID] {
+			seen[s.SnapshotID] = true
 			all = append(all, s)
 		}
 	}

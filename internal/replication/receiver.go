@@ -55,6 +55,10 @@ type Receiver struct {
 	// schedule learns the replica at its next round
 	// (volume.Manager.Received).
 	Changed func(volumeID string)
+	// Entombed, when set, is told the name of every replica that became
+	// a tombstone to keep its CSI snapshots (its snapshots' names
+	// changed: volume.Manager.IndexSnapshotsOf).
+	Entombed func(tombstone string)
 
 	z      Streams
 	root   string
@@ -882,11 +886,66 @@ func (r *Receiver) deleteReplica(ctx context.Context, volumeID, what string, che
 			return false, err
 		}
 	}
-	if err := r.destroyReplica(ctx, fs); err != nil {
+	entombed, err := r.removeReplica(ctx, fs)
+	if err != nil {
 		return false, err
+	}
+	if entombed != "" {
+		r.log.Info("deleted "+what+"; its CSI snapshots stay on a tombstone until they are deleted", "volume_id", volumeID, "tombstone", entombed)
+		return true, nil
 	}
 	r.log.Info("deleted "+what, "volume_id", volumeID, "dataset", fs)
 	return true, nil
+}
+
+// removeReplica removes replica fs. One holding CSI snapshots becomes a
+// tombstone, as a deleted primary does (docs/volumes.md, "Deleting"): a
+// CSI snapshot outlives its volume and every copy of it, and removing a
+// replica never destroys one (docs/replication.md, "CSI snapshots").
+// It returns the tombstone's name, or "" when the replica was destroyed.
+// The caller holds the volume's lock and checked the role.
+func (r *Receiver) removeReplica(ctx context.Context, fs string) (string, error) {
+	snaps, err := r.z.Snapshots(ctx, fs)
+	if err != nil {
+		return "", fmt.Errorf("listing the snapshots of replica %s: %w", fs, err)
+	}
+	if !slices.ContainsFunc(snaps, isLiveCSISnapshot) {
+		return "", r.destroyReplica(ctx, fs)
+	}
+	return r.entomb(ctx, fs, snaps)
+}
+
+// entomb turns replica fs, with its snapshots snaps, into a tombstone:
+// any partial receive, its holds and its replication snapshots go; it is
+// labelled deleted and renamed <fs>-deleted-<nanos>. The node collects it
+// once its last CSI snapshot is deleted (volume.Manager). Entombed, when
+// set, learns its name.
+func (r *Receiver) entomb(ctx context.Context, fs string, snaps []zfscmd.Snap) (string, error) {
+	if err := r.abortPartial(ctx, fs); err != nil {
+		return "", err
+	}
+	if err := releaseTags(ctx, r.z, fs, func(string) bool { return true }); err != nil {
+		return "", err
+	}
+	for _, s := range snaps {
+		if strings.HasPrefix(shortSnapshotName(s.Name), SnapshotPrefix) {
+			if err := r.z.Destroy(ctx, s.Name); err != nil && !errors.Is(err, zfs.ErrNotFound) {
+				return "", fmt.Errorf("destroying the replication snapshot %s: %w", s.Name, err)
+			}
+		}
+	}
+	now := time.Now()
+	if err := r.z.Set(ctx, fs, map[string]string{volume.PropRole: vocab.RoleDeleted, volume.PropDeletedAt: now.UTC().Format(time.RFC3339)}); err != nil {
+		return "", fmt.Errorf("marking replica %s deleted: %w", fs, err)
+	}
+	tombstone := volume.TombstoneName(fs, now)
+	if err := r.z.Rename(ctx, fs, tombstone); err != nil {
+		return "", fmt.Errorf("renaming the deleted replica %s to %s: %w", fs, tombstone, err)
+	}
+	if r.Entombed != nil {
+		r.Entombed(tombstone)
+	}
+	return tombstone, nil
 }
 
 // surplus says why replica fs, with props, is not a surplus copy whose

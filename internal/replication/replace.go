@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
 	"github.com/zfs-nomad/zfs-nomad/internal/volume"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs"
+	"github.com/zfs-nomad/zfs-nomad/internal/zfs/zfscmd"
 )
 
 // Replacing a replica (docs/replication.md, "Replacing a replica").
@@ -94,8 +96,9 @@ func (r *Receiver) finishReplace(ctx context.Context, fs string, log hclog.Logge
 // the complete replacement at incoming takes it. It is destroyed when it
 // holds nothing the replacement lacks: no snapshot, or only earlier states
 // of the replacement's (its generation is one the replacement's history
-// holds). Otherwise it is set aside: it may hold writes the new primary
-// lacks (I4).
+// holds) and no CSI snapshot the replacement lacks. Otherwise it is set
+// aside: it may hold writes the new primary lacks (I4), or a CSI snapshot
+// that exists nowhere else (its CSI snapshots stay listed there).
 func (r *Receiver) retire(ctx context.Context, fs, incoming string, generation uint64, log hclog.Logger) error {
 	snaps, err := r.z.Snapshots(ctx, fs)
 	if err != nil {
@@ -110,12 +113,42 @@ func (r *Receiver) retire(ctx context.Context, fs, incoming string, generation u
 	}
 	newGeneration, _ := strconv.ParseUint(labels[volume.PropGeneration], 10, 64)
 	historyFrom := volume.HistoryFrom(labels[volume.PropHistoryFrom], newGeneration)
+	lacking, err := r.csiSnapshotsLacking(ctx, snaps, incoming)
+	if err != nil {
+		return err
+	}
+	if lacking != "" {
+		log.Info("the replaced replica holds a CSI snapshot the replacement lacks: setting it aside", "snapshot", lacking)
+		return r.setAside(ctx, fs, fs, log)
+	}
 	if historyFrom <= generation && generation < newGeneration {
 		log.Info("the replaced replica holds only earlier states of the new primary's history: destroying it",
 			"replica_generation", generation, "history_from", historyFrom, "generation", newGeneration)
 		return r.destroyReplica(ctx, fs)
 	}
 	return r.setAside(ctx, fs, fs, log)
+}
+
+// csiSnapshotsLacking returns the name of a live CSI snapshot among snaps
+// that other lacks (by GUID), or "" when other has every one.
+func (r *Receiver) csiSnapshotsLacking(ctx context.Context, snaps []zfscmd.Snap, other string) (string, error) {
+	if !slices.ContainsFunc(snaps, isLiveCSISnapshot) {
+		return "", nil
+	}
+	theirs, err := r.z.Snapshots(ctx, other)
+	if err != nil {
+		return "", fmt.Errorf("listing the snapshots of %s: %w", other, err)
+	}
+	has := map[uint64]bool{}
+	for _, s := range theirs {
+		has[s.GUID] = true
+	}
+	for _, s := range snaps {
+		if isLiveCSISnapshot(s) && !has[s.GUID] {
+			return s.Name, nil
+		}
+	}
+	return "", nil
 }
 
 // setAside renames the copy at name aside as a set-aside copy of the

@@ -300,21 +300,28 @@ func TestIncrementalRollsBackOnlyWhatTheSendersHistoryHolds(t *testing.T) {
 // TestReplacedReplicaIsDestroyedOnlyWhenTheHistoryHoldsIt: a replica that
 // a full stream replaces is destroyed when the sender's history holds its
 // generation (planned moves since: its snapshots are earlier states of
-// the new copy), and set aside otherwise (I4).
+// the new copy) and it holds no CSI snapshot the new copy lacks, and set
+// aside otherwise (I4; issue 16).
 func TestReplacedReplicaIsDestroyedOnlyWhenTheHistoryHoldsIt(t *testing.T) {
 	tests := []struct {
 		name        string
 		historyFrom uint64 // the sender's; its generation is 2, the replica's 1
+		csiSnapshot bool   // the replica holds a CSI snapshot the stream lacks
 		wantAside   bool
 	}{
-		{"planned moves since the replica's generation", 1, false},
-		{"a failover since", 2, true},
-		{"a sender that vouches for nothing (an older version)", 0, true},
+		{"planned moves since the replica's generation", 1, false, false},
+		{"planned moves since, but it holds a CSI snapshot the new copy lacks", 1, true, true},
+		{"a failover since", 2, false, true},
+		{"a sender that vouches for nothing (an older version)", 0, false, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			z := newMemPool(testRoot)
-			z.put(testDataset, replicaProps("1"), "zn-1:7")
+			snaps := []string{"zn-1:7"}
+			if tt.csiSnapshot {
+				snaps = append(snaps, vocab.SnapshotIDForName("before-upgrade")+":8")
+			}
+			z.put(testDataset, replicaProps("1"), snaps...)
 			if err := z.Hold(context.Background(), testDataset+"@zn-1", BaseHoldTag); err != nil {
 				t.Fatal(err)
 			}
@@ -344,4 +351,44 @@ func drain(s *fakeStream) []*pb.ReceiveMessage {
 		out = append(out, m)
 	}
 	return out
+}
+
+// TestARemovedReplicaKeepsItsCSISnapshots (issue 16): deleting a replica
+// that holds a CSI snapshot (its volume was deleted, or an operator
+// removes it) leaves a tombstone with that snapshot alone, for the node
+// to collect once the snapshot is deleted; one without goes whole.
+func TestARemovedReplicaKeepsItsCSISnapshots(t *testing.T) {
+	snapID := vocab.SnapshotIDForName("before-upgrade")
+	for _, withSnapshot := range []bool{false, true} {
+		z := newMemPool(testRoot)
+		snaps := []string{"zn-1:7"}
+		if withSnapshot {
+			snaps = append(snaps, snapID+":8", "zn-2:9")
+		}
+		z.put(testDataset, replicaProps("1"), snaps...)
+		if err := z.Hold(context.Background(), testDataset+"@zn-1", BaseHoldTag); err != nil {
+			t.Fatal(err)
+		}
+		r := NewReceiver(z, new(copylock.Locks), testRoot, "n2", 2, hclog.NewNullLogger())
+		var told []string
+		r.Entombed = func(name string) { told = append(told, name) }
+		deleted, err := r.DeleteReplica(context.Background(), testVolume)
+		if err != nil || !deleted {
+			t.Fatalf("DeleteReplica (CSI snapshot: %v): %v, %v; want it deleted", withSnapshot, deleted, err)
+		}
+		names := z.names()
+		if !withSnapshot {
+			if len(names) != 1 || len(told) != 0 {
+				t.Errorf("a replica without CSI snapshots: the pool holds %v (tombstones told: %v), want the root alone", names, told)
+			}
+			continue
+		}
+		if len(names) != 2 || !strings.HasPrefix(names[1], testDataset+"-deleted-") || !slices.Equal(told, names[1:]) {
+			t.Fatalf("a replica with a CSI snapshot: the pool holds %v (told %v), want the root and one tombstone", names, told)
+		}
+		tomb := z.dataset(names[1])
+		if tomb.props[volume.PropRole] != vocab.RoleDeleted || len(tomb.snaps) != 1 || tomb.snaps[0].GUID != 8 {
+			t.Errorf("the tombstone: role %q, snapshots %v; want role deleted with the CSI snapshot alone", tomb.props[volume.PropRole], tomb.snaps)
+		}
+	}
 }

@@ -508,12 +508,18 @@ func (m *Manager) tombstone(ctx context.Context, v Volume) error {
 	if err != nil {
 		return zfsError(err, "marking volume "+v.ID+" deleted")
 	}
-	target := fmt.Sprintf("%s-deleted-%d", v.Dataset, now.UnixNano())
+	target := TombstoneName(v.Dataset, now)
 	if err := m.zfs.Rename(ctx, v.Dataset, target); err != nil {
 		return zfsError(err, "renaming deleted volume "+v.ID)
 	}
 	m.reindexSnapshotsOf(ctx, target) // its CSI snapshots moved with it
 	return nil
+}
+
+// TombstoneName is the name a copy at dataset takes when it becomes a
+// tombstone at now: the volume's name is free again at once.
+func TombstoneName(dataset string, now time.Time) string {
+	return fmt.Sprintf("%s-deleted-%d", dataset, now.UnixNano())
 }
 
 // A tombstone goes when its last CSI snapshot and clone are gone: the

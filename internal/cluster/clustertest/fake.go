@@ -431,6 +431,23 @@ func (f *FakeAgent) CreateSnapshot(_ context.Context, sourceVolumeID, name strin
 	return s, nil
 }
 
+// PutSnapshot gives the node a copy of snapshot s, as replication does
+// on a replica of its volume.
+func (f *FakeAgent) PutSnapshot(s agentclient.Snapshot) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	s.NodeID = f.info.NodeID
+	f.snapshots[s.SnapshotID] = s
+}
+
+// HasSnapshot tells whether the node holds a copy of snapshot id.
+func (f *FakeAgent) HasSnapshot(id string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	_, ok := f.snapshots[id]
+	return ok
+}
+
 func (f *FakeAgent) DeleteSnapshot(_ context.Context, id string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
