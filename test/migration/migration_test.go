@@ -64,12 +64,7 @@ func (e *env) node(id string) *sim.Node {
 }
 
 func (e *env) agent(nodeID string) pb.NodeAgentClient {
-	conn, err := e.c.DialAgent(e.node(nodeID).AgentAddress)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	e.t.Cleanup(func() { conn.Close() })
-	return pb.NewNodeAgentClient(conn)
+	return pb.NewNodeAgentClient(guesttest.DialAgent(e.t, e.c, e.node(nodeID)))
 }
 
 // create makes a volume on n1.
@@ -107,17 +102,7 @@ func (e *env) publish(id, nodeID string) (string, error) {
 }
 
 func (e *env) stage(id, nodeID string, publishContext map[string]string) (string, error) {
-	n := e.node(nodeID)
-	node := csi.NewNodeClient(guesttest.Dial(e.t, n.CSIEndpoint))
-	staging, target := filepath.Join(n.Dir, "staging-"+id), filepath.Join(n.Dir, "target-"+id)
-	os.MkdirAll(staging, 0o755)
-	if _, err := node.NodeStageVolume(e.ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: writer, PublishContext: publishContext}); err != nil {
-		return "", err
-	}
-	if _, err := node.NodePublishVolume(e.ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: writer, PublishContext: publishContext}); err != nil {
-		return "", err
-	}
-	return target, nil
+	return guesttest.Mount(e.ctx, e.t, e.node(nodeID), id, id, publishContext)
 }
 
 func (e *env) mustPublish(id, nodeID string) string {
