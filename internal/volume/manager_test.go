@@ -8,44 +8,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
-
-	"github.com/zfs-nomad/zfs-nomad/internal/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
 	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs/zfsfake"
 )
-
-const root = "tank/nomad"
-
-func newManager(t *testing.T) (*Manager, *zfsfake.Fake) {
-	t.Helper()
-	fake := zfsfake.New(10<<30, "tank")
-	if err := fake.CreateFilesystem(context.Background(), root, nil); err != nil {
-		t.Fatal(err)
-	}
-	cfg := config.DefaultNode()
-	cfg.NodeID = "n1"
-	cfg.RootDataset = root
-	cfg.MaxQuota = 4 << 30
-	cfg.DefaultQuota = 1 << 30
-	cfg.Properties = map[string]config.PropertyRule{
-		"compression": {Default: "lz4", Allowed: []string{"lz4", "off", "zstd"}},
-		"atime":       {},
-	}
-	return NewManager(fake, cfg, hclog.NewNullLogger()), fake
-}
-
-// wantOnlyRoot fails the test unless the fake holds only the pool and the
-// root dataset: every volume, snapshot and tombstone is gone. when says
-// after what.
-func wantOnlyRoot(t *testing.T, fake *zfsfake.Fake, when string) {
-	t.Helper()
-	if names := fake.Names(); len(names) != 2 {
-		t.Errorf("%s: datasets left: %v, want only tank and %s", when, names, root)
-	}
-}
 
 func TestCreateIsIdempotentAndChecksCompatibility(t *testing.T) {
 	m, fake := newManager(t)
@@ -121,10 +88,7 @@ func TestCreateValidatesAgainstOperatorRules(t *testing.T) {
 func TestDeleteWithSnapshotsLeavesTombstoneUntilLastSnapshotGoes(t *testing.T) {
 	m, fake := newManager(t)
 	ctx := context.Background()
-	v, err := m.Create(ctx, CreateRequest{Name: "data"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	v := create(t, m, CreateRequest{Name: "data"})
 	snap, err := m.CreateSnapshot(ctx, v.ID, "s1")
 	if err != nil {
 		t.Fatal(err)
@@ -143,10 +107,7 @@ func TestDeleteWithSnapshotsLeavesTombstoneUntilLastSnapshotGoes(t *testing.T) {
 	if err != nil || len(snaps) != 1 || snaps[0].ID != snap.ID || snaps[0].SourceVolumeID != v.ID {
 		t.Fatalf("snapshots after volume delete: %+v, %v", snaps, err)
 	}
-	restored, err := m.Create(ctx, CreateRequest{Name: "restored", SourceSnapshotID: snap.ID})
-	if err != nil {
-		t.Fatal(err)
-	}
+	restored := create(t, m, CreateRequest{Name: "restored", SourceSnapshotID: snap.ID})
 	// The name is free again.
 	if _, err := m.Create(ctx, CreateRequest{Name: "data"}); err != nil {
 		t.Fatalf("re-create after delete: %v", err)
@@ -173,10 +134,7 @@ func TestCloneOfVolumeSurvivesSourceDeletion(t *testing.T) {
 	m, fake := newManager(t)
 	ctx := context.Background()
 	src, _ := m.Create(ctx, CreateRequest{Name: "src"})
-	clone, err := m.Create(ctx, CreateRequest{Name: "clone", SourceVolumeID: src.ID})
-	if err != nil {
-		t.Fatal(err)
-	}
+	clone := create(t, m, CreateRequest{Name: "clone", SourceVolumeID: src.ID})
 	if clone.Source != "volume:"+src.ID {
 		t.Errorf("clone source = %q", clone.Source)
 	}
@@ -336,10 +294,7 @@ func TestReplicationParameters(t *testing.T) {
 func replicatedVolume(t *testing.T, m *Manager, fake *zfsfake.Fake) Volume {
 	t.Helper()
 	ctx := context.Background()
-	v, err := m.Create(ctx, CreateRequest{Name: "replicated"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	v := create(t, m, CreateRequest{Name: "replicated"})
 	for _, s := range []string{"zn-1", "zn-2"} {
 		if err := fake.Snapshot(ctx, v.Dataset+"@"+s, nil); err != nil {
 			t.Fatal(err)
