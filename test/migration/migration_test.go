@@ -777,13 +777,7 @@ func TestPartitionedPrimaryTurnsReadOnly(t *testing.T) {
 	e.write("n1", dir, "echo before > a")
 	n1 := e.node("n1")
 	probe := func() error { return e.tryWrite("n1", dir) }
-	// Wait for the lease to be held (the first beats after start).
-	waitFor(t, 3*lease, "a write on n1 with its peers answering", func() bool { return probe() == nil })
-
-	if err := n1.CutLink(); err != nil {
-		t.Fatal(err)
-	}
-	cut := time.Now()
+	cut := e.cutOffWhenLeased("n1", lease, probe)
 	waitFor(t, 3*lease, "writes on n1 to fail after its link was cut", func() bool { return probe() != nil })
 	fenced := time.Since(cut)
 	if out, _ := n1.Exec("cd " + dir + " && echo x > q 2>&1"); !strings.Contains(out, "Read-only file system") {
@@ -824,6 +818,18 @@ func (e *env) tryWrite(nodeID, dir string) error {
 	return err
 }
 
+// cutOffWhenLeased waits until probe's write on nodeID succeeds, the lease
+// held (the first beats after start), then cuts the node's link; it
+// returns when the link went.
+func (e *env) cutOffWhenLeased(nodeID string, lease time.Duration, probe func() error) time.Time {
+	e.t.Helper()
+	waitFor(e.t, 3*lease, "a write on "+nodeID+" with its peers answering", func() bool { return probe() == nil })
+	if err := e.node(nodeID).CutLink(); err != nil {
+		e.t.Fatal(err)
+	}
+	return time.Now()
+}
+
 // waitFor polls cond every 200 ms for up to d; the failure names what it
 // waited for.
 func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
@@ -853,12 +859,7 @@ func TestFailoverWaitsForTheLease(t *testing.T) {
 	replicated := e.checksums("n1", dir)
 	n1 := e.node("n1")
 	probe := func() error { return e.tryWrite("n1", dir) }
-	waitFor(t, 3*lease, "a write on n1 with its peers answering", func() bool { return probe() == nil })
-
-	if err := n1.CutLink(); err != nil {
-		t.Fatal(err)
-	}
-	cut := time.Now()
+	cut := e.cutOffWhenLeased("n1", lease, probe)
 	readOnly := make(chan time.Duration, 1)
 	go func() {
 		for time.Since(cut) < 5*lease {
