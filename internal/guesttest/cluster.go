@@ -1,10 +1,13 @@
 package guesttest
 
 import (
+	"context"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -82,6 +85,36 @@ func tail(s string, lines int) string {
 		parts = parts[len(parts)-lines:]
 	}
 	return strings.Join(parts, "\n")
+}
+
+// DialAgent connects to node n's agent as the operator of cluster c and
+// closes the connection when the test ends.
+func DialAgent(t testing.TB, c *sim.Cluster, n *sim.Node) *grpc.ClientConn {
+	t.Helper()
+	conn, err := c.DialAgent(n.AgentAddress)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+// Mount stages and publishes volume id on node n, writable
+// (sim.MountWriter) and with publishContext, in directories named after
+// name in n.Dir, and returns the path the workload sees.
+func Mount(ctx context.Context, t testing.TB, n *sim.Node, id, name string, publishContext map[string]string) (string, error) {
+	t.Helper()
+	writer := sim.MountWriter()
+	node := csi.NewNodeClient(Dial(t, n.CSIEndpoint))
+	staging, target := filepath.Join(n.Dir, "staging-"+name), filepath.Join(n.Dir, "target-"+name)
+	os.MkdirAll(staging, 0o755)
+	if _, err := node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: writer, PublishContext: publishContext}); err != nil {
+		return "", err
+	}
+	if _, err := node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: writer, PublishContext: publishContext}); err != nil {
+		return "", err
+	}
+	return target, nil
 }
 
 // Dial connects to a CSI endpoint (unix://...) or another plaintext gRPC

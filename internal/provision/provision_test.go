@@ -53,6 +53,27 @@ func (w *world) holders(id string) []string {
 	return out
 }
 
+// put gives the nodes copies of volume name, each "node:role:generation"
+// as holders lists them.
+func (w *world) put(t *testing.T, name string, copies ...string) {
+	t.Helper()
+	for _, c := range copies {
+		f := strings.Split(c, ":")
+		gen, err := strconv.ParseUint(f[len(f)-1], 10, 64)
+		if len(f) != 3 || err != nil {
+			t.Fatalf("copy %q is not node:role:generation", c)
+		}
+		switch node, role := w.nodes[f[0]], f[1]; role {
+		case "primary":
+			node.PutPrimary(name, gen)
+		case "replica":
+			node.PutReplica(name, gen)
+		default:
+			t.Fatalf("copy %q: no role %s", c, role)
+		}
+	}
+}
+
 // promiseOnMajority records on n1 and n2 (a majority of three) that an
 // earlier create of volume name reserved generation 1 for holder.
 func (w *world) promiseOnMajority(name, holder string) {
@@ -246,6 +267,7 @@ func TestDelete(t *testing.T) {
 	id := vocab.VolumeIDForName(name)
 	tests := []struct {
 		name     string
+		copies   []string // copies before the delete, "node:role:generation"
 		setup    func(w *world)
 		extra    []string // peers nobody answers
 		wantErr  error
@@ -253,68 +275,55 @@ func TestDelete(t *testing.T) {
 		aside    string   // the node that set a copy aside
 	}{
 		{
-			name: "the primary and every replica are deleted",
-			setup: func(w *world) {
-				w.nodes["n1"].PutPrimary(name, 1)
-				w.nodes["n2"].PutReplica(name, 1)
-				w.nodes["n3"].PutReplica(name, 1)
-			},
+			name:   "the primary and every replica are deleted",
+			copies: []string{"n1:primary:1", "n2:replica:1", "n3:replica:1"},
 		},
 		{
 			name: "a volume no node holds is deleted already",
 		},
 		{
-			name: "a node that does not answer may hold a copy: nothing is deleted",
+			name:   "a node that does not answer may hold a copy: nothing is deleted",
+			copies: []string{"n1:primary:1", "n2:replica:1"},
 			setup: func(w *world) {
-				w.nodes["n1"].PutPrimary(name, 1)
-				w.nodes["n2"].PutReplica(name, 1)
 				w.nodes["n3"].SetDown(true)
 			},
 			wantErr:  errdefs.ErrUnavailable,
 			wantLeft: []string{"n1:primary:1", "n2:replica:1"},
 		},
 		{
-			name: "a peer that cannot be reached may hold a copy: nothing is deleted",
-			setup: func(w *world) {
-				w.nodes["n1"].PutPrimary(name, 1)
-			},
+			name:     "a peer that cannot be reached may hold a copy: nothing is deleted",
+			copies:   []string{"n1:primary:1"},
 			extra:    []string{"n4:7670"},
 			wantErr:  errdefs.ErrUnavailable,
 			wantLeft: []string{"n1:primary:1"},
 		},
 		{
-			name: "a node that cannot describe its copy: nothing is deleted",
+			name:   "a node that cannot describe its copy: nothing is deleted",
+			copies: []string{"n1:primary:1"},
 			setup: func(w *world) {
-				w.nodes["n1"].PutPrimary(name, 1)
 				w.nodes["n2"].Refuse("GetCopy", errdefs.Wrap(errdefs.ErrFailedPrecondition, "pool suspended"))
 			},
 			wantErr:  errdefs.ErrUnavailable,
 			wantLeft: []string{"n1:primary:1"},
 		},
 		{
-			name: "an older primary is set aside, not destroyed",
-			setup: func(w *world) {
-				w.nodes["n1"].PutPrimary(name, 1)
-				w.nodes["n2"].PutPrimary(name, 2)
-				w.nodes["n3"].PutReplica(name, 2)
-			},
-			aside: "n1",
+			name:   "an older primary is set aside, not destroyed",
+			copies: []string{"n1:primary:1", "n2:primary:2", "n3:replica:2"},
+			aside:  "n1",
 		},
 		{
-			name: "an older primary that cannot be set aside keeps the volume",
+			name:   "an older primary that cannot be set aside keeps the volume",
+			copies: []string{"n1:primary:1", "n2:primary:2"},
 			setup: func(w *world) {
-				w.nodes["n1"].PutPrimary(name, 1)
-				w.nodes["n2"].PutPrimary(name, 2)
 				w.nodes["n1"].Refuse("Demote", errdefs.Wrap(errdefs.ErrAborted, "busy"))
 			},
 			wantErr:  errdefs.ErrAborted,
 			wantLeft: []string{"n1:primary:1", "n2:primary:2"},
 		},
 		{
-			name: "a replica that cannot be deleted fails the delete after the primary is gone",
+			name:   "a replica that cannot be deleted fails the delete after the primary is gone",
+			copies: []string{"n1:primary:1", "n2:replica:1"},
 			setup: func(w *world) {
-				w.nodes["n1"].PutPrimary(name, 1)
-				w.nodes["n2"].PutReplica(name, 1)
 				w.nodes["n2"].Refuse("DeleteReplica", errdefs.Wrap(errdefs.ErrAborted, "receiving"))
 			},
 			wantErr:  errdefs.ErrUnavailable,
@@ -324,6 +333,7 @@ func TestDelete(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			w := newWorld()
+			w.put(t, name, tc.copies...)
 			if tc.setup != nil {
 				tc.setup(w)
 			}

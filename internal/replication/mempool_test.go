@@ -78,6 +78,17 @@ func (p *memPool) dataset(name string) *memDataset {
 	return &c
 }
 
+// find returns the state of the filesystem name is, or (a snapshot name)
+// belongs to; ErrNotFound when there is none. The caller holds p.mu.
+func (p *memPool) find(name string) (*memDataset, error) {
+	fs, _, _ := strings.Cut(name, "@")
+	d, ok := p.ds[fs]
+	if !ok {
+		return nil, fmt.Errorf("%s: %w", name, zfs.ErrNotFound)
+	}
+	return d, nil
+}
+
 func (p *memPool) Receive(ctx context.Context, target string, props map[string]string, r io.Reader) error {
 	data, _ := io.ReadAll(r)
 	begin, err := parseBegin(data)
@@ -129,9 +140,9 @@ func (p *memPool) GetAll(_ context.Context, name string, props ...string) (map[s
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	fs, snap, isSnap := strings.Cut(name, "@")
-	d, ok := p.ds[fs]
-	if !ok {
-		return nil, fmt.Errorf("%s: %w", name, zfs.ErrNotFound)
+	d, err := p.find(name)
+	if err != nil {
+		return nil, err
 	}
 	out := map[string]string{}
 	for _, prop := range props {
@@ -171,9 +182,9 @@ func (p *memPool) Set(_ context.Context, name string, props map[string]string) e
 func (p *memPool) Snapshots(_ context.Context, fs string) ([]zfscmd.Snap, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	d, ok := p.ds[fs]
-	if !ok {
-		return nil, fmt.Errorf("%s: %w", fs, zfs.ErrNotFound)
+	d, err := p.find(fs)
+	if err != nil {
+		return nil, err
 	}
 	return slices.Clone(d.snaps), nil
 }
@@ -181,9 +192,9 @@ func (p *memPool) Snapshots(_ context.Context, fs string) ([]zfscmd.Snap, error)
 func (p *memPool) Holds(_ context.Context, fs string) (map[string][]string, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	d, ok := p.ds[fs]
-	if !ok {
-		return nil, fmt.Errorf("%s: %w", fs, zfs.ErrNotFound)
+	d, err := p.find(fs)
+	if err != nil {
+		return nil, err
 	}
 	out := map[string][]string{}
 	for snap, tags := range d.holds {
@@ -195,10 +206,10 @@ func (p *memPool) Holds(_ context.Context, fs string) (map[string][]string, erro
 func (p *memPool) Hold(_ context.Context, snapshot, tag string) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	fs, snap, _ := strings.Cut(snapshot, "@")
-	d, ok := p.ds[fs]
-	if !ok {
-		return fmt.Errorf("%s: %w", snapshot, zfs.ErrNotFound)
+	_, snap, _ := strings.Cut(snapshot, "@")
+	d, err := p.find(snapshot)
+	if err != nil {
+		return err
 	}
 	d.holds[snap] = append(d.holds[snap], tag)
 	return nil
@@ -232,10 +243,9 @@ func (p *memPool) Destroy(_ context.Context, snapshot string) error {
 func (p *memPool) Rollback(_ context.Context, snapshot string) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	fs, _, _ := strings.Cut(snapshot, "@")
-	d, ok := p.ds[fs]
-	if !ok {
-		return fmt.Errorf("%s: %w", fs, zfs.ErrNotFound)
+	d, err := p.find(snapshot)
+	if err != nil {
+		return err
 	}
 	i := slices.IndexFunc(d.snaps, func(s zfscmd.Snap) bool { return s.Name == snapshot })
 	if i < 0 {
@@ -253,8 +263,8 @@ func (p *memPool) Rollback(_ context.Context, snapshot string) error {
 func (p *memPool) DestroyRecursive(_ context.Context, fs string) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if _, ok := p.ds[fs]; !ok {
-		return fmt.Errorf("%s: %w", fs, zfs.ErrNotFound)
+	if _, err := p.find(fs); err != nil {
+		return err
 	}
 	for name := range p.ds {
 		if name == fs || strings.HasPrefix(name, fs+"/") {

@@ -18,14 +18,8 @@ import (
 func TestUnconfirmedPrimariesAreNotStaged(t *testing.T) {
 	ctx := context.Background()
 	before, fake := newManager(t)
-	idle, err := before.Create(ctx, CreateRequest{Name: "idle"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	mounted, err := before.Create(ctx, CreateRequest{Name: "mounted"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	idle := create(t, before, CreateRequest{Name: "idle"})
+	mounted := create(t, before, CreateRequest{Name: "mounted"})
 	before.RequireConfirmation()
 	if _, unlock, err := before.Stageable(ctx, idle.ID, 1); err != nil {
 		t.Fatalf("a volume this process created: %v, want it stageable", err)

@@ -3,12 +3,14 @@ package volume
 import (
 	"context"
 	"errors"
+	"maps"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
 	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
+	"github.com/zfs-nomad/zfs-nomad/internal/zfs/zfsfake"
 )
 
 // The node's migration steps refuse what would give two writers or lose
@@ -16,10 +18,7 @@ import (
 func TestHandoffSteps(t *testing.T) {
 	ctx := context.Background()
 	m, fake := newManager(t)
-	v, err := m.Create(ctx, CreateRequest{Name: "data", RequiredBytes: 1 << 30})
-	if err != nil {
-		t.Fatal(err)
-	}
+	v := create(t, m, CreateRequest{Name: "data", RequiredBytes: 1 << 30})
 	mounted := true
 	m.Mounted = func(string) (bool, error) { return mounted, nil }
 
@@ -89,10 +88,7 @@ func TestADemotedPrimaryIsMarked(t *testing.T) {
 	m, fake := newManager(t)
 	demotedAt := time.Unix(1_800_000_000, 0)
 	m.now = func() time.Time { return demotedAt }
-	v, err := m.Create(ctx, CreateRequest{Name: "moved"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	v := create(t, m, CreateRequest{Name: "moved"})
 	mark := func() string {
 		t.Helper()
 		ds, err := fake.Get(ctx, v.Dataset)
@@ -127,19 +123,24 @@ func TestADemotedPrimaryIsMarked(t *testing.T) {
 	}
 }
 
+// receivedReplica puts a replica of volume "r" in the fake as a receive
+// leaves it: read-only at generation gen, with props on top, and its
+// snapshot zn-100.
+func receivedReplica(t *testing.T, fake *zfsfake.Fake, gen uint64, props map[string]string) (id, ds string) {
+	t.Helper()
+	all := map[string]string{"readonly": "on"}
+	maps.Copy(all, props)
+	id, ds = putCopy(t, fake, "r", vocab.RoleReplica, gen, all)
+	if err := fake.Snapshot(context.Background(), ds+"@zn-100", nil); err != nil {
+		t.Fatal(err)
+	}
+	return id, ds
+}
+
 func TestPromoteChecksTheReplica(t *testing.T) {
 	ctx := context.Background()
 	m, fake := newManager(t)
-	ds := "tank/nomad/" + vocab.VolumeIDForName("r")
-	id := vocab.VolumeIDForName("r")
-	props := map[string]string{PropVolumeID: id, PropRole: vocab.RoleReplica, PropGeneration: "1", PropName: "r",
-		PropParameters: `{"compression":"lz4"}`, PropCapacity: "1073741824", "readonly": "on"}
-	if err := fake.CreateFilesystem(ctx, ds, props); err != nil {
-		t.Fatal(err)
-	}
-	if err := fake.Snapshot(ctx, ds+"@zn-100", nil); err != nil {
-		t.Fatal(err)
-	}
+	id, ds := receivedReplica(t, fake, 1, map[string]string{PropParameters: `{"compression":"lz4"}`, PropCapacity: "1073741824"})
 	tests := []struct {
 		name       string
 		generation uint64
@@ -198,10 +199,7 @@ func TestDeleteAndDemoteStopTheTransfer(t *testing.T) {
 	for _, op := range ops {
 		t.Run(op.name, func(t *testing.T) {
 			m, _ := newManager(t)
-			v, err := m.Create(ctx, CreateRequest{Name: "v"})
-			if err != nil {
-				t.Fatal(err)
-			}
+			v := create(t, m, CreateRequest{Name: "v"})
 			tctx, end, err := m.Locks().StartTransfer(ctx, v.ID, "a push to n2")
 			if err != nil {
 				t.Fatal(err)
@@ -250,18 +248,11 @@ func TestPromotionCarriesTheHistory(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			ctx := context.Background()
 			m, fake := newManager(t)
-			id := vocab.VolumeIDForName("r")
-			ds := "tank/nomad/" + id
-			props := map[string]string{PropVolumeID: id, PropRole: vocab.RoleReplica, PropGeneration: "2", PropName: "r", "readonly": "on"}
+			props := map[string]string{}
 			if tt.historyFrom != "" {
 				props[PropHistoryFrom] = tt.historyFrom
 			}
-			if err := fake.CreateFilesystem(ctx, ds, props); err != nil {
-				t.Fatal(err)
-			}
-			if err := fake.Snapshot(ctx, ds+"@zn-100", nil); err != nil {
-				t.Fatal(err)
-			}
+			id, _ := receivedReplica(t, fake, 2, props)
 			if _, granted, err := m.Reserve(ctx, id, 3, "n1"); err != nil || !granted {
 				t.Fatalf("reserving generation 3: granted %v, %v", granted, err)
 			}
@@ -296,18 +287,11 @@ func TestPromotionSetsTheQuotaOnlyWhenMissing(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			ctx := context.Background()
 			m, fake := newManager(t)
-			id := vocab.VolumeIDForName("r")
-			ds := "tank/nomad/" + id
-			props := map[string]string{PropVolumeID: id, PropRole: vocab.RoleReplica, PropGeneration: "1", PropName: "r", PropCapacity: "1073741824", "readonly": "on"}
+			props := map[string]string{PropCapacity: "1073741824"}
 			if tt.quota != "" {
 				props["refquota"] = tt.quota
 			}
-			if err := fake.CreateFilesystem(ctx, ds, props); err != nil {
-				t.Fatal(err)
-			}
-			if err := fake.Snapshot(ctx, ds+"@zn-100", nil); err != nil {
-				t.Fatal(err)
-			}
+			id, ds := receivedReplica(t, fake, 1, props)
 			if _, granted, err := m.Reserve(ctx, id, 2, "n1"); err != nil || !granted {
 				t.Fatalf("reserving generation 2: granted %v, %v", granted, err)
 			}

@@ -461,19 +461,31 @@ func (m *Manager) ListPage(ctx context.Context, from string, limit int) ([]Volum
 	if err != nil {
 		return nil, err
 	}
-	var out []Volume
+	return readPage(index, from, limit, func(id, _ string) (Volume, bool, error) {
+		v, err := m.get(ctx, id)
+		if errors.Is(err, errdefs.ErrNotFound) || errors.Is(err, errdefs.ErrFailedPrecondition) {
+			return v, false, nil // gone or changed by hand: the index learns at its next listing
+		}
+		return v, true, err
+	})
+}
+
+// readPage reads the entries of index (ID to dataset) in the order of
+// their IDs, from the first ID at or after from, until it has limit of
+// them (all, for limit 0). read returns false for an entry to pass over.
+func readPage[T any](index map[string]string, from string, limit int, read func(id, name string) (T, bool, error)) ([]T, error) {
+	var out []T
 	for _, id := range sortedFrom(index, from) {
 		if limit > 0 && len(out) == limit {
 			break
 		}
-		v, err := m.get(ctx, id)
-		if errors.Is(err, errdefs.ErrNotFound) || errors.Is(err, errdefs.ErrFailedPrecondition) {
-			continue // gone or changed by hand: the index learns at its next listing
-		}
+		v, ok, err := read(id, index[id])
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, v)
+		if ok {
+			out = append(out, v)
+		}
 	}
 	return out, nil
 }
@@ -534,24 +546,16 @@ func (m *Manager) SnapshotPage(ctx context.Context, from string, limit int, sour
 	if err != nil {
 		return nil, err
 	}
-	var out []Snapshot
-	for _, id := range sortedFrom(index, from) {
-		if limit > 0 && len(out) == limit {
-			break
+	return readPage(index, from, limit, func(_, name string) (Snapshot, bool, error) {
+		if source != "" && copyIDOf(name) != source {
+			return Snapshot{}, false, nil
 		}
-		if source != "" && copyIDOf(index[id]) != source {
-			continue
-		}
-		s, err := m.readSnapshot(ctx, index[id])
+		s, err := m.readSnapshot(ctx, name)
 		if errors.Is(err, errdefs.ErrNotFound) {
-			continue
+			return s, false, nil
 		}
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, s)
-	}
-	return out, nil
+		return s, true, err
+	})
 }
 
 // readSnapshot reads one CSI snapshot by its name.

@@ -64,10 +64,7 @@ func TestIndexFollowsTheDriversChanges(t *testing.T) {
 	agree("nothing")
 	var ids []string
 	for _, name := range []string{"a", "b", "c", "d"} {
-		v, err := m.Create(ctx, CreateRequest{Name: name})
-		if err != nil {
-			t.Fatal(err)
-		}
+		v := create(t, m, CreateRequest{Name: name})
 		ids = append(ids, v.ID)
 	}
 	agree("creates")
@@ -80,10 +77,7 @@ func TestIndexFollowsTheDriversChanges(t *testing.T) {
 	}
 	agree("a demotion")
 	// A replica promoted here.
-	id := vocab.VolumeIDForName("r")
-	if err := fake.CreateFilesystem(ctx, "tank/nomad/"+id, map[string]string{PropVolumeID: id, PropRole: vocab.RoleReplica, PropGeneration: "1", PropName: "r"}); err != nil {
-		t.Fatal(err)
-	}
+	id, _ := putCopy(t, fake, "r", vocab.RoleReplica, 1, nil)
 	if _, _, err := m.Reserve(ctx, id, 2, "n1"); err != nil {
 		t.Fatal(err)
 	}
@@ -264,15 +258,9 @@ func TestChangedSince(t *testing.T) {
 	ctx := context.Background()
 	m, _ := newManager(t)
 	v0 := m.VolumesVersion()
-	a, err := m.Create(ctx, CreateRequest{Name: "a"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := create(t, m, CreateRequest{Name: "a"})
 	v1 := m.VolumesVersion()
-	b, err := m.Create(ctx, CreateRequest{Name: "b"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := create(t, m, CreateRequest{Name: "b"})
 	if err := m.Delete(ctx, a.ID); err != nil {
 		t.Fatal(err)
 	}
@@ -411,9 +399,7 @@ func TestSnapshotIndex(t *testing.T) {
 	if err := m.DeleteSnapshot(ctx, s2.ID); err != nil {
 		t.Fatal(err)
 	}
-	if names := fake.Names(); len(names) != 2 {
-		t.Errorf("after the last snapshot went, left: %v; want the tombstone collected", names)
-	}
+	wantOnlyRoot(t, fake, "after the last snapshot went, the tombstone must be collected")
 	page, err := m.SnapshotPage(ctx, "", 0, "")
 	if err != nil || len(page) != 0 {
 		t.Errorf("snapshots left: %v, %v", page, err)
@@ -446,10 +432,7 @@ func TestUnconfirmedCostsTheUnconfirmed(t *testing.T) {
 		}
 		return counting.Work() - before
 	}
-	id := vocab.VolumeIDForName("unconfirmed")
-	if err := fake.CreateFilesystem(ctx, "tank/nomad/"+id, map[string]string{PropVolumeID: id, PropRole: vocab.RolePrimary, PropGeneration: "3", PropName: "unconfirmed"}); err != nil {
-		t.Fatal(err)
-	}
+	putCopy(t, fake, "unconfirmed", vocab.RolePrimary, 3, nil) // a primary made by hand, never confirmed
 	few, many := costWith(5), costWith(100)
 	if many > few {
 		t.Errorf("Unconfirmed made %d ZFS calls with 6 volumes, %d with 106: it grows with the volumes", few, many)

@@ -16,14 +16,8 @@ import (
 func TestSelfFenceAndLift(t *testing.T) {
 	ctx := context.Background()
 	m, fake := newManager(t)
-	mounted, err := m.Create(ctx, CreateRequest{Name: "mounted"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	idle, err := m.Create(ctx, CreateRequest{Name: "idle"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	mounted := create(t, m, CreateRequest{Name: "mounted"})
+	idle := create(t, m, CreateRequest{Name: "idle"})
 	m.Mounted = func(ds string) (bool, error) { return ds == mounted.Dataset, nil }
 	held := true
 	m.LeaseHeld = func() bool { return held }
@@ -77,10 +71,7 @@ func TestSelfFenceAndLift(t *testing.T) {
 func TestForcedCopyIgnoresTheLease(t *testing.T) {
 	ctx := context.Background()
 	m, fake := newManager(t)
-	v, err := m.Create(ctx, CreateRequest{Name: "forced"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	v := create(t, m, CreateRequest{Name: "forced"})
 	if err := m.MarkForced(ctx, v.ID, 1); err != nil {
 		t.Fatal(err)
 	}

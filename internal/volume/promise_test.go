@@ -17,10 +17,7 @@ import (
 func TestReserve(t *testing.T) {
 	ctx := context.Background()
 	m, fake := newManager(t)
-	id := vocab.VolumeIDForName("v")
-	if err := fake.CreateFilesystem(ctx, "tank/nomad/"+id, map[string]string{PropVolumeID: id, PropRole: vocab.RoleReplica, PropGeneration: "3"}); err != nil {
-		t.Fatal(err)
-	}
+	id, _ := putCopy(t, fake, "v", vocab.RoleReplica, 3, nil)
 	steps := []struct {
 		name    string
 		gen     uint64
@@ -63,10 +60,7 @@ func TestReserve(t *testing.T) {
 func TestReserveDoesNotWaitForTheCopy(t *testing.T) {
 	ctx := context.Background()
 	m, fake := newManager(t)
-	id := vocab.VolumeIDForName("v")
-	if err := fake.CreateFilesystem(ctx, "tank/nomad/"+id, map[string]string{PropVolumeID: id, PropRole: vocab.RoleReplica, PropGeneration: "1"}); err != nil {
-		t.Fatal(err)
-	}
+	id, _ := putCopy(t, fake, "v", vocab.RoleReplica, 1, nil)
 	unlock, err := m.Locks().Lock(ctx, id, "receiving the final snapshot")
 	if err != nil {
 		t.Fatal(err)

@@ -64,12 +64,7 @@ func (e *env) node(id string) *sim.Node {
 }
 
 func (e *env) agent(nodeID string) pb.NodeAgentClient {
-	conn, err := e.c.DialAgent(e.node(nodeID).AgentAddress)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	e.t.Cleanup(func() { conn.Close() })
-	return pb.NewNodeAgentClient(conn)
+	return pb.NewNodeAgentClient(guesttest.DialAgent(e.t, e.c, e.node(nodeID)))
 }
 
 // create makes a volume on n1.
@@ -107,17 +102,7 @@ func (e *env) publish(id, nodeID string) (string, error) {
 }
 
 func (e *env) stage(id, nodeID string, publishContext map[string]string) (string, error) {
-	n := e.node(nodeID)
-	node := csi.NewNodeClient(guesttest.Dial(e.t, n.CSIEndpoint))
-	staging, target := filepath.Join(n.Dir, "staging-"+id), filepath.Join(n.Dir, "target-"+id)
-	os.MkdirAll(staging, 0o755)
-	if _, err := node.NodeStageVolume(e.ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: writer, PublishContext: publishContext}); err != nil {
-		return "", err
-	}
-	if _, err := node.NodePublishVolume(e.ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: writer, PublishContext: publishContext}); err != nil {
-		return "", err
-	}
-	return target, nil
+	return guesttest.Mount(e.ctx, e.t, e.node(nodeID), id, id, publishContext)
 }
 
 func (e *env) mustPublish(id, nodeID string) string {
@@ -792,13 +777,7 @@ func TestPartitionedPrimaryTurnsReadOnly(t *testing.T) {
 	e.write("n1", dir, "echo before > a")
 	n1 := e.node("n1")
 	probe := func() error { return e.tryWrite("n1", dir) }
-	// Wait for the lease to be held (the first beats after start).
-	waitFor(t, 3*lease, "a write on n1 with its peers answering", func() bool { return probe() == nil })
-
-	if err := n1.CutLink(); err != nil {
-		t.Fatal(err)
-	}
-	cut := time.Now()
+	cut := e.cutOffWhenLeased("n1", lease, probe)
 	waitFor(t, 3*lease, "writes on n1 to fail after its link was cut", func() bool { return probe() != nil })
 	fenced := time.Since(cut)
 	if out, _ := n1.Exec("cd " + dir + " && echo x > q 2>&1"); !strings.Contains(out, "Read-only file system") {
@@ -839,6 +818,18 @@ func (e *env) tryWrite(nodeID, dir string) error {
 	return err
 }
 
+// cutOffWhenLeased waits until probe's write on nodeID succeeds, the lease
+// held (the first beats after start), then cuts the node's link; it
+// returns when the link went.
+func (e *env) cutOffWhenLeased(nodeID string, lease time.Duration, probe func() error) time.Time {
+	e.t.Helper()
+	waitFor(e.t, 3*lease, "a write on "+nodeID+" with its peers answering", func() bool { return probe() == nil })
+	if err := e.node(nodeID).CutLink(); err != nil {
+		e.t.Fatal(err)
+	}
+	return time.Now()
+}
+
 // waitFor polls cond every 200 ms for up to d; the failure names what it
 // waited for.
 func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
@@ -868,12 +859,7 @@ func TestFailoverWaitsForTheLease(t *testing.T) {
 	replicated := e.checksums("n1", dir)
 	n1 := e.node("n1")
 	probe := func() error { return e.tryWrite("n1", dir) }
-	waitFor(t, 3*lease, "a write on n1 with its peers answering", func() bool { return probe() == nil })
-
-	if err := n1.CutLink(); err != nil {
-		t.Fatal(err)
-	}
-	cut := time.Now()
+	cut := e.cutOffWhenLeased("n1", lease, probe)
 	readOnly := make(chan time.Duration, 1)
 	go func() {
 		for time.Since(cut) < 5*lease {

@@ -54,16 +54,25 @@ func publishedVolume(t *testing.T, c *sim.Cluster, name string) (id, target stri
 		t.Fatal(err)
 	}
 	id = resp.GetVolume().GetVolumeId()
-	node := csi.NewNodeClient(guesttest.Dial(t, n1.CSIEndpoint))
-	staging, target := filepath.Join(n1.Dir, "staging-"+name), filepath.Join(n1.Dir, "target-"+name)
-	os.MkdirAll(staging, 0o755)
-	if _, err := node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: writer}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: writer}); err != nil {
+	if target, err = guesttest.Mount(ctx, t, n1, id, name, nil); err != nil {
 		t.Fatal(err)
 	}
 	return id, target
+}
+
+// replicatedVolume starts two nodes with opts, publishes a volume named
+// name on the first, writes 50000 numbers into it and replicates it to the
+// second.
+func replicatedVolume(t *testing.T, opts sim.Options, name string) (c *sim.Cluster, id, target string) {
+	t.Helper()
+	c = guesttest.StartCluster(t, 2, opts)
+	n1, n2 := c.Nodes[0], c.Nodes[1]
+	id, target = publishedVolume(t, c, name)
+	guesttest.Exec(t, n1, "seq 1 50000 > "+target+"/numbers && sync")
+	if _, err := replicate(t, context.Background(), c, n1, n2, id); err != nil {
+		t.Fatal(err)
+	}
+	return c, id, target
 }
 
 // replicate asks n1's agent to push the volume to n2 and returns the last
@@ -77,23 +86,13 @@ func replicate(t *testing.T, ctx context.Context, c *sim.Cluster, from, to *sim.
 // controller's typed client.
 func controllerAgent(t *testing.T, c *sim.Cluster, n *sim.Node) *agentclient.Client {
 	t.Helper()
-	conn, err := c.DialAgent(n.AgentAddress)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	return agentclient.New(conn)
+	return agentclient.New(guesttest.DialAgent(t, c, n))
 }
 
 // agent dials a node agent as the operator.
 func agent(t *testing.T, c *sim.Cluster, n *sim.Node) pb.NodeAgentClient {
 	t.Helper()
-	conn, err := c.DialAgent(n.AgentAddress)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	return pb.NewNodeAgentClient(conn)
+	return pb.NewNodeAgentClient(guesttest.DialAgent(t, c, n))
 }
 
 // checksums lists every file's SHA-256 under dir, in node n's namespaces.
@@ -342,14 +341,9 @@ func mustStart(t *testing.T, n *sim.Node) {
 }
 
 func TestRefusesStrangersAndBadStreams(t *testing.T) {
-	c := guesttest.StartCluster(t, 2, sim.Options{})
+	c, id, target := replicatedVolume(t, sim.Options{}, "guarded")
 	n1, n2 := c.Nodes[0], c.Nodes[1]
 	ctx := context.Background()
-	id, target := publishedVolume(t, c, "guarded")
-	guesttest.Exec(t, n1, "seq 1 50000 > "+target+"/numbers && sync")
-	if _, err := replicate(t, ctx, c, n1, n2, id); err != nil {
-		t.Fatal(err)
-	}
 	before := replicaChecksums(t, n2, id)
 
 	// No client certificate at all: the TLS handshake fails.
@@ -385,18 +379,17 @@ func TestRefusesStrangersAndBadStreams(t *testing.T) {
 	snaps := strings.Fields(guesttest.Run(t, "zfs", "list", "-H", "-t", "snapshot", "-o", "name", "-s", "createtxg", "-d", "1", src))
 	base := snaps[len(snaps)-1]
 	guesttest.Run(t, "zfs", "snapshot", src+"@manual")
-	stream := guesttest.Run(t, "sh", "-c", "zfs send -i "+base+" "+src+"@manual | base64 -w0")
+	real := zfsSend(t, "-i "+base+" "+src+"@manual")
 	// A node may not claim to be another: the header's source must be
 	// the node its certificate names.
-	err = sendStream(ctx, peer, &pb.ReceiveHeader{VolumeId: id, Kind: "incremental", Snapshot: "manual", SourceNodeId: n1.ID, Generation: 1}, decode(t, stream))
+	err = sendStream(ctx, peer, &pb.ReceiveHeader{VolumeId: id, Kind: "incremental", Snapshot: "manual", SourceNodeId: n1.ID, Generation: 1}, real)
 	if status.Code(err) != codes.PermissionDenied {
 		t.Errorf("a stream claiming to come from %s, sent with the certificate of \"peer\": %v, want PermissionDenied", n1.ID, err)
 	}
-	real := decode(t, stream)
 	// zfs send -p: the stream carries the source's properties, which a
 	// lying peer would choose (a mountpoint over /etc, setuid, the
 	// driver's own labels).
-	withProps := decode(t, guesttest.Run(t, "sh", "-c", "zfs send -p -i "+base+" "+src+"@manual | base64 -w0"))
+	withProps := zfsSend(t, "-p -i "+base+" "+src+"@manual")
 	for name, tt := range map[string]struct {
 		data    []byte
 		want    codes.Code
@@ -452,14 +445,9 @@ func TestRefusesStrangersAndBadStreams(t *testing.T) {
 // that breaks midway leaves the existing replica as it was; a whole one
 // takes its place, and the old replica is set aside, not destroyed.
 func TestBrokenReplaceKeepsTheReplica(t *testing.T) {
-	c := guesttest.StartCluster(t, 2, sim.Options{})
+	c, id, _ := replicatedVolume(t, sim.Options{}, "replaced")
 	n1, n2 := c.Nodes[0], c.Nodes[1]
 	ctx := context.Background()
-	id, target := publishedVolume(t, c, "replaced")
-	guesttest.Exec(t, n1, "seq 1 50000 > "+target+"/numbers && sync")
-	if _, err := replicate(t, ctx, c, n1, n2, id); err != nil {
-		t.Fatal(err)
-	}
 	replica := n2.RootDataset + "/" + id
 	before := replicaChecksums(t, n2, id)
 	oldGUIDs := guesttest.Run(t, "zfs", "list", "-H", "-t", "snapshot", "-o", "guid", "-d", "1", replica)
@@ -469,7 +457,7 @@ func TestBrokenReplaceKeepsTheReplica(t *testing.T) {
 	other := n1.RootDataset + "/other"
 	guesttest.Run(t, "zfs", "create", other)
 	guesttest.Run(t, "sh", "-c", "zfs set mountpoint=none "+other+" && zfs snapshot "+other+"@zn-new")
-	full := decode(t, guesttest.Run(t, "sh", "-c", "zfs send -L -c "+other+"@zn-new | base64 -w0"))
+	full := zfsSend(t, "-L -c "+other+"@zn-new")
 	nodeFiles, _ := c.CA.Issue("peer", tlsconfig.RoleNode)
 	peer := clientAs(t, nodeFiles, n2)
 	h := &pb.ReceiveHeader{VolumeId: id, Kind: "full", Snapshot: "zn-new", SourceNodeId: "peer", Generation: 2}
@@ -506,9 +494,11 @@ func TestBrokenReplaceKeepsTheReplica(t *testing.T) {
 	}
 }
 
-func decode(t *testing.T, s string) []byte {
+// zfsSend runs zfs send with args in the guest and returns the stream.
+func zfsSend(t *testing.T, args string) []byte {
 	t.Helper()
-	b, err := base64.StdEncoding.DecodeString(strings.TrimSpace(s))
+	out := guesttest.Run(t, "sh", "-c", "zfs send "+args+" | base64 -w0")
+	b, err := base64.StdEncoding.DecodeString(strings.TrimSpace(out))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -700,13 +690,8 @@ func TestScheduleKeepsReplicasCurrent(t *testing.T) {
 	waitForReplicas(time.Time{})
 
 	// Data written now reaches both replicas within a few intervals.
-	node := csi.NewNodeClient(guesttest.Dial(t, n1.CSIEndpoint))
-	staging, target := filepath.Join(n1.Dir, "s-kept"), filepath.Join(n1.Dir, "t-kept")
-	os.MkdirAll(staging, 0o755)
-	if _, err := node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: writer}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: writer}); err != nil {
+	target, err := guesttest.Mount(ctx, t, n1, id, "kept", nil)
+	if err != nil {
 		t.Fatal(err)
 	}
 	guesttest.Exec(t, n1, "seq 1 30000 > "+target+"/log && sync")
@@ -939,21 +924,16 @@ func TestReplicaAheadOfAMovedPrimary(t *testing.T) {
 // receive lock is free again: the primary's next push succeeds.
 func TestStalledSenderIsCutOff(t *testing.T) {
 	const idle = 5 * time.Second
-	c := guesttest.StartCluster(t, 2, sim.Options{NodeArgs: []string{"-receive-idle-timeout=" + idle.String()}})
+	c, id, target := replicatedVolume(t, sim.Options{NodeArgs: []string{"-receive-idle-timeout=" + idle.String()}}, "stalled")
 	n1, n2 := c.Nodes[0], c.Nodes[1]
 	ctx := context.Background()
-	id, target := publishedVolume(t, c, "stalled")
-	guesttest.Exec(t, n1, "seq 1 50000 > "+target+"/numbers && sync")
-	if _, err := replicate(t, ctx, c, n1, n2, id); err != nil {
-		t.Fatal(err)
-	}
 	before := replicaChecksums(t, n2, id)
 
 	src := n1.RootDataset + "/" + id
 	base := strings.TrimSpace(guesttest.Run(t, "sh", "-c", "zfs list -H -t snapshot -o name -s createtxg -d 1 "+src+" | tail -1"))
 	guesttest.Exec(t, n1, "dd if=/dev/urandom of="+target+"/blob bs=1M count=4 2>/dev/null && sync")
 	guesttest.Run(t, "zfs", "snapshot", src+"@stalled")
-	data := decode(t, guesttest.Run(t, "sh", "-c", "zfs send -i "+base+" "+src+"@stalled | base64 -w0"))
+	data := zfsSend(t, "-i "+base+" "+src+"@stalled")
 	nodeFiles, _ := c.CA.Issue("peer", tlsconfig.RoleNode)
 	stream, err := clientAs(t, nodeFiles, n2).Receive(ctx)
 	if err != nil {

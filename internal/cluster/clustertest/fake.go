@@ -212,6 +212,15 @@ func (f *FakeAgent) primary(id string) (agentclient.Copy, error) {
 	return c, nil
 }
 
+// enterPrimary is enter, then primary: the call method on volume id,
+// answered from the node's primary. The caller holds f.mu.
+func (f *FakeAgent) enterPrimary(method, id string) (agentclient.Copy, error) {
+	if err := f.enter(method, id); err != nil {
+		return agentclient.Copy{}, err
+	}
+	return f.primary(id)
+}
+
 func (f *FakeAgent) volume(c agentclient.Copy) agentclient.Volume {
 	return agentclient.Volume{
 		VolumeID:             c.VolumeID,
@@ -370,10 +379,7 @@ func (f *FakeAgent) DeleteSurplus(_ context.Context, id, newest string) (bool, e
 func (f *FakeAgent) GetVolume(_ context.Context, id string) (agentclient.Volume, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if err := f.enter("GetVolume", id); err != nil {
-		return agentclient.Volume{}, err
-	}
-	c, err := f.primary(id)
+	c, err := f.enterPrimary("GetVolume", id)
 	if err != nil {
 		return agentclient.Volume{}, err
 	}
@@ -404,10 +410,7 @@ func (f *FakeAgent) ListVolumes(_ context.Context, page agentclient.Page) ([]age
 func (f *FakeAgent) ExpandVolume(_ context.Context, id string, requiredBytes, _ uint64) (uint64, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if err := f.enter("ExpandVolume", id); err != nil {
-		return 0, err
-	}
-	c, err := f.primary(id)
+	c, err := f.enterPrimary("ExpandVolume", id)
 	if err != nil {
 		return 0, err
 	}
@@ -419,10 +422,7 @@ func (f *FakeAgent) ExpandVolume(_ context.Context, id string, requiredBytes, _ 
 func (f *FakeAgent) CreateSnapshot(_ context.Context, sourceVolumeID, name string) (agentclient.Snapshot, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if err := f.enter("CreateSnapshot", sourceVolumeID); err != nil {
-		return agentclient.Snapshot{}, err
-	}
-	if _, err := f.primary(sourceVolumeID); err != nil {
+	if _, err := f.enterPrimary("CreateSnapshot", sourceVolumeID); err != nil {
 		return agentclient.Snapshot{}, err
 	}
 	s := agentclient.Snapshot{SnapshotID: vocab.SnapshotIDForName(name), Name: name, SourceVolumeID: sourceVolumeID,
@@ -531,10 +531,7 @@ func (f *FakeAgent) GetCopy(_ context.Context, id string) (agentclient.Copy, err
 func (f *FakeAgent) Demote(_ context.Context, d agentclient.Demotion) (agentclient.Copy, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if err := f.enter("Demote", d.VolumeID); err != nil {
-		return agentclient.Copy{}, err
-	}
-	c, err := f.primary(d.VolumeID)
+	c, err := f.enterPrimary("Demote", d.VolumeID)
 	if err != nil {
 		return agentclient.Copy{}, err
 	}
@@ -669,11 +666,7 @@ func (f *FakeAgent) MoveFinal(ctx context.Context, id, targetAddr, targetNodeID 
 		return agentclient.Progress{}, err
 	}
 	f.mu.Lock()
-	if err := f.enter("MoveFinal", id); err != nil {
-		f.mu.Unlock()
-		return agentclient.Progress{}, err
-	}
-	c, err := f.primary(id)
+	c, err := f.enterPrimary("MoveFinal", id)
 	if err != nil {
 		f.mu.Unlock()
 		return agentclient.Progress{}, err
@@ -692,10 +685,7 @@ func (f *FakeAgent) MoveFinal(ctx context.Context, id, targetAddr, targetNodeID 
 func (f *FakeAgent) Unfence(_ context.Context, id string, _ uint64) (agentclient.Copy, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if err := f.enter("Unfence", id); err != nil {
-		return agentclient.Copy{}, err
-	}
-	c, err := f.primary(id)
+	c, err := f.enterPrimary("Unfence", id)
 	if err != nil {
 		return agentclient.Copy{}, err
 	}

@@ -245,32 +245,14 @@ func (z *ZFS) ClearUserProperty(ctx context.Context, name, key string) error {
 // interrupted by a signal is retried; any other failure is an error, never
 // a shorter list.
 func (z *ZFS) List(ctx context.Context, name string) ([]zfs.Dataset, error) {
-	if err := zfs.ValidateName(name); err != nil {
-		return nil, err
-	}
-	var out []zfs.Dataset
-	err := z.do(ctx, func(h handle) error {
-		var err error
-		out, err = z.readListing(h, name, subtree(h))
-		return err
-	})
-	return out, err
+	return z.readListing(ctx, name, subtree)
 }
 
 // Children returns the filesystems directly below name, without their
 // snapshots: each is read once, so a node's volumes are counted without
 // reading every snapshot of every volume.
 func (z *ZFS) Children(ctx context.Context, name string) ([]zfs.Dataset, error) {
-	if err := zfs.ValidateName(name); err != nil {
-		return nil, err
-	}
-	var out []zfs.Dataset
-	err := z.do(ctx, func(h handle) error {
-		var err error
-		out, err = z.readListing(h, name, childFilesystems(h))
-		return err
-	})
-	return out, err
+	return z.readListing(ctx, name, childFilesystems)
 }
 
 // SnapshotNames returns the names of fs's snapshots without reading them.
@@ -308,9 +290,19 @@ func childFilesystems(h handle) visitListing {
 	return func(cname *C.char, arg C.uintptr_t) C.int { return C.visit_child_filesystems(h.h, cname, arg) }
 }
 
-// readListing reads every dataset a listing of name visits.
-func (z *ZFS) readListing(h handle, name string, visit visitListing) ([]zfs.Dataset, error) {
-	return eachListed(h, name, visit, z.readOpen)
+// readListing reads every dataset a listing of name (subtree,
+// childFilesystems) visits.
+func (z *ZFS) readListing(ctx context.Context, name string, listing func(handle) visitListing) ([]zfs.Dataset, error) {
+	if err := zfs.ValidateName(name); err != nil {
+		return nil, err
+	}
+	var out []zfs.Dataset
+	err := z.do(ctx, func(h handle) error {
+		var err error
+		out, err = eachListed(h, name, listing(h), z.readOpen)
+		return err
+	})
+	return out, err
 }
 
 // eachListed runs a listing of name, retrying it when a signal

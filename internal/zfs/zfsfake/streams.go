@@ -111,6 +111,22 @@ func (f *Fake) snapshot(name string) (*entry, error) {
 	return e, nil
 }
 
+// onSnapshot runs fn on snapshot name as call op (enter), under the lock;
+// a name that is no snapshot's fails with what before the reason
+// ("zfs hold tag").
+func (f *Fake) onSnapshot(op, name, what string, fn func(e *entry) error) error {
+	unlock, err := f.enter(op, name)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	e, err := f.snapshot(name)
+	if err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	return fn(e)
+}
+
 // ---- Reads ----
 
 func (s *Streams) Snapshots(ctx context.Context, fs string) ([]zfscmd.Snap, error) {
@@ -156,18 +172,12 @@ func (s *Streams) Get(ctx context.Context, dataset, prop string) (string, error)
 	return values[prop], err
 }
 
-func (s *Streams) GetAll(ctx context.Context, dataset string, props ...string) (map[string]string, error) {
-	f := s.f
-	unlock, err := f.enter("get", dataset)
-	if err != nil {
-		return nil, err
-	}
-	defer unlock()
-	e, ok := f.datasets[dataset]
-	if !ok {
-		return nil, fmt.Errorf("%s: %w", dataset, zfs.ErrNotFound)
-	}
-	return f.props(e, props), nil
+func (s *Streams) GetAll(ctx context.Context, dataset string, props ...string) (values map[string]string, err error) {
+	err = s.f.onDataset("get", dataset, func(e *entry) error {
+		values = s.f.props(e, props)
+		return nil
+	})
+	return values, err
 }
 
 func (s *Streams) Children(ctx context.Context, parent string, props ...string) ([]zfscmd.Child, error) {
@@ -315,36 +325,20 @@ func (s *Streams) Destroy(ctx context.Context, snapshot string) error {
 
 // Hold puts hold tag on snapshot; holding twice is fine.
 func (s *Streams) Hold(ctx context.Context, snapshot, tag string) error {
-	f := s.f
-	unlock, err := f.enter("hold", snapshot)
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	e, err := f.snapshot(snapshot)
-	if err != nil {
-		return fmt.Errorf("zfs hold %s: %w", tag, err)
-	}
-	if !slices.Contains(e.holds, tag) {
-		e.holds = append(e.holds, tag)
-	}
-	return nil
+	return s.f.onSnapshot("hold", snapshot, "zfs hold "+tag, func(e *entry) error {
+		if !slices.Contains(e.holds, tag) {
+			e.holds = append(e.holds, tag)
+		}
+		return nil
+	})
 }
 
 // Release removes hold tag from snapshot; a missing hold is fine.
 func (s *Streams) Release(ctx context.Context, snapshot, tag string) error {
-	f := s.f
-	unlock, err := f.enter("release", snapshot)
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	e, err := f.snapshot(snapshot)
-	if err != nil {
-		return fmt.Errorf("zfs release %s: %w", tag, err)
-	}
-	e.holds = slices.DeleteFunc(e.holds, func(t string) bool { return t == tag })
-	return nil
+	return s.f.onSnapshot("release", snapshot, "zfs release "+tag, func(e *entry) error {
+		e.holds = slices.DeleteFunc(e.holds, func(t string) bool { return t == tag })
+		return nil
+	})
 }
 
 // DestroyRecursive is zfs destroy -r: fs with its snapshots and children.
@@ -363,24 +357,40 @@ func (s *Streams) DestroyRecursive(ctx context.Context, fs string) error {
 	if _, err := f.filesystem(fs); err != nil {
 		return err
 	}
-	tree := map[string]bool{}
+	var tree []string
 	for n := range f.datasets {
 		if n == fs || strings.HasPrefix(n, fs+"/") || strings.HasPrefix(n, fs+"@") {
-			tree[n] = true
+			tree = append(tree, n)
 		}
 	}
-	for n := range tree {
+	slices.Sort(tree)
+	return f.destroyTogether("zfs destroy -r "+fs, tree)
+}
+
+// destroyTogether destroys the datasets names as one: nothing is destroyed
+// when one of them is held (ErrBusy) or has a clone outside them
+// (ErrHasDependents). what begins the error ("zfs destroy -r pool/a").
+func (f *Fake) destroyTogether(what string, names []string) error {
+	in := make(map[string]bool, len(names))
+	for _, n := range names {
+		in[n] = true
+	}
+	for _, n := range names {
 		if e := f.datasets[n]; len(e.holds) > 0 {
-			return fmt.Errorf("zfs destroy -r %s: %s is held by %v: %w", fs, n, e.holds, zfs.ErrBusy)
+			return fmt.Errorf("%s: %s is held by %v: %w", what, n, e.holds, zfs.ErrBusy)
 		}
+		var outside []string
 		for _, c := range f.clonesOf(n) {
-			if !tree[c] {
-				return fmt.Errorf("zfs destroy -r %s: %s has the clone %s: %w", fs, n, c, zfs.ErrHasDependents)
+			if !in[c] {
+				outside = append(outside, c)
 			}
+		}
+		if len(outside) > 0 {
+			return fmt.Errorf("%s: %s has clones %v: %w", what, n, outside, zfs.ErrHasDependents)
 		}
 	}
 	var origins []string
-	for n := range tree {
+	for _, n := range names {
 		origins = append(origins, f.datasets[n].ds.Origin)
 		delete(f.datasets, n)
 	}
@@ -398,36 +408,21 @@ func (s *Streams) DestroyRecursive(ctx context.Context, fs string) error {
 // (ErrBusy) or cloned (ErrHasDependents) makes it fail with no change.
 func (s *Streams) Rollback(ctx context.Context, snapshot string) error {
 	f := s.f
-	unlock, err := f.enter("rollback", snapshot)
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	to, err := f.snapshot(snapshot)
-	if err != nil {
-		return fmt.Errorf("zfs rollback: %w", err)
-	}
-	fs := f.datasets[zfs.Parent(snapshot)]
-	var later []*entry
-	for _, e := range f.snapshotsOf(fs.ds.Name) {
-		if e.createTXG > to.createTXG {
-			later = append(later, e)
+	return f.onSnapshot("rollback", snapshot, "zfs rollback", func(to *entry) error {
+		fs := f.datasets[zfs.Parent(snapshot)]
+		var later []string
+		for _, e := range f.snapshotsOf(fs.ds.Name) {
+			if e.createTXG > to.createTXG {
+				later = append(later, e.ds.Name)
+			}
 		}
-	}
-	for _, e := range later {
-		if len(e.holds) > 0 {
-			return fmt.Errorf("zfs rollback -r %s: %s is held by %v: %w", snapshot, e.ds.Name, e.holds, zfs.ErrBusy)
+		if err := f.destroyTogether("zfs rollback -r "+snapshot, later); err != nil {
+			return err
 		}
-		if clones := f.clonesOf(e.ds.Name); len(clones) > 0 {
-			return fmt.Errorf("zfs rollback -r %s: %s has clones %v: %w", snapshot, e.ds.Name, clones, zfs.ErrHasDependents)
-		}
-	}
-	for _, e := range later {
-		delete(f.datasets, e.ds.Name)
-	}
-	fs.content = slices.Clone(to.content)
-	fs.ds.Referenced = to.ds.Referenced
-	return nil
+		fs.content = slices.Clone(to.content)
+		fs.ds.Referenced = to.ds.Referenced
+		return nil
+	})
 }
 
 // ---- Streams ----
