@@ -15,6 +15,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
@@ -52,7 +53,7 @@ func (c command) usage() string {
 var commands = []command{
 	{"serve", "[flags]", "Serve the CSI Identity and Controller services: what Nomad runs (the command when the first argument is a flag)", serve},
 	{"backup", "[flags] [-to NODE] VOLUME_ID", "Push a volume to a peer now, with live progress", backup},
-	{"status", "[flags] [-json]", "Show every node's volumes, replicas and their lag, running transfers and stale copies set aside", status},
+	{"status", "[flags] [-json]", "Show every node's volumes, replicas and their lag, running transfers, moves in progress and stale copies set aside", status},
 	{"promote", "[flags] [-node NODE] [-force] VOLUME_ID", "Promote a replica of a volume whose primary's node is lost (failover=manual)", promote},
 	{"remove-replica", "[flags] -node NODE [-force] VOLUME_ID", "Remove one node's replica of a volume", removeReplica},
 	{"version", "", "Print the version", func(command, []string) error {
@@ -162,7 +163,7 @@ func serve(c command, args []string) error {
 		return err
 	}
 	go func() {
-		if err := plugin.ServeMetrics(ctx, metricsLis, registry, log); err != nil {
+		if err := plugin.ServeMetrics(ctx, metricsLis, registry, log, map[string]http.Handler{migration.MovesPath: migrator.MovesHandler()}); err != nil {
 			log.Error("metrics endpoint failed", "error", err)
 		}
 	}()
@@ -208,19 +209,19 @@ func agentCredentials(cfg config.Controller, log hclog.Logger) (credentials.Tran
 // connect reads an operator command's configuration (extra adds its own
 // flags), checks its arguments (one VOLUME_ID if volumeArg, else none),
 // and connects to the node agents. The caller closes the cluster.
-func connect(c command, args []string, volumeArg bool, extra func(*flag.FlagSet)) (*cluster.Cluster, string, hclog.Logger, error) {
+func connect(c command, args []string, volumeArg bool, extra func(*flag.FlagSet)) (session, error) {
 	cfg, rest, err := config.LoadOperator("zfs-controller "+c.name, c.usage(), args, os.Getenv, os.Stderr, extra)
 	if err != nil {
-		return nil, "", nil, err
+		return session{}, err
 	}
 	var volumeID string
 	switch {
 	case volumeArg && len(rest) != 1:
-		return nil, "", nil, fmt.Errorf("%w: want one VOLUME_ID, got %d arguments (usage: zfs-controller %s %s)", config.ErrUsage, len(rest), c.name, c.args)
+		return session{}, fmt.Errorf("%w: want one VOLUME_ID, got %d arguments (usage: zfs-controller %s %s)", config.ErrUsage, len(rest), c.name, c.args)
 	case volumeArg:
 		volumeID = rest[0]
 	case len(rest) > 0:
-		return nil, "", nil, fmt.Errorf("%w: %s takes no arguments, got %q", config.ErrUsage, c.name, rest)
+		return session{}, fmt.Errorf("%w: %s takes no arguments, got %q", config.ErrUsage, c.name, rest)
 	}
 	log := plugin.NewLogger("zfs-controller", func(k string) string {
 		if k == "ZFS_NOMAD_LOG_LEVEL" && os.Getenv(k) == "" {
@@ -230,10 +231,20 @@ func connect(c command, args []string, volumeArg bool, extra func(*flag.FlagSet)
 	})
 	creds, err := agentCredentials(cfg, log)
 	if err != nil {
-		return nil, "", nil, err
+		return session{}, err
 	}
 	nodes := cluster.New(peerSource(cfg), time.Duration(cfg.AgentTimeout), log, grpc.WithTransportCredentials(creds))
-	return nodes, volumeID, log, nil
+	return session{nodes: nodes, volumeID: volumeID, log: log, cfg: cfg}, nil
+}
+
+// session is what an operator command works with: the node agents, the
+// volume its argument names (if it takes one), a logger and the
+// configuration it loaded.
+type session struct {
+	nodes    *cluster.Cluster
+	volumeID string
+	log      hclog.Logger
+	cfg      config.Controller
 }
 
 func signalContext() (context.Context, context.CancelFunc) {
@@ -242,13 +253,14 @@ func signalContext() (context.Context, context.CancelFunc) {
 
 func backup(c command, args []string) error {
 	var opts operator.BackupOptions
-	nodes, volumeID, _, err := connect(c, args, true, func(fs *flag.FlagSet) {
+	sess, err := connect(c, args, true, func(fs *flag.FlagSet) {
 		fs.StringVar(&opts.To, "to", "", "node ID to back up to (default: a healthy node that holds a replica, else the one with most room in the volume's replication domain)")
 		fs.DurationVar(&opts.WaitBusy, "wait", 5*time.Minute, "how long to wait for a running push or move of the volume to end before pushing (0: fail at once)")
 	})
 	if err != nil {
 		return err
 	}
+	nodes, volumeID := sess.nodes, sess.volumeID
 	defer nodes.Close()
 	ctx, stop := signalContext()
 	defer stop()
@@ -257,12 +269,15 @@ func backup(c command, args []string) error {
 
 func status(c command, args []string) error {
 	var asJSON bool
-	nodes, _, _, err := connect(c, args, false, func(fs *flag.FlagSet) {
+	var controller string
+	sess, err := connect(c, args, false, func(fs *flag.FlagSet) {
 		fs.BoolVar(&asJSON, "json", false, "print the report as JSON, for scripts")
+		fs.StringVar(&controller, "controller", "", "the running controller's metrics address, asked for the moves it runs (default: metrics_address of the configuration; none: moves not shown)")
 	})
 	if err != nil {
 		return err
 	}
+	nodes := sess.nodes
 	defer nodes.Close()
 	ctx, stop := signalContext()
 	defer stop()
@@ -270,6 +285,10 @@ func status(c command, args []string) error {
 	if err != nil {
 		return err
 	}
+	if controller == "" {
+		controller = sess.cfg.MetricsAddress
+	}
+	operator.AddMoves(ctx, &report, controller)
 	if asJSON {
 		enc := json.NewEncoder(os.Stdout)
 		enc.SetIndent("", "  ")
@@ -282,13 +301,14 @@ func status(c command, args []string) error {
 func promote(c command, args []string) error {
 	var node string
 	var force bool
-	nodes, volumeID, log, err := connect(c, args, true, func(fs *flag.FlagSet) {
+	sess, err := connect(c, args, true, func(fs *flag.FlagSet) {
 		fs.StringVar(&node, "node", "", "node ID whose replica to promote (default: the freshest)")
 		fs.BoolVar(&force, "force", false, "promote even when fewer than a majority of the nodes answer: you assert the silent nodes are lost for good, or hold nothing newer")
 	})
 	if err != nil {
 		return err
 	}
+	nodes, volumeID, log := sess.nodes, sess.volumeID, sess.log
 	defer nodes.Close()
 	ctx, stop := signalContext()
 	defer stop()
@@ -298,13 +318,14 @@ func promote(c command, args []string) error {
 func removeReplica(c command, args []string) error {
 	var node string
 	var force bool
-	nodes, volumeID, _, err := connect(c, args, true, func(fs *flag.FlagSet) {
+	sess, err := connect(c, args, true, func(fs *flag.FlagSet) {
 		fs.StringVar(&node, "node", "", "node ID whose replica to remove (required)")
 		fs.BoolVar(&force, "force", false, "remove it even when no reachable node holds the volume's primary")
 	})
 	if err != nil {
 		return err
 	}
+	nodes, volumeID := sess.nodes, sess.volumeID
 	defer nodes.Close()
 	if node == "" {
 		return fmt.Errorf("%w: -node is required (usage: zfs-controller %s %s)", config.ErrUsage, c.name, c.args)

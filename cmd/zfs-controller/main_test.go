@@ -42,17 +42,17 @@ func TestCommandLine(t *testing.T) {
 }
 
 func TestConnectReturnsTheVolume(t *testing.T) {
-	nodes, id, _, err := connect(commands[1], []string{"-peers", "a:1", "-insecure-agent-port", "-to", "n2", "vol-1"}, true, nil)
+	sess, err := connect(commands[1], []string{"-peers", "a:1", "-insecure-agent-port", "-to", "n2", "vol-1"}, true, nil)
 	if err == nil {
-		defer nodes.Close()
+		defer sess.nodes.Close()
 	}
-	if err == nil || id != "" {
+	if err == nil || sess.volumeID != "" {
 		// -to is backup's own flag: connect alone does not know it.
-		t.Fatalf("connect without backup's flags: %q, %v; want the unknown -to refused", id, err)
+		t.Fatalf("connect without backup's flags: %q, %v; want the unknown -to refused", sess.volumeID, err)
 	}
-	nodes, id, _, err = connect(commands[1], []string{"-peers", "a:1", "-insecure-agent-port", "vol-1"}, true, nil)
-	if err != nil || id != "vol-1" {
-		t.Fatalf("connect: %q, %v; want vol-1", id, err)
+	sess, err = connect(commands[1], []string{"-peers", "a:1", "-insecure-agent-port", "vol-1"}, true, nil)
+	if err != nil || sess.volumeID != "vol-1" {
+		t.Fatalf("connect: %q, %v; want vol-1", sess.volumeID, err)
 	}
-	nodes.Close()
+	sess.nodes.Close()
 }

@@ -156,7 +156,7 @@ func run(args []string) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return plugin.Serve(gctx, csiSrv, csiLis, 10*time.Second) })
 	g.Go(func() error { return plugin.Serve(gctx, agentSrv, agentLis, 10*time.Second) })
-	g.Go(func() error { return plugin.ServeMetrics(gctx, metricsLis, registry, log) })
+	g.Go(func() error { return plugin.ServeMetrics(gctx, metricsLis, registry, log, nil) })
 	g.Go(func() error { heartbeat.Run(gctx); return nil })
 	err = g.Wait()
 	log.Info("stopped")

@@ -254,11 +254,19 @@ func TestAMoveCatchesUpInTheBackground(t *testing.T) {
 	if pending() {
 		t.Error("the move's final step shows pending while its catch-up runs")
 	}
+	// zfs-controller status shows the moves (Moves, served at MovesPath).
+	if moves := m.Moves(); len(moves) != 1 || moves[0].VolumeID != id || moves[0].From != "n1" || moves[0].To != "n2" ||
+		moves[0].Bytes != 1<<30 || !moves[0].CaughtUp.IsZero() {
+		t.Errorf("the moves during the catch-up: %+v, want the one to n2 running, 1 GiB sent", moves)
+	}
 	close(release)
 	for deadline := time.Now().Add(5 * time.Second); !pending() && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 	}
 	if !pending() {
 		t.Error("the caught-up move's final step never showed pending in the metrics")
+	}
+	if moves := m.Moves(); len(moves) != 1 || moves[0].CaughtUp.IsZero() || moves[0].Error != "" {
+		t.Errorf("the moves once caught up: %+v, want the one to n2 caught up, its final step pending", moves)
 	}
 	var gen uint64
 	var err error
@@ -272,6 +280,9 @@ func TestAMoveCatchesUpInTheBackground(t *testing.T) {
 	}
 	if pending() {
 		t.Error("the move's final step still shows pending after the move")
+	}
+	if moves := m.Moves(); len(moves) != 0 {
+		t.Errorf("the moves after the move: %+v, want none", moves)
 	}
 	if c, _ := n2.Copy(id); c.Role != vocab.RolePrimary || c.Generation != 2 {
 		t.Errorf("n2's copy after the move: %+v, want the primary of generation 2", c)

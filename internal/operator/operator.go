@@ -5,9 +5,12 @@ package operator
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"sort"
 	"text/tabwriter"
 	"time"
@@ -180,10 +183,13 @@ func FormatProgress(p agentclient.Progress, elapsed time.Duration) string {
 // primaries set aside, and the nodes that did not answer. Its JSON form
 // (status -json) is for scripts.
 type Report struct {
-	Copies      []CopyStatus     `json:"copies"`
-	Transfers   []TransferStatus `json:"transfers"`
-	SetAside    []SetAsideCopy   `json:"set_aside"`
-	Unreachable []Unreachable    `json:"unreachable"`
+	Copies    []CopyStatus     `json:"copies"`
+	Transfers []TransferStatus `json:"transfers"`
+	SetAside  []SetAsideCopy   `json:"set_aside"`
+	// Moves: what the running controller catches up in the background,
+	// or whose final step waits for the CO's retry (AddMoves).
+	Moves       []migration.MoveStatus `json:"moves,omitempty"`
+	Unreachable []Unreachable          `json:"unreachable"`
 }
 
 // CopyStatus is one copy of a volume on one node.
@@ -301,6 +307,7 @@ func PrintStatus(out io.Writer, r Report, now time.Time) {
 		}
 		fmt.Fprintf(out, "  %s: %s -> %s  %s%s\n", t.VolumeID, t.From, t.To, progress, purpose)
 	}
+	printMoves(out, r.Moves, now)
 	if len(r.SetAside) > 0 {
 		fmt.Fprintf(out, "\nstale primaries set aside after a failover (an operator decides what to keep, then zfs destroy -r):\n")
 		for _, a := range r.SetAside {
@@ -309,6 +316,26 @@ func PrintStatus(out io.Writer, r Report, now time.Time) {
 	}
 	for _, u := range r.Unreachable {
 		fmt.Fprintf(out, "unreachable: %s: %s\n", u.Node, u.Error)
+	}
+}
+
+// printMoves writes the controller's moves: a catch-up running shows as a
+// transfer too; one caught up waits for the CO's retry of the publish,
+// which runs the move's final step.
+func printMoves(out io.Writer, moves []migration.MoveStatus, now time.Time) {
+	if len(moves) == 0 {
+		return
+	}
+	fmt.Fprintf(out, "\nmoves in progress: %d\n", len(moves))
+	for _, m := range moves {
+		state := "catching up: " + FormatProgress(agentclient.Progress{Bytes: m.Bytes, TotalBytes: m.TotalBytes}, now.Sub(m.Started))
+		switch {
+		case m.Error != "":
+			state = "catch-up failed (the publish's retry starts another): " + m.Error
+		case !m.CaughtUp.IsZero():
+			state = fmt.Sprintf("caught up %s ago; final step pending: the next publish retry runs it", now.Sub(m.CaughtUp).Round(time.Second))
+		}
+		fmt.Fprintf(out, "  %s: %s -> %s  %s\n", m.VolumeID, m.From, m.To, state)
 	}
 }
 
@@ -419,4 +446,51 @@ func RemoveReplica(ctx context.Context, cl *cluster.Cluster, volumeID, node stri
 		return nil
 	}
 	return fmt.Errorf("node %s did not answer or is not a node of this cluster", node)
+}
+
+// AddMoves asks the running controller, at its metrics address addr, for
+// the moves it catches up or whose final step waits (migration.Moves),
+// and adds them to the report; an address it cannot reach is reported
+// unreachable. No address: the report has no moves.
+func AddMoves(ctx context.Context, r *Report, addr string) {
+	if addr == "" {
+		return
+	}
+	moves, err := fetchMoves(ctx, addr)
+	if err != nil {
+		r.Unreachable = append(r.Unreachable, Unreachable{Node: "controller " + addr, Error: "moves in progress unknown: " + err.Error()})
+		return
+	}
+	r.Moves = moves
+}
+
+// fetchMoves reads the controller's moves at addr (host:port; an empty
+// or wildcard host is this host).
+func fetchMoves(ctx context.Context, addr string) ([]migration.MoveStatus, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, err
+	}
+	if host == "" || host == "0.0.0.0" || host == "::" {
+		host = "127.0.0.1"
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+net.JoinHostPort(host, port)+migration.MovesPath, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("%s: %s", migration.MovesPath, resp.Status)
+	}
+	var moves []migration.MoveStatus
+	if err := json.NewDecoder(resp.Body).Decode(&moves); err != nil {
+		return nil, fmt.Errorf("%s: %w", migration.MovesPath, err)
+	}
+	return moves, nil
 }

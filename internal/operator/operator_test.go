@@ -1,11 +1,17 @@
 package operator
 
 import (
+	"context"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
+
 	"github.com/zfs-nomad/zfs-nomad/internal/agentclient"
+	"github.com/zfs-nomad/zfs-nomad/internal/cluster/clustertest"
+	"github.com/zfs-nomad/zfs-nomad/internal/migration"
 )
 
 func TestFormatProgress(t *testing.T) {
@@ -54,7 +60,11 @@ func TestPrintStatus(t *testing.T) {
 		},
 		Transfers: []TransferStatus{{VolumeID: "vol-a", From: "n1", To: "n3", Kind: "incremental", Bytes: 1 << 20, Started: now.Add(-time.Second),
 			Purpose: "catch-up for the move to n3"}},
-		SetAside:    []SetAsideCopy{{Node: "n2", Dataset: "tank/nomad/vol-c-aside-1"}},
+		SetAside: []SetAsideCopy{{Node: "n2", Dataset: "tank/nomad/vol-c-aside-1"}},
+		Moves: []migration.MoveStatus{
+			{VolumeID: "vol-a", From: "n1", To: "n3", Started: now.Add(-time.Second), Bytes: 1 << 20},
+			{VolumeID: "vol-d", From: "n2", To: "n1", Started: now.Add(-time.Minute), CaughtUp: now.Add(-12 * time.Second)},
+		},
 		Unreachable: []Unreachable{{Node: "10.0.0.4:7670", Error: "connection refused"}},
 	}
 	var out strings.Builder
@@ -65,10 +75,40 @@ func TestPrintStatus(t *testing.T) {
 		"never completed",
 		"transfers running: 1\n  vol-a: n1 -> n3  incremental   1.0 MiB  1.0 MiB/s  (catch-up for the move to n3)",
 		"tank/nomad/vol-c-aside-1 on n2",
+		"moves in progress: 2\n  vol-a: n1 -> n3  catching up: ",
+		"  vol-d: n2 -> n1  caught up 12s ago; final step pending: the next publish retry runs it",
 		"unreachable: 10.0.0.4:7670: connection refused",
 	} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("status lacks %q:\n%s", want, out.String())
 		}
+	}
+}
+
+// TestAddMoves: status asks the running controller for its moves at its
+// metrics address; one it cannot reach is reported, not fatal.
+func TestAddMoves(t *testing.T) {
+	var fakes clustertest.Fakes
+	fakes.Add(agentclient.NodeInfo{NodeID: "n1"})
+	m := migration.New(fakes.Cluster(t), hclog.NewNullLogger())
+	srv := httptest.NewServer(m.MovesHandler())
+	defer srv.Close()
+	ctx := context.Background()
+
+	var r Report
+	AddMoves(ctx, &r, strings.TrimPrefix(srv.URL, "http://"))
+	if r.Moves == nil || len(r.Moves) != 0 || len(r.Unreachable) != 0 {
+		t.Errorf("a controller with no moves: moves %v, unreachable %v; want an empty list", r.Moves, r.Unreachable)
+	}
+	srv.Close()
+	r = Report{}
+	AddMoves(ctx, &r, strings.TrimPrefix(srv.URL, "http://"))
+	if len(r.Unreachable) != 1 || !strings.Contains(r.Unreachable[0].Error, "moves in progress unknown") {
+		t.Errorf("a controller that does not answer: unreachable %v, want it named", r.Unreachable)
+	}
+	r = Report{}
+	AddMoves(ctx, &r, "")
+	if r.Moves != nil || len(r.Unreachable) != 0 {
+		t.Errorf("no address: %+v, want nothing added", r)
 	}
 }

@@ -131,14 +131,17 @@ func ListenMetrics(addr string) (net.Listener, error) {
 	return lis, nil
 }
 
-// ServeMetrics serves the registry at /metrics on lis until ctx ends; a
-// nil lis serves nothing.
-func ServeMetrics(ctx context.Context, lis net.Listener, r *metrics.Registry, log hclog.Logger) error {
+// ServeMetrics serves the registry at /metrics on lis until ctx ends, and
+// each of more at its path; a nil lis serves nothing.
+func ServeMetrics(ctx context.Context, lis net.Listener, r *metrics.Registry, log hclog.Logger, more map[string]http.Handler) error {
 	if lis == nil {
 		return nil
 	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", r.Handler())
+	for path, h := range more {
+		mux.Handle(path, h)
+	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		<-ctx.Done()

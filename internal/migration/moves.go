@@ -1,0 +1,71 @@
+package migration
+
+import (
+	"encoding/json"
+	"net/http"
+	"sort"
+	"time"
+)
+
+// MoveStatus is a move whose target the controller catches up in the
+// background, or whose target is caught up and whose final step waits for
+// the CO's retry of the publish (docs/migration.md, "Catch-up").
+type MoveStatus struct {
+	VolumeID   string    `json:"volume_id"`
+	From       string    `json:"from"`
+	To         string    `json:"to"`
+	Started    time.Time `json:"started"`
+	Bytes      int64     `json:"bytes"`
+	TotalBytes int64     `json:"total_bytes,omitempty"`
+	// CaughtUp: when the catch-up completed; the final step waits for the
+	// publish's retry since then. Zero while it runs or when it failed.
+	CaughtUp time.Time `json:"caught_up,omitzero"`
+	// Error: why the catch-up failed (the publish's retry starts another).
+	Error string `json:"error,omitempty"`
+}
+
+// Moves returns the catch-ups running, and those done (within
+// catchUpKeep) whose move the CO's retry has not yet finished, by volume
+// and target.
+func (m *Migrator) Moves() []MoveStatus {
+	now := m.now()
+	m.catchUps.mu.Lock()
+	defer m.catchUps.mu.Unlock()
+	out := make([]MoveStatus, 0, len(m.catchUps.all))
+	for _, c := range m.catchUps.all {
+		c.mu.Lock()
+		if !c.ended.IsZero() && now.Sub(c.ended) > catchUpKeep {
+			c.mu.Unlock()
+			continue // the CO gave up on it, or went elsewhere
+		}
+		s := MoveStatus{VolumeID: c.volumeID, From: c.source, To: c.target, Started: c.started, Bytes: c.bytes, TotalBytes: c.total}
+		switch {
+		case c.ended.IsZero():
+		case c.err != nil:
+			s.Error = c.err.Error()
+		default:
+			s.CaughtUp = c.ended
+		}
+		c.mu.Unlock()
+		out = append(out, s)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].VolumeID != out[j].VolumeID {
+			return out[i].VolumeID < out[j].VolumeID
+		}
+		return out[i].To < out[j].To
+	})
+	return out
+}
+
+// MovesPath is where the controller serves Moves, on its metrics address:
+// zfs-controller status reads it there.
+const MovesPath = "/moves"
+
+// MovesHandler serves Moves as JSON.
+func (m *Migrator) MovesHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(m.Moves())
+	})
+}

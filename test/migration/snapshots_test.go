@@ -1,0 +1,105 @@
+package migration
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/guesttest"
+)
+
+// TestSnapshotsFollowTheVolume (issue 16) on real ZFS: a CSI snapshot
+// taken on n1 reaches n2 with the replica's first (full) push, the volume
+// moves to n2, and there the snapshot is listed once and restored with
+// the data it was taken with. The volume is deleted: its copies on both
+// nodes become tombstones that keep the snapshot. DeleteSnapshot with n1
+// down deletes n2's copy and answers Unavailable; once n1 is back the
+// retry deletes the last copy, and nothing of the volume is left.
+func TestSnapshotsFollowTheVolume(t *testing.T) {
+	e := start(t)
+	id := e.create("snapped", nil)
+	dir := e.mustPublish(id, "n1")
+	e.write("n1", dir, "echo before > a && dd if=/dev/urandom of=blob bs=1M count=4 2>/dev/null")
+	taken := e.checksums("n1", dir)
+	snap, err := e.controller().CreateSnapshot(e.ctx, &csi.CreateSnapshotRequest{SourceVolumeId: id, Name: "before-the-move"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	snapID := snap.GetSnapshot().GetSnapshotId()
+	e.write("n1", dir, "echo after > a")
+
+	if prog := e.replicate(id, "n1", "n2"); prog.GetKind() != "full" {
+		t.Fatalf("the first push was %s, want full", prog.GetKind())
+	}
+	e.unpublish(id, "n1")
+	dir2 := e.mustPublish(id, "n2")
+	e.waitPrimaries(id, "n2(gen 2)")
+	for _, n := range []string{"n1", "n2"} {
+		if out := guesttest.Run(t, "sh", "-c", "zfs list -H -o name -t snapshot "+e.node(n).RootDataset+"/"+id+" | grep @"+snapID+" || true"); strings.TrimSpace(out) == "" {
+			t.Fatalf("node %s holds no copy of snapshot %s after the move", n, snapID)
+		}
+	}
+	listed, err := e.controller().ListSnapshots(e.ctx, &csi.ListSnapshotsRequest{SourceVolumeId: id})
+	if err != nil || len(listed.GetEntries()) != 1 || listed.GetEntries()[0].GetSnapshot().GetSnapshotId() != snapID {
+		t.Fatalf("ListSnapshots of the moved volume: %v, %v; want %s once", listed, err, snapID)
+	}
+
+	// Restored on n2, where the volume now lives: the data it was taken with.
+	restored, err := e.controller().CreateVolume(e.ctx, &csi.CreateVolumeRequest{Name: "restored", VolumeCapabilities: []*csi.VolumeCapability{writer},
+		CapacityRange: &csi.CapacityRange{RequiredBytes: 1 << 30}, Parameters: map[string]string{"node": "n2", "compression": "off"},
+		VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: snapID}}}})
+	if err != nil {
+		t.Fatalf("restoring %s on n2: %v", snapID, err)
+	}
+	rid := restored.GetVolume().GetVolumeId()
+	rdir := e.mustPublish(rid, "n2")
+	if got := e.checksums("n2", rdir); got != taken {
+		t.Fatalf("the volume restored on n2 holds:\n%s\nwant what the snapshot was taken of on n1:\n%s", got, taken)
+	}
+	e.unpublish(rid, "n2")
+	if _, err := e.controller().DeleteVolume(e.ctx, &csi.DeleteVolumeRequest{VolumeId: rid}); err != nil {
+		t.Fatal(err)
+	}
+
+	// The volume goes; the snapshot outlives it on both nodes.
+	_ = dir2
+	e.unpublish(id, "n2")
+	if _, err := e.controller().DeleteVolume(e.ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
+		t.Fatal(err)
+	}
+	listed, err = e.controller().ListSnapshots(e.ctx, &csi.ListSnapshotsRequest{SnapshotId: snapID})
+	if err != nil || len(listed.GetEntries()) != 1 {
+		t.Fatalf("ListSnapshots after the volume's delete: %v, %v; want %s once", listed, err, snapID)
+	}
+
+	e.loseNode("n1")
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(time.Second) {
+		if _, err = e.controller().DeleteSnapshot(e.ctx, &csi.DeleteSnapshotRequest{SnapshotId: snapID}); status.Code(err) == codes.Unavailable {
+			break
+		}
+	}
+	wantCode(t, err, codes.Unavailable, e.node("n1").AgentAddress)
+	if out := guesttest.Run(t, "sh", "-c", "zfs list -H -o name -t snapshot -r "+e.node("n2").RootDataset+" | grep @"+snapID+" || true"); strings.TrimSpace(out) != "" {
+		t.Fatalf("n2's copy of the snapshot outlived the delete:\n%s", out)
+	}
+	e.returnNode("n1")
+	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(2 * time.Second) {
+		if _, err = e.controller().DeleteSnapshot(e.ctx, &csi.DeleteSnapshotRequest{SnapshotId: snapID}); err == nil {
+			break
+		}
+	}
+	if err != nil {
+		t.Fatalf("DeleteSnapshot with every node back: %v", err)
+	}
+	var left string
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(time.Second) {
+		if left = strings.TrimSpace(guesttest.Run(t, "sh", "-c", "zfs list -H -o name -t all | grep -- "+id+" || true")); left == "" {
+			return
+		}
+	}
+	t.Fatalf("left of the volume and its snapshot after both deletes:\n%s", left)
+}
