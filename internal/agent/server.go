@@ -52,7 +52,7 @@ func (s *Server) DeleteReplica(ctx context.Context, req *pb.DeleteReplicaRequest
 	}
 	deleted, err := false, error(nil)
 	if newest := req.GetSurplusNewest(); newest != "" {
-		deleted, err = s.receiver.DeleteSurplus(ctx, req.GetVolumeId(), newest)
+		deleted, err = s.receiver.DeleteSurplus(ctx, req.GetVolumeId(), newest, req.GetSnapshotsElsewhere())
 	} else {
 		deleted, err = s.receiver.DeleteReplica(ctx, req.GetVolumeId())
 	}

@@ -100,21 +100,25 @@ func TestChangesTellsWhatBecameOfEachChangedVolume(t *testing.T) {
 func TestDeleteSurplus(t *testing.T) {
 	ctx := context.Background()
 	demoted := map[string]string{volume.PropRole: replication.RoleReplica, volume.PropDemotedAt: "1800000000"}
+	csi := vocab.SnapshotIDForName("before-upgrade")
 	tests := []struct {
 		name      string
 		props     map[string]string // nil: no copy
 		snapshots []string
 		newest    string
+		elsewhere []string // CSI snapshots the caller found on the other copies
 		deleted   bool
 		refused   bool
 	}{
-		{"demoted, as fresh as judged", demoted, []string{"zn-1", "zn-2"}, "zn-2", true, false},
-		{"not demoted: the schedule's own replica", map[string]string{volume.PropRole: replication.RoleReplica}, []string{"zn-2"}, "zn-2", false, true},
-		{"promoted since", map[string]string{volume.PropRole: replication.RoleReplica, volume.PropDemotedAt: "-"}, []string{"zn-2"}, "zn-2", false, true},
-		{"received since it was judged", demoted, []string{"zn-2", "zn-3"}, "zn-2", false, true},
-		{"holds a CSI snapshot", demoted, []string{"snap-before-upgrade", "zn-2"}, "zn-2", false, true},
-		{"a primary", map[string]string{volume.PropRole: vocab.RolePrimary, volume.PropDemotedAt: "1800000000"}, []string{"zn-2"}, "zn-2", false, false},
-		{"no copy", nil, nil, "zn-2", false, false},
+		{"demoted, as fresh as judged", demoted, []string{"zn-1", "zn-2"}, "zn-2", nil, true, false},
+		{"not demoted: the schedule's own replica", map[string]string{volume.PropRole: replication.RoleReplica}, []string{"zn-2"}, "zn-2", nil, false, true},
+		{"promoted since", map[string]string{volume.PropRole: replication.RoleReplica, volume.PropDemotedAt: "-"}, []string{"zn-2"}, "zn-2", nil, false, true},
+		{"received since it was judged", demoted, []string{"zn-2", "zn-3"}, "zn-2", nil, false, true},
+		{"holds a snapshot made by hand", demoted, []string{"before-upgrade", "zn-2"}, "zn-2", []string{"before-upgrade"}, false, true},
+		{"holds a CSI snapshot the other copies lack", demoted, []string{csi, "zn-2"}, "zn-2", []string{vocab.SnapshotIDForName("other")}, false, true},
+		{"holds a CSI snapshot the other copies hold", demoted, []string{csi, "zn-2"}, "zn-2", []string{csi}, true, false},
+		{"a primary", map[string]string{volume.PropRole: vocab.RolePrimary, volume.PropDemotedAt: "1800000000"}, []string{"zn-2"}, "zn-2", nil, false, false},
+		{"no copy", nil, nil, "zn-2", nil, false, false},
 	}
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -133,7 +137,7 @@ func TestDeleteSurplus(t *testing.T) {
 					}
 				}
 			}
-			resp, err := s.DeleteReplica(ctx, &pb.DeleteReplicaRequest{VolumeId: id, SurplusNewest: tt.newest})
+			resp, err := s.DeleteReplica(ctx, &pb.DeleteReplicaRequest{VolumeId: id, SurplusNewest: tt.newest, SnapshotsElsewhere: tt.elsewhere})
 			if tt.refused {
 				if !errors.Is(err, errdefs.ErrFailedPrecondition) {
 					t.Fatalf("DeleteReplica as surplus: %v, want FailedPrecondition", err)

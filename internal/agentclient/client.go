@@ -203,10 +203,11 @@ func (c *Client) DeleteReplica(ctx context.Context, volumeID string, volumeDelet
 // DeleteSurplus deletes the node's replica of a volume as a surplus copy:
 // only if it was demoted from primary after a move, its newest snapshot
 // is newest, and it holds no snapshot but the driver's replication
-// snapshots (errdefs.ErrFailedPrecondition otherwise). It reports
-// whether there was one.
-func (c *Client) DeleteSurplus(ctx context.Context, volumeID, newest string) (deleted bool, err error) {
-	resp, err := c.rpc.DeleteReplica(ctx, &pb.DeleteReplicaRequest{VolumeId: volumeID, SurplusNewest: newest})
+// snapshots and the CSI snapshots named in elsewhere (the IDs found on
+// the volume's primary and the replicas kept); errdefs.ErrFailedPrecondition
+// otherwise. It reports whether there was one.
+func (c *Client) DeleteSurplus(ctx context.Context, volumeID, newest string, elsewhere []string) (deleted bool, err error) {
+	resp, err := c.rpc.DeleteReplica(ctx, &pb.DeleteReplicaRequest{VolumeId: volumeID, SurplusNewest: newest, SnapshotsElsewhere: elsewhere})
 	if err != nil {
 		return false, fromStatus(err)
 	}

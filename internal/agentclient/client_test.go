@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"reflect"
+	"slices"
 	"testing"
 
 	"google.golang.org/grpc"
@@ -219,10 +220,10 @@ func TestConversions(t *testing.T) {
 	if r := a.gotReplicas; r.GetVolumeId() != "vol-1" || !r.GetVolumeDeleted() || r.GetSurplusNewest() != "" {
 		t.Errorf("DeleteReplica sent %v", r)
 	}
-	if deleted, err := c.DeleteSurplus(ctx, "vol-2", "zn-4"); err != nil || !deleted {
+	if deleted, err := c.DeleteSurplus(ctx, "vol-2", "zn-4", []string{"snap-1"}); err != nil || !deleted {
 		t.Errorf("DeleteSurplus: %v, %v", deleted, err)
 	}
-	if r := a.gotReplicas; r.GetVolumeId() != "vol-2" || r.GetVolumeDeleted() || r.GetSurplusNewest() != "zn-4" {
+	if r := a.gotReplicas; r.GetVolumeId() != "vol-2" || r.GetVolumeDeleted() || r.GetSurplusNewest() != "zn-4" || !slices.Equal(r.GetSnapshotsElsewhere(), []string{"snap-1"}) {
 		t.Errorf("DeleteSurplus sent %v", r)
 	}
 	if len(seen) != 2 || seen[0] != (Progress{Kind: "full", Bytes: 1}) {

@@ -846,12 +846,14 @@ func (r *Receiver) DeleteReplica(ctx context.Context, volumeID string) (bool, er
 // from primary after a move, whose newest snapshot is still newest (the
 // one the schedule judged it by: a push since may have made it the
 // freshest copy), with no receive waiting to resume, and holding no
-// snapshot but the driver's replication snapshots (a CSI snapshot, or one
-// made by hand, would go with it). Anything else is FailedPrecondition,
-// and nothing changes. It reports whether there was a replica.
-func (r *Receiver) DeleteSurplus(ctx context.Context, volumeID, newest string) (bool, error) {
+// snapshot but the driver's replication snapshots and the CSI snapshots
+// named in elsewhere (found on the volume's primary and kept replicas:
+// any other, or one made by hand, would go with it). Anything else is
+// FailedPrecondition, and nothing changes. It reports whether there was
+// a replica.
+func (r *Receiver) DeleteSurplus(ctx context.Context, volumeID, newest string, elsewhere []string) (bool, error) {
 	return r.deleteReplica(ctx, volumeID, "a surplus replica", func(fs string, props map[string]string) error {
-		if err := r.surplus(ctx, fs, props, newest); err != nil {
+		if err := r.surplus(ctx, fs, props, newest, elsewhere); err != nil {
 			return fmt.Errorf("%w: keeping node %s's replica of volume %s: %v", errdefs.ErrFailedPrecondition, r.nodeID, volumeID, err)
 		}
 		return nil
@@ -950,7 +952,7 @@ func (r *Receiver) entomb(ctx context.Context, fs string, snaps []zfscmd.Snap) (
 
 // surplus says why replica fs, with props, is not a surplus copy whose
 // newest snapshot is newest, or nil when it is one.
-func (r *Receiver) surplus(ctx context.Context, fs string, props map[string]string, newest string) error {
+func (r *Receiver) surplus(ctx context.Context, fs string, props map[string]string, newest string, elsewhere []string) error {
 	if volume.DemotedAt(props[volume.PropDemotedAt]).IsZero() {
 		return errors.New("it was not demoted from primary by a move")
 	}
@@ -965,7 +967,8 @@ func (r *Receiver) surplus(ctx context.Context, fs string, props map[string]stri
 		return fmt.Errorf("its newest snapshot is no longer %s", newest)
 	}
 	for _, snap := range snaps {
-		if name := shortSnapshotName(snap.Name); !strings.HasPrefix(name, vocab.ReplicationSnapshotPrefix) {
+		name := shortSnapshotName(snap.Name)
+		if !strings.HasPrefix(name, vocab.ReplicationSnapshotPrefix) && !(isLiveCSISnapshot(snap) && slices.Contains(elsewhere, name)) {
 			return fmt.Errorf("it holds snapshot %s, which is not a replication snapshot and may exist nowhere else", name)
 		}
 	}

@@ -20,6 +20,7 @@ package scheduler
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sort"
 	"strings"
@@ -86,6 +87,10 @@ type Removal struct {
 	VolumeID string
 	Node     cluster.Node
 	Newest   string // the copy's newest snapshot when it was judged
+	// Keepers: the nodes of the volume's primary and of the kept
+	// replicas it was judged against. A CSI snapshot on the copy goes
+	// with it only when every one of them holds it too.
+	Keepers []cluster.Node
 }
 
 // DefaultResync is how often a full plan runs while no node's primaries
@@ -214,22 +219,31 @@ func (s *Scheduler) startRemovals(ctx context.Context) {
 
 // surplusRemover is an agent that deletes a replica as a surplus copy
 // (agentclient.Client does): the node checks again, under the copy's
-// lock, that it is one, and that its newest snapshot is still newest.
+// lock, that it is one, that its newest snapshot is still newest, and
+// that every CSI snapshot on it is among elsewhere.
 type surplusRemover interface {
-	DeleteSurplus(ctx context.Context, volumeID, newest string) (bool, error)
+	DeleteSurplus(ctx context.Context, volumeID, newest string, elsewhere []string) (bool, error)
 }
 
+var _ surplusRemover = (*agentclient.Client)(nil)
+
 // remove deletes one surplus copy, unless a push of its volume runs now
-// (it may be making another copy fresher, or this one).
+// (it may be making another copy fresher, or this one). The CSI
+// snapshots its keepers all hold may go with it (heldByAll).
 func (s *Scheduler) remove(ctx context.Context, r Removal) {
 	log := s.log.With("volume_id", r.VolumeID, "node_id", r.Node.Info.NodeID, "newest", r.Newest)
 	remover, ok := r.Node.Agent.(surplusRemover)
 	if !ok || s.pushingTo(r.VolumeID) != "" {
 		return
 	}
+	elsewhere, err := s.heldByAll(ctx, r.VolumeID, r.Keepers)
+	if err != nil {
+		log.Info("surplus copy kept for now: cannot tell which CSI snapshots its volume's other copies hold", "error", err)
+		return
+	}
 	cctx, cancel := s.cl.Call(ctx)
 	defer cancel()
-	deleted, err := remover.DeleteSurplus(cctx, r.VolumeID, r.Newest)
+	deleted, err := remover.DeleteSurplus(cctx, r.VolumeID, r.Newest, elsewhere)
 	switch {
 	case err != nil:
 		s.Metrics.surplusCopy("kept")
@@ -239,6 +253,31 @@ func (s *Scheduler) remove(ctx context.Context, r Removal) {
 		s.removed.Add(1)
 		log.Info("surplus copy removed: the copy a move demoted, now that the volume's replicas are as fresh")
 	}
+}
+
+// heldByAll returns the IDs of the volume's CSI snapshots that every one
+// of nodes holds a copy of.
+func (s *Scheduler) heldByAll(ctx context.Context, volumeID string, nodes []cluster.Node) ([]string, error) {
+	answers := cluster.Each(ctx, s.cl, nodes, func(ctx context.Context, n cluster.Node) ([]agentclient.Snapshot, error) {
+		return n.Agent.ListSnapshots(ctx, agentclient.SnapshotQuery{SourceVolumeID: volumeID})
+	})
+	count := map[string]int{}
+	for _, a := range answers {
+		if a.Err != nil {
+			return nil, fmt.Errorf("node %s: %w", a.Node.Info.NodeID, a.Err)
+		}
+		for _, snap := range a.Object {
+			count[snap.SnapshotID]++
+		}
+	}
+	var all []string
+	for id, n := range count {
+		if n == len(nodes) {
+			all = append(all, id)
+		}
+	}
+	slices.Sort(all)
+	return all, nil
 }
 
 // SetClock sets the clock the schedule judges ages by (the wall clock by
@@ -262,14 +301,14 @@ func (s *Scheduler) surplus(source cluster.Node, volumeID string, want int, kept
 			r.node.Info.NodeID == source.Info.NodeID || slices.ContainsFunc(kept, func(k replica) bool { return k.node.Info.NodeID == r.node.Info.NodeID }) {
 			continue
 		}
-		asFresh := 0
+		keepers := []cluster.Node{source}
 		for _, k := range kept {
 			if !k.resumable && !k.last.IsZero() && k.last.Unix() > 0 && !k.last.Before(r.last) {
-				asFresh++
+				keepers = append(keepers, k.node)
 			}
 		}
-		if asFresh >= want {
-			out = append(out, Removal{VolumeID: volumeID, Node: r.node, Newest: r.newest})
+		if len(keepers)-1 >= want {
+			out = append(out, Removal{VolumeID: volumeID, Node: r.node, Newest: r.newest, Keepers: keepers})
 		}
 	}
 	return out

@@ -468,17 +468,25 @@ func TestSurplusCopies(t *testing.T) {
 		onN3       *agentclient.Copy
 		demotedAgo time.Duration
 		removed    bool
+		// snapshotOn: the nodes holding a copy of a CSI snapshot of v;
+		// refused: the schedule asks, the node keeps its copy for it.
+		snapshotOn []string
+		refused    bool
 	}{
-		{"the other replica is as fresh: the demoted copy goes", vol("v", 1, "1h"), demoted(5 * time.Minute), ptr(replicaOf("v", time.Minute)), time.Hour, true},
-		{"the volume wants no replica: the demoted copy goes", vol("v", 0, "1h"), demoted(5 * time.Minute), nil, time.Hour, true},
-		{"the other replica is staler: kept until it is as fresh", vol("v", 1, "1h"), demoted(time.Minute), ptr(replicaOf("v", 5*time.Minute)), time.Hour, false},
-		{"no other replica: the demoted copy is the replica", vol("v", 1, "1h"), demoted(time.Minute), nil, time.Hour, false},
-		{"demoted within the grace", vol("v", 0, "1h"), demoted(time.Minute), nil, time.Minute, false},
-		{"not demoted: the schedule's own surplus replica stays", vol("v", 1, "1h"), replicaOf("v", 5*time.Minute), ptr(replicaOf("v", time.Minute)), 0, false},
-		{"the other replica's receive waits to resume", vol("v", 1, "1h"), demoted(5 * time.Minute), ptr(resumable(replicaOf("v", time.Minute))), time.Hour, false},
-		{"its own receive waits to resume", vol("v", 1, "1h"), resumable(demoted(5 * time.Minute)), ptr(replicaOf("v", time.Minute)), time.Hour, false},
-		{"the volume is moving", moving, demoted(5 * time.Minute), ptr(replicaOf("v", time.Minute)), time.Hour, false},
-		{"two wanted: both replicas are kept", vol("v", 2, "1h"), demoted(5 * time.Minute), ptr(replicaOf("v", time.Minute)), time.Hour, false},
+		{"the other replica is as fresh: the demoted copy goes", vol("v", 1, "1h"), demoted(5 * time.Minute), ptr(replicaOf("v", time.Minute)), time.Hour, true, nil, false},
+		{"the volume wants no replica: the demoted copy goes", vol("v", 0, "1h"), demoted(5 * time.Minute), nil, time.Hour, true, nil, false},
+		{"the other replica is staler: kept until it is as fresh", vol("v", 1, "1h"), demoted(time.Minute), ptr(replicaOf("v", 5*time.Minute)), time.Hour, false, nil, false},
+		{"no other replica: the demoted copy is the replica", vol("v", 1, "1h"), demoted(time.Minute), nil, time.Hour, false, nil, false},
+		{"demoted within the grace", vol("v", 0, "1h"), demoted(time.Minute), nil, time.Minute, false, nil, false},
+		{"not demoted: the schedule's own surplus replica stays", vol("v", 1, "1h"), replicaOf("v", 5*time.Minute), ptr(replicaOf("v", time.Minute)), 0, false, nil, false},
+		{"the other replica's receive waits to resume", vol("v", 1, "1h"), demoted(5 * time.Minute), ptr(resumable(replicaOf("v", time.Minute))), time.Hour, false, nil, false},
+		{"its own receive waits to resume", vol("v", 1, "1h"), resumable(demoted(5 * time.Minute)), ptr(replicaOf("v", time.Minute)), time.Hour, false, nil, false},
+		{"the volume is moving", moving, demoted(5 * time.Minute), ptr(replicaOf("v", time.Minute)), time.Hour, false, nil, false},
+		{"two wanted: both replicas are kept", vol("v", 2, "1h"), demoted(5 * time.Minute), ptr(replicaOf("v", time.Minute)), time.Hour, false, nil, false},
+		{"a CSI snapshot every copy holds: the demoted copy goes", vol("v", 1, "1h"), demoted(5 * time.Minute), ptr(replicaOf("v", time.Minute)), time.Hour, true,
+			[]string{"n1", "n2", "n3"}, false},
+		{"a CSI snapshot the kept replica lacks: the node keeps the demoted copy", vol("v", 1, "1h"), demoted(5 * time.Minute), ptr(replicaOf("v", time.Minute)), time.Hour, false,
+			[]string{"n1", "n2"}, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -495,6 +503,9 @@ func TestSurplusCopies(t *testing.T) {
 			if tt.demotedAgo > 0 {
 				agents["n2"].MarkDemoted("v", now.Add(-tt.demotedAgo))
 			}
+			for _, n := range tt.snapshotOn {
+				agents[n].PutSnapshot(agentclient.Snapshot{SnapshotID: "snap-s", SourceVolumeID: "v"})
+			}
 			s := New(cl, 2, hclog.NewNullLogger())
 			s.now = func() time.Time { return now }
 			ctx := context.Background()
@@ -509,8 +520,8 @@ func TestSurplusCopies(t *testing.T) {
 			}
 			// The schedule judges for itself; the node's own refusal is
 			// for what changed since.
-			if asked := count(agents["n2"], "DeleteSurplus") > 0; asked != tt.removed {
-				t.Errorf("n2 asked to remove its copy: %v, want %v", asked, tt.removed)
+			if asked := count(agents["n2"], "DeleteSurplus") > 0; asked != (tt.removed || tt.refused) {
+				t.Errorf("n2 asked to remove its copy: %v, want %v", asked, tt.removed || tt.refused)
 			}
 			if c3, _ := agents["n3"].GetCopy(ctx, "v"); tt.onN3 != nil && !c3.Exists {
 				t.Error("n3's replica was removed")

@@ -2942,12 +2942,15 @@ type DeleteReplicaRequest struct {
 	// When set, the replica goes only as a surplus copy: it must have been
 	// demoted from primary after a move, its newest snapshot must be this
 	// one (the one the caller judged it by), and it must hold no snapshot
-	// but the driver's replication snapshots (a CSI snapshot, or one made
-	// by hand, would be lost with it). Otherwise FailedPrecondition, and
-	// nothing changes.
+	// but the driver's replication snapshots and the CSI snapshots named in
+	// snapshots_elsewhere (any other, or one made by hand, would be lost
+	// with it). Otherwise FailedPrecondition, and nothing changes.
 	SurplusNewest string `protobuf:"bytes,3,opt,name=surplus_newest,json=surplusNewest,proto3" json:"surplus_newest,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// With surplus_newest: the IDs of the volume's CSI snapshots that the
+	// caller found on its primary and on every replica it keeps.
+	SnapshotsElsewhere []string `protobuf:"bytes,4,rep,name=snapshots_elsewhere,json=snapshotsElsewhere,proto3" json:"snapshots_elsewhere,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *DeleteReplicaRequest) Reset() {
@@ -2999,6 +3002,13 @@ func (x *DeleteReplicaRequest) GetSurplusNewest() string {
 		return x.SurplusNewest
 	}
 	return ""
+}
+
+func (x *DeleteReplicaRequest) GetSnapshotsElsewhere() []string {
+	if x != nil {
+		return x.SnapshotsElsewhere
+	}
+	return nil
 }
 
 type DeleteReplicaResponse struct {
@@ -3306,11 +3316,12 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\n" +
 	"generation\x18\x02 \x01(\x04R\n" +
 	"generation\x12\x14\n" +
-	"\x05aside\x18\x03 \x01(\bR\x05aside\"\x81\x01\n" +
+	"\x05aside\x18\x03 \x01(\bR\x05aside\"\xb2\x01\n" +
 	"\x14DeleteReplicaRequest\x12\x1b\n" +
 	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12%\n" +
 	"\x0evolume_deleted\x18\x02 \x01(\bR\rvolumeDeleted\x12%\n" +
-	"\x0esurplus_newest\x18\x03 \x01(\tR\rsurplusNewest\"1\n" +
+	"\x0esurplus_newest\x18\x03 \x01(\tR\rsurplusNewest\x12/\n" +
+	"\x13snapshots_elsewhere\x18\x04 \x03(\tR\x12snapshotsElsewhere\"1\n" +
 	"\x15DeleteReplicaResponse\x12\x18\n" +
 	"\adeleted\x18\x01 \x01(\bR\adeleted2\xc9\f\n" +
 	"\tNodeAgent\x12E\n" +

@@ -358,8 +358,9 @@ func (f *FakeAgent) MarkDemoted(id string, at time.Time) {
 
 // DeleteSurplus deletes the node's replica of volume id as a surplus
 // copy, with the node's checks: demoted by a move, newest still its
-// newest snapshot, no receive to resume (FailedPrecondition otherwise).
-func (f *FakeAgent) DeleteSurplus(_ context.Context, id, newest string) (bool, error) {
+// newest snapshot, no receive to resume, no CSI snapshot of the volume
+// here but those in elsewhere (FailedPrecondition otherwise).
+func (f *FakeAgent) DeleteSurplus(_ context.Context, id, newest string, elsewhere []string) (bool, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.enter("DeleteSurplus", id); err != nil {
@@ -371,6 +372,16 @@ func (f *FakeAgent) DeleteSurplus(_ context.Context, id, newest string) (bool, e
 	}
 	if _, demoted := f.demoted[id]; !demoted || c.LastSnapshot != newest || c.Resumable {
 		return false, errdefs.Wrap(errdefs.ErrFailedPrecondition, "node %s keeps its replica of volume %s: not a surplus copy whose newest snapshot is %s", f.info.NodeID, id, newest)
+	}
+	for _, s := range f.snapshots {
+		if s.SourceVolumeID == id && !slices.Contains(elsewhere, s.SnapshotID) {
+			return false, errdefs.Wrap(errdefs.ErrFailedPrecondition, "node %s keeps its replica of volume %s: it holds snapshot %s, which may exist nowhere else", f.info.NodeID, id, s.SnapshotID)
+		}
+	}
+	for sid, s := range f.snapshots {
+		if s.SourceVolumeID == id {
+			delete(f.snapshots, sid)
+		}
 	}
 	f.forget(id)
 	return true, nil
