@@ -733,26 +733,17 @@ func TestDeleteWithANodeDown(t *testing.T) {
 	e.unpublish(id, "n1")
 
 	e.loseNode("n2")
-	var err error
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(time.Second) {
-		// Until the controller notices n2 is gone, its call may fail
-		// differently; the verdict that counts is the one naming n2.
-		if _, err = e.controller().DeleteVolume(e.ctx, &csi.DeleteVolumeRequest{VolumeId: id}); status.Code(err) == codes.Unavailable {
-			break
-		}
+	deleteVolume := func() error {
+		_, err := e.controller().DeleteVolume(e.ctx, &csi.DeleteVolumeRequest{VolumeId: id})
+		return err
 	}
-	wantCode(t, err, codes.Unavailable, e.node("n2").AgentAddress)
+	wantCode(t, whileNodeDown(deleteVolume), codes.Unavailable, e.node("n2").AgentAddress)
 	if c := e.copyOn(id, "n1"); c.GetRole() != "primary" {
 		t.Fatalf("n1's primary after the refused delete: %+v", c)
 	}
 
 	e.returnNode("n2")
-	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(2 * time.Second) {
-		if _, err = e.controller().DeleteVolume(e.ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err == nil {
-			break
-		}
-	}
-	if err != nil {
+	if err := onceNodeBack(deleteVolume); err != nil {
 		t.Fatalf("delete with every node back: %v", err)
 	}
 	if left := guesttest.Run(t, "sh", "-c", "zfs list -H -o name -t all | grep -- "+id+" || true"); strings.TrimSpace(left) != "" {
@@ -761,6 +752,32 @@ func TestDeleteWithANodeDown(t *testing.T) {
 	if _, err := e.controller().DeleteVolume(e.ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
 		t.Errorf("a repeated delete: %v, want OK", err)
 	}
+}
+
+// whileNodeDown calls call, for up to 30 s, until it answers Unavailable,
+// and returns its last answer: until the controller notices a node is
+// gone, a call may fail differently; the verdict that counts is the one
+// naming the node.
+func whileNodeDown(call func() error) error {
+	var err error
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(time.Second) {
+		if err = call(); status.Code(err) == codes.Unavailable {
+			break
+		}
+	}
+	return err
+}
+
+// onceNodeBack calls call, for up to a minute, until it succeeds, and
+// returns its last answer: a node just back takes a moment to answer.
+func onceNodeBack(call func() error) error {
+	var err error
+	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(2 * time.Second) {
+		if err = call(); err == nil {
+			break
+		}
+	}
+	return err
 }
 
 // TestPartitionedPrimaryTurnsReadOnly: issue 12, case 2 (G1). A primary

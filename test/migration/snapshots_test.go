@@ -7,7 +7,6 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/guesttest"
 )
@@ -77,22 +76,16 @@ func TestSnapshotsFollowTheVolume(t *testing.T) {
 	}
 
 	e.loseNode("n1")
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(time.Second) {
-		if _, err = e.controller().DeleteSnapshot(e.ctx, &csi.DeleteSnapshotRequest{SnapshotId: snapID}); status.Code(err) == codes.Unavailable {
-			break
-		}
+	deleteSnapshot := func() error {
+		_, err := e.controller().DeleteSnapshot(e.ctx, &csi.DeleteSnapshotRequest{SnapshotId: snapID})
+		return err
 	}
-	wantCode(t, err, codes.Unavailable, e.node("n1").AgentAddress)
+	wantCode(t, whileNodeDown(deleteSnapshot), codes.Unavailable, e.node("n1").AgentAddress)
 	if out := guesttest.Run(t, "sh", "-c", "zfs list -H -o name -t snapshot -r "+e.node("n2").RootDataset+" | grep @"+snapID+" || true"); strings.TrimSpace(out) != "" {
 		t.Fatalf("n2's copy of the snapshot outlived the delete:\n%s", out)
 	}
 	e.returnNode("n1")
-	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(2 * time.Second) {
-		if _, err = e.controller().DeleteSnapshot(e.ctx, &csi.DeleteSnapshotRequest{SnapshotId: snapID}); err == nil {
-			break
-		}
-	}
-	if err != nil {
+	if err := onceNodeBack(deleteSnapshot); err != nil {
 		t.Fatalf("DeleteSnapshot with every node back: %v", err)
 	}
 	var left string
