@@ -1,6 +1,8 @@
 package migration
 
 import (
+	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -9,6 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/guesttest"
+	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
 )
 
 // TestSnapshotsFollowTheVolume (issue 16) on real ZFS: a CSI snapshot
@@ -95,4 +98,39 @@ func TestSnapshotsFollowTheVolume(t *testing.T) {
 		}
 	}
 	t.Fatalf("left of the volume and its snapshot after both deletes:\n%s", left)
+}
+
+// TestBytesSentWithSnapshots (issue 16) reports what carrying CSI
+// snapshots costs a replica's first push: a volume with ten snapshots,
+// each taken after 1 MiB of a 4 MiB file was rewritten, against a send
+// of the newest state alone (zfs send -nP, what a push sent before the
+// snapshots rode along). A figure, not an assertion: the difference is
+// the data only the snapshots hold, which a replica must have for them
+// to survive the node.
+func TestBytesSentWithSnapshots(t *testing.T) {
+	e := start(t)
+	id := e.create("ten-snapshots", nil)
+	dir := e.mustPublish(id, "n1")
+	e.write("n1", dir, "dd if=/dev/urandom of=f bs=1M count=4 2>/dev/null")
+	for i := range 10 {
+		e.write("n1", dir, fmt.Sprintf("dd if=/dev/urandom of=f bs=1M count=1 seek=%d conv=notrunc 2>/dev/null", i%4))
+		if _, err := e.controller().CreateSnapshot(e.ctx, &csi.CreateSnapshotRequest{SourceVolumeId: id, Name: fmt.Sprintf("s%d", i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fs := e.node("n1").RootDataset + "/" + id
+	newest := fs + "@" + vocab.SnapshotIDForName("s9")
+	out := guesttest.Run(t, "sh", "-c", "zfs send -nP -L -c "+newest+" | awk '/^size/ {print $2}'")
+	alone, err := strconv.ParseInt(strings.TrimSpace(out), 10, 64)
+	if err != nil {
+		t.Fatalf("zfs send -nP: %q: %v", out, err)
+	}
+	prog := e.replicate(id, "n1", "n2")
+	snaps := guesttest.Run(t, "sh", "-c", "zfs list -H -o name -t snapshot "+e.node("n2").RootDataset+"/"+id+" | grep -c @snap- || true")
+	t.Logf("FIGURE first push of a volume with 10 CSI snapshots: %d bytes (%s snapshots on the replica); its newest state alone: %d bytes; ratio %.2f",
+		prog.GetBytes(), strings.TrimSpace(snaps), alone, float64(prog.GetBytes())/float64(alone))
+	if strings.TrimSpace(snaps) != "10" {
+		t.Errorf("the replica holds %s CSI snapshots, want 10", strings.TrimSpace(snaps))
+	}
+	e.unpublish(id, "n1")
 }
