@@ -82,6 +82,17 @@ func (e *env) create(name string, params map[string]string) string {
 	return resp.GetVolume().GetVolumeId()
 }
 
+// createWritten makes a volume on n1, publishes it there and runs script
+// in it: most tests start so. It returns the volume's ID and the path the
+// workload sees.
+func (e *env) createWritten(name string, params map[string]string, script string) (id, dir string) {
+	e.t.Helper()
+	id = e.create(name, params)
+	dir = e.mustPublish(id, "n1")
+	e.write("n1", dir, script)
+	return id, dir
+}
+
 // publish does what Nomad does for a claim on nodeID: ControllerPublish
 // (retried while a move's catch-up runs, sim.Publish), then stage and
 // publish with the publish context. It returns the path the
@@ -240,9 +251,7 @@ func TestPlannedMove(t *testing.T) {
 	for _, withReplica := range []bool{false, true} {
 		t.Run(fmt.Sprintf("replica=%v", withReplica), func(t *testing.T) {
 			e.t = t
-			id := e.create(fmt.Sprintf("move-%v", withReplica), nil)
-			dir := e.mustPublish(id, "n1")
-			e.write("n1", dir, "mkdir -p d && echo one > a && seq 1 50000 > d/n && dd if=/dev/urandom of=blob bs=1M count=24 2>/dev/null")
+			id, dir := e.createWritten(fmt.Sprintf("move-%v", withReplica), nil, "mkdir -p d && echo one > a && seq 1 50000 > d/n && dd if=/dev/urandom of=blob bs=1M count=24 2>/dev/null")
 			if withReplica {
 				e.replicate(id, "n1", "n2")
 				e.write("n1", dir, "echo two > a && echo late > d/late")
@@ -380,9 +389,8 @@ func TestPublishAfterSilentNodeLoss(t *testing.T) {
 	const agentTimeout = 30 * time.Second // the production default
 	c := guesttest.StartCluster(t, 3, sim.Options{ControllerArgs: []string{"-schedule-every", "0", "-agent-timeout", agentTimeout.String()}})
 	e := &env{t: t, c: c, ctx: context.Background()}
-	id := e.create("silent", map[string]string{"failover": "auto"})
-	dir := e.mustPublish(id, "n1") // the controller now holds a connection to every agent
-	e.write("n1", dir, "echo replicated > a")
+	// Published: the controller now holds a connection to every agent.
+	id, _ := e.createWritten("silent", map[string]string{"failover": "auto"}, "echo replicated > a")
 	e.replicate(id, "n1", "n2")
 	e.unpublish(id, "n1")
 
@@ -407,9 +415,7 @@ func TestPublishAfterSilentNodeLoss(t *testing.T) {
 // back again, is refused for staging and set aside, never destroyed.
 func TestFailoverAuto(t *testing.T) {
 	e := start(t)
-	id := e.create("precious", map[string]string{"failover": "auto"})
-	dir := e.mustPublish(id, "n1")
-	e.write("n1", dir, "echo replicated > a && dd if=/dev/urandom of=blob bs=1M count=8 2>/dev/null")
+	id, dir := e.createWritten("precious", map[string]string{"failover": "auto"}, "echo replicated > a && dd if=/dev/urandom of=blob bs=1M count=8 2>/dev/null")
 	e.replicate(id, "n1", "n3") // older replica
 	e.write("n1", dir, "echo newer > b")
 	e.replicate(id, "n1", "n2") // the freshest
@@ -477,9 +483,7 @@ func TestFailoverAuto(t *testing.T) {
 // hand out the stale copy.
 func TestStaleCopyWaitsForTheNewestsNode(t *testing.T) {
 	e := start(t)
-	id := e.create("promised", map[string]string{"failover": "auto"})
-	dir := e.mustPublish(id, "n1")
-	e.write("n1", dir, "echo replicated > a")
+	id, _ := e.createWritten("promised", map[string]string{"failover": "auto"}, "echo replicated > a")
 	e.replicate(id, "n1", "n2")
 	e.replicate(id, "n1", "n3")
 	e.unpublish(id, "n1")
@@ -517,9 +521,7 @@ func TestStaleCopyWaitsForTheNewestsNode(t *testing.T) {
 // message until the operator promotes a replica.
 func TestFailoverManual(t *testing.T) {
 	e := start(t)
-	id := e.create("careful", nil)
-	dir := e.mustPublish(id, "n1")
-	e.write("n1", dir, "echo hello > a")
+	id, _ := e.createWritten("careful", nil, "echo hello > a")
 	e.replicate(id, "n1", "n2")
 	e.loseNode("n1")
 
@@ -654,9 +656,7 @@ func TestCatchUpBlocksNoOtherVolume(t *testing.T) {
 			t.Error(err)
 		}
 	}()
-	id := e.create("bulk", nil)
-	dir := e.mustPublish(id, "n1")
-	e.write("n1", dir, "dd if=/dev/urandom of=blob bs=1M count=300 2>/dev/null && echo end > z")
+	id, dir := e.createWritten("bulk", nil, "dd if=/dev/urandom of=blob bs=1M count=300 2>/dev/null && echo end > z")
 	before := e.checksums("n1", dir)
 	e.unpublish(id, "n1")
 
@@ -726,9 +726,7 @@ func (e *env) waitForTransfer(id, nodeID string) {
 // copy and answers OK, and a retry answers OK again.
 func TestDeleteWithANodeDown(t *testing.T) {
 	e := start(t)
-	id := e.create("doomed", nil)
-	dir := e.mustPublish(id, "n1")
-	e.write("n1", dir, "echo keep-until-deleted > a")
+	id, _ := e.createWritten("doomed", nil, "echo keep-until-deleted > a")
 	e.replicate(id, "n1", "n2")
 	e.unpublish(id, "n1")
 
@@ -789,9 +787,7 @@ func onceNodeBack(call func() error) error {
 func TestPartitionedPrimaryTurnsReadOnly(t *testing.T) {
 	const lease = 8 * time.Second
 	e := startWithLease(t, lease)
-	id := e.create("partitioned", nil)
-	dir := e.mustPublish(id, "n1")
-	e.write("n1", dir, "echo before > a")
+	id, dir := e.createWritten("partitioned", nil, "echo before > a")
 	n1 := e.node("n1")
 	probe := func() error { return e.tryWrite("n1", dir) }
 	cut := e.cutOffWhenLeased("n1", lease, probe)
@@ -869,9 +865,7 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 func TestFailoverWaitsForTheLease(t *testing.T) {
 	const lease, margin = 8 * time.Second, 4 * time.Second
 	e := startWithLease(t, lease, "-lease-margin="+margin.String())
-	id := e.create("leased", map[string]string{"failover": "auto"})
-	dir := e.mustPublish(id, "n1")
-	e.write("n1", dir, "echo replicated > a")
+	id, dir := e.createWritten("leased", map[string]string{"failover": "auto"}, "echo replicated > a")
 	e.replicate(id, "n1", "n2")
 	replicated := e.checksums("n1", dir)
 	n1 := e.node("n1")

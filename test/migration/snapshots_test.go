@@ -23,9 +23,7 @@ import (
 // retry deletes the last copy, and nothing of the volume is left.
 func TestSnapshotsFollowTheVolume(t *testing.T) {
 	e := start(t)
-	id := e.create("snapped", nil)
-	dir := e.mustPublish(id, "n1")
-	e.write("n1", dir, "echo before > a && dd if=/dev/urandom of=blob bs=1M count=4 2>/dev/null")
+	id, dir := e.createWritten("snapped", nil, "echo before > a && dd if=/dev/urandom of=blob bs=1M count=4 2>/dev/null")
 	taken := e.checksums("n1", dir)
 	snap, err := e.controller().CreateSnapshot(e.ctx, &csi.CreateSnapshotRequest{SourceVolumeId: id, Name: "before-the-move"})
 	if err != nil {
@@ -109,9 +107,7 @@ func TestSnapshotsFollowTheVolume(t *testing.T) {
 // to survive the node.
 func TestBytesSentWithSnapshots(t *testing.T) {
 	e := start(t)
-	id := e.create("ten-snapshots", nil)
-	dir := e.mustPublish(id, "n1")
-	e.write("n1", dir, "dd if=/dev/urandom of=f bs=1M count=4 2>/dev/null")
+	id, dir := e.createWritten("ten-snapshots", nil, "dd if=/dev/urandom of=f bs=1M count=4 2>/dev/null")
 	for i := range 10 {
 		e.write("n1", dir, fmt.Sprintf("dd if=/dev/urandom of=f bs=1M count=1 seek=%d conv=notrunc 2>/dev/null", i%4))
 		if _, err := e.controller().CreateSnapshot(e.ctx, &csi.CreateSnapshotRequest{SourceVolumeId: id, Name: fmt.Sprintf("s%d", i)}); err != nil {
