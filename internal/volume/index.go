@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -329,7 +330,7 @@ func (m *Manager) listPrimaries(ctx context.Context) (map[string]string, error) 
 		tombstones = tombstonesAmong(children)
 		return m.volumesAmong(children), nil
 	}
-	index, err := listForIndex(ctx, m.log, "primaries", list, func(v Volume) (string, string) { return v.ID, v.Dataset })
+	index, err := listForIndex(ctx, m.log, "primaries", &m.primariesListed, list, func(v Volume) (string, string) { return v.ID, v.Dataset })
 	if err == nil {
 		m.collectTombstones(tombstones)
 	}
@@ -338,8 +339,10 @@ func (m *Manager) listPrimaries(ctx context.Context) (map[string]string, error) 
 
 // listForIndex lists what an index holds with list, maps each item to
 // its ID and dataset with entry, and logs how long that took: at a
-// thousand volumes a listing costs seconds.
-func listForIndex[T any](ctx context.Context, log hclog.Logger, what string, list func(context.Context) ([]T, error), entry func(T) (id, dataset string)) (map[string]string, error) {
+// thousand volumes a listing costs seconds. The first listing since the
+// start (listed tells) and a slow one log at info: an operator sees when
+// a node that started has its indexes, and why calls slow down.
+func listForIndex[T any](ctx context.Context, log hclog.Logger, what string, listed *atomic.Bool, list func(context.Context) ([]T, error), entry func(T) (id, dataset string)) (map[string]string, error) {
 	began := time.Now()
 	items, err := list(ctx)
 	if err != nil {
@@ -353,7 +356,7 @@ func listForIndex[T any](ctx context.Context, log hclog.Logger, what string, lis
 	}
 	took := time.Since(began)
 	logAt := log.Debug
-	if took >= slowListing {
+	if first := !listed.Swap(true); first || took >= slowListing {
 		logAt = log.Info
 	}
 	logAt("listed the node's "+what+" for their index", "count", len(out), "took", took,
@@ -498,7 +501,7 @@ func (m *Manager) snapshots(ctx context.Context) (map[string]string, error) {
 
 // listSnapshotIndex lists the node's CSI snapshots for their index.
 func (m *Manager) listSnapshotIndex(ctx context.Context) (map[string]string, error) {
-	return listForIndex(ctx, m.log, "CSI snapshots", m.ListSnapshots, func(s Snapshot) (string, string) { return s.ID, s.Dataset })
+	return listForIndex(ctx, m.log, "CSI snapshots", &m.snapshotsListed, m.ListSnapshots, func(s Snapshot) (string, string) { return s.ID, s.Dataset })
 }
 
 // reindexSnapshot reads one snapshot again and updates the index.

@@ -116,9 +116,11 @@ type Manager struct {
 	legacyPromises atomic.Bool
 	now            func() time.Time
 	confirmed      confirmations
-	// primaryIndex and snapshotIndex: see index.go.
-	primaryIndex, snapshotIndex idIndex
-	started                     time.Time // of the process: part of VolumesVersion
+	// primaryIndex and snapshotIndex: see index.go. primariesListed and
+	// snapshotsListed tell whether each was listed once since the start.
+	primaryIndex, snapshotIndex      idIndex
+	primariesListed, snapshotsListed atomic.Bool
+	started                          time.Time // of the process: part of VolumesVersion
 	// sweeping tells whether the tombstones a listing found are being
 	// collected (collectTombstones).
 	sweepMu  sync.Mutex
