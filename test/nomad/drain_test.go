@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"regexp"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/guesttest"
@@ -70,6 +71,7 @@ func (e *e2e) drainManyVolumes() {
 		}
 	}
 	moved := e.timedDrain(node, jobs, true)
+	e.showMoves()
 	need := time.Duration(float64(unreplicated) / rate * float64(time.Second))
 	goal := time.Duration(1.5*float64(plain)) + need
 	e.tell("FIGURE drain of %d jobs with their volumes: %s; without volumes %s; %d MiB not replicated at the drain, %s at %.1f MiB/s; goal (1.5x plus that) %s",
@@ -94,6 +96,19 @@ func (e *e2e) drainManyVolumes() {
 			_, err := e.run("volume", "delete", j.name)
 			return err
 		})
+	}
+}
+
+// showMoves logs the controller's lines about moves and refused or slow
+// calls, whatever the outcome: where a drain's minutes go (a passing run
+// keeps no other log).
+func (e *e2e) showMoves() {
+	e.t.Helper()
+	for _, n := range e.c.Nodes {
+		out, _ := n.Exec(fmt.Sprintf("cat %s/data/alloc/*/alloc/logs/zfs-controller.std*.* 2>/dev/null | grep -E 'zfs-controller\\.(migration|csi)' | tail -n 400; true", nomadDir))
+		if strings.TrimSpace(out) != "" {
+			e.t.Logf("---- the controller's moves and calls (on %s) ----\n%s", n.ID, out)
+		}
 	}
 }
 
