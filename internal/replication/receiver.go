@@ -914,27 +914,23 @@ func (r *Receiver) removeReplica(ctx context.Context, fs string) (string, error)
 	if !slices.ContainsFunc(snaps, isLiveCSISnapshot) {
 		return "", r.destroyReplica(ctx, fs)
 	}
-	return r.entomb(ctx, fs, snaps)
+	return r.entomb(ctx, fs)
 }
 
-// entomb turns replica fs, with its snapshots snaps, into a tombstone:
-// any partial receive, its holds and its replication snapshots go; it is
+// entomb turns replica fs into a tombstone: any partial receive, its
+// holds and (pruned with none kept) its replication snapshots go; it is
 // labelled deleted and renamed <fs>-deleted-<nanos>. The node collects it
 // once its last CSI snapshot is deleted (volume.Manager). Entombed, when
 // set, learns its name.
-func (r *Receiver) entomb(ctx context.Context, fs string, snaps []zfscmd.Snap) (string, error) {
+func (r *Receiver) entomb(ctx context.Context, fs string) (string, error) {
 	if err := r.abortPartial(ctx, fs); err != nil {
 		return "", err
 	}
 	if err := releaseTags(ctx, r.z, fs, func(string) bool { return true }); err != nil {
 		return "", err
 	}
-	for _, s := range snaps {
-		if strings.HasPrefix(shortSnapshotName(s.Name), SnapshotPrefix) {
-			if err := r.z.Destroy(ctx, s.Name); err != nil && !errors.Is(err, zfs.ErrNotFound) {
-				return "", fmt.Errorf("destroying the replication snapshot %s: %w", s.Name, err)
-			}
-		}
+	if err := prune(ctx, r.z, fs, 0); err != nil {
+		return "", err
 	}
 	now := time.Now()
 	if err := r.z.Set(ctx, fs, map[string]string{volume.PropRole: vocab.RoleDeleted, volume.PropDeletedAt: now.UTC().Format(time.RFC3339)}); err != nil {
