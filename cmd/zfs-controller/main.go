@@ -34,6 +34,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/metrics"
 	"github.com/zfs-nomad/zfs-nomad/internal/migration"
 	"github.com/zfs-nomad/zfs-nomad/internal/operator"
+	"github.com/zfs-nomad/zfs-nomad/internal/provision"
 	"github.com/zfs-nomad/zfs-nomad/internal/scheduler"
 	"github.com/zfs-nomad/zfs-nomad/internal/tlsconfig"
 	"github.com/zfs-nomad/zfs-nomad/internal/version"
@@ -151,6 +152,9 @@ func serve(c command, args []string) error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	// Snapshots deleted while a node was away: their copies there go
+	// when it is back (docs/replication.md, "Deleted while a node was away").
+	go provision.New(nodes, migrator, cfg.Placement, log.Named("snapshots")).RunDeletions(ctx, time.Minute)
 	if every := time.Duration(cfg.ScheduleEvery); every > 0 {
 		sched := scheduler.New(nodes, cfg.ParallelPushes, log.Named("replication"))
 		sched.Metrics = scheduler.NewMetrics(registry)

@@ -247,9 +247,24 @@ func (s *Server) CreateSnapshot(ctx context.Context, req *pb.CreateSnapshotReque
 	return s.snapshotToPB(snap), nil
 }
 
+// DeleteSnapshot remembers the deletion first when asked, so that a copy
+// the delete then fails to remove is hidden all the same, and forgets it
+// last, once the copy is gone.
 func (s *Server) DeleteSnapshot(ctx context.Context, req *pb.DeleteSnapshotRequest) (*pb.DeleteSnapshotResponse, error) {
-	if err := s.volumes.DeleteSnapshot(ctx, req.GetSnapshotId()); err != nil {
+	id := req.GetSnapshotId()
+	if req.GetRemember() {
+		d := volume.DeletedSnapshot{ID: id, SourceVolumeID: req.GetSourceVolumeId(), CreatedUnix: req.GetCreatedUpToUnix()}
+		if err := s.volumes.RememberDeleted(ctx, d); err != nil {
+			return nil, err
+		}
+	}
+	if err := s.volumes.DeleteSnapshotUpTo(ctx, id, req.GetCreatedUpToUnix()); err != nil {
 		return nil, err
+	}
+	if req.GetForget() {
+		if err := s.volumes.ForgetDeleted(ctx, id); err != nil {
+			return nil, err
+		}
 	}
 	return &pb.DeleteSnapshotResponse{}, nil
 }
@@ -257,14 +272,16 @@ func (s *Server) DeleteSnapshot(ctx context.Context, req *pb.DeleteSnapshotReque
 func (s *Server) ListSnapshots(ctx context.Context, req *pb.ListSnapshotsRequest) (*pb.ListSnapshotsResponse, error) {
 	var snaps []volume.Snapshot
 	var err error
-	if id := req.GetSnapshotId(); id != "" {
+	switch id := req.GetSnapshotId(); {
+	case req.GetDeletedOnly(): // the records alone
+	case id != "":
 		var snap volume.Snapshot
 		if snap, err = s.volumes.GetSnapshot(ctx, id); err == nil {
 			snaps = append(snaps, snap)
 		} else if errors.Is(err, errdefs.ErrNotFound) {
 			err = nil
 		}
-	} else {
+	default:
 		snaps, err = s.volumes.SnapshotPage(ctx, req.GetFrom(), int(req.GetMaxEntries()), req.GetSourceVolumeId())
 	}
 	if err != nil {
@@ -274,7 +291,30 @@ func (s *Server) ListSnapshots(ctx context.Context, req *pb.ListSnapshotsRequest
 	for _, sn := range snaps {
 		resp.Snapshots = append(resp.Snapshots, s.snapshotToPB(sn))
 	}
+	if req.GetWithDeleted() || req.GetDeletedOnly() {
+		records, err := s.deletedSnapshots(ctx, req.GetSnapshotId(), req.GetSourceVolumeId())
+		if err != nil {
+			return nil, err
+		}
+		resp.Snapshots = append(resp.Snapshots, records...)
+	}
 	return resp, nil
+}
+
+// deletedSnapshots answers the node's records of deleted snapshots, of
+// snapshot id or of source volume when given.
+func (s *Server) deletedSnapshots(ctx context.Context, id, source string) ([]*pb.Snapshot, error) {
+	records, err := s.volumes.DeletedSnapshots(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []*pb.Snapshot
+	for _, d := range records {
+		if (id == "" || d.ID == id) && (source == "" || d.SourceVolumeID == source) {
+			out = append(out, &pb.Snapshot{SnapshotId: d.ID, SourceVolumeId: d.SourceVolumeID, CreatedUnix: d.CreatedUnix, NodeId: s.cfg.NodeID, Deleted: true})
+		}
+	}
+	return out, nil
 }
 
 func (s *Server) volumeToPB(v volume.Volume) *pb.Volume {

@@ -152,3 +152,64 @@ func TestDeleteSurplus(t *testing.T) {
 		})
 	}
 }
+
+// TestDeleteSnapshotRemembersAndForgets: the agent records a deletion
+// before it deletes the copy, answers the record with the snapshots when
+// asked (and only then), and forgets it on request.
+func TestDeleteSnapshotRemembersAndForgets(t *testing.T) {
+	ctx := context.Background()
+	s, volumes, _ := newServer(t)
+	v, err := volumes.Create(ctx, volume.CreateRequest{Name: "v"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, err := volumes.CreateSnapshot(ctx, v.ID, "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept, err := volumes.CreateSnapshot(ctx, v.ID, "kept")
+	if err != nil {
+		t.Fatal(err)
+	}
+	del := &pb.DeleteSnapshotRequest{SnapshotId: snap.ID, CreatedUpToUnix: snap.Created.Unix(), Remember: true, SourceVolumeId: v.ID}
+	if _, err := s.DeleteSnapshot(ctx, del); err != nil {
+		t.Fatal(err)
+	}
+	list := func(req *pb.ListSnapshotsRequest) (copies, records []string) {
+		t.Helper()
+		resp, err := s.ListSnapshots(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, sn := range resp.GetSnapshots() {
+			if sn.GetDeleted() {
+				records = append(records, sn.GetSnapshotId())
+			} else {
+				copies = append(copies, sn.GetSnapshotId())
+			}
+		}
+		return copies, records
+	}
+	for _, c := range []struct {
+		req                   *pb.ListSnapshotsRequest
+		wantCopies, wantRecds []string
+	}{
+		{&pb.ListSnapshotsRequest{}, []string{kept.ID}, nil},
+		{&pb.ListSnapshotsRequest{WithDeleted: true}, []string{kept.ID}, []string{snap.ID}},
+		{&pb.ListSnapshotsRequest{WithDeleted: true, SourceVolumeId: v.ID}, []string{kept.ID}, []string{snap.ID}},
+		{&pb.ListSnapshotsRequest{WithDeleted: true, SourceVolumeId: "vol-00000000000000000000"}, nil, nil},
+		{&pb.ListSnapshotsRequest{WithDeleted: true, SnapshotId: kept.ID}, []string{kept.ID}, nil},
+		{&pb.ListSnapshotsRequest{DeletedOnly: true}, nil, []string{snap.ID}},
+	} {
+		copies, records := list(c.req)
+		if !slices.Equal(copies, c.wantCopies) || !slices.Equal(records, c.wantRecds) {
+			t.Errorf("ListSnapshots(%v): copies %v, records %v; want %v, %v", c.req, copies, records, c.wantCopies, c.wantRecds)
+		}
+	}
+	if _, err := s.DeleteSnapshot(ctx, &pb.DeleteSnapshotRequest{SnapshotId: snap.ID, Forget: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, records := list(&pb.ListSnapshotsRequest{DeletedOnly: true}); len(records) != 0 {
+		t.Errorf("records after forgetting: %v, want none", records)
+	}
+}

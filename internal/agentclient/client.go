@@ -104,9 +104,16 @@ func (c *Client) CreateSnapshot(ctx context.Context, sourceVolumeID, name string
 	return snapshotFromPB(s), nil
 }
 
-// DeleteSnapshot deletes a snapshot on the node.
-func (c *Client) DeleteSnapshot(ctx context.Context, snapshotID string) error {
-	_, err := c.rpc.DeleteSnapshot(ctx, &pb.DeleteSnapshotRequest{SnapshotId: snapshotID})
+// DeleteSnapshot deletes the node's copy of a snapshot, and remembers or
+// forgets its deletion as d asks.
+func (c *Client) DeleteSnapshot(ctx context.Context, d SnapshotDeletion) error {
+	_, err := c.rpc.DeleteSnapshot(ctx, &pb.DeleteSnapshotRequest{
+		SnapshotId:      d.SnapshotID,
+		CreatedUpToUnix: d.CreatedUpToUnix,
+		Remember:        d.Remember,
+		SourceVolumeId:  d.SourceVolumeID,
+		Forget:          d.Forget,
+	})
 	return fromStatus(err)
 }
 
@@ -117,6 +124,8 @@ func (c *Client) ListSnapshots(ctx context.Context, q SnapshotQuery) ([]Snapshot
 		SourceVolumeId: q.SourceVolumeID,
 		From:           q.From,
 		MaxEntries:     q.MaxEntries,
+		WithDeleted:    q.WithDeleted,
+		DeletedOnly:    q.DeletedOnly,
 	})
 	if err != nil {
 		return nil, fromStatus(err)

@@ -45,6 +45,7 @@ func snapshotFromPB(s *pb.Snapshot) Snapshot {
 		SizeBytes:      s.GetSizeBytes(),
 		CreatedUnix:    s.GetCreatedUnix(),
 		NodeID:         s.GetNodeId(),
+		Deleted:        s.GetDeleted(),
 	}
 }
 

@@ -64,15 +64,37 @@ type Snapshot struct {
 	SizeBytes      uint64
 	CreatedUnix    int64
 	NodeID         string
+	// Deleted marks a record, not a copy: every copy of SnapshotID
+	// created at or before CreatedUnix is deleted (docs/replication.md,
+	// "Deleted while a node was away"). Only a query WithDeleted or
+	// DeletedOnly answers records.
+	Deleted bool
 }
 
 // SnapshotQuery selects a node's snapshots: by ID, by source volume, and
 // a page of the list (from From on, at most MaxEntries; zero: all).
+// WithDeleted adds the node's records of deleted snapshots of that ID or
+// volume, all of them whatever the page; DeletedOnly answers only those.
 type SnapshotQuery struct {
 	SnapshotID     string
 	SourceVolumeID string
 	From           string
 	MaxEntries     uint32
+	WithDeleted    bool
+	DeletedOnly    bool
+}
+
+// SnapshotDeletion asks a node to delete its copy of a snapshot: only a
+// copy created at or before CreatedUpToUnix when that is set (a record
+// never deletes a snapshot taken again under the same name). Remember
+// first records on the node that the snapshot is deleted; Forget removes
+// that record once no copy is left anywhere.
+type SnapshotDeletion struct {
+	SnapshotID      string
+	CreatedUpToUnix int64
+	Remember        bool
+	SourceVolumeID  string // of the record Remember writes
+	Forget          bool
 }
 
 // Progress is one report of a push (Replicate).

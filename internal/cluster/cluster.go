@@ -44,7 +44,7 @@ type Agent interface {
 	ListVolumes(ctx context.Context, page agentclient.Page) ([]agentclient.Volume, error)
 	ExpandVolume(ctx context.Context, volumeID string, requiredBytes, limitBytes uint64) (capacityBytes uint64, err error)
 	CreateSnapshot(ctx context.Context, sourceVolumeID, name string) (agentclient.Snapshot, error)
-	DeleteSnapshot(ctx context.Context, snapshotID string) error
+	DeleteSnapshot(ctx context.Context, d agentclient.SnapshotDeletion) error
 	ListSnapshots(ctx context.Context, q agentclient.SnapshotQuery) ([]agentclient.Snapshot, error)
 	Replicate(ctx context.Context, volumeID, targetAddr, purpose string, each func(agentclient.Progress)) (agentclient.Progress, error)
 	Status(ctx context.Context) (agentclient.NodeStatus, error)

@@ -61,6 +61,8 @@ func (w *world) pick() func() {
 		{2, func() { w.delete(v) }},
 		{5, func() { w.snapshot(v) }},
 		{3, func() { w.deleteSnapshot() }},
+		{3, func() { w.finishDeletions() }},
+		{3, func() { w.checkDeletedStayDeleted() }},
 		{2, func() { w.restore() }},
 		{3, func() { w.expand(v) }},
 		{15, func() {}}, // time passes

@@ -30,6 +30,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/csi/controller"
 	"github.com/zfs-nomad/zfs-nomad/internal/migration"
 	"github.com/zfs-nomad/zfs-nomad/internal/mount"
+	"github.com/zfs-nomad/zfs-nomad/internal/provision"
 	"github.com/zfs-nomad/zfs-nomad/internal/scheduler"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs/zfsfake"
 )
@@ -104,6 +105,9 @@ type world struct {
 	sched *scheduler.Scheduler
 	vols  []*simVolume
 	snaps []*simSnapshot // the CSI snapshots the CO holds
+	// deletedSnaps: those DeleteSnapshot answered OK for (D1).
+	deletedSnaps []*simSnapshot
+	deletions    *provision.Provisioner // the controller's pass over deletions a node missed
 	// snapshotsTaken and restores count CreateSnapshot and restore calls,
 	// to name their objects.
 	snapshotsTaken, restores int
@@ -136,6 +140,9 @@ type Stats struct {
 	// from a snapshot and ControllerExpandVolume answered OK.
 	SnapshotDeletes, Restores, Expands int
 	SurplusRemoved                     int // copies a move demoted that the schedule removed
+	// DeletedCopiesHidden: D1 checks made while a copy of the deleted
+	// snapshot was still on some node.
+	DeletedCopiesHidden int
 }
 
 func (s *Stats) Add(o Stats) {
@@ -154,6 +161,7 @@ func (s *Stats) Add(o Stats) {
 	s.Restores += o.Restores
 	s.Expands += o.Expands
 	s.SurplusRemoved += o.SurplusRemoved
+	s.DeletedCopiesHidden += o.DeletedCopiesHidden
 }
 
 // Run runs one seed and returns the first invariant it broke, with the
@@ -274,6 +282,7 @@ func (w *world) startController() {
 	// and exercises pushes through the schedule.
 	mig.CatchUpFresh = -1
 	w.ctl = controller.New(w.cl, mig, "most-free", log)
+	w.deletions = provision.New(w.cl, mig, "most-free", log)
 	w.sched = scheduler.New(w.cl, 2, log)
 	w.sched.Settle = mig.Settle
 	// Surplus copies go as soon as they are surplus: the simulation's

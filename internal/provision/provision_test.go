@@ -483,24 +483,88 @@ func TestSnapshots(t *testing.T) {
 	if all, err := p.ListSnapshots(ctx, SnapshotQuery{}); err != nil || len(all.Snapshots) != 1 || all.Snapshots[0].SnapshotID != tID {
 		t.Fatalf("ListSnapshots with t on two nodes: %+v, %v; want t once", all, err)
 	}
-	w.nodes["n1"].PutSnapshot(tCopy[0])
-	w.nodes["n1"].SetDown(true)
-	if err := p.DeleteSnapshot(ctx, tID); !errors.Is(err, errdefs.ErrUnavailable) {
-		t.Fatalf("deleting a snapshot with a node down: %v, want Unavailable (the node may hold a copy)", err)
-	}
-	if w.nodes["n2"].HasSnapshot(tID) || w.nodes["n3"].HasSnapshot(tID) {
-		t.Errorf("the copies on the nodes that answered were not deleted")
-	}
-	w.nodes["n1"].SetDown(false)
-	if err := p.DeleteSnapshot(ctx, tID); err != nil || w.nodes["n1"].HasSnapshot(tID) {
-		t.Fatalf("the retry once every node answers: %v (n1 still holds it: %v), want every copy gone", err, w.nodes["n1"].HasSnapshot(tID))
-	}
 	w.nodes["n3"].SetDown(true)
-	if err := p.DeleteSnapshot(ctx, vocab.SnapshotIDForName("t")); !errors.Is(err, errdefs.ErrUnavailable) {
-		t.Fatalf("deleting a deleted snapshot with a node down: %v, want Unavailable", err)
-	}
 	if err := p.DeleteSnapshot(ctx, vocab.SnapshotIDForName("u")); !errors.Is(err, errdefs.ErrUnavailable) {
 		t.Fatalf("deleting a snapshot no answering node holds, with a node down: %v, want Unavailable", err)
+	}
+	w.nodes["n3"].SetDown(false)
+	if err := p.DeleteSnapshot(ctx, tID); err != nil || w.nodes["n2"].HasSnapshot(tID) || w.nodes["n3"].HasSnapshot(tID) {
+		t.Fatalf("DeleteSnapshot of t: %v; want every copy gone", err)
+	}
+}
+
+// TestSnapshotDeletedWhileANodeIsAway: a delete while a node holding a
+// copy is away succeeds when a majority answers and remembers it; the away
+// node's copy is then never listed or restored, is deleted once the node
+// is back, and the records go with it. With a majority away nothing is
+// deleted.
+func TestSnapshotDeletedWhileANodeIsAway(t *testing.T) {
+	w := newWorld()
+	vol := w.nodes["n1"].PutPrimary("v", 1)
+	p := w.provisioner(t)
+	ctx := context.Background()
+	snap, err := p.CreateSnapshot(ctx, "s", vol)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := snap.SnapshotID
+	w.nodes["n2"].PutSnapshot(snap) // replication took it to n2's replica
+
+	w.nodes["n2"].SetDown(true)
+	if err := p.DeleteSnapshot(ctx, id); err != nil {
+		t.Fatalf("deleting with a holder away and a majority answering: %v, want OK", err)
+	}
+	if w.nodes["n1"].HasSnapshot(id) || !w.nodes["n1"].Remembers(id) || !w.nodes["n3"].Remembers(id) {
+		t.Fatalf("after the delete: n1 holds a copy %v, n1 remembers %v, n3 remembers %v; want no copy and both remembering",
+			w.nodes["n1"].HasSnapshot(id), w.nodes["n1"].Remembers(id), w.nodes["n3"].Remembers(id))
+	}
+	if err := p.DeleteSnapshot(ctx, id); err != nil {
+		t.Fatalf("the delete repeated while n2 is away: %v, want OK", err)
+	}
+
+	w.nodes["n2"].SetDown(false) // back, with its copy
+	for _, q := range []SnapshotQuery{{}, {SnapshotID: id}, {SourceVolumeID: vol}, {Page: Page{MaxEntries: 1}}} {
+		if page, err := p.ListSnapshots(ctx, q); err != nil || len(page.Snapshots) != 0 {
+			t.Errorf("ListSnapshots(%+v) with n2 back: %+v, %v; want the deleted snapshot hidden", q, page, err)
+		}
+	}
+	if _, err := p.SnapshotCopies(ctx, id); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("where to restore the deleted snapshot: %v, want NotFound", err)
+	}
+	if err := p.FinishDeletions(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"n1", "n2", "n3"} {
+		if w.nodes[n].HasSnapshot(id) || w.nodes[n].Remembers(id) {
+			t.Errorf("%s after FinishDeletions: copy %v, record %v; want neither", n, w.nodes[n].HasSnapshot(id), w.nodes[n].Remembers(id))
+		}
+	}
+
+	// A majority away: no record is sure to be met, so nothing goes.
+	again, err := p.CreateSnapshot(ctx, "s", vol)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.nodes["n2"].PutSnapshot(again)
+	w.nodes["n2"].SetDown(true)
+	w.nodes["n3"].SetDown(true)
+	if err := p.DeleteSnapshot(ctx, id); !errors.Is(err, errdefs.ErrUnavailable) || !w.nodes["n1"].HasSnapshot(id) {
+		t.Fatalf("deleting with a majority away: %v (n1's copy kept: %v), want Unavailable and nothing deleted", err, w.nodes["n1"].HasSnapshot(id))
+	}
+
+	// Taken again under the same name while an old copy is away: the old
+	// copy is deleted first, and the new snapshot is never hidden.
+	w.nodes["n3"].SetDown(false)
+	if err := p.DeleteSnapshot(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	w.nodes["n2"].SetDown(false)
+	fresh, err := p.CreateSnapshot(ctx, "s", vol)
+	if err != nil || w.nodes["n2"].HasSnapshot(id) {
+		t.Fatalf("CreateSnapshot after a deletion n2 missed: %v (n2's old copy left: %v); want the old copy deleted and a new snapshot", err, w.nodes["n2"].HasSnapshot(id))
+	}
+	if page, err := p.ListSnapshots(ctx, SnapshotQuery{SnapshotID: id}); err != nil || len(page.Snapshots) != 1 || page.Snapshots[0].NodeID != "n1" {
+		t.Fatalf("the snapshot taken again: %+v, %v; want it listed, on n1 (%+v)", page, err, fresh)
 	}
 }
 

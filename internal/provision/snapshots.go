@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
+	"time"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/agentclient"
 	"github.com/zfs-nomad/zfs-nomad/internal/cluster"
@@ -24,42 +27,90 @@ func (p *Provisioner) FindSnapshot(ctx context.Context, id string) (cluster.Loca
 
 // SnapshotCopies finds every copy of the snapshot: replication takes a
 // CSI snapshot to each replica of its volume (docs/replication.md, "CSI
-// snapshots"). They are sorted by node ID. An error when a node could
-// not answer (it may hold one) and none did; NotFound only when every
-// node answered that it holds none.
+// snapshots"). They are sorted by node ID; a copy a record of the
+// snapshot's deletion covers is none. An error when a node could not
+// answer (it may hold one) and none did; NotFound only when every node
+// answered that it holds none.
 func (p *Provisioner) SnapshotCopies(ctx context.Context, id string) ([]cluster.Located[agentclient.Snapshot], error) {
-	copies, _, err := p.snapshotCopies(ctx, id)
-	return copies, err
-}
-
-// snapshotCopies is SnapshotCopies, with the errors of the nodes that did
-// not answer even when others hold copies.
-func (p *Provisioner) snapshotCopies(ctx context.Context, id string) ([]cluster.Located[agentclient.Snapshot], []error, error) {
-	if !vocab.IsSnapshotID(id) {
-		return nil, nil, errdefs.Wrap(errdefs.ErrNotFound, "snapshot %q does not exist (not a snapshot ID of this driver)", id)
-	}
-	found, errs, err := cluster.FindAll(ctx, p.cluster, func(ctx context.Context, a cluster.Agent) (agentclient.Snapshot, error) {
-		snaps, err := a.ListSnapshots(ctx, agentclient.SnapshotQuery{SnapshotID: id})
-		if err != nil {
-			return agentclient.Snapshot{}, err
-		}
-		for _, s := range snaps {
-			if s.SnapshotID == id {
-				return s, nil
-			}
-		}
-		return agentclient.Snapshot{}, errdefs.Wrap(errdefs.ErrNotFound, "snapshot %s", id)
-	})
+	st, err := p.snapshotState(ctx, id)
 	switch {
 	case err != nil:
-		return nil, nil, err
-	case len(found) == 0 && len(errs) > 0:
-		return nil, errs, fmt.Errorf("%w: cannot tell where snapshot %s is: %v", errdefs.ErrUnavailable, id, errors.Join(errs...))
-	case len(found) == 0:
-		return nil, nil, errdefs.Wrap(errdefs.ErrNotFound, "snapshot %s", id)
+		return nil, err
+	case len(st.live) == 0 && len(st.silent) > 0:
+		return nil, fmt.Errorf("%w: cannot tell where snapshot %s is: %v", errdefs.ErrUnavailable, id, errors.Join(st.silent...))
+	case len(st.live) == 0:
+		return nil, errdefs.Wrap(errdefs.ErrNotFound, "snapshot %s", id)
 	}
-	sort.Slice(found, func(i, j int) bool { return found[i].Node.Info.NodeID < found[j].Node.Info.NodeID })
-	return found, errs, nil
+	return st.live, nil
+}
+
+// snapshotState is what the nodes say of one snapshot: its copies, split
+// by whether a record of its deletion covers them, and those records
+// (docs/replication.md, "Deleted while a node was away").
+type snapshotState struct {
+	live     []cluster.Located[agentclient.Snapshot] // copies no record covers, by node ID
+	deleted  []cluster.Located[agentclient.Snapshot] // copies a record covers: their node was away at the delete
+	records  []cluster.Located[agentclient.Snapshot] // the nodes' records of its deletion
+	answered []cluster.Node                          // the nodes that answered
+	silent   []error                                 // of the nodes that did not
+}
+
+// deletedUpTo is the newest creation time the records cover (0: none).
+func (st snapshotState) deletedUpTo() int64 {
+	var upTo int64
+	for _, r := range st.records {
+		upTo = max(upTo, r.Object.CreatedUnix)
+	}
+	return upTo
+}
+
+// majority tells whether a majority of the nodes answered.
+func (st snapshotState) majority() bool {
+	return len(st.answered) > (len(st.answered)+len(st.silent))/2
+}
+
+// snapshotState asks every node for its copy of snapshot id and its
+// record of the snapshot's deletion.
+func (p *Provisioner) snapshotState(ctx context.Context, id string) (snapshotState, error) {
+	if !vocab.IsSnapshotID(id) {
+		return snapshotState{}, errdefs.Wrap(errdefs.ErrNotFound, "snapshot %q does not exist (not a snapshot ID of this driver)", id)
+	}
+	answers, unreachable, err := cluster.Ask(ctx, p.cluster, func(ctx context.Context, a cluster.Agent) ([]agentclient.Snapshot, error) {
+		return a.ListSnapshots(ctx, agentclient.SnapshotQuery{SnapshotID: id, WithDeleted: true})
+	})
+	if err != nil {
+		return snapshotState{}, err
+	}
+	var st snapshotState
+	var copies []cluster.Located[agentclient.Snapshot]
+	for _, a := range answers {
+		if a.Err != nil && !errors.Is(a.Err, errdefs.ErrNotFound) {
+			st.silent = append(st.silent, fmt.Errorf("node %s: %w", a.Node.Info.NodeID, a.Err))
+			continue
+		}
+		st.answered = append(st.answered, a.Node)
+		for _, s := range a.Object {
+			switch {
+			case s.SnapshotID != id:
+			case s.Deleted:
+				st.records = append(st.records, cluster.Located[agentclient.Snapshot]{Node: a.Node, Object: s})
+			default:
+				copies = append(copies, cluster.Located[agentclient.Snapshot]{Node: a.Node, Object: s})
+			}
+		}
+	}
+	for _, u := range unreachable {
+		st.silent = append(st.silent, fmt.Errorf("agent %s unreachable: %w", u.Addr, u.Err))
+	}
+	upTo := st.deletedUpTo()
+	for _, c := range copies {
+		if c.Object.CreatedUnix <= upTo {
+			st.deleted = append(st.deleted, c)
+		} else {
+			st.live = append(st.live, c)
+		}
+	}
+	return st, nil
 }
 
 // CreateSnapshot snapshots the volume's current primary, or answers the
@@ -68,6 +119,9 @@ func (p *Provisioner) snapshotCopies(ctx context.Context, id string) ([]cluster.
 // volume's snapshot is AlreadyExists.
 func (p *Provisioner) CreateSnapshot(ctx context.Context, name, sourceVolumeID string) (agentclient.Snapshot, error) {
 	id := vocab.SnapshotIDForName(name)
+	if err := p.finishEarlierDeletion(ctx, id); err != nil {
+		return agentclient.Snapshot{}, err
+	}
 	existing, err := p.FindSnapshot(ctx, id)
 	if err == nil && existing.Object.SourceVolumeID != sourceVolumeID {
 		return agentclient.Snapshot{}, errdefs.Wrap(errdefs.ErrAlreadyExists, "snapshot %q exists for volume %s, not %s", name, existing.Object.SourceVolumeID, sourceVolumeID)
@@ -92,41 +146,207 @@ func (p *Provisioner) CreateSnapshot(ctx context.Context, name, sourceVolumeID s
 	return snap, nil
 }
 
+// finishEarlierDeletion deletes the copies of an earlier snapshot of this
+// ID (name) deleted while their node was away, before one is taken again:
+// the volume's node would otherwise answer that copy as the new snapshot.
+func (p *Provisioner) finishEarlierDeletion(ctx context.Context, id string) error {
+	st, err := p.snapshotState(ctx, id)
+	if err != nil || len(st.deleted) == 0 {
+		return nil // nothing to finish; FindSnapshot reports what is wrong
+	}
+	if err := p.finishDeletion(ctx, id, st); err != nil {
+		return fmt.Errorf("%w: %v; retry", errdefs.ErrUnavailable, err)
+	}
+	return nil
+}
+
 // DeleteSnapshot deletes every copy of the snapshot; a snapshot no node
-// holds is deleted already. It answers OK only when every node answered:
-// a copy on a node that did not would outlive a delete that said it was
-// gone (Unavailable: the CO retries).
+// holds is deleted already. When a node does not answer (it may hold a
+// copy), every node that does remembers the deletion before its copy goes:
+// a majority of them must, so that any later question a majority answers
+// meets a record, and the away node's copy is never listed or restored
+// and is deleted when the node is back (FinishDeletions).
 func (p *Provisioner) DeleteSnapshot(ctx context.Context, id string) error {
-	copies, silent, err := p.snapshotCopies(ctx, id)
+	st, err := p.snapshotState(ctx, id)
 	if errors.Is(err, errdefs.ErrNotFound) {
 		return nil
 	}
 	if err != nil {
 		return err
 	}
-	nodes := make([]cluster.Node, 0, len(copies))
-	for _, c := range copies {
-		nodes = append(nodes, c.Node)
+	if len(st.silent) == 0 {
+		return p.deleteEveryCopy(ctx, id, st)
 	}
-	answers := cluster.Each(ctx, p.cluster, nodes, func(ctx context.Context, n cluster.Node) (struct{}, error) {
-		return struct{}{}, n.Agent.DeleteSnapshot(ctx, id)
+	if len(st.live) == 0 && len(st.deleted) == 0 {
+		if len(st.records) > 0 {
+			return nil // deleted while the silent node was away; it is removed when the node is back
+		}
+		return fmt.Errorf("%w: cannot tell where snapshot %s is, and so whether it exists: %v; retry once the nodes answer",
+			errdefs.ErrUnavailable, id, errors.Join(st.silent...))
+	}
+	if !st.majority() {
+		return fmt.Errorf("%w: snapshot %s cannot be deleted while most nodes do not answer (%v): a node that is away may hold a copy, and a majority must remember the deletion; retry once they answer",
+			errdefs.ErrUnavailable, id, errors.Join(st.silent...))
+	}
+	return p.rememberDeletion(ctx, id, st)
+}
+
+// rememberDeletion has every node that answered record the deletion of
+// snapshot id and delete its copy, while a node that may hold one is away.
+func (p *Provisioner) rememberDeletion(ctx context.Context, id string, st snapshotState) error {
+	var seen agentclient.Snapshot // the newest of the copies (all copies of one snapshot are alike)
+	for _, c := range append(st.live, st.deleted...) {
+		if c.Object.CreatedUnix > seen.CreatedUnix {
+			seen = c.Object
+		}
+	}
+	d := agentclient.SnapshotDeletion{SnapshotID: id, CreatedUpToUnix: seen.CreatedUnix, Remember: true, SourceVolumeID: seen.SourceVolumeID}
+	answers := cluster.Each(ctx, p.cluster, st.answered, func(ctx context.Context, n cluster.Node) (struct{}, error) {
+		return struct{}{}, n.Agent.DeleteSnapshot(ctx, d)
 	})
+	remembered, errs := 0, []error(nil)
+	for _, a := range answers {
+		if a.Err != nil {
+			errs = append(errs, fmt.Errorf("node %s: %w", a.Node.Info.NodeID, a.Err))
+			continue
+		}
+		remembered++
+	}
+	if len(errs) > 0 || remembered <= (len(st.answered)+len(st.silent))/2 {
+		return fmt.Errorf("%w: snapshot %s is not deleted: remembering its deletion failed on some nodes while another is away (%v); retry the delete",
+			errdefs.ErrUnavailable, id, errors.Join(append(errs, st.silent...)...))
+	}
+	p.log.Warn("snapshot deleted while a node that may hold a copy is away: the nodes that answered remember it; the away node's copy is hidden, and deleted when the node is back",
+		"snapshot_id", id, "volume_id", seen.SourceVolumeID, "remembered_on", remembered, "away", errors.Join(st.silent...))
+	return nil
+}
+
+// deleteEveryCopy deletes every copy of snapshot id, every node having
+// answered, then forgets any record of an earlier deletion.
+func (p *Provisioner) deleteEveryCopy(ctx context.Context, id string, st snapshotState) error {
+	copies := append(append([]cluster.Located[agentclient.Snapshot](nil), st.live...), st.deleted...)
+	answers := cluster.Each(ctx, p.cluster, nodesOf(copies), func(ctx context.Context, n cluster.Node) (struct{}, error) {
+		return struct{}{}, n.Agent.DeleteSnapshot(ctx, agentclient.SnapshotDeletion{SnapshotID: id})
+	})
+	if err := p.deleted(id, answers, sourceOf(copies)); err != nil {
+		return fmt.Errorf("snapshot %s is not deleted everywhere; retry the delete: %w", id, err)
+	}
+	return p.forgetDeletion(ctx, id, st)
+}
+
+// finishDeletion deletes the copies a record covers, on the nodes that
+// answered, and, when every node answered, forgets the records: then no
+// copy they cover is left anywhere.
+func (p *Provisioner) finishDeletion(ctx context.Context, id string, st snapshotState) error {
+	upTo := st.deletedUpTo()
+	answers := cluster.Each(ctx, p.cluster, nodesOf(st.deleted), func(ctx context.Context, n cluster.Node) (struct{}, error) {
+		return struct{}{}, n.Agent.DeleteSnapshot(ctx, agentclient.SnapshotDeletion{SnapshotID: id, CreatedUpToUnix: upTo})
+	})
+	if err := p.deleted(id, answers, sourceOf(st.deleted)); err != nil {
+		return fmt.Errorf("snapshot %s was deleted while a node was away, and its copy there is not deleted yet: %w", id, err)
+	}
+	if len(st.silent) > 0 {
+		return nil // a node that may hold a copy is still away: the records stay
+	}
+	return p.forgetDeletion(ctx, id, st)
+}
+
+// forgetDeletion has the nodes holding a record of snapshot id's
+// deletion forget it; the caller knows no copy it covers is left.
+func (p *Provisioner) forgetDeletion(ctx context.Context, id string, st snapshotState) error {
+	if len(st.records) == 0 {
+		return nil
+	}
+	d := agentclient.SnapshotDeletion{SnapshotID: id, CreatedUpToUnix: st.deletedUpTo(), Forget: true}
+	answers := cluster.Each(ctx, p.cluster, nodesOf(st.records), func(ctx context.Context, n cluster.Node) (struct{}, error) {
+		return struct{}{}, n.Agent.DeleteSnapshot(ctx, d)
+	})
+	var errs []error
+	for _, a := range answers {
+		if a.Err != nil {
+			errs = append(errs, fmt.Errorf("node %s: %w", a.Node.Info.NodeID, a.Err))
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("forgetting the deletion of snapshot %s failed; it is retried: %w", id, errors.Join(errs...))
+	}
+	p.log.Info("no copy of the deleted snapshot is left: its records are forgotten", "snapshot_id", id, "volume_id", st.records[0].Object.SourceVolumeID)
+	return nil
+}
+
+// deleted logs the copies of snapshot id the answers deleted and joins
+// the errors of those that failed.
+func (p *Provisioner) deleted(id string, answers []cluster.Answer[struct{}], volumeID string) error {
 	var errs []error
 	for _, a := range answers {
 		if a.Err != nil {
 			errs = append(errs, fmt.Errorf("node %s: %w", a.Node.Info.NodeID, a.Err))
 			continue
 		}
-		p.log.Info("snapshot deleted", "snapshot_id", id, "volume_id", copies[0].Object.SourceVolumeID, "node_id", a.Node.Info.NodeID)
+		p.log.Info("snapshot deleted", "snapshot_id", id, "volume_id", volumeID, "node_id", a.Node.Info.NodeID)
 	}
-	if len(errs) > 0 {
-		return fmt.Errorf("snapshot %s is not deleted everywhere; retry the delete: %w", id, errors.Join(errs...))
+	return errors.Join(errs...)
+}
+
+// FinishDeletions deletes the copies of snapshots deleted while their
+// node was away, now on a node that answers, and forgets the records of
+// those no node holds a copy of any more. The controller runs it every
+// minute: a node's records are answered from its memory.
+func (p *Provisioner) FinishDeletions(ctx context.Context) error {
+	answers, _, err := cluster.Ask(ctx, p.cluster, func(ctx context.Context, a cluster.Agent) ([]agentclient.Snapshot, error) {
+		return a.ListSnapshots(ctx, agentclient.SnapshotQuery{DeletedOnly: true})
+	})
+	if err != nil {
+		return err
 	}
-	if len(silent) > 0 {
-		return fmt.Errorf("%w: snapshot %s is deleted on the nodes that hold it, but a node that does not answer may hold a copy (%v); retry once it is back, or take it out of the controller's peers if it is gone for good",
-			errdefs.ErrUnavailable, id, errors.Join(silent...))
+	ids := map[string]bool{}
+	for _, a := range answers {
+		for _, s := range a.Object {
+			ids[s.SnapshotID] = true
+		}
 	}
-	return nil
+	var errs []error
+	for _, id := range slices.Sorted(maps.Keys(ids)) {
+		st, err := p.snapshotState(ctx, id)
+		if err == nil {
+			err = p.finishDeletion(ctx, id, st)
+		}
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// RunDeletions runs FinishDeletions every period until ctx ends.
+func (p *Provisioner) RunDeletions(ctx context.Context, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if err := p.FinishDeletions(ctx); err != nil {
+			p.log.Warn("finishing the deletion of snapshots deleted while a node was away failed; retrying", "error", err, "retry_in", every)
+		}
+	}
+}
+
+func nodesOf[T any](located []cluster.Located[T]) []cluster.Node {
+	nodes := make([]cluster.Node, 0, len(located))
+	for _, l := range located {
+		nodes = append(nodes, l.Node)
+	}
+	return nodes
+}
+
+func sourceOf(copies []cluster.Located[agentclient.Snapshot]) string {
+	if len(copies) == 0 {
+		return ""
+	}
+	return copies[0].Object.SourceVolumeID
 }
 
 // SnapshotQuery selects snapshots: one by ID, those of a source volume,
@@ -151,7 +371,7 @@ func (p *Provisioner) ListSnapshots(ctx context.Context, q SnapshotQuery) (Snaps
 	if token := q.StartingToken; token != "" && !vocab.IsSnapshotID(token) {
 		return SnapshotPage{}, errBadToken(token)
 	}
-	nodeReq := agentclient.SnapshotQuery{SnapshotID: q.SnapshotID, From: q.StartingToken, SourceVolumeID: q.SourceVolumeID}
+	nodeReq := agentclient.SnapshotQuery{SnapshotID: q.SnapshotID, From: q.StartingToken, SourceVolumeID: q.SourceVolumeID, WithDeleted: true}
 	if q.MaxEntries > 0 {
 		nodeReq.MaxEntries = uint32(q.MaxEntries) + 1
 	}
@@ -163,20 +383,37 @@ func (p *Provisioner) ListSnapshots(ctx context.Context, q SnapshotQuery) (Snaps
 	}
 	// A snapshot is listed once, however many nodes hold a copy: the
 	// copies are the same snapshot (same data, size and creation time).
+	// A copy a record of the snapshot's deletion covers is hidden, after
+	// the page is cut: each node's answer is complete up to the page's
+	// end only when counted with its hidden copies.
+	deletedUpTo := map[string]int64{}
+	for _, l := range listed {
+		if s := l.Object; s.Deleted {
+			deletedUpTo[s.SnapshotID] = max(deletedUpTo[s.SnapshotID], s.CreatedUnix)
+		}
+	}
+	hidden := func(s agentclient.Snapshot) bool { return s.CreatedUnix <= deletedUpTo[s.SnapshotID] }
 	var all []agentclient.Snapshot
-	seen := map[string]bool{}
+	at := map[string]int{}
 	for _, l := range listed {
 		s := l.Object
-		if (q.SnapshotID == "" || s.SnapshotID == q.SnapshotID) &&
-			(q.SourceVolumeID == "" || s.SourceVolumeID == q.SourceVolumeID) && !seen[s.SnapshotID] {
-			seen[s.SnapshotID] = true
-			all = append(all, s)
+		if s.Deleted || (q.SnapshotID != "" && s.SnapshotID != q.SnapshotID) || (q.SourceVolumeID != "" && s.SourceVolumeID != q.SourceVolumeID) {
+			continue
 		}
+		if i, ok := at[s.SnapshotID]; ok {
+			if hidden(all[i]) && !hidden(s) {
+				all[i] = s
+			}
+			continue
+		}
+		at[s.SnapshotID] = len(all)
+		all = append(all, s)
 	}
 	sort.Slice(all, func(i, j int) bool { return all[i].SnapshotID < all[j].SnapshotID })
 	page, next, err := paginate(all, func(s agentclient.Snapshot) string { return s.SnapshotID }, q.StartingToken, q.MaxEntries, vocab.IsSnapshotID)
 	if err != nil {
 		return SnapshotPage{}, err
 	}
+	page = slices.DeleteFunc(page, hidden)
 	return SnapshotPage{Snapshots: page, NextToken: next}, nil
 }

@@ -125,6 +125,9 @@ type Manager struct {
 	// collected (collectTombstones).
 	sweepMu  sync.Mutex
 	sweeping bool
+	// deleted: the records of snapshots deleted while a node was away
+	// (deleted.go).
+	deleted deletedRecords
 }
 
 // NewManager returns a Manager for the node described by cfg.

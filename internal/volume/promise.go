@@ -117,14 +117,23 @@ func (m *Manager) writePromise(ctx context.Context, id string, p Promise) error 
 	if !errors.Is(err, zfs.ErrNotFound) {
 		return err
 	}
-	for _, ds := range []string{zfs.Parent(shard), shard} {
-		// Never mounted, holding no data: only properties.
+	if err := m.makeRecordDatasets(ctx, zfs.Parent(shard), shard); err != nil {
+		return err
+	}
+	return m.zfs.SetProperties(ctx, shard, record)
+}
+
+// makeRecordDatasets makes the datasets that hold records (each after its
+// parent), those that exist already aside: never mounted, holding no
+// data, only properties.
+func (m *Manager) makeRecordDatasets(ctx context.Context, names ...string) error {
+	for _, ds := range names {
 		err := m.zfs.CreateFilesystem(ctx, ds, map[string]string{"canmount": "off", "mountpoint": "none"})
 		if err != nil && !errors.Is(err, zfs.ErrExists) {
 			return err
 		}
 	}
-	return m.zfs.SetProperties(ctx, shard, record)
+	return nil
 }
 
 // clearPromise removes the record of volume id, if there is one: a

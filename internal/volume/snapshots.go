@@ -56,6 +56,13 @@ func (m *Manager) CreateSnapshot(ctx context.Context, volumeID, name string) (Sn
 // already. A snapshot with clones is destroyed once its last clone is. It
 // is a change of its volume's copy, made under the copy's lock.
 func (m *Manager) DeleteSnapshot(ctx context.Context, id string) error {
+	return m.DeleteSnapshotUpTo(ctx, id, 0)
+}
+
+// DeleteSnapshotUpTo is DeleteSnapshot of a copy created at or before
+// createdUpToUnix (any, when 0): a record of an earlier deletion
+// (deleted.go) never deletes a snapshot taken again under the same name.
+func (m *Manager) DeleteSnapshotUpTo(ctx context.Context, id string, createdUpToUnix int64) error {
 	if !vocab.IsSnapshotID(id) {
 		return nil
 	}
@@ -77,6 +84,10 @@ func (m *Manager) DeleteSnapshot(ctx context.Context, id string) error {
 		return nil
 	} else if err != nil {
 		return err
+	}
+	if createdUpToUnix > 0 && snap.Created.Unix() > createdUpToUnix {
+		m.log.Info("snapshot kept: taken again under the name of a deleted one, after it", "volume_id", snap.SourceVolumeID, "snapshot_id", id, "dataset", snap.Dataset)
+		return nil
 	}
 	err = m.zfs.DestroyDeferred(ctx, snap.Dataset)
 	if err != nil && !errors.Is(err, zfs.ErrNotFound) { // gone meanwhile: deleted

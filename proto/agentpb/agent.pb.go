@@ -962,6 +962,7 @@ type Snapshot struct {
 	SizeBytes      uint64                 `protobuf:"varint,4,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
 	CreatedUnix    int64                  `protobuf:"varint,5,opt,name=created_unix,json=createdUnix,proto3" json:"created_unix,omitempty"`
 	NodeId         string                 `protobuf:"bytes,6,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	Deleted        bool                   `protobuf:"varint,7,opt,name=deleted,proto3" json:"deleted,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -1038,11 +1039,29 @@ func (x *Snapshot) GetNodeId() string {
 	return ""
 }
 
+func (x *Snapshot) GetDeleted() bool {
+	if x != nil {
+		return x.Deleted
+	}
+	return false
+}
+
+// DeleteSnapshotRequest deletes the node's copy of snapshot_id, if it
+// was created at or before created_up_to_unix (any copy when 0), and with
+// remember first records on the node that the snapshot is deleted
+// (source_volume_id and created_up_to_unix with it), or with forget
+// removes that record afterwards: a record hides the copies of a node
+// that was away at the delete until they are gone (docs/replication.md,
+// "Deleted while a node was away").
 type DeleteSnapshotRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SnapshotId    string                 `protobuf:"bytes,1,opt,name=snapshot_id,json=snapshotId,proto3" json:"snapshot_id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	SnapshotId      string                 `protobuf:"bytes,1,opt,name=snapshot_id,json=snapshotId,proto3" json:"snapshot_id,omitempty"`
+	CreatedUpToUnix int64                  `protobuf:"varint,2,opt,name=created_up_to_unix,json=createdUpToUnix,proto3" json:"created_up_to_unix,omitempty"`
+	Remember        bool                   `protobuf:"varint,3,opt,name=remember,proto3" json:"remember,omitempty"`
+	SourceVolumeId  string                 `protobuf:"bytes,4,opt,name=source_volume_id,json=sourceVolumeId,proto3" json:"source_volume_id,omitempty"`
+	Forget          bool                   `protobuf:"varint,5,opt,name=forget,proto3" json:"forget,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *DeleteSnapshotRequest) Reset() {
@@ -1080,6 +1099,34 @@ func (x *DeleteSnapshotRequest) GetSnapshotId() string {
 		return x.SnapshotId
 	}
 	return ""
+}
+
+func (x *DeleteSnapshotRequest) GetCreatedUpToUnix() int64 {
+	if x != nil {
+		return x.CreatedUpToUnix
+	}
+	return 0
+}
+
+func (x *DeleteSnapshotRequest) GetRemember() bool {
+	if x != nil {
+		return x.Remember
+	}
+	return false
+}
+
+func (x *DeleteSnapshotRequest) GetSourceVolumeId() string {
+	if x != nil {
+		return x.SourceVolumeId
+	}
+	return ""
+}
+
+func (x *DeleteSnapshotRequest) GetForget() bool {
+	if x != nil {
+		return x.Forget
+	}
+	return false
 }
 
 type DeleteSnapshotResponse struct {
@@ -1129,8 +1176,13 @@ type ListSnapshotsRequest struct {
 	From           string                 `protobuf:"bytes,2,opt,name=from,proto3" json:"from,omitempty"`
 	MaxEntries     uint32                 `protobuf:"varint,3,opt,name=max_entries,json=maxEntries,proto3" json:"max_entries,omitempty"`
 	SourceVolumeId string                 `protobuf:"bytes,4,opt,name=source_volume_id,json=sourceVolumeId,proto3" json:"source_volume_id,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// with_deleted adds every record of a deleted snapshot the node holds
+	// (of snapshot_id or source_volume_id when set), whatever the page;
+	// deleted_only answers those alone.
+	WithDeleted   bool `protobuf:"varint,5,opt,name=with_deleted,json=withDeleted,proto3" json:"with_deleted,omitempty"`
+	DeletedOnly   bool `protobuf:"varint,6,opt,name=deleted_only,json=deletedOnly,proto3" json:"deleted_only,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ListSnapshotsRequest) Reset() {
@@ -1191,6 +1243,22 @@ func (x *ListSnapshotsRequest) GetSourceVolumeId() string {
 	return ""
 }
 
+func (x *ListSnapshotsRequest) GetWithDeleted() bool {
+	if x != nil {
+		return x.WithDeleted
+	}
+	return false
+}
+
+func (x *ListSnapshotsRequest) GetDeletedOnly() bool {
+	if x != nil {
+		return x.DeletedOnly
+	}
+	return false
+}
+
+// A record of a deleted snapshot is a Snapshot with deleted set: every
+// copy of snapshot_id created at or before created_unix is deleted.
 type ListSnapshotsResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Snapshots     []*Snapshot            `protobuf:"bytes,1,rep,name=snapshots,proto3" json:"snapshots,omitempty"`
@@ -3142,7 +3210,7 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\x0ecapacity_bytes\x18\x01 \x01(\x04R\rcapacityBytes\"U\n" +
 	"\x15CreateSnapshotRequest\x12(\n" +
 	"\x10source_volume_id\x18\x01 \x01(\tR\x0esourceVolumeId\x12\x12\n" +
-	"\x04name\x18\x02 \x01(\tR\x04name\"\xc4\x01\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\"\xde\x01\n" +
 	"\bSnapshot\x12\x1f\n" +
 	"\vsnapshot_id\x18\x01 \x01(\tR\n" +
 	"snapshotId\x12\x12\n" +
@@ -3151,18 +3219,25 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\n" +
 	"size_bytes\x18\x04 \x01(\x04R\tsizeBytes\x12!\n" +
 	"\fcreated_unix\x18\x05 \x01(\x03R\vcreatedUnix\x12\x17\n" +
-	"\anode_id\x18\x06 \x01(\tR\x06nodeId\"8\n" +
+	"\anode_id\x18\x06 \x01(\tR\x06nodeId\x12\x18\n" +
+	"\adeleted\x18\a \x01(\bR\adeleted\"\xc3\x01\n" +
 	"\x15DeleteSnapshotRequest\x12\x1f\n" +
 	"\vsnapshot_id\x18\x01 \x01(\tR\n" +
-	"snapshotId\"\x18\n" +
-	"\x16DeleteSnapshotResponse\"\x96\x01\n" +
+	"snapshotId\x12+\n" +
+	"\x12created_up_to_unix\x18\x02 \x01(\x03R\x0fcreatedUpToUnix\x12\x1a\n" +
+	"\bremember\x18\x03 \x01(\bR\bremember\x12(\n" +
+	"\x10source_volume_id\x18\x04 \x01(\tR\x0esourceVolumeId\x12\x16\n" +
+	"\x06forget\x18\x05 \x01(\bR\x06forget\"\x18\n" +
+	"\x16DeleteSnapshotResponse\"\xdc\x01\n" +
 	"\x14ListSnapshotsRequest\x12\x1f\n" +
 	"\vsnapshot_id\x18\x01 \x01(\tR\n" +
 	"snapshotId\x12\x12\n" +
 	"\x04from\x18\x02 \x01(\tR\x04from\x12\x1f\n" +
 	"\vmax_entries\x18\x03 \x01(\rR\n" +
 	"maxEntries\x12(\n" +
-	"\x10source_volume_id\x18\x04 \x01(\tR\x0esourceVolumeId\"R\n" +
+	"\x10source_volume_id\x18\x04 \x01(\tR\x0esourceVolumeId\x12!\n" +
+	"\fwith_deleted\x18\x05 \x01(\bR\vwithDeleted\x12!\n" +
+	"\fdeleted_only\x18\x06 \x01(\bR\vdeletedOnly\"R\n" +
 	"\x15ListSnapshotsResponse\x129\n" +
 	"\tsnapshots\x18\x01 \x03(\v2\x1b.zfsnomad.agent.v1.SnapshotR\tsnapshots\"\x9b\x01\n" +
 	"\x10ReplicateRequest\x12\x1b\n" +

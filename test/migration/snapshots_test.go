@@ -12,6 +12,8 @@ import (
 
 	"github.com/zfs-nomad/zfs-nomad/internal/guesttest"
 	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
+	"github.com/zfs-nomad/zfs-nomad/internal/volume"
+	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
 // TestSnapshotsFollowTheVolume (issue 16) on real ZFS: a CSI snapshot
@@ -19,8 +21,9 @@ import (
 // moves to n2, and there the snapshot is listed once and restored with
 // the data it was taken with. The volume is deleted: its copies on both
 // nodes become tombstones that keep the snapshot. DeleteSnapshot with n1
-// down deletes n2's copy and answers Unavailable; once n1 is back the
-// retry deletes the last copy, and nothing of the volume is left.
+// away succeeds: n2 and n3 remember it and n2's copy goes; once n1 is
+// back its copy is never listed or restored, the controller deletes it,
+// the records go, and nothing of the volume is left.
 func TestSnapshotsFollowTheVolume(t *testing.T) {
 	e := start(t)
 	id, dir := e.createWritten("snapped", nil, "echo before > a && dd if=/dev/urandom of=blob bs=1M count=4 2>/dev/null")
@@ -76,26 +79,58 @@ func TestSnapshotsFollowTheVolume(t *testing.T) {
 		t.Fatalf("ListSnapshots after the volume's delete: %v, %v; want %s once", listed, err, snapID)
 	}
 
+	// Deleted while n1, which holds a copy, is away: n2 and n3 remember
+	// the deletion, n2's copy goes, and the delete succeeds.
 	e.loseNode("n1")
 	deleteSnapshot := func() error {
 		_, err := e.controller().DeleteSnapshot(e.ctx, &csi.DeleteSnapshotRequest{SnapshotId: snapID})
 		return err
 	}
-	wantCode(t, whileNodeDown(deleteSnapshot), codes.Unavailable, e.node("n1").AgentAddress)
+	if err := deleteSnapshot(); err != nil {
+		t.Fatalf("DeleteSnapshot with n1 (holding a copy) away and n2, n3 answering: %v, want OK", err)
+	}
 	if out := guesttest.Run(t, "sh", "-c", "zfs list -H -o name -t snapshot -r "+e.node("n2").RootDataset+" | grep @"+snapID+" || true"); strings.TrimSpace(out) != "" {
 		t.Fatalf("n2's copy of the snapshot outlived the delete:\n%s", out)
 	}
-	e.returnNode("n1")
-	if err := onceNodeBack(deleteSnapshot); err != nil {
-		t.Fatalf("DeleteSnapshot with every node back: %v", err)
+	for _, n := range []string{"n2", "n3"} {
+		if !strings.Contains(e.deletionRecords(n), snapID) {
+			t.Fatalf("node %s does not remember the deletion of %s", n, snapID)
+		}
 	}
+
+	// n1 is back with its copy: never listed, never restored, and deleted
+	// by the controller within a couple of its minutes; then the records go.
+	e.returnNode("n1")
+	if err := onceNodeBack(func() error { _, err := e.agent("n1").GetNode(e.ctx, &pb.GetNodeRequest{}); return err }); err != nil {
+		t.Fatal(err)
+	}
+	if listed, err := e.controller().ListSnapshots(e.ctx, &csi.ListSnapshotsRequest{SnapshotId: snapID}); err != nil || len(listed.GetEntries()) != 0 {
+		t.Errorf("ListSnapshots of the deleted snapshot with n1 back: %v, %v; want nothing", listed, err)
+	}
+	_, err = e.controller().CreateVolume(e.ctx, &csi.CreateVolumeRequest{Name: "from-deleted", VolumeCapabilities: []*csi.VolumeCapability{writer},
+		VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: snapID}}}})
+	wantCode(t, err, codes.NotFound, snapID)
 	var left string
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(time.Second) {
-		if left = strings.TrimSpace(guesttest.Run(t, "sh", "-c", "zfs list -H -o name -t all | grep -- "+id+" || true")); left == "" {
+	for deadline := time.Now().Add(150 * time.Second); time.Now().Before(deadline); time.Sleep(2 * time.Second) {
+		left = strings.TrimSpace(guesttest.Run(t, "sh", "-c", "zfs list -H -o name -t all | grep -- "+id+" || true"))
+		for _, n := range []string{"n1", "n2", "n3"} {
+			if r := e.deletionRecords(n); r != "" {
+				left += "\nrecord on " + n + ": " + r
+			}
+		}
+		if left == "" {
 			return
 		}
 	}
-	t.Fatalf("left of the volume and its snapshot after both deletes:\n%s", left)
+	t.Fatalf("left of the volume and its snapshot after both deletes and n1's return:\n%s", left)
+}
+
+// deletionRecords returns what node n remembers of deleted snapshots
+// (volume.PropDeletedSnapshotPrefix properties), one per line.
+func (e *env) deletionRecords(n string) string {
+	e.t.Helper()
+	ds := e.node(n).RootDataset + "/" + volume.PromisesDataset
+	return strings.TrimSpace(guesttest.Run(e.t, "sh", "-c", "zfs get -H -o property,value -s local all "+ds+" 2>/dev/null | grep "+volume.PropDeletedSnapshotPrefix+" || true"))
 }
 
 // TestBytesSentWithSnapshots (issue 16) reports what carrying CSI

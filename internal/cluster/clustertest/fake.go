@@ -34,6 +34,7 @@ type FakeAgent struct {
 	copies    map[string]agentclient.Copy // by volume ID
 	sources   map[string]string           // a volume's content source, "snapshot:ID" or "volume:ID"
 	snapshots map[string]agentclient.Snapshot
+	deleted   map[string]agentclient.Snapshot // records of deleted snapshots, by ID
 	setAside  []string
 	refusals  map[string]refusal // by method name
 	calls     []string
@@ -59,6 +60,7 @@ func NewFakeAgent(info agentclient.NodeInfo) *FakeAgent {
 		copies:    map[string]agentclient.Copy{},
 		sources:   map[string]string{},
 		snapshots: map[string]agentclient.Snapshot{},
+		deleted:   map[string]agentclient.Snapshot{},
 		refusals:  map[string]refusal{},
 		demoted:   map[string]time.Time{},
 	}
@@ -459,33 +461,67 @@ func (f *FakeAgent) HasSnapshot(id string) bool {
 	return ok
 }
 
-func (f *FakeAgent) DeleteSnapshot(_ context.Context, id string) error {
+// DeleteSnapshot deletes the node's copy (only one created up to
+// d.CreatedUpToUnix, when set), remembering the deletion first or
+// forgetting it last as d asks, as the node agent does.
+func (f *FakeAgent) DeleteSnapshot(_ context.Context, d agentclient.SnapshotDeletion) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if err := f.enter("DeleteSnapshot", id); err != nil {
+	if err := f.enter("DeleteSnapshot", d.SnapshotID); err != nil {
 		return err
 	}
-	delete(f.snapshots, id)
+	if d.Remember {
+		if old, ok := f.deleted[d.SnapshotID]; !ok || old.CreatedUnix < d.CreatedUpToUnix {
+			f.deleted[d.SnapshotID] = agentclient.Snapshot{SnapshotID: d.SnapshotID, SourceVolumeID: d.SourceVolumeID,
+				CreatedUnix: d.CreatedUpToUnix, NodeID: f.info.NodeID, Deleted: true}
+		}
+	}
+	if s, ok := f.snapshots[d.SnapshotID]; ok && (d.CreatedUpToUnix == 0 || s.CreatedUnix <= d.CreatedUpToUnix) {
+		delete(f.snapshots, d.SnapshotID)
+	}
+	if d.Forget {
+		delete(f.deleted, d.SnapshotID)
+	}
 	return nil
 }
 
-// ListSnapshots lists the node's snapshots by ID, as q selects them.
+// Remembers tells whether the node holds a record that snapshot id is
+// deleted.
+func (f *FakeAgent) Remembers(id string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	_, ok := f.deleted[id]
+	return ok
+}
+
+// ListSnapshots lists the node's snapshots by ID, as q selects them, and
+// its records of deleted ones when q asks.
 func (f *FakeAgent) ListSnapshots(_ context.Context, q agentclient.SnapshotQuery) ([]agentclient.Snapshot, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.enter("ListSnapshots", q.SnapshotID); err != nil {
 		return nil, err
 	}
+	selected := func(s agentclient.Snapshot) bool {
+		return (q.SnapshotID == "" || s.SnapshotID == q.SnapshotID) &&
+			(q.SourceVolumeID == "" || s.SourceVolumeID == q.SourceVolumeID)
+	}
 	var out []agentclient.Snapshot
 	for _, s := range f.snapshots {
-		if (q.SnapshotID == "" || s.SnapshotID == q.SnapshotID) &&
-			(q.SourceVolumeID == "" || s.SourceVolumeID == q.SourceVolumeID) && s.SnapshotID >= q.From {
+		if !q.DeletedOnly && selected(s) && s.SnapshotID >= q.From {
 			out = append(out, s)
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].SnapshotID < out[j].SnapshotID })
 	if q.MaxEntries > 0 && len(out) > int(q.MaxEntries) {
 		out = out[:q.MaxEntries]
+	}
+	if q.WithDeleted || q.DeletedOnly {
+		for _, d := range f.deleted {
+			if selected(d) {
+				out = append(out, d)
+			}
+		}
 	}
 	return out, nil
 }
