@@ -240,7 +240,7 @@ func (s *Server) ExpandVolume(ctx context.Context, req *pb.ExpandVolumeRequest) 
 }
 
 func (s *Server) CreateSnapshot(ctx context.Context, req *pb.CreateSnapshotRequest) (*pb.Snapshot, error) {
-	snap, err := s.volumes.CreateSnapshot(ctx, req.GetSourceVolumeId(), req.GetName())
+	snap, err := s.volumes.CreateSnapshotAfter(ctx, req.GetSourceVolumeId(), req.GetName(), req.GetCreatedAfterUnix())
 	if err != nil {
 		return nil, err
 	}

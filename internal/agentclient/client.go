@@ -95,9 +95,10 @@ func (c *Client) ExpandVolume(ctx context.Context, volumeID string, requiredByte
 	return resp.GetCapacityBytes(), nil
 }
 
-// CreateSnapshot snapshots a volume on the node that holds its primary.
-func (c *Client) CreateSnapshot(ctx context.Context, sourceVolumeID, name string) (Snapshot, error) {
-	s, err := c.rpc.CreateSnapshot(ctx, &pb.CreateSnapshotRequest{SourceVolumeId: sourceVolumeID, Name: name})
+// CreateSnapshot snapshots a volume on the node that holds its primary,
+// in a second after createdAfterUnix (0: any).
+func (c *Client) CreateSnapshot(ctx context.Context, sourceVolumeID, name string, createdAfterUnix int64) (Snapshot, error) {
+	s, err := c.rpc.CreateSnapshot(ctx, &pb.CreateSnapshotRequest{SourceVolumeId: sourceVolumeID, Name: name, CreatedAfterUnix: createdAfterUnix})
 	if err != nil {
 		return Snapshot{}, fromStatus(err)
 	}

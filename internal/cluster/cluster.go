@@ -43,7 +43,7 @@ type Agent interface {
 	GetVolume(ctx context.Context, volumeID string) (agentclient.Volume, error)
 	ListVolumes(ctx context.Context, page agentclient.Page) ([]agentclient.Volume, error)
 	ExpandVolume(ctx context.Context, volumeID string, requiredBytes, limitBytes uint64) (capacityBytes uint64, err error)
-	CreateSnapshot(ctx context.Context, sourceVolumeID, name string) (agentclient.Snapshot, error)
+	CreateSnapshot(ctx context.Context, sourceVolumeID, name string, createdAfterUnix int64) (agentclient.Snapshot, error)
 	DeleteSnapshot(ctx context.Context, d agentclient.SnapshotDeletion) error
 	ListSnapshots(ctx context.Context, q agentclient.SnapshotQuery) ([]agentclient.Snapshot, error)
 	Replicate(ctx context.Context, volumeID, targetAddr, purpose string, each func(agentclient.Progress)) (agentclient.Progress, error)

@@ -119,18 +119,26 @@ func (p *Provisioner) snapshotState(ctx context.Context, id string) (snapshotSta
 // volume's snapshot is AlreadyExists.
 func (p *Provisioner) CreateSnapshot(ctx context.Context, name, sourceVolumeID string) (agentclient.Snapshot, error) {
 	id := vocab.SnapshotIDForName(name)
-	if err := p.finishEarlierDeletion(ctx, id); err != nil {
+	st, err := p.snapshotState(ctx, id)
+	if err != nil {
 		return agentclient.Snapshot{}, err
 	}
-	existing, err := p.FindSnapshot(ctx, id)
-	if err == nil && existing.Object.SourceVolumeID != sourceVolumeID {
-		return agentclient.Snapshot{}, errdefs.Wrap(errdefs.ErrAlreadyExists, "snapshot %q exists for volume %s, not %s", name, existing.Object.SourceVolumeID, sourceVolumeID)
+	// An earlier snapshot of this name deleted while a node was away: its
+	// copies go first, or the volume's node would answer one of them as
+	// the new snapshot; the new one is taken in a later second than the
+	// records cover.
+	if len(st.deleted) > 0 {
+		if err := p.finishDeletion(ctx, id, st); err != nil {
+			return agentclient.Snapshot{}, fmt.Errorf("%w: %v; retry", errdefs.ErrUnavailable, err)
+		}
 	}
-	if err == nil {
-		return existing.Object, nil
-	}
-	if !errors.Is(err, errdefs.ErrNotFound) {
-		return agentclient.Snapshot{}, err
+	switch {
+	case len(st.live) > 0 && st.live[0].Object.SourceVolumeID != sourceVolumeID:
+		return agentclient.Snapshot{}, errdefs.Wrap(errdefs.ErrAlreadyExists, "snapshot %q exists for volume %s, not %s", name, st.live[0].Object.SourceVolumeID, sourceVolumeID)
+	case len(st.live) > 0:
+		return st.live[0].Object, nil
+	case len(st.silent) > 0:
+		return agentclient.Snapshot{}, fmt.Errorf("%w: cannot tell whether snapshot %q exists: %v", errdefs.ErrUnavailable, name, errors.Join(st.silent...))
 	}
 	found, err := p.CurrentVolume(ctx, sourceVolumeID)
 	if err != nil {
@@ -138,26 +146,12 @@ func (p *Provisioner) CreateSnapshot(ctx context.Context, name, sourceVolumeID s
 	}
 	cctx, cancel := p.cluster.Call(ctx)
 	defer cancel()
-	snap, err := found.Node.Agent.CreateSnapshot(cctx, sourceVolumeID, name)
+	snap, err := found.Node.Agent.CreateSnapshot(cctx, sourceVolumeID, name, st.deletedUpTo())
 	if err != nil {
 		return agentclient.Snapshot{}, err
 	}
 	p.log.Info("snapshot created", "volume_id", sourceVolumeID, "snapshot_id", snap.SnapshotID, "node_id", found.Node.Info.NodeID)
 	return snap, nil
-}
-
-// finishEarlierDeletion deletes the copies of an earlier snapshot of this
-// ID (name) deleted while their node was away, before one is taken again:
-// the volume's node would otherwise answer that copy as the new snapshot.
-func (p *Provisioner) finishEarlierDeletion(ctx context.Context, id string) error {
-	st, err := p.snapshotState(ctx, id)
-	if err != nil || len(st.deleted) == 0 {
-		return nil // nothing to finish; FindSnapshot reports what is wrong
-	}
-	if err := p.finishDeletion(ctx, id, st); err != nil {
-		return fmt.Errorf("%w: %v; retry", errdefs.ErrUnavailable, err)
-	}
-	return nil
 }
 
 // DeleteSnapshot deletes every copy of the snapshot; a snapshot no node
@@ -245,16 +239,16 @@ func (p *Provisioner) finishDeletion(ctx context.Context, id string, st snapshot
 	if err := p.deleted(id, answers, sourceOf(st.deleted)); err != nil {
 		return fmt.Errorf("snapshot %s was deleted while a node was away, and its copy there is not deleted yet: %w", id, err)
 	}
-	if len(st.silent) > 0 {
-		return nil // a node that may hold a copy is still away: the records stay
-	}
 	return p.forgetDeletion(ctx, id, st)
 }
 
 // forgetDeletion has the nodes holding a record of snapshot id's
-// deletion forget it; the caller knows no copy it covers is left.
+// deletion forget it, once every node answered and none held a copy it
+// covers. Not in the pass that deleted the last ones: a push that
+// started before may still land a covered copy on its target, which the
+// next pass finds and deletes.
 func (p *Provisioner) forgetDeletion(ctx context.Context, id string, st snapshotState) error {
-	if len(st.records) == 0 {
+	if len(st.records) == 0 || len(st.silent) > 0 || len(st.deleted) > 0 {
 		return nil
 	}
 	d := agentclient.SnapshotDeletion{SnapshotID: id, CreatedUpToUnix: st.deletedUpTo(), Forget: true}

@@ -3,6 +3,7 @@ package volume
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 )
@@ -58,5 +59,24 @@ func TestDeletedSnapshotRecords(t *testing.T) {
 	}
 	if err := m.RememberDeleted(ctx, DeletedSnapshot{ID: "not-a-snapshot", CreatedUnix: 1}); err == nil {
 		t.Error("a record of no snapshot ID was accepted")
+	}
+}
+
+// TestWaitPast: a snapshot taken again under the name of one a record
+// covers waits until the node's clock, which stamps it, is past the
+// record's second, so the record never covers it.
+func TestWaitPast(t *testing.T) {
+	m, _ := newManager(t)
+	base := time.Unix(1_800_000_000, 0)
+	reads := 0
+	m.now = func() time.Time { reads++; return base.Add(time.Duration(reads) * 300 * time.Millisecond) }
+	if err := m.waitPast(context.Background(), base.Unix()); err != nil {
+		t.Fatal(err)
+	}
+	if got := m.now(); got.Unix() <= base.Unix() {
+		t.Fatalf("waitPast returned at %s, not past %s", got, base)
+	}
+	if reads < 4 {
+		t.Fatalf("waitPast read the clock %d times: it did not wait", reads)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"time"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
 	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
@@ -15,6 +16,16 @@ import (
 // identical request created. The same name for another volume fails with
 // ErrAlreadyExists.
 func (m *Manager) CreateSnapshot(ctx context.Context, volumeID, name string) (Snapshot, error) {
+	return m.CreateSnapshotAfter(ctx, volumeID, name, 0)
+}
+
+// CreateSnapshotAfter is CreateSnapshot in a second after
+// createdAfterUnix by the node's clock, which stamps the snapshot: a
+// record of an earlier snapshot of that name, deleted while a node was
+// away, covers copies up to its creation second and must not cover this
+// one (deleted.go). It waits for that second to pass, a few seconds at
+// most; a clock further behind is Unavailable.
+func (m *Manager) CreateSnapshotAfter(ctx context.Context, volumeID, name string, createdAfterUnix int64) (Snapshot, error) {
 	if err := vocab.ValidateName("snapshot", name); err != nil {
 		return Snapshot{}, err
 	}
@@ -42,6 +53,9 @@ func (m *Manager) CreateSnapshot(ctx context.Context, volumeID, name string) (Sn
 	if v.MovingTo != "" {
 		return Snapshot{}, fmt.Errorf("%w: volume %s is moving to node %s; retry when the move is done", errdefs.ErrUnavailable, volumeID, v.MovingTo)
 	}
+	if err := m.waitPast(ctx, createdAfterUnix); err != nil {
+		return Snapshot{}, fmt.Errorf("snapshot %s of volume %s: %w", id, volumeID, err)
+	}
 	dataset := v.Dataset + "@" + id
 	props := map[string]string{PropSnapshotName: name, PropSourceVolume: volumeID}
 	if err := m.zfs.Snapshot(ctx, dataset, props); err != nil {
@@ -50,6 +64,24 @@ func (m *Manager) CreateSnapshot(ctx context.Context, volumeID, name string) (Sn
 	log.Info("snapshot created", "name", name, "dataset", dataset)
 	m.reindexSnapshot(ctx, id, dataset)
 	return m.readSnapshot(ctx, dataset)
+}
+
+// waitPast waits until the node's clock is past second unix (a few
+// seconds at most).
+func (m *Manager) waitPast(ctx context.Context, unix int64) error {
+	const longest = 3 * time.Second
+	for waited := time.Duration(0); m.now().Unix() <= unix; waited += 100 * time.Millisecond {
+		if waited >= longest {
+			return fmt.Errorf("%w: this node's clock (%s) is behind the creation of an earlier snapshot of that name (%s), deleted while a node was away; check the node's clock, and retry",
+				errdefs.ErrUnavailable, m.now().UTC().Format(time.RFC3339), time.Unix(unix, 0).UTC().Format(time.RFC3339))
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	return nil
 }
 
 // DeleteSnapshot deletes a snapshot; one that does not exist is deleted

@@ -902,12 +902,17 @@ func (x *ExpandVolumeResponse) GetCapacityBytes() uint64 {
 	return 0
 }
 
+// CreateSnapshotRequest: with created_after_unix set, the node takes the
+// snapshot only once its clock is past that second, so that a record of
+// an earlier snapshot of that name deleted while a node was away (its
+// creation time) never covers the new one.
 type CreateSnapshotRequest struct {
-	state          protoimpl.MessageState `protogen:"open.v1"`
-	SourceVolumeId string                 `protobuf:"bytes,1,opt,name=source_volume_id,json=sourceVolumeId,proto3" json:"source_volume_id,omitempty"`
-	Name           string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	state            protoimpl.MessageState `protogen:"open.v1"`
+	SourceVolumeId   string                 `protobuf:"bytes,1,opt,name=source_volume_id,json=sourceVolumeId,proto3" json:"source_volume_id,omitempty"`
+	Name             string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	CreatedAfterUnix int64                  `protobuf:"varint,3,opt,name=created_after_unix,json=createdAfterUnix,proto3" json:"created_after_unix,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *CreateSnapshotRequest) Reset() {
@@ -952,6 +957,13 @@ func (x *CreateSnapshotRequest) GetName() string {
 		return x.Name
 	}
 	return ""
+}
+
+func (x *CreateSnapshotRequest) GetCreatedAfterUnix() int64 {
+	if x != nil {
+		return x.CreatedAfterUnix
+	}
+	return 0
 }
 
 type Snapshot struct {
@@ -3207,10 +3219,11 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\vlimit_bytes\x18\x03 \x01(\x04R\n" +
 	"limitBytes\"=\n" +
 	"\x14ExpandVolumeResponse\x12%\n" +
-	"\x0ecapacity_bytes\x18\x01 \x01(\x04R\rcapacityBytes\"U\n" +
+	"\x0ecapacity_bytes\x18\x01 \x01(\x04R\rcapacityBytes\"\x83\x01\n" +
 	"\x15CreateSnapshotRequest\x12(\n" +
 	"\x10source_volume_id\x18\x01 \x01(\tR\x0esourceVolumeId\x12\x12\n" +
-	"\x04name\x18\x02 \x01(\tR\x04name\"\xde\x01\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12,\n" +
+	"\x12created_after_unix\x18\x03 \x01(\x03R\x10createdAfterUnix\"\xde\x01\n" +
 	"\bSnapshot\x12\x1f\n" +
 	"\vsnapshot_id\x18\x01 \x01(\tR\n" +
 	"snapshotId\x12\x12\n" +

@@ -432,14 +432,14 @@ func (f *FakeAgent) ExpandVolume(_ context.Context, id string, requiredBytes, _ 
 	return c.CapacityBytes, nil
 }
 
-func (f *FakeAgent) CreateSnapshot(_ context.Context, sourceVolumeID, name string) (agentclient.Snapshot, error) {
+func (f *FakeAgent) CreateSnapshot(_ context.Context, sourceVolumeID, name string, createdAfterUnix int64) (agentclient.Snapshot, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if _, err := f.enterPrimary("CreateSnapshot", sourceVolumeID); err != nil {
 		return agentclient.Snapshot{}, err
 	}
 	s := agentclient.Snapshot{SnapshotID: vocab.SnapshotIDForName(name), Name: name, SourceVolumeID: sourceVolumeID,
-		CreatedUnix: time.Now().Unix(), NodeID: f.info.NodeID}
+		CreatedUnix: max(time.Now().Unix(), createdAfterUnix+1), NodeID: f.info.NodeID}
 	f.snapshots[s.SnapshotID] = s
 	return s, nil
 }
