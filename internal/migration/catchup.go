@@ -28,6 +28,14 @@ import (
 // backoff. The retry that finds the catch-up done goes on to the move's
 // final step, which sends only what changed since. A catch-up is no
 // change of ownership: it keeps every invariant a scheduled push keeps.
+//
+// The final step runs in the background too, right after the catch-up
+// (or at once, when the target is fresh), once the source is unpublished
+// (Nomad unpublishes it before it publishes on the target): it is the
+// publish Nomad would retry, run by the controller itself
+// (finishInBackground), so a drain's final steps run side by side instead
+// of one at a time inside Nomad's serialised calls, and the retry only
+// finds the volume moved.
 
 // DefaultCatchUpFresh is how recent the target's replica must be for a
 // move to skip the catch-up: its final step then sends what was written
@@ -38,10 +46,15 @@ const DefaultCatchUpFresh = time.Minute
 // a drain of many volumes streams a few at a time, not all at once.
 const DefaultMaxCatchUps = 4
 
-// catchUpWait is how long a publish waits for the catch-up it started or
-// found before answering that it runs: a small volume's catch-up ends
-// within it, and the same call goes on to the final step.
-const catchUpWait = 5 * time.Second
+// catchUpWait is how long a publish waits for the background move it
+// started before answering that it runs: a small volume's move ends
+// within it on real disks, and the same call answers it moved. It is
+// short: Nomad sends a plugin's controller calls one at a time, so every
+// other volume's calls wait as long.
+const catchUpWait = time.Second
+
+// finalStepTimeout bounds a final step run in the background.
+const finalStepTimeout = 10 * time.Minute
 
 // catchUpKeep is how long a finished catch-up waits for the publish that
 // finishes its move; one older is forgotten (the CO gave up, or went
@@ -56,9 +69,17 @@ type catchUp struct {
 
 	mu           sync.Mutex
 	bytes, total int64     // sent so far, and the estimate of all
+	final        bool      // the final step runs (or ran)
+	moved        bool      // the final step moved the volume
 	err          error     // why it failed, once done
 	ended        time.Time // zero while it runs
 	done         chan struct{}
+}
+
+func (c *catchUp) startFinal() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.final = true
 }
 
 func (c *catchUp) progress(p agentclient.Progress) {
@@ -77,9 +98,9 @@ func (c *catchUp) isDone() bool {
 	}
 }
 
-func (c *catchUp) finish(err error, at time.Time) {
+func (c *catchUp) finish(moved bool, err error, at time.Time) {
 	c.mu.Lock()
-	c.err, c.ended = err, at
+	c.moved, c.err, c.ended = moved, err, at
 	c.mu.Unlock()
 	close(c.done)
 }
@@ -90,6 +111,11 @@ func (c *catchUp) runningError(now time.Time) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	elapsed := now.Sub(c.started)
+	if c.final {
+		return errdefs.Wrap(errdefs.ErrFailedPrecondition,
+			"moving volume %s to node %s: the final step (fence, last increment, promotion) runs in the background (%s sent before it, running %s); the move is done at a retry",
+			c.volumeID, c.target, vocab.Bytes(c.bytes), elapsed.Round(time.Second))
+	}
 	how := fmt.Sprintf("%s sent so far", vocab.Bytes(c.bytes))
 	if c.total > 0 {
 		how = fmt.Sprintf("%s of %s", vocab.Bytes(c.bytes), vocab.Bytes(c.total))
@@ -128,17 +154,23 @@ func (cs *catchUps) find(volumeID, target string, now time.Time) (c *catchUp, fo
 	return cs.all[catchUpKey(volumeID, target)], forgotten
 }
 
-// add records c unless max catch-ups from c's source run already.
+// add records c unless max catch-ups from c's source run already, or a
+// move of c's volume to another node runs.
 func (cs *catchUps) add(c *catchUp, max int) error {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	running := 0
 	for _, other := range cs.all {
 		other.mu.Lock()
-		if other.source == c.source && other.ended.IsZero() {
+		busy := other.ended.IsZero()
+		other.mu.Unlock()
+		if busy && other.volumeID == c.volumeID {
+			return errdefs.Wrap(errdefs.ErrFailedPrecondition,
+				"volume %s is moving to node %s in the background; it can move to node %s at a retry once that move is done", c.volumeID, other.target, c.target)
+		}
+		if busy && other.source == c.source {
 			running++
 		}
-		other.mu.Unlock()
 	}
 	if running >= max {
 		return errdefs.Wrap(errdefs.ErrFailedPrecondition,
@@ -152,6 +184,22 @@ func (cs *catchUps) add(c *catchUp, max int) error {
 	return nil
 }
 
+// running returns the target of the move of volumeID running in the
+// background, if one runs.
+func (cs *catchUps) running(volumeID string) (string, bool) {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	for _, c := range cs.all {
+		c.mu.Lock()
+		busy := c.ended.IsZero()
+		c.mu.Unlock()
+		if busy && c.volumeID == volumeID {
+			return c.target, true
+		}
+	}
+	return "", false
+}
+
 // remove forgets c (its move used it, or it failed and was reported).
 func (cs *catchUps) remove(c *catchUp) {
 	cs.mu.Lock()
@@ -161,12 +209,13 @@ func (cs *catchUps) remove(c *catchUp) {
 	}
 }
 
-// caughtUp returns nil when the move of p to target may go on to its
-// final step: the target holds a replica of p's generation fresher than
-// CatchUpFresh, or a catch-up to it has just completed. Otherwise it
-// starts a catch-up and waits catchUpWait for it, or finds the one
-// running, and answers FailedPrecondition with its progress while it
-// runs.
+// caughtUp returns nil when the move of p to target goes on in this
+// call: catch-ups are off, or the target is fresh and the source still
+// published (the move then answers so). It returns errRetry when the background move moved the
+// volume (the publish looks again, and finds it on the target).
+// Otherwise it starts a background move and waits catchUpWait for it,
+// or finds the one running, and answers FailedPrecondition with its
+// progress while it runs.
 func (m *Migrator) caughtUp(ctx context.Context, p copyOn, target cluster.Node, v view, log hclog.Logger) error {
 	if m.CatchUpFresh < 0 {
 		return nil // catch-ups off: the move sends everything itself
@@ -176,39 +225,75 @@ func (m *Migrator) caughtUp(ctx context.Context, p copyOn, target cluster.Node, 
 	for _, f := range forgotten {
 		m.Metrics.finalStepPending(f, false) // the CO gave up on it, or went elsewhere
 	}
-	// Only the call that starts a catch-up waits for it: Nomad sends a
+	if c == nil {
+		fresh := m.targetFresh(p, target, v)
+		if fresh && p.copy.Mounted {
+			return nil // the publish says it is still published there
+		}
+		return m.startMove(ctx, p, target, !fresh, log)
+	}
+	// Only the call that starts a move waits for it: Nomad sends a
 	// plugin's controller calls one at a time, so a retry that waited
 	// for a running one would hold every other volume's calls that long.
-	wait := time.Duration(0)
-	if c == nil {
-		if m.targetFresh(p, target, v) {
-			return nil
-		}
-		c = &catchUp{volumeID: id, source: p.nodeID(), target: target.Info.NodeID, started: m.now(), done: make(chan struct{})}
-		if err := m.catchUps.add(c, m.maxCatchUps()); err != nil {
-			return err
-		}
-		log.Info("catching the move's target up in the background", "from_node", c.source)
-		go m.runCatchUp(c, p.node, target.Addr, log)
-		wait = cmp.Or(m.catchUpWait, catchUpWait)
+	if !c.isDone() {
+		return c.runningError(m.now())
 	}
-	if err := waitFor(ctx, c.done, wait); err != nil {
+	return m.ended(ctx, c, p, target, log)
+}
+
+// startMove starts the background move of p to target (with a catch-up
+// first, or straight to the final step) and waits catchUpWait for it.
+func (m *Migrator) startMove(ctx context.Context, p copyOn, target cluster.Node, withCatchUp bool, log hclog.Logger) error {
+	c := &catchUp{volumeID: p.copy.VolumeID, source: p.nodeID(), target: target.Info.NodeID, started: m.now(), done: make(chan struct{})}
+	if err := m.catchUps.add(c, m.maxCatchUps()); err != nil {
+		return err
+	}
+	if withCatchUp {
+		log.Info("catching the move's target up in the background", "from_node", c.source)
+	} else {
+		log.Info("moving the volume in the background: its target is fresh", "from_node", c.source)
+	}
+	go m.runMove(c, p.node, target.Addr, withCatchUp, log)
+	if err := waitFor(ctx, c.done, cmp.Or(m.catchUpWait, catchUpWait)); err != nil {
 		return err
 	}
 	if !c.isDone() {
 		return c.runningError(m.now())
 	}
+	return m.ended(ctx, c, p, target, log)
+}
+
+// arrived forgets a finished background move of the volume to nodeID,
+// which holds its primary now: the publish that finds it there ends it.
+func (m *Migrator) arrived(id, nodeID string) {
+	c, _ := m.catchUps.find(id, nodeID, m.now())
+	if c != nil && c.isDone() {
+		m.catchUps.remove(c)
+		m.Metrics.finalStepPending(c, false)
+	}
+}
+
+// ended is the publish's answer for the background move c, done: errRetry
+// when it moved the volume (the publish looks again and finds it on the
+// target), the failure, or, when it caught the target up while the source
+// was published, the final step started now if the source no longer is.
+func (m *Migrator) ended(ctx context.Context, c *catchUp, p copyOn, target cluster.Node, log hclog.Logger) error {
 	m.catchUps.remove(c)
 	m.Metrics.finalStepPending(c, false)
-	if c.err == nil {
-		return nil
-	}
-	if errors.Is(c.err, errdefs.ErrResourceExhausted) || errors.Is(c.err, errdefs.ErrInvalidArgument) {
+	id := c.volumeID
+	switch {
+	case c.moved:
+		return errRetry
+	case c.err == nil && p.copy.Mounted:
+		return nil // the publish says it is still published there
+	case c.err == nil:
+		return m.startMove(ctx, p, target, false, log)
+	case errors.Is(c.err, errdefs.ErrResourceExhausted) || errors.Is(c.err, errdefs.ErrInvalidArgument):
 		return fmt.Errorf("sending volume %s to node %s before the move: %w", id, target.Info.NodeID, c.err)
 	}
 	// Anything else (a node restarted, a stream broke, a push busy) may
 	// pass: the retry starts another, which resumes what arrived.
-	return errdefs.Wrap(errdefs.ErrFailedPrecondition, "sending volume %s to node %s before the move failed: %v; a retry sends it again from where it stopped",
+	return errdefs.Wrap(errdefs.ErrFailedPrecondition, "moving volume %s to node %s in the background failed: %v; a retry starts it again from where it stopped",
 		id, target.Info.NodeID, c.err)
 }
 
@@ -244,10 +329,39 @@ func (m *Migrator) targetFresh(p copyOn, target cluster.Node, v view) bool {
 	return false
 }
 
+// runMove is the background move: it pushes the primary on source to the
+// target unless the target is fresh (waiting while another push of the
+// volume, the schedule's, holds it), then runs the final step if the
+// source is unpublished.
+func (m *Migrator) runMove(c *catchUp, source cluster.Node, targetAddr string, catchUp bool, log hclog.Logger) {
+	var err error
+	if catchUp {
+		err = m.runCatchUp(c, source, targetAddr, log)
+	}
+	moved := false
+	if err == nil {
+		moved, err = m.finishInBackground(c, log)
+	}
+	if err == nil && !moved {
+		// Before finish: the publish waiting for it clears this.
+		m.Metrics.finalStepPending(c, true)
+	}
+	c.finish(moved, err, m.now())
+	seconds := m.now().Sub(c.started).Seconds()
+	switch {
+	case err != nil:
+		log.Warn("moving the volume in the background failed; the publish's retry starts it again", "from_node", c.source, "error", err, "seconds", seconds)
+	case moved:
+		log.Info("volume moved in the background; the publish's retry finds it there", "from_node", c.source, "seconds", seconds)
+	default:
+		log.Info("move's target caught up; the final step waits for the volume to be unpublished on its node", "from_node", c.source, "seconds", seconds)
+	}
+}
+
 // runCatchUp pushes the primary on source to the target until it is done
 // or fails, waiting while another push of the volume (the schedule's)
 // holds it.
-func (m *Migrator) runCatchUp(c *catchUp, source cluster.Node, targetAddr string, log hclog.Logger) {
+func (m *Migrator) runCatchUp(c *catchUp, source cluster.Node, targetAddr string, log hclog.Logger) error {
 	m.Metrics.catchUpStarted()
 	ctx := context.Background()
 	var err error
@@ -258,22 +372,38 @@ func (m *Migrator) runCatchUp(c *catchUp, source cluster.Node, targetAddr string
 		}
 		_ = sleep(ctx, time.Second)
 	}
-	if err == nil {
-		// Before finish: the publish waiting for it clears this.
-		m.Metrics.finalStepPending(c, true)
+	if err != nil {
+		m.Metrics.catchUpEnded("failed")
+		return err
 	}
-	c.finish(err, m.now())
+	m.Metrics.catchUpEnded("ok")
 	c.mu.Lock()
 	sent := c.bytes
 	c.mu.Unlock()
+	log.Info("move's target caught up", "from_node", c.source, "bytes", sent, "seconds", m.now().Sub(c.started).Seconds())
+	return nil
+}
+
+// finishInBackground runs the move's final step when the primary is still
+// on the move's source and unpublished there, as the publish's retry
+// would (the same decisions, from a fresh look at every node); it reports
+// whether the volume moved. While the source is published, the final step
+// waits for the publish's retry, as it must: the job may still write.
+func (m *Migrator) finishInBackground(c *catchUp, log hclog.Logger) (bool, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), finalStepTimeout)
+	defer cancel()
+	v, err := m.gather(ctx, c.volumeID)
 	if err != nil {
-		m.Metrics.catchUpEnded("failed")
-		log.Warn("catching the move's target up failed; the publish's retry starts it again", "from_node", c.source, "error", err)
-		return
+		return false, nil // the retry looks again
 	}
-	m.Metrics.catchUpEnded("ok")
-	log.Info("move's target caught up; the publish's retry finishes the move", "from_node", c.source, "bytes", sent,
-		"seconds", m.now().Sub(c.started).Seconds())
+	if p, ok := v.primary(); !ok || p.nodeID() != c.source || p.copy.Mounted {
+		return false, nil
+	}
+	c.startFinal()
+	if _, err := m.publish(ctx, c.volumeID, c.target, true); err != nil {
+		return false, err
+	}
+	return true, nil
 }
 
 func (m *Migrator) catchUpFresh() time.Duration {

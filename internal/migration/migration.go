@@ -341,6 +341,17 @@ const maxSteps = 5
 // over as needed, and returns its generation: the fencing token the node
 // checks when staging.
 func (m *Migrator) Publish(ctx context.Context, id, nodeID string) (uint64, error) {
+	return m.publish(ctx, id, nodeID, false)
+}
+
+// MoveRunning returns the target of the volume's move running in the
+// background (catchup.go), if one runs: a delete or an expansion of the
+// volume waits for it.
+func (m *Migrator) MoveRunning(id string) (string, bool) { return m.catchUps.running(id) }
+
+// publish is Publish; inBackground tells that it runs the final step of a
+// background move, which must not start another.
+func (m *Migrator) publish(ctx context.Context, id, nodeID string, inBackground bool) (uint64, error) {
 	log := m.log.With("volume_id", id, "node_id", nodeID)
 	for step := 0; step < maxSteps; step++ {
 		v, err := m.gather(ctx, id)
@@ -384,6 +395,7 @@ func (m *Migrator) Publish(ctx context.Context, id, nodeID string) (uint64, erro
 			continue // and move it on to the target
 		}
 		if p.nodeID() == nodeID {
+			m.arrived(id, nodeID)
 			// A fence is lifted only when no other node may have been
 			// promoted meanwhile: newerElsewhere above saw to that.
 			if p.copy.MovingTo != "" || p.copy.LeaseFenced {
@@ -396,7 +408,7 @@ func (m *Migrator) Publish(ctx context.Context, id, nodeID string) (uint64, erro
 		if err := m.checkMove(p, target); err != nil {
 			return 0, err
 		}
-		gen, err := m.move(ctx, id, p, target, v, log)
+		gen, err := m.move(ctx, id, p, target, v, inBackground, log)
 		if errors.Is(err, errRetry) {
 			continue
 		}
@@ -520,16 +532,20 @@ func (m *Migrator) checkMove(p copyOn, target cluster.Node) error {
 	return nil
 }
 
-// move is the planned move of p to target: catch the target up in the
-// background unless it is fresh (caughtUp: until then the publish
-// answers a retryable error), then fence and send the final snapshot
-// (one call: the source fences under the same lock hold as the
-// snapshot), promote the target, demote the source.
-func (m *Migrator) move(ctx context.Context, id string, p copyOn, target cluster.Node, v view, log hclog.Logger) (uint64, error) {
+// move is the planned move of p to target. A publish hands it to the
+// background (caughtUp: a catch-up unless the target is fresh, then the
+// final step, which finishInBackground runs through publish with
+// inBackground set), answering a retryable error until it is done. The
+// final step: fence and send the final snapshot (one call: the source
+// fences under the same lock hold as the snapshot), promote the target,
+// demote the source.
+func (m *Migrator) move(ctx context.Context, id string, p copyOn, target cluster.Node, v view, inBackground bool, log hclog.Logger) (uint64, error) {
 	// The catch-up may run while the workload still writes on the source:
 	// it is a push like the schedule's, and the final step sends the rest.
-	if err := m.caughtUp(ctx, p, target, v, log); err != nil {
-		return 0, err
+	if !inBackground {
+		if err := m.caughtUp(ctx, p, target, v, log); err != nil {
+			return 0, err
+		}
 	}
 	if p.copy.Mounted {
 		return 0, errdefs.Wrap(errdefs.ErrFailedPrecondition, "volume %s is still published on node %s; it moves to node %s once it is unpublished there", id, p.nodeID(), target.Info.NodeID)

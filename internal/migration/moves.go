@@ -7,9 +7,9 @@ import (
 	"time"
 )
 
-// MoveStatus is a move whose target the controller catches up in the
-// background, or whose target is caught up and whose final step waits for
-// the CO's retry of the publish (docs/migration.md, "Catch-up").
+// MoveStatus is a move the controller runs in the background: catching
+// its target up, or running its final step, or done and waiting for the
+// CO's retry of the publish (docs/migration.md, "Catch-up").
 type MoveStatus struct {
 	VolumeID   string    `json:"volume_id"`
 	From       string    `json:"from"`
@@ -17,8 +17,14 @@ type MoveStatus struct {
 	Started    time.Time `json:"started"`
 	Bytes      int64     `json:"bytes"`
 	TotalBytes int64     `json:"total_bytes,omitempty"`
-	// CaughtUp: when the catch-up completed; the final step waits for the
-	// publish's retry since then. Zero while it runs or when it failed.
+	// FinalStep: the final step (fence, last increment, promotion) runs,
+	// or ran.
+	FinalStep bool `json:"final_step,omitempty"`
+	// Moved: when the final step moved the volume; the CO's retry finds
+	// it on the target.
+	Moved time.Time `json:"moved,omitzero"`
+	// CaughtUp: when the catch-up completed with the source still
+	// published; the final step waits for the publish's retry since then.
 	CaughtUp time.Time `json:"caught_up,omitzero"`
 	// Error: why the catch-up failed (the publish's retry starts another).
 	Error string `json:"error,omitempty"`
@@ -38,11 +44,13 @@ func (m *Migrator) Moves() []MoveStatus {
 			c.mu.Unlock()
 			continue // the CO gave up on it, or went elsewhere
 		}
-		s := MoveStatus{VolumeID: c.volumeID, From: c.source, To: c.target, Started: c.started, Bytes: c.bytes, TotalBytes: c.total}
+		s := MoveStatus{VolumeID: c.volumeID, From: c.source, To: c.target, Started: c.started, Bytes: c.bytes, TotalBytes: c.total, FinalStep: c.final}
 		switch {
 		case c.ended.IsZero():
 		case c.err != nil:
 			s.Error = c.err.Error()
+		case c.moved:
+			s.Moved = c.ended
 		default:
 			s.CaughtUp = c.ended
 		}

@@ -260,32 +260,80 @@ func TestAMoveCatchesUpInTheBackground(t *testing.T) {
 		t.Errorf("the moves during the catch-up: %+v, want the one to n2 running, 1 GiB sent", moves)
 	}
 	close(release)
-	for deadline := time.Now().Add(5 * time.Second); !pending() && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-	}
-	if !pending() {
-		t.Error("the caught-up move's final step never showed pending in the metrics")
-	}
-	if moves := m.Moves(); len(moves) != 1 || moves[0].CaughtUp.IsZero() || moves[0].Error != "" {
-		t.Errorf("the moves once caught up: %+v, want the one to n2 caught up, its final step pending", moves)
-	}
-	var gen uint64
-	var err error
+	// The source is unpublished: the final step runs in the background
+	// right after the catch-up, before any retry.
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		if gen, err = m.Publish(ctx, id, "n2"); err == nil {
+		if c, _ := n2.Copy(id); c.Role == vocab.RolePrimary {
 			break
 		}
 	}
-	if err != nil || gen != 2 {
-		t.Fatalf("publish after the catch-up: generation %d, %v; want 2", gen, err)
+	if c, _ := n2.Copy(id); c.Role != vocab.RolePrimary || c.Generation != 2 {
+		t.Fatalf("n2's copy after the catch-up, before any retry: %+v, want the primary of generation 2", c)
+	}
+	if moves := m.Moves(); len(moves) != 1 || moves[0].Moved.IsZero() || !moves[0].FinalStep || moves[0].Error != "" {
+		t.Errorf("the moves once moved: %+v, want the one to n2, moved", moves)
+	}
+	began := time.Now()
+	gen, err := m.Publish(ctx, id, "n2")
+	if err != nil || gen != 2 || time.Since(began) > m.catchUpWait/2 {
+		t.Fatalf("the retry after the background move: generation %d, %v after %v; want 2 at once", gen, err, time.Since(began))
 	}
 	if pending() {
-		t.Error("the move's final step still shows pending after the move")
+		t.Error("a move whose final step ran in the background showed pending")
 	}
 	if moves := m.Moves(); len(moves) != 0 {
 		t.Errorf("the moves after the move: %+v, want none", moves)
 	}
-	if c, _ := n2.Copy(id); c.Role != vocab.RolePrimary || c.Generation != 2 {
-		t.Errorf("n2's copy after the move: %+v, want the primary of generation 2", c)
+}
+
+// TestTheFinalStepWaitsForTheSourceToBeUnpublished: a background move
+// whose source is still published when its catch-up ends leaves the
+// final step pending (in the metrics and Moves) until a publish comes
+// with the source unpublished, which then runs it.
+func TestTheFinalStepWaitsForTheSourceToBeUnpublished(t *testing.T) {
+	var fakes clustertest.Fakes
+	n1 := fakes.Add(agentclient.NodeInfo{NodeID: "n1"})
+	n2 := fakes.Add(agentclient.NodeInfo{NodeID: "n2"})
+	fakes.Add(agentclient.NodeInfo{NodeID: "n3"})
+	id := n1.PutPrimary("busy", 1)
+	published, _ := n1.Copy(id)
+	published.Mounted = true
+	n1.PutCopy(published)
+	m := New(fakes.Cluster(t), hclog.NewNullLogger())
+	m.catchUpWait = 2 * time.Second
+	registry := metrics.NewRegistry()
+	m.Metrics = NewMetrics(registry)
+	pending := func() bool {
+		var b strings.Builder
+		if _, err := registry.WriteTo(&b); err != nil {
+			t.Fatal(err)
+		}
+		return strings.Contains(b.String(), fmt.Sprintf("zfs_nomad_move_final_step_pending{volume_id=%q,target=\"n2\"} 1", id))
+	}
+	ctx := context.Background()
+	if _, err := m.Publish(ctx, id, "n2"); !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "still published on node n1") {
+		t.Fatalf("publish while the source is published: %v, want FailedPrecondition saying so", err)
+	}
+	// That call's catch-up ended within its wait, and left the final step.
+	if c, _ := n2.Copy(id); c.Role != vocab.RoleReplica {
+		t.Fatalf("n2's copy after the catch-up: %+v, want a replica", c)
+	}
+	if c, _ := n1.Copy(id); c.MovingTo != "" {
+		t.Fatalf("the published source was fenced: %+v", c)
+	}
+	// Caught up by a background move whose source was published: pending.
+	if _, err := m.Publish(ctx, id, "n2"); err == nil {
+		t.Fatal("a publish while the source is published moved the volume")
+	}
+
+	published.Mounted = false
+	n1.PutCopy(published)
+	gen, err := m.Publish(ctx, id, "n2")
+	if err != nil || gen != 2 {
+		t.Fatalf("publish once the source is unpublished: generation %d, %v; want 2 (the final step within the call's wait)", gen, err)
+	}
+	if pending() {
+		t.Error("the final step still shows pending after the move")
 	}
 }
 

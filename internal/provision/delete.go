@@ -25,6 +25,9 @@ func (p *Provisioner) Delete(ctx context.Context, id string) error {
 	if !vocab.IsVolumeID(id) {
 		return nil
 	}
+	if err := p.notMoving(id); err != nil {
+		return err
+	}
 	answers, unreachable, err := cluster.Ask(ctx, p.cluster, func(ctx context.Context, a cluster.Agent) (agentclient.Copy, error) {
 		return a.GetCopy(ctx, id)
 	})

@@ -188,6 +188,9 @@ func (p *Provisioner) CurrentVolume(ctx context.Context, id string) (cluster.Loc
 // Expand sets the volume's quota on its current primary and returns its
 // new capacity. A quota change is effective at once, mounted or not.
 func (p *Provisioner) Expand(ctx context.Context, id string, requiredBytes, limitBytes uint64) (uint64, error) {
+	if err := p.notMoving(id); err != nil {
+		return 0, err
+	}
 	found, err := p.CurrentVolume(ctx, id)
 	if err != nil {
 		return 0, err
@@ -224,4 +227,14 @@ func (p *Provisioner) CapacityOf(ctx context.Context, topology map[string]string
 		c.MaxVolumeBytes = max(c.MaxVolumeBytes, min(n.Info.AvailableBytes, n.Info.MaxQuotaBytes))
 	}
 	return c, nil
+}
+
+// notMoving refuses an operation on a volume whose move runs in the
+// background (its final step would race it): Aborted, as the CSI spec
+// answers an operation on a volume another one is busy with.
+func (p *Provisioner) notMoving(id string) error {
+	if to, moving := p.migrator.MoveRunning(id); moving {
+		return errdefs.Wrap(errdefs.ErrAborted, "volume %s is moving to node %s in the background; retry once the move is done", id, to)
+	}
+	return nil
 }

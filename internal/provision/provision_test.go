@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 
@@ -622,5 +623,47 @@ func TestCapacityOf(t *testing.T) {
 	pinned, err := p.CapacityOf(ctx, nil, "n2")
 	if err != nil || pinned.AvailableBytes != 30<<30 {
 		t.Fatalf("capacity pinned to n2: %+v, %v; want 30 GiB", pinned, err)
+	}
+}
+
+// TestNothingRacesABackgroundMove: while a volume's move runs in the
+// background (its final step would race them), its delete and its
+// expansion answer Aborted; once it is done they go on.
+func TestNothingRacesABackgroundMove(t *testing.T) {
+	w := newWorld()
+	id := w.nodes["n1"].PutPrimary("v", 1)
+	release := make(chan struct{})
+	w.nodes["n1"].BeforePush = func(ctx context.Context, _ string, _ func(agentclient.Progress)) error {
+		select {
+		case <-release:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	c := w.fakes.Cluster(t)
+	mig := migration.New(c, hclog.NewNullLogger())
+	p := New(c, mig, "most-free", hclog.NewNullLogger())
+	ctx := context.Background()
+	if _, err := mig.Publish(ctx, id, "n2"); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("publish on n2: %v, want FailedPrecondition (moving in the background)", err)
+	}
+	if err := p.Delete(ctx, id); !errors.Is(err, errdefs.ErrAborted) || !strings.Contains(err.Error(), "moving to node n2") {
+		t.Errorf("delete during the move: %v, want Aborted naming the move", err)
+	}
+	if _, err := p.Expand(ctx, id, 2<<30, 0); !errors.Is(err, errdefs.ErrAborted) {
+		t.Errorf("expansion during the move: %v, want Aborted", err)
+	}
+	close(release)
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if _, moving := mig.MoveRunning(id); !moving {
+			break
+		}
+	}
+	if err := p.Delete(ctx, id); err != nil {
+		t.Fatalf("delete after the move: %v", err)
+	}
+	if h := w.holders(id); len(h) != 0 {
+		t.Errorf("copies left after the delete: %v", h)
 	}
 }

@@ -557,7 +557,7 @@ func (e *env) settled(id, nodeID, want string) {
 	e.t.Helper()
 	var got []string
 	for deadline := time.Now().Add(45 * time.Second); time.Now().Before(deadline); time.Sleep(2 * time.Second) {
-		if _, err := e.controller().ControllerPublishVolume(e.ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: nodeID, VolumeCapability: writer}); err != nil {
+		if _, err := e.controller().ControllerPublishVolume(e.ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: nodeID, VolumeCapability: writer}); err != nil && !sim.CatchingUp(err) {
 			e.t.Fatal(err)
 		}
 		if got = e.primaries(id); strings.Join(got, " ") == want {
