@@ -331,7 +331,11 @@ func printMoves(out io.Writer, moves []migration.MoveStatus, now time.Time) {
 		state := "catching up: " + FormatProgress(agentclient.Progress{Bytes: m.Bytes, TotalBytes: m.TotalBytes}, now.Sub(m.Started))
 		switch {
 		case m.Error != "":
-			state = "catch-up failed (the publish's retry starts another): " + m.Error
+			state = "failed (the publish's retry starts another): " + m.Error
+		case !m.Moved.IsZero():
+			state = fmt.Sprintf("moved %s ago; the publish's retry finds it there", now.Sub(m.Moved).Round(time.Second))
+		case m.FinalStep:
+			state = fmt.Sprintf("final step running (fence, last increment, promotion), %s after the start", now.Sub(m.Started).Round(time.Second))
 		case !m.CaughtUp.IsZero():
 			state = fmt.Sprintf("caught up %s ago; final step pending: the next publish retry runs it", now.Sub(m.CaughtUp).Round(time.Second))
 		}

@@ -64,6 +64,8 @@ func TestPrintStatus(t *testing.T) {
 		Moves: []migration.MoveStatus{
 			{VolumeID: "vol-a", From: "n1", To: "n3", Started: now.Add(-time.Second), Bytes: 1 << 20},
 			{VolumeID: "vol-d", From: "n2", To: "n1", Started: now.Add(-time.Minute), CaughtUp: now.Add(-12 * time.Second)},
+			{VolumeID: "vol-e", From: "n2", To: "n3", Started: now.Add(-5 * time.Second), FinalStep: true},
+			{VolumeID: "vol-f", From: "n1", To: "n2", Started: now.Add(-time.Minute), FinalStep: true, Moved: now.Add(-3 * time.Second)},
 		},
 		Unreachable: []Unreachable{{Node: "10.0.0.4:7670", Error: "connection refused"}},
 	}
@@ -75,8 +77,10 @@ func TestPrintStatus(t *testing.T) {
 		"never completed",
 		"transfers running: 1\n  vol-a: n1 -> n3  incremental   1.0 MiB  1.0 MiB/s  (catch-up for the move to n3)",
 		"tank/nomad/vol-c-aside-1 on n2",
-		"moves in progress: 2\n  vol-a: n1 -> n3  catching up: ",
+		"moves in progress: 4\n  vol-a: n1 -> n3  catching up: ",
 		"  vol-d: n2 -> n1  caught up 12s ago; final step pending: the next publish retry runs it",
+		"  vol-e: n2 -> n3  final step running (fence, last increment, promotion), 5s after the start",
+		"  vol-f: n1 -> n2  moved 3s ago; the publish's retry finds it there",
 		"unreachable: 10.0.0.4:7670: connection refused",
 	} {
 		if !strings.Contains(out.String(), want) {
