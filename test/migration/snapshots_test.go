@@ -125,6 +125,50 @@ func TestSnapshotsFollowTheVolume(t *testing.T) {
 	t.Fatalf("left of the volume and its snapshot after both deletes and n1's return:\n%s", left)
 }
 
+// TestSnapshotsSurviveAFailover (issue 16) on real ZFS: a snapshot taken
+// on n1 reaches n2 with the replica's push; n1 is lost, the volume fails
+// over to n2, and the snapshot is listed once and restored there with
+// the data it was taken with, although its node of origin is gone.
+func TestSnapshotsSurviveAFailover(t *testing.T) {
+	e := start(t)
+	id, dir := e.createWritten("survivor", map[string]string{"failover": "auto"}, "echo before > a && dd if=/dev/urandom of=blob bs=1M count=2 2>/dev/null")
+	taken := e.checksums("n1", dir)
+	snap, err := e.controller().CreateSnapshot(e.ctx, &csi.CreateSnapshotRequest{SourceVolumeId: id, Name: "before-the-loss"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	snapID := snap.GetSnapshot().GetSnapshotId()
+	e.write("n1", dir, "echo after > a")
+	e.replicate(id, "n1", "n2")
+
+	e.loseNode("n1")
+	e.mustPublish(id, "n2") // the failover
+	if c := e.copyOn(id, "n2"); c.GetRole() != "primary" || c.GetGeneration() != 2 {
+		t.Fatalf("n2's copy after the failover: %+v", c)
+	}
+	listed, err := e.controller().ListSnapshots(e.ctx, &csi.ListSnapshotsRequest{SnapshotId: snapID})
+	if err != nil || len(listed.GetEntries()) != 1 {
+		t.Fatalf("ListSnapshots with n1 lost: %v, %v; want %s once", listed, err, snapID)
+	}
+	restored, err := e.controller().CreateVolume(e.ctx, &csi.CreateVolumeRequest{Name: "restored-after-loss", VolumeCapabilities: []*csi.VolumeCapability{writer},
+		CapacityRange: &csi.CapacityRange{RequiredBytes: 1 << 30}, Parameters: map[string]string{"compression": "off"},
+		VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: snapID}}}})
+	if err != nil {
+		t.Fatalf("restoring %s with its node of origin lost: %v", snapID, err)
+	}
+	rid := restored.GetVolume().GetVolumeId()
+	rdir := e.mustPublish(rid, "n2")
+	if got := e.checksums("n2", rdir); got != taken {
+		t.Fatalf("the volume restored on n2 holds:\n%s\nwant what the snapshot was taken of on n1:\n%s", got, taken)
+	}
+	e.unpublish(rid, "n2")
+	if _, err := e.controller().DeleteVolume(e.ctx, &csi.DeleteVolumeRequest{VolumeId: rid}); err != nil {
+		t.Fatal(err)
+	}
+	e.unpublish(id, "n2")
+	e.returnNode("n1")
+}
+
 // deletionRecords returns what node n remembers of deleted snapshots
 // (volume.PropDeletedSnapshotPrefix properties), one per line.
 func (e *env) deletionRecords(n string) string {
