@@ -575,8 +575,14 @@ func (m *Migrator) move(ctx context.Context, id string, p copyOn, target cluster
 	}
 	// The target is the primary now and the source a fenced, read-only copy
 	// of an older generation: the workload need not wait for its demotion.
-	// If it fails, the next publish or schedule round settles it.
-	go m.demote(id, p, gen, log)
+	// If it fails, the next publish or schedule round settles it. A move
+	// in the background demotes before it ends, so the publish's retry
+	// finds the volume settled.
+	if inBackground {
+		m.demote(id, p, gen, log)
+	} else {
+		go m.demote(id, p, gen, log)
+	}
 	m.Metrics.count("move", "ok")
 	m.Metrics.observeMove(m.now().Sub(started))
 	log.Info("volume moved", "seconds", m.now().Sub(started).Seconds())

@@ -218,13 +218,7 @@ func TestAMoveCatchesUpInTheBackground(t *testing.T) {
 	m.catchUpWait = time.Second
 	registry := metrics.NewRegistry()
 	m.Metrics = NewMetrics(registry)
-	pending := func() bool {
-		var b strings.Builder
-		if _, err := registry.WriteTo(&b); err != nil {
-			t.Fatal(err)
-		}
-		return strings.Contains(b.String(), fmt.Sprintf("zfs_nomad_move_final_step_pending{volume_id=%q,target=\"n2\"} 1", id))
-	}
+	pending := func() bool { return finalStepPending(t, registry, id, "n2") }
 	ctx := context.Background()
 
 	for attempt := range 3 {
@@ -303,13 +297,7 @@ func TestTheFinalStepWaitsForTheSourceToBeUnpublished(t *testing.T) {
 	m.catchUpWait = 2 * time.Second
 	registry := metrics.NewRegistry()
 	m.Metrics = NewMetrics(registry)
-	pending := func() bool {
-		var b strings.Builder
-		if _, err := registry.WriteTo(&b); err != nil {
-			t.Fatal(err)
-		}
-		return strings.Contains(b.String(), fmt.Sprintf("zfs_nomad_move_final_step_pending{volume_id=%q,target=\"n2\"} 1", id))
-	}
+	pending := func() bool { return finalStepPending(t, registry, id, "n2") }
 	ctx := context.Background()
 	if _, err := m.Publish(ctx, id, "n2"); !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "still published on node n1") {
 		t.Fatalf("publish while the source is published: %v, want FailedPrecondition saying so", err)
@@ -391,4 +379,15 @@ func TestAFailedCatchUpIsRetried(t *testing.T) {
 	if gen, err := m.Publish(ctx, id, "n2"); err != nil || gen != 2 {
 		t.Fatalf("the retry: generation %d, %v; want the move done at generation 2", gen, err)
 	}
+}
+
+// finalStepPending tells whether the metrics show the final step of the
+// move of volume id to target pending.
+func finalStepPending(t *testing.T, registry *metrics.Registry, id, target string) bool {
+	t.Helper()
+	var b strings.Builder
+	if _, err := registry.WriteTo(&b); err != nil {
+		t.Fatal(err)
+	}
+	return strings.Contains(b.String(), fmt.Sprintf("zfs_nomad_move_final_step_pending{volume_id=%q,target=%q} 1", id, target))
 }

@@ -52,21 +52,7 @@ func TestSnapshotsFollowTheVolume(t *testing.T) {
 	}
 
 	// Restored on n2, where the volume now lives: the data it was taken with.
-	restored, err := e.controller().CreateVolume(e.ctx, &csi.CreateVolumeRequest{Name: "restored", VolumeCapabilities: []*csi.VolumeCapability{writer},
-		CapacityRange: &csi.CapacityRange{RequiredBytes: 1 << 30}, Parameters: map[string]string{"node": "n2", "compression": "off"},
-		VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: snapID}}}})
-	if err != nil {
-		t.Fatalf("restoring %s on n2: %v", snapID, err)
-	}
-	rid := restored.GetVolume().GetVolumeId()
-	rdir := e.mustPublish(rid, "n2")
-	if got := e.checksums("n2", rdir); got != taken {
-		t.Fatalf("the volume restored on n2 holds:\n%s\nwant what the snapshot was taken of on n1:\n%s", got, taken)
-	}
-	e.unpublish(rid, "n2")
-	if _, err := e.controller().DeleteVolume(e.ctx, &csi.DeleteVolumeRequest{VolumeId: rid}); err != nil {
-		t.Fatal(err)
-	}
+	e.restoreHolds("restored", snapID, map[string]string{"node": "n2"}, "n2", taken)
 
 	// The volume goes; the snapshot outlives it on both nodes.
 	_ = dir2
@@ -150,23 +136,35 @@ func TestSnapshotsSurviveAFailover(t *testing.T) {
 	if err != nil || len(listed.GetEntries()) != 1 {
 		t.Fatalf("ListSnapshots with n1 lost: %v, %v; want %s once", listed, err, snapID)
 	}
-	restored, err := e.controller().CreateVolume(e.ctx, &csi.CreateVolumeRequest{Name: "restored-after-loss", VolumeCapabilities: []*csi.VolumeCapability{writer},
-		CapacityRange: &csi.CapacityRange{RequiredBytes: 1 << 30}, Parameters: map[string]string{"compression": "off"},
-		VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: snapID}}}})
-	if err != nil {
-		t.Fatalf("restoring %s with its node of origin lost: %v", snapID, err)
-	}
-	rid := restored.GetVolume().GetVolumeId()
-	rdir := e.mustPublish(rid, "n2")
-	if got := e.checksums("n2", rdir); got != taken {
-		t.Fatalf("the volume restored on n2 holds:\n%s\nwant what the snapshot was taken of on n1:\n%s", got, taken)
-	}
-	e.unpublish(rid, "n2")
-	if _, err := e.controller().DeleteVolume(e.ctx, &csi.DeleteVolumeRequest{VolumeId: rid}); err != nil {
-		t.Fatal(err)
-	}
+	e.restoreHolds("restored-after-loss", snapID, nil, "n2", taken)
 	e.unpublish(id, "n2")
 	e.returnNode("n1")
+}
+
+// restoreHolds restores snapshot snapID as volume name (with params),
+// expects it on node, checks that it holds the files taken (checksums)
+// and deletes it again.
+func (e *env) restoreHolds(name, snapID string, params map[string]string, node, taken string) {
+	e.t.Helper()
+	p := map[string]string{"compression": "off"}
+	for k, v := range params {
+		p[k] = v
+	}
+	restored, err := e.controller().CreateVolume(e.ctx, &csi.CreateVolumeRequest{Name: name, VolumeCapabilities: []*csi.VolumeCapability{writer},
+		CapacityRange: &csi.CapacityRange{RequiredBytes: 1 << 30}, Parameters: p,
+		VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: snapID}}}})
+	if err != nil {
+		e.t.Fatalf("restoring %s as %s: %v", snapID, name, err)
+	}
+	rid := restored.GetVolume().GetVolumeId()
+	rdir := e.mustPublish(rid, node)
+	if got := e.checksums(node, rdir); got != taken {
+		e.t.Fatalf("the volume restored on %s holds:\n%s\nwant what the snapshot was taken of:\n%s", node, got, taken)
+	}
+	e.unpublish(rid, node)
+	if _, err := e.controller().DeleteVolume(e.ctx, &csi.DeleteVolumeRequest{VolumeId: rid}); err != nil {
+		e.t.Fatal(err)
+	}
 }
 
 // deletionRecords returns what node n remembers of deleted snapshots
