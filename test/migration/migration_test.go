@@ -668,7 +668,10 @@ func TestCatchUpBlocksNoOtherVolume(t *testing.T) {
 		}
 		return time.Since(began)
 	}
-	usual := otherVolume("usual")
+	// The median of three: one create under emulation varies by seconds.
+	usuals := []time.Duration{otherVolume("usual-1"), otherVolume("usual-2"), otherVolume("usual-3")}
+	slices.Sort(usuals)
+	usual := usuals[1]
 
 	began := time.Now()
 	_, err := e.controller().ControllerPublishVolume(e.ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: "n2", VolumeCapability: writer})
@@ -683,7 +686,9 @@ func TestCatchUpBlocksNoOtherVolume(t *testing.T) {
 		t.Fatalf("the catch-up ended before the other volume's calls did (%v): nothing was measured beside it; send more", err)
 	}
 	t.Logf("create and publish of another volume: %s usually, %s beside the catch-up", usual.Round(time.Millisecond), meanwhile.Round(time.Millisecond))
-	if meanwhile > 3*usual+2*time.Second {
+	// A catch-up that held the controller would hold these calls for the
+	// rest of its fifteen seconds.
+	if meanwhile > 4*usual+3*time.Second {
 		t.Errorf("create and publish of another volume took %s beside the catch-up, %s without: the catch-up holds the controller", meanwhile, usual)
 	}
 

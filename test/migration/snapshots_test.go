@@ -52,7 +52,7 @@ func TestSnapshotsFollowTheVolume(t *testing.T) {
 	}
 
 	// Restored on n2, where the volume now lives: the data it was taken with.
-	e.restoreHolds("restored", snapID, map[string]string{"node": "n2"}, "n2", taken)
+	e.deleteVolume(e.restoreHolds("restored", snapID, map[string]string{"node": "n2"}, "n2", taken))
 
 	// The volume goes; the snapshot outlives it on both nodes.
 	_ = dir2
@@ -136,15 +136,17 @@ func TestSnapshotsSurviveAFailover(t *testing.T) {
 	if err != nil || len(listed.GetEntries()) != 1 {
 		t.Fatalf("ListSnapshots with n1 lost: %v, %v; want %s once", listed, err, snapID)
 	}
-	e.restoreHolds("restored-after-loss", snapID, nil, "n2", taken)
+	rid := e.restoreHolds("restored-after-loss", snapID, nil, "n2", taken)
 	e.unpublish(id, "n2")
 	e.returnNode("n1")
+	e.deleteVolume(rid) // a delete waits for every node: n1 may hold a copy
+
 }
 
 // restoreHolds restores snapshot snapID as volume name (with params),
-// expects it on node, checks that it holds the files taken (checksums)
-// and deletes it again.
-func (e *env) restoreHolds(name, snapID string, params map[string]string, node, taken string) {
+// publishes it on node, checks that it holds the files taken (checksums),
+// unpublishes it and returns its ID.
+func (e *env) restoreHolds(name, snapID string, params map[string]string, node, taken string) string {
 	e.t.Helper()
 	p := map[string]string{"compression": "off"}
 	for k, v := range params {
@@ -162,8 +164,18 @@ func (e *env) restoreHolds(name, snapID string, params map[string]string, node, 
 		e.t.Fatalf("the volume restored on %s holds:\n%s\nwant what the snapshot was taken of:\n%s", node, got, taken)
 	}
 	e.unpublish(rid, node)
-	if _, err := e.controller().DeleteVolume(e.ctx, &csi.DeleteVolumeRequest{VolumeId: rid}); err != nil {
-		e.t.Fatal(err)
+	return rid
+}
+
+// deleteVolume deletes volume id, retrying while a node just back does
+// not answer yet.
+func (e *env) deleteVolume(id string) {
+	e.t.Helper()
+	if err := onceNodeBack(func() error {
+		_, err := e.controller().DeleteVolume(e.ctx, &csi.DeleteVolumeRequest{VolumeId: id})
+		return err
+	}); err != nil {
+		e.t.Fatalf("deleting %s: %v", id, err)
 	}
 }
 
