@@ -184,6 +184,18 @@ func (cs *catchUps) add(c *catchUp, max int) error {
 	return nil
 }
 
+// stillRunning answers, when the move of volumeID to target runs in the
+// background, the publish's answer while it runs (nil otherwise).
+func (cs *catchUps) stillRunning(volumeID, target string, now time.Time) error {
+	cs.mu.Lock()
+	c := cs.all[catchUpKey(volumeID, target)]
+	cs.mu.Unlock()
+	if c == nil || c.isDone() {
+		return nil
+	}
+	return c.runningError(now)
+}
+
 // running returns the target of the move of volumeID running in the
 // background, if one runs.
 func (cs *catchUps) running(volumeID string) (string, bool) {

@@ -73,6 +73,25 @@ type view struct {
 	copies      []copyOn   // existing copies, by node ID
 	promises    []promised // what each answering node promised
 	unreachable []string   // agents that did not answer
+	// background: no CO waits on this decision (a move's final step run
+	// in the background), so its agent calls may take longer (call).
+	background bool
+}
+
+// backgroundCallTimeout bounds one agent call of a move run in the
+// background. Nobody waits on it, and a node whose pool is busy with a
+// drain's other moves may answer a promotion slowly: failing it at the
+// agent timeout would leave the source fenced and the move to do again.
+const backgroundCallTimeout = 2 * time.Minute
+
+// call bounds one agent call made for a decision from view v: by the
+// agent timeout while a CO waits, by backgroundCallTimeout in the
+// background.
+func (m *Migrator) call(ctx context.Context, v view) (context.Context, context.CancelFunc) {
+	if v.background {
+		return context.WithTimeout(ctx, backgroundCallTimeout)
+	}
+	return m.cluster.Call(ctx)
 }
 
 // promised is one node's promise of a generation (Reserve).
@@ -308,7 +327,7 @@ func (m *Migrator) settle(ctx context.Context, id string, v view) error {
 			continue
 		}
 		aside := c.copy.MovingTo != p.nodeID()
-		cctx, cancel := m.cluster.Call(ctx)
+		cctx, cancel := m.call(ctx, v)
 		_, err := c.node.Agent.Demote(cctx, agentclient.Demotion{VolumeID: id, Generation: p.copy.Generation, Aside: aside})
 		cancel()
 		if err != nil {
@@ -353,11 +372,21 @@ func (m *Migrator) MoveRunning(id string) (string, bool) { return m.catchUps.run
 // background move, which must not start another.
 func (m *Migrator) publish(ctx context.Context, id, nodeID string, inBackground bool) (uint64, error) {
 	log := m.log.With("volume_id", id, "node_id", nodeID)
+	if !inBackground {
+		// A retry while the volume's move to nodeID runs in the
+		// background answers from memory, without asking the nodes:
+		// Nomad's serialised calls wait for every answer, and the nodes
+		// are busy with the moves.
+		if err := m.catchUps.stillRunning(id, nodeID, m.now()); err != nil {
+			return 0, err
+		}
+	}
 	for step := 0; step < maxSteps; step++ {
 		v, err := m.gather(ctx, id)
 		if err != nil {
 			return 0, err
 		}
+		v.background = inBackground
 		target, ok := v.node(nodeID)
 		if !ok {
 			if len(v.unreachable) > 0 {
@@ -476,7 +505,7 @@ func (m *Migrator) reserve(ctx context.Context, id string, gen uint64, holder st
 	answers := make(chan answer, len(v.nodes))
 	for _, n := range v.nodes {
 		go func() {
-			cctx, cancel := m.cluster.Call(ctx)
+			cctx, cancel := m.call(ctx, v)
 			defer cancel()
 			resp, err := n.Agent.Reserve(cctx, agentclient.Reservation{VolumeID: id, Generation: gen, HolderNodeID: holder, FailoverFrom: failoverFrom})
 			answers <- answer{n.Info.NodeID, resp, err}
@@ -558,7 +587,7 @@ func (m *Migrator) move(ctx context.Context, id string, p copyOn, target cluster
 	// move's critical path; the promotion waits for it.
 	reserved := make(chan error, 1)
 	go func() { reserved <- m.reserve(ctx, id, gen, target.Info.NodeID, v, false, nil) }()
-	fencedAt, err := m.sendFinal(ctx, id, p, target, log)
+	fencedAt, err := m.sendFinal(ctx, id, p, target, v, log)
 	if err != nil {
 		m.Metrics.count("move", "failed")
 		return 0, err
@@ -566,7 +595,7 @@ func (m *Migrator) move(ctx context.Context, id string, p copyOn, target cluster
 	if err := <-reserved; err != nil {
 		return 0, err
 	}
-	cctx, cancel := m.cluster.Call(ctx)
+	cctx, cancel := m.call(ctx, v)
 	_, err = target.Agent.Promote(cctx, agentclient.Promotion{VolumeID: id, Generation: gen, NotBeforeUnixNano: fencedAt})
 	cancel()
 	if err != nil {
@@ -604,7 +633,7 @@ func (m *Migrator) demote(id string, p copyOn, gen uint64, log hclog.Logger) {
 // until the target holds a snapshot taken after the fence (a push may
 // first finish an older, interrupted transfer); it returns the fence's
 // time. Every push fences: the first one up keeps its time.
-func (m *Migrator) sendFinal(ctx context.Context, id string, p copyOn, target cluster.Node, log hclog.Logger) (int64, error) {
+func (m *Migrator) sendFinal(ctx context.Context, id string, p copyOn, target cluster.Node, v view, log hclog.Logger) (int64, error) {
 	busy := 0
 	for attempt := 0; attempt < 3; attempt++ {
 		last, err := p.node.Agent.MoveFinal(ctx, id, target.Addr, target.Info.NodeID)
@@ -629,7 +658,7 @@ func (m *Migrator) sendFinal(ctx context.Context, id string, p copyOn, target cl
 		if at, ok := vocab.ReplicationSnapshotTime(last.Snapshot); ok && at >= fencedAt {
 			return fencedAt, nil // the promotion checks it again on the target
 		}
-		cctx, cancel := m.cluster.Call(ctx)
+		cctx, cancel := m.call(ctx, v)
 		c, err := target.Agent.GetCopy(cctx, id)
 		cancel()
 		if err != nil {
@@ -715,7 +744,7 @@ func (m *Migrator) promote(ctx context.Context, id string, r copyOn, v view, for
 		log.Warn("promoting without a majority of the nodes, as the operator forced: the silent nodes must hold nothing newer",
 			"not_answering", strings.Join(v.unreachable, ","), "generation", gen)
 	}
-	cctx, cancel := m.cluster.Call(ctx)
+	cctx, cancel := m.call(ctx, v)
 	c, err := r.node.Agent.Promote(cctx, agentclient.Promotion{VolumeID: id, Generation: gen, Failover: true, Forced: withoutMajority})
 	cancel()
 	if err != nil {
