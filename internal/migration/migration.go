@@ -595,9 +595,7 @@ func (m *Migrator) move(ctx context.Context, id string, p copyOn, target cluster
 	if err := <-reserved; err != nil {
 		return 0, err
 	}
-	cctx, cancel := m.call(ctx, v)
-	_, err = target.Agent.Promote(cctx, agentclient.Promotion{VolumeID: id, Generation: gen, NotBeforeUnixNano: fencedAt})
-	cancel()
+	err = m.promoteTarget(ctx, target, agentclient.Promotion{VolumeID: id, Generation: gen, NotBeforeUnixNano: fencedAt}, v)
 	if err != nil {
 		m.Metrics.count("move", "failed")
 		return 0, fmt.Errorf("promoting the copy on node %s: %w", target.Info.NodeID, err)
@@ -617,6 +615,28 @@ func (m *Migrator) move(ctx context.Context, id string, p copyOn, target cluster
 	log.Info("volume moved", "seconds", m.now().Sub(started).Seconds())
 	return gen, nil
 }
+
+// promoteTarget promotes the move's target, asking again while the
+// target's copy is busy (Aborted: the tidy after the final receive still
+// holds it, which took over ten seconds on a node busy with a drain's
+// other moves): the source is fenced by now, and giving up would leave
+// the move to do again after the CO's backoff.
+func (m *Migrator) promoteTarget(ctx context.Context, target cluster.Node, p agentclient.Promotion, v view) error {
+	for busy := 0; ; busy++ {
+		cctx, cancel := m.call(ctx, v)
+		_, err := target.Agent.Promote(cctx, p)
+		cancel()
+		if !errors.Is(err, errdefs.ErrAborted) || busy >= maxBusyPromotions {
+			return err
+		}
+		if err := sleep(ctx, time.Second); err != nil {
+			return err
+		}
+	}
+}
+
+// maxBusyPromotions bounds the times a move asks a busy target again.
+const maxBusyPromotions = 10
 
 // demoteTimeout bounds the demotion that follows a move.
 const demoteTimeout = time.Minute

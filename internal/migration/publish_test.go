@@ -400,3 +400,24 @@ func finalStepPending(t *testing.T, registry *metrics.Registry, id, target strin
 	}
 	return strings.Contains(b.String(), fmt.Sprintf("zfs_nomad_move_final_step_pending{volume_id=%q,target=%q} 1", id, target))
 }
+
+// TestABusyPromotionIsRetried: a move whose target answers that its copy
+// is busy (the tidy after the final receive still holds it) asks again,
+// instead of failing with its source already fenced.
+func TestABusyPromotionIsRetried(t *testing.T) {
+	var fakes clustertest.Fakes
+	n1 := fakes.Add(agentclient.NodeInfo{NodeID: "n1"})
+	n2 := fakes.Add(agentclient.NodeInfo{NodeID: "n2"})
+	fakes.Add(agentclient.NodeInfo{NodeID: "n3"})
+	id := n1.PutPrimary("v", 1)
+	n2.RefuseTimes("Promote", 2, errdefs.Wrap(errdefs.ErrAborted, "operation in progress: promote of %s waited for tidy after a receive: retry", id))
+	m := New(fakes.Cluster(t), hclog.NewNullLogger())
+	m.CatchUpFresh = -1 // the move in this call
+	gen, err := m.Publish(context.Background(), id, "n2")
+	if err != nil || gen != 2 {
+		t.Fatalf("publish with a busy target: generation %d, %v; want 2", gen, err)
+	}
+	if c, _ := n2.Copy(id); c.Role != vocab.RolePrimary || c.Generation != 2 {
+		t.Errorf("n2's copy: %+v, want the primary of generation 2", c)
+	}
+}
