@@ -207,10 +207,7 @@ func heldPushes(agent *clustertest.FakeAgent, release chan struct{}) *atomic.Int
 // far it is, without fencing or promoting anything; retries meanwhile
 // start no second push; the retry after it is done finishes the move.
 func TestAMoveCatchesUpInTheBackground(t *testing.T) {
-	var fakes clustertest.Fakes
-	n1 := fakes.Add(agentclient.NodeInfo{NodeID: "n1"})
-	n2 := fakes.Add(agentclient.NodeInfo{NodeID: "n2"})
-	fakes.Add(agentclient.NodeInfo{NodeID: "n3"})
+	fakes, n1, n2 := threeNodes()
 	id := n1.PutPrimary("big", 1)
 	release := make(chan struct{})
 	pushes := heldPushes(n1, release)
@@ -294,10 +291,7 @@ func TestAMoveCatchesUpInTheBackground(t *testing.T) {
 // final step pending (in the metrics and Moves) until a publish comes
 // with the source unpublished, which then runs it.
 func TestTheFinalStepWaitsForTheSourceToBeUnpublished(t *testing.T) {
-	var fakes clustertest.Fakes
-	n1 := fakes.Add(agentclient.NodeInfo{NodeID: "n1"})
-	n2 := fakes.Add(agentclient.NodeInfo{NodeID: "n2"})
-	fakes.Add(agentclient.NodeInfo{NodeID: "n3"})
+	fakes, n1, n2 := threeNodes()
 	id := n1.PutPrimary("busy", 1)
 	published, _ := n1.Copy(id)
 	published.Mounted = true
@@ -338,10 +332,7 @@ func TestTheFinalStepWaitsForTheSourceToBeUnpublished(t *testing.T) {
 // catch-ups at once; a move beyond them answers FailedPrecondition
 // saying so, and starts once one is done.
 func TestCatchUpsPerSourceAreBounded(t *testing.T) {
-	var fakes clustertest.Fakes
-	n1 := fakes.Add(agentclient.NodeInfo{NodeID: "n1"})
-	fakes.Add(agentclient.NodeInfo{NodeID: "n2"})
-	fakes.Add(agentclient.NodeInfo{NodeID: "n3"})
+	fakes, n1, _ := threeNodes()
 	first, second := n1.PutPrimary("first", 1), n1.PutPrimary("second", 1)
 	release := make(chan struct{})
 	heldPushes(n1, release)
@@ -373,10 +364,7 @@ func TestCatchUpsPerSourceAreBounded(t *testing.T) {
 // TestAFailedCatchUpIsRetried: a catch-up that fails is reported as
 // retryable, and the next publish starts another.
 func TestAFailedCatchUpIsRetried(t *testing.T) {
-	var fakes clustertest.Fakes
-	n1 := fakes.Add(agentclient.NodeInfo{NodeID: "n1"})
-	fakes.Add(agentclient.NodeInfo{NodeID: "n2"})
-	fakes.Add(agentclient.NodeInfo{NodeID: "n3"})
+	fakes, n1, _ := threeNodes()
 	id := n1.PutPrimary("flaky", 1)
 	n1.RefuseTimes("Replicate", 1, errdefs.Wrap(errdefs.ErrUnavailable, "the stream broke"))
 	m := New(fakes.Cluster(t), hclog.NewNullLogger())
@@ -405,10 +393,7 @@ func finalStepPending(t *testing.T, registry *metrics.Registry, id, target strin
 // is busy (the tidy after the final receive still holds it) asks again,
 // instead of failing with its source already fenced.
 func TestABusyPromotionIsRetried(t *testing.T) {
-	var fakes clustertest.Fakes
-	n1 := fakes.Add(agentclient.NodeInfo{NodeID: "n1"})
-	n2 := fakes.Add(agentclient.NodeInfo{NodeID: "n2"})
-	fakes.Add(agentclient.NodeInfo{NodeID: "n3"})
+	fakes, n1, n2 := threeNodes()
 	id := n1.PutPrimary("v", 1)
 	n2.RefuseTimes("Promote", 2, errdefs.Wrap(errdefs.ErrAborted, "operation in progress: promote of %s waited for tidy after a receive: retry", id))
 	m := New(fakes.Cluster(t), hclog.NewNullLogger())
@@ -420,4 +405,13 @@ func TestABusyPromotionIsRetried(t *testing.T) {
 	if c, _ := n2.Copy(id); c.Role != vocab.RolePrimary || c.Generation != 2 {
 		t.Errorf("n2's copy: %+v, want the primary of generation 2", c)
 	}
+}
+
+// threeNodes returns three fake nodes, n1 to n3, and the first two.
+func threeNodes() (fakes *clustertest.Fakes, n1, n2 *clustertest.FakeAgent) {
+	fakes = new(clustertest.Fakes)
+	n1 = fakes.Add(agentclient.NodeInfo{NodeID: "n1"})
+	n2 = fakes.Add(agentclient.NodeInfo{NodeID: "n2"})
+	fakes.Add(agentclient.NodeInfo{NodeID: "n3"})
+	return fakes, n1, n2
 }
