@@ -189,39 +189,28 @@ func (p *Provisioner) DeleteSnapshot(ctx context.Context, id string) error {
 // snapshot id and delete its copy, while a node that may hold one is away.
 func (p *Provisioner) rememberDeletion(ctx context.Context, id string, st snapshotState) error {
 	var seen agentclient.Snapshot // the newest of the copies (all copies of one snapshot are alike)
-	for _, c := range append(st.live, st.deleted...) {
+	for _, c := range slices.Concat(st.live, st.deleted) {
 		if c.Object.CreatedUnix > seen.CreatedUnix {
 			seen = c.Object
 		}
 	}
 	d := agentclient.SnapshotDeletion{SnapshotID: id, CreatedUpToUnix: seen.CreatedUnix, Remember: true, SourceVolumeID: seen.SourceVolumeID}
-	answers := cluster.Each(ctx, p.cluster, st.answered, func(ctx context.Context, n cluster.Node) (struct{}, error) {
-		return struct{}{}, n.Agent.DeleteSnapshot(ctx, d)
-	})
-	remembered, errs := 0, []error(nil)
-	for _, a := range answers {
-		if a.Err != nil {
-			errs = append(errs, fmt.Errorf("node %s: %w", a.Node.Info.NodeID, a.Err))
-			continue
-		}
-		remembered++
-	}
-	if len(errs) > 0 || remembered <= (len(st.answered)+len(st.silent))/2 {
+	// Every answering node must remember it: they are the majority the
+	// caller counted.
+	if err := failures(p.deleteSnapshotOn(ctx, st.answered, d)); err != nil {
 		return fmt.Errorf("%w: snapshot %s is not deleted: remembering its deletion failed on some nodes while another is away (%v); retry the delete",
-			errdefs.ErrUnavailable, id, errors.Join(append(errs, st.silent...)...))
+			errdefs.ErrUnavailable, id, errors.Join(err, errors.Join(st.silent...)))
 	}
 	p.log.Warn("snapshot deleted while a node that may hold a copy is away: the nodes that answered remember it; the away node's copy is hidden, and deleted when the node is back",
-		"snapshot_id", id, "volume_id", seen.SourceVolumeID, "remembered_on", remembered, "away", errors.Join(st.silent...))
+		"snapshot_id", id, "volume_id", seen.SourceVolumeID, "remembered_on", len(st.answered), "away", errors.Join(st.silent...))
 	return nil
 }
 
 // deleteEveryCopy deletes every copy of snapshot id, every node having
 // answered, then forgets any record of an earlier deletion.
 func (p *Provisioner) deleteEveryCopy(ctx context.Context, id string, st snapshotState) error {
-	copies := append(append([]cluster.Located[agentclient.Snapshot](nil), st.live...), st.deleted...)
-	answers := cluster.Each(ctx, p.cluster, nodesOf(copies), func(ctx context.Context, n cluster.Node) (struct{}, error) {
-		return struct{}{}, n.Agent.DeleteSnapshot(ctx, agentclient.SnapshotDeletion{SnapshotID: id})
-	})
+	copies := slices.Concat(st.live, st.deleted)
+	answers := p.deleteSnapshotOn(ctx, nodesOf(copies), agentclient.SnapshotDeletion{SnapshotID: id})
 	if err := p.deleted(id, answers, sourceOf(copies)); err != nil {
 		return fmt.Errorf("snapshot %s is not deleted everywhere; retry the delete: %w", id, err)
 	}
@@ -232,10 +221,7 @@ func (p *Provisioner) deleteEveryCopy(ctx context.Context, id string, st snapsho
 // answered, and, when every node answered, forgets the records: then no
 // copy they cover is left anywhere.
 func (p *Provisioner) finishDeletion(ctx context.Context, id string, st snapshotState) error {
-	upTo := st.deletedUpTo()
-	answers := cluster.Each(ctx, p.cluster, nodesOf(st.deleted), func(ctx context.Context, n cluster.Node) (struct{}, error) {
-		return struct{}{}, n.Agent.DeleteSnapshot(ctx, agentclient.SnapshotDeletion{SnapshotID: id, CreatedUpToUnix: upTo})
-	})
+	answers := p.deleteSnapshotOn(ctx, nodesOf(st.deleted), agentclient.SnapshotDeletion{SnapshotID: id, CreatedUpToUnix: st.deletedUpTo()})
 	if err := p.deleted(id, answers, sourceOf(st.deleted)); err != nil {
 		return fmt.Errorf("snapshot %s was deleted while a node was away, and its copy there is not deleted yet: %w", id, err)
 	}
@@ -252,32 +238,40 @@ func (p *Provisioner) forgetDeletion(ctx context.Context, id string, st snapshot
 		return nil
 	}
 	d := agentclient.SnapshotDeletion{SnapshotID: id, CreatedUpToUnix: st.deletedUpTo(), Forget: true}
-	answers := cluster.Each(ctx, p.cluster, nodesOf(st.records), func(ctx context.Context, n cluster.Node) (struct{}, error) {
-		return struct{}{}, n.Agent.DeleteSnapshot(ctx, d)
-	})
-	var errs []error
-	for _, a := range answers {
-		if a.Err != nil {
-			errs = append(errs, fmt.Errorf("node %s: %w", a.Node.Info.NodeID, a.Err))
-		}
-	}
-	if len(errs) > 0 {
-		return fmt.Errorf("forgetting the deletion of snapshot %s failed; it is retried: %w", id, errors.Join(errs...))
+	if err := failures(p.deleteSnapshotOn(ctx, nodesOf(st.records), d)); err != nil {
+		return fmt.Errorf("forgetting the deletion of snapshot %s failed; it is retried: %w", id, err)
 	}
 	p.log.Info("no copy of the deleted snapshot is left: its records are forgotten", "snapshot_id", id, "volume_id", st.records[0].Object.SourceVolumeID)
 	return nil
 }
 
+// deleteSnapshotOn asks each of nodes, in parallel, to delete its copy
+// (and remember or forget the deletion) as d says.
+func (p *Provisioner) deleteSnapshotOn(ctx context.Context, nodes []cluster.Node, d agentclient.SnapshotDeletion) []cluster.Answer[struct{}] {
+	return cluster.Each(ctx, p.cluster, nodes, func(ctx context.Context, n cluster.Node) (struct{}, error) {
+		return struct{}{}, n.Agent.DeleteSnapshot(ctx, d)
+	})
+}
+
 // deleted logs the copies of snapshot id the answers deleted and joins
 // the errors of those that failed.
 func (p *Provisioner) deleted(id string, answers []cluster.Answer[struct{}], volumeID string) error {
+	for _, a := range answers {
+		if a.Err == nil {
+			p.log.Info("snapshot deleted", "snapshot_id", id, "volume_id", volumeID, "node_id", a.Node.Info.NodeID)
+		}
+	}
+	return failures(answers)
+}
+
+// failures joins the errors of the answers that failed, each naming its
+// node.
+func failures(answers []cluster.Answer[struct{}]) error {
 	var errs []error
 	for _, a := range answers {
 		if a.Err != nil {
 			errs = append(errs, fmt.Errorf("node %s: %w", a.Node.Info.NodeID, a.Err))
-			continue
 		}
-		p.log.Info("snapshot deleted", "snapshot_id", id, "volume_id", volumeID, "node_id", a.Node.Info.NodeID)
 	}
 	return errors.Join(errs...)
 }
