@@ -161,9 +161,7 @@ func (cs *catchUps) add(c *catchUp, max int) error {
 	defer cs.mu.Unlock()
 	running := 0
 	for _, other := range cs.all {
-		other.mu.Lock()
-		busy := other.ended.IsZero()
-		other.mu.Unlock()
+		busy := !other.isDone()
 		if busy && other.volumeID == c.volumeID {
 			return errdefs.Wrap(errdefs.ErrFailedPrecondition,
 				"volume %s is moving to node %s in the background; it can move to node %s at a retry once that move is done", c.volumeID, other.target, c.target)
@@ -202,10 +200,7 @@ func (cs *catchUps) running(volumeID string) (string, bool) {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	for _, c := range cs.all {
-		c.mu.Lock()
-		busy := c.ended.IsZero()
-		c.mu.Unlock()
-		if busy && c.volumeID == volumeID {
+		if c.volumeID == volumeID && !c.isDone() {
 			return c.target, true
 		}
 	}
@@ -278,7 +273,10 @@ func (m *Migrator) startMove(ctx context.Context, p copyOn, target cluster.Node,
 // arrived forgets a finished background move of the volume to nodeID,
 // which holds its primary now: the publish that finds it there ends it.
 func (m *Migrator) arrived(id, nodeID string) {
-	c, _ := m.catchUps.find(id, nodeID, m.now())
+	c, forgotten := m.catchUps.find(id, nodeID, m.now())
+	for _, f := range forgotten {
+		m.Metrics.finalStepPending(f, false)
+	}
 	if c != nil && c.isDone() {
 		m.catchUps.remove(c)
 		m.Metrics.finalStepPending(c, false)
