@@ -19,10 +19,10 @@ import (
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
-	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/agentclient"
+	"github.com/zfs-nomad/zfs-nomad/internal/connpool"
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
 )
 
@@ -80,10 +80,7 @@ type Cluster struct {
 	// connect returns the agent at a peer address: a gRPC client, or
 	// in tests an in-memory fake (NewWithAgents).
 	connect func(addr string) (NodeAgent, error)
-	dial    func(addr string) (*grpc.ClientConn, error)
-
-	mu    sync.Mutex
-	conns map[string]*grpc.ClientConn
+	conns   *connpool.Pool
 }
 
 // New returns a Cluster. Each agent call is bounded by timeout. dialOpts
@@ -95,10 +92,9 @@ func New(peers PeerSource, timeout time.Duration, log hclog.Logger, dialOpts ...
 		peers:   peers,
 		timeout: timeout,
 		log:     log,
-		conns:   map[string]*grpc.ClientConn{},
-		dial: func(addr string) (*grpc.ClientConn, error) {
+		conns: connpool.New(func(addr string) (*grpc.ClientConn, error) {
 			return grpc.NewClient(addr, dialOpts...)
-		},
+		}),
 	}
 	c.connect = c.client
 	return c
@@ -108,7 +104,7 @@ func New(peers PeerSource, timeout time.Duration, log hclog.Logger, dialOpts ...
 // gRPC: the controller's logic is tested against in-memory fakes of the
 // agents (clustertest.Fakes). connect's error makes the peer unreachable.
 func NewWithAgents(peers PeerSource, connect func(addr string) (NodeAgent, error), timeout time.Duration, log hclog.Logger) *Cluster {
-	return &Cluster{peers: peers, timeout: timeout, log: log, connect: connect, conns: map[string]*grpc.ClientConn{}}
+	return &Cluster{peers: peers, timeout: timeout, log: log, connect: connect, conns: connpool.New(nil)}
 }
 
 // agentKeepalive pings idle agent connections. A node that dies without
@@ -127,25 +123,12 @@ var agentKeepalive = keepalive.ClientParameters{Time: 10 * time.Second, Timeout:
 var agentConnect = grpc.ConnectParams{Backoff: backoff.DefaultConfig, MinConnectTimeout: 5 * time.Second}
 
 // Close closes all agent connections.
-func (c *Cluster) Close() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for addr, conn := range c.conns {
-		_ = conn.Close()
-		delete(c.conns, addr)
-	}
-}
+func (c *Cluster) Close() { c.conns.Close() }
 
 func (c *Cluster) client(addr string) (NodeAgent, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	conn, ok := c.conns[addr]
-	if !ok {
-		var err error
-		if conn, err = c.dial(addr); err != nil {
-			return nil, fmt.Errorf("agent %s: %w", addr, err)
-		}
-		c.conns[addr] = conn
+	conn, err := c.conns.Get(addr)
+	if err != nil {
+		return nil, fmt.Errorf("agent %s: %w", addr, err)
 	}
 	return agentclient.New(conn), nil
 }
@@ -256,7 +239,7 @@ func (c *Cluster) node(ctx context.Context, addr string, about agentclient.GetNo
 		// again. A node that is back must be seen at once (a failover's
 		// old primary must be fenced, a move may wait for it): dial now,
 		// and give the new connection a moment.
-		c.resetBackoff(addr)
+		c.conns.ResetBackoff(addr)
 		rctx, rcancel := context.WithTimeout(ctx, reconnectWait)
 		waiting := about
 		waiting.WaitForReady = true
@@ -272,24 +255,6 @@ func (c *Cluster) node(ctx context.Context, addr string, about agentclient.GetNo
 // reconnectWait bounds the second attempt to reach an agent whose
 // connection had failed.
 const reconnectWait = 2 * time.Second
-
-// resetBackoff dials addr again at once if its connection waits out a
-// backoff after failed attempts (TransientFailure); in any other state
-// a call dials, or is dialling, without waiting. The state check is also
-// what keeps ResetConnectBackoff safe: gRPC (v1.85) iterates the
-// connection's subchannels without its lock there, racing with a
-// connection that leaves idleness and creates them (the race detector
-// found it in the simulation, about one run in ten; outside it, the
-// runtime's fatal "concurrent map iteration and map write" would end the
-// controller: grpc-go pull request 9155); a connection in
-// TransientFailure creates none.
-func (c *Cluster) resetBackoff(addr string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if conn, ok := c.conns[addr]; ok && conn.GetState() == connectivity.TransientFailure {
-		conn.ResetConnectBackoff()
-	}
-}
 
 // Healthy returns the nodes that answered and are healthy.
 func Healthy(nodes []Node) []Node {

@@ -16,10 +16,10 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/connpool"
 	"github.com/zfs-nomad/zfs-nomad/internal/copylock"
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
 	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
@@ -66,53 +66,32 @@ type Pusher struct {
 	nodeID string
 	keep   int
 	limit  *Limiter
-	dial   func(addr string) (*grpc.ClientConn, error)
+	peers  *connpool.Pool // kept between pushes
 	log    hclog.Logger
 	locks  *copylock.Locks // the node's, shared with volume.Manager
 	now    func() time.Time
 
 	mu        sync.Mutex
-	transfers map[string]*Transfer        // by volume ID
-	peers     map[string]*grpc.ClientConn // by address, kept between pushes
+	transfers map[string]*Transfer // by volume ID
 	// sent is, by volume ID and peer node ID, the snapshot a push sent
 	// last: the peer's base before the tidy holds it (peerBases).
 	sent map[string]map[string]string
 }
 
-// peer returns a connection to the agent at addr. Connections are kept:
-// a TLS handshake per push would add its round trips and CPU to every
-// move. One that has failed is replaced, so a peer that is back is dialled
-// at once rather than after gRPC's reconnect backoff.
+// peer returns the connection to the agent at addr. A connection that
+// has failed dials again at once, so a peer that is back is reached now
+// rather than after gRPC's reconnect backoff.
 func (p *Pusher) peer(addr string) (*grpc.ClientConn, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if conn, ok := p.peers[addr]; ok {
-		if s := conn.GetState(); s != connectivity.TransientFailure && s != connectivity.Shutdown {
-			return conn, nil
-		}
-		_ = conn.Close()
-		delete(p.peers, addr)
-	}
-	conn, err := p.dial(addr)
+	conn, err := p.peers.Get(addr)
 	if err != nil {
 		return nil, err
 	}
-	if p.peers == nil {
-		p.peers = map[string]*grpc.ClientConn{}
-	}
-	p.peers[addr] = conn
+	p.peers.ResetBackoff(addr)
 	return conn, nil
 }
 
 // Close closes the connections to peers.
-func (p *Pusher) Close() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for addr, conn := range p.peers {
-		_ = conn.Close()
-		delete(p.peers, addr)
-	}
-}
+func (p *Pusher) Close() { p.peers.Close() }
 
 // Transfers returns the pushes running now.
 func (p *Pusher) Transfers() []Transfer {
@@ -150,7 +129,7 @@ func (p *Pusher) update(t *Transfer, prog Progress) {
 // peer's agent port; keep replication snapshots are kept besides the held
 // bases.
 func NewPusher(z Streams, locks *copylock.Locks, root, nodeID string, keep int, limit *Limiter, dial func(addr string) (*grpc.ClientConn, error), log hclog.Logger) *Pusher {
-	return &Pusher{z: z, locks: locks, root: root, nodeID: nodeID, keep: keep, limit: limit, dial: dial, log: log, now: time.Now}
+	return &Pusher{z: z, locks: locks, root: root, nodeID: nodeID, keep: keep, limit: limit, peers: connpool.New(dial), log: log, now: time.Now}
 }
 
 // UseClock sets the node's wall clock (time.Now by default), which names
