@@ -59,13 +59,15 @@ func (p *Provisioner) Create(ctx context.Context, req CreateRequest) (agentclien
 	id := vocab.VolumeIDForName(req.Name)
 	log := p.log.With("volume_id", id, "name", req.Name)
 	agentReq := agentclient.NewVolume{
-		Name:          req.Name,
-		RequiredBytes: req.RequiredBytes,
-		LimitBytes:    req.LimitBytes,
-		Parameters:    req.Parameters,
+		Name:             req.Name,
+		RequiredBytes:    req.RequiredBytes,
+		LimitBytes:       req.LimitBytes,
+		Parameters:       req.Parameters,
+		SourceSnapshotID: req.SourceSnapshotID,
+		SourceVolumeID:   req.SourceVolumeID,
 	}
 	// A volume of this name may exist already (a retried call): its node
-	// decides whether the request is compatible.
+	// decides whether the request is compatible, the source included.
 	existing, err := p.FindVolume(ctx, id)
 	if err == nil {
 		return p.createOn(ctx, existing.Node, agentReq, log)
@@ -74,7 +76,7 @@ func (p *Provisioner) Create(ctx context.Context, req CreateRequest) (agentclien
 		return agentclient.Volume{}, cluster.Node{}, err
 	}
 
-	candidates, err := p.candidates(ctx, req, &agentReq)
+	candidates, err := p.candidates(ctx, req)
 	if err != nil {
 		return agentclient.Volume{}, cluster.Node{}, err
 	}
@@ -106,8 +108,8 @@ func (p *Provisioner) createOn(ctx context.Context, n cluster.Node, req agentcli
 // candidates returns the nodes a new volume may go to, best first. A volume
 // made from a snapshot or another volume must live where its source does:
 // on a node holding a copy of the snapshot (replicas hold them too), on
-// the node of the volume's primary; agentReq gets the source.
-func (p *Provisioner) candidates(ctx context.Context, req CreateRequest, agentReq *agentclient.NewVolume) ([]cluster.Node, error) {
+// the node of the volume's primary.
+func (p *Provisioner) candidates(ctx context.Context, req CreateRequest) ([]cluster.Node, error) {
 	var holders []string // nil: no source
 	switch {
 	case req.SourceSnapshotID != "":
@@ -115,7 +117,6 @@ func (p *Provisioner) candidates(ctx context.Context, req CreateRequest, agentRe
 		if err != nil {
 			return nil, err
 		}
-		agentReq.SourceSnapshotID = req.SourceSnapshotID
 		for _, c := range copies {
 			holders = append(holders, c.Node.Info.NodeID)
 		}
@@ -124,7 +125,6 @@ func (p *Provisioner) candidates(ctx context.Context, req CreateRequest, agentRe
 		if err != nil {
 			return nil, err
 		}
-		agentReq.SourceVolumeID = req.SourceVolumeID
 		holders = []string{v.Node.Info.NodeID}
 	}
 	pinned := req.Parameters[vocab.ParamNode]
@@ -136,7 +136,7 @@ func (p *Provisioner) candidates(ctx context.Context, req CreateRequest, agentRe
 	if err != nil {
 		return nil, err
 	}
-	size := agentReq.RequiredBytes
+	size := req.RequiredBytes
 	if size == 0 {
 		size = 1 // the node applies its default size; placement only needs a node with room
 	}

@@ -251,6 +251,42 @@ func TestCreateTwiceMakesOneVolume(t *testing.T) {
 	}
 }
 
+// TestARetriedCloneIsTheFirstOne: a repeated create of a clone (the CO's
+// retry after a lost answer) answers the clone the first call made. The
+// retry used to reach the clone's node without its source, which the
+// node refused as another volume of that name (AlreadyExists): found by
+// the fault simulation's settled restore (S2, seed 108).
+func TestARetriedCloneIsTheFirstOne(t *testing.T) {
+	ctx := context.Background()
+	for _, source := range []string{"snapshot", "volume"} {
+		t.Run(source, func(t *testing.T) {
+			w := newWorld()
+			w.nodes["n3"].PutPrimary("src", 1)
+			req := CreateRequest{VolumeRequest: vocab.VolumeRequest{Name: "clone", SourceVolumeID: vocab.VolumeIDForName("src")}}
+			if source == "snapshot" {
+				if _, err := w.nodes["n3"].CreateSnapshot(ctx, vocab.VolumeIDForName("src"), "snap", 0); err != nil {
+					t.Fatal(err)
+				}
+				req.SourceVolumeID, req.SourceSnapshotID = "", vocab.SnapshotIDForName("snap")
+			}
+			p := w.provisioner(t)
+			first, _, err := p.Create(ctx, req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			again, node, err := p.Create(ctx, req)
+			if err != nil || again.VolumeID != first.VolumeID || node.Info.NodeID != "n3" {
+				t.Fatalf("repeated create of a clone: %+v on %s, %v; want %s on n3", again, node.Info.NodeID, err, first.VolumeID)
+			}
+			other := req
+			other.SourceSnapshotID, other.SourceVolumeID = "", ""
+			if _, _, err := p.Create(ctx, other); !errors.Is(err, errdefs.ErrAlreadyExists) {
+				t.Errorf("the same name without the source: %v, want AlreadyExists", err)
+			}
+		})
+	}
+}
+
 func countCalls(w *world, method string) int {
 	n := 0
 	for _, f := range w.nodes {

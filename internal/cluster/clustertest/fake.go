@@ -250,6 +250,10 @@ func (f *FakeAgent) CreateVolume(_ context.Context, v agentclient.NewVolume) (ag
 		if c.Role != vocab.RolePrimary {
 			return agentclient.Volume{}, errdefs.Wrap(errdefs.ErrAlreadyExists, "node %s holds a %s of volume %s", f.info.NodeID, c.Role, id)
 		}
+		// As a real node, a repeated create must name the same source.
+		if src := sourceOf(v); f.sources[id] != src {
+			return agentclient.Volume{}, errdefs.Wrap(errdefs.ErrAlreadyExists, "volume %q exists with source %q, not %q", v.Name, f.sources[id], src)
+		}
 		return f.volume(c), nil
 	}
 	if v.RequiredBytes > f.info.AvailableBytes {
@@ -260,14 +264,22 @@ func (f *FakeAgent) CreateVolume(_ context.Context, v agentclient.NewVolume) (ag
 	c.VolumeID, c.NodeID, c.Exists, c.Name = id, f.info.NodeID, true, v.Name
 	c.Role, c.Generation, c.CapacityBytes, c.Parameters = vocab.RolePrimary, 1, size, v.Parameters
 	f.setCopy(c)
-	switch {
-	case v.SourceSnapshotID != "":
-		f.sources[id] = "snapshot:" + v.SourceSnapshotID
-	case v.SourceVolumeID != "":
-		f.sources[id] = "volume:" + v.SourceVolumeID
+	if src := sourceOf(v); src != "" {
+		f.sources[id] = src
 	}
 	f.info.AvailableBytes -= size
 	return f.volume(c), nil
+}
+
+// sourceOf is what a node records as a new volume's source.
+func sourceOf(v agentclient.NewVolume) string {
+	switch {
+	case v.SourceSnapshotID != "":
+		return "snapshot:" + v.SourceSnapshotID
+	case v.SourceVolumeID != "":
+		return "volume:" + v.SourceVolumeID
+	}
+	return ""
 }
 
 // DeleteVolume destroys the node's primary of volume id, if it holds one.
