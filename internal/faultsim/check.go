@@ -137,7 +137,7 @@ func (c *checker) check() error {
 			return err
 		}
 	}
-	return nil
+	return c.w.snapshotsKept()
 }
 
 // indexAgrees checks that a live node's index of its primaries (what

@@ -16,11 +16,19 @@ import (
 // (D1, docs/replication.md "Deleted while a node was away"): the CO lists
 // the snapshots and tries to restore a deleted one now and then, and
 // either seeing a deleted snapshot while a majority of the nodes answer
-// breaks D1. Whether a snapshot follows its volume through a move is not
-// checked here.
+// breaks D1. A snapshot is never lost (S1): until a DeleteSnapshot of it
+// was tried, some node's pool holds a copy after every step, whatever
+// moves, failovers, replica removals and volume deletions happened. Once
+// the run's faults end and every node is back, each snapshot the CO holds
+// is listed exactly once and a volume can be restored from it (S2).
 
 // simSnapshot is a CSI snapshot CreateSnapshot answered OK for.
-type simSnapshot struct{ name, id, volume string }
+// deleteTried is set when a DeleteSnapshot of it failed: it may be gone
+// from some nodes or all, so S1 no longer holds it.
+type simSnapshot struct {
+	name, id, volume string
+	deleteTried      bool
+}
 
 // maxRestores bounds the volumes restores add to a run.
 const maxRestores = 3
@@ -51,11 +59,127 @@ func (w *world) deleteSnapshot() {
 	defer cancel()
 	_, err := w.ctl.DeleteSnapshot(ctx, &csispec.DeleteSnapshotRequest{SnapshotId: s.id})
 	w.tracef("co: DeleteSnapshot %s: %v", s.name, errText(err))
-	if err == nil {
-		w.snaps = append(w.snaps[:i], w.snaps[i+1:]...)
-		w.deletedSnaps = append(w.deletedSnaps, s)
-		w.stats.SnapshotDeletes++
+	if err != nil {
+		s.deleteTried = true
+		return
 	}
+	w.snaps = append(w.snaps[:i], w.snaps[i+1:]...)
+	w.deletedSnaps = append(w.deletedSnaps, s)
+	w.stats.SnapshotDeletes++
+}
+
+// snapshotsKept is S1: every snapshot the CO holds whose deletion was
+// never tried has a copy on some node's pool.
+func (w *world) snapshotsKept() error {
+	for _, s := range w.snaps {
+		if !s.deleteTried && w.copiesLeft(s.id) == 0 {
+			return fmt.Errorf("S1 broken: snapshot %s of volume %s was taken and never deleted, and no node's pool holds a copy", s.name, s.volume)
+		}
+	}
+	return nil
+}
+
+// settle ends the run's faults (the network heals, every node is started
+// again) and checks S2: ListSnapshots lists each snapshot the CO holds
+// exactly once and no deleted one, and a volume is restored from one of
+// them. A listing leaves out a node that did not answer (a lost message:
+// listings are informational, provision.fromEveryNode), so S2 is broken
+// only when no listing of settleRetries is right. It does nothing in a
+// run that took no snapshot.
+func (w *world) settle() error {
+	if len(w.snaps)+len(w.deletedSnaps) == 0 {
+		return nil
+	}
+	w.heal()
+	for _, n := range w.nodes {
+		n.restartAt = 0
+	}
+	var wrong error
+	for range settleRetries {
+		if err := w.settleStep(); err != nil {
+			return err
+		}
+		if wrong = w.listedOnce(); wrong == nil {
+			return w.restoreSettled()
+		}
+	}
+	return fmt.Errorf("S2 broken: with every node up, %d listings in a row were wrong, the last: %w", settleRetries, wrong)
+}
+
+// listedOnce lists the snapshots and says what is wrong with the list.
+func (w *world) listedOnce() error {
+	ctx, cancel := opContext()
+	defer cancel()
+	resp, err := w.ctl.ListSnapshots(ctx, &csispec.ListSnapshotsRequest{})
+	w.tracef("co: ListSnapshots (settled): %d, %v", len(resp.GetEntries()), errText(err))
+	if err != nil {
+		return fmt.Errorf("ListSnapshots: %w", err)
+	}
+	listed := map[string]int{}
+	for _, e := range resp.GetEntries() {
+		listed[e.GetSnapshot().GetSnapshotId()]++
+	}
+	for _, s := range w.snaps {
+		if n := listed[s.id]; n != 1 && !(s.deleteTried && n == 0) {
+			return fmt.Errorf("ListSnapshots lists snapshot %s of volume %s %d times, want once", s.name, s.volume, n)
+		}
+	}
+	for _, s := range w.deletedSnaps {
+		if listed[s.id] != 0 {
+			return fmt.Errorf("ListSnapshots lists snapshot %s, deleted earlier", s.name)
+		}
+	}
+	return nil
+}
+
+// settleRetries bounds the calls settle makes before it counts a call
+// that keeps failing with every node up as a broken S2: the network still
+// loses messages now and then.
+const settleRetries = 10
+
+// restoreSettled restores a volume from one of the snapshots the CO holds
+// (whose deletion was never tried).
+func (w *world) restoreSettled() error {
+	var kept []*simSnapshot
+	for _, s := range w.snaps {
+		if !s.deleteTried {
+			kept = append(kept, s)
+		}
+	}
+	if len(kept) == 0 {
+		return nil
+	}
+	s := kept[w.dice.intn(len(kept))]
+	var err error
+	for range settleRetries {
+		if err = w.settleStep(); err != nil {
+			return err
+		}
+		ctx, cancel := opContext()
+		_, err = w.ctl.CreateVolume(ctx, &csispec.CreateVolumeRequest{Name: "settled-from-" + s.name, VolumeCapabilities: []*csispec.VolumeCapability{mountCapability},
+			VolumeContentSource: &csispec.VolumeContentSource{Type: &csispec.VolumeContentSource_Snapshot{Snapshot: &csispec.VolumeContentSource_SnapshotSource{SnapshotId: s.id}}}})
+		cancel()
+		w.tracef("co: CreateVolume from snapshot %s (settled): %v", s.name, errText(err))
+		if err == nil {
+			w.stats.SettledRestores++
+			return nil
+		}
+	}
+	return fmt.Errorf("S2 broken: with every node up, no volume could be restored from snapshot %s of volume %s (%d tries), last: %v", s.name, s.volume, settleRetries, err)
+}
+
+// settleStep is a step of the world without a fault: time passes, nodes
+// due start, the processes beat, the jobs write, the invariants hold.
+func (w *world) settleStep() error {
+	w.step++
+	w.stepNow.Store(int64(w.step))
+	w.tick()
+	w.restartDue()
+	w.reap()
+	w.beat()
+	w.reap()
+	w.write()
+	return w.checker.check()
 }
 
 // finishDeletions is the controller's pass over the snapshots deleted

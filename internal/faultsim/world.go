@@ -143,6 +143,9 @@ type Stats struct {
 	// DeletedCopiesHidden: D1 checks made while a copy of the deleted
 	// snapshot was still on some node.
 	DeletedCopiesHidden int
+	// SettledRestores: runs whose snapshots were listed once each and
+	// restored from, every node up (S2).
+	SettledRestores int
 }
 
 func (s *Stats) Add(o Stats) {
@@ -162,6 +165,7 @@ func (s *Stats) Add(o Stats) {
 	s.Expands += o.Expands
 	s.SurplusRemoved += o.SurplusRemoved
 	s.DeletedCopiesHidden += o.DeletedCopiesHidden
+	s.SettledRestores += o.SettledRestores
 }
 
 // Run runs one seed and returns the first invariant it broke, with the
@@ -174,6 +178,9 @@ func Run(cfg Config) (Stats, error) {
 		if err := w.runStep(); err != nil {
 			return w.stats, &Failure{Seed: cfg.Seed, Step: w.step, Err: err, Trace: w.lastTrace(80), shape: shapeFlags(cfg)}
 		}
+	}
+	if err := w.settle(); err != nil {
+		return w.stats, &Failure{Seed: cfg.Seed, Step: w.step, Err: err, Trace: w.lastTrace(80), shape: shapeFlags(cfg)}
 	}
 	return w.stats, nil
 }
