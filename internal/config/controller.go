@@ -27,9 +27,10 @@ type Controller struct {
 	ScheduleEvery Duration `json:"schedule_every"`
 	// ParallelPushes bounds the transfers the schedule runs at once.
 	ParallelPushes int `json:"parallel_pushes"`
-	// MoveCatchUps bounds the moves running in the background (a
-	// catch-up, then the final step), per source node
-	// (docs/migration.md, "Catch-up").
+	// MoveCatchUps bounds the catch-ups (a move's bulk push to a target
+	// that is not fresh) running in the background, per source node;
+	// moves in their final step are not counted (docs/migration.md,
+	// "Catch-up").
 	MoveCatchUps int `json:"move_catch_ups"`
 	// SurplusGrace is how long a copy a move demoted stays at least,
 	// surplus or not (docs/replication.md, "Surplus copies").

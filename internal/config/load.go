@@ -65,7 +65,7 @@ func LoadController(usage string, args []string, getenv func(string) string, std
 	fs.StringVar(&cfg.Placement, "placement", cfg.Placement, "most-free or fewest-volumes")
 	fs.Var(&cfg.ScheduleEvery, "schedule-every", "how often the replication schedule runs (0: off)")
 	fs.IntVar(&cfg.ParallelPushes, "parallel-pushes", cfg.ParallelPushes, "transfers the schedule runs at once")
-	fs.IntVar(&cfg.MoveCatchUps, "move-catch-ups", cfg.MoveCatchUps, "moves running in the background (catch-up, then final step), per source node")
+	fs.IntVar(&cfg.MoveCatchUps, "move-catch-ups", cfg.MoveCatchUps, "catch-ups (bulk pushes of moves to targets that are not fresh) running in the background per source node; moves in their final step are not counted")
 	fs.Var(&cfg.SurplusGrace, "surplus-grace", "how long a copy a move demoted stays at least, surplus or not")
 	metricsFlag(fs, &cfg.MetricsAddress)
 	if err := load(fs, args, getenv, &cfg); err != nil {

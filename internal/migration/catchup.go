@@ -43,7 +43,11 @@ import (
 const DefaultCatchUpFresh = time.Minute
 
 // DefaultMaxCatchUps bounds the catch-ups running from one source node:
-// a drain of many volumes streams a few at a time, not all at once.
+// a drain of many volumes streams a few at a time, not all at once. A
+// final step takes no place among them: it sends what was written since
+// the target was caught up, and counting it held a large volume's
+// catch-up behind the final steps of small ones (a drain's 1 GiB volume
+// waited over two minutes for them).
 const DefaultMaxCatchUps = 4
 
 // catchUpWait is how long a publish waits for the background move it
@@ -80,6 +84,12 @@ func (c *catchUp) startFinal() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.final = true
+}
+
+func (c *catchUp) inFinalStep() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.final
 }
 
 func (c *catchUp) progress(p agentclient.Progress) {
@@ -154,8 +164,9 @@ func (cs *catchUps) find(volumeID, target string, now time.Time) (c *catchUp, fo
 	return cs.all[catchUpKey(volumeID, target)], forgotten
 }
 
-// add records c unless max catch-ups from c's source run already, or a
-// move of c's volume to another node runs.
+// add records c unless a move of c's volume to another node runs, or c
+// starts with a catch-up and max catch-ups from c's source run already
+// (moves in their final step are not counted).
 func (cs *catchUps) add(c *catchUp, max int) error {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
@@ -166,11 +177,11 @@ func (cs *catchUps) add(c *catchUp, max int) error {
 			return errdefs.Wrap(errdefs.ErrFailedPrecondition,
 				"volume %s is moving to node %s in the background; it can move to node %s at a retry once that move is done", c.volumeID, other.target, c.target)
 		}
-		if busy && other.source == c.source {
+		if busy && other.source == c.source && !other.inFinalStep() {
 			running++
 		}
 	}
-	if running >= max {
+	if !c.inFinalStep() && running >= max {
 		return errdefs.Wrap(errdefs.ErrFailedPrecondition,
 			"moving volume %s to node %s: node %s already sends %d volumes in the background (at most %d at once); this move starts at a retry once one is done",
 			c.volumeID, c.target, c.source, running, max)
@@ -251,7 +262,7 @@ func (m *Migrator) caughtUp(ctx context.Context, p copyOn, target cluster.Node, 
 // startMove starts the background move of p to target (with a catch-up
 // first, or straight to the final step) and waits catchUpWait for it.
 func (m *Migrator) startMove(ctx context.Context, p copyOn, target cluster.Node, withCatchUp bool, log hclog.Logger) error {
-	c := &catchUp{volumeID: p.copy.VolumeID, source: p.nodeID(), target: target.Info.NodeID, started: m.now(), done: make(chan struct{})}
+	c := &catchUp{volumeID: p.copy.VolumeID, source: p.nodeID(), target: target.Info.NodeID, started: m.now(), final: !withCatchUp, done: make(chan struct{})}
 	if err := m.catchUps.add(c, m.maxCatchUps()); err != nil {
 		return err
 	}

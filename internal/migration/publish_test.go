@@ -330,10 +330,12 @@ func TestTheFinalStepWaitsForTheSourceToBeUnpublished(t *testing.T) {
 
 // TestCatchUpsPerSourceAreBounded: a source node runs at most MaxCatchUps
 // catch-ups at once; a move beyond them answers FailedPrecondition
-// saying so, and starts once one is done.
+// saying so, and starts once one is done. A move whose target is fresh
+// needs no catch-up and is not held behind them.
 func TestCatchUpsPerSourceAreBounded(t *testing.T) {
-	fakes, n1, _ := threeNodes()
-	first, second := n1.PutPrimary("first", 1), n1.PutPrimary("second", 1)
+	fakes, n1, n2 := threeNodes()
+	first, second, third := n1.PutPrimary("first", 1), n1.PutPrimary("second", 1), n1.PutPrimary("third", 1)
+	n2.PutCopy(agentclient.Copy{VolumeID: third, Name: "third", Role: vocab.RoleReplica, Generation: 1, LastSnapshotUnixNano: time.Now().UnixNano()})
 	release := make(chan struct{})
 	heldPushes(n1, release)
 	m := New(fakes.Cluster(t), hclog.NewNullLogger())
@@ -346,6 +348,9 @@ func TestCatchUpsPerSourceAreBounded(t *testing.T) {
 	}
 	if _, err := m.Publish(ctx, second, "n3"); !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "at most 1 at once") {
 		t.Fatalf("second move from the same node: %v, want it to wait for the first's catch-up", err)
+	}
+	if _, err := m.Publish(ctx, third, "n2"); err != nil && !strings.Contains(err.Error(), "final step") {
+		t.Fatalf("a move to a fresh replica beside the running catch-up: %v, want it moved or in its final step", err)
 	}
 	close(release)
 	for _, move := range []struct{ id, to string }{{first, "n2"}, {second, "n3"}} {
