@@ -116,6 +116,10 @@ job "zfs-nomad-node" {
 
       env {
         ZFS_NOMAD_LOG_LEVEL = var.log_level
+        # The Go heap's soft limit, below the task's memory (resources):
+        # the collector works harder instead of the cgroup reclaiming the
+        # plugin's own pages.
+        GOMEMLIMIT = "384MiB"
       }
 
       # The peers, rendered from the agents' service as in the controller
@@ -155,9 +159,17 @@ job "zfs-nomad-node" {
       # Mounts made by a plugin that is killed stay; the next one finds them.
       kill_timeout = "10s"
 
+      # Nomad makes a raw_exec task's memory its hard limit (memory.max),
+      # and it covers the zfs send and receive processes the plugin runs.
+      # A transfer keeps up to 32 MiB in flight per peer connection (the
+      # gRPC windows, docs/replication.md) and each end buffers on top: in
+      # a drain of eight volumes the two busy plugins peaked at 100 and
+      # 105 MiB (test/nomad, 2026-11-26), too near the 128 MiB this job
+      # used to ask for, where the cgroup reclaims the plugin's own pages
+      # or kills it mid-transfer.
       resources {
         cpu    = 100
-        memory = 128
+        memory = 512
       }
     }
   }

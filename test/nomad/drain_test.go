@@ -70,8 +70,11 @@ func (e *e2e) drainManyVolumes() {
 			unreplicated += j.dataMiB
 		}
 	}
+	cpu := sampleCPU()
 	moved := e.timedDrain(node, jobs, true)
+	e.tell("%s", cpuSince(cpu))
 	e.showMoves()
+	e.t.Logf("---- the node plugins' memory ----\n%s", pluginMemory())
 	need := time.Duration(float64(unreplicated) / rate * float64(time.Second))
 	goal := time.Duration(1.5*float64(plain)) + need
 	e.tell("FIGURE drain of %d jobs with their volumes: %s; without volumes %s; %d MiB not replicated at the drain, %s at %.1f MiB/s; goal (1.5x plus that) %s",
