@@ -219,3 +219,67 @@ func TestBytesSentWithSnapshots(t *testing.T) {
 	}
 	e.unpublish(id, "n1")
 }
+
+// TestARestoreOnAReplica (issue 16) on real ZFS: a volume restored on a
+// replica's node is a clone of the replica's copy of the snapshot, which
+// ties the replica down while the clone lives. The replica still takes
+// incremental pushes; the volume's delete turns the replica into a
+// tombstone under the clone instead of failing; the snapshot's delete is
+// deferred there and the listing forgets it at once; the clone's delete
+// takes the snapshot and the tombstone along, and nothing of either
+// volume is left.
+func TestARestoreOnAReplica(t *testing.T) {
+	e := start(t)
+	id, dir := e.createWritten("cloned-replica", nil, "echo before > a && dd if=/dev/urandom of=blob bs=1M count=2 2>/dev/null")
+	taken := e.checksums("n1", dir)
+	snap, err := e.controller().CreateSnapshot(e.ctx, &csi.CreateSnapshotRequest{SourceVolumeId: id, Name: "restored-on-the-replica"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	snapID := snap.GetSnapshot().GetSnapshotId()
+	e.write("n1", dir, "echo after > a")
+	e.replicate(id, "n1", "n2")
+
+	rid := e.restoreHolds("clone-on-n2", snapID, map[string]string{"node": "n2"}, "n2", taken)
+	origin := strings.TrimSpace(guesttest.Run(t, "zfs", "get", "-H", "-o", "value", "origin", e.node("n2").RootDataset+"/"+rid))
+	if want := e.node("n2").RootDataset + "/" + id + "@" + snapID; origin != want {
+		t.Fatalf("the restored volume's origin is %q, want the replica's copy %s", origin, want)
+	}
+
+	e.write("n1", dir, "echo later > b")
+	if prog := e.replicate(id, "n1", "n2"); prog.GetKind() != "incremental" {
+		t.Fatalf("a push to the replica holding a clone's origin was %s, want incremental", prog.GetKind())
+	}
+
+	e.unpublish(id, "n1")
+	e.deleteVolume(id)
+	if out := guesttest.Run(t, "sh", "-c", "zfs list -H -o name -t snapshot -r "+e.node("n2").RootDataset+" | grep @"+snapID+" || true"); strings.TrimSpace(out) == "" {
+		t.Fatalf("the volume's delete took the snapshot the clone on n2 depends on")
+	}
+	listed, err := e.controller().ListSnapshots(e.ctx, &csi.ListSnapshotsRequest{SnapshotId: snapID})
+	if err != nil || len(listed.GetEntries()) != 1 {
+		t.Fatalf("ListSnapshots after the volume's delete: %v, %v; want %s once", listed, err, snapID)
+	}
+
+	if _, err := e.controller().DeleteSnapshot(e.ctx, &csi.DeleteSnapshotRequest{SnapshotId: snapID}); err != nil {
+		t.Fatalf("DeleteSnapshot with a clone of its copy on n2: %v, want OK (destroyed deferred)", err)
+	}
+	if listed, err := e.controller().ListSnapshots(e.ctx, &csi.ListSnapshotsRequest{SnapshotId: snapID}); err != nil || len(listed.GetEntries()) != 0 {
+		t.Fatalf("ListSnapshots after the delete: %v, %v; want nothing", listed, err)
+	}
+	// The clone still holds the data it was restored with.
+	rdir := e.mustPublish(rid, "n2")
+	if got := e.checksums("n2", rdir); got != taken {
+		t.Fatalf("the clone after its origin's delete holds:\n%s\nwant:\n%s", got, taken)
+	}
+	e.unpublish(rid, "n2")
+
+	e.deleteVolume(rid)
+	var left string
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(time.Second) {
+		if left = strings.TrimSpace(guesttest.Run(t, "sh", "-c", "zfs list -H -o name -t all | grep -e "+id+" -e "+rid+" || true")); left == "" {
+			return
+		}
+	}
+	t.Fatalf("left of the volume, its snapshot and the clone after all three deletes:\n%s", left)
+}
