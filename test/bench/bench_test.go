@@ -93,21 +93,7 @@ func timed(f func()) time.Duration {
 func BenchmarkReplication(b *testing.B) {
 	c := guesttest.StartCluster(b, 2, sim.Options{LogLevel: "info"})
 	n1, n2 := c.Nodes[0], c.Nodes[1]
-	ctx := context.Background()
-	conn, err := grpc.NewClient(c.ControllerEndpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer conn.Close()
-	resp, err := csi.NewControllerClient(conn).CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "bench",
-		CapacityRange: &csi.CapacityRange{RequiredBytes: 2 << 30}, Parameters: map[string]string{"node": n1.ID, "compression": "off"},
-		VolumeCapabilities: []*csi.VolumeCapability{{
-			AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
-			AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER}}}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	id := resp.GetVolume().GetVolumeId()
+	_, id := createVolume(b, c, "bench", n1.ID, 2<<30)
 	src := n1.RootDataset + "/" + id
 	mnt := filepath.Join(n1.Dir, "bench")
 	sh(b, fmt.Sprintf("mkdir -p %s && mount -t zfs %s %s && dd if=/dev/urandom of=%s/data bs=1M count=%d 2>/dev/null && sync && umount %s",
@@ -211,6 +197,28 @@ func cpuBusy(b *testing.B) time.Duration {
 	}
 	const userHZ = 100 // the kernel's USER_HZ: /proc/stat counts in 1/100 s
 	return time.Duration(busy) * time.Second / userHZ
+}
+
+// createVolume creates a volume of size bytes on node, uncompressed (the
+// benchmarks write random data), through the controller, whose client it
+// returns too.
+func createVolume(b *testing.B, c *sim.Cluster, name, node string, size int64) (csi.ControllerClient, string) {
+	b.Helper()
+	conn, err := grpc.NewClient(c.ControllerEndpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = conn.Close() })
+	ctl := csi.NewControllerClient(conn)
+	resp, err := ctl.CreateVolume(context.Background(), &csi.CreateVolumeRequest{Name: name,
+		CapacityRange: &csi.CapacityRange{RequiredBytes: size}, Parameters: map[string]string{"node": node, "compression": "off"},
+		VolumeCapabilities: []*csi.VolumeCapability{{
+			AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
+			AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER}}}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return ctl, resp.GetVolume().GetVolumeId()
 }
 
 // push runs one Replicate to the end.
