@@ -229,6 +229,10 @@ func (e *e2e) timedDrain(node string, jobs []drainJob, withVolumes bool) time.Du
 	e.waitForDrained(node)
 	e.nomad("node", "drain", "-disable", "-yes", e.nodeIDs[node])
 	e.nomad("node", "eligibility", "-enable", e.nodeIDs[node])
+	// The drain moved the controller if it ran on node: the next step
+	// (creating volumes) needs it healthy again (2026-11-26: "no healthy
+	// controllers for CSI plugin" right after the drain without volumes).
+	e.waitForPlugins(3, node)
 	if !withVolumes {
 		for _, j := range jobs {
 			e.nomad("job", "stop", "-purge", j.name+suffix)
