@@ -283,3 +283,43 @@ func TestARestoreOnAReplica(t *testing.T) {
 	}
 	t.Fatalf("left of the volume, its snapshot and the clone after all three deletes:\n%s", left)
 }
+
+// TestAReplacedReplicaKeepsItsSnapshots (issue 16) on real ZFS: a replica
+// replaced by a full send, while it holds a CSI snapshot the new primary
+// lacks, is set aside rather than destroyed, and the snapshot stays
+// listed once and restorable. The primary lost the snapshot and every
+// snapshot it shared with n2 by hand (zfs destroy, as an operator
+// might), then moved to n3, so the next push to n2 is a full one of a
+// newer generation.
+func TestAReplacedReplicaKeepsItsSnapshots(t *testing.T) {
+	e := start(t)
+	id, dir := e.createWritten("replaced", nil, "echo kept > a && dd if=/dev/urandom of=blob bs=1M count=2 2>/dev/null")
+	taken := e.checksums("n1", dir)
+	snap, err := e.controller().CreateSnapshot(e.ctx, &csi.CreateSnapshotRequest{SourceVolumeId: id, Name: "only-on-the-old-replica"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	snapID := snap.GetSnapshot().GetSnapshotId()
+	e.replicate(id, "n1", "n2")
+
+	src := e.node("n1").RootDataset + "/" + id
+	guesttest.Run(t, "sh", "-c", "for s in $(zfs list -H -t snapshot -o name -d 1 "+src+"); do "+
+		"for tag in $(zfs holds -H $s | cut -f2); do zfs release $tag $s; done; zfs destroy $s; done")
+	e.write("n1", dir, "echo later > b")
+	e.unpublish(id, "n1")
+	e.mustPublish(id, "n3")
+	e.waitPrimaries(id, "n3(gen 2)")
+	e.unpublish(id, "n3")
+
+	if prog := e.replicate(id, "n3", "n2"); prog.GetKind() != "full" {
+		t.Fatalf("the push from the new primary to n2 was %s, want full (they share no snapshot)", prog.GetKind())
+	}
+	if out := guesttest.Run(t, "sh", "-c", "zfs list -H -o name -t snapshot -r "+e.node("n2").RootDataset+" | grep @"+snapID+" || true"); strings.TrimSpace(out) == "" {
+		t.Fatal("the full send's replacement destroyed the only copy of the CSI snapshot")
+	}
+	listed, err := e.controller().ListSnapshots(e.ctx, &csi.ListSnapshotsRequest{SnapshotId: snapID})
+	if err != nil || len(listed.GetEntries()) != 1 {
+		t.Fatalf("ListSnapshots after the replacement: %v, %v; want %s once", listed, err, snapID)
+	}
+	e.deleteVolume(e.restoreHolds("from-the-set-aside", snapID, map[string]string{"node": "n2"}, "n2", taken))
+}
