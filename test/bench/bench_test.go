@@ -204,17 +204,9 @@ func cpuBusy(b *testing.B) time.Duration {
 // returns too.
 func createVolume(b *testing.B, c *sim.Cluster, name, node string, size int64) (csi.ControllerClient, string) {
 	b.Helper()
-	conn, err := grpc.NewClient(c.ControllerEndpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = conn.Close() })
-	ctl := csi.NewControllerClient(conn)
-	resp, err := ctl.CreateVolume(context.Background(), &csi.CreateVolumeRequest{Name: name,
-		CapacityRange: &csi.CapacityRange{RequiredBytes: size}, Parameters: map[string]string{"node": node, "compression": "off"},
-		VolumeCapabilities: []*csi.VolumeCapability{{
-			AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{}},
-			AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER}}}})
+	ctl := controllerClient(b, c)
+	resp, err := ctl.CreateVolume(context.Background(), &csi.CreateVolumeRequest{Name: name, CapacityRange: &csi.CapacityRange{RequiredBytes: size},
+		Parameters: map[string]string{"node": node, "compression": "off"}, VolumeCapabilities: []*csi.VolumeCapability{mountCapability}})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -372,13 +364,7 @@ func BenchmarkMigration(b *testing.B) {
 	c := guesttest.StartCluster(b, 2, sim.Options{LogLevel: "info", ControllerArgs: []string{"-schedule-every", "0"}})
 	n1, n2 := c.Nodes[0], c.Nodes[1]
 	ctx := context.Background()
-	ctl, capability := controllerClient(b, c), mountCapability
-	resp, err := ctl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "moving", CapacityRange: &csi.CapacityRange{RequiredBytes: 2 << 30},
-		Parameters: map[string]string{"node": n1.ID, "compression": "off"}, VolumeCapabilities: []*csi.VolumeCapability{capability}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	id := resp.GetVolume().GetVolumeId()
+	ctl, id := createVolume(b, c, "moving", n1.ID, 2<<30)
 	dataset := func(n *sim.Node) string { return n.RootDataset + "/" + id }
 	write := func(n *sim.Node, file string, mib int) {
 		mnt := filepath.Join(n.Dir, "moving")
@@ -416,7 +402,7 @@ func BenchmarkMigration(b *testing.B) {
 		// every 100 ms, the figure is within that of the move's end.
 		publish := timed(func() {
 			for {
-				_, err := ctl.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: to.ID, VolumeCapability: capability})
+				_, err := ctl.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: to.ID, VolumeCapability: mountCapability})
 				if err == nil {
 					return
 				}
