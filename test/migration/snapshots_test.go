@@ -26,13 +26,7 @@ import (
 // the records go, and nothing of the volume is left.
 func TestSnapshotsFollowTheVolume(t *testing.T) {
 	e := start(t)
-	id, dir := e.createWritten("snapped", nil, "echo before > a && dd if=/dev/urandom of=blob bs=1M count=4 2>/dev/null")
-	taken := e.checksums("n1", dir)
-	snap, err := e.controller().CreateSnapshot(e.ctx, &csi.CreateSnapshotRequest{SourceVolumeId: id, Name: "before-the-move"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	snapID := snap.GetSnapshot().GetSnapshotId()
+	id, dir, taken, snapID := e.snapshotted("snapped", nil, "echo before > a && dd if=/dev/urandom of=blob bs=1M count=4 2>/dev/null", "before-the-move")
 	e.write("n1", dir, "echo after > a")
 
 	if prog := e.replicate(id, "n1", "n2"); prog.GetKind() != "full" {
@@ -117,13 +111,7 @@ func TestSnapshotsFollowTheVolume(t *testing.T) {
 // the data it was taken with, although its node of origin is gone.
 func TestSnapshotsSurviveAFailover(t *testing.T) {
 	e := start(t)
-	id, dir := e.createWritten("survivor", map[string]string{"failover": "auto"}, "echo before > a && dd if=/dev/urandom of=blob bs=1M count=2 2>/dev/null")
-	taken := e.checksums("n1", dir)
-	snap, err := e.controller().CreateSnapshot(e.ctx, &csi.CreateSnapshotRequest{SourceVolumeId: id, Name: "before-the-loss"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	snapID := snap.GetSnapshot().GetSnapshotId()
+	id, dir, taken, snapID := e.snapshotted("survivor", map[string]string{"failover": "auto"}, "echo before > a && dd if=/dev/urandom of=blob bs=1M count=2 2>/dev/null", "before-the-loss")
 	e.write("n1", dir, "echo after > a")
 	e.replicate(id, "n1", "n2")
 
@@ -141,6 +129,21 @@ func TestSnapshotsSurviveAFailover(t *testing.T) {
 	e.returnNode("n1")
 	e.deleteVolume(rid) // a delete waits for every node: n1 may hold a copy
 
+}
+
+// snapshotted creates volume name (with params) on n1, runs script in it,
+// and takes CSI snapshot snapName of it; it returns the volume's ID and
+// mount directory, the checksums of the files the snapshot holds, and the
+// snapshot's ID.
+func (e *env) snapshotted(name string, params map[string]string, script, snapName string) (id, dir, taken, snapID string) {
+	e.t.Helper()
+	id, dir = e.createWritten(name, params, script)
+	taken = e.checksums("n1", dir)
+	snap, err := e.controller().CreateSnapshot(e.ctx, &csi.CreateSnapshotRequest{SourceVolumeId: id, Name: snapName})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return id, dir, taken, snap.GetSnapshot().GetSnapshotId()
 }
 
 // restoreHolds restores snapshot snapID as volume name (with params),
@@ -230,13 +233,7 @@ func TestBytesSentWithSnapshots(t *testing.T) {
 // volume is left.
 func TestARestoreOnAReplica(t *testing.T) {
 	e := start(t)
-	id, dir := e.createWritten("cloned-replica", nil, "echo before > a && dd if=/dev/urandom of=blob bs=1M count=2 2>/dev/null")
-	taken := e.checksums("n1", dir)
-	snap, err := e.controller().CreateSnapshot(e.ctx, &csi.CreateSnapshotRequest{SourceVolumeId: id, Name: "restored-on-the-replica"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	snapID := snap.GetSnapshot().GetSnapshotId()
+	id, dir, taken, snapID := e.snapshotted("cloned-replica", nil, "echo before > a && dd if=/dev/urandom of=blob bs=1M count=2 2>/dev/null", "restored-on-the-replica")
 	e.write("n1", dir, "echo after > a")
 	e.replicate(id, "n1", "n2")
 
@@ -293,13 +290,7 @@ func TestARestoreOnAReplica(t *testing.T) {
 // newer generation.
 func TestAReplacedReplicaKeepsItsSnapshots(t *testing.T) {
 	e := start(t)
-	id, dir := e.createWritten("replaced", nil, "echo kept > a && dd if=/dev/urandom of=blob bs=1M count=2 2>/dev/null")
-	taken := e.checksums("n1", dir)
-	snap, err := e.controller().CreateSnapshot(e.ctx, &csi.CreateSnapshotRequest{SourceVolumeId: id, Name: "only-on-the-old-replica"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	snapID := snap.GetSnapshot().GetSnapshotId()
+	id, dir, taken, snapID := e.snapshotted("replaced", nil, "echo kept > a && dd if=/dev/urandom of=blob bs=1M count=2 2>/dev/null", "only-on-the-old-replica")
 	e.replicate(id, "n1", "n2")
 
 	src := e.node("n1").RootDataset + "/" + id
