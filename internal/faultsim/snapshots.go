@@ -168,18 +168,11 @@ func (w *world) restoreSettled() error {
 	return fmt.Errorf("S2 broken: with every node up, no volume could be restored from snapshot %s of volume %s (%d tries), last: %v", s.name, s.volume, settleRetries, err)
 }
 
-// settleStep is a step of the world without a fault: time passes, nodes
-// due start, the processes beat, the jobs write, the invariants hold.
+// settleStep is a step of the world without an action or a fault.
 func (w *world) settleStep() error {
 	w.step++
 	w.stepNow.Store(int64(w.step))
-	w.tick()
-	w.restartDue()
-	w.reap()
-	w.beat()
-	w.reap()
-	w.write()
-	return w.checker.check()
+	return w.advance(nil)
 }
 
 // finishDeletions is the controller's pass over the snapshots deleted

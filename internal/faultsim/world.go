@@ -353,13 +353,20 @@ func (w *world) node(id string) *simNode {
 // runStep advances the clock one second, does one thing (an operation of
 // the CO or a fault), lets the processes beat and the jobs write, and
 // checks the invariants.
-func (w *world) runStep() error {
+func (w *world) runStep() error { return w.advance(w.pick) }
+
+// advance is one step: the clock moves a second, nodes due start, choose
+// (unless nil) picks the step's action, which runs, the processes beat,
+// the jobs write, and the invariants are checked.
+func (w *world) advance(choose func() func()) error {
 	w.tick()
 	w.restartDue()
-	act := w.pick()
-	w.crashing.Store(true)
-	act()
-	w.crashing.Store(false)
+	if choose != nil {
+		act := choose()
+		w.crashing.Store(true)
+		act()
+		w.crashing.Store(false)
+	}
 	w.reap()
 	w.beat()
 	w.reap()
