@@ -152,8 +152,9 @@ func serve(c command, args []string) error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	// Snapshots deleted while a node was away: their copies there go
-	// when it is back (docs/replication.md, "Deleted while a node was away").
+	// Deleted snapshots: copies the delete could not reach (a node away,
+	// a push under way) go, then the records (docs/replication.md,
+	// "Deleted snapshots").
 	go provision.New(nodes, migrator, cfg.Placement, log.Named("snapshots")).RunDeletions(ctx, time.Minute)
 	if every := time.Duration(cfg.ScheduleEvery); every > 0 {
 		sched := scheduler.New(nodes, cfg.ParallelPushes, log.Named("replication"))

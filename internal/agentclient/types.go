@@ -66,8 +66,8 @@ type Snapshot struct {
 	NodeID         string
 	// Deleted marks a record, not a copy: every copy of SnapshotID
 	// created at or before CreatedUnix is deleted (docs/replication.md,
-	// "Deleted while a node was away"). Only a query WithDeleted or
-	// DeletedOnly answers records.
+	// "Deleted snapshots"). Only a query WithDeleted or DeletedOnly
+	// answers records.
 	Deleted bool
 }
 

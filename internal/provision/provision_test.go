@@ -609,6 +609,88 @@ func TestSnapshotDeletedWhileANodeIsAway(t *testing.T) {
 	}
 }
 
+// TestASnapshotDeletedDuringAPush: every delete is remembered, so a copy
+// that lands after it (a push that carried the snapshot started before)
+// is never listed; the records are forgotten only when every node could
+// forget its own, a node receiving into the volume keeps its record for
+// the next pass, and a node that missed the delete records it before
+// any other forgets.
+func TestASnapshotDeletedDuringAPush(t *testing.T) {
+	w := newWorld()
+	vol := w.nodes["n1"].PutPrimary("v", 1)
+	p := w.provisioner(t)
+	ctx := context.Background()
+	snap, err := p.CreateSnapshot(ctx, "s", vol)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := snap.SnapshotID
+	remembers := func(want map[string]bool) {
+		t.Helper()
+		for n, want := range want {
+			if got := w.nodes[n].Remembers(id); got != want {
+				t.Errorf("%s remembers the deletion: %v, want %v", n, got, want)
+			}
+		}
+	}
+	listed := func() {
+		t.Helper()
+		if page, err := p.ListSnapshots(ctx, SnapshotQuery{}); err != nil || len(page.Snapshots) != 0 {
+			t.Errorf("ListSnapshots: %+v, %v; want the deleted snapshot hidden", page, err)
+		}
+	}
+
+	// Every node answers: each remembers, and the one copy goes.
+	if err := p.DeleteSnapshot(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	remembers(map[string]bool{"n1": true, "n2": true, "n3": true})
+	// A push to n2 that started before the delete has not landed yet:
+	// n2 keeps its record while it runs; the others forget theirs.
+	w.nodes["n2"].Receiving(vol, true)
+	if err := p.FinishDeletions(ctx); err == nil {
+		t.Error("FinishDeletions with a node keeping its record answered no error")
+	}
+	remembers(map[string]bool{"n1": false, "n2": true, "n3": false})
+	w.nodes["n2"].PutSnapshot(snap) // it lands, and n2's record drops it
+	w.nodes["n2"].Receiving(vol, false)
+	listed()
+	if err := p.FinishDeletions(ctx); err != nil {
+		t.Fatal(err)
+	}
+	remembers(map[string]bool{"n1": false, "n2": false, "n3": false})
+
+	// n3 missed the delete and a push into it runs when it is back: it
+	// records the deletion before the others forget, so the copy that
+	// lands is dropped and never listed.
+	again, err := p.CreateSnapshot(ctx, "s", vol)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.nodes["n3"].SetDown(true)
+	if err := p.DeleteSnapshot(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	w.nodes["n3"].SetDown(false)
+	w.nodes["n3"].Receiving(vol, true)
+	if err := p.FinishDeletions(ctx); err == nil {
+		t.Error("FinishDeletions with a node keeping its record answered no error")
+	}
+	remembers(map[string]bool{"n3": true})
+	w.nodes["n3"].PutSnapshot(again)
+	w.nodes["n3"].Receiving(vol, false)
+	listed()
+	if err := p.FinishDeletions(ctx); err != nil {
+		t.Fatal(err)
+	}
+	remembers(map[string]bool{"n1": false, "n2": false, "n3": false})
+	for _, n := range []string{"n1", "n2", "n3"} {
+		if w.nodes[n].HasSnapshot(id) {
+			t.Errorf("%s still holds a copy of the deleted snapshot", n)
+		}
+	}
+}
+
 // TestCurrentPrimaryOnly: what acts on a volume's data acts on its current
 // primary, never on an older one, and waits while that cannot be told.
 func TestCurrentPrimaryOnly(t *testing.T) {

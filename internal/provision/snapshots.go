@@ -46,7 +46,7 @@ func (p *Provisioner) SnapshotCopies(ctx context.Context, id string) ([]cluster.
 
 // snapshotState is what the nodes say of one snapshot: its copies, split
 // by whether a record of its deletion covers them, and those records
-// (docs/replication.md, "Deleted while a node was away").
+// (docs/replication.md, "Deleted snapshots").
 type snapshotState struct {
 	live     []cluster.Located[agentclient.Snapshot] // copies no record covers, by node ID
 	deleted  []cluster.Located[agentclient.Snapshot] // copies a record covers: their node was away at the delete
@@ -155,11 +155,12 @@ func (p *Provisioner) CreateSnapshot(ctx context.Context, name, sourceVolumeID s
 }
 
 // DeleteSnapshot deletes every copy of the snapshot; a snapshot no node
-// holds is deleted already. When a node does not answer (it may hold a
-// copy), every node that does remembers the deletion before its copy goes:
-// a majority of them must, so that any later question a majority answers
-// meets a record, and the away node's copy is never listed or restored
-// and is deleted when the node is back (FinishDeletions).
+// holds is deleted already. Every node that answers remembers the
+// deletion before its copy goes, and a majority of the nodes must: a
+// copy the delete cannot reach (its node is away, or a push that started
+// before the delete lands it later) is then never listed or restored
+// while a majority answers, and is deleted by the next pass
+// (FinishDeletions), which forgets the records once no copy is left.
 func (p *Provisioner) DeleteSnapshot(ctx context.Context, id string) error {
 	st, err := p.snapshotState(ctx, id)
 	if errors.Is(err, errdefs.ErrNotFound) {
@@ -168,12 +169,9 @@ func (p *Provisioner) DeleteSnapshot(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
-	if len(st.silent) == 0 {
-		return p.deleteEveryCopy(ctx, id, st)
-	}
 	if len(st.live) == 0 && len(st.deleted) == 0 {
-		if len(st.records) > 0 {
-			return nil // deleted while the silent node was away; it is removed when the node is back
+		if len(st.silent) == 0 || len(st.records) > 0 {
+			return nil // no copy anywhere, or deleted already while the silent node was away
 		}
 		return fmt.Errorf("%w: cannot tell where snapshot %s is, and so whether it exists: %v; retry once the nodes answer",
 			errdefs.ErrUnavailable, id, errors.Join(st.silent...))
@@ -186,7 +184,7 @@ func (p *Provisioner) DeleteSnapshot(ctx context.Context, id string) error {
 }
 
 // rememberDeletion has every node that answered record the deletion of
-// snapshot id and delete its copy, while a node that may hold one is away.
+// snapshot id and delete its copy.
 func (p *Provisioner) rememberDeletion(ctx context.Context, id string, st snapshotState) error {
 	var seen agentclient.Snapshot // the newest of the copies (all copies of one snapshot are alike)
 	for _, c := range slices.Concat(st.live, st.deleted) {
@@ -198,23 +196,15 @@ func (p *Provisioner) rememberDeletion(ctx context.Context, id string, st snapsh
 	// Every answering node must remember it: they are the majority the
 	// caller counted.
 	if err := failures(p.deleteSnapshotOn(ctx, st.answered, d)); err != nil {
-		return fmt.Errorf("%w: snapshot %s is not deleted: remembering its deletion failed on some nodes while another is away (%v); retry the delete",
+		return fmt.Errorf("%w: snapshot %s is not deleted: remembering its deletion or deleting a copy failed on some nodes (%v); retry the delete",
 			errdefs.ErrUnavailable, id, errors.Join(err, errors.Join(st.silent...)))
 	}
-	p.log.Warn("snapshot deleted while a node that may hold a copy is away: the nodes that answered remember it; the away node's copy is hidden, and deleted when the node is back",
-		"snapshot_id", id, "volume_id", seen.SourceVolumeID, "remembered_on", len(st.answered), "away", errors.Join(st.silent...))
-	return nil
-}
-
-// deleteEveryCopy deletes every copy of snapshot id, every node having
-// answered, then forgets any record of an earlier deletion.
-func (p *Provisioner) deleteEveryCopy(ctx context.Context, id string, st snapshotState) error {
-	copies := slices.Concat(st.live, st.deleted)
-	answers := p.deleteSnapshotOn(ctx, nodesOf(copies), agentclient.SnapshotDeletion{SnapshotID: id})
-	if err := p.deleted(id, answers, sourceOf(copies)); err != nil {
-		return fmt.Errorf("snapshot %s is not deleted everywhere; retry the delete: %w", id, err)
+	p.log.Info("snapshot deleted", "snapshot_id", id, "volume_id", seen.SourceVolumeID, "copies", len(st.live)+len(st.deleted), "remembered_on", len(st.answered))
+	if len(st.silent) > 0 {
+		p.log.Warn("snapshot deleted while a node that may hold a copy is away: the nodes that answered remember it; the away node's copy is hidden, and deleted when the node is back",
+			"snapshot_id", id, "volume_id", seen.SourceVolumeID, "remembered_on", len(st.answered), "away", errors.Join(st.silent...))
 	}
-	return p.forgetDeletion(ctx, id, st)
+	return nil
 }
 
 // finishDeletion deletes the copies a record covers, on the nodes that
@@ -228,21 +218,47 @@ func (p *Provisioner) finishDeletion(ctx context.Context, id string, st snapshot
 	return p.forgetDeletion(ctx, id, st)
 }
 
-// forgetDeletion has the nodes holding a record of snapshot id's
-// deletion forget it, once every node answered and none held a copy it
-// covers. Not in the pass that deleted the last ones: a push that
-// started before may still land a covered copy on its target, which the
-// next pass finds and deletes.
+// forgetDeletion has the nodes forget the records of snapshot id's
+// deletion, once every node answered and none held a copy they cover.
+// Not in the pass that deleted the last ones: a push that started before
+// may still land a covered copy, which the next pass finds and deletes.
+// Every node records the deletion before any forgets it: a node can then
+// forget only once no receive into the volume runs there (it waits for
+// the volume's copy lock) and it holds no covered copy; a receive that
+// lands one drops it while the record lives (volume.Manager.ForgetDeleted
+// and Received). A node that refuses keeps its record for the next pass.
 func (p *Provisioner) forgetDeletion(ctx context.Context, id string, st snapshotState) error {
 	if len(st.records) == 0 || len(st.silent) > 0 || len(st.deleted) > 0 {
 		return nil
 	}
-	d := agentclient.SnapshotDeletion{SnapshotID: id, CreatedUpToUnix: st.deletedUpTo(), Forget: true}
-	if err := failures(p.deleteSnapshotOn(ctx, nodesOf(st.records), d)); err != nil {
-		return fmt.Errorf("forgetting the deletion of snapshot %s failed; it is retried: %w", id, err)
+	upTo := st.deletedUpTo()
+	source := st.records[0].Object.SourceVolumeID
+	remember := agentclient.SnapshotDeletion{SnapshotID: id, CreatedUpToUnix: upTo, Remember: true, SourceVolumeID: source}
+	if err := failures(p.deleteSnapshotOn(ctx, withoutRecord(st), remember)); err != nil {
+		return fmt.Errorf("recording the deletion of snapshot %s on every node before forgetting it failed; it is retried: %w", id, err)
 	}
-	p.log.Info("no copy of the deleted snapshot is left: its records are forgotten", "snapshot_id", id, "volume_id", st.records[0].Object.SourceVolumeID)
+	forget := agentclient.SnapshotDeletion{SnapshotID: id, CreatedUpToUnix: upTo, Forget: true}
+	if err := failures(p.deleteSnapshotOn(ctx, st.answered, forget)); err != nil {
+		return fmt.Errorf("forgetting the deletion of snapshot %s failed on some nodes, which keep their records; it is retried: %w", id, err)
+	}
+	p.log.Info("no copy of the deleted snapshot is left: its records are forgotten", "snapshot_id", id, "volume_id", source)
 	return nil
+}
+
+// withoutRecord is the answering nodes that hold no record of the
+// snapshot's deletion.
+func withoutRecord(st snapshotState) []cluster.Node {
+	recorded := map[string]bool{}
+	for _, r := range st.records {
+		recorded[r.Node.Info.NodeID] = true
+	}
+	var out []cluster.Node
+	for _, n := range st.answered {
+		if !recorded[n.Info.NodeID] {
+			out = append(out, n)
+		}
+	}
+	return out
 }
 
 // deleteSnapshotOn asks each of nodes, in parallel, to delete its copy

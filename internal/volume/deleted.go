@@ -14,15 +14,15 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs"
 )
 
-// A CSI snapshot deleted while a node that holds a copy was away is
-// remembered by every node that answered the delete, a majority of them
-// (docs/replication.md, "Deleted while a node was away"): the controller
-// hides the away node's copy from every listing and restore while one of
-// them answers, deletes it when the node is back, and then has the
-// records forgotten. Records are rare (a delete during an outage) and
-// live until the outage ends, so each node keeps them as user properties
-// of one dataset, PromisesDataset (no volume descends from it), and in
-// memory once read.
+// A deleted CSI snapshot is remembered by every node that answered the
+// delete, a majority of them (docs/replication.md, "Deleted snapshots"):
+// a copy the delete could not reach (on a node that was away, or landed
+// by a push that started before the delete) is hidden from every listing
+// and restore while one of them answers, and deleted; then the controller
+// has the records forgotten. Records are few (they live from a delete to
+// the controller's next pass, or until an outage ends), so each node
+// keeps them as user properties of one dataset, PromisesDataset (no
+// volume descends from it), and in memory once read.
 
 // PropDeletedSnapshotPrefix + snapshot ID, on PromisesDataset:
 // "CREATED_UNIX SOURCE_VOLUME_ID".
@@ -116,19 +116,37 @@ func (m *Manager) RememberDeleted(ctx context.Context, d DeletedSnapshot) error 
 		return zfsError(err, "remembering that snapshot "+d.ID+" is deleted")
 	}
 	m.deleted.byID[d.ID] = d
-	m.log.Info("remembered a deleted snapshot: a copy on a node that was away is hidden until it is deleted there", "snapshot_id", d.ID, "volume_id", d.SourceVolumeID)
+	m.log.Info("remembered a deleted snapshot: a copy the delete could not reach is hidden until it is deleted", "snapshot_id", d.ID, "volume_id", d.SourceVolumeID)
 	return nil
 }
 
-// ForgetDeleted removes the record of snapshot id, if there is one.
+// ForgetDeleted removes the record of snapshot id, if there is one, once
+// no copy it covers is on the node. It takes the copy lock of the
+// snapshot's volume first, so it waits for a receive into that volume to
+// end: a push that started before the delete may still carry a copy, and
+// the receive drops it only while the record lives (DropDeleted).
 func (m *Manager) ForgetDeleted(ctx context.Context, id string) error {
-	m.deleted.mu.Lock()
-	defer m.deleted.mu.Unlock()
-	if err := m.loadDeleted(ctx); err != nil {
+	d, ok, err := m.deletedRecord(ctx, id)
+	if err != nil || !ok {
 		return err
 	}
-	d, ok := m.deleted.byID[id]
-	if !ok {
+	if vocab.IsVolumeID(d.SourceVolumeID) {
+		unlock, err := m.lock(ctx, d.SourceVolumeID, "forgetting deleted snapshot "+id)
+		if err != nil {
+			return fmt.Errorf("the record of deleted snapshot %s is kept: %w", id, err)
+		}
+		defer unlock()
+	}
+	switch snap, err := m.findSnapshot(ctx, id); {
+	case err == nil && snap.Created.Unix() <= d.CreatedUnix:
+		return fmt.Errorf("%w: the record of deleted snapshot %s is kept: a copy it covers is on this node (%s); delete it first",
+			errdefs.ErrFailedPrecondition, id, snap.Dataset)
+	case err != nil && !errors.Is(err, errdefs.ErrNotFound):
+		return err
+	}
+	m.deleted.mu.Lock()
+	defer m.deleted.mu.Unlock()
+	if _, ok := m.deleted.byID[id]; !ok {
 		return nil
 	}
 	if err := m.zfs.ClearUserProperty(ctx, m.recordsDataset(), PropDeletedSnapshotPrefix+id); err != nil {
@@ -137,4 +155,44 @@ func (m *Manager) ForgetDeleted(ctx context.Context, id string) error {
 	delete(m.deleted.byID, id)
 	m.log.Info("forgot a deleted snapshot: no copy is left", "snapshot_id", id, "volume_id", d.SourceVolumeID)
 	return nil
+}
+
+// deletedRecord returns the node's record of snapshot id's deletion.
+func (m *Manager) deletedRecord(ctx context.Context, id string) (DeletedSnapshot, bool, error) {
+	m.deleted.mu.Lock()
+	defer m.deleted.mu.Unlock()
+	if err := m.loadDeleted(ctx); err != nil {
+		return DeletedSnapshot{}, false, err
+	}
+	d, ok := m.deleted.byID[id]
+	return d, ok, nil
+}
+
+// dropDeleted destroys the CSI snapshots among names (of the copy of
+// volume id) that a record of their deletion covers: a push that started
+// before the delete brought them (docs/replication.md, "A push that
+// carries a deleted snapshot"). The caller holds the copy's lock. A
+// failure leaves the copy hidden by the record, and the controller's
+// next pass deletes it.
+func (m *Manager) dropDeleted(ctx context.Context, id string, names []string) {
+	for _, name := range names {
+		snapID := shortName(name)
+		if !vocab.IsSnapshotID(snapID) {
+			continue
+		}
+		d, ok, err := m.deletedRecord(ctx, snapID)
+		if err != nil || !ok {
+			continue
+		}
+		snap, err := m.readSnapshot(ctx, name)
+		if err != nil || snap.Created.Unix() > d.CreatedUnix {
+			continue // gone, or taken again after the deletion
+		}
+		if err := m.zfs.DestroyDeferred(ctx, name); err != nil && !errors.Is(err, zfs.ErrNotFound) {
+			m.log.Warn("dropping a received copy of a deleted snapshot failed; it stays hidden, and the controller deletes it", "volume_id", id, "snapshot_id", snapID, "error", err)
+			continue
+		}
+		m.reindexSnapshot(ctx, snapID, name)
+		m.log.Info("dropped a received copy of a deleted snapshot: the push that carried it started before the delete", "volume_id", id, "snapshot_id", snapID, "dataset", name)
+	}
 }

@@ -2,10 +2,13 @@ package volume
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
 )
 
 // TestDeletedSnapshotRecords: a node remembers a deleted snapshot across
@@ -78,5 +81,63 @@ func TestWaitPast(t *testing.T) {
 	}
 	if reads < 4 {
 		t.Fatalf("waitPast read the clock %d times: it did not wait", reads)
+	}
+}
+
+// TestAReceiveDropsADeletedSnapshot: a copy of a deleted snapshot that a
+// receive brings (a push that started before the delete) is dropped while
+// the node's record lives, and a copy taken after the deletion is kept;
+// the record is forgotten only once no receive into the volume runs
+// (forgetting waits for the copy's lock) and no copy it covers is left.
+func TestAReceiveDropsADeletedSnapshot(t *testing.T) {
+	m, _ := newManager(t)
+	ctx := context.Background()
+	v := create(t, m, CreateRequest{Name: "v"})
+	old, err := m.CreateSnapshot(ctx, v.ID, "old")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.RememberDeleted(ctx, DeletedSnapshot{ID: old.ID, SourceVolumeID: v.ID, CreatedUnix: old.Created.Unix()}); err != nil {
+		t.Fatal(err)
+	}
+	later, err := m.CreateSnapshot(ctx, v.ID, "later")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.RememberDeleted(ctx, DeletedSnapshot{ID: later.ID, SourceVolumeID: v.ID, CreatedUnix: later.Created.Unix() - 1}); err != nil {
+		t.Fatal(err)
+	}
+
+	// The copy is there (as a receive left it) and the record covers it:
+	// the record stays.
+	if err := m.ForgetDeleted(ctx, old.ID); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("forgetting a record whose covered copy is on the node: %v, want FailedPrecondition", err)
+	}
+
+	unlock, err := m.Locks().Lock(ctx, v.ID, "receive from node n1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	if err := m.ForgetDeleted(short, later.ID); err == nil { // no copy it covers: only the lock keeps it
+		t.Fatal("a record was forgotten while a receive into its volume held the copy's lock")
+	}
+	m.Received(v.ID) // the receive ends: called under its lock
+	unlock()
+
+	if _, err := m.GetSnapshot(ctx, old.ID); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("the received copy of the deleted snapshot: %v, want it dropped (NotFound)", err)
+	}
+	if _, err := m.GetSnapshot(ctx, later.ID); err != nil {
+		t.Errorf("a copy taken after its record's second was dropped: %v", err)
+	}
+	for _, id := range []string{old.ID, later.ID} {
+		if err := m.ForgetDeleted(ctx, id); err != nil {
+			t.Fatalf("forgetting %s once the receive ended: %v", id, err)
+		}
+	}
+	if records, err := m.DeletedSnapshots(ctx); err != nil || len(records) != 0 {
+		t.Fatalf("records left: %+v, %v; want none", records, err)
 	}
 }

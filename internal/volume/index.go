@@ -415,7 +415,8 @@ func (m *Manager) NoteChanged(id string) {
 // brought (docs/replication.md, "CSI snapshots") enter the snapshot
 // index. Only the snapshots the index lacks at this copy are read: most
 // receives bring none, and then this costs one listing of the copy's
-// snapshot names.
+// snapshot names. A snapshot deleted while the push that brought it ran
+// is dropped (dropDeleted).
 func (m *Manager) Received(id string) {
 	m.NoteChanged(id)
 	ctx, cancel := context.WithTimeout(context.Background(), receivedReadTimeout)
@@ -435,6 +436,7 @@ func (m *Manager) Received(id string) {
 			m.reindexSnapshot(ctx, snapID, name)
 		}
 	}
+	m.dropDeleted(ctx, id, names)
 }
 
 // receivedReadTimeout bounds Received's reads.

@@ -35,6 +35,7 @@ type FakeAgent struct {
 	sources   map[string]string           // a volume's content source, "snapshot:ID" or "volume:ID"
 	snapshots map[string]agentclient.Snapshot
 	deleted   map[string]agentclient.Snapshot // records of deleted snapshots, by ID
+	receiving map[string]bool                 // volumes a receive runs into (Receiving)
 	setAside  []string
 	refusals  map[string]refusal // by method name
 	calls     []string
@@ -61,6 +62,7 @@ func NewFakeAgent(info agentclient.NodeInfo) *FakeAgent {
 		sources:   map[string]string{},
 		snapshots: map[string]agentclient.Snapshot{},
 		deleted:   map[string]agentclient.Snapshot{},
+		receiving: map[string]bool{},
 		refusals:  map[string]refusal{},
 		demoted:   map[string]time.Time{},
 	}
@@ -457,12 +459,26 @@ func (f *FakeAgent) CreateSnapshot(_ context.Context, sourceVolumeID, name strin
 }
 
 // PutSnapshot gives the node a copy of snapshot s, as replication does
-// on a replica of its volume.
+// on a replica of its volume; like a node's receive, it drops a copy the
+// node's record of the snapshot's deletion covers.
 func (f *FakeAgent) PutSnapshot(s agentclient.Snapshot) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if d, ok := f.deleted[s.SnapshotID]; ok && s.CreatedUnix <= d.CreatedUnix {
+		return
+	}
 	s.NodeID = f.info.NodeID
 	f.snapshots[s.SnapshotID] = s
+}
+
+// Receiving marks a receive into the node's copy of volumeID as running
+// (on) or ended: meanwhile the node keeps its records of that volume's
+// deleted snapshots, as a node does while the receive holds the copy's
+// lock.
+func (f *FakeAgent) Receiving(volumeID string, on bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.receiving[volumeID] = on
 }
 
 // HasSnapshot tells whether the node holds a copy of snapshot id.
@@ -491,7 +507,10 @@ func (f *FakeAgent) DeleteSnapshot(_ context.Context, d agentclient.SnapshotDele
 	if s, ok := f.snapshots[d.SnapshotID]; ok && (d.CreatedUpToUnix == 0 || s.CreatedUnix <= d.CreatedUpToUnix) {
 		delete(f.snapshots, d.SnapshotID)
 	}
-	if d.Forget {
+	if r, ok := f.deleted[d.SnapshotID]; ok && d.Forget {
+		if f.receiving[r.SourceVolumeID] {
+			return fmt.Errorf("%w: node %s keeps the record of deleted snapshot %s while a receive into volume %s runs", errdefs.ErrAborted, f.info.NodeID, d.SnapshotID, r.SourceVolumeID)
+		}
 		delete(f.deleted, d.SnapshotID)
 	}
 	return nil
