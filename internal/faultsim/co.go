@@ -61,6 +61,7 @@ func (w *world) pick() func() {
 		{2, func() { w.delete(v) }},
 		{5, func() { w.snapshot(v) }},
 		{3, func() { w.deleteSnapshot() }},
+		{3, func() { w.deleteDuringPush(v, n, m) }},
 		{3, func() { w.finishDeletions() }},
 		{3, func() { w.checkDeletedStayDeleted() }},
 		{2, func() { w.restore() }},
@@ -219,15 +220,15 @@ func (w *world) replay(v *simVolume) {
 
 // backup is the operator's push of a volume from one node to another
 // (zfs-controller backup); it fails on a node without the primary.
-func (w *world) backup(v *simVolume, from, to *simNode) {
+func (w *world) backup(v *simVolume, from, to *simNode) bool {
 	if !v.created || from == to {
-		return
+		return false
 	}
 	ctx, cancel := opContext()
 	defer cancel()
 	nodes, _, err := w.cl.Nodes(ctx)
 	if err != nil {
-		return
+		return false
 	}
 	for _, node := range nodes {
 		if node.Info.NodeID == from.id {
@@ -236,9 +237,10 @@ func (w *world) backup(v *simVolume, from, to *simNode) {
 			if err == nil {
 				w.stats.Pushes++
 			}
-			return
+			return err == nil
 		}
 	}
+	return false
 }
 
 // scheduleRound runs one round of the controller's replication schedule

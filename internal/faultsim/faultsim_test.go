@@ -22,6 +22,7 @@ var (
 	volsFlag  = flag.Int("volumes", 0, "volumes per run (default: DefaultConfig's)")
 	skewFlag  = flag.Duration("skew", -1, "largest offset of a node's wall clock (default: DefaultConfig's)")
 	liesFlag  = flag.Bool("lying-peers", false, "let nodes' certificate holders send forged streams")
+	logsFlag  = flag.Bool("logs", false, "with -seed and -v: the nodes' and the controller's logs beside the trace")
 )
 
 // defaultSeeds is what make test runs: about three minutes on two cores.
@@ -97,6 +98,7 @@ func runSeeds(t *testing.T, n int, shape func(*Config)) {
 		}
 		if *seedFlag != 0 && testing.Verbose() {
 			cfg.Trace = func(line string) { t.Log(line) }
+			cfg.Verbose = *logsFlag
 		}
 		stats, err := Run(cfg)
 		total.Add(stats)
@@ -118,7 +120,7 @@ func runSeeds(t *testing.T, n int, shape func(*Config)) {
 	shape(&lied)
 	if n >= 50 && (total.NewGeneration == 0 || total.StaleRefused == 0 || total.ReadOnly == 0 || total.Deletes == 0 || total.Crashes == 0 ||
 		total.Snapshots == 0 || total.SnapshotDeletes == 0 || total.Restores == 0 || total.Expands == 0 ||
-		lied.LyingPeers && total.LiesRefused == 0 || n >= 500 && total.DeletedCopiesHidden == 0 || total.SettledRestores == 0) {
+		lied.LyingPeers && total.LiesRefused == 0 || n >= 500 && total.DeletedCopiesHidden == 0 || total.SettledRestores == 0 || n >= 500 && total.DeletedInFlight == 0) {
 		t.Errorf("the seeds did not exercise every kind of event: %+v", total)
 	}
 }

@@ -14,6 +14,8 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/proto"
+
+	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
 // controllerEndpoint names the controller (and the CO beside it) on the
@@ -43,6 +45,7 @@ type network struct {
 	cut      map[[2]string]bool  // from, to: messages that way are lost
 	sent     map[string]uint64   // per link and method: how many so far
 	budget   map[string]int      // endpoint -> calls left before it crashes (absent: no limit)
+	hold     *pushHold           // the next push it holds, when set (holdPush)
 	log      func(format string, args ...any)
 	step     func() int64
 }
@@ -292,8 +295,58 @@ func (n *network) stream(from string, alive func() bool) grpc.StreamClientInterc
 			cancel()
 			return nil, err
 		}
-		return &faultyStream{ClientStream: cs, n: n, from: from, to: to, key: fmt.Sprintf("%s#%d", key, i), cancel: cancel, alive: alive}, nil
+		return &faultyStream{ClientStream: cs, n: n, from: from, to: to, key: fmt.Sprintf("%s#%d", key, i), cancel: cancel, alive: alive,
+			method: method, ctx: ctx}, nil
 	}
+}
+
+// pushHold holds the stream of one snapshot in a push before its first
+// data goes out, until released: the sender's zfs send is running (its
+// stream made from the snapshot as it was, as a real send holds its
+// snapshots), the receiver has begun and holds the copy's lock, nothing
+// has landed. reached is closed when the stream gets there.
+type pushHold struct {
+	from, to, snapshot string
+	reached            chan struct{}
+	released           chan struct{}
+	once               sync.Once
+}
+
+// holdPush holds the next stream from one node to another whose header
+// names snapshot (its short name, as a Replication/Receive header has it).
+func (n *network) holdPush(from, to, snapshot string) *pushHold {
+	h := &pushHold{from: from, to: to, snapshot: snapshot, reached: make(chan struct{}), released: make(chan struct{})}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.hold = h
+	return h
+}
+
+// release lets the held stream go on; the hold is gone from the network.
+func (n *network) release(h *pushHold) {
+	close(h.released)
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.hold == h {
+		n.hold = nil
+	}
+}
+
+// takeHold returns the hold for a stream from, to whose first message is
+// m, once.
+func (n *network) takeHold(from, to string, m any) *pushHold {
+	msg, ok := m.(*pb.ReceiveMessage)
+	if !ok || msg.GetHeader() == nil {
+		return nil
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	h := n.hold
+	if h == nil || h.from != from || h.to != to || h.snapshot != msg.GetHeader().GetSnapshot() {
+		return nil
+	}
+	n.hold = nil
+	return h
 }
 
 // faultyStream breaks when its link is cut, its process dies, or the dice
@@ -306,6 +359,9 @@ type faultyStream struct {
 	sent     uint64
 	cancel   context.CancelFunc
 	alive    func() bool
+	method   string
+	hold     *pushHold // holds the stream before its first data
+	ctx      context.Context
 }
 
 func (s *faultyStream) check(dir string) error {
@@ -329,6 +385,16 @@ func (s *faultyStream) check(dir string) error {
 
 func (s *faultyStream) SendMsg(m any) error {
 	s.sent++
+	if s.sent == 1 && s.method == pb.Replication_Receive_FullMethodName {
+		s.hold = s.n.takeHold(s.from, s.to, m)
+	}
+	if s.hold != nil && s.sent == 2 {
+		s.hold.once.Do(func() { close(s.hold.reached) })
+		select {
+		case <-s.hold.released:
+		case <-s.ctx.Done():
+		}
+	}
 	if err := s.check("/send"); err != nil {
 		return err
 	}

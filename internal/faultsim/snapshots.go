@@ -13,8 +13,9 @@ import (
 // faults like every other call, so that tombstones, snapshot holds and
 // quota changes meet crashes, moves and failovers; the invariants
 // checked after every step are I1-I4. A deleted snapshot stays deleted
-// (D1, docs/replication.md "Deleted while a node was away"): the CO lists
-// the snapshots and tries to restore a deleted one now and then, and
+// (D1, docs/replication.md "Deleted snapshots"): the CO lists the
+// snapshots and tries to restore a deleted one now and then, deletes
+// snapshots while a push carrying them is held (deleteDuringPush), and
 // either seeing a deleted snapshot while a majority of the nodes answer
 // breaks D1. A snapshot is never lost (S1): until a DeleteSnapshot of it
 // was tried, some node's pool holds a copy after every step, whatever
@@ -53,7 +54,12 @@ func (w *world) deleteSnapshot() {
 	if len(w.snaps) == 0 {
 		return
 	}
-	i := w.dice.intn(len(w.snaps))
+	w.deleteSnapshotAt(w.dice.intn(len(w.snaps)))
+}
+
+// deleteSnapshotAt deletes the CO's snapshot w.snaps[i]; it tells whether
+// the delete answered OK.
+func (w *world) deleteSnapshotAt(i int) bool {
 	s := w.snaps[i]
 	ctx, cancel := opContext()
 	defer cancel()
@@ -61,11 +67,45 @@ func (w *world) deleteSnapshot() {
 	w.tracef("co: DeleteSnapshot %s: %v", s.name, errText(err))
 	if err != nil {
 		s.deleteTried = true
-		return
+		return false
 	}
 	w.snaps = append(w.snaps[:i], w.snaps[i+1:]...)
 	w.deletedSnaps = append(w.deletedSnaps, s)
 	w.stats.SnapshotDeletes++
+	return true
+}
+
+// deleteDuringPush deletes a snapshot while a push that carries it runs:
+// the CO snapshots v, an operator's push of v from one node to another is
+// held after its header (the sender's stream is made, the receiver has
+// begun, nothing has landed), the snapshot is deleted, and the push goes
+// on and lands its copy after the delete answered (unless a fault
+// breaks it). That copy must never be listed or restored (D1), and must
+// go.
+func (w *world) deleteDuringPush(v *simVolume, from, to *simNode) {
+	if !v.created || from == to {
+		return
+	}
+	before := len(w.snaps)
+	if w.snapshot(v); len(w.snaps) == before {
+		return
+	}
+	hold := w.net.holdPush(from.id, to.id, w.snaps[before].id)
+	pushed := make(chan struct{})
+	go func() {
+		defer close(pushed)
+		w.backup(v, from, to)
+	}()
+	select {
+	case <-hold.reached:
+		w.tracef("co: a push of %s %s->%s is held with snapshot %s in it", v.name, from.id, to.id, w.snaps[before].name)
+		if w.deleteSnapshotAt(before) {
+			w.stats.DeletedInFlight++
+		}
+	case <-pushed: // no stream of the snapshot (not the primary, refused, a fault)
+	}
+	w.net.release(hold)
+	<-pushed
 }
 
 // snapshotsKept is S1: every snapshot the CO holds whose deletion was

@@ -146,6 +146,9 @@ type Stats struct {
 	// SettledRestores: runs whose snapshots were listed once each and
 	// restored from, every node up (S2).
 	SettledRestores int
+	// DeletedInFlight: snapshots deleted while a push's stream carrying
+	// them was held, to land after the delete (deleteDuringPush).
+	DeletedInFlight int
 }
 
 func (s *Stats) Add(o Stats) {
@@ -166,6 +169,7 @@ func (s *Stats) Add(o Stats) {
 	s.SurplusRemoved += o.SurplusRemoved
 	s.DeletedCopiesHidden += o.DeletedCopiesHidden
 	s.SettledRestores += o.SettledRestores
+	s.DeletedInFlight += o.DeletedInFlight
 }
 
 // Run runs one seed and returns the first invariant it broke, with the
