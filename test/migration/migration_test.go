@@ -146,17 +146,31 @@ func (e *env) unpublish(id, nodeID string) {
 // the push's last progress report (its kind and bytes).
 func (e *env) replicate(id, from, to string) *pb.ReplicateProgress {
 	e.t.Helper()
+	last, err := e.pushed(id, from, to)
+	if err != nil {
+		e.t.Fatalf("replicating %s from %s to %s: %v", id, from, to, err)
+	}
+	return last
+}
+
+// push is replicate for a goroutine: it answers the push's error.
+func (e *env) push(id, from, to string) error {
+	_, err := e.pushed(id, from, to)
+	return err
+}
+
+func (e *env) pushed(id, from, to string) (*pb.ReplicateProgress, error) {
 	stream, err := e.agent(from).Replicate(e.ctx, &pb.ReplicateRequest{VolumeId: id, TargetAddress: e.node(to).AgentAddress})
 	if err != nil {
-		e.t.Fatal(err)
+		return nil, err
 	}
 	var last *pb.ReplicateProgress
 	for {
 		prog, err := stream.Recv()
 		if err == io.EOF {
-			return last
+			return last, nil
 		} else if err != nil {
-			e.t.Fatalf("replicating %s from %s to %s: %v", id, from, to, err)
+			return last, err
 		}
 		last = prog
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/guesttest"
 	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
@@ -90,9 +91,17 @@ func TestSnapshotsFollowTheVolume(t *testing.T) {
 	_, err = e.controller().CreateVolume(e.ctx, &csi.CreateVolumeRequest{Name: "from-deleted", VolumeCapabilities: []*csi.VolumeCapability{writer},
 		VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: snapID}}}})
 	wantCode(t, err, codes.NotFound, snapID)
+	e.waitNothingLeft(id, "of the volume and its snapshot after both deletes and n1's return")
+}
+
+// waitNothingLeft waits for the controller's pass over deleted snapshots
+// (every minute) to leave no dataset or snapshot whose name holds
+// pattern on any node, and no record of a deleted snapshot.
+func (e *env) waitNothingLeft(pattern, what string) {
+	e.t.Helper()
 	var left string
 	for deadline := time.Now().Add(150 * time.Second); time.Now().Before(deadline); time.Sleep(2 * time.Second) {
-		left = strings.TrimSpace(guesttest.Run(t, "sh", "-c", "zfs list -H -o name -t all | grep -- "+id+" || true"))
+		left = strings.TrimSpace(guesttest.Run(e.t, "sh", "-c", "zfs list -H -o name -t all | grep -- "+pattern+" || true"))
 		for _, n := range []string{"n1", "n2", "n3"} {
 			if r := e.deletionRecords(n); r != "" {
 				left += "\nrecord on " + n + ": " + r
@@ -102,7 +111,54 @@ func TestSnapshotsFollowTheVolume(t *testing.T) {
 			return
 		}
 	}
-	t.Fatalf("left of the volume and its snapshot after both deletes and n1's return:\n%s", left)
+	e.t.Fatalf("left %s:\n%s", what, left)
+}
+
+// TestASnapshotDeletedDuringAPush (issue 16) on real ZFS: a CSI snapshot
+// is deleted, as a CO does (retried while the answer says retry), while
+// a push that carries it runs, throttled to 10 MiB/s. Whatever ZFS does
+// with the destroy on the sender while its send runs (refuses it as
+// busy, or defers it), the snapshot is not listed once the delete
+// answered OK and the push ended, no copy is left on the target, and the
+// controller's pass leaves no copy and no record anywhere.
+func TestASnapshotDeletedDuringAPush(t *testing.T) {
+	e := start(t)
+	if err := e.node("n1").RestartWith("-replication-bandwidth=10M"); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := e.node("n1").RestartWith("-replication-bandwidth=0"); err != nil {
+			t.Error(err)
+		}
+	}()
+	id, _, _, snapID := e.snapshotted("in-flight", nil, "dd if=/dev/urandom of=blob bs=1M count=120 2>/dev/null", "deleted-in-flight")
+	pushed := make(chan error, 1)
+	go func() { pushed <- e.push(id, "n1", "n2") }()
+	e.waitForTransfer(id, "n1")
+
+	began, tries := time.Now(), 0
+	for {
+		tries++
+		_, err := e.controller().DeleteSnapshot(e.ctx, &csi.DeleteSnapshotRequest{SnapshotId: snapID})
+		if err == nil {
+			break
+		}
+		if c := status.Code(err); c != codes.Unavailable && c != codes.Aborted || time.Since(began) > 3*time.Minute {
+			t.Fatalf("DeleteSnapshot during the push, try %d: %v", tries, err)
+		}
+		t.Logf("DeleteSnapshot during the push, try %d: %v", tries, err)
+		time.Sleep(time.Second)
+	}
+	t.Logf("DeleteSnapshot answered OK after %d tries, %s", tries, time.Since(began).Round(time.Millisecond))
+	t.Logf("the push ended: %v", <-pushed)
+
+	if listed, err := e.controller().ListSnapshots(e.ctx, &csi.ListSnapshotsRequest{SnapshotId: snapID}); err != nil || len(listed.GetEntries()) != 0 {
+		t.Errorf("ListSnapshots after the delete and the push: %v, %v; want nothing", listed, err)
+	}
+	if out := guesttest.Run(t, "sh", "-c", "zfs list -H -o name -t snapshot -r "+e.node("n2").RootDataset+" | grep @"+snapID+" || true"); strings.TrimSpace(out) != "" {
+		t.Errorf("the push landed a copy of the deleted snapshot on n2 and it stayed:\n%s", out)
+	}
+	e.waitNothingLeft(snapID, "of the snapshot deleted during a push")
 }
 
 // TestSnapshotsSurviveAFailover (issue 16) on real ZFS: a snapshot taken
