@@ -69,17 +69,10 @@ func (f *Fake) Hold(snapshot, tag string) {
 }
 
 func (f *Fake) ReleaseAll(ctx context.Context, snapshot string) error {
-	unlock, err := f.enter("release", snapshot)
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	e, ok := f.datasets[snapshot]
-	if !ok {
-		return fmt.Errorf("%s: %w", snapshot, zfs.ErrNotFound)
-	}
-	e.holds = nil
-	return nil
+	return f.onDataset("release", snapshot, func(e *entry) error {
+		e.holds = nil
+		return nil
+	})
 }
 
 var _ zfs.Interface = (*Fake)(nil)
@@ -199,19 +192,35 @@ func (f *Fake) check(op, name string) error {
 	return nil
 }
 
-// onDataset runs fn on dataset name as call op (enter), under the lock:
-// ErrNotFound when there is none.
-func (f *Fake) onDataset(op, name string, fn func(e *entry) error) error {
+// on runs fn, as call op (enter) and under the lock, on the entry find
+// returns for name; find's error (one wrapping ErrNotFound) is returned
+// as it is.
+func (f *Fake) on(op, name string, find func(name string) (*entry, error), fn func(e *entry) error) error {
 	unlock, err := f.enter(op, name)
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	e, ok := f.datasets[name]
-	if !ok {
-		return fmt.Errorf("%s: %w", name, zfs.ErrNotFound)
+	e, err := find(name)
+	if err != nil {
+		return err
 	}
 	return fn(e)
+}
+
+// onDataset runs fn on dataset name as call op (enter), under the lock:
+// ErrNotFound when there is none.
+func (f *Fake) onDataset(op, name string, fn func(e *entry) error) error {
+	return f.on(op, name, f.dataset, fn)
+}
+
+// dataset returns the dataset name, or an error wrapping ErrNotFound.
+func (f *Fake) dataset(name string) (*entry, error) {
+	e, ok := f.datasets[name]
+	if !ok {
+		return nil, fmt.Errorf("%s: %w", name, zfs.ErrNotFound)
+	}
+	return e, nil
 }
 
 func (f *Fake) Get(ctx context.Context, name string) (ds zfs.Dataset, err error) {
@@ -260,12 +269,9 @@ func (f *Fake) List(ctx context.Context, name string) ([]zfs.Dataset, error) {
 		return nil, fmt.Errorf("%s: %w", name, zfs.ErrNotFound)
 	}
 	var out []zfs.Dataset
-	for n, e := range f.datasets {
-		if n == name || strings.HasPrefix(n, name+"/") || strings.HasPrefix(n, name+"@") {
-			out = append(out, f.view(e))
-		}
+	for _, n := range f.tree(name) {
+		out = append(out, f.view(f.datasets[n]))
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out, nil
 }
 
@@ -329,11 +335,31 @@ func (f *Fake) view(e *entry) zfs.Dataset {
 func (f *Fake) usedBelow(name string) uint64 {
 	var used uint64
 	for n, o := range f.datasets {
-		if n == name || strings.HasPrefix(n, name+"/") || strings.HasPrefix(n, name+"@") {
+		if inTree(n, name) {
 			used += o.ds.Used
 		}
 	}
 	return used
+}
+
+// inTree reports whether dataset n is name itself or lies below it: a
+// filesystem under it, or a snapshot of either (what zfs destroy -r
+// destroys and zfs rename moves).
+func inTree(n, name string) bool {
+	return n == name || strings.HasPrefix(n, name+"/") || strings.HasPrefix(n, name+"@")
+}
+
+// tree returns the names of the datasets inTree of name, sorted. Collected
+// first, so a caller may change the map while it goes through them.
+func (f *Fake) tree(name string) []string {
+	var out []string
+	for n := range f.datasets {
+		if inTree(n, name) {
+			out = append(out, n)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 func (f *Fake) create(name string, typ zfs.Type, origin string, props map[string]string) error {
@@ -478,14 +504,8 @@ func (f *Fake) Rename(ctx context.Context, from, to string) error {
 		return fmt.Errorf("parent of %s: %w", to, zfs.ErrNotFound)
 	}
 	// The whole entries move, so snapshots keep their GUIDs, holds and
-	// content. Collected first: the map must not change while ranged over.
-	var moving []string
-	for n := range f.datasets {
-		if n == from || strings.HasPrefix(n, from+"/") || strings.HasPrefix(n, from+"@") {
-			moving = append(moving, n)
-		}
-	}
-	for _, n := range moving {
+	// content.
+	for _, n := range f.tree(from) {
 		e := f.datasets[n]
 		delete(f.datasets, n)
 		e.ds.Name = to + n[len(from):]
@@ -500,27 +520,25 @@ func (f *Fake) Rename(ctx context.Context, from, to string) error {
 }
 
 func (f *Fake) Destroy(ctx context.Context, name string) error {
-	unlock, err := f.enter("destroy", name)
-	if err != nil {
-		return err
-	}
-	defer unlock()
 	return f.destroy(name, false)
 }
 
 func (f *Fake) DestroyDeferred(ctx context.Context, name string) error {
+	return f.destroy(name, true)
+}
+
+// destroy is zfs destroy name, or with deferred zfs destroy -d
+// (snapshots only): a snapshot that still has clones is marked, and goes
+// with its last clone.
+func (f *Fake) destroy(name string, deferred bool) error {
 	unlock, err := f.enter("destroy", name)
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	if !strings.Contains(name, "@") {
+	if deferred && !strings.Contains(name, "@") {
 		return fmt.Errorf("deferred destroy of %s: only snapshots", name)
 	}
-	return f.destroy(name, true)
-}
-
-func (f *Fake) destroy(name string, deferred bool) error {
 	e, ok := f.datasets[name]
 	if !ok {
 		return fmt.Errorf("%s: %w", name, zfs.ErrNotFound)

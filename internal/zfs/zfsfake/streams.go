@@ -115,56 +115,46 @@ func (f *Fake) snapshot(name string) (*entry, error) {
 // a name that is no snapshot's fails with what before the reason
 // ("zfs hold tag").
 func (f *Fake) onSnapshot(op, name, what string, fn func(e *entry) error) error {
-	unlock, err := f.enter(op, name)
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	e, err := f.snapshot(name)
-	if err != nil {
-		return fmt.Errorf("%s: %w", what, err)
-	}
-	return fn(e)
+	return f.on(op, name, func(name string) (*entry, error) {
+		e, err := f.snapshot(name)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", what, err)
+		}
+		return e, nil
+	}, fn)
+}
+
+// onFilesystem runs fn on filesystem fs as call op (enter), under the
+// lock: ErrNotFound when there is none.
+func (f *Fake) onFilesystem(op, fs string, fn func(e *entry) error) error {
+	return f.on(op, fs, f.filesystem, fn)
 }
 
 // ---- Reads ----
 
-func (s *Streams) Snapshots(ctx context.Context, fs string) ([]zfscmd.Snap, error) {
-	f := s.f
-	unlock, err := f.enter("list", fs)
-	if err != nil {
-		return nil, err
-	}
-	defer unlock()
-	if _, err := f.filesystem(fs); err != nil {
-		return nil, err
-	}
-	var out []zfscmd.Snap
-	for _, e := range f.snapshotsOf(fs) {
-		out = append(out, zfscmd.Snap{Name: e.ds.Name, GUID: e.guid, CreateTXG: e.createTXG, Created: e.ds.Created.Unix(), Deferred: e.ds.DeferDestroy})
-	}
-	return out, nil
+func (s *Streams) Snapshots(ctx context.Context, fs string) (out []zfscmd.Snap, err error) {
+	err = s.f.onFilesystem("list", fs, func(*entry) error {
+		for _, e := range s.f.snapshotsOf(fs) {
+			out = append(out, zfscmd.Snap{Name: e.ds.Name, GUID: e.guid, CreateTXG: e.createTXG, Created: e.ds.Created.Unix(), Deferred: e.ds.DeferDestroy})
+		}
+		return nil
+	})
+	return out, err
 }
 
-func (s *Streams) Holds(ctx context.Context, fs string) (map[string][]string, error) {
-	f := s.f
-	unlock, err := f.enter("list", fs)
-	if err != nil {
-		return nil, err
-	}
-	defer unlock()
-	if _, err := f.filesystem(fs); err != nil {
-		return nil, err
-	}
-	out := map[string][]string{}
-	for _, e := range f.snapshotsOf(fs) {
-		if len(e.holds) > 0 {
-			tags := slices.Clone(e.holds)
-			sort.Strings(tags)
-			out[e.ds.Name] = tags
+func (s *Streams) Holds(ctx context.Context, fs string) (out map[string][]string, err error) {
+	err = s.f.onFilesystem("list", fs, func(*entry) error {
+		out = map[string][]string{}
+		for _, e := range s.f.snapshotsOf(fs) {
+			if len(e.holds) > 0 {
+				tags := slices.Clone(e.holds)
+				sort.Strings(tags)
+				out[e.ds.Name] = tags
+			}
 		}
-	}
-	return out, nil
+		return nil
+	})
+	return out, err
 }
 
 func (s *Streams) Get(ctx context.Context, dataset, prop string) (string, error) {
@@ -180,24 +170,18 @@ func (s *Streams) GetAll(ctx context.Context, dataset string, props ...string) (
 	return values, err
 }
 
-func (s *Streams) Children(ctx context.Context, parent string, props ...string) ([]zfscmd.Child, error) {
+func (s *Streams) Children(ctx context.Context, parent string, props ...string) (out []zfscmd.Child, err error) {
 	f := s.f
-	unlock, err := f.enter("list", parent)
-	if err != nil {
-		return nil, err
-	}
-	defer unlock()
-	if _, err := f.filesystem(parent); err != nil {
-		return nil, err
-	}
-	var out []zfscmd.Child
-	for n, e := range f.datasets {
-		if e.ds.Type == zfs.Filesystem && zfs.Parent(n) == parent {
-			out = append(out, zfscmd.Child{Name: n, Props: f.props(e, props)})
+	err = f.onFilesystem("list", parent, func(*entry) error {
+		for n, e := range f.datasets {
+			if e.ds.Type == zfs.Filesystem && zfs.Parent(n) == parent {
+				out = append(out, zfscmd.Child{Name: n, Props: f.props(e, props)})
+			}
 		}
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
-	return out, nil
+		sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+		return nil
+	})
+	return out, err
 }
 
 // props reads properties as zfs get -Hp prints them: "-" when unset or
@@ -345,26 +329,14 @@ func (s *Streams) Release(ctx context.Context, snapshot, tag string) error {
 // Nothing is destroyed when a snapshot among them is held (ErrBusy), or
 // has a clone outside them (ErrHasDependents).
 func (s *Streams) DestroyRecursive(ctx context.Context, fs string) error {
-	f := s.f
-	unlock, err := f.enter("destroy", fs)
-	if err != nil {
-		return err
-	}
-	defer unlock()
+	// Refused before anything runs, as zfscmd refuses it.
 	if strings.Contains(fs, "@") || !strings.Contains(fs, "/") {
 		return fmt.Errorf("refusing to destroy %q recursively: not a filesystem below a pool", fs)
 	}
-	if _, err := f.filesystem(fs); err != nil {
-		return err
-	}
-	var tree []string
-	for n := range f.datasets {
-		if n == fs || strings.HasPrefix(n, fs+"/") || strings.HasPrefix(n, fs+"@") {
-			tree = append(tree, n)
-		}
-	}
-	slices.Sort(tree)
-	return f.destroyTogether("zfs destroy -r "+fs, tree)
+	f := s.f
+	return f.onFilesystem("destroy", fs, func(*entry) error {
+		return f.destroyTogether("zfs destroy -r "+fs, f.tree(fs))
+	})
 }
 
 // destroyTogether destroys the datasets names as one: nothing is destroyed
@@ -892,23 +864,17 @@ func shortName(snapshot string) string {
 // filesystem too when a full stream created it.
 func (s *Streams) AbortReceive(ctx context.Context, target string) error {
 	f := s.f
-	unlock, err := f.enter("abort_receive", target)
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	d, ok := f.datasets[target]
-	if !ok || d.recv == nil {
-		return fmt.Errorf("zfs receive -A %s: no partial receive: %w", target, zfs.ErrNotFound)
-	}
-	if !d.recv.newDataset {
-		d.recv = nil
-		return nil
-	}
-	for n := range f.datasets {
-		if n == target || strings.HasPrefix(n, target+"/") || strings.HasPrefix(n, target+"@") {
+	return f.onFilesystem("abort_receive", target, func(d *entry) error {
+		if d.recv == nil {
+			return fmt.Errorf("zfs receive -A %s: no partial receive: %w", target, zfs.ErrNotFound)
+		}
+		if !d.recv.newDataset {
+			d.recv = nil
+			return nil
+		}
+		for _, n := range f.tree(target) {
 			delete(f.datasets, n)
 		}
-	}
-	return nil
+		return nil
+	})
 }
