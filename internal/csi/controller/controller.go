@@ -165,15 +165,21 @@ func (c *Controller) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequ
 	if !vocab.IsVolumeID(id) {
 		return &csi.DeleteVolumeResponse{}, nil // names no volume, so none to delete
 	}
-	unlock, err := c.tryLock(id)
-	if err != nil {
-		return nil, err
-	}
-	defer unlock()
-	if err := c.volumes.Delete(ctx, id); err != nil {
+	if err := c.deleteLocked(ctx, id, c.volumes.Delete); err != nil {
 		return nil, err
 	}
 	return &csi.DeleteVolumeResponse{}, nil
+}
+
+// deleteLocked is what the two deletes share: del of id, a volume's or a
+// snapshot's, under the call's lock on id.
+func (c *Controller) deleteLocked(ctx context.Context, id string, del func(ctx context.Context, id string) error) error {
+	unlock, err := c.tryLock(id)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	return del(ctx, id)
 }
 
 func (c *Controller) ValidateVolumeCapabilities(ctx context.Context, req *csi.ValidateVolumeCapabilitiesRequest) (*csi.ValidateVolumeCapabilitiesResponse, error) {
@@ -312,12 +318,7 @@ func (c *Controller) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshot
 	if err := plugin.Required("snapshot_id", id); err != nil {
 		return nil, err
 	}
-	unlock, err := c.tryLock(id)
-	if err != nil {
-		return nil, err
-	}
-	defer unlock()
-	if err := c.volumes.DeleteSnapshot(ctx, id); err != nil {
+	if err := c.deleteLocked(ctx, id, c.volumes.DeleteSnapshot); err != nil {
 		return nil, err
 	}
 	return &csi.DeleteSnapshotResponse{}, nil

@@ -184,23 +184,42 @@ func publishedGeneration(pc map[string]string) (uint64, error) {
 }
 
 func (n *Node) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolumeRequest) (*csi.NodeUnstageVolumeResponse, error) {
-	id, staging := req.GetVolumeId(), req.GetStagingTargetPath()
-	if err := plugin.FirstError(plugin.Required("volume_id", id), plugin.Required("staging_target_path", staging)); err != nil {
+	if err := n.unmount(req.GetVolumeId(), req.GetStagingTargetPath(), false); err != nil {
 		return nil, err
 	}
-	if err := n.checkPaths(staging); err != nil {
-		return nil, err
+	return &csi.NodeUnstageVolumeResponse{}, nil
+}
+
+// unmount is what unstaging and unpublishing share: it unmounts path, the
+// volume's staging path or (target set) a target path, under the volume's
+// lock. A target path is removed too: the plugin created it in
+// NodePublishVolume, and the spec has it remove it again.
+func (n *Node) unmount(id, path string, target bool) error {
+	field, done := "staging_target_path", "volume unstaged"
+	if target {
+		field, done = "target_path", "volume unpublished"
+	}
+	if err := plugin.FirstError(plugin.Required("volume_id", id), plugin.Required(field, path)); err != nil {
+		return err
+	}
+	if err := n.checkPaths(path); err != nil {
+		return err
 	}
 	unlock, err := n.lockVolume(id)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer unlock()
-	if err := n.mounter.Unmount(staging); err != nil {
-		return nil, err
+	if err := n.mounter.Unmount(path); err != nil {
+		return err
 	}
-	n.log.Info("volume unstaged", "volume_id", id, "path", staging)
-	return &csi.NodeUnstageVolumeResponse{}, nil
+	if target {
+		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			n.log.Warn("could not remove the unpublished target path", "volume_id", id, "path", path, "error", err)
+		}
+	}
+	n.log.Info(done, "volume_id", id, "path", path)
+	return nil
 }
 
 func (n *Node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
@@ -260,27 +279,9 @@ func (n *Node) publish(ctx context.Context, req *csi.NodePublishVolumeRequest) e
 }
 
 func (n *Node) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
-	id, target := req.GetVolumeId(), req.GetTargetPath()
-	if err := plugin.FirstError(plugin.Required("volume_id", id), plugin.Required("target_path", target)); err != nil {
+	if err := n.unmount(req.GetVolumeId(), req.GetTargetPath(), true); err != nil {
 		return nil, err
 	}
-	if err := n.checkPaths(target); err != nil {
-		return nil, err
-	}
-	unlock, err := n.lockVolume(id)
-	if err != nil {
-		return nil, err
-	}
-	defer unlock()
-	if err := n.mounter.Unmount(target); err != nil {
-		return nil, err
-	}
-	// The plugin created the target in NodePublishVolume; the spec has it
-	// remove it again.
-	if err := os.Remove(target); err != nil && !errors.Is(err, os.ErrNotExist) {
-		n.log.Warn("could not remove the unpublished target path", "volume_id", id, "path", target, "error", err)
-	}
-	n.log.Info("volume unpublished", "volume_id", id, "path", target)
 	return &csi.NodeUnpublishVolumeResponse{}, nil
 }
 
