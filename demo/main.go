@@ -131,31 +131,17 @@ func (s *story) walk(ctx context.Context) error {
 	s.shell(n, "echo 'version 2' > "+target+"/index.html && cat "+target+"/index.html")
 
 	s.step("Restore the snapshot into a new volume: it holds version 1")
-	restored, err := s.create(ctx, &csi.CreateVolumeRequest{Name: "web-data-restored", CapacityRange: &csi.CapacityRange{RequiredBytes: 256 << 20},
+	restored, err := s.createHolding(ctx, n, "restored", "version 1", &csi.CreateVolumeRequest{Name: "web-data-restored", CapacityRange: &csi.CapacityRange{RequiredBytes: 256 << 20},
 		VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: snap.GetSnapshot().GetSnapshotId()}}}})
 	if err != nil {
 		return err
 	}
-	rt, err := s.mount(ctx, n, restored.GetVolumeId(), "restored")
-	if err != nil {
-		return err
-	}
-	if out, err := s.shell(n, "cat "+rt+"/index.html"); err != nil || out != "version 1\n" {
-		return fmt.Errorf("restored volume holds %q, want version 1 (%v)", out, err)
-	}
 
 	s.step("Clone the live volume: the clone holds version 2, made in an instant on the same node")
-	clone, err := s.create(ctx, &csi.CreateVolumeRequest{Name: "web-data-clone",
+	clone, err := s.createHolding(ctx, n, "clone", "version 2", &csi.CreateVolumeRequest{Name: "web-data-clone",
 		VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: vol.GetVolumeId()}}}})
 	if err != nil {
 		return err
-	}
-	ct, err := s.mount(ctx, n, clone.GetVolumeId(), "clone")
-	if err != nil {
-		return err
-	}
-	if out, err := s.shell(n, "cat "+ct+"/index.html"); err != nil || out != "version 2\n" {
-		return fmt.Errorf("clone holds %q, want version 2 (%v)", out, err)
 	}
 
 	s.step("Back it up to another node now, with live progress: zfs-controller backup (operator certificate, mutual TLS)")
@@ -383,6 +369,24 @@ func (s *story) create(ctx context.Context, req *csi.CreateVolumeRequest) (*csi.
 	}
 	v := resp.GetVolume()
 	s.say("volume %q -> id %s on node %s, %d MiB", req.GetName(), v.GetVolumeId(), s.nodeOf(v).ID, v.GetCapacityBytes()>>20)
+	return v, nil
+}
+
+// createHolding creates the volume req asks for from web-data's content
+// (a snapshot or the volume itself), mounts it on n as label and checks
+// that its index.html says want.
+func (s *story) createHolding(ctx context.Context, n *sim.Node, label, want string, req *csi.CreateVolumeRequest) (*csi.Volume, error) {
+	v, err := s.create(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	target, err := s.mount(ctx, n, v.GetVolumeId(), label)
+	if err != nil {
+		return nil, err
+	}
+	if out, err := s.shell(n, "cat "+target+"/index.html"); err != nil || out != want+"\n" {
+		return nil, fmt.Errorf("%s holds %q, want %s (%v)", label, out, want, err)
+	}
 	return v, nil
 }
 
