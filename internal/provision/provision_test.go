@@ -42,6 +42,20 @@ func (w *world) provisioner(t *testing.T, extra ...string) *Provisioner {
 	return New(c, migration.New(c, hclog.NewNullLogger()), "most-free", hclog.NewNullLogger())
 }
 
+// snapshotted returns a world whose volume v, on n1, has CSI snapshot s,
+// and its provisioner.
+func snapshotted(t *testing.T) (w *world, p *Provisioner, vol string, snap agentclient.Snapshot) {
+	t.Helper()
+	w = newWorld()
+	vol = w.nodes["n1"].PutPrimary("v", 1)
+	p = w.provisioner(t)
+	snap, err := p.CreateSnapshot(context.Background(), "s", vol)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w, p, vol, snap
+}
+
 // holders returns the nodes holding a copy of volume id, as "node:role:generation".
 func (w *world) holders(id string) []string {
 	var out []string
@@ -536,14 +550,8 @@ func TestSnapshots(t *testing.T) {
 // is back, and the records go with it. With a majority away nothing is
 // deleted.
 func TestSnapshotDeletedWhileANodeIsAway(t *testing.T) {
-	w := newWorld()
-	vol := w.nodes["n1"].PutPrimary("v", 1)
-	p := w.provisioner(t)
+	w, p, vol, snap := snapshotted(t)
 	ctx := context.Background()
-	snap, err := p.CreateSnapshot(ctx, "s", vol)
-	if err != nil {
-		t.Fatal(err)
-	}
 	id := snap.SnapshotID
 	w.nodes["n2"].PutSnapshot(snap) // replication took it to n2's replica
 
@@ -616,14 +624,8 @@ func TestSnapshotDeletedWhileANodeIsAway(t *testing.T) {
 // the next pass, and a node that missed the delete records it before
 // any other forgets.
 func TestASnapshotDeletedDuringAPush(t *testing.T) {
-	w := newWorld()
-	vol := w.nodes["n1"].PutPrimary("v", 1)
-	p := w.provisioner(t)
+	w, p, vol, snap := snapshotted(t)
 	ctx := context.Background()
-	snap, err := p.CreateSnapshot(ctx, "s", vol)
-	if err != nil {
-		t.Fatal(err)
-	}
 	id := snap.SnapshotID
 	remembers := func(want map[string]bool) {
 		t.Helper()

@@ -18,10 +18,7 @@ func TestDeletedSnapshotRecords(t *testing.T) {
 	m, fake := newManager(t)
 	ctx := context.Background()
 	v := create(t, m, CreateRequest{Name: "v"})
-	snap, err := m.CreateSnapshot(ctx, v.ID, "s")
-	if err != nil {
-		t.Fatal(err)
-	}
+	snap := snapshot(t, m, v.ID, "s")
 	created := snap.Created.Unix()
 
 	// An older incarnation's record keeps this copy: it was taken after.
@@ -93,17 +90,11 @@ func TestAReceiveDropsADeletedSnapshot(t *testing.T) {
 	m, _ := newManager(t)
 	ctx := context.Background()
 	v := create(t, m, CreateRequest{Name: "v"})
-	old, err := m.CreateSnapshot(ctx, v.ID, "old")
-	if err != nil {
-		t.Fatal(err)
-	}
+	old := snapshot(t, m, v.ID, "old")
 	if err := m.RememberDeleted(ctx, DeletedSnapshot{ID: old.ID, SourceVolumeID: v.ID, CreatedUnix: old.Created.Unix()}); err != nil {
 		t.Fatal(err)
 	}
-	later, err := m.CreateSnapshot(ctx, v.ID, "later")
-	if err != nil {
-		t.Fatal(err)
-	}
+	later := snapshot(t, m, v.ID, "later")
 	if err := m.RememberDeleted(ctx, DeletedSnapshot{ID: later.ID, SourceVolumeID: v.ID, CreatedUnix: later.Created.Unix() - 1}); err != nil {
 		t.Fatal(err)
 	}

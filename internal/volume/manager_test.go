@@ -89,10 +89,7 @@ func TestDeleteWithSnapshotsLeavesTombstoneUntilLastSnapshotGoes(t *testing.T) {
 	m, fake := newManager(t)
 	ctx := context.Background()
 	v := create(t, m, CreateRequest{Name: "data"})
-	snap, err := m.CreateSnapshot(ctx, v.ID, "s1")
-	if err != nil {
-		t.Fatal(err)
-	}
+	snap := snapshot(t, m, v.ID, "s1")
 	if err := m.Delete(ctx, v.ID); err != nil {
 		t.Fatal(err)
 	}

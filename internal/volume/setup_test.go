@@ -55,6 +55,17 @@ func create(t *testing.T, m *Manager, req CreateRequest) Volume {
 	return v
 }
 
+// snapshot takes CSI snapshot name of volume id and fails the test if
+// that fails.
+func snapshot(t *testing.T, m *Manager, id, name string) Snapshot {
+	t.Helper()
+	s, err := m.CreateSnapshot(context.Background(), id, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
 // putCopy puts a copy of volume name in the fake as a receive or an
 // earlier process left it: role at generation gen, with the driver's
 // labels and props on top. It returns the volume's ID and dataset.

@@ -661,15 +661,7 @@ func TestInterruptedMoves(t *testing.T) {
 // catch-up finishes the move with every file there.
 func TestCatchUpBlocksNoOtherVolume(t *testing.T) {
 	e := start(t)
-	// 300 MiB at 20 MiB/s: about fifteen seconds of catch-up.
-	if err := e.node("n1").RestartWith("-replication-bandwidth=20M"); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := e.node("n1").RestartWith("-replication-bandwidth=0"); err != nil {
-			t.Error(err)
-		}
-	}()
+	e.throttle("n1", "20M") // 300 MiB at 20 MiB/s: about fifteen seconds of catch-up
 	id, dir := e.createWritten("bulk", nil, "dd if=/dev/urandom of=blob bs=1M count=300 2>/dev/null && echo end > z")
 	before := e.checksums("n1", dir)
 	e.unpublish(id, "n1")
@@ -712,6 +704,20 @@ func TestCatchUpBlocksNoOtherVolume(t *testing.T) {
 	}
 	e.waitPrimaries(id, "n2(gen 2)")
 	e.unpublish(id, "n2")
+}
+
+// throttle restarts the node with its pushes limited to rate
+// (-replication-bandwidth), and without the limit when the test ends.
+func (e *env) throttle(nodeID, rate string) {
+	e.t.Helper()
+	if err := e.node(nodeID).RestartWith("-replication-bandwidth=" + rate); err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() {
+		if err := e.node(nodeID).RestartWith("-replication-bandwidth=0"); err != nil {
+			e.t.Error(err)
+		}
+	})
 }
 
 func (e *env) returnNodeProcess(nodeID string) {

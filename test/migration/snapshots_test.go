@@ -123,14 +123,7 @@ func (e *env) waitNothingLeft(pattern, what string) {
 // controller's pass leaves no copy and no record anywhere.
 func TestASnapshotDeletedDuringAPush(t *testing.T) {
 	e := start(t)
-	if err := e.node("n1").RestartWith("-replication-bandwidth=10M"); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := e.node("n1").RestartWith("-replication-bandwidth=0"); err != nil {
-			t.Error(err)
-		}
-	}()
+	e.throttle("n1", "10M")
 	id, _, _, snapID := e.snapshotted("in-flight", nil, "dd if=/dev/urandom of=blob bs=1M count=120 2>/dev/null", "deleted-in-flight")
 	pushed := make(chan error, 1)
 	go func() { pushed <- e.push(id, "n1", "n2") }()
