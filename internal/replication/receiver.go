@@ -670,12 +670,7 @@ func (r *Receiver) tidy(volumeID, fs, received string, peerBases map[uint64][]st
 	if err := mirrorPeerBases(ctx, r.z, fs, peerBases); err != nil {
 		log.Warn("holding the sender's peer bases failed; next receive retries", "error", err)
 	}
-	if err := releaseSuperseded(ctx, r.z, fs); err != nil {
-		log.Warn("releasing the old base hold failed; next receive retries", "error", err)
-	}
-	if err := prune(ctx, r.z, fs, r.keep); err != nil {
-		log.Warn("pruning old replication snapshots failed; next receive retries", "error", err)
-	}
+	dropOldBases(ctx, r.z, fs, r.keep, "receive", log)
 }
 
 // maxPeerBases bounds the peer bases a receiver holds for one volume: a

@@ -17,6 +17,8 @@ import (
 	"io"
 	"strings"
 
+	"github.com/hashicorp/go-hclog"
+
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
 	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs"
@@ -71,6 +73,20 @@ func dataset(root, volumeID string) (string, error) {
 		return "", errdefs.Wrap(errdefs.ErrInvalidArgument, "%q is not a volume ID", volumeID)
 	}
 	return root + "/" + volumeID, nil
+}
+
+// dropOldBases ends both tidies, after a push and after a receive, once
+// the new base is held: it releases the base holds the new one
+// superseded and prunes the replication snapshots beyond keep. What
+// fails is retried by the next transfer (a push or a receive, as next
+// says).
+func dropOldBases(ctx context.Context, z Streams, fs string, keep int, next string, log hclog.Logger) {
+	if err := releaseSuperseded(ctx, z, fs); err != nil {
+		log.Warn("releasing old base holds failed; the next "+next+" retries", "error", err)
+	}
+	if err := prune(ctx, z, fs, keep); err != nil {
+		log.Warn("pruning old replication snapshots failed; the next "+next+" retries", "error", err)
+	}
 }
 
 // releaseSuperseded releases every base hold of fs that a newer snapshot
