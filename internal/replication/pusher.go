@@ -482,12 +482,7 @@ func (p *Pusher) tidy(ctx context.Context, volumeID, fs, base, peer string, log 
 	if err := releaseTags(ctx, p.z, fs, isReceiverTag); err != nil {
 		log.Warn("releasing a former replica's hold failed; next push retries", "error", err)
 	}
-	if err := releaseSuperseded(ctx, p.z, fs); err != nil {
-		log.Warn("releasing old base holds failed; next push retries", "error", err)
-	}
-	if err := prune(ctx, p.z, fs, p.keep); err != nil {
-		log.Warn("pruning old replication snapshots failed; next push retries", "error", err)
-	}
+	dropOldBases(ctx, p.z, fs, p.keep, "push", log)
 }
 
 // header describes the volume to the receiver, from its properties: what
