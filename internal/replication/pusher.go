@@ -319,11 +319,14 @@ func (p *Pusher) sendStream(ctx context.Context, peer pb.ReplicationClient, head
 		return 0, fmt.Errorf("%w: sending the header to %s: %v", errdefs.ErrUnavailable, addr, err)
 	}
 	before, started := sent.Load(), p.now()
+	streamBroke := false // the stream failed, not zfs send
 	w := &chunkWriter{send: func(b []byte) error {
 		if err := p.limit.Wait(ctx, len(b)); err != nil {
 			return err
 		}
-		return stream.Send(&pb.ReceiveMessage{Msg: &pb.ReceiveMessage_Data{Data: b}})
+		err := stream.Send(&pb.ReceiveMessage{Msg: &pb.ReceiveMessage_Data{Data: b}})
+		streamBroke = err != nil
+		return err
 	}, sent: sent}
 	_, sendErr := p.z.Send(ctx, st.spec, w)
 	if sendErr == nil {
@@ -335,10 +338,12 @@ func (p *Pusher) sendStream(ctx context.Context, peer pb.ReplicationClient, head
 		_, recvErr := stream.CloseAndRecv() // the receiver's own account, if it has one
 		log.Warn("send failed; the next push resumes", "stream", st.spec.Snapshot, "bytes", bytes, "error", sendErr, "receiver", recvErr)
 		p.Metrics.transfer("out", st.kind, volumeID, peerNode, bytes, p.now().Sub(started), sendErr)
-		if receiverSaidWhy(recvErr) {
+		if streamBroke && receiverSaidWhy(recvErr) {
 			// The receiver refused or gave up and said why: its verdict,
 			// not the broken stream it caused, is the answer (a move
-			// retries Aborted).
+			// retries Aborted). When zfs send failed here, the receiver
+			// only saw the stream end short: the send's error is the
+			// answer.
 			return 0, fmt.Errorf("sending volume %s to %s: %w", volumeID, addr, errdefs.FromStatus(recvErr))
 		}
 		return 0, errdefs.Wrap(errdefs.ErrUnavailable, "sending volume %s to %s: %v (receiver: %v)", volumeID, addr, sendErr, recvErr)

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/copylock"
+	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
 	"github.com/zfs-nomad/zfs-nomad/internal/replication"
 	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
 	"github.com/zfs-nomad/zfs-nomad/internal/volume"
@@ -311,5 +312,24 @@ func TestCSISnapshotsFollowTheirVolume(t *testing.T) {
 	}
 	if holds(deleted) {
 		t.Errorf("the replica received %s, deleted on the primary", deleted)
+	}
+}
+
+// TestAFailedSendSaysWhy: when zfs send fails on the source (a snapshot
+// deleted under a push, say), the push answers the send's error, not the
+// receiver's complaint about a stream that ended short.
+func TestAFailedSendSaysWhy(t *testing.T) {
+	src, dst, id, fs := primaryAndPeer(t)
+	push := pusherTo(t, src, dst)
+	must(t, src.Write(fs, "a"))
+	src.Fail = func(op, name string) error {
+		if op == "send" {
+			return errors.New("the snapshot went away")
+		}
+		return nil
+	}
+	_, err := push(id)
+	if !errors.Is(err, errdefs.ErrUnavailable) || errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "the snapshot went away") {
+		t.Fatalf("a push whose zfs send failed answered %v; want the send's error, Unavailable (retried later)", err)
 	}
 }
