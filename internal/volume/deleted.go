@@ -124,7 +124,8 @@ func (m *Manager) RememberDeleted(ctx context.Context, d DeletedSnapshot) error 
 // no copy it covers is on the node. It takes the copy lock of the
 // snapshot's volume first, so it waits for a receive into that volume to
 // end: a push that started before the delete may still carry a copy, and
-// the receive drops it only while the record lives (DropDeleted).
+// the receive drops it only while the record lives (Received, which
+// calls dropDeleted under that lock).
 func (m *Manager) ForgetDeleted(ctx context.Context, id string) error {
 	d, ok, err := m.deletedRecord(ctx, id)
 	if err != nil || !ok {
@@ -170,8 +171,8 @@ func (m *Manager) deletedRecord(ctx context.Context, id string) (DeletedSnapshot
 
 // dropDeleted destroys the CSI snapshots among names (of the copy of
 // volume id) that a record of their deletion covers: a push that started
-// before the delete brought them (docs/replication.md, "A push that
-// carries a deleted snapshot"). The caller holds the copy's lock. A
+// before the delete brought them (docs/replication.md, "Deleted
+// snapshots"). The caller holds the copy's lock. A
 // failure leaves the copy hidden by the record, and the controller's
 // next pass deletes it.
 func (m *Manager) dropDeleted(ctx context.Context, id string, names []string) {
