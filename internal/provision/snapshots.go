@@ -49,7 +49,7 @@ func (p *Provisioner) SnapshotCopies(ctx context.Context, id string) ([]cluster.
 // (docs/replication.md, "Deleted snapshots").
 type snapshotState struct {
 	live     []cluster.Located[agentclient.Snapshot] // copies no record covers, by node ID
-	deleted  []cluster.Located[agentclient.Snapshot] // copies a record covers: their node was away at the delete
+	deleted  []cluster.Located[agentclient.Snapshot] // copies a record covers: the delete could not reach them
 	records  []cluster.Located[agentclient.Snapshot] // the nodes' records of its deletion
 	answered []cluster.Node                          // the nodes that answered
 	silent   []error                                 // of the nodes that did not
