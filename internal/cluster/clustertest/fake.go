@@ -576,11 +576,15 @@ func (f *FakeAgent) Status(context.Context) (agentclient.NodeStatus, error) {
 
 // DeleteReplica destroys the node's replica of volume id and reports
 // whether it held one.
-func (f *FakeAgent) DeleteReplica(_ context.Context, id string, _ bool) (bool, error) {
+func (f *FakeAgent) DeleteReplica(_ context.Context, id string, volumeDeleted bool) (bool, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.enter("DeleteReplica", id); err != nil {
 		return false, err
+	}
+	if c, ok := f.copies[id]; ok && volumeDeleted { // the node forgets the volume's promise first
+		c.PromisedGeneration, c.PromisedHolder = 0, ""
+		f.copies[id] = c
 	}
 	if c := f.copies[id]; !c.Exists || c.Role != vocab.RoleReplica {
 		return false, nil
