@@ -432,8 +432,12 @@ func (m *Manager) Delete(ctx context.Context, id string) error {
 	default:
 		return zfsError(err, "deleting volume "+id)
 	}
-	if origin != "" {
-		m.collectTombstone(ctx, zfs.Parent(origin))
+	switch parent := zfs.Parent(origin); {
+	case origin == "":
+	case copyIDOfDataset(parent) == id: // restored from its own name's tombstone: this lock guards it
+		m.collectTombstoneLocked(ctx, parent)
+	default:
+		m.collectTombstone(ctx, parent)
 	}
 	return nil
 }
@@ -573,8 +577,21 @@ func (m *Manager) collectTombstones(tombstones []string) {
 }
 
 // collectTombstone destroys fs if it is a tombstone that no snapshot or
-// clone needs any more. Best effort: what cannot go now goes later.
+// clone needs any more, under its copy's lock: a tombstone whose rename
+// was cut short by a crash still has the volume's own name, which a
+// receive may be filling. Best effort: what cannot go now goes later.
 func (m *Manager) collectTombstone(ctx context.Context, fs string) {
+	unlock, err := m.lock(ctx, copyIDOfDataset(fs), "collecting a tombstone")
+	if err != nil {
+		return
+	}
+	defer unlock()
+	m.collectTombstoneLocked(ctx, fs)
+}
+
+// collectTombstoneLocked is collectTombstone for a caller that holds the
+// copy's lock.
+func (m *Manager) collectTombstoneLocked(ctx context.Context, fs string) {
 	ds, err := m.zfs.Get(ctx, fs)
 	if err != nil || ds.Type != zfs.Filesystem || ds.User[PropRole] != vocab.RoleDeleted {
 		return

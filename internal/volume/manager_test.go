@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"sync/atomic"
+	"slices"
 	"testing"
 	"time"
 
@@ -475,4 +476,28 @@ func waitForSweep(t *testing.T, m *Manager) {
 		}
 	}
 	t.Fatal("the collection of tombstones did not end within 5s")
+}
+
+// TestATombstoneIsCollectedUnderItsCopysLock: a tombstone whose rename a
+// crash cut short keeps the volume's own name; collecting it waits for
+// the copy's lock (a receive may hold it), and destroys it once free.
+// Found by the simulation (I5, seed 14533 of 10001-15000, 2026-11-27).
+func TestATombstoneIsCollectedUnderItsCopysLock(t *testing.T) {
+	m, fake := newManager(t)
+	id, ds := putCopy(t, fake, "v", vocab.RoleDeleted, 1, nil)
+	unlock, err := m.Locks().Lock(context.Background(), id, "receive from node n1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	m.collectTombstone(short, ds)
+	if !slices.Contains(fake.Names(), ds) {
+		t.Fatal("the tombstone was destroyed while its copy's lock was held")
+	}
+	unlock()
+	m.collectTombstone(context.Background(), ds)
+	if slices.Contains(fake.Names(), ds) {
+		t.Fatal("the tombstone was not collected once the lock was free")
+	}
 }

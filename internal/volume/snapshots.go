@@ -127,14 +127,21 @@ func (m *Manager) DeleteSnapshotUpTo(ctx context.Context, id string, createdUpTo
 	}
 	m.reindexSnapshot(ctx, id, snap.Dataset)
 	m.log.Info("snapshot deleted", "volume_id", snap.SourceVolumeID, "snapshot_id", id, "dataset", snap.Dataset)
-	m.collectTombstone(ctx, zfs.Parent(snap.Dataset))
+	m.collectTombstoneLocked(ctx, zfs.Parent(snap.Dataset))
 	return nil
 }
 
 // copyIDOf is the volume ID of the copy a snapshot name belongs to:
 // <root>/<id>@..., or a tombstone's or set-aside copy's <root>/<id>-...@...
 func copyIDOf(snapshot string) string {
-	short := shortName(zfs.Parent(snapshot))
+	return copyIDOfDataset(zfs.Parent(snapshot))
+}
+
+// copyIDOfDataset is the volume ID of a copy's dataset: <root>/<id>, or a
+// tombstone's or set-aside copy's <root>/<id>-...; the lock of that ID
+// guards it.
+func copyIDOfDataset(fs string) string {
+	short := shortName(fs)
 	const idLen = len("vol-") + 20
 	if len(short) >= idLen && vocab.IsVolumeID(short[:idLen]) {
 		return short[:idLen]
