@@ -3,9 +3,9 @@ package volume
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"sync/atomic"
-	"slices"
 	"testing"
 	"time"
 
