@@ -296,7 +296,7 @@ func (n *network) stream(from string, alive func() bool) grpc.StreamClientInterc
 			return nil, err
 		}
 		return &faultyStream{ClientStream: cs, n: n, from: from, to: to, key: fmt.Sprintf("%s#%d", key, i), cancel: cancel, alive: alive,
-			method: method, ctx: ctx}, nil
+			method: method}, nil
 	}
 }
 
@@ -361,7 +361,6 @@ type faultyStream struct {
 	alive    func() bool
 	method   string
 	hold     *pushHold // holds the stream before its first data
-	ctx      context.Context
 }
 
 func (s *faultyStream) check(dir string) error {
@@ -392,7 +391,7 @@ func (s *faultyStream) SendMsg(m any) error {
 		s.hold.once.Do(func() { close(s.hold.reached) })
 		select {
 		case <-s.hold.released:
-		case <-s.ctx.Done():
+		case <-s.Context().Done():
 		}
 	}
 	if err := s.check("/send"); err != nil {
