@@ -476,7 +476,9 @@ func (p *Pusher) startTidy(volumeID, fs, base, peer string, log hclog.Logger) {
 // now has, with the peer's tag before anything releases the old base, so
 // some common snapshot is always held. A primary receives nothing: the
 // hold it kept as a replica (before a move or failover promoted it) would
-// pin its old base forever. Then old replication snapshots are pruned.
+// pin its old base forever. Then old replication snapshots are pruned,
+// except the bases other peers received whose tidies have not held them
+// yet: tidies after pushes to different peers may run in either order.
 // Stopped at any step, it leaves some common snapshot held.
 func (p *Pusher) tidy(ctx context.Context, volumeID, fs, base, peer string, log hclog.Logger) {
 	if err := p.z.Hold(ctx, base, peerTag(peer)); err != nil {
@@ -487,7 +489,7 @@ func (p *Pusher) tidy(ctx context.Context, volumeID, fs, base, peer string, log 
 	if err := releaseTags(ctx, p.z, fs, isReceiverTag); err != nil {
 		log.Warn("releasing a former replica's hold failed; next push retries", "error", err)
 	}
-	dropOldBases(ctx, p.z, fs, p.keep, "push", log)
+	dropOldBases(ctx, p.z, fs, p.keep, slices.Collect(maps.Values(p.sentTo(volumeID))), "push", log)
 }
 
 // header describes the volume to the receiver, from its properties: what

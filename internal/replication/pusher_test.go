@@ -3,6 +3,7 @@ package replication
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -80,6 +81,34 @@ func TestTidyWaitsForTheCopyLock(t *testing.T) {
 	}
 	if z.holds.Load() == 0 {
 		t.Error("the tidy of a primary with a free lock held nothing")
+	}
+}
+
+// TestTidyKeepsAnotherPeersUnheldBase: tidies after pushes to different
+// peers run in either order. When the tidy after a push to n2 runs before
+// the one after the earlier push to n3, n3's base is sent but not yet
+// held, and pruning it would leave n3 sharing no snapshot with the
+// primary (a full resend; seen as a flaky TestReplicasShareABase).
+func TestTidyKeepsAnotherPeersUnheldBase(t *testing.T) {
+	const id = "vol-0123456789abcdef0123"
+	fs := "tank/nomad/" + id
+	z := newMemPool()
+	z.put(fs, nil, "zn-1:1", "zn-2:2", "zn-3:3")
+	p := NewPusher(z, new(copylock.Locks), "tank/nomad", "n1", 2, nil, nil, hclog.NewNullLogger())
+	p.noteSent(id, "n3", fs+"@zn-1") // its tidy has not run yet
+	p.noteSent(id, "n2", fs+"@zn-2")
+
+	p.tidy(context.Background(), id, fs, fs+"@zn-2", "n2", hclog.NewNullLogger())
+
+	var left []string
+	for _, s := range z.dataset(fs).snaps {
+		left = append(left, s.Name)
+	}
+	if !slices.Contains(left, fs+"@zn-1") {
+		t.Errorf("the tidy after a push to n2 pruned n3's base, sent but not yet held: left %v", left)
+	}
+	if got := p.sentTo(id); got["n3"] != fs+"@zn-1" || got["n2"] != "" {
+		t.Errorf("sent record after n2's tidy: %v, want n3's only", got)
 	}
 }
 

@@ -670,7 +670,7 @@ func (r *Receiver) tidy(volumeID, fs, received string, peerBases map[uint64][]st
 	if err := mirrorPeerBases(ctx, r.z, fs, peerBases); err != nil {
 		log.Warn("holding the sender's peer bases failed; next receive retries", "error", err)
 	}
-	dropOldBases(ctx, r.z, fs, r.keep, "receive", log)
+	dropOldBases(ctx, r.z, fs, r.keep, nil, "receive", log)
 }
 
 // maxPeerBases bounds the peer bases a receiver holds for one volume: a

@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 
 	"github.com/hashicorp/go-hclog"
@@ -77,14 +78,15 @@ func dataset(root, volumeID string) (string, error) {
 
 // dropOldBases ends both tidies, after a push and after a receive, once
 // the new base is held: it releases the base holds the new one
-// superseded and prunes the replication snapshots beyond keep. What
-// fails is retried by the next transfer (a push or a receive, as next
-// says).
-func dropOldBases(ctx context.Context, z Streams, fs string, keep int, next string, log hclog.Logger) {
+// superseded and prunes the replication snapshots beyond keep, sparing
+// those in spare (bases a peer received whose hold is not placed yet).
+// What fails is retried by the next transfer (a push or a receive, as
+// next says).
+func dropOldBases(ctx context.Context, z Streams, fs string, keep int, spare []string, next string, log hclog.Logger) {
 	if err := releaseSuperseded(ctx, z, fs); err != nil {
 		log.Warn("releasing old base holds failed; the next "+next+" retries", "error", err)
 	}
-	if err := prune(ctx, z, fs, keep); err != nil {
+	if err := prune(ctx, z, fs, keep, spare...); err != nil {
 		log.Warn("pruning old replication snapshots failed; the next "+next+" retries", "error", err)
 	}
 }
@@ -157,8 +159,9 @@ func isPeerTag(tag string) bool { return strings.HasPrefix(tag, peerTag("")) }
 func isReceiverTag(tag string) bool { return tag == BaseHoldTag }
 
 // prune destroys the replication snapshots of fs beyond the newest keep
-// that carry no hold. Bases are held, so they always stay.
-func prune(ctx context.Context, z Streams, fs string, keep int) error {
+// that carry no hold and are not in spare. Bases are held or spared, so
+// they always stay.
+func prune(ctx context.Context, z Streams, fs string, keep int, spare ...string) error {
 	snaps, err := z.Snapshots(ctx, fs)
 	if err != nil {
 		return err
@@ -174,7 +177,7 @@ func prune(ctx context.Context, z Streams, fs string, keep int) error {
 		}
 	}
 	for i, name := range ours {
-		if i >= len(ours)-keep || len(holds[name]) > 0 {
+		if i >= len(ours)-keep || len(holds[name]) > 0 || slices.Contains(spare, name) {
 			continue
 		}
 		if err := z.Destroy(ctx, name); err != nil && !errors.Is(err, zfs.ErrNotFound) {
