@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -47,6 +48,9 @@ type simNode struct {
 	// taken within one step differ.
 	skew time.Duration
 
+	// calls is held (read) by every call of an incarnation into the
+	// pool, and taken by start: see livezfs.go.
+	calls     sync.RWMutex
 	inc       *incarnation // nil while the process is down
 	incs      int          // incarnations started so far
 	restartAt int          // the step at which a down process starts again
@@ -81,6 +85,8 @@ func (n *simNode) config() config.Node {
 
 // start runs a new incarnation of the node's process over its pool.
 func (n *simNode) start(ctx context.Context) {
+	n.calls.Lock() // every call of the last incarnation has ended
+	n.calls.Unlock()
 	n.incs++
 	inc := &incarnation{n: n, num: n.incs}
 	cfg := n.config()
@@ -88,8 +94,8 @@ func (n *simNode) start(ctx context.Context) {
 	if n.w.cfg.Verbose {
 		log = hclog.New(&hclog.LoggerOptions{Name: n.id, Level: hclog.Debug})
 	}
-	streams := liveStreams{s: n.pool.Streams(), alive: inc.alive}
-	inc.volumes = volume.NewManager(liveZFS{z: n.pool, alive: inc.alive}, cfg, log.Named("volumes"))
+	streams := liveStreams{s: n.pool.Streams(), enter: inc.enter}
+	inc.volumes = volume.NewManager(liveZFS{z: n.pool, enter: inc.enter}, cfg, log.Named("volumes"))
 	dial := func(addr string) (*grpc.ClientConn, error) {
 		return grpc.NewClient(addr, append(replication.DialOptions(), n.w.net.dialOptions(n.id, inc.isAlive)...)...)
 	}
@@ -154,6 +160,18 @@ func (v leaseVolumes) Promised(ctx context.Context, id string) (uint64, error) {
 }
 
 func (inc *incarnation) isAlive() bool { return !inc.dead.Load() }
+
+// enter lets a call into the pool through while the incarnation lives,
+// and crashes it there when the dice say so; the call holds the node's
+// calls lock until done.
+func (inc *incarnation) enter(op, name string) (done func(), err error) {
+	inc.n.calls.RLock()
+	if err := inc.alive(op, name); err != nil {
+		inc.n.calls.RUnlock()
+		return nil, err
+	}
+	return inc.n.calls.RUnlock, nil
+}
 
 // alive lets a call into the pool through while the incarnation lives,
 // and crashes it there when the dice say so.
