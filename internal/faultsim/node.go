@@ -85,8 +85,10 @@ func (n *simNode) config() config.Node {
 
 // start runs a new incarnation of the node's process over its pool.
 func (n *simNode) start(ctx context.Context) {
-	n.calls.Lock() // every call of the last incarnation has ended
-	n.calls.Unlock()
+	// A barrier: taking the lock waits until every pool call of the last
+	// incarnation has ended (livezfs.go).
+	n.calls.Lock()
+	n.calls.Unlock() //lint:ignore SA2001 the lock is a barrier here
 	n.incs++
 	inc := &incarnation{n: n, num: n.incs}
 	cfg := n.config()
