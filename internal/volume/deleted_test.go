@@ -9,6 +9,8 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
+	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
+	"github.com/zfs-nomad/zfs-nomad/internal/zfs"
 )
 
 // TestDeletedSnapshotRecords: a node remembers a deleted snapshot across
@@ -130,5 +132,58 @@ func TestAReceiveDropsADeletedSnapshot(t *testing.T) {
 	}
 	if records, err := m.DeletedSnapshots(ctx); err != nil || len(records) != 0 {
 		t.Fatalf("records left: %+v, %v; want none", records, err)
+	}
+}
+
+// TestAReceiveDropsAKeptDuplicate: a replica replaced by a full send
+// leaves its CSI snapshots on a tombstone; when the new replica receives
+// the same snapshot, the tombstone's copy goes, so the node holds one copy
+// per snapshot and a DeleteSnapshot leaves none (simulation seed 26863:
+// the index knew one copy, the delete destroyed it, and the tombstone's
+// was listed again after a restart).
+func TestAReceiveDropsAKeptDuplicate(t *testing.T) {
+	m, fake := newManager(t)
+	ctx := context.Background()
+	v := create(t, m, CreateRequest{Name: "v"})
+	s := snapshot(t, m, v.ID, "s")
+	if err := m.Delete(ctx, v.ID); err != nil { // a copy with a snapshot becomes a tombstone
+		t.Fatal(err)
+	}
+	kept, err := m.findSnapshot(ctx, s.ID)
+	if err != nil || zfs.Parent(kept.Dataset) == v.Dataset {
+		t.Fatalf("the snapshot after its volume's delete: %+v, %v; want it on a tombstone", kept, err)
+	}
+	// The same snapshot arrives again in a copy under the volume's name.
+	snapProps, err := fake.Get(ctx, kept.Dataset)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := fake.CreateFilesystem(ctx, v.Dataset, map[string]string{PropRole: vocab.RoleReplica, PropVolumeID: v.ID}); err != nil {
+		t.Fatal(err)
+	}
+	if err := fake.Snapshot(ctx, v.Dataset+"@"+s.ID, snapProps.User); err != nil {
+		t.Fatal(err)
+	}
+	unlock, err := m.Locks().Lock(ctx, v.ID, "receive from node n2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Received(v.ID)
+	unlock()
+
+	if _, err := fake.Get(ctx, kept.Dataset); !errors.Is(err, zfs.ErrNotFound) {
+		t.Errorf("the tombstone's copy of a snapshot received again: %v, want it dropped", err)
+	}
+	if err := m.DeleteSnapshot(ctx, s.ID); err != nil {
+		t.Fatal(err)
+	}
+	listed, err := m.ListSnapshots(ctx) // a listing of the pool, as after a restart
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range listed {
+		if l.ID == s.ID {
+			t.Errorf("deleted snapshot %s still on the node at %s", s.ID, l.Dataset)
+		}
 	}
 }

@@ -259,6 +259,14 @@ func (x *idIndex) update(id, dataset string) {
 	}
 }
 
+// entry returns id's dataset in the index, if the index holds one.
+func (x *idIndex) entry(id string) (string, bool) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	dataset, ok := x.entries[id]
+	return dataset, ok
+}
+
 // knows tells whether an update of id to dataset would change nothing:
 // the index has it so, or holds nothing and no listing runs (the next
 // read lists).
@@ -433,10 +441,31 @@ func (m *Manager) Received(id string) {
 	}
 	for _, name := range names {
 		if snapID := shortName(name); vocab.IsSnapshotID(snapID) && !m.snapshotIndex.knows(snapID, name) {
+			m.dropDuplicate(ctx, id, snapID, name)
 			m.reindexSnapshot(ctx, snapID, name)
 		}
 	}
 	m.dropDeleted(ctx, id, names)
+}
+
+// dropDuplicate destroys the copy of CSI snapshot snapID that a tombstone
+// or a set-aside copy of volume id keeps on the node, now that a receive
+// brought the same snapshot to the volume's live copy (name). The index
+// holds one dataset per snapshot ID, so the node's DeleteSnapshot would
+// destroy one copy and leave the other, to be listed again after the next
+// listing: a seed of the simulation (26863) found it. The caller holds the
+// copy's lock, which guards the volume's tombstones too.
+func (m *Manager) dropDuplicate(ctx context.Context, id, snapID, name string) {
+	old, ok := m.snapshotIndex.entry(snapID)
+	if !ok || old == name || copyIDOf(old) != id {
+		return
+	}
+	if err := m.zfs.DestroyDeferred(ctx, old); err != nil && !errors.Is(err, zfs.ErrNotFound) {
+		m.log.Warn("dropping a kept copy of a snapshot a receive brought again failed; deleting the snapshot may leave it", "volume_id", id, "snapshot_id", snapID, "dataset", old, "error", err)
+		return
+	}
+	m.log.Info("dropped a kept copy of a snapshot the volume's copy received again", "volume_id", id, "snapshot_id", snapID, "dataset", old)
+	m.collectTombstoneLocked(ctx, zfs.Parent(old))
 }
 
 // receivedReadTimeout bounds Received's reads.
