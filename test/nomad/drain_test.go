@@ -222,7 +222,7 @@ func (e *e2e) timedDrain(node string, jobs []drainJob, withVolumes bool) time.Du
 	})
 	took := time.Since(began)
 	for _, j := range jobs {
-		e.t.Logf("%s: ready on %s %s after the drain began", j.name+suffix, after[j.name].node, ready[j.name].Round(100*time.Millisecond))
+		e.t.Logf("%s: ready on %s %s after the drain began; %s", j.name+suffix, after[j.name].node, ready[j.name].Round(100*time.Millisecond), e.stopEvents(before[j.name].id, began))
 		if withVolumes {
 			e.wantSameData(before[j.name], after[j.name], true)
 		} else if after[j.name].node == node {
@@ -243,6 +243,36 @@ func (e *e2e) timedDrain(node string, jobs []drainJob, withVolumes bool) time.Du
 		}
 	}
 	return took
+}
+
+// stopEvents says when, after began, the allocation's tasks received
+// the events of their stop (Nomad's task events): where a drain's time
+// goes before Nomad releases a volume's claim.
+func (e *e2e) stopEvents(allocID string, began time.Time) string {
+	var alloc struct {
+		TaskStates map[string]struct {
+			Events []struct {
+				Type string
+				Time int64
+			}
+		}
+		ModifyTime int64
+	}
+	if err := e.get("/v1/allocation/"+allocID, &alloc); err != nil {
+		return "old allocation's events unknown: " + err.Error()
+	}
+	since := func(unixNano int64) time.Duration {
+		return time.Unix(0, unixNano).Sub(began).Round(100 * time.Millisecond)
+	}
+	var out []string
+	for _, st := range alloc.TaskStates {
+		for _, ev := range st.Events {
+			if d := since(ev.Time); d >= 0 {
+				out = append(out, fmt.Sprintf("%s %s", ev.Type, d))
+			}
+		}
+	}
+	return fmt.Sprintf("old allocation: %s; last changed %s", strings.Join(out, ", "), since(alloc.ModifyTime))
 }
 
 // drainJobSpec is nomad/example-job.nomad.hcl as job j (name plus suffix)
