@@ -500,6 +500,32 @@ func (n *Node) Exec(script string) (string, error) {
 	return Run("nsenter", "-t", strconv.Itoa(n.host.Pid()), "-m", "-n", "--", "sh", "-c", script)
 }
 
+// SendOverTCP pipes the output of send (a shell command writing a zfs
+// stream, run on n) with socat over plain TCP into zfs receive -u target
+// on node to: a transfer across the link between two nodes with neither
+// the driver's framing nor its encryption, the baseline the benchmarks
+// and the drain's goal compare with.
+func (n *Node) SendOverTCP(to *Node, send, target string) error {
+	const port = "9100"
+	recv := exec.Command("nsenter", "-t", strconv.Itoa(to.HostPid()), "-n", "--", "sh", "-c",
+		"socat -u TCP-LISTEN:"+port+",reuseaddr - | zfs receive -u "+target)
+	out := &strings.Builder{}
+	recv.Stdout, recv.Stderr = out, out
+	if err := recv.Start(); err != nil {
+		return err
+	}
+	// The sender retries until the listener is up.
+	if o, err := n.Exec(send + " | socat -u - TCP:" + to.IP + ":" + port + ",retry=200,interval=0.05"); err != nil {
+		_ = recv.Process.Kill()
+		_ = recv.Wait()
+		return fmt.Errorf("%s | socat: %w: %s", send, err, o)
+	}
+	if err := recv.Wait(); err != nil {
+		return fmt.Errorf("socat | zfs receive -u %s: %w: %s", target, err, out)
+	}
+	return nil
+}
+
 // Process is a background process logging to a file.
 type Process struct {
 	Name string

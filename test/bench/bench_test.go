@@ -34,7 +34,6 @@ import (
 	"io"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -236,19 +235,8 @@ func dropReplica(b *testing.B, n1, n2 *sim.Node, id string) {
 // stream) or "-i BASE SNAPSHOT".
 func socatSend(b *testing.B, n1, n2 *sim.Node, send, target string) {
 	b.Helper()
-	recv := exec.Command("nsenter", "-t", strconv.Itoa(n2.HostPid()), "-n", "--", "sh", "-c",
-		"socat -u TCP-LISTEN:9100,reuseaddr - | zfs recv -u "+target)
-	out := &strings.Builder{}
-	recv.Stdout, recv.Stderr = out, out
-	if err := recv.Start(); err != nil {
+	if err := n1.SendOverTCP(n2, "zfs send -L -c "+send, target); err != nil {
 		b.Fatal(err)
-	}
-	// The sender retries until the listener is up.
-	if _, err := n1.Exec("zfs send -L -c " + send + " | socat -u - TCP:" + n2.IP + ":9100,retry=200,interval=0.05"); err != nil {
-		b.Fatal(err)
-	}
-	if err := recv.Wait(); err != nil {
-		b.Fatalf("socat receiver: %v: %s", err, out)
 	}
 }
 

@@ -3,10 +3,8 @@ package nomad
 import (
 	"flag"
 	"fmt"
-	"os/exec"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -336,19 +334,8 @@ func (e *e2e) sendRates(node string) (local, link float64) {
 	}
 	local = timed(func() { guesttest.Run(e.t, "sh", "-c", fmt.Sprintf("zfs send %s@s | zfs receive -u %s", src, dst)) })
 	link = timed(func() {
-		recv := exec.Command("nsenter", "-t", strconv.Itoa(to.HostPid()), "-n", "--", "sh", "-c",
-			"socat -u TCP-LISTEN:9199,reuseaddr - | zfs receive -u "+dst)
-		out := &strings.Builder{}
-		recv.Stdout, recv.Stderr = out, out
-		if err := recv.Start(); err != nil {
+		if err := from.SendOverTCP(to, "zfs send "+src+"@s", dst); err != nil {
 			e.t.Fatal(err)
-		}
-		// The sender retries until the listener is up.
-		if o, err := from.Exec(fmt.Sprintf("zfs send %s@s | socat -u - TCP:%s:9199,retry=200,interval=0.05", src, to.IP)); err != nil {
-			e.t.Fatalf("zfs send | socat: %v: %s", err, o)
-		}
-		if err := recv.Wait(); err != nil {
-			e.t.Fatalf("socat | zfs receive: %v: %s", err, out)
 		}
 	})
 	return local, link
