@@ -13,9 +13,10 @@ import (
 )
 
 // drainMany adds the many-volume drain to the end-to-end run (make
-// test-nomad-drain). Not yet part of make test: in the emulated guest the
-// job writing 1 GiB was not ready within five minutes beside the seven
-// others (issue 15's note says what is left).
+// test-nomad-drain). Not part of make test: it adds 7-8 minutes on a fast
+// host and 20 or more on a slow one (2026-11-26: the drain alone took 8-9
+// minutes there, against its 12-minute bound), which would put the
+// suite's time and its passing at the host's mercy (docs/migration.md).
 var drainMany = flag.Bool("drain-many", false, "also drain a client holding eight volumes (issue 15)")
 
 // drainJob is one of the jobs the many-volume drain moves.
@@ -25,19 +26,28 @@ type drainJob struct {
 	interval string
 	dataMiB  int  // what the job writes at its first start
 	stale    bool // its replica is made before the job writes
-	fresh    bool // an operator backup makes its replica current before the drain
+	fresh    bool // operator backups make its replicas current before the drain
 }
 
 // drainJobs are the eight of issue 15: most with a current replica, one
 // with replicas = 0 and 1 GiB of data, one whose replica is older than
 // what the job wrote.
+//
+// The six with a current replica have two, one on each other client:
+// Nomad places a job on any client its volume's topology allows, knowing
+// nothing of where the replicas are (the topology is a constraint, not a
+// preference), so with one replica the move found it on its target only
+// when Nomad happened to choose that client (2026-11-27 06:05: it put all
+// eight jobs on the client without the replicas, and every "current"
+// volume was sent whole). Two replicas on three clients is what an
+// operator who wants every drain to find a current copy configures.
 func drainJobs() []drainJob {
 	jobs := []drainJob{
 		{name: "drain-big", replicas: 0, interval: "5m", dataMiB: 1024},
 		{name: "drain-stale", replicas: 1, interval: "1h", dataMiB: 64, stale: true},
 	}
 	for i := range 6 {
-		jobs = append(jobs, drainJob{name: fmt.Sprintf("drain-%d", i), replicas: 1, interval: "5m", dataMiB: 8, fresh: true})
+		jobs = append(jobs, drainJob{name: fmt.Sprintf("drain-%d", i), replicas: 2, interval: "5m", dataMiB: 8, fresh: true})
 	}
 	return jobs
 }
@@ -62,7 +72,7 @@ func (e *e2e) drainManyVolumes() {
 	e.tell("FIGURE zfs send | zfs receive between two pools here: %.1f MiB/s through a local pipe, %.1f MiB/s over the link between two nodes (socat, plain TCP)", local, rate)
 
 	plain := e.timedDrain(node, jobs, false)
-	e.tell("FIGURE drain of %d jobs without volumes: %s", len(jobs), plain.Round(100*time.Millisecond))
+	e.tell("FIGURE drain of %d jobs without volumes: %s to every task started, %s to every job ready", len(jobs), plain.running.Round(100*time.Millisecond), plain.ready.Round(100*time.Millisecond))
 
 	unreplicated := 0
 	for _, j := range jobs {
@@ -76,11 +86,11 @@ func (e *e2e) drainManyVolumes() {
 	e.tell("%s", cpuSince(cpu))
 	e.showMoves()
 	e.t.Logf("---- the node plugins' memory ----\n%s", pluginMemory())
-	need := time.Duration(float64(unreplicated) / rate * float64(time.Second))
-	goal := time.Duration(1.5*float64(plain)) + need
-	e.tell("FIGURE drain of %d jobs with their volumes: %s; without volumes %s; %d MiB not replicated at the drain, %s at the link's %.1f MiB/s (%s at the local pipe's %.1f); goal (1.5x plus that) %s",
-		len(jobs), moved.Round(100*time.Millisecond), plain.Round(100*time.Millisecond), unreplicated, need.Round(100*time.Millisecond), rate,
-		time.Duration(float64(unreplicated)/local*float64(time.Second)).Round(100*time.Millisecond), local, goal.Round(100*time.Millisecond))
+	need, needLocal := atRate(unreplicated, rate), atRate(unreplicated, local)
+	goal := time.Duration(1.5*float64(plain.running)) + need
+	e.tell("FIGURE drain of %d jobs with their volumes: %s to every task started (%s to every job ready); without volumes %s; %d MiB not replicated at the drain, %s at the link's %.1f MiB/s (%s at the local pipe's %.1f); goal (1.5x plus that) %s",
+		len(jobs), moved.running.Round(100*time.Millisecond), moved.ready.Round(100*time.Millisecond), plain.running.Round(100*time.Millisecond),
+		unreplicated, need.Round(100*time.Millisecond), rate, needLocal.Round(100*time.Millisecond), local, goal.Round(100*time.Millisecond))
 
 	// The copy the move of the volume without replicas left behind is
 	// surplus (the controller runs with -surplus-grace 0s here).
@@ -151,11 +161,28 @@ parameters {
 	}
 }
 
+// atRate is how long mib MiB take at rate MiB/s.
+func atRate(mib int, rate float64) time.Duration {
+	return time.Duration(float64(mib) / rate * float64(time.Second))
+}
+
+// drainTimes are a drain's figures, from the drain command: until the
+// last job's task started on another client (Nomad's own timestamp: its
+// volume was claimed, staged and mounted), which is what the goal
+// measures, and until the last job said it was ready, which includes the
+// job's own start (it hashes its data first: 36 s for drain-big's 1 GiB
+// under emulation on 2026-11-27, which the jobs without volumes, with 4
+// KiB each, do not spend).
+type drainTimes struct {
+	running, ready time.Duration
+}
+
 // timedDrain runs the jobs on node alone (the other clients ineligible
-// meanwhile), drains node, and returns the time from the drain command
-// until every job runs ready on another client; with volumes, each with
-// exactly the data it left. The node is made eligible again after.
-func (e *e2e) timedDrain(node string, jobs []drainJob, withVolumes bool) time.Duration {
+// meanwhile), drains node, and returns the times from the drain command
+// until every job runs on another client, and is ready there; with
+// volumes, each with exactly the data it left. The node is made eligible
+// again after.
+func (e *e2e) timedDrain(node string, jobs []drainJob, withVolumes bool) drainTimes {
 	e.t.Helper()
 	var others []string
 	for name := range e.nodeIDs {
@@ -191,7 +218,9 @@ func (e *e2e) timedDrain(node string, jobs []drainJob, withVolumes bool) time.Du
 	if withVolumes {
 		for _, j := range jobs {
 			if j.fresh {
-				e.backup(e.externalID(j.name))
+				for _, o := range others {
+					e.operator("backup", "-to", o, e.externalID(j.name))
+				}
 			}
 		}
 	}
@@ -218,9 +247,12 @@ func (e *e2e) timedDrain(node string, jobs []drainJob, withVolumes bool) time.Du
 		}
 		return nil
 	})
-	took := time.Since(began)
+	took := drainTimes{ready: time.Since(began)}
 	for _, j := range jobs {
-		e.t.Logf("%s: ready on %s %s after the drain began; %s", j.name+suffix, after[j.name].node, ready[j.name].Round(100*time.Millisecond), e.stopEvents(before[j.name].id, began))
+		started := e.taskStarted(after[j.name].id).Sub(began)
+		took.running = max(took.running, started)
+		e.t.Logf("%s: on %s, its task started %s and it was ready %s after the drain began; %s", j.name+suffix, after[j.name].node,
+			started.Round(100*time.Millisecond), ready[j.name].Round(100*time.Millisecond), e.stopEvents(before[j.name].id, began))
 		if withVolumes {
 			e.wantSameData(before[j.name], after[j.name], true)
 		} else if after[j.name].node == node {
@@ -271,6 +303,23 @@ func (e *e2e) stopEvents(allocID string, began time.Time) string {
 		}
 	}
 	return fmt.Sprintf("old allocation: %s; last changed %s", strings.Join(out, ", "), since(alloc.ModifyTime))
+}
+
+// taskStarted is when the task of allocation allocID last started, by
+// Nomad's record of it.
+func (e *e2e) taskStarted(allocID string) time.Time {
+	e.t.Helper()
+	var alloc struct {
+		TaskStates map[string]struct{ StartedAt time.Time }
+	}
+	if err := e.get("/v1/allocation/"+allocID, &alloc); err != nil {
+		e.t.Fatalf("allocation %s: %v", allocID, err)
+	}
+	started := alloc.TaskStates["counter"].StartedAt
+	if started.IsZero() {
+		e.t.Fatalf("allocation %s runs but Nomad records no start of its task: %+v", allocID, alloc.TaskStates)
+	}
+	return started
 }
 
 // drainJobSpec is nomad/example-job.nomad.hcl as job j (name plus suffix)
