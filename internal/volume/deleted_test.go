@@ -3,6 +3,7 @@ package volume
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
 	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs"
+	"github.com/zfs-nomad/zfs-nomad/internal/zfs/zfsfake"
 )
 
 // TestDeletedSnapshotRecords: a node remembers a deleted snapshot across
@@ -142,19 +144,62 @@ func TestAReceiveDropsADeletedSnapshot(t *testing.T) {
 // the index knew one copy, the delete destroyed it, and the tombstone's
 // was listed again after a restart).
 func TestAReceiveDropsAKeptDuplicate(t *testing.T) {
-	m, fake := newManager(t)
+	m, fake, v, s, kept := keptTwice(t)
 	ctx := context.Background()
-	v := create(t, m, CreateRequest{Name: "v"})
-	s := snapshot(t, m, v.ID, "s")
+	unlock, err := m.Locks().Lock(ctx, v.ID, "receive from node n2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Received(v.ID)
+	unlock()
+
+	if _, err := fake.Get(ctx, kept); !errors.Is(err, zfs.ErrNotFound) {
+		t.Errorf("the tombstone's copy of a snapshot received again: %v, want it dropped", err)
+	}
+	if err := m.DeleteSnapshot(ctx, s.ID); err != nil {
+		t.Fatal(err)
+	}
+	wantNotListed(t, m, s.ID) // a listing of the pool, as after a restart
+}
+
+// TestADeleteTakesADuplicateTheListingFound: the same case as
+// TestAReceiveDropsAKeptDuplicate, but the receive's own step never ran
+// (the process crashed after the receive, or the receive came before the
+// snapshot index was filled): a new process lists both copies. Its
+// delete of the snapshot must destroy both, or the next listing finds
+// the deleted snapshot again.
+func TestADeleteTakesADuplicateTheListingFound(t *testing.T) {
+	m, fake, v, s, _ := keptTwice(t)
+	ctx := context.Background()
+	restarted := NewManager(fake, m.cfg, hclog.NewNullLogger())
+	found, err := restarted.findSnapshot(ctx, s.ID)
+	if err != nil || found.Dataset != v.Dataset+"@"+s.ID {
+		t.Errorf("the restarted node finds the snapshot at %+v, %v; want the live copy's", found, err)
+	}
+	if err := restarted.DeleteSnapshot(ctx, s.ID); err != nil {
+		t.Fatal(err)
+	}
+	wantNotListed(t, NewManager(fake, m.cfg, hclog.NewNullLogger()), s.ID)
+}
+
+// keptTwice makes a node hold CSI snapshot s of volume v twice: v is
+// deleted, which keeps s on a tombstone (at kept), and the same snapshot
+// then arrives again in a copy under v's name, as a new replica's
+// receive brings it. Nothing has told m of the receive.
+func keptTwice(t *testing.T) (m *Manager, fake *zfsfake.Fake, v Volume, s Snapshot, kept string) {
+	t.Helper()
+	m, fake = newManager(t)
+	ctx := context.Background()
+	v = create(t, m, CreateRequest{Name: "v"})
+	s = snapshot(t, m, v.ID, "s")
 	if err := m.Delete(ctx, v.ID); err != nil { // a copy with a snapshot becomes a tombstone
 		t.Fatal(err)
 	}
-	kept, err := m.findSnapshot(ctx, s.ID)
-	if err != nil || zfs.Parent(kept.Dataset) == v.Dataset {
-		t.Fatalf("the snapshot after its volume's delete: %+v, %v; want it on a tombstone", kept, err)
+	onTombstone, err := m.findSnapshot(ctx, s.ID)
+	if err != nil || zfs.Parent(onTombstone.Dataset) == v.Dataset {
+		t.Fatalf("the snapshot after its volume's delete: %+v, %v; want it on a tombstone", onTombstone, err)
 	}
-	// The same snapshot arrives again in a copy under the volume's name.
-	snapProps, err := fake.Get(ctx, kept.Dataset)
+	snapProps, err := fake.Get(ctx, onTombstone.Dataset)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,26 +209,61 @@ func TestAReceiveDropsAKeptDuplicate(t *testing.T) {
 	if err := fake.Snapshot(ctx, v.Dataset+"@"+s.ID, snapProps.User); err != nil {
 		t.Fatal(err)
 	}
-	unlock, err := m.Locks().Lock(ctx, v.ID, "receive from node n2")
-	if err != nil {
-		t.Fatal(err)
-	}
-	m.Received(v.ID)
-	unlock()
+	return m, fake, v, s, onTombstone.Dataset
+}
 
-	if _, err := fake.Get(ctx, kept.Dataset); !errors.Is(err, zfs.ErrNotFound) {
-		t.Errorf("the tombstone's copy of a snapshot received again: %v, want it dropped", err)
-	}
-	if err := m.DeleteSnapshot(ctx, s.ID); err != nil {
-		t.Fatal(err)
-	}
-	listed, err := m.ListSnapshots(ctx) // a listing of the pool, as after a restart
+// wantNotListed fails the test if m's listing of its pool finds snapshot
+// id.
+func wantNotListed(t *testing.T, m *Manager, id string) {
+	t.Helper()
+	listed, err := m.ListSnapshots(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, l := range listed {
-		if l.ID == s.ID {
-			t.Errorf("deleted snapshot %s still on the node at %s", s.ID, l.Dataset)
+		if l.ID == id {
+			t.Errorf("deleted snapshot %s still on the node at %s", id, l.Dataset)
 		}
+	}
+}
+
+func TestOneCopyEach(t *testing.T) {
+	const (
+		id    = "vol-0123456789abcdef0123"
+		other = "vol-3210fedcba9876543210"
+		snap  = "snap-0123456789abcdef0123"
+	)
+	live := root + "/" + id + "@" + snap
+	tomb := root + "/" + id + "-deleted-1@" + snap
+	aside := root + "/" + id + "-aside-2@" + snap
+	elsewhere := root + "/" + other + "@" + snap
+	tests := []struct {
+		name      string
+		in        []string
+		want      []string
+		duplicate []string
+	}{
+		{"one copy", []string{live}, []string{live}, nil},
+		{"live copy listed first", []string{live, tomb}, []string{live}, []string{tomb}},
+		{"live copy listed last", []string{tomb, aside, live}, []string{live}, []string{tomb, aside}},
+		{"no live copy", []string{tomb, aside}, []string{tomb}, []string{aside}},
+		{"another volume's copy is no duplicate", []string{live, elsewhere}, []string{live, elsewhere}, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var in []Snapshot
+			for _, name := range tt.in {
+				in = append(in, Snapshot{ID: snap, Dataset: name})
+			}
+			kept, duplicates := oneCopyEach(root, in)
+			var got []string
+			for _, k := range kept {
+				got = append(got, k.Dataset)
+			}
+			dups := slices.Sorted(slices.Values(duplicates[snap]))
+			if !slices.Equal(got, tt.want) || !slices.Equal(dups, slices.Sorted(slices.Values(tt.duplicate))) {
+				t.Errorf("oneCopyEach(%v) = %v, %v; want %v, %v", tt.in, got, duplicates[snap], tt.want, tt.duplicate)
+			}
+		})
 	}
 }

@@ -532,7 +532,81 @@ func (m *Manager) snapshots(ctx context.Context) (map[string]string, error) {
 
 // listSnapshotIndex lists the node's CSI snapshots for their index.
 func (m *Manager) listSnapshotIndex(ctx context.Context) (map[string]string, error) {
-	return listForIndex(ctx, m.log, "CSI snapshots", &m.snapshotsListed, m.ListSnapshots, func(s Snapshot) (string, string) { return s.ID, s.Dataset })
+	var duplicates map[string][]string
+	list := func(ctx context.Context) ([]Snapshot, error) {
+		all, err := m.ListSnapshots(ctx)
+		if err != nil {
+			return nil, err
+		}
+		var kept []Snapshot
+		kept, duplicates = oneCopyEach(m.cfg.RootDataset, all)
+		return kept, nil
+	}
+	index, err := listForIndex(ctx, m.log, "CSI snapshots", &m.snapshotsListed, list, func(s Snapshot) (string, string) { return s.ID, s.Dataset })
+	if err == nil {
+		for id, copies := range duplicates {
+			m.log.Info("a CSI snapshot is kept twice by its volume on this node; the copy beside the indexed one goes with the snapshot's delete",
+				"volume_id", copyIDOf(copies[0]), "snapshot_id", id, "indexed", index[id], "duplicates", copies)
+		}
+		m.duplicates.set(duplicates)
+	}
+	return index, err
+}
+
+// snapshotDuplicates are the copies of CSI snapshots that the node's
+// last listing found besides the one the snapshot index holds: a volume's
+// live copy and a tombstone or set-aside copy of it holding the same
+// snapshot. A receive that brings a snapshot such a copy keeps drops the
+// older copy (Received, dropDuplicate), but only once the index is
+// filled, and a process that crashed between the receive and that step
+// never takes it; the index holds one dataset per ID, so a delete of the
+// snapshot would destroy one copy and the next listing would find the
+// other: a deleted snapshot listed again (docs/safety.md, D1). So the
+// listing remembers the others, and DeleteSnapshotUpTo destroys them with
+// the indexed copy.
+type snapshotDuplicates struct {
+	mu  sync.Mutex
+	ids map[string][]string // snapshot ID -> the copies not indexed
+}
+
+func (d *snapshotDuplicates) set(ids map[string][]string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.ids = ids
+}
+
+// of returns the copies of snapshot id besides the indexed one that the
+// last listing found; they may be gone since.
+func (d *snapshotDuplicates) of(id string) []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return slices.Clone(d.ids[id])
+}
+
+// oneCopyEach returns snaps with one copy of each CSI snapshot of a
+// volume, preferring the one on the volume's live copy (<root>/<id>),
+// and the others by snapshot ID. Copies on different volumes' datasets
+// are no duplicates: all are kept, as before.
+func oneCopyEach(root string, snaps []Snapshot) (kept []Snapshot, duplicates map[string][]string) {
+	at := map[[2]string]int{} // (snapshot ID, volume) -> its place in kept
+	for _, s := range snaps {
+		key := [2]string{s.ID, copyIDOf(s.Dataset)}
+		i, seen := at[key]
+		if !seen {
+			at[key] = len(kept)
+			kept = append(kept, s)
+			continue
+		}
+		other := s
+		if zfs.Parent(s.Dataset) == root+"/"+key[1] {
+			kept[i], other = s, kept[i]
+		}
+		if duplicates == nil {
+			duplicates = map[string][]string{}
+		}
+		duplicates[s.ID] = append(duplicates[s.ID], other.Dataset)
+	}
+	return kept, duplicates
 }
 
 // reindexSnapshot reads one snapshot again and updates the index.

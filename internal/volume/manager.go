@@ -128,6 +128,9 @@ type Manager struct {
 	// deleted: the records of snapshots deleted while a node was away
 	// (deleted.go).
 	deleted deletedRecords
+	// duplicates: the second copies of CSI snapshots the last listing
+	// found (snapshotDuplicates in index.go).
+	duplicates snapshotDuplicates
 }
 
 // NewManager returns a Manager for the node described by cfg.

@@ -128,6 +128,34 @@ func (m *Manager) DeleteSnapshotUpTo(ctx context.Context, id string, createdUpTo
 	m.reindexSnapshot(ctx, id, snap.Dataset)
 	m.log.Info("snapshot deleted", "volume_id", snap.SourceVolumeID, "snapshot_id", id, "dataset", snap.Dataset)
 	m.collectTombstoneLocked(ctx, zfs.Parent(snap.Dataset))
+	return m.deleteDuplicates(ctx, id, copyIDOf(snap.Dataset), createdUpToUnix)
+}
+
+// deleteDuplicates destroys the other copies of snapshot id that the
+// volume whose lock the caller holds keeps on the node, as the last
+// listing found them (snapshotDuplicates), under the same rule as the
+// indexed copy.
+func (m *Manager) deleteDuplicates(ctx context.Context, id, volumeID string, createdUpToUnix int64) error {
+	for _, name := range m.duplicates.of(id) {
+		if copyIDOf(name) != volumeID {
+			continue
+		}
+		s, err := m.readSnapshot(ctx, name)
+		if errors.Is(err, errdefs.ErrNotFound) {
+			continue // dropped meanwhile (a receive, a tombstone collected)
+		}
+		if err != nil {
+			return err
+		}
+		if createdUpToUnix > 0 && s.Created.Unix() > createdUpToUnix {
+			continue
+		}
+		if err := m.zfs.DestroyDeferred(ctx, name); err != nil && !errors.Is(err, zfs.ErrNotFound) {
+			return zfsError(err, "deleting the second copy of snapshot "+id)
+		}
+		m.log.Info("snapshot deleted: a second copy the volume kept", "volume_id", volumeID, "snapshot_id", id, "dataset", name)
+		m.collectTombstoneLocked(ctx, zfs.Parent(name))
+	}
 	return nil
 }
 

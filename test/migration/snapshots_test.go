@@ -363,3 +363,38 @@ func TestAReplacedReplicaKeepsItsSnapshots(t *testing.T) {
 	}
 	e.deleteVolume(e.restoreHolds("from-the-set-aside", snapID, map[string]string{"node": "n2"}, "n2", taken))
 }
+
+// TestASnapshotKeptTwiceGoesWithItsDelete (docs/safety.md, the seventh
+// gap) on real ZFS: a node holds one CSI snapshot twice, on the
+// volume's replica and on a tombstone of the same volume, and no receive
+// told the node process (it came before the process's start: here the
+// tombstone is made by hand while n2's process is down). The snapshot's
+// delete must destroy both copies, or the node lists the deleted
+// snapshot again once it lists its pool.
+func TestASnapshotKeptTwiceGoesWithItsDelete(t *testing.T) {
+	e := start(t)
+	id, _, _, snapID := e.snapshotted("kept-twice", nil, "echo kept > a", "twice")
+	e.replicate(id, "n1", "n2")
+
+	n2 := e.node("n2")
+	copyOnN2 := n2.RootDataset + "/" + id
+	tombstone := copyOnN2 + "-deleted-1"
+	n2.Process.Stop()
+	guesttest.Run(t, "sh", "-c", fmt.Sprintf("zfs send %[1]s@%[2]s | zfs receive -u %[3]s && zfs set %[4]s=%[5]s %[6]s=%[7]s %[3]s",
+		copyOnN2, snapID, tombstone, volume.PropRole, vocab.RoleDeleted, volume.PropVolumeID, id))
+	e.returnNodeProcess("n2")
+
+	if _, err := e.controller().DeleteSnapshot(e.ctx, &csi.DeleteSnapshotRequest{SnapshotId: snapID}); err != nil {
+		t.Fatalf("DeleteSnapshot: %v", err)
+	}
+	e.waitNothingLeft("@"+snapID, "copies of the deleted snapshot")
+	if err := n2.RestartWith(); err != nil {
+		t.Fatal(err)
+	}
+	listed, err := e.controller().ListSnapshots(e.ctx, &csi.ListSnapshotsRequest{SnapshotId: snapID})
+	if err != nil || len(listed.GetEntries()) != 0 {
+		t.Fatalf("ListSnapshots after the delete and a restart of n2: %v, %v; want nothing", listed, err)
+	}
+	e.unpublish(id, "n1")
+	e.deleteVolume(id)
+}
