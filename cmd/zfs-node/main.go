@@ -114,6 +114,7 @@ func run(args []string) error {
 		replication.NewLimiter(uint64(cfg.ReplicationBandwidth)), dial, log.Named("replication"))
 	defer pusher.Close()
 	volumes.Mounted = mount.IsMountedZFS
+	volumes.MountHolders = func(dataset string) []string { return mount.Holders("/proc", dataset) }
 	receiver := replication.NewReceiver(streams, volumes.Locks(), cfg.RootDataset, cfg.NodeID, cfg.ReplicationSnapshots, log.Named("replication"))
 	receiver.MaxQuota, receiver.QuotaProperty = uint64(cfg.MaxQuota), cfg.QuotaProperty
 	receiver.IdleTimeout = time.Duration(cfg.ReceiveIdleTimeout)

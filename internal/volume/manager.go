@@ -98,6 +98,10 @@ type Manager struct {
 	// Mounted, when set, reports whether a dataset is mounted on this node;
 	// a mounted primary is never fenced or demoted.
 	Mounted func(dataset string) (bool, error)
+	// MountHolders, when set, names the processes in other mount
+	// namespaces that see a dataset mounted (mount.Holders): a delete
+	// that ZFS refuses as busy says who holds the volume.
+	MountHolders func(dataset string) []string
 	// LeaseHeld, when set, reports whether this node holds its lease
 	// (package lease); no primary is staged while it does not.
 	LeaseHeld func() bool
@@ -431,7 +435,7 @@ func (m *Manager) Delete(ctx context.Context, id string) error {
 		}
 		log.Info("volume deleted; its dataset stays as a tombstone until its snapshots and clones are gone", "dataset", v.Dataset)
 	case errors.Is(err, zfs.ErrBusy):
-		return fmt.Errorf("%w: volume %s is in use (still mounted?); unpublish it first: %v", errdefs.ErrFailedPrecondition, id, err)
+		return m.busyError(v, err)
 	default:
 		return zfsError(err, "deleting volume "+id)
 	}
@@ -456,6 +460,20 @@ func (m *Manager) refuseMounted(v Volume) error {
 		return fmt.Errorf("%w: volume %s is mounted on node %s; unpublish it first", errdefs.ErrFailedPrecondition, v.ID, m.cfg.NodeID)
 	}
 	return nil
+}
+
+// busyError is Delete's answer when ZFS refuses to destroy v's dataset as
+// busy although the node has it unmounted: mounted in another mount
+// namespace (a task's that outlived its unmount), or open there.
+func (m *Manager) busyError(v Volume, err error) error {
+	where := "still mounted?"
+	if m.MountHolders != nil {
+		if holders := m.MountHolders(v.Dataset); len(holders) > 0 {
+			where = "mounted in other mount namespaces: " + strings.Join(holders, "; ")
+		}
+	}
+	m.log.Warn("volume not deleted: its dataset is busy", "volume_id", v.ID, "dataset", v.Dataset, "where", where, "error", err)
+	return fmt.Errorf("%w: volume %s is in use (%s); unpublish it first: %v", errdefs.ErrFailedPrecondition, v.ID, where, err)
 }
 
 // dropReplicationSnapshots destroys a deleted volume's replication

@@ -3,11 +3,14 @@ package volume
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/hashicorp/go-hclog"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
 	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
@@ -499,5 +502,35 @@ func TestATombstoneIsCollectedUnderItsCopysLock(t *testing.T) {
 	m.collectTombstone(context.Background(), ds)
 	if slices.Contains(fake.Names(), ds) {
 		t.Fatal("the tombstone was not collected once the lock was free")
+	}
+}
+
+// busyDestroy is a pool whose destroy of one dataset is refused as busy,
+// as ZFS refuses a dataset mounted in another mount namespace.
+type busyDestroy struct {
+	*zfsfake.Fake
+	busy string
+}
+
+func (b busyDestroy) Destroy(ctx context.Context, name string) error {
+	if name == b.busy {
+		return fmt.Errorf("destroy %s: dataset is busy: %w", name, zfs.ErrBusy)
+	}
+	return b.Fake.Destroy(ctx, name)
+}
+
+func TestABusyDeleteSaysWhoHoldsTheVolume(t *testing.T) {
+	m, fake := newManager(t)
+	v := create(t, m, CreateRequest{Name: "v"})
+	busy := NewManager(busyDestroy{Fake: fake, busy: v.Dataset}, m.cfg, hclog.NewNullLogger())
+	busy.MountHolders = func(dataset string) []string {
+		if dataset != v.Dataset {
+			return nil
+		}
+		return []string{"pid 812 (sleep) at /data"}
+	}
+	err := busy.Delete(context.Background(), v.ID)
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "pid 812 (sleep) at /data") {
+		t.Errorf("Delete of a busy volume: %v; want FailedPrecondition naming the process that holds it", err)
 	}
 }
