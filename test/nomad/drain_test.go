@@ -81,9 +81,7 @@ func (e *e2e) drainManyVolumes() {
 			unreplicated += j.dataMiB
 		}
 	}
-	cpu := sampleCPU()
 	moved := e.timedDrain(node, jobs, true)
-	e.tell("%s", cpuSince(cpu))
 	e.showMoves()
 	e.t.Logf("---- the node plugins' memory ----\n%s", pluginMemory())
 	need, needLocal := atRate(unreplicated, rate), atRate(unreplicated, local)
@@ -225,6 +223,7 @@ func (e *e2e) timedDrain(node string, jobs []drainJob, withVolumes bool) drainTi
 		}
 	}
 
+	cpu := sampleCPU()
 	began := time.Now()
 	e.nomad("node", "drain", "-enable", "-yes", "-detach", "-ignore-system", "-deadline", "15m", e.nodeIDs[node])
 	after := map[string]allocation{}
@@ -248,6 +247,11 @@ func (e *e2e) timedDrain(node string, jobs []drainJob, withVolumes bool) drainTi
 		return nil
 	})
 	took := drainTimes{ready: time.Since(began)}
+	what := "without volumes"
+	if withVolumes {
+		what = "with volumes"
+	}
+	e.tell("during the drain %s: %s", what, cpuSince(cpu))
 	for _, j := range jobs {
 		started := e.taskStarted(after[j.name].id).Sub(began)
 		took.running = max(took.running, started)

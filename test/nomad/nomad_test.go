@@ -20,6 +20,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -402,6 +403,30 @@ plugin "exec" {
 `, n.ID, nomadDir, n.IP, serverIP, n.RootDataset)
 }
 
+// plaintextAgents is a diagnostic, never a test of the product: the
+// plugins' agent ports (replication among them) run without TLS, to show
+// what encrypting every byte on the guest's two emulated vCPUs costs the
+// drain (docs/migration.md).
+var plaintextAgents = flag.Bool("plaintext-agents", false, "run the agent ports without TLS (-insecure-agent-port): a diagnostic of TLS's cost in this guest")
+
+// agentPortFlags are the flags every plugin and operator command takes
+// for the agent port: none, or -insecure-agent-port with -plaintext-agents.
+func agentPortFlags() []string {
+	if *plaintextAgents {
+		return []string{"-insecure-agent-port"}
+	}
+	return nil
+}
+
+// hclList is items as an HCL list of strings.
+func hclList(items []string) string {
+	quoted := make([]string, len(items))
+	for i, item := range items {
+		quoted[i] = strconv.Quote(item)
+	}
+	return "[" + strings.Join(quoted, ", ") + "]"
+}
+
 // deployPlugins runs the two plugin jobs and waits until Nomad reports the
 // controller and all three nodes healthy.
 func (e *e2e) deployPlugins() {
@@ -414,14 +439,14 @@ func (e *e2e) deployPlugins() {
 		"-var", "log_level=debug",
 		// Leases short enough for the failover steps: a failover away
 		// from a killed node waits 12 s of silence instead of 45.
-		"-var", `extra_args=["-lease", "8s", "-lease-margin", "4s"]`,
+		"-var", "extra_args="+hclList(append([]string{"-lease", "8s", "-lease-margin", "4s"}, agentPortFlags()...)),
 		e.file("zfs-node.nomad.hcl"))
 	e.nomad("job", "run", "-detach",
 		"-var", "binary="+filepath.Join(e.bin, "zfs-controller"),
 		"-var", "tls_dir="+nomadDir+"/tls",
 		// Surplus copies go at once: the many-volume drain checks that
 		// the copy a move left of a volume without replicas goes.
-		"-var", `extra_args=["-agent-timeout", "10s", "-surplus-grace", "0s"]`,
+		"-var", "extra_args="+hclList(append([]string{"-agent-timeout", "10s", "-surplus-grace", "0s"}, agentPortFlags()...)),
 		"-var", "log_level=debug",
 		e.file("zfs-controller.nomad.hcl"))
 	e.waitForPlugins(3, "")
@@ -740,7 +765,8 @@ func (e *e2e) operator(command string, args ...string) {
 	e.t.Helper()
 	peers := e.c.AgentAddresses()
 	argv := append([]string{command, "-peers", strings.Join(peers, ","),
-		"-tls-ca", e.c.Operator.CA, "-tls-cert", e.c.Operator.Cert, "-tls-key", e.c.Operator.Key}, args...)
+		"-tls-ca", e.c.Operator.CA, "-tls-cert", e.c.Operator.Cert, "-tls-key", e.c.Operator.Key}, agentPortFlags()...)
+	argv = append(argv, args...)
 	out := guesttest.Run(e.t, filepath.Join(e.bin, "zfs-controller"), argv...)
 	e.show("zfs-controller "+command+" "+strings.Join(args, " "), out)
 }
