@@ -121,6 +121,11 @@ func (m *Manager) DeleteSnapshotUpTo(ctx context.Context, id string, createdUpTo
 		m.log.Info("snapshot kept: taken again under the name of a deleted one, after it", "volume_id", snap.SourceVolumeID, "snapshot_id", id, "dataset", snap.Dataset)
 		return nil
 	}
+	// The other copies go first: a retry after a failure finds the
+	// indexed one still there, and with it the way to them.
+	if err := m.deleteDuplicates(ctx, id, copyIDOf(snap.Dataset), createdUpToUnix); err != nil {
+		return err
+	}
 	err = m.zfs.DestroyDeferred(ctx, snap.Dataset)
 	if err != nil && !errors.Is(err, zfs.ErrNotFound) { // gone meanwhile: deleted
 		return zfsError(err, "deleting snapshot "+id)
@@ -128,7 +133,7 @@ func (m *Manager) DeleteSnapshotUpTo(ctx context.Context, id string, createdUpTo
 	m.reindexSnapshot(ctx, id, snap.Dataset)
 	m.log.Info("snapshot deleted", "volume_id", snap.SourceVolumeID, "snapshot_id", id, "dataset", snap.Dataset)
 	m.collectTombstoneLocked(ctx, zfs.Parent(snap.Dataset))
-	return m.deleteDuplicates(ctx, id, copyIDOf(snap.Dataset), createdUpToUnix)
+	return nil
 }
 
 // deleteDuplicates destroys the other copies of snapshot id that the
