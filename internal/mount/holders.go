@@ -3,7 +3,6 @@
 package mount
 
 import (
-	"bufio"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -32,12 +31,16 @@ func Holders(procDir, dataset string) []string {
 			continue
 		}
 		seen[ns] = true
-		at, ok := mountedIn(filepath.Join(dir, "mountinfo"), dataset)
+		entries, err := tableAt(filepath.Join(dir, "mountinfo"))
+		if err != nil {
+			continue
+		}
+		e, ok := zfsMount(entries, dataset)
 		if !ok {
 			continue
 		}
 		comm, _ := os.ReadFile(filepath.Join(dir, "comm"))
-		out = append(out, fmt.Sprintf("pid %s (%s) at %s", filepath.Base(dir), strings.TrimSpace(string(comm)), at))
+		out = append(out, fmt.Sprintf("pid %s (%s) at %s", filepath.Base(dir), strings.TrimSpace(string(comm)), e.MountPoint))
 		if len(out) == maxHolders {
 			break
 		}
@@ -48,21 +51,4 @@ func Holders(procDir, dataset string) []string {
 func pidOf(dir string) int {
 	pid, _ := strconv.Atoi(filepath.Base(dir))
 	return pid
-}
-
-// mountedIn returns where the mount table at path mounts dataset.
-func mountedIn(path, dataset string) (string, bool) {
-	f, err := os.Open(path)
-	if err != nil {
-		return "", false
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64*1024), 1024*1024)
-	for sc.Scan() {
-		if e, err := ParseMountInfoLine(sc.Text()); err == nil && e.FSType == "zfs" && e.Source == dataset {
-			return e.MountPoint, true
-		}
-	}
-	return "", false
 }

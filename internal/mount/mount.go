@@ -42,8 +42,11 @@ func Lookup(path string) (Entry, bool, error) {
 }
 
 // Table reads /proc/self/mountinfo.
-func Table() ([]Entry, error) {
-	f, err := os.Open("/proc/self/mountinfo")
+func Table() ([]Entry, error) { return tableAt("/proc/self/mountinfo") }
+
+// tableAt reads the mount table at path (a /proc/<pid>/mountinfo).
+func tableAt(path string) ([]Entry, error) {
+	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
 	}
@@ -68,12 +71,18 @@ func IsMountedZFS(dataset string) (bool, error) {
 	if err != nil {
 		return false, err
 	}
+	_, ok := zfsMount(entries, dataset)
+	return ok, nil
+}
+
+// zfsMount returns the first of entries that mounts ZFS dataset.
+func zfsMount(entries []Entry, dataset string) (Entry, bool) {
 	for _, e := range entries {
 		if e.FSType == "zfs" && e.Source == dataset {
-			return true, nil
+			return e, true
 		}
 	}
-	return false, nil
+	return Entry{}, false
 }
 
 // ParseMountInfoLine parses one line of /proc/self/mountinfo (proc(5)).
