@@ -148,6 +148,7 @@ func serve(c command, args []string) error {
 	migrator := migration.New(nodes, log.Named("migration"))
 	migrator.Metrics = migration.NewMetrics(registry)
 	migrator.MaxCatchUps = cfg.MoveCatchUps
+	migrator.PublishAheadWithin = time.Duration(cfg.MovePublishAhead)
 	csispec.RegisterControllerServer(srv, controller.New(nodes, migrator, cfg.Placement, log.Named("csi")))
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)

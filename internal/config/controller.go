@@ -32,6 +32,11 @@ type Controller struct {
 	// moves in their final step are not counted (docs/migration.md,
 	// "Catch-up").
 	MoveCatchUps int `json:"move_catch_ups"`
+	// MovePublishAhead grants a publish whose volume's background move
+	// to the node is estimated to end within it, and the node's stage
+	// waits for the move (docs/migration.md, "Publishing ahead of a
+	// move's end"); 0 turns it off.
+	MovePublishAhead Duration `json:"move_publish_ahead"`
 	// SurplusGrace is how long a copy a move demoted stays at least,
 	// surplus or not (docs/replication.md, "Surplus copies").
 	SurplusGrace Duration `json:"surplus_grace"`
@@ -44,16 +49,21 @@ type Controller struct {
 	MetricsAddress string `json:"metrics_address"`
 }
 
+// maxMovePublishAhead bounds move_publish_ahead well within the time a
+// CO gives the node's stage (Nomad: three tries of two minutes).
+const maxMovePublishAhead = 3 * time.Minute
+
 // DefaultController returns the defaults a config file or flags override.
 func DefaultController() Controller {
 	return Controller{
-		CSIEndpoint:    "unix:///run/zfs-nomad/controller.sock",
-		Placement:      "most-free",
-		AgentTimeout:   Duration(30 * time.Second),
-		ScheduleEvery:  Duration(30 * time.Second),
-		ParallelPushes: 2,
-		MoveCatchUps:   4,
-		SurplusGrace:   Duration(10 * time.Minute),
+		CSIEndpoint:      "unix:///run/zfs-nomad/controller.sock",
+		Placement:        "most-free",
+		AgentTimeout:     Duration(30 * time.Second),
+		ScheduleEvery:    Duration(30 * time.Second),
+		ParallelPushes:   2,
+		MoveCatchUps:     4,
+		MovePublishAhead: Duration(time.Minute),
+		SurplusGrace:     Duration(10 * time.Minute),
 	}
 }
 
@@ -85,6 +95,9 @@ func (c *Controller) Validate() error {
 	}
 	if c.MoveCatchUps < 1 {
 		errs = append(errs, fmt.Errorf("move_catch_ups %d: must be at least 1", c.MoveCatchUps))
+	}
+	if c.MovePublishAhead < 0 || time.Duration(c.MovePublishAhead) > maxMovePublishAhead {
+		errs = append(errs, fmt.Errorf("move_publish_ahead %s: must be 0 (off) to %s: the node's stage waits that long for the move, and Nomad gives a stage three tries of two minutes", time.Duration(c.MovePublishAhead), maxMovePublishAhead))
 	}
 	if c.AgentTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("agent_timeout %s: must be positive", time.Duration(c.AgentTimeout)))

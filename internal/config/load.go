@@ -66,6 +66,7 @@ func LoadController(usage string, args []string, getenv func(string) string, std
 	fs.Var(&cfg.ScheduleEvery, "schedule-every", "how often the replication schedule runs (0: off)")
 	fs.IntVar(&cfg.ParallelPushes, "parallel-pushes", cfg.ParallelPushes, "transfers the schedule runs at once")
 	fs.IntVar(&cfg.MoveCatchUps, "move-catch-ups", cfg.MoveCatchUps, "catch-ups (bulk pushes of moves to targets that are not fresh) running in the background per source node; moves in their final step are not counted")
+	fs.Var(&cfg.MovePublishAhead, "move-publish-ahead", "grant a publish whose volume's move to the node ends within this, the node's stage waiting for the move (0: off)")
 	fs.Var(&cfg.SurplusGrace, "surplus-grace", "how long a copy a move demoted stays at least, surplus or not")
 	metricsFlag(fs, &cfg.MetricsAddress)
 	if err := load(fs, args, getenv, &cfg); err != nil {

@@ -29,6 +29,17 @@ type claim struct {
 	context map[string]string
 }
 
+// lastGeneration is the generation of the newest publish the volume got
+// ("" before the first).
+func (v *simVolume) lastGeneration() string {
+	for i := len(v.claims) - 1; i >= 0; i-- {
+		if g := v.claims[i].context[vocab.PublishContextGeneration]; g != "" {
+			return g
+		}
+	}
+	return ""
+}
+
 func newSimVolume(name string) *simVolume {
 	return &simVolume{name: name, id: vocab.VolumeIDForName(name)}
 }
@@ -173,10 +184,21 @@ func (w *world) schedule(v *simVolume, n *simNode) {
 	}
 	w.stats.Publishes++
 	c := claim{node: n.id, context: resp.GetPublishContext()}
-	if len(v.claims) > 0 && v.claims[len(v.claims)-1].context[vocab.PublishContextGeneration] != c.context[vocab.PublishContextGeneration] {
+	if before := v.lastGeneration(); before != "" && before != c.context[vocab.PublishContextGeneration] {
 		w.stats.NewGeneration++
+		// The same publish granted ahead of the move or failover that
+		// made the new generation (the controller grants it while its
+		// background move runs): replays of it try the node's "newer
+		// than the source" rule against every later change.
+		ahead := claim{node: n.id, context: map[string]string{vocab.PublishContextAfterGeneration: before}}
+		v.claims = append(v.claims, ahead)
+		if w.dice.intn(2) == 0 {
+			c = ahead
+		}
 	}
-	v.claims = append(v.claims, c)
+	if c.context[vocab.PublishContextGeneration] != "" {
+		v.claims = append(v.claims, c)
+	}
 	if w.stage(v, c) {
 		v.alloc, v.context = n.id, c.context
 	}
@@ -200,6 +222,9 @@ func (w *world) stage(v *simVolume, c claim) bool {
 	w.tracef("co: NodeStage+NodePublish %s on %s with %v: %v", v.name, n.id, c.context, errText(err))
 	if err == nil {
 		w.stats.Stages++
+		if c.context[vocab.PublishContextAfterGeneration] != "" {
+			w.stats.AheadStages++
+		}
 		w.checker.staged(v.id, n.id)
 	}
 	return err == nil

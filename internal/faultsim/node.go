@@ -142,6 +142,7 @@ func (n *simNode) start(ctx context.Context) {
 	inc.lis = n.handoff.listener()
 	go func() { _ = inc.srv.Serve(inc.lis) }()
 	inc.node = csinode.New(inc.volumes, n.mounts, cfg, log.Named("csi"))
+	inc.node.PromotionWait = time.Nanosecond // the simulation's clock is its own: a stage looks once
 	n.inc = inc
 	n.w.net.setUp(n.id, true)
 	rate := n.rate

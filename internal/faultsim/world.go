@@ -129,13 +129,16 @@ type Stats struct {
 	NewGeneration int // of which moved or failed the volume over
 	Stages        int // NodeStage and NodePublish succeeded
 	StaleRefused  int // a replayed claim was refused
-	Writes        int // a job's write succeeded
-	ReadOnly      int // a job's write failed: its copy is read-only
-	Pushes        int // an operator's push succeeded
-	Crashes       int // processes crashed or lost power
-	Deletes       int // DeleteVolume answered OK
-	LiesRefused   int // a lying peer's stream was refused as it should be
-	Snapshots     int // CreateSnapshot answered OK
+	// AheadStages: stages of a claim granted ahead of a move's end
+	// (after_generation) that succeeded, replays included.
+	AheadStages int
+	Writes      int // a job's write succeeded
+	ReadOnly    int // a job's write failed: its copy is read-only
+	Pushes      int // an operator's push succeeded
+	Crashes     int // processes crashed or lost power
+	Deletes     int // DeleteVolume answered OK
+	LiesRefused int // a lying peer's stream was refused as it should be
+	Snapshots   int // CreateSnapshot answered OK
 	// SnapshotDeletes, Restores, Expands: DeleteSnapshot, CreateVolume
 	// from a snapshot and ControllerExpandVolume answered OK.
 	SnapshotDeletes, Restores, Expands int
@@ -156,6 +159,7 @@ func (s *Stats) Add(o Stats) {
 	s.NewGeneration += o.NewGeneration
 	s.Stages += o.Stages
 	s.StaleRefused += o.StaleRefused
+	s.AheadStages += o.AheadStages
 	s.Writes += o.Writes
 	s.ReadOnly += o.ReadOnly
 	s.Pushes += o.Pushes

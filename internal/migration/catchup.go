@@ -70,20 +70,28 @@ const catchUpKeep = 10 * time.Minute
 type catchUp struct {
 	volumeID, source, target string
 	started                  time.Time
+	// The source's copy when the move started: its generation, and
+	// whether it was unpublished (only then may the publish be granted
+	// ahead of the move's end: the final step follows the catch-up).
+	sourceGeneration  uint64
+	sourceUnpublished bool
 
-	mu           sync.Mutex
-	bytes, total int64     // sent so far, and the estimate of all
-	final        bool      // the final step runs (or ran)
-	moved        bool      // the final step moved the volume
-	err          error     // why it failed, once done
-	ended        time.Time // zero while it runs
-	done         chan struct{}
+	mu             sync.Mutex
+	bytes, total   int64     // sent so far, and the estimate of all
+	final          bool      // the final step runs (or ran)
+	moved          bool      // the final step moved the volume
+	err            error     // why it failed, once done
+	publishedAhead time.Time // when a publish was granted ahead of its end
+	ended          time.Time // zero while it runs
+	done           chan struct{}
 }
 
+// startFinal records that the final step runs, which it does only with
+// the source unpublished.
 func (c *catchUp) startFinal() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.final = true
+	c.final, c.sourceUnpublished = true, true
 }
 
 func (c *catchUp) inFinalStep() bool {
@@ -122,22 +130,72 @@ func (c *catchUp) runningError(now time.Time) error {
 	defer c.mu.Unlock()
 	elapsed := now.Sub(c.started)
 	if c.final {
-		return errdefs.Wrap(errdefs.ErrFailedPrecondition,
+		return &moveRunning{move: c, err: errdefs.Wrap(errdefs.ErrFailedPrecondition,
 			"moving volume %s to node %s: the final step (fence, last increment, promotion) runs in the background (%s sent before it, running %s); the move is done at a retry",
-			c.volumeID, c.target, vocab.Bytes(c.bytes), elapsed.Round(time.Second))
+			c.volumeID, c.target, vocab.Bytes(c.bytes), elapsed.Round(time.Second))}
 	}
 	how := fmt.Sprintf("%s sent so far", vocab.Bytes(c.bytes))
 	if c.total > 0 {
 		how = fmt.Sprintf("%s of %s", vocab.Bytes(c.bytes), vocab.Bytes(c.total))
-		if c.bytes > 0 && c.total > c.bytes {
-			left := time.Duration(float64(elapsed) * float64(c.total-c.bytes) / float64(c.bytes))
+		if left, ok := c.leftLocked(now); ok {
 			how += fmt.Sprintf(", about %s left", left.Round(time.Second))
 		}
 	}
-	return errdefs.Wrap(errdefs.ErrFailedPrecondition,
+	return &moveRunning{move: c, err: errdefs.Wrap(errdefs.ErrFailedPrecondition,
 		"moving volume %s to node %s: node %s is sending it in the background (%s, running %s); the move finishes at a retry once that is done",
-		c.volumeID, c.target, c.source, how, elapsed.Round(time.Second))
+		c.volumeID, c.target, c.source, how, elapsed.Round(time.Second))}
 }
+
+// leftLocked estimates the catch-up's time left from its rate so far,
+// once it has run long enough for a rate to mean something.
+func (c *catchUp) leftLocked(now time.Time) (time.Duration, bool) {
+	elapsed := now.Sub(c.started)
+	if c.bytes <= 0 || c.total <= c.bytes || elapsed < minEstimateTime {
+		return 0, false
+	}
+	return time.Duration(float64(elapsed) * float64(c.total-c.bytes) / float64(c.bytes)), true
+}
+
+// minEstimateTime is how long a catch-up runs before its rate gives an
+// estimate of its end.
+const minEstimateTime = 2 * time.Second
+
+// grantedAhead records that a publish was granted ahead of c's end.
+func (c *catchUp) grantedAhead(at time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.publishedAhead.IsZero() {
+		c.publishedAhead = at
+	}
+}
+
+// aheadOf returns the generation the target's copy must exceed when the
+// publish may be granted ahead of c's end: its source was unpublished
+// when it started (the final step follows), and it runs its final step
+// or its catch-up is estimated to end within d.
+func (c *catchUp) aheadOf(now time.Time, d time.Duration) (uint64, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.sourceUnpublished || c.sourceGeneration == 0 {
+		return 0, false
+	}
+	if c.final {
+		return c.sourceGeneration, true
+	}
+	left, ok := c.leftLocked(now)
+	return c.sourceGeneration, ok && left <= d
+}
+
+// moveRunning is the publish's refusal while a background move of the
+// volume to the node runs: FailedPrecondition with the move's progress,
+// which PublishAhead reads.
+type moveRunning struct {
+	move *catchUp
+	err  error
+}
+
+func (e *moveRunning) Error() string { return e.err.Error() }
+func (e *moveRunning) Unwrap() error { return e.err }
 
 // catchUps are the running and finished catch-ups, by volume and target.
 type catchUps struct {
@@ -262,7 +320,8 @@ func (m *Migrator) caughtUp(ctx context.Context, p copyOn, target cluster.Node, 
 // startMove starts the background move of p to target (with a catch-up
 // first, or straight to the final step) and waits catchUpWait for it.
 func (m *Migrator) startMove(ctx context.Context, p copyOn, target cluster.Node, withCatchUp bool, log hclog.Logger) error {
-	c := &catchUp{volumeID: p.copy.VolumeID, source: p.nodeID(), target: target.Info.NodeID, started: m.now(), final: !withCatchUp, done: make(chan struct{})}
+	c := &catchUp{volumeID: p.copy.VolumeID, source: p.nodeID(), target: target.Info.NodeID, started: m.now(), final: !withCatchUp, done: make(chan struct{}),
+		sourceGeneration: p.copy.Generation, sourceUnpublished: !p.copy.Mounted}
 	if err := m.catchUps.add(c, m.maxCatchUps()); err != nil {
 		return err
 	}
@@ -373,7 +432,7 @@ func (m *Migrator) runMove(c *catchUp, source cluster.Node, targetAddr string, c
 	case err != nil:
 		log.Warn("moving the volume in the background failed; the publish's retry starts it again", "from_node", c.source, "error", err, "seconds", seconds)
 	case moved:
-		log.Info("volume moved in the background; the publish's retry finds it there", "from_node", c.source, "seconds", seconds)
+		log.Info("volume moved in the background; the publish's retry, or the node's stage of a publish granted ahead, finds it there", "from_node", c.source, "seconds", seconds)
 	default:
 		log.Info("move's target caught up; the final step waits for the volume to be unpublished on its node", "from_node", c.source, "seconds", seconds)
 	}

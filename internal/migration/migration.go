@@ -46,6 +46,10 @@ type Migrator struct {
 	// StallTimeout cancels a catch-up that moved no data for that long
 	// (zero: cluster.DefaultStallTimeout).
 	StallTimeout time.Duration
+	// PublishAheadWithin lets PublishAhead grant a publish while the
+	// volume's background move to the node is estimated to end within
+	// it (zero: never; see PublishAhead).
+	PublishAheadWithin time.Duration
 
 	cluster     *cluster.Cluster
 	log         hclog.Logger
@@ -361,6 +365,37 @@ const maxSteps = 5
 // checks when staging.
 func (m *Migrator) Publish(ctx context.Context, id, nodeID string) (uint64, error) {
 	return m.publish(ctx, id, nodeID, false)
+}
+
+// Publication is what a publish grants the node: the generation it must
+// find when staging or, granted ahead of a move's end (After set), the
+// generation its copy must be newer than once the move has promoted it.
+type Publication struct {
+	Generation, After uint64
+}
+
+// PublishAhead is Publish for a CO that stages the volume on the node
+// next, as Nomad does. While the volume's background move to nodeID
+// runs, its source unpublished, and is estimated to end within
+// PublishAheadWithin, it grants the publish at once with the source's
+// generation as After: the node's stage waits for its copy's promotion
+// (docs/migration.md, "Publishing ahead of a move's end"). Otherwise it
+// is Publish. Nomad retries a refused publish with a backoff that
+// reaches a minute, so a move that ended just after a retry left the
+// workload waiting up to a minute for the next; a stage that waits ends
+// when the move does.
+func (m *Migrator) PublishAhead(ctx context.Context, id, nodeID string) (Publication, error) {
+	gen, err := m.publish(ctx, id, nodeID, false)
+	var running *moveRunning
+	if m.PublishAheadWithin > 0 && errors.As(err, &running) {
+		if after, ok := running.move.aheadOf(m.now(), m.PublishAheadWithin); ok {
+			running.move.grantedAhead(m.now())
+			m.log.Info("published ahead of the move's end: the node stages the volume once its copy is promoted",
+				"volume_id", id, "node_id", nodeID, "from_node", running.move.source, "after_generation", after)
+			return Publication{After: after}, nil
+		}
+	}
+	return Publication{Generation: gen}, err
 }
 
 // MoveRunning returns the target of the volume's move running in the

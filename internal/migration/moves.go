@@ -26,6 +26,9 @@ type MoveStatus struct {
 	// CaughtUp: when the catch-up completed with the source still
 	// published; the final step waits for the publish's retry since then.
 	CaughtUp time.Time `json:"caught_up,omitzero"`
+	// PublishedAhead: when the publish was granted ahead of the move's
+	// end; the node's stage waits for the promotion since then.
+	PublishedAhead time.Time `json:"published_ahead,omitzero"`
 	// Error: why the catch-up failed (the publish's retry starts another).
 	Error string `json:"error,omitempty"`
 }
@@ -44,7 +47,7 @@ func (m *Migrator) Moves() []MoveStatus {
 			c.mu.Unlock()
 			continue // the CO gave up on it, or went elsewhere
 		}
-		s := MoveStatus{VolumeID: c.volumeID, From: c.source, To: c.target, Started: c.started, Bytes: c.bytes, TotalBytes: c.total, FinalStep: c.final}
+		s := MoveStatus{VolumeID: c.volumeID, From: c.source, To: c.target, Started: c.started, Bytes: c.bytes, TotalBytes: c.total, FinalStep: c.final, PublishedAhead: c.publishedAhead}
 		switch {
 		case c.ended.IsZero():
 		case c.err != nil:

@@ -420,3 +420,113 @@ func threeNodes() (fakes *clustertest.Fakes, n1, n2 *clustertest.FakeAgent) {
 	fakes.Add(agentclient.NodeInfo{NodeID: "n3"})
 	return fakes, n1, n2
 }
+
+// TestAPublishIsGrantedAheadOfAMovesEnd (issue 15): while a volume's
+// background move to the node runs, its source unpublished, PublishAhead
+// grants the publish at once with the source's generation (the node's
+// stage waits past it) when the move is estimated to end within
+// PublishAheadWithin, and refuses it with the move's progress otherwise;
+// Publish never grants ahead, and once the move is done PublishAhead
+// grants the new generation itself.
+func TestAPublishIsGrantedAheadOfAMovesEnd(t *testing.T) {
+	tests := []struct {
+		name            string
+		within          time.Duration
+		sourcePublished bool
+		wantAhead       bool
+	}{
+		// 1 GiB of 3 sent in 10 s: about 20 s left.
+		{"ends within the bound", time.Minute, false, true},
+		{"ends after the bound", 10 * time.Second, false, false},
+		{"publishing ahead off", 0, false, false},
+		{"source still published", time.Minute, true, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			fakes, n1, n2 := threeNodes()
+			id := n1.PutPrimary("big", 1)
+			if tc.sourcePublished {
+				c, _ := n1.Copy(id)
+				c.Mounted = true
+				n1.PutCopy(c)
+			}
+			release := make(chan struct{})
+			heldPushes(n1, release)
+			m := New(fakes.Cluster(t), hclog.NewNullLogger())
+			m.catchUpWait = time.Millisecond
+			m.PublishAheadWithin = tc.within
+			var clock atomic.Int64
+			clock.Store(time.Unix(1_800_000_000, 0).UnixNano())
+			m.now = func() time.Time { return time.Unix(0, clock.Load()) }
+			ctx := context.Background()
+
+			if _, err := m.PublishAhead(ctx, id, "n2"); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+				t.Fatalf("the publish that starts the move: %v, want FailedPrecondition (nothing sent yet)", err)
+			}
+			for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+				if moves := m.Moves(); len(moves) == 1 && moves[0].Bytes == 1<<30 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("the catch-up reported no progress: %+v", m.Moves())
+				}
+			}
+			clock.Add(int64(10 * time.Second))
+			if _, err := m.Publish(ctx, id, "n2"); !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "about 20s left") {
+				t.Errorf("Publish during the move: %v, want FailedPrecondition with the time left", err)
+			}
+			p, err := m.PublishAhead(ctx, id, "n2")
+			switch {
+			case tc.wantAhead && (err != nil || p != Publication{After: 1}):
+				t.Errorf("PublishAhead 20 s before the move's end: %+v, %v; want granted after generation 1", p, err)
+			case !tc.wantAhead && !errors.Is(err, errdefs.ErrFailedPrecondition):
+				t.Errorf("PublishAhead: %+v, %v; want FailedPrecondition with the move's progress", p, err)
+			}
+			if c, _ := n2.Copy(id); c.Role == vocab.RolePrimary {
+				t.Errorf("n2's copy after a publish granted ahead, before the move's end: %+v, want no primary yet", c)
+			}
+			close(release)
+			if tc.sourcePublished {
+				return // the final step waits for the source's unpublish
+			}
+			for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+				if c, _ := n2.Copy(id); c.Role == vocab.RolePrimary {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("the move did not end")
+				}
+			}
+			if p, err := m.PublishAhead(ctx, id, "n2"); err != nil || p != (Publication{Generation: 2}) {
+				t.Errorf("PublishAhead once moved: %+v, %v; want generation 2", p, err)
+			}
+		})
+	}
+}
+
+// TestAheadOf: when a running move lets its publish be granted ahead.
+func TestAheadOf(t *testing.T) {
+	start := time.Unix(1_800_000_000, 0)
+	tests := []struct {
+		name string
+		c    *catchUp
+		want bool
+	}{
+		{"half sent in 10 s, 10 s left", &catchUp{sourceGeneration: 3, sourceUnpublished: true, bytes: 5, total: 10}, true},
+		{"a tenth in 10 s, 90 s left", &catchUp{sourceGeneration: 3, sourceUnpublished: true, bytes: 1, total: 10}, false},
+		{"nothing sent yet: no estimate", &catchUp{sourceGeneration: 3, sourceUnpublished: true, total: 10}, false},
+		{"no total: no estimate", &catchUp{sourceGeneration: 3, sourceUnpublished: true, bytes: 5}, false},
+		{"in its final step", &catchUp{sourceGeneration: 3, sourceUnpublished: true, final: true}, true},
+		{"source published", &catchUp{sourceGeneration: 3, bytes: 5, total: 10}, false},
+		{"no source generation", &catchUp{sourceUnpublished: true, final: true}, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.c.started = start
+			after, ok := tc.c.aheadOf(start.Add(10*time.Second), 30*time.Second)
+			if ok != tc.want || ok && after != 3 {
+				t.Errorf("aheadOf: %d, %v; want %v", after, ok, tc.want)
+			}
+		})
+	}
+}

@@ -339,6 +339,9 @@ func printMoves(out io.Writer, moves []migration.MoveStatus, now time.Time) {
 		case !m.CaughtUp.IsZero():
 			state = fmt.Sprintf("caught up %s ago; final step pending: the next publish retry runs it", now.Sub(m.CaughtUp).Round(time.Second))
 		}
+		if !m.PublishedAhead.IsZero() && m.Moved.IsZero() {
+			state += fmt.Sprintf("; published ahead of its end %s ago: the node's stage waits for it", now.Sub(m.PublishedAhead).Round(time.Second))
+		}
 		fmt.Fprintf(out, "  %s: %s -> %s  %s\n", m.VolumeID, m.From, m.To, state)
 	}
 }

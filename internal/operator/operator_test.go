@@ -64,7 +64,7 @@ func TestPrintStatus(t *testing.T) {
 		Moves: []migration.MoveStatus{
 			{VolumeID: "vol-a", From: "n1", To: "n3", Started: now.Add(-time.Second), Bytes: 1 << 20},
 			{VolumeID: "vol-d", From: "n2", To: "n1", Started: now.Add(-time.Minute), CaughtUp: now.Add(-12 * time.Second)},
-			{VolumeID: "vol-e", From: "n2", To: "n3", Started: now.Add(-5 * time.Second), FinalStep: true},
+			{VolumeID: "vol-e", From: "n2", To: "n3", Started: now.Add(-5 * time.Second), FinalStep: true, PublishedAhead: now.Add(-4 * time.Second)},
 			{VolumeID: "vol-f", From: "n1", To: "n2", Started: now.Add(-time.Minute), FinalStep: true, Moved: now.Add(-3 * time.Second)},
 		},
 		Unreachable: []Unreachable{{Node: "10.0.0.4:7670", Error: "connection refused"}},
@@ -79,7 +79,7 @@ func TestPrintStatus(t *testing.T) {
 		"tank/nomad/vol-c-aside-1 on n2",
 		"moves in progress: 4\n  vol-a: n1 -> n3  catching up: ",
 		"  vol-d: n2 -> n1  caught up 12s ago; final step pending: the next publish retry runs it",
-		"  vol-e: n2 -> n3  final step running (fence, last increment, promotion), 5s after the start",
+		"  vol-e: n2 -> n3  final step running (fence, last increment, promotion), 5s after the start; published ahead of its end 4s ago: the node's stage waits for it",
 		"  vol-f: n1 -> n2  moved 3s ago; the publish's retry finds it there",
 		"unreachable: 10.0.0.4:7670: connection refused",
 	} {

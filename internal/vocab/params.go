@@ -62,3 +62,9 @@ const DefaultReplicationInterval = 5 * time.Minute
 // generation ControllerPublishVolume made current; a node refuses to stage
 // any other (docs/migration.md).
 const PublishContextGeneration = "generation"
+
+// PublishContextAfterGeneration is the publish context key of a publish
+// granted ahead of the end of the volume's move to the node: the node
+// waits, when staging, until its copy is the primary of a generation
+// newer than this one, the move's source's (docs/migration.md).
+const PublishContextAfterGeneration = "after_generation"

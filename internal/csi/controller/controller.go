@@ -344,7 +344,8 @@ func (c *Controller) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRe
 // its copy there the primary: a planned move if the primary is elsewhere
 // and unpublished, a failover (by the volume's policy) if the primary's
 // node is lost. The publish context carries the generation the node must
-// find when staging (docs/migration.md).
+// find when staging or, granted ahead of a move's end, the generation its
+// copy must be newer than once promoted (docs/migration.md).
 func (c *Controller) ControllerPublishVolume(ctx context.Context, req *csi.ControllerPublishVolumeRequest) (*csi.ControllerPublishVolumeResponse, error) {
 	id, nodeID := req.GetVolumeId(), req.GetNodeId()
 	if err := plugin.FirstError(plugin.Required("volume_id", id), plugin.Required("node_id", nodeID), plugin.CheckCapability(req.GetVolumeCapability())); err != nil {
@@ -358,11 +359,14 @@ func (c *Controller) ControllerPublishVolume(ctx context.Context, req *csi.Contr
 		return nil, err
 	}
 	defer unlock()
-	gen, err := c.migrator.Publish(ctx, id, nodeID)
+	p, err := c.migrator.PublishAhead(ctx, id, nodeID)
 	if err != nil {
 		return nil, err
 	}
-	return &csi.ControllerPublishVolumeResponse{PublishContext: map[string]string{vocab.PublishContextGeneration: strconv.FormatUint(gen, 10)}}, nil
+	if p.After != 0 {
+		return &csi.ControllerPublishVolumeResponse{PublishContext: map[string]string{vocab.PublishContextAfterGeneration: strconv.FormatUint(p.After, 10)}}, nil
+	}
+	return &csi.ControllerPublishVolumeResponse{PublishContext: map[string]string{vocab.PublishContextGeneration: strconv.FormatUint(p.Generation, 10)}}, nil
 }
 
 // ControllerUnpublishVolume has nothing to undo: the node unmounts, and the

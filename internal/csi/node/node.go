@@ -4,11 +4,14 @@
 package node
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"slices"
 	"strconv"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/hashicorp/go-hclog"
@@ -41,6 +44,11 @@ type Mounter interface {
 // since a job submitter can forge it with `nomad volume register`.
 type Node struct {
 	csi.UnimplementedNodeServer
+	// PromotionWait bounds how long a stage published ahead of a move's
+	// end waits for the promotion, within the call's deadline (zero:
+	// two minutes); the fault simulation, on its own clock, waits not.
+	PromotionWait time.Duration
+
 	volumes *volume.Manager
 	mounter Mounter
 	cfg     config.Node
@@ -90,7 +98,7 @@ func (n *Node) lockVolume(id string) (func(), error) {
 // lock, held until the caller's mount is done, so that no fence or
 // demotion overtakes it.
 func (n *Node) lockStageable(ctx context.Context, id string, publishContext map[string]string) (volume.Volume, func(), error) {
-	generation, err := publishedGeneration(publishContext)
+	generation, err := n.publishedGeneration(ctx, id, publishContext)
 	if err != nil {
 		return volume.Volume{}, nil, err
 	}
@@ -104,6 +112,84 @@ func (n *Node) lockStageable(ctx context.Context, id string, publishContext map[
 		return volume.Volume{}, nil, err
 	}
 	return v, func() { unlockCopy(); unlockCall() }, nil
+}
+
+// publishedGeneration is the generation the node may stage: the one the
+// publish context names (0: none named, not checked) or, for a publish
+// granted ahead of the end of the volume's move here, the generation of
+// this node's copy once the move has promoted it.
+func (n *Node) publishedGeneration(ctx context.Context, id string, pc map[string]string) (uint64, error) {
+	generation, err := contextGeneration(pc, vocab.PublishContextGeneration)
+	if err != nil {
+		return 0, err
+	}
+	after, err := contextGeneration(pc, vocab.PublishContextAfterGeneration)
+	if err != nil || after == 0 {
+		return generation, err
+	}
+	if generation != 0 {
+		return 0, errdefs.Wrap(errdefs.ErrInvalidArgument, "publish context names both %s and %s; a publish grants one", vocab.PublishContextGeneration, vocab.PublishContextAfterGeneration)
+	}
+	return n.promotedAfter(ctx, id, after)
+}
+
+// promotedAfter waits until this node's copy of volume id is the primary
+// of a generation newer than after, the generation of the move's source,
+// and returns it. A node stages only a primary, and a move promotes its
+// target only after fencing its source and reserving the new generation
+// from a majority, so the copy it returns is the volume's one writable
+// copy (Stageable checks the rest). It holds no lock while it waits: the
+// promotion needs the copy's. It gives up before the call's deadline
+// with Unavailable, which Nomad retries.
+func (n *Node) promotedAfter(ctx context.Context, id string, after uint64) (uint64, error) {
+	wait := cmp.Or(n.PromotionWait, maxPromotionWait)
+	if d, ok := ctx.Deadline(); ok {
+		wait = min(wait, time.Until(d)-promotionWaitMargin)
+	}
+	giveUp := time.Now().Add(wait)
+	for first := true; ; first = false {
+		c, err := n.volumes.Copy(ctx, id)
+		if err != nil {
+			return 0, err
+		}
+		if c.Exists && c.Role == vocab.RolePrimary && c.Generation > after {
+			if !first {
+				n.log.Info("copy promoted: staging the volume published ahead of its move's end", "volume_id", id, "generation", c.Generation)
+			}
+			return c.Generation, nil
+		}
+		if first {
+			n.log.Info("volume published ahead of its move's end: staging waits for this node's copy to be promoted", "volume_id", id,
+				"after_generation", after, "role", c.Role, "generation", c.Generation)
+		}
+		if !time.Now().Before(giveUp) {
+			return 0, errdefs.Wrap(errdefs.ErrUnavailable, "volume %s was published on node %s ahead of the end of its move here, and the copy here is not promoted yet (%s): the move still runs, or failed (zfs-controller status shows it); retry",
+				id, n.cfg.NodeID, describeCopy(c))
+		}
+		t := time.NewTimer(promotionPoll)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return 0, errdefs.Wrap(errdefs.ErrUnavailable, "volume %s: waiting for the copy on node %s to be promoted by its move: %v; retry", id, n.cfg.NodeID, ctx.Err())
+		case <-t.C:
+		}
+	}
+}
+
+// How long and how often a stage waits for a move's promotion: within
+// the CO's deadline, less a margin for the answer; two minutes where the
+// CO sets none (Nomad gives a stage two minutes a try).
+const (
+	maxPromotionWait    = 2 * time.Minute
+	promotionWaitMargin = 2 * time.Second
+	promotionPoll       = 500 * time.Millisecond
+)
+
+func describeCopy(c volume.Copy) string {
+	if !c.Exists {
+		return "none yet"
+	}
+	return fmt.Sprintf("%s of generation %d", c.Role, c.Generation)
 }
 
 // checkPaths refuses, as InvalidArgument and before anything is mounted,
@@ -171,14 +257,16 @@ func (n *Node) stage(ctx context.Context, req *csi.NodeStageVolumeRequest) error
 	return nil
 }
 
-func publishedGeneration(pc map[string]string) (uint64, error) {
-	v, ok := pc[vocab.PublishContextGeneration]
+// contextGeneration reads a generation from the publish context (0: the
+// key is absent).
+func contextGeneration(pc map[string]string, key string) (uint64, error) {
+	v, ok := pc[key]
 	if !ok {
 		return 0, nil
 	}
 	gen, err := strconv.ParseUint(v, 10, 64)
 	if err != nil || gen == 0 {
-		return 0, errdefs.Wrap(errdefs.ErrInvalidArgument, "publish context %s=%q is not a generation", vocab.PublishContextGeneration, v)
+		return 0, errdefs.Wrap(errdefs.ErrInvalidArgument, "publish context %s=%q is not a generation", key, v)
 	}
 	return gen, nil
 }

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/hashicorp/go-hclog"
@@ -108,5 +109,81 @@ func TestStalePublishContextRefused(t *testing.T) {
 	gen2 := map[string]string{vocab.PublishContextGeneration: "2"}
 	if _, err := n.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: v.ID, StagingTargetPath: staging, TargetPath: target, VolumeCapability: capability, PublishContext: gen2}); err != nil {
 		t.Errorf("NodePublishVolume with the current generation: %v", err)
+	}
+}
+
+// TestAStageGrantedAheadWaitsForThePromotion (issue 15): a publish
+// granted ahead of the end of the volume's move here names the source's
+// generation; the stage waits, holding no lock, until the copy here is
+// the primary of a newer one and then mounts it, and gives up with
+// Unavailable (Nomad retries it) before the call's deadline if it never
+// is. A context naming both keys is refused.
+func TestAStageGrantedAheadWaitsForThePromotion(t *testing.T) {
+	after1 := map[string]string{vocab.PublishContextAfterGeneration: "1"}
+	tests := []struct {
+		name     string
+		pc       map[string]string
+		promote  map[string]string // the move's promotion, a moment into the wait (nil: none)
+		deadline time.Duration
+		want     codes.Code
+	}{
+		{"promoted during the wait", after1, map[string]string{volume.PropRole: vocab.RolePrimary, volume.PropGeneration: "2"}, 20 * time.Second, codes.OK},
+		{"never promoted", after1, nil, 3 * time.Second, codes.Unavailable},
+		{"a primary of the source's generation is no promotion", after1, map[string]string{volume.PropRole: vocab.RolePrimary, volume.PropGeneration: "1"}, 3 * time.Second, codes.Unavailable},
+		{"both keys", map[string]string{vocab.PublishContextAfterGeneration: "1", vocab.PublishContextGeneration: "2"}, nil, 3 * time.Second, codes.InvalidArgument},
+		{"not a generation", map[string]string{vocab.PublishContextAfterGeneration: "x"}, nil, 3 * time.Second, codes.InvalidArgument},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			n, mounter, fake, v, base := newTestNode(t)
+			bg := context.Background()
+			// The move's target holds a replica of the source's generation.
+			if err := fake.SetProperties(bg, v.Dataset, map[string]string{volume.PropRole: vocab.RoleReplica, volume.PropGeneration: "1"}); err != nil {
+				t.Fatal(err)
+			}
+			if tc.promote != nil {
+				go func() {
+					time.Sleep(time.Second)
+					// The promotion takes the copy's lock: the waiting
+					// stage must not hold it.
+					lctx, lcancel := context.WithTimeout(bg, time.Second)
+					defer lcancel()
+					unlock, err := n.volumes.Locks().Lock(lctx, v.ID, "promote")
+					if err != nil {
+						t.Errorf("the promotion could not take the copy's lock during the stage's wait: %v", err)
+						return
+					}
+					defer unlock()
+					if err := fake.SetProperties(bg, v.Dataset, tc.promote); err != nil {
+						t.Error(err)
+					}
+				}()
+			}
+			ctx, cancel := context.WithTimeout(bg, tc.deadline)
+			defer cancel()
+			staging := filepath.Join(base, "staging")
+			began := time.Now()
+			_, err := n.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: v.ID, StagingTargetPath: staging, VolumeCapability: capability, PublishContext: tc.pc})
+			if status.Code(err) != tc.want {
+				t.Fatalf("NodeStageVolume: %v, want %v", err, tc.want)
+			}
+			if ctx.Err() != nil {
+				t.Errorf("NodeStageVolume answered after its deadline (%v)", time.Since(began))
+			}
+			_, mounted, _ := mounter.Lookup(staging)
+			if mounted != (tc.want == codes.OK) {
+				t.Errorf("staged: %v, want %v", mounted, tc.want == codes.OK)
+			}
+			if tc.want != codes.OK {
+				return
+			}
+			if took := time.Since(began); took < time.Second {
+				t.Errorf("staged after %v, before the copy was promoted", took)
+			}
+			target := filepath.Join(base, "target")
+			if _, err := n.NodePublishVolume(bg, &csi.NodePublishVolumeRequest{VolumeId: v.ID, StagingTargetPath: staging, TargetPath: target, VolumeCapability: capability, PublishContext: tc.pc}); err != nil {
+				t.Errorf("NodePublishVolume with the same context once promoted: %v", err)
+			}
+		})
 	}
 }
