@@ -20,8 +20,9 @@ import (
 // reaped (a node's zfs send and receive count to zfs-node, the nomad
 // commands the test runs count to the test).
 type cpuSample struct {
-	busy, total time.Duration
-	byPID       map[int]procCPU
+	busy, iowait, total time.Duration
+	stalled             map[string]time.Duration // by resource: time some task waited for it (PSI)
+	byPID               map[int]procCPU
 }
 
 type procCPU struct {
@@ -32,17 +33,24 @@ type procCPU struct {
 const userHZ = 100 // /proc counts in 1/100 s
 
 func sampleCPU() cpuSample {
-	s := cpuSample{byPID: map[int]procCPU{}}
+	s := cpuSample{byPID: map[int]procCPU{}, stalled: map[string]time.Duration{}}
 	if data, err := os.ReadFile("/proc/stat"); err == nil {
 		line, _, _ := strings.Cut(string(data), "\n")
 		for i, f := range strings.Fields(line)[1:] {
 			n, _ := strconv.ParseInt(f, 10, 64)
 			d := time.Duration(n) * time.Second / userHZ
 			s.total += d
-			if i != 3 && i != 4 { // idle, iowait
+			switch i {
+			case 3: // idle
+			case 4:
+				s.iowait += d
+			default:
 				s.busy += d
 			}
 		}
+	}
+	for _, resource := range []string{"cpu", "io", "memory"} {
+		s.stalled[resource] = pressureStalled(resource)
 	}
 	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
 	for _, path := range stats {
@@ -64,9 +72,53 @@ func sampleCPU() cpuSample {
 			ticks += n
 		}
 		pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(path)))
-		s.byPID[pid] = procCPU{comm: string(data)[open+1 : closing], used: time.Duration(ticks) * time.Second / userHZ}
+		s.byPID[pid] = procCPU{comm: role(pid, string(data)[open+1:closing]), used: time.Duration(ticks) * time.Second / userHZ}
 	}
 	return s
+}
+
+// pressureStalled is the time some task waited for resource, from the
+// kernel's pressure stall information (zero where the kernel keeps none).
+func pressureStalled(resource string) time.Duration {
+	data, err := os.ReadFile("/proc/pressure/" + resource)
+	if err != nil {
+		return 0
+	}
+	line, _, _ := strings.Cut(string(data), "\n") // "some avg10=... total=<µs>"
+	for _, f := range strings.Fields(line) {
+		if v, ok := strings.CutPrefix(f, "total="); ok {
+			us, _ := strconv.ParseInt(v, 10, 64)
+			return time.Duration(us) * time.Microsecond
+		}
+	}
+	return 0
+}
+
+// role names a process by its command, and a nomad process by what it
+// is too: the agents (one server, three clients) are the simulation's
+// overhead, each new allocation's executor and log collector are the
+// drain's own work.
+func role(pid int, comm string) string {
+	if comm != "nomad" {
+		return comm
+	}
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil {
+		return comm
+	}
+	args := strings.Split(strings.TrimRight(string(cmdline), "\x00"), "\x00")
+	if len(args) < 2 {
+		return comm
+	}
+	if args[1] == "agent" {
+		for _, a := range args[2:] {
+			if strings.Contains(a, "server") {
+				return "nomad agent (server)"
+			}
+		}
+		return "nomad agent (client)"
+	}
+	return "nomad " + args[1]
 }
 
 // cpuSince tells how busy the guest was since before and which commands
@@ -90,7 +142,10 @@ func cpuSince(before cpuSample) string {
 	sort.Slice(uses, func(i, j int) bool { return uses[i].d > uses[j].d })
 	busy, total := after.busy-before.busy, after.total-before.total
 	var b strings.Builder
-	fmt.Fprintf(&b, "guest CPU: %.0f s busy of %.0f s (%.0f%%)", busy.Seconds(), total.Seconds(), 100*busy.Seconds()/max(total.Seconds(), 1))
+	fmt.Fprintf(&b, "guest CPU: %.0f s busy of %.0f s (%.0f%%), %.0f s waiting for I/O", busy.Seconds(), total.Seconds(), 100*busy.Seconds()/max(total.Seconds(), 1), (after.iowait - before.iowait).Seconds())
+	for _, resource := range []string{"cpu", "io", "memory"} {
+		fmt.Fprintf(&b, "; some task stalled on %s %.0f s", resource, (after.stalled[resource] - before.stalled[resource]).Seconds())
+	}
 	for i, u := range uses {
 		if i == 12 {
 			break
