@@ -8,6 +8,7 @@
 package cluster
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -74,6 +75,10 @@ type Unreachable struct {
 
 // Cluster reaches the node agents named by a PeerSource.
 type Cluster struct {
+	// ReconnectWait bounds the second attempt to reach an agent whose
+	// connection had failed (zero: DefaultReconnectWait).
+	ReconnectWait time.Duration
+
 	peers   PeerSource
 	timeout time.Duration
 	log     hclog.Logger
@@ -240,7 +245,7 @@ func (c *Cluster) node(ctx context.Context, addr string, about agentclient.GetNo
 		// old primary must be fenced, a move may wait for it): dial now,
 		// and give the new connection a moment.
 		c.conns.ResetBackoff(addr)
-		rctx, rcancel := context.WithTimeout(ctx, reconnectWait)
+		rctx, rcancel := context.WithTimeout(ctx, cmp.Or(c.ReconnectWait, DefaultReconnectWait))
 		waiting := about
 		waiting.WaitForReady = true
 		info, err = client.GetNode(rctx, waiting)
@@ -252,9 +257,10 @@ func (c *Cluster) node(ctx context.Context, addr string, about agentclient.GetNo
 	return Node{Addr: addr, Info: info, Agent: client}, nil
 }
 
-// reconnectWait bounds the second attempt to reach an agent whose
-// connection had failed.
-const reconnectWait = 2 * time.Second
+// DefaultReconnectWait bounds the second attempt to reach an agent
+// whose connection had failed: long enough for a node that is back to
+// answer on a new connection.
+const DefaultReconnectWait = 2 * time.Second
 
 // Healthy returns the nodes that answered and are healthy.
 func Healthy(nodes []Node) []Node {

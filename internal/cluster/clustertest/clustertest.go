@@ -55,7 +55,8 @@ func (a *Agents) Stop(addr string) {
 }
 
 // Cluster returns a cluster of the agents served, plus peers at the extra
-// addresses, which nobody serves. Each agent call is bounded by 2 s.
+// addresses, which nobody serves. Each agent call is bounded by 2 s, and
+// the second attempt to reach an agent whose connection failed by 100 ms.
 func (a *Agents) Cluster(t testing.TB, extra ...string) *cluster.Cluster {
 	a.mu.Lock()
 	peers := append([]string(nil), a.peers...)
@@ -73,6 +74,9 @@ func (a *Agents) Cluster(t testing.TB, extra ...string) *cluster.Cluster {
 		return lis.DialContext(ctx)
 	})
 	c := cluster.New(cluster.StaticPeers(peers), 2*time.Second, hclog.NewNullLogger(), dialer, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	// In memory, an agent that is back answers a new connection at once:
+	// the tests need not wait the two seconds a network may take.
+	c.ReconnectWait = 100 * time.Millisecond
 	t.Cleanup(c.Close)
 	return c
 }
