@@ -223,7 +223,7 @@ func (e *e2e) timedDrain(node string, jobs []drainJob, withVolumes bool) drainTi
 		}
 	}
 
-	cpu := sampleCPU()
+	cpu, logs := sampleCPU(), e.logOffsets()
 	began := time.Now()
 	e.nomad("node", "drain", "-enable", "-yes", "-detach", "-ignore-system", "-deadline", "15m", e.nodeIDs[node])
 	after := map[string]allocation{}
@@ -252,6 +252,7 @@ func (e *e2e) timedDrain(node string, jobs []drainJob, withVolumes bool) drainTi
 		what = "with volumes"
 	}
 	e.tell("during the drain %s: %s", what, cpuSince(cpu))
+	e.t.Logf("what Nomad's agents logged during the drain %s:%s", what, logActivity(logs))
 	for _, j := range jobs {
 		started := e.taskStarted(after[j.name].id).Sub(began)
 		took.running = max(took.running, started)
