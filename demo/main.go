@@ -25,6 +25,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
 	"github.com/zfs-nomad/zfs-nomad/internal/sim"
+	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
 	"github.com/zfs-nomad/zfs-nomad/internal/volume"
 )
 
@@ -461,7 +462,11 @@ func (s *story) publish(ctx context.Context, n *sim.Node, id, label string) (str
 	if _, err := nc.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: sim.MountWriter(), PublishContext: pc}); err != nil {
 		return "", err
 	}
-	s.say("%s: published on %s with generation %s", label, n.ID, pc["generation"])
+	if after, ok := pc[vocab.PublishContextAfterGeneration]; ok {
+		s.say("%s: published on %s ahead of its move's end; its stage waited for the copy there to be promoted past generation %s", label, n.ID, after)
+	} else {
+		s.say("%s: published on %s with generation %s", label, n.ID, pc[vocab.PublishContextGeneration])
+	}
 	return target, nil
 }
 
@@ -576,7 +581,7 @@ func (s *story) failover(ctx context.Context) (*csi.Volume, error) {
 	}
 	s.node[lost.ID] = csi.NewNodeClient(nc)
 	_, err = s.node[lost.ID].NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: v.GetVolumeId(), StagingTargetPath: filepath.Join(lost.Dir, "stale"),
-		VolumeCapability: sim.MountWriter(), PublishContext: map[string]string{"generation": "2"}})
+		VolumeCapability: sim.MountWriter(), PublishContext: map[string]string{vocab.PublishContextGeneration: "2"}})
 	s.say("staging the stale copy on %s: %s", lost.ID, status.Convert(err).Message())
 	s.say("Nomad stops the lost allocation on %s; the next publish sets the stale copy aside", lost.ID)
 	if err := s.unpublish(ctx, lost, v.GetVolumeId()); err != nil {

@@ -28,8 +28,9 @@ var (
 // drain of N jobs does: one ControllerPublishVolume per volume to another
 // node, retried every second while the answer says the target is being
 // caught up (as Nomad's claim retries, with its backoff), and the calls of all
-// volumes one at a time, as Nomad sends a plugin's controller calls. It
-// reports the time until every volume is on the new node, per volume,
+// volumes one at a time, as Nomad sends a plugin's controller calls, then
+// NodeStageVolume there. It reports the time until every volume is staged
+// on the new node, per volume,
 // and against zfs send | zfs receive of the same volumes one after
 // another between the same pools (the bytes alone, measured before).
 func BenchmarkDrain(b *testing.B) {
@@ -37,6 +38,8 @@ func BenchmarkDrain(b *testing.B) {
 	n1, n2 := c.Nodes[0], c.Nodes[1]
 	ctx := context.Background()
 	ctl := controllerClient(b, c)
+	node2 := csi.NewNodeClient(guesttest.Dial(b, n2.CSIEndpoint))
+	staging := func(id string) string { return filepath.Join(n2.Dir, "staging-"+id) }
 	var table []string
 	b.ResetTimer()
 	for _, field := range strings.Split(*drainCounts, ",") {
@@ -64,7 +67,7 @@ func BenchmarkDrain(b *testing.B) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				err := claim(ctx, oneAtATime{ctl, &serial}, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: n2.ID, VolumeCapability: mountCapability})
+				err := claim(ctx, oneAtATime{ctl, &serial}, node2, staging(id), &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: n2.ID, VolumeCapability: mountCapability})
 				if err != nil {
 					b.Error(err)
 				}
@@ -78,6 +81,9 @@ func BenchmarkDrain(b *testing.B) {
 		table = append(table, row)
 		fmt.Printf("BenchmarkDrain: %s\nBenchmarkDrain: %s\n", drainHeader, row)
 		for _, id := range ids {
+			if _, err := node2.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging(id)}); err != nil {
+				b.Fatal(err)
+			}
 			if _, err := ctl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
 				b.Fatal(err)
 			}
@@ -112,13 +118,21 @@ func drainVolumes(b *testing.B, ctl csi.ControllerClient, node *sim.Node, n int)
 
 // claim publishes as Nomad's claim of a volume for an allocation does
 // (claimWithRetry in client/allocrunner/csi_hook.go): again while the
-// answer is retryable (here: the target is being caught up), after 1 s,
-// then twice as long each time up to a minute.
-func claim(ctx context.Context, ctl csi.ControllerClient, req *csi.ControllerPublishVolumeRequest) error {
-	backoff := time.Second
+// answer is retryable (here: the target is being caught up), after 2 s,
+// then twice as long each time up to a minute; then it stages the volume
+// at staging on the node, as Nomad's client does next: a publish granted
+// ahead of the move's end answers before the move is done, and the stage
+// waits for it.
+func claim(ctx context.Context, ctl csi.ControllerClient, node csi.NodeClient, staging string, req *csi.ControllerPublishVolumeRequest) error {
+	backoff := 2 * time.Second
 	for deadline := time.Now().Add(30 * time.Minute); ; {
-		_, err := ctl.ControllerPublishVolume(ctx, req)
-		if err == nil || !sim.CatchingUp(err) || time.Now().After(deadline) {
+		resp, err := ctl.ControllerPublishVolume(ctx, req)
+		if err == nil {
+			_, err = node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: req.GetVolumeId(), StagingTargetPath: staging,
+				VolumeCapability: mountCapability, PublishContext: resp.GetPublishContext()})
+			return err
+		}
+		if !sim.CatchingUp(err) || time.Now().After(deadline) {
 			return err
 		}
 		time.Sleep(backoff)
