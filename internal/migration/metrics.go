@@ -8,7 +8,7 @@ import (
 
 // Metrics are the controller's migration metrics.
 type Metrics struct {
-	events, moveSeconds, rpo, catchUps, catchUpsRunning, finalPending metrics.Vec
+	events, moveSeconds, rpo, catchUps, catchUpsRunning, finalPending, ahead metrics.Vec
 }
 
 // NewMetrics declares the migration metrics in r.
@@ -20,6 +20,13 @@ func NewMetrics(r *metrics.Registry) *Metrics {
 		catchUps:        r.Counter("zfs_nomad_move_catchups_total", "Background pushes that caught a move's target up before its final step, by result.", "result"),
 		catchUpsRunning: r.Gauge("zfs_nomad_move_catchups_running", "Background pushes catching a move's target up now."),
 		finalPending:    r.Gauge("zfs_nomad_move_final_step_pending", "1 while a move's target is caught up and the move waits for the publish retry that runs its final step.", "volume_id", "target"),
+		ahead:           r.Counter("zfs_nomad_publishes_ahead_total", "Publishes granted ahead of the end of the volume's background move to the node, whose stage waits for the move."),
+	}
+}
+
+func (m *Metrics) publishedAhead() {
+	if m != nil {
+		m.ahead.Add(1)
 	}
 }
 

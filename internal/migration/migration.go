@@ -390,6 +390,7 @@ func (m *Migrator) PublishAhead(ctx context.Context, id, nodeID string) (Publica
 	if m.PublishAheadWithin > 0 && errors.As(err, &running) {
 		if after, ok := running.move.aheadOf(m.now(), m.PublishAheadWithin); ok {
 			running.move.grantedAhead(m.now())
+			m.Metrics.publishedAhead()
 			m.log.Info("published ahead of the move's end: the node stages the volume once its copy is promoted",
 				"volume_id", id, "node_id", nodeID, "from_node", running.move.source, "after_generation", after)
 			return Publication{After: after}, nil

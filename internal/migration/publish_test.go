@@ -455,6 +455,8 @@ func TestAPublishIsGrantedAheadOfAMovesEnd(t *testing.T) {
 			m := New(fakes.Cluster(t), hclog.NewNullLogger())
 			m.catchUpWait = time.Millisecond
 			m.PublishAheadWithin = tc.within
+			registry := metrics.NewRegistry()
+			m.Metrics = NewMetrics(registry)
 			var clock atomic.Int64
 			clock.Store(time.Unix(1_800_000_000, 0).UnixNano())
 			m.now = func() time.Time { return time.Unix(0, clock.Load()) }
@@ -484,6 +486,16 @@ func TestAPublishIsGrantedAheadOfAMovesEnd(t *testing.T) {
 			}
 			if c, _ := n2.Copy(id); c.Role == vocab.RolePrimary {
 				t.Errorf("n2's copy after a publish granted ahead, before the move's end: %+v, want no primary yet", c)
+			}
+			var b strings.Builder
+			if _, err := registry.WriteTo(&b); err != nil {
+				t.Fatal(err)
+			}
+			if counted := strings.Contains(b.String(), "zfs_nomad_publishes_ahead_total 1"); counted != tc.wantAhead {
+				t.Errorf("zfs_nomad_publishes_ahead_total counted the grant: %v, want %v", counted, tc.wantAhead)
+			}
+			if moves := m.Moves(); len(moves) != 1 || moves[0].PublishedAhead.IsZero() == tc.wantAhead {
+				t.Errorf("the move's status after the publish: %+v; want it published ahead: %v", moves, tc.wantAhead)
 			}
 			close(release)
 			if tc.sourcePublished {
