@@ -160,6 +160,13 @@ func (c *catchUp) leftLocked(now time.Time) (time.Duration, bool) {
 // estimate of its end.
 const minEstimateTime = 2 * time.Second
 
+// wasGrantedAhead tells whether a publish was granted ahead of c's end.
+func (c *catchUp) wasGrantedAhead() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return !c.publishedAhead.IsZero()
+}
+
 // grantedAhead records that a publish was granted ahead of c's end.
 func (c *catchUp) grantedAhead(at time.Time) {
 	c.mu.Lock()
@@ -368,7 +375,7 @@ func (m *Migrator) ended(ctx context.Context, c *catchUp, p copyOn, target clust
 		return nil // the publish says it is still published there
 	case c.err == nil:
 		return m.startMove(ctx, p, target, false, log)
-	case errors.Is(c.err, errdefs.ErrResourceExhausted) || errors.Is(c.err, errdefs.ErrInvalidArgument):
+	case permanent(c.err):
 		return fmt.Errorf("sending volume %s to node %s before the move: %w", id, target.Info.NodeID, c.err)
 	}
 	// Anything else (a node restarted, a stream broke, a push busy) may
@@ -412,15 +419,20 @@ func (m *Migrator) targetFresh(p copyOn, target cluster.Node, v view) bool {
 // runMove is the background move: it pushes the primary on source to the
 // target unless the target is fresh (waiting while another push of the
 // volume, the schedule's, holds it), then runs the final step if the
-// source is unpublished.
+// source is unpublished. A move whose publish was granted ahead of its
+// end gets no retry of the publish to start it again after a failure,
+// so it tries again itself, up to maxAheadAttempts times.
 func (m *Migrator) runMove(c *catchUp, source cluster.Node, targetAddr string, catchUp bool, log hclog.Logger) {
+	var moved bool
 	var err error
-	if catchUp {
-		err = m.runCatchUp(c, source, targetAddr, log)
-	}
-	moved := false
-	if err == nil {
-		moved, err = m.finishInBackground(c, log)
+	for attempt := 1; ; attempt++ {
+		moved, err = m.moveOnce(c, source, targetAddr, catchUp, log)
+		if err == nil || !c.wasGrantedAhead() || attempt >= maxAheadAttempts || permanent(err) {
+			break
+		}
+		log.Warn("moving the volume in the background failed after its publish was granted ahead; no publish retry will start it again, so the controller does",
+			"from_node", c.source, "attempt", attempt, "error", err)
+		_ = sleep(context.Background(), cmp.Or(m.aheadRetryPause, aheadRetryPause))
 	}
 	if err == nil && !moved {
 		// Before finish: the publish waiting for it clears this.
@@ -436,6 +448,31 @@ func (m *Migrator) runMove(c *catchUp, source cluster.Node, targetAddr string, c
 	default:
 		log.Info("move's target caught up; the final step waits for the volume to be unpublished on its node", "from_node", c.source, "seconds", seconds)
 	}
+}
+
+// moveOnce is one attempt of the background move c: a catch-up resumes
+// what an earlier attempt sent, and a final step starts from a fresh
+// look at every node, as the publish's retry would.
+func (m *Migrator) moveOnce(c *catchUp, source cluster.Node, targetAddr string, catchUp bool, log hclog.Logger) (bool, error) {
+	if catchUp {
+		if err := m.runCatchUp(c, source, targetAddr, log); err != nil {
+			return false, err
+		}
+	}
+	return m.finishInBackground(c, log)
+}
+
+// A move granted ahead tries again itself after a failure (runMove):
+// this many attempts in all, this far apart.
+const (
+	maxAheadAttempts = 3
+	aheadRetryPause  = 5 * time.Second
+)
+
+// permanent tells a move's failure that trying again cannot cure: the
+// target cannot hold the volume, or the request is wrong.
+func permanent(err error) bool {
+	return errors.Is(err, errdefs.ErrResourceExhausted) || errors.Is(err, errdefs.ErrInvalidArgument)
 }
 
 // runCatchUp pushes the primary on source to the target until it is done

@@ -51,11 +51,12 @@ type Migrator struct {
 	// it (zero: never; see PublishAhead).
 	PublishAheadWithin time.Duration
 
-	cluster     *cluster.Cluster
-	log         hclog.Logger
-	now         func() time.Time
-	catchUps    catchUps
-	catchUpWait time.Duration // zero: catchUpWait
+	cluster         *cluster.Cluster
+	log             hclog.Logger
+	now             func() time.Time
+	catchUps        catchUps
+	catchUpWait     time.Duration // zero: catchUpWait
+	aheadRetryPause time.Duration // zero: aheadRetryPause
 }
 
 // New returns a Migrator over the cluster's node agents.

@@ -542,3 +542,74 @@ func TestAheadOf(t *testing.T) {
 		})
 	}
 }
+
+// TestAMoveGrantedAheadTriesAgainItself (issue 15): a background move
+// whose publish was granted ahead of its end gets no retry of the
+// publish after a failure, so it tries again itself, resuming the push,
+// and the volume arrives; a move not granted ahead fails and waits for
+// the publish's retry, as before.
+func TestAMoveGrantedAheadTriesAgainItself(t *testing.T) {
+	for _, granted := range []bool{true, false} {
+		t.Run(fmt.Sprintf("granted ahead %v", granted), func(t *testing.T) {
+			fakes, n1, n2 := threeNodes()
+			id := n1.PutPrimary("big", 1)
+			fail := make(chan struct{})
+			var pushes atomic.Int32
+			n1.BeforePush = func(ctx context.Context, _ string, each func(agentclient.Progress)) error {
+				if pushes.Add(1) > 1 {
+					return nil
+				}
+				each(agentclient.Progress{Bytes: 1 << 30, TotalBytes: 3 << 30})
+				select {
+				case <-fail:
+					return errdefs.Wrap(errdefs.ErrUnavailable, "the stream broke")
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+			m := New(fakes.Cluster(t), hclog.NewNullLogger())
+			m.catchUpWait, m.aheadRetryPause = time.Millisecond, time.Millisecond
+			m.PublishAheadWithin = time.Minute
+			var clock atomic.Int64
+			clock.Store(time.Unix(1_800_000_000, 0).UnixNano())
+			m.now = func() time.Time { return time.Unix(0, clock.Load()) }
+			ctx := context.Background()
+
+			if _, err := m.PublishAhead(ctx, id, "n2"); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+				t.Fatalf("the publish that starts the move: %v, want FailedPrecondition", err)
+			}
+			for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+				if moves := m.Moves(); len(moves) == 1 && moves[0].Bytes == 1<<30 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("the catch-up reported no progress: %+v", m.Moves())
+				}
+			}
+			clock.Add(int64(10 * time.Second))
+			if granted {
+				if p, err := m.PublishAhead(ctx, id, "n2"); err != nil || p.After != 1 {
+					t.Fatalf("PublishAhead 20 s before the move's end: %+v, %v; want granted", p, err)
+				}
+			}
+			close(fail)
+			var ended MoveStatus
+			for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+				if moves := m.Moves(); len(moves) == 1 && (moves[0].Error != "" || !moves[0].Moved.IsZero()) {
+					ended = moves[0]
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("the move did not end: %+v", m.Moves())
+				}
+			}
+			c, _ := n2.Copy(id)
+			if arrived := c.Role == vocab.RolePrimary && c.Generation == 2; arrived != granted || ended.Moved.IsZero() == granted {
+				t.Errorf("after the catch-up broke: n2's copy %+v, the move %+v; want the volume moved: %v", c, ended, granted)
+			}
+			if !granted && !strings.Contains(ended.Error, "the stream broke") {
+				t.Errorf("the move not granted ahead ended with %q, want the failure, for the publish's retry", ended.Error)
+			}
+		})
+	}
+}
