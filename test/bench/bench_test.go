@@ -51,6 +51,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/replication"
 	"github.com/zfs-nomad/zfs-nomad/internal/sim"
 	"github.com/zfs-nomad/zfs-nomad/internal/tlsconfig"
+	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
@@ -385,16 +386,18 @@ func BenchmarkMigration(b *testing.B) {
 		b.StartTimer()
 
 		raw := timed(func() { socatSend(b, from, to, "-i "+base+" "+delta, to.Pool+"/raw") })
-		// Until the publish answers OK: the move runs in the background,
-		// and the publish answers that it does until it is done; asked
-		// every 100 ms, the figure is within that of the move's end.
+		// Until the publish answers OK with the moved generation: the
+		// move runs in the background, and the publish answers that it
+		// does (or, near its end, grants the publish ahead of it, with
+		// after_generation) until it is done; asked every 100 ms, the
+		// figure is within that of the move's end.
 		publish := timed(func() {
 			for {
-				_, err := ctl.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: to.ID, VolumeCapability: mountCapability})
-				if err == nil {
+				resp, err := ctl.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: to.ID, VolumeCapability: mountCapability})
+				if err == nil && resp.GetPublishContext()[vocab.PublishContextGeneration] != "" {
 					return
 				}
-				if !sim.CatchingUp(err) {
+				if err != nil && !sim.CatchingUp(err) {
 					b.Fatal(err)
 				}
 				time.Sleep(100 * time.Millisecond)
