@@ -457,23 +457,8 @@ func TestAPublishIsGrantedAheadOfAMovesEnd(t *testing.T) {
 			m.PublishAheadWithin = tc.within
 			registry := metrics.NewRegistry()
 			m.Metrics = NewMetrics(registry)
-			var clock atomic.Int64
-			clock.Store(time.Unix(1_800_000_000, 0).UnixNano())
-			m.now = func() time.Time { return time.Unix(0, clock.Load()) }
 			ctx := context.Background()
-
-			if _, err := m.PublishAhead(ctx, id, "n2"); !errors.Is(err, errdefs.ErrFailedPrecondition) {
-				t.Fatalf("the publish that starts the move: %v, want FailedPrecondition (nothing sent yet)", err)
-			}
-			for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
-				if moves := m.Moves(); len(moves) == 1 && moves[0].Bytes == 1<<30 {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("the catch-up reported no progress: %+v", m.Moves())
-				}
-			}
-			clock.Add(int64(10 * time.Second))
+			tenSecondsIntoACatchUp(t, m, id)
 			if _, err := m.Publish(ctx, id, "n2"); !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "about 20s left") {
 				t.Errorf("Publish during the move: %v, want FailedPrecondition with the time left", err)
 			}
@@ -514,6 +499,28 @@ func TestAPublishIsGrantedAheadOfAMovesEnd(t *testing.T) {
 			}
 		})
 	}
+}
+
+// tenSecondsIntoACatchUp starts the move of volume id to n2 on m, whose
+// clock it takes over, and returns once the catch-up reported 1 GiB of
+// 3 sent, the clock 10 s after its start: about 20 s left.
+func tenSecondsIntoACatchUp(t *testing.T, m *Migrator, id string) {
+	t.Helper()
+	var clock atomic.Int64
+	clock.Store(time.Unix(1_800_000_000, 0).UnixNano())
+	m.now = func() time.Time { return time.Unix(0, clock.Load()) }
+	if _, err := m.PublishAhead(context.Background(), id, "n2"); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("the publish that starts the move: %v, want FailedPrecondition (nothing sent yet)", err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		if moves := m.Moves(); len(moves) == 1 && moves[0].Bytes == 1<<30 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the catch-up reported no progress: %+v", m.Moves())
+		}
+	}
+	clock.Add(int64(10 * time.Second))
 }
 
 // TestAheadOf: when a running move lets its publish be granted ahead.
@@ -570,23 +577,8 @@ func TestAMoveGrantedAheadTriesAgainItself(t *testing.T) {
 			m := New(fakes.Cluster(t), hclog.NewNullLogger())
 			m.catchUpWait, m.aheadRetryPause = time.Millisecond, time.Millisecond
 			m.PublishAheadWithin = time.Minute
-			var clock atomic.Int64
-			clock.Store(time.Unix(1_800_000_000, 0).UnixNano())
-			m.now = func() time.Time { return time.Unix(0, clock.Load()) }
 			ctx := context.Background()
-
-			if _, err := m.PublishAhead(ctx, id, "n2"); !errors.Is(err, errdefs.ErrFailedPrecondition) {
-				t.Fatalf("the publish that starts the move: %v, want FailedPrecondition", err)
-			}
-			for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
-				if moves := m.Moves(); len(moves) == 1 && moves[0].Bytes == 1<<30 {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("the catch-up reported no progress: %+v", m.Moves())
-				}
-			}
-			clock.Add(int64(10 * time.Second))
+			tenSecondsIntoACatchUp(t, m, id)
 			if granted {
 				if p, err := m.PublishAhead(ctx, id, "n2"); err != nil || p.After != 1 {
 					t.Fatalf("PublishAhead 20 s before the move's end: %+v, %v; want granted", p, err)
