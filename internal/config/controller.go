@@ -62,7 +62,7 @@ func DefaultController() Controller {
 		ScheduleEvery:    Duration(30 * time.Second),
 		ParallelPushes:   2,
 		MoveCatchUps:     4,
-		MovePublishAhead: Duration(time.Minute),
+		MovePublishAhead: Duration(2 * time.Minute),
 		SurplusGrace:     Duration(10 * time.Minute),
 	}
 }
