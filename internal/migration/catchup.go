@@ -86,12 +86,10 @@ type catchUp struct {
 	done           chan struct{}
 }
 
-// startFinal records that the final step runs, which it does only with
-// the source unpublished.
 func (c *catchUp) startFinal() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.final, c.sourceUnpublished = true, true
+	c.final = true
 }
 
 func (c *catchUp) inFinalStep() bool {
@@ -177,20 +175,21 @@ func (c *catchUp) grantedAhead(at time.Time) {
 }
 
 // aheadOf returns the generation the target's copy must exceed when the
-// publish may be granted ahead of c's end: its source was unpublished
-// when it started (the final step follows), and it runs its final step
-// or its catch-up is estimated to end within d.
+// publish may be granted ahead of c's end: it runs its final step (which
+// it does only with the source unpublished), or its source was
+// unpublished when it started (the final step follows) and its catch-up
+// is estimated to end within d.
 func (c *catchUp) aheadOf(now time.Time, d time.Duration) (uint64, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.sourceUnpublished || c.sourceGeneration == 0 {
+	if c.sourceGeneration == 0 {
 		return 0, false
 	}
 	if c.final {
 		return c.sourceGeneration, true
 	}
 	left, ok := c.leftLocked(now)
-	return c.sourceGeneration, ok && left <= d
+	return c.sourceGeneration, c.sourceUnpublished && ok && left <= d
 }
 
 // moveRunning is the publish's refusal while a background move of the
