@@ -148,23 +148,26 @@ func (n *Node) promotedAfter(ctx context.Context, id string, after uint64) (uint
 	}
 	giveUp := time.Now().Add(wait)
 	for first := true; ; first = false {
-		c, err := n.volumes.Copy(ctx, id)
-		if err != nil {
+		// Get reads the one dataset (Copy would list its snapshots and
+		// the mount table too, every half second); it answers only for a
+		// primary, NotFound before the copy arrives and
+		// FailedPrecondition for a replica.
+		v, err := n.volumes.Get(ctx, id)
+		switch {
+		case err == nil && v.Generation > after:
+			if !first {
+				n.log.Info("copy promoted: staging the volume published ahead of its move's end", "volume_id", id, "generation", v.Generation)
+			}
+			return v.Generation, nil
+		case err != nil && !errors.Is(err, errdefs.ErrNotFound) && !errors.Is(err, errdefs.ErrFailedPrecondition):
 			return 0, err
 		}
-		if c.Exists && c.Role == vocab.RolePrimary && c.Generation > after {
-			if !first {
-				n.log.Info("copy promoted: staging the volume published ahead of its move's end", "volume_id", id, "generation", c.Generation)
-			}
-			return c.Generation, nil
-		}
 		if first {
-			n.log.Info("volume published ahead of its move's end: staging waits for this node's copy to be promoted", "volume_id", id,
-				"after_generation", after, "role", c.Role, "generation", c.Generation)
+			n.log.Info("volume published ahead of its move's end: staging waits for this node's copy to be promoted", "volume_id", id, "after_generation", after)
 		}
 		if !time.Now().Before(giveUp) {
 			return 0, errdefs.Wrap(errdefs.ErrUnavailable, "volume %s was published on node %s ahead of the end of its move here, and the copy here is not promoted yet (%s): the move still runs, or failed (zfs-controller status shows it); retry",
-				id, n.cfg.NodeID, describeCopy(c))
+				id, n.cfg.NodeID, n.describeCopy(ctx, id))
 		}
 		t := time.NewTimer(promotionPoll)
 		select {
@@ -185,8 +188,13 @@ const (
 	promotionPoll       = 500 * time.Millisecond
 )
 
-func describeCopy(c volume.Copy) string {
-	if !c.Exists {
+// describeCopy says what this node holds of volume id, for an error.
+func (n *Node) describeCopy(ctx context.Context, id string) string {
+	c, err := n.volumes.Copy(ctx, id)
+	switch {
+	case err != nil:
+		return err.Error()
+	case !c.Exists:
 		return "none yet"
 	}
 	return fmt.Sprintf("%s of generation %d", c.Role, c.Generation)
