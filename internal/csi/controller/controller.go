@@ -363,10 +363,11 @@ func (c *Controller) ControllerPublishVolume(ctx context.Context, req *csi.Contr
 	if err != nil {
 		return nil, err
 	}
+	key, gen := vocab.PublishContextGeneration, p.Generation
 	if p.After != 0 {
-		return &csi.ControllerPublishVolumeResponse{PublishContext: map[string]string{vocab.PublishContextAfterGeneration: strconv.FormatUint(p.After, 10)}}, nil
+		key, gen = vocab.PublishContextAfterGeneration, p.After
 	}
-	return &csi.ControllerPublishVolumeResponse{PublishContext: map[string]string{vocab.PublishContextGeneration: strconv.FormatUint(p.Generation, 10)}}, nil
+	return &csi.ControllerPublishVolumeResponse{PublishContext: map[string]string{key: strconv.FormatUint(gen, 10)}}, nil
 }
 
 // ControllerUnpublishVolume has nothing to undo: the node unmounts, and the
