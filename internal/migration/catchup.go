@@ -269,6 +269,30 @@ func (cs *catchUps) stillRunning(volumeID, target string, now time.Time) error {
 	return c.runningError(now)
 }
 
+// movingElsewhere answers, when a move of volumeID to a node other than
+// nodeID runs in the background (its catch-up or its final step), the
+// refusal of a publish to nodeID (nil otherwise): FailedPrecondition,
+// which Nomad retries. Such a publish, to the move's source above all,
+// must not act on the copies while the move may fence the source and
+// promote its target (issue 35): it is decided once the move ends.
+func (cs *catchUps) movingElsewhere(volumeID, nodeID string) error {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	for _, c := range cs.all {
+		if c.volumeID != volumeID || c.target == nodeID || c.isDone() {
+			continue
+		}
+		step := "catching its target up"
+		if c.inFinalStep() {
+			step = "final step running"
+		}
+		return errdefs.Wrap(errdefs.ErrFailedPrecondition,
+			"volume %s is moving from node %s to node %s (%s); retry: the publish on node %s will be decided once the move ends",
+			volumeID, c.source, c.target, step, nodeID)
+	}
+	return nil
+}
+
 // running returns the target of the move of volumeID running in the
 // background, if one runs.
 func (cs *catchUps) running(volumeID string) (string, bool) {

@@ -26,6 +26,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/cluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
+	"github.com/zfs-nomad/zfs-nomad/internal/keylock"
 	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
 )
 
@@ -50,6 +51,10 @@ type Migrator struct {
 	// volume's background move to the node is estimated to end within
 	// it (zero: never; see PublishAhead).
 	PublishAheadWithin time.Duration
+
+	// publishing serialises the foreground publishes of each volume
+	// (see publish for the rule it keeps with the background moves).
+	publishing keylock.Locks
 
 	cluster         *cluster.Cluster
 	log             hclog.Logger
@@ -103,6 +108,7 @@ func (m *Migrator) call(ctx context.Context, v view) (context.Context, context.C
 type promised struct {
 	generation uint64
 	holder     string
+	recorder   string // the node whose record it is
 }
 
 // quorum reports whether a majority of the nodes answered: only then does
@@ -164,6 +170,39 @@ func (v view) newerElsewhere(p copyOn) (promised, bool) {
 	return promised{}, false
 }
 
+// promisedAway returns a promise of a generation above p's to another
+// node that answered but may still be promoted with it: its own record
+// (which its promotion checks, under the record's lock) still holds that
+// promise, or holds none as high (a reservation in flight may still reach
+// it). The holder answering without a primary proves nothing while a
+// move's final step may be promoting it (issue 35). The promise is void
+// only once the holder's own record promises a generation at least as
+// high to another node: records only grow, so the holder can then never
+// be promoted with it. p's fence is lifted only when there is none
+// (supersede).
+func (v view) promisedAway(p copyOn) (promised, bool) {
+	for _, pr := range v.promises {
+		if pr.generation <= p.copy.Generation || pr.holder == p.nodeID() {
+			continue
+		}
+		own := v.recordOf(pr.holder)
+		if own.generation < pr.generation || own.holder == pr.holder {
+			return pr, true
+		}
+	}
+	return promised{}, false
+}
+
+// recordOf is nodeID's own promise record (zero when it answered none).
+func (v view) recordOf(nodeID string) promised {
+	for _, pr := range v.promises {
+		if pr.recorder == nodeID {
+			return pr
+		}
+	}
+	return promised{}
+}
+
 func (m *Migrator) gather(ctx context.Context, id string) (view, error) {
 	answers, unreachable, err := cluster.Ask(ctx, m.cluster, func(ctx context.Context, a cluster.Agent) (agentclient.Copy, error) {
 		return a.GetCopy(ctx, id)
@@ -186,7 +225,7 @@ func (m *Migrator) gather(ctx context.Context, id string) (view, error) {
 			v.copies = append(v.copies, copyOn{node: a.Node, copy: a.Object})
 		}
 		if g := a.Object.PromisedGeneration; g > 0 {
-			v.promises = append(v.promises, promised{generation: g, holder: a.Object.PromisedHolder})
+			v.promises = append(v.promises, promised{generation: g, holder: a.Object.PromisedHolder, recorder: a.Node.Info.NodeID})
 		}
 	}
 	return v, nil
@@ -407,9 +446,27 @@ func (m *Migrator) MoveRunning(id string) (string, bool) { return m.catchUps.run
 
 // publish is Publish; inBackground tells that it runs the final step of a
 // background move, which must not start another.
+//
+// The rule that keeps a background move and the CO's publishes of its
+// volume apart (issue 35): one decision acts on a volume's copies at a
+// time. The foreground publishes of a volume hold its publishing lock,
+// so they run one at a time; a background move of the volume is started
+// only by one of them (startMove), and while it runs (catch-up or final
+// step, until finish) every foreground publish of the volume answers
+// from memory without acting: to the move's target its progress, to any
+// other node (the source included) that the publish is decided once the
+// move ends (movingElsewhere). A foreground publish that starts a move
+// acts no more once it returns, or before that only once the move is
+// done (startMove, ended). So the final step's publish (inBackground)
+// never runs beside a foreground one.
 func (m *Migrator) publish(ctx context.Context, id, nodeID string, inBackground bool) (uint64, error) {
 	log := m.log.With("volume_id", id, "node_id", nodeID)
 	if !inBackground {
+		unlock, ok := m.publishing.TryLock(id)
+		if !ok {
+			return 0, errdefs.Wrap(errdefs.ErrAborted, "another publish of volume %s is in progress; retry", id)
+		}
+		defer unlock()
 		// A retry while the volume's move to nodeID runs in the
 		// background answers from memory, without asking the nodes:
 		// Nomad's serialised calls wait for every answer, and the nodes
@@ -417,7 +474,12 @@ func (m *Migrator) publish(ctx context.Context, id, nodeID string, inBackground 
 		if err := m.catchUps.stillRunning(id, nodeID, m.now()); err != nil {
 			return 0, err
 		}
+		if err := m.catchUps.movingElsewhere(id, nodeID); err != nil {
+			log.Info("publish refused: the volume's move to another node runs in the background", "error", err)
+			return 0, err
+		}
 	}
+	superseded := false // a promise was superseded before lifting a fence (supersede)
 	for step := 0; step < maxSteps; step++ {
 		v, err := m.gather(ctx, id)
 		if err != nil {
@@ -463,8 +525,20 @@ func (m *Migrator) publish(ctx context.Context, id, nodeID string, inBackground 
 		if p.nodeID() == nodeID {
 			m.arrived(id, nodeID)
 			// A fence is lifted only when no other node may have been
-			// promoted meanwhile: newerElsewhere above saw to that.
+			// promoted meanwhile (newerElsewhere above saw to that), nor
+			// may be promoted later with a promise it still holds.
 			if p.copy.MovingTo != "" || p.copy.LeaseFenced {
+				if pr, away := v.promisedAway(p); away {
+					if superseded {
+						return 0, errdefs.Wrap(errdefs.ErrUnavailable, "node %s still holds the promise of generation %d of volume %s (it did not grant the newer one reserved for node %s): its promotion may be under way, so the copy on node %s stays fenced; retry",
+							pr.holder, pr.generation, id, nodeID, nodeID)
+					}
+					superseded = true
+					if err := m.supersede(ctx, id, p, pr, v, log); err != nil && !errors.Is(err, errRetry) {
+						return 0, err
+					}
+					continue // look again: the promise is void now, or its holder was promoted
+				}
 				if err := m.unfence(ctx, id, p, log); err != nil {
 					return 0, err
 				}
@@ -516,6 +590,25 @@ func (m *Migrator) Current(ctx context.Context, id string) (cluster.Node, agentc
 			pr.generation, id, pr.holder, p.nodeID(), p.copy.Generation, pr.holder)
 	}
 	return p.node, p.copy, nil
+}
+
+// supersede voids the promise pr, above p's generation and held by a
+// node that may still be promoted with it (promisedAway), before p's
+// fence is lifted: it reserves a newer generation for p's node on a
+// majority. Once the holder grants it, the holder's record promises it
+// to p's node, and its promotion with pr, which checks that record under
+// the record's lock, is refused for good; if the holder was promoted
+// first, the caller's next look finds it the primary and the volume moves
+// from there. Either way no two primaries.
+func (m *Migrator) supersede(ctx context.Context, id string, p copyOn, pr promised, v view, log hclog.Logger) error {
+	gen := v.nextGeneration(p.nodeID())
+	log.Info("superseding a promise to another node before lifting the fence: its holder may still be promoted with it",
+		"promised_generation", pr.generation, "holder", pr.holder, "generation", gen)
+	if err := m.reserve(ctx, id, gen, p.nodeID(), v, false, nil); err != nil {
+		return fmt.Errorf("generation %d of volume %s is promised to node %s, whose promotion may still be under way; reserving generation %d for node %s to void it: %w",
+			pr.generation, id, pr.holder, gen, p.nodeID(), err)
+	}
+	return nil
 }
 
 // noQuorum is the error for a decision a view without a majority cannot

@@ -139,14 +139,46 @@ func TestNextGeneration(t *testing.T) {
 		want     uint64
 	}{
 		{"above every copy", []copyOn{on("n1", "primary", 2, 0), on("n2", "replica", 2, 0)}, nil, "n2", 3},
-		{"above every promise", []copyOn{on("n1", "primary", 2, 0)}, []promised{{4, "n3"}}, "n2", 5},
+		{"above every promise", []copyOn{on("n1", "primary", 2, 0)}, []promised{{generation: 4, holder: "n3"}}, "n2", 5},
 		{"a retry finishes the promotion promised to the same node", []copyOn{on("n1", "primary", 1, 0), on("n2", "replica", 1, 0)},
-			[]promised{{2, "n2"}, {2, "n2"}}, "n2", 2},
-		{"a promise the holder's copy already has is spent", []copyOn{on("n2", "primary", 2, 0)}, []promised{{2, "n2"}}, "n2", 3},
+			[]promised{{generation: 2, holder: "n2"}, {generation: 2, holder: "n2"}}, "n2", 2},
+		{"a promise the holder's copy already has is spent", []copyOn{on("n2", "primary", 2, 0)}, []promised{{generation: 2, holder: "n2"}}, "n2", 3},
 	}
 	for _, tt := range tests {
 		if got := (view{copies: tt.copies, promises: tt.promises}).nextGeneration(tt.holder); got != tt.want {
 			t.Errorf("%s: %d, want %d", tt.name, got, tt.want)
+		}
+	}
+}
+
+// TestPromisedAway (issue 35): a promise above the copy's generation to
+// another node stands in the way of lifting the copy's fence until the
+// holder's own record promises a generation at least as high to another
+// node (after which it can never be promoted with it); the holder
+// answering without a primary is no proof.
+func TestPromisedAway(t *testing.T) {
+	p := on("n1", "primary", 1, 0)
+	tests := []struct {
+		name     string
+		promises []promised
+		away     bool
+	}{
+		{"nothing promised", nil, false},
+		{"the holder's record still holds it: its promotion may be under way",
+			[]promised{{2, "n2", "n1"}, {2, "n2", "n2"}, {2, "n2", "n3"}}, true},
+		{"the holder's record holds none yet: a reservation may still reach it",
+			[]promised{{2, "n2", "n1"}, {2, "n2", "n3"}}, true},
+		{"the holder promised a newer generation to the copy's node: void",
+			[]promised{{2, "n2", "n1"}, {3, "n1", "n2"}, {2, "n2", "n3"}}, false},
+		{"the holder promised the same generation to a third node: void for the holder, the third stands",
+			[]promised{{2, "n3", "n2"}, {2, "n3", "n1"}}, true},
+		{"a promise to the copy's own node is no other primary",
+			[]promised{{3, "n1", "n1"}, {3, "n1", "n2"}}, false},
+		{"a promise not above the copy's generation", []promised{{1, "n2", "n2"}}, false},
+	}
+	for _, tt := range tests {
+		if _, away := (view{promises: tt.promises}).promisedAway(p); away != tt.away {
+			t.Errorf("%s: promised away %v, want %v", tt.name, away, tt.away)
 		}
 	}
 }

@@ -127,6 +127,18 @@ func TestPublishDecides(t *testing.T) {
 		{name: "an abandoned move: the fence is lifted", nodes: three, target: "n1", gen: 1,
 			copies: []copyOf{{node: "n1", role: vocab.RolePrimary, gen: 1, movingTo: "n2", snapAt: 10}},
 			calls:  []string{"Unfence@n1"}},
+		// Issue 35: the target answered without a primary, but its own
+		// record still holds the promise: a move's final step may be
+		// promoting it. A newer generation is reserved for n1 first,
+		// which voids it, then the fence is lifted.
+		{name: "an abandoned move whose target still holds its promise: superseded, then the fence is lifted", nodes: three, target: "n1", gen: 1,
+			copies:   []copyOf{{node: "n1", role: vocab.RolePrimary, gen: 1, movingTo: "n2", snapAt: 10}, {node: "n2", role: vocab.RoleReplica, gen: 1, snapAt: 10}},
+			promises: map[string]string{"n1": "2 n2", "n2": "2 n2", "n3": "2 n2"},
+			calls:    []string{"Reserve@n1", "Reserve@n2", "Reserve@n3", "Unfence@n1"}},
+		{name: "an abandoned move whose target cannot be asked to void its promise: the fence stays", nodes: three, target: "n1", err: errdefs.ErrUnavailable, say: "node n2 still holds the promise of generation 2",
+			copies:   []copyOf{{node: "n1", role: vocab.RolePrimary, gen: 1, movingTo: "n2", snapAt: 10}, {node: "n2", role: vocab.RoleReplica, gen: 1, snapAt: 10}},
+			promises: map[string]string{"n1": "2 n2", "n2": "2 n2", "n3": "2 n2"}, refuse: []string{"n2 Reserve"},
+			calls: []string{"Reserve@n1", "Reserve@n2", "Reserve@n3"}},
 		{name: "failover auto: the target's replica, as fresh as any", nodes: three, down: []string{"n4"}, target: "n3", gen: 2,
 			copies: []copyOf{{node: "n2", role: vocab.RoleReplica, gen: 1, snapAt: 50, params: auto}, {node: "n3", role: vocab.RoleReplica, gen: 1, snapAt: 50, params: auto}},
 			calls:  []string{"Promote@n3", "Reserve@n1", "Reserve@n2", "Reserve@n3"}},
@@ -603,5 +615,69 @@ func TestAMoveGrantedAheadTriesAgainItself(t *testing.T) {
 				t.Errorf("the move not granted ahead ended with %q, want the failure, for the publish's retry", ended.Error)
 			}
 		})
+	}
+}
+
+// TestAPublishToTheSourceDuringTheFinalStepIsRefused (issue 35, defect
+// 1): while a background move's final step runs (the source fenced, the
+// target's generation reserved, its promotion under way), a publish to
+// the move's source acts on no copy: it is refused, retryably, saying
+// the move runs; a publish elsewhere is refused alike. The move then
+// ends with exactly one primary, on its target. On the code before the
+// fix, the publish to the source lifted its fence (the target answered
+// without a primary yet, so its reservation looked void) and answered
+// generation 1 while the final step promoted the target to 2: two
+// primaries.
+func TestAPublishToTheSourceDuringTheFinalStepIsRefused(t *testing.T) {
+	fakes, n1, n2 := threeNodes()
+	id := n1.PutPrimary("v", 1)
+	// The final step's promotion finds the target busy three times (a
+	// second apart): the publishes below arrive meanwhile.
+	n2.RefuseTimes("Promote", 3, errdefs.Wrap(errdefs.ErrAborted, "operation in progress: promote of %s waited for tidy after a receive: retry", id))
+	m := New(fakes.Cluster(t), hclog.NewNullLogger())
+	m.catchUpWait = time.Millisecond
+	ctx := context.Background()
+	if _, err := m.Publish(ctx, id, "n2"); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("the publish that starts the move: %v, want FailedPrecondition (it runs in the background)", err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); !slices.Contains(n2.Calls(), "Promote "+id); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the final step did not reach the promotion: n2's calls %v", n2.Calls())
+		}
+	}
+	for _, node := range []string{"n1", "n3"} {
+		gen, err := m.Publish(ctx, id, node)
+		if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "moving from node n1 to node n2 (final step running)") {
+			t.Errorf("publish to %s during the move's final step: generation %d, %v; want FailedPrecondition saying the move runs (a publish to the source must not lift its fence while the target is being promoted)",
+				node, gen, err)
+		}
+	}
+	if c, _ := n1.Copy(id); c.MovingTo != "n2" {
+		t.Errorf("n1's copy during the final step: %+v, want still fenced for n2", c)
+	}
+	var ended MoveStatus
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if moves := m.Moves(); len(moves) == 1 && (moves[0].Error != "" || !moves[0].Moved.IsZero()) {
+			ended = moves[0]
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the move did not end: %+v", m.Moves())
+		}
+	}
+	if ended.Moved.IsZero() {
+		t.Fatalf("the move failed: %s", ended.Error)
+	}
+	var primaries []string
+	for _, a := range []*clustertest.FakeAgent{n1, n2} {
+		if c, ok := a.Copy(id); ok && c.Role == vocab.RolePrimary {
+			primaries = append(primaries, fmt.Sprintf("%s at %d", c.NodeID, c.Generation))
+		}
+	}
+	if !slices.Equal(primaries, []string{"n2 at 2"}) {
+		t.Errorf("primaries after the move: %v, want only n2's, at generation 2", primaries)
+	}
+	if slices.Contains(n1.Calls(), "Unfence "+id) {
+		t.Errorf("n1 was asked to lift its fence during the move: %v", n1.Calls())
 	}
 }

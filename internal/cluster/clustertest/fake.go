@@ -26,7 +26,8 @@ import (
 // needs a newer generation; a push (Replicate, MoveFinal) makes the
 // target's copy a replica of the primary's generation, holding a
 // snapshot taken now; a promotion needs the node's own promise and a
-// replica as fresh as the move's fence.
+// replica as fresh as the move's fence; an unfence needs no newer
+// generation promised to another node.
 type FakeAgent struct {
 	mu        sync.Mutex
 	info      agentclient.NodeInfo
@@ -763,13 +764,18 @@ func (f *FakeAgent) MoveFinal(ctx context.Context, id, targetAddr, targetNodeID 
 }
 
 // Unfence lifts the node's fences of its primary: a move's and a lost
-// lease's.
+// lease's; as the node, not while the node's own record promises a newer
+// generation to another node.
 func (f *FakeAgent) Unfence(_ context.Context, id string, _ uint64) (agentclient.Copy, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	c, err := f.enterPrimary("Unfence", id)
 	if err != nil {
 		return agentclient.Copy{}, err
+	}
+	if (c.MovingTo != "" || c.LeaseFenced) && c.PromisedGeneration > c.Generation && c.PromisedHolder != f.info.NodeID {
+		return agentclient.Copy{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "node %s promised generation %d of volume %s to node %s, above this copy's generation %d",
+			f.info.NodeID, c.PromisedGeneration, id, c.PromisedHolder, c.Generation)
 	}
 	c.MovingTo, c.FencedUnixNano, c.LeaseFenced = "", 0, false
 	f.setCopy(c)
