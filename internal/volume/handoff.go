@@ -195,7 +195,8 @@ func (m *Manager) FenceHeld(ctx context.Context, id, target string, at int64) (i
 }
 
 // Unfence lifts a fence: the move was abandoned and this copy stays the
-// primary.
+// primary. It refuses while this node's own promise record gives a
+// generation above the copy's to another node (checkNotPromisedAway).
 func (m *Manager) Unfence(ctx context.Context, id string, generation uint64) error {
 	unlock, err := m.lock(ctx, id, "unfence")
 	if err != nil {
@@ -207,6 +208,11 @@ func (m *Manager) Unfence(ctx context.Context, id string, generation uint64) err
 	v, err := m.get(ctx, id)
 	if err != nil {
 		return err
+	}
+	if v.MovingTo != "" || v.LeaseFencedAt != 0 {
+		if err := m.checkNotPromisedAway(ctx, v); err != nil {
+			return err
+		}
 	}
 	if v.LeaseFencedAt != 0 && v.MovingTo == "" {
 		return m.liftLeaseFence(ctx, v, generation)
@@ -244,6 +250,16 @@ func (m *Manager) Promote(ctx context.Context, id string, generation uint64, not
 	if err != nil {
 		return Copy{}, err
 	}
+	// The promise's lock is held from the check to the promotion: a
+	// reservation that supersedes the promise (a publish to the move's
+	// source voiding it, docs/safety.md "A publish to the source while a
+	// move runs") lands either before the check, which then refuses, or
+	// after the promotion, which the controller's next look then sees.
+	unlockPromise, err := m.promiseLocks.Lock(ctx, id)
+	if err != nil {
+		return Copy{}, fmt.Errorf("%w: waiting for the promise record of volume %s: %v", errdefs.ErrAborted, id, err)
+	}
+	defer unlockPromise()
 	if promoted := c.Exists && c.Role == vocab.RolePrimary && c.Generation == generation; !promoted {
 		if err := m.checkPromised(ctx, id, generation); err != nil {
 			return Copy{}, err

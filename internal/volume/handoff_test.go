@@ -79,6 +79,41 @@ func TestHandoffSteps(t *testing.T) {
 	}
 }
 
+// TestUnfenceRefusesACopyPromisedAway (issue 35, defect 1): a copy fenced
+// for a move stays fenced while this node's own record promises a newer
+// generation to the move's target: the target may be promoted with it at
+// any moment, and the copy would be a second primary. Once a newer
+// generation is reserved for this node's copy (the publish here
+// superseding the move's promise), the fence is lifted.
+func TestUnfenceRefusesACopyPromisedAway(t *testing.T) {
+	ctx := context.Background()
+	m, fake := newManager(t)
+	v := create(t, m, CreateRequest{Name: "moving"})
+	if _, err := m.Fence(ctx, v.ID, "n2"); err != nil {
+		t.Fatal(err)
+	}
+	if _, granted, err := m.Reserve(ctx, v.ID, 2, "n2"); err != nil || !granted {
+		t.Fatalf("reserving generation 2 for the move's target: granted %v, %v", granted, err)
+	}
+	err := m.Unfence(ctx, v.ID, v.Generation)
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "promised generation 2 of volume "+v.ID+" to node n2") {
+		t.Fatalf("unfencing a copy whose node promised generation 2 to n2: %v, want FailedPrecondition naming the promise", err)
+	}
+	if ds, _ := fake.Get(ctx, v.Dataset); !ds.ReadOnly || movingTo(ds) != "n2" {
+		t.Fatalf("after the refused unfence: read-only %v, moving to %q; want still fenced for n2", ds.ReadOnly, movingTo(ds))
+	}
+	// The publish here supersedes the move's promise, then unfences.
+	if _, granted, err := m.Reserve(ctx, v.ID, 3, "n1"); err != nil || !granted {
+		t.Fatalf("reserving generation 3 for this node: granted %v, %v", granted, err)
+	}
+	if err := m.Unfence(ctx, v.ID, v.Generation); err != nil {
+		t.Fatalf("unfencing once the promise is superseded: %v", err)
+	}
+	if ds, _ := fake.Get(ctx, v.Dataset); ds.ReadOnly || movingTo(ds) != "" {
+		t.Errorf("after the unfence: read-only %v, moving to %q; want writable and not moving", ds.ReadOnly, movingTo(ds))
+	}
+}
+
 // TestADemotedPrimaryIsMarked: a primary demoted after its move carries
 // the time of its demotion (the schedule removes it once the volume's
 // other replicas are as fresh: docs/replication.md, "Surplus copies"); a

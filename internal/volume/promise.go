@@ -326,9 +326,10 @@ func (m *Manager) MarkForced(ctx context.Context, id string, generation uint64) 
 }
 
 // checkPromised refuses a promotion to a generation this node has not been
-// promised: the controller reserves it on a majority first.
+// promised: the controller reserves it on a majority first. The caller
+// holds the promise's lock (Promote).
 func (m *Manager) checkPromised(ctx context.Context, id string, generation uint64) error {
-	promised, err := m.lockedPromise(ctx, id)
+	promised, err := m.Promised(ctx, id)
 	if err != nil {
 		return err
 	}
@@ -337,4 +338,25 @@ func (m *Manager) checkPromised(ctx context.Context, id string, generation uint6
 			errdefs.ErrFailedPrecondition, generation, id, m.cfg.NodeID, promised.Generation, promised.Holder)
 	}
 	return nil
+}
+
+// checkNotPromisedAway refuses to make v writable again (Unfence) while
+// this node's own record promises a generation above v's to another node:
+// that node may be promoted with it at any moment (a move's final step in
+// flight), and v would then be a second primary. The promise stops
+// standing in the way only when superseded: the controller reserves a
+// newer generation for this node's copy, which the holder must grant too,
+// after which the holder can never be promoted with the old one
+// (docs/safety.md, "A publish to the source while a move runs").
+func (m *Manager) checkNotPromisedAway(ctx context.Context, v Volume) error {
+	promised, err := m.lockedPromise(ctx, v.ID)
+	if err != nil {
+		return err
+	}
+	if promised.Generation <= v.Generation || promised.Holder == m.cfg.NodeID {
+		return nil
+	}
+	return fmt.Errorf("%w: node %s promised generation %d of volume %s to node %s, above this copy's generation %d: node %s may be promoted with it, "+
+		"so this copy stays read-only; a publish here first reserves a newer generation for node %s (node %s must grant it), then lifts the fence",
+		errdefs.ErrFailedPrecondition, m.cfg.NodeID, promised.Generation, v.ID, promised.Holder, v.Generation, promised.Holder, m.cfg.NodeID, promised.Holder)
 }
