@@ -138,7 +138,7 @@ job "zfs-nomad-node" {
       }
 
       # A crashed zfs-node must run again well within lease + lease_margin
-      # (45 s by default): while it is down nothing fences its mounted
+      # (60 s by default): while it is down nothing fences its mounted
       # primaries, and after that long its peers grant a failover
       # (docs/safety.md, "A crashed zfs-node must come back within L+M").
       # Nomad's default for system jobs gives up after two failures.
