@@ -4,7 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
+	"sync"
+
+	"golang.org/x/sync/errgroup"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
 )
@@ -30,25 +34,48 @@ func leaseFencedAt(v string) int64 {
 // the operator took on what the lease guards against. It lists the pool
 // rather than trusting the primary index: it is the guard against two
 // writers, and runs only while the lease is lost.
+//
+// It fences the volumes all at once (selfFenceParallel at a time): each
+// may wait up to copylock.Wait for its lock, and the lease margin allows
+// for one such wait (config.FenceAllowance), not one per volume.
 func (m *Manager) SelfFence(ctx context.Context) ([]string, error) {
 	vols, err := m.List(ctx)
 	if err != nil {
 		return nil, err
 	}
-	var fenced []string
-	var errs []error
+	var (
+		mu     sync.Mutex
+		fenced []string
+		errs   []error
+		g      errgroup.Group
+	)
+	g.SetLimit(selfFenceParallel)
 	for _, v := range vols {
 		if v.LeaseFencedAt != 0 || v.MovingTo != "" || v.Forced {
 			continue
 		}
-		if ok, err := m.selfFence(ctx, v.ID); err != nil {
-			errs = append(errs, err)
-		} else if ok {
-			fenced = append(fenced, v.ID)
-		}
+		g.Go(func() error {
+			ok, err := m.selfFence(ctx, v.ID)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = append(errs, err)
+			} else if ok {
+				fenced = append(fenced, v.ID)
+			}
+			return nil // every volume is tried, whatever the others do
+		})
 	}
+	_ = g.Wait()
+	slices.Sort(fenced)
 	return fenced, errors.Join(errs...)
 }
+
+// selfFenceParallel bounds the volumes SelfFence fences at once. Most of
+// the time is waiting for a busy lock or for the remount, not work; a
+// node with more mounted primaries than this whose locks are all busy at
+// once needs one FenceAllowance per round of them (docs/safety.md).
+const selfFenceParallel = 64
 
 func (m *Manager) selfFence(ctx context.Context, id string) (bool, error) {
 	unlock, err := m.lock(ctx, id, "self-fence after losing the lease")
