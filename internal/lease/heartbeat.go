@@ -8,6 +8,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/tlsconfig"
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
@@ -132,7 +133,7 @@ func (h *Heartbeat) beat(ctx context.Context) {
 	}
 	h.fanOut(ctx, h.Monitor.Peers(), func(ctx context.Context, addr string, c pb.PeersClient) {
 		if resp, err := c.Ping(ctx, &pb.PingRequest{}); err == nil {
-			h.Monitor.Answered(addr, resp.GetNodeId(), resp.GetDomain())
+			h.Monitor.Answered(addr, resp.GetNodeId())
 		}
 	})
 }
@@ -246,7 +247,7 @@ func (h *Heartbeat) askPromises(ctx context.Context, ids []string) []map[string]
 		mu  sync.Mutex
 		out []map[string]uint64
 	)
-	h.fanOut(ctx, h.Monitor.domainPeers(h.NodeID), func(ctx context.Context, _ string, c pb.PeersClient) {
+	h.fanOut(ctx, h.Monitor.others(h.NodeID), func(ctx context.Context, _ string, c pb.PeersClient) {
 		resp, err := c.Promises(ctx, &pb.PromisesRequest{VolumeIds: ids})
 		if err != nil {
 			return
@@ -287,18 +288,43 @@ func (h *Heartbeat) closeConns() {
 	h.conns = nil
 }
 
-// Server answers the peers' Ping and Promises.
+// Server answers the peers' Ping and Promises, and records each caller
+// as heard in Monitor (Monitor.Called) before it answers: a caller that
+// counts this answer for its lease was then recorded here no earlier
+// than it asked (docs/safety.md, "Why the lease and failover majorities
+// intersect").
 type Server struct {
 	pb.UnimplementedPeersServer
 	NodeID, Domain string
 	Promised       func(ctx context.Context, id string) (uint64, error)
+	// Monitor, when set, records the callers.
+	Monitor *Monitor
+	// Caller names the caller of a call: tlsconfig.NameOf (its verified
+	// node certificate) when nil. A call without one is not recorded.
+	Caller func(ctx context.Context) (string, bool)
 }
 
-func (s *Server) Ping(context.Context, *pb.PingRequest) (*pb.PingResponse, error) {
+// called records the caller of ctx in Monitor.
+func (s *Server) called(ctx context.Context) {
+	if s.Monitor == nil {
+		return
+	}
+	name := s.Caller
+	if name == nil {
+		name = tlsconfig.NameOf
+	}
+	if id, ok := name(ctx); ok && id != "" && id != s.NodeID {
+		s.Monitor.Called(id)
+	}
+}
+
+func (s *Server) Ping(ctx context.Context, _ *pb.PingRequest) (*pb.PingResponse, error) {
+	s.called(ctx)
 	return &pb.PingResponse{NodeId: s.NodeID, Domain: s.Domain}, nil
 }
 
 func (s *Server) Promises(ctx context.Context, req *pb.PromisesRequest) (*pb.PromisesResponse, error) {
+	s.called(ctx)
 	out := &pb.PromisesResponse{Generations: map[string]uint64{}}
 	for _, id := range req.GetVolumeIds() {
 		g, err := s.Promised(ctx, id)
