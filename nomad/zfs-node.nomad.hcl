@@ -108,7 +108,7 @@ job "zfs-nomad-node" {
           "-tls-key", "${var.tls_dir}/node-key.pem",
           # The leases (docs/safety.md, "Leases"): the node pings these
           # peers, fences its mounted primaries when it hears from no
-          # majority of its domain, and grants a failover away from a
+          # majority of all its peers (every domain), and grants a failover away from a
           # silent node only after lease plus lease_margin.
           "-peers-file", "${NOMAD_TASK_DIR}/peers",
         ], flatten([for p in var.allow_properties : ["-allow-property", p]]), var.extra_args)

@@ -204,7 +204,7 @@ func newHeartbeat(cfg config.Node, volumes *volume.Manager, promised func(contex
 	if cfg.PeersFile != "" {
 		peers = &cluster.PeersFile{Path: cfg.PeersFile}
 	}
-	gauge := registry.Gauge("zfs_nomad_lease_held", "1 while this node heard from a majority of its domain within the lease, else 0 (its mounted primaries are read-only).")
+	gauge := registry.Gauge("zfs_nomad_lease_held", "1 while this node heard from a majority of all its peers, every domain, within the lease, else 0 (its mounted primaries are read-only).")
 	return &lease.Heartbeat{
 		Monitor:  monitor,
 		NodeID:   cfg.NodeID,

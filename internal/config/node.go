@@ -62,11 +62,12 @@ type Node struct {
 	ReplicationSnapshots int `json:"replication_snapshots"`
 	// Peers lists the node agents of the cluster (host:port, this node's
 	// own may be among them), PeersFile a file listing them, re-read when
-	// it changes (it wins over Peers). A node pings the peers of its
-	// domain every Lease/4; one that hears from no majority of its domain
-	// for Lease makes its mounted primaries read-only (docs/safety.md,
-	// "Leases"). Without peers the node is a domain of one and never
-	// does.
+	// it changes (it wins over Peers). They must list every node agent of
+	// the cluster, of every domain, as the controller's do. A node pings
+	// them every Lease/4; one that hears from no majority of them for
+	// Lease makes its mounted primaries read-only (docs/safety.md,
+	// "Leases", "Why the lease and failover majorities intersect").
+	// Without peers the node is alone and never does.
 	Peers     []string `json:"peers"`
 	PeersFile string   `json:"peers_file"`
 	Lease     Duration `json:"lease"`

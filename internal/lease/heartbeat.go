@@ -36,8 +36,8 @@ type Volumes interface {
 
 // Heartbeat pings the peers every Interval (a quarter of the lease),
 // fences the node's mounted primaries while it does not hold the lease,
-// and lifts them once it does again and a majority of the domain confirms
-// that no newer copy was promoted meanwhile.
+// and lifts them once it does again and a majority of all its peers
+// confirms that no newer copy was promoted meanwhile.
 type Heartbeat struct {
 	Monitor  *Monitor
 	NodeID   string
@@ -95,7 +95,7 @@ func (h *Heartbeat) step(ctx context.Context, wasHeld, fencedSome bool) (held, s
 	switch {
 	case !held:
 		if wasHeld {
-			h.Log.Warn("lease lost: no majority of the domain answered within the lease; mounted primaries become read-only", "lease", h.Monitor.lease)
+			h.Log.Warn("lease lost: no majority of the peers (every domain) answered within the lease; mounted primaries become read-only", "lease", h.Monitor.lease)
 		}
 		fenced, err := h.Volumes.SelfFence(ctx)
 		if err != nil {
@@ -107,7 +107,7 @@ func (h *Heartbeat) step(ctx context.Context, wasHeld, fencedSome bool) (held, s
 		h.allConfirmed = false
 	default:
 		if !wasHeld {
-			h.Log.Info("lease held again: a majority of the domain answers")
+			h.Log.Info("lease held again: a majority of the peers (every domain) answers")
 		}
 		if fencedSome {
 			fencedSome = h.lift(ctx)
@@ -240,7 +240,7 @@ func (h *Heartbeat) confirmed(ctx context.Context, id string, gen uint64, answer
 	return agreed > total/2
 }
 
-// askPromises asks every peer of the domain, except this node, for its
+// askPromises asks every peer that answered, of every domain, except this node, for its
 // promises of ids; it returns the answers of those that answered.
 func (h *Heartbeat) askPromises(ctx context.Context, ids []string) []map[string]uint64 {
 	var (

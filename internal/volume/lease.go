@@ -14,7 +14,7 @@ import (
 )
 
 // A node that lost its lease (package lease) makes its mounted primaries
-// read-only: while it hears from no majority of its domain, another copy
+// read-only: while it hears from no majority of its peers, another copy
 // may be promoted, and two writers must never be (docs/safety.md,
 // "Leases"). The mark lives on the dataset, so a restart keeps it.
 
@@ -98,7 +98,7 @@ func (m *Manager) selfFence(ctx context.Context, id string) (bool, error) {
 	if err := m.zfs.SetProperties(ctx, v.Dataset, props); err != nil {
 		return false, zfsError(err, "making volume "+id+" read-only after losing the lease")
 	}
-	m.log.Warn("lease lost: volume made read-only; writes fail until a majority of the domain confirms no newer copy exists",
+	m.log.Warn("lease lost: volume made read-only; writes fail until a majority of the nodes confirms no newer copy exists",
 		"volume_id", id, "generation", v.Generation)
 	return true, nil
 }
@@ -145,7 +145,7 @@ func (m *Manager) liftLeaseFence(ctx context.Context, v Volume, generation uint6
 		return nil
 	}
 	if m.LeaseHeld != nil && !m.LeaseHeld() {
-		return fmt.Errorf("%w: node %s hears from no majority of its domain: volume %s stays read-only until it does", errdefs.ErrUnavailable, m.cfg.NodeID, id)
+		return fmt.Errorf("%w: node %s hears from no majority of its peers (every domain): volume %s stays read-only until it does", errdefs.ErrUnavailable, m.cfg.NodeID, id)
 	}
 	if v.Generation != generation || v.MovingTo != "" {
 		return fmt.Errorf("%w: volume %s is at generation %d (moving to %q); the confirmation was for generation %d",
