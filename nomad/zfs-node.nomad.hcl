@@ -108,7 +108,7 @@ job "zfs-nomad-node" {
           "-tls-key", "${var.tls_dir}/node-key.pem",
           # The leases (docs/safety.md, "Leases"): the node pings these
           # peers, fences its mounted primaries when it hears from no
-          # majority of its domain, and grants a failover away from a
+          # majority of all its peers (every domain), and grants a failover away from a
           # silent node only after lease plus lease_margin.
           "-peers-file", "${NOMAD_TASK_DIR}/peers",
         ], flatten([for p in var.allow_properties : ["-allow-property", p]]), var.extra_args)
@@ -138,7 +138,7 @@ job "zfs-nomad-node" {
       }
 
       # A crashed zfs-node must run again well within lease + lease_margin
-      # (45 s by default): while it is down nothing fences its mounted
+      # (60 s by default): while it is down nothing fences its mounted
       # primaries, and after that long its peers grant a failover
       # (docs/safety.md, "A crashed zfs-node must come back within L+M").
       # Nomad's default for system jobs gives up after two failures.

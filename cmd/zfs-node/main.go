@@ -146,8 +146,10 @@ func run(args []string) error {
 		p, err := volumes.Promised(ctx, id)
 		return p.Generation, err
 	}
-	pb.RegisterPeersServer(agentSrv, &lease.Server{NodeID: cfg.NodeID, Domain: cfg.Domain, Promised: promised})
 	heartbeat := newHeartbeat(cfg, volumes, promised, dial, registry, log.Named("lease"))
+	// The peers' calls count as hearing them when this node attests
+	// their silence (the caller is its verified node certificate).
+	pb.RegisterPeersServer(agentSrv, &lease.Server{NodeID: cfg.NodeID, Domain: cfg.Domain, Promised: promised, Monitor: heartbeat.Monitor})
 	agentServer.AttestSilence = func(addrs []string) error {
 		return heartbeat.Monitor.Attest(addrs, time.Duration(cfg.Lease+cfg.LeaseMargin))
 	}
@@ -189,7 +191,7 @@ func agentTLS(cfg config.Node, log hclog.Logger) ([]grpc.ServerOption, credentia
 // volumes. Staging waits for the lease too.
 func newHeartbeat(cfg config.Node, volumes *volume.Manager, promised func(context.Context, string) (uint64, error),
 	dial func(string) (*grpc.ClientConn, error), registry *metrics.Registry, log hclog.Logger) *lease.Heartbeat {
-	monitor := lease.NewMonitor(time.Duration(cfg.Lease), cfg.Domain, time.Now)
+	monitor := lease.NewMonitor(time.Duration(cfg.Lease), time.Now)
 	volumes.LeaseHeld = func() bool { return monitor.Held(cfg.NodeID) }
 	if len(cfg.Peers) > 0 || cfg.PeersFile != "" {
 		// No lease and no attested silence before the peers are known;
@@ -202,7 +204,7 @@ func newHeartbeat(cfg config.Node, volumes *volume.Manager, promised func(contex
 	if cfg.PeersFile != "" {
 		peers = &cluster.PeersFile{Path: cfg.PeersFile}
 	}
-	gauge := registry.Gauge("zfs_nomad_lease_held", "1 while this node heard from a majority of its domain within the lease, else 0 (its mounted primaries are read-only).")
+	gauge := registry.Gauge("zfs_nomad_lease_held", "1 while this node heard from a majority of all its peers, every domain, within the lease, else 0 (its mounted primaries are read-only).")
 	return &lease.Heartbeat{
 		Monitor:  monitor,
 		NodeID:   cfg.NodeID,

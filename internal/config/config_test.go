@@ -32,6 +32,23 @@ func TestLoadNodePrecedence(t *testing.T) {
 	}
 }
 
+// TestMinLeaseMargin: the default margin is the minimum for the default
+// lease, and the minimum is L/4 + L/4 + FenceAllowance.
+func TestMinLeaseMargin(t *testing.T) {
+	d := DefaultNode()
+	if got, want := time.Duration(d.LeaseMargin), MinLeaseMargin(time.Duration(d.Lease)); got < want {
+		t.Errorf("default lease_margin %s is below the minimum %s for the default lease %s", got, want, time.Duration(d.Lease))
+	}
+	for _, tc := range []struct{ lease, want time.Duration }{
+		{8 * time.Second, 19 * time.Second},
+		{30 * time.Second, 30 * time.Second},
+	} {
+		if got := MinLeaseMargin(tc.lease); got != tc.want {
+			t.Errorf("MinLeaseMargin(%s) = %s, want %s", tc.lease, got, tc.want)
+		}
+	}
+}
+
 func TestNodeValidation(t *testing.T) {
 	base := []string{"-node-id", "n1", "-root-dataset", "tank/nomad", "-max-quota", "10G", "-insecure-agent-port"}
 	tests := []struct {
@@ -56,6 +73,14 @@ func TestNodeValidation(t *testing.T) {
 		{"receive idle timeout too short", []string{"-receive-idle-timeout", "10ms"}, "receive_idle_timeout"},
 		{"tls required", []string{"-insecure-agent-port=false"}, "mutual TLS"},
 		{"tls complete", []string{"-insecure-agent-port=false", "-tls-ca", "a", "-tls-cert", "b", "-tls-key", "c"}, ""},
+		// The margin must cover a ping interval, a beat interval and the
+		// self-fence (MinLeaseMargin): L/4 was accepted before and let a
+		// majority grant a failover before the cut-off node was fenced.
+		{"margin a quarter of the lease", []string{"-lease", "8s", "-lease-margin", "2s"}, "lease_margin"},
+		{"margin of the old guest tests", []string{"-lease", "8s", "-lease-margin", "4s"}, "lease_margin"},
+		{"margin just below the minimum", []string{"-lease", "8s", "-lease-margin", "18.9s"}, "lease_margin"},
+		{"margin at the minimum", []string{"-lease", "8s", "-lease-margin", "19s"}, ""},
+		{"default margin with a longer lease", []string{"-lease", "60s"}, "lease_margin"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -16,6 +16,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/copylock"
 	"github.com/zfs-nomad/zfs-nomad/internal/hostpath"
 	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs/zfsname"
@@ -61,17 +62,18 @@ type Node struct {
 	ReplicationSnapshots int `json:"replication_snapshots"`
 	// Peers lists the node agents of the cluster (host:port, this node's
 	// own may be among them), PeersFile a file listing them, re-read when
-	// it changes (it wins over Peers). A node pings the peers of its
-	// domain every Lease/4; one that hears from no majority of its domain
-	// for Lease makes its mounted primaries read-only (docs/safety.md,
-	// "Leases"). Without peers the node is a domain of one and never
-	// does.
+	// it changes (it wins over Peers). They must list every node agent of
+	// the cluster, of every domain, as the controller's do. A node pings
+	// them every Lease/4; one that hears from no majority of them for
+	// Lease makes its mounted primaries read-only (docs/safety.md,
+	// "Leases", "Why the lease and failover majorities intersect").
+	// Without peers the node is alone and never does.
 	Peers     []string `json:"peers"`
 	PeersFile string   `json:"peers_file"`
 	Lease     Duration `json:"lease"`
 	// LeaseMargin is added to Lease before this node grants a failover
-	// away from a silent node: clock rate drift and the time the
-	// read-only switch takes.
+	// away from a silent node: the ping and beat intervals and the time
+	// the self-fence takes (MinLeaseMargin).
 	LeaseMargin Duration `json:"lease_margin"`
 	// ReceiveIdleTimeout ends a receive whose sender sent nothing for that
 	// long: a peer that stalls must not hold a zfs receive and the
@@ -169,8 +171,30 @@ func DefaultNode() Node {
 		ReplicationSnapshots:   3,
 		ReceiveIdleTimeout:     Duration(2 * time.Minute),
 		Lease:                  Duration(30 * time.Second),
-		LeaseMargin:            Duration(15 * time.Second),
+		LeaseMargin:            Duration(MinLeaseMargin(30 * time.Second)),
 	}
+}
+
+// FenceAllowance is how long a node that lost its lease may take to make
+// all its mounted primaries read-only: it fences them all at once, each
+// waiting for its copy's lock (copylock.Wait at most) and then switching
+// the dataset to readonly=on (fenceSwitch). The switch remounts the
+// filesystem, which flushes its dirty data: fenceSwitch is an allowance
+// for that, not a bound the kernel gives.
+const FenceAllowance = copylock.Wait + fenceSwitch
+
+const fenceSwitch = 5 * time.Second
+
+// MinLeaseMargin is the smallest lease_margin M that is safe with lease
+// L (docs/safety.md, "Why the margin covers the self-fence"). A peer that
+// attests a node silent for L+M may have recorded it up to one ping
+// interval (L/4, the ping's timeout) before the node counted that peer's
+// answer; the node notices its lease ran out at most one beat interval
+// (L/4) after it did; then it fences within FenceAllowance:
+//
+//	M >= L/4 + L/4 + FenceAllowance
+func MinLeaseMargin(lease time.Duration) time.Duration {
+	return lease/4 + lease/4 + FenceAllowance
 }
 
 // Validate checks the config and explains every problem at once.
@@ -226,8 +250,9 @@ func (c *Node) Validate() error {
 	if c.Lease < Duration(2*time.Second) {
 		errs = append(errs, fmt.Errorf("lease %s: at least 2s (a peer's answer must fit in a quarter of it)", c.Lease))
 	}
-	if c.LeaseMargin < c.Lease/4 {
-		errs = append(errs, fmt.Errorf("lease_margin %s: at least a quarter of the lease (%s): the read-only switch happens up to one beat after the lease ends", c.LeaseMargin, c.Lease/4))
+	if min := MinLeaseMargin(time.Duration(c.Lease)); time.Duration(c.LeaseMargin) < min {
+		errs = append(errs, fmt.Errorf("lease_margin %s: at least %s with lease %s (a ping interval %s, a beat interval %s and the fence allowance %s, docs/safety.md \"Why the margin covers the self-fence\"): a smaller margin lets a majority grant a failover before a cut-off primary is read-only; raise lease_margin",
+			c.LeaseMargin, min, c.Lease, time.Duration(c.Lease)/4, time.Duration(c.Lease)/4, FenceAllowance))
 	}
 	for _, p := range c.Peers {
 		if _, _, err := net.SplitHostPort(p); err != nil {

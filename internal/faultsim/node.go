@@ -116,7 +116,7 @@ func (n *simNode) start(ctx context.Context) {
 	_ = inc.volumes.CheckLegacyPromises(ctx)
 	inc.volumes.WarmIndexes()
 
-	monitor := lease.NewMonitor(n.w.cfg.Lease, cfg.Domain, func() time.Time { return n.w.nodeNow(n.rate) })
+	monitor := lease.NewMonitor(n.w.cfg.Lease, func() time.Time { return n.w.nodeNow(n.rate) })
 	monitor.RequirePeers()
 	inc.volumes.LeaseHeld = func() bool { return monitor.Held(n.id) }
 	inc.volumes.RequireConfirmation()
@@ -138,7 +138,7 @@ func (n *simNode) start(ctx context.Context) {
 		grpc.UnaryInterceptor(plugin.LoggingInterceptor(log.Named("agent"))))...)
 	pb.RegisterNodeAgentServer(inc.srv, agentServer)
 	pb.RegisterReplicationServer(inc.srv, receiver)
-	pb.RegisterPeersServer(inc.srv, &lease.Server{NodeID: n.id, Domain: cfg.Domain, Promised: promised})
+	pb.RegisterPeersServer(inc.srv, &lease.Server{NodeID: n.id, Domain: cfg.Domain, Promised: promised, Monitor: monitor})
 	inc.lis = n.handoff.listener()
 	go func() { _ = inc.srv.Serve(inc.lis) }()
 	inc.node = csinode.New(inc.volumes, n.mounts, cfg, log.Named("csi"))

@@ -8,6 +8,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/tlsconfig"
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
@@ -35,8 +36,8 @@ type Volumes interface {
 
 // Heartbeat pings the peers every Interval (a quarter of the lease),
 // fences the node's mounted primaries while it does not hold the lease,
-// and lifts them once it does again and a majority of the domain confirms
-// that no newer copy was promoted meanwhile.
+// and lifts them once it does again and a majority of all its peers
+// confirms that no newer copy was promoted meanwhile.
 type Heartbeat struct {
 	Monitor  *Monitor
 	NodeID   string
@@ -94,7 +95,7 @@ func (h *Heartbeat) step(ctx context.Context, wasHeld, fencedSome bool) (held, s
 	switch {
 	case !held:
 		if wasHeld {
-			h.Log.Warn("lease lost: no majority of the domain answered within the lease; mounted primaries become read-only", "lease", h.Monitor.lease)
+			h.Log.Warn("lease lost: no majority of the peers (every domain) answered within the lease; mounted primaries become read-only", "lease", h.Monitor.lease)
 		}
 		fenced, err := h.Volumes.SelfFence(ctx)
 		if err != nil {
@@ -106,7 +107,7 @@ func (h *Heartbeat) step(ctx context.Context, wasHeld, fencedSome bool) (held, s
 		h.allConfirmed = false
 	default:
 		if !wasHeld {
-			h.Log.Info("lease held again: a majority of the domain answers")
+			h.Log.Info("lease held again: a majority of the peers (every domain) answers")
 		}
 		if fencedSome {
 			fencedSome = h.lift(ctx)
@@ -132,7 +133,7 @@ func (h *Heartbeat) beat(ctx context.Context) {
 	}
 	h.fanOut(ctx, h.Monitor.Peers(), func(ctx context.Context, addr string, c pb.PeersClient) {
 		if resp, err := c.Ping(ctx, &pb.PingRequest{}); err == nil {
-			h.Monitor.Answered(addr, resp.GetNodeId(), resp.GetDomain())
+			h.Monitor.Answered(addr, resp.GetNodeId())
 		}
 	})
 }
@@ -239,14 +240,14 @@ func (h *Heartbeat) confirmed(ctx context.Context, id string, gen uint64, answer
 	return agreed > total/2
 }
 
-// askPromises asks every peer of the domain, except this node, for its
+// askPromises asks every peer that answered, of every domain, except this node, for its
 // promises of ids; it returns the answers of those that answered.
 func (h *Heartbeat) askPromises(ctx context.Context, ids []string) []map[string]uint64 {
 	var (
 		mu  sync.Mutex
 		out []map[string]uint64
 	)
-	h.fanOut(ctx, h.Monitor.domainPeers(h.NodeID), func(ctx context.Context, _ string, c pb.PeersClient) {
+	h.fanOut(ctx, h.Monitor.others(h.NodeID), func(ctx context.Context, _ string, c pb.PeersClient) {
 		resp, err := c.Promises(ctx, &pb.PromisesRequest{VolumeIds: ids})
 		if err != nil {
 			return
@@ -287,18 +288,43 @@ func (h *Heartbeat) closeConns() {
 	h.conns = nil
 }
 
-// Server answers the peers' Ping and Promises.
+// Server answers the peers' Ping and Promises, and records each caller
+// as heard in Monitor (Monitor.Called) before it answers: a caller that
+// counts this answer for its lease was then recorded here no earlier
+// than it asked (docs/safety.md, "Why the lease and failover majorities
+// intersect").
 type Server struct {
 	pb.UnimplementedPeersServer
 	NodeID, Domain string
 	Promised       func(ctx context.Context, id string) (uint64, error)
+	// Monitor, when set, records the callers.
+	Monitor *Monitor
+	// Caller names the caller of a call: tlsconfig.NameOf (its verified
+	// node certificate) when nil. A call without one is not recorded.
+	Caller func(ctx context.Context) (string, bool)
 }
 
-func (s *Server) Ping(context.Context, *pb.PingRequest) (*pb.PingResponse, error) {
+// called records the caller of ctx in Monitor.
+func (s *Server) called(ctx context.Context) {
+	if s.Monitor == nil {
+		return
+	}
+	name := s.Caller
+	if name == nil {
+		name = tlsconfig.NameOf
+	}
+	if id, ok := name(ctx); ok && id != "" && id != s.NodeID {
+		s.Monitor.Called(id)
+	}
+}
+
+func (s *Server) Ping(ctx context.Context, _ *pb.PingRequest) (*pb.PingResponse, error) {
+	s.called(ctx)
 	return &pb.PingResponse{NodeId: s.NodeID, Domain: s.Domain}, nil
 }
 
 func (s *Server) Promises(ctx context.Context, req *pb.PromisesRequest) (*pb.PromisesResponse, error) {
+	s.called(ctx)
 	out := &pb.PromisesResponse{Generations: map[string]uint64{}}
 	for _, id := range req.GetVolumeIds() {
 		g, err := s.Promised(ctx, id)

@@ -151,7 +151,7 @@ func TestHeartbeatFencesLiftsAndConfirms(t *testing.T) {
 			vols := &fakeVolumes{fenced: map[string]uint64{id: 2}, mounted: map[string]uint64{other: 1}, promised: map[string]uint64{},
 				primaries: map[string]uint64{id: 2, other: 1, unmounted: 1}, confirmed: map[string]uint64{unmounted: 1}}
 			h := &Heartbeat{
-				Monitor:  NewMonitor(time.Minute, "d", time.Now),
+				Monitor:  NewMonitor(time.Minute, time.Now),
 				NodeID:   "n1",
 				Interval: 2 * time.Second,
 				Peers:    func() ([]string, error) { return []string{"n2:7670", "n3:7670"}, nil },

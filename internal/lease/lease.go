@@ -1,12 +1,19 @@
 // Package lease tells a node whether it may keep writing to its primaries:
-// it holds the lease while it heard from a majority of its replication
-// domain (itself included) within the lease time L. A node cut off from
-// that majority makes its mounted primaries read-only (docs/safety.md,
-// "Leases"), so that by the time the others could fail a volume over it
-// writes nothing any more.
+// it holds the lease while it heard from a majority of all its peers,
+// every replication domain, itself included, within the lease time L. A
+// node cut off from that majority makes its mounted primaries read-only
+// (docs/safety.md, "Leases"), so that by the time the others could fail
+// a volume over it writes nothing any more. The failover's majority is
+// taken over all the nodes too, so the two majorities share a node
+// (docs/safety.md, "Why the lease and failover majorities intersect").
 //
-// Heard means a round trip: this node's ping to the peer was answered. A
-// link that works one way only is no link.
+// Two kinds of hearing, for two uses. For its lease a node counts only a
+// round trip it started: its ping to the peer was answered, which proves
+// the peer recorded hearing this node (below) no earlier than the ping
+// was sent. To attest a peer silent it counts anything that shows the
+// peer was alive and talking to it: an answer to its own ping, and the
+// peer's own authenticated Ping and Promises calls (Called). Each use
+// leans the safe way: a lease is kept on less, silence attested on more.
 package lease
 
 import (
@@ -16,15 +23,19 @@ import (
 	"time"
 )
 
-// Monitor keeps, on the monotonic clock, when each peer last answered.
+// Monitor keeps, on the monotonic clock, when each peer last answered
+// and when each last called.
 type Monitor struct {
-	lease  time.Duration
-	domain string
-	now    func() time.Time
+	lease time.Duration
+	now   func() time.Time
 
 	mu      sync.Mutex
 	started time.Time
 	peers   map[string]*peer // by address
+	// called: when each node (by the node ID of its verified certificate)
+	// last called this node's Ping or Promises. Bounded by the node
+	// certificates the operator's CA issued.
+	called map[string]time.Time
 	// needsPeers: the node is configured with peers (RequirePeers), so
 	// knowing none yet means it has not learned them, not that it is a
 	// domain of one.
@@ -43,16 +54,15 @@ func (m *Monitor) RequirePeers() {
 }
 
 type peer struct {
-	heard  time.Time // zero: never
+	heard  time.Time // this node's ping last answered; zero: never
 	nodeID string    // "" until it answered once
-	domain string
 }
 
-// NewMonitor returns a monitor of lease time lease for a node of domain.
-// now is time.Now outside tests (its readings carry the monotonic clock,
-// so wall clock steps do not move a lease).
-func NewMonitor(lease time.Duration, domain string, now func() time.Time) *Monitor {
-	return &Monitor{lease: lease, domain: domain, now: now, started: now(), peers: map[string]*peer{}}
+// NewMonitor returns a monitor of lease time lease. now is time.Now
+// outside tests (its readings carry the monotonic clock, so wall clock
+// steps do not move a lease).
+func NewMonitor(lease time.Duration, now func() time.Time) *Monitor {
+	return &Monitor{lease: lease, now: now, started: now(), peers: map[string]*peer{}, called: map[string]time.Time{}}
 }
 
 // SetPeers adds the peer addresses not known yet. An address once listed
@@ -73,19 +83,33 @@ func (m *Monitor) SetPeers(addrs []string) {
 }
 
 // Answered records that the peer at addr answered a ping now, naming
-// itself and its domain.
-func (m *Monitor) Answered(addr, nodeID, domain string) {
+// itself.
+func (m *Monitor) Answered(addr, nodeID string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if p, ok := m.peers[addr]; ok {
-		p.heard, p.nodeID, p.domain = m.now(), nodeID, domain
+		p.heard, p.nodeID = m.now(), nodeID
 	}
 }
 
-// Held reports whether this node (selfID) heard from a majority of its
-// domain within the lease time. Peers of another domain do not count; one
-// that never answered counts against it (its domain is unknown). With no
-// peer at all the node is a domain of one and always holds the lease.
+// Called records that the node nodeID (its verified certificate's name)
+// called this node now: it is alive and reaches this node, so this node
+// attests no silence of it for the next L+M, even when this node's own
+// pings to it fail (a link that can be dialled one way only). It does not
+// count for this node's lease: the caller may not have heard this node's
+// answer (see the package comment).
+func (m *Monitor) Called(nodeID string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.called[nodeID] = m.now()
+}
+
+// Held reports whether this node (selfID) heard from a majority of all
+// its peers, whatever their domain, within the lease time: the failover's
+// majority is taken over all the nodes, and only a majority of the same
+// set is sure to share a node with it. A peer that never answered counts
+// against it. With no peer at all the node is alone and always holds
+// the lease.
 func (m *Monitor) Held(selfID string) bool {
 	if m.learning() {
 		return false
@@ -102,15 +126,16 @@ func (m *Monitor) learning() bool {
 	return m.needsPeers && len(m.peers) == 0
 }
 
-// count returns how many members of the domain were heard within the
-// lease (this node always), and how many there are.
+// count returns how many of the nodes this node knows, itself included,
+// answered its pings within the lease (this node always), and how many
+// there are. Only answers count, not calls (Called).
 func (m *Monitor) count(selfID string) (heard, total int) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	now := m.now()
 	heard, total = 1, 1
 	for _, p := range m.peers {
-		if p.nodeID == selfID || (p.nodeID != "" && p.domain != m.domain) {
+		if p.nodeID == selfID {
 			continue
 		}
 		total++
@@ -121,12 +146,18 @@ func (m *Monitor) count(selfID string) (heard, total int) {
 	return heard, total
 }
 
-// Attest checks that none of addrs answered this node's pings for at
-// least need (counted from this node's start when one never did): a
-// failover away from them is then safe, since a primary among them that
-// heard from no majority for the lease made itself read-only, and one
-// that heard from a majority was heard by a node of every majority. A
-// node without peers keeps no leases and attests nothing: it answers nil.
+// Attest checks that none of addrs answered this node's pings nor called
+// it for at least need (counted from this node's start when one never
+// did): a failover away from them is then safe, since a primary among
+// them that heard from no majority for the lease made itself read-only,
+// and one that heard from a majority was heard by a node of every
+// majority. A node without peers keeps no leases and attests nothing: it
+// answers nil.
+//
+// A call names a node ID, a peer is listed by address: the two meet once
+// the peer answered a ping naming itself. A peer that never answered may
+// be any caller whose node ID no answer named, so its silence is the
+// silence of all of them.
 func (m *Monitor) Attest(addrs []string, need time.Duration) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -142,7 +173,7 @@ func (m *Monitor) Attest(addrs []string, need time.Duration) error {
 		if !ok {
 			return fmt.Errorf("%s is not among this node's peers, so this node cannot tell how long it has been silent", a)
 		}
-		last := p.heard
+		last := m.lastHeard(p)
 		if last.IsZero() {
 			last = m.started
 		}
@@ -152,6 +183,31 @@ func (m *Monitor) Attest(addrs []string, need time.Duration) error {
 		}
 	}
 	return nil
+}
+
+// lastHeard is when p last answered this node or called it (zero for
+// never). The caller holds m.mu.
+func (m *Monitor) lastHeard(p *peer) time.Time {
+	last := p.heard
+	later := func(t time.Time) {
+		if t.After(last) {
+			last = t
+		}
+	}
+	if p.nodeID != "" {
+		later(m.called[p.nodeID])
+		return last
+	}
+	named := map[string]bool{}
+	for _, q := range m.peers {
+		named[q.nodeID] = true
+	}
+	for id, at := range m.called {
+		if !named[id] {
+			later(at)
+		}
+	}
+	return last
 }
 
 // Peers returns the addresses to ping.
@@ -165,14 +221,14 @@ func (m *Monitor) Peers() []string {
 	return out
 }
 
-// domainPeers returns the addresses of the peers known (they answered a
-// ping) to be of this node's domain, this node excluded.
-func (m *Monitor) domainPeers(selfID string) []string {
+// others returns the addresses of the peers that answered a ping, of
+// every domain, this node excluded: those a lift or a confirmation asks.
+func (m *Monitor) others(selfID string) []string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var out []string
 	for a, p := range m.peers {
-		if p.nodeID != "" && p.nodeID != selfID && p.domain == m.domain {
+		if p.nodeID != "" && p.nodeID != selfID {
 			out = append(out, a)
 		}
 	}

@@ -10,7 +10,7 @@ type clock struct{ t time.Time }
 
 func (c *clock) now() time.Time { return c.t }
 
-func TestHeldNeedsAMajorityOfTheDomainWithinTheLease(t *testing.T) {
+func TestHeldNeedsAMajorityOfAllPeersWithinTheLease(t *testing.T) {
 	const lease = 10 * time.Second
 	type answer struct {
 		addr, node, domain string
@@ -28,7 +28,11 @@ func TestHeldNeedsAMajorityOfTheDomainWithinTheLease(t *testing.T) {
 		{"an answer older than the lease", []string{"a", "b"}, []answer{{"a", "n2", "d", lease}}, false},
 		{"its own address counts once", []string{"self", "a", "b"}, []answer{{"self", "n1", "d", 0}, {"a", "n2", "d", time.Second}}, true},
 		{"alone with its own address", []string{"self", "a", "b"}, []answer{{"self", "n1", "d", 0}}, false},
-		{"another domain does not count", []string{"a", "b", "c"}, []answer{{"a", "n2", "d", 0}, {"b", "x1", "other", 0}, {"c", "x2", "other", 0}}, true},
+		{"another domain counts", []string{"a", "b", "c"}, []answer{{"b", "x1", "other", 0}, {"c", "x2", "other", 0}}, true},
+		// Issue 35, defect 2: domains X={n1,n2,n3}, Y={x1,x2}; n1 hears
+		// only n2. Two of its domain's three was a lease; two of five
+		// is not.
+		{"a majority of the domain is not a majority of the nodes", []string{"n2", "n3", "x1", "x2"}, []answer{{"n2", "n2", "d", 0}}, false},
 		{"a peer never heard counts against", []string{"a", "b", "c"}, []answer{{"a", "n2", "d", 0}}, false},
 		{"two of four is no majority", []string{"a", "b", "c"}, []answer{{"a", "n2", "d", 0}}, false},
 		{"three of four", []string{"a", "b", "c"}, []answer{{"a", "n2", "d", 0}, {"b", "n3", "d", 0}}, true},
@@ -36,12 +40,12 @@ func TestHeldNeedsAMajorityOfTheDomainWithinTheLease(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			c := &clock{t: time.Unix(1000, 0)}
-			m := NewMonitor(lease, "d", c.now)
+			m := NewMonitor(lease, c.now)
 			m.SetPeers(tt.peers)
 			c.t = c.t.Add(time.Minute)
 			for _, a := range tt.answers {
 				c.t = c.t.Add(-a.ago)
-				m.Answered(a.addr, a.node, a.domain)
+				m.Answered(a.addr, a.node)
 				c.t = c.t.Add(a.ago)
 			}
 			if got := m.Held("n1"); got != tt.want {
@@ -51,7 +55,7 @@ func TestHeldNeedsAMajorityOfTheDomainWithinTheLease(t *testing.T) {
 	}
 	// A node configured with peers that knows none yet is not a domain of
 	// one: it has not learned them.
-	m := NewMonitor(lease, "d", time.Now)
+	m := NewMonitor(lease, time.Now)
 	m.RequirePeers()
 	if m.Held("n1") {
 		t.Error("Held before any peer is known, with peers configured: true, want false")
@@ -64,9 +68,9 @@ func TestHeldNeedsAMajorityOfTheDomainWithinTheLease(t *testing.T) {
 // a majority of what is left.
 func TestPeersNeverShrink(t *testing.T) {
 	c := &clock{t: time.Unix(1000, 0)}
-	m := NewMonitor(10*time.Second, "d", c.now)
+	m := NewMonitor(10*time.Second, c.now)
 	m.SetPeers([]string{"a", "b"})
-	m.Answered("a", "n2", "d")
+	m.Answered("a", "n2")
 	m.SetPeers([]string{"a"}) // b is gone from the file
 	if !m.Held("n1") {
 		t.Error("a's answer was lost when the peers changed")
@@ -111,7 +115,7 @@ func TestAttest(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			c := &clock{t: time.Unix(10000, 0)}
 			c.t = c.t.Add(-tt.started)
-			m := NewMonitor(10*time.Second, "d", c.now)
+			m := NewMonitor(10*time.Second, c.now)
 			if tt.needsPeers {
 				m.RequirePeers()
 			}
@@ -119,7 +123,7 @@ func TestAttest(t *testing.T) {
 			c.t = c.t.Add(tt.started)
 			if tt.heard > 0 {
 				c.t = c.t.Add(-tt.heard)
-				m.Answered("a", "n2", "d")
+				m.Answered("a", "n2")
 				c.t = c.t.Add(tt.heard)
 			}
 			err := m.Attest([]string{"a"}, need)

@@ -4,13 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
+	"sync"
+
+	"golang.org/x/sync/errgroup"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
 )
 
 // A node that lost its lease (package lease) makes its mounted primaries
-// read-only: while it hears from no majority of its domain, another copy
+// read-only: while it hears from no majority of its peers, another copy
 // may be promoted, and two writers must never be (docs/safety.md,
 // "Leases"). The mark lives on the dataset, so a restart keeps it.
 
@@ -30,25 +34,48 @@ func leaseFencedAt(v string) int64 {
 // the operator took on what the lease guards against. It lists the pool
 // rather than trusting the primary index: it is the guard against two
 // writers, and runs only while the lease is lost.
+//
+// It fences the volumes all at once (selfFenceParallel at a time): each
+// may wait up to copylock.Wait for its lock, and the lease margin allows
+// for one such wait (config.FenceAllowance), not one per volume.
 func (m *Manager) SelfFence(ctx context.Context) ([]string, error) {
 	vols, err := m.List(ctx)
 	if err != nil {
 		return nil, err
 	}
-	var fenced []string
-	var errs []error
+	var (
+		mu     sync.Mutex
+		fenced []string
+		errs   []error
+		g      errgroup.Group
+	)
+	g.SetLimit(selfFenceParallel)
 	for _, v := range vols {
 		if v.LeaseFencedAt != 0 || v.MovingTo != "" || v.Forced {
 			continue
 		}
-		if ok, err := m.selfFence(ctx, v.ID); err != nil {
-			errs = append(errs, err)
-		} else if ok {
-			fenced = append(fenced, v.ID)
-		}
+		g.Go(func() error {
+			ok, err := m.selfFence(ctx, v.ID)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = append(errs, err)
+			} else if ok {
+				fenced = append(fenced, v.ID)
+			}
+			return nil // every volume is tried, whatever the others do
+		})
 	}
+	_ = g.Wait()
+	slices.Sort(fenced)
 	return fenced, errors.Join(errs...)
 }
+
+// selfFenceParallel bounds the volumes SelfFence fences at once. Most of
+// the time is waiting for a busy lock or for the remount, not work; a
+// node with more mounted primaries than this whose locks are all busy at
+// once needs one FenceAllowance per round of them (docs/safety.md).
+const selfFenceParallel = 64
 
 func (m *Manager) selfFence(ctx context.Context, id string) (bool, error) {
 	unlock, err := m.lock(ctx, id, "self-fence after losing the lease")
@@ -71,7 +98,7 @@ func (m *Manager) selfFence(ctx context.Context, id string) (bool, error) {
 	if err := m.zfs.SetProperties(ctx, v.Dataset, props); err != nil {
 		return false, zfsError(err, "making volume "+id+" read-only after losing the lease")
 	}
-	m.log.Warn("lease lost: volume made read-only; writes fail until a majority of the domain confirms no newer copy exists",
+	m.log.Warn("lease lost: volume made read-only; writes fail until a majority of the nodes confirms no newer copy exists",
 		"volume_id", id, "generation", v.Generation)
 	return true, nil
 }
@@ -118,7 +145,7 @@ func (m *Manager) liftLeaseFence(ctx context.Context, v Volume, generation uint6
 		return nil
 	}
 	if m.LeaseHeld != nil && !m.LeaseHeld() {
-		return fmt.Errorf("%w: node %s hears from no majority of its domain: volume %s stays read-only until it does", errdefs.ErrUnavailable, m.cfg.NodeID, id)
+		return fmt.Errorf("%w: node %s hears from no majority of its peers (every domain): volume %s stays read-only until it does", errdefs.ErrUnavailable, m.cfg.NodeID, id)
 	}
 	if v.Generation != generation || v.MovingTo != "" {
 		return fmt.Errorf("%w: volume %s is at generation %d (moving to %q); the confirmation was for generation %d",

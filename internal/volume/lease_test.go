@@ -3,8 +3,10 @@ package volume
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
 )
@@ -85,4 +87,46 @@ func TestForcedCopyIgnoresTheLease(t *testing.T) {
 		t.Fatalf("staging the forced copy without the lease: %v", err)
 	}
 	unlock()
+}
+
+// TestSelfFenceFencesAllAtOnce: issue 35, defect 6. A node that lost its
+// lease fences every mounted primary at once: one volume whose lock is
+// busy delays only itself, so all twenty are read-only within one lock
+// wait and one switch, the allowance the lease margin makes
+// (config.FenceAllowance), not one per volume.
+func TestSelfFenceFencesAllAtOnce(t *testing.T) {
+	const (
+		primaries = 20
+		busy      = time.Second            // the one busy lock is held this long
+		perVolume = 150 * time.Millisecond // each volume's fence (the mount check stands in for the remount)
+		bound     = busy + perVolume + 600*time.Millisecond
+	)
+	ctx := context.Background()
+	m, fake := newManager(t)
+	var vols []Volume
+	for i := range primaries {
+		vols = append(vols, create(t, m, CreateRequest{Name: fmt.Sprintf("v%02d", i)}))
+	}
+	m.Mounted = func(string) (bool, error) { time.Sleep(perVolume); return true, nil }
+	m.LeaseHeld = func() bool { return false }
+	unlock, err := m.Locks().Lock(ctx, vols[7].ID, "a slow change")
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.AfterFunc(busy, unlock)
+
+	began := time.Now()
+	fenced, err := m.SelfFence(ctx)
+	took := time.Since(began)
+	if err != nil || len(fenced) != primaries {
+		t.Fatalf("SelfFence fenced %d of %d (%v)", len(fenced), primaries, err)
+	}
+	if took > bound {
+		t.Errorf("fencing %d primaries, one lock busy for %s, took %s; want within %s (all at once, not one after another)", primaries, busy, took.Round(time.Millisecond), bound)
+	}
+	for _, v := range vols {
+		if got := fake.NativeProperty(v.Dataset, "readonly"); got != "on" {
+			t.Errorf("volume %s: readonly %q after the self-fence, want on", v.ID, got)
+		}
+	}
 }

@@ -891,7 +891,8 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 // link returns, the old copy stays read-only: a majority promised a newer
 // generation.
 func TestFailoverWaitsForTheLease(t *testing.T) {
-	const lease, margin = 8 * time.Second, 4 * time.Second
+	// The smallest margin config accepts with this lease (config.MinLeaseMargin).
+	const lease, margin = 8 * time.Second, 19 * time.Second
 	e := startWithLease(t, lease, "-lease-margin="+margin.String())
 	id, dir := e.createWritten("leased", map[string]string{"failover": "auto"}, "echo replicated > a")
 	e.replicate(id, "n1", "n2")

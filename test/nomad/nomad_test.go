@@ -445,8 +445,9 @@ func (e *e2e) deployPlugins() {
 		"-var", "data_dir="+nomadDir+"/data",
 		"-var", "log_level=debug",
 		// Leases short enough for the failover steps: a failover away
-		// from a killed node waits 12 s of silence instead of 45.
-		"-var", "extra_args="+hclList(append([]string{"-lease", "8s", "-lease-margin", "4s"}, agentPortFlags()...)),
+		// from a killed node waits 27 s of silence instead of 60 (the
+		// smallest margin config accepts with an 8 s lease).
+		"-var", "extra_args="+hclList(append([]string{"-lease", "8s", "-lease-margin", "19s"}, agentPortFlags()...)),
 		e.file("zfs-node.nomad.hcl"))
 	e.nomad("job", "run", "-detach",
 		"-var", "binary="+filepath.Join(e.bin, "zfs-controller"),
