@@ -20,6 +20,13 @@ import (
 // until the test ends: a sender that keeps each message within the idle
 // timeout but sends nearly nothing.
 func trickle(t *testing.T, interval time.Duration, msgs ...*pb.ReceiveMessage) *fakeStream {
+	return paced(t, interval, 1, -1, msgs...)
+}
+
+// paced returns a stream that sends msgs, then count messages of size
+// bytes, one every interval, and ends (count < 0: goes on until the test
+// ends).
+func paced(t *testing.T, interval time.Duration, size, count int, msgs ...*pb.ReceiveMessage) *fakeStream {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	ch := make(chan *pb.ReceiveMessage)
@@ -31,14 +38,15 @@ func trickle(t *testing.T, interval time.Duration, msgs ...*pb.ReceiveMessage) *
 				return
 			}
 		}
-		for {
+		for i := 0; count < 0 || i < count; i++ {
+			time.Sleep(interval)
 			select {
-			case ch <- dataMsg([]byte{0}):
+			case ch <- dataMsg(make([]byte, size)):
 			case <-ctx.Done():
 				return
 			}
-			time.Sleep(interval)
 		}
+		close(ch)
 	}()
 	return &fakeStream{ctx: ctx, msgs: ch}
 }
@@ -159,5 +167,20 @@ func TestStalledSenderLosesTheReplicaLock(t *testing.T) {
 				t.Errorf("the replica's lock is still held, by %s", what)
 			}
 		})
+	}
+}
+
+// TestSlowSenderAboveTheRateKeepsItsReceive: a sender that pauses
+// between messages, each pause within the idle timeout, but averages
+// more than MinRate, is never cut, however long its stream runs past
+// twice the idle timeout.
+func TestSlowSenderAboveTheRateKeepsItsReceive(t *testing.T) {
+	z := &replicaStore{exists: true, generation: 5}
+	r := NewReceiver(z, new(copylock.Locks), testRoot, "n2", 2, hclog.NewNullLogger())
+	r.IdleTimeout, r.MinRate = 100*time.Millisecond, 4<<10
+	// 1 KiB every 60 ms: about 16 KiB/s, for 0.6 s.
+	_, err := r.receive(paced(t, 60*time.Millisecond, 1<<10, 10, header(KindIncremental, 5), plainStream(KindIncremental)))
+	if err != nil {
+		t.Errorf("a sender above the rate: %v", err)
 	}
 }

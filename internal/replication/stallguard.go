@@ -44,8 +44,9 @@ type stallGuard struct {
 	mu     sync.Mutex
 	timer  *time.Timer
 	credit time.Duration
-	since  time.Time // when the running wait began; zero when none runs
-	cause  error     // what the running wait ends with when it runs out
+	since  time.Time     // when the running wait began; zero when none runs
+	wait   time.Duration // how long the running wait may last
+	slow   bool          // the credit, not idle, bounds the running wait
 }
 
 func newStallGuard(idle time.Duration, minRate uint64, cancel context.CancelCauseFunc) *stallGuard {
@@ -59,13 +60,12 @@ func newStallGuard(idle time.Duration, minRate uint64, cancel context.CancelCaus
 func (g *stallGuard) waiting() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	wait, cause := g.idle, fmt.Errorf("%w (%s)", errIdle, g.idle)
-	if g.minRate > 0 && g.credit < wait {
-		wait = max(g.credit, 0)
-		cause = fmt.Errorf("%w (%d bytes per second on average at least, and a message every %s)", errSlow, uint64(g.minRate), g.idle)
+	g.wait, g.slow = g.idle, false
+	if g.minRate > 0 && g.credit < g.wait {
+		g.wait, g.slow = max(g.credit, 0), true
 	}
-	g.since, g.cause = time.Now(), cause
-	g.timer.Reset(wait)
+	g.since = time.Now()
+	g.timer.Reset(g.wait)
 }
 
 // got ends the wait, which brought n bytes.
@@ -83,11 +83,17 @@ func (g *stallGuard) got(n int) {
 	}
 }
 
+// expire ends the receive when the running wait has lasted its time (a
+// timer that fired as one wait ended and the next began is ignored).
 func (g *stallGuard) expire() {
 	g.mu.Lock()
-	running, cause := !g.since.IsZero(), g.cause
+	over := !g.since.IsZero() && time.Since(g.since) >= g.wait
+	cause := fmt.Errorf("%w (%s)", errIdle, g.idle)
+	if g.slow {
+		cause = fmt.Errorf("%w (%d bytes per second on average at least, and a message every %s)", errSlow, uint64(g.minRate), g.idle)
+	}
 	g.mu.Unlock()
-	if running {
+	if over {
 		g.cancel(cause)
 	}
 }
