@@ -38,6 +38,10 @@ type Locks struct {
 	mu        sync.Mutex
 	holders   map[string]holder    // what holds each lock, for who waits
 	transfers map[string]*transfer // the running transfer of each volume
+	// taken counts, per copy, the times its lock was taken (Mark). One
+	// number per volume ID this node ever locked: never removed, since a
+	// count that restarted could match an old mark.
+	taken map[string]uint64
 }
 
 type holder struct {
@@ -63,9 +67,10 @@ func (l *Locks) Lock(ctx context.Context, id, what string) (unlock func(), err e
 	}
 	l.mu.Lock()
 	if l.holders == nil {
-		l.holders = map[string]holder{}
+		l.holders, l.taken = map[string]holder{}, map[string]uint64{}
 	}
 	l.holders[id] = holder{what: what, since: time.Now()}
+	l.taken[id]++
 	l.mu.Unlock()
 	var once sync.Once
 	return func() {
@@ -96,6 +101,27 @@ func (l *Locks) Held(id string) (what string, held bool) {
 	defer l.mu.Unlock()
 	h, held := l.holders[id]
 	return h.what, held
+}
+
+// Mark is for reading a copy before taking its lock (a receive reads
+// what it holds while its sender starts, and takes the lock only once
+// the stream's first record is in hand). Call it before the read: free
+// says that nobody holds the lock now. Once the caller holds the lock,
+// Unchanged(id, mark) tells whether what it read is still true.
+func (l *Locks) Mark(id string) (mark uint64, free bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	_, held := l.holders[id]
+	return l.taken[id], !held
+}
+
+// Unchanged reports, to a caller holding id's lock, that nobody else took
+// the lock since Mark answered mark with free: every change of a copy
+// holds its lock (I5), so a read made after that Mark still holds.
+func (l *Locks) Unchanged(id string, mark uint64) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.taken[id] == mark+1
 }
 
 // Busy reports whether any copy's lock is held: a change may be half

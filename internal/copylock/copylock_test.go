@@ -120,3 +120,42 @@ func TestTransfers(t *testing.T) {
 		t.Errorf("stopping a transfer that hangs: %v, want Aborted", err)
 	}
 }
+
+// TestUnchanged: a read made after Mark holds under the lock taken next,
+// unless someone else took the lock in between; Mark says when the lock
+// is held at the time (a change may be half done).
+func TestUnchanged(t *testing.T) {
+	ctx := context.Background()
+	tests := []struct {
+		name    string
+		between func(l *Locks) // after the Mark, before the caller's Lock
+		want    bool
+	}{
+		{"nobody took it", func(*Locks) {}, true},
+		{"another change came and went", func(l *Locks) {
+			unlock, _ := l.Lock(ctx, id, "promote")
+			unlock()
+		}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var l Locks
+			mark, free := l.Mark(id)
+			if !free {
+				t.Fatal("Mark: a lock nobody took is not free")
+			}
+			tt.between(&l)
+			unlock, err := l.Lock(ctx, id, "receive")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, free := l.Mark(id); free {
+				t.Error("Mark: a held lock is free")
+			}
+			if got := l.Unchanged(id, mark); got != tt.want {
+				t.Errorf("Unchanged = %v, want %v", got, tt.want)
+			}
+			unlock()
+		})
+	}
+}

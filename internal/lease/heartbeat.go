@@ -8,6 +8,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
 	"github.com/zfs-nomad/zfs-nomad/internal/tlsconfig"
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
@@ -248,15 +249,34 @@ func (h *Heartbeat) askPromises(ctx context.Context, ids []string) []map[string]
 		out []map[string]uint64
 	)
 	h.fanOut(ctx, h.Monitor.others(h.NodeID), func(ctx context.Context, _ string, c pb.PeersClient) {
-		resp, err := c.Promises(ctx, &pb.PromisesRequest{VolumeIds: ids})
+		answer, err := promisesOf(ctx, c, ids)
 		if err != nil {
 			return
 		}
 		mu.Lock()
-		out = append(out, resp.GetGenerations())
+		out = append(out, answer)
 		mu.Unlock()
 	})
 	return out
+}
+
+// promisesOf asks one peer for its promises of ids, MaxPromiseIDs at a
+// time. A peer counts only with its answer about every ID: one missing
+// would read as "promised nothing newer" (confirmed).
+func promisesOf(ctx context.Context, c pb.PeersClient, ids []string) (map[string]uint64, error) {
+	out := make(map[string]uint64, len(ids))
+	for len(ids) > 0 {
+		chunk := ids[:min(len(ids), MaxPromiseIDs)]
+		ids = ids[len(chunk):]
+		resp, err := c.Promises(ctx, &pb.PromisesRequest{VolumeIds: chunk})
+		if err != nil {
+			return nil, err
+		}
+		for id, g := range resp.GetGenerations() {
+			out[id] = g
+		}
+	}
+	return out, nil
 }
 
 func (h *Heartbeat) client(addr string) (pb.PeersClient, error) {
@@ -323,7 +343,16 @@ func (s *Server) Ping(ctx context.Context, _ *pb.PingRequest) (*pb.PingResponse,
 	return &pb.PingResponse{NodeId: s.NodeID, Domain: s.Domain}, nil
 }
 
+// MaxPromiseIDs bounds the volumes one Promises request asks about: each
+// is a read of the pool, and a peer must not make one call cost without
+// bound. It is above the primaries a node usually holds (the heartbeat
+// asks about its unconfirmed primaries, in chunks of this size).
+const MaxPromiseIDs = 1000
+
 func (s *Server) Promises(ctx context.Context, req *pb.PromisesRequest) (*pb.PromisesResponse, error) {
+	if n := len(req.GetVolumeIds()); n > MaxPromiseIDs {
+		return nil, errdefs.ToStatus(errdefs.Wrap(errdefs.ErrInvalidArgument, "a Promises request asks about %d volumes, more than %d: ask in chunks", n, MaxPromiseIDs))
+	}
 	s.called(ctx)
 	out := &pb.PromisesResponse{Generations: map[string]uint64{}}
 	for _, id := range req.GetVolumeIds() {

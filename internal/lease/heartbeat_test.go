@@ -2,6 +2,7 @@ package lease
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"slices"
 	"sync"
@@ -10,7 +11,9 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
@@ -184,5 +187,53 @@ func TestHeartbeatFencesLiftsAndConfirms(t *testing.T) {
 				t.Errorf("confirmed after the beat: %v, want %v", confirmed, want)
 			}
 		})
+	}
+}
+
+// TestPromisesRequestsAreBounded: a Promises request about more than
+// MaxPromiseIDs volumes is refused (a peer must not make one call read
+// the pool without bound), and the heartbeat asks in chunks, so a node
+// with more unconfirmed primaries than that still confirms them all.
+func TestPromisesRequestsAreBounded(t *testing.T) {
+	ids := func(n int) []string {
+		out := make([]string, n)
+		for i := range out {
+			out[i] = fmt.Sprintf("vol-%020d", i)
+		}
+		return out
+	}
+	srv := &Server{NodeID: "n2", Domain: "d", Promised: func(context.Context, string) (uint64, error) { return 0, nil }}
+	for _, tt := range []struct {
+		n    int
+		want codes.Code
+	}{{1, codes.OK}, {MaxPromiseIDs, codes.OK}, {MaxPromiseIDs + 1, codes.InvalidArgument}, {100 * MaxPromiseIDs, codes.InvalidArgument}} {
+		_, err := srv.Promises(context.Background(), &pb.PromisesRequest{VolumeIds: ids(tt.n)})
+		if status.Code(err) != tt.want {
+			t.Errorf("Promises about %d volumes: %v, want %s", tt.n, err, tt.want)
+		}
+	}
+
+	net := &peerNet{t: t, listeners: map[string]*bufconn.Listener{}, servers: map[string]*grpc.Server{}}
+	net.serve("n2:7670", "n2", map[string]uint64{})
+	net.serve("n3:7670", "n3", map[string]uint64{})
+	primaries := map[string]uint64{}
+	for _, id := range ids(2*MaxPromiseIDs + 1) {
+		primaries[id] = 1
+	}
+	vols := &fakeVolumes{fenced: map[string]uint64{}, mounted: map[string]uint64{}, promised: map[string]uint64{},
+		primaries: primaries, confirmed: map[string]uint64{}}
+	h := &Heartbeat{
+		Monitor:  NewMonitor(time.Minute, time.Now),
+		NodeID:   "n1",
+		Interval: 5 * time.Second,
+		Peers:    func() ([]string, error) { return []string{"n2:7670", "n3:7670"}, nil },
+		Dial:     net.dial,
+		Volumes:  vols,
+		Log:      hclog.NewNullLogger(),
+	}
+	defer h.closeConns()
+	h.Beat(context.Background())
+	if got, want := len(vols.confirmed), len(primaries); got != want {
+		t.Errorf("%d primaries confirmed after the beat, want all %d", got, want)
 	}
 }

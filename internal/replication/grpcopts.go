@@ -21,6 +21,18 @@ const (
 	keepaliveTimeout = 10 * time.Second
 )
 
+// MaxConcurrentStreams bounds the calls one connection to the agent port
+// carries at once (a peer's pusher or heartbeat, the controller): a peer,
+// lying or not, cannot make the node run more handlers (and their reads
+// of the pool) per connection than that. grpc-go clients wait for a free
+// stream instead of failing. It is far above what a caller runs at once:
+// a node receives at most MaxReceives streams, the heartbeat makes one
+// call per peer and beat, and the controller's long calls (pushes,
+// catch-ups) are parallel_pushes (default 2) plus at most 4 catch-ups per
+// source; its short calls (a burst of publishes asking every node) at
+// worst wait for one another.
+const MaxConcurrentStreams = 256
+
 const (
 	streamWindow = 16 << 20
 	connWindow   = 32 << 20
@@ -36,6 +48,7 @@ func ServerOptions() []grpc.ServerOption {
 		grpc.WriteBufferSize(bufferSize),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: keepaliveTime, Timeout: keepaliveTimeout}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: keepaliveTime / 2, PermitWithoutStream: true}),
+		grpc.MaxConcurrentStreams(MaxConcurrentStreams),
 	}
 }
 

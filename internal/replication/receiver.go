@@ -45,9 +45,13 @@ type Receiver struct {
 
 	// IdleTimeout ends a receive whose sender sent nothing for that long
 	// (default DefaultIdleTimeout): a peer that stalls must not hold a
-	// zfs receive and the volume's lock forever. What arrived stays
+	// zfs receive and the replica's lock forever. What arrived stays
 	// resumable.
 	IdleTimeout time.Duration
+	// MinRate (bytes per second, default DefaultMinRate; 0: none) ends a
+	// receive whose sender trickles: one that averages less runs out of
+	// a credit of at most twice IdleTimeout (stallGuard).
+	MinRate uint64
 
 	// Changed, when set, is told the volume of every receive that took
 	// the copy's lock, done or not (it may have made, replaced or left a
@@ -87,7 +91,7 @@ const MaxGeneration = 1 << 48
 // replicas keep the newest keep replication snapshots.
 func NewReceiver(z Streams, locks *copylock.Locks, root, nodeID string, keep int, log hclog.Logger) *Receiver {
 	return &Receiver{z: z, locks: locks, root: root, nodeID: nodeID, keep: keep, log: log,
-		IdleTimeout: DefaultIdleTimeout, slots: make(chan struct{}, MaxReceives)}
+		IdleTimeout: DefaultIdleTimeout, MinRate: DefaultMinRate, slots: make(chan struct{}, MaxReceives)}
 }
 
 func (r *Receiver) ReplicaState(ctx context.Context, req *pb.ReplicaStateRequest) (*pb.ReplicaStateResponse, error) {
@@ -142,14 +146,15 @@ func (r *Receiver) Receive(stream pb.Replication_ReceiveServer) error {
 }
 
 func (r *Receiver) receive(stream pb.Replication_ReceiveServer) (*pb.ReceiveResult, error) {
-	// Every message, the header included, must come within the idle
-	// timeout; when it does not, ctx ends with errIdle and so does zfs
-	// receive (returning ends the stream and unblocks its reader).
+	// Every wait for the sender's next message, the header's included, is
+	// bounded by the stall guard; when it runs out, ctx ends with errIdle
+	// or errSlow and so does zfs receive (returning ends the stream and
+	// unblocks its reader).
 	ctx, cancel := context.WithCancelCause(stream.Context())
 	defer cancel(nil)
-	idle := time.AfterFunc(r.IdleTimeout, func() { cancel(fmt.Errorf("%w (%s)", errIdle, r.IdleTimeout)) })
-	defer idle.Stop()
-	h, err := r.readHeader(ctx, stream)
+	guard := newStallGuard(r.IdleTimeout, r.MinRate, cancel)
+	defer guard.stop()
+	h, err := r.readHeader(ctx, stream, guard)
 	if err != nil {
 		return nil, err
 	}
@@ -161,12 +166,32 @@ func (r *Receiver) receive(stream pb.Replication_ReceiveServer) (*pb.ReceiveResu
 	default:
 		return nil, errdefs.Wrap(errdefs.ErrResourceExhausted, "node %s is receiving %d streams already; retry later", r.nodeID, MaxReceives)
 	}
+	// What the copy holds is read without its lock, while the sender
+	// starts zfs send (a process start, the longest wait before its first
+	// record), and whatever the header alone refuses is refused now: a
+	// stream into a primary never waits for its first record, and never
+	// takes the primary's lock (docs/safety.md, "A receive and the
+	// lock"). The lock is taken only once the first record is in hand, so
+	// a sender that stalls before it holds no lock at all.
+	mark, free := r.locks.Mark(h.GetVolumeId())
+	found := r.readCopy(ctx, fs)
+	if err := refuseEarly(h, found); err != nil {
+		log.Warn("stream refused before its first record", "error", err)
+		return nil, err
+	}
+	// The stream's own first record, read before anything is touched:
+	// what the stream does is decided by it, not by the header.
+	begin, err := readBegin(ctx, stream, guard)
+	if err != nil {
+		return nil, fmt.Errorf("the stream of volume %s: %w", h.GetVolumeId(), err)
+	}
+	if err := checkBegin(begin, h.GetKind()); err != nil {
+		return nil, fmt.Errorf("the stream of volume %s: %w", h.GetVolumeId(), err)
+	}
 	// The lock may be held by the tidy after the previous receive (a
 	// second or so): a push that lands then waits for it rather than
 	// failing. Another change of the copy that outlasts copylock.Wait (a
-	// receive) makes it Aborted. Taking it before the stream's first
-	// record gives a peer no more than it has anyway: a sender that
-	// stalls after a valid first record holds it until the idle timeout.
+	// receive) makes it Aborted.
 	unlock, err := r.locks.Lock(ctx, h.GetVolumeId(), "receive from node "+h.GetSourceNodeId())
 	if err != nil {
 		return nil, err
@@ -175,14 +200,10 @@ func (r *Receiver) receive(stream pb.Replication_ReceiveServer) (*pb.ReceiveResu
 	if r.Changed != nil {
 		defer r.Changed(h.GetVolumeId()) // before the unlock: a reader after it sees the change noted
 	}
-	// What the copy holds is read while the sender starts zfs send (a
-	// process start, the longest wait before its first record); the lock
-	// keeps it true until this receive changes it.
-	ahead := r.readAhead(ctx, fs)
-	// So is zfs receive into the replica for the streams that go there
-	// as they are (an incremental, a resumed one): like the copy's state
-	// it waits for the first record, and it reads that record before it
-	// changes anything, so one that is not fed ends without a trace.
+	// zfs receive into the replica, for the streams that go there as they
+	// are (an incremental, a resumed one), starts while the copy is
+	// checked; it reads the first record before it changes anything, so
+	// one that is not fed ends without a trace.
 	var early *pendingReceive
 	if k := h.GetKind(); k == KindIncremental || k == KindResume {
 		if early, err = r.startReceive(ctx, fs, nil); err != nil {
@@ -190,17 +211,12 @@ func (r *Receiver) receive(stream pb.Replication_ReceiveServer) (*pb.ReceiveResu
 		}
 		defer func() { early.abandon() }() // unless it was used
 	}
-	idle.Reset(r.IdleTimeout)
-	// The stream's own first record, read before anything is touched:
-	// what the stream does is decided by it, not by the header.
-	begin, err := readBegin(ctx, stream, idle, r.IdleTimeout)
-	if err != nil {
-		return nil, fmt.Errorf("the stream of volume %s: %w", h.GetVolumeId(), err)
+	// What was read without the lock still holds when nobody took the
+	// lock meanwhile (every change of the copy holds it); otherwise it is
+	// read again (so is one that failed).
+	if !free || !r.locks.Unchanged(h.GetVolumeId(), mark) || found.err != nil {
+		found = r.readCopy(ctx, fs)
 	}
-	if err := checkBegin(begin, h.GetKind()); err != nil {
-		return nil, fmt.Errorf("the stream of volume %s: %w", h.GetVolumeId(), err)
-	}
-	found := ahead()
 	if found.replacing {
 		if err := r.finishReplace(ctx, fs, log); err != nil {
 			return nil, err
@@ -216,11 +232,10 @@ func (r *Receiver) receive(stream pb.Replication_ReceiveServer) (*pb.ReceiveResu
 		return nil, err
 	}
 	log.Info("receiving", "into", into.target)
-	// The idle clock runs only while the stream does: from here (the
-	// checks and clean-up above may take a while, with the sender held by
-	// flow control) until its last message, after which zfs receive may
-	// still take its time to finish.
-	idle.Reset(r.IdleTimeout)
+	// The guard runs only while the receiver waits for the sender: not
+	// during the checks and clean-up above (the sender is held by flow
+	// control meanwhile), nor after its last message, after which zfs
+	// receive may still take its time to finish.
 	zr := early
 	if early == nil || early.target != into.target || len(into.props) > 0 {
 		early.abandon()
@@ -229,7 +244,7 @@ func (r *Receiver) receive(stream pb.Replication_ReceiveServer) (*pb.ReceiveResu
 		}
 	}
 	early = nil
-	received, err := r.zfsReceive(ctx, h, zr, into.replacing, begin, stream, idle, log)
+	received, err := r.zfsReceive(ctx, h, zr, into.replacing, begin, stream, guard, log)
 	if err != nil {
 		if into.replacing {
 			// A replacement is not resumed: the next push sends it whole
@@ -257,11 +272,46 @@ func (r *Receiver) receive(stream pb.Replication_ReceiveServer) (*pb.ReceiveResu
 	return &pb.ReceiveResult{SnapshotGuid: last.GUID, Bytes: received}, nil
 }
 
+// refuseEarly refuses, before the stream's first record and without the
+// copy's lock, what the header and the copy read without the lock
+// (found) decide alone: a stream into a copy that is not a replica, an
+// incremental or resumed stream without a replica, or one that would
+// lower the replica's generation. What it lets through is checked again
+// under the lock (prepare); a copy it could not read is left to that
+// check too.
+func refuseEarly(h *pb.ReceiveHeader, found copyRead) error {
+	if found.err != nil || found.replacing {
+		return nil
+	}
+	state := found.state
+	if state.GetExists() && state.GetRole() != RoleReplica {
+		return notAReplica(h, state)
+	}
+	if k := h.GetKind(); k == KindIncremental || k == KindResume {
+		if !state.GetExists() {
+			return errdefs.Wrap(errdefs.ErrFailedPrecondition, "no replica of %s to receive an %s stream into", h.GetVolumeId(), h.GetKind())
+		}
+		if state.GetGeneration() > h.GetGeneration() {
+			return lowerGeneration(h, state)
+		}
+	}
+	return nil
+}
+
+func notAReplica(h *pb.ReceiveHeader, state *pb.ReplicaStateResponse) error {
+	return errdefs.Wrap(errdefs.ErrFailedPrecondition, "this node holds volume %s as %q, not as a replica: refusing to overwrite it", h.GetVolumeId(), state.GetRole())
+}
+
+func lowerGeneration(h *pb.ReceiveHeader, state *pb.ReplicaStateResponse) error {
+	return errdefs.Wrap(errdefs.ErrFailedPrecondition, "the replica of %s here is of generation %d; a stream of generation %d would lower it: refused",
+		h.GetVolumeId(), state.GetGeneration(), h.GetGeneration())
+}
+
 // readHeader reads and checks the stream's header: a volume ID, a
 // snapshot name, a sender that is who its certificate says, a generation
 // in bounds.
-func (r *Receiver) readHeader(ctx context.Context, stream pb.Replication_ReceiveServer) (*pb.ReceiveHeader, error) {
-	first, err := recvWithin(ctx, stream)
+func (r *Receiver) readHeader(ctx context.Context, stream pb.Replication_ReceiveServer, guard *stallGuard) (*pb.ReceiveHeader, error) {
+	first, err := guard.recv(ctx, stream)
 	if err != nil {
 		return nil, fmt.Errorf("reading the header: %w", err)
 	}
@@ -289,18 +339,17 @@ func (r *Receiver) readHeader(ctx context.Context, stream pb.Replication_Receive
 }
 
 // readBegin reads the stream's data messages until it holds the first
-// record, each message within the idle timeout.
-func readBegin(ctx context.Context, stream pb.Replication_ReceiveServer, idle *time.Timer, timeout time.Duration) ([]byte, error) {
+// record, within what the guard allows.
+func readBegin(ctx context.Context, stream pb.Replication_ReceiveServer, guard *stallGuard) ([]byte, error) {
 	var head []byte
 	for len(head) < beginRecordSize {
-		msg, err := recvWithin(ctx, stream)
+		msg, err := guard.recv(ctx, stream)
 		if err == io.EOF {
 			return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, "it ends after %d bytes, before its first record", len(head))
 		}
 		if err != nil {
 			return nil, err
 		}
-		idle.Reset(timeout)
 		head = append(head, msg.GetData()...)
 	}
 	return head, nil
@@ -320,7 +369,7 @@ type intoTarget struct {
 func (r *Receiver) prepare(ctx context.Context, fs string, h *pb.ReceiveHeader, fromGUID uint64, found copyRead, log hclog.Logger) (intoTarget, error) {
 	state := found.state
 	if state.GetExists() && state.GetRole() != RoleReplica {
-		return intoTarget{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "this node holds volume %s as %q, not as a replica: refusing to overwrite it", h.GetVolumeId(), state.GetRole())
+		return intoTarget{}, notAReplica(h, state)
 	}
 	if state.GetResumeToken() != "" && h.GetKind() != KindResume {
 		// The sender chose not to resume (it checks every token, and
@@ -368,8 +417,7 @@ func (r *Receiver) prepare(ctx context.Context, fs string, h *pb.ReceiveHeader, 
 			return intoTarget{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "no replica of %s to receive an %s stream into", h.GetVolumeId(), h.GetKind())
 		}
 		if state.GetGeneration() > h.GetGeneration() {
-			return intoTarget{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "the replica of %s here is of generation %d; a stream of generation %d would lower it: refused",
-				h.GetVolumeId(), state.GetGeneration(), h.GetGeneration())
+			return intoTarget{}, lowerGeneration(h, state)
 		}
 		if h.GetKind() == KindIncremental {
 			if err := r.rollBackTo(ctx, fs, found.snapshots, fromGUID, state.GetGeneration(), h, log); err != nil {
@@ -433,15 +481,6 @@ type copyRead struct {
 	err       error
 }
 
-// readAhead reads the copy at fs in the background and returns the wait
-// for it. The caller holds the volume's lock, so what it reads stays true
-// until the caller changes the copy.
-func (r *Receiver) readAhead(ctx context.Context, fs string) func() copyRead {
-	done := make(chan copyRead, 1)
-	go func() { done <- r.readCopy(ctx, fs) }()
-	return func() copyRead { return <-done }
-}
-
 func (r *Receiver) readCopy(ctx context.Context, fs string) copyRead {
 	var found copyRead
 	// Unless it is surely absent, finishReplace looks at it and says.
@@ -494,7 +533,7 @@ func (p *pendingReceive) abandon() {
 // zfsReceive feeds zr with the first record already read and then the rest
 // of the stream, and waits for it; it returns the bytes received.
 func (r *Receiver) zfsReceive(ctx context.Context, h *pb.ReceiveHeader, zr *pendingReceive, replacing bool, begin []byte,
-	stream pb.Replication_ReceiveServer, idle *time.Timer, log hclog.Logger) (int64, error) {
+	stream pb.Replication_ReceiveServer, guard *stallGuard, log hclog.Logger) (int64, error) {
 	pw := zr.pw
 	var received atomic.Int64
 	received.Store(int64(len(begin)))
@@ -506,15 +545,15 @@ func (r *Receiver) zfsReceive(ctx context.Context, h *pb.ReceiveHeader, zr *pend
 			return
 		}
 		for {
+			guard.waiting()
 			msg, err := stream.Recv()
+			guard.got(len(msg.GetData()))
 			if err != nil {
-				idle.Stop()
 				if err != io.EOF {
 					log.Warn("stream from the sender broke", "error", err)
 				}
 				return
 			}
-			idle.Reset(r.IdleTimeout)
 			if received.Add(int64(len(msg.GetData()))) > limit {
 				tooBig.Store(true)
 				return // zfs receive sees the stream end and fails
@@ -527,7 +566,7 @@ func (r *Receiver) zfsReceive(ctx context.Context, h *pb.ReceiveHeader, zr *pend
 	started := time.Now()
 	err := <-zr.done
 	r.Metrics.transfer("in", h.GetKind(), h.GetVolumeId(), h.GetSourceNodeId(), received.Load(), time.Since(started), err)
-	if cause := context.Cause(ctx); errors.Is(cause, errIdle) {
+	if cause := context.Cause(ctx); errors.Is(cause, errIdle) || errors.Is(cause, errSlow) {
 		err = cause
 	}
 	if tooBig.Load() {
