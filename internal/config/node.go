@@ -64,8 +64,10 @@ type Node struct {
 	// it changes (it wins over Peers). A node pings the peers of its
 	// domain every Lease/4; one that hears from no majority of its domain
 	// for Lease makes its mounted primaries read-only (docs/safety.md,
-	// "Leases"). Without peers the node is a domain of one and never
-	// does.
+	// "Leases"). Without peers the node keeps no lease: it never does,
+	// and it refuses to grant an automatic failover away from a silent
+	// node, having no way to know that node stopped writing; only the
+	// operator's zfs-controller promote fails a volume over then.
 	Peers     []string `json:"peers"`
 	PeersFile string   `json:"peers_file"`
 	Lease     Duration `json:"lease"`
