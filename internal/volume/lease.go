@@ -100,6 +100,12 @@ func supersededBy(v string) uint64 {
 // read-only already and left as it is; so is one of another generation
 // (it changed meanwhile). It reports whether it fenced the copy now.
 func (m *Manager) FenceSuperseded(ctx context.Context, id string, generation, newer uint64) (bool, error) {
+	// The heartbeat asks again at every beat while the copy stays
+	// unconfirmed: one fenced already is seen without waiting for the
+	// copy's lock, which a receive or a push may hold.
+	if v, err := m.get(ctx, id); err == nil && v.SupersededBy >= newer {
+		return false, nil
+	}
 	unlock, err := m.lock(ctx, id, "fencing a copy superseded elsewhere")
 	if err != nil {
 		return false, err
