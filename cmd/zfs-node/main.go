@@ -199,6 +199,9 @@ func newHeartbeat(cfg config.Node, volumes *volume.Manager, promised func(contex
 		// only once a majority confirmed it current (docs/safety.md).
 		monitor.RequirePeers()
 		volumes.RequireConfirmation()
+	} else {
+		log.Warn("no peers configured: this node keeps no lease, so its mounted primaries are never made read-only when it is cut off, " +
+			"and it refuses to grant an automatic failover (only zfs-controller promote fails a volume over); configure peers or peers_file (docs/safety.md, \"Leases\")")
 	}
 	var peers cluster.PeerSource = cluster.StaticPeers(cfg.Peers)
 	if cfg.PeersFile != "" {

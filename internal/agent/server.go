@@ -7,12 +7,14 @@ package agent
 import (
 	"context"
 	"errors"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
+	"github.com/zfs-nomad/zfs-nomad/internal/lease"
 	"github.com/zfs-nomad/zfs-nomad/internal/replication"
 	"github.com/zfs-nomad/zfs-nomad/internal/version"
 	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
@@ -375,9 +377,8 @@ func (s *Server) copyOf(ctx context.Context, id string) (*pb.Copy, error) {
 // Reserve promises a generation of a volume to one promotion.
 func (s *Server) Reserve(ctx context.Context, req *pb.ReserveRequest) (*pb.ReserveResponse, error) {
 	if from := req.GetFailoverFrom(); len(from) > 0 && s.AttestSilence != nil {
-		if err := s.AttestSilence(from); err != nil {
-			return nil, errdefs.Wrap(errdefs.ErrUnavailable, "node %s does not grant generation %d of volume %s for a failover yet: %v",
-				s.cfg.NodeID, req.GetGeneration(), req.GetVolumeId(), err)
+		if err := s.attest(req); err != nil {
+			return nil, err
 		}
 	}
 	p, granted, err := s.volumes.Reserve(ctx, req.GetVolumeId(), req.GetGeneration(), req.GetHolderNodeId())
@@ -385,6 +386,28 @@ func (s *Server) Reserve(ctx context.Context, req *pb.ReserveRequest) (*pb.Reser
 		return nil, err
 	}
 	return &pb.ReserveResponse{Granted: granted, PromisedGeneration: p.Generation, PromisedHolder: p.Holder}, nil
+}
+
+// attest checks a failover's reservation against this node's lease. A
+// node without peers keeps no lease, and neither do the silent nodes (the
+// same configuration), so nothing made their primaries read-only: it
+// grants the operator's promotion, on the operator's word, and refuses
+// the controller's automatic failover (issue 35, defect 7).
+func (s *Server) attest(req *pb.ReserveRequest) error {
+	err := s.AttestSilence(req.GetFailoverFrom())
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, lease.ErrNoLease) && req.GetOperator():
+		s.log.Warn("failover granted on the operator's word: this node keeps no lease (no peers configured) and cannot tell whether the silent nodes stopped writing",
+			"volume_id", req.GetVolumeId(), "generation", req.GetGeneration(), "silent", strings.Join(req.GetFailoverFrom(), ","))
+		return nil
+	case errors.Is(err, lease.ErrNoLease):
+		return errdefs.Wrap(errdefs.ErrUnavailable, "node %s refuses generation %d of volume %s for an automatic failover: %v",
+			s.cfg.NodeID, req.GetGeneration(), req.GetVolumeId(), err)
+	}
+	return errdefs.Wrap(errdefs.ErrUnavailable, "node %s does not grant generation %d of volume %s for a failover yet: %v",
+		s.cfg.NodeID, req.GetGeneration(), req.GetVolumeId(), err)
 }
 
 func (s *Server) copyToPB(c volume.Copy) *pb.Copy {

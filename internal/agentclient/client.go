@@ -274,6 +274,7 @@ func (c *Client) Reserve(ctx context.Context, r Reservation) (Promise, error) {
 		Generation:   r.Generation,
 		HolderNodeId: r.HolderNodeID,
 		FailoverFrom: r.FailoverFrom,
+		Operator:     r.Operator,
 	})
 	if err != nil {
 		return Promise{}, fromStatus(err)

@@ -178,7 +178,7 @@ func TestConversions(t *testing.T) {
 		}, wantCopy},
 		{"Demote", func() (any, error) { return c.Demote(ctx, Demotion{VolumeID: "vol-1", Generation: 6, Aside: true}) }, wantCopy},
 		{"Reserve", func() (any, error) {
-			return c.Reserve(ctx, Reservation{VolumeID: "vol-1", Generation: 8, HolderNodeID: "n1", FailoverFrom: []string{"n3:7670"}})
+			return c.Reserve(ctx, Reservation{VolumeID: "vol-1", Generation: 8, HolderNodeID: "n1", FailoverFrom: []string{"n3:7670"}, Operator: true})
 		}, Promise{Granted: false, PromisedGeneration: 7, PromisedHolder: "n2"}},
 		{"DeleteReplica", func() (any, error) { return c.DeleteReplica(ctx, "vol-1", true) }, true},
 		{"Replicate", func() (any, error) {
@@ -214,7 +214,7 @@ func TestConversions(t *testing.T) {
 	if r := a.gotDemote; r.GetVolumeId() != "vol-1" || r.GetGeneration() != 6 || !r.GetAside() {
 		t.Errorf("Demote sent %v", r)
 	}
-	if r := a.gotReserve; r.GetVolumeId() != "vol-1" || r.GetGeneration() != 8 || r.GetHolderNodeId() != "n1" || !reflect.DeepEqual(r.GetFailoverFrom(), []string{"n3:7670"}) {
+	if r := a.gotReserve; r.GetVolumeId() != "vol-1" || r.GetGeneration() != 8 || r.GetHolderNodeId() != "n1" || !reflect.DeepEqual(r.GetFailoverFrom(), []string{"n3:7670"}) || !r.GetOperator() {
 		t.Errorf("Reserve sent %v", r)
 	}
 	if r := a.gotReplicas; r.GetVolumeId() != "vol-1" || !r.GetVolumeDeleted() || r.GetSurplusNewest() != "" {

@@ -193,6 +193,10 @@ type Reservation struct {
 	// FailoverFrom names the agents that did not answer: the node grants
 	// only once its lease says they have been silent long enough.
 	FailoverFrom []string
+	// Operator: the operator's promotion (zfs-controller promote). A node
+	// without peers grants its failover on the operator's word; nodes
+	// that keep leases still wait for the silence.
+	Operator bool
 }
 
 // Promise is a node's answer to a Reservation: granted, or the promise

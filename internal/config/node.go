@@ -67,7 +67,10 @@ type Node struct {
 	// them every Lease/4; one that hears from no majority of them for
 	// Lease makes its mounted primaries read-only (docs/safety.md,
 	// "Leases", "Why the lease and failover majorities intersect").
-	// Without peers the node is alone and never does.
+	// Without peers the node keeps no lease: it never does, and it
+	// refuses to grant an automatic failover away from a silent node,
+	// having no way to know that node stopped writing; only the
+	// operator's zfs-controller promote fails a volume over then.
 	Peers     []string `json:"peers"`
 	PeersFile string   `json:"peers_file"`
 	Lease     Duration `json:"lease"`

@@ -33,6 +33,10 @@ type Volumes interface {
 	Unconfirmed(ctx context.Context) (map[string]uint64, error)
 	Confirm(id string, generation uint64)
 	ForgetConfirmations()
+	// FenceSuperseded makes the primary of volume id at generation
+	// read-only, mounted or not, because generation newer was promised
+	// elsewhere; it reports whether it fenced it now.
+	FenceSuperseded(ctx context.Context, id string, generation, newer uint64) (bool, error)
 }
 
 // Heartbeat pings the peers every Interval (a quarter of the lease),
@@ -199,7 +203,10 @@ func (h *Heartbeat) confirm(ctx context.Context) bool {
 }
 
 // vouched asks the domain, in one round, about volumes (ID -> this
-// node's generation) and returns those a majority confirms current.
+// node's generation) and returns those a majority confirms current. A
+// copy for which a newer generation was promised, by this node or by a
+// peer that answered, is made read-only at once, mounted or not: another
+// copy may be the primary now (issue 35, defect 7).
 func (h *Heartbeat) vouched(ctx context.Context, volumes map[string]uint64) map[string]bool {
 	ok := map[string]bool{}
 	if len(volumes) == 0 {
@@ -211,34 +218,52 @@ func (h *Heartbeat) vouched(ctx context.Context, volumes map[string]uint64) map[
 	}
 	answers := h.askPromises(ctx, ids)
 	for id, gen := range volumes {
-		if h.confirmed(ctx, id, gen, answers) {
+		current, newer := h.confirmed(ctx, id, gen, answers)
+		if current {
 			ok[id] = true
+		}
+		if newer > gen {
+			h.fenceSuperseded(ctx, id, gen, newer)
 		}
 	}
 	return ok
 }
 
+// fenceSuperseded makes this node's copy of volume id read-only: newer
+// was promised elsewhere. A failure is retried at the next beat: the copy
+// stays unconfirmed (or fenced), so it is asked about again.
+func (h *Heartbeat) fenceSuperseded(ctx context.Context, id string, gen, newer uint64) {
+	fenced, err := h.Volumes.FenceSuperseded(ctx, id, gen, newer)
+	switch {
+	case err != nil:
+		h.Log.Error("making the copy read-only failed although a newer generation was promised elsewhere; retrying at the next beat",
+			"volume_id", id, "generation", gen, "promised", newer, "error", err)
+	case fenced:
+		h.Log.Warn("a newer generation of the volume was promised elsewhere: this node's copy is made read-only and neither made writable nor staged; the controller settles it",
+			"volume_id", id, "generation", gen, "promised", newer)
+	}
+}
+
 // confirmed reports whether a majority of the domain (this node included)
 // answered and none of them promised a generation above gen: any failover
 // needed a majority's promise above it, and two majorities share a node.
-func (h *Heartbeat) confirmed(ctx context.Context, id string, gen uint64, answers []map[string]uint64) bool {
+// newer is the highest generation above gen that this node or a peer
+// that answered promised, 0 if none.
+func (h *Heartbeat) confirmed(ctx context.Context, id string, gen uint64, answers []map[string]uint64) (current bool, newer uint64) {
 	own, err := h.Volumes.Promised(ctx, id)
-	if err != nil || own > gen {
-		if own > gen {
-			h.Log.Warn("this node promised a newer generation of the volume: its copy is neither made writable nor staged; the controller settles it", "volume_id", id, "generation", gen, "promised", own)
-		}
-		return false
+	if own > gen {
+		newer = own
 	}
 	_, total := h.Monitor.count(h.NodeID)
 	agreed := 1
 	for _, a := range answers {
 		if a[id] > gen {
-			h.Log.Warn("a peer promised a newer generation of the volume: this node's copy is neither made writable nor staged; the controller settles it", "volume_id", id, "generation", gen, "promised", a[id])
-			return false
+			newer = max(newer, a[id])
+			continue
 		}
 		agreed++
 	}
-	return agreed > total/2
+	return err == nil && newer == 0 && agreed > total/2, newer
 }
 
 // askPromises asks every peer that answered, of every domain, except this node, for its

@@ -30,6 +30,9 @@ type fakeVolumes struct {
 	// those confirmed current.
 	primaries map[string]uint64
 	confirmed map[string]uint64
+	// superseded: fenced because a newer generation was promised
+	// elsewhere, id -> that generation.
+	superseded map[string]uint64
 }
 
 func (f *fakeVolumes) Unconfirmed(context.Context) (map[string]uint64, error) {
@@ -85,6 +88,17 @@ func (f *fakeVolumes) LiftLeaseFence(_ context.Context, id string, _ uint64) err
 	delete(f.fenced, id)
 	f.lifted = append(f.lifted, id)
 	return nil
+}
+
+func (f *fakeVolumes) FenceSuperseded(_ context.Context, id string, generation, newer uint64) (bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.superseded[id] >= newer {
+		return false, nil
+	}
+	f.superseded[id] = newer
+	f.fenced[id] = generation
+	return true, nil
 }
 
 func (f *fakeVolumes) Promised(_ context.Context, id string) (uint64, error) {
@@ -152,7 +166,8 @@ func TestHeartbeatFencesLiftsAndConfirms(t *testing.T) {
 				net.serve(p+":7670", p, promised)
 			}
 			vols := &fakeVolumes{fenced: map[string]uint64{id: 2}, mounted: map[string]uint64{other: 1}, promised: map[string]uint64{},
-				primaries: map[string]uint64{id: 2, other: 1, unmounted: 1}, confirmed: map[string]uint64{unmounted: 1}}
+				primaries: map[string]uint64{id: 2, other: 1, unmounted: 1}, confirmed: map[string]uint64{unmounted: 1},
+				superseded: map[string]uint64{}}
 			h := &Heartbeat{
 				Monitor:  NewMonitor(time.Minute, time.Now),
 				NodeID:   "n1",

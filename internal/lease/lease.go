@@ -17,11 +17,16 @@
 package lease
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
 	"time"
 )
+
+// ErrNoLease is Attest's refusal on a node configured without peers: it
+// keeps no lease, and the nodes it would vouch for keep none either.
+var ErrNoLease = errors.New("this node has no peers configured, so it holds no lease")
 
 // Monitor keeps, on the monotonic clock, when each peer last answered
 // and when each last called.
@@ -151,8 +156,11 @@ func (m *Monitor) count(selfID string) (heard, total int) {
 // did): a failover away from them is then safe, since a primary among
 // them that heard from no majority for the lease made itself read-only,
 // and one that heard from a majority was heard by a node of every
-// majority. A node without peers keeps no leases and attests nothing: it
-// answers nil.
+// majority. A node without peers keeps no lease and cannot attest
+// anything: it refuses with ErrNoLease (issue 35, defect 7: answering
+// nil let a failover be granted at once, with the binary's default of
+// no peers, while the lost primary, which kept no lease either, still
+// wrote).
 //
 // A call names a node ID, a peer is listed by address: the two meet once
 // the peer answered a ping naming itself. A peer that never answered may
@@ -165,7 +173,8 @@ func (m *Monitor) Attest(addrs []string, need time.Duration) error {
 		if m.needsPeers {
 			return fmt.Errorf("this node has not learned its peers yet (it has just started, or its peers file lists none), so it cannot tell how long %s has been silent", strings.Join(addrs, ", "))
 		}
-		return nil
+		return fmt.Errorf("%w and cannot vouch that the node at %s stopped writing: configure peers on every node (docs/safety.md, \"Leases\") for automatic failover, or have an operator promote a replica with zfs-controller promote",
+			ErrNoLease, strings.Join(addrs, ", "))
 	}
 	now := m.now()
 	for _, a := range addrs {

@@ -1,6 +1,7 @@
 package lease
 
 import (
+	"errors"
 	"testing"
 	"time"
 )
@@ -89,7 +90,9 @@ func TestPeersNeverShrink(t *testing.T) {
 // TestAttest: a node attests the silence of peers that have not answered
 // it for the time needed, counted from its own start for one that never
 // did; it cannot attest an address it does not ping; without peers it
-// keeps no leases and attests anything.
+// keeps no lease and attests nothing (issue 35, defect 7: it attested
+// anything, so nodes with the binary's default granted every failover at
+// once).
 func TestAttest(t *testing.T) {
 	const need = 20 * time.Second
 	tests := []struct {
@@ -105,7 +108,7 @@ func TestAttest(t *testing.T) {
 		{"never answered, this node up long enough", []string{"a"}, 30 * time.Second, 0, true, false},
 		{"never answered, this node just started", []string{"a"}, 5 * time.Second, 0, false, false},
 		{"not among the peers", []string{"b"}, time.Hour, 0, false, false},
-		{"no peers: no leases kept", nil, time.Hour, 0, true, false},
+		{"no peers: no lease kept, nothing attested", nil, time.Hour, 0, false, false},
 		// Seeds 1593 and 2786 of the simulation: a node that had just
 		// started granted a failover before its first beat.
 		{"peers configured, none learned yet", nil, time.Hour, 0, false, true},
@@ -129,6 +132,9 @@ func TestAttest(t *testing.T) {
 			err := m.Attest([]string{"a"}, need)
 			if (err == nil) != tt.want {
 				t.Errorf("Attest: %v, want attested %v", err, tt.want)
+			}
+			if noLease := tt.peers == nil && !tt.needsPeers; noLease != errors.Is(err, ErrNoLease) {
+				t.Errorf("Attest: %v; want ErrNoLease only without peers configured", err)
 			}
 		})
 	}

@@ -604,7 +604,7 @@ func (m *Migrator) supersede(ctx context.Context, id string, p copyOn, pr promis
 	gen := v.nextGeneration(p.nodeID())
 	log.Info("superseding a promise to another node before lifting the fence: its holder may still be promoted with it",
 		"promised_generation", pr.generation, "holder", pr.holder, "generation", gen)
-	if err := m.reserve(ctx, id, gen, p.nodeID(), v, false, nil); err != nil {
+	if err := m.reserve(ctx, id, gen, p.nodeID(), v, false, nil, false); err != nil {
 		return fmt.Errorf("generation %d of volume %s is promised to node %s, whose promotion may still be under way; reserving generation %d for node %s to void it: %w",
 			pr.generation, id, pr.holder, gen, p.nodeID(), err)
 	}
@@ -625,8 +625,10 @@ func (m *Migrator) noQuorum(id string, v view) error {
 // a newer generation exists or another promotion raced this one: the
 // caller looks again (errRetry). With everyAnswering (the operator's
 // forced promotion, without a majority) every node that answered must
-// grant it instead.
-func (m *Migrator) reserve(ctx context.Context, id string, gen uint64, holder string, v view, everyAnswering bool, failoverFrom []string) error {
+// grant it instead. operator marks the operator's promotion: a node
+// that keeps no lease (no peers) grants its failover on the operator's
+// word, and refuses the controller's automatic one.
+func (m *Migrator) reserve(ctx context.Context, id string, gen uint64, holder string, v view, everyAnswering bool, failoverFrom []string, operator bool) error {
 	type answer struct {
 		node string
 		resp agentclient.Promise
@@ -637,7 +639,7 @@ func (m *Migrator) reserve(ctx context.Context, id string, gen uint64, holder st
 		go func() {
 			cctx, cancel := m.call(ctx, v)
 			defer cancel()
-			resp, err := n.Agent.Reserve(cctx, agentclient.Reservation{VolumeID: id, Generation: gen, HolderNodeID: holder, FailoverFrom: failoverFrom})
+			resp, err := n.Agent.Reserve(cctx, agentclient.Reservation{VolumeID: id, Generation: gen, HolderNodeID: holder, FailoverFrom: failoverFrom, Operator: operator})
 			answers <- answer{n.Info.NodeID, resp, err}
 		}()
 	}
@@ -716,7 +718,7 @@ func (m *Migrator) move(ctx context.Context, id string, p copyOn, target cluster
 	// The reservation runs beside the fence and the final send, off the
 	// move's critical path; the promotion waits for it.
 	reserved := make(chan error, 1)
-	go func() { reserved <- m.reserve(ctx, id, gen, target.Info.NodeID, v, false, nil) }()
+	go func() { reserved <- m.reserve(ctx, id, gen, target.Info.NodeID, v, false, nil, false) }()
 	fencedAt, err := m.sendFinal(ctx, id, p, target, v, log)
 	if err != nil {
 		m.Metrics.count("move", "failed")
@@ -866,13 +868,14 @@ func (m *Migrator) failover(ctx context.Context, id string, v view, target strin
 		return agentclient.Copy{}, errdefs.Wrap(errdefs.ErrUnavailable, "the primary of volume %s is unreachable and its failover policy is manual: an operator promotes a replica with `zfs-controller promote -node %s %s` (the freshest, as of %s), or brings the primary's node back",
 			id, r.nodeID(), id, lastAt.UTC().Format(time.RFC3339))
 	}
-	return m.promote(ctx, id, r, v, false, log)
+	return m.promote(ctx, id, r, v, false, false, log)
 }
 
-// promote promotes the replica r by failover. forced is the operator's
-// promotion without a majority (promote -force): every node that answered
-// must grant the generation, and the copy records it was forced.
-func (m *Migrator) promote(ctx context.Context, id string, r copyOn, v view, forced bool, log hclog.Logger) (agentclient.Copy, error) {
+// promote promotes the replica r by failover. operator is the operator's
+// promotion (Promote), forced the operator's promotion without a majority
+// (promote -force): every node that answered must grant the generation,
+// and the copy records it was forced.
+func (m *Migrator) promote(ctx context.Context, id string, r copyOn, v view, operator, forced bool, log hclog.Logger) (agentclient.Copy, error) {
 	withoutMajority := !v.quorum()
 	if withoutMajority && !forced {
 		return agentclient.Copy{}, m.noQuorum(id, v)
@@ -887,7 +890,7 @@ func (m *Migrator) promote(ctx context.Context, id string, r copyOn, v view, for
 	if !withoutMajority {
 		failoverFrom = v.unreachable
 	}
-	if err := m.reserve(ctx, id, gen, r.nodeID(), v, withoutMajority, failoverFrom); err != nil {
+	if err := m.reserve(ctx, id, gen, r.nodeID(), v, withoutMajority, failoverFrom, operator); err != nil {
 		return agentclient.Copy{}, err
 	}
 	if withoutMajority {
@@ -930,5 +933,5 @@ func (m *Migrator) Promote(ctx context.Context, id, nodeID string, force bool) (
 	if !ok {
 		return agentclient.Copy{}, errdefs.Wrap(errdefs.ErrNotFound, "no reachable node holds a replica of volume %s%s", id, map[bool]string{true: " on node " + nodeID}[nodeID != ""])
 	}
-	return m.promote(ctx, id, r, v, force, m.log.With("volume_id", id, "operator", true))
+	return m.promote(ctx, id, r, v, true, force, m.log.With("volume_id", id, "operator", true))
 }

@@ -16,12 +16,14 @@ import (
 // an older generation, and a replayed publish context of that generation
 // (a restored allocation, Nomad keeping the original allocation of a
 // reconnecting client) would pass the generation check. So, on a node
-// with peers, a primary that is not mounted is staged only once a
-// majority of the domain confirmed that none of them promised a newer
-// generation since the process started or the lease was last lost. A
-// mounted primary is exempt: its job is running, and the lease covers it
-// (a node cut off fences it within L; a crashed process comes back
-// within L+M, before any failover away from it).
+// with peers, a primary is staged only once a majority of the domain
+// confirmed that none of them promised a newer generation since the
+// process started or the lease was last lost. A mounted primary is not
+// exempt (issue 35, defect 7): a zfs-node killed during a partition
+// fenced nothing, the kernel kept the mount and the job kept writing, and
+// when the process returns after a failover its mount proves nothing. The heartbeat asks about every unconfirmed primary,
+// mounted ones included, and one a newer generation was promised for
+// elsewhere is made read-only at once (FenceSuperseded).
 
 // confirmations are the generations confirmed current, by volume ID, in
 // memory: a restart forgets them, which is the point.
@@ -57,6 +59,13 @@ func (m *Manager) ForgetConfirmations() {
 	m.confirmed.mu.Lock()
 	defer m.confirmed.mu.Unlock()
 	m.confirmed.gen = nil
+}
+
+// forgetConfirmation forgets the confirmation of volume id.
+func (m *Manager) forgetConfirmation(id string) {
+	m.confirmed.mu.Lock()
+	defer m.confirmed.mu.Unlock()
+	delete(m.confirmed.gen, id)
 }
 
 func (m *Manager) isConfirmed(id string, generation uint64) bool {
@@ -106,17 +115,23 @@ func (m *Manager) hasConfirmation(id string) bool {
 	return !m.confirmed.required || ok
 }
 
-// checkConfirmed refuses to stage an unmounted primary no majority
-// confirmed current since the process started or the lease was lost.
+// checkConfirmed refuses to stage a primary no majority confirmed current
+// since the process started or the lease was lost, mounted or not. A
+// mount is no proof after a restart (issue 35, defect 7): the process may
+// have been dead through a partition in which the volume was failed over,
+// with the kernel keeping the mount and the job writing, and Nomad then
+// replays the old publish context. What the mounted exemption was for, a
+// running job whose stage or publish is run again while the lease was
+// held throughout, needs none: this process staged that mount, so it
+// confirmed that generation, and keeps the confirmation until the lease
+// is lost (when the mount is fenced, and lifting the fence confirms it
+// again). A re-run in the few seconds after a restart waits for the first
+// beats (Unavailable; the CO retries).
 func (m *Manager) checkConfirmed(v Volume) error {
 	if v.Forced || m.isConfirmed(v.ID, v.Generation) {
 		return nil
 	}
-	mounted, err := m.mounted(v.Dataset)
-	if err != nil || mounted {
-		return err
-	}
 	return fmt.Errorf("%w: node %s has not yet confirmed with a majority of its domain that its copy of volume %s (generation %d) is still the newest: "+
-		"it started or lost its lease since, and another copy may have been promoted meanwhile; retry in a few seconds (a lease beat)",
+		"it started or lost its lease since, and another copy may have been promoted meanwhile (a mount from before is no proof); retry in a few seconds (a lease beat)",
 		errdefs.ErrUnavailable, m.cfg.NodeID, v.ID, v.Generation)
 }

@@ -416,6 +416,10 @@ func (m *Manager) Stageable(ctx context.Context, id string, generation uint64) (
 	case m.LeaseHeld != nil && !m.LeaseHeld() && !v.Forced:
 		err = fmt.Errorf("%w: node %s hears from no majority of its domain (lease lost): another copy of volume %s may be promoted meanwhile, so it is not staged; retry once the node's peers answer",
 			errdefs.ErrUnavailable, m.cfg.NodeID, id)
+	case v.SupersededBy != 0:
+		err = fmt.Errorf("%w: node %s learned that generation %d of volume %s was promised to another node: its copy (generation %d) may be stale, so it is read-only and not staged; "+
+			"stop the allocation using it on this node and publish the volume again: the controller publishes the newest copy and sets this one aside",
+			errdefs.ErrFailedPrecondition, m.cfg.NodeID, v.SupersededBy, id, v.Generation)
 	case v.LeaseFencedAt != 0:
 		err = fmt.Errorf("%w: volume %s is read-only since node %s lost its lease; it is staged again once a majority of the domain confirms no newer copy exists (within a lease time)",
 			errdefs.ErrUnavailable, id, m.cfg.NodeID)

@@ -103,6 +103,65 @@ func (m *Manager) selfFence(ctx context.Context, id string) (bool, error) {
 	return true, nil
 }
 
+// supersededBy reads PropSuperseded: the newer generation promised
+// elsewhere, or 0.
+func supersededBy(v string) uint64 {
+	g, _ := strconv.ParseUint(v, 10, 64)
+	return g
+}
+
+// FenceSuperseded makes this node's primary of volume id read-only because
+// it learned that generation newer, above the copy's generation, was
+// promised elsewhere (the heartbeat's Promises round, this node's own
+// record): another copy may be the primary now, and this one must take
+// no write, whatever is mounted (issue 35, defect 7). It is the lease's
+// fence, readonly=on with PropLeaseFenced, and PropSuperseded saying why:
+// the marks live on the dataset, so a restart keeps them, and nothing
+// that does not know about a newer promise lifts them. The heartbeat lifts
+// a lease fence only once a majority of the domain confirms that no
+// generation above the copy's was promised, which cannot happen while the
+// promise stands; the controller's Unfence lifts it only when a publish
+// finds this copy the newest (the promise was never used: an abandoned
+// move or failover), as it does any lease fence. Stageable refuses the
+// copy meanwhile, naming the newer generation. A copy fenced for a move is
+// read-only already and left as it is; so is one of another generation
+// (it changed meanwhile). It reports whether it fenced the copy now.
+func (m *Manager) FenceSuperseded(ctx context.Context, id string, generation, newer uint64) (bool, error) {
+	// The heartbeat asks again at every beat while the copy stays
+	// unconfirmed: one fenced already is seen without waiting for the
+	// copy's lock, which a receive or a push may hold.
+	if v, err := m.get(ctx, id); err == nil && v.SupersededBy >= newer {
+		return false, nil
+	}
+	unlock, err := m.lock(ctx, id, "fencing a copy superseded elsewhere")
+	if err != nil {
+		return false, err
+	}
+	defer unlock()
+	v, err := m.get(ctx, id)
+	if errors.Is(err, errdefs.ErrNotFound) || errors.Is(err, errdefs.ErrFailedPrecondition) {
+		return false, nil // gone or no primary any more
+	}
+	if err != nil {
+		return false, err
+	}
+	if v.Generation != generation || newer <= generation || v.MovingTo != "" || v.SupersededBy >= newer {
+		return false, nil
+	}
+	m.forgetConfirmation(id)
+	props := map[string]string{"readonly": "on", PropSuperseded: strconv.FormatUint(newer, 10)}
+	if v.LeaseFencedAt == 0 {
+		props[PropLeaseFenced] = strconv.FormatInt(m.now().UnixNano(), 10)
+	}
+	if err := m.zfs.SetProperties(ctx, v.Dataset, props); err != nil {
+		return false, zfsError(err, "making volume "+id+" read-only: a newer generation was promised elsewhere")
+	}
+	mounted, _ := m.mounted(v.Dataset)
+	m.log.Warn("a newer generation of the volume was promised elsewhere: this copy is made read-only and is not staged; the controller publishes the newest copy",
+		"volume_id", id, "generation", generation, "promised", newer, "mounted", mounted)
+	return true, nil
+}
+
 // LeaseFenced returns the primaries fenced by the lease, with their
 // generations.
 func (m *Manager) LeaseFenced(ctx context.Context) (map[string]uint64, error) {
@@ -151,7 +210,11 @@ func (m *Manager) liftLeaseFence(ctx context.Context, v Volume, generation uint6
 		return fmt.Errorf("%w: volume %s is at generation %d (moving to %q); the confirmation was for generation %d",
 			errdefs.ErrFailedPrecondition, id, v.Generation, v.MovingTo, generation)
 	}
-	if err := m.zfs.SetProperties(ctx, v.Dataset, map[string]string{"readonly": "off", PropLeaseFenced: "-"}); err != nil {
+	if v.SupersededBy != 0 {
+		m.log.Warn("lifting the fence of a copy a newer generation was promised elsewhere for: the controller found no newer copy (the promise was never used)",
+			"volume_id", id, "generation", generation, "promised", v.SupersededBy)
+	}
+	if err := m.zfs.SetProperties(ctx, v.Dataset, map[string]string{"readonly": "off", PropLeaseFenced: "-", PropSuperseded: "-"}); err != nil {
 		return zfsError(err, "making volume "+id+" writable again")
 	}
 	m.log.Info("lease held again and no newer copy exists: volume writable again", "volume_id", id, "generation", generation)

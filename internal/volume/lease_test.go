@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -128,5 +129,51 @@ func TestSelfFenceFencesAllAtOnce(t *testing.T) {
 		if got := fake.NativeProperty(v.Dataset, "readonly"); got != "on" {
 			t.Errorf("volume %s: readonly %q after the self-fence, want on", v.ID, got)
 		}
+	}
+}
+
+// TestFenceSuperseded (issue 35, defect 7): a copy this node learns a
+// newer generation was promised for elsewhere turns read-only at once,
+// mounted or not, and is not staged, the error naming the newer
+// generation; a fence for an older promise, of another generation or of
+// a copy moving away changes nothing; the controller's Unfence (a publish
+// found the promise unused) lifts it and its mark.
+func TestFenceSuperseded(t *testing.T) {
+	ctx := context.Background()
+	m, fake := newManager(t)
+	mounted := create(t, m, CreateRequest{Name: "mounted"})
+	idle := create(t, m, CreateRequest{Name: "idle"})
+	m.Mounted = func(ds string) (bool, error) { return ds == mounted.Dataset, nil }
+	m.LeaseHeld = func() bool { return true }
+	readonly := func(ds string) string { return fake.NativeProperty(ds, "readonly") }
+
+	if fenced, err := m.FenceSuperseded(ctx, mounted.ID, 2, 3); err != nil || fenced {
+		t.Errorf("fencing for another generation of the copy: %v, %v; want nothing done", fenced, err)
+	}
+	for _, v := range []Volume{mounted, idle} {
+		if fenced, err := m.FenceSuperseded(ctx, v.ID, 1, 2); err != nil || !fenced || readonly(v.Dataset) != "on" {
+			t.Fatalf("fencing %s for generation 2: %v, %v, readonly %s; want fenced and on", v.Name, fenced, err, readonly(v.Dataset))
+		}
+		if fenced, err := m.FenceSuperseded(ctx, v.ID, 1, 2); err != nil || fenced {
+			t.Errorf("fencing %s again: %v, %v; want nothing done", v.Name, fenced, err)
+		}
+		_, _, err := m.Stageable(ctx, v.ID, 1)
+		if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "generation 2") {
+			t.Errorf("staging %s: %v; want FailedPrecondition naming generation 2", v.Name, err)
+		}
+	}
+	if got, err := m.LeaseFenced(ctx); err != nil || len(got) != 2 {
+		t.Errorf("LeaseFenced = %v (%v); want both: the heartbeat asks about them at every beat", got, err)
+	}
+	if err := m.Unfence(ctx, idle.ID, 1); err != nil || readonly(idle.Dataset) != "off" {
+		t.Fatalf("the controller's unfence: %v, readonly %s; want off", err, readonly(idle.Dataset))
+	}
+	if v, err := m.Get(ctx, idle.ID); err != nil || v.SupersededBy != 0 || v.LeaseFencedAt != 0 {
+		t.Errorf("after the unfence: %+v (%v); want no mark left", v, err)
+	}
+	if _, unlock, err := m.Stageable(ctx, idle.ID, 1); err != nil {
+		t.Errorf("staging after the unfence: %v", err)
+	} else {
+		unlock()
 	}
 }

@@ -58,6 +58,10 @@ type Volume struct {
 	// LeaseFencedAt is set (unix nanos) while the volume is read-only
 	// because its node lost its lease.
 	LeaseFencedAt int64
+	// SupersededBy is set, with LeaseFencedAt, while the volume is
+	// read-only because this node learned that a newer generation of it
+	// was promised elsewhere (FenceSuperseded): that generation.
+	SupersededBy uint64
 	// Forced is set while the volume is the copy an operator promoted
 	// without a majority (promote -force) at its current generation: the
 	// lease does not apply to it, on the operator's word.
@@ -356,6 +360,7 @@ func (m *Manager) volumeOf(ds zfs.Dataset) (Volume, bool) {
 		FencedAt:      fencedAt(ds),
 		FailoverFrom:  ds.User[PropFailoverLag],
 		LeaseFencedAt: leaseFencedAt(ds.User[PropLeaseFenced]),
+		SupersededBy:  supersededBy(ds.User[PropSuperseded]),
 		Forced:        ds.User[PropForced] != "" && ds.User[PropForced] == ds.User[PropGeneration],
 	}, true
 }

@@ -30,6 +30,10 @@ const (
 	// On a primary made read-only when its node lost its lease: unix
 	// nanos then; "-" when lifted.
 	PropLeaseFenced = propPrefix + "lease_fenced"
+	// On a primary this node learned a newer generation of was promised
+	// elsewhere (FenceSuperseded): that generation; "-" when lifted. It
+	// comes with PropLeaseFenced and readonly=on.
+	PropSuperseded = propPrefix + "superseded"
 	// On primaries and replicas: the oldest generation whose every state
 	// is in this copy's history (see HistoryFrom).
 	PropHistoryFrom = propPrefix + "history_from"
@@ -43,7 +47,7 @@ var UserProperties = []string{
 	PropVolumeID, PropName, PropRole, PropGeneration, PropParameters, PropSource,
 	PropDeletedAt, PropSnapshotName, PropSourceVolume,
 	PropMovingTo, PropFencedAt, PropCapacity, PropFailoverLag, PropForced,
-	PropHistoryFrom, PropLeaseFenced,
+	PropHistoryFrom, PropLeaseFenced, PropSuperseded,
 }
 
 // HistoryFrom reads a copy's PropHistoryFrom: the oldest generation g such

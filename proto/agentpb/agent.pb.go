@@ -2593,7 +2593,12 @@ type ReserveRequest struct {
 	// only if none of them answered its heartbeats for the lease plus its
 	// margin: by then a primary among them made itself read-only
 	// (docs/safety.md, "Leases").
-	FailoverFrom  []string `protobuf:"bytes,4,rep,name=failover_from,json=failoverFrom,proto3" json:"failover_from,omitempty"`
+	FailoverFrom []string `protobuf:"bytes,4,rep,name=failover_from,json=failoverFrom,proto3" json:"failover_from,omitempty"`
+	// The operator's promotion (zfs-controller promote), not the
+	// controller's automatic failover: a node without peers, which keeps no
+	// lease and so cannot attest the silence of failover_from, grants it on
+	// the operator's word; a node that keeps leases still waits as above.
+	Operator      bool `protobuf:"varint,5,opt,name=operator,proto3" json:"operator,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2654,6 +2659,13 @@ func (x *ReserveRequest) GetFailoverFrom() []string {
 		return x.FailoverFrom
 	}
 	return nil
+}
+
+func (x *ReserveRequest) GetOperator() bool {
+	if x != nil {
+		return x.Operator
+	}
+	return false
 }
 
 type ReserveResponse struct {
@@ -3369,14 +3381,15 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\flease_fenced\x18\x14 \x01(\bR\vleaseFenced\x1a=\n" +
 	"\x0fParametersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x98\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb4\x01\n" +
 	"\x0eReserveRequest\x12\x1b\n" +
 	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x02 \x01(\x04R\n" +
 	"generation\x12$\n" +
 	"\x0eholder_node_id\x18\x03 \x01(\tR\fholderNodeId\x12#\n" +
-	"\rfailover_from\x18\x04 \x03(\tR\ffailoverFrom\"\x85\x01\n" +
+	"\rfailover_from\x18\x04 \x03(\tR\ffailoverFrom\x12\x1a\n" +
+	"\boperator\x18\x05 \x01(\bR\boperator\"\x85\x01\n" +
 	"\x0fReserveResponse\x12\x18\n" +
 	"\agranted\x18\x01 \x01(\bR\agranted\x12/\n" +
 	"\x13promised_generation\x18\x02 \x01(\x04R\x12promisedGeneration\x12'\n" +

@@ -159,13 +159,13 @@ func TestASnapshotDeletedDuringAPush(t *testing.T) {
 // over to n2, and the snapshot is listed once and restored there with
 // the data it was taken with, although its node of origin is gone.
 func TestSnapshotsSurviveAFailover(t *testing.T) {
-	e := start(t)
+	e := startForFailover(t)
 	id, dir, taken, snapID := e.snapshotted("survivor", map[string]string{"failover": "auto"}, "echo before > a && dd if=/dev/urandom of=blob bs=1M count=2 2>/dev/null", "before-the-loss")
 	e.write("n1", dir, "echo after > a")
 	e.replicate(id, "n1", "n2")
 
 	e.loseNode("n1")
-	e.mustPublish(id, "n2") // the failover
+	e.publishAfterSilence(id, "n2") // the failover
 	if c := e.copyOn(id, "n2"); c.GetRole() != "primary" || c.GetGeneration() != 2 {
 		t.Fatalf("n2's copy after the failover: %+v", c)
 	}

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/hashicorp/go-hclog"
@@ -18,6 +19,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/cluster/clustertest"
 	"github.com/zfs-nomad/zfs-nomad/internal/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
+	"github.com/zfs-nomad/zfs-nomad/internal/lease"
 	"github.com/zfs-nomad/zfs-nomad/internal/migration"
 	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
 	"github.com/zfs-nomad/zfs-nomad/internal/volume"
@@ -443,6 +445,38 @@ func TestPublishDecidesOnlyFromAMajority(t *testing.T) {
 		resp, err := publish(ctl, "n2")
 		if err != nil || resp.GetPublishContext()["generation"] != "2" {
 			t.Fatalf("the failover once n1 was silent long enough: %v, %v", resp, err)
+		}
+	})
+
+	// Issue 35, defect 7 (G1): nodes without peers keep no lease, so the
+	// lost primary's node never made its copy read-only; the others used
+	// to grant the failover at once. Now they refuse the controller's
+	// automatic failover and grant the operator's promotion.
+	t.Run("nodes without peers refuse an automatic failover and grant the operator's", func(t *testing.T) {
+		tc := newTestCluster(t, map[string]uint64{"n1": 4 << 30, "n2": 4 << 30, "n3": 4 << 30})
+		tc.copyOf("n1", id, vocab.RolePrimary, 1)
+		replica := tc.copyOf("n2", id, vocab.RoleReplica, 1)
+		if err := tc.fakes["n2"].SetProperties(ctx, replica, map[string]string{volume.PropParameters: `{"failover":"auto"}`}); err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range []string{"n1", "n2", "n3"} {
+			monitor := lease.NewMonitor(10*time.Second, time.Now) // no peers configured
+			tc.servers[n].AttestSilence = func(addrs []string) error { return monitor.Attest(addrs, 15*time.Second) }
+		}
+		ctl := tc.controller()
+		tc.stop("n1")
+		_, err := publish(ctl, "n2")
+		wantCode(t, err, codes.Unavailable)
+		if msg := status.Convert(err).Message(); !strings.Contains(msg, "no peers configured") || !strings.Contains(msg, "n1:7670") || !strings.Contains(msg, "zfs-controller promote") {
+			t.Errorf("the refusal: %q; want it to say the nodes keep no lease, name n1:7670 and point to zfs-controller promote", msg)
+		}
+		if c, _ := tc.fakes["n2"].Get(ctx, replica); c.User[volume.PropRole] != vocab.RoleReplica {
+			t.Fatalf("n2's replica was promoted by an automatic failover on nodes without leases: %v", c.User)
+		}
+		m := migration.New(tc.agents.Cluster(t), hclog.NewNullLogger())
+		c, err := m.Promote(ctx, id, "n2", false)
+		if err != nil || c.Generation != 2 || c.ForcedGeneration != 0 {
+			t.Fatalf("the operator's promote on nodes without peers: %+v, %v; want generation 2, not forced", c, err)
 		}
 	})
 
