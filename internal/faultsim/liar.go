@@ -37,6 +37,9 @@ func lies(liar, other string, role string, generation uint64) []lie {
 	out := []lie{
 		{"claims to come from " + other, func(h *pb.ReceiveHeader) { h.SourceNodeId = other }, replication.KindFull, codes.PermissionDenied},
 		{"an absurd generation", func(h *pb.ReceiveHeader) { h.Generation = replication.MaxGeneration + 1 }, replication.KindFull, codes.InvalidArgument},
+		// A replica planted at a generation no majority promised: every
+		// promotion after it would need one above it (issue 35, defect 4).
+		{"a planted replica at the highest generation", func(h *pb.ReceiveHeader) { h.Generation, h.HistoryFrom = replication.MaxGeneration, 1 }, replication.KindFull, codes.FailedPrecondition},
 	}
 	switch {
 	case role == vocab.RolePrimary:

@@ -286,7 +286,7 @@ func (v view) freshestReplica(onNode string) (copyOn, bool) {
 	var best copyOn
 	found := false
 	for _, c := range v.copies {
-		if c.copy.Role != vocab.RoleReplica || (onNode != "" && c.nodeID() != onNode) {
+		if c.copy.Role != vocab.RoleReplica || (onNode != "" && c.nodeID() != onNode) || v.unpromised(c) {
 			continue
 		}
 		newer := c.copy.Generation > best.copy.Generation ||
@@ -296,6 +296,27 @@ func (v view) freshestReplica(onNode string) (copyOn, bool) {
 		}
 	}
 	return best, found
+}
+
+// unpromised reports whether copy c carries a generation above 1 that no
+// answering node promised, in a view of a majority: no primary was ever
+// promoted to it, since every generation was promised by a majority
+// first, which shares a node with this one, and records only grow
+// (docs/safety.md, "Generations"). Such a replica came from a peer's
+// header alone (docs/safety.md, "What a peer's header may decide"), and
+// is never the one a failover promotes: a planted replica of a high
+// generation would otherwise decide what data is recovered. Without a
+// majority the view cannot tell, and nothing is promoted anyway.
+func (v view) unpromised(c copyOn) bool {
+	if !v.quorum() || c.copy.Generation <= 1 {
+		return false
+	}
+	for _, p := range v.promises {
+		if p.generation >= c.copy.Generation {
+			return false
+		}
+	}
+	return true
 }
 
 // failoverReplica is the replica a failover promotes for a publish on

@@ -24,6 +24,37 @@ func withGUIDs(c copyOn, guids ...uint64) copyOn {
 	return c
 }
 
+// TestFailoverNeverPicksAnUnpromisedReplica: a replica whose generation
+// no node of a majority promised came from a peer's header alone (a
+// planted replica): a failover promotes the highest generation a majority
+// promised, not it (issue 35, defect 4).
+func TestFailoverNeverPicksAnUnpromisedReplica(t *testing.T) {
+	nodes := []cluster.Node{{Info: agentclient.NodeInfo{NodeID: "n1"}}, {Info: agentclient.NodeInfo{NodeID: "n2"}}, {Info: agentclient.NodeInfo{NodeID: "n3"}}}
+	genuine, planted := on("n2", "replica", 3, 5), on("n3", "replica", 1<<40, 9)
+	tests := []struct {
+		name     string
+		promises []promised
+		nodes    []cluster.Node
+		want     string
+	}{
+		{"a majority promised only the genuine generation", []promised{{3, "n1", "n1"}, {3, "n1", "n2"}}, nodes, "n2"},
+		{"a majority promised the high one", []promised{{1 << 40, "n3", "n2"}}, nodes, "n3"},
+		{"no majority answered: nothing is known", []promised{{3, "n1", "n1"}}, nodes[:1], "n3"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			v := view{nodes: tt.nodes, copies: []copyOn{genuine, planted}, promises: tt.promises}
+			if len(tt.nodes) < len(nodes) {
+				v.unreachable = []string{"n2:1", "n3:1"}
+			}
+			r, ok := v.failoverReplica("n1")
+			if !ok || r.nodeID() != tt.want {
+				t.Errorf("failover promotes the replica on %q (%v), want %q", r.nodeID(), ok, tt.want)
+			}
+		})
+	}
+}
+
 func TestViewPicksThePrimaryAndTheFreshestReplica(t *testing.T) {
 	tests := []struct {
 		name          string

@@ -86,6 +86,18 @@ const MaxReceives = 8
 // would overflow.
 const MaxGeneration = 1 << 48
 
+// MaxGenerationLead bounds how far a stream's generation may be above the
+// highest this node knows of the volume (knownGeneration): its promise
+// record or its copy. A legitimate generation G was promised by a
+// majority before any copy carried it (docs/safety.md, "Generations"), so
+// a node either promised it too, or missed the reservations since what it
+// knows: one per move or failover, far fewer than this while it was away.
+// A header is the sender's word only: without the bound, a peer holding
+// a node certificate could plant a replica at MaxGeneration, after which
+// every promotion would need MaxGeneration+1, refused by every receiver
+// (docs/safety.md, "What a peer's header may decide").
+const MaxGenerationLead = 1 << 20
+
 // NewReceiver returns the replication service for the node whose volumes
 // live under root and whose copies locks guards (volume.Manager.Locks);
 // replicas keep the newest keep replication snapshots.
@@ -176,6 +188,10 @@ func (r *Receiver) receive(stream pb.Replication_ReceiveServer) (*pb.ReceiveResu
 	mark, free := r.locks.Mark(h.GetVolumeId())
 	found := r.readCopy(ctx, fs)
 	if err := refuseEarly(h, found); err != nil {
+		log.Warn("stream refused before its first record", "error", err)
+		return nil, err
+	}
+	if err := r.refuseUnknownGeneration(ctx, h, found); err != nil {
 		log.Warn("stream refused before its first record", "error", err)
 		return nil, err
 	}
@@ -296,6 +312,43 @@ func refuseEarly(h *pb.ReceiveHeader, found copyRead) error {
 		}
 	}
 	return nil
+}
+
+// refuseUnknownGeneration refuses a stream whose generation is more than
+// MaxGenerationLead above the highest this node knows of the volume. Both
+// what it knows only grow, so a stream it lets through stays within the
+// bound under the lock.
+func (r *Receiver) refuseUnknownGeneration(ctx context.Context, h *pb.ReceiveHeader, found copyRead) error {
+	known, err := r.knownGeneration(ctx, h.GetVolumeId(), found)
+	if err != nil {
+		return err
+	}
+	if g := h.GetGeneration(); g > known+MaxGenerationLead {
+		return errdefs.Wrap(errdefs.ErrFailedPrecondition,
+			"the stream of volume %s claims generation %d, more than %d above the highest this node knows of it (%d, from its promise record and its copy): no majority can have promised it; refused. "+
+				"If the volume really moved that often while this node was away, its next move or failover reserves its generation here too, and the pushes pass",
+			h.GetVolumeId(), g, uint64(MaxGenerationLead), known)
+	}
+	return nil
+}
+
+// knownGeneration is the highest generation of volume id this node knows:
+// the one its promise record holds (volume.Manager.Reserve), or its
+// copy's (found), whichever is higher; 0 for a volume it never heard of.
+// A copy it could not read counts as none: the bound is then tighter.
+func (r *Receiver) knownGeneration(ctx context.Context, id string, found copyRead) (uint64, error) {
+	var known uint64
+	if found.err == nil {
+		known = found.state.GetGeneration()
+	}
+	record, err := r.z.Get(ctx, volume.PromiseShard(r.root, id), volume.PropPromisePrefix+id)
+	if errors.Is(err, zfs.ErrNotFound) { // no record in this shard yet
+		return known, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("reading the promise record of volume %s: %w", id, err)
+	}
+	return max(known, volume.ParsePromise(record).Generation), nil
 }
 
 func notAReplica(h *pb.ReceiveHeader, state *pb.ReplicaStateResponse) error {

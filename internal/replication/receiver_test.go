@@ -44,6 +44,7 @@ type replicaStore struct {
 	calls      []string      // AbortReceive and Receive, in order
 	finishing  time.Duration // zfs receive's work after the stream's end
 	started    atomic.Int32  // zfs receives started, fed or not
+	promised   string        // the node's promise record of the volume; "" for none
 }
 
 func (s *replicaStore) AbortReceive(context.Context, string) error {
@@ -108,6 +109,12 @@ func (s *replicaStore) Get(_ context.Context, name, prop string) (string, error)
 	}
 	if prop == volume.PropRole {
 		return vocab.RolePrimary, nil // keeps the tidy away
+	}
+	if strings.HasPrefix(prop, volume.PropPromisePrefix) {
+		if s.promised == "" {
+			return "", zfs.ErrNotFound // no shard yet
+		}
+		return s.promised, nil
 	}
 	return "42", nil // the guid
 }
@@ -194,6 +201,46 @@ func TestReceiveChecksTheGeneration(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			z := &replicaStore{exists: true, generation: 5}
+			r := NewReceiver(z, new(copylock.Locks), "tank/nomad", "n2", 2, hclog.NewNullLogger())
+			_, err := r.receive(stream(t, false, header(tt.kind, tt.gen), plainStream(tt.kind)))
+			if got := status.Code(errdefs.ToStatus(err)); got != tt.want {
+				t.Errorf("%v, want %s", err, tt.want)
+			}
+			if tt.want != codes.OK && z.received > 0 {
+				t.Error("a refused stream reached zfs receive")
+			}
+		})
+	}
+}
+
+// TestReceiveBoundsTheGeneration: a stream's generation may be at most
+// MaxGenerationLead above the highest the node knows of the volume, from
+// its promise record or its copy: a peer's header alone never plants a
+// replica at a generation no majority promised, such as MaxGeneration,
+// after which every promotion would need one receivers refuse (issue 35,
+// defect 4). A node that promised the generation, or missed fewer
+// reservations than the bound, receives as before.
+func TestReceiveBoundsTheGeneration(t *testing.T) {
+	tests := []struct {
+		name     string
+		replica  uint64 // the replica's generation; 0: none
+		promised string
+		kind     string
+		gen      uint64
+		want     codes.Code
+	}{
+		{"a new replica of a new volume", 0, "", KindFull, 1, codes.OK},
+		{"a new replica within the bound", 0, "", KindFull, MaxGenerationLead, codes.OK},
+		{"a planted replica at the highest generation", 0, "", KindFull, MaxGeneration, codes.FailedPrecondition},
+		{"a planted replica just above the bound", 0, "", KindFull, MaxGenerationLead + 1, codes.FailedPrecondition},
+		{"a new replica of a generation this node promised", 0, "3000000 n1", KindFull, 3_000_000, codes.OK},
+		{"a replica after moves while this node was away", 5, "", KindIncremental, 5 + MaxGenerationLead, codes.OK},
+		{"an incremental beyond the bound", 5, "", KindIncremental, 6 + MaxGenerationLead, codes.FailedPrecondition},
+		{"an incremental beyond the bound of the record", 5, "7000000 n3", KindIncremental, 7_000_001 + MaxGenerationLead, codes.FailedPrecondition},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			z := &replicaStore{exists: tt.replica > 0, generation: tt.replica, promised: tt.promised}
 			r := NewReceiver(z, new(copylock.Locks), "tank/nomad", "n2", 2, hclog.NewNullLogger())
 			_, err := r.receive(stream(t, false, header(tt.kind, tt.gen), plainStream(tt.kind)))
 			if got := status.Code(errdefs.ToStatus(err)); got != tt.want {

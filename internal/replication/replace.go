@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -29,10 +28,9 @@ import (
 //     or unlabelled incoming copy is nobody's replica, and is destroyed
 //     when found.
 //  2. Label it a replica: from now on it is complete.
-//  3. Destroy the old replica when it holds nothing the new copy lacks:
-//     no snapshot at all, or only snapshots of a generation the new
-//     copy's history holds (planned moves since). Otherwise set it aside:
-//     it may hold writes the new primary lacks (I4).
+//  3. Destroy the old replica when it holds no snapshot. Otherwise set
+//     it aside: it may hold writes the new primary lacks (I4), and only
+//     the sender's header would say otherwise (retire).
 //  4. Rename <id>-incoming to <id>.
 //
 // finishReplace completes steps 3 and 4 for a labelled incoming copy, and
@@ -93,12 +91,20 @@ func (r *Receiver) finishReplace(ctx context.Context, fs string, log hclog.Logge
 }
 
 // retire removes the replica at fs, of generation, from its place before
-// the complete replacement at incoming takes it. It is destroyed when it
-// holds nothing the replacement lacks: no snapshot, or only earlier states
-// of the replacement's (its generation is one the replacement's history
-// holds) and no CSI snapshot the replacement lacks. Otherwise it is set
-// aside: it may hold writes the new primary lacks (I4), or a CSI snapshot
-// that exists nowhere else (its CSI snapshots stay listed there).
+// the complete replacement at incoming takes it. One without a snapshot
+// holds nothing and is destroyed; any other is set aside: it may hold
+// writes the new primary lacks (I4), or a CSI snapshot that exists
+// nowhere else (its CSI snapshots stay listed there).
+//
+// Until issue 35 (defect 4) a replica whose generation the replacement's
+// history held (history_from <= generation < the new generation: planned
+// moves since) was destroyed. Both numbers are labels the receiver set
+// from the sender's header, and the replacement shares no snapshot with
+// the replica (or it would have been an incremental), so nothing this
+// node holds confirms them: a peer's word would destroy a copy that may
+// be the only one of its writes. The cost is a set-aside copy, for an
+// operator, where a planned move's replica missed its bridges (rare:
+// docs/replication.md, "Replicas share a base").
 func (r *Receiver) retire(ctx context.Context, fs, incoming string, generation uint64, log hclog.Logger) error {
 	snaps, err := r.z.Snapshots(ctx, fs)
 	if err != nil {
@@ -107,25 +113,16 @@ func (r *Receiver) retire(ctx context.Context, fs, incoming string, generation u
 	if len(snaps) == 0 {
 		return r.destroyReplica(ctx, fs)
 	}
-	labels, err := r.z.GetAll(ctx, incoming, volume.PropGeneration, volume.PropHistoryFrom)
-	if err != nil {
-		return fmt.Errorf("reading the labels of the replacement %s: %w", incoming, err)
-	}
-	newGeneration, _ := strconv.ParseUint(labels[volume.PropGeneration], 10, 64)
-	historyFrom := volume.HistoryFrom(labels[volume.PropHistoryFrom], newGeneration)
 	lacking, err := r.csiSnapshotsLacking(ctx, snaps, incoming)
 	if err != nil {
 		return err
 	}
-	if lacking != "" {
-		log.Info("the replaced replica holds a CSI snapshot the replacement lacks: setting it aside", "snapshot", lacking)
-		return r.setAside(ctx, fs, fs, log)
+	labels, err := r.z.GetAll(ctx, incoming, volume.PropGeneration, volume.PropHistoryFrom)
+	if err != nil {
+		return fmt.Errorf("reading the labels of the replacement %s: %w", incoming, err)
 	}
-	if historyFrom <= generation && generation < newGeneration {
-		log.Info("the replaced replica holds only earlier states of the new primary's history: destroying it",
-			"replica_generation", generation, "history_from", historyFrom, "generation", newGeneration)
-		return r.destroyReplica(ctx, fs)
-	}
+	log.Info("the replaced replica shares no snapshot with its replacement; only the sender's header says it holds nothing more: setting it aside",
+		"replica_generation", generation, "generation", labels[volume.PropGeneration], "history_from", labels[volume.PropHistoryFrom], "csi_snapshot_lacking", lacking)
 	return r.setAside(ctx, fs, fs, log)
 }
 

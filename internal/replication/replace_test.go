@@ -297,19 +297,20 @@ func TestIncrementalRollsBackOnlyWhatTheSendersHistoryHolds(t *testing.T) {
 	}
 }
 
-// TestReplacedReplicaIsDestroyedOnlyWhenTheHistoryHoldsIt: a replica that
-// a full stream replaces is destroyed when the sender's history holds its
-// generation (planned moves since: its snapshots are earlier states of
-// the new copy) and it holds no CSI snapshot the new copy lacks, and set
-// aside otherwise (I4; issue 16).
-func TestReplacedReplicaIsDestroyedOnlyWhenTheHistoryHoldsIt(t *testing.T) {
+// TestReplacedReplicaIsSetAsideWhateverTheHeaderSays: a replica with
+// snapshots that a full stream replaces is set aside (I4; issue 16),
+// even when the sender's history_from and generation say planned moves
+// since: those are the sender's word alone (issue 35, defect 4).
+func TestReplacedReplicaIsSetAsideWhateverTheHeaderSays(t *testing.T) {
 	tests := []struct {
 		name        string
 		historyFrom uint64 // the sender's; its generation is 2, the replica's 1
 		csiSnapshot bool   // the replica holds a CSI snapshot the stream lacks
 		wantAside   bool
 	}{
-		{"planned moves since the replica's generation", 1, false, false},
+		// The sender's header alone says so: a peer may lie (issue 35,
+		// defect 4), and nothing the node holds confirms it.
+		{"the header says planned moves since the replica's generation", 1, false, true},
 		{"planned moves since, but it holds a CSI snapshot the new copy lacks", 1, true, true},
 		{"a failover since", 2, false, true},
 		{"a sender that vouches for nothing (an older version)", 0, false, true},

@@ -1,6 +1,7 @@
 package volume
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"slices"
@@ -12,6 +13,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
 	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs"
+	"github.com/zfs-nomad/zfs-nomad/internal/zfs/zfscmd"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs/zfsfake"
 )
 
@@ -139,12 +141,12 @@ func TestAReceiveDropsADeletedSnapshot(t *testing.T) {
 
 // TestAReceiveDropsAKeptDuplicate: a replica replaced by a full send
 // leaves its CSI snapshots on a tombstone; when the new replica receives
-// the same snapshot, the tombstone's copy goes, so the node holds one copy
-// per snapshot and a DeleteSnapshot leaves none (simulation seed 26863:
-// the index knew one copy, the delete destroyed it, and the tombstone's
-// was listed again after a restart).
+// the same snapshot (its GUID), the tombstone's copy goes, so the node
+// holds one copy per snapshot and a DeleteSnapshot leaves none
+// (simulation seed 26863: the index knew one copy, the delete destroyed
+// it, and the tombstone's was listed again after a restart).
 func TestAReceiveDropsAKeptDuplicate(t *testing.T) {
-	m, fake, v, s, kept := keptTwice(t)
+	m, fake, v, s, kept := keptTwice(t, true)
 	ctx := context.Background()
 	unlock, err := m.Locks().Lock(ctx, v.ID, "receive from node n2")
 	if err != nil {
@@ -169,7 +171,7 @@ func TestAReceiveDropsAKeptDuplicate(t *testing.T) {
 // delete of the snapshot must destroy both, or the next listing finds
 // the deleted snapshot again.
 func TestADeleteTakesADuplicateTheListingFound(t *testing.T) {
-	m, fake, v, s, _ := keptTwice(t)
+	m, fake, v, s, _ := keptTwice(t, true)
 	ctx := context.Background()
 	restarted := NewManager(fake, m.cfg, hclog.NewNullLogger())
 	found, err := restarted.findSnapshot(ctx, s.ID)
@@ -182,15 +184,81 @@ func TestADeleteTakesADuplicateTheListingFound(t *testing.T) {
 	wantNotListed(t, NewManager(fake, m.cfg, hclog.NewNullLogger()), s.ID)
 }
 
-// keptTwice makes a node hold CSI snapshot s of volume v twice: v is
-// deleted, which keeps s on a tombstone (at kept), and the same snapshot
-// then arrives again in a copy under v's name, as a new replica's
-// receive brings it. Nothing has told m of the receive.
-func keptTwice(t *testing.T) (m *Manager, fake *zfsfake.Fake, v Volume, s Snapshot, kept string) {
+// TestAPlantedSnapshotNeverReplacesTheKeptOne: a stream brings a
+// snapshot named like a CSI snapshot that a tombstone of the volume keeps,
+// but it is another snapshot (another GUID, other data: a peer planted
+// it). The name decides nothing: the tombstone's copy is neither
+// destroyed nor displaced, so it is the one found, listed and restored,
+// whether the receive's own step ran or a restarted node lists the pool;
+// and a delete of the snapshot takes both copies (issue 35, defect 5).
+func TestAPlantedSnapshotNeverReplacesTheKeptOne(t *testing.T) {
+	tests := []struct {
+		name string
+		node func(t *testing.T, m *Manager, fake *zfsfake.Fake, v Volume) *Manager
+	}{
+		{"the receive's step ran", func(t *testing.T, m *Manager, _ *zfsfake.Fake, v Volume) *Manager {
+			m.snapshots(context.Background()) // the index is filled before the receive
+			unlock, err := m.Locks().Lock(context.Background(), v.ID, "receive from node n2")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer unlock()
+			m.Received(v.ID)
+			return m
+		}},
+		{"a restarted node lists the pool", func(_ *testing.T, m *Manager, fake *zfsfake.Fake, _ Volume) *Manager {
+			return NewManager(fake, m.cfg, hclog.NewNullLogger())
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m, fake, v, s, kept := keptTwice(t, false)
+			ctx := context.Background()
+			node := tt.node(t, m, fake, v)
+
+			if _, err := fake.Get(ctx, kept); err != nil {
+				t.Fatalf("the genuine copy on the tombstone: %v, want it kept", err)
+			}
+			found, err := node.GetSnapshot(ctx, s.ID)
+			if err != nil || found.Dataset != kept {
+				t.Fatalf("the node finds the snapshot at %q (%v); want the genuine copy %q", found.Dataset, err, kept)
+			}
+			page, err := node.SnapshotPage(ctx, "", 0, "")
+			if err != nil || len(page) != 1 || page[0].Dataset != kept {
+				t.Fatalf("the node lists %+v (%v); want only the genuine copy %q", page, err, kept)
+			}
+			restored, err := node.Create(ctx, CreateRequest{Name: "restored", SourceSnapshotID: s.ID})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, _ := fake.Content(restored.Dataset); !slices.Equal(got, []string{"genuine"}) {
+				t.Errorf("a restore of the snapshot holds %v, want the genuine data", got)
+			}
+			if err := node.Delete(ctx, restored.ID); err != nil {
+				t.Fatal(err)
+			}
+			if err := node.DeleteSnapshot(ctx, s.ID); err != nil {
+				t.Fatal(err)
+			}
+			wantNotListed(t, NewManager(fake, m.cfg, hclog.NewNullLogger()), s.ID)
+		})
+	}
+}
+
+// keptTwice makes a node hold CSI snapshot s of volume v twice: v, with
+// the data "genuine", is deleted, which keeps s on a tombstone (at kept),
+// and a snapshot named s then arrives again in a copy under v's name, as
+// a new replica's receive brings it: the same snapshot (a stream of it,
+// same GUID) when genuine, or else another one with the data "planted".
+// Nothing has told m of the receive.
+func keptTwice(t *testing.T, genuine bool) (m *Manager, fake *zfsfake.Fake, v Volume, s Snapshot, kept string) {
 	t.Helper()
 	m, fake = newManager(t)
 	ctx := context.Background()
 	v = create(t, m, CreateRequest{Name: "v"})
+	if err := fake.Write(v.Dataset, "genuine"); err != nil {
+		t.Fatal(err)
+	}
 	s = snapshot(t, m, v.ID, "s")
 	if err := m.Delete(ctx, v.ID); err != nil { // a copy with a snapshot becomes a tombstone
 		t.Fatal(err)
@@ -199,11 +267,26 @@ func keptTwice(t *testing.T) (m *Manager, fake *zfsfake.Fake, v Volume, s Snapsh
 	if err != nil || zfs.Parent(onTombstone.Dataset) == v.Dataset {
 		t.Fatalf("the snapshot after its volume's delete: %+v, %v; want it on a tombstone", onTombstone, err)
 	}
+	replica := map[string]string{PropRole: vocab.RoleReplica, PropVolumeID: v.ID}
+	if genuine {
+		var stream bytes.Buffer
+		streams := fake.Streams()
+		if _, err := streams.Send(ctx, zfscmd.SendSpec{Snapshot: onTombstone.Dataset}, &stream); err != nil {
+			t.Fatal(err)
+		}
+		if err := streams.Receive(ctx, v.Dataset, replica, &stream); err != nil {
+			t.Fatal(err)
+		}
+		return m, fake, v, s, onTombstone.Dataset
+	}
 	snapProps, err := fake.Get(ctx, onTombstone.Dataset)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := fake.CreateFilesystem(ctx, v.Dataset, map[string]string{PropRole: vocab.RoleReplica, PropVolumeID: v.ID}); err != nil {
+	if err := fake.CreateFilesystem(ctx, v.Dataset, replica); err != nil {
+		t.Fatal(err)
+	}
+	if err := fake.Write(v.Dataset, "planted"); err != nil {
 		t.Fatal(err)
 	}
 	if err := fake.Snapshot(ctx, v.Dataset+"@"+s.ID, snapProps.User); err != nil {
@@ -227,42 +310,50 @@ func wantNotListed(t *testing.T, m *Manager, id string) {
 	}
 }
 
+// TestOneCopyEach: the listing indexes, of the copies of one snapshot
+// ID, the one that was on the node first (lowest createtxg) or a copy of
+// the same snapshot (same GUID) on its volume's live copy; never a copy
+// of another GUID that only carries the name (issue 35, defect 5).
 func TestOneCopyEach(t *testing.T) {
 	const (
 		id    = "vol-0123456789abcdef0123"
 		other = "vol-3210fedcba9876543210"
 		snap  = "snap-0123456789abcdef0123"
 	)
+	type c struct {
+		name      string
+		guid, txg uint64
+	}
 	live := root + "/" + id + "@" + snap
 	tomb := root + "/" + id + "-deleted-1@" + snap
 	aside := root + "/" + id + "-aside-2@" + snap
 	elsewhere := root + "/" + other + "@" + snap
 	tests := []struct {
 		name      string
-		in        []string
-		want      []string
+		in        []c
+		want      string
 		duplicate []string
 	}{
-		{"one copy", []string{live}, []string{live}, nil},
-		{"live copy listed first", []string{live, tomb}, []string{live}, []string{tomb}},
-		{"live copy listed last", []string{tomb, aside, live}, []string{live}, []string{tomb, aside}},
-		{"no live copy", []string{tomb, aside}, []string{tomb}, []string{aside}},
-		{"another volume's copy is no duplicate", []string{live, elsewhere}, []string{live, elsewhere}, nil},
+		{"one copy", []c{{live, 7, 1}}, live, nil},
+		{"live copy listed first", []c{{live, 7, 2}, {tomb, 7, 1}}, live, []string{tomb}},
+		{"live copy listed last", []c{{tomb, 7, 1}, {aside, 7, 2}, {live, 7, 3}}, live, []string{tomb, aside}},
+		{"no live copy", []c{{aside, 7, 2}, {tomb, 7, 1}}, tomb, []string{aside}},
+		{"a later live copy of another GUID", []c{{live, 9, 5}, {tomb, 7, 1}}, tomb, []string{live}},
+		{"a later set-aside copy of another GUID", []c{{aside, 9, 5}, {live, 7, 1}}, live, []string{aside}},
+		{"another volume's later copy", []c{{elsewhere, 9, 5}, {live, 7, 1}}, live, []string{elsewhere}},
+		{"another volume's earlier copy", []c{{live, 9, 5}, {elsewhere, 7, 1}}, elsewhere, []string{live}},
+		{"GUIDs not read: the live copy", []c{{tomb, 0, 0}, {live, 0, 0}}, live, []string{tomb}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var in []Snapshot
-			for _, name := range tt.in {
-				in = append(in, Snapshot{ID: snap, Dataset: name})
+			for _, x := range tt.in {
+				in = append(in, Snapshot{ID: snap, Dataset: x.name, GUID: x.guid, CreateTXG: x.txg})
 			}
 			kept, duplicates := oneCopyEach(root, in)
-			var got []string
-			for _, k := range kept {
-				got = append(got, k.Dataset)
-			}
 			dups := slices.Sorted(slices.Values(duplicates[snap]))
-			if !slices.Equal(got, tt.want) || !slices.Equal(dups, slices.Sorted(slices.Values(tt.duplicate))) {
-				t.Errorf("oneCopyEach(%v) = %v, %v; want %v, %v", tt.in, got, duplicates[snap], tt.want, tt.duplicate)
+			if len(kept) != 1 || kept[0].Dataset != tt.want || !slices.Equal(dups, slices.Sorted(slices.Values(tt.duplicate))) {
+				t.Errorf("oneCopyEach(%v) = %v, %v; want %v, %v", tt.in, kept, duplicates[snap], tt.want, tt.duplicate)
 			}
 		})
 	}

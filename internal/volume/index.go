@@ -441,25 +441,69 @@ func (m *Manager) Received(id string) {
 	}
 	for _, name := range names {
 		if snapID := shortName(name); vocab.IsSnapshotID(snapID) && !m.snapshotIndex.knows(snapID, name) {
-			m.dropDuplicate(ctx, id, snapID, name)
+			if m.keepIndexed(ctx, id, snapID, name) {
+				continue
+			}
 			m.reindexSnapshot(ctx, snapID, name)
 		}
 	}
 	m.dropDeleted(ctx, id, names)
 }
 
-// dropDuplicate destroys the copy of CSI snapshot snapID that a tombstone
-// or a set-aside copy of volume id keeps on the node, now that a receive
-// brought the same snapshot to the volume's live copy (name). The index
-// holds one dataset per snapshot ID, so the node's DeleteSnapshot would
-// destroy one copy and leave the other, to be listed again after the next
-// listing: a seed of the simulation (26863) found it. The caller holds the
-// copy's lock, which guards the volume's tombstones too.
-func (m *Manager) dropDuplicate(ctx context.Context, id, snapID, name string) {
+// keepIndexed decides what a receive into volume id's live copy that
+// brought CSI snapshot snapID (at name) does to the copy of that
+// snapshot the index holds, and tells whether the index keeps it.
+//
+// A copy that a tombstone or a set-aside copy of the volume keeps, with
+// the received snapshot's GUID, is the same snapshot (ZFS keeps a
+// snapshot's GUID across send and receive): it is dropped and the live
+// copy indexed, so the node holds one copy per snapshot and a
+// DeleteSnapshot leaves none (a seed of the simulation, 26863, found the
+// second copy listed again after a delete).
+//
+// A stream may bring any snapshot name, though: a copy of another GUID
+// is another snapshot that only carries the name (a peer's stream may
+// plant it, docs/safety.md "What a peer's header may decide"). The name
+// decides nothing then: the copy the index holds, which was on the node
+// first, stays indexed, so it is the one listed and restored, and
+// neither copy is destroyed (either may be the only one of its data).
+// The received copy is remembered beside it, so a delete of the snapshot
+// takes both (deleteDuplicates). The same holds for the index's copy on
+// another volume's datasets. The caller holds the copy's lock, which
+// guards the volume's tombstones too.
+func (m *Manager) keepIndexed(ctx context.Context, id, snapID, name string) bool {
 	old, ok := m.snapshotIndex.entry(snapID)
-	if !ok || old == name || copyIDOf(old) != id {
-		return
+	if !ok || old == name {
+		return false
 	}
+	indexed, err1 := m.zfs.Get(ctx, old)
+	received, err2 := m.zfs.Get(ctx, name)
+	switch {
+	case errors.Is(err1, zfs.ErrNotFound):
+		return false // the index's copy is gone: the received one takes its place
+	case err1 != nil || err2 != nil:
+		m.log.Warn("reading two copies of a snapshot after a receive failed; the snapshot index lists again", "volume_id", id, "snapshot_id", snapID, "error", errors.Join(err1, err2))
+		m.snapshotIndex.invalidate()
+		return true
+	case indexed.GUID != received.GUID:
+		m.duplicates.add(snapID, name)
+		m.log.Warn("a receive brought a snapshot under the name of another one on this node: the one here first stays listed, and the received one is kept aside until the snapshot is deleted",
+			"volume_id", id, "snapshot_id", snapID, "indexed", old, "received", name, "indexed_guid", indexed.GUID, "received_guid", received.GUID)
+		return true
+	case copyIDOf(old) != id:
+		return true // the same snapshot on another volume's copy: not this lock's to drop
+	}
+	m.dropDuplicate(ctx, id, snapID, old)
+	return false
+}
+
+// dropDuplicate destroys old, the copy of CSI snapshot snapID that a
+// tombstone or a set-aside copy of volume id keeps on the node, now that
+// a receive brought the same snapshot (same GUID, keepIndexed) to the
+// volume's live copy. The index holds one dataset per snapshot ID, so
+// the node's DeleteSnapshot would destroy one copy and leave the other,
+// to be listed again after the next listing.
+func (m *Manager) dropDuplicate(ctx context.Context, id, snapID, old string) {
 	if err := m.zfs.DestroyDeferred(ctx, old); err != nil && !errors.Is(err, zfs.ErrNotFound) {
 		m.log.Warn("dropping a kept copy of a snapshot a receive brought again failed; deleting the snapshot may leave it", "volume_id", id, "snapshot_id", snapID, "dataset", old, "error", err)
 		return
@@ -545,8 +589,8 @@ func (m *Manager) listSnapshotIndex(ctx context.Context) (map[string]string, err
 	index, err := listForIndex(ctx, m.log, "CSI snapshots", &m.snapshotsListed, list, func(s Snapshot) (string, string) { return s.ID, s.Dataset })
 	if err == nil {
 		for id, copies := range duplicates {
-			m.log.Info("a CSI snapshot is kept twice by its volume on this node; the copy beside the indexed one goes with the snapshot's delete",
-				"volume_id", copyIDOf(copies[0]), "snapshot_id", id, "indexed", index[id], "duplicates", copies)
+			m.log.Info("a CSI snapshot is kept twice on this node; the copies of the indexed one's volume go with the snapshot's delete",
+				"volume_id", copyIDOf(index[id]), "snapshot_id", id, "indexed", index[id], "duplicates", copies)
 		}
 		m.duplicates.set(duplicates)
 	}
@@ -569,6 +613,19 @@ type snapshotDuplicates struct {
 	ids map[string][]string // snapshot ID -> the copies not indexed
 }
 
+// add remembers copy name of snapshot id beside the indexed one.
+func (d *snapshotDuplicates) add(id, name string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if slices.Contains(d.ids[id], name) {
+		return
+	}
+	if d.ids == nil {
+		d.ids = map[string][]string{}
+	}
+	d.ids[id] = append(d.ids[id], name)
+}
+
 func (d *snapshotDuplicates) set(ids map[string][]string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -583,30 +640,61 @@ func (d *snapshotDuplicates) of(id string) []string {
 	return slices.Clone(d.ids[id])
 }
 
-// oneCopyEach returns snaps with one copy of each CSI snapshot of a
-// volume, preferring the one on the volume's live copy (<root>/<id>),
-// and the others by snapshot ID. Copies on different volumes' datasets
-// are no duplicates: all are kept, as before.
+// oneCopyEach returns snaps with one copy of each CSI snapshot, the one
+// the index holds, and the others by snapshot ID.
+//
+// Copies are the same snapshot only when their GUIDs agree: a stream may
+// bring any snapshot name (keepIndexed), so the name alone never makes a
+// copy the genuine one. The copy that was on the node first (the lowest
+// CreateTXG, which the pool gives and no stream sets) decides the GUID;
+// of the copies with that GUID, the one on the volume's live copy
+// (<root>/<id>) is kept, as a receive indexes it. Every other copy is
+// returned as a duplicate, and a delete of the snapshot destroys those of
+// the indexed copy's volume with it (deleteDuplicates).
 func oneCopyEach(root string, snaps []Snapshot) (kept []Snapshot, duplicates map[string][]string) {
-	at := map[[2]string]int{} // (snapshot ID, volume) -> its place in kept
+	byID := map[string][]Snapshot{}
+	var order []string
 	for _, s := range snaps {
-		key := [2]string{s.ID, copyIDOf(s.Dataset)}
-		i, seen := at[key]
-		if !seen {
-			at[key] = len(kept)
-			kept = append(kept, s)
-			continue
+		if _, seen := byID[s.ID]; !seen {
+			order = append(order, s.ID)
 		}
-		other := s
-		if zfs.Parent(s.Dataset) == root+"/"+key[1] {
-			kept[i], other = s, kept[i]
+		byID[s.ID] = append(byID[s.ID], s)
+	}
+	for _, id := range order {
+		copies := byID[id]
+		best := indexedCopy(root, copies)
+		kept = append(kept, copies[best])
+		for i, c := range copies {
+			if i == best {
+				continue
+			}
+			if duplicates == nil {
+				duplicates = map[string][]string{}
+			}
+			duplicates[id] = append(duplicates[id], c.Dataset)
 		}
-		if duplicates == nil {
-			duplicates = map[string][]string{}
-		}
-		duplicates[s.ID] = append(duplicates[s.ID], other.Dataset)
 	}
 	return kept, duplicates
+}
+
+// indexedCopy returns the place in copies (of one snapshot ID) of the
+// copy the index holds (oneCopyEach).
+func indexedCopy(root string, copies []Snapshot) int {
+	first := 0
+	for i, c := range copies {
+		if c.CreateTXG < copies[first].CreateTXG {
+			first = i
+		}
+	}
+	best := first
+	for i, c := range copies {
+		if c.GUID == copies[first].GUID && zfs.Parent(c.Dataset) == root+"/"+copyIDOf(c.Dataset) {
+			if zfs.Parent(copies[best].Dataset) != root+"/"+copyIDOf(copies[best].Dataset) || c.CreateTXG < copies[best].CreateTXG {
+				best = i
+			}
+		}
+	}
+	return best
 }
 
 // reindexSnapshot reads one snapshot again and updates the index.

@@ -78,6 +78,11 @@ type Snapshot struct {
 	// needs at least this much.
 	Size    uint64
 	Created time.Time
+	// GUID and CreateTXG are ZFS's (zfs.Dataset): copies of one snapshot
+	// on the node are the same snapshot only when their GUIDs agree, and
+	// the lower CreateTXG was on the node first.
+	GUID      uint64
+	CreateTXG uint64
 }
 
 // Capacity is what placement needs to know about this node.
@@ -719,5 +724,7 @@ func snapshotOf(ds zfs.Dataset) Snapshot {
 		Dataset:        ds.Name,
 		Size:           ds.Referenced,
 		Created:        ds.Created,
+		GUID:           ds.GUID,
+		CreateTXG:      ds.CreateTXG,
 	}
 }

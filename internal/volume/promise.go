@@ -67,6 +67,10 @@ func PromiseShard(root, id string) string {
 	return fmt.Sprintf("%s/%s/%02x", root, PromisesDataset, n%promiseShards)
 }
 
+// ParsePromise reads a promise record's value ("GENERATION HOLDER"); an
+// unset one ("-", "") promises nothing.
+func ParsePromise(v string) Promise { return parsePromise(v) }
+
 func parsePromise(v string) Promise {
 	gen, holder, _ := strings.Cut(v, " ")
 	n, err := strconv.ParseUint(gen, 10, 64)

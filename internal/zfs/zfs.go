@@ -62,6 +62,14 @@ type Dataset struct {
 	ReadOnly bool
 	// User holds the user properties ("module:name") set locally on the dataset.
 	User map[string]string
+	// GUID is ZFS's: a snapshot keeps it across send and receive, so two
+	// snapshots of one name are the same snapshot only when their GUIDs
+	// agree (a stream may bring any name). CreateTXG is the pool's own
+	// transaction group that created the dataset here (a received
+	// snapshot's is the receive's, whatever the stream says): the lower
+	// of two was on the pool first. Both are 0 when not read.
+	GUID      uint64
+	CreateTXG uint64
 }
 
 // Parent returns the name of the dataset holding name: the filesystem of a

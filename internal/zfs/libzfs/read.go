@@ -40,6 +40,8 @@ func (z *ZFS) readOpen(zh *C.zfs_handle_t) zfs.Dataset {
 		DeferDestroy: n.defer_destroy != 0,
 		ReadOnly:     n.readonly != 0,
 		User:         map[string]string{},
+		GUID:         uint64(n.guid),
+		CreateTXG:    uint64(n.createtxg),
 	}
 	switch n._type {
 	case C.ZFS_TYPE_FILESYSTEM:

@@ -319,6 +319,8 @@ void read_numbers(zfs_handle_t *zh, numbers_t *n) {
 	n->referenced = zfs_prop_get_int(zh, ZFS_PROP_REFERENCED);
 	n->creation = zfs_prop_get_int(zh, ZFS_PROP_CREATION);
 	n->readonly = zfs_prop_get_int(zh, ZFS_PROP_READONLY);
+	n->guid = zfs_prop_get_int(zh, ZFS_PROP_GUID);
+	n->createtxg = zfs_prop_get_int(zh, ZFS_PROP_CREATETXG);
 	if (n->type == ZFS_TYPE_SNAPSHOT) {
 		n->defer_destroy = zfs_prop_get_int(zh, ZFS_PROP_DEFER_DESTROY);
 	} else {

@@ -52,7 +52,7 @@ void read_origin(zfs_handle_t *zh, char *buf, size_t len);
 // The numbers zfs.Dataset needs, all from the statistics zfs_open read.
 typedef struct {
 	int type;
-	uint64_t used, referenced, available, quota, refquota, creation, defer_destroy, readonly;
+	uint64_t used, referenced, available, quota, refquota, creation, defer_destroy, readonly, guid, createtxg;
 } numbers_t;
 void read_numbers(zfs_handle_t *zh, numbers_t *n);
 

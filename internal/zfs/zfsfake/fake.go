@@ -307,6 +307,7 @@ func (f *Fake) SnapshotNames(ctx context.Context, fs string) ([]string, error) {
 // bounded by the quotas of the dataset and its ancestors.
 func (f *Fake) view(e *entry) zfs.Dataset {
 	ds := e.ds
+	ds.GUID, ds.CreateTXG = e.guid, e.createTXG
 	ds.User = map[string]string{}
 	for k, v := range e.ds.User {
 		ds.User[k] = v
