@@ -262,6 +262,7 @@ func backup(c command, args []string) error {
 	sess, err := connect(c, args, true, func(fs *flag.FlagSet) {
 		fs.StringVar(&opts.To, "to", "", "node ID to back up to (default: a healthy node that holds a replica, else the one with most room in the volume's replication domain)")
 		fs.DurationVar(&opts.WaitBusy, "wait", 5*time.Minute, "how long to wait for a running push or move of the volume to end before pushing (0: fail at once)")
+		fs.DurationVar(&opts.StallTimeout, "stall", cluster.DefaultStallTimeout, "cancel the push once it moved no data for this long: it holds the volume's one push slot, which the schedule and moves need")
 	})
 	if err != nil {
 		return err

@@ -153,7 +153,9 @@ func (s *Server) Replicate(req *pb.ReplicateRequest, stream pb.NodeAgent_Replica
 		id := req.GetVolumeId()
 		fence = func(ctx context.Context, at int64) (int64, error) { return s.volumes.FenceHeld(ctx, id, target, at) }
 	}
-	_, err := s.pusher.PushFenced(stream.Context(), req.GetVolumeId(), req.GetTargetAddress(), req.GetPurpose(), time.Second, report, fence)
+	// A move's final push knows its target node: only that node's
+	// certificate may answer at the target address.
+	_, err := s.pusher.PushFenced(stream.Context(), req.GetVolumeId(), req.GetTargetAddress(), req.GetFenceForNodeId(), req.GetPurpose(), time.Second, report, fence)
 	return errdefs.ToStatus(err)
 }
 

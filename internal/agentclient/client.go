@@ -16,30 +16,55 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/tlsconfig"
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
 // Client calls one node agent.
 type Client struct {
-	rpc pb.NodeAgentClient
+	rpc   pb.NodeAgentClient
+	bound *tlsconfig.Bound // nil: any node may answer (New)
 }
 
-// New returns a client of the agent at the other end of conn.
+// New returns a client of the agent at the other end of conn. Any node's
+// certificate may answer its calls; GetNode's answer must still name the
+// node the certificate names.
 func New(conn grpc.ClientConnInterface) *Client {
 	return &Client{rpc: pb.NewNodeAgentClient(conn)}
 }
 
+// ForNode returns a client of the agent at the other end of conn whose
+// every call must be answered by the node nodeID's certificate
+// (tlsconfig.Bind); with nodeID "", by the node whose certificate
+// answers first, which GetNode must then name.
+func ForNode(conn grpc.ClientConnInterface, nodeID string) *Client {
+	b := tlsconfig.Bind(conn, nodeID)
+	return &Client{rpc: pb.NewNodeAgentClient(b), bound: b}
+}
+
 // GetNode asks the agent about its node.
 func (c *Client) GetNode(ctx context.Context, opts GetNodeOptions) (NodeInfo, error) {
-	var callOpts []grpc.CallOption
+	var server peer.Peer
+	callOpts := []grpc.CallOption{grpc.Peer(&server)}
 	if opts.WaitForReady {
 		callOpts = append(callOpts, grpc.WaitForReady(true))
 	}
 	n, err := c.rpc.GetNode(ctx, &pb.GetNodeRequest{WithoutCapacity: opts.WithoutCapacity}, callOpts...)
 	if err != nil {
 		return NodeInfo{}, fromStatus(err)
+	}
+	// A node says who it is, and its certificate must say the same:
+	// otherwise any node's certificate could answer as any node.
+	if err := tlsconfig.CheckClaim(&server, n.GetNodeId()); err != nil {
+		return NodeInfo{}, fromStatus(err)
+	}
+	if c.bound != nil {
+		if err := c.bound.Claims(n.GetNodeId()); err != nil {
+			return NodeInfo{}, fromStatus(err)
+		}
 	}
 	return nodeInfoFromPB(n), nil
 }

@@ -130,12 +130,16 @@ var agentConnect = grpc.ConnectParams{Backoff: backoff.DefaultConfig, MinConnect
 // Close closes all agent connections.
 func (c *Cluster) Close() { c.conns.Close() }
 
+// client returns a client of the agent at addr held to one node: the one
+// whose certificate answers first, which its GetNode must name
+// (agentclient.ForNode). The controller knows only addresses; so no node
+// can answer, at an address or between two calls, as another node.
 func (c *Cluster) client(addr string) (NodeAgent, error) {
 	conn, err := c.conns.Get(addr)
 	if err != nil {
 		return nil, fmt.Errorf("agent %s: %w", addr, err)
 	}
-	return agentclient.New(conn), nil
+	return agentclient.ForNode(conn, ""), nil
 }
 
 // Nodes asks every agent about itself and its capacity, in parallel.
@@ -202,14 +206,17 @@ func ask[T any](ctx context.Context, c *Cluster, about agentclient.GetNodeOption
 // the same time. A question that failed because the connection was down
 // is asked again once the node has answered (node redials a failed
 // connection).
+//
+// Both go through one client, held to one node (Cluster.client): the
+// question's answer is the node's that GetNode names.
 func askOne[T any](ctx context.Context, c *Cluster, addr string, about agentclient.GetNodeOptions, get func(context.Context, Agent) (T, error)) (Answer[T], error) {
-	if get == nil {
-		n, err := c.node(ctx, addr, about)
-		return Answer[T]{Node: n}, err
-	}
 	client, err := c.connect(addr)
 	if err != nil {
 		return Answer[T]{}, err
+	}
+	if get == nil {
+		n, err := c.node(ctx, client, addr, about)
+		return Answer[T]{Node: n}, err
 	}
 	question := func() Answer[T] {
 		ctx, cancel := c.Call(ctx)
@@ -219,7 +226,7 @@ func askOne[T any](ctx context.Context, c *Cluster, addr string, about agentclie
 	}
 	answered := make(chan Answer[T], 1)
 	go func() { answered <- question() }()
-	n, err := c.node(ctx, addr, about)
+	n, err := c.node(ctx, client, addr, about)
 	a := <-answered
 	if err != nil {
 		return Answer[T]{}, err
@@ -231,11 +238,7 @@ func askOne[T any](ctx context.Context, c *Cluster, addr string, about agentclie
 	return a, nil
 }
 
-func (c *Cluster) node(ctx context.Context, addr string, about agentclient.GetNodeOptions) (Node, error) {
-	client, err := c.connect(addr)
-	if err != nil {
-		return Node{}, err
-	}
+func (c *Cluster) node(ctx context.Context, client NodeAgent, addr string, about agentclient.GetNodeOptions) (Node, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
 	info, err := client.GetNode(ctx, about)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
+	grpcpeer "google.golang.org/grpc/peer"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
 	"github.com/zfs-nomad/zfs-nomad/internal/tlsconfig"
@@ -136,15 +137,24 @@ func (h *Heartbeat) beat(ctx context.Context) {
 	if addrs != nil {
 		h.Monitor.SetPeers(addrs)
 	}
-	h.fanOut(ctx, h.Monitor.Peers(), func(ctx context.Context, addr string, c pb.PeersClient) {
-		if resp, err := c.Ping(ctx, &pb.PingRequest{}); err == nil {
-			h.Monitor.Answered(addr, resp.GetNodeId())
+	h.fanOut(ctx, h.Monitor.Peers(), func(ctx context.Context, addr string, conn grpc.ClientConnInterface) {
+		var server grpcpeer.Peer
+		resp, err := pb.NewPeersClient(conn).Ping(ctx, &pb.PingRequest{}, grpc.Peer(&server))
+		if err != nil {
+			return
 		}
+		// A node may answer only as itself: a certificate that names
+		// another node than the answer would count one node as another.
+		if err := tlsconfig.CheckClaim(&server, resp.GetNodeId()); err != nil {
+			h.Log.Warn("a peer's answer is not counted", "addr", addr, "error", err)
+			return
+		}
+		h.Monitor.Answered(addr, resp.GetNodeId())
 	})
 }
 
 // fanOut calls every peer at addrs at once, all within the interval.
-func (h *Heartbeat) fanOut(ctx context.Context, addrs []string, call func(ctx context.Context, addr string, c pb.PeersClient)) {
+func (h *Heartbeat) fanOut(ctx context.Context, addrs []string, call func(ctx context.Context, addr string, conn grpc.ClientConnInterface)) {
 	ctx, cancel := context.WithTimeout(ctx, h.Interval)
 	defer cancel()
 	var wg sync.WaitGroup
@@ -273,7 +283,9 @@ func (h *Heartbeat) askPromises(ctx context.Context, ids []string) []map[string]
 		mu  sync.Mutex
 		out []map[string]uint64
 	)
-	h.fanOut(ctx, h.Monitor.others(h.NodeID), func(ctx context.Context, _ string, c pb.PeersClient) {
+	h.fanOut(ctx, h.Monitor.others(h.NodeID), func(ctx context.Context, addr string, conn grpc.ClientConnInterface) {
+		// Only the node that answered the ping at addr may vouch there.
+		c := pb.NewPeersClient(tlsconfig.Bind(conn, h.Monitor.nodeOf(addr)))
 		answer, err := promisesOf(ctx, c, ids)
 		if err != nil {
 			return
@@ -304,7 +316,7 @@ func promisesOf(ctx context.Context, c pb.PeersClient, ids []string) (map[string
 	return out, nil
 }
 
-func (h *Heartbeat) client(addr string) (pb.PeersClient, error) {
+func (h *Heartbeat) client(addr string) (grpc.ClientConnInterface, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.conns == nil {
@@ -318,7 +330,7 @@ func (h *Heartbeat) client(addr string) (pb.PeersClient, error) {
 		}
 		h.conns[addr] = conn
 	}
-	return pb.NewPeersClient(conn), nil
+	return conn, nil
 }
 
 // Close closes the connections to the peers; Run does it when it ends.

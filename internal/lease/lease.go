@@ -232,6 +232,17 @@ func (m *Monitor) Peers() []string {
 
 // others returns the addresses of the peers that answered a ping, of
 // every domain, this node excluded: those a lift or a confirmation asks.
+// nodeOf returns the node ID the peer at addr last answered a ping with
+// ("" if none).
+func (m *Monitor) nodeOf(addr string) string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if p, ok := m.peers[addr]; ok {
+		return p.nodeID
+	}
+	return ""
+}
+
 func (m *Monitor) others(selfID string) []string {
 	m.mu.Lock()
 	defer m.mu.Unlock()

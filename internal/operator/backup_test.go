@@ -112,3 +112,43 @@ func TestBackupWaitsForRunningPush(t *testing.T) {
 		})
 	}
 }
+
+// TestBackupStallGuard (issue 35): a backup holds the volume's one push
+// slot, so a push that moves no data (a hung target or stream) is
+// cancelled after the stall timeout, as the schedule's and the moves'
+// pushes are, and the error says so. Before, the backup waited as long
+// as the command ran, and the schedule and moves of the volume with it.
+func TestBackupStallGuard(t *testing.T) {
+	var fakes clustertest.Fakes
+	src := fakes.Add(agentclient.NodeInfo{NodeID: "n1", AvailableBytes: 1 << 30, MaxVolumes: 100})
+	fakes.Add(agentclient.NodeInfo{NodeID: "n2", AvailableBytes: 1 << 30, MaxVolumes: 100})
+	id := src.PutPrimary("backed-up", 1)
+	released := make(chan struct{})
+	src.BeforePush = func(ctx context.Context, _ string, each func(agentclient.Progress)) error {
+		each(agentclient.Progress{Kind: "full", Bytes: 0}) // started, then nothing
+		<-ctx.Done()
+		close(released)
+		return ctx.Err()
+	}
+	var out strings.Builder
+	done := make(chan error, 1)
+	go func() {
+		done <- Backup(context.Background(), fakes.Cluster(t), id, BackupOptions{StallTimeout: 50 * time.Millisecond}, &out)
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, cluster.ErrStalled) || !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "push slot") {
+			t.Fatalf("a stalled backup answered %v, want Unavailable naming the stall and the push slot", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a backup whose push moves no data still runs after 10 s (stall timeout 50 ms)")
+	}
+	select {
+	case <-released:
+	default:
+		t.Error("the stalled push was not cancelled: it still holds the push slot")
+	}
+	if !strings.Contains(out.String(), "cancelled if no data moves for 50ms") {
+		t.Errorf("the output does not say the backup's stall bound:\n%s", out.String())
+	}
+}

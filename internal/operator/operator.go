@@ -4,6 +4,7 @@
 package operator
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -33,6 +34,12 @@ type BackupOptions struct {
 	// RetryEvery is how often a busy volume is tried again; zero means
 	// every two seconds.
 	RetryEvery time.Duration
+	// StallTimeout cancels the push once it moved no data for this long
+	// (zero: cluster.DefaultStallTimeout), as scheduled pushes and
+	// catch-ups are: the push holds the volume's one push slot, so a hung
+	// target or stream would otherwise keep the schedule and every move
+	// of the volume out for as long as the command runs.
+	StallTimeout time.Duration
 }
 
 // Backup pushes a volume now from its node to the node opts.To (or, if
@@ -56,14 +63,23 @@ func Backup(ctx context.Context, cl *cluster.Cluster, volumeID string, opts Back
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "backing up %s (%s) from %s to %s\n", volumeID, src.Object.Name, src.Node.Info.NodeID, target.Info.NodeID)
+	stall := cmp.Or(opts.StallTimeout, cluster.DefaultStallTimeout)
+	fmt.Fprintf(out, "backing up %s (%s) from %s to %s (cancelled if no data moves for %s)\n",
+		volumeID, src.Object.Name, src.Node.Info.NodeID, target.Info.NodeID, stall)
 	start := time.Now()
 	push := func() (agentclient.Progress, error) {
-		return src.Node.Agent.Replicate(ctx, volumeID, target.Addr, "backup", func(p agentclient.Progress) {
+		return cluster.Push(ctx, src.Node, volumeID, target.Addr, "backup", stall, func(p agentclient.Progress) {
 			fmt.Fprintf(out, "\r%s", FormatProgress(p, time.Since(start)))
 		})
 	}
 	last, err := whenIdle(ctx, opts, out, push)
+	if errors.Is(err, cluster.ErrStalled) {
+		// Unavailable: the target, or the link to it, did not take the
+		// data; the slot is free again for the schedule and moves.
+		err = fmt.Errorf("%w: backup of volume %s to node %s cancelled, freeing the volume's push slot: no data moved for %s "+
+			"(check node %s and the link to it, then run the backup again; -stall changes the bound): %w",
+			errdefs.ErrUnavailable, volumeID, target.Info.NodeID, stall, target.Info.NodeID, err)
+	}
 	if err != nil {
 		fmt.Fprintln(out)
 		return err

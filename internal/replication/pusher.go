@@ -22,6 +22,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/connpool"
 	"github.com/zfs-nomad/zfs-nomad/internal/copylock"
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
+	"github.com/zfs-nomad/zfs-nomad/internal/tlsconfig"
 	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
 	"github.com/zfs-nomad/zfs-nomad/internal/volume"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs"
@@ -144,8 +145,11 @@ func (p *Pusher) UseClock(now func() time.Time) { p.now = now }
 // The push is the volume's transfer (copylock): a delete or demote stops
 // it. It changes the copy only under the copy's lock: its snapshot, and
 // after the stream the unsent snapshot's removal or the tidy.
+//
+// Whoever answers at addr must be the node it says it is (its ReplicaState
+// names the node its certificate names), and the same node throughout.
 func (p *Pusher) Push(ctx context.Context, volumeID, addr string, interval time.Duration, report func(Progress)) (Progress, error) {
-	return p.PushFenced(ctx, volumeID, addr, "", interval, report, nil)
+	return p.PushFenced(ctx, volumeID, addr, "", "", interval, report, nil)
 }
 
 // PushFenced is Push for a planned move's final push: fence puts the
@@ -155,8 +159,10 @@ func (p *Pusher) Push(ctx context.Context, volumeID, addr string, interval time.
 // its lock is held). The fence's write and the snapshot run at once and
 // share the pool's sync: a separate Fence call cost a move a sync and a
 // round trip. The answer carries the fence's time.
-// purpose says why the push runs, in Transfers.
-func (p *Pusher) PushFenced(ctx context.Context, volumeID, addr, purpose string, interval time.Duration, report func(Progress), fence Fence) (Progress, error) {
+// purpose says why the push runs, in Transfers. nodeID, when not empty,
+// is the node expected at addr (a move's target): a server whose
+// certificate names another node is refused before anything is sent.
+func (p *Pusher) PushFenced(ctx context.Context, volumeID, addr, nodeID, purpose string, interval time.Duration, report func(Progress), fence Fence) (Progress, error) {
 	fs, err := dataset(p.root, volumeID)
 	if err != nil {
 		return Progress{}, err
@@ -166,7 +172,7 @@ func (p *Pusher) PushFenced(ctx context.Context, volumeID, addr, purpose string,
 	if err != nil {
 		return Progress{}, err
 	}
-	out, err := p.push(tctx, volumeID, fs, addr, purpose, interval, report, fence, log)
+	out, err := p.push(tctx, volumeID, fs, addr, nodeID, purpose, interval, report, fence, log)
 	end()
 	if out.unsent != "" {
 		p.dropSnapshot(volumeID, out.unsent, log)
@@ -187,12 +193,16 @@ type pushed struct {
 }
 
 // push sends; see Push.
-func (p *Pusher) push(ctx context.Context, volumeID, fs, addr, purpose string, interval time.Duration, report func(Progress), fence Fence, log hclog.Logger) (out pushed, err error) {
+func (p *Pusher) push(ctx context.Context, volumeID, fs, addr, nodeID, purpose string, interval time.Duration, report func(Progress), fence Fence, log hclog.Logger) (out pushed, err error) {
 	conn, err := p.peer(addr)
 	if err != nil {
 		return pushed{}, errdefs.Wrap(errdefs.ErrUnavailable, "peer %s: %v", addr, err)
 	}
-	peer := pb.NewReplicationClient(conn)
+	// Every call of the push is answered by one node: nodeID, or the
+	// node whose certificate answers first, which must be the node its
+	// ReplicaState names (tlsconfig.Bind).
+	bound := tlsconfig.Bind(conn, nodeID)
+	peer := pb.NewReplicationClient(bound)
 	// The new replication snapshot is taken while the peer says what it
 	// holds: each waits tens of milliseconds (a pool sync, a round trip).
 	props, snap, snapped, err := p.snapshot(ctx, volumeID, fs, fence)
@@ -229,6 +239,9 @@ func (p *Pusher) push(ctx context.Context, volumeID, fs, addr, purpose string, i
 	}
 	if err != nil {
 		return pushed{}, errdefs.FromStatus(err)
+	}
+	if err := bound.Claims(state.GetNodeId()); err != nil {
+		return pushed{}, fmt.Errorf("peer %s: %w", addr, errdefs.FromStatus(err))
 	}
 
 	plan, err := p.plan(ctx, fs, state, header, raw, snap, snapErr, local, log)

@@ -96,3 +96,12 @@ func writePEM(path, typ string, der []byte) error {
 	}
 	return nil
 }
+
+// Material issues a certificate for name with role and loads it.
+func (ca *CA) Material(name, role string) (*Material, error) {
+	f, err := ca.Issue(name, role)
+	if err != nil {
+		return nil, err
+	}
+	return Load(f)
+}

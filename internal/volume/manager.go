@@ -109,7 +109,8 @@ type Manager struct {
 	Mounted func(dataset string) (bool, error)
 	// MountHolders, when set, names the processes in other mount
 	// namespaces that see a dataset mounted (mount.Holders): a delete
-	// that ZFS refuses as busy says who holds the volume.
+	// is refused before it touches anything while any holds the volume,
+	// and says who does.
 	MountHolders func(dataset string) []string
 	// LeaseHeld, when set, reports whether this node holds its lease
 	// (package lease); no primary is staged while it does not.
@@ -416,6 +417,8 @@ func (m *Manager) Delete(ctx context.Context, id string) error {
 	}
 	// A mounted volume is refused before anything is touched: its
 	// replication snapshots are the bases of its replicas' increments.
+	// Mounted anywhere: in another mount namespace too, where ZFS would
+	// answer EBUSY only at the destroy, after the snapshots were gone.
 	if err := m.refuseMounted(v); err != nil {
 		return err
 	}
@@ -460,7 +463,8 @@ func (m *Manager) Delete(ctx context.Context, id string) error {
 }
 
 // refuseMounted answers FailedPrecondition for a volume mounted on this
-// node.
+// node: in the node's own mount table, or in any other mount namespace
+// (a task's that outlived its unmount), naming the processes there.
 func (m *Manager) refuseMounted(v Volume) error {
 	mounted, err := m.mounted(v.Dataset)
 	if err != nil {
@@ -468,6 +472,14 @@ func (m *Manager) refuseMounted(v Volume) error {
 	}
 	if mounted {
 		return fmt.Errorf("%w: volume %s is mounted on node %s; unpublish it first", errdefs.ErrFailedPrecondition, v.ID, m.cfg.NodeID)
+	}
+	if m.MountHolders == nil {
+		return nil
+	}
+	if holders := m.MountHolders(v.Dataset); len(holders) > 0 {
+		m.log.Warn("volume not deleted: mounted in other mount namespaces", "volume_id", v.ID, "dataset", v.Dataset, "holders", holders)
+		return fmt.Errorf("%w: volume %s is mounted in other mount namespaces on node %s (%s); "+
+			"unpublish it, or end those processes, then delete it again", errdefs.ErrFailedPrecondition, v.ID, m.cfg.NodeID, strings.Join(holders, "; "))
 	}
 	return nil
 }

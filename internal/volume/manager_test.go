@@ -534,3 +534,53 @@ func TestABusyDeleteSaysWhoHoldsTheVolume(t *testing.T) {
 		t.Errorf("Delete of a busy volume: %v; want FailedPrecondition naming the process that holds it", err)
 	}
 }
+
+// TestDeleteOfAVolumeMountedElsewhereTouchesNothing (issue 35): a volume
+// the node unmounted may still be mounted in another mount namespace (a
+// task's); ZFS refuses its destroy as busy only after the delete dropped
+// its replication snapshots, the bases of its replicas' increments. The
+// delete is refused first, naming the processes, and the volume keeps
+// every snapshot.
+func TestDeleteOfAVolumeMountedElsewhereTouchesNothing(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name    string
+		holders []string
+		refused bool
+	}{
+		{"mounted in a task's namespace", []string{"pid 812 (sleep) at /data"}, true},
+		{"mounted nowhere", nil, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m, fake := newManager(t)
+			v := create(t, m, CreateRequest{Name: "v"})
+			if err := fake.Snapshot(ctx, v.Dataset+"@zn-1", nil); err != nil {
+				t.Fatal(err)
+			}
+			fake.Hold(v.Dataset+"@zn-1", "zfs-nomad-base-n2")
+			if tc.refused { // and ZFS answers EBUSY, as it does
+				m = NewManager(busyDestroy{Fake: fake, busy: v.Dataset}, m.cfg, hclog.NewNullLogger())
+			}
+			m.Mounted = func(string) (bool, error) { return false, nil } // not in the node's own table
+			m.MountHolders = func(dataset string) []string {
+				if dataset != v.Dataset {
+					return nil
+				}
+				return tc.holders
+			}
+			err := m.Delete(ctx, v.ID)
+			if !tc.refused {
+				if err != nil {
+					t.Fatalf("Delete: %v", err)
+				}
+				return
+			}
+			if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "pid 812 (sleep) at /data") {
+				t.Errorf("Delete: %v; want FailedPrecondition naming the process that holds it", err)
+			}
+			if !slices.Contains(fake.Names(), v.Dataset+"@zn-1") {
+				t.Errorf("the refused delete destroyed the replication snapshot: left %v", fake.Names())
+			}
+		})
+	}
+}

@@ -116,7 +116,7 @@ func TestFencedPush(t *testing.T) {
 		return at, nil
 	}
 	must(t, src.Write(fs, "b"))
-	prog, err := p.PushFenced(ctx, id, "n2", "test", 0, func(replication.Progress) {}, fence)
+	prog, err := p.PushFenced(ctx, id, "n2", "", "test", 0, func(replication.Progress) {}, fence)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,7 +138,7 @@ func TestFencedPush(t *testing.T) {
 	refuse := func(context.Context, int64) (int64, error) {
 		return 0, errors.New("volume is still mounted")
 	}
-	if _, err := p.PushFenced(ctx, id, "n2", "test", 0, func(replication.Progress) {}, refuse); err == nil || !strings.Contains(err.Error(), "still mounted") {
+	if _, err := p.PushFenced(ctx, id, "n2", "", "test", 0, func(replication.Progress) {}, refuse); err == nil || !strings.Contains(err.Error(), "still mounted") {
 		t.Errorf("a push whose fence was refused: %v, want the fence's error", err)
 	}
 	if n := len(dst.snaps(t, fs)); n != received {

@@ -1,0 +1,82 @@
+package zfsfake_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"testing"
+
+	"github.com/hashicorp/go-hclog"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/test/bufconn"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/copylock"
+	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
+	"github.com/zfs-nomad/zfs-nomad/internal/replication"
+	"github.com/zfs-nomad/zfs-nomad/internal/tlsconfig"
+	"github.com/zfs-nomad/zfs-nomad/internal/zfs"
+	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
+)
+
+// TestPushGoesOnlyToTheNodeItNames (issue 35): every node certificate
+// carries the same server name, so the handshake alone lets any node
+// answer at a peer's address. A push to a node it names (a move's final
+// push) refuses a server whose certificate names another node, and any
+// push refuses a server that says it is a node its certificate does not
+// name; neither sends anything.
+func TestPushGoesOnlyToTheNodeItNames(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		cert     string // the receiving server's certificate
+		says     string // the node ID its receiver answers with
+		expected string // the node the push names ("" : any)
+		refused  bool
+	}{
+		{name: "the named node", cert: "n2", says: "n2", expected: "n2"},
+		{name: "any node, as itself", cert: "n3", says: "n3", expected: ""},
+		{name: "another node where the move's target was expected", cert: "liar", says: "liar", expected: "n2", refused: true},
+		{name: "a node saying it is another", cert: "liar", says: "n2", expected: "", refused: true},
+		{name: "a node saying it is the expected one", cert: "liar", says: "n2", expected: "n2", refused: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			src, dst, id, fs := primaryAndPeer(t)
+			must(t, src.Write(fs, "a"))
+			p := pusherOverTLS(t, src, dst, tc.cert, tc.says)
+			_, err := p.PushFenced(ctx, id, "n2:1", tc.expected, "test", 0, func(replication.Progress) {}, nil)
+			if !tc.refused {
+				must(t, err)
+				return
+			}
+			if !errors.Is(err, errdefs.ErrPermissionDenied) {
+				t.Fatalf("push: %v, want PermissionDenied", err)
+			}
+			if _, err := dst.s.Get(ctx, fs, "guid"); !errors.Is(err, zfs.ErrNotFound) {
+				t.Errorf("the refused server received the volume (%v)", err)
+			}
+		})
+	}
+}
+
+// pusherOverTLS is a Pusher on n1 whose peer is a Receiver on dst that
+// answers as node says, served with a node certificate named cert; both
+// sides over mutual TLS from one CA.
+func pusherOverTLS(t *testing.T, src, dst node, cert, says string) *replication.Pusher {
+	ca, err := tlsconfig.NewCA(t.TempDir())
+	must(t, err)
+	server, err := ca.Material(cert, tlsconfig.RoleNode)
+	must(t, err)
+	client, err := ca.Material("n1", tlsconfig.RoleNode)
+	must(t, err)
+	lis := bufconn.Listen(1 << 20)
+	srv := grpc.NewServer(grpc.Creds(server.ServerCredentials()))
+	pb.RegisterReplicationServer(srv, replication.NewReceiver(dst.s, new(copylock.Locks), "tank/nomad", says, 2, hclog.NewNullLogger()))
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+	dial := func(string) (*grpc.ClientConn, error) {
+		return grpc.NewClient("passthrough:///bufnet", grpc.WithTransportCredentials(client.ClientCredentials()),
+			grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }))
+	}
+	p := replication.NewPusher(src.s, new(copylock.Locks), "tank/nomad", "n1", 2, nil, dial, hclog.NewNullLogger())
+	t.Cleanup(p.Close)
+	return p
+}
