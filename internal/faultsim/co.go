@@ -177,10 +177,20 @@ func (w *world) schedule(v *simVolume, n *simNode) {
 	}
 	ctx, cancel := opContext()
 	defer cancel()
+	if target, moving := w.mig.MoveRunning(v.id); moving && target != n.id {
+		w.stats.PublishedElsewhere++
+		w.tracef("co: publishes %s to %s while its move to %s runs", v.name, n.id, target)
+	}
 	resp, err := w.ctl.ControllerPublishVolume(ctx, &csispec.ControllerPublishVolumeRequest{VolumeId: v.id, NodeId: n.id, VolumeCapability: mountCapability})
 	w.tracef("co: ControllerPublishVolume %s to %s: %v %v", v.name, n.id, resp.GetPublishContext(), errText(err))
 	if err != nil {
+		if _, moving := w.mig.MoveRunning(v.id); moving {
+			w.stats.MovesInBackground++
+		}
 		return // Nomad retries later: a later step places the job again
+	}
+	if resp.GetPublishContext()[vocab.PublishContextAfterGeneration] != "" {
+		w.stats.GrantedAhead++
 	}
 	w.stats.Publishes++
 	c := claim{node: n.id, context: resp.GetPublishContext()}
@@ -359,6 +369,7 @@ func (w *world) crashController(v *simVolume, n *simNode) {
 	w.tracef("controller: dies after %d agent calls", calls)
 	w.net.crashAfter(controllerEndpoint, calls)
 	w.schedule(v, n)
+	w.stopController() // before its calls go through again
 	w.net.crashAfter(controllerEndpoint, -1)
 	w.startController()
 }

@@ -27,6 +27,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/cluster"
+	"github.com/zfs-nomad/zfs-nomad/internal/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/csi/controller"
 	"github.com/zfs-nomad/zfs-nomad/internal/migration"
 	"github.com/zfs-nomad/zfs-nomad/internal/mount"
@@ -101,6 +102,7 @@ type world struct {
 
 	nodes []*simNode
 	ctl   *controller.Controller
+	mig   *migration.Migrator
 	cl    *cluster.Cluster
 	sched *scheduler.Scheduler
 	vols  []*simVolume
@@ -132,6 +134,12 @@ type Stats struct {
 	// AheadStages: stages of a claim granted ahead of a move's end
 	// (after_generation) that succeeded, replays included.
 	AheadStages int
+	// MovesInBackground: publishes that answered while the volume's move
+	// ran on in the background; GrantedAhead: publishes the controller
+	// granted ahead of a move's end; PublishedElsewhere: publishes to
+	// another node than a running move's target (Nomad placing the job
+	// elsewhere, an operator's job run).
+	MovesInBackground, GrantedAhead, PublishedElsewhere int
 	Writes      int // a job's write succeeded
 	ReadOnly    int // a job's write failed: its copy is read-only
 	Pushes      int // an operator's push succeeded
@@ -160,6 +168,9 @@ func (s *Stats) Add(o Stats) {
 	s.Stages += o.Stages
 	s.StaleRefused += o.StaleRefused
 	s.AheadStages += o.AheadStages
+	s.MovesInBackground += o.MovesInBackground
+	s.GrantedAhead += o.GrantedAhead
+	s.PublishedElsewhere += o.PublishedElsewhere
 	s.Writes += o.Writes
 	s.ReadOnly += o.ReadOnly
 	s.Pushes += o.Pushes
@@ -268,7 +279,20 @@ func guidSeed(seed uint64, node string) uint64 {
 	return splitmix64(seed ^ h.Sum64())
 }
 
+// stopController ends the controller's background work, as its exit
+// would: no goroutine of a dead controller acts after its successor
+// starts.
+func (w *world) stopController() {
+	if w.mig != nil {
+		w.mig.Stop()
+	}
+	if w.cl != nil {
+		w.cl.Close()
+	}
+}
+
 func (w *world) close() {
+	w.stopController()
 	for _, n := range w.nodes {
 		n.stop()
 		_ = n.handoff.lis.Close()
@@ -279,9 +303,7 @@ func (w *world) close() {
 // startController starts the controller anew (a restart: it keeps no
 // state).
 func (w *world) startController() {
-	if w.cl != nil {
-		w.cl.Close()
-	}
+	w.stopController()
 	var peers []string
 	for _, n := range w.nodes {
 		peers = append(peers, n.addr())
@@ -291,11 +313,18 @@ func (w *world) startController() {
 		log = hclog.New(&hclog.LoggerOptions{Name: "controller", Level: hclog.Debug})
 	}
 	w.cl = cluster.New(cluster.StaticPeers(peers), 5*time.Second, log, w.net.dialOptions(controllerEndpoint, func() bool { return true })...)
+	// The controller as shipped (config.DefaultController, as
+	// zfs-controller wires it): moves catch their target up in the
+	// background and a publish is granted ahead of a move's end, so the
+	// background move, its final step and the CO's calls that arrive
+	// while it runs meet the faults (docs/safety.md, "What the
+	// simulation runs").
+	shipped := config.DefaultController()
 	mig := migration.New(w.cl, log)
-	// A move's catch-up is an ordinary push run apart, on the wall
-	// clock; the simulation keeps moves in one call, on its own clock,
-	// and exercises pushes through the schedule.
-	mig.CatchUpFresh = -1
+	mig.MaxCatchUps = shipped.MoveCatchUps
+	mig.PublishAheadWithin = time.Duration(shipped.MovePublishAhead)
+	mig.SetClock(w.now)
+	w.mig = mig
 	w.ctl = controller.New(w.cl, mig, "most-free", log)
 	w.deletions = provision.New(w.cl, mig, "most-free", log)
 	w.sched = scheduler.New(w.cl, 2, log)

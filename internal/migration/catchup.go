@@ -360,7 +360,7 @@ func (m *Migrator) startMove(ctx context.Context, p copyOn, target cluster.Node,
 	} else {
 		log.Info("moving the volume in the background: its target is fresh", "from_node", c.source)
 	}
-	go m.runMove(c, p.node, target.Addr, withCatchUp, log)
+	m.background.spawn(func() { m.runMove(c, p.node, target.Addr, withCatchUp, log) })
 	if err := waitFor(ctx, c.done, cmp.Or(m.catchUpWait, catchUpWait)); err != nil {
 		return err
 	}
@@ -455,7 +455,9 @@ func (m *Migrator) runMove(c *catchUp, source cluster.Node, targetAddr string, c
 		}
 		log.Warn("moving the volume in the background failed after its publish was granted ahead; no publish retry will start it again, so the controller does",
 			"from_node", c.source, "attempt", attempt, "error", err)
-		_ = sleep(context.Background(), cmp.Or(m.aheadRetryPause, aheadRetryPause))
+		if sleep(m.background.context(), cmp.Or(m.aheadRetryPause, aheadRetryPause)) != nil {
+			break // the controller stops
+		}
 	}
 	if err == nil && !moved {
 		// Before finish: the publish waiting for it clears this.
@@ -503,7 +505,7 @@ func permanent(err error) bool {
 // holds it.
 func (m *Migrator) runCatchUp(c *catchUp, source cluster.Node, targetAddr string, log hclog.Logger) error {
 	m.Metrics.catchUpStarted()
-	ctx := context.Background()
+	ctx := m.background.context()
 	var err error
 	for busy := 0; ; busy++ {
 		_, err = cluster.Push(ctx, source, c.volumeID, targetAddr, "catch-up for the move to "+c.target, m.StallTimeout, c.progress)
@@ -530,7 +532,7 @@ func (m *Migrator) runCatchUp(c *catchUp, source cluster.Node, targetAddr string
 // whether the volume moved. While the source is published, the final step
 // waits for the publish's retry, as it must: the job may still write.
 func (m *Migrator) finishInBackground(c *catchUp, log hclog.Logger) (bool, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), finalStepTimeout)
+	ctx, cancel := context.WithTimeout(m.background.context(), finalStepTimeout)
 	defer cancel()
 	v, err := m.gather(ctx, c.volumeID)
 	if err != nil {

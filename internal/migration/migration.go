@@ -62,6 +62,7 @@ type Migrator struct {
 	catchUps        catchUps
 	catchUpWait     time.Duration // zero: catchUpWait
 	aheadRetryPause time.Duration // zero: aheadRetryPause
+	background      lifecycle     // the moves and demotions that outlive their publish
 }
 
 // New returns a Migrator over the cluster's node agents.
@@ -761,7 +762,7 @@ func (m *Migrator) move(ctx context.Context, id string, p copyOn, target cluster
 	if inBackground {
 		m.demote(id, p, gen, log)
 	} else {
-		go m.demote(id, p, gen, log)
+		m.background.spawn(func() { m.demote(id, p, gen, log) })
 	}
 	m.Metrics.count("move", "ok")
 	m.Metrics.observeMove(m.now().Sub(started))
@@ -795,7 +796,7 @@ const maxBusyPromotions = 10
 const demoteTimeout = time.Minute
 
 func (m *Migrator) demote(id string, p copyOn, gen uint64, log hclog.Logger) {
-	ctx, cancel := context.WithTimeout(context.Background(), demoteTimeout)
+	ctx, cancel := context.WithTimeout(m.background.context(), demoteTimeout)
 	defer cancel()
 	if _, err := p.node.Agent.Demote(ctx, agentclient.Demotion{VolumeID: id, Generation: gen}); err != nil {
 		log.Warn("the old primary is not demoted yet; it stays fenced and is settled later", "error", err)
