@@ -396,6 +396,13 @@ func (m *Migrator) ended(ctx context.Context, c *catchUp, p copyOn, target clust
 		return errRetry
 	case c.err == nil && p.copy.Mounted:
 		return nil // the publish says it is still published there
+	case c.err == nil && c.inFinalStep():
+		// The final step looked and found nothing to move: the source
+		// published again (an old claim restaged there) or no longer the
+		// primary. Another started now would find the same, again and
+		// again until the call's deadline; the CO's retry looks afresh.
+		return errdefs.Wrap(errdefs.ErrFailedPrecondition, "volume %s did not move to node %s: its final step found it published again on node %s, or no longer its primary there; retry once it is unpublished there",
+			id, target.Info.NodeID, c.source)
 	case c.err == nil:
 		return m.startMove(ctx, p, target, false, log)
 	case permanent(c.err):
@@ -536,7 +543,7 @@ func (m *Migrator) finishInBackground(c *catchUp, log hclog.Logger) (bool, error
 	defer cancel()
 	v, err := m.gather(ctx, c.volumeID)
 	if err != nil {
-		return false, nil // the retry looks again
+		return false, fmt.Errorf("looking at the copies of volume %s before the move's final step: %w", c.volumeID, err)
 	}
 	if p, ok := v.primary(); !ok || p.nodeID() != c.source || p.copy.Mounted {
 		return false, nil

@@ -681,3 +681,39 @@ func TestAPublishToTheSourceDuringTheFinalStepIsRefused(t *testing.T) {
 		t.Errorf("n1 was asked to lift its fence during the move: %v", n1.Calls())
 	}
 }
+
+// TestAFinalStepThatCannotRunIsNotStartedAgainAndAgain: a move whose
+// final step finds the source published again (an old claim restaged
+// there while the catch-up ran) leaves the decision to the CO's retry.
+// Found by the fault simulation once it ran background moves: the
+// publish started a final step, which found nothing to do, started
+// another at once, and so on until the call's deadline, spinning.
+func TestAFinalStepThatCannotRunIsNotStartedAgainAndAgain(t *testing.T) {
+	fakes, n1, _ := threeNodes()
+	id := n1.PutPrimary("restaged", 1)
+	n1.BeforePush = func(context.Context, string, func(agentclient.Progress)) error {
+		c, _ := n1.Copy(id)
+		c.Mounted = true // restaged on the source while its catch-up runs
+		n1.PutCopy(c)
+		return nil
+	}
+	m := New(fakes.Cluster(t), hclog.NewNullLogger())
+	m.catchUpWait = time.Second
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+
+	began := time.Now()
+	_, err := m.Publish(ctx, id, "n2")
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("publish whose source was restaged during the catch-up: %v after %s, want FailedPrecondition at once", err, time.Since(began).Round(time.Millisecond))
+	}
+	finals := 0
+	for _, call := range n1.Calls() {
+		if strings.HasPrefix(call, "GetCopy") {
+			finals++
+		}
+	}
+	if finals > 3 {
+		t.Errorf("the source was asked for its copy %d times in one publish: the final step was started again and again", finals)
+	}
+}
