@@ -387,6 +387,9 @@ func (s *faultyStream) SendMsg(m any) error {
 	if s.sent == 1 && s.method == pb.Replication_Receive_FullMethodName {
 		s.hold = s.n.takeHold(s.from, s.to, m)
 	}
+	if s.sent == 1 && s.method == pb.NodeAgent_Replicate_FullMethodName {
+		s.n.lastSteps(s.Context(), s.key, m)
+	}
 	if s.hold != nil && s.sent == 2 {
 		s.hold.once.Do(func() { close(s.hold.reached) })
 		select {
@@ -406,6 +409,38 @@ func (s *faultyStream) RecvMsg(m any) error {
 	}
 	s.sent++
 	return s.check("/recv")
+}
+
+// A move's transfer (its catch-up, its final push) lasts seconds to
+// hours, while the CO goes on: Nomad places other jobs, retries the
+// publish, restarts nodes. In the simulation a transfer moves a few
+// bytes in a millisecond, so a move's push lasts this many steps of the
+// simulation's clock instead, at most, as the dice say (none half the
+// time), before its request goes out; the faults of those steps (a cut,
+// a crash, the CO's publish elsewhere) meet the move in the middle.
+const maxMoveSteps = 4
+
+// lastSteps holds the request m of a move's push (a Replicate whose
+// purpose is a catch-up, or that fences for a move) until the step its
+// dice chose, or until ctx ends (the controller stops).
+func (n *network) lastSteps(ctx context.Context, key string, m any) {
+	req, ok := m.(*pb.ReplicateRequest)
+	if !ok || (req.GetFenceForNodeId() == "" && !strings.HasPrefix(req.GetPurpose(), "catch-up")) {
+		return
+	}
+	steps := int64(n.dice.roll(key+"/steps", 0) * 2 * (maxMoveSteps + 1))
+	if steps == 0 || steps > maxMoveSteps {
+		return
+	}
+	until := n.step() + steps
+	n.log("net: the move's push of %s to %s lasts %d steps", req.GetVolumeId(), endpointOf(req.GetTargetAddress()), steps)
+	for n.step() < until {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Millisecond):
+		}
+	}
 }
 
 func short(method string) string {

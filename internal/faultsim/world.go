@@ -140,13 +140,13 @@ type Stats struct {
 	// another node than a running move's target (Nomad placing the job
 	// elsewhere, an operator's job run).
 	MovesInBackground, GrantedAhead, PublishedElsewhere int
-	Writes      int // a job's write succeeded
-	ReadOnly    int // a job's write failed: its copy is read-only
-	Pushes      int // an operator's push succeeded
-	Crashes     int // processes crashed or lost power
-	Deletes     int // DeleteVolume answered OK
-	LiesRefused int // a lying peer's stream was refused as it should be
-	Snapshots   int // CreateSnapshot answered OK
+	Writes                                              int // a job's write succeeded
+	ReadOnly                                            int // a job's write failed: its copy is read-only
+	Pushes                                              int // an operator's push succeeded
+	Crashes                                             int // processes crashed or lost power
+	Deletes                                             int // DeleteVolume answered OK
+	LiesRefused                                         int // a lying peer's stream was refused as it should be
+	Snapshots                                           int // CreateSnapshot answered OK
 	// SnapshotDeletes, Restores, Expands: DeleteSnapshot, CreateVolume
 	// from a snapshot and ControllerExpandVolume answered OK.
 	SnapshotDeletes, Restores, Expands int
@@ -324,6 +324,11 @@ func (w *world) startController() {
 	mig.MaxCatchUps = shipped.MoveCatchUps
 	mig.PublishAheadWithin = time.Duration(shipped.MovePublishAhead)
 	mig.SetClock(w.now)
+	// A step is a second of the simulation's clock, and the CO's call
+	// cannot see steps pass: waiting the shipped second of real time
+	// for a move that lasts steps (network.lastSteps) would only slow
+	// the run, and a move that ends at once still ends within this.
+	mig.CatchUpWait = 20 * time.Millisecond
 	w.mig = mig
 	w.ctl = controller.New(w.cl, mig, "most-free", log)
 	w.deletions = provision.New(w.cl, mig, "most-free", log)

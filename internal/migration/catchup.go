@@ -50,12 +50,12 @@ const DefaultCatchUpFresh = time.Minute
 // waited over two minutes for them).
 const DefaultMaxCatchUps = 4
 
-// catchUpWait is how long a publish waits for the background move it
+// DefaultCatchUpWait is how long a publish waits for the background move it
 // started before answering that it runs: a small volume's move ends
 // within it on real disks, and the same call answers it moved. It is
 // short: Nomad sends a plugin's controller calls one at a time, so every
 // other volume's calls wait as long.
-const catchUpWait = time.Second
+const DefaultCatchUpWait = time.Second
 
 // finalStepTimeout bounds a final step run in the background.
 const finalStepTimeout = 10 * time.Minute
@@ -319,7 +319,7 @@ func (cs *catchUps) remove(c *catchUp) {
 // call: catch-ups are off, or the target is fresh and the source still
 // published (the move then answers so). It returns errRetry when the background move moved the
 // volume (the publish looks again, and finds it on the target).
-// Otherwise it starts a background move and waits catchUpWait for it,
+// Otherwise it starts a background move and waits CatchUpWait for it,
 // or finds the one running, and answers FailedPrecondition with its
 // progress while it runs.
 func (m *Migrator) caughtUp(ctx context.Context, p copyOn, target cluster.Node, v view, log hclog.Logger) error {
@@ -348,7 +348,7 @@ func (m *Migrator) caughtUp(ctx context.Context, p copyOn, target cluster.Node, 
 }
 
 // startMove starts the background move of p to target (with a catch-up
-// first, or straight to the final step) and waits catchUpWait for it.
+// first, or straight to the final step) and waits CatchUpWait for it.
 func (m *Migrator) startMove(ctx context.Context, p copyOn, target cluster.Node, withCatchUp bool, log hclog.Logger) error {
 	c := &catchUp{volumeID: p.copy.VolumeID, source: p.nodeID(), target: target.Info.NodeID, started: m.now(), final: !withCatchUp, done: make(chan struct{}),
 		sourceGeneration: p.copy.Generation, sourceUnpublished: !p.copy.Mounted}
@@ -361,7 +361,7 @@ func (m *Migrator) startMove(ctx context.Context, p copyOn, target cluster.Node,
 		log.Info("moving the volume in the background: its target is fresh", "from_node", c.source)
 	}
 	m.background.spawn(func() { m.runMove(c, p.node, target.Addr, withCatchUp, log) })
-	if err := waitFor(ctx, c.done, cmp.Or(m.catchUpWait, catchUpWait)); err != nil {
+	if err := waitFor(ctx, c.done, cmp.Or(m.CatchUpWait, DefaultCatchUpWait)); err != nil {
 		return err
 	}
 	if !c.isDone() {

@@ -51,6 +51,10 @@ type Migrator struct {
 	// volume's background move to the node is estimated to end within
 	// it (zero: never; see PublishAhead).
 	PublishAheadWithin time.Duration
+	// CatchUpWait is how long the publish that starts a background move
+	// waits for it to end before answering that it runs (zero:
+	// DefaultCatchUpWait).
+	CatchUpWait time.Duration
 
 	// publishing serialises the foreground publishes of each volume
 	// (see publish for the rule it keeps with the background moves).
@@ -60,7 +64,6 @@ type Migrator struct {
 	log             hclog.Logger
 	now             func() time.Time
 	catchUps        catchUps
-	catchUpWait     time.Duration // zero: catchUpWait
 	aheadRetryPause time.Duration // zero: aheadRetryPause
 	background      lifecycle     // the moves and demotions that outlive their publish
 }

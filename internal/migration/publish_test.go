@@ -224,7 +224,7 @@ func TestAMoveCatchesUpInTheBackground(t *testing.T) {
 	release := make(chan struct{})
 	pushes := heldPushes(n1, release)
 	m := New(fakes.Cluster(t), hclog.NewNullLogger())
-	m.catchUpWait = time.Second
+	m.CatchUpWait = time.Second
 	registry := metrics.NewRegistry()
 	m.Metrics = NewMetrics(registry)
 	pending := func() bool { return finalStepPending(t, registry, id, "n2") }
@@ -244,8 +244,8 @@ func TestAMoveCatchesUpInTheBackground(t *testing.T) {
 		// retry that finds it running answers at once: Nomad sends the
 		// plugin's controller calls one at a time, and a wait there
 		// would hold every other volume's.
-		if took := time.Since(began); attempt == 0 && took < m.catchUpWait || attempt > 0 && took > m.catchUpWait/2 {
-			t.Errorf("publish %d during the catch-up answered after %v (the first waits %v, retries not)", attempt, took, m.catchUpWait)
+		if took := time.Since(began); attempt == 0 && took < m.CatchUpWait || attempt > 0 && took > m.CatchUpWait/2 {
+			t.Errorf("publish %d during the catch-up answered after %v (the first waits %v, retries not)", attempt, took, m.CatchUpWait)
 		}
 	}
 	if got := pushes.Load(); got != 1 {
@@ -287,7 +287,7 @@ func TestAMoveCatchesUpInTheBackground(t *testing.T) {
 	}
 	began := time.Now()
 	gen, err := m.Publish(ctx, id, "n2")
-	if err != nil || gen != 2 || time.Since(began) > m.catchUpWait/2 {
+	if err != nil || gen != 2 || time.Since(began) > m.CatchUpWait/2 {
 		t.Fatalf("the retry after the background move: generation %d, %v after %v; want 2 at once", gen, err, time.Since(began))
 	}
 	if pending() {
@@ -309,7 +309,7 @@ func TestTheFinalStepWaitsForTheSourceToBeUnpublished(t *testing.T) {
 	published.Mounted = true
 	n1.PutCopy(published)
 	m := New(fakes.Cluster(t), hclog.NewNullLogger())
-	m.catchUpWait = 2 * time.Second
+	m.CatchUpWait = 2 * time.Second
 	registry := metrics.NewRegistry()
 	m.Metrics = NewMetrics(registry)
 	pending := func() bool { return finalStepPending(t, registry, id, "n2") }
@@ -351,7 +351,7 @@ func TestCatchUpsPerSourceAreBounded(t *testing.T) {
 	release := make(chan struct{})
 	heldPushes(n1, release)
 	m := New(fakes.Cluster(t), hclog.NewNullLogger())
-	m.catchUpWait = 50 * time.Millisecond
+	m.CatchUpWait = 50 * time.Millisecond
 	m.MaxCatchUps = 1
 	ctx := context.Background()
 
@@ -465,7 +465,7 @@ func TestAPublishIsGrantedAheadOfAMovesEnd(t *testing.T) {
 			release := make(chan struct{})
 			heldPushes(n1, release)
 			m := New(fakes.Cluster(t), hclog.NewNullLogger())
-			m.catchUpWait = time.Millisecond
+			m.CatchUpWait = time.Millisecond
 			m.PublishAheadWithin = tc.within
 			registry := metrics.NewRegistry()
 			m.Metrics = NewMetrics(registry)
@@ -587,7 +587,7 @@ func TestAMoveGrantedAheadTriesAgainItself(t *testing.T) {
 				}
 			}
 			m := New(fakes.Cluster(t), hclog.NewNullLogger())
-			m.catchUpWait, m.aheadRetryPause = time.Millisecond, time.Millisecond
+			m.CatchUpWait, m.aheadRetryPause = time.Millisecond, time.Millisecond
 			m.PublishAheadWithin = time.Minute
 			ctx := context.Background()
 			tenSecondsIntoACatchUp(t, m, id)
@@ -635,7 +635,7 @@ func TestAPublishToTheSourceDuringTheFinalStepIsRefused(t *testing.T) {
 	// second apart): the publishes below arrive meanwhile.
 	n2.RefuseTimes("Promote", 3, errdefs.Wrap(errdefs.ErrAborted, "operation in progress: promote of %s waited for tidy after a receive: retry", id))
 	m := New(fakes.Cluster(t), hclog.NewNullLogger())
-	m.catchUpWait = time.Millisecond
+	m.CatchUpWait = time.Millisecond
 	ctx := context.Background()
 	if _, err := m.Publish(ctx, id, "n2"); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Fatalf("the publish that starts the move: %v, want FailedPrecondition (it runs in the background)", err)
@@ -698,7 +698,7 @@ func TestAFinalStepThatCannotRunIsNotStartedAgainAndAgain(t *testing.T) {
 		return nil
 	}
 	m := New(fakes.Cluster(t), hclog.NewNullLogger())
-	m.catchUpWait = time.Second
+	m.CatchUpWait = time.Second
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
 
