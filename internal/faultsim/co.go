@@ -318,7 +318,7 @@ func (w *world) delete(v *simVolume) {
 }
 
 // cut partitions the link between two nodes, or between a node and the
-// controller, one way or both.
+// controller, one way or both; or lets connections through one way only.
 func (w *world) cut(a, b *simNode) {
 	from, to := a.id, b.id
 	if a == b {
@@ -326,6 +326,11 @@ func (w *world) cut(a, b *simNode) {
 	}
 	if w.dice.chance(0.5) {
 		from, to = to, from
+	}
+	if w.dice.chance(0.25) {
+		w.net.blockDial(from, to)
+		w.tracef("net: %s cannot connect to %s (%s's connections to it work both ways)", from, to, to)
+		return
 	}
 	both := w.dice.chance(0.6)
 	w.net.partition(from, to, true)

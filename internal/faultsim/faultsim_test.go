@@ -20,6 +20,7 @@ var (
 	goOnFlag  = flag.Bool("keep-going", false, "run every seed and list the failing ones, instead of stopping at the first")
 	nodesFlag = flag.Int("nodes", 0, "nodes per run (default: DefaultConfig's)")
 	volsFlag  = flag.Int("volumes", 0, "volumes per run (default: DefaultConfig's)")
+	domsFlag  = flag.Int("domains", 0, "replication domains per run (default: DefaultConfig's)")
 	skewFlag  = flag.Duration("skew", -1, "largest offset of a node's wall clock (default: DefaultConfig's)")
 	liesFlag  = flag.Bool("lying-peers", false, "let nodes' certificate holders send forged streams")
 	logsFlag  = flag.Bool("logs", false, "with -seed and -v: the nodes' and the controller's logs beside the trace")
@@ -45,14 +46,15 @@ func TestSimulation(t *testing.T) {
 }
 
 // TestSimulationFiveNodes runs a fifth as many seeds on five nodes with
-// three volumes: majorities of three, copies on nodes a volume never
-// lived on, more links to cut. Replay a failure with
-// -run 'TestSimulation$' -seed N -nodes 5 -volumes 3 -v.
+// three volumes in two replication domains (n1-n3, n4-n5): majorities of
+// three across the domains, copies on nodes a volume never lived on,
+// more links to cut. Replay a failure with
+// -run 'TestSimulation$' -seed N -nodes 5 -volumes 3 -domains 2 -v.
 func TestSimulationFiveNodes(t *testing.T) {
 	if *seedFlag != 0 || *nodesFlag != 0 {
 		t.Skip("a replay or a chosen shape runs in TestSimulation")
 	}
-	runSeeds(t, max(seeds()/5, 1), func(cfg *Config) { cfg.Nodes, cfg.Volumes = 5, 3 })
+	runSeeds(t, max(seeds()/5, 1), func(cfg *Config) { cfg.Nodes, cfg.Volumes, cfg.Domains = 5, 3, 2 })
 }
 
 // TestSimulationLyingPeers runs a fifth as many seeds with lying peers:
@@ -89,6 +91,9 @@ func runSeeds(t *testing.T, n int, shape func(*Config)) {
 		}
 		if *volsFlag > 0 {
 			cfg.Volumes = *volsFlag
+		}
+		if *domsFlag > 0 {
+			cfg.Domains = *domsFlag
 		}
 		if *skewFlag >= 0 {
 			cfg.Skew = *skewFlag

@@ -1,6 +1,7 @@
 package faultsim
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net"
@@ -43,6 +44,7 @@ type network struct {
 	handoffs map[string]*handoff // by address
 	up       map[string]bool     // endpoint -> its process runs
 	cut      map[[2]string]bool  // from, to: messages that way are lost
+	noDial   map[[2]string]bool  // from, to: from's calls to to fail; to's calls to from work
 	sent     map[string]uint64   // per link and method: how many so far
 	budget   map[string]int      // endpoint -> calls left before it crashes (absent: no limit)
 	hold     *pushHold           // the next push it holds, when set (holdPush)
@@ -52,7 +54,7 @@ type network struct {
 
 func newNetwork(d *dice, r rates, log func(string, ...any), step func() int64) *network {
 	return &network{dice: d, rates: r, handoffs: map[string]*handoff{}, up: map[string]bool{controllerEndpoint: true},
-		cut: map[[2]string]bool{}, sent: map[string]uint64{}, budget: map[string]int{}, log: log, step: step}
+		cut: map[[2]string]bool{}, noDial: map[[2]string]bool{}, sent: map[string]uint64{}, budget: map[string]int{}, log: log, step: step}
 }
 
 func addrOf(node string) string { return node + ":7670" }
@@ -148,6 +150,27 @@ func (n *network) healAll() {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.cut = map[[2]string]bool{}
+	n.noDial = map[[2]string]bool{}
+}
+
+// blockDial makes from unable to connect to to, while to's connections
+// to from carry calls and answers both ways: a firewall or a NAT that
+// lets connections through one way only, so each node hears the other
+// only on the connections the other dials.
+func (n *network) blockDial(from, to string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.noDial[[2]string{from, to}] = true
+}
+
+// dialable says why from cannot call to ("" if it can).
+func (n *network) dialable(from, to string) string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.noDial[[2]string{from, to}] {
+		return from + " cannot connect to " + to
+	}
+	return ""
 }
 
 func (n *network) isCut(from, to string) bool {
@@ -252,7 +275,7 @@ func (n *network) unary(from string, alive func() bool) grpc.UnaryClientIntercep
 		if !alive() || !n.spend(from) {
 			return lost(from + " is down")
 		}
-		if why := n.deliverable(from, to); why != "" {
+		if why := cmp.Or(n.dialable(from, to), n.deliverable(from, to)); why != "" {
 			return lost(why)
 		}
 		quiet := strings.Contains(method, "Peers/")
@@ -286,7 +309,7 @@ func (n *network) stream(from string, alive func() bool) grpc.StreamClientInterc
 		if !alive() || !n.spend(from) {
 			return nil, lost(from + " is down")
 		}
-		if why := n.deliverable(from, to); why != "" {
+		if why := cmp.Or(n.dialable(from, to), n.deliverable(from, to)); why != "" {
 			return nil, lost(why)
 		}
 		ctx, cancel := context.WithCancel(ctx)

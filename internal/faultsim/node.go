@@ -42,6 +42,7 @@ type simNode struct {
 	mounts  *mount.Fake // its kernel mount table: it survives the process
 	handoff *handoff
 	base    string  // the base directory of its staging and target paths
+	domain  string  // its replication domain
 	rate    float64 // its clock's rate against the simulation's (0: the same)
 	// skew is its wall clock's offset: it names replication snapshots
 	// and dates fences. The wall clock runs in real time, so that names
@@ -75,6 +76,7 @@ func (n *simNode) config() config.Node {
 	cfg := config.DefaultNode()
 	cfg.NodeID, cfg.RootDataset, cfg.MaxQuota = n.id, rootDataset, 8<<30
 	cfg.MountBaseDirs = []string{n.base}
+	cfg.Domain = n.domain
 	cfg.Lease, cfg.LeaseMargin = config.Duration(n.w.cfg.Lease), config.Duration(n.w.cfg.LeaseMargin)
 	cfg.ReceiveIdleTimeout = config.Duration(5 * time.Second)
 	for _, m := range n.w.nodes {

@@ -42,6 +42,12 @@ type Config struct {
 	Steps   int
 	Nodes   int
 	Volumes int
+	// Domains splits the nodes into this many replication domains, in
+	// order (five nodes in two: n1-n3 and n4-n5). A volume moves only
+	// within its domain; the leases and the failovers' majorities count
+	// every node (docs/safety.md, "Why the lease and failover majorities
+	// intersect").
+	Domains int
 	// Lease and LeaseMargin are the nodes' lease configuration, on the
 	// simulation's clock: one step is one second.
 	Lease, LeaseMargin time.Duration
@@ -85,7 +91,7 @@ type Rates struct {
 
 // DefaultConfig is what make test runs for each seed.
 func DefaultConfig(seed uint64) Config {
-	return Config{Seed: seed, Steps: 60, Nodes: 3, Volumes: 2, Lease: 8 * time.Second, LeaseMargin: 4 * time.Second,
+	return Config{Seed: seed, Steps: 60, Nodes: 3, Volumes: 2, Domains: 1, Lease: 8 * time.Second, LeaseMargin: 4 * time.Second,
 		MaxProcessDowntime: 6, Drift: 10, Skew: time.Hour, ControllerCrashes: true, Rates: Rates{Loss: 0.01, Dup: 0.01, Cut: 0.02, Crash: 0.003}}
 }
 
@@ -222,6 +228,9 @@ func shapeFlags(cfg Config) string {
 	if cfg.Volumes != def.Volumes {
 		out += fmt.Sprintf(" -volumes %d", cfg.Volumes)
 	}
+	if cfg.Domains != def.Domains {
+		out += fmt.Sprintf(" -domains %d", cfg.Domains)
+	}
 	if cfg.LyingPeers {
 		out += " -lying-peers"
 	}
@@ -243,7 +252,7 @@ func newWorld(cfg Config) *world {
 	w.checker = newChecker(w)
 	for i := 1; i <= cfg.Nodes; i++ {
 		id := fmt.Sprintf("n%d", i)
-		n := &simNode{id: id, w: w, mounts: mount.NewFake(), base: filepath.Join(cfg.Dir, id)}
+		n := &simNode{id: id, w: w, mounts: mount.NewFake(), base: filepath.Join(cfg.Dir, id), domain: domainOf(i, cfg)}
 		if cfg.Drift > 0 {
 			n.rate = 1 + float64(w.dice.intn(2*cfg.Drift+1)-cfg.Drift)/100
 		}
@@ -271,6 +280,14 @@ func newWorld(cfg Config) *world {
 		w.vols = append(w.vols, newSimVolume(fmt.Sprintf("vol%d", i)))
 	}
 	return w
+}
+
+// domainOf names the replication domain of the i-th node (from 1).
+func domainOf(i int, cfg Config) string {
+	if cfg.Domains <= 1 {
+		return config.DefaultDomain
+	}
+	return fmt.Sprintf("d%d", (i-1)*cfg.Domains/cfg.Nodes+1)
 }
 
 func guidSeed(seed uint64, node string) uint64 {
