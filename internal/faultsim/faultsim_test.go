@@ -132,14 +132,17 @@ func runSeeds(t *testing.T, n int, shape func(*Config)) {
 
 // TestReplaysRepeatTheirRun: a seed run twice gives the same trace, so a
 // failing seed's replay shows what failed. Lines are compared as sets of
-// words: the order of a fan-out's answers within an error message
-// follows its goroutines. Two sources of difference remain, both in
-// timing the seed does not fix: the agent client asks again once a
-// dropped connection is back (cluster.Ask), and a controller crash cuts
-// a fan-out wherever its racing calls happen to be (so those are off
-// here). Measured: 23 to 27 of 30 seeds replay line for line, the
-// others part somewhere after the start. The test requires half, so it
-// fails only when replays really broke.
+// words, sorted within a step (byStep): the order of a fan-out's answers
+// within an error message follows its goroutines. Three sources of
+// difference remain, all in timing the seed does not fix: the agent
+// client asks again once a dropped connection is back (cluster.Ask); a
+// controller crash cuts a fan-out wherever its racing calls happen to be
+// (so those are off here); and a move runs in the background, as
+// shipped, in real time beside the steps, so where its calls meet the
+// step's faults varies. Measured 2026-11-27: 13 and 14 of 30 seeds replay
+// line for line (23 to 27 before moves ran in the background), the
+// others part somewhere after the start. The test requires a third, so
+// it fails only when replays really broke.
 func TestReplaysRepeatTheirRun(t *testing.T) {
 	const seeds = 30
 	same := 0
@@ -149,20 +152,20 @@ func TestReplaysRepeatTheirRun(t *testing.T) {
 			cfg := DefaultConfig(seed)
 			cfg.ControllerCrashes = false
 			cfg.Dir = t.TempDir()
-			cfg.Trace = func(line string) { runs[i] = append(runs[i], wordsOf(line)) }
+			cfg.Trace = func(line string) { runs[i] = append(runs[i], line) }
 			if _, err := Run(cfg); err != nil {
 				t.Fatalf("seed %d: %v", seed, err)
 			}
 		}
-		if i := firstDifference(runs[0], runs[1]); i >= 0 {
+		if i := firstDifference(byStep(runs[0]), byStep(runs[1])); i >= 0 {
 			t.Logf("seed %d: the replay parts at line %d of %d", seed, i, len(runs[0]))
 			continue
 		}
 		same++
 	}
 	t.Logf("%d of %d seeds replayed exactly", same, seeds)
-	if same < seeds/2 {
-		t.Errorf("only %d of %d seeds replayed exactly, want at least half", same, seeds)
+	if same < seeds/3 {
+		t.Errorf("only %d of %d seeds replayed exactly, want at least a third", same, seeds)
 	}
 }
 
@@ -177,6 +180,24 @@ func firstDifference(a, b []string) int {
 		return min(len(a), len(b))
 	}
 	return -1
+}
+
+// byStep returns the lines as sets of words, sorted within each step:
+// the background work (a move's catch-up and final step) traces as it
+// goes, between the CO's lines of the step it runs in.
+func byStep(lines []string) []string {
+	var out []string
+	for start := 0; start < len(lines); {
+		step, _, _ := strings.Cut(lines[start], "]")
+		end := start
+		for end < len(lines) && strings.HasPrefix(lines[end], step+"]") {
+			out = append(out, wordsOf(lines[end]))
+			end++
+		}
+		slices.Sort(out[len(out)-(end-start):])
+		start = end
+	}
+	return out
 }
 
 // wordsOf returns a line's words, sorted, as one string.
