@@ -1,0 +1,150 @@
+package migration
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/guesttest"
+	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
+)
+
+// TestPublishToTheSourceDuringTheFinalStep: issue 35, defect 1, on real
+// ZFS with the shipped defaults (background moves, publish-ahead). While
+// a move's final step runs in the background (n1's pushes capped, so the
+// last increment takes seconds), Nomad places an allocation on the
+// source: ControllerPublishVolume to n1 is refused, retryably, naming the
+// move, and so is a stage there; at no moment do two copies take writes;
+// the move ends with one primary on n2 and every file there, and a
+// publish to n1 after it is decided as any move back is.
+func TestPublishToTheSourceDuringTheFinalStep(t *testing.T) {
+	e := start(t)
+	e.throttle("n1", "8M") // the final increment of 96 MiB takes about 12 s
+	id, dir := e.createWritten("source-published", nil, "echo one > a")
+	// A fresh replica sends the move straight to its final step, which
+	// then carries what is written after it.
+	e.replicate(id, "n1", "n2")
+	e.write("n1", dir, "dd if=/dev/urandom of=blob bs=1M count=96 2>/dev/null && echo end > z")
+	before := e.checksums("n1", dir)
+	e.unpublish(id, "n1")
+
+	moved := make(chan error, 1)
+	var dir2 string
+	go func() {
+		var err error
+		dir2, err = e.publish(id, "n2")
+		moved <- err
+	}()
+	e.waitForTransfer(id, "n1")
+
+	// Nomad places an allocation on the source meanwhile.
+	began := time.Now()
+	_, err := e.controller().ControllerPublishVolume(e.ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: "n1", VolumeCapability: writer})
+	took := time.Since(began)
+	t.Logf("publish to the source during the final step: %v after %s", err, took.Round(time.Millisecond))
+	wantCode(t, err, codes.FailedPrecondition, "is moving from node n1 to node n2 (final step running)")
+	if took > 5*time.Second {
+		t.Errorf("the refusal took %s: it should answer from memory, without waiting for the move", took)
+	}
+	// The node refuses too, whatever publish context it is given.
+	_, err = e.stageAs(id, "n1", "again", map[string]string{"generation": "1"})
+	wantCode(t, err, codes.FailedPrecondition, "is moving to node n2")
+	if w := e.writablePrimaries(id); len(w) > 0 {
+		t.Fatalf("during the final step the writable primaries are %v, want none (n1 fenced, n2 not promoted yet)", w)
+	}
+	if sent, ok := e.transferBytes(id, "n1"); !ok {
+		t.Fatal("the final step's push ended before the publish to the source was tried: nothing was shown; send more or cap lower")
+	} else {
+		t.Logf("the final step had sent %d MiB of about 96 when the source's publish was refused", sent>>20)
+	}
+
+	// Nomad retries the source's claim while the move runs: every answer
+	// is a refusal, and there is never more than one writable copy. The
+	// retries stop well before the push ends (64 of 96 MiB): one that
+	// came after the move ended, before n2's stage, would start a move
+	// back, which is not what this test is about.
+	refusals := 0
+	for {
+		if sent, ok := e.transferBytes(id, "n1"); !ok || sent > 64<<20 {
+			break
+		}
+		_, err := e.controller().ControllerPublishVolume(e.ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: "n1", VolumeCapability: writer})
+		wantCode(t, err, codes.FailedPrecondition, "is moving from node n1 to node n2 (final step running)")
+		refusals++
+		if w := e.writablePrimaries(id); len(w) > 0 {
+			t.Fatalf("during the final step the writable primaries are %v, want none", w)
+		}
+		time.Sleep(time.Second)
+	}
+	if err := <-moved; err != nil {
+		t.Fatalf("the move to n2: %v", err)
+	}
+	t.Logf("the source's claim was refused %d more times while the move ran", refusals)
+	if after := e.checksums("n2", dir2); after != before {
+		t.Fatalf("files differ after the move:\nn1:\n%s\nn2:\n%s", before, after)
+	}
+	e.waitPrimaries(id, "n2(gen 2)")
+	e.waitRole(id, "n1", "replica")
+	if w := e.writablePrimaries(id); strings.Join(w, " ") != "n2" {
+		t.Fatalf("after the move the writable primaries are %v, want n2 alone", w)
+	}
+	// Once the move has ended the source's claim is decided as a move
+	// back: it waits for n2's allocation to end.
+	_, err = e.controller().ControllerPublishVolume(e.ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: "n1", VolumeCapability: writer})
+	wantCode(t, err, codes.FailedPrecondition, "still published on node n2")
+	e.waitPrimaries(id, "n2(gen 2)")
+	e.unpublish(id, "n2")
+}
+
+// transferBytes returns how much the node's running push of the volume
+// has sent, and whether one runs.
+func (e *env) transferBytes(id, nodeID string) (int64, bool) {
+	e.t.Helper()
+	st, err := e.agent(nodeID).Status(e.ctx, &pb.StatusRequest{})
+	if err != nil {
+		e.t.Fatalf("status of %s: %v", nodeID, err)
+	}
+	for _, tr := range st.GetTransfers() {
+		if tr.GetVolumeId() == id {
+			return tr.GetBytes(), true
+		}
+	}
+	return 0, false
+}
+
+// stageAs stages and publishes the volume on nodeID in directories named
+// after name, with publishContext.
+func (e *env) stageAs(id, nodeID, name string, publishContext map[string]string) (string, error) {
+	return guesttest.Mount(context.Background(), e.t, e.node(nodeID), id, name, publishContext)
+}
+
+// writablePrimaries lists the nodes whose copy of the volume is a primary
+// that takes writes (role primary, readonly off), read from ZFS directly.
+func (e *env) writablePrimaries(id string) []string {
+	e.t.Helper()
+	out := guesttest.Run(e.t, "sh", "-c", "zfs get -H -o name,property,value zfs-nomad:role,readonly -t filesystem | grep '/"+id+"\t' || true")
+	roles, readonly := map[string]string{}, map[string]string{}
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		f := strings.Split(line, "\t")
+		if len(f) != 3 {
+			continue
+		}
+		node := "n" + strings.TrimPrefix(strings.Split(f[0], "/")[0], "pool")
+		if f[1] == "readonly" {
+			readonly[node] = f[2]
+		} else {
+			roles[node] = f[2]
+		}
+	}
+	var writable []string
+	for _, n := range e.c.Nodes {
+		if roles[n.ID] == "primary" && readonly[n.ID] == "off" {
+			writable = append(writable, n.ID)
+		}
+	}
+	return writable
+}
