@@ -26,7 +26,6 @@ import (
 // move of the volume still works, at generation 2 (a planted 2^48 would
 // have made every later move use 2^48+1, which receivers refuse).
 func TestPlantedGenerationIsRefused(t *testing.T) {
-	t.Skip("defect 4 not yet merged: main accepts a planted replica at generation 2^48 (the header decides the generation); unskip once fix-d45 is merged")
 	const absurd = 1 << 48
 	c := guesttest.StartCluster(t, 3, sim.Options{ControllerArgs: []string{"-schedule-every", "0"}})
 	n1, n2, n3 := c.Nodes[0], c.Nodes[1], c.Nodes[2]
