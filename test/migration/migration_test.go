@@ -399,7 +399,9 @@ func (e *env) returnNode(nodeID string) {
 // The lease of the clusters whose tests fail a volume over automatically:
 // nodes without peers keep no lease and grant no automatic failover
 // (issue 35, defect 7), so those tests run nodes that keep leases.
-const failoverLease, failoverMargin = 8 * time.Second, 4 * time.Second
+// The margin is the smallest config accepts with this lease
+// (config.MinLeaseMargin).
+const failoverLease, failoverMargin = 8 * time.Second, 19 * time.Second
 
 // startForFailover starts three nodes that keep leases of failoverLease,
 // with no schedule.
@@ -415,7 +417,7 @@ func (e *env) publishAfterSilence(id, nodeID string) string {
 	e.t.Helper()
 	var dir string
 	var err error
-	for deadline := time.Now().Add(5 * failoverLease); time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
+	for deadline := time.Now().Add(2 * (failoverLease + failoverMargin)); time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
 		if dir, err = e.publish(id, nodeID); err == nil {
 			return dir
 		}
