@@ -76,8 +76,13 @@ func run(out io.Writer, binDir, dir string) error {
 
 	s.step("Three nodes, each with its own ZFS pool, network namespace and zfs-node; one zfs-controller")
 	c, err := sim.Start(sim.Options{Nodes: 3, BinDir: binDir, Dir: dir, LogLevel: "info",
+		// Nodes keep leases, as the shipped node job's do: without peers
+		// a node grants no automatic failover (docs/safety.md). A short
+		// lease, with the smallest margin it allows, so the failover
+		// shows within the demo.
+		Lease: 8 * time.Second,
 		// Short intervals so the schedule shows within the demo.
-		NodeArgs:       []string{"-min-replication-interval", "2s"},
+		NodeArgs:       []string{"-min-replication-interval", "2s", "-lease-margin", "19s"},
 		ControllerArgs: []string{"-schedule-every", "2s"},
 	})
 	if err != nil {
