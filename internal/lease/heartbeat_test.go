@@ -168,15 +168,7 @@ func TestHeartbeatFencesLiftsAndConfirms(t *testing.T) {
 			vols := &fakeVolumes{fenced: map[string]uint64{id: 2}, mounted: map[string]uint64{other: 1}, promised: map[string]uint64{},
 				primaries: map[string]uint64{id: 2, other: 1, unmounted: 1}, confirmed: map[string]uint64{unmounted: 1},
 				superseded: map[string]uint64{}}
-			h := &Heartbeat{
-				Monitor:  NewMonitor(time.Minute, time.Now),
-				NodeID:   "n1",
-				Interval: 2 * time.Second,
-				Peers:    func() ([]string, error) { return []string{"n2:7670", "n3:7670"}, nil },
-				Dial:     net.dial,
-				Volumes:  vols,
-				Log:      hclog.NewNullLogger(),
-			}
+			h := n1Heartbeat(net, vols, 2*time.Second)
 			defer h.closeConns()
 			h.Beat(context.Background())
 			held := !h.lost
@@ -237,18 +229,23 @@ func TestPromisesRequestsAreBounded(t *testing.T) {
 	}
 	vols := &fakeVolumes{fenced: map[string]uint64{}, mounted: map[string]uint64{}, promised: map[string]uint64{},
 		primaries: primaries, confirmed: map[string]uint64{}}
-	h := &Heartbeat{
-		Monitor:  NewMonitor(time.Minute, time.Now),
-		NodeID:   "n1",
-		Interval: 5 * time.Second,
-		Peers:    func() ([]string, error) { return []string{"n2:7670", "n3:7670"}, nil },
-		Dial:     net.dial,
-		Volumes:  vols,
-		Log:      hclog.NewNullLogger(),
-	}
+	h := n1Heartbeat(net, vols, 5*time.Second)
 	defer h.closeConns()
 	h.Beat(context.Background())
 	if got, want := len(vols.confirmed), len(primaries); got != want {
 		t.Errorf("%d primaries confirmed after the beat, want all %d", got, want)
+	}
+}
+
+// n1Heartbeat is node n1's heartbeat with peers n2 and n3 on net.
+func n1Heartbeat(net *peerNet, vols *fakeVolumes, interval time.Duration) *Heartbeat {
+	return &Heartbeat{
+		Monitor:  NewMonitor(time.Minute, time.Now),
+		NodeID:   "n1",
+		Interval: interval,
+		Peers:    func() ([]string, error) { return []string{"n2:7670", "n3:7670"}, nil },
+		Dial:     net.dial,
+		Volumes:  vols,
+		Log:      hclog.NewNullLogger(),
 	}
 }

@@ -200,16 +200,23 @@ func TestReceiveChecksTheGeneration(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			z := &replicaStore{exists: true, generation: 5}
-			r := NewReceiver(z, new(copylock.Locks), "tank/nomad", "n2", 2, hclog.NewNullLogger())
-			_, err := r.receive(stream(t, false, header(tt.kind, tt.gen), plainStream(tt.kind)))
-			if got := status.Code(errdefs.ToStatus(err)); got != tt.want {
-				t.Errorf("%v, want %s", err, tt.want)
-			}
-			if tt.want != codes.OK && z.received > 0 {
-				t.Error("a refused stream reached zfs receive")
-			}
+			receiveAnswers(t, &replicaStore{exists: true, generation: 5}, tt.kind, tt.gen, tt.want)
 		})
+	}
+}
+
+// receiveAnswers receives a plain stream of kind at generation gen into z
+// and checks the answer's code; a refused stream must not reach zfs
+// receive.
+func receiveAnswers(t *testing.T, z *replicaStore, kind string, gen uint64, want codes.Code) {
+	t.Helper()
+	r := NewReceiver(z, new(copylock.Locks), "tank/nomad", "n2", 2, hclog.NewNullLogger())
+	_, err := r.receive(stream(t, false, header(kind, gen), plainStream(kind)))
+	if got := status.Code(errdefs.ToStatus(err)); got != want {
+		t.Errorf("%v, want %s", err, want)
+	}
+	if want != codes.OK && z.received > 0 {
+		t.Error("a refused stream reached zfs receive")
 	}
 }
 
@@ -240,15 +247,7 @@ func TestReceiveBoundsTheGeneration(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			z := &replicaStore{exists: tt.replica > 0, generation: tt.replica, promised: tt.promised}
-			r := NewReceiver(z, new(copylock.Locks), "tank/nomad", "n2", 2, hclog.NewNullLogger())
-			_, err := r.receive(stream(t, false, header(tt.kind, tt.gen), plainStream(tt.kind)))
-			if got := status.Code(errdefs.ToStatus(err)); got != tt.want {
-				t.Errorf("%v, want %s", err, tt.want)
-			}
-			if tt.want != codes.OK && z.received > 0 {
-				t.Error("a refused stream reached zfs receive")
-			}
+			receiveAnswers(t, &replicaStore{exists: tt.replica > 0, generation: tt.replica, promised: tt.promised}, tt.kind, tt.gen, tt.want)
 		})
 	}
 }
