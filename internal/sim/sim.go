@@ -394,10 +394,16 @@ func (c *Cluster) addNode(i int) (*Node, error) {
 	}
 
 	ns, host := id, "vh"+strconv.Itoa(i)
+	if err := removeLink(host); err != nil {
+		return nil, err
+	}
 	if _, err := Run("ip", "netns", "add", ns); err != nil {
 		return nil, err
 	}
-	c.undo = append(c.undo, func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
+	c.undo = append(c.undo, func() {
+		_ = exec.Command("ip", "netns", "del", ns).Run()
+		_ = removeLink(host)
+	})
 	for _, args := range [][]string{
 		{"link", "add", host, "type", "veth", "peer", "name", "eth0", "netns", ns},
 		{"link", "set", host, "master", bridge, "up"},
@@ -430,6 +436,23 @@ func (c *Cluster) addNode(i int) (*Node, error) {
 	node.args = append(node.args, c.opts.NodeArgs...)
 	c.Nodes = append(c.Nodes, node)
 	return node, nil
+}
+
+// removeLink makes sure the host end of a node's veth pair is gone. The
+// kernel frees a deleted network namespace, and the veth pair in it, in
+// the background, sometimes seconds later: a cluster started right after
+// another closed would otherwise find the link name taken ("File
+// exists"). Deleting one end deletes the pair.
+func removeLink(host string) error {
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		if exec.Command("ip", "link", "show", host).Run() != nil {
+			return nil // gone
+		}
+		if time.Now().After(deadline) {
+			_, err := Run("ip", "link", "del", host)
+			return err
+		}
+	}
 }
 
 // Start starts (or restarts) the node's zfs-node in the node's network and
