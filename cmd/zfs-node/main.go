@@ -150,9 +150,10 @@ func run(args []string) error {
 	// The peers' calls count as hearing them when this node attests
 	// their silence (the caller is its verified node certificate).
 	pb.RegisterPeersServer(agentSrv, &lease.Server{NodeID: cfg.NodeID, Domain: cfg.Domain, Promised: promised, Monitor: heartbeat.Monitor})
-	agentServer.AttestSilence = func(addrs []string) error {
-		return heartbeat.Monitor.Attest(addrs, time.Duration(cfg.Lease+cfg.LeaseMargin))
+	agentServer.AttestSilence = func(addrs, answering []string) error {
+		return heartbeat.Monitor.AttestFailover(cfg.NodeID, addrs, answering, time.Duration(cfg.Lease+cfg.LeaseMargin))
 	}
+	agentServer.KnownNodes = func() int { return heartbeat.Monitor.Members(cfg.NodeID) }
 
 	log.Info("serving", "version", version.Version, "csi_endpoint", cfg.CSIEndpoint, "agent_address", agentLis.Addr().String(),
 		"root_dataset", cfg.RootDataset, "max_quota", cfg.MaxQuota.String())

@@ -26,9 +26,14 @@ import (
 type Server struct {
 	pb.UnimplementedNodeAgentServer
 	// AttestSilence, when set, checks that the nodes at the addresses a
-	// failover's reservation names have been silent for the lease and its
-	// margin (lease.Monitor.Attest); the reservation is refused otherwise.
-	AttestSilence func(addrs []string) error
+	// failover's reservation names, and every other peer of this node's
+	// lease that is not among the node IDs answering, have been silent
+	// for the lease and its margin (lease.Monitor.AttestFailover); the
+	// reservation is refused otherwise.
+	AttestSilence func(addrs, answering []string) error
+	// KnownNodes, when set, is how many nodes this node's lease counts,
+	// itself included (lease.Monitor.Members), reported by GetNode.
+	KnownNodes func() int
 
 	volumes  *volume.Manager
 	pusher   *replication.Pusher
@@ -169,6 +174,9 @@ func (s *Server) GetNode(ctx context.Context, req *pb.GetNodeRequest) (*pb.Node,
 		// Before the health check: the version says what the node's
 		// primaries are, whatever its health.
 		VolumesVersion: s.volumes.VolumesVersion(),
+	}
+	if s.KnownNodes != nil {
+		n.KnownNodes = uint32(s.KnownNodes())
 	}
 	if err := s.volumes.Health(ctx); err != nil {
 		n.UnhealthyReason = err.Error()
@@ -378,7 +386,7 @@ func (s *Server) copyOf(ctx context.Context, id string) (*pb.Copy, error) {
 
 // Reserve promises a generation of a volume to one promotion.
 func (s *Server) Reserve(ctx context.Context, req *pb.ReserveRequest) (*pb.ReserveResponse, error) {
-	if from := req.GetFailoverFrom(); len(from) > 0 && s.AttestSilence != nil {
+	if (req.GetFailover() || len(req.GetFailoverFrom()) > 0) && s.AttestSilence != nil {
 		if err := s.attest(req); err != nil {
 			return nil, err
 		}
@@ -396,7 +404,7 @@ func (s *Server) Reserve(ctx context.Context, req *pb.ReserveRequest) (*pb.Reser
 // grants the operator's promotion, on the operator's word, and refuses
 // the controller's automatic failover (issue 35, defect 7).
 func (s *Server) attest(req *pb.ReserveRequest) error {
-	err := s.AttestSilence(req.GetFailoverFrom())
+	err := s.AttestSilence(req.GetFailoverFrom(), req.GetAnsweringNodeIds())
 	switch {
 	case err == nil:
 		return nil

@@ -295,11 +295,13 @@ func (c *Client) Demote(ctx context.Context, d Demotion) (Copy, error) {
 // Reserve asks the node to promise a generation of a volume.
 func (c *Client) Reserve(ctx context.Context, r Reservation) (Promise, error) {
 	resp, err := c.rpc.Reserve(ctx, &pb.ReserveRequest{
-		VolumeId:     r.VolumeID,
-		Generation:   r.Generation,
-		HolderNodeId: r.HolderNodeID,
-		FailoverFrom: r.FailoverFrom,
-		Operator:     r.Operator,
+		VolumeId:         r.VolumeID,
+		Generation:       r.Generation,
+		HolderNodeId:     r.HolderNodeID,
+		FailoverFrom:     r.FailoverFrom,
+		Operator:         r.Operator,
+		Failover:         r.Failover,
+		AnsweringNodeIds: r.Answering,
 	})
 	if err != nil {
 		return Promise{}, fromStatus(err)

@@ -18,6 +18,7 @@ func nodeInfoFromPB(n *pb.Node) NodeInfo {
 		UnhealthyReason: n.GetUnhealthyReason(),
 		Version:         n.GetVersion(),
 		VolumesVersion:  n.GetVolumesVersion(),
+		KnownNodes:      int(n.GetKnownNodes()),
 	}
 }
 

@@ -18,6 +18,10 @@ type NodeInfo struct {
 	// it deletes a replica and when its process restarts; empty from a
 	// node that keeps none.
 	VolumesVersion string
+	// KnownNodes is how many nodes the node's lease counts, itself
+	// included (0: it keeps no lease). Majorities are taken over the
+	// largest count any node reports (cluster.Majority).
+	KnownNodes int
 }
 
 // GetNodeOptions shape a GetNode call.
@@ -193,6 +197,12 @@ type Reservation struct {
 	// FailoverFrom names the agents that did not answer: the node grants
 	// only once its lease says they have been silent long enough.
 	FailoverFrom []string
+	// Failover marks a failover's reservation; Answering names the nodes
+	// that answered the controller. The node attests the silence of
+	// FailoverFrom and of every peer its lease knows that is not among
+	// Answering: a peer the controller's list lost is still asked after.
+	Failover  bool
+	Answering []string
 	// Operator: the operator's promotion (zfs-controller promote). A node
 	// without peers grants its failover on the operator's word; nodes
 	// that keep leases still wait for the silence.

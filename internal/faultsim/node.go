@@ -131,9 +131,10 @@ func (n *simNode) start(ctx context.Context) {
 		Volumes: leaseVolumes{inc.volumes, promised}, Log: log.Named("lease")}
 
 	agentServer := agent.NewServer(inc.volumes, inc.pusher, receiver, cfg, log.Named("agent"))
-	agentServer.AttestSilence = func(addrs []string) error {
-		return monitor.Attest(addrs, n.w.cfg.Lease+n.w.cfg.LeaseMargin)
+	agentServer.AttestSilence = func(addrs, answering []string) error {
+		return monitor.AttestFailover(n.id, addrs, answering, n.w.cfg.Lease+n.w.cfg.LeaseMargin)
 	}
+	agentServer.KnownNodes = func() int { return monitor.Members(n.id) }
 	// As zfs-node serves it: the interceptor maps the handlers' errors to
 	// their gRPC status.
 	inc.srv = grpc.NewServer(append(replication.ServerOptions(), grpc.Creds(identity{}),

@@ -19,6 +19,8 @@ package lease
 import (
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -131,6 +133,20 @@ func (m *Monitor) learning() bool {
 	return m.needsPeers && len(m.peers) == 0
 }
 
+// Members returns how many nodes this node's lease counts, itself
+// included: every peer address it was given since it started (its own
+// once it answered itself), or 0 when it knows none. It never shrinks:
+// the controller takes its majorities over the largest count a node
+// reports (cluster.Majority), so that they intersect this node's lease
+// majority even when the controller's own peer list lost nodes.
+func (m *Monitor) Members(selfID string) int {
+	if len(m.Peers()) == 0 {
+		return 0
+	}
+	_, total := m.count(selfID)
+	return total
+}
+
 // count returns how many of the nodes this node knows, itself included,
 // answered its pings within the lease (this node always), and how many
 // there are. Only answers count, not calls (Called).
@@ -194,6 +210,39 @@ func (m *Monitor) Attest(addrs []string, need time.Duration) error {
 	return nil
 }
 
+// AttestFailover is Attest for a failover's reservation: of the addresses
+// from (the agents the controller could not reach) and of every peer this
+// node knows (selfID excluded) whose node ID is not among answering (the
+// nodes that answered the controller). The controller's peer list may
+// have lost nodes that a partition hid from service discovery; it cannot
+// name them, but this node, whose peers never shrink, still attests that
+// they are silent. A peer that never answered this node may be any node,
+// so it is attested too. With nobody silent there is nothing to attest.
+func (m *Monitor) AttestFailover(selfID string, from, answering []string, need time.Duration) error {
+	silent := m.beyond(selfID, from, answering)
+	if len(silent) == 0 {
+		return nil
+	}
+	return m.Attest(silent, need)
+}
+
+// beyond returns from and the addresses of the peers whose node ID is
+// neither selfID nor among answering, sorted, each once.
+func (m *Monitor) beyond(selfID string, from, answering []string) []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	set := map[string]bool{}
+	for _, a := range from {
+		set[a] = true
+	}
+	for a, p := range m.peers {
+		if p.nodeID != selfID && !slices.Contains(answering, p.nodeID) {
+			set[a] = true
+		}
+	}
+	return slices.Sorted(maps.Keys(set))
+}
+
 // lastHeard is when p last answered this node or called it (zero for
 // never). The caller holds m.mu.
 func (m *Monitor) lastHeard(p *peer) time.Time {
@@ -230,8 +279,6 @@ func (m *Monitor) Peers() []string {
 	return out
 }
 
-// others returns the addresses of the peers that answered a ping, of
-// every domain, this node excluded: those a lift or a confirmation asks.
 // nodeOf returns the node ID the peer at addr last answered a ping with
 // ("" if none).
 func (m *Monitor) nodeOf(addr string) string {
@@ -243,6 +290,8 @@ func (m *Monitor) nodeOf(addr string) string {
 	return ""
 }
 
+// others returns the addresses of the peers that answered a ping, of
+// every domain, this node excluded: those a lift or a confirmation asks.
 func (m *Monitor) others(selfID string) []string {
 	m.mu.Lock()
 	defer m.mu.Unlock()

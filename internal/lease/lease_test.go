@@ -139,3 +139,68 @@ func TestAttest(t *testing.T) {
 		})
 	}
 }
+
+// TestAttestFailoverAsksAfterPeersTheControllerLost: node c knows a-e
+// (its own address among them). The controller, whose peer list lost a
+// and b, names nobody silent and c, d and e answering: c still attests
+// a's and b's silence, and refuses while a answered it lately. Members
+// counts the five, which the controller takes its majority over.
+func TestAttestFailoverAsksAfterPeersTheControllerLost(t *testing.T) {
+	const need = 20 * time.Second
+	tests := []struct {
+		name      string
+		from      []string
+		answering []string
+		aHeard    time.Duration // before now
+		want      bool
+	}{
+		{"a, not listed, answered lately", nil, []string{"c", "d", "e"}, 5 * time.Second, false},
+		{"a, not listed, silent long enough", nil, []string{"c", "d", "e"}, 25 * time.Second, true},
+		{"a answering the controller", nil, []string{"a", "c", "d", "e"}, 5 * time.Second, true},
+		{"a named silent by the controller", []string{"addr-a"}, []string{"a", "c", "d", "e"}, 5 * time.Second, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := &clock{t: time.Unix(10000, 0)}
+			m := NewMonitor(10*time.Second, c.now)
+			m.SetPeers([]string{"addr-a", "addr-b", "addr-c", "addr-d", "addr-e"})
+			c.t = c.t.Add(time.Hour)
+			for _, p := range []string{"b", "c", "d", "e"} {
+				m.Answered("addr-"+p, p)
+			}
+			c.t = c.t.Add(-tt.aHeard)
+			m.Answered("addr-a", "a")
+			c.t = c.t.Add(tt.aHeard)
+			c.t = c.t.Add(time.Second) // b, c, d and e answered a second ago: b is not silent
+			answering := append([]string{"b"}, tt.answering...)
+			err := m.AttestFailover("c", tt.from, answering, need)
+			if (err == nil) != tt.want {
+				t.Errorf("AttestFailover: %v, want attested %v", err, tt.want)
+			}
+			if got := m.Members("c"); got != 5 {
+				t.Errorf("Members = %d, want 5", got)
+			}
+		})
+	}
+	// b silent too and not answering: attested along with a.
+	c := &clock{t: time.Unix(10000, 0)}
+	m := NewMonitor(10*time.Second, c.now)
+	m.SetPeers([]string{"addr-a", "addr-b", "addr-c"})
+	m.Answered("addr-c", "c")
+	c.t = c.t.Add(time.Hour)
+	m.Answered("addr-b", "b")
+	if err := m.AttestFailover("c", nil, []string{"c"}, need); err == nil {
+		t.Error("AttestFailover attested b's silence one moment after b answered")
+	}
+	// A node without peers has nobody to vouch for beyond the named.
+	alone := NewMonitor(10*time.Second, time.Now)
+	if err := alone.AttestFailover("c", nil, []string{"c"}, need); err != nil {
+		t.Errorf("a node without peers, nobody named silent: %v, want nil", err)
+	}
+	if err := alone.AttestFailover("c", []string{"addr-a"}, []string{"c"}, need); !errors.Is(err, ErrNoLease) {
+		t.Errorf("a node without peers, a named silent: %v, want ErrNoLease", err)
+	}
+	if got := alone.Members("c"); got != 0 {
+		t.Errorf("Members of a node without peers = %d, want 0", got)
+	}
+}

@@ -38,7 +38,7 @@ func (m *Migrator) ReserveCreation(ctx context.Context, id string, candidates []
 		}
 		// A majority may not have granted an earlier attempt's promise:
 		// granting the same one again is idempotent.
-		err = m.reserve(ctx, id, 1, n.Info.NodeID, v, false, nil, false)
+		err = m.reserve(ctx, id, 1, n.Info.NodeID, v, false, false, false)
 		if errors.Is(err, errRetry) {
 			continue
 		}

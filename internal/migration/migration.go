@@ -87,6 +87,10 @@ type view struct {
 	copies      []copyOn   // existing copies, by node ID
 	promises    []promised // what each answering node promised
 	unreachable []string   // agents that did not answer
+	// members is how many nodes the majorities count (cluster.Members):
+	// at least the answering and the unreachable ones, more when a node's
+	// lease knows more than the controller's peer list.
+	members int
 	// background: no CO waits on this decision (a move's final step run
 	// in the background), so its agent calls may take longer (call).
 	background bool
@@ -118,7 +122,20 @@ type promised struct {
 // quorum reports whether a majority of the nodes answered: only then does
 // the view hold every generation ever given (each was promised by a
 // majority, and two majorities share a node).
-func (v view) quorum() bool { return len(v.nodes) > (len(v.nodes)+len(v.unreachable))/2 }
+func (v view) quorum() bool { return len(v.nodes) > v.total()/2 }
+
+// total is how many nodes a majority is taken over.
+func (v view) total() int { return max(len(v.nodes)+len(v.unreachable), v.members) }
+
+// unlisted names, for an error, the nodes the nodes' leases count that
+// the controller's peer list does not.
+func (v view) unlisted() string {
+	listed := len(v.nodes) + len(v.unreachable)
+	if v.members <= listed {
+		return ""
+	}
+	return fmt.Sprintf(", and %d the nodes' leases count that the controller's peer list no longer names", v.members-listed)
+}
 
 // newest is the highest generation any answering node holds or promised.
 func (v view) newest() uint64 {
@@ -218,6 +235,11 @@ func (m *Migrator) gather(ctx context.Context, id string) (view, error) {
 	for _, u := range unreachable {
 		v.unreachable = append(v.unreachable, u.Addr)
 	}
+	var answering []cluster.Node
+	for _, a := range answers {
+		answering = append(answering, a.Node)
+	}
+	v.members = cluster.Members(answering, len(unreachable))
 	for _, a := range answers { // sorted by node ID
 		if a.Err != nil {
 			m.log.Warn("node cannot describe its copy", "volume_id", id, "node_id", a.Node.Info.NodeID, "error", a.Err)
@@ -629,7 +651,7 @@ func (m *Migrator) supersede(ctx context.Context, id string, p copyOn, pr promis
 	gen := v.nextGeneration(p.nodeID())
 	log.Info("superseding a promise to another node before lifting the fence: its holder may still be promoted with it",
 		"promised_generation", pr.generation, "holder", pr.holder, "generation", gen)
-	if err := m.reserve(ctx, id, gen, p.nodeID(), v, false, nil, false); err != nil {
+	if err := m.reserve(ctx, id, gen, p.nodeID(), v, false, false, false); err != nil {
 		return fmt.Errorf("generation %d of volume %s is promised to node %s, whose promotion may still be under way; reserving generation %d for node %s to void it: %w",
 			pr.generation, id, pr.holder, gen, p.nodeID(), err)
 	}
@@ -639,9 +661,9 @@ func (m *Migrator) supersede(ctx context.Context, id string, p copyOn, pr promis
 // noQuorum is the error for a decision a view without a majority cannot
 // make: a newer generation may live on the nodes that did not answer.
 func (m *Migrator) noQuorum(id string, v view) error {
-	return errdefs.Wrap(errdefs.ErrUnavailable, "only %d of the %d nodes answered (not answering: %s): a majority must answer to know volume %s's newest copy; retry, "+
+	return errdefs.Wrap(errdefs.ErrUnavailable, "only %d of the %d nodes answered (not answering: %s%s): a majority must answer to know volume %s's newest copy; retry, "+
 		"or if those nodes are lost for good, an operator may promote a replica with zfs-controller promote -force",
-		len(v.nodes), len(v.nodes)+len(v.unreachable), strings.Join(v.unreachable, ", "), id)
+		len(v.nodes), v.total(), strings.Join(v.unreachable, ", "), v.unlisted(), id)
 }
 
 // reserve has a majority of the nodes promise generation gen of the
@@ -650,25 +672,35 @@ func (m *Migrator) noQuorum(id string, v view) error {
 // a newer generation exists or another promotion raced this one: the
 // caller looks again (errRetry). With everyAnswering (the operator's
 // forced promotion, without a majority) every node that answered must
-// grant it instead. operator marks the operator's promotion: a node
-// that keeps no lease (no peers) grants its failover on the operator's
-// word, and refuses the controller's automatic one.
-func (m *Migrator) reserve(ctx context.Context, id string, gen uint64, holder string, v view, everyAnswering bool, failoverFrom []string, operator bool) error {
+// grant it instead. A failover's reservation (failover) has every node
+// attest the silence of those that did not answer, and of any node its
+// lease knows that is not among those that did (agentclient.Reservation).
+// operator marks the operator's promotion: a node that keeps no lease
+// (no peers) grants its failover on the operator's word, and refuses the
+// controller's automatic one.
+func (m *Migrator) reserve(ctx context.Context, id string, gen uint64, holder string, v view, everyAnswering, failover, operator bool) error {
 	type answer struct {
 		node string
 		resp agentclient.Promise
 		err  error
+	}
+	r := agentclient.Reservation{VolumeID: id, Generation: gen, HolderNodeID: holder, Operator: operator, Failover: failover}
+	if failover {
+		r.FailoverFrom = v.unreachable
+		for _, n := range v.nodes {
+			r.Answering = append(r.Answering, n.Info.NodeID)
+		}
 	}
 	answers := make(chan answer, len(v.nodes))
 	for _, n := range v.nodes {
 		go func() {
 			cctx, cancel := m.call(ctx, v)
 			defer cancel()
-			resp, err := n.Agent.Reserve(cctx, agentclient.Reservation{VolumeID: id, Generation: gen, HolderNodeID: holder, FailoverFrom: failoverFrom, Operator: operator})
+			resp, err := n.Agent.Reserve(cctx, r)
 			answers <- answer{n.Info.NodeID, resp, err}
 		}()
 	}
-	total := len(v.nodes) + len(v.unreachable)
+	total := v.total()
 	granted, holderGranted, waiting := 0, false, false
 	var refusals []string
 	for range v.nodes {
@@ -676,7 +708,7 @@ func (m *Migrator) reserve(ctx context.Context, id string, gen uint64, holder st
 		switch {
 		case a.err != nil:
 			refusals = append(refusals, fmt.Sprintf("node %s: %v", a.node, a.err))
-			waiting = waiting || (len(failoverFrom) > 0 && errors.Is(a.err, errdefs.ErrUnavailable))
+			waiting = waiting || (failover && errors.Is(a.err, errdefs.ErrUnavailable))
 		case a.resp.Granted:
 			granted++
 			holderGranted = holderGranted || a.node == holder
@@ -743,7 +775,7 @@ func (m *Migrator) move(ctx context.Context, id string, p copyOn, target cluster
 	// The reservation runs beside the fence and the final send, off the
 	// move's critical path; the promotion waits for it.
 	reserved := make(chan error, 1)
-	go func() { reserved <- m.reserve(ctx, id, gen, target.Info.NodeID, v, false, nil, false) }()
+	go func() { reserved <- m.reserve(ctx, id, gen, target.Info.NodeID, v, false, false, false) }()
 	fencedAt, err := m.sendFinal(ctx, id, p, target, v, log)
 	if err != nil {
 		m.Metrics.count("move", "failed")
@@ -911,11 +943,7 @@ func (m *Migrator) promote(ctx context.Context, id string, r copyOn, v view, ope
 	// silent ones, one of which may hold the primary, have been silent for
 	// a lease and its margin (docs/safety.md, "Leases"); the operator's
 	// forced promotion does not.
-	var failoverFrom []string
-	if !withoutMajority {
-		failoverFrom = v.unreachable
-	}
-	if err := m.reserve(ctx, id, gen, r.nodeID(), v, withoutMajority, failoverFrom, operator); err != nil {
+	if err := m.reserve(ctx, id, gen, r.nodeID(), v, withoutMajority, !withoutMajority, operator); err != nil {
 		return agentclient.Copy{}, err
 	}
 	if withoutMajority {

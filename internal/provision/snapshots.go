@@ -64,9 +64,11 @@ func (st snapshotState) deletedUpTo() int64 {
 	return upTo
 }
 
-// majority tells whether a majority of the nodes answered.
+// majority tells whether a majority of the nodes answered, counted over
+// the largest membership a node reports (cluster.Majority): a record of
+// the deletion written to one majority is then seen by the next.
 func (st snapshotState) majority() bool {
-	return len(st.answered) > (len(st.answered)+len(st.silent))/2
+	return cluster.Majority(st.answered, len(st.silent))
 }
 
 // snapshotState asks every node for its copy of snapshot id and its

@@ -267,8 +267,14 @@ type Node struct {
 	// same primaries, and the same replicas but for those received since.
 	// Empty from a node that does not keep one.
 	VolumesVersion string `protobuf:"bytes,9,opt,name=volumes_version,json=volumesVersion,proto3" json:"volumes_version,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// How many nodes this node's lease counts, itself included: every peer
+	// address it was ever given since it started (0: it keeps no lease).
+	// The controller takes its majorities over the largest count any node
+	// reports, so a peer list of its own that shrank (service discovery
+	// drops the nodes a partition hides) cannot lower them.
+	KnownNodes    uint32 `protobuf:"varint,10,opt,name=known_nodes,json=knownNodes,proto3" json:"known_nodes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Node) Reset() {
@@ -362,6 +368,13 @@ func (x *Node) GetVolumesVersion() string {
 		return x.VolumesVersion
 	}
 	return ""
+}
+
+func (x *Node) GetKnownNodes() uint32 {
+	if x != nil {
+		return x.KnownNodes
+	}
+	return 0
 }
 
 type CreateVolumeRequest struct {
@@ -2598,9 +2611,17 @@ type ReserveRequest struct {
 	// controller's automatic failover: a node without peers, which keeps no
 	// lease and so cannot attest the silence of failover_from, grants it on
 	// the operator's word; a node that keeps leases still waits as above.
-	Operator      bool `protobuf:"varint,5,opt,name=operator,proto3" json:"operator,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Operator bool `protobuf:"varint,5,opt,name=operator,proto3" json:"operator,omitempty"`
+	// A failover (set with the nodes that answered the controller): the
+	// node attests the silence of failover_from and of every other peer
+	// its lease knows that is not among answering_node_ids. The
+	// controller's peer list may have lost nodes (service discovery drops
+	// those a partition hides); it cannot name them, but the nodes, whose
+	// peers never shrink, still ask after them.
+	Failover         bool     `protobuf:"varint,6,opt,name=failover,proto3" json:"failover,omitempty"`
+	AnsweringNodeIds []string `protobuf:"bytes,7,rep,name=answering_node_ids,json=answeringNodeIds,proto3" json:"answering_node_ids,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *ReserveRequest) Reset() {
@@ -2666,6 +2687,20 @@ func (x *ReserveRequest) GetOperator() bool {
 		return x.Operator
 	}
 	return false
+}
+
+func (x *ReserveRequest) GetFailover() bool {
+	if x != nil {
+		return x.Failover
+	}
+	return false
+}
+
+func (x *ReserveRequest) GetAnsweringNodeIds() []string {
+	if x != nil {
+		return x.AnsweringNodeIds
+	}
+	return nil
 }
 
 type ReserveResponse struct {
@@ -3165,7 +3200,7 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\";\n" +
 	"\x0eGetNodeRequest\x12)\n" +
-	"\x10without_capacity\x18\x01 \x01(\bR\x0fwithoutCapacity\"\x99\x03\n" +
+	"\x10without_capacity\x18\x01 \x01(\bR\x0fwithoutCapacity\"\xba\x03\n" +
 	"\x04Node\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12A\n" +
 	"\btopology\x18\x02 \x03(\v2%.zfsnomad.agent.v1.Node.TopologyEntryR\btopology\x12'\n" +
@@ -3176,7 +3211,10 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"maxVolumes\x12)\n" +
 	"\x10unhealthy_reason\x18\a \x01(\tR\x0funhealthyReason\x12\x18\n" +
 	"\aversion\x18\b \x01(\tR\aversion\x12'\n" +
-	"\x0fvolumes_version\x18\t \x01(\tR\x0evolumesVersion\x1a;\n" +
+	"\x0fvolumes_version\x18\t \x01(\tR\x0evolumesVersion\x12\x1f\n" +
+	"\vknown_nodes\x18\n" +
+	" \x01(\rR\n" +
+	"knownNodes\x1a;\n" +
 	"\rTopologyEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe0\x02\n" +
@@ -3381,7 +3419,7 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\flease_fenced\x18\x14 \x01(\bR\vleaseFenced\x1a=\n" +
 	"\x0fParametersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xb4\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xfe\x01\n" +
 	"\x0eReserveRequest\x12\x1b\n" +
 	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12\x1e\n" +
 	"\n" +
@@ -3389,7 +3427,9 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"generation\x12$\n" +
 	"\x0eholder_node_id\x18\x03 \x01(\tR\fholderNodeId\x12#\n" +
 	"\rfailover_from\x18\x04 \x03(\tR\ffailoverFrom\x12\x1a\n" +
-	"\boperator\x18\x05 \x01(\bR\boperator\"\x85\x01\n" +
+	"\boperator\x18\x05 \x01(\bR\boperator\x12\x1a\n" +
+	"\bfailover\x18\x06 \x01(\bR\bfailover\x12,\n" +
+	"\x12answering_node_ids\x18\a \x03(\tR\x10answeringNodeIds\"\x85\x01\n" +
 	"\x0fReserveResponse\x12\x18\n" +
 	"\agranted\x18\x01 \x01(\bR\agranted\x12/\n" +
 	"\x13promised_generation\x18\x02 \x01(\x04R\x12promisedGeneration\x12'\n" +

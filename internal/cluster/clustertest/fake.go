@@ -41,7 +41,8 @@ type FakeAgent struct {
 	refusals  map[string]refusal // by method name
 	calls     []string
 	purposes  []string // of the Replicate calls, in order
-	world     *Fakes   // the node's peers, when it was made by Fakes.Add
+	reserved  []agentclient.Reservation
+	world     *Fakes // the node's peers, when it was made by Fakes.Add
 	// changed logs the volume of every change of a copy (the node's
 	// volumes version is its length), for Changes; mute makes Changes
 	// answer that the node cannot tell, as an older node does.
@@ -638,6 +639,7 @@ func (f *FakeAgent) Demote(_ context.Context, d agentclient.Demotion) (agentclie
 func (f *FakeAgent) Reserve(_ context.Context, r agentclient.Reservation) (agentclient.Promise, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.reserved = append(f.reserved, r)
 	if err := f.enter("Reserve", r.VolumeID); err != nil {
 		return agentclient.Promise{}, err
 	}
@@ -658,6 +660,13 @@ func (f *FakeAgent) Reserve(_ context.Context, r agentclient.Reservation) (agent
 	c.PromisedGeneration, c.PromisedHolder = r.Generation, r.HolderNodeID
 	f.copies[r.VolumeID] = c
 	return agentclient.Promise{Granted: true, PromisedGeneration: r.Generation, PromisedHolder: r.HolderNodeID}, nil
+}
+
+// Reservations returns the Reserve calls the node got, in order.
+func (f *FakeAgent) Reservations() []agentclient.Reservation {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.reserved)
 }
 
 // Replicate pushes the node's primary to the agent at targetAddr: a

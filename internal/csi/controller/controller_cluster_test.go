@@ -414,12 +414,12 @@ func TestPublishDecidesOnlyFromAMajority(t *testing.T) {
 		}
 		silent := false
 		var mu sync.Mutex // n2 and n3 are asked at once
-		var asked []string
+		var asked, answering []string
 		for _, n := range []string{"n2", "n3"} {
-			tc.servers[n].AttestSilence = func(addrs []string) error {
+			tc.servers[n].AttestSilence = func(addrs, answered []string) error {
 				mu.Lock()
 				defer mu.Unlock()
-				asked = addrs
+				asked, answering = addrs, answered
 				if !silent {
 					return errors.New(addrs[0] + " answered this node 3s ago")
 				}
@@ -431,8 +431,11 @@ func TestPublishDecidesOnlyFromAMajority(t *testing.T) {
 		_, err := publish(ctl, "n2")
 		wantCode(t, err, codes.Unavailable)
 		mu.Lock()
-		askedAbout := asked
+		askedAbout, answeringSent := asked, answering
 		mu.Unlock()
+		if !slices.Equal(answeringSent, []string{"n2", "n3"}) {
+			t.Errorf("the reservation named %v as answering, want n2 and n3: the nodes attest the silence of every other peer they know", answeringSent)
+		}
 		if !strings.Contains(status.Convert(err).Message(), "n1:7670 answered") || len(askedAbout) != 1 || !strings.HasSuffix(askedAbout[0], "n1:7670") {
 			t.Errorf("the refusal: %v (nodes asked about %v); want it to name n1:7670, the node lost", err, askedAbout)
 		}
@@ -461,7 +464,9 @@ func TestPublishDecidesOnlyFromAMajority(t *testing.T) {
 		}
 		for _, n := range []string{"n1", "n2", "n3"} {
 			monitor := lease.NewMonitor(10*time.Second, time.Now) // no peers configured
-			tc.servers[n].AttestSilence = func(addrs []string) error { return monitor.Attest(addrs, 15*time.Second) }
+			tc.servers[n].AttestSilence = func(addrs, answering []string) error {
+				return monitor.AttestFailover(n, addrs, answering, 15*time.Second)
+			}
 		}
 		ctl := tc.controller()
 		tc.stop("n1")

@@ -1,0 +1,28 @@
+package cluster
+
+// Members is how many nodes a majority is taken over: the largest of the
+// controller's own count (the nodes that answered and those that did not)
+// and the count any answering node's lease keeps (NodeInfo.KnownNodes).
+//
+// A node's lease count never shrinks while it runs (lease.Monitor.SetPeers),
+// but the controller's peer list may: one rendered from service discovery
+// drops the nodes a partition hides. With five nodes and the list shrunk
+// to the three on the controller's side, two of them would make a majority
+// of three, while the cut-off primary still holds its lease with three of
+// five (itself, a node beside it and one of the three): the majorities
+// would not intersect (docs/safety.md, "Why the lease and failover
+// majorities intersect"). Counting the largest membership any node
+// reports keeps the failover's majority one of all five.
+func Members(answered []Node, silent int) int {
+	n := len(answered) + silent
+	for _, a := range answered {
+		n = max(n, a.Info.KnownNodes)
+	}
+	return n
+}
+
+// Majority reports whether the answering nodes are more than half of
+// Members.
+func Majority(answered []Node, silent int) bool {
+	return len(answered) > Members(answered, silent)/2
+}
