@@ -17,6 +17,9 @@ type simVolume struct {
 	name, id string
 	created  bool
 	alloc    string            // the node the CO runs the volume's job on ("": none)
+	// lostFrom is the node whose lost job the CO is placing elsewhere
+	// until a placement succeeds ("": none): Nomad retries it.
+	lostFrom string
 	context  map[string]string // the publish context the job was staged with
 	// claims are every (node, publish context) the volume was ever
 	// staged with: the CO may replay any of them (a restored allocation,
@@ -65,7 +68,9 @@ func (w *world) pick() func() {
 		{6, func() { w.scheduleRound() }},
 		{25, func() { w.replay(v) }},
 		{4, func() { w.cut(n, m) }},
+		{3, func() { w.split(v) }},
 		{6, func() { w.heal() }},
+		{10, func() { w.rescheduleLost() }},
 		{3, func() { w.crashProcess(n) }},
 		{8, func() { w.powerLoss(n) }},
 		{map[bool]int{true: 4}[w.cfg.ControllerCrashes], func() { w.crashController(v, n) }},
@@ -210,7 +215,7 @@ func (w *world) schedule(v *simVolume, n *simNode) {
 		v.claims = append(v.claims, c)
 	}
 	if w.stage(v, c) {
-		v.alloc, v.context = n.id, c.context
+		v.alloc, v.context, v.lostFrom = n.id, c.context, ""
 	}
 }
 
@@ -238,6 +243,41 @@ func (w *world) stage(v *simVolume, c claim) bool {
 		w.checker.staged(v.id, n.id)
 	}
 	return err == nil
+}
+
+// rescheduleLost places a job whose node the CO lost on another node, as
+// Nomad reschedules the allocations of a node that missed its heartbeats:
+// the old one is abandoned there, still running, and the volume is
+// published to a node the CO reaches in the same replication domain (the
+// volume's accessible topology), again at later steps until a placement
+// succeeds. It picks one of the volumes whose job runs on a lost node or
+// waits to be placed again.
+func (w *world) rescheduleLost() {
+	var lost []*simVolume
+	for _, v := range w.vols {
+		if v.alloc != "" && !w.reaches(w.node(v.alloc)) || v.alloc == "" && v.lostFrom != "" && v.created {
+			lost = append(lost, v)
+		}
+	}
+	if len(lost) == 0 {
+		return
+	}
+	v := lost[w.dice.intn(len(lost))]
+	if v.alloc != "" {
+		v.lostFrom = v.alloc
+	}
+	var targets []*simNode
+	for _, n := range w.nodes {
+		if n.id != v.lostFrom && n.domain == w.node(v.lostFrom).domain && w.reaches(n) {
+			targets = append(targets, n)
+		}
+	}
+	if len(targets) == 0 {
+		return
+	}
+	n := targets[w.dice.intn(len(targets))]
+	w.tracef("co: node %s lost: places the job of %s on %s", v.lostFrom, v.name, n.id)
+	w.schedule(v, n)
 }
 
 // replay stages an old claim again: a restored allocation, or a call
@@ -311,7 +351,7 @@ func (w *world) delete(v *simVolume) {
 	_, err := w.ctl.DeleteVolume(ctx, &csispec.DeleteVolumeRequest{VolumeId: v.id})
 	w.tracef("co: DeleteVolume %s: %v", v.name, errText(err))
 	if err == nil {
-		v.created, v.claims, v.context = false, nil, nil
+		v.created, v.claims, v.context, v.lostFrom = false, nil, nil, ""
 		w.stats.Deletes++
 		w.checker.deleted(v.id)
 	}
@@ -342,6 +382,10 @@ func (w *world) cut(a, b *simNode) {
 
 func (w *world) heal() {
 	w.net.healAll()
+	w.peers.showAll()
+	if w.step < w.splitEnds && w.splitAgain != nil {
+		w.splitAgain() // a split lasts its time; only the other cuts heal
+	}
 	w.tracef("net: healed")
 }
 

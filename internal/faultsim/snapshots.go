@@ -130,6 +130,7 @@ func (w *world) settle() error {
 	if len(w.snaps)+len(w.deletedSnaps) == 0 {
 		return nil
 	}
+	w.splitAgain = nil // the split ends with the run
 	w.heal()
 	for _, n := range w.nodes {
 		n.restartAt = 0

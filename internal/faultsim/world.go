@@ -107,6 +107,11 @@ type world struct {
 	start   time.Time
 
 	nodes []*simNode
+	peers *listedPeers // the controller's peer list
+	// splitAgain cuts the links of the running split again; it lasts
+	// until step splitEnds, whatever other heals come (split).
+	splitAgain func()
+	splitEnds  int
 	ctl   *controller.Controller
 	mig   *migration.Migrator
 	cl    *cluster.Cluster
@@ -272,7 +277,9 @@ func newWorld(cfg Config) *world {
 		n.handoff = w.net.listen(id)
 		w.nodes = append(w.nodes, n)
 	}
+	w.peers = &listedPeers{hidden: map[string]bool{}}
 	for _, n := range w.nodes {
+		w.peers.all = append(w.peers.all, n.addr())
 		n.start(context.Background())
 	}
 	w.startController()
@@ -321,15 +328,11 @@ func (w *world) close() {
 // state).
 func (w *world) startController() {
 	w.stopController()
-	var peers []string
-	for _, n := range w.nodes {
-		peers = append(peers, n.addr())
-	}
 	log := hclog.NewNullLogger()
 	if w.cfg.Verbose {
 		log = hclog.New(&hclog.LoggerOptions{Name: "controller", Level: hclog.Debug})
 	}
-	w.cl = cluster.New(cluster.StaticPeers(peers), 5*time.Second, log, w.net.dialOptions(controllerEndpoint, func() bool { return true })...)
+	w.cl = cluster.New(w.peers, 5*time.Second, log, w.net.dialOptions(controllerEndpoint, func() bool { return true })...)
 	// The controller as shipped (config.DefaultController, as
 	// zfs-controller wires it): moves catch their target up in the
 	// background and a publish is granted ahead of a move's end, so the
@@ -420,6 +423,10 @@ func (w *world) runStep() error { return w.advance(w.pick) }
 func (w *world) advance(choose func() func()) error {
 	w.tick()
 	w.restartDue()
+	if w.step == w.splitEnds && w.splitAgain != nil {
+		w.splitAgain = nil
+		w.heal()
+	}
 	if choose != nil {
 		act := choose()
 		w.crashing.Store(true)

@@ -131,7 +131,7 @@ func (m *Manager) checkConfirmed(v Volume) error {
 	if v.Forced || m.isConfirmed(v.ID, v.Generation) {
 		return nil
 	}
-	return fmt.Errorf("%w: node %s has not yet confirmed with a majority of its domain that its copy of volume %s (generation %d) is still the newest: "+
+	return fmt.Errorf("%w: node %s has not yet confirmed with a majority of its peers that its copy of volume %s (generation %d) is still the newest: "+
 		"it started or lost its lease since, and another copy may have been promoted meanwhile (a mount from before is no proof); retry in a few seconds (a lease beat)",
 		errdefs.ErrUnavailable, m.cfg.NodeID, v.ID, v.Generation)
 }

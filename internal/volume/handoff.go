@@ -414,7 +414,7 @@ func (m *Manager) Stageable(ctx context.Context, id string, generation uint64) (
 	case v.MovingTo != "":
 		err = fmt.Errorf("%w: volume %s is moving to node %s and cannot be staged on node %s", errdefs.ErrFailedPrecondition, id, v.MovingTo, m.cfg.NodeID)
 	case m.LeaseHeld != nil && !m.LeaseHeld() && !v.Forced:
-		err = fmt.Errorf("%w: node %s hears from no majority of its domain (lease lost): another copy of volume %s may be promoted meanwhile, so it is not staged; retry once the node's peers answer",
+		err = fmt.Errorf("%w: node %s hears from no majority of its peers (lease lost): another copy of volume %s may be promoted meanwhile, so it is not staged; retry once the node's peers answer",
 			errdefs.ErrUnavailable, m.cfg.NodeID, id)
 	case v.SupersededBy != 0:
 		err = fmt.Errorf("%w: node %s learned that generation %d of volume %s was promised to another node: its copy (generation %d) may be stale, so it is read-only and not staged; "+

@@ -31,7 +31,7 @@ func TestMain(m *testing.M) {
 		Disks:    []string{"2G", "2G", "2G"},
 		Binaries: guesttest.DriverBinaries(),
 		Memory:   "2G",
-		Timeout:  25 * time.Minute,
+		Timeout:  40 * time.Minute, // its failover tests wait out leases, its snapshot tests move volumes: past 25 min
 	}))
 }
 

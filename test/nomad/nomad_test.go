@@ -218,7 +218,7 @@ capability {
 			}
 			return err
 		})
-		e.tell("%s lost its lease: it hears from no majority of its domain", last)
+		e.tell("%s lost its lease: it hears from no majority of its peers", last)
 		hint := e.waitForFailedClaim("zfs-controller promote")
 		e.tell("Nomad cannot claim the volume elsewhere: %s", hint)
 		replica := ""

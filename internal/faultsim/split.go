@@ -1,0 +1,155 @@
+package faultsim
+
+import (
+	"slices"
+	"strings"
+	"sync"
+)
+
+// listedPeers is the controller's peer list as service discovery renders
+// it: every node, less those a split hid from it (a node whose Nomad
+// client the servers lost is dropped from the agents' service). A heal
+// lists them all again.
+type listedPeers struct {
+	mu     sync.Mutex
+	all    []string
+	hidden map[string]bool
+}
+
+func (l *listedPeers) Peers() ([]string, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []string
+	for _, a := range l.all {
+		if !l.hidden[a] {
+			out = append(out, a)
+		}
+	}
+	return out, nil
+}
+
+func (l *listedPeers) hide(addrs []string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, a := range addrs {
+		l.hidden[a] = true
+	}
+}
+
+func (l *listedPeers) showAll() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.hidden = map[string]bool{}
+}
+
+// split partitions the nodes in two for 5 to 34 steps (heals in between
+// heal only the other cuts): a side of at most half of them,
+// around the node that runs v's job if any, is cut off from the rest and
+// the controller. Three shapes, each a way the lease and the failover's
+// majority could miss each other (issue 35, defect 2, and the controller's
+// shrinking peer list):
+//
+//   - in a run with domains, half the splits take a majority of one
+//     domain, still a minority of all nodes (a lease counted by domain
+//     holds on that side while the other side fails over);
+//   - one split in four is one-way: the other side cannot connect to the
+//     cut side, whose own connections still work both ways (a node that
+//     dials out keeps its lease; its peers hear it only by its calls);
+//     half of those also cut the cut side off from the controller and the
+//     CO both ways, so that the CO places its jobs elsewhere;
+//   - half the two-way splits also drop the cut side from the
+//     controller's peer list, as service discovery would.
+func (w *world) split(v *simVolume) {
+	side := w.cutSide(v)
+	var rest []string
+	for _, n := range w.nodes {
+		if !slices.Contains(side, n.id) {
+			rest = append(rest, n.id)
+		}
+	}
+	rest = append(rest, controllerEndpoint)
+	oneWay := w.dice.chance(0.25)
+	hide := !oneWay && w.dice.chance(0.5)
+	// A one-way split leaves the cut side's own connections working; half
+	// of them also cut it off from the CO both ways (its Nomad client
+	// lost the servers, which reschedule its jobs) while its agent still
+	// reaches its peers.
+	lostToCO := oneWay && w.dice.chance(0.5)
+	lasts := 5 + w.dice.intn(30)
+	w.splitEnds = w.step + lasts
+	w.splitAgain = func() {
+		for _, a := range side {
+			for _, b := range rest {
+				if oneWay && !(lostToCO && b == controllerEndpoint) {
+					w.net.blockDial(b, a)
+					continue
+				}
+				w.net.partition(a, b, true)
+				w.net.partition(b, a, true)
+			}
+		}
+		if hide {
+			var addrs []string
+			for _, id := range side {
+				addrs = append(addrs, addrOf(id))
+			}
+			w.peers.hide(addrs)
+		}
+	}
+	w.splitAgain()
+	how := "both ways"
+	if oneWay {
+		how = "one way: the rest cannot connect to " + strings.Join(side, ",")
+	}
+	if lostToCO {
+		how += "; the controller and the CO lost " + strings.Join(side, ",") + " both ways"
+	}
+	if hide {
+		how += "; the controller's peer list drops " + strings.Join(side, ",")
+	}
+	w.tracef("net: split %s | %s for %d steps (%s)", strings.Join(side, ","), strings.Join(rest, ","), lasts, how)
+}
+
+// cutSide picks the cut side of a split: the node of a running job (v's
+// if v has one; any node if none runs), and in a run
+// with domains, half the time, enough others of its domain to make a
+// majority of the domain if that is still a minority of all nodes;
+// otherwise up to a minority of all nodes, at random.
+func (w *world) cutSide(v *simVolume) []string {
+	first := w.nodes[w.dice.intn(len(w.nodes))]
+	var running []string
+	for _, u := range w.vols {
+		if u.alloc != "" {
+			running = append(running, u.alloc)
+		}
+	}
+	if v.alloc != "" {
+		first = w.node(v.alloc)
+	} else if len(running) > 0 {
+		first = w.node(running[w.dice.intn(len(running))])
+	}
+	side, most := []string{first.id}, (len(w.nodes)-1)/2
+	var pool []*simNode // the nodes the side may grow by
+	want := 1 + w.dice.intn(max(most, 1))
+	if w.cfg.Domains > 1 && w.dice.chance(0.5) {
+		var domain []*simNode
+		for _, n := range w.nodes {
+			if n.domain == first.domain {
+				domain = append(domain, n)
+			}
+		}
+		if majority := len(domain)/2 + 1; majority <= most {
+			pool, want = domain, majority
+		}
+	}
+	if pool == nil {
+		pool = w.nodes
+	}
+	for len(side) < min(want, most) {
+		n := pool[w.dice.intn(len(pool))]
+		if !slices.Contains(side, n.id) {
+			side = append(side, n.id)
+		}
+	}
+	return side
+}
