@@ -16,7 +16,7 @@ import (
 type simVolume struct {
 	name, id string
 	created  bool
-	alloc    string            // the node the CO runs the volume's job on ("": none)
+	alloc    string // the node the CO runs the volume's job on ("": none)
 	// lostFrom is the node whose lost job the CO is placing elsewhere
 	// until a placement succeeds ("": none): Nomad retries it.
 	lostFrom string

@@ -112,12 +112,12 @@ type world struct {
 	// until step splitEnds, whatever other heals come (split).
 	splitAgain func()
 	splitEnds  int
-	ctl   *controller.Controller
-	mig   *migration.Migrator
-	cl    *cluster.Cluster
-	sched *scheduler.Scheduler
-	vols  []*simVolume
-	snaps []*simSnapshot // the CSI snapshots the CO holds
+	ctl        *controller.Controller
+	mig        *migration.Migrator
+	cl         *cluster.Cluster
+	sched      *scheduler.Scheduler
+	vols       []*simVolume
+	snaps      []*simSnapshot // the CSI snapshots the CO holds
 	// deletedSnaps: those DeleteSnapshot answered OK for (D1).
 	deletedSnaps []*simSnapshot
 	deletions    *provision.Provisioner // the controller's pass over deletions a node missed
