@@ -21,6 +21,13 @@ import (
 // (docs/safety.md). Older primaries are set aside, never destroyed: they
 // may hold writes the newest lacks. An ID that is no volume ID of this
 // driver names no volume, so there is none to delete.
+//
+// The replicas go before the primary, and the nodes' promises last: a
+// delete that fails midway leaves the primary, so a publish before the
+// CO's retry finds the volume as it was. Deleting the primary first left
+// replicas without one, and such a publish failed the volume over to a
+// leftover replica, bringing back a volume the CO was deleting (issue
+// 35). A mounted primary is refused before anything goes.
 func (p *Provisioner) Delete(ctx context.Context, id string) error {
 	if !vocab.IsVolumeID(id) {
 		return nil
@@ -54,11 +61,24 @@ func (p *Provisioner) Delete(ctx context.Context, id string) error {
 	sort.Slice(primaries, func(i, j int) bool { return primaries[i].Object.Generation > primaries[j].Object.Generation })
 	if len(primaries) > 0 {
 		newest := primaries[0]
+		if newest.Object.Mounted {
+			return errdefs.Wrap(errdefs.ErrFailedPrecondition, "volume %s is mounted on node %s; unpublish it first", id, newest.Node.Info.NodeID)
+		}
 		for _, stale := range primaries[1:] {
 			if err := p.setAside(ctx, id, stale.Node, newest.Object.Generation); err != nil {
 				return err
 			}
 		}
+	}
+	var nodes []cluster.Node
+	for _, a := range answers {
+		nodes = append(nodes, a.Node)
+	}
+	if err := p.deleteReplicas(ctx, id, nodes, false); err != nil {
+		return err
+	}
+	if len(primaries) > 0 {
+		newest := primaries[0]
 		cctx, cancel := p.cluster.Call(ctx)
 		err := newest.Node.Agent.DeleteVolume(cctx, id)
 		cancel()
@@ -67,17 +87,11 @@ func (p *Provisioner) Delete(ctx context.Context, id string) error {
 		}
 		p.log.Info("volume deleted", "volume_id", id, "node_id", newest.Node.Info.NodeID)
 	}
-	var nodes []cluster.Node
-	for _, a := range answers {
-		nodes = append(nodes, a.Node)
-	}
 	// Every copy goes before any node forgets the generation it promised:
 	// a promise forgotten while a replica is left would let a failover of
 	// that replica take again a generation a deleted copy held (I3; the
-	// simulation found it in a sweep of 5000 seeds, docs/safety.md).
-	if err := p.deleteReplicas(ctx, id, nodes, false); err != nil {
-		return err
-	}
+	// simulation found it in a sweep of 5000 seeds, docs/safety.md). A
+	// replica a push landed since the first pass goes here too.
 	return p.deleteReplicas(ctx, id, nodes, true)
 }
 
@@ -110,6 +124,9 @@ func (p *Provisioner) deleteReplicas(ctx context.Context, id string, nodes []clu
 		case a.Object: // the node held a replica
 			p.log.Info("replica deleted", "volume_id", id, "node_id", a.Node.Info.NodeID)
 		}
+	}
+	if len(errs) > 0 && !forget {
+		return fmt.Errorf("%w: volume %s is not deleted: some of its replicas could not be removed (%v); retry the delete", errdefs.ErrUnavailable, id, errors.Join(errs...))
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("%w: volume %s is deleted but some of its replicas may remain (%v); retry the delete", errdefs.ErrUnavailable, id, errors.Join(errs...))

@@ -373,13 +373,27 @@ func TestDelete(t *testing.T) {
 			wantLeft: []string{"n1:primary:1", "n2:primary:2"},
 		},
 		{
-			name:   "a replica that cannot be deleted fails the delete after the primary is gone",
-			copies: []string{"n1:primary:1", "n2:replica:1"},
+			// Issue 35: the primary used to go first, and a publish
+			// before the retry failed the volume over to the replica
+			// left, bringing the volume back.
+			name:   "a replica that cannot be deleted fails the delete before the primary goes",
+			copies: []string{"n1:primary:1", "n2:replica:1", "n3:replica:1"},
 			setup: func(w *world) {
 				w.nodes["n2"].Refuse("DeleteReplica", errdefs.Wrap(errdefs.ErrAborted, "receiving"))
 			},
 			wantErr:  errdefs.ErrUnavailable,
-			wantLeft: []string{"n2:replica:1"},
+			wantLeft: []string{"n1:primary:1", "n2:replica:1"},
+		},
+		{
+			name:   "a mounted primary is refused before anything goes",
+			copies: []string{"n1:primary:1", "n2:replica:1"},
+			setup: func(w *world) {
+				c, _ := w.nodes["n1"].Copy(id)
+				c.Mounted = true
+				w.nodes["n1"].PutCopy(c)
+			},
+			wantErr:  errdefs.ErrFailedPrecondition,
+			wantLeft: []string{"n1:primary:1", "n2:replica:1"},
 		},
 	}
 	for _, tc := range tests {
