@@ -118,6 +118,7 @@ func run(args []string) error {
 	receiver := replication.NewReceiver(streams, volumes.Locks(), cfg.RootDataset, cfg.NodeID, cfg.ReplicationSnapshots, log.Named("replication"))
 	receiver.MaxQuota, receiver.QuotaProperty = uint64(cfg.MaxQuota), cfg.QuotaProperty
 	receiver.IdleTimeout = time.Duration(cfg.ReceiveIdleTimeout)
+	receiver.MaxReplicasPerPeer = cfg.MaxReplicasPerPeer
 	volumes.DiscardPartialReceive = receiver.DiscardPartial
 	receiver.Changed = volumes.Received
 	receiver.Entombed = volumes.IndexSnapshotsOf

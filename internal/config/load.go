@@ -43,6 +43,7 @@ func LoadNode(args []string, getenv func(string) string, stderr io.Writer) (Node
 	fs.Var(&cfg.Lease, "lease", "a node that hears from no majority of all its peers (every domain) for this long makes its mounted primaries read-only")
 	fs.Var(&cfg.LeaseMargin, "lease-margin", "a failover away from a silent node waits for the lease plus this margin")
 	fs.Var(&cfg.ReceiveIdleTimeout, "receive-idle-timeout", "how long a receive waits for the sender's next message before it ends (e.g. 2m)")
+	fs.IntVar(&cfg.MaxReplicasPerPeer, "max-replicas-per-peer", cfg.MaxReplicasPerPeer, "replicas one peer's streams may create on this node (0: no bound)")
 	fs.IntVar(&cfg.ReplicationSnapshots, "replication-snapshots", cfg.ReplicationSnapshots, "zn- snapshots kept per volume besides the incremental bases")
 	tlsFlags(fs, &cfg.TLS, &cfg.InsecureAgentPort)
 	metricsFlag(fs, &cfg.MetricsAddress)

@@ -82,6 +82,11 @@ type Node struct {
 	// long: a peer that stalls must not hold a zfs receive and the
 	// volume's receive lock for good.
 	ReceiveIdleTimeout Duration `json:"receive_idle_timeout"`
+	// MaxReplicasPerPeer bounds the replicas one peer's streams may create
+	// on this node (0: no bound): a holder of a node certificate could
+	// otherwise create replicas of arbitrary volume IDs until the pool is
+	// full.
+	MaxReplicasPerPeer int `json:"max_replicas_per_peer"`
 	// ReplicationBandwidth caps the bytes per second this node sends to
 	// peers, all transfers together; 0 means no cap.
 	ReplicationBandwidth ByteSize `json:"replication_bandwidth"`
@@ -173,6 +178,7 @@ func DefaultNode() Node {
 		MinReplicationInterval: Duration(time.Minute),
 		ReplicationSnapshots:   3,
 		ReceiveIdleTimeout:     Duration(2 * time.Minute),
+		MaxReplicasPerPeer:     2000,
 		Lease:                  Duration(30 * time.Second),
 		LeaseMargin:            Duration(MinLeaseMargin(30 * time.Second)),
 	}

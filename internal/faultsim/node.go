@@ -111,6 +111,7 @@ func (n *simNode) start(ctx context.Context) {
 	receiver := replication.NewReceiver(streams, inc.volumes.Locks(), rootDataset, n.id, cfg.ReplicationSnapshots, log.Named("replication"))
 	receiver.MaxQuota, receiver.QuotaProperty = uint64(cfg.MaxQuota), cfg.QuotaProperty
 	receiver.IdleTimeout = time.Duration(cfg.ReceiveIdleTimeout)
+	receiver.MaxReplicasPerPeer = cfg.MaxReplicasPerPeer
 	inc.volumes.DiscardPartialReceive = receiver.DiscardPartial
 	receiver.Changed = inc.volumes.Received
 	receiver.Entombed = inc.volumes.IndexSnapshotsOf

@@ -52,6 +52,10 @@ type Receiver struct {
 	// receive whose sender trickles: one that averages less runs out of
 	// a credit of at most twice IdleTimeout (stallGuard).
 	MinRate uint64
+	// MaxReplicasPerPeer bounds the replicas one peer's full streams may
+	// create here (0: no bound): a stream that would create one more is
+	// refused with ResourceExhausted (peerBound).
+	MaxReplicasPerPeer int
 
 	// Changed, when set, is told the volume of every receive that took
 	// the copy's lock, done or not (it may have made, replaced or left a
@@ -71,6 +75,7 @@ type Receiver struct {
 	log    hclog.Logger
 	locks  *copylock.Locks // the node's, shared with volume.Manager
 	slots  chan struct{}   // one per receive allowed at once
+	peers  peerBound
 }
 
 // DefaultIdleTimeout is how long a receive waits for the sender's next
@@ -192,6 +197,10 @@ func (r *Receiver) receive(stream pb.Replication_ReceiveServer) (*pb.ReceiveResu
 		return nil, err
 	}
 	if err := r.refuseUnknownGeneration(ctx, h, found); err != nil {
+		log.Warn("stream refused before its first record", "error", err)
+		return nil, err
+	}
+	if err := r.refuseOneReplicaTooMany(ctx, h, found); err != nil {
 		log.Warn("stream refused before its first record", "error", err)
 		return nil, err
 	}
@@ -1113,6 +1122,7 @@ func (r *Receiver) DiscardPartial(ctx context.Context, volumeID string) error {
 func (r *Receiver) fullLabels(h *pb.ReceiveHeader) map[string]string {
 	labels := r.labels(h)
 	labels[volume.PropVolumeID] = h.GetVolumeId()
+	labels[volume.PropReceivedFrom] = h.GetSourceNodeId()
 	return labels
 }
 

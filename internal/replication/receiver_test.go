@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"errors"
+	"fmt"
 	"io"
 	"slices"
 	"strconv"
@@ -40,11 +41,16 @@ type replicaStore struct {
 	exists     bool
 	generation uint64
 	received   int
-	token      string        // receive_resume_token; "" for none
-	calls      []string      // AbortReceive and Receive, in order
-	finishing  time.Duration // zfs receive's work after the stream's end
-	started    atomic.Int32  // zfs receives started, fed or not
-	promised   string        // the node's promise record of the volume; "" for none
+	token      string         // receive_resume_token; "" for none
+	calls      []string       // AbortReceive and Receive, in order
+	finishing  time.Duration  // zfs receive's work after the stream's end
+	started    atomic.Int32   // zfs receives started, fed or not
+	promised   string         // the node's promise record of the volume; "" for none
+	children   []zfscmd.Child // what a listing of the root finds
+}
+
+func (s *replicaStore) Children(context.Context, string, ...string) ([]zfscmd.Child, error) {
+	return s.children, nil
 }
 
 func (s *replicaStore) AbortReceive(context.Context, string) error {
@@ -394,5 +400,52 @@ func TestNoReceiveDuringAPromotion(t *testing.T) {
 	}
 	if d := z.dataset(testDataset); d.props[volume.PropRole] != vocab.RolePrimary || d.props[volume.PropGeneration] != "2" || z.receives != 0 {
 		t.Errorf("after the promotion the copy is %v with %d receives run; want the primary of generation 2, untouched", d.props, z.receives)
+	}
+}
+
+// TestReceiveBoundsTheReplicasOfOnePeer: a full stream that would create a
+// new replica is refused with ResourceExhausted once its sender's streams
+// created MaxReplicasPerPeer of the replicas here (issue 35, defect 4:
+// nothing bounded how many replicas of arbitrary volume IDs one peer could
+// create). Other peers' replicas, replicas from before the label, streams
+// into an existing replica and a node without the bound are not refused.
+func TestReceiveBoundsTheReplicasOfOnePeer(t *testing.T) {
+	replicas := func(from string, n int) []zfscmd.Child {
+		var out []zfscmd.Child
+		for i := range n {
+			id := vocab.VolumeIDForName(fmt.Sprintf("planted-%d", i))
+			out = append(out, zfscmd.Child{Name: "tank/nomad/" + id,
+				Props: map[string]string{volume.PropVolumeID: id, volume.PropRole: RoleReplica, volume.PropReceivedFrom: from}})
+		}
+		return out
+	}
+	tests := []struct {
+		name     string
+		children []zfscmd.Child
+		exists   bool
+		kind     string
+		limit    int
+		want     codes.Code
+	}{
+		{"below the bound", replicas("n1", 2), false, KindFull, 3, codes.OK},
+		{"at the bound", replicas("n1", 3), false, KindFull, 3, codes.ResourceExhausted},
+		{"another peer's replicas", replicas("n3", 3), false, KindFull, 3, codes.OK},
+		{"replicas from before the label", replicas("-", 3), false, KindFull, 3, codes.OK},
+		{"an incremental into its replica", replicas("n1", 3), true, KindIncremental, 3, codes.OK},
+		{"no bound", replicas("n1", 3), false, KindFull, 0, codes.OK},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			z := &replicaStore{exists: tt.exists, generation: 5, children: tt.children}
+			r := NewReceiver(z, new(copylock.Locks), "tank/nomad", "n2", 2, hclog.NewNullLogger())
+			r.MaxReplicasPerPeer = tt.limit
+			_, err := r.receive(stream(t, false, header(tt.kind, 5), plainStream(tt.kind)))
+			if got := status.Code(errdefs.ToStatus(err)); got != tt.want {
+				t.Errorf("%v, want %s", err, tt.want)
+			}
+			if tt.want != codes.OK && z.received > 0 {
+				t.Error("a refused stream reached zfs receive")
+			}
+		})
 	}
 }

@@ -37,6 +37,9 @@ const (
 	// On primaries and replicas: the oldest generation whose every state
 	// is in this copy's history (see HistoryFrom).
 	PropHistoryFrom = propPrefix + "history_from"
+	// On replicas: the node whose full stream created the replica (its
+	// certificate's name), which the bound on replicas per peer counts.
+	PropReceivedFrom = propPrefix + "received_from"
 	// On snapshots.
 	PropSnapshotName = propPrefix + "snapshot_name" // the CSI name of a CSI snapshot
 	PropSourceVolume = propPrefix + "source_volume" // the CSI volume ID it was taken of
