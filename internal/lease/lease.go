@@ -134,13 +134,25 @@ func (m *Monitor) learning() bool {
 }
 
 // Members returns how many nodes this node's lease counts, itself
-// included: every peer address it was given since it started (its own
-// once it answered itself), or 0 when it knows none. It never shrinks:
-// the controller takes its majorities over the largest count a node
-// reports (cluster.Majority), so that they intersect this node's lease
-// majority even when the controller's own peer list lost nodes.
+// included: every peer address it was given since it started. It never
+// shrinks: the controller takes its majorities over the largest count a
+// node reports (cluster.Members), so that they intersect this node's
+// lease majority even when the controller's own peer list lost nodes.
+// It is 0 (nothing to report) until the node has found its own address
+// among its peers (its own ping answered naming it): until then that
+// address would count as one more node, and a node that has just started
+// would raise every majority by one (found on real ZFS: a returning
+// node's count of four in a cluster of three refused a publish that only
+// needed two of three). A node whose peers do not list itself never
+// reports one, and the controller counts its own list.
 func (m *Monitor) Members(selfID string) int {
-	if len(m.Peers()) == 0 {
+	m.mu.Lock()
+	knowsItself := false
+	for _, p := range m.peers {
+		knowsItself = knowsItself || p.nodeID == selfID
+	}
+	m.mu.Unlock()
+	if !knowsItself {
 		return 0
 	}
 	_, total := m.count(selfID)

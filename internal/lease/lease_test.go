@@ -203,4 +203,16 @@ func TestAttestFailoverAsksAfterPeersTheControllerLost(t *testing.T) {
 	if got := alone.Members("c"); got != 0 {
 		t.Errorf("Members of a node without peers = %d, want 0", got)
 	}
+	// Until its own ping is answered, its own address is one more
+	// unnamed peer: it reports nothing rather than four of three.
+	fresh := NewMonitor(10*time.Second, time.Now)
+	fresh.SetPeers([]string{"addr-a", "addr-b", "addr-c"})
+	fresh.Answered("addr-a", "a")
+	if got := fresh.Members("c"); got != 0 {
+		t.Errorf("Members before the node found itself among its peers = %d, want 0", got)
+	}
+	fresh.Answered("addr-c", "c")
+	if got := fresh.Members("c"); got != 3 {
+		t.Errorf("Members once it found itself = %d, want 3", got)
+	}
 }
