@@ -102,10 +102,10 @@ func (c *checker) staged(id, node string) {
 	n := c.w.node(node)
 	gen, _ := strconv.ParseUint(c.user(n, fs, volume.PropGeneration), 10, 64)
 	for _, m := range c.w.nodes {
-		if m == n || !slices.Contains(m.pool.Names(), fs) || c.user(m, fs, volume.PropRole) != vocab.RolePrimary {
+		if m == n || !slices.Contains(m.pool.Names(), fs) {
 			continue
 		}
-		if g, _ := strconv.ParseUint(c.user(m, fs, volume.PropGeneration), 10, 64); g > gen {
+		if role, g, _ := c.label(m, fs); role == vocab.RolePrimary && g > gen {
 			c.late(fmt.Errorf("a stale copy was staged: volume %s at generation %d on %s, while %s holds its primary at generation %d", id, gen, node, m.id, g))
 		}
 	}
@@ -209,6 +209,19 @@ func (c *checker) user(n *simNode, dataset, prop string) string {
 	return v
 }
 
+// label reads a copy's role and generation in one read of its dataset. A
+// background move's promotion runs beside the checks, and sets both at
+// once: read one by one, a copy could show the replica's generation and
+// the primary's role (a false I3, seen under load).
+func (c *checker) label(n *simNode, dataset string) (role string, gen uint64, err error) {
+	ds, err := n.pool.Get(context.Background(), dataset)
+	if err != nil {
+		return "", 0, err
+	}
+	gen, err = strconv.ParseUint(ds.User[volume.PropGeneration], 10, 64)
+	return ds.User[volume.PropRole], gen, err
+}
+
 // oneWriter is I1.
 func (c *checker) oneWriter(id string) error {
 	fs := rootDataset + "/" + id
@@ -232,7 +245,7 @@ func (c *checker) generationsGrow(id string) error {
 		if !slices.Contains(n.pool.Names(), fs) {
 			continue
 		}
-		gen, err := strconv.ParseUint(c.user(n, fs, volume.PropGeneration), 10, 64)
+		role, gen, err := c.label(n, fs)
 		if err != nil {
 			continue // a replica being received carries no label yet
 		}
@@ -241,7 +254,7 @@ func (c *checker) generationsGrow(id string) error {
 			return fmt.Errorf("I3 broken: the copy of %s on %s went from generation %d to %d", id, n.id, last, gen)
 		}
 		c.generations[key] = gen
-		if c.user(n, fs, volume.PropRole) != vocab.RolePrimary {
+		if role != vocab.RolePrimary {
 			continue
 		}
 		pkey := fmt.Sprintf("%s@%d", id, gen)
