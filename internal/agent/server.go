@@ -5,6 +5,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"strings"
@@ -153,14 +154,19 @@ func (s *Server) Replicate(req *pb.ReplicateRequest, stream pb.NodeAgent_Replica
 		_ = stream.Send(&pb.ReplicateProgress{Kind: p.Kind, Snapshot: p.Snapshot, Base: p.Base, Bytes: p.Bytes, TotalBytes: p.Total, Done: p.Done,
 			FencedUnixNano: p.FencedAt})
 	}
-	var fence replication.Fence
-	if target := req.GetFenceForNodeId(); target != "" {
-		id := req.GetVolumeId()
-		fence = func(ctx context.Context, at int64) (int64, error) { return s.volumes.FenceHeld(ctx, id, target, at) }
+	expected, fenceFor := req.GetTargetNodeId(), req.GetFenceForNodeId()
+	if expected != "" && fenceFor != "" && expected != fenceFor {
+		return errdefs.ToStatus(errdefs.Wrap(errdefs.ErrInvalidArgument,
+			"replicate %s: target_node_id %q and fence_for_node_id %q differ: a move's final push goes to the node it fences for", req.GetVolumeId(), expected, fenceFor))
 	}
-	// A move's final push knows its target node: only that node's
-	// certificate may answer at the target address.
-	_, err := s.pusher.PushFenced(stream.Context(), req.GetVolumeId(), req.GetTargetAddress(), req.GetFenceForNodeId(), req.GetPurpose(), time.Second, report, fence)
+	var fence replication.Fence
+	if fenceFor != "" {
+		id := req.GetVolumeId()
+		fence = func(ctx context.Context, at int64) (int64, error) { return s.volumes.FenceHeld(ctx, id, fenceFor, at) }
+	}
+	// A caller that knows the target node (the controller always does):
+	// only that node's certificate may answer at the target address.
+	_, err := s.pusher.PushFenced(stream.Context(), req.GetVolumeId(), req.GetTargetAddress(), cmp.Or(expected, fenceFor), req.GetPurpose(), time.Second, report, fence)
 	return errdefs.ToStatus(err)
 }
 

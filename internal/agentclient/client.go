@@ -159,13 +159,22 @@ func (c *Client) ListSnapshots(ctx context.Context, q SnapshotQuery) ([]Snapshot
 	return convertAll(resp.GetSnapshots(), snapshotFromPB), nil
 }
 
-// Replicate asks the agent to push a volume to the agent at targetAddr now,
+// Target is the node a push goes to: its agent's address and its node ID,
+// which the pushing node requires of the certificate that answers there
+// (tlsconfig.Bind). Without a node ID, the first certificate to answer
+// must be the node its answers name.
+type Target struct {
+	Addr   string
+	NodeID string
+}
+
+// Replicate asks the agent to push a volume to the agent of node to now,
 // calls each (if set) with every progress report, and returns the last
 // one; a push that completed ends with Done set. purpose says why, in the
 // source node's Status ("schedule", "backup", "catch-up for the move to
 // n2").
-func (c *Client) Replicate(ctx context.Context, volumeID, targetAddr, purpose string, each func(Progress)) (Progress, error) {
-	return c.replicate(ctx, &pb.ReplicateRequest{VolumeId: volumeID, TargetAddress: targetAddr, Purpose: purpose}, each)
+func (c *Client) Replicate(ctx context.Context, volumeID string, to Target, purpose string, each func(Progress)) (Progress, error) {
+	return c.replicate(ctx, &pb.ReplicateRequest{VolumeId: volumeID, TargetAddress: to.Addr, TargetNodeId: to.NodeID, Purpose: purpose}, each)
 }
 
 // MoveFinal is a planned move's final push: the agent fences its primary
@@ -173,7 +182,7 @@ func (c *Client) Replicate(ctx context.Context, volumeID, targetAddr, purpose st
 // after the fence to the agent at targetAddr. The last progress report
 // carries the fence's time.
 func (c *Client) MoveFinal(ctx context.Context, volumeID, targetAddr, targetNodeID string) (Progress, error) {
-	return c.replicate(ctx, &pb.ReplicateRequest{VolumeId: volumeID, TargetAddress: targetAddr, FenceForNodeId: targetNodeID,
+	return c.replicate(ctx, &pb.ReplicateRequest{VolumeId: volumeID, TargetAddress: targetAddr, FenceForNodeId: targetNodeID, TargetNodeId: targetNodeID,
 		Purpose: "final step of the move to " + targetNodeID}, nil)
 }
 

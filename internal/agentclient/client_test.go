@@ -182,7 +182,7 @@ func TestConversions(t *testing.T) {
 		}, Promise{Granted: false, PromisedGeneration: 7, PromisedHolder: "n2"}},
 		{"DeleteReplica", func() (any, error) { return c.DeleteReplica(ctx, "vol-1", true) }, true},
 		{"Replicate", func() (any, error) {
-			return c.Replicate(ctx, "vol-1", "n2:7670", "test", func(p Progress) { seen = append(seen, p) })
+			return c.Replicate(ctx, "vol-1", Target{Addr: "n2:7670", NodeID: "n2"}, "test", func(p Progress) { seen = append(seen, p) })
 		}, Progress{Kind: "full", Snapshot: "zn-3", Base: "zn-2", Bytes: 2, TotalBytes: 3, Done: true}},
 	}
 	for _, tt := range tests {
@@ -253,7 +253,7 @@ func TestErrors(t *testing.T) {
 			c := serve(t, &agent{err: tt.err})
 			calls := map[string]func() error{
 				"GetVolume": func() error { _, err := c.GetVolume(context.Background(), "vol-1"); return err },
-				"Replicate": func() error { _, err := c.Replicate(context.Background(), "vol-1", "n2", "test", nil); return err },
+				"Replicate": func() error { _, err := c.Replicate(context.Background(), "vol-1", Target{Addr: "n2"}, "test", nil); return err },
 				"DeleteVolume": func() error {
 					return c.DeleteVolume(context.Background(), "vol-1")
 				},

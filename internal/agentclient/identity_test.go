@@ -66,7 +66,7 @@ func TestNodeAnswersOnlyAsItself(t *testing.T) {
 			call: func(ctx context.Context, c *Client) error { _, err := c.GetVolume(ctx, "v"); return err }},
 		{name: "a stream held to another node", cert: "liar", claims: "liar", bind: "n2", refused: true,
 			call: func(ctx context.Context, c *Client) error {
-				_, err := c.Replicate(ctx, "v", "n3:1", "test", nil)
+				_, err := c.Replicate(ctx, "v", Target{Addr: "n3:1"}, "test", nil)
 				return err
 			}},
 	} {

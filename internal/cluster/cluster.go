@@ -47,7 +47,7 @@ type Agent interface {
 	CreateSnapshot(ctx context.Context, sourceVolumeID, name string, createdAfterUnix int64) (agentclient.Snapshot, error)
 	DeleteSnapshot(ctx context.Context, d agentclient.SnapshotDeletion) error
 	ListSnapshots(ctx context.Context, q agentclient.SnapshotQuery) ([]agentclient.Snapshot, error)
-	Replicate(ctx context.Context, volumeID, targetAddr, purpose string, each func(agentclient.Progress)) (agentclient.Progress, error)
+	Replicate(ctx context.Context, volumeID string, to agentclient.Target, purpose string, each func(agentclient.Progress)) (agentclient.Progress, error)
 	Status(ctx context.Context) (agentclient.NodeStatus, error)
 	DeleteReplica(ctx context.Context, volumeID string, volumeDeleted bool) (deleted bool, err error)
 	GetCopy(ctx context.Context, volumeID string) (agentclient.Copy, error)

@@ -17,19 +17,19 @@ const DefaultStallTimeout = 2 * time.Minute
 // ErrStalled ends a push that moved no data for its stall timeout.
 var ErrStalled = errors.New("the push moved no data for the stall timeout; cancelled")
 
-// Push has source push its primary of volumeID to the agent at
-// targetAddr, and reports each progress to each (when set). A push that
+// Push has source push its primary of volumeID to the agent of node to
+// (only that node's certificate may answer there), and reports each progress to each (when set). A push that
 // moves no byte for stall (DefaultStallTimeout when stall is not
 // positive) is cancelled with ErrStalled: a hung peer or
 // stream must not hold a push, and whatever waits for it, forever. Its
 // answer is an error unless the push completed.
-func Push(ctx context.Context, source Node, volumeID, targetAddr, purpose string, stall time.Duration, each func(agentclient.Progress)) (agentclient.Progress, error) {
+func Push(ctx context.Context, source Node, volumeID string, to agentclient.Target, purpose string, stall time.Duration, each func(agentclient.Progress)) (agentclient.Progress, error) {
 	if stall <= 0 {
 		stall = DefaultStallTimeout
 	}
 	ctx, progressed, stop := stallGuard(ctx, stall)
 	defer stop()
-	last, err := source.Agent.Replicate(ctx, volumeID, targetAddr, purpose, func(p agentclient.Progress) {
+	last, err := source.Agent.Replicate(ctx, volumeID, to, purpose, func(p agentclient.Progress) {
 		progressed(p.Bytes)
 		if each != nil {
 			each(p)

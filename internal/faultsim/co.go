@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/agentclient"
 	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
 )
 
@@ -307,7 +308,7 @@ func (w *world) backup(v *simVolume, from, to *simNode) bool {
 	}
 	for _, node := range nodes {
 		if node.Info.NodeID == from.id {
-			last, err := node.Agent.Replicate(ctx, v.id, to.addr(), "simulation", nil)
+			last, err := node.Agent.Replicate(ctx, v.id, agentclient.Target{Addr: to.addr(), NodeID: to.id}, "simulation", nil)
 			w.tracef("co: backup %s %s->%s: %s %v", v.name, from.id, to.id, last.Kind, errText(err))
 			if err == nil {
 				w.stats.Pushes++

@@ -515,7 +515,7 @@ func (m *Migrator) runCatchUp(c *catchUp, source cluster.Node, targetAddr string
 	ctx := m.background.context()
 	var err error
 	for busy := 0; ; busy++ {
-		_, err = cluster.Push(ctx, source, c.volumeID, targetAddr, "catch-up for the move to "+c.target, m.StallTimeout, c.progress)
+		_, err = cluster.Push(ctx, source, c.volumeID, agentclient.Target{Addr: targetAddr, NodeID: c.target}, "catch-up for the move to "+c.target, m.StallTimeout, c.progress)
 		if !errors.Is(err, errdefs.ErrAborted) || busy >= maxBusyWaits {
 			break
 		}

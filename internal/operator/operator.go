@@ -68,7 +68,7 @@ func Backup(ctx context.Context, cl *cluster.Cluster, volumeID string, opts Back
 		volumeID, src.Object.Name, src.Node.Info.NodeID, target.Info.NodeID, stall)
 	start := time.Now()
 	push := func() (agentclient.Progress, error) {
-		return cluster.Push(ctx, src.Node, volumeID, target.Addr, "backup", stall, func(p agentclient.Progress) {
+		return cluster.Push(ctx, src.Node, volumeID, agentclient.Target{Addr: target.Addr, NodeID: target.Info.NodeID}, "backup", stall, func(p agentclient.Progress) {
 			fmt.Fprintf(out, "\r%s", FormatProgress(p, time.Since(start)))
 		})
 	}

@@ -728,7 +728,7 @@ func (s *Scheduler) due(r replica, interval time.Duration) string {
 func (s *Scheduler) push(ctx context.Context, p Push) {
 	log := s.log.With("volume_id", p.VolumeID, "source", p.Source.Info.NodeID, "target", p.Target.Info.NodeID, "reason", p.Reason)
 	start := s.now()
-	last, err := cluster.Push(ctx, p.Source, p.VolumeID, p.Target.Addr, "schedule", s.StallTimeout, nil)
+	last, err := cluster.Push(ctx, p.Source, p.VolumeID, agentclient.Target{Addr: p.Target.Addr, NodeID: p.Target.Info.NodeID}, "schedule", s.StallTimeout, nil)
 	s.recordPush(p, start, err)
 	if err != nil {
 		log.Warn("push failed; the next round retries", "error", err)

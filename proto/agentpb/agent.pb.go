@@ -1338,7 +1338,13 @@ type ReplicateRequest struct {
 	FenceForNodeId string `protobuf:"bytes,3,opt,name=fence_for_node_id,json=fenceForNodeId,proto3" json:"fence_for_node_id,omitempty"`
 	// Why the push runs ("catch-up for the move to n2", "schedule",
 	// "backup"), shown by the source node's Status.
-	Purpose       string `protobuf:"bytes,4,opt,name=purpose,proto3" json:"purpose,omitempty"`
+	Purpose string `protobuf:"bytes,4,opt,name=purpose,proto3" json:"purpose,omitempty"`
+	// The node expected at target_address: a server whose certificate
+	// names another node is refused before anything is sent. Empty: the
+	// node whose certificate answers first, which must be the node its
+	// ReplicaState names. With fence_for_node_id, both must name the same
+	// node.
+	TargetNodeId  string `protobuf:"bytes,5,opt,name=target_node_id,json=targetNodeId,proto3" json:"target_node_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1397,6 +1403,13 @@ func (x *ReplicateRequest) GetFenceForNodeId() string {
 func (x *ReplicateRequest) GetPurpose() string {
 	if x != nil {
 		return x.Purpose
+	}
+	return ""
+}
+
+func (x *ReplicateRequest) GetTargetNodeId() string {
+	if x != nil {
+		return x.TargetNodeId
 	}
 	return ""
 }
@@ -3302,12 +3315,13 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\fwith_deleted\x18\x05 \x01(\bR\vwithDeleted\x12!\n" +
 	"\fdeleted_only\x18\x06 \x01(\bR\vdeletedOnly\"R\n" +
 	"\x15ListSnapshotsResponse\x129\n" +
-	"\tsnapshots\x18\x01 \x03(\v2\x1b.zfsnomad.agent.v1.SnapshotR\tsnapshots\"\x9b\x01\n" +
+	"\tsnapshots\x18\x01 \x03(\v2\x1b.zfsnomad.agent.v1.SnapshotR\tsnapshots\"\xc1\x01\n" +
 	"\x10ReplicateRequest\x12\x1b\n" +
 	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12%\n" +
 	"\x0etarget_address\x18\x02 \x01(\tR\rtargetAddress\x12)\n" +
 	"\x11fence_for_node_id\x18\x03 \x01(\tR\x0efenceForNodeId\x12\x18\n" +
-	"\apurpose\x18\x04 \x01(\tR\apurpose\"\xcc\x01\n" +
+	"\apurpose\x18\x04 \x01(\tR\apurpose\x12$\n" +
+	"\x0etarget_node_id\x18\x05 \x01(\tR\ftargetNodeId\"\xcc\x01\n" +
 	"\x11ReplicateProgress\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x1a\n" +
 	"\bsnapshot\x18\x02 \x01(\tR\bsnapshot\x12\x12\n" +

@@ -116,7 +116,7 @@ func BenchmarkReplication(b *testing.B) {
 		socat.add(measure(b, func() { socatSend(b, n1, n2, src+"@bench", n2.Pool+"/socat") }))
 		sh(b, "zfs destroy -r "+n2.Pool+"/socat")
 
-		driver.add(measure(b, func() { push(b, agent, id, n2.AgentAddress) }))
+		driver.add(measure(b, func() { push(b, agent, id, n2) }))
 		dropReplica(b, n1, n2, id)
 	}
 	// Plaintext last: the nodes restart without TLS for it.
@@ -133,7 +133,7 @@ func BenchmarkReplication(b *testing.B) {
 	defer plainConn.Close()
 	b.StartTimer()
 	for i := 0; i < b.N; i++ {
-		plaintext.add(measure(b, func() { push(b, agentclient.New(plainConn), id, n2.AgentAddress) }))
+		plaintext.add(measure(b, func() { push(b, agentclient.New(plainConn), id, n2) }))
 		dropReplica(b, n1, n2, id)
 	}
 	b.StopTimer()
@@ -214,8 +214,8 @@ func createVolume(b *testing.B, c *sim.Cluster, name, node string, size int64) (
 }
 
 // push runs one Replicate to the end.
-func push(b *testing.B, agent *agentclient.Client, id, target string) {
-	if _, err := agent.Replicate(context.Background(), id, target, "bench", nil); err != nil {
+func push(b *testing.B, agent *agentclient.Client, id string, target *sim.Node) {
+	if _, err := agent.Replicate(context.Background(), id, agentclient.Target{Addr: target.AgentAddress, NodeID: target.ID}, "bench", nil); err != nil {
 		b.Fatal(err)
 	}
 }
@@ -366,7 +366,7 @@ func BenchmarkMigration(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer agentConn.Close()
-	push(b, agentclient.New(agentConn), id, n2.AgentAddress) // the replica on n2
+	push(b, agentclient.New(agentConn), id, n2) // the replica on n2
 
 	var raws, publishes, ratios []float64
 	b.ResetTimer()

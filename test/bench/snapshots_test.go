@@ -54,7 +54,7 @@ func BenchmarkSnapshotBytes(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		var last agentclient.Progress
 		took.add(measure(b, func() {
-			if last, err = agent.Replicate(ctx, id, n2.AgentAddress, "bench", nil); err != nil {
+			if last, err = agent.Replicate(ctx, id, agentclient.Target{Addr: n2.AgentAddress, NodeID: n2.ID}, "bench", nil); err != nil {
 				b.Fatal(err)
 			}
 		}))

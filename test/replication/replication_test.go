@@ -79,7 +79,7 @@ func replicatedVolume(t *testing.T, opts sim.Options, name string) (c *sim.Clust
 // progress report.
 func replicate(t *testing.T, ctx context.Context, c *sim.Cluster, from, to *sim.Node, id string) (agentclient.Progress, error) {
 	t.Helper()
-	return controllerAgent(t, c, from).Replicate(ctx, id, to.AgentAddress, "test", nil)
+	return controllerAgent(t, c, from).Replicate(ctx, id, agentclient.Target{Addr: to.AgentAddress, NodeID: to.ID}, "test", nil)
 }
 
 // controllerAgent dials a node agent as the operator, through the
@@ -822,7 +822,7 @@ func TestDeleteRacesTidies(t *testing.T) {
 		// The last push: the delete starts as soon as the push reports
 		// it is done, when its tidy has just begun.
 		deleted := make(chan error, 1)
-		_, err = source.Replicate(ctx, id, n2.AgentAddress, "test", func(p agentclient.Progress) {
+		_, err = source.Replicate(ctx, id, agentclient.Target{Addr: n2.AgentAddress, NodeID: n2.ID}, "test", func(p agentclient.Progress) {
 			if p.Done {
 				go func() {
 					time.Sleep(delay)

@@ -669,12 +669,12 @@ func (f *FakeAgent) Reservations() []agentclient.Reservation {
 	return slices.Clone(f.reserved)
 }
 
-// Replicate pushes the node's primary to the agent at targetAddr: a
+// Replicate pushes the node's primary to the agent at to.Addr: a
 // snapshot taken now arrives there as a replica of
 // the primary's generation, unless the target holds a primary. A target
 // that is no fake of the same Fakes receives nothing; the push answers
 // done all the same.
-func (f *FakeAgent) Replicate(ctx context.Context, id, targetAddr, purpose string, each func(agentclient.Progress)) (agentclient.Progress, error) {
+func (f *FakeAgent) Replicate(ctx context.Context, id string, to agentclient.Target, purpose string, each func(agentclient.Progress)) (agentclient.Progress, error) {
 	f.mu.Lock()
 	f.purposes = append(f.purposes, purpose)
 	f.mu.Unlock()
@@ -686,7 +686,7 @@ func (f *FakeAgent) Replicate(ctx context.Context, id, targetAddr, purpose strin
 		f.mu.Unlock()
 		return agentclient.Progress{}, err
 	}
-	p, err := f.push(id, targetAddr)
+	p, err := f.push(id, to.Addr)
 	if err == nil && each != nil {
 		each(p)
 	}

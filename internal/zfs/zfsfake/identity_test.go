@@ -3,17 +3,24 @@ package zfsfake_test
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
 	"testing"
 
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/agent"
+	"github.com/zfs-nomad/zfs-nomad/internal/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/copylock"
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
 	"github.com/zfs-nomad/zfs-nomad/internal/replication"
 	"github.com/zfs-nomad/zfs-nomad/internal/tlsconfig"
+	"github.com/zfs-nomad/zfs-nomad/internal/volume"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs"
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
@@ -79,4 +86,60 @@ func pusherOverTLS(t *testing.T, src, dst node, cert, says string) *replication.
 	p := replication.NewPusher(src.s, new(copylock.Locks), "tank/nomad", "n1", 2, nil, dial, hclog.NewNullLogger())
 	t.Cleanup(p.Close)
 	return p
+}
+
+// TestReplicateGoesOnlyToTheTargetNodeItNames (issue 35): the
+// controller's scheduled pushes, catch-ups and an operator's backups name
+// the node they push to (target_node_id), as a move's final push does:
+// the agent refuses a server at the target address whose certificate
+// names another node, sending nothing; without a name, a node that
+// answers as itself is pushed to; a request whose target and fence name
+// different nodes is refused as wrong.
+func TestReplicateGoesOnlyToTheTargetNodeItNames(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		req  *pb.ReplicateRequest
+		want codes.Code
+	}{
+		{name: "the named target is another node", req: &pb.ReplicateRequest{TargetNodeId: "n2", Purpose: "schedule"}, want: codes.PermissionDenied},
+		{name: "no target named", req: &pb.ReplicateRequest{Purpose: "schedule"}, want: codes.OK},
+		{name: "target and fence differ", req: &pb.ReplicateRequest{TargetNodeId: "n2", FenceForNodeId: "n3"}, want: codes.InvalidArgument},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			src, dst, id, fs := primaryAndPeer(t)
+			must(t, src.Write(fs, "a"))
+			// The server at the target address holds node n3's
+			// certificate and answers as n3.
+			p := pusherOverTLS(t, src, dst, "n3", "n3")
+			cfg := config.DefaultNode()
+			cfg.NodeID, cfg.RootDataset = "n1", "tank/nomad"
+			volumes := volume.NewManager(src, cfg, hclog.NewNullLogger())
+			agentServer := agent.NewServer(volumes, p, nil, cfg, hclog.NewNullLogger())
+			lis := bufconn.Listen(1 << 20)
+			srv := grpc.NewServer()
+			pb.RegisterNodeAgentServer(srv, agentServer)
+			go func() { _ = srv.Serve(lis) }()
+			t.Cleanup(srv.Stop)
+			conn, err := grpc.NewClient("passthrough:///agent", grpc.WithTransportCredentials(insecure.NewCredentials()),
+				grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }))
+			must(t, err)
+			t.Cleanup(func() { _ = conn.Close() })
+			tc.req.VolumeId, tc.req.TargetAddress = id, "n2:1"
+			stream, err := pb.NewNodeAgentClient(conn).Replicate(ctx, tc.req)
+			must(t, err)
+			for err == nil {
+				_, err = stream.Recv()
+			}
+			if errors.Is(err, io.EOF) {
+				err = nil
+			}
+			if status.Code(err) != tc.want {
+				t.Fatalf("replicate: %v, want %s", err, tc.want)
+			}
+			_, got := dst.s.Get(ctx, fs, "guid")
+			if received := got == nil; received != (tc.want == codes.OK) {
+				t.Errorf("the server at the target received the volume: %v, want %v", received, tc.want == codes.OK)
+			}
+		})
+	}
 }
