@@ -186,11 +186,11 @@ func DefaultNode() Node {
 
 // FenceAllowance is how long a node that lost its lease may take to make
 // all its mounted primaries read-only: it fences them all at once, each
-// waiting for its copy's lock (copylock.Wait at most) and then switching
+// waiting for its copy's lock (copylock.DefaultWait at most) and then switching
 // the dataset to readonly=on (fenceSwitch). The switch remounts the
 // filesystem, which flushes its dirty data: fenceSwitch is an allowance
 // for that, not a bound the kernel gives.
-const FenceAllowance = copylock.Wait + fenceSwitch
+const FenceAllowance = copylock.DefaultWait + fenceSwitch
 
 const fenceSwitch = 5 * time.Second
 

@@ -15,6 +15,7 @@
 package copylock
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -25,14 +26,20 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/keylock"
 )
 
-// Wait bounds how long Lock waits for the change that holds a copy's
-// lock. Every change but a receive takes a few pool syncs; a receive may
-// take long, and whoever waits for it gets Aborted, names it, and retries.
-const Wait = 10 * time.Second
+// DefaultWait bounds how long Lock waits for the change that holds a
+// copy's lock. Every change but a receive takes a few pool syncs; a
+// receive may take long, and whoever waits for it gets Aborted, names it,
+// and retries.
+const DefaultWait = 10 * time.Second
 
 // Locks holds the locks of one node's copies, by volume ID (or snapshot
 // ID, for a CSI snapshot's own operations). The zero value is ready to use.
 type Locks struct {
+	// Wait, when set, replaces DefaultWait: the fault simulation, whose
+	// steps are seconds of its own clock run in milliseconds, waits for
+	// a busy lock within one step as a node waits within one beat.
+	Wait time.Duration
+
 	keys keylock.Locks
 
 	mu        sync.Mutex
@@ -59,7 +66,7 @@ type transfer struct {
 // as "receive from node n2"), waiting until ctx ends or for Wait at most.
 // A change that does not get it answers Aborted, naming what holds it.
 func (l *Locks) Lock(ctx context.Context, id, what string) (unlock func(), err error) {
-	wctx, cancel := context.WithTimeout(ctx, Wait)
+	wctx, cancel := context.WithTimeout(ctx, cmp.Or(l.Wait, DefaultWait))
 	defer cancel()
 	release, err := l.keys.Lock(wctx, id)
 	if err != nil {

@@ -89,7 +89,7 @@ func (w *world) pick() func() {
 		choices = append(choices, choice{30, func() { w.create(v) }})
 	}
 	if w.cfg.LyingPeers {
-		choices = append(choices, choice{10, func() { w.lie(v, n, m) }})
+		choices = append(choices, choice{10, func() { w.lie(v, n, m) }}, choice{5, func() { w.stall(v, n, m) }})
 	}
 	total := 0
 	for _, c := range choices {

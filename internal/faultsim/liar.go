@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -148,4 +149,69 @@ func forgedStreams(id string, seed uint64) (map[string][]byte, error) {
 		out[kind] = b.Bytes()
 	}
 	return out, nil
+}
+
+// stallSteps bounds, in steps, how long a stalling liar sends nothing.
+const stallSteps = 40
+
+// stall is a lying peer that stalls mid-receive (issue 35, defect 3): it
+// sends victim the header of a stream of v one generation above the
+// victim's copy, and half the time the stream's first record, then
+// nothing for 3 to stallSteps steps. It stalls at the node of v's job
+// when v runs (the primary a self-fence must reach), and reaches the
+// victim past every cut: what holds liar's certificate may sit on the
+// victim's side of a split. The receiver must take no primary's lock
+// for it, and hold a replica's only until its stall guard ends the
+// receive; the self-fence, a stage or a promote of v meanwhile waits at
+// most the lock's wait, which the checker's invariants then judge.
+func (w *world) stall(v *simVolume, liar, victim *simNode) {
+	if v.alloc != "" {
+		victim = w.node(v.alloc)
+	}
+	if !v.created || liar == victim || victim.inc == nil {
+		return
+	}
+	fs := rootDataset + "/" + v.id
+	generation, _ := strconv.ParseUint(w.checker.user(victim, fs, volume.PropGeneration), 10, 64)
+	streams, err := forgedStreams(v.id, w.cfg.Seed)
+	if err != nil {
+		panic(err) // a scratch fake always makes them
+	}
+	h := &pb.ReceiveHeader{VolumeId: v.id, VolumeName: v.name, SourceNodeId: liar.id, Generation: generation + 1,
+		Kind: replication.KindFull, Snapshot: "zn-1", CapacityBytes: 1 << 30}
+	msgs := []*pb.ReceiveMessage{{Msg: &pb.ReceiveMessage_Header{Header: h}}}
+	what := "its header"
+	if w.dice.chance(0.5) {
+		first := streams[replication.KindFull][:min(312, len(streams[replication.KindFull]))] // a begin record
+		msgs = append(msgs, &pb.ReceiveMessage{Msg: &pb.ReceiveMessage_Data{Data: first}})
+		what = "its header and first record"
+	}
+	until := w.step + 3 + w.dice.intn(stallSteps-2)
+	conn, err := grpc.NewClient(victim.addr(), w.net.directDialOptions(liar.id)...)
+	if err != nil {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	stream, err := pb.NewReplicationClient(conn).Receive(ctx)
+	for _, m := range msgs {
+		if err == nil {
+			err = stream.Send(m)
+		}
+	}
+	w.tracef("%s stalls a stream of %s to %s after %s, until step %d: %v", liar.id, v.name, victim.id, what, until, errText(err))
+	w.stats.Stalls++
+	w.stalls.Add(1)
+	go func() {
+		defer w.stalls.Done()
+		defer conn.Close()
+		defer cancel()
+		for w.stepNow.Load() < int64(until) {
+			select {
+			case <-w.done:
+				return
+			case <-time.After(time.Millisecond):
+			}
+		}
+		w.tracef("%s's stalled stream of %s to %s ends", liar.id, v.name, victim.id)
+	}()
 }

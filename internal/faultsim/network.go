@@ -247,6 +247,14 @@ func (n *network) deliverable(from, to string) string {
 // in-memory dialer, from's identity (identity.go), reconnection without
 // back-off, and the faults.
 func (n *network) dialOptions(from string, alive func() bool) []grpc.DialOption {
+	return append(n.directDialOptions(from),
+		grpc.WithChainUnaryInterceptor(n.unary(from, alive)),
+		grpc.WithChainStreamInterceptor(n.stream(from, alive)))
+}
+
+// directDialOptions connect as from to any node that listens, past every
+// cut and without faults: a stalling liar's link (liar.go).
+func (n *network) directDialOptions(from string) []grpc.DialOption {
 	dialer := func(ctx context.Context, addr string) (net.Conn, error) {
 		n.mu.Lock()
 		h, ok := n.handoffs[addr]
@@ -261,8 +269,6 @@ func (n *network) dialOptions(from string, alive func() bool) []grpc.DialOption 
 		grpc.WithContextDialer(dialer),
 		grpc.WithTransportCredentials(identity{name: from}),
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: fast, MinConnectTimeout: time.Second}),
-		grpc.WithChainUnaryInterceptor(n.unary(from, alive)),
-		grpc.WithChainStreamInterceptor(n.stream(from, alive)),
 	}
 }
 

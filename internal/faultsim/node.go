@@ -27,6 +27,7 @@ import (
 const (
 	rootDataset = "tank/nomad"
 	poolSize    = 64 << 30
+	lockWait    = 100 * time.Millisecond
 )
 
 // errCrashed is what a dead process's calls into its pool get.
@@ -44,10 +45,11 @@ type simNode struct {
 	base    string  // the base directory of its staging and target paths
 	domain  string  // its replication domain
 	rate    float64 // its clock's rate against the simulation's (0: the same)
-	// skew is its wall clock's offset: it names replication snapshots
-	// and dates fences. The wall clock runs in real time, so that names
-	// taken within one step differ.
-	skew time.Duration
+	// skew is its wall clock's offset, in nanoseconds: it names
+	// replication snapshots and dates fences. The wall clock runs in real
+	// time, so that names taken within one step differ, and it steps
+	// (stepWallClock) as NTP or an operator's date steps it.
+	skew atomic.Int64
 
 	// calls is held (read) by every call of an incarnation into the
 	// pool, and taken by start: see livezfs.go.
@@ -100,12 +102,17 @@ func (n *simNode) start(ctx context.Context) {
 	}
 	streams := liveStreams{s: n.pool.Streams(), enter: inc.enter}
 	inc.volumes = volume.NewManager(liveZFS{z: n.pool, enter: inc.enter}, cfg, log.Named("volumes"))
+	// A beat's fence, a stage, a promote wait for a busy lock within
+	// their step, as a node's wait (copylock.DefaultWait) ends within a
+	// beat of its lease: a lock that a stalled stream holds makes them
+	// Aborted in the step, not ten seconds of real time later.
+	inc.volumes.Locks().Wait = lockWait
 	dial := func(addr string) (*grpc.ClientConn, error) {
 		return grpc.NewClient(addr, append(replication.DialOptions(), n.w.net.dialOptions(n.id, inc.isAlive)...)...)
 	}
 	inc.pusher = replication.NewPusher(streams, inc.volumes.Locks(), rootDataset, n.id, cfg.ReplicationSnapshots, replication.NewLimiter(0), dial, log.Named("replication"))
 	inc.volumes.Mounted = func(dataset string) (bool, error) { return n.mounts.Mounted(dataset), nil }
-	wall := func() time.Time { return time.Now().Add(n.skew) }
+	wall := func() time.Time { return time.Now().Add(time.Duration(n.skew.Load())) }
 	inc.volumes.UseClock(wall)
 	inc.pusher.UseClock(wall)
 	receiver := replication.NewReceiver(streams, inc.volumes.Locks(), rootDataset, n.id, cfg.ReplicationSnapshots, log.Named("replication"))
@@ -153,7 +160,7 @@ func (n *simNode) start(ctx context.Context) {
 	if rate == 0 {
 		rate = 1
 	}
-	n.w.tracef("%s: process started (incarnation %d, clock rate %.2f, wall clock %+v)", n.id, inc.num, rate, n.skew)
+	n.w.tracef("%s: process started (incarnation %d, clock rate %.2f, wall clock %+v)", n.id, inc.num, rate, time.Duration(n.skew.Load()))
 }
 
 // leaseVolumes is the volume manager as the heartbeat sees it.

@@ -4,6 +4,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 )
 
 // listedPeers is the controller's peer list as service discovery renders
@@ -77,6 +78,12 @@ func (w *world) split(v *simVolume) {
 	lostToCO := oneWay && w.dice.chance(0.5)
 	lasts := 5 + w.dice.intn(30)
 	w.splitEnds = w.step + lasts
+	// A node's wall clock steps about when the cut side's lease runs out
+	// (L) and when its peers may attest its silence (L+M): the lease and
+	// the failover must not read it (docs/safety.md, "Clocks").
+	second := int(time.Second)
+	w.clockSteps = []int{w.step + int(w.cfg.Lease)/second + w.dice.intn(3) - 1,
+		w.step + int(w.cfg.Lease+w.cfg.LeaseMargin)/second + w.dice.intn(3) - 1}
 	w.splitAgain = func() {
 		for _, a := range side {
 			for _, b := range rest {
@@ -152,4 +159,18 @@ func (w *world) cutSide(v *simVolume) []string {
 		}
 	}
 	return side
+}
+
+// stepWallClock steps one node's wall clock to another offset within
+// the run's skew, forwards or back: a snapshot it names now may sort
+// before one it named earlier, and a fence it dates may seem to come
+// before the events it follows. Nothing that decides may depend on it.
+func (w *world) stepWallClock() {
+	if w.cfg.Skew <= 0 {
+		return
+	}
+	n := w.nodes[w.dice.intn(len(w.nodes))]
+	to := time.Duration((2*float64(w.dice.next()>>11)/(1<<53) - 1) * float64(w.cfg.Skew)).Truncate(time.Second)
+	from := time.Duration(n.skew.Swap(int64(to)))
+	w.tracef("clock: the wall clock of %s steps by %s (its offset from %s to %s)", n.id, to-from, from, to)
 }

@@ -18,6 +18,7 @@ import (
 	"hash/fnv"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -112,6 +113,9 @@ type world struct {
 	// until step splitEnds, whatever other heals come (split).
 	splitAgain func()
 	splitEnds  int
+	// clockSteps are the steps at which a node's wall clock steps: near
+	// the lease's boundaries of the last split (split).
+	clockSteps []int
 	ctl        *controller.Controller
 	mig        *migration.Migrator
 	cl         *cluster.Cluster
@@ -129,6 +133,9 @@ type world struct {
 	stepNow atomic.Int64
 
 	stats Stats
+	// stalls are the stalling liars' streams (liar.go); done ends them.
+	stalls sync.WaitGroup
+	done   chan struct{}
 
 	traceMu sync.Mutex
 	trace   []string
@@ -157,6 +164,7 @@ type Stats struct {
 	Crashes                                             int // processes crashed or lost power
 	Deletes                                             int // DeleteVolume answered OK
 	LiesRefused                                         int // a lying peer's stream was refused as it should be
+	Stalls                                              int // a lying peer stalled a stream mid-receive
 	Snapshots                                           int // CreateSnapshot answered OK
 	// SnapshotDeletes, Restores, Expands: DeleteSnapshot, CreateVolume
 	// from a snapshot and ControllerExpandVolume answered OK.
@@ -188,6 +196,7 @@ func (s *Stats) Add(o Stats) {
 	s.Crashes += o.Crashes
 	s.Deletes += o.Deletes
 	s.LiesRefused += o.LiesRefused
+	s.Stalls += o.Stalls
 	s.Snapshots += o.Snapshots
 	s.SnapshotDeletes += o.SnapshotDeletes
 	s.Restores += o.Restores
@@ -251,7 +260,7 @@ func (f *Failure) Error() string {
 }
 
 func newWorld(cfg Config) *world {
-	w := &world{cfg: cfg, dice: newDice(cfg.Seed), clock: time.Unix(1_800_000_000, 0)}
+	w := &world{cfg: cfg, dice: newDice(cfg.Seed), clock: time.Unix(1_800_000_000, 0), done: make(chan struct{})}
 	w.start = w.clock
 	w.net = newNetwork(w.dice, rates{loss: cfg.Rates.Loss, dup: cfg.Rates.Dup, cut: cfg.Rates.Cut}, w.tracef, w.stepNow.Load)
 	w.checker = newChecker(w)
@@ -264,7 +273,7 @@ func newWorld(cfg Config) *world {
 		if cfg.Skew > 0 {
 			// From a roll of its own, so the seeds' other choices stay
 			// as they were without skew.
-			n.skew = time.Duration((2*w.dice.roll("skew/"+id, 0) - 1) * float64(cfg.Skew)).Truncate(time.Second)
+			n.skew.Store(int64(time.Duration((2*w.dice.roll("skew/"+id, 0) - 1) * float64(cfg.Skew)).Truncate(time.Second)))
 		}
 		n.pool = zfsfake.New(poolSize, "tank")
 		n.pool.GUIDSeed = guidSeed(cfg.Seed, id)
@@ -316,6 +325,8 @@ func (w *world) stopController() {
 }
 
 func (w *world) close() {
+	close(w.done)
+	w.stalls.Wait()
 	w.stopController()
 	for _, n := range w.nodes {
 		n.stop()
@@ -418,14 +429,18 @@ func (w *world) node(id string) *simNode {
 func (w *world) runStep() error { return w.advance(w.pick) }
 
 // advance is one step: the clock moves a second, nodes due start, choose
-// (unless nil) picks the step's action, which runs, the processes beat,
-// the jobs write, and the invariants are checked.
+// (unless nil) picks the step's action, which runs, the invariants are
+// checked, the processes beat, the jobs write, and the invariants are
+// checked again.
 func (w *world) advance(choose func() func()) error {
 	w.tick()
 	w.restartDue()
 	if w.step == w.splitEnds && w.splitAgain != nil {
 		w.splitAgain = nil
 		w.heal()
+	}
+	if slices.Contains(w.clockSteps, w.step) {
+		w.stepWallClock()
 	}
 	if choose != nil {
 		act := choose()
@@ -434,6 +449,14 @@ func (w *world) advance(choose func() func()) error {
 		w.crashing.Store(false)
 	}
 	w.reap()
+	// What the action left holds until the nodes' next beats, which in
+	// production come up to a ping interval (L/4) apart: a copy the
+	// action made stale stays writable, and its job writes, until its
+	// node's beat fences it. So the invariants hold here too, not only
+	// once every node has beaten.
+	if err := w.checker.check(); err != nil {
+		return err
+	}
 	w.beat()
 	w.reap()
 	w.write()

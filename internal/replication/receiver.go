@@ -215,7 +215,7 @@ func (r *Receiver) receive(stream pb.Replication_ReceiveServer) (*pb.ReceiveResu
 	}
 	// The lock may be held by the tidy after the previous receive (a
 	// second or so): a push that lands then waits for it rather than
-	// failing. Another change of the copy that outlasts copylock.Wait (a
+	// failing. Another change of the copy that outlasts copylock.DefaultWait (a
 	// receive) makes it Aborted.
 	unlock, err := r.locks.Lock(ctx, h.GetVolumeId(), "receive from node "+h.GetSourceNodeId())
 	if err != nil {

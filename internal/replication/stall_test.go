@@ -56,7 +56,7 @@ func paced(t *testing.T, interval time.Duration, size, count int, msgs ...*pb.Re
 // stalls, or trickles, is refused at once, before any stream byte, and
 // never takes the primary's lock: the self-fence (or a stage, a fence, a
 // delete) of that volume, running meanwhile, gets the lock at once
-// instead of waiting copylock.Wait and failing Aborted.
+// instead of waiting copylock.DefaultWait and failing Aborted.
 func TestStalledHeaderNeverLocksAPrimary(t *testing.T) {
 	streams := map[string]func(t *testing.T, kind string) *fakeStream{
 		"header, then nothing": func(t *testing.T, kind string) *fakeStream { return stream(t, true, header(kind, 1)) },

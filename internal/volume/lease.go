@@ -36,7 +36,7 @@ func leaseFencedAt(v string) int64 {
 // writers, and runs only while the lease is lost.
 //
 // It fences the volumes all at once (selfFenceParallel at a time): each
-// may wait up to copylock.Wait for its lock, and the lease margin allows
+// may wait up to copylock.DefaultWait for its lock, and the lease margin allows
 // for one such wait (config.FenceAllowance), not one per volume.
 func (m *Manager) SelfFence(ctx context.Context) ([]string, error) {
 	vols, err := m.List(ctx)

@@ -23,7 +23,7 @@ import (
 // header for a primary, mounted or not, is refused at once; one for a
 // replica, or for a volume n1 lacks, stalls, holding no lock. Meanwhile a
 // stage, a fence, an unfence and deletes on n1 each answer within
-// opBound (half of copylock.Wait: none of them waited for a lock), and
+// opBound (half of copylock.DefaultWait: none of them waited for a lock), and
 // when n1's peers go, its self-fence makes the mounted primary read-only
 // within L + L/4 + F of their loss ("Why the margin covers the
 // self-fence") while the peer keeps sending headers for it.
