@@ -69,7 +69,7 @@ func (w *world) pick() func() {
 		{6, func() { w.scheduleRound() }},
 		{25, func() { w.replay(v) }},
 		{4, func() { w.cut(n, m) }},
-		{3, func() { w.split(v) }},
+		{6, func() { w.split(v) }},
 		{6, func() { w.heal() }},
 		{10, func() { w.rescheduleLost() }},
 		{3, func() { w.crashProcess(n) }},

@@ -171,6 +171,11 @@ func (w *world) stall(v *simVolume, liar, victim *simNode) {
 	if !v.created || liar == victim || victim.inc == nil {
 		return
 	}
+	w.stallUntil(v, liar, victim, w.step+3+w.dice.intn(stallSteps-2))
+}
+
+// stallUntil is stall's stream, which sends nothing more until step until.
+func (w *world) stallUntil(v *simVolume, liar, victim *simNode, until int) {
 	fs := rootDataset + "/" + v.id
 	generation, _ := strconv.ParseUint(w.checker.user(victim, fs, volume.PropGeneration), 10, 64)
 	streams, err := forgedStreams(v.id, w.cfg.Seed)
@@ -186,7 +191,6 @@ func (w *world) stall(v *simVolume, liar, victim *simNode) {
 		msgs = append(msgs, &pb.ReceiveMessage{Msg: &pb.ReceiveMessage_Data{Data: first}})
 		what = "its header and first record"
 	}
-	until := w.step + 3 + w.dice.intn(stallSteps-2)
 	conn, err := grpc.NewClient(victim.addr(), w.net.directDialOptions(liar.id)...)
 	if err != nil {
 		return

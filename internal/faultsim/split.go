@@ -53,11 +53,13 @@ func (l *listedPeers) showAll() {
 //   - in a run with domains, half the splits take a majority of one
 //     domain, still a minority of all nodes (a lease counted by domain
 //     holds on that side while the other side fails over);
-//   - one split in four is one-way: the other side cannot connect to the
-//     cut side, whose own connections still work both ways (a node that
-//     dials out keeps its lease; its peers hear it only by its calls);
-//     half of those also cut the cut side off from the controller and the
-//     CO both ways, so that the CO places its jobs elsewhere;
+//   - two splits in five are one-way: the other side cannot connect to
+//     the cut side, whose own connections still work both ways (a node
+//     that dials out keeps its lease; its peers hear it only by its
+//     calls); three in four of those also cut the cut side off from the
+//     controller and the CO both ways, so that the CO places its jobs
+//     elsewhere (with a replica there, the failover that a peer's calls
+//     must stop, defect 2(b));
 //   - half the two-way splits also drop the cut side from the
 //     controller's peer list, as service discovery would.
 func (w *world) split(v *simVolume) {
@@ -69,13 +71,13 @@ func (w *world) split(v *simVolume) {
 		}
 	}
 	rest = append(rest, controllerEndpoint)
-	oneWay := w.dice.chance(0.25)
+	oneWay := w.dice.chance(0.4)
 	hide := !oneWay && w.dice.chance(0.5)
-	// A one-way split leaves the cut side's own connections working; half
-	// of them also cut it off from the CO both ways (its Nomad client
+	// A one-way split leaves the cut side's own connections working; most
+	// also cut it off from the CO both ways (its Nomad client
 	// lost the servers, which reschedule its jobs) while its agent still
 	// reaches its peers.
-	lostToCO := oneWay && w.dice.chance(0.5)
+	lostToCO := oneWay && w.dice.chance(0.75)
 	lasts := 5 + w.dice.intn(30)
 	w.splitEnds = w.step + lasts
 	// A node's wall clock steps about when the cut side's lease runs out
@@ -104,6 +106,9 @@ func (w *world) split(v *simVolume) {
 		}
 	}
 	w.splitAgain()
+	if w.cfg.LyingPeers && w.dice.chance(0.5) {
+		w.stallOnTheCutSide(side)
+	}
 	how := "both ways"
 	if oneWay {
 		how = "one way: the rest cannot connect to " + strings.Join(side, ",")
@@ -173,4 +178,23 @@ func (w *world) stepWallClock() {
 	to := time.Duration((2*float64(w.dice.next()>>11)/(1<<53) - 1) * float64(w.cfg.Skew)).Truncate(time.Second)
 	from := time.Duration(n.skew.Swap(int64(to)))
 	w.tracef("clock: the wall clock of %s steps by %s (its offset from %s to %s)", n.id, to-from, from, to)
+}
+
+// stallOnTheCutSide has a liar on the cut side of a split stall a stream
+// into the primary of the job that runs at the side's first node, for
+// the split's whole time (issue 35, defect 3): the node must fence that
+// primary when its lease runs out, whatever the liar holds.
+func (w *world) stallOnTheCutSide(side []string) {
+	victim := w.node(side[0])
+	var v *simVolume
+	for _, u := range w.vols {
+		if u.alloc == victim.id && u.created {
+			v = u
+		}
+	}
+	liar := w.nodes[w.dice.intn(len(w.nodes))]
+	if v == nil || liar == victim || victim.inc == nil {
+		return
+	}
+	w.stallUntil(v, liar, victim, w.splitEnds)
 }
