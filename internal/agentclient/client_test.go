@@ -253,7 +253,10 @@ func TestErrors(t *testing.T) {
 			c := serve(t, &agent{err: tt.err})
 			calls := map[string]func() error{
 				"GetVolume": func() error { _, err := c.GetVolume(context.Background(), "vol-1"); return err },
-				"Replicate": func() error { _, err := c.Replicate(context.Background(), "vol-1", Target{Addr: "n2"}, "test", nil); return err },
+				"Replicate": func() error {
+					_, err := c.Replicate(context.Background(), "vol-1", Target{Addr: "n2"}, "test", nil)
+					return err
+				},
 				"DeleteVolume": func() error {
 					return c.DeleteVolume(context.Background(), "vol-1")
 				},

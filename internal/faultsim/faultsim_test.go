@@ -59,14 +59,16 @@ func TestSimulationFiveNodes(t *testing.T) {
 	runSeeds(t, max(seeds()/2, 1), func(cfg *Config) { cfg.Nodes, cfg.Volumes, cfg.Domains = 5, 3, 2 })
 }
 
-// TestSimulationLyingPeers runs a fifth as many seeds with lying peers:
-// forged streams from a node's certificate holder (liar.go). Replay a
+// TestSimulationLyingPeers runs half as many seeds with lying peers:
+// forged streams from a node's certificate holder, and streams it stalls,
+// on a split's cut side among others (liar.go; defect 3 of issue 35,
+// reverted, failed seed 247 only, so a fifth was too few). Replay a
 // failure with -run 'TestSimulation$' -seed N -lying-peers -v.
 func TestSimulationLyingPeers(t *testing.T) {
 	if *seedFlag != 0 || *liesFlag {
 		t.Skip("a replay or a chosen shape runs in TestSimulation")
 	}
-	runSeeds(t, max(seeds()/5, 1), func(cfg *Config) { cfg.LyingPeers = true })
+	runSeeds(t, max(seeds()/2, 1), func(cfg *Config) { cfg.LyingPeers = true })
 }
 
 // runSeeds runs n seeds from -first-seed (or the one -seed), each shaped

@@ -171,11 +171,12 @@ func (w *world) stall(v *simVolume, liar, victim *simNode) {
 	if !v.created || liar == victim || victim.inc == nil {
 		return
 	}
-	w.stallUntil(v, liar, victim, w.step+3+w.dice.intn(stallSteps-2))
+	w.stallUntil(v, liar, victim, w.step+3+w.dice.intn(stallSteps-2), w.dice.chance(0.5))
 }
 
-// stallUntil is stall's stream, which sends nothing more until step until.
-func (w *world) stallUntil(v *simVolume, liar, victim *simNode, until int) {
+// stallUntil is stall's stream, which sends nothing more until step
+// until: its header, and with firstRecord the stream's first record.
+func (w *world) stallUntil(v *simVolume, liar, victim *simNode, until int, firstRecord bool) {
 	fs := rootDataset + "/" + v.id
 	generation, _ := strconv.ParseUint(w.checker.user(victim, fs, volume.PropGeneration), 10, 64)
 	streams, err := forgedStreams(v.id, w.cfg.Seed)
@@ -186,7 +187,7 @@ func (w *world) stallUntil(v *simVolume, liar, victim *simNode, until int) {
 		Kind: replication.KindFull, Snapshot: "zn-1", CapacityBytes: 1 << 30}
 	msgs := []*pb.ReceiveMessage{{Msg: &pb.ReceiveMessage_Header{Header: h}}}
 	what := "its header"
-	if w.dice.chance(0.5) {
+	if firstRecord {
 		first := streams[replication.KindFull][:min(312, len(streams[replication.KindFull]))] // a begin record
 		msgs = append(msgs, &pb.ReceiveMessage{Msg: &pb.ReceiveMessage_Data{Data: first}})
 		what = "its header and first record"

@@ -106,7 +106,7 @@ func (w *world) split(v *simVolume) {
 		}
 	}
 	w.splitAgain()
-	if w.cfg.LyingPeers && w.dice.chance(0.5) {
+	if w.cfg.LyingPeers {
 		w.stallOnTheCutSide(side)
 	}
 	how := "both ways"
@@ -180,10 +180,13 @@ func (w *world) stepWallClock() {
 	w.tracef("clock: the wall clock of %s steps by %s (its offset from %s to %s)", n.id, to-from, from, to)
 }
 
-// stallOnTheCutSide has a liar on the cut side of a split stall a stream
+// stallOnTheCutSide, in a run with lying peers, has a liar on the cut
+// side of every split stall a stream
 // into the primary of the job that runs at the side's first node, for
-// the split's whole time (issue 35, defect 3): the node must fence that
-// primary when its lease runs out, whatever the liar holds.
+// the split's whole time, after the header alone (issue 35, defect 3: a
+// receiver that took the copy's lock at the header held it until the
+// first record): the node must fence that primary when its lease runs
+// out, whatever the liar holds.
 func (w *world) stallOnTheCutSide(side []string) {
 	victim := w.node(side[0])
 	var v *simVolume
@@ -192,9 +195,14 @@ func (w *world) stallOnTheCutSide(side []string) {
 			v = u
 		}
 	}
-	liar := w.nodes[w.dice.intn(len(w.nodes))]
-	if v == nil || liar == victim || victim.inc == nil {
+	if v == nil || victim.inc == nil {
 		return
 	}
-	w.stallUntil(v, liar, victim, w.splitEnds)
+	var others []*simNode
+	for _, n := range w.nodes {
+		if n != victim {
+			others = append(others, n)
+		}
+	}
+	w.stallUntil(v, others[w.dice.intn(len(others))], victim, w.splitEnds, false)
 }
