@@ -17,7 +17,12 @@ help: ## list targets
 deps: ## install host prerequisites (Debian 12: contrib, libzfs headers, QEMU, ...)
 	@./hack/install-host-deps.sh
 
-build: deps ## build bin/zfs-node (cgo, libzfs) and bin/zfs-controller (no cgo)
+# build needs only Go and, for the node, the libzfs headers (Debian:
+# libzfslinux-dev from contrib): it installs nothing, so it can run on a
+# Nomad client or a build host as it is (make deps sets up a test host).
+build: ## build bin/zfs-node (cgo, libzfs) and bin/zfs-controller (no cgo); needs Go and the libzfs headers
+	@command -v go >/dev/null || { echo "make build: Go is not on PATH: install Go $$(sed -n 's/^go //p' go.mod) or newer" >&2; exit 1; }
+	@pkg-config --exists libzfs 2>/dev/null || [ -e /usr/include/libzfs/libzfs.h ] || { echo "make build: the libzfs headers are missing (zfs-node links libzfs): on Debian install libzfslinux-dev from contrib, on Ubuntu libzfslinux-dev; make deps installs every test prerequisite" >&2; exit 1; }
 	go build -trimpath -ldflags "$(LDFLAGS)" -o bin/zfs-node ./cmd/zfs-node
 	CGO_ENABLED=0 go build -trimpath -ldflags "$(LDFLAGS)" -o bin/zfs-controller ./cmd/zfs-controller
 
