@@ -145,7 +145,7 @@ parameters {
   node                 = %[5]q
 }
 `, j.name, j.dataMiB+j.dataMiB/4+64, j.replicas, j.interval, node)
-	e.nomad("volume", "create", e.writeFile(j.name+".hcl", spec))
+	e.createVolume(e.writeFile(j.name+".hcl", spec))
 	if j.stale {
 		// The schedule makes the replica while the volume is empty; the
 		// job writes after, and the interval keeps it from being updated.

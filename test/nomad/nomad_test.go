@@ -85,7 +85,7 @@ func TestNomadEndToEnd(t *testing.T) {
 
 	var first, moved allocation
 	e.step("create a replicated volume and run the example job on it", func() {
-		e.nomad("volume", "create", e.file("volume.hcl"))
+		e.createVolume(e.file("volume.hcl"))
 		first = e.runCounter("web-data")
 		e.tell("the counter job runs on %s and wrote data.bin, sha256 %.16s...", first.node, first.data)
 	})
@@ -126,7 +126,7 @@ capability {
   attachment_mode = "file-system"
 }
 `, snapID)
-		e.nomad("volume", "create", e.writeFile("restored.hcl", spec))
+		e.createVolume(e.writeFile("restored.hcl", spec))
 		restored := e.runCounter("web-data-restored")
 		e.wantSameData(moved, restored, false)
 		e.nomad("job", "stop", "-purge", "counter")
@@ -169,7 +169,7 @@ capability {
 		if !strings.Contains(spec, `failover = "auto"`) {
 			t.Fatal("nomad/volume.hcl no longer says failover = \"manual\": update this test")
 		}
-		e.nomad("volume", "create", e.writeFile("auto.hcl", spec))
+		e.createVolume(e.writeFile("auto.hcl", spec))
 		before := e.runCounter("web-data-auto")
 		autoNode = before.node
 		// Make the replica current: what failover keeps is what was replicated.
@@ -191,7 +191,7 @@ capability {
 		// killed; creating a volume needs its replacement.
 		e.waitForPlugins(2, autoNode)
 		spec := strings.ReplaceAll(e.readFile(e.file("volume.hcl")), `"web-data"`, `"web-data-manual"`)
-		e.nomad("volume", "create", e.writeFile("manual.hcl", spec))
+		e.createVolume(e.writeFile("manual.hcl", spec))
 		before := e.runCounter("web-data-manual")
 		id := e.externalID("web-data-manual")
 		e.backup(id)
@@ -887,6 +887,22 @@ func (e *e2e) show(command, out string) {
 			fmt.Printf("     %s\n", line)
 		}
 	}
+}
+
+// createVolume runs nomad volume create with the volume file spec, as an
+// operator would: again while Nomad counts no healthy controller (its
+// plugin's probe timed out on a loaded guest, or the controller is being
+// placed after a drain), for up to two minutes; any other error fails.
+func (e *e2e) createVolume(spec string) {
+	e.t.Helper()
+	e.eventually(2*time.Minute, "nomad volume create "+filepath.Base(spec), func() error {
+		out, err := e.run("volume", "create", spec)
+		e.show("nomad volume create "+spec, out)
+		if err != nil && !strings.Contains(out, "no healthy controllers") {
+			e.t.Fatal(err)
+		}
+		return err
+	})
 }
 
 func (e *e2e) run(args ...string) (string, error) {
