@@ -4,6 +4,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -34,6 +35,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/version"
 	"github.com/zfs-nomad/zfs-nomad/internal/volume"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs/libzfs"
+	"github.com/zfs-nomad/zfs-nomad/internal/zfs/openzfs"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs/zfscmd"
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
@@ -69,6 +71,9 @@ func run(args []string) error {
 	}
 	log := plugin.NewLogger("zfs-node", os.Getenv).With("node_id", cfg.NodeID)
 
+	if err := checkOpenZFS(log); err != nil {
+		return err
+	}
 	z, err := libzfs.New(volume.UserProperties...)
 	if err != nil {
 		return err
@@ -236,4 +241,18 @@ type leaseVolumes struct {
 
 func (v leaseVolumes) Promised(ctx context.Context, id string) (uint64, error) {
 	return v.promised(ctx, id)
+}
+
+// checkOpenZFS logs which OpenZFS userland and kernel module this host
+// runs and the libzfs this build was compiled against, and refuses to go
+// on when they do not fit (issue 36).
+func checkOpenZFS(log hclog.Logger) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	v, err := openzfs.Detect(ctx)
+	if err != nil {
+		return err
+	}
+	log.Info("OpenZFS", "userland", v.Userland, "kernel_module", v.Kernel, "built_for", cmp.Or(openzfs.BuiltFor, "unknown"))
+	return v.Check(openzfs.BuiltFor)
 }
