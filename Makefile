@@ -93,7 +93,7 @@ proto: $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc ## regenerate proto/*.
 	PATH=$(TOOLS):$$PATH protoc -I proto --go_out=proto --go_opt=paths=source_relative \
 	  --go-grpc_out=proto --go-grpc_opt=paths=source_relative agentpb/agent.proto
 
-demo: build guest-image ## live demo: three nodes and a controller in the ZFS guest
+demo: deps build guest-image ## live demo: three nodes and a controller in the ZFS guest
 	./demo/run.sh
 
 demo-nomad: guest-image ## live demo under a real Nomad: 1 server, 3 clients, the nomad/ job files
