@@ -18,9 +18,10 @@ const DefaultStallTimeout = 2 * time.Minute
 var ErrStalled = errors.New("the push moved no data for the stall timeout; cancelled")
 
 // Push has source push its primary of volumeID to the agent of node to
-// (only that node's certificate may answer there), and reports each progress to each (when set). A push that
-// moves no byte for stall (DefaultStallTimeout when stall is not
-// positive) is cancelled with ErrStalled: a hung peer or
+// (when to names the node, only its certificate may answer there), and
+// reports each progress to each (when set). A push that moves no byte
+// for stall (DefaultStallTimeout when stall is not positive) is
+// cancelled with ErrStalled: a hung peer or
 // stream must not hold a push, and whatever waits for it, forever. Its
 // answer is an error unless the push completed.
 func Push(ctx context.Context, source Node, volumeID string, to agentclient.Target, purpose string, stall time.Duration, each func(agentclient.Progress)) (agentclient.Progress, error) {

@@ -179,16 +179,17 @@ func (w *world) stall(v *simVolume, liar, victim *simNode) {
 func (w *world) stallUntil(v *simVolume, liar, victim *simNode, until int, firstRecord bool) {
 	fs := rootDataset + "/" + v.id
 	generation, _ := strconv.ParseUint(w.checker.user(victim, fs, volume.PropGeneration), 10, 64)
-	streams, err := forgedStreams(v.id, w.cfg.Seed)
-	if err != nil {
-		panic(err) // a scratch fake always makes them
-	}
 	h := &pb.ReceiveHeader{VolumeId: v.id, VolumeName: v.name, SourceNodeId: liar.id, Generation: generation + 1,
 		Kind: replication.KindFull, Snapshot: "zn-1", CapacityBytes: 1 << 30}
 	msgs := []*pb.ReceiveMessage{{Msg: &pb.ReceiveMessage_Header{Header: h}}}
 	what := "its header"
 	if firstRecord {
-		first := streams[replication.KindFull][:min(312, len(streams[replication.KindFull]))] // a begin record
+		streams, err := forgedStreams(v.id, w.cfg.Seed)
+		if err != nil {
+			panic(err) // a scratch fake always makes them
+		}
+		full := streams[replication.KindFull]
+		first := full[:min(312, len(full))] // a begin record (replication's beginRecordSize)
 		msgs = append(msgs, &pb.ReceiveMessage{Msg: &pb.ReceiveMessage_Data{Data: first}})
 		what = "its header and first record"
 	}

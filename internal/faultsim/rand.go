@@ -33,8 +33,11 @@ func (d *dice) next() uint64 {
 // intn returns a number in [0, n) from the loop's stream.
 func (d *dice) intn(n int) int { return int(d.next() % uint64(n)) }
 
+// float returns a number in [0, 1) from the loop's stream.
+func (d *dice) float() float64 { return float64(d.next()>>11) / (1 << 53) }
+
 // chance is true with probability p, from the loop's stream.
-func (d *dice) chance(p float64) bool { return float64(d.next()>>11)/(1<<53) < p }
+func (d *dice) chance(p float64) bool { return d.float() < p }
 
 // roll returns a number in [0, 1) determined by the seed and key alone.
 func (d *dice) roll(key string, n uint64) float64 {

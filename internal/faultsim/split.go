@@ -83,9 +83,8 @@ func (w *world) split(v *simVolume) {
 	// A node's wall clock steps about when the cut side's lease runs out
 	// (L) and when its peers may attest its silence (L+M): the lease and
 	// the failover must not read it (docs/safety.md, "Clocks").
-	second := int(time.Second)
-	w.clockSteps = []int{w.step + int(w.cfg.Lease)/second + w.dice.intn(3) - 1,
-		w.step + int(w.cfg.Lease+w.cfg.LeaseMargin)/second + w.dice.intn(3) - 1}
+	w.clockSteps = []int{w.step + int(w.cfg.Lease/time.Second) + w.dice.intn(3) - 1,
+		w.step + int((w.cfg.Lease+w.cfg.LeaseMargin)/time.Second) + w.dice.intn(3) - 1}
 	w.splitAgain = func() {
 		for _, a := range side {
 			for _, b := range rest {
@@ -175,18 +174,17 @@ func (w *world) stepWallClock() {
 		return
 	}
 	n := w.nodes[w.dice.intn(len(w.nodes))]
-	to := time.Duration((2*float64(w.dice.next()>>11)/(1<<53) - 1) * float64(w.cfg.Skew)).Truncate(time.Second)
+	to := time.Duration((2*w.dice.float() - 1) * float64(w.cfg.Skew)).Truncate(time.Second)
 	from := time.Duration(n.skew.Swap(int64(to)))
 	w.tracef("clock: the wall clock of %s steps by %s (its offset from %s to %s)", n.id, to-from, from, to)
 }
 
 // stallOnTheCutSide, in a run with lying peers, has a liar on the cut
-// side of every split stall a stream
-// into the primary of the job that runs at the side's first node, for
-// the split's whole time, after the header alone (issue 35, defect 3: a
-// receiver that took the copy's lock at the header held it until the
-// first record): the node must fence that primary when its lease runs
-// out, whatever the liar holds.
+// side of every split stall a stream into the primary of the job that
+// runs at the side's first node, for the split's whole time, after the
+// header alone (issue 35, defect 3: a receiver that took the copy's lock
+// at the header held it until the first record): the node must fence
+// that primary when its lease runs out, whatever the liar holds.
 func (w *world) stallOnTheCutSide(side []string) {
 	victim := w.node(side[0])
 	var v *simVolume
