@@ -62,7 +62,7 @@ func main() {
 
 func run(args []string) error {
 	if len(args) == 1 && (args[0] == "-version" || args[0] == "--version") {
-		fmt.Println("zfs-node", version.Version)
+		fmt.Printf("zfs-node %s (built for OpenZFS %s, libzfs binding %s)\n", version.Version, cmp.Or(openzfs.BuiltFor, "unknown"), libzfs.Binding)
 		return nil
 	}
 	cfg, err := config.LoadNode(args, os.Getenv, os.Stderr)
@@ -253,6 +253,6 @@ func checkOpenZFS(log hclog.Logger) error {
 	if err != nil {
 		return err
 	}
-	log.Info("OpenZFS", "userland", v.Userland, "kernel_module", v.Kernel, "built_for", cmp.Or(openzfs.BuiltFor, "unknown"))
+	log.Info("OpenZFS", "userland", v.Userland, "kernel_module", v.Kernel, "built_for", cmp.Or(openzfs.BuiltFor, "unknown"), "libzfs_binding", libzfs.Binding)
 	return v.Check(openzfs.BuiltFor)
 }

@@ -1,20 +1,23 @@
 //go:build linux && cgo
 
 // Package libzfs implements zfs.Interface on the kernel module through
-// libzfs: go-libzfs for renames, destroys and pool health, and its own C
-// shim (shim.c) for reads, listings, holds and property sets, which it
-// does in one call each where go-libzfs would take many.
+// libzfs: its own C shim (shim.c) for reads, listings, holds and property
+// sets, which it does in one call each where go-libzfs would take many,
+// and a binding for renames, destroys, releases and pool health that
+// depends on the libzfs it is built against (docs/architecture.md,
+// "OpenZFS versions"):
+//
+//   - OpenZFS 2.1 (the default build): go-libzfs v0.4.0 (binding_golibzfs.go).
+//   - OpenZFS 2.2 and newer (build tag openzfs_2_2, which hack/gobuild.sh
+//     sets from the libzfs version): go-libzfs does not compile there, so
+//     the shim makes those calls too (binding_shim.go).
 //
 // A libzfs handle's error state and caches are not safe for concurrent
 // use, so each call takes a handle of its own from a small pool (do), and
-// go-libzfs's calls take the one handle go-libzfs keeps (doGlobal). A call
-// that changes something holds its handle while the change syncs, so calls
-// for other volumes use the other handles meanwhile. Bulk data (zfs
+// go-libzfs's calls take the one handle go-libzfs keeps (withBinding). A
+// call that changes something holds its handle while the change syncs, so
+// calls for other volumes use the other handles meanwhile. Bulk data (zfs
 // send/receive) never holds a handle, so a long transfer stalls nothing.
-//
-// go-libzfs opens the libzfs handle when the package is loaded; without
-// /dev/zfs that handle is NULL and the first call would crash. New checks
-// the handle before anything else and returns zfs.ErrUnavailable instead.
 package libzfs
 
 /*
@@ -34,8 +37,6 @@ import (
 	"strings"
 	"sync"
 	"unsafe"
-
-	golibzfs "github.com/bicomsystems/go-libzfs"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs"
 )
@@ -62,9 +63,6 @@ var (
 	handles     chan handle
 	handlesOnce sync.Once
 	handlesErr  error
-	// global guards the handle go-libzfs opened at load time, which its
-	// own calls (renames, destroys, pool health) use.
-	global = make(chan struct{}, 1)
 )
 
 func openHandles() {
@@ -85,8 +83,8 @@ func New(userProps ...string) (*ZFS, error) {
 	if _, err := os.Stat("/dev/zfs"); err != nil {
 		return nil, fmt.Errorf("%w: /dev/zfs is missing (is the zfs kernel module loaded?): %v", zfs.ErrUnavailable, err)
 	}
-	if C.handle_ok() == 0 {
-		return nil, fmt.Errorf("%w: libzfs_init failed (is the zfs module the same version as libzfs, and are we root?)", zfs.ErrUnavailable)
+	if err := bindingReady(); err != nil {
+		return nil, err
 	}
 	handlesOnce.Do(openHandles)
 	if handlesErr != nil {
@@ -109,20 +107,6 @@ func (z *ZFS) do(ctx context.Context, f func(handle) error) error {
 		return err
 	}
 	return f(h)
-}
-
-// doGlobal runs f, which calls go-libzfs, on go-libzfs's handle.
-func (z *ZFS) doGlobal(ctx context.Context, f func(handle) error) error {
-	select {
-	case global <- struct{}{}:
-	case <-ctx.Done():
-		return fmt.Errorf("waiting for libzfs: %w", ctx.Err())
-	}
-	defer func() { <-global }()
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	return f(handle{C.global_handle()})
 }
 
 func (h handle) errno() C.int { return C.last_errno(h.h) }
@@ -367,18 +351,6 @@ func retryInterrupted(h handle, op, name string, list func(cname *C.char, out **
 	}
 }
 
-// open opens one dataset without its children.
-func (z *ZFS) open(h handle, name string) (golibzfs.Dataset, error) {
-	d, err := golibzfs.DatasetOpenSingle(name)
-	if err != nil {
-		if h.errno() == C.EZFS_NOENT || strings.Contains(err.Error(), "does not exist") {
-			return d, fmt.Errorf("%s: %w", name, zfs.ErrNotFound)
-		}
-		return d, fmt.Errorf("zfs open %s: %w", name, err)
-	}
-	return d, nil
-}
-
 // withProps runs the libzfs call f with a C nvlist of string properties,
 // and turns its failure into the error for op on name.
 func withProps(h handle, op, name string, props map[string]string, f func(*C.nvlist_t) C.int) error {
@@ -448,25 +420,6 @@ func (z *ZFS) SetProperties(ctx context.Context, name string, props map[string]s
 	return z.do(ctx, func(h handle) error { return setProps(h, name, props) })
 }
 
-func (z *ZFS) Rename(ctx context.Context, from, to string) error {
-	for _, n := range []string{from, to} {
-		if err := zfs.ValidateName(n); err != nil {
-			return err
-		}
-	}
-	return z.doGlobal(ctx, func(h handle) error {
-		d, err := z.open(h, from)
-		if err != nil {
-			return err
-		}
-		defer d.Close()
-		if err := d.Rename(to, false, false); err != nil {
-			return fmt.Errorf("zfs rename %s %s: %w", from, to, err)
-		}
-		return nil
-	})
-}
-
 func (z *ZFS) Destroy(ctx context.Context, name string) error {
 	return z.destroy(ctx, name, false)
 }
@@ -482,12 +435,7 @@ func (z *ZFS) destroy(ctx context.Context, name string, deferred bool) error {
 	if err := zfs.ValidateName(name); err != nil {
 		return err
 	}
-	return z.doGlobal(ctx, func(h handle) error {
-		d, err := z.open(h, name)
-		if err != nil {
-			return err
-		}
-		defer d.Close()
+	return z.withBinding(ctx, func(h handle) error {
 		if !strings.Contains(name, "@") { // refuse rather than fail midway
 			below, err := listNames(h, name)
 			if err != nil {
@@ -497,56 +445,48 @@ func (z *ZFS) destroy(ctx context.Context, name string, deferred bool) error {
 				return fmt.Errorf("zfs destroy %s: it has %d snapshots or children: %w", name, len(below)-1, zfs.ErrHasDependents)
 			}
 		}
-		if err := d.Destroy(deferred); err != nil {
-			switch h.errno() {
-			case C.EZFS_EXISTS: // a snapshot with clones ("snapshot is cloned")
-				return fmt.Errorf("zfs destroy %s: %v: %w", name, err, zfs.ErrHasDependents)
-			case C.EZFS_BUSY:
-				return fmt.Errorf("zfs destroy %s: %v: %w", name, err, zfs.ErrBusy)
-			}
-			return fmt.Errorf("zfs destroy %s: %w", name, err)
-		}
-		return nil
+		return destroyDataset(h, name, deferred)
 	})
+}
+
+func (z *ZFS) Rename(ctx context.Context, from, to string) error {
+	for _, n := range []string{from, to} {
+		if err := zfs.ValidateName(n); err != nil {
+			return err
+		}
+	}
+	return z.withBinding(ctx, func(h handle) error { return renameDataset(h, from, to) })
 }
 
 func (z *ZFS) ReleaseAll(ctx context.Context, snapshot string) error {
 	if err := zfs.ValidateName(snapshot); err != nil || !strings.Contains(snapshot, "@") {
 		return fmt.Errorf("release holds of %q: not a snapshot name", snapshot)
 	}
-	return z.doGlobal(ctx, func(h handle) error {
-		d, err := z.open(h, snapshot)
+	return z.withBinding(ctx, func(h handle) error { return releaseAllHolds(h, snapshot) })
+}
+
+func (z *ZFS) PoolHealth(ctx context.Context, pool string) error {
+	return z.withBinding(ctx, func(h handle) error {
+		health, err := poolHealth(h, pool)
 		if err != nil {
 			return err
 		}
-		defer d.Close()
-		tags, err := d.Holds()
-		if err != nil {
-			return fmt.Errorf("zfs holds %s: %w", snapshot, err)
-		}
-		for _, tag := range tags {
-			if err := d.Release(tag.Name); err != nil {
-				return fmt.Errorf("zfs release %s %s: %w", tag.Name, snapshot, err)
-			}
+		if health != "ONLINE" {
+			return fmt.Errorf("pool %s is %s, not ONLINE: %w", pool, health, zfs.ErrUnavailable)
 		}
 		return nil
 	})
 }
 
-func (z *ZFS) PoolHealth(ctx context.Context, pool string) error {
-	return z.doGlobal(ctx, func(h handle) error {
-		p, err := golibzfs.PoolOpen(pool)
-		if err != nil {
-			return fmt.Errorf("pool %s is not imported: %v: %w", pool, err, zfs.ErrUnavailable)
-		}
-		defer p.Close()
-		health, err := p.GetProperty(golibzfs.PoolPropHealth)
-		if err != nil {
-			return fmt.Errorf("pool %s: reading health: %w", pool, err)
-		}
-		if health.Value != "ONLINE" {
-			return fmt.Errorf("pool %s is %s, not ONLINE: %w", pool, health.Value, zfs.ErrUnavailable)
-		}
-		return nil
-	})
+// destroyError classifies a failed destroy by the handle's errno.
+func destroyError(h handle, name string, err error) error {
+	switch h.errno() {
+	case C.EZFS_EXISTS: // a snapshot with clones ("snapshot is cloned")
+		return fmt.Errorf("zfs destroy %s: %v: %w", name, err, zfs.ErrHasDependents)
+	case C.EZFS_BUSY:
+		return fmt.Errorf("zfs destroy %s: %v: %w", name, err, zfs.ErrBusy)
+	case C.EZFS_NOENT:
+		return fmt.Errorf("zfs destroy %s: %v: %w", name, err, zfs.ErrNotFound)
+	}
+	return fmt.Errorf("zfs destroy %s: %w", name, err)
 }

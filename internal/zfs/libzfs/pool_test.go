@@ -38,8 +38,10 @@ func TestCallsWaitForAFreeHandle(t *testing.T) {
 		t.Errorf("call with every handle busy: %v, want it to give up when its context ends", err)
 	}
 	// go-libzfs's handle is not in the pool: its calls still go through.
-	if err := z.PoolHealth(ctx, "nosuchpool"); err == nil || errors.Is(err, context.DeadlineExceeded) {
-		t.Errorf("PoolHealth with the pool busy: %v, want the pool-missing error", err)
+	if Binding == "go-libzfs" {
+		if err := z.PoolHealth(ctx, "nosuchpool"); err == nil || errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("PoolHealth with the pool busy: %v, want the pool-missing error", err)
+		}
 	}
 	close(release)
 	for range poolSize {

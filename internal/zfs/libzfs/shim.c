@@ -5,11 +5,6 @@
 #include "shim.h"
 #include "_cgo_export.h"
 
-// The handle go-libzfs opened at load time (its common.c).
-extern libzfs_handle_t *libzfsHandle;
-
-int handle_ok(void) { return libzfsHandle != NULL; }
-libzfs_handle_t *global_handle(void) { return libzfsHandle; }
 int last_errno(libzfs_handle_t *h) { return libzfs_errno(h); }
 const char *last_error(libzfs_handle_t *h) { return libzfs_error_description(h); }
 
@@ -21,6 +16,14 @@ nvlist_t *props_new(void) {
 }
 int props_add(nvlist_t *nv, const char *k, const char *v) { return nvlist_add_string(nv, k, v); }
 void props_free(nvlist_t *nv) { nvlist_free(nv); }
+
+// lookup_string reads string name from nv. OpenZFS 2.2 made the value
+// argument of nvlist_lookup_string a const char **, where 2.1's is a
+// char **; a void * converts to either, so this compiles on both (GCC 14,
+// Debian 13's, refuses the mismatch).
+static int lookup_string(nvlist_t *nv, const char *name, const char **value) {
+	return nvlist_lookup_string(nv, name, (void *)value);
+}
 
 zfs_handle_t *open_dataset(libzfs_handle_t *h, const char *name) {
 	return zfs_open(h, name, ZFS_TYPE_FILESYSTEM | ZFS_TYPE_SNAPSHOT | ZFS_TYPE_VOLUME);
@@ -240,9 +243,9 @@ void prop_get(zfs_handle_t *zh, const char *name, char *buf, size_t len) {
 		return;
 	}
 	nvlist_t *entry = NULL;
-	char *value = NULL;
+	const char *value = NULL;
 	if (nvlist_lookup_nvlist(zfs_get_user_props(zh), name, &entry) == 0 &&
-	    nvlist_lookup_string(entry, ZPROP_VALUE, &value) == 0)
+	    lookup_string(entry, ZPROP_VALUE, &value) == 0)
 		snprintf(buf, len, "%s", value);
 	else
 		snprintf(buf, len, "-");
@@ -253,10 +256,10 @@ void prop_get(zfs_handle_t *zh, const char *name, char *buf, size_t len) {
 // source test is the one `zfs get` makes.
 int own_user_prop(zfs_handle_t *zh, const char *key, char *buf, size_t len) {
 	nvlist_t *entry = NULL;
-	char *value = NULL, *source = NULL;
+	const char *value = NULL, *source = NULL;
 	if (nvlist_lookup_nvlist(zfs_get_user_props(zh), key, &entry) != 0 ||
-	    nvlist_lookup_string(entry, ZPROP_VALUE, &value) != 0 ||
-	    nvlist_lookup_string(entry, ZPROP_SOURCE, &source) != 0)
+	    lookup_string(entry, ZPROP_VALUE, &value) != 0 ||
+	    lookup_string(entry, ZPROP_SOURCE, &source) != 0)
 		return 0;
 	if (strcmp(source, zfs_get_name(zh)) != 0 && strcmp(source, ZPROP_SOURCE_VAL_RECVD) != 0)
 		return 0;
@@ -277,10 +280,10 @@ int own_user_props(libzfs_handle_t *h, const char *name, const char *prefix, cha
 	nvlist_t *props = zfs_get_user_props(zh);
 	for (nvpair_t *p = nvlist_next_nvpair(props, NULL); p != NULL; p = nvlist_next_nvpair(props, p)) {
 		nvlist_t *entry = NULL;
-		char *value = NULL, *source = NULL;
+		const char *value = NULL, *source = NULL;
 		if (strncmp(nvpair_name(p), prefix, plen) != 0 || nvpair_value_nvlist(p, &entry) != 0 ||
-		    nvlist_lookup_string(entry, ZPROP_VALUE, &value) != 0 ||
-		    nvlist_lookup_string(entry, ZPROP_SOURCE, &source) != 0)
+		    lookup_string(entry, ZPROP_VALUE, &value) != 0 ||
+		    lookup_string(entry, ZPROP_SOURCE, &source) != 0)
 			continue;
 		if (strcmp(source, zfs_get_name(zh)) != 0 && strcmp(source, ZPROP_SOURCE_VAL_RECVD) != 0)
 			continue;
@@ -337,9 +340,9 @@ int resume_token_info(libzfs_handle_t *h, const char *token, resume_info_t *out)
 	nvlist_t *nv = zfs_send_resume_token_to_nvlist(h, token);
 	if (nv == NULL)
 		return -1;
-	char *name = NULL;
+	const char *name = NULL;
 	int rc = -1;
-	if (nvlist_lookup_string(nv, "toname", &name) == 0 && nvlist_lookup_uint64(nv, "toguid", &out->toguid) == 0 &&
+	if (lookup_string(nv, "toname", &name) == 0 && nvlist_lookup_uint64(nv, "toguid", &out->toguid) == 0 &&
 	    strlen(name) < sizeof(out->toname)) {
 		strcpy(out->toname, name);
 		if (nvlist_lookup_uint64(nv, "fromguid", &out->fromguid) != 0)

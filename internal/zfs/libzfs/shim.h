@@ -9,8 +9,6 @@
 #include <libzfs.h>
 #include <libnvpair.h>
 
-int handle_ok(void);
-libzfs_handle_t *global_handle(void);
 int last_errno(libzfs_handle_t *h);
 const char *last_error(libzfs_handle_t *h);
 

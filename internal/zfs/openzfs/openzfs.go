@@ -15,10 +15,11 @@ import (
 )
 
 // BuiltFor is the OpenZFS release whose libzfs headers this build was
-// compiled against ("2.1.11"), set by the Makefile from pkg-config:
+// compiled against ("2.1.11"), set by hack/gobuild.sh (make build, the
+// guest tests, the images) from pkg-config:
 // -ldflags "-X github.com/zfs-nomad/zfs-nomad/internal/zfs/openzfs.BuiltFor=...".
-// Empty when built without it (go build, go test): then only the
-// userland and the kernel module are compared.
+// Empty when built without it (a plain go build): then only the userland
+// and the kernel module are compared.
 var BuiltFor = ""
 
 // Versions are the OpenZFS releases a host runs, as `zfs version` names
