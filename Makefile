@@ -23,18 +23,20 @@ deps: ## install host prerequisites (Debian 12: contrib, libzfs headers, QEMU, .
 build: ## build bin/zfs-node (cgo, libzfs) and bin/zfs-controller (no cgo); needs Go and the libzfs headers
 	@command -v go >/dev/null || { echo "make build: Go is not on PATH: install Go $$(sed -n 's/^go //p' go.mod) or newer" >&2; exit 1; }
 	@pkg-config --exists libzfs 2>/dev/null || [ -e /usr/include/libzfs/libzfs.h ] || { echo "make build: the libzfs headers are missing (zfs-node links libzfs): on Debian install libzfslinux-dev from contrib, on Ubuntu libzfslinux-dev; make deps installs every test prerequisite" >&2; exit 1; }
-	go build -trimpath -ldflags "$(LDFLAGS) -X github.com/zfs-nomad/zfs-nomad/internal/zfs/openzfs.BuiltFor=$$(pkg-config --modversion libzfs)" -o bin/zfs-node ./cmd/zfs-node
+	./hack/gobuild.sh -l "$(LDFLAGS)" -o bin/zfs-node ./cmd/zfs-node
 	CGO_ENABLED=0 go build -trimpath -ldflags "$(LDFLAGS)" -o bin/zfs-controller ./cmd/zfs-controller
 
 $(TOOLS)/staticcheck $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc: hack/tools/go.mod hack/tools/go.sum
 	@mkdir -p $(TOOLS)
 	cd hack/tools && go build -o $(TOOLS)/ honnef.co/go/tools/cmd/staticcheck google.golang.org/protobuf/cmd/protoc-gen-go google.golang.org/grpc/cmd/protoc-gen-go-grpc
 
-check: deps $(TOOLS)/staticcheck ## gofmt, go vet, the controller/node edge (hack/edges.sh), staticcheck, go mod tidy
+check: deps $(TOOLS)/staticcheck ## gofmt, go vet, the controller/node edge (hack/edges.sh), staticcheck (both libzfs builds), go mod tidy
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	go vet ./...
+	go vet -tags openzfs_2_2 ./internal/zfs/libzfs ./cmd/zfs-node
 	./hack/edges.sh
 	$(TOOLS)/staticcheck ./...
+	$(TOOLS)/staticcheck -tags openzfs_2_2 ./internal/zfs/libzfs ./cmd/zfs-node
 	go mod tidy -diff
 	cd hack/tools && go mod tidy -diff
 
