@@ -38,9 +38,10 @@ copy_with_libs() {
 copy_with_libs /bin/busybox /bin/dash /bin/bash /sbin/zfs /sbin/zpool /sbin/zdb /sbin/mount.zfs \
   /bin/ip /usr/bin/socat /sbin/sfdisk /bin/kmod /usr/bin/unshare /usr/bin/nsenter \
   /usr/bin/sha256sum /bin/mount /bin/umount /usr/bin/timeout /usr/bin/setsid /usr/bin/pkill
-# libzfs and friends for the cgo binaries built on the host (same Debian release).
-for lib in libzfs.so.4 libzfs_core.so.3 libnvpair.so.3 libuutil.so.3; do
-  cp -aL "$chroot_dir/lib/x86_64-linux-gnu/$lib" "$root/lib/x86_64-linux-gnu/$lib"
+# libzfs and friends for zfs-node, built against this release's libzfs
+# (hack/gobuild.sh). Each soname, whatever its number in this release.
+for lib in "$chroot_dir"/lib/x86_64-linux-gnu/{libzfs,libzfs_core,libnvpair,libuutil}.so.[0-9]; do
+  cp -aL "$lib" "$root/lib/x86_64-linux-gnu/"
 done
 # libgcc_s is dlopen()ed by glibc for thread cancellation: ldd does not list it.
 cp -aL "$chroot_dir"/lib/x86_64-linux-gnu/libgcc_s.so.1 "$root/lib/x86_64-linux-gnu/"

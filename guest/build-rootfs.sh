@@ -1,16 +1,26 @@
 #!/usr/bin/env bash
-# Stage 1 of the ZFS guest: a Debian bookworm chroot with the kernel,
-# OpenZFS 2.1.11 built by dkms for that kernel, zfsutils and the tools the
-# guest needs. Output: OUT/ (the chroot). build-image.sh picks the guest's
-# files out of it.
+# Stage 1 of the ZFS guest: a Debian chroot of RELEASE with the kernel,
+# that release's OpenZFS built by dkms for that kernel, zfsutils, the tools
+# the guest needs, and the C toolchain and libzfs headers to build zfs-node
+# against that release's libzfs (hack/gobuild.sh builds in here when the
+# host's release differs). Output: OUT/ (the chroot). build-image.sh picks
+# the guest's files out of it.
 #
-# Usage: build-rootfs.sh OUT
+#   bookworm  Debian 12, OpenZFS 2.1.11 (the default guest)
+#   trixie    Debian 13, OpenZFS 2.3.x
+#
+# Usage: build-rootfs.sh RELEASE OUT
 #
 # Slow (about 15 min, mostly dkms). guest/image.sh calls it only when the
 # cache keyed by this recipe's hash is empty. See docs/guest.md.
 set -euo pipefail
 
-out=${1:?usage: build-image.sh OUT}
+release=${1:?usage: build-rootfs.sh RELEASE OUT}
+out=${2:?usage: build-rootfs.sh RELEASE OUT}
+case "$release" in
+  bookworm | trixie) ;;
+  *) echo "build-rootfs.sh: unknown release $release (bookworm or trixie)" >&2; exit 2 ;;
+esac
 mirror=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 
 work=$(mktemp -d "${TMPDIR:-/var/tmp}/zfs-guest-rootfs.XXXXXX")
@@ -23,13 +33,13 @@ trap cleanup EXIT
 
 log() { printf 'guest-build: %s\n' "$*" >&2; }
 
-log "debootstrap bookworm into $chroot_dir"
-debootstrap --variant=minbase --components=main,contrib bookworm "$chroot_dir" "$mirror" >"$work/debootstrap.log" 2>&1 ||
+log "debootstrap $release into $chroot_dir"
+debootstrap --variant=minbase --components=main,contrib "$release" "$chroot_dir" "$mirror" >"$work/debootstrap.log" 2>&1 ||
   { tail -30 "$work/debootstrap.log" >&2; exit 1; }
 
 cat >"$chroot_dir/etc/apt/sources.list" <<EOF
-deb $mirror bookworm main contrib
-deb $mirror bookworm-updates main contrib
+deb $mirror $release main contrib
+deb $mirror $release-updates main contrib
 EOF
 # No services start inside the chroot.
 printf '#!/bin/sh\nexit 101\n' >"$chroot_dir/usr/sbin/policy-rc.d"
@@ -55,6 +65,10 @@ if ! ls "$chroot_dir/lib/modules/$kver/updates/dkms/zfs.ko"* >/dev/null 2>&1; th
   in_chroot dkms install "zfs/$zfsver" -k "$kver" >"$work/dkms.log" 2>&1 ||
     { tail -30 "$work/dkms.log" >&2; exit 1; }
 fi
+
+log "installing the toolchain and libzfs headers for building zfs-node"
+in_chroot apt-get install -y -qq --no-install-recommends gcc libc6-dev pkg-config libzfslinux-dev >>"$work/apt.log" 2>&1 ||
+  { tail -30 "$work/apt.log" >&2; exit 1; }
 
 rm -rf "$chroot_dir"/var/cache/apt/archives/*.deb "$chroot_dir"/usr/src/zfs-*/
 log "done: $out"

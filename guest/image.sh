@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Prints the directory holding the ZFS guest image (vmlinuz, initrd.gz),
-# building what the cache lacks for the current recipe first. The cache lives
+# Prints the directory holding the ZFS guest image (vmlinuz, initrd.gz) of
+# ZFS_NOMAD_GUEST (bookworm, the default, or trixie: see build-rootfs.sh),
+# building what the cache lacks for the current recipe first. With -c it
+# prints the stage-1 chroot instead (hack/gobuild.sh builds in it). The cache lives
 # outside the repo and each stage is keyed by a hash of its recipe files:
 #   chroot-KEY1  debootstrap + kernel + dkms (slow, ~15 min)   build-rootfs.sh
 #   image-KEY2   kernel + initramfs without init (~1 min)      + build-image.sh
@@ -9,26 +11,37 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cache=${ZFS_GUEST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/zfs-nomad}
 
-key() { cat "$@" | sha256sum | cut -c1-16; }
+release=${ZFS_NOMAD_GUEST:-bookworm}
+want=image
+[ "${1:-}" = -c ] && want=chroot
+key() { { echo "$release"; cat "$@"; } | sha256sum | cut -c1-16; }
 rootfs=$cache/chroot-$(key "$here/build-rootfs.sh")
 image=$cache/image-$(key "$here/build-rootfs.sh" "$here/build-image.sh")
 guest=$cache/guest-$(key "$here/build-rootfs.sh" "$here/build-image.sh" "$here/init")
 
-if [ -s "$guest/initrd.gz" ]; then echo "$guest"; exit 0; fi
+if [ "$want" = image ] && [ -s "$guest/initrd.gz" ]; then echo "$guest"; exit 0; fi
+if [ "$want" = chroot ] && [ -e "$rootfs/.complete" ]; then echo "$rootfs"; exit 0; fi
 
 mkdir -p "$cache"
 exec 9>"$cache/build.lock"
 flock 9
+ensure_rootfs() {
+  [ -e "$rootfs/.complete" ] && return
+  echo "guest: no cached $release chroot for this recipe: building it (about 15 min, once)" >&2
+  "$here/../hack/install-host-deps.sh"
+  # A killed earlier build may have left its bind mounts behind: never delete through them.
+  for m in proc sys dev; do umount -l "$rootfs/$m" 2>/dev/null || true; done
+  rm -rf --one-file-system "$rootfs"
+  "$here/build-rootfs.sh" "$release" "$rootfs"
+  touch "$rootfs/.complete"
+}
+if [ "$want" = chroot ]; then
+  ensure_rootfs
+  echo "$rootfs"
+  exit 0
+fi
 if [ ! -s "$image/base.cpio.gz" ]; then
-  if [ ! -e "$rootfs/.complete" ]; then
-    echo "guest: no cached chroot for this recipe: building it (about 15 min, once)" >&2
-    "$here/../hack/install-host-deps.sh"
-    # A killed earlier build may have left its bind mounts behind: never delete through them.
-    for m in proc sys dev; do umount -l "$rootfs/$m" 2>/dev/null || true; done
-    rm -rf --one-file-system "$rootfs"
-    "$here/build-rootfs.sh" "$rootfs"
-    touch "$rootfs/.complete"
-  fi
+  ensure_rootfs
   rm -rf "$image.tmp"
   "$here/build-image.sh" "$rootfs" "$image.tmp"
   rm -rf "$image" && mv "$image.tmp" "$image"

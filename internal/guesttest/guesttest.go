@@ -13,9 +13,16 @@
 //
 // Set ZFS_NOMAD_SKIP_GUEST=1 to skip such packages on a host without ZFS
 // (make unit does); make test never sets it.
+//
+// ZFS_NOMAD_GUEST picks the guest's Debian release and with it its OpenZFS
+// (bookworm, 2.1, the default; trixie, 2.3). The binaries are built for
+// that release's libzfs (hack/gobuild.sh), and a test binary that links
+// libzfs itself is rebuilt for it too, since the host's would not load
+// there.
 package guesttest
 
 import (
+	"debug/elf"
 	"fmt"
 	"io"
 	"os"
@@ -54,6 +61,7 @@ const (
 	envInGuest  = "ZFS_NOMAD_IN_GUEST"
 	envBinDir   = "ZFS_NOMAD_BIN_DIR"
 	envSkip     = "ZFS_NOMAD_SKIP_GUEST"
+	envRelease  = "ZFS_NOMAD_GUEST"
 	envKeepLogs = "ZFS_NOMAD_GUEST_LOGS"
 )
 
@@ -85,7 +93,7 @@ func Main(m *testing.M, opts Options) int {
 				return 1
 			}
 			defer os.RemoveAll(dir)
-			if err := buildBinaries(opts, dir); err != nil {
+			if err := buildBinaries(opts, "", dir); err != nil {
 				fmt.Fprintln(os.Stderr, "guesttest:", err)
 				return 1
 			}
@@ -120,6 +128,20 @@ func BinDir(t testing.TB) string {
 }
 
 func runInGuest(opts Options) (int, error) {
+	return guestRun{opts: opts, release: os.Getenv(envRelease), args: os.Args[1:]}.run()
+}
+
+// A guestRun is one boot of a guest that reruns this test binary inside.
+type guestRun struct {
+	opts    Options
+	release string   // the guest's Debian release; "" for the default
+	args    []string // the test binary's flags inside
+	// exchange, when set, is a host directory whose files the tests find
+	// in /share/exchange and whose contents they leave there come back.
+	exchange string
+}
+
+func (g guestRun) run() (int, error) {
 	repo, err := repoRoot()
 	if err != nil {
 		return 0, err
@@ -131,45 +153,56 @@ func runInGuest(opts Options) (int, error) {
 	if err := os.Mkdir(filepath.Join(share, "bin"), 0o755); err != nil {
 		return 0, err
 	}
-	if err := buildBinaries(opts, filepath.Join(share, "bin")); err != nil {
+	if err := buildBinaries(g.opts, g.release, filepath.Join(share, "bin")); err != nil {
 		return 0, err
 	}
 	self, err := os.Executable()
 	if err != nil {
 		return 0, err
 	}
-	if err := copyFile(self, filepath.Join(share, "pkg.test"), 0o755); err != nil {
-		return 0, err
-	}
 	cwd, err := os.Getwd()
 	if err != nil {
 		return 0, err
 	}
+	if err := placeTestBinary(self, g.release, repo, cwd, filepath.Join(share, "pkg.test")); err != nil {
+		return 0, err
+	}
+	if g.exchange != "" {
+		if err := os.CopyFS(filepath.Join(share, "exchange"), os.DirFS(g.exchange)); err != nil {
+			return 0, fmt.Errorf("copying %s into the guest's share: %w", g.exchange, err)
+		}
+	}
 	script := fmt.Sprintf("#!/bin/sh\nexport %s=1 %s=/share/bin PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root TMPDIR=/tmp\ncd %s || exit 1\nexec /share/pkg.test %s\n",
-		envInGuest, envBinDir, shellQuote(cwd), guestArgs(os.Args[1:]))
+		envInGuest, envBinDir, shellQuote(cwd), guestArgs(g.args))
 	if err := os.WriteFile(filepath.Join(share, "run.sh"), []byte(script), 0o755); err != nil {
 		return 0, err
 	}
 
-	timeout := opts.Timeout
+	timeout := g.opts.Timeout
 	if timeout == 0 {
 		timeout = 10 * time.Minute
 	}
 	args := []string{"-t", fmt.Sprint(int(timeout.Seconds())), "-r", repo}
-	if opts.Memory != "" {
-		args = append(args, "-m", opts.Memory)
+	if g.opts.Memory != "" {
+		args = append(args, "-m", g.opts.Memory)
 	}
-	for _, d := range opts.Disks {
+	for _, d := range g.opts.Disks {
 		args = append(args, "-d", d)
 	}
 	args = append(args, share)
 	cmd := exec.Command(filepath.Join(repo, "guest", "run.sh"), args...)
 	cmd.Stdout = os.Stdout
 	cmd.Stderr = os.Stderr
+	cmd.Env = append(os.Environ(), envRelease+"="+g.release)
 	err = cmd.Run()
 	code := cmd.ProcessState.ExitCode()
 	if err != nil && code < 0 {
 		return 0, fmt.Errorf("running the guest: %w", err)
+	}
+	if g.exchange != "" && code == 0 {
+		if err := copyNewFiles(g.exchange, filepath.Join(share, "exchange")); err != nil {
+			return 0, fmt.Errorf("copying the guest's exchange back to %s: %w", g.exchange, err)
+		}
 	}
 	if code == 0 {
 		os.RemoveAll(share)
@@ -178,6 +211,38 @@ func runInGuest(opts Options) (int, error) {
 	}
 	return code, nil
 }
+
+// RunPhase boots a guest of release (bookworm or trixie) and runs there
+// the tests of this package that match run, with the files of the host
+// directory exchange in /share/exchange; what they leave there comes back
+// to exchange. It lets one host-side test carry data between guests of
+// different releases (test/crossversion). The package's TestMain must run
+// the host's tests itself (Main does not: use MainPhases).
+func RunPhase(t testing.TB, release, run, exchange string, opts Options) {
+	t.Helper()
+	args := []string{"-test.run=" + run, "-test.v"}
+	code, err := guestRun{opts: opts, release: release, args: args, exchange: exchange}.run()
+	if err != nil {
+		t.Fatalf("guest phase %s on %s: %v", run, release, err)
+	}
+	if code != 0 {
+		t.Fatalf("guest phase %s on %s failed (exit %d): its output is above", run, release, code)
+	}
+}
+
+// MainPhases is Main for packages whose host-side tests start guests
+// themselves (RunPhase): it runs the tests in place, on the host and in
+// each guest alike, and skips them all where no guest can run.
+func MainPhases(m *testing.M) int {
+	if !haveZFS() && os.Getenv(envSkip) != "" {
+		fmt.Println("guesttest: no /dev/zfs and ZFS_NOMAD_SKIP_GUEST is set: skipping the tests that need real ZFS")
+		return 0
+	}
+	return m.Run()
+}
+
+// Exchange is the directory a phase's tests share with the host (RunPhase).
+const Exchange = "/share/exchange"
 
 // guestArgs keeps the test flags, minus those naming host files.
 func guestArgs(args []string) string {
@@ -193,8 +258,63 @@ func guestArgs(args []string) string {
 	return strings.Join(out, " ")
 }
 
+// placeTestBinary puts the test binary for the guest at dst: this one, or,
+// when it links libzfs and the guest runs another release than the host,
+// the package's test binary rebuilt against that release's libzfs.
+func placeTestBinary(self, release, repo, pkgDir, dst string) error {
+	if release == "" || release == hostRelease() || !linksLibzfs(self) {
+		return copyFile(self, dst, 0o755)
+	}
+	rel, err := filepath.Rel(repo, pkgDir)
+	if err != nil {
+		return err
+	}
+	return goBuild(repo, release, "-t", "-o", dst, "./"+rel)
+}
+
+// linksLibzfs reports whether the ELF binary at path loads libzfs.
+func linksLibzfs(path string) bool {
+	f, err := elf.Open(path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	libs, _ := f.ImportedLibraries()
+	for _, lib := range libs {
+		if strings.HasPrefix(lib, "libzfs.so") {
+			return true
+		}
+	}
+	return false
+}
+
+// hostRelease is the host's Debian codename ("" when it has none).
+func hostRelease() string {
+	data, _ := os.ReadFile("/etc/os-release")
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "VERSION_CODENAME="); ok {
+			return strings.Trim(v, `"`)
+		}
+	}
+	return ""
+}
+
+// goBuild runs hack/gobuild.sh, which builds for release ("" for the
+// host's own).
+func goBuild(repo, release string, args ...string) error {
+	if release != "" {
+		args = append([]string{"-r", release}, args...)
+	}
+	cmd := exec.Command(filepath.Join(repo, "hack", "gobuild.sh"), args...)
+	cmd.Dir = repo
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("hack/gobuild.sh %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return nil
+}
+
 // buildBinaries builds opts.Binaries into dir and copies opts.Files there.
-func buildBinaries(opts Options, dir string) error {
+func buildBinaries(opts Options, release, dir string) error {
 	for name, src := range opts.Files {
 		if err := copyFile(src, filepath.Join(dir, name), 0o755); err != nil {
 			return fmt.Errorf("copying %s: %w", src, err)
@@ -208,13 +328,32 @@ func buildBinaries(opts Options, dir string) error {
 		return err
 	}
 	for name, pkg := range opts.Binaries {
-		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, name), pkg)
-		cmd.Dir = repo
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("building %s: %v\n%s", pkg, err, out)
+		if err := goBuild(repo, release, "-o", filepath.Join(dir, name), pkg); err != nil {
+			return err
 		}
 	}
 	return nil
+}
+
+// copyNewFiles copies the files under src that dst does not have yet.
+func copyNewFiles(dst, src string) error {
+	return filepath.WalkDir(src, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(src, path)
+		if err != nil {
+			return err
+		}
+		target := filepath.Join(dst, rel)
+		if d.IsDir() {
+			return os.MkdirAll(target, 0o755)
+		}
+		if _, err := os.Stat(target); err == nil {
+			return nil
+		}
+		return copyFile(path, target, 0o644)
+	})
 }
 
 func repoRoot() (string, error) {
