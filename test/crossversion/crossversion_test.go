@@ -56,13 +56,13 @@ func TestStreamsCrossOpenZFSReleases(t *testing.T) {
 }
 
 const (
-	pool     = "xv"
-	root     = pool + "/nomad"
-	plain    = root + "/vol-plain"
-	secret   = root + "/vol-secret"
+	pool      = "xv"
+	root      = pool + "/nomad"
+	plain     = root + "/vol-plain"
+	secret    = root + "/vol-secret"
 	keyPhrase = "correct horse battery staple"
-	keyFile  = "/tmp/volume.key"
-	mnt      = "/tmp/mnt"
+	keyFile   = "/tmp/volume.key"
+	mnt       = "/tmp/mnt"
 )
 
 // manifest says what the streams of one release hold.
