@@ -42,8 +42,35 @@ variable "log_level" {
 job "zfs-nomad-controller" {
   type = "service"
 
+  update {
+    max_parallel     = 1
+    min_healthy_time = "10s"
+    healthy_deadline = "3m"
+  }
+
   group "controller" {
     count = 1
+
+    network {
+      port "metrics" {}
+    }
+
+    # Prometheus metrics, and the moves in progress that
+    # `zfs-controller status -controller ADDRESS` shows; its answer is
+    # also the plugin's health.
+    service {
+      name     = "zfs-nomad-controller-metrics"
+      provider = "nomad"
+      port     = "metrics"
+      tags     = ["metrics"]
+
+      check {
+        type     = "http"
+        path     = "/metrics"
+        interval = "10s"
+        timeout  = "3s"
+      }
+    }
 
     task "zfs-controller" {
       driver = "raw_exec"
@@ -52,6 +79,7 @@ job "zfs-nomad-controller" {
         command = var.binary
         args = concat([
           "-peers-file", "${NOMAD_TASK_DIR}/peers",
+          "-metrics-address", "${NOMAD_ADDR_metrics}",
           "-tls-ca", "${var.tls_dir}/ca.pem",
           "-tls-cert", "${var.tls_dir}/controller.pem",
           "-tls-key", "${var.tls_dir}/controller-key.pem",

@@ -1,6 +1,9 @@
-# The node plugin: one zfs-node on every Nomad client with a ZFS pool.
+# The node plugin: one zfs-node on every Nomad client with a ZFS pool,
+# which its Nomad configuration names in client meta (docs/install.md):
 #
-#   nomad job run -var 'root_dataset=tank/nomad' zfs-node.nomad.hcl
+#   client { meta { zfs_nomad_root_dataset = "tank/nomad" } }
+#
+#   nomad job run zfs-node.nomad.hcl
 #
 # Runs under raw_exec (no Docker needed): a node plugin under exec makes its
 # mounts in a private mount namespace the consumers never see. Nomad then
@@ -14,8 +17,8 @@ variable "binary" {
 
 variable "root_dataset" {
   type        = string
-  description = "Parent dataset of all volumes on every client (must exist). Clients whose pools differ: \"$${meta.zfs_nomad_root_dataset}\" reads it from each client's meta"
-  default     = "tank/nomad"
+  description = "Parent dataset of all volumes (must exist); by default each client's meta.zfs_nomad_root_dataset"
+  default     = "$${meta.zfs_nomad_root_dataset}"
 }
 
 variable "max_quota" {
@@ -73,11 +76,29 @@ variable "log_level" {
 job "zfs-nomad-node" {
   type = "system"
 
+  # Only clients that hold volumes: their configuration names the root
+  # dataset in client meta. Elsewhere the plugin would find no pool and
+  # fail its start again and again.
+  constraint {
+    attribute = "$${meta.zfs_nomad_root_dataset}"
+    operator  = "is_set"
+  }
+
+  # One client at a time, each healthy (its checks passing) before the
+  # next: a node plugin that is restarting neither fences its primaries
+  # nor replicates, so they must never all restart at once.
+  update {
+    max_parallel     = 1
+    min_healthy_time = "10s"
+    healthy_deadline = "3m"
+  }
+
   group "node" {
     network {
       port "agent" {
         static = var.agent_port
       }
+      port "metrics" {}
     }
 
     # Native service discovery: the controller's template renders the agents
@@ -86,6 +107,29 @@ job "zfs-nomad-node" {
       name     = var.agent_service
       provider = "nomad"
       port     = "agent"
+
+      check {
+        type     = "tcp"
+        interval = "10s"
+        timeout  = "3s"
+      }
+    }
+
+    # Prometheus metrics (docs/replication.md, docs/safety.md): scrape the
+    # addresses of this service. It answers once the node has checked its
+    # OpenZFS and pool, so it is also the plugin's health.
+    service {
+      name     = "zfs-nomad-node-metrics"
+      provider = "nomad"
+      port     = "metrics"
+      tags     = ["metrics"]
+
+      check {
+        type     = "http"
+        path     = "/metrics"
+        interval = "10s"
+        timeout  = "3s"
+      }
     }
 
     task "zfs-node" {
@@ -100,6 +144,7 @@ job "zfs-nomad-node" {
           "-max-quota", var.max_quota,
           "-default-quota", var.default_quota,
           "-agent-address", "${NOMAD_IP_agent}:${NOMAD_PORT_agent}",
+          "-metrics-address", "${NOMAD_ADDR_metrics}",
           # Staging and target paths must lie below this (as
           # stage_publish_base_dir below puts them); anything else is refused.
           "-mount-base-dirs", "${var.data_dir}/client/csi",

@@ -440,7 +440,6 @@ func (e *e2e) deployPlugins() {
 	began := time.Now()
 	e.nomad("job", "run", "-detach",
 		"-var", "binary="+filepath.Join(e.bin, "zfs-node"),
-		"-var", "root_dataset=${meta.zfs_nomad_root_dataset}",
 		"-var", "tls_dir="+nomadDir+"/tls",
 		"-var", "data_dir="+nomadDir+"/data",
 		"-var", "log_level=debug",
@@ -459,6 +458,42 @@ func (e *e2e) deployPlugins() {
 		e.file("zfs-controller.nomad.hcl"))
 	e.waitForPlugins(3, "")
 	e.tell("FIGURE plugins healthy: %s after job run", time.Since(began).Round(100*time.Millisecond))
+	e.waitForChecks("zfs-nomad-node-metrics", 3)
+	e.waitForChecks("zfs-nomad-agent", 3)
+	e.waitForChecks("zfs-nomad-controller-metrics", 1)
+	e.tell("FIGURE plugins' service checks passing: %s after job run", time.Since(began).Round(100*time.Millisecond))
+}
+
+// waitForChecks waits until service has n registrations whose
+// allocations report every check of theirs passing: the job files'
+// checks are what their update blocks and an operator's monitoring
+// read, so they must pass on a healthy plugin.
+func (e *e2e) waitForChecks(service string, n int) {
+	e.t.Helper()
+	e.eventually(2*time.Minute, fmt.Sprintf("%d registrations of service %s with their checks passing", n, service), func() error {
+		var regs []struct{ AllocID string }
+		if err := e.get("/v1/service/"+service, &regs); err != nil {
+			return err
+		}
+		if len(regs) != n {
+			return fmt.Errorf("%d registrations", len(regs))
+		}
+		for _, r := range regs {
+			var checks map[string]struct{ Status, Output string }
+			if err := e.get("/v1/client/allocation/"+r.AllocID+"/checks", &checks); err != nil {
+				return err
+			}
+			if len(checks) == 0 {
+				return fmt.Errorf("allocation %s reports no check results yet", r.AllocID)
+			}
+			for _, c := range checks {
+				if c.Status != "success" {
+					return fmt.Errorf("allocation %s: a check is %s: %s", r.AllocID, c.Status, c.Output)
+				}
+			}
+		}
+		return nil
+	})
 }
 
 // waitForPlugins waits until Nomad reports a healthy controller plugin on
