@@ -100,7 +100,8 @@ mkdir -p "$gocache"
 build() { # NAME DOCKERFILE BUILD-ARGS...
   local name=$1 file=$2
   shift 2
-  quiet bah build --pull=never --layers -f "$file" \
+  # --force-rm: a failed step leaves no container behind to block the prune below.
+  quiet bah build --pull=never --layers --force-rm -f "$file" \
     --build-arg "GO_IMAGE=$goimage" --build-arg "VERSION=$version" "$@" \
     -v "$modcache:/go/pkg/mod" -v "$gocache:/root/.cache/go-build" \
     -t "localhost/zfs-nomad/$name:$tag" "$repo"
@@ -133,6 +134,11 @@ check() { # NAME [COMMAND...]: prints the --version line, then COMMAND's output
 ctl=$(check zfs-controller)
 # shellcheck disable=SC2016 # for dpkg-query, not the shell
 node=$(check zfs-node sh -ec 'test -x "$(command -v zfs)"; dpkg-query -W -f="zfsutils-linux \${Version}" zfsutils-linux')
+# The node's libzfs build and the image's zfs command must be one OpenZFS
+# series: zfs-node refuses to start otherwise.
+built=$(sed -n 's/.*built for OpenZFS \([0-9]*\.[0-9]*\).*/\1/p' <<<"$node")
+have=$(sed -n 's/.*zfsutils-linux \([0-9]*\.[0-9]*\).*/\1/p' <<<"$node")
+[ -n "$built" ] && [ "$built" = "$have" ] || die "zfs-node image: zfs-node was built for OpenZFS '$built' but the image's zfsutils is '$have': $node"
 
 # Intermediate images of earlier builds that no tag refers to any more.
 quiet bah rmi --prune
