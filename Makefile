@@ -9,7 +9,7 @@ LDFLAGS := -X github.com/zfs-nomad/zfs-nomad/internal/version.Version=$(VERSION)
 TOOLS := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/zfs-nomad/tools/$(shell sha256sum hack/tools/go.sum | cut -c1-12)
 GO_TEST_TIMEOUT ?= 45m
 
-.PHONY: help deps build release check unit race images test test-trixie test-nomad test-nomad-drain nomad bench soak sim guest-image proto demo demo-nomad clean
+.PHONY: help deps build release check unit race images test test-trixie guest-image-trixie test-nomad test-nomad-drain nomad bench soak sim guest-image proto demo demo-nomad clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -61,15 +61,17 @@ race: deps ## unit tests and a short simulation under the race detector
 images: ## build the zfs-controller and zfs-node images (docker/) and run each one's --version
 	@VERSION=$(VERSION) ./hack/images.sh
 
-guest-image: deps ## build (or find cached) the ZFS guest images: Debian 12 (OpenZFS 2.1, the default) and Debian 13 (2.3)
+guest-image: deps ## build (or find cached) the default ZFS guest image: Debian 12, OpenZFS 2.1
 	@./guest/image.sh >/dev/null
+
+guest-image-trixie: deps ## build (or find cached) the Debian 13 guest image, OpenZFS 2.3 (make test-trixie)
 	@ZFS_NOMAD_GUEST=trixie ./guest/image.sh >/dev/null
 
 # Packages that need ZFS boot a guest each: -p 1 keeps one guest at a time
 # on a 2-core machine.
 # The Nomad end-to-end test (test/nomad) needs a Nomad binary: hack/nomad.sh
 # builds it once (about 12 min) and prints its cached path.
-test: check race images guest-image ## everything: checks, the race detector, the images, unit tests, real-ZFS tests, csi-sanity and Nomad end to end in the guest, then test-trixie
+test: check race images guest-image guest-image-trixie ## everything: checks, the race detector, the images, unit tests, real-ZFS tests, csi-sanity and Nomad end to end in the guest, then test-trixie
 	nomad=$$(./hack/nomad.sh) && ZFS_NOMAD_NOMAD=$$nomad go test -p 1 -count=1 -timeout $(GO_TEST_TIMEOUT) ./...
 	go test -count=1 -tags openzfs_2_2 ./internal/zfs/libzfs
 	$(MAKE) --no-print-directory test-trixie
@@ -81,7 +83,7 @@ test: check race images guest-image ## everything: checks, the race detector, th
 # read-only); its others exercise the driver's own logic over the same
 # calls, which the default guest covers.
 TRIXIE_MIGRATION_TESTS := ^(TestPlannedMove|TestFailoverAuto|TestSnapshotsFollowTheVolume|TestSnapshotsSurviveAFailover|TestARestoreOnAReplica|TestPartitionedPrimaryTurnsReadOnly)$$
-test-trixie: guest-image ## libzfs, test/node, csi-sanity, test/replication and part of test/migration in the Debian 13 guest (OpenZFS 2.3)
+test-trixie: guest-image-trixie ## libzfs, test/node, csi-sanity, test/replication and part of test/migration in the Debian 13 guest (OpenZFS 2.3)
 	ZFS_NOMAD_GUEST=trixie go test -p 1 -count=1 -timeout 40m ./internal/zfs/libzfs ./test/node ./test/sanity ./test/replication
 	ZFS_NOMAD_GUEST=trixie go test -count=1 -timeout 30m -run '$(TRIXIE_MIGRATION_TESTS)' ./test/migration
 
