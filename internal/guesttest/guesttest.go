@@ -22,6 +22,7 @@
 package guesttest
 
 import (
+	"cmp"
 	"debug/elf"
 	"fmt"
 	"io"
@@ -64,6 +65,12 @@ const (
 	envRelease  = "ZFS_NOMAD_GUEST"
 	envKeepLogs = "ZFS_NOMAD_GUEST_LOGS"
 )
+
+// defaultRelease is the guest guest/image.sh boots without
+// ZFS_NOMAD_GUEST. Binaries for a guest are built for its release by
+// name, so a host of another release (or none) never builds them for its
+// own libzfs.
+const defaultRelease = "bookworm"
 
 // InGuest reports whether the tests run with real ZFS (in the guest or on a
 // ZFS host).
@@ -128,13 +135,13 @@ func BinDir(t testing.TB) string {
 }
 
 func runInGuest(opts Options) (int, error) {
-	return guestRun{opts: opts, release: os.Getenv(envRelease), args: os.Args[1:]}.run()
+	return guestRun{opts: opts, release: cmp.Or(os.Getenv(envRelease), defaultRelease), args: os.Args[1:]}.run()
 }
 
 // A guestRun is one boot of a guest that reruns this test binary inside.
 type guestRun struct {
 	opts    Options
-	release string   // the guest's Debian release; "" for the default
+	release string   // the guest's Debian release
 	args    []string // the test binary's flags inside
 	// exchange, when set, is a host directory whose files the tests find
 	// in /share/exchange and whose contents they leave there come back.
@@ -262,7 +269,7 @@ func guestArgs(args []string) string {
 // when it links libzfs and the guest runs another release than the host,
 // the package's test binary rebuilt against that release's libzfs.
 func placeTestBinary(self, release, repo, pkgDir, dst string) error {
-	if release == "" || release == hostRelease() || !linksLibzfs(self) {
+	if release == hostRelease() || !linksLibzfs(self) {
 		return copyFile(self, dst, 0o755)
 	}
 	rel, err := filepath.Rel(repo, pkgDir)
