@@ -2,9 +2,10 @@
 # Boots the ZFS guest once to run SHARE/run.sh inside it, and exits with
 # that script's exit status. The guest sees SHARE at /share and, with -r,
 # the host directory REPO read-only at the same path. Each -d adds a fresh
-# sparse virtio disk (/dev/vda, /dev/vdb, ...).
+# sparse virtio disk (/dev/vda, /dev/vdb, ...). With -D the guest also has
+# the release's Docker Engine (dockerd, containerd, runc; no client).
 #
-# Usage: run.sh [-t SECONDS] [-d SIZE]... [-m MEM] [-r REPO] [-q] SHARE
+# Usage: run.sh [-t SECONDS] [-d SIZE]... [-m MEM] [-r REPO] [-D] [-q] SHARE
 #
 # The console is written to SHARE/console.log (and to stdout unless -q).
 # Every boot is bounded: the guest must show it booted within 60 s (it
@@ -21,15 +22,17 @@ timeout_s=600
 mem=2G
 repo=""
 quiet=""
+initrd=initrd.gz
 disks=()
-while getopts "t:d:m:r:q" opt; do
+while getopts "t:d:m:r:Dq" opt; do
   case "$opt" in
     t) timeout_s=$OPTARG ;;
     d) disks+=("$OPTARG") ;;
     m) mem=$OPTARG ;;
     r) repo=$OPTARG ;;
+    D) initrd=initrd-docker.gz ;;
     q) quiet=1 ;;
-    *) echo "usage: run.sh [-t SECONDS] [-d SIZE]... [-m MEM] [-r REPO] [-q] SHARE" >&2; exit 2 ;;
+    *) echo "usage: run.sh [-t SECONDS] [-d SIZE]... [-m MEM] [-r REPO] [-D] [-q] SHARE" >&2; exit 2 ;;
   esac
 done
 shift $((OPTIND - 1))
@@ -51,7 +54,7 @@ args=(
   -M pc -accel tcg,thread=multi -cpu "${ZFS_GUEST_CPU:-qemu64}" -smp 2 -m "$mem"
   -no-reboot -nodefaults -nographic -serial stdio
   -bios /usr/share/qemu/qboot.rom
-  -kernel "$image/vmlinuz" -initrd "$image/initrd.gz"
+  -kernel "$image/vmlinuz" -initrd "$image/$initrd"
   -virtfs "local,path=$share,mount_tag=share,security_model=none"
 )
 cmdline="console=ttyS0 quiet panic=-1"

@@ -56,6 +56,9 @@ type Options struct {
 	Timeout time.Duration
 	// Memory for the guest (default 2G).
 	Memory string
+	// Docker boots the guest with its release's Docker Engine (dockerd,
+	// containerd, runc) on PATH; nothing starts it.
+	Docker bool
 }
 
 const (
@@ -195,6 +198,9 @@ func (g guestRun) run() (int, error) {
 	}
 	for _, d := range g.opts.Disks {
 		args = append(args, "-d", d)
+	}
+	if g.opts.Docker {
+		args = append(args, "-D")
 	}
 	args = append(args, share)
 	cmd := exec.Command(filepath.Join(repo, "guest", "run.sh"), args...)
