@@ -27,9 +27,9 @@ build: ## build bin/zfs-node (cgo, libzfs) and bin/zfs-controller (no cgo); need
 	CGO_ENABLED=0 go build -trimpath -ldflags "$(LDFLAGS)" -o bin/zfs-controller ./cmd/zfs-controller
 
 # One zfs-node per supported OpenZFS series, each built against its Debian
-# release's libzfs (in that release's guest chroot), the controller, and
-# SHA256SUMS (hack/release.sh).
-release: ## dist/VERSION/: zfs-controller, zfs-node per OpenZFS series (2.1: Debian 12, 2.3: Debian 13), SHA256SUMS
+# release's libzfs (in that release's guest chroot), the controller, the
+# images as docker-archive files, and SHA256SUMS (hack/release.sh).
+release: ## dist/VERSION/: zfs-controller, zfs-node per OpenZFS series (2.1: Debian 12, 2.3: Debian 13), their images (docker-archive), SHA256SUMS
 	./hack/release.sh $(VERSION)
 
 $(TOOLS)/staticcheck $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc: hack/tools/go.mod hack/tools/go.sum
@@ -57,9 +57,11 @@ race: deps ## unit tests and a short simulation under the race detector
 	ZFS_NOMAD_SKIP_GUEST=1 go test -race -count=1 ./internal/faultsim -args -seeds 30
 
 # Builds with buildah from Debian's mirrors and the host's Go: no container
-# registry needed (see hack/images.sh).
-images: ## build the zfs-controller and zfs-node images (docker/) and run each one's --version
-	@VERSION=$(VERSION) ./hack/images.sh
+# registry needed (see hack/images.sh). The docker-archive files in
+# bin/images are what test/nomad loads into its clients' Docker Engines.
+IMAGES_DIR := $(CURDIR)/bin/images
+images: ## build the zfs-controller and zfs-node images (docker/), run each one's --version, write bin/images/*.tar
+	@VERSION=$(VERSION) ARCHIVE_DIR=$(IMAGES_DIR) ./hack/images.sh
 
 guest-image: deps ## build (or find cached) the default ZFS guest image: Debian 12, OpenZFS 2.1
 	@./guest/image.sh >/dev/null
@@ -72,7 +74,7 @@ guest-image-trixie: deps ## build (or find cached) the Debian 13 guest image, Op
 # The Nomad end-to-end test (test/nomad) needs a Nomad binary: hack/nomad.sh
 # builds it once (about 12 min) and prints its cached path.
 test: check race images guest-image guest-image-trixie ## everything: checks, the race detector, the images, unit tests, real-ZFS tests, csi-sanity and Nomad end to end in the guest, then test-trixie
-	nomad=$$(./hack/nomad.sh) && ZFS_NOMAD_NOMAD=$$nomad go test -p 1 -count=1 -timeout $(GO_TEST_TIMEOUT) ./...
+	nomad=$$(./hack/nomad.sh) && ZFS_NOMAD_NOMAD=$$nomad ZFS_NOMAD_IMAGES=$(IMAGES_DIR) go test -p 1 -count=1 -timeout $(GO_TEST_TIMEOUT) ./...
 	go test -count=1 -tags openzfs_2_2 ./internal/zfs/libzfs
 	$(MAKE) --no-print-directory test-trixie
 
@@ -90,8 +92,8 @@ test-trixie: guest-image-trixie ## libzfs, test/node, csi-sanity, test/replicati
 # make soak N=5 [PKGS="./test/migration ./demo"]: the guest packages (and
 # the demo, and test/nomad) N times each, every run's log kept.
 N ?= 5
-soak: guest-image ## run the guest test packages and the demo N times (N=5), to flush out flaky tests; logs kept
-	nomad=$$(./hack/nomad.sh) && ZFS_NOMAD_NOMAD=$$nomad ./hack/soak.sh $(N) $(PKGS)
+soak: guest-image images ## run the guest test packages and the demo N times (N=5), to flush out flaky tests; logs kept
+	nomad=$$(./hack/nomad.sh) && ZFS_NOMAD_NOMAD=$$nomad ZFS_NOMAD_IMAGES=$(IMAGES_DIR) ./hack/soak.sh $(N) $(PKGS)
 
 # make sim SEEDS=5000 [FIRST=1]: the fault-injection simulation's long
 # mode (docs/safety.md): every failing seed listed, each replayable with
@@ -104,11 +106,11 @@ sim: ## the fault-injection simulation, SEEDS seeds (5000) from FIRST (1), every
 nomad: ## build (or find cached) the Nomad binary for the end-to-end test (3 to 14 min, once)
 	@./hack/nomad.sh
 
-test-nomad: guest-image ## the driver under a real Nomad (1 server, 3 clients) in the guest, from the nomad/ job files
-	nomad=$$(./hack/nomad.sh) && ZFS_NOMAD_NOMAD=$$nomad go test -count=1 -v -timeout 40m ./test/nomad/
+test-nomad: guest-image images ## the driver under a real Nomad (1 server, 3 clients) in the guest, from the nomad/ job files: docker, then raw_exec
+	nomad=$$(./hack/nomad.sh) && ZFS_NOMAD_NOMAD=$$nomad ZFS_NOMAD_IMAGES=$(IMAGES_DIR) go test -count=1 -v -timeout 40m ./test/nomad/
 
-test-nomad-drain: guest-image ## test-nomad plus a drain of a client holding eight volumes (issue 15; not yet in make test)
-	nomad=$$(./hack/nomad.sh) && ZFS_NOMAD_NOMAD=$$nomad go test -count=1 -v -timeout 60m ./test/nomad/ -args -drain-many
+test-nomad-drain: guest-image images ## test-nomad plus a drain of a client holding eight volumes (issue 15; not yet in make test)
+	nomad=$$(./hack/nomad.sh) && ZFS_NOMAD_NOMAD=$$nomad ZFS_NOMAD_IMAGES=$(IMAGES_DIR) go test -count=1 -v -timeout 60m -run TestNomadEndToEnd ./test/nomad/ -args -drain-many
 
 bench: guest-image ## replication throughput vs zfs send|socat|zfs recv and the local pipe, in the guest
 	go test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 40m ./test/bench/

@@ -6,10 +6,12 @@
 # No container registry is needed: the Dockerfiles' base images are build
 # arguments, and this script passes local stand-ins built from Debian's
 # mirrors and the host's Go toolchain (docker/local/):
-#   localhost/zfs-nomad-base:bookworm-KEY  debootstrap bookworm (for
-#       debian:bookworm-slim and, for the controller, the distroless image)
-#   localhost/zfs-nomad-go:goX-KEY         base + gcc + the host's Go
-#       (for golang:1.26-bookworm)
+#   localhost/zfs-nomad-base:RELEASE-KEY   debootstrap RELEASE (for
+#       debian:RELEASE-slim)
+#   scratch for the controller's distroless image: the controller is one
+#       static binary that reads nothing of the image's but itself
+#   localhost/zfs-nomad-go:goX-RELEASE-KEY base + gcc + the host's Go
+#       (for golang:1.26-RELEASE)
 # Each is keyed by a hash of its recipe and built only when missing; the base
 # root filesystem is cached as ~/.cache/zfs-nomad/base-KEY/rootfs.tar. Go
 # modules come from the host's module cache (go mod download first), Go's
@@ -17,9 +19,15 @@
 #
 # Output: localhost/zfs-nomad/zfs-controller:TAG and
 # localhost/zfs-nomad/zfs-node:TAG (TAG defaults to dev) in buildah's storage
-# (/var/lib/containers/storage as root); a summary on stdout.
+# (/var/lib/containers/storage as root); a summary on stdout. With
+# ARCHIVE_DIR set, also ARCHIVE_DIR/zfs-controller.tar and zfs-node.tar:
+# docker-archive files that `docker load -i` takes, each image keeping its
+# name (the guest's Nomad test loads them; make release ships them).
 #
 # Environment: VERSION (default: git describe, as the Makefile), TAG,
+# DEBIAN_RELEASE (bookworm, the default: OpenZFS 2.1; or trixie: 2.3; the
+# node image's OpenZFS, which must be the series of the hosts' kernel
+# module), IMAGES (default "zfs-controller zfs-node": which to build),
 # BUILDAH_ISOLATION (default chroot: no OCI runtime or systemd needed),
 # STORAGE_DRIVER (buildah's default is overlay; vfs where overlay is not
 # supported, e.g. inside another container; the storage must be new or
@@ -32,6 +40,8 @@ repo=$(cd "$here/.." && pwd)
 cache=${XDG_CACHE_HOME:-$HOME/.cache}/zfs-nomad
 version=${VERSION:-$(git -C "$repo" describe --tags --always --dirty 2>/dev/null || echo dev)}
 tag=${TAG:-dev}
+release=${DEBIAN_RELEASE:-bookworm}
+images=${IMAGES:-zfs-controller zfs-node}
 export BUILDAH_ISOLATION=${BUILDAH_ISOLATION:-chroot}
 
 log() { printf 'images: %s\n' "$*" >&2; }
@@ -63,15 +73,18 @@ mkdir -p "$cache"
 exec 9>"$cache/images.lock"
 flock 9
 
+case "$release" in bookworm | trixie) ;; *) die "DEBIAN_RELEASE must be bookworm or trixie, not '$release'" ;; esac
+wants() { [[ " $images " == *" $1 "* ]]; }
+
 # The Debian base.
-base_key=$(key "$repo/docker/local/base-rootfs.sh")
-base=localhost/zfs-nomad-base:bookworm-$base_key
+base_key=$(echo "$release" | key - "$repo/docker/local/base-rootfs.sh")
+base=localhost/zfs-nomad-base:$release-$base_key
 if ! have_image "$base"; then
   tarball=$cache/base-$base_key/rootfs.tar
   if [ ! -s "$tarball" ]; then
-    log "no cached Debian base for this recipe: debootstrap bookworm (about 1-2 min, once)"
+    log "no cached Debian base for this recipe: debootstrap $release (about 1-2 min, once)"
     mkdir -p "$(dirname "$tarball")"
-    "$repo/docker/local/base-rootfs.sh" "$tarball"
+    "$repo/docker/local/base-rootfs.sh" "$release" "$tarball"
   fi
   log "importing $base"
   ctr=$(bah from --pull=never scratch)
@@ -84,7 +97,7 @@ fi
 goroot=$(go env GOROOT)
 gover=$(go env GOVERSION)
 go_key=$(printf '%s %s\n' "$base_key" "$gover" | cat - "$repo/docker/local/Dockerfile.golang" | sha256sum | cut -c1-16)
-goimage=localhost/zfs-nomad-go:$gover-$go_key
+goimage=localhost/zfs-nomad-go:$gover-$release-$go_key
 if ! have_image "$goimage"; then
   log "building $goimage from the host's $gover (about 1 min, once)"
   quiet bah build --pull=never --layers -f "$repo/docker/local/Dockerfile.golang" \
@@ -106,8 +119,8 @@ build() { # NAME DOCKERFILE BUILD-ARGS...
     -v "$modcache:/go/pkg/mod" -v "$gocache:/root/.cache/go-build" \
     -t "localhost/zfs-nomad/$name:$tag" "$repo"
 }
-build zfs-controller "$repo/docker/Dockerfile.controller" --build-arg "RUNTIME_IMAGE=$base"
-build zfs-node "$repo/docker/Dockerfile.node" --build-arg "BASE_IMAGE=$base"
+! wants zfs-controller || build zfs-controller "$repo/docker/Dockerfile.controller" --build-arg "RUNTIME_IMAGE=scratch"
+! wants zfs-node || build zfs-node "$repo/docker/Dockerfile.node" --build-arg "BASE_IMAGE=$base"
 
 # Each image's entrypoint with --version, as `docker run IMAGE --version`
 # would; in the node image also the zfs command zfs-node runs, and the
@@ -131,18 +144,32 @@ check() { # NAME [COMMAND...]: prints the --version line, then COMMAND's output
   fi
   bah rm "$ctr" >/dev/null
 }
-ctl=$(check zfs-controller)
-# shellcheck disable=SC2016 # for dpkg-query, not the shell
-node=$(check zfs-node sh -ec 'test -x "$(command -v zfs)"; dpkg-query -W -f="zfsutils-linux \${Version}" zfsutils-linux')
-# The node's libzfs build and the image's zfs command must be one OpenZFS
-# series: zfs-node refuses to start otherwise.
-built=$(sed -n 's/.*built for OpenZFS \([0-9]*\.[0-9]*\).*/\1/p' <<<"$node")
-have=$(sed -n 's/.*zfsutils-linux \([0-9]*\.[0-9]*\).*/\1/p' <<<"$node")
-[ -n "$built" ] && [ "$built" = "$have" ] || die "zfs-node image: zfs-node was built for OpenZFS '$built' but the image's zfsutils is '$have': $node"
+summary=()
+if wants zfs-controller; then
+  summary+=("localhost/zfs-nomad/zfs-controller:$tag  --version: $(check zfs-controller)")
+fi
+if wants zfs-node; then
+  # shellcheck disable=SC2016 # for dpkg-query, not the shell
+  node=$(check zfs-node sh -ec 'test -x "$(command -v zfs)"; dpkg-query -W -f="zfsutils-linux \${Version}" zfsutils-linux')
+  # The node's libzfs build and the image's zfs command must be one OpenZFS
+  # series: zfs-node refuses to start otherwise.
+  built=$(sed -n 's/.*built for OpenZFS \([0-9]*\.[0-9]*\).*/\1/p' <<<"$node")
+  have=$(sed -n 's/.*zfsutils-linux \([0-9]*\.[0-9]*\).*/\1/p' <<<"$node")
+  [ -n "$built" ] && [ "$built" = "$have" ] || die "zfs-node image: zfs-node was built for OpenZFS '$built' but the image's zfsutils is '$have': $node"
+  summary+=("localhost/zfs-nomad/zfs-node:$tag ($release)  --version: $node")
+fi
 
 # Intermediate images of earlier builds that no tag refers to any more.
 quiet bah rmi --prune
 
-size() { bah images --format '{{.Size}}' "$1" | head -1; }
-echo "localhost/zfs-nomad/zfs-controller:$tag  $(size "localhost/zfs-nomad/zfs-controller:$tag")  --version: $ctl"
-echo "localhost/zfs-nomad/zfs-node:$tag        $(size "localhost/zfs-nomad/zfs-node:$tag")  --version: $node"
+if [ -n "${ARCHIVE_DIR:-}" ]; then
+  mkdir -p "$ARCHIVE_DIR"
+  for name in $images; do
+    rm -f "$ARCHIVE_DIR/$name.tar.tmp"
+    quiet bah push --quiet "localhost/zfs-nomad/$name:$tag" \
+      "docker-archive:$ARCHIVE_DIR/$name.tar.tmp:localhost/zfs-nomad/$name:$tag"
+    mv "$ARCHIVE_DIR/$name.tar.tmp" "$ARCHIVE_DIR/$name.tar"
+  done
+fi
+
+printf '%s\n' "${summary[@]}"

@@ -1,22 +1,23 @@
 #!/usr/bin/env bash
-# The local stand-in for debian:bookworm-slim, for hosts that reach Debian's
-# mirrors but no container registry (hack/images.sh): a minbase debootstrap
-# of bookworm with the official image's apt sources (deb822, main only: the
+# The local stand-in for debian:RELEASE-slim (bookworm or trixie), for hosts
+# that reach Debian's mirrors but no container registry (hack/images.sh): a
+# minbase debootstrap of RELEASE with the official image's apt sources (deb822, main only: the
 # Dockerfiles add contrib themselves), its no-docs dpkg filter and no
 # services started by package scripts. Output: OUT, a tar of the root
 # filesystem for `buildah add`.
 #
-# Usage: base-rootfs.sh OUT.tar
+# Usage: base-rootfs.sh RELEASE OUT.tar
 set -euo pipefail
 
-out=${1:?usage: base-rootfs.sh OUT.tar}
+release=${1:?usage: base-rootfs.sh RELEASE OUT.tar}
+out=${2:?usage: base-rootfs.sh RELEASE OUT.tar}
 mirror=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 security=${DEBIAN_SECURITY_MIRROR:-http://deb.debian.org/debian-security}
 
 root=$(mktemp -d "${TMPDIR:-/var/tmp}/zfs-nomad-base.XXXXXX")
 trap 'rm -rf --one-file-system "$root"' EXIT
 
-debootstrap --variant=minbase bookworm "$root" "$mirror" >"$root.log" 2>&1 ||
+debootstrap --variant=minbase "$release" "$root" "$mirror" >"$root.log" 2>&1 ||
   { tail -30 "$root.log" >&2; rm -f "$root.log"; exit 1; }
 rm -f "$root.log"
 
@@ -24,13 +25,13 @@ rm -f "$root/etc/apt/sources.list"
 cat >"$root/etc/apt/sources.list.d/debian.sources" <<SRC
 Types: deb
 URIs: $mirror
-Suites: bookworm bookworm-updates
+Suites: $release $release-updates
 Components: main
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 
 Types: deb
 URIs: $security
-Suites: bookworm-security
+Suites: $release-security
 Components: main
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 SRC
