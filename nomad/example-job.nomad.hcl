@@ -7,14 +7,18 @@
 # before it (nomad alloc logs), so a move to another client shows that the
 # data came along.
 #
-# Consumers must use the exec (or docker) driver: Nomad refuses CSI volumes
-# to raw_exec tasks. The volume's root is owned by root with mode 0755, so
-# the task runs as root: under exec that needs a client that allows it
-# (client options "user.denylist", see README.md).
+# The task runs under the docker driver, as root in its container (the
+# volume's root is owned by root with mode 0755). raw_exec/example-job.nomad.hcl
+# is the same job under exec, for clients without Docker.
 
 variable "volume" {
   description = "The CSI volume ID"
   default     = "web-data"
+}
+
+variable "image" {
+  description = "Any image with a POSIX shell, head, sha256sum, cut, tr and date"
+  default     = "busybox:1.36"
 }
 
 job "counter" {
@@ -44,8 +48,7 @@ job "counter" {
     }
 
     task "counter" {
-      driver = "exec"
-      user   = "root"
+      driver = "docker"
 
       volume_mount {
         volume      = "data"
@@ -53,8 +56,9 @@ job "counter" {
       }
 
       config {
-        command = "/bin/sh"
-        args = ["-c", <<-EOT
+        image      = var.image
+        entrypoint = ["/bin/sh", "-c"]
+        args = [<<-EOT
           set -e
           cd /data
           [ -f data.bin ] || head -c 8388608 /dev/urandom > data.bin

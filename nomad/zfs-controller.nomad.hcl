@@ -1,16 +1,20 @@
 # The controller plugin: decides where volumes go and moves them; needs no
 # ZFS and no cgo. Any client can run it.
 #
-#   nomad job run zfs-controller.nomad.hcl
+#   nomad job run -var image=localhost/zfs-nomad/zfs-controller:VERSION zfs-controller.nomad.hcl
+#
+# Runs the zfs-controller image under the docker driver, on the host's
+# network (it dials the node agents and serves metrics on the client's
+# address). For clients without Docker, see raw_exec/zfs-controller.nomad.hcl.
 #
 # It reaches the node agents through a peers file that a template renders
 # from Nomad's native service discovery (the service the node plugin job
 # registers), plus any static peers; the controller re-reads the file when
 # it changes, so no restart and no Nomad token are needed.
 
-variable "binary" {
-  description = "Path of zfs-controller on the clients"
-  default     = "/usr/local/bin/zfs-controller"
+variable "image" {
+  type        = string
+  description = "The zfs-controller image, e.g. localhost/zfs-nomad/zfs-controller:VERSION (docs/install.md)"
 }
 
 variable "tls_dir" {
@@ -73,10 +77,19 @@ job "zfs-nomad-controller" {
     }
 
     task "zfs-controller" {
-      driver = "raw_exec"
+      driver = "docker"
 
       config {
-        command = var.binary
+        image        = var.image
+        network_mode = "host"
+        # The TLS material, read-only (client plugin option
+        # volumes.enabled; docs/install.md).
+        mount {
+          type     = "bind"
+          source   = var.tls_dir
+          target   = var.tls_dir
+          readonly = true
+        }
         args = concat([
           "-peers-file", "${NOMAD_TASK_DIR}/peers",
           "-metrics-address", "${NOMAD_ADDR_metrics}",

@@ -3,16 +3,18 @@
 #
 #   client { meta { zfs_nomad_root_dataset = "tank/nomad" } }
 #
-#   nomad job run zfs-node.nomad.hcl
+#   nomad job run -var image=localhost/zfs-nomad/zfs-node:VERSION-debian12 zfs-node.nomad.hcl
 #
-# Runs under raw_exec (no Docker needed): a node plugin under exec makes its
-# mounts in a private mount namespace the consumers never see. Nomad then
-# sends the plugin host paths only if stage_publish_base_dir says where
-# Nomad's data_dir is. See README.md for the Docker variant.
+# Runs the zfs-node image under the docker driver: privileged (it needs
+# /dev/zfs and mounts datasets) on the host's network (the agent port is
+# the client's address). Nomad mounts the staging and publish directories
+# into the container with bidirectional propagation, so the datasets the
+# plugin mounts there reach the consumers. For clients without Docker, see
+# raw_exec/zfs-node.nomad.hcl.
 
-variable "binary" {
-  description = "Path of zfs-node on the clients (built against the client's libzfs: same OpenZFS as the kernel module)"
-  default     = "/usr/local/bin/zfs-node"
+variable "image" {
+  type        = string
+  description = "The zfs-node image for the clients' Debian release: its OpenZFS must be the series of the clients' kernel module (docs/install.md), e.g. localhost/zfs-nomad/zfs-node:VERSION-debian12"
 }
 
 variable "root_dataset" {
@@ -56,11 +58,6 @@ variable "agent_service" {
 variable "tls_dir" {
   description = "Directory on every client holding ca.pem, node.pem, node-key.pem (OU \"node\", DNS name node.zfs-nomad; docs/security.md)"
   default     = "/etc/zfs-nomad"
-}
-
-variable "data_dir" {
-  description = "The clients' Nomad data_dir (the same path on every client)"
-  default     = "/opt/nomad/data"
 }
 
 variable "extra_args" {
@@ -133,10 +130,24 @@ job "zfs-nomad-node" {
     }
 
     task "zfs-node" {
-      driver = "raw_exec"
+      driver = "docker"
 
       config {
-        command = var.binary
+        image = var.image
+        # /dev/zfs, mount(2) and the zfs command's ioctls: a CSI node
+        # plugin needs the host's devices and mount namespace powers.
+        privileged = true
+        # The agent listens on the client's address, where the controller
+        # and the peers reach it.
+        network_mode = "host"
+        # The TLS material, read-only (client plugin option
+        # volumes.enabled; docs/install.md).
+        mount {
+          type     = "bind"
+          source   = var.tls_dir
+          target   = var.tls_dir
+          readonly = true
+        }
         args = concat([
           "-node-id", "${node.unique.name}",
           "-root-dataset", var.root_dataset,
@@ -145,9 +156,10 @@ job "zfs-nomad-node" {
           "-default-quota", var.default_quota,
           "-agent-address", "${NOMAD_IP_agent}:${NOMAD_PORT_agent}",
           "-metrics-address", "${NOMAD_ADDR_metrics}",
-          # Staging and target paths must lie below this (as
-          # stage_publish_base_dir below puts them); anything else is refused.
-          "-mount-base-dirs", "${var.data_dir}/client/csi",
+          # Staging and target paths must lie below this: Nomad's
+          # stage_publish_base_dir inside the container (default
+          # /local/csi); anything else is refused.
+          "-mount-base-dirs", "/local/csi",
           "-tls-ca", "${var.tls_dir}/ca.pem",
           "-tls-cert", "${var.tls_dir}/node.pem",
           "-tls-key", "${var.tls_dir}/node-key.pem",
@@ -195,17 +207,16 @@ job "zfs-nomad-node" {
       }
 
       csi_plugin {
-        id                     = "zfs-nomad"
-        type                   = "node"
-        mount_dir              = "/csi"
-        stage_publish_base_dir = "${var.data_dir}/client/csi/node/zfs-nomad"
+        id        = "zfs-nomad"
+        type      = "node"
+        mount_dir = "/csi"
       }
 
       # Mounts made by a plugin that is killed stay; the next one finds them.
       kill_timeout = "10s"
 
-      # Nomad makes a raw_exec task's memory its hard limit (memory.max),
-      # and it covers the zfs send and receive processes the plugin runs.
+      # Nomad makes a task's memory its hard limit (memory.max), and it
+      # covers the zfs send and receive processes the plugin runs.
       # A transfer keeps up to 32 MiB in flight per peer connection (the
       # gRPC windows, docs/replication.md) and each end buffers on top: in
       # a drain of eight volumes the two busy plugins peaked at 100 and

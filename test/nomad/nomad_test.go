@@ -1,12 +1,16 @@
 // Package nomad runs the driver under a real Nomad, end to end, in the ZFS
 // guest: one Nomad server and three Nomad clients, each client a simulated
-// node (package sim) with its own pool, network and mount namespace. The
-// plugins are deployed from the job files in nomad/ that users get; only
-// their variables are set here.
+// node (package sim) with its own pool, network and mount namespace, and
+// for the docker flavour its own Docker Engine. The plugins are deployed
+// from the job files in nomad/ that users get (the images under the docker
+// driver) and, in a shorter scenario, from nomad/raw_exec/; only their
+// variables are set here.
 //
-// Nomad is not built here: hack/nomad.sh builds it once from the Go module
-// proxy and caches it, and `make test-nomad` passes its path in
-// ZFS_NOMAD_NOMAD. Without it the package is skipped.
+// Nomad and the images are not built here: hack/nomad.sh builds Nomad
+// once from the Go module proxy and caches it, hack/images.sh writes the
+// images' archives, and `make test-nomad` passes their paths in
+// ZFS_NOMAD_NOMAD and ZFS_NOMAD_IMAGES. Without Nomad the package is
+// skipped; without the images, the docker flavour is.
 package nomad
 
 import (
@@ -22,6 +26,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -46,13 +51,21 @@ func TestMain(m *testing.M) {
 		fmt.Printf("test/nomad: %s is not set: skipping the Nomad end-to-end test (make test-nomad builds Nomad and sets it)\n", envNomad)
 		os.Exit(0)
 	}
+	if dir := os.Getenv(envImages); dir != "" {
+		for _, name := range imageArchives {
+			files[name] = filepath.Join(dir, name)
+		}
+	}
 	os.Exit(guesttest.Main(m, guesttest.Options{
 		// Room for the many-volume drain's 1 GiB volume and its copy.
 		Disks:    []string{"4G", "4G", "4G"},
 		Binaries: guesttest.DriverBinaries(),
 		Files:    files,
-		Memory:   "3G",
-		Timeout:  55 * time.Minute,
+		// Each node's Docker Engine keeps its images in memory (about
+		// 250 MB a node).
+		Memory:  "4G",
+		Docker:  true,
+		Timeout: 55 * time.Minute,
 	}))
 }
 
@@ -68,26 +81,51 @@ const (
 type e2e struct {
 	t       *testing.T
 	c       *sim.Cluster
-	bin     string // directory of nomad, zfs-node, zfs-controller
+	flavour flavour
+	bin     string // directory of nomad, zfs-node, zfs-controller, the image archives
 	repo    string
 	nodeIDs map[string]string // Nomad node name (n1) -> Nomad node ID
 	procs   []*sim.Process
+	images  map[string]string // image archive -> the name it loaded as (docker flavour)
 }
 
-func TestNomadEndToEnd(t *testing.T) {
+// nomadBinDir is the directory of the binaries, or skips the test
+// without Nomad.
+func nomadBinDir(t *testing.T) string {
 	bin := guesttest.BinDir(t)
 	if _, err := os.Stat(filepath.Join(bin, "nomad")); err != nil {
 		t.Skipf("no Nomad binary: set %s (make test-nomad does)", envNomad)
 	}
-	e := start(t, bin)
+	return bin
+}
 
-	e.step("deploy the plugins from nomad/", e.deployPlugins)
+// TestNomadEndToEnd runs the whole scenario with what nomad/ ships: the
+// plugins' images under the docker driver, the example job in a container.
+func TestNomadEndToEnd(t *testing.T) {
+	bin := nomadBinDir(t)
+	haveImages(t, bin)
+	e := start(t, bin, dockerFlavour)
+
+	e.step("deploy the plugins from nomad/ under the docker driver", e.deployPlugins)
 
 	var first, moved allocation
 	e.step("create a replicated volume and run the example job on it", func() {
 		e.createVolume(e.file("volume.hcl"))
 		first = e.runCounter("web-data")
 		e.tell("the counter job runs on %s and wrote data.bin, sha256 %.16s...", first.node, first.data)
+	})
+
+	e.step("restart the node plugin under the job: its container finds the volume's mounts", func() {
+		// The mounts a plugin's container made live on in the client's
+		// mount namespace; the next container must see them through
+		// Nomad's bind of the staging directory, or the drain below
+		// could not unmount the volume.
+		e.restartTask("zfs-nomad-node", "zfs-node", first.node)
+		e.waitForPlugins(3, "")
+		e.waitForChecks("zfs-nomad-node-metrics", 3)
+		if now := e.waitForCounter(""); now.id != first.id {
+			t.Fatalf("the counter job runs as %s on %s after the plugin's restart, want %s unchanged", now.id, now.node, first.id)
+		}
 	})
 
 	e.step("drain the job's node: the job and its data move", func() {
@@ -236,6 +274,34 @@ capability {
 	})
 }
 
+// TestNomadRawExec is the shorter scenario for clients without Docker:
+// the plugins from nomad/raw_exec/ under raw_exec, the example job under
+// exec; a volume is created, written, drained to another client with its
+// data, and deleted with its copies.
+func TestNomadRawExec(t *testing.T) {
+	e := start(t, nomadBinDir(t), rawExecFlavour)
+	e.step("deploy the plugins from nomad/raw_exec/", e.deployPlugins)
+	var first allocation
+	e.step("create a replicated volume and run the example job on it under exec", func() {
+		e.createVolume(e.file("volume.hcl"))
+		first = e.runCounter("web-data")
+	})
+	e.step("drain the job's node: the job and its data move", func() {
+		e.waitForDeployment("counter")
+		e.nomad("node", "drain", "-enable", "-yes", "-ignore-system", "-deadline", "2m", e.nodeIDs[first.node])
+		moved := e.waitForCounter(first.id)
+		e.wantSameData(first, moved, true)
+	})
+	e.step("delete the volume: nothing is left on any node", func() {
+		e.nomad("job", "stop", "-purge", "counter")
+		e.eventually(time.Minute, "delete of web-data", func() error {
+			_, err := e.run("volume", "delete", "web-data")
+			return err
+		})
+		e.eventually(30*time.Second, "datasets gone", e.onlyRootDatasets)
+	})
+}
+
 // step runs one part of the scenario and logs its duration.
 func (e *e2e) step(name string, fn func()) {
 	e.t.Helper()
@@ -262,15 +328,19 @@ func (e *e2e) tell(format string, args ...any) {
 
 // start sets up three simulated nodes without zfs-node, a Nomad server in
 // the root namespace and a Nomad client in each node.
-func start(t *testing.T, bin string) *e2e {
+func start(t *testing.T, bin string, f flavour) *e2e {
 	began := time.Now()
 	repo, err := filepath.Abs("../..")
 	if err != nil {
 		t.Fatal(err)
 	}
 	mountCgroups(t, nil)
+	if f.docker {
+		// Before the nodes' namespaces exist, so that all of them see it.
+		guesttest.Run(t, "sh", "-c", fmt.Sprintf("mkdir -p %[1]s && { grep -q ' %[1]s tmpfs ' /proc/self/mounts || mount -t tmpfs tmpfs %[1]s; } && rm -rf %[1]s/*", dockerDir))
+	}
 	c := guesttest.StartCluster(t, 3, sim.Options{NoNodeProcesses: true, NoController: true})
-	e := &e2e{t: t, c: c, bin: bin, repo: repo, nodeIDs: map[string]string{}}
+	e := &e2e{t: t, c: c, flavour: f, bin: bin, repo: repo, nodeIDs: map[string]string{}}
 	t.Cleanup(e.stop)
 
 	ctl, err := c.CA.Issue("controller", tlsconfig.RoleController)
@@ -284,7 +354,12 @@ func start(t *testing.T, bin string) *e2e {
 	e.procs = append(e.procs, server)
 	for _, n := range c.Nodes {
 		e.prepareNode(n, ctl)
-		p, err := n.StartProcess("nomad-"+n.ID, filepath.Join(bin, "nomad"), "agent", "-config", e.writeFile("client-"+n.ID+".hcl", clientConfig(n)))
+	}
+	if f.docker {
+		e.images = e.startDocker()
+	}
+	for _, n := range c.Nodes {
+		p, err := n.StartProcess("nomad-"+n.ID, filepath.Join(bin, "nomad"), "agent", "-config", e.writeFile("client-"+n.ID+".hcl", e.clientConfig(n)))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -313,7 +388,7 @@ func start(t *testing.T, bin string) *e2e {
 // root namespace (n nil) or in a node's mount namespace: `ip netns exec`
 // gave each node a fresh /sys without it.
 func mountCgroups(t *testing.T, n *sim.Node) {
-	script := "grep -q ' /sys/fs/cgroup cgroup2 ' /proc/self/mountinfo || mount -t cgroup2 -o nsdelegate cgroup2 /sys/fs/cgroup"
+	script := "grep -q ' /sys/fs/cgroup cgroup2 ' /proc/self/mounts || mount -t cgroup2 -o nsdelegate cgroup2 /sys/fs/cgroup"
 	if n == nil {
 		guesttest.Run(t, "sh", "-c", script)
 		return
@@ -323,14 +398,17 @@ func mountCgroups(t *testing.T, n *sim.Node) {
 
 // prepareNode gives a node what an operator puts on a client: a data
 // directory on a tmpfs (busybox df cannot resolve the guest's initramfs
-// root), the TLS material, and a small chroot for exec tasks (Nomad's
-// default copies /bin, /lib, /usr, ... into every task).
+// root) that is a shared mount, as a host's root is (a containerised node
+// plugin's mounts reach the client through it), the TLS material, and a
+// small chroot for exec tasks (Nomad's default copies /bin, /lib, /usr,
+// ... into every task).
 func (e *e2e) prepareNode(n *sim.Node, ctl tlsconfig.Files) {
 	e.t.Helper()
 	guesttest.Run(e.t, "mkdir", "-p", nomadDir)
 	mountCgroups(e.t, n)
 	script := fmt.Sprintf(`set -e
 mount -t tmpfs tmpfs %[1]s
+mount --make-rshared %[1]s
 mkdir -p %[1]s/data %[1]s/tls %[1]s/chroot/bin %[1]s/chroot/etc
 cp %[2]s %[1]s/tls/ca.pem
 cp %[3]s %[1]s/tls/node.pem
@@ -363,11 +441,12 @@ server {
 }
 
 // clientConfig is one client: the root dataset in its meta (the node job
-// reads it there), raw_exec for the plugins, exec without pivot_root (the
-// guest's root is an initramfs), root allowed for exec tasks (volumes are
-// root-owned), no cloud fingerprinting, and resource use collected every
-// ten seconds instead of every second.
-func clientConfig(n *sim.Node) string {
+// reads it there), the flavour's task drivers (docker; or raw_exec, and
+// exec without pivot_root as the guest's root is an initramfs), root
+// allowed for exec tasks (volumes are root-owned), no cloud
+// fingerprinting, and resource use collected every ten seconds instead of
+// every second.
+func (e *e2e) clientConfig(n *sim.Node) string {
 	return fmt.Sprintf(`name = %[1]q
 data_dir = "%[2]s/data"
 bind_addr = %[3]q
@@ -381,7 +460,7 @@ client {
   network_interface = "eth0"
   meta {
     zfs_nomad_root_dataset = %[5]q
-  }
+%[6]s  }
   chroot_env {
     "%[2]s/chroot/bin" = "/bin"
     "%[2]s/chroot/etc" = "/etc"
@@ -397,17 +476,7 @@ client {
 telemetry {
   collection_interval = "10s"
 }
-plugin "raw_exec" {
-  config {
-    enabled = true
-  }
-}
-plugin "exec" {
-  config {
-    no_pivot_root = true
-  }
-}
-`, n.ID, nomadDir, n.IP, serverIP, n.RootDataset)
+`, n.ID, nomadDir, n.IP, serverIP, n.RootDataset, e.imageMeta()) + e.flavour.driverConfig(n)
 }
 
 // plaintextAgents is a diagnostic, never a test of the product: the
@@ -438,30 +507,101 @@ func hclList(items []string) string {
 // controller and all three nodes healthy.
 func (e *e2e) deployPlugins() {
 	began := time.Now()
-	e.nomad("job", "run", "-detach",
-		"-var", "binary="+filepath.Join(e.bin, "zfs-node"),
+	node, controller := e.pluginVars()
+	e.nomad(append(append([]string{"job", "run", "-detach"}, node...),
 		"-var", "tls_dir="+nomadDir+"/tls",
-		"-var", "data_dir="+nomadDir+"/data",
 		"-var", "log_level=debug",
 		// Leases short enough for the failover steps: a failover away
 		// from a killed node waits 27 s of silence instead of 60 (the
 		// smallest margin config accepts with an 8 s lease).
 		"-var", "extra_args="+hclList(append([]string{"-lease", "8s", "-lease-margin", "19s"}, agentPortFlags()...)),
-		e.file("zfs-node.nomad.hcl"))
-	e.nomad("job", "run", "-detach",
-		"-var", "binary="+filepath.Join(e.bin, "zfs-controller"),
+		e.file("zfs-node.nomad.hcl"))...)
+	e.nomad(append(append([]string{"job", "run", "-detach"}, controller...),
 		"-var", "tls_dir="+nomadDir+"/tls",
 		// Surplus copies go at once: the many-volume drain checks that
 		// the copy a move left of a volume without replicas goes.
 		"-var", "extra_args="+hclList(append([]string{"-agent-timeout", "10s", "-surplus-grace", "0s"}, agentPortFlags()...)),
 		"-var", "log_level=debug",
-		e.file("zfs-controller.nomad.hcl"))
+		e.file("zfs-controller.nomad.hcl"))...)
 	e.waitForPlugins(3, "")
 	e.tell("FIGURE plugins healthy: %s after job run", time.Since(began).Round(100*time.Millisecond))
 	e.waitForChecks("zfs-nomad-node-metrics", 3)
 	e.waitForChecks("zfs-nomad-agent", 3)
 	e.waitForChecks("zfs-nomad-controller-metrics", 1)
 	e.tell("FIGURE plugins' service checks passing: %s after job run", time.Since(began).Round(100*time.Millisecond))
+}
+
+// restartTask restarts a job's task on a node with `nomad alloc restart`
+// and waits until Nomad reports it running again.
+func (e *e2e) restartTask(job, task, node string) {
+	e.t.Helper()
+	id := ""
+	var allocs []struct{ ID, NodeName, ClientStatus string }
+	if err := e.get("/v1/job/"+job+"/allocations", &allocs); err != nil {
+		e.t.Fatal(err)
+	}
+	for _, a := range allocs {
+		if a.NodeName == node && a.ClientStatus == "running" {
+			id = a.ID
+		}
+	}
+	if id == "" {
+		e.t.Fatalf("no running allocation of %s on %s: %+v", job, node, allocs)
+	}
+	state := func() (restarts int, running bool, events string) {
+		var a struct {
+			TaskStates map[string]struct {
+				State    string
+				Restarts int
+				Events   []struct{ Type, DisplayMessage string }
+			}
+		}
+		if err := e.get("/v1/allocation/"+id, &a); err != nil {
+			e.t.Fatal(err)
+		}
+		ts := a.TaskStates[task]
+		return ts.Restarts, ts.State == "running", fmt.Sprintf("%+v", ts.Events)
+	}
+	before, _, _ := state()
+	e.nomad("alloc", "restart", id, task)
+	e.eventually(time.Minute, task+" running again on "+node, func() error {
+		if n, running, events := state(); n <= before || !running {
+			return fmt.Errorf("%s: %d restarts (%d before), running %v; events %s", task, n, before, running, events)
+		}
+		return nil
+	})
+}
+
+// pluginVars are the flavour's variables for the node and the controller
+// job: the images, or the binaries (and where Nomad's data_dir is, which
+// raw_exec's stage_publish_base_dir names).
+func (e *e2e) pluginVars() (node, controller []string) {
+	if e.flavour.docker {
+		return []string{"-var", "image=${meta.zfs_nomad_node_image}"},
+			[]string{"-var", "image=" + e.images["zfs-controller.tar"]}
+	}
+	return []string{"-var", "binary=" + filepath.Join(e.bin, "zfs-node"), "-var", "data_dir=" + nomadDir + "/data"},
+		[]string{"-var", "binary=" + filepath.Join(e.bin, "zfs-controller")}
+}
+
+// imageMeta is the client meta naming the client's node image (docker
+// flavour): the node job takes its image from there, as install.md tells
+// a cluster whose clients run different Debian releases to.
+func (e *e2e) imageMeta() string {
+	if !e.flavour.docker {
+		return ""
+	}
+	return fmt.Sprintf("    zfs_nomad_node_image = %q\n", e.images["zfs-node.tar"])
+}
+
+// counterVars are the example job's variables besides the volume: under
+// docker, the node image stands in for busybox (the guest reaches no
+// registry; the image has a shell and coreutils).
+func (e *e2e) counterVars() []string {
+	if e.flavour.docker {
+		return []string{"-var", "image=" + e.images["zfs-node.tar"]}
+	}
+	return nil
 }
 
 // waitForChecks waits until service has n registrations whose
@@ -554,7 +694,7 @@ type allocation struct {
 // is ready.
 func (e *e2e) runCounter(volume string) allocation {
 	e.t.Helper()
-	e.nomad("job", "run", "-detach", "-var", "volume="+volume, e.file("example-job.nomad.hcl"))
+	e.nomad(append(append([]string{"job", "run", "-detach", "-var", "volume=" + volume}, e.counterVars()...), e.file("example-job.nomad.hcl"))...)
 	return e.waitForCounter("")
 }
 
@@ -847,18 +987,58 @@ func (e *e2e) stop() {
 	}
 }
 
-// killAll kills every process in a node's network namespace but the one
-// holding its namespaces, and reports any left (some may be starting).
+// killAll kills every process of a node but the one holding its
+// namespaces, and reports any left (some may be starting).
 func killAll(n *sim.Node) error {
-	_, _ = sim.Run("sh", "-c", fmt.Sprintf("for p in $(ip netns pids %s); do [ $p = %d ] || kill -9 $p 2>/dev/null; done; true", n.ID, n.HostPid()))
-	out, err := sim.Run("ip", "netns", "pids", n.ID)
+	pids, err := nodeProcesses(n)
 	if err != nil {
 		return err
 	}
-	if left := strings.Fields(out); len(left) != 1 {
-		return fmt.Errorf("processes left: %v", left)
+	for _, pid := range pids {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	if left, err := nodeProcesses(n); err != nil || len(left) > 0 {
+		return fmt.Errorf("processes left: %v %v", left, err)
 	}
 	return nil
+}
+
+// nodeProcesses are the processes in a node's network namespace but the
+// one holding its namespaces, and all their descendants: a container with
+// a network of its own runs under a containerd shim in the node's.
+func nodeProcesses(n *sim.Node) ([]int, error) {
+	out, err := sim.Run("ip", "netns", "pids", n.ID)
+	if err != nil {
+		return nil, err
+	}
+	var found []int
+	for _, f := range strings.Fields(out) {
+		if pid, err := strconv.Atoi(f); err == nil && pid != n.HostPid() {
+			found = append(found, pid)
+		}
+	}
+	children := map[int][]int{}
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	for _, path := range stats {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			continue // ended meanwhile
+		}
+		// "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+		fields := strings.Fields(string(data[strings.LastIndexByte(string(data), ')')+1:]))
+		if len(fields) < 2 || fields[0] == "Z" {
+			continue // a zombie is dead already
+		}
+		pid, err1 := strconv.Atoi(filepath.Base(filepath.Dir(path)))
+		ppid, err2 := strconv.Atoi(fields[1])
+		if err1 == nil && err2 == nil {
+			children[ppid] = append(children[ppid], pid)
+		}
+	}
+	for i := 0; i < len(found); i++ {
+		found = append(found, children[found[i]]...)
+	}
+	return found, nil
 }
 
 func (e *e2e) showLogs() {
@@ -871,6 +1051,10 @@ func (e *e2e) showLogs() {
 		out, _ := n.Exec(fmt.Sprintf("for f in %s/data/alloc/*/alloc/logs/*; do echo \"---- $f\"; tail -n 60 $f; done", nomadDir))
 		e.t.Logf("---- task logs on %s ----\n%s", n.ID, out)
 	}
+	// Which processes' mount namespaces hold a ZFS mount, and the
+	// datasets' holds: what a "dataset is busy" needs explained.
+	out, _ := sim.Run("sh", "-c", `for p in /proc/[0-9]*; do m=$(grep ' - zfs ' $p/mountinfo 2>/dev/null | awk '{print $5, $(NF-1)}'); [ -n "$m" ] && echo "pid ${p#/proc/} $(cat $p/comm) mnt $(readlink $p/ns/mnt): $m"; done | sort -k5 | uniq -f4 -c; zfs list -H -t all -o name,mounted,userrefs; true`)
+	e.t.Logf("---- ZFS mounts by mount namespace, and holds ----\n%s", out)
 }
 
 // taskLogCount counts the lines of a task's logs on a node that contain
@@ -1001,7 +1185,14 @@ func (e *e2e) eventually(limit time.Duration, what string, fn func() error) {
 }
 
 // file is a file of nomad/, as users get it.
-func (e *e2e) file(name string) string { return filepath.Join(e.repo, "nomad", name) }
+// file is a file of nomad/: a job file of the flavour's directory, or
+// volume.hcl, which every flavour shares.
+func (e *e2e) file(name string) string {
+	if strings.HasSuffix(name, ".nomad.hcl") {
+		return filepath.Join(e.repo, "nomad", e.flavour.jobDir, name)
+	}
+	return filepath.Join(e.repo, "nomad", name)
+}
 
 func (e *e2e) writeFile(name, data string) string {
 	e.t.Helper()

@@ -1,0 +1,80 @@
+# A small stateful job on the volume from volume.hcl:
+#
+#   nomad job run raw_exec/example-job.nomad.hcl
+#
+# On its first start it writes 8 MiB of random data; on every start it
+# prints the data's checksum and the allocations that used the volume
+# before it (nomad alloc logs), so a move to another client shows that the
+# data came along.
+#
+# This is ../example-job.nomad.hcl under exec, for clients without Docker.
+# Consumers must use the exec (or docker) driver: Nomad refuses CSI volumes
+# to raw_exec tasks. The volume's root is owned by root with mode 0755, so
+# the task runs as root: under exec that needs a client that allows it
+# (client options "user.denylist", see README.md).
+
+variable "volume" {
+  description = "The CSI volume ID"
+  default     = "web-data"
+}
+
+job "counter" {
+  group "counter" {
+    volume "data" {
+      type            = "csi"
+      source          = var.volume
+      access_mode     = "single-node-writer"
+      attachment_mode = "file-system"
+    }
+
+    # Quick moves: a replacement claims the volume only once the old
+    # allocation released it, so fail fast and retry soon rather than wait
+    # for Nomad's default exponential reschedule delays.
+    reschedule {
+      delay          = "5s"
+      delay_function = "constant"
+      unlimited      = true
+    }
+
+    migrate {
+      min_healthy_time = "1s"
+    }
+
+    update {
+      min_healthy_time = "1s"
+    }
+
+    task "counter" {
+      driver = "exec"
+      user   = "root"
+
+      volume_mount {
+        volume      = "data"
+        destination = "/data"
+      }
+
+      config {
+        command = "/bin/sh"
+        args = ["-c", <<-EOT
+          set -e
+          cd /data
+          [ -f data.bin ] || head -c 8388608 /dev/urandom > data.bin
+          echo "$NOMAD_ALLOC_ID" >> allocs
+          sync
+          echo "data.bin $(sha256sum data.bin | cut -c1-64)"
+          echo "allocs $(tr '\n' ' ' < allocs)"
+          echo ready
+          while true; do date >> heartbeat; sleep 5; done
+        EOT
+        ]
+      }
+
+      kill_timeout = "1s"
+
+      resources {
+        cpu    = 50
+        memory = 32
+      }
+    }
+  }
+}

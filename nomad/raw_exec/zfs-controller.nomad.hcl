@@ -1,0 +1,124 @@
+# The controller plugin: decides where volumes go and moves them; needs no
+# ZFS and no cgo. Any client can run it.
+#
+#   nomad job run raw_exec/zfs-controller.nomad.hcl
+#
+# For clients without Docker: runs the zfs-controller binary under
+# raw_exec. ../zfs-controller.nomad.hcl is the default, the image under the
+# docker driver.
+#
+# It reaches the node agents through a peers file that a template renders
+# from Nomad's native service discovery (the service the node plugin job
+# registers), plus any static peers; the controller re-reads the file when
+# it changes, so no restart and no Nomad token are needed.
+
+variable "binary" {
+  description = "Path of zfs-controller on the clients"
+  default     = "/usr/local/bin/zfs-controller"
+}
+
+variable "tls_dir" {
+  description = "Directory on the clients holding ca.pem, controller.pem, controller-key.pem (OU \"controller\"; docs/security.md)"
+  default     = "/etc/zfs-nomad"
+}
+
+variable "agent_service" {
+  description = "Nomad service of the node agents (as in zfs-node.nomad.hcl)"
+  default     = "zfs-nomad-agent"
+}
+
+variable "peers" {
+  description = "Static node agent addresses (host:port), besides those found through agent_service"
+  type        = list(string)
+  default     = []
+}
+
+variable "extra_args" {
+  description = "More zfs-controller flags, e.g. [\"-agent-timeout\", \"10s\"] (zfs-controller serve -h)"
+  type        = list(string)
+  default     = []
+}
+
+variable "log_level" {
+  default = "info"
+}
+
+job "zfs-nomad-controller" {
+  type = "service"
+
+  update {
+    max_parallel     = 1
+    min_healthy_time = "10s"
+    healthy_deadline = "3m"
+  }
+
+  group "controller" {
+    count = 1
+
+    network {
+      port "metrics" {}
+    }
+
+    # Prometheus metrics, and the moves in progress that
+    # `zfs-controller status -controller ADDRESS` shows; its answer is
+    # also the plugin's health.
+    service {
+      name     = "zfs-nomad-controller-metrics"
+      provider = "nomad"
+      port     = "metrics"
+      tags     = ["metrics"]
+
+      check {
+        type     = "http"
+        path     = "/metrics"
+        interval = "10s"
+        timeout  = "3s"
+      }
+    }
+
+    task "zfs-controller" {
+      driver = "raw_exec"
+
+      config {
+        command = var.binary
+        args = concat([
+          "-peers-file", "${NOMAD_TASK_DIR}/peers",
+          "-metrics-address", "${NOMAD_ADDR_metrics}",
+          "-tls-ca", "${var.tls_dir}/ca.pem",
+          "-tls-cert", "${var.tls_dir}/controller.pem",
+          "-tls-key", "${var.tls_dir}/controller-key.pem",
+        ], var.extra_args)
+      }
+
+      env {
+        ZFS_NOMAD_LOG_LEVEL = var.log_level
+      }
+
+      # Nomad re-renders the file as agents come and go; the controller
+      # re-reads it on change (change_mode = "noop": no restart).
+      template {
+        destination = "local/peers"
+        change_mode = "noop"
+        data        = <<-EOT
+        # static peers
+        ${join("\n", var.peers)}
+        # from service discovery
+        {{- range nomadService "${var.agent_service}" }}
+        {{ .Address }}:{{ .Port }}
+        {{- end }}
+        EOT
+      }
+
+      csi_plugin {
+        id        = "zfs-nomad"
+        type      = "controller"
+        mount_dir = "/csi"
+      }
+
+      resources {
+        cpu    = 100
+        memory = 64
+      }
+    }
+  }
+}

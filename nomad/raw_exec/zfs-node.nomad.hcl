@@ -1,0 +1,222 @@
+# The node plugin: one zfs-node on every Nomad client with a ZFS pool,
+# which its Nomad configuration names in client meta (docs/install.md):
+#
+#   client { meta { zfs_nomad_root_dataset = "tank/nomad" } }
+#
+#   nomad job run -var data_dir=/opt/nomad/data raw_exec/zfs-node.nomad.hcl
+#
+# For clients without Docker: runs the zfs-node binary under raw_exec (a
+# node plugin under exec makes its mounts in a private mount namespace the
+# consumers never see). Nomad then sends the plugin host paths only if
+# stage_publish_base_dir says where Nomad's data_dir is. ../zfs-node.nomad.hcl
+# is the default, the image under the docker driver.
+
+variable "binary" {
+  description = "Path of zfs-node on the clients (built against the client's libzfs: same OpenZFS as the kernel module)"
+  default     = "/usr/local/bin/zfs-node"
+}
+
+variable "root_dataset" {
+  type        = string
+  description = "Parent dataset of all volumes (must exist); by default each client's meta.zfs_nomad_root_dataset"
+  default     = "$${meta.zfs_nomad_root_dataset}"
+}
+
+variable "max_quota" {
+  description = "Largest volume a client accepts"
+  default     = "100G"
+}
+
+variable "default_quota" {
+  description = "Size of a volume that asks for none"
+  default     = "1G"
+}
+
+variable "allow_properties" {
+  description = "ZFS properties volumes may set: name=default or name=default:v1|v2 (docs/config.md)"
+  type        = list(string)
+  default     = ["compression=lz4:lz4|zstd|off", "atime=off:on|off"]
+}
+
+variable "domain" {
+  description = "Replication domain: the clients a migratable volume moves between"
+  default     = "default"
+}
+
+variable "agent_port" {
+  description = "TCP port of the node agent (mutual TLS only) for the controller and peers"
+  type        = number
+  default     = 7670
+}
+
+variable "agent_service" {
+  description = "Nomad service the agents register; the controller job renders its peers from it"
+  default     = "zfs-nomad-agent"
+}
+
+variable "tls_dir" {
+  description = "Directory on every client holding ca.pem, node.pem, node-key.pem (OU \"node\", DNS name node.zfs-nomad; docs/security.md)"
+  default     = "/etc/zfs-nomad"
+}
+
+variable "data_dir" {
+  description = "The clients' Nomad data_dir (the same path on every client)"
+  default     = "/opt/nomad/data"
+}
+
+variable "extra_args" {
+  description = "More zfs-node flags, e.g. [\"-max-replicas\", \"3\"] (zfs-node -h)"
+  type        = list(string)
+  default     = []
+}
+
+variable "log_level" {
+  default = "info"
+}
+
+job "zfs-nomad-node" {
+  type = "system"
+
+  # Only clients that hold volumes: their configuration names the root
+  # dataset in client meta. Elsewhere the plugin would find no pool and
+  # fail its start again and again.
+  constraint {
+    attribute = "$${meta.zfs_nomad_root_dataset}"
+    operator  = "is_set"
+  }
+
+  # One client at a time, each healthy (its checks passing) before the
+  # next: a node plugin that is restarting neither fences its primaries
+  # nor replicates, so they must never all restart at once.
+  update {
+    max_parallel     = 1
+    min_healthy_time = "10s"
+    healthy_deadline = "3m"
+  }
+
+  group "node" {
+    network {
+      port "agent" {
+        static = var.agent_port
+      }
+      port "metrics" {}
+    }
+
+    # Native service discovery: the controller's template renders the agents
+    # from this service, so no Nomad token is handed to the plugin.
+    service {
+      name     = var.agent_service
+      provider = "nomad"
+      port     = "agent"
+
+      check {
+        type     = "tcp"
+        interval = "10s"
+        timeout  = "3s"
+      }
+    }
+
+    # Prometheus metrics (docs/replication.md, docs/safety.md): scrape the
+    # addresses of this service. It answers once the node has checked its
+    # OpenZFS and pool, so it is also the plugin's health.
+    service {
+      name     = "zfs-nomad-node-metrics"
+      provider = "nomad"
+      port     = "metrics"
+      tags     = ["metrics"]
+
+      check {
+        type     = "http"
+        path     = "/metrics"
+        interval = "10s"
+        timeout  = "3s"
+      }
+    }
+
+    task "zfs-node" {
+      driver = "raw_exec"
+
+      config {
+        command = var.binary
+        args = concat([
+          "-node-id", "${node.unique.name}",
+          "-root-dataset", var.root_dataset,
+          "-domain", var.domain,
+          "-max-quota", var.max_quota,
+          "-default-quota", var.default_quota,
+          "-agent-address", "${NOMAD_IP_agent}:${NOMAD_PORT_agent}",
+          "-metrics-address", "${NOMAD_ADDR_metrics}",
+          # Staging and target paths must lie below this (as
+          # stage_publish_base_dir below puts them); anything else is refused.
+          "-mount-base-dirs", "${var.data_dir}/client/csi",
+          "-tls-ca", "${var.tls_dir}/ca.pem",
+          "-tls-cert", "${var.tls_dir}/node.pem",
+          "-tls-key", "${var.tls_dir}/node-key.pem",
+          # The leases (docs/safety.md, "Leases"): the node pings these
+          # peers, fences its mounted primaries when it hears from no
+          # majority of all its peers (every domain), and grants a failover away from a
+          # silent node only after lease plus lease_margin.
+          "-peers-file", "${NOMAD_TASK_DIR}/peers",
+        ], flatten([for p in var.allow_properties : ["-allow-property", p]]), var.extra_args)
+      }
+
+      env {
+        ZFS_NOMAD_LOG_LEVEL = var.log_level
+        # The Go heap's soft limit, below the task's memory (resources):
+        # the collector works harder instead of the cgroup reclaiming the
+        # plugin's own pages.
+        GOMEMLIMIT = "384MiB"
+      }
+
+      # The peers, rendered from the agents' service as in the controller
+      # job; zfs-node re-reads the file at every beat (no restart). A node
+      # keeps every peer it ever saw until it restarts, so a partition
+      # that hides nodes from service discovery cannot shrink the
+      # majority it needs.
+      template {
+        destination = "local/peers"
+        change_mode = "noop"
+        data        = <<-EOT
+        {{- range nomadService "${var.agent_service}" }}
+        {{ .Address }}:{{ .Port }}
+        {{- end }}
+        EOT
+      }
+
+      # A crashed zfs-node must run again well within lease + lease_margin
+      # (60 s by default): while it is down nothing fences its mounted
+      # primaries, and after that long its peers grant a failover
+      # (docs/safety.md, "A crashed zfs-node must come back within L+M").
+      # Nomad's default for system jobs gives up after two failures.
+      restart {
+        attempts = 20
+        interval = "5m"
+        delay    = "2s"
+        mode     = "delay"
+      }
+
+      csi_plugin {
+        id                     = "zfs-nomad"
+        type                   = "node"
+        mount_dir              = "/csi"
+        stage_publish_base_dir = "${var.data_dir}/client/csi/node/zfs-nomad"
+      }
+
+      # Mounts made by a plugin that is killed stay; the next one finds them.
+      kill_timeout = "10s"
+
+      # Nomad makes a raw_exec task's memory its hard limit (memory.max),
+      # and it covers the zfs send and receive processes the plugin runs.
+      # A transfer keeps up to 32 MiB in flight per peer connection (the
+      # gRPC windows, docs/replication.md) and each end buffers on top: in
+      # a drain of eight volumes the two busy plugins peaked at 100 and
+      # 105 MiB (test/nomad, 2026-11-26), too near the 128 MiB this job
+      # used to ask for, where the cgroup reclaims the plugin's own pages
+      # or kills it mid-transfer.
+      resources {
+        cpu    = 100
+        memory = 512
+      }
+    }
+  }
+}
