@@ -9,7 +9,7 @@ LDFLAGS := -X github.com/zfs-nomad/zfs-nomad/internal/version.Version=$(VERSION)
 TOOLS := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/zfs-nomad/tools/$(shell sha256sum hack/tools/go.sum | cut -c1-12)
 GO_TEST_TIMEOUT ?= 45m
 
-.PHONY: help deps build release check unit race images test test-trixie guest-image-trixie test-nomad test-nomad-drain nomad bench soak sim guest-image proto demo demo-nomad clean
+.PHONY: help deps build release check unit race images test test-trixie guest-image-trixie test-nomad test-nomad-trixie test-nomad-drain nomad bench soak sim guest-image proto demo demo-nomad clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -108,6 +108,12 @@ nomad: ## build (or find cached) the Nomad binary for the end-to-end test (3 to 
 
 test-nomad: guest-image images ## the driver under a real Nomad (1 server, 3 clients) in the guest, from the nomad/ job files: docker, then raw_exec
 	nomad=$$(./hack/nomad.sh) && ZFS_NOMAD_NOMAD=$$nomad ZFS_NOMAD_IMAGES=$(IMAGES_DIR) go test -count=1 -v -timeout 40m ./test/nomad/
+
+# The docker scenario on Debian 13's OpenZFS 2.3 with its node image (not
+# in make test: the Debian 13 images take a few minutes to build once).
+test-nomad-trixie: guest-image-trixie ## test-nomad's docker scenario in the Debian 13 guest, with the Debian 13 node image
+	@VERSION=$(VERSION) TAG=dev-debian13 DEBIAN_RELEASE=trixie ARCHIVE_DIR=$(IMAGES_DIR)-debian13 ./hack/images.sh
+	nomad=$$(./hack/nomad.sh) && ZFS_NOMAD_GUEST=trixie ZFS_NOMAD_NOMAD=$$nomad ZFS_NOMAD_IMAGES=$(IMAGES_DIR)-debian13 go test -count=1 -v -timeout 40m -run TestNomadEndToEnd ./test/nomad/
 
 test-nomad-drain: guest-image images ## test-nomad plus a drain of a client holding eight volumes (issue 15; not yet in make test)
 	nomad=$$(./hack/nomad.sh) && ZFS_NOMAD_NOMAD=$$nomad ZFS_NOMAD_IMAGES=$(IMAGES_DIR) go test -count=1 -v -timeout 60m -run TestNomadEndToEnd ./test/nomad/ -args -drain-many

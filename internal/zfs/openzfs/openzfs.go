@@ -66,7 +66,10 @@ func series(release string) string {
 // series the build's.
 func (v Versions) Check(builtFor string) error {
 	if series(v.Userland) != series(v.Kernel) {
-		return fmt.Errorf("the OpenZFS userland here is %s but its kernel module is %s: reboot (or reload the zfs module) so that both are one release before starting zfs-node", v.Userland, v.Kernel)
+		// In a container the userland is the image's, so the same
+		// mismatch means the wrong image rather than a pending reboot.
+		return fmt.Errorf("the OpenZFS userland here is %s but its kernel module is %s: in a container, use the zfs-node image built for OpenZFS %s (docs/install.md); on the host, reboot (or reload the zfs module) so that both are one release before starting zfs-node",
+			v.Userland, v.Kernel, series(v.Kernel))
 	}
 	if builtFor != "" && series(builtFor) != series(v.Userland) {
 		return fmt.Errorf("this zfs-node was built against libzfs %s, but this host runs OpenZFS %s (kernel module %s): use the zfs-node built for OpenZFS %s",

@@ -39,7 +39,7 @@ func TestCheck(t *testing.T) {
 		{name: "one release, built for it", v: Versions{"2.1.11-1", "2.1.11-1"}, builtFor: "2.1.11"},
 		{name: "a later point release of the series", v: Versions{"2.1.15-1", "2.1.15-1"}, builtFor: "2.1.11"},
 		{name: "built without the Makefile", v: Versions{"2.3.9-1", "2.3.9-1"}},
-		{name: "upgraded, not rebooted", v: Versions{"2.3.9-1", "2.1.11-1"}, builtFor: "2.1.11", wantErr: "kernel module is 2.1.11-1"},
+		{name: "upgraded, not rebooted", v: Versions{"2.3.9-1", "2.1.11-1"}, builtFor: "2.1.11", wantErr: "kernel module is 2.1.11-1: in a container, use the zfs-node image built for OpenZFS 2.1"},
 		{name: "another series than the build's", v: Versions{"2.3.9-1", "2.3.9-1"}, builtFor: "2.1.11", wantErr: "built against libzfs 2.1.11, but this host runs OpenZFS 2.3.9-1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
