@@ -12,6 +12,11 @@
 # to raw_exec tasks. The volume's root is owned by root with mode 0755, so
 # the task runs as root: under exec that needs a client that allows it
 # (client options "user.denylist", see README.md).
+#
+# Keep in step with ../example-job.nomad.hcl: the two differ only where the
+# driver does (the task's driver and config, the plugin's paths, and the
+# variables for them); job files cannot include each other. test/nomad runs
+# both.
 
 variable "volume" {
   description = "The CSI volume ID"

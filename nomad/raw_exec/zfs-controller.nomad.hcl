@@ -11,6 +11,11 @@
 # from Nomad's native service discovery (the service the node plugin job
 # registers), plus any static peers; the controller re-reads the file when
 # it changes, so no restart and no Nomad token are needed.
+#
+# Keep in step with ../zfs-controller.nomad.hcl: the two differ only where the
+# driver does (the task's driver and config, the plugin's paths, and the
+# variables for them); job files cannot include each other. test/nomad runs
+# both.
 
 variable "binary" {
   description = "Path of zfs-controller on the clients"

@@ -10,6 +10,11 @@
 # consumers never see). Nomad then sends the plugin host paths only if
 # stage_publish_base_dir says where Nomad's data_dir is. ../zfs-node.nomad.hcl
 # is the default, the image under the docker driver.
+#
+# Keep in step with ../zfs-node.nomad.hcl: the two differ only where the
+# driver does (the task's driver and config, the plugin's paths, and the
+# variables for them); job files cannot include each other. test/nomad runs
+# both.
 
 variable "binary" {
   description = "Path of zfs-node on the clients (built against the client's libzfs: same OpenZFS as the kernel module)"
