@@ -99,11 +99,11 @@ func (e *e2e) startDockerd(n *sim.Node) *sim.Process {
 	e.t.Helper()
 	dir := filepath.Join(dockerDir, n.ID)
 	guesttest.Run(e.t, "mkdir", "-p", dir)
-	// DOCKER_RAMDISK: the guest's root is an initramfs, where runc cannot
-	// pivot_root; a client's real root filesystem can. No iptables: the
-	// guest's kernel has no netfilter modules; the default bridge network
-	// still gives containers a network of their own.
-	p, err := n.StartProcess("dockerd-"+n.ID, "env", "DOCKER_RAMDISK=true", "dockerd",
+	// No iptables: the guest's kernel has no netfilter modules; the
+	// default bridge network still gives containers a network of their
+	// own. (guest/init moved the guest's root to a tmpfs, so runc can
+	// pivot_root as on a client.)
+	p, err := n.StartProcess("dockerd-"+n.ID, "dockerd",
 		"--data-root", dir+"/data", "--exec-root", dir+"/run", "--pidfile", dir+"/dockerd.pid",
 		"-H", "unix://"+dockerSocket(n), "--iptables=false", "--userland-proxy=false",
 		"--exec-opt", "native.cgroupdriver=cgroupfs")
