@@ -23,7 +23,10 @@ cleanup() {
 trap cleanup EXIT
 
 log() { printf 'guest-build: %s\n' "$*" >&2; }
-in_chroot() { chroot "$chroot_dir" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin "$@"; }
+# in_root ROOT COMMAND... runs COMMAND chrooted in ROOT with a clean
+# environment; in_chroot runs it in the stage-1 chroot.
+in_root() { local r=$1; shift; chroot "$r" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin "$@"; }
+in_chroot() { in_root "$chroot_dir" "$@"; }
 kver=$(basename "$(ls -d "$chroot_dir"/lib/modules/*-amd64 | sort -V | tail -1)")
 
 log "assembling the initramfs"
@@ -39,7 +42,7 @@ copy_with_libs() {
     [ -e "$from$f" ] || { log "missing $f"; exit 1; }
     mkdir -p "$to$(dirname "$f")"
     cp -aL "$from$f" "$to$f"
-    for lib in $(chroot "$from" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin ldd "$f" 2>/dev/null | grep -o '/[^ ]*' || true); do
+    for lib in $(in_root "$from" ldd "$f" 2>/dev/null | grep -o '/[^ ]*' || true); do
       [ -e "$to$lib" ] && continue
       mkdir -p "$to$(dirname "$lib")"
       cp -aL "$from$lib" "$to$lib"
@@ -86,8 +89,7 @@ mkdir -p "$work/upper" "$work/overlay-work" "$merged"
 mount -t overlay overlay -o "lowerdir=$chroot_dir,upperdir=$work/upper,workdir=$work/overlay-work" "$merged"
 for m in proc sys dev; do mount --bind "/$m" "$merged/$m"; done
 cp /etc/resolv.conf "$merged/etc/resolv.conf"
-chroot "$merged" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin DEBIAN_FRONTEND=noninteractive \
-  sh -c 'apt-get update -qq && apt-get install -y -qq --no-install-recommends docker.io' >"$work/docker-apt.log" 2>&1 ||
+in_root "$merged" DEBIAN_FRONTEND=noninteractive sh -c 'apt-get update -qq && apt-get install -y -qq --no-install-recommends docker.io' >"$work/docker-apt.log" 2>&1 ||
   { tail -30 "$work/docker-apt.log" >&2; exit 1; }
 # No docker client: the tests speak to dockerd's API on its socket. GNU cp
 # copies a data root with its extended attributes (busybox's drops them).
@@ -95,7 +97,7 @@ copy_with_libs "$merged" "$work/docker" /usr/sbin/dockerd /usr/bin/containerd \
   /usr/bin/containerd-shim-runc-v2 /usr/sbin/runc /usr/bin/docker-init /bin/cp
 
 mkdir -p "$out"
-chroot "$merged" dpkg-query -W -f='${Version}\n' docker.io >"$out/docker-version"
+in_root "$merged" dpkg-query -W -f='${Version}\n' docker.io >"$out/docker-version"
 cp "$chroot_dir/boot/vmlinuz-$kver" "$out/vmlinuz"
 (cd "$root" && find . | cpio -o -H newc --quiet | gzip -1) >"$out/base.cpio.gz"
 (cd "$work/docker" && find . | cpio -o -H newc --quiet | gzip -1) >"$out/docker.cpio.gz"

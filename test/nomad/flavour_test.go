@@ -32,14 +32,13 @@ const dockerDir = "/docker"
 // driver from the images (what nomad/ ships) or under raw_exec and exec
 // from the binaries (nomad/raw_exec/, for clients without Docker).
 type flavour struct {
-	name   string
 	jobDir string // job files' directory below nomad/: "" or "raw_exec"
 	docker bool
 }
 
 var (
-	dockerFlavour  = flavour{name: "docker", docker: true}
-	rawExecFlavour = flavour{name: "raw_exec", jobDir: "raw_exec"}
+	dockerFlavour  = flavour{docker: true}
+	rawExecFlavour = flavour{jobDir: "raw_exec"}
 )
 
 // haveImages skips the test when the guest run has no image archives.

@@ -442,7 +442,8 @@ server {
 
 // clientConfig is one client: the root dataset in its meta (the node job
 // reads it there), the flavour's task drivers (docker; or raw_exec, and
-// exec without pivot_root as the guest's root is an initramfs), root
+// exec without pivot_root, which the guest needed while its root was an
+// initramfs and which still works on its tmpfs root), root
 // allowed for exec tasks (volumes are root-owned), no cloud
 // fingerprinting, and resource use collected every ten seconds instead of
 // every second.
