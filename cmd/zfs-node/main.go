@@ -71,7 +71,8 @@ func run(args []string) error {
 	}
 	log := plugin.NewLogger("zfs-node", os.Getenv).With("node_id", cfg.NodeID)
 
-	if err := checkOpenZFS(log); err != nil {
+	openZFS, err := checkOpenZFS(log)
+	if err != nil {
 		return err
 	}
 	z, err := libzfs.New(volume.UserProperties...)
@@ -124,6 +125,7 @@ func run(args []string) error {
 	receiver.MaxQuota, receiver.QuotaProperty = uint64(cfg.MaxQuota), cfg.QuotaProperty
 	receiver.IdleTimeout = time.Duration(cfg.ReceiveIdleTimeout)
 	receiver.MaxReplicasPerPeer = cfg.MaxReplicasPerPeer
+	receiver.OpenZFS = openZFS
 	volumes.DiscardPartialReceive = receiver.DiscardPartial
 	receiver.Changed = volumes.Received
 	receiver.Entombed = volumes.IndexSnapshotsOf
@@ -245,14 +247,14 @@ func (v leaseVolumes) Promised(ctx context.Context, id string) (uint64, error) {
 
 // checkOpenZFS logs which OpenZFS userland and kernel module this host
 // runs and the libzfs this build was compiled against, and refuses to go
-// on when they do not fit (issue 36).
-func checkOpenZFS(log hclog.Logger) error {
+// on when they do not fit (issue 36). It returns the userland's release.
+func checkOpenZFS(log hclog.Logger) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	v, err := openzfs.Detect(ctx)
 	if err != nil {
-		return err
+		return "", err
 	}
 	log.Info("OpenZFS", "userland", v.Userland, "kernel_module", v.Kernel, "built_for", cmp.Or(openzfs.BuiltFor, "unknown"), "libzfs_binding", libzfs.Binding)
-	return v.Check(openzfs.BuiltFor)
+	return v.Userland, v.Check(openzfs.BuiltFor)
 }

@@ -1,6 +1,7 @@
 package replication
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -67,6 +68,9 @@ type Receiver struct {
 	// a tombstone to keep its CSI snapshots (its snapshots' names
 	// changed: volume.Manager.IndexSnapshotsOf).
 	Entombed func(tombstone string)
+	// OpenZFS, when set, is the node's OpenZFS release, named when a
+	// stream of a newer release is refused.
+	OpenZFS string
 
 	z      Streams
 	root   string
@@ -641,6 +645,14 @@ func (r *Receiver) zfsReceive(ctx context.Context, h *pb.ReceiveHeader, zr *pend
 		log.Warn("stream refused: larger than the volume's capacity allows", "bytes_limit", limit, "capacity", h.GetCapacityBytes())
 		return 0, errdefs.Wrap(errdefs.ErrInvalidArgument, "the stream of volume %s carries more than %d bytes, more than a volume of capacity %d (at most max_quota %d) can send: refused",
 			h.GetVolumeId(), limit, h.GetCapacityBytes(), r.MaxQuota)
+	}
+	if errors.Is(err, zfs.ErrStreamUnsupported) {
+		// Refused at the first record: nothing was received, and no retry
+		// can succeed until the volume or this node changes.
+		log.Error("stream refused: it uses a ZFS feature this node's OpenZFS lacks", "openzfs", r.OpenZFS, "error", err)
+		return 0, errdefs.Wrap(errdefs.ErrFailedPrecondition,
+			"node %s cannot receive volume %s from node %s: its OpenZFS (%s) lacks a feature the volume uses there (%v); keep the volume on nodes of the sender's OpenZFS release or newer, or upgrade this node (docs/install.md, \"Mixed versions\")",
+			r.nodeID, h.GetVolumeId(), h.GetSourceNodeId(), cmp.Or(r.OpenZFS, "release unknown"), err)
 	}
 	if err != nil {
 		log.Warn("receive failed; an interrupted stream can be resumed", "bytes", received.Load(), "error", err)

@@ -47,6 +47,7 @@ type replicaStore struct {
 	started    atomic.Int32   // zfs receives started, fed or not
 	promised   string         // the node's promise record of the volume; "" for none
 	children   []zfscmd.Child // what a listing of the root finds
+	refuse     error          // zfs receive's error at the first record; nil: none
 }
 
 func (s *replicaStore) Children(context.Context, string, ...string) ([]zfscmd.Child, error) {
@@ -85,6 +86,9 @@ func (s *replicaStore) GetAll(_ context.Context, _ string, props ...string) (map
 
 func (s *replicaStore) Receive(ctx context.Context, _ string, _ map[string]string, r io.Reader) error {
 	s.started.Add(1)
+	if s.refuse != nil {
+		return s.refuse
+	}
 	done := make(chan error, 1)
 	go func() {
 		n, err := io.Copy(io.Discard, r)
@@ -223,6 +227,30 @@ func receiveAnswers(t *testing.T, z *replicaStore, kind string, gen uint64, want
 	}
 	if want != codes.OK && z.received > 0 {
 		t.Error("a refused stream reached zfs receive")
+	}
+}
+
+// TestAStreamOfANewerReleaseIsRefused: when zfs receive refuses a stream
+// at its first record because it uses a feature this node's OpenZFS lacks
+// (a newer release sent it, test/crossversion), the sender hears
+// FailedPrecondition, not a resumable Aborted, with a message naming the
+// node, its release and what to do; nothing was received or discarded.
+func TestAStreamOfANewerReleaseIsRefused(t *testing.T) {
+	z := &replicaStore{refuse: fmt.Errorf("zfs receive -s -u tank/nomad/%s: exit status 1: cannot receive: stream has unsupported feature, feature flags = 10000004: %w",
+		testVolume, zfs.ErrStreamUnsupported)}
+	r := NewReceiver(z, new(copylock.Locks), "tank/nomad", "n2", 2, hclog.NewNullLogger())
+	r.OpenZFS = "2.1.11-1+deb12u1"
+	_, err := r.receive(stream(t, false, header(KindFull, 1), plainStream(KindFull)))
+	if got := status.Code(errdefs.ToStatus(err)); got != codes.FailedPrecondition {
+		t.Fatalf("%v, want FailedPrecondition", err)
+	}
+	for _, want := range []string{"node n2", testVolume, "from node n1", "2.1.11-1+deb12u1", "unsupported feature", "upgrade this node"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("the refusal does not say %q: %v", want, err)
+		}
+	}
+	if len(z.calls) != 0 {
+		t.Errorf("the refusal changed the replica: %v", z.calls)
 	}
 }
 

@@ -95,6 +95,10 @@ var (
 	ErrBusy = errors.New("dataset is busy")
 	// ErrUnavailable: ZFS itself cannot be used (no /dev/zfs, no pool).
 	ErrUnavailable = errors.New("zfs is unavailable")
+	// ErrStreamUnsupported: zfs receive refused a stream at its first
+	// record because the stream uses a feature this OpenZFS release
+	// lacks (a newer release sent it); nothing was received.
+	ErrStreamUnsupported = errors.New("the stream uses a ZFS feature this OpenZFS release cannot receive")
 )
 
 // DatasetManager reads and changes datasets under the node's root dataset.

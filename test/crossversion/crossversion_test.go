@@ -5,11 +5,26 @@
 // reverse.
 //
 // Each release runs in its own guest, one after the other, and the
-// streams travel between them as files (guesttest.RunPhase):
+// streams and resume tokens travel between them as files
+// (guesttest.RunPhase):
 //
 //	trixie (2.3):   make volumes, send them to files
-//	bookworm (2.1): receive 2.3's streams and check every file; make and send its own
-//	trixie (2.3):   receive 2.1's streams and check every file
+//	bookworm (2.1): make and send its own; receive 2.3's and check every
+//	                file, and see a stream using long names refused at its
+//	                first record; receive half of 2.3's full stream and
+//	                keep the resume token
+//	trixie (2.3):   receive 2.1's streams and check every file; interrupt
+//	                one the same way; resume-send from 2.1's token
+//	bookworm (2.1): resume-send from 2.3's token; repeat the interrupted
+//	                receive and resume it from 2.3's stream
+//	trixie (2.3):   the same with 2.1's stream
+//
+// A resume token is made by the receiver and read by the sender, so a
+// transfer interrupted during an upgrade resumes across releases both
+// ways. Pools do not outlive a guest: a sender first receives its own
+// full stream back (the same snapshot GUID the token names), and a
+// receiver repeats the interrupted receive of the same bytes, which must
+// leave the same token.
 //
 // The streams are made and received by the driver's own code (zfscmd, as
 // the replication pusher and receiver call it: -L -c, raw for encrypted
@@ -19,19 +34,23 @@
 package crossversion
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/guesttest"
+	"github.com/zfs-nomad/zfs-nomad/internal/zfs"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs/openzfs"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs/zfscmd"
 )
@@ -46,9 +65,12 @@ func TestStreamsCrossOpenZFSReleases(t *testing.T) {
 	}
 	exchange := t.TempDir()
 	guesttest.RunPhase(t, "trixie", "^TestPhaseSend$", exchange, phaseOptions)
-	guesttest.RunPhase(t, "bookworm", "^(TestPhaseReceive|TestPhaseSend)$", exchange, phaseOptions)
-	guesttest.RunPhase(t, "trixie", "^TestPhaseReceive$", exchange, phaseOptions)
-	for _, want := range []string{"received-2.3-on-2.1", "received-2.1-on-2.3"} {
+	guesttest.RunPhase(t, "bookworm", "^(TestPhaseSend|TestPhaseReceive|TestPhaseInterrupt)$", exchange, phaseOptions)
+	guesttest.RunPhase(t, "trixie", "^(TestPhaseReceive|TestPhaseInterrupt|TestPhaseResumeSend)$", exchange, phaseOptions)
+	guesttest.RunPhase(t, "bookworm", "^(TestPhaseResumeSend|TestPhaseResumeReceive)$", exchange, phaseOptions)
+	guesttest.RunPhase(t, "trixie", "^TestPhaseResumeReceive$", exchange, phaseOptions)
+	for _, want := range []string{"received-2.3-on-2.1", "received-2.1-on-2.3", "refused-longname-2.3-on-2.1",
+		"resumed-2.3-on-2.1", "resumed-2.1-on-2.3"} {
 		if _, err := os.Stat(filepath.Join(exchange, want)); err != nil {
 			t.Errorf("no %s marker: a receive phase ran no check", want)
 		}
@@ -60,6 +82,8 @@ const (
 	root      = pool + "/nomad"
 	plain     = root + "/vol-plain"
 	secret    = root + "/vol-secret"
+	long      = root + "/vol-long"
+	resumed   = root + "/replica-resumed"
 	keyPhrase = "correct horse battery staple"
 	keyFile   = "/tmp/volume.key"
 	mnt       = "/tmp/mnt"
@@ -71,6 +95,46 @@ type manifest struct {
 	// Files maps a snapshot ("s1", "s2") of the plain volume, or "secret"
 	// for the encrypted one, to each file's path and SHA-256.
 	Files map[string]map[string]string
+	// LongNames says a stream of a volume with a file name longer than
+	// 255 bytes was sent (long-s1.zstream): releases from 2.3 on, with
+	// the longname feature, which older ones cannot receive.
+	LongNames bool
+}
+
+// readManifests returns the manifests of the other releases' streams, by
+// their directories in the exchange.
+func readManifests(t *testing.T, series string) map[string]manifest {
+	t.Helper()
+	dirs, _ := filepath.Glob(filepath.Join(guesttest.Exchange, "from-*"))
+	out := map[string]manifest{}
+	for _, dir := range dirs {
+		var m manifest
+		data, err := os.ReadFile(filepath.Join(dir, "manifest.json"))
+		if err == nil {
+			err = json.Unmarshal(data, &m)
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", dir, err)
+		}
+		if m.Release != series {
+			out[dir] = m
+		}
+	}
+	if len(out) == 0 {
+		t.Fatalf("no streams of another release in %s", guesttest.Exchange)
+	}
+	return out
+}
+
+// mark leaves a marker in the exchange for the host to find.
+func mark(t *testing.T, name string) {
+	t.Helper()
+	if t.Failed() {
+		return
+	}
+	if err := os.WriteFile(filepath.Join(guesttest.Exchange, name), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // inPhase skips a phase outside a guest started by RunPhase, and sets up
@@ -136,6 +200,15 @@ func TestPhaseSend(t *testing.T) {
 	writeFiles(t, secret, func(dir string) { writeFile(t, filepath.Join(dir, "secret.bin"), 3<<20, 7) })
 	m.Files["secret"] = snapshotFiles(t, secret, "s1")
 
+	if featureEnabled(t, "longname") {
+		// An operator may allow longname, or set it on the parent dataset.
+		guesttest.Run(t, "zfs", "create", "-o", "mountpoint=legacy", "-o", "longname=on", long)
+		writeFiles(t, long, func(dir string) { writeFile(t, filepath.Join(dir, strings.Repeat("n", 300)), 4096, 3) })
+		snapshotFiles(t, long, "s1")
+		send(t, ctx, zfscmd.SendSpec{Snapshot: long + "@s1"}, filepath.Join(out, "long-s1.zstream"))
+		m.LongNames = true
+	}
+
 	send(t, ctx, zfscmd.SendSpec{Snapshot: plain + "@s1"}, filepath.Join(out, "plain-s1.zstream"))
 	send(t, ctx, zfscmd.SendSpec{Snapshot: plain + "@s2", Base: plain + "@s1"}, filepath.Join(out, "plain-s1-s2.zstream"))
 	send(t, ctx, zfscmd.SendSpec{Snapshot: secret + "@s1", Raw: true}, filepath.Join(out, "secret-s1.zstream"))
@@ -154,20 +227,7 @@ func TestPhaseSend(t *testing.T) {
 func TestPhaseReceive(t *testing.T) {
 	series := inPhase(t)
 	ctx := context.Background()
-	dirs, _ := filepath.Glob(filepath.Join(guesttest.Exchange, "from-*"))
-	checked := 0
-	for _, dir := range dirs {
-		var m manifest
-		data, err := os.ReadFile(filepath.Join(dir, "manifest.json"))
-		if err == nil {
-			err = json.Unmarshal(data, &m)
-		}
-		if err != nil {
-			t.Fatalf("%s: %v", dir, err)
-		}
-		if m.Release == series {
-			continue
-		}
+	for dir, m := range readManifests(t, series) {
 		t.Run("from "+m.Release, func(t *testing.T) {
 			replica := root + "/replica-plain"
 			receive(t, ctx, replica, map[string]string{"readonly": "on", "mountpoint": "legacy", "zfs-nomad:role": "replica"}, filepath.Join(dir, "plain-s1.zstream"))
@@ -189,17 +249,120 @@ func TestPhaseReceive(t *testing.T) {
 			guesttest.Run(t, "zfs", "load-key", "-L", "file://"+keyFile, encrypted)
 			checkFiles(t, encrypted, m.Files["secret"])
 			guesttest.Run(t, "zfs", "unload-key", encrypted)
-			checked++
-		})
-		marker := filepath.Join(guesttest.Exchange, "received-"+m.Release+"-on-"+series)
-		if !t.Failed() {
-			if err := os.WriteFile(marker, nil, 0o644); err != nil {
-				t.Fatal(err)
+			mark(t, "received-"+m.Release+"-on-"+series)
+
+			if m.LongNames && !featureEnabled(t, "longname") {
+				refusedUpFront(t, ctx, filepath.Join(dir, "long-s1.zstream"))
+				mark(t, "refused-longname-"+m.Release+"-on-"+series)
 			}
+		})
+	}
+}
+
+// refusedUpFront receives a stream this release cannot receive: zfs
+// receive must refuse it at its first record, as the driver's
+// zfs.ErrStreamUnsupported (which the receiver turns into a
+// FailedPrecondition naming both nodes' releases), and leave nothing
+// behind: no dataset, no partial receive to resume.
+func refusedUpFront(t *testing.T, ctx context.Context, path string) {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	target := root + "/replica-long"
+	err = zfscmd.Cmd{}.Receive(ctx, target, map[string]string{"readonly": "on", "mountpoint": "legacy"}, f)
+	t.Logf("receiving a stream with long names: %v", err)
+	if !errors.Is(err, zfs.ErrStreamUnsupported) {
+		t.Fatalf("receiving a stream with long names gave %v, want zfs.ErrStreamUnsupported", err)
+	}
+	if left := guesttest.Run(t, "zfs", "list", "-H", "-t", "all", "-o", "name", "-r", root); strings.Contains(left, "replica-long") {
+		t.Errorf("the refused receive left datasets behind:\n%s", left)
+	}
+}
+
+// featureEnabled reports whether the pool has the feature (a release
+// without it has no such property, and the get fails).
+func featureEnabled(t *testing.T, feature string) bool {
+	t.Helper()
+	out, err := exec.Command("zpool", "get", "-H", "-o", "value", "feature@"+feature, pool).Output()
+	state := strings.TrimSpace(string(out))
+	return err == nil && (state == "enabled" || state == "active")
+}
+
+// TestPhaseInterrupt receives the first half of each other release's full
+// stream, as a receive does when its sender dies, and leaves the resume
+// token for that release's next phase (TestPhaseResumeSend).
+func TestPhaseInterrupt(t *testing.T) {
+	series := inPhase(t)
+	for dir := range readManifests(t, series) {
+		token := interruptedReceive(t, filepath.Join(dir, "plain-s1.zstream"))
+		if err := os.WriteFile(filepath.Join(dir, "token-"+series), []byte(token), 0o644); err != nil {
+			t.Fatal(err)
 		}
 	}
-	if checked == 0 {
-		t.Fatalf("no streams of another release in %s", guesttest.Exchange)
+}
+
+// interruptedReceive receives the first half of a stream into resumed
+// and returns the resume token the receive kept.
+func interruptedReceive(t *testing.T, path string) string {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	half := bytes.NewReader(data[:len(data)/2])
+	if err := (zfscmd.Cmd{}).Receive(context.Background(), resumed, map[string]string{"readonly": "on", "mountpoint": "legacy"}, half); err == nil {
+		t.Fatal("receiving half a stream succeeded")
+	}
+	token := strings.TrimSpace(guesttest.Run(t, "zfs", "get", "-H", "-o", "value", "receive_resume_token", resumed))
+	if token == "" || token == "-" {
+		t.Fatalf("the interrupted receive of %s kept no resume token", filepath.Base(path))
+	}
+	return token
+}
+
+// TestPhaseResumeSend sends the rest of this release's full stream from
+// each resume token another release left for it (TestPhaseInterrupt).
+func TestPhaseResumeSend(t *testing.T) {
+	series := inPhase(t)
+	dir := filepath.Join(guesttest.Exchange, "from-"+series)
+	tokens, _ := filepath.Glob(filepath.Join(dir, "token-*"))
+	if len(tokens) == 0 {
+		t.Fatalf("no resume token in %s", dir)
+	}
+	// The pool that sent the stream is gone with its guest: receiving the
+	// stream back gives the snapshot the token names, GUID and all.
+	receive(t, context.Background(), plain, nil, filepath.Join(dir, "plain-s1.zstream"))
+	for _, path := range tokens {
+		token, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		receiver := strings.TrimPrefix(filepath.Base(path), "token-")
+		send(t, context.Background(), zfscmd.SendSpec{ResumeToken: string(token)}, filepath.Join(dir, "resume-"+receiver+".zstream"))
+	}
+}
+
+// TestPhaseResumeReceive repeats the interrupted receive of each other
+// release's stream, which must keep the token that release resumed from,
+// and receives the resumed stream: every file of the snapshot arrives.
+func TestPhaseResumeReceive(t *testing.T) {
+	series := inPhase(t)
+	for dir, m := range readManifests(t, series) {
+		t.Run("from "+m.Release, func(t *testing.T) {
+			want, err := os.ReadFile(filepath.Join(dir, "token-"+series))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := interruptedReceive(t, filepath.Join(dir, "plain-s1.zstream")); got != string(want) {
+				t.Fatalf("repeating the interrupted receive kept another token:\n%s\nthan the first time:\n%s", got, want)
+			}
+			receive(t, context.Background(), resumed, nil, filepath.Join(dir, "resume-"+series+".zstream"))
+			checkFiles(t, resumed+"@s1", m.Files["s1"])
+			mark(t, "resumed-"+m.Release+"-on-"+series)
+		})
 	}
 }
 

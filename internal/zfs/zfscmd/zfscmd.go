@@ -45,6 +45,10 @@ func (c Cmd) run(ctx context.Context, args ...string) (string, error) {
 
 func classify(err error, stderr string) error {
 	switch {
+	case strings.Contains(stderr, "unsupported feature"), strings.Contains(stderr, "must be upgraded to receive"):
+		// libzfs's check of the stream's feature flags, and the kernel's
+		// (ENOTSUP), both at the stream's first record.
+		return fmt.Errorf("%w: %w", err, zfs.ErrStreamUnsupported)
 	case strings.Contains(stderr, "does not exist"), strings.Contains(stderr, "no such"):
 		return fmt.Errorf("%w: %w", err, zfs.ErrNotFound)
 	case strings.Contains(stderr, "already exists"):
