@@ -45,9 +45,11 @@ func (c Cmd) run(ctx context.Context, args ...string) (string, error) {
 
 func classify(err error, stderr string) error {
 	switch {
-	case strings.Contains(stderr, "unsupported feature"), strings.Contains(stderr, "must be upgraded to receive"):
-		// libzfs's check of the stream's feature flags, and the kernel's
-		// (ENOTSUP), both at the stream's first record.
+	case strings.Contains(stderr, "stream has unsupported feature"):
+		// libzfs's check of the first record's feature flags. Not the
+		// kernel's "must be upgraded to receive this stream" (ENOTSUP):
+		// a corrupted stream gets that too, and with the userland and
+		// module of one release (openzfs.Check) libzfs refuses first.
 		return fmt.Errorf("%w: %w", err, zfs.ErrStreamUnsupported)
 	case strings.Contains(stderr, "does not exist"), strings.Contains(stderr, "no such"):
 		return fmt.Errorf("%w: %w", err, zfs.ErrNotFound)
