@@ -34,6 +34,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/metrics"
 	"github.com/zfs-nomad/zfs-nomad/internal/migration"
 	"github.com/zfs-nomad/zfs-nomad/internal/operator"
+	"github.com/zfs-nomad/zfs-nomad/internal/protocol"
 	"github.com/zfs-nomad/zfs-nomad/internal/provision"
 	"github.com/zfs-nomad/zfs-nomad/internal/scheduler"
 	"github.com/zfs-nomad/zfs-nomad/internal/tlsconfig"
@@ -58,7 +59,7 @@ var commands = []command{
 	{"promote", "[flags] [-node NODE] [-force] VOLUME_ID", "Promote a replica of a volume whose primary's node is lost (failover=manual)", promote},
 	{"remove-replica", "[flags] -node NODE [-force] VOLUME_ID", "Remove one node's replica of a volume", removeReplica},
 	{"version", "", "Print the version", func(command, []string) error {
-		fmt.Println("zfs-controller", version.Version)
+		fmt.Printf("zfs-controller %s (agent protocol %d)\n", version.Version, protocol.Version)
 		return nil
 	}},
 }

@@ -30,6 +30,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/lease"
 	"github.com/zfs-nomad/zfs-nomad/internal/metrics"
 	"github.com/zfs-nomad/zfs-nomad/internal/mount"
+	"github.com/zfs-nomad/zfs-nomad/internal/protocol"
 	"github.com/zfs-nomad/zfs-nomad/internal/replication"
 	"github.com/zfs-nomad/zfs-nomad/internal/tlsconfig"
 	"github.com/zfs-nomad/zfs-nomad/internal/version"
@@ -62,7 +63,7 @@ func main() {
 
 func run(args []string) error {
 	if len(args) == 1 && (args[0] == "-version" || args[0] == "--version") {
-		fmt.Printf("zfs-node %s (built for OpenZFS %s, libzfs binding %s)\n", version.Version, cmp.Or(openzfs.BuiltFor, "unknown"), libzfs.Binding)
+		fmt.Printf("zfs-node %s (agent protocol %d, built for OpenZFS %s, libzfs binding %s)\n", version.Version, protocol.Version, cmp.Or(openzfs.BuiltFor, "unknown"), libzfs.Binding)
 		return nil
 	}
 	cfg, err := config.LoadNode(args, os.Getenv, os.Stderr)
@@ -113,7 +114,8 @@ func run(args []string) error {
 	// the short reads and holds around them run in process.
 	streams := z.Streams(zfscmd.Cmd{})
 	dial := func(addr string) (*grpc.ClientConn, error) {
-		return grpc.NewClient(addr, append(replication.DialOptions(), grpc.WithTransportCredentials(dialCreds))...)
+		opts := append(replication.DialOptions(), protocol.DialOptions()...)
+		return grpc.NewClient(addr, append(opts, grpc.WithTransportCredentials(dialCreds))...)
 	}
 	// One lock per copy, whichever part of the node changes it.
 	pusher := replication.NewPusher(streams, volumes.Locks(), cfg.RootDataset, cfg.NodeID, cfg.ReplicationSnapshots,
@@ -146,6 +148,7 @@ func run(args []string) error {
 	registry := metrics.NewRegistry()
 	pusher.Metrics = replication.NewMetrics(registry)
 	receiver.Metrics = pusher.Metrics
+	serverOpts = append(serverOpts, protocol.ServerOptions("node "+cfg.NodeID)...)
 	agentSrv := grpc.NewServer(append(serverOpts, replication.ServerOptions()...)...)
 	agentServer := agent.NewServer(volumes, pusher, receiver, cfg, log.Named("agent"))
 	pb.RegisterNodeAgentServer(agentSrv, agentServer)

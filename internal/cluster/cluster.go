@@ -25,6 +25,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/agentclient"
 	"github.com/zfs-nomad/zfs-nomad/internal/connpool"
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
+	"github.com/zfs-nomad/zfs-nomad/internal/protocol"
 )
 
 // Node is one reachable agent and what it said about itself.
@@ -90,9 +91,11 @@ type Cluster struct {
 
 // New returns a Cluster. Each agent call is bounded by timeout. dialOpts
 // apply to every agent connection and must set transport credentials
-// (mutual TLS in production).
+// (mutual TLS in production). Every call carries this build's agent
+// protocol version, which the node checks (package protocol).
 func New(peers PeerSource, timeout time.Duration, log hclog.Logger, dialOpts ...grpc.DialOption) *Cluster {
 	dialOpts = append([]grpc.DialOption{grpc.WithKeepaliveParams(agentKeepalive), grpc.WithConnectParams(agentConnect)}, dialOpts...)
+	dialOpts = append(dialOpts, protocol.DialOptions()...)
 	c := &Cluster{
 		peers:   peers,
 		timeout: timeout,

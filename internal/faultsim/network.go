@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/protocol"
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
@@ -265,11 +266,11 @@ func (n *network) directDialOptions(from string) []grpc.DialOption {
 		return h.lis.DialContext(ctx)
 	}
 	fast := backoff.Config{BaseDelay: time.Millisecond, Multiplier: 1, MaxDelay: time.Millisecond}
-	return []grpc.DialOption{
+	return append([]grpc.DialOption{
 		grpc.WithContextDialer(dialer),
 		grpc.WithTransportCredentials(identity{name: from}),
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: fast, MinConnectTimeout: time.Second}),
-	}
+	}, protocol.DialOptions()...)
 }
 
 // unary loses requests and answers, and delivers requests twice.

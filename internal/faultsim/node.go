@@ -18,6 +18,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/csi/plugin"
 	"github.com/zfs-nomad/zfs-nomad/internal/lease"
 	"github.com/zfs-nomad/zfs-nomad/internal/mount"
+	"github.com/zfs-nomad/zfs-nomad/internal/protocol"
 	"github.com/zfs-nomad/zfs-nomad/internal/replication"
 	"github.com/zfs-nomad/zfs-nomad/internal/volume"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs/zfsfake"
@@ -108,7 +109,8 @@ func (n *simNode) start(ctx context.Context) {
 	// Aborted in the step, not ten seconds of real time later.
 	inc.volumes.Locks().Wait = lockWait
 	dial := func(addr string) (*grpc.ClientConn, error) {
-		return grpc.NewClient(addr, append(replication.DialOptions(), n.w.net.dialOptions(n.id, inc.isAlive)...)...)
+		opts := append(replication.DialOptions(), protocol.DialOptions()...)
+		return grpc.NewClient(addr, append(opts, n.w.net.dialOptions(n.id, inc.isAlive)...)...)
 	}
 	inc.pusher = replication.NewPusher(streams, inc.volumes.Locks(), rootDataset, n.id, cfg.ReplicationSnapshots, replication.NewLimiter(0), dial, log.Named("replication"))
 	inc.volumes.Mounted = func(dataset string) (bool, error) { return n.mounts.Mounted(dataset), nil }
@@ -145,7 +147,8 @@ func (n *simNode) start(ctx context.Context) {
 	agentServer.KnownNodes = func() int { return monitor.Members(n.id) }
 	// As zfs-node serves it: the interceptor maps the handlers' errors to
 	// their gRPC status.
-	inc.srv = grpc.NewServer(append(replication.ServerOptions(), grpc.Creds(identity{}),
+	srvOpts := append(replication.ServerOptions(), protocol.ServerOptions("node "+n.id)...)
+	inc.srv = grpc.NewServer(append(srvOpts, grpc.Creds(identity{}),
 		grpc.UnaryInterceptor(plugin.LoggingInterceptor(log.Named("agent"))))...)
 	pb.RegisterNodeAgentServer(inc.srv, agentServer)
 	pb.RegisterReplicationServer(inc.srv, receiver)

@@ -28,6 +28,7 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/protocol"
 	"github.com/zfs-nomad/zfs-nomad/internal/tlsconfig"
 	"github.com/zfs-nomad/zfs-nomad/internal/volume"
 )
@@ -180,7 +181,7 @@ func (c *Cluster) DialAgent(addr string) (*grpc.ClientConn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return grpc.NewClient(addr, grpc.WithTransportCredentials(m.ClientCredentials()))
+	return grpc.NewClient(addr, append(protocol.DialOptions(), grpc.WithTransportCredentials(m.ClientCredentials()))...)
 }
 
 func tlsArgs(f tlsconfig.Files) []string {

@@ -21,11 +21,13 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/agentclient"
 	"github.com/zfs-nomad/zfs-nomad/internal/guesttest"
 	"github.com/zfs-nomad/zfs-nomad/internal/operator"
+	"github.com/zfs-nomad/zfs-nomad/internal/protocol"
 	"github.com/zfs-nomad/zfs-nomad/internal/sim"
 	"github.com/zfs-nomad/zfs-nomad/internal/tlsconfig"
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
@@ -371,6 +373,24 @@ func TestRefusesStrangersAndBadStreams(t *testing.T) {
 		t.Errorf("node certificate ordering a push: %v, want PermissionDenied", err)
 	}
 
+	// A node of another agent protocol, or of a build without one: refused
+	// before any handler runs, naming the node (package protocol).
+	for _, sent := range []string{"", strconv.Itoa(protocol.Version + 1)} {
+		conn := dialUnversioned(t, nodeFiles, n2)
+		callCtx := ctx
+		if sent != "" {
+			callCtx = metadata.AppendToOutgoingContext(ctx, protocol.Header, sent)
+		}
+		_, err := pb.NewReplicationClient(conn).ReplicaState(callCtx, &pb.ReplicaStateRequest{VolumeId: id})
+		if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "node "+n2.ID+" accepts agent protocol") {
+			t.Errorf("a call of agent protocol %q: %v, want FailedPrecondition naming node %s", sent, err, n2.ID)
+		}
+		err = sendStream(callCtx, pb.NewReplicationClient(conn), &pb.ReceiveHeader{VolumeId: id, Kind: "incremental", Snapshot: "x", SourceNodeId: "peer", Generation: 1}, nil)
+		if status.Code(err) != codes.FailedPrecondition {
+			t.Errorf("a stream of agent protocol %q: %v, want FailedPrecondition", sent, err)
+		}
+	}
+
 	// A corrupted and a truncated incremental stream are refused and the
 	// replica keeps its data.
 	peer := clientAs(t, nodeFiles, n2)
@@ -505,13 +525,21 @@ func zfsSend(t *testing.T, args string) []byte {
 	return b
 }
 
+// dialWith connects to n's agent port with the certificate f, as a build
+// of this one's agent protocol.
 func dialWith(t *testing.T, f tlsconfig.Files, n *sim.Node) *grpc.ClientConn {
+	t.Helper()
+	return dialUnversioned(t, f, n, protocol.DialOptions()...)
+}
+
+// dialUnversioned is dialWith for a build without agent protocol versions.
+func dialUnversioned(t *testing.T, f tlsconfig.Files, n *sim.Node, opts ...grpc.DialOption) *grpc.ClientConn {
 	t.Helper()
 	m, err := tlsconfig.Load(f)
 	if err != nil {
 		t.Fatal(err)
 	}
-	conn, err := grpc.NewClient(n.AgentAddress, grpc.WithTransportCredentials(m.ClientCredentials()))
+	conn, err := grpc.NewClient(n.AgentAddress, append(opts, grpc.WithTransportCredentials(m.ClientCredentials()))...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -537,7 +565,8 @@ func sendStream(ctx context.Context, peer pb.ReplicationClient, h *pb.ReceiveHea
 		return err
 	}
 	if err := stream.Send(&pb.ReceiveMessage{Msg: &pb.ReceiveMessage_Header{Header: h}}); err != nil {
-		return err
+		_, rerr := stream.CloseAndRecv() // io.EOF: the server's answer is there
+		return rerr
 	}
 	if err := stream.Send(&pb.ReceiveMessage{Msg: &pb.ReceiveMessage_Data{Data: data}}); err != nil {
 		_, rerr := stream.CloseAndRecv()
