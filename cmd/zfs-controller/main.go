@@ -58,6 +58,7 @@ var commands = []command{
 	{"status", "[flags] [-json]", "Show every node's volumes, replicas and their lag, running transfers, moves in progress and stale copies set aside", status},
 	{"promote", "[flags] [-node NODE] [-force] VOLUME_ID", "Promote a replica of a volume whose primary's node is lost (failover=manual)", promote},
 	{"remove-replica", "[flags] -node NODE [-force] VOLUME_ID", "Remove one node's replica of a volume", removeReplica},
+	{"tls", "ca [-days N] DIR | cert -ca DIR -role node|controller|operator [-days N] [-out DIR] NAME", "Make the agent port's CA, and certificates for nodes, the controller and operators", tlsCommand},
 	{"version", "", "Print the version", func(command, []string) error {
 		fmt.Printf("zfs-controller %s (agent protocol %d)\n", version.Version, protocol.Version)
 		return nil

@@ -2,8 +2,11 @@ package main
 
 import (
 	"io"
+	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/tlsconfig"
 )
 
 // TestCommandLine: the command line answers a person at a terminal as
@@ -30,6 +33,14 @@ func TestCommandLine(t *testing.T) {
 		{"remove-replica -peers a:1 -insecure-agent-port vol-1", 2, "-node is required"},
 		{"-peers a:1 -insecure-agent-port stray", 2, `unexpected argument "stray"`},
 		{"backup vol-1", 1, "peers"}, // a configuration error, not a wrong command line
+		{"tls", 2, "needs ca or cert"},
+		{"tls bogus", 2, `unknown tls command "bogus"`},
+		{"tls ca", 2, "want one DIR"},
+		{"tls ca -days 0 /nonexistent/x", 2, "-days 0"},
+		{"tls cert -ca /nonexistent client-1", 2, "-role is required"},
+		{"tls cert -role node client-1", 2, "-ca is required"},
+		{"tls cert -ca /nonexistent -role node client-1", 1, "no such file"},
+		{"tls cert -h", 0, ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.args, func(t *testing.T) {
@@ -38,6 +49,30 @@ func TestCommandLine(t *testing.T) {
 				t.Errorf("zfs-controller %s: exit %d, %v; want exit %d and an error naming %q", tc.args, code, err, tc.code, tc.errorHas)
 			}
 		})
+	}
+}
+
+// TestTLSCommands: a CA, then a node's certificate from it, as
+// docs/install.md tells an operator; the files load as the agent port's
+// TLS material.
+func TestTLSCommands(t *testing.T) {
+	dir := t.TempDir()
+	noEnv := func(string) string { return "" }
+	ca, out := filepath.Join(dir, "ca"), filepath.Join(dir, "client-1")
+	for _, args := range [][]string{
+		{"tls", "ca", ca},
+		{"tls", "cert", "-ca", ca, "-role", "node", "-days", "90", "-out", out, "client-1"},
+	} {
+		if err := run(args, noEnv); err != nil {
+			t.Fatalf("zfs-controller %s: %v", strings.Join(args, " "), err)
+		}
+	}
+	if err := run([]string{"tls", "ca", ca}, noEnv); err == nil || !strings.Contains(err.Error(), "already exists") {
+		t.Errorf("a second CA over the first: %v, want refused", err)
+	}
+	files := tlsconfig.Files{CA: filepath.Join(ca, "ca.pem"), Cert: filepath.Join(out, "client-1.pem"), Key: filepath.Join(out, "client-1-key.pem")}
+	if _, err := tlsconfig.Load(files); err != nil {
+		t.Errorf("the issued files do not load: %v", err)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -155,13 +156,13 @@ func cpuSince(before cpuSample) string {
 	return b.String()
 }
 
-// pluginMemory tells each zfs-node's cgroup memory: Nomad makes a
-// raw_exec task's memory its hard limit (memory.max), which covers the
-// zfs send and receive processes the plugin runs.
-func pluginMemory() string {
+// pluginMemory tells the cgroup memory of each process named one of
+// comms: Nomad makes a task's memory its hard limit (memory.max), which
+// covers the zfs send and receive processes a node plugin runs.
+func pluginMemory(comms ...string) string {
 	var out []string
 	for pid, p := range sampleCPU().byPID {
-		if p.comm != "zfs-node" {
+		if !slices.Contains(comms, p.comm) {
 			continue
 		}
 		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
@@ -173,7 +174,7 @@ func pluginMemory() string {
 			v, _ := os.ReadFile(filepath.Join("/sys/fs/cgroup", cg, name))
 			return strings.Join(strings.Fields(string(v)), " ")
 		}
-		out = append(out, fmt.Sprintf("zfs-node %d: memory.max %s, peak %s, events: %s", pid, read("memory.max"), read("memory.peak"), read("memory.events")))
+		out = append(out, fmt.Sprintf("%s %d: memory.max %s, peak %s, events: %s", p.comm, pid, read("memory.max"), read("memory.peak"), read("memory.events")))
 	}
 	sort.Strings(out)
 	return strings.Join(out, "\n")

@@ -83,7 +83,7 @@ func (e *e2e) drainManyVolumes() {
 	}
 	moved := e.timedDrain(node, jobs, true)
 	e.showMoves()
-	e.t.Logf("---- the node plugins' memory ----\n%s", pluginMemory())
+	e.t.Logf("---- the node plugins' memory ----\n%s", pluginMemory("zfs-node"))
 	need, needLocal := atRate(unreplicated, rate), atRate(unreplicated, local)
 	goal := time.Duration(1.5*float64(plain.running)) + need
 	e.tell("FIGURE drain of %d jobs with their volumes: %s to every task started (%s to every job ready); without volumes %s; %d MiB not replicated at the drain, %s at the link's %.1f MiB/s (%s at the local pipe's %.1f); goal (1.5x plus that) %s",

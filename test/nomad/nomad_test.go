@@ -24,6 +24,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
+	"sort"
 	"strconv"
 	"strings"
 	"syscall"
@@ -87,6 +89,7 @@ type e2e struct {
 	nodeIDs map[string]string // Nomad node name (n1) -> Nomad node ID
 	procs   []*sim.Process
 	images  map[string]string // image archive -> the name it loaded as (docker flavour)
+	pki     string            // the certificates docs/install.md has the operator make
 }
 
 // nomadBinDir is the directory of the binaries, or skips the test
@@ -201,6 +204,11 @@ capability {
 		e.step("drain a client holding eight volumes: every job moves with its data", e.drainManyVolumes)
 	}
 
+	// Before a node is killed: the controller has run since the plugins
+	// were deployed, through creates, a drain, snapshots and deletes.
+	e.tell("FIGURE the plugins' memory (each task's cgroup; memory.max from the job files' resources):\n%s",
+		pluginMemory("zfs-node", "zfs-controller"))
+
 	e.step("failover=auto: the job's node dies and the job comes back elsewhere", func() {
 		spec := strings.NewReplacer(`"web-data"`, `"web-data-auto"`, `failover = "manual"`, `failover = "auto"`).
 			Replace(e.readFile(e.file("volume.hcl")))
@@ -280,7 +288,20 @@ capability {
 // data, and deleted with its copies.
 func TestNomadRawExec(t *testing.T) {
 	e := start(t, nomadBinDir(t), rawExecFlavour)
-	e.step("deploy the plugins from nomad/raw_exec/", e.deployPlugins)
+	e.step("deploy the plugins from nomad/raw_exec/ while n3 lacks the pool's meta: no node plugin there until it has it", func() {
+		// docs/install.md has the operator mark the clients with a pool
+		// by their meta; the node job's constraint must keep it off the
+		// others, and place it when a client gains one.
+		n3 := e.c.Nodes[2]
+		e.setRootDatasetMeta(n3, "")
+		e.deployPluginsOn(2)
+		if on := e.runningAllocations("zfs-nomad-node"); slices.Contains(on, n3.ID) || len(on) != 2 {
+			t.Fatalf("the node job runs on %v, want the two clients with the meta, not %s", on, n3.ID)
+		}
+		e.setRootDatasetMeta(n3, n3.RootDataset)
+		e.waitForPlugins(3, "")
+		e.waitForChecks("zfs-nomad-node-metrics", 3)
+	})
 	var first allocation
 	e.step("create a replicated volume and run the example job on it under exec", func() {
 		e.createVolume(e.file("volume.hcl"))
@@ -343,17 +364,14 @@ func start(t *testing.T, bin string, f flavour) *e2e {
 	e := &e2e{t: t, c: c, flavour: f, bin: bin, repo: repo, nodeIDs: map[string]string{}}
 	t.Cleanup(e.stop)
 
-	ctl, err := c.CA.Issue("controller", tlsconfig.RoleController)
-	if err != nil {
-		t.Fatal(err)
-	}
+	e.makeCertificates()
 	server, err := c.StartProcess("nomad-server", filepath.Join(bin, "nomad"), "agent", "-config", e.writeFile("server.hcl", serverConfig(c.Dir())))
 	if err != nil {
 		t.Fatal(err)
 	}
 	e.procs = append(e.procs, server)
 	for _, n := range c.Nodes {
-		e.prepareNode(n, ctl)
+		e.prepareNode(n)
 	}
 	if f.docker {
 		e.images = e.startDocker()
@@ -402,8 +420,35 @@ func mountCgroups(t *testing.T, n *sim.Node) {
 // plugin's mounts reach the client through it), the TLS material, and a
 // small chroot for exec tasks (Nomad's default copies /bin, /lib, /usr,
 // ... into every task).
-func (e *e2e) prepareNode(n *sim.Node, ctl tlsconfig.Files) {
+// makeCertificates makes the agent port's CA and certificates with
+// zfs-controller tls, as docs/install.md tells the operator to: one per
+// client (its common name the client's name), the controller's, and an
+// operator's for the operator commands.
+func (e *e2e) makeCertificates() {
 	e.t.Helper()
+	e.pki = filepath.Join(e.c.Dir(), "pki")
+	ctl := filepath.Join(e.bin, "zfs-controller")
+	ca := filepath.Join(e.pki, "ca")
+	guesttest.Run(e.t, ctl, "tls", "ca", ca)
+	issue := func(role, name string) {
+		guesttest.Run(e.t, ctl, "tls", "cert", "-ca", ca, "-role", role, "-out", filepath.Join(e.pki, name), name)
+	}
+	for _, n := range e.c.Nodes {
+		issue(tlsconfig.RoleNode, n.ID)
+	}
+	issue(tlsconfig.RoleController, "controller")
+	issue(tlsconfig.RoleOperator, "operator")
+}
+
+// certificate returns the files of a certificate makeCertificates made.
+func (e *e2e) certificate(name string) tlsconfig.Files {
+	return tlsconfig.Files{CA: filepath.Join(e.pki, "ca", "ca.pem"),
+		Cert: filepath.Join(e.pki, name, name+".pem"), Key: filepath.Join(e.pki, name, name+"-key.pem")}
+}
+
+func (e *e2e) prepareNode(n *sim.Node) {
+	e.t.Helper()
+	node, ctl := e.certificate(n.ID), e.certificate("controller")
 	guesttest.Run(e.t, "mkdir", "-p", nomadDir)
 	mountCgroups(e.t, n)
 	script := fmt.Sprintf(`set -e
@@ -418,7 +463,7 @@ cp %[6]s %[1]s/tls/controller-key.pem
 cp /bin/busybox %[1]s/chroot/bin/busybox
 for a in sh cat cut date echo head sha256sum sleep sync tr; do ln %[1]s/chroot/bin/busybox %[1]s/chroot/bin/$a; done
 cp /etc/passwd /etc/group %[1]s/chroot/etc/
-`, nomadDir, n.TLS.CA, n.TLS.Cert, n.TLS.Key, ctl.Cert, ctl.Key)
+`, nomadDir, node.CA, node.Cert, node.Key, ctl.Cert, ctl.Key)
 	guesttest.Exec(e.t, n, script)
 }
 
@@ -506,7 +551,11 @@ func hclList(items []string) string {
 
 // deployPlugins runs the two plugin jobs and waits until Nomad reports the
 // controller and all three nodes healthy.
-func (e *e2e) deployPlugins() {
+func (e *e2e) deployPlugins() { e.deployPluginsOn(3) }
+
+// deployPluginsOn is deployPlugins for a cluster where the node job
+// places that many node plugins.
+func (e *e2e) deployPluginsOn(nodes int) {
 	began := time.Now()
 	node, controller := e.pluginVars()
 	e.nomad(append(append([]string{"job", "run", "-detach"}, node...),
@@ -524,12 +573,53 @@ func (e *e2e) deployPlugins() {
 		"-var", "extra_args="+hclList(append([]string{"-agent-timeout", "10s", "-surplus-grace", "0s"}, agentPortFlags()...)),
 		"-var", "log_level=debug",
 		e.file("zfs-controller.nomad.hcl"))...)
-	e.waitForPlugins(3, "")
+	e.waitForPlugins(nodes, "")
 	e.tell("FIGURE plugins healthy: %s after job run", time.Since(began).Round(100*time.Millisecond))
-	e.waitForChecks("zfs-nomad-node-metrics", 3)
-	e.waitForChecks("zfs-nomad-agent", 3)
+	e.waitForChecks("zfs-nomad-node-metrics", nodes)
+	e.waitForChecks("zfs-nomad-agent", nodes)
 	e.waitForChecks("zfs-nomad-controller-metrics", 1)
 	e.tell("FIGURE plugins' service checks passing: %s after job run", time.Since(began).Round(100*time.Millisecond))
+}
+
+// setRootDatasetMeta sets a client's zfs_nomad_root_dataset meta with
+// `nomad node meta apply` (empty: unsets it) and waits until the servers
+// schedule with it (the client batches such changes for up to 10 s).
+func (e *e2e) setRootDatasetMeta(n *sim.Node, value string) {
+	e.t.Helper()
+	const key = "zfs_nomad_root_dataset"
+	if value == "" {
+		e.nomad("node", "meta", "apply", "-node-id", e.nodeIDs[n.ID], "-unset", key)
+	} else {
+		e.nomad("node", "meta", "apply", "-node-id", e.nodeIDs[n.ID], key+"="+value)
+	}
+	e.eventually(time.Minute, fmt.Sprintf("%s's %s meta %q at the servers", n.ID, key, value), func() error {
+		var node struct{ Meta map[string]string }
+		if err := e.get("/v1/node/"+e.nodeIDs[n.ID], &node); err != nil {
+			return err
+		}
+		if got := node.Meta[key]; got != value {
+			return fmt.Errorf("the servers see %q", got)
+		}
+		return nil
+	})
+}
+
+// runningAllocations returns the clients where a job has a running
+// allocation.
+func (e *e2e) runningAllocations(job string) []string {
+	e.t.Helper()
+	var allocs []struct{ NodeName, ClientStatus string }
+	if err := e.get("/v1/job/"+job+"/allocations", &allocs); err != nil {
+		e.t.Fatal(err)
+	}
+	var on []string
+	for _, a := range allocs {
+		if a.ClientStatus == "running" {
+			on = append(on, a.NodeName)
+		}
+	}
+	sort.Strings(on)
+	return on
 }
 
 // restartTask restarts a job's task on a node with `nomad alloc restart`
@@ -948,8 +1038,9 @@ func (e *e2e) backup(volumeID string) { e.operator("backup", volumeID) }
 func (e *e2e) operator(command string, args ...string) {
 	e.t.Helper()
 	peers := e.c.AgentAddresses()
+	op := e.certificate("operator")
 	argv := append([]string{command, "-peers", strings.Join(peers, ","),
-		"-tls-ca", e.c.Operator.CA, "-tls-cert", e.c.Operator.Cert, "-tls-key", e.c.Operator.Key}, agentPortFlags()...)
+		"-tls-ca", op.CA, "-tls-cert", op.Cert, "-tls-key", op.Key}, agentPortFlags()...)
 	argv = append(argv, args...)
 	out := guesttest.Run(e.t, filepath.Join(e.bin, "zfs-controller"), argv...)
 	e.show("zfs-controller "+command+" "+strings.Join(args, " "), out)
