@@ -311,6 +311,7 @@ func TestNomadRawExec(t *testing.T) {
 		e.waitForDeployment("counter")
 		e.nomad("node", "drain", "-enable", "-yes", "-ignore-system", "-deadline", "2m", e.nodeIDs[first.node])
 		moved := e.waitForCounter(first.id)
+		e.logFailedAllocations()
 		e.wantSameData(first, moved, true)
 	})
 	e.step("delete the volume: nothing is left on any node", func() {
