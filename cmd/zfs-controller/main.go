@@ -133,7 +133,7 @@ func serve(c command, args []string) error {
 	log := plugin.NewLogger("zfs-controller", os.Getenv)
 
 	peers := peerSource(cfg)
-	creds, err := agentCredentials(cfg, log)
+	creds, certs, err := agentCredentials(cfg, []string{tlsconfig.RoleController}, log)
 	if err != nil {
 		return err
 	}
@@ -155,6 +155,9 @@ func serve(c command, args []string) error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	if certs != nil {
+		plugin.WatchTLS(ctx, certs, registry)
+	}
 	// Deleted snapshots: copies the delete could not reach (a node away,
 	// a push under way) go, then the records (docs/replication.md,
 	// "Deleted snapshots").
@@ -202,16 +205,19 @@ func probe(ctx context.Context, nodes *cluster.Cluster) error {
 
 // agentCredentials are the controller's mutual TLS credentials for the
 // agent ports.
-func agentCredentials(cfg config.Controller, log hclog.Logger) (credentials.TransportCredentials, error) {
+// agentCredentials are the credentials of calls to node agents, and the
+// TLS material they use (nil without TLS): the controller's certificate,
+// or for the operator commands an operator's or the controller's.
+func agentCredentials(cfg config.Controller, roles []string, log hclog.Logger) (credentials.TransportCredentials, *tlsconfig.Source, error) {
 	if cfg.InsecureAgentPort {
 		log.Warn("talking to node agents WITHOUT TLS (-insecure-agent-port): use only on a closed test network")
-		return insecure.NewCredentials(), nil
+		return insecure.NewCredentials(), nil, nil
 	}
-	m, err := tlsconfig.Load(tlsconfig.Files(cfg.TLS))
+	src, err := plugin.OpenTLS(cfg.TLS, tlsconfig.Identity{Roles: roles}, log.Named("tls"))
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return m.ClientCredentials(), nil
+	return src.ClientCredentials(), src, nil
 }
 
 // connect reads an operator command's configuration (extra adds its own
@@ -237,7 +243,8 @@ func connect(c command, args []string, volumeArg bool, extra func(*flag.FlagSet)
 		}
 		return os.Getenv(k)
 	})
-	creds, err := agentCredentials(cfg, log)
+	// A command lasts seconds: its material is read once.
+	creds, _, err := agentCredentials(cfg, []string{tlsconfig.RoleOperator, tlsconfig.RoleController}, log)
 	if err != nil {
 		return session{}, err
 	}

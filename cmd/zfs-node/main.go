@@ -106,7 +106,7 @@ func run(args []string) error {
 	csispec.RegisterIdentityServer(csiSrv, plugin.NewIdentity(volumes.Health))
 	csispec.RegisterNodeServer(csiSrv, csinode.New(volumes, mount.System{}, cfg, log.Named("csi")))
 
-	serverOpts, dialCreds, err := agentTLS(cfg, log)
+	serverOpts, dialCreds, certs, err := agentTLS(cfg, log)
 	if err != nil {
 		return err
 	}
@@ -148,6 +148,9 @@ func run(args []string) error {
 	registry := metrics.NewRegistry()
 	pusher.Metrics = replication.NewMetrics(registry)
 	receiver.Metrics = pusher.Metrics
+	if certs != nil {
+		plugin.WatchTLS(ctx, certs, registry)
+	}
 	serverOpts = append(serverOpts, protocol.ServerOptions("node "+cfg.NodeID)...)
 	agentSrv := grpc.NewServer(append(serverOpts, replication.ServerOptions()...)...)
 	agentServer := agent.NewServer(volumes, pusher, receiver, cfg, log.Named("agent"))
@@ -180,22 +183,27 @@ func run(args []string) error {
 
 // agentTLS returns the agent port's server options (mutual TLS and the
 // policy of who may call what) and the credentials for dialling peers.
-func agentTLS(cfg config.Node, log hclog.Logger) ([]grpc.ServerOption, credentials.TransportCredentials, error) {
+// agentTLS returns the agent port's server options and the credentials
+// of the node's calls to peers, and the TLS material they use (nil
+// without TLS), which WatchTLS keeps current.
+func agentTLS(cfg config.Node, log hclog.Logger) ([]grpc.ServerOption, credentials.TransportCredentials, *tlsconfig.Source, error) {
 	logging := plugin.LoggingInterceptor(log.Named("agent"))
 	if cfg.InsecureAgentPort {
 		log.Warn("agent port WITHOUT TLS (-insecure-agent-port): anyone who reaches it can read and write volumes; use only on a closed test network")
-		return []grpc.ServerOption{grpc.UnaryInterceptor(logging)}, insecure.NewCredentials(), nil
+		return []grpc.ServerOption{grpc.UnaryInterceptor(logging)}, insecure.NewCredentials(), nil, nil
 	}
-	m, err := tlsconfig.Load(tlsconfig.Files(cfg.TLS))
+	// The node's certificate must name it: peers bind its streams and
+	// promises to that name.
+	src, err := plugin.OpenTLS(cfg.TLS, tlsconfig.Identity{Roles: []string{tlsconfig.RoleNode}, Name: cfg.NodeID}, log.Named("tls"))
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	policy := tlsconfig.AgentPolicy
 	return []grpc.ServerOption{
-		grpc.Creds(m.ServerCredentials()),
+		grpc.Creds(src.ServerCredentials()),
 		grpc.ChainUnaryInterceptor(policy.UnaryInterceptor(), logging),
 		grpc.StreamInterceptor(policy.StreamInterceptor()),
-	}, m.ClientCredentials(), nil
+	}, src.ClientCredentials(), src, nil
 }
 
 // newHeartbeat sets up the node's lease (docs/safety.md, "Leases"): the

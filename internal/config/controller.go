@@ -64,6 +64,7 @@ func DefaultController() Controller {
 		MoveCatchUps:     4,
 		MovePublishAhead: Duration(2 * time.Minute),
 		SurplusGrace:     Duration(10 * time.Minute),
+		TLS:              TLSFiles{ExpiryWarning: DefaultExpiryWarning},
 	}
 }
 

@@ -135,6 +135,7 @@ func tlsFlags(fs *flag.FlagSet, t *TLSFiles, insecure *bool) {
 	fs.StringVar(&t.CA, "tls-ca", t.CA, "PEM file of the operator's CA (agent port mutual TLS)")
 	fs.StringVar(&t.Cert, "tls-cert", t.Cert, "PEM certificate of this party; its first OU is its role")
 	fs.StringVar(&t.Key, "tls-key", t.Key, "PEM key of the certificate")
+	fs.Var(&t.ExpiryWarning, "tls-expiry-warning", "warn in the log from this long before the certificate expires (0: never); the files are reloaded when they change")
 	fs.BoolVar(insecure, "insecure-agent-port", *insecure, "no TLS on the agent port: closed test networks only")
 }
 

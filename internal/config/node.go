@@ -112,9 +112,19 @@ type TLSFiles struct {
 	CA   string `json:"ca"`
 	Cert string `json:"cert"`
 	Key  string `json:"key"`
+	// ExpiryWarning is how long before the certificate's expiry the log
+	// warns that it expires (0: never). The files are reloaded when they
+	// change, so a renewal needs no restart.
+	ExpiryWarning Duration `json:"expiry_warning"`
 }
 
+// DefaultExpiryWarning is TLSFiles.ExpiryWarning's default.
+const DefaultExpiryWarning = Duration(30 * 24 * time.Hour)
+
 func (t TLSFiles) validate(insecure bool) error {
+	if t.ExpiryWarning < 0 {
+		return fmt.Errorf("tls.expiry_warning %s: must not be negative", time.Duration(t.ExpiryWarning))
+	}
 	if insecure {
 		return nil
 	}
@@ -181,6 +191,7 @@ func DefaultNode() Node {
 		MaxReplicasPerPeer:     2000,
 		Lease:                  Duration(30 * time.Second),
 		LeaseMargin:            Duration(MinLeaseMargin(30 * time.Second)),
+		TLS:                    TLSFiles{ExpiryWarning: DefaultExpiryWarning},
 	}
 }
 

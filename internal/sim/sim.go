@@ -316,22 +316,28 @@ func (c *Cluster) waitForLeases(timeout time.Duration) error {
 
 // holdsLease reads the node's lease gauge; false if it cannot be read.
 func (n *Node) holdsLease() bool {
+	v, err := n.Metric("zfs_nomad_lease_held")
+	return err == nil && v == "1"
+}
+
+// Metric reads one unlabelled series from the node's metrics endpoint.
+func (n *Node) Metric(name string) (string, error) {
 	client := http.Client{Timeout: 2 * time.Second}
 	resp, err := client.Get(n.Metrics)
 	if err != nil {
-		return false
+		return "", err
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return false
+		return "", err
 	}
 	for _, line := range strings.Split(string(body), "\n") {
-		if f := strings.Fields(line); len(f) == 2 && f[0] == "zfs_nomad_lease_held" {
-			return f[1] == "1"
+		if f := strings.Fields(line); len(f) == 2 && f[0] == name {
+			return f[1], nil
 		}
 	}
-	return false
+	return "", fmt.Errorf("%s has no series %s", n.Metrics, name)
 }
 
 // tail returns the last lines of the file at path, or why it cannot.

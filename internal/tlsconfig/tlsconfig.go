@@ -69,6 +69,9 @@ func Load(f Files) (*Material, error) {
 	return &Material{pool: pool, cert: cert}, nil
 }
 
+// leaf is the party's certificate (tls.LoadX509KeyPair parses it).
+func (m *Material) leaf() *x509.Certificate { return m.cert.Leaf }
+
 // ServerConfig requires a client certificate from the CA.
 func (m *Material) ServerConfig() *tls.Config {
 	return &tls.Config{

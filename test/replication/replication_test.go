@@ -6,8 +6,11 @@ package replication
 
 import (
 	"context"
+	"crypto/x509"
 	"encoding/base64"
 	"encoding/json"
+	"encoding/pem"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -15,13 +18,16 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/agentclient"
@@ -995,5 +1001,106 @@ func TestStalledSenderIsCutOff(t *testing.T) {
 	}
 	if src, dst := checksums(t, n1, target), replicaChecksums(t, n2, id); src != dst {
 		t.Errorf("after the next push the replica differs:\nsource:\n%s\nreplica:\n%s", src, dst)
+	}
+}
+
+// TestCertificatesRotateWithoutARestart (issue 37): a node's renewed
+// certificate is put in use when its files change and on SIGHUP, with no
+// restart: new connections are served with it and replication goes on.
+// Another node's certificate written over it is refused, naming the
+// file, and the node keeps the one in use.
+func TestCertificatesRotateWithoutARestart(t *testing.T) {
+	c, id, target := replicatedVolume(t, sim.Options{}, "rotated")
+	n1, n2 := c.Nodes[0], c.Nodes[1]
+	const expiryMetric = "zfs_nomad_tls_certificate_expiry_timestamp_seconds"
+	expiry := func() string {
+		v, err := n2.Metric(expiryMetric)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	// servedSerial is the serial of the certificate n2 serves a new
+	// connection with.
+	servedSerial := func() string {
+		var p peer.Peer
+		if _, err := agent(t, c, n2).GetNode(context.Background(), &pb.GetNodeRequest{WithoutCapacity: true}, grpc.Peer(&p)); err != nil {
+			t.Fatal(err)
+		}
+		return p.AuthInfo.(credentials.TLSInfo).State.PeerCertificates[0].SerialNumber.String()
+	}
+	fileSerial := func() string {
+		block, _ := pem.Decode([]byte(guesttest.Run(t, "cat", n2.TLS.Cert)))
+		cert, err := x509.ParseCertificate(block.Bytes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cert.SerialNumber.String()
+	}
+	wantServed := func(how string) {
+		t.Helper()
+		want := fileSerial()
+		deadline := time.Now().Add(30 * time.Second)
+		for servedSerial() != want {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: n2 still serves new connections with another certificate than its files' (serial %s) after 30 s", how, want)
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
+	}
+
+	// A renewal lands in the files (zfs-controller tls cert, a template).
+	before := expiry()
+	if _, err := c.CA.Issue(n2.ID, tlsconfig.RoleNode); err != nil {
+		t.Fatal(err)
+	}
+	wantServed("after the files changed")
+	if expiry() == before {
+		t.Errorf("%s is still %s after the reload", expiryMetric, before)
+	}
+	guesttest.Exec(t, n1, "echo after-rotation >> "+target+"/numbers && sync")
+	if _, err := replicate(t, context.Background(), c, n1, n2, id); err != nil {
+		t.Fatalf("replicating to n2 after its certificate was rotated: %v", err)
+	}
+
+	// SIGHUP reloads at once, without waiting for the next look.
+	if comm := strings.TrimSpace(guesttest.Run(t, "cat", fmt.Sprintf("/proc/%d/comm", n2.Process.Pid()))); comm != "zfs-node" {
+		t.Fatalf("n2's process is %q, not zfs-node: cannot signal it", comm)
+	}
+	if _, err := c.CA.Issue(n2.ID, tlsconfig.RoleNode); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(n2.Process.Pid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	wantServed("after SIGHUP")
+
+	// Another node's certificate is refused; the one in use stays.
+	inUse := servedSerial()
+	other, err := c.CA.Issue("not-n2", tlsconfig.RoleNode)
+	if err != nil {
+		t.Fatal(err)
+	}
+	guesttest.Run(t, "cp", other.Cert, n2.TLS.Cert)
+	guesttest.Run(t, "cp", other.Key, n2.TLS.Key)
+	if err := syscall.Kill(n2.Process.Pid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	refused := func() bool {
+		log := guesttest.Run(t, "cat", n2.Process.Log)
+		return strings.Contains(log, "certificate in use is kept") && strings.Contains(log, "not-n2")
+	}
+	for !refused() {
+		if time.Now().After(deadline) {
+			t.Fatal("n2 logged no refusal of a certificate naming not-n2 within 30 s")
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	if got := servedSerial(); got != inUse {
+		t.Errorf("after the refusal n2 serves serial %s, want the one in use, %s", got, inUse)
+	}
+	if _, err := replicate(t, context.Background(), c, n1, n2, id); err != nil {
+		t.Fatalf("replicating to n2 after a refused certificate: %v", err)
 	}
 }
