@@ -122,7 +122,7 @@ job "zfs-nomad-controller" {
 
       # The controller keeps no data of its own: its cgroup peaked at
       # 15 MiB through test/nomad's creates, drain, snapshots and deletes
-      # (2026-11-28); 64 MiB leaves room for many more volumes' moves.
+      # (2026-11-28), a quarter of what it may use here.
       resources {
         cpu    = 100
         memory = 64
