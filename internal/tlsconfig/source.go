@@ -86,10 +86,13 @@ func (s *Source) Reload() error {
 	m, err := s.load()
 	if err != nil {
 		s.log.Error("new TLS material refused; the certificate in use is kept", "error", err,
-			"certificate_expires", s.Material().leaf().NotAfter.UTC().Format(time.RFC3339))
+			"certificate_expires", s.Certificate().NotAfter.UTC().Format(time.RFC3339))
 		return err
 	}
 	old := s.current.Swap(m)
+	if s.Loaded != nil {
+		s.Loaded(m.leaf())
+	}
 	s.log.Info("TLS material reloaded: new connections use the new certificate", "cert", s.files.Cert,
 		"subject", m.leaf().Subject.String(), "expires", m.leaf().NotAfter.UTC().Format(time.RFC3339),
 		"previous_expiry", old.leaf().NotAfter.UTC().Format(time.RFC3339))
@@ -125,7 +128,7 @@ func (s *Source) changed() bool {
 }
 
 func (s *Source) warnIfExpiring() {
-	leaf, now := s.Material().leaf(), s.now()
+	leaf, now := s.Certificate(), s.now()
 	if left := leaf.NotAfter.Sub(now); s.WarnBefore > 0 && left < s.WarnBefore && now.Sub(s.warned) >= warnEvery {
 		s.warned = now
 		s.log.Warn("the TLS certificate in use expires soon: renew it (zfs-controller tls cert, or your CA); without it this party stops talking to the others",
@@ -141,9 +144,6 @@ func (s *Source) load() (*Material, error) {
 	}
 	if err := check(m, s.files, s.want, s.now()); err != nil {
 		return nil, err
-	}
-	if s.Loaded != nil {
-		s.Loaded(m.leaf())
 	}
 	return m, nil
 }
@@ -164,11 +164,7 @@ func check(m *Material, f Files, want Identity, now time.Time) error {
 	if _, err := leaf.Verify(opts); err != nil {
 		return fmt.Errorf("tls: %s is not issued by the CA in %s: %w", f.Cert, f.CA, err)
 	}
-	role := ""
-	if len(leaf.Subject.OrganizationalUnit) > 0 {
-		role = leaf.Subject.OrganizationalUnit[0]
-	}
-	if !slices.Contains(want.Roles, role) {
+	if role := roleOf(leaf); !slices.Contains(want.Roles, role) {
 		return fmt.Errorf("tls: %s has the role (first OU) %q, want one of %v", f.Cert, role, want.Roles)
 	}
 	if want.Name != "" && leaf.Subject.CommonName != want.Name {

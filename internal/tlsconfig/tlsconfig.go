@@ -157,11 +157,19 @@ func RoleOf(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	ous := cert.Subject.OrganizationalUnit
-	if len(ous) == 0 {
+	role := roleOf(cert)
+	if role == "" {
 		return "", errors.New("the client certificate names no role (OU)")
 	}
-	return ous[0], nil
+	return role, nil
+}
+
+// roleOf is a certificate's role: its first OU ("" for none).
+func roleOf(cert *x509.Certificate) string {
+	if ous := cert.Subject.OrganizationalUnit; len(ous) > 0 {
+		return ous[0]
+	}
+	return ""
 }
 
 func (p Policy) check(ctx context.Context, method string) error {
