@@ -7,9 +7,10 @@
 # before it (nomad alloc logs), so a move to another client shows that the
 # data came along.
 #
-# The task runs under the docker driver, as root in its container (the
-# volume's root is owned by root with mode 0755). raw_exec/example-job.nomad.hcl
-# is the same job under exec, for clients without Docker.
+# The task runs under the docker driver as nobody (65534:65534), the owner
+# volume.hcl gives the volume's root directory: no root needed.
+# raw_exec/example-job.nomad.hcl is the same job under exec, for clients
+# without Docker.
 
 variable "volume" {
   description = "The CSI volume ID"
@@ -49,6 +50,8 @@ job "counter" {
 
     task "counter" {
       driver = "docker"
+      # The volume's owner (parameters uid and gid in volume.hcl).
+      user = "65534:65534"
 
       volume_mount {
         volume      = "data"

@@ -35,6 +35,14 @@ parameters {
   # at once: writes newer than it are lost).
   failover = "manual"
 
+  # The root directory's owner, group and mode, within the operator's
+  # root_uids and root_gids (zfs-node.nomad.hcl): the example job's task
+  # runs as nobody:nogroup (65534 on Debian and in busybox), not root.
+  # Kept through moves, failovers and restores from snapshots.
+  uid  = "65534"
+  gid  = "65534"
+  mode = "0750"
+
   # node   = "client-1" # create it on this client
   # pinned = "true"     # never move it: the job follows the data instead
 }

@@ -61,6 +61,11 @@ func main() {
 	}
 }
 
+// rootsDir holds the mount points where new volumes are mounted for a
+// moment to set their root directory's owner and mode: a directory of
+// root's, not shared with other users as /tmp is.
+const rootsDir = "/run/zfs-nomad/roots"
+
 func run(args []string) error {
 	if len(args) == 1 && (args[0] == "-version" || args[0] == "--version") {
 		fmt.Printf("zfs-node %s (agent protocol %d, built for OpenZFS %s, libzfs binding %s)\n", version.Version, protocol.Version, cmp.Or(openzfs.BuiltFor, "unknown"), libzfs.Binding)
@@ -123,6 +128,7 @@ func run(args []string) error {
 	defer pusher.Close()
 	volumes.Mounted = mount.IsMountedZFS
 	volumes.MountHolders = func(dataset string) []string { return mount.Holders("/proc", dataset) }
+	volumes.Roots = mount.RootPreparer{Dir: rootsDir}
 	receiver := replication.NewReceiver(streams, volumes.Locks(), cfg.RootDataset, cfg.NodeID, cfg.ReplicationSnapshots, log.Named("replication"))
 	receiver.MaxQuota, receiver.QuotaProperty = uint64(cfg.MaxQuota), cfg.QuotaProperty
 	receiver.IdleTimeout = time.Duration(cfg.ReceiveIdleTimeout)

@@ -81,6 +81,11 @@ func TestNodeValidation(t *testing.T) {
 		{"margin just below the minimum", []string{"-lease", "8s", "-lease-margin", "18.9s"}, "lease_margin"},
 		{"margin at the minimum", []string{"-lease", "8s", "-lease-margin", "19s"}, ""},
 		{"default margin with a longer lease", []string{"-lease", "60s"}, "lease_margin"},
+		{"root owners", []string{"-root-uids", "1000-65534,0", "-root-gids", "100", "-root-mode-mask", "0770"}, ""},
+		{"root uid range backwards", []string{"-root-uids", "2000-1000"}, "root_directory.uids"},
+		{"root gid not a number", []string{"-root-gids", "staff"}, "root_directory.gids"},
+		{"root uid too large", []string{"-root-uids", "4294967295"}, "root_directory.uids"},
+		{"root mode mask not octal", []string{"-root-mode-mask", "0999"}, "root_directory.mode_mask"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -145,5 +150,30 @@ func TestByteSize(t *testing.T) {
 	}
 	if s := ByteSize(3 << 30).String(); s != "3G" {
 		t.Errorf("String = %s", s)
+	}
+}
+
+func TestRootDirectoryRules(t *testing.T) {
+	r := RootDirectory{UIDs: []string{"1000-1999", "65534"}, GIDs: []string{"0"}}
+	for _, tc := range []struct {
+		id       uint32
+		uid, gid bool
+	}{{0, false, true}, {999, false, false}, {1000, true, false}, {1999, true, false}, {2000, false, false}, {65534, true, false}} {
+		if r.AllowsUID(tc.id) != tc.uid || r.AllowsGID(tc.id) != tc.gid {
+			t.Errorf("id %d: uid allowed %v, gid allowed %v; want %v, %v", tc.id, r.AllowsUID(tc.id), r.AllowsGID(tc.id), tc.uid, tc.gid)
+		}
+	}
+	if mask, err := r.Mask(); err != nil || mask != 0o2775 {
+		t.Errorf("default mask %04o, %v; want 2775", mask, err)
+	}
+	for s, want := range map[string]uint32{"0750": 0o750, "750": 0o750, "2775": 0o2775, "07777": 0o7777} {
+		if got, err := ParseMode(s); err != nil || got != want {
+			t.Errorf("ParseMode(%q) = %04o, %v; want %04o", s, got, err, want)
+		}
+	}
+	for _, s := range []string{"", "8", "-1", "10000", "0o755", "000755"} {
+		if _, err := ParseMode(s); err == nil {
+			t.Errorf("ParseMode(%q) accepted", s)
+		}
 	}
 }

@@ -45,6 +45,9 @@ type Node struct {
 	MaxQuota ByteSize `json:"max_quota"`
 	// Properties are the ZFS properties volumes may set, with defaults.
 	Properties map[string]PropertyRule `json:"properties"`
+	// RootDirectory bounds the owner and mode volumes may give their root
+	// directory.
+	RootDirectory RootDirectory `json:"root_directory"`
 	// MountFlags are the mount flags a claim may ask for.
 	MountFlags []string `json:"mount_flags"`
 	// MountBaseDirs are the directories staging and target paths must lie
@@ -250,6 +253,7 @@ func (c *Node) Validate() error {
 			errs = append(errs, fmt.Errorf("properties.%s: default %q is not among allowed %v", name, rule.Default, rule.Allowed))
 		}
 	}
+	errs = append(errs, c.RootDirectory.validate()...)
 	for _, f := range c.MountFlags {
 		if !AllowedMountFlags[f] {
 			errs = append(errs, fmt.Errorf("mount_flags: %q is not a supported flag (supported: %s)", f, strings.Join(slices.Sorted(maps.Keys(AllowedMountFlags)), ", ")))

@@ -530,6 +530,12 @@ func (n *Node) Exec(script string) (string, error) {
 	return Run("nsenter", "-t", strconv.Itoa(n.host.Pid()), "-m", "-n", "--", "sh", "-c", script)
 }
 
+// ExecAs runs script on n as user and group id, without supplementary
+// groups: an unprivileged workload.
+func (n *Node) ExecAs(id int, script string) (string, error) {
+	return Run("nsenter", "-t", strconv.Itoa(n.host.Pid()), "-m", "-n", "-S", strconv.Itoa(id), "-G", strconv.Itoa(id), "--", "sh", "-c", script)
+}
+
 // SendOverTCP pipes the output of send (a shell command writing a zfs
 // stream, run on n) with socat over plain TCP into zfs receive -u target
 // on node to: a transfer across the link between two nodes with neither

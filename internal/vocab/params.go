@@ -68,3 +68,12 @@ const PublishContextGeneration = "generation"
 // waits, when staging, until its copy is the primary of a generation
 // newer than this one, the move's source's (docs/migration.md).
 const PublishContextAfterGeneration = "after_generation"
+
+// Root directory parameters: the owner, group and octal mode a new volume's
+// root directory gets, within the operator's root_directory rules; the
+// default is root, root, 0755 (docs/volumes.md, "Owner and mode").
+const (
+	ParamUID  = "uid"
+	ParamGID  = "gid"
+	ParamMode = "mode"
+)

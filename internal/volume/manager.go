@@ -66,6 +66,9 @@ type Volume struct {
 	// without a majority (promote -force) at its current generation: the
 	// lease does not apply to it, on the operator's word.
 	Forced bool
+	// RootPending is set while the root directory's owner and mode the
+	// parameters ask for are still to be set (prepareRoot).
+	RootPending bool
 }
 
 // Snapshot is a CSI snapshot on this node.
@@ -115,6 +118,9 @@ type Manager struct {
 	// LeaseHeld, when set, reports whether this node holds its lease
 	// (package lease); no primary is staged while it does not.
 	LeaseHeld func() bool
+	// Roots sets the owner and mode of new volumes' root directories;
+	// without it a create that asks for them fails.
+	Roots RootPreparer
 
 	zfs   zfs.Interface
 	cfg   config.Node
@@ -203,6 +209,10 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Volume, error)
 	if err != nil {
 		return Volume{}, err
 	}
+	root, setRoot, err := ResolveRoot(&m.cfg, req.Parameters)
+	if err != nil {
+		return Volume{}, err
+	}
 	source := ""
 	switch {
 	case req.SourceSnapshotID != "" && req.SourceVolumeID != "":
@@ -229,6 +239,13 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Volume, error)
 		if err := compatible(existing, req.Name, quota, req.LimitBytes, recorded, source); err != nil {
 			return Volume{}, err
 		}
+		if existing.RootPending {
+			log.Info("finishing the root directory of a create that stopped half-way", "root", root.String())
+			if err := m.prepareRoot(ctx, existing.Dataset, root); err != nil {
+				return Volume{}, err
+			}
+			return m.get(ctx, id)
+		}
 		log.Debug("volume exists; create is a no-op")
 		return existing, nil
 	case !errors.Is(err, errdefs.ErrNotFound):
@@ -253,6 +270,12 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Volume, error)
 	props[PropHistoryFrom] = "1"
 	props[PropParameters] = EncodeParameters(recorded)
 	props[PropSource] = source
+	if setRoot {
+		if m.Roots == nil {
+			return Volume{}, fmt.Errorf("%w: this node cannot set a volume's root directory owner or mode; create the volume without uid, gid and mode", errdefs.ErrFailedPrecondition)
+		}
+		props[PropRootPending] = "true"
+	}
 	dataset := datasetFor(m.cfg.RootDataset, id)
 
 	switch {
@@ -266,8 +289,13 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Volume, error)
 	if err != nil {
 		return Volume{}, zfsError(err, "creating volume "+id)
 	}
-	log.Info("volume created", "name", req.Name, "dataset", dataset, "quota", quota, "source", source)
 	m.Confirm(id, 1) // a majority promised generation 1 to this node first
+	if setRoot {
+		if err := m.prepareRoot(ctx, dataset, root); err != nil {
+			return Volume{}, err
+		}
+	}
+	log.Info("volume created", "name", req.Name, "dataset", dataset, "quota", quota, "source", source)
 	return m.get(ctx, id)
 }
 
@@ -368,6 +396,7 @@ func (m *Manager) volumeOf(ds zfs.Dataset) (Volume, bool) {
 		LeaseFencedAt: leaseFencedAt(ds.User[PropLeaseFenced]),
 		SupersededBy:  supersededBy(ds.User[PropSuperseded]),
 		Forced:        ds.User[PropForced] != "" && ds.User[PropForced] == ds.User[PropGeneration],
+		RootPending:   ds.User[PropRootPending] != "",
 	}, true
 }
 

@@ -37,6 +37,10 @@ const (
 	// On primaries and replicas: the oldest generation whose every state
 	// is in this copy's history (see HistoryFrom).
 	PropHistoryFrom = propPrefix + "history_from"
+	// On a new volume whose root directory's owner and mode are still to
+	// be set (parameters uid, gid, mode): a create that stopped half-way
+	// is finished by its retry.
+	PropRootPending = propPrefix + "root_pending"
 	// On replicas: the node whose full stream created the replica (its
 	// certificate's name), which the bound on replicas per peer counts.
 	PropReceivedFrom = propPrefix + "received_from"
@@ -50,7 +54,7 @@ var UserProperties = []string{
 	PropVolumeID, PropName, PropRole, PropGeneration, PropParameters, PropSource,
 	PropDeletedAt, PropSnapshotName, PropSourceVolume,
 	PropMovingTo, PropFencedAt, PropCapacity, PropFailoverLag, PropForced,
-	PropHistoryFrom, PropLeaseFenced, PropSuperseded,
+	PropHistoryFrom, PropLeaseFenced, PropSuperseded, PropRootPending,
 }
 
 // HistoryFrom reads a copy's PropHistoryFrom: the oldest generation g such

@@ -101,6 +101,9 @@ func ResolveProperties(cfg *config.Node, params map[string]string) (props, recor
 			}
 			continue
 		}
+		if rootParameters[key] {
+			continue // ResolveRoot checks them
+		}
 		rule, ok := cfg.Properties[key]
 		if !ok {
 			return nil, nil, fmt.Errorf("%w: parameter %q is not allowed; allowed are %s", errdefs.ErrInvalidArgument, key, allowedParameters(cfg))
@@ -122,6 +125,9 @@ func allowedParameters(cfg *config.Node) string {
 		keys = append(keys, k)
 	}
 	for k := range controllerParameters {
+		keys = append(keys, k)
+	}
+	for k := range rootParameters {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)

@@ -9,9 +9,8 @@
 #
 # This is ../example-job.nomad.hcl under exec, for clients without Docker.
 # Consumers must use the exec (or docker) driver: Nomad refuses CSI volumes
-# to raw_exec tasks. The volume's root is owned by root with mode 0755, so
-# the task runs as root: under exec that needs a client that allows it
-# (client options "user.denylist", see README.md).
+# to raw_exec tasks. The task runs as nobody, which owns the volume's root
+# directory (parameters uid and gid in volume.hcl): no root needed.
 #
 # Keep in step with ../example-job.nomad.hcl: the two differ only where the
 # driver does (the task's driver and config, the plugin's paths, and the
@@ -51,7 +50,8 @@ job "counter" {
 
     task "counter" {
       driver = "exec"
-      user   = "root"
+      # The volume's owner (parameters uid and gid in volume.hcl).
+      user = "nobody"
 
       volume_mount {
         volume      = "data"

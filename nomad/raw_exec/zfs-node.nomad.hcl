@@ -43,6 +43,18 @@ variable "allow_properties" {
   default     = ["compression=lz4:lz4|zstd|off", "atime=off:on|off"]
 }
 
+variable "root_uids" {
+  description = "User IDs and ranges a volume's root directory may be owned by (volume parameter uid; docs/config.md)"
+  type        = list(string)
+  default     = ["1000-65534"]
+}
+
+variable "root_gids" {
+  description = "Group IDs and ranges a volume's root directory may belong to (volume parameter gid)"
+  type        = list(string)
+  default     = ["1000-65534"]
+}
+
 variable "domain" {
   description = "Replication domain: the clients a migratable volume moves between"
   default     = "default"
@@ -162,6 +174,10 @@ job "zfs-nomad-node" {
           # majority of all its peers (every domain), and grants a failover away from a
           # silent node only after lease plus lease_margin.
           "-peers-file", "${NOMAD_TASK_DIR}/peers",
+          # The owners volumes may give their root directory, so that
+          # tasks need not run as root (volume parameters uid, gid, mode).
+          "-root-uids", join(",", var.root_uids),
+          "-root-gids", join(",", var.root_gids),
         ], flatten([for p in var.allow_properties : ["-allow-property", p]]), var.extra_args)
       }
 

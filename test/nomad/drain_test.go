@@ -143,6 +143,9 @@ parameters {
   replicas             = "%[3]d"
   replication_interval = %[4]q
   node                 = %[5]q
+  # The example job's task runs as nobody (volume.hcl does the same).
+  uid                  = "65534"
+  gid                  = "65534"
 }
 `, j.name, j.dataMiB+j.dataMiB/4+64, j.replicas, j.interval, node)
 	e.createVolume(e.writeFile(j.name+".hcl", spec))

@@ -489,10 +489,10 @@ server {
 // clientConfig is one client: the root dataset in its meta (the node job
 // reads it there), the flavour's task drivers (docker; or raw_exec, and
 // exec without pivot_root, which the guest needed while its root was an
-// initramfs and which still works on its tmpfs root), root
-// allowed for exec tasks (volumes are root-owned), no cloud
-// fingerprinting, and resource use collected every ten seconds instead of
-// every second.
+// initramfs and which still works on its tmpfs root), Nomad's own user
+// checks (the example job's tasks run as nobody, which owns the volume's
+// root: volume.hcl's uid and gid), no cloud fingerprinting, and resource
+// use collected every ten seconds instead of every second.
 func (e *e2e) clientConfig(n *sim.Node) string {
 	return fmt.Sprintf(`name = %[1]q
 data_dir = "%[2]s/data"
@@ -514,7 +514,6 @@ client {
   }
   options {
     "fingerprint.denylist" = "env_aws,env_gce,env_azure,env_digitalocean"
-    "user.checked_drivers" = "qemu"
   }
 }
 # Every client collects its host's and each task's resource use once a
