@@ -5,7 +5,8 @@
 //
 // It is also the operator's command line, with an operator certificate
 // (zfs-controller -h lists the commands, zfs-controller COMMAND -h shows
-// one's usage and flags).
+// one's usage and flags). A VOLUME argument is the volume's name, as in
+// its Nomad volume file, or its ID (vol-...).
 package main
 
 import (
@@ -54,10 +55,10 @@ func (c command) usage() string {
 
 var commands = []command{
 	{"serve", "[flags]", "Serve the CSI Identity and Controller services: what Nomad runs (the command when the first argument is a flag)", serve},
-	{"backup", "[flags] [-to NODE] VOLUME_ID", "Push a volume to a peer now, with live progress", backup},
+	{"backup", "[flags] [-to NODE] VOLUME", "Push a volume to a peer now, with live progress", backup},
 	{"status", "[flags] [-json]", "Show every node's volumes, replicas and their lag, running transfers, moves in progress and stale copies set aside", status},
-	{"promote", "[flags] [-node NODE] [-force] VOLUME_ID", "Promote a replica of a volume whose primary's node is lost (failover=manual)", promote},
-	{"remove-replica", "[flags] -node NODE [-force] VOLUME_ID", "Remove one node's replica of a volume", removeReplica},
+	{"promote", "[flags] [-node NODE] [-force] VOLUME", "Promote a replica of a volume whose primary's node is lost (failover=manual)", promote},
+	{"remove-replica", "[flags] -node NODE [-force] VOLUME", "Remove one node's replica of a volume", removeReplica},
 	{"tls", "ca [-days N] DIR | cert -ca DIR -role node|controller|operator [-days N] [-out DIR] NAME", "Make the agent port's CA, and certificates for nodes, the controller and operators", tlsCommand},
 	{"version", "", "Print the version", func(command, []string) error {
 		fmt.Printf("zfs-controller %s (agent protocol %d)\n", version.Version, protocol.Version)
@@ -70,9 +71,14 @@ func main() {
 }
 
 // exitCode reports err and turns it into the exit status: 0 for none or
-// -h, 2 for a wrong command line (as flag errors), 1 for a failure.
+// -h, 2 for a wrong command line (as flag errors), 1 for a failure, and
+// status's verdicts (operator.ExitDegraded, operator.ExitNoPrimary).
 func exitCode(err error, stderr io.Writer) int {
+	var verdict exitStatus
 	switch {
+	case errors.As(err, &verdict):
+		fmt.Fprintln(stderr, "zfs-controller:", verdict.why)
+		return verdict.code
 	case err == nil, errors.Is(err, flag.ErrHelp):
 		return 0
 	case errors.Is(err, config.ErrUsage):
@@ -221,8 +227,8 @@ func agentCredentials(cfg config.Controller, roles []string, log hclog.Logger) (
 }
 
 // connect reads an operator command's configuration (extra adds its own
-// flags), checks its arguments (one VOLUME_ID if volumeArg, else none),
-// and connects to the node agents. The caller closes the cluster.
+// flags), checks its arguments (one VOLUME if volumeArg, else none), and
+// connects to the node agents. The caller closes the cluster.
 func connect(c command, args []string, volumeArg bool, extra func(*flag.FlagSet)) (session, error) {
 	cfg, rest, err := config.LoadOperator("zfs-controller "+c.name, c.usage(), args, os.Getenv, os.Stderr, extra)
 	if err != nil {
@@ -231,15 +237,17 @@ func connect(c command, args []string, volumeArg bool, extra func(*flag.FlagSet)
 	var volumeID string
 	switch {
 	case volumeArg && len(rest) != 1:
-		return session{}, fmt.Errorf("%w: want one VOLUME_ID, got %d arguments (usage: zfs-controller %s %s)", config.ErrUsage, len(rest), c.name, c.args)
+		return session{}, fmt.Errorf("%w: want one VOLUME (its name or ID), got %d arguments (usage: zfs-controller %s %s)", config.ErrUsage, len(rest), c.name, c.args)
 	case volumeArg:
 		volumeID = rest[0]
 	case len(rest) > 0:
 		return session{}, fmt.Errorf("%w: %s takes no arguments, got %q", config.ErrUsage, c.name, rest)
 	}
 	log := plugin.NewLogger("zfs-controller", func(k string) string {
+		// The command reports what went wrong itself, in a sentence; the
+		// log's warnings would repeat it in gRPC's words.
 		if k == "ZFS_NOMAD_LOG_LEVEL" && os.Getenv(k) == "" {
-			return "warn"
+			return "error"
 		}
 		return os.Getenv(k)
 	})
@@ -249,17 +257,23 @@ func connect(c command, args []string, volumeArg bool, extra func(*flag.FlagSet)
 		return session{}, err
 	}
 	nodes := cluster.New(peerSource(cfg), time.Duration(cfg.AgentTimeout), log, grpc.WithTransportCredentials(creds))
-	return session{nodes: nodes, volumeID: volumeID, log: log, cfg: cfg}, nil
+	return session{nodes: nodes, volumeArg: volumeID, log: log, cfg: cfg}, nil
 }
 
 // session is what an operator command works with: the node agents, the
-// volume its argument names (if it takes one), a logger and the
-// configuration it loaded.
+// volume argument (if it takes one), a logger and the configuration it
+// loaded.
 type session struct {
-	nodes    *cluster.Cluster
-	volumeID string
-	log      hclog.Logger
-	cfg      config.Controller
+	nodes     *cluster.Cluster
+	volumeArg string
+	log       hclog.Logger
+	cfg       config.Controller
+}
+
+// volume resolves the command's VOLUME, a name or an ID, to the volume's
+// ID, and says on stderr which volume a name named.
+func (s session) volume(ctx context.Context) (string, error) {
+	return operator.ResolveVolume(ctx, s.nodes, s.volumeArg, os.Stderr)
 }
 
 func signalContext() (context.Context, context.CancelFunc) {
@@ -276,11 +290,14 @@ func backup(c command, args []string) error {
 	if err != nil {
 		return err
 	}
-	nodes, volumeID := sess.nodes, sess.volumeID
-	defer nodes.Close()
+	defer sess.nodes.Close()
 	ctx, stop := signalContext()
 	defer stop()
-	return operator.Backup(ctx, nodes, volumeID, opts, os.Stdout)
+	volumeID, err := sess.volume(ctx)
+	if err != nil {
+		return err
+	}
+	return operator.Backup(ctx, sess.nodes, volumeID, opts, os.Stdout)
 }
 
 func status(c command, args []string) error {
@@ -308,11 +325,26 @@ func status(c command, args []string) error {
 	if asJSON {
 		enc := json.NewEncoder(os.Stdout)
 		enc.SetIndent("", "  ")
-		return enc.Encode(report)
+		if err := enc.Encode(report); err != nil {
+			return err
+		}
+	} else {
+		operator.PrintStatus(os.Stdout, report, time.Now())
 	}
-	operator.PrintStatus(os.Stdout, report, time.Now())
+	if code, why := report.Verdict(); code != operator.ExitHealthy {
+		return exitStatus{code: code, why: why}
+	}
 	return nil
 }
+
+// exitStatus ends a command that ran with a status other than 0 or 1 (a
+// monitoring verdict) and says why.
+type exitStatus struct {
+	code int
+	why  string
+}
+
+func (e exitStatus) Error() string { return e.why }
 
 func promote(c command, args []string) error {
 	var node string
@@ -324,11 +356,14 @@ func promote(c command, args []string) error {
 	if err != nil {
 		return err
 	}
-	nodes, volumeID, log := sess.nodes, sess.volumeID, sess.log
-	defer nodes.Close()
+	defer sess.nodes.Close()
 	ctx, stop := signalContext()
 	defer stop()
-	return operator.Promote(ctx, migration.New(nodes, log), volumeID, node, force, os.Stdout)
+	volumeID, err := sess.volume(ctx)
+	if err != nil {
+		return err
+	}
+	return operator.Promote(ctx, migration.New(sess.nodes, sess.log), volumeID, node, force, os.Stdout)
 }
 
 func removeReplica(c command, args []string) error {
@@ -341,14 +376,17 @@ func removeReplica(c command, args []string) error {
 	if err != nil {
 		return err
 	}
-	nodes, volumeID := sess.nodes, sess.volumeID
-	defer nodes.Close()
+	defer sess.nodes.Close()
 	if node == "" {
 		return fmt.Errorf("%w: -node is required (usage: zfs-controller %s %s)", config.ErrUsage, c.name, c.args)
 	}
 	ctx, stop := signalContext()
 	defer stop()
-	return operator.RemoveReplica(ctx, nodes, volumeID, node, force, os.Stdout)
+	volumeID, err := sess.volume(ctx)
+	if err != nil {
+		return err
+	}
+	return operator.RemoveReplica(ctx, sess.nodes, volumeID, node, force, os.Stdout)
 }
 
 // peerSource says where the node agents are: the peers file when one is

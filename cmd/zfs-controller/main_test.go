@@ -1,12 +1,14 @@
 package main
 
 import (
+	"context"
 	"io"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/tlsconfig"
+	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
 )
 
 // TestCommandLine: the command line answers a person at a terminal as
@@ -26,8 +28,8 @@ func TestCommandLine(t *testing.T) {
 		{"backup -h", 0, ""},
 		{"version", 0, ""},
 		{"bogus", 2, `unknown command "bogus"`},
-		{"backup -peers a:1 -insecure-agent-port", 2, "want one VOLUME_ID"},
-		{"backup -peers a:1 -insecure-agent-port vol-1 vol-2", 2, "want one VOLUME_ID, got 2"},
+		{"backup -peers a:1 -insecure-agent-port", 2, "want one VOLUME"},
+		{"backup -peers a:1 -insecure-agent-port vol-1 vol-2", 2, "want one VOLUME (its name or ID), got 2"},
 		{"status -peers a:1 -insecure-agent-port stray", 2, "status takes no arguments"},
 		{"status -placement most-free", 2, "-placement"},
 		{"remove-replica -peers a:1 -insecure-agent-port vol-1", 2, "-node is required"},
@@ -81,13 +83,22 @@ func TestConnectReturnsTheVolume(t *testing.T) {
 	if err == nil {
 		defer sess.nodes.Close()
 	}
-	if err == nil || sess.volumeID != "" {
+	if err == nil || sess.volumeArg != "" {
 		// -to is backup's own flag: connect alone does not know it.
-		t.Fatalf("connect without backup's flags: %q, %v; want the unknown -to refused", sess.volumeID, err)
+		t.Fatalf("connect without backup's flags: %q, %v; want the unknown -to refused", sess.volumeArg, err)
 	}
-	sess, err = connect(commands[1], []string{"-peers", "a:1", "-insecure-agent-port", "vol-1"}, true, nil)
-	if err != nil || sess.volumeID != "vol-1" {
-		t.Fatalf("connect: %q, %v; want vol-1", sess.volumeID, err)
+	// No node answers: an ID is taken as it is (the command says what it
+	// finds), a name is not found.
+	id := vocab.VolumeIDForName("data")
+	for arg, want := range map[string]string{id: id, "data": ""} {
+		sess, err = connect(commands[1], []string{"-peers", "a:1", "-insecure-agent-port", arg}, true, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := sess.volume(context.Background())
+		sess.nodes.Close()
+		if got != want || (want == "" && (err == nil || !strings.Contains(err.Error(), `no volume named "data"`))) {
+			t.Errorf("volume %s: %q, %v; want %q", arg, got, err, want)
+		}
 	}
-	sess.nodes.Close()
 }

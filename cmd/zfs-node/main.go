@@ -1,13 +1,14 @@
 // Command zfs-node is the driver's node plugin: the CSI Identity and Node
 // services on the CSI endpoint, and the node agent service (for the
 // controller) on a TCP port. It runs on every Nomad client with a ZFS pool.
+//
+// zfs-node serve is what Nomad runs (the command when the first argument
+// is a flag); zfs-node -h lists the others.
 package main
 
 import (
 	"cmp"
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"net"
 	"os"
@@ -45,32 +46,13 @@ import (
 // crash interrupted (Receiver.Recover).
 const recoverTimeout = 5 * time.Minute
 
-// main exits 0 when done or after -h, 2 on a wrong command line (as
-// zfs-controller), 1 on a failure.
-func main() {
-	err := run(os.Args[1:])
-	switch {
-	case err == nil, errors.Is(err, flag.ErrHelp):
-		return
-	case errors.Is(err, config.ErrUsage):
-		fmt.Fprintln(os.Stderr, "zfs-node:", err)
-		os.Exit(2)
-	default:
-		fmt.Fprintln(os.Stderr, "zfs-node:", err)
-		os.Exit(1)
-	}
-}
-
 // rootsDir holds the mount points where new volumes are mounted for a
 // moment to set their root directory's owner and mode: a directory of
 // root's, not shared with other users as /tmp is.
 const rootsDir = "/run/zfs-nomad/roots"
 
-func run(args []string) error {
-	if len(args) == 1 && (args[0] == "-version" || args[0] == "--version") {
-		fmt.Printf("zfs-node %s (agent protocol %d, built for OpenZFS %s, libzfs binding %s)\n", version.Version, protocol.Version, cmp.Or(openzfs.BuiltFor, "unknown"), libzfs.Binding)
-		return nil
-	}
+// serve runs the node plugin until SIGINT or SIGTERM.
+func serve(args []string) error {
 	cfg, err := config.LoadNode(args, os.Getenv, os.Stderr)
 	if err != nil {
 		return err
@@ -174,6 +156,11 @@ func run(args []string) error {
 		return heartbeat.Monitor.AttestFailover(cfg.NodeID, addrs, answering, time.Duration(cfg.Lease+cfg.LeaseMargin))
 	}
 	agentServer.KnownNodes = func() int { return heartbeat.Monitor.Members(cfg.NodeID) }
+	agentServer.LeaseHeld = volumes.LeaseHeld
+	agentServer.OpenZFS = openZFS
+	if certs != nil {
+		agentServer.CertificateNotAfter = func() time.Time { return certs.Certificate().NotAfter }
+	}
 
 	log.Info("serving", "version", version.Version, "csi_endpoint", cfg.CSIEndpoint, "agent_address", agentLis.Addr().String(),
 		"root_dataset", cfg.RootDataset, "max_quota", cfg.MaxQuota.String())

@@ -35,6 +35,13 @@ type Server struct {
 	// KnownNodes, when set, is how many nodes this node's lease counts,
 	// itself included (lease.Monitor.Members), reported by GetNode.
 	KnownNodes func() int
+	// OpenZFS is the release of the node's kernel module, reported by
+	// GetNode.
+	OpenZFS string
+	// LeaseHeld and CertificateNotAfter, when set, report whether the
+	// node holds its lease and when its agent certificate expires.
+	LeaseHeld           func() bool
+	CertificateNotAfter func() time.Time
 
 	volumes  *volume.Manager
 	pusher   *replication.Pusher
@@ -183,6 +190,13 @@ func (s *Server) GetNode(ctx context.Context, req *pb.GetNodeRequest) (*pb.Node,
 	}
 	if s.KnownNodes != nil {
 		n.KnownNodes = uint32(s.KnownNodes())
+	}
+	n.OpenzfsVersion = s.OpenZFS
+	if s.LeaseHeld != nil {
+		n.LeaseHeld = s.LeaseHeld()
+	}
+	if s.CertificateNotAfter != nil {
+		n.CertificateNotAfter = s.CertificateNotAfter().Unix()
 	}
 	if err := s.volumes.Health(ctx); err != nil {
 		n.UnhealthyReason = err.Error()

@@ -1,6 +1,8 @@
 package agentclient
 
 import (
+	"time"
+
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
@@ -9,17 +11,28 @@ import (
 
 func nodeInfoFromPB(n *pb.Node) NodeInfo {
 	return NodeInfo{
-		NodeID:          n.GetNodeId(),
-		Topology:        n.GetTopology(),
-		AvailableBytes:  n.GetAvailableBytes(),
-		MaxQuotaBytes:   n.GetMaxQuotaBytes(),
-		Volumes:         n.GetVolumes(),
-		MaxVolumes:      n.GetMaxVolumes(),
-		UnhealthyReason: n.GetUnhealthyReason(),
-		Version:         n.GetVersion(),
-		VolumesVersion:  n.GetVolumesVersion(),
-		KnownNodes:      int(n.GetKnownNodes()),
+		NodeID:              n.GetNodeId(),
+		Topology:            n.GetTopology(),
+		AvailableBytes:      n.GetAvailableBytes(),
+		MaxQuotaBytes:       n.GetMaxQuotaBytes(),
+		Volumes:             n.GetVolumes(),
+		MaxVolumes:          n.GetMaxVolumes(),
+		UnhealthyReason:     n.GetUnhealthyReason(),
+		Version:             n.GetVersion(),
+		VolumesVersion:      n.GetVolumesVersion(),
+		KnownNodes:          int(n.GetKnownNodes()),
+		OpenZFS:             n.GetOpenzfsVersion(),
+		LeaseHeld:           n.GetLeaseHeld(),
+		CertificateNotAfter: unixTime(n.GetCertificateNotAfter()),
 	}
+}
+
+// unixTime is the time of unix seconds s, zero for 0.
+func unixTime(s int64) time.Time {
+	if s == 0 {
+		return time.Time{}
+	}
+	return time.Unix(s, 0).UTC()
 }
 
 func volumeFromPB(v *pb.Volume) Volume {

@@ -1,6 +1,10 @@
 package agentclient
 
-import "github.com/zfs-nomad/zfs-nomad/internal/vocab"
+import (
+	"time"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
+)
 
 // NodeInfo is what an agent says about its node (GetNode).
 type NodeInfo struct {
@@ -22,6 +26,13 @@ type NodeInfo struct {
 	// included (0: it keeps no lease). Majorities are taken over the
 	// largest count any node reports (cluster.Majority).
 	KnownNodes int
+	// OpenZFS is the release of the node's kernel module; LeaseHeld
+	// whether it holds its lease (always, keeping none);
+	// CertificateNotAfter when its agent certificate expires (zero: no
+	// TLS). Empty or zero from a node of an older build.
+	OpenZFS             string
+	LeaseHeld           bool
+	CertificateNotAfter time.Time
 }
 
 // GetNodeOptions shape a GetNode call.

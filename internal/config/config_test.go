@@ -177,3 +177,29 @@ func TestRootDirectoryRules(t *testing.T) {
 		}
 	}
 }
+
+// TestConfigFileErrors: a config file's mistake is named by line and
+// column, and a misspelt key by the key meant.
+func TestConfigFileErrors(t *testing.T) {
+	tests := []struct {
+		file string
+		want string
+	}{
+		{"{\n  \"node_id\": \"n1\",\n  \"max_qouta\": \"10G\"\n}", `line 3, column 3: unknown key "max_qouta"; did you mean "max_quota"?`},
+		{"{\n  \"root_datset\": \"tank/x\"\n}", `line 2, column 3: unknown key "root_datset"; did you mean "root_dataset"?`},
+		{"{\n  \"tls\": {\"crt\": \"a.pem\"}\n}", `line 2, column 11: unknown key "crt"; did you mean "cert"?`},
+		{"{\n  \"completely_unknown\": 1\n}", `line 2, column 3: unknown key "completely_unknown"`},
+		{"{\n  \"node_id\": \"n1\"\n  \"max_quota\": \"10G\"\n}", "line 3, column 3: invalid character"},
+		{"{\n  \"max_replicas\": \"two\"\n}", "line 2, column 23: max_replicas: want int, not a JSON string"},
+	}
+	for _, tc := range tests {
+		file := filepath.Join(t.TempDir(), "node.json")
+		if err := os.WriteFile(file, []byte(tc.file), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		_, err := LoadNode([]string{"-config", file}, env(nil), io.Discard)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("config file\n%s\ngave %v, want an error containing %q", tc.file, err, tc.want)
+		}
+	}
+}

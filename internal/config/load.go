@@ -154,7 +154,7 @@ func load(fs *flag.FlagSet, args []string, getenv func(string) string, cfg any) 
 		dec := json.NewDecoder(strings.NewReader(string(data)))
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(cfg); err != nil {
-			return fmt.Errorf("config file %s: %w", path, err)
+			return fmt.Errorf("config file %s, %w", path, explainJSON(data, dec.InputOffset(), cfg, err))
 		}
 	}
 	var envErr error

@@ -199,13 +199,20 @@ func FormatProgress(p agentclient.Progress, elapsed time.Duration) string {
 // primaries set aside, and the nodes that did not answer. Its JSON form
 // (status -json) is for scripts.
 type Report struct {
+	// SchemaVersion is SchemaVersion: scripts check it.
+	SchemaVersion int `json:"schema_version"`
+	// Nodes: every node agent of the peer list, answering or not.
+	Nodes     []NodeStatus     `json:"nodes"`
 	Copies    []CopyStatus     `json:"copies"`
 	Transfers []TransferStatus `json:"transfers"`
 	SetAside  []SetAsideCopy   `json:"set_aside"`
 	// Moves: what the running controller catches up in the background,
 	// or whose final step waits for the CO's retry (AddMoves).
-	Moves       []migration.MoveStatus `json:"moves,omitempty"`
-	Unreachable []Unreachable          `json:"unreachable"`
+	Moves []migration.MoveStatus `json:"moves,omitempty"`
+	// Unreachable: the nodes that did not answer (as in Nodes), a node
+	// that answered who it is but not what it holds, and the controller
+	// when asked for its moves in vain.
+	Unreachable []Unreachable `json:"unreachable"`
 }
 
 // CopyStatus is one copy of a volume on one node.
@@ -263,11 +270,14 @@ func Status(ctx context.Context, cl *cluster.Cluster) (Report, error) {
 	if err != nil {
 		return Report{}, err
 	}
-	report := Report{Copies: []CopyStatus{}, Transfers: []TransferStatus{}, SetAside: []SetAsideCopy{}, Unreachable: []Unreachable{}}
+	report := Report{SchemaVersion: SchemaVersion, Nodes: nodeStatuses(nodes, unreachable),
+		Copies: []CopyStatus{}, Transfers: []TransferStatus{}, SetAside: []SetAsideCopy{}, Unreachable: []Unreachable{}}
 	for _, a := range cluster.Holdings(ctx, cl, nodes) {
 		id, vols, st := a.Node.Info.NodeID, a.Object.Volumes, a.Object.Status
 		if a.Err != nil {
-			report.Unreachable = append(report.Unreachable, Unreachable{Node: id, Error: a.Err.Error()})
+			problem := Unreached(a.Node.Addr, a.Err)
+			report.Unreachable = append(report.Unreachable, Unreachable{Node: id, Error: problem})
+			report.nodeFailed(id, problem)
 			continue
 		}
 		for _, v := range vols {
@@ -290,7 +300,7 @@ func Status(ctx context.Context, cl *cluster.Cluster) (Report, error) {
 		}
 	}
 	for _, u := range unreachable {
-		report.Unreachable = append(report.Unreachable, Unreachable{Node: u.Addr, Error: u.Err.Error()})
+		report.Unreachable = append(report.Unreachable, Unreachable{Node: u.Addr, Error: Unreached(u.Addr, u.Err)})
 	}
 	markConflicts(report.Copies)
 	sort.Slice(report.Copies, func(i, j int) bool {
@@ -308,6 +318,7 @@ func Status(ctx context.Context, cl *cluster.Cluster) (Report, error) {
 
 // PrintStatus writes a report as tables for people, with lags as of now.
 func PrintStatus(out io.Writer, r Report, now time.Time) {
+	printNodes(out, r.Nodes, now)
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "VOLUME\tNAME\tNODE\tROLE\tLAST SNAPSHOT\tLAG")
 	for _, c := range r.Copies {

@@ -272,9 +272,19 @@ type Node struct {
 	// The controller takes its majorities over the largest count any node
 	// reports, so a peer list of its own that shrank (service discovery
 	// drops the nodes a partition hides) cannot lower them.
-	KnownNodes    uint32 `protobuf:"varint,10,opt,name=known_nodes,json=knownNodes,proto3" json:"known_nodes,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	KnownNodes uint32 `protobuf:"varint,10,opt,name=known_nodes,json=knownNodes,proto3" json:"known_nodes,omitempty"`
+	// The OpenZFS release of the node's kernel module, as the node read it
+	// at start ("2.1.11-1+deb12u1").
+	OpenzfsVersion string `protobuf:"bytes,11,opt,name=openzfs_version,json=openzfsVersion,proto3" json:"openzfs_version,omitempty"`
+	// Whether the node holds its lease now: it heard from a majority of
+	// its peers within the lease. A node that keeps none (known_nodes 0)
+	// always holds it.
+	LeaseHeld bool `protobuf:"varint,12,opt,name=lease_held,json=leaseHeld,proto3" json:"lease_held,omitempty"`
+	// When the node's agent certificate in use expires, unix seconds (0:
+	// no TLS).
+	CertificateNotAfter int64 `protobuf:"varint,13,opt,name=certificate_not_after,json=certificateNotAfter,proto3" json:"certificate_not_after,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *Node) Reset() {
@@ -373,6 +383,27 @@ func (x *Node) GetVolumesVersion() string {
 func (x *Node) GetKnownNodes() uint32 {
 	if x != nil {
 		return x.KnownNodes
+	}
+	return 0
+}
+
+func (x *Node) GetOpenzfsVersion() string {
+	if x != nil {
+		return x.OpenzfsVersion
+	}
+	return ""
+}
+
+func (x *Node) GetLeaseHeld() bool {
+	if x != nil {
+		return x.LeaseHeld
+	}
+	return false
+}
+
+func (x *Node) GetCertificateNotAfter() int64 {
+	if x != nil {
+		return x.CertificateNotAfter
 	}
 	return 0
 }
@@ -3213,7 +3244,7 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\";\n" +
 	"\x0eGetNodeRequest\x12)\n" +
-	"\x10without_capacity\x18\x01 \x01(\bR\x0fwithoutCapacity\"\xba\x03\n" +
+	"\x10without_capacity\x18\x01 \x01(\bR\x0fwithoutCapacity\"\xb6\x04\n" +
 	"\x04Node\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12A\n" +
 	"\btopology\x18\x02 \x03(\v2%.zfsnomad.agent.v1.Node.TopologyEntryR\btopology\x12'\n" +
@@ -3227,7 +3258,11 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\x0fvolumes_version\x18\t \x01(\tR\x0evolumesVersion\x12\x1f\n" +
 	"\vknown_nodes\x18\n" +
 	" \x01(\rR\n" +
-	"knownNodes\x1a;\n" +
+	"knownNodes\x12'\n" +
+	"\x0fopenzfs_version\x18\v \x01(\tR\x0eopenzfsVersion\x12\x1d\n" +
+	"\n" +
+	"lease_held\x18\f \x01(\bR\tleaseHeld\x122\n" +
+	"\x15certificate_not_after\x18\r \x01(\x03R\x13certificateNotAfter\x1a;\n" +
 	"\rTopologyEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe0\x02\n" +

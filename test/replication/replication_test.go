@@ -10,12 +10,14 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -584,6 +586,19 @@ func sendStream(ctx context.Context, peer pb.ReplicationClient, h *pb.ReceiveHea
 
 // The operator's commands: backup with live progress, then status with
 // the replica and its lag.
+// exitOf runs a command and returns its output and exit status.
+func exitOf(name string, args ...string) (string, int) {
+	out, err := exec.Command(name, args...).CombinedOutput()
+	var exit *exec.ExitError
+	if errors.As(err, &exit) {
+		return string(out), exit.ExitCode()
+	}
+	if err != nil {
+		return err.Error(), -1
+	}
+	return string(out), 0
+}
+
 func TestBackupAndStatusCommands(t *testing.T) {
 	c := guesttest.StartCluster(t, 3, sim.Options{})
 	n1 := c.Nodes[0]
@@ -599,10 +614,11 @@ func TestBackupAndStatusCommands(t *testing.T) {
 	if !strings.Contains(out, "from n1 to n3") || !strings.Contains(out, "done: full") || !strings.Contains(out, "MiB") {
 		t.Errorf("backup output lacks the route, progress or completion:\n%s", out)
 	}
-	// Without -to, the node that already holds a replica is chosen again.
-	out = guesttest.Run(t, ctl, append(append([]string{"backup"}, args...), id)...)
-	if !strings.Contains(out, "to n3") || !strings.Contains(out, "done: incremental") {
-		t.Errorf("second backup did not go incrementally to n3:\n%s", out)
+	// Without -to, the node that already holds a replica is chosen again;
+	// the volume named by the name it was created with.
+	out = guesttest.Run(t, ctl, append(append([]string{"backup"}, args...), "orders")...)
+	if !strings.Contains(out, "to n3") || !strings.Contains(out, "done: incremental") || !strings.Contains(out, "volume "+id+`: the volume named "orders"`) {
+		t.Errorf("second backup, by name, did not resolve it or go incrementally to n3:\n%s", out)
 	}
 	out = guesttest.Run(t, ctl, append([]string{"status"}, args...)...)
 	t.Logf("status:\n%s", out)
@@ -613,6 +629,11 @@ func TestBackupAndStatusCommands(t *testing.T) {
 	}
 	if !primary || !replica {
 		t.Errorf("status lacks the primary on n1 or the replica on n3:\n%s", out)
+	}
+	for _, n := range c.Nodes { // the node view: no lease (no peers), a week's certificate
+		if !regexp.MustCompile(n.ID + ` +` + regexp.QuoteMeta(n.AgentAddress) + ` +ok +\S+ +2\.\d+\.\d+\S* +[0-9.]+ [KMG]iB +\d+ +none +[67]d left`).MatchString(out) {
+			t.Errorf("status lacks the line of node %s:\n%s", n.ID, out)
+		}
 	}
 	// stdout only: a script reads the report there, the logs go to stderr.
 	jsonOut, err := exec.Command(ctl, append([]string{"status", "-json"}, args...)...).Output()
@@ -631,6 +652,14 @@ func TestBackupAndStatusCommands(t *testing.T) {
 	}
 	if roles["n1"] != "primary" || roles["n3"] != "replica" || len(report.Unreachable) != 0 {
 		t.Errorf("status -json: copies of %s %v, unreachable %v; want the primary on n1, the replica on n3, every node answering", id, roles, report.Unreachable)
+	}
+	if report.SchemaVersion != operator.SchemaVersion || len(report.Nodes) != 3 {
+		t.Errorf("status -json: schema %d, %d nodes; want %d and 3", report.SchemaVersion, len(report.Nodes), operator.SchemaVersion)
+	}
+	for _, n := range report.Nodes {
+		if !n.Reachable || !n.Healthy || n.OpenZFSVersion == "" || n.DriverVersion == "" || n.CertificateExpires == "" || n.Lease != "none" || n.AvailableBytes == 0 {
+			t.Errorf("status -json: node %+v; want it reachable, healthy, with versions, room, no lease and its certificate's expiry", n)
+		}
 	}
 	// Without an operator certificate the command is refused.
 	nodeFiles, _ := c.CA.Issue("not-an-operator", tlsconfig.RoleNode)
@@ -652,6 +681,11 @@ func TestBackupAndStatusCommands(t *testing.T) {
 	if got := zfsGet(t, "zfs-nomad:role", n1.RootDataset+"/"+id); got != "primary" {
 		t.Fatalf("the primary on n1 after a refused delete: role %q", got)
 	}
+	// status exits 3 with a node down, saying why in a sentence.
+	out, code := exitOf(ctl, append([]string{"status"}, args...)...)
+	if code != operator.ExitDegraded || !strings.Contains(out, n3.AgentAddress+" (connection refused)") || strings.Contains(out, "desc =") {
+		t.Errorf("status with n3 down: exit %d; want %d and one sentence on %s:\n%s", code, operator.ExitDegraded, n3.AgentAddress, out)
+	}
 	// An operator who gave n3 up deletes the primary by hand; n3 comes
 	// back with its replica, which the operator removes, and must insist,
 	// as it may be a last copy.
@@ -663,12 +697,17 @@ func TestBackupAndStatusCommands(t *testing.T) {
 	if got := zfsGet(t, "zfs-nomad:role", left); got != "replica" {
 		t.Fatalf("n3's replica after a delete it missed: role %q", got)
 	}
+	// With only the replica left, status exits 4: no healthy primary.
+	out, code = exitOf(ctl, append([]string{"status"}, args...)...)
+	if code != operator.ExitNoPrimary || !strings.Contains(out, "without a healthy primary: "+id) {
+		t.Errorf("status with only a replica of %s: exit %d, want %d:\n%s", id, code, operator.ExitNoPrimary, out)
+	}
 	if out, err := sim.Run(ctl, append(append([]string{"remove-replica"}, args...), "-node", "n3", id)...); err == nil || !strings.Contains(out, "may be its last copy") {
 		t.Errorf("remove-replica without -force: %v\n%s", err, out)
 	}
-	out = guesttest.Run(t, ctl, append(append([]string{"remove-replica"}, args...), "-node", "n3", "-force", id)...)
-	if !strings.Contains(out, "removed the replica") {
-		t.Errorf("remove-replica -force: %s", out)
+	out = guesttest.Run(t, ctl, append(append([]string{"remove-replica"}, args...), "-node", "n3", "-force", "orders")...)
+	if !strings.Contains(out, "removed the replica") || !strings.Contains(out, `the volume named "orders"`) {
+		t.Errorf("remove-replica -force, by name: %s", out)
 	}
 	if _, err := sim.Run("zfs", "list", left); err == nil {
 		t.Errorf("%s still exists", left)
