@@ -18,8 +18,18 @@ variable "image" {
 }
 
 variable "tls_dir" {
-  description = "Directory on the clients holding ca.pem, controller.pem, controller-key.pem (OU \"controller\"; docs/security.md)"
+  description = "With tls_from = \"files\": directory on the clients holding ca.pem, controller.pem, controller-key.pem (OU \"controller\"; docs/security.md)"
   default     = "/etc/zfs-nomad"
+}
+
+variable "tls_from" {
+  description = "Where the TLS material comes from: \"files\" in tls_dir on the clients, or \"variables\": the Nomad variable <tls_variables>/controller (items ca, cert, key), rendered by a template and put in use without a restart when it changes (docs/security.md)"
+  default     = "files"
+}
+
+variable "tls_variables" {
+  description = "With tls_from = \"variables\": the path of the variables holding the TLS material"
+  default     = "zfs-nomad/tls"
 }
 
 variable "agent_service" {
@@ -41,6 +51,11 @@ variable "extra_args" {
 
 variable "log_level" {
   default = "info"
+}
+
+locals {
+  # Where the plugin reads its TLS material.
+  tls = var.tls_from == "variables" ? "/secrets" : var.tls_dir
 }
 
 job "zfs-nomad-controller" {
@@ -82,25 +97,36 @@ job "zfs-nomad-controller" {
       config {
         image        = var.image
         network_mode = "host"
-        # The TLS material, read-only (client plugin option
-        # volumes.enabled; docs/install.md).
-        mount {
-          type     = "bind"
-          source   = var.tls_dir
-          target   = var.tls_dir
-          readonly = true
-        }
+        # With tls_from = "files": the TLS material, read-only (client
+        # plugin option volumes.enabled; docs/install.md).
+        volumes = var.tls_from == "variables" ? [] : ["${var.tls_dir}:${var.tls_dir}:ro"]
         args = concat([
           "-peers-file", "${NOMAD_TASK_DIR}/peers",
           "-metrics-address", "${NOMAD_ADDR_metrics}",
-          "-tls-ca", "${var.tls_dir}/ca.pem",
-          "-tls-cert", "${var.tls_dir}/controller.pem",
-          "-tls-key", "${var.tls_dir}/controller-key.pem",
+          "-tls-ca", "${local.tls}/ca.pem",
+          "-tls-cert", "${local.tls}/controller.pem",
+          "-tls-key", "${local.tls}/controller-key.pem",
         ], var.extra_args)
       }
 
       env {
         ZFS_NOMAD_LOG_LEVEL = var.log_level
+      }
+
+      # With tls_from = "variables": the TLS material from the Nomad
+      # variable <tls_variables>/controller (items ca, cert, key) in the
+      # task's secrets directory. A renewal is a `nomad var put`: the
+      # template renders it and sends SIGHUP, and the plugin checks it and
+      # puts it in use without a restart (docs/security.md).
+      dynamic "template" {
+        for_each = var.tls_from == "variables" ? { ca = "ca.pem", cert = "controller.pem", key = "controller-key.pem" } : {}
+        content {
+          destination   = "secrets/${template.value}"
+          perms         = "0600"
+          change_mode   = "signal"
+          change_signal = "SIGHUP"
+          data          = "{{ with nomadVar \"${var.tls_variables}/controller\" }}{{ .${template.key} }}{{ end }}"
+        }
       }
 
       # Nomad re-renders the file as agents come and go; the controller

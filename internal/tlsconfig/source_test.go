@@ -235,3 +235,32 @@ func waitFor(t *testing.T, what string, ok func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// TestABundleServesAsCertificateAndKey: one file holding the certificate,
+// its key and the issuing CA, as Vault's pkiCert template renders it
+// (docs/security.md), serves as both -tls-cert and -tls-key: the
+// certificate is its first PEM block, the key its private-key block.
+func TestABundleServesAsCertificateAndKey(t *testing.T) {
+	ca := newTestCA(t)
+	dir := t.TempDir()
+	f := issue(t, ca, dir, "n1", RoleNode)
+	var bundle []byte
+	for _, path := range []string{f.Cert, f.Key, f.CA} {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bundle = append(bundle, data...)
+	}
+	path := filepath.Join(dir, "bundle.pem")
+	if err := os.WriteFile(path, bundle, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	src, err := NewSource(Files{CA: f.CA, Cert: path, Key: path}, nodeN1, hclog.NewNullLogger())
+	if err != nil {
+		t.Fatalf("the bundle as certificate and key: %v", err)
+	}
+	if got := src.Certificate().Subject.CommonName; got != "n1" {
+		t.Errorf("the certificate in use names %q, want n1", got)
+	}
+}

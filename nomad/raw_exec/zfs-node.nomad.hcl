@@ -72,8 +72,18 @@ variable "agent_service" {
 }
 
 variable "tls_dir" {
-  description = "Directory on every client holding ca.pem, node.pem, node-key.pem (OU \"node\", DNS name node.zfs-nomad; docs/security.md)"
+  description = "With tls_from = \"files\": directory on every client holding ca.pem, node.pem, node-key.pem (OU \"node\", DNS name node.zfs-nomad; docs/security.md)"
   default     = "/etc/zfs-nomad"
+}
+
+variable "tls_from" {
+  description = "Where the TLS material comes from: \"files\" in tls_dir on the clients, or \"variables\": the Nomad variable <tls_variables>/node-<the client's name> (items ca, cert, key), rendered by a template and put in use without a restart when it changes (docs/security.md)"
+  default     = "files"
+}
+
+variable "tls_variables" {
+  description = "With tls_from = \"variables\": the path of the variables holding the TLS material"
+  default     = "zfs-nomad/tls"
 }
 
 variable "data_dir" {
@@ -89,6 +99,11 @@ variable "extra_args" {
 
 variable "log_level" {
   default = "info"
+}
+
+locals {
+  # Where the plugin reads its TLS material.
+  tls = var.tls_from == "variables" ? "${NOMAD_SECRETS_DIR}" : var.tls_dir
 }
 
 job "zfs-nomad-node" {
@@ -166,9 +181,9 @@ job "zfs-nomad-node" {
           # Staging and target paths must lie below this (as
           # stage_publish_base_dir below puts them); anything else is refused.
           "-mount-base-dirs", "${var.data_dir}/client/csi",
-          "-tls-ca", "${var.tls_dir}/ca.pem",
-          "-tls-cert", "${var.tls_dir}/node.pem",
-          "-tls-key", "${var.tls_dir}/node-key.pem",
+          "-tls-ca", "${local.tls}/ca.pem",
+          "-tls-cert", "${local.tls}/node.pem",
+          "-tls-key", "${local.tls}/node-key.pem",
           # The leases (docs/safety.md, "Leases"): the node pings these
           # peers, fences its mounted primaries when it hears from no
           # majority of all its peers (every domain), and grants a failover away from a
@@ -187,6 +202,22 @@ job "zfs-nomad-node" {
         # the collector works harder instead of the cgroup reclaiming the
         # plugin's own pages.
         GOMEMLIMIT = "384MiB"
+      }
+
+      # With tls_from = "variables": the TLS material from the Nomad
+      # variable <tls_variables>/node-<the client's name> (items ca, cert, key) in the
+      # task's secrets directory. A renewal is a `nomad var put`: the
+      # template renders it and sends SIGHUP, and the plugin checks it and
+      # puts it in use without a restart (docs/security.md).
+      dynamic "template" {
+        for_each = var.tls_from == "variables" ? { ca = "ca.pem", cert = "node.pem", key = "node-key.pem" } : {}
+        content {
+          destination   = "secrets/${template.value}"
+          perms         = "0600"
+          change_mode   = "signal"
+          change_signal = "SIGHUP"
+          data          = "{{ with nomadVar (printf \"${var.tls_variables}/node-%s\" (env \"node.unique.name\")) }}{{ .${template.key} }}{{ end }}"
+        }
       }
 
       # The peers, rendered from the agents' service as in the controller

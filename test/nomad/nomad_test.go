@@ -131,6 +131,10 @@ func TestNomadEndToEnd(t *testing.T) {
 		}
 	})
 
+	e.step("rotate every certificate through its Nomad variable while a backup runs and the job writes", func() {
+		e.rotateCertificates(first)
+	})
+
 	e.step("drain the job's node: the job and its data move", func() {
 		// An operator drains a settled job: a drain during a deployment
 		// is another story.
@@ -558,8 +562,16 @@ func (e *e2e) deployPlugins() { e.deployPluginsOn(3) }
 func (e *e2e) deployPluginsOn(nodes int) {
 	began := time.Now()
 	node, controller := e.pluginVars()
+	// The docker flavour renders the TLS material from Nomad Variables,
+	// raw_exec reads it from files on the clients: both ways the job
+	// files offer.
+	tls := []string{"-var", "tls_dir=" + nomadDir + "/tls"}
+	if e.flavour.docker {
+		e.putTLSVariables()
+		tls = []string{"-var", "tls_from=variables"}
+	}
+	node, controller = append(node, tls...), append(controller, tls...)
 	e.nomad(append(append([]string{"job", "run", "-detach"}, node...),
-		"-var", "tls_dir="+nomadDir+"/tls",
 		"-var", "log_level=debug",
 		// Leases short enough for the failover steps: a failover away
 		// from a killed node waits 27 s of silence instead of 60 (the
@@ -567,7 +579,6 @@ func (e *e2e) deployPluginsOn(nodes int) {
 		"-var", "extra_args="+hclList(append([]string{"-lease", "8s", "-lease-margin", "19s"}, agentPortFlags()...)),
 		e.file("zfs-node.nomad.hcl"))...)
 	e.nomad(append(append([]string{"job", "run", "-detach"}, controller...),
-		"-var", "tls_dir="+nomadDir+"/tls",
 		// Surplus copies go at once: the many-volume drain checks that
 		// the copy a move left of a volume without replicas goes.
 		"-var", "extra_args="+hclList(append([]string{"-agent-timeout", "10s", "-surplus-grace", "0s"}, agentPortFlags()...)),
@@ -924,11 +935,29 @@ func (e *e2e) counterAllocations() []counterAllocation {
 // events), to explain the figures.
 func (e *e2e) logFailedAllocations() {
 	e.t.Helper()
+	failed := false
 	for _, a := range e.counterAllocations() {
 		if a.status == "failed" {
 			e.t.Logf("failed allocation %s on %s:\n  %s", a.id, a.node, strings.Join(a.events, "\n  "))
+			failed = true
 		}
 	}
+	if failed {
+		// What the controller and the nodes did about the moves: a claim
+		// that failed waited for a move or its final step.
+		e.t.Logf("the plugins' log lines on moves:\n%s", e.pluginLogLines(`move|final step|promot|fence|demot|publish`))
+	}
+}
+
+// pluginLogLines are the last lines of every plugin task's log (every
+// client, every allocation) that match the extended regular expression.
+func (e *e2e) pluginLogLines(pattern string) string {
+	var b strings.Builder
+	for _, n := range e.c.Nodes {
+		out, _ := n.Exec(fmt.Sprintf("for f in %s/data/alloc/*/alloc/logs/zfs-*.stderr.*; do grep -E %q $f | grep -v 'level=DEBUG\\|\\[DEBUG\\]' | sed \"s|^|$(basename $f): |\"; done 2>/dev/null | tail -n 60", nomadDir, pattern))
+		fmt.Fprintf(&b, "---- %s\n%s", n.ID, out)
+	}
+	return b.String()
 }
 
 // waitForFailedClaim waits until a counter allocation's events tell of a

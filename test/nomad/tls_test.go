@@ -1,0 +1,295 @@
+package nomad
+
+import (
+	"bytes"
+	"crypto/x509"
+	"encoding/json"
+	"encoding/pem"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/operator"
+	"github.com/zfs-nomad/zfs-nomad/internal/tlsconfig"
+)
+
+// The plugins' TLS material from Nomad Variables (nomad/*.nomad.hcl with
+// tls_from = "variables", docs/security.md): one variable per party,
+// tlsVariables/node-<client name> and tlsVariables/controller, items ca,
+// cert and key, rendered by the jobs' templates and put in use on SIGHUP
+// without a restart.
+
+const tlsVariables = "zfs-nomad/tls"
+
+// putTLSVariable writes the files of a certificate as the variable of
+// party name (a client's name, or "controller").
+func (e *e2e) putTLSVariable(name string, f tlsconfig.Files) {
+	e.t.Helper()
+	items := map[string]string{}
+	for item, path := range map[string]string{"ca": f.CA, "cert": f.Cert, "key": f.Key} {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		items[item] = string(data)
+	}
+	path := tlsVariables + "/node-" + name
+	if name == "controller" {
+		path = tlsVariables + "/controller"
+	}
+	body, _ := json.Marshal(map[string]any{"Path": path, "Items": items})
+	req, err := http.NewRequest(http.MethodPut, apiAddr+"/v1/var/"+path, bytes.NewReader(body))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		e.t.Fatalf("PUT /v1/var/%s: %s", path, resp.Status)
+	}
+	e.show("nomad var put "+path+" ca=@ca.pem cert=@"+filepath.Base(f.Cert)+" key=@"+filepath.Base(f.Key), "")
+}
+
+// putTLSVariables writes every party's variable from the certificates
+// makeCertificates made.
+func (e *e2e) putTLSVariables() {
+	for _, n := range e.c.Nodes {
+		e.putTLSVariable(n.ID, e.certificate(n.ID))
+	}
+	e.putTLSVariable("controller", e.certificate("controller"))
+}
+
+// renew issues every node and the controller a new certificate valid for
+// days from the CA, as an operator renews, and returns their files.
+func (e *e2e) renew(days int) map[string]tlsconfig.Files {
+	e.t.Helper()
+	ctl := filepath.Join(e.bin, "zfs-controller")
+	out := map[string]tlsconfig.Files{}
+	names := []string{"controller"}
+	for _, n := range e.c.Nodes {
+		names = append(names, n.ID)
+	}
+	for _, name := range names {
+		role := tlsconfig.RoleNode
+		if name == "controller" {
+			role = tlsconfig.RoleController
+		}
+		dir := filepath.Join(e.pki, "renewed", name)
+		runOrFail(e, ctl, "tls", "cert", "-ca", filepath.Join(e.pki, "ca"), "-role", role, "-days", fmt.Sprint(days), "-out", dir, name)
+		out[name] = tlsconfig.Files{CA: filepath.Join(e.pki, "ca", "ca.pem"), Cert: filepath.Join(dir, name+".pem"), Key: filepath.Join(dir, name+"-key.pem")}
+	}
+	return out
+}
+
+func runOrFail(e *e2e, name string, args ...string) {
+	e.t.Helper()
+	if out, err := exec.Command(name, args...).CombinedOutput(); err != nil {
+		e.t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+	}
+}
+
+// expired issues node name a certificate that expired half an hour ago.
+func (e *e2e) expired(name string) tlsconfig.Files {
+	e.t.Helper()
+	ca, err := tlsconfig.OpenCA(filepath.Join(e.pki, "ca"))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	dir := filepath.Join(e.pki, "expired")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		e.t.Fatal(err)
+	}
+	f, err := ca.IssueInto(dir, name, tlsconfig.RoleNode, -30*time.Minute)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return f
+}
+
+// notAfter reads a certificate file's expiry, as status -json puts it.
+func notAfter(e *e2e, path string) string {
+	e.t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	block, _ := pem.Decode(data)
+	if block == nil {
+		e.t.Fatalf("%s holds no PEM", path)
+	}
+	cert, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return cert.NotAfter.UTC().Format("2006-01-02T15:04:05Z")
+}
+
+// statusReport runs zfs-controller status -json with the operator's
+// certificate; its exit status is not the test's business here.
+func (e *e2e) statusReport() operator.Report {
+	e.t.Helper()
+	op := e.certificate("operator")
+	argv := append([]string{"status", "-json", "-peers", strings.Join(e.c.AgentAddresses(), ","),
+		"-tls-ca", op.CA, "-tls-cert", op.Cert, "-tls-key", op.Key}, agentPortFlags()...)
+	out, _ := exec.Command(filepath.Join(e.bin, "zfs-controller"), argv...).Output()
+	var r operator.Report
+	if err := json.Unmarshal(out, &r); err != nil {
+		e.t.Fatalf("status -json: %v\n%s", err, out)
+	}
+	return r
+}
+
+// certificatesInUse is each node's certificate expiry as status reports it.
+func (e *e2e) certificatesInUse() map[string]string {
+	out := map[string]string{}
+	for _, n := range e.statusReport().Nodes {
+		out[n.Node] = n.CertificateExpires
+	}
+	return out
+}
+
+// taskRuns is every running allocation of the plugin jobs, with its
+// task's restarts: "job/node: alloc restarts".
+func (e *e2e) taskRuns() map[string]string {
+	e.t.Helper()
+	out := map[string]string{}
+	for job, task := range map[string]string{"zfs-nomad-node": "zfs-node", "zfs-nomad-controller": "zfs-controller"} {
+		var allocs []struct {
+			ID, NodeName, ClientStatus string
+			TaskStates                 map[string]struct{ Restarts int }
+		}
+		if err := e.get("/v1/job/"+job+"/allocations", &allocs); err != nil {
+			e.t.Fatal(err)
+		}
+		for _, a := range allocs {
+			if a.ClientStatus == "running" {
+				out[job+"/"+a.NodeName] = fmt.Sprintf("%.8s restarts %d", a.ID, a.TaskStates[task].Restarts)
+			}
+		}
+	}
+	return out
+}
+
+// pluginLog is the log (stderr) of a plugin job's task on node.
+func (e *e2e) pluginLog(job, task, node string) string {
+	e.t.Helper()
+	var allocs []struct{ ID, NodeName, ClientStatus string }
+	if err := e.get("/v1/job/"+job+"/allocations", &allocs); err != nil {
+		e.t.Fatal(err)
+	}
+	for _, a := range allocs {
+		if a.NodeName == node && a.ClientStatus == "running" {
+			out, _ := e.run("alloc", "logs", "-stderr", a.ID, task)
+			return out
+		}
+	}
+	e.t.Fatalf("no running allocation of %s on %s", job, node)
+	return ""
+}
+
+// rotateCertificates renews every node's and the controller's
+// certificate by updating their variables while a backup of the counter
+// job's volume runs and the job writes to it: the plugins put the new
+// ones in use (the templates' SIGHUP) with no restart, the backup ends
+// well, no node loses its lease, and the job runs on. Then an expired
+// certificate in n2's variable is refused and the one in use kept.
+func (e *e2e) rotateCertificates(job allocation) {
+	e.t.Helper()
+	runs := e.taskRuns()
+	// A node's lease may have lapsed once while the plugins started
+	// (its peers were not up yet): count what the rotation adds.
+	leaseLost := map[string]int{}
+	for _, n := range e.c.Nodes {
+		leaseLost[n.ID] = strings.Count(e.pluginLog("zfs-nomad-node", "zfs-node", n.ID), "lease lost")
+	}
+	// Something for the backup to send while the variables change.
+	e.nomad("alloc", "exec", "-task", "counter", job.id, "sh", "-c", "head -c 50331648 /dev/urandom > /data/big && sync")
+	backup, output := e.startOperator("backup", "web-data")
+	began := time.Now()
+	backupDone := make(chan error, 1)
+	go func() { backupDone <- backup.Wait() }()
+	renewed := e.renew(30)
+	for name, f := range renewed {
+		e.putTLSVariable(name, f)
+	}
+	put := time.Since(began)
+	e.eventually(time.Minute, "every node's renewed certificate in use", func() error {
+		inUse := e.certificatesInUse()
+		for _, n := range e.c.Nodes {
+			if want := notAfter(e, renewed[n.ID].Cert); inUse[n.ID] != want {
+				return fmt.Errorf("node %s: certificate expiring %s in use, want the renewed one's %s", n.ID, inUse[n.ID], want)
+			}
+		}
+		return nil
+	})
+	inUse := time.Since(began)
+	running := "still running then"
+	select {
+	case err := <-backupDone:
+		backupDone <- err
+		running = "already done then"
+	default:
+	}
+	err := <-backupDone
+	e.tell("FIGURE certificates rotated through Nomad variables: every node's renewed certificate in use %s after the variables were put, %s after the backup started (%s); the backup took %s",
+		(inUse - put).Round(100*time.Millisecond), inUse.Round(100*time.Millisecond), running, time.Since(began).Round(100*time.Millisecond))
+	if err != nil || !strings.Contains(output.String(), "done:") {
+		e.t.Fatalf("the backup during the rotation: %v\n%s", err, output)
+	}
+	controller := e.runningOn("zfs-nomad-controller")
+	e.eventually(time.Minute, "the controller's renewed certificate in use", func() error {
+		if !strings.Contains(e.pluginLog("zfs-nomad-controller", "zfs-controller", controller), "TLS material reloaded") {
+			return fmt.Errorf("the controller on %s has not logged a reload", controller)
+		}
+		return nil
+	})
+	if now := e.taskRuns(); fmt.Sprint(now) != fmt.Sprint(runs) {
+		e.t.Fatalf("a plugin restarted during the rotation: before %v, after %v", runs, now)
+	}
+	for _, n := range e.c.Nodes {
+		if log := e.pluginLog("zfs-nomad-node", "zfs-node", n.ID); strings.Count(log, "lease lost") != leaseLost[n.ID] {
+			e.t.Fatalf("node %s lost its lease during the rotation:\n%s", n.ID, log)
+		}
+	}
+	if now := e.waitForCounter(""); now.id != job.id {
+		e.t.Fatalf("the counter job runs as %s after the rotation, want %s", now.id, job.id)
+	}
+	e.nomad("alloc", "exec", "-task", "counter", job.id, "rm", "/data/big")
+
+	// An expired certificate is refused; the one in use stays.
+	e.putTLSVariable("n2", e.expired("n2"))
+	e.eventually(time.Minute, "n2 refusing the expired certificate", func() error {
+		log := e.pluginLog("zfs-nomad-node", "zfs-node", "n2")
+		if !strings.Contains(log, "new TLS material refused") || !strings.Contains(log, "expired") {
+			return fmt.Errorf("n2 has not logged the refusal of its expired certificate")
+		}
+		return nil
+	})
+	if inUse, want := e.certificatesInUse()["n2"], notAfter(e, renewed["n2"].Cert); inUse != want {
+		e.t.Fatalf("n2 uses a certificate expiring %s after the expired one was refused, want the renewed one's %s", inUse, want)
+	}
+	e.putTLSVariable("n2", renewed["n2"])
+}
+
+// startOperator starts a zfs-controller operator command, as operator
+// does, and returns it running and where its output goes.
+func (e *e2e) startOperator(command string, args ...string) (*exec.Cmd, *strings.Builder) {
+	e.t.Helper()
+	op := e.certificate("operator")
+	argv := append([]string{command, "-peers", strings.Join(e.c.AgentAddresses(), ","),
+		"-tls-ca", op.CA, "-tls-cert", op.Cert, "-tls-key", op.Key}, agentPortFlags()...)
+	cmd := exec.Command(filepath.Join(e.bin, "zfs-controller"), append(argv, args...)...)
+	out := &strings.Builder{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		e.t.Fatal(err)
+	}
+	return cmd, out
+}
