@@ -361,11 +361,15 @@ func (m *Manager) get(ctx context.Context, id string) (Volume, error) {
 		return Volume{}, zfsError(err, "volume "+id)
 	}
 	v, ok := m.volumeOf(ds)
-	if !ok {
-		return Volume{}, fmt.Errorf("%w: dataset %s exists but is not a volume of this driver (role %q); an operator must look at it",
-			errdefs.ErrFailedPrecondition, ds.Name, ds.User[PropRole])
+	switch {
+	case ok:
+		return v, nil
+	case ds.User[PropVolumeID] == id && ds.User[PropRole] == vocab.RoleReplica:
+		// The operator's commands ask every node: a replica is no mystery.
+		return Volume{}, fmt.Errorf("%w: node %s holds a replica of volume %s, not its primary", errdefs.ErrFailedPrecondition, m.cfg.NodeID, id)
 	}
-	return v, nil
+	return Volume{}, fmt.Errorf("%w: dataset %s exists but is not a volume of this driver (role %q); an operator must look at it",
+		errdefs.ErrFailedPrecondition, ds.Name, ds.User[PropRole])
 }
 
 // volumeOf reads a volume from its dataset; ok is false for anything that is

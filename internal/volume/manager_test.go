@@ -229,6 +229,18 @@ func TestForeignDatasetIsNeverTreatedAsVolume(t *testing.T) {
 	}
 }
 
+// TestGetOfAReplicaSaysSo: the operator's commands ask every node for a
+// volume; a node that holds a replica says that, not that an operator
+// must look at a stranger.
+func TestGetOfAReplicaSaysSo(t *testing.T) {
+	m, fake := newManager(t)
+	id, _ := putCopy(t, fake, "replicated", vocab.RoleReplica, 2, nil)
+	_, err := m.Get(context.Background(), id)
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "node n1 holds a replica of volume "+id+", not its primary") {
+		t.Errorf("Get of a replica: %v", err)
+	}
+}
+
 func TestZFSErrorsAreClassified(t *testing.T) {
 	m, fake := newManager(t)
 	ctx := context.Background()
