@@ -130,15 +130,29 @@ func (r Report) Verdict() (int, string) {
 			down = append(down, n.Node)
 		}
 	}
-	for _, u := range r.Unreachable {
-		if strings.HasPrefix(u.Node, "controller ") {
-			down = append(down, u.Node)
-		}
+	for _, u := range r.unreachableBesidesNodes() {
+		down = append(down, u.Node)
 	}
 	if len(down) > 0 {
 		return ExitDegraded, fmt.Sprintf("not every node is well: %s", strings.Join(down, ", "))
 	}
 	return ExitHealthy, ""
+}
+
+// unreachableBesidesNodes are the entries of Unreachable that the node
+// view does not already show: the controller asked for its moves.
+func (r Report) unreachableBesidesNodes() []Unreachable {
+	shown := map[string]bool{}
+	for _, n := range r.Nodes {
+		shown[n.Node] = n.Problem != ""
+	}
+	var out []Unreachable
+	for _, u := range r.Unreachable {
+		if !shown[u.Node] {
+			out = append(out, u)
+		}
+	}
+	return out
 }
 
 // withoutHealthyPrimary lists the volumes of the report that have no

@@ -167,3 +167,21 @@ func TestEveryStatusFieldIsDocumented(t *testing.T) {
 	}
 	walk(reflect.TypeOf(Report{}))
 }
+
+// TestAProblemIsToldOnce: a node that did not answer is in the node
+// table and in Unreachable (for scripts); the report tells it once, and
+// still tells the controller that did not answer.
+func TestAProblemIsToldOnce(t *testing.T) {
+	r := Report{
+		Nodes:       []NodeStatus{{Node: "10.0.0.4:7670", Address: "10.0.0.4:7670", Problem: "nothing listens at 10.0.0.4:7670"}},
+		Unreachable: []Unreachable{{Node: "10.0.0.4:7670", Error: "nothing listens at 10.0.0.4:7670"}, {Node: "controller :9671", Error: "moves in progress unknown"}},
+	}
+	var out strings.Builder
+	PrintStatus(&out, r, time.Now())
+	if n := strings.Count(out.String(), "nothing listens"); n != 1 {
+		t.Errorf("the node's problem is told %d times, want once:\n%s", n, out.String())
+	}
+	if !strings.Contains(out.String(), "unreachable: controller :9671: moves in progress unknown") {
+		t.Errorf("the controller that did not answer is not told:\n%s", out.String())
+	}
+}

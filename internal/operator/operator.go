@@ -341,7 +341,8 @@ func PrintStatus(out io.Writer, r Report, now time.Time) {
 			fmt.Fprintf(out, "  %s on %s\n", a.Dataset, a.Node)
 		}
 	}
-	for _, u := range r.Unreachable {
+	// The nodes' problems head the report (printNodes).
+	for _, u := range r.unreachableBesidesNodes() {
 		fmt.Fprintf(out, "unreachable: %s: %s\n", u.Node, u.Error)
 	}
 }

@@ -102,22 +102,6 @@ func TestOwnerAndModeFollowTheVolume(t *testing.T) {
 	}
 }
 
-// restore creates volume name from snapshot snapID on the snapshot's node.
-func (e *env) restore(name, snapID string, params map[string]string) string {
-	e.t.Helper()
-	p := map[string]string{"compression": "off"}
-	for k, v := range params {
-		p[k] = v
-	}
-	resp, err := e.controller().CreateVolume(e.ctx, &csi.CreateVolumeRequest{Name: name, VolumeCapabilities: []*csi.VolumeCapability{writer},
-		CapacityRange: &csi.CapacityRange{RequiredBytes: 1 << 30}, Parameters: p,
-		VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: snapID}}}})
-	if err != nil {
-		e.t.Fatalf("restoring %s as %s: %v", snapID, name, err)
-	}
-	return resp.GetVolume().GetVolumeId()
-}
-
 // wantRoot fails the test unless the directory's owner, group and octal
 // mode are want ("1000:1000 2770").
 func (e *env) wantRoot(nodeID, dir, want string) {

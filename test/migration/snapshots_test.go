@@ -195,22 +195,28 @@ func (e *env) snapshotted(name string, params map[string]string, script, snapNam
 	return id, dir, taken, snap.GetSnapshot().GetSnapshotId()
 }
 
-// restoreHolds restores snapshot snapID as volume name (with params),
-// publishes it on node, checks that it holds the files taken (checksums),
-// unpublishes it and returns its ID.
-func (e *env) restoreHolds(name, snapID string, params map[string]string, node, taken string) string {
+// restore creates volume name from snapshot snapID on the snapshot's node.
+func (e *env) restore(name, snapID string, params map[string]string) string {
 	e.t.Helper()
 	p := map[string]string{"compression": "off"}
 	for k, v := range params {
 		p[k] = v
 	}
-	restored, err := e.controller().CreateVolume(e.ctx, &csi.CreateVolumeRequest{Name: name, VolumeCapabilities: []*csi.VolumeCapability{writer},
+	resp, err := e.controller().CreateVolume(e.ctx, &csi.CreateVolumeRequest{Name: name, VolumeCapabilities: []*csi.VolumeCapability{writer},
 		CapacityRange: &csi.CapacityRange{RequiredBytes: 1 << 30}, Parameters: p,
 		VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: snapID}}}})
 	if err != nil {
 		e.t.Fatalf("restoring %s as %s: %v", snapID, name, err)
 	}
-	rid := restored.GetVolume().GetVolumeId()
+	return resp.GetVolume().GetVolumeId()
+}
+
+// restoreHolds restores snapshot snapID as volume name (with params),
+// publishes it on node, checks that it holds the files taken (checksums),
+// unpublishes it and returns its ID.
+func (e *env) restoreHolds(name, snapID string, params map[string]string, node, taken string) string {
+	e.t.Helper()
+	rid := e.restore(name, snapID, params)
 	rdir := e.mustPublish(rid, node)
 	if got := e.checksums(node, rdir); got != taken {
 		e.t.Fatalf("the volume restored on %s holds:\n%s\nwant what the snapshot was taken of:\n%s", node, got, taken)

@@ -1066,13 +1066,17 @@ func (e *e2e) backup(volumeID string) { e.operator("backup", volumeID) }
 // certificate against every node's agent.
 func (e *e2e) operator(command string, args ...string) {
 	e.t.Helper()
-	peers := e.c.AgentAddresses()
-	op := e.certificate("operator")
-	argv := append([]string{command, "-peers", strings.Join(peers, ","),
-		"-tls-ca", op.CA, "-tls-cert", op.Cert, "-tls-key", op.Key}, agentPortFlags()...)
-	argv = append(argv, args...)
-	out := guesttest.Run(e.t, filepath.Join(e.bin, "zfs-controller"), argv...)
+	out := guesttest.Run(e.t, filepath.Join(e.bin, "zfs-controller"), e.operatorArgs(command, args...)...)
 	e.show("zfs-controller "+command+" "+strings.Join(args, " "), out)
+}
+
+// operatorArgs is the command line of a zfs-controller operator command
+// with the operator's certificate against every node's agent.
+func (e *e2e) operatorArgs(command string, args ...string) []string {
+	op := e.certificate("operator")
+	argv := append([]string{command, "-peers", strings.Join(e.c.AgentAddresses(), ","),
+		"-tls-ca", op.CA, "-tls-cert", op.Cert, "-tls-key", op.Key}, agentPortFlags()...)
+	return append(argv, args...)
 }
 
 // killNode stops a node hard: its link goes down and every process in it

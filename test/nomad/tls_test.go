@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/guesttest"
 	"github.com/zfs-nomad/zfs-nomad/internal/operator"
 	"github.com/zfs-nomad/zfs-nomad/internal/tlsconfig"
 )
@@ -82,17 +83,10 @@ func (e *e2e) renew(days int) map[string]tlsconfig.Files {
 			role = tlsconfig.RoleController
 		}
 		dir := filepath.Join(e.pki, "renewed", name)
-		runOrFail(e, ctl, "tls", "cert", "-ca", filepath.Join(e.pki, "ca"), "-role", role, "-days", fmt.Sprint(days), "-out", dir, name)
+		guesttest.Run(e.t, ctl, "tls", "cert", "-ca", filepath.Join(e.pki, "ca"), "-role", role, "-days", fmt.Sprint(days), "-out", dir, name)
 		out[name] = tlsconfig.Files{CA: filepath.Join(e.pki, "ca", "ca.pem"), Cert: filepath.Join(dir, name+".pem"), Key: filepath.Join(dir, name+"-key.pem")}
 	}
 	return out
-}
-
-func runOrFail(e *e2e, name string, args ...string) {
-	e.t.Helper()
-	if out, err := exec.Command(name, args...).CombinedOutput(); err != nil {
-		e.t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
-	}
 }
 
 // expired issues node name a certificate that expired half an hour ago.
@@ -135,10 +129,7 @@ func notAfter(e *e2e, path string) string {
 // certificate; its exit status is not the test's business here.
 func (e *e2e) statusReport() operator.Report {
 	e.t.Helper()
-	op := e.certificate("operator")
-	argv := append([]string{"status", "-json", "-peers", strings.Join(e.c.AgentAddresses(), ","),
-		"-tls-ca", op.CA, "-tls-cert", op.Cert, "-tls-key", op.Key}, agentPortFlags()...)
-	out, _ := exec.Command(filepath.Join(e.bin, "zfs-controller"), argv...).Output()
+	out, _ := exec.Command(filepath.Join(e.bin, "zfs-controller"), e.operatorArgs("status", "-json")...).Output()
 	var r operator.Report
 	if err := json.Unmarshal(out, &r); err != nil {
 		e.t.Fatalf("status -json: %v\n%s", err, out)
@@ -282,10 +273,7 @@ func (e *e2e) rotateCertificates(job allocation) {
 // does, and returns it running and where its output goes.
 func (e *e2e) startOperator(command string, args ...string) (*exec.Cmd, *strings.Builder) {
 	e.t.Helper()
-	op := e.certificate("operator")
-	argv := append([]string{command, "-peers", strings.Join(e.c.AgentAddresses(), ","),
-		"-tls-ca", op.CA, "-tls-cert", op.Cert, "-tls-key", op.Key}, agentPortFlags()...)
-	cmd := exec.Command(filepath.Join(e.bin, "zfs-controller"), append(argv, args...)...)
+	cmd := exec.Command(filepath.Join(e.bin, "zfs-controller"), e.operatorArgs(command, args...)...)
 	out := &strings.Builder{}
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
