@@ -70,6 +70,14 @@ type Dataset struct {
 	// of two was on the pool first. Both are 0 when not read.
 	GUID      uint64
 	CreateTXG uint64
+	// Encrypted is set on a filesystem whose encryption is not off,
+	// KeyRoot when it is its own encryption root (its key is its own,
+	// not a parent's or a clone origin's), and KeyLoaded while the key
+	// that opens it is loaded (keystatus=available): only then can it be
+	// mounted.
+	Encrypted bool
+	KeyRoot   bool
+	KeyLoaded bool
 }
 
 // Parent returns the name of the dataset holding name: the filesystem of a
@@ -99,6 +107,9 @@ var (
 	// record because the stream uses a feature this OpenZFS release
 	// lacks (a newer release sent it); nothing was received.
 	ErrStreamUnsupported = errors.New("the stream uses a ZFS feature this OpenZFS release cannot receive")
+	// ErrWrongKey: a key did not unlock an encrypted dataset; nothing
+	// was loaded.
+	ErrWrongKey = errors.New("the key does not unlock the dataset")
 )
 
 // DatasetManager reads and changes datasets under the node's root dataset.
@@ -149,6 +160,30 @@ type DatasetManager interface {
 type Pools interface {
 	// PoolHealth returns nil when the pool is imported and ONLINE.
 	PoolHealth(ctx context.Context, pool string) error
+}
+
+// Encryption creates and copies encrypted filesystems and loads and
+// unloads their keys. Every encrypted volume is its own encryption root,
+// with keyformat passphrase and keylocation prompt: the key is never
+// stored on the node. libzfs takes no key material from its caller (it
+// prompts or reads a file), so package zfscmd implements this with the
+// zfs command and the passphrase on its standard input.
+type Encryption interface {
+	// CreateEncrypted creates filesystem name with props, encrypted with
+	// passphrase; its key is loaded afterwards.
+	CreateEncrypted(ctx context.Context, name string, props map[string]string, passphrase []byte) error
+	// CopyEncrypted makes filesystem target, with props, a copy of the
+	// encrypted snapshot: its own encryption root with the same key, not
+	// a clone (a clone would share its origin's encryption root, whose
+	// key it would need loaded), and without the snapshot. No key is
+	// loaded.
+	CopyEncrypted(ctx context.Context, snapshot, target string, props map[string]string) error
+	// LoadKey loads the key of encryption root fs. A key loaded already
+	// is no error; a wrong one is ErrWrongKey.
+	LoadKey(ctx context.Context, fs string, passphrase []byte) error
+	// UnloadKey unloads the key of encryption root fs; one not loaded is
+	// no error, a mounted fs is ErrBusy.
+	UnloadKey(ctx context.Context, fs string) error
 }
 
 // Interface is everything a node needs from ZFS.

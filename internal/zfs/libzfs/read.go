@@ -42,6 +42,9 @@ func (z *ZFS) readOpen(zh *C.zfs_handle_t) zfs.Dataset {
 		User:         map[string]string{},
 		GUID:         uint64(n.guid),
 		CreateTXG:    uint64(n.createtxg),
+		Encrypted:    n.encrypted != 0,
+		KeyLoaded:    n.key_loaded != 0,
+		KeyRoot:      n.encryption_root != 0,
 	}
 	switch n._type {
 	case C.ZFS_TYPE_FILESYSTEM:

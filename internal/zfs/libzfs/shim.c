@@ -330,6 +330,12 @@ void read_numbers(zfs_handle_t *zh, numbers_t *n) {
 		n->available = zfs_prop_get_int(zh, ZFS_PROP_AVAILABLE);
 		n->quota = zfs_prop_get_int(zh, ZFS_PROP_QUOTA);
 		n->refquota = zfs_prop_get_int(zh, ZFS_PROP_REFQUOTA);
+		n->encrypted = zfs_prop_get_int(zh, ZFS_PROP_ENCRYPTION) != ZIO_CRYPT_OFF;
+		n->key_loaded = zfs_prop_get_int(zh, ZFS_PROP_KEYSTATUS) == ZFS_KEYSTATUS_AVAILABLE;
+		char root[ZFS_MAX_DATASET_NAME_LEN];
+		n->encryption_root = n->encrypted &&
+		    zfs_prop_get(zh, ZFS_PROP_ENCRYPTION_ROOT, root, sizeof(root), NULL, NULL, 0, B_TRUE) == 0 &&
+		    strcmp(root, zfs_get_name(zh)) == 0;
 	}
 }
 

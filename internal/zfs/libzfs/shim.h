@@ -51,6 +51,7 @@ void read_origin(zfs_handle_t *zh, char *buf, size_t len);
 typedef struct {
 	int type;
 	uint64_t used, referenced, available, quota, refquota, creation, defer_destroy, readonly, guid, createtxg;
+	int encrypted, key_loaded, encryption_root;
 } numbers_t;
 void read_numbers(zfs_handle_t *zh, numbers_t *n);
 

@@ -51,6 +51,8 @@ func classify(err error, stderr string) error {
 		// a corrupted stream gets that too, and with the userland and
 		// module of one release (openzfs.Check) libzfs refuses first.
 		return fmt.Errorf("%w: %w", err, zfs.ErrStreamUnsupported)
+	case strings.Contains(stderr, "Incorrect key provided"):
+		return fmt.Errorf("%w: %w", err, zfs.ErrWrongKey)
 	case strings.Contains(stderr, "does not exist"), strings.Contains(stderr, "no such"):
 		return fmt.Errorf("%w: %w", err, zfs.ErrNotFound)
 	case strings.Contains(stderr, "already exists"):

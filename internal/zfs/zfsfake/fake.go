@@ -59,6 +59,10 @@ type entry struct {
 	content []string
 	// recv is an interrupted receive into this filesystem (streams.go).
 	recv *partialRecv
+	// passphrase is an encryption root's (keys.go); keyLoaded tells
+	// whether its key is loaded.
+	passphrase string
+	keyLoaded  bool
 }
 
 // Hold puts a user hold on a snapshot, as zfs hold does.
@@ -330,6 +334,9 @@ func (f *Fake) view(e *entry) zfs.Dataset {
 		}
 	}
 	ds.Available = avail
+	if root := f.encryptionRoot(ds.Name); root != nil {
+		ds.Encrypted, ds.KeyRoot, ds.KeyLoaded = true, root == e, root.keyLoaded
+	}
 	return ds
 }
 
@@ -471,6 +478,9 @@ func (f *Fake) Clone(ctx context.Context, snapshot, name string, props map[strin
 	if !ok || s.ds.Type != zfs.Snapshot {
 		return fmt.Errorf("clone source %s: %w", snapshot, zfs.ErrNotFound)
 	}
+	if _, ok := props["encryption"]; ok {
+		return fmt.Errorf("cannot create '%s': 'encryption' is readonly", name)
+	}
 	if err := f.create(name, zfs.Filesystem, snapshot, props); err != nil {
 		return err
 	}
@@ -479,8 +489,17 @@ func (f *Fake) Clone(ctx context.Context, snapshot, name string, props map[strin
 }
 
 func (f *Fake) SetProperties(ctx context.Context, name string, props map[string]string) error {
+	for k := range props {
+		if createOnlyProps[k] {
+			return fmt.Errorf("zfs set %s: '%s' is readonly", name, k)
+		}
+	}
 	return f.onDataset("set", name, func(e *entry) error { return setProps(e, props) })
 }
+
+// createOnlyProps are set when a filesystem is created (or received) and
+// never after.
+var createOnlyProps = map[string]bool{"encryption": true, "normalization": true, "casesensitivity": true, "utf8only": true}
 
 func (f *Fake) Rename(ctx context.Context, from, to string) error {
 	unlock, err := f.enter("rename", from)

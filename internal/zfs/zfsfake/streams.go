@@ -444,6 +444,9 @@ type streamPayload struct {
 	// Encryption is the source's encryption, carried by a raw stream
 	// only: its replica stays encrypted.
 	Encryption string `json:"encryption,omitempty"`
+	// Passphrase stands for the wrapped key a raw stream carries: the
+	// replica opens with the source's passphrase.
+	Passphrase string `json:"passphrase,omitempty"`
 }
 
 func (h streamHead) record() []byte {
@@ -654,7 +657,7 @@ func (f *Fake) sendStream(snapshot, base string, raw, resuming bool) (streamHead
 	}
 	p := streamPayload{Content: slices.Clone(to.content), Referenced: to.ds.Referenced}
 	if enc := f.datasets[fs].props["encryption"]; raw && enc != "" && enc != "off" {
-		p.Encryption = enc
+		p.Encryption, p.Passphrase = enc, f.datasets[fs].passphrase
 	}
 	payload, err := json.Marshal(p)
 	if err != nil {
@@ -778,7 +781,7 @@ func (f *Fake) receive(target string, props map[string]string, h streamHead, pay
 		return err
 	}
 	if h.fromGUID == 0 && p.Encryption != "" {
-		d.props["encryption"] = p.Encryption
+		d.props["encryption"], d.passphrase, d.keyLoaded = p.Encryption, p.Passphrase, false
 	}
 	f.land(d, h, p)
 	return nil
