@@ -111,6 +111,9 @@ func serve(args []string) error {
 	volumes.Mounted = mount.IsMountedZFS
 	volumes.MountHolders = func(dataset string) []string { return mount.Holders("/proc", dataset) }
 	volumes.Roots = mount.RootPreparer{Dir: rootsDir}
+	// libzfs takes no key material: encrypted volumes go through the zfs
+	// command with the passphrase on its standard input.
+	volumes.Encryption = zfscmd.Cmd{}
 	receiver := replication.NewReceiver(streams, volumes.Locks(), cfg.RootDataset, cfg.NodeID, cfg.ReplicationSnapshots, log.Named("replication"))
 	receiver.MaxQuota, receiver.QuotaProperty = uint64(cfg.MaxQuota), cfg.QuotaProperty
 	receiver.IdleTimeout = time.Duration(cfg.ReceiveIdleTimeout)

@@ -223,6 +223,7 @@ func (s *Server) CreateVolume(ctx context.Context, req *pb.CreateVolumeRequest) 
 		Parameters:       req.GetParameters(),
 		SourceSnapshotID: req.GetSourceSnapshotId(),
 		SourceVolumeID:   req.GetSourceVolumeId(),
+		Passphrase:       req.GetEncryptionPassphrase(),
 	})
 	if err != nil {
 		return nil, err

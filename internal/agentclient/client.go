@@ -73,12 +73,13 @@ func (c *Client) GetNode(ctx context.Context, opts GetNodeOptions) (NodeInfo, er
 // earlier attempt created.
 func (c *Client) CreateVolume(ctx context.Context, v NewVolume) (Volume, error) {
 	got, err := c.rpc.CreateVolume(ctx, &pb.CreateVolumeRequest{
-		Name:             v.Name,
-		RequiredBytes:    v.RequiredBytes,
-		LimitBytes:       v.LimitBytes,
-		Parameters:       v.Parameters,
-		SourceSnapshotId: v.SourceSnapshotID,
-		SourceVolumeId:   v.SourceVolumeID,
+		Name:                 v.Name,
+		RequiredBytes:        v.RequiredBytes,
+		LimitBytes:           v.LimitBytes,
+		Parameters:           v.Parameters,
+		SourceSnapshotId:     v.SourceSnapshotID,
+		SourceVolumeId:       v.SourceVolumeID,
+		EncryptionPassphrase: v.Passphrase,
 	})
 	if err != nil {
 		return Volume{}, fromStatus(err)

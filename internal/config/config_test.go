@@ -86,6 +86,10 @@ func TestNodeValidation(t *testing.T) {
 		{"root gid not a number", []string{"-root-gids", "staff"}, "root_directory.gids"},
 		{"root uid too large", []string{"-root-uids", "4294967295"}, "root_directory.uids"},
 		{"root mode mask not octal", []string{"-root-mode-mask", "0999"}, "root_directory.mode_mask"},
+		{"encryption allowed", []string{"-allow-property", "encryption=on:on|off|aes-256-gcm", "-encryption-key-file", "/etc/zfs-nomad/volume-key"}, ""},
+		{"encryption not a cipher", []string{"-allow-property", "encryption=on:on|rot13"}, `"rot13" is not an encryption value`},
+		{"key properties are the driver's", []string{"-allow-property", "keylocation=file:///etc/shadow"}, `"keylocation" is not a property`},
+		{"key file relative", []string{"-encryption-key-file", "volume-key"}, "encryption_key_file"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"maps"
 	"net"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -45,6 +46,11 @@ type Node struct {
 	MaxQuota ByteSize `json:"max_quota"`
 	// Properties are the ZFS properties volumes may set, with defaults.
 	Properties map[string]PropertyRule `json:"properties"`
+	// EncryptionKeyFile names a file holding the passphrase of encrypted
+	// volumes whose claims carry none in their secrets (docs/security.md,
+	// "Encrypted volumes"); "" (the default): the claim must carry it.
+	// The file must be the same on every node a volume may move to.
+	EncryptionKeyFile string `json:"encryption_key_file"`
 	// RootDirectory bounds the owner and mode volumes may give their root
 	// directory.
 	RootDirectory RootDirectory `json:"root_directory"`
@@ -159,8 +165,9 @@ const DefaultDomain = "default"
 
 // SettableProperties are the ZFS properties an operator may let volumes set.
 // Properties that would let a volume escape its place (mountpoint, canmount,
-// zoned), change its size behind the quota logic (quota, reservation) or
-// need key material (encryption) are deliberately absent.
+// zoned) or change its size behind the quota logic (quota, reservation)
+// are deliberately absent, and so are the key properties (keyformat,
+// keylocation): the driver sets those of an encrypted volume itself.
 var SettableProperties = map[string]bool{
 	"atime": true, "relatime": true, "compression": true, "recordsize": true,
 	"checksum": true, "dedup": true, "copies": true, "sync": true, "logbias": true,
@@ -168,7 +175,12 @@ var SettableProperties = map[string]bool{
 	"acltype": true, "aclinherit": true, "snapdir": true, "redundant_metadata": true,
 	"special_small_blocks": true, "exec": true, "setuid": true, "devices": true,
 	"normalization": true, "casesensitivity": true, "utf8only": true,
+	"encryption": true,
 }
+
+// EncryptionValues are the values of the encryption property: off, or a
+// cipher ("on" is OpenZFS's default cipher).
+var EncryptionValues = []string{"off", "on", "aes-128-ccm", "aes-192-ccm", "aes-256-ccm", "aes-128-gcm", "aes-192-gcm", "aes-256-gcm"}
 
 // AllowedMountFlags are the flags a claim may ask for when the operator
 // allows them; anything else is refused.
@@ -252,6 +264,16 @@ func (c *Node) Validate() error {
 		if rule.Default != "" && len(rule.Allowed) > 0 && !slices.Contains(rule.Allowed, rule.Default) {
 			errs = append(errs, fmt.Errorf("properties.%s: default %q is not among allowed %v", name, rule.Default, rule.Allowed))
 		}
+		if name == "encryption" {
+			for _, v := range append([]string{rule.Default}, rule.Allowed...) {
+				if v != "" && !slices.Contains(EncryptionValues, v) {
+					errs = append(errs, fmt.Errorf("properties.encryption: %q is not an encryption value (%s)", v, strings.Join(EncryptionValues, ", ")))
+				}
+			}
+		}
+	}
+	if c.EncryptionKeyFile != "" && !filepath.IsAbs(c.EncryptionKeyFile) {
+		errs = append(errs, fmt.Errorf("encryption_key_file %q: must be an absolute path", c.EncryptionKeyFile))
 	}
 	errs = append(errs, c.RootDirectory.validate()...)
 	for _, f := range c.MountFlags {

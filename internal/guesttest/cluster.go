@@ -104,14 +104,21 @@ func DialAgent(t testing.TB, c *sim.Cluster, n *sim.Node) *grpc.ClientConn {
 // name in n.Dir, and returns the path the workload sees.
 func Mount(ctx context.Context, t testing.TB, n *sim.Node, id, name string, publishContext map[string]string) (string, error) {
 	t.Helper()
+	return MountWithSecrets(ctx, t, n, id, name, publishContext, nil)
+}
+
+// MountWithSecrets is Mount with the claim's secrets, as Nomad sends a
+// volume's secrets block to NodeStageVolume and NodePublishVolume.
+func MountWithSecrets(ctx context.Context, t testing.TB, n *sim.Node, id, name string, publishContext, secrets map[string]string) (string, error) {
+	t.Helper()
 	writer := sim.MountWriter()
 	node := csi.NewNodeClient(Dial(t, n.CSIEndpoint))
 	staging, target := filepath.Join(n.Dir, "staging-"+name), filepath.Join(n.Dir, "target-"+name)
 	os.MkdirAll(staging, 0o755)
-	if _, err := node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: writer, PublishContext: publishContext}); err != nil {
+	if _, err := node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: writer, PublishContext: publishContext, Secrets: secrets}); err != nil {
 		return "", err
 	}
-	if _, err := node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: writer, PublishContext: publishContext}); err != nil {
+	if _, err := node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: writer, PublishContext: publishContext, Secrets: secrets}); err != nil {
 		return "", err
 	}
 	return target, nil

@@ -65,6 +65,7 @@ func (p *Provisioner) Create(ctx context.Context, req CreateRequest) (agentclien
 		Parameters:       req.Parameters,
 		SourceSnapshotID: req.SourceSnapshotID,
 		SourceVolumeID:   req.SourceVolumeID,
+		Passphrase:       req.Passphrase,
 	}
 	// A volume of this name may exist already (a retried call): its node
 	// decides whether the request is compatible, the source included.

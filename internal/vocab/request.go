@@ -12,4 +12,28 @@ type VolumeRequest struct {
 	Parameters       map[string]string
 	SourceSnapshotID string
 	SourceVolumeID   string
+	// Passphrase is an encrypted volume's key from the create's secrets
+	// (SecretEncryptionKey); nil when the secrets carry none.
+	Passphrase Passphrase
 }
+
+// SecretEncryptionKey is the secret that carries an encrypted volume's
+// passphrase: Nomad sends a volume's secrets block with CreateVolume and
+// NodeStageVolume (docs/security.md, "Encrypted volumes").
+const SecretEncryptionKey = "encryption_key"
+
+// PassphraseFrom reads an encrypted volume's key from a CSI call's
+// secrets; nil when they carry none.
+func PassphraseFrom(secrets map[string]string) Passphrase {
+	if k, ok := secrets[SecretEncryptionKey]; ok {
+		return Passphrase(k)
+	}
+	return nil
+}
+
+// Passphrase is an encrypted volume's key material. It prints as
+// "[redacted]", so that no log line or error message can carry it.
+type Passphrase []byte
+
+func (Passphrase) String() string   { return "[redacted]" }
+func (Passphrase) GoString() string { return "[redacted]" }

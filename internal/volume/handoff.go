@@ -296,6 +296,9 @@ func (m *Manager) promote(ctx context.Context, c Copy, generation uint64, notBef
 	if err != nil {
 		return fmt.Errorf("%w: volume %s's parameters are not allowed on node %s: %v", errdefs.ErrFailedPrecondition, id, m.cfg.NodeID, err)
 	}
+	for p := range createOnlyProperties {
+		delete(props, p) // the copy has them from its stream
+	}
 	dataset := datasetFor(m.cfg.RootDataset, id)
 	// The quota first, on its own: ZFS sets a quota in a step of its own
 	// anyway, and a promotion that stops between the two steps must leave

@@ -19,6 +19,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"sort"
 	"strconv"
 	"strings"
@@ -69,6 +70,9 @@ type Volume struct {
 	// RootPending is set while the root directory's owner and mode the
 	// parameters ask for are still to be set (prepareRoot).
 	RootPending bool
+	// Encrypted, KeyRoot and KeyLoaded are the dataset's (zfs.Dataset):
+	// an encrypted volume is mounted only with its key loaded (keys.go).
+	Encrypted, KeyRoot, KeyLoaded bool
 }
 
 // Snapshot is a CSI snapshot on this node.
@@ -121,6 +125,10 @@ type Manager struct {
 	// Roots sets the owner and mode of new volumes' root directories;
 	// without it a create that asks for them fails.
 	Roots RootPreparer
+	// Encryption creates and copies encrypted volumes and loads and
+	// unloads their keys (keys.go); without it a create that asks for
+	// encryption fails.
+	Encryption zfs.Encryption
 
 	zfs   zfs.Interface
 	cfg   config.Node
@@ -241,10 +249,13 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Volume, error)
 		}
 		if existing.RootPending {
 			log.Info("finishing the root directory of a create that stopped half-way", "root", root.String())
-			if err := m.prepareRoot(ctx, existing.Dataset, root); err != nil {
+			if err := m.finishRoot(ctx, existing, root, req.Passphrase); err != nil {
 				return Volume{}, err
 			}
 			return m.get(ctx, id)
+		}
+		if err := m.dropCopiedSnapshot(ctx, existing); err != nil {
+			return Volume{}, err
 		}
 		log.Debug("volume exists; create is a no-op")
 		return existing, nil
@@ -280,9 +291,11 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Volume, error)
 
 	switch {
 	case req.SourceSnapshotID != "":
-		err = m.cloneSnapshot(ctx, req.SourceSnapshotID, dataset, quota, props)
+		err = m.cloneSnapshot(ctx, req.SourceSnapshotID, dataset, quota, props, req.Parameters)
 	case req.SourceVolumeID != "":
-		err = m.cloneVolume(ctx, req.SourceVolumeID, dataset, quota, props)
+		err = m.cloneVolume(ctx, req.SourceVolumeID, dataset, quota, props, req.Parameters)
+	case encryptionAsked(props):
+		err = m.createEncrypted(ctx, id, dataset, props, req.Passphrase)
 	default:
 		err = m.zfs.CreateFilesystem(ctx, dataset, props)
 	}
@@ -291,12 +304,25 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Volume, error)
 	}
 	m.Confirm(id, 1) // a majority promised generation 1 to this node first
 	if setRoot {
-		if err := m.prepareRoot(ctx, dataset, root); err != nil {
+		v, err := m.get(ctx, id)
+		if err != nil {
+			return Volume{}, err
+		}
+		if err := m.finishRoot(ctx, v, root, req.Passphrase); err != nil {
 			return Volume{}, err
 		}
 	}
-	log.Info("volume created", "name", req.Name, "dataset", dataset, "quota", quota, "source", source)
-	return m.get(ctx, id)
+	// Unload the key zfs create loaded: a volume's key is loaded only
+	// while it is staged (keys.go).
+	if err := m.CloseKey(ctx, id); err != nil {
+		return Volume{}, err
+	}
+	v, err := m.get(ctx, id)
+	if err != nil {
+		return Volume{}, err
+	}
+	log.Info("volume created", "name", req.Name, "dataset", dataset, "quota", quota, "source", source, "encrypted", v.Encrypted)
+	return v, nil
 }
 
 // compatible decides whether an existing volume satisfies a repeated create.
@@ -315,7 +341,7 @@ func compatible(v Volume, name string, quota, limit uint64, params map[string]st
 	return nil
 }
 
-func (m *Manager) cloneSnapshot(ctx context.Context, snapID, dataset string, quota uint64, props map[string]string) error {
+func (m *Manager) cloneSnapshot(ctx context.Context, snapID, dataset string, quota uint64, props, params map[string]string) error {
 	snap, err := m.findSnapshot(ctx, snapID)
 	if err != nil {
 		return err
@@ -323,13 +349,13 @@ func (m *Manager) cloneSnapshot(ctx context.Context, snapID, dataset string, quo
 	if snap.Size > quota {
 		return fmt.Errorf("%w: snapshot %s holds %d bytes, more than the requested capacity %d", errdefs.ErrOutOfRange, snapID, snap.Size, quota)
 	}
-	return m.zfs.Clone(ctx, snap.Dataset, dataset, props)
+	return m.copyOf(ctx, snap.Dataset, dataset, props, params)
 }
 
 // cloneVolume clones the current state of a volume through a private
 // snapshot, which is destroyed deferred at once: ZFS removes it with the
 // clone, so nothing is left to track.
-func (m *Manager) cloneVolume(ctx context.Context, srcID, dataset string, quota uint64, props map[string]string) error {
+func (m *Manager) cloneVolume(ctx context.Context, srcID, dataset string, quota uint64, props, params map[string]string) error {
 	src, err := m.get(ctx, srcID)
 	if err != nil {
 		return err
@@ -341,10 +367,35 @@ func (m *Manager) cloneVolume(ctx context.Context, srcID, dataset string, quota 
 	if err := m.zfs.Snapshot(ctx, snap, nil); err != nil && !errors.Is(err, zfs.ErrExists) {
 		return err
 	}
-	if err := m.zfs.Clone(ctx, snap, dataset, props); err != nil {
+	if err := m.copyOf(ctx, snap, dataset, props, params); err != nil {
 		return err
 	}
 	return m.zfs.DestroyDeferred(ctx, snap)
+}
+
+// copyOf makes dataset a new volume from snapshot, with props: a clone,
+// or for an encrypted snapshot a raw copy that is its own encryption root
+// (keys.go, copyEncrypted). Either way the volume keeps its source's
+// encryption, which a clone or a raw receive cannot change: a volume
+// whose parameters ask for the other is refused, and the operator's
+// default does not apply.
+func (m *Manager) copyOf(ctx context.Context, snapshot, dataset string, props, params map[string]string) error {
+	fs, err := m.zfs.Get(ctx, zfs.Parent(snapshot))
+	if err != nil {
+		return err
+	}
+	props = maps.Clone(props)
+	delete(props, "encryption") // the operator's default does not apply
+	if asked, ok := params["encryption"]; ok && (asked != "off") != fs.Encrypted {
+		return fmt.Errorf("%w: a volume made from %s keeps its encryption (%s), and cannot have encryption=%s; leave encryption out of its parameters",
+			errdefs.ErrInvalidArgument, snapshot, encryptionWord(fs.Encrypted), asked)
+	}
+	if fs.Encrypted && fs.KeyRoot {
+		return m.copyEncrypted(ctx, snapshot, dataset, props)
+	}
+	// Not encrypted, or with the key of the root dataset (the operator
+	// loads it): a clone opens as its source does.
+	return m.zfs.Clone(ctx, snapshot, dataset, props)
 }
 
 // Get returns a volume by ID.
@@ -401,6 +452,9 @@ func (m *Manager) volumeOf(ds zfs.Dataset) (Volume, bool) {
 		SupersededBy:  supersededBy(ds.User[PropSuperseded]),
 		Forced:        ds.User[PropForced] != "" && ds.User[PropForced] == ds.User[PropGeneration],
 		RootPending:   ds.User[PropRootPending] != "",
+		Encrypted:     ds.Encrypted,
+		KeyRoot:       ds.KeyRoot,
+		KeyLoaded:     ds.KeyLoaded,
 	}, true
 }
 

@@ -45,6 +45,11 @@ func checkControllerParameter(cfg *config.Node, key, value string) error {
 	return nil
 }
 
+// createOnlyProperties are set when a filesystem is created and are
+// read-only after: a promotion, which sets the others again on the
+// received copy, leaves them alone (the stream brought them).
+var createOnlyProperties = map[string]bool{"encryption": true, "normalization": true, "casesensitivity": true, "utf8only": true}
+
 // ignoredParameterPrefixes are added by Kubernetes sidecars, not submitters.
 var ignoredParameterPrefixes = []string{"csi.storage.k8s.io/"}
 

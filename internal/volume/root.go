@@ -119,3 +119,18 @@ func (m *Manager) prepareRoot(ctx context.Context, dataset string, root Root) er
 	}
 	return m.zfs.ClearUserProperty(ctx, dataset, PropRootPending)
 }
+
+// finishRoot prepares the root of a new volume, or of one whose create
+// stopped half-way, loading an encrypted volume's key for the moment it
+// takes when it is not loaded.
+func (m *Manager) finishRoot(ctx context.Context, v Volume, root Root, given vocab.Passphrase) error {
+	opened, err := m.OpenKey(ctx, v, given)
+	if err != nil {
+		return err
+	}
+	err = m.prepareRoot(ctx, v.Dataset, root)
+	if opened {
+		err = errors.Join(err, m.CloseKey(ctx, v.ID))
+	}
+	return err
+}

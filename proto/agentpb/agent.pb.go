@@ -416,8 +416,11 @@ type CreateVolumeRequest struct {
 	Parameters       map[string]string      `protobuf:"bytes,4,rep,name=parameters,proto3" json:"parameters,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	SourceSnapshotId string                 `protobuf:"bytes,5,opt,name=source_snapshot_id,json=sourceSnapshotId,proto3" json:"source_snapshot_id,omitempty"`
 	SourceVolumeId   string                 `protobuf:"bytes,6,opt,name=source_volume_id,json=sourceVolumeId,proto3" json:"source_volume_id,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The passphrase of a volume that asks for encryption, from the
+	// create's secrets; empty: the node's encryption_key_file, if any.
+	EncryptionPassphrase []byte `protobuf:"bytes,7,opt,name=encryption_passphrase,json=encryptionPassphrase,proto3" json:"encryption_passphrase,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *CreateVolumeRequest) Reset() {
@@ -490,6 +493,13 @@ func (x *CreateVolumeRequest) GetSourceVolumeId() string {
 		return x.SourceVolumeId
 	}
 	return ""
+}
+
+func (x *CreateVolumeRequest) GetEncryptionPassphrase() []byte {
+	if x != nil {
+		return x.EncryptionPassphrase
+	}
+	return nil
 }
 
 type Volume struct {
@@ -3265,7 +3275,7 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\x15certificate_not_after\x18\r \x01(\x03R\x13certificateNotAfter\x1a;\n" +
 	"\rTopologyEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe0\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x95\x03\n" +
 	"\x13CreateVolumeRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12%\n" +
 	"\x0erequired_bytes\x18\x02 \x01(\x04R\rrequiredBytes\x12\x1f\n" +
@@ -3275,7 +3285,8 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"parameters\x18\x04 \x03(\v26.zfsnomad.agent.v1.CreateVolumeRequest.ParametersEntryR\n" +
 	"parameters\x12,\n" +
 	"\x12source_snapshot_id\x18\x05 \x01(\tR\x10sourceSnapshotId\x12(\n" +
-	"\x10source_volume_id\x18\x06 \x01(\tR\x0esourceVolumeId\x1a=\n" +
+	"\x10source_volume_id\x18\x06 \x01(\tR\x0esourceVolumeId\x123\n" +
+	"\x15encryption_passphrase\x18\a \x01(\fR\x14encryptionPassphrase\x1a=\n" +
 	"\x0fParametersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd0\x03\n" +

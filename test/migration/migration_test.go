@@ -42,6 +42,9 @@ type env struct {
 	t   *testing.T
 	c   *sim.Cluster
 	ctx context.Context
+	// secrets go with every create and stage, as Nomad sends a volume's
+	// secrets block.
+	secrets map[string]string
 }
 
 func start(t *testing.T) *env {
@@ -76,7 +79,7 @@ func (e *env) create(name string, params map[string]string) string {
 		p[k] = v
 	}
 	resp, err := e.controller().CreateVolume(e.ctx, &csi.CreateVolumeRequest{Name: name, VolumeCapabilities: []*csi.VolumeCapability{writer},
-		CapacityRange: &csi.CapacityRange{RequiredBytes: 1 << 30}, Parameters: p})
+		CapacityRange: &csi.CapacityRange{RequiredBytes: 1 << 30}, Parameters: p, Secrets: e.secrets})
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -115,7 +118,7 @@ func (e *env) publishWithin(ctx context.Context, id, nodeID string) (string, err
 	if err != nil {
 		return "", err
 	}
-	return guesttest.Mount(ctx, e.t, e.node(nodeID), id, id, resp.GetPublishContext())
+	return guesttest.MountWithSecrets(ctx, e.t, e.node(nodeID), id, id, resp.GetPublishContext(), e.secrets)
 }
 
 func (e *env) stage(id, nodeID string, publishContext map[string]string) (string, error) {

@@ -203,7 +203,7 @@ func (e *env) restore(name, snapID string, params map[string]string) string {
 		p[k] = v
 	}
 	resp, err := e.controller().CreateVolume(e.ctx, &csi.CreateVolumeRequest{Name: name, VolumeCapabilities: []*csi.VolumeCapability{writer},
-		CapacityRange: &csi.CapacityRange{RequiredBytes: 1 << 30}, Parameters: p,
+		CapacityRange: &csi.CapacityRange{RequiredBytes: 1 << 30}, Parameters: p, Secrets: e.secrets,
 		VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: snapID}}}})
 	if err != nil {
 		e.t.Fatalf("restoring %s as %s: %v", snapID, name, err)

@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	"github.com/kubernetes-csi/csi-test/v5/pkg/sanity"
+	"github.com/onsi/ginkgo/v2"
+	"github.com/onsi/gomega"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/guesttest"
 	"github.com/zfs-nomad/zfs-nomad/internal/sim"
@@ -23,21 +25,62 @@ func TestMain(m *testing.M) {
 	}))
 }
 
+// TestCSISanity runs csi-sanity's specs twice in one suite on one
+// cluster: with plain volumes, and with encrypted ones whose passphrase
+// every call carries in its secrets, as Nomad sends a volume's secrets
+// block (docs/security.md, "Encrypted volumes"). Ginkgo runs a suite
+// once per process, so both sets are registered before it runs.
 func TestCSISanity(t *testing.T) {
 	// Two nodes, so placement is exercised; csi-sanity sends no topology and
 	// publishes on node n1 only, so its volumes are pinned there with the
 	// driver's "node" parameter.
-	c := guesttest.StartCluster(t, 2, sim.Options{})
+	c := guesttest.StartCluster(t, 2, sim.Options{NodeArgs: []string{"-allow-property", "encryption=off:on|off"}})
 	n1 := c.Nodes[0]
 
-	cfg := sanity.NewTestConfig()
-	cfg.Address = n1.CSIEndpoint
-	cfg.ControllerAddress = c.ControllerEndpoint
-	cfg.TargetPath = filepath.Join(n1.Dir, "target")
-	cfg.StagingPath = filepath.Join(n1.Dir, "staging")
-	cfg.TestVolumeSize = 64 << 20
-	cfg.TestVolumeExpandSize = 128 << 20
-	cfg.TestVolumeParameters = map[string]string{"node": n1.ID, "compression": "lz4"}
-	cfg.IdempotentCount = 2
-	sanity.Test(t, cfg)
+	secrets := filepath.Join(t.TempDir(), "secrets.yaml")
+	if err := os.WriteFile(secrets, []byte(secretsFile), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var suites []*sanity.TestContext
+	for _, tc := range []struct {
+		name    string
+		params  map[string]string
+		secrets string
+	}{
+		{"plain", map[string]string{"node": n1.ID, "compression": "lz4"}, ""},
+		{"encrypted", map[string]string{"node": n1.ID, "compression": "lz4", "encryption": "on"}, secrets},
+	} {
+		cfg := sanity.NewTestConfig()
+		cfg.Address = n1.CSIEndpoint
+		cfg.ControllerAddress = c.ControllerEndpoint
+		cfg.TargetPath = filepath.Join(n1.Dir, "target-"+tc.name)
+		cfg.StagingPath = filepath.Join(n1.Dir, "staging-"+tc.name)
+		cfg.TestVolumeSize = 64 << 20
+		cfg.TestVolumeExpandSize = 128 << 20
+		cfg.TestVolumeParameters = tc.params
+		cfg.SecretsFile = tc.secrets
+		cfg.IdempotentCount = 2
+		ginkgo.Describe(tc.name+" volumes", func() { suites = append(suites, sanity.GinkgoTest(&cfg)) })
+	}
+	gomega.RegisterFailHandler(ginkgo.Fail)
+	ginkgo.RunSpecs(t, "CSI Driver Test Suite")
+	for _, sc := range suites {
+		sc.Finalize()
+	}
 }
+
+// secretsFile gives every call that may carry secrets the passphrase.
+const secretsFile = `
+CreateVolumeSecret: {encryption_key: "sanity passphrase"}
+DeleteVolumeSecret: {encryption_key: "sanity passphrase"}
+ControllerPublishVolumeSecret: {encryption_key: "sanity passphrase"}
+ControllerUnpublishVolumeSecret: {encryption_key: "sanity passphrase"}
+ControllerValidateVolumeCapabilitiesSecret: {encryption_key: "sanity passphrase"}
+NodeStageVolumeSecret: {encryption_key: "sanity passphrase"}
+NodePublishVolumeSecret: {encryption_key: "sanity passphrase"}
+CreateSnapshotSecret: {encryption_key: "sanity passphrase"}
+DeleteSnapshotSecret: {encryption_key: "sanity passphrase"}
+ControllerExpandVolumeSecret: {encryption_key: "sanity passphrase"}
+ListSnapshotsSecret: {encryption_key: "sanity passphrase"}
+GetSnapshotSecret: {encryption_key: "sanity passphrase"}
+`

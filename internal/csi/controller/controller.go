@@ -109,6 +109,7 @@ func createRequest(req *csi.CreateVolumeRequest) (provision.CreateRequest, error
 			RequiredBytes: uint64(required),
 			LimitBytes:    uint64(limit),
 			Parameters:    req.GetParameters(),
+			Passphrase:    vocab.PassphraseFrom(req.GetSecrets()),
 		},
 		Requisite: segments(req.GetAccessibilityRequirements().GetRequisite()),
 		Preferred: segments(req.GetAccessibilityRequirements().GetPreferred()),

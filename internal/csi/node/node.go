@@ -257,11 +257,22 @@ func (n *Node) stage(ctx context.Context, req *csi.NodeStageVolumeRequest) error
 		}
 		return errdefs.Wrap(errdefs.ErrAlreadyExists, "staging path %s already has %s (%s) mounted, not volume %s", staging, entry.Source, entry.FSType, id)
 	}
-	// The staging mount stays writable: read-only is applied per publish.
-	if err := n.mounter.MountZFS(v.Dataset, staging, without(flags, "ro")); err != nil {
+	// An encrypted volume's key is loaded here and unloaded at unstage
+	// (volume.Manager.OpenKey): a wrong key mounts nothing.
+	opened, err := n.volumes.OpenKey(ctx, v, vocab.PassphraseFrom(req.GetSecrets()))
+	if err != nil {
 		return err
 	}
-	n.log.Info("volume staged", "volume_id", id, "dataset", v.Dataset, "path", staging)
+	// The staging mount stays writable: read-only is applied per publish.
+	if err := n.mounter.MountZFS(v.Dataset, staging, without(flags, "ro")); err != nil {
+		if opened {
+			if cerr := n.volumes.CloseKey(ctx, id); cerr != nil {
+				n.log.Warn("could not unload the key of a volume whose mount failed", "volume_id", id, "error", cerr)
+			}
+		}
+		return err
+	}
+	n.log.Info("volume staged", "volume_id", id, "dataset", v.Dataset, "path", staging, "encrypted", v.Encrypted)
 	return nil
 }
 
@@ -280,7 +291,7 @@ func contextGeneration(pc map[string]string, key string) (uint64, error) {
 }
 
 func (n *Node) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolumeRequest) (*csi.NodeUnstageVolumeResponse, error) {
-	if err := n.unmount(req.GetVolumeId(), req.GetStagingTargetPath(), false); err != nil {
+	if err := n.unmount(ctx, req.GetVolumeId(), req.GetStagingTargetPath(), false); err != nil {
 		return nil, err
 	}
 	return &csi.NodeUnstageVolumeResponse{}, nil
@@ -289,8 +300,9 @@ func (n *Node) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolume
 // unmount is what unstaging and unpublishing share: it unmounts path, the
 // volume's staging path or (target set) a target path, under the volume's
 // lock. A target path is removed too: the plugin created it in
-// NodePublishVolume, and the spec has it remove it again.
-func (n *Node) unmount(id, path string, target bool) error {
+// NodePublishVolume, and the spec has it remove it again. Unstaging
+// unloads an encrypted volume's key: it is loaded only while staged.
+func (n *Node) unmount(ctx context.Context, id, path string, target bool) error {
 	field, done := "staging_target_path", "volume unstaged"
 	if target {
 		field, done = "target_path", "volume unpublished"
@@ -312,6 +324,10 @@ func (n *Node) unmount(id, path string, target bool) error {
 	if target {
 		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 			n.log.Warn("could not remove the unpublished target path", "volume_id", id, "path", path, "error", err)
+		}
+	} else if vocab.IsVolumeID(id) {
+		if err := n.volumes.CloseKey(ctx, id); err != nil {
+			return err
 		}
 	}
 	n.log.Info(done, "volume_id", id, "path", path)
@@ -375,7 +391,7 @@ func (n *Node) publish(ctx context.Context, req *csi.NodePublishVolumeRequest) e
 }
 
 func (n *Node) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
-	if err := n.unmount(req.GetVolumeId(), req.GetTargetPath(), true); err != nil {
+	if err := n.unmount(ctx, req.GetVolumeId(), req.GetTargetPath(), true); err != nil {
 		return nil, err
 	}
 	return &csi.NodeUnpublishVolumeResponse{}, nil

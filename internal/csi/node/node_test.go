@@ -187,3 +187,53 @@ func TestAStageGrantedAheadWaitsForThePromotion(t *testing.T) {
 		})
 	}
 }
+
+// TestAnEncryptedVolumeIsOpenOnlyWhileStaged: a stage without the key or
+// with a wrong one is InvalidArgument and mounts nothing; the right key
+// (from the stage's secrets) is loaded for the mount, and unstaging
+// unloads it.
+func TestAnEncryptedVolumeIsOpenOnlyWhileStaged(t *testing.T) {
+	ctx := context.Background()
+	n, mounter, fake, _, base := newTestNode(t)
+	n.cfg.Properties["encryption"] = config.PropertyRule{}
+	n.volumes = volume.NewManager(fake, n.cfg, hclog.NewNullLogger())
+	n.volumes.Encryption = fake
+	n.volumes.Mounted = func(ds string) (bool, error) { return mounter.Mounted(ds), nil }
+	key := "correct horse battery"
+	v, err := n.volumes.Create(ctx, volume.CreateRequest{Name: "secret", Parameters: map[string]string{"encryption": "on"}, Passphrase: vocab.Passphrase(key)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	staging := filepath.Join(base, "staging")
+	stage := func(secrets map[string]string) error {
+		_, err := n.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: v.ID, StagingTargetPath: staging, VolumeCapability: capability, Secrets: secrets})
+		return err
+	}
+	keyLoaded := func() bool {
+		got, err := n.volumes.Get(ctx, v.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got.KeyLoaded
+	}
+	for _, secrets := range []map[string]string{nil, {vocab.SecretEncryptionKey: "wrong passphrase"}} {
+		if err := stage(secrets); status.Code(err) != codes.InvalidArgument {
+			t.Fatalf("stage with secrets %v: %v, want InvalidArgument", secrets, err)
+		}
+		if calls := mounter.Calls(); len(calls) > 0 || keyLoaded() {
+			t.Fatalf("a stage without the right key mounted %q or loaded the key (%v)", calls, keyLoaded())
+		}
+	}
+	if err := stage(map[string]string{vocab.SecretEncryptionKey: key}); err != nil {
+		t.Fatal(err)
+	}
+	if !keyLoaded() {
+		t.Fatal("staged without the key loaded")
+	}
+	if _, err := n.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: v.ID, StagingTargetPath: staging}); err != nil {
+		t.Fatal(err)
+	}
+	if keyLoaded() {
+		t.Fatal("unstaged with the key still loaded")
+	}
+}

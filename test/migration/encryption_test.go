@@ -1,0 +1,117 @@
+package migration
+
+import (
+	"context"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/guesttest"
+	"github.com/zfs-nomad/zfs-nomad/internal/sim"
+	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
+)
+
+// TestEncryptedVolumesOpenOnlyWhereStaged (issue 37): a volume created
+// with encryption=on and its passphrase in the claim's secrets is
+// encrypted on every node that holds it, and its key is loaded only on
+// the node that has it staged, for as long as it is staged: not after
+// the create, not on replicas, not after an unstage. A stage without the
+// key or with a wrong one is InvalidArgument and mounts nothing. After a
+// move, a restore from a snapshot on another node and a manual failover
+// the stage loads the key and the workload reads its files.
+func TestEncryptedVolumesOpenOnlyWhereStaged(t *testing.T) {
+	c := guesttest.StartCluster(t, 3, sim.Options{
+		ControllerArgs: []string{"-schedule-every", "0"},
+		NodeArgs:       []string{"-allow-property", "encryption=off:on|off|aes-256-gcm"},
+	})
+	const key = "correct horse battery staple"
+	e := &env{t: t, c: c, ctx: context.Background(), secrets: map[string]string{vocab.SecretEncryptionKey: key}}
+
+	id := e.create("secret", map[string]string{"encryption": "aes-256-gcm"})
+	e.wantKeys(id, "created", map[string]string{"n1": "unavailable"})
+
+	// Without the key, or with a wrong one: refused, nothing mounted.
+	for _, secrets := range []map[string]string{nil, {vocab.SecretEncryptionKey: "not the passphrase"}} {
+		e.secrets = secrets
+		_, err := e.publish(id, "n1")
+		wantCode(t, err, codes.InvalidArgument, vocab.SecretEncryptionKey)
+		e.wantKeys(id, "after a refused stage", map[string]string{"n1": "unavailable"})
+		if out := guesttest.Exec(t, e.node("n1"), "grep -c "+e.node("n1").RootDataset+"/"+id+" /proc/self/mounts || true"); strings.TrimSpace(out) != "0" {
+			t.Fatalf("a refused stage left %s mounts of the volume", out)
+		}
+	}
+	e.secrets = map[string]string{vocab.SecretEncryptionKey: key}
+
+	dir := e.mustPublish(id, "n1")
+	e.write("n1", dir, "echo first > f && head -c 4194304 /dev/urandom > blob")
+	e.wantKeys(id, "staged on n1", map[string]string{"n1": "available"})
+	want := e.checksums("n1", dir)
+	e.unpublish(id, "n1")
+	e.wantKeys(id, "unstaged", map[string]string{"n1": "unavailable"})
+
+	// A move: n2 receives raw and loads the key only when it stages.
+	dir = e.mustPublish(id, "n2")
+	if got := e.checksums("n2", dir); got != want {
+		t.Fatalf("after the move n2 holds:\n%s\nwant:\n%s", got, want)
+	}
+	e.wantKeys(id, "staged on n2 after the move", map[string]string{"n1": "unavailable", "n2": "available"})
+	e.write("n2", dir, "echo second >> f")
+	want = e.checksums("n2", dir)
+	snap, err := e.controller().CreateSnapshot(e.ctx, &csi.CreateSnapshotRequest{SourceVolumeId: id, Name: "secret-snap"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.unpublish(id, "n2")
+	e.wantKeys(id, "unstaged on n2", map[string]string{"n1": "unavailable", "n2": "unavailable"})
+
+	// A restore, staged on another node than the snapshot's: the same key.
+	// Made on n2, which holds the snapshot: a raw copy, its own
+	// encryption root (a clone would need the source volume's key).
+	rid := e.restore("secret-restored", snap.GetSnapshot().GetSnapshotId(), nil)
+	e.wantKeys(rid, "restored on n2", map[string]string{"n2": "unavailable"})
+	rdir := e.mustPublish(rid, "n3")
+	if got := e.checksums("n3", rdir); got != want {
+		t.Fatalf("the restored volume holds:\n%s\nwant:\n%s", got, want)
+	}
+	e.wantKeys(rid, "restore staged on n3", map[string]string{"n3": "available"})
+	e.unpublish(rid, "n3")
+	e.wantKeys(rid, "restore unstaged", map[string]string{"n3": "unavailable"})
+	e.deleteVolume(rid)
+
+	// A manual failover: n2 (the primary) is lost, n1's replica promoted.
+	e.replicate(id, "n2", "n1")
+	e.wantKeys(id, "replicated to n1", map[string]string{"n1": "unavailable", "n2": "unavailable"})
+	e.loseNode("n2")
+	ctl := filepath.Join(guesttest.BinDir(t), "zfs-controller")
+	out := guesttest.Run(t, ctl, "promote", "-peers", strings.Join(e.c.AgentAddresses(), ","), "-agent-timeout", "30s",
+		"-tls-ca", e.c.Operator.CA, "-tls-cert", e.c.Operator.Cert, "-tls-key", e.c.Operator.Key, "-node", "n1", id)
+	if !strings.Contains(out, "node n1 is the primary now") {
+		t.Fatalf("promote: %s", out)
+	}
+	e.secrets = map[string]string{vocab.SecretEncryptionKey: "not the passphrase"}
+	_, err = e.publish(id, "n1")
+	wantCode(t, err, codes.InvalidArgument, "does not unlock it")
+	e.secrets = map[string]string{vocab.SecretEncryptionKey: key}
+	dir = e.mustPublish(id, "n1")
+	if got := e.checksums("n1", dir); got != want {
+		t.Fatalf("after the failover n1 holds:\n%s\nwant:\n%s", got, want)
+	}
+	e.wantKeys(id, "staged on n1 after the failover", map[string]string{"n1": "available"})
+}
+
+// wantKeys checks the encryption and key status of volume id's copy on
+// each node named: every copy is encrypted, and its key status is as
+// given ("available" only where the volume is staged).
+func (e *env) wantKeys(id, when string, want map[string]string) {
+	e.t.Helper()
+	for nodeID, status := range want {
+		ds := e.node(nodeID).RootDataset + "/" + id
+		got := strings.Fields(guesttest.Exec(e.t, e.node(nodeID), "zfs get -H -p -o value encryption,keystatus,encryptionroot "+ds))
+		if len(got) != 3 || got[0] == "off" || got[1] != status || got[2] != ds {
+			e.t.Errorf("%s: %s on %s has encryption, keystatus, encryptionroot %q; want encrypted, %s, itself", when, id, nodeID, got, status)
+		}
+	}
+}
