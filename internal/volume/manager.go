@@ -786,6 +786,10 @@ func zfsError(err error, what string) error {
 		return fmt.Errorf("%w: %s: %v", errdefs.ErrAlreadyExists, what, err)
 	case errors.Is(err, zfs.ErrUnavailable):
 		return fmt.Errorf("%w: %s: %v", errdefs.ErrUnavailable, what, err)
+	case errors.Is(err, zfs.ErrBusy):
+		// A dataset that a receive is creating cannot even be opened
+		// until the receive ends: a moment's state, worth a retry.
+		return fmt.Errorf("%w: %s: %v; retry", errdefs.ErrUnavailable, what, err)
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return fmt.Errorf("%s: %w", what, err)
 	}

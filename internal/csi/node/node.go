@@ -150,7 +150,8 @@ func (n *Node) promotedAfter(ctx context.Context, id string, after uint64) (uint
 	for first := true; ; first = false {
 		// Get reads the one dataset (Copy would list its snapshots and
 		// the mount table too, every half second); it answers only for a
-		// primary, NotFound before the copy arrives and
+		// primary, NotFound before the copy arrives, Unavailable while
+		// the receive that creates it runs (ZFS cannot open it then) and
 		// FailedPrecondition for a replica.
 		v, err := n.volumes.Get(ctx, id)
 		switch {
@@ -159,7 +160,7 @@ func (n *Node) promotedAfter(ctx context.Context, id string, after uint64) (uint
 				n.log.Info("copy promoted: staging the volume published ahead of its move's end", "volume_id", id, "generation", v.Generation)
 			}
 			return v.Generation, nil
-		case err != nil && !errors.Is(err, errdefs.ErrNotFound) && !errors.Is(err, errdefs.ErrFailedPrecondition):
+		case err != nil && !errors.Is(err, errdefs.ErrNotFound) && !errors.Is(err, errdefs.ErrUnavailable) && !errors.Is(err, errdefs.ErrFailedPrecondition):
 			return 0, err
 		}
 		if first {

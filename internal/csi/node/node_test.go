@@ -2,8 +2,10 @@ package node
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -16,6 +18,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/mount"
 	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
 	"github.com/zfs-nomad/zfs-nomad/internal/volume"
+	"github.com/zfs-nomad/zfs-nomad/internal/zfs"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs/zfsfake"
 )
 
@@ -129,6 +132,8 @@ func TestAStageGrantedAheadWaitsForThePromotion(t *testing.T) {
 	}{
 		{"promoted during the wait", after1, map[string]string{volume.PropRole: vocab.RolePrimary, volume.PropGeneration: "2"}, 20 * time.Second, codes.OK},
 		{"never promoted", after1, nil, 3 * time.Second, codes.Unavailable},
+		// A full receive creating the copy: ZFS cannot open it (EBUSY).
+		{"busy while received, then promoted", after1, map[string]string{volume.PropRole: vocab.RolePrimary, volume.PropGeneration: "2"}, 20 * time.Second, codes.OK},
 		{"a primary of the source's generation is no promotion", after1, map[string]string{volume.PropRole: vocab.RolePrimary, volume.PropGeneration: "1"}, 3 * time.Second, codes.Unavailable},
 		{"both keys", map[string]string{vocab.PublishContextAfterGeneration: "1", vocab.PublishContextGeneration: "2"}, nil, 3 * time.Second, codes.InvalidArgument},
 		{"not a generation", map[string]string{vocab.PublishContextAfterGeneration: "x"}, nil, 3 * time.Second, codes.InvalidArgument},
@@ -137,6 +142,15 @@ func TestAStageGrantedAheadWaitsForThePromotion(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			n, mounter, fake, v, base := newTestNode(t)
 			bg := context.Background()
+			if strings.HasPrefix(tc.name, "busy") {
+				busyUntil := time.Now().Add(900 * time.Millisecond)
+				fake.Fail = func(op, name string) error {
+					if name == v.Dataset && op == "get" && time.Now().Before(busyUntil) {
+						return fmt.Errorf("zfs open %s: dataset is busy: %w", name, zfs.ErrBusy)
+					}
+					return nil
+				}
+			}
 			// The move's target holds a replica of the source's generation.
 			if err := fake.SetProperties(bg, v.Dataset, map[string]string{volume.PropRole: vocab.RoleReplica, volume.PropGeneration: "1"}); err != nil {
 				t.Fatal(err)
