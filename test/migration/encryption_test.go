@@ -2,6 +2,7 @@ package migration
 
 import (
 	"context"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -18,14 +19,24 @@ import (
 // with encryption=on and its passphrase in the claim's secrets is
 // encrypted on every node that holds it, and its key is loaded only on
 // the node that has it staged, for as long as it is staged: not after
-// the create, not on replicas, not after an unstage. A stage without the
-// key or with a wrong one is InvalidArgument and mounts nothing. After a
+// the create, not on replicas, not after an unstage. A stage with a
+// wrong key (from the secrets, or from the operator's key file when the
+// secrets carry none) is InvalidArgument and mounts nothing. After a
 // move, a restore from a snapshot on another node and a manual failover
-// the stage loads the key and the workload reads its files.
+// the stage loads the key and the workload reads its files. A volume
+// whose claims carry no key opens with the key file's.
 func TestEncryptedVolumesOpenOnlyWhereStaged(t *testing.T) {
+	// The operator's key file, the same on every node (they share the
+	// guest's file system): for claims whose secrets carry no key.
+	keyFile := filepath.Join(t.TempDir(), "volume-key")
+	if err := os.WriteFile(keyFile, []byte("the operator's passphrase\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// The shipped agent timeout (30 s), not the simulation's 10 s: an
+	// encrypted create derives its key, 6 to 10 s in the emulated guest.
 	c := guesttest.StartCluster(t, 3, sim.Options{
-		ControllerArgs: []string{"-schedule-every", "0"},
-		NodeArgs:       []string{"-allow-property", "encryption=off:on|off|aes-256-gcm"},
+		ControllerArgs: []string{"-schedule-every", "0", "-agent-timeout", "30s"},
+		NodeArgs:       []string{"-allow-property", "encryption=off:on|off|aes-256-gcm", "-encryption-key-file", keyFile},
 	})
 	const key = "correct horse battery staple"
 	e := &env{t: t, c: c, ctx: context.Background(), secrets: map[string]string{vocab.SecretEncryptionKey: key}}
@@ -33,11 +44,18 @@ func TestEncryptedVolumesOpenOnlyWhereStaged(t *testing.T) {
 	id := e.create("secret", map[string]string{"encryption": "aes-256-gcm"})
 	e.wantKeys(id, "created", map[string]string{"n1": "unavailable"})
 
-	// Without the key, or with a wrong one: refused, nothing mounted.
-	for _, secrets := range []map[string]string{nil, {vocab.SecretEncryptionKey: "not the passphrase"}} {
-		e.secrets = secrets
+	// With a wrong key, from the secrets or (none there) the key file:
+	// refused, nothing mounted.
+	for _, tc := range []struct {
+		secrets map[string]string
+		from    string
+	}{
+		{nil, "the passphrase from the key file " + keyFile + " does not unlock it"},
+		{map[string]string{vocab.SecretEncryptionKey: "not the passphrase"}, "the passphrase from the secret encryption_key does not unlock it"},
+	} {
+		e.secrets = tc.secrets
 		_, err := e.publish(id, "n1")
-		wantCode(t, err, codes.InvalidArgument, vocab.SecretEncryptionKey)
+		wantCode(t, err, codes.InvalidArgument, tc.from)
 		e.wantKeys(id, "after a refused stage", map[string]string{"n1": "unavailable"})
 		if out := guesttest.Exec(t, e.node("n1"), "grep -c "+e.node("n1").RootDataset+"/"+id+" /proc/self/mounts || true"); strings.TrimSpace(out) != "0" {
 			t.Fatalf("a refused stage left %s mounts of the volume", out)
@@ -85,12 +103,7 @@ func TestEncryptedVolumesOpenOnlyWhereStaged(t *testing.T) {
 	e.replicate(id, "n2", "n1")
 	e.wantKeys(id, "replicated to n1", map[string]string{"n1": "unavailable", "n2": "unavailable"})
 	e.loseNode("n2")
-	ctl := filepath.Join(guesttest.BinDir(t), "zfs-controller")
-	out := guesttest.Run(t, ctl, "promote", "-peers", strings.Join(e.c.AgentAddresses(), ","), "-agent-timeout", "30s",
-		"-tls-ca", e.c.Operator.CA, "-tls-cert", e.c.Operator.Cert, "-tls-key", e.c.Operator.Key, "-node", "n1", id)
-	if !strings.Contains(out, "node n1 is the primary now") {
-		t.Fatalf("promote: %s", out)
-	}
+	e.promote(id, "n1")
 	e.secrets = map[string]string{vocab.SecretEncryptionKey: "not the passphrase"}
 	_, err = e.publish(id, "n1")
 	wantCode(t, err, codes.InvalidArgument, "does not unlock it")
@@ -100,6 +113,19 @@ func TestEncryptedVolumesOpenOnlyWhereStaged(t *testing.T) {
 		t.Fatalf("after the failover n1 holds:\n%s\nwant:\n%s", got, want)
 	}
 	e.wantKeys(id, "staged on n1 after the failover", map[string]string{"n1": "available"})
+	e.unpublish(id, "n1")
+
+	// A volume whose claims carry no key: the operator's key file opens
+	// it, on its first node and after a move.
+	e.secrets = nil
+	kid := e.create("keyfile", map[string]string{"encryption": "on"})
+	e.write("n1", e.mustPublish(kid, "n1"), "echo from the key file > f")
+	e.unpublish(kid, "n1")
+	kdir := e.mustPublish(kid, "n3")
+	if got := guesttest.Exec(t, e.node("n3"), "cat "+kdir+"/f"); strings.TrimSpace(got) != "from the key file" {
+		t.Fatalf("after the move n3 reads %q", got)
+	}
+	e.wantKeys(kid, "staged on n3 with the key file's key", map[string]string{"n1": "unavailable", "n3": "available"})
 }
 
 // wantKeys checks the encryption and key status of volume id's copy on

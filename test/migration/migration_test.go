@@ -151,6 +151,21 @@ func (e *env) unpublish(id, nodeID string) {
 	}
 }
 
+// promote runs the operator's zfs-controller promote of volume id's
+// copy on nodeID, fails the test unless it says the node is the primary
+// now, and returns its output.
+func (e *env) promote(id, nodeID string) string {
+	e.t.Helper()
+	ctl := filepath.Join(guesttest.BinDir(e.t), "zfs-controller")
+	out := guesttest.Run(e.t, ctl, "promote", "-peers", strings.Join(e.c.AgentAddresses(), ","), "-agent-timeout", "30s",
+		"-tls-ca", e.c.Operator.CA, "-tls-cert", e.c.Operator.Cert, "-tls-key", e.c.Operator.Key, "-node", nodeID, id)
+	e.t.Logf("promote:\n%s", out)
+	if !strings.Contains(out, "node "+nodeID+" is the primary now") {
+		e.t.Fatalf("promote: %s", out)
+	}
+	return out
+}
+
 // replicate pushes the volume from one node to another now, and returns
 // the push's last progress report (its kind and bytes).
 func (e *env) replicate(id, from, to string) *pb.ReplicateProgress {
@@ -595,12 +610,7 @@ func TestFailoverManual(t *testing.T) {
 		_, err := e.publish(id, "n3")
 		wantCode(t, err, codes.Unavailable, "zfs-controller promote -node n2 "+id)
 	}
-	peers := e.c.AgentAddresses()
-	ctl := filepath.Join(guesttest.BinDir(t), "zfs-controller")
-	out := guesttest.Run(t, ctl, "promote", "-peers", strings.Join(peers, ","), "-agent-timeout", "30s",
-		"-tls-ca", e.c.Operator.CA, "-tls-cert", e.c.Operator.Cert, "-tls-key", e.c.Operator.Key, "-node", "n2", id)
-	t.Logf("promote:\n%s", out)
-	if !strings.Contains(out, "node n2 is the primary now (generation 2)") {
+	if out := e.promote(id, "n2"); !strings.Contains(out, "node n2 is the primary now (generation 2)") {
 		t.Errorf("promote output: %s", out)
 	}
 	dir3 := e.mustPublish(id, "n3") // moves on from n2

@@ -89,12 +89,7 @@ func TestOwnerAndModeFollowTheVolume(t *testing.T) {
 	// A manual failover: n2 (the primary) is lost, n1's replica promoted.
 	e.replicate(id, "n2", "n1")
 	e.loseNode("n2")
-	ctl := filepath.Join(guesttest.BinDir(t), "zfs-controller")
-	out := guesttest.Run(t, ctl, "promote", "-peers", strings.Join(e.c.AgentAddresses(), ","), "-agent-timeout", "30s",
-		"-tls-ca", e.c.Operator.CA, "-tls-cert", e.c.Operator.Cert, "-tls-key", e.c.Operator.Key, "-node", "n1", id)
-	if !strings.Contains(out, "node n1 is the primary now") {
-		t.Fatalf("promote: %s", out)
-	}
+	e.promote(id, "n1")
 	dir = e.mustPublish(id, "n1")
 	e.wantRoot("n1", dir, "1000:1000 2770")
 	if got, err := e.node("n1").ExecAs(1000, "cat "+dir+"/f"); err != nil || got != "mine\nmoved\n" {

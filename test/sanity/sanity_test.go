@@ -34,7 +34,12 @@ func TestCSISanity(t *testing.T) {
 	// Two nodes, so placement is exercised; csi-sanity sends no topology and
 	// publishes on node n1 only, so its volumes are pinned there with the
 	// driver's "node" parameter.
-	c := guesttest.StartCluster(t, 2, sim.Options{NodeArgs: []string{"-allow-property", "encryption=off:on|off"}})
+	// The shipped agent timeout (30 s), not the simulation's 10 s: an
+	// encrypted create derives its key, 6 to 10 s in the emulated guest.
+	c := guesttest.StartCluster(t, 2, sim.Options{
+		NodeArgs:       []string{"-allow-property", "encryption=off:on|off"},
+		ControllerArgs: []string{"-agent-timeout", "30s"},
+	})
 	n1 := c.Nodes[0]
 
 	secrets := filepath.Join(t.TempDir(), "secrets.yaml")
