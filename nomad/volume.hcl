@@ -45,7 +45,17 @@ parameters {
 
   # node   = "client-1" # create it on this client
   # pinned = "true"     # never move it: the job follows the data instead
+
+  # Encrypted at rest, on every client that holds a copy; the key is loaded
+  # only where the volume is mounted (docs/security.md, "Encrypted volumes").
+  # encryption = "on"
 }
+
+# With encryption = "on": the passphrase, which Nomad sends with the create
+# and with every mount. Keep it: without it the data cannot be read.
+# secrets {
+#   encryption_key = "a passphrase of 8 to 512 characters"
+# }
 
 mount_options {
   mount_flags = ["noatime"]

@@ -36,7 +36,7 @@ variable "default_quota" {
 variable "allow_properties" {
   description = "ZFS properties volumes may set: name=default or name=default:v1|v2 (docs/config.md)"
   type        = list(string)
-  default     = ["compression=lz4:lz4|zstd|off", "atime=off:on|off"]
+  default     = ["compression=lz4:lz4|zstd|off", "atime=off:on|off", "encryption=off:on|off"]
 }
 
 variable "root_uids" {
