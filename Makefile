@@ -95,7 +95,7 @@ TRIXIE_MIGRATION_TESTS := ^(TestPlannedMove|TestFailoverAuto|TestSnapshotsFollow
 TRIXIE_REPLICATION_TESTS := ^(TestFullThenIncremental|TestResumeAfterInterruption|TestRefusesStrangersAndBadStreams|TestBrokenReplaceKeepsTheReplica|TestEncryptedVolumeStaysEncrypted|TestDeleteRacesTidies|TestReplicaAheadOfAMovedPrimary)$$/^(receiver_killed|history_from)
 test-trixie: guest-image-trixie ## libzfs, test/node, csi-sanity, and the parts of test/replication and test/migration whose ZFS steps differ, in the Debian 13 guest (OpenZFS 2.3)
 	ZFS_NOMAD_GUEST=trixie go test -p 1 -count=1 -timeout 40m ./internal/zfs/libzfs ./test/node
-	ZFS_NOMAD_GUEST=trixie go test -count=1 -timeout 20m ./test/sanity -args -ginkgo.skip='^encrypted volumes'
+	ZFS_NOMAD_GUEST=trixie go test -count=1 -timeout 20m ./test/sanity -args -sanity.encrypted=false
 	ZFS_NOMAD_GUEST=trixie go test -count=1 -timeout 20m -run '$(TRIXIE_REPLICATION_TESTS)' ./test/replication
 	ZFS_NOMAD_GUEST=trixie go test -count=1 -timeout 30m -run '$(TRIXIE_MIGRATION_TESTS)' ./test/migration
 
