@@ -112,10 +112,11 @@ func TestNomadEndToEnd(t *testing.T) {
 	e.step("deploy the plugins from nomad/ under the docker driver", e.deployPlugins)
 
 	var first, moved allocation
-	e.step("create a replicated volume and run the example job on it", func() {
-		e.createVolume(e.file("volume.hcl"))
+	e.step("create a replicated, encrypted volume and run the example job on it", func() {
+		e.createVolume(e.writeFile("encrypted.hcl", e.encrypted(e.readFile(e.file("volume.hcl")))))
 		first = e.runCounter("web-data")
 		e.tell("the counter job runs on %s and wrote data.bin, sha256 %.16s...", first.node, first.data)
+		e.wantKeyLoadedOnlyOn(e.externalID("web-data"), first.node)
 	})
 
 	e.step("restart the node plugin under the job: its container finds the volume's mounts", func() {
@@ -147,6 +148,7 @@ func TestNomadEndToEnd(t *testing.T) {
 			time.Since(began).Round(100*time.Millisecond), moved.node, controller)
 		e.logFailedAllocations()
 		e.wantSameData(first, moved, true)
+		e.wantKeyLoadedOnlyOn(e.externalID("web-data"), moved.node)
 		// The next steps need the controller: if it ran on the drained
 		// node, it moves too, possibly after the job did.
 		e.waitForDrained(first.node)
@@ -170,10 +172,14 @@ capability {
   access_mode     = "single-node-writer"
   attachment_mode = "file-system"
 }
-`, snapID)
+secrets {
+  encryption_key = %q
+}
+`, snapID, testPassphrase)
 		e.createVolume(e.writeFile("restored.hcl", spec))
 		restored := e.runCounter("web-data-restored")
 		e.wantSameData(moved, restored, false)
+		e.wantKeyLoadedOnlyOn(e.externalID("web-data-restored"), restored.node)
 		e.nomad("job", "stop", "-purge", "counter")
 		e.nomad("volume", "snapshot", "delete", "zfs-nomad", snapID)
 		if out := e.nomad("volume", "snapshot", "list", "-plugin", "zfs-nomad"); strings.Contains(out, snapID) {
@@ -1030,6 +1036,48 @@ func (e *e2e) externalID(volume string) string {
 		e.t.Fatal(err)
 	}
 	return v.ExternalID
+}
+
+// testPassphrase is the key of the scenario's encrypted volumes.
+const testPassphrase = "nomad end to end passphrase"
+
+// encrypted turns nomad/volume.hcl's commented encryption on: the
+// parameter and the secrets block with testPassphrase, which Nomad sends
+// with the create and every stage.
+func (e *e2e) encrypted(spec string) string {
+	e.t.Helper()
+	out := strings.NewReplacer(
+		`  # encryption = "on"`, `  encryption = "on"`,
+		"# secrets {\n#   encryption_key = \"a passphrase of 8 to 512 characters\"\n# }",
+		fmt.Sprintf("secrets {\n  encryption_key = %q\n}", testPassphrase),
+	).Replace(spec)
+	if !strings.Contains(out, `  encryption = "on"`) || !strings.Contains(out, testPassphrase) {
+		e.t.Fatal("nomad/volume.hcl no longer has the commented encryption parameter and secrets block: update this test")
+	}
+	return out
+}
+
+// wantKeyLoadedOnlyOn checks that every copy of volume id is encrypted
+// and that its key is loaded on node, where the job has it mounted, and
+// nowhere else (docs/security.md, "Encrypted volumes").
+func (e *e2e) wantKeyLoadedOnlyOn(id, node string) {
+	e.t.Helper()
+	var copies []string
+	for _, n := range e.c.Nodes {
+		out, err := sim.Run("zfs", "get", "-H", "-o", "value", "encryption,keystatus", n.RootDataset+"/"+id)
+		if err != nil {
+			continue // no copy there
+		}
+		got, want := strings.Fields(out), "available"
+		if n.ID != node {
+			want = "unavailable"
+		}
+		if len(got) != 2 || got[0] == "off" || got[1] != want {
+			e.t.Fatalf("%s on %s: encryption and key status %q, want encrypted and %s (the job runs on %s)", id, n.ID, got, want, node)
+		}
+		copies = append(copies, n.ID+" "+got[1])
+	}
+	e.tell("volume %s is encrypted on every node holding it; its key: %s", id, strings.Join(copies, ", "))
 }
 
 // holders lists the nodes holding a dataset of a volume (primary or replica).
