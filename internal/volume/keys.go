@@ -21,8 +21,11 @@ import (
 // staged on its node, or for the moment a create needs it. Create loads
 // it (zfs create does) and unloads it before it returns; a stage loads it
 // before the mount and unloads it again when the mount fails; an unstage
-// unloads it after the unmount. Replicas are received raw and never
-// loaded, so a node that only holds a replica never sees the plaintext.
+// unloads it after the unmount, unless another staging path on the node
+// still mounts it. Replicas are received raw and never loaded, so a node
+// that only holds a replica never sees the plaintext; restores and
+// clones are raw copies (copyEncrypted), so staging one loads only its
+// own key.
 
 // Passphrase bounds: OpenZFS takes 8 to 512 bytes.
 const (
@@ -64,7 +67,7 @@ func (m *Manager) passphrase(id string, given vocab.Passphrase) (vocab.Passphras
 }
 
 // createEncrypted creates an encrypted volume's dataset with its key
-// loaded; the caller unloads it (closeKey) once it has prepared the root.
+// loaded; Create unloads it (CloseKey) once it has prepared the root.
 func (m *Manager) createEncrypted(ctx context.Context, id, dataset string, props map[string]string, given vocab.Passphrase) error {
 	if m.Encryption == nil {
 		return fmt.Errorf("%w: node %s cannot create encrypted volumes (no key support); create the volume with encryption=off", errdefs.ErrFailedPrecondition, m.cfg.NodeID)

@@ -474,18 +474,28 @@ func (f *Fake) Clone(ctx context.Context, snapshot, name string, props map[strin
 		return err
 	}
 	defer unlock()
+	_, err = f.createFrom(snapshot, name, snapshot, props)
+	return err
+}
+
+// createFrom creates filesystem name holding snapshot's content, with
+// origin (the snapshot for a clone, "" for a received copy), under the
+// caller's lock. The encryption property cannot be given: a clone and a
+// raw copy both keep their source's.
+func (f *Fake) createFrom(snapshot, name, origin string, props map[string]string) (*entry, error) {
 	s, ok := f.datasets[snapshot]
 	if !ok || s.ds.Type != zfs.Snapshot {
-		return fmt.Errorf("clone source %s: %w", snapshot, zfs.ErrNotFound)
+		return nil, fmt.Errorf("source snapshot %s: %w", snapshot, zfs.ErrNotFound)
 	}
 	if _, ok := props["encryption"]; ok {
-		return fmt.Errorf("cannot create '%s': 'encryption' is readonly", name)
+		return nil, fmt.Errorf("cannot create '%s': 'encryption' is readonly", name)
 	}
-	if err := f.create(name, zfs.Filesystem, snapshot, props); err != nil {
-		return err
+	if err := f.create(name, zfs.Filesystem, origin, props); err != nil {
+		return nil, err
 	}
-	f.datasets[name].content = slices.Clone(s.content)
-	return nil
+	e := f.datasets[name]
+	e.content = slices.Clone(s.content)
+	return e, nil
 }
 
 func (f *Fake) SetProperties(ctx context.Context, name string, props map[string]string) error {

@@ -3,7 +3,6 @@ package zfsfake
 import (
 	"context"
 	"fmt"
-	"slices"
 	"strings"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs"
@@ -43,24 +42,16 @@ func (f *Fake) CopyEncrypted(ctx context.Context, snapshot, target string, props
 		return err
 	}
 	defer unlock()
-	s, ok := f.datasets[snapshot]
-	if !ok || s.ds.Type != zfs.Snapshot {
-		return fmt.Errorf("zfs send -w %s: %w", snapshot, zfs.ErrNotFound)
-	}
 	root := f.encryptionRoot(snapshot)
 	if root == nil {
-		return fmt.Errorf("zfs send -w %s: not encrypted", snapshot)
+		return fmt.Errorf("zfs send -w %s: not an encrypted snapshot", snapshot)
 	}
-	if _, ok := props["encryption"]; ok {
-		return fmt.Errorf("zfs receive %s: encryption property 'encryption' cannot be set or excluded for raw streams", target)
-	}
-	if err := f.create(target, zfs.Filesystem, "", props); err != nil {
+	e, err := f.createFrom(snapshot, target, "", props)
+	if err != nil {
 		return err
 	}
-	e := f.datasets[target]
 	e.props["encryption"], e.passphrase, e.keyLoaded = root.props["encryption"], root.passphrase, false
-	e.content = slices.Clone(s.content)
-	e.ds.Referenced = s.ds.Referenced
+	e.ds.Referenced = f.datasets[snapshot].ds.Referenced
 	return nil
 }
 
