@@ -260,16 +260,12 @@ func (c *Node) Validate() error {
 			if err := ValidatePropertyValue(v); err != nil && v != "" {
 				errs = append(errs, fmt.Errorf("properties.%s: %w", name, err))
 			}
+			if name == "encryption" && v != "" && !slices.Contains(EncryptionValues, v) {
+				errs = append(errs, fmt.Errorf("properties.encryption: %q is not an encryption value (%s)", v, strings.Join(EncryptionValues, ", ")))
+			}
 		}
 		if rule.Default != "" && len(rule.Allowed) > 0 && !slices.Contains(rule.Allowed, rule.Default) {
 			errs = append(errs, fmt.Errorf("properties.%s: default %q is not among allowed %v", name, rule.Default, rule.Allowed))
-		}
-		if name == "encryption" {
-			for _, v := range append([]string{rule.Default}, rule.Allowed...) {
-				if v != "" && !slices.Contains(EncryptionValues, v) {
-					errs = append(errs, fmt.Errorf("properties.encryption: %q is not an encryption value (%s)", v, strings.Join(EncryptionValues, ", ")))
-				}
-			}
 		}
 	}
 	if c.EncryptionKeyFile != "" && !filepath.IsAbs(c.EncryptionKeyFile) {

@@ -312,14 +312,19 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Volume, error)
 			return Volume{}, err
 		}
 	}
-	// Unload the key zfs create loaded: a volume's key is loaded only
-	// while it is staged (keys.go).
-	if err := m.CloseKey(ctx, id); err != nil {
-		return Volume{}, err
-	}
 	v, err := m.get(ctx, id)
 	if err != nil {
 		return Volume{}, err
+	}
+	// Unload the key zfs create loaded: a volume's key is loaded only
+	// while it is staged (keys.go).
+	if v.KeyLoaded {
+		if err := m.CloseKey(ctx, id); err != nil {
+			return Volume{}, err
+		}
+		if v, err = m.get(ctx, id); err != nil {
+			return Volume{}, err
+		}
 	}
 	log.Info("volume created", "name", req.Name, "dataset", dataset, "quota", quota, "source", source, "encrypted", v.Encrypted)
 	return v, nil

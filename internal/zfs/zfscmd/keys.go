@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"os/exec"
-	"sort"
 	"strings"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs"
@@ -101,24 +100,4 @@ func (c Cmd) UnloadKey(ctx context.Context, fs string) error {
 		return fmt.Errorf("%w: %w", err, zfs.ErrBusy)
 	}
 	return err
-}
-
-// runWithInput runs zfs with args and input on its standard input.
-func (c Cmd) runWithInput(ctx context.Context, input []byte, args ...string) (string, error) {
-	var stdout, stderr bytes.Buffer
-	cmd := exec.CommandContext(ctx, c.bin(), args...)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = bytes.NewReader(input), &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		return "", classify(fmt.Errorf("zfs %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String())), stderr.String())
-	}
-	return stdout.String(), nil
-}
-
-func sortedKeys(m map[string]string) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }

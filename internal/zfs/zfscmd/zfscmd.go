@@ -35,13 +35,31 @@ func (c Cmd) bin() string {
 
 // run runs zfs with args and returns stdout; stderr goes into the error.
 func (c Cmd) run(ctx context.Context, args ...string) (string, error) {
+	return c.runWithInput(ctx, nil, args...)
+}
+
+// runWithInput runs zfs with args and input (nil: none) on its standard
+// input, and returns stdout; stderr goes into the error.
+func (c Cmd) runWithInput(ctx context.Context, input []byte, args ...string) (string, error) {
 	var stdout, stderr bytes.Buffer
 	cmd := exec.CommandContext(ctx, c.bin(), args...)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if input != nil {
+		cmd.Stdin = bytes.NewReader(input)
+	}
 	if err := cmd.Run(); err != nil {
 		return "", classify(fmt.Errorf("zfs %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String())), stderr.String())
 	}
 	return stdout.String(), nil
+}
+
+func sortedKeys(m map[string]string) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
 }
 
 func classify(err error, stderr string) error {
@@ -177,12 +195,7 @@ func (c Cmd) Receive(ctx context.Context, target string, props map[string]string
 		return err
 	}
 	args := []string{"receive", "-s", "-u"}
-	keys := make([]string, 0, len(props))
-	for k := range props {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
+	for _, k := range sortedKeys(props) {
 		args = append(args, "-o", k+"="+props[k])
 	}
 	args = append(args, target)
@@ -200,13 +213,8 @@ func (c Cmd) Set(ctx context.Context, dataset string, props map[string]string) e
 	if err := zfs.ValidateName(dataset); err != nil {
 		return err
 	}
-	keys := make([]string, 0, len(props))
-	for k := range props {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
 	args := []string{"set"}
-	for _, k := range keys {
+	for _, k := range sortedKeys(props) {
 		args = append(args, k+"="+props[k])
 	}
 	_, err := c.run(ctx, append(args, dataset)...)
