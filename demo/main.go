@@ -218,12 +218,12 @@ func (s *story) walk(ctx context.Context) error {
 	s.step("Clean up: unpublish everything, delete volumes and the snapshot")
 	for _, v := range []*csi.Volume{vol, restored, clone} {
 		if err := s.unmount(ctx, s.nodeOf(v), v.GetVolumeId()); err != nil {
-			return err
+			return fmt.Errorf("unmounting volume %s on %s: %w", v.GetVolumeId(), s.nodeOf(v).ID, err)
 		}
 	}
 	// The snapshot outlives its volume; the dataset stays hidden until the snapshot goes.
 	for _, v := range []*csi.Volume{vol, clone, restored, pinned, orders, ledger} {
-		if _, err := s.ctl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: v.GetVolumeId()}); err != nil {
+		if err := s.deleteVolume(ctx, v.GetVolumeId()); err != nil {
 			return err
 		}
 	}
@@ -434,6 +434,28 @@ func (s *story) unmount(ctx context.Context, n *sim.Node, id string) error {
 	}
 	_, err := nc.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging})
 	return err
+}
+
+// deleteVolume deletes a volume as `nomad volume delete` typed again
+// would: a temporary refusal (a node busy, a push of the volume being
+// stopped) is said and retried for a minute.
+func (s *story) deleteVolume(ctx context.Context, id string) error {
+	deadline := time.Now().Add(time.Minute)
+	for {
+		_, err := s.ctl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id})
+		if err == nil || !errdefs.Temporary(err) || time.Now().After(deadline) {
+			if err != nil {
+				return fmt.Errorf("deleting volume %s: %w", id, err)
+			}
+			return nil
+		}
+		s.say("(delete of %s: %s; retrying)", id, status.Convert(err).Message())
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(2 * time.Second):
+		}
+	}
 }
 
 // publish does what Nomad does for a claim on node n: ControllerPublish
