@@ -11,11 +11,14 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/signal"
@@ -40,6 +43,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/scheduler"
 	"github.com/zfs-nomad/zfs-nomad/internal/tlsconfig"
 	"github.com/zfs-nomad/zfs-nomad/internal/version"
+	"github.com/zfs-nomad/zfs-nomad/internal/worklease"
 )
 
 // command is one of zfs-controller's commands.
@@ -164,20 +168,34 @@ func serve(c command, args []string) error {
 	if certs != nil {
 		plugin.WatchTLS(ctx, certs, registry)
 	}
+	metricsLis, err := plugin.ListenMetrics(cfg.MetricsAddress)
+	if err != nil {
+		return err
+	}
+	// The background work runs in the instance that holds the work lease
+	// (docs/architecture.md, "Several controllers").
+	holder := worklease.NewHolder(thisInstance(metricsLis), cluster.WorkLeaseAsker(nodes), log.Named("worklease"))
+	holderDone := make(chan struct{})
+	go func() {
+		defer close(holderDone)
+		holder.Run(ctx)
+	}()
+	defer func() { <-holderDone }() // Run releases the lease when ctx ends
 	// Deleted snapshots: copies the delete could not reach (a node away,
 	// a push under way) go, then the records (docs/replication.md,
 	// "Deleted snapshots").
-	go provision.New(nodes, migrator, cfg.Placement, log.Named("snapshots")).RunDeletions(ctx, time.Minute)
+	deletions := provision.New(nodes, migrator, cfg.Placement, log.Named("snapshots"))
+	go holder.Every(ctx, time.Minute, func(ctx context.Context) {
+		if err := deletions.FinishDeletions(ctx); err != nil {
+			log.Named("snapshots").Warn("finishing the deletion of snapshots deleted while a node was away failed; retrying", "error", err, "retry_in", time.Minute)
+		}
+	})
 	if every := time.Duration(cfg.ScheduleEvery); every > 0 {
 		sched := scheduler.New(nodes, cfg.ParallelPushes, log.Named("replication"))
 		sched.Metrics = scheduler.NewMetrics(registry)
 		sched.Settle = migrator.Settle
 		sched.SurplusGrace = time.Duration(cfg.SurplusGrace)
-		go sched.Run(ctx, every)
-	}
-	metricsLis, err := plugin.ListenMetrics(cfg.MetricsAddress)
-	if err != nil {
-		return err
+		go holder.Every(ctx, every, func(ctx context.Context) { sched.Round(ctx) })
 	}
 	go func() {
 		if err := plugin.ServeMetrics(ctx, metricsLis, registry, log, map[string]http.Handler{migration.MovesPath: migrator.MovesHandler()}); err != nil {
@@ -188,6 +206,20 @@ func serve(c command, args []string) error {
 	err = plugin.Serve(ctx, srv, lis, 10*time.Second)
 	log.Info("stopped")
 	return err
+}
+
+// thisInstance is how this controller process introduces itself to the
+// nodes when it asks for the work lease: a random ID, and where an
+// operator finds it (its host and metrics address).
+func thisInstance(metrics net.Listener) worklease.Instance {
+	id := make([]byte, 4)
+	_, _ = rand.Read(id) // crypto/rand.Read does not fail (Go 1.24)
+	host, _ := os.Hostname()
+	in := worklease.Instance{ID: "ctl-" + hex.EncodeToString(id), Host: host, Version: version.Version, Started: time.Now()}
+	if metrics != nil {
+		in.Address = metrics.Addr().String()
+	}
+	return in
 }
 
 // probe is ready when at least one node agent answers and is healthy.

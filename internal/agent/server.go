@@ -20,6 +20,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/version"
 	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
 	"github.com/zfs-nomad/zfs-nomad/internal/volume"
+	"github.com/zfs-nomad/zfs-nomad/internal/worklease"
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
@@ -42,6 +43,9 @@ type Server struct {
 	// node holds its lease and when its agent certificate expires.
 	LeaseHeld           func() bool
 	CertificateNotAfter func() time.Time
+	// WorkLease is this node's part of the controllers' work lease
+	// (package worklease); NewServer starts it on the wall clock.
+	WorkLease *worklease.Grants
 
 	volumes  *volume.Manager
 	pusher   *replication.Pusher
@@ -52,7 +56,7 @@ type Server struct {
 
 // NewServer returns the agent service of the node described by cfg.
 func NewServer(volumes *volume.Manager, pusher *replication.Pusher, receiver *replication.Receiver, cfg config.Node, log hclog.Logger) *Server {
-	return &Server{volumes: volumes, pusher: pusher, receiver: receiver, cfg: cfg, log: log}
+	return &Server{volumes: volumes, pusher: pusher, receiver: receiver, cfg: cfg, log: log, WorkLease: worklease.NewGrants(time.Now)}
 }
 
 // DeleteReplica destroys this node's replica of a volume, if any.
@@ -495,4 +499,52 @@ func (s *Server) Demote(ctx context.Context, req *pb.DemoteRequest) (*pb.Copy, e
 		return nil, err
 	}
 	return s.GetCopy(ctx, &pb.GetCopyRequest{VolumeId: req.GetVolumeId()})
+}
+
+// AcquireWorkLease grants, renews or releases this node's part of the
+// work lease.
+func (s *Server) AcquireWorkLease(_ context.Context, req *pb.WorkLeaseRequest) (*pb.WorkLease, error) {
+	in := instanceFromPB(req.GetInstance())
+	l, err := s.WorkLease.Acquire(in, req.GetRelease())
+	if err != nil {
+		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, "work lease: %v", err)
+	}
+	return workLeaseToPB(l), nil
+}
+
+// WorkLeases tells who holds this node's part of the work lease.
+func (s *Server) WorkLeases(context.Context, *pb.WorkLeasesRequest) (*pb.WorkLease, error) {
+	return workLeaseToPB(s.WorkLease.Look()), nil
+}
+
+func instanceFromPB(in *pb.ControllerInstance) worklease.Instance {
+	return worklease.Instance{ID: in.GetId(), Host: in.GetHost(), Address: in.GetAddress(), Version: in.GetVersion(), Started: timeOfUnix(in.GetStartedUnix())}
+}
+
+func instanceToPB(in worklease.Instance) *pb.ControllerInstance {
+	return &pb.ControllerInstance{Id: in.ID, Host: in.Host, Address: in.Address, Version: in.Version, StartedUnix: unixOrZero(in.Started)}
+}
+
+func workLeaseToPB(l worklease.Lease) *pb.WorkLease {
+	out := &pb.WorkLease{
+		Granted:           l.Granted,
+		HolderSinceUnix:   unixOrZero(l.HolderSince),
+		RemainingMillis:   l.Remaining.Milliseconds(),
+		GrantsAfterMillis: l.GrantsAfter.Milliseconds(),
+	}
+	if l.Holder.ID != "" {
+		out.Holder = instanceToPB(l.Holder)
+	}
+	for _, seen := range l.Seen {
+		out.Seen = append(out.Seen, &pb.SeenInstance{Instance: instanceToPB(seen.Instance), LastSeenMillisAgo: seen.Ago.Milliseconds()})
+	}
+	return out
+}
+
+// timeOfUnix is the time of unix seconds, zero for 0.
+func timeOfUnix(sec int64) time.Time {
+	if sec == 0 {
+		return time.Time{}
+	}
+	return time.Unix(sec, 0)
 }

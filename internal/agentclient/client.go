@@ -12,6 +12,7 @@ package agentclient
 
 import (
 	"context"
+	"fmt"
 	"io"
 
 	"google.golang.org/grpc"
@@ -20,6 +21,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/tlsconfig"
+	"github.com/zfs-nomad/zfs-nomad/internal/worklease"
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
@@ -317,4 +319,28 @@ func (c *Client) Reserve(ctx context.Context, r Reservation) (Promise, error) {
 		return Promise{}, fromStatus(err)
 	}
 	return Promise{Granted: resp.GetGranted(), PromisedGeneration: resp.GetPromisedGeneration(), PromisedHolder: resp.GetPromisedHolder()}, nil
+}
+
+// AcquireWorkLease asks the node for its part of the work lease for self
+// (or, release, gives it up). A node older than the lease answers
+// worklease.ErrNodeTooOld.
+func (c *Client) AcquireWorkLease(ctx context.Context, self worklease.Instance, release bool) (worklease.Lease, error) {
+	l, err := c.rpc.AcquireWorkLease(ctx, &pb.WorkLeaseRequest{Instance: instanceToPB(self), Release: release})
+	return workLeaseOrError(l, err)
+}
+
+// WorkLeases tells who holds the node's part of the work lease.
+func (c *Client) WorkLeases(ctx context.Context) (worklease.Lease, error) {
+	l, err := c.rpc.WorkLeases(ctx, &pb.WorkLeasesRequest{})
+	return workLeaseOrError(l, err)
+}
+
+func workLeaseOrError(l *pb.WorkLease, err error) (worklease.Lease, error) {
+	if status.Code(err) == codes.Unimplemented {
+		return worklease.Lease{}, fmt.Errorf("%w: %v", worklease.ErrNodeTooOld, err)
+	}
+	if err != nil {
+		return worklease.Lease{}, fromStatus(err)
+	}
+	return workLeaseFromPB(l), nil
 }

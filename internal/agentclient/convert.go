@@ -3,6 +3,8 @@ package agentclient
 import (
 	"time"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/worklease"
+
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
@@ -139,6 +141,43 @@ func convertAll[M any, T any](in []M, convert func(M) T) []T {
 	out := make([]T, len(in))
 	for i, m := range in {
 		out[i] = convert(m)
+	}
+	return out
+}
+
+func instanceToPB(in worklease.Instance) *pb.ControllerInstance {
+	var started int64
+	if !in.Started.IsZero() {
+		started = in.Started.Unix()
+	}
+	return &pb.ControllerInstance{Id: in.ID, Host: in.Host, Address: in.Address, Version: in.Version, StartedUnix: started}
+}
+
+func instanceFromPB(in *pb.ControllerInstance) worklease.Instance {
+	return worklease.Instance{ID: in.GetId(), Host: in.GetHost(), Address: in.GetAddress(), Version: in.GetVersion(), Started: timeOrZero(in.GetStartedUnix())}
+}
+
+// timeOrZero is the time of unix seconds, zero for 0.
+func timeOrZero(sec int64) time.Time {
+	if sec == 0 {
+		return time.Time{}
+	}
+	return time.Unix(sec, 0)
+}
+
+// workLeaseFromPB converts a node's answer about the work lease.
+func workLeaseFromPB(l *pb.WorkLease) worklease.Lease {
+	out := worklease.Lease{
+		Granted:     l.GetGranted(),
+		HolderSince: timeOrZero(l.GetHolderSinceUnix()),
+		Remaining:   time.Duration(l.GetRemainingMillis()) * time.Millisecond,
+		GrantsAfter: time.Duration(l.GetGrantsAfterMillis()) * time.Millisecond,
+	}
+	if l.GetHolder() != nil {
+		out.Holder = instanceFromPB(l.GetHolder())
+	}
+	for _, seen := range l.GetSeen() {
+		out.Seen = append(out.Seen, worklease.Seen{Instance: instanceFromPB(seen.GetInstance()), Ago: time.Duration(seen.GetLastSeenMillisAgo()) * time.Millisecond})
 	}
 	return out
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/connpool"
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
 	"github.com/zfs-nomad/zfs-nomad/internal/protocol"
+	"github.com/zfs-nomad/zfs-nomad/internal/worklease"
 )
 
 // Node is one reachable agent and what it said about itself.
@@ -57,6 +58,8 @@ type Agent interface {
 	Promote(ctx context.Context, p agentclient.Promotion) (agentclient.Copy, error)
 	Demote(ctx context.Context, d agentclient.Demotion) (agentclient.Copy, error)
 	Reserve(ctx context.Context, r agentclient.Reservation) (agentclient.Promise, error)
+	AcquireWorkLease(ctx context.Context, self worklease.Instance, release bool) (worklease.Lease, error)
+	WorkLeases(ctx context.Context) (worklease.Lease, error)
 }
 
 var _ NodeAgent = (*agentclient.Client)(nil)

@@ -7,7 +7,6 @@ import (
 	"maps"
 	"slices"
 	"sort"
-	"time"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/agentclient"
 	"github.com/zfs-nomad/zfs-nomad/internal/cluster"
@@ -322,22 +321,6 @@ func (p *Provisioner) FinishDeletions(ctx context.Context) error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// RunDeletions runs FinishDeletions every period until ctx ends.
-func (p *Provisioner) RunDeletions(ctx context.Context, every time.Duration) {
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		if err := p.FinishDeletions(ctx); err != nil {
-			p.log.Warn("finishing the deletion of snapshots deleted while a node was away failed; retrying", "error", err, "retry_in", every)
-		}
-	}
 }
 
 func nodesOf[T any](located []cluster.Located[T]) []cluster.Node {

@@ -121,20 +121,6 @@ func New(cl *cluster.Cluster, parallel int, log hclog.Logger) *Scheduler {
 		slots: make(chan struct{}, max(1, parallel)), running: map[string]string{}}
 }
 
-// Run runs a round every interval until ctx ends.
-func (s *Scheduler) Run(ctx context.Context, every time.Duration) {
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		s.Round(ctx)
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
-}
-
 // replica is one node's copy of a volume.
 type replica struct {
 	node      cluster.Node

@@ -111,7 +111,9 @@ var AgentPolicy = Policy{
 	"/zfsnomad.agent.v1.Replication/":        {RoleNode},
 	"/zfsnomad.agent.v1.Peers/":              {RoleNode},
 	"/zfsnomad.agent.v1.NodeAgent/Replicate": {RoleController, RoleOperator},
-	"/zfsnomad.agent.v1.NodeAgent/":          {RoleController, RoleOperator},
+	// An operator's certificate reads the work lease but cannot take it.
+	"/zfsnomad.agent.v1.NodeAgent/AcquireWorkLease": {RoleController},
+	"/zfsnomad.agent.v1.NodeAgent/":                 {RoleController, RoleOperator},
 }
 
 func (p Policy) allowed(method string) []string {

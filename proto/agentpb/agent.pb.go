@@ -3236,6 +3236,316 @@ func (x *DeleteReplicaResponse) GetDeleted() bool {
 	return false
 }
 
+// A controller instance, as it introduces itself to the nodes.
+type ControllerInstance struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Random, chosen at the process's start.
+	Id   string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Host string `protobuf:"bytes,2,opt,name=host,proto3" json:"host,omitempty"`
+	// Its metrics address (zfs-controller status -controller ADDRESS).
+	Address       string `protobuf:"bytes,3,opt,name=address,proto3" json:"address,omitempty"`
+	Version       string `protobuf:"bytes,4,opt,name=version,proto3" json:"version,omitempty"`
+	StartedUnix   int64  `protobuf:"varint,5,opt,name=started_unix,json=startedUnix,proto3" json:"started_unix,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ControllerInstance) Reset() {
+	*x = ControllerInstance{}
+	mi := &file_agentpb_agent_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ControllerInstance) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ControllerInstance) ProtoMessage() {}
+
+func (x *ControllerInstance) ProtoReflect() protoreflect.Message {
+	mi := &file_agentpb_agent_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ControllerInstance.ProtoReflect.Descriptor instead.
+func (*ControllerInstance) Descriptor() ([]byte, []int) {
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *ControllerInstance) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *ControllerInstance) GetHost() string {
+	if x != nil {
+		return x.Host
+	}
+	return ""
+}
+
+func (x *ControllerInstance) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *ControllerInstance) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+func (x *ControllerInstance) GetStartedUnix() int64 {
+	if x != nil {
+		return x.StartedUnix
+	}
+	return 0
+}
+
+type WorkLeaseRequest struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Instance *ControllerInstance    `protobuf:"bytes,1,opt,name=instance,proto3" json:"instance,omitempty"`
+	// Give the grant up (a controller that stops), so another instance
+	// takes the work over at its next try instead of after the term.
+	Release       bool `protobuf:"varint,2,opt,name=release,proto3" json:"release,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WorkLeaseRequest) Reset() {
+	*x = WorkLeaseRequest{}
+	mi := &file_agentpb_agent_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WorkLeaseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WorkLeaseRequest) ProtoMessage() {}
+
+func (x *WorkLeaseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agentpb_agent_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WorkLeaseRequest.ProtoReflect.Descriptor instead.
+func (*WorkLeaseRequest) Descriptor() ([]byte, []int) {
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *WorkLeaseRequest) GetInstance() *ControllerInstance {
+	if x != nil {
+		return x.Instance
+	}
+	return nil
+}
+
+func (x *WorkLeaseRequest) GetRelease() bool {
+	if x != nil {
+		return x.Release
+	}
+	return false
+}
+
+type WorkLeasesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WorkLeasesRequest) Reset() {
+	*x = WorkLeasesRequest{}
+	mi := &file_agentpb_agent_proto_msgTypes[48]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WorkLeasesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WorkLeasesRequest) ProtoMessage() {}
+
+func (x *WorkLeasesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agentpb_agent_proto_msgTypes[48]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WorkLeasesRequest.ProtoReflect.Descriptor instead.
+func (*WorkLeasesRequest) Descriptor() ([]byte, []int) {
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{48}
+}
+
+type WorkLease struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Whether this call's instance holds this node's grant now.
+	Granted bool `protobuf:"varint,1,opt,name=granted,proto3" json:"granted,omitempty"`
+	// Who holds it (empty: nobody), since when, and for how much longer
+	// unless renewed.
+	Holder          *ControllerInstance `protobuf:"bytes,2,opt,name=holder,proto3" json:"holder,omitempty"`
+	HolderSinceUnix int64               `protobuf:"varint,3,opt,name=holder_since_unix,json=holderSinceUnix,proto3" json:"holder_since_unix,omitempty"`
+	RemainingMillis int64               `protobuf:"varint,4,opt,name=remaining_millis,json=remainingMillis,proto3" json:"remaining_millis,omitempty"`
+	// When nobody may hold it yet: the node started within the term.
+	GrantsAfterMillis int64 `protobuf:"varint,5,opt,name=grants_after_millis,json=grantsAfterMillis,proto3" json:"grants_after_millis,omitempty"`
+	// The instances that asked within the last three terms.
+	Seen          []*SeenInstance `protobuf:"bytes,6,rep,name=seen,proto3" json:"seen,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WorkLease) Reset() {
+	*x = WorkLease{}
+	mi := &file_agentpb_agent_proto_msgTypes[49]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WorkLease) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WorkLease) ProtoMessage() {}
+
+func (x *WorkLease) ProtoReflect() protoreflect.Message {
+	mi := &file_agentpb_agent_proto_msgTypes[49]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WorkLease.ProtoReflect.Descriptor instead.
+func (*WorkLease) Descriptor() ([]byte, []int) {
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{49}
+}
+
+func (x *WorkLease) GetGranted() bool {
+	if x != nil {
+		return x.Granted
+	}
+	return false
+}
+
+func (x *WorkLease) GetHolder() *ControllerInstance {
+	if x != nil {
+		return x.Holder
+	}
+	return nil
+}
+
+func (x *WorkLease) GetHolderSinceUnix() int64 {
+	if x != nil {
+		return x.HolderSinceUnix
+	}
+	return 0
+}
+
+func (x *WorkLease) GetRemainingMillis() int64 {
+	if x != nil {
+		return x.RemainingMillis
+	}
+	return 0
+}
+
+func (x *WorkLease) GetGrantsAfterMillis() int64 {
+	if x != nil {
+		return x.GrantsAfterMillis
+	}
+	return 0
+}
+
+func (x *WorkLease) GetSeen() []*SeenInstance {
+	if x != nil {
+		return x.Seen
+	}
+	return nil
+}
+
+type SeenInstance struct {
+	state             protoimpl.MessageState `protogen:"open.v1"`
+	Instance          *ControllerInstance    `protobuf:"bytes,1,opt,name=instance,proto3" json:"instance,omitempty"`
+	LastSeenMillisAgo int64                  `protobuf:"varint,2,opt,name=last_seen_millis_ago,json=lastSeenMillisAgo,proto3" json:"last_seen_millis_ago,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *SeenInstance) Reset() {
+	*x = SeenInstance{}
+	mi := &file_agentpb_agent_proto_msgTypes[50]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SeenInstance) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SeenInstance) ProtoMessage() {}
+
+func (x *SeenInstance) ProtoReflect() protoreflect.Message {
+	mi := &file_agentpb_agent_proto_msgTypes[50]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SeenInstance.ProtoReflect.Descriptor instead.
+func (*SeenInstance) Descriptor() ([]byte, []int) {
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{50}
+}
+
+func (x *SeenInstance) GetInstance() *ControllerInstance {
+	if x != nil {
+		return x.Instance
+	}
+	return nil
+}
+
+func (x *SeenInstance) GetLastSeenMillisAgo() int64 {
+	if x != nil {
+		return x.LastSeenMillisAgo
+	}
+	return 0
+}
+
 var File_agentpb_agent_proto protoreflect.FileDescriptor
 
 const file_agentpb_agent_proto_rawDesc = "" +
@@ -3524,7 +3834,27 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\x0esurplus_newest\x18\x03 \x01(\tR\rsurplusNewest\x12/\n" +
 	"\x13snapshots_elsewhere\x18\x04 \x03(\tR\x12snapshotsElsewhere\"1\n" +
 	"\x15DeleteReplicaResponse\x12\x18\n" +
-	"\adeleted\x18\x01 \x01(\bR\adeleted2\xc9\f\n" +
+	"\adeleted\x18\x01 \x01(\bR\adeleted\"\x8f\x01\n" +
+	"\x12ControllerInstance\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
+	"\x04host\x18\x02 \x01(\tR\x04host\x12\x18\n" +
+	"\aaddress\x18\x03 \x01(\tR\aaddress\x12\x18\n" +
+	"\aversion\x18\x04 \x01(\tR\aversion\x12!\n" +
+	"\fstarted_unix\x18\x05 \x01(\x03R\vstartedUnix\"o\n" +
+	"\x10WorkLeaseRequest\x12A\n" +
+	"\binstance\x18\x01 \x01(\v2%.zfsnomad.agent.v1.ControllerInstanceR\binstance\x12\x18\n" +
+	"\arelease\x18\x02 \x01(\bR\arelease\"\x13\n" +
+	"\x11WorkLeasesRequest\"\xa0\x02\n" +
+	"\tWorkLease\x12\x18\n" +
+	"\agranted\x18\x01 \x01(\bR\agranted\x12=\n" +
+	"\x06holder\x18\x02 \x01(\v2%.zfsnomad.agent.v1.ControllerInstanceR\x06holder\x12*\n" +
+	"\x11holder_since_unix\x18\x03 \x01(\x03R\x0fholderSinceUnix\x12)\n" +
+	"\x10remaining_millis\x18\x04 \x01(\x03R\x0fremainingMillis\x12.\n" +
+	"\x13grants_after_millis\x18\x05 \x01(\x03R\x11grantsAfterMillis\x123\n" +
+	"\x04seen\x18\x06 \x03(\v2\x1f.zfsnomad.agent.v1.SeenInstanceR\x04seen\"\x82\x01\n" +
+	"\fSeenInstance\x12A\n" +
+	"\binstance\x18\x01 \x01(\v2%.zfsnomad.agent.v1.ControllerInstanceR\binstance\x12/\n" +
+	"\x14last_seen_millis_ago\x18\x02 \x01(\x03R\x11lastSeenMillisAgo2\xf2\r\n" +
 	"\tNodeAgent\x12E\n" +
 	"\aGetNode\x12!.zfsnomad.agent.v1.GetNodeRequest\x1a\x17.zfsnomad.agent.v1.Node\x12Q\n" +
 	"\fCreateVolume\x12&.zfsnomad.agent.v1.CreateVolumeRequest\x1a\x19.zfsnomad.agent.v1.Volume\x12_\n" +
@@ -3544,7 +3874,10 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\aUnfence\x12!.zfsnomad.agent.v1.UnfenceRequest\x1a\x17.zfsnomad.agent.v1.Copy\x12E\n" +
 	"\aPromote\x12!.zfsnomad.agent.v1.PromoteRequest\x1a\x17.zfsnomad.agent.v1.Copy\x12C\n" +
 	"\x06Demote\x12 .zfsnomad.agent.v1.DemoteRequest\x1a\x17.zfsnomad.agent.v1.Copy\x12P\n" +
-	"\aReserve\x12!.zfsnomad.agent.v1.ReserveRequest\x1a\".zfsnomad.agent.v1.ReserveResponse2\xa5\x01\n" +
+	"\aReserve\x12!.zfsnomad.agent.v1.ReserveRequest\x1a\".zfsnomad.agent.v1.ReserveResponse\x12U\n" +
+	"\x10AcquireWorkLease\x12#.zfsnomad.agent.v1.WorkLeaseRequest\x1a\x1c.zfsnomad.agent.v1.WorkLease\x12P\n" +
+	"\n" +
+	"WorkLeases\x12$.zfsnomad.agent.v1.WorkLeasesRequest\x1a\x1c.zfsnomad.agent.v1.WorkLease2\xa5\x01\n" +
 	"\x05Peers\x12G\n" +
 	"\x04Ping\x12\x1e.zfsnomad.agent.v1.PingRequest\x1a\x1f.zfsnomad.agent.v1.PingResponse\x12S\n" +
 	"\bPromises\x12\".zfsnomad.agent.v1.PromisesRequest\x1a#.zfsnomad.agent.v1.PromisesResponse2\xc0\x01\n" +
@@ -3564,7 +3897,7 @@ func file_agentpb_agent_proto_rawDescGZIP() []byte {
 	return file_agentpb_agent_proto_rawDescData
 }
 
-var file_agentpb_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 52)
+var file_agentpb_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 57)
 var file_agentpb_agent_proto_goTypes = []any{
 	(*PingRequest)(nil),            // 0: zfsnomad.agent.v1.PingRequest
 	(*PingResponse)(nil),           // 1: zfsnomad.agent.v1.PingResponse
@@ -3612,18 +3945,23 @@ var file_agentpb_agent_proto_goTypes = []any{
 	(*DemoteRequest)(nil),          // 43: zfsnomad.agent.v1.DemoteRequest
 	(*DeleteReplicaRequest)(nil),   // 44: zfsnomad.agent.v1.DeleteReplicaRequest
 	(*DeleteReplicaResponse)(nil),  // 45: zfsnomad.agent.v1.DeleteReplicaResponse
-	nil,                            // 46: zfsnomad.agent.v1.PromisesResponse.GenerationsEntry
-	nil,                            // 47: zfsnomad.agent.v1.Node.TopologyEntry
-	nil,                            // 48: zfsnomad.agent.v1.CreateVolumeRequest.ParametersEntry
-	nil,                            // 49: zfsnomad.agent.v1.Volume.ParametersEntry
-	nil,                            // 50: zfsnomad.agent.v1.ReceiveHeader.ParametersEntry
-	nil,                            // 51: zfsnomad.agent.v1.Copy.ParametersEntry
+	(*ControllerInstance)(nil),     // 46: zfsnomad.agent.v1.ControllerInstance
+	(*WorkLeaseRequest)(nil),       // 47: zfsnomad.agent.v1.WorkLeaseRequest
+	(*WorkLeasesRequest)(nil),      // 48: zfsnomad.agent.v1.WorkLeasesRequest
+	(*WorkLease)(nil),              // 49: zfsnomad.agent.v1.WorkLease
+	(*SeenInstance)(nil),           // 50: zfsnomad.agent.v1.SeenInstance
+	nil,                            // 51: zfsnomad.agent.v1.PromisesResponse.GenerationsEntry
+	nil,                            // 52: zfsnomad.agent.v1.Node.TopologyEntry
+	nil,                            // 53: zfsnomad.agent.v1.CreateVolumeRequest.ParametersEntry
+	nil,                            // 54: zfsnomad.agent.v1.Volume.ParametersEntry
+	nil,                            // 55: zfsnomad.agent.v1.ReceiveHeader.ParametersEntry
+	nil,                            // 56: zfsnomad.agent.v1.Copy.ParametersEntry
 }
 var file_agentpb_agent_proto_depIdxs = []int32{
-	46, // 0: zfsnomad.agent.v1.PromisesResponse.generations:type_name -> zfsnomad.agent.v1.PromisesResponse.GenerationsEntry
-	47, // 1: zfsnomad.agent.v1.Node.topology:type_name -> zfsnomad.agent.v1.Node.TopologyEntry
-	48, // 2: zfsnomad.agent.v1.CreateVolumeRequest.parameters:type_name -> zfsnomad.agent.v1.CreateVolumeRequest.ParametersEntry
-	49, // 3: zfsnomad.agent.v1.Volume.parameters:type_name -> zfsnomad.agent.v1.Volume.ParametersEntry
+	51, // 0: zfsnomad.agent.v1.PromisesResponse.generations:type_name -> zfsnomad.agent.v1.PromisesResponse.GenerationsEntry
+	52, // 1: zfsnomad.agent.v1.Node.topology:type_name -> zfsnomad.agent.v1.Node.TopologyEntry
+	53, // 2: zfsnomad.agent.v1.CreateVolumeRequest.parameters:type_name -> zfsnomad.agent.v1.CreateVolumeRequest.ParametersEntry
+	54, // 3: zfsnomad.agent.v1.Volume.parameters:type_name -> zfsnomad.agent.v1.Volume.ParametersEntry
 	7,  // 4: zfsnomad.agent.v1.ListVolumesResponse.volumes:type_name -> zfsnomad.agent.v1.Volume
 	16, // 5: zfsnomad.agent.v1.ListSnapshotsResponse.snapshots:type_name -> zfsnomad.agent.v1.Snapshot
 	27, // 6: zfsnomad.agent.v1.NodeStatus.replicas:type_name -> zfsnomad.agent.v1.Replica
@@ -3631,60 +3969,68 @@ var file_agentpb_agent_proto_depIdxs = []int32{
 	7,  // 8: zfsnomad.agent.v1.ChangesResponse.volumes:type_name -> zfsnomad.agent.v1.Volume
 	27, // 9: zfsnomad.agent.v1.ChangesResponse.replicas:type_name -> zfsnomad.agent.v1.Replica
 	32, // 10: zfsnomad.agent.v1.ReceiveMessage.header:type_name -> zfsnomad.agent.v1.ReceiveHeader
-	50, // 11: zfsnomad.agent.v1.ReceiveHeader.parameters:type_name -> zfsnomad.agent.v1.ReceiveHeader.ParametersEntry
+	55, // 11: zfsnomad.agent.v1.ReceiveHeader.parameters:type_name -> zfsnomad.agent.v1.ReceiveHeader.ParametersEntry
 	33, // 12: zfsnomad.agent.v1.ReceiveHeader.peer_bases:type_name -> zfsnomad.agent.v1.PeerBase
-	51, // 13: zfsnomad.agent.v1.Copy.parameters:type_name -> zfsnomad.agent.v1.Copy.ParametersEntry
-	4,  // 14: zfsnomad.agent.v1.NodeAgent.GetNode:input_type -> zfsnomad.agent.v1.GetNodeRequest
-	6,  // 15: zfsnomad.agent.v1.NodeAgent.CreateVolume:input_type -> zfsnomad.agent.v1.CreateVolumeRequest
-	8,  // 16: zfsnomad.agent.v1.NodeAgent.DeleteVolume:input_type -> zfsnomad.agent.v1.DeleteVolumeRequest
-	10, // 17: zfsnomad.agent.v1.NodeAgent.GetVolume:input_type -> zfsnomad.agent.v1.GetVolumeRequest
-	11, // 18: zfsnomad.agent.v1.NodeAgent.ListVolumes:input_type -> zfsnomad.agent.v1.ListVolumesRequest
-	13, // 19: zfsnomad.agent.v1.NodeAgent.ExpandVolume:input_type -> zfsnomad.agent.v1.ExpandVolumeRequest
-	15, // 20: zfsnomad.agent.v1.NodeAgent.CreateSnapshot:input_type -> zfsnomad.agent.v1.CreateSnapshotRequest
-	17, // 21: zfsnomad.agent.v1.NodeAgent.DeleteSnapshot:input_type -> zfsnomad.agent.v1.DeleteSnapshotRequest
-	19, // 22: zfsnomad.agent.v1.NodeAgent.ListSnapshots:input_type -> zfsnomad.agent.v1.ListSnapshotsRequest
-	21, // 23: zfsnomad.agent.v1.NodeAgent.Replicate:input_type -> zfsnomad.agent.v1.ReplicateRequest
-	23, // 24: zfsnomad.agent.v1.NodeAgent.Status:input_type -> zfsnomad.agent.v1.StatusRequest
-	25, // 25: zfsnomad.agent.v1.NodeAgent.Changes:input_type -> zfsnomad.agent.v1.ChangesRequest
-	44, // 26: zfsnomad.agent.v1.NodeAgent.DeleteReplica:input_type -> zfsnomad.agent.v1.DeleteReplicaRequest
-	35, // 27: zfsnomad.agent.v1.NodeAgent.GetCopy:input_type -> zfsnomad.agent.v1.GetCopyRequest
-	39, // 28: zfsnomad.agent.v1.NodeAgent.Fence:input_type -> zfsnomad.agent.v1.FenceRequest
-	41, // 29: zfsnomad.agent.v1.NodeAgent.Unfence:input_type -> zfsnomad.agent.v1.UnfenceRequest
-	42, // 30: zfsnomad.agent.v1.NodeAgent.Promote:input_type -> zfsnomad.agent.v1.PromoteRequest
-	43, // 31: zfsnomad.agent.v1.NodeAgent.Demote:input_type -> zfsnomad.agent.v1.DemoteRequest
-	37, // 32: zfsnomad.agent.v1.NodeAgent.Reserve:input_type -> zfsnomad.agent.v1.ReserveRequest
-	0,  // 33: zfsnomad.agent.v1.Peers.Ping:input_type -> zfsnomad.agent.v1.PingRequest
-	2,  // 34: zfsnomad.agent.v1.Peers.Promises:input_type -> zfsnomad.agent.v1.PromisesRequest
-	29, // 35: zfsnomad.agent.v1.Replication.ReplicaState:input_type -> zfsnomad.agent.v1.ReplicaStateRequest
-	31, // 36: zfsnomad.agent.v1.Replication.Receive:input_type -> zfsnomad.agent.v1.ReceiveMessage
-	5,  // 37: zfsnomad.agent.v1.NodeAgent.GetNode:output_type -> zfsnomad.agent.v1.Node
-	7,  // 38: zfsnomad.agent.v1.NodeAgent.CreateVolume:output_type -> zfsnomad.agent.v1.Volume
-	9,  // 39: zfsnomad.agent.v1.NodeAgent.DeleteVolume:output_type -> zfsnomad.agent.v1.DeleteVolumeResponse
-	7,  // 40: zfsnomad.agent.v1.NodeAgent.GetVolume:output_type -> zfsnomad.agent.v1.Volume
-	12, // 41: zfsnomad.agent.v1.NodeAgent.ListVolumes:output_type -> zfsnomad.agent.v1.ListVolumesResponse
-	14, // 42: zfsnomad.agent.v1.NodeAgent.ExpandVolume:output_type -> zfsnomad.agent.v1.ExpandVolumeResponse
-	16, // 43: zfsnomad.agent.v1.NodeAgent.CreateSnapshot:output_type -> zfsnomad.agent.v1.Snapshot
-	18, // 44: zfsnomad.agent.v1.NodeAgent.DeleteSnapshot:output_type -> zfsnomad.agent.v1.DeleteSnapshotResponse
-	20, // 45: zfsnomad.agent.v1.NodeAgent.ListSnapshots:output_type -> zfsnomad.agent.v1.ListSnapshotsResponse
-	22, // 46: zfsnomad.agent.v1.NodeAgent.Replicate:output_type -> zfsnomad.agent.v1.ReplicateProgress
-	24, // 47: zfsnomad.agent.v1.NodeAgent.Status:output_type -> zfsnomad.agent.v1.NodeStatus
-	26, // 48: zfsnomad.agent.v1.NodeAgent.Changes:output_type -> zfsnomad.agent.v1.ChangesResponse
-	45, // 49: zfsnomad.agent.v1.NodeAgent.DeleteReplica:output_type -> zfsnomad.agent.v1.DeleteReplicaResponse
-	36, // 50: zfsnomad.agent.v1.NodeAgent.GetCopy:output_type -> zfsnomad.agent.v1.Copy
-	40, // 51: zfsnomad.agent.v1.NodeAgent.Fence:output_type -> zfsnomad.agent.v1.FenceResponse
-	36, // 52: zfsnomad.agent.v1.NodeAgent.Unfence:output_type -> zfsnomad.agent.v1.Copy
-	36, // 53: zfsnomad.agent.v1.NodeAgent.Promote:output_type -> zfsnomad.agent.v1.Copy
-	36, // 54: zfsnomad.agent.v1.NodeAgent.Demote:output_type -> zfsnomad.agent.v1.Copy
-	38, // 55: zfsnomad.agent.v1.NodeAgent.Reserve:output_type -> zfsnomad.agent.v1.ReserveResponse
-	1,  // 56: zfsnomad.agent.v1.Peers.Ping:output_type -> zfsnomad.agent.v1.PingResponse
-	3,  // 57: zfsnomad.agent.v1.Peers.Promises:output_type -> zfsnomad.agent.v1.PromisesResponse
-	30, // 58: zfsnomad.agent.v1.Replication.ReplicaState:output_type -> zfsnomad.agent.v1.ReplicaStateResponse
-	34, // 59: zfsnomad.agent.v1.Replication.Receive:output_type -> zfsnomad.agent.v1.ReceiveResult
-	37, // [37:60] is the sub-list for method output_type
-	14, // [14:37] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	56, // 13: zfsnomad.agent.v1.Copy.parameters:type_name -> zfsnomad.agent.v1.Copy.ParametersEntry
+	46, // 14: zfsnomad.agent.v1.WorkLeaseRequest.instance:type_name -> zfsnomad.agent.v1.ControllerInstance
+	46, // 15: zfsnomad.agent.v1.WorkLease.holder:type_name -> zfsnomad.agent.v1.ControllerInstance
+	50, // 16: zfsnomad.agent.v1.WorkLease.seen:type_name -> zfsnomad.agent.v1.SeenInstance
+	46, // 17: zfsnomad.agent.v1.SeenInstance.instance:type_name -> zfsnomad.agent.v1.ControllerInstance
+	4,  // 18: zfsnomad.agent.v1.NodeAgent.GetNode:input_type -> zfsnomad.agent.v1.GetNodeRequest
+	6,  // 19: zfsnomad.agent.v1.NodeAgent.CreateVolume:input_type -> zfsnomad.agent.v1.CreateVolumeRequest
+	8,  // 20: zfsnomad.agent.v1.NodeAgent.DeleteVolume:input_type -> zfsnomad.agent.v1.DeleteVolumeRequest
+	10, // 21: zfsnomad.agent.v1.NodeAgent.GetVolume:input_type -> zfsnomad.agent.v1.GetVolumeRequest
+	11, // 22: zfsnomad.agent.v1.NodeAgent.ListVolumes:input_type -> zfsnomad.agent.v1.ListVolumesRequest
+	13, // 23: zfsnomad.agent.v1.NodeAgent.ExpandVolume:input_type -> zfsnomad.agent.v1.ExpandVolumeRequest
+	15, // 24: zfsnomad.agent.v1.NodeAgent.CreateSnapshot:input_type -> zfsnomad.agent.v1.CreateSnapshotRequest
+	17, // 25: zfsnomad.agent.v1.NodeAgent.DeleteSnapshot:input_type -> zfsnomad.agent.v1.DeleteSnapshotRequest
+	19, // 26: zfsnomad.agent.v1.NodeAgent.ListSnapshots:input_type -> zfsnomad.agent.v1.ListSnapshotsRequest
+	21, // 27: zfsnomad.agent.v1.NodeAgent.Replicate:input_type -> zfsnomad.agent.v1.ReplicateRequest
+	23, // 28: zfsnomad.agent.v1.NodeAgent.Status:input_type -> zfsnomad.agent.v1.StatusRequest
+	25, // 29: zfsnomad.agent.v1.NodeAgent.Changes:input_type -> zfsnomad.agent.v1.ChangesRequest
+	44, // 30: zfsnomad.agent.v1.NodeAgent.DeleteReplica:input_type -> zfsnomad.agent.v1.DeleteReplicaRequest
+	35, // 31: zfsnomad.agent.v1.NodeAgent.GetCopy:input_type -> zfsnomad.agent.v1.GetCopyRequest
+	39, // 32: zfsnomad.agent.v1.NodeAgent.Fence:input_type -> zfsnomad.agent.v1.FenceRequest
+	41, // 33: zfsnomad.agent.v1.NodeAgent.Unfence:input_type -> zfsnomad.agent.v1.UnfenceRequest
+	42, // 34: zfsnomad.agent.v1.NodeAgent.Promote:input_type -> zfsnomad.agent.v1.PromoteRequest
+	43, // 35: zfsnomad.agent.v1.NodeAgent.Demote:input_type -> zfsnomad.agent.v1.DemoteRequest
+	37, // 36: zfsnomad.agent.v1.NodeAgent.Reserve:input_type -> zfsnomad.agent.v1.ReserveRequest
+	47, // 37: zfsnomad.agent.v1.NodeAgent.AcquireWorkLease:input_type -> zfsnomad.agent.v1.WorkLeaseRequest
+	48, // 38: zfsnomad.agent.v1.NodeAgent.WorkLeases:input_type -> zfsnomad.agent.v1.WorkLeasesRequest
+	0,  // 39: zfsnomad.agent.v1.Peers.Ping:input_type -> zfsnomad.agent.v1.PingRequest
+	2,  // 40: zfsnomad.agent.v1.Peers.Promises:input_type -> zfsnomad.agent.v1.PromisesRequest
+	29, // 41: zfsnomad.agent.v1.Replication.ReplicaState:input_type -> zfsnomad.agent.v1.ReplicaStateRequest
+	31, // 42: zfsnomad.agent.v1.Replication.Receive:input_type -> zfsnomad.agent.v1.ReceiveMessage
+	5,  // 43: zfsnomad.agent.v1.NodeAgent.GetNode:output_type -> zfsnomad.agent.v1.Node
+	7,  // 44: zfsnomad.agent.v1.NodeAgent.CreateVolume:output_type -> zfsnomad.agent.v1.Volume
+	9,  // 45: zfsnomad.agent.v1.NodeAgent.DeleteVolume:output_type -> zfsnomad.agent.v1.DeleteVolumeResponse
+	7,  // 46: zfsnomad.agent.v1.NodeAgent.GetVolume:output_type -> zfsnomad.agent.v1.Volume
+	12, // 47: zfsnomad.agent.v1.NodeAgent.ListVolumes:output_type -> zfsnomad.agent.v1.ListVolumesResponse
+	14, // 48: zfsnomad.agent.v1.NodeAgent.ExpandVolume:output_type -> zfsnomad.agent.v1.ExpandVolumeResponse
+	16, // 49: zfsnomad.agent.v1.NodeAgent.CreateSnapshot:output_type -> zfsnomad.agent.v1.Snapshot
+	18, // 50: zfsnomad.agent.v1.NodeAgent.DeleteSnapshot:output_type -> zfsnomad.agent.v1.DeleteSnapshotResponse
+	20, // 51: zfsnomad.agent.v1.NodeAgent.ListSnapshots:output_type -> zfsnomad.agent.v1.ListSnapshotsResponse
+	22, // 52: zfsnomad.agent.v1.NodeAgent.Replicate:output_type -> zfsnomad.agent.v1.ReplicateProgress
+	24, // 53: zfsnomad.agent.v1.NodeAgent.Status:output_type -> zfsnomad.agent.v1.NodeStatus
+	26, // 54: zfsnomad.agent.v1.NodeAgent.Changes:output_type -> zfsnomad.agent.v1.ChangesResponse
+	45, // 55: zfsnomad.agent.v1.NodeAgent.DeleteReplica:output_type -> zfsnomad.agent.v1.DeleteReplicaResponse
+	36, // 56: zfsnomad.agent.v1.NodeAgent.GetCopy:output_type -> zfsnomad.agent.v1.Copy
+	40, // 57: zfsnomad.agent.v1.NodeAgent.Fence:output_type -> zfsnomad.agent.v1.FenceResponse
+	36, // 58: zfsnomad.agent.v1.NodeAgent.Unfence:output_type -> zfsnomad.agent.v1.Copy
+	36, // 59: zfsnomad.agent.v1.NodeAgent.Promote:output_type -> zfsnomad.agent.v1.Copy
+	36, // 60: zfsnomad.agent.v1.NodeAgent.Demote:output_type -> zfsnomad.agent.v1.Copy
+	38, // 61: zfsnomad.agent.v1.NodeAgent.Reserve:output_type -> zfsnomad.agent.v1.ReserveResponse
+	49, // 62: zfsnomad.agent.v1.NodeAgent.AcquireWorkLease:output_type -> zfsnomad.agent.v1.WorkLease
+	49, // 63: zfsnomad.agent.v1.NodeAgent.WorkLeases:output_type -> zfsnomad.agent.v1.WorkLease
+	1,  // 64: zfsnomad.agent.v1.Peers.Ping:output_type -> zfsnomad.agent.v1.PingResponse
+	3,  // 65: zfsnomad.agent.v1.Peers.Promises:output_type -> zfsnomad.agent.v1.PromisesResponse
+	30, // 66: zfsnomad.agent.v1.Replication.ReplicaState:output_type -> zfsnomad.agent.v1.ReplicaStateResponse
+	34, // 67: zfsnomad.agent.v1.Replication.Receive:output_type -> zfsnomad.agent.v1.ReceiveResult
+	43, // [43:68] is the sub-list for method output_type
+	18, // [18:43] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_agentpb_agent_proto_init() }
@@ -3702,7 +4048,7 @@ func file_agentpb_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agentpb_agent_proto_rawDesc), len(file_agentpb_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   52,
+			NumMessages:   57,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

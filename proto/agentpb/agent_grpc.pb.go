@@ -24,25 +24,27 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	NodeAgent_GetNode_FullMethodName        = "/zfsnomad.agent.v1.NodeAgent/GetNode"
-	NodeAgent_CreateVolume_FullMethodName   = "/zfsnomad.agent.v1.NodeAgent/CreateVolume"
-	NodeAgent_DeleteVolume_FullMethodName   = "/zfsnomad.agent.v1.NodeAgent/DeleteVolume"
-	NodeAgent_GetVolume_FullMethodName      = "/zfsnomad.agent.v1.NodeAgent/GetVolume"
-	NodeAgent_ListVolumes_FullMethodName    = "/zfsnomad.agent.v1.NodeAgent/ListVolumes"
-	NodeAgent_ExpandVolume_FullMethodName   = "/zfsnomad.agent.v1.NodeAgent/ExpandVolume"
-	NodeAgent_CreateSnapshot_FullMethodName = "/zfsnomad.agent.v1.NodeAgent/CreateSnapshot"
-	NodeAgent_DeleteSnapshot_FullMethodName = "/zfsnomad.agent.v1.NodeAgent/DeleteSnapshot"
-	NodeAgent_ListSnapshots_FullMethodName  = "/zfsnomad.agent.v1.NodeAgent/ListSnapshots"
-	NodeAgent_Replicate_FullMethodName      = "/zfsnomad.agent.v1.NodeAgent/Replicate"
-	NodeAgent_Status_FullMethodName         = "/zfsnomad.agent.v1.NodeAgent/Status"
-	NodeAgent_Changes_FullMethodName        = "/zfsnomad.agent.v1.NodeAgent/Changes"
-	NodeAgent_DeleteReplica_FullMethodName  = "/zfsnomad.agent.v1.NodeAgent/DeleteReplica"
-	NodeAgent_GetCopy_FullMethodName        = "/zfsnomad.agent.v1.NodeAgent/GetCopy"
-	NodeAgent_Fence_FullMethodName          = "/zfsnomad.agent.v1.NodeAgent/Fence"
-	NodeAgent_Unfence_FullMethodName        = "/zfsnomad.agent.v1.NodeAgent/Unfence"
-	NodeAgent_Promote_FullMethodName        = "/zfsnomad.agent.v1.NodeAgent/Promote"
-	NodeAgent_Demote_FullMethodName         = "/zfsnomad.agent.v1.NodeAgent/Demote"
-	NodeAgent_Reserve_FullMethodName        = "/zfsnomad.agent.v1.NodeAgent/Reserve"
+	NodeAgent_GetNode_FullMethodName          = "/zfsnomad.agent.v1.NodeAgent/GetNode"
+	NodeAgent_CreateVolume_FullMethodName     = "/zfsnomad.agent.v1.NodeAgent/CreateVolume"
+	NodeAgent_DeleteVolume_FullMethodName     = "/zfsnomad.agent.v1.NodeAgent/DeleteVolume"
+	NodeAgent_GetVolume_FullMethodName        = "/zfsnomad.agent.v1.NodeAgent/GetVolume"
+	NodeAgent_ListVolumes_FullMethodName      = "/zfsnomad.agent.v1.NodeAgent/ListVolumes"
+	NodeAgent_ExpandVolume_FullMethodName     = "/zfsnomad.agent.v1.NodeAgent/ExpandVolume"
+	NodeAgent_CreateSnapshot_FullMethodName   = "/zfsnomad.agent.v1.NodeAgent/CreateSnapshot"
+	NodeAgent_DeleteSnapshot_FullMethodName   = "/zfsnomad.agent.v1.NodeAgent/DeleteSnapshot"
+	NodeAgent_ListSnapshots_FullMethodName    = "/zfsnomad.agent.v1.NodeAgent/ListSnapshots"
+	NodeAgent_Replicate_FullMethodName        = "/zfsnomad.agent.v1.NodeAgent/Replicate"
+	NodeAgent_Status_FullMethodName           = "/zfsnomad.agent.v1.NodeAgent/Status"
+	NodeAgent_Changes_FullMethodName          = "/zfsnomad.agent.v1.NodeAgent/Changes"
+	NodeAgent_DeleteReplica_FullMethodName    = "/zfsnomad.agent.v1.NodeAgent/DeleteReplica"
+	NodeAgent_GetCopy_FullMethodName          = "/zfsnomad.agent.v1.NodeAgent/GetCopy"
+	NodeAgent_Fence_FullMethodName            = "/zfsnomad.agent.v1.NodeAgent/Fence"
+	NodeAgent_Unfence_FullMethodName          = "/zfsnomad.agent.v1.NodeAgent/Unfence"
+	NodeAgent_Promote_FullMethodName          = "/zfsnomad.agent.v1.NodeAgent/Promote"
+	NodeAgent_Demote_FullMethodName           = "/zfsnomad.agent.v1.NodeAgent/Demote"
+	NodeAgent_Reserve_FullMethodName          = "/zfsnomad.agent.v1.NodeAgent/Reserve"
+	NodeAgent_AcquireWorkLease_FullMethodName = "/zfsnomad.agent.v1.NodeAgent/AcquireWorkLease"
+	NodeAgent_WorkLeases_FullMethodName       = "/zfsnomad.agent.v1.NodeAgent/WorkLeases"
 )
 
 // NodeAgentClient is the client API for NodeAgent service.
@@ -89,6 +91,17 @@ type NodeAgentClient interface {
 	// nodes first, so no generation is ever given to two copies
 	// (docs/safety.md, "Generations").
 	Reserve(ctx context.Context, in *ReserveRequest, opts ...grpc.CallOption) (*ReserveResponse, error)
+	// AcquireWorkLease grants, renews or releases this node's part of the
+	// work lease: the controller instance a majority of the nodes grants
+	// it runs the background work (the replication schedule, the pass over
+	// deletions). Granted when nobody holds it here, when the caller does,
+	// or when the holder's grant ran out; refused in the node's first lease
+	// term after it starts, when it may have forgotten a grant it gave
+	// (docs/architecture.md, "Several controllers").
+	AcquireWorkLease(ctx context.Context, in *WorkLeaseRequest, opts ...grpc.CallOption) (*WorkLease, error)
+	// WorkLeases tells who holds this node's part of the work lease, and
+	// which controller instances asked lately (zfs-controller status).
+	WorkLeases(ctx context.Context, in *WorkLeasesRequest, opts ...grpc.CallOption) (*WorkLease, error)
 }
 
 type nodeAgentClient struct {
@@ -298,6 +311,26 @@ func (c *nodeAgentClient) Reserve(ctx context.Context, in *ReserveRequest, opts 
 	return out, nil
 }
 
+func (c *nodeAgentClient) AcquireWorkLease(ctx context.Context, in *WorkLeaseRequest, opts ...grpc.CallOption) (*WorkLease, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(WorkLease)
+	err := c.cc.Invoke(ctx, NodeAgent_AcquireWorkLease_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *nodeAgentClient) WorkLeases(ctx context.Context, in *WorkLeasesRequest, opts ...grpc.CallOption) (*WorkLease, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(WorkLease)
+	err := c.cc.Invoke(ctx, NodeAgent_WorkLeases_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // NodeAgentServer is the server API for NodeAgent service.
 // All implementations must embed UnimplementedNodeAgentServer
 // for forward compatibility.
@@ -342,6 +375,17 @@ type NodeAgentServer interface {
 	// nodes first, so no generation is ever given to two copies
 	// (docs/safety.md, "Generations").
 	Reserve(context.Context, *ReserveRequest) (*ReserveResponse, error)
+	// AcquireWorkLease grants, renews or releases this node's part of the
+	// work lease: the controller instance a majority of the nodes grants
+	// it runs the background work (the replication schedule, the pass over
+	// deletions). Granted when nobody holds it here, when the caller does,
+	// or when the holder's grant ran out; refused in the node's first lease
+	// term after it starts, when it may have forgotten a grant it gave
+	// (docs/architecture.md, "Several controllers").
+	AcquireWorkLease(context.Context, *WorkLeaseRequest) (*WorkLease, error)
+	// WorkLeases tells who holds this node's part of the work lease, and
+	// which controller instances asked lately (zfs-controller status).
+	WorkLeases(context.Context, *WorkLeasesRequest) (*WorkLease, error)
 	mustEmbedUnimplementedNodeAgentServer()
 }
 
@@ -408,6 +452,12 @@ func (UnimplementedNodeAgentServer) Demote(context.Context, *DemoteRequest) (*Co
 }
 func (UnimplementedNodeAgentServer) Reserve(context.Context, *ReserveRequest) (*ReserveResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Reserve not implemented")
+}
+func (UnimplementedNodeAgentServer) AcquireWorkLease(context.Context, *WorkLeaseRequest) (*WorkLease, error) {
+	return nil, status.Error(codes.Unimplemented, "method AcquireWorkLease not implemented")
+}
+func (UnimplementedNodeAgentServer) WorkLeases(context.Context, *WorkLeasesRequest) (*WorkLease, error) {
+	return nil, status.Error(codes.Unimplemented, "method WorkLeases not implemented")
 }
 func (UnimplementedNodeAgentServer) mustEmbedUnimplementedNodeAgentServer() {}
 func (UnimplementedNodeAgentServer) testEmbeddedByValue()                   {}
@@ -765,6 +815,42 @@ func _NodeAgent_Reserve_Handler(srv interface{}, ctx context.Context, dec func(i
 	return interceptor(ctx, in, info, handler)
 }
 
+func _NodeAgent_AcquireWorkLease_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(WorkLeaseRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NodeAgentServer).AcquireWorkLease(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: NodeAgent_AcquireWorkLease_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NodeAgentServer).AcquireWorkLease(ctx, req.(*WorkLeaseRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _NodeAgent_WorkLeases_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(WorkLeasesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NodeAgentServer).WorkLeases(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: NodeAgent_WorkLeases_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NodeAgentServer).WorkLeases(ctx, req.(*WorkLeasesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // NodeAgent_ServiceDesc is the grpc.ServiceDesc for NodeAgent service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -843,6 +929,14 @@ var NodeAgent_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Reserve",
 			Handler:    _NodeAgent_Reserve_Handler,
+		},
+		{
+			MethodName: "AcquireWorkLease",
+			Handler:    _NodeAgent_AcquireWorkLease_Handler,
+		},
+		{
+			MethodName: "WorkLeases",
+			Handler:    _NodeAgent_WorkLeases_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -15,6 +15,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/cluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
 	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
+	"github.com/zfs-nomad/zfs-nomad/internal/worklease"
 )
 
 // FakeAgent is a node agent in memory, in the plain types of
@@ -54,6 +55,8 @@ type FakeAgent struct {
 	// BeforePush, when set, runs before each push (Replicate, MoveFinal)
 	// of the node, outside its lock; an error is the push's answer.
 	BeforePush func(ctx context.Context, volumeID string, each func(agentclient.Progress)) error
+	// workLease is the node's part of the work lease, granting at once.
+	workLease *worklease.Grants
 }
 
 // NewFakeAgent returns the agent of a node that holds nothing.
@@ -67,6 +70,7 @@ func NewFakeAgent(info agentclient.NodeInfo) *FakeAgent {
 		receiving: map[string]bool{},
 		refusals:  map[string]refusal{},
 		demoted:   map[string]time.Time{},
+		workLease: worklease.NewGrantsAtOnce(time.Now),
 	}
 }
 
@@ -889,4 +893,25 @@ func (fs *Fakes) Cluster(t testing.TB, extra ...string) *cluster.Cluster {
 	c := cluster.NewWithAgents(cluster.StaticPeers(peers), connect, 2*time.Second, hclog.NewNullLogger())
 	t.Cleanup(c.Close)
 	return c
+}
+
+// AcquireWorkLease grants the node's part of the work lease as a node
+// does, from the node's start (a fake node has granted nothing before).
+func (f *FakeAgent) AcquireWorkLease(_ context.Context, self worklease.Instance, release bool) (worklease.Lease, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.enter("AcquireWorkLease", ""); err != nil {
+		return worklease.Lease{}, err
+	}
+	return f.workLease.Acquire(self, release)
+}
+
+// WorkLeases tells who holds the node's part of the work lease.
+func (f *FakeAgent) WorkLeases(context.Context) (worklease.Lease, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.enter("WorkLeases", ""); err != nil {
+		return worklease.Lease{}, err
+	}
+	return f.workLease.Look(), nil
 }
