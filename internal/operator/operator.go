@@ -209,6 +209,9 @@ type Report struct {
 	// Moves: what the running controller catches up in the background,
 	// or whose final step waits for the CO's retry (AddMoves).
 	Moves []migration.MoveStatus `json:"moves,omitempty"`
+	// Controllers: the controller instances the nodes heard from, and
+	// which one holds the work lease.
+	Controllers []ControllerStatus `json:"controllers"`
 	// Unreachable: the nodes that did not answer (as in Nodes), a node
 	// that answered who it is but not what it holds, and the controller
 	// when asked for its moves in vain.
@@ -302,6 +305,7 @@ func Status(ctx context.Context, cl *cluster.Cluster) (Report, error) {
 	for _, u := range unreachable {
 		report.Unreachable = append(report.Unreachable, Unreachable{Node: u.Addr, Error: Unreached(u.Addr, u.Err)})
 	}
+	report.Controllers = controllerStatuses(ctx, cl, nodes, cluster.Members(nodes, len(unreachable)), time.Now())
 	markConflicts(report.Copies)
 	sort.Slice(report.Copies, func(i, j int) bool {
 		a, b := report.Copies[i], report.Copies[j]
@@ -319,6 +323,7 @@ func Status(ctx context.Context, cl *cluster.Cluster) (Report, error) {
 // PrintStatus writes a report as tables for people, with lags as of now.
 func PrintStatus(out io.Writer, r Report, now time.Time) {
 	printNodes(out, r.Nodes, now)
+	printControllers(out, r.Controllers, now)
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "VOLUME\tNAME\tNODE\tROLE\tLAST SNAPSHOT\tLAG")
 	for _, c := range r.Copies {
