@@ -210,12 +210,13 @@ func serve(c command, args []string) error {
 
 // thisInstance is how this controller process introduces itself to the
 // nodes when it asks for the work lease: a random ID, and where an
-// operator finds it (its host and metrics address).
+// operator finds it (its host, metrics address and Nomad allocation).
 func thisInstance(metrics net.Listener) worklease.Instance {
 	id := make([]byte, 4)
 	_, _ = rand.Read(id) // crypto/rand.Read does not fail (Go 1.24)
 	host, _ := os.Hostname()
-	in := worklease.Instance{ID: "ctl-" + hex.EncodeToString(id), Host: host, Version: version.Version, Started: time.Now()}
+	in := worklease.Instance{ID: "ctl-" + hex.EncodeToString(id), Host: host, Version: version.Version, Started: time.Now(),
+		NomadAlloc: os.Getenv("NOMAD_ALLOC_ID")}
 	if metrics != nil {
 		in.Address = metrics.Addr().String()
 	}

@@ -518,11 +518,11 @@ func (s *Server) WorkLeases(context.Context, *pb.WorkLeasesRequest) (*pb.WorkLea
 }
 
 func instanceFromPB(in *pb.ControllerInstance) worklease.Instance {
-	return worklease.Instance{ID: in.GetId(), Host: in.GetHost(), Address: in.GetAddress(), Version: in.GetVersion(), Started: timeOfUnix(in.GetStartedUnix())}
+	return worklease.Instance{ID: in.GetId(), Host: in.GetHost(), Address: in.GetAddress(), Version: in.GetVersion(), Started: timeOfUnix(in.GetStartedUnix()), NomadAlloc: in.GetNomadAllocId()}
 }
 
 func instanceToPB(in worklease.Instance) *pb.ControllerInstance {
-	return &pb.ControllerInstance{Id: in.ID, Host: in.Host, Address: in.Address, Version: in.Version, StartedUnix: unixOrZero(in.Started)}
+	return &pb.ControllerInstance{Id: in.ID, Host: in.Host, Address: in.Address, Version: in.Version, StartedUnix: unixOrZero(in.Started), NomadAllocId: in.NomadAlloc}
 }
 
 func workLeaseToPB(l worklease.Lease) *pb.WorkLease {

@@ -150,11 +150,11 @@ func instanceToPB(in worklease.Instance) *pb.ControllerInstance {
 	if !in.Started.IsZero() {
 		started = in.Started.Unix()
 	}
-	return &pb.ControllerInstance{Id: in.ID, Host: in.Host, Address: in.Address, Version: in.Version, StartedUnix: started}
+	return &pb.ControllerInstance{Id: in.ID, Host: in.Host, Address: in.Address, Version: in.Version, StartedUnix: started, NomadAllocId: in.NomadAlloc}
 }
 
 func instanceFromPB(in *pb.ControllerInstance) worklease.Instance {
-	return worklease.Instance{ID: in.GetId(), Host: in.GetHost(), Address: in.GetAddress(), Version: in.GetVersion(), Started: timeOrZero(in.GetStartedUnix())}
+	return worklease.Instance{ID: in.GetId(), Host: in.GetHost(), Address: in.GetAddress(), Version: in.GetVersion(), Started: timeOrZero(in.GetStartedUnix()), NomadAlloc: in.GetNomadAllocId()}
 }
 
 // timeOrZero is the time of unix seconds, zero for 0.

@@ -22,6 +22,8 @@ type ControllerStatus struct {
 	Address string    `json:"address,omitempty"` // its metrics address
 	Version string    `json:"version,omitempty"`
 	Started time.Time `json:"started,omitzero"`
+	// NomadAlloc is its Nomad allocation's ID, when Nomad runs it.
+	NomadAlloc string `json:"nomad_alloc_id,omitempty"`
 	// LastSeen is when a node last heard from it.
 	LastSeen time.Time `json:"last_seen"`
 	// HoldsWorkLease: more than half the nodes grant it the lease, so
@@ -42,7 +44,7 @@ func controllerStatuses(ctx context.Context, cl *cluster.Cluster, nodes []cluste
 	get := func(in worklease.Instance) *ControllerStatus {
 		c, ok := byID[in.ID]
 		if !ok {
-			c = &ControllerStatus{ID: in.ID, Host: in.Host, Address: in.Address, Version: in.Version, Started: in.Started}
+			c = &ControllerStatus{ID: in.ID, Host: in.Host, Address: in.Address, Version: in.Version, Started: in.Started, NomadAlloc: in.NomadAlloc}
 			byID[in.ID] = c
 		}
 		return c
@@ -103,13 +105,26 @@ func printControllers(out io.Writer, controllers []ControllerStatus, now time.Ti
 		if !c.Started.IsZero() {
 			started = ago(now, c.Started) + " ago"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", c.ID, c.Host, c.Address, c.Version, started, lease)
+		host := c.Host
+		if c.NomadAlloc != "" {
+			host += " (alloc " + shortAlloc(c.NomadAlloc) + ")"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", c.ID, host, c.Address, c.Version, started, lease)
 	}
 	tw.Flush()
 	if !held {
 		fmt.Fprintf(out, "  no instance holds the work lease now: the replication schedule waits (a node that started within %s grants nobody yet)\n", worklease.Term)
 	}
 	fmt.Fprintln(out)
+}
+
+// shortAlloc is an allocation ID as Nomad's CLI shows it: its first
+// eight characters.
+func shortAlloc(id string) string {
+	if len(id) > 8 {
+		return id[:8]
+	}
+	return id
 }
 
 func ago(now, t time.Time) string {

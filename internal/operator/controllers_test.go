@@ -27,7 +27,8 @@ func TestStatusShowsTheControllerInstances(t *testing.T) {
 	ctx := context.Background()
 	started := time.Now().Add(-time.Hour).Truncate(time.Second)
 	for _, id := range []string{"ctl-a", "ctl-b"} {
-		h := worklease.NewHolder(worklease.Instance{ID: id, Host: "host-" + id, Address: "10.0.0.9:9100", Version: "v9", Started: started},
+		h := worklease.NewHolder(worklease.Instance{ID: id, Host: "host-" + id, Address: "10.0.0.9:9100", Version: "v9", Started: started,
+			NomadAlloc: "5b1e3f0a-" + id},
 			cluster.WorkLeaseAsker(cl), hclog.NewNullLogger())
 		h.Try(ctx)
 	}
@@ -50,7 +51,7 @@ func TestStatusShowsTheControllerInstances(t *testing.T) {
 	PrintStatus(&out, r, time.Now())
 	for _, want := range []string{
 		`CONTROLLER +HOST +ADDRESS +DRIVER +STARTED +WORK LEASE`,
-		`ctl-a +host-ctl-a +10\.0\.0\.9:9100 +v9 +1h0m\d+s ago +HOLDS it since \d\d:\d\d:\d\d \(\ds ago\), granted by n1,n2,n3`,
+		`ctl-a +host-ctl-a \(alloc 5b1e3f0a\) +10\.0\.0\.9:9100 +v9 +1h0m\d+s ago +HOLDS it since \d\d:\d\d:\d\d \(\ds ago\), granted by n1,n2,n3`,
 		`ctl-b +host-ctl-b .* standby \(asked \ds ago\)`,
 	} {
 		if !regexp.MustCompile(want).MatchString(out.String()) {

@@ -64,6 +64,8 @@ type Instance struct {
 	Address string // its metrics address
 	Version string
 	Started time.Time
+	// NomadAlloc is its Nomad allocation's ID, when Nomad runs it.
+	NomadAlloc string
 }
 
 // Lease is one node's view of the work lease.

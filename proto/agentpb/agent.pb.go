@@ -3243,9 +3243,11 @@ type ControllerInstance struct {
 	Id   string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
 	Host string `protobuf:"bytes,2,opt,name=host,proto3" json:"host,omitempty"`
 	// Its metrics address (zfs-controller status -controller ADDRESS).
-	Address       string `protobuf:"bytes,3,opt,name=address,proto3" json:"address,omitempty"`
-	Version       string `protobuf:"bytes,4,opt,name=version,proto3" json:"version,omitempty"`
-	StartedUnix   int64  `protobuf:"varint,5,opt,name=started_unix,json=startedUnix,proto3" json:"started_unix,omitempty"`
+	Address     string `protobuf:"bytes,3,opt,name=address,proto3" json:"address,omitempty"`
+	Version     string `protobuf:"bytes,4,opt,name=version,proto3" json:"version,omitempty"`
+	StartedUnix int64  `protobuf:"varint,5,opt,name=started_unix,json=startedUnix,proto3" json:"started_unix,omitempty"`
+	// Under Nomad, its allocation (NOMAD_ALLOC_ID).
+	NomadAllocId  string `protobuf:"bytes,6,opt,name=nomad_alloc_id,json=nomadAllocId,proto3" json:"nomad_alloc_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3313,6 +3315,13 @@ func (x *ControllerInstance) GetStartedUnix() int64 {
 		return x.StartedUnix
 	}
 	return 0
+}
+
+func (x *ControllerInstance) GetNomadAllocId() string {
+	if x != nil {
+		return x.NomadAllocId
+	}
+	return ""
 }
 
 type WorkLeaseRequest struct {
@@ -3834,13 +3843,14 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\x0esurplus_newest\x18\x03 \x01(\tR\rsurplusNewest\x12/\n" +
 	"\x13snapshots_elsewhere\x18\x04 \x03(\tR\x12snapshotsElsewhere\"1\n" +
 	"\x15DeleteReplicaResponse\x12\x18\n" +
-	"\adeleted\x18\x01 \x01(\bR\adeleted\"\x8f\x01\n" +
+	"\adeleted\x18\x01 \x01(\bR\adeleted\"\xb5\x01\n" +
 	"\x12ControllerInstance\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04host\x18\x02 \x01(\tR\x04host\x12\x18\n" +
 	"\aaddress\x18\x03 \x01(\tR\aaddress\x12\x18\n" +
 	"\aversion\x18\x04 \x01(\tR\aversion\x12!\n" +
-	"\fstarted_unix\x18\x05 \x01(\x03R\vstartedUnix\"o\n" +
+	"\fstarted_unix\x18\x05 \x01(\x03R\vstartedUnix\x12$\n" +
+	"\x0enomad_alloc_id\x18\x06 \x01(\tR\fnomadAllocId\"o\n" +
 	"\x10WorkLeaseRequest\x12A\n" +
 	"\binstance\x18\x01 \x01(\v2%.zfsnomad.agent.v1.ControllerInstanceR\binstance\x12\x18\n" +
 	"\arelease\x18\x02 \x01(\bR\arelease\"\x13\n" +

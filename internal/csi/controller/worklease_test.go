@@ -24,7 +24,7 @@ func TestOneControllerInstanceHoldsTheWorkLease(t *testing.T) {
 	ctx := context.Background()
 	holder := func(id string) *worklease.Holder {
 		c := tc.agents.Cluster(t)
-		return worklease.NewHolder(worklease.Instance{ID: id, Host: "host-" + id, Address: "10.0.0.1:9100", Started: time.Now()},
+		return worklease.NewHolder(worklease.Instance{ID: id, Host: "host-" + id, Address: "10.0.0.1:9100", Started: time.Now(), NomadAlloc: "alloc-" + id},
 			cluster.WorkLeaseAsker(c), hclog.NewNullLogger())
 	}
 	a, b := holder("ctl-a"), holder("ctl-b")
@@ -45,7 +45,7 @@ func TestOneControllerInstanceHoldsTheWorkLease(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got.Holder.ID != "ctl-a" || got.Holder.Host != "host-ctl-a" || got.Holder.Address != "10.0.0.1:9100" || got.HolderSince.IsZero() || len(got.Seen) != 2 {
+		if got.Holder.ID != "ctl-a" || got.Holder.Host != "host-ctl-a" || got.Holder.Address != "10.0.0.1:9100" || got.Holder.NomadAlloc != "alloc-ctl-a" || got.HolderSince.IsZero() || len(got.Seen) != 2 {
 			t.Fatalf("node %s tells %+v", n.Info.NodeID, got)
 		}
 	}
