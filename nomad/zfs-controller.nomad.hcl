@@ -49,6 +49,12 @@ variable "extra_args" {
   default     = []
 }
 
+variable "instances" {
+  description = "How many controller instances run, spread over the clients: any answers any CSI call, one at a time runs the background work (docs/architecture.md, \"Several controllers\")"
+  type        = number
+  default     = 2
+}
+
 variable "log_level" {
   default = "info"
 }
@@ -68,7 +74,18 @@ job "zfs-nomad-controller" {
   }
 
   group "controller" {
-    count = 1
+    # Nomad sends each controller call to a healthy instance and tries
+    # the next when one fails; losing a client that ran one costs no
+    # wait for a replacement. The instance a majority of the nodes grants
+    # the work lease runs the replication schedule; another takes over
+    # within 20 s of its loss.
+    count = var.instances
+
+    # One instance per client where there are enough clients (spread,
+    # not distinct_hosts: a single-client cluster still runs both).
+    spread {
+      attribute = "${node.unique.id}"
+    }
 
     network {
       port "metrics" {}

@@ -61,12 +61,15 @@ func drainJobs() []drainJob {
 // fail at random on a loaded machine.
 func (e *e2e) drainManyVolumes() {
 	jobs := drainJobs()
-	controller := e.runningOn("zfs-nomad-controller")
-	var node string // the drained client: one the controller does not run on
+	controllers := e.runningOn("zfs-nomad-controller")
+	var node string // the drained client: one no controller runs on, if there is one
 	for _, n := range e.c.Nodes {
-		if n.ID != controller && node == "" {
+		if !slices.Contains(controllers, n.ID) && node == "" {
 			node = n.ID
 		}
+	}
+	if node == "" {
+		node = e.c.Nodes[0].ID
 	}
 	local, rate := e.sendRates(node)
 	e.tell("FIGURE zfs send | zfs receive between two pools here: %.1f MiB/s through a local pipe, %.1f MiB/s over the link between two nodes (socat, plain TCP)", local, rate)

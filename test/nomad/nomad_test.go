@@ -140,12 +140,12 @@ func TestNomadEndToEnd(t *testing.T) {
 		// An operator drains a settled job: a drain during a deployment
 		// is another story.
 		e.waitForDeployment("counter")
-		controller := e.runningOn("zfs-nomad-controller")
+		controllers := e.controllers()
 		began := time.Now()
 		e.nomad("node", "drain", "-enable", "-yes", "-ignore-system", "-deadline", "2m", e.nodeIDs[first.node])
 		moved = e.waitForCounter(first.id)
-		e.tell("FIGURE drain move: %s (drain command to the job ready on %s; the controller ran on %s)",
-			time.Since(began).Round(100*time.Millisecond), moved.node, controller)
+		e.tell("FIGURE drain move: %s (drain command to the job ready on %s; the drained client was %s; %s)",
+			time.Since(began).Round(100*time.Millisecond), moved.node, first.node, controllers)
 		e.logFailedAllocations()
 		e.wantSameData(first, moved, true)
 		e.wantKeyLoadedOnlyOn(e.externalID("web-data"), moved.node)
@@ -231,12 +231,12 @@ secrets {
 		// Make the replica current: what failover keeps is what was replicated.
 		e.backup(e.externalID("web-data-auto"))
 		e.waitForDeployment("counter")
-		controller := e.runningOn("zfs-nomad-controller")
+		controllers := e.controllers()
 		began := time.Now()
 		e.killNode(before.node)
 		after := e.waitForCounter(before.id)
-		e.tell("FIGURE failover: %s (node killed to the job ready on %s; the controller ran on %s)",
-			time.Since(began).Round(100*time.Millisecond), after.node, controller)
+		e.tell("FIGURE failover: %s (node %s killed to the job ready on %s; %s)",
+			time.Since(began).Round(100*time.Millisecond), before.node, after.node, controllers)
 		e.logFailedAllocations()
 		e.wantSameData(before, after, true)
 	})
@@ -594,7 +594,7 @@ func (e *e2e) deployPluginsOn(nodes int) {
 	e.tell("FIGURE plugins healthy: %s after job run", time.Since(began).Round(100*time.Millisecond))
 	e.waitForChecks("zfs-nomad-node-metrics", nodes)
 	e.waitForChecks("zfs-nomad-agent", nodes)
-	e.waitForChecks("zfs-nomad-controller-metrics", 1)
+	e.waitForChecks("zfs-nomad-controller-metrics", 2)
 	e.tell("FIGURE plugins' service checks passing: %s after job run", time.Since(began).Round(100*time.Millisecond))
 }
 
@@ -894,19 +894,46 @@ func (e *e2e) waitForDeployment(job string) {
 	})
 }
 
-// runningOn names the node of a job's running allocation.
-func (e *e2e) runningOn(job string) string {
+// runningOn names the nodes of a job's running allocations, sorted.
+func (e *e2e) runningOn(job string) []string {
 	e.t.Helper()
 	var allocs []struct{ NodeName, ClientStatus string }
 	if err := e.get("/v1/job/"+job+"/allocations", &allocs); err != nil {
 		e.t.Fatal(err)
 	}
+	var nodes []string
 	for _, a := range allocs {
 		if a.ClientStatus == "running" {
-			return a.NodeName
+			nodes = append(nodes, a.NodeName)
 		}
 	}
-	return "no node"
+	sort.Strings(nodes)
+	return nodes
+}
+
+// workLeaseHolder names the node whose controller instance holds the
+// work lease, as status tells it ("nobody" when none does).
+func (e *e2e) workLeaseHolder() string {
+	e.t.Helper()
+	for _, c := range e.statusReport().Controllers {
+		if !c.HoldsWorkLease {
+			continue
+		}
+		host, _, _ := strings.Cut(c.Address, ":")
+		for _, n := range e.c.Nodes {
+			if n.IP == host {
+				return n.ID
+			}
+		}
+		return c.Address
+	}
+	return "nobody"
+}
+
+// controllers says where the controller instances run and which one
+// holds the work lease, for a figure's line.
+func (e *e2e) controllers() string {
+	return fmt.Sprintf("controllers on %s, the work lease's holder on %s", strings.Join(e.runningOn("zfs-nomad-controller"), ","), e.workLeaseHolder())
 }
 
 // counterAllocation is a counter allocation's status and task events.

@@ -147,7 +147,7 @@ func (e *e2e) certificatesInUse() map[string]string {
 }
 
 // taskRuns is every running allocation of the plugin jobs, with its
-// task's restarts: "job/node: alloc restarts".
+// task's restarts: "job/node/alloc": "restarts N".
 func (e *e2e) taskRuns() map[string]string {
 	e.t.Helper()
 	out := map[string]string{}
@@ -161,7 +161,7 @@ func (e *e2e) taskRuns() map[string]string {
 		}
 		for _, a := range allocs {
 			if a.ClientStatus == "running" {
-				out[job+"/"+a.NodeName] = fmt.Sprintf("%.8s restarts %d", a.ID, a.TaskStates[task].Restarts)
+				out[fmt.Sprintf("%s/%s/%.8s", job, a.NodeName, a.ID)] = fmt.Sprintf("restarts %d", a.TaskStates[task].Restarts)
 			}
 		}
 	}
@@ -234,10 +234,11 @@ func (e *e2e) rotateCertificates(job allocation) {
 	if err != nil || !strings.Contains(output.String(), "done:") {
 		e.t.Fatalf("the backup during the rotation: %v\n%s", err, output)
 	}
-	controller := e.runningOn("zfs-nomad-controller")
-	e.eventually(time.Minute, "the controller's renewed certificate in use", func() error {
-		if !strings.Contains(e.pluginLog("zfs-nomad-controller", "zfs-controller", controller), "TLS material reloaded") {
-			return fmt.Errorf("the controller on %s has not logged a reload", controller)
+	e.eventually(time.Minute, "every controller instance's renewed certificate in use", func() error {
+		for _, node := range e.runningOn("zfs-nomad-controller") {
+			if !strings.Contains(e.pluginLog("zfs-nomad-controller", "zfs-controller", node), "TLS material reloaded") {
+				return fmt.Errorf("the controller on %s has not logged a reload", node)
+			}
 		}
 		return nil
 	})
