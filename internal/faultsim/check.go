@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync/atomic"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/scheduler"
 	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
 	"github.com/zfs-nomad/zfs-nomad/internal/volume"
 )
@@ -181,12 +182,12 @@ func (c *checker) indexAgrees(n *simNode) error {
 // version the book saw, and no change is half done there: the book
 // learns a changed node's primaries from what it tells changed since
 // (Changes), and a change it misses would leave a volume unreplicated.
-func (c *checker) bookAgrees(n *simNode) error {
+func (c *checker) bookAgrees(sched *scheduler.Scheduler, n *simNode) error {
 	inc := n.inc
 	if inc == nil || !inc.isAlive() {
 		return nil
 	}
-	booked, version, ok := c.w.sched.Held(n.id)
+	booked, version, ok := sched.Held(n.id)
 	if !ok || version != inc.volumes.VolumesVersion() || inc.volumes.Locks().Busy() {
 		return nil
 	}

@@ -115,7 +115,7 @@ func (w *world) create(v *simVolume) {
 	// Some ask for no replica: a move leaves a surplus copy of those,
 	// which the schedule removes.
 	replicas := []string{"0", "1", "1", "2"}[w.dice.intn(4)]
-	_, err := w.ctl.CreateVolume(ctx, &csispec.CreateVolumeRequest{Name: v.name, VolumeCapabilities: []*csispec.VolumeCapability{mountCapability},
+	_, err := w.co().ctl.CreateVolume(ctx, &csispec.CreateVolumeRequest{Name: v.name, VolumeCapabilities: []*csispec.VolumeCapability{mountCapability},
 		Parameters: map[string]string{vocab.ParamReplicas: replicas, vocab.ParamFailover: vocab.FailoverAuto}})
 	w.tracef("co: CreateVolume %s replicas=%s: %v", v.name, replicas, errText(err))
 	if err == nil {
@@ -155,7 +155,7 @@ func (w *world) stopJob(v *simVolume) {
 	w.tracef("co: stop job of %s on %s: %v", v.name, n.id, errText(err))
 	if err == nil {
 		v.alloc = ""
-		_, err = w.ctl.ControllerUnpublishVolume(ctx, &csispec.ControllerUnpublishVolumeRequest{VolumeId: v.id, NodeId: n.id})
+		_, err = w.co().ctl.ControllerUnpublishVolume(ctx, &csispec.ControllerUnpublishVolumeRequest{VolumeId: v.id, NodeId: n.id})
 		w.tracef("co: ControllerUnpublishVolume %s from %s: %v", v.name, n.id, errText(err))
 	}
 }
@@ -183,14 +183,14 @@ func (w *world) schedule(v *simVolume, n *simNode) {
 	}
 	ctx, cancel := opContext()
 	defer cancel()
-	if target, moving := w.mig.MoveRunning(v.id); moving && target != n.id {
+	if target, moving := w.moveRunning(v.id); moving && target != n.id {
 		w.stats.PublishedElsewhere++
 		w.tracef("co: publishes %s to %s while its move to %s runs", v.name, n.id, target)
 	}
-	resp, err := w.ctl.ControllerPublishVolume(ctx, &csispec.ControllerPublishVolumeRequest{VolumeId: v.id, NodeId: n.id, VolumeCapability: mountCapability})
+	resp, err := w.co().ctl.ControllerPublishVolume(ctx, &csispec.ControllerPublishVolumeRequest{VolumeId: v.id, NodeId: n.id, VolumeCapability: mountCapability})
 	w.tracef("co: ControllerPublishVolume %s to %s: %v %v", v.name, n.id, resp.GetPublishContext(), errText(err))
 	if err != nil {
-		if _, moving := w.mig.MoveRunning(v.id); moving {
+		if _, moving := w.moveRunning(v.id); moving {
 			w.stats.MovesInBackground++
 		}
 		return // Nomad retries later: a later step places the job again
@@ -302,7 +302,7 @@ func (w *world) backup(v *simVolume, from, to *simNode) bool {
 	}
 	ctx, cancel := opContext()
 	defer cancel()
-	nodes, _, err := w.cl.Nodes(ctx)
+	nodes, _, err := w.co().cl.Nodes(ctx)
 	if err != nil {
 		return false
 	}
@@ -319,21 +319,24 @@ func (w *world) backup(v *simVolume, from, to *simNode) bool {
 	return false
 }
 
-// scheduleRound runs one round of the controller's replication schedule
-// and waits for its pushes.
+// scheduleRound runs one round of the replication schedule, in the
+// controller instance that holds the work lease (none: no round), and
+// waits for its pushes.
 func (w *world) scheduleRound() {
 	ctx, cancel := opContext()
 	defer cancel()
-	removed := w.sched.SurplusRemoved()
-	pushes := w.sched.Round(ctx)
-	w.sched.Wait()
-	w.stats.SurplusRemoved += int(w.sched.SurplusRemoved() - removed)
-	for _, p := range pushes {
-		w.tracef("controller: scheduled push of %s %s->%s (%s)", p.VolumeID, p.Source.Info.NodeID, p.Target.Info.NodeID, p.Reason)
-	}
-	for _, n := range w.nodes {
-		if err := w.checker.bookAgrees(n); err != nil {
-			w.checker.late(err)
+	for _, c := range w.holders() {
+		removed := c.sched.SurplusRemoved()
+		pushes := c.sched.Round(ctx)
+		c.sched.Wait()
+		w.stats.SurplusRemoved += int(c.sched.SurplusRemoved() - removed)
+		for _, p := range pushes {
+			w.tracef("%s: scheduled push of %s %s->%s (%s)", c.endpoint, p.VolumeID, p.Source.Info.NodeID, p.Target.Info.NodeID, p.Reason)
+		}
+		for _, n := range w.nodes {
+			if err := w.checker.bookAgrees(c.sched, n); err != nil {
+				w.checker.late(err)
+			}
 		}
 	}
 }
@@ -349,7 +352,7 @@ func (w *world) delete(v *simVolume) {
 	ctx, cancel := opContext()
 	defer cancel()
 	w.checker.deleting(v.id)
-	_, err := w.ctl.DeleteVolume(ctx, &csispec.DeleteVolumeRequest{VolumeId: v.id})
+	_, err := w.co().ctl.DeleteVolume(ctx, &csispec.DeleteVolumeRequest{VolumeId: v.id})
 	w.tracef("co: DeleteVolume %s: %v", v.name, errText(err))
 	if err == nil {
 		v.created, v.claims, v.context, v.lostFrom = false, nil, nil, ""
@@ -412,16 +415,19 @@ func (w *world) powerLoss(n *simNode) {
 	w.tracef("%s: power lost, back at step %d", n.id, n.restartAt)
 }
 
-// crashController lets the controller die after a few of its calls to
-// the agents during one publish, then starts it again.
+// crashController lets a controller instance die after a few of its
+// calls to the agents during one publish, then starts it again.
 func (w *world) crashController(v *simVolume, n *simNode) {
+	c := w.co()
 	calls := w.dice.intn(8)
-	w.tracef("controller: dies after %d agent calls", calls)
-	w.net.crashAfter(controllerEndpoint, calls)
+	w.tracef("%s: dies after %d agent calls", c.endpoint, calls)
+	w.net.crashAfter(c.endpoint, calls)
+	w.forced = c
 	w.schedule(v, n)
-	w.stopController() // before its calls go through again
-	w.net.crashAfter(controllerEndpoint, -1)
-	w.startController()
+	w.forced = nil
+	c.stop() // before its calls go through again
+	w.net.crashAfter(c.endpoint, -1)
+	c.start(w)
 }
 
 func errText(err error) string {

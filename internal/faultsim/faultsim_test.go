@@ -23,6 +23,7 @@ var (
 	domsFlag  = flag.Int("domains", 0, "replication domains per run (default: DefaultConfig's)")
 	skewFlag  = flag.Duration("skew", -1, "largest offset of a node's wall clock (default: DefaultConfig's)")
 	liesFlag  = flag.Bool("lying-peers", false, "let nodes' certificate holders send forged streams")
+	ctlsFlag  = flag.Int("controllers", 0, "controller instances per run (default: DefaultConfig's, one)")
 	logsFlag  = flag.Bool("logs", false, "with -seed and -v: the nodes' and the controller's logs beside the trace")
 )
 
@@ -71,6 +72,25 @@ func TestSimulationLyingPeers(t *testing.T) {
 	runSeeds(t, max(seeds()/2, 1), func(cfg *Config) { cfg.LyingPeers = true })
 }
 
+// TestSimulationSeveralControllers runs half as many seeds with two
+// controller instances and a quarter with three: the CO sends each call
+// to any of them, any of them crashes in the middle of a publish, a
+// split puts each on either side, and the one that holds the work lease
+// runs the schedule and the pass over deletions; at most one may hold
+// it at any step. Replay a failure with -run 'TestSimulation$' -seed N
+// -controllers 2 -v.
+func TestSimulationSeveralControllers(t *testing.T) {
+	if *seedFlag != 0 || *ctlsFlag != 0 {
+		t.Skip("a replay or a chosen shape runs in TestSimulation")
+	}
+	t.Run("two", func(t *testing.T) {
+		runSeeds(t, max(seeds()/2, 1), func(cfg *Config) { cfg.Controllers = 2 })
+	})
+	t.Run("three", func(t *testing.T) {
+		runSeeds(t, max(seeds()/4, 1), func(cfg *Config) { cfg.Controllers = 3 })
+	})
+}
+
 // runSeeds runs n seeds from -first-seed (or the one -seed), each shaped
 // by shape and then by the flags.
 func runSeeds(t *testing.T, n int, shape func(*Config)) {
@@ -105,6 +125,9 @@ func runSeeds(t *testing.T, n int, shape func(*Config)) {
 		if *liesFlag {
 			cfg.LyingPeers = true
 		}
+		if *ctlsFlag > 0 {
+			cfg.Controllers = *ctlsFlag
+		}
 		if *seedFlag != 0 && testing.Verbose() {
 			cfg.Trace = func(line string) { t.Log(line) }
 			cfg.Verbose = *logsFlag
@@ -129,7 +152,8 @@ func runSeeds(t *testing.T, n int, shape func(*Config)) {
 	shape(&lied)
 	if n >= 50 && (total.NewGeneration == 0 || total.StaleRefused == 0 || total.AheadStages == 0 || total.ReadOnly == 0 || total.Deletes == 0 || total.Crashes == 0 ||
 		total.Snapshots == 0 || total.SnapshotDeletes == 0 || total.Restores == 0 || total.Expands == 0 ||
-		lied.LyingPeers && (total.LiesRefused == 0 || total.Stalls == 0) || n >= 500 && total.DeletedCopiesHidden == 0 || total.SettledRestores == 0 || n >= 500 && total.DeletedInFlight == 0) {
+		lied.LyingPeers && (total.LiesRefused == 0 || total.Stalls == 0) ||
+		total.WorkLeaseHeld == 0 || lied.Controllers > 1 && total.WorkLeaseHandovers == 0 || n >= 500 && total.DeletedCopiesHidden == 0 || total.SettledRestores == 0 || n >= 500 && total.DeletedInFlight == 0) {
 		t.Errorf("the seeds did not exercise every kind of event: %+v", total)
 	}
 }

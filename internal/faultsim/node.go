@@ -21,6 +21,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/protocol"
 	"github.com/zfs-nomad/zfs-nomad/internal/replication"
 	"github.com/zfs-nomad/zfs-nomad/internal/volume"
+	"github.com/zfs-nomad/zfs-nomad/internal/worklease"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs/zfsfake"
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
@@ -145,6 +146,14 @@ func (n *simNode) start(ctx context.Context) {
 		return monitor.AttestFailover(n.id, addrs, answering, n.w.cfg.Lease+n.w.cfg.LeaseMargin)
 	}
 	agentServer.KnownNodes = func() int { return monitor.Members(n.id) }
+	// The work lease counts on the node's monotonic clock, as the lease
+	// does. A node's first process cannot have granted anything before;
+	// a restarted one may have, and grants nothing for a term.
+	clock := func() time.Time { return n.w.nodeNow(n.rate) }
+	agentServer.WorkLease = worklease.NewGrants(clock)
+	if inc.num == 1 {
+		agentServer.WorkLease = worklease.NewGrantsAtOnce(clock)
+	}
 	// As zfs-node serves it: the interceptor maps the handlers' errors to
 	// their gRPC status.
 	srvOpts := append(replication.ServerOptions(), protocol.ServerOptions("node "+n.id)...)

@@ -42,7 +42,7 @@ func (w *world) snapshot(v *simVolume) {
 	defer cancel()
 	w.snapshotsTaken++
 	name := fmt.Sprintf("%s-snap%d", v.name, w.snapshotsTaken)
-	resp, err := w.ctl.CreateSnapshot(ctx, &csispec.CreateSnapshotRequest{SourceVolumeId: v.id, Name: name})
+	resp, err := w.co().ctl.CreateSnapshot(ctx, &csispec.CreateSnapshotRequest{SourceVolumeId: v.id, Name: name})
 	w.tracef("co: CreateSnapshot %s of %s: %v", name, v.name, errText(err))
 	if err == nil {
 		w.snaps = append(w.snaps, &simSnapshot{name: name, id: resp.GetSnapshot().GetSnapshotId(), volume: v.id})
@@ -63,7 +63,7 @@ func (w *world) deleteSnapshotAt(i int) bool {
 	s := w.snaps[i]
 	ctx, cancel := opContext()
 	defer cancel()
-	_, err := w.ctl.DeleteSnapshot(ctx, &csispec.DeleteSnapshotRequest{SnapshotId: s.id})
+	_, err := w.co().ctl.DeleteSnapshot(ctx, &csispec.DeleteSnapshotRequest{SnapshotId: s.id})
 	w.tracef("co: DeleteSnapshot %s: %v", s.name, errText(err))
 	if err != nil {
 		s.deleteTried = true
@@ -151,7 +151,7 @@ func (w *world) settle() error {
 func (w *world) listedOnce() error {
 	ctx, cancel := opContext()
 	defer cancel()
-	resp, err := w.ctl.ListSnapshots(ctx, &csispec.ListSnapshotsRequest{})
+	resp, err := w.co().ctl.ListSnapshots(ctx, &csispec.ListSnapshotsRequest{})
 	w.tracef("co: ListSnapshots (settled): %d, %v", len(resp.GetEntries()), errText(err))
 	if err != nil {
 		return fmt.Errorf("ListSnapshots: %w", err)
@@ -197,7 +197,7 @@ func (w *world) restoreSettled() error {
 			return err
 		}
 		ctx, cancel := opContext()
-		_, err = w.ctl.CreateVolume(ctx, &csispec.CreateVolumeRequest{Name: "settled-from-" + s.name, VolumeCapabilities: []*csispec.VolumeCapability{mountCapability},
+		_, err = w.co().ctl.CreateVolume(ctx, &csispec.CreateVolumeRequest{Name: "settled-from-" + s.name, VolumeCapabilities: []*csispec.VolumeCapability{mountCapability},
 			VolumeContentSource: &csispec.VolumeContentSource{Type: &csispec.VolumeContentSource_Snapshot{Snapshot: &csispec.VolumeContentSource_SnapshotSource{SnapshotId: s.id}}}})
 		cancel()
 		w.tracef("co: CreateVolume from snapshot %s (settled): %v", s.name, errText(err))
@@ -218,12 +218,14 @@ func (w *world) settleStep() error {
 
 // finishDeletions is the controller's pass over the snapshots deleted
 // while a node was away (provision.FinishDeletions, every minute in
-// zfs-controller).
+// zfs-controller), in the instance that holds the work lease.
 func (w *world) finishDeletions() {
 	ctx, cancel := opContext()
 	defer cancel()
-	err := w.deletions.FinishDeletions(ctx)
-	w.tracef("controller: finish snapshot deletions: %v", errText(err))
+	for _, c := range w.holders() {
+		err := c.deletions.FinishDeletions(ctx)
+		w.tracef("%s: finish snapshot deletions: %v", c.endpoint, errText(err))
+	}
 }
 
 // checkDeletedStayDeleted lists the snapshots and restores a deleted one,
@@ -246,7 +248,7 @@ func (w *world) checkDeletedStayDeleted() {
 	}
 	ctx, cancel := opContext()
 	defer cancel()
-	resp, err := w.ctl.ListSnapshots(ctx, &csispec.ListSnapshotsRequest{})
+	resp, err := w.co().ctl.ListSnapshots(ctx, &csispec.ListSnapshotsRequest{})
 	w.tracef("co: ListSnapshots: %d, %v", len(resp.GetEntries()), errText(err))
 	for _, e := range resp.GetEntries() {
 		for _, d := range w.deletedSnaps {
@@ -259,7 +261,7 @@ func (w *world) checkDeletedStayDeleted() {
 	if w.copiesLeft(d.id) > 0 {
 		w.stats.DeletedCopiesHidden++
 	}
-	_, err = w.ctl.CreateVolume(ctx, &csispec.CreateVolumeRequest{Name: "from-" + d.name, VolumeCapabilities: []*csispec.VolumeCapability{mountCapability},
+	_, err = w.co().ctl.CreateVolume(ctx, &csispec.CreateVolumeRequest{Name: "from-" + d.name, VolumeCapabilities: []*csispec.VolumeCapability{mountCapability},
 		VolumeContentSource: &csispec.VolumeContentSource{Type: &csispec.VolumeContentSource_Snapshot{Snapshot: &csispec.VolumeContentSource_SnapshotSource{SnapshotId: d.id}}}})
 	w.tracef("co: CreateVolume from deleted snapshot %s: %v", d.name, errText(err))
 	if err == nil {
@@ -290,7 +292,7 @@ func (w *world) restore() {
 	v := newSimVolume(fmt.Sprintf("restore%d", w.restores))
 	ctx, cancel := opContext()
 	defer cancel()
-	_, err := w.ctl.CreateVolume(ctx, &csispec.CreateVolumeRequest{Name: v.name, VolumeCapabilities: []*csispec.VolumeCapability{mountCapability},
+	_, err := w.co().ctl.CreateVolume(ctx, &csispec.CreateVolumeRequest{Name: v.name, VolumeCapabilities: []*csispec.VolumeCapability{mountCapability},
 		Parameters:          map[string]string{vocab.ParamReplicas: "1", vocab.ParamFailover: vocab.FailoverAuto},
 		VolumeContentSource: &csispec.VolumeContentSource{Type: &csispec.VolumeContentSource_Snapshot{Snapshot: &csispec.VolumeContentSource_SnapshotSource{SnapshotId: s.id}}}})
 	w.tracef("co: CreateVolume %s from snapshot %s: %v", v.name, s.name, errText(err))
@@ -310,7 +312,7 @@ func (w *world) expand(v *simVolume) {
 	ctx, cancel := opContext()
 	defer cancel()
 	size := int64(1+w.dice.intn(4)) << 30
-	_, err := w.ctl.ControllerExpandVolume(ctx, &csispec.ControllerExpandVolumeRequest{VolumeId: v.id, CapacityRange: &csispec.CapacityRange{RequiredBytes: size}})
+	_, err := w.co().ctl.ControllerExpandVolume(ctx, &csispec.ControllerExpandVolumeRequest{VolumeId: v.id, CapacityRange: &csispec.CapacityRange{RequiredBytes: size}})
 	w.tracef("co: ControllerExpandVolume %s to %d GiB: %v", v.name, size>>30, errText(err))
 	if err == nil {
 		w.stats.Expands++

@@ -71,6 +71,17 @@ func (w *world) split(v *simVolume) {
 		}
 	}
 	rest = append(rest, controllerEndpoint)
+	// Other controller instances end up on either side: one cut off with
+	// a minority of the nodes must not keep the work lease while one
+	// with the majority takes it.
+	ends := side
+	for _, c := range w.ctls[1:] {
+		if w.dice.chance(0.5) {
+			ends = append(slices.Clone(ends), c.endpoint)
+		} else {
+			rest = append(rest, c.endpoint)
+		}
+	}
 	oneWay := w.dice.chance(0.4)
 	hide := !oneWay && w.dice.chance(0.5)
 	// A one-way split leaves the cut side's own connections working; most
@@ -86,7 +97,7 @@ func (w *world) split(v *simVolume) {
 	w.clockSteps = []int{w.step + int(w.cfg.Lease/time.Second) + w.dice.intn(3) - 1,
 		w.step + int((w.cfg.Lease+w.cfg.LeaseMargin)/time.Second) + w.dice.intn(3) - 1}
 	w.splitAgain = func() {
-		for _, a := range side {
+		for _, a := range ends {
 			for _, b := range rest {
 				if oneWay && !(lostToCO && b == controllerEndpoint) {
 					w.net.blockDial(b, a)
@@ -118,7 +129,7 @@ func (w *world) split(v *simVolume) {
 	if hide {
 		how += "; the controller's peer list drops " + strings.Join(side, ",")
 	}
-	w.tracef("net: split %s | %s for %d steps (%s)", strings.Join(side, ","), strings.Join(rest, ","), lasts, how)
+	w.tracef("net: split %s | %s for %d steps (%s)", strings.Join(ends, ","), strings.Join(rest, ","), lasts, how)
 }
 
 // cutSide picks the cut side of a split: the node of a running job (v's

@@ -25,15 +25,9 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
 
-	"github.com/zfs-nomad/zfs-nomad/internal/cluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/config"
-	"github.com/zfs-nomad/zfs-nomad/internal/csi/controller"
-	"github.com/zfs-nomad/zfs-nomad/internal/migration"
 	"github.com/zfs-nomad/zfs-nomad/internal/mount"
-	"github.com/zfs-nomad/zfs-nomad/internal/provision"
-	"github.com/zfs-nomad/zfs-nomad/internal/scheduler"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs/zfsfake"
 )
 
@@ -71,6 +65,10 @@ type Config struct {
 	// race, so which k got through before it died can differ between two
 	// runs of a seed: the one fault a replay may not repeat exactly.
 	ControllerCrashes bool
+	// Controllers is how many controller instances run (0: one). The CO
+	// sends each call to any of them; the one that holds the work lease
+	// runs the schedule and the pass over deletions.
+	Controllers int
 	// LyingPeers lets a node's certificate holder send another node forged
 	// streams (liar.go). Off by default, so that a seed's other choices
 	// stay what they were.
@@ -116,15 +114,15 @@ type world struct {
 	// clockSteps are the steps at which a node's wall clock steps: near
 	// the lease's boundaries of the last split (split).
 	clockSteps []int
-	ctl        *controller.Controller
-	mig        *migration.Migrator
-	cl         *cluster.Cluster
-	sched      *scheduler.Scheduler
+	// ctls are the controller instances (Config.Controllers); forced,
+	// when set, gets the CO's calls (a crash in the middle of one).
+	ctls       []*simController
+	forced     *simController
+	lastHolder string // the instance that last held the work lease
 	vols       []*simVolume
 	snaps      []*simSnapshot // the CSI snapshots the CO holds
 	// deletedSnaps: those DeleteSnapshot answered OK for (D1).
 	deletedSnaps []*simSnapshot
-	deletions    *provision.Provisioner // the controller's pass over deletions a node missed
 	// snapshotsTaken and restores count CreateSnapshot and restore calls,
 	// to name their objects.
 	snapshotsTaken, restores int
@@ -179,6 +177,9 @@ type Stats struct {
 	// DeletedInFlight: snapshots deleted while a push's stream carrying
 	// them was held, to land after the delete (deleteDuringPush).
 	DeletedInFlight int
+	// WorkLeaseHeld: steps some controller instance held the work lease
+	// in; WorkLeaseHandovers: times another instance took it over.
+	WorkLeaseHeld, WorkLeaseHandovers int
 }
 
 func (s *Stats) Add(o Stats) {
@@ -205,6 +206,8 @@ func (s *Stats) Add(o Stats) {
 	s.DeletedCopiesHidden += o.DeletedCopiesHidden
 	s.SettledRestores += o.SettledRestores
 	s.DeletedInFlight += o.DeletedInFlight
+	s.WorkLeaseHeld += o.WorkLeaseHeld
+	s.WorkLeaseHandovers += o.WorkLeaseHandovers
 }
 
 // Run runs one seed and returns the first invariant it broke, with the
@@ -251,6 +254,9 @@ func shapeFlags(cfg Config) string {
 	if cfg.Skew != def.Skew {
 		out += fmt.Sprintf(" -skew %s", cfg.Skew)
 	}
+	if cfg.Controllers > 1 {
+		out += fmt.Sprintf(" -controllers %d", cfg.Controllers)
+	}
 	return out
 }
 
@@ -291,7 +297,12 @@ func newWorld(cfg Config) *world {
 		w.peers.all = append(w.peers.all, n.addr())
 		n.start(context.Background())
 	}
-	w.startController()
+	for i := range max(cfg.Controllers, 1) {
+		c := &simController{endpoint: controllerName(i)}
+		w.net.setUp(c.endpoint, true)
+		c.start(w)
+		w.ctls = append(w.ctls, c)
+	}
 	for i := 0; i < cfg.Volumes; i++ {
 		w.vols = append(w.vols, newSimVolume(fmt.Sprintf("vol%d", i)))
 	}
@@ -312,63 +323,16 @@ func guidSeed(seed uint64, node string) uint64 {
 	return splitmix64(seed ^ h.Sum64())
 }
 
-// stopController ends the controller's background work, as its exit
-// would: no goroutine of a dead controller acts after its successor
-// starts.
-func (w *world) stopController() {
-	if w.mig != nil {
-		w.mig.Stop()
-	}
-	if w.cl != nil {
-		w.cl.Close()
-	}
-}
-
 func (w *world) close() {
 	close(w.done)
 	w.stalls.Wait()
-	w.stopController()
+	for _, c := range w.ctls {
+		c.stop()
+	}
 	for _, n := range w.nodes {
 		n.stop()
 		_ = n.handoff.lis.Close()
 	}
-	w.cl.Close()
-}
-
-// startController starts the controller anew (a restart: it keeps no
-// state).
-func (w *world) startController() {
-	w.stopController()
-	log := hclog.NewNullLogger()
-	if w.cfg.Verbose {
-		log = hclog.New(&hclog.LoggerOptions{Name: "controller", Level: hclog.Debug})
-	}
-	w.cl = cluster.New(w.peers, 5*time.Second, log, w.net.dialOptions(controllerEndpoint, func() bool { return true })...)
-	// The controller as shipped (config.DefaultController, as
-	// zfs-controller wires it): moves catch their target up in the
-	// background and a publish is granted ahead of a move's end, so the
-	// background move, its final step and the CO's calls that arrive
-	// while it runs meet the faults (docs/safety.md, "What the
-	// simulation runs").
-	shipped := config.DefaultController()
-	mig := migration.New(w.cl, log)
-	mig.MaxCatchUps = shipped.MoveCatchUps
-	mig.PublishAheadWithin = time.Duration(shipped.MovePublishAhead)
-	mig.SetClock(w.now)
-	// A step is a second of the simulation's clock, and the CO's call
-	// cannot see steps pass: waiting the shipped second of real time
-	// for a move that lasts steps (network.lastSteps) would only slow
-	// the run, and a move that ends at once still ends within this.
-	mig.CatchUpWait = 20 * time.Millisecond
-	w.mig = mig
-	w.ctl = controller.New(w.cl, mig, "most-free", log)
-	w.deletions = provision.New(w.cl, mig, "most-free", log)
-	w.sched = scheduler.New(w.cl, 2, log)
-	w.sched.Settle = mig.Settle
-	// Surplus copies go as soon as they are surplus: the simulation's
-	// checks (nothing acknowledged lost) then judge every removal.
-	w.sched.SurplusGrace = 0
-	w.sched.SetClock(w.now) // replicas' ages are on the nodes' clocks, near the simulation's
 }
 
 func (w *world) now() time.Time {
@@ -460,6 +424,9 @@ func (w *world) advance(choose func() func()) error {
 	w.beat()
 	w.reap()
 	w.write()
+	if err := w.askForWorkLease(); err != nil {
+		return err
+	}
 	return w.checker.check()
 }
 

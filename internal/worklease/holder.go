@@ -230,6 +230,17 @@ func (h *Holder) Release() {
 	h.log.Info("released the work lease", "instance", h.self.ID)
 }
 
+// Stop ends the holding in this process without telling the nodes, as
+// the process's exit would: their grants run out by themselves. For a
+// process that goes on after its controller died (the fault
+// simulation's crash); a controller that stops cleanly releases.
+func (h *Holder) Stop() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.until = time.Time{}
+	h.endLocked()
+}
+
 // Every runs work every period while this instance holds the lease. Its
 // context ends when the holding ends (or ctx does), and not before: work
 // may leave goroutines behind (a schedule round's pushes), and those stop
