@@ -25,7 +25,6 @@ import (
 	"syscall"
 	"time"
 
-
 	"github.com/zfs-nomad/zfs-nomad/internal/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/mount"
 	"github.com/zfs-nomad/zfs-nomad/internal/zfs/zfsfake"
