@@ -190,6 +190,9 @@ func serve(c command, args []string) error {
 			log.Named("snapshots").Warn("finishing the deletion of snapshots deleted while a node was away failed; retrying", "error", err, "retry_in", time.Minute)
 		}
 	})
+	// Moves granted ahead whose instance died: the nodes' stages wait
+	// for them (docs/migration.md, "Publishing ahead of a move's end").
+	go holder.Every(ctx, 5*time.Second, migrator.FinishAwaitedMoves)
 	if every := time.Duration(cfg.ScheduleEvery); every > 0 {
 		sched := scheduler.New(nodes, cfg.ParallelPushes, log.Named("replication"))
 		sched.Metrics = scheduler.NewMetrics(registry)

@@ -202,6 +202,10 @@ func (s *Server) GetNode(ctx context.Context, req *pb.GetNodeRequest) (*pb.Node,
 	if s.CertificateNotAfter != nil {
 		n.CertificateNotAfter = s.CertificateNotAfter().Unix()
 	}
+	for _, a := range s.volumes.AwaitedPromotions() {
+		n.AwaitedPromotions = append(n.AwaitedPromotions, &pb.AwaitedPromotion{VolumeId: a.VolumeID, AfterGeneration: a.AfterGeneration,
+			WaitingMillis: time.Since(a.Since).Milliseconds()})
+	}
 	if err := s.volumes.Health(ctx); err != nil {
 		n.UnhealthyReason = err.Error()
 		return n, nil

@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"slices"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -124,7 +125,8 @@ func serve(t *testing.T, a *agent) *Client {
 func TestConversions(t *testing.T) {
 	a := &agent{
 		node: &pb.Node{NodeId: "n1", Topology: map[string]string{"zone": "a"}, AvailableBytes: 10, MaxQuotaBytes: 20,
-			Volumes: 3, MaxVolumes: 4, UnhealthyReason: "pool degraded", Version: "v1", VolumesVersion: "vv"},
+			Volumes: 3, MaxVolumes: 4, UnhealthyReason: "pool degraded", Version: "v1", VolumesVersion: "vv",
+			AwaitedPromotions: []*pb.AwaitedPromotion{{VolumeId: "vol-1", AfterGeneration: 3, WaitingMillis: 1500}}},
 		volume: &pb.Volume{VolumeId: "vol-1", Name: "data", CapacityBytes: 1 << 30, UsedBytes: 5, Parameters: map[string]string{"replicas": "1"},
 			Source: "snapshot:snap-1", NodeId: "n1", CreatedUnix: 100, Generation: 3, MovingTo: "n2", FailoverFromSnapshot: "s"},
 		snapshot: &pb.Snapshot{SnapshotId: "snap-1", Name: "s1", SourceVolumeId: "vol-1", SizeBytes: 9, CreatedUnix: 200, NodeId: "n1"},
@@ -158,7 +160,8 @@ func TestConversions(t *testing.T) {
 	}{
 		{"GetNode", func() (any, error) { return c.GetNode(ctx, GetNodeOptions{WithoutCapacity: true}) },
 			NodeInfo{NodeID: "n1", Topology: map[string]string{"zone": "a"}, AvailableBytes: 10, MaxQuotaBytes: 20,
-				Volumes: 3, MaxVolumes: 4, UnhealthyReason: "pool degraded", Version: "v1", VolumesVersion: "vv"}},
+				Volumes: 3, MaxVolumes: 4, UnhealthyReason: "pool degraded", Version: "v1", VolumesVersion: "vv",
+				AwaitedPromotions: []AwaitedPromotion{{VolumeID: "vol-1", AfterGeneration: 3, Waiting: 1500 * time.Millisecond}}}},
 		{"CreateVolume", func() (any, error) {
 			return c.CreateVolume(ctx, NewVolume{Name: "data", RequiredBytes: 1, LimitBytes: 2, Parameters: map[string]string{"x": "y"}, SourceSnapshotID: "snap-1", SourceVolumeID: "vol-0"})
 		}, wantVolume},

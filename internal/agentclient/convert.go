@@ -26,7 +26,13 @@ func nodeInfoFromPB(n *pb.Node) NodeInfo {
 		OpenZFS:             n.GetOpenzfsVersion(),
 		LeaseHeld:           n.GetLeaseHeld(),
 		CertificateNotAfter: unixTime(n.GetCertificateNotAfter()),
+		AwaitedPromotions:   convertAll(n.GetAwaitedPromotions(), awaitedFromPB),
 	}
+}
+
+func awaitedFromPB(a *pb.AwaitedPromotion) AwaitedPromotion {
+	return AwaitedPromotion{VolumeID: a.GetVolumeId(), AfterGeneration: a.GetAfterGeneration(),
+		Waiting: time.Duration(a.GetWaitingMillis()) * time.Millisecond}
 }
 
 // unixTime is the time of unix seconds s, zero for 0.
@@ -154,22 +160,14 @@ func instanceToPB(in worklease.Instance) *pb.ControllerInstance {
 }
 
 func instanceFromPB(in *pb.ControllerInstance) worklease.Instance {
-	return worklease.Instance{ID: in.GetId(), Host: in.GetHost(), Address: in.GetAddress(), Version: in.GetVersion(), Started: timeOrZero(in.GetStartedUnix()), NomadAlloc: in.GetNomadAllocId()}
-}
-
-// timeOrZero is the time of unix seconds, zero for 0.
-func timeOrZero(sec int64) time.Time {
-	if sec == 0 {
-		return time.Time{}
-	}
-	return time.Unix(sec, 0)
+	return worklease.Instance{ID: in.GetId(), Host: in.GetHost(), Address: in.GetAddress(), Version: in.GetVersion(), Started: unixTime(in.GetStartedUnix()), NomadAlloc: in.GetNomadAllocId()}
 }
 
 // workLeaseFromPB converts a node's answer about the work lease.
 func workLeaseFromPB(l *pb.WorkLease) worklease.Lease {
 	out := worklease.Lease{
 		Granted:     l.GetGranted(),
-		HolderSince: timeOrZero(l.GetHolderSinceUnix()),
+		HolderSince: unixTime(l.GetHolderSinceUnix()),
 		Remaining:   time.Duration(l.GetRemainingMillis()) * time.Millisecond,
 		GrantsAfter: time.Duration(l.GetGrantsAfterMillis()) * time.Millisecond,
 	}

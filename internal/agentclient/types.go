@@ -33,6 +33,17 @@ type NodeInfo struct {
 	OpenZFS             string
 	LeaseHeld           bool
 	CertificateNotAfter time.Time
+	// AwaitedPromotions are the node's stages waiting for their copy's
+	// promotion by a move granted ahead of its end.
+	AwaitedPromotions []AwaitedPromotion
+}
+
+// AwaitedPromotion is a stage waiting, for Waiting so far, until the
+// node's copy of a volume is a primary newer than AfterGeneration.
+type AwaitedPromotion struct {
+	VolumeID        string
+	AfterGeneration uint64
+	Waiting         time.Duration
 }
 
 // GetNodeOptions shape a GetNode call.

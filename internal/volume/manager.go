@@ -159,6 +159,8 @@ type Manager struct {
 	// duplicates: the second copies of CSI snapshots the last listing
 	// found (snapshotDuplicates in index.go).
 	duplicates snapshotDuplicates
+	// awaited: the stages waiting for a promotion (awaited.go).
+	awaited awaitedPromotions
 }
 
 // NewManager returns a Manager for the node described by cfg.

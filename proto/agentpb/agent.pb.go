@@ -283,8 +283,12 @@ type Node struct {
 	// When the node's agent certificate in use expires, unix seconds (0:
 	// no TLS).
 	CertificateNotAfter int64 `protobuf:"varint,13,opt,name=certificate_not_after,json=certificateNotAfter,proto3" json:"certificate_not_after,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// The stages on this node waiting for their copy's promotion by a move
+	// granted ahead of its end: the controller instance holding the work
+	// lease finishes such a move if the instance that started it died.
+	AwaitedPromotions []*AwaitedPromotion `protobuf:"bytes,14,rep,name=awaited_promotions,json=awaitedPromotions,proto3" json:"awaited_promotions,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *Node) Reset() {
@@ -408,6 +412,73 @@ func (x *Node) GetCertificateNotAfter() int64 {
 	return 0
 }
 
+func (x *Node) GetAwaitedPromotions() []*AwaitedPromotion {
+	if x != nil {
+		return x.AwaitedPromotions
+	}
+	return nil
+}
+
+type AwaitedPromotion struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	VolumeId        string                 `protobuf:"bytes,1,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
+	AfterGeneration uint64                 `protobuf:"varint,2,opt,name=after_generation,json=afterGeneration,proto3" json:"after_generation,omitempty"`
+	WaitingMillis   int64                  `protobuf:"varint,3,opt,name=waiting_millis,json=waitingMillis,proto3" json:"waiting_millis,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *AwaitedPromotion) Reset() {
+	*x = AwaitedPromotion{}
+	mi := &file_agentpb_agent_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AwaitedPromotion) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AwaitedPromotion) ProtoMessage() {}
+
+func (x *AwaitedPromotion) ProtoReflect() protoreflect.Message {
+	mi := &file_agentpb_agent_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AwaitedPromotion.ProtoReflect.Descriptor instead.
+func (*AwaitedPromotion) Descriptor() ([]byte, []int) {
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *AwaitedPromotion) GetVolumeId() string {
+	if x != nil {
+		return x.VolumeId
+	}
+	return ""
+}
+
+func (x *AwaitedPromotion) GetAfterGeneration() uint64 {
+	if x != nil {
+		return x.AfterGeneration
+	}
+	return 0
+}
+
+func (x *AwaitedPromotion) GetWaitingMillis() int64 {
+	if x != nil {
+		return x.WaitingMillis
+	}
+	return 0
+}
+
 type CreateVolumeRequest struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
 	Name             string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -425,7 +496,7 @@ type CreateVolumeRequest struct {
 
 func (x *CreateVolumeRequest) Reset() {
 	*x = CreateVolumeRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[6]
+	mi := &file_agentpb_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -437,7 +508,7 @@ func (x *CreateVolumeRequest) String() string {
 func (*CreateVolumeRequest) ProtoMessage() {}
 
 func (x *CreateVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[6]
+	mi := &file_agentpb_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -450,7 +521,7 @@ func (x *CreateVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateVolumeRequest.ProtoReflect.Descriptor instead.
 func (*CreateVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{6}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *CreateVolumeRequest) GetName() string {
@@ -524,7 +595,7 @@ type Volume struct {
 
 func (x *Volume) Reset() {
 	*x = Volume{}
-	mi := &file_agentpb_agent_proto_msgTypes[7]
+	mi := &file_agentpb_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -536,7 +607,7 @@ func (x *Volume) String() string {
 func (*Volume) ProtoMessage() {}
 
 func (x *Volume) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[7]
+	mi := &file_agentpb_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -549,7 +620,7 @@ func (x *Volume) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Volume.ProtoReflect.Descriptor instead.
 func (*Volume) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{7}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Volume) GetVolumeId() string {
@@ -638,7 +709,7 @@ type DeleteVolumeRequest struct {
 
 func (x *DeleteVolumeRequest) Reset() {
 	*x = DeleteVolumeRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[8]
+	mi := &file_agentpb_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -650,7 +721,7 @@ func (x *DeleteVolumeRequest) String() string {
 func (*DeleteVolumeRequest) ProtoMessage() {}
 
 func (x *DeleteVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[8]
+	mi := &file_agentpb_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -663,7 +734,7 @@ func (x *DeleteVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteVolumeRequest.ProtoReflect.Descriptor instead.
 func (*DeleteVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{8}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *DeleteVolumeRequest) GetVolumeId() string {
@@ -681,7 +752,7 @@ type DeleteVolumeResponse struct {
 
 func (x *DeleteVolumeResponse) Reset() {
 	*x = DeleteVolumeResponse{}
-	mi := &file_agentpb_agent_proto_msgTypes[9]
+	mi := &file_agentpb_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -693,7 +764,7 @@ func (x *DeleteVolumeResponse) String() string {
 func (*DeleteVolumeResponse) ProtoMessage() {}
 
 func (x *DeleteVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[9]
+	mi := &file_agentpb_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -706,7 +777,7 @@ func (x *DeleteVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteVolumeResponse.ProtoReflect.Descriptor instead.
 func (*DeleteVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{9}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{10}
 }
 
 type GetVolumeRequest struct {
@@ -718,7 +789,7 @@ type GetVolumeRequest struct {
 
 func (x *GetVolumeRequest) Reset() {
 	*x = GetVolumeRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[10]
+	mi := &file_agentpb_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -730,7 +801,7 @@ func (x *GetVolumeRequest) String() string {
 func (*GetVolumeRequest) ProtoMessage() {}
 
 func (x *GetVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[10]
+	mi := &file_agentpb_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -743,7 +814,7 @@ func (x *GetVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetVolumeRequest.ProtoReflect.Descriptor instead.
 func (*GetVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{10}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *GetVolumeRequest) GetVolumeId() string {
@@ -766,7 +837,7 @@ type ListVolumesRequest struct {
 
 func (x *ListVolumesRequest) Reset() {
 	*x = ListVolumesRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[11]
+	mi := &file_agentpb_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -778,7 +849,7 @@ func (x *ListVolumesRequest) String() string {
 func (*ListVolumesRequest) ProtoMessage() {}
 
 func (x *ListVolumesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[11]
+	mi := &file_agentpb_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -791,7 +862,7 @@ func (x *ListVolumesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListVolumesRequest.ProtoReflect.Descriptor instead.
 func (*ListVolumesRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{11}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ListVolumesRequest) GetFrom() string {
@@ -817,7 +888,7 @@ type ListVolumesResponse struct {
 
 func (x *ListVolumesResponse) Reset() {
 	*x = ListVolumesResponse{}
-	mi := &file_agentpb_agent_proto_msgTypes[12]
+	mi := &file_agentpb_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -829,7 +900,7 @@ func (x *ListVolumesResponse) String() string {
 func (*ListVolumesResponse) ProtoMessage() {}
 
 func (x *ListVolumesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[12]
+	mi := &file_agentpb_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -842,7 +913,7 @@ func (x *ListVolumesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListVolumesResponse.ProtoReflect.Descriptor instead.
 func (*ListVolumesResponse) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{12}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListVolumesResponse) GetVolumes() []*Volume {
@@ -863,7 +934,7 @@ type ExpandVolumeRequest struct {
 
 func (x *ExpandVolumeRequest) Reset() {
 	*x = ExpandVolumeRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[13]
+	mi := &file_agentpb_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -875,7 +946,7 @@ func (x *ExpandVolumeRequest) String() string {
 func (*ExpandVolumeRequest) ProtoMessage() {}
 
 func (x *ExpandVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[13]
+	mi := &file_agentpb_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -888,7 +959,7 @@ func (x *ExpandVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExpandVolumeRequest.ProtoReflect.Descriptor instead.
 func (*ExpandVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{13}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ExpandVolumeRequest) GetVolumeId() string {
@@ -921,7 +992,7 @@ type ExpandVolumeResponse struct {
 
 func (x *ExpandVolumeResponse) Reset() {
 	*x = ExpandVolumeResponse{}
-	mi := &file_agentpb_agent_proto_msgTypes[14]
+	mi := &file_agentpb_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -933,7 +1004,7 @@ func (x *ExpandVolumeResponse) String() string {
 func (*ExpandVolumeResponse) ProtoMessage() {}
 
 func (x *ExpandVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[14]
+	mi := &file_agentpb_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -946,7 +1017,7 @@ func (x *ExpandVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExpandVolumeResponse.ProtoReflect.Descriptor instead.
 func (*ExpandVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{14}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ExpandVolumeResponse) GetCapacityBytes() uint64 {
@@ -971,7 +1042,7 @@ type CreateSnapshotRequest struct {
 
 func (x *CreateSnapshotRequest) Reset() {
 	*x = CreateSnapshotRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[15]
+	mi := &file_agentpb_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -983,7 +1054,7 @@ func (x *CreateSnapshotRequest) String() string {
 func (*CreateSnapshotRequest) ProtoMessage() {}
 
 func (x *CreateSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[15]
+	mi := &file_agentpb_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -996,7 +1067,7 @@ func (x *CreateSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*CreateSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{15}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *CreateSnapshotRequest) GetSourceVolumeId() string {
@@ -1035,7 +1106,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_agentpb_agent_proto_msgTypes[16]
+	mi := &file_agentpb_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1047,7 +1118,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[16]
+	mi := &file_agentpb_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1060,7 +1131,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{16}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Snapshot) GetSnapshotId() string {
@@ -1132,7 +1203,7 @@ type DeleteSnapshotRequest struct {
 
 func (x *DeleteSnapshotRequest) Reset() {
 	*x = DeleteSnapshotRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[17]
+	mi := &file_agentpb_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1144,7 +1215,7 @@ func (x *DeleteSnapshotRequest) String() string {
 func (*DeleteSnapshotRequest) ProtoMessage() {}
 
 func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[17]
+	mi := &file_agentpb_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1157,7 +1228,7 @@ func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{17}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *DeleteSnapshotRequest) GetSnapshotId() string {
@@ -1203,7 +1274,7 @@ type DeleteSnapshotResponse struct {
 
 func (x *DeleteSnapshotResponse) Reset() {
 	*x = DeleteSnapshotResponse{}
-	mi := &file_agentpb_agent_proto_msgTypes[18]
+	mi := &file_agentpb_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1215,7 +1286,7 @@ func (x *DeleteSnapshotResponse) String() string {
 func (*DeleteSnapshotResponse) ProtoMessage() {}
 
 func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[18]
+	mi := &file_agentpb_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1228,7 +1299,7 @@ func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{18}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{19}
 }
 
 // ListSnapshotsRequest asks for the node's CSI snapshot snapshot_id alone,
@@ -1253,7 +1324,7 @@ type ListSnapshotsRequest struct {
 
 func (x *ListSnapshotsRequest) Reset() {
 	*x = ListSnapshotsRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[19]
+	mi := &file_agentpb_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1265,7 +1336,7 @@ func (x *ListSnapshotsRequest) String() string {
 func (*ListSnapshotsRequest) ProtoMessage() {}
 
 func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[19]
+	mi := &file_agentpb_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1278,7 +1349,7 @@ func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{19}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListSnapshotsRequest) GetSnapshotId() string {
@@ -1334,7 +1405,7 @@ type ListSnapshotsResponse struct {
 
 func (x *ListSnapshotsResponse) Reset() {
 	*x = ListSnapshotsResponse{}
-	mi := &file_agentpb_agent_proto_msgTypes[20]
+	mi := &file_agentpb_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1346,7 +1417,7 @@ func (x *ListSnapshotsResponse) String() string {
 func (*ListSnapshotsResponse) ProtoMessage() {}
 
 func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[20]
+	mi := &file_agentpb_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1359,7 +1430,7 @@ func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{20}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ListSnapshotsResponse) GetSnapshots() []*Snapshot {
@@ -1392,7 +1463,7 @@ type ReplicateRequest struct {
 
 func (x *ReplicateRequest) Reset() {
 	*x = ReplicateRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[21]
+	mi := &file_agentpb_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1404,7 +1475,7 @@ func (x *ReplicateRequest) String() string {
 func (*ReplicateRequest) ProtoMessage() {}
 
 func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[21]
+	mi := &file_agentpb_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1417,7 +1488,7 @@ func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateRequest.ProtoReflect.Descriptor instead.
 func (*ReplicateRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{21}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ReplicateRequest) GetVolumeId() string {
@@ -1473,7 +1544,7 @@ type ReplicateProgress struct {
 
 func (x *ReplicateProgress) Reset() {
 	*x = ReplicateProgress{}
-	mi := &file_agentpb_agent_proto_msgTypes[22]
+	mi := &file_agentpb_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1485,7 +1556,7 @@ func (x *ReplicateProgress) String() string {
 func (*ReplicateProgress) ProtoMessage() {}
 
 func (x *ReplicateProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[22]
+	mi := &file_agentpb_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1498,7 +1569,7 @@ func (x *ReplicateProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateProgress.ProtoReflect.Descriptor instead.
 func (*ReplicateProgress) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{22}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ReplicateProgress) GetKind() string {
@@ -1558,7 +1629,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[23]
+	mi := &file_agentpb_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1570,7 +1641,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[23]
+	mi := &file_agentpb_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1583,7 +1654,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{23}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{24}
 }
 
 type NodeStatus struct {
@@ -1598,7 +1669,7 @@ type NodeStatus struct {
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_agentpb_agent_proto_msgTypes[24]
+	mi := &file_agentpb_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1610,7 +1681,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[24]
+	mi := &file_agentpb_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1623,7 +1694,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{24}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *NodeStatus) GetReplicas() []*Replica {
@@ -1657,7 +1728,7 @@ type ChangesRequest struct {
 
 func (x *ChangesRequest) Reset() {
 	*x = ChangesRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[25]
+	mi := &file_agentpb_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1669,7 +1740,7 @@ func (x *ChangesRequest) String() string {
 func (*ChangesRequest) ProtoMessage() {}
 
 func (x *ChangesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[25]
+	mi := &file_agentpb_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1682,7 +1753,7 @@ func (x *ChangesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChangesRequest.ProtoReflect.Descriptor instead.
 func (*ChangesRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{25}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ChangesRequest) GetSince() string {
@@ -1708,7 +1779,7 @@ type ChangesResponse struct {
 
 func (x *ChangesResponse) Reset() {
 	*x = ChangesResponse{}
-	mi := &file_agentpb_agent_proto_msgTypes[26]
+	mi := &file_agentpb_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1720,7 +1791,7 @@ func (x *ChangesResponse) String() string {
 func (*ChangesResponse) ProtoMessage() {}
 
 func (x *ChangesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[26]
+	mi := &file_agentpb_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1733,7 +1804,7 @@ func (x *ChangesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChangesResponse.ProtoReflect.Descriptor instead.
 func (*ChangesResponse) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{26}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ChangesResponse) GetKnown() bool {
@@ -1783,7 +1854,7 @@ type Replica struct {
 
 func (x *Replica) Reset() {
 	*x = Replica{}
-	mi := &file_agentpb_agent_proto_msgTypes[27]
+	mi := &file_agentpb_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1795,7 +1866,7 @@ func (x *Replica) String() string {
 func (*Replica) ProtoMessage() {}
 
 func (x *Replica) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[27]
+	mi := &file_agentpb_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1808,7 +1879,7 @@ func (x *Replica) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Replica.ProtoReflect.Descriptor instead.
 func (*Replica) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{27}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *Replica) GetVolumeId() string {
@@ -1869,7 +1940,7 @@ type Transfer struct {
 
 func (x *Transfer) Reset() {
 	*x = Transfer{}
-	mi := &file_agentpb_agent_proto_msgTypes[28]
+	mi := &file_agentpb_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1881,7 +1952,7 @@ func (x *Transfer) String() string {
 func (*Transfer) ProtoMessage() {}
 
 func (x *Transfer) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[28]
+	mi := &file_agentpb_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1894,7 +1965,7 @@ func (x *Transfer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Transfer.ProtoReflect.Descriptor instead.
 func (*Transfer) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{28}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *Transfer) GetVolumeId() string {
@@ -1955,7 +2026,7 @@ type ReplicaStateRequest struct {
 
 func (x *ReplicaStateRequest) Reset() {
 	*x = ReplicaStateRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[29]
+	mi := &file_agentpb_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1967,7 +2038,7 @@ func (x *ReplicaStateRequest) String() string {
 func (*ReplicaStateRequest) ProtoMessage() {}
 
 func (x *ReplicaStateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[29]
+	mi := &file_agentpb_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1980,7 +2051,7 @@ func (x *ReplicaStateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaStateRequest.ProtoReflect.Descriptor instead.
 func (*ReplicaStateRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{29}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ReplicaStateRequest) GetVolumeId() string {
@@ -2008,7 +2079,7 @@ type ReplicaStateResponse struct {
 
 func (x *ReplicaStateResponse) Reset() {
 	*x = ReplicaStateResponse{}
-	mi := &file_agentpb_agent_proto_msgTypes[30]
+	mi := &file_agentpb_agent_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2020,7 +2091,7 @@ func (x *ReplicaStateResponse) String() string {
 func (*ReplicaStateResponse) ProtoMessage() {}
 
 func (x *ReplicaStateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[30]
+	mi := &file_agentpb_agent_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2033,7 +2104,7 @@ func (x *ReplicaStateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaStateResponse.ProtoReflect.Descriptor instead.
 func (*ReplicaStateResponse) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{30}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ReplicaStateResponse) GetExists() bool {
@@ -2091,7 +2162,7 @@ type ReceiveMessage struct {
 
 func (x *ReceiveMessage) Reset() {
 	*x = ReceiveMessage{}
-	mi := &file_agentpb_agent_proto_msgTypes[31]
+	mi := &file_agentpb_agent_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2103,7 +2174,7 @@ func (x *ReceiveMessage) String() string {
 func (*ReceiveMessage) ProtoMessage() {}
 
 func (x *ReceiveMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[31]
+	mi := &file_agentpb_agent_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2116,7 +2187,7 @@ func (x *ReceiveMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReceiveMessage.ProtoReflect.Descriptor instead.
 func (*ReceiveMessage) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{31}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ReceiveMessage) GetMsg() isReceiveMessage_Msg {
@@ -2189,7 +2260,7 @@ type ReceiveHeader struct {
 
 func (x *ReceiveHeader) Reset() {
 	*x = ReceiveHeader{}
-	mi := &file_agentpb_agent_proto_msgTypes[32]
+	mi := &file_agentpb_agent_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2201,7 +2272,7 @@ func (x *ReceiveHeader) String() string {
 func (*ReceiveHeader) ProtoMessage() {}
 
 func (x *ReceiveHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[32]
+	mi := &file_agentpb_agent_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2214,7 +2285,7 @@ func (x *ReceiveHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReceiveHeader.ProtoReflect.Descriptor instead.
 func (*ReceiveHeader) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{32}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ReceiveHeader) GetVolumeId() string {
@@ -2298,7 +2369,7 @@ type PeerBase struct {
 
 func (x *PeerBase) Reset() {
 	*x = PeerBase{}
-	mi := &file_agentpb_agent_proto_msgTypes[33]
+	mi := &file_agentpb_agent_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2310,7 +2381,7 @@ func (x *PeerBase) String() string {
 func (*PeerBase) ProtoMessage() {}
 
 func (x *PeerBase) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[33]
+	mi := &file_agentpb_agent_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2323,7 +2394,7 @@ func (x *PeerBase) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerBase.ProtoReflect.Descriptor instead.
 func (*PeerBase) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{33}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *PeerBase) GetGuid() uint64 {
@@ -2350,7 +2421,7 @@ type ReceiveResult struct {
 
 func (x *ReceiveResult) Reset() {
 	*x = ReceiveResult{}
-	mi := &file_agentpb_agent_proto_msgTypes[34]
+	mi := &file_agentpb_agent_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2362,7 +2433,7 @@ func (x *ReceiveResult) String() string {
 func (*ReceiveResult) ProtoMessage() {}
 
 func (x *ReceiveResult) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[34]
+	mi := &file_agentpb_agent_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2375,7 +2446,7 @@ func (x *ReceiveResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReceiveResult.ProtoReflect.Descriptor instead.
 func (*ReceiveResult) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{34}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ReceiveResult) GetSnapshotGuid() uint64 {
@@ -2401,7 +2472,7 @@ type GetCopyRequest struct {
 
 func (x *GetCopyRequest) Reset() {
 	*x = GetCopyRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[35]
+	mi := &file_agentpb_agent_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2413,7 +2484,7 @@ func (x *GetCopyRequest) String() string {
 func (*GetCopyRequest) ProtoMessage() {}
 
 func (x *GetCopyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[35]
+	mi := &file_agentpb_agent_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2426,7 +2497,7 @@ func (x *GetCopyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCopyRequest.ProtoReflect.Descriptor instead.
 func (*GetCopyRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{35}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *GetCopyRequest) GetVolumeId() string {
@@ -2481,7 +2552,7 @@ type Copy struct {
 
 func (x *Copy) Reset() {
 	*x = Copy{}
-	mi := &file_agentpb_agent_proto_msgTypes[36]
+	mi := &file_agentpb_agent_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2493,7 +2564,7 @@ func (x *Copy) String() string {
 func (*Copy) ProtoMessage() {}
 
 func (x *Copy) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[36]
+	mi := &file_agentpb_agent_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2506,7 +2577,7 @@ func (x *Copy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Copy.ProtoReflect.Descriptor instead.
 func (*Copy) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{36}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *Copy) GetVolumeId() string {
@@ -2680,7 +2751,7 @@ type ReserveRequest struct {
 
 func (x *ReserveRequest) Reset() {
 	*x = ReserveRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[37]
+	mi := &file_agentpb_agent_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2692,7 +2763,7 @@ func (x *ReserveRequest) String() string {
 func (*ReserveRequest) ProtoMessage() {}
 
 func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[37]
+	mi := &file_agentpb_agent_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2705,7 +2776,7 @@ func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveRequest.ProtoReflect.Descriptor instead.
 func (*ReserveRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{37}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ReserveRequest) GetVolumeId() string {
@@ -2770,7 +2841,7 @@ type ReserveResponse struct {
 
 func (x *ReserveResponse) Reset() {
 	*x = ReserveResponse{}
-	mi := &file_agentpb_agent_proto_msgTypes[38]
+	mi := &file_agentpb_agent_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2782,7 +2853,7 @@ func (x *ReserveResponse) String() string {
 func (*ReserveResponse) ProtoMessage() {}
 
 func (x *ReserveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[38]
+	mi := &file_agentpb_agent_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2795,7 +2866,7 @@ func (x *ReserveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveResponse.ProtoReflect.Descriptor instead.
 func (*ReserveResponse) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{38}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ReserveResponse) GetGranted() bool {
@@ -2829,7 +2900,7 @@ type FenceRequest struct {
 
 func (x *FenceRequest) Reset() {
 	*x = FenceRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[39]
+	mi := &file_agentpb_agent_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2841,7 +2912,7 @@ func (x *FenceRequest) String() string {
 func (*FenceRequest) ProtoMessage() {}
 
 func (x *FenceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[39]
+	mi := &file_agentpb_agent_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2854,7 +2925,7 @@ func (x *FenceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FenceRequest.ProtoReflect.Descriptor instead.
 func (*FenceRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{39}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *FenceRequest) GetVolumeId() string {
@@ -2880,7 +2951,7 @@ type FenceResponse struct {
 
 func (x *FenceResponse) Reset() {
 	*x = FenceResponse{}
-	mi := &file_agentpb_agent_proto_msgTypes[40]
+	mi := &file_agentpb_agent_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2892,7 +2963,7 @@ func (x *FenceResponse) String() string {
 func (*FenceResponse) ProtoMessage() {}
 
 func (x *FenceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[40]
+	mi := &file_agentpb_agent_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2905,7 +2976,7 @@ func (x *FenceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FenceResponse.ProtoReflect.Descriptor instead.
 func (*FenceResponse) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{40}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *FenceResponse) GetFencedUnixNano() int64 {
@@ -2927,7 +2998,7 @@ type UnfenceRequest struct {
 
 func (x *UnfenceRequest) Reset() {
 	*x = UnfenceRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[41]
+	mi := &file_agentpb_agent_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2939,7 +3010,7 @@ func (x *UnfenceRequest) String() string {
 func (*UnfenceRequest) ProtoMessage() {}
 
 func (x *UnfenceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[41]
+	mi := &file_agentpb_agent_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2952,7 +3023,7 @@ func (x *UnfenceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnfenceRequest.ProtoReflect.Descriptor instead.
 func (*UnfenceRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{41}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *UnfenceRequest) GetVolumeId() string {
@@ -2987,7 +3058,7 @@ type PromoteRequest struct {
 
 func (x *PromoteRequest) Reset() {
 	*x = PromoteRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[42]
+	mi := &file_agentpb_agent_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2999,7 +3070,7 @@ func (x *PromoteRequest) String() string {
 func (*PromoteRequest) ProtoMessage() {}
 
 func (x *PromoteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[42]
+	mi := &file_agentpb_agent_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3012,7 +3083,7 @@ func (x *PromoteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PromoteRequest.ProtoReflect.Descriptor instead.
 func (*PromoteRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{42}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *PromoteRequest) GetVolumeId() string {
@@ -3063,7 +3134,7 @@ type DemoteRequest struct {
 
 func (x *DemoteRequest) Reset() {
 	*x = DemoteRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[43]
+	mi := &file_agentpb_agent_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3075,7 +3146,7 @@ func (x *DemoteRequest) String() string {
 func (*DemoteRequest) ProtoMessage() {}
 
 func (x *DemoteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[43]
+	mi := &file_agentpb_agent_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3088,7 +3159,7 @@ func (x *DemoteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DemoteRequest.ProtoReflect.Descriptor instead.
 func (*DemoteRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{43}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *DemoteRequest) GetVolumeId() string {
@@ -3136,7 +3207,7 @@ type DeleteReplicaRequest struct {
 
 func (x *DeleteReplicaRequest) Reset() {
 	*x = DeleteReplicaRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[44]
+	mi := &file_agentpb_agent_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3148,7 +3219,7 @@ func (x *DeleteReplicaRequest) String() string {
 func (*DeleteReplicaRequest) ProtoMessage() {}
 
 func (x *DeleteReplicaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[44]
+	mi := &file_agentpb_agent_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3161,7 +3232,7 @@ func (x *DeleteReplicaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteReplicaRequest.ProtoReflect.Descriptor instead.
 func (*DeleteReplicaRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{44}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *DeleteReplicaRequest) GetVolumeId() string {
@@ -3201,7 +3272,7 @@ type DeleteReplicaResponse struct {
 
 func (x *DeleteReplicaResponse) Reset() {
 	*x = DeleteReplicaResponse{}
-	mi := &file_agentpb_agent_proto_msgTypes[45]
+	mi := &file_agentpb_agent_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3213,7 +3284,7 @@ func (x *DeleteReplicaResponse) String() string {
 func (*DeleteReplicaResponse) ProtoMessage() {}
 
 func (x *DeleteReplicaResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[45]
+	mi := &file_agentpb_agent_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3226,7 +3297,7 @@ func (x *DeleteReplicaResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteReplicaResponse.ProtoReflect.Descriptor instead.
 func (*DeleteReplicaResponse) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{45}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *DeleteReplicaResponse) GetDeleted() bool {
@@ -3254,7 +3325,7 @@ type ControllerInstance struct {
 
 func (x *ControllerInstance) Reset() {
 	*x = ControllerInstance{}
-	mi := &file_agentpb_agent_proto_msgTypes[46]
+	mi := &file_agentpb_agent_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3266,7 +3337,7 @@ func (x *ControllerInstance) String() string {
 func (*ControllerInstance) ProtoMessage() {}
 
 func (x *ControllerInstance) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[46]
+	mi := &file_agentpb_agent_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3279,7 +3350,7 @@ func (x *ControllerInstance) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControllerInstance.ProtoReflect.Descriptor instead.
 func (*ControllerInstance) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{46}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ControllerInstance) GetId() string {
@@ -3336,7 +3407,7 @@ type WorkLeaseRequest struct {
 
 func (x *WorkLeaseRequest) Reset() {
 	*x = WorkLeaseRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[47]
+	mi := &file_agentpb_agent_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3348,7 +3419,7 @@ func (x *WorkLeaseRequest) String() string {
 func (*WorkLeaseRequest) ProtoMessage() {}
 
 func (x *WorkLeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[47]
+	mi := &file_agentpb_agent_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3361,7 +3432,7 @@ func (x *WorkLeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkLeaseRequest.ProtoReflect.Descriptor instead.
 func (*WorkLeaseRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{47}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *WorkLeaseRequest) GetInstance() *ControllerInstance {
@@ -3386,7 +3457,7 @@ type WorkLeasesRequest struct {
 
 func (x *WorkLeasesRequest) Reset() {
 	*x = WorkLeasesRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[48]
+	mi := &file_agentpb_agent_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3398,7 +3469,7 @@ func (x *WorkLeasesRequest) String() string {
 func (*WorkLeasesRequest) ProtoMessage() {}
 
 func (x *WorkLeasesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[48]
+	mi := &file_agentpb_agent_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3411,7 +3482,7 @@ func (x *WorkLeasesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkLeasesRequest.ProtoReflect.Descriptor instead.
 func (*WorkLeasesRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{48}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{49}
 }
 
 type WorkLease struct {
@@ -3433,7 +3504,7 @@ type WorkLease struct {
 
 func (x *WorkLease) Reset() {
 	*x = WorkLease{}
-	mi := &file_agentpb_agent_proto_msgTypes[49]
+	mi := &file_agentpb_agent_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3445,7 +3516,7 @@ func (x *WorkLease) String() string {
 func (*WorkLease) ProtoMessage() {}
 
 func (x *WorkLease) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[49]
+	mi := &file_agentpb_agent_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3458,7 +3529,7 @@ func (x *WorkLease) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkLease.ProtoReflect.Descriptor instead.
 func (*WorkLease) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{49}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *WorkLease) GetGranted() bool {
@@ -3513,7 +3584,7 @@ type SeenInstance struct {
 
 func (x *SeenInstance) Reset() {
 	*x = SeenInstance{}
-	mi := &file_agentpb_agent_proto_msgTypes[50]
+	mi := &file_agentpb_agent_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3525,7 +3596,7 @@ func (x *SeenInstance) String() string {
 func (*SeenInstance) ProtoMessage() {}
 
 func (x *SeenInstance) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[50]
+	mi := &file_agentpb_agent_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3538,7 +3609,7 @@ func (x *SeenInstance) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SeenInstance.ProtoReflect.Descriptor instead.
 func (*SeenInstance) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{50}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *SeenInstance) GetInstance() *ControllerInstance {
@@ -3573,7 +3644,7 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\";\n" +
 	"\x0eGetNodeRequest\x12)\n" +
-	"\x10without_capacity\x18\x01 \x01(\bR\x0fwithoutCapacity\"\xb6\x04\n" +
+	"\x10without_capacity\x18\x01 \x01(\bR\x0fwithoutCapacity\"\x8a\x05\n" +
 	"\x04Node\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12A\n" +
 	"\btopology\x18\x02 \x03(\v2%.zfsnomad.agent.v1.Node.TopologyEntryR\btopology\x12'\n" +
@@ -3591,10 +3662,15 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\x0fopenzfs_version\x18\v \x01(\tR\x0eopenzfsVersion\x12\x1d\n" +
 	"\n" +
 	"lease_held\x18\f \x01(\bR\tleaseHeld\x122\n" +
-	"\x15certificate_not_after\x18\r \x01(\x03R\x13certificateNotAfter\x1a;\n" +
+	"\x15certificate_not_after\x18\r \x01(\x03R\x13certificateNotAfter\x12R\n" +
+	"\x12awaited_promotions\x18\x0e \x03(\v2#.zfsnomad.agent.v1.AwaitedPromotionR\x11awaitedPromotions\x1a;\n" +
 	"\rTopologyEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x95\x03\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x81\x01\n" +
+	"\x10AwaitedPromotion\x12\x1b\n" +
+	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12)\n" +
+	"\x10after_generation\x18\x02 \x01(\x04R\x0fafterGeneration\x12%\n" +
+	"\x0ewaiting_millis\x18\x03 \x01(\x03R\rwaitingMillis\"\x95\x03\n" +
 	"\x13CreateVolumeRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12%\n" +
 	"\x0erequired_bytes\x18\x02 \x01(\x04R\rrequiredBytes\x12\x1f\n" +
@@ -3907,7 +3983,7 @@ func file_agentpb_agent_proto_rawDescGZIP() []byte {
 	return file_agentpb_agent_proto_rawDescData
 }
 
-var file_agentpb_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 57)
+var file_agentpb_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 58)
 var file_agentpb_agent_proto_goTypes = []any{
 	(*PingRequest)(nil),            // 0: zfsnomad.agent.v1.PingRequest
 	(*PingResponse)(nil),           // 1: zfsnomad.agent.v1.PingResponse
@@ -3915,132 +3991,134 @@ var file_agentpb_agent_proto_goTypes = []any{
 	(*PromisesResponse)(nil),       // 3: zfsnomad.agent.v1.PromisesResponse
 	(*GetNodeRequest)(nil),         // 4: zfsnomad.agent.v1.GetNodeRequest
 	(*Node)(nil),                   // 5: zfsnomad.agent.v1.Node
-	(*CreateVolumeRequest)(nil),    // 6: zfsnomad.agent.v1.CreateVolumeRequest
-	(*Volume)(nil),                 // 7: zfsnomad.agent.v1.Volume
-	(*DeleteVolumeRequest)(nil),    // 8: zfsnomad.agent.v1.DeleteVolumeRequest
-	(*DeleteVolumeResponse)(nil),   // 9: zfsnomad.agent.v1.DeleteVolumeResponse
-	(*GetVolumeRequest)(nil),       // 10: zfsnomad.agent.v1.GetVolumeRequest
-	(*ListVolumesRequest)(nil),     // 11: zfsnomad.agent.v1.ListVolumesRequest
-	(*ListVolumesResponse)(nil),    // 12: zfsnomad.agent.v1.ListVolumesResponse
-	(*ExpandVolumeRequest)(nil),    // 13: zfsnomad.agent.v1.ExpandVolumeRequest
-	(*ExpandVolumeResponse)(nil),   // 14: zfsnomad.agent.v1.ExpandVolumeResponse
-	(*CreateSnapshotRequest)(nil),  // 15: zfsnomad.agent.v1.CreateSnapshotRequest
-	(*Snapshot)(nil),               // 16: zfsnomad.agent.v1.Snapshot
-	(*DeleteSnapshotRequest)(nil),  // 17: zfsnomad.agent.v1.DeleteSnapshotRequest
-	(*DeleteSnapshotResponse)(nil), // 18: zfsnomad.agent.v1.DeleteSnapshotResponse
-	(*ListSnapshotsRequest)(nil),   // 19: zfsnomad.agent.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil),  // 20: zfsnomad.agent.v1.ListSnapshotsResponse
-	(*ReplicateRequest)(nil),       // 21: zfsnomad.agent.v1.ReplicateRequest
-	(*ReplicateProgress)(nil),      // 22: zfsnomad.agent.v1.ReplicateProgress
-	(*StatusRequest)(nil),          // 23: zfsnomad.agent.v1.StatusRequest
-	(*NodeStatus)(nil),             // 24: zfsnomad.agent.v1.NodeStatus
-	(*ChangesRequest)(nil),         // 25: zfsnomad.agent.v1.ChangesRequest
-	(*ChangesResponse)(nil),        // 26: zfsnomad.agent.v1.ChangesResponse
-	(*Replica)(nil),                // 27: zfsnomad.agent.v1.Replica
-	(*Transfer)(nil),               // 28: zfsnomad.agent.v1.Transfer
-	(*ReplicaStateRequest)(nil),    // 29: zfsnomad.agent.v1.ReplicaStateRequest
-	(*ReplicaStateResponse)(nil),   // 30: zfsnomad.agent.v1.ReplicaStateResponse
-	(*ReceiveMessage)(nil),         // 31: zfsnomad.agent.v1.ReceiveMessage
-	(*ReceiveHeader)(nil),          // 32: zfsnomad.agent.v1.ReceiveHeader
-	(*PeerBase)(nil),               // 33: zfsnomad.agent.v1.PeerBase
-	(*ReceiveResult)(nil),          // 34: zfsnomad.agent.v1.ReceiveResult
-	(*GetCopyRequest)(nil),         // 35: zfsnomad.agent.v1.GetCopyRequest
-	(*Copy)(nil),                   // 36: zfsnomad.agent.v1.Copy
-	(*ReserveRequest)(nil),         // 37: zfsnomad.agent.v1.ReserveRequest
-	(*ReserveResponse)(nil),        // 38: zfsnomad.agent.v1.ReserveResponse
-	(*FenceRequest)(nil),           // 39: zfsnomad.agent.v1.FenceRequest
-	(*FenceResponse)(nil),          // 40: zfsnomad.agent.v1.FenceResponse
-	(*UnfenceRequest)(nil),         // 41: zfsnomad.agent.v1.UnfenceRequest
-	(*PromoteRequest)(nil),         // 42: zfsnomad.agent.v1.PromoteRequest
-	(*DemoteRequest)(nil),          // 43: zfsnomad.agent.v1.DemoteRequest
-	(*DeleteReplicaRequest)(nil),   // 44: zfsnomad.agent.v1.DeleteReplicaRequest
-	(*DeleteReplicaResponse)(nil),  // 45: zfsnomad.agent.v1.DeleteReplicaResponse
-	(*ControllerInstance)(nil),     // 46: zfsnomad.agent.v1.ControllerInstance
-	(*WorkLeaseRequest)(nil),       // 47: zfsnomad.agent.v1.WorkLeaseRequest
-	(*WorkLeasesRequest)(nil),      // 48: zfsnomad.agent.v1.WorkLeasesRequest
-	(*WorkLease)(nil),              // 49: zfsnomad.agent.v1.WorkLease
-	(*SeenInstance)(nil),           // 50: zfsnomad.agent.v1.SeenInstance
-	nil,                            // 51: zfsnomad.agent.v1.PromisesResponse.GenerationsEntry
-	nil,                            // 52: zfsnomad.agent.v1.Node.TopologyEntry
-	nil,                            // 53: zfsnomad.agent.v1.CreateVolumeRequest.ParametersEntry
-	nil,                            // 54: zfsnomad.agent.v1.Volume.ParametersEntry
-	nil,                            // 55: zfsnomad.agent.v1.ReceiveHeader.ParametersEntry
-	nil,                            // 56: zfsnomad.agent.v1.Copy.ParametersEntry
+	(*AwaitedPromotion)(nil),       // 6: zfsnomad.agent.v1.AwaitedPromotion
+	(*CreateVolumeRequest)(nil),    // 7: zfsnomad.agent.v1.CreateVolumeRequest
+	(*Volume)(nil),                 // 8: zfsnomad.agent.v1.Volume
+	(*DeleteVolumeRequest)(nil),    // 9: zfsnomad.agent.v1.DeleteVolumeRequest
+	(*DeleteVolumeResponse)(nil),   // 10: zfsnomad.agent.v1.DeleteVolumeResponse
+	(*GetVolumeRequest)(nil),       // 11: zfsnomad.agent.v1.GetVolumeRequest
+	(*ListVolumesRequest)(nil),     // 12: zfsnomad.agent.v1.ListVolumesRequest
+	(*ListVolumesResponse)(nil),    // 13: zfsnomad.agent.v1.ListVolumesResponse
+	(*ExpandVolumeRequest)(nil),    // 14: zfsnomad.agent.v1.ExpandVolumeRequest
+	(*ExpandVolumeResponse)(nil),   // 15: zfsnomad.agent.v1.ExpandVolumeResponse
+	(*CreateSnapshotRequest)(nil),  // 16: zfsnomad.agent.v1.CreateSnapshotRequest
+	(*Snapshot)(nil),               // 17: zfsnomad.agent.v1.Snapshot
+	(*DeleteSnapshotRequest)(nil),  // 18: zfsnomad.agent.v1.DeleteSnapshotRequest
+	(*DeleteSnapshotResponse)(nil), // 19: zfsnomad.agent.v1.DeleteSnapshotResponse
+	(*ListSnapshotsRequest)(nil),   // 20: zfsnomad.agent.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),  // 21: zfsnomad.agent.v1.ListSnapshotsResponse
+	(*ReplicateRequest)(nil),       // 22: zfsnomad.agent.v1.ReplicateRequest
+	(*ReplicateProgress)(nil),      // 23: zfsnomad.agent.v1.ReplicateProgress
+	(*StatusRequest)(nil),          // 24: zfsnomad.agent.v1.StatusRequest
+	(*NodeStatus)(nil),             // 25: zfsnomad.agent.v1.NodeStatus
+	(*ChangesRequest)(nil),         // 26: zfsnomad.agent.v1.ChangesRequest
+	(*ChangesResponse)(nil),        // 27: zfsnomad.agent.v1.ChangesResponse
+	(*Replica)(nil),                // 28: zfsnomad.agent.v1.Replica
+	(*Transfer)(nil),               // 29: zfsnomad.agent.v1.Transfer
+	(*ReplicaStateRequest)(nil),    // 30: zfsnomad.agent.v1.ReplicaStateRequest
+	(*ReplicaStateResponse)(nil),   // 31: zfsnomad.agent.v1.ReplicaStateResponse
+	(*ReceiveMessage)(nil),         // 32: zfsnomad.agent.v1.ReceiveMessage
+	(*ReceiveHeader)(nil),          // 33: zfsnomad.agent.v1.ReceiveHeader
+	(*PeerBase)(nil),               // 34: zfsnomad.agent.v1.PeerBase
+	(*ReceiveResult)(nil),          // 35: zfsnomad.agent.v1.ReceiveResult
+	(*GetCopyRequest)(nil),         // 36: zfsnomad.agent.v1.GetCopyRequest
+	(*Copy)(nil),                   // 37: zfsnomad.agent.v1.Copy
+	(*ReserveRequest)(nil),         // 38: zfsnomad.agent.v1.ReserveRequest
+	(*ReserveResponse)(nil),        // 39: zfsnomad.agent.v1.ReserveResponse
+	(*FenceRequest)(nil),           // 40: zfsnomad.agent.v1.FenceRequest
+	(*FenceResponse)(nil),          // 41: zfsnomad.agent.v1.FenceResponse
+	(*UnfenceRequest)(nil),         // 42: zfsnomad.agent.v1.UnfenceRequest
+	(*PromoteRequest)(nil),         // 43: zfsnomad.agent.v1.PromoteRequest
+	(*DemoteRequest)(nil),          // 44: zfsnomad.agent.v1.DemoteRequest
+	(*DeleteReplicaRequest)(nil),   // 45: zfsnomad.agent.v1.DeleteReplicaRequest
+	(*DeleteReplicaResponse)(nil),  // 46: zfsnomad.agent.v1.DeleteReplicaResponse
+	(*ControllerInstance)(nil),     // 47: zfsnomad.agent.v1.ControllerInstance
+	(*WorkLeaseRequest)(nil),       // 48: zfsnomad.agent.v1.WorkLeaseRequest
+	(*WorkLeasesRequest)(nil),      // 49: zfsnomad.agent.v1.WorkLeasesRequest
+	(*WorkLease)(nil),              // 50: zfsnomad.agent.v1.WorkLease
+	(*SeenInstance)(nil),           // 51: zfsnomad.agent.v1.SeenInstance
+	nil,                            // 52: zfsnomad.agent.v1.PromisesResponse.GenerationsEntry
+	nil,                            // 53: zfsnomad.agent.v1.Node.TopologyEntry
+	nil,                            // 54: zfsnomad.agent.v1.CreateVolumeRequest.ParametersEntry
+	nil,                            // 55: zfsnomad.agent.v1.Volume.ParametersEntry
+	nil,                            // 56: zfsnomad.agent.v1.ReceiveHeader.ParametersEntry
+	nil,                            // 57: zfsnomad.agent.v1.Copy.ParametersEntry
 }
 var file_agentpb_agent_proto_depIdxs = []int32{
-	51, // 0: zfsnomad.agent.v1.PromisesResponse.generations:type_name -> zfsnomad.agent.v1.PromisesResponse.GenerationsEntry
-	52, // 1: zfsnomad.agent.v1.Node.topology:type_name -> zfsnomad.agent.v1.Node.TopologyEntry
-	53, // 2: zfsnomad.agent.v1.CreateVolumeRequest.parameters:type_name -> zfsnomad.agent.v1.CreateVolumeRequest.ParametersEntry
-	54, // 3: zfsnomad.agent.v1.Volume.parameters:type_name -> zfsnomad.agent.v1.Volume.ParametersEntry
-	7,  // 4: zfsnomad.agent.v1.ListVolumesResponse.volumes:type_name -> zfsnomad.agent.v1.Volume
-	16, // 5: zfsnomad.agent.v1.ListSnapshotsResponse.snapshots:type_name -> zfsnomad.agent.v1.Snapshot
-	27, // 6: zfsnomad.agent.v1.NodeStatus.replicas:type_name -> zfsnomad.agent.v1.Replica
-	28, // 7: zfsnomad.agent.v1.NodeStatus.transfers:type_name -> zfsnomad.agent.v1.Transfer
-	7,  // 8: zfsnomad.agent.v1.ChangesResponse.volumes:type_name -> zfsnomad.agent.v1.Volume
-	27, // 9: zfsnomad.agent.v1.ChangesResponse.replicas:type_name -> zfsnomad.agent.v1.Replica
-	32, // 10: zfsnomad.agent.v1.ReceiveMessage.header:type_name -> zfsnomad.agent.v1.ReceiveHeader
-	55, // 11: zfsnomad.agent.v1.ReceiveHeader.parameters:type_name -> zfsnomad.agent.v1.ReceiveHeader.ParametersEntry
-	33, // 12: zfsnomad.agent.v1.ReceiveHeader.peer_bases:type_name -> zfsnomad.agent.v1.PeerBase
-	56, // 13: zfsnomad.agent.v1.Copy.parameters:type_name -> zfsnomad.agent.v1.Copy.ParametersEntry
-	46, // 14: zfsnomad.agent.v1.WorkLeaseRequest.instance:type_name -> zfsnomad.agent.v1.ControllerInstance
-	46, // 15: zfsnomad.agent.v1.WorkLease.holder:type_name -> zfsnomad.agent.v1.ControllerInstance
-	50, // 16: zfsnomad.agent.v1.WorkLease.seen:type_name -> zfsnomad.agent.v1.SeenInstance
-	46, // 17: zfsnomad.agent.v1.SeenInstance.instance:type_name -> zfsnomad.agent.v1.ControllerInstance
-	4,  // 18: zfsnomad.agent.v1.NodeAgent.GetNode:input_type -> zfsnomad.agent.v1.GetNodeRequest
-	6,  // 19: zfsnomad.agent.v1.NodeAgent.CreateVolume:input_type -> zfsnomad.agent.v1.CreateVolumeRequest
-	8,  // 20: zfsnomad.agent.v1.NodeAgent.DeleteVolume:input_type -> zfsnomad.agent.v1.DeleteVolumeRequest
-	10, // 21: zfsnomad.agent.v1.NodeAgent.GetVolume:input_type -> zfsnomad.agent.v1.GetVolumeRequest
-	11, // 22: zfsnomad.agent.v1.NodeAgent.ListVolumes:input_type -> zfsnomad.agent.v1.ListVolumesRequest
-	13, // 23: zfsnomad.agent.v1.NodeAgent.ExpandVolume:input_type -> zfsnomad.agent.v1.ExpandVolumeRequest
-	15, // 24: zfsnomad.agent.v1.NodeAgent.CreateSnapshot:input_type -> zfsnomad.agent.v1.CreateSnapshotRequest
-	17, // 25: zfsnomad.agent.v1.NodeAgent.DeleteSnapshot:input_type -> zfsnomad.agent.v1.DeleteSnapshotRequest
-	19, // 26: zfsnomad.agent.v1.NodeAgent.ListSnapshots:input_type -> zfsnomad.agent.v1.ListSnapshotsRequest
-	21, // 27: zfsnomad.agent.v1.NodeAgent.Replicate:input_type -> zfsnomad.agent.v1.ReplicateRequest
-	23, // 28: zfsnomad.agent.v1.NodeAgent.Status:input_type -> zfsnomad.agent.v1.StatusRequest
-	25, // 29: zfsnomad.agent.v1.NodeAgent.Changes:input_type -> zfsnomad.agent.v1.ChangesRequest
-	44, // 30: zfsnomad.agent.v1.NodeAgent.DeleteReplica:input_type -> zfsnomad.agent.v1.DeleteReplicaRequest
-	35, // 31: zfsnomad.agent.v1.NodeAgent.GetCopy:input_type -> zfsnomad.agent.v1.GetCopyRequest
-	39, // 32: zfsnomad.agent.v1.NodeAgent.Fence:input_type -> zfsnomad.agent.v1.FenceRequest
-	41, // 33: zfsnomad.agent.v1.NodeAgent.Unfence:input_type -> zfsnomad.agent.v1.UnfenceRequest
-	42, // 34: zfsnomad.agent.v1.NodeAgent.Promote:input_type -> zfsnomad.agent.v1.PromoteRequest
-	43, // 35: zfsnomad.agent.v1.NodeAgent.Demote:input_type -> zfsnomad.agent.v1.DemoteRequest
-	37, // 36: zfsnomad.agent.v1.NodeAgent.Reserve:input_type -> zfsnomad.agent.v1.ReserveRequest
-	47, // 37: zfsnomad.agent.v1.NodeAgent.AcquireWorkLease:input_type -> zfsnomad.agent.v1.WorkLeaseRequest
-	48, // 38: zfsnomad.agent.v1.NodeAgent.WorkLeases:input_type -> zfsnomad.agent.v1.WorkLeasesRequest
-	0,  // 39: zfsnomad.agent.v1.Peers.Ping:input_type -> zfsnomad.agent.v1.PingRequest
-	2,  // 40: zfsnomad.agent.v1.Peers.Promises:input_type -> zfsnomad.agent.v1.PromisesRequest
-	29, // 41: zfsnomad.agent.v1.Replication.ReplicaState:input_type -> zfsnomad.agent.v1.ReplicaStateRequest
-	31, // 42: zfsnomad.agent.v1.Replication.Receive:input_type -> zfsnomad.agent.v1.ReceiveMessage
-	5,  // 43: zfsnomad.agent.v1.NodeAgent.GetNode:output_type -> zfsnomad.agent.v1.Node
-	7,  // 44: zfsnomad.agent.v1.NodeAgent.CreateVolume:output_type -> zfsnomad.agent.v1.Volume
-	9,  // 45: zfsnomad.agent.v1.NodeAgent.DeleteVolume:output_type -> zfsnomad.agent.v1.DeleteVolumeResponse
-	7,  // 46: zfsnomad.agent.v1.NodeAgent.GetVolume:output_type -> zfsnomad.agent.v1.Volume
-	12, // 47: zfsnomad.agent.v1.NodeAgent.ListVolumes:output_type -> zfsnomad.agent.v1.ListVolumesResponse
-	14, // 48: zfsnomad.agent.v1.NodeAgent.ExpandVolume:output_type -> zfsnomad.agent.v1.ExpandVolumeResponse
-	16, // 49: zfsnomad.agent.v1.NodeAgent.CreateSnapshot:output_type -> zfsnomad.agent.v1.Snapshot
-	18, // 50: zfsnomad.agent.v1.NodeAgent.DeleteSnapshot:output_type -> zfsnomad.agent.v1.DeleteSnapshotResponse
-	20, // 51: zfsnomad.agent.v1.NodeAgent.ListSnapshots:output_type -> zfsnomad.agent.v1.ListSnapshotsResponse
-	22, // 52: zfsnomad.agent.v1.NodeAgent.Replicate:output_type -> zfsnomad.agent.v1.ReplicateProgress
-	24, // 53: zfsnomad.agent.v1.NodeAgent.Status:output_type -> zfsnomad.agent.v1.NodeStatus
-	26, // 54: zfsnomad.agent.v1.NodeAgent.Changes:output_type -> zfsnomad.agent.v1.ChangesResponse
-	45, // 55: zfsnomad.agent.v1.NodeAgent.DeleteReplica:output_type -> zfsnomad.agent.v1.DeleteReplicaResponse
-	36, // 56: zfsnomad.agent.v1.NodeAgent.GetCopy:output_type -> zfsnomad.agent.v1.Copy
-	40, // 57: zfsnomad.agent.v1.NodeAgent.Fence:output_type -> zfsnomad.agent.v1.FenceResponse
-	36, // 58: zfsnomad.agent.v1.NodeAgent.Unfence:output_type -> zfsnomad.agent.v1.Copy
-	36, // 59: zfsnomad.agent.v1.NodeAgent.Promote:output_type -> zfsnomad.agent.v1.Copy
-	36, // 60: zfsnomad.agent.v1.NodeAgent.Demote:output_type -> zfsnomad.agent.v1.Copy
-	38, // 61: zfsnomad.agent.v1.NodeAgent.Reserve:output_type -> zfsnomad.agent.v1.ReserveResponse
-	49, // 62: zfsnomad.agent.v1.NodeAgent.AcquireWorkLease:output_type -> zfsnomad.agent.v1.WorkLease
-	49, // 63: zfsnomad.agent.v1.NodeAgent.WorkLeases:output_type -> zfsnomad.agent.v1.WorkLease
-	1,  // 64: zfsnomad.agent.v1.Peers.Ping:output_type -> zfsnomad.agent.v1.PingResponse
-	3,  // 65: zfsnomad.agent.v1.Peers.Promises:output_type -> zfsnomad.agent.v1.PromisesResponse
-	30, // 66: zfsnomad.agent.v1.Replication.ReplicaState:output_type -> zfsnomad.agent.v1.ReplicaStateResponse
-	34, // 67: zfsnomad.agent.v1.Replication.Receive:output_type -> zfsnomad.agent.v1.ReceiveResult
-	43, // [43:68] is the sub-list for method output_type
-	18, // [18:43] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	52, // 0: zfsnomad.agent.v1.PromisesResponse.generations:type_name -> zfsnomad.agent.v1.PromisesResponse.GenerationsEntry
+	53, // 1: zfsnomad.agent.v1.Node.topology:type_name -> zfsnomad.agent.v1.Node.TopologyEntry
+	6,  // 2: zfsnomad.agent.v1.Node.awaited_promotions:type_name -> zfsnomad.agent.v1.AwaitedPromotion
+	54, // 3: zfsnomad.agent.v1.CreateVolumeRequest.parameters:type_name -> zfsnomad.agent.v1.CreateVolumeRequest.ParametersEntry
+	55, // 4: zfsnomad.agent.v1.Volume.parameters:type_name -> zfsnomad.agent.v1.Volume.ParametersEntry
+	8,  // 5: zfsnomad.agent.v1.ListVolumesResponse.volumes:type_name -> zfsnomad.agent.v1.Volume
+	17, // 6: zfsnomad.agent.v1.ListSnapshotsResponse.snapshots:type_name -> zfsnomad.agent.v1.Snapshot
+	28, // 7: zfsnomad.agent.v1.NodeStatus.replicas:type_name -> zfsnomad.agent.v1.Replica
+	29, // 8: zfsnomad.agent.v1.NodeStatus.transfers:type_name -> zfsnomad.agent.v1.Transfer
+	8,  // 9: zfsnomad.agent.v1.ChangesResponse.volumes:type_name -> zfsnomad.agent.v1.Volume
+	28, // 10: zfsnomad.agent.v1.ChangesResponse.replicas:type_name -> zfsnomad.agent.v1.Replica
+	33, // 11: zfsnomad.agent.v1.ReceiveMessage.header:type_name -> zfsnomad.agent.v1.ReceiveHeader
+	56, // 12: zfsnomad.agent.v1.ReceiveHeader.parameters:type_name -> zfsnomad.agent.v1.ReceiveHeader.ParametersEntry
+	34, // 13: zfsnomad.agent.v1.ReceiveHeader.peer_bases:type_name -> zfsnomad.agent.v1.PeerBase
+	57, // 14: zfsnomad.agent.v1.Copy.parameters:type_name -> zfsnomad.agent.v1.Copy.ParametersEntry
+	47, // 15: zfsnomad.agent.v1.WorkLeaseRequest.instance:type_name -> zfsnomad.agent.v1.ControllerInstance
+	47, // 16: zfsnomad.agent.v1.WorkLease.holder:type_name -> zfsnomad.agent.v1.ControllerInstance
+	51, // 17: zfsnomad.agent.v1.WorkLease.seen:type_name -> zfsnomad.agent.v1.SeenInstance
+	47, // 18: zfsnomad.agent.v1.SeenInstance.instance:type_name -> zfsnomad.agent.v1.ControllerInstance
+	4,  // 19: zfsnomad.agent.v1.NodeAgent.GetNode:input_type -> zfsnomad.agent.v1.GetNodeRequest
+	7,  // 20: zfsnomad.agent.v1.NodeAgent.CreateVolume:input_type -> zfsnomad.agent.v1.CreateVolumeRequest
+	9,  // 21: zfsnomad.agent.v1.NodeAgent.DeleteVolume:input_type -> zfsnomad.agent.v1.DeleteVolumeRequest
+	11, // 22: zfsnomad.agent.v1.NodeAgent.GetVolume:input_type -> zfsnomad.agent.v1.GetVolumeRequest
+	12, // 23: zfsnomad.agent.v1.NodeAgent.ListVolumes:input_type -> zfsnomad.agent.v1.ListVolumesRequest
+	14, // 24: zfsnomad.agent.v1.NodeAgent.ExpandVolume:input_type -> zfsnomad.agent.v1.ExpandVolumeRequest
+	16, // 25: zfsnomad.agent.v1.NodeAgent.CreateSnapshot:input_type -> zfsnomad.agent.v1.CreateSnapshotRequest
+	18, // 26: zfsnomad.agent.v1.NodeAgent.DeleteSnapshot:input_type -> zfsnomad.agent.v1.DeleteSnapshotRequest
+	20, // 27: zfsnomad.agent.v1.NodeAgent.ListSnapshots:input_type -> zfsnomad.agent.v1.ListSnapshotsRequest
+	22, // 28: zfsnomad.agent.v1.NodeAgent.Replicate:input_type -> zfsnomad.agent.v1.ReplicateRequest
+	24, // 29: zfsnomad.agent.v1.NodeAgent.Status:input_type -> zfsnomad.agent.v1.StatusRequest
+	26, // 30: zfsnomad.agent.v1.NodeAgent.Changes:input_type -> zfsnomad.agent.v1.ChangesRequest
+	45, // 31: zfsnomad.agent.v1.NodeAgent.DeleteReplica:input_type -> zfsnomad.agent.v1.DeleteReplicaRequest
+	36, // 32: zfsnomad.agent.v1.NodeAgent.GetCopy:input_type -> zfsnomad.agent.v1.GetCopyRequest
+	40, // 33: zfsnomad.agent.v1.NodeAgent.Fence:input_type -> zfsnomad.agent.v1.FenceRequest
+	42, // 34: zfsnomad.agent.v1.NodeAgent.Unfence:input_type -> zfsnomad.agent.v1.UnfenceRequest
+	43, // 35: zfsnomad.agent.v1.NodeAgent.Promote:input_type -> zfsnomad.agent.v1.PromoteRequest
+	44, // 36: zfsnomad.agent.v1.NodeAgent.Demote:input_type -> zfsnomad.agent.v1.DemoteRequest
+	38, // 37: zfsnomad.agent.v1.NodeAgent.Reserve:input_type -> zfsnomad.agent.v1.ReserveRequest
+	48, // 38: zfsnomad.agent.v1.NodeAgent.AcquireWorkLease:input_type -> zfsnomad.agent.v1.WorkLeaseRequest
+	49, // 39: zfsnomad.agent.v1.NodeAgent.WorkLeases:input_type -> zfsnomad.agent.v1.WorkLeasesRequest
+	0,  // 40: zfsnomad.agent.v1.Peers.Ping:input_type -> zfsnomad.agent.v1.PingRequest
+	2,  // 41: zfsnomad.agent.v1.Peers.Promises:input_type -> zfsnomad.agent.v1.PromisesRequest
+	30, // 42: zfsnomad.agent.v1.Replication.ReplicaState:input_type -> zfsnomad.agent.v1.ReplicaStateRequest
+	32, // 43: zfsnomad.agent.v1.Replication.Receive:input_type -> zfsnomad.agent.v1.ReceiveMessage
+	5,  // 44: zfsnomad.agent.v1.NodeAgent.GetNode:output_type -> zfsnomad.agent.v1.Node
+	8,  // 45: zfsnomad.agent.v1.NodeAgent.CreateVolume:output_type -> zfsnomad.agent.v1.Volume
+	10, // 46: zfsnomad.agent.v1.NodeAgent.DeleteVolume:output_type -> zfsnomad.agent.v1.DeleteVolumeResponse
+	8,  // 47: zfsnomad.agent.v1.NodeAgent.GetVolume:output_type -> zfsnomad.agent.v1.Volume
+	13, // 48: zfsnomad.agent.v1.NodeAgent.ListVolumes:output_type -> zfsnomad.agent.v1.ListVolumesResponse
+	15, // 49: zfsnomad.agent.v1.NodeAgent.ExpandVolume:output_type -> zfsnomad.agent.v1.ExpandVolumeResponse
+	17, // 50: zfsnomad.agent.v1.NodeAgent.CreateSnapshot:output_type -> zfsnomad.agent.v1.Snapshot
+	19, // 51: zfsnomad.agent.v1.NodeAgent.DeleteSnapshot:output_type -> zfsnomad.agent.v1.DeleteSnapshotResponse
+	21, // 52: zfsnomad.agent.v1.NodeAgent.ListSnapshots:output_type -> zfsnomad.agent.v1.ListSnapshotsResponse
+	23, // 53: zfsnomad.agent.v1.NodeAgent.Replicate:output_type -> zfsnomad.agent.v1.ReplicateProgress
+	25, // 54: zfsnomad.agent.v1.NodeAgent.Status:output_type -> zfsnomad.agent.v1.NodeStatus
+	27, // 55: zfsnomad.agent.v1.NodeAgent.Changes:output_type -> zfsnomad.agent.v1.ChangesResponse
+	46, // 56: zfsnomad.agent.v1.NodeAgent.DeleteReplica:output_type -> zfsnomad.agent.v1.DeleteReplicaResponse
+	37, // 57: zfsnomad.agent.v1.NodeAgent.GetCopy:output_type -> zfsnomad.agent.v1.Copy
+	41, // 58: zfsnomad.agent.v1.NodeAgent.Fence:output_type -> zfsnomad.agent.v1.FenceResponse
+	37, // 59: zfsnomad.agent.v1.NodeAgent.Unfence:output_type -> zfsnomad.agent.v1.Copy
+	37, // 60: zfsnomad.agent.v1.NodeAgent.Promote:output_type -> zfsnomad.agent.v1.Copy
+	37, // 61: zfsnomad.agent.v1.NodeAgent.Demote:output_type -> zfsnomad.agent.v1.Copy
+	39, // 62: zfsnomad.agent.v1.NodeAgent.Reserve:output_type -> zfsnomad.agent.v1.ReserveResponse
+	50, // 63: zfsnomad.agent.v1.NodeAgent.AcquireWorkLease:output_type -> zfsnomad.agent.v1.WorkLease
+	50, // 64: zfsnomad.agent.v1.NodeAgent.WorkLeases:output_type -> zfsnomad.agent.v1.WorkLease
+	1,  // 65: zfsnomad.agent.v1.Peers.Ping:output_type -> zfsnomad.agent.v1.PingResponse
+	3,  // 66: zfsnomad.agent.v1.Peers.Promises:output_type -> zfsnomad.agent.v1.PromisesResponse
+	31, // 67: zfsnomad.agent.v1.Replication.ReplicaState:output_type -> zfsnomad.agent.v1.ReplicaStateResponse
+	35, // 68: zfsnomad.agent.v1.Replication.Receive:output_type -> zfsnomad.agent.v1.ReceiveResult
+	44, // [44:69] is the sub-list for method output_type
+	19, // [19:44] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_agentpb_agent_proto_init() }
@@ -4048,7 +4126,7 @@ func file_agentpb_agent_proto_init() {
 	if File_agentpb_agent_proto != nil {
 		return
 	}
-	file_agentpb_agent_proto_msgTypes[31].OneofWrappers = []any{
+	file_agentpb_agent_proto_msgTypes[32].OneofWrappers = []any{
 		(*ReceiveMessage_Header)(nil),
 		(*ReceiveMessage_Data)(nil),
 	}
@@ -4058,7 +4136,7 @@ func file_agentpb_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agentpb_agent_proto_rawDesc), len(file_agentpb_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   57,
+			NumMessages:   58,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -122,7 +122,12 @@ func (e *env) publishWithin(ctx context.Context, id, nodeID string) (string, err
 }
 
 func (e *env) stage(id, nodeID string, publishContext map[string]string) (string, error) {
-	return guesttest.Mount(e.ctx, e.t, e.node(nodeID), id, id, publishContext)
+	return e.stageWithin(e.ctx, id, nodeID, publishContext)
+}
+
+// stageWithin is stage ending when ctx does.
+func (e *env) stageWithin(ctx context.Context, id, nodeID string, publishContext map[string]string) (string, error) {
+	return guesttest.Mount(ctx, e.t, e.node(nodeID), id, id, publishContext)
 }
 
 func (e *env) mustPublish(id, nodeID string) string {

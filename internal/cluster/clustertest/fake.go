@@ -57,6 +57,9 @@ type FakeAgent struct {
 	BeforePush func(ctx context.Context, volumeID string, each func(agentclient.Progress)) error
 	// workLease is the node's part of the work lease, granting at once.
 	workLease *worklease.Grants
+	// pushing counts each volume's pushes held by BeforePush (Status
+	// lists them as transfers).
+	pushing map[string]int
 }
 
 // NewFakeAgent returns the agent of a node that holds nothing.
@@ -71,7 +74,16 @@ func NewFakeAgent(info agentclient.NodeInfo) *FakeAgent {
 		refusals:  map[string]refusal{},
 		demoted:   map[string]time.Time{},
 		workLease: worklease.NewGrantsAtOnce(time.Now),
+		pushing:   map[string]int{},
 	}
+}
+
+// SetAwaited sets the stages the node reports waiting for a move's
+// promotion (NodeInfo.AwaitedPromotions).
+func (f *FakeAgent) SetAwaited(awaited []agentclient.AwaitedPromotion) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.info.AwaitedPromotions = awaited
 }
 
 var _ cluster.NodeAgent = (*FakeAgent)(nil)
@@ -571,6 +583,11 @@ func (f *FakeAgent) Status(context.Context) (agentclient.NodeStatus, error) {
 		return agentclient.NodeStatus{}, err
 	}
 	st := agentclient.NodeStatus{SetAside: append([]string(nil), f.setAside...)}
+	for id, n := range f.pushing {
+		if n > 0 {
+			st.Transfers = append(st.Transfers, agentclient.Transfer{VolumeID: id, Kind: "full"})
+		}
+	}
 	for _, c := range f.copies {
 		if c.Exists && c.Role == vocab.RoleReplica {
 			st.Replicas = append(st.Replicas, f.replicaOf(c))
@@ -715,6 +732,15 @@ func (f *FakeAgent) beforePush(ctx context.Context, id string, each func(agentcl
 	if each == nil {
 		each = func(agentclient.Progress) {}
 	}
+	// While the hook holds the push, Status lists it as a transfer.
+	f.mu.Lock()
+	f.pushing[id]++
+	f.mu.Unlock()
+	defer func() {
+		f.mu.Lock()
+		f.pushing[id]--
+		f.mu.Unlock()
+	}()
 	return hook(ctx, id, each)
 }
 

@@ -165,6 +165,9 @@ func (n *Node) promotedAfter(ctx context.Context, id string, after uint64) (uint
 		}
 		if first {
 			n.log.Info("volume published ahead of its move's end: staging waits for this node's copy to be promoted", "volume_id", id, "after_generation", after)
+			// Tells the controller the move is wanted here, should the
+			// instance that runs it die.
+			defer n.volumes.AwaitPromotion(id, after)()
 		}
 		if !time.Now().Before(giveUp) {
 			return 0, errdefs.Wrap(errdefs.ErrUnavailable, "volume %s was published on node %s ahead of the end of its move here, and the copy here is not promoted yet (%s): the move still runs, or failed (zfs-controller status shows it); retry",

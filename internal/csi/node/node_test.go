@@ -158,6 +158,10 @@ func TestAStageGrantedAheadWaitsForThePromotion(t *testing.T) {
 			if tc.promote != nil {
 				go func() {
 					time.Sleep(time.Second)
+					// Meanwhile the node tells that a stage waits here.
+					if a := n.volumes.AwaitedPromotions(); len(a) != 1 || a[0].VolumeID != v.ID || a[0].AfterGeneration != 1 {
+						t.Errorf("the stages waiting for a promotion, during the wait: %+v", a)
+					}
 					// The promotion takes the copy's lock: the waiting
 					// stage must not hold it.
 					lctx, lcancel := context.WithTimeout(bg, time.Second)
@@ -183,6 +187,9 @@ func TestAStageGrantedAheadWaitsForThePromotion(t *testing.T) {
 			}
 			if ctx.Err() != nil {
 				t.Errorf("NodeStageVolume answered after its deadline (%v)", time.Since(began))
+			}
+			if a := n.volumes.AwaitedPromotions(); len(a) != 0 {
+				t.Errorf("the stages waiting for a promotion, after the stage answered: %+v", a)
 			}
 			_, mounted, _ := mounter.Lookup(staging)
 			if mounted != (tc.want == codes.OK) {

@@ -1,0 +1,69 @@
+package migration
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/sim"
+	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
+)
+
+// TestAMoveGrantedAheadOutlivesItsController (issue 38): a controller
+// grants a publish ahead of its move's end and dies in the catch-up. No
+// publish retry comes (the CO considers the volume published); the
+// node's stage waits for its copy's promotion. The next controller
+// instance, once it holds the work lease and the stage has waited long
+// enough, finishes the move (the catch-up resumes what arrived), and the
+// stage mounts the volume with every file.
+func TestAMoveGrantedAheadOutlivesItsController(t *testing.T) {
+	e := start(t)
+	e.throttle("n1", "10M") // 300 MiB at 10 MiB/s: half a minute of catch-up
+	id, dir := e.createWritten("granted", nil, "dd if=/dev/urandom of=blob bs=1M count=300 2>/dev/null && echo end > z")
+	before := e.checksums("n1", dir)
+	e.unpublish(id, "n1")
+
+	var granted map[string]string
+	for deadline := time.Now().Add(2 * time.Minute); granted == nil; time.Sleep(time.Second) {
+		resp, err := e.controller().ControllerPublishVolume(e.ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: "n2", VolumeCapability: writer})
+		switch {
+		case resp.GetPublishContext()[vocab.PublishContextAfterGeneration] != "":
+			granted = resp.GetPublishContext()
+		case err == nil:
+			t.Fatalf("the move ended before a publish was granted ahead of it (%v): throttle it more", resp.GetPublishContext())
+		case !sim.CatchingUp(err) || time.Now().After(deadline):
+			t.Fatalf("publish on n2: %v", err)
+		}
+	}
+	t.Logf("published ahead of the move's end: %v", granted)
+
+	e.c.Controller.Kill()
+	killed := time.Now()
+	if err := e.c.StartController(); err != nil {
+		t.Fatal(err)
+	}
+	// As Nomad stages: two minutes a try, Unavailable retried, three tries.
+	var target string
+	for try := 1; ; try++ {
+		ctx, cancel := context.WithTimeout(e.ctx, 2*time.Minute)
+		var err error
+		target, err = e.stageWithin(ctx, id, "n2", granted)
+		cancel()
+		if err == nil {
+			break
+		}
+		if status.Code(err) != codes.Unavailable || try == 3 {
+			t.Fatalf("stage %d on n2 of the publish granted ahead: %v", try, err)
+		}
+		t.Logf("stage %d: %v; retrying as Nomad does", try, err)
+	}
+	t.Logf("FIGURE a move granted ahead, its controller killed in the catch-up: staged on n2 %s after the kill", time.Since(killed).Round(100*time.Millisecond))
+	if after := e.checksums("n2", target); after != before {
+		t.Fatalf("files differ after the move:\n%s\n%s", before, after)
+	}
+	e.waitPrimaries(id, "n2(gen 2)")
+}
