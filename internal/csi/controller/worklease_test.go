@@ -2,12 +2,18 @@ package controller
 
 import (
 	"context"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
 
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/cluster"
+	"github.com/zfs-nomad/zfs-nomad/internal/config"
+	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
 	"github.com/zfs-nomad/zfs-nomad/internal/worklease"
 )
 
@@ -65,5 +71,55 @@ func TestOneControllerInstanceHoldsTheWorkLease(t *testing.T) {
 	a.Try(ctx)
 	if _, ok := a.Held(); ok {
 		t.Fatal("both instances hold the lease")
+	}
+}
+
+// TestTwoInstancesCreateOneVolume: creates of one name sent to two
+// controller instances at once, each preferring another node, make one
+// volume: the first generation is promised by a majority first, so the
+// second instance finds the first's volume, or is refused retryably and
+// finds it on its retry.
+func TestTwoInstancesCreateOneVolume(t *testing.T) {
+	tc := newTestCluster(t, map[string]uint64{"n1": 8 << 30, "n2": 8 << 30, "n3": 8 << 30})
+	a, b := tc.controller(), tc.controller()
+	ctx := context.Background()
+	for i := range 20 {
+		name := fmt.Sprintf("shared-%d", i)
+		ids := make([]string, 2)
+		var wg sync.WaitGroup
+		for j, ctl := range []*Controller{a, b} {
+			prefer := &csi.TopologyRequirement{Preferred: []*csi.Topology{{Segments: map[string]string{config.TopologyNodeKey: fmt.Sprintf("n%d", j+1)}}}}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for try := 0; try < 50; try++ {
+					resp, err := ctl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: name, VolumeCapabilities: mountCap,
+						CapacityRange: &csi.CapacityRange{RequiredBytes: 1 << 30}, AccessibilityRequirements: prefer})
+					if err == nil {
+						ids[j] = resp.GetVolume().GetVolumeId()
+						return
+					}
+					if !errdefs.Temporary(err) {
+						t.Errorf("create %s: %v", name, err)
+						return
+					}
+					time.Sleep(10 * time.Millisecond)
+				}
+				t.Errorf("create %s: still refused after 50 tries", name)
+			}()
+		}
+		wg.Wait()
+		if ids[0] != ids[1] {
+			t.Fatalf("create %s: the instances answered volumes %s and %s", name, ids[0], ids[1])
+		}
+		var holders []string
+		for node, fake := range tc.fakes {
+			if _, err := fake.Get(ctx, "tank/nomad/"+ids[0]); err == nil {
+				holders = append(holders, node)
+			}
+		}
+		if len(holders) != 1 {
+			t.Fatalf("create %s: volume %s exists on %v, want one node", name, ids[0], holders)
+		}
 	}
 }
