@@ -267,11 +267,16 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Volume, error)
 	// The controller has a majority promise generation 1 to one node
 	// before it creates (migration.ReserveCreation): a create that reaches
 	// another node (a late retry) must not make a second primary of it.
+	generation := uint64(1)
 	if p, err := m.lockedPromise(ctx, id); err != nil {
 		return Volume{}, err
 	} else if p.Generation > 0 && p.Holder != m.cfg.NodeID {
 		return Volume{}, fmt.Errorf("%w: generation %d of volume %s was promised to node %s, so it is not created on node %s; retry the create, which goes there",
 			errdefs.ErrFailedPrecondition, p.Generation, id, p.Holder, m.cfg.NodeID)
+	} else if p.Generation > 1 {
+		// Racing creations split generation 1's promises, and a
+		// majority promised this node a later one (ReserveCreation).
+		generation = p.Generation
 	}
 
 	props[m.cfg.QuotaProperty] = strconv.FormatUint(quota, 10)
@@ -279,8 +284,8 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Volume, error)
 	props[PropVolumeID] = id
 	props[PropName] = req.Name
 	props[PropRole] = vocab.RolePrimary
-	props[PropGeneration] = "1"
-	props[PropHistoryFrom] = "1"
+	props[PropGeneration] = strconv.FormatUint(generation, 10)
+	props[PropHistoryFrom] = strconv.FormatUint(generation, 10)
 	props[PropParameters] = EncodeParameters(recorded)
 	props[PropSource] = source
 	if setRoot {
@@ -304,7 +309,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Volume, error)
 	if err != nil {
 		return Volume{}, zfsError(err, "creating volume "+id)
 	}
-	m.Confirm(id, 1) // a majority promised generation 1 to this node first
+	m.Confirm(id, generation) // a majority promised it to this node first
 	if setRoot {
 		v, err := m.get(ctx, id)
 		if err != nil {

@@ -596,3 +596,47 @@ func TestDeleteOfAVolumeMountedElsewhereTouchesNothing(t *testing.T) {
 		})
 	}
 }
+
+// TestCreateAtThePromisedGeneration: a node creates a volume at the
+// generation a majority promised it (1, or a later one when racing
+// creations split generation 1: migration.ReserveCreation), and refuses
+// one promised to another node.
+func TestCreateAtThePromisedGeneration(t *testing.T) {
+	tests := []struct {
+		name    string
+		promise uint64 // 0: none
+		holder  string
+		want    uint64 // 0: refused
+	}{
+		{"no promise (a node without peers)", 0, "", 1},
+		{"generation 1 promised here", 1, "n1", 1},
+		{"a later generation promised here", 3, "n1", 3},
+		{"promised to another node", 3, "n2", 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m, _ := newManager(t)
+			ctx := context.Background()
+			id := vocab.VolumeIDForName("data")
+			if tt.promise > 0 {
+				if _, granted, err := m.Reserve(ctx, id, tt.promise, tt.holder); err != nil || !granted {
+					t.Fatalf("reserve: %v %v", granted, err)
+				}
+			}
+			v, err := m.Create(ctx, CreateRequest{Name: "data"})
+			if tt.want == 0 {
+				if !errors.Is(err, errdefs.ErrFailedPrecondition) {
+					t.Fatalf("create: %+v, %v; want FailedPrecondition", v, err)
+				}
+				return
+			}
+			if err != nil || v.Generation != tt.want {
+				t.Fatalf("create: generation %d, %v; want %d", v.Generation, err, tt.want)
+			}
+			c, err := m.Copy(ctx, id)
+			if err != nil || c.Generation != tt.want || c.HistoryFrom != tt.want {
+				t.Fatalf("copy: %+v, %v; want generation and history from %d", c, err, tt.want)
+			}
+		})
+	}
+}

@@ -257,8 +257,9 @@ func (f *FakeAgent) volume(c agentclient.Copy) agentclient.Volume {
 	}
 }
 
-// CreateVolume creates the primary of generation 1, or answers the
-// primary of that name the node holds already.
+// CreateVolume creates the primary of generation 1 (or of the one the
+// node promised itself, as a node does), or answers the primary of that
+// name the node holds already.
 func (f *FakeAgent) CreateVolume(_ context.Context, v agentclient.NewVolume) (agentclient.Volume, error) {
 	id := vocab.VolumeIDForName(v.Name)
 	f.mu.Lock()
@@ -282,7 +283,7 @@ func (f *FakeAgent) CreateVolume(_ context.Context, v agentclient.NewVolume) (ag
 	size := max(v.RequiredBytes, 1<<30)
 	c := f.copies[id] // keeps the promise
 	c.VolumeID, c.NodeID, c.Exists, c.Name = id, f.info.NodeID, true, v.Name
-	c.Role, c.Generation, c.CapacityBytes, c.Parameters = vocab.RolePrimary, 1, size, v.Parameters
+	c.Role, c.Generation, c.CapacityBytes, c.Parameters = vocab.RolePrimary, max(c.PromisedGeneration, 1), size, v.Parameters
 	f.setCopy(c)
 	if src := sourceOf(v); src != "" {
 		f.sources[id] = src

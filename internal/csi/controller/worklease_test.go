@@ -92,6 +92,7 @@ func TestTwoInstancesCreateOneVolume(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
+				var last error
 				for try := 0; try < 50; try++ {
 					resp, err := ctl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: name, VolumeCapabilities: mountCap,
 						CapacityRange: &csi.CapacityRange{RequiredBytes: 1 << 30}, AccessibilityRequirements: prefer})
@@ -103,9 +104,10 @@ func TestTwoInstancesCreateOneVolume(t *testing.T) {
 						t.Errorf("create %s: %v", name, err)
 						return
 					}
+					last = err
 					time.Sleep(10 * time.Millisecond)
 				}
-				t.Errorf("create %s: still refused after 50 tries", name)
+				t.Errorf("create %s: still refused after 50 tries: %v", name, last)
 			}()
 		}
 		wg.Wait()
