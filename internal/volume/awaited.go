@@ -22,8 +22,13 @@ type AwaitedPromotion struct {
 // (migration.FinishAwaitedMoves). In memory: a stage lasts one call.
 type awaitedPromotions struct {
 	mu      sync.Mutex
-	waiting map[string]AwaitedPromotion // by volume ID
-	count   map[string]int              // stages waiting for each
+	waiting map[string]*awaited // by volume ID
+}
+
+// awaited is the first waiting stage of a volume, and how many wait.
+type awaited struct {
+	AwaitedPromotion
+	stages int
 }
 
 // AwaitPromotion records a stage of volume id waiting for its promotion
@@ -33,19 +38,20 @@ func (m *Manager) AwaitPromotion(id string, after uint64) (done func()) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.waiting == nil {
-		a.waiting, a.count = map[string]AwaitedPromotion{}, map[string]int{}
+		a.waiting = map[string]*awaited{}
 	}
-	if _, ok := a.waiting[id]; !ok {
-		a.waiting[id] = AwaitedPromotion{VolumeID: id, AfterGeneration: after, Since: time.Now()}
+	w, ok := a.waiting[id]
+	if !ok {
+		w = &awaited{AwaitedPromotion: AwaitedPromotion{VolumeID: id, AfterGeneration: after, Since: time.Now()}}
+		a.waiting[id] = w
 	}
-	a.count[id]++
+	w.stages++
 	var once sync.Once
 	return func() {
 		once.Do(func() {
 			a.mu.Lock()
 			defer a.mu.Unlock()
-			if a.count[id]--; a.count[id] == 0 {
-				delete(a.count, id)
+			if w.stages--; w.stages == 0 {
 				delete(a.waiting, id)
 			}
 		})
@@ -60,7 +66,7 @@ func (m *Manager) AwaitedPromotions() []AwaitedPromotion {
 	defer a.mu.Unlock()
 	out := make([]AwaitedPromotion, 0, len(a.waiting))
 	for _, w := range a.waiting {
-		out = append(out, w)
+		out = append(out, w.AwaitedPromotion)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].VolumeID < out[j].VolumeID })
 	return out
