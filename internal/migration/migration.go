@@ -254,7 +254,25 @@ func (m *Migrator) gather(ctx context.Context, id string) (view, error) {
 			v.promises = append(v.promises, promised{generation: g, holder: a.Object.PromisedHolder, recorder: a.Node.Info.NodeID})
 		}
 	}
+	if pr, ok := v.deletion(); ok {
+		return view{}, errdefs.Wrap(errdefs.ErrAborted, "volume %s is being deleted: a delete reserved its generation %d (node %s's record) and has not finished, so it is neither published, moved, failed over nor created; retry the delete",
+			id, pr.generation, pr.recorder)
+	}
 	return v, nil
+}
+
+// deletion returns a promise to the volume's deletion, if a node answered
+// one: the nodes that recorded it refuse every other reservation until the
+// delete is done (provision.Delete), so any decision to promote or create
+// would fail there anyway, and one that needs no reservation (a publish on
+// the primary's node) would use a volume whose copies are going.
+func (v view) deletion() (promised, bool) {
+	for _, pr := range v.promises {
+		if pr.holder == vocab.DeletionHolder {
+			return pr, true
+		}
+	}
+	return promised{}, false
 }
 
 // primary is the primary copy of the highest generation.

@@ -163,6 +163,14 @@ func TestPublishDecides(t *testing.T) {
 			copies: []copyOf{{node: "n1", role: vocab.RolePrimary, gen: 1}, {node: "n2", role: vocab.RolePrimary, gen: 2}},
 			calls:  []string{"Demote@n1"}},
 		{name: "a volume nobody holds", nodes: three, target: "n1", err: errdefs.ErrNotFound},
+		// A delete reserved the volume and has not finished: its retry
+		// removes the copies, and nothing may be done with them meanwhile.
+		{name: "a volume being deleted is not published where it is", nodes: three, target: "n1", err: errdefs.ErrAborted, say: "being deleted",
+			copies:   []copyOf{{node: "n1", role: vocab.RolePrimary, gen: 1}},
+			promises: map[string]string{"n2": "2 " + vocab.DeletionHolder}},
+		{name: "a volume being deleted does not move", nodes: three, target: "n2", err: errdefs.ErrAborted, say: "retry the delete",
+			copies:   []copyOf{{node: "n1", role: vocab.RolePrimary, gen: 1}, {node: "n2", role: vocab.RoleReplica, gen: 1, fresh: true}},
+			promises: map[string]string{"n3": "2 " + vocab.DeletionHolder}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

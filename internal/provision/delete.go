@@ -22,12 +22,21 @@ import (
 // may hold writes the newest lacks. An ID that is no volume ID of this
 // driver names no volume, so there is none to delete.
 //
+// Before it removes anything, every node promises a generation above
+// every copy and promise of the volume to its deletion
+// (vocab.DeletionHolder), and then refuses every other reservation: no
+// copy can be promoted or created from then on, by a move's final step or
+// a failover another controller instance runs, so the look taken after it
+// finds every primary there will be. A look before it could miss a
+// promotion landing meanwhile, and the delete would answer OK over a
+// primary (docs/safety.md, G9; the simulation found it with two
+// instances).
+//
 // The replicas go before the primary, and the nodes' promises last: a
-// delete that fails midway leaves the primary, so a publish before the
-// CO's retry finds the volume as it was. Deleting the primary first left
-// replicas without one, and such a publish failed the volume over to a
-// leftover replica, bringing back a volume the CO was deleting (issue
-// 35). A mounted primary is refused before anything goes.
+// delete that fails midway leaves the primary, so the CO's retry finds
+// the volume as it was (a publish before it is refused while the
+// deletion's promise stands). A mounted primary is refused before
+// anything is reserved.
 func (p *Provisioner) Delete(ctx context.Context, id string) error {
 	if !vocab.IsVolumeID(id) {
 		return nil
@@ -35,50 +44,39 @@ func (p *Provisioner) Delete(ctx context.Context, id string) error {
 	if err := p.notMoving(id); err != nil {
 		return err
 	}
-	answers, unreachable, err := cluster.Ask(ctx, p.cluster, func(ctx context.Context, a cluster.Agent) (agentclient.Copy, error) {
-		return a.GetCopy(ctx, id)
-	})
+	before, err := p.look(ctx, id)
 	if err != nil {
 		return err
 	}
-	var silent []string
-	var primaries []cluster.Answer[agentclient.Copy]
-	for _, a := range answers {
-		switch {
-		case a.Err != nil:
-			silent = append(silent, fmt.Sprintf("node %s: %v", a.Node.Info.NodeID, a.Err))
-		case a.Object.Exists && a.Object.Role == vocab.RolePrimary:
-			primaries = append(primaries, a)
-		}
+	if !before.anything {
+		return nil // no copy and no promise anywhere: nothing to delete
 	}
-	for _, u := range unreachable {
-		silent = append(silent, fmt.Sprintf("agent %s: %v", u.Addr, u.Err))
+	if err := before.refuseMounted(id); err != nil {
+		return err
 	}
-	if len(silent) > 0 {
-		return fmt.Errorf("%w: volume %s is not deleted: a node that does not answer may hold a copy (%s); retry once it is back, or take it out of the controller's peers if it is gone for good",
-			errdefs.ErrUnavailable, id, strings.Join(silent, "; "))
+	if err := p.reserveDeletion(ctx, id, before); err != nil {
+		return err
 	}
-	sort.Slice(primaries, func(i, j int) bool { return primaries[i].Object.Generation > primaries[j].Object.Generation })
-	if len(primaries) > 0 {
-		newest := primaries[0]
-		if newest.Object.Mounted {
-			return errdefs.Wrap(errdefs.ErrFailedPrecondition, "volume %s is mounted on node %s; unpublish it first", id, newest.Node.Info.NodeID)
-		}
-		for _, stale := range primaries[1:] {
+	now, err := p.look(ctx, id)
+	if err != nil {
+		return err
+	}
+	if err := now.refuseMounted(id); err != nil {
+		return fmt.Errorf("%w (the delete has reserved the volume, so nothing else is done with it until the delete is retried)", err)
+	}
+	if len(now.primaries) > 0 {
+		newest := now.primaries[0]
+		for _, stale := range now.primaries[1:] {
 			if err := p.setAside(ctx, id, stale.Node, newest.Object.Generation); err != nil {
 				return err
 			}
 		}
 	}
-	var nodes []cluster.Node
-	for _, a := range answers {
-		nodes = append(nodes, a.Node)
-	}
-	if err := p.deleteReplicas(ctx, id, nodes, false); err != nil {
+	if err := p.deleteReplicas(ctx, id, now.nodes, false); err != nil {
 		return err
 	}
-	if len(primaries) > 0 {
-		newest := primaries[0]
+	if len(now.primaries) > 0 {
+		newest := now.primaries[0]
 		cctx, cancel := p.cluster.Call(ctx)
 		err := newest.Node.Agent.DeleteVolume(cctx, id)
 		cancel()
@@ -92,7 +90,97 @@ func (p *Provisioner) Delete(ctx context.Context, id string) error {
 	// that replica take again a generation a deleted copy held (I3; the
 	// simulation found it in a sweep of 5000 seeds, docs/safety.md). A
 	// replica a push landed since the first pass goes here too.
-	return p.deleteReplicas(ctx, id, nodes, true)
+	return p.deleteReplicas(ctx, id, now.nodes, true)
+}
+
+// deletionLook is what every node holds of a volume being deleted.
+type deletionLook struct {
+	nodes     []cluster.Node
+	primaries []cluster.Answer[agentclient.Copy] // newest generation first
+	// generation is the one to reserve for the deletion: above every copy
+	// and promise, or the deletion's own if it is the newest already.
+	generation uint64
+	anything   bool // a node holds a copy or a promise
+}
+
+// look asks every node for its copy of id; every node must answer.
+func (p *Provisioner) look(ctx context.Context, id string) (deletionLook, error) {
+	answers, unreachable, err := cluster.Ask(ctx, p.cluster, func(ctx context.Context, a cluster.Agent) (agentclient.Copy, error) {
+		return a.GetCopy(ctx, id)
+	})
+	if err != nil {
+		return deletionLook{}, err
+	}
+	var l deletionLook
+	var silent []string
+	var top uint64
+	deleting := false
+	for _, a := range answers {
+		if a.Err != nil {
+			silent = append(silent, fmt.Sprintf("node %s: %v", a.Node.Info.NodeID, a.Err))
+			continue
+		}
+		l.nodes = append(l.nodes, a.Node)
+		c := a.Object
+		if c.Exists && c.Role == vocab.RolePrimary {
+			l.primaries = append(l.primaries, a)
+		}
+		if c.Exists {
+			top = max(top, c.Generation)
+		}
+		top = max(top, c.PromisedGeneration)
+		l.anything = l.anything || c.Exists || c.PromisedGeneration > 0
+	}
+	for _, a := range answers {
+		deleting = deleting || a.Err == nil && a.Object.PromisedHolder == vocab.DeletionHolder && a.Object.PromisedGeneration == top
+	}
+	for _, u := range unreachable {
+		silent = append(silent, fmt.Sprintf("agent %s: %v", u.Addr, u.Err))
+	}
+	if len(silent) > 0 {
+		return deletionLook{}, fmt.Errorf("%w: volume %s is not deleted: a node that does not answer may hold a copy (%s); retry once it is back, or take it out of the controller's peers if it is gone for good",
+			errdefs.ErrUnavailable, id, strings.Join(silent, "; "))
+	}
+	sort.Slice(l.primaries, func(i, j int) bool { return l.primaries[i].Object.Generation > l.primaries[j].Object.Generation })
+	l.generation = top + 1
+	if deleting {
+		l.generation = top
+	}
+	return l, nil
+}
+
+// refuseMounted refuses to delete a volume whose newest primary is
+// mounted: the CO unpublishes it first.
+func (l deletionLook) refuseMounted(id string) error {
+	if len(l.primaries) > 0 && l.primaries[0].Object.Mounted {
+		return errdefs.Wrap(errdefs.ErrFailedPrecondition, "volume %s is mounted on node %s; unpublish it first", id, l.primaries[0].Node.Info.NodeID)
+	}
+	return nil
+}
+
+// reserveDeletion has every node promise l's generation of volume id to
+// its deletion. A refusal means a move, failover or creation reserved a
+// newer generation since the look: the CO's retry looks again.
+func (p *Provisioner) reserveDeletion(ctx context.Context, id string, l deletionLook) error {
+	r := agentclient.Reservation{VolumeID: id, Generation: l.generation, HolderNodeID: vocab.DeletionHolder}
+	answers := cluster.Each(ctx, p.cluster, l.nodes, func(ctx context.Context, n cluster.Node) (agentclient.Promise, error) {
+		return n.Agent.Reserve(ctx, r)
+	})
+	var refusals []string
+	for _, a := range answers {
+		switch {
+		case a.Err != nil:
+			refusals = append(refusals, fmt.Sprintf("node %s: %v", a.Node.Info.NodeID, a.Err))
+		case !a.Object.Granted:
+			refusals = append(refusals, fmt.Sprintf("node %s promised generation %d to %s", a.Node.Info.NodeID, a.Object.PromisedGeneration, a.Object.PromisedHolder))
+		}
+	}
+	if len(refusals) > 0 {
+		return errdefs.Wrap(errdefs.ErrAborted, "volume %s is not deleted: reserving generation %d for its deletion on every node failed (%s); a move, failover or creation of it may have raced the delete: retry the delete",
+			id, l.generation, strings.Join(refusals, "; "))
+	}
+	p.log.Debug("generation reserved for the deletion", "volume_id", id, "generation", l.generation)
+	return nil
 }
 
 // setAside retires an older primary of a volume being deleted: renamed,

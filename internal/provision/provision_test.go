@@ -425,9 +425,10 @@ func TestDelete(t *testing.T) {
 
 // TestADeleteForgetsPromisesLast: the nodes forget the generation they
 // promised for a deleted volume only once every copy is gone. A replica
-// left by a failed delete keeps the promises, so a failover of it takes
-// a new generation, never one a deleted copy held (I3: found by the
-// simulation, seeds 4115 and 5483 of a 5000-seed sweep, 2026-11-27).
+// left by a failed delete keeps the promises (the deletion's), so a
+// failover of it can never take a generation a deleted copy held (I3:
+// found by the simulation, seeds 4115 and 5483 of a 5000-seed sweep,
+// 2026-11-27).
 func TestADeleteForgetsPromisesLast(t *testing.T) {
 	w := newWorld()
 	w.put(t, "v", "n1:primary:3", "n2:replica:3")
@@ -451,14 +452,52 @@ func TestADeleteForgetsPromisesLast(t *testing.T) {
 	if err := p.Delete(context.Background(), id); !errors.Is(err, errdefs.ErrUnavailable) {
 		t.Fatalf("a delete whose replica could not go: %v, want Unavailable", err)
 	}
-	if got, want := promised(), map[string]uint64{"n1": 3, "n2": 3, "n3": 3}; !maps.Equal(got, want) {
-		t.Fatalf("promises after a delete that left a replica: %v, want every one kept %v", got, want)
+	if got, want := promised(), map[string]uint64{"n1": 4, "n2": 4, "n3": 4}; !maps.Equal(got, want) {
+		t.Fatalf("promises after a delete that left a replica: %v, want generation 4 kept for the deletion %v", got, want)
 	}
 	if err := p.Delete(context.Background(), id); err != nil {
 		t.Fatal(err)
 	}
 	if got, want := promised(), map[string]uint64{"n1": 0, "n2": 0, "n3": 0}; !maps.Equal(got, want) {
 		t.Fatalf("promises after the delete's retry: %v, want all forgotten %v", got, want)
+	}
+}
+
+// TestADeleteOutlastsAMoveItRaces: another controller instance's move
+// has reserved its generation and promotes its target while the delete
+// runs. Whether the promotion lands before the delete's reservation (the
+// delete's second look finds the new primary) or after it (the target
+// refuses it), the delete that answers OK leaves no copy. Looking once
+// and deleting what that look saw left the promoted target (G9, found
+// by the simulation with two instances).
+func TestADeleteOutlastsAMoveItRaces(t *testing.T) {
+	for _, landsAt := range []string{"Reserve", "DeleteReplica"} {
+		t.Run("promotion at "+landsAt, func(t *testing.T) {
+			w := newWorld()
+			w.put(t, "v", "n1:primary:3", "n3:replica:3")
+			id := vocab.VolumeIDForName("v")
+			for _, n := range w.nodes {
+				n.Promise(id, 4, "n3") // the move's reservation
+			}
+			var promoted error
+			landed := false
+			w.nodes["n3"].BeforeCall(landsAt, func() {
+				landed = true
+				_, promoted = w.nodes["n3"].Promote(context.Background(), agentclient.Promotion{VolumeID: id, Generation: 4})
+			})
+			if err := w.provisioner(t).Delete(context.Background(), id); err != nil {
+				t.Fatal(err)
+			}
+			if !landed {
+				t.Fatalf("the delete made no %s call on n3: the promotion never raced it", landsAt)
+			}
+			t.Logf("the move's promotion: %v", promoted)
+			for name, n := range w.nodes {
+				if c, ok := n.Copy(id); ok && c.Exists {
+					t.Errorf("the delete answered OK, but node %s holds a %s of generation %d", name, c.Role, c.Generation)
+				}
+			}
+		})
 	}
 }
 

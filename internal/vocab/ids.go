@@ -55,3 +55,10 @@ var nodeIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
 // IsNodeID tells whether id is a valid node ID: letters, digits, _ . -,
 // at most 128, starting with a letter or digit.
 func IsNodeID(id string) bool { return nodeIDPattern.MatchString(id) }
+
+// DeletionHolder holds the generation a volume's delete reserves on every
+// node before it removes any copy (docs/safety.md, "Deleting a volume").
+// It is no node ID (those begin with a letter or digit), so no copy is
+// ever promoted with it, and a node that promised it refuses every other
+// reservation until the delete has the promise forgotten.
+const DeletionHolder = "(deletion)"

@@ -264,28 +264,11 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Volume, error)
 	case !errors.Is(err, errdefs.ErrNotFound):
 		return Volume{}, err
 	}
-	// The controller has a majority promise generation 1 to one node
-	// before it creates (migration.ReserveCreation): a create that reaches
-	// another node (a late retry) must not make a second primary of it.
-	generation := uint64(1)
-	if p, err := m.lockedPromise(ctx, id); err != nil {
-		return Volume{}, err
-	} else if p.Generation > 0 && p.Holder != m.cfg.NodeID {
-		return Volume{}, fmt.Errorf("%w: generation %d of volume %s was promised to node %s, so it is not created on node %s; retry the create, which goes there",
-			errdefs.ErrFailedPrecondition, p.Generation, id, p.Holder, m.cfg.NodeID)
-	} else if p.Generation > 1 {
-		// Racing creations split generation 1's promises, and a
-		// majority promised this node a later one (ReserveCreation).
-		generation = p.Generation
-	}
-
 	props[m.cfg.QuotaProperty] = strconv.FormatUint(quota, 10)
 	props["mountpoint"] = "legacy"
 	props[PropVolumeID] = id
 	props[PropName] = req.Name
 	props[PropRole] = vocab.RolePrimary
-	props[PropGeneration] = strconv.FormatUint(generation, 10)
-	props[PropHistoryFrom] = strconv.FormatUint(generation, 10)
 	props[PropParameters] = EncodeParameters(recorded)
 	props[PropSource] = source
 	if setRoot {
@@ -295,19 +278,9 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Volume, error)
 		props[PropRootPending] = "true"
 	}
 	dataset := datasetFor(m.cfg.RootDataset, id)
-
-	switch {
-	case req.SourceSnapshotID != "":
-		err = m.cloneSnapshot(ctx, req.SourceSnapshotID, dataset, quota, props, req.Parameters)
-	case req.SourceVolumeID != "":
-		err = m.cloneVolume(ctx, req.SourceVolumeID, dataset, quota, props, req.Parameters)
-	case encryptionAsked(props):
-		err = m.createEncrypted(ctx, id, dataset, props, req.Passphrase)
-	default:
-		err = m.zfs.CreateFilesystem(ctx, dataset, props)
-	}
+	generation, err := m.createPromised(ctx, req, id, dataset, quota, props)
 	if err != nil {
-		return Volume{}, zfsError(err, "creating volume "+id)
+		return Volume{}, err
 	}
 	m.Confirm(id, generation) // a majority promised it to this node first
 	if setRoot {
@@ -335,6 +308,52 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Volume, error)
 	}
 	log.Info("volume created", "name", req.Name, "dataset", dataset, "quota", quota, "source", source, "encrypted", v.Encrypted)
 	return v, nil
+}
+
+// createPromised creates the dataset of a new volume id at the generation
+// this node was promised for it, and returns that generation. The
+// controller has a majority promise generation 1 to one node before it
+// creates (migration.ReserveCreation): a create that reaches another node
+// (a late retry) must not make a second primary of it. Racing creations
+// may split generation 1's promises, and a majority then promised this
+// node a later one. The promise's lock is held until the dataset exists:
+// a delete's reservation (vocab.DeletionHolder) lands either before the
+// check, which then refuses, or after the dataset exists, which the
+// delete's next look finds.
+func (m *Manager) createPromised(ctx context.Context, req CreateRequest, id, dataset string, quota uint64, props map[string]string) (uint64, error) {
+	unlock, err := m.promiseLocks.Lock(ctx, id)
+	if err != nil {
+		return 0, fmt.Errorf("%w: waiting for the promise record of volume %s: %v", errdefs.ErrAborted, id, err)
+	}
+	defer unlock()
+	p, err := m.Promised(ctx, id)
+	switch {
+	case err != nil:
+		return 0, err
+	case p.Holder == vocab.DeletionHolder:
+		return 0, fmt.Errorf("%w: volume %s is being deleted (a delete of it reserved generation %d and has not finished), so it is not created; retry the delete, then the create",
+			errdefs.ErrAborted, id, p.Generation)
+	case p.Generation > 0 && p.Holder != m.cfg.NodeID:
+		return 0, fmt.Errorf("%w: generation %d of volume %s was promised to node %s, so it is not created on node %s; retry the create, which goes there",
+			errdefs.ErrFailedPrecondition, p.Generation, id, p.Holder, m.cfg.NodeID)
+	}
+	generation := max(p.Generation, 1)
+	props[PropGeneration] = strconv.FormatUint(generation, 10)
+	props[PropHistoryFrom] = strconv.FormatUint(generation, 10)
+	switch {
+	case req.SourceSnapshotID != "":
+		err = m.cloneSnapshot(ctx, req.SourceSnapshotID, dataset, quota, props, req.Parameters)
+	case req.SourceVolumeID != "":
+		err = m.cloneVolume(ctx, req.SourceVolumeID, dataset, quota, props, req.Parameters)
+	case encryptionAsked(props):
+		err = m.createEncrypted(ctx, id, dataset, props, req.Passphrase)
+	default:
+		err = m.zfs.CreateFilesystem(ctx, dataset, props)
+	}
+	if err != nil {
+		return 0, zfsError(err, "creating volume "+id)
+	}
+	return generation, nil
 }
 
 // compatible decides whether an existing volume satisfies a repeated create.

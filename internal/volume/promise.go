@@ -222,6 +222,12 @@ func (m *Manager) lockedPromise(ctx context.Context, id string) (Promise, error)
 // every generation this node promised or holds a copy of, and again to the
 // same holder (a retried reservation); otherwise refused, returning what
 // stands in the way. granted reports which.
+//
+// A promise to the volume's deletion (vocab.DeletionHolder) stands until
+// the delete has it forgotten: every other reservation is refused, so no
+// copy is promoted or created while the delete removes the copies; a
+// deletion's own is granted again at its generation or below (a retried
+// or a concurrent delete of the same volume).
 func (m *Manager) Reserve(ctx context.Context, id string, generation uint64, holder string) (Promise, bool, error) {
 	if !vocab.IsVolumeID(id) {
 		return Promise{}, false, fmt.Errorf("%w: %q is not a volume ID", errdefs.ErrInvalidArgument, id)
@@ -244,6 +250,10 @@ func (m *Manager) Reserve(ctx context.Context, id string, generation uint64, hol
 	}
 	if promised.Generation == generation && promised.Holder == holder {
 		return promised, true, nil
+	}
+	if promised.Holder == vocab.DeletionHolder {
+		granted := holder == vocab.DeletionHolder && generation <= promised.Generation
+		return promised, granted, nil
 	}
 	held, err := m.copyGeneration(ctx, id)
 	if err != nil {

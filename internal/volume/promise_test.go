@@ -13,7 +13,8 @@ import (
 
 // TestReserve: a node promises a generation of a volume once, to one
 // holder: above everything it promised or holds, again to the same holder
-// (a retry), never to a second holder; deleting the volume forgets it.
+// (a retry), never to a second holder; a promise to the volume's deletion
+// refuses every other holder until deleting the volume forgets it.
 func TestReserve(t *testing.T) {
 	ctx := context.Background()
 	m, fake := newManager(t)
@@ -43,6 +44,31 @@ func TestReserve(t *testing.T) {
 	}
 	if p, _ := m.Promised(ctx, id); p != (Promise{5, "n3"}) {
 		t.Errorf("promised %+v, want generation 5 to n3", p)
+	}
+	deletion := []struct {
+		name    string
+		gen     uint64
+		holder  string
+		granted bool
+	}{
+		{"a deletion not above the promise", 5, vocab.DeletionHolder, false},
+		{"a deletion above it", 6, vocab.DeletionHolder, true},
+		{"a retried deletion", 6, vocab.DeletionHolder, true},
+		{"a concurrent deletion that read less", 5, vocab.DeletionHolder, true},
+		{"a promotion above the deletion", 7, "n3", false},
+		{"a creation's first generation", 1, "n2", false},
+	}
+	for _, s := range deletion {
+		got, granted, err := m.Reserve(ctx, id, s.gen, s.holder)
+		if err != nil {
+			t.Fatalf("%s: %v", s.name, err)
+		}
+		if granted != s.granted {
+			t.Errorf("%s: granted %v (%+v), want %v", s.name, granted, got, s.granted)
+		}
+	}
+	if p, _ := m.Promised(ctx, id); p != (Promise{6, vocab.DeletionHolder}) {
+		t.Errorf("promised %+v, want generation 6 to the deletion", p)
 	}
 	if err := m.Forget(ctx, id); err != nil {
 		t.Fatal(err)

@@ -40,6 +40,7 @@ type FakeAgent struct {
 	receiving map[string]bool                 // volumes a receive runs into (Receiving)
 	setAside  []string
 	refusals  map[string]refusal // by method name
+	before    map[string]func()  // by method name, run once (BeforeCall)
 	calls     []string
 	purposes  []string // of the Replicate calls, in order
 	reserved  []agentclient.Reservation
@@ -72,6 +73,7 @@ func NewFakeAgent(info agentclient.NodeInfo) *FakeAgent {
 		deleted:   map[string]agentclient.Snapshot{},
 		receiving: map[string]bool{},
 		refusals:  map[string]refusal{},
+		before:    map[string]func(){},
 		demoted:   map[string]time.Time{},
 		workLease: worklease.NewGrantsAtOnce(time.Now),
 		pushing:   map[string]int{},
@@ -162,6 +164,15 @@ func (f *FakeAgent) RefuseTimes(method string, n int, err error) {
 	f.refusals[method] = refusal{err: err, times: n}
 }
 
+// BeforeCall runs fn once, at the next call of method (a cluster.Agent
+// method name), before the call does anything: other work landing on the
+// node at that moment. fn runs outside the node's lock.
+func (f *FakeAgent) BeforeCall(method string, fn func()) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.before[method] = fn
+}
+
 // SetDown makes the node answer nothing (every call Unavailable), as a
 // node that is off; false brings it back.
 func (f *FakeAgent) SetDown(down bool) {
@@ -187,6 +198,12 @@ func (f *FakeAgent) enter(method, id string) error {
 		call += " " + id
 	}
 	f.calls = append(f.calls, call)
+	if fn, ok := f.before[method]; ok {
+		delete(f.before, method)
+		f.mu.Unlock() // fn may call this node
+		fn()
+		f.mu.Lock()
+	}
 	if f.down {
 		return errdefs.Wrap(errdefs.ErrUnavailable, "node %s is down", f.info.NodeID)
 	}
@@ -282,6 +299,9 @@ func (f *FakeAgent) CreateVolume(_ context.Context, v agentclient.NewVolume) (ag
 	}
 	size := max(v.RequiredBytes, 1<<30)
 	c := f.copies[id] // keeps the promise
+	if c.PromisedHolder == vocab.DeletionHolder {
+		return agentclient.Volume{}, errdefs.Wrap(errdefs.ErrAborted, "volume %s is being deleted", id)
+	}
 	c.VolumeID, c.NodeID, c.Exists, c.Name = id, f.info.NodeID, true, v.Name
 	c.Role, c.Generation, c.CapacityBytes, c.Parameters = vocab.RolePrimary, max(c.PromisedGeneration, 1), size, v.Parameters
 	f.setCopy(c)
@@ -668,6 +688,10 @@ func (f *FakeAgent) Reserve(_ context.Context, r agentclient.Reservation) (agent
 	c := f.copies[r.VolumeID]
 	if c.PromisedGeneration == r.Generation && c.PromisedHolder == r.HolderNodeID {
 		return agentclient.Promise{Granted: true, PromisedGeneration: r.Generation, PromisedHolder: r.HolderNodeID}, nil
+	}
+	if c.PromisedHolder == vocab.DeletionHolder { // as volume.Manager.Reserve
+		granted := r.HolderNodeID == vocab.DeletionHolder && r.Generation <= c.PromisedGeneration
+		return agentclient.Promise{Granted: granted, PromisedGeneration: c.PromisedGeneration, PromisedHolder: c.PromisedHolder}, nil
 	}
 	known := agentclient.Promise{PromisedGeneration: c.PromisedGeneration, PromisedHolder: c.PromisedHolder}
 	if c.Exists && c.Generation > known.PromisedGeneration {
