@@ -136,23 +136,11 @@ func TestNomadEndToEnd(t *testing.T) {
 		e.rotateCertificates(first)
 	})
 
-	e.step("drain the job's node: the job and its data move", func() {
+	e.step("drain the job's node, and kill the client of the controller holding the work lease in the middle of the move: the job and its data move", func() {
 		// An operator drains a settled job: a drain during a deployment
 		// is another story.
-		e.waitForDeployment("counter")
-		controllers := e.controllers()
-		began := time.Now()
-		e.nomad("node", "drain", "-enable", "-yes", "-ignore-system", "-deadline", "2m", e.nodeIDs[first.node])
-		moved = e.waitForCounter(first.id)
-		e.tell("FIGURE drain move: %s (drain command to the job ready on %s; the drained client was %s; %s)",
-			time.Since(began).Round(100*time.Millisecond), moved.node, first.node, controllers)
-		e.logFailedAllocations()
-		e.wantSameData(first, moved, true)
+		moved = e.drainWhileTheHolderDies(first)
 		e.wantKeyLoadedOnlyOn(e.externalID("web-data"), moved.node)
-		// The next steps need the controller: if it ran on the drained
-		// node, it moves too, possibly after the job did.
-		e.waitForDrained(first.node)
-		e.waitForPlugins(3, first.node)
 		e.nomad("node", "drain", "-disable", "-yes", e.nodeIDs[first.node])
 		e.nomad("node", "eligibility", "-enable", e.nodeIDs[first.node])
 	})
@@ -219,26 +207,8 @@ secrets {
 	e.tell("FIGURE the plugins' memory (each task's cgroup; memory.max from the job files' resources):\n%s",
 		pluginMemory("zfs-node", "zfs-controller"))
 
-	e.step("failover=auto: the job's node dies and the job comes back elsewhere", func() {
-		spec := strings.NewReplacer(`"web-data"`, `"web-data-auto"`, `failover = "manual"`, `failover = "auto"`).
-			Replace(e.readFile(e.file("volume.hcl")))
-		if !strings.Contains(spec, `failover = "auto"`) {
-			t.Fatal("nomad/volume.hcl no longer says failover = \"manual\": update this test")
-		}
-		e.createVolume(e.writeFile("auto.hcl", spec))
-		before := e.runCounter("web-data-auto")
-		autoNode = before.node
-		// Make the replica current: what failover keeps is what was replicated.
-		e.backup(e.externalID("web-data-auto"))
-		e.waitForDeployment("counter")
-		controllers := e.controllers()
-		began := time.Now()
-		e.killNode(before.node)
-		after := e.waitForCounter(before.id)
-		e.tell("FIGURE failover: %s (node %s killed to the job ready on %s; %s)",
-			time.Since(began).Round(100*time.Millisecond), before.node, after.node, controllers)
-		e.logFailedAllocations()
-		e.wantSameData(before, after, true)
+	e.step("failover=auto: the job's node dies and the job comes back elsewhere, once with the work lease's holder on it and once without", func() {
+		autoNode = e.failoverWithAndWithoutTheHolder()
 	})
 
 	e.step("failover=manual: the job waits until the operator promotes a replica", func() {

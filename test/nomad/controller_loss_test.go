@@ -1,0 +1,264 @@
+package nomad
+
+import (
+	"fmt"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Losing the client of the controller instance that holds the work lease
+// (issue 38): in the middle of a move and in the middle of a failover, the
+// job must come up elsewhere with exactly its data, and a failover must
+// cost no more than one whose lost client ran no active controller.
+
+// drainWhileTheHolderDies drains the job's node and, once a controller
+// logs that the move is under way, kills the client whose controller
+// instance holds the work lease: the other instance answers Nomad's
+// retried publish and finishes the move (its catch-up resumes, its final
+// step settles whatever the dead one left). The killed client is revived
+// at the end. It returns the allocation that ran after the move.
+func (e *e2e) drainWhileTheHolderDies(first allocation) allocation {
+	e.t.Helper()
+	e.waitForDeployment("counter")
+	e.moveLeaseOff(first.node)
+	holder := e.workLeaseHolder()
+	controllers := e.controllers()
+	before := e.moveLogCounts()
+	began := time.Now()
+	e.nomad("node", "drain", "-enable", "-yes", "-ignore-system", "-deadline", "2m", e.nodeIDs[first.node])
+	under := e.waitForMoveUnderWay(before)
+	e.tell("the move is under way (%s) %s after the drain command; the work lease's holder's client %s dies now",
+		under, time.Since(began).Round(100*time.Millisecond), holder)
+	e.killNode(holder)
+	moved := e.waitForCounter(first.id)
+	e.tell("FIGURE drain move with the work lease's holder's client killed in the middle: %s (drain command to the job ready on %s; the drained client was %s; %s)",
+		time.Since(began).Round(100*time.Millisecond), moved.node, first.node, controllers)
+	if moved.node == holder || moved.node == first.node {
+		e.t.Fatalf("the job runs on %s after the drain of %s and the death of %s", moved.node, first.node, holder)
+	}
+	e.logFailedAllocations()
+	e.wantSameData(first, moved, true)
+	e.waitForDrained(first.node)
+	e.reviveNode(holder)
+	return moved
+}
+
+// moveLeaseOff makes sure the controller instance holding the work lease
+// does not run on node: if it does, its task is restarted (a clean stop
+// releases the lease) and the other instance takes the lease over.
+func (e *e2e) moveLeaseOff(node string) {
+	e.t.Helper()
+	if e.waitForWorkLeaseHolder() != node {
+		return
+	}
+	e.tell("the work lease's holder runs on %s, the job's node: its task restarts, so the other instance takes the lease over", node)
+	e.restartTask("zfs-nomad-controller", "zfs-controller", node)
+	e.eventually(time.Minute, "the work lease held off "+node, func() error {
+		if h := e.workLeaseHolder(); h == node || h == "nobody" {
+			return fmt.Errorf("held on %s", h)
+		}
+		return nil
+	})
+}
+
+// waitForWorkLeaseHolder waits until a controller instance holds the
+// work lease, and names its node.
+func (e *e2e) waitForWorkLeaseHolder() string {
+	e.t.Helper()
+	holder := "nobody"
+	e.eventually(time.Minute, "a controller instance holding the work lease", func() error {
+		if holder = e.workLeaseHolder(); holder == "nobody" {
+			return fmt.Errorf("none holds it")
+		}
+		return nil
+	})
+	return holder
+}
+
+// moveLogLines are what a controller logs when a move starts: its
+// catch-up in the background, or its final step.
+var moveLogLines = []string{"catching the move's target up", "moving volume"}
+
+// moveLogCounts counts moveLogLines in every node's controller logs.
+func (e *e2e) moveLogCounts() map[string]int {
+	e.t.Helper()
+	counts := map[string]int{}
+	for _, n := range e.c.Nodes {
+		for _, line := range moveLogLines {
+			c, err := e.taskLogCount(n.ID, "zfs-controller", line)
+			if err != nil {
+				continue // no controller there, or the node is down
+			}
+			counts[n.ID+": "+line] = c
+		}
+	}
+	return counts
+}
+
+// waitForMoveUnderWay waits until a controller logged a move's start
+// since before, and says which.
+func (e *e2e) waitForMoveUnderWay(before map[string]int) string {
+	e.t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for time.Now().Before(deadline) {
+		for key, c := range e.moveLogCounts() {
+			if c > before[key] {
+				return key
+			}
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	e.t.Fatalf("no controller logged %q within 2m of the drain", moveLogLines)
+	return ""
+}
+
+// reviveNode brings a killed node back as a rebooted machine comes back:
+// its link up, its Docker Engine and Nomad client started again on the
+// same state directories. Nomad then runs the system job's allocation (the
+// node plugin) there again, and the node's plugin finds its pool as it
+// was. It waits until the plugins are healthy on every node.
+func (e *e2e) reviveNode(name string) {
+	e.t.Helper()
+	began := time.Now()
+	for _, n := range e.c.Nodes {
+		if n.ID != name {
+			continue
+		}
+		if err := n.RestoreLink(); err != nil {
+			e.t.Fatal(err)
+		}
+		if e.flavour.docker {
+			e.procs = append(e.procs, e.startDockerd(n))
+			if err := waitForDocker(dockerSocket(n)); err != nil {
+				e.t.Fatal(err)
+			}
+		}
+		p, err := n.StartProcess("nomad-"+n.ID, filepath.Join(e.bin, "nomad"), "agent", "-config", e.writeFile("client-"+n.ID+".hcl", e.clientConfig(n)))
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		e.procs = append(e.procs, p)
+		e.waitForPlugins(3, "")
+		e.waitForChecks("zfs-nomad-node-metrics", 3)
+		e.waitForChecks("zfs-nomad-controller-metrics", 2)
+		e.spreadControllers()
+		e.tell("%s is back: its Nomad client and plugins run again (%s)", name, time.Since(began).Round(100*time.Millisecond))
+		return
+	}
+	e.t.Fatalf("no node %s", name)
+}
+
+// spreadControllers puts the controller instances on two clients again
+// when losing one crowded both onto one (Nomad's spread is a preference:
+// it had no other client then). One of them is stopped, and Nomad places
+// its replacement on another client, as an operator would have it, so
+// that losing one client never loses both.
+func (e *e2e) spreadControllers() {
+	e.t.Helper()
+	var allocs []struct{ ID, NodeName, ClientStatus string }
+	if err := e.get("/v1/job/zfs-nomad-controller/allocations", &allocs); err != nil {
+		e.t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, a := range allocs {
+		if a.ClientStatus != "running" {
+			continue
+		}
+		if !seen[a.NodeName] {
+			seen[a.NodeName] = true
+			continue
+		}
+		e.tell("both controller instances run on %s: one is stopped so that Nomad places it on another client", a.NodeName)
+		e.nomad("alloc", "stop", "-detach", a.ID)
+		e.eventually(2*time.Minute, "the controller instances on two clients", func() error {
+			if on := e.runningOn("zfs-nomad-controller"); len(on) != 2 || on[0] == on[1] {
+				return fmt.Errorf("running on %v", on)
+			}
+			return nil
+		})
+		e.waitForChecks("zfs-nomad-controller-metrics", 2)
+		return
+	}
+}
+
+// runCounterNear runs the example job on volume, preferring node (an
+// affinity, so that Nomad may still reschedule it elsewhere when node
+// dies), and waits until it is ready there.
+func (e *e2e) runCounterNear(volume, node string) allocation {
+	e.t.Helper()
+	spec := e.readFile(e.file("example-job.nomad.hcl"))
+	group := regexp.MustCompile(`group "counter" \{`)
+	if !group.MatchString(spec) {
+		e.t.Fatal(`nomad/example-job.nomad.hcl has no group "counter" any more: update this test`)
+	}
+	spec = group.ReplaceAllLiteralString(spec, fmt.Sprintf("group \"counter\" {\n    affinity {\n      attribute = \"${node.unique.name}\"\n      value     = %q\n      weight    = 100\n    }\n", node))
+	path := e.writeFile("counter-near-"+node+".nomad.hcl", spec)
+	e.nomad(append(append([]string{"job", "run", "-detach", "-var", "volume=" + volume}, e.counterVars()...), path)...)
+	a := e.waitForCounter("")
+	if a.node != node {
+		e.t.Fatalf("the counter job runs on %s, not on %s as its affinity asked", a.node, node)
+	}
+	return a
+}
+
+// timedFailover kills the job's node and waits for the job elsewhere with
+// its data; it returns the time from the kill to the job ready, and the
+// allocation.
+func (e *e2e) timedFailover(volume string, before allocation) (time.Duration, allocation) {
+	e.t.Helper()
+	e.backup(e.externalID(volume)) // what a failover keeps is what was replicated
+	e.waitForDeployment("counter")
+	began := time.Now()
+	e.killNode(before.node)
+	after := e.waitForCounter(before.id)
+	took := time.Since(began)
+	e.logFailedAllocations()
+	e.wantSameData(before, after, true)
+	return took, after
+}
+
+// failoverWithAndWithoutTheHolder runs two automatic failovers of one
+// volume in one run: first the client running the job and the controller
+// instance holding the work lease dies (and comes back), then a client
+// running the job and no controller instance dies. It returns the node
+// the second killed, which stays dead.
+func (e *e2e) failoverWithAndWithoutTheHolder() string {
+	e.t.Helper()
+	spec := strings.NewReplacer(`"web-data"`, `"web-data-auto"`, `failover = "manual"`, `failover = "auto"`).
+		Replace(e.readFile(e.file("volume.hcl")))
+	if !strings.Contains(spec, `failover = "auto"`) {
+		e.t.Fatal("nomad/volume.hcl no longer says failover = \"manual\": update this test")
+	}
+	e.createVolume(e.writeFile("auto.hcl", spec))
+
+	holder := e.waitForWorkLeaseHolder()
+	before := e.runCounterNear("web-data-auto", holder)
+	controllers := e.controllers()
+	withHolder, after := e.timedFailover("web-data-auto", before)
+	e.tell("FIGURE failover, the lost client ran the work lease's holder: %s (node %s killed to the job ready on %s; %s)",
+		withHolder.Round(100*time.Millisecond), holder, after.node, controllers)
+	e.reviveNode(holder)
+
+	e.nomad("job", "stop", "-purge", "counter")
+	e.waitForWorkLeaseHolder()
+	victim := ""
+	withController := e.runningOn("zfs-nomad-controller")
+	for _, n := range e.c.Nodes {
+		if !slices.Contains(withController, n.ID) {
+			victim = n.ID // both instances survive it
+		}
+	}
+	if victim == "" {
+		e.t.Fatalf("the controller instances run on %v: no client runs none", withController)
+	}
+	before = e.runCounterNear("web-data-auto", victim)
+	controllers = e.controllers()
+	without, after := e.timedFailover("web-data-auto", before)
+	e.tell("FIGURE failover, the lost client ran no controller instance: %s (node %s killed to the job ready on %s; %s)",
+		without.Round(100*time.Millisecond), victim, after.node, controllers)
+	e.tell("FIGURE failover with the work lease's holder lost / with no controller lost: %.2f", withHolder.Seconds()/without.Seconds())
+	return victim
+}
