@@ -2,17 +2,32 @@ package worklease
 
 import (
 	"errors"
+	"sync"
 	"testing"
 	"time"
 )
 
-// clock is a settable clock.
-type clock struct{ t time.Time }
+// clock is a settable clock; a holder's work may read it from its own
+// goroutine while a test advances it.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
 
-func (c *clock) now() time.Time          { return c.t }
-func (c *clock) advance(d time.Duration) { c.t = c.t.Add(d) }
-func newClock() *clock                   { return &clock{t: time.Date(2026, 11, 28, 0, 0, 0, 0, time.UTC)} }
-func instance(id string) Instance        { return Instance{ID: id, Host: "h-" + id} }
+func (c *clock) now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *clock) advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
+func newClock() *clock            { return &clock{t: time.Date(2026, 11, 28, 0, 0, 0, 0, time.UTC)} }
+func instance(id string) Instance { return Instance{ID: id, Host: "h-" + id} }
 func acquire(t *testing.T, g *Grants, id string) Lease {
 	t.Helper()
 	l, err := g.Acquire(instance(id), false)
@@ -87,7 +102,7 @@ func TestGrantsTellTheHoldingAndWhoAsked(t *testing.T) {
 	c.advance(Term)
 	acquire(t, g, "a")
 	c.advance(4 * time.Second)
-	if l := acquire(t, g, "a"); !l.HolderSince.Equal(c.t.Add(-4*time.Second)) || l.Remaining != Term {
+	if l := acquire(t, g, "a"); !l.HolderSince.Equal(c.now().Add(-4*time.Second)) || l.Remaining != Term {
 		t.Fatalf("a renewal keeps the holding's start and restarts the term: %+v", l)
 	}
 	c.advance(time.Second)

@@ -53,7 +53,7 @@ func TestHolderHoldsWithAMajority(t *testing.T) {
 	ns.down[0] = true
 	h.Try(context.Background())
 	since, ok := h.Held()
-	if !ok || !since.Equal(c.t) {
+	if !ok || !since.Equal(c.now()) {
 		t.Fatalf("two of three granted: held %v since %v", ok, since)
 	}
 	c.advance(HeldFor - time.Millisecond)
@@ -71,7 +71,7 @@ func TestHolderHoldsWithAMajority(t *testing.T) {
 	}
 	ns.down = map[int]bool{}
 	h.Try(context.Background())
-	if since, ok := h.Held(); !ok || !since.Equal(c.t) {
+	if since, ok := h.Held(); !ok || !since.Equal(c.now()) {
 		t.Fatalf("taken again: held %v since %v, want a new holding from now", ok, since)
 	}
 }
@@ -176,14 +176,14 @@ func TestAtMostOneHolder(t *testing.T) {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) {
 			r := rand.New(rand.NewPCG(seed, 0))
 			c := newClock()
-			start := c.t
+			start := c.now()
 			nNodes := 3 + 2*r.IntN(2)
 			rates := make([]float64, nNodes)
 			grants := make([]*Grants, nNodes)
 			for i := range grants {
 				rates[i] = 0.8 + 0.4*r.Float64()
 				rate := rates[i]
-				grants[i] = NewGrants(func() time.Time { return start.Add(time.Duration(float64(c.t.Sub(start)) * rate)) })
+				grants[i] = NewGrants(func() time.Time { return start.Add(time.Duration(float64(c.now().Sub(start)) * rate)) })
 			}
 			var holders []*Holder
 			held := 0
@@ -218,7 +218,7 @@ func TestAtMostOneHolder(t *testing.T) {
 				case k < 72:
 					j := r.IntN(nNodes)
 					rate := rates[j]
-					grants[j] = NewGrants(func() time.Time { return start.Add(time.Duration(float64(c.t.Sub(start)) * rate)) })
+					grants[j] = NewGrants(func() time.Time { return start.Add(time.Duration(float64(c.now().Sub(start)) * rate)) })
 				case k < 74:
 					holders[r.IntN(len(holders))].Release()
 				default:
