@@ -14,9 +14,10 @@ import (
 // job must come up elsewhere with exactly its data, and a failover must
 // cost no more than one whose lost client ran no active controller.
 
-// drainWhileTheHolderDies drains the job's node and, once a controller
-// logs that the move is under way, kills the client whose controller
-// instance holds the work lease: the other instance answers Nomad's
+// drainWhileTheHolderDies drains the job's node to the third client and,
+// once a controller logs that the move is under way, kills the client
+// whose controller instance holds the work lease (kept ineligible, so
+// that it is not the move's target): the other instance answers Nomad's
 // retried publish and finishes the move (its catch-up resumes, its final
 // step settles whatever the dead one left). The killed client is revived
 // at the end. It returns the allocation that ran after the move.
@@ -25,6 +26,11 @@ func (e *e2e) drainWhileTheHolderDies(first allocation) allocation {
 	e.waitForDeployment("counter")
 	e.moveLeaseOff(first.node)
 	holder := e.workLeaseHolder()
+	// The move must go to the third client: killing its target would
+	// leave a generation promised to a node that does not answer, and
+	// rightly nothing would be published until it does (or an operator
+	// says it is lost).
+	e.nomad("node", "eligibility", "-disable", e.nodeIDs[holder])
 	controllers := e.controllers()
 	before := e.moveLogCounts()
 	began := time.Now()
@@ -42,6 +48,7 @@ func (e *e2e) drainWhileTheHolderDies(first allocation) allocation {
 	e.logFailedAllocations()
 	e.wantSameData(first, moved, true)
 	e.waitForDrained(first.node)
+	e.nomad("node", "eligibility", "-enable", e.nodeIDs[holder])
 	e.reviveNode(holder)
 	return moved
 }
