@@ -152,6 +152,7 @@ func (e *e2e) reviveNode(name string) {
 		e.waitForChecks("zfs-nomad-node-metrics", 3)
 		e.waitForChecks("zfs-nomad-controller-metrics", 2)
 		e.spreadControllers()
+		e.waitForControllerRecords(2)
 		e.tell("%s is back: its Nomad client and plugins run again (%s)", name, time.Since(began).Round(100*time.Millisecond))
 		return
 	}
@@ -189,6 +190,32 @@ func (e *e2e) spreadControllers() {
 		e.waitForChecks("zfs-nomad-controller-metrics", 2)
 		return
 	}
+}
+
+// waitForControllerRecords waits until Nomad's record of the plugin
+// holds n controllers, every one healthy: after a client's loss and an
+// instance stopped, it may still hold one that is gone, and the snapshot
+// commands then answered "plugin does not support snapshot".
+func (e *e2e) waitForControllerRecords(n int) {
+	e.t.Helper()
+	e.eventually(2*time.Minute, fmt.Sprintf("Nomad's plugin record with %d healthy controllers and no other", n), func() error {
+		var p struct {
+			Controllers map[string]struct{ Healthy bool }
+		}
+		if err := e.get("/v1/plugin/csi/zfs-nomad", &p); err != nil {
+			return err
+		}
+		healthy := 0
+		for _, c := range p.Controllers {
+			if c.Healthy {
+				healthy++
+			}
+		}
+		if len(p.Controllers) != n || healthy != n {
+			return fmt.Errorf("%d controllers recorded, %d healthy", len(p.Controllers), healthy)
+		}
+		return nil
+	})
 }
 
 // runCounterNear runs the example job on volume, preferring node (an
