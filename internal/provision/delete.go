@@ -113,8 +113,7 @@ func (p *Provisioner) look(ctx context.Context, id string) (deletionLook, error)
 	}
 	var l deletionLook
 	var silent []string
-	var top uint64
-	deleting := false
+	var top, deletion uint64 // the highest generation, and the deletion's
 	for _, a := range answers {
 		if a.Err != nil {
 			silent = append(silent, fmt.Sprintf("node %s: %v", a.Node.Info.NodeID, a.Err))
@@ -129,10 +128,10 @@ func (p *Provisioner) look(ctx context.Context, id string) (deletionLook, error)
 			top = max(top, c.Generation)
 		}
 		top = max(top, c.PromisedGeneration)
+		if c.PromisedHolder == vocab.DeletionHolder {
+			deletion = max(deletion, c.PromisedGeneration)
+		}
 		l.anything = l.anything || c.Exists || c.PromisedGeneration > 0
-	}
-	for _, a := range answers {
-		deleting = deleting || a.Err == nil && a.Object.PromisedHolder == vocab.DeletionHolder && a.Object.PromisedGeneration == top
 	}
 	for _, u := range unreachable {
 		silent = append(silent, fmt.Sprintf("agent %s: %v", u.Addr, u.Err))
@@ -143,8 +142,8 @@ func (p *Provisioner) look(ctx context.Context, id string) (deletionLook, error)
 	}
 	sort.Slice(l.primaries, func(i, j int) bool { return l.primaries[i].Object.Generation > l.primaries[j].Object.Generation })
 	l.generation = top + 1
-	if deleting {
-		l.generation = top
+	if deletion == top && top > 0 {
+		l.generation = top // the deletion's own is the newest already
 	}
 	return l, nil
 }
