@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/agentclient"
 	"github.com/zfs-nomad/zfs-nomad/internal/cluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
 )
@@ -85,16 +86,23 @@ func (m *Migrator) finishAwaited(ctx context.Context, id, nodeID string, waited 
 // pushing reports whether node is pushing volume id now (a catch-up, a
 // final step, the schedule's or an operator's push).
 func pushing(ctx context.Context, c *cluster.Cluster, node cluster.Node, id string) (bool, error) {
+	transfers, err := transfersOf(ctx, c, node, id)
+	return len(transfers) > 0, err
+}
+
+// transfersOf returns node's pushes of volume id running now.
+func transfersOf(ctx context.Context, c *cluster.Cluster, node cluster.Node, id string) ([]agentclient.Transfer, error) {
 	ctx, cancel := c.Call(ctx)
 	defer cancel()
 	st, err := node.Agent.Status(ctx)
 	if err != nil {
-		return false, err
+		return nil, err
 	}
+	var out []agentclient.Transfer
 	for _, t := range st.Transfers {
 		if t.VolumeID == id {
-			return true, nil
+			out = append(out, t)
 		}
 	}
-	return false, nil
+	return out, nil
 }

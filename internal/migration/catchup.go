@@ -76,8 +76,13 @@ type catchUp struct {
 	sourceGeneration  uint64
 	sourceUnpublished bool
 
-	mu             sync.Mutex
-	bytes, total   int64     // sent so far, and the estimate of all
+	mu           sync.Mutex
+	bytes, total int64 // sent so far, and the estimate of all
+	// since is when the push that sent those bytes started (its rate
+	// estimates the end), and via, when that push is not this move's
+	// own, why the source says it runs (follow).
+	since          time.Time
+	via            string
 	final          bool      // the final step runs (or ran)
 	moved          bool      // the final step moved the volume
 	err            error     // why it failed, once done
@@ -98,10 +103,23 @@ func (c *catchUp) inFinalStep() bool {
 	return c.final
 }
 
-func (c *catchUp) progress(p agentclient.Progress) {
+// progress records what the move's own push, started at since, sent.
+func (c *catchUp) progress(p agentclient.Progress, since time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.bytes, c.total = p.Bytes, p.TotalBytes
+	c.bytes, c.total, c.since, c.via = p.Bytes, p.TotalBytes, since, ""
+}
+
+// observe records what the source's running push t of the volume to the
+// move's target sent, as the move's progress; it reports whether t is
+// another push than the one observed last, or sent more since.
+func (c *catchUp) observe(t agentclient.Transfer) (progressed bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	since, via := time.Unix(t.StartedUnix, 0), cmp.Or(t.Purpose, "a push")
+	progressed = c.via != via || !c.since.Equal(since) || t.Bytes > c.bytes
+	c.bytes, c.total, c.since, c.via = t.Bytes, t.TotalBytes, since, via
+	return progressed
 }
 
 // isDone tells whether c is done.
@@ -139,6 +157,9 @@ func (c *catchUp) runningError(now time.Time) error {
 			how += fmt.Sprintf(", about %s left", left.Round(time.Second))
 		}
 	}
+	if c.via != "" {
+		how += fmt.Sprintf(", by the push already running there: %s", c.via)
+	}
 	return &moveRunning{move: c, err: errdefs.Wrap(errdefs.ErrFailedPrecondition,
 		"moving volume %s to node %s: node %s is sending it in the background (%s, running %s); the move finishes at a retry once that is done",
 		c.volumeID, c.target, c.source, how, elapsed.Round(time.Second))}
@@ -147,7 +168,7 @@ func (c *catchUp) runningError(now time.Time) error {
 // leftLocked estimates the catch-up's time left from its rate so far,
 // once it has run long enough for a rate to mean something.
 func (c *catchUp) leftLocked(now time.Time) (time.Duration, bool) {
-	elapsed := now.Sub(c.started)
+	elapsed := now.Sub(cmp.Or(c.since, c.started))
 	if c.bytes <= 0 || c.total <= c.bytes || elapsed < minEstimateTime {
 		return 0, false
 	}
@@ -508,15 +529,25 @@ func permanent(err error) bool {
 }
 
 // runCatchUp pushes the primary on source to the target until it is done
-// or fails, waiting while another push of the volume (the schedule's)
-// holds it.
+// or fails. While another push of the volume holds it on the source (the
+// schedule's, or another controller instance's catch-up for the same
+// move), it waits, following that push's progress when it goes to the
+// same target; it gives up after maxBusyWaits seconds without progress.
 func (m *Migrator) runCatchUp(c *catchUp, source cluster.Node, targetAddr string, log hclog.Logger) error {
 	m.Metrics.catchUpStarted()
 	ctx := m.background.context()
+	to := agentclient.Target{Addr: targetAddr, NodeID: c.target}
 	var err error
-	for busy := 0; ; busy++ {
-		_, err = cluster.Push(ctx, source, c.volumeID, agentclient.Target{Addr: targetAddr, NodeID: c.target}, "catch-up for the move to "+c.target, m.StallTimeout, c.progress)
-		if !errors.Is(err, errdefs.ErrAborted) || busy >= maxBusyWaits {
+	for idle := 0; ; {
+		since := m.now()
+		_, err = cluster.Push(ctx, source, c.volumeID, to, "catch-up for the move to "+c.target, m.StallTimeout,
+			func(p agentclient.Progress) { c.progress(p, since) })
+		if !errors.Is(err, errdefs.ErrAborted) {
+			break
+		}
+		if m.follow(ctx, c, source, targetAddr) {
+			idle = 0
+		} else if idle++; idle >= maxBusyWaits {
 			break
 		}
 		_ = sleep(ctx, time.Second)
@@ -531,6 +562,25 @@ func (m *Migrator) runCatchUp(c *catchUp, source cluster.Node, targetAddr string
 	c.mu.Unlock()
 	log.Info("move's target caught up", "from_node", c.source, "bytes", sent, "seconds", m.now().Sub(c.started).Seconds())
 	return nil
+}
+
+// follow looks for the source's running push of c's volume to c's target
+// and records its progress as c's (observe): a move that another
+// controller instance started, and a publish's retry landed here, tells
+// how far the volume's sending is, and estimates its end, instead of
+// "nothing sent" until that push ends. It reports whether that push
+// progressed since the last look.
+func (m *Migrator) follow(ctx context.Context, c *catchUp, source cluster.Node, targetAddr string) bool {
+	transfers, err := transfersOf(ctx, m.cluster, source, c.volumeID)
+	if err != nil {
+		return false
+	}
+	for _, t := range transfers {
+		if t.Peer == targetAddr {
+			return c.observe(t)
+		}
+	}
+	return false
 }
 
 // finishInBackground runs the move's final step when the primary is still

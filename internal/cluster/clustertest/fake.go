@@ -58,9 +58,10 @@ type FakeAgent struct {
 	BeforePush func(ctx context.Context, volumeID string, each func(agentclient.Progress)) error
 	// workLease is the node's part of the work lease, granting at once.
 	workLease *worklease.Grants
-	// pushing counts each volume's pushes held by BeforePush (Status
-	// lists them as transfers).
-	pushing map[string]int
+	// pushing holds each volume's push that BeforePush holds: Status
+	// lists it as a transfer, and another push of the volume meanwhile
+	// is refused, as a node refuses a second transfer of one copy.
+	pushing map[string]*agentclient.Transfer
 }
 
 // NewFakeAgent returns the agent of a node that holds nothing.
@@ -76,7 +77,7 @@ func NewFakeAgent(info agentclient.NodeInfo) *FakeAgent {
 		before:    map[string]func(){},
 		demoted:   map[string]time.Time{},
 		workLease: worklease.NewGrantsAtOnce(time.Now),
-		pushing:   map[string]int{},
+		pushing:   map[string]*agentclient.Transfer{},
 	}
 }
 
@@ -604,11 +605,10 @@ func (f *FakeAgent) Status(context.Context) (agentclient.NodeStatus, error) {
 		return agentclient.NodeStatus{}, err
 	}
 	st := agentclient.NodeStatus{SetAside: append([]string(nil), f.setAside...)}
-	for id, n := range f.pushing {
-		if n > 0 {
-			st.Transfers = append(st.Transfers, agentclient.Transfer{VolumeID: id, Kind: "full"})
-		}
+	for _, t := range f.pushing {
+		st.Transfers = append(st.Transfers, *t)
 	}
+	sort.Slice(st.Transfers, func(i, j int) bool { return st.Transfers[i].VolumeID < st.Transfers[j].VolumeID })
 	for _, c := range f.copies {
 		if c.Exists && c.Role == vocab.RoleReplica {
 			st.Replicas = append(st.Replicas, f.replicaOf(c))
@@ -724,7 +724,7 @@ func (f *FakeAgent) Replicate(ctx context.Context, id string, to agentclient.Tar
 	f.mu.Lock()
 	f.purposes = append(f.purposes, purpose)
 	f.mu.Unlock()
-	if err := f.beforePush(ctx, id, each); err != nil {
+	if err := f.beforePush(ctx, id, to.Addr, purpose, each); err != nil {
 		return agentclient.Progress{}, err
 	}
 	f.mu.Lock()
@@ -746,27 +746,38 @@ func (f *FakeAgent) Purposes() []string {
 	return slices.Clone(f.purposes)
 }
 
-// beforePush runs the test's BeforePush, if any.
-func (f *FakeAgent) beforePush(ctx context.Context, id string, each func(agentclient.Progress)) error {
+// beforePush runs the test's BeforePush, if any, for a push of volume id
+// to the node at peer. While the hook holds it, the push is the volume's
+// transfer: Status lists it with the progress the hook reports, and
+// another push of the volume is refused (Aborted), as a node refuses it.
+func (f *FakeAgent) beforePush(ctx context.Context, id, peer, purpose string, each func(agentclient.Progress)) error {
 	f.mu.Lock()
 	hook := f.BeforePush
+	running := f.pushing[id]
+	t := &agentclient.Transfer{VolumeID: id, Peer: peer, Kind: "full", StartedUnix: time.Now().Unix(), Purpose: purpose}
+	if hook != nil && running == nil {
+		f.pushing[id] = t
+	}
 	f.mu.Unlock()
 	if hook == nil {
 		return nil
 	}
-	if each == nil {
-		each = func(agentclient.Progress) {}
+	if running != nil {
+		return errdefs.Wrap(errdefs.ErrAborted, "node %s: a push of %s to %s while its push to %s runs: retry", f.info.NodeID, id, peer, running.Peer)
 	}
-	// While the hook holds the push, Status lists it as a transfer.
-	f.mu.Lock()
-	f.pushing[id]++
-	f.mu.Unlock()
 	defer func() {
 		f.mu.Lock()
-		f.pushing[id]--
+		delete(f.pushing, id)
 		f.mu.Unlock()
 	}()
-	return hook(ctx, id, each)
+	return hook(ctx, id, func(p agentclient.Progress) {
+		f.mu.Lock()
+		t.Bytes, t.TotalBytes = p.Bytes, p.TotalBytes
+		f.mu.Unlock()
+		if each != nil {
+			each(p)
+		}
+	})
 }
 
 // push sends the primary of volume id to targetAddr and unlocks f.mu,
@@ -809,7 +820,7 @@ func (f *FakeAgent) receive(c agentclient.Copy, snapshot string, at int64) error
 // MoveFinal fences the node's primary for targetNodeID (once: a second
 // call keeps the first fence's time) and pushes it as Replicate does.
 func (f *FakeAgent) MoveFinal(ctx context.Context, id, targetAddr, targetNodeID string) (agentclient.Progress, error) {
-	if err := f.beforePush(ctx, id, nil); err != nil {
+	if err := f.beforePush(ctx, id, targetAddr, "the final step of the move to "+targetNodeID, nil); err != nil {
 		return agentclient.Progress{}, err
 	}
 	f.mu.Lock()
