@@ -53,7 +53,7 @@ func StartCluster(t testing.TB, n int, opts sim.Options) *sim.Cluster {
 		if !t.Failed() {
 			return
 		}
-		procs := []*sim.Process{c.Controller}
+		procs := append([]*sim.Process{c.Controller}, c.ControllerInstances...)
 		for _, n := range c.Nodes {
 			procs = append(procs, n.Process)
 		}

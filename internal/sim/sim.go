@@ -149,6 +149,9 @@ type Cluster struct {
 	opts       Options
 	Nodes      []*Node
 	Controller *Process
+	// ControllerInstances are the instances StartControllerInstance
+	// started beside Controller.
+	ControllerInstances []*Process
 	// ControllerEndpoint is the controller's CSI endpoint (unix://...).
 	ControllerEndpoint string
 	// ControllerMetrics is the controller's Prometheus endpoint.
@@ -273,8 +276,7 @@ func Start(opts Options) (_ *Cluster, err error) {
 			return nil, err
 		}
 		c.ControllerMetrics = "http://127.0.0.1:9671/metrics"
-		c.controllerArgs = append([]string{"-csi-endpoint", c.ControllerEndpoint, "-peers", strings.Join(c.AgentAddresses(), ","), "-agent-timeout", "10s",
-			"-metrics-address", "127.0.0.1:9671"}, tlsArgs(ctlTLS)...)
+		c.controllerArgs = append([]string{"-peers", strings.Join(c.AgentAddresses(), ","), "-agent-timeout", "10s"}, tlsArgs(ctlTLS)...)
 		c.controllerArgs = append(c.controllerArgs, opts.ControllerArgs...)
 		if err := c.StartController(); err != nil {
 			return nil, err
@@ -286,13 +288,40 @@ func Start(opts Options) (_ *Cluster, err error) {
 // StartController starts the controller (again, after Controller.Kill)
 // and waits for its CSI socket.
 func (c *Cluster) StartController() error {
-	_ = os.Remove(strings.TrimPrefix(c.ControllerEndpoint, "unix://"))
-	p, err := c.start("controller", filepath.Join(c.opts.BinDir, "zfs-controller"), c.controllerArgs...)
+	p, err := c.startController("controller", c.ControllerEndpoint, "127.0.0.1:9671")
 	if err != nil {
 		return err
 	}
 	c.Controller = p
-	return waitForSocket(c.ControllerEndpoint, p)
+	return nil
+}
+
+// StartControllerInstance starts instance n (2, 3, ...) of the
+// controller beside the first, as Nomad runs several: the same peers and
+// certificate, its own CSI socket and metrics port. It returns the
+// instance and its CSI endpoint; Close stops it.
+func (c *Cluster) StartControllerInstance(n int) (*Process, string, error) {
+	name := fmt.Sprintf("controller-%d", n)
+	endpoint := "unix://" + filepath.Join(c.opts.Dir, name+".sock")
+	p, err := c.startController(name, endpoint, fmt.Sprintf("127.0.0.1:%d", 9671+n-1))
+	if err != nil {
+		return nil, "", err
+	}
+	c.ControllerInstances = append(c.ControllerInstances, p)
+	c.undo = append(c.undo, func() { p.Kill() })
+	return p, endpoint, nil
+}
+
+// startController starts a controller process serving CSI at endpoint
+// and metrics at metrics, and waits for its socket.
+func (c *Cluster) startController(name, endpoint, metrics string) (*Process, error) {
+	_ = os.Remove(strings.TrimPrefix(endpoint, "unix://"))
+	args := append([]string{"-csi-endpoint", endpoint, "-metrics-address", metrics}, c.controllerArgs...)
+	p, err := c.start(name, filepath.Join(c.opts.BinDir, "zfs-controller"), args...)
+	if err != nil {
+		return nil, err
+	}
+	return p, waitForSocket(endpoint, p)
 }
 
 // waitForLeases waits up to timeout until every running node reports on

@@ -2,6 +2,7 @@ package migration
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -9,6 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/guesttest"
 	"github.com/zfs-nomad/zfs-nomad/internal/sim"
 	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
 )
@@ -62,6 +64,73 @@ func TestAMoveGrantedAheadOutlivesItsController(t *testing.T) {
 		t.Logf("stage %d: %v; retrying as Nomad does", try, err)
 	}
 	t.Logf("FIGURE a move granted ahead, its controller killed in the catch-up: staged on n2 %s after the kill", time.Since(killed).Round(100*time.Millisecond))
+	if after := e.checksums("n2", target); after != before {
+		t.Fatalf("files differ after the move:\n%s\n%s", before, after)
+	}
+	e.waitPrimaries(id, "n2(gen 2)")
+}
+
+// TestARetryOnAnotherInstanceFollowsTheMove (issue 38): with two
+// controller instances, the publish that starts a move lands on one and
+// the CO's retries on the other. The other's own move job finds the
+// volume's push running on the source: its refusals tell that push's
+// progress, it grants the publish ahead of the move's end from that
+// push's estimate (its own push has sent nothing), and the node's stage
+// mounts the volume with every file once the move ends.
+func TestARetryOnAnotherInstanceFollowsTheMove(t *testing.T) {
+	e := start(t)
+	// 200 MiB at 4 MiB/s: about 50 s, so the first answers refuse (the
+	// shipped grant ahead is 30 s; estimates in the first seconds run
+	// early, so a grant may come sooner).
+	e.throttle("n1", "4M")
+	id, dir := e.createWritten("followed", nil, "dd if=/dev/urandom of=blob bs=1M count=200 2>/dev/null && echo end > z")
+	before := e.checksums("n1", dir)
+	e.unpublish(id, "n1")
+	_, endpoint, err := e.c.StartControllerInstance(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	second := csi.NewControllerClient(guesttest.Dial(t, endpoint))
+	publish := &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: "n2", VolumeCapability: writer}
+	if _, err := e.controller().ControllerPublishVolume(e.ctx, publish); !sim.CatchingUp(err) {
+		t.Fatalf("the publish that starts the move, on the first instance: %v; want it catching up in the background", err)
+	}
+
+	var followed string
+	var granted map[string]string
+	for deadline := time.Now().Add(2 * time.Minute); granted == nil; time.Sleep(time.Second) {
+		resp, err := second.ControllerPublishVolume(e.ctx, publish)
+		switch {
+		case resp.GetPublishContext()[vocab.PublishContextAfterGeneration] != "":
+			granted = resp.GetPublishContext()
+		case err == nil:
+			t.Fatalf("the move ended before the second instance granted the publish ahead (%v): throttle it more", resp.GetPublishContext())
+		case !sim.CatchingUp(err) || time.Now().After(deadline):
+			t.Fatalf("the retry on the second instance: %v", err)
+		case strings.Contains(err.Error(), "by the push already running there"):
+			followed = status.Convert(err).Message()
+		}
+	}
+	if followed == "" {
+		t.Fatal("the second instance granted the publish ahead without first telling the running push's progress")
+	}
+	t.Logf("the second instance, before its grant: %s", followed)
+	t.Logf("published ahead by the second instance: %v", granted)
+
+	// As Nomad stages: two minutes a try, Unavailable retried.
+	var target string
+	for try := 1; ; try++ {
+		ctx, cancel := context.WithTimeout(e.ctx, 2*time.Minute)
+		target, err = e.stageWithin(ctx, id, "n2", granted)
+		cancel()
+		if err == nil {
+			break
+		}
+		if status.Code(err) != codes.Unavailable || try == 3 {
+			t.Fatalf("stage %d on n2 of the publish granted ahead: %v", try, err)
+		}
+		t.Logf("stage %d: %v; retrying as Nomad does", try, err)
+	}
 	if after := e.checksums("n2", target); after != before {
 		t.Fatalf("files differ after the move:\n%s\n%s", before, after)
 	}
