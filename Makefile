@@ -3,7 +3,7 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
-LDFLAGS := -X github.com/zfs-nomad/zfs-nomad/internal/version.Version=$(VERSION)
+LDFLAGS := -X github.com/zfs-nomad/zfs-nomad/internal/shared/version.Version=$(VERSION)
 # Development tools are built from hack/tools/go.mod (pinned) into a cache
 # outside the repo.
 TOOLS := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/zfs-nomad/tools/$(shell sha256sum hack/tools/go.sum | cut -c1-12)
@@ -39,10 +39,10 @@ $(TOOLS)/staticcheck $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc: hack/to
 check: deps $(TOOLS)/staticcheck ## gofmt, go vet, the controller/node edge (hack/edges.sh), staticcheck (both libzfs builds), go mod tidy
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	go vet ./...
-	go vet -tags openzfs_2_2 ./internal/zfs/libzfs ./cmd/zfs-node
+	go vet -tags openzfs_2_2 ./internal/node/zfs/libzfs ./cmd/zfs-node
 	./hack/edges.sh
 	$(TOOLS)/staticcheck ./...
-	$(TOOLS)/staticcheck -tags openzfs_2_2 ./internal/zfs/libzfs ./cmd/zfs-node
+	$(TOOLS)/staticcheck -tags openzfs_2_2 ./internal/node/zfs/libzfs ./cmd/zfs-node
 	go mod tidy -diff
 	cd hack/tools && go mod tidy -diff
 
@@ -53,8 +53,8 @@ unit: deps ## unit tests only (skips the packages that need real ZFS)
 # themselves), the simulation on 30 seeds of each shape: a race is a
 # defect even where the tests pass (about 4 min on 2 cores).
 race: deps ## unit tests and a short simulation under the race detector
-	ZFS_NOMAD_SKIP_GUEST=1 go test -race -count=1 $$(go list ./... | grep -v /internal/faultsim)
-	ZFS_NOMAD_SKIP_GUEST=1 go test -race -count=1 ./internal/faultsim -args -seeds 30
+	ZFS_NOMAD_SKIP_GUEST=1 go test -race -count=1 $$(go list ./... | grep -v /internal/testbed/faultsim)
+	ZFS_NOMAD_SKIP_GUEST=1 go test -race -count=1 ./internal/testbed/faultsim -args -seeds 30
 
 # Builds with buildah from Debian's mirrors and the host's Go: no container
 # registry needed (see hack/images.sh). The docker-archive files in
@@ -75,7 +75,7 @@ guest-image-trixie: deps ## build (or find cached) the Debian 13 guest image, Op
 # builds it once (about 12 min) and prints its cached path.
 test: check race images guest-image guest-image-trixie ## everything: checks, the race detector, the images, unit tests, real-ZFS tests, csi-sanity and Nomad end to end in the guest, then test-trixie
 	nomad=$$(./hack/nomad.sh) && ZFS_NOMAD_NOMAD=$$nomad ZFS_NOMAD_IMAGES=$(IMAGES_DIR) go test -p 1 -count=1 -timeout $(GO_TEST_TIMEOUT) ./...
-	go test -count=1 -tags openzfs_2_2 ./internal/zfs/libzfs
+	go test -count=1 -tags openzfs_2_2 ./internal/node/zfs/libzfs
 	$(MAKE) --no-print-directory test-trixie
 
 # The guest packages again on Debian 13's OpenZFS 2.3 (zfs-node built
@@ -94,7 +94,7 @@ TRIXIE_MIGRATION_TESTS := ^(TestPlannedMove|TestFailoverAuto|TestSnapshotsFollow
 # same calls and runs on the default guest.
 TRIXIE_REPLICATION_TESTS := ^(TestFullThenIncremental|TestResumeAfterInterruption|TestRefusesStrangersAndBadStreams|TestBrokenReplaceKeepsTheReplica|TestEncryptedVolumeStaysEncrypted|TestDeleteRacesTidies|TestReplicaAheadOfAMovedPrimary)$$/^(receiver_killed|history_from)
 test-trixie: guest-image-trixie ## libzfs, test/node, csi-sanity, and the parts of test/replication and test/migration whose ZFS steps differ, in the Debian 13 guest (OpenZFS 2.3)
-	ZFS_NOMAD_GUEST=trixie go test -p 1 -count=1 -timeout 40m ./internal/zfs/libzfs ./test/node
+	ZFS_NOMAD_GUEST=trixie go test -p 1 -count=1 -timeout 40m ./internal/node/zfs/libzfs ./test/node
 	ZFS_NOMAD_GUEST=trixie go test -count=1 -timeout 20m ./test/sanity -args -sanity.encrypted=false
 	ZFS_NOMAD_GUEST=trixie go test -count=1 -timeout 20m -run '$(TRIXIE_REPLICATION_TESTS)' ./test/replication
 	ZFS_NOMAD_GUEST=trixie go test -count=1 -timeout 30m -run '$(TRIXIE_MIGRATION_TESTS)' ./test/migration
@@ -107,11 +107,11 @@ soak: guest-image images ## run the guest test packages and the demo N times (N=
 
 # make sim SEEDS=5000 [FIRST=1]: the fault-injection simulation's long
 # mode (docs/safety.md): every failing seed listed, each replayable with
-# go test ./internal/faultsim -run 'TestSimulation$$' -seed N -v.
+# go test ./internal/testbed/faultsim -run 'TestSimulation$$' -seed N -v.
 SEEDS ?= 5000
 FIRST ?= 1
 sim: ## the fault-injection simulation, SEEDS seeds (5000) from FIRST (1), every failure listed
-	ZFS_NOMAD_SKIP_GUEST=1 go test -count=1 -timeout 180m -run 'TestSimulation$$' ./internal/faultsim -v -args -seeds $(SEEDS) -first-seed $(FIRST) -keep-going
+	ZFS_NOMAD_SKIP_GUEST=1 go test -count=1 -timeout 180m -run 'TestSimulation$$' ./internal/testbed/faultsim -v -args -seeds $(SEEDS) -first-seed $(FIRST) -keep-going
 
 nomad: ## build (or find cached) the Nomad binary for the end-to-end test (3 to 14 min, once)
 	@./hack/nomad.sh

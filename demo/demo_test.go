@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/zfs-nomad/zfs-nomad/internal/guesttest"
+	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guesttest"
 )
 
 func TestMain(m *testing.M) {

@@ -1,5 +1,5 @@
 // Command demo walks through the driver's story on real ZFS: three
-// simulated nodes and a controller (package sim), driven through the CSI
+// simulated nodes and a controller (package guestcluster), driven through the CSI
 // API as a CO would. demo/run.sh boots the ZFS guest and runs it there;
 // `make demo` calls that.
 package main
@@ -21,12 +21,12 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
-	"github.com/zfs-nomad/zfs-nomad/internal/agentclient"
-	"github.com/zfs-nomad/zfs-nomad/internal/config"
-	"github.com/zfs-nomad/zfs-nomad/internal/errdefs"
-	"github.com/zfs-nomad/zfs-nomad/internal/sim"
-	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
-	"github.com/zfs-nomad/zfs-nomad/internal/volume"
+	"github.com/zfs-nomad/zfs-nomad/internal/controller/agentclient"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/volume"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/config"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
+	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guestcluster"
 )
 
 func main() {
@@ -47,7 +47,7 @@ func main() {
 type story struct {
 	out    io.Writer
 	binDir string
-	c      *sim.Cluster
+	c      *guestcluster.Cluster
 	ctl    csi.ControllerClient
 	node   map[string]csi.NodeClient
 }
@@ -58,7 +58,7 @@ func (s *story) step(format string, args ...any) {
 
 func (s *story) say(format string, args ...any) { fmt.Fprintf(s.out, "   "+format+"\n", args...) }
 
-func (s *story) shell(n *sim.Node, script string) (string, error) {
+func (s *story) shell(n *guestcluster.Node, script string) (string, error) {
 	out, err := n.Exec(script)
 	fmt.Fprintf(s.out, "   %s$ %s\n", n.ID, script)
 	for _, line := range strings.Split(strings.TrimRight(out, "\n"), "\n") {
@@ -75,7 +75,7 @@ func run(out io.Writer, binDir, dir string) error {
 	s := &story{out: out, binDir: binDir, node: map[string]csi.NodeClient{}}
 
 	s.step("Three nodes, each with its own ZFS pool, network namespace and zfs-node; one zfs-controller")
-	c, err := sim.Start(sim.Options{Nodes: 3, BinDir: binDir, Dir: dir, LogLevel: "info",
+	c, err := guestcluster.Start(guestcluster.Options{Nodes: 3, BinDir: binDir, Dir: dir, LogLevel: "info",
 		// Nodes keep leases, as the shipped node job's do: without peers
 		// a node grants no automatic failover (docs/safety.md). A short
 		// lease, with the smallest margin it allows, so the failover
@@ -242,7 +242,7 @@ func (s *story) walk(ctx context.Context) error {
 	// the demo's own steps). Deletes leave set-aside copies to the
 	// operator, who lets them go here as above.
 	for _, n := range s.c.Nodes {
-		out, _ := sim.Run("sh", "-c", "zfs list -H -o name -r "+n.RootDataset+" | grep -- -aside- || true")
+		out, _ := guestcluster.Run("sh", "-c", "zfs list -H -o name -r "+n.RootDataset+" | grep -- -aside- || true")
 		if aside := strings.Fields(out); len(aside) > 0 {
 			s.say("the operator lets the copies set aside on %s go too: %s", n.ID, strings.Join(aside, " "))
 			if _, err := s.shell(n, "zfs list -H -o name -r "+n.RootDataset+" | grep -- -aside- | xargs -r -n1 zfs destroy -r"); err != nil {
@@ -256,7 +256,7 @@ func (s *story) walk(ctx context.Context) error {
 		var left []string
 		var err error
 		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(time.Second) {
-			left, err = sim.DatasetsLeft(n.RootDataset)
+			left, err = guestcluster.DatasetsLeft(n.RootDataset)
 			if err == nil && len(left) == 0 || time.Now().After(deadline) {
 				break
 			}
@@ -368,7 +368,7 @@ func (i *indent) Write(b []byte) (int, error) {
 }
 
 func (s *story) create(ctx context.Context, req *csi.CreateVolumeRequest) (*csi.Volume, error) {
-	req.VolumeCapabilities = []*csi.VolumeCapability{sim.MountWriter()}
+	req.VolumeCapabilities = []*csi.VolumeCapability{guestcluster.MountWriter()}
 	resp, err := s.ctl.CreateVolume(ctx, req)
 	if err != nil {
 		return nil, err
@@ -381,7 +381,7 @@ func (s *story) create(ctx context.Context, req *csi.CreateVolumeRequest) (*csi.
 // createHolding creates the volume req asks for from web-data's content
 // (a snapshot or the volume itself), mounts it on n as label and checks
 // that its index.html says want.
-func (s *story) createHolding(ctx context.Context, n *sim.Node, label, want string, req *csi.CreateVolumeRequest) (*csi.Volume, error) {
+func (s *story) createHolding(ctx context.Context, n *guestcluster.Node, label, want string, req *csi.CreateVolumeRequest) (*csi.Volume, error) {
 	v, err := s.create(ctx, req)
 	if err != nil {
 		return nil, err
@@ -396,7 +396,7 @@ func (s *story) createHolding(ctx context.Context, n *sim.Node, label, want stri
 	return v, nil
 }
 
-func (s *story) nodeOf(v *csi.Volume) *sim.Node {
+func (s *story) nodeOf(v *csi.Volume) *guestcluster.Node {
 	id := v.GetVolumeContext()[config.TopologyNodeKey]
 	for _, n := range s.c.Nodes {
 		if n.ID == id {
@@ -406,27 +406,27 @@ func (s *story) nodeOf(v *csi.Volume) *sim.Node {
 	return nil
 }
 
-func (s *story) paths(n *sim.Node, id string) (staging, target string) {
+func (s *story) paths(n *guestcluster.Node, id string) (staging, target string) {
 	return filepath.Join(n.Dir, "staging", id), filepath.Join(n.Dir, "alloc", id)
 }
 
-func (s *story) mount(ctx context.Context, n *sim.Node, id, label string) (string, error) {
+func (s *story) mount(ctx context.Context, n *guestcluster.Node, id, label string) (string, error) {
 	staging, target := s.paths(n, id)
 	if err := os.MkdirAll(staging, 0o755); err != nil {
 		return "", err
 	}
 	nc := s.node[n.ID]
-	if _, err := nc.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: sim.MountWriter()}); err != nil {
+	if _, err := nc.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: guestcluster.MountWriter()}); err != nil {
 		return "", err
 	}
-	if _, err := nc.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: sim.MountWriter()}); err != nil {
+	if _, err := nc.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: guestcluster.MountWriter()}); err != nil {
 		return "", err
 	}
 	s.say("%s: staged at %s, published at %s", label, staging, target)
 	return target, nil
 }
 
-func (s *story) unmount(ctx context.Context, n *sim.Node, id string) error {
+func (s *story) unmount(ctx context.Context, n *guestcluster.Node, id string) error {
 	staging, target := s.paths(n, id)
 	nc := s.node[n.ID]
 	if _, err := nc.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target}); err != nil {
@@ -461,11 +461,11 @@ func (s *story) deleteVolume(ctx context.Context, id string) error {
 // publish does what Nomad does for a claim on node n: ControllerPublish
 // (which brings the data there), then stage and publish with the publish
 // context.
-func (s *story) publish(ctx context.Context, n *sim.Node, id, label string) (string, error) {
+func (s *story) publish(ctx context.Context, n *guestcluster.Node, id, label string) (string, error) {
 	last := ""
-	req := &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: n.ID, VolumeCapability: sim.MountWriter()}
-	resp, err := sim.Publish(ctx, s.ctl, req, 3*time.Minute, func(err error) bool { // as Nomad retries a claim
-		if !sim.CatchingUp(err) && !errdefs.Temporary(err) {
+	req := &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: n.ID, VolumeCapability: guestcluster.MountWriter()}
+	resp, err := guestcluster.Publish(ctx, s.ctl, req, 3*time.Minute, func(err error) bool { // as Nomad retries a claim
+		if !guestcluster.CatchingUp(err) && !errdefs.Temporary(err) {
 			return false
 		}
 		if msg := status.Convert(err).Message(); msg != last {
@@ -483,23 +483,23 @@ func (s *story) publish(ctx context.Context, n *sim.Node, id, label string) (str
 	}
 	pc := resp.GetPublishContext()
 	nc := s.node[n.ID]
-	if _, err := nc.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: sim.MountWriter(), PublishContext: pc}); err != nil {
+	if _, err := nc.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: guestcluster.MountWriter(), PublishContext: pc}); err != nil {
 		return "", err
 	}
-	if _, err := nc.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: sim.MountWriter(), PublishContext: pc}); err != nil {
+	if _, err := nc.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: guestcluster.MountWriter(), PublishContext: pc}); err != nil {
 		return "", err
 	}
-	if after, ok := pc[vocab.PublishContextAfterGeneration]; ok {
+	if after, ok := pc[contract.PublishContextAfterGeneration]; ok {
 		s.say("%s: published on %s ahead of its move's end; its stage waited for the copy there to be promoted past generation %s", label, n.ID, after)
 	} else {
-		s.say("%s: published on %s with generation %s", label, n.ID, pc[vocab.PublishContextGeneration])
+		s.say("%s: published on %s with generation %s", label, n.ID, pc[contract.PublishContextGeneration])
 	}
 	return target, nil
 }
 
 // unpublish is the end of a claim on n: node unpublish and unstage, then
 // ControllerUnpublish.
-func (s *story) unpublish(ctx context.Context, n *sim.Node, id string) error {
+func (s *story) unpublish(ctx context.Context, n *guestcluster.Node, id string) error {
 	if err := s.unmount(ctx, n, id); err != nil {
 		return err
 	}
@@ -507,7 +507,7 @@ func (s *story) unpublish(ctx context.Context, n *sim.Node, id string) error {
 	return err
 }
 
-func (s *story) otherNode(not *sim.Node) *sim.Node {
+func (s *story) otherNode(not *guestcluster.Node) *guestcluster.Node {
 	for _, n := range s.c.Nodes {
 		if n.ID != not.ID {
 			return n
@@ -608,21 +608,21 @@ func (s *story) failover(ctx context.Context) (*csi.Volume, error) {
 	}
 	s.node[lost.ID] = csi.NewNodeClient(nc)
 	_, err = s.node[lost.ID].NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: v.GetVolumeId(), StagingTargetPath: filepath.Join(lost.Dir, "stale"),
-		VolumeCapability: sim.MountWriter(), PublishContext: map[string]string{vocab.PublishContextGeneration: "2"}})
+		VolumeCapability: guestcluster.MountWriter(), PublishContext: map[string]string{contract.PublishContextGeneration: "2"}})
 	s.say("staging the stale copy on %s: %s", lost.ID, status.Convert(err).Message())
 	s.say("Nomad stops the lost allocation on %s; the next publish sets the stale copy aside", lost.ID)
 	if err := s.unpublish(ctx, lost, v.GetVolumeId()); err != nil {
 		return nil, err
 	}
 	for i := 0; ; i++ {
-		if _, err := s.ctl.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: v.GetVolumeId(), NodeId: survivor.ID, VolumeCapability: sim.MountWriter()}); err != nil {
+		if _, err := s.ctl.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: v.GetVolumeId(), NodeId: survivor.ID, VolumeCapability: guestcluster.MountWriter()}); err != nil {
 			return nil, err
 		}
-		if out, _ := sim.Run("sh", "-c", "zfs list -H -o name -r "+lost.RootDataset+" | grep aside || true"); strings.TrimSpace(out) != "" {
+		if out, _ := guestcluster.Run("sh", "-c", "zfs list -H -o name -r "+lost.RootDataset+" | grep aside || true"); strings.TrimSpace(out) != "" {
 			break
 		}
 		if i == 20 {
-			out, _ := sim.Run("zfs", "list", "-H", "-o", "name,zfs-nomad:role", "-r", lost.RootDataset)
+			out, _ := guestcluster.Run("zfs", "list", "-H", "-o", "name,zfs-nomad:role", "-r", lost.RootDataset)
 			return nil, fmt.Errorf("waited 40 s for %s's stale copy of %s to be set aside; %s holds:\n%s", lost.ID, v.GetVolumeId(), lost.ID, out)
 		}
 		time.Sleep(2 * time.Second)
@@ -641,12 +641,12 @@ func (s *story) failover(ctx context.Context) (*csi.Volume, error) {
 }
 
 // replicaHolder returns the node other than not that holds a replica.
-func (s *story) replicaHolder(ctx context.Context, id string, not *sim.Node) (*sim.Node, error) {
+func (s *story) replicaHolder(ctx context.Context, id string, not *guestcluster.Node) (*guestcluster.Node, error) {
 	for _, n := range s.c.Nodes {
 		if n.ID == not.ID {
 			continue
 		}
-		if out, _ := sim.Run("zfs", "get", "-H", "-o", "value", "zfs-nomad:role", n.RootDataset+"/"+id); strings.TrimSpace(out) == "replica" {
+		if out, _ := guestcluster.Run("zfs", "get", "-H", "-o", "value", "zfs-nomad:role", n.RootDataset+"/"+id); strings.TrimSpace(out) == "replica" {
 			return n, nil
 		}
 	}

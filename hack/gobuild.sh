@@ -43,7 +43,7 @@ build() {
     "" | 0.* | 2.0.* | 2.1.*) ;;
     *) tags=openzfs_2_2 ;;
   esac
-  args=(-trimpath -tags "$tags" -ldflags "$ldflags -X github.com/zfs-nomad/zfs-nomad/internal/zfs/openzfs.BuiltFor=$version" -o "$out")
+  args=(-trimpath -tags "$tags" -ldflags "$ldflags -X github.com/zfs-nomad/zfs-nomad/internal/node/zfs/openzfs.BuiltFor=$version" -o "$out")
   cd "$repo"
   if [ "$mode" = test ]; then
     go test -c "${args[@]}" "$pkg"

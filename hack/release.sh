@@ -19,7 +19,7 @@ set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 version=${1:?usage: release.sh VERSION}
 out=$repo/dist/$version
-ldflags="-X github.com/zfs-nomad/zfs-nomad/internal/version.Version=$version"
+ldflags="-X github.com/zfs-nomad/zfs-nomad/internal/shared/version.Version=$version"
 rm -rf "$out"
 mkdir -p "$out"
 cd "$repo"

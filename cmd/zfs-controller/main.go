@@ -17,6 +17,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/peers"
 	"io"
 	"net"
 	"net/http"
@@ -31,19 +32,19 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/zfs-nomad/zfs-nomad/internal/cluster"
-	"github.com/zfs-nomad/zfs-nomad/internal/config"
-	"github.com/zfs-nomad/zfs-nomad/internal/csi/controller"
-	"github.com/zfs-nomad/zfs-nomad/internal/csi/plugin"
-	"github.com/zfs-nomad/zfs-nomad/internal/metrics"
-	"github.com/zfs-nomad/zfs-nomad/internal/migration"
-	"github.com/zfs-nomad/zfs-nomad/internal/operator"
-	"github.com/zfs-nomad/zfs-nomad/internal/protocol"
-	"github.com/zfs-nomad/zfs-nomad/internal/provision"
-	"github.com/zfs-nomad/zfs-nomad/internal/scheduler"
-	"github.com/zfs-nomad/zfs-nomad/internal/tlsconfig"
-	"github.com/zfs-nomad/zfs-nomad/internal/version"
-	"github.com/zfs-nomad/zfs-nomad/internal/worklease"
+	"github.com/zfs-nomad/zfs-nomad/internal/controller/cluster"
+	"github.com/zfs-nomad/zfs-nomad/internal/controller/csiserver"
+	"github.com/zfs-nomad/zfs-nomad/internal/controller/migration"
+	"github.com/zfs-nomad/zfs-nomad/internal/controller/operator"
+	"github.com/zfs-nomad/zfs-nomad/internal/controller/provision"
+	"github.com/zfs-nomad/zfs-nomad/internal/controller/scheduler"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/config"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/csiplugin"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/metrics"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/protocol"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/tlsconfig"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/version"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/worklease"
 )
 
 // command is one of zfs-controller's commands.
@@ -140,35 +141,35 @@ func serve(c command, args []string) error {
 	if err != nil {
 		return err
 	}
-	log := plugin.NewLogger("zfs-controller", os.Getenv)
+	log := csiplugin.NewLogger("zfs-controller", os.Getenv)
 
-	peers := peerSource(cfg)
+	agents := peerSource(cfg)
 	creds, certs, err := agentCredentials(cfg, []string{tlsconfig.RoleController}, log)
 	if err != nil {
 		return err
 	}
-	nodes := cluster.New(peers, time.Duration(cfg.AgentTimeout), log.Named("cluster"), grpc.WithTransportCredentials(creds))
+	nodes := cluster.New(agents, time.Duration(cfg.AgentTimeout), log.Named("cluster"), grpc.WithTransportCredentials(creds))
 	defer nodes.Close()
 
-	lis, err := plugin.Listen(cfg.CSIEndpoint)
+	lis, err := csiplugin.Listen(cfg.CSIEndpoint)
 	if err != nil {
 		return err
 	}
-	srv := grpc.NewServer(grpc.UnaryInterceptor(plugin.LoggingInterceptor(log.Named("csi"))))
-	csispec.RegisterIdentityServer(srv, plugin.NewIdentity(func(ctx context.Context) error { return probe(ctx, nodes) }))
+	srv := grpc.NewServer(grpc.UnaryInterceptor(csiplugin.LoggingInterceptor(log.Named("csi"))))
+	csispec.RegisterIdentityServer(srv, csiplugin.NewIdentity(func(ctx context.Context) error { return probe(ctx, nodes) }))
 	registry := metrics.NewRegistry()
 	migrator := migration.New(nodes, log.Named("migration"))
 	migrator.Metrics = migration.NewMetrics(registry)
 	migrator.MaxCatchUps = cfg.MoveCatchUps
 	migrator.PublishAheadWithin = time.Duration(cfg.MovePublishAhead)
-	csispec.RegisterControllerServer(srv, controller.New(nodes, migrator, cfg.Placement, log.Named("csi")))
+	csispec.RegisterControllerServer(srv, csiserver.New(nodes, migrator, cfg.Placement, log.Named("csi")))
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	if certs != nil {
-		plugin.WatchTLS(ctx, certs, registry)
+		csiplugin.WatchTLS(ctx, certs, registry)
 	}
-	metricsLis, err := plugin.ListenMetrics(cfg.MetricsAddress)
+	metricsLis, err := csiplugin.ListenMetrics(cfg.MetricsAddress)
 	if err != nil {
 		return err
 	}
@@ -201,12 +202,12 @@ func serve(c command, args []string) error {
 		go holder.Every(ctx, every, func(ctx context.Context) { sched.Round(ctx) })
 	}
 	go func() {
-		if err := plugin.ServeMetrics(ctx, metricsLis, registry, log, map[string]http.Handler{migration.MovesPath: migrator.MovesHandler()}); err != nil {
+		if err := csiplugin.ServeMetrics(ctx, metricsLis, registry, log, map[string]http.Handler{migration.MovesPath: migrator.MovesHandler()}); err != nil {
 			log.Error("metrics endpoint failed", "error", err)
 		}
 	}()
 	log.Info("serving", "version", version.Version, "csi_endpoint", cfg.CSIEndpoint, "peers", cfg.Peers, "peers_file", cfg.PeersFile)
-	err = plugin.Serve(ctx, srv, lis, 10*time.Second)
+	err = csiplugin.Serve(ctx, srv, lis, 10*time.Second)
 	log.Info("stopped")
 	return err
 }
@@ -255,7 +256,7 @@ func agentCredentials(cfg config.Controller, roles []string, log hclog.Logger) (
 		log.Warn("talking to node agents WITHOUT TLS (-insecure-agent-port): use only on a closed test network")
 		return insecure.NewCredentials(), nil, nil
 	}
-	src, err := plugin.OpenTLS(cfg.TLS, tlsconfig.Identity{Roles: roles}, log.Named("tls"))
+	src, err := csiplugin.OpenTLS(cfg.TLS, tlsconfig.Identity{Roles: roles}, log.Named("tls"))
 	if err != nil {
 		return nil, nil, err
 	}
@@ -279,7 +280,7 @@ func connect(c command, args []string, volumeArg bool, extra func(*flag.FlagSet)
 	case len(rest) > 0:
 		return session{}, fmt.Errorf("%w: %s takes no arguments, got %q", config.ErrUsage, c.name, rest)
 	}
-	log := plugin.NewLogger("zfs-controller", func(k string) string {
+	log := csiplugin.NewLogger("zfs-controller", func(k string) string {
 		// The command reports what went wrong itself, in a sentence; the
 		// log's warnings would repeat it in gRPC's words.
 		if k == "ZFS_NOMAD_LOG_LEVEL" && os.Getenv(k) == "" {
@@ -427,9 +428,9 @@ func removeReplica(c command, args []string) error {
 
 // peerSource says where the node agents are: the peers file when one is
 // configured, else the static list.
-func peerSource(cfg config.Controller) cluster.PeerSource {
+func peerSource(cfg config.Controller) peers.Source {
 	if cfg.PeersFile != "" {
-		return &cluster.PeersFile{Path: cfg.PeersFile}
+		return &peers.File{Path: cfg.PeersFile}
 	}
-	return cluster.StaticPeers(cfg.Peers)
+	return peers.Static(cfg.Peers)
 }

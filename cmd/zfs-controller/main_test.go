@@ -7,8 +7,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/zfs-nomad/zfs-nomad/internal/tlsconfig"
-	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/tlsconfig"
 )
 
 // TestCommandLine: the command line answers a person at a terminal as
@@ -89,7 +89,7 @@ func TestConnectReturnsTheVolume(t *testing.T) {
 	}
 	// No node answers: an ID is taken as it is (the command says what it
 	// finds), a name is not found.
-	id := vocab.VolumeIDForName("data")
+	id := contract.VolumeIDForName("data")
 	for arg, want := range map[string]string{id: id, "data": ""} {
 		sess, err = connect(commands[1], []string{"-peers", "a:1", "-insecure-agent-port", arg}, true, nil)
 		if err != nil {

@@ -7,8 +7,8 @@ import (
 	"os"
 	"time"
 
-	"github.com/zfs-nomad/zfs-nomad/internal/config"
-	"github.com/zfs-nomad/zfs-nomad/internal/tlsconfig"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/config"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/tlsconfig"
 )
 
 // tlsCommand makes the agent port's certificates: a CA once, then one

@@ -11,13 +11,13 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
-	"github.com/zfs-nomad/zfs-nomad/internal/config"
-	"github.com/zfs-nomad/zfs-nomad/internal/csi/plugin"
-	"github.com/zfs-nomad/zfs-nomad/internal/protocol"
-	"github.com/zfs-nomad/zfs-nomad/internal/tlsconfig"
-	"github.com/zfs-nomad/zfs-nomad/internal/version"
-	"github.com/zfs-nomad/zfs-nomad/internal/zfs/libzfs"
-	"github.com/zfs-nomad/zfs-nomad/internal/zfs/openzfs"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/libzfs"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/openzfs"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/config"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/csiplugin"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/protocol"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/tlsconfig"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/version"
 )
 
 // command is one of zfs-node's commands, as zfs-controller's.
@@ -105,7 +105,7 @@ func checkConfig(args []string, stdout io.Writer) error {
 		fmt.Fprintln(stdout, "agent port WITHOUT TLS (insecure_agent_port): for a closed test network only")
 		return nil
 	}
-	src, err := plugin.OpenTLS(cfg.TLS, tlsconfig.Identity{Roles: []string{tlsconfig.RoleNode}, Name: cfg.NodeID}, hclog.NewNullLogger())
+	src, err := csiplugin.OpenTLS(cfg.TLS, tlsconfig.Identity{Roles: []string{tlsconfig.RoleNode}, Name: cfg.NodeID}, hclog.NewNullLogger())
 	if err != nil {
 		return err
 	}

@@ -8,8 +8,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/zfs-nomad/zfs-nomad/internal/config"
-	"github.com/zfs-nomad/zfs-nomad/internal/tlsconfig"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/config"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/tlsconfig"
 )
 
 // TestCommands: zfs-node's command line, and check-config's verdicts

@@ -10,6 +10,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/peers"
 	"net"
 	"os"
 	"os/signal"
@@ -23,22 +24,21 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/zfs-nomad/zfs-nomad/internal/agent"
-	"github.com/zfs-nomad/zfs-nomad/internal/cluster"
-	"github.com/zfs-nomad/zfs-nomad/internal/config"
-	csinode "github.com/zfs-nomad/zfs-nomad/internal/csi/node"
-	"github.com/zfs-nomad/zfs-nomad/internal/csi/plugin"
-	"github.com/zfs-nomad/zfs-nomad/internal/lease"
-	"github.com/zfs-nomad/zfs-nomad/internal/metrics"
-	"github.com/zfs-nomad/zfs-nomad/internal/mount"
-	"github.com/zfs-nomad/zfs-nomad/internal/protocol"
-	"github.com/zfs-nomad/zfs-nomad/internal/replication"
-	"github.com/zfs-nomad/zfs-nomad/internal/tlsconfig"
-	"github.com/zfs-nomad/zfs-nomad/internal/version"
-	"github.com/zfs-nomad/zfs-nomad/internal/volume"
-	"github.com/zfs-nomad/zfs-nomad/internal/zfs/libzfs"
-	"github.com/zfs-nomad/zfs-nomad/internal/zfs/openzfs"
-	"github.com/zfs-nomad/zfs-nomad/internal/zfs/zfscmd"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/agent"
+	csinode "github.com/zfs-nomad/zfs-nomad/internal/node/csiserver"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/lease"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/mount"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/replication"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/volume"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/libzfs"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/openzfs"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfscmd"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/config"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/csiplugin"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/metrics"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/protocol"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/tlsconfig"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/version"
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
@@ -57,7 +57,7 @@ func serve(args []string) error {
 	if err != nil {
 		return err
 	}
-	log := plugin.NewLogger("zfs-node", os.Getenv).With("node_id", cfg.NodeID)
+	log := csiplugin.NewLogger("zfs-node", os.Getenv).With("node_id", cfg.NodeID)
 
 	openZFS, err := checkOpenZFS(log)
 	if err != nil {
@@ -76,7 +76,7 @@ func serve(args []string) error {
 		return fmt.Errorf("cannot serve volumes: %w", err)
 	}
 
-	csiLis, err := plugin.Listen(cfg.CSIEndpoint)
+	csiLis, err := csiplugin.Listen(cfg.CSIEndpoint)
 	if err != nil {
 		return err
 	}
@@ -84,13 +84,13 @@ func serve(args []string) error {
 	if err != nil {
 		return fmt.Errorf("agent address %s: %w", cfg.AgentAddress, err)
 	}
-	metricsLis, err := plugin.ListenMetrics(cfg.MetricsAddress)
+	metricsLis, err := csiplugin.ListenMetrics(cfg.MetricsAddress)
 	if err != nil {
 		return err
 	}
 
-	csiSrv := grpc.NewServer(grpc.UnaryInterceptor(plugin.LoggingInterceptor(log.Named("csi"))))
-	csispec.RegisterIdentityServer(csiSrv, plugin.NewIdentity(volumes.Health))
+	csiSrv := grpc.NewServer(grpc.UnaryInterceptor(csiplugin.LoggingInterceptor(log.Named("csi"))))
+	csispec.RegisterIdentityServer(csiSrv, csiplugin.NewIdentity(volumes.Health))
 	csispec.RegisterNodeServer(csiSrv, csinode.New(volumes, mount.System{}, cfg, log.Named("csi")))
 
 	serverOpts, dialCreds, certs, err := agentTLS(cfg, log)
@@ -140,7 +140,7 @@ func serve(args []string) error {
 	pusher.Metrics = replication.NewMetrics(registry)
 	receiver.Metrics = pusher.Metrics
 	if certs != nil {
-		plugin.WatchTLS(ctx, certs, registry)
+		csiplugin.WatchTLS(ctx, certs, registry)
 	}
 	serverOpts = append(serverOpts, protocol.ServerOptions("node "+cfg.NodeID)...)
 	agentSrv := grpc.NewServer(append(serverOpts, replication.ServerOptions()...)...)
@@ -168,9 +168,9 @@ func serve(args []string) error {
 	log.Info("serving", "version", version.Version, "csi_endpoint", cfg.CSIEndpoint, "agent_address", agentLis.Addr().String(),
 		"root_dataset", cfg.RootDataset, "max_quota", cfg.MaxQuota.String())
 	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return plugin.Serve(gctx, csiSrv, csiLis, 10*time.Second) })
-	g.Go(func() error { return plugin.Serve(gctx, agentSrv, agentLis, 10*time.Second) })
-	g.Go(func() error { return plugin.ServeMetrics(gctx, metricsLis, registry, log, nil) })
+	g.Go(func() error { return csiplugin.Serve(gctx, csiSrv, csiLis, 10*time.Second) })
+	g.Go(func() error { return csiplugin.Serve(gctx, agentSrv, agentLis, 10*time.Second) })
+	g.Go(func() error { return csiplugin.ServeMetrics(gctx, metricsLis, registry, log, nil) })
 	g.Go(func() error { heartbeat.Run(gctx); return nil })
 	err = g.Wait()
 	log.Info("stopped")
@@ -183,14 +183,14 @@ func serve(args []string) error {
 // of the node's calls to peers, and the TLS material they use (nil
 // without TLS), which WatchTLS keeps current.
 func agentTLS(cfg config.Node, log hclog.Logger) ([]grpc.ServerOption, credentials.TransportCredentials, *tlsconfig.Source, error) {
-	logging := plugin.LoggingInterceptor(log.Named("agent"))
+	logging := csiplugin.LoggingInterceptor(log.Named("agent"))
 	if cfg.InsecureAgentPort {
 		log.Warn("agent port WITHOUT TLS (-insecure-agent-port): anyone who reaches it can read and write volumes; use only on a closed test network")
 		return []grpc.ServerOption{grpc.UnaryInterceptor(logging)}, insecure.NewCredentials(), nil, nil
 	}
 	// The node's certificate must name it: peers bind its streams and
 	// promises to that name.
-	src, err := plugin.OpenTLS(cfg.TLS, tlsconfig.Identity{Roles: []string{tlsconfig.RoleNode}, Name: cfg.NodeID}, log.Named("tls"))
+	src, err := csiplugin.OpenTLS(cfg.TLS, tlsconfig.Identity{Roles: []string{tlsconfig.RoleNode}, Name: cfg.NodeID}, log.Named("tls"))
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -219,16 +219,16 @@ func newHeartbeat(cfg config.Node, volumes *volume.Manager, promised func(contex
 		log.Warn("no peers configured: this node keeps no lease, so its mounted primaries are never made read-only when it is cut off, " +
 			"and it refuses to grant an automatic failover (only zfs-controller promote fails a volume over); configure peers or peers_file (docs/safety.md, \"Leases\")")
 	}
-	var peers cluster.PeerSource = cluster.StaticPeers(cfg.Peers)
+	var agents peers.Source = peers.Static(cfg.Peers)
 	if cfg.PeersFile != "" {
-		peers = &cluster.PeersFile{Path: cfg.PeersFile}
+		agents = &peers.File{Path: cfg.PeersFile}
 	}
 	gauge := registry.Gauge("zfs_nomad_lease_held", "1 while this node heard from a majority of all its peers, every domain, within the lease, else 0 (its mounted primaries are read-only).")
 	return &lease.Heartbeat{
 		Monitor:  monitor,
 		NodeID:   cfg.NodeID,
 		Interval: time.Duration(cfg.Lease) / 4,
-		Peers:    peers.Peers,
+		Peers:    agents.Peers,
 		Dial:     dial,
 		Volumes:  leaseVolumes{volumes, promised},
 		Held: func(held bool) {

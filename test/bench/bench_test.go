@@ -46,12 +46,12 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/zfs-nomad/zfs-nomad/internal/agentclient"
-	"github.com/zfs-nomad/zfs-nomad/internal/guesttest"
-	"github.com/zfs-nomad/zfs-nomad/internal/replication"
-	"github.com/zfs-nomad/zfs-nomad/internal/sim"
-	"github.com/zfs-nomad/zfs-nomad/internal/tlsconfig"
-	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
+	"github.com/zfs-nomad/zfs-nomad/internal/controller/agentclient"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/replication"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/tlsconfig"
+	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guestcluster"
+	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guesttest"
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
@@ -77,7 +77,7 @@ var (
 
 func sh(b *testing.B, script string) string {
 	b.Helper()
-	out, err := sim.Run("sh", "-c", script)
+	out, err := guestcluster.Run("sh", "-c", script)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -91,7 +91,7 @@ func timed(f func()) time.Duration {
 }
 
 func BenchmarkReplication(b *testing.B) {
-	c := guesttest.StartCluster(b, 2, sim.Options{LogLevel: "info"})
+	c := guesttest.StartCluster(b, 2, guestcluster.Options{LogLevel: "info"})
 	n1, n2 := c.Nodes[0], c.Nodes[1]
 	_, id := createVolume(b, c, "bench", n1.ID, 2<<30)
 	src := n1.RootDataset + "/" + id
@@ -202,7 +202,7 @@ func cpuBusy(b *testing.B) time.Duration {
 // createVolume creates a volume of size bytes on node, uncompressed (the
 // benchmarks write random data), through the controller, whose client it
 // returns too.
-func createVolume(b *testing.B, c *sim.Cluster, name, node string, size int64) (csi.ControllerClient, string) {
+func createVolume(b *testing.B, c *guestcluster.Cluster, name, node string, size int64) (csi.ControllerClient, string) {
 	b.Helper()
 	ctl := controllerClient(b, c)
 	resp, err := ctl.CreateVolume(context.Background(), &csi.CreateVolumeRequest{Name: name, CapacityRange: &csi.CapacityRange{RequiredBytes: size},
@@ -214,7 +214,7 @@ func createVolume(b *testing.B, c *sim.Cluster, name, node string, size int64) (
 }
 
 // push runs one Replicate to the end.
-func push(b *testing.B, agent *agentclient.Client, id string, target *sim.Node) {
+func push(b *testing.B, agent *agentclient.Client, id string, target *guestcluster.Node) {
 	if _, err := agent.Replicate(context.Background(), id, agentclient.Target{Addr: target.AgentAddress, NodeID: target.ID}, "bench", nil); err != nil {
 		b.Fatal(err)
 	}
@@ -224,7 +224,7 @@ func push(b *testing.B, agent *agentclient.Client, id string, target *sim.Node) 
 // It first waits (up to 30 s) for the receiver's tidy, which holds the
 // received snapshot a second after the receive: a hold placed between the
 // release and the destroy would fail the destroy.
-func dropReplica(b *testing.B, n1, n2 *sim.Node, id string) {
+func dropReplica(b *testing.B, n1, n2 *guestcluster.Node, id string) {
 	ds := n2.RootDataset + "/" + id
 	sh(b, "s=$(zfs list -H -t snapshot -o name -s createtxg -d 1 "+ds+" | tail -1); for i in $(seq 60); do zfs holds -H $s | grep -q zfs-nomad-base && break; sleep 0.5; done")
 	sh(b, "zfs list -H -t snapshot -o name -d 1 "+ds+" | xargs -n1 zfs release zfs-nomad-base; zfs destroy -r "+ds)
@@ -234,7 +234,7 @@ func dropReplica(b *testing.B, n1, n2 *sim.Node, id string) {
 // socatSend runs zfs send SEND | socat | zfs recv TARGET from n1 to n2
 // over the veth, in the nodes' namespaces: SEND is a snapshot (a full
 // stream) or "-i BASE SNAPSHOT".
-func socatSend(b *testing.B, n1, n2 *sim.Node, send, target string) {
+func socatSend(b *testing.B, n1, n2 *guestcluster.Node, send, target string) {
 	b.Helper()
 	if err := n1.SendOverTCP(n2, "zfs send -L -c "+send, target); err != nil {
 		b.Fatal(err)
@@ -350,12 +350,12 @@ func (sink) Receive(stream pb.Replication_ReceiveServer) error {
 // the medians: one pair alone varies by a third on this machine. Goal:
 // at most 2x.
 func BenchmarkMigration(b *testing.B) {
-	c := guesttest.StartCluster(b, 2, sim.Options{LogLevel: "info", ControllerArgs: []string{"-schedule-every", "0"}})
+	c := guesttest.StartCluster(b, 2, guestcluster.Options{LogLevel: "info", ControllerArgs: []string{"-schedule-every", "0"}})
 	n1, n2 := c.Nodes[0], c.Nodes[1]
 	ctx := context.Background()
 	ctl, id := createVolume(b, c, "moving", n1.ID, 2<<30)
-	dataset := func(n *sim.Node) string { return n.RootDataset + "/" + id }
-	write := func(n *sim.Node, file string, mib int) {
+	dataset := func(n *guestcluster.Node) string { return n.RootDataset + "/" + id }
+	write := func(n *guestcluster.Node, file string, mib int) {
 		mnt := filepath.Join(n.Dir, "moving")
 		sh(b, fmt.Sprintf("mkdir -p %s && mount -t zfs %s %s && dd if=/dev/urandom of=%s/%s bs=1M count=%d 2>/dev/null && sync && umount %s",
 			mnt, dataset(n), mnt, mnt, file, mib, mnt))
@@ -394,10 +394,10 @@ func BenchmarkMigration(b *testing.B) {
 		publish := timed(func() {
 			for {
 				resp, err := ctl.ControllerPublishVolume(ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: to.ID, VolumeCapability: mountCapability})
-				if err == nil && resp.GetPublishContext()[vocab.PublishContextGeneration] != "" {
+				if err == nil && resp.GetPublishContext()[contract.PublishContextGeneration] != "" {
 					return
 				}
-				if err != nil && !sim.CatchingUp(err) {
+				if err != nil && !guestcluster.CatchingUp(err) {
 					b.Fatal(err)
 				}
 				time.Sleep(100 * time.Millisecond)
@@ -420,7 +420,7 @@ func BenchmarkMigration(b *testing.B) {
 
 // waitDemoted waits until the volume's copy on n is a replica: the
 // controller demotes the old primary after answering the move.
-func waitDemoted(b *testing.B, n *sim.Node, id string) {
+func waitDemoted(b *testing.B, n *guestcluster.Node, id string) {
 	var role string
 	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
 		if role = strings.TrimSpace(sh(b, "zfs get -H -o value zfs-nomad:role "+n.RootDataset+"/"+id)); role == "replica" {
@@ -432,7 +432,7 @@ func waitDemoted(b *testing.B, n *sim.Node, id string) {
 
 // controllerClient connects to the cluster's controller until the
 // benchmark ends.
-func controllerClient(b *testing.B, c *sim.Cluster) csi.ControllerClient {
+func controllerClient(b *testing.B, c *guestcluster.Cluster) csi.ControllerClient {
 	conn, err := grpc.NewClient(c.ControllerEndpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		b.Fatal(err)
@@ -442,7 +442,7 @@ func controllerClient(b *testing.B, c *sim.Cluster) csi.ControllerClient {
 }
 
 // mountCapability is a single-node-writer file system.
-var mountCapability = sim.MountWriter()
+var mountCapability = guestcluster.MountWriter()
 
 func median(xs []float64) float64 {
 	s := slices.Clone(xs)

@@ -14,8 +14,8 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
 
-	"github.com/zfs-nomad/zfs-nomad/internal/guesttest"
-	"github.com/zfs-nomad/zfs-nomad/internal/sim"
+	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guestcluster"
+	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guesttest"
 )
 
 var (
@@ -34,7 +34,7 @@ var (
 // and against zfs send | zfs receive of the same volumes one after
 // another between the same pools (the bytes alone, measured before).
 func BenchmarkDrain(b *testing.B) {
-	c := guesttest.StartCluster(b, 2, sim.Options{LogLevel: "info", ControllerArgs: []string{"-schedule-every", "0"}})
+	c := guesttest.StartCluster(b, 2, guestcluster.Options{LogLevel: "info", ControllerArgs: []string{"-schedule-every", "0"}})
 	n1, n2 := c.Nodes[0], c.Nodes[1]
 	ctx := context.Background()
 	ctl := controllerClient(b, c)
@@ -98,7 +98,7 @@ const drainHeader = "volumes  MiB-each  all-moved  per-volume  raw-serial  all/r
 
 // drainVolumes creates n volumes on node, without replicas, each holding
 // -drain-mib MiB of random data.
-func drainVolumes(b *testing.B, ctl csi.ControllerClient, node *sim.Node, n int) []string {
+func drainVolumes(b *testing.B, ctl csi.ControllerClient, node *guestcluster.Node, n int) []string {
 	ctx := context.Background()
 	ids := make([]string, n)
 	for i := range n {
@@ -132,7 +132,7 @@ func claim(ctx context.Context, ctl csi.ControllerClient, node csi.NodeClient, s
 				VolumeCapability: mountCapability, PublishContext: resp.GetPublishContext()})
 			return err
 		}
-		if !sim.CatchingUp(err) || time.Now().After(deadline) {
+		if !guestcluster.CatchingUp(err) || time.Now().After(deadline) {
 			return err
 		}
 		time.Sleep(backoff)

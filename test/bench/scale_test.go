@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/peers"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -16,14 +17,14 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/zfs-nomad/zfs-nomad/internal/agentclient"
-	"github.com/zfs-nomad/zfs-nomad/internal/cluster"
-	"github.com/zfs-nomad/zfs-nomad/internal/guesttest"
-	"github.com/zfs-nomad/zfs-nomad/internal/scheduler"
-	"github.com/zfs-nomad/zfs-nomad/internal/sim"
-	"github.com/zfs-nomad/zfs-nomad/internal/tlsconfig"
-	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
-	"github.com/zfs-nomad/zfs-nomad/internal/volume"
+	"github.com/zfs-nomad/zfs-nomad/internal/controller/agentclient"
+	"github.com/zfs-nomad/zfs-nomad/internal/controller/cluster"
+	"github.com/zfs-nomad/zfs-nomad/internal/controller/scheduler"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/volume"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/tlsconfig"
+	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guestcluster"
+	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guesttest"
 )
 
 var (
@@ -46,7 +47,7 @@ var (
 // reads every node's index or every volume) after them, fewer times.
 // Goal: every per-volume call at 1000 at most 1.2x its figure at 10.
 func BenchmarkScale(b *testing.B) {
-	c := guesttest.StartCluster(b, 3, sim.Options{LogLevel: "info", ControllerArgs: []string{"-schedule-every", "0"}})
+	c := guesttest.StartCluster(b, 3, guestcluster.Options{LogLevel: "info", ControllerArgs: []string{"-schedule-every", "0"}})
 	ctx := context.Background()
 	ctl, capability := controllerClient(b, c), mountCapability
 	agents := operatorCluster(b, c)
@@ -92,7 +93,7 @@ const scaleHeader = "volumes/node  raw-create raw-destroy raw-list  1stCreate Cr
 // fillNode makes volumes from..to-1 of a node with zfs create, eight at
 // once, labelled as the driver labels a primary, and checks they are
 // there.
-func fillNode(b *testing.B, n *sim.Node, from, to int) {
+func fillNode(b *testing.B, n *guestcluster.Node, from, to int) {
 	if to <= from {
 		return
 	}
@@ -103,10 +104,10 @@ func fillNode(b *testing.B, n *sim.Node, from, to int) {
 		// tenth of the volumes due (no replica exists yet).
 		params := map[string]string{}
 		if i%10 == 0 {
-			params[vocab.ParamReplicas], params[vocab.ParamReplicationInterval] = "1", "1h"
+			params[contract.ParamReplicas], params[contract.ParamReplicationInterval] = "1", "1h"
 		}
 		fmt.Fprintf(&lines, "-o mountpoint=legacy -o %s=%s -o %s=fill-%s-%d -o %s=%s -o %s=1 -o %s=1 -o %s=%s %s/%s\n",
-			volume.PropVolumeID, id, volume.PropName, n.ID, i, volume.PropRole, vocab.RolePrimary, volume.PropGeneration, volume.PropHistoryFrom,
+			volume.PropVolumeID, id, volume.PropName, n.ID, i, volume.PropRole, contract.RolePrimary, volume.PropGeneration, volume.PropHistoryFrom,
 			volume.PropParameters, volume.EncodeParameters(params), n.RootDataset, id)
 	}
 	list := filepath.Join(b.TempDir(), "fill")
@@ -122,7 +123,7 @@ func fillNode(b *testing.B, n *sim.Node, from, to int) {
 	}
 }
 
-func fillID(n *sim.Node, i int) string {
+func fillID(n *guestcluster.Node, i int) string {
 	return fmt.Sprintf("vol-%020x", uint64(n.Index)<<32|uint64(i))
 }
 
@@ -131,7 +132,7 @@ func fillID(n *sim.Node, i int) string {
 // generation 1 on every node that answers (a majority is needed), so a
 // node keeps a promise record for every volume of the cluster, in the
 // shards of volume.PromiseShard. One zfs set per shard.
-func fillPromises(b *testing.B, node *sim.Node, all []*sim.Node, from, to int) {
+func fillPromises(b *testing.B, node *guestcluster.Node, all []*guestcluster.Node, from, to int) {
 	if to <= from {
 		return
 	}
@@ -168,7 +169,7 @@ func fillPromises(b *testing.B, node *sim.Node, all []*sim.Node, from, to int) {
 }
 
 // scaleRow measures one row of the table with n volumes on every node.
-func scaleRow(b *testing.B, ctx context.Context, c *sim.Cluster, agents *cluster.Cluster, ctl csi.ControllerClient, capability *csi.VolumeCapability, n int) string {
+func scaleRow(b *testing.B, ctx context.Context, c *guestcluster.Cluster, agents *cluster.Cluster, ctl csi.ControllerClient, capability *csi.VolumeCapability, n int) string {
 	n1 := c.Nodes[0]
 	nodeConn, err := grpc.NewClient(n1.CSIEndpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -219,7 +220,7 @@ func scaleRow(b *testing.B, ctx context.Context, c *sim.Cluster, agents *cluster
 			}
 		}))
 		getCopy = append(getCopy, seconds(func() {
-			if _, err := a1.GetCopy(ctx, vocab.VolumeIDForName(name)); err != nil {
+			if _, err := a1.GetCopy(ctx, contract.VolumeIDForName(name)); err != nil {
 				b.Fatal(err)
 			}
 		}))
@@ -311,7 +312,7 @@ func seconds(f func()) float64 { return timed(f).Seconds() }
 // printListings prints the nodes' log lines about the listings of their
 // indexes (at info when slow): a call that meets one competes with it
 // for the guest, and the row's figures are read beside them.
-func printListings(c *sim.Cluster, n int) {
+func printListings(c *guestcluster.Cluster, n int) {
 	for _, node := range c.Nodes {
 		data, err := os.ReadFile(node.Process.Log)
 		if err != nil {
@@ -329,14 +330,14 @@ func printListings(c *sim.Cluster, n int) {
 // operatorCluster connects to the nodes' agents as the operator's
 // commands do, with the operator's certificate, and the controller's
 // default agent_timeout (30 s).
-func operatorCluster(b *testing.B, c *sim.Cluster) *cluster.Cluster {
+func operatorCluster(b *testing.B, c *guestcluster.Cluster) *cluster.Cluster {
 	material, err := tlsconfig.Load(c.Operator)
 	if err != nil {
 		b.Fatal(err)
 	}
-	peers := c.AgentAddresses()
+	addrs := c.AgentAddresses()
 	log := hclog.New(&hclog.LoggerOptions{Name: "bench", Level: hclog.Warn, Output: os.Stderr})
-	cl := cluster.New(cluster.StaticPeers(peers), 30*time.Second, log, grpc.WithTransportCredentials(material.ClientCredentials()))
+	cl := cluster.New(peers.Static(addrs), 30*time.Second, log, grpc.WithTransportCredentials(material.ClientCredentials()))
 	b.Cleanup(cl.Close)
 	return cl
 }
@@ -368,7 +369,7 @@ func waitForAgents(b *testing.B, ctx context.Context, cl *cluster.Cluster, want 
 // node's: Create 1.41x, Delete 1.55x). A node logs its first listings
 // since its start at info. It waits at most listingWait; the time it
 // took is printed.
-func waitForIndexes(c *sim.Cluster, logFrom map[string]int) {
+func waitForIndexes(c *guestcluster.Cluster, logFrom map[string]int) {
 	const listingWait = 10 * time.Minute
 	began := time.Now()
 	for _, node := range c.Nodes {
@@ -384,7 +385,7 @@ func waitForIndexes(c *sim.Cluster, logFrom map[string]int) {
 }
 
 // readLog returns a node's log so far ("" when it cannot be read).
-func readLog(node *sim.Node) string {
+func readLog(node *guestcluster.Node) string {
 	data, _ := os.ReadFile(node.Process.Log)
 	return string(data)
 }
@@ -431,10 +432,10 @@ func scheduleRound(b *testing.B, ctx context.Context, cl *cluster.Cluster, ctl c
 
 // operatorStatus runs zfs-controller status as the operator does, with
 // the operator's certificate.
-func operatorStatus(b *testing.B, c *sim.Cluster) {
+func operatorStatus(b *testing.B, c *guestcluster.Cluster) {
 	peers := c.AgentAddresses()
 	args := []string{"status", "-peers", strings.Join(peers, ","), "-tls-ca", c.Operator.CA, "-tls-cert", c.Operator.Cert, "-tls-key", c.Operator.Key}
-	if out, err := sim.Run(filepath.Join(guesttest.BinDir(b), "zfs-controller"), args...); err != nil {
+	if out, err := guestcluster.Run(filepath.Join(guesttest.BinDir(b), "zfs-controller"), args...); err != nil {
 		b.Fatalf("zfs-controller status: %v\n%s", err, out)
 	}
 }

@@ -10,10 +10,10 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
-	"github.com/zfs-nomad/zfs-nomad/internal/agentclient"
-	"github.com/zfs-nomad/zfs-nomad/internal/guesttest"
-	"github.com/zfs-nomad/zfs-nomad/internal/sim"
-	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
+	"github.com/zfs-nomad/zfs-nomad/internal/controller/agentclient"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
+	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guestcluster"
+	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guesttest"
 )
 
 // BenchmarkSnapshotBytes is what a volume's first push to a new replica
@@ -22,7 +22,7 @@ import (
 // holds a 4 MiB file of random data, 1 MiB of it rewritten before each of
 // ten CSI snapshots, so the snapshots reference 14 MiB of distinct blocks.
 func BenchmarkSnapshotBytes(b *testing.B) {
-	c := guesttest.StartCluster(b, 2, sim.Options{LogLevel: "info"})
+	c := guesttest.StartCluster(b, 2, guestcluster.Options{LogLevel: "info"})
 	n1, n2 := c.Nodes[0], c.Nodes[1]
 	ctx := context.Background()
 	ctl, id := createVolume(b, c, "snapshot-bytes", n1.ID, 1<<30)
@@ -36,7 +36,7 @@ func BenchmarkSnapshotBytes(b *testing.B) {
 		}
 	}
 	sh(b, "umount "+mnt)
-	newest := src + "@" + vocab.SnapshotIDForName("s9")
+	newest := src + "@" + contract.SnapshotIDForName("s9")
 	alone, err := strconv.ParseFloat(strings.TrimSpace(sh(b, "zfs send -nP -L -c "+newest+" | awk '$1==\"size\"{print $2}'")), 64)
 	if err != nil {
 		b.Fatal(err)

@@ -49,10 +49,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/zfs-nomad/zfs-nomad/internal/guesttest"
-	"github.com/zfs-nomad/zfs-nomad/internal/zfs"
-	"github.com/zfs-nomad/zfs-nomad/internal/zfs/openzfs"
-	"github.com/zfs-nomad/zfs-nomad/internal/zfs/zfscmd"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/openzfs"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfscmd"
+	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guesttest"
 )
 
 func TestMain(m *testing.M) { os.Exit(guesttest.MainPhases(m)) }

@@ -10,9 +10,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/zfs-nomad/zfs-nomad/internal/guesttest"
-	"github.com/zfs-nomad/zfs-nomad/internal/sim"
-	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
+	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guestcluster"
+	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guesttest"
 )
 
 // TestAMoveGrantedAheadOutlivesItsController (issue 38): a controller
@@ -33,11 +33,11 @@ func TestAMoveGrantedAheadOutlivesItsController(t *testing.T) {
 	for deadline := time.Now().Add(2 * time.Minute); granted == nil; time.Sleep(time.Second) {
 		resp, err := e.controller().ControllerPublishVolume(e.ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: "n2", VolumeCapability: writer})
 		switch {
-		case resp.GetPublishContext()[vocab.PublishContextAfterGeneration] != "":
+		case resp.GetPublishContext()[contract.PublishContextAfterGeneration] != "":
 			granted = resp.GetPublishContext()
 		case err == nil:
 			t.Fatalf("the move ended before a publish was granted ahead of it (%v): throttle it more", resp.GetPublishContext())
-		case !sim.CatchingUp(err) || time.Now().After(deadline):
+		case !guestcluster.CatchingUp(err) || time.Now().After(deadline):
 			t.Fatalf("publish on n2: %v", err)
 		}
 	}
@@ -92,7 +92,7 @@ func TestARetryOnAnotherInstanceFollowsTheMove(t *testing.T) {
 	}
 	second := csi.NewControllerClient(guesttest.Dial(t, endpoint))
 	publish := &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: "n2", VolumeCapability: writer}
-	if _, err := e.controller().ControllerPublishVolume(e.ctx, publish); !sim.CatchingUp(err) {
+	if _, err := e.controller().ControllerPublishVolume(e.ctx, publish); !guestcluster.CatchingUp(err) {
 		t.Fatalf("the publish that starts the move, on the first instance: %v; want it catching up in the background", err)
 	}
 
@@ -101,11 +101,11 @@ func TestARetryOnAnotherInstanceFollowsTheMove(t *testing.T) {
 	for deadline := time.Now().Add(2 * time.Minute); granted == nil; time.Sleep(time.Second) {
 		resp, err := second.ControllerPublishVolume(e.ctx, publish)
 		switch {
-		case resp.GetPublishContext()[vocab.PublishContextAfterGeneration] != "":
+		case resp.GetPublishContext()[contract.PublishContextAfterGeneration] != "":
 			granted = resp.GetPublishContext()
 		case err == nil:
 			t.Fatalf("the move ended before the second instance granted the publish ahead (%v): throttle it more", resp.GetPublishContext())
-		case !sim.CatchingUp(err) || time.Now().After(deadline):
+		case !guestcluster.CatchingUp(err) || time.Now().After(deadline):
 			t.Fatalf("the retry on the second instance: %v", err)
 		case strings.Contains(err.Error(), "by the push already running there"):
 			followed = status.Convert(err).Message()

@@ -10,9 +10,9 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 
-	"github.com/zfs-nomad/zfs-nomad/internal/guesttest"
-	"github.com/zfs-nomad/zfs-nomad/internal/sim"
-	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
+	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guestcluster"
+	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guesttest"
 )
 
 // TestEncryptedVolumesOpenOnlyWhereStaged (issue 37): a volume created
@@ -34,12 +34,12 @@ func TestEncryptedVolumesOpenOnlyWhereStaged(t *testing.T) {
 	}
 	// The shipped agent timeout (30 s), not the simulation's 10 s: an
 	// encrypted create derives its key, 6 to 10 s in the emulated guest.
-	c := guesttest.StartCluster(t, 3, sim.Options{
+	c := guesttest.StartCluster(t, 3, guestcluster.Options{
 		ControllerArgs: []string{"-schedule-every", "0", "-agent-timeout", "30s"},
 		NodeArgs:       []string{"-allow-property", "encryption=off:on|off|aes-256-gcm", "-encryption-key-file", keyFile},
 	})
 	const key = "correct horse battery staple"
-	e := &env{t: t, c: c, ctx: context.Background(), secrets: map[string]string{vocab.SecretEncryptionKey: key}}
+	e := &env{t: t, c: c, ctx: context.Background(), secrets: map[string]string{contract.SecretEncryptionKey: key}}
 
 	id := e.create("secret", map[string]string{"encryption": "aes-256-gcm"})
 	e.wantKeys(id, "created", map[string]string{"n1": "unavailable"})
@@ -51,7 +51,7 @@ func TestEncryptedVolumesOpenOnlyWhereStaged(t *testing.T) {
 		from    string
 	}{
 		{nil, "the passphrase from the key file " + keyFile + " does not unlock it"},
-		{map[string]string{vocab.SecretEncryptionKey: "not the passphrase"}, "the passphrase from the secret encryption_key does not unlock it"},
+		{map[string]string{contract.SecretEncryptionKey: "not the passphrase"}, "the passphrase from the secret encryption_key does not unlock it"},
 	} {
 		e.secrets = tc.secrets
 		_, err := e.publish(id, "n1")
@@ -61,7 +61,7 @@ func TestEncryptedVolumesOpenOnlyWhereStaged(t *testing.T) {
 			t.Fatalf("a refused stage left %s mounts of the volume", out)
 		}
 	}
-	e.secrets = map[string]string{vocab.SecretEncryptionKey: key}
+	e.secrets = map[string]string{contract.SecretEncryptionKey: key}
 
 	dir := e.mustPublish(id, "n1")
 	e.write("n1", dir, "echo first > f && head -c 4194304 /dev/urandom > blob")
@@ -104,10 +104,10 @@ func TestEncryptedVolumesOpenOnlyWhereStaged(t *testing.T) {
 	e.wantKeys(id, "replicated to n1", map[string]string{"n1": "unavailable", "n2": "unavailable"})
 	e.loseNode("n2")
 	e.promote(id, "n1")
-	e.secrets = map[string]string{vocab.SecretEncryptionKey: "not the passphrase"}
+	e.secrets = map[string]string{contract.SecretEncryptionKey: "not the passphrase"}
 	_, err = e.publish(id, "n1")
 	wantCode(t, err, codes.InvalidArgument, "does not unlock it")
-	e.secrets = map[string]string{vocab.SecretEncryptionKey: key}
+	e.secrets = map[string]string{contract.SecretEncryptionKey: key}
 	dir = e.mustPublish(id, "n1")
 	if got := e.checksums("n1", dir); got != want {
 		t.Fatalf("after the failover n1 holds:\n%s\nwant:\n%s", got, want)

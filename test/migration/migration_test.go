@@ -20,9 +20,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/zfs-nomad/zfs-nomad/internal/guesttest"
-	"github.com/zfs-nomad/zfs-nomad/internal/sim"
-	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
+	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guestcluster"
+	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guesttest"
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
@@ -35,12 +35,12 @@ func TestMain(m *testing.M) {
 	}))
 }
 
-var writer = sim.MountWriter()
+var writer = guestcluster.MountWriter()
 
 // env is a three-node cluster and clients for it.
 type env struct {
 	t   *testing.T
-	c   *sim.Cluster
+	c   *guestcluster.Cluster
 	ctx context.Context
 	// secrets go with every create and stage, as Nomad sends a volume's
 	// secrets block.
@@ -49,7 +49,7 @@ type env struct {
 
 func start(t *testing.T) *env {
 	// No schedule: the tests push replicas themselves, at chosen moments.
-	c := guesttest.StartCluster(t, 3, sim.Options{ControllerArgs: []string{"-schedule-every", "0"}})
+	c := guesttest.StartCluster(t, 3, guestcluster.Options{ControllerArgs: []string{"-schedule-every", "0"}})
 	return &env{t: t, c: c, ctx: context.Background()}
 }
 
@@ -57,7 +57,7 @@ func (e *env) controller() csi.ControllerClient {
 	return csi.NewControllerClient(guesttest.Dial(e.t, e.c.ControllerEndpoint))
 }
 
-func (e *env) node(id string) *sim.Node {
+func (e *env) node(id string) *guestcluster.Node {
 	for _, n := range e.c.Nodes {
 		if n.ID == id {
 			return n
@@ -98,7 +98,7 @@ func (e *env) createWritten(name string, params map[string]string, script string
 }
 
 // publish does what Nomad does for a claim on nodeID: ControllerPublish
-// (retried while a move's catch-up runs, sim.Publish), then stage and
+// (retried while a move's catch-up runs, guestcluster.Publish), then stage and
 // publish with the publish context. It returns the path the
 // workload sees.
 func (e *env) publish(id, nodeID string) (string, error) {
@@ -108,8 +108,8 @@ func (e *env) publish(id, nodeID string) (string, error) {
 // publishWithin is publish ending when ctx does.
 func (e *env) publishWithin(ctx context.Context, id, nodeID string) (string, error) {
 	req := &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: nodeID, VolumeCapability: writer}
-	resp, err := sim.Publish(ctx, e.controller(), req, 3*time.Minute, func(err error) bool {
-		if !sim.CatchingUp(err) {
+	resp, err := guestcluster.Publish(ctx, e.controller(), req, 3*time.Minute, func(err error) bool {
+		if !guestcluster.CatchingUp(err) {
 			return false
 		}
 		e.t.Logf("publish of %s on %s: %v; retrying", id, nodeID, err)
@@ -465,7 +465,7 @@ func (e *env) publishAfterSilence(id, nodeID string) string {
 // failover (issue 35, defect 7), which must come as quickly.
 func TestPublishAfterSilentNodeLoss(t *testing.T) {
 	const agentTimeout = 30 * time.Second // the production default
-	c := guesttest.StartCluster(t, 3, sim.Options{ControllerArgs: []string{"-schedule-every", "0", "-agent-timeout", agentTimeout.String()}})
+	c := guesttest.StartCluster(t, 3, guestcluster.Options{ControllerArgs: []string{"-schedule-every", "0", "-agent-timeout", agentTimeout.String()}})
 	e := &env{t: t, c: c, ctx: context.Background()}
 	// Published: the controller now holds a connection to every agent.
 	id, _ := e.createWritten("silent", map[string]string{"failover": "auto"}, "echo replicated > a")
@@ -638,7 +638,7 @@ func (e *env) settled(id, nodeID, want string) {
 	e.t.Helper()
 	var got []string
 	for deadline := time.Now().Add(45 * time.Second); time.Now().Before(deadline); time.Sleep(2 * time.Second) {
-		if _, err := e.controller().ControllerPublishVolume(e.ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: nodeID, VolumeCapability: writer}); err != nil && !sim.CatchingUp(err) {
+		if _, err := e.controller().ControllerPublishVolume(e.ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: nodeID, VolumeCapability: writer}); err != nil && !guestcluster.CatchingUp(err) {
 			e.t.Fatal(err)
 		}
 		if got = e.primaries(id); strings.Join(got, " ") == want {
@@ -698,7 +698,7 @@ func TestInterruptedMoves(t *testing.T) {
 			tt.kill()
 			// Published ahead of the move's end, the stage on n2 waits for
 			// a promotion the kill stopped, up to two minutes before it
-			// answers Unavailable (csi/node.promotedAfter); the retry below
+			// answers Unavailable (node/csiserver.promotedAfter); the retry below
 			// is what Nomad would do meanwhile. What fails at once fails.
 			time.AfterFunc(2*time.Second, cancelPublish)
 			err := <-errc
@@ -756,7 +756,7 @@ func TestCatchUpBlocksNoOtherVolume(t *testing.T) {
 	began := time.Now()
 	_, err := e.controller().ControllerPublishVolume(e.ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: "n2", VolumeCapability: writer})
 	answered := time.Since(began)
-	if !sim.CatchingUp(err) || answered > 15*time.Second {
+	if !guestcluster.CatchingUp(err) || answered > 15*time.Second {
 		t.Fatalf("publish of a 300 MiB volume on a node without it: %v after %s, want FailedPrecondition (catching up) within seconds", err, answered)
 	}
 	t.Logf("the move's first publish answered after %s: %v", answered.Round(time.Millisecond), err)
@@ -764,7 +764,7 @@ func TestCatchUpBlocksNoOtherVolume(t *testing.T) {
 	// Still moving: refused with the progress, or, near the end, granted
 	// ahead of it (docs/migration.md, "Publishing ahead of a move's end").
 	resp, err := e.controller().ControllerPublishVolume(e.ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: "n2", VolumeCapability: writer})
-	if _, ahead := resp.GetPublishContext()[vocab.PublishContextAfterGeneration]; !sim.CatchingUp(err) && !ahead {
+	if _, ahead := resp.GetPublishContext()[contract.PublishContextAfterGeneration]; !guestcluster.CatchingUp(err) && !ahead {
 		t.Fatalf("the catch-up ended before the other volume's calls did (%v, %v): nothing was measured beside it; send more", resp, err)
 	}
 	t.Logf("create and publish of another volume: %s usually, %s beside the catch-up", usual.Round(time.Millisecond), meanwhile.Round(time.Millisecond))
@@ -921,7 +921,7 @@ func TestPartitionedPrimaryTurnsReadOnly(t *testing.T) {
 // startWithLease starts three nodes that keep leases of length lease
 // (each other's peers), with extra zfs-node flags, and no schedule.
 func startWithLease(t *testing.T, lease time.Duration, nodeArgs ...string) *env {
-	c := guesttest.StartCluster(t, 3, sim.Options{ControllerArgs: []string{"-schedule-every", "0"}, Lease: lease, NodeArgs: nodeArgs})
+	c := guesttest.StartCluster(t, 3, guestcluster.Options{ControllerArgs: []string{"-schedule-every", "0"}, Lease: lease, NodeArgs: nodeArgs})
 	return &env{t: t, c: c, ctx: context.Background()}
 }
 

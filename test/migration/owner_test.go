@@ -10,8 +10,8 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 
-	"github.com/zfs-nomad/zfs-nomad/internal/guesttest"
-	"github.com/zfs-nomad/zfs-nomad/internal/sim"
+	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guestcluster"
+	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guesttest"
 )
 
 // TestOwnerAndModeFollowTheVolume (issue 37): a volume created with uid,
@@ -21,7 +21,7 @@ import (
 // asks for another owner gets it. The owner writes without root; another
 // user cannot.
 func TestOwnerAndModeFollowTheVolume(t *testing.T) {
-	c := guesttest.StartCluster(t, 3, sim.Options{
+	c := guesttest.StartCluster(t, 3, guestcluster.Options{
 		ControllerArgs: []string{"-schedule-every", "0"},
 		NodeArgs:       []string{"-root-uids", "1000-1001", "-root-gids", "1000"},
 	})

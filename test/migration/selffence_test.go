@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/zfs-nomad/zfs-nomad/internal/config"
-	"github.com/zfs-nomad/zfs-nomad/internal/sim"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/config"
+	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guestcluster"
 )
 
 // TestSelfFenceOfTwentyPrimaries: issue 35, defect 6, on real ZFS. A node
@@ -85,7 +85,7 @@ func TestSelfFenceOfTwentyPrimaries(t *testing.T) {
 
 // fenceTimes reads n's log: when it logged that it lost its lease after
 // since, and when it made each volume read-only after that, in order.
-func fenceTimes(t *testing.T, n *sim.Node, since time.Time) (lost time.Time, fenced []time.Time) {
+func fenceTimes(t *testing.T, n *guestcluster.Node, since time.Time) (lost time.Time, fenced []time.Time) {
 	t.Helper()
 	data, err := os.ReadFile(n.Process.Log)
 	if err != nil {

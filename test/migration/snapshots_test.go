@@ -11,9 +11,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/zfs-nomad/zfs-nomad/internal/guesttest"
-	"github.com/zfs-nomad/zfs-nomad/internal/vocab"
-	"github.com/zfs-nomad/zfs-nomad/internal/volume"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/volume"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
+	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guesttest"
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
@@ -262,7 +262,7 @@ func TestBytesSentWithSnapshots(t *testing.T) {
 		}
 	}
 	fs := e.node("n1").RootDataset + "/" + id
-	newest := fs + "@" + vocab.SnapshotIDForName("s9")
+	newest := fs + "@" + contract.SnapshotIDForName("s9")
 	out := guesttest.Run(t, "sh", "-c", "zfs send -nP -L -c "+newest+" | awk '/^size/ {print $2}'")
 	alone, err := strconv.ParseInt(strings.TrimSpace(out), 10, 64)
 	if err != nil {
@@ -387,7 +387,7 @@ func TestASnapshotKeptTwiceGoesWithItsDelete(t *testing.T) {
 	tombstone := copyOnN2 + "-deleted-1"
 	n2.Process.Stop()
 	guesttest.Run(t, "sh", "-c", fmt.Sprintf("zfs send %[1]s@%[2]s | zfs receive -u %[3]s && zfs set %[4]s=%[5]s %[6]s=%[7]s %[3]s",
-		copyOnN2, snapID, tombstone, volume.PropRole, vocab.RoleDeleted, volume.PropVolumeID, id))
+		copyOnN2, snapID, tombstone, volume.PropRole, contract.RoleDeleted, volume.PropVolumeID, id))
 	e.returnNodeProcess("n2")
 
 	if _, err := e.controller().DeleteSnapshot(e.ctx, &csi.DeleteSnapshotRequest{SnapshotId: snapID}); err != nil {

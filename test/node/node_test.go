@@ -15,9 +15,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/zfs-nomad/zfs-nomad/internal/guesttest"
-	"github.com/zfs-nomad/zfs-nomad/internal/sim"
-	"github.com/zfs-nomad/zfs-nomad/internal/volume"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/volume"
+	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guestcluster"
+	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guesttest"
 )
 
 func TestMain(m *testing.M) {
@@ -32,8 +32,8 @@ type clients struct {
 	node csi.NodeClient
 }
 
-func setup(t *testing.T) (*sim.Cluster, clients) {
-	c := guesttest.StartCluster(t, 1, sim.Options{})
+func setup(t *testing.T) (*guestcluster.Cluster, clients) {
+	c := guesttest.StartCluster(t, 1, guestcluster.Options{})
 	return c, clients{
 		ctl:  csi.NewControllerClient(guesttest.Dial(t, c.ControllerEndpoint)),
 		node: csi.NewNodeClient(guesttest.Dial(t, c.Nodes[0].CSIEndpoint)),
@@ -165,7 +165,7 @@ func TestStagePublishReadOnlyAndUnwind(t *testing.T) {
 	if _, err := cl.ctl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
 		t.Fatal(err)
 	}
-	if left, err := sim.DatasetsLeft(n.RootDataset); err != nil || len(left) > 0 {
+	if left, err := guestcluster.DatasetsLeft(n.RootDataset); err != nil || len(left) > 0 {
 		t.Errorf("datasets left after delete: %v %v", left, err)
 	}
 }

@@ -8,8 +8,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/zfs-nomad/zfs-nomad/internal/guesttest"
-	"github.com/zfs-nomad/zfs-nomad/internal/sim"
+	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guestcluster"
+	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guesttest"
 )
 
 // drainMany adds the many-volume drain to the end-to-end run (make
@@ -373,7 +373,7 @@ func (e *e2e) drainJobSpec(j drainJob, suffix string, withVolume bool) string {
 // bridge on emulated cores) it runs far below the local pipe.
 func (e *e2e) sendRates(node string) (local, link float64) {
 	e.t.Helper()
-	var from, to *sim.Node
+	var from, to *guestcluster.Node
 	for _, n := range e.c.Nodes {
 		switch {
 		case n.ID == node:

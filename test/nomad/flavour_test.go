@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/zfs-nomad/zfs-nomad/internal/guesttest"
-	"github.com/zfs-nomad/zfs-nomad/internal/sim"
+	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guestcluster"
+	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guesttest"
 )
 
 // envImages names the host directory holding the images' docker-archive
@@ -52,7 +52,7 @@ func haveImages(t testing.TB, bin string) {
 }
 
 // dockerSocket is the API socket of a node's Docker Engine.
-func dockerSocket(n *sim.Node) string { return filepath.Join(dockerDir, n.ID, "docker.sock") }
+func dockerSocket(n *guestcluster.Node) string { return filepath.Join(dockerDir, n.ID, "docker.sock") }
 
 // startDocker starts a Docker Engine in each node's network and mount
 // namespaces, as a client host has one, with the images loaded. Returns
@@ -94,7 +94,7 @@ func (e *e2e) startDocker() map[string]string {
 }
 
 // startDockerd starts a node's Docker Engine.
-func (e *e2e) startDockerd(n *sim.Node) *sim.Process {
+func (e *e2e) startDockerd(n *guestcluster.Node) *guestcluster.Process {
 	e.t.Helper()
 	dir := filepath.Join(dockerDir, n.ID)
 	guesttest.Run(e.t, "mkdir", "-p", dir)
@@ -174,7 +174,7 @@ func loadImage(socket, archive string) (string, error) {
 }
 
 // driverConfig is a client's task driver configuration for the flavour.
-func (f flavour) driverConfig(n *sim.Node) string {
+func (f flavour) driverConfig(n *guestcluster.Node) string {
 	if f.docker {
 		// Privileged tasks and bind mounts for the node plugin; images
 		// kept, as no registry could give them back.

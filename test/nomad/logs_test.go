@@ -7,7 +7,7 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/zfs-nomad/zfs-nomad/internal/sim"
+	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guestcluster"
 )
 
 // What Nomad's agents log during a drain: three client agents used as
@@ -17,7 +17,7 @@ import (
 
 // logOffsets are the sizes of the agents' logs, to read what they wrote
 // since.
-type logOffsets map[*sim.Process]int64
+type logOffsets map[*guestcluster.Process]int64
 
 func (e *e2e) logOffsets() logOffsets {
 	out := logOffsets{}

@@ -1,6 +1,6 @@
 // Package nomad runs the driver under a real Nomad, end to end, in the ZFS
 // guest: one Nomad server and three Nomad clients, each client a simulated
-// node (package sim) with its own pool, network and mount namespace, and
+// node (package guestcluster) with its own pool, network and mount namespace, and
 // for the docker flavour its own Docker Engine. The plugins are deployed
 // from the job files in nomad/ that users get (the images under the docker
 // driver) and, in a shorter scenario, from nomad/raw_exec/; only their
@@ -32,9 +32,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/zfs-nomad/zfs-nomad/internal/guesttest"
-	"github.com/zfs-nomad/zfs-nomad/internal/sim"
-	"github.com/zfs-nomad/zfs-nomad/internal/tlsconfig"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/tlsconfig"
+	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guestcluster"
+	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guesttest"
 )
 
 // envNomad names the Nomad binary on the host.
@@ -82,12 +82,12 @@ const (
 // e2e is the running Nomad cluster.
 type e2e struct {
 	t       *testing.T
-	c       *sim.Cluster
+	c       *guestcluster.Cluster
 	flavour flavour
 	bin     string // directory of nomad, zfs-node, zfs-controller, the image archives
 	repo    string
 	nodeIDs map[string]string // Nomad node name (n1) -> Nomad node ID
-	procs   []*sim.Process
+	procs   []*guestcluster.Process
 	images  map[string]string // image archive -> the name it loaded as (docker flavour)
 	pki     string            // the certificates docs/install.md has the operator make
 }
@@ -341,7 +341,7 @@ func start(t *testing.T, bin string, f flavour) *e2e {
 		// Before the nodes' namespaces exist, so that all of them see it.
 		guesttest.Run(t, "sh", "-c", fmt.Sprintf("mkdir -p %[1]s && { grep -q ' %[1]s tmpfs ' /proc/self/mounts || mount -t tmpfs tmpfs %[1]s; } && rm -rf %[1]s/*", dockerDir))
 	}
-	c := guesttest.StartCluster(t, 3, sim.Options{NoNodeProcesses: true, NoController: true})
+	c := guesttest.StartCluster(t, 3, guestcluster.Options{NoNodeProcesses: true, NoController: true})
 	e := &e2e{t: t, c: c, flavour: f, bin: bin, repo: repo, nodeIDs: map[string]string{}}
 	t.Cleanup(e.stop)
 
@@ -386,7 +386,7 @@ func start(t *testing.T, bin string, f flavour) *e2e {
 // mountCgroups mounts cgroup v2, which Nomad's task drivers need, in the
 // root namespace (n nil) or in a node's mount namespace: `ip netns exec`
 // gave each node a fresh /sys without it.
-func mountCgroups(t *testing.T, n *sim.Node) {
+func mountCgroups(t *testing.T, n *guestcluster.Node) {
 	script := "grep -q ' /sys/fs/cgroup cgroup2 ' /proc/self/mounts || mount -t cgroup2 -o nsdelegate cgroup2 /sys/fs/cgroup"
 	if n == nil {
 		guesttest.Run(t, "sh", "-c", script)
@@ -427,7 +427,7 @@ func (e *e2e) certificate(name string) tlsconfig.Files {
 		Cert: filepath.Join(e.pki, name, name+".pem"), Key: filepath.Join(e.pki, name, name+"-key.pem")}
 }
 
-func (e *e2e) prepareNode(n *sim.Node) {
+func (e *e2e) prepareNode(n *guestcluster.Node) {
 	e.t.Helper()
 	node, ctl := e.certificate(n.ID), e.certificate("controller")
 	guesttest.Run(e.t, "mkdir", "-p", nomadDir)
@@ -473,7 +473,7 @@ server {
 // checks (the example job's tasks run as nobody, which owns the volume's
 // root: volume.hcl's uid and gid), no cloud fingerprinting, and resource
 // use collected every ten seconds instead of every second.
-func (e *e2e) clientConfig(n *sim.Node) string {
+func (e *e2e) clientConfig(n *guestcluster.Node) string {
 	return fmt.Sprintf(`name = %[1]q
 data_dir = "%[2]s/data"
 bind_addr = %[3]q
@@ -571,7 +571,7 @@ func (e *e2e) deployPluginsOn(nodes int) {
 // setRootDatasetMeta sets a client's zfs_nomad_root_dataset meta with
 // `nomad node meta apply` (empty: unsets it) and waits until the servers
 // schedule with it (the client batches such changes for up to 10 s).
-func (e *e2e) setRootDatasetMeta(n *sim.Node, value string) {
+func (e *e2e) setRootDatasetMeta(n *guestcluster.Node, value string) {
 	e.t.Helper()
 	const key = "zfs_nomad_root_dataset"
 	if value == "" {
@@ -1061,7 +1061,7 @@ func (e *e2e) wantKeyLoadedOnlyOn(id, node string) {
 	e.t.Helper()
 	var copies []string
 	for _, n := range e.c.Nodes {
-		out, err := sim.Run("zfs", "get", "-H", "-o", "value", "encryption,keystatus", n.RootDataset+"/"+id)
+		out, err := guestcluster.Run("zfs", "get", "-H", "-o", "value", "encryption,keystatus", n.RootDataset+"/"+id)
 		if err != nil {
 			continue // no copy there
 		}
@@ -1082,7 +1082,7 @@ func (e *e2e) holders(volumeID string) []string {
 	e.t.Helper()
 	var out []string
 	for _, n := range e.c.Nodes {
-		if _, err := sim.Run("zfs", "list", "-H", "-o", "name", n.RootDataset+"/"+volumeID); err == nil {
+		if _, err := guestcluster.Run("zfs", "list", "-H", "-o", "name", n.RootDataset+"/"+volumeID); err == nil {
 			out = append(out, n.ID)
 		}
 	}
@@ -1090,10 +1090,10 @@ func (e *e2e) holders(volumeID string) []string {
 }
 
 // onlyRootDatasets checks that no node holds a dataset besides its root
-// and its promise records (sim.DatasetsLeft).
+// and its promise records (guestcluster.DatasetsLeft).
 func (e *e2e) onlyRootDatasets() error {
 	for _, n := range e.c.Nodes {
-		left, err := sim.DatasetsLeft(n.RootDataset)
+		left, err := guestcluster.DatasetsLeft(n.RootDataset)
 		if err != nil {
 			return err
 		}
@@ -1159,7 +1159,7 @@ func (e *e2e) stop() {
 
 // killAll kills every process of a node but the one holding its
 // namespaces, and reports any left (some may be starting).
-func killAll(n *sim.Node) error {
+func killAll(n *guestcluster.Node) error {
 	pids, err := nodeProcesses(n)
 	if err != nil {
 		return err
@@ -1176,8 +1176,8 @@ func killAll(n *sim.Node) error {
 // nodeProcesses are the processes in a node's network namespace but the
 // one holding its namespaces, and all their descendants: a container with
 // a network of its own runs under a containerd shim in the node's.
-func nodeProcesses(n *sim.Node) ([]int, error) {
-	out, err := sim.Run("ip", "netns", "pids", n.ID)
+func nodeProcesses(n *guestcluster.Node) ([]int, error) {
+	out, err := guestcluster.Run("ip", "netns", "pids", n.ID)
 	if err != nil {
 		return nil, err
 	}
@@ -1223,7 +1223,7 @@ func (e *e2e) showLogs() {
 	}
 	// Which processes' mount namespaces hold a ZFS mount, and the
 	// datasets' holds: what a "dataset is busy" needs explained.
-	out, _ := sim.Run("sh", "-c", `for p in /proc/[0-9]*; do m=$(grep ' - zfs ' $p/mountinfo 2>/dev/null | awk '{print $5, $(NF-1)}'); [ -n "$m" ] && echo "pid ${p#/proc/} $(cat $p/comm) mnt $(readlink $p/ns/mnt): $m"; done | sort -k5 | uniq -f4 -c; zfs list -H -t all -o name,mounted,userrefs; true`)
+	out, _ := guestcluster.Run("sh", "-c", `for p in /proc/[0-9]*; do m=$(grep ' - zfs ' $p/mountinfo 2>/dev/null | awk '{print $5, $(NF-1)}'); [ -n "$m" ] && echo "pid ${p#/proc/} $(cat $p/comm) mnt $(readlink $p/ns/mnt): $m"; done | sort -k5 | uniq -f4 -c; zfs list -H -t all -o name,mounted,userrefs; true`)
 	e.t.Logf("---- ZFS mounts by mount namespace, and holds ----\n%s", out)
 }
 

@@ -10,9 +10,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/zfs-nomad/zfs-nomad/internal/guesttest"
-	"github.com/zfs-nomad/zfs-nomad/internal/sim"
-	"github.com/zfs-nomad/zfs-nomad/internal/tlsconfig"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/tlsconfig"
+	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guestcluster"
+	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guesttest"
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
@@ -27,7 +27,7 @@ import (
 // have made every later move use 2^48+1, which receivers refuse).
 func TestPlantedGenerationIsRefused(t *testing.T) {
 	const absurd = 1 << 48
-	c := guesttest.StartCluster(t, 3, sim.Options{ControllerArgs: []string{"-schedule-every", "0"}})
+	c := guesttest.StartCluster(t, 3, guestcluster.Options{ControllerArgs: []string{"-schedule-every", "0"}})
 	n1, n2, n3 := c.Nodes[0], c.Nodes[1], c.Nodes[2]
 	ctx := context.Background()
 	id, target := publishedVolume(t, c, "genuine")
@@ -52,7 +52,7 @@ func TestPlantedGenerationIsRefused(t *testing.T) {
 	}
 	for _, tt := range []struct {
 		name string
-		to   *sim.Node
+		to   *guestcluster.Node
 		kind string
 		data []byte
 	}{
@@ -90,7 +90,7 @@ func TestPlantedGenerationIsRefused(t *testing.T) {
 	// The volume still moves: to n2, at generation 2.
 	unpublish(t, c, id, "genuine")
 	ctl := csi.NewControllerClient(guesttest.Dial(t, c.ControllerEndpoint))
-	resp, err := sim.Publish(ctx, ctl, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: n2.ID, VolumeCapability: writer}, 2*time.Minute, sim.CatchingUp)
+	resp, err := guestcluster.Publish(ctx, ctl, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: n2.ID, VolumeCapability: writer}, 2*time.Minute, guestcluster.CatchingUp)
 	if err != nil {
 		t.Fatalf("moving the volume to n2 after the planted streams: %v", err)
 	}
@@ -109,7 +109,7 @@ func TestPlantedGenerationIsRefused(t *testing.T) {
 }
 
 // copyOf asks node n for its copy of the volume.
-func copyOf(t *testing.T, c *sim.Cluster, n *sim.Node, id string) *pb.Copy {
+func copyOf(t *testing.T, c *guestcluster.Cluster, n *guestcluster.Node, id string) *pb.Copy {
 	t.Helper()
 	cp, err := agent(t, c, n).GetCopy(context.Background(), &pb.GetCopyRequest{VolumeId: id})
 	if err != nil {

@@ -10,10 +10,10 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/zfs-nomad/zfs-nomad/internal/config"
-	"github.com/zfs-nomad/zfs-nomad/internal/guesttest"
-	"github.com/zfs-nomad/zfs-nomad/internal/sim"
-	"github.com/zfs-nomad/zfs-nomad/internal/tlsconfig"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/config"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/tlsconfig"
+	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guestcluster"
+	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guesttest"
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
@@ -29,7 +29,7 @@ import (
 // self-fence") while the peer keeps sending headers for it.
 func TestStalledHeadersDelayNothing(t *testing.T) {
 	const lease, margin, opBound = 8 * time.Second, 19 * time.Second, 5 * time.Second
-	c := guesttest.StartCluster(t, 3, sim.Options{Lease: lease, NodeArgs: []string{"-lease-margin=" + margin.String()},
+	c := guesttest.StartCluster(t, 3, guestcluster.Options{Lease: lease, NodeArgs: []string{"-lease-margin=" + margin.String()},
 		ControllerArgs: []string{"-schedule-every", "0"}})
 	n1, n2, n3 := c.Nodes[0], c.Nodes[1], c.Nodes[2]
 	ctx := context.Background()
@@ -160,7 +160,7 @@ func TestStalledHeadersDelayNothing(t *testing.T) {
 }
 
 // createOn creates a volume on node n and returns its ID.
-func createOn(t *testing.T, c *sim.Cluster, n *sim.Node, name string) string {
+func createOn(t *testing.T, c *guestcluster.Cluster, n *guestcluster.Node, name string) string {
 	t.Helper()
 	ctl := csi.NewControllerClient(guesttest.Dial(t, c.ControllerEndpoint))
 	resp, err := ctl.CreateVolume(context.Background(), &csi.CreateVolumeRequest{Name: name, VolumeCapabilities: []*csi.VolumeCapability{writer},

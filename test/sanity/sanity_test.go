@@ -15,8 +15,8 @@ import (
 	"github.com/onsi/ginkgo/v2"
 	"github.com/onsi/gomega"
 
-	"github.com/zfs-nomad/zfs-nomad/internal/guesttest"
-	"github.com/zfs-nomad/zfs-nomad/internal/sim"
+	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guestcluster"
+	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guesttest"
 )
 
 // withEncrypted runs csi-sanity's specs a second time with encrypted
@@ -41,7 +41,7 @@ func TestCSISanity(t *testing.T) {
 	// driver's "node" parameter.
 	// The shipped agent timeout (30 s), not the simulation's 10 s: an
 	// encrypted create derives its key, 6 to 10 s in the emulated guest.
-	c := guesttest.StartCluster(t, 2, sim.Options{
+	c := guesttest.StartCluster(t, 2, guestcluster.Options{
 		NodeArgs:       []string{"-allow-property", "encryption=off:on|off"},
 		ControllerArgs: []string{"-agent-timeout", "30s"},
 	})

@@ -1,0 +1,64 @@
+package migration
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/controller/agentclient"
+	"github.com/zfs-nomad/zfs-nomad/internal/controller/cluster"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
+)
+
+// TestCreationPlan: where a new volume goes and which generation is
+// reserved for it, from the promises racing creations left.
+func TestCreationPlan(t *testing.T) {
+	// p is "recorder:generation:holder".
+	tests := []struct {
+		name     string
+		nodes    int // answering: n1..nN
+		silent   int
+		promises []string
+		want     string // "node gen", or the error's kind
+	}{
+		{"no promise: the first candidate", 3, 0, nil, "n2 1"},
+		{"an earlier attempt's promise, a majority and its own", 3, 0, []string{"n1:1:n3", "n3:1:n3"}, "n3 1"},
+		{"an earlier attempt's promise, no majority yet: tried again", 3, 0, []string{"n3:1:n3"}, "n3 1"},
+		{"split so neither can win: each holder's node promised the other", 3, 0, []string{"n1:1:n3", "n3:1:n1", "n2:1:n1"}, "n1 2"},
+		{"two against two: the lower ID takes the next generation", 4, 0, []string{"n1:1:n1", "n2:1:n1", "n3:1:n3", "n4:1:n3"}, "n1 2"},
+		{"the other may have won with the silent node", 4, 1, []string{"n1:1:n1", "n2:1:n1", "n3:1:n3", "n4:1:n3"}, "aborted"},
+		{"a holder of the top generation is silent", 2, 1, []string{"n1:1:n3"}, "unavailable"},
+		{"a split above a split", 3, 0, []string{"n1:2:n3", "n3:2:n1", "n2:1:n1"}, "n1 3"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var v view
+			for i := 1; i <= tt.nodes; i++ {
+				v.nodes = append(v.nodes, cluster.Node{Info: agentclient.NodeInfo{NodeID: fmt.Sprintf("n%d", i)}})
+			}
+			for i := range tt.silent {
+				v.unreachable = append(v.unreachable, fmt.Sprintf("silent-%d:7670", i))
+			}
+			for _, p := range tt.promises {
+				f := strings.Split(p, ":")
+				var gen uint64
+				fmt.Sscan(f[1], &gen)
+				v.promises = append(v.promises, promised{recorder: f[0], generation: gen, holder: f[2]})
+			}
+			n, gen, err := v.creationPlan("vol-1", []string{"n2", "n1"})
+			got := fmt.Sprintf("%s %d", n.Info.NodeID, gen)
+			switch {
+			case errors.Is(err, errdefs.ErrAborted):
+				got = "aborted"
+			case errors.Is(err, errdefs.ErrUnavailable):
+				got = "unavailable"
+			case err != nil:
+				got = err.Error()
+			}
+			if got != tt.want {
+				t.Errorf("plan %q (%v), want %q", got, err, tt.want)
+			}
+		})
+	}
+}

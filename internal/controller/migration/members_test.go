@@ -1,0 +1,69 @@
+package migration
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/controller/agentclient"
+	"github.com/zfs-nomad/zfs-nomad/internal/controller/cluster/clustertest"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
+)
+
+// TestAFailoverCountsTheNodesTheControllerNoLongerLists: five nodes
+// a-e; a holds the primary and still hears b and c, so it keeps its
+// lease (three of five). The controller's peer list, rendered from
+// service discovery, lost a and b: it names only c, d and e. c heard a
+// and refuses the failover; d and e grant it. Two of the three listed
+// would be a majority of the list, and the failover would meet a's lease
+// nowhere: two writers. The nodes report that their leases count five
+// (KnownNodes), so the failover needs three grants and is refused; and
+// each reservation asks the node to attest every peer it knows beyond
+// c, d and e (Failover, Answering), since the controller cannot name a
+// and b. The control: nodes that report only three grant it.
+func TestAFailoverCountsTheNodesTheControllerNoLongerLists(t *testing.T) {
+	auto := map[string]string{contract.ParamFailover: contract.FailoverAuto}
+	tests := []struct {
+		name       string
+		knownNodes int
+		want       error // nil: the failover is granted
+	}{
+		{"the nodes' leases count five", 5, errdefs.ErrUnavailable},
+		{"the nodes know only the three listed (control)", 3, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var fakes clustertest.Fakes
+			agents := map[string]*clustertest.FakeAgent{}
+			for _, id := range []string{"c", "d", "e"} {
+				agents[id] = fakes.Add(agentclient.NodeInfo{NodeID: id, KnownNodes: tt.knownNodes})
+			}
+			for _, id := range []string{"c", "d"} {
+				agents[id].PutCopy(agentclient.Copy{VolumeID: testVolume, Role: contract.RoleReplica, Generation: 1, LastSnapshotUnixNano: 5, Parameters: auto})
+			}
+			for _, a := range agents {
+				a.Promise(testVolume, 1, "a")
+			}
+			agents["c"].Refuse("Reserve", errdefs.Wrap(errdefs.ErrUnavailable, "a answered this node 1s ago"))
+			m := New(fakes.Cluster(t), hclog.NewNullLogger())
+
+			gen, err := m.Publish(context.Background(), testVolume, "d")
+			if tt.want == nil && err != nil || tt.want != nil && !errors.Is(err, tt.want) {
+				t.Fatalf("publish to d = generation %d, %v; want %v", gen, err, tt.want)
+			}
+			for _, id := range []string{"d", "e"} {
+				rs := agents[id].Reservations()
+				if len(rs) == 0 {
+					t.Fatalf("node %s was asked for no reservation", id)
+				}
+				if r := rs[0]; !r.Failover || !slices.Equal(r.Answering, []string{"c", "d", "e"}) {
+					t.Errorf("node %s's reservation: failover %v, answering %v; want a failover naming c, d and e as answering", id, r.Failover, r.Answering)
+				}
+			}
+		})
+	}
+}

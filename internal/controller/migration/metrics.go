@@ -1,0 +1,75 @@
+package migration
+
+import (
+	"time"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/metrics"
+)
+
+// Metrics are the controller's migration metrics.
+type Metrics struct {
+	events, moveSeconds, rpo, catchUps, catchUpsRunning, finalPending, ahead metrics.Vec
+}
+
+// NewMetrics declares the migration metrics in r.
+func NewMetrics(r *metrics.Registry) *Metrics {
+	return &Metrics{
+		events:          r.Counter("zfs_nomad_migrations_total", "Moves, failovers and stale primaries set aside, by result.", "kind", "result"),
+		moveSeconds:     r.Counter("zfs_nomad_move_seconds_total", "Time spent in successful planned moves."),
+		rpo:             r.Gauge("zfs_nomad_failover_rpo_seconds", "Age of the snapshot a failover promoted: writes in this window on the lost primary are gone.", "volume_id"),
+		catchUps:        r.Counter("zfs_nomad_move_catchups_total", "Background pushes that caught a move's target up before its final step, by result.", "result"),
+		catchUpsRunning: r.Gauge("zfs_nomad_move_catchups_running", "Background pushes catching a move's target up now."),
+		finalPending:    r.Gauge("zfs_nomad_move_final_step_pending", "1 while a move's target is caught up and the move waits for the publish retry that runs its final step.", "volume_id", "target"),
+		ahead:           r.Counter("zfs_nomad_publishes_ahead_total", "Publishes granted ahead of the end of the volume's background move to the node, whose stage waits for the move."),
+	}
+}
+
+func (m *Metrics) publishedAhead() {
+	if m != nil {
+		m.ahead.Add(1)
+	}
+}
+
+// finalStepPending records that c's move waits for its final step (pending)
+// or no longer does.
+func (m *Metrics) finalStepPending(c *catchUp, pending bool) {
+	if m == nil {
+		return
+	}
+	if pending {
+		m.finalPending.Set(1, c.volumeID, c.target)
+	} else {
+		m.finalPending.Delete(c.volumeID, c.target)
+	}
+}
+
+func (m *Metrics) catchUpStarted() {
+	if m != nil {
+		m.catchUpsRunning.Add(1)
+	}
+}
+
+func (m *Metrics) catchUpEnded(result string) {
+	if m != nil {
+		m.catchUpsRunning.Add(-1)
+		m.catchUps.Add(1, result)
+	}
+}
+
+func (m *Metrics) count(kind, result string) {
+	if m != nil {
+		m.events.Add(1, kind, result)
+	}
+}
+
+func (m *Metrics) observeMove(d time.Duration) {
+	if m != nil {
+		m.moveSeconds.Add(d.Seconds())
+	}
+}
+
+func (m *Metrics) recordRPO(volumeID string, d time.Duration) {
+	if m != nil {
+		m.rpo.Set(d.Seconds(), volumeID)
+	}
+}

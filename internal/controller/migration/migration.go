@@ -1,0 +1,1008 @@
+// Package migration moves a volume's primary between nodes for the
+// controller: a planned move when the CO publishes the volume on another
+// node, failover when the primary's node is lost, and fencing of a stale
+// primary that comes back (docs/migration.md).
+//
+// It keeps no state. Every decision starts from what the nodes report about
+// their copies (role, generation, fence, newest snapshot), and every step
+// on a node is idempotent, so a move interrupted anywhere is finished by
+// the next attempt. The invariant: the primary is the copy of the highest
+// generation; a promotion raises the generation before the old copy is
+// demoted, so there is never a moment without a primary, and an older
+// primary is never mounted again.
+package migration
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/controller/agentclient"
+	"github.com/zfs-nomad/zfs-nomad/internal/controller/cluster"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/config"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/keylock"
+)
+
+// Migrator runs moves and failovers.
+type Migrator struct {
+	// Metrics, when set, counts moves and failovers.
+	Metrics *Metrics
+
+	// CatchUpFresh: a move whose target holds a replica younger than
+	// this goes straight to its final step; any other first catches the
+	// target up in the background (catchup.go). Zero means
+	// DefaultCatchUpFresh; negative turns catch-ups off (the publish then
+	// sends everything itself, however long that takes).
+	CatchUpFresh time.Duration
+	// MaxCatchUps bounds the catch-ups running from one source node
+	// (zero: DefaultMaxCatchUps).
+	MaxCatchUps int
+	// StallTimeout cancels a catch-up that moved no data for that long
+	// (zero: cluster.DefaultStallTimeout).
+	StallTimeout time.Duration
+	// PublishAheadWithin lets PublishAhead grant a publish while the
+	// volume's background move to the node is estimated to end within
+	// it (zero: never; see PublishAhead).
+	PublishAheadWithin time.Duration
+	// CatchUpWait is how long the publish that starts a background move
+	// waits for it to end before answering that it runs (zero:
+	// DefaultCatchUpWait).
+	CatchUpWait time.Duration
+
+	// publishing serialises the foreground publishes of each volume
+	// (see publish for the rule it keeps with the background moves).
+	publishing keylock.Locks
+
+	cluster         *cluster.Cluster
+	log             hclog.Logger
+	now             func() time.Time
+	catchUps        catchUps
+	aheadRetryPause time.Duration // zero: aheadRetryPause
+	background      lifecycle     // the moves and demotions that outlive their publish
+}
+
+// New returns a Migrator over the cluster's node agents.
+func New(c *cluster.Cluster, log hclog.Logger) *Migrator {
+	return &Migrator{cluster: c, log: log, now: time.Now}
+}
+
+// copyOn is one node's copy of a volume.
+type copyOn struct {
+	node cluster.Node
+	copy agentclient.Copy
+}
+
+func (c copyOn) nodeID() string { return c.node.Info.NodeID }
+
+// view is what the reachable nodes hold of one volume.
+type view struct {
+	nodes       []cluster.Node
+	copies      []copyOn   // existing copies, by node ID
+	promises    []promised // what each answering node promised
+	unreachable []string   // agents that did not answer
+	// members is how many nodes the majorities count (cluster.Members):
+	// at least the answering and the unreachable ones, more when a node's
+	// lease knows more than the controller's peer list.
+	members int
+	// background: no CO waits on this decision (a move's final step run
+	// in the background), so its agent calls may take longer (call).
+	background bool
+}
+
+// backgroundCallTimeout bounds one agent call of a move run in the
+// background. Nobody waits on it, and a node whose pool is busy with a
+// drain's other moves may answer a promotion slowly: failing it at the
+// agent timeout would leave the source fenced and the move to do again.
+const backgroundCallTimeout = 2 * time.Minute
+
+// call bounds one agent call made for a decision from view v: by the
+// agent timeout while a CO waits, by backgroundCallTimeout in the
+// background.
+func (m *Migrator) call(ctx context.Context, v view) (context.Context, context.CancelFunc) {
+	if v.background {
+		return context.WithTimeout(ctx, backgroundCallTimeout)
+	}
+	return m.cluster.Call(ctx)
+}
+
+// promised is one node's promise of a generation (Reserve).
+type promised struct {
+	generation uint64
+	holder     string
+	recorder   string // the node whose record it is
+}
+
+// quorum reports whether a majority of the nodes answered: only then does
+// the view hold every generation ever given (each was promised by a
+// majority, and two majorities share a node).
+func (v view) quorum() bool { return len(v.nodes) > v.total()/2 }
+
+// total is how many nodes a majority is taken over.
+func (v view) total() int { return max(len(v.nodes)+len(v.unreachable), v.members) }
+
+// unlisted names, for an error, the nodes the nodes' leases count that
+// the controller's peer list does not.
+func (v view) unlisted() string {
+	listed := len(v.nodes) + len(v.unreachable)
+	if v.members <= listed {
+		return ""
+	}
+	return fmt.Sprintf(", and %d the nodes' leases count that the controller's peer list no longer names", v.members-listed)
+}
+
+// newest is the highest generation any answering node holds or promised.
+func (v view) newest() uint64 {
+	g := v.maxGeneration()
+	for _, p := range v.promises {
+		g = max(g, p.generation)
+	}
+	return g
+}
+
+// forcedOn reports whether the newest primary in view is on nodeID and was
+// promoted there by the operator without a majority (promote -force) at
+// its current generation: the one copy that may be published while the
+// majority stays lost, on the operator's word.
+func (v view) forcedOn(nodeID string) bool {
+	p, ok := v.primary()
+	if !ok || p.nodeID() != nodeID || p.copy.ForcedGeneration != p.copy.Generation {
+		return false
+	}
+	_, newer := v.newerElsewhere(p)
+	return !newer && p.copy.Generation >= v.newest()
+}
+
+// nextGeneration is the generation to promote holder's copy with: one
+// above every copy and promise seen; or, when the newest is a promise to
+// holder that no copy holds yet, that one: a retry of an interrupted
+// promotion finishes it rather than spending another generation.
+func (v view) nextGeneration(holder string) uint64 {
+	newest := v.newest()
+	if newest > v.maxGeneration() {
+		for _, p := range v.promises {
+			if p.generation == newest && p.holder == holder {
+				return newest
+			}
+		}
+	}
+	return newest + 1
+}
+
+// newerElsewhere returns a promise of a generation above p's whose holder
+// did not answer: that node may hold a newer primary, so p may be stale.
+// A promise whose holder answered is void if the holder has no such copy
+// (its promotion never happened).
+func (v view) newerElsewhere(p copyOn) (promised, bool) {
+	for _, pr := range v.promises {
+		if pr.generation <= p.copy.Generation {
+			continue
+		}
+		if _, answered := v.node(pr.holder); !answered {
+			return pr, true
+		}
+	}
+	return promised{}, false
+}
+
+// promisedAway returns a promise of a generation above p's to another
+// node that answered but may still be promoted with it: its own record
+// (which its promotion checks, under the record's lock) still holds that
+// promise, or holds none as high (a reservation in flight may still reach
+// it). The holder answering without a primary proves nothing while a
+// move's final step may be promoting it (issue 35). The promise is void
+// only once the holder's own record promises a generation at least as
+// high to another node: records only grow, so the holder can then never
+// be promoted with it. p's fence is lifted only when there is none
+// (supersede).
+func (v view) promisedAway(p copyOn) (promised, bool) {
+	for _, pr := range v.promises {
+		if pr.generation <= p.copy.Generation || pr.holder == p.nodeID() {
+			continue
+		}
+		own := v.recordOf(pr.holder)
+		if own.generation < pr.generation || own.holder == pr.holder {
+			return pr, true
+		}
+	}
+	return promised{}, false
+}
+
+// recordOf is nodeID's own promise record (zero when it answered none).
+func (v view) recordOf(nodeID string) promised {
+	for _, pr := range v.promises {
+		if pr.recorder == nodeID {
+			return pr
+		}
+	}
+	return promised{}
+}
+
+func (m *Migrator) gather(ctx context.Context, id string) (view, error) {
+	answers, unreachable, err := cluster.Ask(ctx, m.cluster, func(ctx context.Context, a cluster.Agent) (agentclient.Copy, error) {
+		return a.GetCopy(ctx, id)
+	})
+	if err != nil {
+		return view{}, err
+	}
+	var v view
+	for _, u := range unreachable {
+		v.unreachable = append(v.unreachable, u.Addr)
+	}
+	var answering []cluster.Node
+	for _, a := range answers {
+		answering = append(answering, a.Node)
+	}
+	v.members = cluster.Members(answering, len(unreachable))
+	for _, a := range answers { // sorted by node ID
+		if a.Err != nil {
+			m.log.Warn("node cannot describe its copy", "volume_id", id, "node_id", a.Node.Info.NodeID, "error", a.Err)
+			v.unreachable = append(v.unreachable, a.Node.Addr)
+			continue
+		}
+		v.nodes = append(v.nodes, a.Node)
+		if a.Object.Exists {
+			v.copies = append(v.copies, copyOn{node: a.Node, copy: a.Object})
+		}
+		if g := a.Object.PromisedGeneration; g > 0 {
+			v.promises = append(v.promises, promised{generation: g, holder: a.Object.PromisedHolder, recorder: a.Node.Info.NodeID})
+		}
+	}
+	if pr, ok := v.deletion(); ok {
+		return view{}, errdefs.Wrap(errdefs.ErrAborted, "volume %s is being deleted: a delete reserved its generation %d (node %s's record) and has not finished, so it is neither published, moved, failed over nor created; retry the delete",
+			id, pr.generation, pr.recorder)
+	}
+	return v, nil
+}
+
+// deletion returns a promise to the volume's deletion, if a node answered
+// one: the nodes that recorded it refuse every other reservation until the
+// delete is done (provision.Delete), so any decision to promote or create
+// would fail there anyway, and one that needs no reservation (a publish on
+// the primary's node) would use a volume whose copies are going.
+func (v view) deletion() (promised, bool) {
+	for _, pr := range v.promises {
+		if pr.holder == contract.DeletionHolder {
+			return pr, true
+		}
+	}
+	return promised{}, false
+}
+
+// primary is the primary copy of the highest generation.
+func (v view) primary() (copyOn, bool) {
+	var best copyOn
+	found := false
+	for _, c := range v.copies {
+		if c.copy.Role == contract.RolePrimary && (!found || c.copy.Generation > best.copy.Generation) {
+			best, found = c, true
+		}
+	}
+	return best, found
+}
+
+// conflict names the nodes of two or more primaries sharing the highest
+// generation, or nil. A generation is never given to two copies (I3 in
+// docs/safety.md); when it happened anyway (a promotion that timed out at
+// the controller but completed on its node, retried elsewhere), either
+// copy may hold writes the other lacks, so neither is staged until an
+// operator sets one aside.
+func (v view) conflict() []string {
+	p, ok := v.primary()
+	if !ok {
+		return nil
+	}
+	var nodes []string
+	for _, c := range v.copies {
+		if c.copy.Role == contract.RolePrimary && c.copy.Generation == p.copy.Generation {
+			nodes = append(nodes, c.nodeID())
+		}
+	}
+	if len(nodes) < 2 {
+		return nil
+	}
+	return nodes
+}
+
+// conflictError reports a conflict (see conflict) in the log, the metrics
+// and the error, which names what the operator must do.
+func (m *Migrator) conflictError(id string, v view, nodes []string) error {
+	p, _ := v.primary()
+	m.Metrics.count("conflict", "refused")
+	m.log.Error("two primaries of one generation: neither is staged until an operator sets one aside",
+		"volume_id", id, "generation", p.copy.Generation, "nodes", strings.Join(nodes, ","))
+	return errdefs.Wrap(errdefs.ErrFailedPrecondition,
+		"volume %s has primaries of the same generation %d on nodes %s: either may hold writes the other lacks, so neither is used; "+
+			"an operator must compare them and set one aside (zfs-controller status shows them)",
+		id, p.copy.Generation, strings.Join(nodes, ", "))
+}
+
+// freshestReplica is the replica of the highest generation and, among
+// those, the freshest (fresherWithin). Generation first: a replica
+// labelled by a newer primary descends from it, whatever the clocks say.
+func (v view) freshestReplica(onNode string) (copyOn, bool) {
+	var best copyOn
+	found := false
+	for _, c := range v.copies {
+		if c.copy.Role != contract.RoleReplica || (onNode != "" && c.nodeID() != onNode) || v.unpromised(c) {
+			continue
+		}
+		newer := c.copy.Generation > best.copy.Generation ||
+			c.copy.Generation == best.copy.Generation && fresherWithin(c, best)
+		if !found || newer {
+			best, found = c, true
+		}
+	}
+	return best, found
+}
+
+// unpromised reports whether copy c carries a generation above 1 that no
+// answering node promised, in a view of a majority: no primary was ever
+// promoted to it, since every generation was promised by a majority
+// first, which shares a node with this one, and records only grow
+// (docs/safety.md, "Generations"). Such a replica came from a peer's
+// header alone (docs/safety.md, "What a peer's header may decide"), and
+// is never the one a failover promotes: a planted replica of a high
+// generation would otherwise decide what data is recovered. Without a
+// majority the view cannot tell, and nothing is promoted anyway.
+func (v view) unpromised(c copyOn) bool {
+	if !v.quorum() || c.copy.Generation <= 1 {
+		return false
+	}
+	for _, p := range v.promises {
+		if p.generation >= c.copy.Generation {
+			return false
+		}
+	}
+	return true
+}
+
+// failoverReplica is the replica a failover promotes for a publish on
+// target: the freshest, or target's own when it is as fresh, which saves
+// the move that would follow (and the setting aside of target's replica
+// that a move after a failover brings: the new primary's history starts
+// at its failover, so it cannot vouch for an older replica).
+func (v view) failoverReplica(target string) (copyOn, bool) {
+	best, ok := v.freshestReplica("")
+	if !ok || best.nodeID() == target {
+		return best, ok
+	}
+	own, ok := v.freshestReplica(target)
+	if ok && own.copy.Generation == best.copy.Generation && !fresherWithin(best, own) {
+		return own, true
+	}
+	return best, true
+}
+
+// fresherWithin orders two replicas of one generation, whose snapshots
+// all came from that generation's one primary. By lineage first: the
+// replica holding the other's newest snapshot and more after it is
+// fresher, whatever any clock says. Only when neither holds the other's
+// newest (their retained snapshots do not overlap) do the times in the
+// names decide: that one primary's clock, which could have stepped back.
+func fresherWithin(a, b copyOn) bool {
+	ag, bg := a.copy.SnapshotGUIDs, b.copy.SnapshotGUIDs
+	if len(ag) > 0 && len(bg) > 0 {
+		an, bn := ag[len(ag)-1], bg[len(bg)-1]
+		switch {
+		case an == bn:
+			return false
+		case slices.Contains(ag, bn):
+			return true
+		case slices.Contains(bg, an):
+			return false
+		}
+	}
+	return a.copy.LastSnapshotUnixNano > b.copy.LastSnapshotUnixNano
+}
+
+func (v view) maxGeneration() uint64 {
+	var g uint64
+	for _, c := range v.copies {
+		g = max(g, c.copy.Generation)
+	}
+	return g
+}
+
+func (v view) node(id string) (cluster.Node, bool) {
+	for _, n := range v.nodes {
+		if n.Info.NodeID == id {
+			return n, true
+		}
+	}
+	return cluster.Node{}, false
+}
+
+// settle retires primaries older than the current one: a copy fenced for a
+// move to the current primary's node becomes a replica; any other (a
+// primary that was lost and came back) is set aside.
+func (m *Migrator) settle(ctx context.Context, id string, v view) error {
+	p, ok := v.primary()
+	if !ok {
+		return nil
+	}
+	if nodes := v.conflict(); nodes != nil {
+		return m.conflictError(id, v, nodes)
+	}
+	var errs []error
+	for _, c := range v.copies {
+		if c.copy.Role != contract.RolePrimary || c.copy.Generation >= p.copy.Generation {
+			continue
+		}
+		aside := c.copy.MovingTo != p.nodeID()
+		cctx, cancel := m.call(ctx, v)
+		_, err := c.node.Agent.Demote(cctx, agentclient.Demotion{VolumeID: id, Generation: p.copy.Generation, Aside: aside})
+		cancel()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("demoting the stale copy on node %s: %w", c.nodeID(), err))
+			continue
+		}
+		if aside {
+			m.Metrics.count("fenced", "ok")
+			m.log.Warn("stale primary set aside after a failover", "volume_id", id, "node_id", c.nodeID(),
+				"stale_generation", c.copy.Generation, "generation", p.copy.Generation)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Settle retires stale primaries of a volume; the scheduler calls it when
+// two nodes report the volume as primary.
+func (m *Migrator) Settle(ctx context.Context, id string) error {
+	v, err := m.gather(ctx, id)
+	if err != nil {
+		return err
+	}
+	return m.settle(ctx, id, v)
+}
+
+// maxSteps bounds one Publish: a failover, a move and a retried push.
+const maxSteps = 5
+
+// Publish makes the volume's primary live on nodeID, moving or failing it
+// over as needed, and returns its generation: the fencing token the node
+// checks when staging.
+func (m *Migrator) Publish(ctx context.Context, id, nodeID string) (uint64, error) {
+	return m.publish(ctx, id, nodeID, false)
+}
+
+// Publication is what a publish grants the node: the generation it must
+// find when staging or, granted ahead of a move's end (After set), the
+// generation its copy must be newer than once the move has promoted it.
+type Publication struct {
+	Generation, After uint64
+}
+
+// PublishAhead is Publish for a CO that stages the volume on the node
+// next, as Nomad does. While the volume's background move to nodeID
+// runs, its source unpublished, and is estimated to end within
+// PublishAheadWithin, it grants the publish at once with the source's
+// generation as After: the node's stage waits for its copy's promotion
+// (docs/migration.md, "Publishing ahead of a move's end"). Otherwise it
+// is Publish. Nomad retries a refused publish with a backoff that
+// reaches a minute, so a move that ended just after a retry left the
+// workload waiting up to a minute for the next; a stage that waits ends
+// when the move does.
+func (m *Migrator) PublishAhead(ctx context.Context, id, nodeID string) (Publication, error) {
+	gen, err := m.publish(ctx, id, nodeID, false)
+	var running *moveRunning
+	if m.PublishAheadWithin > 0 && errors.As(err, &running) {
+		if after, ok := running.move.aheadOf(m.now(), m.PublishAheadWithin); ok {
+			running.move.grantedAhead(m.now())
+			m.Metrics.publishedAhead()
+			m.log.Info("published ahead of the move's end: the node stages the volume once its copy is promoted",
+				"volume_id", id, "node_id", nodeID, "from_node", running.move.source, "after_generation", after)
+			return Publication{After: after}, nil
+		}
+	}
+	return Publication{Generation: gen}, err
+}
+
+// MoveRunning returns the target of the volume's move running in the
+// background (catchup.go), if one runs: a delete or an expansion of the
+// volume waits for it.
+func (m *Migrator) MoveRunning(id string) (string, bool) { return m.catchUps.running(id) }
+
+// publish is Publish; inBackground tells that it runs the final step of a
+// background move, which must not start another.
+//
+// The rule that keeps a background move and the CO's publishes of its
+// volume apart (issue 35): one decision acts on a volume's copies at a
+// time. The foreground publishes of a volume hold its publishing lock,
+// so they run one at a time; a background move of the volume is started
+// only by one of them (startMove), and while it runs (catch-up or final
+// step, until finish) every foreground publish of the volume answers
+// from memory without acting: to the move's target its progress, to any
+// other node (the source included) that the publish is decided once the
+// move ends (movingElsewhere). A foreground publish that starts a move
+// acts no more once it returns, or before that only once the move is
+// done (startMove, ended). So the final step's publish (inBackground)
+// never runs beside a foreground one.
+func (m *Migrator) publish(ctx context.Context, id, nodeID string, inBackground bool) (uint64, error) {
+	log := m.log.With("volume_id", id, "node_id", nodeID)
+	if !inBackground {
+		unlock, ok := m.publishing.TryLock(id)
+		if !ok {
+			return 0, errdefs.Wrap(errdefs.ErrAborted, "another publish of volume %s is in progress; retry", id)
+		}
+		defer unlock()
+		// A retry while the volume's move to nodeID runs in the
+		// background answers from memory, without asking the nodes:
+		// Nomad's serialised calls wait for every answer, and the nodes
+		// are busy with the moves.
+		if err := m.catchUps.stillRunning(id, nodeID, m.now()); err != nil {
+			return 0, err
+		}
+		if err := m.catchUps.movingElsewhere(id, nodeID); err != nil {
+			log.Info("publish refused: the volume's move to another node runs in the background", "error", err)
+			return 0, err
+		}
+	}
+	superseded := false // a promise was superseded before lifting a fence (supersede)
+	for step := 0; step < maxSteps; step++ {
+		v, err := m.gather(ctx, id)
+		if err != nil {
+			return 0, err
+		}
+		v.background = inBackground
+		target, ok := v.node(nodeID)
+		if !ok {
+			if len(v.unreachable) > 0 {
+				return 0, errdefs.Wrap(errdefs.ErrUnavailable, "node %s did not answer (unreachable agents: %s); retry", nodeID, strings.Join(v.unreachable, ", "))
+			}
+			return 0, errdefs.Wrap(errdefs.ErrNotFound, "node %s is not a node of this driver", nodeID)
+		}
+		if nodes := v.conflict(); nodes != nil {
+			return 0, m.conflictError(id, v, nodes)
+		}
+		if !v.quorum() && !v.forcedOn(nodeID) {
+			return 0, m.noQuorum(id, v)
+		}
+		if err := m.settle(ctx, id, v); err != nil {
+			log.Warn("stale copies remain; retrying later", "error", err)
+		}
+		p, ok := v.primary()
+		if ok {
+			if pr, newer := v.newerElsewhere(p); newer {
+				return 0, errdefs.Wrap(errdefs.ErrUnavailable, "generation %d of volume %s was promised to node %s, which did not answer: the copy on node %s (generation %d) may be stale, so it is not published; retry once node %s answers",
+					pr.generation, id, pr.holder, p.nodeID(), p.copy.Generation, pr.holder)
+			}
+		}
+		if !ok {
+			promoted, err := m.failover(ctx, id, v, nodeID, log)
+			if errors.Is(err, errRetry) {
+				continue
+			}
+			if err != nil {
+				return 0, err
+			}
+			if promoted.NodeID == nodeID {
+				return promoted.Generation, nil
+			}
+			continue // and move it on to the target
+		}
+		if p.nodeID() == nodeID {
+			m.arrived(id, nodeID)
+			// A fence is lifted only when no other node may have been
+			// promoted meanwhile (newerElsewhere above saw to that), nor
+			// may be promoted later with a promise it still holds.
+			if p.copy.MovingTo != "" || p.copy.LeaseFenced {
+				if pr, away := v.promisedAway(p); away {
+					if superseded {
+						return 0, errdefs.Wrap(errdefs.ErrUnavailable, "node %s still holds the promise of generation %d of volume %s (it did not grant the newer one reserved for node %s): its promotion may be under way, so the copy on node %s stays fenced; retry",
+							pr.holder, pr.generation, id, nodeID, nodeID)
+					}
+					superseded = true
+					if err := m.supersede(ctx, id, p, pr, v, log); err != nil && !errors.Is(err, errRetry) {
+						return 0, err
+					}
+					continue // look again: the promise is void now, or its holder was promoted
+				}
+				if err := m.unfence(ctx, id, p, log); err != nil {
+					return 0, err
+				}
+			}
+			return p.copy.Generation, nil
+		}
+		if err := m.checkMove(p, target); err != nil {
+			return 0, err
+		}
+		gen, err := m.move(ctx, id, p, target, v, inBackground, log)
+		if errors.Is(err, errRetry) {
+			continue
+		}
+		return gen, err
+	}
+	return 0, errdefs.Wrap(errdefs.ErrAborted, "volume %s did not settle on node %s in %d steps; retry", id, nodeID, maxSteps)
+}
+
+var errRetry = errors.New("retry")
+
+// Current returns the node of the volume's current primary, decided as a
+// publish decides it: from a majority of the nodes (or the operator's
+// forced copy), with no newer generation promised to a node that did not
+// answer, and no two primaries of one generation. Operations that act on
+// the primary without moving it (expansion) and reports of it use it, so
+// that none of them takes a stale copy for the volume (docs/safety.md,
+// G8).
+func (m *Migrator) Current(ctx context.Context, id string) (cluster.Node, agentclient.Copy, error) {
+	v, err := m.gather(ctx, id)
+	if err != nil {
+		return cluster.Node{}, agentclient.Copy{}, err
+	}
+	if nodes := v.conflict(); nodes != nil {
+		return cluster.Node{}, agentclient.Copy{}, m.conflictError(id, v, nodes)
+	}
+	p, ok := v.primary()
+	if !v.quorum() && !(ok && v.forcedOn(p.nodeID())) {
+		return cluster.Node{}, agentclient.Copy{}, m.noQuorum(id, v)
+	}
+	if !ok {
+		if _, maybe := v.newerElsewhere(copyOn{}); len(v.copies) == 0 && !maybe {
+			return cluster.Node{}, agentclient.Copy{}, errdefs.Wrap(errdefs.ErrNotFound, "volume %s does not exist", id)
+		}
+		return cluster.Node{}, agentclient.Copy{}, errdefs.Wrap(errdefs.ErrUnavailable, "no node that answered holds volume %s's primary (not answering: %s): its node is down; a publish fails over by the volume's policy, or retry once it answers",
+			id, strings.Join(v.unreachable, ", "))
+	}
+	if pr, newer := v.newerElsewhere(p); newer {
+		return cluster.Node{}, agentclient.Copy{}, errdefs.Wrap(errdefs.ErrUnavailable, "generation %d of volume %s was promised to node %s, which did not answer: the copy on node %s (generation %d) may be stale; retry once node %s answers",
+			pr.generation, id, pr.holder, p.nodeID(), p.copy.Generation, pr.holder)
+	}
+	return p.node, p.copy, nil
+}
+
+// supersede voids the promise pr, above p's generation and held by a
+// node that may still be promoted with it (promisedAway), before p's
+// fence is lifted: it reserves a newer generation for p's node on a
+// majority. Once the holder grants it, the holder's record promises it
+// to p's node, and its promotion with pr, which checks that record under
+// the record's lock, is refused for good; if the holder was promoted
+// first, the caller's next look finds it the primary and the volume moves
+// from there. Either way no two primaries.
+func (m *Migrator) supersede(ctx context.Context, id string, p copyOn, pr promised, v view, log hclog.Logger) error {
+	gen := v.nextGeneration(p.nodeID())
+	log.Info("superseding a promise to another node before lifting the fence: its holder may still be promoted with it",
+		"promised_generation", pr.generation, "holder", pr.holder, "generation", gen)
+	if err := m.reserve(ctx, id, gen, p.nodeID(), v, false, false, false); err != nil {
+		return fmt.Errorf("generation %d of volume %s is promised to node %s, whose promotion may still be under way; reserving generation %d for node %s to void it: %w",
+			pr.generation, id, pr.holder, gen, p.nodeID(), err)
+	}
+	return nil
+}
+
+// noQuorum is the error for a decision a view without a majority cannot
+// make: a newer generation may live on the nodes that did not answer.
+func (m *Migrator) noQuorum(id string, v view) error {
+	return errdefs.Wrap(errdefs.ErrUnavailable, "only %d of the %d nodes answered (not answering: %s%s): a majority must answer to know volume %s's newest copy; retry, "+
+		"or if those nodes are lost for good, an operator may promote a replica with zfs-controller promote -force",
+		len(v.nodes), v.total(), strings.Join(v.unreachable, ", "), v.unlisted(), id)
+}
+
+// reserve has a majority of the nodes promise generation gen of the
+// volume to holder's copy before it is promoted with it: no other copy
+// can then ever get gen (docs/safety.md, "Generations"). A refusal means
+// a newer generation exists or another promotion raced this one: the
+// caller looks again (errRetry). With everyAnswering (the operator's
+// forced promotion, without a majority) every node that answered must
+// grant it instead. A failover's reservation (failover) has every node
+// attest the silence of those that did not answer, and of any node its
+// lease knows that is not among those that did (agentclient.Reservation).
+// operator marks the operator's promotion: a node that keeps no lease
+// (no peers) grants its failover on the operator's word, and refuses the
+// controller's automatic one.
+func (m *Migrator) reserve(ctx context.Context, id string, gen uint64, holder string, v view, everyAnswering, failover, operator bool) error {
+	type answer struct {
+		node string
+		resp agentclient.Promise
+		err  error
+	}
+	r := agentclient.Reservation{VolumeID: id, Generation: gen, HolderNodeID: holder, Operator: operator, Failover: failover}
+	if failover {
+		r.FailoverFrom = v.unreachable
+		for _, n := range v.nodes {
+			r.Answering = append(r.Answering, n.Info.NodeID)
+		}
+	}
+	answers := make(chan answer, len(v.nodes))
+	for _, n := range v.nodes {
+		go func() {
+			cctx, cancel := m.call(ctx, v)
+			defer cancel()
+			resp, err := n.Agent.Reserve(cctx, r)
+			answers <- answer{n.Info.NodeID, resp, err}
+		}()
+	}
+	total := v.total()
+	granted, holderGranted, waiting := 0, false, false
+	var refusals []string
+	for range v.nodes {
+		a := <-answers
+		switch {
+		case a.err != nil:
+			refusals = append(refusals, fmt.Sprintf("node %s: %v", a.node, a.err))
+			waiting = waiting || (failover && errors.Is(a.err, errdefs.ErrUnavailable))
+		case a.resp.Granted:
+			granted++
+			holderGranted = holderGranted || a.node == holder
+		default:
+			refusals = append(refusals, fmt.Sprintf("node %s promised generation %d to node %s", a.node, a.resp.PromisedGeneration, a.resp.PromisedHolder))
+		}
+	}
+	enough := granted > total/2
+	if everyAnswering {
+		enough = granted == len(v.nodes)
+	}
+	if enough && holderGranted {
+		return nil
+	}
+	if waiting {
+		// Nodes that keep leases wait for the silent ones' to run out:
+		// looking again at once changes nothing; the CO's retry comes
+		// later.
+		m.log.Warn("generation not reserved: nodes wait for the silent ones' leases to run out", "volume_id", id, "generation", gen, "holder", holder,
+			"granted", granted, "nodes", total, "refusals", strings.Join(refusals, "; "))
+		return errdefs.Wrap(errdefs.ErrUnavailable, "generation %d of volume %s for node %s: %d of %d nodes granted it (%s); retry",
+			gen, id, holder, granted, total, strings.Join(refusals, "; "))
+	}
+	m.log.Warn("generation not reserved; looking again", "volume_id", id, "generation", gen, "holder", holder,
+		"granted", granted, "nodes", total, "refusals", strings.Join(refusals, "; "))
+	return fmt.Errorf("%w: %w: generation %d of volume %s for node %s: %d of %d nodes granted it (%s)",
+		errRetry, errdefs.ErrAborted, gen, id, holder, granted, total, strings.Join(refusals, "; "))
+}
+
+func (m *Migrator) checkMove(p copyOn, target cluster.Node) error {
+	id := p.copy.VolumeID
+	if contract.Pinned(p.copy.Parameters) {
+		return errdefs.Wrap(errdefs.ErrFailedPrecondition, "volume %s is pinned to node %s (parameter pinned=true); it cannot be published on node %s", id, p.nodeID(), target.Info.NodeID)
+	}
+	from, to := p.node.Info.Topology[config.TopologyDomainKey], target.Info.Topology[config.TopologyDomainKey]
+	if from != to {
+		return errdefs.Wrap(errdefs.ErrFailedPrecondition, "volume %s lives in replication domain %q; node %s is in %q", id, from, target.Info.NodeID, to)
+	}
+	return nil
+}
+
+// move is the planned move of p to target. A publish hands it to the
+// background (caughtUp: a catch-up unless the target is fresh, then the
+// final step, which finishInBackground runs through publish with
+// inBackground set), answering a retryable error until it is done. The
+// final step: fence and send the final snapshot (one call: the source
+// fences under the same lock hold as the snapshot), promote the target,
+// demote the source.
+func (m *Migrator) move(ctx context.Context, id string, p copyOn, target cluster.Node, v view, inBackground bool, log hclog.Logger) (uint64, error) {
+	// The catch-up may run while the workload still writes on the source:
+	// it is a push like the schedule's, and the final step sends the rest.
+	if !inBackground {
+		if err := m.caughtUp(ctx, p, target, v, log); err != nil {
+			return 0, err
+		}
+	}
+	if p.copy.Mounted {
+		return 0, errdefs.Wrap(errdefs.ErrFailedPrecondition, "volume %s is still published on node %s; it moves to node %s once it is unpublished there", id, p.nodeID(), target.Info.NodeID)
+	}
+	started := m.now()
+	gen := v.nextGeneration(target.Info.NodeID)
+	log = log.With("from_node", p.nodeID(), "generation", gen)
+	log.Info("moving volume")
+	// The reservation runs beside the fence and the final send, off the
+	// move's critical path; the promotion waits for it.
+	reserved := make(chan error, 1)
+	go func() { reserved <- m.reserve(ctx, id, gen, target.Info.NodeID, v, false, false, false) }()
+	fencedAt, err := m.sendFinal(ctx, id, p, target, v, log)
+	if err != nil {
+		m.Metrics.count("move", "failed")
+		return 0, err
+	}
+	if err := <-reserved; err != nil {
+		return 0, err
+	}
+	err = m.promoteTarget(ctx, target, agentclient.Promotion{VolumeID: id, Generation: gen, NotBeforeUnixNano: fencedAt}, v)
+	if err != nil {
+		m.Metrics.count("move", "failed")
+		return 0, fmt.Errorf("promoting the copy on node %s: %w", target.Info.NodeID, err)
+	}
+	// The target is the primary now and the source a fenced, read-only copy
+	// of an older generation: the workload need not wait for its demotion.
+	// If it fails, the next publish or schedule round settles it. A move
+	// in the background demotes before it ends, so the publish's retry
+	// finds the volume settled.
+	if inBackground {
+		m.demote(id, p, gen, log)
+	} else {
+		m.background.spawn(func() { m.demote(id, p, gen, log) })
+	}
+	m.Metrics.count("move", "ok")
+	m.Metrics.observeMove(m.now().Sub(started))
+	log.Info("volume moved", "seconds", m.now().Sub(started).Seconds())
+	return gen, nil
+}
+
+// promoteTarget promotes the move's target, asking again while the
+// target's copy is busy (Aborted: the tidy after the final receive still
+// holds it, which took over ten seconds on a node busy with a drain's
+// other moves): the source is fenced by now, and giving up would leave
+// the move to do again after the CO's backoff.
+func (m *Migrator) promoteTarget(ctx context.Context, target cluster.Node, p agentclient.Promotion, v view) error {
+	for busy := 0; ; busy++ {
+		cctx, cancel := m.call(ctx, v)
+		_, err := target.Agent.Promote(cctx, p)
+		cancel()
+		if !errors.Is(err, errdefs.ErrAborted) || busy >= maxBusyPromotions {
+			return err
+		}
+		if err := sleep(ctx, time.Second); err != nil {
+			return err
+		}
+	}
+}
+
+// maxBusyPromotions bounds the times a move asks a busy target again.
+const maxBusyPromotions = 10
+
+// demoteTimeout bounds the demotion that follows a move.
+const demoteTimeout = time.Minute
+
+func (m *Migrator) demote(id string, p copyOn, gen uint64, log hclog.Logger) {
+	ctx, cancel := context.WithTimeout(m.background.context(), demoteTimeout)
+	defer cancel()
+	if _, err := p.node.Agent.Demote(ctx, agentclient.Demotion{VolumeID: id, Generation: gen}); err != nil {
+		log.Warn("the old primary is not demoted yet; it stays fenced and is settled later", "error", err)
+	}
+}
+
+// sendFinal fences the primary for the move and pushes it to the target
+// until the target holds a snapshot taken after the fence (a push may
+// first finish an older, interrupted transfer); it returns the fence's
+// time. Every push fences: the first one up keeps its time.
+func (m *Migrator) sendFinal(ctx context.Context, id string, p copyOn, target cluster.Node, v view, log hclog.Logger) (int64, error) {
+	busy := 0
+	for attempt := 0; attempt < 3; attempt++ {
+		last, err := p.node.Agent.MoveFinal(ctx, id, target.Addr, target.Info.NodeID)
+		if errors.Is(err, errdefs.ErrAborted) && busy < maxBusyWaits {
+			// A scheduled push of the volume holds it: it ends soon.
+			busy++
+			attempt--
+			if err := sleep(ctx, time.Second); err != nil {
+				return 0, err
+			}
+			continue
+		}
+		if err != nil {
+			return 0, fmt.Errorf("fencing volume %s on node %s and sending it to node %s: %w", id, p.nodeID(), target.Info.NodeID, err)
+		}
+		fencedAt := last.FencedAt
+		if fencedAt == 0 {
+			return 0, fmt.Errorf("%w: node %s pushed volume %s without fencing it (a zfs-node older than the controller?): upgrade zfs-node there, then retry",
+				errdefs.ErrFailedPrecondition, p.nodeID(), id)
+		}
+		log.Info("final snapshot sent", "kind", last.Kind, "bytes", last.Bytes, "snapshot", last.Snapshot)
+		if at, ok := contract.ReplicationSnapshotTime(last.Snapshot); ok && at >= fencedAt {
+			return fencedAt, nil // the promotion checks it again on the target
+		}
+		cctx, cancel := m.call(ctx, v)
+		c, err := target.Agent.GetCopy(cctx, id)
+		cancel()
+		if err != nil {
+			return 0, err
+		}
+		if c.LastSnapshotUnixNano >= fencedAt {
+			return fencedAt, nil
+		}
+	}
+	return 0, errdefs.Wrap(errdefs.ErrAborted, "node %s has no snapshot of volume %s newer than its fence after 3 pushes; retry", target.Info.NodeID, id)
+}
+
+// maxBusyWaits bounds the seconds a move waits for other transfers of the
+// volume to end.
+const maxBusyWaits = 60
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+func (m *Migrator) unfence(ctx context.Context, id string, p copyOn, log hclog.Logger) error {
+	cctx, cancel := m.cluster.Call(ctx)
+	defer cancel()
+	if _, err := p.node.Agent.Unfence(cctx, id, p.copy.Generation); err != nil {
+		return fmt.Errorf("lifting the fence on node %s: %w", p.nodeID(), err)
+	}
+	if p.copy.MovingTo != "" {
+		log.Info("move abandoned: the volume is published where it was")
+	} else {
+		log.Info("a majority shows the copy current: its lease's read-only lifted", "generation", p.copy.Generation)
+	}
+	return nil
+}
+
+// failover runs when no reachable node holds a primary: the volume's
+// policy decides between promoting the freshest replica (target's, if it
+// is as fresh) and waiting for an operator.
+func (m *Migrator) failover(ctx context.Context, id string, v view, target string, log hclog.Logger) (agentclient.Copy, error) {
+	r, ok := v.failoverReplica(target)
+	if !ok {
+		if len(v.unreachable) > 0 {
+			return agentclient.Copy{}, errdefs.Wrap(errdefs.ErrUnavailable, "no reachable node holds volume %s (unreachable agents: %s); retry", id, strings.Join(v.unreachable, ", "))
+		}
+		return agentclient.Copy{}, errdefs.Wrap(errdefs.ErrNotFound, "volume %s does not exist", id)
+	}
+	lastAt := time.Unix(0, r.copy.LastSnapshotUnixNano)
+	if contract.FailoverPolicy(r.copy.Parameters) != contract.FailoverAuto {
+		return agentclient.Copy{}, errdefs.Wrap(errdefs.ErrUnavailable, "the primary of volume %s is unreachable and its failover policy is manual: an operator promotes a replica with `zfs-controller promote -node %s %s` (the freshest, as of %s), or brings the primary's node back",
+			id, r.nodeID(), id, lastAt.UTC().Format(time.RFC3339))
+	}
+	return m.promote(ctx, id, r, v, false, false, log)
+}
+
+// promote promotes the replica r by failover. operator is the operator's
+// promotion (Promote), forced the operator's promotion without a majority
+// (promote -force): every node that answered must grant the generation,
+// and the copy records it was forced.
+func (m *Migrator) promote(ctx context.Context, id string, r copyOn, v view, operator, forced bool, log hclog.Logger) (agentclient.Copy, error) {
+	withoutMajority := !v.quorum()
+	if withoutMajority && !forced {
+		return agentclient.Copy{}, m.noQuorum(id, v)
+	}
+	gen := v.nextGeneration(r.nodeID())
+	lastAt := time.Unix(0, r.copy.LastSnapshotUnixNano)
+	// A failover waits until a majority of the nodes attest that the
+	// silent ones, one of which may hold the primary, have been silent for
+	// a lease and its margin (docs/safety.md, "Leases"); the operator's
+	// forced promotion does not.
+	if err := m.reserve(ctx, id, gen, r.nodeID(), v, withoutMajority, !withoutMajority, operator); err != nil {
+		return agentclient.Copy{}, err
+	}
+	if withoutMajority {
+		log.Warn("promoting without a majority of the nodes, as the operator forced: the silent nodes must hold nothing newer",
+			"not_answering", strings.Join(v.unreachable, ","), "generation", gen)
+	}
+	cctx, cancel := m.call(ctx, v)
+	c, err := r.node.Agent.Promote(cctx, agentclient.Promotion{VolumeID: id, Generation: gen, Failover: true, Forced: withoutMajority})
+	cancel()
+	if err != nil {
+		m.Metrics.count("failover", "failed")
+		return agentclient.Copy{}, fmt.Errorf("promoting the replica on node %s: %w", r.nodeID(), err)
+	}
+	rpo := m.now().Sub(lastAt)
+	m.Metrics.count("failover", "ok")
+	m.Metrics.recordRPO(id, rpo)
+	log.Warn("failover: replica promoted; writes on the lost primary after its last replicated snapshot are lost",
+		"promoted_node", r.nodeID(), "generation", gen, "last_snapshot", r.copy.LastSnapshot,
+		"last_snapshot_time", lastAt.UTC().Format(time.RFC3339), "rpo_seconds", int64(rpo.Seconds()))
+	return c, nil
+}
+
+// Promote is the operator's failover: it promotes the replica on nodeID
+// (the freshest if empty) when no reachable node holds a primary. Without
+// a majority of the nodes answering it refuses, unless forced: the
+// operator then asserts that the silent nodes are lost for good, or hold
+// nothing newer (docs/safety.md, "Generations").
+func (m *Migrator) Promote(ctx context.Context, id, nodeID string, force bool) (agentclient.Copy, error) {
+	if !contract.IsVolumeID(id) {
+		return agentclient.Copy{}, errdefs.Wrap(errdefs.ErrInvalidArgument, "%q is not a volume ID", id)
+	}
+	v, err := m.gather(ctx, id)
+	if err != nil {
+		return agentclient.Copy{}, err
+	}
+	if p, ok := v.primary(); ok {
+		return agentclient.Copy{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "volume %s has a primary on node %s (generation %d); publishing it elsewhere moves it", id, p.nodeID(), p.copy.Generation)
+	}
+	r, ok := v.freshestReplica(nodeID)
+	if !ok {
+		return agentclient.Copy{}, errdefs.Wrap(errdefs.ErrNotFound, "no reachable node holds a replica of volume %s%s", id, map[bool]string{true: " on node " + nodeID}[nodeID != ""])
+	}
+	return m.promote(ctx, id, r, v, true, force, m.log.With("volume_id", id, "operator", true))
+}

@@ -1,0 +1,154 @@
+package operator
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/controller/agentclient"
+	"github.com/zfs-nomad/zfs-nomad/internal/controller/cluster"
+	"github.com/zfs-nomad/zfs-nomad/internal/controller/cluster/clustertest"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
+)
+
+// TestBackupTarget: a backup without -to goes where the schedule would
+// put the volume's replica: a node that holds one, else the one with most
+// room. The nodes' room must be asked for: placing over nodes asked
+// without it found no node with room whenever no replica existed yet
+// (test/nomad's backup failed so, depending on whether the schedule had
+// pushed first).
+func TestBackupTarget(t *testing.T) {
+	tests := []struct {
+		name      string
+		available map[string]uint64
+		replicaOn string // the node holding a replica of the volume, if any
+		want      string
+	}{
+		{"no replica yet: the node with most room", map[string]uint64{"n1": 5 << 30, "n2": 1 << 30, "n3": 3 << 30}, "", "n3"},
+		{"the node that holds a replica", map[string]uint64{"n1": 5 << 30, "n2": 1 << 30, "n3": 3 << 30}, "n2", "n2"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var fakes clustertest.Fakes
+			for _, id := range []string{"n1", "n2", "n3"} {
+				agent := fakes.Add(agentclient.NodeInfo{NodeID: id, AvailableBytes: tt.available[id], MaxVolumes: 100})
+				if id == tt.replicaOn {
+					agent.PutReplica("backed-up", 1)
+				}
+			}
+			cl := fakes.Cluster(t)
+			nodes, _, err := cl.Nodes(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			var src cluster.Node
+			for _, n := range nodes {
+				if n.Info.NodeID == "n1" {
+					src = n
+				}
+			}
+			got, err := pickTarget(context.Background(), cl, src, agentclient.Volume{VolumeID: contract.VolumeIDForName("backed-up"), UsedBytes: 8 << 20}, "")
+			if err != nil {
+				t.Fatalf("no target: %v", err)
+			}
+			if got.Info.NodeID != tt.want {
+				t.Errorf("backup goes to %s, want %s", got.Info.NodeID, tt.want)
+			}
+		})
+	}
+}
+
+// TestBackupWaitsForRunningPush: a backup that meets a push of the volume
+// running already (the schedule's) waits for it to end and then pushes
+// its own, within -wait; without a wait, or past it, it fails Aborted
+// and says so. test/nomad's backup failed when the schedule's first push
+// of a new volume ran at the same moment.
+func TestBackupWaitsForRunningPush(t *testing.T) {
+	busy := errdefs.Wrap(errdefs.ErrAborted, "a transfer is running")
+	tests := []struct {
+		name      string
+		busyCalls int // the node's answers Aborted before it pushes; -1: always
+		wait      time.Duration
+		wantErr   string // empty: done
+		wantCalls int
+	}{
+		{"idle: pushes at once", 0, time.Minute, "", 1},
+		{"busy twice: waits, then pushes", 2, time.Minute, "", 3},
+		{"busy, no wait: fails at once", 1, 0, "a transfer is running", 1},
+		{"busy beyond the wait: fails and says so", -1, 50 * time.Millisecond, "still busy after waiting", 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var fakes clustertest.Fakes
+			src := fakes.Add(agentclient.NodeInfo{NodeID: "n1", AvailableBytes: 1 << 30, MaxVolumes: 100})
+			fakes.Add(agentclient.NodeInfo{NodeID: "n2", AvailableBytes: 1 << 30, MaxVolumes: 100})
+			id := src.PutPrimary("backed-up", 1)
+			src.RefuseTimes("Replicate", tt.busyCalls, busy)
+			var out strings.Builder
+			err := Backup(context.Background(), fakes.Cluster(t), id, BackupOptions{WaitBusy: tt.wait, RetryEvery: 5 * time.Millisecond}, &out)
+			switch {
+			case tt.wantErr == "" && err != nil:
+				t.Fatalf("backup failed: %v\n%s", err, out.String())
+			case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)):
+				t.Fatalf("backup answered %v, want an error saying %q", err, tt.wantErr)
+			case tt.wantErr != "" && !errors.Is(err, errdefs.ErrAborted):
+				t.Errorf("backup answered %v, not of kind Aborted", err)
+			}
+			pushes := 0
+			for _, c := range src.Calls() {
+				if strings.HasPrefix(c, "Replicate ") {
+					pushes++
+				}
+			}
+			if tt.wantCalls > 0 && pushes != tt.wantCalls {
+				t.Errorf("the node was asked to push %d times, want %d", pushes, tt.wantCalls)
+			}
+			if waited := strings.Contains(out.String(), "waiting up to"); waited != (tt.busyCalls != 0 && tt.wait > 0) {
+				t.Errorf("output says it waits: %v; output:\n%s", waited, out.String())
+			}
+		})
+	}
+}
+
+// TestBackupStallGuard (issue 35): a backup holds the volume's one push
+// slot, so a push that moves no data (a hung target or stream) is
+// cancelled after the stall timeout, as the schedule's and the moves'
+// pushes are, and the error says so. Before, the backup waited as long
+// as the command ran, and the schedule and moves of the volume with it.
+func TestBackupStallGuard(t *testing.T) {
+	var fakes clustertest.Fakes
+	src := fakes.Add(agentclient.NodeInfo{NodeID: "n1", AvailableBytes: 1 << 30, MaxVolumes: 100})
+	fakes.Add(agentclient.NodeInfo{NodeID: "n2", AvailableBytes: 1 << 30, MaxVolumes: 100})
+	id := src.PutPrimary("backed-up", 1)
+	released := make(chan struct{})
+	src.BeforePush = func(ctx context.Context, _ string, each func(agentclient.Progress)) error {
+		each(agentclient.Progress{Kind: "full", Bytes: 0}) // started, then nothing
+		<-ctx.Done()
+		close(released)
+		return ctx.Err()
+	}
+	var out strings.Builder
+	done := make(chan error, 1)
+	go func() {
+		done <- Backup(context.Background(), fakes.Cluster(t), id, BackupOptions{StallTimeout: 50 * time.Millisecond}, &out)
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, cluster.ErrStalled) || !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "push slot") {
+			t.Fatalf("a stalled backup answered %v, want Unavailable naming the stall and the push slot", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a backup whose push moves no data still runs after 10 s (stall timeout 50 ms)")
+	}
+	select {
+	case <-released:
+	default:
+		t.Error("the stalled push was not cancelled: it still holds the push slot")
+	}
+	if !strings.Contains(out.String(), "cancelled if no data moves for 50ms") {
+		t.Errorf("the output does not say the backup's stall bound:\n%s", out.String())
+	}
+}

@@ -1,0 +1,554 @@
+// Package agent is the node agent service (proto/agentpb) on both ends:
+// Server exposes a node's volume.Manager to the controller, Client is what
+// the controller calls. Protobuf types stop here: both sides speak the plain
+// types of package volume.
+package agent
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/node/lease"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/replication"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/volume"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/config"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/version"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/worklease"
+	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
+)
+
+// Server implements pb.NodeAgentServer on a node.
+type Server struct {
+	pb.UnimplementedNodeAgentServer
+	// AttestSilence, when set, checks that the nodes at the addresses a
+	// failover's reservation names, and every other peer of this node's
+	// lease that is not among the node IDs answering, have been silent
+	// for the lease and its margin (lease.Monitor.AttestFailover); the
+	// reservation is refused otherwise.
+	AttestSilence func(addrs, answering []string) error
+	// KnownNodes, when set, is how many nodes this node's lease counts,
+	// itself included (lease.Monitor.Members), reported by GetNode.
+	KnownNodes func() int
+	// OpenZFS is the release of the node's kernel module, reported by
+	// GetNode.
+	OpenZFS string
+	// LeaseHeld and CertificateNotAfter, when set, report whether the
+	// node holds its lease and when its agent certificate expires.
+	LeaseHeld           func() bool
+	CertificateNotAfter func() time.Time
+	// WorkLease is this node's part of the controllers' work lease
+	// (package worklease); NewServer starts it on the wall clock.
+	WorkLease *worklease.Grants
+
+	volumes  *volume.Manager
+	pusher   *replication.Pusher
+	receiver *replication.Receiver
+	cfg      config.Node
+	log      hclog.Logger
+}
+
+// NewServer returns the agent service of the node described by cfg.
+func NewServer(volumes *volume.Manager, pusher *replication.Pusher, receiver *replication.Receiver, cfg config.Node, log hclog.Logger) *Server {
+	return &Server{volumes: volumes, pusher: pusher, receiver: receiver, cfg: cfg, log: log, WorkLease: worklease.NewGrants(time.Now)}
+}
+
+// DeleteReplica destroys this node's replica of a volume, if any.
+func (s *Server) DeleteReplica(ctx context.Context, req *pb.DeleteReplicaRequest) (*pb.DeleteReplicaResponse, error) {
+	if req.GetVolumeDeleted() {
+		if err := s.volumes.Forget(ctx, req.GetVolumeId()); err != nil {
+			return nil, err
+		}
+	}
+	if s.receiver == nil {
+		return &pb.DeleteReplicaResponse{}, nil
+	}
+	deleted, err := false, error(nil)
+	if newest := req.GetSurplusNewest(); newest != "" {
+		deleted, err = s.receiver.DeleteSurplus(ctx, req.GetVolumeId(), newest, req.GetSnapshotsElsewhere())
+	} else {
+		deleted, err = s.receiver.DeleteReplica(ctx, req.GetVolumeId())
+	}
+	if err != nil {
+		return nil, err
+	}
+	if deleted {
+		// The schedule, which keeps what a node holds while its volumes
+		// version stays, must learn it.
+		s.volumes.NoteChanged(req.GetVolumeId())
+	}
+	return &pb.DeleteReplicaResponse{Deleted: deleted}, nil
+}
+
+// maxChanges bounds the volumes one Changes call reads: a caller further
+// behind asks for everything, a page at a time.
+const maxChanges = 200
+
+// Changes tells what became of the volumes whose copy here changed since
+// the node reported a volumes version: for each, its primary or its
+// replica here now, if any.
+func (s *Server) Changes(ctx context.Context, req *pb.ChangesRequest) (*pb.ChangesResponse, error) {
+	ids, ok := s.volumes.ChangedSince(req.GetSince(), maxChanges)
+	if !ok {
+		return &pb.ChangesResponse{}, nil
+	}
+	resp := &pb.ChangesResponse{Known: true, VolumeIds: ids}
+	for _, id := range ids {
+		v, err := s.volumes.Get(ctx, id)
+		switch {
+		case err == nil:
+			resp.Volumes = append(resp.Volumes, s.volumeToPB(v))
+		case !errors.Is(err, errdefs.ErrNotFound) && !errors.Is(err, errdefs.ErrFailedPrecondition):
+			return nil, err
+		}
+		if s.receiver == nil {
+			continue
+		}
+		r, held, err := s.receiver.ReplicaOf(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		if held {
+			resp.Replicas = append(resp.Replicas, replicaToPB(r))
+		}
+	}
+	return resp, nil
+}
+
+// Status lists the node's replicas and running transfers.
+func (s *Server) Status(ctx context.Context, _ *pb.StatusRequest) (*pb.NodeStatus, error) {
+	out := &pb.NodeStatus{}
+	if s.receiver == nil || s.pusher == nil {
+		return out, nil
+	}
+	replicas, setAside, err := s.receiver.Holdings(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range replicas {
+		out.Replicas = append(out.Replicas, replicaToPB(r))
+	}
+	out.SetAside = setAside
+	for _, t := range s.pusher.Transfers() {
+		out.Transfers = append(out.Transfers, &pb.Transfer{VolumeId: t.VolumeID, Peer: t.Peer, Kind: t.Kind,
+			Bytes: t.Bytes, TotalBytes: t.Total, StartedUnix: t.Started.Unix(), Purpose: t.Purpose})
+	}
+	return out, nil
+}
+
+// unixOrZero is t in unix seconds, or 0 for the zero time.
+func unixOrZero(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.Unix()
+}
+
+func replicaToPB(r replication.Replica) *pb.Replica {
+	return &pb.Replica{VolumeId: r.VolumeID, Name: r.Name, LastSnapshot: r.LastSnapshot,
+		LastSnapshotUnix: r.LastSnapshotTime.Unix(), Resumable: r.Resumable, DemotedAtUnix: unixOrZero(r.DemotedAt)}
+}
+
+// Replicate pushes a volume to a peer now and streams progress.
+func (s *Server) Replicate(req *pb.ReplicateRequest, stream pb.NodeAgent_ReplicateServer) error {
+	// A stream passes no unary interceptor: its error is converted here.
+	if s.pusher == nil {
+		return errdefs.ToStatus(errdefs.Wrap(errdefs.ErrFailedPrecondition, "replication is not configured on node %s", s.cfg.NodeID))
+	}
+	report := func(p replication.Progress) {
+		_ = stream.Send(&pb.ReplicateProgress{Kind: p.Kind, Snapshot: p.Snapshot, Base: p.Base, Bytes: p.Bytes, TotalBytes: p.Total, Done: p.Done,
+			FencedUnixNano: p.FencedAt})
+	}
+	expected, fenceFor := req.GetTargetNodeId(), req.GetFenceForNodeId()
+	if expected != "" && fenceFor != "" && expected != fenceFor {
+		return errdefs.ToStatus(errdefs.Wrap(errdefs.ErrInvalidArgument,
+			"replicate %s: target_node_id %q and fence_for_node_id %q differ: a move's final push goes to the node it fences for", req.GetVolumeId(), expected, fenceFor))
+	}
+	var fence replication.Fence
+	if fenceFor != "" {
+		id := req.GetVolumeId()
+		fence = func(ctx context.Context, at int64) (int64, error) { return s.volumes.FenceHeld(ctx, id, fenceFor, at) }
+	}
+	// A caller that knows the target node (the controller always does):
+	// only that node's certificate may answer at the target address.
+	_, err := s.pusher.PushFenced(stream.Context(), req.GetVolumeId(), req.GetTargetAddress(), cmp.Or(expected, fenceFor), req.GetPurpose(), time.Second, report, fence)
+	return errdefs.ToStatus(err)
+}
+
+func (s *Server) GetNode(ctx context.Context, req *pb.GetNodeRequest) (*pb.Node, error) {
+	n := &pb.Node{
+		NodeId:        s.cfg.NodeID,
+		Topology:      s.cfg.Segments(),
+		MaxQuotaBytes: uint64(s.cfg.MaxQuota),
+		MaxVolumes:    s.cfg.MaxVolumes,
+		Version:       version.Version,
+		// Before the health check: the version says what the node's
+		// primaries are, whatever its health.
+		VolumesVersion: s.volumes.VolumesVersion(),
+	}
+	if s.KnownNodes != nil {
+		n.KnownNodes = uint32(s.KnownNodes())
+	}
+	n.OpenzfsVersion = s.OpenZFS
+	if s.LeaseHeld != nil {
+		n.LeaseHeld = s.LeaseHeld()
+	}
+	if s.CertificateNotAfter != nil {
+		n.CertificateNotAfter = s.CertificateNotAfter().Unix()
+	}
+	for _, a := range s.volumes.AwaitedPromotions() {
+		n.AwaitedPromotions = append(n.AwaitedPromotions, &pb.AwaitedPromotion{VolumeId: a.VolumeID, AfterGeneration: a.AfterGeneration,
+			WaitingMillis: time.Since(a.Since).Milliseconds()})
+	}
+	if err := s.volumes.Health(ctx); err != nil {
+		n.UnhealthyReason = err.Error()
+		return n, nil
+	}
+	if req.GetWithoutCapacity() {
+		return n, nil
+	}
+	c, err := s.volumes.Capacity(ctx)
+	if err != nil {
+		n.UnhealthyReason = err.Error()
+		return n, nil
+	}
+	n.AvailableBytes = c.Available
+	n.Volumes = int64(c.Volumes)
+	return n, nil
+}
+
+func (s *Server) CreateVolume(ctx context.Context, req *pb.CreateVolumeRequest) (*pb.Volume, error) {
+	v, err := s.volumes.Create(ctx, volume.CreateRequest{
+		Name:             req.GetName(),
+		RequiredBytes:    req.GetRequiredBytes(),
+		LimitBytes:       req.GetLimitBytes(),
+		Parameters:       req.GetParameters(),
+		SourceSnapshotID: req.GetSourceSnapshotId(),
+		SourceVolumeID:   req.GetSourceVolumeId(),
+		Passphrase:       req.GetEncryptionPassphrase(),
+	})
+	if err != nil {
+		return nil, err
+	}
+	return s.volumeToPB(v), nil
+}
+
+func (s *Server) DeleteVolume(ctx context.Context, req *pb.DeleteVolumeRequest) (*pb.DeleteVolumeResponse, error) {
+	if err := s.volumes.Delete(ctx, req.GetVolumeId()); err != nil {
+		return nil, err
+	}
+	return &pb.DeleteVolumeResponse{}, nil
+}
+
+func (s *Server) GetVolume(ctx context.Context, req *pb.GetVolumeRequest) (*pb.Volume, error) {
+	v, err := s.volumes.Get(ctx, req.GetVolumeId())
+	if err != nil {
+		return nil, err
+	}
+	return s.volumeToPB(v), nil
+}
+
+func (s *Server) ListVolumes(ctx context.Context, req *pb.ListVolumesRequest) (*pb.ListVolumesResponse, error) {
+	list := s.volumes.List
+	if req.GetFrom() != "" || req.GetMaxEntries() > 0 {
+		list = func(ctx context.Context) ([]volume.Volume, error) {
+			return s.volumes.ListPage(ctx, req.GetFrom(), int(req.GetMaxEntries()))
+		}
+	}
+	vols, err := list(ctx)
+	if err != nil {
+		return nil, err
+	}
+	resp := &pb.ListVolumesResponse{}
+	for _, v := range vols {
+		resp.Volumes = append(resp.Volumes, s.volumeToPB(v))
+	}
+	return resp, nil
+}
+
+func (s *Server) ExpandVolume(ctx context.Context, req *pb.ExpandVolumeRequest) (*pb.ExpandVolumeResponse, error) {
+	capacity, err := s.volumes.Expand(ctx, req.GetVolumeId(), req.GetRequiredBytes(), req.GetLimitBytes())
+	if err != nil {
+		return nil, err
+	}
+	return &pb.ExpandVolumeResponse{CapacityBytes: capacity}, nil
+}
+
+func (s *Server) CreateSnapshot(ctx context.Context, req *pb.CreateSnapshotRequest) (*pb.Snapshot, error) {
+	snap, err := s.volumes.CreateSnapshotAfter(ctx, req.GetSourceVolumeId(), req.GetName(), req.GetCreatedAfterUnix())
+	if err != nil {
+		return nil, err
+	}
+	return s.snapshotToPB(snap), nil
+}
+
+// DeleteSnapshot remembers the deletion first when asked, so that a copy
+// the delete then fails to remove is hidden all the same, and forgets it
+// last, once the copy is gone.
+func (s *Server) DeleteSnapshot(ctx context.Context, req *pb.DeleteSnapshotRequest) (*pb.DeleteSnapshotResponse, error) {
+	id := req.GetSnapshotId()
+	if req.GetRemember() {
+		d := volume.DeletedSnapshot{ID: id, SourceVolumeID: req.GetSourceVolumeId(), CreatedUnix: req.GetCreatedUpToUnix()}
+		if err := s.volumes.RememberDeleted(ctx, d); err != nil {
+			return nil, err
+		}
+	}
+	if err := s.volumes.DeleteSnapshotUpTo(ctx, id, req.GetCreatedUpToUnix()); err != nil {
+		return nil, err
+	}
+	if req.GetForget() {
+		if err := s.volumes.ForgetDeleted(ctx, id); err != nil {
+			return nil, err
+		}
+	}
+	return &pb.DeleteSnapshotResponse{}, nil
+}
+
+func (s *Server) ListSnapshots(ctx context.Context, req *pb.ListSnapshotsRequest) (*pb.ListSnapshotsResponse, error) {
+	var snaps []volume.Snapshot
+	var err error
+	switch id := req.GetSnapshotId(); {
+	case req.GetDeletedOnly(): // the records alone
+	case id != "":
+		var snap volume.Snapshot
+		if snap, err = s.volumes.GetSnapshot(ctx, id); err == nil {
+			snaps = append(snaps, snap)
+		} else if errors.Is(err, errdefs.ErrNotFound) {
+			err = nil
+		}
+	default:
+		snaps, err = s.volumes.SnapshotPage(ctx, req.GetFrom(), int(req.GetMaxEntries()), req.GetSourceVolumeId())
+	}
+	if err != nil {
+		return nil, err
+	}
+	resp := &pb.ListSnapshotsResponse{}
+	for _, sn := range snaps {
+		resp.Snapshots = append(resp.Snapshots, s.snapshotToPB(sn))
+	}
+	if req.GetWithDeleted() || req.GetDeletedOnly() {
+		records, err := s.deletedSnapshots(ctx, req.GetSnapshotId(), req.GetSourceVolumeId())
+		if err != nil {
+			return nil, err
+		}
+		resp.Snapshots = append(resp.Snapshots, records...)
+	}
+	return resp, nil
+}
+
+// deletedSnapshots answers the node's records of deleted snapshots, of
+// snapshot id or of source volume when given.
+func (s *Server) deletedSnapshots(ctx context.Context, id, source string) ([]*pb.Snapshot, error) {
+	records, err := s.volumes.DeletedSnapshots(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []*pb.Snapshot
+	for _, d := range records {
+		if (id == "" || d.ID == id) && (source == "" || d.SourceVolumeID == source) {
+			out = append(out, &pb.Snapshot{SnapshotId: d.ID, SourceVolumeId: d.SourceVolumeID, CreatedUnix: d.CreatedUnix, NodeId: s.cfg.NodeID, Deleted: true})
+		}
+	}
+	return out, nil
+}
+
+func (s *Server) volumeToPB(v volume.Volume) *pb.Volume {
+	return &pb.Volume{
+		VolumeId:             v.ID,
+		Name:                 v.Name,
+		CapacityBytes:        v.Capacity,
+		UsedBytes:            v.Used,
+		Parameters:           v.Parameters,
+		Source:               v.Source,
+		NodeId:               s.cfg.NodeID,
+		CreatedUnix:          v.Created.Unix(),
+		Generation:           v.Generation,
+		MovingTo:             v.MovingTo,
+		FailoverFromSnapshot: v.FailoverFrom,
+	}
+}
+
+func (s *Server) snapshotToPB(sn volume.Snapshot) *pb.Snapshot {
+	return &pb.Snapshot{
+		SnapshotId:     sn.ID,
+		Name:           sn.Name,
+		SourceVolumeId: sn.SourceVolumeID,
+		SizeBytes:      sn.Size,
+		CreatedUnix:    sn.Created.Unix(),
+		NodeId:         s.cfg.NodeID,
+	}
+}
+
+// GetCopy describes this node's copy of a volume, whatever its role.
+func (s *Server) GetCopy(ctx context.Context, req *pb.GetCopyRequest) (*pb.Copy, error) {
+	c, err := s.copyOf(ctx, req.GetVolumeId())
+	return c, err
+}
+
+func (s *Server) copyOf(ctx context.Context, id string) (*pb.Copy, error) {
+	c, err := s.volumes.Copy(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	out := s.copyToPB(c)
+	promised, err := s.volumes.Promised(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	out.PromisedGeneration, out.PromisedHolder = promised.Generation, promised.Holder
+	if c.Exists && c.Role == contract.RoleReplica && s.receiver != nil {
+		state, err := s.receiver.ReplicaState(ctx, &pb.ReplicaStateRequest{VolumeId: id})
+		if err != nil {
+			return nil, errdefs.FromStatus(err)
+		}
+		out.Resumable = state.GetResumeToken() != ""
+		out.SnapshotGuids = state.GetSnapshotGuids()
+	}
+	return out, nil
+}
+
+// Reserve promises a generation of a volume to one promotion.
+func (s *Server) Reserve(ctx context.Context, req *pb.ReserveRequest) (*pb.ReserveResponse, error) {
+	if (req.GetFailover() || len(req.GetFailoverFrom()) > 0) && s.AttestSilence != nil {
+		if err := s.attest(req); err != nil {
+			return nil, err
+		}
+	}
+	p, granted, err := s.volumes.Reserve(ctx, req.GetVolumeId(), req.GetGeneration(), req.GetHolderNodeId())
+	if err != nil {
+		return nil, err
+	}
+	return &pb.ReserveResponse{Granted: granted, PromisedGeneration: p.Generation, PromisedHolder: p.Holder}, nil
+}
+
+// attest checks a failover's reservation against this node's lease. A
+// node without peers keeps no lease, and neither do the silent nodes (the
+// same configuration), so nothing made their primaries read-only: it
+// grants the operator's promotion, on the operator's word, and refuses
+// the controller's automatic failover (issue 35, defect 7).
+func (s *Server) attest(req *pb.ReserveRequest) error {
+	err := s.AttestSilence(req.GetFailoverFrom(), req.GetAnsweringNodeIds())
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, lease.ErrNoLease) && req.GetOperator():
+		s.log.Warn("failover granted on the operator's word: this node keeps no lease (no peers configured) and cannot tell whether the silent nodes stopped writing",
+			"volume_id", req.GetVolumeId(), "generation", req.GetGeneration(), "silent", strings.Join(req.GetFailoverFrom(), ","))
+		return nil
+	case errors.Is(err, lease.ErrNoLease):
+		return errdefs.Wrap(errdefs.ErrUnavailable, "node %s refuses generation %d of volume %s for an automatic failover: %v",
+			s.cfg.NodeID, req.GetGeneration(), req.GetVolumeId(), err)
+	}
+	return errdefs.Wrap(errdefs.ErrUnavailable, "node %s does not grant generation %d of volume %s for a failover yet: %v",
+		s.cfg.NodeID, req.GetGeneration(), req.GetVolumeId(), err)
+}
+
+func (s *Server) copyToPB(c volume.Copy) *pb.Copy {
+	return &pb.Copy{
+		VolumeId: c.VolumeID, NodeId: s.cfg.NodeID, Exists: c.Exists, Role: c.Role, Name: c.Name,
+		Generation: c.Generation, MovingTo: c.MovingTo, FencedUnixNano: c.FencedAt, Mounted: c.Mounted,
+		LastSnapshot: c.LastSnapshot, LastSnapshotUnixNano: c.LastSnapshotAt,
+		Parameters: c.Parameters, CapacityBytes: c.Capacity, FailoverFromSnapshot: c.FailoverFrom,
+		ForcedGeneration: c.Forced, LeaseFenced: c.LeaseFenced,
+	}
+}
+
+// Fence makes this node's primary read-only for a move to another node.
+func (s *Server) Fence(ctx context.Context, req *pb.FenceRequest) (*pb.FenceResponse, error) {
+	if req.GetTargetNodeId() == "" || req.GetTargetNodeId() == s.cfg.NodeID {
+		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, "fence: target_node_id must name another node")
+	}
+	at, err := s.volumes.Fence(ctx, req.GetVolumeId(), req.GetTargetNodeId())
+	if err != nil {
+		return nil, err
+	}
+	return &pb.FenceResponse{FencedUnixNano: at}, nil
+}
+
+// Unfence lifts a fence after an abandoned move.
+func (s *Server) Unfence(ctx context.Context, req *pb.UnfenceRequest) (*pb.Copy, error) {
+	if err := s.volumes.Unfence(ctx, req.GetVolumeId(), req.GetGeneration()); err != nil {
+		return nil, err
+	}
+	return s.GetCopy(ctx, &pb.GetCopyRequest{VolumeId: req.GetVolumeId()})
+}
+
+// Promote turns this node's replica into the primary.
+func (s *Server) Promote(ctx context.Context, req *pb.PromoteRequest) (*pb.Copy, error) {
+	if req.GetGeneration() == 0 {
+		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, "promote: generation is required")
+	}
+	c, err := s.volumes.Promote(ctx, req.GetVolumeId(), req.GetGeneration(), req.GetNotBeforeUnixNano(), req.GetFailover())
+	if err != nil {
+		return nil, err
+	}
+	if req.GetForced() {
+		if err := s.volumes.MarkForced(ctx, req.GetVolumeId(), req.GetGeneration()); err != nil {
+			return nil, err
+		}
+		c.Forced = req.GetGeneration()
+	}
+	return s.copyToPB(c), nil
+}
+
+// Demote retires this node's stale primary: to a replica, or aside.
+func (s *Server) Demote(ctx context.Context, req *pb.DemoteRequest) (*pb.Copy, error) {
+	if err := s.volumes.Demote(ctx, req.GetVolumeId(), req.GetGeneration(), req.GetAside()); err != nil {
+		return nil, err
+	}
+	return s.GetCopy(ctx, &pb.GetCopyRequest{VolumeId: req.GetVolumeId()})
+}
+
+// AcquireWorkLease grants, renews or releases this node's part of the
+// work lease.
+func (s *Server) AcquireWorkLease(_ context.Context, req *pb.WorkLeaseRequest) (*pb.WorkLease, error) {
+	in := instanceFromPB(req.GetInstance())
+	l, err := s.WorkLease.Acquire(in, req.GetRelease())
+	if err != nil {
+		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, "work lease: %v", err)
+	}
+	return workLeaseToPB(l), nil
+}
+
+// WorkLeases tells who holds this node's part of the work lease.
+func (s *Server) WorkLeases(context.Context, *pb.WorkLeasesRequest) (*pb.WorkLease, error) {
+	return workLeaseToPB(s.WorkLease.Look()), nil
+}
+
+func instanceFromPB(in *pb.ControllerInstance) worklease.Instance {
+	return worklease.Instance{ID: in.GetId(), Host: in.GetHost(), Address: in.GetAddress(), Version: in.GetVersion(), Started: timeOfUnix(in.GetStartedUnix()), NomadAlloc: in.GetNomadAllocId()}
+}
+
+func instanceToPB(in worklease.Instance) *pb.ControllerInstance {
+	return &pb.ControllerInstance{Id: in.ID, Host: in.Host, Address: in.Address, Version: in.Version, StartedUnix: unixOrZero(in.Started), NomadAllocId: in.NomadAlloc}
+}
+
+func workLeaseToPB(l worklease.Lease) *pb.WorkLease {
+	out := &pb.WorkLease{
+		Granted:           l.Granted,
+		HolderSinceUnix:   unixOrZero(l.HolderSince),
+		RemainingMillis:   l.Remaining.Milliseconds(),
+		GrantsAfterMillis: l.GrantsAfter.Milliseconds(),
+	}
+	if l.Holder.ID != "" {
+		out.Holder = instanceToPB(l.Holder)
+	}
+	for _, seen := range l.Seen {
+		out.Seen = append(out.Seen, &pb.SeenInstance{Instance: instanceToPB(seen.Instance), LastSeenMillisAgo: seen.Ago.Milliseconds()})
+	}
+	return out
+}
+
+// timeOfUnix is the time of unix seconds, zero for 0.
+func timeOfUnix(sec int64) time.Time {
+	if sec == 0 {
+		return time.Time{}
+	}
+	return time.Unix(sec, 0)
+}

@@ -1,0 +1,215 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"testing"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/node/replication"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/volume"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfsfake"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/config"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
+	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
+)
+
+const root = "tank/nomad"
+
+func newServer(t *testing.T) (*Server, *volume.Manager, *zfsfake.Fake) {
+	t.Helper()
+	fake := zfsfake.New(10<<30, "tank")
+	if err := fake.CreateFilesystem(context.Background(), root, nil); err != nil {
+		t.Fatal(err)
+	}
+	cfg := config.DefaultNode()
+	cfg.NodeID, cfg.RootDataset = "n1", root
+	cfg.MaxQuota, cfg.DefaultQuota = 4<<30, 1<<30
+	log := hclog.NewNullLogger()
+	volumes := volume.NewManager(fake, cfg, log)
+	receiver := replication.NewReceiver(fake.Streams(), volumes.Locks(), root, cfg.NodeID, cfg.ReplicationSnapshots, log)
+	return NewServer(volumes, nil, receiver, cfg, log), volumes, fake
+}
+
+// TestChangesTellsWhatBecameOfEachChangedVolume (issue 13): the schedule's
+// round after a change asks the node what changed since the version it
+// saw; the node answers, for each volume changed since, its primary or
+// its replica here now, or neither; and cannot tell for another
+// process's version.
+func TestChangesTellsWhatBecameOfEachChangedVolume(t *testing.T) {
+	ctx := context.Background()
+	s, volumes, fake := newServer(t)
+	kept, err := volumes.Create(ctx, volume.CreateRequest{Name: "kept"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	since := volumes.VolumesVersion()
+	made, err := volumes.Create(ctx, volume.CreateRequest{Name: "made"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone, err := volumes.Create(ctx, volume.CreateRequest{Name: "gone"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := volumes.Delete(ctx, gone.ID); err != nil {
+		t.Fatal(err)
+	}
+	// A replica here of another node's volume, whose change is noted (as
+	// DeleteReplica notes one).
+	replicaID := "vol-00000000000000000001"
+	if err := fake.CreateFilesystem(ctx, root+"/"+replicaID, map[string]string{
+		volume.PropVolumeID: replicaID, volume.PropRole: replication.RoleReplica, volume.PropName: "theirs"}); err != nil {
+		t.Fatal(err)
+	}
+	volumes.NoteChanged(replicaID)
+
+	resp, err := s.Changes(ctx, &pb.ChangesRequest{Since: since})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantIDs := []string{gone.ID, made.ID, replicaID}
+	slices.Sort(wantIDs)
+	if !resp.GetKnown() || !slices.Equal(resp.GetVolumeIds(), wantIDs) {
+		t.Fatalf("Changes = known %v, %v; want known, %v (not %s, unchanged)", resp.GetKnown(), resp.GetVolumeIds(), wantIDs, kept.ID)
+	}
+	if len(resp.GetVolumes()) != 1 || resp.GetVolumes()[0].GetVolumeId() != made.ID {
+		t.Errorf("primaries told: %v; want %s alone", resp.GetVolumes(), made.ID)
+	}
+	if len(resp.GetReplicas()) != 1 || resp.GetReplicas()[0].GetVolumeId() != replicaID || resp.GetReplicas()[0].GetName() != "theirs" {
+		t.Errorf("replicas told: %v; want %s", resp.GetReplicas(), replicaID)
+	}
+
+	resp, err = s.Changes(ctx, &pb.ChangesRequest{Since: "1-0"})
+	if err != nil || resp.GetKnown() {
+		t.Errorf("Changes since another process's version = known %v, %v; want not known", resp.GetKnown(), err)
+	}
+}
+
+// TestDeleteSurplus (issue 15): the node removes a replica as a surplus
+// copy only when that loses nothing the caller did not judge: a copy
+// demoted after a move, whose newest snapshot is the one the schedule
+// saw, with no snapshot but replication snapshots. Anything else is
+// refused with FailedPrecondition and left as it was; a primary, or no
+// copy, is not a replica to delete.
+func TestDeleteSurplus(t *testing.T) {
+	ctx := context.Background()
+	demoted := map[string]string{volume.PropRole: replication.RoleReplica, volume.PropDemotedAt: "1800000000"}
+	csi := contract.SnapshotIDForName("before-upgrade")
+	tests := []struct {
+		name      string
+		props     map[string]string // nil: no copy
+		snapshots []string
+		newest    string
+		elsewhere []string // CSI snapshots the caller found on the other copies
+		deleted   bool
+		refused   bool
+	}{
+		{"demoted, as fresh as judged", demoted, []string{"zn-1", "zn-2"}, "zn-2", nil, true, false},
+		{"not demoted: the schedule's own replica", map[string]string{volume.PropRole: replication.RoleReplica}, []string{"zn-2"}, "zn-2", nil, false, true},
+		{"promoted since", map[string]string{volume.PropRole: replication.RoleReplica, volume.PropDemotedAt: "-"}, []string{"zn-2"}, "zn-2", nil, false, true},
+		{"received since it was judged", demoted, []string{"zn-2", "zn-3"}, "zn-2", nil, false, true},
+		{"holds a snapshot made by hand", demoted, []string{"before-upgrade", "zn-2"}, "zn-2", []string{"before-upgrade"}, false, true},
+		{"holds a CSI snapshot the other copies lack", demoted, []string{csi, "zn-2"}, "zn-2", []string{contract.SnapshotIDForName("other")}, false, true},
+		{"holds a CSI snapshot the other copies hold", demoted, []string{csi, "zn-2"}, "zn-2", []string{csi}, true, false},
+		{"a primary", map[string]string{volume.PropRole: contract.RolePrimary, volume.PropDemotedAt: "1800000000"}, []string{"zn-2"}, "zn-2", nil, false, false},
+		{"no copy", nil, nil, "zn-2", nil, false, false},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, _, fake := newServer(t)
+			id := fmt.Sprintf("vol-%020d", i+1)
+			fs := root + "/" + id
+			if tt.props != nil {
+				props := maps.Clone(tt.props)
+				props[volume.PropVolumeID] = id
+				if err := fake.CreateFilesystem(ctx, fs, props); err != nil {
+					t.Fatal(err)
+				}
+				for _, snap := range tt.snapshots {
+					if err := fake.Snapshot(ctx, fs+"@"+snap, nil); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			resp, err := s.DeleteReplica(ctx, &pb.DeleteReplicaRequest{VolumeId: id, SurplusNewest: tt.newest, SnapshotsElsewhere: tt.elsewhere})
+			if tt.refused {
+				if !errors.Is(err, errdefs.ErrFailedPrecondition) {
+					t.Fatalf("DeleteReplica as surplus: %v, want FailedPrecondition", err)
+				}
+			} else if err != nil || resp.GetDeleted() != tt.deleted {
+				t.Fatalf("DeleteReplica as surplus: deleted %v, %v; want %v", resp.GetDeleted(), err, tt.deleted)
+			}
+			_, err = fake.Get(ctx, fs)
+			if exists := err == nil; exists != (tt.props != nil && !tt.deleted) {
+				t.Errorf("after it the copy exists: %v (%v)", exists, err)
+			}
+		})
+	}
+}
+
+// TestDeleteSnapshotRemembersAndForgets: the agent records a deletion
+// before it deletes the copy, answers the record with the snapshots when
+// asked (and only then), and forgets it on request.
+func TestDeleteSnapshotRemembersAndForgets(t *testing.T) {
+	ctx := context.Background()
+	s, volumes, _ := newServer(t)
+	v, err := volumes.Create(ctx, volume.CreateRequest{Name: "v"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, err := volumes.CreateSnapshot(ctx, v.ID, "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept, err := volumes.CreateSnapshot(ctx, v.ID, "kept")
+	if err != nil {
+		t.Fatal(err)
+	}
+	del := &pb.DeleteSnapshotRequest{SnapshotId: snap.ID, CreatedUpToUnix: snap.Created.Unix(), Remember: true, SourceVolumeId: v.ID}
+	if _, err := s.DeleteSnapshot(ctx, del); err != nil {
+		t.Fatal(err)
+	}
+	list := func(req *pb.ListSnapshotsRequest) (copies, records []string) {
+		t.Helper()
+		resp, err := s.ListSnapshots(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, sn := range resp.GetSnapshots() {
+			if sn.GetDeleted() {
+				records = append(records, sn.GetSnapshotId())
+			} else {
+				copies = append(copies, sn.GetSnapshotId())
+			}
+		}
+		return copies, records
+	}
+	for _, c := range []struct {
+		req                   *pb.ListSnapshotsRequest
+		wantCopies, wantRecds []string
+	}{
+		{&pb.ListSnapshotsRequest{}, []string{kept.ID}, nil},
+		{&pb.ListSnapshotsRequest{WithDeleted: true}, []string{kept.ID}, []string{snap.ID}},
+		{&pb.ListSnapshotsRequest{WithDeleted: true, SourceVolumeId: v.ID}, []string{kept.ID}, []string{snap.ID}},
+		{&pb.ListSnapshotsRequest{WithDeleted: true, SourceVolumeId: "vol-00000000000000000000"}, nil, nil},
+		{&pb.ListSnapshotsRequest{WithDeleted: true, SnapshotId: kept.ID}, []string{kept.ID}, nil},
+		{&pb.ListSnapshotsRequest{DeletedOnly: true}, nil, []string{snap.ID}},
+	} {
+		copies, records := list(c.req)
+		if !slices.Equal(copies, c.wantCopies) || !slices.Equal(records, c.wantRecds) {
+			t.Errorf("ListSnapshots(%v): copies %v, records %v; want %v, %v", c.req, copies, records, c.wantCopies, c.wantRecds)
+		}
+	}
+	if _, err := s.DeleteSnapshot(ctx, &pb.DeleteSnapshotRequest{SnapshotId: snap.ID, Forget: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, records := list(&pb.ListSnapshotsRequest{DeletedOnly: true}); len(records) != 0 {
+		t.Errorf("records after forgetting: %v, want none", records)
+	}
+}

@@ -1,0 +1,403 @@
+package lease
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"google.golang.org/grpc"
+	grpcpeer "google.golang.org/grpc/peer"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/tlsconfig"
+	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
+)
+
+// Volumes is what the heartbeat does to the node's primaries
+// (volume.Manager).
+type Volumes interface {
+	// SelfFence makes the mounted primaries read-only; it returns the IDs
+	// it fenced now.
+	SelfFence(ctx context.Context) ([]string, error)
+	// LeaseFenced lists the primaries fenced by the lease, by ID, with
+	// their generations.
+	LeaseFenced(ctx context.Context) (map[string]uint64, error)
+	// LiftLeaseFence makes one writable again at its generation.
+	LiftLeaseFence(ctx context.Context, id string, generation uint64) error
+	// Promised is the highest generation of the volume this node promised.
+	Promised(ctx context.Context, id string) (uint64, error)
+	// Unconfirmed lists the primaries not confirmed current since the
+	// process started or the lease was lost, with their generations;
+	// Confirm records one confirmed; ForgetConfirmations forgets them all
+	// (volume.Manager: staging an unmounted primary waits for it).
+	Unconfirmed(ctx context.Context) (map[string]uint64, error)
+	Confirm(id string, generation uint64)
+	ForgetConfirmations()
+	// FenceSuperseded makes the primary of volume id at generation
+	// read-only, mounted or not, because generation newer was promised
+	// elsewhere; it reports whether it fenced it now.
+	FenceSuperseded(ctx context.Context, id string, generation, newer uint64) (bool, error)
+}
+
+// Heartbeat pings the peers every Interval (a quarter of the lease),
+// fences the node's mounted primaries while it does not hold the lease,
+// and lifts them once it does again and a majority of all its peers
+// confirms that no newer copy was promoted meanwhile.
+type Heartbeat struct {
+	Monitor  *Monitor
+	NodeID   string
+	Interval time.Duration
+	// Peers lists the agent addresses (a peers file may change).
+	Peers   func() ([]string, error)
+	Dial    func(addr string) (*grpc.ClientConn, error)
+	Volumes Volumes
+	// Held, when set, is told whether the lease is held after each beat
+	// (a metric).
+	Held func(bool)
+	Log  hclog.Logger
+
+	mu    sync.Mutex
+	conns map[string]*grpc.ClientConn
+
+	// What the last beat left, for the next (see step). Zero before the
+	// first beat: the node starts as if it held the lease and fenced
+	// volumes may exist, since a restart keeps the marks on the datasets.
+	lost, noneFenced bool
+	// allConfirmed: every primary was confirmed current since the lease
+	// was last held (false at start: a restart forgets).
+	allConfirmed bool
+}
+
+// Run beats every Interval until ctx ends.
+func (h *Heartbeat) Run(ctx context.Context) {
+	ticker := time.NewTicker(h.Interval)
+	defer ticker.Stop()
+	defer h.closeConns()
+	for {
+		h.Beat(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+		}
+	}
+}
+
+// Beat runs one beat. Run calls it every Interval; the fault-injection
+// simulation (internal/testbed/faultsim) calls it on its own clock.
+func (h *Heartbeat) Beat(ctx context.Context) {
+	held, fencedSome := h.step(ctx, !h.lost, !h.noneFenced)
+	h.lost, h.noneFenced = !held, !fencedSome
+}
+
+// step is one beat: ping the peers, then fence the mounted primaries if
+// the lease is lost, or lift fenced ones the domain confirms if it is
+// held. wasHeld and fencedSome are what the previous step left; it
+// returns them for the next.
+func (h *Heartbeat) step(ctx context.Context, wasHeld, fencedSome bool) (held, stillFenced bool) {
+	h.beat(ctx)
+	held = h.Monitor.Held(h.NodeID)
+	switch {
+	case !held:
+		if wasHeld {
+			h.Log.Warn("lease lost: no majority of the peers (every domain) answered within the lease; mounted primaries become read-only", "lease", h.Monitor.lease)
+		}
+		fenced, err := h.Volumes.SelfFence(ctx)
+		if err != nil {
+			h.Log.Error("making primaries read-only failed; retrying at the next beat", "error", err)
+		}
+		fencedSome = fencedSome || len(fenced) > 0 || err != nil
+		// A failover may follow: every primary must be confirmed again.
+		h.Volumes.ForgetConfirmations()
+		h.allConfirmed = false
+	default:
+		if !wasHeld {
+			h.Log.Info("lease held again: a majority of the peers (every domain) answers")
+		}
+		if fencedSome {
+			fencedSome = h.lift(ctx)
+		}
+		if !h.allConfirmed {
+			h.allConfirmed = h.confirm(ctx)
+		}
+	}
+	if h.Held != nil {
+		h.Held(held)
+	}
+	return held, fencedSome
+}
+
+// beat pings every peer at once, each within the interval.
+func (h *Heartbeat) beat(ctx context.Context) {
+	addrs, err := h.Peers()
+	if err != nil {
+		h.Log.Warn("reading the peers failed; using the last list", "error", err)
+	}
+	if addrs != nil {
+		h.Monitor.SetPeers(addrs)
+	}
+	h.fanOut(ctx, h.Monitor.Peers(), func(ctx context.Context, addr string, conn grpc.ClientConnInterface) {
+		var server grpcpeer.Peer
+		resp, err := pb.NewPeersClient(conn).Ping(ctx, &pb.PingRequest{}, grpc.Peer(&server))
+		if err != nil {
+			return
+		}
+		// A node may answer only as itself: a certificate that names
+		// another node than the answer would count one node as another.
+		if err := tlsconfig.CheckClaim(&server, resp.GetNodeId()); err != nil {
+			h.Log.Warn("a peer's answer is not counted", "addr", addr, "error", err)
+			return
+		}
+		h.Monitor.Answered(addr, resp.GetNodeId())
+	})
+}
+
+// fanOut calls every peer at addrs at once, all within the interval.
+func (h *Heartbeat) fanOut(ctx context.Context, addrs []string, call func(ctx context.Context, addr string, conn grpc.ClientConnInterface)) {
+	ctx, cancel := context.WithTimeout(ctx, h.Interval)
+	defer cancel()
+	var wg sync.WaitGroup
+	for _, addr := range addrs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if c, err := h.client(addr); err == nil {
+				call(ctx, addr, c)
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// lift asks the domain about each primary fenced by the lease whether a
+// newer generation was promised, and lifts each that a majority confirms.
+// It reports whether some stay fenced.
+func (h *Heartbeat) lift(ctx context.Context) bool {
+	fenced, err := h.Volumes.LeaseFenced(ctx)
+	if err != nil {
+		h.Log.Warn("listing the primaries fenced by the lease failed; retrying at the next beat", "error", err)
+		return true
+	}
+	ok := h.vouched(ctx, fenced)
+	remain := false
+	for id, gen := range fenced {
+		if !ok[id] {
+			remain = true
+			continue
+		}
+		if err := h.Volumes.LiftLeaseFence(ctx, id, gen); err != nil {
+			h.Log.Warn("making the volume writable again failed", "volume_id", id, "error", err)
+			remain = true
+		}
+	}
+	return remain
+}
+
+// confirm asks the domain about the primaries not confirmed current since
+// the process started or the lease was lost, and confirms each a majority
+// vouches for. It reports whether all are confirmed.
+func (h *Heartbeat) confirm(ctx context.Context) bool {
+	pending, err := h.Volumes.Unconfirmed(ctx)
+	if err != nil {
+		h.Log.Warn("listing the primaries to confirm failed; retrying at the next beat", "error", err)
+		return false
+	}
+	ok := h.vouched(ctx, pending)
+	for id, gen := range pending {
+		if ok[id] {
+			h.Volumes.Confirm(id, gen)
+		}
+	}
+	return len(ok) == len(pending)
+}
+
+// vouched asks the domain, in one round, about volumes (ID -> this
+// node's generation) and returns those a majority confirms current. A
+// copy for which a newer generation was promised, by this node or by a
+// peer that answered, is made read-only at once, mounted or not: another
+// copy may be the primary now (issue 35, defect 7).
+func (h *Heartbeat) vouched(ctx context.Context, volumes map[string]uint64) map[string]bool {
+	ok := map[string]bool{}
+	if len(volumes) == 0 {
+		return ok
+	}
+	ids := make([]string, 0, len(volumes))
+	for id := range volumes {
+		ids = append(ids, id)
+	}
+	answers := h.askPromises(ctx, ids)
+	for id, gen := range volumes {
+		current, newer := h.confirmed(ctx, id, gen, answers)
+		if current {
+			ok[id] = true
+		}
+		if newer > gen {
+			h.fenceSuperseded(ctx, id, gen, newer)
+		}
+	}
+	return ok
+}
+
+// fenceSuperseded makes this node's copy of volume id read-only: newer
+// was promised elsewhere. A failure is retried at the next beat: the copy
+// stays unconfirmed (or fenced), so it is asked about again.
+func (h *Heartbeat) fenceSuperseded(ctx context.Context, id string, gen, newer uint64) {
+	fenced, err := h.Volumes.FenceSuperseded(ctx, id, gen, newer)
+	switch {
+	case err != nil:
+		h.Log.Error("making the copy read-only failed although a newer generation was promised elsewhere; retrying at the next beat",
+			"volume_id", id, "generation", gen, "promised", newer, "error", err)
+	case fenced:
+		h.Log.Warn("a newer generation of the volume was promised elsewhere: this node's copy is made read-only and neither made writable nor staged; the controller settles it",
+			"volume_id", id, "generation", gen, "promised", newer)
+	}
+}
+
+// confirmed reports whether a majority of the domain (this node included)
+// answered and none of them promised a generation above gen: any failover
+// needed a majority's promise above it, and two majorities share a node.
+// newer is the highest generation above gen that this node or a peer
+// that answered promised, 0 if none.
+func (h *Heartbeat) confirmed(ctx context.Context, id string, gen uint64, answers []map[string]uint64) (current bool, newer uint64) {
+	own, err := h.Volumes.Promised(ctx, id)
+	if own > gen {
+		newer = own
+	}
+	_, total := h.Monitor.count(h.NodeID)
+	agreed := 1
+	for _, a := range answers {
+		if a[id] > gen {
+			newer = max(newer, a[id])
+			continue
+		}
+		agreed++
+	}
+	return err == nil && newer == 0 && agreed > total/2, newer
+}
+
+// askPromises asks every peer that answered, of every domain, except this node, for its
+// promises of ids; it returns the answers of those that answered.
+func (h *Heartbeat) askPromises(ctx context.Context, ids []string) []map[string]uint64 {
+	var (
+		mu  sync.Mutex
+		out []map[string]uint64
+	)
+	h.fanOut(ctx, h.Monitor.others(h.NodeID), func(ctx context.Context, addr string, conn grpc.ClientConnInterface) {
+		// Only the node that answered the ping at addr may vouch there.
+		c := pb.NewPeersClient(tlsconfig.Bind(conn, h.Monitor.nodeOf(addr)))
+		answer, err := promisesOf(ctx, c, ids)
+		if err != nil {
+			return
+		}
+		mu.Lock()
+		out = append(out, answer)
+		mu.Unlock()
+	})
+	return out
+}
+
+// promisesOf asks one peer for its promises of ids, MaxPromiseIDs at a
+// time. A peer counts only with its answer about every ID: one missing
+// would read as "promised nothing newer" (confirmed).
+func promisesOf(ctx context.Context, c pb.PeersClient, ids []string) (map[string]uint64, error) {
+	out := make(map[string]uint64, len(ids))
+	for len(ids) > 0 {
+		chunk := ids[:min(len(ids), MaxPromiseIDs)]
+		ids = ids[len(chunk):]
+		resp, err := c.Promises(ctx, &pb.PromisesRequest{VolumeIds: chunk})
+		if err != nil {
+			return nil, err
+		}
+		for id, g := range resp.GetGenerations() {
+			out[id] = g
+		}
+	}
+	return out, nil
+}
+
+func (h *Heartbeat) client(addr string) (grpc.ClientConnInterface, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.conns == nil {
+		h.conns = map[string]*grpc.ClientConn{}
+	}
+	conn, ok := h.conns[addr]
+	if !ok {
+		var err error
+		if conn, err = h.Dial(addr); err != nil {
+			return nil, err
+		}
+		h.conns[addr] = conn
+	}
+	return conn, nil
+}
+
+// Close closes the connections to the peers; Run does it when it ends.
+func (h *Heartbeat) Close() { h.closeConns() }
+
+func (h *Heartbeat) closeConns() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, c := range h.conns {
+		c.Close()
+	}
+	h.conns = nil
+}
+
+// Server answers the peers' Ping and Promises, and records each caller
+// as heard in Monitor (Monitor.Called) before it answers: a caller that
+// counts this answer for its lease was then recorded here no earlier
+// than it asked (docs/safety.md, "Why the lease and failover majorities
+// intersect").
+type Server struct {
+	pb.UnimplementedPeersServer
+	NodeID, Domain string
+	Promised       func(ctx context.Context, id string) (uint64, error)
+	// Monitor, when set, records the callers.
+	Monitor *Monitor
+	// Caller names the caller of a call: tlsconfig.NameOf (its verified
+	// node certificate) when nil. A call without one is not recorded.
+	Caller func(ctx context.Context) (string, bool)
+}
+
+// called records the caller of ctx in Monitor.
+func (s *Server) called(ctx context.Context) {
+	if s.Monitor == nil {
+		return
+	}
+	name := s.Caller
+	if name == nil {
+		name = tlsconfig.NameOf
+	}
+	if id, ok := name(ctx); ok && id != "" && id != s.NodeID {
+		s.Monitor.Called(id)
+	}
+}
+
+func (s *Server) Ping(ctx context.Context, _ *pb.PingRequest) (*pb.PingResponse, error) {
+	s.called(ctx)
+	return &pb.PingResponse{NodeId: s.NodeID, Domain: s.Domain}, nil
+}
+
+// MaxPromiseIDs bounds the volumes one Promises request asks about: each
+// is a read of the pool, and a peer must not make one call cost without
+// bound. It is above the primaries a node usually holds (the heartbeat
+// asks about its unconfirmed primaries, in chunks of this size).
+const MaxPromiseIDs = 1000
+
+func (s *Server) Promises(ctx context.Context, req *pb.PromisesRequest) (*pb.PromisesResponse, error) {
+	if n := len(req.GetVolumeIds()); n > MaxPromiseIDs {
+		return nil, errdefs.ToStatus(errdefs.Wrap(errdefs.ErrInvalidArgument, "a Promises request asks about %d volumes, more than %d: ask in chunks", n, MaxPromiseIDs))
+	}
+	s.called(ctx)
+	out := &pb.PromisesResponse{Generations: map[string]uint64{}}
+	for _, id := range req.GetVolumeIds() {
+		g, err := s.Promised(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		out.Generations[id] = g
+	}
+	return out, nil
+}

@@ -1,0 +1,933 @@
+package replication
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/node/copylock"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/volume"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfscmd"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/connpool"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/tlsconfig"
+	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
+)
+
+// Progress reports a transfer as it runs.
+type Progress struct {
+	Kind     string
+	Snapshot string
+	Base     string
+	Bytes    int64
+	// Total is zfs send's estimate of the whole stream; 0 if unknown.
+	Total int64
+	Done  bool
+	// FencedAt is the fence's time (unix nanos) of a push with a Fence.
+	FencedAt int64
+}
+
+// Fence fences the volume's primary for a move, under the copy's lock the
+// caller holds, at the time given (unix nanos), and returns the fence's
+// time (an earlier one when it was fenced for the same move already).
+type Fence func(ctx context.Context, at int64) (int64, error)
+
+// Transfer is a push in progress.
+type Transfer struct {
+	VolumeID string
+	Peer     string
+	Purpose  string // why it runs, as its requester said
+	Started  time.Time
+	Progress
+}
+
+// Pusher sends this node's volumes to peers.
+type Pusher struct {
+	// Metrics, when set, records every transfer.
+	Metrics *Metrics
+
+	z      Streams
+	root   string
+	nodeID string
+	keep   int
+	limit  *Limiter
+	peers  *connpool.Pool // kept between pushes
+	log    hclog.Logger
+	locks  *copylock.Locks // the node's, shared with volume.Manager
+	now    func() time.Time
+
+	mu        sync.Mutex
+	transfers map[string]*Transfer // by volume ID
+	// sent is, by volume ID and peer node ID, the snapshot a push sent
+	// last: the peer's base before the tidy holds it (peerBases).
+	sent map[string]map[string]string
+}
+
+// peer returns the connection to the agent at addr. A connection that
+// has failed dials again at once, so a peer that is back is reached now
+// rather than after gRPC's reconnect backoff.
+func (p *Pusher) peer(addr string) (*grpc.ClientConn, error) {
+	conn, err := p.peers.Get(addr)
+	if err != nil {
+		return nil, err
+	}
+	p.peers.ResetBackoff(addr)
+	return conn, nil
+}
+
+// Close closes the connections to peers.
+func (p *Pusher) Close() { p.peers.Close() }
+
+// Transfers returns the pushes running now.
+func (p *Pusher) Transfers() []Transfer {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []Transfer
+	for _, t := range p.transfers {
+		out = append(out, *t)
+	}
+	return out
+}
+
+func (p *Pusher) track(volumeID string, t *Transfer) (untrack func()) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.transfers == nil {
+		p.transfers = map[string]*Transfer{}
+	}
+	p.transfers[volumeID] = t
+	return func() {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		delete(p.transfers, volumeID)
+	}
+}
+
+func (p *Pusher) update(t *Transfer, prog Progress) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	t.Progress = prog
+}
+
+// NewPusher returns a Pusher for the node whose volumes live under root
+// and whose copies locks guards (volume.Manager.Locks); dial connects to a
+// peer's agent port; keep replication snapshots are kept besides the held
+// bases.
+func NewPusher(z Streams, locks *copylock.Locks, root, nodeID string, keep int, limit *Limiter, dial func(addr string) (*grpc.ClientConn, error), log hclog.Logger) *Pusher {
+	return &Pusher{z: z, locks: locks, root: root, nodeID: nodeID, keep: keep, limit: limit, peers: connpool.New(dial), log: log, now: time.Now}
+}
+
+// UseClock sets the node's wall clock (time.Now by default), which names
+// replication snapshots: the simulation skews it per node.
+func (p *Pusher) UseClock(now func() time.Time) { p.now = now }
+
+// Push brings the replica of volumeID on the peer at addr up to date:
+// resuming an interrupted transfer, or sending a new snapshot
+// incrementally from the newest common one (full when there is none).
+// report is called as bytes flow (at most every interval) and at the end.
+//
+// The push is the volume's transfer (copylock): a delete or demote stops
+// it. It changes the copy only under the copy's lock: its snapshot, and
+// after the stream the unsent snapshot's removal or the tidy.
+//
+// Whoever answers at addr must be the node it says it is (its ReplicaState
+// names the node its certificate names), and the same node throughout.
+func (p *Pusher) Push(ctx context.Context, volumeID, addr string, interval time.Duration, report func(Progress)) (Progress, error) {
+	return p.PushFenced(ctx, volumeID, addr, "", "", interval, report, nil)
+}
+
+// PushFenced is Push for a planned move's final push: fence puts the
+// primary's fence up under the same lock hold as the push's snapshot, and
+// the snapshot is named with the fence's time, so it holds everything
+// the copy will ever have here (nothing can write an unmounted copy while
+// its lock is held). The fence's write and the snapshot run at once and
+// share the pool's sync: a separate Fence call cost a move a sync and a
+// round trip. The answer carries the fence's time.
+// purpose says why the push runs, in Transfers. nodeID, when not empty,
+// is the node expected at addr (a move's target): a server whose
+// certificate names another node is refused before anything is sent.
+func (p *Pusher) PushFenced(ctx context.Context, volumeID, addr, nodeID, purpose string, interval time.Duration, report func(Progress), fence Fence) (Progress, error) {
+	fs, err := dataset(p.root, volumeID)
+	if err != nil {
+		return Progress{}, err
+	}
+	log := p.log.With("volume_id", volumeID, "peer", addr)
+	tctx, end, err := p.locks.StartTransfer(ctx, volumeID, "a push to "+addr)
+	if err != nil {
+		return Progress{}, err
+	}
+	out, err := p.push(tctx, volumeID, fs, addr, nodeID, purpose, interval, report, fence, log)
+	end()
+	if out.unsent != "" {
+		p.dropSnapshot(volumeID, out.unsent, log)
+	}
+	if err != nil {
+		return Progress{}, err
+	}
+	p.startTidy(volumeID, fs, out.base, out.peer, log)
+	return out.prog, nil
+}
+
+// pushed is what a push did, for what follows it under the copy's lock.
+type pushed struct {
+	prog   Progress
+	unsent string // a snapshot the push took but did not send
+	base   string // the snapshot the peer now has
+	peer   string // that peer's node ID
+}
+
+// push sends; see Push.
+func (p *Pusher) push(ctx context.Context, volumeID, fs, addr, nodeID, purpose string, interval time.Duration, report func(Progress), fence Fence, log hclog.Logger) (out pushed, err error) {
+	conn, err := p.peer(addr)
+	if err != nil {
+		return pushed{}, errdefs.Wrap(errdefs.ErrUnavailable, "peer %s: %v", addr, err)
+	}
+	// Every call of the push is answered by one node: nodeID, or the
+	// node whose certificate answers first, which must be the node its
+	// ReplicaState names (tlsconfig.Bind).
+	bound := tlsconfig.Bind(conn, nodeID)
+	peer := pb.NewReplicationClient(bound)
+	// The new replication snapshot is taken while the peer says what it
+	// holds: each waits tens of milliseconds (a pool sync, a round trip).
+	props, snap, snapped, err := p.snapshot(ctx, volumeID, fs, fence)
+	if err != nil {
+		return pushed{}, err
+	}
+	header := p.header(volumeID, props)
+	// Encrypted volumes are sent raw, so they stay encrypted on the peer.
+	raw := props["encryption"] != "off" && props["encryption"] != "-"
+	// This node's snapshots are listed meanwhile too: the listing is the
+	// plan's longest read, and the plan needs of it only the snapshots
+	// older than the one in flight (the bases the peer may share).
+	local := p.listAhead(ctx, fs)
+	// What was sent is read before the holds are listed: a tidy holds
+	// its base before it forgets it was sent, so one of the two has it.
+	sentTo := p.sentTo(volumeID)
+	held := ahead(func() (map[string][]string, error) { return p.z.Holds(ctx, fs) })
+	state, err := peer.ReplicaState(ctx, &pb.ReplicaStateRequest{VolumeId: volumeID})
+	taken := <-snapped
+	snapErr := taken.err
+	streaming := false
+	if snapErr == nil {
+		// Unless its stream starts (then a receiver's resume token may
+		// need it), the snapshot goes again: a peer that keeps refusing,
+		// or a push that resumes instead, must not pile them up.
+		defer func() {
+			if !streaming {
+				out.unsent = snap
+			}
+		}()
+	}
+	if taken.fenceErr != nil {
+		return pushed{}, fmt.Errorf("fencing the primary of volume %s: %w", volumeID, taken.fenceErr)
+	}
+	if err != nil {
+		return pushed{}, errdefs.FromStatus(err)
+	}
+	if err := bound.Claims(state.GetNodeId()); err != nil {
+		return pushed{}, fmt.Errorf("peer %s: %w", addr, errdefs.FromStatus(err))
+	}
+
+	plan, err := p.plan(ctx, fs, state, header, raw, snap, snapErr, local, log)
+	if err != nil {
+		return pushed{}, err
+	}
+	if plan, err = p.bridge(plan, state, header, local, held, sentTo); err != nil {
+		return pushed{}, err
+	}
+	prog, spec := plan.prog, plan.spec
+	prog.FencedAt = taken.fencedAt
+	// The size estimate (zfs send -nP, a process of its own) is for
+	// progress reports only. It starts after estimateDelay: a short push
+	// (a move's final increment) ends without it instead of sharing the
+	// CPU with it, and a long one has it for all but its first moments.
+	var total atomic.Int64
+	whole := spec // the bridges and the last stream: from the plan's base
+	if whole.ResumeToken == "" {
+		whole.Base = prog.Base
+	}
+	estimate := time.AfterFunc(estimateDelay, func() {
+		if n, err := p.z.EstimateSize(ctx, whole); err == nil {
+			total.Store(n)
+		} else {
+			log.Debug("no size estimate", "error", err)
+		}
+	})
+	defer estimate.Stop()
+	log = log.With("kind", prog.Kind, "snapshot", prog.Snapshot, "base", prog.Base)
+	log.Info("sending", "bridges", len(plan.bridges))
+	transfer := &Transfer{VolumeID: volumeID, Peer: addr, Purpose: purpose, Started: p.now(), Progress: prog}
+	defer p.track(volumeID, transfer)()
+
+	var sent atomic.Int64
+	stop := p.reportEvery(interval, func() {
+		prog.Bytes, prog.Total = sent.Load(), total.Load()
+		p.update(transfer, prog)
+		report(prog)
+	})
+	defer stop()
+	// The peer bases the target lacks go first, each a stream of its own
+	// (bridge); a failure leaves the target with those that arrived, and
+	// the next push goes on from the newest.
+	for _, b := range plan.bridges {
+		if _, err := p.sendStream(ctx, peer, header, b, &sent, volumeID, state.GetNodeId(), addr, log); err != nil {
+			return pushed{}, err
+		}
+	}
+	streaming = spec.Snapshot == snap
+	guid, err := p.sendStream(ctx, peer, header, streamSpec{kind: kindOf(spec), spec: spec}, &sent, volumeID, state.GetNodeId(), addr, log)
+	if err != nil {
+		return pushed{}, err
+	}
+	stop()
+	// The peer now has the snapshot: it becomes this peer's base here too.
+	// Holding it need not delay the caller (a move waits for this push):
+	// the old base stays held until it is.
+	base, err := p.sentSnapshot(ctx, fs, plan, guid)
+	if err != nil {
+		return pushed{}, err
+	}
+	p.noteSent(volumeID, state.GetNodeId(), base)
+	prog.Bytes, prog.Done = sent.Load(), true
+	prog.Total = prog.Bytes // what the estimate was for
+	report(prog)
+	log.Info("sent", "bytes", prog.Bytes)
+	return pushed{prog: prog, base: base, peer: state.GetNodeId()}, nil
+}
+
+// A streamSpec is one stream of a push.
+type streamSpec struct {
+	kind string // KindFull, KindIncremental or KindResume
+	spec zfscmd.SendSpec
+	guid uint64 // of the snapshot sent; 0 when resuming
+}
+
+// sendStream sends one stream to the peer and returns the GUID of the
+// snapshot the peer says it received; sent counts its bytes.
+func (p *Pusher) sendStream(ctx context.Context, peer pb.ReplicationClient, header *pb.ReceiveHeader, st streamSpec, sent *atomic.Int64,
+	volumeID, peerNode, addr string, log hclog.Logger) (uint64, error) {
+	stream, err := peer.Receive(ctx)
+	if err != nil {
+		return 0, errdefs.FromStatus(err)
+	}
+	h := proto.Clone(header).(*pb.ReceiveHeader)
+	h.Kind, h.Snapshot = st.kind, shortSnapshotName(st.spec.Snapshot)
+	if err := stream.Send(&pb.ReceiveMessage{Msg: &pb.ReceiveMessage_Header{Header: h}}); err != nil {
+		return 0, fmt.Errorf("%w: sending the header to %s: %v", errdefs.ErrUnavailable, addr, err)
+	}
+	before, started := sent.Load(), p.now()
+	streamBroke := false // the stream failed, not zfs send
+	w := &chunkWriter{send: func(b []byte) error {
+		if err := p.limit.Wait(ctx, len(b)); err != nil {
+			return err
+		}
+		err := stream.Send(&pb.ReceiveMessage{Msg: &pb.ReceiveMessage_Data{Data: b}})
+		streamBroke = err != nil
+		return err
+	}, sent: sent}
+	_, sendErr := p.z.Send(ctx, st.spec, w)
+	if sendErr == nil {
+		sendErr = w.flush()
+	}
+	bytes := sent.Load() - before
+	if sendErr != nil {
+		_ = stream.CloseSend()
+		_, recvErr := stream.CloseAndRecv() // the receiver's own account, if it has one
+		log.Warn("send failed; the next push resumes", "stream", st.spec.Snapshot, "bytes", bytes, "error", sendErr, "receiver", recvErr)
+		p.Metrics.transfer("out", st.kind, volumeID, peerNode, bytes, p.now().Sub(started), sendErr)
+		if streamBroke && receiverSaidWhy(recvErr) {
+			// The receiver refused or gave up and said why: its verdict,
+			// not the broken stream it caused, is the answer (a move
+			// retries Aborted). When zfs send failed here, the receiver
+			// only saw the stream end short: the send's error is the
+			// answer.
+			return 0, fmt.Errorf("sending volume %s to %s: %w", volumeID, addr, errdefs.FromStatus(recvErr))
+		}
+		return 0, errdefs.Wrap(errdefs.ErrUnavailable, "sending volume %s to %s: %v (receiver: %v)", volumeID, addr, sendErr, recvErr)
+	}
+	result, err := stream.CloseAndRecv()
+	p.Metrics.transfer("out", st.kind, volumeID, peerNode, bytes, p.now().Sub(started), err)
+	if err != nil {
+		return 0, errdefs.FromStatus(err)
+	}
+	if st.guid != 0 && result.GetSnapshotGuid() != st.guid {
+		return 0, fmt.Errorf("the peer received snapshot guid %d, but %s (guid %d) was sent", result.GetSnapshotGuid(), st.spec.Snapshot, st.guid)
+	}
+	return result.GetSnapshotGuid(), nil
+}
+
+// receiverSaidWhy reports whether a receiver's answer to a broken stream
+// is a verdict of its own (a refusal, or Aborted: busy or failed to
+// receive) rather than the transport's failure.
+func receiverSaidWhy(recvErr error) bool {
+	switch status.Code(recvErr) {
+	case codes.Aborted, codes.FailedPrecondition, codes.InvalidArgument, codes.NotFound,
+		codes.AlreadyExists, codes.OutOfRange, codes.PermissionDenied, codes.ResourceExhausted:
+		return true
+	}
+	return false
+}
+
+// taken is what snapshot did under the copy's lock.
+type taken struct {
+	err      error // the snapshot's
+	fencedAt int64
+	fenceErr error
+}
+
+// snapshot reads the volume's labels and takes the push's replication
+// snapshot, under the copy's lock: only a primary is sent, and no delete
+// or demote can overtake the snapshot. With a fence, the fence goes up
+// under the same hold, beside the snapshot. The lock is released when
+// both are done, which snapped reports, so the caller can ask the peer
+// meanwhile.
+func (p *Pusher) snapshot(ctx context.Context, volumeID, fs string, fence Fence) (props map[string]string, snap string, snapped <-chan taken, err error) {
+	unlock, err := p.locks.Lock(ctx, volumeID, "a push's snapshot")
+	if err != nil {
+		return nil, "", nil, err
+	}
+	props, err = p.z.GetAll(ctx, fs, volume.PropRole, volume.PropName, volume.PropGeneration, volume.PropHistoryFrom, volume.PropParameters, "refquota", "quota", "encryption")
+	if errors.Is(err, zfs.ErrNotFound) {
+		err = errdefs.Wrap(errdefs.ErrNotFound, "volume %s is not on this node: %v", volumeID, err)
+	} else if err != nil {
+		err = fmt.Errorf("reading the labels of %s: %w", fs, err)
+	} else if role := props[volume.PropRole]; role != contract.RolePrimary {
+		err = errdefs.Wrap(errdefs.ErrFailedPrecondition, "volume %s is a %s here; only a primary is sent", volumeID, role)
+	}
+	if err != nil {
+		unlock()
+		return nil, "", nil, err
+	}
+	// The snapshot is named with the fence's time: a promotion checks the
+	// final snapshot is not older than the fence.
+	// Which write the pool applies first does not matter: the copy is not
+	// mounted (the fence refuses otherwise) and cannot be while the lock
+	// is held, so the snapshot holds the same either way, and a snapshot
+	// without its fence (a crash between) is only one more snapshot.
+	at := p.now().UnixNano()
+	snap = fmt.Sprintf("%s@%s%d", fs, SnapshotPrefix, at)
+	done := make(chan taken, 1)
+	go func() {
+		defer unlock()
+		var t taken
+		fenced := make(chan struct{})
+		if fence != nil {
+			go func() {
+				defer close(fenced)
+				t.fencedAt, t.fenceErr = fence(ctx, at)
+			}()
+		} else {
+			close(fenced)
+		}
+		t.err = p.z.Snapshot(ctx, snap)
+		<-fenced
+		done <- t
+	}()
+	return props, snap, done, nil
+}
+
+// dropSnapshot destroys, under the copy's lock, a replication snapshot a
+// push took but did not send. Failing that, pruning takes it later.
+func (p *Pusher) dropSnapshot(volumeID, snap string, log hclog.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), tidyTimeout)
+	defer cancel()
+	unlock, err := p.locks.Lock(ctx, volumeID, "dropping an unsent snapshot")
+	if err != nil {
+		log.Warn("an unsent replication snapshot stays; pruning takes it later", "snapshot", snap, "error", err)
+		return
+	}
+	defer unlock()
+	if err := p.z.Destroy(ctx, snap); err != nil && !errors.Is(err, zfs.ErrNotFound) {
+		log.Warn("destroying an unsent replication snapshot failed; pruning takes it later", "snapshot", snap, "error", err)
+	}
+}
+
+// estimateDelay is how long a push runs before it estimates its size.
+const estimateDelay = time.Second
+
+// tidyTimeout bounds the clean-up after a push.
+const tidyTimeout = 2 * time.Minute
+
+// startTidy tidies after a successful push, in the background: the caller
+// (a move waits for the push) need not wait for its holds and prunes. It
+// runs under the copy's lock, and only on a primary: a delete or demote
+// that came first leaves it nothing to do.
+func (p *Pusher) startTidy(volumeID, fs, base, peer string, log hclog.Logger) {
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), tidyTimeout)
+		defer cancel()
+		unlock, err := p.locks.Lock(ctx, volumeID, "tidy after a push")
+		if err != nil {
+			log.Debug("no tidy after this push; the next one tidies", "error", err)
+			return
+		}
+		defer unlock()
+		if role, err := p.z.Get(ctx, fs, volume.PropRole); err != nil || role != contract.RolePrimary {
+			return
+		}
+		p.tidy(ctx, volumeID, fs, base, peer, log)
+	}()
+}
+
+// tidy runs after a successful push. It holds base, the snapshot the peer
+// now has, with the peer's tag before anything releases the old base, so
+// some common snapshot is always held. A primary receives nothing: the
+// hold it kept as a replica (before a move or failover promoted it) would
+// pin its old base forever. Then old replication snapshots are pruned,
+// except the bases other peers received whose tidies have not held them
+// yet: tidies after pushes to different peers may run in either order.
+// Stopped at any step, it leaves some common snapshot held.
+func (p *Pusher) tidy(ctx context.Context, volumeID, fs, base, peer string, log hclog.Logger) {
+	if err := p.z.Hold(ctx, base, peerTag(peer)); err != nil {
+		log.Warn("holding the new base failed; the old base stays held until a push holds a newer one", "snapshot", base, "error", err)
+		return
+	}
+	p.forgetSent(volumeID, peer, base)
+	if err := releaseTags(ctx, p.z, fs, isReceiverTag); err != nil {
+		log.Warn("releasing a former replica's hold failed; next push retries", "error", err)
+	}
+	dropOldBases(ctx, p.z, fs, p.keep, slices.Collect(maps.Values(p.sentTo(volumeID))), "push", log)
+}
+
+// header describes the volume to the receiver, from its properties: what
+// a replica must carry to become the primary one day.
+func (p *Pusher) header(volumeID string, props map[string]string) *pb.ReceiveHeader {
+	h := &pb.ReceiveHeader{VolumeId: volumeID, SourceNodeId: p.nodeID, VolumeName: props[volume.PropName]}
+	h.Generation, _ = strconv.ParseUint(props[volume.PropGeneration], 10, 64)
+	h.HistoryFrom = volume.HistoryFrom(props[volume.PropHistoryFrom], h.Generation)
+	h.Parameters = volume.DecodeParameters(props[volume.PropParameters])
+	for _, q := range []string{"refquota", "quota"} { // whichever the operator uses
+		if n, err := strconv.ParseUint(props[q], 10, 64); err == nil && n > 0 {
+			h.CapacityBytes = n
+			break
+		}
+	}
+	return h
+}
+
+// A sendPlan is what one push sends.
+type sendPlan struct {
+	prog Progress
+	spec zfscmd.SendSpec
+	guid uint64 // of the snapshot sent; 0 when resuming, whose header does not say
+	// bridges are the streams before spec's: the peer bases the target
+	// lacks (bridge).
+	bridges []streamSpec
+}
+
+// plan decides what to send, from what the receiver holds and what this
+// primary's header says of it: an incremental from the newest common
+// snapshot when there is one; a full send that replaces the replica when
+// there is none and the replica is of an older generation. A replica of
+// an older generation that holds snapshots after the newest common one
+// gets the incremental only when this copy's history vouches for that
+// generation (the receiver then rolls them back); otherwise the full
+// send, and the receiver sets the replica aside (I4).
+// snap is the new replication snapshot, or snapErr why it could not be
+// taken.
+func (p *Pusher) plan(ctx context.Context, fs string, state *pb.ReplicaStateResponse, h *pb.ReceiveHeader, raw bool, snap string, snapErr error,
+	listed func() ([]zfscmd.Snap, error), log hclog.Logger) (sendPlan, error) {
+	generation := h.GetGeneration()
+	if state.GetExists() && state.GetRole() != RoleReplica {
+		return sendPlan{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "the peer holds %s as %q, not as a replica", fs, state.GetRole())
+	}
+	if token := state.GetResumeToken(); token != "" {
+		err := p.checkResumeToken(ctx, fs, token, raw)
+		if err == nil {
+			return sendPlan{prog: Progress{Kind: KindResume}, spec: zfscmd.SendSpec{ResumeToken: token}}, nil
+		}
+		// A fresh stream follows; the receiver discards its partial
+		// receive when it gets one that is not a resume.
+		log.Warn("not resuming the peer's interrupted receive: its resume token does not fit; sending afresh", "error", err)
+	}
+	if snapErr != nil {
+		return sendPlan{}, fmt.Errorf("taking the replication snapshot: %w", snapErr)
+	}
+	local, err := listed()
+	if err != nil {
+		return sendPlan{}, err
+	}
+	remote := map[uint64]bool{}
+	for _, g := range state.GetSnapshotGuids() {
+		remote[g] = true
+	}
+	base, baseGUID, guid := "", uint64(0), uint64(0)
+	for _, s := range local { // oldest first: the last match is the newest common snapshot
+		switch {
+		case s.Name == snap:
+			guid = s.GUID
+		case remote[s.GUID]:
+			base, baseGUID = s.Name, s.GUID
+		}
+	}
+	if guid == 0 {
+		// Listed before it was taken: its GUID alone is read now.
+		if guid, err = p.guidOf(ctx, snap); err != nil {
+			return sendPlan{}, fmt.Errorf("reading the replication snapshot %s after it was taken: %w", snap, err)
+		}
+	}
+	remoteGUIDs := state.GetSnapshotGuids()
+	newerThere := len(remoteGUIDs) > 0 && remoteGUIDs[len(remoteGUIDs)-1] != baseGUID
+	incremental := sendPlan{prog: Progress{Kind: KindIncremental, Snapshot: snap, Base: base}, spec: zfscmd.SendSpec{Snapshot: snap, Base: base, Raw: raw}, guid: guid}
+	switch {
+	case base != "" && newerThere && state.GetGeneration() < generation && state.GetGeneration() >= h.GetHistoryFrom():
+		// Snapshots after the newest common one, taken by a primary of
+		// a generation this copy's history holds whole (a planned move
+		// ended it with a final snapshot this copy has): earlier
+		// states, nothing this copy lacks.
+		log.Info("the peer's replica has snapshots of an earlier generation after the newest common one; this copy's history holds them: the peer rolls them back",
+			"peer_generation", state.GetGeneration(), "history_from", h.GetHistoryFrom(), "base", base)
+		return incremental, nil
+	case base != "" && newerThere && state.GetGeneration() < generation:
+		// Taken by an older generation's primary this copy's history
+		// does not vouch for (it was promoted by a failover): maybe
+		// writes this one never had. A full stream replaces the
+		// replica, which the receiver sets aside (I4).
+		log.Warn("the peer's replica has snapshots of an older generation that this node lacks: sending in full; the peer sets its replica aside",
+			"peer_generation", state.GetGeneration(), "history_from", h.GetHistoryFrom())
+	case base != "":
+		return incremental, nil
+	case state.GetExists() && len(remoteGUIDs) == 0:
+		// A first receive that was interrupted and not resumed: the
+		// peer's copy holds nothing yet; it discards the partial state.
+	case state.GetExists() && state.GetGeneration() < generation:
+		// replaced below
+	case state.GetExists():
+		return sendPlan{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "the peer's replica of %s shares no snapshot with this node; remove it for a full send", fs)
+	}
+	return sendPlan{prog: Progress{Kind: KindFull, Snapshot: snap}, spec: zfscmd.SendSpec{Snapshot: snap, Raw: raw}, guid: guid}, nil
+}
+
+// bridge makes a push carry the snapshots the target lacks that it must
+// have, newer than the plan's base (all of them for a full send), oldest
+// first, each sent from the one before; the plan's own snapshot follows
+// from the newest. They are:
+//   - the peer bases (docs/replication.md, "Replicas share a base"): the
+//     snapshots this primary holds as the bases of its other replicas, so
+//     that whichever replica is promoted next, every other replica shares
+//     its base with it; the header tells the target which is whose;
+//   - the CSI snapshots (docs/replication.md, "CSI snapshots"), so that a
+//     snapshot outlives the loss of the node it was taken on and follows
+//     its volume when it moves; a deleted one (deferred, kept by a clone)
+//     is not sent.
+//
+// A resume carries none: the next push does.
+func (p *Pusher) bridge(plan sendPlan, state *pb.ReplicaStateResponse, header *pb.ReceiveHeader,
+	listed func() ([]zfscmd.Snap, error), held func() (map[string][]string, error), sentTo map[string]string) (sendPlan, error) {
+	holds, err := held()
+	if err != nil {
+		return sendPlan{}, fmt.Errorf("listing the holds of %s: %w", zfs.Parent(plan.prog.Snapshot), err)
+	}
+	local, err := listed()
+	if err != nil {
+		return sendPlan{}, err
+	}
+	target := state.GetNodeId()
+	remote := map[uint64]bool{}
+	for _, g := range state.GetSnapshotGuids() {
+		remote[g] = true
+	}
+	bases := peerBases(local, holds, sentTo)
+	delete(bases, target)
+	isBase := map[string]bool{}
+	header.PeerBases = nil
+	for _, peer := range slices.Sorted(maps.Keys(bases)) {
+		header.PeerBases = append(header.PeerBases, &pb.PeerBase{Guid: bases[peer].GUID, NodeId: peer})
+		isBase[bases[peer].Name] = true
+	}
+	if plan.prog.Kind == KindResume {
+		return plan, nil
+	}
+	from, after := plan.spec.Base, plan.spec.Base == ""
+	for _, s := range local { // oldest first
+		switch {
+		case s.Name == plan.spec.Snapshot:
+			plan.spec.Base = from
+			return plan, nil
+		case s.Name == plan.spec.Base:
+			after = true
+		case after && !remote[s.GUID] && (isBase[s.Name] || isLiveCSISnapshot(s)):
+			spec := zfscmd.SendSpec{Snapshot: s.Name, Base: from, Raw: plan.spec.Raw}
+			plan.bridges = append(plan.bridges, streamSpec{kind: kindOf(spec), spec: spec, guid: s.GUID})
+			from = s.Name
+		}
+	}
+	// The new snapshot was listed before it was taken: it comes after
+	// every listed one.
+	plan.spec.Base = from
+	return plan, nil
+}
+
+// isLiveCSISnapshot reports whether s is a CSI snapshot not deleted: its
+// short name is a snapshot ID (volume.isCSISnapshot).
+func isLiveCSISnapshot(s zfscmd.Snap) bool {
+	return !s.Deferred && contract.IsSnapshotID(shortSnapshotName(s.Name))
+}
+
+// kindOf names the kind of stream spec sends.
+func kindOf(spec zfscmd.SendSpec) string {
+	switch {
+	case spec.ResumeToken != "":
+		return KindResume
+	case spec.Base == "":
+		return KindFull
+	}
+	return KindIncremental
+}
+
+// peersHeldFor returns the peers whose base hold tags are among tags.
+func peersHeldFor(tags []string) []string {
+	var peers []string
+	for _, t := range tags {
+		if isPeerTag(t) {
+			peers = append(peers, strings.TrimPrefix(t, peerTag("")))
+		}
+	}
+	return peers
+}
+
+// peerBases returns each peer's base among local: the newest snapshot
+// held with its tag, or sent to it last by this process (the hold
+// follows a push's answer in the background, and a push to another peer
+// right after must count it already).
+func peerBases(local []zfscmd.Snap, holds map[string][]string, sent map[string]string) map[string]zfscmd.Snap {
+	bases := map[string]zfscmd.Snap{}
+	for _, s := range local { // oldest first: the newest wins
+		for _, peer := range peersHeldFor(holds[s.Name]) {
+			bases[peer] = s
+		}
+		for peer, name := range sent {
+			if name == s.Name {
+				bases[peer] = s
+			}
+		}
+	}
+	return bases
+}
+
+// sentTo returns, by peer, the snapshots of volumeID this process sent
+// and its tidy has not held yet.
+func (p *Pusher) sentTo(volumeID string) map[string]string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return maps.Clone(p.sent[volumeID])
+}
+
+// forgetSent drops what noteSent recorded once the hold carries it, so
+// the record holds only the pushes whose tidy has not run.
+func (p *Pusher) forgetSent(volumeID, peer, snapshot string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.sent[volumeID][peer] == snapshot {
+		delete(p.sent[volumeID], peer)
+		if len(p.sent[volumeID]) == 0 {
+			delete(p.sent, volumeID)
+		}
+	}
+}
+
+// noteSent records that peer received snapshot of volumeID.
+func (p *Pusher) noteSent(volumeID, peer, snapshot string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.sent == nil {
+		p.sent = map[string]map[string]string{}
+	}
+	if p.sent[volumeID] == nil {
+		p.sent[volumeID] = map[string]string{}
+	}
+	p.sent[volumeID][peer] = snapshot
+}
+
+// listAhead lists the snapshots of fs in the background and returns the
+// wait for the listing.
+func (p *Pusher) listAhead(ctx context.Context, fs string) func() ([]zfscmd.Snap, error) {
+	return ahead(func() ([]zfscmd.Snap, error) { return p.z.Snapshots(ctx, fs) })
+}
+
+// ahead runs read in the background and returns the wait for its
+// answer; every call of the wait returns the one answer (the plan and
+// bridge both read the snapshot listing).
+func ahead[T any](read func() (T, error)) func() (T, error) {
+	var out T
+	var err error
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		out, err = read()
+	}()
+	return func() (T, error) {
+		<-done
+		return out, err
+	}
+}
+
+func (p *Pusher) guidOf(ctx context.Context, snap string) (uint64, error) {
+	v, err := p.z.Get(ctx, snap, "guid")
+	if err != nil {
+		return 0, err
+	}
+	return strconv.ParseUint(v, 10, 64)
+}
+
+// checkResumeToken checks what a receiver's resume token asks this node to
+// send: a snapshot of this very volume that still exists, from a base of
+// this volume, raw when the volume is sent only raw. The token is the
+// peer's word: unchecked, it could make zfs send stream any snapshot of
+// the pool, or an encrypted volume's plaintext; and one whose snapshot
+// was pruned here would fail every push, and every move, for good.
+func (p *Pusher) checkResumeToken(ctx context.Context, fs, token string, raw bool) error {
+	info, err := p.z.ResumeToken(ctx, token)
+	if err != nil {
+		return err
+	}
+	if !strings.HasPrefix(info.ToName, fs+"@") {
+		return fmt.Errorf("the token asks for %s, which is not a snapshot of %s", info.ToName, fs)
+	}
+	snaps, err := p.z.Snapshots(ctx, fs)
+	if err != nil {
+		return err
+	}
+	have := map[uint64]string{}
+	for _, s := range snaps {
+		have[s.GUID] = s.Name
+	}
+	if have[info.ToGUID] != info.ToName {
+		return fmt.Errorf("the token asks for %s (guid %d), which this node no longer has", info.ToName, info.ToGUID)
+	}
+	if info.FromGUID != 0 && have[info.FromGUID] == "" {
+		return fmt.Errorf("the token's incremental base (guid %d) is not a snapshot of %s here", info.FromGUID, fs)
+	}
+	if raw && !info.Raw {
+		return fmt.Errorf("the token asks for a stream that is not raw, but %s is encrypted and leaves this node only raw", fs)
+	}
+	return nil
+}
+
+// sentSnapshot names the snapshot the peer says it received (guid): the
+// planned one, which must be it, or for a resumed stream the one of
+// fs's snapshots with that guid.
+func (p *Pusher) sentSnapshot(ctx context.Context, fs string, plan sendPlan, guid uint64) (string, error) {
+	if plan.guid == 0 {
+		return p.snapshotByGUID(ctx, fs, guid)
+	}
+	if guid != plan.guid {
+		return "", fmt.Errorf("the peer received snapshot guid %d, but %s (guid %d) was sent", guid, plan.prog.Snapshot, plan.guid)
+	}
+	return plan.prog.Snapshot, nil
+}
+
+// snapshotByGUID names fs's snapshot with guid: the one the peer says it
+// received.
+func (p *Pusher) snapshotByGUID(ctx context.Context, fs string, guid uint64) (string, error) {
+	snaps, err := p.z.Snapshots(ctx, fs)
+	if err != nil {
+		return "", err
+	}
+	for _, s := range snaps {
+		if s.GUID == guid {
+			return s.Name, nil
+		}
+	}
+	return "", fmt.Errorf("the peer received snapshot guid %s, which %s does not have", strconv.FormatUint(guid, 10), fs)
+}
+
+// reportEvery calls f every interval until stop is called.
+func (p *Pusher) reportEvery(interval time.Duration, f func()) (stop func()) {
+	if interval <= 0 {
+		return func() {}
+	}
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-t.C:
+				f()
+			case <-done:
+				return
+			}
+		}
+	}()
+	var once sync.Once
+	return func() { once.Do(func() { close(done); <-finished }) }
+}
+
+// chunkWriter cuts the zfs send stream into messages of chunkSize.
+type chunkWriter struct {
+	send func([]byte) error
+	buf  []byte
+	sent *atomic.Int64
+}
+
+func (w *chunkWriter) Write(b []byte) (int, error) {
+	n := len(b)
+	for len(b) > 0 {
+		room := chunkSize - len(w.buf)
+		take := min(room, len(b))
+		w.buf = append(w.buf, b[:take]...)
+		b = b[take:]
+		if len(w.buf) == chunkSize {
+			if err := w.flush(); err != nil {
+				return 0, err
+			}
+		}
+	}
+	return n, nil
+}
+
+// ReadFrom fills chunks straight from the zfs send pipe, saving io.Copy's
+// intermediate buffer and a copy per byte.
+func (w *chunkWriter) ReadFrom(r io.Reader) (int64, error) {
+	var n int64
+	for {
+		if cap(w.buf) < chunkSize {
+			w.buf = make([]byte, 0, chunkSize)
+		}
+		m, err := io.ReadFull(r, w.buf[len(w.buf):chunkSize])
+		w.buf = w.buf[:len(w.buf)+m]
+		n += int64(m)
+		if len(w.buf) == chunkSize {
+			if ferr := w.flush(); ferr != nil {
+				return n, ferr
+			}
+		}
+		switch {
+		case err == io.EOF || err == io.ErrUnexpectedEOF:
+			return n, nil
+		case err != nil:
+			return n, err
+		}
+	}
+}
+
+func (w *chunkWriter) flush() error {
+	if len(w.buf) == 0 {
+		return nil
+	}
+	if err := w.send(w.buf); err != nil {
+		return err
+	}
+	w.sent.Add(int64(len(w.buf)))
+	w.buf = make([]byte, 0, chunkSize) // gRPC may still hold the sent slice
+	return nil
+}

@@ -1,0 +1,1160 @@
+package replication
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"math"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/node/copylock"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/volume"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfscmd"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/tlsconfig"
+	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
+)
+
+// Receiver is the replication service of a node: it tells senders what it
+// holds and receives their streams into replicas under its root.
+type Receiver struct {
+	pb.UnimplementedReplicationServer
+	// Metrics, when set, records every transfer.
+	Metrics *Metrics
+
+	// MaxQuota, when set, bounds every stream: a stream may carry at most
+	// its volume's capacity, and never more than this (the operator's
+	// max_quota), plus a margin for its own records (streamLimit). zfs
+	// receive enforces no quota, so without a bound a peer could fill
+	// the pool.
+	MaxQuota uint64
+	// QuotaProperty, when set, is set on every replica to the primary's
+	// capacity (quota or refquota, as the node's volumes have).
+	QuotaProperty string
+
+	// IdleTimeout ends a receive whose sender sent nothing for that long
+	// (default DefaultIdleTimeout): a peer that stalls must not hold a
+	// zfs receive and the replica's lock forever. What arrived stays
+	// resumable.
+	IdleTimeout time.Duration
+	// MinRate (bytes per second, default DefaultMinRate; 0: none) ends a
+	// receive whose sender trickles: one that averages less runs out of
+	// a credit of at most twice IdleTimeout (stallGuard).
+	MinRate uint64
+	// MaxReplicasPerPeer bounds the replicas one peer's full streams may
+	// create here (0: no bound): a stream that would create one more is
+	// refused with ResourceExhausted (peerBound).
+	MaxReplicasPerPeer int
+
+	// Changed, when set, is told the volume of every receive that took
+	// the copy's lock, done or not (it may have made, replaced or left a
+	// resumable replica): the node's volumes version moves, and the
+	// schedule learns the replica at its next round
+	// (volume.Manager.Received).
+	Changed func(volumeID string)
+	// Entombed, when set, is told the name of every replica that became
+	// a tombstone to keep its CSI snapshots (its snapshots' names
+	// changed: volume.Manager.IndexSnapshotsOf).
+	Entombed func(tombstone string)
+	// OpenZFS, when set, is the node's OpenZFS release, named when a
+	// stream of a newer release is refused.
+	OpenZFS string
+
+	z      Streams
+	root   string
+	nodeID string
+	keep   int
+	log    hclog.Logger
+	locks  *copylock.Locks // the node's, shared with volume.Manager
+	slots  chan struct{}   // one per receive allowed at once
+	peers  peerBound
+}
+
+// DefaultIdleTimeout is how long a receive waits for the sender's next
+// message.
+const DefaultIdleTimeout = 2 * time.Minute
+
+// MaxReceives bounds the receives a node runs at once; one more is
+// refused with ResourceExhausted and retried by its sender later.
+const MaxReceives = 8
+
+// MaxGeneration bounds the generation a stream may carry: far above any
+// a volume reaches (one per move or failover), far below where adding one
+// would overflow.
+const MaxGeneration = 1 << 48
+
+// MaxGenerationLead bounds how far a stream's generation may be above the
+// highest this node knows of the volume (knownGeneration): its promise
+// record or its copy. A legitimate generation G was promised by a
+// majority before any copy carried it (docs/safety.md, "Generations"), so
+// a node either promised it too, or missed the reservations since what it
+// knows: one per move or failover, far fewer than this while it was away.
+// A header is the sender's word only: without the bound, a peer holding
+// a node certificate could plant a replica at MaxGeneration, after which
+// every promotion would need MaxGeneration+1, refused by every receiver
+// (docs/safety.md, "What a peer's header may decide").
+const MaxGenerationLead = 1 << 20
+
+// NewReceiver returns the replication service for the node whose volumes
+// live under root and whose copies locks guards (volume.Manager.Locks);
+// replicas keep the newest keep replication snapshots.
+func NewReceiver(z Streams, locks *copylock.Locks, root, nodeID string, keep int, log hclog.Logger) *Receiver {
+	return &Receiver{z: z, locks: locks, root: root, nodeID: nodeID, keep: keep, log: log,
+		IdleTimeout: DefaultIdleTimeout, MinRate: DefaultMinRate, slots: make(chan struct{}, MaxReceives)}
+}
+
+func (r *Receiver) ReplicaState(ctx context.Context, req *pb.ReplicaStateRequest) (*pb.ReplicaStateResponse, error) {
+	state, err := r.state(ctx, req.GetVolumeId())
+	return state, errdefs.ToStatus(err)
+}
+
+func (r *Receiver) state(ctx context.Context, volumeID string) (*pb.ReplicaStateResponse, error) {
+	fs, err := dataset(r.root, volumeID)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := r.copyState(ctx, fs)
+	if err != nil || !resp.GetExists() {
+		return resp, err
+	}
+	snaps, err := r.z.Snapshots(ctx, fs)
+	if err != nil {
+		return nil, err
+	}
+	for _, s := range snaps {
+		resp.SnapshotGuids = append(resp.SnapshotGuids, s.GUID)
+	}
+	return resp, nil
+}
+
+// copyState is the state of the copy at fs without its snapshots, which
+// take a listing to read.
+func (r *Receiver) copyState(ctx context.Context, fs string) (*pb.ReplicaStateResponse, error) {
+	props, err := r.z.GetAll(ctx, fs, volume.PropRole, "receive_resume_token", volume.PropGeneration)
+	if errors.Is(err, zfs.ErrNotFound) {
+		return &pb.ReplicaStateResponse{NodeId: r.nodeID}, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	token := props["receive_resume_token"]
+	resp := &pb.ReplicaStateResponse{Exists: true, Role: props[volume.PropRole], NodeId: r.nodeID}
+	resp.Generation, _ = strconv.ParseUint(props[volume.PropGeneration], 10, 64)
+	if token != "-" && token != "" {
+		resp.ResumeToken = token
+	}
+	return resp, nil
+}
+
+func (r *Receiver) Receive(stream pb.Replication_ReceiveServer) error {
+	result, err := r.receive(stream)
+	if err != nil {
+		return errdefs.ToStatus(err)
+	}
+	return stream.SendAndClose(result)
+}
+
+func (r *Receiver) receive(stream pb.Replication_ReceiveServer) (*pb.ReceiveResult, error) {
+	// Every wait for the sender's next message, the header's included, is
+	// bounded by the stall guard; when it runs out, ctx ends with errIdle
+	// or errSlow and so does zfs receive (returning ends the stream and
+	// unblocks its reader).
+	ctx, cancel := context.WithCancelCause(stream.Context())
+	defer cancel(nil)
+	guard := newStallGuard(r.IdleTimeout, r.MinRate, cancel)
+	defer guard.stop()
+	h, err := r.readHeader(ctx, stream, guard)
+	if err != nil {
+		return nil, err
+	}
+	fs, _ := dataset(r.root, h.GetVolumeId()) // checked in readHeader
+	log := r.log.With("volume_id", h.GetVolumeId(), "source_node", h.GetSourceNodeId(), "kind", h.GetKind(), "snapshot", h.GetSnapshot())
+	select {
+	case r.slots <- struct{}{}:
+		defer func() { <-r.slots }()
+	default:
+		return nil, errdefs.Wrap(errdefs.ErrResourceExhausted, "node %s is receiving %d streams already; retry later", r.nodeID, MaxReceives)
+	}
+	// What the copy holds is read without its lock, while the sender
+	// starts zfs send (a process start, the longest wait before its first
+	// record), and whatever the header alone refuses is refused now: a
+	// stream into a primary never waits for its first record, and never
+	// takes the primary's lock (docs/safety.md, "A receive and the
+	// lock"). The lock is taken only once the first record is in hand, so
+	// a sender that stalls before it holds no lock at all.
+	mark, free := r.locks.Mark(h.GetVolumeId())
+	found := r.readCopy(ctx, fs)
+	if err := refuseEarly(h, found); err != nil {
+		log.Warn("stream refused before its first record", "error", err)
+		return nil, err
+	}
+	if err := r.refuseUnknownGeneration(ctx, h, found); err != nil {
+		log.Warn("stream refused before its first record", "error", err)
+		return nil, err
+	}
+	if err := r.refuseOneReplicaTooMany(ctx, h, found); err != nil {
+		log.Warn("stream refused before its first record", "error", err)
+		return nil, err
+	}
+	// The stream's own first record, read before anything is touched:
+	// what the stream does is decided by it, not by the header.
+	begin, err := readBegin(ctx, stream, guard)
+	if err != nil {
+		return nil, fmt.Errorf("the stream of volume %s: %w", h.GetVolumeId(), err)
+	}
+	if err := checkBegin(begin, h.GetKind()); err != nil {
+		return nil, fmt.Errorf("the stream of volume %s: %w", h.GetVolumeId(), err)
+	}
+	// The lock may be held by the tidy after the previous receive (a
+	// second or so): a push that lands then waits for it rather than
+	// failing. Another change of the copy that outlasts copylock.DefaultWait (a
+	// receive) makes it Aborted.
+	unlock, err := r.locks.Lock(ctx, h.GetVolumeId(), "receive from node "+h.GetSourceNodeId())
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	if r.Changed != nil {
+		defer r.Changed(h.GetVolumeId()) // before the unlock: a reader after it sees the change noted
+	}
+	// zfs receive into the replica, for the streams that go there as they
+	// are (an incremental, a resumed one), starts while the copy is
+	// checked; it reads the first record before it changes anything, so
+	// one that is not fed ends without a trace.
+	var early *pendingReceive
+	if k := h.GetKind(); k == KindIncremental || k == KindResume {
+		if early, err = r.startReceive(ctx, fs, nil); err != nil {
+			return nil, err
+		}
+		defer func() { early.abandon() }() // unless it was used
+	}
+	// What was read without the lock still holds when nobody took the
+	// lock meanwhile (every change of the copy holds it); otherwise it is
+	// read again (so is one that failed).
+	if !free || !r.locks.Unchanged(h.GetVolumeId(), mark) || found.err != nil {
+		found = r.readCopy(ctx, fs)
+	}
+	if found.replacing {
+		if err := r.finishReplace(ctx, fs, log); err != nil {
+			return nil, err
+		}
+		found = r.readCopy(ctx, fs)
+	}
+	if found.err != nil {
+		return nil, found.err
+	}
+	parsed, _ := parseBegin(begin) // checked above
+	into, err := r.prepare(ctx, fs, h, parsed.fromGUID, found, log)
+	if err != nil {
+		return nil, err
+	}
+	log.Info("receiving", "into", into.target)
+	// The guard runs only while the receiver waits for the sender: not
+	// during the checks and clean-up above (the sender is held by flow
+	// control meanwhile), nor after its last message, after which zfs
+	// receive may still take its time to finish.
+	zr := early
+	if early == nil || early.target != into.target || len(into.props) > 0 {
+		early.abandon()
+		if zr, err = r.startReceive(ctx, into.target, into.props); err != nil {
+			return nil, err
+		}
+	}
+	early = nil
+	received, err := r.zfsReceive(ctx, h, zr, into.replacing, begin, stream, guard, log)
+	if err != nil {
+		if into.replacing {
+			// A replacement is not resumed: the next push sends it whole
+			// again, and the old replica stays as it was meanwhile.
+			r.dropIncoming(ctx, into.target, log)
+		}
+		return nil, err
+	}
+	if into.replacing {
+		if err := r.replace(ctx, fs, into.target, r.fullLabels(h), log); err != nil {
+			return nil, err
+		}
+	}
+	last, err := r.received(ctx, fs, h)
+	if err != nil {
+		return nil, err
+	}
+	if h.GetKind() != KindFull {
+		if err := r.relabel(ctx, fs, r.labels(h)); err != nil {
+			return nil, err
+		}
+	}
+	go r.tidy(h.GetVolumeId(), fs, last.Name, r.peerBases(h), log)
+	log.Info("received", "bytes", received, "snapshot", last.Name)
+	return &pb.ReceiveResult{SnapshotGuid: last.GUID, Bytes: received}, nil
+}
+
+// refuseEarly refuses, before the stream's first record and without the
+// copy's lock, what the header and the copy read without the lock
+// (found) decide alone: a stream into a copy that is not a replica, an
+// incremental or resumed stream without a replica, or one that would
+// lower the replica's generation. What it lets through is checked again
+// under the lock (prepare); a copy it could not read is left to that
+// check too.
+func refuseEarly(h *pb.ReceiveHeader, found copyRead) error {
+	if found.err != nil || found.replacing {
+		return nil
+	}
+	state := found.state
+	if state.GetExists() && state.GetRole() != RoleReplica {
+		return notAReplica(h, state)
+	}
+	if k := h.GetKind(); k == KindIncremental || k == KindResume {
+		if !state.GetExists() {
+			return errdefs.Wrap(errdefs.ErrFailedPrecondition, "no replica of %s to receive an %s stream into", h.GetVolumeId(), h.GetKind())
+		}
+		if state.GetGeneration() > h.GetGeneration() {
+			return lowerGeneration(h, state)
+		}
+	}
+	return nil
+}
+
+// refuseUnknownGeneration refuses a stream whose generation is more than
+// MaxGenerationLead above the highest this node knows of the volume. Both
+// what it knows only grow, so a stream it lets through stays within the
+// bound under the lock.
+func (r *Receiver) refuseUnknownGeneration(ctx context.Context, h *pb.ReceiveHeader, found copyRead) error {
+	known, err := r.knownGeneration(ctx, h.GetVolumeId(), found)
+	if err != nil {
+		return err
+	}
+	if g := h.GetGeneration(); g > known+MaxGenerationLead {
+		return errdefs.Wrap(errdefs.ErrFailedPrecondition,
+			"the stream of volume %s claims generation %d, more than %d above the highest this node knows of it (%d, from its promise record and its copy): no majority can have promised it; refused. "+
+				"If the volume really moved that often while this node was away, its next move or failover reserves its generation here too, and the pushes pass",
+			h.GetVolumeId(), g, uint64(MaxGenerationLead), known)
+	}
+	return nil
+}
+
+// knownGeneration is the highest generation of volume id this node knows:
+// the one its promise record holds (volume.Manager.Reserve), or its
+// copy's (found), whichever is higher; 0 for a volume it never heard of.
+// A copy it could not read counts as none: the bound is then tighter.
+func (r *Receiver) knownGeneration(ctx context.Context, id string, found copyRead) (uint64, error) {
+	var known uint64
+	if found.err == nil {
+		known = found.state.GetGeneration()
+	}
+	record, err := r.z.Get(ctx, volume.PromiseShard(r.root, id), volume.PropPromisePrefix+id)
+	if errors.Is(err, zfs.ErrNotFound) { // no record in this shard yet
+		return known, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("reading the promise record of volume %s: %w", id, err)
+	}
+	return max(known, volume.ParsePromise(record).Generation), nil
+}
+
+func notAReplica(h *pb.ReceiveHeader, state *pb.ReplicaStateResponse) error {
+	return errdefs.Wrap(errdefs.ErrFailedPrecondition, "this node holds volume %s as %q, not as a replica: refusing to overwrite it", h.GetVolumeId(), state.GetRole())
+}
+
+func lowerGeneration(h *pb.ReceiveHeader, state *pb.ReplicaStateResponse) error {
+	return errdefs.Wrap(errdefs.ErrFailedPrecondition, "the replica of %s here is of generation %d; a stream of generation %d would lower it: refused",
+		h.GetVolumeId(), state.GetGeneration(), h.GetGeneration())
+}
+
+// readHeader reads and checks the stream's header: a volume ID, a
+// snapshot name, a sender that is who its certificate says, a generation
+// in bounds.
+func (r *Receiver) readHeader(ctx context.Context, stream pb.Replication_ReceiveServer, guard *stallGuard) (*pb.ReceiveHeader, error) {
+	first, err := guard.recv(ctx, stream)
+	if err != nil {
+		return nil, fmt.Errorf("reading the header: %w", err)
+	}
+	h := first.GetHeader()
+	if h == nil {
+		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, "a receive stream starts with a header")
+	}
+	fs, err := dataset(r.root, h.GetVolumeId())
+	if err != nil {
+		return nil, err
+	}
+	if err := zfs.ValidateName(fs + "@" + h.GetSnapshot()); err != nil && h.GetKind() != KindResume {
+		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, "snapshot name %q: %v", h.GetSnapshot(), err)
+	}
+	// A node's certificate names the node: a stream may not claim to come
+	// from another (docs/security.md).
+	if name, ok := tlsconfig.NameOf(ctx); ok && name != h.GetSourceNodeId() {
+		return nil, errdefs.Wrap(errdefs.ErrPermissionDenied, "the stream of volume %s claims to come from node %q, but its sender's certificate names %q: each node needs a certificate of its own, with its node ID as the common name",
+			h.GetVolumeId(), h.GetSourceNodeId(), name)
+	}
+	if g := h.GetGeneration(); g == 0 || g > MaxGeneration {
+		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, "generation %d in the header of volume %s: must be 1 to %d", g, h.GetVolumeId(), uint64(MaxGeneration))
+	}
+	return h, nil
+}
+
+// readBegin reads the stream's data messages until it holds the first
+// record, within what the guard allows.
+func readBegin(ctx context.Context, stream pb.Replication_ReceiveServer, guard *stallGuard) ([]byte, error) {
+	var head []byte
+	for len(head) < beginRecordSize {
+		msg, err := guard.recv(ctx, stream)
+		if err == io.EOF {
+			return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, "it ends after %d bytes, before its first record", len(head))
+		}
+		if err != nil {
+			return nil, err
+		}
+		head = append(head, msg.GetData()...)
+	}
+	return head, nil
+}
+
+// intoTarget is where a stream is received.
+type intoTarget struct {
+	target    string            // the replica, or for a replacement its incoming name
+	props     map[string]string // set by zfs receive -o (a full stream only)
+	replacing bool              // a full stream replacing an existing replica
+}
+
+// prepare checks that the stream fits this node's copy and says where it
+// goes. A full stream for a volume of which this node holds an older
+// generation's replica is received beside it, under the incoming name,
+// and takes its place only once complete (replace).
+func (r *Receiver) prepare(ctx context.Context, fs string, h *pb.ReceiveHeader, fromGUID uint64, found copyRead, log hclog.Logger) (intoTarget, error) {
+	state := found.state
+	if state.GetExists() && state.GetRole() != RoleReplica {
+		return intoTarget{}, notAReplica(h, state)
+	}
+	if state.GetResumeToken() != "" && h.GetKind() != KindResume {
+		// The sender chose not to resume (it checks every token, and
+		// refuses one whose snapshot it pruned): the partial receive is
+		// of no use, and would make this receive fail.
+		log.Warn("the sender sends afresh instead of resuming: discarding the partial receive")
+		if err := r.z.AbortReceive(ctx, fs); err != nil {
+			return intoTarget{}, fmt.Errorf("discarding the partial receive into %s: %w", fs, err)
+		}
+		// Discarding an interrupted first receive removes the copy.
+		if found = r.readCopy(ctx, fs); found.err != nil {
+			return intoTarget{}, found.err
+		}
+		state = found.state
+	}
+	switch h.GetKind() {
+	case KindFull:
+		props := map[string]string{"readonly": "on", "mountpoint": "legacy"}
+		if state.GetExists() && len(found.snapshots) == 0 {
+			// A copy without a snapshot holds nothing to keep.
+			if err := r.destroyReplica(ctx, fs); err != nil {
+				return intoTarget{}, fmt.Errorf("removing the empty replica %s before a full receive: %w", fs, err)
+			}
+			state.Exists = false
+		}
+		if !state.GetExists() {
+			maps.Copy(props, r.fullLabels(h))
+			return intoTarget{target: fs, props: props}, nil
+		}
+		if state.GetGeneration() >= h.GetGeneration() {
+			return intoTarget{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "a replica of %s exists but shares no snapshot with the source; an operator must remove it before a full send", h.GetVolumeId())
+		}
+		// A copy of an older generation, left behind by a move or a
+		// failover. Unlabelled until complete, the incoming copy is
+		// neither listed nor taken for a replica.
+		log.Warn("receiving a replacement for a replica of an older generation that shares no snapshot with the new primary",
+			"replica_generation", state.GetGeneration(), "primary_generation", h.GetGeneration())
+		incoming := incomingName(fs)
+		if err := r.destroyIncoming(ctx, incoming); err != nil {
+			return intoTarget{}, fmt.Errorf("removing an earlier, broken replacement %s: %w", incoming, err)
+		}
+		return intoTarget{target: incoming, props: props, replacing: true}, nil
+	case KindIncremental, KindResume:
+		if !state.GetExists() {
+			return intoTarget{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "no replica of %s to receive an %s stream into", h.GetVolumeId(), h.GetKind())
+		}
+		if state.GetGeneration() > h.GetGeneration() {
+			return intoTarget{}, lowerGeneration(h, state)
+		}
+		if h.GetKind() == KindIncremental {
+			if err := r.rollBackTo(ctx, fs, found.snapshots, fromGUID, state.GetGeneration(), h, log); err != nil {
+				return intoTarget{}, err
+			}
+		}
+		return intoTarget{target: fs}, nil
+	}
+	return intoTarget{}, errdefs.Wrap(errdefs.ErrInvalidArgument, "unknown stream kind %q", h.GetKind())
+}
+
+// rollBackTo readies the replica at fs for an incremental from its
+// snapshot with GUID base. Snapshots after the base are rolled back only
+// when the sender's history holds them: the replica is of an older
+// generation than the sender, one its history vouches for (a planned move
+// ended it with a final snapshot the sender has), so they are earlier
+// states of what the sender sends. Otherwise they may hold writes the
+// sender lacks, and the stream is refused: the sender sends in full
+// instead, and the replica is set aside (I4).
+func (r *Receiver) rollBackTo(ctx context.Context, fs string, snaps []zfscmd.Snap, base, generation uint64, h *pb.ReceiveHeader, log hclog.Logger) error {
+	i := slices.IndexFunc(snaps, func(s zfscmd.Snap) bool { return s.GUID == base })
+	if i < 0 {
+		return errdefs.Wrap(errdefs.ErrFailedPrecondition, "the replica of %s lacks the stream's base (guid %d): it was destroyed meanwhile; the next push picks another", h.GetVolumeId(), base)
+	}
+	after := snaps[i+1:]
+	if len(after) == 0 {
+		return nil
+	}
+	vouched := h.GetHistoryFrom() > 0 && h.GetHistoryFrom() <= generation && generation < h.GetGeneration()
+	if !vouched {
+		return errdefs.Wrap(errdefs.ErrFailedPrecondition,
+			"the replica of %s holds %d snapshots after the stream's base, taken at generation %d, which the sender's history (generations %d to %d) does not hold: they may hold writes the sender lacks; refused",
+			h.GetVolumeId(), len(after), generation, h.GetHistoryFrom(), h.GetGeneration())
+	}
+	holds, err := r.z.Holds(ctx, fs)
+	if err != nil {
+		return fmt.Errorf("listing holds on %s: %w", fs, err)
+	}
+	names := make([]string, 0, len(after))
+	for _, s := range after {
+		for _, tag := range holds[s.Name] {
+			if err := r.z.Release(ctx, s.Name, tag); err != nil && !errors.Is(err, zfs.ErrNotFound) {
+				return fmt.Errorf("releasing %s on %s before rolling it back: %w", tag, s.Name, err)
+			}
+		}
+		names = append(names, shortSnapshotName(s.Name))
+	}
+	if err := r.z.Rollback(ctx, snaps[i].Name); err != nil {
+		return fmt.Errorf("rolling the replica of %s back to %s: %w", h.GetVolumeId(), snaps[i].Name, err)
+	}
+	log.Info("rolled back snapshots of an earlier generation that the sender's history holds", "replica_generation", generation,
+		"history_from", h.GetHistoryFrom(), "base", shortSnapshotName(snaps[i].Name), "rolled_back", names)
+	return nil
+}
+
+// copyRead is what a receive reads of the copy before it decides.
+type copyRead struct {
+	state     *pb.ReplicaStateResponse
+	snapshots []zfscmd.Snap // oldest first; none when the copy does not exist
+	replacing bool          // an interrupted replacement waits beside it
+	err       error
+}
+
+func (r *Receiver) readCopy(ctx context.Context, fs string) copyRead {
+	var found copyRead
+	// Unless it is surely absent, finishReplace looks at it and says.
+	_, err := r.z.Get(ctx, incomingName(fs), volume.PropRole)
+	found.replacing = !errors.Is(err, zfs.ErrNotFound)
+	if found.state, found.err = r.copyState(ctx, fs); found.err != nil || !found.state.GetExists() {
+		return found
+	}
+	if found.snapshots, found.err = r.z.Snapshots(ctx, fs); found.err != nil {
+		found.err = fmt.Errorf("listing the snapshots of %s: %w", fs, found.err)
+	}
+	return found
+}
+
+// pendingReceive is a zfs receive started and waiting on its pipe for the
+// stream. An OS pipe hands the stream to zfs receive without another copy
+// in between. When the stream breaks, closing the write end gives zfs
+// receive an early EOF, and it keeps a resume token.
+type pendingReceive struct {
+	target string
+	pw     *os.File
+	done   chan error
+}
+
+func (r *Receiver) startReceive(ctx context.Context, target string, props map[string]string) (*pendingReceive, error) {
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	p := &pendingReceive{target: target, pw: pw, done: make(chan error, 1)}
+	go func() {
+		err := r.z.Receive(ctx, target, props, pr)
+		pr.Close() // a writer still running now fails instead of blocking
+		p.done <- err
+	}()
+	return p, nil
+}
+
+// abandon ends a receive that was never fed: without a first record zfs
+// receive touches nothing. It waits for the end, so that nothing of it
+// outlives its caller's lock.
+func (p *pendingReceive) abandon() {
+	if p == nil {
+		return
+	}
+	p.pw.Close()
+	<-p.done
+}
+
+// zfsReceive feeds zr with the first record already read and then the rest
+// of the stream, and waits for it; it returns the bytes received.
+func (r *Receiver) zfsReceive(ctx context.Context, h *pb.ReceiveHeader, zr *pendingReceive, replacing bool, begin []byte,
+	stream pb.Replication_ReceiveServer, guard *stallGuard, log hclog.Logger) (int64, error) {
+	pw := zr.pw
+	var received atomic.Int64
+	received.Store(int64(len(begin)))
+	limit := streamLimit(h.GetCapacityBytes(), r.MaxQuota)
+	var tooBig atomic.Bool
+	go func() {
+		defer pw.Close()
+		if _, err := pw.Write(begin); err != nil {
+			return
+		}
+		for {
+			guard.waiting()
+			msg, err := stream.Recv()
+			guard.got(len(msg.GetData()))
+			if err != nil {
+				if err != io.EOF {
+					log.Warn("stream from the sender broke", "error", err)
+				}
+				return
+			}
+			if received.Add(int64(len(msg.GetData()))) > limit {
+				tooBig.Store(true)
+				return // zfs receive sees the stream end and fails
+			}
+			if _, err := pw.Write(msg.GetData()); err != nil {
+				return // zfs receive ended; its error is reported below
+			}
+		}
+	}()
+	started := time.Now()
+	err := <-zr.done
+	r.Metrics.transfer("in", h.GetKind(), h.GetVolumeId(), h.GetSourceNodeId(), received.Load(), time.Since(started), err)
+	if cause := context.Cause(ctx); errors.Is(cause, errIdle) || errors.Is(cause, errSlow) {
+		err = cause
+	}
+	if tooBig.Load() {
+		// Not resumable: a resumed stream would count from zero again.
+		if !replacing {
+			if aerr := r.abortPartial(context.WithoutCancel(ctx), zr.target); aerr != nil {
+				log.Warn("discarding the partial receive of an oversized stream failed; the next receive retries", "error", aerr)
+			}
+		}
+		log.Warn("stream refused: larger than the volume's capacity allows", "bytes_limit", limit, "capacity", h.GetCapacityBytes())
+		return 0, errdefs.Wrap(errdefs.ErrInvalidArgument, "the stream of volume %s carries more than %d bytes, more than a volume of capacity %d (at most max_quota %d) can send: refused",
+			h.GetVolumeId(), limit, h.GetCapacityBytes(), r.MaxQuota)
+	}
+	if errors.Is(err, zfs.ErrStreamUnsupported) {
+		// Refused at the first record: nothing was received, and no retry
+		// can succeed until the volume or this node changes.
+		log.Error("stream refused: it uses a ZFS feature this node's OpenZFS lacks", "openzfs", r.OpenZFS, "error", err)
+		return 0, errdefs.Wrap(errdefs.ErrFailedPrecondition,
+			"node %s cannot receive volume %s from node %s: its OpenZFS (%s) lacks a feature the volume uses there (%v); keep the volume on nodes of the sender's OpenZFS release or newer, or upgrade this node (docs/install.md, \"Mixed versions\")",
+			r.nodeID, h.GetVolumeId(), h.GetSourceNodeId(), cmp.Or(r.OpenZFS, "release unknown"), err)
+	}
+	if err != nil {
+		log.Warn("receive failed; an interrupted stream can be resumed", "bytes", received.Load(), "error", err)
+		return 0, errdefs.Wrap(errdefs.ErrAborted, "receiving volume %s: %v", h.GetVolumeId(), err)
+	}
+	return received.Load(), nil
+}
+
+// streamMargin is what a stream may carry beyond its volume's capacity:
+// its own records, and the slack by which ZFS lets a quota be exceeded.
+var streamMargin uint64 = 64 << 20
+
+// streamLimit is the most bytes one stream of a volume of the capacity
+// may carry on a node whose operator allows maxQuota (0: no bound). No
+// snapshot references more than the volume's quota, and neither a full
+// nor an incremental stream sends more than the snapshot references.
+func streamLimit(capacity, maxQuota uint64) int64 {
+	if maxQuota == 0 {
+		return math.MaxInt64
+	}
+	if capacity == 0 || capacity > maxQuota {
+		capacity = maxQuota
+	}
+	if capacity >= math.MaxInt64/2 {
+		return math.MaxInt64 // beyond any pool; the sum would overflow
+	}
+	return int64(capacity + capacity/8 + streamMargin)
+}
+
+// errIdle ends a receive whose sender went quiet.
+var errIdle = errors.New("the sender sent nothing for the idle timeout")
+
+// recvWithin reads the stream's next message, or gives up when ctx ends
+// (the caller then returns, which ends the stream and the read).
+func recvWithin(ctx context.Context, stream pb.Replication_ReceiveServer) (*pb.ReceiveMessage, error) {
+	type result struct {
+		msg *pb.ReceiveMessage
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		msg, err := stream.Recv()
+		got <- result{msg, err}
+	}()
+	select {
+	case r := <-got:
+		return r.msg, r.err
+	case <-ctx.Done():
+		return nil, errdefs.Wrap(errdefs.ErrAborted, "%v", context.Cause(ctx))
+	}
+}
+
+// received reads the snapshot a receive brought: the one its header
+// names, or for a resumed stream, whose header does not, the newest.
+func (r *Receiver) received(ctx context.Context, fs string, h *pb.ReceiveHeader) (zfscmd.Snap, error) {
+	if h.GetKind() != KindResume {
+		name := fs + "@" + h.GetSnapshot()
+		guid, err := r.z.Get(ctx, name, "guid")
+		if err != nil {
+			return zfscmd.Snap{}, fmt.Errorf("reading the received snapshot %s: %w", name, err)
+		}
+		n, err := strconv.ParseUint(guid, 10, 64)
+		if err != nil {
+			return zfscmd.Snap{}, fmt.Errorf("reading the received snapshot %s: guid %q: %w", name, guid, err)
+		}
+		return zfscmd.Snap{Name: name, GUID: n}, nil
+	}
+	snaps, err := r.z.Snapshots(ctx, fs)
+	if err != nil || len(snaps) == 0 {
+		return zfscmd.Snap{}, fmt.Errorf("reading the received snapshot of %s: %v", fs, err)
+	}
+	return snaps[len(snaps)-1], nil
+}
+
+// relabel updates a replica's labels (a new generation, parameters or
+// capacity) when they differ: a property change waits for a sync, which
+// the answer to the sender, and so a move, would wait for.
+func (r *Receiver) relabel(ctx context.Context, fs string, labels map[string]string) error {
+	keys := slices.Collect(maps.Keys(labels))
+	current, err := r.z.GetAll(ctx, fs, keys...)
+	if err != nil {
+		return fmt.Errorf("reading the labels of replica %s: %w", fs, err)
+	}
+	if maps.Equal(current, labels) {
+		return nil
+	}
+	if err := r.z.Set(ctx, fs, labels); err != nil {
+		return fmt.Errorf("labelling replica %s: %w", fs, err)
+	}
+	return nil
+}
+
+// tidyDelay is how long the receiver waits before tidying after a
+// receive. A move promotes the replica right after its last receive, and
+// each of tidy's holds, releases and destroys is a change the pool syncs:
+// running at once, they made the promotion wait for several syncs instead
+// of two (336 against about 130 ms in the guest).
+const tidyDelay = time.Second
+
+// tidy runs after a successful receive, without delaying the sender (a
+// move waits for it), and after tidyDelay. It holds the snapshot just
+// received as the new base before anything releases the old one, so some
+// common snapshot is always held. Its peer tags become the sender's
+// (mirrorPeerBases): those it kept as a primary (before a move demoted
+// it) go, the sender's other replicas' bases are held. Then old
+// replication snapshots are pruned; held bases always stay. A replica
+// promoted meanwhile is left alone: it is the primary's to tidy.
+func (r *Receiver) tidy(volumeID, fs, received string, peerBases map[uint64][]string, log hclog.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), tidyTimeout)
+	defer cancel()
+	select {
+	case <-ctx.Done():
+		return
+	case <-time.After(tidyDelay):
+	}
+	unlock, err := r.locks.Lock(ctx, volumeID, "tidy after a receive")
+	if err != nil {
+		return // busy with another receive: it holds its own base
+	}
+	defer unlock()
+	if role, err := r.z.Get(ctx, fs, volume.PropRole); err != nil || role != RoleReplica {
+		return
+	}
+	if err := r.z.Hold(ctx, received, BaseHoldTag); err != nil {
+		log.Warn("holding the new base failed; the old base stays held until a receive holds a newer one", "snapshot", received, "error", err)
+		return
+	}
+	if err := mirrorPeerBases(ctx, r.z, fs, peerBases); err != nil {
+		log.Warn("holding the sender's peer bases failed; next receive retries", "error", err)
+	}
+	dropOldBases(ctx, r.z, fs, r.keep, nil, "receive", log)
+}
+
+// maxPeerBases bounds the peer bases a receiver holds for one volume: a
+// volume has at most a few replicas, and each entry pins a snapshot here.
+const maxPeerBases = 32
+
+// peerBases reads the header's peer bases: GUID to the peers whose base
+// the sender holds it as, leaving out this node and any node ID that is
+// not one (it becomes part of a hold tag here), and any beyond
+// maxPeerBases.
+func (r *Receiver) peerBases(h *pb.ReceiveHeader) map[uint64][]string {
+	out := map[uint64][]string{}
+	for i, b := range h.GetPeerBases() {
+		if i >= maxPeerBases {
+			break
+		}
+		if id := b.GetNodeId(); id != r.nodeID && contract.IsNodeID(id) {
+			out[b.GetGuid()] = append(out[b.GetGuid()], id)
+		}
+	}
+	return out
+}
+
+// mirrorPeerBases makes the holds of a replica's peer tags those of its
+// sender (docs/replication.md, "Replicas share a base"): each snapshot
+// the sender holds as a peer's base, and this replica has, is held here
+// with that peer's tag, and no other snapshot keeps a peer tag. Promoted,
+// the replica then keeps what every other replica shares with it, and its
+// first push to each goes on incrementally from there. The holds are made
+// before any is released.
+func mirrorPeerBases(ctx context.Context, z Streams, fs string, peerBases map[uint64][]string) error {
+	snaps, err := z.Snapshots(ctx, fs)
+	if err != nil {
+		return err
+	}
+	holds, err := z.Holds(ctx, fs)
+	if err != nil {
+		return fmt.Errorf("listing holds on %s: %w", fs, err)
+	}
+	want := map[string]map[string]bool{} // snapshot -> peer tags
+	for _, s := range snaps {
+		for _, peer := range peerBases[s.GUID] {
+			if want[s.Name] == nil {
+				want[s.Name] = map[string]bool{}
+			}
+			want[s.Name][peerTag(peer)] = true
+		}
+	}
+	for snap, tags := range want {
+		for tag := range tags {
+			if !slices.Contains(holds[snap], tag) {
+				if err := z.Hold(ctx, snap, tag); err != nil && !errors.Is(err, zfs.ErrNotFound) {
+					return fmt.Errorf("holding %s with %s: %w", snap, tag, err)
+				}
+			}
+		}
+	}
+	for snap, tags := range holds {
+		for _, tag := range tags {
+			if isPeerTag(tag) && !want[snap][tag] {
+				if err := z.Release(ctx, snap, tag); err != nil && !errors.Is(err, zfs.ErrNotFound) {
+					return fmt.Errorf("releasing %s on %s: %w", tag, snap, err)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// Replica is a copy this node holds of another node's volume.
+type Replica struct {
+	VolumeID string
+	Name     string
+	// LastSnapshot is the newest snapshot received; LastSnapshotTime is
+	// when the source took it: the replica is current as of then.
+	LastSnapshot     string
+	LastSnapshotTime time.Time
+	// Resumable: an interrupted receive waits to be resumed.
+	Resumable bool
+	// DemotedAt: when this replica was demoted from primary after a move;
+	// zero when it was not. Such a copy is surplus once the volume's
+	// other replicas are as fresh (DeleteSurplus).
+	DemotedAt time.Time
+}
+
+// Holdings lists, in one listing of this node's root (it costs seconds
+// at a thousand datasets), the replicas under it and the stale primaries
+// set aside there (docs/migration.md: kept for an operator, never
+// mounted).
+func (r *Receiver) Holdings(ctx context.Context) (replicas []Replica, setAside []string, err error) {
+	children, err := r.z.Children(ctx, r.root, holdingProps...)
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, ch := range children {
+		switch role := ch.Props[volume.PropRole]; {
+		case role == contract.RoleSetAside:
+			setAside = append(setAside, ch.Name)
+		case r.isReplica(ch):
+			rep, err := r.replica(ctx, ch)
+			if err != nil {
+				return nil, nil, err
+			}
+			replicas = append(replicas, rep)
+		}
+	}
+	return replicas, setAside, nil
+}
+
+// holdingProps are the properties Holdings and ReplicaOf read.
+var holdingProps = []string{volume.PropVolumeID, volume.PropRole, volume.PropName, volume.PropDemotedAt, "receive_resume_token"}
+
+// ReplicaOf reads this node's replica of volumeID as Holdings reports it,
+// or false when the node holds none (a replacement labelled but not yet
+// renamed into place is none yet).
+func (r *Receiver) ReplicaOf(ctx context.Context, volumeID string) (Replica, bool, error) {
+	fs, err := dataset(r.root, volumeID)
+	if err != nil {
+		return Replica{}, false, nil // names no volume, so no replica of one
+	}
+	props, err := r.z.GetAll(ctx, fs, holdingProps...)
+	if errors.Is(err, zfs.ErrNotFound) {
+		return Replica{}, false, nil
+	}
+	if err != nil {
+		return Replica{}, false, err
+	}
+	ch := zfscmd.Child{Name: fs, Props: props}
+	if !r.isReplica(ch) {
+		return Replica{}, false, nil
+	}
+	rep, err := r.replica(ctx, ch)
+	return rep, err == nil, err
+}
+
+// isReplica tells whether a child of the root, read with holdingProps, is
+// a replica. A replacement labelled but not yet renamed into place is not
+// the replica yet.
+func (r *Receiver) isReplica(ch zfscmd.Child) bool {
+	return ch.Props[volume.PropRole] == RoleReplica && ch.Name == r.root+"/"+ch.Props[volume.PropVolumeID]
+}
+
+// replica reads what Holdings reports of one replica: its newest
+// snapshot.
+func (r *Receiver) replica(ctx context.Context, ch zfscmd.Child) (Replica, error) {
+	rep := Replica{VolumeID: ch.Props[volume.PropVolumeID], Name: ch.Props[volume.PropName], Resumable: ch.Props["receive_resume_token"] != "-",
+		DemotedAt: volume.DemotedAt(ch.Props[volume.PropDemotedAt])}
+	snaps, err := r.z.Snapshots(ctx, ch.Name)
+	if err != nil {
+		return Replica{}, err
+	}
+	if len(snaps) > 0 {
+		last := snaps[len(snaps)-1]
+		rep.LastSnapshot, rep.LastSnapshotTime = shortSnapshotName(last.Name), time.Unix(last.Created, 0)
+	}
+	return rep, nil
+}
+
+// DeleteReplica destroys this node's replica of volumeID with its snapshots
+// and any partial receive; it reports whether there was one. A primary is
+// never touched.
+func (r *Receiver) DeleteReplica(ctx context.Context, volumeID string) (bool, error) {
+	return r.deleteReplica(ctx, volumeID, "the replica", nil)
+}
+
+// DeleteSurplus destroys this node's replica of volumeID as a surplus
+// copy (docs/replication.md, "Surplus copies"): only a replica demoted
+// from primary after a move, whose newest snapshot is still newest (the
+// one the schedule judged it by: a push since may have made it the
+// freshest copy), with no receive waiting to resume, and holding no
+// snapshot but the driver's replication snapshots and the CSI snapshots
+// named in elsewhere (found on the volume's primary and kept replicas:
+// any other, or one made by hand, would go with it). Anything else is
+// FailedPrecondition, and nothing changes. It reports whether there was
+// a replica.
+func (r *Receiver) DeleteSurplus(ctx context.Context, volumeID, newest string, elsewhere []string) (bool, error) {
+	return r.deleteReplica(ctx, volumeID, "a surplus replica", func(fs string, props map[string]string) error {
+		if err := r.surplus(ctx, fs, props, newest, elsewhere); err != nil {
+			return fmt.Errorf("%w: keeping node %s's replica of volume %s: %v", errdefs.ErrFailedPrecondition, r.nodeID, volumeID, err)
+		}
+		return nil
+	})
+}
+
+// deleteReplica destroys this node's replica of volumeID (what it is, for
+// the lock and the log), holding its lock, unless check (when set) says
+// why not; it reports whether there was a replica.
+func (r *Receiver) deleteReplica(ctx context.Context, volumeID, what string, check func(fs string, props map[string]string) error) (bool, error) {
+	fs, err := dataset(r.root, volumeID)
+	if err != nil {
+		return false, nil // names no volume, so no replica of one
+	}
+	unlock, err := r.locks.Lock(ctx, volumeID, "deleting "+what)
+	if err != nil {
+		return false, err
+	}
+	defer unlock()
+	props, err := r.z.GetAll(ctx, fs, holdingProps...)
+	if errors.Is(err, zfs.ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	if !r.isReplica(zfscmd.Child{Name: fs, Props: props}) {
+		return false, nil
+	}
+	if check != nil {
+		if err := check(fs, props); err != nil {
+			return false, err
+		}
+	}
+	entombed, err := r.removeReplica(ctx, fs)
+	if err != nil {
+		return false, err
+	}
+	if entombed != "" {
+		r.log.Info("deleted "+what+"; its CSI snapshots stay on a tombstone until they are deleted", "volume_id", volumeID, "tombstone", entombed)
+		return true, nil
+	}
+	r.log.Info("deleted "+what, "volume_id", volumeID, "dataset", fs)
+	return true, nil
+}
+
+// removeReplica removes replica fs. One holding CSI snapshots becomes a
+// tombstone, as a deleted primary does (docs/volumes.md, "Deleting"): a
+// CSI snapshot outlives its volume and every copy of it, and removing a
+// replica never destroys one (docs/replication.md, "CSI snapshots").
+// It returns the tombstone's name, or "" when the replica was destroyed.
+// The caller holds the volume's lock and checked the role.
+func (r *Receiver) removeReplica(ctx context.Context, fs string) (string, error) {
+	snaps, err := r.z.Snapshots(ctx, fs)
+	if err != nil {
+		return "", fmt.Errorf("listing the snapshots of replica %s: %w", fs, err)
+	}
+	if !slices.ContainsFunc(snaps, isLiveCSISnapshot) {
+		return "", r.destroyReplica(ctx, fs)
+	}
+	return r.entomb(ctx, fs)
+}
+
+// entomb turns replica fs into a tombstone: any partial receive, its
+// holds and (pruned with none kept) its replication snapshots go; it is
+// labelled deleted and renamed <fs>-deleted-<nanos>. The node collects it
+// once its last CSI snapshot is deleted (volume.Manager). Entombed, when
+// set, learns its name.
+func (r *Receiver) entomb(ctx context.Context, fs string) (string, error) {
+	if err := r.abortPartial(ctx, fs); err != nil {
+		return "", err
+	}
+	if err := releaseTags(ctx, r.z, fs, func(string) bool { return true }); err != nil {
+		return "", err
+	}
+	if err := prune(ctx, r.z, fs, 0); err != nil {
+		return "", err
+	}
+	now := time.Now()
+	if err := r.z.Set(ctx, fs, map[string]string{volume.PropRole: contract.RoleDeleted, volume.PropDeletedAt: now.UTC().Format(time.RFC3339)}); err != nil {
+		return "", fmt.Errorf("marking replica %s deleted: %w", fs, err)
+	}
+	tombstone := volume.TombstoneName(fs, now)
+	if err := r.z.Rename(ctx, fs, tombstone); err != nil {
+		return "", fmt.Errorf("renaming the deleted replica %s to %s: %w", fs, tombstone, err)
+	}
+	if r.Entombed != nil {
+		r.Entombed(tombstone)
+	}
+	return tombstone, nil
+}
+
+// surplus says why replica fs, with props, is not a surplus copy whose
+// newest snapshot is newest, or nil when it is one.
+func (r *Receiver) surplus(ctx context.Context, fs string, props map[string]string, newest string, elsewhere []string) error {
+	if volume.DemotedAt(props[volume.PropDemotedAt]).IsZero() {
+		return errors.New("it was not demoted from primary by a move")
+	}
+	if token := props["receive_resume_token"]; token != "" && token != "-" {
+		return errors.New("an interrupted receive into it waits to be resumed")
+	}
+	snaps, err := r.z.Snapshots(ctx, fs)
+	if err != nil {
+		return err
+	}
+	if len(snaps) == 0 || shortSnapshotName(snaps[len(snaps)-1].Name) != newest {
+		return fmt.Errorf("its newest snapshot is no longer %s", newest)
+	}
+	for _, snap := range snaps {
+		name := shortSnapshotName(snap.Name)
+		if !strings.HasPrefix(name, contract.ReplicationSnapshotPrefix) && !(isLiveCSISnapshot(snap) && slices.Contains(elsewhere, name)) {
+			return fmt.Errorf("it holds snapshot %s, which is not a replication snapshot and may exist nowhere else", name)
+		}
+	}
+	return nil
+}
+
+// destroyReplica destroys a replica with its snapshots, holds and any
+// partial receive. The caller holds the volume's lock and checked the role.
+func (r *Receiver) destroyReplica(ctx context.Context, fs string) error {
+	if err := r.abortPartial(ctx, fs); err != nil {
+		return err
+	}
+	if err := releaseTags(ctx, r.z, fs, func(string) bool { return true }); err != nil {
+		return err
+	}
+	if err := r.z.DestroyRecursive(ctx, fs); err != nil && !errors.Is(err, zfs.ErrNotFound) {
+		return err
+	}
+	return nil
+}
+
+func (r *Receiver) abortPartial(ctx context.Context, fs string) error {
+	if r.hasPartial(ctx, fs) {
+		return r.z.AbortReceive(ctx, fs)
+	}
+	return nil
+}
+
+// hasPartial reports whether an interrupted receive into fs waits.
+func (r *Receiver) hasPartial(ctx context.Context, fs string) bool {
+	token, err := r.z.Get(ctx, fs, "receive_resume_token")
+	return err == nil && token != "-" && token != ""
+}
+
+// DiscardPartial discards an interrupted receive into this node's replica
+// of volumeID, before it is promoted (volume.Manager.Promote, which holds
+// the volume's lock, so no receive can start until the promotion is
+// done: a receive that finished on the promoted copy would label it a
+// replica of the older generation again, I3). A primary is left alone.
+func (r *Receiver) DiscardPartial(ctx context.Context, volumeID string) error {
+	fs, err := dataset(r.root, volumeID)
+	if err != nil {
+		return err
+	}
+	if !r.hasPartial(ctx, fs) {
+		return nil
+	}
+	if role, err := r.z.Get(ctx, fs, volume.PropRole); err != nil || role != RoleReplica {
+		return nil
+	}
+	if err := r.abortPartial(ctx, fs); err != nil {
+		return fmt.Errorf("discarding the partial receive into %s before promoting it: %w", fs, err)
+	}
+	return nil
+}
+
+// fullLabels are a replica's labels with its volume ID, which a full
+// receive sets once.
+func (r *Receiver) fullLabels(h *pb.ReceiveHeader) map[string]string {
+	labels := r.labels(h)
+	labels[volume.PropVolumeID] = h.GetVolumeId()
+	labels[volume.PropReceivedFrom] = h.GetSourceNodeId()
+	return labels
+}
+
+// labels are the properties a replica carries so that it can become the
+// primary (identity, generation, parameters and capacity), and its quota:
+// the primary's capacity, so that the replica shows what it may grow to,
+// and a promoted copy has its quota from the first moment.
+func (r *Receiver) labels(h *pb.ReceiveHeader) map[string]string {
+	labels := map[string]string{
+		volume.PropRole:       RoleReplica,
+		volume.PropName:       h.GetVolumeName(),
+		volume.PropGeneration: strconv.FormatUint(h.GetGeneration(), 10),
+		// What the replica's history holds is what its sender's did:
+		// a planned move promoting it keeps the value.
+		volume.PropHistoryFrom: strconv.FormatUint(volume.BoundHistoryFrom(h.GetHistoryFrom(), h.GetGeneration()), 10),
+		volume.PropParameters:  volume.EncodeParameters(h.GetParameters()),
+		volume.PropCapacity:    strconv.FormatUint(h.GetCapacityBytes(), 10),
+	}
+	if r.QuotaProperty != "" && h.GetCapacityBytes() > 0 {
+		labels[r.QuotaProperty] = strconv.FormatUint(h.GetCapacityBytes(), 10)
+	}
+	return labels
+}

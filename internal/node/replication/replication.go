@@ -1,0 +1,193 @@
+// Package replication streams volumes between node agents with zfs send
+// and zfs receive (docs/replication.md):
+//
+//	source node                                    target node
+//	Pusher.Push ── ReplicaState ─────────────────► Receiver.ReplicaState
+//	  zfs send ─► chunkWriter ── Receive stream ──► pipe ─► zfs receive -s -u
+//	  hold new base, release old  ◄── snapshot GUID ── hold new base, release old
+//
+// The target builds every dataset name from its own root and a validated
+// volume ID; nothing a peer sends names a dataset.
+package replication
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfscmd"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
+)
+
+const (
+	// SnapshotPrefix starts the short name of every replication snapshot.
+	SnapshotPrefix = contract.ReplicationSnapshotPrefix
+	// BaseHoldTag holds the newest snapshot both sides share: the
+	// incremental base, never destroyed while it is the base. A receiver
+	// holds its newest received snapshot with it; a sender holds the base of
+	// each peer with BaseHoldTag + "-" + the peer's node ID.
+	BaseHoldTag = "zfs-nomad-base"
+	// RoleReplica labels a received copy.
+	RoleReplica = contract.RoleReplica
+
+	// Transfer kinds, as reported in progress and headers.
+	KindFull        = "full"
+	KindIncremental = "incremental"
+	KindResume      = "resume"
+
+	chunkSize = 1 << 20
+)
+
+// Streams is what replication needs of ZFS; zfscmd.Cmd implements it.
+type Streams interface {
+	Send(ctx context.Context, spec zfscmd.SendSpec, w io.Writer) (int64, error)
+	Receive(ctx context.Context, target string, props map[string]string, r io.Reader) error
+	Snapshots(ctx context.Context, fs string) ([]zfscmd.Snap, error)
+	Get(ctx context.Context, dataset, prop string) (string, error)
+	GetAll(ctx context.Context, dataset string, props ...string) (map[string]string, error)
+	Set(ctx context.Context, dataset string, props map[string]string) error
+	Snapshot(ctx context.Context, name string) error
+	Hold(ctx context.Context, snapshot, tag string) error
+	Release(ctx context.Context, snapshot, tag string) error
+	Holds(ctx context.Context, fs string) (map[string][]string, error)
+	Destroy(ctx context.Context, snapshot string) error
+	DestroyRecursive(ctx context.Context, fs string) error
+	AbortReceive(ctx context.Context, target string) error
+	Rollback(ctx context.Context, snapshot string) error
+	Rename(ctx context.Context, from, to string) error
+	EstimateSize(ctx context.Context, spec zfscmd.SendSpec) (int64, error)
+	ResumeToken(ctx context.Context, token string) (zfscmd.ResumeInfo, error)
+	Children(ctx context.Context, parent string, props ...string) ([]zfscmd.Child, error)
+}
+
+// dataset returns the volume's dataset under root, refusing IDs that are
+// not volume IDs.
+func dataset(root, volumeID string) (string, error) {
+	if !contract.IsVolumeID(volumeID) {
+		return "", errdefs.Wrap(errdefs.ErrInvalidArgument, "%q is not a volume ID", volumeID)
+	}
+	return root + "/" + volumeID, nil
+}
+
+// dropOldBases ends both tidies, after a push and after a receive, once
+// the new base is held: it releases the base holds the new one
+// superseded and prunes the replication snapshots beyond keep, sparing
+// those in spare (bases a peer received whose hold is not placed yet).
+// What fails is retried by the next transfer (a push or a receive, as
+// next says).
+func dropOldBases(ctx context.Context, z Streams, fs string, keep int, spare []string, next string, log hclog.Logger) {
+	if err := releaseSuperseded(ctx, z, fs); err != nil {
+		log.Warn("releasing old base holds failed; the next "+next+" retries", "error", err)
+	}
+	if err := prune(ctx, z, fs, keep, spare...); err != nil {
+		log.Warn("pruning old replication snapshots failed; the next "+next+" retries", "error", err)
+	}
+}
+
+// releaseSuperseded releases every base hold of fs that a newer snapshot
+// carries too: only the newest snapshot held with a tag is the base it
+// names. After a transfer, tidy holds the new base and only then runs
+// this, so some common snapshot is held at every moment, and the answer
+// to the transfer waits for neither sync task.
+func releaseSuperseded(ctx context.Context, z Streams, fs string) error {
+	snaps, err := z.Snapshots(ctx, fs) // oldest first
+	if err != nil {
+		return err
+	}
+	holds, err := z.Holds(ctx, fs)
+	if err != nil {
+		return fmt.Errorf("listing holds on %s: %w", fs, err)
+	}
+	newest := map[string]string{} // tag -> newest snapshot holding it
+	for _, s := range snaps {
+		for _, t := range holds[s.Name] {
+			if isBaseTag(t) {
+				newest[t] = s.Name
+			}
+		}
+	}
+	for _, s := range snaps {
+		for _, t := range holds[s.Name] {
+			if isBaseTag(t) && newest[t] != s.Name {
+				if err := z.Release(ctx, s.Name, t); err != nil && !errors.Is(err, zfs.ErrNotFound) {
+					return fmt.Errorf("releasing the old base %s: %w", s.Name, err)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// isBaseTag selects the holds that protect incremental bases.
+func isBaseTag(tag string) bool { return tag == BaseHoldTag || isPeerTag(tag) }
+
+// releaseTags releases, on every snapshot of fs, the hold tags drop
+// selects. A copy that changed roles keeps no holds of its old role.
+// Here and in the other bookkeeping, a snapshot that vanished since the
+// listing (destroyed by a delete or a concurrent prune) is done with.
+func releaseTags(ctx context.Context, z Streams, fs string, drop func(tag string) bool) error {
+	holds, err := z.Holds(ctx, fs)
+	if err != nil {
+		return fmt.Errorf("listing holds on %s: %w", fs, err)
+	}
+	for snap, tags := range holds {
+		for _, t := range tags {
+			if drop(t) {
+				if err := z.Release(ctx, snap, t); err != nil && !errors.Is(err, zfs.ErrNotFound) {
+					return fmt.Errorf("releasing %s on %s: %w", t, snap, err)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// peerTag is the hold tag of peer's base.
+func peerTag(peer string) string { return BaseHoldTag + "-" + peer }
+
+// isPeerTag selects a sender's per-peer base holds.
+func isPeerTag(tag string) bool { return strings.HasPrefix(tag, peerTag("")) }
+
+// isReceiverTag selects a receiver's base hold.
+func isReceiverTag(tag string) bool { return tag == BaseHoldTag }
+
+// prune destroys the replication snapshots of fs beyond the newest keep
+// that carry no hold and are not in spare. Bases are held or spared, so
+// they always stay.
+func prune(ctx context.Context, z Streams, fs string, keep int, spare ...string) error {
+	snaps, err := z.Snapshots(ctx, fs)
+	if err != nil {
+		return err
+	}
+	holds, err := z.Holds(ctx, fs)
+	if err != nil {
+		return err
+	}
+	var ours []string
+	for _, s := range snaps { // oldest first
+		if strings.HasPrefix(shortSnapshotName(s.Name), SnapshotPrefix) {
+			ours = append(ours, s.Name)
+		}
+	}
+	for i, name := range ours {
+		if i >= len(ours)-keep || len(holds[name]) > 0 || slices.Contains(spare, name) {
+			continue
+		}
+		if err := z.Destroy(ctx, name); err != nil && !errors.Is(err, zfs.ErrNotFound) {
+			return fmt.Errorf("pruning %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+func shortSnapshotName(full string) string {
+	_, snap, _ := strings.Cut(full, "@")
+	return snap
+}

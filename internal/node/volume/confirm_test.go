@@ -1,0 +1,72 @@
+package volume
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
+)
+
+// TestUnconfirmedPrimariesAreNotStaged: a node that restarted (a new
+// Manager over the same pool) stages a primary only once it was confirmed
+// current, and a lost lease forgets every confirmation. Found by the
+// fault-injection simulation (seed 37 with replays weighted up): a node
+// that lost power during a failover came back with its old primary and
+// staged it for a replayed publish context of the old generation. A
+// mounted primary is no exception (issue 35, defect 7): a zfs-node killed
+// during a partition left the mount to the kernel, the volume was failed
+// over, and the returning process staged the mount for its old publish
+// context; only a mount this process staged is re-staged at once.
+func TestUnconfirmedPrimariesAreNotStaged(t *testing.T) {
+	ctx := context.Background()
+	before, fake := newManager(t)
+	idle := create(t, before, CreateRequest{Name: "idle"})
+	mounted := create(t, before, CreateRequest{Name: "mounted"})
+	before.RequireConfirmation()
+	if _, unlock, err := before.Stageable(ctx, idle.ID, 1); err != nil {
+		t.Fatalf("a volume this process created: %v, want it stageable", err)
+	} else {
+		unlock()
+	}
+
+	m := NewManager(fake, before.cfg, before.log) // the process restarts
+	m.RequireConfirmation()
+	m.Mounted = func(ds string) (bool, error) { return ds == mounted.Dataset, nil }
+	if _, _, err := m.Stageable(ctx, idle.ID, 1); !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Errorf("an unconfirmed primary after a restart: %v, want Unavailable", err)
+	}
+	if _, unlock, err := m.Stageable(ctx, mounted.ID, 1); !errors.Is(err, errdefs.ErrUnavailable) {
+		if err == nil {
+			unlock()
+		}
+		t.Errorf("a mounted, unconfirmed primary after a restart, with its old publish context: %v, want Unavailable", err)
+	}
+	pending, err := m.Unconfirmed(ctx)
+	if err != nil || len(pending) != 2 || pending[idle.ID] != 1 || pending[mounted.ID] != 1 {
+		t.Fatalf("Unconfirmed = %v (%v), want both volumes, the mounted one too, at generation 1", pending, err)
+	}
+	m.Confirm(mounted.ID, 1) // the first beat
+	// Staged by this process, then its stage run again.
+	for range 2 {
+		_, unlock, err := m.Stageable(ctx, mounted.ID, 1)
+		if err != nil {
+			t.Fatalf("a mounted primary confirmed by this process: %v, want it stageable", err)
+		}
+		unlock()
+	}
+	m.Confirm(idle.ID, 2) // a confirmation of another generation
+	if _, _, err := m.Stageable(ctx, idle.ID, 1); !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Errorf("confirmed at another generation: %v, want Unavailable", err)
+	}
+	m.Confirm(idle.ID, 1)
+	if _, unlock, err := m.Stageable(ctx, idle.ID, 1); err != nil {
+		t.Errorf("a confirmed primary: %v, want it stageable", err)
+	} else {
+		unlock()
+	}
+	m.ForgetConfirmations() // the lease was lost
+	if _, _, err := m.Stageable(ctx, idle.ID, 1); !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Errorf("after the lease was lost: %v, want Unavailable", err)
+	}
+}

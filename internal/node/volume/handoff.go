@@ -1,0 +1,456 @@
+package volume
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
+)
+
+// The node's side of migration (docs/migration.md). The controller decides;
+// these steps each check, under the volume's lock, that they are safe on
+// this node's copy, and each is idempotent, so a move interrupted anywhere
+// is finished or undone by repeating it.
+
+// Copy is this node's copy of a volume, whatever its role.
+type Copy struct {
+	VolumeID   string
+	Name       string
+	Exists     bool
+	Role       string // contract.RolePrimary or contract.RoleReplica
+	Generation uint64
+	MovingTo   string
+	FencedAt   int64 // unix nanos
+	Mounted    bool
+	// LastSnapshot is the newest replication snapshot, LastSnapshotAt the
+	// time in its name (unix nanos, the source's clock).
+	LastSnapshot   string
+	LastSnapshotAt int64
+	Parameters     map[string]string
+	Capacity       uint64
+	// FailoverFrom is set on a primary promoted by failover: the newest
+	// snapshot it had; writes after it on the lost primary may be gone.
+	FailoverFrom string
+	// Forced is the generation the operator promoted this primary at
+	// without a majority of the nodes (MarkForced); 0 if never.
+	Forced uint64
+	// HistoryFrom is the oldest generation whose every snapshot is an
+	// earlier state of this copy (volume.HistoryFrom).
+	HistoryFrom uint64
+	// LeaseFenced: read-only since this node lost its lease.
+	LeaseFenced bool
+	// quota is the dataset's quota property as set (QuotaProperty), 0
+	// when unset: a replica received with its primary's quota needs no
+	// separate step to set it when promoted.
+	quota uint64
+}
+
+// notMoving is the value of PropMovingTo on a primary that is not fenced.
+const notMoving = "-"
+
+// notDemoted is the value of PropDemotedAt on a copy promoted since its
+// demotion.
+const notDemoted = "-"
+
+// DemotedAt reads PropDemotedAt: when a replica was demoted from primary
+// after a move; zero when it was not (or was promoted since).
+func DemotedAt(value string) time.Time {
+	secs, err := strconv.ParseInt(value, 10, 64)
+	if err != nil || secs <= 0 {
+		return time.Time{}
+	}
+	return time.Unix(secs, 0)
+}
+
+func movingTo(ds zfs.Dataset) string {
+	if v := ds.User[PropMovingTo]; v != notMoving {
+		return v
+	}
+	return ""
+}
+
+func fencedAt(ds zfs.Dataset) int64 {
+	at, _ := strconv.ParseInt(ds.User[PropFencedAt], 10, 64)
+	return at
+}
+
+// copyDataset reads this node's dataset of volume id, and whether it is
+// a copy of it (a primary or a replica labelled with that ID).
+func (m *Manager) copyDataset(ctx context.Context, id string) (zfs.Dataset, bool, error) {
+	ds, err := m.zfs.Get(ctx, datasetFor(m.cfg.RootDataset, id))
+	if errors.Is(err, zfs.ErrNotFound) {
+		return zfs.Dataset{}, false, nil
+	}
+	if err != nil {
+		return zfs.Dataset{}, false, zfsError(err, "reading the copy of "+id)
+	}
+	role := ds.User[PropRole]
+	return ds, ds.User[PropVolumeID] == id && (role == contract.RolePrimary || role == contract.RoleReplica), nil
+}
+
+// Copy describes this node's copy of volume id; Exists is false if there is
+// none.
+func (m *Manager) Copy(ctx context.Context, id string) (Copy, error) {
+	out := Copy{VolumeID: id}
+	if !contract.IsVolumeID(id) {
+		return out, nil
+	}
+	dataset := datasetFor(m.cfg.RootDataset, id)
+	ds, exists, err := m.copyDataset(ctx, id)
+	if err != nil || !exists {
+		return out, err
+	}
+	role := ds.User[PropRole]
+	out.Exists, out.Role, out.Name = true, role, ds.User[PropName]
+	out.Generation, _ = strconv.ParseUint(ds.User[PropGeneration], 10, 64)
+	out.MovingTo = movingTo(ds)
+	out.FencedAt = fencedAt(ds)
+	out.Parameters = DecodeParameters(ds.User[PropParameters])
+	out.FailoverFrom = ds.User[PropFailoverLag]
+	out.Forced, _ = strconv.ParseUint(ds.User[PropForced], 10, 64)
+	out.HistoryFrom = HistoryFrom(ds.User[PropHistoryFrom], out.Generation)
+	out.LeaseFenced = leaseFencedAt(ds.User[PropLeaseFenced]) != 0
+	out.Capacity, _ = strconv.ParseUint(ds.User[PropCapacity], 10, 64)
+	out.quota = ds.RefQuota
+	if m.cfg.QuotaProperty == "quota" {
+		out.quota = ds.Quota
+	}
+	if role == contract.RolePrimary {
+		out.Capacity = out.quota
+	}
+	// Only the names: a replication snapshot's time is in its name.
+	snapshots, err := m.zfs.SnapshotNames(ctx, dataset)
+	if err != nil {
+		return out, zfsError(err, "listing the snapshots of "+id)
+	}
+	for _, s := range snapshots {
+		if at, ok := contract.ReplicationSnapshotTime(s); ok && at >= out.LastSnapshotAt {
+			out.LastSnapshot, out.LastSnapshotAt = shortName(s), at
+		}
+	}
+	if out.Mounted, err = m.mounted(dataset); err != nil {
+		return out, err
+	}
+	return out, nil
+}
+
+func (m *Manager) mounted(dataset string) (bool, error) {
+	if m.Mounted == nil {
+		return false, nil
+	}
+	mounted, err := m.Mounted(dataset)
+	if err != nil {
+		return false, fmt.Errorf("reading the mount table: %w", err)
+	}
+	return mounted, nil
+}
+
+// Fence makes the primary read-only and marks it as moving to target, so
+// that nothing writes it after the final snapshot. It is refused while the
+// volume is mounted here: the CO must unpublish it first. It returns when
+// the fence went up (unix nanos): replication snapshots taken after that
+// hold everything the volume will ever have here.
+func (m *Manager) Fence(ctx context.Context, id, target string) (int64, error) {
+	unlock, err := m.lock(ctx, id, "fence")
+	if err != nil {
+		return 0, err
+	}
+	defer unlock()
+	return m.FenceHeld(ctx, id, target, m.now().UnixNano())
+}
+
+// FenceHeld is Fence for a caller that holds the copy's lock: a move's
+// final push, which takes its snapshot under the same hold (the two
+// writes then share a pool sync). at is the fence's time; a copy fenced
+// for target already keeps its earlier one.
+func (m *Manager) FenceHeld(ctx context.Context, id, target string, at int64) (int64, error) {
+	// The schedule skips a volume being moved: it must learn of it.
+	defer m.reindex(ctx, id)
+	v, err := m.get(ctx, id)
+	if err != nil {
+		return 0, err
+	}
+	if v.MovingTo == target {
+		return v.FencedAt, nil
+	}
+	mounted, err := m.mounted(v.Dataset)
+	if err != nil {
+		return 0, err
+	}
+	if mounted {
+		return 0, fmt.Errorf("%w: volume %s is still mounted on node %s; it can move to node %s once the CO has unpublished it there",
+			errdefs.ErrFailedPrecondition, id, m.cfg.NodeID, target)
+	}
+	props := map[string]string{"readonly": "on", PropMovingTo: target, PropFencedAt: strconv.FormatInt(at, 10)}
+	if err := m.zfs.SetProperties(ctx, v.Dataset, props); err != nil {
+		return 0, zfsError(err, "fencing volume "+id)
+	}
+	m.log.Info("volume fenced for a move: read-only until the target is promoted", "volume_id", id, "target_node", target)
+	return at, nil
+}
+
+// Unfence lifts a fence: the move was abandoned and this copy stays the
+// primary. It refuses while this node's own promise record gives a
+// generation above the copy's to another node (checkNotPromisedAway).
+func (m *Manager) Unfence(ctx context.Context, id string, generation uint64) error {
+	unlock, err := m.lock(ctx, id, "unfence")
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	// The schedule skips a volume being moved: it must learn of it.
+	defer m.reindex(ctx, id)
+	v, err := m.get(ctx, id)
+	if err != nil {
+		return err
+	}
+	if v.MovingTo != "" || v.LeaseFencedAt != 0 {
+		if err := m.checkNotPromisedAway(ctx, v); err != nil {
+			return err
+		}
+	}
+	if v.LeaseFencedAt != 0 && v.MovingTo == "" {
+		return m.liftLeaseFence(ctx, v, generation)
+	}
+	if v.MovingTo == "" {
+		return nil
+	}
+	if err := m.zfs.SetProperties(ctx, v.Dataset, map[string]string{"readonly": "off", PropMovingTo: notMoving}); err != nil {
+		return zfsError(err, "unfencing volume "+id)
+	}
+	m.log.Info("move abandoned; volume writable again", "volume_id", id, "was_moving_to", v.MovingTo)
+	return nil
+}
+
+// Promote turns this node's replica into the primary at generation. For a
+// planned move (notBefore > 0) the replica must hold a snapshot the source
+// took after its fence, so nothing written there is missing. failover
+// records the newest snapshot the replica had: the recovery point. A
+// receive into the replica that is running finishes first (it holds the
+// lock), and an interrupted one is discarded (DiscardPartialReceive).
+func (m *Manager) Promote(ctx context.Context, id string, generation uint64, notBefore int64, failover bool) (Copy, error) {
+	unlock, err := m.lock(ctx, id, "promote")
+	if err != nil {
+		return Copy{}, err
+	}
+	defer unlock()
+	// Whether it is a primary may change: the index reads it again.
+	defer m.reindex(ctx, id)
+	if m.DiscardPartialReceive != nil {
+		if err := m.DiscardPartialReceive(ctx, id); err != nil {
+			return Copy{}, err
+		}
+	}
+	c, err := m.Copy(ctx, id)
+	if err != nil {
+		return Copy{}, err
+	}
+	// The promise's lock is held from the check to the promotion: a
+	// reservation that supersedes the promise (a publish to the move's
+	// source voiding it, docs/safety.md "A publish to the source while a
+	// move runs") lands either before the check, which then refuses, or
+	// after the promotion, which the controller's next look then sees.
+	unlockPromise, err := m.promiseLocks.Lock(ctx, id)
+	if err != nil {
+		return Copy{}, fmt.Errorf("%w: waiting for the promise record of volume %s: %v", errdefs.ErrAborted, id, err)
+	}
+	defer unlockPromise()
+	if promoted := c.Exists && c.Role == contract.RolePrimary && c.Generation == generation; !promoted {
+		if err := m.checkPromised(ctx, id, generation); err != nil {
+			return Copy{}, err
+		}
+	}
+	if err := m.promote(ctx, c, generation, notBefore, failover); err != nil {
+		return Copy{}, err
+	}
+	c.Role, c.Generation, c.MovingTo = contract.RolePrimary, generation, ""
+	m.Confirm(id, generation) // a majority promised it to this copy first
+	if failover {
+		c.FailoverFrom = c.LastSnapshot
+	}
+	return c, nil
+}
+
+func (m *Manager) promote(ctx context.Context, c Copy, generation uint64, notBefore int64, failover bool) error {
+	id := c.VolumeID
+	log := m.log.With("volume_id", id, "generation", generation)
+	switch {
+	case !c.Exists:
+		return fmt.Errorf("%w: node %s holds no copy of volume %s to promote", errdefs.ErrNotFound, m.cfg.NodeID, id)
+	case c.Role == contract.RolePrimary && c.Generation == generation:
+		return nil // promoted already
+	case c.Role != contract.RoleReplica:
+		return fmt.Errorf("%w: node %s holds volume %s as %s generation %d, not as a replica", errdefs.ErrFailedPrecondition, m.cfg.NodeID, id, c.Role, c.Generation)
+	case generation <= c.Generation:
+		return fmt.Errorf("%w: promoting volume %s to generation %d, but this replica is already at %d", errdefs.ErrFailedPrecondition, id, generation, c.Generation)
+	case notBefore > 0 && c.LastSnapshotAt < notBefore:
+		return fmt.Errorf("%w: this replica of volume %s ends at %s, taken before the source was fenced: send the final snapshot first",
+			errdefs.ErrFailedPrecondition, id, c.LastSnapshot)
+	}
+	props, _, err := ResolveProperties(&m.cfg, c.Parameters)
+	if err != nil {
+		return fmt.Errorf("%w: volume %s's parameters are not allowed on node %s: %v", errdefs.ErrFailedPrecondition, id, m.cfg.NodeID, err)
+	}
+	for p := range createOnlyProperties {
+		delete(props, p) // the copy has them from its stream
+	}
+	dataset := datasetFor(m.cfg.RootDataset, id)
+	// The quota first, on its own: ZFS sets a quota in a step of its own
+	// anyway, and a promotion that stops between the two steps must leave
+	// a replica with a quota, never a primary without one. A retry then
+	// finishes it. A replica usually has it already from its receives;
+	// each property change waits for a pool sync, which a move waits for.
+	if c.Capacity > 0 && c.quota != c.Capacity {
+		quota := map[string]string{m.cfg.QuotaProperty: strconv.FormatUint(c.Capacity, 10)}
+		if err := m.zfs.SetProperties(ctx, dataset, quota); err != nil {
+			return zfsError(err, "setting the quota of volume "+id+" before promoting it")
+		}
+	}
+	props["readonly"] = "off"
+	props[PropRole] = contract.RolePrimary
+	props[PropGeneration] = strconv.FormatUint(generation, 10)
+	props[PropMovingTo] = notMoving
+	props[PropDemotedAt] = notDemoted
+	// A planned move's replica holds the fenced primary's last state, so
+	// it vouches for all the fenced primary vouched for; a failover's may
+	// lack the lost primary's last writes, and vouches for nothing older.
+	props[PropHistoryFrom] = strconv.FormatUint(c.HistoryFrom, 10)
+	if failover {
+		props[PropFailoverLag] = c.LastSnapshot
+		props[PropHistoryFrom] = strconv.FormatUint(generation, 10)
+	}
+	if err := m.zfs.SetProperties(ctx, dataset, props); err != nil {
+		return zfsError(err, "promoting volume "+id)
+	}
+	if failover {
+		log.Warn("replica promoted by failover: writes on the lost primary after this snapshot are not here", "last_snapshot", c.LastSnapshot)
+	} else {
+		log.Info("replica promoted to primary", "last_snapshot", c.LastSnapshot)
+	}
+	return nil
+}
+
+// Demote retires this node's primary of volume id in favour of a primary of
+// a newer generation elsewhere. A fenced primary (a planned move) becomes a
+// replica: it has nothing the new primary lacks. Any other, or with aside,
+// is renamed to <id>-aside-<nanos>: it may hold writes made after the last
+// replication, so it is kept for an operator, never destroyed and never
+// mounted.
+func (m *Manager) Demote(ctx context.Context, id string, generation uint64, aside bool) error {
+	unlock, err := m.lock(ctx, id, "demote")
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	// Whether it is a primary may change: the index reads it again.
+	defer m.reindex(ctx, id)
+	// A push of this copy stops first: a replica or a copy set aside sends
+	// nothing.
+	if err := m.locks.StopTransfer(ctx, id); err != nil {
+		return err
+	}
+	c, err := m.Copy(ctx, id)
+	if err != nil {
+		return err
+	}
+	switch {
+	case !c.Exists || c.Role == contract.RoleReplica:
+		return nil // demoted or set aside already
+	case c.Generation >= generation:
+		return fmt.Errorf("%w: node %s holds volume %s at generation %d, not older than %d: refusing to demote it",
+			errdefs.ErrFailedPrecondition, m.cfg.NodeID, id, c.Generation, generation)
+	case c.Mounted:
+		return fmt.Errorf("%w: volume %s is mounted on node %s while generation %d is the primary elsewhere; unmount it: it is stale",
+			errdefs.ErrFailedPrecondition, id, m.cfg.NodeID, generation)
+	}
+	dataset := datasetFor(m.cfg.RootDataset, id)
+	log := m.log.With("volume_id", id, "generation", c.Generation, "new_generation", generation)
+	if c.MovingTo != "" && !aside {
+		// Marked as demoted: once the volume's other replicas are as
+		// fresh, the schedule removes it if the volume wants no more
+		// replicas (docs/replication.md, "Surplus copies").
+		props := map[string]string{"readonly": "on", PropRole: contract.RoleReplica, PropGeneration: strconv.FormatUint(generation, 10),
+			PropMovingTo: notMoving, PropCapacity: strconv.FormatUint(c.Capacity, 10), PropDemotedAt: strconv.FormatInt(m.now().Unix(), 10)}
+		if err := m.zfs.SetProperties(ctx, dataset, props); err != nil {
+			return zfsError(err, "demoting volume "+id)
+		}
+		log.Info("primary demoted to a replica after its move", "moved_to", c.MovingTo)
+		return nil
+	}
+	now := m.now()
+	props := map[string]string{"readonly": "on", PropRole: contract.RoleSetAside, PropSetAsideAt: now.UTC().Format("2006-01-02T15:04:05Z")}
+	if err := m.zfs.SetProperties(ctx, dataset, props); err != nil {
+		return zfsError(err, "setting volume "+id+" aside")
+	}
+	asideName := AsideName(dataset, now)
+	if err := m.zfs.Rename(ctx, dataset, asideName); err != nil {
+		return zfsError(err, "renaming stale volume "+id+" aside")
+	}
+	m.reindexSnapshotsOf(ctx, asideName) // its CSI snapshots moved with it
+	// Its replication holds protected bases for peers that have moved on;
+	// left in place they would make the operator's zfs destroy fail.
+	if err := m.releaseHolds(ctx, asideName); err != nil {
+		log.Warn("releasing the set-aside copy's holds failed; zfs release them before destroying it", "dataset", asideName, "error", err)
+	}
+	log.Warn("stale primary set aside: it may hold writes made after its last replication; an operator decides what to keep",
+		"dataset", asideName, "last_snapshot", c.LastSnapshot)
+	return nil
+}
+
+// Stageable returns the primary for staging after checking that this node
+// may mount it: not fenced for a move and of the generation the CO
+// published (0: not checked). unlock must be called once it is mounted, so
+// no fence or demotion overtakes the mount.
+func (m *Manager) Stageable(ctx context.Context, id string, generation uint64) (Volume, func(), error) {
+	unlock, err := m.lock(ctx, id, "stage")
+	if err != nil {
+		return Volume{}, nil, err
+	}
+	v, err := m.get(ctx, id)
+	switch {
+	case err != nil:
+	case v.MovingTo != "":
+		err = fmt.Errorf("%w: volume %s is moving to node %s and cannot be staged on node %s", errdefs.ErrFailedPrecondition, id, v.MovingTo, m.cfg.NodeID)
+	case m.LeaseHeld != nil && !m.LeaseHeld() && !v.Forced:
+		err = fmt.Errorf("%w: node %s hears from no majority of its peers (lease lost): another copy of volume %s may be promoted meanwhile, so it is not staged; retry once the node's peers answer",
+			errdefs.ErrUnavailable, m.cfg.NodeID, id)
+	case v.SupersededBy != 0:
+		err = fmt.Errorf("%w: node %s learned that generation %d of volume %s was promised to another node: its copy (generation %d) may be stale, so it is read-only and not staged; "+
+			"stop the allocation using it on this node and publish the volume again: the controller publishes the newest copy and sets this one aside",
+			errdefs.ErrFailedPrecondition, m.cfg.NodeID, v.SupersededBy, id, v.Generation)
+	case v.LeaseFencedAt != 0:
+		err = fmt.Errorf("%w: volume %s is read-only since node %s lost its lease; it is staged again once a majority of the domain confirms no newer copy exists (within a lease time)",
+			errdefs.ErrUnavailable, id, m.cfg.NodeID)
+	case generation != 0 && v.Generation != generation:
+		err = fmt.Errorf("%w: node %s holds volume %s at generation %d but generation %d was published: refusing a stale copy",
+			errdefs.ErrFailedPrecondition, m.cfg.NodeID, id, v.Generation, generation)
+	default:
+		err = m.checkConfirmed(v)
+	}
+	if err != nil {
+		unlock()
+		return Volume{}, nil, err
+	}
+	return v, unlock, nil
+}
+
+// releaseHolds releases every hold on the snapshots of dataset.
+func (m *Manager) releaseHolds(ctx context.Context, dataset string) error {
+	all, err := m.zfs.List(ctx, dataset)
+	if err != nil {
+		return err
+	}
+	for _, ds := range all {
+		if ds.Type == zfs.Snapshot {
+			if err := m.zfs.ReleaseAll(ctx, ds.Name); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,351 @@
+package volume
+
+import (
+	"context"
+	"errors"
+	"maps"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfsfake"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
+)
+
+// The node's migration steps refuse what would give two writers or lose
+// data, and repeat harmlessly.
+func TestHandoffSteps(t *testing.T) {
+	ctx := context.Background()
+	m, fake := newManager(t)
+	v := create(t, m, CreateRequest{Name: "data", RequiredBytes: 1 << 30})
+	mounted := true
+	m.Mounted = func(string) (bool, error) { return mounted, nil }
+
+	if _, err := m.Fence(ctx, v.ID, "n2"); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("fencing a mounted volume: %v, want FailedPrecondition", err)
+	}
+	mounted = false
+	at, err := m.Fence(ctx, v.ID, "n2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, err := m.Fence(ctx, v.ID, "n2"); err != nil || again != at {
+		t.Fatalf("repeated fence: %d, %v; want the first fence time %d", again, err, at)
+	}
+	if ds, _ := fake.Get(ctx, v.Dataset); !ds.ReadOnly {
+		t.Error("a fenced volume is writable")
+	}
+	if _, _, err := m.Stageable(ctx, v.ID, 1); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("staging a fenced volume: %v", err)
+	}
+	if _, err := m.CreateSnapshot(ctx, v.ID, "during-move"); !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Errorf("snapshot of a fenced volume: %v, want Unavailable", err)
+	}
+	if err := m.Unfence(ctx, v.ID, v.Generation); err != nil {
+		t.Fatal(err)
+	}
+	_, unlock, err := m.Stageable(ctx, v.ID, 1)
+	if err != nil {
+		t.Fatalf("staging after the fence was lifted: %v", err)
+	}
+	unlock()
+	if _, _, err := m.Stageable(ctx, v.ID, 2); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("staging with another generation: %v", err)
+	}
+
+	// Demotion: never of the newest generation; a fenced copy becomes a
+	// replica, an unfenced one is set aside, renamed and kept.
+	if err := m.Demote(ctx, v.ID, 1, false); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("demoting to its own generation: %v", err)
+	}
+	if err := m.Demote(ctx, v.ID, 2, false); err != nil {
+		t.Fatal(err)
+	}
+	c, err := m.Copy(ctx, v.ID)
+	if err != nil || c.Exists {
+		t.Fatalf("after setting aside, the volume's name holds %+v (%v)", c, err)
+	}
+	all, _ := fake.List(ctx, "tank/nomad")
+	aside := false
+	for _, ds := range all {
+		aside = aside || strings.HasPrefix(ds.Name, v.Dataset+"-aside-") && ds.User[PropRole] == contract.RoleSetAside && ds.ReadOnly
+	}
+	if !aside {
+		t.Errorf("no read-only set-aside copy among %v", all)
+	}
+	if err := m.Demote(ctx, v.ID, 2, false); err != nil {
+		t.Errorf("repeated demotion: %v", err)
+	}
+}
+
+// TestUnfenceRefusesACopyPromisedAway (issue 35, defect 1): a copy fenced
+// for a move stays fenced while this node's own record promises a newer
+// generation to the move's target: the target may be promoted with it at
+// any moment, and the copy would be a second primary. Once a newer
+// generation is reserved for this node's copy (the publish here
+// superseding the move's promise), the fence is lifted.
+func TestUnfenceRefusesACopyPromisedAway(t *testing.T) {
+	ctx := context.Background()
+	m, fake := newManager(t)
+	v := create(t, m, CreateRequest{Name: "moving"})
+	if _, err := m.Fence(ctx, v.ID, "n2"); err != nil {
+		t.Fatal(err)
+	}
+	if _, granted, err := m.Reserve(ctx, v.ID, 2, "n2"); err != nil || !granted {
+		t.Fatalf("reserving generation 2 for the move's target: granted %v, %v", granted, err)
+	}
+	err := m.Unfence(ctx, v.ID, v.Generation)
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "promised generation 2 of volume "+v.ID+" to node n2") {
+		t.Fatalf("unfencing a copy whose node promised generation 2 to n2: %v, want FailedPrecondition naming the promise", err)
+	}
+	if ds, _ := fake.Get(ctx, v.Dataset); !ds.ReadOnly || movingTo(ds) != "n2" {
+		t.Fatalf("after the refused unfence: read-only %v, moving to %q; want still fenced for n2", ds.ReadOnly, movingTo(ds))
+	}
+	// The publish here supersedes the move's promise, then unfences.
+	if _, granted, err := m.Reserve(ctx, v.ID, 3, "n1"); err != nil || !granted {
+		t.Fatalf("reserving generation 3 for this node: granted %v, %v", granted, err)
+	}
+	if err := m.Unfence(ctx, v.ID, v.Generation); err != nil {
+		t.Fatalf("unfencing once the promise is superseded: %v", err)
+	}
+	if ds, _ := fake.Get(ctx, v.Dataset); ds.ReadOnly || movingTo(ds) != "" {
+		t.Errorf("after the unfence: read-only %v, moving to %q; want writable and not moving", ds.ReadOnly, movingTo(ds))
+	}
+}
+
+// TestADemotedPrimaryIsMarked: a primary demoted after its move carries
+// the time of its demotion (the schedule removes it once the volume's
+// other replicas are as fresh: docs/replication.md, "Surplus copies"); a
+// promotion of it clears the mark, so a primary never carries one.
+func TestADemotedPrimaryIsMarked(t *testing.T) {
+	ctx := context.Background()
+	m, fake := newManager(t)
+	demotedAt := time.Unix(1_800_000_000, 0)
+	m.now = func() time.Time { return demotedAt }
+	v := create(t, m, CreateRequest{Name: "moved"})
+	mark := func() string {
+		t.Helper()
+		ds, err := fake.Get(ctx, v.Dataset)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ds.User[PropDemotedAt]
+	}
+	if got := DemotedAt(mark()); !got.IsZero() {
+		t.Fatalf("a new primary is marked demoted at %v", got)
+	}
+	if _, err := m.Fence(ctx, v.ID, "n2"); err != nil {
+		t.Fatal(err)
+	}
+	if err := fake.Snapshot(ctx, v.Dataset+"@zn-final", nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Demote(ctx, v.ID, 2, false); err != nil {
+		t.Fatal(err)
+	}
+	if got := DemotedAt(mark()); !got.Equal(demotedAt) {
+		t.Fatalf("demoted after its move: marked %v (%q), want %v", got, mark(), demotedAt)
+	}
+	if _, granted, err := m.Reserve(ctx, v.ID, 3, "n1"); err != nil || !granted {
+		t.Fatalf("reserving generation 3: granted %v, %v", granted, err)
+	}
+	if _, err := m.Promote(ctx, v.ID, 3, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	if got := DemotedAt(mark()); !got.IsZero() {
+		t.Errorf("promoted again: still marked demoted at %v (%q)", got, mark())
+	}
+}
+
+// receivedReplica puts a replica of volume "r" in the fake as a receive
+// leaves it: read-only at generation gen, with props on top, and its
+// snapshot zn-100.
+func receivedReplica(t *testing.T, fake *zfsfake.Fake, gen uint64, props map[string]string) (id, ds string) {
+	t.Helper()
+	all := map[string]string{"readonly": "on"}
+	maps.Copy(all, props)
+	id, ds = putCopy(t, fake, "r", contract.RoleReplica, gen, all)
+	if err := fake.Snapshot(context.Background(), ds+"@zn-100", nil); err != nil {
+		t.Fatal(err)
+	}
+	return id, ds
+}
+
+func TestPromoteChecksTheReplica(t *testing.T) {
+	ctx := context.Background()
+	m, fake := newManager(t)
+	id, ds := receivedReplica(t, fake, 1, map[string]string{PropParameters: `{"compression":"lz4"}`, PropCapacity: "1073741824"})
+	tests := []struct {
+		name       string
+		generation uint64
+		notBefore  int64
+		used       uint64
+		want       error
+	}{
+		{"not newer than the replica", 1, 0, 0, errdefs.ErrFailedPrecondition},
+		// The controller reserves a generation on a majority first.
+		{"generation not reserved", 2, 100, 0, errdefs.ErrFailedPrecondition},
+		{"final snapshot missing", 2, 200, 0, errdefs.ErrFailedPrecondition},
+		// ZFS refuses a quota below the space used but sets the other
+		// properties of the same call: the quota goes first, alone, so
+		// the copy stays a replica, and a retry finishes the promotion.
+		{"quota cannot be set", 2, 100, 2 << 30, nil},
+		{"planned move", 2, 100, 0, nil},
+		{"repeated", 2, 100, 0, nil},
+	}
+	for _, tt := range tests {
+		if tt.name == "final snapshot missing" {
+			if _, granted, err := m.Reserve(ctx, id, 2, "n1"); err != nil || !granted {
+				t.Fatalf("reserving generation 2: granted %v, %v", granted, err)
+			}
+		}
+		fake.SetUsed(ds, tt.used)
+		_, err := m.Promote(ctx, id, tt.generation, tt.notBefore, false)
+		if tt.used > 0 {
+			if c, _ := m.Copy(ctx, id); err == nil || c.Role != contract.RoleReplica {
+				t.Errorf("%s: %v, and the copy is a %s; want an error and still a replica", tt.name, err, c.Role)
+			}
+			continue
+		}
+		if tt.want == nil && err != nil || tt.want != nil && !errors.Is(err, tt.want) {
+			t.Errorf("%s: %v, want %v", tt.name, err, tt.want)
+		}
+	}
+	v, err := m.Get(ctx, id)
+	if err != nil || v.Generation != 2 || v.Capacity != 1<<30 {
+		t.Fatalf("promoted volume: %+v, %v", v, err)
+	}
+}
+
+// TestDeleteAndDemoteStopTheTransfer: a delete or demotion stops the
+// volume's running transfer (a push) and waits for it, holding the copy's
+// one lock, so no push can snapshot or send the copy meanwhile and no
+// second lock is taken in another order.
+func TestDeleteAndDemoteStopTheTransfer(t *testing.T) {
+	ctx := context.Background()
+	ops := []struct {
+		name string
+		run  func(m *Manager, id string) error
+	}{
+		{"delete", func(m *Manager, id string) error { return m.Delete(ctx, id) }},
+		{"demote", func(m *Manager, id string) error { return m.Demote(ctx, id, 2, true) }},
+	}
+	for _, op := range ops {
+		t.Run(op.name, func(t *testing.T) {
+			m, _ := newManager(t)
+			v := create(t, m, CreateRequest{Name: "v"})
+			tctx, end, err := m.Locks().StartTransfer(ctx, v.ID, "a push to n2")
+			if err != nil {
+				t.Fatal(err)
+			}
+			stopped := make(chan string, 1)
+			go func() {
+				<-tctx.Done()
+				what, held := m.Locks().Held(v.ID)
+				if !held {
+					what = "nothing"
+				}
+				stopped <- what
+				end()
+			}()
+			if err := op.run(m, v.ID); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case what := <-stopped:
+				if what != op.name {
+					t.Errorf("the transfer was stopped while %s held the copy's lock, want %s", what, op.name)
+				}
+			default:
+				t.Errorf("%s returned without stopping the transfer", op.name)
+			}
+		})
+	}
+}
+
+// TestPromotionCarriesTheHistory: a planned move keeps what the replica's
+// history holds (its sender's, fenced with a final snapshot the replica
+// has); a failover starts the history at the new generation, and a copy
+// that never recorded one vouches for its own generation alone.
+func TestPromotionCarriesTheHistory(t *testing.T) {
+	tests := []struct {
+		name        string
+		historyFrom string // the replica's label; "" for none
+		failover    bool
+		want        uint64
+	}{
+		{"a planned move", "1", false, 1},
+		{"a planned move from a copy without a history", "", false, 2},
+		{"a failover", "1", true, 3},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx := context.Background()
+			m, fake := newManager(t)
+			props := map[string]string{}
+			if tt.historyFrom != "" {
+				props[PropHistoryFrom] = tt.historyFrom
+			}
+			id, _ := receivedReplica(t, fake, 2, props)
+			if _, granted, err := m.Reserve(ctx, id, 3, "n1"); err != nil || !granted {
+				t.Fatalf("reserving generation 3: granted %v, %v", granted, err)
+			}
+			notBefore := int64(100)
+			if tt.failover {
+				notBefore = 0
+			}
+			if _, err := m.Promote(ctx, id, 3, notBefore, tt.failover); err != nil {
+				t.Fatal(err)
+			}
+			c, err := m.Copy(ctx, id)
+			if err != nil || c.Generation != 3 || c.HistoryFrom != tt.want {
+				t.Errorf("promoted copy: generation %d, history from %d (%v); want 3, %d", c.Generation, c.HistoryFrom, err, tt.want)
+			}
+		})
+	}
+}
+
+// TestPromotionSetsTheQuotaOnlyWhenMissing: each property change waits for
+// a pool sync, which a move waits for. A replica received with its
+// primary's quota is promoted in one change; one without gets the quota
+// in a step of its own first.
+func TestPromotionSetsTheQuotaOnlyWhenMissing(t *testing.T) {
+	for _, tt := range []struct {
+		name     string
+		quota    string // the replica's refquota; "" for none
+		wantSets int
+	}{
+		{"the replica carries its quota", "1073741824", 1},
+		{"the replica lacks its quota", "", 2},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx := context.Background()
+			m, fake := newManager(t)
+			props := map[string]string{PropCapacity: "1073741824"}
+			if tt.quota != "" {
+				props["refquota"] = tt.quota
+			}
+			id, ds := receivedReplica(t, fake, 1, props)
+			if _, granted, err := m.Reserve(ctx, id, 2, "n1"); err != nil || !granted {
+				t.Fatalf("reserving generation 2: granted %v, %v", granted, err)
+			}
+			sets := 0
+			fake.Before = func(op, name string) {
+				if op == "set" && name == ds {
+					sets++
+				}
+			}
+			if _, err := m.Promote(ctx, id, 2, 100, false); err != nil {
+				t.Fatal(err)
+			}
+			fake.Before = nil
+			if sets != tt.wantSets {
+				t.Errorf("the promotion changed properties %d times, want %d", sets, tt.wantSets)
+			}
+			if v, err := m.Get(ctx, id); err != nil || v.Capacity != 1<<30 {
+				t.Errorf("promoted volume: %+v, %v; want 1 GiB", v, err)
+			}
+		})
+	}
+}

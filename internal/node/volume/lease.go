@@ -1,0 +1,223 @@
+package volume
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
+)
+
+// A node that lost its lease (package lease) makes its mounted primaries
+// read-only: while it hears from no majority of its peers, another copy
+// may be promoted, and two writers must never be (docs/safety.md,
+// "Leases"). The mark lives on the dataset, so a restart keeps it.
+
+// leaseFencedAt reads PropLeaseFenced: unix nanos, or 0 when not fenced.
+func leaseFencedAt(v string) int64 {
+	at, err := strconv.ParseInt(v, 10, 64)
+	if err != nil {
+		return 0
+	}
+	return at
+}
+
+// SelfFence makes every mounted primary of this node read-only (writes
+// fail with EROFS) and marks it as fenced by the lease. It returns the IDs
+// it fenced now; ones fenced already, moving or not mounted are left, and
+// so is a copy the operator forced without a majority (promote -force):
+// the operator took on what the lease guards against. It lists the pool
+// rather than trusting the primary index: it is the guard against two
+// writers, and runs only while the lease is lost.
+//
+// It fences the volumes all at once (selfFenceParallel at a time): each
+// may wait up to copylock.DefaultWait for its lock, and the lease margin allows
+// for one such wait (config.FenceAllowance), not one per volume.
+func (m *Manager) SelfFence(ctx context.Context) ([]string, error) {
+	vols, err := m.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var (
+		mu     sync.Mutex
+		fenced []string
+		errs   []error
+		g      errgroup.Group
+	)
+	g.SetLimit(selfFenceParallel)
+	for _, v := range vols {
+		if v.LeaseFencedAt != 0 || v.MovingTo != "" || v.Forced {
+			continue
+		}
+		g.Go(func() error {
+			ok, err := m.selfFence(ctx, v.ID)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = append(errs, err)
+			} else if ok {
+				fenced = append(fenced, v.ID)
+			}
+			return nil // every volume is tried, whatever the others do
+		})
+	}
+	_ = g.Wait()
+	slices.Sort(fenced)
+	return fenced, errors.Join(errs...)
+}
+
+// selfFenceParallel bounds the volumes SelfFence fences at once. Most of
+// the time is waiting for a busy lock or for the remount, not work; a
+// node with more mounted primaries than this whose locks are all busy at
+// once needs one FenceAllowance per round of them (docs/safety.md).
+const selfFenceParallel = 64
+
+func (m *Manager) selfFence(ctx context.Context, id string) (bool, error) {
+	unlock, err := m.lock(ctx, id, "self-fence after losing the lease")
+	if err != nil {
+		return false, err
+	}
+	defer unlock()
+	v, err := m.get(ctx, id)
+	if err != nil {
+		return false, err
+	}
+	if v.LeaseFencedAt != 0 || v.MovingTo != "" || v.Forced {
+		return false, nil
+	}
+	mounted, err := m.mounted(v.Dataset)
+	if err != nil || !mounted {
+		return false, err
+	}
+	props := map[string]string{"readonly": "on", PropLeaseFenced: strconv.FormatInt(m.now().UnixNano(), 10)}
+	if err := m.zfs.SetProperties(ctx, v.Dataset, props); err != nil {
+		return false, zfsError(err, "making volume "+id+" read-only after losing the lease")
+	}
+	m.log.Warn("lease lost: volume made read-only; writes fail until a majority of the nodes confirms no newer copy exists",
+		"volume_id", id, "generation", v.Generation)
+	return true, nil
+}
+
+// supersededBy reads PropSuperseded: the newer generation promised
+// elsewhere, or 0.
+func supersededBy(v string) uint64 {
+	g, _ := strconv.ParseUint(v, 10, 64)
+	return g
+}
+
+// FenceSuperseded makes this node's primary of volume id read-only because
+// it learned that generation newer, above the copy's generation, was
+// promised elsewhere (the heartbeat's Promises round, this node's own
+// record): another copy may be the primary now, and this one must take
+// no write, whatever is mounted (issue 35, defect 7). It is the lease's
+// fence, readonly=on with PropLeaseFenced, and PropSuperseded saying why:
+// the marks live on the dataset, so a restart keeps them, and nothing
+// that does not know about a newer promise lifts them. The heartbeat lifts
+// a lease fence only once a majority of the domain confirms that no
+// generation above the copy's was promised, which cannot happen while the
+// promise stands; the controller's Unfence lifts it only when a publish
+// finds this copy the newest (the promise was never used: an abandoned
+// move or failover), as it does any lease fence. Stageable refuses the
+// copy meanwhile, naming the newer generation. A copy fenced for a move is
+// read-only already and left as it is; so is one of another generation
+// (it changed meanwhile). It reports whether it fenced the copy now.
+func (m *Manager) FenceSuperseded(ctx context.Context, id string, generation, newer uint64) (bool, error) {
+	// The heartbeat asks again at every beat while the copy stays
+	// unconfirmed: one fenced already is seen without waiting for the
+	// copy's lock, which a receive or a push may hold.
+	if v, err := m.get(ctx, id); err == nil && v.SupersededBy >= newer {
+		return false, nil
+	}
+	unlock, err := m.lock(ctx, id, "fencing a copy superseded elsewhere")
+	if err != nil {
+		return false, err
+	}
+	defer unlock()
+	v, err := m.get(ctx, id)
+	if errors.Is(err, errdefs.ErrNotFound) || errors.Is(err, errdefs.ErrFailedPrecondition) {
+		return false, nil // gone or no primary any more
+	}
+	if err != nil {
+		return false, err
+	}
+	if v.Generation != generation || newer <= generation || v.MovingTo != "" || v.SupersededBy >= newer {
+		return false, nil
+	}
+	m.forgetConfirmation(id)
+	props := map[string]string{"readonly": "on", PropSuperseded: strconv.FormatUint(newer, 10)}
+	if v.LeaseFencedAt == 0 {
+		props[PropLeaseFenced] = strconv.FormatInt(m.now().UnixNano(), 10)
+	}
+	if err := m.zfs.SetProperties(ctx, v.Dataset, props); err != nil {
+		return false, zfsError(err, "making volume "+id+" read-only: a newer generation was promised elsewhere")
+	}
+	mounted, _ := m.mounted(v.Dataset)
+	m.log.Warn("a newer generation of the volume was promised elsewhere: this copy is made read-only and is not staged; the controller publishes the newest copy",
+		"volume_id", id, "generation", generation, "promised", newer, "mounted", mounted)
+	return true, nil
+}
+
+// LeaseFenced returns the primaries fenced by the lease, with their
+// generations.
+func (m *Manager) LeaseFenced(ctx context.Context) (map[string]uint64, error) {
+	vols, err := m.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]uint64{}
+	for _, v := range vols {
+		if v.LeaseFencedAt != 0 {
+			out[v.ID] = v.Generation
+		}
+	}
+	return out, nil
+}
+
+// LiftLeaseFence makes the primary writable again once a majority of the
+// domain confirmed that none of them promised a generation above
+// generation: no other copy can have been promoted. It does nothing to a
+// copy of another generation or one fenced for a move.
+func (m *Manager) LiftLeaseFence(ctx context.Context, id string, generation uint64) error {
+	unlock, err := m.lock(ctx, id, "lifting the lease fence")
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	v, err := m.get(ctx, id)
+	if err != nil {
+		return err
+	}
+	return m.liftLeaseFence(ctx, v, generation)
+}
+
+// liftLeaseFence makes v writable again if it is fenced by the lease, of
+// generation, and the node holds its lease again. The caller holds the
+// volume's lock.
+func (m *Manager) liftLeaseFence(ctx context.Context, v Volume, generation uint64) error {
+	id := v.ID
+	if v.LeaseFencedAt == 0 {
+		return nil
+	}
+	if m.LeaseHeld != nil && !m.LeaseHeld() {
+		return fmt.Errorf("%w: node %s hears from no majority of its peers (every domain): volume %s stays read-only until it does", errdefs.ErrUnavailable, m.cfg.NodeID, id)
+	}
+	if v.Generation != generation || v.MovingTo != "" {
+		return fmt.Errorf("%w: volume %s is at generation %d (moving to %q); the confirmation was for generation %d",
+			errdefs.ErrFailedPrecondition, id, v.Generation, v.MovingTo, generation)
+	}
+	if v.SupersededBy != 0 {
+		m.log.Warn("lifting the fence of a copy a newer generation was promised elsewhere for: the controller found no newer copy (the promise was never used)",
+			"volume_id", id, "generation", generation, "promised", v.SupersededBy)
+	}
+	if err := m.zfs.SetProperties(ctx, v.Dataset, map[string]string{"readonly": "off", PropLeaseFenced: "-", PropSuperseded: "-"}); err != nil {
+		return zfsError(err, "making volume "+id+" writable again")
+	}
+	m.log.Info("lease held again and no newer copy exists: volume writable again", "volume_id", id, "generation", generation)
+	m.Confirm(id, generation)
+	return nil
+}

@@ -1,0 +1,204 @@
+//go:build linux && cgo
+
+package libzfs
+
+/*
+#include "shim.h"
+*/
+import "C"
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"unsafe"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfscmd"
+)
+
+// Streams is what replication needs of ZFS: the streams (send, receive,
+// size estimates) from zfscmd, each its own process so a long transfer
+// never holds a libzfs handle; and the short reads, snapshots and holds
+// around them in process. A zfs command costs a process
+// start and a libzfs_init each; on the critical path of a move there are
+// a dozen of them.
+type Streams struct {
+	zfscmd.Cmd
+	z *ZFS
+}
+
+// Streams returns the replication view of z, running streams with cmd.
+func (z *ZFS) Streams(cmd zfscmd.Cmd) Streams { return Streams{Cmd: cmd, z: z} }
+
+// propValueMax bounds a property value (a resume token is the longest).
+const propValueMax = 8192
+
+// GetAll reads several properties; those unset or not applicable are "-".
+func (s Streams) GetAll(ctx context.Context, dataset string, props ...string) (map[string]string, error) {
+	if err := zfs.ValidateName(dataset); err != nil {
+		return nil, err
+	}
+	var values map[string]string
+	err := s.z.do(ctx, func(h handle) error {
+		return h.withDataset("get", dataset, func(zh *C.zfs_handle_t) error {
+			values = readProps(zh, props)
+			return nil
+		})
+	})
+	return values, err
+}
+
+// readProps reads props of the open dataset zh as `zfs get -Hp` prints
+// them ("-" when unset).
+func readProps(zh *C.zfs_handle_t, props []string) map[string]string {
+	values := make(map[string]string, len(props))
+	buf := (*C.char)(C.malloc(propValueMax))
+	defer C.free(unsafe.Pointer(buf))
+	for _, p := range props {
+		cp := C.CString(p)
+		C.prop_get(zh, cp, buf, propValueMax)
+		C.free(unsafe.Pointer(cp))
+		values[p] = C.GoString(buf)
+	}
+	return values
+}
+
+// Get reads one property ("-" when unset).
+func (s Streams) Get(ctx context.Context, dataset, prop string) (string, error) {
+	values, err := s.GetAll(ctx, dataset, prop)
+	return values[prop], err
+}
+
+// Set sets properties on a dataset.
+func (s Streams) Set(ctx context.Context, dataset string, props map[string]string) error {
+	return s.z.SetProperties(ctx, dataset, props)
+}
+
+// Rename renames a filesystem with its snapshots, in process.
+func (s Streams) Rename(ctx context.Context, from, to string) error {
+	return s.z.Rename(ctx, from, to)
+}
+
+// Snapshot creates a snapshot.
+func (s Streams) Snapshot(ctx context.Context, name string) error {
+	return s.z.Snapshot(ctx, name, nil)
+}
+
+// Destroy destroys one snapshot.
+func (s Streams) Destroy(ctx context.Context, snapshot string) error {
+	if !strings.Contains(snapshot, "@") {
+		return fmt.Errorf("refusing to destroy %q: not a snapshot name", snapshot)
+	}
+	return s.z.Destroy(ctx, snapshot)
+}
+
+// Snapshots lists the snapshots of one filesystem, oldest first.
+func (s Streams) Snapshots(ctx context.Context, fs string) ([]zfscmd.Snap, error) {
+	lines, err := s.z.snapshotLines(ctx, fs, C.SNAPSHOT_DETAILS)
+	if err != nil {
+		return nil, err
+	}
+	snaps := make([]zfscmd.Snap, 0, len(lines))
+	for _, line := range lines {
+		f := strings.Split(line, "\t")
+		if len(f) != 5 {
+			return nil, fmt.Errorf("listing snapshots of %s: unexpected line %q", fs, line)
+		}
+		guid, err1 := strconv.ParseUint(f[1], 10, 64)
+		txg, err2 := strconv.ParseUint(f[2], 10, 64)
+		created, err3 := strconv.ParseInt(f[3], 10, 64)
+		if err := errors.Join(err1, err2, err3); err != nil {
+			return nil, fmt.Errorf("listing snapshots of %s: line %q: %w", fs, line, err)
+		}
+		snaps = append(snaps, zfscmd.Snap{Name: f[0], GUID: guid, CreateTXG: txg, Created: created, Deferred: f[4] == "1"})
+	}
+	sort.Slice(snaps, func(i, j int) bool { return snaps[i].CreateTXG < snaps[j].CreateTXG })
+	return snaps, nil
+}
+
+// Holds returns the hold tags of every snapshot of fs that has any.
+func (s Streams) Holds(ctx context.Context, fs string) (map[string][]string, error) {
+	lines, err := s.z.snapshotLines(ctx, fs, C.SNAPSHOT_HOLDS)
+	if err != nil {
+		return nil, err
+	}
+	holds := map[string][]string{}
+	for _, line := range lines {
+		if snap, tag, ok := strings.Cut(line, "\t"); ok {
+			holds[snap] = append(holds[snap], tag)
+		}
+	}
+	for _, tags := range holds {
+		sort.Strings(tags)
+	}
+	return holds, nil
+}
+
+// Children lists the filesystems directly below parent with props, read
+// from the listing's own handles.
+func (s Streams) Children(ctx context.Context, parent string, props ...string) ([]zfscmd.Child, error) {
+	if err := zfs.ValidateName(parent); err != nil {
+		return nil, err
+	}
+	var children []zfscmd.Child
+	err := s.z.do(ctx, func(h handle) error {
+		var err error
+		children, err = eachListed(h, parent, childFilesystems(h), func(zh *C.zfs_handle_t) zfscmd.Child {
+			return zfscmd.Child{Name: C.GoString(C.zfs_get_name(zh)), Props: readProps(zh, props)}
+		})
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	sort.Slice(children, func(i, j int) bool { return children[i].Name < children[j].Name })
+	return children, nil
+}
+
+// ResumeToken decodes a receive resume token with libzfs itself, so a
+// sender can check what a peer's token asks for before it sends.
+func (s Streams) ResumeToken(ctx context.Context, token string) (zfscmd.ResumeInfo, error) {
+	var info zfscmd.ResumeInfo
+	err := s.z.do(ctx, func(h handle) error {
+		ct := C.CString(token)
+		defer C.free(unsafe.Pointer(ct))
+		var out C.resume_info_t
+		if C.resume_token_info(h.h, ct, &out) != 0 {
+			return fmt.Errorf("the resume token does not decode: %s", C.GoString(C.last_error(h.h)))
+		}
+		info = zfscmd.ResumeInfo{ToName: C.GoString(&out.toname[0]), ToGUID: uint64(out.toguid), FromGUID: uint64(out.fromguid), Raw: out.raw != 0}
+		return nil
+	})
+	return info, err
+}
+
+// Hold puts hold tag on snapshot; holding twice is fine.
+func (s Streams) Hold(ctx context.Context, snapshot, tag string) error {
+	return s.holdOrRelease(ctx, "hold", snapshot, tag, C.EZFS_REFTAG_HOLD, func(h handle, cs, ct *C.char) C.int { return C.hold_or_release(h.h, cs, ct, 0) })
+}
+
+// Release removes hold tag from snapshot; a missing hold is fine.
+func (s Streams) Release(ctx context.Context, snapshot, tag string) error {
+	return s.holdOrRelease(ctx, "release", snapshot, tag, C.EZFS_REFTAG_RELE, func(h handle, cs, ct *C.char) C.int { return C.hold_or_release(h.h, cs, ct, 1) })
+}
+
+// holdOrRelease runs op, taking the errno that says it was done already
+// as success.
+func (s Streams) holdOrRelease(ctx context.Context, op, snapshot, tag string, done C.int, f func(h handle, cs, ct *C.char) C.int) error {
+	if err := zfs.ValidateName(snapshot); err != nil || !strings.Contains(snapshot, "@") {
+		return fmt.Errorf("zfs %s %s: not a snapshot name", op, snapshot)
+	}
+	return s.z.do(ctx, func(h handle) error {
+		cs, ct := C.CString(snapshot), C.CString(tag)
+		defer C.free(unsafe.Pointer(cs))
+		defer C.free(unsafe.Pointer(ct))
+		if f(h, cs, ct) == 0 || h.errno() == done {
+			return nil
+		}
+		return h.lastError(op+" "+tag, snapshot)
+	})
+}

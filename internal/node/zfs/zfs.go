@@ -1,0 +1,197 @@
+// Package zfs is the driver's narrow view of ZFS: the few dataset operations
+// the volume logic needs, as plain Go types.
+//
+// Two implementations exist: package zfs/libzfs (go-libzfs, cgo, the real
+// thing, linked only into zfs-node) and package zfs/zfsfake (in memory, for
+// unit tests of logic). Nothing above this package knows which one it has.
+//
+// Names are full ZFS names ("tank/volumes/vol-1", "tank/volumes/vol-1@snap").
+// Callers validate names before they get here; implementations refuse names
+// that are not plain dataset or snapshot names anyway (see ValidateName).
+package zfs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/zfsname"
+)
+
+// Type says whether a dataset is a filesystem or a snapshot. Volumes are
+// filesystems; zvols are not used.
+type Type int
+
+const (
+	Filesystem Type = iota + 1
+	Snapshot
+)
+
+func (t Type) String() string {
+	switch t {
+	case Filesystem:
+		return "filesystem"
+	case Snapshot:
+		return "snapshot"
+	}
+	return fmt.Sprintf("type(%d)", int(t))
+}
+
+// Dataset is what the driver reads about one filesystem or snapshot.
+type Dataset struct {
+	Name string
+	Type Type
+	// Used is the space the dataset and its descendants use; for a snapshot,
+	// the space only it holds.
+	Used uint64
+	// Referenced is the data the dataset (or snapshot) refers to.
+	Referenced uint64
+	// Available is the space left for the dataset, bounded by quotas.
+	Available uint64
+	// Quota and RefQuota are 0 when unset.
+	Quota    uint64
+	RefQuota uint64
+	Created  time.Time
+	// Origin is the snapshot a clone was made from, "" otherwise.
+	Origin string
+	// DeferDestroy is set on a snapshot whose destroy waits for its clones.
+	DeferDestroy bool
+	// ReadOnly is the readonly property.
+	ReadOnly bool
+	// User holds the user properties ("module:name") set locally on the dataset.
+	User map[string]string
+	// GUID is ZFS's: a snapshot keeps it across send and receive, so two
+	// snapshots of one name are the same snapshot only when their GUIDs
+	// agree (a stream may bring any name). CreateTXG is the pool's own
+	// transaction group that created the dataset here (a received
+	// snapshot's is the receive's, whatever the stream says): the lower
+	// of two was on the pool first. Both are 0 when not read.
+	GUID      uint64
+	CreateTXG uint64
+	// Encrypted is set on a filesystem whose encryption is not off,
+	// KeyRoot when it is its own encryption root (its key is its own,
+	// not a parent's or a clone origin's), and KeyLoaded while the key
+	// that opens it is loaded (keystatus=available): only then can it be
+	// mounted.
+	Encrypted bool
+	KeyRoot   bool
+	KeyLoaded bool
+}
+
+// Parent returns the name of the dataset holding name: the filesystem of a
+// snapshot, the parent of a filesystem, "" for a pool.
+func Parent(name string) string {
+	if i := strings.IndexByte(name, '@'); i >= 0 {
+		return name[:i]
+	}
+	if i := strings.LastIndexByte(name, '/'); i >= 0 {
+		return name[:i]
+	}
+	return ""
+}
+
+// Errors the implementations return, wrapped with detail. Callers test them
+// with errors.Is.
+var (
+	ErrNotFound = errors.New("dataset does not exist")
+	ErrExists   = errors.New("dataset already exists")
+	// ErrHasDependents: the dataset has snapshots, children or clones.
+	ErrHasDependents = errors.New("dataset has dependents")
+	// ErrBusy: the dataset is mounted or in use.
+	ErrBusy = errors.New("dataset is busy")
+	// ErrUnavailable: ZFS itself cannot be used (no /dev/zfs, no pool).
+	ErrUnavailable = errors.New("zfs is unavailable")
+	// ErrStreamUnsupported: zfs receive refused a stream at its first
+	// record because the stream uses a feature this OpenZFS release
+	// lacks (a newer release sent it); nothing was received.
+	ErrStreamUnsupported = errors.New("the stream uses a ZFS feature this OpenZFS release cannot receive")
+	// ErrWrongKey: a key did not unlock an encrypted dataset; nothing
+	// was loaded.
+	ErrWrongKey = errors.New("the key does not unlock the dataset")
+)
+
+// DatasetManager reads and changes datasets under the node's root dataset.
+type DatasetManager interface {
+	// Get returns one filesystem or snapshot.
+	Get(ctx context.Context, name string) (Dataset, error)
+	// List returns the filesystem name and everything below it: child
+	// filesystems and the snapshots of all of them.
+	List(ctx context.Context, name string) ([]Dataset, error)
+	// Children returns the filesystems directly below name, without
+	// snapshots: much cheaper than List when only those are needed.
+	Children(ctx context.Context, name string) ([]Dataset, error)
+	// UserProperty reads one user property set on name itself; ok is
+	// false when it is not set there. Get reads only the properties the
+	// implementation was given; this reads any.
+	UserProperty(ctx context.Context, name, key string) (value string, ok bool, err error)
+	// OwnUserProperties reads the user properties set on name itself
+	// whose keys start with prefix, in one read.
+	OwnUserProperties(ctx context.Context, name, prefix string) (map[string]string, error)
+	// ClearUserProperty removes user property key set on name itself, as
+	// zfs inherit does; one not set there is no error.
+	ClearUserProperty(ctx context.Context, name, key string) error
+	// SnapshotNames returns the names ("fs@snap") of fs's snapshots,
+	// sorted, without reading their properties.
+	SnapshotNames(ctx context.Context, fs string) ([]string, error)
+	// CreateFilesystem creates name with the given native and user
+	// properties set at once, so a crash never leaves it half-labelled.
+	CreateFilesystem(ctx context.Context, name string, props map[string]string) error
+	// Snapshot creates snapshot name ("fs@snap") with user properties.
+	Snapshot(ctx context.Context, name string, props map[string]string) error
+	// Clone creates filesystem name from snapshot with properties.
+	Clone(ctx context.Context, snapshot, name string, props map[string]string) error
+	// SetProperties sets native or user properties.
+	SetProperties(ctx context.Context, name string, props map[string]string) error
+	// Rename renames a filesystem.
+	Rename(ctx context.Context, from, to string) error
+	// Destroy destroys a filesystem without snapshots or children, or a
+	// snapshot without clones. ErrHasDependents otherwise.
+	Destroy(ctx context.Context, name string) error
+	// DestroyDeferred destroys a snapshot now, or once its last clone is
+	// gone (zfs destroy -d).
+	DestroyDeferred(ctx context.Context, name string) error
+	// ReleaseAll removes every user hold from a snapshot.
+	ReleaseAll(ctx context.Context, snapshot string) error
+}
+
+// Pools checks the pool under the root dataset.
+type Pools interface {
+	// PoolHealth returns nil when the pool is imported and ONLINE.
+	PoolHealth(ctx context.Context, pool string) error
+}
+
+// Encryption creates and copies encrypted filesystems and loads and
+// unloads their keys. Every encrypted volume is its own encryption root,
+// with keyformat passphrase and keylocation prompt: the key is never
+// stored on the node. libzfs takes no key material from its caller (it
+// prompts or reads a file), so package zfscmd implements this with the
+// zfs command and the passphrase on its standard input.
+type Encryption interface {
+	// CreateEncrypted creates filesystem name with props, encrypted with
+	// passphrase; its key is loaded afterwards.
+	CreateEncrypted(ctx context.Context, name string, props map[string]string, passphrase []byte) error
+	// CopyEncrypted makes filesystem target, with props, a copy of the
+	// encrypted snapshot: its own encryption root with the same key, not
+	// a clone (a clone would share its origin's encryption root, whose
+	// key it would need loaded), and without the snapshot. No key is
+	// loaded.
+	CopyEncrypted(ctx context.Context, snapshot, target string, props map[string]string) error
+	// LoadKey loads the key of encryption root fs. A key loaded already
+	// is no error; a wrong one is ErrWrongKey.
+	LoadKey(ctx context.Context, fs string, passphrase []byte) error
+	// UnloadKey unloads the key of encryption root fs; one not loaded is
+	// no error, a mounted fs is ErrBusy.
+	UnloadKey(ctx context.Context, fs string) error
+}
+
+// Interface is everything a node needs from ZFS.
+type Interface interface {
+	DatasetManager
+	Pools
+}
+
+// ValidateName refuses anything that is not a plain filesystem or snapshot
+// name (zfsname.Validate).
+var ValidateName = zfsname.Validate

@@ -1,0 +1,335 @@
+package zfsfake_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/test/bufconn"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/node/copylock"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/replication"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/volume"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfscmd"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
+	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
+)
+
+// TestRealReplication runs the real Pusher and Receiver over two fakes,
+// through gRPC in memory: the fake must be the pool they expect, for a
+// full push, a resumed one and an incremental one.
+func TestRealReplication(t *testing.T) {
+	src, dst, id, fs := primaryAndPeer(t)
+	push := pusherTo(t, src, dst)
+
+	check := func(kind string) {
+		t.Helper()
+		prog, err := push(id)
+		if err != nil || prog.Kind != kind {
+			t.Fatalf("push: %+v, %v; want a %s push", prog, err, kind)
+		}
+		snaps := dst.snaps(t, fs)
+		newest := snaps[len(snaps)-1]
+		if got, want := dst.content(t, newest.Name), src.content(t, newest.Name); !slices.Equal(got, want) {
+			t.Errorf("after the %s push the replica's %s holds %v, the source's %v", kind, newest.Name, got, want)
+		}
+		if tok := dst.get(t, fs, "receive_resume_token"); tok != "-" {
+			t.Errorf("after the %s push the replica has a resume token", kind)
+		}
+	}
+	must(t, src.Write(fs, "a"))
+	check(replication.KindFull)
+
+	// A push whose stream broke: the replica keeps a partial receive of
+	// a snapshot the source has, and the next push resumes it.
+	must(t, src.Write(fs, "b"))
+	base := src.snaps(t, fs)[0].Name
+	must(t, src.s.Snapshot(ctx, fs+"@zn-1"))
+	stream := src.send(t, zfscmd.SendSpec{Snapshot: fs + "@zn-1", Base: base})
+	if err := dst.s.Receive(ctx, fs, nil, bytes.NewReader(stream[:400])); err == nil {
+		t.Fatal("a cut stream was received whole")
+	}
+	check(replication.KindResume)
+	if got := dst.content(t, fs+"@zn-1"); !slices.Equal(got, []string{"a", "b"}) {
+		t.Errorf("the resumed snapshot holds %v", got)
+	}
+
+	must(t, src.Write(fs, "c"))
+	check(replication.KindIncremental)
+	if got := dst.content(t, fs); !slices.Equal(got, []string{"a", "b", "c"}) {
+		t.Errorf("the replica holds %v", got)
+	}
+}
+
+// primaryAndPeer returns two nodes, the first holding a primary at
+// generation 1, with its volume ID and dataset.
+func primaryAndPeer(t *testing.T) (src, dst node, id, fs string) {
+	id = "vol-0123456789abcdef0123"
+	src, dst = newNode(t, 1, "tank/nomad"), newNode(t, 2, "tank/nomad")
+	fs = "tank/nomad/" + id
+	must(t, src.CreateFilesystem(ctx, fs, map[string]string{volume.PropRole: contract.RolePrimary, volume.PropVolumeID: id,
+		volume.PropGeneration: "1", volume.PropName: "v", "refquota": "1000000"}))
+	return src, dst, id, fs
+}
+
+// pusherTo returns a push of a volume from src to a Receiver on dst.
+func pusherTo(t *testing.T, src, dst node) func(id string) (replication.Progress, error) {
+	p := pusherWith(t, src, dst, new(copylock.Locks))
+	return func(id string) (replication.Progress, error) {
+		return p.Push(ctx, id, "n2", 0, func(replication.Progress) {})
+	}
+}
+
+// TestFencedPush: a move's final push fences the primary under the lock
+// that guards its snapshot, names the snapshot after the fence's time and
+// reports that time; a refused fence sends nothing and leaves no snapshot.
+func TestFencedPush(t *testing.T) {
+	src, dst, id, fs := primaryAndPeer(t)
+	must(t, src.Write(fs, "a"))
+	push := pusherTo(t, src, dst)
+	if _, err := push(id); err != nil {
+		t.Fatal(err)
+	}
+	locks := new(copylock.Locks)
+	p := pusherWith(t, src, dst, locks)
+
+	var fencedAt int64
+	lockedDuringFence := false
+	fence := func(ctx context.Context, at int64) (int64, error) {
+		probe, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+		defer cancel()
+		if unlock, err := locks.Lock(probe, id, "a probe"); err == nil {
+			unlock()
+		} else {
+			lockedDuringFence = true
+		}
+		fencedAt = at
+		return at, nil
+	}
+	must(t, src.Write(fs, "b"))
+	prog, err := p.PushFenced(ctx, id, "n2", "", "test", 0, func(replication.Progress) {}, fence)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !lockedDuringFence {
+		t.Error("the fence ran without the copy's lock held")
+	}
+	if prog.FencedAt != fencedAt || fencedAt == 0 {
+		t.Errorf("the push reported fence time %d, the fence %d", prog.FencedAt, fencedAt)
+	}
+	if at, ok := contract.ReplicationSnapshotTime(prog.Snapshot); !ok || at < fencedAt {
+		t.Errorf("the final snapshot %s is not named after the fence (%d)", prog.Snapshot, fencedAt)
+	}
+	if got := dst.content(t, fs); !slices.Equal(got, []string{"a", "b"}) {
+		t.Errorf("the replica holds %v after the fenced push", got)
+	}
+
+	received := len(dst.snaps(t, fs))
+	must(t, src.Write(fs, "c"))
+	refuse := func(context.Context, int64) (int64, error) {
+		return 0, errors.New("volume is still mounted")
+	}
+	if _, err := p.PushFenced(ctx, id, "n2", "", "test", 0, func(replication.Progress) {}, refuse); err == nil || !strings.Contains(err.Error(), "still mounted") {
+		t.Errorf("a push whose fence was refused: %v, want the fence's error", err)
+	}
+	if n := len(dst.snaps(t, fs)); n != received {
+		t.Errorf("a push whose fence was refused sent a snapshot (%d, were %d)", n, received)
+	}
+	// The unsent snapshot goes under the lock, after the answer.
+	newest := func() string { snaps := src.snaps(t, fs); return snaps[len(snaps)-1].Name }
+	for deadline := time.Now().Add(2 * time.Second); newest() != prog.Snapshot && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := newest(); n != prog.Snapshot {
+		t.Errorf("a push whose fence was refused left its snapshot %s", n)
+	}
+}
+
+// pusherWith is a Pusher from src to a Receiver on dst, over locks.
+func pusherWith(t *testing.T, src, dst node, locks *copylock.Locks) *replication.Pusher {
+	lis := bufconn.Listen(1 << 20)
+	srv := grpc.NewServer()
+	pb.RegisterReplicationServer(srv, replication.NewReceiver(dst.s, new(copylock.Locks), "tank/nomad", "n2", 2, hclog.NewNullLogger()))
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+	dial := func(string) (*grpc.ClientConn, error) {
+		return grpc.NewClient("passthrough:///bufnet", grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }))
+	}
+	p := replication.NewPusher(src.s, locks, "tank/nomad", "n1", 2, nil, dial, hclog.NewNullLogger())
+	t.Cleanup(p.Close)
+	return p
+}
+
+// TestReplicasShareABase (issue 15): every push brings its target the
+// bases of the primary's other replicas and the target holds them with
+// their peers' tags, so a replica promoted by a failover shares a
+// snapshot with every other replica, and its first push to each is an
+// increment. Pushes alternate between two replicas, each with a snapshot
+// of its own: without the bridges the two replicas share none.
+func TestReplicasShareABase(t *testing.T) {
+	const id = "vol-0123456789abcdef0123"
+	fs := "tank/nomad/" + id
+	nodes := map[string]node{"n1": newNode(t, 1, "tank/nomad"), "n2": newNode(t, 2, "tank/nomad"), "n3": newNode(t, 3, "tank/nomad")}
+	must(t, nodes["n1"].CreateFilesystem(ctx, fs, map[string]string{volume.PropRole: contract.RolePrimary, volume.PropVolumeID: id,
+		volume.PropGeneration: "1", volume.PropName: "v", "refquota": "1000000"}))
+	pusher := meshOf(t, nodes)
+	push := func(p *replication.Pusher, to string) replication.Progress {
+		t.Helper()
+		prog, err := p.Push(ctx, id, to, 0, func(replication.Progress) {})
+		if err != nil {
+			t.Fatalf("push to %s: %v", to, err)
+		}
+		return prog
+	}
+	a := pusher("n1")
+	for i, to := range []string{"n3", "n2", "n3", "n2"} {
+		must(t, nodes["n1"].Write(fs, string(rune('a'+i))))
+		push(a, to)
+	}
+	// n3's base is held on n2 with n3's tag once n2's tidy has run.
+	heldFor := func(on, peer string) bool {
+		holds, err := nodes[on].s.Holds(ctx, fs)
+		must(t, err)
+		for _, tags := range holds {
+			if slices.Contains(tags, replication.BaseHoldTag+"-"+peer) {
+				return true
+			}
+		}
+		return false
+	}
+	for deadline := time.Now().Add(5 * time.Second); !heldFor("n2", "n3") && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !heldFor("n2", "n3") {
+		t.Fatalf("n2 holds no snapshot with n3's tag: %v", nodes["n2"].snaps(t, fs))
+	}
+
+	// n1 is lost; n2's replica, the freshest, is promoted by a failover.
+	must(t, nodes["n2"].SetProperties(ctx, fs, map[string]string{volume.PropRole: contract.RolePrimary, volume.PropGeneration: "2", volume.PropHistoryFrom: "2", "readonly": "off"}))
+	must(t, nodes["n2"].Write(fs, "e"))
+	if prog := push(pusher("n2"), "n3"); prog.Kind != replication.KindIncremental {
+		t.Errorf("the promoted replica's first push to the other replica was %s from %q, want an increment", prog.Kind, prog.Base)
+	}
+	if got, want := nodes["n3"].content(t, fs), nodes["n2"].content(t, fs); !slices.Equal(got, want) {
+		t.Errorf("n3's replica holds %v, the new primary %v", got, want)
+	}
+}
+
+// meshOf serves a Receiver on each node, addressed by its node ID, and
+// returns a Pusher from any of them. A node's pusher and receiver share
+// its copy locks, as in zfs-node.
+func meshOf(t *testing.T, nodes map[string]node) func(from string) *replication.Pusher {
+	listeners, locks := map[string]*bufconn.Listener{}, map[string]*copylock.Locks{}
+	for id, n := range nodes {
+		lis := bufconn.Listen(1 << 20)
+		locks[id] = new(copylock.Locks)
+		srv := grpc.NewServer()
+		pb.RegisterReplicationServer(srv, replication.NewReceiver(n.s, locks[id], "tank/nomad", id, 2, hclog.NewNullLogger()))
+		go func() { _ = srv.Serve(lis) }()
+		t.Cleanup(srv.Stop)
+		listeners[id] = lis
+	}
+	dial := func(addr string) (*grpc.ClientConn, error) {
+		lis := listeners[addr]
+		return grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }))
+	}
+	return func(from string) *replication.Pusher {
+		p := replication.NewPusher(nodes[from].s, locks[from], "tank/nomad", from, 2, nil, dial, hclog.NewNullLogger())
+		t.Cleanup(p.Close)
+		return p
+	}
+}
+
+// TestCSISnapshotsFollowTheirVolume (issue 16): every push brings its
+// target the CSI snapshots it lacks, those taken before the replica's
+// first full send too, each an exact state of the volume; a deleted one
+// (kept by a clone, destroyed deferred) stays behind; pruning the
+// replication snapshots leaves them alone.
+func TestCSISnapshotsFollowTheirVolume(t *testing.T) {
+	const id = "vol-0123456789abcdef0123"
+	fs := "tank/nomad/" + id
+	nodes := map[string]node{"n1": newNode(t, 1, "tank/nomad"), "n2": newNode(t, 2, "tank/nomad")}
+	must(t, nodes["n1"].CreateFilesystem(ctx, fs, map[string]string{volume.PropRole: contract.RolePrimary, volume.PropVolumeID: id,
+		volume.PropGeneration: "1", volume.PropName: "v", "refquota": "1000000"}))
+	push := meshOf(t, nodes)("n1")
+	csiSnapshot := func(name string) string {
+		t.Helper()
+		snap := fs + "@" + contract.SnapshotIDForName(name)
+		must(t, nodes["n1"].Snapshot(ctx, snap, map[string]string{volume.PropSnapshotName: name, volume.PropSourceVolume: id}))
+		return snap
+	}
+	pushTo := func(want string) {
+		t.Helper()
+		prog, err := push.Push(ctx, id, "n2", 0, func(replication.Progress) {})
+		if err != nil || prog.Kind != want {
+			t.Fatalf("push: %+v, %v; want a %s push", prog, err, want)
+		}
+	}
+	holds := func(snap string) bool {
+		t.Helper()
+		for _, s := range nodes["n2"].snaps(t, fs) {
+			if s.Name == snap {
+				if got, want := nodes["n2"].content(t, snap), nodes["n1"].content(t, snap); !slices.Equal(got, want) {
+					t.Errorf("the replica's %s holds %v, the primary's %v", snap, got, want)
+				}
+				return true
+			}
+		}
+		return false
+	}
+
+	must(t, nodes["n1"].Write(fs, "a"))
+	before := csiSnapshot("before-the-replica")
+	must(t, nodes["n1"].Write(fs, "b"))
+	pushTo(replication.KindFull)
+	if !holds(before) {
+		t.Errorf("after the first (full) push the replica lacks %s, taken before it: %v", before, nodes["n2"].snaps(t, fs))
+	}
+
+	must(t, nodes["n1"].Write(fs, "c"))
+	after := csiSnapshot("after-the-replica")
+	must(t, nodes["n1"].Write(fs, "d"))
+	deleted := csiSnapshot("deleted")
+	must(t, nodes["n1"].Clone(ctx, deleted, "tank/nomad/clone", nil))
+	must(t, nodes["n1"].DestroyDeferred(ctx, deleted))
+	for range 4 { // more than the replication snapshots kept
+		must(t, nodes["n1"].Write(fs, "e"))
+		pushTo(replication.KindIncremental)
+	}
+	if !holds(after) || !holds(before) {
+		t.Errorf("after incremental pushes the replica lacks a CSI snapshot: %v", nodes["n2"].snaps(t, fs))
+	}
+	if holds(deleted) {
+		t.Errorf("the replica received %s, deleted on the primary", deleted)
+	}
+}
+
+// TestAFailedSendSaysWhy: when zfs send fails on the source (a snapshot
+// deleted under a push, say), the push answers the send's error, not the
+// receiver's complaint about a stream that ended short.
+func TestAFailedSendSaysWhy(t *testing.T) {
+	src, dst, id, fs := primaryAndPeer(t)
+	push := pusherTo(t, src, dst)
+	must(t, src.Write(fs, "a"))
+	src.Fail = func(op, name string) error {
+		if op == "send" {
+			return errors.New("the snapshot went away")
+		}
+		return nil
+	}
+	_, err := push(id)
+	if !errors.Is(err, errdefs.ErrUnavailable) || errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "the snapshot went away") {
+		t.Fatalf("a push whose zfs send failed answered %v; want the send's error, Unavailable (retried later)", err)
+	}
+}

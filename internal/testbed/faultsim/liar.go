@@ -1,0 +1,223 @@
+package faultsim
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/node/replication"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/volume"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfscmd"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfsfake"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
+	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
+)
+
+// A lying peer (Config.LyingPeers): something holding node liar's valid
+// certificate sends node victim a forged stream of a volume, one of the
+// lies docs/safety.md's fault model names. Each must be refused; a lie
+// accepted is a violation at once, and what a refused one may have
+// changed on the way is left to the invariants after the step.
+type lie struct {
+	name   string
+	header func(h *pb.ReceiveHeader)
+	kind   string // of the stream sent
+	want   codes.Code
+}
+
+// lies are the forgeries that fit the victim's copy of the volume.
+func lies(liar, other string, role string, generation uint64) []lie {
+	out := []lie{
+		{"claims to come from " + other, func(h *pb.ReceiveHeader) { h.SourceNodeId = other }, replication.KindFull, codes.PermissionDenied},
+		{"an absurd generation", func(h *pb.ReceiveHeader) { h.Generation = replication.MaxGeneration + 1 }, replication.KindFull, codes.InvalidArgument},
+		// A replica planted at a generation no majority promised: every
+		// promotion after it would need one above it (issue 35, defect 4).
+		{"a planted replica at the highest generation", func(h *pb.ReceiveHeader) { h.Generation, h.HistoryFrom = replication.MaxGeneration, 1 }, replication.KindFull, codes.FailedPrecondition},
+	}
+	switch {
+	case role == contract.RolePrimary:
+		out = append(out, lie{"a full stream over the primary", func(h *pb.ReceiveHeader) { h.Generation = generation + 1 }, replication.KindFull, codes.FailedPrecondition})
+	case role == contract.RoleReplica && generation > 1:
+		out = append(out, lie{"an incremental lowering the replica's generation", func(h *pb.ReceiveHeader) { h.Generation = generation - 1 }, replication.KindIncremental, codes.FailedPrecondition})
+	}
+	return out
+}
+
+func (w *world) lie(v *simVolume, liar, victim *simNode) {
+	// The liar is the process on node liar (a compromised zfs-node): it
+	// lies while that node is up.
+	if !v.created || liar == victim || victim.inc == nil || liar.inc == nil {
+		return
+	}
+	fs := rootDataset + "/" + v.id
+	role, generation := "", uint64(0)
+	if victim.pool.NativeProperty(fs, "type") != "" || w.checker.user(victim, fs, volume.PropRole) != "" {
+		role = w.checker.user(victim, fs, volume.PropRole)
+		generation, _ = strconv.ParseUint(w.checker.user(victim, fs, volume.PropGeneration), 10, 64)
+	}
+	other := w.nodes[0].id
+	for _, n := range w.nodes {
+		if n != liar {
+			other = n.id
+			break
+		}
+	}
+	options := lies(liar.id, other, role, generation)
+	l := options[w.dice.intn(len(options))]
+	streams, err := forgedStreams(v.id, w.cfg.Seed)
+	if err != nil {
+		panic(err) // a scratch fake always makes them
+	}
+	h := &pb.ReceiveHeader{VolumeId: v.id, VolumeName: v.name, SourceNodeId: liar.id, Generation: max(generation, 1),
+		Kind: l.kind, Snapshot: "zn-1", CapacityBytes: 1 << 30}
+	if l.kind == replication.KindIncremental {
+		h.Snapshot = "zn-2"
+	}
+	l.header(h)
+	err = w.sendForged(liar, victim, h, streams[l.kind])
+	w.tracef("%s lies to %s about %s: %s: %v", liar.id, victim.id, v.name, l.name, errText(err))
+	switch {
+	case err == nil:
+		w.checker.late(fmt.Errorf("node %s accepted a lying peer's stream of volume %s (%s)", victim.id, v.id, l.name))
+	case status.Code(err) == l.want:
+		w.stats.LiesRefused++
+	}
+}
+
+// sendForged sends a forged stream from liar's identity to victim and
+// returns the receiver's answer.
+func (w *world) sendForged(liar, victim *simNode, h *pb.ReceiveHeader, data []byte) error {
+	conn, err := grpc.NewClient(victim.addr(), w.net.dialOptions(liar.id, func() bool { return true })...)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ctx, cancel := opContext()
+	defer cancel()
+	stream, err := pb.NewReplicationClient(conn).Receive(ctx)
+	if err != nil {
+		return err
+	}
+	msgs := []*pb.ReceiveMessage{{Msg: &pb.ReceiveMessage_Header{Header: h}}, {Msg: &pb.ReceiveMessage_Data{Data: data}}}
+	for _, m := range msgs {
+		if err := stream.Send(m); errors.Is(err, io.EOF) {
+			break // the receiver answered already: CloseAndRecv reads it
+		} else if err != nil {
+			return err
+		}
+	}
+	_, err = stream.CloseAndRecv()
+	return err
+}
+
+// forgedStreams are real streams of a scratch pool's copy of volume id: a
+// full one of zn-1 and an incremental from zn-1 to zn-2.
+func forgedStreams(id string, seed uint64) (map[string][]byte, error) {
+	ctx := context.Background()
+	scratch := zfsfake.New(1<<30, "tank")
+	scratch.GUIDSeed = guidSeed(seed, "liar")
+	fs := rootDataset + "/" + id
+	for _, step := range []func() error{
+		func() error { return scratch.CreateFilesystem(ctx, rootDataset, nil) },
+		func() error { return scratch.CreateFilesystem(ctx, fs, nil) },
+		func() error { return scratch.Write(fs, "forged") },
+		func() error { return scratch.Snapshot(ctx, fs+"@zn-1", nil) },
+		func() error { return scratch.Write(fs, "forged-more") },
+		func() error { return scratch.Snapshot(ctx, fs+"@zn-2", nil) },
+	} {
+		if err := step(); err != nil {
+			return nil, err
+		}
+	}
+	out := map[string][]byte{}
+	for kind, spec := range map[string]zfscmd.SendSpec{
+		replication.KindFull:        {Snapshot: fs + "@zn-1"},
+		replication.KindIncremental: {Snapshot: fs + "@zn-2", Base: fs + "@zn-1"},
+	} {
+		var b bytes.Buffer
+		if _, err := scratch.Streams().Send(ctx, spec, &b); err != nil {
+			return nil, err
+		}
+		out[kind] = b.Bytes()
+	}
+	return out, nil
+}
+
+// stallSteps bounds, in steps, how long a stalling liar sends nothing.
+const stallSteps = 40
+
+// stall is a lying peer that stalls mid-receive (issue 35, defect 3): it
+// sends victim the header of a stream of v one generation above the
+// victim's copy, and half the time the stream's first record, then
+// nothing for 3 to stallSteps steps. It stalls at the node of v's job
+// when v runs (the primary a self-fence must reach), and reaches the
+// victim past every cut: what holds liar's certificate may sit on the
+// victim's side of a split. The receiver must take no primary's lock
+// for it, and hold a replica's only until its stall guard ends the
+// receive; the self-fence, a stage or a promote of v meanwhile waits at
+// most the lock's wait, which the checker's invariants then judge.
+func (w *world) stall(v *simVolume, liar, victim *simNode) {
+	if v.alloc != "" {
+		victim = w.node(v.alloc)
+	}
+	if !v.created || liar == victim || victim.inc == nil {
+		return
+	}
+	w.stallUntil(v, liar, victim, w.step+3+w.dice.intn(stallSteps-2), w.dice.chance(0.5))
+}
+
+// stallUntil is stall's stream, which sends nothing more until step
+// until: its header, and with firstRecord the stream's first record.
+func (w *world) stallUntil(v *simVolume, liar, victim *simNode, until int, firstRecord bool) {
+	fs := rootDataset + "/" + v.id
+	generation, _ := strconv.ParseUint(w.checker.user(victim, fs, volume.PropGeneration), 10, 64)
+	h := &pb.ReceiveHeader{VolumeId: v.id, VolumeName: v.name, SourceNodeId: liar.id, Generation: generation + 1,
+		Kind: replication.KindFull, Snapshot: "zn-1", CapacityBytes: 1 << 30}
+	msgs := []*pb.ReceiveMessage{{Msg: &pb.ReceiveMessage_Header{Header: h}}}
+	what := "its header"
+	if firstRecord {
+		streams, err := forgedStreams(v.id, w.cfg.Seed)
+		if err != nil {
+			panic(err) // a scratch fake always makes them
+		}
+		full := streams[replication.KindFull]
+		first := full[:min(312, len(full))] // a begin record (replication's beginRecordSize)
+		msgs = append(msgs, &pb.ReceiveMessage{Msg: &pb.ReceiveMessage_Data{Data: first}})
+		what = "its header and first record"
+	}
+	conn, err := grpc.NewClient(victim.addr(), w.net.directDialOptions(liar.id)...)
+	if err != nil {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	stream, err := pb.NewReplicationClient(conn).Receive(ctx)
+	for _, m := range msgs {
+		if err == nil {
+			err = stream.Send(m)
+		}
+	}
+	w.tracef("%s stalls a stream of %s to %s after %s, until step %d: %v", liar.id, v.name, victim.id, what, until, errText(err))
+	w.stats.Stalls++
+	w.stalls.Add(1)
+	go func() {
+		defer w.stalls.Done()
+		defer conn.Close()
+		defer cancel()
+		for w.stepNow.Load() < int64(until) {
+			select {
+			case <-w.done:
+				return
+			case <-time.After(time.Millisecond):
+			}
+		}
+		w.tracef("%s's stalled stream of %s to %s ends", liar.id, v.name, victim.id)
+	}()
+}

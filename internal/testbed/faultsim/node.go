@@ -1,0 +1,242 @@
+package faultsim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"google.golang.org/grpc"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/node/agent"
+	csinode "github.com/zfs-nomad/zfs-nomad/internal/node/csiserver"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/lease"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/mount"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/replication"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/volume"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfsfake"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/config"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/csiplugin"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/protocol"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/worklease"
+	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
+)
+
+const (
+	rootDataset = "tank/nomad"
+	poolSize    = 64 << 30
+	lockWait    = 100 * time.Millisecond
+)
+
+// errCrashed is what a dead process's calls into its pool get.
+var errCrashed = errors.New("sim: the process has crashed")
+
+// simNode is one machine: a pool and a mount table that outlive its
+// zfs-node process, and the process itself (an incarnation), which may
+// crash and be started again.
+type simNode struct {
+	id      string
+	w       *world
+	pool    *zfsfake.Fake
+	mounts  *mount.Fake // its kernel mount table: it survives the process
+	handoff *handoff
+	base    string  // the base directory of its staging and target paths
+	domain  string  // its replication domain
+	rate    float64 // its clock's rate against the simulation's (0: the same)
+	// skew is its wall clock's offset, in nanoseconds: it names
+	// replication snapshots and dates fences. The wall clock runs in real
+	// time, so that names taken within one step differ, and it steps
+	// (stepWallClock) as NTP or an operator's date steps it.
+	skew atomic.Int64
+
+	// calls is held (read) by every call of an incarnation into the
+	// pool, and taken by start: see livezfs.go.
+	calls     sync.RWMutex
+	inc       *incarnation // nil while the process is down
+	incs      int          // incarnations started so far
+	restartAt int          // the step at which a down process starts again
+}
+
+// incarnation is one run of a node's zfs-node process.
+type incarnation struct {
+	n         *simNode
+	num       int
+	dead      atomic.Bool
+	srv       *grpc.Server
+	lis       *incarnationListener
+	node      *csinode.Node
+	volumes   *volume.Manager
+	pusher    *replication.Pusher
+	heartbeat *lease.Heartbeat
+}
+
+func (n *simNode) addr() string { return "passthrough:///" + addrOf(n.id) }
+
+func (n *simNode) config() config.Node {
+	cfg := config.DefaultNode()
+	cfg.NodeID, cfg.RootDataset, cfg.MaxQuota = n.id, rootDataset, 8<<30
+	cfg.MountBaseDirs = []string{n.base}
+	cfg.Domain = n.domain
+	cfg.Lease, cfg.LeaseMargin = config.Duration(n.w.cfg.Lease), config.Duration(n.w.cfg.LeaseMargin)
+	cfg.ReceiveIdleTimeout = config.Duration(5 * time.Second)
+	for _, m := range n.w.nodes {
+		cfg.Peers = append(cfg.Peers, m.addr())
+	}
+	return cfg
+}
+
+// start runs a new incarnation of the node's process over its pool.
+func (n *simNode) start(ctx context.Context) {
+	// A barrier: taking the lock waits until every pool call of the last
+	// incarnation has ended (livezfs.go).
+	n.calls.Lock()
+	n.calls.Unlock() //lint:ignore SA2001 the lock is a barrier here
+	n.incs++
+	inc := &incarnation{n: n, num: n.incs}
+	cfg := n.config()
+	log := hclog.NewNullLogger()
+	if n.w.cfg.Verbose {
+		log = hclog.New(&hclog.LoggerOptions{Name: n.id, Level: hclog.Debug})
+	}
+	streams := liveStreams{s: n.pool.Streams(), enter: inc.enter}
+	inc.volumes = volume.NewManager(liveZFS{z: n.pool, enter: inc.enter}, cfg, log.Named("volumes"))
+	// A beat's fence, a stage, a promote wait for a busy lock within
+	// their step, as a node's wait (copylock.DefaultWait) ends within a
+	// beat of its lease: a lock that a stalled stream holds makes them
+	// Aborted in the step, not ten seconds of real time later.
+	inc.volumes.Locks().Wait = lockWait
+	dial := func(addr string) (*grpc.ClientConn, error) {
+		opts := append(replication.DialOptions(), protocol.DialOptions()...)
+		return grpc.NewClient(addr, append(opts, n.w.net.dialOptions(n.id, inc.isAlive)...)...)
+	}
+	inc.pusher = replication.NewPusher(streams, inc.volumes.Locks(), rootDataset, n.id, cfg.ReplicationSnapshots, replication.NewLimiter(0), dial, log.Named("replication"))
+	inc.volumes.Mounted = func(dataset string) (bool, error) { return n.mounts.Mounted(dataset), nil }
+	wall := func() time.Time { return time.Now().Add(time.Duration(n.skew.Load())) }
+	inc.volumes.UseClock(wall)
+	inc.pusher.UseClock(wall)
+	receiver := replication.NewReceiver(streams, inc.volumes.Locks(), rootDataset, n.id, cfg.ReplicationSnapshots, log.Named("replication"))
+	receiver.MaxQuota, receiver.QuotaProperty = uint64(cfg.MaxQuota), cfg.QuotaProperty
+	receiver.IdleTimeout = time.Duration(cfg.ReceiveIdleTimeout)
+	receiver.MaxReplicasPerPeer = cfg.MaxReplicasPerPeer
+	inc.volumes.DiscardPartialReceive = receiver.DiscardPartial
+	receiver.Changed = inc.volumes.Received
+	receiver.Entombed = inc.volumes.IndexSnapshotsOf
+	_ = receiver.Recover(ctx) // not fatal, as in zfs-node: the next receive retries
+	_ = inc.volumes.CheckLegacyPromises(ctx)
+	inc.volumes.WarmIndexes()
+
+	monitor := lease.NewMonitor(n.w.cfg.Lease, func() time.Time { return n.w.nodeNow(n.rate) })
+	monitor.RequirePeers()
+	inc.volumes.LeaseHeld = func() bool { return monitor.Held(n.id) }
+	inc.volumes.RequireConfirmation()
+	promised := func(ctx context.Context, id string) (uint64, error) {
+		p, err := inc.volumes.Promised(ctx, id)
+		return p.Generation, err
+	}
+	inc.heartbeat = &lease.Heartbeat{Monitor: monitor, NodeID: n.id, Interval: n.w.cfg.Lease / 4,
+		Peers: func() ([]string, error) { return cfg.Peers, nil }, Dial: dial,
+		Volumes: leaseVolumes{inc.volumes, promised}, Log: log.Named("lease")}
+
+	agentServer := agent.NewServer(inc.volumes, inc.pusher, receiver, cfg, log.Named("agent"))
+	agentServer.AttestSilence = func(addrs, answering []string) error {
+		return monitor.AttestFailover(n.id, addrs, answering, n.w.cfg.Lease+n.w.cfg.LeaseMargin)
+	}
+	agentServer.KnownNodes = func() int { return monitor.Members(n.id) }
+	// The work lease counts on the node's monotonic clock, as the lease
+	// does. A node's first process cannot have granted anything before;
+	// a restarted one may have, and grants nothing for a term.
+	clock := func() time.Time { return n.w.nodeNow(n.rate) }
+	agentServer.WorkLease = worklease.NewGrants(clock)
+	if inc.num == 1 {
+		agentServer.WorkLease = worklease.NewGrantsAtOnce(clock)
+	}
+	// As zfs-node serves it: the interceptor maps the handlers' errors to
+	// their gRPC status.
+	srvOpts := append(replication.ServerOptions(), protocol.ServerOptions("node "+n.id)...)
+	inc.srv = grpc.NewServer(append(srvOpts, grpc.Creds(identity{}),
+		grpc.UnaryInterceptor(csiplugin.LoggingInterceptor(log.Named("agent"))))...)
+	pb.RegisterNodeAgentServer(inc.srv, agentServer)
+	pb.RegisterReplicationServer(inc.srv, receiver)
+	pb.RegisterPeersServer(inc.srv, &lease.Server{NodeID: n.id, Domain: cfg.Domain, Promised: promised, Monitor: monitor})
+	inc.lis = n.handoff.listener()
+	go func() { _ = inc.srv.Serve(inc.lis) }()
+	inc.node = csinode.New(inc.volumes, n.mounts, cfg, log.Named("csi"))
+	inc.node.PromotionWait = time.Nanosecond // the simulation's clock is its own: a stage looks once
+	n.inc = inc
+	n.w.net.setUp(n.id, true)
+	rate := n.rate
+	if rate == 0 {
+		rate = 1
+	}
+	n.w.tracef("%s: process started (incarnation %d, clock rate %.2f, wall clock %+v)", n.id, inc.num, rate, time.Duration(n.skew.Load()))
+}
+
+// leaseVolumes is the volume manager as the heartbeat sees it.
+type leaseVolumes struct {
+	*volume.Manager
+	promised func(context.Context, string) (uint64, error)
+}
+
+func (v leaseVolumes) Promised(ctx context.Context, id string) (uint64, error) {
+	return v.promised(ctx, id)
+}
+
+func (inc *incarnation) isAlive() bool { return !inc.dead.Load() }
+
+// enter lets a call into the pool through while the incarnation lives,
+// and crashes it there when the dice say so; the call holds the node's
+// calls lock until done.
+func (inc *incarnation) enter(op, name string) (done func(), err error) {
+	inc.n.calls.RLock()
+	if err := inc.alive(op, name); err != nil {
+		inc.n.calls.RUnlock()
+		return nil, err
+	}
+	return inc.n.calls.RUnlock, nil
+}
+
+// alive lets a call into the pool through while the incarnation lives,
+// and crashes it there when the dice say so.
+func (inc *incarnation) alive(op, name string) error {
+	if inc.dead.Load() {
+		return errCrashed
+	}
+	w := inc.n.w
+	w.checker.lockedChange(inc, op, name)
+	// Keyed by what is called, in this step: which call the dice stop
+	// at does not depend on how goroutines interleaved. Snapshot names
+	// carry the wall clock (zn-<nanos>), so only the filesystem counts.
+	fs, _, _ := strings.Cut(name, "@")
+	key := fmt.Sprintf("crash/%d/%s/%d/%s/%s", w.stepNow.Load(), inc.n.id, inc.num, op, fs)
+	if w.crashing.Load() && w.dice.roll(key, w.net.count(key)) < w.cfg.Rates.Crash {
+		w.tracef("%s: process crashes at %s %s", inc.n.id, op, name)
+		inc.die()
+		return errCrashed
+	}
+	return nil
+}
+
+// die marks the process dead: from now on its calls into the pool and
+// its messages fail. stop, run by the simulation's loop, cleans up.
+func (inc *incarnation) die() {
+	inc.dead.Store(true)
+	inc.n.w.net.setUp(inc.n.id, false)
+}
+
+// stop ends the incarnation: its server, its connections.
+func (n *simNode) stop() {
+	inc := n.inc
+	if inc == nil {
+		return
+	}
+	inc.die()
+	inc.srv.Stop()
+	_ = inc.lis.Close()
+	inc.pusher.Close()
+	inc.heartbeat.Close()
+	n.inc = nil
+}

@@ -1,0 +1,137 @@
+package guesttest
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guestcluster"
+)
+
+// Disk returns the device of the guest's i-th disk (0: /dev/vda).
+func Disk(i int) string { return guestcluster.Disk(i) }
+
+// Run runs a command and fails the test with its output if it fails.
+func Run(t testing.TB, name string, args ...string) string {
+	t.Helper()
+	out, err := guestcluster.Run(name, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// Pool creates pool name on disk and destroys it when the test ends.
+func Pool(t testing.TB, name, disk string) {
+	t.Helper()
+	if err := guestcluster.CreatePool(name, disk); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { guestcluster.DestroyPool(name) })
+}
+
+// StartCluster starts a simulated cluster of n nodes (see package guestcluster) for
+// the test, stops it when the test ends and shows the processes' logs if
+// the test failed.
+func StartCluster(t testing.TB, n int, opts guestcluster.Options) *guestcluster.Cluster {
+	t.Helper()
+	opts.Nodes = n
+	opts.Dir = t.TempDir()
+	opts.BinDir = BinDir(t)
+	c, err := guestcluster.Start(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		c.Close()
+		if !t.Failed() {
+			return
+		}
+		procs := append([]*guestcluster.Process{c.Controller}, c.ControllerInstances...)
+		for _, n := range c.Nodes {
+			procs = append(procs, n.Process)
+		}
+		for _, p := range procs {
+			if p == nil {
+				continue
+			}
+			if data, err := os.ReadFile(p.Log); err == nil {
+				t.Logf("---- log of %s ----\n%s", p.Name, tail(string(data), 150))
+			}
+		}
+	})
+	return c
+}
+
+// Exec runs a shell command in node n's namespaces and fails the test if it fails.
+func Exec(t testing.TB, n *guestcluster.Node, script string) string {
+	t.Helper()
+	out, err := n.Exec(script)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func tail(s string, lines int) string {
+	parts := strings.Split(s, "\n")
+	if len(parts) > lines {
+		parts = parts[len(parts)-lines:]
+	}
+	return strings.Join(parts, "\n")
+}
+
+// DialAgent connects to node n's agent as the operator of cluster c and
+// closes the connection when the test ends.
+func DialAgent(t testing.TB, c *guestcluster.Cluster, n *guestcluster.Node) *grpc.ClientConn {
+	t.Helper()
+	conn, err := c.DialAgent(n.AgentAddress)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+// Mount stages and publishes volume id on node n, writable
+// (guestcluster.MountWriter) and with publishContext, in directories named after
+// name in n.Dir, and returns the path the workload sees.
+func Mount(ctx context.Context, t testing.TB, n *guestcluster.Node, id, name string, publishContext map[string]string) (string, error) {
+	t.Helper()
+	return MountWithSecrets(ctx, t, n, id, name, publishContext, nil)
+}
+
+// MountWithSecrets is Mount with the claim's secrets, as Nomad sends a
+// volume's secrets block to NodeStageVolume and NodePublishVolume.
+func MountWithSecrets(ctx context.Context, t testing.TB, n *guestcluster.Node, id, name string, publishContext, secrets map[string]string) (string, error) {
+	t.Helper()
+	writer := guestcluster.MountWriter()
+	node := csi.NewNodeClient(Dial(t, n.CSIEndpoint))
+	staging, target := filepath.Join(n.Dir, "staging-"+name), filepath.Join(n.Dir, "target-"+name)
+	os.MkdirAll(staging, 0o755)
+	if _, err := node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: writer, PublishContext: publishContext, Secrets: secrets}); err != nil {
+		return "", err
+	}
+	if _, err := node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging, TargetPath: target, VolumeCapability: writer, PublishContext: publishContext, Secrets: secrets}); err != nil {
+		return "", err
+	}
+	return target, nil
+}
+
+// Dial connects to a CSI endpoint (unix://...) or another plaintext gRPC
+// address and closes the connection when the test ends.
+func Dial(t testing.TB, endpoint string) *grpc.ClientConn {
+	t.Helper()
+	conn, err := grpc.NewClient(endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
