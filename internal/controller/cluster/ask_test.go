@@ -3,7 +3,6 @@ package cluster_test
 import (
 	"context"
 	"fmt"
-	"github.com/zfs-nomad/zfs-nomad/internal/shared/peers"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -17,6 +16,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/agentclient"
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/cluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/cluster/clustertest"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/peers"
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 

@@ -12,7 +12,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/zfs-nomad/zfs-nomad/internal/shared/peers"
 	"sort"
 	"sync"
 	"time"
@@ -26,6 +25,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/agentclient"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/connpool"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/peers"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/protocol"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/worklease"
 )

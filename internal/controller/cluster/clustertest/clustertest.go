@@ -7,7 +7,6 @@ package clustertest
 import (
 	"context"
 	"fmt"
-	"github.com/zfs-nomad/zfs-nomad/internal/shared/peers"
 	"net"
 	"sync"
 	"testing"
@@ -19,6 +18,7 @@ import (
 	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/cluster"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/peers"
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 

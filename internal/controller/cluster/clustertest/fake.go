@@ -3,7 +3,6 @@ package clustertest
 import (
 	"context"
 	"fmt"
-	"github.com/zfs-nomad/zfs-nomad/internal/shared/peers"
 	"slices"
 	"sort"
 	"sync"
@@ -16,6 +15,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/cluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/peers"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/worklease"
 )
 
