@@ -298,12 +298,13 @@ func (c *Cluster) StartController() error {
 
 // StartControllerInstance starts instance n (2, 3, ...) of the
 // controller beside the first, as Nomad runs several: the same peers and
-// certificate, its own CSI socket and metrics port. It returns the
-// instance and its CSI endpoint; Close stops it.
-func (c *Cluster) StartControllerInstance(n int) (*Process, string, error) {
+// certificate, its own CSI socket and metrics port, and extra arguments
+// after the first's. It returns the instance and its CSI endpoint; Close
+// stops it.
+func (c *Cluster) StartControllerInstance(n int, extra ...string) (*Process, string, error) {
 	name := fmt.Sprintf("controller-%d", n)
 	endpoint := "unix://" + filepath.Join(c.opts.Dir, name+".sock")
-	p, err := c.startController(name, endpoint, fmt.Sprintf("127.0.0.1:%d", 9671+n-1))
+	p, err := c.startController(name, endpoint, fmt.Sprintf("127.0.0.1:%d", 9671+n-1), extra...)
 	if err != nil {
 		return nil, "", err
 	}
@@ -314,9 +315,10 @@ func (c *Cluster) StartControllerInstance(n int) (*Process, string, error) {
 
 // startController starts a controller process serving CSI at endpoint
 // and metrics at metrics, and waits for its socket.
-func (c *Cluster) startController(name, endpoint, metrics string) (*Process, error) {
+func (c *Cluster) startController(name, endpoint, metrics string, extra ...string) (*Process, error) {
 	_ = os.Remove(strings.TrimPrefix(endpoint, "unix://"))
 	args := append([]string{"-csi-endpoint", endpoint, "-metrics-address", metrics}, c.controllerArgs...)
+	args = append(args, extra...)
 	p, err := c.start(name, filepath.Join(c.opts.BinDir, "zfs-controller"), args...)
 	if err != nil {
 		return nil, err
