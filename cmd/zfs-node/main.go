@@ -58,63 +58,116 @@ func serve(args []string) error {
 		return err
 	}
 	log := csiplugin.NewLogger("zfs-node", os.Getenv).With("node_id", cfg.NodeID)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
 
 	openZFS, err := checkOpenZFS(log)
 	if err != nil {
 		return err
 	}
-	z, err := libzfs.New(volume.UserProperties...)
+	z, volumes, err := openVolumes(ctx, cfg, log)
 	if err != nil {
 		return err
 	}
-	volumes := volume.NewManager(z, cfg, log.Named("volumes"))
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	if err := volumes.Health(startCtx); err != nil {
-		return fmt.Errorf("cannot serve volumes: %w", err)
-	}
-
-	csiLis, err := csiplugin.Listen(cfg.CSIEndpoint)
+	lis, err := listen(cfg)
 	if err != nil {
 		return err
 	}
-	agentLis, err := net.Listen("tcp", cfg.AgentAddress)
-	if err != nil {
-		return fmt.Errorf("agent address %s: %w", cfg.AgentAddress, err)
-	}
-	metricsLis, err := csiplugin.ListenMetrics(cfg.MetricsAddress)
-	if err != nil {
-		return err
-	}
-
-	csiSrv := grpc.NewServer(grpc.UnaryInterceptor(csiplugin.LoggingInterceptor(log.Named("csi"))))
-	csispec.RegisterIdentityServer(csiSrv, csiplugin.NewIdentity(volumes.Health))
-	csispec.RegisterNodeServer(csiSrv, csinode.New(volumes, mount.System{}, cfg, log.Named("csi")))
-
 	serverOpts, dialCreds, certs, err := agentTLS(cfg, log)
 	if err != nil {
 		return err
 	}
-	// Replication streams run as zfs processes, holding no libzfs handle;
-	// the short reads and holds around them run in process.
-	streams := z.Streams(zfscmd.Cmd{})
 	dial := func(addr string) (*grpc.ClientConn, error) {
 		opts := append(replication.DialOptions(), protocol.DialOptions()...)
 		return grpc.NewClient(addr, append(opts, grpc.WithTransportCredentials(dialCreds))...)
 	}
-	// One lock per copy, whichever part of the node changes it.
-	pusher := replication.NewPusher(streams, volumes.Locks(), cfg.RootDataset, cfg.NodeID, cfg.ReplicationSnapshots,
-		replication.NewLimiter(uint64(cfg.ReplicationBandwidth)), dial, log.Named("replication"))
+	pusher, receiver := newReplication(cfg, z, volumes, dial, openZFS, log.Named("replication"))
 	defer pusher.Close()
+	recoverCopies(ctx, volumes, receiver, log)
+
+	registry := metrics.NewRegistry()
+	pusher.Metrics = replication.NewMetrics(registry)
+	receiver.Metrics = pusher.Metrics
+	if certs != nil {
+		csiplugin.WatchTLS(ctx, certs, registry)
+	}
+	csiSrv := grpc.NewServer(grpc.UnaryInterceptor(csiplugin.LoggingInterceptor(log.Named("csi"))))
+	csispec.RegisterIdentityServer(csiSrv, csiplugin.NewIdentity(volumes.Health))
+	csispec.RegisterNodeServer(csiSrv, csinode.New(volumes, mount.System{}, cfg, log.Named("csi")))
+	agentSrv, heartbeat := newAgentPort(cfg, volumes, pusher, receiver, serverOpts, dial, registry, log)
+	agentSrv.server.OpenZFS = openZFS
+	if certs != nil {
+		agentSrv.server.CertificateNotAfter = func() time.Time { return certs.Certificate().NotAfter }
+	}
+
+	log.Info("serving", "version", version.Version, "csi_endpoint", cfg.CSIEndpoint, "agent_address", lis.agent.Addr().String(),
+		"root_dataset", cfg.RootDataset, "max_quota", cfg.MaxQuota.String())
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return csiplugin.Serve(gctx, csiSrv, lis.csi, 10*time.Second) })
+	g.Go(func() error { return csiplugin.Serve(gctx, agentSrv.grpc, lis.agent, 10*time.Second) })
+	g.Go(func() error { return csiplugin.ServeMetrics(gctx, lis.metrics, registry, log, nil) })
+	g.Go(func() error { heartbeat.Run(gctx); return nil })
+	err = g.Wait()
+	log.Info("stopped")
+	return err
+}
+
+// openVolumes opens libzfs and the node's volume manager, and checks
+// that the root dataset serves within 30 s of the start.
+func openVolumes(ctx context.Context, cfg config.Node, log hclog.Logger) (*libzfs.ZFS, *volume.Manager, error) {
+	z, err := libzfs.New(volume.UserProperties...)
+	if err != nil {
+		return nil, nil, err
+	}
+	volumes := volume.NewManager(z, cfg, log.Named("volumes"))
 	volumes.Mounted = mount.IsMountedZFS
 	volumes.MountHolders = func(dataset string) []string { return mount.Holders("/proc", dataset) }
 	volumes.Roots = mount.RootPreparer{Dir: rootsDir}
 	// libzfs takes no key material: encrypted volumes go through the zfs
 	// command with the passphrase on its standard input.
 	volumes.Encryption = zfscmd.Cmd{}
-	receiver := replication.NewReceiver(streams, volumes.Locks(), cfg.RootDataset, cfg.NodeID, cfg.ReplicationSnapshots, log.Named("replication"))
+	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := volumes.Health(startCtx); err != nil {
+		return nil, nil, fmt.Errorf("cannot serve volumes: %w", err)
+	}
+	return z, volumes, nil
+}
+
+// listeners are the node's three ports: CSI, the agent's, and metrics
+// (nil when off).
+type listeners struct {
+	csi, agent, metrics net.Listener
+}
+
+func listen(cfg config.Node) (listeners, error) {
+	csiLis, err := csiplugin.Listen(cfg.CSIEndpoint)
+	if err != nil {
+		return listeners{}, err
+	}
+	agentLis, err := net.Listen("tcp", cfg.AgentAddress)
+	if err != nil {
+		return listeners{}, fmt.Errorf("agent address %s: %w", cfg.AgentAddress, err)
+	}
+	metricsLis, err := csiplugin.ListenMetrics(cfg.MetricsAddress)
+	if err != nil {
+		return listeners{}, err
+	}
+	return listeners{csi: csiLis, agent: agentLis, metrics: metricsLis}, nil
+}
+
+// newReplication makes the node's sender and receiver of replica
+// streams. Both change copies under the volume manager's locks, one lock
+// per copy, whichever part of the node changes it; the receiver tells the
+// manager what it received and entombed, so its indexes stay exact.
+func newReplication(cfg config.Node, z *libzfs.ZFS, volumes *volume.Manager, dial func(string) (*grpc.ClientConn, error),
+	openZFS string, log hclog.Logger) (*replication.Pusher, *replication.Receiver) {
+	// Replication streams run as zfs processes, holding no libzfs handle;
+	// the short reads and holds around them run in process.
+	streams := z.Streams(zfscmd.Cmd{})
+	pusher := replication.NewPusher(streams, volumes.Locks(), cfg.RootDataset, cfg.NodeID, cfg.ReplicationSnapshots,
+		replication.NewLimiter(uint64(cfg.ReplicationBandwidth)), dial, log)
+	receiver := replication.NewReceiver(streams, volumes.Locks(), cfg.RootDataset, cfg.NodeID, cfg.ReplicationSnapshots, log)
 	receiver.MaxQuota, receiver.QuotaProperty = uint64(cfg.MaxQuota), cfg.QuotaProperty
 	receiver.IdleTimeout = time.Duration(cfg.ReceiveIdleTimeout)
 	receiver.MaxReplicasPerPeer = cfg.MaxReplicasPerPeer
@@ -122,31 +175,45 @@ func serve(args []string) error {
 	volumes.DiscardPartialReceive = receiver.DiscardPartial
 	receiver.Changed = volumes.Received
 	receiver.Entombed = volumes.IndexSnapshotsOf
-	// Recovery lists every dataset of the node: with a thousand of them
-	// under a slow pool it outlasts what is left of startCtx, so it has a
-	// deadline of its own.
-	recoverCtx, cancelRecover := context.WithTimeout(ctx, recoverTimeout)
-	defer cancelRecover()
-	if err := receiver.Recover(recoverCtx); err != nil {
-		// Not fatal: the next receive of the volume retries it.
+	return pusher, receiver
+}
+
+// recoverCopies finishes at the start what a crash interrupted (replica
+// replacements), finds promise records an older node kept on the root,
+// and starts filling the manager's indexes. Recovery lists every dataset
+// of the node: with a thousand of them under a slow pool it takes long,
+// so it has a deadline of its own. Nothing here is fatal: the next
+// receive of a volume retries its replacement, and without the check the
+// node keeps looking on the root too.
+func recoverCopies(ctx context.Context, volumes *volume.Manager, receiver *replication.Receiver, log hclog.Logger) {
+	ctx, cancel := context.WithTimeout(ctx, recoverTimeout)
+	defer cancel()
+	if err := receiver.Recover(ctx); err != nil {
 		log.Error("finishing replica replacements a crash interrupted failed", "error", err)
 	}
-	if err := volumes.CheckLegacyPromises(recoverCtx); err != nil {
-		// Not fatal: the node then keeps looking on the root too.
+	if err := volumes.CheckLegacyPromises(ctx); err != nil {
 		log.Error("looking for promise records on the root dataset failed", "error", err)
 	}
 	volumes.WarmIndexes()
-	registry := metrics.NewRegistry()
-	pusher.Metrics = replication.NewMetrics(registry)
-	receiver.Metrics = pusher.Metrics
-	if certs != nil {
-		csiplugin.WatchTLS(ctx, certs, registry)
-	}
+}
+
+// agentPort is the gRPC server on the agent port and the node agent
+// service it serves.
+type agentPort struct {
+	grpc   *grpc.Server
+	server *agent.Server
+}
+
+// newAgentPort makes the agent port's server: the node agent service (for
+// the controller), replication (for peers' pushes) and the peers'
+// lease service, and the heartbeat that keeps this node's lease.
+func newAgentPort(cfg config.Node, volumes *volume.Manager, pusher *replication.Pusher, receiver *replication.Receiver,
+	serverOpts []grpc.ServerOption, dial func(string) (*grpc.ClientConn, error), registry *metrics.Registry, log hclog.Logger) (agentPort, *lease.Heartbeat) {
 	serverOpts = append(serverOpts, protocol.ServerOptions("node "+cfg.NodeID)...)
-	agentSrv := grpc.NewServer(append(serverOpts, replication.ServerOptions()...)...)
+	srv := grpc.NewServer(append(serverOpts, replication.ServerOptions()...)...)
 	agentServer := agent.NewServer(volumes, pusher, receiver, cfg, log.Named("agent"))
-	pb.RegisterNodeAgentServer(agentSrv, agentServer)
-	pb.RegisterReplicationServer(agentSrv, receiver)
+	pb.RegisterNodeAgentServer(srv, agentServer)
+	pb.RegisterReplicationServer(srv, receiver)
 	promised := func(ctx context.Context, id string) (uint64, error) {
 		p, err := volumes.Promised(ctx, id)
 		return p.Generation, err
@@ -154,32 +221,17 @@ func serve(args []string) error {
 	heartbeat := newHeartbeat(cfg, volumes, promised, dial, registry, log.Named("lease"))
 	// The peers' calls count as hearing them when this node attests
 	// their silence (the caller is its verified node certificate).
-	pb.RegisterPeersServer(agentSrv, &lease.Server{NodeID: cfg.NodeID, Domain: cfg.Domain, Promised: promised, Monitor: heartbeat.Monitor})
+	pb.RegisterPeersServer(srv, &lease.Server{NodeID: cfg.NodeID, Domain: cfg.Domain, Promised: promised, Monitor: heartbeat.Monitor})
 	agentServer.AttestSilence = func(addrs, answering []string) error {
 		return heartbeat.Monitor.AttestFailover(cfg.NodeID, addrs, answering, time.Duration(cfg.Lease+cfg.LeaseMargin))
 	}
 	agentServer.KnownNodes = func() int { return heartbeat.Monitor.Members(cfg.NodeID) }
 	agentServer.LeaseHeld = volumes.LeaseHeld
-	agentServer.OpenZFS = openZFS
-	if certs != nil {
-		agentServer.CertificateNotAfter = func() time.Time { return certs.Certificate().NotAfter }
-	}
-
-	log.Info("serving", "version", version.Version, "csi_endpoint", cfg.CSIEndpoint, "agent_address", agentLis.Addr().String(),
-		"root_dataset", cfg.RootDataset, "max_quota", cfg.MaxQuota.String())
-	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return csiplugin.Serve(gctx, csiSrv, csiLis, 10*time.Second) })
-	g.Go(func() error { return csiplugin.Serve(gctx, agentSrv, agentLis, 10*time.Second) })
-	g.Go(func() error { return csiplugin.ServeMetrics(gctx, metricsLis, registry, log, nil) })
-	g.Go(func() error { heartbeat.Run(gctx); return nil })
-	err = g.Wait()
-	log.Info("stopped")
-	return err
+	return agentPort{grpc: srv, server: agentServer}, heartbeat
 }
 
 // agentTLS returns the agent port's server options (mutual TLS and the
-// policy of who may call what) and the credentials for dialling peers.
-// agentTLS returns the agent port's server options and the credentials
+// policy of who may call what) and the credentials
 // of the node's calls to peers, and the TLS material they use (nil
 // without TLS), which WatchTLS keeps current.
 func agentTLS(cfg config.Node, log hclog.Logger) ([]grpc.ServerOption, credentials.TransportCredentials, *tlsconfig.Source, error) {

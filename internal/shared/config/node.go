@@ -239,6 +239,13 @@ func MinLeaseMargin(lease time.Duration) time.Duration {
 
 // Validate checks the config and explains every problem at once.
 func (c *Node) Validate() error {
+	return errors.Join(slices.Concat(c.validateStorage(), c.validateProperties(), c.validateMounts(),
+		c.validateReplication(), c.validateLease(), c.validateAgent())...)
+}
+
+// validateStorage checks who the node is and where its volumes live, and
+// how big they may be.
+func (c *Node) validateStorage() []error {
 	var errs []error
 	if !contract.IsNodeID(c.NodeID) {
 		errs = append(errs, fmt.Errorf("node_id %q: required; letters, digits, _ . - (at most 128)", c.NodeID))
@@ -255,6 +262,13 @@ func (c *Node) Validate() error {
 	if c.DefaultQuota == 0 || (c.MaxQuota > 0 && c.DefaultQuota > c.MaxQuota) {
 		errs = append(errs, fmt.Errorf("default_quota %s: must be above 0 and at most max_quota %s", c.DefaultQuota, c.MaxQuota))
 	}
+	return errs
+}
+
+// validateProperties checks the properties volumes may set, and the key
+// file of encrypted ones.
+func (c *Node) validateProperties() []error {
+	var errs []error
 	for _, name := range slices.Sorted(maps.Keys(c.Properties)) {
 		if !SettableProperties[name] {
 			errs = append(errs, fmt.Errorf("properties: %q is not a property volumes may set (allowed: %s)", name, strings.Join(slices.Sorted(maps.Keys(SettableProperties)), ", ")))
@@ -276,6 +290,13 @@ func (c *Node) Validate() error {
 	if c.EncryptionKeyFile != "" && !filepath.IsAbs(c.EncryptionKeyFile) {
 		errs = append(errs, fmt.Errorf("encryption_key_file %q: must be an absolute path", c.EncryptionKeyFile))
 	}
+	return errs
+}
+
+// validateMounts checks how volumes are mounted: their root directory, the
+// mount flags and the paths a CO may hand the node.
+func (c *Node) validateMounts() []error {
+	var errs []error
 	errs = append(errs, c.RootDirectory.validate()...)
 	for _, f := range c.MountFlags {
 		if !AllowedMountFlags[f] {
@@ -290,10 +311,23 @@ func (c *Node) Validate() error {
 			errs = append(errs, fmt.Errorf("mount_base_dirs: %w", err))
 		}
 	}
+	return errs
+}
+
+// validateReplication checks the bounds of replicas and replication
+// snapshots.
+func (c *Node) validateReplication() []error {
+	var errs []error
 	if c.MaxReplicas < 0 || c.ReplicationSnapshots < 1 || c.MinReplicationInterval <= 0 {
 		errs = append(errs, fmt.Errorf("max_replicas %d must be 0 or more, replication_snapshots %d at least 1, min_replication_interval %s positive",
 			c.MaxReplicas, c.ReplicationSnapshots, c.MinReplicationInterval))
 	}
+	return errs
+}
+
+// validateLease checks the lease, its margin and the peers that grant it.
+func (c *Node) validateLease() []error {
+	var errs []error
 	if c.Lease < Duration(2*time.Second) {
 		errs = append(errs, fmt.Errorf("lease %s: at least 2s (a peer's answer must fit in a quarter of it)", c.Lease))
 	}
@@ -306,6 +340,13 @@ func (c *Node) Validate() error {
 			errs = append(errs, fmt.Errorf("peers: %q is not host:port", p))
 		}
 	}
+	return errs
+}
+
+// validateAgent checks the agent port: its address, TLS, the receive
+// timeout, and the topology the node reports.
+func (c *Node) validateAgent() []error {
+	var errs []error
 	if c.ReceiveIdleTimeout < Duration(time.Second) {
 		errs = append(errs, fmt.Errorf("receive_idle_timeout %s: at least 1s (a sender's pause between two messages must not end its transfer)", c.ReceiveIdleTimeout))
 	}
@@ -326,7 +367,7 @@ func (c *Node) Validate() error {
 			errs = append(errs, fmt.Errorf("topology: empty key or value in %q=%q", k, v))
 		}
 	}
-	return errors.Join(errs...)
+	return errs
 }
 
 // BaseDirs returns the directories staging and target paths must lie
