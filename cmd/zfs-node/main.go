@@ -23,9 +23,8 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/zfs-nomad/zfs-nomad/internal/node/agent"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/assembly"
 	csinode "github.com/zfs-nomad/zfs-nomad/internal/node/csiserver"
-	"github.com/zfs-nomad/zfs-nomad/internal/node/lease"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/mount"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/replication"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/volume"
@@ -39,7 +38,6 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/protocol"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/tlsconfig"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/version"
-	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
 // recoverTimeout bounds the start's recovery of replica replacements a
@@ -65,11 +63,7 @@ func serve(args []string) error {
 	if err != nil {
 		return err
 	}
-	z, volumes, err := openVolumes(ctx, cfg, log)
-	if err != nil {
-		return err
-	}
-	lis, err := listen(cfg)
+	z, err := libzfs.New(volume.UserProperties...)
 	if err != nil {
 		return err
 	}
@@ -77,61 +71,97 @@ func serve(args []string) error {
 	if err != nil {
 		return err
 	}
-	dial := func(addr string) (*grpc.ClientConn, error) {
-		opts := append(replication.DialOptions(), protocol.DialOptions()...)
-		return grpc.NewClient(addr, append(opts, grpc.WithTransportCredentials(dialCreds))...)
-	}
-	pusher, receiver := newReplication(cfg, z, volumes, dial, openZFS, log.Named("replication"))
-	defer pusher.Close()
-	recoverCopies(ctx, volumes, receiver, log)
-
 	registry := metrics.NewRegistry()
-	pusher.Metrics = replication.NewMetrics(registry)
-	receiver.Metrics = pusher.Metrics
+	node := assemble(cfg, z, dialCreds, registry, log)
+	defer node.Pusher.Close()
+	node.Receiver.OpenZFS, node.Agent.OpenZFS = openZFS, openZFS
+	if err := checkHealth(ctx, node.Volumes); err != nil {
+		return err
+	}
+	lis, err := listen(cfg)
+	if err != nil {
+		return err
+	}
 	if certs != nil {
 		csiplugin.WatchTLS(ctx, certs, registry)
+		node.Agent.CertificateNotAfter = func() time.Time { return certs.Certificate().NotAfter }
 	}
+	// Recovery lists every dataset of the node: with a thousand of them
+	// under a slow pool it takes long, so it has a deadline of its own.
+	recoverCtx, cancelRecover := context.WithTimeout(ctx, recoverTimeout)
+	node.Recover(recoverCtx, log)
+	cancelRecover()
+	node.StartLease()
+	gauge := registry.Gauge("zfs_nomad_lease_held", "1 while this node heard from a majority of all its peers, every domain, within the lease, else 0 (its mounted primaries are read-only).")
+	node.Heartbeat.Held = func(held bool) {
+		v := 0.0
+		if held {
+			v = 1
+		}
+		gauge.Set(v)
+	}
+
 	csiSrv := grpc.NewServer(grpc.UnaryInterceptor(csiplugin.LoggingInterceptor(log.Named("csi"))))
-	csispec.RegisterIdentityServer(csiSrv, csiplugin.NewIdentity(volumes.Health))
-	csispec.RegisterNodeServer(csiSrv, csinode.New(volumes, mount.System{}, cfg, log.Named("csi")))
-	agentSrv, heartbeat := newAgentPort(cfg, volumes, pusher, receiver, serverOpts, dial, registry, log)
-	agentSrv.server.OpenZFS = openZFS
-	if certs != nil {
-		agentSrv.server.CertificateNotAfter = func() time.Time { return certs.Certificate().NotAfter }
-	}
+	csispec.RegisterIdentityServer(csiSrv, csiplugin.NewIdentity(node.Volumes.Health))
+	csispec.RegisterNodeServer(csiSrv, csinode.New(node.Volumes, mount.System{}, cfg, log.Named("csi")))
+	serverOpts = append(serverOpts, protocol.ServerOptions("node "+cfg.NodeID)...)
+	agentSrv := grpc.NewServer(append(serverOpts, replication.ServerOptions()...)...)
+	node.Register(agentSrv)
 
 	log.Info("serving", "version", version.Version, "csi_endpoint", cfg.CSIEndpoint, "agent_address", lis.agent.Addr().String(),
 		"root_dataset", cfg.RootDataset, "max_quota", cfg.MaxQuota.String())
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return csiplugin.Serve(gctx, csiSrv, lis.csi, 10*time.Second) })
-	g.Go(func() error { return csiplugin.Serve(gctx, agentSrv.grpc, lis.agent, 10*time.Second) })
+	g.Go(func() error { return csiplugin.Serve(gctx, agentSrv, lis.agent, 10*time.Second) })
 	g.Go(func() error { return csiplugin.ServeMetrics(gctx, lis.metrics, registry, log, nil) })
-	g.Go(func() error { heartbeat.Run(gctx); return nil })
+	g.Go(func() error { node.Heartbeat.Run(gctx); return nil })
 	err = g.Wait()
 	log.Info("stopped")
 	return err
 }
 
-// openVolumes opens libzfs and the node's volume manager, and checks
-// that the root dataset serves within 30 s of the start.
-func openVolumes(ctx context.Context, cfg config.Node, log hclog.Logger) (*libzfs.ZFS, *volume.Manager, error) {
-	z, err := libzfs.New(volume.UserProperties...)
-	if err != nil {
-		return nil, nil, err
+// assemble wires the node's parts on the host: libzfs for metadata, the
+// zfs command for streams and keys, the system's mounts, TLS to the
+// peers, the peer list from the configuration.
+func assemble(cfg config.Node, z *libzfs.ZFS, dialCreds credentials.TransportCredentials, registry *metrics.Registry, log hclog.Logger) *assembly.Parts {
+	var agents peers.Source = peers.Static(cfg.Peers)
+	if cfg.PeersFile != "" {
+		agents = &peers.File{Path: cfg.PeersFile}
 	}
-	volumes := volume.NewManager(z, cfg, log.Named("volumes"))
-	volumes.Mounted = mount.IsMountedZFS
-	volumes.MountHolders = func(dataset string) []string { return mount.Holders("/proc", dataset) }
-	volumes.Roots = mount.RootPreparer{Dir: rootsDir}
+	node := assembly.New(assembly.Deps{
+		Config: cfg,
+		ZFS:    z,
+		// Replication streams run as zfs processes, holding no libzfs
+		// handle; the short reads and holds around them run in process.
+		Streams: z.Streams(zfscmd.Cmd{}),
+		Dial: func(addr string) (*grpc.ClientConn, error) {
+			opts := append(replication.DialOptions(), protocol.DialOptions()...)
+			return grpc.NewClient(addr, append(opts, grpc.WithTransportCredentials(dialCreds))...)
+		},
+		Peers:      agents,
+		LeaseClock: time.Now,
+		Log:        log,
+	})
+	node.Volumes.Mounted = mount.IsMountedZFS
+	node.Volumes.MountHolders = func(dataset string) []string { return mount.Holders("/proc", dataset) }
+	node.Volumes.Roots = mount.RootPreparer{Dir: rootsDir}
 	// libzfs takes no key material: encrypted volumes go through the zfs
 	// command with the passphrase on its standard input.
-	volumes.Encryption = zfscmd.Cmd{}
-	startCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	node.Volumes.Encryption = zfscmd.Cmd{}
+	node.Pusher.Metrics = replication.NewMetrics(registry)
+	node.Receiver.Metrics = node.Pusher.Metrics
+	return node
+}
+
+// checkHealth checks that the root dataset serves within 30 s of the
+// start.
+func checkHealth(ctx context.Context, volumes *volume.Manager) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	if err := volumes.Health(startCtx); err != nil {
-		return nil, nil, fmt.Errorf("cannot serve volumes: %w", err)
+	if err := volumes.Health(ctx); err != nil {
+		return fmt.Errorf("cannot serve volumes: %w", err)
 	}
-	return z, volumes, nil
+	return nil
 }
 
 // listeners are the node's three ports: CSI, the agent's, and metrics
@@ -156,80 +186,6 @@ func listen(cfg config.Node) (listeners, error) {
 	return listeners{csi: csiLis, agent: agentLis, metrics: metricsLis}, nil
 }
 
-// newReplication makes the node's sender and receiver of replica
-// streams. Both change copies under the volume manager's locks, one lock
-// per copy, whichever part of the node changes it; the receiver tells the
-// manager what it received and entombed, so its indexes stay exact.
-func newReplication(cfg config.Node, z *libzfs.ZFS, volumes *volume.Manager, dial func(string) (*grpc.ClientConn, error),
-	openZFS string, log hclog.Logger) (*replication.Pusher, *replication.Receiver) {
-	// Replication streams run as zfs processes, holding no libzfs handle;
-	// the short reads and holds around them run in process.
-	streams := z.Streams(zfscmd.Cmd{})
-	pusher := replication.NewPusher(streams, volumes.Locks(), cfg.RootDataset, cfg.NodeID, cfg.ReplicationSnapshots,
-		replication.NewLimiter(uint64(cfg.ReplicationBandwidth)), dial, log)
-	receiver := replication.NewReceiver(streams, volumes.Locks(), cfg.RootDataset, cfg.NodeID, cfg.ReplicationSnapshots, log)
-	receiver.MaxQuota, receiver.QuotaProperty = uint64(cfg.MaxQuota), cfg.QuotaProperty
-	receiver.IdleTimeout = time.Duration(cfg.ReceiveIdleTimeout)
-	receiver.MaxReplicasPerPeer = cfg.MaxReplicasPerPeer
-	receiver.OpenZFS = openZFS
-	volumes.DiscardPartialReceive = receiver.DiscardPartial
-	receiver.Changed = volumes.Received
-	receiver.Entombed = volumes.IndexSnapshotsOf
-	return pusher, receiver
-}
-
-// recoverCopies finishes at the start what a crash interrupted (replica
-// replacements), finds promise records an older node kept on the root,
-// and starts filling the manager's indexes. Recovery lists every dataset
-// of the node: with a thousand of them under a slow pool it takes long,
-// so it has a deadline of its own. Nothing here is fatal: the next
-// receive of a volume retries its replacement, and without the check the
-// node keeps looking on the root too.
-func recoverCopies(ctx context.Context, volumes *volume.Manager, receiver *replication.Receiver, log hclog.Logger) {
-	ctx, cancel := context.WithTimeout(ctx, recoverTimeout)
-	defer cancel()
-	if err := receiver.Recover(ctx); err != nil {
-		log.Error("finishing replica replacements a crash interrupted failed", "error", err)
-	}
-	if err := volumes.CheckLegacyPromises(ctx); err != nil {
-		log.Error("looking for promise records on the root dataset failed", "error", err)
-	}
-	volumes.WarmIndexes()
-}
-
-// agentPort is the gRPC server on the agent port and the node agent
-// service it serves.
-type agentPort struct {
-	grpc   *grpc.Server
-	server *agent.Server
-}
-
-// newAgentPort makes the agent port's server: the node agent service (for
-// the controller), replication (for peers' pushes) and the peers'
-// lease service, and the heartbeat that keeps this node's lease.
-func newAgentPort(cfg config.Node, volumes *volume.Manager, pusher *replication.Pusher, receiver *replication.Receiver,
-	serverOpts []grpc.ServerOption, dial func(string) (*grpc.ClientConn, error), registry *metrics.Registry, log hclog.Logger) (agentPort, *lease.Heartbeat) {
-	serverOpts = append(serverOpts, protocol.ServerOptions("node "+cfg.NodeID)...)
-	srv := grpc.NewServer(append(serverOpts, replication.ServerOptions()...)...)
-	agentServer := agent.NewServer(volumes, pusher, receiver, cfg, log.Named("agent"))
-	pb.RegisterNodeAgentServer(srv, agentServer)
-	pb.RegisterReplicationServer(srv, receiver)
-	promised := func(ctx context.Context, id string) (uint64, error) {
-		p, err := volumes.Promised(ctx, id)
-		return p.Generation, err
-	}
-	heartbeat := newHeartbeat(cfg, volumes, promised, dial, registry, log.Named("lease"))
-	// The peers' calls count as hearing them when this node attests
-	// their silence (the caller is its verified node certificate).
-	pb.RegisterPeersServer(srv, &lease.Server{NodeID: cfg.NodeID, Domain: cfg.Domain, Promised: promised, Monitor: heartbeat.Monitor})
-	agentServer.AttestSilence = func(addrs, answering []string) error {
-		return heartbeat.Monitor.AttestFailover(cfg.NodeID, addrs, answering, time.Duration(cfg.Lease+cfg.LeaseMargin))
-	}
-	agentServer.KnownNodes = func() int { return heartbeat.Monitor.Members(cfg.NodeID) }
-	agentServer.LeaseHeld = volumes.LeaseHeld
-	return agentPort{grpc: srv, server: agentServer}, heartbeat
-}
-
 // agentTLS returns the agent port's server options (mutual TLS and the
 // policy of who may call what) and the credentials
 // of the node's calls to peers, and the TLS material they use (nil
@@ -252,56 +208,6 @@ func agentTLS(cfg config.Node, log hclog.Logger) ([]grpc.ServerOption, credentia
 		grpc.ChainUnaryInterceptor(policy.UnaryInterceptor(), logging),
 		grpc.StreamInterceptor(policy.StreamInterceptor()),
 	}, src.ClientCredentials(), src, nil
-}
-
-// newHeartbeat sets up the node's lease (docs/safety.md, "Leases"): the
-// peers to ping, and what losing and regaining the lease does to the
-// volumes. Staging waits for the lease too.
-func newHeartbeat(cfg config.Node, volumes *volume.Manager, promised func(context.Context, string) (uint64, error),
-	dial func(string) (*grpc.ClientConn, error), registry *metrics.Registry, log hclog.Logger) *lease.Heartbeat {
-	monitor := lease.NewMonitor(time.Duration(cfg.Lease), time.Now)
-	volumes.LeaseHeld = func() bool { return monitor.Held(cfg.NodeID) }
-	if len(cfg.Peers) > 0 || cfg.PeersFile != "" {
-		// No lease and no attested silence before the peers are known;
-		// after a start or a lost lease, an unmounted primary is staged
-		// only once a majority confirmed it current (docs/safety.md).
-		monitor.RequirePeers()
-		volumes.RequireConfirmation()
-	} else {
-		log.Warn("no peers configured: this node keeps no lease, so its mounted primaries are never made read-only when it is cut off, " +
-			"and it refuses to grant an automatic failover (only zfs-controller promote fails a volume over); configure peers or peers_file (docs/safety.md, \"Leases\")")
-	}
-	var agents peers.Source = peers.Static(cfg.Peers)
-	if cfg.PeersFile != "" {
-		agents = &peers.File{Path: cfg.PeersFile}
-	}
-	gauge := registry.Gauge("zfs_nomad_lease_held", "1 while this node heard from a majority of all its peers, every domain, within the lease, else 0 (its mounted primaries are read-only).")
-	return &lease.Heartbeat{
-		Monitor:  monitor,
-		NodeID:   cfg.NodeID,
-		Interval: time.Duration(cfg.Lease) / 4,
-		Peers:    agents.Peers,
-		Dial:     dial,
-		Volumes:  leaseVolumes{volumes, promised},
-		Held: func(held bool) {
-			v := 0.0
-			if held {
-				v = 1
-			}
-			gauge.Set(v)
-		},
-		Log: log,
-	}
-}
-
-// leaseVolumes is the volume manager as the heartbeat sees it.
-type leaseVolumes struct {
-	*volume.Manager
-	promised func(context.Context, string) (uint64, error)
-}
-
-func (v leaseVolumes) Promised(ctx context.Context, id string) (uint64, error) {
-	return v.promised(ctx, id)
 }
 
 // checkOpenZFS logs which OpenZFS userland and kernel module this host

@@ -12,7 +12,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
 
-	"github.com/zfs-nomad/zfs-nomad/internal/node/agent"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/assembly"
 	csinode "github.com/zfs-nomad/zfs-nomad/internal/node/csiserver"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/lease"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/mount"
@@ -21,9 +21,9 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfsfake"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/csiplugin"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/peers"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/protocol"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/worklease"
-	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
 const (
@@ -102,66 +102,45 @@ func (n *simNode) start(ctx context.Context) {
 	if n.w.cfg.Verbose {
 		log = hclog.New(&hclog.LoggerOptions{Name: n.id, Level: hclog.Debug})
 	}
-	streams := liveStreams{s: n.pool.Streams(), enter: inc.enter}
-	inc.volumes = volume.NewManager(liveZFS{z: n.pool, enter: inc.enter}, cfg, log.Named("volumes"))
+	node := assembly.New(assembly.Deps{
+		Config:  cfg,
+		ZFS:     liveZFS{z: n.pool, enter: inc.enter},
+		Streams: liveStreams{s: n.pool.Streams(), enter: inc.enter},
+		Dial: func(addr string) (*grpc.ClientConn, error) {
+			opts := append(replication.DialOptions(), protocol.DialOptions()...)
+			return grpc.NewClient(addr, append(opts, n.w.net.dialOptions(n.id, inc.isAlive)...)...)
+		},
+		Peers:      peers.Static(cfg.Peers),
+		LeaseClock: func() time.Time { return n.w.nodeNow(n.rate) },
+		Log:        log,
+	})
+	inc.volumes, inc.pusher = node.Volumes, node.Pusher
 	// A beat's fence, a stage, a promote wait for a busy lock within
 	// their step, as a node's wait (copylock.DefaultWait) ends within a
 	// beat of its lease: a lock that a stalled stream holds makes them
 	// Aborted in the step, not ten seconds of real time later.
 	inc.volumes.Locks().Wait = lockWait
-	dial := func(addr string) (*grpc.ClientConn, error) {
-		opts := append(replication.DialOptions(), protocol.DialOptions()...)
-		return grpc.NewClient(addr, append(opts, n.w.net.dialOptions(n.id, inc.isAlive)...)...)
-	}
-	inc.pusher = replication.NewPusher(streams, inc.volumes.Locks(), rootDataset, n.id, cfg.ReplicationSnapshots, replication.NewLimiter(0), dial, log.Named("replication"))
 	inc.volumes.Mounted = func(dataset string) (bool, error) { return n.mounts.Mounted(dataset), nil }
 	wall := func() time.Time { return time.Now().Add(time.Duration(n.skew.Load())) }
 	inc.volumes.UseClock(wall)
 	inc.pusher.UseClock(wall)
-	receiver := replication.NewReceiver(streams, inc.volumes.Locks(), rootDataset, n.id, cfg.ReplicationSnapshots, log.Named("replication"))
-	receiver.MaxQuota, receiver.QuotaProperty = uint64(cfg.MaxQuota), cfg.QuotaProperty
-	receiver.IdleTimeout = time.Duration(cfg.ReceiveIdleTimeout)
-	receiver.MaxReplicasPerPeer = cfg.MaxReplicasPerPeer
-	inc.volumes.DiscardPartialReceive = receiver.DiscardPartial
-	receiver.Changed = inc.volumes.Received
-	receiver.Entombed = inc.volumes.IndexSnapshotsOf
-	_ = receiver.Recover(ctx) // not fatal, as in zfs-node: the next receive retries
-	_ = inc.volumes.CheckLegacyPromises(ctx)
-	inc.volumes.WarmIndexes()
-
-	monitor := lease.NewMonitor(n.w.cfg.Lease, func() time.Time { return n.w.nodeNow(n.rate) })
-	monitor.RequirePeers()
-	inc.volumes.LeaseHeld = func() bool { return monitor.Held(n.id) }
-	inc.volumes.RequireConfirmation()
-	promised := func(ctx context.Context, id string) (uint64, error) {
-		p, err := inc.volumes.Promised(ctx, id)
-		return p.Generation, err
-	}
-	inc.heartbeat = &lease.Heartbeat{Monitor: monitor, NodeID: n.id, Interval: n.w.cfg.Lease / 4,
-		Peers: func() ([]string, error) { return cfg.Peers, nil }, Dial: dial,
-		Volumes: leaseVolumes{inc.volumes, promised}, Log: log.Named("lease")}
-
-	agentServer := agent.NewServer(inc.volumes, inc.pusher, receiver, cfg, log.Named("agent"))
-	agentServer.AttestSilence = func(addrs, answering []string) error {
-		return monitor.AttestFailover(n.id, addrs, answering, n.w.cfg.Lease+n.w.cfg.LeaseMargin)
-	}
-	agentServer.KnownNodes = func() int { return monitor.Members(n.id) }
+	node.Recover(ctx, log) // not fatal, as in zfs-node: the next receive retries
+	node.StartLease()
+	inc.heartbeat = node.Heartbeat
 	// The work lease counts on the node's monotonic clock, as the lease
 	// does. A node's first process cannot have granted anything before;
 	// a restarted one may have, and grants nothing for a term.
 	clock := func() time.Time { return n.w.nodeNow(n.rate) }
-	agentServer.WorkLease = worklease.NewGrants(clock)
+	node.Agent.WorkLease = worklease.NewGrants(clock)
 	if inc.num == 1 {
-		agentServer.WorkLease = worklease.NewGrantsAtOnce(clock)
+		node.Agent.WorkLease = worklease.NewGrantsAtOnce(clock)
 	}
 	// As zfs-node serves it: the interceptor maps the handlers' errors to
 	// their gRPC status.
 	srvOpts := append(replication.ServerOptions(), protocol.ServerOptions("node "+n.id)...)
 	inc.srv = grpc.NewServer(append(srvOpts, grpc.Creds(identity{}),
 		grpc.UnaryInterceptor(csiplugin.LoggingInterceptor(log.Named("agent"))))...)
-	pb.RegisterNodeAgentServer(inc.srv, agentServer)
-	pb.RegisterReplicationServer(inc.srv, receiver)
-	pb.RegisterPeersServer(inc.srv, &lease.Server{NodeID: n.id, Domain: cfg.Domain, Promised: promised, Monitor: monitor})
+	node.Register(inc.srv)
 	inc.lis = n.handoff.listener()
 	go func() { _ = inc.srv.Serve(inc.lis) }()
 	inc.node = csinode.New(inc.volumes, n.mounts, cfg, log.Named("csi"))
@@ -173,16 +152,6 @@ func (n *simNode) start(ctx context.Context) {
 		rate = 1
 	}
 	n.w.tracef("%s: process started (incarnation %d, clock rate %.2f, wall clock %+v)", n.id, inc.num, rate, time.Duration(n.skew.Load()))
-}
-
-// leaseVolumes is the volume manager as the heartbeat sees it.
-type leaseVolumes struct {
-	*volume.Manager
-	promised func(context.Context, string) (uint64, error)
-}
-
-func (v leaseVolumes) Promised(ctx context.Context, id string) (uint64, error) {
-	return v.promised(ctx, id)
 }
 
 func (inc *incarnation) isAlive() bool { return !inc.dead.Load() }

@@ -1,0 +1,178 @@
+// Package assembly wires the parts of one zfs-node process together: the
+// volume manager, the replication sender and receiver, the lease's
+// monitor and heartbeat, and the node agent service that the controller
+// and the peers call. zfs-node and the fault simulation both build their
+// nodes here, so the simulation runs the node as it ships; what differs
+// between them (real ZFS or a fake pool, the system's mounts or a table,
+// TLS or an in-memory network, the clocks) comes in as Deps, or is set on
+// the parts before Recover.
+//
+// A process starts in three steps: New wires the parts (no pool access),
+// Recover finishes what a crash interrupted and fills the indexes, and
+// StartLease makes the lease, whose monitor counts a peer never heard as
+// silent since that moment: it must not count the recovery, when this
+// node pinged nobody (docs/safety.md, "Leases").
+package assembly
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"google.golang.org/grpc"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/node/agent"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/lease"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/replication"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/volume"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/config"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/peers"
+	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
+)
+
+// errLeaseNotStarted answers a call that needs the lease before
+// StartLease, which a process serves no call before.
+var errLeaseNotStarted = errors.New("this node's lease has not started yet: retry")
+
+// Deps are what a node process brings to its parts.
+type Deps struct {
+	Config config.Node
+	// ZFS is the pool's metadata interface (libzfs, or a fake), Streams
+	// the replication streams over the same pool.
+	ZFS     zfs.Interface
+	Streams replication.Streams
+	// Dial connects to a peer's agent port (replication and the lease's
+	// pings).
+	Dial func(addr string) (*grpc.ClientConn, error)
+	// Peers says where the peers' agents are; LeaseClock is the clock
+	// the lease counts on (monotonic: time.Now).
+	Peers      peers.Source
+	LeaseClock func() time.Time
+	Log        hclog.Logger
+}
+
+// Parts are one node process's parts, wired together.
+type Parts struct {
+	Volumes  *volume.Manager
+	Pusher   *replication.Pusher
+	Receiver *replication.Receiver
+	Agent    *agent.Server
+	// Monitor and Heartbeat are the lease's, from StartLease on.
+	Monitor   *lease.Monitor
+	Heartbeat *lease.Heartbeat
+	peers     *lease.Server
+	deps      Deps
+}
+
+// New wires a node's parts but its lease; it touches no pool (Recover
+// does).
+func New(d Deps) *Parts {
+	p := &Parts{Volumes: volume.NewManager(d.ZFS, d.Config, d.Log.Named("volumes")), deps: d}
+	p.newReplication(d)
+	p.newAgent(d)
+	return p
+}
+
+// newReplication makes the sender and receiver of replica streams. Both
+// change copies under the volume manager's locks, one lock per copy
+// whichever part of the node changes it, and the receiver tells the
+// manager what it received and entombed, so the manager's indexes stay
+// exact.
+func (p *Parts) newReplication(d Deps) {
+	cfg, log := d.Config, d.Log.Named("replication")
+	p.Pusher = replication.NewPusher(d.Streams, p.Volumes.Locks(), cfg.RootDataset, cfg.NodeID, cfg.ReplicationSnapshots,
+		replication.NewLimiter(uint64(cfg.ReplicationBandwidth)), d.Dial, log)
+	r := replication.NewReceiver(d.Streams, p.Volumes.Locks(), cfg.RootDataset, cfg.NodeID, cfg.ReplicationSnapshots, log)
+	r.MaxQuota, r.QuotaProperty = uint64(cfg.MaxQuota), cfg.QuotaProperty
+	r.IdleTimeout = time.Duration(cfg.ReceiveIdleTimeout)
+	r.MaxReplicasPerPeer = cfg.MaxReplicasPerPeer
+	p.Volumes.DiscardPartialReceive = r.DiscardPartial
+	r.Changed = p.Volumes.Received
+	r.Entombed = p.Volumes.IndexSnapshotsOf
+	p.Receiver = r
+}
+
+// StartLease makes the node's lease on its primaries: a monitor of the
+// peers' answers and the heartbeat that asks them every quarter lease
+// (Run it). Without peers the node keeps no lease, and so grants no
+// automatic failover (docs/safety.md, "Leases").
+func (p *Parts) StartLease() {
+	d := p.deps
+	cfg, log := d.Config, d.Log.Named("lease")
+	p.Monitor = lease.NewMonitor(time.Duration(cfg.Lease), d.LeaseClock)
+	p.Volumes.LeaseHeld = func() bool { return p.Monitor.Held(cfg.NodeID) }
+	if len(cfg.Peers) > 0 || cfg.PeersFile != "" {
+		// No lease and no attested silence before the peers are known;
+		// after a start or a lost lease, an unmounted primary is staged
+		// only once a majority confirmed it current (docs/safety.md).
+		p.Monitor.RequirePeers()
+		p.Volumes.RequireConfirmation()
+	} else {
+		log.Warn("no peers configured: this node keeps no lease, so its mounted primaries are never made read-only when it is cut off, " +
+			"and it refuses to grant an automatic failover (only zfs-controller promote fails a volume over); configure peers or peers_file (docs/safety.md, \"Leases\")")
+	}
+	volumes := leaseVolumes{p.Volumes}
+	p.Heartbeat = &lease.Heartbeat{Monitor: p.Monitor, NodeID: cfg.NodeID, Interval: time.Duration(cfg.Lease) / 4,
+		Peers: d.Peers.Peers, Dial: d.Dial, Volumes: volumes, Log: log}
+	// The peers' calls count as hearing them when this node attests
+	// their silence (the caller is its verified node certificate).
+	p.peers = &lease.Server{NodeID: cfg.NodeID, Domain: cfg.Domain, Promised: volumes.Promised, Monitor: p.Monitor}
+}
+
+// newAgent makes the node agent service the controller calls. What it
+// asks of the lease is read when called: from StartLease on.
+func (p *Parts) newAgent(d Deps) {
+	cfg := d.Config
+	a := agent.NewServer(p.Volumes, p.Pusher, p.Receiver, cfg, d.Log.Named("agent"))
+	a.AttestSilence = func(addrs, answering []string) error {
+		if p.Monitor == nil {
+			return errLeaseNotStarted
+		}
+		return p.Monitor.AttestFailover(cfg.NodeID, addrs, answering, time.Duration(cfg.Lease+cfg.LeaseMargin))
+	}
+	a.KnownNodes = func() int {
+		if p.Monitor == nil {
+			return 0
+		}
+		return p.Monitor.Members(cfg.NodeID)
+	}
+	a.LeaseHeld = func() bool { return p.Volumes.LeaseHeld != nil && p.Volumes.LeaseHeld() }
+	p.Agent = a
+}
+
+// Register serves the node's services on the agent port's server: the
+// node agent (for the controller), replication and the lease's pings
+// (for the peers). Call it after StartLease.
+func (p *Parts) Register(srv *grpc.Server) {
+	pb.RegisterNodeAgentServer(srv, p.Agent)
+	pb.RegisterReplicationServer(srv, p.Receiver)
+	pb.RegisterPeersServer(srv, p.peers)
+}
+
+// Recover finishes at the start what a crash interrupted (replica
+// replacements), finds promise records an older node kept on the root,
+// and starts filling the manager's indexes. Nothing here is fatal: the
+// next receive of a volume retries its replacement, and without the check
+// the node keeps looking on the root too; it logs what failed.
+func (p *Parts) Recover(ctx context.Context, log hclog.Logger) {
+	if err := p.Receiver.Recover(ctx); err != nil {
+		log.Error("finishing replica replacements a crash interrupted failed", "error", err)
+	}
+	if err := p.Volumes.CheckLegacyPromises(ctx); err != nil {
+		log.Error("looking for promise records on the root dataset failed", "error", err)
+	}
+	p.Volumes.WarmIndexes()
+}
+
+// leaseVolumes is the volume manager as the lease sees it: the generation
+// promised for a volume, besides the manager's fences and confirmations.
+type leaseVolumes struct {
+	*volume.Manager
+}
+
+func (v leaseVolumes) Promised(ctx context.Context, id string) (uint64, error) {
+	p, err := v.Manager.Promised(ctx, id)
+	return p.Generation, err
+}
