@@ -48,21 +48,7 @@ func TestAMoveGrantedAheadOutlivesItsController(t *testing.T) {
 	if err := e.c.StartController(); err != nil {
 		t.Fatal(err)
 	}
-	// As Nomad stages: two minutes a try, Unavailable retried, three tries.
-	var target string
-	for try := 1; ; try++ {
-		ctx, cancel := context.WithTimeout(e.ctx, 2*time.Minute)
-		var err error
-		target, err = e.stageWithin(ctx, id, "n2", granted)
-		cancel()
-		if err == nil {
-			break
-		}
-		if status.Code(err) != codes.Unavailable || try == 3 {
-			t.Fatalf("stage %d on n2 of the publish granted ahead: %v", try, err)
-		}
-		t.Logf("stage %d: %v; retrying as Nomad does", try, err)
-	}
+	target := e.stageAsNomad(id, "n2", granted)
 	t.Logf("FIGURE a move granted ahead, its controller killed in the catch-up: staged on n2 %s after the kill", time.Since(killed).Round(100*time.Millisecond))
 	if after := e.checksums("n2", target); after != before {
 		t.Fatalf("files differ after the move:\n%s\n%s", before, after)
@@ -118,22 +104,28 @@ func TestARetryOnAnotherInstanceFollowsTheMove(t *testing.T) {
 	t.Logf("the second instance, before its grant: %s", followed)
 	t.Logf("published by the second instance: %v", published)
 
-	// As Nomad stages: two minutes a try, Unavailable retried.
-	var target string
-	for try := 1; ; try++ {
-		ctx, cancel := context.WithTimeout(e.ctx, 2*time.Minute)
-		target, err = e.stageWithin(ctx, id, "n2", published)
-		cancel()
-		if err == nil {
-			break
-		}
-		if status.Code(err) != codes.Unavailable || try == 3 {
-			t.Fatalf("stage %d on n2: %v", try, err)
-		}
-		t.Logf("stage %d: %v; retrying as Nomad does", try, err)
-	}
+	target := e.stageAsNomad(id, "n2", published)
 	if after := e.checksums("n2", target); after != before {
 		t.Fatalf("files differ after the move:\n%s\n%s", before, after)
 	}
 	e.waitPrimaries(id, "n2(gen 2)")
+}
+
+// stageAsNomad stages volume id on nodeID with the publish context as
+// Nomad does: two minutes a try, Unavailable retried, three tries. It
+// returns the staging path.
+func (e *env) stageAsNomad(id, nodeID string, publishContext map[string]string) string {
+	e.t.Helper()
+	for try := 1; ; try++ {
+		ctx, cancel := context.WithTimeout(e.ctx, 2*time.Minute)
+		target, err := e.stageWithin(ctx, id, nodeID, publishContext)
+		cancel()
+		if err == nil {
+			return target
+		}
+		if status.Code(err) != codes.Unavailable || try == 3 {
+			e.t.Fatalf("stage %d on %s: %v", try, nodeID, err)
+		}
+		e.t.Logf("stage %d: %v; retrying as Nomad does", try, err)
+	}
 }
