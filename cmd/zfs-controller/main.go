@@ -342,7 +342,7 @@ func status(c command, args []string) error {
 	var controller string
 	sess, err := connect(c, args, false, func(fs *flag.FlagSet) {
 		fs.BoolVar(&asJSON, "json", false, "print the report as JSON, for scripts")
-		fs.StringVar(&controller, "controller", "", "the running controller's metrics address, asked for the moves it runs (default: metrics_address of the configuration; none: moves not shown)")
+		fs.StringVar(&controller, "controller", "", "a controller instance's metrics address, asked for the moves it runs (default: every instance the nodes know, else metrics_address of the configuration)")
 	})
 	if err != nil {
 		return err
@@ -355,10 +355,7 @@ func status(c command, args []string) error {
 	if err != nil {
 		return err
 	}
-	if controller == "" {
-		controller = sess.cfg.MetricsAddress
-	}
-	operator.AddMoves(ctx, &report, controller)
+	operator.AddMoves(ctx, &report, controller, sess.cfg.MetricsAddress)
 	if asJSON {
 		enc := json.NewEncoder(os.Stdout)
 		enc.SetIndent("", "  ")

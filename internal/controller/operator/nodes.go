@@ -110,7 +110,7 @@ func innermost(msg string) string {
 // command that fails exits 1, a wrong command line 2).
 const (
 	ExitHealthy = 0
-	// ExitDegraded: a node (or the controller asked for its moves) did
+	// ExitDegraded: a node (or a controller instance asked for its moves) did
 	// not answer, or a node is unhealthy or lost its lease.
 	ExitDegraded = 3
 	// ExitNoPrimary: a volume has no healthy primary among the nodes
@@ -140,7 +140,7 @@ func (r Report) Verdict() (int, string) {
 }
 
 // unreachableBesidesNodes are the entries of Unreachable that the node
-// view does not already show: the controller asked for its moves.
+// view does not already show: the controller instances asked for their moves.
 func (r Report) unreachableBesidesNodes() []Unreachable {
 	shown := map[string]bool{}
 	for _, n := range r.Nodes {

@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"sort"
+	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -206,16 +207,24 @@ type Report struct {
 	Copies    []CopyStatus     `json:"copies"`
 	Transfers []TransferStatus `json:"transfers"`
 	SetAside  []SetAsideCopy   `json:"set_aside"`
-	// Moves: what the running controller catches up in the background,
+	// Moves: what the controller instances catch up in the background,
 	// or whose final step waits for the CO's retry (AddMoves).
-	Moves []migration.MoveStatus `json:"moves,omitempty"`
+	Moves []Move `json:"moves,omitempty"`
 	// Controllers: the controller instances the nodes heard from, and
 	// which one holds the work lease.
 	Controllers []ControllerStatus `json:"controllers"`
 	// Unreachable: the nodes that did not answer (as in Nodes), a node
-	// that answered who it is but not what it holds, and the controller
-	// when asked for its moves in vain.
+	// that answered who it is but not what it holds, and each controller
+	// instance asked for its moves in vain.
 	Unreachable []Unreachable `json:"unreachable"`
+}
+
+// Move is a move a controller instance runs in the background.
+type Move struct {
+	// Controller names the instance that runs it: its ID, or the address
+	// it was asked at.
+	Controller string `json:"controller,omitempty"`
+	migration.MoveStatus
 }
 
 // CopyStatus is one copy of a volume on one node.
@@ -355,11 +364,15 @@ func PrintStatus(out io.Writer, r Report, now time.Time) {
 // printMoves writes the controller's moves: a catch-up running shows as a
 // transfer too; one caught up waits for the CO's retry of the publish,
 // which runs the move's final step.
-func printMoves(out io.Writer, moves []migration.MoveStatus, now time.Time) {
+func printMoves(out io.Writer, moves []Move, now time.Time) {
 	if len(moves) == 0 {
 		return
 	}
 	fmt.Fprintf(out, "\nmoves in progress: %d\n", len(moves))
+	instances := map[string]bool{}
+	for _, m := range moves {
+		instances[m.Controller] = true
+	}
 	for _, m := range moves {
 		state := "catching up: " + FormatProgress(agentclient.Progress{Bytes: m.Bytes, TotalBytes: m.TotalBytes}, now.Sub(m.Started))
 		switch {
@@ -374,6 +387,9 @@ func printMoves(out io.Writer, moves []migration.MoveStatus, now time.Time) {
 		}
 		if !m.PublishedAhead.IsZero() && m.Moved.IsZero() {
 			state += fmt.Sprintf("; published ahead of its end %s ago: the node's stage waits for it", now.Sub(m.PublishedAhead).Round(time.Second))
+		}
+		if len(instances) > 1 {
+			state += " (controller " + m.Controller + ")"
 		}
 		fmt.Fprintf(out, "  %s: %s -> %s  %s\n", m.VolumeID, m.From, m.To, state)
 	}
@@ -488,20 +504,55 @@ func RemoveReplica(ctx context.Context, cl *cluster.Cluster, volumeID, node stri
 	return fmt.Errorf("node %s did not answer or is not a node of this cluster", node)
 }
 
-// AddMoves asks the running controller, at its metrics address addr, for
-// the moves it catches up or whose final step waits (migration.Moves),
-// and adds them to the report; an address it cannot reach is reported
-// unreachable. No address: the report has no moves.
-func AddMoves(ctx context.Context, r *Report, addr string) {
-	if addr == "" {
-		return
+// AddMoves asks the controller instances, at their metrics addresses,
+// for the moves they catch up or whose final step waits
+// (migration.Moves), and adds them to the report: the instance at addr
+// when it is set; otherwise every instance the nodes heard from
+// (r.Controllers, which Status fills), or the one at fallback when they
+// know none. An instance it cannot reach is reported unreachable. No
+// address at all: the report has no moves.
+func AddMoves(ctx context.Context, r *Report, addr, fallback string) {
+	type instance struct{ name, addr string }
+	var ask []instance
+	switch {
+	case addr != "":
+		ask = []instance{{addr, addr}}
+	case len(r.Controllers) > 0:
+		for _, c := range r.Controllers {
+			if c.Address != "" {
+				ask = append(ask, instance{c.ID, c.Address})
+			}
+		}
+	case fallback != "":
+		ask = []instance{{fallback, fallback}}
 	}
-	moves, err := fetchMoves(ctx, addr)
-	if err != nil {
-		r.Unreachable = append(r.Unreachable, Unreachable{Node: "controller " + addr, Error: "moves in progress unknown: " + err.Error()})
-		return
+	// At once: an instance whose host is gone costs the fetch's timeout.
+	answers := make([]struct {
+		moves []migration.MoveStatus
+		err   error
+	}, len(ask))
+	var wg sync.WaitGroup
+	for i, in := range ask {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			answers[i].moves, answers[i].err = fetchMoves(ctx, in.addr)
+		}()
 	}
-	r.Moves = moves
+	wg.Wait()
+	for i, in := range ask {
+		if err := answers[i].err; err != nil {
+			r.Unreachable = append(r.Unreachable, Unreachable{Node: "controller " + in.name, Error: "moves in progress unknown: " + err.Error()})
+			continue
+		}
+		if r.Moves == nil {
+			r.Moves = []Move{}
+		}
+		for _, m := range answers[i].moves {
+			r.Moves = append(r.Moves, Move{Controller: in.name, MoveStatus: m})
+		}
+	}
+	sort.SliceStable(r.Moves, func(i, j int) bool { return r.Moves[i].VolumeID < r.Moves[j].VolumeID })
 }
 
 // fetchMoves reads the controller's moves at addr (host:port; an empty

@@ -2,15 +2,14 @@ package operator
 
 import (
 	"context"
+	"encoding/json"
+	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
-
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/agentclient"
-	"github.com/zfs-nomad/zfs-nomad/internal/controller/cluster/clustertest"
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/migration"
 )
 
@@ -61,11 +60,11 @@ func TestPrintStatus(t *testing.T) {
 		Transfers: []TransferStatus{{VolumeID: "vol-a", From: "n1", To: "n3", Kind: "incremental", Bytes: 1 << 20, Started: now.Add(-time.Second),
 			Purpose: "catch-up for the move to n3"}},
 		SetAside: []SetAsideCopy{{Node: "n2", Dataset: "tank/nomad/vol-c-aside-1"}},
-		Moves: []migration.MoveStatus{
-			{VolumeID: "vol-a", From: "n1", To: "n3", Started: now.Add(-time.Second), Bytes: 1 << 20},
-			{VolumeID: "vol-d", From: "n2", To: "n1", Started: now.Add(-time.Minute), CaughtUp: now.Add(-12 * time.Second)},
-			{VolumeID: "vol-e", From: "n2", To: "n3", Started: now.Add(-5 * time.Second), FinalStep: true, PublishedAhead: now.Add(-4 * time.Second)},
-			{VolumeID: "vol-f", From: "n1", To: "n2", Started: now.Add(-time.Minute), FinalStep: true, Moved: now.Add(-3 * time.Second)},
+		Moves: []Move{
+			{MoveStatus: migration.MoveStatus{VolumeID: "vol-a", From: "n1", To: "n3", Started: now.Add(-time.Second), Bytes: 1 << 20}},
+			{MoveStatus: migration.MoveStatus{VolumeID: "vol-d", From: "n2", To: "n1", Started: now.Add(-time.Minute), CaughtUp: now.Add(-12 * time.Second)}},
+			{MoveStatus: migration.MoveStatus{VolumeID: "vol-e", From: "n2", To: "n3", Started: now.Add(-5 * time.Second), FinalStep: true, PublishedAhead: now.Add(-4 * time.Second)}},
+			{MoveStatus: migration.MoveStatus{VolumeID: "vol-f", From: "n1", To: "n2", Started: now.Add(-time.Minute), FinalStep: true, Moved: now.Add(-3 * time.Second)}},
 		},
 		Unreachable: []Unreachable{{Node: "10.0.0.4:7670", Error: "connection refused"}},
 	}
@@ -89,30 +88,52 @@ func TestPrintStatus(t *testing.T) {
 	}
 }
 
-// TestAddMoves: status asks the running controller for its moves at its
-// metrics address; one it cannot reach is reported, not fatal.
+// TestAddMoves: status asks the controller instances for their moves at
+// their metrics addresses: the one named, else every instance the nodes
+// know, else the configuration's; one it cannot reach is reported, not
+// fatal.
 func TestAddMoves(t *testing.T) {
-	var fakes clustertest.Fakes
-	fakes.Add(agentclient.NodeInfo{NodeID: "n1"})
-	m := migration.New(fakes.Cluster(t), hclog.NewNullLogger())
-	srv := httptest.NewServer(m.MovesHandler())
-	defer srv.Close()
-	ctx := context.Background()
-
-	var r Report
-	AddMoves(ctx, &r, strings.TrimPrefix(srv.URL, "http://"))
-	if r.Moves == nil || len(r.Moves) != 0 || len(r.Unreachable) != 0 {
-		t.Errorf("a controller with no moves: moves %v, unreachable %v; want an empty list", r.Moves, r.Unreachable)
+	serve := func(moves ...migration.MoveStatus) string {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			_ = json.NewEncoder(w).Encode(append([]migration.MoveStatus{}, moves...))
+		}))
+		t.Cleanup(srv.Close)
+		return strings.TrimPrefix(srv.URL, "http://")
 	}
-	srv.Close()
-	r = Report{}
-	AddMoves(ctx, &r, strings.TrimPrefix(srv.URL, "http://"))
-	if len(r.Unreachable) != 1 || !strings.Contains(r.Unreachable[0].Error, "moves in progress unknown") {
-		t.Errorf("a controller that does not answer: unreachable %v, want it named", r.Unreachable)
+	idle := serve()
+	a := serve(migration.MoveStatus{VolumeID: "vol-b", From: "n1", To: "n2"})
+	b := serve(migration.MoveStatus{VolumeID: "vol-a", From: "n2", To: "n3"})
+	down := httptest.NewServer(http.NotFoundHandler())
+	gone := strings.TrimPrefix(down.URL, "http://")
+	down.Close()
+	tests := []struct {
+		name            string
+		controllers     []ControllerStatus
+		addr, fallback  string
+		wantMoves       string // volume@controller, in order
+		wantUnreachable string
+	}{
+		{"the instance named", []ControllerStatus{{ID: "ctl-1", Address: a}}, idle, a, "", ""},
+		{"every instance the nodes know", []ControllerStatus{{ID: "ctl-1", Address: a}, {ID: "ctl-2", Address: b}}, "", idle, "vol-a@ctl-2 vol-b@ctl-1", ""},
+		{"one instance does not answer", []ControllerStatus{{ID: "ctl-1", Address: a}, {ID: "ctl-2", Address: gone}}, "", "", "vol-b@ctl-1", "controller ctl-2"},
+		{"no instance known: the configuration's", nil, "", b, "vol-a@" + b, ""},
+		{"no address at all", nil, "", "", "", ""},
 	}
-	r = Report{}
-	AddMoves(ctx, &r, "")
-	if r.Moves != nil || len(r.Unreachable) != 0 {
-		t.Errorf("no address: %+v, want nothing added", r)
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r := Report{Controllers: tc.controllers}
+			AddMoves(context.Background(), &r, tc.addr, tc.fallback)
+			var got []string
+			for _, m := range r.Moves {
+				got = append(got, m.VolumeID+"@"+m.Controller)
+			}
+			var unreachable []string
+			for _, u := range r.Unreachable {
+				unreachable = append(unreachable, u.Node)
+			}
+			if strings.Join(got, " ") != tc.wantMoves || strings.Join(unreachable, " ") != tc.wantUnreachable {
+				t.Errorf("moves %v, unreachable %v; want %q, %q", got, unreachable, tc.wantMoves, tc.wantUnreachable)
+			}
+		})
 	}
 }
