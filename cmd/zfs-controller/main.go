@@ -143,7 +143,7 @@ func serve(c command, args []string) error {
 	}
 	log := csiplugin.NewLogger("zfs-controller", os.Getenv)
 
-	agents := peerSource(cfg)
+	agents := peers.Configured(cfg.Peers, cfg.PeersFile)
 	creds, certs, err := agentCredentials(cfg, []string{tlsconfig.RoleController}, log)
 	if err != nil {
 		return err
@@ -293,7 +293,7 @@ func connect(c command, args []string, volumeArg bool, extra func(*flag.FlagSet)
 	if err != nil {
 		return session{}, err
 	}
-	nodes := cluster.New(peerSource(cfg), time.Duration(cfg.AgentTimeout), log, grpc.WithTransportCredentials(creds))
+	nodes := cluster.New(peers.Configured(cfg.Peers, cfg.PeersFile), time.Duration(cfg.AgentTimeout), log, grpc.WithTransportCredentials(creds))
 	return session{nodes: nodes, volumeArg: volumeID, log: log, cfg: cfg}, nil
 }
 
@@ -421,13 +421,4 @@ func removeReplica(c command, args []string) error {
 		return err
 	}
 	return operator.RemoveReplica(ctx, sess.nodes, volumeID, node, force, os.Stdout)
-}
-
-// peerSource says where the node agents are: the peers file when one is
-// configured, else the static list.
-func peerSource(cfg config.Controller) peers.Source {
-	if cfg.PeersFile != "" {
-		return &peers.File{Path: cfg.PeersFile}
-	}
-	return peers.Static(cfg.Peers)
 }

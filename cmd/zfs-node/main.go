@@ -124,10 +124,6 @@ func serve(args []string) error {
 // zfs command for streams and keys, the system's mounts, TLS to the
 // peers, the peer list from the configuration.
 func assemble(cfg config.Node, z *libzfs.ZFS, dialCreds credentials.TransportCredentials, registry *metrics.Registry, log hclog.Logger) *assembly.Parts {
-	var agents peers.Source = peers.Static(cfg.Peers)
-	if cfg.PeersFile != "" {
-		agents = &peers.File{Path: cfg.PeersFile}
-	}
 	node := assembly.New(assembly.Deps{
 		Config: cfg,
 		ZFS:    z,
@@ -138,7 +134,7 @@ func assemble(cfg config.Node, z *libzfs.ZFS, dialCreds credentials.TransportCre
 			opts := append(replication.DialOptions(), protocol.DialOptions()...)
 			return grpc.NewClient(addr, append(opts, grpc.WithTransportCredentials(dialCreds))...)
 		},
-		Peers:      agents,
+		Peers:      peers.Configured(cfg.Peers, cfg.PeersFile),
 		LeaseClock: time.Now,
 		Log:        log,
 	})

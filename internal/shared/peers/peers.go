@@ -18,6 +18,15 @@ type Source interface {
 	Peers() ([]string, error)
 }
 
+// Configured says where the agents are by a configuration's `peers` and
+// `peers_file`: the file when one is named, else the list.
+func Configured(list []string, file string) Source {
+	if file != "" {
+		return &File{Path: file}
+	}
+	return Static(list)
+}
+
 // Static is a fixed list of agent addresses, for clusters without
 // service discovery.
 type Static []string

@@ -53,3 +53,13 @@ func TestParse(t *testing.T) {
 		}
 	}
 }
+
+// TestConfigured: a named peers file wins over the list.
+func TestConfigured(t *testing.T) {
+	if _, ok := Configured([]string{"a:1"}, "/etc/peers").(*File); !ok {
+		t.Error("with a peers file: not the file")
+	}
+	if got, err := Configured([]string{"a:1"}, "").Peers(); err != nil || len(got) != 1 || got[0] != "a:1" {
+		t.Errorf("without a peers file: %v, %v; want the list", got, err)
+	}
+}
