@@ -226,8 +226,8 @@ func (z *ZFS) ClearUserProperty(ctx context.Context, name, key string) error {
 }
 
 // List returns name and every filesystem and snapshot below it. A listing
-// interrupted by a signal is retried; any other failure is an error, never
-// a shorter list.
+// that fails is an error, never a shorter list; signals do not stop one
+// (shim.c blocks them while it runs).
 func (z *ZFS) List(ctx context.Context, name string) ([]zfs.Dataset, error) {
 	return z.readListing(ctx, name, subtree)
 }
@@ -254,7 +254,7 @@ func (z *ZFS) snapshotLines(ctx context.Context, fs string, mode C.int) ([]strin
 	var lines []string
 	err := z.do(ctx, func(h handle) error {
 		var err error
-		lines, err = retryInterrupted(h, "list snapshots", fs, func(cfs *C.char, out **C.char) C.int { return C.list_snapshots(h.h, cfs, mode, out) })
+		lines, err = listLines(h, "list snapshots", fs, func(cfs *C.char, out **C.char) C.int { return C.list_snapshots(h.h, cfs, mode, out) })
 		return err
 	})
 	return lines, err
@@ -289,27 +289,20 @@ func (z *ZFS) readListing(ctx context.Context, name string, listing func(handle)
 	return out, err
 }
 
-// eachListed runs a listing of name, retrying it when a signal
-// interrupted it, and reads each dataset with read from the handle the
-// iteration made, while the iteration runs: no dataset is opened a
-// second time (at a thousand datasets, a second open per dataset cost as
-// much as the listing).
+// eachListed runs a listing of name and reads each dataset with read from
+// the handle the iteration made, while the iteration runs: no dataset is
+// opened a second time (at a thousand datasets, a second open per dataset
+// cost as much as the listing).
 func eachListed[T any](h handle, name string, visit visitListing, read func(zh *C.zfs_handle_t) T) ([]T, error) {
 	cname := C.CString(name)
 	defer C.free(unsafe.Pointer(cname))
-	for attempt := 0; ; attempt++ {
-		var out []T
-		v := cgo.NewHandle(func(zh *C.zfs_handle_t) { out = append(out, read(zh)) })
-		rc := visit(cname, C.uintptr_t(v))
-		v.Delete()
-		if rc == 0 {
-			return out, nil
-		}
-		if h.errno() == C.EZFS_INTR && attempt < listIntrRetries {
-			continue
-		}
+	var out []T
+	v := cgo.NewHandle(func(zh *C.zfs_handle_t) { out = append(out, read(zh)) })
+	defer v.Delete()
+	if visit(cname, C.uintptr_t(v)) != 0 {
 		return nil, h.lastError("list", name)
 	}
+	return out, nil
 }
 
 // listed is called by the C listings with each dataset's handle, for the
@@ -320,35 +313,25 @@ func listed(zh *C.zfs_handle_t, arg C.uintptr_t) {
 	cgo.Handle(arg).Value().(func(*C.zfs_handle_t))(zh)
 }
 
-// listIntrRetries bounds the retries of a listing interrupted by a signal
-// (the Go runtime signals its threads; libzfs reports EZFS_INTR).
-const listIntrRetries = 5
-
-// listNames returns the names below name, retrying interrupted listings.
+// listNames returns the names below name.
 func listNames(h handle, name string) ([]string, error) {
-	return retryInterrupted(h, "list", name, func(cname *C.char, out **C.char) C.int { return C.list_tree(h.h, cname, out) })
+	return listLines(h, "list", name, func(cname *C.char, out **C.char) C.int { return C.list_tree(h.h, cname, out) })
 }
 
-// retryInterrupted runs a listing of name, retrying it when a signal
-// interrupted it, and splits its output into lines.
-func retryInterrupted(h handle, op, name string, list func(cname *C.char, out **C.char) C.int) ([]string, error) {
+// listLines runs a listing of name and splits its output into lines.
+func listLines(h handle, op, name string, list func(cname *C.char, out **C.char) C.int) ([]string, error) {
 	cname := C.CString(name)
 	defer C.free(unsafe.Pointer(cname))
-	for attempt := 0; ; attempt++ {
-		var buf *C.char
-		if list(cname, &buf) == 0 {
-			out := C.GoString(buf)
-			C.free(unsafe.Pointer(buf))
-			if out == "" {
-				return nil, nil
-			}
-			return strings.Split(strings.TrimSuffix(out, "\n"), "\n"), nil
-		}
-		if h.errno() == C.EZFS_INTR && attempt < listIntrRetries {
-			continue
-		}
+	var buf *C.char
+	if list(cname, &buf) != 0 {
 		return nil, h.lastError(op, name)
 	}
+	out := C.GoString(buf)
+	C.free(unsafe.Pointer(buf))
+	if out == "" {
+		return nil, nil
+	}
+	return strings.Split(strings.TrimSuffix(out, "\n"), "\n"), nil
 }
 
 // withProps runs the libzfs call f with a C nvlist of string properties,

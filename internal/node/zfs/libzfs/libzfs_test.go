@@ -12,7 +12,9 @@ import (
 	"reflect"
 	"sort"
 	"strconv"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/libzfs"
@@ -505,4 +507,78 @@ func guid(t *testing.T, snap string) uint64 {
 		t.Fatal(err)
 	}
 	return g
+}
+
+// A listing is not stopped by signals. The Go runtime signals its threads
+// (SIGURG, to preempt a goroutine that has run for 10 ms, which a listing
+// calling back into Go for each dataset is); OpenZFS 2.3's list ioctls stop
+// with EINTR when a signal is pending, and a listing that gave up after a
+// few interrupted attempts failed in CI ("signal received"). Here every
+// thread of the process is signalled without pause while the listings run.
+func TestListingsSurviveSignals(t *testing.T) {
+	z, root := setup(t)
+	ctx := context.Background()
+	for i := 0; i < 20; i++ {
+		if err := z.CreateFilesystem(ctx, fmt.Sprintf("%s/v%d", root, i), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for j := 0; j < 3; j++ { // one recursive snapshot is one sync, not twenty
+		if out, err := exec.Command("zfs", "snapshot", "-r", fmt.Sprintf("%s@s%d", root, j)).CombinedOutput(); err != nil {
+			t.Fatalf("zfs snapshot -r: %v: %s", err, out)
+		}
+	}
+	start := time.Now()
+	stop := signalEveryThread(t)
+	defer stop()
+	defer func() { t.Logf("listings under signals took %v", time.Since(start)) }()
+	for i := 0; i < 2; i++ {
+		all, err := z.List(ctx, root)
+		if err != nil {
+			t.Fatalf("listing %d: %v", i, err)
+		}
+		if len(all) != 4+20*4 { // root and twenty filesystems, three snapshots each
+			t.Fatalf("listing %d: %d datasets, want %d", i, len(all), 4+20*4)
+		}
+		children, err := z.Children(ctx, root)
+		if err != nil || len(children) != 20 {
+			t.Fatalf("children %d: %d, %v; want 20", i, len(children), err)
+		}
+		snaps, err := z.SnapshotNames(ctx, root+"/v0")
+		if err != nil || len(snaps) != 3 {
+			t.Fatalf("snapshot names %d: %v, %v; want 3", i, snaps, err)
+		}
+	}
+}
+
+// signalEveryThread sends SIGURG (which the Go runtime takes and ignores
+// when it asked for no preemption) to every thread of the process, over
+// and over, until the returned stop is called.
+func signalEveryThread(t *testing.T) (stop func()) {
+	t.Helper()
+	done := make(chan struct{})
+	finished := make(chan struct{})
+	pid := os.Getpid()
+	go func() {
+		defer close(finished)
+		for {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			tasks, err := os.ReadDir("/proc/self/task")
+			if err != nil {
+				t.Errorf("reading the process's threads: %v", err)
+				return
+			}
+			for _, task := range tasks {
+				if tid, err := strconv.Atoi(task.Name()); err == nil {
+					_ = syscall.Tgkill(pid, tid, syscall.SIGURG)
+				}
+			}
+			time.Sleep(500 * time.Microsecond)
+		}
+	}()
+	return func() { close(done); <-finished }
 }

@@ -1,5 +1,7 @@
 //go:build linux && cgo
 
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include "shim.h"
@@ -62,8 +64,31 @@ int set_props(libzfs_handle_t *h, const char *name, nvlist_t *props) {
 // Listings that report failures. go-libzfs's child iteration turns a
 // failed zfs_iter_children into "no children", and CI once saw a listing
 // miss every snapshot of a dataset that way. Here every failure reaches
-// the caller (the list ioctls stop with EINTR when a signal is pending, and
-// the Go runtime signals its threads: the Go side retries those).
+// the caller.
+//
+// A listing runs with the thread's asynchronous signals blocked. OpenZFS
+// 2.3's list ioctls stop with EINTR when a signal is pending, and the Go
+// runtime signals a thread whose goroutine has run 10 ms without yielding
+// (SIGURG): a listing that calls back into Go for each dataset is such a
+// goroutine, so a long listing was interrupted again on every retry. A
+// blocked signal is not pending for the kernel; it is delivered when the
+// listing ends (the runtime ignores a preemption signal that arrives in C).
+// Signals that report a fault in this thread stay unblocked.
+static void block_signals(sigset_t *saved) {
+	sigset_t set;
+	sigfillset(&set);
+	sigdelset(&set, SIGSEGV);
+	sigdelset(&set, SIGBUS);
+	sigdelset(&set, SIGFPE);
+	sigdelset(&set, SIGILL);
+	sigdelset(&set, SIGTRAP);
+	sigdelset(&set, SIGABRT);
+	pthread_sigmask(SIG_BLOCK, &set, saved);
+}
+
+static void restore_signals(const sigset_t *saved) {
+	pthread_sigmask(SIG_SETMASK, saved, NULL);
+}
 typedef struct {
 	char *buf;
 	size_t len, cap;
@@ -113,13 +138,21 @@ static int collect(zfs_handle_t *zh, void *arg) {
 }
 
 // list_tree lists name and every filesystem and snapshot below it.
-int list_tree(libzfs_handle_t *h, const char *name, char **out) {
+static int list_tree_unmasked(libzfs_handle_t *h, const char *name, char **out) {
 	lines_t l = {0};
 	*out = NULL;
 	zfs_handle_t *zh = zfs_open(h, name, ZFS_TYPE_FILESYSTEM);
 	if (zh == NULL)
 		return -1;
 	return lines_done(&l, collect(zh, &l), out);
+}
+
+int list_tree(libzfs_handle_t *h, const char *name, char **out) {
+	sigset_t saved;
+	block_signals(&saved);
+	int rc = list_tree_unmasked(h, name, out);
+	restore_signals(&saved);
+	return rc;
 }
 
 // One line per snapshot: "name\tguid\tcreatetxg\tcreation\tdefer_destroy"; in
@@ -156,7 +189,7 @@ static int snapshot_line(zfs_handle_t *zh, void *arg) {
 
 // list_snapshots lists the snapshots of fs as mode says. For names alone
 // the kernel skips reading each snapshot's properties.
-int list_snapshots(libzfs_handle_t *h, const char *fs, int mode, char **out) {
+static int list_snapshots_unmasked(libzfs_handle_t *h, const char *fs, int mode, char **out) {
 	lines_t l = {0};
 	l.mode = mode;
 	*out = NULL;
@@ -166,6 +199,14 @@ int list_snapshots(libzfs_handle_t *h, const char *fs, int mode, char **out) {
 	int rc = zfs_iter_snapshots(zh, mode == SNAPSHOT_NAMES, snapshot_line, &l, 0, 0);
 	zfs_close(zh);
 	return lines_done(&l, rc, out);
+}
+
+int list_snapshots(libzfs_handle_t *h, const char *fs, int mode, char **out) {
+	sigset_t saved;
+	block_signals(&saved);
+	int rc = list_snapshots_unmasked(h, fs, mode, out);
+	restore_signals(&saved);
+	return rc;
 }
 
 // Listings that hand each dataset's handle, as the iteration made it, to
@@ -199,20 +240,36 @@ static int visit_child(zfs_handle_t *zh, void *arg) {
 }
 
 // visit_subtree hands name and every filesystem and snapshot below it to Go.
-int visit_subtree(libzfs_handle_t *h, const char *name, uintptr_t arg) {
+static int visit_subtree_unmasked(libzfs_handle_t *h, const char *name, uintptr_t arg) {
 	zfs_handle_t *zh = zfs_open(h, name, ZFS_TYPE_FILESYSTEM);
 	if (zh == NULL)
 		return -1;
 	return visit_tree(zh, (void *)arg);
 }
 
+int visit_subtree(libzfs_handle_t *h, const char *name, uintptr_t arg) {
+	sigset_t saved;
+	block_signals(&saved);
+	int rc = visit_subtree_unmasked(h, name, arg);
+	restore_signals(&saved);
+	return rc;
+}
+
 // visit_child_filesystems hands the filesystems directly below parent to Go.
-int visit_child_filesystems(libzfs_handle_t *h, const char *parent, uintptr_t arg) {
+static int visit_child_filesystems_unmasked(libzfs_handle_t *h, const char *parent, uintptr_t arg) {
 	zfs_handle_t *zh = zfs_open(h, parent, ZFS_TYPE_FILESYSTEM);
 	if (zh == NULL)
 		return -1;
 	int rc = zfs_iter_filesystems(zh, visit_child, (void *)arg);
 	zfs_close(zh);
+	return rc;
+}
+
+int visit_child_filesystems(libzfs_handle_t *h, const char *parent, uintptr_t arg) {
+	sigset_t saved;
+	block_signals(&saved);
+	int rc = visit_child_filesystems_unmasked(h, parent, arg);
+	restore_signals(&saved);
 	return rc;
 }
 
