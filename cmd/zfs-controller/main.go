@@ -186,9 +186,10 @@ func serve(c command, args []string) error {
 	// a push under way) go, then the records (docs/replication.md,
 	// "Deleted snapshots").
 	deletions := provision.New(nodes, migrator, cfg.Placement, log.Named("snapshots"))
-	go holder.Every(ctx, time.Minute, func(ctx context.Context) {
+	deletionsEvery := time.Duration(cfg.DeletionsEvery)
+	go holder.Every(ctx, deletionsEvery, func(ctx context.Context) {
 		if err := deletions.FinishDeletions(ctx); err != nil {
-			log.Named("snapshots").Warn("finishing the deletion of snapshots deleted while a node was away failed; retrying", "error", err, "retry_in", time.Minute)
+			log.Named("snapshots").Warn("finishing the deletion of snapshots deleted while a node was away failed; retrying", "error", err, "retry_in", deletionsEvery)
 		}
 	})
 	// Moves granted ahead whose instance died: the nodes' stages wait

@@ -95,7 +95,7 @@ func TestSnapshotsFollowTheVolume(t *testing.T) {
 }
 
 // waitNothingLeft waits for the controller's pass over deleted snapshots
-// (every minute) to leave no dataset or snapshot whose name holds
+// (every 10 s here) to leave no dataset or snapshot whose name holds
 // pattern on any node, and no record of a deleted snapshot.
 func (e *env) waitNothingLeft(pattern, what string) {
 	e.t.Helper()

@@ -106,12 +106,12 @@ func TestNodeValidation(t *testing.T) {
 }
 
 func TestControllerConfig(t *testing.T) {
-	cfg, err := LoadController("usage", []string{"-peers", "a:1,b:2", "-agent-timeout", "5s", "-insecure-agent-port", "-surplus-grace", "1h", "-move-publish-ahead", "30s"}, env(nil), os.Stderr)
-	if err != nil || len(cfg.Peers) != 2 || time.Duration(cfg.AgentTimeout) != 5*time.Second || time.Duration(cfg.SurplusGrace) != time.Hour || time.Duration(cfg.MovePublishAhead) != 30*time.Second {
+	cfg, err := LoadController("usage", []string{"-peers", "a:1,b:2", "-agent-timeout", "5s", "-insecure-agent-port", "-surplus-grace", "1h", "-move-publish-ahead", "30s", "-deletions-every", "10s"}, env(nil), os.Stderr)
+	if err != nil || len(cfg.Peers) != 2 || time.Duration(cfg.AgentTimeout) != 5*time.Second || time.Duration(cfg.SurplusGrace) != time.Hour || time.Duration(cfg.MovePublishAhead) != 30*time.Second || time.Duration(cfg.DeletionsEvery) != 10*time.Second {
 		t.Fatalf("%+v, %v", cfg, err)
 	}
 	for _, args := range [][]string{{"-insecure-agent-port"}, {"-peers", "nohostport", "-insecure-agent-port"}, {"-peers", "a:1", "-placement", "random", "-insecure-agent-port"}, {"-peers", "a:1"},
-		{"-peers", "a:1", "-insecure-agent-port", "-surplus-grace", "-1m"},
+		{"-peers", "a:1", "-insecure-agent-port", "-surplus-grace", "-1m"}, {"-peers", "a:1", "-insecure-agent-port", "-deletions-every", "0s"},
 		{"-peers", "a:1", "-insecure-agent-port", "-move-publish-ahead", "-1s"}, {"-peers", "a:1", "-insecure-agent-port", "-move-publish-ahead", "10m"}} {
 		if _, err := LoadController("usage", args, env(nil), os.Stderr); err == nil {
 			t.Errorf("LoadController(%v) accepted", args)

@@ -37,6 +37,11 @@ type Controller struct {
 	// waits for the move (docs/migration.md, "Publishing ahead of a
 	// move's end"); 0 turns it off.
 	MovePublishAhead Duration `json:"move_publish_ahead"`
+	// DeletionsEvery is how often the instance holding the work lease
+	// deletes the copies of deleted snapshots that a node away at the
+	// delete still holds, and the records once none is left
+	// (docs/replication.md, "Deleted snapshots").
+	DeletionsEvery Duration `json:"deletions_every"`
 	// SurplusGrace is how long a copy a move demoted stays at least,
 	// surplus or not (docs/replication.md, "Surplus copies").
 	SurplusGrace Duration `json:"surplus_grace"`
@@ -63,6 +68,7 @@ func DefaultController() Controller {
 		ParallelPushes:   2,
 		MoveCatchUps:     4,
 		MovePublishAhead: Duration(2 * time.Minute),
+		DeletionsEvery:   Duration(time.Minute),
 		SurplusGrace:     Duration(10 * time.Minute),
 		TLS:              TLSFiles{ExpiryWarning: DefaultExpiryWarning},
 	}
@@ -90,6 +96,9 @@ func (c *Controller) Validate() error {
 	}
 	if c.ScheduleEvery < 0 || c.ParallelPushes < 1 {
 		errs = append(errs, fmt.Errorf("schedule_every %s must not be negative and parallel_pushes %d at least 1", c.ScheduleEvery, c.ParallelPushes))
+	}
+	if c.DeletionsEvery <= 0 {
+		errs = append(errs, fmt.Errorf("deletions_every %s: must be positive", time.Duration(c.DeletionsEvery)))
 	}
 	if c.SurplusGrace < 0 {
 		errs = append(errs, fmt.Errorf("surplus_grace %s: must not be negative", time.Duration(c.SurplusGrace)))

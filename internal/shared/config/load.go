@@ -69,6 +69,7 @@ func LoadController(usage string, args []string, getenv func(string) string, std
 	agentFlags(fs, &cfg)
 	fs.StringVar(&cfg.Placement, "placement", cfg.Placement, "most-free or fewest-volumes")
 	fs.Var(&cfg.ScheduleEvery, "schedule-every", "how often the replication schedule runs (0: off)")
+	fs.Var(&cfg.DeletionsEvery, "deletions-every", "how often the copies of deleted snapshots a node away at the delete still holds are deleted")
 	fs.IntVar(&cfg.ParallelPushes, "parallel-pushes", cfg.ParallelPushes, "transfers the schedule runs at once")
 	fs.IntVar(&cfg.MoveCatchUps, "move-catch-ups", cfg.MoveCatchUps, "catch-ups (bulk pushes of moves to targets that are not fresh) running in the background per source node; moves in their final step are not counted")
 	fs.Var(&cfg.MovePublishAhead, "move-publish-ahead", "grant a publish whose volume's move to the node ends within this, the node's stage waiting for the move (0: off)")
