@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
@@ -44,12 +45,16 @@ func StartCluster(t testing.TB, n int, opts guestcluster.Options) *guestcluster.
 	opts.Nodes = n
 	opts.Dir = t.TempDir()
 	opts.BinDir = BinDir(t)
+	began := time.Now()
 	c, err := guestcluster.Start(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Logf("cluster of %d nodes started in %s", n, time.Since(began).Round(time.Millisecond))
 	t.Cleanup(func() {
+		began := time.Now()
 		c.Close()
+		t.Logf("cluster stopped in %s", time.Since(began).Round(time.Millisecond))
 		if !t.Failed() {
 			return
 		}
