@@ -115,6 +115,19 @@ func TestStalePublishContextRefused(t *testing.T) {
 	}
 }
 
+// awaitedStage polls the stages waiting for a promotion on n until there
+// is one, or for at most within, and returns the last answer.
+func awaitedStage(n *Node, within time.Duration) []volume.AwaitedPromotion {
+	giveUp := time.Now().Add(within)
+	for {
+		a := n.volumes.AwaitedPromotions()
+		if len(a) > 0 || time.Now().After(giveUp) {
+			return a
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // TestAStageGrantedAheadWaitsForThePromotion (issue 15): a publish
 // granted ahead of the end of the volume's move here names the source's
 // generation; the stage waits, holding no lock, until the copy here is
@@ -155,12 +168,18 @@ func TestAStageGrantedAheadWaitsForThePromotion(t *testing.T) {
 			if err := fake.SetProperties(bg, v.Dataset, map[string]string{volume.PropRole: contract.RoleReplica, volume.PropGeneration: "1"}); err != nil {
 				t.Fatal(err)
 			}
-			if tc.promote != nil {
+			promoted := make(chan struct{})
+			var promotionBegan time.Time // read after promoted is closed
+			if tc.promote == nil {
+				close(promoted)
+			} else {
 				go func() {
-					time.Sleep(time.Second)
-					// Meanwhile the node tells that a stage waits here.
-					if a := n.volumes.AwaitedPromotions(); len(a) != 1 || a[0].VolumeID != v.ID || a[0].AfterGeneration != 1 {
+					defer close(promoted)
+					// The node tells that a stage waits here once the
+					// stage waits, however slow the machine.
+					if a := awaitedStage(n, tc.deadline); len(a) != 1 || a[0].VolumeID != v.ID || a[0].AfterGeneration != 1 {
 						t.Errorf("the stages waiting for a promotion, during the wait: %+v", a)
+						return
 					}
 					// The promotion takes the copy's lock: the waiting
 					// stage must not hold it.
@@ -172,6 +191,7 @@ func TestAStageGrantedAheadWaitsForThePromotion(t *testing.T) {
 						return
 					}
 					defer unlock()
+					promotionBegan = time.Now()
 					if err := fake.SetProperties(bg, v.Dataset, tc.promote); err != nil {
 						t.Error(err)
 					}
@@ -185,9 +205,11 @@ func TestAStageGrantedAheadWaitsForThePromotion(t *testing.T) {
 			if status.Code(err) != tc.want {
 				t.Fatalf("NodeStageVolume: %v, want %v", err, tc.want)
 			}
+			took := time.Since(began)
 			if ctx.Err() != nil {
-				t.Errorf("NodeStageVolume answered after its deadline (%v)", time.Since(began))
+				t.Errorf("NodeStageVolume answered after its deadline (%v)", took)
 			}
+			<-promoted
 			if a := n.volumes.AwaitedPromotions(); len(a) != 0 {
 				t.Errorf("the stages waiting for a promotion, after the stage answered: %+v", a)
 			}
@@ -198,8 +220,8 @@ func TestAStageGrantedAheadWaitsForThePromotion(t *testing.T) {
 			if tc.want != codes.OK {
 				return
 			}
-			if took := time.Since(began); took < time.Second {
-				t.Errorf("staged after %v, before the copy was promoted", took)
+			if staged := began.Add(took); staged.Before(promotionBegan) {
+				t.Errorf("staged %v before the copy's promotion began", promotionBegan.Sub(staged))
 			}
 			target := filepath.Join(base, "target")
 			if _, err := n.NodePublishVolume(bg, &csi.NodePublishVolumeRequest{VolumeId: v.ID, StagingTargetPath: staging, TargetPath: target, VolumeCapability: capability, PublishContext: tc.pc}); err != nil {
