@@ -475,6 +475,36 @@ func (s *Scheduler) planInFull(ctx context.Context, healthy []cluster.Node, old 
 	if old != nil {
 		next.planned = old.planned // Resync counts from the last plan that asked every node
 	}
+	h, complete := s.holdings(ctx, healthy, old, changed, next)
+	pushes, surplus, settled := s.planVolumes(ctx, h, healthy, next)
+	if !complete || settled {
+		// What a skipped node holds is unknown, and a settled volume
+		// waits: the next round plans in full again.
+		next = nil
+	}
+	s.mu.Lock()
+	s.book = next
+	s.surplusFound = surplus
+	s.mu.Unlock()
+	return pushes, nil
+}
+
+// held is what the nodes hold, as a round sees it.
+type held struct {
+	primaries []primary
+	replicas  map[string][]replica // by volume ID
+}
+
+// primary is a volume's primary on a node.
+type primary struct {
+	node cluster.Node
+	vol  agentclient.Volume
+}
+
+// holdings learns what the healthy nodes hold, from old for those that
+// did not change and by asking the others, and records it in next. It
+// reports false when a node did not answer: the round is not complete.
+func (s *Scheduler) holdings(ctx context.Context, healthy []cluster.Node, old *book, changed map[string]bool, next *book) (held, bool) {
 	var ask []cluster.Node
 	answers := []cluster.Answer[cluster.Holding]{}
 	for _, n := range healthy {
@@ -486,49 +516,47 @@ func (s *Scheduler) planInFull(ctx context.Context, healthy []cluster.Node, old 
 		}
 	}
 	answers = append(answers, cluster.Holdings(ctx, s.cl, ask)...)
-	type primary struct {
-		node cluster.Node
-		vol  agentclient.Volume
-	}
-	var primaries []primary
-	replicas := map[string][]replica{}
+	h := held{replicas: map[string][]replica{}}
+	complete := true
 	for _, a := range answers {
-		n, vols, st := a.Node, a.Object.Volumes, a.Object.Status
+		n := a.Node
 		if a.Err != nil {
 			s.log.Warn("node skipped this round", "node_id", n.Info.NodeID, "error", a.Err)
-			next = nil // what it holds is unknown: plan in full again
+			complete = false
 			continue
 		}
-		if next != nil {
-			next.held[n.Info.NodeID] = a.Object
+		next.held[n.Info.NodeID] = a.Object
+		for _, v := range a.Object.Volumes {
+			h.primaries = append(h.primaries, primary{n, v})
 		}
-		for _, v := range vols {
-			primaries = append(primaries, primary{n, v})
-		}
-		for _, r := range st.Replicas {
-			replicas[r.VolumeID] = append(replicas[r.VolumeID], replicaFrom(n, r))
+		for _, r := range a.Object.Status.Replicas {
+			h.replicas[r.VolumeID] = append(h.replicas[r.VolumeID], replicaFrom(n, r))
 		}
 	}
-	// Two primaries of one volume: a move between promotion and demotion,
-	// or a lost primary back after a failover. Settle retires the older
-	// (once per round); the volume waits for the next round.
+	return h, complete
+}
+
+// planVolumes decides each primary's pushes and surplus copies and books
+// them in next. A volume with two primaries (a move between promotion
+// and demotion, or a lost primary back after a failover) gets nothing:
+// Settle retires the older, once per round, and planVolumes reports
+// that it did.
+func (s *Scheduler) planVolumes(ctx context.Context, h held, healthy []cluster.Node, next *book) (pushes []Push, surplus []Removal, settled bool) {
 	holders := map[string]int{}
-	for _, p := range primaries {
+	for _, p := range h.primaries {
 		holders[p.vol.VolumeID]++
 	}
-	settled := map[string]bool{}
-	var pushes []Push
-	var surplus []Removal
+	settledIDs := map[string]bool{}
 	s.Metrics.reset()
-	for _, p := range primaries {
+	for _, p := range h.primaries {
 		id := p.vol.VolumeID
 		if holders[id] > 1 {
-			if !settled[id] && s.Settle != nil {
+			if !settledIDs[id] && s.Settle != nil {
 				if err := s.Settle(ctx, id); err != nil {
 					s.log.Warn("two primaries of a volume; retiring the older failed", "volume_id", id, "error", err)
 				}
 			}
-			settled[id] = true
+			settledIDs[id] = true
 			continue
 		}
 		if p.vol.MovingTo != "" {
@@ -537,34 +565,32 @@ func (s *Scheduler) planInFull(ctx context.Context, healthy []cluster.Node, old 
 		want, interval := contract.ReplicationPolicy(p.vol.Parameters)
 		var targets []replica
 		if want > 0 {
-			s.Metrics.observe(p.vol.VolumeID, want, replicas[p.vol.VolumeID], s.now())
-			targets = s.targets(p.node, p.vol, want, replicas[p.vol.VolumeID], healthy)
+			s.Metrics.observe(id, want, h.replicas[id], s.now())
+			targets = s.targets(p.node, p.vol, want, h.replicas[id], healthy)
 		}
-		surplus = append(surplus, s.surplus(p.node, p.vol.VolumeID, want, targets, replicas[p.vol.VolumeID])...)
+		surplus = append(surplus, s.surplus(p.node, id, want, targets, h.replicas[id])...)
 		if want == 0 {
 			continue
 		}
-		// The stalest target first: a round starts one push per volume
-		// (Round), so a target that is always due (slow pushes, a short
-		// interval) would otherwise starve the ones after it.
-		slices.SortStableFunc(targets, func(a, b replica) int { return a.last.Compare(b.last) })
-		for _, t := range targets {
-			if reason := s.due(t, interval); reason != "" {
-				pushes = append(pushes, Push{VolumeID: p.vol.VolumeID, Source: p.node, Target: t.node, Reason: reason})
-			}
-		}
-		if next != nil {
-			next.volumes[id] = &booked{source: p.node, want: want, interval: interval, targets: targets}
+		pushes = append(pushes, s.duePushes(p, targets, interval)...)
+		next.volumes[id] = &booked{source: p.node, want: want, interval: interval, targets: targets}
+	}
+	return pushes, surplus, len(settledIDs) > 0
+}
+
+// duePushes are the pushes of a primary to those of its targets that are
+// due, the stalest first: a round starts one push per volume (Round), so
+// a target that is always due (slow pushes, a short interval) would
+// otherwise starve the ones after it. It sorts targets.
+func (s *Scheduler) duePushes(p primary, targets []replica, interval time.Duration) []Push {
+	slices.SortStableFunc(targets, func(a, b replica) int { return a.last.Compare(b.last) })
+	var pushes []Push
+	for _, t := range targets {
+		if reason := s.due(t, interval); reason != "" {
+			pushes = append(pushes, Push{VolumeID: p.vol.VolumeID, Source: p.node, Target: t.node, Reason: reason})
 		}
 	}
-	if len(settled) > 0 {
-		next = nil // the settled volumes wait for a full plan
-	}
-	s.mu.Lock()
-	s.book = next
-	s.surplusFound = surplus
-	s.mu.Unlock()
-	return pushes, nil
+	return pushes
 }
 
 // Held returns the IDs of the primaries the book keeps for a node, and

@@ -326,6 +326,71 @@ func TestRoundsBetweenChangesListNothing(t *testing.T) {
 	}
 }
 
+// TestAnIncompleteRoundKeepsNoBook: a round that could not learn what
+// every healthy node holds (a node's listing failed), or that found two
+// primaries of a volume (Settle retires the older; the volume waits),
+// keeps no book: the next round asks every node in full, not only those
+// that changed.
+func TestAnIncompleteRoundKeepsNoBook(t *testing.T) {
+	tests := []struct {
+		name        string
+		change      func(n2 *clustertest.FakeAgent) // n2 changes, and the round after sees it this way
+		wantSettled []string
+	}{
+		{"a node's listing failed", func(n2 *clustertest.FakeAgent) {
+			n2.PutCopy(vol("new", 0, ""))
+			n2.RefuseTimes("ListVolumes", 1, errdefs.Wrap(errdefs.ErrUnavailable, "agent busy"))
+		}, nil},
+		{"two primaries of a volume", func(n2 *clustertest.FakeAgent) {
+			n2.PutCopy(vol("a", 1, "1h")) // a lost primary back after a failover
+		}, []string{"a"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cl, agents := startAgents(t, []*agent{
+				{node: node("n1", "a", 10), volumes: []agentclient.Copy{vol("a", 1, "1h")}},
+				{node: node("n2", "a", 10)},
+			})
+			n1, n2 := agents["n1"], agents["n2"]
+			n1.SetTellsChanges(false)
+			n2.SetTellsChanges(false)
+			listings := func() int { return count(n1, "ListVolumes") }
+			s := New(cl, 4, hclog.NewNullLogger())
+			s.Resync = 24 * time.Hour
+			var settled []string
+			s.Settle = func(_ context.Context, id string) error {
+				settled = append(settled, id)
+				n2.PutCopy(replicaOf(id, time.Minute)) // the older demoted
+				return nil
+			}
+			ctx := context.Background()
+			round := func() {
+				s.Round(ctx)
+				s.Wait()
+			}
+			round()
+			round() // n2 received the first round's push: its version moved
+			before := listings()
+			if round(); listings() != before {
+				t.Fatalf("a round without changes listed n1: the book is not kept")
+			}
+			tt.change(n2)
+			if round(); listings() != before {
+				t.Fatalf("the round that found n2 changed listed n1, which did not change")
+			}
+			if _, _, ok := s.Held("n1"); ok {
+				t.Errorf("the book is kept after that round")
+			}
+			if round(); listings() != before+1 {
+				t.Errorf("the round after: %d listings of n1, want a full plan", listings()-before)
+			}
+			if !slices.Equal(settled, tt.wantSettled) {
+				t.Errorf("settled %v, want %v", settled, tt.wantSettled)
+			}
+		})
+	}
+}
+
 // TestPlanAsksOnlyTheNodesThatChanged (issue 13): after one node's
 // primaries change, the next plan asks that node what it holds and takes
 // the other nodes' holdings from the book, with the pushes made since
