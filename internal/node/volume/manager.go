@@ -208,33 +208,11 @@ func (m *Manager) lock(ctx context.Context, id, what string) (func(), error) {
 // created. A request that differs from the existing volume of the same name
 // fails with ErrAlreadyExists.
 func (m *Manager) Create(ctx context.Context, req CreateRequest) (Volume, error) {
-	if err := contract.ValidateName("volume", req.Name); err != nil {
-		return Volume{}, err
-	}
-	quota, err := ResolveQuota(&m.cfg, req.RequiredBytes, req.LimitBytes)
+	spec, err := m.resolveCreate(req)
 	if err != nil {
 		return Volume{}, err
 	}
-	props, recorded, err := ResolveProperties(&m.cfg, req.Parameters)
-	if err != nil {
-		return Volume{}, err
-	}
-	root, setRoot, err := ResolveRoot(&m.cfg, req.Parameters)
-	if err != nil {
-		return Volume{}, err
-	}
-	source := ""
-	switch {
-	case req.SourceSnapshotID != "" && req.SourceVolumeID != "":
-		return Volume{}, fmt.Errorf("%w: a volume has at most one source", errdefs.ErrInvalidArgument)
-	case req.SourceSnapshotID != "":
-		source = "snapshot:" + req.SourceSnapshotID
-	case req.SourceVolumeID != "":
-		source = "volume:" + req.SourceVolumeID
-	}
-
 	id := contract.VolumeIDForName(req.Name)
-	log := m.log.With("volume_id", id)
 	unlock, err := m.lock(ctx, id, "create")
 	if err != nil {
 		return Volume{}, err
@@ -246,55 +224,106 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Volume, error)
 	existing, err := m.get(ctx, id)
 	switch {
 	case err == nil:
-		if err := compatible(existing, req.Name, quota, req.LimitBytes, recorded, source); err != nil {
-			return Volume{}, err
-		}
-		if existing.RootPending {
-			log.Info("finishing the root directory of a create that stopped half-way", "root", root.String())
-			if err := m.finishRoot(ctx, existing, root, req.Passphrase); err != nil {
-				return Volume{}, err
-			}
-			return m.get(ctx, id)
-		}
-		if err := m.dropCopiedSnapshot(ctx, existing); err != nil {
-			return Volume{}, err
-		}
-		log.Debug("volume exists; create is a no-op")
-		return existing, nil
+		return m.createAgain(ctx, existing, req, spec)
 	case !errors.Is(err, errdefs.ErrNotFound):
 		return Volume{}, err
 	}
-	props[m.cfg.QuotaProperty] = strconv.FormatUint(quota, 10)
+	return m.createNew(ctx, id, req, spec)
+}
+
+// createSpec is what a create request asks for, under the operator's
+// configuration.
+type createSpec struct {
+	quota    uint64
+	props    map[string]string // the dataset's properties the submitter chose
+	recorded map[string]string // the parameters kept with the volume
+	root     Root              // the root directory's owner and mode
+	setRoot  bool              // the request set root
+	source   string            // "snapshot:ID", "volume:ID" or ""
+}
+
+// resolveCreate checks a create request against the operator's
+// configuration and resolves it, before any lock is taken or ZFS asked.
+func (m *Manager) resolveCreate(req CreateRequest) (spec createSpec, err error) {
+	if err := contract.ValidateName("volume", req.Name); err != nil {
+		return spec, err
+	}
+	if spec.quota, err = ResolveQuota(&m.cfg, req.RequiredBytes, req.LimitBytes); err != nil {
+		return spec, err
+	}
+	if spec.props, spec.recorded, err = ResolveProperties(&m.cfg, req.Parameters); err != nil {
+		return spec, err
+	}
+	if spec.root, spec.setRoot, err = ResolveRoot(&m.cfg, req.Parameters); err != nil {
+		return spec, err
+	}
+	switch {
+	case req.SourceSnapshotID != "" && req.SourceVolumeID != "":
+		return spec, fmt.Errorf("%w: a volume has at most one source", errdefs.ErrInvalidArgument)
+	case req.SourceSnapshotID != "":
+		spec.source = "snapshot:" + req.SourceSnapshotID
+	case req.SourceVolumeID != "":
+		spec.source = "volume:" + req.SourceVolumeID
+	}
+	return spec, nil
+}
+
+// createAgain answers a create of a volume that exists: the same volume
+// if the request is the one that created it, after finishing what that
+// create left undone.
+func (m *Manager) createAgain(ctx context.Context, existing Volume, req CreateRequest, spec createSpec) (Volume, error) {
+	log := m.log.With("volume_id", existing.ID)
+	if err := compatible(existing, req.Name, spec.quota, req.LimitBytes, spec.recorded, spec.source); err != nil {
+		return Volume{}, err
+	}
+	if existing.RootPending {
+		log.Info("finishing the root directory of a create that stopped half-way", "root", spec.root.String())
+		if err := m.finishRoot(ctx, existing, spec.root, req.Passphrase); err != nil {
+			return Volume{}, err
+		}
+		return m.get(ctx, existing.ID)
+	}
+	if err := m.dropCopiedSnapshot(ctx, existing); err != nil {
+		return Volume{}, err
+	}
+	log.Debug("volume exists; create is a no-op")
+	return existing, nil
+}
+
+// createNew creates volume id's dataset, sets its root directory and
+// leaves its key unloaded.
+func (m *Manager) createNew(ctx context.Context, id string, req CreateRequest, spec createSpec) (Volume, error) {
+	props := spec.props
+	props[m.cfg.QuotaProperty] = strconv.FormatUint(spec.quota, 10)
 	props["mountpoint"] = "legacy"
 	props[PropVolumeID] = id
 	props[PropName] = req.Name
 	props[PropRole] = contract.RolePrimary
-	props[PropParameters] = EncodeParameters(recorded)
-	props[PropSource] = source
-	if setRoot {
+	props[PropParameters] = EncodeParameters(spec.recorded)
+	props[PropSource] = spec.source
+	if spec.setRoot {
 		if m.Roots == nil {
 			return Volume{}, fmt.Errorf("%w: this node cannot set a volume's root directory owner or mode; create the volume without uid, gid and mode", errdefs.ErrFailedPrecondition)
 		}
 		props[PropRootPending] = "true"
 	}
 	dataset := datasetFor(m.cfg.RootDataset, id)
-	generation, err := m.createPromised(ctx, req, id, dataset, quota, props)
+	generation, err := m.createPromised(ctx, req, id, dataset, spec.quota, props)
 	if err != nil {
 		return Volume{}, err
 	}
 	m.Confirm(id, generation) // a majority promised it to this node first
-	if setRoot {
-		v, err := m.get(ctx, id)
-		if err != nil {
-			return Volume{}, err
-		}
-		if err := m.finishRoot(ctx, v, root, req.Passphrase); err != nil {
-			return Volume{}, err
-		}
-	}
 	v, err := m.get(ctx, id)
 	if err != nil {
 		return Volume{}, err
+	}
+	if spec.setRoot {
+		if err := m.finishRoot(ctx, v, spec.root, req.Passphrase); err != nil {
+			return Volume{}, err
+		}
+		if v, err = m.get(ctx, id); err != nil {
+			return Volume{}, err
+		}
 	}
 	// Unload the key zfs create loaded: a volume's key is loaded only
 	// while it is staged (keys.go).
@@ -306,7 +335,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Volume, error)
 			return Volume{}, err
 		}
 	}
-	log.Info("volume created", "name", req.Name, "dataset", dataset, "quota", quota, "source", source, "encrypted", v.Encrypted)
+	m.log.Info("volume created", "volume_id", id, "name", req.Name, "dataset", dataset, "quota", spec.quota, "source", spec.source, "encrypted", v.Encrypted)
 	return v, nil
 }
 
