@@ -525,101 +525,135 @@ func (m *Migrator) MoveRunning(id string) (string, bool) { return m.catchUps.run
 // done (startMove, ended). So the final step's publish (inBackground)
 // never runs beside a foreground one.
 func (m *Migrator) publish(ctx context.Context, id, nodeID string, inBackground bool) (uint64, error) {
-	log := m.log.With("volume_id", id, "node_id", nodeID)
+	a := &attempt{id: id, nodeID: nodeID, inBackground: inBackground, log: m.log.With("volume_id", id, "node_id", nodeID)}
 	if !inBackground {
-		unlock, ok := m.publishing.TryLock(id)
-		if !ok {
-			return 0, errdefs.Wrap(errdefs.ErrAborted, "another publish of volume %s is in progress; retry", id)
-		}
-		defer unlock()
-		// A retry while the volume's move to nodeID runs in the
-		// background answers from memory, without asking the nodes:
-		// Nomad's serialised calls wait for every answer, and the nodes
-		// are busy with the moves.
-		if err := m.catchUps.stillRunning(id, nodeID, m.now()); err != nil {
-			return 0, err
-		}
-		if err := m.catchUps.movingElsewhere(id, nodeID); err != nil {
-			log.Info("publish refused: the volume's move to another node runs in the background", "error", err)
-			return 0, err
-		}
-	}
-	superseded := false // a promise was superseded before lifting a fence (supersede)
-	for step := 0; step < maxSteps; step++ {
-		v, err := m.gather(ctx, id)
+		unlock, err := m.enterForeground(a)
 		if err != nil {
 			return 0, err
 		}
-		v.background = inBackground
-		target, ok := v.node(nodeID)
-		if !ok {
-			if len(v.unreachable) > 0 {
-				return 0, errdefs.Wrap(errdefs.ErrUnavailable, "node %s did not answer (unreachable agents: %s); retry", nodeID, strings.Join(v.unreachable, ", "))
-			}
-			return 0, errdefs.Wrap(errdefs.ErrNotFound, "node %s is not a node of this driver", nodeID)
+		defer unlock()
+	}
+	for range maxSteps {
+		gen, done, err := m.publishStep(ctx, a)
+		if done || err != nil {
+			return gen, err
 		}
-		if nodes := v.conflict(); nodes != nil {
-			return 0, m.conflictError(id, v, nodes)
-		}
-		if !v.quorum() && !v.forcedOn(nodeID) {
-			return 0, m.noQuorum(id, v)
-		}
-		if err := m.settle(ctx, id, v); err != nil {
-			log.Warn("stale copies remain; retrying later", "error", err)
-		}
-		p, ok := v.primary()
-		if ok {
-			if pr, newer := v.newerElsewhere(p); newer {
-				return 0, errdefs.Wrap(errdefs.ErrUnavailable, "generation %d of volume %s was promised to node %s, which did not answer: the copy on node %s (generation %d) may be stale, so it is not published; retry once node %s answers",
-					pr.generation, id, pr.holder, p.nodeID(), p.copy.Generation, pr.holder)
-			}
-		}
-		if !ok {
-			promoted, err := m.failover(ctx, id, v, nodeID, log)
-			if errors.Is(err, errRetry) {
-				continue
-			}
-			if err != nil {
-				return 0, err
-			}
-			if promoted.NodeID == nodeID {
-				return promoted.Generation, nil
-			}
-			continue // and move it on to the target
-		}
-		if p.nodeID() == nodeID {
-			m.arrived(id, nodeID)
-			// A fence is lifted only when no other node may have been
-			// promoted meanwhile (newerElsewhere above saw to that), nor
-			// may be promoted later with a promise it still holds.
-			if p.copy.MovingTo != "" || p.copy.LeaseFenced {
-				if pr, away := v.promisedAway(p); away {
-					if superseded {
-						return 0, errdefs.Wrap(errdefs.ErrUnavailable, "node %s still holds the promise of generation %d of volume %s (it did not grant the newer one reserved for node %s): its promotion may be under way, so the copy on node %s stays fenced; retry",
-							pr.holder, pr.generation, id, nodeID, nodeID)
-					}
-					superseded = true
-					if err := m.supersede(ctx, id, p, pr, v, log); err != nil && !errors.Is(err, errRetry) {
-						return 0, err
-					}
-					continue // look again: the promise is void now, or its holder was promoted
-				}
-				if err := m.unfence(ctx, id, p, log); err != nil {
-					return 0, err
-				}
-			}
-			return p.copy.Generation, nil
-		}
-		if err := m.checkMove(p, target); err != nil {
-			return 0, err
-		}
-		gen, err := m.move(ctx, id, p, target, v, inBackground, log)
-		if errors.Is(err, errRetry) {
-			continue
-		}
-		return gen, err
 	}
 	return 0, errdefs.Wrap(errdefs.ErrAborted, "volume %s did not settle on node %s in %d steps; retry", id, nodeID, maxSteps)
+}
+
+// attempt is one publish of a volume to a node, over its steps.
+type attempt struct {
+	id, nodeID   string
+	inBackground bool // the final step of a background move
+	superseded   bool // a promise was superseded before lifting a fence (supersede)
+	log          hclog.Logger
+}
+
+// enterForeground takes the volume's publishing lock for a foreground
+// publish, or refuses it: another publish of the volume holds it
+// (Aborted), or the volume's move runs in the background. A retry while
+// the move to this node runs answers from memory, without asking the
+// nodes: Nomad's serialised calls wait for every answer, and the nodes
+// are busy with the moves.
+func (m *Migrator) enterForeground(a *attempt) (unlock func(), err error) {
+	unlock, ok := m.publishing.TryLock(a.id)
+	if !ok {
+		return nil, errdefs.Wrap(errdefs.ErrAborted, "another publish of volume %s is in progress; retry", a.id)
+	}
+	if err := m.catchUps.stillRunning(a.id, a.nodeID, m.now()); err != nil {
+		unlock()
+		return nil, err
+	}
+	if err := m.catchUps.movingElsewhere(a.id, a.nodeID); err != nil {
+		a.log.Info("publish refused: the volume's move to another node runs in the background", "error", err)
+		unlock()
+		return nil, err
+	}
+	return unlock, nil
+}
+
+// publishStep looks at the volume's copies once and acts on what it
+// sees: it answers (done, or an error), or it changed something and the
+// next step looks again (not done, no error).
+func (m *Migrator) publishStep(ctx context.Context, a *attempt) (gen uint64, done bool, err error) {
+	id, nodeID := a.id, a.nodeID
+	v, err := m.gather(ctx, id)
+	if err != nil {
+		return 0, false, err
+	}
+	v.background = a.inBackground
+	target, ok := v.node(nodeID)
+	if !ok {
+		if len(v.unreachable) > 0 {
+			return 0, false, errdefs.Wrap(errdefs.ErrUnavailable, "node %s did not answer (unreachable agents: %s); retry", nodeID, strings.Join(v.unreachable, ", "))
+		}
+		return 0, false, errdefs.Wrap(errdefs.ErrNotFound, "node %s is not a node of this driver", nodeID)
+	}
+	if nodes := v.conflict(); nodes != nil {
+		return 0, false, m.conflictError(id, v, nodes)
+	}
+	if !v.quorum() && !v.forcedOn(nodeID) {
+		return 0, false, m.noQuorum(id, v)
+	}
+	if err := m.settle(ctx, id, v); err != nil {
+		a.log.Warn("stale copies remain; retrying later", "error", err)
+	}
+	p, ok := v.primary()
+	if !ok {
+		promoted, err := m.failover(ctx, id, v, nodeID, a.log)
+		switch {
+		case errors.Is(err, errRetry):
+			return 0, false, nil
+		case err != nil:
+			return 0, false, err
+		case promoted.NodeID == nodeID:
+			return promoted.Generation, true, nil
+		}
+		return 0, false, nil // and move it on to the target
+	}
+	if pr, newer := v.newerElsewhere(p); newer {
+		return 0, false, errdefs.Wrap(errdefs.ErrUnavailable, "generation %d of volume %s was promised to node %s, which did not answer: the copy on node %s (generation %d) may be stale, so it is not published; retry once node %s answers",
+			pr.generation, id, pr.holder, p.nodeID(), p.copy.Generation, pr.holder)
+	}
+	if p.nodeID() == nodeID {
+		return m.publishOnPrimary(ctx, a, p, v)
+	}
+	if err := m.checkMove(p, target); err != nil {
+		return 0, false, err
+	}
+	gen, err = m.move(ctx, id, p, target, v, a.inBackground, a.log)
+	if errors.Is(err, errRetry) {
+		return 0, false, nil
+	}
+	return gen, true, err
+}
+
+// publishOnPrimary publishes the volume on the node of its primary,
+// lifting the copy's fence (a move's or a lost lease's) if it has one.
+// A fence is lifted only when no other node may have been promoted
+// meanwhile (publishStep's newerElsewhere saw to that), nor may be
+// promoted later with a promise it still holds.
+func (m *Migrator) publishOnPrimary(ctx context.Context, a *attempt, p copyOn, v view) (gen uint64, done bool, err error) {
+	m.arrived(a.id, a.nodeID)
+	if p.copy.MovingTo == "" && !p.copy.LeaseFenced {
+		return p.copy.Generation, true, nil
+	}
+	if pr, away := v.promisedAway(p); away {
+		if a.superseded {
+			return 0, false, errdefs.Wrap(errdefs.ErrUnavailable, "node %s still holds the promise of generation %d of volume %s (it did not grant the newer one reserved for node %s): its promotion may be under way, so the copy on node %s stays fenced; retry",
+				pr.holder, pr.generation, a.id, a.nodeID, a.nodeID)
+		}
+		a.superseded = true
+		if err := m.supersede(ctx, a.id, p, pr, v, a.log); err != nil && !errors.Is(err, errRetry) {
+			return 0, false, err
+		}
+		return 0, false, nil // look again: the promise is void now, or its holder was promoted
+	}
+	if err := m.unfence(ctx, a.id, p, a.log); err != nil {
+		return 0, false, err
+	}
+	return p.copy.Generation, true, nil
 }
 
 var errRetry = errors.New("retry")
