@@ -196,15 +196,7 @@ func (r *Receiver) receive(stream pb.Replication_ReceiveServer) (*pb.ReceiveResu
 	// a sender that stalls before it holds no lock at all.
 	mark, free := r.locks.Mark(h.GetVolumeId())
 	found := r.readCopy(ctx, fs)
-	if err := refuseEarly(h, found); err != nil {
-		log.Warn("stream refused before its first record", "error", err)
-		return nil, err
-	}
-	if err := r.refuseUnknownGeneration(ctx, h, found); err != nil {
-		log.Warn("stream refused before its first record", "error", err)
-		return nil, err
-	}
-	if err := r.refuseOneReplicaTooMany(ctx, h, found); err != nil {
+	if err := r.refuseOnHeader(ctx, h, found); err != nil {
 		log.Warn("stream refused before its first record", "error", err)
 		return nil, err
 	}
@@ -282,23 +274,49 @@ func (r *Receiver) receive(stream pb.Replication_ReceiveServer) (*pb.ReceiveResu
 		}
 		return nil, err
 	}
-	if into.replacing {
-		if err := r.replace(ctx, fs, into.target, r.fullLabels(h), log); err != nil {
-			return nil, err
-		}
-	}
-	last, err := r.received(ctx, fs, h)
+	last, err := r.settleReceived(ctx, fs, h, into, log)
 	if err != nil {
 		return nil, err
-	}
-	if h.GetKind() != KindFull {
-		if err := r.relabel(ctx, fs, r.labels(h)); err != nil {
-			return nil, err
-		}
 	}
 	go r.tidy(h.GetVolumeId(), fs, last.Name, r.peerBases(h), log)
 	log.Info("received", "bytes", received, "snapshot", last.Name)
 	return &pb.ReceiveResult{SnapshotGuid: last.GUID, Bytes: received}, nil
+}
+
+// refuseOnHeader refuses, before the stream's first record and without
+// the copy's lock, what the header and the copy as read then (found)
+// decide (refuseEarly), a generation too far above what this node knows
+// (refuseUnknownGeneration), and a new replica beyond its sender's bound
+// (refuseOneReplicaTooMany).
+func (r *Receiver) refuseOnHeader(ctx context.Context, h *pb.ReceiveHeader, found copyRead) error {
+	if err := refuseEarly(h, found); err != nil {
+		return err
+	}
+	if err := r.refuseUnknownGeneration(ctx, h, found); err != nil {
+		return err
+	}
+	return r.refuseOneReplicaTooMany(ctx, h, found)
+}
+
+// settleReceived makes a received stream the copy (a replacement takes
+// the old replica's place; an incremental's labels follow the sender's)
+// and returns the newest snapshot it now holds.
+func (r *Receiver) settleReceived(ctx context.Context, fs string, h *pb.ReceiveHeader, into intoTarget, log hclog.Logger) (zfscmd.Snap, error) {
+	if into.replacing {
+		if err := r.replace(ctx, fs, into.target, r.fullLabels(h), log); err != nil {
+			return zfscmd.Snap{}, err
+		}
+	}
+	last, err := r.received(ctx, fs, h)
+	if err != nil {
+		return zfscmd.Snap{}, err
+	}
+	if h.GetKind() != KindFull {
+		if err := r.relabel(ctx, fs, r.labels(h)); err != nil {
+			return zfscmd.Snap{}, err
+		}
+	}
+	return last, nil
 }
 
 // refuseEarly refuses, before the stream's first record and without the
