@@ -253,23 +253,8 @@ func (p *Pusher) push(ctx context.Context, volumeID, fs, addr, nodeID, purpose s
 	}
 	prog, spec := plan.prog, plan.spec
 	prog.FencedAt = taken.fencedAt
-	// The size estimate (zfs send -nP, a process of its own) is for
-	// progress reports only. It starts after estimateDelay: a short push
-	// (a move's final increment) ends without it instead of sharing the
-	// CPU with it, and a long one has it for all but its first moments.
 	var total atomic.Int64
-	whole := spec // the bridges and the last stream: from the plan's base
-	if whole.ResumeToken == "" {
-		whole.Base = prog.Base
-	}
-	estimate := time.AfterFunc(estimateDelay, func() {
-		if n, err := p.z.EstimateSize(ctx, whole); err == nil {
-			total.Store(n)
-		} else {
-			log.Debug("no size estimate", "error", err)
-		}
-	})
-	defer estimate.Stop()
+	defer p.estimateLater(ctx, plan, &total, log)()
 	log = log.With("kind", prog.Kind, "snapshot", prog.Snapshot, "base", prog.Base)
 	log.Info("sending", "bridges", len(plan.bridges))
 	transfer := &Transfer{VolumeID: volumeID, Peer: addr, Purpose: purpose, Started: p.now(), Progress: prog}
@@ -309,6 +294,27 @@ func (p *Pusher) push(ctx context.Context, volumeID, fs, addr, nodeID, purpose s
 	report(prog)
 	log.Info("sent", "bytes", prog.Bytes)
 	return pushed{prog: prog, base: base, peer: state.GetNodeId()}, nil
+}
+
+// estimateLater estimates the size of what plan sends (zfs send -nP, a
+// process of its own) into total, for progress reports only, after
+// estimateDelay: a short push (a move's final increment) ends without it
+// instead of sharing the CPU with it, and a long one has it for all but
+// its first moments. The function it returns cancels an estimate not yet
+// started.
+func (p *Pusher) estimateLater(ctx context.Context, plan sendPlan, total *atomic.Int64, log hclog.Logger) (cancel func()) {
+	whole := plan.spec // the bridges and the last stream: from the plan's base
+	if whole.ResumeToken == "" {
+		whole.Base = plan.prog.Base
+	}
+	estimate := time.AfterFunc(estimateDelay, func() {
+		if n, err := p.z.EstimateSize(ctx, whole); err == nil {
+			total.Store(n)
+		} else {
+			log.Debug("no size estimate", "error", err)
+		}
+	})
+	return func() { estimate.Stop() }
 }
 
 // A streamSpec is one stream of a push.
