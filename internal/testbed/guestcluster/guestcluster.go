@@ -23,9 +23,11 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
+	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/node/volume"
@@ -58,6 +60,19 @@ func Run(name string, args ...string) (string, error) {
 	return string(out), nil
 }
 
+// RunWithInput runs a command with input on its standard input, as Run.
+// Commands that take a batch on standard input (ip -batch -) spare the
+// process spawns that cost most of a cluster's start under emulation.
+func RunWithInput(input, name string, args ...string) (string, error) {
+	cmd := exec.Command(name, args...)
+	cmd.Stdin = strings.NewReader(input)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("%s %s <<%q: %w\n%s", name, strings.Join(args, " "), input, err, out)
+	}
+	return string(out), nil
+}
+
 // DatasetsLeft lists what a node holds under its root dataset besides the
 // root and its promise records (volume.PromisesDataset, which outlive
 // every volume): the datasets and snapshots of volumes, replicas and
@@ -83,7 +98,7 @@ func DatasetsLeft(root string) ([]string, error) {
 func CreatePool(name, disk string) error {
 	vdev := disk
 	if strings.HasPrefix(disk, "/dev/") {
-		if _, err := Run("sh", "-c", fmt.Sprintf("echo ',,' | sfdisk -q --wipe always %s >/dev/null", disk)); err != nil {
+		if _, err := RunWithInput(",,\n", "sfdisk", "-q", "--wipe", "always", disk); err != nil {
 			return err
 		}
 		vdev = disk + "1"
@@ -235,21 +250,19 @@ func Start(opts Options) (_ *Cluster, err error) {
 		return nil, err
 	}
 	if _, err := net.InterfaceByName(bridge); err != nil {
-		for _, args := range [][]string{
-			{"link", "add", bridge, "type", "bridge"},
-			{"addr", "add", "10.77.0.254/24", "dev", bridge},
-			{"link", "set", bridge, "up"},
-		} {
-			if _, err := Run("ip", args...); err != nil {
-				return nil, err
-			}
+		batch := fmt.Sprintf("link add %[1]s type bridge\naddr add 10.77.0.254/24 dev %[1]s\nlink set %[1]s up\n", bridge)
+		if _, err := RunWithInput(batch, "ip", "-batch", "-"); err != nil {
+			return nil, err
 		}
 		c.undo = append(c.undo, func() { _ = exec.Command("ip", "link", "del", bridge).Run() })
 	}
-	for i := 1; i <= opts.Nodes; i++ {
-		if _, err := c.addNode(i); err != nil {
+	if opts.EncryptedRoots {
+		if err := writeKeyFile(KeyFile(opts.Dir)); err != nil {
 			return nil, err
 		}
+	}
+	if err := c.addNodes(); err != nil {
+		return nil, err
 	}
 	for _, node := range c.Nodes {
 		start := node.Start
@@ -386,21 +399,69 @@ func (c *Cluster) Close() {
 	if c.Controller != nil {
 		c.Controller.Stop()
 	}
+	// The nodes stop at once, as machines do: each may take seconds to
+	// end its streams.
+	var wg sync.WaitGroup
 	for _, n := range c.Nodes {
-		if n.Process != nil {
-			n.Process.Stop()
-		}
-		if n.host != nil {
-			n.host.Kill()
-		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if n.Process != nil {
+				n.Process.Stop()
+			}
+			if n.host != nil {
+				n.host.Kill()
+			}
+		}()
 	}
+	wg.Wait()
 	for i := len(c.undo) - 1; i >= 0; i-- {
 		c.undo[i]()
 	}
 	c.undo = nil
 }
 
-func (c *Cluster) addNode(i int) (*Node, error) {
+// addNodes sets up every node (pool, root dataset, namespaces, link,
+// certificate) at once: each is a dozen commands, most of a cluster's
+// start under emulation, and the nodes share nothing but the bridge.
+func (c *Cluster) addNodes() error {
+	nodes := make([]*Node, c.opts.Nodes)
+	undos := make([][]func(), c.opts.Nodes)
+	var g errgroup.Group
+	for i := range nodes {
+		g.Go(func() (err error) {
+			nodes[i], undos[i], err = c.setUpNode(i + 1)
+			return err
+		})
+	}
+	err := g.Wait()
+	for _, n := range nodes {
+		if n != nil {
+			c.Nodes = append(c.Nodes, n)
+		}
+	}
+	c.undo = append(c.undo, func() { undoAtOnce(undos) })
+	return err
+}
+
+// undoAtOnce runs each list of undos in reverse, the lists at once.
+func undoAtOnce(lists [][]func()) {
+	var wg sync.WaitGroup
+	for _, undo := range lists {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := len(undo) - 1; i >= 0; i-- {
+				undo[i]()
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// setUpNode sets up node i and returns it with what undoes it, in the
+// order it was set up (also on error: what was set up by then).
+func (c *Cluster) setUpNode(i int) (_ *Node, undo []func(), _ error) {
 	id := fmt.Sprintf("n%d", i)
 	node := &Node{
 		ID: id, Index: i, Pool: fmt.Sprintf("pool%d", i), IP: fmt.Sprintf("10.77.0.%d", i),
@@ -411,69 +472,90 @@ func (c *Cluster) addNode(i int) (*Node, error) {
 	node.CSIEndpoint = "unix://" + filepath.Join(node.Dir, "csi.sock")
 	node.Metrics = "http://" + node.IP + ":9670/metrics"
 	if err := os.MkdirAll(node.Dir, 0o755); err != nil {
-		return nil, err
+		return nil, undo, err
 	}
 	if err := CreatePool(node.Pool, Disk(i-1)); err != nil {
-		return nil, err
+		return nil, undo, err
 	}
-	c.undo = append(c.undo, func() { DestroyPool(node.Pool) })
+	undo = append(undo, func() { DestroyPool(node.Pool) })
+	if err := c.createRoot(node.RootDataset); err != nil {
+		return nil, undo, err
+	}
+	if err := setUpNetwork(id, "vh"+strconv.Itoa(i), node.IP); err != nil {
+		return nil, append(undo, func() { tearDownNetwork(id, "vh"+strconv.Itoa(i)) }), err
+	}
+	undo = append(undo, func() { tearDownNetwork(id, "vh"+strconv.Itoa(i)) })
+	nodeTLS, err := c.CA.Issue(id, tlsconfig.RoleNode)
+	if err != nil {
+		return nil, undo, err
+	}
+	node.TLS = nodeTLS
+	node.args = c.nodeArgs(node)
+	return node, undo, nil
+}
+
+// createRoot creates a node's root dataset, encrypted with the cluster's
+// key file if the options say so.
+func (c *Cluster) createRoot(name string) error {
 	create := []string{"create"}
 	if c.opts.EncryptedRoots {
 		key := KeyFile(c.opts.Dir)
-		if _, err := os.Stat(key); err != nil {
-			if err := os.WriteFile(key, []byte("zfs-nomad throw-away test key!!!"), 0o600); err != nil { // 32 bytes, raw
-				return nil, err
-			}
-		}
+		// Written by Start before the nodes are set up.
 		create = append(create, "-o", "encryption=on", "-o", "keyformat=raw", "-o", "keylocation=file://"+key)
 	}
-	if _, err := Run("zfs", append(create, node.RootDataset)...); err != nil {
-		return nil, err
-	}
+	_, err := Run("zfs", append(create, name)...)
+	return err
+}
 
-	ns, host := id, "vh"+strconv.Itoa(i)
+// setUpNetwork gives node id its network namespace, with eth0 at ip on
+// the bridge through the veth pair whose root end is host.
+func setUpNetwork(id, host, ip string) error {
 	if err := removeLink(host); err != nil {
-		return nil, err
+		return err
 	}
-	if _, err := Run("ip", "netns", "add", ns); err != nil {
-		return nil, err
+	if _, err := Run("ip", "netns", "add", id); err != nil {
+		return err
 	}
-	c.undo = append(c.undo, func() {
-		_ = exec.Command("ip", "netns", "del", ns).Run()
-		_ = removeLink(host)
-	})
-	for _, args := range [][]string{
-		{"link", "add", host, "type", "veth", "peer", "name", "eth0", "netns", ns},
-		{"link", "set", host, "master", bridge, "up"},
-		{"-n", ns, "addr", "add", node.IP + "/24", "dev", "eth0"},
-		{"-n", ns, "link", "set", "eth0", "up"},
-		{"-n", ns, "link", "set", "lo", "up"},
-	} {
-		if _, err := Run("ip", args...); err != nil {
-			return nil, err
-		}
+	root := fmt.Sprintf("link add %s type veth peer name eth0 netns %s\nlink set %s master %s up\n", host, id, host, bridge)
+	if _, err := RunWithInput(root, "ip", "-batch", "-"); err != nil {
+		return err
 	}
-	nodeTLS, err := c.CA.Issue(id, tlsconfig.RoleNode)
-	if err != nil {
-		return nil, err
+	inside := fmt.Sprintf("addr add %s/24 dev eth0\nlink set eth0 up\nlink set lo up\n", ip)
+	_, err := RunWithInput(inside, "ip", "-n", id, "-batch", "-")
+	return err
+}
+
+// tearDownNetwork removes what setUpNetwork made.
+func tearDownNetwork(id, host string) {
+	_ = exec.Command("ip", "netns", "del", id).Run()
+	_ = removeLink(host)
+}
+
+// writeKeyFile writes the raw key of encrypted roots, once per cluster
+// directory.
+func writeKeyFile(path string) error {
+	if _, err := os.Stat(path); err == nil {
+		return nil
 	}
-	node.TLS = nodeTLS
-	node.args = append([]string{
-		"-node-id", id, "-root-dataset", node.RootDataset, "-max-quota", "10G", "-default-quota", "256M",
+	return os.WriteFile(path, []byte("zfs-nomad throw-away test key!!!"), 0o600) // 32 bytes, raw
+}
+
+// nodeArgs are node's zfs-node flags.
+func (c *Cluster) nodeArgs(node *Node) []string {
+	args := append([]string{
+		"-node-id", node.ID, "-root-dataset", node.RootDataset, "-max-quota", "10G", "-default-quota", "256M",
 		"-csi-endpoint", node.CSIEndpoint, "-agent-address", node.AgentAddress, "-metrics-address", node.IP + ":9670",
 		"-allow-property", "compression=lz4:lz4|off|zstd", "-allow-property", "atime=off:on|off",
 		"-mount-flags", "ro,noatime,nodev,nosuid,noexec", "-mount-base-dirs", node.Dir,
-	}, tlsArgs(nodeTLS)...)
+	}, tlsArgs(node.TLS)...)
 	if c.opts.Lease > 0 {
 		var peers []string
 		for j := 1; j <= c.opts.Nodes; j++ {
 			peers = append(peers, fmt.Sprintf("10.77.0.%d:7670", j))
 		}
-		node.args = append(node.args, "-peers", strings.Join(peers, ","), "-lease", c.opts.Lease.String())
+		args = append(args, "-peers", strings.Join(peers, ","), "-lease", c.opts.Lease.String())
 	}
-	node.args = append(node.args, c.opts.NodeArgs...)
-	c.Nodes = append(c.Nodes, node)
-	return node, nil
+	return append(args, c.opts.NodeArgs...)
 }
 
 // removeLink makes sure the host end of a node's veth pair is gone. The
@@ -642,10 +724,17 @@ func (p *Process) Stop() {
 		return
 	}
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	began := time.Now()
 	select {
 	case <-p.done:
 	case <-time.After(15 * time.Second):
+		fmt.Fprintf(os.Stderr, "guestcluster: %s did not stop within 15 s of SIGTERM: killed\n", p.Name)
 		p.Kill()
+		return
+	}
+	// Nomad gives a task kill_timeout (5 s by default) before SIGKILL.
+	if took := time.Since(began); took > 5*time.Second {
+		fmt.Fprintf(os.Stderr, "guestcluster: %s took %s to stop after SIGTERM\n", p.Name, took.Round(time.Millisecond))
 	}
 }
 
