@@ -208,7 +208,12 @@ func TestStalledPushBlocksNothing(t *testing.T) {
 	if got := len(s.Round(ctx)); got != 2 {
 		t.Fatalf("first round started %d pushes, want 2", got)
 	}
-	time.Sleep(100 * time.Millisecond)  // "fine" is done, "hung" hangs
+	// "fine" is done (however slow the machine), "hung" hangs.
+	for deadline := time.Now().Add(5 * time.Second); s.pushingTo("fine") != ""; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the push of \"fine\" did not end")
+		}
+	}
 	ahead.Store(int64(2 * time.Minute)) // "fine" is due again
 	second := make(chan []Push, 1)
 	go func() { second <- s.Round(ctx) }()
