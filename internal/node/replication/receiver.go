@@ -232,20 +232,8 @@ func (r *Receiver) receive(stream pb.Replication_ReceiveServer) (*pb.ReceiveResu
 		}
 		defer func() { early.abandon() }() // unless it was used
 	}
-	// What was read without the lock still holds when nobody took the
-	// lock meanwhile (every change of the copy holds it); otherwise it is
-	// read again (so is one that failed).
-	if !free || !r.locks.Unchanged(h.GetVolumeId(), mark) || found.err != nil {
-		found = r.readCopy(ctx, fs)
-	}
-	if found.replacing {
-		if err := r.finishReplace(ctx, fs, log); err != nil {
-			return nil, err
-		}
-		found = r.readCopy(ctx, fs)
-	}
-	if found.err != nil {
-		return nil, found.err
+	if found, err = r.readLocked(ctx, fs, h.GetVolumeId(), found, mark, free, log); err != nil {
+		return nil, err
 	}
 	parsed, _ := parseBegin(begin) // checked above
 	into, err := r.prepare(ctx, fs, h, parsed.fromGUID, found, log)
@@ -253,18 +241,15 @@ func (r *Receiver) receive(stream pb.Replication_ReceiveServer) (*pb.ReceiveResu
 		return nil, err
 	}
 	log.Info("receiving", "into", into.target)
+	zr, err := r.receiveInto(ctx, early, into)
+	early = nil // used or abandoned
+	if err != nil {
+		return nil, err
+	}
 	// The guard runs only while the receiver waits for the sender: not
 	// during the checks and clean-up above (the sender is held by flow
 	// control meanwhile), nor after its last message, after which zfs
 	// receive may still take its time to finish.
-	zr := early
-	if early == nil || early.target != into.target || len(into.props) > 0 {
-		early.abandon()
-		if zr, err = r.startReceive(ctx, into.target, into.props); err != nil {
-			return nil, err
-		}
-	}
-	early = nil
 	received, err := r.zfsReceive(ctx, h, zr, into.replacing, begin, stream, guard, log)
 	if err != nil {
 		if into.replacing {
@@ -281,6 +266,35 @@ func (r *Receiver) receive(stream pb.Replication_ReceiveServer) (*pb.ReceiveResu
 	go r.tidy(h.GetVolumeId(), fs, last.Name, r.peerBases(h), log)
 	log.Info("received", "bytes", received, "snapshot", last.Name)
 	return &pb.ReceiveResult{SnapshotGuid: last.GUID, Bytes: received}, nil
+}
+
+// readLocked returns the copy as it is under its lock. What was read
+// without the lock (found) still holds when nobody took the lock since
+// mark (every change of the copy holds it); otherwise it is read again
+// (so is one that failed). A replacement that stopped half-way is
+// finished first.
+func (r *Receiver) readLocked(ctx context.Context, fs, id string, found copyRead, mark uint64, free bool, log hclog.Logger) (copyRead, error) {
+	if !free || !r.locks.Unchanged(id, mark) || found.err != nil {
+		found = r.readCopy(ctx, fs)
+	}
+	if found.replacing {
+		if err := r.finishReplace(ctx, fs, log); err != nil {
+			return copyRead{}, err
+		}
+		found = r.readCopy(ctx, fs)
+	}
+	return found, found.err
+}
+
+// receiveInto returns the zfs receive for into: early, the one started
+// into the replica while the copy was checked, when into is that replica
+// and sets no properties; else a new one, early abandoned.
+func (r *Receiver) receiveInto(ctx context.Context, early *pendingReceive, into intoTarget) (*pendingReceive, error) {
+	if early != nil && early.target == into.target && len(into.props) == 0 {
+		return early, nil
+	}
+	early.abandon()
+	return r.startReceive(ctx, into.target, into.props)
 }
 
 // refuseOnHeader refuses, before the stream's first record and without
