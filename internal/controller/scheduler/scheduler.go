@@ -489,8 +489,8 @@ func (s *Scheduler) planInFull(ctx context.Context, healthy []cluster.Node, old 
 	return pushes, nil
 }
 
-// held is what the nodes hold, as a round sees it.
-type held struct {
+// seen is what the nodes hold, as a round sees it.
+type seen struct {
 	primaries []primary
 	replicas  map[string][]replica // by volume ID
 }
@@ -504,7 +504,7 @@ type primary struct {
 // holdings learns what the healthy nodes hold, from old for those that
 // did not change and by asking the others, and records it in next. It
 // reports false when a node did not answer: the round is not complete.
-func (s *Scheduler) holdings(ctx context.Context, healthy []cluster.Node, old *book, changed map[string]bool, next *book) (held, bool) {
+func (s *Scheduler) holdings(ctx context.Context, healthy []cluster.Node, old *book, changed map[string]bool, next *book) (seen, bool) {
 	var ask []cluster.Node
 	answers := []cluster.Answer[cluster.Holding]{}
 	for _, n := range healthy {
@@ -516,7 +516,7 @@ func (s *Scheduler) holdings(ctx context.Context, healthy []cluster.Node, old *b
 		}
 	}
 	answers = append(answers, cluster.Holdings(ctx, s.cl, ask)...)
-	h := held{replicas: map[string][]replica{}}
+	h := seen{replicas: map[string][]replica{}}
 	complete := true
 	for _, a := range answers {
 		n := a.Node
@@ -541,7 +541,7 @@ func (s *Scheduler) holdings(ctx context.Context, healthy []cluster.Node, old *b
 // and demotion, or a lost primary back after a failover) gets nothing:
 // Settle retires the older, once per round, and planVolumes reports
 // that it did.
-func (s *Scheduler) planVolumes(ctx context.Context, h held, healthy []cluster.Node, next *book) (pushes []Push, surplus []Removal, settled bool) {
+func (s *Scheduler) planVolumes(ctx context.Context, h seen, healthy []cluster.Node, next *book) (pushes []Push, surplus []Removal, settled bool) {
 	holders := map[string]int{}
 	for _, p := range h.primaries {
 		holders[p.vol.VolumeID]++

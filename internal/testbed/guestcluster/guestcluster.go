@@ -481,10 +481,12 @@ func (c *Cluster) setUpNode(i int) (_ *Node, undo []func(), _ error) {
 	if err := c.createRoot(node.RootDataset); err != nil {
 		return nil, undo, err
 	}
-	if err := setUpNetwork(id, "vh"+strconv.Itoa(i), node.IP); err != nil {
-		return nil, append(undo, func() { tearDownNetwork(id, "vh"+strconv.Itoa(i)) }), err
+	// Undone also when set up only in part: the teardown ignores what is
+	// not there.
+	undo = append(undo, func() { tearDownNetwork(id, hostLink(i)) })
+	if err := setUpNetwork(id, hostLink(i), node.IP); err != nil {
+		return nil, undo, err
 	}
-	undo = append(undo, func() { tearDownNetwork(id, "vh"+strconv.Itoa(i)) })
 	nodeTLS, err := c.CA.Issue(id, tlsconfig.RoleNode)
 	if err != nil {
 		return nil, undo, err
@@ -524,6 +526,9 @@ func setUpNetwork(id, host, ip string) error {
 	_, err := RunWithInput(inside, "ip", "-n", id, "-batch", "-")
 	return err
 }
+
+// hostLink names the root namespace's end of node i's veth pair.
+func hostLink(i int) string { return "vh" + strconv.Itoa(i) }
 
 // tearDownNetwork removes what setUpNetwork made.
 func tearDownNetwork(id, host string) {
@@ -628,12 +633,12 @@ func (n *Node) Kill() { n.Process.Kill() }
 
 // CutLink takes the node off the network; RestoreLink puts it back.
 func (n *Node) CutLink() error {
-	_, err := Run("ip", "link", "set", "vh"+strconv.Itoa(n.Index), "down")
+	_, err := Run("ip", "link", "set", hostLink(n.Index), "down")
 	return err
 }
 
 func (n *Node) RestoreLink() error {
-	_, err := Run("ip", "link", "set", "vh"+strconv.Itoa(n.Index), "up")
+	_, err := Run("ip", "link", "set", hostLink(n.Index), "up")
 	return err
 }
 
