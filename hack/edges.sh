@@ -48,6 +48,24 @@ if [ -n "$leaks" ]; then
 	echo "(see docs/architecture.md: protobuf stops at internal/controller/agentclient)"
 	exit 1
 fi
+# On the node, protobuf stops at the agent package (internal/node/agent),
+# the node's gRPC adapter, which assembly registers: the node's logic
+# works on plain types, and the lease, replication, the volumes, the
+# locks and the mounts link no gRPC at all, so their tests need none.
+node_pb=$(go list -f '{{.ImportPath}} {{join .Imports " "}}' ./internal/node/... |
+	awk -v pb="$module/proto/agentpb" '{for (i = 2; i <= NF; i++) if ($i == pb) print $1}' |
+	grep -vE "/internal/node/(agent|assembly)\$" || true)
+if [ -n "$node_pb" ]; then
+	echo "node logic imports proto/agentpb:" $node_pb
+	echo "(see docs/architecture.md: on the node, protobuf stops at internal/node/agent)"
+	exit 1
+fi
+for pkg in lease replication volume copylock mount; do
+	if go list -deps "./internal/node/$pkg" | grep -qx 'google.golang.org/grpc'; then
+		echo "internal/node/$pkg links gRPC (see docs/architecture.md: on the node, gRPC stops at internal/node/agent)"
+		exit 1
+	fi
+done
 # CSI stops at the CSI server (internal/controller/csiserver): the logic
 # below it works on plain Go types, and links no CSI at all.
 csi_spec='github.com/container-storage-interface/spec'

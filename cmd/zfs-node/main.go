@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/node/agent"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/assembly"
 	csinode "github.com/zfs-nomad/zfs-nomad/internal/node/csiserver"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/mount"
@@ -105,7 +106,7 @@ func serve(args []string) error {
 	csispec.RegisterIdentityServer(csiSrv, csiplugin.NewIdentity(node.Volumes.Health))
 	csispec.RegisterNodeServer(csiSrv, csinode.New(node.Volumes, mount.System{}, cfg, log.Named("csi")))
 	serverOpts = append(serverOpts, protocol.ServerOptions("node "+cfg.NodeID)...)
-	agentSrv := grpc.NewServer(append(serverOpts, replication.ServerOptions()...)...)
+	agentSrv := grpc.NewServer(append(serverOpts, agent.ServerOptions()...)...)
 	node.Register(agentSrv)
 
 	log.Info("serving", "version", version.Version, "csi_endpoint", cfg.CSIEndpoint, "agent_address", lis.agent.Addr().String(),
@@ -131,7 +132,7 @@ func assemble(cfg config.Node, z *libzfs.ZFS, dialCreds credentials.TransportCre
 		// handle; the short reads and holds around them run in process.
 		Streams: z.Streams(zfscmd.Cmd{}),
 		Dial: func(addr string) (*grpc.ClientConn, error) {
-			opts := append(replication.DialOptions(), protocol.DialOptions()...)
+			opts := append(agent.DialOptions(), protocol.DialOptions()...)
 			return grpc.NewClient(addr, append(opts, grpc.WithTransportCredentials(dialCreds))...)
 		},
 		Peers:      peers.Configured(cfg.Peers, cfg.PeersFile),

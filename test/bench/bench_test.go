@@ -47,7 +47,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/agentclient"
-	"github.com/zfs-nomad/zfs-nomad/internal/node/replication"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/agent"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/tlsconfig"
 	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guestcluster"
@@ -261,8 +261,8 @@ func BenchmarkTransport(b *testing.B) {
 		dialOpts := []grpc.DialOption{grpc.WithTransportCredentials(cliM.ClientCredentials())}
 		if tuned {
 			name = "grpc-stream-driver-windows"
-			srvOpts = append(srvOpts, replication.ServerOptions()...)
-			dialOpts = append(dialOpts, replication.DialOptions()...)
+			srvOpts = append(srvOpts, agent.ServerOptions()...)
+			dialOpts = append(dialOpts, agent.DialOptions()...)
 		}
 		b.Run(name, func(b *testing.B) { grpcStream(b, srvOpts, dialOpts, total, chunk) })
 	}

@@ -126,7 +126,7 @@ func NewWithAgents(peers peers.Source, connect func(addr string) (NodeAgent, err
 // call timeout (30 s by default) before the node counts as unreachable.
 // With pings the connection fails within Time+Timeout of going silent,
 // and calls to the node fail at once. The agents' servers allow pings
-// every 5 s without streams (replication.ServerOptions).
+// every 5 s without streams (the node's agent.ServerOptions).
 var agentKeepalive = keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}
 
 // agentConnect bounds a connection attempt (TCP and TLS handshakes) to 5 s

@@ -1,7 +1,11 @@
-// Package agent is the node agent service (proto/agentpb) on both ends:
-// Server exposes a node's volume.Manager to the controller, Client is what
-// the controller calls. Protobuf types stop here: both sides speak the plain
-// types of package volume.
+// Package agent is the node's gRPC adapter for the agent protocol
+// (proto/agentpb), and the only node package that speaks it (hack/edges.sh
+// checks): Server serves the node agent service, the node's volume.Manager
+// and replication, to the controller; between nodes, ReplicationServer and
+// ReplicationPeers carry replication's streams, PeersServer and PeerClient
+// the lease's calls. The node's logic speaks the plain types of volume,
+// replication and lease; ServerOptions and DialOptions tune the agent
+// port for bulk streams.
 package agent
 
 import (
@@ -403,12 +407,12 @@ func (s *Server) copyOf(ctx context.Context, id string) (*pb.Copy, error) {
 	}
 	out.PromisedGeneration, out.PromisedHolder = promised.Generation, promised.Holder
 	if c.Exists && c.Role == contract.RoleReplica && s.receiver != nil {
-		state, err := s.receiver.ReplicaState(ctx, &pb.ReplicaStateRequest{VolumeId: id})
+		state, err := s.receiver.ReplicaState(ctx, id)
 		if err != nil {
-			return nil, errdefs.FromStatus(err)
+			return nil, err
 		}
-		out.Resumable = state.GetResumeToken() != ""
-		out.SnapshotGuids = state.GetSnapshotGuids()
+		out.Resumable = state.ResumeToken != ""
+		out.SnapshotGuids = state.SnapshotGUIDs
 	}
 	return out, nil
 }

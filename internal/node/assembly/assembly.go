@@ -62,7 +62,7 @@ type Parts struct {
 	// Monitor and Heartbeat are the lease's, from StartLease on.
 	Monitor   *lease.Monitor
 	Heartbeat *lease.Heartbeat
-	peers     *lease.Server
+	peers     *agent.PeersServer
 	deps      Deps
 }
 
@@ -83,7 +83,7 @@ func New(d Deps) *Parts {
 func (p *Parts) newReplication(d Deps) {
 	cfg, log := d.Config, d.Log.Named("replication")
 	p.Pusher = replication.NewPusher(d.Streams, p.Volumes.Locks(), cfg.RootDataset, cfg.NodeID, cfg.ReplicationSnapshots,
-		replication.NewLimiter(uint64(cfg.ReplicationBandwidth)), d.Dial, log)
+		replication.NewLimiter(uint64(cfg.ReplicationBandwidth)), agent.NewReplicationPeers(d.Dial), log)
 	r := replication.NewReceiver(d.Streams, p.Volumes.Locks(), cfg.RootDataset, cfg.NodeID, cfg.ReplicationSnapshots, log)
 	r.MaxQuota, r.QuotaProperty = uint64(cfg.MaxQuota), cfg.QuotaProperty
 	r.IdleTimeout = time.Duration(cfg.ReceiveIdleTimeout)
@@ -115,10 +115,10 @@ func (p *Parts) StartLease() {
 	}
 	volumes := leaseVolumes{p.Volumes}
 	p.Heartbeat = &lease.Heartbeat{Monitor: p.Monitor, NodeID: cfg.NodeID, Interval: time.Duration(cfg.Lease) / 4,
-		Peers: d.Peers.Peers, Dial: d.Dial, Volumes: volumes, Log: log}
+		Peers: d.Peers.Peers, Client: agent.NewPeerClient(d.Dial), Volumes: volumes, Log: log}
 	// The peers' calls count as hearing them when this node attests
 	// their silence (the caller is its verified node certificate).
-	p.peers = &lease.Server{NodeID: cfg.NodeID, Domain: cfg.Domain, Promised: volumes.Promised, Monitor: p.Monitor}
+	p.peers = &agent.PeersServer{Lease: &lease.Server{NodeID: cfg.NodeID, Domain: cfg.Domain, Promised: volumes.Promised, Monitor: p.Monitor}}
 }
 
 // newAgent makes the node agent service the controller calls. What it
@@ -147,7 +147,7 @@ func (p *Parts) newAgent(d Deps) {
 // (for the peers). Call it after StartLease.
 func (p *Parts) Register(srv *grpc.Server) {
 	pb.RegisterNodeAgentServer(srv, p.Agent)
-	pb.RegisterReplicationServer(srv, p.Receiver)
+	pb.RegisterReplicationServer(srv, &agent.ReplicationServer{Receiver: p.Receiver})
 	pb.RegisterPeersServer(srv, p.peers)
 }
 

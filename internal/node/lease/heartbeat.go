@@ -2,17 +2,29 @@ package lease
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"google.golang.org/grpc"
-	grpcpeer "google.golang.org/grpc/peer"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
-	"github.com/zfs-nomad/zfs-nomad/internal/shared/tlsconfig"
-	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
+
+// PeerClient is how the heartbeat calls its peers: agent.PeerClient over
+// the agent port on a node, in memory in the tests.
+type PeerClient interface {
+	// Ping asks the peer at addr which node it is. An answer as a node
+	// other than the one the peer's certificate names fails with
+	// errdefs.ErrPermissionDenied: it must not count as that node.
+	Ping(ctx context.Context, addr string) (nodeID string, err error)
+	// Promises asks node nodeID, at addr, for the highest generation it
+	// promised of each of ids (at most MaxPromiseIDs); an answer from
+	// another node fails with errdefs.ErrPermissionDenied.
+	Promises(ctx context.Context, addr, nodeID string, ids []string) (map[string]uint64, error)
+	// Close ends the connections to the peers.
+	Close()
+}
 
 // Volumes is what the heartbeat does to the node's primaries
 // (volume.Manager).
@@ -48,17 +60,15 @@ type Heartbeat struct {
 	Monitor  *Monitor
 	NodeID   string
 	Interval time.Duration
-	// Peers lists the agent addresses (a peers file may change).
+	// Peers lists the agent addresses (a peers file may change); Client
+	// calls them.
 	Peers   func() ([]string, error)
-	Dial    func(addr string) (*grpc.ClientConn, error)
+	Client  PeerClient
 	Volumes Volumes
 	// Held, when set, is told whether the lease is held after each beat
 	// (a metric).
 	Held func(bool)
 	Log  hclog.Logger
-
-	mu    sync.Mutex
-	conns map[string]*grpc.ClientConn
 
 	// What the last beat left, for the next (see step). Zero before the
 	// first beat: the node starts as if it held the lease and fenced
@@ -73,7 +83,7 @@ type Heartbeat struct {
 func (h *Heartbeat) Run(ctx context.Context) {
 	ticker := time.NewTicker(h.Interval)
 	defer ticker.Stop()
-	defer h.closeConns()
+	defer h.Client.Close()
 	for {
 		h.Beat(ctx)
 		select {
@@ -137,24 +147,22 @@ func (h *Heartbeat) beat(ctx context.Context) {
 	if addrs != nil {
 		h.Monitor.SetPeers(addrs)
 	}
-	h.fanOut(ctx, h.Monitor.Peers(), func(ctx context.Context, addr string, conn grpc.ClientConnInterface) {
-		var server grpcpeer.Peer
-		resp, err := pb.NewPeersClient(conn).Ping(ctx, &pb.PingRequest{}, grpc.Peer(&server))
-		if err != nil {
-			return
-		}
-		// A node may answer only as itself: a certificate that names
-		// another node than the answer would count one node as another.
-		if err := tlsconfig.CheckClaim(&server, resp.GetNodeId()); err != nil {
+	h.fanOut(ctx, h.Monitor.Peers(), func(ctx context.Context, addr string) {
+		nodeID, err := h.Client.Ping(ctx, addr)
+		switch {
+		case errors.Is(err, errdefs.ErrPermissionDenied):
+			// A node may answer only as itself: a certificate that names
+			// another node than the answer would count one node as
+			// another.
 			h.Log.Warn("a peer's answer is not counted", "addr", addr, "error", err)
-			return
+		case err == nil:
+			h.Monitor.Answered(addr, nodeID)
 		}
-		h.Monitor.Answered(addr, resp.GetNodeId())
 	})
 }
 
 // fanOut calls every peer at addrs at once, all within the interval.
-func (h *Heartbeat) fanOut(ctx context.Context, addrs []string, call func(ctx context.Context, addr string, conn grpc.ClientConnInterface)) {
+func (h *Heartbeat) fanOut(ctx context.Context, addrs []string, call func(ctx context.Context, addr string)) {
 	ctx, cancel := context.WithTimeout(ctx, h.Interval)
 	defer cancel()
 	var wg sync.WaitGroup
@@ -162,9 +170,7 @@ func (h *Heartbeat) fanOut(ctx context.Context, addrs []string, call func(ctx co
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if c, err := h.client(addr); err == nil {
-				call(ctx, addr, c)
-			}
+			call(ctx, addr)
 		}()
 	}
 	wg.Wait()
@@ -283,10 +289,9 @@ func (h *Heartbeat) askPromises(ctx context.Context, ids []string) []map[string]
 		mu  sync.Mutex
 		out []map[string]uint64
 	)
-	h.fanOut(ctx, h.Monitor.others(h.NodeID), func(ctx context.Context, addr string, conn grpc.ClientConnInterface) {
+	h.fanOut(ctx, h.Monitor.others(h.NodeID), func(ctx context.Context, addr string) {
 		// Only the node that answered the ping at addr may vouch there.
-		c := pb.NewPeersClient(tlsconfig.Bind(conn, h.Monitor.nodeOf(addr)))
-		answer, err := promisesOf(ctx, c, ids)
+		answer, err := h.promisesOf(ctx, addr, h.Monitor.nodeOf(addr), ids)
 		if err != nil {
 			return
 		}
@@ -300,84 +305,49 @@ func (h *Heartbeat) askPromises(ctx context.Context, ids []string) []map[string]
 // promisesOf asks one peer for its promises of ids, MaxPromiseIDs at a
 // time. A peer counts only with its answer about every ID: one missing
 // would read as "promised nothing newer" (confirmed).
-func promisesOf(ctx context.Context, c pb.PeersClient, ids []string) (map[string]uint64, error) {
+func (h *Heartbeat) promisesOf(ctx context.Context, addr, nodeID string, ids []string) (map[string]uint64, error) {
 	out := make(map[string]uint64, len(ids))
 	for len(ids) > 0 {
 		chunk := ids[:min(len(ids), MaxPromiseIDs)]
 		ids = ids[len(chunk):]
-		resp, err := c.Promises(ctx, &pb.PromisesRequest{VolumeIds: chunk})
+		answer, err := h.Client.Promises(ctx, addr, nodeID, chunk)
 		if err != nil {
 			return nil, err
 		}
-		for id, g := range resp.GetGenerations() {
+		for id, g := range answer {
 			out[id] = g
 		}
 	}
 	return out, nil
 }
 
-func (h *Heartbeat) client(addr string) (grpc.ClientConnInterface, error) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.conns == nil {
-		h.conns = map[string]*grpc.ClientConn{}
-	}
-	conn, ok := h.conns[addr]
-	if !ok {
-		var err error
-		if conn, err = h.Dial(addr); err != nil {
-			return nil, err
-		}
-		h.conns[addr] = conn
-	}
-	return conn, nil
-}
-
 // Close closes the connections to the peers; Run does it when it ends.
-func (h *Heartbeat) Close() { h.closeConns() }
+func (h *Heartbeat) Close() { h.Client.Close() }
 
-func (h *Heartbeat) closeConns() {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	for _, c := range h.conns {
-		c.Close()
-	}
-	h.conns = nil
-}
-
-// Server answers the peers' Ping and Promises, and records each caller
-// as heard in Monitor (Monitor.Called) before it answers: a caller that
-// counts this answer for its lease was then recorded here no earlier
-// than it asked (docs/safety.md, "Why the lease and failover majorities
-// intersect").
+// Server answers the peers' pings and questions about promises (served
+// over gRPC by agent.PeersServer), and records each caller as heard in
+// Monitor (Monitor.Called) before it answers: a caller that counts this
+// answer for its lease was then recorded here no earlier than it asked
+// (docs/safety.md, "Why the lease and failover majorities intersect").
 type Server struct {
-	pb.UnimplementedPeersServer
 	NodeID, Domain string
 	Promised       func(ctx context.Context, id string) (uint64, error)
 	// Monitor, when set, records the callers.
 	Monitor *Monitor
-	// Caller names the caller of a call: tlsconfig.NameOf (its verified
-	// node certificate) when nil. A call without one is not recorded.
-	Caller func(ctx context.Context) (string, bool)
 }
 
-// called records the caller of ctx in Monitor.
-func (s *Server) called(ctx context.Context) {
-	if s.Monitor == nil {
-		return
-	}
-	name := s.Caller
-	if name == nil {
-		name = tlsconfig.NameOf
-	}
-	if id, ok := name(ctx); ok && id != "" && id != s.NodeID {
-		s.Monitor.Called(id)
+// called records caller, the node its verified certificate names ("" for
+// none: not recorded), in Monitor.
+func (s *Server) called(caller string) {
+	if s.Monitor != nil && caller != "" && caller != s.NodeID {
+		s.Monitor.Called(caller)
 	}
 }
 
-func (s *Server) Ping(ctx context.Context, _ *pb.PingRequest) (*pb.PingResponse, error) {
-	s.called(ctx)
-	return &pb.PingResponse{NodeId: s.NodeID, Domain: s.Domain}, nil
+// Ping answers caller's ping: this node's ID and failure domain.
+func (s *Server) Ping(caller string) (nodeID, domain string) {
+	s.called(caller)
+	return s.NodeID, s.Domain
 }
 
 // MaxPromiseIDs bounds the volumes one Promises request asks about: each
@@ -386,18 +356,20 @@ func (s *Server) Ping(ctx context.Context, _ *pb.PingRequest) (*pb.PingResponse,
 // asks about its unconfirmed primaries, in chunks of this size).
 const MaxPromiseIDs = 1000
 
-func (s *Server) Promises(ctx context.Context, req *pb.PromisesRequest) (*pb.PromisesResponse, error) {
-	if n := len(req.GetVolumeIds()); n > MaxPromiseIDs {
-		return nil, errdefs.ToStatus(errdefs.Wrap(errdefs.ErrInvalidArgument, "a Promises request asks about %d volumes, more than %d: ask in chunks", n, MaxPromiseIDs))
+// Promises answers caller with the highest generation this node promised
+// of each of ids.
+func (s *Server) Promises(ctx context.Context, caller string, ids []string) (map[string]uint64, error) {
+	if n := len(ids); n > MaxPromiseIDs {
+		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, "a Promises request asks about %d volumes, more than %d: ask in chunks", n, MaxPromiseIDs)
 	}
-	s.called(ctx)
-	out := &pb.PromisesResponse{Generations: map[string]uint64{}}
-	for _, id := range req.GetVolumeIds() {
+	s.called(caller)
+	out := make(map[string]uint64, len(ids))
+	for _, id := range ids {
 		g, err := s.Promised(ctx, id)
 		if err != nil {
 			return nil, err
 		}
-		out.Generations[id] = g
+		out[id] = g
 	}
 	return out, nil
 }

@@ -2,21 +2,16 @@ package lease
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"net"
 	"slices"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/status"
-	"google.golang.org/grpc/test/bufconn"
 
-	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
 )
 
 // fakeVolumes records what the heartbeat does to the node's primaries.
@@ -107,32 +102,78 @@ func (f *fakeVolumes) Promised(_ context.Context, id string) (uint64, error) {
 	return f.promised[id], nil
 }
 
-// peerNet serves lease.Servers on in-memory listeners, by address.
-type peerNet struct {
-	t         *testing.T
-	listeners map[string]*bufconn.Listener
-	servers   map[string]*grpc.Server
+// memNet holds the nodes' lease servers in memory, by address, and
+// delivers the heartbeats' calls to them as the gRPC adapter
+// (agent.PeerClient, agent.PeersServer) does: the caller named, a node
+// held to the answers it gives. Calls the ways that are cut fail at once.
+type memNet struct {
+	mu      sync.Mutex
+	servers map[string]*Server // by address
+	cut     map[[2]string]bool // from node, to address: calls that way fail
+	liars   map[string]string  // address -> the node its certificate names, when not the one it answers as
 }
 
-func (n *peerNet) serve(addr, nodeID string, promised map[string]uint64) {
-	lis := bufconn.Listen(1 << 16)
-	srv := grpc.NewServer()
-	pb.RegisterPeersServer(srv, &Server{NodeID: nodeID, Domain: "d", Promised: func(_ context.Context, id string) (uint64, error) { return promised[id], nil }})
-	go srv.Serve(lis)
-	n.t.Cleanup(srv.Stop)
-	n.listeners[addr], n.servers[addr] = lis, srv
+func newMemNet() *memNet {
+	return &memNet{servers: map[string]*Server{}, cut: map[[2]string]bool{}, liars: map[string]string{}}
 }
 
-func (n *peerNet) dial(addr string) (*grpc.ClientConn, error) {
-	return grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(func(ctx context.Context, a string) (net.Conn, error) {
-			lis, ok := n.listeners[a]
-			if !ok {
-				return nil, net.ErrClosed
-			}
-			return lis.DialContext(ctx)
-		}))
+// serve puts a lease server for node nodeID, with its promises, at addr.
+func (n *memNet) serve(addr, nodeID string, promised map[string]uint64) {
+	n.serveWith(addr, &Server{NodeID: nodeID, Domain: "d", Promised: func(_ context.Context, id string) (uint64, error) { return promised[id], nil }})
 }
+
+func (n *memNet) serveWith(addr string, s *Server) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.servers[addr] = s
+}
+
+// client is node from's client.
+func (n *memNet) client(from string) PeerClient { return memClient{n: n, from: from} }
+
+// reach returns the server at addr, if from's calls get there.
+func (n *memNet) reach(from, addr string) (*Server, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	s, ok := n.servers[addr]
+	if !ok || n.cut[[2]string{from, addr}] {
+		return nil, errors.New("connection refused")
+	}
+	return s, nil
+}
+
+type memClient struct {
+	n    *memNet
+	from string
+}
+
+func (c memClient) Ping(_ context.Context, addr string) (string, error) {
+	s, err := c.n.reach(c.from, addr)
+	if err != nil {
+		return "", err
+	}
+	nodeID, _ := s.Ping(c.from)
+	c.n.mu.Lock()
+	cert, lies := c.n.liars[addr]
+	c.n.mu.Unlock()
+	if lies && cert != nodeID {
+		return "", fmt.Errorf("%w: the certificate names %s, the answer %s", errdefs.ErrPermissionDenied, cert, nodeID)
+	}
+	return nodeID, nil
+}
+
+func (c memClient) Promises(ctx context.Context, addr, nodeID string, ids []string) (map[string]uint64, error) {
+	s, err := c.n.reach(c.from, addr)
+	if err != nil {
+		return nil, err
+	}
+	if s.NodeID != nodeID {
+		return nil, fmt.Errorf("%w: %s answered, not %s", errdefs.ErrPermissionDenied, s.NodeID, nodeID)
+	}
+	return s.Promises(ctx, c.from, ids)
+}
+
+func (memClient) Close() {}
 
 func TestHeartbeatFencesLiftsAndConfirms(t *testing.T) {
 	const (
@@ -157,7 +198,7 @@ func TestHeartbeatFencesLiftsAndConfirms(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			net := &peerNet{t: t, listeners: map[string]*bufconn.Listener{}, servers: map[string]*grpc.Server{}}
+			net := newMemNet()
 			for _, p := range tt.up {
 				promised := map[string]uint64{}
 				if p == "n3" {
@@ -169,7 +210,6 @@ func TestHeartbeatFencesLiftsAndConfirms(t *testing.T) {
 				primaries: map[string]uint64{id: 2, other: 1, unmounted: 1}, confirmed: map[string]uint64{unmounted: 1},
 				superseded: map[string]uint64{}}
 			h := n1Heartbeat(net, vols, 2*time.Second)
-			defer h.closeConns()
 			h.Beat(context.Background())
 			held := !h.lost
 			if held != tt.wantHeld {
@@ -212,15 +252,15 @@ func TestPromisesRequestsAreBounded(t *testing.T) {
 	srv := &Server{NodeID: "n2", Domain: "d", Promised: func(context.Context, string) (uint64, error) { return 0, nil }}
 	for _, tt := range []struct {
 		n    int
-		want codes.Code
-	}{{1, codes.OK}, {MaxPromiseIDs, codes.OK}, {MaxPromiseIDs + 1, codes.InvalidArgument}, {100 * MaxPromiseIDs, codes.InvalidArgument}} {
-		_, err := srv.Promises(context.Background(), &pb.PromisesRequest{VolumeIds: ids(tt.n)})
-		if status.Code(err) != tt.want {
-			t.Errorf("Promises about %d volumes: %v, want %s", tt.n, err, tt.want)
+		want error
+	}{{1, nil}, {MaxPromiseIDs, nil}, {MaxPromiseIDs + 1, errdefs.ErrInvalidArgument}, {100 * MaxPromiseIDs, errdefs.ErrInvalidArgument}} {
+		_, err := srv.Promises(context.Background(), "n1", ids(tt.n))
+		if !errors.Is(err, tt.want) {
+			t.Errorf("Promises about %d volumes: %v, want %v", tt.n, err, tt.want)
 		}
 	}
 
-	net := &peerNet{t: t, listeners: map[string]*bufconn.Listener{}, servers: map[string]*grpc.Server{}}
+	net := newMemNet()
 	net.serve("n2:7670", "n2", map[string]uint64{})
 	net.serve("n3:7670", "n3", map[string]uint64{})
 	primaries := map[string]uint64{}
@@ -230,7 +270,6 @@ func TestPromisesRequestsAreBounded(t *testing.T) {
 	vols := &fakeVolumes{fenced: map[string]uint64{}, mounted: map[string]uint64{}, promised: map[string]uint64{},
 		primaries: primaries, confirmed: map[string]uint64{}}
 	h := n1Heartbeat(net, vols, 5*time.Second)
-	defer h.closeConns()
 	h.Beat(context.Background())
 	if got, want := len(vols.confirmed), len(primaries); got != want {
 		t.Errorf("%d primaries confirmed after the beat, want all %d", got, want)
@@ -238,13 +277,13 @@ func TestPromisesRequestsAreBounded(t *testing.T) {
 }
 
 // n1Heartbeat is node n1's heartbeat with peers n2 and n3 on net.
-func n1Heartbeat(net *peerNet, vols *fakeVolumes, interval time.Duration) *Heartbeat {
+func n1Heartbeat(net *memNet, vols *fakeVolumes, interval time.Duration) *Heartbeat {
 	return &Heartbeat{
 		Monitor:  NewMonitor(time.Minute, time.Now),
 		NodeID:   "n1",
 		Interval: interval,
 		Peers:    func() ([]string, error) { return []string{"n2:7670", "n3:7670"}, nil },
-		Dial:     net.dial,
+		Client:   net.client("n1"),
 		Volumes:  vols,
 		Log:      hclog.NewNullLogger(),
 	}

@@ -4,19 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/config"
-	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
 // The invariant these tests check (docs/safety.md, "Why the lease and
@@ -94,56 +88,6 @@ func TestDomainCutLeaseAndFailoverIntersect(t *testing.T) {
 	}
 }
 
-// callerKey carries the caller's node ID in the tests' gRPC metadata, as
-// the node certificate does in production.
-const callerKey = "test-caller"
-
-// onewayNet serves each node's lease.Server in memory and drops the
-// connections dialled the ways that are cut.
-type onewayNet struct {
-	t         *testing.T
-	mu        sync.Mutex
-	listeners map[string]*bufconn.Listener
-	cut       map[[2]string]bool // from, to: dialling that way fails
-}
-
-func (n *onewayNet) serve(id string, m *Monitor) {
-	lis := bufconn.Listen(1 << 16)
-	srv := grpc.NewServer()
-	pb.RegisterPeersServer(srv, &Server{NodeID: id, Domain: "d", Monitor: m,
-		Promised: func(context.Context, string) (uint64, error) { return 0, nil },
-		Caller: func(ctx context.Context) (string, bool) {
-			md, _ := metadata.FromIncomingContext(ctx)
-			if v := md.Get(callerKey); len(v) == 1 {
-				return v[0], true
-			}
-			return "", false
-		}})
-	go srv.Serve(lis)
-	n.t.Cleanup(srv.Stop)
-	n.listeners[id] = lis
-}
-
-// dialer returns the Dial of node from: each call fails at once on a cut
-// way, so no beat waits for a timeout.
-func (n *onewayNet) dialer(from string) func(string) (*grpc.ClientConn, error) {
-	return func(to string) (*grpc.ClientConn, error) {
-		return grpc.NewClient("passthrough:///"+to, grpc.WithTransportCredentials(insecure.NewCredentials()),
-			grpc.WithUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-				n.mu.Lock()
-				cut := n.cut[[2]string{from, to}]
-				n.mu.Unlock()
-				if cut {
-					return errors.New("connection refused")
-				}
-				return invoker(metadata.AppendToOutgoingContext(ctx, callerKey, from), method, req, reply, cc, opts...)
-			}),
-			grpc.WithContextDialer(func(ctx context.Context, a string) (net.Conn, error) {
-				return n.listeners[a].DialContext(ctx)
-			}))
-	}
-}
-
 // TestOneWayReachability: issue 35, defect 2. a can dial b, b cannot
 // dial a, c reaches neither way. a's pings to b are answered, so a keeps
 // its lease (two of three); b, whose pings to a fail, attested a silent
@@ -154,18 +98,18 @@ func TestOneWayReachability(t *testing.T) {
 		t.Run(fmt.Sprintf("b heard a's answers before the cut: %v", knownBefore), func(t *testing.T) {
 			nodes := []string{"a", "b", "c"}
 			c := &clock{t: time.Unix(1000, 0)}
-			net := &onewayNet{t: t, listeners: map[string]*bufconn.Listener{}, cut: map[[2]string]bool{}}
+			net := newMemNet()
 			monitors := map[string]*Monitor{}
 			beats := map[string]*Heartbeat{}
 			for _, id := range nodes {
 				m := NewMonitor(testLease, c.now)
 				m.RequirePeers()
 				monitors[id] = m
-				net.serve(id, m)
+				net.serveWith(id, &Server{NodeID: id, Domain: "d", Monitor: m,
+					Promised: func(context.Context, string) (uint64, error) { return 0, nil }})
 				beats[id] = &Heartbeat{Monitor: m, NodeID: id, Interval: testLease / 4,
-					Peers: func() ([]string, error) { return nodes, nil }, Dial: net.dialer(id),
+					Peers: func() ([]string, error) { return nodes, nil }, Client: net.client(id),
 					Volumes: emptyVolumes(), Log: hclog.NewNullLogger()}
-				t.Cleanup(beats[id].Close)
 			}
 			if !knownBefore {
 				net.cut[[2]string{"b", "a"}] = true
@@ -265,12 +209,11 @@ func TestMarginCoversTheSelfFence(t *testing.T) {
 			h := &Heartbeat{Monitor: a, NodeID: "a", Interval: interval, Volumes: vols, Log: hclog.NewNullLogger(),
 				Peers: func() ([]string, error) { return nil, nil }}
 			beganBeat := sent
-			h.Dial = func(string) (*grpc.ClientConn, error) {
+			h.Client = &timingOut{wait: func() {
 				if end := beganBeat.Add(interval); c.t.Before(end) {
 					c.t = end
 				}
-				return nil, errors.New("timed out")
-			}
+			}}
 			for vols.began.IsZero() && c.t.Sub(sent) < 10*lease {
 				beganBeat = beganBeat.Add(interval)
 				c.t = beganBeat
@@ -292,3 +235,26 @@ func TestMarginCoversTheSelfFence(t *testing.T) {
 		})
 	}
 }
+
+// timingOut is a client whose every call times out: wait moves the
+// test's clock to the timeout, one call at a time.
+type timingOut struct {
+	mu   sync.Mutex
+	wait func()
+}
+
+func (t *timingOut) Ping(context.Context, string) (string, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.wait()
+	return "", errors.New("timed out")
+}
+
+func (t *timingOut) Promises(context.Context, string, string, []string) (map[string]uint64, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.wait()
+	return nil, errors.New("timed out")
+}
+
+func (*timingOut) Close() {}

@@ -8,8 +8,6 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/node/volume"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfsfake"
@@ -18,7 +16,7 @@ import (
 )
 
 // managerVolumes is the volume manager as zfs-node hands it to the
-// heartbeat (cmd/zfs-node's leaseVolumes).
+// heartbeat (assembly's leaseVolumes).
 type managerVolumes struct{ *volume.Manager }
 
 func (v managerVolumes) Promised(ctx context.Context, id string) (uint64, error) {
@@ -56,7 +54,7 @@ func TestAReturningNodeFencesItsSupersededMount(t *testing.T) {
 	m.LeaseHeld = func() bool { return monitor.Held("n1") }
 	m.RequireConfirmation()
 
-	net := &peerNet{t: t, listeners: map[string]*bufconn.Listener{}, servers: map[string]*grpc.Server{}}
+	net := newMemNet()
 	net.serve("n2:7670", "n2", map[string]uint64{})
 	net.serve("n3:7670", "n3", map[string]uint64{v.ID: 2}) // the failover's promise
 	h := &Heartbeat{
@@ -64,11 +62,10 @@ func TestAReturningNodeFencesItsSupersededMount(t *testing.T) {
 		NodeID:   "n1",
 		Interval: 2 * time.Second,
 		Peers:    func() ([]string, error) { return []string{"n2:7670", "n3:7670"}, nil },
-		Dial:     net.dial,
+		Client:   net.client("n1"),
 		Volumes:  managerVolumes{m},
 		Log:      hclog.NewNullLogger(),
 	}
-	defer h.closeConns()
 	h.Beat(ctx)
 	if h.lost {
 		t.Fatal("the lease was not held after a beat that both peers answered")

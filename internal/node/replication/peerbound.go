@@ -6,7 +6,6 @@ import (
 
 	"github.com/zfs-nomad/zfs-nomad/internal/node/volume"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
-	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
 // peerBound counts, by sending node, the replicas full streams created on
@@ -28,12 +27,12 @@ type peerBound struct {
 // refuseOneReplicaTooMany refuses a full stream that would create a new
 // replica when its sender already created MaxReplicasPerPeer of the
 // replicas here.
-func (r *Receiver) refuseOneReplicaTooMany(ctx context.Context, h *pb.ReceiveHeader, found copyRead) error {
+func (r *Receiver) refuseOneReplicaTooMany(ctx context.Context, h Header, found copyRead) error {
 	limit := r.MaxReplicasPerPeer
-	if limit <= 0 || h.GetKind() != KindFull || found.err != nil || found.state.GetExists() {
+	if limit <= 0 || h.Kind != KindFull || found.err != nil || found.state.Exists {
 		return nil
 	}
-	source := h.GetSourceNodeId()
+	source := h.SourceNodeID
 	r.peers.mu.Lock()
 	n, counted := r.peers.created[source], r.peers.counted
 	r.peers.mu.Unlock()
@@ -51,7 +50,7 @@ func (r *Receiver) refuseOneReplicaTooMany(ctx context.Context, h *pb.ReceiveHea
 		return errdefs.Wrap(errdefs.ErrResourceExhausted,
 			"node %s holds %d replicas created by node %s's streams, the most max_replicas_per_peer (%d) allows: the replica of volume %s is refused; "+
 				"delete replicas it no longer needs, or raise max_replicas_per_peer on this node if it holds that many volumes",
-			r.nodeID, n, source, limit, h.GetVolumeId())
+			r.nodeID, n, source, limit, h.VolumeID)
 	}
 	r.peers.mu.Lock()
 	r.peers.created[source]++

@@ -13,20 +13,13 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/node/copylock"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/volume"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfscmd"
-	"github.com/zfs-nomad/zfs-nomad/internal/shared/connpool"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
-	"github.com/zfs-nomad/zfs-nomad/internal/shared/tlsconfig"
-	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
 // Progress reports a transfer as it runs.
@@ -66,7 +59,7 @@ type Pusher struct {
 	nodeID string
 	keep   int
 	limit  *Limiter
-	peers  *connpool.Pool // kept between pushes
+	peers  Peers
 	log    hclog.Logger
 	locks  *copylock.Locks // the node's, shared with volume.Manager
 	now    func() time.Time
@@ -78,20 +71,23 @@ type Pusher struct {
 	sent map[string]map[string]string
 }
 
-// peer returns the connection to the agent at addr. A connection that
-// has failed dials again at once, so a peer that is back is reached now
-// rather than after gRPC's reconnect backoff.
-func (p *Pusher) peer(addr string) (*grpc.ClientConn, error) {
-	conn, err := p.peers.Get(addr)
-	if err != nil {
-		return nil, err
-	}
-	p.peers.ResetBackoff(addr)
-	return conn, nil
+// Peers reaches the receiving nodes: agent.ReplicationPeers over the
+// agent port, keeping a connection per peer between pushes.
+type Peers interface {
+	// Peer returns the node at addr, held to node nodeID: every answer
+	// must come from it. With nodeID "", the node whose certificate
+	// answers first is the one, and its ReplicaState must name it.
+	Peer(addr, nodeID string) (Peer, error)
+	// Close closes the connections to the peers.
+	Close()
 }
 
 // Close closes the connections to peers.
-func (p *Pusher) Close() { p.peers.Close() }
+func (p *Pusher) Close() {
+	if p.peers != nil {
+		p.peers.Close()
+	}
+}
 
 // Transfers returns the pushes running now.
 func (p *Pusher) Transfers() []Transfer {
@@ -128,8 +124,8 @@ func (p *Pusher) update(t *Transfer, prog Progress) {
 // and whose copies locks guards (volume.Manager.Locks); dial connects to a
 // peer's agent port; keep replication snapshots are kept besides the held
 // bases.
-func NewPusher(z Streams, locks *copylock.Locks, root, nodeID string, keep int, limit *Limiter, dial func(addr string) (*grpc.ClientConn, error), log hclog.Logger) *Pusher {
-	return &Pusher{z: z, locks: locks, root: root, nodeID: nodeID, keep: keep, limit: limit, peers: connpool.New(dial), log: log, now: time.Now}
+func NewPusher(z Streams, locks *copylock.Locks, root, nodeID string, keep int, limit *Limiter, peers Peers, log hclog.Logger) *Pusher {
+	return &Pusher{z: z, locks: locks, root: root, nodeID: nodeID, keep: keep, limit: limit, peers: peers, log: log, now: time.Now}
 }
 
 // UseClock sets the node's wall clock (time.Now by default), which names
@@ -193,15 +189,13 @@ type pushed struct {
 
 // push sends; see Push.
 func (p *Pusher) push(ctx context.Context, volumeID, fs, addr, nodeID, purpose string, interval time.Duration, report func(Progress), fence Fence, log hclog.Logger) (out pushed, err error) {
-	conn, err := p.peer(addr)
+	// Every call of the push is answered by one node: nodeID, or the
+	// node whose certificate answers first, which must be the node its
+	// ReplicaState names.
+	peer, err := p.peers.Peer(addr, nodeID)
 	if err != nil {
 		return pushed{}, errdefs.Wrap(errdefs.ErrUnavailable, "peer %s: %v", addr, err)
 	}
-	// Every call of the push is answered by one node: nodeID, or the
-	// node whose certificate answers first, which must be the node its
-	// ReplicaState names (tlsconfig.Bind).
-	bound := tlsconfig.Bind(conn, nodeID)
-	peer := pb.NewReplicationClient(bound)
 	// The new replication snapshot is taken while the peer says what it
 	// holds: each waits tens of milliseconds (a pool sync, a round trip).
 	props, snap, snapped, err := p.snapshot(ctx, volumeID, fs, fence)
@@ -219,7 +213,7 @@ func (p *Pusher) push(ctx context.Context, volumeID, fs, addr, nodeID, purpose s
 	// its base before it forgets it was sent, so one of the two has it.
 	sentTo := p.sentTo(volumeID)
 	held := ahead(func() (map[string][]string, error) { return p.z.Holds(ctx, fs) })
-	state, err := peer.ReplicaState(ctx, &pb.ReplicaStateRequest{VolumeId: volumeID})
+	state, err := peer.ReplicaState(ctx, volumeID)
 	taken := <-snapped
 	snapErr := taken.err
 	streaming := false
@@ -237,17 +231,14 @@ func (p *Pusher) push(ctx context.Context, volumeID, fs, addr, nodeID, purpose s
 		return pushed{}, fmt.Errorf("fencing the primary of volume %s: %w", volumeID, taken.fenceErr)
 	}
 	if err != nil {
-		return pushed{}, errdefs.FromStatus(err)
-	}
-	if err := bound.Claims(state.GetNodeId()); err != nil {
-		return pushed{}, fmt.Errorf("peer %s: %w", addr, errdefs.FromStatus(err))
+		return pushed{}, err
 	}
 
 	plan, err := p.plan(ctx, fs, state, header, raw, snap, snapErr, local, log)
 	if err != nil {
 		return pushed{}, err
 	}
-	if plan, err = p.bridge(plan, state, header, local, held, sentTo); err != nil {
+	if plan, err = p.bridge(plan, state, &header, local, held, sentTo); err != nil {
 		return pushed{}, err
 	}
 	prog, spec := plan.prog, plan.spec
@@ -270,12 +261,12 @@ func (p *Pusher) push(ctx context.Context, volumeID, fs, addr, nodeID, purpose s
 	// (bridge); a failure leaves the target with those that arrived, and
 	// the next push goes on from the newest.
 	for _, b := range plan.bridges {
-		if _, err := p.sendStream(ctx, peer, header, b, &sent, volumeID, state.GetNodeId(), addr, log); err != nil {
+		if _, err := p.sendStream(ctx, peer, header, b, &sent, volumeID, state.NodeID, addr, log); err != nil {
 			return pushed{}, err
 		}
 	}
 	streaming = spec.Snapshot == snap
-	guid, err := p.sendStream(ctx, peer, header, streamSpec{kind: kindOf(spec), spec: spec}, &sent, volumeID, state.GetNodeId(), addr, log)
+	guid, err := p.sendStream(ctx, peer, header, streamSpec{kind: kindOf(spec), spec: spec}, &sent, volumeID, state.NodeID, addr, log)
 	if err != nil {
 		return pushed{}, err
 	}
@@ -287,12 +278,12 @@ func (p *Pusher) push(ctx context.Context, volumeID, fs, addr, nodeID, purpose s
 	if err != nil {
 		return pushed{}, err
 	}
-	p.noteSent(volumeID, state.GetNodeId(), base)
+	p.noteSent(volumeID, state.NodeID, base)
 	prog.Bytes, prog.Done = sent.Load(), true
 	prog.Total = prog.Bytes // what the estimate was for
 	report(prog)
 	log.Info("sent", "bytes", prog.Bytes)
-	return pushed{prog: prog, base: base, peer: state.GetNodeId()}, nil
+	return pushed{prog: prog, base: base, peer: state.NodeID}, nil
 }
 
 // estimateLater estimates the size of what plan sends (zfs send -nP, a
@@ -325,16 +316,13 @@ type streamSpec struct {
 
 // sendStream sends one stream to the peer and returns the GUID of the
 // snapshot the peer says it received; sent counts its bytes.
-func (p *Pusher) sendStream(ctx context.Context, peer pb.ReplicationClient, header *pb.ReceiveHeader, st streamSpec, sent *atomic.Int64,
+func (p *Pusher) sendStream(ctx context.Context, peer Peer, header Header, st streamSpec, sent *atomic.Int64,
 	volumeID, peerNode, addr string, log hclog.Logger) (uint64, error) {
-	stream, err := peer.Receive(ctx)
-	if err != nil {
-		return 0, errdefs.FromStatus(err)
-	}
-	h := proto.Clone(header).(*pb.ReceiveHeader)
+	h := header
 	h.Kind, h.Snapshot = st.kind, shortSnapshotName(st.spec.Snapshot)
-	if err := stream.Send(&pb.ReceiveMessage{Msg: &pb.ReceiveMessage_Header{Header: h}}); err != nil {
-		return 0, fmt.Errorf("%w: sending the header to %s: %v", errdefs.ErrUnavailable, addr, err)
+	stream, err := peer.Receive(ctx, h)
+	if err != nil {
+		return 0, err
 	}
 	before, started := sent.Load(), p.now()
 	streamBroke := false // the stream failed, not zfs send
@@ -342,7 +330,7 @@ func (p *Pusher) sendStream(ctx context.Context, peer pb.ReplicationClient, head
 		if err := p.limit.Wait(ctx, len(b)); err != nil {
 			return err
 		}
-		err := stream.Send(&pb.ReceiveMessage{Msg: &pb.ReceiveMessage_Data{Data: b}})
+		err := stream.Send(b)
 		streamBroke = err != nil
 		return err
 	}, sent: sent}
@@ -352,7 +340,6 @@ func (p *Pusher) sendStream(ctx context.Context, peer pb.ReplicationClient, head
 	}
 	bytes := sent.Load() - before
 	if sendErr != nil {
-		_ = stream.CloseSend()
 		_, recvErr := stream.CloseAndRecv() // the receiver's own account, if it has one
 		log.Warn("send failed; the next push resumes", "stream", st.spec.Snapshot, "bytes", bytes, "error", sendErr, "receiver", recvErr)
 		p.Metrics.transfer("out", st.kind, volumeID, peerNode, bytes, p.now().Sub(started), sendErr)
@@ -362,29 +349,30 @@ func (p *Pusher) sendStream(ctx context.Context, peer pb.ReplicationClient, head
 			// retries Aborted). When zfs send failed here, the receiver
 			// only saw the stream end short: the send's error is the
 			// answer.
-			return 0, fmt.Errorf("sending volume %s to %s: %w", volumeID, addr, errdefs.FromStatus(recvErr))
+			return 0, fmt.Errorf("sending volume %s to %s: %w", volumeID, addr, recvErr)
 		}
 		return 0, errdefs.Wrap(errdefs.ErrUnavailable, "sending volume %s to %s: %v (receiver: %v)", volumeID, addr, sendErr, recvErr)
 	}
 	result, err := stream.CloseAndRecv()
 	p.Metrics.transfer("out", st.kind, volumeID, peerNode, bytes, p.now().Sub(started), err)
 	if err != nil {
-		return 0, errdefs.FromStatus(err)
+		return 0, err
 	}
-	if st.guid != 0 && result.GetSnapshotGuid() != st.guid {
-		return 0, fmt.Errorf("the peer received snapshot guid %d, but %s (guid %d) was sent", result.GetSnapshotGuid(), st.spec.Snapshot, st.guid)
+	if st.guid != 0 && result.SnapshotGUID != st.guid {
+		return 0, fmt.Errorf("the peer received snapshot guid %d, but %s (guid %d) was sent", result.SnapshotGUID, st.spec.Snapshot, st.guid)
 	}
-	return result.GetSnapshotGuid(), nil
+	return result.SnapshotGUID, nil
 }
 
 // receiverSaidWhy reports whether a receiver's answer to a broken stream
 // is a verdict of its own (a refusal, or Aborted: busy or failed to
 // receive) rather than the transport's failure.
 func receiverSaidWhy(recvErr error) bool {
-	switch status.Code(recvErr) {
-	case codes.Aborted, codes.FailedPrecondition, codes.InvalidArgument, codes.NotFound,
-		codes.AlreadyExists, codes.OutOfRange, codes.PermissionDenied, codes.ResourceExhausted:
-		return true
+	for _, kind := range []error{errdefs.ErrAborted, errdefs.ErrFailedPrecondition, errdefs.ErrInvalidArgument, errdefs.ErrNotFound,
+		errdefs.ErrAlreadyExists, errdefs.ErrOutOfRange, errdefs.ErrPermissionDenied, errdefs.ErrResourceExhausted} {
+		if errors.Is(recvErr, kind) {
+			return true
+		}
 	}
 	return false
 }
@@ -512,8 +500,8 @@ func (p *Pusher) tidy(ctx context.Context, volumeID, fs, base, peer string, log 
 
 // header describes the volume to the receiver, from its properties: what
 // a replica must carry to become the primary one day.
-func (p *Pusher) header(volumeID string, props map[string]string) *pb.ReceiveHeader {
-	h := &pb.ReceiveHeader{VolumeId: volumeID, SourceNodeId: p.nodeID, VolumeName: props[volume.PropName]}
+func (p *Pusher) header(volumeID string, props map[string]string) Header {
+	h := Header{VolumeID: volumeID, SourceNodeID: p.nodeID, VolumeName: props[volume.PropName]}
 	h.Generation, _ = strconv.ParseUint(props[volume.PropGeneration], 10, 64)
 	h.HistoryFrom = volume.HistoryFrom(props[volume.PropHistoryFrom], h.Generation)
 	h.Parameters = volume.DecodeParameters(props[volume.PropParameters])
@@ -606,6 +594,6 @@ func (w *chunkWriter) flush() error {
 		return err
 	}
 	w.sent.Add(int64(len(w.buf)))
-	w.buf = make([]byte, 0, chunkSize) // gRPC may still hold the sent slice
+	w.buf = make([]byte, 0, chunkSize) // the transport may still hold the sent slice
 	return nil
 }

@@ -17,7 +17,6 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfscmd"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
-	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
 // tidyStreams records a tidy's holds on a primary, or on nothing when
@@ -134,10 +133,11 @@ func TestReceiverSaidWhy(t *testing.T) {
 		err  error
 		want bool
 	}{
-		{status.Error(codes.Aborted, "a receive of volume v is running; retry"), true},
-		{status.Error(codes.FailedPrecondition, "refusing to overwrite a primary"), true},
-		{status.Error(codes.Unavailable, "connection reset"), false},
-		{status.Error(codes.Canceled, "context canceled"), false},
+		{errdefs.FromStatus(status.Error(codes.Aborted, "a receive of volume v is running; retry")), true},
+		{errdefs.FromStatus(status.Error(codes.FailedPrecondition, "refusing to overwrite a primary")), true},
+		{errdefs.FromStatus(status.Error(codes.Unavailable, "connection reset")), false},
+		{errdefs.FromStatus(status.Error(codes.Canceled, "context canceled")), false},
+		{errdefs.FromStatus(status.Error(codes.Internal, "zfs receive failed")), false},
 		{errors.New("EOF"), false},
 		{nil, false},
 	}
@@ -192,8 +192,8 @@ func TestResumeTokensAreChecked(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			z := &tokenStreams{info: tt.info, err: tt.err, snaps: snaps}
 			p := NewPusher(z, new(copylock.Locks), "tank/nomad", "n1", 2, nil, nil, hclog.NewNullLogger())
-			state := &pb.ReplicaStateResponse{Exists: true, Role: RoleReplica, Generation: 1, ResumeToken: "1-abc-10-789c", SnapshotGuids: []uint64{1}}
-			plan, err := p.plan(context.Background(), fs, state, &pb.ReceiveHeader{Generation: 1}, tt.raw, fs+"@zn-3", nil, p.listAhead(context.Background(), fs), hclog.NewNullLogger())
+			state := ReplicaState{Exists: true, Role: RoleReplica, Generation: 1, ResumeToken: "1-abc-10-789c", SnapshotGUIDs: []uint64{1}}
+			plan, err := p.plan(context.Background(), fs, state, Header{Generation: 1}, tt.raw, fs+"@zn-3", nil, p.listAhead(context.Background(), fs), hclog.NewNullLogger())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -240,8 +240,8 @@ func TestPlanChoosesTheKind(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			p := NewPusher(&tokenStreams{snaps: local}, new(copylock.Locks), "tank/nomad", "n1", 2, nil, nil, hclog.NewNullLogger())
-			state := &pb.ReplicaStateResponse{Exists: true, Role: RoleReplica, Generation: tt.generation, SnapshotGuids: tt.remote}
-			h := &pb.ReceiveHeader{Generation: 3, HistoryFrom: tt.historyFrom}
+			state := ReplicaState{Exists: true, Role: RoleReplica, Generation: tt.generation, SnapshotGUIDs: tt.remote}
+			h := Header{Generation: 3, HistoryFrom: tt.historyFrom}
 			plan, err := p.plan(context.Background(), fs, state, h, false, fs+"@zn-3", nil, p.listAhead(context.Background(), fs), hclog.NewNullLogger())
 			if tt.want == "" {
 				if err == nil {

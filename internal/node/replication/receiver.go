@@ -22,14 +22,12 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfscmd"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
-	"github.com/zfs-nomad/zfs-nomad/internal/shared/tlsconfig"
-	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
-// Receiver is the replication service of a node: it tells senders what it
-// holds and receives their streams into replicas under its root.
+// Receiver is the receiving end of replication on a node: it tells
+// senders what it holds and receives their streams into replicas under
+// its root.
 type Receiver struct {
-	pb.UnimplementedReplicationServer
 	// Metrics, when set, records every transfer.
 	Metrics *Metrics
 
@@ -114,42 +112,39 @@ func NewReceiver(z Streams, locks *copylock.Locks, root, nodeID string, keep int
 		IdleTimeout: DefaultIdleTimeout, MinRate: DefaultMinRate, slots: make(chan struct{}, MaxReceives)}
 }
 
-func (r *Receiver) ReplicaState(ctx context.Context, req *pb.ReplicaStateRequest) (*pb.ReplicaStateResponse, error) {
-	state, err := r.state(ctx, req.GetVolumeId())
-	return state, errdefs.ToStatus(err)
-}
-
-func (r *Receiver) state(ctx context.Context, volumeID string) (*pb.ReplicaStateResponse, error) {
+// ReplicaState says what this node holds of volumeID, for a push that
+// plans its stream.
+func (r *Receiver) ReplicaState(ctx context.Context, volumeID string) (ReplicaState, error) {
 	fs, err := dataset(r.root, volumeID)
 	if err != nil {
-		return nil, err
+		return ReplicaState{}, err
 	}
 	resp, err := r.copyState(ctx, fs)
-	if err != nil || !resp.GetExists() {
+	if err != nil || !resp.Exists {
 		return resp, err
 	}
 	snaps, err := r.z.Snapshots(ctx, fs)
 	if err != nil {
-		return nil, err
+		return ReplicaState{}, err
 	}
 	for _, s := range snaps {
-		resp.SnapshotGuids = append(resp.SnapshotGuids, s.GUID)
+		resp.SnapshotGUIDs = append(resp.SnapshotGUIDs, s.GUID)
 	}
 	return resp, nil
 }
 
 // copyState is the state of the copy at fs without its snapshots, which
 // take a listing to read.
-func (r *Receiver) copyState(ctx context.Context, fs string) (*pb.ReplicaStateResponse, error) {
+func (r *Receiver) copyState(ctx context.Context, fs string) (ReplicaState, error) {
 	props, err := r.z.GetAll(ctx, fs, volume.PropRole, "receive_resume_token", volume.PropGeneration)
 	if errors.Is(err, zfs.ErrNotFound) {
-		return &pb.ReplicaStateResponse{NodeId: r.nodeID}, nil
+		return ReplicaState{NodeID: r.nodeID}, nil
 	}
 	if err != nil {
-		return nil, err
+		return ReplicaState{}, err
 	}
 	token := props["receive_resume_token"]
-	resp := &pb.ReplicaStateResponse{Exists: true, Role: props[volume.PropRole], NodeId: r.nodeID}
+	resp := ReplicaState{Exists: true, Role: props[volume.PropRole], NodeID: r.nodeID}
 	resp.Generation, _ = strconv.ParseUint(props[volume.PropGeneration], 10, 64)
 	if token != "-" && token != "" {
 		resp.ResumeToken = token
@@ -157,34 +152,29 @@ func (r *Receiver) copyState(ctx context.Context, fs string) (*pb.ReplicaStateRe
 	return resp, nil
 }
 
-func (r *Receiver) Receive(stream pb.Replication_ReceiveServer) error {
-	result, err := r.receive(stream)
-	if err != nil {
-		return errdefs.ToStatus(err)
-	}
-	return stream.SendAndClose(result)
-}
-
-func (r *Receiver) receive(stream pb.Replication_ReceiveServer) (*pb.ReceiveResult, error) {
+// Receive takes in one stream from a peer, in. sender is the node the
+// sender's verified certificate names ("" without TLS); ctx ends when the
+// sender hangs up.
+func (r *Receiver) Receive(ctx context.Context, sender string, in Incoming) (Received, error) {
 	// Every wait for the sender's next message, the header's included, is
 	// bounded by the stall guard; when it runs out, ctx ends with errIdle
 	// or errSlow and so does zfs receive (returning ends the stream and
 	// unblocks its reader).
-	ctx, cancel := context.WithCancelCause(stream.Context())
+	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	guard := newStallGuard(r.IdleTimeout, r.MinRate, cancel)
 	defer guard.stop()
-	h, err := r.readHeader(ctx, stream, guard)
+	h, err := r.readHeader(ctx, sender, in, guard)
 	if err != nil {
-		return nil, err
+		return Received{}, err
 	}
-	fs, _ := dataset(r.root, h.GetVolumeId()) // checked in readHeader
-	log := r.log.With("volume_id", h.GetVolumeId(), "source_node", h.GetSourceNodeId(), "kind", h.GetKind(), "snapshot", h.GetSnapshot())
+	fs, _ := dataset(r.root, h.VolumeID) // checked in readHeader
+	log := r.log.With("volume_id", h.VolumeID, "source_node", h.SourceNodeID, "kind", h.Kind, "snapshot", h.Snapshot)
 	select {
 	case r.slots <- struct{}{}:
 		defer func() { <-r.slots }()
 	default:
-		return nil, errdefs.Wrap(errdefs.ErrResourceExhausted, "node %s is receiving %d streams already; retry later", r.nodeID, MaxReceives)
+		return Received{}, errdefs.Wrap(errdefs.ErrResourceExhausted, "node %s is receiving %d streams already; retry later", r.nodeID, MaxReceives)
 	}
 	// What the copy holds is read without its lock, while the sender
 	// starts zfs send (a process start, the longest wait before its first
@@ -193,78 +183,78 @@ func (r *Receiver) receive(stream pb.Replication_ReceiveServer) (*pb.ReceiveResu
 	// takes the primary's lock (docs/safety.md, "A receive and the
 	// lock"). The lock is taken only once the first record is in hand, so
 	// a sender that stalls before it holds no lock at all.
-	mark, free := r.locks.Mark(h.GetVolumeId())
+	mark, free := r.locks.Mark(h.VolumeID)
 	found := r.readCopy(ctx, fs)
 	if err := r.refuseOnHeader(ctx, h, found); err != nil {
 		log.Warn("stream refused before its first record", "error", err)
-		return nil, err
+		return Received{}, err
 	}
 	// The stream's own first record, read before anything is touched:
 	// what the stream does is decided by it, not by the header.
-	begin, err := readBegin(ctx, stream, guard)
+	begin, err := readBegin(ctx, in, guard)
 	if err != nil {
-		return nil, fmt.Errorf("the stream of volume %s: %w", h.GetVolumeId(), err)
+		return Received{}, fmt.Errorf("the stream of volume %s: %w", h.VolumeID, err)
 	}
-	if err := checkBegin(begin, h.GetKind()); err != nil {
-		return nil, fmt.Errorf("the stream of volume %s: %w", h.GetVolumeId(), err)
+	if err := checkBegin(begin, h.Kind); err != nil {
+		return Received{}, fmt.Errorf("the stream of volume %s: %w", h.VolumeID, err)
 	}
 	// The lock may be held by the tidy after the previous receive (a
 	// second or so): a push that lands then waits for it rather than
 	// failing. Another change of the copy that outlasts copylock.DefaultWait (a
 	// receive) makes it Aborted.
-	unlock, err := r.locks.Lock(ctx, h.GetVolumeId(), "receive from node "+h.GetSourceNodeId())
+	unlock, err := r.locks.Lock(ctx, h.VolumeID, "receive from node "+h.SourceNodeID)
 	if err != nil {
-		return nil, err
+		return Received{}, err
 	}
 	defer unlock()
 	if r.Changed != nil {
-		defer r.Changed(h.GetVolumeId()) // before the unlock: a reader after it sees the change noted
+		defer r.Changed(h.VolumeID) // before the unlock: a reader after it sees the change noted
 	}
 	// zfs receive into the replica, for the streams that go there as they
 	// are (an incremental, a resumed one), starts while the copy is
 	// checked; it reads the first record before it changes anything, so
 	// one that is not fed ends without a trace.
 	var early *pendingReceive
-	if k := h.GetKind(); k == KindIncremental || k == KindResume {
+	if k := h.Kind; k == KindIncremental || k == KindResume {
 		if early, err = r.startReceive(ctx, fs, nil); err != nil {
-			return nil, err
+			return Received{}, err
 		}
 		defer func() { early.abandon() }() // unless it was used
 	}
-	if found, err = r.readLocked(ctx, fs, h.GetVolumeId(), found, mark, free, log); err != nil {
-		return nil, err
+	if found, err = r.readLocked(ctx, fs, h.VolumeID, found, mark, free, log); err != nil {
+		return Received{}, err
 	}
 	parsed, _ := parseBegin(begin) // checked above
 	into, err := r.prepare(ctx, fs, h, parsed.fromGUID, found, log)
 	if err != nil {
-		return nil, err
+		return Received{}, err
 	}
 	log.Info("receiving", "into", into.target)
 	zr, err := r.receiveInto(ctx, early, into)
 	early = nil // used or abandoned
 	if err != nil {
-		return nil, err
+		return Received{}, err
 	}
 	// The guard runs only while the receiver waits for the sender: not
 	// during the checks and clean-up above (the sender is held by flow
 	// control meanwhile), nor after its last message, after which zfs
 	// receive may still take its time to finish.
-	received, err := r.zfsReceive(ctx, h, zr, into.replacing, begin, stream, guard, log)
+	received, err := r.zfsReceive(ctx, h, zr, into.replacing, begin, in, guard, log)
 	if err != nil {
 		if into.replacing {
 			// A replacement is not resumed: the next push sends it whole
 			// again, and the old replica stays as it was meanwhile.
 			r.dropIncoming(ctx, into.target, log)
 		}
-		return nil, err
+		return Received{}, err
 	}
 	last, err := r.settleReceived(ctx, fs, h, into, log)
 	if err != nil {
-		return nil, err
+		return Received{}, err
 	}
-	go r.tidy(h.GetVolumeId(), fs, last.Name, r.peerBases(h), log)
+	go r.tidy(h.VolumeID, fs, last.Name, r.peerBases(h), log)
 	log.Info("received", "bytes", received, "snapshot", last.Name)
-	return &pb.ReceiveResult{SnapshotGuid: last.GUID, Bytes: received}, nil
+	return Received{SnapshotGUID: last.GUID, Bytes: received}, nil
 }
 
 // readLocked returns the copy as it is under its lock. What was read
@@ -301,7 +291,7 @@ func (r *Receiver) receiveInto(ctx context.Context, early *pendingReceive, into 
 // decide (refuseEarly), a generation too far above what this node knows
 // (refuseUnknownGeneration), and a new replica beyond its sender's bound
 // (refuseOneReplicaTooMany).
-func (r *Receiver) refuseOnHeader(ctx context.Context, h *pb.ReceiveHeader, found copyRead) error {
+func (r *Receiver) refuseOnHeader(ctx context.Context, h Header, found copyRead) error {
 	if err := refuseEarly(h, found); err != nil {
 		return err
 	}
@@ -314,7 +304,7 @@ func (r *Receiver) refuseOnHeader(ctx context.Context, h *pb.ReceiveHeader, foun
 // settleReceived makes a received stream the copy (a replacement takes
 // the old replica's place; an incremental's labels follow the sender's)
 // and returns the newest snapshot it now holds.
-func (r *Receiver) settleReceived(ctx context.Context, fs string, h *pb.ReceiveHeader, into intoTarget, log hclog.Logger) (zfscmd.Snap, error) {
+func (r *Receiver) settleReceived(ctx context.Context, fs string, h Header, into intoTarget, log hclog.Logger) (zfscmd.Snap, error) {
 	if into.replacing {
 		if err := r.replace(ctx, fs, into.target, r.fullLabels(h), log); err != nil {
 			return zfscmd.Snap{}, err
@@ -324,7 +314,7 @@ func (r *Receiver) settleReceived(ctx context.Context, fs string, h *pb.ReceiveH
 	if err != nil {
 		return zfscmd.Snap{}, err
 	}
-	if h.GetKind() != KindFull {
+	if h.Kind != KindFull {
 		if err := r.relabel(ctx, fs, r.labels(h)); err != nil {
 			return zfscmd.Snap{}, err
 		}
@@ -339,19 +329,19 @@ func (r *Receiver) settleReceived(ctx context.Context, fs string, h *pb.ReceiveH
 // lower the replica's generation. What it lets through is checked again
 // under the lock (prepare); a copy it could not read is left to that
 // check too.
-func refuseEarly(h *pb.ReceiveHeader, found copyRead) error {
+func refuseEarly(h Header, found copyRead) error {
 	if found.err != nil || found.replacing {
 		return nil
 	}
 	state := found.state
-	if state.GetExists() && state.GetRole() != RoleReplica {
+	if state.Exists && state.Role != RoleReplica {
 		return notAReplica(h, state)
 	}
-	if k := h.GetKind(); k == KindIncremental || k == KindResume {
-		if !state.GetExists() {
-			return errdefs.Wrap(errdefs.ErrFailedPrecondition, "no replica of %s to receive an %s stream into", h.GetVolumeId(), h.GetKind())
+	if k := h.Kind; k == KindIncremental || k == KindResume {
+		if !state.Exists {
+			return errdefs.Wrap(errdefs.ErrFailedPrecondition, "no replica of %s to receive an %s stream into", h.VolumeID, h.Kind)
 		}
-		if state.GetGeneration() > h.GetGeneration() {
+		if state.Generation > h.Generation {
 			return lowerGeneration(h, state)
 		}
 	}
@@ -362,16 +352,16 @@ func refuseEarly(h *pb.ReceiveHeader, found copyRead) error {
 // MaxGenerationLead above the highest this node knows of the volume. Both
 // what it knows only grow, so a stream it lets through stays within the
 // bound under the lock.
-func (r *Receiver) refuseUnknownGeneration(ctx context.Context, h *pb.ReceiveHeader, found copyRead) error {
-	known, err := r.knownGeneration(ctx, h.GetVolumeId(), found)
+func (r *Receiver) refuseUnknownGeneration(ctx context.Context, h Header, found copyRead) error {
+	known, err := r.knownGeneration(ctx, h.VolumeID, found)
 	if err != nil {
 		return err
 	}
-	if g := h.GetGeneration(); g > known+MaxGenerationLead {
+	if g := h.Generation; g > known+MaxGenerationLead {
 		return errdefs.Wrap(errdefs.ErrFailedPrecondition,
 			"the stream of volume %s claims generation %d, more than %d above the highest this node knows of it (%d, from its promise record and its copy): no majority can have promised it; refused. "+
 				"If the volume really moved that often while this node was away, its next move or failover reserves its generation here too, and the pushes pass",
-			h.GetVolumeId(), g, uint64(MaxGenerationLead), known)
+			h.VolumeID, g, uint64(MaxGenerationLead), known)
 	}
 	return nil
 }
@@ -383,7 +373,7 @@ func (r *Receiver) refuseUnknownGeneration(ctx context.Context, h *pb.ReceiveHea
 func (r *Receiver) knownGeneration(ctx context.Context, id string, found copyRead) (uint64, error) {
 	var known uint64
 	if found.err == nil {
-		known = found.state.GetGeneration()
+		known = found.state.Generation
 	}
 	record, err := r.z.Get(ctx, volume.PromiseShard(r.root, id), volume.PropPromisePrefix+id)
 	if errors.Is(err, zfs.ErrNotFound) { // no record in this shard yet
@@ -395,62 +385,62 @@ func (r *Receiver) knownGeneration(ctx context.Context, id string, found copyRea
 	return max(known, volume.ParsePromise(record).Generation), nil
 }
 
-func notAReplica(h *pb.ReceiveHeader, state *pb.ReplicaStateResponse) error {
-	return errdefs.Wrap(errdefs.ErrFailedPrecondition, "this node holds volume %s as %q, not as a replica: refusing to overwrite it", h.GetVolumeId(), state.GetRole())
+func notAReplica(h Header, state ReplicaState) error {
+	return errdefs.Wrap(errdefs.ErrFailedPrecondition, "this node holds volume %s as %q, not as a replica: refusing to overwrite it", h.VolumeID, state.Role)
 }
 
-func lowerGeneration(h *pb.ReceiveHeader, state *pb.ReplicaStateResponse) error {
+func lowerGeneration(h Header, state ReplicaState) error {
 	return errdefs.Wrap(errdefs.ErrFailedPrecondition, "the replica of %s here is of generation %d; a stream of generation %d would lower it: refused",
-		h.GetVolumeId(), state.GetGeneration(), h.GetGeneration())
+		h.VolumeID, state.Generation, h.Generation)
 }
 
 // readHeader reads and checks the stream's header: a volume ID, a
 // snapshot name, a sender that is who its certificate says, a generation
 // in bounds.
-func (r *Receiver) readHeader(ctx context.Context, stream pb.Replication_ReceiveServer, guard *stallGuard) (*pb.ReceiveHeader, error) {
-	first, err := guard.recv(ctx, stream)
+func (r *Receiver) readHeader(ctx context.Context, sender string, in Incoming, guard *stallGuard) (Header, error) {
+	h, err := guard.header(ctx, in)
 	if err != nil {
-		return nil, fmt.Errorf("reading the header: %w", err)
+		return Header{}, fmt.Errorf("reading the header: %w", err)
 	}
-	h := first.GetHeader()
-	if h == nil {
-		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, "a receive stream starts with a header")
-	}
-	fs, err := dataset(r.root, h.GetVolumeId())
+	fs, err := dataset(r.root, h.VolumeID)
 	if err != nil {
-		return nil, err
+		return Header{}, err
 	}
-	if err := zfs.ValidateName(fs + "@" + h.GetSnapshot()); err != nil && h.GetKind() != KindResume {
-		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, "snapshot name %q: %v", h.GetSnapshot(), err)
+	if err := zfs.ValidateName(fs + "@" + h.Snapshot); err != nil && h.Kind != KindResume {
+		return Header{}, errdefs.Wrap(errdefs.ErrInvalidArgument, "snapshot name %q: %v", h.Snapshot, err)
 	}
 	// A node's certificate names the node: a stream may not claim to come
 	// from another (docs/security.md).
-	if name, ok := tlsconfig.NameOf(ctx); ok && name != h.GetSourceNodeId() {
-		return nil, errdefs.Wrap(errdefs.ErrPermissionDenied, "the stream of volume %s claims to come from node %q, but its sender's certificate names %q: each node needs a certificate of its own, with its node ID as the common name",
-			h.GetVolumeId(), h.GetSourceNodeId(), name)
+	if sender != "" && sender != h.SourceNodeID {
+		return Header{}, errdefs.Wrap(errdefs.ErrPermissionDenied, "the stream of volume %s claims to come from node %q, but its sender's certificate names %q: each node needs a certificate of its own, with its node ID as the common name",
+			h.VolumeID, h.SourceNodeID, sender)
 	}
-	if g := h.GetGeneration(); g == 0 || g > MaxGeneration {
-		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, "generation %d in the header of volume %s: must be 1 to %d", g, h.GetVolumeId(), uint64(MaxGeneration))
+	if g := h.Generation; g == 0 || g > MaxGeneration {
+		return Header{}, errdefs.Wrap(errdefs.ErrInvalidArgument, "generation %d in the header of volume %s: must be 1 to %d", g, h.VolumeID, uint64(MaxGeneration))
 	}
 	return h, nil
 }
 
 // readBegin reads the stream's data messages until it holds the first
 // record, within what the guard allows.
-func readBegin(ctx context.Context, stream pb.Replication_ReceiveServer, guard *stallGuard) ([]byte, error) {
-	var head []byte
+func readBegin(ctx context.Context, in Incoming, guard *stallGuard) ([]byte, error) {
+	head := make([]byte, 0, readSize)
 	for len(head) < beginRecordSize {
-		msg, err := guard.recv(ctx, stream)
-		if err == io.EOF {
+		n, err := guard.read(ctx, in, head[len(head):cap(head)])
+		head = head[:len(head)+n]
+		if err == io.EOF && len(head) < beginRecordSize {
 			return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, "it ends after %d bytes, before its first record", len(head))
 		}
-		if err != nil {
+		if err != nil && err != io.EOF {
 			return nil, err
 		}
-		head = append(head, msg.GetData()...)
 	}
 	return head, nil
 }
+
+// readSize is the most a receive reads of its stream at once: the
+// sender's chunk.
+const readSize = chunkSize
 
 // intoTarget is where a stream is received.
 type intoTarget struct {
@@ -463,12 +453,12 @@ type intoTarget struct {
 // goes. A full stream for a volume of which this node holds an older
 // generation's replica is received beside it, under the incoming name,
 // and takes its place only once complete (replace).
-func (r *Receiver) prepare(ctx context.Context, fs string, h *pb.ReceiveHeader, fromGUID uint64, found copyRead, log hclog.Logger) (intoTarget, error) {
+func (r *Receiver) prepare(ctx context.Context, fs string, h Header, fromGUID uint64, found copyRead, log hclog.Logger) (intoTarget, error) {
 	state := found.state
-	if state.GetExists() && state.GetRole() != RoleReplica {
+	if state.Exists && state.Role != RoleReplica {
 		return intoTarget{}, notAReplica(h, state)
 	}
-	if state.GetResumeToken() != "" && h.GetKind() != KindResume {
+	if state.ResumeToken != "" && h.Kind != KindResume {
 		// The sender chose not to resume (it checks every token, and
 		// refuses one whose snapshot it pruned): the partial receive is
 		// of no use, and would make this receive fail.
@@ -482,48 +472,48 @@ func (r *Receiver) prepare(ctx context.Context, fs string, h *pb.ReceiveHeader, 
 		}
 		state = found.state
 	}
-	switch h.GetKind() {
+	switch h.Kind {
 	case KindFull:
 		props := map[string]string{"readonly": "on", "mountpoint": "legacy"}
-		if state.GetExists() && len(found.snapshots) == 0 {
+		if state.Exists && len(found.snapshots) == 0 {
 			// A copy without a snapshot holds nothing to keep.
 			if err := r.destroyReplica(ctx, fs); err != nil {
 				return intoTarget{}, fmt.Errorf("removing the empty replica %s before a full receive: %w", fs, err)
 			}
 			state.Exists = false
 		}
-		if !state.GetExists() {
+		if !state.Exists {
 			maps.Copy(props, r.fullLabels(h))
 			return intoTarget{target: fs, props: props}, nil
 		}
-		if state.GetGeneration() >= h.GetGeneration() {
-			return intoTarget{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "a replica of %s exists but shares no snapshot with the source; an operator must remove it before a full send", h.GetVolumeId())
+		if state.Generation >= h.Generation {
+			return intoTarget{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "a replica of %s exists but shares no snapshot with the source; an operator must remove it before a full send", h.VolumeID)
 		}
 		// A copy of an older generation, left behind by a move or a
 		// failover. Unlabelled until complete, the incoming copy is
 		// neither listed nor taken for a replica.
 		log.Warn("receiving a replacement for a replica of an older generation that shares no snapshot with the new primary",
-			"replica_generation", state.GetGeneration(), "primary_generation", h.GetGeneration())
+			"replica_generation", state.Generation, "primary_generation", h.Generation)
 		incoming := incomingName(fs)
 		if err := r.destroyIncoming(ctx, incoming); err != nil {
 			return intoTarget{}, fmt.Errorf("removing an earlier, broken replacement %s: %w", incoming, err)
 		}
 		return intoTarget{target: incoming, props: props, replacing: true}, nil
 	case KindIncremental, KindResume:
-		if !state.GetExists() {
-			return intoTarget{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "no replica of %s to receive an %s stream into", h.GetVolumeId(), h.GetKind())
+		if !state.Exists {
+			return intoTarget{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "no replica of %s to receive an %s stream into", h.VolumeID, h.Kind)
 		}
-		if state.GetGeneration() > h.GetGeneration() {
+		if state.Generation > h.Generation {
 			return intoTarget{}, lowerGeneration(h, state)
 		}
-		if h.GetKind() == KindIncremental {
-			if err := r.rollBackTo(ctx, fs, found.snapshots, fromGUID, state.GetGeneration(), h, log); err != nil {
+		if h.Kind == KindIncremental {
+			if err := r.rollBackTo(ctx, fs, found.snapshots, fromGUID, state.Generation, h, log); err != nil {
 				return intoTarget{}, err
 			}
 		}
 		return intoTarget{target: fs}, nil
 	}
-	return intoTarget{}, errdefs.Wrap(errdefs.ErrInvalidArgument, "unknown stream kind %q", h.GetKind())
+	return intoTarget{}, errdefs.Wrap(errdefs.ErrInvalidArgument, "unknown stream kind %q", h.Kind)
 }
 
 // rollBackTo readies the replica at fs for an incremental from its
@@ -534,20 +524,20 @@ func (r *Receiver) prepare(ctx context.Context, fs string, h *pb.ReceiveHeader, 
 // states of what the sender sends. Otherwise they may hold writes the
 // sender lacks, and the stream is refused: the sender sends in full
 // instead, and the replica is set aside (I4).
-func (r *Receiver) rollBackTo(ctx context.Context, fs string, snaps []zfscmd.Snap, base, generation uint64, h *pb.ReceiveHeader, log hclog.Logger) error {
+func (r *Receiver) rollBackTo(ctx context.Context, fs string, snaps []zfscmd.Snap, base, generation uint64, h Header, log hclog.Logger) error {
 	i := slices.IndexFunc(snaps, func(s zfscmd.Snap) bool { return s.GUID == base })
 	if i < 0 {
-		return errdefs.Wrap(errdefs.ErrFailedPrecondition, "the replica of %s lacks the stream's base (guid %d): it was destroyed meanwhile; the next push picks another", h.GetVolumeId(), base)
+		return errdefs.Wrap(errdefs.ErrFailedPrecondition, "the replica of %s lacks the stream's base (guid %d): it was destroyed meanwhile; the next push picks another", h.VolumeID, base)
 	}
 	after := snaps[i+1:]
 	if len(after) == 0 {
 		return nil
 	}
-	vouched := h.GetHistoryFrom() > 0 && h.GetHistoryFrom() <= generation && generation < h.GetGeneration()
+	vouched := h.HistoryFrom > 0 && h.HistoryFrom <= generation && generation < h.Generation
 	if !vouched {
 		return errdefs.Wrap(errdefs.ErrFailedPrecondition,
 			"the replica of %s holds %d snapshots after the stream's base, taken at generation %d, which the sender's history (generations %d to %d) does not hold: they may hold writes the sender lacks; refused",
-			h.GetVolumeId(), len(after), generation, h.GetHistoryFrom(), h.GetGeneration())
+			h.VolumeID, len(after), generation, h.HistoryFrom, h.Generation)
 	}
 	holds, err := r.z.Holds(ctx, fs)
 	if err != nil {
@@ -563,16 +553,16 @@ func (r *Receiver) rollBackTo(ctx context.Context, fs string, snaps []zfscmd.Sna
 		names = append(names, shortSnapshotName(s.Name))
 	}
 	if err := r.z.Rollback(ctx, snaps[i].Name); err != nil {
-		return fmt.Errorf("rolling the replica of %s back to %s: %w", h.GetVolumeId(), snaps[i].Name, err)
+		return fmt.Errorf("rolling the replica of %s back to %s: %w", h.VolumeID, snaps[i].Name, err)
 	}
 	log.Info("rolled back snapshots of an earlier generation that the sender's history holds", "replica_generation", generation,
-		"history_from", h.GetHistoryFrom(), "base", shortSnapshotName(snaps[i].Name), "rolled_back", names)
+		"history_from", h.HistoryFrom, "base", shortSnapshotName(snaps[i].Name), "rolled_back", names)
 	return nil
 }
 
 // copyRead is what a receive reads of the copy before it decides.
 type copyRead struct {
-	state     *pb.ReplicaStateResponse
+	state     ReplicaState
 	snapshots []zfscmd.Snap // oldest first; none when the copy does not exist
 	replacing bool          // an interrupted replacement waits beside it
 	err       error
@@ -583,7 +573,7 @@ func (r *Receiver) readCopy(ctx context.Context, fs string) copyRead {
 	// Unless it is surely absent, finishReplace looks at it and says.
 	_, err := r.z.Get(ctx, incomingName(fs), volume.PropRole)
 	found.replacing = !errors.Is(err, zfs.ErrNotFound)
-	if found.state, found.err = r.copyState(ctx, fs); found.err != nil || !found.state.GetExists() {
+	if found.state, found.err = r.copyState(ctx, fs); found.err != nil || !found.state.Exists {
 		return found
 	}
 	if found.snapshots, found.err = r.z.Snapshots(ctx, fs); found.err != nil {
@@ -629,40 +619,41 @@ func (p *pendingReceive) abandon() {
 
 // zfsReceive feeds zr with the first record already read and then the rest
 // of the stream, and waits for it; it returns the bytes received.
-func (r *Receiver) zfsReceive(ctx context.Context, h *pb.ReceiveHeader, zr *pendingReceive, replacing bool, begin []byte,
-	stream pb.Replication_ReceiveServer, guard *stallGuard, log hclog.Logger) (int64, error) {
+func (r *Receiver) zfsReceive(ctx context.Context, h Header, zr *pendingReceive, replacing bool, begin []byte,
+	in Incoming, guard *stallGuard, log hclog.Logger) (int64, error) {
 	pw := zr.pw
 	var received atomic.Int64
 	received.Store(int64(len(begin)))
-	limit := streamLimit(h.GetCapacityBytes(), r.MaxQuota)
+	limit := streamLimit(h.CapacityBytes, r.MaxQuota)
 	var tooBig atomic.Bool
 	go func() {
 		defer pw.Close()
 		if _, err := pw.Write(begin); err != nil {
 			return
 		}
+		buf := make([]byte, readSize)
 		for {
 			guard.waiting()
-			msg, err := stream.Recv()
-			guard.got(len(msg.GetData()))
+			n, err := in.Read(buf)
+			guard.got(n)
+			if received.Add(int64(n)) > limit {
+				tooBig.Store(true)
+				return // zfs receive sees the stream end and fails
+			}
+			if _, werr := pw.Write(buf[:n]); werr != nil {
+				return // zfs receive ended; its error is reported below
+			}
 			if err != nil {
 				if err != io.EOF {
 					log.Warn("stream from the sender broke", "error", err)
 				}
 				return
 			}
-			if received.Add(int64(len(msg.GetData()))) > limit {
-				tooBig.Store(true)
-				return // zfs receive sees the stream end and fails
-			}
-			if _, err := pw.Write(msg.GetData()); err != nil {
-				return // zfs receive ended; its error is reported below
-			}
 		}
 	}()
 	started := time.Now()
 	err := <-zr.done
-	r.Metrics.transfer("in", h.GetKind(), h.GetVolumeId(), h.GetSourceNodeId(), received.Load(), time.Since(started), err)
+	r.Metrics.transfer("in", h.Kind, h.VolumeID, h.SourceNodeID, received.Load(), time.Since(started), err)
 	if cause := context.Cause(ctx); errors.Is(cause, errIdle) || errors.Is(cause, errSlow) {
 		err = cause
 	}
@@ -673,9 +664,9 @@ func (r *Receiver) zfsReceive(ctx context.Context, h *pb.ReceiveHeader, zr *pend
 				log.Warn("discarding the partial receive of an oversized stream failed; the next receive retries", "error", aerr)
 			}
 		}
-		log.Warn("stream refused: larger than the volume's capacity allows", "bytes_limit", limit, "capacity", h.GetCapacityBytes())
+		log.Warn("stream refused: larger than the volume's capacity allows", "bytes_limit", limit, "capacity", h.CapacityBytes)
 		return 0, errdefs.Wrap(errdefs.ErrInvalidArgument, "the stream of volume %s carries more than %d bytes, more than a volume of capacity %d (at most max_quota %d) can send: refused",
-			h.GetVolumeId(), limit, h.GetCapacityBytes(), r.MaxQuota)
+			h.VolumeID, limit, h.CapacityBytes, r.MaxQuota)
 	}
 	if errors.Is(err, zfs.ErrStreamUnsupported) {
 		// Refused at the first record: nothing was received, and no retry
@@ -683,11 +674,11 @@ func (r *Receiver) zfsReceive(ctx context.Context, h *pb.ReceiveHeader, zr *pend
 		log.Error("stream refused: it uses a ZFS feature this node's OpenZFS lacks", "openzfs", r.OpenZFS, "error", err)
 		return 0, errdefs.Wrap(errdefs.ErrFailedPrecondition,
 			"node %s cannot receive volume %s from node %s: its OpenZFS (%s) lacks a feature the volume uses there (%v); keep the volume on nodes of the sender's OpenZFS release or newer, or upgrade this node (docs/install.md, \"Mixed versions\")",
-			r.nodeID, h.GetVolumeId(), h.GetSourceNodeId(), cmp.Or(r.OpenZFS, "release unknown"), err)
+			r.nodeID, h.VolumeID, h.SourceNodeID, cmp.Or(r.OpenZFS, "release unknown"), err)
 	}
 	if err != nil {
 		log.Warn("receive failed; an interrupted stream can be resumed", "bytes", received.Load(), "error", err)
-		return 0, errdefs.Wrap(errdefs.ErrAborted, "receiving volume %s: %v", h.GetVolumeId(), err)
+		return 0, errdefs.Wrap(errdefs.ErrAborted, "receiving volume %s: %v", h.VolumeID, err)
 	}
 	return received.Load(), nil
 }
@@ -716,31 +707,11 @@ func streamLimit(capacity, maxQuota uint64) int64 {
 // errIdle ends a receive whose sender went quiet.
 var errIdle = errors.New("the sender sent nothing for the idle timeout")
 
-// recvWithin reads the stream's next message, or gives up when ctx ends
-// (the caller then returns, which ends the stream and the read).
-func recvWithin(ctx context.Context, stream pb.Replication_ReceiveServer) (*pb.ReceiveMessage, error) {
-	type result struct {
-		msg *pb.ReceiveMessage
-		err error
-	}
-	got := make(chan result, 1)
-	go func() {
-		msg, err := stream.Recv()
-		got <- result{msg, err}
-	}()
-	select {
-	case r := <-got:
-		return r.msg, r.err
-	case <-ctx.Done():
-		return nil, errdefs.Wrap(errdefs.ErrAborted, "%v", context.Cause(ctx))
-	}
-}
-
 // received reads the snapshot a receive brought: the one its header
 // names, or for a resumed stream, whose header does not, the newest.
-func (r *Receiver) received(ctx context.Context, fs string, h *pb.ReceiveHeader) (zfscmd.Snap, error) {
-	if h.GetKind() != KindResume {
-		name := fs + "@" + h.GetSnapshot()
+func (r *Receiver) received(ctx context.Context, fs string, h Header) (zfscmd.Snap, error) {
+	if h.Kind != KindResume {
+		name := fs + "@" + h.Snapshot
 		guid, err := r.z.Get(ctx, name, "guid")
 		if err != nil {
 			return zfscmd.Snap{}, fmt.Errorf("reading the received snapshot %s: %w", name, err)
@@ -825,14 +796,14 @@ const maxPeerBases = 32
 // the sender holds it as, leaving out this node and any node ID that is
 // not one (it becomes part of a hold tag here), and any beyond
 // maxPeerBases.
-func (r *Receiver) peerBases(h *pb.ReceiveHeader) map[uint64][]string {
+func (r *Receiver) peerBases(h Header) map[uint64][]string {
 	out := map[uint64][]string{}
-	for i, b := range h.GetPeerBases() {
+	for i, b := range h.PeerBases {
 		if i >= maxPeerBases {
 			break
 		}
-		if id := b.GetNodeId(); id != r.nodeID && contract.IsNodeID(id) {
-			out[b.GetGuid()] = append(out[b.GetGuid()], id)
+		if id := b.NodeID; id != r.nodeID && contract.IsNodeID(id) {
+			out[b.GUID] = append(out[b.GUID], id)
 		}
 	}
 	return out
@@ -886,10 +857,10 @@ func mirrorPeerBases(ctx context.Context, z Streams, fs string, peerBases map[ui
 
 // fullLabels are a replica's labels with its volume ID, which a full
 // receive sets once.
-func (r *Receiver) fullLabels(h *pb.ReceiveHeader) map[string]string {
+func (r *Receiver) fullLabels(h Header) map[string]string {
 	labels := r.labels(h)
-	labels[volume.PropVolumeID] = h.GetVolumeId()
-	labels[volume.PropReceivedFrom] = h.GetSourceNodeId()
+	labels[volume.PropVolumeID] = h.VolumeID
+	labels[volume.PropReceivedFrom] = h.SourceNodeID
 	return labels
 }
 
@@ -897,19 +868,19 @@ func (r *Receiver) fullLabels(h *pb.ReceiveHeader) map[string]string {
 // primary (identity, generation, parameters and capacity), and its quota:
 // the primary's capacity, so that the replica shows what it may grow to,
 // and a promoted copy has its quota from the first moment.
-func (r *Receiver) labels(h *pb.ReceiveHeader) map[string]string {
+func (r *Receiver) labels(h Header) map[string]string {
 	labels := map[string]string{
 		volume.PropRole:       RoleReplica,
-		volume.PropName:       h.GetVolumeName(),
-		volume.PropGeneration: strconv.FormatUint(h.GetGeneration(), 10),
+		volume.PropName:       h.VolumeName,
+		volume.PropGeneration: strconv.FormatUint(h.Generation, 10),
 		// What the replica's history holds is what its sender's did:
 		// a planned move promoting it keeps the value.
-		volume.PropHistoryFrom: strconv.FormatUint(volume.BoundHistoryFrom(h.GetHistoryFrom(), h.GetGeneration()), 10),
-		volume.PropParameters:  volume.EncodeParameters(h.GetParameters()),
-		volume.PropCapacity:    strconv.FormatUint(h.GetCapacityBytes(), 10),
+		volume.PropHistoryFrom: strconv.FormatUint(volume.BoundHistoryFrom(h.HistoryFrom, h.Generation), 10),
+		volume.PropParameters:  volume.EncodeParameters(h.Parameters),
+		volume.PropCapacity:    strconv.FormatUint(h.CapacityBytes, 10),
 	}
-	if r.QuotaProperty != "" && h.GetCapacityBytes() > 0 {
-		labels[r.QuotaProperty] = strconv.FormatUint(h.GetCapacityBytes(), 10)
+	if r.QuotaProperty != "" && h.CapacityBytes > 0 {
+		labels[r.QuotaProperty] = strconv.FormatUint(h.CapacityBytes, 10)
 	}
 	return labels
 }

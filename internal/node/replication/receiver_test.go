@@ -3,9 +3,6 @@ package replication
 import (
 	"cmp"
 	"context"
-	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"errors"
 	"fmt"
 	"io"
@@ -18,10 +15,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/node/copylock"
@@ -30,7 +24,6 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfscmd"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
-	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
 // replicaStore is the part of Streams a receive uses, over one replica
@@ -136,41 +129,73 @@ func (s *replicaStore) Snapshots(_ context.Context, fs string) ([]zfscmd.Snap, e
 	return []zfscmd.Snap{{Name: fs + "@zn-1", GUID: 41}}, nil
 }
 
-// fakeStream is a Receive stream fed by a channel.
-type fakeStream struct {
-	grpc.ServerStream
-	ctx  context.Context
-	msgs chan *pb.ReceiveMessage
-	fail error // returned once msgs are sent, instead of io.EOF
+// message is one message of a test stream: a header or a chunk of data.
+type message struct {
+	header *Header
+	data   []byte
 }
 
-func (f *fakeStream) Context() context.Context { return f.ctx }
-func (f *fakeStream) Recv() (*pb.ReceiveMessage, error) {
+// fakeStream is an incoming stream fed by a channel.
+type fakeStream struct {
+	ctx  context.Context
+	msgs chan message
+	fail error  // returned once msgs are sent, instead of io.EOF
+	rest []byte // of the last chunk, not read yet
+}
+
+func (f *fakeStream) next() (message, error) {
 	select {
 	case m, ok := <-f.msgs:
 		if !ok && f.fail != nil {
-			return nil, f.fail
+			return message{}, f.fail
 		}
 		if !ok {
-			return nil, io.EOF
+			return message{}, io.EOF
 		}
 		return m, nil
 	case <-f.ctx.Done():
-		return nil, f.ctx.Err()
+		return message{}, f.ctx.Err()
 	}
 }
-func (f *fakeStream) SendAndClose(*pb.ReceiveResult) error { return nil }
+
+func (f *fakeStream) Header() (Header, error) {
+	m, err := f.next()
+	if err != nil {
+		return Header{}, err
+	}
+	if m.header == nil {
+		return Header{}, errdefs.Wrap(errdefs.ErrInvalidArgument, "a receive stream starts with a header")
+	}
+	return *m.header, nil
+}
+
+func (f *fakeStream) Read(p []byte) (int, error) {
+	for len(f.rest) == 0 {
+		m, err := f.next()
+		if err != nil {
+			return 0, err
+		}
+		f.rest = m.data
+	}
+	n := copy(p, f.rest)
+	f.rest = f.rest[n:]
+	return n, nil
+}
+
+// receiveFrom has r receive s from a sender without a certificate.
+func receiveFrom(r *Receiver, s *fakeStream) (Received, error) {
+	return r.Receive(s.ctx, "", s)
+}
 
 const testVolume = "vol-0123456789abcdef0123"
 
-func header(kind string, generation uint64) *pb.ReceiveMessage {
-	return &pb.ReceiveMessage{Msg: &pb.ReceiveMessage_Header{Header: &pb.ReceiveHeader{
-		VolumeId: testVolume, Kind: kind, Snapshot: "zn-2", Generation: generation, SourceNodeId: "n1"}}}
+func header(kind string, generation uint64) message {
+	return message{header: &Header{VolumeID: testVolume, Kind: kind, Snapshot: "zn-2", Generation: generation, SourceNodeID: "n1"}}
 }
 
 // plainStream is a data message holding the first record of a plain
 // stream of the kind (full: without a base) and some bytes of the rest.
-func plainStream(kind string) *pb.ReceiveMessage {
+func plainStream(kind string) message {
 	from := uint64(41)
 	if kind == KindFull {
 		from = 0
@@ -180,10 +205,10 @@ func plainStream(kind string) *pb.ReceiveMessage {
 
 // stream returns a stream that sends msgs and then ends, or stays open
 // (sending nothing more) when open is set.
-func stream(t *testing.T, open bool, msgs ...*pb.ReceiveMessage) *fakeStream {
+func stream(t *testing.T, open bool, msgs ...message) *fakeStream {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	ch := make(chan *pb.ReceiveMessage, len(msgs))
+	ch := make(chan message, len(msgs))
 	for _, m := range msgs {
 		ch <- m
 	}
@@ -221,7 +246,7 @@ func TestReceiveChecksTheGeneration(t *testing.T) {
 func receiveAnswers(t *testing.T, z *replicaStore, kind string, gen uint64, want codes.Code) {
 	t.Helper()
 	r := NewReceiver(z, new(copylock.Locks), "tank/nomad", "n2", 2, hclog.NewNullLogger())
-	_, err := r.receive(stream(t, false, header(kind, gen), plainStream(kind)))
+	_, err := receiveFrom(r, stream(t, false, header(kind, gen), plainStream(kind)))
 	if got := status.Code(errdefs.ToStatus(err)); got != want {
 		t.Errorf("%v, want %s", err, want)
 	}
@@ -240,7 +265,7 @@ func TestAStreamOfANewerReleaseIsRefused(t *testing.T) {
 		testVolume, zfs.ErrStreamUnsupported)}
 	r := NewReceiver(z, new(copylock.Locks), "tank/nomad", "n2", 2, hclog.NewNullLogger())
 	r.OpenZFS = "2.1.11-1+deb12u1"
-	_, err := r.receive(stream(t, false, header(KindFull, 1), plainStream(KindFull)))
+	_, err := receiveFrom(r, stream(t, false, header(KindFull, 1), plainStream(KindFull)))
 	if got := status.Code(errdefs.ToStatus(err)); got != codes.FailedPrecondition {
 		t.Fatalf("%v, want FailedPrecondition", err)
 	}
@@ -299,7 +324,7 @@ func TestNoZFSReceiveBeforeTheFirstRecord(t *testing.T) {
 			r := NewReceiver(z, new(copylock.Locks), "tank/nomad", "n2", 2, hclog.NewNullLogger())
 			r.IdleTimeout = 200 * time.Millisecond
 			// Only the header: the first record never comes.
-			_, err := r.receive(stream(t, true, header(kind, 5)))
+			_, err := receiveFrom(r, stream(t, true, header(kind, 5)))
 			if status.Code(errdefs.ToStatus(err)) != codes.Aborted {
 				t.Fatalf("a stream without its first record: %v, want Aborted (idle)", err)
 			}
@@ -317,7 +342,7 @@ func TestNoZFSReceiveBeforeTheFirstRecord(t *testing.T) {
 // after its header, loses its receive after the idle timeout, and the
 // volume's lock is free again.
 func TestReceiveEndsWhenTheSenderStalls(t *testing.T) {
-	for name, msgs := range map[string][]*pb.ReceiveMessage{
+	for name, msgs := range map[string][]message{
 		"no header":       nil,
 		"header, no data": {header(KindIncremental, 5)},
 	} {
@@ -325,7 +350,7 @@ func TestReceiveEndsWhenTheSenderStalls(t *testing.T) {
 			r := NewReceiver(&replicaStore{exists: true, generation: 5}, new(copylock.Locks), "tank/nomad", "n2", 2, hclog.NewNullLogger())
 			r.IdleTimeout = 100 * time.Millisecond
 			done := make(chan error, 1)
-			go func() { _, err := r.receive(stream(t, true, msgs...)); done <- err }()
+			go func() { _, err := receiveFrom(r, stream(t, true, msgs...)); done <- err }()
 			select {
 			case err := <-done:
 				if status.Code(errdefs.ToStatus(err)) != codes.Aborted {
@@ -346,7 +371,7 @@ func TestReceivesAreBounded(t *testing.T) {
 	for range MaxReceives {
 		r.slots <- struct{}{}
 	}
-	_, err := r.receive(stream(t, false, header(KindIncremental, 5), plainStream(KindIncremental)))
+	_, err := receiveFrom(r, stream(t, false, header(KindIncremental, 5), plainStream(KindIncremental)))
 	if status.Code(errdefs.ToStatus(err)) != codes.ResourceExhausted {
 		t.Errorf("receive beyond %d at once: %v, want ResourceExhausted", MaxReceives, err)
 	}
@@ -359,7 +384,7 @@ func TestFreshStreamDiscardsAPartialReceive(t *testing.T) {
 	z := &replicaStore{exists: true, generation: 5, token: "1-abc-10-789c"}
 	r := NewReceiver(z, new(copylock.Locks), "tank/nomad", "n2", 2, hclog.NewNullLogger())
 	data := plainStream(KindIncremental)
-	if _, err := r.receive(stream(t, false, header(KindIncremental, 5), data)); err != nil {
+	if _, err := receiveFrom(r, stream(t, false, header(KindIncremental, 5), data)); err != nil {
 		t.Fatal(err)
 	}
 	if want := []string{"abort", "receive"}; !slices.Equal(z.calls, want) {
@@ -368,14 +393,13 @@ func TestFreshStreamDiscardsAPartialReceive(t *testing.T) {
 }
 
 // TestSenderMustBeWhoItClaims: a stream's source node must be the node
-// its sender's certificate names.
+// its sender's certificate names (the adapter names it: agent's
+// ReplicationServer).
 func TestSenderMustBeWhoItClaims(t *testing.T) {
 	r := NewReceiver(&replicaStore{exists: true, generation: 5}, new(copylock.Locks), "tank/nomad", "n2", 2, hclog.NewNullLogger())
 	s := stream(t, false, header(KindIncremental, 5))
-	cert := &x509.Certificate{Subject: pkix.Name{CommonName: "n9", OrganizationalUnit: []string{"node"}}}
-	s.ctx = peer.NewContext(s.ctx, &peer.Peer{AuthInfo: credentials.TLSInfo{State: tls.ConnectionState{VerifiedChains: [][]*x509.Certificate{{cert}}}}})
-	_, err := r.receive(s)
-	if status.Code(errdefs.ToStatus(err)) != codes.PermissionDenied {
+	_, err := r.Receive(s.ctx, "n9", s)
+	if !errors.Is(err, errdefs.ErrPermissionDenied) {
 		t.Errorf("a stream claiming node n1 from n9's certificate: %v, want PermissionDenied", err)
 	}
 }
@@ -388,7 +412,7 @@ func TestIdleClockStopsWithTheStream(t *testing.T) {
 	r := NewReceiver(z, new(copylock.Locks), "tank/nomad", "n2", 2, hclog.NewNullLogger())
 	r.IdleTimeout = 100 * time.Millisecond
 	data := plainStream(KindIncremental)
-	if _, err := r.receive(stream(t, false, header(KindIncremental, 5), data)); err != nil {
+	if _, err := receiveFrom(r, stream(t, false, header(KindIncremental, 5), data)); err != nil {
 		t.Errorf("a receive that finished after its stream ended: %v", err)
 	}
 }
@@ -410,7 +434,7 @@ func TestNoReceiveDuringAPromotion(t *testing.T) {
 	}
 	received := make(chan error, 1)
 	go func() {
-		_, err := r.receive(stream(t, false, header(KindIncremental, 1), plainStream(KindIncremental), dataMsg([]byte(streamEnd))))
+		_, err := receiveFrom(r, stream(t, false, header(KindIncremental, 1), plainStream(KindIncremental), dataMsg([]byte(streamEnd))))
 		received <- err
 	}()
 	select {
@@ -467,7 +491,7 @@ func TestReceiveBoundsTheReplicasOfOnePeer(t *testing.T) {
 			z := &replicaStore{exists: tt.exists, generation: 5, children: tt.children}
 			r := NewReceiver(z, new(copylock.Locks), "tank/nomad", "n2", 2, hclog.NewNullLogger())
 			r.MaxReplicasPerPeer = tt.limit
-			_, err := r.receive(stream(t, false, header(tt.kind, 5), plainStream(tt.kind)))
+			_, err := receiveFrom(r, stream(t, false, header(tt.kind, 5), plainStream(tt.kind)))
 			if got := status.Code(errdefs.ToStatus(err)); got != tt.want {
 				t.Errorf("%v, want %s", err, tt.want)
 			}

@@ -72,21 +72,21 @@ func (r *Receiver) finishReplace(ctx context.Context, fs string, log hclog.Logge
 		return err
 	}
 	switch {
-	case state.GetExists() && state.GetRole() != RoleReplica:
+	case state.Exists && state.Role != RoleReplica:
 		// The copy became something else meanwhile (promoted by a
 		// failover): the replacement is kept, not destroyed, for an
 		// operator.
 		log.Warn("the replica was promoted while its replacement arrived: setting the replacement aside", "dataset", incoming)
 		return r.setAside(ctx, incoming, fs, log)
-	case state.GetExists():
-		if err := r.retire(ctx, fs, incoming, state.GetGeneration(), log); err != nil {
+	case state.Exists:
+		if err := r.retire(ctx, fs, incoming, state.Generation, log); err != nil {
 			return err
 		}
 	}
 	if err := r.z.Rename(ctx, incoming, fs); err != nil {
 		return fmt.Errorf("renaming the replacement %s to %s: %w", incoming, fs, err)
 	}
-	log.Info("replica replaced by a full stream of a newer generation", "generation", state.GetGeneration())
+	log.Info("replica replaced by a full stream of a newer generation", "generation", state.Generation)
 	return nil
 }
 

@@ -16,7 +16,6 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/node/volume"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
-	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
 const (
@@ -24,14 +23,14 @@ const (
 	testDataset = testRoot + "/" + testVolume
 )
 
-func dataMsg(b []byte) *pb.ReceiveMessage {
-	return &pb.ReceiveMessage{Msg: &pb.ReceiveMessage_Data{Data: b}}
+func dataMsg(b []byte) message {
+	return message{data: b}
 }
 
 // fullStream is a full stream of snapshot zn-2 (guid 42), whole or broken
 // off after its first record.
 func fullStream(t *testing.T, generation uint64, whole bool) *fakeStream {
-	msgs := []*pb.ReceiveMessage{header(KindFull, generation), dataMsg(testBegin(0, 42, "tank/nomad/"+testVolume+"@zn-2")), dataMsg([]byte("records"))}
+	msgs := []message{header(KindFull, generation), dataMsg(testBegin(0, 42, "tank/nomad/"+testVolume+"@zn-2")), dataMsg([]byte("records"))}
 	if !whole {
 		s := stream(t, false, msgs...)
 		s.fail = errors.New("connection reset by peer")
@@ -53,7 +52,7 @@ func TestFullReplaceKeepsTheOldReplicaUntilComplete(t *testing.T) {
 	z.put(testDataset, replicaProps("1"), "zn-1:7")
 	r := NewReceiver(z, new(copylock.Locks), testRoot, "n2", 2, hclog.NewNullLogger())
 
-	_, err := r.receive(fullStream(t, 2, false))
+	_, err := receiveFrom(r, fullStream(t, 2, false))
 	if status.Code(errdefs.ToStatus(err)) != codes.Aborted {
 		t.Fatalf("a broken full stream: %v, want Aborted", err)
 	}
@@ -65,7 +64,7 @@ func TestFullReplaceKeepsTheOldReplicaUntilComplete(t *testing.T) {
 		t.Errorf("after a broken replacement the pool holds %v, want the old replica alone", names)
 	}
 
-	if _, err := r.receive(fullStream(t, 2, true)); err != nil {
+	if _, err := receiveFrom(r, fullStream(t, 2, true)); err != nil {
 		t.Fatalf("a whole full stream: %v", err)
 	}
 	now := z.dataset(testDataset)
@@ -156,7 +155,7 @@ func TestStreamsWithPropertiesAreRefused(t *testing.T) {
 	r := NewReceiver(z, new(copylock.Locks), testRoot, "n2", 2, hclog.NewNullLogger())
 	compound := testBegin(0, 42, "tank/nomad/"+testVolume+"@zn-2")
 	compound[16] = 2 // a compound stream
-	_, err := r.receive(stream(t, false, header(KindFull, 2), dataMsg(compound), dataMsg([]byte(streamEnd))))
+	_, err := receiveFrom(r, stream(t, false, header(KindFull, 2), dataMsg(compound), dataMsg([]byte(streamEnd))))
 	if status.Code(errdefs.ToStatus(err)) != codes.InvalidArgument {
 		t.Errorf("a stream with properties: %v, want InvalidArgument", err)
 	}
@@ -206,12 +205,12 @@ func TestOversizedStreamsAreRefused(t *testing.T) {
 				from = 0
 			}
 			h := header(kind, 2)
-			h.GetHeader().CapacityBytes = 400 // a limit of 450 bytes
-			msgs := []*pb.ReceiveMessage{h, dataMsg(testBegin(from, 42, testDataset+"@zn-2"))}
+			h.header.CapacityBytes = 400 // a limit of 450 bytes
+			msgs := []message{h, dataMsg(testBegin(from, 42, testDataset+"@zn-2"))}
 			for range 10 {
 				msgs = append(msgs, dataMsg(make([]byte, 100)))
 			}
-			_, err := r.receive(stream(t, false, append(msgs, dataMsg([]byte(streamEnd)))...))
+			_, err := receiveFrom(r, stream(t, false, append(msgs, dataMsg([]byte(streamEnd)))...))
 			if status.Code(errdefs.ToStatus(err)) != codes.InvalidArgument {
 				t.Fatalf("a stream of 1300 bytes for a volume of 400: %v, want InvalidArgument", err)
 			}
@@ -235,7 +234,7 @@ func TestInterruptedFirstReceiveIsSentAfresh(t *testing.T) {
 	z.put(testDataset, replicaProps("1"))
 	z.ds[testDataset].token, z.ds[testDataset].partial = "1-abc", true
 	r := NewReceiver(z, new(copylock.Locks), testRoot, "n2", 2, hclog.NewNullLogger())
-	if _, err := r.receive(fullStream(t, 1, true)); err != nil {
+	if _, err := receiveFrom(r, fullStream(t, 1, true)); err != nil {
 		t.Fatal(err)
 	}
 	got := z.dataset(testDataset)
@@ -274,8 +273,8 @@ func TestIncrementalRollsBackOnlyWhatTheSendersHistoryHolds(t *testing.T) {
 			}
 			r := NewReceiver(z, new(copylock.Locks), testRoot, "n2", 2, hclog.NewNullLogger())
 			h := header(KindIncremental, tt.generation)
-			h.GetHeader().HistoryFrom = tt.historyFrom
-			_, err := r.receive(stream(t, false, h, plainStream(KindIncremental), dataMsg([]byte(streamEnd))))
+			h.header.HistoryFrom = tt.historyFrom
+			_, err := receiveFrom(r, stream(t, false, h, plainStream(KindIncremental), dataMsg([]byte(streamEnd))))
 			if got := status.Code(errdefs.ToStatus(err)); got != tt.want {
 				t.Fatalf("receive: %v (%s), want %s", err, got, tt.want)
 			}
@@ -329,9 +328,9 @@ func TestReplacedReplicaIsSetAsideWhateverTheHeaderSays(t *testing.T) {
 			r := NewReceiver(z, new(copylock.Locks), testRoot, "n2", 2, hclog.NewNullLogger())
 			s := fullStream(t, 2, true)
 			h := <-s.msgs
-			h.GetHeader().HistoryFrom = tt.historyFrom
-			s = stream(t, false, append([]*pb.ReceiveMessage{h}, drain(s)...)...)
-			if _, err := r.receive(s); err != nil {
+			h.header.HistoryFrom = tt.historyFrom
+			s = stream(t, false, append([]message{h}, drain(s)...)...)
+			if _, err := receiveFrom(r, s); err != nil {
 				t.Fatal(err)
 			}
 			if now := z.dataset(testDataset); now == nil || now.props[volume.PropGeneration] != "2" || len(now.snaps) != 1 || now.snaps[0].GUID != 42 {
@@ -346,8 +345,8 @@ func TestReplacedReplicaIsSetAsideWhateverTheHeaderSays(t *testing.T) {
 }
 
 // drain returns the messages left in a test stream.
-func drain(s *fakeStream) []*pb.ReceiveMessage {
-	var out []*pb.ReceiveMessage
+func drain(s *fakeStream) []message {
+	var out []message
 	for m := range s.msgs {
 		out = append(out, m)
 	}

@@ -7,7 +7,9 @@
 //	  hold new base, release old  ◄── snapshot GUID ── hold new base, release old
 //
 // The target builds every dataset name from its own root and a validated
-// volume ID; nothing a peer sends names a dataset.
+// volume ID; nothing a peer sends names a dataset. The package speaks plain
+// types (messages.go): the node's gRPC adapter, package agent, carries
+// ReplicaState and the Receive stream between the nodes.
 package replication
 
 import (

@@ -14,7 +14,6 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfscmd"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
-	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
 // A sendPlan is what one push sends.
@@ -37,13 +36,13 @@ type sendPlan struct {
 // send, and the receiver sets the replica aside (I4).
 // snap is the new replication snapshot, or snapErr why it could not be
 // taken.
-func (p *Pusher) plan(ctx context.Context, fs string, state *pb.ReplicaStateResponse, h *pb.ReceiveHeader, raw bool, snap string, snapErr error,
+func (p *Pusher) plan(ctx context.Context, fs string, state ReplicaState, h Header, raw bool, snap string, snapErr error,
 	listed func() ([]zfscmd.Snap, error), log hclog.Logger) (sendPlan, error) {
-	generation := h.GetGeneration()
-	if state.GetExists() && state.GetRole() != RoleReplica {
-		return sendPlan{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "the peer holds %s as %q, not as a replica", fs, state.GetRole())
+	generation := h.Generation
+	if state.Exists && state.Role != RoleReplica {
+		return sendPlan{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "the peer holds %s as %q, not as a replica", fs, state.Role)
 	}
-	if token := state.GetResumeToken(); token != "" {
+	if token := state.ResumeToken; token != "" {
 		err := p.checkResumeToken(ctx, fs, token, raw)
 		if err == nil {
 			return sendPlan{prog: Progress{Kind: KindResume}, spec: zfscmd.SendSpec{ResumeToken: token}}, nil
@@ -60,7 +59,7 @@ func (p *Pusher) plan(ctx context.Context, fs string, state *pb.ReplicaStateResp
 		return sendPlan{}, err
 	}
 	remote := map[uint64]bool{}
-	for _, g := range state.GetSnapshotGuids() {
+	for _, g := range state.SnapshotGUIDs {
 		remote[g] = true
 	}
 	base, baseGUID, guid := "", uint64(0), uint64(0)
@@ -78,33 +77,33 @@ func (p *Pusher) plan(ctx context.Context, fs string, state *pb.ReplicaStateResp
 			return sendPlan{}, fmt.Errorf("reading the replication snapshot %s after it was taken: %w", snap, err)
 		}
 	}
-	remoteGUIDs := state.GetSnapshotGuids()
+	remoteGUIDs := state.SnapshotGUIDs
 	newerThere := len(remoteGUIDs) > 0 && remoteGUIDs[len(remoteGUIDs)-1] != baseGUID
 	incremental := sendPlan{prog: Progress{Kind: KindIncremental, Snapshot: snap, Base: base}, spec: zfscmd.SendSpec{Snapshot: snap, Base: base, Raw: raw}, guid: guid}
 	switch {
-	case base != "" && newerThere && state.GetGeneration() < generation && state.GetGeneration() >= h.GetHistoryFrom():
+	case base != "" && newerThere && state.Generation < generation && state.Generation >= h.HistoryFrom:
 		// Snapshots after the newest common one, taken by a primary of
 		// a generation this copy's history holds whole (a planned move
 		// ended it with a final snapshot this copy has): earlier
 		// states, nothing this copy lacks.
 		log.Info("the peer's replica has snapshots of an earlier generation after the newest common one; this copy's history holds them: the peer rolls them back",
-			"peer_generation", state.GetGeneration(), "history_from", h.GetHistoryFrom(), "base", base)
+			"peer_generation", state.Generation, "history_from", h.HistoryFrom, "base", base)
 		return incremental, nil
-	case base != "" && newerThere && state.GetGeneration() < generation:
+	case base != "" && newerThere && state.Generation < generation:
 		// Taken by an older generation's primary this copy's history
 		// does not vouch for (it was promoted by a failover): maybe
 		// writes this one never had. A full stream replaces the
 		// replica, which the receiver sets aside (I4).
 		log.Warn("the peer's replica has snapshots of an older generation that this node lacks: sending in full; the peer sets its replica aside",
-			"peer_generation", state.GetGeneration(), "history_from", h.GetHistoryFrom())
+			"peer_generation", state.Generation, "history_from", h.HistoryFrom)
 	case base != "":
 		return incremental, nil
-	case state.GetExists() && len(remoteGUIDs) == 0:
+	case state.Exists && len(remoteGUIDs) == 0:
 		// A first receive that was interrupted and not resumed: the
 		// peer's copy holds nothing yet; it discards the partial state.
-	case state.GetExists() && state.GetGeneration() < generation:
+	case state.Exists && state.Generation < generation:
 		// replaced below
-	case state.GetExists():
+	case state.Exists:
 		return sendPlan{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "the peer's replica of %s shares no snapshot with this node; remove it for a full send", fs)
 	}
 	return sendPlan{prog: Progress{Kind: KindFull, Snapshot: snap}, spec: zfscmd.SendSpec{Snapshot: snap, Raw: raw}, guid: guid}, nil
@@ -124,7 +123,7 @@ func (p *Pusher) plan(ctx context.Context, fs string, state *pb.ReplicaStateResp
 //     is not sent.
 //
 // A resume carries none: the next push does.
-func (p *Pusher) bridge(plan sendPlan, state *pb.ReplicaStateResponse, header *pb.ReceiveHeader,
+func (p *Pusher) bridge(plan sendPlan, state ReplicaState, header *Header,
 	listed func() ([]zfscmd.Snap, error), held func() (map[string][]string, error), sentTo map[string]string) (sendPlan, error) {
 	holds, err := held()
 	if err != nil {
@@ -134,9 +133,9 @@ func (p *Pusher) bridge(plan sendPlan, state *pb.ReplicaStateResponse, header *p
 	if err != nil {
 		return sendPlan{}, err
 	}
-	target := state.GetNodeId()
+	target := state.NodeID
 	remote := map[uint64]bool{}
-	for _, g := range state.GetSnapshotGuids() {
+	for _, g := range state.SnapshotGUIDs {
 		remote[g] = true
 	}
 	bases := peerBases(local, holds, sentTo)
@@ -144,7 +143,7 @@ func (p *Pusher) bridge(plan sendPlan, state *pb.ReplicaStateResponse, header *p
 	isBase := map[string]bool{}
 	header.PeerBases = nil
 	for _, peer := range slices.Sorted(maps.Keys(bases)) {
-		header.PeerBases = append(header.PeerBases, &pb.PeerBase{Guid: bases[peer].GUID, NodeId: peer})
+		header.PeerBases = append(header.PeerBases, PeerBase{GUID: bases[peer].GUID, NodeID: peer})
 		isBase[bases[peer].Name] = true
 	}
 	if plan.prog.Kind == KindResume {

@@ -13,23 +13,22 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/node/volume"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
-	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
 // trickle returns a stream that sends msgs, then one byte every interval
 // until the test ends: a sender that keeps each message within the idle
 // timeout but sends nearly nothing.
-func trickle(t *testing.T, interval time.Duration, msgs ...*pb.ReceiveMessage) *fakeStream {
+func trickle(t *testing.T, interval time.Duration, msgs ...message) *fakeStream {
 	return paced(t, interval, 1, -1, msgs...)
 }
 
 // paced returns a stream that sends msgs, then count messages of size
 // bytes, one every interval, and ends (count < 0: goes on until the test
 // ends).
-func paced(t *testing.T, interval time.Duration, size, count int, msgs ...*pb.ReceiveMessage) *fakeStream {
+func paced(t *testing.T, interval time.Duration, size, count int, msgs ...message) *fakeStream {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	ch := make(chan *pb.ReceiveMessage)
+	ch := make(chan message)
 	go func() {
 		for _, m := range msgs {
 			select {
@@ -75,7 +74,7 @@ func TestStalledHeaderNeverLocksAPrimary(t *testing.T) {
 				// receive for minutes.
 				r.IdleTimeout = DefaultIdleTimeout
 				received := make(chan error, 1)
-				go func() { _, err := r.receive(open(t, kind)); received <- err }()
+				go func() { _, err := receiveFrom(r, open(t, kind)); received <- err }()
 
 				// The self-fence comes while the stalled stream is open.
 				time.Sleep(50 * time.Millisecond)
@@ -134,7 +133,7 @@ func TestStalledSenderLosesTheReplicaLock(t *testing.T) {
 			r.IdleTimeout = idle
 			received := make(chan error, 1)
 			start := time.Now()
-			go func() { _, err := r.receive(tt.open(t)); received <- err }()
+			go func() { _, err := receiveFrom(r, tt.open(t)); received <- err }()
 
 			// Watch the lock while the receive runs.
 			locked := false
@@ -179,7 +178,7 @@ func TestSlowSenderAboveTheRateKeepsItsReceive(t *testing.T) {
 	r := NewReceiver(z, new(copylock.Locks), testRoot, "n2", 2, hclog.NewNullLogger())
 	r.IdleTimeout, r.MinRate = 100*time.Millisecond, 4<<10
 	// 1 KiB every 60 ms: about 16 KiB/s, for 0.6 s.
-	_, err := r.receive(paced(t, 60*time.Millisecond, 1<<10, 10, header(KindIncremental, 5), plainStream(KindIncremental)))
+	_, err := receiveFrom(r, paced(t, 60*time.Millisecond, 1<<10, 10, header(KindIncremental, 5), plainStream(KindIncremental)))
 	if err != nil {
 		t.Errorf("a sender above the rate: %v", err)
 	}

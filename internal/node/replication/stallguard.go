@@ -7,7 +7,7 @@ import (
 	"sync"
 	"time"
 
-	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
 )
 
 // DefaultMinRate is the average rate, in bytes per second, below which a
@@ -106,12 +106,41 @@ func (g *stallGuard) stop() {
 	g.since = time.Time{}
 }
 
-// recv reads the stream's next message within what the guard allows,
-// or gives up when ctx ends (the caller then returns, which ends the
-// stream and the read).
-func (g *stallGuard) recv(ctx context.Context, stream pb.Replication_ReceiveServer) (*pb.ReceiveMessage, error) {
+// header reads the stream's header within what the guard allows.
+func (g *stallGuard) header(ctx context.Context, in Incoming) (Header, error) {
 	g.waiting()
-	msg, err := recvWithin(ctx, stream)
-	g.got(len(msg.GetData()))
-	return msg, err
+	defer g.got(0)
+	return within(ctx, in.Header)
+}
+
+// read reads the next bytes of the stream into p within what the guard
+// allows. When it gives up, the read may still write into p: the caller
+// drops p with the stream.
+func (g *stallGuard) read(ctx context.Context, in Incoming, p []byte) (int, error) {
+	g.waiting()
+	n, err := within(ctx, func() (int, error) { return in.Read(p) })
+	g.got(n)
+	return n, err
+}
+
+// within runs a blocking read, or gives up when ctx ends: the caller then
+// returns, which ends the stream and with it the read, whose result is
+// dropped.
+func within[T any](ctx context.Context, read func() (T, error)) (T, error) {
+	type result struct {
+		v   T
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		v, err := read()
+		done <- result{v, err}
+	}()
+	select {
+	case r := <-done:
+		return r.v, r.err
+	case <-ctx.Done():
+		var zero T
+		return zero, errdefs.Wrap(errdefs.ErrAborted, "%v", context.Cause(ctx))
+	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/node/agent"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/assembly"
 	csinode "github.com/zfs-nomad/zfs-nomad/internal/node/csiserver"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/lease"
@@ -107,7 +108,7 @@ func (n *simNode) start(ctx context.Context) {
 		ZFS:     liveZFS{z: n.pool, enter: inc.enter},
 		Streams: liveStreams{s: n.pool.Streams(), enter: inc.enter},
 		Dial: func(addr string) (*grpc.ClientConn, error) {
-			opts := append(replication.DialOptions(), protocol.DialOptions()...)
+			opts := append(agent.DialOptions(), protocol.DialOptions()...)
 			return grpc.NewClient(addr, append(opts, n.w.net.dialOptions(n.id, inc.isAlive)...)...)
 		},
 		Peers:      peers.Static(cfg.Peers),
@@ -137,7 +138,7 @@ func (n *simNode) start(ctx context.Context) {
 	}
 	// As zfs-node serves it: the interceptor maps the handlers' errors to
 	// their gRPC status.
-	srvOpts := append(replication.ServerOptions(), protocol.ServerOptions("node "+n.id)...)
+	srvOpts := append(agent.ServerOptions(), protocol.ServerOptions("node "+n.id)...)
 	inc.srv = grpc.NewServer(append(srvOpts, grpc.Creds(identity{}),
 		grpc.UnaryInterceptor(csiplugin.LoggingInterceptor(log.Named("agent"))))...)
 	node.Register(inc.srv)

@@ -76,14 +76,14 @@ func pusherOverTLS(t *testing.T, src, dst node, cert, says string) *replication.
 	must(t, err)
 	lis := bufconn.Listen(1 << 20)
 	srv := grpc.NewServer(grpc.Creds(server.ServerCredentials()))
-	pb.RegisterReplicationServer(srv, replication.NewReceiver(dst.s, new(copylock.Locks), "tank/nomad", says, 2, hclog.NewNullLogger()))
+	pb.RegisterReplicationServer(srv, &agent.ReplicationServer{Receiver: replication.NewReceiver(dst.s, new(copylock.Locks), "tank/nomad", says, 2, hclog.NewNullLogger())})
 	go func() { _ = srv.Serve(lis) }()
 	t.Cleanup(srv.Stop)
 	dial := func(string) (*grpc.ClientConn, error) {
 		return grpc.NewClient("passthrough:///bufnet", grpc.WithTransportCredentials(client.ClientCredentials()),
 			grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }))
 	}
-	p := replication.NewPusher(src.s, new(copylock.Locks), "tank/nomad", "n1", 2, nil, dial, hclog.NewNullLogger())
+	p := replication.NewPusher(src.s, new(copylock.Locks), "tank/nomad", "n1", 2, nil, agent.NewReplicationPeers(dial), hclog.NewNullLogger())
 	t.Cleanup(p.Close)
 	return p
 }

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/test/bufconn"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/node/agent"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/copylock"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/replication"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/volume"
@@ -158,14 +159,14 @@ func TestFencedPush(t *testing.T) {
 func pusherWith(t *testing.T, src, dst node, locks *copylock.Locks) *replication.Pusher {
 	lis := bufconn.Listen(1 << 20)
 	srv := grpc.NewServer()
-	pb.RegisterReplicationServer(srv, replication.NewReceiver(dst.s, new(copylock.Locks), "tank/nomad", "n2", 2, hclog.NewNullLogger()))
+	pb.RegisterReplicationServer(srv, &agent.ReplicationServer{Receiver: replication.NewReceiver(dst.s, new(copylock.Locks), "tank/nomad", "n2", 2, hclog.NewNullLogger())})
 	go func() { _ = srv.Serve(lis) }()
 	t.Cleanup(srv.Stop)
 	dial := func(string) (*grpc.ClientConn, error) {
 		return grpc.NewClient("passthrough:///bufnet", grpc.WithTransportCredentials(insecure.NewCredentials()),
 			grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }))
 	}
-	p := replication.NewPusher(src.s, locks, "tank/nomad", "n1", 2, nil, dial, hclog.NewNullLogger())
+	p := replication.NewPusher(src.s, locks, "tank/nomad", "n1", 2, nil, agent.NewReplicationPeers(dial), hclog.NewNullLogger())
 	t.Cleanup(p.Close)
 	return p
 }
@@ -234,7 +235,7 @@ func meshOf(t *testing.T, nodes map[string]node) func(from string) *replication.
 		lis := bufconn.Listen(1 << 20)
 		locks[id] = new(copylock.Locks)
 		srv := grpc.NewServer()
-		pb.RegisterReplicationServer(srv, replication.NewReceiver(n.s, locks[id], "tank/nomad", id, 2, hclog.NewNullLogger()))
+		pb.RegisterReplicationServer(srv, &agent.ReplicationServer{Receiver: replication.NewReceiver(n.s, locks[id], "tank/nomad", id, 2, hclog.NewNullLogger())})
 		go func() { _ = srv.Serve(lis) }()
 		t.Cleanup(srv.Stop)
 		listeners[id] = lis
@@ -245,7 +246,7 @@ func meshOf(t *testing.T, nodes map[string]node) func(from string) *replication.
 			grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }))
 	}
 	return func(from string) *replication.Pusher {
-		p := replication.NewPusher(nodes[from].s, locks[from], "tank/nomad", from, 2, nil, dial, hclog.NewNullLogger())
+		p := replication.NewPusher(nodes[from].s, locks[from], "tank/nomad", from, 2, nil, agent.NewReplicationPeers(dial), hclog.NewNullLogger())
 		t.Cleanup(p.Close)
 		return p
 	}

@@ -1,4 +1,4 @@
-package replication
+package agent
 
 import (
 	"time"
@@ -7,11 +7,11 @@ import (
 	"google.golang.org/grpc/keepalive"
 )
 
-// Bulk data flows through gRPC streams of chunkSize messages. gRPC's
-// default flow-control windows (64 KiB, grown by BDP estimation) and 32 KiB
-// buffers keep a fast stream waiting on window updates; large fixed windows
-// let the sender keep several chunks in flight (see docs/replication.md for
-// the measurements).
+// Bulk data flows through gRPC streams of messages of 1 MiB (replication's
+// chunks). gRPC's default flow-control windows (64 KiB, grown by BDP
+// estimation) and 32 KiB buffers keep a fast stream waiting on window
+// updates; large fixed windows let the sender keep several chunks in
+// flight (see docs/replication.md for the measurements).
 // Keepalive pings notice a silent peer (a cut link, a frozen host) within
 // about keepaliveTime+keepaliveTimeout on either end: the stream then fails,
 // zfs receive sees its input end and keeps a resume token, and the next
@@ -26,11 +26,11 @@ const (
 // lying or not, cannot make the node run more handlers (and their reads
 // of the pool) per connection than that. grpc-go clients wait for a free
 // stream instead of failing. It is far above what a caller runs at once:
-// a node receives at most MaxReceives streams, the heartbeat makes one
-// call per peer and beat, and the controller's long calls (pushes,
-// catch-ups) are parallel_pushes (default 2) plus at most 4 catch-ups per
-// source; its short calls (a burst of publishes asking every node) at
-// worst wait for one another.
+// a node receives at most replication.MaxReceives streams, the heartbeat
+// makes one call per peer and beat, and the controller's long calls
+// (pushes, catch-ups) are parallel_pushes (default 2) plus at most 4
+// catch-ups per source; its short calls (a burst of publishes asking
+// every node) at worst wait for one another.
 const MaxConcurrentStreams = 256
 
 const (

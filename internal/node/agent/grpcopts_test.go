@@ -1,4 +1,4 @@
-package replication
+package agent
 
 import (
 	"context"
@@ -60,7 +60,7 @@ func TestOneConnectionCarriesBoundedStreams(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			if s, err := client.Receive(ctx); err == nil {
-				_ = s.Send(header(KindFull, 1))
+				_ = s.Send(&pb.ReceiveMessage{Msg: &pb.ReceiveMessage_Header{Header: &pb.ReceiveHeader{VolumeId: "vol-0123456789abcdef0123"}}})
 				<-ctx.Done()
 			}
 		}()
