@@ -167,7 +167,8 @@ func (p *Pusher) PushFenced(ctx context.Context, volumeID, addr, nodeID, purpose
 	if err != nil {
 		return Progress{}, err
 	}
-	out, err := p.push(tctx, volumeID, fs, addr, nodeID, purpose, interval, report, fence, log)
+	out, err := p.push(tctx, pushJob{volumeID: volumeID, fs: fs, addr: addr, nodeID: nodeID, purpose: purpose,
+		interval: interval, report: report, fence: fence, log: log})
 	end()
 	if out.unsent != "" {
 		p.dropSnapshot(volumeID, out.unsent, log)
@@ -187,103 +188,136 @@ type pushed struct {
 	peer   string // that peer's node ID
 }
 
+// pushJob is what one push is asked to do (PushFenced's arguments).
+type pushJob struct {
+	volumeID, fs, addr, nodeID, purpose string
+	interval                            time.Duration
+	report                              func(Progress)
+	fence                               Fence
+	log                                 hclog.Logger
+}
+
 // push sends; see Push.
-func (p *Pusher) push(ctx context.Context, volumeID, fs, addr, nodeID, purpose string, interval time.Duration, report func(Progress), fence Fence, log hclog.Logger) (out pushed, err error) {
+func (p *Pusher) push(ctx context.Context, job pushJob) (pushed, error) {
 	// Every call of the push is answered by one node: nodeID, or the
 	// node whose certificate answers first, which must be the node its
 	// ReplicaState names.
-	peer, err := p.peers.Peer(addr, nodeID)
+	peer, err := p.peers.Peer(job.addr, job.nodeID)
 	if err != nil {
-		return pushed{}, errdefs.Wrap(errdefs.ErrUnavailable, "peer %s: %v", addr, err)
+		return pushed{}, errdefs.Wrap(errdefs.ErrUnavailable, "peer %s: %v", job.addr, err)
 	}
+	prep, err := p.prepare(ctx, peer, job)
+	if err != nil {
+		return pushed{unsent: prep.snap}, err
+	}
+	out, streamed, err := p.send(ctx, peer, job, prep)
+	if !streamed {
+		// Unless its stream started (then a receiver's resume token may
+		// need it), the snapshot goes again: a peer that keeps refusing,
+		// or a push that resumes instead, must not pile them up.
+		out.unsent = prep.snap
+	}
+	return out, err
+}
+
+// preparedPush is a push ready to send: its header, what the peer holds,
+// the plan, and the snapshot it took.
+type preparedPush struct {
+	header   Header
+	state    ReplicaState
+	plan     sendPlan
+	snap     string // the push's own snapshot; "" when it was not taken
+	fencedAt int64
+}
+
+// prepare takes the push's snapshot (and fence) and plans what to send.
+// It returns what it took also when it fails.
+func (p *Pusher) prepare(ctx context.Context, peer Peer, job pushJob) (preparedPush, error) {
 	// The new replication snapshot is taken while the peer says what it
 	// holds: each waits tens of milliseconds (a pool sync, a round trip).
-	props, snap, snapped, err := p.snapshot(ctx, volumeID, fs, fence)
+	props, snap, snapped, err := p.snapshot(ctx, job.volumeID, job.fs, job.fence)
 	if err != nil {
-		return pushed{}, err
+		return preparedPush{}, err
 	}
-	header := p.header(volumeID, props)
+	header := p.header(job.volumeID, props)
 	// Encrypted volumes are sent raw, so they stay encrypted on the peer.
 	raw := props["encryption"] != "off" && props["encryption"] != "-"
 	// This node's snapshots are listed meanwhile too: the listing is the
 	// plan's longest read, and the plan needs of it only the snapshots
 	// older than the one in flight (the bases the peer may share).
-	local := p.listAhead(ctx, fs)
+	local := p.listAhead(ctx, job.fs)
 	// What was sent is read before the holds are listed: a tidy holds
 	// its base before it forgets it was sent, so one of the two has it.
-	sentTo := p.sentTo(volumeID)
-	held := ahead(func() (map[string][]string, error) { return p.z.Holds(ctx, fs) })
-	state, err := peer.ReplicaState(ctx, volumeID)
+	sentTo := p.sentTo(job.volumeID)
+	held := ahead(func() (map[string][]string, error) { return p.z.Holds(ctx, job.fs) })
+	state, err := peer.ReplicaState(ctx, job.volumeID)
 	taken := <-snapped
-	snapErr := taken.err
-	streaming := false
-	if snapErr == nil {
-		// Unless its stream starts (then a receiver's resume token may
-		// need it), the snapshot goes again: a peer that keeps refusing,
-		// or a push that resumes instead, must not pile them up.
-		defer func() {
-			if !streaming {
-				out.unsent = snap
-			}
-		}()
+	prep := preparedPush{header: header, state: state, fencedAt: taken.fencedAt}
+	if taken.err == nil {
+		prep.snap = snap
 	}
 	if taken.fenceErr != nil {
-		return pushed{}, fmt.Errorf("fencing the primary of volume %s: %w", volumeID, taken.fenceErr)
+		return prep, fmt.Errorf("fencing the primary of volume %s: %w", job.volumeID, taken.fenceErr)
 	}
 	if err != nil {
-		return pushed{}, err
+		return prep, err
 	}
+	plan, err := p.plan(ctx, job.fs, state, header, raw, snap, taken.err, local, job.log)
+	if err != nil {
+		return prep, err
+	}
+	prep.plan, err = p.bridge(plan, state, &prep.header, local, held, sentTo)
+	return prep, err
+}
 
-	plan, err := p.plan(ctx, fs, state, header, raw, snap, snapErr, local, log)
-	if err != nil {
-		return pushed{}, err
-	}
-	if plan, err = p.bridge(plan, state, &header, local, held, sentTo); err != nil {
-		return pushed{}, err
-	}
-	prog, spec := plan.prog, plan.spec
-	prog.FencedAt = taken.fencedAt
+// send sends a prepared push's streams, tracked as the volume's transfer
+// and reported every interval; streamed says whether the stream of the
+// push's own snapshot started.
+func (p *Pusher) send(ctx context.Context, peer Peer, job pushJob, prep preparedPush) (out pushed, streamed bool, err error) {
+	plan, target := prep.plan, prep.state.NodeID
+	prog := plan.prog
+	prog.FencedAt = prep.fencedAt
 	var total atomic.Int64
-	defer p.estimateLater(ctx, plan, &total, log)()
-	log = log.With("kind", prog.Kind, "snapshot", prog.Snapshot, "base", prog.Base)
+	defer p.estimateLater(ctx, plan, &total, job.log)()
+	log := job.log.With("kind", prog.Kind, "snapshot", prog.Snapshot, "base", prog.Base)
 	log.Info("sending", "bridges", len(plan.bridges))
-	transfer := &Transfer{VolumeID: volumeID, Peer: addr, Purpose: purpose, Started: p.now(), Progress: prog}
-	defer p.track(volumeID, transfer)()
+	transfer := &Transfer{VolumeID: job.volumeID, Peer: job.addr, Purpose: job.purpose, Started: p.now(), Progress: prog}
+	defer p.track(job.volumeID, transfer)()
 
 	var sent atomic.Int64
-	stop := p.reportEvery(interval, func() {
+	stop := p.reportEvery(job.interval, func() {
 		prog.Bytes, prog.Total = sent.Load(), total.Load()
 		p.update(transfer, prog)
-		report(prog)
+		job.report(prog)
 	})
 	defer stop()
 	// The peer bases the target lacks go first, each a stream of its own
 	// (bridge); a failure leaves the target with those that arrived, and
 	// the next push goes on from the newest.
 	for _, b := range plan.bridges {
-		if _, err := p.sendStream(ctx, peer, header, b, &sent, volumeID, state.NodeID, addr, log); err != nil {
-			return pushed{}, err
+		if _, err := p.sendStream(ctx, peer, prep.header, b, &sent, job.volumeID, target, job.addr, log); err != nil {
+			return pushed{}, false, err
 		}
 	}
-	streaming = spec.Snapshot == snap
-	guid, err := p.sendStream(ctx, peer, header, streamSpec{kind: kindOf(spec), spec: spec}, &sent, volumeID, state.NodeID, addr, log)
+	streamed = plan.spec.Snapshot == prep.snap
+	guid, err := p.sendStream(ctx, peer, prep.header, streamSpec{kind: kindOf(plan.spec), spec: plan.spec}, &sent, job.volumeID, target, job.addr, log)
 	if err != nil {
-		return pushed{}, err
+		return pushed{}, streamed, err
 	}
 	stop()
 	// The peer now has the snapshot: it becomes this peer's base here too.
 	// Holding it need not delay the caller (a move waits for this push):
 	// the old base stays held until it is.
-	base, err := p.sentSnapshot(ctx, fs, plan, guid)
+	base, err := p.sentSnapshot(ctx, job.fs, plan, guid)
 	if err != nil {
-		return pushed{}, err
+		return pushed{}, streamed, err
 	}
-	p.noteSent(volumeID, state.NodeID, base)
+	p.noteSent(job.volumeID, target, base)
 	prog.Bytes, prog.Done = sent.Load(), true
 	prog.Total = prog.Bytes // what the estimate was for
-	report(prog)
+	job.report(prog)
 	log.Info("sent", "bytes", prog.Bytes)
-	return pushed{prog: prog, base: base, peer: state.NodeID}, nil
+	return pushed{prog: prog, base: base, peer: target}, streamed, nil
 }
 
 // estimateLater estimates the size of what plan sends (zfs send -nP, a

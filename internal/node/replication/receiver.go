@@ -168,40 +168,72 @@ func (r *Receiver) Receive(ctx context.Context, sender string, in Incoming) (Rec
 	if err != nil {
 		return Received{}, err
 	}
-	fs, _ := dataset(r.root, h.VolumeID) // checked in readHeader
-	log := r.log.With("volume_id", h.VolumeID, "source_node", h.SourceNodeID, "kind", h.Kind, "snapshot", h.Snapshot)
+	s := &inbound{h: h, in: in, guard: guard,
+		log: r.log.With("volume_id", h.VolumeID, "source_node", h.SourceNodeID, "kind", h.Kind, "snapshot", h.Snapshot)}
+	s.fs, _ = dataset(r.root, h.VolumeID) // checked in readHeader
 	select {
 	case r.slots <- struct{}{}:
 		defer func() { <-r.slots }()
 	default:
 		return Received{}, errdefs.Wrap(errdefs.ErrResourceExhausted, "node %s is receiving %d streams already; retry later", r.nodeID, MaxReceives)
 	}
-	// What the copy holds is read without its lock, while the sender
-	// starts zfs send (a process start, the longest wait before its first
-	// record), and whatever the header alone refuses is refused now: a
-	// stream into a primary never waits for its first record, and never
-	// takes the primary's lock (docs/safety.md, "A receive and the
-	// lock"). The lock is taken only once the first record is in hand, so
-	// a sender that stalls before it holds no lock at all.
-	mark, free := r.locks.Mark(h.VolumeID)
-	found := r.readCopy(ctx, fs)
-	if err := r.refuseOnHeader(ctx, h, found); err != nil {
-		log.Warn("stream refused before its first record", "error", err)
+	if err := r.open(ctx, s); err != nil {
 		return Received{}, err
+	}
+	return r.receiveLocked(ctx, s)
+}
+
+// inbound is one stream being received: what its header says, where it
+// goes, and what was read of it and of the copy before the copy's lock.
+type inbound struct {
+	h     Header
+	fs    string
+	in    Incoming
+	guard *stallGuard
+	log   hclog.Logger
+	// begin is the stream's first record; found the copy as read without
+	// its lock, after mark (free: nobody held the lock then).
+	begin []byte
+	found copyRead
+	mark  uint64
+	free  bool
+}
+
+// open reads what the copy holds and the stream's first record, without
+// the copy's lock. The copy is read while the sender starts zfs send (a
+// process start, the longest wait before its first record), and
+// whatever the header alone refuses is refused now: a stream into a
+// primary never waits for its first record, and never takes the
+// primary's lock (docs/safety.md, "A receive and the lock"). The lock is
+// taken only once the first record is in hand, so a sender that stalls
+// before it holds no lock at all.
+func (r *Receiver) open(ctx context.Context, s *inbound) error {
+	s.mark, s.free = r.locks.Mark(s.h.VolumeID)
+	s.found = r.readCopy(ctx, s.fs)
+	if err := r.refuseOnHeader(ctx, s.h, s.found); err != nil {
+		s.log.Warn("stream refused before its first record", "error", err)
+		return err
 	}
 	// The stream's own first record, read before anything is touched:
 	// what the stream does is decided by it, not by the header.
-	begin, err := readBegin(ctx, in, guard)
+	begin, err := readBegin(ctx, s.in, s.guard)
 	if err != nil {
-		return Received{}, fmt.Errorf("the stream of volume %s: %w", h.VolumeID, err)
+		return fmt.Errorf("the stream of volume %s: %w", s.h.VolumeID, err)
 	}
-	if err := checkBegin(begin, h.Kind); err != nil {
-		return Received{}, fmt.Errorf("the stream of volume %s: %w", h.VolumeID, err)
+	if err := checkBegin(begin, s.h.Kind); err != nil {
+		return fmt.Errorf("the stream of volume %s: %w", s.h.VolumeID, err)
 	}
+	s.begin = begin
+	return nil
+}
+
+// receiveLocked receives the opened stream under the copy's lock.
+func (r *Receiver) receiveLocked(ctx context.Context, s *inbound) (Received, error) {
+	h, fs, log := s.h, s.fs, s.log
 	// The lock may be held by the tidy after the previous receive (a
 	// second or so): a push that lands then waits for it rather than
-	// failing. Another change of the copy that outlasts copylock.DefaultWait (a
-	// receive) makes it Aborted.
+	// failing. Another change of the copy that outlasts
+	// copylock.DefaultWait (a receive) makes it Aborted.
 	unlock, err := r.locks.Lock(ctx, h.VolumeID, "receive from node "+h.SourceNodeID)
 	if err != nil {
 		return Received{}, err
@@ -221,10 +253,11 @@ func (r *Receiver) Receive(ctx context.Context, sender string, in Incoming) (Rec
 		}
 		defer func() { early.abandon() }() // unless it was used
 	}
-	if found, err = r.readLocked(ctx, fs, h.VolumeID, found, mark, free, log); err != nil {
+	found, err := r.readLocked(ctx, fs, h.VolumeID, s.found, s.mark, s.free, log)
+	if err != nil {
 		return Received{}, err
 	}
-	parsed, _ := parseBegin(begin) // checked above
+	parsed, _ := parseBegin(s.begin) // checked by open
 	into, err := r.prepare(ctx, fs, h, parsed.fromGUID, found, log)
 	if err != nil {
 		return Received{}, err
@@ -239,7 +272,7 @@ func (r *Receiver) Receive(ctx context.Context, sender string, in Incoming) (Rec
 	// during the checks and clean-up above (the sender is held by flow
 	// control meanwhile), nor after its last message, after which zfs
 	// receive may still take its time to finish.
-	received, err := r.zfsReceive(ctx, h, zr, into.replacing, begin, in, guard, log)
+	received, err := r.zfsReceive(ctx, h, zr, into.replacing, s.begin, s.in, s.guard, log)
 	if err != nil {
 		if into.replacing {
 			// A replacement is not resumed: the next push sends it whole
