@@ -1,0 +1,299 @@
+package replication
+
+// What a stream may do to this node's copy, decided before zfs receive
+// changes anything: the checks on its header, against the copy as read
+// (refused at once, without the copy's lock, when the header alone
+// decides), and on its first record, and where it is received (prepare).
+// docs/replication.md, "Protocol", step 4; docs/safety.md, "What a peer's
+// header may decide".
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"slices"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/node/volume"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfscmd"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
+)
+
+// refuseOnHeader refuses, before the stream's first record and without
+// the copy's lock, what the header and the copy as read then (found)
+// decide (refuseEarly), a generation too far above what this node knows
+// (refuseUnknownGeneration), and a new replica beyond its sender's bound
+// (refuseOneReplicaTooMany).
+func (r *Receiver) refuseOnHeader(ctx context.Context, h Header, found copyRead) error {
+	if err := refuseEarly(h, found); err != nil {
+		return err
+	}
+	if err := r.refuseUnknownGeneration(ctx, h, found); err != nil {
+		return err
+	}
+	return r.refuseOneReplicaTooMany(ctx, h, found)
+}
+
+// refuseEarly refuses, before the stream's first record and without the
+// copy's lock, what the header and the copy read without the lock
+// (found) decide alone: a stream into a copy that is not a replica, an
+// incremental or resumed stream without a replica, or one that would
+// lower the replica's generation. What it lets through is checked again
+// under the lock (prepare); a copy it could not read is left to that
+// check too.
+func refuseEarly(h Header, found copyRead) error {
+	if found.err != nil || found.replacing {
+		return nil
+	}
+	state := found.state
+	if state.Exists && state.Role != RoleReplica {
+		return notAReplica(h, state)
+	}
+	if k := h.Kind; k == KindIncremental || k == KindResume {
+		if !state.Exists {
+			return errdefs.Wrap(errdefs.ErrFailedPrecondition, "no replica of %s to receive an %s stream into", h.VolumeID, h.Kind)
+		}
+		if state.Generation > h.Generation {
+			return lowerGeneration(h, state)
+		}
+	}
+	return nil
+}
+
+// refuseUnknownGeneration refuses a stream whose generation is more than
+// MaxGenerationLead above the highest this node knows of the volume. Both
+// what it knows only grow, so a stream it lets through stays within the
+// bound under the lock.
+func (r *Receiver) refuseUnknownGeneration(ctx context.Context, h Header, found copyRead) error {
+	known, err := r.knownGeneration(ctx, h.VolumeID, found)
+	if err != nil {
+		return err
+	}
+	if g := h.Generation; g > known+MaxGenerationLead {
+		return errdefs.Wrap(errdefs.ErrFailedPrecondition,
+			"the stream of volume %s claims generation %d, more than %d above the highest this node knows of it (%d, from its promise record and its copy): no majority can have promised it; refused. "+
+				"If the volume really moved that often while this node was away, its next move or failover reserves its generation here too, and the pushes pass",
+			h.VolumeID, g, uint64(MaxGenerationLead), known)
+	}
+	return nil
+}
+
+// knownGeneration is the highest generation of volume id this node knows:
+// the one its promise record holds (volume.Manager.Reserve), or its
+// copy's (found), whichever is higher; 0 for a volume it never heard of.
+// A copy it could not read counts as none: the bound is then tighter.
+func (r *Receiver) knownGeneration(ctx context.Context, id string, found copyRead) (uint64, error) {
+	var known uint64
+	if found.err == nil {
+		known = found.state.Generation
+	}
+	record, err := r.z.Get(ctx, volume.PromiseShard(r.root, id), volume.PropPromisePrefix+id)
+	if errors.Is(err, zfs.ErrNotFound) { // no record in this shard yet
+		return known, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("reading the promise record of volume %s: %w", id, err)
+	}
+	return max(known, volume.ParsePromise(record).Generation), nil
+}
+
+func notAReplica(h Header, state ReplicaState) error {
+	return errdefs.Wrap(errdefs.ErrFailedPrecondition, "this node holds volume %s as %q, not as a replica: refusing to overwrite it", h.VolumeID, state.Role)
+}
+
+func lowerGeneration(h Header, state ReplicaState) error {
+	return errdefs.Wrap(errdefs.ErrFailedPrecondition, "the replica of %s here is of generation %d; a stream of generation %d would lower it: refused",
+		h.VolumeID, state.Generation, h.Generation)
+}
+
+// readHeader reads and checks the stream's header: a volume ID, a
+// snapshot name, a sender that is who its certificate says, a generation
+// in bounds.
+func (r *Receiver) readHeader(ctx context.Context, sender string, in Incoming, guard *stallGuard) (Header, error) {
+	h, err := guard.header(ctx, in)
+	if err != nil {
+		return Header{}, fmt.Errorf("reading the header: %w", err)
+	}
+	fs, err := dataset(r.root, h.VolumeID)
+	if err != nil {
+		return Header{}, err
+	}
+	if err := zfs.ValidateName(fs + "@" + h.Snapshot); err != nil && h.Kind != KindResume {
+		return Header{}, errdefs.Wrap(errdefs.ErrInvalidArgument, "snapshot name %q: %v", h.Snapshot, err)
+	}
+	// A node's certificate names the node: a stream may not claim to come
+	// from another (docs/security.md).
+	if sender != "" && sender != h.SourceNodeID {
+		return Header{}, errdefs.Wrap(errdefs.ErrPermissionDenied, "the stream of volume %s claims to come from node %q, but its sender's certificate names %q: each node needs a certificate of its own, with its node ID as the common name",
+			h.VolumeID, h.SourceNodeID, sender)
+	}
+	if g := h.Generation; g == 0 || g > MaxGeneration {
+		return Header{}, errdefs.Wrap(errdefs.ErrInvalidArgument, "generation %d in the header of volume %s: must be 1 to %d", g, h.VolumeID, uint64(MaxGeneration))
+	}
+	return h, nil
+}
+
+// readBegin reads the stream's data messages until it holds the first
+// record, within what the guard allows.
+func readBegin(ctx context.Context, in Incoming, guard *stallGuard) ([]byte, error) {
+	head := make([]byte, 0, readSize)
+	for len(head) < beginRecordSize {
+		n, err := guard.read(ctx, in, head[len(head):cap(head)])
+		head = head[:len(head)+n]
+		if err == io.EOF && len(head) < beginRecordSize {
+			return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, "it ends after %d bytes, before its first record", len(head))
+		}
+		if err != nil && err != io.EOF {
+			return nil, err
+		}
+	}
+	return head, nil
+}
+
+// readSize is the most a receive reads of its stream at once: the
+// sender's chunk.
+const readSize = chunkSize
+
+// intoTarget is where a stream is received.
+type intoTarget struct {
+	target    string            // the replica, or for a replacement its incoming name
+	props     map[string]string // set by zfs receive -o (a full stream only)
+	replacing bool              // a full stream replacing an existing replica
+}
+
+// prepare checks that the stream fits this node's copy and says where it
+// goes. A full stream for a volume of which this node holds an older
+// generation's replica is received beside it, under the incoming name,
+// and takes its place only once complete (replace).
+func (r *Receiver) prepare(ctx context.Context, fs string, h Header, fromGUID uint64, found copyRead, log hclog.Logger) (intoTarget, error) {
+	state := found.state
+	if state.Exists && state.Role != RoleReplica {
+		return intoTarget{}, notAReplica(h, state)
+	}
+	if state.ResumeToken != "" && h.Kind != KindResume {
+		// The sender chose not to resume (it checks every token, and
+		// refuses one whose snapshot it pruned): the partial receive is
+		// of no use, and would make this receive fail.
+		log.Warn("the sender sends afresh instead of resuming: discarding the partial receive")
+		if err := r.z.AbortReceive(ctx, fs); err != nil {
+			return intoTarget{}, fmt.Errorf("discarding the partial receive into %s: %w", fs, err)
+		}
+		// Discarding an interrupted first receive removes the copy.
+		if found = r.readCopy(ctx, fs); found.err != nil {
+			return intoTarget{}, found.err
+		}
+		state = found.state
+	}
+	switch h.Kind {
+	case KindFull:
+		props := map[string]string{"readonly": "on", "mountpoint": "legacy"}
+		if state.Exists && len(found.snapshots) == 0 {
+			// A copy without a snapshot holds nothing to keep.
+			if err := r.destroyReplica(ctx, fs); err != nil {
+				return intoTarget{}, fmt.Errorf("removing the empty replica %s before a full receive: %w", fs, err)
+			}
+			state.Exists = false
+		}
+		if !state.Exists {
+			maps.Copy(props, r.fullLabels(h))
+			return intoTarget{target: fs, props: props}, nil
+		}
+		if state.Generation >= h.Generation {
+			return intoTarget{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "a replica of %s exists but shares no snapshot with the source; an operator must remove it before a full send", h.VolumeID)
+		}
+		// A copy of an older generation, left behind by a move or a
+		// failover. Unlabelled until complete, the incoming copy is
+		// neither listed nor taken for a replica.
+		log.Warn("receiving a replacement for a replica of an older generation that shares no snapshot with the new primary",
+			"replica_generation", state.Generation, "primary_generation", h.Generation)
+		incoming := incomingName(fs)
+		if err := r.destroyIncoming(ctx, incoming); err != nil {
+			return intoTarget{}, fmt.Errorf("removing an earlier, broken replacement %s: %w", incoming, err)
+		}
+		return intoTarget{target: incoming, props: props, replacing: true}, nil
+	case KindIncremental, KindResume:
+		if !state.Exists {
+			return intoTarget{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "no replica of %s to receive an %s stream into", h.VolumeID, h.Kind)
+		}
+		if state.Generation > h.Generation {
+			return intoTarget{}, lowerGeneration(h, state)
+		}
+		if h.Kind == KindIncremental {
+			if err := r.rollBackTo(ctx, fs, found.snapshots, fromGUID, state.Generation, h, log); err != nil {
+				return intoTarget{}, err
+			}
+		}
+		return intoTarget{target: fs}, nil
+	}
+	return intoTarget{}, errdefs.Wrap(errdefs.ErrInvalidArgument, "unknown stream kind %q", h.Kind)
+}
+
+// rollBackTo readies the replica at fs for an incremental from its
+// snapshot with GUID base. Snapshots after the base are rolled back only
+// when the sender's history holds them: the replica is of an older
+// generation than the sender, one its history vouches for (a planned move
+// ended it with a final snapshot the sender has), so they are earlier
+// states of what the sender sends. Otherwise they may hold writes the
+// sender lacks, and the stream is refused: the sender sends in full
+// instead, and the replica is set aside (I4).
+func (r *Receiver) rollBackTo(ctx context.Context, fs string, snaps []zfscmd.Snap, base, generation uint64, h Header, log hclog.Logger) error {
+	i := slices.IndexFunc(snaps, func(s zfscmd.Snap) bool { return s.GUID == base })
+	if i < 0 {
+		return errdefs.Wrap(errdefs.ErrFailedPrecondition, "the replica of %s lacks the stream's base (guid %d): it was destroyed meanwhile; the next push picks another", h.VolumeID, base)
+	}
+	after := snaps[i+1:]
+	if len(after) == 0 {
+		return nil
+	}
+	vouched := h.HistoryFrom > 0 && h.HistoryFrom <= generation && generation < h.Generation
+	if !vouched {
+		return errdefs.Wrap(errdefs.ErrFailedPrecondition,
+			"the replica of %s holds %d snapshots after the stream's base, taken at generation %d, which the sender's history (generations %d to %d) does not hold: they may hold writes the sender lacks; refused",
+			h.VolumeID, len(after), generation, h.HistoryFrom, h.Generation)
+	}
+	holds, err := r.z.Holds(ctx, fs)
+	if err != nil {
+		return fmt.Errorf("listing holds on %s: %w", fs, err)
+	}
+	names := make([]string, 0, len(after))
+	for _, s := range after {
+		for _, tag := range holds[s.Name] {
+			if err := r.z.Release(ctx, s.Name, tag); err != nil && !errors.Is(err, zfs.ErrNotFound) {
+				return fmt.Errorf("releasing %s on %s before rolling it back: %w", tag, s.Name, err)
+			}
+		}
+		names = append(names, shortSnapshotName(s.Name))
+	}
+	if err := r.z.Rollback(ctx, snaps[i].Name); err != nil {
+		return fmt.Errorf("rolling the replica of %s back to %s: %w", h.VolumeID, snaps[i].Name, err)
+	}
+	log.Info("rolled back snapshots of an earlier generation that the sender's history holds", "replica_generation", generation,
+		"history_from", h.HistoryFrom, "base", shortSnapshotName(snaps[i].Name), "rolled_back", names)
+	return nil
+}
+
+// copyRead is what a receive reads of the copy before it decides.
+type copyRead struct {
+	state     ReplicaState
+	snapshots []zfscmd.Snap // oldest first; none when the copy does not exist
+	replacing bool          // an interrupted replacement waits beside it
+	err       error
+}
+
+func (r *Receiver) readCopy(ctx context.Context, fs string) copyRead {
+	var found copyRead
+	// Unless it is surely absent, finishReplace looks at it and says.
+	_, err := r.z.Get(ctx, incomingName(fs), volume.PropRole)
+	found.replacing = !errors.Is(err, zfs.ErrNotFound)
+	if found.state, found.err = r.copyState(ctx, fs); found.err != nil || !found.state.Exists {
+		return found
+	}
+	if found.snapshots, found.err = r.z.Snapshots(ctx, fs); found.err != nil {
+		found.err = fmt.Errorf("listing the snapshots of %s: %w", fs, found.err)
+	}
+	return found
+}
