@@ -56,8 +56,13 @@ func TestAnAwaitedMoveIsFinishedByAnotherInstance(t *testing.T) {
 			second := New(fakes.Cluster(t), hclog.NewNullLogger())
 			second.CatchUpWait = time.Second
 			second.FinishAwaitedMoves(context.Background())
-			moved := false
-			for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline) && !moved; time.Sleep(10 * time.Millisecond) {
+			// A move is waited for up to 10 s (a loaded machine); none is
+			// looked for during 3 s.
+			moved, wait := false, 3*time.Second
+			if tt.wantMoved {
+				wait = 10 * time.Second
+			}
+			for deadline := time.Now().Add(wait); time.Now().Before(deadline) && !moved; time.Sleep(10 * time.Millisecond) {
 				c, _ := n2.Copy(id)
 				moved = c.Role == contract.RolePrimary && c.Generation == 2
 			}

@@ -281,11 +281,14 @@ func TestAMoveCatchesUpInTheBackground(t *testing.T) {
 	}
 	close(release)
 	// The source is unpublished: the final step runs in the background
-	// right after the catch-up, before any retry.
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		if c, _ := n2.Copy(id); c.Role == contract.RolePrimary {
-			break
-		}
+	// right after the catch-up, before any retry. The job is done once it
+	// records the move as ended (after the promotion and the source's
+	// demotion), which is what is waited for.
+	ended := func() bool {
+		moves := m.Moves()
+		return len(moves) != 1 || !moves[0].Moved.IsZero() || moves[0].Error != ""
+	}
+	for deadline := time.Now().Add(10 * time.Second); !ended() && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
 	}
 	if c, _ := n2.Copy(id); c.Role != contract.RolePrimary || c.Generation != 2 {
 		t.Fatalf("n2's copy after the catch-up, before any retry: %+v, want the primary of generation 2", c)
