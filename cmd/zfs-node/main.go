@@ -1,6 +1,7 @@
 // Command zfs-node is the driver's node plugin: the CSI Identity and Node
-// services on the CSI endpoint, and the node agent service (for the
-// controller) on a TCP port. It runs on every Nomad client with a ZFS pool.
+// services on the CSI endpoint, and on a TCP port (the agent port) the
+// node agent service for the controller and replication and the lease's
+// calls for the peers. It runs on every Nomad client with a ZFS pool.
 //
 // zfs-node serve is what Nomad runs (the command when the first argument
 // is a flag); zfs-node -h lists the others.

@@ -1,10 +1,11 @@
-// Package zfscmd runs the zfs command for what must not go through the one
-// serialised libzfs handle: send and receive streams, which last minutes.
-// Each call is its own process, so a long transfer never stalls other
-// volumes. It also does what needs a key (keys.go): libzfs reads key
-// material only from a prompt or a file. It also has the reads and holds around the streams, which the
-// node runs in process instead (libzfs.Streams) and tests use to check
-// that both agree.
+// Package zfscmd runs the zfs command for what must not hold a libzfs
+// handle (a handle serves one call at a time, and the node keeps a few):
+// send and receive streams, which last minutes. Each call is its own
+// process, so a long transfer never stalls other volumes. It also does
+// what needs a key (keys.go): libzfs reads key material only from a
+// prompt or a file. It also has the reads and holds around the streams,
+// which the node runs in process instead (libzfs.Streams) and tests use
+// to check that both agree.
 package zfscmd
 
 import (
