@@ -147,7 +147,7 @@ func TestFencedPush(t *testing.T) {
 	}
 	// The unsent snapshot goes under the lock, after the answer.
 	newest := func() string { snaps := src.snaps(t, fs); return snaps[len(snaps)-1].Name }
-	for deadline := time.Now().Add(2 * time.Second); newest() != prog.Snapshot && time.Now().Before(deadline); {
+	for deadline := time.Now().Add(10 * time.Second); newest() != prog.Snapshot && time.Now().Before(deadline); {
 		time.Sleep(10 * time.Millisecond)
 	}
 	if n := newest(); n != prog.Snapshot {
