@@ -168,6 +168,13 @@ job "zfs-nomad-controller" {
         mount_dir = "/csi"
       }
 
+      # On SIGTERM the controller lets running calls end (up to 10 s)
+      # and meanwhile gives the work lease back to the nodes (up to 5 s
+      # with a node away), so another instance takes the background work
+      # at once rather than after the lease's term. Nomad's default
+      # kill_timeout (5 s) could kill it first.
+      kill_timeout = "15s"
+
       # The controller keeps no data of its own: its cgroup peaked at
       # 15 MiB through test/nomad's creates, drain, snapshots and deletes
       # (2026-11-28), a quarter of what it may use here.
