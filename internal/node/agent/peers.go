@@ -49,6 +49,9 @@ type PeerClient struct {
 }
 
 // NewPeerClient returns a client that connects to the peers with dial.
+// Its connections are its own, apart from replication's
+// (ReplicationPeers): a ping must not wait behind a bulk stream's flow
+// control on a shared connection, where a busy link could cost the lease.
 func NewPeerClient(dial func(addr string) (*grpc.ClientConn, error)) *PeerClient {
 	return &PeerClient{conns: connpool.New(dial)}
 }

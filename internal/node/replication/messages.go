@@ -78,7 +78,7 @@ type Incoming interface {
 }
 
 // Peer is a receiving node as a push calls it, held to the node its
-// certificate names (agent.ReplicationClient over the agent port).
+// certificate names (from agent.ReplicationPeers, over the agent port).
 type Peer interface {
 	// ReplicaState asks what the node holds of volumeID.
 	ReplicaState(ctx context.Context, volumeID string) (ReplicaState, error)
