@@ -40,7 +40,7 @@ func (m *Migrator) FinishAwaitedMoves(ctx context.Context) {
 			if w.Waiting < AdoptAwaitedAfter {
 				continue
 			}
-			if _, running := m.catchUps.running(w.VolumeID); running {
+			if _, running := m.jobs.running(w.VolumeID); running {
 				continue // this instance moves it
 			}
 			m.finishAwaited(ctx, w.VolumeID, a.Node.Info.NodeID, w.Waiting)
@@ -66,15 +66,14 @@ func (m *Migrator) finishAwaited(ctx context.Context, id, nodeID string, waited 
 	}
 	log.Info("a stage has waited for the volume's move here, and no controller instance runs it: finishing it as the publish's retry would",
 		"waited", waited.Round(time.Second), "from_node", source.Info.NodeID)
-	_, err = m.publish(ctx, id, nodeID, false)
-	if c, _ := m.catchUps.find(id, nodeID, m.now()); c != nil {
+	_, running, err := m.publish(ctx, id, nodeID)
+	if c, _ := m.jobs.find(id, nodeID, m.now()); c != nil {
 		c.grantedAhead(m.now()) // no retry will start it again: it tries again itself
 	}
-	var running *moveRunning
 	switch {
 	case err == nil:
 		log.Info("the awaited move ended: the node's stage finds the volume promoted")
-	case errors.As(err, &running):
+	case running != nil:
 		log.Info("the awaited move runs in the background", "progress", err)
 	case errors.Is(err, errdefs.ErrFailedPrecondition), errdefs.Temporary(err):
 		log.Info("the awaited move cannot be finished yet; the next pass tries again", "error", err)

@@ -160,7 +160,7 @@ func TestObserve(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			c := &catchUp{}
+			c := &moveJob{}
 			for _, s := range tc.seen {
 				c.observe(s)
 			}

@@ -2,7 +2,6 @@ package migration
 
 import (
 	"context"
-	"errors"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/cluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
@@ -23,7 +22,7 @@ import (
 // concurrent creations split its promises so that none can win
 // (creationPlan): then the next one above, for one of them.
 func (m *Migrator) ReserveCreation(ctx context.Context, id string, candidates []string) (cluster.Node, error) {
-	for step := 0; step < maxSteps; step++ {
+	for range maxSteps {
 		v, err := m.gather(ctx, id)
 		if err != nil {
 			return cluster.Node{}, err
@@ -40,14 +39,13 @@ func (m *Migrator) ReserveCreation(ctx context.Context, id string, candidates []
 		}
 		// A majority may not have granted an earlier attempt's promise:
 		// granting the same one again is idempotent.
-		err = m.reserve(ctx, id, gen, n.Info.NodeID, v, false, false, false)
-		if errors.Is(err, errRetry) {
-			continue
-		}
-		if err != nil {
+		switch step, err := m.reserve(ctx, id, gen, n.Info.NodeID, v, false, false, false); step {
+		case goOn:
+			return n, nil
+		case answer:
 			return cluster.Node{}, err
 		}
-		return n, nil
+		// lookAgain: another creation's reservation won this one's nodes.
 	}
 	return cluster.Node{}, errdefs.Wrap(errdefs.ErrAborted, "creating volume %s raced other creations %d times; retry", id, maxSteps)
 }

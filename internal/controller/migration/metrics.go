@@ -32,7 +32,7 @@ func (m *Metrics) publishedAhead() {
 
 // finalStepPending records that c's move waits for its final step (pending)
 // or no longer does.
-func (m *Metrics) finalStepPending(c *catchUp, pending bool) {
+func (m *Metrics) finalStepPending(c *moveJob, pending bool) {
 	if m == nil {
 		return
 	}

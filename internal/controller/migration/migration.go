@@ -62,7 +62,7 @@ type Migrator struct {
 	cluster         *cluster.Cluster
 	log             hclog.Logger
 	now             func() time.Time
-	catchUps        catchUps
+	jobs            moveJobs
 	aheadRetryPause time.Duration // zero: aheadRetryPause
 	background      lifecycle     // the moves and demotions that outlive their publish
 }
@@ -122,7 +122,8 @@ const maxSteps = 5
 // over as needed, and returns its generation: the fencing token the node
 // checks when staging.
 func (m *Migrator) Publish(ctx context.Context, id, nodeID string) (uint64, error) {
-	return m.publish(ctx, id, nodeID, false)
+	gen, _, err := m.publish(ctx, id, nodeID)
+	return gen, err
 }
 
 // Publication is what a publish grants the node: the generation it must
@@ -143,14 +144,13 @@ type Publication struct {
 // workload waiting up to a minute for the next; a stage that waits ends
 // when the move does.
 func (m *Migrator) PublishAhead(ctx context.Context, id, nodeID string) (Publication, error) {
-	gen, err := m.publish(ctx, id, nodeID, false)
-	var running *moveRunning
-	if m.PublishAheadWithin > 0 && errors.As(err, &running) {
-		if after, ok := running.move.aheadOf(m.now(), m.PublishAheadWithin); ok {
-			running.move.grantedAhead(m.now())
+	gen, running, err := m.publish(ctx, id, nodeID)
+	if m.PublishAheadWithin > 0 && running != nil {
+		if after, ok := running.aheadOf(m.now(), m.PublishAheadWithin); ok {
+			running.grantedAhead(m.now())
 			m.Metrics.publishedAhead()
 			m.log.Info("published ahead of the move's end: the node stages the volume once its copy is promoted",
-				"volume_id", id, "node_id", nodeID, "from_node", running.move.source, "after_generation", after)
+				"volume_id", id, "node_id", nodeID, "from_node", running.source, "after_generation", after)
 			return Publication{After: after}, nil
 		}
 	}
@@ -160,47 +160,86 @@ func (m *Migrator) PublishAhead(ctx context.Context, id, nodeID string) (Publica
 // MoveRunning returns the target of the volume's move running in the
 // background (catchup.go), if one runs: a delete or an expansion of the
 // volume waits for it.
-func (m *Migrator) MoveRunning(id string) (string, bool) { return m.catchUps.running(id) }
+func (m *Migrator) MoveRunning(id string) (string, bool) { return m.jobs.running(id) }
 
-// publish is Publish; inBackground tells that it runs the final step of a
-// background move, which must not start another.
+// publish is a foreground publish: the CO's, or one on its behalf
+// (finishAwaited). When its refusal is that the volume's move to nodeID
+// runs in the background, running is that move's job.
 //
 // The rule that keeps a background move and the CO's publishes of its
 // volume apart (issue 35): one decision acts on a volume's copies at a
 // time. The foreground publishes of a volume hold its publishing lock,
-// so they run one at a time; a background move of the volume is started
-// only by one of them (startMove), and while it runs (catch-up or final
-// step, until finish) every foreground publish of the volume answers
-// from memory without acting: to the move's target its progress, to any
+// so they run one at a time; a move job of the volume is started only by
+// one of them (startMove), and while it runs (catch-up or final step,
+// until it ends) every foreground publish of the volume answers from
+// memory without acting: to the move's target its progress, to any
 // other node (the source included) that the publish is decided once the
-// move ends (movingElsewhere). A foreground publish that starts a move
-// acts no more once it returns, or before that only once the move is
-// done (startMove, ended). So the final step's publish (inBackground)
-// never runs beside a foreground one.
-func (m *Migrator) publish(ctx context.Context, id, nodeID string, inBackground bool) (uint64, error) {
-	a := &attempt{id: id, nodeID: nodeID, inBackground: inBackground, log: m.log.With("volume_id", id, "node_id", nodeID)}
-	if !inBackground {
-		unlock, err := m.enterForeground(a)
-		if err != nil {
-			return 0, err
-		}
-		defer unlock()
+// move ends (movingElsewhere). A foreground publish that starts a job
+// acts no more once it returns, or before that only once the job ended
+// (startMove, answerEnded). So a job's final step never runs beside a
+// foreground publish.
+func (m *Migrator) publish(ctx context.Context, id, nodeID string) (gen uint64, running *moveJob, err error) {
+	a := m.newAttempt(id, nodeID, false)
+	unlock, err := m.enterForeground(a)
+	if err != nil {
+		return 0, a.running, err
 	}
+	defer unlock()
+	gen, err = m.steps(ctx, a)
+	return gen, a.running, err
+}
+
+// steps looks at the volume's copies and acts on what it sees, and looks
+// again after each change, up to maxSteps times: the steps of a
+// foreground publish, and of a move job's final step (runFinalStep).
+func (m *Migrator) steps(ctx context.Context, a *attempt) (uint64, error) {
+	var refused error
 	for range maxSteps {
-		gen, done, err := m.publishStep(ctx, a)
-		if done || err != nil {
+		gen, n, err := m.publishStep(ctx, a)
+		if n == answer {
 			return gen, err
 		}
+		refused = err // what made the step look again, if anything
 	}
-	return 0, errdefs.Wrap(errdefs.ErrAborted, "volume %s did not settle on node %s in %d steps; retry", id, nodeID, maxSteps)
+	if refused != nil {
+		return 0, errdefs.Wrap(errdefs.ErrAborted, "volume %s did not settle on node %s in %d steps (the last: %v); retry", a.id, a.nodeID, maxSteps, refused)
+	}
+	return 0, errdefs.Wrap(errdefs.ErrAborted, "volume %s did not settle on node %s in %d steps; retry", a.id, a.nodeID, maxSteps)
 }
+
+// next is where a publish goes after one of its steps.
+type next int
+
+const (
+	// answer: the step's generation, or its error, answers the publish.
+	answer next = iota
+	// lookAgain: the step changed the copies, or a reservation lost to
+	// another (its error says how): the publish looks at them again.
+	lookAgain
+	// goOn: what the step checked stands not in the way (a reservation
+	// granted, no move job to wait for): it acts in this call.
+	goOn
+)
 
 // attempt is one publish of a volume to a node, over its steps.
 type attempt struct {
 	id, nodeID   string
-	inBackground bool // the final step of a background move
+	inBackground bool // the final step of a move job
 	superseded   bool // a promise was superseded before lifting a fence (supersede)
-	log          hclog.Logger
+	// running is the volume's move job to nodeID whose progress refused
+	// the publish (runs).
+	running *moveJob
+	log     hclog.Logger
+}
+
+func (m *Migrator) newAttempt(id, nodeID string, inBackground bool) *attempt {
+	return &attempt{id: id, nodeID: nodeID, inBackground: inBackground, log: m.log.With("volume_id", id, "node_id", nodeID)}
+}
+
+// runs is the publish's refusal while the move job c runs.
+func (a *attempt) runs(c *moveJob, now time.Time) error {
+	a.running = c
+	return c.refusal(now)
 }
 
 // enterForeground takes the volume's publishing lock for a foreground
@@ -214,11 +253,11 @@ func (m *Migrator) enterForeground(a *attempt) (unlock func(), err error) {
 	if !ok {
 		return nil, errdefs.Wrap(errdefs.ErrAborted, "another publish of volume %s is in progress; retry", a.id)
 	}
-	if err := m.catchUps.stillRunning(a.id, a.nodeID, m.now()); err != nil {
+	if c, running := m.jobs.runningTo(a.id, a.nodeID); running {
 		unlock()
-		return nil, err
+		return nil, a.runs(c, m.now())
 	}
-	if err := m.catchUps.movingElsewhere(a.id, a.nodeID); err != nil {
+	if err := m.jobs.movingElsewhere(a.id, a.nodeID); err != nil {
 		a.log.Info("publish refused: the volume's move to another node runs in the background", "error", err)
 		unlock()
 		return nil, err
@@ -227,59 +266,53 @@ func (m *Migrator) enterForeground(a *attempt) (unlock func(), err error) {
 }
 
 // publishStep looks at the volume's copies once and acts on what it
-// sees: it answers (done, or an error), or it changed something and the
-// next step looks again (not done, no error).
-func (m *Migrator) publishStep(ctx context.Context, a *attempt) (gen uint64, done bool, err error) {
+// sees: it answers (a generation, or an error), or it changed something,
+// or lost a race to another change, and the next step looks again.
+func (m *Migrator) publishStep(ctx context.Context, a *attempt) (uint64, next, error) {
 	id, nodeID := a.id, a.nodeID
 	v, err := m.gather(ctx, id)
 	if err != nil {
-		return 0, false, err
+		return 0, answer, err
 	}
 	v.background = a.inBackground
 	target, ok := v.node(nodeID)
 	if !ok {
 		if len(v.unreachable) > 0 {
-			return 0, false, errdefs.Wrap(errdefs.ErrUnavailable, "node %s did not answer (unreachable agents: %s); retry", nodeID, strings.Join(v.unreachable, ", "))
+			return 0, answer, errdefs.Wrap(errdefs.ErrUnavailable, "node %s did not answer (unreachable agents: %s); retry", nodeID, strings.Join(v.unreachable, ", "))
 		}
-		return 0, false, errdefs.Wrap(errdefs.ErrNotFound, "node %s is not a node of this driver", nodeID)
+		return 0, answer, errdefs.Wrap(errdefs.ErrNotFound, "node %s is not a node of this driver", nodeID)
 	}
 	if nodes := v.conflict(); nodes != nil {
-		return 0, false, m.conflictError(id, v, nodes)
+		return 0, answer, m.conflictError(id, v, nodes)
 	}
 	if !v.quorum() && !v.forcedOn(nodeID) {
-		return 0, false, m.noQuorum(id, v)
+		return 0, answer, m.noQuorum(id, v)
 	}
 	if err := m.settle(ctx, id, v); err != nil {
 		a.log.Warn("stale copies remain; retrying later", "error", err)
 	}
 	p, ok := v.primary()
 	if !ok {
-		promoted, err := m.failover(ctx, id, v, nodeID, a.log)
+		promoted, n, err := m.failover(ctx, id, v, nodeID, a.log)
 		switch {
-		case errors.Is(err, errRetry):
-			return 0, false, nil
-		case err != nil:
-			return 0, false, err
+		case n != goOn:
+			return 0, n, err
 		case promoted.NodeID == nodeID:
-			return promoted.Generation, true, nil
+			return promoted.Generation, answer, nil
 		}
-		return 0, false, nil // and move it on to the target
+		return 0, lookAgain, nil // and move it on to the target
 	}
 	if pr, newer := v.newerElsewhere(p); newer {
-		return 0, false, errdefs.Wrap(errdefs.ErrUnavailable, "generation %d of volume %s was promised to node %s, which did not answer: the copy on node %s (generation %d) may be stale, so it is not published; retry once node %s answers",
+		return 0, answer, errdefs.Wrap(errdefs.ErrUnavailable, "generation %d of volume %s was promised to node %s, which did not answer: the copy on node %s (generation %d) may be stale, so it is not published; retry once node %s answers",
 			pr.generation, id, pr.holder, p.nodeID(), p.copy.Generation, pr.holder)
 	}
 	if p.nodeID() == nodeID {
 		return m.publishOnPrimary(ctx, a, p, v)
 	}
 	if err := m.checkMove(p, target); err != nil {
-		return 0, false, err
+		return 0, answer, err
 	}
-	gen, err = m.move(ctx, id, p, target, v, a.inBackground, a.log)
-	if errors.Is(err, errRetry) {
-		return 0, false, nil
-	}
-	return gen, true, err
+	return m.move(ctx, a, p, target, v)
 }
 
 // publishOnPrimary publishes the volume on the node of its primary,
@@ -287,29 +320,28 @@ func (m *Migrator) publishStep(ctx context.Context, a *attempt) (gen uint64, don
 // A fence is lifted only when no other node may have been promoted
 // meanwhile (publishStep's newerElsewhere saw to that), nor may be
 // promoted later with a promise it still holds.
-func (m *Migrator) publishOnPrimary(ctx context.Context, a *attempt, p copyOn, v view) (gen uint64, done bool, err error) {
+func (m *Migrator) publishOnPrimary(ctx context.Context, a *attempt, p copyOn, v view) (uint64, next, error) {
 	m.arrived(a.id, a.nodeID)
 	if p.copy.MovingTo == "" && !p.copy.LeaseFenced {
-		return p.copy.Generation, true, nil
+		return p.copy.Generation, answer, nil
 	}
 	if pr, away := v.promisedAway(p); away {
 		if a.superseded {
-			return 0, false, errdefs.Wrap(errdefs.ErrUnavailable, "node %s still holds the promise of generation %d of volume %s (it did not grant the newer one reserved for node %s): its promotion may be under way, so the copy on node %s stays fenced; retry",
+			return 0, answer, errdefs.Wrap(errdefs.ErrUnavailable, "node %s still holds the promise of generation %d of volume %s (it did not grant the newer one reserved for node %s): its promotion may be under way, so the copy on node %s stays fenced; retry",
 				pr.holder, pr.generation, a.id, a.nodeID, a.nodeID)
 		}
 		a.superseded = true
-		if err := m.supersede(ctx, a.id, p, pr, v, a.log); err != nil && !errors.Is(err, errRetry) {
-			return 0, false, err
+		n, err := m.supersede(ctx, a.id, p, pr, v, a.log)
+		if n == answer {
+			return 0, answer, err
 		}
-		return 0, false, nil // look again: the promise is void now, or its holder was promoted
+		return 0, lookAgain, err // the promise is void now, or its holder was promoted
 	}
 	if err := m.unfence(ctx, a.id, p, a.log); err != nil {
-		return 0, false, err
+		return 0, answer, err
 	}
-	return p.copy.Generation, true, nil
+	return p.copy.Generation, answer, nil
 }
-
-var errRetry = errors.New("retry")
 
 // Current returns the node of the volume's current primary, decided as a
 // publish decides it: from a majority of the nodes (or the operator's
@@ -352,15 +384,16 @@ func (m *Migrator) Current(ctx context.Context, id string) (cluster.Node, agentc
 // the record's lock, is refused for good; if the holder was promoted
 // first, the caller's next look finds it the primary and the volume moves
 // from there. Either way no two primaries.
-func (m *Migrator) supersede(ctx context.Context, id string, p copyOn, pr promised, v view, log hclog.Logger) error {
+func (m *Migrator) supersede(ctx context.Context, id string, p copyOn, pr promised, v view, log hclog.Logger) (next, error) {
 	gen := v.nextGeneration(p.nodeID())
 	log.Info("superseding a promise to another node before lifting the fence: its holder may still be promoted with it",
 		"promised_generation", pr.generation, "holder", pr.holder, "generation", gen)
-	if err := m.reserve(ctx, id, gen, p.nodeID(), v, false, false, false); err != nil {
-		return fmt.Errorf("generation %d of volume %s is promised to node %s, whose promotion may still be under way; reserving generation %d for node %s to void it: %w",
+	n, err := m.reserve(ctx, id, gen, p.nodeID(), v, false, false, false)
+	if err != nil {
+		err = fmt.Errorf("generation %d of volume %s is promised to node %s, whose promotion may still be under way; reserving generation %d for node %s to void it: %w",
 			pr.generation, id, pr.holder, gen, p.nodeID(), err)
 	}
-	return nil
+	return n, err
 }
 
 // noQuorum is the error for a decision a view without a majority cannot
@@ -373,9 +406,10 @@ func (m *Migrator) noQuorum(id string, v view) error {
 
 // reserve has a majority of the nodes promise generation gen of the
 // volume to holder's copy before it is promoted with it: no other copy
-// can then ever get gen (docs/safety.md, "Generations"). A refusal means
-// a newer generation exists or another promotion raced this one: the
-// caller looks again (errRetry). With everyAnswering (the operator's
+// can then ever get gen (docs/safety.md, "Generations"). Granted, the
+// caller goes on; refused because a newer generation exists or another
+// promotion raced this one, it looks again (lookAgain, with an error
+// that says who refused); anything else answers. With everyAnswering (the operator's
 // forced promotion, without a majority) every node that answered must
 // grant it instead. A failover's reservation (failover) has every node
 // attest the silence of those that did not answer, and of any node its
@@ -383,8 +417,8 @@ func (m *Migrator) noQuorum(id string, v view) error {
 // operator marks the operator's promotion: a node that keeps no lease
 // (no peers) grants its failover on the operator's word, and refuses the
 // controller's automatic one.
-func (m *Migrator) reserve(ctx context.Context, id string, gen uint64, holder string, v view, everyAnswering, failover, operator bool) error {
-	type answer struct {
+func (m *Migrator) reserve(ctx context.Context, id string, gen uint64, holder string, v view, everyAnswering, failover, operator bool) (next, error) {
+	type reply struct {
 		node string
 		resp agentclient.Promise
 		err  error
@@ -396,13 +430,13 @@ func (m *Migrator) reserve(ctx context.Context, id string, gen uint64, holder st
 			r.Answering = append(r.Answering, n.Info.NodeID)
 		}
 	}
-	answers := make(chan answer, len(v.nodes))
+	answers := make(chan reply, len(v.nodes))
 	for _, n := range v.nodes {
 		go func() {
 			cctx, cancel := m.call(ctx, v)
 			defer cancel()
 			resp, err := n.Agent.Reserve(cctx, r)
-			answers <- answer{n.Info.NodeID, resp, err}
+			answers <- reply{n.Info.NodeID, resp, err}
 		}()
 	}
 	total := v.total()
@@ -426,7 +460,7 @@ func (m *Migrator) reserve(ctx context.Context, id string, gen uint64, holder st
 		enough = granted == len(v.nodes)
 	}
 	if enough && holderGranted {
-		return nil
+		return goOn, nil
 	}
 	if waiting {
 		// Nodes that keep leases wait for the silent ones' to run out:
@@ -434,13 +468,13 @@ func (m *Migrator) reserve(ctx context.Context, id string, gen uint64, holder st
 		// later.
 		m.log.Warn("generation not reserved: nodes wait for the silent ones' leases to run out", "volume_id", id, "generation", gen, "holder", holder,
 			"granted", granted, "nodes", total, "refusals", strings.Join(refusals, "; "))
-		return errdefs.Wrap(errdefs.ErrUnavailable, "generation %d of volume %s for node %s: %d of %d nodes granted it (%s); retry",
+		return answer, errdefs.Wrap(errdefs.ErrUnavailable, "generation %d of volume %s for node %s: %d of %d nodes granted it (%s); retry",
 			gen, id, holder, granted, total, strings.Join(refusals, "; "))
 	}
 	m.log.Warn("generation not reserved; looking again", "volume_id", id, "generation", gen, "holder", holder,
 		"granted", granted, "nodes", total, "refusals", strings.Join(refusals, "; "))
-	return fmt.Errorf("%w: %w: generation %d of volume %s for node %s: %d of %d nodes granted it (%s)",
-		errRetry, errdefs.ErrAborted, gen, id, holder, granted, total, strings.Join(refusals, "; "))
+	return lookAgain, errdefs.Wrap(errdefs.ErrAborted, "generation %d of volume %s for node %s: %d of %d nodes granted it (%s)",
+		gen, id, holder, granted, total, strings.Join(refusals, "; "))
 }
 
 func (m *Migrator) checkMove(p copyOn, target cluster.Node) error {
@@ -455,51 +489,58 @@ func (m *Migrator) checkMove(p copyOn, target cluster.Node) error {
 	return nil
 }
 
-// move is the planned move of p to target. A publish hands it to the
-// background (caughtUp: a catch-up unless the target is fresh, then the
-// final step, which finishInBackground runs through publish with
-// inBackground set), answering a retryable error until it is done. The
-// final step: fence and send the final snapshot (one call: the source
-// fences under the same lock hold as the snapshot), promote the target,
-// demote the source.
-func (m *Migrator) move(ctx context.Context, id string, p copyOn, target cluster.Node, v view, inBackground bool, log hclog.Logger) (uint64, error) {
+// move is the planned move of p to target. A foreground publish hands it
+// to a move job (handOff: a catch-up unless the target is fresh, then the
+// final step, which the job runs through steps with inBackground set),
+// answering a retryable error until the job ended. The final step: fence
+// and send the final snapshot (one call: the source fences under the same
+// lock hold as the snapshot), promote the target, demote the source.
+func (m *Migrator) move(ctx context.Context, a *attempt, p copyOn, target cluster.Node, v view) (uint64, next, error) {
 	// The catch-up may run while the workload still writes on the source:
 	// it is a push like the schedule's, and the final step sends the rest.
-	if !inBackground {
-		if err := m.caughtUp(ctx, p, target, v, log); err != nil {
-			return 0, err
+	if !a.inBackground {
+		if n, err := m.handOff(ctx, a, p, target, v); n != goOn {
+			return 0, n, err
 		}
 	}
+	id := a.id
 	if p.copy.Mounted {
-		return 0, errdefs.Wrap(errdefs.ErrFailedPrecondition, "volume %s is still published on node %s; it moves to node %s once it is unpublished there", id, p.nodeID(), target.Info.NodeID)
+		return 0, answer, errdefs.Wrap(errdefs.ErrFailedPrecondition, "volume %s is still published on node %s; it moves to node %s once it is unpublished there", id, p.nodeID(), target.Info.NodeID)
 	}
 	started := m.now()
 	gen := v.nextGeneration(target.Info.NodeID)
-	log = log.With("from_node", p.nodeID(), "generation", gen)
+	log := a.log.With("from_node", p.nodeID(), "generation", gen)
 	log.Info("moving volume")
 	// The reservation runs beside the fence and the final send, off the
 	// move's critical path; the promotion waits for it.
-	reserved := make(chan error, 1)
-	go func() { reserved <- m.reserve(ctx, id, gen, target.Info.NodeID, v, false, false, false) }()
+	type reservation struct {
+		n   next
+		err error
+	}
+	reserved := make(chan reservation, 1)
+	go func() {
+		n, err := m.reserve(ctx, id, gen, target.Info.NodeID, v, false, false, false)
+		reserved <- reservation{n, err}
+	}()
 	fencedAt, err := m.sendFinal(ctx, id, p, target, v, log)
 	if err != nil {
 		m.Metrics.count("move", "failed")
-		return 0, err
+		return 0, answer, err
 	}
-	if err := <-reserved; err != nil {
-		return 0, err
+	if r := <-reserved; r.n != goOn {
+		return 0, r.n, r.err
 	}
 	err = m.promoteTarget(ctx, target, agentclient.Promotion{VolumeID: id, Generation: gen, NotBeforeUnixNano: fencedAt}, v)
 	if err != nil {
 		m.Metrics.count("move", "failed")
-		return 0, fmt.Errorf("promoting the copy on node %s: %w", target.Info.NodeID, err)
+		return 0, answer, fmt.Errorf("promoting the copy on node %s: %w", target.Info.NodeID, err)
 	}
 	// The target is the primary now and the source a fenced, read-only copy
 	// of an older generation: the workload need not wait for its demotion.
 	// If it fails, the next publish or schedule round settles it. A move
-	// in the background demotes before it ends, so the publish's retry
-	// finds the volume settled.
-	if inBackground {
+	// job demotes before it ends, so the publish's retry finds the volume
+	// settled.
+	if a.inBackground {
 		m.demote(id, p, gen, log)
 	} else {
 		m.background.spawn(func() { m.demote(id, p, gen, log) })
@@ -507,7 +548,7 @@ func (m *Migrator) move(ctx context.Context, id string, p copyOn, target cluster
 	m.Metrics.count("move", "ok")
 	m.Metrics.observeMove(m.now().Sub(started))
 	log.Info("volume moved", "seconds", m.now().Sub(started).Seconds())
-	return gen, nil
+	return gen, answer, nil
 }
 
 // promoteTarget promotes the move's target, asking again while the
@@ -617,30 +658,31 @@ func (m *Migrator) unfence(ctx context.Context, id string, p copyOn, log hclog.L
 // failover runs when no reachable node holds a primary: the volume's
 // policy decides between promoting the freshest replica (target's, if it
 // is as fresh) and waiting for an operator.
-func (m *Migrator) failover(ctx context.Context, id string, v view, target string, log hclog.Logger) (agentclient.Copy, error) {
+func (m *Migrator) failover(ctx context.Context, id string, v view, target string, log hclog.Logger) (agentclient.Copy, next, error) {
 	r, ok := v.failoverReplica(target)
 	if !ok {
 		if len(v.unreachable) > 0 {
-			return agentclient.Copy{}, errdefs.Wrap(errdefs.ErrUnavailable, "no reachable node holds volume %s (unreachable agents: %s); retry", id, strings.Join(v.unreachable, ", "))
+			return agentclient.Copy{}, answer, errdefs.Wrap(errdefs.ErrUnavailable, "no reachable node holds volume %s (unreachable agents: %s); retry", id, strings.Join(v.unreachable, ", "))
 		}
-		return agentclient.Copy{}, errdefs.Wrap(errdefs.ErrNotFound, "volume %s does not exist", id)
+		return agentclient.Copy{}, answer, errdefs.Wrap(errdefs.ErrNotFound, "volume %s does not exist", id)
 	}
 	lastAt := time.Unix(0, r.copy.LastSnapshotUnixNano)
 	if contract.FailoverPolicy(r.copy.Parameters) != contract.FailoverAuto {
-		return agentclient.Copy{}, errdefs.Wrap(errdefs.ErrUnavailable, "the primary of volume %s is unreachable and its failover policy is manual: an operator promotes a replica with `zfs-controller promote -node %s %s` (the freshest, as of %s), or brings the primary's node back",
+		return agentclient.Copy{}, answer, errdefs.Wrap(errdefs.ErrUnavailable, "the primary of volume %s is unreachable and its failover policy is manual: an operator promotes a replica with `zfs-controller promote -node %s %s` (the freshest, as of %s), or brings the primary's node back",
 			id, r.nodeID(), id, lastAt.UTC().Format(time.RFC3339))
 	}
 	return m.promote(ctx, id, r, v, false, false, log)
 }
 
-// promote promotes the replica r by failover. operator is the operator's
-// promotion (Promote), forced the operator's promotion without a majority
-// (promote -force): every node that answered must grant the generation,
-// and the copy records it was forced.
-func (m *Migrator) promote(ctx context.Context, id string, r copyOn, v view, operator, forced bool, log hclog.Logger) (agentclient.Copy, error) {
+// promote promotes the replica r by failover: goOn once promoted,
+// lookAgain when its reservation lost to another (reserve). operator is
+// the operator's promotion (Promote), forced the operator's promotion
+// without a majority (promote -force): every node that answered must
+// grant the generation, and the copy records it was forced.
+func (m *Migrator) promote(ctx context.Context, id string, r copyOn, v view, operator, forced bool, log hclog.Logger) (agentclient.Copy, next, error) {
 	withoutMajority := !v.quorum()
 	if withoutMajority && !forced {
-		return agentclient.Copy{}, m.noQuorum(id, v)
+		return agentclient.Copy{}, answer, m.noQuorum(id, v)
 	}
 	gen := v.nextGeneration(r.nodeID())
 	lastAt := time.Unix(0, r.copy.LastSnapshotUnixNano)
@@ -648,8 +690,8 @@ func (m *Migrator) promote(ctx context.Context, id string, r copyOn, v view, ope
 	// silent ones, one of which may hold the primary, have been silent for
 	// a lease and its margin (docs/safety.md, "Leases"); the operator's
 	// forced promotion does not.
-	if err := m.reserve(ctx, id, gen, r.nodeID(), v, withoutMajority, !withoutMajority, operator); err != nil {
-		return agentclient.Copy{}, err
+	if n, err := m.reserve(ctx, id, gen, r.nodeID(), v, withoutMajority, !withoutMajority, operator); n != goOn {
+		return agentclient.Copy{}, n, err
 	}
 	if withoutMajority {
 		log.Warn("promoting without a majority of the nodes, as the operator forced: the silent nodes must hold nothing newer",
@@ -660,7 +702,7 @@ func (m *Migrator) promote(ctx context.Context, id string, r copyOn, v view, ope
 	cancel()
 	if err != nil {
 		m.Metrics.count("failover", "failed")
-		return agentclient.Copy{}, fmt.Errorf("promoting the replica on node %s: %w", r.nodeID(), err)
+		return agentclient.Copy{}, answer, fmt.Errorf("promoting the replica on node %s: %w", r.nodeID(), err)
 	}
 	rpo := m.now().Sub(lastAt)
 	m.Metrics.count("failover", "ok")
@@ -668,7 +710,7 @@ func (m *Migrator) promote(ctx context.Context, id string, r copyOn, v view, ope
 	log.Warn("failover: replica promoted; writes on the lost primary after its last replicated snapshot are lost",
 		"promoted_node", r.nodeID(), "generation", gen, "last_snapshot", r.copy.LastSnapshot,
 		"last_snapshot_time", lastAt.UTC().Format(time.RFC3339), "rpo_seconds", int64(rpo.Seconds()))
-	return c, nil
+	return c, goOn, nil
 }
 
 // Promote is the operator's failover: it promotes the replica on nodeID
@@ -691,5 +733,7 @@ func (m *Migrator) Promote(ctx context.Context, id, nodeID string, force bool) (
 	if !ok {
 		return agentclient.Copy{}, errdefs.Wrap(errdefs.ErrNotFound, "no reachable node holds a replica of volume %s%s", id, map[bool]string{true: " on node " + nodeID}[nodeID != ""])
 	}
-	return m.promote(ctx, id, r, v, true, force, m.log.With("volume_id", id, "operator", true))
+	// A reservation lost to another promotion is the operator's to retry.
+	c, _, err := m.promote(ctx, id, r, v, true, force, m.log.With("volume_id", id, "operator", true))
+	return c, err
 }

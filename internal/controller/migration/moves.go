@@ -26,6 +26,10 @@ type MoveStatus struct {
 	// CaughtUp: when the catch-up completed with the source still
 	// published; the final step waits for the publish's retry since then.
 	CaughtUp time.Time `json:"caught_up,omitzero"`
+	// NothingToMove: when the final step found the volume published
+	// again on its source, or no longer its primary there; the CO's retry
+	// decides afresh.
+	NothingToMove time.Time `json:"nothing_to_move,omitzero"`
 	// PublishedAhead: when the publish was granted ahead of the move's
 	// end; the node's stage waits for the promotion since then.
 	PublishedAhead time.Time `json:"published_ahead,omitzero"`
@@ -38,24 +42,25 @@ type MoveStatus struct {
 // and target.
 func (m *Migrator) Moves() []MoveStatus {
 	now := m.now()
-	m.catchUps.mu.Lock()
-	defer m.catchUps.mu.Unlock()
-	out := make([]MoveStatus, 0, len(m.catchUps.all))
-	for _, c := range m.catchUps.all {
+	m.jobs.mu.Lock()
+	defer m.jobs.mu.Unlock()
+	out := make([]MoveStatus, 0, len(m.jobs.all))
+	for _, c := range m.jobs.all {
 		c.mu.Lock()
 		if !c.ended.IsZero() && now.Sub(c.ended) > catchUpKeep {
 			c.mu.Unlock()
 			continue // the CO gave up on it, or went elsewhere
 		}
-		s := MoveStatus{VolumeID: c.volumeID, From: c.source, To: c.target, Started: c.started, Bytes: c.bytes, TotalBytes: c.total, FinalStep: c.final, PublishedAhead: c.publishedAhead}
-		switch {
-		case c.ended.IsZero():
-		case c.err != nil:
+		s := MoveStatus{VolumeID: c.volumeID, From: c.source, To: c.target, Started: c.started, Bytes: c.bytes, TotalBytes: c.total, FinalStep: c.step == finalStep, PublishedAhead: c.publishedAhead}
+		switch c.outcome {
+		case failed:
 			s.Error = c.err.Error()
-		case c.moved:
+		case moved:
 			s.Moved = c.ended
-		default:
+		case caughtUp:
 			s.CaughtUp = c.ended
+		case nothingToMove:
+			s.NothingToMove = c.ended
 		}
 		c.mu.Unlock()
 		out = append(out, s)

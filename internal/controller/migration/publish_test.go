@@ -551,16 +551,16 @@ func TestAheadOf(t *testing.T) {
 	start := time.Unix(1_800_000_000, 0)
 	tests := []struct {
 		name string
-		c    *catchUp
+		c    *moveJob
 		want bool
 	}{
-		{"half sent in 10 s, 10 s left", &catchUp{sourceGeneration: 3, sourceUnpublished: true, bytes: 5, total: 10}, true},
-		{"a tenth in 10 s, 90 s left", &catchUp{sourceGeneration: 3, sourceUnpublished: true, bytes: 1, total: 10}, false},
-		{"nothing sent yet: no estimate", &catchUp{sourceGeneration: 3, sourceUnpublished: true, total: 10}, false},
-		{"no total: no estimate", &catchUp{sourceGeneration: 3, sourceUnpublished: true, bytes: 5}, false},
-		{"in its final step", &catchUp{sourceGeneration: 3, sourceUnpublished: true, final: true}, true},
-		{"source published", &catchUp{sourceGeneration: 3, bytes: 5, total: 10}, false},
-		{"no source generation", &catchUp{sourceUnpublished: true, final: true}, false},
+		{"half sent in 10 s, 10 s left", &moveJob{sourceGeneration: 3, sourceUnpublished: true, bytes: 5, total: 10}, true},
+		{"a tenth in 10 s, 90 s left", &moveJob{sourceGeneration: 3, sourceUnpublished: true, bytes: 1, total: 10}, false},
+		{"nothing sent yet: no estimate", &moveJob{sourceGeneration: 3, sourceUnpublished: true, total: 10}, false},
+		{"no total: no estimate", &moveJob{sourceGeneration: 3, sourceUnpublished: true, bytes: 5}, false},
+		{"in its final step", &moveJob{sourceGeneration: 3, sourceUnpublished: true, step: finalStep}, true},
+		{"source published", &moveJob{sourceGeneration: 3, bytes: 5, total: 10}, false},
+		{"no source generation", &moveJob{sourceUnpublished: true, step: finalStep}, false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

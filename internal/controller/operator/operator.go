@@ -380,6 +380,8 @@ func printMoves(out io.Writer, moves []Move, now time.Time) {
 			state = "failed (the publish's retry starts another): " + m.Error
 		case !m.Moved.IsZero():
 			state = fmt.Sprintf("moved %s ago; the publish's retry finds it there", now.Sub(m.Moved).Round(time.Second))
+		case !m.NothingToMove.IsZero():
+			state = fmt.Sprintf("not moved: %s ago its final step found it published again on its node, or no longer its primary there; the publish's retry decides afresh", now.Sub(m.NothingToMove).Round(time.Second))
 		case m.FinalStep:
 			state = fmt.Sprintf("final step running (fence, last increment, promotion), %s after the start", now.Sub(m.Started).Round(time.Second))
 		case !m.CaughtUp.IsZero():

@@ -65,6 +65,7 @@ func TestPrintStatus(t *testing.T) {
 			{MoveStatus: migration.MoveStatus{VolumeID: "vol-d", From: "n2", To: "n1", Started: now.Add(-time.Minute), CaughtUp: now.Add(-12 * time.Second)}},
 			{MoveStatus: migration.MoveStatus{VolumeID: "vol-e", From: "n2", To: "n3", Started: now.Add(-5 * time.Second), FinalStep: true, PublishedAhead: now.Add(-4 * time.Second)}},
 			{MoveStatus: migration.MoveStatus{VolumeID: "vol-f", From: "n1", To: "n2", Started: now.Add(-time.Minute), FinalStep: true, Moved: now.Add(-3 * time.Second)}},
+			{MoveStatus: migration.MoveStatus{VolumeID: "vol-g", From: "n3", To: "n1", Started: now.Add(-time.Minute), FinalStep: true, NothingToMove: now.Add(-2 * time.Second)}},
 		},
 		Unreachable: []Unreachable{{Node: "10.0.0.4:7670", Error: "connection refused"}},
 	}
@@ -76,10 +77,11 @@ func TestPrintStatus(t *testing.T) {
 		"never completed",
 		"transfers running: 1\n  vol-a: n1 -> n3  incremental   1.0 MiB  1.0 MiB/s  (catch-up for the move to n3)",
 		"tank/nomad/vol-c-aside-1 on n2",
-		"moves in progress: 4\n  vol-a: n1 -> n3  catching up: ",
+		"moves in progress: 5\n  vol-a: n1 -> n3  catching up: ",
 		"  vol-d: n2 -> n1  caught up 12s ago; final step pending: the next publish retry runs it",
 		"  vol-e: n2 -> n3  final step running (fence, last increment, promotion), 5s after the start; published ahead of its end 4s ago: the node's stage waits for it",
 		"  vol-f: n1 -> n2  moved 3s ago; the publish's retry finds it there",
+		"  vol-g: n3 -> n1  not moved: 2s ago its final step found it published again on its node, or no longer its primary there; the publish's retry decides afresh",
 		"unreachable: 10.0.0.4:7670: connection refused",
 	} {
 		if !strings.Contains(out.String(), want) {

@@ -1,0 +1,334 @@
+package migration
+
+import (
+	"cmp"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/controller/agentclient"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
+)
+
+// A move job is a volume's move to one target run in the background, in
+// the memory of the controller instance whose publish started it
+// (catchup.go; docs/migration.md, "A move job's states"). It runs one
+// step, then another, then ends; its step and its outcome change only
+// through start, enterFinalStep and end, under its mutex:
+//
+//	catching up ──► final step ──► ended: moved, nothing to move, or failed
+//	     │
+//	     └────────────────────────► ended: caught up (its source was still
+//	                                published), or failed
+//
+// A job whose target is fresh starts in its final step. Steps never go
+// back: a job granted ahead that tries again after a failure
+// (Migrator.runMove) stays in the step it reached while it repeats its
+// catch-up, which resumes what arrived.
+
+// moveStep is the part of a move a job runs.
+type moveStep int
+
+const (
+	// catchingUp: the source pushes the primary to the target, unfenced,
+	// as a scheduled push would.
+	catchingUp moveStep = iota
+	// finalStep: fence the source, send the last increment, reserve the
+	// next generation, promote the target, demote the source.
+	finalStep
+)
+
+// moveOutcome is how a job ended; notEnded while it runs.
+type moveOutcome int
+
+const (
+	notEnded moveOutcome = iota
+	// moved: the target holds the primary.
+	moved
+	// caughtUp: the target caught up while the source was published; the
+	// final step waits for the CO's retry of the publish.
+	caughtUp
+	// nothingToMove: the final step found the source published again, or
+	// no longer the primary.
+	nothingToMove
+	// failed: the job's err says why.
+	failed
+)
+
+// moveJob is one background move of a volume's primary to a target.
+type moveJob struct {
+	volumeID, source, target string
+	started                  time.Time
+	// The source's copy when the move started: its generation, and
+	// whether it was unpublished (only then may the publish be granted
+	// ahead of the move's end: the final step follows the catch-up).
+	sourceGeneration  uint64
+	sourceUnpublished bool
+
+	mu      sync.Mutex
+	step    moveStep
+	outcome moveOutcome
+	err     error     // failed: why
+	ended   time.Time // zero while it runs
+	done    chan struct{}
+	// bytes and total are sent so far, and the estimate of all; since is
+	// when the push that sent them started (its rate estimates the end),
+	// and via, when that push is not this job's own, why the source says
+	// it runs (follow).
+	bytes, total   int64
+	since          time.Time
+	via            string
+	publishedAhead time.Time // when a publish was granted ahead of its end
+}
+
+// newMoveJob is the job of moving p to target, from its catch-up, or
+// from its final step when the target is fresh.
+func newMoveJob(p copyOn, target string, withCatchUp bool, now time.Time) *moveJob {
+	step := catchingUp
+	if !withCatchUp {
+		step = finalStep
+	}
+	return &moveJob{volumeID: p.copy.VolumeID, source: p.nodeID(), target: target, started: now, step: step, done: make(chan struct{}),
+		sourceGeneration: p.copy.Generation, sourceUnpublished: !p.copy.Mounted}
+}
+
+// enterFinalStep moves a running job on from its catch-up.
+func (c *moveJob) enterFinalStep() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.step = finalStep
+}
+
+func (c *moveJob) inFinalStep() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.step == finalStep
+}
+
+// end ends the job with outcome (err for failed) at at.
+func (c *moveJob) end(outcome moveOutcome, err error, at time.Time) {
+	c.mu.Lock()
+	c.outcome, c.err, c.ended = outcome, err, at
+	c.mu.Unlock()
+	close(c.done)
+}
+
+// result is how the job ended (notEnded while it runs).
+func (c *moveJob) result() (moveOutcome, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.outcome, c.err
+}
+
+// isDone tells whether c ended.
+func (c *moveJob) isDone() bool {
+	select {
+	case <-c.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// progress records what the job's own push, started at since, sent.
+func (c *moveJob) progress(p agentclient.Progress, since time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.bytes, c.total, c.since, c.via = p.Bytes, p.TotalBytes, since, ""
+}
+
+// observe records what the source's running push t of the volume to the
+// move's target sent, as the move's progress; it reports whether t is
+// another push than the one observed last, or sent more since.
+func (c *moveJob) observe(t agentclient.Transfer) (progressed bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	since, via := time.Unix(t.StartedUnix, 0), cmp.Or(t.Purpose, "a push")
+	progressed = c.via != via || !c.since.Equal(since) || t.Bytes > c.bytes
+	c.bytes, c.total, c.since, c.via = t.Bytes, t.TotalBytes, since, via
+	return progressed
+}
+
+// refusal is the publish's answer while c runs: retryable
+// (FailedPrecondition, which Nomad retries), saying how far it is.
+func (c *moveJob) refusal(now time.Time) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	elapsed := now.Sub(c.started)
+	if c.step == finalStep {
+		return errdefs.Wrap(errdefs.ErrFailedPrecondition,
+			"moving volume %s to node %s: the final step (fence, last increment, promotion) runs in the background (%s sent before it, running %s); the move is done at a retry",
+			c.volumeID, c.target, contract.Bytes(c.bytes), elapsed.Round(time.Second))
+	}
+	how := fmt.Sprintf("%s sent so far", contract.Bytes(c.bytes))
+	if c.total > 0 {
+		how = fmt.Sprintf("%s of %s", contract.Bytes(c.bytes), contract.Bytes(c.total))
+		if left, ok := c.leftLocked(now); ok {
+			how += fmt.Sprintf(", about %s left", left.Round(time.Second))
+		}
+	}
+	if c.via != "" {
+		how += fmt.Sprintf(", by the push already running there: %s", c.via)
+	}
+	return errdefs.Wrap(errdefs.ErrFailedPrecondition,
+		"moving volume %s to node %s: node %s is sending it in the background (%s, running %s); the move finishes at a retry once that is done",
+		c.volumeID, c.target, c.source, how, elapsed.Round(time.Second))
+}
+
+// leftLocked estimates the catch-up's time left from its rate so far,
+// once it has run long enough for a rate to mean something.
+func (c *moveJob) leftLocked(now time.Time) (time.Duration, bool) {
+	elapsed := now.Sub(cmp.Or(c.since, c.started))
+	if c.bytes <= 0 || c.total <= c.bytes || elapsed < minEstimateTime {
+		return 0, false
+	}
+	return time.Duration(float64(elapsed) * float64(c.total-c.bytes) / float64(c.bytes)), true
+}
+
+// minEstimateTime is how long a catch-up runs before its rate gives an
+// estimate of its end.
+const minEstimateTime = 2 * time.Second
+
+// wasGrantedAhead tells whether a publish was granted ahead of c's end.
+func (c *moveJob) wasGrantedAhead() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return !c.publishedAhead.IsZero()
+}
+
+// grantedAhead records that a publish was granted ahead of c's end.
+func (c *moveJob) grantedAhead(at time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.publishedAhead.IsZero() {
+		c.publishedAhead = at
+	}
+}
+
+// aheadOf returns the generation the target's copy must exceed when the
+// publish may be granted ahead of c's end: it runs its final step (which
+// it does only with the source unpublished), or its source was
+// unpublished when it started (the final step follows) and its catch-up
+// is estimated to end within d.
+func (c *moveJob) aheadOf(now time.Time, d time.Duration) (uint64, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.sourceGeneration == 0 {
+		return 0, false
+	}
+	if c.step == finalStep {
+		return c.sourceGeneration, true
+	}
+	left, ok := c.leftLocked(now)
+	return c.sourceGeneration, c.sourceUnpublished && ok && left <= d
+}
+
+// moveJobs are the running jobs and the ended ones a publish has not
+// yet answered from, by volume and target.
+type moveJobs struct {
+	mu  sync.Mutex
+	all map[string]*moveJob
+}
+
+func jobKey(volumeID, target string) string { return volumeID + " " + target }
+
+// find returns the job of volumeID to target, unless there is none or it
+// ended more than catchUpKeep before now; those it forgets.
+func (cs *moveJobs) find(volumeID, target string, now time.Time) (c *moveJob, forgotten []*moveJob) {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	for key, other := range cs.all {
+		other.mu.Lock()
+		stale := !other.ended.IsZero() && now.Sub(other.ended) > catchUpKeep
+		other.mu.Unlock()
+		if stale {
+			delete(cs.all, key)
+			forgotten = append(forgotten, other)
+		}
+	}
+	return cs.all[jobKey(volumeID, target)], forgotten
+}
+
+// add records c unless a move of c's volume to another node runs, or c
+// starts with a catch-up and max catch-ups from c's source run already
+// (jobs in their final step are not counted).
+func (cs *moveJobs) add(c *moveJob, max int) error {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	catchingUp := 0
+	for _, other := range cs.all {
+		busy := !other.isDone()
+		if busy && other.volumeID == c.volumeID {
+			return errdefs.Wrap(errdefs.ErrFailedPrecondition,
+				"volume %s is moving to node %s in the background; it can move to node %s at a retry once that move is done", c.volumeID, other.target, c.target)
+		}
+		if busy && other.source == c.source && !other.inFinalStep() {
+			catchingUp++
+		}
+	}
+	if !c.inFinalStep() && catchingUp >= max {
+		return errdefs.Wrap(errdefs.ErrFailedPrecondition,
+			"moving volume %s to node %s: node %s already sends %d volumes in the background (at most %d at once); this move starts at a retry once one is done",
+			c.volumeID, c.target, c.source, catchingUp, max)
+	}
+	if cs.all == nil {
+		cs.all = map[string]*moveJob{}
+	}
+	cs.all[jobKey(c.volumeID, c.target)] = c
+	return nil
+}
+
+// runningTo returns the job of volumeID to target while it runs.
+func (cs *moveJobs) runningTo(volumeID, target string) (*moveJob, bool) {
+	cs.mu.Lock()
+	c := cs.all[jobKey(volumeID, target)]
+	cs.mu.Unlock()
+	return c, c != nil && !c.isDone()
+}
+
+// movingElsewhere answers, when a move of volumeID to a node other than
+// nodeID runs in the background (its catch-up or its final step), the
+// refusal of a publish to nodeID (nil otherwise): FailedPrecondition,
+// which Nomad retries. Such a publish, to the move's source above all,
+// must not act on the copies while the move may fence the source and
+// promote its target (issue 35): it is decided once the move ends.
+func (cs *moveJobs) movingElsewhere(volumeID, nodeID string) error {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	for _, c := range cs.all {
+		if c.volumeID != volumeID || c.target == nodeID || c.isDone() {
+			continue
+		}
+		step := "catching its target up"
+		if c.inFinalStep() {
+			step = "final step running"
+		}
+		return errdefs.Wrap(errdefs.ErrFailedPrecondition,
+			"volume %s is moving from node %s to node %s (%s); retry: the publish on node %s will be decided once the move ends",
+			volumeID, c.source, c.target, step, nodeID)
+	}
+	return nil
+}
+
+// running returns the target of the move of volumeID running in the
+// background, if one runs.
+func (cs *moveJobs) running(volumeID string) (string, bool) {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	for _, c := range cs.all {
+		if c.volumeID == volumeID && !c.isDone() {
+			return c.target, true
+		}
+	}
+	return "", false
+}
+
+// remove forgets c (a publish answered from its end).
+func (cs *moveJobs) remove(c *moveJob) {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	if cs.all[jobKey(c.volumeID, c.target)] == c {
+		delete(cs.all, jobKey(c.volumeID, c.target))
+	}
+}
