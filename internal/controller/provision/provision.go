@@ -12,6 +12,7 @@ package provision
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 
@@ -96,11 +97,15 @@ func (p *Provisioner) Create(ctx context.Context, req CreateRequest) (agentclien
 }
 
 func (p *Provisioner) createOn(ctx context.Context, n cluster.Node, req agentclient.NewVolume, log hclog.Logger) (agentclient.Volume, cluster.Node, error) {
-	cctx, cancel := p.cluster.Call(ctx)
+	cctx, cancel := p.cluster.CallCreate(ctx)
 	defer cancel()
 	v, err := n.Agent.CreateVolume(cctx, req)
-	if err != nil {
-		return agentclient.Volume{}, n, err
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		return agentclient.Volume{}, n, fmt.Errorf("creating volume %q on node %s did not finish in time (%w); the node may still finish it: retry, and the create answers the volume once it exists",
+			req.Name, n.Info.NodeID, err)
+	case err != nil:
+		return agentclient.Volume{}, n, fmt.Errorf("creating volume %q on node %s: %w", req.Name, n.Info.NodeID, err)
 	}
 	log.Info("volume ready", "node_id", n.Info.NodeID, "capacity", v.CapacityBytes)
 	return v, n, nil

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/agentclient"
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/cluster/clustertest"
@@ -263,6 +265,42 @@ func TestCreateTwiceMakesOneVolume(t *testing.T) {
 	}
 	if got := w.holders(first.VolumeID); !slices.Equal(got, []string{"n2:primary:1"}) {
 		t.Errorf("copies: %v, want n2's primary only", got)
+	}
+}
+
+// TestASlowCreateIsWaitedFor: a node's create writes transaction groups
+// and may take longer than one agent timeout (2 s for the fakes) on a
+// busy pool; the controller waits for it (cluster.CallCreate). One that
+// outlasts even that answers DeadlineExceeded naming the node and
+// telling the CO to retry, which then finds the volume.
+func TestASlowCreateIsWaitedFor(t *testing.T) {
+	w := newWorld()
+	p := w.provisioner(t)
+	ctx := context.Background()
+	slowest := 2500 * time.Millisecond // more than one agent timeout
+	w.nodes["n2"].BeforeCreate = func(ctx context.Context) error {
+		select {
+		case <-time.After(slowest):
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	if _, node, err := p.Create(ctx, CreateRequest{VolumeRequest: contract.VolumeRequest{Name: "slow"}}); err != nil || node.Info.NodeID != "n2" {
+		t.Fatalf("a create that takes %s on its node: on %s, %v; want it created on n2", slowest, node.Info.NodeID, err)
+	}
+
+	// As the agent client answers a call whose deadline passed.
+	w.nodes["n2"].BeforeCreate = func(context.Context) error {
+		return errdefs.FromStatus(status.Error(codes.DeadlineExceeded, context.DeadlineExceeded.Error()))
+	}
+	_, _, err := p.Create(ctx, CreateRequest{VolumeRequest: contract.VolumeRequest{Name: "slower"}})
+	if errdefs.Code(err) != codes.DeadlineExceeded || !strings.Contains(err.Error(), `creating volume "slower" on node n2 did not finish in time`) || !strings.Contains(err.Error(), "retry") {
+		t.Fatalf("a create that outlasts its deadline: %v (%v); want DeadlineExceeded naming the node, telling to retry", err, errdefs.Code(err))
+	}
+	w.nodes["n2"].BeforeCreate = nil
+	if _, node, err := p.Create(ctx, CreateRequest{VolumeRequest: contract.VolumeRequest{Name: "slower"}}); err != nil || node.Info.NodeID != "n2" {
+		t.Fatalf("the retry: on %s, %v; want the volume on n2", node.Info.NodeID, err)
 	}
 }
 

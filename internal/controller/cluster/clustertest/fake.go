@@ -57,6 +57,10 @@ type FakeAgent struct {
 	// BeforePush, when set, runs before each push (Replicate, MoveFinal)
 	// of the node, outside its lock; an error is the push's answer.
 	BeforePush func(ctx context.Context, volumeID string, each func(agentclient.Progress)) error
+	// BeforeCreate, when set, runs before each CreateVolume with the
+	// call's context, outside the node's lock: a node whose pool is slow
+	// to write. An error is the create's answer.
+	BeforeCreate func(ctx context.Context) error
 	// workLease is the node's part of the work lease, granting at once.
 	workLease *worklease.Grants
 	// pushing holds each volume's push that BeforePush holds: Status
@@ -279,8 +283,16 @@ func (f *FakeAgent) volume(c agentclient.Copy) agentclient.Volume {
 // CreateVolume creates the primary of generation 1 (or of the one the
 // node promised itself, as a node does), or answers the primary of that
 // name the node holds already.
-func (f *FakeAgent) CreateVolume(_ context.Context, v agentclient.NewVolume) (agentclient.Volume, error) {
+func (f *FakeAgent) CreateVolume(ctx context.Context, v agentclient.NewVolume) (agentclient.Volume, error) {
 	id := contract.VolumeIDForName(v.Name)
+	f.mu.Lock()
+	hook := f.BeforeCreate
+	f.mu.Unlock()
+	if hook != nil {
+		if err := hook(ctx); err != nil {
+			return agentclient.Volume{}, err
+		}
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.enter("CreateVolume", id); err != nil {
