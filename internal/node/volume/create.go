@@ -1,0 +1,267 @@
+package volume
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"strconv"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
+)
+
+// Create creates a volume, or returns the one an earlier identical request
+// created. A request that differs from the existing volume of the same name
+// fails with ErrAlreadyExists.
+func (m *Manager) Create(ctx context.Context, req CreateRequest) (Volume, error) {
+	spec, err := m.resolveCreate(req)
+	if err != nil {
+		return Volume{}, err
+	}
+	id := contract.VolumeIDForName(req.Name)
+	unlock, err := m.lock(ctx, id, "create")
+	if err != nil {
+		return Volume{}, err
+	}
+	defer unlock()
+	// Whether it is a primary may change: the index reads it again.
+	defer m.reindex(ctx, id)
+
+	existing, err := m.get(ctx, id)
+	switch {
+	case err == nil:
+		return m.createAgain(ctx, existing, req, spec)
+	case !errors.Is(err, errdefs.ErrNotFound):
+		return Volume{}, err
+	}
+	return m.createNew(ctx, id, req, spec)
+}
+
+// createSpec is what a create request asks for, under the operator's
+// configuration.
+type createSpec struct {
+	quota    uint64
+	props    map[string]string // the dataset's properties the submitter chose
+	recorded map[string]string // the parameters kept with the volume
+	root     Root              // the root directory's owner and mode
+	setRoot  bool              // the request set root
+	source   string            // "snapshot:ID", "volume:ID" or ""
+}
+
+// resolveCreate checks a create request against the operator's
+// configuration and resolves it, before any lock is taken or ZFS asked.
+func (m *Manager) resolveCreate(req CreateRequest) (spec createSpec, err error) {
+	if err := contract.ValidateName("volume", req.Name); err != nil {
+		return spec, err
+	}
+	if spec.quota, err = ResolveQuota(&m.cfg, req.RequiredBytes, req.LimitBytes); err != nil {
+		return spec, err
+	}
+	if spec.props, spec.recorded, err = ResolveProperties(&m.cfg, req.Parameters); err != nil {
+		return spec, err
+	}
+	if spec.root, spec.setRoot, err = ResolveRoot(&m.cfg, req.Parameters); err != nil {
+		return spec, err
+	}
+	switch {
+	case req.SourceSnapshotID != "" && req.SourceVolumeID != "":
+		return spec, fmt.Errorf("%w: a volume has at most one source", errdefs.ErrInvalidArgument)
+	case req.SourceSnapshotID != "":
+		spec.source = "snapshot:" + req.SourceSnapshotID
+	case req.SourceVolumeID != "":
+		spec.source = "volume:" + req.SourceVolumeID
+	}
+	return spec, nil
+}
+
+// createAgain answers a create of a volume that exists: the same volume
+// if the request is the one that created it, after finishing what that
+// create left undone.
+func (m *Manager) createAgain(ctx context.Context, existing Volume, req CreateRequest, spec createSpec) (Volume, error) {
+	log := m.log.With("volume_id", existing.ID)
+	if err := compatible(existing, req.Name, spec.quota, req.LimitBytes, spec.recorded, spec.source); err != nil {
+		return Volume{}, err
+	}
+	if existing.RootPending {
+		log.Info("finishing the root directory of a create that stopped half-way", "root", spec.root.String())
+		if err := m.finishRoot(ctx, existing, spec.root, req.Passphrase); err != nil {
+			return Volume{}, err
+		}
+		return m.get(ctx, existing.ID)
+	}
+	if err := m.dropCopiedSnapshot(ctx, existing); err != nil {
+		return Volume{}, err
+	}
+	log.Debug("volume exists; create is a no-op")
+	return existing, nil
+}
+
+// createNew creates volume id's dataset, sets its root directory and
+// leaves its key unloaded.
+func (m *Manager) createNew(ctx context.Context, id string, req CreateRequest, spec createSpec) (Volume, error) {
+	props := spec.props
+	props[m.cfg.QuotaProperty] = strconv.FormatUint(spec.quota, 10)
+	props["mountpoint"] = "legacy"
+	props[PropVolumeID] = id
+	props[PropName] = req.Name
+	props[PropRole] = contract.RolePrimary
+	props[PropParameters] = EncodeParameters(spec.recorded)
+	props[PropSource] = spec.source
+	if spec.setRoot {
+		if m.Roots == nil {
+			return Volume{}, fmt.Errorf("%w: this node cannot set a volume's root directory owner or mode; create the volume without uid, gid and mode", errdefs.ErrFailedPrecondition)
+		}
+		props[PropRootPending] = "true"
+	}
+	dataset := datasetFor(m.cfg.RootDataset, id)
+	generation, err := m.createPromised(ctx, req, id, dataset, spec.quota, props)
+	if err != nil {
+		return Volume{}, err
+	}
+	m.Confirm(id, generation) // a majority promised it to this node first
+	v, err := m.get(ctx, id)
+	if err != nil {
+		return Volume{}, err
+	}
+	if spec.setRoot {
+		if err := m.finishRoot(ctx, v, spec.root, req.Passphrase); err != nil {
+			return Volume{}, err
+		}
+		if v, err = m.get(ctx, id); err != nil {
+			return Volume{}, err
+		}
+	}
+	// Unload the key zfs create loaded: a volume's key is loaded only
+	// while it is staged (keys.go).
+	if v.KeyLoaded {
+		if err := m.CloseKey(ctx, id); err != nil {
+			return Volume{}, err
+		}
+		if v, err = m.get(ctx, id); err != nil {
+			return Volume{}, err
+		}
+	}
+	m.log.Info("volume created", "volume_id", id, "name", req.Name, "dataset", dataset, "quota", spec.quota, "source", spec.source, "encrypted", v.Encrypted)
+	return v, nil
+}
+
+// createPromised creates the dataset of a new volume id at the generation
+// this node was promised for it, and returns that generation. The
+// controller has a majority promise generation 1 to one node before it
+// creates (migration.ReserveCreation): a create that reaches another node
+// (a late retry) must not make a second primary of it. Racing creations
+// may split generation 1's promises, and a majority then promised this
+// node a later one. The promise's lock is held until the dataset exists:
+// a delete's reservation (contract.DeletionHolder) lands either before the
+// check, which then refuses, or after the dataset exists, which the
+// delete's next look finds.
+func (m *Manager) createPromised(ctx context.Context, req CreateRequest, id, dataset string, quota uint64, props map[string]string) (uint64, error) {
+	unlock, err := m.promiseLocks.Lock(ctx, id)
+	if err != nil {
+		return 0, fmt.Errorf("%w: waiting for the promise record of volume %s: %v", errdefs.ErrAborted, id, err)
+	}
+	defer unlock()
+	p, err := m.Promised(ctx, id)
+	switch {
+	case err != nil:
+		return 0, err
+	case p.Holder == contract.DeletionHolder:
+		return 0, fmt.Errorf("%w: volume %s is being deleted (a delete of it reserved generation %d and has not finished), so it is not created; retry the delete, then the create",
+			errdefs.ErrAborted, id, p.Generation)
+	case p.Generation > 0 && p.Holder != m.cfg.NodeID:
+		return 0, fmt.Errorf("%w: generation %d of volume %s was promised to node %s, so it is not created on node %s; retry the create, which goes there",
+			errdefs.ErrFailedPrecondition, p.Generation, id, p.Holder, m.cfg.NodeID)
+	}
+	generation := max(p.Generation, 1)
+	props[PropGeneration] = strconv.FormatUint(generation, 10)
+	props[PropHistoryFrom] = strconv.FormatUint(generation, 10)
+	switch {
+	case req.SourceSnapshotID != "":
+		err = m.cloneSnapshot(ctx, req.SourceSnapshotID, dataset, quota, props, req.Parameters)
+	case req.SourceVolumeID != "":
+		err = m.cloneVolume(ctx, req.SourceVolumeID, dataset, quota, props, req.Parameters)
+	case encryptionAsked(props):
+		err = m.createEncrypted(ctx, id, dataset, props, req.Passphrase)
+	default:
+		err = m.zfs.CreateFilesystem(ctx, dataset, props)
+	}
+	if err != nil {
+		return 0, zfsError(err, "creating volume "+id)
+	}
+	return generation, nil
+}
+
+// compatible decides whether an existing volume satisfies a repeated create.
+func compatible(v Volume, name string, quota, limit uint64, params map[string]string, source string) error {
+	switch {
+	case v.Name != name:
+		// Two names hashing to one ID: astronomically unlikely, never silently merged.
+		return fmt.Errorf("%w: volume %s belongs to name %q", errdefs.ErrAlreadyExists, v.ID, v.Name)
+	case v.Capacity < quota || (limit > 0 && v.Capacity > limit):
+		return fmt.Errorf("%w: volume %q exists with capacity %d, incompatible with the requested range", errdefs.ErrAlreadyExists, name, v.Capacity)
+	case EncodeParameters(v.Parameters) != EncodeParameters(params):
+		return fmt.Errorf("%w: volume %q exists with parameters %s, not %s", errdefs.ErrAlreadyExists, name, EncodeParameters(v.Parameters), EncodeParameters(params))
+	case v.Source != source:
+		return fmt.Errorf("%w: volume %q exists with source %q, not %q", errdefs.ErrAlreadyExists, name, v.Source, source)
+	}
+	return nil
+}
+
+func (m *Manager) cloneSnapshot(ctx context.Context, snapID, dataset string, quota uint64, props, params map[string]string) error {
+	snap, err := m.findSnapshot(ctx, snapID)
+	if err != nil {
+		return err
+	}
+	if snap.Size > quota {
+		return fmt.Errorf("%w: snapshot %s holds %d bytes, more than the requested capacity %d", errdefs.ErrOutOfRange, snapID, snap.Size, quota)
+	}
+	return m.copyOf(ctx, snap.Dataset, dataset, props, params)
+}
+
+// cloneVolume clones the current state of a volume through a private
+// snapshot, which is destroyed deferred at once: ZFS removes it with the
+// clone, so nothing is left to track.
+func (m *Manager) cloneVolume(ctx context.Context, srcID, dataset string, quota uint64, props, params map[string]string) error {
+	src, err := m.get(ctx, srcID)
+	if err != nil {
+		return err
+	}
+	if src.Used > quota {
+		return fmt.Errorf("%w: volume %s holds %d bytes, more than the requested capacity %d", errdefs.ErrOutOfRange, srcID, src.Used, quota)
+	}
+	snap := src.Dataset + "@clone-" + shortName(dataset)
+	if err := m.zfs.Snapshot(ctx, snap, nil); err != nil && !errors.Is(err, zfs.ErrExists) {
+		return err
+	}
+	if err := m.copyOf(ctx, snap, dataset, props, params); err != nil {
+		return err
+	}
+	return m.zfs.DestroyDeferred(ctx, snap)
+}
+
+// copyOf makes dataset a new volume from snapshot, with props: a clone,
+// or for an encrypted snapshot a raw copy that is its own encryption root
+// (keys.go, copyEncrypted). Either way the volume keeps its source's
+// encryption, which a clone or a raw receive cannot change: a volume
+// whose parameters ask for the other is refused, and the operator's
+// default does not apply.
+func (m *Manager) copyOf(ctx context.Context, snapshot, dataset string, props, params map[string]string) error {
+	fs, err := m.zfs.Get(ctx, zfs.Parent(snapshot))
+	if err != nil {
+		return err
+	}
+	props = maps.Clone(props)
+	delete(props, "encryption") // the operator's default does not apply
+	if asked, ok := params["encryption"]; ok && (asked != "off") != fs.Encrypted {
+		return fmt.Errorf("%w: a volume made from %s keeps its encryption (%s), and cannot have encryption=%s; leave encryption out of its parameters",
+			errdefs.ErrInvalidArgument, snapshot, encryptionWord(fs.Encrypted), asked)
+	}
+	if fs.Encrypted && fs.KeyRoot {
+		return m.copyEncrypted(ctx, snapshot, dataset, props)
+	}
+	// Not encrypted, or with the key of the root dataset (the operator
+	// loads it): a clone opens as its source does.
+	return m.zfs.Clone(ctx, snapshot, dataset, props)
+}
