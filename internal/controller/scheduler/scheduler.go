@@ -20,10 +20,8 @@ package scheduler
 import (
 	"context"
 	"errors"
-	"fmt"
 	"slices"
 	"sort"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -34,7 +32,6 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/cluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
-	"github.com/zfs-nomad/zfs-nomad/internal/shared/metrics"
 )
 
 // Scheduler runs replication rounds.
@@ -80,40 +77,9 @@ type Scheduler struct {
 // DefaultSurplusGrace is SurplusGrace's default.
 const DefaultSurplusGrace = 10 * time.Minute
 
-// Removal is a surplus copy a full plan found (docs/replication.md,
-// "Surplus copies"): a replica demoted by a move, of a volume whose
-// kept replicas are as fresh as it and as many as it wants.
-type Removal struct {
-	VolumeID string
-	Node     cluster.Node
-	Newest   string // the copy's newest snapshot when it was judged
-	// Keepers: the nodes of the volume's primary and of the kept
-	// replicas it was judged against. A CSI snapshot on the copy goes
-	// with it only when every one of them holds it too.
-	Keepers []cluster.Node
-}
-
 // DefaultResync is how often a full plan runs while no node's primaries
 // change.
 const DefaultResync = 10 * time.Minute
-
-// book is what the last full plan learned: each node's volumes version
-// and what it held (with the pushes since applied), and each volume's
-// source, interval and replica targets.
-type book struct {
-	planned  time.Time         // when the last plan that asked every node ran
-	versions map[string]string // node ID -> volumes version
-	held     map[string]cluster.Holding
-	volumes  map[string]*booked
-}
-
-// booked is one volume in the book.
-type booked struct {
-	source   cluster.Node
-	want     int
-	interval time.Duration
-	targets  []replica
-}
 
 // New returns a scheduler that runs at most parallel pushes at once.
 func New(cl *cluster.Cluster, parallel int, log hclog.Logger) *Scheduler {
@@ -173,132 +139,11 @@ func (s *Scheduler) Round(ctx context.Context) []Push {
 	return started
 }
 
-// startRemovals removes, in the background and one at a time, the
-// surplus copies the last full plan found, unless an earlier round's
-// removals still run (they are found again by a later plan).
-func (s *Scheduler) startRemovals(ctx context.Context) {
-	s.mu.Lock()
-	found := s.surplusFound
-	s.surplusFound = nil
-	if len(found) == 0 || s.removing {
-		s.mu.Unlock()
-		return
-	}
-	s.removing = true
-	s.mu.Unlock()
-	s.pushes.Add(1)
-	go func() {
-		defer s.pushes.Done()
-		defer func() {
-			s.mu.Lock()
-			s.removing = false
-			s.mu.Unlock()
-		}()
-		for _, r := range found {
-			if ctx.Err() != nil {
-				return
-			}
-			s.remove(ctx, r)
-		}
-	}()
-}
-
-// surplusRemover is an agent that deletes a replica as a surplus copy
-// (agentclient.Client does): the node checks again, under the copy's
-// lock, that it is one, that its newest snapshot is still newest, and
-// that every CSI snapshot on it is among elsewhere.
-type surplusRemover interface {
-	DeleteSurplus(ctx context.Context, volumeID, newest string, elsewhere []string) (bool, error)
-}
-
 var _ surplusRemover = (*agentclient.Client)(nil)
-
-// remove deletes one surplus copy, unless a push of its volume runs now
-// (it may be making another copy fresher, or this one). The CSI
-// snapshots its keepers all hold may go with it (heldByAll).
-func (s *Scheduler) remove(ctx context.Context, r Removal) {
-	log := s.log.With("volume_id", r.VolumeID, "node_id", r.Node.Info.NodeID, "newest", r.Newest)
-	remover, ok := r.Node.Agent.(surplusRemover)
-	if !ok || s.pushingTo(r.VolumeID) != "" {
-		return
-	}
-	elsewhere, err := s.heldByAll(ctx, r.VolumeID, r.Keepers)
-	if err != nil {
-		log.Info("surplus copy kept for now: cannot tell which CSI snapshots its volume's other copies hold", "error", err)
-		return
-	}
-	cctx, cancel := s.cl.Call(ctx)
-	defer cancel()
-	deleted, err := remover.DeleteSurplus(cctx, r.VolumeID, r.Newest, elsewhere)
-	switch {
-	case err != nil:
-		s.Metrics.surplusCopy("kept")
-		log.Info("surplus copy kept: its node refused to remove it", "error", err)
-	case deleted:
-		s.Metrics.surplusCopy("removed")
-		s.removed.Add(1)
-		log.Info("surplus copy removed: the copy a move demoted, now that the volume's replicas are as fresh")
-	}
-}
-
-// heldByAll returns the IDs of the volume's CSI snapshots that every one
-// of nodes holds a copy of.
-func (s *Scheduler) heldByAll(ctx context.Context, volumeID string, nodes []cluster.Node) ([]string, error) {
-	answers := cluster.Each(ctx, s.cl, nodes, func(ctx context.Context, n cluster.Node) ([]agentclient.Snapshot, error) {
-		return n.Agent.ListSnapshots(ctx, agentclient.SnapshotQuery{SourceVolumeID: volumeID})
-	})
-	count := map[string]int{}
-	for _, a := range answers {
-		if a.Err != nil {
-			return nil, fmt.Errorf("node %s: %w", a.Node.Info.NodeID, a.Err)
-		}
-		for _, snap := range a.Object {
-			count[snap.SnapshotID]++
-		}
-	}
-	var all []string
-	for id, n := range count {
-		if n == len(nodes) {
-			all = append(all, id)
-		}
-	}
-	slices.Sort(all)
-	return all, nil
-}
 
 // SetClock sets the clock the schedule judges ages by (the wall clock by
 // default): the fault simulation's own.
 func (s *Scheduler) SetClock(now func() time.Time) { s.now = now }
-
-// SurplusRemoved counts the surplus copies the schedule removed.
-func (s *Scheduler) SurplusRemoved() int64 { return s.removed.Load() }
-
-// surplus returns the surplus copies among a volume's replicas: those a
-// move demoted (on the nodes of existing) that are not among its kept
-// replicas, were demoted at least SurplusGrace ago, have no receive to
-// resume, and are no fresher than at least want kept replicas that have
-// none either. So removing them loses nothing the volume's primary on
-// source and those replicas do not hold (docs/replication.md, "Surplus
-// copies"); the node checks again before it deletes.
-func (s *Scheduler) surplus(source cluster.Node, volumeID string, want int, kept, existing []replica) []Removal {
-	var out []Removal
-	for _, r := range existing {
-		if r.demotedAt.IsZero() || s.now().Sub(r.demotedAt) < s.SurplusGrace || r.resumable || r.newest == "" ||
-			r.node.Info.NodeID == source.Info.NodeID || slices.ContainsFunc(kept, func(k replica) bool { return k.node.Info.NodeID == r.node.Info.NodeID }) {
-			continue
-		}
-		keepers := []cluster.Node{source}
-		for _, k := range kept {
-			if !k.resumable && !k.last.IsZero() && k.last.Unix() > 0 && !k.last.Before(r.last) {
-				keepers = append(keepers, k.node)
-			}
-		}
-		if len(keepers)-1 >= want {
-			out = append(out, Removal{VolumeID: volumeID, Node: r.node, Newest: r.newest, Keepers: keepers})
-		}
-	}
-	return out
-}
 
 // replicaFrom is what a full plan keeps of replica r on node n.
 func replicaFrom(n cluster.Node, r agentclient.Replica) replica {
@@ -352,60 +197,6 @@ func (s *Scheduler) Plan(ctx context.Context) ([]Push, error) {
 	return s.planInFull(ctx, healthy, b, changed)
 }
 
-// currentBook returns the book if it still describes the nodes (the same
-// healthy nodes, within Resync of the full plan) and the nodes whose
-// volumes version differs from the one the book saw: their primaries
-// changed since.
-func (s *Scheduler) currentBook(healthy []cluster.Node) (*book, map[string]bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	b := s.book
-	resync := s.Resync
-	if resync <= 0 {
-		resync = DefaultResync
-	}
-	if b == nil || len(healthy) != len(b.versions) || s.now().Sub(b.planned) >= resync || s.now().Before(b.planned) {
-		return nil, nil
-	}
-	changed := map[string]bool{}
-	for _, n := range healthy {
-		v, ok := b.versions[n.Info.NodeID]
-		if !ok {
-			return nil, nil
-		}
-		if v == "" || v != n.Info.VolumesVersion {
-			changed[n.Info.NodeID] = true
-		}
-	}
-	return b, changed
-}
-
-// planFromBook returns the pushes due by the book.
-func (s *Scheduler) planFromBook(b *book) []Push {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var pushes []Push
-	s.Metrics.reset()
-	for _, id := range sortedKeys(b.volumes) {
-		v := b.volumes[id]
-		var have []replica
-		for _, t := range v.targets {
-			if !t.last.IsZero() {
-				have = append(have, t)
-			}
-		}
-		s.Metrics.observe(id, v.want, have, s.now())
-		targets := slices.Clone(v.targets)
-		slices.SortStableFunc(targets, func(a, b replica) int { return a.last.Compare(b.last) })
-		for _, t := range targets {
-			if reason := s.due(t, v.interval); reason != "" {
-				pushes = append(pushes, Push{VolumeID: id, Source: v.source, Target: t.node, Reason: reason})
-			}
-		}
-	}
-	return pushes
-}
-
 func sortedKeys[V any](m map[string]V) []string {
 	keys := make([]string, 0, len(m))
 	for k := range m {
@@ -413,48 +204,6 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	sort.Strings(keys)
 	return keys
-}
-
-// recordPush brings the book up to date after a push: a replica pushed at
-// started is as fresh as then; a push refused because the source no
-// longer holds the volume's primary sends the next round to a full plan.
-func (s *Scheduler) recordPush(p Push, started time.Time, err error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.book == nil {
-		return
-	}
-	if err != nil {
-		if sourceGone(err) {
-			s.book = nil
-		}
-		return
-	}
-	v, ok := s.book.volumes[p.VolumeID]
-	if !ok {
-		return
-	}
-	for i, t := range v.targets {
-		if t.node.Info.NodeID == p.Target.Info.NodeID {
-			v.targets[i].last, v.targets[i].resumable = started, false
-		}
-	}
-	if h, ok := s.book.held[p.Target.Info.NodeID]; ok {
-		s.book.held[p.Target.Info.NodeID] = pushedTo(h, p.VolumeID, started)
-	}
-}
-
-// pushedTo returns what a node holds after a push of a volume to it
-// that started at started: a replica as fresh as then.
-func pushedTo(h cluster.Holding, volumeID string, started time.Time) cluster.Holding {
-	replicas := slices.Clone(h.Status.Replicas)
-	i := slices.IndexFunc(replicas, func(r agentclient.Replica) bool { return r.VolumeID == volumeID })
-	if i < 0 {
-		replicas, i = append(replicas, agentclient.Replica{VolumeID: volumeID}), len(replicas)
-	}
-	replicas[i].LastSnapshotUnix, replicas[i].Resumable = started.Unix(), false
-	h.Status.Replicas = replicas
-	return h
 }
 
 // sourceGone reports whether a push failed because its source does not
@@ -593,94 +342,6 @@ func (s *Scheduler) duePushes(p primary, targets []replica, interval time.Durati
 	return pushes
 }
 
-// Held returns the IDs of the primaries the book keeps for a node, and
-// the volumes version the node reported when the book learned them;
-// false when the book keeps nothing of it. For checks: while the node
-// reports that version, the IDs must be its primaries.
-func (s *Scheduler) Held(nodeID string) (volumeIDs []string, version string, ok bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.book == nil {
-		return nil, "", false
-	}
-	h, ok := s.book.held[nodeID]
-	if !ok {
-		return nil, "", false
-	}
-	for _, v := range h.Volumes {
-		volumeIDs = append(volumeIDs, v.VolumeID)
-	}
-	slices.Sort(volumeIDs)
-	return volumeIDs, s.book.versions[nodeID], true
-}
-
-// knownHolding returns what node n holds without asking it for
-// everything: as the book old keeps it while n's volumes version stays,
-// and with what n tells changed since the version old saw applied when
-// it moved (changedHolding). False when old is nil or n cannot tell.
-func (s *Scheduler) knownHolding(ctx context.Context, old *book, changed map[string]bool, n cluster.Node) (cluster.Holding, bool) {
-	if old == nil {
-		return cluster.Holding{}, false
-	}
-	s.mu.Lock()
-	h, held := old.held[n.Info.NodeID]
-	since := old.versions[n.Info.NodeID]
-	s.mu.Unlock()
-	if !held || !changed[n.Info.NodeID] {
-		return h, held
-	}
-	return s.changedHolding(ctx, n, h, since)
-}
-
-// changeTeller is an agent that tells what changed on its node since a
-// volumes version (agentclient.Client does).
-type changeTeller interface {
-	Changes(ctx context.Context, since string) (agentclient.Changes, error)
-}
-
-// changedHolding asks node n what changed since it reported version
-// since, and applies that to h, what it held then: the node reads the
-// volumes that changed, not all of them. False when n cannot tell (a
-// restart, too many changes, an agent without the call): ask in full.
-func (s *Scheduler) changedHolding(ctx context.Context, n cluster.Node, h cluster.Holding, since string) (cluster.Holding, bool) {
-	teller, ok := n.Agent.(changeTeller)
-	if !ok || since == "" {
-		return cluster.Holding{}, false
-	}
-	cctx, cancel := s.cl.Call(ctx)
-	defer cancel()
-	ch, err := teller.Changes(cctx, since)
-	if err != nil {
-		s.log.Debug("asking a node what changed failed; asking it for everything", "node_id", n.Info.NodeID, "error", err)
-		return cluster.Holding{}, false
-	}
-	if !ch.Known {
-		return cluster.Holding{}, false
-	}
-	return applyChanges(h, ch), true
-}
-
-// applyChanges returns h with the primaries and replicas of the volumes
-// ch tells changed replaced by what ch says they are now.
-func applyChanges(h cluster.Holding, ch agentclient.Changes) cluster.Holding {
-	changed := make(map[string]bool, len(ch.VolumeIDs))
-	for _, id := range ch.VolumeIDs {
-		changed[id] = true
-	}
-	h.Volumes = replaceChanged(h.Volumes, ch.Volumes, changed, func(v agentclient.Volume) string { return v.VolumeID })
-	h.Status.Replicas = replaceChanged(h.Status.Replicas, ch.Replicas, changed, func(r agentclient.Replica) string { return r.VolumeID })
-	return h
-}
-
-// replaceChanged returns a copy of old without the items of changed
-// volumes, with now's added, sorted by volume ID.
-func replaceChanged[T any](old, now []T, changed map[string]bool, volumeID func(T) string) []T {
-	out := slices.DeleteFunc(slices.Clone(old), func(item T) bool { return changed[volumeID(item)] })
-	out = append(out, now...)
-	slices.SortFunc(out, func(a, b T) int { return strings.Compare(volumeID(a), volumeID(b)) })
-	return out
-}
-
 // targets returns up to want replicas for a volume: those that exist
 // (freshest first, but a copy demoted by a move after the others: it
 // goes once they are as fresh, surplus), then the one a push under way
@@ -749,53 +410,4 @@ func (s *Scheduler) push(ctx context.Context, p Push) {
 	}
 	s.Metrics.push("success")
 	log.Info("replica updated", "kind", last.Kind, "bytes", last.Bytes, "duration", s.now().Sub(start).Round(time.Millisecond))
-}
-
-// Metrics are the controller's replication metrics. A nil *Metrics records
-// nothing.
-type Metrics struct {
-	lag, missing, pushes, surplus metrics.Vec
-}
-
-// NewMetrics declares the schedule's metrics in r.
-func NewMetrics(r *metrics.Registry) *Metrics {
-	return &Metrics{
-		lag:     r.Gauge("zfs_nomad_replica_lag_seconds", "Age of each replica's newest snapshot: what a failover to it would lose.", "volume_id", "node"),
-		missing: r.Gauge("zfs_nomad_replicas_missing", "Replicas a volume asks for but does not have (complete) yet.", "volume_id"),
-		pushes:  r.Counter("zfs_nomad_scheduled_pushes_total", "Pushes the schedule ran, by result.", "result"),
-		surplus: r.Counter("zfs_nomad_surplus_copies_total", "Copies a move demoted that the schedule found surplus: removed, or kept because their node refused.", "result"),
-	}
-}
-
-func (m *Metrics) surplusCopy(result string) {
-	if m != nil {
-		m.surplus.Add(1, result)
-	}
-}
-
-func (m *Metrics) reset() {
-	if m != nil {
-		m.lag.Reset()
-		m.missing.Reset()
-	}
-}
-
-func (m *Metrics) observe(volumeID string, want int, have []replica, now time.Time) {
-	if m == nil {
-		return
-	}
-	complete := 0
-	for _, r := range have {
-		if r.last.Unix() > 0 {
-			complete++
-			m.lag.Set(now.Sub(r.last).Seconds(), volumeID, r.node.Info.NodeID)
-		}
-	}
-	m.missing.Set(float64(max(0, want-complete)), volumeID)
-}
-
-func (m *Metrics) push(result string) {
-	if m != nil {
-		m.pushes.Add(1, result)
-	}
 }
