@@ -15,7 +15,7 @@ import (
 // the memory of the controller instance whose publish started it
 // (catchup.go; docs/migration.md, "A move job's states"). It runs one
 // step, then another, then ends; its step and its outcome change only
-// through start, enterFinalStep and end, under its mutex:
+// through newMoveJob, enterFinalStep and end, under its mutex:
 //
 //	catching up ──► final step ──► ended: moved, nothing to move, or failed
 //	     │
