@@ -13,9 +13,10 @@ import (
 
 // A move job is a volume's move to one target run in the background, in
 // the memory of the controller instance whose publish started it
-// (catchup.go; docs/migration.md, "A move job's states"). It runs one
-// step, then another, then ends; its step and its outcome change only
-// through newMoveJob, enterFinalStep and end, under its mutex:
+// (catchup.go; docs/migration.md, "A move job's states"). It catches
+// the target up, or runs the final step, or both, and ends; its step and
+// its outcome change only through newMoveJob, enterFinalStep and end,
+// under its mutex:
 //
 //	catching up ──► final step ──► ended: moved, nothing to move, or failed
 //	     │
