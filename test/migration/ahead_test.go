@@ -24,8 +24,8 @@ import (
 // stage mounts the volume with every file.
 func TestAMoveGrantedAheadOutlivesItsController(t *testing.T) {
 	e := start(t)
-	e.throttle("n1", "10M") // 300 MiB at 10 MiB/s: half a minute of catch-up
-	id, dir := e.createWritten("granted", nil, "dd if=/dev/urandom of=blob bs=1M count=300 2>/dev/null && echo end > z")
+	e.throttle("n1", "5M") // 150 MiB at 5 MiB/s: half a minute of catch-up
+	id, dir := e.createWritten("granted", nil, "dd if=/dev/urandom of=blob bs=1M count=150 2>/dev/null && echo end > z")
 	before := e.checksums("n1", dir)
 	e.unpublish(id, "n1")
 
@@ -65,12 +65,12 @@ func TestAMoveGrantedAheadOutlivesItsController(t *testing.T) {
 // the volume with every file.
 func TestARetryOnAnotherInstanceFollowsTheMove(t *testing.T) {
 	e := start(t)
-	// 200 MiB at 4 MiB/s: about 50 s. The second instance grants ahead
+	// 100 MiB at 2 MiB/s: about 50 s. The second instance grants ahead
 	// only within the last 20 s (the shipped two minutes would grant at
 	// its first estimate), so its refusals before that show what it
 	// reports of the running push.
-	e.throttle("n1", "4M")
-	id, dir := e.createWritten("followed", nil, "dd if=/dev/urandom of=blob bs=1M count=200 2>/dev/null && echo end > z")
+	e.throttle("n1", "2M")
+	id, dir := e.createWritten("followed", nil, "dd if=/dev/urandom of=blob bs=1M count=100 2>/dev/null && echo end > z")
 	before := e.checksums("n1", dir)
 	e.unpublish(id, "n1")
 	_, endpoint, err := e.c.StartControllerInstance(2, "-move-publish-ahead", "20s")

@@ -744,8 +744,8 @@ func TestInterruptedMoves(t *testing.T) {
 // stream's own CPU slows every call beside it.)
 func TestCatchUpBlocksNoOtherVolume(t *testing.T) {
 	e := start(t)
-	e.throttle("n1", "20M") // 300 MiB at 20 MiB/s: about fifteen seconds of catch-up
-	id, dir := e.createWritten("bulk", nil, "dd if=/dev/urandom of=blob bs=1M count=300 2>/dev/null && echo end > z")
+	e.throttle("n1", "10M") // 150 MiB at 10 MiB/s: about fifteen seconds of catch-up
+	id, dir := e.createWritten("bulk", nil, "dd if=/dev/urandom of=blob bs=1M count=150 2>/dev/null && echo end > z")
 	before := e.checksums("n1", dir)
 	e.unpublish(id, "n1")
 
@@ -753,7 +753,7 @@ func TestCatchUpBlocksNoOtherVolume(t *testing.T) {
 	_, err := e.controller().ControllerPublishVolume(e.ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: "n2", VolumeCapability: writer})
 	answered := time.Since(began)
 	if !guestcluster.CatchingUp(err) || answered > 15*time.Second {
-		t.Fatalf("publish of a 300 MiB volume on a node without it: %v after %s, want FailedPrecondition (catching up) within seconds", err, answered)
+		t.Fatalf("publish of a 150 MiB volume on a node without it: %v after %s, want FailedPrecondition (catching up) within seconds", err, answered)
 	}
 	t.Logf("the move's first publish answered after %s: %v", answered.Round(time.Millisecond), err)
 	began = time.Now()
