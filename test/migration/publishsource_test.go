@@ -23,12 +23,12 @@ import (
 // publish to n1 after it is decided as any move back is.
 func TestPublishToTheSourceDuringTheFinalStep(t *testing.T) {
 	e := start(t)
-	e.throttle("n1", "8M") // the final increment of 96 MiB takes about 12 s
+	e.throttle("n1", "4M") // the final increment of 48 MiB takes about 12 s
 	id, dir := e.createWritten("source-published", nil, "echo one > a")
 	// A fresh replica sends the move straight to its final step, which
 	// then carries what is written after it.
 	e.replicate(id, "n1", "n2")
-	e.write("n1", dir, "dd if=/dev/urandom of=blob bs=1M count=96 2>/dev/null && echo end > z")
+	e.write("n1", dir, "dd if=/dev/urandom of=blob bs=1M count=48 2>/dev/null && echo end > z")
 	before := e.checksums("n1", dir)
 	e.unpublish(id, "n1")
 
@@ -59,17 +59,17 @@ func TestPublishToTheSourceDuringTheFinalStep(t *testing.T) {
 	if sent, ok := e.transferBytes(id, "n1"); !ok {
 		t.Fatal("the final step's push ended before the publish to the source was tried: nothing was shown; send more or cap lower")
 	} else {
-		t.Logf("the final step had sent %d MiB of about 96 when the source's publish was refused", sent>>20)
+		t.Logf("the final step had sent %d MiB of about 48 when the source's publish was refused", sent>>20)
 	}
 
 	// Nomad retries the source's claim while the move runs: every answer
 	// is a refusal, and there is never more than one writable copy. The
-	// retries stop well before the push ends (64 of 96 MiB): one that
+	// retries stop well before the push ends (32 of 48 MiB): one that
 	// came after the move ended, before n2's stage, would start a move
 	// back, which is not what this test is about.
 	refusals := 0
 	for {
-		if sent, ok := e.transferBytes(id, "n1"); !ok || sent > 64<<20 {
+		if sent, ok := e.transferBytes(id, "n1"); !ok || sent > 32<<20 {
 			break
 		}
 		_, err := e.controller().ControllerPublishVolume(e.ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: "n1", VolumeCapability: writer})

@@ -123,8 +123,8 @@ func (e *env) waitNothingLeft(pattern, what string) {
 // controller's pass leaves no copy and no record anywhere.
 func TestASnapshotDeletedDuringAPush(t *testing.T) {
 	e := start(t)
-	e.throttle("n1", "10M")
-	id, _, _, snapID := e.snapshotted("in-flight", nil, "dd if=/dev/urandom of=blob bs=1M count=120 2>/dev/null", "deleted-in-flight")
+	e.throttle("n1", "5M") // 60 MiB: about 12 s of push
+	id, _, _, snapID := e.snapshotted("in-flight", nil, "dd if=/dev/urandom of=blob bs=1M count=60 2>/dev/null", "deleted-in-flight")
 	pushed := make(chan error, 1)
 	go func() { pushed <- e.push(id, "n1", "n2") }()
 	e.waitForTransfer(id, "n1")
