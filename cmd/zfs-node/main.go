@@ -26,6 +26,7 @@ import (
 
 	"github.com/zfs-nomad/zfs-nomad/internal/node/agent"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/assembly"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	csinode "github.com/zfs-nomad/zfs-nomad/internal/node/csiserver"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/mount"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/replication"
@@ -65,7 +66,7 @@ func serve(args []string) error {
 	if err != nil {
 		return err
 	}
-	z, err := libzfs.New(volume.UserProperties...)
+	z, err := libzfs.New(copyrecord.UserProperties...)
 	if err != nil {
 		return err
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/agentclient"
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/cluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/scheduler"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/volume"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/peers"
@@ -107,8 +108,8 @@ func fillNode(b *testing.B, n *guestcluster.Node, from, to int) {
 			params[contract.ParamReplicas], params[contract.ParamReplicationInterval] = "1", "1h"
 		}
 		fmt.Fprintf(&lines, "-o mountpoint=legacy -o %s=%s -o %s=fill-%s-%d -o %s=%s -o %s=1 -o %s=1 -o %s=%s %s/%s\n",
-			volume.PropVolumeID, id, volume.PropName, n.ID, i, volume.PropRole, contract.RolePrimary, volume.PropGeneration, volume.PropHistoryFrom,
-			volume.PropParameters, volume.EncodeParameters(params), n.RootDataset, id)
+			copyrecord.PropVolumeID, id, copyrecord.PropName, n.ID, i, copyrecord.PropRole, contract.RolePrimary, copyrecord.PropGeneration, copyrecord.PropHistoryFrom,
+			copyrecord.PropParameters, copyrecord.EncodeParameters(params), n.RootDataset, id)
 	}
 	list := filepath.Join(b.TempDir(), "fill")
 	if err := os.WriteFile(list, []byte(lines.String()), 0o600); err != nil {
@@ -149,7 +150,7 @@ func fillPromises(b *testing.B, node *guestcluster.Node, all []*guestcluster.Nod
 		for i := from; i < to; i++ {
 			id := fillID(holder, i)
 			shard := volume.PromiseShard(node.RootDataset, id)
-			shards[shard] = append(shards[shard], fmt.Sprintf("%s%s='1 %s'", volume.PropPromisePrefix, id, holder.ID))
+			shards[shard] = append(shards[shard], fmt.Sprintf("%s%s='1 %s'", copyrecord.PropPromisePrefix, id, holder.ID))
 		}
 	}
 	var script strings.Builder

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/volume"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guesttest"
@@ -238,11 +239,11 @@ func (e *env) deleteVolume(id string) {
 }
 
 // deletionRecords returns what node n remembers of deleted snapshots
-// (volume.PropDeletedSnapshotPrefix properties), one per line.
+// (copyrecord.PropDeletedSnapshotPrefix properties), one per line.
 func (e *env) deletionRecords(n string) string {
 	e.t.Helper()
 	ds := e.node(n).RootDataset + "/" + volume.PromisesDataset
-	return strings.TrimSpace(guesttest.Run(e.t, "sh", "-c", "zfs get -H -o property,value -s local all "+ds+" 2>/dev/null | grep "+volume.PropDeletedSnapshotPrefix+" || true"))
+	return strings.TrimSpace(guesttest.Run(e.t, "sh", "-c", "zfs get -H -o property,value -s local all "+ds+" 2>/dev/null | grep "+copyrecord.PropDeletedSnapshotPrefix+" || true"))
 }
 
 // TestBytesSentWithSnapshots (issue 16) reports what carrying CSI
@@ -387,7 +388,7 @@ func TestASnapshotKeptTwiceGoesWithItsDelete(t *testing.T) {
 	tombstone := copyOnN2 + "-deleted-1"
 	n2.Process.Stop()
 	guesttest.Run(t, "sh", "-c", fmt.Sprintf("zfs send %[1]s@%[2]s | zfs receive -u %[3]s && zfs set %[4]s=%[5]s %[6]s=%[7]s %[3]s",
-		copyOnN2, snapID, tombstone, volume.PropRole, contract.RoleDeleted, volume.PropVolumeID, id))
+		copyOnN2, snapID, tombstone, copyrecord.PropRole, contract.RoleDeleted, copyrecord.PropVolumeID, id))
 	e.returnNodeProcess("n2")
 
 	if _, err := e.controller().DeleteSnapshot(e.ctx, &csi.DeleteSnapshotRequest{SnapshotId: snapID}); err != nil {

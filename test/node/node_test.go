@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/volume"
 	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guestcluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guesttest"
@@ -244,7 +245,7 @@ func TestPromiseRecordsStayOffTheRoot(t *testing.T) {
 		out := guesttest.Run(t, "zfs", append([]string{"get", "-H", "-o", "name,property,value"}, flags...)...)
 		var found []string
 		for _, line := range strings.Split(out, "\n") {
-			if strings.Contains(line, volume.PropPromisePrefix) {
+			if strings.Contains(line, copyrecord.PropPromisePrefix) {
 				found = append(found, line)
 			}
 		}
@@ -257,7 +258,7 @@ func TestPromiseRecordsStayOffTheRoot(t *testing.T) {
 		t.Errorf("the volume inherits promise records:\n%s", got)
 	}
 	shard := volume.PromiseShard(n.RootDataset, kept)
-	if got := strings.TrimSpace(guesttest.Run(t, "zfs", "get", "-H", "-o", "value", volume.PropPromisePrefix+kept, shard)); got != "1 "+n.ID {
+	if got := strings.TrimSpace(guesttest.Run(t, "zfs", "get", "-H", "-o", "value", copyrecord.PropPromisePrefix+kept, shard)); got != "1 "+n.ID {
 		t.Errorf("record of %s in %s = %q, want generation 1 to %s", kept, shard, got, n.ID)
 	}
 	if got := promiseProps("-s", "local", "-r", "all", n.RootDataset+"/"+volume.PromisesDataset); strings.Contains(got, deleted) {

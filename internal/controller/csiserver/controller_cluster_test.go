@@ -18,6 +18,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/cluster/clustertest"
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/migration"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/agent"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/lease"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/volume"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
@@ -269,8 +270,8 @@ func TestControllerPublishDecisions(t *testing.T) {
 func (tc *testCluster) copyOf(node, id, role string, generation int) string {
 	tc.t.Helper()
 	ds := "tank/nomad/" + id
-	props := map[string]string{volume.PropVolumeID: id, volume.PropRole: role, volume.PropName: "v",
-		volume.PropGeneration: fmt.Sprint(generation), "mountpoint": "legacy"}
+	props := map[string]string{copyrecord.PropVolumeID: id, copyrecord.PropRole: role, copyrecord.PropName: "v",
+		copyrecord.PropGeneration: fmt.Sprint(generation), "mountpoint": "legacy"}
 	if err := tc.fakes[node].CreateFilesystem(context.Background(), ds, props); err != nil {
 		tc.t.Fatal(err)
 	}
@@ -338,7 +339,7 @@ func (tc *testCluster) promise(node, id string, gen int, holder string) {
 			tc.t.Fatal(err)
 		}
 	}
-	if err := fake.SetProperties(ctx, shard, map[string]string{volume.PropPromisePrefix + id: fmt.Sprintf("%d %s", gen, holder)}); err != nil {
+	if err := fake.SetProperties(ctx, shard, map[string]string{copyrecord.PropPromisePrefix + id: fmt.Sprintf("%d %s", gen, holder)}); err != nil {
 		tc.t.Fatal(err)
 	}
 }
@@ -390,7 +391,7 @@ func TestPublishDecidesOnlyFromAMajority(t *testing.T) {
 		for _, n := range []string{"n2", "n3", "n4"} {
 			tc.promise(n, id, 2, "n2")
 		}
-		if err := tc.fakes["n3"].SetProperties(ctx, replica, map[string]string{volume.PropParameters: `{"failover":"auto"}`}); err != nil {
+		if err := tc.fakes["n3"].SetProperties(ctx, replica, map[string]string{copyrecord.PropParameters: `{"failover":"auto"}`}); err != nil {
 			t.Fatal(err)
 		}
 		ctl := tc.controller()
@@ -409,7 +410,7 @@ func TestPublishDecidesOnlyFromAMajority(t *testing.T) {
 		tc := newTestCluster(t, map[string]uint64{"n1": 4 << 30, "n2": 4 << 30, "n3": 4 << 30})
 		tc.copyOf("n1", id, contract.RolePrimary, 1)
 		replica := tc.copyOf("n2", id, contract.RoleReplica, 1)
-		if err := tc.fakes["n2"].SetProperties(ctx, replica, map[string]string{volume.PropParameters: `{"failover":"auto"}`}); err != nil {
+		if err := tc.fakes["n2"].SetProperties(ctx, replica, map[string]string{copyrecord.PropParameters: `{"failover":"auto"}`}); err != nil {
 			t.Fatal(err)
 		}
 		silent := false
@@ -439,7 +440,7 @@ func TestPublishDecidesOnlyFromAMajority(t *testing.T) {
 		if !strings.Contains(status.Convert(err).Message(), "n1:7670 answered") || len(askedAbout) != 1 || !strings.HasSuffix(askedAbout[0], "n1:7670") {
 			t.Errorf("the refusal: %v (nodes asked about %v); want it to name n1:7670, the node lost", err, askedAbout)
 		}
-		if c, _ := tc.fakes["n2"].Get(ctx, replica); c.User[volume.PropRole] != contract.RoleReplica {
+		if c, _ := tc.fakes["n2"].Get(ctx, replica); c.User[copyrecord.PropRole] != contract.RoleReplica {
 			t.Fatalf("n2's replica was promoted although no majority attested n1's silence: %v", c.User)
 		}
 		mu.Lock()
@@ -459,7 +460,7 @@ func TestPublishDecidesOnlyFromAMajority(t *testing.T) {
 		tc := newTestCluster(t, map[string]uint64{"n1": 4 << 30, "n2": 4 << 30, "n3": 4 << 30})
 		tc.copyOf("n1", id, contract.RolePrimary, 1)
 		replica := tc.copyOf("n2", id, contract.RoleReplica, 1)
-		if err := tc.fakes["n2"].SetProperties(ctx, replica, map[string]string{volume.PropParameters: `{"failover":"auto"}`}); err != nil {
+		if err := tc.fakes["n2"].SetProperties(ctx, replica, map[string]string{copyrecord.PropParameters: `{"failover":"auto"}`}); err != nil {
 			t.Fatal(err)
 		}
 		for _, n := range []string{"n1", "n2", "n3"} {
@@ -475,7 +476,7 @@ func TestPublishDecidesOnlyFromAMajority(t *testing.T) {
 		if msg := status.Convert(err).Message(); !strings.Contains(msg, "no peers configured") || !strings.Contains(msg, "n1:7670") || !strings.Contains(msg, "zfs-controller promote") {
 			t.Errorf("the refusal: %q; want it to say the nodes keep no lease, name n1:7670 and point to zfs-controller promote", msg)
 		}
-		if c, _ := tc.fakes["n2"].Get(ctx, replica); c.User[volume.PropRole] != contract.RoleReplica {
+		if c, _ := tc.fakes["n2"].Get(ctx, replica); c.User[copyrecord.PropRole] != contract.RoleReplica {
 			t.Fatalf("n2's replica was promoted by an automatic failover on nodes without leases: %v", c.User)
 		}
 		m := migration.New(tc.agents.Cluster(t), hclog.NewNullLogger())
@@ -488,7 +489,7 @@ func TestPublishDecidesOnlyFromAMajority(t *testing.T) {
 	t.Run("a publish that finds a copy fenced by its lease current lifts it", func(t *testing.T) {
 		tc := newTestCluster(t, map[string]uint64{"n1": 4 << 30, "n2": 4 << 30, "n3": 4 << 30})
 		primary := tc.copyOf("n1", id, contract.RolePrimary, 1)
-		if err := tc.fakes["n1"].SetProperties(ctx, primary, map[string]string{"readonly": "on", volume.PropLeaseFenced: "1700000000000000000"}); err != nil {
+		if err := tc.fakes["n1"].SetProperties(ctx, primary, map[string]string{"readonly": "on", copyrecord.PropLeaseFenced: "1700000000000000000"}); err != nil {
 			t.Fatal(err)
 		}
 		tc.promise("n2", id, 2, "n3") // an interrupted failover: n3 answers without the copy
@@ -497,8 +498,8 @@ func TestPublishDecidesOnlyFromAMajority(t *testing.T) {
 		if err != nil || resp.GetPublishContext()["generation"] != "1" {
 			t.Fatalf("publish: %v, %v", resp, err)
 		}
-		if ro, mark := tc.fakes["n1"].NativeProperty(primary, "readonly"), tc.fakes["n1"].NativeProperty(primary, volume.PropLeaseFenced); ro != "off" {
-			t.Errorf("after the publish the copy is readonly=%s (%s=%s), want writable", ro, volume.PropLeaseFenced, mark)
+		if ro, mark := tc.fakes["n1"].NativeProperty(primary, "readonly"), tc.fakes["n1"].NativeProperty(primary, copyrecord.PropLeaseFenced); ro != "off" {
+			t.Errorf("after the publish the copy is readonly=%s (%s=%s), want writable", ro, copyrecord.PropLeaseFenced, mark)
 		}
 	})
 

@@ -10,6 +10,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/replication"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/volume"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfsfake"
@@ -64,7 +65,7 @@ func TestChangesTellsWhatBecameOfEachChangedVolume(t *testing.T) {
 	// DeleteReplica notes one).
 	replicaID := "vol-00000000000000000001"
 	if err := fake.CreateFilesystem(ctx, root+"/"+replicaID, map[string]string{
-		volume.PropVolumeID: replicaID, volume.PropRole: replication.RoleReplica, volume.PropName: "theirs"}); err != nil {
+		copyrecord.PropVolumeID: replicaID, copyrecord.PropRole: replication.RoleReplica, copyrecord.PropName: "theirs"}); err != nil {
 		t.Fatal(err)
 	}
 	volumes.NoteChanged(replicaID)
@@ -99,7 +100,7 @@ func TestChangesTellsWhatBecameOfEachChangedVolume(t *testing.T) {
 // copy, is not a replica to delete.
 func TestDeleteSurplus(t *testing.T) {
 	ctx := context.Background()
-	demoted := map[string]string{volume.PropRole: replication.RoleReplica, volume.PropDemotedAt: "1800000000"}
+	demoted := map[string]string{copyrecord.PropRole: replication.RoleReplica, copyrecord.PropDemotedAt: "1800000000"}
 	csi := contract.SnapshotIDForName("before-upgrade")
 	tests := []struct {
 		name      string
@@ -111,13 +112,13 @@ func TestDeleteSurplus(t *testing.T) {
 		refused   bool
 	}{
 		{"demoted, as fresh as judged", demoted, []string{"zn-1", "zn-2"}, "zn-2", nil, true, false},
-		{"not demoted: the schedule's own replica", map[string]string{volume.PropRole: replication.RoleReplica}, []string{"zn-2"}, "zn-2", nil, false, true},
-		{"promoted since", map[string]string{volume.PropRole: replication.RoleReplica, volume.PropDemotedAt: "-"}, []string{"zn-2"}, "zn-2", nil, false, true},
+		{"not demoted: the schedule's own replica", map[string]string{copyrecord.PropRole: replication.RoleReplica}, []string{"zn-2"}, "zn-2", nil, false, true},
+		{"promoted since", map[string]string{copyrecord.PropRole: replication.RoleReplica, copyrecord.PropDemotedAt: "-"}, []string{"zn-2"}, "zn-2", nil, false, true},
 		{"received since it was judged", demoted, []string{"zn-2", "zn-3"}, "zn-2", nil, false, true},
 		{"holds a snapshot made by hand", demoted, []string{"before-upgrade", "zn-2"}, "zn-2", []string{"before-upgrade"}, false, true},
 		{"holds a CSI snapshot the other copies lack", demoted, []string{csi, "zn-2"}, "zn-2", []string{contract.SnapshotIDForName("other")}, false, true},
 		{"holds a CSI snapshot the other copies hold", demoted, []string{csi, "zn-2"}, "zn-2", []string{csi}, true, false},
-		{"a primary", map[string]string{volume.PropRole: contract.RolePrimary, volume.PropDemotedAt: "1800000000"}, []string{"zn-2"}, "zn-2", nil, false, false},
+		{"a primary", map[string]string{copyrecord.PropRole: contract.RolePrimary, copyrecord.PropDemotedAt: "1800000000"}, []string{"zn-2"}, "zn-2", nil, false, false},
 		{"no copy", nil, nil, "zn-2", nil, false, false},
 	}
 	for i, tt := range tests {
@@ -127,7 +128,7 @@ func TestDeleteSurplus(t *testing.T) {
 			fs := root + "/" + id
 			if tt.props != nil {
 				props := maps.Clone(tt.props)
-				props[volume.PropVolumeID] = id
+				props[copyrecord.PropVolumeID] = id
 				if err := fake.CreateFilesystem(ctx, fs, props); err != nil {
 					t.Fatal(err)
 				}

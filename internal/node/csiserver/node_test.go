@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/mount"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/volume"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
@@ -98,7 +99,7 @@ func TestStalePublishContextRefused(t *testing.T) {
 	if _, err := n.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: v.ID, StagingTargetPath: staging, VolumeCapability: capability, PublishContext: gen1}); err != nil {
 		t.Fatal(err)
 	}
-	if err := fake.SetProperties(ctx, v.Dataset, map[string]string{volume.PropGeneration: "2"}); err != nil {
+	if err := fake.SetProperties(ctx, v.Dataset, map[string]string{copyrecord.PropGeneration: "2"}); err != nil {
 		t.Fatal(err)
 	}
 	_, err := n.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: v.ID, StagingTargetPath: staging, VolumeCapability: capability, PublishContext: gen1})
@@ -143,11 +144,11 @@ func TestAStageGrantedAheadWaitsForThePromotion(t *testing.T) {
 		deadline time.Duration
 		want     codes.Code
 	}{
-		{"promoted during the wait", after1, map[string]string{volume.PropRole: contract.RolePrimary, volume.PropGeneration: "2"}, 20 * time.Second, codes.OK},
+		{"promoted during the wait", after1, map[string]string{copyrecord.PropRole: contract.RolePrimary, copyrecord.PropGeneration: "2"}, 20 * time.Second, codes.OK},
 		{"never promoted", after1, nil, 3 * time.Second, codes.Unavailable},
 		// A full receive creating the copy: ZFS cannot open it (EBUSY).
-		{"busy while received, then promoted", after1, map[string]string{volume.PropRole: contract.RolePrimary, volume.PropGeneration: "2"}, 20 * time.Second, codes.OK},
-		{"a primary of the source's generation is no promotion", after1, map[string]string{volume.PropRole: contract.RolePrimary, volume.PropGeneration: "1"}, 3 * time.Second, codes.Unavailable},
+		{"busy while received, then promoted", after1, map[string]string{copyrecord.PropRole: contract.RolePrimary, copyrecord.PropGeneration: "2"}, 20 * time.Second, codes.OK},
+		{"a primary of the source's generation is no promotion", after1, map[string]string{copyrecord.PropRole: contract.RolePrimary, copyrecord.PropGeneration: "1"}, 3 * time.Second, codes.Unavailable},
 		{"both keys", map[string]string{contract.PublishContextAfterGeneration: "1", contract.PublishContextGeneration: "2"}, nil, 3 * time.Second, codes.InvalidArgument},
 		{"not a generation", map[string]string{contract.PublishContextAfterGeneration: "x"}, nil, 3 * time.Second, codes.InvalidArgument},
 	}
@@ -165,7 +166,7 @@ func TestAStageGrantedAheadWaitsForThePromotion(t *testing.T) {
 				}
 			}
 			// The move's target holds a replica of the source's generation.
-			if err := fake.SetProperties(bg, v.Dataset, map[string]string{volume.PropRole: contract.RoleReplica, volume.PropGeneration: "1"}); err != nil {
+			if err := fake.SetProperties(bg, v.Dataset, map[string]string{copyrecord.PropRole: contract.RoleReplica, copyrecord.PropGeneration: "1"}); err != nil {
 				t.Fatal(err)
 			}
 			promoted := make(chan struct{})

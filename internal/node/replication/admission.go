@@ -17,6 +17,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/volume"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfscmd"
@@ -91,7 +92,7 @@ func (r *Receiver) knownGeneration(ctx context.Context, id string, found copyRea
 	if found.err == nil {
 		known = found.state.Generation
 	}
-	record, err := r.z.Get(ctx, volume.PromiseShard(r.root, id), volume.PropPromisePrefix+id)
+	record, err := r.z.Get(ctx, volume.PromiseShard(r.root, id), copyrecord.PropPromisePrefix+id)
 	if errors.Is(err, zfs.ErrNotFound) { // no record in this shard yet
 		return known, nil
 	}
@@ -287,7 +288,7 @@ type copyRead struct {
 func (r *Receiver) readCopy(ctx context.Context, fs string) copyRead {
 	var found copyRead
 	// Unless it is surely absent, finishReplace looks at it and says.
-	_, err := r.z.Get(ctx, incomingName(fs), volume.PropRole)
+	_, err := r.z.Get(ctx, incomingName(fs), copyrecord.PropRole)
 	found.replacing = !errors.Is(err, zfs.ErrNotFound)
 	if found.state, found.err = r.copyState(ctx, fs); found.err != nil || !found.state.Exists {
 		return found

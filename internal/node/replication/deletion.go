@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/zfs-nomad/zfs-nomad/internal/node/volume"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfscmd"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
@@ -114,10 +114,10 @@ func (r *Receiver) entomb(ctx context.Context, fs string) (string, error) {
 		return "", err
 	}
 	now := time.Now()
-	if err := r.z.Set(ctx, fs, map[string]string{volume.PropRole: contract.RoleDeleted, volume.PropDeletedAt: now.UTC().Format(time.RFC3339)}); err != nil {
+	if err := r.z.Set(ctx, fs, map[string]string{copyrecord.PropRole: contract.RoleDeleted, copyrecord.PropDeletedAt: now.UTC().Format(time.RFC3339)}); err != nil {
 		return "", fmt.Errorf("marking replica %s deleted: %w", fs, err)
 	}
-	tombstone := volume.TombstoneName(fs, now)
+	tombstone := copyrecord.TombstoneName(fs, now)
 	if err := r.z.Rename(ctx, fs, tombstone); err != nil {
 		return "", fmt.Errorf("renaming the deleted replica %s to %s: %w", fs, tombstone, err)
 	}
@@ -130,7 +130,7 @@ func (r *Receiver) entomb(ctx context.Context, fs string) (string, error) {
 // surplus says why replica fs, with props, is not a surplus copy whose
 // newest snapshot is newest, or nil when it is one.
 func (r *Receiver) surplus(ctx context.Context, fs string, props map[string]string, newest string, elsewhere []string) error {
-	if volume.DemotedAt(props[volume.PropDemotedAt]).IsZero() {
+	if copyrecord.DemotedAt(props[copyrecord.PropDemotedAt]).IsZero() {
 		return errors.New("it was not demoted from primary by a move")
 	}
 	if token := props["receive_resume_token"]; token != "" && token != "-" {
@@ -193,7 +193,7 @@ func (r *Receiver) DiscardPartial(ctx context.Context, volumeID string) error {
 	if !r.hasPartial(ctx, fs) {
 		return nil
 	}
-	if role, err := r.z.Get(ctx, fs, volume.PropRole); err != nil || role != RoleReplica {
+	if role, err := r.z.Get(ctx, fs, copyrecord.PropRole); err != nil || role != RoleReplica {
 		return nil
 	}
 	if err := r.abortPartial(ctx, fs); err != nil {

@@ -5,7 +5,7 @@ import (
 	"errors"
 	"time"
 
-	"github.com/zfs-nomad/zfs-nomad/internal/node/volume"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfscmd"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
@@ -37,7 +37,7 @@ func (r *Receiver) Holdings(ctx context.Context) (replicas []Replica, setAside [
 		return nil, nil, err
 	}
 	for _, ch := range children {
-		switch role := ch.Props[volume.PropRole]; {
+		switch role := ch.Props[copyrecord.PropRole]; {
 		case role == contract.RoleSetAside:
 			setAside = append(setAside, ch.Name)
 		case r.isReplica(ch):
@@ -52,7 +52,7 @@ func (r *Receiver) Holdings(ctx context.Context) (replicas []Replica, setAside [
 }
 
 // holdingProps are the properties Holdings and ReplicaOf read.
-var holdingProps = []string{volume.PropVolumeID, volume.PropRole, volume.PropName, volume.PropDemotedAt, "receive_resume_token"}
+var holdingProps = []string{copyrecord.PropVolumeID, copyrecord.PropRole, copyrecord.PropName, copyrecord.PropDemotedAt, "receive_resume_token"}
 
 // ReplicaOf reads this node's replica of volumeID as Holdings reports it,
 // or false when the node holds none (a replacement labelled but not yet
@@ -81,14 +81,14 @@ func (r *Receiver) ReplicaOf(ctx context.Context, volumeID string) (Replica, boo
 // a replica. A replacement labelled but not yet renamed into place is not
 // the replica yet.
 func (r *Receiver) isReplica(ch zfscmd.Child) bool {
-	return ch.Props[volume.PropRole] == RoleReplica && ch.Name == r.root+"/"+ch.Props[volume.PropVolumeID]
+	return ch.Props[copyrecord.PropRole] == RoleReplica && ch.Name == r.root+"/"+ch.Props[copyrecord.PropVolumeID]
 }
 
 // replica reads what Holdings reports of one replica: its newest
 // snapshot.
 func (r *Receiver) replica(ctx context.Context, ch zfscmd.Child) (Replica, error) {
-	rep := Replica{VolumeID: ch.Props[volume.PropVolumeID], Name: ch.Props[volume.PropName], Resumable: ch.Props["receive_resume_token"] != "-",
-		DemotedAt: volume.DemotedAt(ch.Props[volume.PropDemotedAt])}
+	rep := Replica{VolumeID: ch.Props[copyrecord.PropVolumeID], Name: ch.Props[copyrecord.PropName], Resumable: ch.Props["receive_resume_token"] != "-",
+		DemotedAt: copyrecord.DemotedAt(ch.Props[copyrecord.PropDemotedAt])}
 	snaps, err := r.z.Snapshots(ctx, ch.Name)
 	if err != nil {
 		return Replica{}, err

@@ -4,12 +4,12 @@ import (
 	"context"
 	"sync"
 
-	"github.com/zfs-nomad/zfs-nomad/internal/node/volume"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
 )
 
 // peerBound counts, by sending node, the replicas full streams created on
-// this node (volume.PropReceivedFrom), so that one peer cannot create
+// this node (copyrecord.PropReceivedFrom), so that one peer cannot create
 // replicas of arbitrary volume IDs until the pool is full (issue 35,
 // defect 4). The counts are an upper bound kept in memory: each stream
 // that may create a replica adds one before it runs, whether it succeeds
@@ -61,13 +61,13 @@ func (r *Receiver) refuseOneReplicaTooMany(ctx context.Context, h Header, found 
 // replicasBySource counts the replicas under the root by the node whose
 // stream created them.
 func (r *Receiver) replicasBySource(ctx context.Context) (map[string]int, error) {
-	children, err := r.z.Children(ctx, r.root, volume.PropVolumeID, volume.PropRole, volume.PropReceivedFrom)
+	children, err := r.z.Children(ctx, r.root, copyrecord.PropVolumeID, copyrecord.PropRole, copyrecord.PropReceivedFrom)
 	if err != nil {
 		return nil, err
 	}
 	counts := map[string]int{}
 	for _, ch := range children {
-		if from := ch.Props[volume.PropReceivedFrom]; from != "" && from != "-" && r.isReplica(ch) {
+		if from := ch.Props[copyrecord.PropReceivedFrom]; from != "" && from != "-" && r.isReplica(ch) {
 			counts[from]++
 		}
 	}

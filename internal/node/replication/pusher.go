@@ -15,7 +15,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/node/copylock"
-	"github.com/zfs-nomad/zfs-nomad/internal/node/volume"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfscmd"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
@@ -429,12 +429,12 @@ func (p *Pusher) snapshot(ctx context.Context, volumeID, fs string, fence Fence)
 	if err != nil {
 		return nil, "", nil, err
 	}
-	props, err = p.z.GetAll(ctx, fs, volume.PropRole, volume.PropName, volume.PropGeneration, volume.PropHistoryFrom, volume.PropParameters, "refquota", "quota", "encryption")
+	props, err = p.z.GetAll(ctx, fs, copyrecord.PropRole, copyrecord.PropName, copyrecord.PropGeneration, copyrecord.PropHistoryFrom, copyrecord.PropParameters, "refquota", "quota", "encryption")
 	if errors.Is(err, zfs.ErrNotFound) {
 		err = errdefs.Wrap(errdefs.ErrNotFound, "volume %s is not on this node: %v", volumeID, err)
 	} else if err != nil {
 		err = fmt.Errorf("reading the labels of %s: %w", fs, err)
-	} else if role := props[volume.PropRole]; role != contract.RolePrimary {
+	} else if role := props[copyrecord.PropRole]; role != contract.RolePrimary {
 		err = errdefs.Wrap(errdefs.ErrFailedPrecondition, "volume %s is a %s here; only a primary is sent", volumeID, role)
 	}
 	if err != nil {
@@ -505,7 +505,7 @@ func (p *Pusher) startTidy(volumeID, fs, base, peer string, log hclog.Logger) {
 			return
 		}
 		defer unlock()
-		if role, err := p.z.Get(ctx, fs, volume.PropRole); err != nil || role != contract.RolePrimary {
+		if role, err := p.z.Get(ctx, fs, copyrecord.PropRole); err != nil || role != contract.RolePrimary {
 			return
 		}
 		p.tidy(ctx, volumeID, fs, base, peer, log)
@@ -535,10 +535,10 @@ func (p *Pusher) tidy(ctx context.Context, volumeID, fs, base, peer string, log 
 // header describes the volume to the receiver, from its properties: what
 // a replica must carry to become the primary one day.
 func (p *Pusher) header(volumeID string, props map[string]string) Header {
-	h := Header{VolumeID: volumeID, SourceNodeID: p.nodeID, VolumeName: props[volume.PropName]}
-	h.Generation, _ = strconv.ParseUint(props[volume.PropGeneration], 10, 64)
-	h.HistoryFrom = volume.HistoryFrom(props[volume.PropHistoryFrom], h.Generation)
-	h.Parameters = volume.DecodeParameters(props[volume.PropParameters])
+	h := Header{VolumeID: volumeID, SourceNodeID: p.nodeID, VolumeName: props[copyrecord.PropName]}
+	h.Generation, _ = strconv.ParseUint(props[copyrecord.PropGeneration], 10, 64)
+	h.HistoryFrom = copyrecord.HistoryFrom(props[copyrecord.PropHistoryFrom], h.Generation)
+	h.Parameters = copyrecord.DecodeParameters(props[copyrecord.PropParameters])
 	for _, q := range []string{"refquota", "quota"} { // whichever the operator uses
 		if n, err := strconv.ParseUint(props[q], 10, 64); err == nil && n > 0 {
 			h.CapacityBytes = n

@@ -17,7 +17,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/node/copylock"
-	"github.com/zfs-nomad/zfs-nomad/internal/node/volume"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfscmd"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
@@ -136,7 +136,7 @@ func (r *Receiver) ReplicaState(ctx context.Context, volumeID string) (ReplicaSt
 // copyState is the state of the copy at fs without its snapshots, which
 // take a listing to read.
 func (r *Receiver) copyState(ctx context.Context, fs string) (ReplicaState, error) {
-	props, err := r.z.GetAll(ctx, fs, volume.PropRole, "receive_resume_token", volume.PropGeneration)
+	props, err := r.z.GetAll(ctx, fs, copyrecord.PropRole, "receive_resume_token", copyrecord.PropGeneration)
 	if errors.Is(err, zfs.ErrNotFound) {
 		return ReplicaState{NodeID: r.nodeID}, nil
 	}
@@ -144,8 +144,8 @@ func (r *Receiver) copyState(ctx context.Context, fs string) (ReplicaState, erro
 		return ReplicaState{}, err
 	}
 	token := props["receive_resume_token"]
-	resp := ReplicaState{Exists: true, Role: props[volume.PropRole], NodeID: r.nodeID}
-	resp.Generation, _ = strconv.ParseUint(props[volume.PropGeneration], 10, 64)
+	resp := ReplicaState{Exists: true, Role: props[copyrecord.PropRole], NodeID: r.nodeID}
+	resp.Generation, _ = strconv.ParseUint(props[copyrecord.PropGeneration], 10, 64)
 	if token != "-" && token != "" {
 		resp.ResumeToken = token
 	}
@@ -533,7 +533,7 @@ func (r *Receiver) tidy(volumeID, fs, received string, peerBases map[uint64][]st
 		return // busy with another receive: it holds its own base
 	}
 	defer unlock()
-	if role, err := r.z.Get(ctx, fs, volume.PropRole); err != nil || role != RoleReplica {
+	if role, err := r.z.Get(ctx, fs, copyrecord.PropRole); err != nil || role != RoleReplica {
 		return
 	}
 	if err := r.z.Hold(ctx, received, BaseHoldTag); err != nil {
@@ -617,8 +617,8 @@ func mirrorPeerBases(ctx context.Context, z Streams, fs string, peerBases map[ui
 // receive sets once.
 func (r *Receiver) fullLabels(h Header) map[string]string {
 	labels := r.labels(h)
-	labels[volume.PropVolumeID] = h.VolumeID
-	labels[volume.PropReceivedFrom] = h.SourceNodeID
+	labels[copyrecord.PropVolumeID] = h.VolumeID
+	labels[copyrecord.PropReceivedFrom] = h.SourceNodeID
 	return labels
 }
 
@@ -628,14 +628,14 @@ func (r *Receiver) fullLabels(h Header) map[string]string {
 // and a promoted copy has its quota from the first moment.
 func (r *Receiver) labels(h Header) map[string]string {
 	labels := map[string]string{
-		volume.PropRole:       RoleReplica,
-		volume.PropName:       h.VolumeName,
-		volume.PropGeneration: strconv.FormatUint(h.Generation, 10),
+		copyrecord.PropRole:       RoleReplica,
+		copyrecord.PropName:       h.VolumeName,
+		copyrecord.PropGeneration: strconv.FormatUint(h.Generation, 10),
 		// What the replica's history holds is what its sender's did:
 		// a planned move promoting it keeps the value.
-		volume.PropHistoryFrom: strconv.FormatUint(volume.BoundHistoryFrom(h.HistoryFrom, h.Generation), 10),
-		volume.PropParameters:  volume.EncodeParameters(h.Parameters),
-		volume.PropCapacity:    strconv.FormatUint(h.CapacityBytes, 10),
+		copyrecord.PropHistoryFrom: strconv.FormatUint(copyrecord.BoundHistoryFrom(h.HistoryFrom, h.Generation), 10),
+		copyrecord.PropParameters:  copyrecord.EncodeParameters(h.Parameters),
+		copyrecord.PropCapacity:    strconv.FormatUint(h.CapacityBytes, 10),
 	}
 	if r.QuotaProperty != "" && h.CapacityBytes > 0 {
 		labels[r.QuotaProperty] = strconv.FormatUint(h.CapacityBytes, 10)

@@ -19,7 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/node/copylock"
-	"github.com/zfs-nomad/zfs-nomad/internal/node/volume"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfscmd"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
@@ -64,9 +64,9 @@ func (s *replicaStore) GetAll(_ context.Context, _ string, props ...string) (map
 	out := map[string]string{}
 	for _, p := range props {
 		switch p {
-		case volume.PropRole:
+		case copyrecord.PropRole:
 			out[p] = RoleReplica
-		case volume.PropGeneration:
+		case copyrecord.PropGeneration:
 			out[p] = strconv.FormatUint(s.generation, 10)
 		case "receive_resume_token":
 			out[p] = cmp.Or(s.token, "-")
@@ -110,10 +110,10 @@ func (s *replicaStore) Get(_ context.Context, name, prop string) (string, error)
 	if strings.HasSuffix(name, incomingSuffix) {
 		return "", zfs.ErrNotFound
 	}
-	if prop == volume.PropRole {
+	if prop == copyrecord.PropRole {
 		return contract.RolePrimary, nil // keeps the tidy away
 	}
-	if strings.HasPrefix(prop, volume.PropPromisePrefix) {
+	if strings.HasPrefix(prop, copyrecord.PropPromisePrefix) {
 		if s.promised == "" {
 			return "", zfs.ErrNotFound // no shard yet
 		}
@@ -443,14 +443,14 @@ func TestNoReceiveDuringAPromotion(t *testing.T) {
 		received <- err
 	case <-time.After(300 * time.Millisecond):
 	}
-	if err := z.Set(ctx, testDataset, map[string]string{volume.PropRole: contract.RolePrimary, volume.PropGeneration: "2"}); err != nil {
+	if err := z.Set(ctx, testDataset, map[string]string{copyrecord.PropRole: contract.RolePrimary, copyrecord.PropGeneration: "2"}); err != nil {
 		t.Fatal(err)
 	}
 	unlock()
 	if err := <-received; status.Code(errdefs.ToStatus(err)) != codes.FailedPrecondition {
 		t.Errorf("the receive after the promotion: %v, want FailedPrecondition", err)
 	}
-	if d := z.dataset(testDataset); d.props[volume.PropRole] != contract.RolePrimary || d.props[volume.PropGeneration] != "2" || z.receives != 0 {
+	if d := z.dataset(testDataset); d.props[copyrecord.PropRole] != contract.RolePrimary || d.props[copyrecord.PropGeneration] != "2" || z.receives != 0 {
 		t.Errorf("after the promotion the copy is %v with %d receives run; want the primary of generation 2, untouched", d.props, z.receives)
 	}
 }
@@ -467,7 +467,7 @@ func TestReceiveBoundsTheReplicasOfOnePeer(t *testing.T) {
 		for i := range n {
 			id := contract.VolumeIDForName(fmt.Sprintf("planted-%d", i))
 			out = append(out, zfscmd.Child{Name: "tank/nomad/" + id,
-				Props: map[string]string{volume.PropVolumeID: id, volume.PropRole: RoleReplica, volume.PropReceivedFrom: from}})
+				Props: map[string]string{copyrecord.PropVolumeID: id, copyrecord.PropRole: RoleReplica, copyrecord.PropReceivedFrom: from}})
 		}
 		return out
 	}

@@ -10,7 +10,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
-	"github.com/zfs-nomad/zfs-nomad/internal/node/volume"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfscmd"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
@@ -56,7 +56,7 @@ func (r *Receiver) replace(ctx context.Context, fs, incoming string, labels map[
 // volume's lock.
 func (r *Receiver) finishReplace(ctx context.Context, fs string, log hclog.Logger) error {
 	incoming := incomingName(fs)
-	role, err := r.z.Get(ctx, incoming, volume.PropRole)
+	role, err := r.z.Get(ctx, incoming, copyrecord.PropRole)
 	if errors.Is(err, zfs.ErrNotFound) {
 		return nil
 	}
@@ -117,12 +117,12 @@ func (r *Receiver) retire(ctx context.Context, fs, incoming string, generation u
 	if err != nil {
 		return err
 	}
-	labels, err := r.z.GetAll(ctx, incoming, volume.PropGeneration, volume.PropHistoryFrom)
+	labels, err := r.z.GetAll(ctx, incoming, copyrecord.PropGeneration, copyrecord.PropHistoryFrom)
 	if err != nil {
 		return fmt.Errorf("reading the labels of the replacement %s: %w", incoming, err)
 	}
 	log.Info("the replaced replica shares no snapshot with its replacement; only the sender's header says it holds nothing more: setting it aside",
-		"replica_generation", generation, "generation", labels[volume.PropGeneration], "history_from", labels[volume.PropHistoryFrom], "csi_snapshot_lacking", lacking)
+		"replica_generation", generation, "generation", labels[copyrecord.PropGeneration], "history_from", labels[copyrecord.PropHistoryFrom], "csi_snapshot_lacking", lacking)
 	return r.setAside(ctx, fs, fs, log)
 }
 
@@ -154,11 +154,11 @@ func (r *Receiver) csiSnapshotsLacking(ctx context.Context, snaps []zfscmd.Snap,
 // the operator's zfs destroy would fail.
 func (r *Receiver) setAside(ctx context.Context, name, fs string, log hclog.Logger) error {
 	now := time.Now()
-	props := map[string]string{"readonly": "on", volume.PropRole: contract.RoleSetAside, volume.PropSetAsideAt: now.UTC().Format("2006-01-02T15:04:05Z")}
+	props := map[string]string{"readonly": "on", copyrecord.PropRole: contract.RoleSetAside, copyrecord.PropSetAsideAt: now.UTC().Format("2006-01-02T15:04:05Z")}
 	if err := r.z.Set(ctx, name, props); err != nil {
 		return fmt.Errorf("setting %s aside: %w", name, err)
 	}
-	aside := volume.AsideName(fs, now)
+	aside := copyrecord.AsideName(fs, now)
 	if err := r.z.Rename(ctx, name, aside); err != nil {
 		return fmt.Errorf("renaming %s aside to %s: %w", name, aside, err)
 	}
@@ -191,7 +191,7 @@ func (r *Receiver) dropIncoming(ctx context.Context, incoming string, log hclog.
 // Recover finishes or discards the replacements a crash interrupted. The
 // node runs it once before serving.
 func (r *Receiver) Recover(ctx context.Context) error {
-	children, err := r.z.Children(ctx, r.root, volume.PropRole)
+	children, err := r.z.Children(ctx, r.root, copyrecord.PropRole)
 	if err != nil {
 		return fmt.Errorf("listing %s: %w", r.root, err)
 	}

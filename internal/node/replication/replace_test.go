@@ -13,7 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/node/copylock"
-	"github.com/zfs-nomad/zfs-nomad/internal/node/volume"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
 )
@@ -40,7 +40,7 @@ func fullStream(t *testing.T, generation uint64, whole bool) *fakeStream {
 }
 
 func replicaProps(generation string) map[string]string {
-	return map[string]string{volume.PropRole: RoleReplica, volume.PropGeneration: generation, volume.PropVolumeID: testVolume}
+	return map[string]string{copyrecord.PropRole: RoleReplica, copyrecord.PropGeneration: generation, copyrecord.PropVolumeID: testVolume}
 }
 
 // TestFullReplaceKeepsTheOldReplicaUntilComplete: a full stream of a newer
@@ -57,7 +57,7 @@ func TestFullReplaceKeepsTheOldReplicaUntilComplete(t *testing.T) {
 		t.Fatalf("a broken full stream: %v, want Aborted", err)
 	}
 	old := z.dataset(testDataset)
-	if old == nil || old.props[volume.PropGeneration] != "1" || len(old.snaps) != 1 || old.snaps[0].GUID != 7 {
+	if old == nil || old.props[copyrecord.PropGeneration] != "1" || len(old.snaps) != 1 || old.snaps[0].GUID != 7 {
 		t.Fatalf("after a broken replacement the replica is %+v, want generation 1 with zn-1 as before", old)
 	}
 	if names := z.names(); !slices.Equal(names, []string{testRoot, testDataset}) {
@@ -68,7 +68,7 @@ func TestFullReplaceKeepsTheOldReplicaUntilComplete(t *testing.T) {
 		t.Fatalf("a whole full stream: %v", err)
 	}
 	now := z.dataset(testDataset)
-	if now == nil || now.props[volume.PropGeneration] != "2" || now.props[volume.PropRole] != RoleReplica || len(now.snaps) != 1 || now.snaps[0].GUID != 42 {
+	if now == nil || now.props[copyrecord.PropGeneration] != "2" || now.props[copyrecord.PropRole] != RoleReplica || len(now.snaps) != 1 || now.snaps[0].GUID != 42 {
 		t.Fatalf("after the replacement the replica is %+v, want generation 2 with zn-2", now)
 	}
 	var aside []string
@@ -77,7 +77,7 @@ func TestFullReplaceKeepsTheOldReplicaUntilComplete(t *testing.T) {
 			aside = append(aside, n)
 		}
 	}
-	if len(aside) != 1 || z.dataset(aside[0]).props[volume.PropRole] != contract.RoleSetAside || z.dataset(aside[0]).snaps[0].GUID != 7 {
+	if len(aside) != 1 || z.dataset(aside[0]).props[copyrecord.PropRole] != contract.RoleSetAside || z.dataset(aside[0]).snaps[0].GUID != 7 {
 		t.Fatalf("the replaced replica: %v, want it set aside with zn-1", aside)
 	}
 	if n := len(z.names()); n != 3 {
@@ -114,7 +114,7 @@ func TestRecoverFinishesReplacements(t *testing.T) {
 			z.put(incoming, replicaProps("2"), "zn-2:42")
 		}, "2", RoleReplica, 0},
 		{"a replacement for a replica promoted meanwhile is set aside", func(z *memPool) {
-			z.put(testDataset, map[string]string{volume.PropRole: contract.RolePrimary, volume.PropGeneration: "3"}, "zn-1:7")
+			z.put(testDataset, map[string]string{copyrecord.PropRole: contract.RolePrimary, copyrecord.PropGeneration: "3"}, "zn-1:7")
 			z.put(incoming, replicaProps("2"), "zn-2:42")
 		}, "3", contract.RolePrimary, 1},
 	}
@@ -127,7 +127,7 @@ func TestRecoverFinishesReplacements(t *testing.T) {
 				t.Fatal(err)
 			}
 			got := z.dataset(testDataset)
-			if got == nil || got.props[volume.PropGeneration] != tt.wantGen || got.props[volume.PropRole] != tt.wantRole {
+			if got == nil || got.props[copyrecord.PropGeneration] != tt.wantGen || got.props[copyrecord.PropRole] != tt.wantRole {
 				t.Fatalf("at %s: %+v, want %s generation %s", testDataset, got, tt.wantRole, tt.wantGen)
 			}
 			aside := 0
@@ -162,7 +162,7 @@ func TestStreamsWithPropertiesAreRefused(t *testing.T) {
 	if z.receives != 0 {
 		t.Error("the stream reached zfs receive")
 	}
-	if got := z.dataset(testDataset); got == nil || got.props[volume.PropGeneration] != "1" {
+	if got := z.dataset(testDataset); got == nil || got.props[copyrecord.PropGeneration] != "1" {
 		t.Errorf("the replica changed: %+v", got)
 	}
 }
@@ -215,7 +215,7 @@ func TestOversizedStreamsAreRefused(t *testing.T) {
 				t.Fatalf("a stream of 1300 bytes for a volume of 400: %v, want InvalidArgument", err)
 			}
 			got := z.dataset(testDataset)
-			if got == nil || got.props[volume.PropGeneration] != "1" || len(got.snaps) != 1 || got.token != "" {
+			if got == nil || got.props[copyrecord.PropGeneration] != "1" || len(got.snaps) != 1 || got.token != "" {
 				t.Errorf("the replica after an oversized stream: %+v, want it as it was, with no partial receive", got)
 			}
 			if names := z.names(); len(names) != 2 {
@@ -333,7 +333,7 @@ func TestReplacedReplicaIsSetAsideWhateverTheHeaderSays(t *testing.T) {
 			if _, err := receiveFrom(r, s); err != nil {
 				t.Fatal(err)
 			}
-			if now := z.dataset(testDataset); now == nil || now.props[volume.PropGeneration] != "2" || len(now.snaps) != 1 || now.snaps[0].GUID != 42 {
+			if now := z.dataset(testDataset); now == nil || now.props[copyrecord.PropGeneration] != "2" || len(now.snaps) != 1 || now.snaps[0].GUID != 42 {
 				t.Fatalf("after the replacement the replica is %+v, want generation 2 with zn-2", now)
 			}
 			aside := slices.ContainsFunc(z.names(), func(n string) bool { return strings.HasPrefix(n, testDataset+"-aside-") })
@@ -387,8 +387,8 @@ func TestARemovedReplicaKeepsItsCSISnapshots(t *testing.T) {
 			t.Fatalf("a replica with a CSI snapshot: the pool holds %v (told %v), want the root and one tombstone", names, told)
 		}
 		tomb := z.dataset(names[1])
-		if tomb.props[volume.PropRole] != contract.RoleDeleted || len(tomb.snaps) != 1 || tomb.snaps[0].GUID != 8 {
-			t.Errorf("the tombstone: role %q, snapshots %v; want role deleted with the CSI snapshot alone", tomb.props[volume.PropRole], tomb.snaps)
+		if tomb.props[copyrecord.PropRole] != contract.RoleDeleted || len(tomb.snaps) != 1 || tomb.snaps[0].GUID != 8 {
+			t.Errorf("the tombstone: role %q, snapshots %v; want role deleted with the CSI snapshot alone", tomb.props[copyrecord.PropRole], tomb.snaps)
 		}
 	}
 }

@@ -10,7 +10,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/node/copylock"
-	"github.com/zfs-nomad/zfs-nomad/internal/node/volume"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
 )
@@ -67,7 +67,7 @@ func TestStalledHeaderNeverLocksAPrimary(t *testing.T) {
 		for _, kind := range []string{KindFull, KindIncremental, KindResume} {
 			t.Run(name+"/"+kind, func(t *testing.T) {
 				z := newMemPool(testRoot)
-				z.put(testDataset, map[string]string{volume.PropRole: contract.RolePrimary, volume.PropGeneration: "1", volume.PropVolumeID: testVolume}, "zn-1:41")
+				z.put(testDataset, map[string]string{copyrecord.PropRole: contract.RolePrimary, copyrecord.PropGeneration: "1", copyrecord.PropVolumeID: testVolume}, "zn-1:41")
 				locks := new(copylock.Locks)
 				r := NewReceiver(z, locks, testRoot, "n2", 2, hclog.NewNullLogger())
 				// As shipped: a stalled sender would otherwise keep the
@@ -95,7 +95,7 @@ func TestStalledHeaderNeverLocksAPrimary(t *testing.T) {
 				case <-time.After(time.Second):
 					t.Fatal("a stalled stream into a primary was not refused before its first record")
 				}
-				if d := z.dataset(testDataset); d.props[volume.PropRole] != contract.RolePrimary || z.receives != 0 {
+				if d := z.dataset(testDataset); d.props[copyrecord.PropRole] != contract.RolePrimary || z.receives != 0 {
 					t.Errorf("the primary is now %v, with %d zfs receives run", d.props, z.receives)
 				}
 			})

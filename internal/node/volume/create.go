@@ -7,6 +7,7 @@ import (
 	"maps"
 	"strconv"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
@@ -104,16 +105,16 @@ func (m *Manager) createNew(ctx context.Context, id string, req CreateRequest, s
 	props := spec.props
 	props[m.cfg.QuotaProperty] = strconv.FormatUint(spec.quota, 10)
 	props["mountpoint"] = "legacy"
-	props[PropVolumeID] = id
-	props[PropName] = req.Name
-	props[PropRole] = contract.RolePrimary
-	props[PropParameters] = EncodeParameters(spec.recorded)
-	props[PropSource] = spec.source
+	props[copyrecord.PropVolumeID] = id
+	props[copyrecord.PropName] = req.Name
+	props[copyrecord.PropRole] = contract.RolePrimary
+	props[copyrecord.PropParameters] = copyrecord.EncodeParameters(spec.recorded)
+	props[copyrecord.PropSource] = spec.source
 	if spec.setRoot {
 		if m.Roots == nil {
 			return Volume{}, fmt.Errorf("%w: this node cannot set a volume's root directory owner or mode; create the volume without uid, gid and mode", errdefs.ErrFailedPrecondition)
 		}
-		props[PropRootPending] = "true"
+		props[copyrecord.PropRootPending] = "true"
 	}
 	dataset := datasetFor(m.cfg.RootDataset, id)
 	generation, err := m.createPromised(ctx, req, id, dataset, spec.quota, props)
@@ -175,8 +176,8 @@ func (m *Manager) createPromised(ctx context.Context, req CreateRequest, id, dat
 			errdefs.ErrFailedPrecondition, p.Generation, id, p.Holder, m.cfg.NodeID)
 	}
 	generation := max(p.Generation, 1)
-	props[PropGeneration] = strconv.FormatUint(generation, 10)
-	props[PropHistoryFrom] = strconv.FormatUint(generation, 10)
+	props[copyrecord.PropGeneration] = strconv.FormatUint(generation, 10)
+	props[copyrecord.PropHistoryFrom] = strconv.FormatUint(generation, 10)
 	switch {
 	case req.SourceSnapshotID != "":
 		err = m.cloneSnapshot(ctx, req.SourceSnapshotID, dataset, quota, props, req.Parameters)
@@ -201,8 +202,8 @@ func compatible(v Volume, name string, quota, limit uint64, params map[string]st
 		return fmt.Errorf("%w: volume %s belongs to name %q", errdefs.ErrAlreadyExists, v.ID, v.Name)
 	case v.Capacity < quota || (limit > 0 && v.Capacity > limit):
 		return fmt.Errorf("%w: volume %q exists with capacity %d, incompatible with the requested range", errdefs.ErrAlreadyExists, name, v.Capacity)
-	case EncodeParameters(v.Parameters) != EncodeParameters(params):
-		return fmt.Errorf("%w: volume %q exists with parameters %s, not %s", errdefs.ErrAlreadyExists, name, EncodeParameters(v.Parameters), EncodeParameters(params))
+	case copyrecord.EncodeParameters(v.Parameters) != copyrecord.EncodeParameters(params):
+		return fmt.Errorf("%w: volume %q exists with parameters %s, not %s", errdefs.ErrAlreadyExists, name, copyrecord.EncodeParameters(v.Parameters), copyrecord.EncodeParameters(params))
 	case v.Source != source:
 		return fmt.Errorf("%w: volume %q exists with source %q, not %q", errdefs.ErrAlreadyExists, name, v.Source, source)
 	}

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
@@ -175,22 +176,16 @@ func (m *Manager) releaseAndDestroy(ctx context.Context, snap string) error {
 // labelled deleted.
 func (m *Manager) tombstone(ctx context.Context, v Volume) error {
 	now := m.now()
-	err := m.zfs.SetProperties(ctx, v.Dataset, map[string]string{PropRole: contract.RoleDeleted, PropDeletedAt: now.UTC().Format(time.RFC3339)})
+	err := m.zfs.SetProperties(ctx, v.Dataset, map[string]string{copyrecord.PropRole: contract.RoleDeleted, copyrecord.PropDeletedAt: now.UTC().Format(time.RFC3339)})
 	if err != nil {
 		return zfsError(err, "marking volume "+v.ID+" deleted")
 	}
-	target := TombstoneName(v.Dataset, now)
+	target := copyrecord.TombstoneName(v.Dataset, now)
 	if err := m.zfs.Rename(ctx, v.Dataset, target); err != nil {
 		return zfsError(err, "renaming deleted volume "+v.ID)
 	}
 	m.reindexSnapshotsOf(ctx, target) // its CSI snapshots moved with it
 	return nil
-}
-
-// TombstoneName is the name a copy at dataset takes when it becomes a
-// tombstone at now: the volume's name is free again at once.
-func TombstoneName(dataset string, now time.Time) string {
-	return fmt.Sprintf("%s-deleted-%d", dataset, now.UnixNano())
 }
 
 // A tombstone goes when its last CSI snapshot and clone are gone: the
@@ -206,7 +201,7 @@ func TombstoneName(dataset string, now time.Time) string {
 func tombstonesAmong(children []zfs.Dataset) []string {
 	var out []string
 	for _, ds := range children {
-		if ds.Type == zfs.Filesystem && ds.User[PropRole] == contract.RoleDeleted {
+		if ds.Type == zfs.Filesystem && ds.User[copyrecord.PropRole] == contract.RoleDeleted {
 			out = append(out, ds.Name)
 		}
 	}
@@ -255,10 +250,10 @@ func (m *Manager) collectTombstone(ctx context.Context, fs string) {
 // copy's lock.
 func (m *Manager) collectTombstoneLocked(ctx context.Context, fs string) {
 	ds, err := m.zfs.Get(ctx, fs)
-	if err != nil || ds.Type != zfs.Filesystem || ds.User[PropRole] != contract.RoleDeleted {
+	if err != nil || ds.Type != zfs.Filesystem || ds.User[copyrecord.PropRole] != contract.RoleDeleted {
 		return
 	}
-	id := ds.User[PropVolumeID]
+	id := ds.User[copyrecord.PropVolumeID]
 	if err := m.dropReplicationSnapshots(ctx, fs); err != nil {
 		m.log.Warn("dropping a tombstone's replication snapshots failed", "volume_id", id, "error", err)
 	}

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
@@ -23,10 +24,6 @@ import (
 // the controller's next pass, or until an outage ends), so each node
 // keeps them as user properties of one dataset, PromisesDataset (no
 // volume descends from it), and in memory once read.
-
-// PropDeletedSnapshotPrefix + snapshot ID, on PromisesDataset:
-// "CREATED_UNIX SOURCE_VOLUME_ID".
-const PropDeletedSnapshotPrefix = propPrefix + "deleted-snapshot:"
 
 // DeletedSnapshot records that every copy of snapshot ID created at or
 // before CreatedUnix is deleted.
@@ -64,13 +61,13 @@ func (m *Manager) loadDeleted(ctx context.Context) error {
 	if m.deleted.loaded {
 		return nil
 	}
-	props, err := m.zfs.OwnUserProperties(ctx, m.recordsDataset(), PropDeletedSnapshotPrefix)
+	props, err := m.zfs.OwnUserProperties(ctx, m.recordsDataset(), copyrecord.PropDeletedSnapshotPrefix)
 	if err != nil && !errors.Is(err, zfs.ErrNotFound) { // no dataset: no record yet
 		return zfsError(err, "reading the records of deleted snapshots")
 	}
 	m.deleted.byID = map[string]DeletedSnapshot{}
 	for key, v := range props {
-		id := strings.TrimPrefix(key, PropDeletedSnapshotPrefix)
+		id := strings.TrimPrefix(key, copyrecord.PropDeletedSnapshotPrefix)
 		if d, ok := parseDeletedSnapshot(id, v); ok {
 			m.deleted.byID[id] = d
 		}
@@ -112,7 +109,7 @@ func (m *Manager) RememberDeleted(ctx context.Context, d DeletedSnapshot) error 
 	if err := m.makeRecordDatasets(ctx, m.recordsDataset()); err != nil {
 		return zfsError(err, "making the dataset of the node's records")
 	}
-	if err := m.zfs.SetProperties(ctx, m.recordsDataset(), map[string]string{PropDeletedSnapshotPrefix + d.ID: d.String()}); err != nil {
+	if err := m.zfs.SetProperties(ctx, m.recordsDataset(), map[string]string{copyrecord.PropDeletedSnapshotPrefix + d.ID: d.String()}); err != nil {
 		return zfsError(err, "remembering that snapshot "+d.ID+" is deleted")
 	}
 	m.deleted.byID[d.ID] = d
@@ -150,7 +147,7 @@ func (m *Manager) ForgetDeleted(ctx context.Context, id string) error {
 	if _, ok := m.deleted.byID[id]; !ok {
 		return nil
 	}
-	if err := m.zfs.ClearUserProperty(ctx, m.recordsDataset(), PropDeletedSnapshotPrefix+id); err != nil {
+	if err := m.zfs.ClearUserProperty(ctx, m.recordsDataset(), copyrecord.PropDeletedSnapshotPrefix+id); err != nil {
 		return zfsError(err, "forgetting that snapshot "+id+" is deleted")
 	}
 	delete(m.deleted.byID, id)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfscmd"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfsfake"
@@ -267,7 +268,7 @@ func keptTwice(t *testing.T, genuine bool) (m *Manager, fake *zfsfake.Fake, v Vo
 	if err != nil || zfs.Parent(onTombstone.Dataset) == v.Dataset {
 		t.Fatalf("the snapshot after its volume's delete: %+v, %v; want it on a tombstone", onTombstone, err)
 	}
-	replica := map[string]string{PropRole: contract.RoleReplica, PropVolumeID: v.ID}
+	replica := map[string]string{copyrecord.PropRole: contract.RoleReplica, copyrecord.PropVolumeID: v.ID}
 	if genuine {
 		var stream bytes.Buffer
 		streams := fake.Streams()

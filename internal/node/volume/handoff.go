@@ -5,8 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"time"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
@@ -40,7 +40,7 @@ type Copy struct {
 	// without a majority of the nodes (MarkForced); 0 if never.
 	Forced uint64
 	// HistoryFrom is the oldest generation whose every snapshot is an
-	// earlier state of this copy (volume.HistoryFrom).
+	// earlier state of this copy (copyrecord.HistoryFrom).
 	HistoryFrom uint64
 	// LeaseFenced: read-only since this node lost its lease.
 	LeaseFenced bool
@@ -57,25 +57,15 @@ const notMoving = "-"
 // demotion.
 const notDemoted = "-"
 
-// DemotedAt reads PropDemotedAt: when a replica was demoted from primary
-// after a move; zero when it was not (or was promoted since).
-func DemotedAt(value string) time.Time {
-	secs, err := strconv.ParseInt(value, 10, 64)
-	if err != nil || secs <= 0 {
-		return time.Time{}
-	}
-	return time.Unix(secs, 0)
-}
-
 func movingTo(ds zfs.Dataset) string {
-	if v := ds.User[PropMovingTo]; v != notMoving {
+	if v := ds.User[copyrecord.PropMovingTo]; v != notMoving {
 		return v
 	}
 	return ""
 }
 
 func fencedAt(ds zfs.Dataset) int64 {
-	at, _ := strconv.ParseInt(ds.User[PropFencedAt], 10, 64)
+	at, _ := strconv.ParseInt(ds.User[copyrecord.PropFencedAt], 10, 64)
 	return at
 }
 
@@ -89,8 +79,8 @@ func (m *Manager) copyDataset(ctx context.Context, id string) (zfs.Dataset, bool
 	if err != nil {
 		return zfs.Dataset{}, false, zfsError(err, "reading the copy of "+id)
 	}
-	role := ds.User[PropRole]
-	return ds, ds.User[PropVolumeID] == id && (role == contract.RolePrimary || role == contract.RoleReplica), nil
+	role := ds.User[copyrecord.PropRole]
+	return ds, ds.User[copyrecord.PropVolumeID] == id && (role == contract.RolePrimary || role == contract.RoleReplica), nil
 }
 
 // Copy describes this node's copy of volume id; Exists is false if there is
@@ -105,17 +95,17 @@ func (m *Manager) Copy(ctx context.Context, id string) (Copy, error) {
 	if err != nil || !exists {
 		return out, err
 	}
-	role := ds.User[PropRole]
-	out.Exists, out.Role, out.Name = true, role, ds.User[PropName]
-	out.Generation, _ = strconv.ParseUint(ds.User[PropGeneration], 10, 64)
+	role := ds.User[copyrecord.PropRole]
+	out.Exists, out.Role, out.Name = true, role, ds.User[copyrecord.PropName]
+	out.Generation, _ = strconv.ParseUint(ds.User[copyrecord.PropGeneration], 10, 64)
 	out.MovingTo = movingTo(ds)
 	out.FencedAt = fencedAt(ds)
-	out.Parameters = DecodeParameters(ds.User[PropParameters])
-	out.FailoverFrom = ds.User[PropFailoverLag]
-	out.Forced, _ = strconv.ParseUint(ds.User[PropForced], 10, 64)
-	out.HistoryFrom = HistoryFrom(ds.User[PropHistoryFrom], out.Generation)
-	out.LeaseFenced = leaseFencedAt(ds.User[PropLeaseFenced]) != 0
-	out.Capacity, _ = strconv.ParseUint(ds.User[PropCapacity], 10, 64)
+	out.Parameters = copyrecord.DecodeParameters(ds.User[copyrecord.PropParameters])
+	out.FailoverFrom = ds.User[copyrecord.PropFailoverLag]
+	out.Forced, _ = strconv.ParseUint(ds.User[copyrecord.PropForced], 10, 64)
+	out.HistoryFrom = copyrecord.HistoryFrom(ds.User[copyrecord.PropHistoryFrom], out.Generation)
+	out.LeaseFenced = leaseFencedAt(ds.User[copyrecord.PropLeaseFenced]) != 0
+	out.Capacity, _ = strconv.ParseUint(ds.User[copyrecord.PropCapacity], 10, 64)
 	out.quota = ds.RefQuota
 	if m.cfg.QuotaProperty == "quota" {
 		out.quota = ds.Quota
@@ -186,7 +176,7 @@ func (m *Manager) FenceHeld(ctx context.Context, id, target string, at int64) (i
 		return 0, fmt.Errorf("%w: volume %s is still mounted on node %s; it can move to node %s once the CO has unpublished it there",
 			errdefs.ErrFailedPrecondition, id, m.cfg.NodeID, target)
 	}
-	props := map[string]string{"readonly": "on", PropMovingTo: target, PropFencedAt: strconv.FormatInt(at, 10)}
+	props := map[string]string{"readonly": "on", copyrecord.PropMovingTo: target, copyrecord.PropFencedAt: strconv.FormatInt(at, 10)}
 	if err := m.zfs.SetProperties(ctx, v.Dataset, props); err != nil {
 		return 0, zfsError(err, "fencing volume "+id)
 	}
@@ -220,7 +210,7 @@ func (m *Manager) Unfence(ctx context.Context, id string, generation uint64) err
 	if v.MovingTo == "" {
 		return nil
 	}
-	if err := m.zfs.SetProperties(ctx, v.Dataset, map[string]string{"readonly": "off", PropMovingTo: notMoving}); err != nil {
+	if err := m.zfs.SetProperties(ctx, v.Dataset, map[string]string{"readonly": "off", copyrecord.PropMovingTo: notMoving}); err != nil {
 		return zfsError(err, "unfencing volume "+id)
 	}
 	m.log.Info("move abandoned; volume writable again", "volume_id", id, "was_moving_to", v.MovingTo)
@@ -312,17 +302,17 @@ func (m *Manager) promote(ctx context.Context, c Copy, generation uint64, notBef
 		}
 	}
 	props["readonly"] = "off"
-	props[PropRole] = contract.RolePrimary
-	props[PropGeneration] = strconv.FormatUint(generation, 10)
-	props[PropMovingTo] = notMoving
-	props[PropDemotedAt] = notDemoted
+	props[copyrecord.PropRole] = contract.RolePrimary
+	props[copyrecord.PropGeneration] = strconv.FormatUint(generation, 10)
+	props[copyrecord.PropMovingTo] = notMoving
+	props[copyrecord.PropDemotedAt] = notDemoted
 	// A planned move's replica holds the fenced primary's last state, so
 	// it vouches for all the fenced primary vouched for; a failover's may
 	// lack the lost primary's last writes, and vouches for nothing older.
-	props[PropHistoryFrom] = strconv.FormatUint(c.HistoryFrom, 10)
+	props[copyrecord.PropHistoryFrom] = strconv.FormatUint(c.HistoryFrom, 10)
 	if failover {
-		props[PropFailoverLag] = c.LastSnapshot
-		props[PropHistoryFrom] = strconv.FormatUint(generation, 10)
+		props[copyrecord.PropFailoverLag] = c.LastSnapshot
+		props[copyrecord.PropHistoryFrom] = strconv.FormatUint(generation, 10)
 	}
 	if err := m.zfs.SetProperties(ctx, dataset, props); err != nil {
 		return zfsError(err, "promoting volume "+id)
@@ -374,8 +364,8 @@ func (m *Manager) Demote(ctx context.Context, id string, generation uint64, asid
 		// Marked as demoted: once the volume's other replicas are as
 		// fresh, the schedule removes it if the volume wants no more
 		// replicas (docs/replication.md, "Surplus copies").
-		props := map[string]string{"readonly": "on", PropRole: contract.RoleReplica, PropGeneration: strconv.FormatUint(generation, 10),
-			PropMovingTo: notMoving, PropCapacity: strconv.FormatUint(c.Capacity, 10), PropDemotedAt: strconv.FormatInt(m.now().Unix(), 10)}
+		props := map[string]string{"readonly": "on", copyrecord.PropRole: contract.RoleReplica, copyrecord.PropGeneration: strconv.FormatUint(generation, 10),
+			copyrecord.PropMovingTo: notMoving, copyrecord.PropCapacity: strconv.FormatUint(c.Capacity, 10), copyrecord.PropDemotedAt: strconv.FormatInt(m.now().Unix(), 10)}
 		if err := m.zfs.SetProperties(ctx, dataset, props); err != nil {
 			return zfsError(err, "demoting volume "+id)
 		}
@@ -383,11 +373,11 @@ func (m *Manager) Demote(ctx context.Context, id string, generation uint64, asid
 		return nil
 	}
 	now := m.now()
-	props := map[string]string{"readonly": "on", PropRole: contract.RoleSetAside, PropSetAsideAt: now.UTC().Format("2006-01-02T15:04:05Z")}
+	props := map[string]string{"readonly": "on", copyrecord.PropRole: contract.RoleSetAside, copyrecord.PropSetAsideAt: now.UTC().Format("2006-01-02T15:04:05Z")}
 	if err := m.zfs.SetProperties(ctx, dataset, props); err != nil {
 		return zfsError(err, "setting volume "+id+" aside")
 	}
-	asideName := AsideName(dataset, now)
+	asideName := copyrecord.AsideName(dataset, now)
 	if err := m.zfs.Rename(ctx, dataset, asideName); err != nil {
 		return zfsError(err, "renaming stale volume "+id+" aside")
 	}

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfsfake"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
@@ -69,7 +70,7 @@ func TestHandoffSteps(t *testing.T) {
 	all, _ := fake.List(ctx, "tank/nomad")
 	aside := false
 	for _, ds := range all {
-		aside = aside || strings.HasPrefix(ds.Name, v.Dataset+"-aside-") && ds.User[PropRole] == contract.RoleSetAside && ds.ReadOnly
+		aside = aside || strings.HasPrefix(ds.Name, v.Dataset+"-aside-") && ds.User[copyrecord.PropRole] == contract.RoleSetAside && ds.ReadOnly
 	}
 	if !aside {
 		t.Errorf("no read-only set-aside copy among %v", all)
@@ -130,9 +131,9 @@ func TestADemotedPrimaryIsMarked(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return ds.User[PropDemotedAt]
+		return ds.User[copyrecord.PropDemotedAt]
 	}
-	if got := DemotedAt(mark()); !got.IsZero() {
+	if got := copyrecord.DemotedAt(mark()); !got.IsZero() {
 		t.Fatalf("a new primary is marked demoted at %v", got)
 	}
 	if _, err := m.Fence(ctx, v.ID, "n2"); err != nil {
@@ -144,7 +145,7 @@ func TestADemotedPrimaryIsMarked(t *testing.T) {
 	if err := m.Demote(ctx, v.ID, 2, false); err != nil {
 		t.Fatal(err)
 	}
-	if got := DemotedAt(mark()); !got.Equal(demotedAt) {
+	if got := copyrecord.DemotedAt(mark()); !got.Equal(demotedAt) {
 		t.Fatalf("demoted after its move: marked %v (%q), want %v", got, mark(), demotedAt)
 	}
 	if _, granted, err := m.Reserve(ctx, v.ID, 3, "n1"); err != nil || !granted {
@@ -153,7 +154,7 @@ func TestADemotedPrimaryIsMarked(t *testing.T) {
 	if _, err := m.Promote(ctx, v.ID, 3, 0, false); err != nil {
 		t.Fatal(err)
 	}
-	if got := DemotedAt(mark()); !got.IsZero() {
+	if got := copyrecord.DemotedAt(mark()); !got.IsZero() {
 		t.Errorf("promoted again: still marked demoted at %v (%q)", got, mark())
 	}
 }
@@ -175,7 +176,7 @@ func receivedReplica(t *testing.T, fake *zfsfake.Fake, gen uint64, props map[str
 func TestPromoteChecksTheReplica(t *testing.T) {
 	ctx := context.Background()
 	m, fake := newManager(t)
-	id, ds := receivedReplica(t, fake, 1, map[string]string{PropParameters: `{"compression":"lz4"}`, PropCapacity: "1073741824"})
+	id, ds := receivedReplica(t, fake, 1, map[string]string{copyrecord.PropParameters: `{"compression":"lz4"}`, copyrecord.PropCapacity: "1073741824"})
 	tests := []struct {
 		name       string
 		generation uint64
@@ -285,7 +286,7 @@ func TestPromotionCarriesTheHistory(t *testing.T) {
 			m, fake := newManager(t)
 			props := map[string]string{}
 			if tt.historyFrom != "" {
-				props[PropHistoryFrom] = tt.historyFrom
+				props[copyrecord.PropHistoryFrom] = tt.historyFrom
 			}
 			id, _ := receivedReplica(t, fake, 2, props)
 			if _, granted, err := m.Reserve(ctx, id, 3, "n1"); err != nil || !granted {
@@ -322,7 +323,7 @@ func TestPromotionSetsTheQuotaOnlyWhenMissing(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			ctx := context.Background()
 			m, fake := newManager(t)
-			props := map[string]string{PropCapacity: "1073741824"}
+			props := map[string]string{copyrecord.PropCapacity: "1073741824"}
 			if tt.quota != "" {
 				props["refquota"] = tt.quota
 			}

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfsfake"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
@@ -536,7 +537,7 @@ func TestReceivedCSISnapshotsAreIndexed(t *testing.T) {
 	m.zfs = counting
 	id := contract.VolumeIDForName("replicated")
 	fs := root + "/" + id
-	if err := fake.CreateFilesystem(ctx, fs, map[string]string{PropVolumeID: id, PropRole: contract.RoleReplica, PropGeneration: "1"}); err != nil {
+	if err := fake.CreateFilesystem(ctx, fs, map[string]string{copyrecord.PropVolumeID: id, copyrecord.PropRole: contract.RoleReplica, copyrecord.PropGeneration: "1"}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := m.SnapshotPage(ctx, "", 0, ""); err != nil { // fills the index

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfsfake"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
@@ -190,7 +191,7 @@ func TestRestoresAndClonesKeepTheirSourcesEncryption(t *testing.T) {
 func TestPromotionLeavesTheEncryptionAsReceived(t *testing.T) {
 	ctx := context.Background()
 	m, fake := newKeyManager(t)
-	id, _ := receivedReplica(t, fake, 1, map[string]string{PropParameters: `{"encryption":"on"}`, PropCapacity: "1073741824", "encryption": "on"})
+	id, _ := receivedReplica(t, fake, 1, map[string]string{copyrecord.PropParameters: `{"encryption":"on"}`, copyrecord.PropCapacity: "1073741824", "encryption": "on"})
 	if _, granted, err := m.Reserve(ctx, id, 2, "n1"); err != nil || !granted {
 		t.Fatalf("reserving generation 2: granted %v, %v", granted, err)
 	}

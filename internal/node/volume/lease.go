@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
 )
 
@@ -94,7 +95,7 @@ func (m *Manager) selfFence(ctx context.Context, id string) (bool, error) {
 	if err != nil || !mounted {
 		return false, err
 	}
-	props := map[string]string{"readonly": "on", PropLeaseFenced: strconv.FormatInt(m.now().UnixNano(), 10)}
+	props := map[string]string{"readonly": "on", copyrecord.PropLeaseFenced: strconv.FormatInt(m.now().UnixNano(), 10)}
 	if err := m.zfs.SetProperties(ctx, v.Dataset, props); err != nil {
 		return false, zfsError(err, "making volume "+id+" read-only after losing the lease")
 	}
@@ -149,9 +150,9 @@ func (m *Manager) FenceSuperseded(ctx context.Context, id string, generation, ne
 		return false, nil
 	}
 	m.forgetConfirmation(id)
-	props := map[string]string{"readonly": "on", PropSuperseded: strconv.FormatUint(newer, 10)}
+	props := map[string]string{"readonly": "on", copyrecord.PropSuperseded: strconv.FormatUint(newer, 10)}
 	if v.LeaseFencedAt == 0 {
-		props[PropLeaseFenced] = strconv.FormatInt(m.now().UnixNano(), 10)
+		props[copyrecord.PropLeaseFenced] = strconv.FormatInt(m.now().UnixNano(), 10)
 	}
 	if err := m.zfs.SetProperties(ctx, v.Dataset, props); err != nil {
 		return false, zfsError(err, "making volume "+id+" read-only: a newer generation was promised elsewhere")
@@ -214,7 +215,7 @@ func (m *Manager) liftLeaseFence(ctx context.Context, v Volume, generation uint6
 		m.log.Warn("lifting the fence of a copy a newer generation was promised elsewhere for: the controller found no newer copy (the promise was never used)",
 			"volume_id", id, "generation", generation, "promised", v.SupersededBy)
 	}
-	if err := m.zfs.SetProperties(ctx, v.Dataset, map[string]string{"readonly": "off", PropLeaseFenced: "-", PropSuperseded: "-"}); err != nil {
+	if err := m.zfs.SetProperties(ctx, v.Dataset, map[string]string{"readonly": "off", copyrecord.PropLeaseFenced: "-", copyrecord.PropSuperseded: "-"}); err != nil {
 		return zfsError(err, "making volume "+id+" writable again")
 	}
 	m.log.Info("lease held again and no newer copy exists: volume writable again", "volume_id", id, "generation", generation)

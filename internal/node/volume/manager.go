@@ -28,6 +28,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/node/copylock"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
@@ -219,43 +220,43 @@ func (m *Manager) get(ctx context.Context, id string) (Volume, error) {
 	switch {
 	case ok:
 		return v, nil
-	case ds.User[PropVolumeID] == id && ds.User[PropRole] == contract.RoleReplica:
+	case ds.User[copyrecord.PropVolumeID] == id && ds.User[copyrecord.PropRole] == contract.RoleReplica:
 		// The operator's commands ask every node: a replica is no mystery.
 		return Volume{}, fmt.Errorf("%w: node %s holds a replica of volume %s, not its primary", errdefs.ErrFailedPrecondition, m.cfg.NodeID, id)
 	}
 	return Volume{}, fmt.Errorf("%w: dataset %s exists but is not a volume of this driver (role %q); an operator must look at it",
-		errdefs.ErrFailedPrecondition, ds.Name, ds.User[PropRole])
+		errdefs.ErrFailedPrecondition, ds.Name, ds.User[copyrecord.PropRole])
 }
 
 // volumeOf reads a volume from its dataset; ok is false for anything that is
 // not a live primary volume.
 func (m *Manager) volumeOf(ds zfs.Dataset) (Volume, bool) {
-	id := ds.User[PropVolumeID]
-	if ds.Type != zfs.Filesystem || ds.User[PropRole] != contract.RolePrimary || id != shortName(ds.Name) || zfs.Parent(ds.Name) != m.cfg.RootDataset {
+	id := ds.User[copyrecord.PropVolumeID]
+	if ds.Type != zfs.Filesystem || ds.User[copyrecord.PropRole] != contract.RolePrimary || id != shortName(ds.Name) || zfs.Parent(ds.Name) != m.cfg.RootDataset {
 		return Volume{}, false
 	}
 	capacity := ds.RefQuota
 	if m.cfg.QuotaProperty == "quota" {
 		capacity = ds.Quota
 	}
-	gen, _ := strconv.ParseUint(ds.User[PropGeneration], 10, 64)
+	gen, _ := strconv.ParseUint(ds.User[copyrecord.PropGeneration], 10, 64)
 	return Volume{
 		ID:            id,
-		Name:          ds.User[PropName],
+		Name:          ds.User[copyrecord.PropName],
 		Dataset:       ds.Name,
 		Capacity:      capacity,
 		Used:          ds.Referenced,
-		Parameters:    DecodeParameters(ds.User[PropParameters]),
-		Source:        ds.User[PropSource],
+		Parameters:    copyrecord.DecodeParameters(ds.User[copyrecord.PropParameters]),
+		Source:        ds.User[copyrecord.PropSource],
 		Generation:    gen,
 		Created:       ds.Created,
 		MovingTo:      movingTo(ds),
 		FencedAt:      fencedAt(ds),
-		FailoverFrom:  ds.User[PropFailoverLag],
-		LeaseFencedAt: leaseFencedAt(ds.User[PropLeaseFenced]),
-		SupersededBy:  supersededBy(ds.User[PropSuperseded]),
-		Forced:        ds.User[PropForced] != "" && ds.User[PropForced] == ds.User[PropGeneration],
-		RootPending:   ds.User[PropRootPending] != "",
+		FailoverFrom:  ds.User[copyrecord.PropFailoverLag],
+		LeaseFencedAt: leaseFencedAt(ds.User[copyrecord.PropLeaseFenced]),
+		SupersededBy:  supersededBy(ds.User[copyrecord.PropSuperseded]),
+		Forced:        ds.User[copyrecord.PropForced] != "" && ds.User[copyrecord.PropForced] == ds.User[copyrecord.PropGeneration],
+		RootPending:   ds.User[copyrecord.PropRootPending] != "",
 		Encrypted:     ds.Encrypted,
 		KeyRoot:       ds.KeyRoot,
 		KeyLoaded:     ds.KeyLoaded,
@@ -361,13 +362,13 @@ func isCSISnapshot(ds zfs.Dataset) bool {
 // (<root>/<id>, or that volume's tombstone or set-aside copy) when it
 // carries no label saying so.
 func snapshotOf(ds zfs.Dataset) Snapshot {
-	source := ds.User[PropSourceVolume]
+	source := ds.User[copyrecord.PropSourceVolume]
 	if source == "" {
 		source = copyIDOf(ds.Name)
 	}
 	return Snapshot{
 		ID:             shortName(ds.Name),
-		Name:           ds.User[PropSnapshotName],
+		Name:           ds.User[copyrecord.PropSnapshotName],
 		SourceVolumeID: source,
 		Dataset:        ds.Name,
 		Size:           ds.Referenced,

@@ -1,7 +1,6 @@
 package volume
 
 import (
-	"encoding/json"
 	"fmt"
 	"maps"
 	"slices"
@@ -146,20 +145,4 @@ func ignoredParameter(key string) bool {
 		}
 	}
 	return false
-}
-
-// encodeParameters gives the canonical form stored in PropParameters
-// (encoding/json sorts map keys).
-func EncodeParameters(params map[string]string) string {
-	if len(params) == 0 {
-		return "{}"
-	}
-	b, _ := json.Marshal(params) // a map of strings always encodes
-	return string(b)
-}
-
-func DecodeParameters(s string) map[string]string {
-	out := map[string]string{}
-	_ = json.Unmarshal([]byte(s), &out) // a damaged value reads as no parameters
-	return out
 }

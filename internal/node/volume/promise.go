@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
@@ -38,10 +39,6 @@ import (
 // only the promise lock; Create, Promote and Forget take the copy's lock
 // and then the promise lock, never the other way round.
 
-// PropPromisePrefix + volume ID, on the volume's promise shard:
-// "GENERATION HOLDER".
-const PropPromisePrefix = propPrefix + "promise:"
-
 // PromisesDataset is the child of the root dataset under which the
 // promise shards live; it is no volume ID, and holds no data.
 const PromisesDataset = "zn-promises"
@@ -58,7 +55,7 @@ type Promise struct {
 	Holder     string // the node whose copy gets the generation
 }
 
-func promiseProp(id string) string { return PropPromisePrefix + id }
+func promiseProp(id string) string { return copyrecord.PropPromisePrefix + id }
 
 // PromiseShard is the dataset holding the promise record of volume id
 // under root: the ID ends in hex digits of a hash, spread evenly.
@@ -169,7 +166,7 @@ func (m *Manager) clearPromise(ctx context.Context, id string) error {
 // the record it supersedes off the root, and a deletion removes it.
 // When none is left, or none was, reads never open the root again.
 func (m *Manager) CheckLegacyPromises(ctx context.Context) error {
-	legacy, err := m.zfs.OwnUserProperties(ctx, m.cfg.RootDataset, PropPromisePrefix)
+	legacy, err := m.zfs.OwnUserProperties(ctx, m.cfg.RootDataset, copyrecord.PropPromisePrefix)
 	if err != nil {
 		return zfsError(err, "looking for promise records on the root dataset")
 	}
@@ -289,7 +286,7 @@ func (m *Manager) copyGeneration(ctx context.Context, id string) (uint64, error)
 	if err != nil || !exists {
 		return 0, err
 	}
-	generation, _ := strconv.ParseUint(ds.User[PropGeneration], 10, 64)
+	generation, _ := strconv.ParseUint(ds.User[copyrecord.PropGeneration], 10, 64)
 	return generation, nil
 }
 
@@ -332,7 +329,7 @@ func (m *Manager) MarkForced(ctx context.Context, id string, generation uint64) 
 	if !c.Exists || c.Role != contract.RolePrimary || c.Generation != generation {
 		return fmt.Errorf("%w: node %s holds no primary of volume %s at generation %d to mark as forced", errdefs.ErrFailedPrecondition, m.cfg.NodeID, id, generation)
 	}
-	if err := m.zfs.SetProperties(ctx, datasetFor(m.cfg.RootDataset, id), map[string]string{PropForced: strconv.FormatUint(generation, 10)}); err != nil {
+	if err := m.zfs.SetProperties(ctx, datasetFor(m.cfg.RootDataset, id), map[string]string{copyrecord.PropForced: strconv.FormatUint(generation, 10)}); err != nil {
 		return zfsError(err, "marking volume "+id+" as forced")
 	}
 	m.log.Warn("primary promoted by the operator without a majority of the nodes", "volume_id", id, "generation", generation)

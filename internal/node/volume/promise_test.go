@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfsfake"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 )
@@ -117,7 +118,7 @@ func TestPromiseRecordsStayOffTheRoot(t *testing.T) {
 			t.Fatalf("Reserve %s: granted %v, %v", id, granted, err)
 		}
 	}
-	if onRoot, _ := fake.OwnUserProperties(ctx, root, PropPromisePrefix); len(onRoot) != 0 {
+	if onRoot, _ := fake.OwnUserProperties(ctx, root, copyrecord.PropPromisePrefix); len(onRoot) != 0 {
 		t.Errorf("%d promise records on the root dataset, want none", len(onRoot))
 	}
 	perShard := map[string]int{}
@@ -138,7 +139,7 @@ func TestPromiseRecordsStayOffTheRoot(t *testing.T) {
 	}
 	left := 0
 	for shard := range perShard {
-		records, err := fake.OwnUserProperties(ctx, shard, PropPromisePrefix)
+		records, err := fake.OwnUserProperties(ctx, shard, copyrecord.PropPromisePrefix)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -178,7 +179,7 @@ func TestLegacyPromiseRecords(t *testing.T) {
 	if err := m.Forget(ctx, b); err != nil {
 		t.Fatal(err)
 	}
-	if onRoot, _ := fake.OwnUserProperties(ctx, root, PropPromisePrefix); len(onRoot) != 0 {
+	if onRoot, _ := fake.OwnUserProperties(ctx, root, copyrecord.PropPromisePrefix); len(onRoot) != 0 {
 		t.Errorf("records left on the root: %v, want none (a moved to its shard, b forgotten)", onRoot)
 	}
 	if p, _ := m.Promised(ctx, a); p != (Promise{4, "n3"}) {
@@ -215,7 +216,7 @@ func TestForgottenLegacyRecordsGo(t *testing.T) {
 	for deadline := time.Now().Add(5 * time.Second); m.legacyPromises.Load() && time.Now().Before(deadline); {
 		time.Sleep(10 * time.Millisecond)
 	}
-	if onRoot, _ := fake.OwnUserProperties(ctx, root, PropPromisePrefix); len(onRoot) != 0 || m.legacyPromises.Load() {
+	if onRoot, _ := fake.OwnUserProperties(ctx, root, copyrecord.PropPromisePrefix); len(onRoot) != 0 || m.legacyPromises.Load() {
 		t.Fatalf("after the start: %v on the root, still read: %v; want none, not read", onRoot, m.legacyPromises.Load())
 	}
 

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
@@ -117,7 +118,7 @@ func (m *Manager) prepareRoot(ctx context.Context, dataset string, root Root) er
 	if err := m.Roots.PrepareRoot(ctx, dataset, root.UID, root.GID, root.Mode); err != nil {
 		return fmt.Errorf("setting the root directory of %s to %s: %w; retry the create", dataset, root, err)
 	}
-	return m.zfs.ClearUserProperty(ctx, dataset, PropRootPending)
+	return m.zfs.ClearUserProperty(ctx, dataset, copyrecord.PropRootPending)
 }
 
 // finishRoot prepares the root of a new volume, or of one whose create

@@ -8,6 +8,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfsfake"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
@@ -73,7 +74,7 @@ func putCopy(t *testing.T, fake *zfsfake.Fake, name, role string, gen uint64, pr
 	t.Helper()
 	id = contract.VolumeIDForName(name)
 	ds = root + "/" + id
-	all := map[string]string{PropVolumeID: id, PropRole: role, PropGeneration: strconv.FormatUint(gen, 10), PropName: name}
+	all := map[string]string{copyrecord.PropVolumeID: id, copyrecord.PropRole: role, copyrecord.PropGeneration: strconv.FormatUint(gen, 10), copyrecord.PropName: name}
 	maps.Copy(all, props)
 	if err := fake.CreateFilesystem(context.Background(), ds, all); err != nil {
 		t.Fatal(err)

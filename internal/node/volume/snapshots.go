@@ -7,6 +7,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
@@ -57,7 +58,7 @@ func (m *Manager) CreateSnapshotAfter(ctx context.Context, volumeID, name string
 		return Snapshot{}, fmt.Errorf("snapshot %s of volume %s: %w", id, volumeID, err)
 	}
 	dataset := v.Dataset + "@" + id
-	props := map[string]string{PropSnapshotName: name, PropSourceVolume: volumeID}
+	props := map[string]string{copyrecord.PropSnapshotName: name, copyrecord.PropSourceVolume: volumeID}
 	if err := m.zfs.Snapshot(ctx, dataset, props); err != nil {
 		return Snapshot{}, zfsError(err, "creating snapshot "+id)
 	}

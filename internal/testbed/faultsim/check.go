@@ -9,7 +9,7 @@ import (
 	"sync/atomic"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/scheduler"
-	"github.com/zfs-nomad/zfs-nomad/internal/node/volume"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 )
 
@@ -101,7 +101,7 @@ func (c *checker) deleted(id string) {
 func (c *checker) staged(id, node string) {
 	fs := rootDataset + "/" + id
 	n := c.w.node(node)
-	gen, _ := strconv.ParseUint(c.user(n, fs, volume.PropGeneration), 10, 64)
+	gen, _ := strconv.ParseUint(c.user(n, fs, copyrecord.PropGeneration), 10, 64)
 	for _, m := range c.w.nodes {
 		if m == n || !slices.Contains(m.pool.Names(), fs) {
 			continue
@@ -219,8 +219,8 @@ func (c *checker) label(n *simNode, dataset string) (role string, gen uint64, er
 	if err != nil {
 		return "", 0, err
 	}
-	gen, err = strconv.ParseUint(ds.User[volume.PropGeneration], 10, 64)
-	return ds.User[volume.PropRole], gen, err
+	gen, err = strconv.ParseUint(ds.User[copyrecord.PropGeneration], 10, 64)
+	return ds.User[copyrecord.PropRole], gen, err
 }
 
 // oneWriter is I1.
@@ -230,7 +230,7 @@ func (c *checker) oneWriter(id string) error {
 	for _, n := range c.w.nodes {
 		if n.mounts.Mounted(fs) && n.pool.NativeProperty(fs, "readonly") != "on" {
 			writable = append(writable, fmt.Sprintf("%s (generation %s, role %s)", n.id,
-				c.user(n, fs, volume.PropGeneration), c.user(n, fs, volume.PropRole)))
+				c.user(n, fs, copyrecord.PropGeneration), c.user(n, fs, copyrecord.PropRole)))
 		}
 	}
 	if len(writable) > 1 {

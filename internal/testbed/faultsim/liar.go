@@ -13,8 +13,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/replication"
-	"github.com/zfs-nomad/zfs-nomad/internal/node/volume"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfscmd"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfsfake"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
@@ -59,9 +59,9 @@ func (w *world) lie(v *simVolume, liar, victim *simNode) {
 	}
 	fs := rootDataset + "/" + v.id
 	role, generation := "", uint64(0)
-	if victim.pool.NativeProperty(fs, "type") != "" || w.checker.user(victim, fs, volume.PropRole) != "" {
-		role = w.checker.user(victim, fs, volume.PropRole)
-		generation, _ = strconv.ParseUint(w.checker.user(victim, fs, volume.PropGeneration), 10, 64)
+	if victim.pool.NativeProperty(fs, "type") != "" || w.checker.user(victim, fs, copyrecord.PropRole) != "" {
+		role = w.checker.user(victim, fs, copyrecord.PropRole)
+		generation, _ = strconv.ParseUint(w.checker.user(victim, fs, copyrecord.PropGeneration), 10, 64)
 	}
 	other := w.nodes[0].id
 	for _, n := range w.nodes {
@@ -178,7 +178,7 @@ func (w *world) stall(v *simVolume, liar, victim *simNode) {
 // until: its header, and with firstRecord the stream's first record.
 func (w *world) stallUntil(v *simVolume, liar, victim *simNode, until int, firstRecord bool) {
 	fs := rootDataset + "/" + v.id
-	generation, _ := strconv.ParseUint(w.checker.user(victim, fs, volume.PropGeneration), 10, 64)
+	generation, _ := strconv.ParseUint(w.checker.user(victim, fs, copyrecord.PropGeneration), 10, 64)
 	h := &pb.ReceiveHeader{VolumeId: v.id, VolumeName: v.name, SourceNodeId: liar.id, Generation: generation + 1,
 		Kind: replication.KindFull, Snapshot: "zn-1", CapacityBytes: 1 << 30}
 	msgs := []*pb.ReceiveMessage{{Msg: &pb.ReceiveMessage_Header{Header: h}}}

@@ -52,7 +52,7 @@ type FakeAgent struct {
 	changed []string
 	mute    bool
 	// demoted: when each replica demoted by a move was, as the node
-	// marks it (volume.PropDemotedAt).
+	// marks it (copyrecord.PropDemotedAt).
 	demoted map[string]time.Time
 	// BeforePush, when set, runs before each push (Replicate, MoveFinal)
 	// of the node, outside its lock; an error is the push's answer.

@@ -17,8 +17,8 @@ import (
 
 	"github.com/zfs-nomad/zfs-nomad/internal/node/agent"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/copylock"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/replication"
-	"github.com/zfs-nomad/zfs-nomad/internal/node/volume"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfscmd"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
@@ -77,8 +77,8 @@ func primaryAndPeer(t *testing.T) (src, dst node, id, fs string) {
 	id = "vol-0123456789abcdef0123"
 	src, dst = newNode(t, 1, "tank/nomad"), newNode(t, 2, "tank/nomad")
 	fs = "tank/nomad/" + id
-	must(t, src.CreateFilesystem(ctx, fs, map[string]string{volume.PropRole: contract.RolePrimary, volume.PropVolumeID: id,
-		volume.PropGeneration: "1", volume.PropName: "v", "refquota": "1000000"}))
+	must(t, src.CreateFilesystem(ctx, fs, map[string]string{copyrecord.PropRole: contract.RolePrimary, copyrecord.PropVolumeID: id,
+		copyrecord.PropGeneration: "1", copyrecord.PropName: "v", "refquota": "1000000"}))
 	return src, dst, id, fs
 }
 
@@ -181,8 +181,8 @@ func TestReplicasShareABase(t *testing.T) {
 	const id = "vol-0123456789abcdef0123"
 	fs := "tank/nomad/" + id
 	nodes := map[string]node{"n1": newNode(t, 1, "tank/nomad"), "n2": newNode(t, 2, "tank/nomad"), "n3": newNode(t, 3, "tank/nomad")}
-	must(t, nodes["n1"].CreateFilesystem(ctx, fs, map[string]string{volume.PropRole: contract.RolePrimary, volume.PropVolumeID: id,
-		volume.PropGeneration: "1", volume.PropName: "v", "refquota": "1000000"}))
+	must(t, nodes["n1"].CreateFilesystem(ctx, fs, map[string]string{copyrecord.PropRole: contract.RolePrimary, copyrecord.PropVolumeID: id,
+		copyrecord.PropGeneration: "1", copyrecord.PropName: "v", "refquota": "1000000"}))
 	pusher := meshOf(t, nodes)
 	push := func(p *replication.Pusher, to string) replication.Progress {
 		t.Helper()
@@ -216,7 +216,7 @@ func TestReplicasShareABase(t *testing.T) {
 	}
 
 	// n1 is lost; n2's replica, the freshest, is promoted by a failover.
-	must(t, nodes["n2"].SetProperties(ctx, fs, map[string]string{volume.PropRole: contract.RolePrimary, volume.PropGeneration: "2", volume.PropHistoryFrom: "2", "readonly": "off"}))
+	must(t, nodes["n2"].SetProperties(ctx, fs, map[string]string{copyrecord.PropRole: contract.RolePrimary, copyrecord.PropGeneration: "2", copyrecord.PropHistoryFrom: "2", "readonly": "off"}))
 	must(t, nodes["n2"].Write(fs, "e"))
 	if prog := push(pusher("n2"), "n3"); prog.Kind != replication.KindIncremental {
 		t.Errorf("the promoted replica's first push to the other replica was %s from %q, want an increment", prog.Kind, prog.Base)
@@ -261,13 +261,13 @@ func TestCSISnapshotsFollowTheirVolume(t *testing.T) {
 	const id = "vol-0123456789abcdef0123"
 	fs := "tank/nomad/" + id
 	nodes := map[string]node{"n1": newNode(t, 1, "tank/nomad"), "n2": newNode(t, 2, "tank/nomad")}
-	must(t, nodes["n1"].CreateFilesystem(ctx, fs, map[string]string{volume.PropRole: contract.RolePrimary, volume.PropVolumeID: id,
-		volume.PropGeneration: "1", volume.PropName: "v", "refquota": "1000000"}))
+	must(t, nodes["n1"].CreateFilesystem(ctx, fs, map[string]string{copyrecord.PropRole: contract.RolePrimary, copyrecord.PropVolumeID: id,
+		copyrecord.PropGeneration: "1", copyrecord.PropName: "v", "refquota": "1000000"}))
 	push := meshOf(t, nodes)("n1")
 	csiSnapshot := func(name string) string {
 		t.Helper()
 		snap := fs + "@" + contract.SnapshotIDForName(name)
-		must(t, nodes["n1"].Snapshot(ctx, snap, map[string]string{volume.PropSnapshotName: name, volume.PropSourceVolume: id}))
+		must(t, nodes["n1"].Snapshot(ctx, snap, map[string]string{copyrecord.PropSnapshotName: name, copyrecord.PropSourceVolume: id}))
 		return snap
 	}
 	pushTo := func(want string) {
