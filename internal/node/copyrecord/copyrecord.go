@@ -130,6 +130,10 @@ func EncodeParameters(params map[string]string) string {
 // parameters.
 func DecodeParameters(s string) map[string]string {
 	out := map[string]string{}
-	_ = json.Unmarshal([]byte(s), &out) // a damaged value reads as no parameters
+	if err := json.Unmarshal([]byte(s), &out); err != nil {
+		// Unmarshal keeps what it decoded before the damage ({"a":1}
+		// leaves a=""): none of it is a parameter the volume was given.
+		return map[string]string{}
+	}
 	return out
 }

@@ -68,7 +68,7 @@ func TestParametersRoundTrip(t *testing.T) {
 			t.Errorf("DecodeParameters(%s) = %v, want %v", stored, back, tt.params)
 		}
 	}
-	for _, damaged := range []string{"", "-", "{", "[]"} {
+	for _, damaged := range []string{"", "-", "{", "[]", `{"a":1}`, `{"a":"b","c":2}`} {
 		if got := DecodeParameters(damaged); len(got) != 0 {
 			t.Errorf("DecodeParameters(%q) = %v, want no parameters", damaged, got)
 		}
