@@ -41,8 +41,15 @@ func seeds() int {
 }
 
 // TestSimulation runs the seeds; each one's failure names the command
-// that replays it.
+// that replays it. The shapes' tests run side by side (t.Parallel, as
+// many at once as go test's -parallel, GOMAXPROCS by default): one
+// seed's world keeps about one core busy, and each seed is a world of
+// its own (its nodes, pools, clocks and CO), so two at once use a 2-core
+// machine fully. A seed's steps are the same either way; the background
+// work that runs in real time beside them meets them at other moments,
+// as on any loaded machine.
 func TestSimulation(t *testing.T) {
+	t.Parallel()
 	runSeeds(t, seeds(), func(*Config) {})
 }
 
@@ -54,6 +61,7 @@ func TestSimulation(t *testing.T) {
 // the seeds to meet a job, a replica and a failover. Replay a failure with
 // -run 'TestSimulation$' -seed N -nodes 5 -volumes 3 -domains 2 -v.
 func TestSimulationFiveNodes(t *testing.T) {
+	t.Parallel()
 	if *seedFlag != 0 || *nodesFlag != 0 {
 		t.Skip("a replay or a chosen shape runs in TestSimulation")
 	}
@@ -66,6 +74,7 @@ func TestSimulationFiveNodes(t *testing.T) {
 // reverted, failed seed 247 only, so a fifth was too few). Replay a
 // failure with -run 'TestSimulation$' -seed N -lying-peers -v.
 func TestSimulationLyingPeers(t *testing.T) {
+	t.Parallel()
 	if *seedFlag != 0 || *liesFlag {
 		t.Skip("a replay or a chosen shape runs in TestSimulation")
 	}
@@ -80,6 +89,7 @@ func TestSimulationLyingPeers(t *testing.T) {
 // it at any step. Replay a failure with -run 'TestSimulation$' -seed N
 // -controllers 2 -v.
 func TestSimulationSeveralControllers(t *testing.T) {
+	t.Parallel()
 	if *seedFlag != 0 || *ctlsFlag != 0 {
 		t.Skip("a replay or a chosen shape runs in TestSimulation")
 	}
