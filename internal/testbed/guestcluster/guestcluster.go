@@ -264,14 +264,19 @@ func Start(opts Options) (_ *Cluster, err error) {
 	if err := c.addNodes(); err != nil {
 		return nil, err
 	}
+	// The nodes' processes start at once too, as a cluster's machines
+	// do: each one's start (its binary paged in, libzfs opened, its pool
+	// listed) takes a second or more under emulation.
+	var started errgroup.Group
 	for _, node := range c.Nodes {
 		start := node.Start
 		if opts.NoNodeProcesses {
 			start = node.startHost
 		}
-		if err := start(); err != nil {
-			return nil, err
-		}
+		started.Go(start)
+	}
+	if err := started.Wait(); err != nil {
+		return nil, err
 	}
 	// A node holds no lease until a majority of its peers answered, a beat
 	// or two after they all run; until then it stages no primary. Tests
