@@ -15,8 +15,8 @@ import (
 	"time"
 )
 
-// The user properties the driver owns in ZFS. They are the truth about every
-// volume: the controller keeps no state and rebuilds its view from them.
+// The user properties the driver owns in ZFS (the package comment says
+// why they are the truth).
 const (
 	propPrefix = "zfs-nomad:"
 	// On volume filesystems.
