@@ -46,11 +46,11 @@ func newTestCluster(t *testing.T, free map[string]uint64) *testCluster {
 		}
 		cfg := config.DefaultNode()
 		cfg.NodeID, cfg.RootDataset, cfg.MaxQuota = id, "tank/nomad", 8<<30
-		mgr := volume.NewManager(fake, cfg, hclog.NewNullLogger())
+		mgr := volume.NewManager(fake, nil, cfg, hclog.NewNullLogger())
 		if err := mgr.CheckLegacyPromises(context.Background()); err != nil {
 			t.Fatal(err)
 		}
-		srv := agent.NewServer(mgr, nil, nil, cfg, hclog.NewNullLogger())
+		srv := agent.NewServer(mgr, nil, nil, nil, cfg, hclog.NewNullLogger())
 		tc.agents.Serve(t, id+":7670", srv)
 		tc.fakes[id], tc.servers[id] = fake, srv
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/lease"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/replication"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/volume"
@@ -51,7 +52,10 @@ type Server struct {
 	// (package worklease); NewServer starts it on the wall clock.
 	WorkLease *worklease.Grants
 
-	volumes  *volume.Manager
+	volumes *volume.Manager
+	// replicas is the inventory of the node's replicas; nil, as pusher
+	// and receiver are, on a node without replication.
+	replicas *copyrecord.Replicas
 	pusher   *replication.Pusher
 	receiver *replication.Receiver
 	cfg      config.Node
@@ -59,8 +63,8 @@ type Server struct {
 }
 
 // NewServer returns the agent service of the node described by cfg.
-func NewServer(volumes *volume.Manager, pusher *replication.Pusher, receiver *replication.Receiver, cfg config.Node, log hclog.Logger) *Server {
-	return &Server{volumes: volumes, pusher: pusher, receiver: receiver, cfg: cfg, log: log, WorkLease: worklease.NewGrants(time.Now)}
+func NewServer(volumes *volume.Manager, replicas *copyrecord.Replicas, pusher *replication.Pusher, receiver *replication.Receiver, cfg config.Node, log hclog.Logger) *Server {
+	return &Server{volumes: volumes, replicas: replicas, pusher: pusher, receiver: receiver, cfg: cfg, log: log, WorkLease: worklease.NewGrants(time.Now)}
 }
 
 // DeleteReplica destroys this node's replica of a volume, if any.
@@ -70,22 +74,14 @@ func (s *Server) DeleteReplica(ctx context.Context, req *pb.DeleteReplicaRequest
 			return nil, err
 		}
 	}
-	if s.receiver == nil {
-		return &pb.DeleteReplicaResponse{}, nil
-	}
 	deleted, err := false, error(nil)
 	if newest := req.GetSurplusNewest(); newest != "" {
-		deleted, err = s.receiver.DeleteSurplus(ctx, req.GetVolumeId(), newest, req.GetSnapshotsElsewhere())
+		deleted, err = s.volumes.DeleteSurplus(ctx, req.GetVolumeId(), newest, req.GetSnapshotsElsewhere())
 	} else {
-		deleted, err = s.receiver.DeleteReplica(ctx, req.GetVolumeId())
+		deleted, err = s.volumes.DeleteReplica(ctx, req.GetVolumeId())
 	}
 	if err != nil {
 		return nil, err
-	}
-	if deleted {
-		// The schedule, which keeps what a node holds while its volumes
-		// version stays, must learn it.
-		s.volumes.NoteChanged(req.GetVolumeId())
 	}
 	return &pb.DeleteReplicaResponse{Deleted: deleted}, nil
 }
@@ -111,10 +107,10 @@ func (s *Server) Changes(ctx context.Context, req *pb.ChangesRequest) (*pb.Chang
 		case !errors.Is(err, errdefs.ErrNotFound) && !errors.Is(err, errdefs.ErrFailedPrecondition):
 			return nil, err
 		}
-		if s.receiver == nil {
+		if s.replicas == nil {
 			continue
 		}
-		r, held, err := s.receiver.ReplicaOf(ctx, id)
+		r, held, err := s.replicas.ReplicaOf(ctx, id)
 		if err != nil {
 			return nil, err
 		}
@@ -128,10 +124,10 @@ func (s *Server) Changes(ctx context.Context, req *pb.ChangesRequest) (*pb.Chang
 // Status lists the node's replicas and running transfers.
 func (s *Server) Status(ctx context.Context, _ *pb.StatusRequest) (*pb.NodeStatus, error) {
 	out := &pb.NodeStatus{}
-	if s.receiver == nil || s.pusher == nil {
+	if s.replicas == nil || s.pusher == nil {
 		return out, nil
 	}
-	replicas, setAside, err := s.receiver.Holdings(ctx)
+	replicas, setAside, err := s.replicas.Holdings(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -154,7 +150,7 @@ func unixOrZero(t time.Time) int64 {
 	return t.Unix()
 }
 
-func replicaToPB(r replication.Replica) *pb.Replica {
+func replicaToPB(r copyrecord.Replica) *pb.Replica {
 	return &pb.Replica{VolumeId: r.VolumeID, Name: r.Name, LastSnapshot: r.LastSnapshot,
 		LastSnapshotUnix: r.LastSnapshotTime.Unix(), Resumable: r.Resumable, DemotedAtUnix: unixOrZero(r.DemotedAt)}
 }

@@ -32,9 +32,10 @@ func newServer(t *testing.T) (*Server, *volume.Manager, *zfsfake.Fake) {
 	cfg.NodeID, cfg.RootDataset = "n1", root
 	cfg.MaxQuota, cfg.DefaultQuota = 4<<30, 1<<30
 	log := hclog.NewNullLogger()
-	volumes := volume.NewManager(fake, cfg, log)
-	receiver := replication.NewReceiver(fake.Streams(), volumes.Locks(), root, cfg.NodeID, cfg.ReplicationSnapshots, log)
-	return NewServer(volumes, nil, receiver, cfg, log), volumes, fake
+	replicas := copyrecord.NewReplicas(fake.Streams(), root)
+	volumes := volume.NewManager(fake, replicas, cfg, log)
+	receiver := replication.NewReceiver(fake.Streams(), volumes.Locks(), volumes, root, cfg.NodeID, cfg.ReplicationSnapshots, log)
+	return NewServer(volumes, replicas, nil, receiver, cfg, log), volumes, fake
 }
 
 // TestChangesTellsWhatBecameOfEachChangedVolume (issue 13): the schedule's

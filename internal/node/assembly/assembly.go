@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/node/agent"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/lease"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/replication"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/volume"
@@ -55,7 +56,9 @@ type Deps struct {
 
 // Parts are one node process's parts, wired together.
 type Parts struct {
-	Volumes  *volume.Manager
+	Volumes *volume.Manager
+	// Replicas reads and removes the replicas under the node's root.
+	Replicas *copyrecord.Replicas
 	Pusher   *replication.Pusher
 	Receiver *replication.Receiver
 	Agent    *agent.Server
@@ -69,7 +72,8 @@ type Parts struct {
 // New wires a node's parts but its lease; it touches no pool (Recover
 // does).
 func New(d Deps) *Parts {
-	p := &Parts{Volumes: volume.NewManager(d.ZFS, d.Config, d.Log.Named("volumes")), deps: d}
+	replicas := copyrecord.NewReplicas(d.Streams, d.Config.RootDataset)
+	p := &Parts{Volumes: volume.NewManager(d.ZFS, replicas, d.Config, d.Log.Named("volumes")), Replicas: replicas, deps: d}
 	p.newReplication(d)
 	p.newAgent(d)
 	return p
@@ -78,19 +82,16 @@ func New(d Deps) *Parts {
 // newReplication makes the sender and receiver of replica streams. Both
 // change copies under the volume manager's locks, one lock per copy
 // whichever part of the node changes it, and the receiver tells the
-// manager what it received and entombed, so the manager's indexes stay
-// exact.
+// manager, the index of the node's copies, what it received, so the
+// indexes stay exact.
 func (p *Parts) newReplication(d Deps) {
 	cfg, log := d.Config, d.Log.Named("replication")
 	p.Pusher = replication.NewPusher(d.Streams, p.Volumes.Locks(), cfg.RootDataset, cfg.NodeID, cfg.ReplicationSnapshots,
 		replication.NewLimiter(uint64(cfg.ReplicationBandwidth)), agent.NewReplicationPeers(d.Dial), log)
-	r := replication.NewReceiver(d.Streams, p.Volumes.Locks(), cfg.RootDataset, cfg.NodeID, cfg.ReplicationSnapshots, log)
+	r := replication.NewReceiver(d.Streams, p.Volumes.Locks(), p.Volumes, cfg.RootDataset, cfg.NodeID, cfg.ReplicationSnapshots, log)
 	r.MaxQuota, r.QuotaProperty = uint64(cfg.MaxQuota), cfg.QuotaProperty
 	r.IdleTimeout = time.Duration(cfg.ReceiveIdleTimeout)
 	r.MaxReplicasPerPeer = cfg.MaxReplicasPerPeer
-	p.Volumes.DiscardPartialReceive = r.DiscardPartial
-	r.Changed = p.Volumes.Received
-	r.Entombed = p.Volumes.IndexSnapshotsOf
 	p.Receiver = r
 }
 
@@ -125,7 +126,7 @@ func (p *Parts) StartLease() {
 // asks of the lease is read when called: from StartLease on.
 func (p *Parts) newAgent(d Deps) {
 	cfg := d.Config
-	a := agent.NewServer(p.Volumes, p.Pusher, p.Receiver, cfg, d.Log.Named("agent"))
+	a := agent.NewServer(p.Volumes, p.Replicas, p.Pusher, p.Receiver, cfg, d.Log.Named("agent"))
 	a.AttestSilence = func(addrs, answering []string) error {
 		if p.Monitor == nil {
 			return errLeaseNotStarted

@@ -5,7 +5,9 @@
 // properties are the truth about every volume (the controller keeps no
 // state and rebuilds its view from them), so every package that reads or
 // writes them (the volumes, replication, the tests that look at a pool)
-// takes their names and formats from here.
+// takes their names and formats from here. Replicas reads the node's
+// replicas from that record and removes them: the inventory the node
+// reports, replica deletion and its tombstones.
 package copyrecord
 
 import (

@@ -41,7 +41,7 @@ func newTestNode(t *testing.T) (n *Node, mounter *mount.Fake, fake *zfsfake.Fake
 	base = t.TempDir()
 	cfg := config.DefaultNode()
 	cfg.NodeID, cfg.RootDataset, cfg.MaxQuota, cfg.MountBaseDirs = "n1", "tank/nomad", 1<<30, []string{base}
-	volumes := volume.NewManager(fake, cfg, hclog.NewNullLogger())
+	volumes := volume.NewManager(fake, nil, cfg, hclog.NewNullLogger())
 	v, err := volumes.Create(ctx, volume.CreateRequest{Name: "v"})
 	if err != nil {
 		t.Fatal(err)
@@ -240,7 +240,7 @@ func TestAnEncryptedVolumeIsOpenOnlyWhileStaged(t *testing.T) {
 	ctx := context.Background()
 	n, mounter, fake, _, base := newTestNode(t)
 	n.cfg.Properties["encryption"] = config.PropertyRule{}
-	n.volumes = volume.NewManager(fake, n.cfg, hclog.NewNullLogger())
+	n.volumes = volume.NewManager(fake, nil, n.cfg, hclog.NewNullLogger())
 	n.volumes.Encryption = fake
 	n.volumes.Mounted = func(ds string) (bool, error) { return mounter.Mounted(ds), nil }
 	key := "correct horse battery"

@@ -194,7 +194,7 @@ func (r *Receiver) prepare(ctx context.Context, fs string, h Header, fromGUID ui
 		props := map[string]string{"readonly": "on", "mountpoint": "legacy"}
 		if state.Exists && len(found.snapshots) == 0 {
 			// A copy without a snapshot holds nothing to keep.
-			if err := r.destroyReplica(ctx, fs); err != nil {
+			if err := r.replicas.DestroyReplica(ctx, fs); err != nil {
 				return intoTarget{}, fmt.Errorf("removing the empty replica %s before a full receive: %w", fs, err)
 			}
 			state.Exists = false
@@ -267,13 +267,13 @@ func (r *Receiver) rollBackTo(ctx context.Context, fs string, snaps []zfscmd.Sna
 				return fmt.Errorf("releasing %s on %s before rolling it back: %w", tag, s.Name, err)
 			}
 		}
-		names = append(names, shortSnapshotName(s.Name))
+		names = append(names, copyrecord.ShortSnapshotName(s.Name))
 	}
 	if err := r.z.Rollback(ctx, snaps[i].Name); err != nil {
 		return fmt.Errorf("rolling the replica of %s back to %s: %w", h.VolumeID, snaps[i].Name, err)
 	}
 	log.Info("rolled back snapshots of an earlier generation that the sender's history holds", "replica_generation", generation,
-		"history_from", h.HistoryFrom, "base", shortSnapshotName(snaps[i].Name), "rolled_back", names)
+		"history_from", h.HistoryFrom, "base", copyrecord.ShortSnapshotName(snaps[i].Name), "rolled_back", names)
 	return nil
 }
 

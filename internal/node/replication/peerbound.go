@@ -67,7 +67,7 @@ func (r *Receiver) replicasBySource(ctx context.Context) (map[string]int, error)
 	}
 	counts := map[string]int{}
 	for _, ch := range children {
-		if from := ch.Props[copyrecord.PropReceivedFrom]; from != "" && from != "-" && r.isReplica(ch) {
+		if from := ch.Props[copyrecord.PropReceivedFrom]; from != "" && from != "-" && r.replicas.IsReplica(ch) {
 			counts[from]++
 		}
 	}

@@ -353,7 +353,7 @@ type streamSpec struct {
 func (p *Pusher) sendStream(ctx context.Context, peer Peer, header Header, st streamSpec, sent *atomic.Int64,
 	volumeID, peerNode, addr string, log hclog.Logger) (uint64, error) {
 	h := header
-	h.Kind, h.Snapshot = st.kind, shortSnapshotName(st.spec.Snapshot)
+	h.Kind, h.Snapshot = st.kind, copyrecord.ShortSnapshotName(st.spec.Snapshot)
 	stream, err := peer.Receive(ctx, h)
 	if err != nil {
 		return 0, err
@@ -526,7 +526,7 @@ func (p *Pusher) tidy(ctx context.Context, volumeID, fs, base, peer string, log 
 		return
 	}
 	p.forgetSent(volumeID, peer, base)
-	if err := releaseTags(ctx, p.z, fs, isReceiverTag); err != nil {
+	if err := copyrecord.ReleaseHolds(ctx, p.z, fs, isReceiverTag); err != nil {
 		log.Warn("releasing a former replica's hold failed; next push retries", "error", err)
 	}
 	dropOldBases(ctx, p.z, fs, p.keep, slices.Collect(maps.Values(p.sentTo(volumeID))), "push", log)

@@ -55,16 +55,6 @@ type Receiver struct {
 	// refused with ResourceExhausted (peerBound).
 	MaxReplicasPerPeer int
 
-	// Changed, when set, is told the volume of every receive that took
-	// the copy's lock, done or not (it may have made, replaced or left a
-	// resumable replica): the node's volumes version moves, and the
-	// schedule learns the replica at its next round
-	// (volume.Manager.Received).
-	Changed func(volumeID string)
-	// Entombed, when set, is told the name of every replica that became
-	// a tombstone to keep its CSI snapshots (its snapshots' names
-	// changed: volume.Manager.IndexSnapshotsOf).
-	Entombed func(tombstone string)
 	// OpenZFS, when set, is the node's OpenZFS release, named when a
 	// stream of a newer release is refused.
 	OpenZFS string
@@ -75,8 +65,12 @@ type Receiver struct {
 	keep   int
 	log    hclog.Logger
 	locks  *copylock.Locks // the node's, shared with volume.Manager
-	slots  chan struct{}   // one per receive allowed at once
-	peers  peerBound
+	// replicas reads and removes the copies under root; index learns of
+	// every receive.
+	replicas *copyrecord.Replicas
+	index    Index
+	slots    chan struct{} // one per receive allowed at once
+	peers    peerBound
 }
 
 // DefaultIdleTimeout is how long a receive waits for the sender's next
@@ -104,11 +98,22 @@ const MaxGeneration = 1 << 48
 // (docs/safety.md, "What a peer's header may decide").
 const MaxGenerationLead = 1 << 20
 
+// Index is the node's index of its copies (volume.Manager): it is told
+// the volume of every receive that took the copy's lock, done or not (it
+// may have made, replaced or left a resumable replica), while the lock
+// is still held, so that a reader after the unlock sees the change: the
+// node's volumes version moves, the schedule learns the replica at its
+// next round, and the CSI snapshots the stream brought are indexed.
+type Index interface {
+	Received(volumeID string)
+}
+
 // NewReceiver returns the replication service for the node whose volumes
-// live under root and whose copies locks guards (volume.Manager.Locks);
+// live under root, whose copies locks guards and index indexes
+// (volume.Manager's Locks and the Manager; a nil index is told nothing);
 // replicas keep the newest keep replication snapshots.
-func NewReceiver(z Streams, locks *copylock.Locks, root, nodeID string, keep int, log hclog.Logger) *Receiver {
-	return &Receiver{z: z, locks: locks, root: root, nodeID: nodeID, keep: keep, log: log,
+func NewReceiver(z Streams, locks *copylock.Locks, index Index, root, nodeID string, keep int, log hclog.Logger) *Receiver {
+	return &Receiver{z: z, locks: locks, index: index, replicas: copyrecord.NewReplicas(z, root), root: root, nodeID: nodeID, keep: keep, log: log,
 		IdleTimeout: DefaultIdleTimeout, MinRate: DefaultMinRate, slots: make(chan struct{}, MaxReceives)}
 }
 
@@ -239,8 +244,8 @@ func (r *Receiver) receiveLocked(ctx context.Context, s *inbound) (Received, err
 		return Received{}, err
 	}
 	defer unlock()
-	if r.Changed != nil {
-		defer r.Changed(h.VolumeID) // before the unlock: a reader after it sees the change noted
+	if r.index != nil {
+		defer r.index.Received(h.VolumeID) // before the unlock: a reader after it sees the change noted
 	}
 	// zfs receive into the replica, for the streams that go there as they
 	// are (an incremental, a resumed one), starts while the copy is
@@ -418,7 +423,7 @@ func (r *Receiver) zfsReceive(ctx context.Context, h Header, zr *pendingReceive,
 	if tooBig.Load() {
 		// Not resumable: a resumed stream would count from zero again.
 		if !replacing {
-			if aerr := r.abortPartial(context.WithoutCancel(ctx), zr.target); aerr != nil {
+			if aerr := r.replicas.AbortPartial(context.WithoutCancel(ctx), zr.target); aerr != nil {
 				log.Warn("discarding the partial receive of an oversized stream failed; the next receive retries", "error", aerr)
 			}
 		}

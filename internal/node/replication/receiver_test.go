@@ -245,7 +245,7 @@ func TestReceiveChecksTheGeneration(t *testing.T) {
 // receive.
 func receiveAnswers(t *testing.T, z *replicaStore, kind string, gen uint64, want codes.Code) {
 	t.Helper()
-	r := NewReceiver(z, new(copylock.Locks), "tank/nomad", "n2", 2, hclog.NewNullLogger())
+	r := NewReceiver(z, new(copylock.Locks), nil, "tank/nomad", "n2", 2, hclog.NewNullLogger())
 	_, err := receiveFrom(r, stream(t, false, header(kind, gen), plainStream(kind)))
 	if got := status.Code(errdefs.ToStatus(err)); got != want {
 		t.Errorf("%v, want %s", err, want)
@@ -263,7 +263,7 @@ func receiveAnswers(t *testing.T, z *replicaStore, kind string, gen uint64, want
 func TestAStreamOfANewerReleaseIsRefused(t *testing.T) {
 	z := &replicaStore{refuse: fmt.Errorf("zfs receive -s -u tank/nomad/%s: exit status 1: cannot receive: stream has unsupported feature, feature flags = 10000004: %w",
 		testVolume, zfs.ErrStreamUnsupported)}
-	r := NewReceiver(z, new(copylock.Locks), "tank/nomad", "n2", 2, hclog.NewNullLogger())
+	r := NewReceiver(z, new(copylock.Locks), nil, "tank/nomad", "n2", 2, hclog.NewNullLogger())
 	r.OpenZFS = "2.1.11-1+deb12u1"
 	_, err := receiveFrom(r, stream(t, false, header(KindFull, 1), plainStream(KindFull)))
 	if got := status.Code(errdefs.ToStatus(err)); got != codes.FailedPrecondition {
@@ -321,7 +321,7 @@ func TestNoZFSReceiveBeforeTheFirstRecord(t *testing.T) {
 	for _, kind := range []string{KindIncremental, KindResume, KindFull} {
 		t.Run(kind, func(t *testing.T) {
 			z := &replicaStore{exists: true, generation: 5}
-			r := NewReceiver(z, new(copylock.Locks), "tank/nomad", "n2", 2, hclog.NewNullLogger())
+			r := NewReceiver(z, new(copylock.Locks), nil, "tank/nomad", "n2", 2, hclog.NewNullLogger())
 			r.IdleTimeout = 200 * time.Millisecond
 			// Only the header: the first record never comes.
 			_, err := receiveFrom(r, stream(t, true, header(kind, 5)))
@@ -347,7 +347,7 @@ func TestReceiveEndsWhenTheSenderStalls(t *testing.T) {
 		"header, no data": {header(KindIncremental, 5)},
 	} {
 		t.Run(name, func(t *testing.T) {
-			r := NewReceiver(&replicaStore{exists: true, generation: 5}, new(copylock.Locks), "tank/nomad", "n2", 2, hclog.NewNullLogger())
+			r := NewReceiver(&replicaStore{exists: true, generation: 5}, new(copylock.Locks), nil, "tank/nomad", "n2", 2, hclog.NewNullLogger())
 			r.IdleTimeout = 100 * time.Millisecond
 			done := make(chan error, 1)
 			go func() { _, err := receiveFrom(r, stream(t, true, msgs...)); done <- err }()
@@ -367,7 +367,7 @@ func TestReceiveEndsWhenTheSenderStalls(t *testing.T) {
 }
 
 func TestReceivesAreBounded(t *testing.T) {
-	r := NewReceiver(&replicaStore{exists: true, generation: 5}, new(copylock.Locks), "tank/nomad", "n2", 2, hclog.NewNullLogger())
+	r := NewReceiver(&replicaStore{exists: true, generation: 5}, new(copylock.Locks), nil, "tank/nomad", "n2", 2, hclog.NewNullLogger())
 	for range MaxReceives {
 		r.slots <- struct{}{}
 	}
@@ -382,7 +382,7 @@ func TestReceivesAreBounded(t *testing.T) {
 // partial receive first, which would otherwise make zfs receive fail.
 func TestFreshStreamDiscardsAPartialReceive(t *testing.T) {
 	z := &replicaStore{exists: true, generation: 5, token: "1-abc-10-789c"}
-	r := NewReceiver(z, new(copylock.Locks), "tank/nomad", "n2", 2, hclog.NewNullLogger())
+	r := NewReceiver(z, new(copylock.Locks), nil, "tank/nomad", "n2", 2, hclog.NewNullLogger())
 	data := plainStream(KindIncremental)
 	if _, err := receiveFrom(r, stream(t, false, header(KindIncremental, 5), data)); err != nil {
 		t.Fatal(err)
@@ -396,7 +396,7 @@ func TestFreshStreamDiscardsAPartialReceive(t *testing.T) {
 // its sender's certificate names (the adapter names it: agent's
 // ReplicationServer).
 func TestSenderMustBeWhoItClaims(t *testing.T) {
-	r := NewReceiver(&replicaStore{exists: true, generation: 5}, new(copylock.Locks), "tank/nomad", "n2", 2, hclog.NewNullLogger())
+	r := NewReceiver(&replicaStore{exists: true, generation: 5}, new(copylock.Locks), nil, "tank/nomad", "n2", 2, hclog.NewNullLogger())
 	s := stream(t, false, header(KindIncremental, 5))
 	_, err := r.Receive(s.ctx, "n9", s)
 	if !errors.Is(err, errdefs.ErrPermissionDenied) {
@@ -409,7 +409,7 @@ func TestSenderMustBeWhoItClaims(t *testing.T) {
 // not cut short.
 func TestIdleClockStopsWithTheStream(t *testing.T) {
 	z := &replicaStore{exists: true, generation: 5, finishing: 300 * time.Millisecond}
-	r := NewReceiver(z, new(copylock.Locks), "tank/nomad", "n2", 2, hclog.NewNullLogger())
+	r := NewReceiver(z, new(copylock.Locks), nil, "tank/nomad", "n2", 2, hclog.NewNullLogger())
 	r.IdleTimeout = 100 * time.Millisecond
 	data := plainStream(KindIncremental)
 	if _, err := receiveFrom(r, stream(t, false, header(KindIncremental, 5), data)); err != nil {
@@ -427,7 +427,7 @@ func TestNoReceiveDuringAPromotion(t *testing.T) {
 	z := newMemPool(testRoot)
 	z.put(testDataset, replicaProps("1"), "zn-1:41")
 	locks := new(copylock.Locks)
-	r := NewReceiver(z, locks, testRoot, "n2", 2, hclog.NewNullLogger())
+	r := NewReceiver(z, locks, nil, testRoot, "n2", 2, hclog.NewNullLogger())
 	unlock, err := locks.Lock(ctx, testVolume, "promote")
 	if err != nil {
 		t.Fatal(err)
@@ -489,7 +489,7 @@ func TestReceiveBoundsTheReplicasOfOnePeer(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			z := &replicaStore{exists: tt.exists, generation: 5, children: tt.children}
-			r := NewReceiver(z, new(copylock.Locks), "tank/nomad", "n2", 2, hclog.NewNullLogger())
+			r := NewReceiver(z, new(copylock.Locks), nil, "tank/nomad", "n2", 2, hclog.NewNullLogger())
 			r.MaxReplicasPerPeer = tt.limit
 			_, err := receiveFrom(r, stream(t, false, header(tt.kind, 5), plainStream(tt.kind)))
 			if got := status.Code(errdefs.ToStatus(err)); got != tt.want {

@@ -63,7 +63,7 @@ func (r *Receiver) finishReplace(ctx context.Context, fs string, log hclog.Logge
 	if err != nil {
 		return fmt.Errorf("reading the replacement %s: %w", incoming, err)
 	}
-	if role != RoleReplica || r.hasPartial(ctx, incoming) {
+	if role != RoleReplica || r.replicas.HasPartial(ctx, incoming) {
 		log.Info("discarding an incomplete replacement", "dataset", incoming)
 		return r.destroyIncoming(ctx, incoming)
 	}
@@ -111,7 +111,7 @@ func (r *Receiver) retire(ctx context.Context, fs, incoming string, generation u
 		return fmt.Errorf("listing the snapshots of the replica being replaced, %s: %w", fs, err)
 	}
 	if len(snaps) == 0 {
-		return r.destroyReplica(ctx, fs)
+		return r.replicas.DestroyReplica(ctx, fs)
 	}
 	lacking, err := r.csiSnapshotsLacking(ctx, snaps, incoming)
 	if err != nil {
@@ -129,7 +129,7 @@ func (r *Receiver) retire(ctx context.Context, fs, incoming string, generation u
 // csiSnapshotsLacking returns the name of a live CSI snapshot among snaps
 // that other lacks (by GUID), or "" when other has every one.
 func (r *Receiver) csiSnapshotsLacking(ctx context.Context, snaps []zfscmd.Snap, other string) (string, error) {
-	if !slices.ContainsFunc(snaps, isLiveCSISnapshot) {
+	if !slices.ContainsFunc(snaps, copyrecord.IsLiveCSISnapshot) {
 		return "", nil
 	}
 	theirs, err := r.z.Snapshots(ctx, other)
@@ -141,7 +141,7 @@ func (r *Receiver) csiSnapshotsLacking(ctx context.Context, snaps []zfscmd.Snap,
 		has[s.GUID] = true
 	}
 	for _, s := range snaps {
-		if isLiveCSISnapshot(s) && !has[s.GUID] {
+		if copyrecord.IsLiveCSISnapshot(s) && !has[s.GUID] {
 			return s.Name, nil
 		}
 	}
@@ -162,7 +162,7 @@ func (r *Receiver) setAside(ctx context.Context, name, fs string, log hclog.Logg
 	if err := r.z.Rename(ctx, name, aside); err != nil {
 		return fmt.Errorf("renaming %s aside to %s: %w", name, aside, err)
 	}
-	if err := releaseTags(ctx, r.z, aside, func(string) bool { return true }); err != nil {
+	if err := copyrecord.ReleaseHolds(ctx, r.z, aside, func(string) bool { return true }); err != nil {
 		log.Warn("releasing the set-aside copy's holds failed; zfs release them before destroying it", "dataset", aside, "error", err)
 	}
 	log.Warn("replica set aside: it may hold snapshots the new primary lacks; an operator decides what to keep", "dataset", aside)
@@ -171,7 +171,7 @@ func (r *Receiver) setAside(ctx context.Context, name, fs string, log hclog.Logg
 
 // destroyIncoming destroys an incoming copy with any partial receive.
 func (r *Receiver) destroyIncoming(ctx context.Context, incoming string) error {
-	if err := r.abortPartial(ctx, incoming); err != nil && !errors.Is(err, zfs.ErrNotFound) {
+	if err := r.replicas.AbortPartial(ctx, incoming); err != nil && !errors.Is(err, zfs.ErrNotFound) {
 		return err
 	}
 	if err := r.z.DestroyRecursive(ctx, incoming); err != nil && !errors.Is(err, zfs.ErrNotFound) {

@@ -50,7 +50,7 @@ func replicaProps(generation string) map[string]string {
 func TestFullReplaceKeepsTheOldReplicaUntilComplete(t *testing.T) {
 	z := newMemPool(testRoot)
 	z.put(testDataset, replicaProps("1"), "zn-1:7")
-	r := NewReceiver(z, new(copylock.Locks), testRoot, "n2", 2, hclog.NewNullLogger())
+	r := NewReceiver(z, new(copylock.Locks), nil, testRoot, "n2", 2, hclog.NewNullLogger())
 
 	_, err := receiveFrom(r, fullStream(t, 2, false))
 	if status.Code(errdefs.ToStatus(err)) != codes.Aborted {
@@ -122,7 +122,7 @@ func TestRecoverFinishesReplacements(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			z := newMemPool(testRoot)
 			tt.setup(z)
-			r := NewReceiver(z, new(copylock.Locks), testRoot, "n2", 2, hclog.NewNullLogger())
+			r := NewReceiver(z, new(copylock.Locks), nil, testRoot, "n2", 2, hclog.NewNullLogger())
 			if err := r.Recover(context.Background()); err != nil {
 				t.Fatal(err)
 			}
@@ -152,7 +152,7 @@ func TestRecoverFinishesReplacements(t *testing.T) {
 func TestStreamsWithPropertiesAreRefused(t *testing.T) {
 	z := newMemPool(testRoot)
 	z.put(testDataset, replicaProps("1"), "zn-1:7")
-	r := NewReceiver(z, new(copylock.Locks), testRoot, "n2", 2, hclog.NewNullLogger())
+	r := NewReceiver(z, new(copylock.Locks), nil, testRoot, "n2", 2, hclog.NewNullLogger())
 	compound := testBegin(0, 42, "tank/nomad/"+testVolume+"@zn-2")
 	compound[16] = 2 // a compound stream
 	_, err := receiveFrom(r, stream(t, false, header(KindFull, 2), dataMsg(compound), dataMsg([]byte(streamEnd))))
@@ -198,7 +198,7 @@ func TestOversizedStreamsAreRefused(t *testing.T) {
 		t.Run(kind, func(t *testing.T) {
 			z := newMemPool(testRoot)
 			z.put(testDataset, replicaProps("1"), "zn-1:41")
-			r := NewReceiver(z, new(copylock.Locks), testRoot, "n2", 2, hclog.NewNullLogger())
+			r := NewReceiver(z, new(copylock.Locks), nil, testRoot, "n2", 2, hclog.NewNullLogger())
 			r.MaxQuota = 1000
 			from := uint64(41)
 			if kind == KindFull {
@@ -233,7 +233,7 @@ func TestInterruptedFirstReceiveIsSentAfresh(t *testing.T) {
 	z := newMemPool(testRoot)
 	z.put(testDataset, replicaProps("1"))
 	z.ds[testDataset].token, z.ds[testDataset].partial = "1-abc", true
-	r := NewReceiver(z, new(copylock.Locks), testRoot, "n2", 2, hclog.NewNullLogger())
+	r := NewReceiver(z, new(copylock.Locks), nil, testRoot, "n2", 2, hclog.NewNullLogger())
 	if _, err := receiveFrom(r, fullStream(t, 1, true)); err != nil {
 		t.Fatal(err)
 	}
@@ -271,7 +271,7 @@ func TestIncrementalRollsBackOnlyWhatTheSendersHistoryHolds(t *testing.T) {
 			if err := z.Hold(context.Background(), testDataset+"@zn-5", BaseHoldTag); err != nil {
 				t.Fatal(err)
 			}
-			r := NewReceiver(z, new(copylock.Locks), testRoot, "n2", 2, hclog.NewNullLogger())
+			r := NewReceiver(z, new(copylock.Locks), nil, testRoot, "n2", 2, hclog.NewNullLogger())
 			h := header(KindIncremental, tt.generation)
 			h.header.HistoryFrom = tt.historyFrom
 			_, err := receiveFrom(r, stream(t, false, h, plainStream(KindIncremental), dataMsg([]byte(streamEnd))))
@@ -325,7 +325,7 @@ func TestReplacedReplicaIsSetAsideWhateverTheHeaderSays(t *testing.T) {
 			if err := z.Hold(context.Background(), testDataset+"@zn-1", BaseHoldTag); err != nil {
 				t.Fatal(err)
 			}
-			r := NewReceiver(z, new(copylock.Locks), testRoot, "n2", 2, hclog.NewNullLogger())
+			r := NewReceiver(z, new(copylock.Locks), nil, testRoot, "n2", 2, hclog.NewNullLogger())
 			s := fullStream(t, 2, true)
 			h := <-s.msgs
 			h.header.HistoryFrom = tt.historyFrom
@@ -351,44 +351,4 @@ func drain(s *fakeStream) []message {
 		out = append(out, m)
 	}
 	return out
-}
-
-// TestARemovedReplicaKeepsItsCSISnapshots (issue 16): deleting a replica
-// that holds a CSI snapshot (its volume was deleted, or an operator
-// removes it) leaves a tombstone with that snapshot alone, for the node
-// to collect once the snapshot is deleted; one without goes whole.
-func TestARemovedReplicaKeepsItsCSISnapshots(t *testing.T) {
-	snapID := contract.SnapshotIDForName("before-upgrade")
-	for _, withSnapshot := range []bool{false, true} {
-		z := newMemPool(testRoot)
-		snaps := []string{"zn-1:7"}
-		if withSnapshot {
-			snaps = append(snaps, snapID+":8", "zn-2:9")
-		}
-		z.put(testDataset, replicaProps("1"), snaps...)
-		if err := z.Hold(context.Background(), testDataset+"@zn-1", BaseHoldTag); err != nil {
-			t.Fatal(err)
-		}
-		r := NewReceiver(z, new(copylock.Locks), testRoot, "n2", 2, hclog.NewNullLogger())
-		var told []string
-		r.Entombed = func(name string) { told = append(told, name) }
-		deleted, err := r.DeleteReplica(context.Background(), testVolume)
-		if err != nil || !deleted {
-			t.Fatalf("DeleteReplica (CSI snapshot: %v): %v, %v; want it deleted", withSnapshot, deleted, err)
-		}
-		names := z.names()
-		if !withSnapshot {
-			if len(names) != 1 || len(told) != 0 {
-				t.Errorf("a replica without CSI snapshots: the pool holds %v (tombstones told: %v), want the root alone", names, told)
-			}
-			continue
-		}
-		if len(names) != 2 || !strings.HasPrefix(names[1], testDataset+"-deleted-") || !slices.Equal(told, names[1:]) {
-			t.Fatalf("a replica with a CSI snapshot: the pool holds %v (told %v), want the root and one tombstone", names, told)
-		}
-		tomb := z.dataset(names[1])
-		if tomb.props[copyrecord.PropRole] != contract.RoleDeleted || len(tomb.snaps) != 1 || tomb.snaps[0].GUID != 8 {
-			t.Errorf("the tombstone: role %q, snapshots %v; want role deleted with the CSI snapshot alone", tomb.props[copyrecord.PropRole], tomb.snaps)
-		}
-	}
 }

@@ -17,11 +17,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"slices"
 	"strings"
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfscmd"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
@@ -88,7 +88,7 @@ func dropOldBases(ctx context.Context, z Streams, fs string, keep int, spare []s
 	if err := releaseSuperseded(ctx, z, fs); err != nil {
 		log.Warn("releasing old base holds failed; the next "+next+" retries", "error", err)
 	}
-	if err := prune(ctx, z, fs, keep, spare...); err != nil {
+	if err := copyrecord.Prune(ctx, z, fs, keep, spare...); err != nil {
 		log.Warn("pruning old replication snapshots failed; the next "+next+" retries", "error", err)
 	}
 }
@@ -130,27 +130,6 @@ func releaseSuperseded(ctx context.Context, z Streams, fs string) error {
 // isBaseTag selects the holds that protect incremental bases.
 func isBaseTag(tag string) bool { return tag == BaseHoldTag || isPeerTag(tag) }
 
-// releaseTags releases, on every snapshot of fs, the hold tags drop
-// selects. A copy that changed roles keeps no holds of its old role.
-// Here and in the other bookkeeping, a snapshot that vanished since the
-// listing (destroyed by a delete or a concurrent prune) is done with.
-func releaseTags(ctx context.Context, z Streams, fs string, drop func(tag string) bool) error {
-	holds, err := z.Holds(ctx, fs)
-	if err != nil {
-		return fmt.Errorf("listing holds on %s: %w", fs, err)
-	}
-	for snap, tags := range holds {
-		for _, t := range tags {
-			if drop(t) {
-				if err := z.Release(ctx, snap, t); err != nil && !errors.Is(err, zfs.ErrNotFound) {
-					return fmt.Errorf("releasing %s on %s: %w", t, snap, err)
-				}
-			}
-		}
-	}
-	return nil
-}
-
 // peerTag is the hold tag of peer's base.
 func peerTag(peer string) string { return BaseHoldTag + "-" + peer }
 
@@ -159,37 +138,3 @@ func isPeerTag(tag string) bool { return strings.HasPrefix(tag, peerTag("")) }
 
 // isReceiverTag selects a receiver's base hold.
 func isReceiverTag(tag string) bool { return tag == BaseHoldTag }
-
-// prune destroys the replication snapshots of fs beyond the newest keep
-// that carry no hold and are not in spare. Bases are held or spared, so
-// they always stay.
-func prune(ctx context.Context, z Streams, fs string, keep int, spare ...string) error {
-	snaps, err := z.Snapshots(ctx, fs)
-	if err != nil {
-		return err
-	}
-	holds, err := z.Holds(ctx, fs)
-	if err != nil {
-		return err
-	}
-	var ours []string
-	for _, s := range snaps { // oldest first
-		if strings.HasPrefix(shortSnapshotName(s.Name), SnapshotPrefix) {
-			ours = append(ours, s.Name)
-		}
-	}
-	for i, name := range ours {
-		if i >= len(ours)-keep || len(holds[name]) > 0 || slices.Contains(spare, name) {
-			continue
-		}
-		if err := z.Destroy(ctx, name); err != nil && !errors.Is(err, zfs.ErrNotFound) {
-			return fmt.Errorf("pruning %s: %w", name, err)
-		}
-	}
-	return nil
-}
-
-func shortSnapshotName(full string) string {
-	_, snap, _ := strings.Cut(full, "@")
-	return snap
-}

@@ -10,9 +10,9 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfscmd"
-	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
 )
 
@@ -157,7 +157,7 @@ func (p *Pusher) bridge(plan sendPlan, state ReplicaState, header *Header,
 			return plan, nil
 		case s.Name == plan.spec.Base:
 			after = true
-		case after && !remote[s.GUID] && (isBase[s.Name] || isLiveCSISnapshot(s)):
+		case after && !remote[s.GUID] && (isBase[s.Name] || copyrecord.IsLiveCSISnapshot(s)):
 			spec := zfscmd.SendSpec{Snapshot: s.Name, Base: from, Raw: plan.spec.Raw}
 			plan.bridges = append(plan.bridges, streamSpec{kind: kindOf(spec), spec: spec, guid: s.GUID})
 			from = s.Name
@@ -167,12 +167,6 @@ func (p *Pusher) bridge(plan sendPlan, state ReplicaState, header *Header,
 	// every listed one.
 	plan.spec.Base = from
 	return plan, nil
-}
-
-// isLiveCSISnapshot reports whether s is a CSI snapshot not deleted: its
-// short name is a snapshot ID (volume.isCSISnapshot).
-func isLiveCSISnapshot(s zfscmd.Snap) bool {
-	return !s.Deferred && contract.IsSnapshotID(shortSnapshotName(s.Name))
 }
 
 // kindOf names the kind of stream spec sends.

@@ -69,7 +69,7 @@ func TestStalledHeaderNeverLocksAPrimary(t *testing.T) {
 				z := newMemPool(testRoot)
 				z.put(testDataset, map[string]string{copyrecord.PropRole: contract.RolePrimary, copyrecord.PropGeneration: "1", copyrecord.PropVolumeID: testVolume}, "zn-1:41")
 				locks := new(copylock.Locks)
-				r := NewReceiver(z, locks, testRoot, "n2", 2, hclog.NewNullLogger())
+				r := NewReceiver(z, locks, nil, testRoot, "n2", 2, hclog.NewNullLogger())
 				// As shipped: a stalled sender would otherwise keep the
 				// receive for minutes.
 				r.IdleTimeout = DefaultIdleTimeout
@@ -129,7 +129,7 @@ func TestStalledSenderLosesTheReplicaLock(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			z := &replicaStore{exists: true, generation: 5}
 			locks := new(copylock.Locks)
-			r := NewReceiver(z, locks, testRoot, "n2", 2, hclog.NewNullLogger())
+			r := NewReceiver(z, locks, nil, testRoot, "n2", 2, hclog.NewNullLogger())
 			r.IdleTimeout = idle
 			received := make(chan error, 1)
 			start := time.Now()
@@ -175,7 +175,7 @@ func TestStalledSenderLosesTheReplicaLock(t *testing.T) {
 // twice the idle timeout.
 func TestSlowSenderAboveTheRateKeepsItsReceive(t *testing.T) {
 	z := &replicaStore{exists: true, generation: 5}
-	r := NewReceiver(z, new(copylock.Locks), testRoot, "n2", 2, hclog.NewNullLogger())
+	r := NewReceiver(z, new(copylock.Locks), nil, testRoot, "n2", 2, hclog.NewNullLogger())
 	r.IdleTimeout, r.MinRate = 100*time.Millisecond, 4<<10
 	// 1 KiB every 60 ms: about 16 KiB/s, for 0.6 s.
 	_, err := receiveFrom(r, paced(t, 60*time.Millisecond, 1<<10, 10, header(KindIncremental, 5), plainStream(KindIncremental)))

@@ -30,7 +30,7 @@ func TestUnconfirmedPrimariesAreNotStaged(t *testing.T) {
 		unlock()
 	}
 
-	m := NewManager(fake, before.cfg, before.log) // the process restarts
+	m := NewManager(fake, nil, before.cfg, before.log) // the process restarts
 	m.RequireConfirmation()
 	m.Mounted = func(ds string) (bool, error) { return ds == mounted.Dataset, nil }
 	if _, _, err := m.Stageable(ctx, idle.ID, 1); !errors.Is(err, errdefs.ErrUnavailable) {

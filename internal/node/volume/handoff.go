@@ -222,7 +222,7 @@ func (m *Manager) Unfence(ctx context.Context, id string, generation uint64) err
 // took after its fence, so nothing written there is missing. failover
 // records the newest snapshot the replica had: the recovery point. A
 // receive into the replica that is running finishes first (it holds the
-// lock), and an interrupted one is discarded (DiscardPartialReceive).
+// lock), and an interrupted one is discarded (copyrecord's DiscardPartial).
 func (m *Manager) Promote(ctx context.Context, id string, generation uint64, notBefore int64, failover bool) (Copy, error) {
 	unlock, err := m.lock(ctx, id, "promote")
 	if err != nil {
@@ -231,8 +231,8 @@ func (m *Manager) Promote(ctx context.Context, id string, generation uint64, not
 	defer unlock()
 	// Whether it is a primary may change: the index reads it again.
 	defer m.reindex(ctx, id)
-	if m.DiscardPartialReceive != nil {
-		if err := m.DiscardPartialReceive(ctx, id); err != nil {
+	if m.replicas != nil {
+		if err := m.replicas.DiscardPartial(ctx, id); err != nil {
 			return Copy{}, err
 		}
 	}

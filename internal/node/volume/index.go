@@ -418,7 +418,7 @@ func (m *Manager) NoteChanged(id string) {
 }
 
 // Received notes a receive into the volume's copy on the node
-// (replication.Receiver.Changed), which holds the copy's lock: the
+// (the replication receiver's Index), which holds the copy's lock: the
 // volumes version moves (NoteChanged), and the CSI snapshots the streams
 // brought (docs/replication.md, "CSI snapshots") enter the snapshot
 // index. Only the snapshots the index lacks at this copy are read: most

@@ -105,11 +105,6 @@ type CreateRequest = contract.VolumeRequest
 // Manager runs volume operations on one node. Operations on one volume are
 // serialised; different volumes proceed in parallel as far as ZFS allows.
 type Manager struct {
-	// DiscardPartialReceive, when set, discards an interrupted receive into
-	// the volume's replica (replication.Receiver.DiscardPartial). Promote
-	// calls it holding the volume's lock, so no receive starts between
-	// the discard and the promotion.
-	DiscardPartialReceive func(ctx context.Context, volumeID string) error
 	// Mounted, when set, reports whether a dataset is mounted on this node;
 	// a mounted primary is never fenced or demoted.
 	Mounted func(dataset string) (bool, error)
@@ -129,10 +124,13 @@ type Manager struct {
 	// encryption fails.
 	Encryption zfs.Encryption
 
-	zfs   zfs.Interface
-	cfg   config.Node
-	log   hclog.Logger
-	locks *copylock.Locks
+	zfs zfs.Interface
+	// replicas reads and removes the node's replicas (replicas.go); nil
+	// on a node built without replication, which holds none.
+	replicas *copyrecord.Replicas
+	cfg      config.Node
+	log      hclog.Logger
+	locks    *copylock.Locks
 	// promiseLocks serialise the reads and writes of each volume's
 	// promise record (promise.go). It is not the copy: Reserve takes only
 	// this lock, so a reservation never waits for a receive or a push of
@@ -162,9 +160,10 @@ type Manager struct {
 	awaited awaitedPromotions
 }
 
-// NewManager returns a Manager for the node described by cfg.
-func NewManager(z zfs.Interface, cfg config.Node, log hclog.Logger) *Manager {
-	m := &Manager{zfs: z, cfg: cfg, log: log, now: time.Now, locks: new(copylock.Locks), started: time.Now()}
+// NewManager returns a Manager for the node described by cfg, whose
+// replicas (nil without replication) are over the same pool as z.
+func NewManager(z zfs.Interface, replicas *copyrecord.Replicas, cfg config.Node, log hclog.Logger) *Manager {
+	m := &Manager{zfs: z, replicas: replicas, cfg: cfg, log: log, now: time.Now, locks: new(copylock.Locks), started: time.Now()}
 	m.legacyPromises.Store(true)
 	return m
 }

@@ -534,7 +534,7 @@ func (b busyDestroy) Destroy(ctx context.Context, name string) error {
 func TestABusyDeleteSaysWhoHoldsTheVolume(t *testing.T) {
 	m, fake := newManager(t)
 	v := create(t, m, CreateRequest{Name: "v"})
-	busy := NewManager(busyDestroy{Fake: fake, busy: v.Dataset}, m.cfg, hclog.NewNullLogger())
+	busy := NewManager(busyDestroy{Fake: fake, busy: v.Dataset}, nil, m.cfg, hclog.NewNullLogger())
 	busy.MountHolders = func(dataset string) []string {
 		if dataset != v.Dataset {
 			return nil
@@ -571,7 +571,7 @@ func TestDeleteOfAVolumeMountedElsewhereTouchesNothing(t *testing.T) {
 			}
 			fake.Hold(v.Dataset+"@zn-1", "zfs-nomad-base-n2")
 			if tc.refused { // and ZFS answers EBUSY, as it does
-				m = NewManager(busyDestroy{Fake: fake, busy: v.Dataset}, m.cfg, hclog.NewNullLogger())
+				m = NewManager(busyDestroy{Fake: fake, busy: v.Dataset}, nil, m.cfg, hclog.NewNullLogger())
 			}
 			m.Mounted = func(string) (bool, error) { return false, nil } // not in the node's own table
 			m.MountHolders = func(dataset string) []string {

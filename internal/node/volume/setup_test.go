@@ -33,7 +33,7 @@ func newManager(t *testing.T) (*Manager, *zfsfake.Fake) {
 		"compression": {Default: "lz4", Allowed: []string{"lz4", "off", "zstd"}},
 		"atime":       {},
 	}
-	return NewManager(fake, cfg, hclog.NewNullLogger()), fake
+	return NewManager(fake, nil, cfg, hclog.NewNullLogger()), fake
 }
 
 // wantOnlyRoot fails the test unless the fake holds only the pool and the

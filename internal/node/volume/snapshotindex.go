@@ -156,14 +156,6 @@ func (m *Manager) reindexSnapshot(ctx context.Context, id, name string) {
 	}
 }
 
-// IndexSnapshotsOf reads the CSI snapshots of filesystem fs again after
-// the receiver renamed it (a replica that became a tombstone).
-func (m *Manager) IndexSnapshotsOf(fs string) {
-	ctx, cancel := context.WithTimeout(context.Background(), receivedReadTimeout)
-	defer cancel()
-	m.reindexSnapshotsOf(ctx, fs)
-}
-
 // reindexSnapshotsOf reads the CSI snapshots of a filesystem again after
 // it was renamed (a tombstone, a copy set aside).
 func (m *Manager) reindexSnapshotsOf(ctx context.Context, fs string) {

@@ -76,7 +76,7 @@ func pusherOverTLS(t *testing.T, src, dst node, cert, says string) *replication.
 	must(t, err)
 	lis := bufconn.Listen(1 << 20)
 	srv := grpc.NewServer(grpc.Creds(server.ServerCredentials()))
-	pb.RegisterReplicationServer(srv, &agent.ReplicationServer{Receiver: replication.NewReceiver(dst.s, new(copylock.Locks), "tank/nomad", says, 2, hclog.NewNullLogger())})
+	pb.RegisterReplicationServer(srv, &agent.ReplicationServer{Receiver: replication.NewReceiver(dst.s, new(copylock.Locks), nil, "tank/nomad", says, 2, hclog.NewNullLogger())})
 	go func() { _ = srv.Serve(lis) }()
 	t.Cleanup(srv.Stop)
 	dial := func(string) (*grpc.ClientConn, error) {
@@ -113,8 +113,8 @@ func TestReplicateGoesOnlyToTheTargetNodeItNames(t *testing.T) {
 			p := pusherOverTLS(t, src, dst, "n3", "n3")
 			cfg := config.DefaultNode()
 			cfg.NodeID, cfg.RootDataset = "n1", "tank/nomad"
-			volumes := volume.NewManager(src, cfg, hclog.NewNullLogger())
-			agentServer := agent.NewServer(volumes, p, nil, cfg, hclog.NewNullLogger())
+			volumes := volume.NewManager(src, nil, cfg, hclog.NewNullLogger())
+			agentServer := agent.NewServer(volumes, nil, p, nil, cfg, hclog.NewNullLogger())
 			lis := bufconn.Listen(1 << 20)
 			srv := grpc.NewServer()
 			pb.RegisterNodeAgentServer(srv, agentServer)

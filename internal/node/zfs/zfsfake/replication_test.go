@@ -159,7 +159,7 @@ func TestFencedPush(t *testing.T) {
 func pusherWith(t *testing.T, src, dst node, locks *copylock.Locks) *replication.Pusher {
 	lis := bufconn.Listen(1 << 20)
 	srv := grpc.NewServer()
-	pb.RegisterReplicationServer(srv, &agent.ReplicationServer{Receiver: replication.NewReceiver(dst.s, new(copylock.Locks), "tank/nomad", "n2", 2, hclog.NewNullLogger())})
+	pb.RegisterReplicationServer(srv, &agent.ReplicationServer{Receiver: replication.NewReceiver(dst.s, new(copylock.Locks), nil, "tank/nomad", "n2", 2, hclog.NewNullLogger())})
 	go func() { _ = srv.Serve(lis) }()
 	t.Cleanup(srv.Stop)
 	dial := func(string) (*grpc.ClientConn, error) {
@@ -235,7 +235,7 @@ func meshOf(t *testing.T, nodes map[string]node) func(from string) *replication.
 		lis := bufconn.Listen(1 << 20)
 		locks[id] = new(copylock.Locks)
 		srv := grpc.NewServer()
-		pb.RegisterReplicationServer(srv, &agent.ReplicationServer{Receiver: replication.NewReceiver(n.s, locks[id], "tank/nomad", id, 2, hclog.NewNullLogger())})
+		pb.RegisterReplicationServer(srv, &agent.ReplicationServer{Receiver: replication.NewReceiver(n.s, locks[id], nil, "tank/nomad", id, 2, hclog.NewNullLogger())})
 		go func() { _ = srv.Serve(lis) }()
 		t.Cleanup(srv.Stop)
 		listeners[id] = lis
