@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"maps"
 	"slices"
 	"strconv"
@@ -39,15 +38,6 @@ type Progress struct {
 // caller holds, at the time given (unix nanos), and returns the fence's
 // time (an earlier one when it was fenced for the same move already).
 type Fence func(ctx context.Context, at int64) (int64, error)
-
-// Transfer is a push in progress.
-type Transfer struct {
-	VolumeID string
-	Peer     string
-	Purpose  string // why it runs, as its requester said
-	Started  time.Time
-	Progress
-}
 
 // Pusher sends this node's volumes to peers.
 type Pusher struct {
@@ -87,37 +77,6 @@ func (p *Pusher) Close() {
 	if p.peers != nil {
 		p.peers.Close()
 	}
-}
-
-// Transfers returns the pushes running now.
-func (p *Pusher) Transfers() []Transfer {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	var out []Transfer
-	for _, t := range p.transfers {
-		out = append(out, *t)
-	}
-	return out
-}
-
-func (p *Pusher) track(volumeID string, t *Transfer) (untrack func()) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.transfers == nil {
-		p.transfers = map[string]*Transfer{}
-	}
-	p.transfers[volumeID] = t
-	return func() {
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		delete(p.transfers, volumeID)
-	}
-}
-
-func (p *Pusher) update(t *Transfer, prog Progress) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	t.Progress = prog
 }
 
 // NewPusher returns a Pusher for the node whose volumes live under root
@@ -546,88 +505,4 @@ func (p *Pusher) header(volumeID string, props map[string]string) Header {
 		}
 	}
 	return h
-}
-
-// reportEvery calls f every interval until stop is called.
-func (p *Pusher) reportEvery(interval time.Duration, f func()) (stop func()) {
-	if interval <= 0 {
-		return func() {}
-	}
-	done := make(chan struct{})
-	finished := make(chan struct{})
-	go func() {
-		defer close(finished)
-		t := time.NewTicker(interval)
-		defer t.Stop()
-		for {
-			select {
-			case <-t.C:
-				f()
-			case <-done:
-				return
-			}
-		}
-	}()
-	var once sync.Once
-	return func() { once.Do(func() { close(done); <-finished }) }
-}
-
-// chunkWriter cuts the zfs send stream into messages of chunkSize.
-type chunkWriter struct {
-	send func([]byte) error
-	buf  []byte
-	sent *atomic.Int64
-}
-
-func (w *chunkWriter) Write(b []byte) (int, error) {
-	n := len(b)
-	for len(b) > 0 {
-		room := chunkSize - len(w.buf)
-		take := min(room, len(b))
-		w.buf = append(w.buf, b[:take]...)
-		b = b[take:]
-		if len(w.buf) == chunkSize {
-			if err := w.flush(); err != nil {
-				return 0, err
-			}
-		}
-	}
-	return n, nil
-}
-
-// ReadFrom fills chunks straight from the zfs send pipe, saving io.Copy's
-// intermediate buffer and a copy per byte.
-func (w *chunkWriter) ReadFrom(r io.Reader) (int64, error) {
-	var n int64
-	for {
-		if cap(w.buf) < chunkSize {
-			w.buf = make([]byte, 0, chunkSize)
-		}
-		m, err := io.ReadFull(r, w.buf[len(w.buf):chunkSize])
-		w.buf = w.buf[:len(w.buf)+m]
-		n += int64(m)
-		if len(w.buf) == chunkSize {
-			if ferr := w.flush(); ferr != nil {
-				return n, ferr
-			}
-		}
-		switch {
-		case err == io.EOF || err == io.ErrUnexpectedEOF:
-			return n, nil
-		case err != nil:
-			return n, err
-		}
-	}
-}
-
-func (w *chunkWriter) flush() error {
-	if len(w.buf) == 0 {
-		return nil
-	}
-	if err := w.send(w.buf); err != nil {
-		return err
-	}
-	w.sent.Add(int64(len(w.buf)))
-	w.buf = make([]byte, 0, chunkSize) // the transport may still hold the sent slice
-	return nil
 }
