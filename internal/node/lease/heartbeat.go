@@ -102,7 +102,7 @@ func (h *Heartbeat) Beat(ctx context.Context) {
 }
 
 // step is one beat: ping the peers, then fence the mounted primaries if
-// the lease is lost, or lift fenced ones the domain confirms if it is
+// the lease is lost, or lift fenced ones the peers confirm if it is
 // held. wasHeld and fencedSome are what the previous step left; it
 // returns them for the next.
 func (h *Heartbeat) step(ctx context.Context, wasHeld, fencedSome bool) (held, stillFenced bool) {
@@ -176,7 +176,7 @@ func (h *Heartbeat) fanOut(ctx context.Context, addrs []string, call func(ctx co
 	wg.Wait()
 }
 
-// lift asks the domain about each primary fenced by the lease whether a
+// lift asks the peers about each primary fenced by the lease whether a
 // newer generation was promised, and lifts each that a majority confirms.
 // It reports whether some stay fenced.
 func (h *Heartbeat) lift(ctx context.Context) bool {
@@ -200,7 +200,7 @@ func (h *Heartbeat) lift(ctx context.Context) bool {
 	return remain
 }
 
-// confirm asks the domain about the primaries not confirmed current since
+// confirm asks the peers about the primaries not confirmed current since
 // the process started or the lease was lost, and confirms each a majority
 // vouches for. It reports whether all are confirmed.
 func (h *Heartbeat) confirm(ctx context.Context) bool {
@@ -218,7 +218,7 @@ func (h *Heartbeat) confirm(ctx context.Context) bool {
 	return len(ok) == len(pending)
 }
 
-// vouched asks the domain, in one round, about volumes (ID -> this
+// vouched asks the peers, in one round, about volumes (ID -> this
 // node's generation) and returns those a majority confirms current. A
 // copy for which a newer generation was promised, by this node or by a
 // peer that answered, is made read-only at once, mounted or not: another
@@ -260,7 +260,7 @@ func (h *Heartbeat) fenceSuperseded(ctx context.Context, id string, gen, newer u
 	}
 }
 
-// confirmed reports whether a majority of the domain (this node included)
+// confirmed reports whether a majority of the nodes (this node included)
 // answered and none of them promised a generation above gen: any failover
 // needed a majority's promise above it, and two majorities share a node.
 // newer is the highest generation above gen that this node or a peer
@@ -282,7 +282,7 @@ func (h *Heartbeat) confirmed(ctx context.Context, id string, gen uint64, answer
 	return err == nil && newer == 0 && agreed > total/2, newer
 }
 
-// askPromises asks every peer that answered, of every domain, except this node, for its
+// askPromises asks every peer that answered, of every domain, for its
 // promises of ids; it returns the answers of those that answered.
 func (h *Heartbeat) askPromises(ctx context.Context, ids []string) []map[string]uint64 {
 	var (
