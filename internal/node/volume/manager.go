@@ -3,7 +3,10 @@
 // their CSI names and labelled with the driver's user properties.
 //
 // The node agent service (for the controller) and the CSI node service both
-// call the Manager; neither touches ZFS directly. Rules (docs/volumes.md):
+// call the Manager; neither touches ZFS directly. The Manager also keeps
+// the node's indexes of its copies, which the replication receiver tells
+// of every receive, and deletes replicas under their locks (what a
+// removal does on disk is copyrecord.Replicas'). Rules (docs/volumes.md):
 //   - every volume is <root>/<volume id>, mountpoint=legacy, mounted only by
 //     the CSI node service;
 //   - a CSI snapshot is <root>/<volume id>@<snapshot id>;
