@@ -15,6 +15,8 @@ import (
 	"fmt"
 	"strconv"
 	"time"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 )
 
 // The user properties the driver owns in ZFS (the package comment says
@@ -100,6 +102,13 @@ const PropDeletedSnapshotPrefix = propPrefix + "deleted-snapshot:"
 // Not a volume ID, so nothing lists it as a volume or a replica.
 func AsideName(dataset string, t time.Time) string {
 	return fmt.Sprintf("%s-aside-%d", dataset, t.UnixNano())
+}
+
+// TombstoneLabels are the properties that mark a copy deleted at now,
+// set before it is renamed TombstoneName: a tombstone, primary or
+// replica before, is found by its role wherever a crash left it.
+func TombstoneLabels(now time.Time) map[string]string {
+	return map[string]string{PropRole: contract.RoleDeleted, PropDeletedAt: now.UTC().Format(time.RFC3339)}
 }
 
 // TombstoneName is the name a copy at dataset takes when it becomes a

@@ -112,7 +112,7 @@ func (r *Replicas) entomb(ctx context.Context, fs string) (string, error) {
 		return "", err
 	}
 	now := time.Now()
-	if err := r.store.Set(ctx, fs, map[string]string{PropRole: contract.RoleDeleted, PropDeletedAt: now.UTC().Format(time.RFC3339)}); err != nil {
+	if err := r.store.Set(ctx, fs, TombstoneLabels(now)); err != nil {
 		return "", fmt.Errorf("marking replica %s deleted: %w", fs, err)
 	}
 	tombstone := TombstoneName(fs, now)

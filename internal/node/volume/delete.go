@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"time"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
@@ -176,7 +175,7 @@ func (m *Manager) releaseAndDestroy(ctx context.Context, snap string) error {
 // labelled deleted.
 func (m *Manager) tombstone(ctx context.Context, v Volume) error {
 	now := m.now()
-	err := m.zfs.SetProperties(ctx, v.Dataset, map[string]string{copyrecord.PropRole: contract.RoleDeleted, copyrecord.PropDeletedAt: now.UTC().Format(time.RFC3339)})
+	err := m.zfs.SetProperties(ctx, v.Dataset, copyrecord.TombstoneLabels(now))
 	if err != nil {
 		return zfsError(err, "marking volume "+v.ID+" deleted")
 	}
