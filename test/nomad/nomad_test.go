@@ -124,9 +124,21 @@ func TestNomadEndToEnd(t *testing.T) {
 		// mount namespace; the next container must see them through
 		// Nomad's bind of the staging directory, or the drain below
 		// could not unmount the volume.
+		heldBefore := strings.Count(e.pluginLog("zfs-nomad-node", "zfs-node", first.node), "lease held")
 		e.restartTask("zfs-nomad-node", "zfs-node", first.node)
 		e.waitForPlugins(3, "")
 		e.waitForChecks("zfs-nomad-node-metrics", 3)
+		// The new process holds no lease until its pings reach a
+		// majority: its first beat may find the lease lost (the peers'
+		// connections not up yet) and make the job's volume read-only
+		// until the next beat (docs/safety.md, "Leases"). The next step
+		// counts lease losses from here, so wait for the hold.
+		e.eventually(time.Minute, "the restarted node plugin holding its lease", func() error {
+			if strings.Count(e.pluginLog("zfs-nomad-node", "zfs-node", first.node), "lease held") <= heldBefore {
+				return fmt.Errorf("its log says %q no more than before the restart", "lease held")
+			}
+			return nil
+		})
 		if now := e.waitForCounter(""); now.id != first.id {
 			t.Fatalf("the counter job runs as %s on %s after the plugin's restart, want %s unchanged", now.id, now.node, first.id)
 		}

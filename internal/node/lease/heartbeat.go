@@ -74,6 +74,10 @@ type Heartbeat struct {
 	// first beat: the node starts as if it held the lease and fenced
 	// volumes may exist, since a restart keeps the marks on the datasets.
 	lost, noneFenced bool
+	// beaten: a beat ran. The first that finds the lease held says so,
+	// so a process's log shows when it first held its lease after a
+	// start, as it shows every loss and regain.
+	beaten bool
 	// allConfirmed: every primary was confirmed current since the lease
 	// was last held (false at start: a restart forgets).
 	allConfirmed bool
@@ -98,7 +102,7 @@ func (h *Heartbeat) Run(ctx context.Context) {
 // simulation (internal/testbed/faultsim) calls it on its own clock.
 func (h *Heartbeat) Beat(ctx context.Context) {
 	held, fencedSome := h.step(ctx, !h.lost, !h.noneFenced)
-	h.lost, h.noneFenced = !held, !fencedSome
+	h.lost, h.noneFenced, h.beaten = !held, !fencedSome, true
 }
 
 // step is one beat: ping the peers, then fence the mounted primaries if
@@ -122,7 +126,10 @@ func (h *Heartbeat) step(ctx context.Context, wasHeld, fencedSome bool) (held, s
 		h.Volumes.ForgetConfirmations()
 		h.allConfirmed = false
 	default:
-		if !wasHeld {
+		switch {
+		case !h.beaten:
+			h.Log.Info("lease held: a majority of the peers (every domain) answers")
+		case !wasHeld:
 			h.Log.Info("lease held again: a majority of the peers (every domain) answers")
 		}
 		if fencedSome {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -286,5 +287,51 @@ func n1Heartbeat(net *memNet, vols *fakeVolumes, interval time.Duration) *Heartb
 		Client:   net.client("n1"),
 		Volumes:  vols,
 		Log:      hclog.NewNullLogger(),
+	}
+}
+
+// TestHeartbeatLogsTheFirstHold: a process's log says when it first
+// holds its lease, whether its first beat found it held or lost (the
+// peers not reached yet), and every loss and regain after that.
+func TestHeartbeatLogsTheFirstHold(t *testing.T) {
+	tests := []struct {
+		name     string
+		upBefore bool // the peers answer the first beat
+		want     []string
+	}{
+		{"held at the first beat", true, []string{"lease held: "}},
+		{"lost at the first beat, held at the second", false, []string{"lease lost: ", "lease held again: "}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			net := newMemNet()
+			up := func() {
+				for _, p := range []string{"n2", "n3"} {
+					net.serve(p+":7670", p, map[string]uint64{})
+				}
+			}
+			if tt.upBefore {
+				up()
+			}
+			vols := &fakeVolumes{fenced: map[string]uint64{}, mounted: map[string]uint64{}, promised: map[string]uint64{},
+				primaries: map[string]uint64{}, confirmed: map[string]uint64{}, superseded: map[string]uint64{}}
+			var out strings.Builder
+			h := n1Heartbeat(net, vols, time.Second)
+			h.Log = hclog.New(&hclog.LoggerOptions{Output: &out})
+			h.Beat(context.Background())
+			if !tt.upBefore {
+				up()
+			}
+			h.Beat(context.Background())
+			var got []string
+			for _, line := range strings.Split(out.String(), "\n") {
+				if _, msg, ok := strings.Cut(line, "lease "); ok && (strings.HasPrefix(msg, "held") || strings.HasPrefix(msg, "lost")) {
+					got = append(got, "lease "+msg[:strings.Index(msg, ":")+2])
+				}
+			}
+			if !slices.Equal(got, tt.want) {
+				t.Errorf("the lease lines logged: %q, want %q\n%s", got, tt.want, out.String())
+			}
+		})
 	}
 }
