@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfscmd"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
 )
@@ -50,14 +51,14 @@ func (r *Replicas) RemoveReplica(ctx context.Context, volumeID string, surplus *
 	if !ok || err != nil {
 		return Removal{}, err
 	}
-	if surplus != nil {
-		if err := r.checkSurplus(ctx, fs, props, *surplus); err != nil {
-			return Removal{}, fmt.Errorf("%w: it is kept: %v", errdefs.ErrFailedPrecondition, err)
-		}
-	}
 	snaps, err := r.store.Snapshots(ctx, fs)
 	if err != nil {
 		return Removal{}, fmt.Errorf("listing the snapshots of replica %s: %w", fs, err)
+	}
+	if surplus != nil {
+		if err := checkSurplus(props, snaps, *surplus); err != nil {
+			return Removal{}, fmt.Errorf("%w: it is kept: %v", errdefs.ErrFailedPrecondition, err)
+		}
 	}
 	if !slices.ContainsFunc(snaps, IsLiveCSISnapshot) {
 		if err := r.DestroyReplica(ctx, fs); err != nil {
@@ -72,18 +73,14 @@ func (r *Replicas) RemoveReplica(ctx context.Context, volumeID string, surplus *
 	return Removal{Dataset: fs, Tombstone: tombstone}, nil
 }
 
-// checkSurplus says why replica fs, with props, is not the surplus copy
-// s describes, or nil when it is one.
-func (r *Replicas) checkSurplus(ctx context.Context, fs string, props map[string]string, s Surplus) error {
+// checkSurplus says why the replica with props and snaps (oldest first)
+// is not the surplus copy s describes, or nil when it is one.
+func checkSurplus(props map[string]string, snaps []zfscmd.Snap, s Surplus) error {
 	if DemotedAt(props[PropDemotedAt]).IsZero() {
 		return errors.New("it was not demoted from primary by a move")
 	}
 	if token := props["receive_resume_token"]; token != "" && token != "-" {
 		return errors.New("an interrupted receive into it waits to be resumed")
-	}
-	snaps, err := r.store.Snapshots(ctx, fs)
-	if err != nil {
-		return err
 	}
 	if len(snaps) == 0 || ShortSnapshotName(snaps[len(snaps)-1].Name) != s.Newest {
 		return fmt.Errorf("its newest snapshot is no longer %s", s.Newest)
@@ -102,10 +99,7 @@ func (r *Replicas) checkSurplus(ctx context.Context, fs string, props map[string
 // renamed TombstoneName(fs, now). The node collects it once its last CSI
 // snapshot is deleted (volume.Manager).
 func (r *Replicas) entomb(ctx context.Context, fs string) (string, error) {
-	if err := r.AbortPartial(ctx, fs); err != nil {
-		return "", err
-	}
-	if err := ReleaseHolds(ctx, r.store, fs, func(string) bool { return true }); err != nil {
+	if err := r.dropReceiveAndHolds(ctx, fs); err != nil {
 		return "", err
 	}
 	if err := Prune(ctx, r.store, fs, 0); err != nil {
@@ -126,16 +120,23 @@ func (r *Replicas) entomb(ctx context.Context, fs string) (string, error) {
 // partial receive. The caller holds the volume's lock and checked that
 // fs is a replica.
 func (r *Replicas) DestroyReplica(ctx context.Context, fs string) error {
-	if err := r.AbortPartial(ctx, fs); err != nil {
-		return err
-	}
-	if err := ReleaseHolds(ctx, r.store, fs, func(string) bool { return true }); err != nil {
+	if err := r.dropReceiveAndHolds(ctx, fs); err != nil {
 		return err
 	}
 	if err := r.store.DestroyRecursive(ctx, fs); err != nil && !errors.Is(err, zfs.ErrNotFound) {
 		return err
 	}
 	return nil
+}
+
+// dropReceiveAndHolds discards a partial receive into replica fs and
+// releases every hold on its snapshots: what a replica keeps that no
+// removal may leave behind.
+func (r *Replicas) dropReceiveAndHolds(ctx context.Context, fs string) error {
+	if err := r.AbortPartial(ctx, fs); err != nil {
+		return err
+	}
+	return ReleaseHolds(ctx, r.store, fs, func(string) bool { return true })
 }
 
 // AbortPartial discards the interrupted receive into fs, if one waits.
@@ -168,7 +169,7 @@ func (r *Replicas) DiscardPartial(ctx context.Context, volumeID string) error {
 	if role, err := r.store.Get(ctx, fs, PropRole); err != nil || role != contract.RoleReplica {
 		return nil
 	}
-	if err := r.AbortPartial(ctx, fs); err != nil {
+	if err := r.store.AbortReceive(ctx, fs); err != nil {
 		return fmt.Errorf("discarding the partial receive into %s before promoting it: %w", fs, err)
 	}
 	return nil
