@@ -39,7 +39,7 @@ func (m *Migrator) ReserveCreation(ctx context.Context, id string, candidates []
 		}
 		// A majority may not have granted an earlier attempt's promise:
 		// granting the same one again is idempotent.
-		switch step, err := m.reserve(ctx, id, gen, n.Info.NodeID, v, false, false, false); step {
+		switch step, err := m.reserve(ctx, id, gen, n.Info.NodeID, v, grants{}); step {
 		case goOn:
 			return n, nil
 		case answer:

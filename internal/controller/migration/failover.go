@@ -48,7 +48,7 @@ func (m *Migrator) promote(ctx context.Context, id string, r copyOn, v view, ope
 	// silent ones, one of which may hold the primary, have been silent for
 	// a lease and its margin (docs/safety.md, "Leases"); the operator's
 	// forced promotion does not.
-	if n, err := m.reserve(ctx, id, gen, r.nodeID(), v, withoutMajority, !withoutMajority, operator); n != goOn {
+	if n, err := m.reserve(ctx, id, gen, r.nodeID(), v, grants{everyAnswering: withoutMajority, failover: !withoutMajority, operator: operator}); n != goOn {
 		return agentclient.Copy{}, n, err
 	}
 	if withoutMajority {

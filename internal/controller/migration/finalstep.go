@@ -51,24 +51,21 @@ func (m *Migrator) move(ctx context.Context, a *attempt, p copyOn, target cluste
 	gen := v.nextGeneration(target.Info.NodeID)
 	log := a.log.With("from_node", p.nodeID(), "generation", gen)
 	log.Info("moving volume")
-	// The reservation runs beside the fence and the final send, off the
-	// move's critical path; the promotion waits for it.
-	type reservation struct {
-		n   next
-		err error
+	// The reservation comes before the fence, and the source must grant
+	// it: from then on the source's own record promises gen to the target,
+	// so its node refuses to lift the fence for any controller instance
+	// (an Unfence is refused while the node promised a newer generation to
+	// another node), and any instance that reads a majority sees the
+	// promise and must supersede it before lifting the fence, which voids
+	// this promotion (docs/safety.md, "A publish to the source while a
+	// move runs").
+	if n, err := m.reserve(ctx, id, gen, target.Info.NodeID, v, grants{also: p.nodeID()}); n != goOn {
+		return 0, n, err
 	}
-	reserved := make(chan reservation, 1)
-	go func() {
-		n, err := m.reserve(ctx, id, gen, target.Info.NodeID, v, false, false, false)
-		reserved <- reservation{n, err}
-	}()
 	fencedAt, err := m.sendFinal(ctx, id, p, target, v, log)
 	if err != nil {
 		m.Metrics.count("move", "failed")
 		return 0, answer, err
-	}
-	if r := <-reserved; r.n != goOn {
-		return 0, r.n, r.err
 	}
 	err = m.promoteTarget(ctx, target, agentclient.Promotion{VolumeID: id, Generation: gen, NotBeforeUnixNano: fencedAt}, v)
 	if err != nil {

@@ -387,7 +387,7 @@ func (m *Migrator) supersede(ctx context.Context, id string, p copyOn, pr promis
 	gen := v.nextGeneration(p.nodeID())
 	log.Info("superseding a promise to another node before lifting the fence: its holder may still be promoted with it",
 		"promised_generation", pr.generation, "holder", pr.holder, "generation", gen)
-	n, err := m.reserve(ctx, id, gen, p.nodeID(), v, false, false, false)
+	n, err := m.reserve(ctx, id, gen, p.nodeID(), v, grants{})
 	if err != nil {
 		err = fmt.Errorf("generation %d of volume %s is promised to node %s, whose promotion may still be under way; reserving generation %d for node %s to void it: %w",
 			pr.generation, id, pr.holder, gen, p.nodeID(), err)
@@ -403,27 +403,42 @@ func (m *Migrator) noQuorum(id string, v view) error {
 		len(v.nodes), v.total(), strings.Join(v.unreachable, ", "), v.unlisted(), id)
 }
 
+// grants says whose grants a reservation needs besides a majority's
+// and its holder's.
+type grants struct {
+	// everyAnswering: every node that answered must grant, not a
+	// majority (the operator's forced promotion, without a majority).
+	everyAnswering bool
+	// failover: every node attests the silence of those that did not
+	// answer, and of any node its lease knows that is not among those that
+	// did (agentclient.Reservation).
+	failover bool
+	// operator marks the operator's promotion: a node that keeps no lease
+	// (no peers) grants its failover on the operator's word, and refuses
+	// the controller's automatic one.
+	operator bool
+	// also names a node whose grant is needed too: a move's source, whose
+	// own record must promise the target's generation before it is fenced,
+	// so that the source's node refuses to lift that fence for any
+	// controller instance that has not superseded the promise.
+	also string
+}
+
 // reserve has a majority of the nodes promise generation gen of the
 // volume to holder's copy before it is promoted with it: no other copy
 // can then ever get gen (docs/safety.md, "Generations"). Granted, the
 // caller goes on; refused because a newer generation exists or another
 // promotion raced this one, it looks again (lookAgain, with an error
-// that says who refused); anything else answers. With everyAnswering (the operator's
-// forced promotion, without a majority) every node that answered must
-// grant it instead. A failover's reservation (failover) has every node
-// attest the silence of those that did not answer, and of any node its
-// lease knows that is not among those that did (agentclient.Reservation).
-// operator marks the operator's promotion: a node that keeps no lease
-// (no peers) grants its failover on the operator's word, and refuses the
-// controller's automatic one.
-func (m *Migrator) reserve(ctx context.Context, id string, gen uint64, holder string, v view, everyAnswering, failover, operator bool) (next, error) {
+// that says who refused); anything else answers. g says whose grants it
+// needs besides (grants).
+func (m *Migrator) reserve(ctx context.Context, id string, gen uint64, holder string, v view, g grants) (next, error) {
 	type reply struct {
 		node string
 		resp agentclient.Promise
 		err  error
 	}
-	r := agentclient.Reservation{VolumeID: id, Generation: gen, HolderNodeID: holder, Operator: operator, Failover: failover}
-	if failover {
+	r := agentclient.Reservation{VolumeID: id, Generation: gen, HolderNodeID: holder, Operator: g.operator, Failover: g.failover}
+	if g.failover {
 		r.FailoverFrom = v.unreachable
 		for _, n := range v.nodes {
 			r.Answering = append(r.Answering, n.Info.NodeID)
@@ -439,26 +454,27 @@ func (m *Migrator) reserve(ctx context.Context, id string, gen uint64, holder st
 		}()
 	}
 	total := v.total()
-	granted, holderGranted, waiting := 0, false, false
+	granted, holderGranted, alsoGranted, waiting := 0, false, g.also == "", false
 	var refusals []string
 	for range v.nodes {
 		a := <-answers
 		switch {
 		case a.err != nil:
 			refusals = append(refusals, fmt.Sprintf("node %s: %v", a.node, a.err))
-			waiting = waiting || (failover && errors.Is(a.err, errdefs.ErrUnavailable))
+			waiting = waiting || (g.failover && errors.Is(a.err, errdefs.ErrUnavailable))
 		case a.resp.Granted:
 			granted++
 			holderGranted = holderGranted || a.node == holder
+			alsoGranted = alsoGranted || a.node == g.also
 		default:
 			refusals = append(refusals, fmt.Sprintf("node %s promised generation %d to node %s", a.node, a.resp.PromisedGeneration, a.resp.PromisedHolder))
 		}
 	}
 	enough := granted > total/2
-	if everyAnswering {
+	if g.everyAnswering {
 		enough = granted == len(v.nodes)
 	}
-	if enough && holderGranted {
+	if enough && holderGranted && alsoGranted {
 		return goOn, nil
 	}
 	if waiting {

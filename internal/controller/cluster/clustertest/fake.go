@@ -663,10 +663,10 @@ func (f *FakeAgent) GetCopy(_ context.Context, id string) (agentclient.Copy, err
 	return c, nil
 }
 
-// Demote retires the node's primary, older than generation: a primary
-// fenced for a move becomes a replica of generation, any other (or any
-// when Aside) is set aside (gone from the node's copies, listed by
-// SetAside), as the node does.
+// Demote retires the node's primary, older than generation and not
+// mounted: a primary fenced for a move becomes a replica of generation,
+// any other (or any when Aside) is set aside (gone from the node's
+// copies, listed by SetAside), as the node does.
 func (f *FakeAgent) Demote(_ context.Context, d agentclient.Demotion) (agentclient.Copy, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -676,6 +676,9 @@ func (f *FakeAgent) Demote(_ context.Context, d agentclient.Demotion) (agentclie
 	}
 	if c.Generation >= d.Generation {
 		return agentclient.Copy{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "node %s holds generation %d of volume %s, not older than %d", f.info.NodeID, c.Generation, d.VolumeID, d.Generation)
+	}
+	if c.Mounted {
+		return agentclient.Copy{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "volume %s is mounted on node %s while generation %d is the primary elsewhere; unmount it: it is stale", d.VolumeID, f.info.NodeID, d.Generation)
 	}
 	if d.Aside || c.MovingTo == "" {
 		f.setAside = append(f.setAside, d.VolumeID)
@@ -831,7 +834,8 @@ func (f *FakeAgent) receive(c agentclient.Copy, snapshot string, at int64) error
 }
 
 // MoveFinal fences the node's primary for targetNodeID (once: a second
-// call keeps the first fence's time) and pushes it as Replicate does.
+// call keeps the first fence's time; refused as the node refuses it:
+// fenceable) and pushes it as Replicate does.
 func (f *FakeAgent) MoveFinal(ctx context.Context, id, targetAddr, targetNodeID string) (agentclient.Progress, error) {
 	if err := f.beforePush(ctx, id, targetAddr, "the final step of the move to "+targetNodeID, nil); err != nil {
 		return agentclient.Progress{}, err
@@ -842,13 +846,30 @@ func (f *FakeAgent) MoveFinal(ctx context.Context, id, targetAddr, targetNodeID 
 		f.mu.Unlock()
 		return agentclient.Progress{}, err
 	}
-	if c.MovingTo == "" {
+	if c.MovingTo != targetNodeID {
+		if err := f.fenceable(c, targetNodeID); err != nil {
+			f.mu.Unlock()
+			return agentclient.Progress{}, err
+		}
 		c.MovingTo, c.FencedUnixNano = targetNodeID, f.tick()
 		f.setCopy(c)
 	}
 	p, err := f.push(id, targetAddr)
 	p.FencedAt = c.FencedUnixNano
 	return p, err
+}
+
+// fenceable refuses to fence c for a move to target as the node does:
+// while it is mounted, and unless the node promised target a generation
+// above c's (volume.Manager.FenceHeld).
+func (f *FakeAgent) fenceable(c agentclient.Copy, target string) error {
+	if c.Mounted {
+		return errdefs.Wrap(errdefs.ErrFailedPrecondition, "volume %s is still mounted on node %s; it can move to node %s once the CO has unpublished it there", c.VolumeID, f.info.NodeID, target)
+	}
+	if c.PromisedGeneration <= c.Generation || c.PromisedHolder != target {
+		return errdefs.Wrap(errdefs.ErrFailedPrecondition, "node %s has not promised node %s a generation of volume %s above this copy's %d", f.info.NodeID, target, c.VolumeID, c.Generation)
+	}
+	return nil
 }
 
 // Unfence lifts the node's fences of its primary: a move's and a lost

@@ -1,0 +1,101 @@
+package migration
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/controller/agentclient"
+	"github.com/zfs-nomad/zfs-nomad/internal/controller/cluster/clustertest"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
+)
+
+// TestTwoInstancesNeverGiveTwoPrimaries: the shipped controller job runs
+// two instances, and a publish back to a move's source may reach the
+// instance that does not run the move. Instance A moves the volume from
+// n1 to n2; its reservation of generation 2 for n2 is held back on every
+// node (slow property writes) while instance B publishes the volume on
+// n1, and the CO stages it there as soon as B answers. Whatever the order
+// of A's fence and reservation, the volume ends with at most one writable
+// primary: B either finds n1 unfenced (A had not fenced yet, and then the
+// staged source refuses A's fence), or finds the fence and may lift it
+// only by superseding a promise n1's own node already holds. With the
+// reservation beside the fence, B lifted a fence no answering node had a
+// promise for yet, and A then promoted n2: two primaries.
+func TestTwoInstancesNeverGiveTwoPrimaries(t *testing.T) {
+	fakes := new(clustertest.Fakes)
+	var nodes []*clustertest.FakeAgent
+	for _, id := range []string{"n1", "n2", "n3"} {
+		nodes = append(nodes, fakes.Add(agentclient.NodeInfo{NodeID: id}))
+	}
+	source := nodes[0]
+	id := source.PutPrimary("shared", 1)
+	a := New(fakes.Cluster(t), hclog.NewNullLogger())
+	a.CatchUpWait = time.Millisecond
+	b := New(fakes.Cluster(t), hclog.NewNullLogger())
+
+	release := make(chan struct{})
+	var held atomic.Int32
+	var bAnswer string
+	var once sync.Once
+	// B publishes on the source once A holds a reservation call on every
+	// node and, if A fences before it reserves, once the source is fenced.
+	publishOnSource := func() {
+		for deadline := time.Now().Add(2 * time.Second); held.Load() < 3 && time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		}
+		for deadline := time.Now().Add(500 * time.Millisecond); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+			if c, _ := source.Copy(id); c.MovingTo != "" {
+				break
+			}
+		}
+		gen, err := b.Publish(context.Background(), id, "n1")
+		bAnswer = fmt.Sprintf("generation %d, %v", gen, err)
+		if err == nil { // the CO stages it: a writer on n1
+			c, _ := source.Copy(id)
+			c.Mounted = true
+			source.PutCopy(c)
+		}
+		close(release)
+	}
+	for i, n := range nodes {
+		n.BeforeCall("Reserve", func() {
+			held.Add(1)
+			if i == 0 {
+				once.Do(publishOnSource)
+			}
+			<-release
+		})
+	}
+	_, _ = a.Publish(context.Background(), id, "n2")
+	waitForMoveEnd(t, a)
+
+	var writable []string
+	for _, n := range nodes {
+		c, ok := n.Copy(id)
+		if ok && c.Role == contract.RolePrimary && c.MovingTo == "" && !c.LeaseFenced {
+			writable = append(writable, fmt.Sprintf("%s at %d (mounted %v)", c.NodeID, c.Generation, c.Mounted))
+		}
+	}
+	if len(writable) > 1 {
+		t.Fatalf("writable primaries after instance B's publish on the source (%s) beside instance A's move: %v; want at most one", bAnswer, writable)
+	}
+	t.Logf("B's publish on n1: %s; writable primaries: %v; A's move: %+v", bAnswer, writable, a.Moves())
+}
+
+// waitForMoveEnd waits until m's one move job ended, well or not.
+func waitForMoveEnd(t *testing.T, m *Migrator) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if moves := m.Moves(); len(moves) == 1 && (moves[0].Error != "" || !moves[0].Moved.IsZero()) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the move did not end: %+v", m.Moves())
+		}
+	}
+}
