@@ -202,11 +202,41 @@ func ask[T any](ctx context.Context, c *Cluster, about agentclient.GetNodeOption
 		})
 	}
 	_ = g.Wait() // the goroutines record failures instead of returning them
-	sort.Slice(answers, func(i, j int) bool { return answers[i].Node.Info.NodeID < answers[j].Node.Info.NodeID })
 	for _, u := range unreachable {
 		c.log.Warn("node agent unreachable", "addr", u.Addr, "error", u.Err)
 	}
-	return answers, unreachable, nil
+	return oncePerNode(c.log, answers), unreachable, nil
+}
+
+// oncePerNode keeps one answer of each node, sorted by node ID: a node
+// listed under two addresses (by name and by IP) answers at both, and
+// every majority the controller takes (reservations, the work lease)
+// counts nodes, never addresses. The node is the one its certificate
+// names (client): an answer at another address cannot count as another
+// node. An answer without an error is kept over one with. An address
+// that did not answer stays unreachable: it may be an alias of a node
+// that answered, but counting it only makes a majority harder to reach.
+func oncePerNode[T any](log hclog.Logger, answers []Answer[T]) []Answer[T] {
+	sort.SliceStable(answers, func(i, j int) bool {
+		a, b := answers[i], answers[j]
+		if a.Node.Info.NodeID != b.Node.Info.NodeID {
+			return a.Node.Info.NodeID < b.Node.Info.NodeID
+		}
+		if (a.Err == nil) != (b.Err == nil) {
+			return a.Err == nil
+		}
+		return a.Node.Addr < b.Node.Addr
+	})
+	out := answers[:0]
+	for _, a := range answers {
+		if n := len(out); n > 0 && out[n-1].Node.Info.NodeID == a.Node.Info.NodeID {
+			log.Warn("one node answers at two peer addresses: it counts once; list each node once in the peers",
+				"node_id", a.Node.Info.NodeID, "addr", out[n-1].Node.Addr, "also_addr", a.Node.Addr)
+			continue
+		}
+		out = append(out, a)
+	}
+	return out
 }
 
 // askOne asks one agent about itself and calls get (unless nil) on it at

@@ -2,6 +2,7 @@ package migration
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -13,6 +14,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/agentclient"
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/cluster/clustertest"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
 )
 
 // TestTwoInstancesNeverGiveTwoPrimaries: the shipped controller job runs
@@ -96,6 +98,37 @@ func waitForMoveEnd(t *testing.T, m *Migrator) {
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("the move did not end: %+v", m.Moves())
+		}
+	}
+}
+
+// TestANodeUnderTwoAddressesCountsOnce: four nodes, n2 listed by name
+// and by IP, n3 and n4 down. n1 and n2 are two of four, no majority: no
+// move is decided, however many of n2's addresses answer. Counting
+// addresses, three of five answered and granted, and the move promoted
+// n2 while n3 and n4 could make the other majority.
+func TestANodeUnderTwoAddressesCountsOnce(t *testing.T) {
+	fakes := new(clustertest.Fakes)
+	var nodes []*clustertest.FakeAgent
+	for _, id := range []string{"n1", "n2", "n3", "n4"} {
+		nodes = append(nodes, fakes.Add(agentclient.NodeInfo{NodeID: id}))
+	}
+	fakes.Alias("n2", "10.0.0.2:7670")
+	nodes[2].SetDown(true)
+	nodes[3].SetDown(true)
+	id := nodes[0].PutPrimary("aliased", 1)
+	m := New(fakes.Cluster(t), hclog.NewNullLogger())
+	m.CatchUpFresh = -1 // the move runs in the publish: its answer is the move's
+	_, err := m.Publish(context.Background(), id, "n2")
+	if !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Errorf("publish on n2 with n1 and n2 of four nodes answering (n2 at two addresses): %v, want Unavailable (no majority)", err)
+	}
+	if c, _ := nodes[1].Copy(id); c.Role == contract.RolePrimary {
+		t.Errorf("n2 was promoted with two of four nodes: %+v", c)
+	}
+	for _, n := range nodes[:2] {
+		if r := n.Reservations(); len(r) > 0 {
+			t.Errorf("a reservation reached a node without a majority answering: %+v", r)
 		}
 	}
 }

@@ -3,6 +3,8 @@ package lease
 import (
 	"context"
 	"errors"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -290,23 +292,26 @@ func (h *Heartbeat) confirmed(ctx context.Context, id string, gen uint64, answer
 }
 
 // askPromises asks every peer that answered, of every domain, for its
-// promises of ids; it returns the answers of those that answered.
+// promises of ids; it returns the answers of those that answered, one
+// per node (by the node ID its certificate names), however many of its
+// addresses are listed.
 func (h *Heartbeat) askPromises(ctx context.Context, ids []string) []map[string]uint64 {
 	var (
-		mu  sync.Mutex
-		out []map[string]uint64
+		mu     sync.Mutex
+		byNode = map[string]map[string]uint64{}
 	)
 	h.fanOut(ctx, h.Monitor.others(h.NodeID), func(ctx context.Context, addr string) {
 		// Only the node that answered the ping at addr may vouch there.
-		answer, err := h.promisesOf(ctx, addr, h.Monitor.nodeOf(addr), ids)
-		if err != nil {
+		node := h.Monitor.nodeOf(addr)
+		answer, err := h.promisesOf(ctx, addr, node, ids)
+		if err != nil || node == "" || node == h.NodeID {
 			return
 		}
 		mu.Lock()
-		out = append(out, answer)
+		byNode[node] = answer
 		mu.Unlock()
 	})
-	return out
+	return slices.Collect(maps.Values(byNode))
 }
 
 // promisesOf asks one peer for its promises of ids, MaxPromiseIDs at a

@@ -335,3 +335,29 @@ func TestHeartbeatLogsTheFirstHold(t *testing.T) {
 		})
 	}
 }
+
+// TestANodeUnderTwoAddressesVouchesOnce: four nodes, n1 lists n2 by name
+// and by IP, and only n2 answers. n1 and n2 are two of four: n1 holds no
+// lease and confirms nothing, however many of n2's addresses answer.
+// Counting addresses, n1 heard three of five and confirmed its primary
+// while n3 and n4, with the controller, could make the other majority.
+func TestANodeUnderTwoAddressesVouchesOnce(t *testing.T) {
+	const id = "vol-0123456789abcdef0123"
+	net := newMemNet()
+	n2 := &Server{NodeID: "n2", Domain: "d", Promised: func(context.Context, string) (uint64, error) { return 0, nil }}
+	net.serveWith("n2.example:7670", n2)
+	net.serveWith("10.0.0.2:7670", n2)
+	vols := &fakeVolumes{fenced: map[string]uint64{}, mounted: map[string]uint64{id: 1}, promised: map[string]uint64{},
+		primaries: map[string]uint64{id: 1}, confirmed: map[string]uint64{}, superseded: map[string]uint64{}}
+	h := n1Heartbeat(net, vols, 2*time.Second)
+	h.Peers = func() ([]string, error) {
+		return []string{"n2.example:7670", "10.0.0.2:7670", "n3:7670", "n4:7670"}, nil
+	}
+	h.Beat(context.Background())
+	if !h.lost {
+		t.Error("n1 holds its lease with only n2 answering, at two addresses, of four nodes")
+	}
+	if len(vols.confirmed) != 0 {
+		t.Errorf("confirmed %v with only n2 answering of four nodes; want nothing confirmed", vols.confirmed)
+	}
+}

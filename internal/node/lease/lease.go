@@ -162,17 +162,31 @@ func (m *Monitor) Members(selfID string) int {
 // count returns how many of the nodes this node knows, itself included,
 // answered its pings within the lease (this node always), and how many
 // there are. Only answers count, not calls (Called).
+//
+// Nodes are counted by identity, not by address: a peer that answered
+// names itself with its certificate's node ID, and a node listed under
+// two addresses (by name and by IP) counts once, heard if either address
+// answered within the lease. An address that never answered counts as a
+// node of its own: it may be an alias of a known node, but counting it
+// only makes a majority harder to reach.
 func (m *Monitor) count(selfID string) (heard, total int) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	now := m.now()
-	heard, total = 1, 1
+	fresh := map[string]bool{} // node ID -> heard within the lease
+	unnamed := 0
 	for _, p := range m.peers {
-		if p.nodeID == selfID {
-			continue
+		switch {
+		case p.nodeID == selfID:
+		case p.nodeID == "":
+			unnamed++
+		default:
+			fresh[p.nodeID] = fresh[p.nodeID] || (!p.heard.IsZero() && now.Sub(p.heard) < m.lease)
 		}
-		total++
-		if !p.heard.IsZero() && now.Sub(p.heard) < m.lease {
+	}
+	heard, total = 1, 1+unnamed+len(fresh)
+	for _, ok := range fresh {
+		if ok {
 			heard++
 		}
 	}
@@ -302,16 +316,21 @@ func (m *Monitor) nodeOf(addr string) string {
 	return ""
 }
 
-// others returns the addresses of the peers that answered a ping, of
+// others returns an address of each peer node that answered a ping, of
 // every domain, this node excluded: those a lift or a confirmation asks.
+// A node listed under two addresses is asked once, at the address that
+// answered last, so that its answer counts once.
 func (m *Monitor) others(selfID string) []string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	var out []string
+	best := map[string]string{} // node ID -> address
 	for a, p := range m.peers {
-		if p.nodeID != "" && p.nodeID != selfID {
-			out = append(out, a)
+		if p.nodeID == "" || p.nodeID == selfID {
+			continue
+		}
+		if b, ok := best[p.nodeID]; !ok || p.heard.After(m.peers[b].heard) || (p.heard.Equal(m.peers[b].heard) && a < b) {
+			best[p.nodeID] = a
 		}
 	}
-	return out
+	return slices.Sorted(maps.Values(best))
 }

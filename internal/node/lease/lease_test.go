@@ -37,6 +37,15 @@ func TestHeldNeedsAMajorityOfAllPeersWithinTheLease(t *testing.T) {
 		{"a peer never heard counts against", []string{"a", "b", "c"}, []answer{{"a", "n2", "d", 0}}, false},
 		{"two of four is no majority", []string{"a", "b", "c"}, []answer{{"a", "n2", "d", 0}}, false},
 		{"three of four", []string{"a", "b", "c"}, []answer{{"a", "n2", "d", 0}, {"b", "n3", "d", 0}}, true},
+		// A node listed by name and by IP is one node: n2 heard at both
+		// of its addresses is two of four nodes (n1, n2, n3, n4), not
+		// three of five.
+		{"a node under two addresses counts once", []string{"n2.example", "10.0.0.2", "n3", "n4"},
+			[]answer{{"n2.example", "n2", "d", 0}, {"10.0.0.2", "n2", "d", 0}}, false},
+		{"aliases and a third node", []string{"n2.example", "10.0.0.2", "n3"},
+			[]answer{{"n2.example", "n2", "d", 0}, {"10.0.0.2", "n2", "d", 0}}, true},
+		{"an alias heard long ago counts with the other address", []string{"n2.example", "10.0.0.2", "n3"},
+			[]answer{{"n2.example", "n2", "d", lease}, {"10.0.0.2", "n2", "d", 0}}, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

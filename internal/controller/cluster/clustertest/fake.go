@@ -971,6 +971,16 @@ func (fs *Fakes) Add(info agentclient.NodeInfo) *FakeAgent {
 	return f
 }
 
+// Alias lists the node nodeID at a second address too, as a peers file
+// that names a node by its name and by its IP: the same agent answers at
+// both.
+func (fs *Fakes) Alias(nodeID, addr string) {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	fs.agents[addr] = fs.agents[nodeID+":7670"]
+	fs.peers = append(fs.peers, addr)
+}
+
 // Cluster returns a cluster of the fake agents, plus peers at the extra
 // addresses, which nobody answers. Each agent call is bounded by 2 s.
 func (fs *Fakes) Cluster(t testing.TB, extra ...string) *cluster.Cluster {
