@@ -52,6 +52,10 @@ type Volumes interface {
 	// read-only, mounted or not, because generation newer was promised
 	// elsewhere; it reports whether it fenced it now.
 	FenceSuperseded(ctx context.Context, id string, generation, newer uint64) (bool, error)
+	// EndForced puts the primaries the operator promoted without a
+	// majority (promote -force) back under the lease, the confirmations
+	// and the superseded-copy fence; it returns their IDs.
+	EndForced(ctx context.Context) ([]string, error)
 }
 
 // Heartbeat pings the peers every Interval (a quarter of the lease),
@@ -137,6 +141,7 @@ func (h *Heartbeat) step(ctx context.Context, wasHeld, fencedSome bool) (held, s
 		if fencedSome {
 			fencedSome = h.lift(ctx)
 		}
+		h.endForced(ctx)
 		if !h.allConfirmed {
 			h.allConfirmed = h.confirm(ctx)
 		}
@@ -145,6 +150,19 @@ func (h *Heartbeat) step(ctx context.Context, wasHeld, fencedSome bool) (held, s
 		h.Held(held)
 	}
 	return held, fencedSome
+}
+
+// endForced ends the exemptions of the copies the operator forced
+// without a majority: this node hears a majority now, so they are
+// confirmed like any primary (their confirmation round is this beat's).
+func (h *Heartbeat) endForced(ctx context.Context) {
+	ended, err := h.Volumes.EndForced(ctx)
+	if err != nil {
+		h.Log.Error("putting the operator's forced primaries back under the lease failed; retrying at the next beat", "error", err)
+	}
+	if len(ended) > 0 {
+		h.allConfirmed = false
+	}
 }
 
 // beat pings every peer at once, each within the interval.

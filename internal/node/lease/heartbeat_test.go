@@ -97,6 +97,8 @@ func (f *fakeVolumes) FenceSuperseded(_ context.Context, id string, generation, 
 	return true, nil
 }
 
+func (f *fakeVolumes) EndForced(context.Context) ([]string, error) { return nil, nil }
+
 func (f *fakeVolumes) Promised(_ context.Context, id string) (uint64, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

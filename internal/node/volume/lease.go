@@ -222,3 +222,53 @@ func (m *Manager) liftLeaseFence(ctx context.Context, v Volume, generation uint6
 	m.Confirm(id, generation)
 	return nil
 }
+
+// EndForced puts every primary the operator forced without a majority
+// (promote -force) back under the lease's rules, and returns their IDs.
+// The heartbeat calls it while this node holds its lease: a majority
+// answers again, so the operator's word that the silent nodes are lost
+// no longer stands in for theirs. From then on the copy self-fences when
+// the lease is lost, is confirmed by a majority before it is staged
+// again, and is made read-only when a newer generation was promised
+// elsewhere, like any primary; the controller publishes it only with a
+// majority answering. A copy forced at another generation than its
+// current one carries no exemption already (Volume.Forced) and is left.
+func (m *Manager) EndForced(ctx context.Context) ([]string, error) {
+	vols, err := m.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var (
+		ended []string
+		errs  []error
+	)
+	for _, v := range vols {
+		if !v.Forced {
+			continue
+		}
+		if err := m.endForced(ctx, v.ID); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		ended = append(ended, v.ID)
+	}
+	return ended, errors.Join(errs...)
+}
+
+func (m *Manager) endForced(ctx context.Context, id string) error {
+	unlock, err := m.lock(ctx, id, "ending the operator's forced promotion")
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	v, err := m.get(ctx, id)
+	if err != nil || !v.Forced {
+		return err
+	}
+	if err := m.zfs.ClearUserProperty(ctx, v.Dataset, copyrecord.PropForced); err != nil {
+		return zfsError(err, "ending the forced promotion of volume "+id)
+	}
+	m.log.Warn("a majority of the nodes answers again: the copy the operator promoted without one is under the lease again (it is made read-only if the lease is lost, and confirmed before it is staged again)",
+		"volume_id", id, "generation", v.Generation)
+	return nil
+}
