@@ -28,7 +28,6 @@ import (
 	csispec "github.com/container-storage-interface/spec/lib/go/csi"
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/cluster"
@@ -144,11 +143,11 @@ func serve(c command, args []string) error {
 	log := csiplugin.NewLogger("zfs-controller", os.Getenv)
 
 	agents := peers.Configured(cfg.Peers, cfg.PeersFile)
-	creds, certs, err := agentCredentials(cfg, []string{tlsconfig.RoleController}, log)
+	dialOpts, certs, err := agentDialOptions(cfg, []string{tlsconfig.RoleController}, log)
 	if err != nil {
 		return err
 	}
-	nodes := cluster.New(agents, time.Duration(cfg.AgentTimeout), log.Named("cluster"), grpc.WithTransportCredentials(creds))
+	nodes := cluster.New(agents, time.Duration(cfg.AgentTimeout), log.Named("cluster"), dialOpts...)
 	defer nodes.Close()
 
 	lis, err := csiplugin.Listen(cfg.CSIEndpoint)
@@ -247,21 +246,20 @@ func probe(ctx context.Context, nodes *cluster.Cluster) error {
 	return fmt.Errorf("no healthy node agent: %w", errors.Join(reasons...))
 }
 
-// agentCredentials are the controller's mutual TLS credentials for the
-// agent ports.
-// agentCredentials are the credentials of calls to node agents, and the
-// TLS material they use (nil without TLS): the controller's certificate,
-// or for the operator commands an operator's or the controller's.
-func agentCredentials(cfg config.Controller, roles []string, log hclog.Logger) (credentials.TransportCredentials, *tlsconfig.Source, error) {
+// agentDialOptions are the dial options of calls to node agents (mutual
+// TLS, and every call's check of the node's certificate), and the TLS
+// material they use (nil without TLS): the controller's certificate, or
+// for the operator commands an operator's or the controller's.
+func agentDialOptions(cfg config.Controller, roles []string, log hclog.Logger) ([]grpc.DialOption, *tlsconfig.Source, error) {
 	if cfg.InsecureAgentPort {
 		log.Warn("talking to node agents WITHOUT TLS (-insecure-agent-port): use only on a closed test network")
-		return insecure.NewCredentials(), nil, nil
+		return []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, nil, nil
 	}
 	src, err := csiplugin.OpenTLS(cfg.TLS, tlsconfig.Identity{Roles: roles}, log.Named("tls"))
 	if err != nil {
 		return nil, nil, err
 	}
-	return src.ClientCredentials(), src, nil
+	return src.DialOptions(), src, nil
 }
 
 // connect reads an operator command's configuration (extra adds its own
@@ -290,11 +288,11 @@ func connect(c command, args []string, volumeArg bool, extra func(*flag.FlagSet)
 		return os.Getenv(k)
 	})
 	// A command lasts seconds: its material is read once.
-	creds, _, err := agentCredentials(cfg, []string{tlsconfig.RoleOperator, tlsconfig.RoleController}, log)
+	dialOpts, _, err := agentDialOptions(cfg, []string{tlsconfig.RoleOperator, tlsconfig.RoleController}, log)
 	if err != nil {
 		return session{}, err
 	}
-	nodes := cluster.New(peers.Configured(cfg.Peers, cfg.PeersFile), time.Duration(cfg.AgentTimeout), log, grpc.WithTransportCredentials(creds))
+	nodes := cluster.New(peers.Configured(cfg.Peers, cfg.PeersFile), time.Duration(cfg.AgentTimeout), log, dialOpts...)
 	return session{nodes: nodes, volumeArg: volumeID, log: log, cfg: cfg}, nil
 }
 

@@ -21,7 +21,6 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/node/agent"
@@ -70,12 +69,12 @@ func serve(args []string) error {
 	if err != nil {
 		return err
 	}
-	serverOpts, dialCreds, certs, err := agentTLS(cfg, log)
+	serverOpts, dialOpts, certs, err := agentTLS(cfg, log)
 	if err != nil {
 		return err
 	}
 	registry := metrics.NewRegistry()
-	node := assemble(cfg, z, dialCreds, registry, log)
+	node := assemble(cfg, z, dialOpts, registry, log)
 	defer node.Pusher.Close()
 	node.Receiver.OpenZFS, node.Agent.OpenZFS = openZFS, openZFS
 	if err := checkHealth(ctx, node.Volumes); err != nil {
@@ -125,8 +124,8 @@ func serve(args []string) error {
 
 // assemble wires the node's parts on the host: libzfs for metadata, the
 // zfs command for streams and keys, the system's mounts, TLS to the
-// peers, the peer list from the configuration.
-func assemble(cfg config.Node, z *libzfs.ZFS, dialCreds credentials.TransportCredentials, registry *metrics.Registry, log hclog.Logger) *assembly.Parts {
+// peers (dialOpts), the peer list from the configuration.
+func assemble(cfg config.Node, z *libzfs.ZFS, dialOpts []grpc.DialOption, registry *metrics.Registry, log hclog.Logger) *assembly.Parts {
 	node := assembly.New(assembly.Deps{
 		Config: cfg,
 		ZFS:    z,
@@ -135,7 +134,7 @@ func assemble(cfg config.Node, z *libzfs.ZFS, dialCreds credentials.TransportCre
 		Streams: z.Streams(zfscmd.Cmd{}),
 		Dial: func(addr string) (*grpc.ClientConn, error) {
 			opts := append(agent.DialOptions(), protocol.DialOptions()...)
-			return grpc.NewClient(addr, append(opts, grpc.WithTransportCredentials(dialCreds))...)
+			return grpc.NewClient(addr, append(opts, dialOpts...)...)
 		},
 		Peers:      peers.Configured(cfg.Peers, cfg.PeersFile),
 		LeaseClock: time.Now,
@@ -185,15 +184,16 @@ func listen(cfg config.Node) (listeners, error) {
 	return listeners{csi: csiLis, agent: agentLis, metrics: metricsLis}, nil
 }
 
-// agentTLS returns the agent port's server options (mutual TLS and the
-// policy of who may call what) and the credentials
-// of the node's calls to peers, and the TLS material they use (nil
-// without TLS), which WatchTLS keeps current.
-func agentTLS(cfg config.Node, log hclog.Logger) ([]grpc.ServerOption, credentials.TransportCredentials, *tlsconfig.Source, error) {
+// agentTLS returns the agent port's server options (mutual TLS, every
+// call's check of the caller's certificate, and the policy of who may
+// call what), the dial options of the node's calls to peers (mutual TLS
+// and every call's check of the peer's certificate), and the TLS
+// material they use (nil without TLS), which WatchTLS keeps current.
+func agentTLS(cfg config.Node, log hclog.Logger) ([]grpc.ServerOption, []grpc.DialOption, *tlsconfig.Source, error) {
 	logging := csiplugin.LoggingInterceptor(log.Named("agent"))
 	if cfg.InsecureAgentPort {
 		log.Warn("agent port WITHOUT TLS (-insecure-agent-port): anyone who reaches it can read and write volumes; use only on a closed test network")
-		return []grpc.ServerOption{grpc.UnaryInterceptor(logging)}, insecure.NewCredentials(), nil, nil
+		return []grpc.ServerOption{grpc.UnaryInterceptor(logging)}, []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, nil, nil
 	}
 	// The node's certificate must name it: peers bind its streams and
 	// promises to that name.
@@ -201,12 +201,13 @@ func agentTLS(cfg config.Node, log hclog.Logger) ([]grpc.ServerOption, credentia
 	if err != nil {
 		return nil, nil, nil, err
 	}
+	// The certificate check comes first: a revoked caller gets
+	// Unauthenticated whatever it calls.
 	policy := tlsconfig.AgentPolicy
-	return []grpc.ServerOption{
-		grpc.Creds(src.ServerCredentials()),
+	return append(src.ServerOptions(),
 		grpc.ChainUnaryInterceptor(policy.UnaryInterceptor(), logging),
-		grpc.StreamInterceptor(policy.StreamInterceptor()),
-	}, src.ClientCredentials(), src, nil
+		grpc.ChainStreamInterceptor(policy.StreamInterceptor()),
+	), src.DialOptions(), src, nil
 }
 
 // checkOpenZFS logs which OpenZFS userland and kernel module this host

@@ -21,6 +21,17 @@ const (
 	keepaliveTimeout = 10 * time.Second
 )
 
+// MaxConnectionAge bounds how long a connection to the agent port takes
+// new calls: then the server asks its client to reconnect (an HTTP/2
+// GOAWAY) and new calls go over a new connection, made with the newest
+// certificates of both ends, while the calls running on the old one
+// finish there (no grace limit: a push is not cut). Every call checks
+// the certificates of its connection, which are those of its handshake
+// (tlsconfig.Source.ServerOptions), so a renewed certificate must be in
+// use on every connection before the old one expires: it is within
+// MaxConnectionAge (gRPC adds up to 10 % of jitter).
+const MaxConnectionAge = time.Hour
+
 // MaxConcurrentStreams bounds the calls one connection to the agent port
 // carries at once (a peer's pusher or heartbeat, the controller): a peer,
 // lying or not, cannot make the node run more handlers (and their reads
@@ -46,7 +57,7 @@ func ServerOptions() []grpc.ServerOption {
 		grpc.InitialConnWindowSize(connWindow),
 		grpc.ReadBufferSize(bufferSize),
 		grpc.WriteBufferSize(bufferSize),
-		grpc.KeepaliveParams(keepalive.ServerParameters{Time: keepaliveTime, Timeout: keepaliveTimeout}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: keepaliveTime, Timeout: keepaliveTimeout, MaxConnectionAge: MaxConnectionAge}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: keepaliveTime / 2, PermitWithoutStream: true}),
 		grpc.MaxConcurrentStreams(MaxConcurrentStreams),
 	}

@@ -30,7 +30,9 @@ type Identity struct {
 // without a restart. A connection keeps the identity it was made with;
 // new connections use the newest. Material that fails the checks (check)
 // is refused with the file and the reason, and the material in use is
-// kept.
+// kept. Every call checks its peer against the material in use
+// (ServerOptions, DialOptions): a CA removed from the bundle, or a
+// certificate expired, is refused on connections already open too.
 type Source struct {
 	files Files
 	want  Identity
@@ -149,7 +151,8 @@ func (s *Source) load() (*Material, error) {
 }
 
 // check refuses material whose certificate is not valid now, is not
-// issued by its CA bundle, or does not say the identity want.
+// issued by its CA bundle, does not say the identity want, or would be
+// refused by the peers it is for (usableByPeers).
 func check(m *Material, f Files, want Identity, now time.Time) error {
 	leaf := m.leaf()
 	switch {
@@ -170,17 +173,50 @@ func check(m *Material, f Files, want Identity, now time.Time) error {
 	if want.Name != "" && leaf.Subject.CommonName != want.Name {
 		return fmt.Errorf("tls: %s names %q (common name), but this is %q: a node's certificate must name its node_id", f.Cert, leaf.Subject.CommonName, want.Name)
 	}
+	return usableByPeers(m, f, now)
+}
+
+// usableByPeers refuses a certificate its peers would refuse at the
+// handshake, with what to change: a node's certificate serves the agent
+// port and calls its peers, so it must allow serverAuth and clientAuth
+// and carry the DNS name ServerName, by which clients verify a node; a
+// controller's or an operator's only calls, and must allow clientAuth.
+// The peers verify the usages along the whole chain, and so does this.
+func usableByPeers(m *Material, f Files, now time.Time) error {
+	leaf := m.leaf()
+	role := roleOf(leaf)
+	usages := []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
+	howTo := fmt.Sprintf("issue it again (zfs-controller tls cert -role %s), or with openssl with extendedKeyUsage=clientAuth", role)
+	if role == RoleNode {
+		usages = append(usages, x509.ExtKeyUsageServerAuth)
+		howTo = "issue it again (zfs-controller tls cert -role node), or with openssl with extendedKeyUsage=serverAuth,clientAuth and subjectAltName=DNS:" + ServerName
+	}
+	for _, usage := range usages {
+		opts := x509.VerifyOptions{Roots: m.pool, CurrentTime: now, KeyUsages: []x509.ExtKeyUsage{usage}}
+		if _, err := leaf.Verify(opts); err != nil {
+			return fmt.Errorf("tls: %s does not allow %s (extended key usage), so its peers would refuse it: %s", f.Cert, usageName[usage], howTo)
+		}
+	}
+	if role == RoleNode {
+		if err := leaf.VerifyHostname(ServerName); err != nil {
+			return fmt.Errorf("tls: %s does not carry the DNS name %s, by which the other parties verify a node, so they would refuse it: %s", f.Cert, ServerName, howTo)
+		}
+	}
 	return nil
 }
 
+var usageName = map[x509.ExtKeyUsage]string{x509.ExtKeyUsageClientAuth: "clientAuth", x509.ExtKeyUsageServerAuth: "serverAuth"}
+
 // ServerCredentials are the newest material's ServerConfig for each new
-// connection.
+// connection. They check the client at the handshake only: a server
+// serves with ServerOptions, which check it on every call.
 func (s *Source) ServerCredentials() credentials.TransportCredentials {
 	return &reloadingCredentials{s: s, info: s.Material().ServerCredentials().Info()}
 }
 
 // ClientCredentials are the newest material's ClientConfig for each new
-// connection.
+// connection. They check the server at the handshake only: a client
+// dials with DialOptions, which check it on every call.
 func (s *Source) ClientCredentials() credentials.TransportCredentials {
 	return &reloadingCredentials{s: s, client: true, info: s.Material().ClientCredentials().Info()}
 }

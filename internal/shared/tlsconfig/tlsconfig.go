@@ -47,6 +47,9 @@ func (f Files) Set() bool { return f.CA != "" || f.Cert != "" || f.Key != "" }
 type Material struct {
 	pool *x509.CertPool
 	cert tls.Certificate
+	// trust remembers the peers this material's CA bundle verified
+	// (Source.checkPeer).
+	trust trustCache
 }
 
 // Load reads the CA bundle and the party's certificate and key.
