@@ -929,25 +929,33 @@ func TestDeleteRacesTidies(t *testing.T) {
 // TestReplicaAheadOfAMovedPrimary: issue 12, case 8. n2's replica holds a
 // snapshot after the newest one it shares with n1, taken by the primary
 // of generation 1. n1's copy is made the primary of generation 2 without
-// that snapshot, as a move or a failover leaves it. When n1's history
-// holds generation 1 (planned moves since), n2 takes an incremental that
-// rolls the snapshot back, and nothing is set aside. When it does not (a
-// failover since), n2's replica may hold writes n1 lacks: n1 sends in
-// full, and n2's old replica is set aside whole.
+// that snapshot, as a move or a failover leaves it, and n2 granted n1
+// generation 2 as the move's or failover's reservation does (or, in one
+// case, missed it). When n1's history holds generation 1 (planned moves
+// since) and n2 granted it generation 2, n2 takes an incremental that
+// rolls the snapshot back, and nothing is set aside. When n2 missed the
+// reservation, its own promise record does not show the snapshot
+// superseded: it refuses that incremental, and n1's next push sends in
+// full, the old replica set aside whole. When n1's history does not hold
+// generation 1 (a failover since), n2's replica may hold writes n1
+// lacks: n1 sends in full, and n2's old replica is set aside whole.
 func TestReplicaAheadOfAMovedPrimary(t *testing.T) {
 	for _, tt := range []struct {
-		historyFrom string
-		wantKind    string
-		wantAside   bool
+		historyFrom  string
+		granted      bool // n2 granted n1 generation 2
+		refusedFirst bool // the first push is refused (FailedPrecondition)
+		wantKind     string
+		wantAside    bool
 	}{
-		{"1", "incremental", false},
-		{"2", "full", true},
+		{"1", true, false, "incremental", false},
+		{"1", false, true, "full", true},
+		{"2", true, false, "full", true},
 	} {
-		t.Run("history from "+tt.historyFrom, func(t *testing.T) {
+		t.Run(fmt.Sprintf("history from %s, granted %v", tt.historyFrom, tt.granted), func(t *testing.T) {
 			c := guesttest.StartCluster(t, 2, guestcluster.Options{})
 			n1, n2 := c.Nodes[0], c.Nodes[1]
 			ctx := context.Background()
-			name := "ahead-" + tt.historyFrom
+			name := fmt.Sprintf("ahead-%s-%v", tt.historyFrom, tt.granted)
 			id, target := publishedVolume(t, c, name)
 			primary, replica := n1.RootDataset+"/"+id, n2.RootDataset+"/"+id
 			guesttest.Exec(t, n1, "seq 1 50000 > "+target+"/shared && sync")
@@ -969,7 +977,25 @@ func TestReplicaAheadOfAMovedPrimary(t *testing.T) {
 				"zfs rollback -r " + shared + " 2>/dev/null && exit 0; sleep 0.5; done; zfs rollback -r " + shared
 			guesttest.Run(t, "sh", "-c", rollback)
 			guesttest.Run(t, "zfs", "set", "zfs-nomad:generation=2", "zfs-nomad:history_from="+tt.historyFrom, primary)
+			if tt.granted {
+				// The reservation a move or failover makes before it
+				// promotes n1.
+				p, err := controllerAgent(t, c, n2).Reserve(ctx, agentclient.Reservation{VolumeID: id, Generation: 2, HolderNodeID: n1.ID})
+				if err != nil || !p.Granted {
+					t.Fatalf("reserving generation 2 for %s on %s: %+v, %v", n1.ID, n2.ID, p, err)
+				}
+			}
 
+			if tt.refusedFirst {
+				_, err := replicate(t, ctx, c, n1, n2, id)
+				if status.Code(err) != codes.FailedPrecondition {
+					t.Fatalf("the first push to a replica whose node missed the reservation: %v, want FailedPrecondition", err)
+				}
+				t.Logf("the first push: %v", err)
+				if guids := guesttest.Run(t, "zfs", "list", "-H", "-t", "snapshot", "-o", "guid", "-d", "1", replica); guids != aheadGUIDs {
+					t.Fatalf("the refused push changed the replica's snapshots to %q, it had %q", guids, aheadGUIDs)
+				}
+			}
 			prog, err := replicate(t, ctx, c, n1, n2, id)
 			if err != nil {
 				t.Fatal(err)

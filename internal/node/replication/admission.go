@@ -26,14 +26,14 @@ import (
 
 // refuseOnHeader refuses, before the stream's first record and without
 // the copy's lock, what the header and the copy as read then (found)
-// decide (refuseEarly), a generation too far above what this node knows
-// (refuseUnknownGeneration), and a new replica beyond its sender's bound
-// (refuseOneReplicaTooMany).
+// decide (refuseEarly), a generation too far above what this node
+// promised (refuseUnknownGeneration), and a new replica beyond its
+// sender's bound (refuseOneReplicaTooMany).
 func (r *Receiver) refuseOnHeader(ctx context.Context, h Header, found copyRead) error {
 	if err := refuseEarly(h, found); err != nil {
 		return err
 	}
-	if err := r.refuseUnknownGeneration(ctx, h, found); err != nil {
+	if err := r.refuseUnknownGeneration(ctx, h); err != nil {
 		return err
 	}
 	return r.refuseOneReplicaTooMany(ctx, h, found)
@@ -66,40 +66,40 @@ func refuseEarly(h Header, found copyRead) error {
 }
 
 // refuseUnknownGeneration refuses a stream whose generation is more than
-// MaxGenerationLead above the highest this node knows of the volume. Both
-// what it knows only grow, so a stream it lets through stays within the
-// bound under the lock.
-func (r *Receiver) refuseUnknownGeneration(ctx context.Context, h Header, found copyRead) error {
-	known, err := r.knownGeneration(ctx, h.VolumeID, found)
+// MaxGenerationLead above the generation this node's own promise record
+// holds of the volume. The record is what this node granted as part of a
+// majority (volume.Manager.Reserve); a replica's generation label is not
+// counted: a peer's earlier stream set it, and a bound measured from it
+// would rise with every stream a liar sends, MaxGenerationLead at a time.
+// The record only grows, so a stream let through here stays within the
+// bound under the copy's lock.
+func (r *Receiver) refuseUnknownGeneration(ctx context.Context, h Header) error {
+	promised, err := r.promise(ctx, h.VolumeID)
 	if err != nil {
 		return err
 	}
-	if g := h.Generation; g > known+MaxGenerationLead {
+	if g := h.Generation; g > promised.Generation+MaxGenerationLead {
 		return errdefs.Wrap(errdefs.ErrFailedPrecondition,
-			"the stream of volume %s claims generation %d, more than %d above the highest this node knows of it (%d, from its promise record and its copy): no majority can have promised it; refused. "+
+			"the stream of volume %s claims generation %d, more than %d above the generation this node's promise record holds (%d): no majority can have promised it; refused. "+
 				"If the volume really moved that often while this node was away, its next move or failover reserves its generation here too, and the pushes pass",
-			h.VolumeID, g, uint64(MaxGenerationLead), known)
+			h.VolumeID, g, uint64(MaxGenerationLead), promised.Generation)
 	}
 	return nil
 }
 
-// knownGeneration is the highest generation of volume id this node knows:
-// the one its promise record holds (volume.Manager.Reserve), or its
-// copy's (found), whichever is higher; 0 for a volume it never heard of.
-// A copy it could not read counts as none: the bound is then tighter.
-func (r *Receiver) knownGeneration(ctx context.Context, id string, found copyRead) (uint64, error) {
-	var known uint64
-	if found.err == nil {
-		known = found.state.Generation
-	}
+// promise reads this node's promise record of volume id
+// (volume.Manager.Reserve): the highest generation it promised, and to
+// which node; none for a volume it never promised anything of. Only
+// the controller's reservations write it: no peer's stream can.
+func (r *Receiver) promise(ctx context.Context, id string) (volume.Promise, error) {
 	record, err := r.z.Get(ctx, volume.PromiseShard(r.root, id), copyrecord.PropPromisePrefix+id)
 	if errors.Is(err, zfs.ErrNotFound) { // no record in this shard yet
-		return known, nil
+		return volume.Promise{}, nil
 	}
 	if err != nil {
-		return 0, fmt.Errorf("reading the promise record of volume %s: %w", id, err)
+		return volume.Promise{}, fmt.Errorf("reading the promise record of volume %s: %w", id, err)
 	}
-	return max(known, volume.ParsePromise(record).Generation), nil
+	return volume.ParsePromise(record), nil
 }
 
 func notAReplica(h Header, state ReplicaState) error {
@@ -233,14 +233,23 @@ func (r *Receiver) prepare(ctx context.Context, fs string, h Header, fromGUID ui
 	return intoTarget{}, errdefs.Wrap(errdefs.ErrInvalidArgument, "unknown stream kind %q", h.Kind)
 }
 
-// rollBackTo readies the replica at fs for an incremental from its
-// snapshot with GUID base. Snapshots after the base are rolled back only
-// when the sender's history holds them: the replica is of an older
-// generation than the sender, one its history vouches for (a planned move
-// ended it with a final snapshot the sender has), so they are earlier
-// states of what the sender sends. Otherwise they may hold writes the
-// sender lacks, and the stream is refused: the sender sends in full
-// instead, and the replica is set aside (I4).
+// rollBackTo readies the replica at fs, of generation, for an
+// incremental from its snapshot with GUID base. Nothing a peer sends
+// rolls back a snapshot unless a majority-promised generation supersedes
+// it, so the snapshots after the base go only when both hold:
+//   - this node's own promise record holds a generation above the
+//     replica's, promised to the sender (rollbackSuperseded): a majority,
+//     this node among them, chose the sender for a generation after the
+//     history those snapshots belong to, and a generation is promised to
+//     one node only (I3), so no other peer's header can claim it;
+//   - the sender's history vouches for the replica's generation (a
+//     planned move ended it with a final snapshot the sender has): a
+//     sender promoted by a failover says it does not.
+//
+// Otherwise they may hold writes the sender lacks, and the stream is
+// refused before anything is changed: the sender sends from the replica's
+// newest snapshot, or in full, and a full stream sets the replica aside
+// (retire, I4).
 func (r *Receiver) rollBackTo(ctx context.Context, fs string, snaps []zfscmd.Snap, base, generation uint64, h Header, log hclog.Logger) error {
 	i := slices.IndexFunc(snaps, func(s zfscmd.Snap) bool { return s.GUID == base })
 	if i < 0 {
@@ -249,6 +258,25 @@ func (r *Receiver) rollBackTo(ctx context.Context, fs string, snaps []zfscmd.Sna
 	after := snaps[i+1:]
 	if len(after) == 0 {
 		return nil
+	}
+	newest := copyrecord.ShortSnapshotName(after[len(after)-1].Name)
+	promised, err := r.promise(ctx, h.VolumeID)
+	if err != nil {
+		return err
+	}
+	if !rollbackSuperseded(promised, h.SourceNodeID, generation) {
+		log.Warn("refused an incremental that would roll back snapshots no generation promised to its sender supersedes",
+			"replica_generation", generation, "promised_generation", promised.Generation, "promised_holder", promised.Holder,
+			"base", copyrecord.ShortSnapshotName(snaps[i].Name), "newest", newest, "generation", h.Generation, "history_from", h.HistoryFrom)
+		record := "no promise of it"
+		if promised.Generation > 0 {
+			record = fmt.Sprintf("generation %d promised to %s", promised.Generation, promised.Holder)
+		}
+		return errdefs.Wrap(errdefs.ErrFailedPrecondition,
+			"the replica of %s on node %s holds %d snapshot(s) after the stream's base, the newest %s, received at generation %d; this node's promise record holds %s, "+
+				"so no generation promised to node %s supersedes them, and they may hold writes the sender lacks: refused, nothing changed. "+
+				"Send from the replica's newest snapshot (%s); a sender that lacks it sends the volume in full, and this node sets the old replica aside",
+			h.VolumeID, r.nodeID, len(after), newest, generation, record, h.SourceNodeID, newest)
 	}
 	vouched := h.HistoryFrom > 0 && h.HistoryFrom <= generation && generation < h.Generation
 	if !vouched {
@@ -272,9 +300,19 @@ func (r *Receiver) rollBackTo(ctx context.Context, fs string, snaps []zfscmd.Sna
 	if err := r.z.Rollback(ctx, snaps[i].Name); err != nil {
 		return fmt.Errorf("rolling the replica of %s back to %s: %w", h.VolumeID, snaps[i].Name, err)
 	}
-	log.Info("rolled back snapshots of an earlier generation that the sender's history holds", "replica_generation", generation,
-		"history_from", h.HistoryFrom, "base", copyrecord.ShortSnapshotName(snaps[i].Name), "rolled_back", names)
+	log.Info("rolled back snapshots of an earlier generation that the sender's history holds and a generation promised to it supersedes", "replica_generation", generation,
+		"history_from", h.HistoryFrom, "promised_generation", promised.Generation, "base", copyrecord.ShortSnapshotName(snaps[i].Name), "rolled_back", names)
 	return nil
+}
+
+// rollbackSuperseded reports whether this node's promise record lets a
+// stream from sender roll back snapshots of a replica of generation: the
+// record promises sender a newer generation. The record is this node's
+// own grant, part of the majority that promised it; a header is only the
+// sender's word. A deletion's promise names no node, so nothing is
+// rolled back while a volume is being deleted.
+func rollbackSuperseded(promised volume.Promise, sender string, generation uint64) bool {
+	return sender != "" && promised.Holder == sender && promised.Generation > generation
 }
 
 // copyRead is what a receive reads of the copy before it decides.

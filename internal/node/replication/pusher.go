@@ -59,6 +59,9 @@ type Pusher struct {
 	// sent is, by volume ID and peer node ID, the snapshot a push sent
 	// last: the peer's base before the tidy holds it (peerBases).
 	sent map[string]map[string]string
+	// refused is, by dataset and peer node ID, the newest snapshot (GUID)
+	// of a replica whose node refused to roll it back (rollbackRefused).
+	refused map[string]uint64
 }
 
 // Peers reaches the receiving nodes: agent.ReplicationPeers over the
@@ -170,6 +173,7 @@ func (p *Pusher) push(ctx context.Context, job pushJob) (pushed, error) {
 		return pushed{unsent: prep.snap}, err
 	}
 	out, streamed, err := p.send(ctx, peer, job, prep)
+	p.noteRollback(job.fs, prep.state.NodeID, prep.plan, err)
 	if !streamed {
 		// Unless its stream started (then a receiver's resume token may
 		// need it), the snapshot goes again: a peer that keeps refusing,

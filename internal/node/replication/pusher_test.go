@@ -258,3 +258,58 @@ func TestPlanChoosesTheKind(t *testing.T) {
 		})
 	}
 }
+
+// TestARefusedRollbackIsSentInFull: a receiver that missed the
+// reservation of this node's generation refuses to roll its replica's
+// later snapshots back (FailedPrecondition): its own promise record does
+// not say they are superseded. The next push to that replica, while its
+// newest snapshot is the same, sends in full, which the receiver takes in
+// beside the replica and then sets the old one aside, instead of the
+// same refusal on every push. Any other outcome leaves the plan as it
+// was.
+func TestARefusedRollbackIsSentInFull(t *testing.T) {
+	const fs = "tank/nomad/" + testVolume
+	local := []zfscmd.Snap{{Name: fs + "@zn-1", GUID: 1}, {Name: fs + "@zn-2", GUID: 2}, {Name: fs + "@zn-3", GUID: 3}}
+	refused := errdefs.FromStatus(status.Error(codes.FailedPrecondition, "no generation promised to node n1 supersedes them"))
+	tests := []struct {
+		name   string
+		before func(p *Pusher, rollback sendPlan)
+		remote []uint64 // the replica's snapshots at the next push
+		want   string
+	}{
+		{"the rollback was refused", func(p *Pusher, plan sendPlan) { p.noteRollback(fs, "n2", plan, refused) }, []uint64{1, 99}, KindFull},
+		{"nothing refused", func(*Pusher, sendPlan) {}, []uint64{1, 99}, KindIncremental},
+		{"the push broke for another reason", func(p *Pusher, plan sendPlan) {
+			p.noteRollback(fs, "n2", plan, errdefs.Wrap(errdefs.ErrAborted, "the receive of volume %s is busy", testVolume))
+		}, []uint64{1, 99}, KindIncremental},
+		{"the replica changed since the refusal", func(p *Pusher, plan sendPlan) { p.noteRollback(fs, "n2", plan, refused) }, []uint64{1, 98}, KindIncremental},
+		{"another peer refused", func(p *Pusher, plan sendPlan) { p.noteRollback(fs, "n3", plan, refused) }, []uint64{1, 99}, KindIncremental},
+		{"a push succeeded since", func(p *Pusher, plan sendPlan) {
+			p.noteRollback(fs, "n2", plan, refused)
+			p.noteRollback(fs, "n2", sendPlan{}, nil)
+		}, []uint64{1, 99}, KindIncremental},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := NewPusher(&tokenStreams{snaps: local}, new(copylock.Locks), "tank/nomad", "n1", 2, nil, nil, hclog.NewNullLogger())
+			h := Header{Generation: 3, HistoryFrom: 1} // planned moves since the replica's generation 2
+			plan := func(remote []uint64) sendPlan {
+				t.Helper()
+				state := ReplicaState{Exists: true, Role: RoleReplica, NodeID: "n2", Generation: 2, SnapshotGUIDs: remote}
+				out, err := p.plan(context.Background(), fs, state, h, false, fs+"@zn-3", nil, p.listAhead(context.Background(), fs), hclog.NewNullLogger())
+				if err != nil {
+					t.Fatal(err)
+				}
+				return out
+			}
+			first := plan([]uint64{1, 99})
+			if first.prog.Kind != KindIncremental || first.rollback != 99 {
+				t.Fatalf("the first push planned %+v, want an incremental that rolls back the replica's newest (guid 99)", first)
+			}
+			tt.before(p, first)
+			if next := plan(tt.remote); next.prog.Kind != tt.want {
+				t.Errorf("the next push planned %s (%+v), want %s", next.prog.Kind, next, tt.want)
+			}
+		})
+	}
+}

@@ -83,14 +83,17 @@ const MaxReceives = 8
 const MaxGeneration = 1 << 48
 
 // MaxGenerationLead bounds how far a stream's generation may be above the
-// highest this node knows of the volume (knownGeneration): its promise
-// record or its copy. A legitimate generation G was promised by a
+// generation this node's promise record holds of the volume
+// (refuseUnknownGeneration). A legitimate generation G was promised by a
 // majority before any copy carried it (docs/safety.md, "Generations"), so
-// a node either promised it too, or missed the reservations since what it
-// knows: one per move or failover, far fewer than this while it was away.
-// A header is the sender's word only: without the bound, a peer holding
-// a node certificate could plant a replica at MaxGeneration, after which
-// every promotion would need MaxGeneration+1, refused by every receiver
+// a node either promised it too, or missed the reservations since its
+// last grant: one per move or failover, far fewer than this while it was
+// away. A header is the sender's word only: without the bound, a peer
+// holding a node certificate could plant a replica at MaxGeneration,
+// after which every promotion would need MaxGeneration+1, refused by
+// every receiver. The bound is measured from the record alone, never
+// from a replica's label, which a peer's earlier stream set: measured
+// from that, a liar's streams would raise it stream after stream
 // (docs/safety.md, "What a peer's header may decide").
 const MaxGenerationLead = 1 << 20
 

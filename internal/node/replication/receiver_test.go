@@ -280,11 +280,12 @@ func TestAStreamOfANewerReleaseIsRefused(t *testing.T) {
 }
 
 // TestReceiveBoundsTheGeneration: a stream's generation may be at most
-// MaxGenerationLead above the highest the node knows of the volume, from
-// its promise record or its copy: a peer's header alone never plants a
-// replica at a generation no majority promised, such as MaxGeneration,
-// after which every promotion would need one receivers refuse (issue 35,
-// defect 4). A node that promised the generation, or missed fewer
+// MaxGenerationLead above the generation the node's promise record holds
+// of the volume: a peer's header alone never plants a replica at a
+// generation no majority promised, such as MaxGeneration, after which
+// every promotion would need one receivers refuse (issue 35, defect 4).
+// The replica's own label does not raise the bound: a peer's earlier
+// stream set it. A node that promised the generation, or missed fewer
 // reservations than the bound, receives as before.
 func TestReceiveBoundsTheGeneration(t *testing.T) {
 	tests := []struct {
@@ -300,8 +301,9 @@ func TestReceiveBoundsTheGeneration(t *testing.T) {
 		{"a planted replica at the highest generation", 0, "", KindFull, MaxGeneration, codes.FailedPrecondition},
 		{"a planted replica just above the bound", 0, "", KindFull, MaxGenerationLead + 1, codes.FailedPrecondition},
 		{"a new replica of a generation this node promised", 0, "3000000 n1", KindFull, 3_000_000, codes.OK},
-		{"a replica after moves while this node was away", 5, "", KindIncremental, 5 + MaxGenerationLead, codes.OK},
-		{"an incremental beyond the bound", 5, "", KindIncremental, 6 + MaxGenerationLead, codes.FailedPrecondition},
+		{"a replica after moves while this node was away", 5, "5 n1", KindIncremental, 5 + MaxGenerationLead, codes.OK},
+		{"an incremental beyond the bound", 5, "5 n1", KindIncremental, 6 + MaxGenerationLead, codes.FailedPrecondition},
+		{"a replica whose label alone is near the stream's", 5, "", KindIncremental, 5 + MaxGenerationLead, codes.FailedPrecondition},
 		{"an incremental beyond the bound of the record", 5, "7000000 n3", KindIncremental, 7_000_001 + MaxGenerationLead, codes.FailedPrecondition},
 	}
 	for _, tt := range tests {

@@ -246,10 +246,11 @@ func TestInterruptedFirstReceiveIsSentAfresh(t *testing.T) {
 // TestIncrementalRollsBackOnlyWhatTheSendersHistoryHolds: a replica of an
 // older generation with a snapshot after the stream's base takes the
 // incremental, rolling that snapshot back, only when the sender's history
-// vouches for the replica's generation (planned moves since). Otherwise,
-// or for a replica of the sender's own generation, the stream is refused
-// and the replica stays as it was: its snapshot may hold writes the sender
-// lacks (I4).
+// vouches for the replica's generation (planned moves since) and this
+// node granted the sender the newer generation (its promise record).
+// Otherwise, or for a replica of the sender's own generation, the stream
+// is refused and the replica stays as it was: its snapshot may hold
+// writes the sender lacks (I4).
 func TestIncrementalRollsBackOnlyWhatTheSendersHistoryHolds(t *testing.T) {
 	tests := []struct {
 		name        string
@@ -267,6 +268,9 @@ func TestIncrementalRollsBackOnlyWhatTheSendersHistoryHolds(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			z := newMemPool(testRoot)
+			// This node granted the sender (n1) its generation: the move
+			// that promoted it reserved it here.
+			putPromise(z, "3 n1")
 			z.put(testDataset, replicaProps(tt.replicaGen), "zn-1:41", "zn-5:5")
 			if err := z.Hold(context.Background(), testDataset+"@zn-5", BaseHoldTag); err != nil {
 				t.Fatal(err)
@@ -289,8 +293,8 @@ func TestIncrementalRollsBackOnlyWhatTheSendersHistoryHolds(t *testing.T) {
 			if !slices.Equal(snaps, want) {
 				t.Errorf("the replica's snapshots (guids) are %v, want %v", snaps, want)
 			}
-			if n := len(z.names()); n != 2 {
-				t.Errorf("pool holds %v, want the root and the replica alone", z.names())
+			if n := len(copies(z)); n != 2 {
+				t.Errorf("pool holds %v, want the root and the replica alone", copies(z))
 			}
 		})
 	}

@@ -2,6 +2,7 @@ package replication
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -24,6 +25,10 @@ type sendPlan struct {
 	// bridges are the streams before spec's: the peer bases the target
 	// lacks (bridge).
 	bridges []streamSpec
+	// rollback is the newest snapshot (GUID) of the peer's replica when
+	// the peer must roll its snapshots after the plan's base back; 0
+	// otherwise.
+	rollback uint64
 }
 
 // plan decides what to send, from what the receiver holds and what this
@@ -32,8 +37,9 @@ type sendPlan struct {
 // there is none and the replica is of an older generation. A replica of
 // an older generation that holds snapshots after the newest common one
 // gets the incremental only when this copy's history vouches for that
-// generation (the receiver then rolls them back); otherwise the full
-// send, and the receiver sets the replica aside (I4).
+// generation (the receiver then rolls them back) and the receiver has
+// not refused that (rollbackRefused); otherwise the full send, and the
+// receiver sets the replica aside (I4).
 // snap is the new replication snapshot, or snapErr why it could not be
 // taken.
 func (p *Pusher) plan(ctx context.Context, fs string, state ReplicaState, h Header, raw bool, snap string, snapErr error,
@@ -80,14 +86,24 @@ func (p *Pusher) plan(ctx context.Context, fs string, state ReplicaState, h Head
 	remoteGUIDs := state.SnapshotGUIDs
 	newerThere := len(remoteGUIDs) > 0 && remoteGUIDs[len(remoteGUIDs)-1] != baseGUID
 	incremental := sendPlan{prog: Progress{Kind: KindIncremental, Snapshot: snap, Base: base}, spec: zfscmd.SendSpec{Snapshot: snap, Base: base, Raw: raw}, guid: guid}
+	vouched := base != "" && newerThere && state.Generation < generation && state.Generation >= h.HistoryFrom
 	switch {
-	case base != "" && newerThere && state.Generation < generation && state.Generation >= h.HistoryFrom:
+	case vouched && p.rollbackRefused(fs, state):
+		// The peer refused that rollback before: its own promise record
+		// does not show this node's generation superseding them (it
+		// missed the reservation). A full stream replaces the replica,
+		// which the receiver sets aside (I4).
+		log.Warn("the peer refused to roll back its replica's snapshots after the newest common one (its promise record holds no generation of this node's above them): sending in full; the peer sets its replica aside",
+			"peer_generation", state.Generation, "history_from", h.HistoryFrom, "base", base)
+	case vouched:
 		// Snapshots after the newest common one, taken by a primary of
 		// a generation this copy's history holds whole (a planned move
 		// ended it with a final snapshot this copy has): earlier
-		// states, nothing this copy lacks.
+		// states, nothing this copy lacks. The receiver rolls them back
+		// only if its promise record agrees (Receiver.rollBackTo).
 		log.Info("the peer's replica has snapshots of an earlier generation after the newest common one; this copy's history holds them: the peer rolls them back",
 			"peer_generation", state.Generation, "history_from", h.HistoryFrom, "base", base)
+		incremental.rollback = remoteGUIDs[len(remoteGUIDs)-1]
 		return incremental, nil
 	case base != "" && newerThere && state.Generation < generation:
 		// Taken by an older generation's primary this copy's history
@@ -108,6 +124,50 @@ func (p *Pusher) plan(ctx context.Context, fs string, state ReplicaState, h Head
 	}
 	return sendPlan{prog: Progress{Kind: KindFull, Snapshot: snap}, spec: zfscmd.SendSpec{Snapshot: snap, Raw: raw}, guid: guid}, nil
 }
+
+// A receiver rolls its replica's snapshots after a push's base back only
+// when its own promise record holds a generation above the replica's
+// promised to the pushing node (Receiver.rollBackTo). One that missed the
+// reservation (it was away while a majority granted it) refuses with
+// FailedPrecondition, and every push planned alike would be refused
+// until the volume's next reservation reached it. So the refusal is
+// remembered, with the replica's newest snapshot, and the next push to
+// that replica sends in full: the receiver sets the old replica aside
+// (retire) and holds a current one again.
+
+// rollbackRefused reports whether the peer of state refused to roll its
+// replica of fs back while the replica's newest snapshot was what it is
+// now.
+func (p *Pusher) rollbackRefused(fs string, state ReplicaState) bool {
+	guids := state.SnapshotGUIDs
+	if len(guids) == 0 {
+		return false
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	newest, ok := p.refused[refusedKey(fs, state.NodeID)]
+	return ok && newest == guids[len(guids)-1]
+}
+
+// noteRollback records how a push of fs to peer ended: a refusal
+// (FailedPrecondition) of a plan that had the peer roll its replica back
+// makes the next push to it full; a push that succeeded clears it.
+func (p *Pusher) noteRollback(fs, peer string, plan sendPlan, err error) {
+	key := refusedKey(fs, peer)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch {
+	case err == nil:
+		delete(p.refused, key)
+	case plan.rollback != 0 && errors.Is(err, errdefs.ErrFailedPrecondition):
+		if p.refused == nil {
+			p.refused = map[string]uint64{}
+		}
+		p.refused[key] = plan.rollback
+	}
+}
+
+func refusedKey(fs, peer string) string { return fs + " " + peer }
 
 // bridge makes a push carry the snapshots the target lacks that it must
 // have, newer than the plan's base (all of them for a full send), oldest
