@@ -142,7 +142,8 @@ func (m *Manager) mounted(dataset string) (bool, error) {
 
 // Fence makes the primary read-only and marks it as moving to target, so
 // that nothing writes it after the final snapshot. It is refused while the
-// volume is mounted here: the CO must unpublish it first. It returns when
+// volume is mounted here (the CO must unpublish it first), and unless this
+// node promised target a newer generation (checkPromisedTo). It returns when
 // the fence went up (unix nanos): replication snapshots taken after that
 // hold everything the volume will ever have here.
 func (m *Manager) Fence(ctx context.Context, id, target string) (int64, error) {
@@ -175,6 +176,9 @@ func (m *Manager) FenceHeld(ctx context.Context, id, target string, at int64) (i
 	if mounted {
 		return 0, fmt.Errorf("%w: volume %s is still mounted on node %s; it can move to node %s once the CO has unpublished it there",
 			errdefs.ErrFailedPrecondition, id, m.cfg.NodeID, target)
+	}
+	if err := m.checkPromisedTo(ctx, v, target); err != nil {
+		return 0, err
 	}
 	props := map[string]string{"readonly": "on", copyrecord.PropMovingTo: target, copyrecord.PropFencedAt: strconv.FormatInt(at, 10)}
 	if err := m.zfs.SetProperties(ctx, v.Dataset, props); err != nil {

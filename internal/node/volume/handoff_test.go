@@ -27,6 +27,17 @@ func TestHandoffSteps(t *testing.T) {
 		t.Fatalf("fencing a mounted volume: %v, want FailedPrecondition", err)
 	}
 	mounted = false
+	// A fence for a promotion this node did not promise is refused: the
+	// move reserves first, so that no instance can lift the fence
+	// without superseding the move's promise.
+	if _, err := m.Fence(ctx, v.ID, "n2"); !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "has not promised node n2") {
+		t.Fatalf("fencing for n2 with no promise to n2: %v, want FailedPrecondition saying the node did not promise it", err)
+	}
+	reserve(t, m, v.ID, 2, "n3")
+	if _, err := m.Fence(ctx, v.ID, "n2"); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("fencing for n2 with generation 2 promised to n3: %v, want FailedPrecondition", err)
+	}
+	reserve(t, m, v.ID, 3, "n2")
 	at, err := m.Fence(ctx, v.ID, "n2")
 	if err != nil {
 		t.Fatal(err)
@@ -43,6 +54,7 @@ func TestHandoffSteps(t *testing.T) {
 	if _, err := m.CreateSnapshot(ctx, v.ID, "during-move"); !errors.Is(err, errdefs.ErrUnavailable) {
 		t.Errorf("snapshot of a fenced volume: %v, want Unavailable", err)
 	}
+	reserve(t, m, v.ID, 4, "n1") // a publish here supersedes the move's promise
 	if err := m.Unfence(ctx, v.ID, v.Generation); err != nil {
 		t.Fatal(err)
 	}
@@ -60,7 +72,7 @@ func TestHandoffSteps(t *testing.T) {
 	if err := m.Demote(ctx, v.ID, 1, false); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Errorf("demoting to its own generation: %v", err)
 	}
-	if err := m.Demote(ctx, v.ID, 2, false); err != nil {
+	if err := m.Demote(ctx, v.ID, 5, false); err != nil {
 		t.Fatal(err)
 	}
 	c, err := m.Copy(ctx, v.ID)
@@ -90,11 +102,9 @@ func TestUnfenceRefusesACopyPromisedAway(t *testing.T) {
 	ctx := context.Background()
 	m, fake := newManager(t)
 	v := create(t, m, CreateRequest{Name: "moving"})
+	reserve(t, m, v.ID, 2, "n2")
 	if _, err := m.Fence(ctx, v.ID, "n2"); err != nil {
 		t.Fatal(err)
-	}
-	if _, granted, err := m.Reserve(ctx, v.ID, 2, "n2"); err != nil || !granted {
-		t.Fatalf("reserving generation 2 for the move's target: granted %v, %v", granted, err)
 	}
 	err := m.Unfence(ctx, v.ID, v.Generation)
 	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "promised generation 2 of volume "+v.ID+" to node n2") {
@@ -136,6 +146,7 @@ func TestADemotedPrimaryIsMarked(t *testing.T) {
 	if got := copyrecord.DemotedAt(mark()); !got.IsZero() {
 		t.Fatalf("a new primary is marked demoted at %v", got)
 	}
+	reserve(t, m, v.ID, 2, "n2")
 	if _, err := m.Fence(ctx, v.ID, "n2"); err != nil {
 		t.Fatal(err)
 	}
@@ -348,5 +359,14 @@ func TestPromotionSetsTheQuotaOnlyWhenMissing(t *testing.T) {
 				t.Errorf("promoted volume: %+v, %v; want 1 GiB", v, err)
 			}
 		})
+	}
+}
+
+// reserve has m promise generation gen of volume id to holder, as a
+// controller's reservation does.
+func reserve(t *testing.T, m *Manager, id string, gen uint64, holder string) {
+	t.Helper()
+	if _, granted, err := m.Reserve(context.Background(), id, gen, holder); err != nil || !granted {
+		t.Fatalf("reserving generation %d of %s for %s: granted %v, %v", gen, id, holder, granted, err)
 	}
 }

@@ -277,10 +277,9 @@ func (m *Manager) Reserve(ctx context.Context, id string, generation uint64, hol
 }
 
 // copyGeneration is the generation of this node's copy of id (0 when it
-// holds none), read without listing the copy's snapshots as Copy does: a
-// move reserves its generation on every node while the source and the
-// target take and receive its final snapshot, and the listing only
-// competed with them.
+// holds none), read without listing the copy's snapshots as Copy does:
+// reservations run on every node while the copies take and receive
+// snapshots, and the listing only competed with them.
 func (m *Manager) copyGeneration(ctx context.Context, id string) (uint64, error) {
 	ds, exists, err := m.copyDataset(ctx, id)
 	if err != nil || !exists {
@@ -370,4 +369,24 @@ func (m *Manager) checkNotPromisedAway(ctx context.Context, v Volume) error {
 	return fmt.Errorf("%w: node %s promised generation %d of volume %s to node %s, above this copy's generation %d: node %s may be promoted with it, "+
 		"so this copy stays read-only; a publish here first reserves a newer generation for node %s (node %s must grant it), then lifts the fence",
 		errdefs.ErrFailedPrecondition, m.cfg.NodeID, promised.Generation, v.ID, promised.Holder, v.Generation, promised.Holder, m.cfg.NodeID, promised.Holder)
+}
+
+// checkPromisedTo refuses to fence v for a move to target unless this
+// node's own record promises target a generation above v's: a move
+// reserves the target's generation on a majority, this node included,
+// before it fences. So from the fence on, checkNotPromisedAway keeps the
+// fence up until a newer reservation supersedes the move's, whichever
+// controller instance asks, and a fence never goes up for a promotion that
+// no majority, the source's node among it, has promised.
+func (m *Manager) checkPromisedTo(ctx context.Context, v Volume, target string) error {
+	promised, err := m.lockedPromise(ctx, v.ID)
+	if err != nil {
+		return err
+	}
+	if promised.Generation > v.Generation && promised.Holder == target {
+		return nil
+	}
+	return fmt.Errorf("%w: node %s has not promised node %s a generation of volume %s above this copy's %d (its record: generation %d to %q): "+
+		"a move reserves the target's generation on a majority of the nodes, this one included, before it fences the source; retry the publish",
+		errdefs.ErrFailedPrecondition, m.cfg.NodeID, target, v.ID, v.Generation, promised.Generation, promised.Holder)
 }
