@@ -96,8 +96,18 @@ func TestStalledHeadersDelayNothing(t *testing.T) {
 		_, err := a.Fence(ctx, &pb.FenceRequest{VolumeId: mounted, TargetNodeId: n2.ID})
 		return err
 	}, codes.FailedPrecondition, "still mounted")
+	// A move reserves the target's generation, on the source too, before
+	// it fences; a publish back supersedes it before it unfences.
+	timed("reserving generation 2 of the idle primary for n2", func() error {
+		_, err := a.Reserve(ctx, &pb.ReserveRequest{VolumeId: idle, Generation: 2, HolderNodeId: n2.ID})
+		return err
+	}, codes.OK, "")
 	timed("fencing the idle primary", func() error {
 		_, err := a.Fence(ctx, &pb.FenceRequest{VolumeId: idle, TargetNodeId: n2.ID})
+		return err
+	}, codes.OK, "")
+	timed("reserving generation 3 of it for n1", func() error {
+		_, err := a.Reserve(ctx, &pb.ReserveRequest{VolumeId: idle, Generation: 3, HolderNodeId: n1.ID})
 		return err
 	}, codes.OK, "")
 	timed("unfencing it", func() error {

@@ -153,13 +153,18 @@ func (p *Parts) Register(srv *grpc.Server) {
 }
 
 // Recover finishes at the start what a crash interrupted (replica
-// replacements), finds promise records an older node kept on the root,
-// and starts filling the manager's indexes. Nothing here is fatal: the
-// next receive of a volume retries its replacement, and without the check
-// the node keeps looking on the root too; it logs what failed.
+// replacements, keys left loaded on copies that are not staged), finds
+// promise records an older node kept on the root, and starts filling the
+// manager's indexes. Nothing here is fatal: the next receive of a volume
+// retries its replacement, each listing of the node sweeps the keys
+// again, and without the check the node keeps looking on the root too;
+// it logs what failed.
 func (p *Parts) Recover(ctx context.Context, log hclog.Logger) {
 	if err := p.Receiver.Recover(ctx); err != nil {
 		log.Error("finishing replica replacements a crash interrupted failed", "error", err)
+	}
+	if err := p.Volumes.SweepKeys(ctx); err != nil {
+		log.Error("unloading the keys left loaded on copies that are not staged failed", "error", err)
 	}
 	if err := p.Volumes.CheckLegacyPromises(ctx); err != nil {
 		log.Error("looking for promise records on the root dataset failed", "error", err)

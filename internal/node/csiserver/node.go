@@ -251,6 +251,31 @@ func (n *Node) stage(ctx context.Context, req *csi.NodeStageVolumeRequest) error
 		return err
 	}
 	defer unlock()
+	// An encrypted volume's key is checked against the stage's
+	// passphrase first, loaded or not (a stage repeated at the same path,
+	// or at a second one, included), then loaded here and unloaded at
+	// unstage (volume.Manager.OpenKey): a wrong or missing key mounts
+	// nothing. A key this call loaded is unloaded again if it mounts
+	// nothing.
+	opened, err := n.volumes.OpenKey(ctx, v, contract.PassphraseFrom(req.GetSecrets()))
+	if err != nil {
+		return err
+	}
+	if err := n.mountStaging(v, staging, flags); err != nil {
+		if opened {
+			if cerr := n.volumes.CloseKey(ctx, id); cerr != nil {
+				n.log.Warn("could not unload the key of a volume whose stage failed", "volume_id", id, "error", cerr)
+			}
+		}
+		return err
+	}
+	return nil
+}
+
+// mountStaging mounts volume v's dataset at staging, unless it is
+// mounted there already. The staging mount stays writable: read-only is
+// applied per publish.
+func (n *Node) mountStaging(v volume.Volume, staging string, flags []string) error {
 	entry, mounted, err := n.mounter.Lookup(staging)
 	if err != nil {
 		return err
@@ -259,24 +284,12 @@ func (n *Node) stage(ctx context.Context, req *csi.NodeStageVolumeRequest) error
 		if entry.FSType == "zfs" && entry.Source == v.Dataset {
 			return nil // staged already
 		}
-		return errdefs.Wrap(errdefs.ErrAlreadyExists, "staging path %s already has %s (%s) mounted, not volume %s", staging, entry.Source, entry.FSType, id)
+		return errdefs.Wrap(errdefs.ErrAlreadyExists, "staging path %s already has %s (%s) mounted, not volume %s", staging, entry.Source, entry.FSType, v.ID)
 	}
-	// An encrypted volume's key is loaded here and unloaded at unstage
-	// (volume.Manager.OpenKey): a wrong key mounts nothing.
-	opened, err := n.volumes.OpenKey(ctx, v, contract.PassphraseFrom(req.GetSecrets()))
-	if err != nil {
-		return err
-	}
-	// The staging mount stays writable: read-only is applied per publish.
 	if err := n.mounter.MountZFS(v.Dataset, staging, without(flags, "ro")); err != nil {
-		if opened {
-			if cerr := n.volumes.CloseKey(ctx, id); cerr != nil {
-				n.log.Warn("could not unload the key of a volume whose mount failed", "volume_id", id, "error", cerr)
-			}
-		}
 		return err
 	}
-	n.log.Info("volume staged", "volume_id", id, "dataset", v.Dataset, "path", staging, "encrypted", v.Encrypted)
+	n.log.Info("volume staged", "volume_id", v.ID, "dataset", v.Dataset, "path", staging, "encrypted", v.Encrypted)
 	return nil
 }
 

@@ -281,3 +281,60 @@ func TestAnEncryptedVolumeIsOpenOnlyWhileStaged(t *testing.T) {
 		t.Fatal("unstaged with the key still loaded")
 	}
 }
+
+// TestAStageWithoutTheKeyIsRefusedWhileTheKeyIsLoaded: a stage checks
+// its passphrase against the volume's key even when the key is loaded
+// (the volume staged at another path, or a stage repeated): a wrong or
+// missing one is InvalidArgument, mounts nothing, and leaves the staged
+// path and its key as they were.
+func TestAStageWithoutTheKeyIsRefusedWhileTheKeyIsLoaded(t *testing.T) {
+	const key = "correct horse battery"
+	tests := []struct {
+		name    string
+		path    string // the staging path of the second stage, in base
+		secrets map[string]string
+		want    codes.Code
+	}{
+		{"second path, wrong key", "second", map[string]string{contract.SecretEncryptionKey: "wrong passphrase"}, codes.InvalidArgument},
+		{"second path, no key", "second", nil, codes.InvalidArgument},
+		{"same path again, wrong key", "first", map[string]string{contract.SecretEncryptionKey: "wrong passphrase"}, codes.InvalidArgument},
+		{"second path, its key", "second", map[string]string{contract.SecretEncryptionKey: key}, codes.OK},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx := context.Background()
+			n, mounter, fake, _, base := newTestNode(t)
+			n.cfg.Properties["encryption"] = config.PropertyRule{}
+			n.volumes = volume.NewManager(fake, nil, n.cfg, hclog.NewNullLogger())
+			n.volumes.Encryption = fake
+			n.volumes.Mounted = func(ds string) (bool, error) { return mounter.Mounted(ds), nil }
+			v, err := n.volumes.Create(ctx, volume.CreateRequest{Name: "secret", Parameters: map[string]string{"encryption": "on"}, Passphrase: contract.Passphrase(key)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			stage := func(path string, secrets map[string]string) error {
+				_, err := n.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: v.ID, StagingTargetPath: filepath.Join(base, path), VolumeCapability: capability, Secrets: secrets})
+				return err
+			}
+			if err := stage("first", map[string]string{contract.SecretEncryptionKey: key}); err != nil {
+				t.Fatal(err)
+			}
+			before := len(mounter.Calls())
+			err = stage(tt.path, tt.secrets)
+			if status.Code(err) != tt.want {
+				t.Fatalf("a stage at %s with the key loaded: %v, want %v", tt.path, err, tt.want)
+			}
+			if tt.want != codes.OK {
+				if calls := mounter.Calls()[before:]; len(calls) > 0 {
+					t.Errorf("a refused stage did %q", calls)
+				}
+				if _, mounted, _ := mounter.Lookup(filepath.Join(base, "second")); mounted {
+					t.Error("a refused stage mounted the second path")
+				}
+			}
+			if !fake.KeyLoaded(v.Dataset) {
+				t.Error("the key of the volume staged at the first path was unloaded")
+			}
+		})
+	}
+}

@@ -79,24 +79,76 @@ func (m *Manager) resolveCreate(req CreateRequest) (spec createSpec, err error) 
 
 // createAgain answers a create of a volume that exists: the same volume
 // if the request is the one that created it, after finishing what that
-// create left undone.
+// create left undone. A volume created with a key answers only a request
+// with its passphrase, as the first create did; and whatever the retry
+// finds, the key an interrupted create left loaded is unloaded, unless
+// the volume is staged here (closeCreated).
 func (m *Manager) createAgain(ctx context.Context, existing Volume, req CreateRequest, spec createSpec) (Volume, error) {
 	log := m.log.With("volume_id", existing.ID)
 	if err := compatible(existing, req.Name, spec.quota, req.LimitBytes, spec.recorded, spec.source); err != nil {
 		return Volume{}, err
 	}
-	if existing.RootPending {
-		log.Info("finishing the root directory of a create that stopped half-way", "root", spec.root.String())
-		if err := m.finishRoot(ctx, existing, spec.root, req.Passphrase); err != nil {
-			return Volume{}, err
-		}
-		return m.get(ctx, existing.ID)
-	}
-	if err := m.dropCopiedSnapshot(ctx, existing); err != nil {
+	err := m.finishAgain(ctx, existing, req, spec)
+	v, err := m.closeCreated(ctx, existing, err)
+	if err != nil {
 		return Volume{}, err
 	}
 	log.Debug("volume exists; create is a no-op")
-	return existing, nil
+	return v, nil
+}
+
+// finishAgain checks a repeated create's key and finishes what the first
+// one left undone: the root directory, a raw copy's snapshot.
+func (m *Manager) finishAgain(ctx context.Context, existing Volume, req CreateRequest, spec createSpec) error {
+	if existing.RootPending {
+		// finishRoot checks the key as it loads it (OpenKey).
+		m.log.Info("finishing the root directory of a create that stopped half-way", "volume_id", existing.ID, "root", spec.root.String())
+		return m.finishRoot(ctx, existing, spec.root, req.Passphrase)
+	}
+	// A volume made with a key (not a raw copy of a snapshot or volume,
+	// whose create takes none) answers only its key.
+	if existing.Encrypted && existing.KeyRoot && existing.Source == "" {
+		if err := m.checkCreateKey(ctx, existing, req.Passphrase); err != nil {
+			return err
+		}
+	}
+	return m.dropCopiedSnapshot(ctx, existing)
+}
+
+// closeCreated ends a create of volume v, new or repeated, whose outcome
+// is err: the key zfs create loaded, or an interrupted create left
+// loaded, is unloaded whether the create succeeded or not, unless the
+// volume is staged on this node (CloseKey): a volume's key is loaded only
+// while it is staged (keys.go). It returns the volume as it is then,
+// read again when the create changed it (its key, its root).
+func (m *Manager) closeCreated(ctx context.Context, v Volume, err error) (Volume, error) {
+	changed := v.RootPending // finishRoot ran, and may have loaded the key
+	if v.Encrypted && (v.KeyLoaded || changed) {
+		changed = true
+		if err != nil {
+			m.closeFailedCreate(ctx, v.ID, err)
+			return Volume{}, err
+		}
+		if err := m.CloseKey(ctx, v.ID); err != nil {
+			return Volume{}, err
+		}
+	}
+	switch {
+	case err != nil:
+		return Volume{}, err
+	case changed:
+		return m.get(ctx, v.ID)
+	}
+	return v, nil
+}
+
+// closeFailedCreate unloads the key of volume id after its create failed
+// with err, unless the volume is staged here; a failure of the unload is
+// logged, and the create's retry or the node's sweep unloads it.
+func (m *Manager) closeFailedCreate(ctx context.Context, id string, err error) {
+	if cerr := m.CloseKey(ctx, id); cerr != nil {
+		m.log.Warn("the key of a create that failed stays loaded; the create's retry or the node's sweep unloads it", "volume_id", id, "create_error", err, "error", cerr)
+	}
 }
 
 // createNew creates volume id's dataset, sets its root directory and
@@ -119,30 +171,28 @@ func (m *Manager) createNew(ctx context.Context, id string, req CreateRequest, s
 	dataset := datasetFor(m.cfg.RootDataset, id)
 	generation, err := m.createPromised(ctx, req, id, dataset, spec.quota, props)
 	if err != nil {
+		// zfs create may have made the dataset, with its key loaded,
+		// before the create failed.
+		m.closeFailedCreate(ctx, id, err)
 		return Volume{}, err
 	}
 	m.Confirm(id, generation) // a majority promised it to this node first
 	v, err := m.get(ctx, id)
 	if err != nil {
+		m.closeFailedCreate(ctx, id, err)
 		return Volume{}, err
 	}
-	if spec.setRoot {
-		if err := m.finishRoot(ctx, v, spec.root, req.Passphrase); err != nil {
-			return Volume{}, err
-		}
-		if v, err = m.get(ctx, id); err != nil {
-			return Volume{}, err
-		}
+	switch {
+	case !spec.setRoot:
+	case v.KeyLoaded:
+		// zfs create loaded the key from this request's passphrase:
+		// nothing to check.
+		err = m.prepareRoot(ctx, v.Dataset, spec.root)
+	default:
+		err = m.finishRoot(ctx, v, spec.root, req.Passphrase)
 	}
-	// Unload the key zfs create loaded: a volume's key is loaded only
-	// while it is staged (keys.go).
-	if v.KeyLoaded {
-		if err := m.CloseKey(ctx, id); err != nil {
-			return Volume{}, err
-		}
-		if v, err = m.get(ctx, id); err != nil {
-			return Volume{}, err
-		}
+	if v, err = m.closeCreated(ctx, v, err); err != nil {
+		return Volume{}, err
 	}
 	m.log.Info("volume created", "volume_id", id, "name", req.Name, "dataset", dataset, "quota", spec.quota, "source", spec.source, "encrypted", v.Encrypted)
 	return v, nil

@@ -46,6 +46,10 @@ func (m *Manager) Delete(ctx context.Context, id string) error {
 	if err := m.locks.StopTransfer(ctx, id); err != nil {
 		return err
 	}
+	if v.KeyLoaded {
+		// A tombstone is staged nowhere: its key goes.
+		m.dropKey(ctx, id, v.Dataset, "deleted")
+	}
 	if err := m.dropReplicationSnapshots(ctx, v.Dataset); err != nil {
 		return err
 	}
@@ -207,11 +211,13 @@ func tombstonesAmong(children []zfs.Dataset) []string {
 	return out
 }
 
-// collectTombstones collects the tombstones a listing found, apart from
-// the listing and with its own deadline, unless the last ones are still
-// being collected (the next listing finds what they leave). Best effort.
-func (m *Manager) collectTombstones(tombstones []string) {
-	if len(tombstones) == 0 {
+// sweepListed collects the tombstones a listing of the node's copies
+// found and unloads the keys it found loaded on copies that are not
+// staged (sweepKeys), apart from the listing and with its own deadline,
+// unless the last sweep still runs (the next listing finds what it
+// leaves). Best effort.
+func (m *Manager) sweepListed(tombstones, keys []string) {
+	if len(tombstones) == 0 && (len(keys) == 0 || m.Encryption == nil || m.Mounted == nil) {
 		return
 	}
 	m.sweepMu.Lock()
@@ -225,6 +231,9 @@ func (m *Manager) collectTombstones(tombstones []string) {
 		defer cancel()
 		for _, fs := range tombstones {
 			m.collectTombstone(ctx, fs)
+		}
+		if m.Encryption != nil && m.Mounted != nil {
+			m.sweepKeys(ctx, keys)
 		}
 		m.sweepMu.Lock()
 		m.sweeping = false

@@ -167,6 +167,9 @@ func (m *Manager) FenceHeld(ctx context.Context, id, target string, at int64) (i
 		return 0, err
 	}
 	if v.MovingTo == target {
+		if v.KeyLoaded {
+			m.dropKey(ctx, id, v.Dataset, "fenced for a move")
+		}
 		return v.FencedAt, nil
 	}
 	mounted, err := m.mounted(v.Dataset)
@@ -185,6 +188,10 @@ func (m *Manager) FenceHeld(ctx context.Context, id, target string, at int64) (i
 		return 0, zfsError(err, "fencing volume "+id)
 	}
 	m.log.Info("volume fenced for a move: read-only until the target is promoted", "volume_id", id, "target_node", target)
+	if v.KeyLoaded {
+		// A fenced copy is staged nowhere: its key goes.
+		m.dropKey(ctx, id, v.Dataset, "fenced for a move")
+	}
 	return at, nil
 }
 
@@ -352,9 +359,15 @@ func (m *Manager) Demote(ctx context.Context, id string, generation uint64, asid
 	if err != nil {
 		return err
 	}
+	dataset := datasetFor(m.cfg.RootDataset, id)
 	switch {
-	case !c.Exists || c.Role == contract.RoleReplica:
-		return nil // demoted or set aside already
+	case !c.Exists:
+		return nil // set aside already
+	case c.Role == contract.RoleReplica:
+		// Demoted already; a demotion that stopped before its key was
+		// unloaded gets it unloaded now.
+		m.dropKey(ctx, id, dataset, "demoted to a replica")
+		return nil
 	case c.Generation >= generation:
 		return fmt.Errorf("%w: node %s holds volume %s at generation %d, not older than %d: refusing to demote it",
 			errdefs.ErrFailedPrecondition, m.cfg.NodeID, id, c.Generation, generation)
@@ -362,8 +375,10 @@ func (m *Manager) Demote(ctx context.Context, id string, generation uint64, asid
 		return fmt.Errorf("%w: volume %s is mounted on node %s while generation %d is the primary elsewhere; unmount it: it is stale",
 			errdefs.ErrFailedPrecondition, id, m.cfg.NodeID, generation)
 	}
-	dataset := datasetFor(m.cfg.RootDataset, id)
 	log := m.log.With("volume_id", id, "generation", c.Generation, "new_generation", generation)
+	// A replica or a set-aside copy is staged nowhere: its key goes
+	// first, so no demotion that stops half-way leaves one loaded.
+	m.dropKey(ctx, id, dataset, "demoted")
 	if c.MovingTo != "" && !aside {
 		// Marked as demoted: once the volume's other replicas are as
 		// fresh, the schedule removes it if the volume wants no more

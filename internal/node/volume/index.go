@@ -325,22 +325,23 @@ func (m *Manager) primaries(ctx context.Context) (map[string]string, error) {
 }
 
 // listPrimaries lists the node's primaries for their index. The same
-// listing finds the node's tombstones, which are collected apart
-// (collectTombstones): one listing of the node instead of two, each
-// taking seconds at a thousand volumes.
+// listing finds the node's tombstones and the copies whose key is
+// loaded, which are seen to apart (sweepListed: tombstones collected,
+// keys of copies not staged unloaded): one listing of the node instead
+// of several, each taking seconds at a thousand volumes.
 func (m *Manager) listPrimaries(ctx context.Context) (map[string]string, error) {
-	var tombstones []string
+	var tombstones, keys []string
 	list := func(ctx context.Context) ([]Volume, error) {
 		children, err := m.zfs.Children(ctx, m.cfg.RootDataset)
 		if err != nil {
 			return nil, zfsError(err, "listing volumes")
 		}
-		tombstones = tombstonesAmong(children)
+		tombstones, keys = tombstonesAmong(children), loadedKeys(children)
 		return m.volumesAmong(children), nil
 	}
 	index, err := listForIndex(ctx, m.log, "primaries", &m.primariesListed, list, func(v Volume) (string, string) { return v.ID, v.Dataset })
 	if err == nil {
-		m.collectTombstones(tombstones)
+		m.sweepListed(tombstones, keys)
 	}
 	return index, err
 }
@@ -448,6 +449,9 @@ func (m *Manager) Received(id string) {
 		}
 	}
 	m.dropDeleted(ctx, id, names)
+	// A replica is staged nowhere: a key loaded on it (by a crash, or
+	// an operator) goes with the receive that updates it.
+	m.dropKey(ctx, id, fs, "received into")
 }
 
 // keepIndexed decides what a receive into volume id's live copy that

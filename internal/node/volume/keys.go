@@ -8,6 +8,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
@@ -17,15 +18,29 @@ import (
 // whose encryption property is not off is created as its own encryption
 // root with a passphrase that is never stored on a node: it comes with
 // each create and stage, from the call's secrets or the operator's key
-// file. The invariant: a copy's key is loaded only while the copy is
-// staged on its node, or for the moment a create needs it. Create loads
-// it (zfs create does) and unloads it before it returns; a stage loads it
-// before the mount and unloads it again when the mount fails; an unstage
-// unloads it after the unmount, unless another staging path on the node
-// still mounts it. Replicas are received raw and never loaded, so a node
-// that only holds a replica never sees the plaintext; restores and
-// clones are raw copies (copyEncrypted), so staging one loads only its
-// own key.
+// file.
+//
+// The rule: a copy's key is loaded on a node only while the copy is
+// staged there (mounted at a staging path), or for the moment a create
+// or a stage holds the copy's lock and needs it. Every change keeps it:
+//   - a create unloads the key zfs create loaded before it answers,
+//     whether it succeeds or fails, and a create that finds the volume
+//     (a retry) checks the passphrase it was given, then unloads a key an
+//     interrupted create left loaded, unless the volume is staged here;
+//   - a stage checks the passphrase it was given against the key even
+//     when the key is loaded (OpenKey), loads it before the mount and
+//     unloads it again when the mount fails; an unstage unloads it after
+//     the unmount, unless another staging path on the node still mounts
+//     the volume;
+//   - a fence, a demotion, a receive into a replica, a deletion and a
+//     replica's removal unload the key of the copy they change
+//     (dropKey): none of them leaves a copy that is staged;
+//   - what a crash left loaded anyway is unloaded by the sweep at the
+//     node's start and after each listing of the node's copies
+//     (SweepKeys).
+// Replicas are received raw and never loaded, so a node that only holds
+// a replica never sees the plaintext; restores and clones are raw copies
+// (copyEncrypted), so staging one loads only its own key.
 
 // Passphrase bounds: OpenZFS takes 8 to 512 bytes.
 const (
@@ -124,15 +139,21 @@ func encryptionWord(encrypted bool) string {
 
 // OpenKey loads the key of volume v's copy, which the caller has locked
 // for staging (Stageable), from given (a stage's secrets) or the key
-// file. A copy that is not encrypted, or whose key is loaded already,
-// needs nothing. A wrong key changes nothing and is InvalidArgument.
-// opened tells whether this call loaded it: a stage whose mount then
-// fails unloads it again.
+// file. A copy that is not encrypted needs nothing. The passphrase is
+// checked whether or not the key is loaded already (as by a staging at
+// another path, or by anything else): a loaded key says nothing about
+// the caller, so a stage without the volume's passphrase is refused
+// either way. A wrong or missing key changes nothing and is
+// InvalidArgument. opened tells whether this call loaded the key: a
+// stage whose mount then fails unloads it again.
 func (m *Manager) OpenKey(ctx context.Context, v Volume, given contract.Passphrase) (opened bool, err error) {
-	if !v.Encrypted || v.KeyLoaded {
+	if !v.Encrypted {
 		return false, nil
 	}
 	if !v.KeyRoot {
+		if v.KeyLoaded {
+			return false, nil // the operator's key of a dataset above: not the driver's to check
+		}
 		return false, fmt.Errorf("%w: volume %s is encrypted with the key of a dataset above it, which is not loaded; the operator loads it (zfs load-key)", errdefs.ErrFailedPrecondition, v.ID)
 	}
 	if m.Encryption == nil {
@@ -142,20 +163,54 @@ func (m *Manager) OpenKey(ctx context.Context, v Volume, given contract.Passphra
 	if err != nil {
 		return false, err
 	}
-	if err := m.Encryption.LoadKey(ctx, v.Dataset, key); err != nil {
-		if errors.Is(err, zfs.ErrWrongKey) {
-			return false, fmt.Errorf("%w: volume %s: the passphrase from %s does not unlock it; nothing was mounted. Give the volume's secrets the passphrase it was created with",
-				errdefs.ErrInvalidArgument, v.ID, from)
+	if v.KeyLoaded {
+		if err := m.Encryption.CheckKey(ctx, v.Dataset, key); err != nil {
+			return false, keyError(err, v.ID, from, "nothing was mounted")
 		}
-		return false, zfsError(err, "loading the key of volume "+v.ID)
+		return false, nil
+	}
+	if err := m.Encryption.LoadKey(ctx, v.Dataset, key); err != nil {
+		return false, keyError(err, v.ID, from, "nothing was mounted")
 	}
 	m.log.Info("volume key loaded", "volume_id", v.ID, "from", from)
 	return true, nil
 }
 
+// checkCreateKey checks the passphrase a create gave (or the key file)
+// against the key of the volume it found, v, loaded or not: the retry
+// of a create answers the volume only to a caller who knows its key, as
+// the first create did.
+func (m *Manager) checkCreateKey(ctx context.Context, v Volume, given contract.Passphrase) error {
+	if m.Encryption == nil {
+		return fmt.Errorf("%w: node %s cannot check the keys of encrypted volumes", errdefs.ErrFailedPrecondition, m.cfg.NodeID)
+	}
+	key, from, err := m.passphrase(v.ID, given)
+	if err != nil {
+		return err
+	}
+	if err := m.Encryption.CheckKey(ctx, v.Dataset, key); err != nil {
+		return keyError(err, v.ID, from, "the volume exists with another passphrase, and this create changed nothing")
+	}
+	return nil
+}
+
+// keyError classifies an error of a key's load or check: a wrong key is
+// InvalidArgument (the call's secrets carry a value that does not fit;
+// CSI's PermissionDenied is for an identity the secrets name, which a
+// passphrase is not), saying where the key came from and what happened.
+func keyError(err error, id, from, outcome string) error {
+	if errors.Is(err, zfs.ErrWrongKey) {
+		return fmt.Errorf("%w: volume %s: the passphrase from %s does not unlock it; %s. Give the volume's secrets the passphrase it was created with",
+			errdefs.ErrInvalidArgument, id, from, outcome)
+	}
+	return zfsError(err, "checking the key of volume "+id)
+}
+
 // CloseKey unloads the key of volume id's copy, if it is its own
-// encryption root and the key is loaded. The caller has unmounted it;
-// ErrBusy (still mounted somewhere) comes back as FailedPrecondition.
+// encryption root and the key is loaded, unless the copy is staged on
+// this node (mounted: Nomad stages a volume once per access mode, and
+// the last unstage unloads the key). ErrBusy (mounted where the node
+// does not see it) comes back as FailedPrecondition.
 func (m *Manager) CloseKey(ctx context.Context, id string) error {
 	ds, err := m.zfs.Get(ctx, datasetFor(m.cfg.RootDataset, id))
 	switch {
@@ -185,6 +240,90 @@ func (m *Manager) closeKey(ctx context.Context, id string, ds zfs.Dataset) error
 		}
 		return zfsError(err, "unloading the key of volume "+id)
 	}
-	m.log.Info("volume key unloaded", "volume_id", id)
+	m.log.Info("volume key unloaded", "volume_id", id, "dataset", ds.Name)
 	return nil
+}
+
+// dropKey unloads the key of the copy at dataset (of volume id), which
+// the caller holds the lock of and is making a copy that is not staged:
+// fenced, a replica, set aside, a tombstone. The change goes on whatever
+// happens to the key, so a failure is logged, and the sweeps
+// (SweepKeys) try again.
+func (m *Manager) dropKey(ctx context.Context, id, dataset, why string) {
+	if m.Encryption == nil {
+		return
+	}
+	ds, err := m.zfs.Get(ctx, dataset)
+	if err == nil {
+		err = m.closeKey(ctx, id, ds)
+	}
+	if err != nil && !errors.Is(err, zfs.ErrNotFound) {
+		m.log.Warn("the key of a copy that is not staged stays loaded; the node's next sweep tries again", "volume_id", id, "dataset", dataset, "why", why, "error", err)
+	}
+}
+
+// SweepKeys unloads the key of every encrypted copy under the node's
+// root that is not staged here: the keys a crash left loaded (between a
+// create's zfs create and its unload, between a stage's load and its
+// mount, between an unmount and the unload). zfs-node runs it at its
+// start, before it serves any call; each listing of the node's copies
+// runs it too (sweepKeysOf). It needs to know what is mounted: without
+// Mounted it unloads nothing.
+func (m *Manager) SweepKeys(ctx context.Context) error {
+	if m.Encryption == nil || m.Mounted == nil {
+		return nil
+	}
+	children, err := m.zfs.Children(ctx, m.cfg.RootDataset)
+	if err != nil {
+		return zfsError(err, "listing the node's copies for their keys")
+	}
+	m.sweepKeys(ctx, loadedKeys(children))
+	return nil
+}
+
+// loadedKeys returns the datasets among the children of the node's root
+// that are encryption roots with their key loaded.
+func loadedKeys(children []zfs.Dataset) []string {
+	var out []string
+	for _, ds := range children {
+		if ds.Type == zfs.Filesystem && ds.Encrypted && ds.KeyRoot && ds.KeyLoaded {
+			out = append(out, ds.Name)
+		}
+	}
+	return out
+}
+
+// sweepKeys unloads the keys of datasets, each under its copy's lock
+// (a stage loads a key and mounts under it, so a copy found unmounted
+// with its key loaded under the lock is staged nowhere) unless it is
+// mounted here. Best effort: each failure is logged and the next sweep
+// tries again.
+func (m *Manager) sweepKeys(ctx context.Context, datasets []string) {
+	for _, fs := range datasets {
+		if mounted, err := m.mounted(fs); err != nil || mounted {
+			continue // staged here (or the mount table cannot tell): left to the unstage
+		}
+		m.sweepKey(ctx, fs)
+	}
+}
+
+func (m *Manager) sweepKey(ctx context.Context, fs string) {
+	id := copyIDOfDataset(fs)
+	unlock, err := m.lock(ctx, id, "unloading a key left loaded")
+	if err != nil {
+		m.log.Warn("the key of a copy that is not staged stays loaded until the next sweep: its lock is busy", "volume_id", id, "dataset", fs, "error", err)
+		return
+	}
+	defer unlock()
+	ds, err := m.zfs.Get(ctx, fs)
+	if err != nil || !ds.KeyLoaded {
+		return // gone, or unloaded meanwhile
+	}
+	if mounted, err := m.mounted(fs); err != nil || mounted {
+		return // staged meanwhile
+	}
+	m.log.Warn("unloading the key of a copy that is not staged on this node, left loaded by a crash or a failed step", "volume_id", id, "dataset", fs, "role", ds.User[copyrecord.PropRole])
+	if err := m.closeKey(ctx, id, ds); err != nil {
+		m.log.Warn("the key of a copy that is not staged stays loaded until the next sweep", "volume_id", id, "dataset", fs, "error", err)
+	}
 }

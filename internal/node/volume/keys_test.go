@@ -101,8 +101,8 @@ func TestOpenKeyLoadsOnlyTheRightKeyAndCloseKeyUnloads(t *testing.T) {
 	if v, _ = m.Get(ctx, v.ID); !v.KeyLoaded {
 		t.Fatal("the right key is not loaded")
 	}
-	if opened, err := m.OpenKey(ctx, v, nil); err != nil || opened {
-		t.Fatalf("a loaded key needs no passphrase: opened %v, %v", opened, err)
+	if opened, err := m.OpenKey(ctx, v, contract.Passphrase(passphrase)); err != nil || opened {
+		t.Fatalf("the right key, loaded already: opened %v, %v; want nothing to do", opened, err)
 	}
 
 	m.Mounted = func(string) (bool, error) { return true, nil }
@@ -223,5 +223,265 @@ func TestARetriedRestoreDropsTheSnapshotItsCopyBrought(t *testing.T) {
 	}
 	if _, err := m.GetSnapshot(ctx, snap.ID); err != nil {
 		t.Fatalf("the source's snapshot: %v", err)
+	}
+}
+
+// TestAStageChecksTheKeyEvenWhenItIsLoaded: a loaded key (the volume
+// staged at another path, or left loaded) says nothing about the caller:
+// OpenKey refuses a wrong or missing passphrase all the same, and leaves
+// the key as it was.
+func TestAStageChecksTheKeyEvenWhenItIsLoaded(t *testing.T) {
+	tests := []struct {
+		name    string
+		given   contract.Passphrase
+		wantErr error
+		want    string
+	}{
+		{name: "right key", given: contract.Passphrase(passphrase)},
+		{name: "wrong key", given: contract.Passphrase("wrong passphrase"), wantErr: errdefs.ErrInvalidArgument, want: "does not unlock it; nothing was mounted"},
+		{name: "no key", wantErr: errdefs.ErrInvalidArgument, want: "carry no encryption_key"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx := context.Background()
+			m, fake := newKeyManager(t)
+			v := create(t, m, CreateRequest{Name: "secret", Parameters: map[string]string{"encryption": "on"}, Passphrase: contract.Passphrase(passphrase)})
+			if err := fake.LoadKey(ctx, v.Dataset, []byte(passphrase)); err != nil {
+				t.Fatal(err)
+			}
+			v, _ = m.Get(ctx, v.ID)
+			opened, err := m.OpenKey(ctx, v, tt.given)
+			if opened || !errors.Is(err, tt.wantErr) || (tt.wantErr != nil && !strings.Contains(err.Error(), tt.want)) {
+				t.Fatalf("OpenKey with the key loaded: opened %v, %v; want %v saying %q", opened, err, tt.wantErr, tt.want)
+			}
+			if !fake.KeyLoaded(v.Dataset) {
+				t.Error("a check of a loaded key unloaded it")
+			}
+		})
+	}
+}
+
+// TestARetriedCreateChecksTheKeyAndLeavesItUnloaded: a create that
+// failed between zfs create and the key's unload (the unload failed, or
+// the root directory could not be set) leaves no key loaded, and its
+// retry answers the volume only with its passphrase, with the key
+// unloaded, unless the volume is staged here.
+func TestARetriedCreateChecksTheKeyAndLeavesItUnloaded(t *testing.T) {
+	encrypted := map[string]string{"encryption": "on"}
+	owned := map[string]string{"encryption": "on", "uid": "1000"}
+	tests := []struct {
+		name       string
+		params     map[string]string
+		failUnload bool // the first create's unload fails: its key stays loaded
+		failRoot   bool // the first create's root directory cannot be set
+		staged     bool // the volume is mounted on the node at the retry
+		retryKey   contract.Passphrase
+		wantErr    error
+		wantLoaded bool
+	}{
+		{name: "unload failed, retry with its key", params: encrypted, failUnload: true, retryKey: contract.Passphrase(passphrase)},
+		{name: "unload failed, retry with a wrong key", params: encrypted, failUnload: true, retryKey: contract.Passphrase("wrong passphrase"), wantErr: errdefs.ErrInvalidArgument},
+		{name: "unload failed, retry without a key", params: encrypted, failUnload: true, wantErr: errdefs.ErrInvalidArgument},
+		{name: "unload failed, retry while staged", params: encrypted, failUnload: true, staged: true, retryKey: contract.Passphrase(passphrase), wantLoaded: true},
+		{name: "root failed, retry with its key", params: owned, failRoot: true, retryKey: contract.Passphrase(passphrase)},
+		{name: "root failed, retry with a wrong key", params: owned, failRoot: true, retryKey: contract.Passphrase("wrong passphrase"), wantErr: errdefs.ErrInvalidArgument},
+		{name: "created, retry with a wrong key", params: encrypted, retryKey: contract.Passphrase("wrong passphrase"), wantErr: errdefs.ErrInvalidArgument},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx := context.Background()
+			m, fake := newKeyManager(t)
+			m.cfg.RootDirectory = config.RootDirectory{UIDs: []string{"1000"}}
+			roots := &fakeRoots{}
+			m.Roots = roots
+			staged := false
+			m.Mounted = func(string) (bool, error) { return staged, nil }
+			if tt.failRoot {
+				roots.failures = 1
+			}
+			if tt.failUnload {
+				fake.Fail = func(op, name string) error {
+					if op == "unload-key" {
+						return errors.New("unload-key: interrupted")
+					}
+					return nil
+				}
+			}
+			req := CreateRequest{Name: "secret", Parameters: tt.params, Passphrase: contract.Passphrase(passphrase)}
+			_, err := m.Create(ctx, req)
+			if (err != nil) != (tt.failUnload || tt.failRoot) {
+				t.Fatalf("the first create: %v", err)
+			}
+			fake.Fail = nil
+			ds := root + "/" + contract.VolumeIDForName(req.Name)
+			if loaded := fake.KeyLoaded(ds); loaded != tt.failUnload {
+				t.Errorf("after the first create the key is loaded: %v, want %v (only an unload that failed leaves it)", loaded, tt.failUnload)
+			}
+
+			staged = tt.staged
+			req.Passphrase = tt.retryKey
+			v, err := m.Create(ctx, req)
+			switch {
+			case tt.wantErr != nil:
+				if !errors.Is(err, tt.wantErr) {
+					t.Fatalf("the retry: %v, want %v", err, tt.wantErr)
+				}
+			case err != nil:
+				t.Fatalf("the retry: %v", err)
+			case v.KeyLoaded != tt.wantLoaded:
+				t.Errorf("the retry answers the key loaded: %v, want %v", v.KeyLoaded, tt.wantLoaded)
+			}
+			if loaded := fake.KeyLoaded(ds); loaded != tt.wantLoaded {
+				t.Errorf("after the retry the key is loaded: %v, want %v", loaded, tt.wantLoaded)
+			}
+		})
+	}
+}
+
+// TestEveryCopyNotStagedHasItsKeyUnloaded: a change that leaves a copy
+// staged nowhere on the node (a fence, a demotion after a move, a set
+// aside, a receive into a replica, a deletion into a tombstone) unloads
+// a key a crash or a failed step left loaded on it.
+func TestEveryCopyNotStagedHasItsKeyUnloaded(t *testing.T) {
+	ctx := context.Background()
+	tests := []struct {
+		name   string
+		change func(t *testing.T, m *Manager, fake *zfsfake.Fake, v Volume) string // returns the copy's dataset after it
+	}{
+		{"fence", func(t *testing.T, m *Manager, _ *zfsfake.Fake, v Volume) string {
+			reserve(t, m, v.ID, 2, "n2")
+			if _, err := m.Fence(ctx, v.ID, "n2"); err != nil {
+				t.Fatal(err)
+			}
+			return v.Dataset
+		}},
+		{"demotion after a move", func(t *testing.T, m *Manager, fake *zfsfake.Fake, v Volume) string {
+			reserve(t, m, v.ID, 2, "n2")
+			if _, err := m.Fence(ctx, v.ID, "n2"); err != nil {
+				t.Fatal(err)
+			}
+			loadKey(t, fake, v.Dataset) // loaded again after the fence
+			if err := m.Demote(ctx, v.ID, 2, false); err != nil {
+				t.Fatal(err)
+			}
+			return v.Dataset
+		}},
+		{"set aside", func(t *testing.T, m *Manager, fake *zfsfake.Fake, v Volume) string {
+			if err := m.Demote(ctx, v.ID, 2, true); err != nil {
+				t.Fatal(err)
+			}
+			for _, n := range fake.Names() {
+				if strings.HasPrefix(n, v.Dataset+"-aside-") {
+					return n
+				}
+			}
+			t.Fatal("no copy set aside")
+			return ""
+		}},
+		{"receive into a replica", func(t *testing.T, m *Manager, fake *zfsfake.Fake, v Volume) string {
+			if err := fake.SetProperties(ctx, v.Dataset, map[string]string{copyrecord.PropRole: contract.RoleReplica}); err != nil {
+				t.Fatal(err)
+			}
+			m.Received(v.ID)
+			return v.Dataset
+		}},
+		{"deletion into a tombstone", func(t *testing.T, m *Manager, fake *zfsfake.Fake, v Volume) string {
+			snapshot(t, m, v.ID, "kept")
+			if err := m.Delete(ctx, v.ID); err != nil {
+				t.Fatal(err)
+			}
+			for _, n := range fake.Names() {
+				if strings.HasPrefix(n, v.Dataset+"-deleted-") && !strings.Contains(n, "@") {
+					return n
+				}
+			}
+			t.Fatal("no tombstone")
+			return ""
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m, fake := newKeyManager(t)
+			m.Mounted = func(string) (bool, error) { return false, nil }
+			v := create(t, m, CreateRequest{Name: "secret", Parameters: map[string]string{"encryption": "on"}, Passphrase: contract.Passphrase(passphrase)})
+			loadKey(t, fake, v.Dataset) // as a crash between a stage's load and its mount leaves it
+			ds := tt.change(t, m, fake, v)
+			if fake.KeyLoaded(ds) {
+				t.Errorf("after the %s the key of %s is loaded", tt.name, ds)
+			}
+		})
+	}
+}
+
+// TestTheSweepUnloadsTheKeysOfCopiesNotStaged: the sweep at the node's
+// start unloads the key of every encrypted copy under the root that is
+// not mounted here, whatever its role, and leaves the staged one's.
+func TestTheSweepUnloadsTheKeysOfCopiesNotStaged(t *testing.T) {
+	ctx := context.Background()
+	m, fake := newKeyManager(t)
+	staged := map[string]bool{}
+	m.Mounted = func(ds string) (bool, error) { return staged[ds], nil }
+	copies := []struct {
+		name, role string
+		staged     bool
+	}{
+		{"primary-staged", contract.RolePrimary, true},
+		{"primary-left-loaded", contract.RolePrimary, false}, // a create or a stage cut short
+		{"replica", contract.RoleReplica, false},
+		{"set-aside", contract.RoleSetAside, false},
+		{"tombstone", contract.RoleDeleted, false},
+	}
+	for _, c := range copies {
+		id := contract.VolumeIDForName(c.name)
+		ds := root + "/" + id
+		if c.role == contract.RoleSetAside || c.role == contract.RoleDeleted {
+			ds += "-" + c.role + "-1"
+		}
+		props := map[string]string{copyrecord.PropVolumeID: id, copyrecord.PropRole: c.role, copyrecord.PropName: c.name, "encryption": "on"}
+		if err := fake.CreateEncrypted(ctx, ds, props, []byte(passphrase)); err != nil { // its key loaded
+			t.Fatal(err)
+		}
+		staged[ds] = c.staged
+	}
+	plain := create(t, m, CreateRequest{Name: "plain"})
+
+	if err := m.SweepKeys(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for ds, want := range staged {
+		if got := fake.KeyLoaded(ds); got != want {
+			t.Errorf("after the sweep the key of %s is loaded: %v, want %v (staged: %v)", ds, got, want, want)
+		}
+	}
+	if _, err := m.Get(ctx, plain.ID); err != nil {
+		t.Errorf("the plain volume after the sweep: %v", err)
+	}
+}
+
+// TestTheListingSweepsKeysLeftLoaded: each listing of the node's copies
+// for their index unloads, apart, the keys it finds loaded on copies not
+// staged.
+func TestTheListingSweepsKeysLeftLoaded(t *testing.T) {
+	ctx := context.Background()
+	m, fake := newKeyManager(t)
+	m.Mounted = func(string) (bool, error) { return false, nil }
+	v := create(t, m, CreateRequest{Name: "secret", Parameters: map[string]string{"encryption": "on"}, Passphrase: contract.Passphrase(passphrase)})
+	loadKey(t, fake, v.Dataset)
+	if _, err := m.primaries(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitForListing(t, &m.primaryIndex)
+	waitForSweep(t, m)
+	if fake.KeyLoaded(v.Dataset) {
+		t.Error("the listing left the key of a copy not staged loaded")
+	}
+}
+
+// loadKey loads the key of ds in the fake, as a crash or a failed step
+// leaves it.
+func loadKey(t *testing.T, fake *zfsfake.Fake, ds string) {
+	t.Helper()
+	if err := fake.LoadKey(context.Background(), ds, []byte(passphrase)); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -149,8 +149,8 @@ type Manager struct {
 	primaryIndex, snapshotIndex      idIndex
 	primariesListed, snapshotsListed atomic.Bool
 	started                          time.Time // of the process: part of VolumesVersion
-	// sweeping tells whether the tombstones a listing found are being
-	// collected (collectTombstones).
+	// sweeping tells whether what a listing found (tombstones, keys left
+	// loaded) is being seen to (sweepListed).
 	sweepMu  sync.Mutex
 	sweeping bool
 	// deleted: the records of snapshots deleted while a node was away

@@ -121,17 +121,14 @@ func (m *Manager) prepareRoot(ctx context.Context, dataset string, root Root) er
 	return m.zfs.ClearUserProperty(ctx, dataset, copyrecord.PropRootPending)
 }
 
-// finishRoot prepares the root of a new volume, or of one whose create
-// stopped half-way, loading an encrypted volume's key for the moment it
-// takes when it is not loaded.
+// finishRoot prepares the root of a new volume made without a key of
+// its own (a raw copy), or of one whose create stopped half-way, loading
+// an encrypted volume's key for the moment it takes; OpenKey checks the
+// passphrase whether or not the key is loaded. The caller unloads the
+// key, whatever happens (closeCreated).
 func (m *Manager) finishRoot(ctx context.Context, v Volume, root Root, given contract.Passphrase) error {
-	opened, err := m.OpenKey(ctx, v, given)
-	if err != nil {
+	if _, err := m.OpenKey(ctx, v, given); err != nil {
 		return err
 	}
-	err = m.prepareRoot(ctx, v.Dataset, root)
-	if opened {
-		err = errors.Join(err, m.CloseKey(ctx, v.ID))
-	}
-	return err
+	return m.prepareRoot(ctx, v.Dataset, root)
 }

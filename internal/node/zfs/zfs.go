@@ -179,8 +179,14 @@ type Encryption interface {
 	// loaded.
 	CopyEncrypted(ctx context.Context, snapshot, target string, props map[string]string) error
 	// LoadKey loads the key of encryption root fs. A key loaded already
-	// is no error; a wrong one is ErrWrongKey.
+	// is no error, and its passphrase is not checked (zfs load-key
+	// refuses before it derives one): CheckKey checks it. A wrong
+	// passphrase is ErrWrongKey.
 	LoadKey(ctx context.Context, fs string, passphrase []byte) error
+	// CheckKey checks passphrase against the key of encryption root fs
+	// without loading it (zfs load-key -n), whether or not the key is
+	// loaded: a wrong one is ErrWrongKey. Nothing changes either way.
+	CheckKey(ctx context.Context, fs string, passphrase []byte) error
 	// UnloadKey unloads the key of encryption root fs; one not loaded is
 	// no error, a mounted fs is ErrBusy.
 	UnloadKey(ctx context.Context, fs string) error

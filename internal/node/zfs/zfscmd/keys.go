@@ -87,6 +87,17 @@ func (c Cmd) LoadKey(ctx context.Context, fs string, passphrase []byte) error {
 	return err
 }
 
+// CheckKey checks passphrase against the key of encryption root fs, as
+// zfs load-key -n: it derives the key and tries it, loaded or not, and
+// loads nothing.
+func (c Cmd) CheckKey(ctx context.Context, fs string, passphrase []byte) error {
+	if err := zfs.ValidateName(fs); err != nil {
+		return err
+	}
+	_, err := c.runWithInput(ctx, passphrase, "load-key", "-n", fs)
+	return err
+}
+
 // UnloadKey unloads the key of encryption root fs.
 func (c Cmd) UnloadKey(ctx context.Context, fs string) error {
 	if err := zfs.ValidateName(fs); err != nil {

@@ -55,15 +55,44 @@ func (f *Fake) CopyEncrypted(ctx context.Context, snapshot, target string, props
 	return nil
 }
 
-// LoadKey loads the key of encryption root fs.
+// LoadKey loads the key of encryption root fs. As zfs load-key (and
+// zfscmd's LoadKey), a key loaded already is no error and its passphrase
+// is not checked: only CheckKey checks a loaded key.
 func (f *Fake) LoadKey(ctx context.Context, fs string, passphrase []byte) error {
 	return f.onEncryptionRoot("load-key", fs, func(e *entry) error {
-		if e.passphrase != string(passphrase) {
-			return fmt.Errorf("zfs load-key %s: Incorrect key provided: %w", fs, zfs.ErrWrongKey)
+		if e.keyLoaded {
+			return nil
+		}
+		if err := checkPassphrase("load-key", fs, e, passphrase); err != nil {
+			return err
 		}
 		e.keyLoaded = true
 		return nil
 	})
+}
+
+// CheckKey checks passphrase against the key of encryption root fs,
+// loaded or not, as zfs load-key -n; it changes nothing.
+func (f *Fake) CheckKey(ctx context.Context, fs string, passphrase []byte) error {
+	return f.onEncryptionRoot("check-key", fs, func(e *entry) error {
+		return checkPassphrase("load-key -n", fs, e, passphrase)
+	})
+}
+
+func checkPassphrase(op, fs string, e *entry, passphrase []byte) error {
+	if e.passphrase != string(passphrase) {
+		return fmt.Errorf("zfs %s %s: Incorrect key provided: %w", op, fs, zfs.ErrWrongKey)
+	}
+	return nil
+}
+
+// KeyLoaded tells whether the key of encryption root fs is loaded, for
+// assertions.
+func (f *Fake) KeyLoaded(fs string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	e, ok := f.datasets[fs]
+	return ok && e.keyLoaded
 }
 
 // UnloadKey unloads the key of encryption root fs.
