@@ -31,6 +31,15 @@ job "counter" {
       attachment_mode = "file-system"
     }
 
+    # A client cut off from the Nomad servers stops this task after 15 s,
+    # before the servers reschedule it and a failover may promote another
+    # copy: with the client's zfs-node down during the cut, nothing else
+    # would stop the task writing to its mount (docs/safety.md, "What the
+    # operator guarantees"). Nomad 1.8 or later.
+    disconnect {
+      stop_on_client_after = "15s"
+    }
+
     # Quick moves: a replacement claims the volume only once the old
     # allocation released it, so fail fast and retry soon rather than wait
     # for Nomad's default exponential reschedule delays.
