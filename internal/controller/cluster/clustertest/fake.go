@@ -29,7 +29,10 @@ import (
 // target's copy a replica of the primary's generation, holding a
 // snapshot taken now; a promotion needs the node's own promise and a
 // replica as fresh as the move's fence; an unfence needs no newer
-// generation promised to another node.
+// generation promised to another node. The node is the truth: the
+// contract test (internal/testbed/agentcontract) runs one table of the
+// node's refusals and answers against this fake and the real node, and
+// a rule changed on either side must change the other and the table.
 type FakeAgent struct {
 	mu        sync.Mutex
 	info      agentclient.NodeInfo
@@ -656,34 +659,34 @@ func (f *FakeAgent) GetCopy(_ context.Context, id string) (agentclient.Copy, err
 	if err := f.enter("GetCopy", id); err != nil {
 		return agentclient.Copy{}, err
 	}
-	c, ok := f.copies[id]
-	if !ok {
-		return agentclient.Copy{VolumeID: id, NodeID: f.info.NodeID}, nil
-	}
-	return c, nil
+	return f.copyOf(id), nil
 }
 
 // Demote retires the node's primary, older than generation and not
 // mounted: a primary fenced for a move becomes a replica of generation,
 // any other (or any when Aside) is set aside (gone from the node's
-// copies, listed by SetAside), as the node does.
+// copies, listed by SetAside), as the node does. As the node, a demotion
+// that finds no copy (set aside already) or a replica (demoted already)
+// is done, and answers the copy as it is.
 func (f *FakeAgent) Demote(_ context.Context, d agentclient.Demotion) (agentclient.Copy, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	c, err := f.enterPrimary("Demote", d.VolumeID)
-	if err != nil {
+	if err := f.enter("Demote", d.VolumeID); err != nil {
 		return agentclient.Copy{}, err
 	}
-	if c.Generation >= d.Generation {
+	c := f.copies[d.VolumeID]
+	switch {
+	case !c.Exists || c.Role == contract.RoleReplica:
+		return f.copyOf(d.VolumeID), nil
+	case c.Generation >= d.Generation:
 		return agentclient.Copy{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "node %s holds generation %d of volume %s, not older than %d", f.info.NodeID, c.Generation, d.VolumeID, d.Generation)
-	}
-	if c.Mounted {
+	case c.Mounted:
 		return agentclient.Copy{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "volume %s is mounted on node %s while generation %d is the primary elsewhere; unmount it: it is stale", d.VolumeID, f.info.NodeID, d.Generation)
 	}
 	if d.Aside || c.MovingTo == "" {
 		f.setAside = append(f.setAside, d.VolumeID)
 		f.forget(d.VolumeID)
-		return f.copies[d.VolumeID], nil
+		return f.copyOf(d.VolumeID), nil
 	}
 	c.Role, c.Generation, c.MovingTo, c.FencedUnixNano = contract.RoleReplica, d.Generation, "", 0
 	f.demoted[d.VolumeID] = time.Now()
@@ -691,15 +694,29 @@ func (f *FakeAgent) Demote(_ context.Context, d agentclient.Demotion) (agentclie
 	return c, nil
 }
 
+// copyOf is the node's copy of volume id as GetCopy answers it, also when
+// it holds none. The caller holds f.mu.
+func (f *FakeAgent) copyOf(id string) agentclient.Copy {
+	c, ok := f.copies[id]
+	if !ok {
+		return agentclient.Copy{VolumeID: id, NodeID: f.info.NodeID}
+	}
+	return c
+}
+
 // Reserve grants a generation above every one the node promised or holds
 // a copy of, and again to the same holder; else it answers what stands in
-// the way.
+// the way. As the node, a grant answers the record it supersedes, and a
+// reservation without a generation or a holder is invalid.
 func (f *FakeAgent) Reserve(_ context.Context, r agentclient.Reservation) (agentclient.Promise, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.reserved = append(f.reserved, r)
 	if err := f.enter("Reserve", r.VolumeID); err != nil {
 		return agentclient.Promise{}, err
+	}
+	if r.Generation == 0 || r.HolderNodeID == "" {
+		return agentclient.Promise{}, errdefs.Wrap(errdefs.ErrInvalidArgument, "reserving a generation of volume %s needs a generation and a holder", r.VolumeID)
 	}
 	c := f.copies[r.VolumeID]
 	if c.PromisedGeneration == r.Generation && c.PromisedHolder == r.HolderNodeID {
@@ -716,12 +733,13 @@ func (f *FakeAgent) Reserve(_ context.Context, r agentclient.Reservation) (agent
 	if r.Generation <= known.PromisedGeneration {
 		return known, nil
 	}
+	before := agentclient.Promise{Granted: true, PromisedGeneration: c.PromisedGeneration, PromisedHolder: c.PromisedHolder}
 	if !c.Exists {
 		c = agentclient.Copy{VolumeID: r.VolumeID, NodeID: f.info.NodeID}
 	}
 	c.PromisedGeneration, c.PromisedHolder = r.Generation, r.HolderNodeID
 	f.copies[r.VolumeID] = c
-	return agentclient.Promise{Granted: true, PromisedGeneration: r.Generation, PromisedHolder: r.HolderNodeID}, nil
+	return before, nil
 }
 
 // Reservations returns the Reserve calls the node got, in order.
@@ -841,7 +859,11 @@ func (f *FakeAgent) MoveFinal(ctx context.Context, id, targetAddr, targetNodeID 
 		return agentclient.Progress{}, err
 	}
 	f.mu.Lock()
-	c, err := f.enterPrimary("MoveFinal", id)
+	if err := f.enter("MoveFinal", id); err != nil {
+		f.mu.Unlock()
+		return agentclient.Progress{}, err
+	}
+	c, err := f.fenceTarget(id)
 	if err != nil {
 		f.mu.Unlock()
 		return agentclient.Progress{}, err
@@ -859,6 +881,20 @@ func (f *FakeAgent) MoveFinal(ctx context.Context, id, targetAddr, targetNodeID 
 	return p, err
 }
 
+// fenceTarget returns the node's primary of volume id for a fence or an
+// unfence; as the node, it answers NotFound without a copy and
+// FailedPrecondition for a replica. The caller holds f.mu.
+func (f *FakeAgent) fenceTarget(id string) (agentclient.Copy, error) {
+	c := f.copies[id]
+	switch {
+	case !c.Exists:
+		return agentclient.Copy{}, errdefs.Wrap(errdefs.ErrNotFound, "node %s holds no copy of volume %s", f.info.NodeID, id)
+	case c.Role != contract.RolePrimary:
+		return agentclient.Copy{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "node %s holds a %s of volume %s, not its primary", f.info.NodeID, c.Role, id)
+	}
+	return c, nil
+}
+
 // fenceable refuses to fence c for a move to target as the node does:
 // while it is mounted, and unless the node promised target a generation
 // above c's (volume.Manager.FenceHeld).
@@ -872,13 +908,17 @@ func (f *FakeAgent) fenceable(c agentclient.Copy, target string) error {
 	return nil
 }
 
-// Unfence lifts the node's fences of its primary: a move's and a lost
-// lease's; as the node, not while the node's own record promises a newer
-// generation to another node.
-func (f *FakeAgent) Unfence(_ context.Context, id string, _ uint64) (agentclient.Copy, error) {
+// Unfence lifts the node's fences of its primary, as the node does: not
+// while the node's own record promises a newer generation to another
+// node; a move's fence first, when both are up; a lost lease's fence only
+// for the copy's own generation.
+func (f *FakeAgent) Unfence(_ context.Context, id string, generation uint64) (agentclient.Copy, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	c, err := f.enterPrimary("Unfence", id)
+	if err := f.enter("Unfence", id); err != nil {
+		return agentclient.Copy{}, err
+	}
+	c, err := f.fenceTarget(id)
 	if err != nil {
 		return agentclient.Copy{}, err
 	}
@@ -886,14 +926,25 @@ func (f *FakeAgent) Unfence(_ context.Context, id string, _ uint64) (agentclient
 		return agentclient.Copy{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "node %s promised generation %d of volume %s to node %s, above this copy's generation %d",
 			f.info.NodeID, c.PromisedGeneration, id, c.PromisedHolder, c.Generation)
 	}
-	c.MovingTo, c.FencedUnixNano, c.LeaseFenced = "", 0, false
+	switch {
+	case c.MovingTo != "":
+		c.MovingTo, c.FencedUnixNano = "", 0
+	case c.LeaseFenced && c.Generation != generation:
+		return agentclient.Copy{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "volume %s is at generation %d; the confirmation was for generation %d", id, c.Generation, generation)
+	case c.LeaseFenced:
+		c.LeaseFenced = false
+	default:
+		return c, nil
+	}
 	f.setCopy(c)
 	return c, nil
 }
 
 // Promote makes the node's replica the primary of the generation the
-// node promised to itself, if it holds a snapshot taken at or after
-// NotBeforeUnixNano.
+// node promised to itself, as the node does: only a replica below that
+// generation, holding a snapshot taken at or after NotBeforeUnixNano; a
+// primary of that generation is promoted already (no promise checked). A
+// failover records the replica's newest snapshot as the recovery point.
 func (f *FakeAgent) Promote(_ context.Context, p agentclient.Promotion) (agentclient.Copy, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -901,14 +952,26 @@ func (f *FakeAgent) Promote(_ context.Context, p agentclient.Promotion) (agentcl
 		return agentclient.Copy{}, err
 	}
 	c := f.copies[p.VolumeID]
+	promoted := c.Exists && c.Role == contract.RolePrimary && c.Generation == p.Generation
 	switch {
-	case c.PromisedGeneration != p.Generation || c.PromisedHolder != f.info.NodeID:
+	case !promoted && (c.PromisedGeneration != p.Generation || c.PromisedHolder != f.info.NodeID):
 		return agentclient.Copy{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "node %s was not promised generation %d of volume %s", f.info.NodeID, p.Generation, p.VolumeID)
-	case !c.Exists || c.Role != contract.RoleReplica || c.LastSnapshotUnixNano < p.NotBeforeUnixNano:
+	case !c.Exists:
+		return agentclient.Copy{}, errdefs.Wrap(errdefs.ErrNotFound, "node %s holds no copy of volume %s to promote", f.info.NodeID, p.VolumeID)
+	case promoted:
+	case c.Role != contract.RoleReplica:
+		return agentclient.Copy{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "node %s holds volume %s as %s generation %d, not as a replica", f.info.NodeID, p.VolumeID, c.Role, c.Generation)
+	case p.Generation <= c.Generation:
+		return agentclient.Copy{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "node %s: promoting volume %s to generation %d, but its replica is already at %d", f.info.NodeID, p.VolumeID, p.Generation, c.Generation)
+	case c.LastSnapshotUnixNano < p.NotBeforeUnixNano:
 		return agentclient.Copy{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "node %s holds no replica of volume %s fresh enough", f.info.NodeID, p.VolumeID)
+	default:
+		c.Role, c.Generation, c.MovingTo = contract.RolePrimary, p.Generation, ""
+		if p.Failover {
+			c.FailoverFromSnapshot = c.LastSnapshot
+		}
+		delete(f.demoted, p.VolumeID)
 	}
-	c.Role, c.Generation = contract.RolePrimary, p.Generation
-	delete(f.demoted, p.VolumeID)
 	if p.Forced {
 		c.ForcedGeneration = p.Generation
 	}
