@@ -951,7 +951,7 @@ func TestReplicaAheadOfAMovedPrimary(t *testing.T) {
 		{"1", false, true, "full", true},
 		{"2", true, false, "full", true},
 	} {
-		t.Run(fmt.Sprintf("history from %s, granted %v", tt.historyFrom, tt.granted), func(t *testing.T) {
+		t.Run(fmt.Sprintf("history from %s granted %v", tt.historyFrom, tt.granted), func(t *testing.T) {
 			c := guesttest.StartCluster(t, 2, guestcluster.Options{})
 			n1, n2 := c.Nodes[0], c.Nodes[1]
 			ctx := context.Background()
