@@ -9,7 +9,7 @@ LDFLAGS := -X github.com/zfs-nomad/zfs-nomad/internal/shared/version.Version=$(V
 TOOLS := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/zfs-nomad/tools/$(shell sha256sum hack/tools/go.sum | cut -c1-12)
 GO_TEST_TIMEOUT ?= 45m
 
-.PHONY: help deps build release check unit race images test test-trixie guest-image-trixie test-nomad test-nomad-trixie test-nomad-drain sanity-encrypted nomad bench soak sim guest-image proto demo demo-nomad clean
+.PHONY: help deps need-headers fast build release check unit race images test test-trixie guest-image-trixie test-nomad test-nomad-trixie test-nomad-drain sanity-encrypted nomad bench soak sim guest-image proto demo demo-nomad clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -36,7 +36,17 @@ $(TOOLS)/staticcheck $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc: hack/to
 	@mkdir -p $(TOOLS)
 	cd hack/tools && go build -o $(TOOLS)/ honnef.co/go/tools/cmd/staticcheck google.golang.org/protobuf/cmd/protoc-gen-go google.golang.org/grpc/cmd/protoc-gen-go-grpc
 
-check: deps $(TOOLS)/staticcheck ## gofmt, go vet, the controller/node edge (hack/edges.sh), staticcheck (both libzfs builds), go mod tidy
+# check, unit and race install nothing: with the libzfs headers missing
+# they say so and stop (make deps installs them; make test runs it).
+need-headers:
+	@pkg-config --exists libzfs 2>/dev/null || [ -e /usr/include/libzfs/libzfs.h ] || { echo "the libzfs headers are missing (zfs-node's cgo needs them): make deps installs them (Debian: libzfslinux-dev from contrib)" >&2; exit 1; }
+
+# The fast tier, for every change: static checks and every unit test
+# under the race detector (the simulation's 30 seeds a shape); no guest,
+# nothing installed (docs/testing.md, "Which command proves what").
+fast: check race ## the fast tier for every change: make check and the unit tests under the race detector; installs nothing
+
+check: need-headers $(TOOLS)/staticcheck ## gofmt, go vet, the controller/node edge (hack/edges.sh), staticcheck (both libzfs builds), go mod tidy
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	go vet ./...
 	go vet -tags openzfs_2_2 ./internal/node/zfs/libzfs ./cmd/zfs-node
@@ -46,13 +56,13 @@ check: deps $(TOOLS)/staticcheck ## gofmt, go vet, the controller/node edge (hac
 	go mod tidy -diff
 	cd hack/tools && go mod tidy -diff
 
-unit: deps ## unit tests only (skips the packages that need real ZFS)
+unit: need-headers ## unit tests only (skips the packages that need real ZFS)
 	ZFS_NOMAD_SKIP_GUEST=1 go test -count=1 ./...
 
 # The race detector over the host packages (the guest packages skip
 # themselves), the simulation on 30 seeds of each shape: a race is a
 # defect even where the tests pass (about 4 min on 2 cores).
-race: deps ## unit tests and a short simulation under the race detector
+race: need-headers ## unit tests and a short simulation under the race detector
 	ZFS_NOMAD_SKIP_GUEST=1 go test -race -count=1 $$(go list ./... | grep -v /internal/testbed/faultsim)
 	ZFS_NOMAD_SKIP_GUEST=1 go test -race -count=1 ./internal/testbed/faultsim -args -seeds 30
 
@@ -76,7 +86,7 @@ guest-image-trixie: deps ## build (or find cached) the Debian 13 guest image, Op
 OUTSIDE_MAKE_TEST := ^TestNomadRawExec$$
 # The Nomad end-to-end test (test/nomad) needs a Nomad binary: hack/nomad.sh
 # builds it once (about 12 min) and prints its cached path.
-test: check race images guest-image guest-image-trixie ## everything: checks, the race detector, the images, unit tests, real-ZFS tests, csi-sanity and Nomad end to end in the guest, then test-trixie-conformance (within CI's 90 min: docs/testing.md)
+test: deps check race images guest-image guest-image-trixie ## everything: checks, the race detector, the images, unit tests, real-ZFS tests, csi-sanity and Nomad end to end in the guest, then test-trixie-conformance (within CI's 90 min: docs/testing.md)
 	nomad=$$(./hack/nomad.sh) && ZFS_NOMAD_NOMAD=$$nomad ZFS_NOMAD_IMAGES=$(IMAGES_DIR) go test -p 1 -count=1 -timeout $(GO_TEST_TIMEOUT) -skip '$(OUTSIDE_MAKE_TEST)' ./...
 	go test -count=1 -tags openzfs_2_2 ./internal/node/zfs/libzfs
 	$(MAKE) --no-print-directory test-trixie-conformance
