@@ -72,6 +72,7 @@ func TestAKeyIsLoadedOnlyWhereTheVolumeIsStaged(t *testing.T) {
 	n1.Kill()
 	e.loadKeyByHand("n1", ds, key)
 	e.returnNodeProcess("n1")
+	e.copyOn(id, "n1") // answered once the node serves: its start's sweep ran before
 	e.wantKeys(id, "after zfs-node's start", map[string]string{"n1": "unavailable"})
 	e.loadKeyByHand("n1", ds, key)
 	_, err = e.createWith("killed", map[string]string{"node": "n1", "compression": "off", "encryption": "on"}, wrong)

@@ -28,7 +28,8 @@ import (
 
 func TestMain(m *testing.M) {
 	os.Exit(guesttest.Main(m, guesttest.Options{
-		Disks:    []string{"2G", "2G", "2G"},
+		// n4's and n5's for the one five-node test.
+		Disks:    []string{"2G", "2G", "2G", "1G", "1G"},
 		Binaries: guesttest.DriverBinaries(),
 		Memory:   "2G",
 		Timeout:  40 * time.Minute, // its failover tests wait out leases, its snapshot tests move volumes: past 25 min
