@@ -51,6 +51,9 @@ type network struct {
 	hold     *pushHold           // the next push it holds, when set (holdPush)
 	log      func(format string, args ...any)
 	step     func() int64
+	// smallBuffers: connections take gRPC's default buffers
+	// (Config.SmallBuffers).
+	smallBuffers bool
 }
 
 func newNetwork(d *dice, r rates, log func(string, ...any), step func() int64) *network {
@@ -266,12 +269,19 @@ func (n *network) directDialOptions(from string) []grpc.DialOption {
 		return h.lis.DialContext(ctx)
 	}
 	fast := backoff.Config{BaseDelay: time.Millisecond, Multiplier: 1, MaxDelay: time.Millisecond}
-	return append([]grpc.DialOption{
+	opts := append([]grpc.DialOption{
 		grpc.WithContextDialer(dialer),
 		grpc.WithTransportCredentials(identity{name: from}),
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: fast, MinConnectTimeout: time.Second}),
 	}, protocol.DialOptions()...)
+	if n.smallBuffers {
+		opts = append(opts, grpc.WithReadBufferSize(smallBuffer), grpc.WithWriteBufferSize(smallBuffer))
+	}
+	return opts
 }
+
+// smallBuffer is gRPC's default buffer size (Config.SmallBuffers).
+const smallBuffer = 32 << 10
 
 // unary loses requests and answers, and delivers requests twice.
 func (n *network) unary(from string, alive func() bool) grpc.UnaryClientInterceptor {

@@ -87,6 +87,9 @@ func (n *simNode) config() config.Node {
 	for _, m := range n.w.nodes {
 		cfg.Peers = append(cfg.Peers, m.addr())
 	}
+	if n.w.cfg.NodePeers != nil {
+		cfg.Peers = n.w.cfg.NodePeers(n.id, cfg.Peers)
+	}
 	return cfg
 }
 
@@ -139,6 +142,9 @@ func (n *simNode) start(ctx context.Context) {
 	// As zfs-node serves it: the interceptor maps the handlers' errors to
 	// their gRPC status.
 	srvOpts := append(agent.ServerOptions(), protocol.ServerOptions("node "+n.id)...)
+	if n.w.cfg.SmallBuffers {
+		srvOpts = append(srvOpts, grpc.ReadBufferSize(smallBuffer), grpc.WriteBufferSize(smallBuffer))
+	}
 	inc.srv = grpc.NewServer(append(srvOpts, grpc.Creds(identity{}),
 		grpc.UnaryInterceptor(csiplugin.LoggingInterceptor(log.Named("agent"))))...)
 	node.Register(inc.srv)

@@ -77,6 +77,15 @@ type Config struct {
 	Verbose bool
 	// Trace, when set, gets every line of the run's trace as it happens.
 	Trace func(string)
+	// NodePeers, when set, gives each node's peer list from the list of
+	// every node's address: the explorer lists a node under two
+	// addresses (explore_scenarios.go).
+	NodePeers func(node string, all []string) []string
+	// SmallBuffers gives every connection gRPC's default 32 KiB buffers
+	// instead of the agent's 1 MiB ones (agent.DialOptions): the
+	// explorer starts a world per run, and clearing the large buffers of
+	// its connections took half of a run's time.
+	SmallBuffers bool
 }
 
 // Rates are the chances of the faults.
@@ -268,6 +277,7 @@ func newWorld(cfg Config) *world {
 	w := &world{cfg: cfg, dice: newDice(cfg.Seed), clock: time.Unix(1_800_000_000, 0), done: make(chan struct{})}
 	w.start = w.clock
 	w.net = newNetwork(w.dice, rates{loss: cfg.Rates.Loss, dup: cfg.Rates.Dup, cut: cfg.Rates.Cut}, w.tracef, w.stepNow.Load)
+	w.net.smallBuffers = cfg.SmallBuffers
 	w.checker = newChecker(w)
 	for i := 1; i <= cfg.Nodes; i++ {
 		id := fmt.Sprintf("n%d", i)
