@@ -132,3 +132,64 @@ func TestANodeUnderTwoAddressesCountsOnce(t *testing.T) {
 		}
 	}
 }
+
+// TestAMovesFenceStaysWhileItsTargetIsSilent: n1's copy is fenced for a
+// move to n2, and the records of n1 and n3 promise generation 3 to n1 (a
+// publish back to n1 superseded the move's promise, which n2 granted
+// after its promotion at 2). n2 is silent now. Its copy may be the
+// primary at 2, staged: a publish on n1 keeps the fence and answers
+// Unavailable. Found by the explorer (TestExplorerLong): lifting the fence
+// on such a look gave two writers.
+func TestAMovesFenceStaysWhileItsTargetIsSilent(t *testing.T) {
+	fakes := new(clustertest.Fakes)
+	n1 := fakes.Add(agentclient.NodeInfo{NodeID: "n1"})
+	n2 := fakes.Add(agentclient.NodeInfo{NodeID: "n2"})
+	n3 := fakes.Add(agentclient.NodeInfo{NodeID: "n3"})
+	id := contract.VolumeIDForName("superseded")
+	n1.PutCopy(agentclient.Copy{VolumeID: id, Name: "superseded", Role: contract.RolePrimary, Generation: 1, MovingTo: "n2", FencedUnixNano: 1, CapacityBytes: 1 << 30})
+	n2.PutCopy(agentclient.Copy{VolumeID: id, Name: "superseded", Role: contract.RolePrimary, Generation: 2, Mounted: true, CapacityBytes: 1 << 30})
+	for _, n := range []*clustertest.FakeAgent{n1, n2, n3} {
+		n.Promise(id, 3, "n1")
+	}
+	n2.SetDown(true)
+	m := New(fakes.Cluster(t), hclog.NewNullLogger())
+	gen, err := m.Publish(context.Background(), id, "n1")
+	if !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Errorf("publish on n1, fenced for n2, with n2 silent: generation %d, %v; want Unavailable", gen, err)
+	}
+	if c, _ := n1.Copy(id); c.MovingTo != "n2" {
+		t.Errorf("n1's copy after the publish: %+v; want still fenced for n2", c)
+	}
+}
+
+// TestNoFailoverOnATornLook: instance B's look read n2 as a replica
+// before instance A's move promoted it, and n1 after A demoted it: no
+// primary in the look. A failover promoted n1 beside n2's new primary.
+// n2 refuses a failover's reservation while it holds the primary, and
+// that refusal stops the failover whatever the others granted: B looks
+// again and finds n2 the primary. Found by the explorer.
+func TestNoFailoverOnATornLook(t *testing.T) {
+	fakes := new(clustertest.Fakes)
+	n1 := fakes.Add(agentclient.NodeInfo{NodeID: "n1"})
+	n2 := fakes.Add(agentclient.NodeInfo{NodeID: "n2"})
+	n3 := fakes.Add(agentclient.NodeInfo{NodeID: "n3"})
+	auto := map[string]string{contract.ParamFailover: contract.FailoverAuto}
+	id := contract.VolumeIDForName("torn")
+	replica := agentclient.Copy{VolumeID: id, Name: "torn", Role: contract.RoleReplica, Generation: 2, Parameters: auto, CapacityBytes: 1 << 30, LastSnapshotUnixNano: 5}
+	n1.PutCopy(replica) // demoted by A's move
+	replica.Generation = 1
+	n2.PutCopy(replica) // read before A promoted it
+	for _, n := range []*clustertest.FakeAgent{n1, n2, n3} {
+		n.Promise(id, 2, "n2") // A's move reserved generation 2 for n2
+	}
+	n2.BeforeCall("Reserve", func() {
+		c, _ := n2.Copy(id)
+		c.Role, c.Generation, c.Mounted = contract.RolePrimary, 2, true // A's promotion, and the CO's stage
+		n2.PutCopy(c)
+	})
+	m := New(fakes.Cluster(t), hclog.NewNullLogger())
+	_, _ = m.Publish(context.Background(), id, "n1")
+	if c, _ := n1.Copy(id); c.Role == contract.RolePrimary {
+		t.Fatalf("n1 was failed over to (%+v) while n2 holds the primary, staged", c)
+	}
+}

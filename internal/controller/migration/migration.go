@@ -317,12 +317,23 @@ func (m *Migrator) publishStep(ctx context.Context, a *attempt) (uint64, next, e
 // publishOnPrimary publishes the volume on the node of its primary,
 // lifting the copy's fence (a move's or a lost lease's) if it has one.
 // A fence is lifted only when no other node may have been promoted
-// meanwhile (publishStep's newerElsewhere saw to that), nor may be
-// promoted later with a promise it still holds.
+// meanwhile (publishStep's newerElsewhere saw to that, and a move's
+// fence needs its target in the look), nor may be promoted later with a
+// promise it still holds.
 func (m *Migrator) publishOnPrimary(ctx context.Context, a *attempt, p copyOn, v view) (uint64, next, error) {
 	m.arrived(a.id, a.nodeID)
 	if p.copy.MovingTo == "" && !p.copy.LeaseFenced {
 		return p.copy.Generation, answer, nil
+	}
+	if t := p.copy.MovingTo; t != "" {
+		if _, answered := v.node(t); !answered {
+			// A look without the move's target cannot tell whether it was
+			// promoted: a promise that superseded the move's may have been
+			// granted by the target after its promotion, and the records
+			// then show no trace of the move's generation.
+			return 0, answer, errdefs.Wrap(errdefs.ErrUnavailable, "the copy on node %s is fenced for a move to node %s, which did not answer: node %s may have been promoted, so the fence stays; retry once node %s answers",
+				a.nodeID, t, t, t)
+		}
 	}
 	if pr, away := v.promisedAway(p); away {
 		if a.superseded {
@@ -411,7 +422,9 @@ type grants struct {
 	everyAnswering bool
 	// failover: every node attests the silence of those that did not
 	// answer, and of any node its lease knows that is not among those that
-	// did (agentclient.Reservation).
+	// did (agentclient.Reservation); a node that holds a primary of the
+	// volume refuses it, and that refusal stops the failover whatever the
+	// others granted.
 	failover bool
 	// operator marks the operator's promotion: a node that keeps no lease
 	// (no peers) grants its failover on the operator's word, and refuses
@@ -454,7 +467,7 @@ func (m *Migrator) reserve(ctx context.Context, id string, gen uint64, holder st
 		}()
 	}
 	total := v.total()
-	granted, holderGranted, alsoGranted, waiting := 0, false, g.also == "", false
+	granted, holderGranted, alsoGranted, waiting, holdsPrimary := 0, false, g.also == "", false, false
 	var refusals []string
 	for range v.nodes {
 		a := <-answers
@@ -462,6 +475,10 @@ func (m *Migrator) reserve(ctx context.Context, id string, gen uint64, holder st
 		case a.err != nil:
 			refusals = append(refusals, fmt.Sprintf("node %s: %v", a.node, a.err))
 			waiting = waiting || (g.failover && errors.Is(a.err, errdefs.ErrUnavailable))
+			// A node refuses a failover's reservation with
+			// FailedPrecondition while it holds a primary of the volume
+			// (volume.Manager.ReserveForFailover).
+			holdsPrimary = holdsPrimary || (g.failover && errors.Is(a.err, errdefs.ErrFailedPrecondition))
 		case a.resp.Granted:
 			granted++
 			holderGranted = holderGranted || a.node == holder
@@ -474,8 +491,20 @@ func (m *Migrator) reserve(ctx context.Context, id string, gen uint64, holder st
 	if g.everyAnswering {
 		enough = granted == len(v.nodes)
 	}
+	if holdsPrimary {
+		// The look was torn: a node it read as holding no primary was
+		// promoted since (a move's final step). No failover, whatever
+		// the others granted: look again.
+		enough = false
+	}
 	if enough && holderGranted && alsoGranted {
 		return goOn, nil
+	}
+	if holdsPrimary {
+		m.log.Warn("no failover: a node holds the primary since the look; looking again", "volume_id", id, "generation", gen, "holder", holder,
+			"refusals", strings.Join(refusals, "; "))
+		return lookAgain, errdefs.Wrap(errdefs.ErrAborted, "generation %d of volume %s for node %s: a node holds the volume's primary (%s)",
+			gen, id, holder, strings.Join(refusals, "; "))
 	}
 	if waiting {
 		// Nodes that keep leases wait for the silent ones' to run out:

@@ -420,7 +420,11 @@ func (s *Server) Reserve(ctx context.Context, req *pb.ReserveRequest) (*pb.Reser
 			return nil, err
 		}
 	}
-	p, granted, err := s.volumes.Reserve(ctx, req.GetVolumeId(), req.GetGeneration(), req.GetHolderNodeId())
+	reserve := s.volumes.Reserve
+	if req.GetFailover() {
+		reserve = s.volumes.ReserveForFailover
+	}
+	p, granted, err := reserve(ctx, req.GetVolumeId(), req.GetGeneration(), req.GetHolderNodeId())
 	if err != nil {
 		return nil, err
 	}

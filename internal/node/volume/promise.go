@@ -226,6 +226,21 @@ func (m *Manager) lockedPromise(ctx context.Context, id string) (Promise, error)
 // deletion's own is granted again at its generation or below (a retried
 // or a concurrent delete of the same volume).
 func (m *Manager) Reserve(ctx context.Context, id string, generation uint64, holder string) (Promise, bool, error) {
+	return m.reserve(ctx, id, generation, holder, false)
+}
+
+// ReserveForFailover is Reserve for a failover's generation, which is
+// refused outright while this node holds a primary of the volume: a
+// failover promotes a replica because no answering node holds the
+// primary, and a node that holds one is its proof that the look was torn
+// (it read the node before a move promoted it). The check and the
+// promise share the promise's lock with Promote, so no promotion of this
+// node's copy slips between them.
+func (m *Manager) ReserveForFailover(ctx context.Context, id string, generation uint64, holder string) (Promise, bool, error) {
+	return m.reserve(ctx, id, generation, holder, true)
+}
+
+func (m *Manager) reserve(ctx context.Context, id string, generation uint64, holder string, failover bool) (Promise, bool, error) {
 	if !contract.IsVolumeID(id) {
 		return Promise{}, false, fmt.Errorf("%w: %q is not a volume ID", errdefs.ErrInvalidArgument, id)
 	}
@@ -252,9 +267,13 @@ func (m *Manager) Reserve(ctx context.Context, id string, generation uint64, hol
 		granted := holder == contract.DeletionHolder && generation <= promised.Generation
 		return promised, granted, nil
 	}
-	held, err := m.copyGeneration(ctx, id)
+	held, role, err := m.copyGenerationAndRole(ctx, id)
 	if err != nil {
 		return Promise{}, false, err
+	}
+	if failover && role == contract.RolePrimary {
+		return Promise{}, false, fmt.Errorf("%w: node %s holds the primary of volume %s (generation %d): no failover is granted while it does; look again",
+			errdefs.ErrFailedPrecondition, m.cfg.NodeID, id, held)
 	}
 	known := promised
 	if held > known.Generation {
@@ -281,12 +300,19 @@ func (m *Manager) Reserve(ctx context.Context, id string, generation uint64, hol
 // reservations run on every node while the copies take and receive
 // snapshots, and the listing only competed with them.
 func (m *Manager) copyGeneration(ctx context.Context, id string) (uint64, error) {
+	generation, _, err := m.copyGenerationAndRole(ctx, id)
+	return generation, err
+}
+
+// copyGenerationAndRole is copyGeneration with the copy's role ("" when
+// it holds none).
+func (m *Manager) copyGenerationAndRole(ctx context.Context, id string) (uint64, string, error) {
 	ds, exists, err := m.copyDataset(ctx, id)
 	if err != nil || !exists {
-		return 0, err
+		return 0, "", err
 	}
 	generation, _ := strconv.ParseUint(ds.User[copyrecord.PropGeneration], 10, 64)
-	return generation, nil
+	return generation, ds.User[copyrecord.PropRole], nil
 }
 
 // Forget drops the promise of a volume being deleted, so that a volume
