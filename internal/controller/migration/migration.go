@@ -422,9 +422,9 @@ type grants struct {
 	everyAnswering bool
 	// failover: every node attests the silence of those that did not
 	// answer, and of any node its lease knows that is not among those that
-	// did (agentclient.Reservation); a node that holds a primary of the
-	// volume refuses it, and that refusal stops the failover whatever the
-	// others granted.
+	// did (agentclient.Reservation); every node that answered the look
+	// must grant it, and a node that holds a primary of the volume
+	// refuses it.
 	failover bool
 	// operator marks the operator's promotion: a node that keeps no lease
 	// (no peers) grants its failover on the operator's word, and refuses
@@ -488,8 +488,15 @@ func (m *Migrator) reserve(ctx context.Context, id string, gen uint64, holder st
 		}
 	}
 	enough := granted > total/2
-	if g.everyAnswering {
+	switch {
+	case g.everyAnswering:
 		enough = granted == len(v.nodes)
+	case g.failover:
+		// Every node of the look must grant too: one whose answer is
+		// missing may have refused because it holds the primary now (a
+		// move promoted it after the look read it), and its refusal is
+		// what stops a failover on a torn look.
+		enough = enough && granted == len(v.nodes)
 	}
 	if holdsPrimary {
 		// The look was torn: a node it read as holding no primary was
