@@ -30,11 +30,11 @@ type explorerRun struct {
 
 // TestExplorer explores the classes' scenarios (explore_scenarios.go)
 // exhaustively: every interleaving of their calls up to the order of
-// independent ones, without faults for class 1's (with one, it finds
-// what docs/safety.md, "The explorer", lists as open) and with one fault
-// per run (a controller instance's crash or the cut of one of its links,
-// at any step) for the others'; then random schedules, with faults where
-// the exhaustive search had them. About 20 s on two cores, 65 s at most
+// independent ones, without faults for class 1's (with one, its search
+// takes minutes: TestExplorerLong) and with one fault per run (a
+// controller instance's crash or the cut of one of its links, at any
+// step) for the others'; then random schedules, with faults where the
+// exhaustive search had them. About 20 s on two cores, 65 s at most
 // (the budgets). It fails on any violation, with its minimal trace and
 // the command that replays it.
 func TestExplorer(t *testing.T) {
