@@ -34,6 +34,7 @@ import (
 
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/agentclient"
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/operator"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/protocol"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/tlsconfig"
 	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guestcluster"
@@ -324,7 +325,17 @@ func TestResumeAfterInterruption(t *testing.T) {
 				}
 				return
 			}
-			p, err := replicate(t, context.Background(), c, n1, n2, id)
+			// The push after the interruption, retried as the schedule
+			// retries one while a returning link's first connects fail
+			// (no route to host until the neighbour answers again).
+			var p agentclient.Progress
+			for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(time.Second) {
+				p, err = replicate(t, context.Background(), c, n1, n2, id)
+				if !errors.Is(err, errdefs.ErrUnavailable) || time.Now().After(deadline) {
+					break
+				}
+				t.Logf("the push after the interruption: %v; retrying", err)
+			}
 			if err != nil {
 				t.Fatal(err)
 			}
