@@ -295,17 +295,11 @@ func (m *Manager) reserve(ctx context.Context, id string, generation uint64, hol
 	return promised, true, nil
 }
 
-// copyGeneration is the generation of this node's copy of id (0 when it
-// holds none), read without listing the copy's snapshots as Copy does:
-// reservations run on every node while the copies take and receive
-// snapshots, and the listing only competed with them.
-func (m *Manager) copyGeneration(ctx context.Context, id string) (uint64, error) {
-	generation, _, err := m.copyGenerationAndRole(ctx, id)
-	return generation, err
-}
-
-// copyGenerationAndRole is copyGeneration with the copy's role ("" when
-// it holds none).
+// copyGenerationAndRole is the generation and role of this node's copy
+// of id (0 and "" when it holds none), read without listing the copy's
+// snapshots as Copy does: reservations run on every node while the
+// copies take and receive snapshots, and the listing only competed with
+// them.
 func (m *Manager) copyGenerationAndRole(ctx context.Context, id string) (uint64, string, error) {
 	ds, exists, err := m.copyDataset(ctx, id)
 	if err != nil || !exists {
