@@ -24,7 +24,14 @@ import (
 // secrets carry none) is InvalidArgument and mounts nothing. After a
 // move, a restore from a snapshot on another node and a manual failover
 // the stage loads the key and the workload reads its files. A volume
-// whose claims carry no key opens with the key file's.
+// whose claims carry no key opens with the key file's. Whatever stops a
+// create half-way leaves no key loaded: a create killed before the
+// key's unload has it unloaded by zfs-node's start, and its retry checks
+// the passphrase (a create whose root directory cannot be set, and its
+// retries, are TestARetriedCreateChecksTheKeyAndLeavesItUnloaded's, over
+// the fake: the ZFS steps are the same); a key left loaded on a source
+// goes with its demotion after a move; a stage checks the passphrase
+// even where the key is loaded.
 func TestEncryptedVolumesOpenOnlyWhereStaged(t *testing.T) {
 	// The operator's key file, the same on every node (they share the
 	// guest's file system): for claims whose secrets carry no key.
@@ -43,6 +50,30 @@ func TestEncryptedVolumesOpenOnlyWhereStaged(t *testing.T) {
 
 	id := e.create("secret", map[string]string{"encryption": "aes-256-gcm"})
 	e.wantKeys(id, "created", map[string]string{"n1": "unavailable"})
+
+	// A create killed between zfs create and the key's unload (zfs-node
+	// killed, the key loaded as zfs create left it): zfs-node's start
+	// unloads it before it serves. Left loaded again (the kill's state,
+	// zfs-node running), the create's retry checks the passphrase whether
+	// the key is loaded or not: a wrong one is refused, and either way the
+	// key is left unloaded.
+	n1 := e.node("n1")
+	ds := n1.RootDataset + "/" + id
+	n1.Kill()
+	e.loadKeyByHand("n1", ds, key)
+	e.returnNodeProcess("n1")
+	e.copyOn(id, "n1") // answered once the node serves: its start's sweep ran before
+	e.wantKeys(id, "after zfs-node's start", map[string]string{"n1": "unavailable"})
+	created := map[string]string{"node": "n1", "compression": "off", "encryption": "aes-256-gcm"}
+	e.loadKeyByHand("n1", ds, key)
+	_, err := e.createWith("secret", created, map[string]string{contract.SecretEncryptionKey: "not the passphrase"})
+	wantCode(t, err, codes.InvalidArgument, "does not unlock it")
+	e.wantKeys(id, "after a create's retry with a wrong passphrase", map[string]string{"n1": "unavailable"})
+	e.loadKeyByHand("n1", ds, key)
+	if _, err := e.createWith("secret", created, e.secrets); err != nil {
+		t.Fatalf("the create's retry with the volume's passphrase: %v", err)
+	}
+	e.wantKeys(id, "after the create's retry", map[string]string{"n1": "unavailable"})
 
 	// With a wrong key, from the secrets or (none there) the key file:
 	// refused, nothing mounted.
@@ -70,12 +101,25 @@ func TestEncryptedVolumesOpenOnlyWhereStaged(t *testing.T) {
 	e.unpublish(id, "n1")
 	e.wantKeys(id, "unstaged", map[string]string{"n1": "unavailable"})
 
-	// A move: n2 receives raw and loads the key only when it stages.
+	// A move: n2 receives raw and loads the key only when it stages; the
+	// key left loaded on n1 (a crash's state) goes with n1's demotion.
+	e.loadKeyByHand("n1", ds, key)
 	dir = e.mustPublish(id, "n2")
 	if got := e.checksums("n2", dir); got != want {
 		t.Fatalf("after the move n2 holds:\n%s\nwant:\n%s", got, want)
 	}
 	e.wantKeys(id, "staged on n2 after the move", map[string]string{"n1": "unavailable", "n2": "available"})
+	if role := e.copyOn(id, "n1").GetRole(); role != contract.RoleReplica {
+		t.Fatalf("after the move n1 holds a %s, want a replica", role)
+	}
+	// Staged on n2, its key loaded: a stage at a second path with a wrong
+	// passphrase is refused all the same and mounts nothing.
+	_, err = guesttest.MountWithSecrets(e.ctx, t, e.node("n2"), id, "second-"+id, nil, map[string]string{contract.SecretEncryptionKey: "not the passphrase"})
+	wantCode(t, err, codes.InvalidArgument, "does not unlock it")
+	if out := guesttest.Exec(t, e.node("n2"), "grep -c staging-second-"+id+" /proc/self/mounts || true"); strings.TrimSpace(out) != "0" {
+		t.Fatalf("a refused stage left %s mounts at its path", out)
+	}
+	e.wantKeys(id, "after a refused second stage on n2", map[string]string{"n1": "unavailable", "n2": "available"})
 	e.write("n2", dir, "echo second >> f")
 	want = e.checksums("n2", dir)
 	snap, err := e.controller().CreateSnapshot(e.ctx, &csi.CreateSnapshotRequest{SourceVolumeId: id, Name: "secret-snap"})
