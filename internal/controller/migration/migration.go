@@ -498,16 +498,14 @@ func (m *Migrator) reserve(ctx context.Context, id string, gen uint64, holder st
 		// what stops a failover on a torn look.
 		enough = enough && granted == len(v.nodes)
 	}
-	if holdsPrimary {
-		// The look was torn: a node it read as holding no primary was
-		// promoted since (a move's final step). No failover, whatever
-		// the others granted: look again.
-		enough = false
-	}
 	if enough && holderGranted && alsoGranted {
 		return goOn, nil
 	}
 	if holdsPrimary {
+		// The look was torn: a node it read as holding no primary was
+		// promoted since (a move's final step). Its refusal already kept
+		// the grants short of every node of the look; look again rather
+		// than wait.
 		m.log.Warn("no failover: a node holds the primary since the look; looking again", "volume_id", id, "generation", gen, "holder", holder,
 			"refusals", strings.Join(refusals, "; "))
 		return lookAgain, errdefs.Wrap(errdefs.ErrAborted, "generation %d of volume %s for node %s: a node holds the volume's primary (%s)",
