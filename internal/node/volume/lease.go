@@ -234,8 +234,14 @@ func (m *Manager) liftLeaseFence(ctx context.Context, v Volume, generation uint6
 // majority answering. A copy forced at another generation than its
 // current one carries no exemption already (Volume.Forced) and is left.
 func (m *Manager) EndForced(ctx context.Context) ([]string, error) {
+	// The heartbeat calls it every beat: the pool is listed only while a
+	// forced copy may be on it, and a pass that fails looks again.
+	if !m.mayHoldForced.Swap(false) {
+		return nil, nil
+	}
 	vols, err := m.List(ctx)
 	if err != nil {
+		m.mayHoldForced.Store(true)
 		return nil, err
 	}
 	var (
@@ -247,6 +253,7 @@ func (m *Manager) EndForced(ctx context.Context) ([]string, error) {
 			continue
 		}
 		if err := m.endForced(ctx, v.ID); err != nil {
+			m.mayHoldForced.Store(true)
 			errs = append(errs, err)
 			continue
 		}

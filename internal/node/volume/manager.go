@@ -142,6 +142,10 @@ type Manager struct {
 	// legacyPromises tells that promise records may be kept on the root
 	// dataset (CheckLegacyPromises); true until the node has looked.
 	legacyPromises atomic.Bool
+	// mayHoldForced tells that a copy the operator forced may be on the
+	// pool (at start, and after MarkForced): EndForced lists the pool
+	// only then, not at every beat.
+	mayHoldForced atomic.Bool
 	now            func() time.Time
 	confirmed      confirmations
 	// primaryIndex and snapshotIndex: see index.go. primariesListed and
@@ -168,6 +172,7 @@ type Manager struct {
 func NewManager(z zfs.Interface, replicas *copyrecord.Replicas, cfg config.Node, log hclog.Logger) *Manager {
 	m := &Manager{zfs: z, replicas: replicas, cfg: cfg, log: log, now: time.Now, locks: new(copylock.Locks), started: time.Now()}
 	m.legacyPromises.Store(true)
+	m.mayHoldForced.Store(true)
 	return m
 }
 

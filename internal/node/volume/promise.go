@@ -351,6 +351,7 @@ func (m *Manager) MarkForced(ctx context.Context, id string, generation uint64) 
 	if err := m.zfs.SetProperties(ctx, datasetFor(m.cfg.RootDataset, id), map[string]string{copyrecord.PropForced: strconv.FormatUint(generation, 10)}); err != nil {
 		return zfsError(err, "marking volume "+id+" as forced")
 	}
+	m.mayHoldForced.Store(true)
 	m.log.Warn("primary promoted by the operator without a majority of the nodes", "volume_id", id, "generation", generation)
 	return nil
 }
