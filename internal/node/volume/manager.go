@@ -146,8 +146,8 @@ type Manager struct {
 	// pool (at start, and after MarkForced): EndForced lists the pool
 	// only then, not at every beat.
 	mayHoldForced atomic.Bool
-	now            func() time.Time
-	confirmed      confirmations
+	now           func() time.Time
+	confirmed     confirmations
 	// primaryIndex and snapshotIndex: see index.go. primariesListed and
 	// snapshotsListed tell whether each was listed once since the start.
 	primaryIndex, snapshotIndex      idIndex
