@@ -87,6 +87,11 @@ type Heartbeat struct {
 	// allConfirmed: every primary was confirmed current since the lease
 	// was last held (false at start: a restart forgets).
 	allConfirmed bool
+	// lastBeat, gap: when the last beat began, and how long before it
+	// the one before began. A gap near the lease means the beats
+	// themselves were late (a starved process), not the peers silent.
+	lastBeat time.Time
+	gap      time.Duration
 }
 
 // Run beats every Interval until ctx ends.
@@ -107,6 +112,11 @@ func (h *Heartbeat) Run(ctx context.Context) {
 // Beat runs one beat. Run calls it every Interval; the fault-injection
 // simulation (internal/testbed/faultsim) calls it on its own clock.
 func (h *Heartbeat) Beat(ctx context.Context) {
+	now := h.Monitor.now()
+	if !h.lastBeat.IsZero() {
+		h.gap = now.Sub(h.lastBeat)
+	}
+	h.lastBeat = now
 	held, fencedSome := h.step(ctx, !h.lost, !h.noneFenced)
 	h.lost, h.noneFenced, h.beaten = !held, !fencedSome, true
 }
@@ -121,7 +131,8 @@ func (h *Heartbeat) step(ctx context.Context, wasHeld, fencedSome bool) (held, s
 	switch {
 	case !held:
 		if wasHeld {
-			h.Log.Warn("lease lost: no majority of the peers (every domain) answered within the lease; mounted primaries become read-only", "lease", h.Monitor.lease)
+			h.Log.Warn("lease lost: no majority of the peers (every domain) answered within the lease; mounted primaries become read-only",
+				"lease", h.Monitor.lease, "silent", h.Monitor.Silent(h.NodeID), "since_last_beat", h.gap.Round(time.Millisecond))
 		}
 		fenced, err := h.Volumes.SelfFence(ctx)
 		if err != nil {
@@ -184,7 +195,9 @@ func (h *Heartbeat) beat(ctx context.Context) {
 			h.Log.Warn("a peer's answer is not counted", "addr", addr, "error", err)
 		case err == nil:
 			h.Monitor.Answered(addr, nodeID)
+			return
 		}
+		h.Monitor.Failed(addr, err)
 	})
 }
 

@@ -61,8 +61,9 @@ func (m *Monitor) RequirePeers() {
 }
 
 type peer struct {
-	heard  time.Time // this node's ping last answered; zero: never
-	nodeID string    // "" until it answered once
+	heard   time.Time // this node's ping last answered; zero: never
+	nodeID  string    // "" until it answered once
+	lastErr error     // why the last ping that failed failed; nil: none did
 }
 
 // NewMonitor returns a monitor of lease time lease. now is time.Now
@@ -97,6 +98,47 @@ func (m *Monitor) Answered(addr, nodeID string) {
 	if p, ok := m.peers[addr]; ok {
 		p.heard, p.nodeID = m.now(), nodeID
 	}
+}
+
+// Failed records why a ping to the peer at addr failed, for Silent.
+func (m *Monitor) Failed(addr string, err error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if p, ok := m.peers[addr]; ok {
+		p.lastErr = err
+	}
+}
+
+// Silent describes each peer address (selfID's own excluded) that did
+// not answer within the lease: when it last answered and why its last
+// failed ping failed. A lost lease is logged with it, so the log says
+// which peers went silent and whether the network, a certificate or a
+// slow beat is to blame.
+func (m *Monitor) Silent(selfID string) []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.now()
+	var out []string
+	for _, a := range slices.Sorted(maps.Keys(m.peers)) {
+		p := m.peers[a]
+		if p.nodeID == selfID || (!p.heard.IsZero() && now.Sub(p.heard) < m.lease) {
+			continue
+		}
+		d := a
+		if p.nodeID != "" {
+			d += " (" + p.nodeID + ")"
+		}
+		if p.heard.IsZero() {
+			d += ": never answered"
+		} else {
+			d += fmt.Sprintf(": last answered %s ago", now.Sub(p.heard).Round(100*time.Millisecond))
+		}
+		if p.lastErr != nil {
+			d += ": " + p.lastErr.Error()
+		}
+		out = append(out, d)
+	}
+	return out
 }
 
 // Called records that the node nodeID (its verified certificate's name)

@@ -225,3 +225,30 @@ func TestAttestFailoverAsksAfterPeersTheControllerLost(t *testing.T) {
 		t.Errorf("Members once it found itself = %d, want 3", got)
 	}
 }
+
+func TestSilentSaysWhichPeersWentQuietAndWhy(t *testing.T) {
+	const lease = 10 * time.Second
+	c := &clock{t: time.Unix(1000, 0)}
+	m := NewMonitor(lease, c.now)
+	m.SetPeers([]string{"self:7670", "a:7670", "b:7670", "c:7670"})
+	m.Answered("self:7670", "n1")
+	m.Answered("a:7670", "n2")
+	m.Answered("b:7670", "n3")
+	c.t = c.t.Add(12 * time.Second)
+	m.Answered("a:7670", "n2")
+	m.Failed("b:7670", errors.New("context deadline exceeded"))
+	m.Failed("c:7670", errors.New("connection refused"))
+	got := m.Silent("n1")
+	want := []string{
+		"b:7670 (n3): last answered 12s ago: context deadline exceeded",
+		"c:7670: never answered: connection refused",
+	}
+	if len(got) != len(want) {
+		t.Fatalf("Silent = %q, want %q", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("Silent[%d] = %q, want %q", i, got[i], want[i])
+		}
+	}
+}
