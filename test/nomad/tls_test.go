@@ -194,14 +194,17 @@ func (e *e2e) pluginLog(job, task, node string) string {
 func (e *e2e) rotateCertificates(job allocation) {
 	e.t.Helper()
 	runs := e.taskRuns()
+	// Something for the backup to send while the variables change.
+	e.nomad("alloc", "exec", "-task", "counter", job.id, "sh", "-c", "head -c 50331648 /dev/urandom > /data/big && sync")
 	// A node's lease may have lapsed once while the plugins started
-	// (its peers were not up yet): count what the rotation adds.
+	// (its peers were not up yet), or while the write above was synced:
+	// 48 MiB encrypted under emulation keeps ZFS's I/O threads, which run
+	// above every process, on both of the guest's CPUs for seconds, and
+	// the test's lease is 8 s. Count what the rotation adds.
 	leaseLost := map[string]int{}
 	for _, n := range e.c.Nodes {
 		leaseLost[n.ID] = strings.Count(e.pluginLog("zfs-nomad-node", "zfs-node", n.ID), "lease lost")
 	}
-	// Something for the backup to send while the variables change.
-	e.nomad("alloc", "exec", "-task", "counter", job.id, "sh", "-c", "head -c 50331648 /dev/urandom > /data/big && sync")
 	backup, output := e.startOperator("backup", "web-data")
 	began := time.Now()
 	backupDone := make(chan error, 1)
