@@ -9,7 +9,7 @@ LDFLAGS := -X github.com/zfs-nomad/zfs-nomad/internal/shared/version.Version=$(V
 TOOLS := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/zfs-nomad/tools/$(shell sha256sum hack/tools/go.sum | cut -c1-12)
 GO_TEST_TIMEOUT ?= 45m
 
-.PHONY: help deps need-headers fast build release check unit race images test test-trixie guest-image-trixie test-nomad test-nomad-trixie test-nomad-drain sanity-encrypted nomad bench soak sim guest-image proto demo demo-nomad clean
+.PHONY: help deps prepare need-headers fast build release check unit race images test test-trixie guest-image-trixie test-nomad test-nomad-trixie test-nomad-drain sanity-encrypted nomad bench soak sim guest-image proto demo demo-nomad clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -75,6 +75,11 @@ IMAGES_DIR := $(CURDIR)/bin/images
 images: ## build the zfs-controller and zfs-node images (docker/), run each one's --version, write bin/images/*.tar
 	@VERSION=$(VERSION) ARCHIVE_DIR=$(IMAGES_DIR) ./hack/images.sh
 
+# prepare builds side by side what make test needs and a cache may lack: both
+# guest images, Nomad and the plugin images (hack/prepare.sh says why).
+prepare: deps
+	@VERSION=$(VERSION) ARCHIVE_DIR=$(IMAGES_DIR) ./hack/prepare.sh
+
 guest-image: deps ## build (or find cached) the default ZFS guest image: Debian 12, OpenZFS 2.1
 	@./guest/image.sh >/dev/null
 
@@ -88,7 +93,7 @@ guest-image-trixie: deps ## build (or find cached) the Debian 13 guest image, Op
 OUTSIDE_MAKE_TEST := ^TestNomadRawExec$$
 # The Nomad end-to-end test (test/nomad) needs a Nomad binary: hack/nomad.sh
 # builds it once (about 12 min) and prints its cached path.
-test: deps check race images guest-image guest-image-trixie ## everything: checks, the race detector, the images, unit tests, real-ZFS tests, csi-sanity and Nomad end to end in the guest, then test-trixie-conformance (within CI's 90 min: docs/testing.md)
+test: deps prepare check race ## everything: checks, the race detector, the images, unit tests, real-ZFS tests, csi-sanity and Nomad end to end in the guest, then test-trixie-conformance (within CI's 90 min: docs/testing.md)
 	nomad=$$(./hack/nomad.sh) && ZFS_NOMAD_NOMAD=$$nomad ZFS_NOMAD_IMAGES=$(IMAGES_DIR) go test -p 1 -count=1 -timeout $(GO_TEST_TIMEOUT) -skip '$(OUTSIDE_MAKE_TEST)' ./...
 	go test -count=1 -tags openzfs_2_2 ./internal/node/zfs/libzfs
 	$(MAKE) --no-print-directory test-trixie-conformance

@@ -25,7 +25,9 @@ if [ "$want" = image ] && [ -s "$guest/initrd-docker.gz" ]; then echo "$guest"; 
 if [ "$want" = chroot ] && [ -e "$rootfs/.complete" ]; then echo "$rootfs"; exit 0; fi
 
 mkdir -p "$cache"
-exec 9>"$cache/build.lock"
+# One build per release at a time; the two releases build side by side
+# (hack/prepare.sh): their chroots, images and temporary trees are apart.
+exec 9>"$cache/build-$release.lock"
 flock 9
 ensure_rootfs() {
   [ -e "$rootfs/.complete" ] && return
