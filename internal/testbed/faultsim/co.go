@@ -2,6 +2,7 @@ package faultsim
 
 import (
 	"context"
+	"io"
 	"path/filepath"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/agentclient"
+	"github.com/zfs-nomad/zfs-nomad/internal/controller/operator"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 )
 
@@ -83,6 +85,8 @@ func (w *world) pick() func() {
 		{3, func() { w.checkDeletedStayDeleted() }},
 		{2, func() { w.restore() }},
 		{3, func() { w.expand(v) }},
+		{3, func() { w.promote(v, n) }},
+		{2, func() { w.removeReplica(v, n) }},
 		{15, func() {}}, // time passes
 	}
 	if !v.created {
@@ -277,6 +281,10 @@ func (w *world) rescheduleLost() {
 		return
 	}
 	n := targets[w.dice.intn(len(targets))]
+	if w.dice.intn(3) == 0 {
+		// A manual failover: the operator promotes the copy there first.
+		w.promote(v, n)
+	}
 	w.tracef("co: node %s lost: places the job of %s on %s", v.lostFrom, v.name, n.id)
 	w.schedule(v, n)
 }
@@ -317,6 +325,42 @@ func (w *world) backup(v *simVolume, from, to *simNode) bool {
 		}
 	}
 	return false
+}
+
+// promote is the operator's zfs-controller promote of the volume's copy
+// on n, without -force, at any moment: the controller promotes only what
+// a failover would (docs/safety.md, "Generations"), so no moment may
+// break an invariant. -force is the operator's word that the silent
+// nodes are lost (safety.md, "What the operator guarantees"), which the
+// simulation's nodes, restarting at random, do not keep: the explorer
+// runs it where the scenario keeps it.
+func (w *world) promote(v *simVolume, n *simNode) {
+	if !v.created {
+		return
+	}
+	ctx, cancel := opContext()
+	defer cancel()
+	cp, err := w.co().mig.Promote(ctx, v.id, n.id, false)
+	w.tracef("operator: promote %s on %s: generation %d %v", v.name, n.id, cp.Generation, errText(err))
+	if err == nil {
+		w.stats.Promotions++
+	}
+}
+
+// removeReplica is the operator's zfs-controller remove-replica of the
+// volume's copy on n, without -force, at any moment: it refuses while no
+// reachable node holds the primary, and the node deletes only a replica.
+func (w *world) removeReplica(v *simVolume, n *simNode) {
+	if !v.created {
+		return
+	}
+	ctx, cancel := opContext()
+	defer cancel()
+	err := operator.RemoveReplica(ctx, w.co().cl, v.id, n.id, false, io.Discard)
+	w.tracef("operator: remove-replica %s on %s: %v", v.name, n.id, errText(err))
+	if err == nil {
+		w.stats.ReplicasRemoved++
+	}
 }
 
 // scheduleRound runs one round of the replication schedule, in the

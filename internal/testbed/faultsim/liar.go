@@ -15,6 +15,7 @@ import (
 
 	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/replication"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/volume"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfscmd"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfsfake"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
@@ -70,6 +71,9 @@ func (w *world) lie(v *simVolume, liar, victim *simNode) {
 			break
 		}
 	}
+	if role == contract.RoleReplica && w.dice.intn(2) == 0 && w.rollbackLie(v, liar, victim, generation) {
+		return
+	}
 	options := lies(liar.id, other, role, generation)
 	l := options[w.dice.intn(len(options))]
 	streams, err := forgedStreams(v.id, w.cfg.Seed)
@@ -90,6 +94,74 @@ func (w *world) lie(v *simVolume, liar, victim *simNode) {
 	case status.Code(err) == l.want:
 		w.stats.LiesRefused++
 	}
+}
+
+// rollbackLie is class 3 of issue 51: liar, a node with its own copy of
+// v, sends victim's replica a genuine incremental from a snapshot both
+// hold that is not the replica's newest, labelled one generation above
+// the replica's with a history claiming to cover it. Received, it would
+// roll back (destroy) the replica's later snapshots, which may hold
+// writes no other copy has. Only victim's own promise record, promising
+// liar a generation above the replica's, lets a stream roll back; a
+// header is the sender's word. It reports whether the copies allowed the
+// lie (a shared snapshot before the replica's newest, a later one on
+// liar) and it was sent.
+func (w *world) rollbackLie(v *simVolume, liar, victim *simNode, generation uint64) bool {
+	ctx, cancel := opContext()
+	defer cancel()
+	fs := rootDataset + "/" + v.id
+	theirs, err := victim.pool.Streams().Snapshots(ctx, fs)
+	if err != nil || len(theirs) < 2 {
+		return false
+	}
+	mine, err := liar.pool.Streams().Snapshots(ctx, fs)
+	if err != nil {
+		return false
+	}
+	shared := map[uint64]bool{}
+	for _, s := range theirs[:len(theirs)-1] { // the replica's newest is no rollback
+		shared[s.GUID] = true
+	}
+	base := -1
+	for i, s := range mine {
+		if shared[s.GUID] {
+			base = i
+		}
+	}
+	if base < 0 || base == len(mine)-1 || w.promisedTo(victim, v.id, liar.id, generation) {
+		return false
+	}
+	var stream bytes.Buffer
+	spec := zfscmd.SendSpec{Snapshot: mine[len(mine)-1].Name, Base: mine[base].Name}
+	if _, err := liar.pool.Streams().Send(ctx, spec, &stream); err != nil {
+		return false
+	}
+	h := &pb.ReceiveHeader{VolumeId: v.id, VolumeName: v.name, SourceNodeId: liar.id, Kind: replication.KindIncremental,
+		Snapshot: copyrecord.ShortSnapshotName(spec.Snapshot), Generation: generation + 1, HistoryFrom: 1, CapacityBytes: 1 << 30}
+	err = w.sendForged(liar, victim, h, stream.Bytes())
+	w.tracef("%s lies to %s about %s: an incremental from %s, older than the replica's newest, at generation %d: %v",
+		liar.id, victim.id, v.name, copyrecord.ShortSnapshotName(spec.Base), h.Generation, errText(err))
+	switch {
+	case err == nil && !w.promisedTo(victim, v.id, liar.id, generation):
+		w.checker.late(fmt.Errorf("node %s rolled back its replica of volume %s for node %s's incremental, which its promise record does not supersede", victim.id, v.id, liar.id))
+	case status.Code(err) == codes.FailedPrecondition:
+		w.stats.LiesRefused++
+		w.stats.RollbacksRefused++
+	}
+	return true
+}
+
+// promisedTo reports whether node n's promise record of volume id
+// promises holder a generation above generation: a move or failover to
+// holder is under way, and its stream may roll the replica back.
+func (w *world) promisedTo(n *simNode, id, holder string, generation uint64) bool {
+	for _, ds := range []string{volume.PromiseShard(rootDataset, id), rootDataset} {
+		if v := w.checker.user(n, ds, copyrecord.PropPromisePrefix+id); v != "" {
+			p := volume.ParsePromise(v)
+			return p.Holder == holder && p.Generation > generation
+		}
+	}
+	return false
 }
 
 // sendForged sends a forged stream from liar's identity to victim and

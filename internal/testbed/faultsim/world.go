@@ -188,6 +188,11 @@ type Stats struct {
 	// WorkLeaseHeld: steps some controller instance held the work lease
 	// in; WorkLeaseHandovers: times another instance took it over.
 	WorkLeaseHeld, WorkLeaseHandovers int
+	// Promotions, ReplicasRemoved: the operator's zfs-controller promote
+	// (without -force) and remove-replica that succeeded.
+	Promotions, ReplicasRemoved int
+	// RollbacksRefused: rollbackLie's incrementals refused.
+	RollbacksRefused int
 }
 
 func (s *Stats) Add(o Stats) {
@@ -216,6 +221,9 @@ func (s *Stats) Add(o Stats) {
 	s.DeletedInFlight += o.DeletedInFlight
 	s.WorkLeaseHeld += o.WorkLeaseHeld
 	s.WorkLeaseHandovers += o.WorkLeaseHandovers
+	s.Promotions += o.Promotions
+	s.ReplicasRemoved += o.ReplicasRemoved
+	s.RollbacksRefused += o.RollbacksRefused
 }
 
 // Run runs one seed and returns the first invariant it broke, with the
