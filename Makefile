@@ -77,7 +77,7 @@ images: ## build the zfs-controller and zfs-node images (docker/), run each one'
 
 # prepare builds side by side what make test needs and a cache may lack: both
 # guest images, Nomad and the plugin images (hack/prepare.sh says why).
-prepare: deps
+prepare: deps ## build, side by side, what make test needs and the cache lacks: both guest images, Nomad, the plugin images
 	@VERSION=$(VERSION) ARCHIVE_DIR=$(IMAGES_DIR) ./hack/prepare.sh
 
 guest-image: deps ## build (or find cached) the default ZFS guest image: Debian 12, OpenZFS 2.1
