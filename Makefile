@@ -94,13 +94,15 @@ OUTSIDE_MAKE_TEST := ^TestNomadRawExec$$
 # The Nomad end-to-end test (test/nomad) needs a Nomad binary: hack/nomad.sh
 # builds it once (about 12 min) and prints its cached path.
 test: deps prepare check race ## everything: checks, the race detector, the images, unit tests, real-ZFS tests, csi-sanity and Nomad end to end in the guest, then test-trixie-conformance (within CI's 90 min: docs/testing.md)
-	@$(MAKE) --no-print-directory -j2 --output-sync=line test-lane-moves test-lane-rest
+	@$(MAKE) --no-print-directory -j2 test-lane-moves test-lane-rest
 
 # make test's guest packages run in two lanes side by side, one guest at
 # a time in each (guest/run.sh's lock is per lane): a guest test keeps
 # its two emulated CPUs busy about half its time (it waits for leases,
 # throttled sends and retries the rest), so two lanes fill the machine
 # (docs/testing.md, "Two lanes"). The lanes take about as long each.
+# Their output interleaves by package: go test prints each package's
+# lines when it ends.
 LANE_MOVES := ./test/migration ./test/replication
 test-lane-moves:
 	ZFS_GUEST_LANE=moves go test -p 1 -count=1 -timeout $(GO_TEST_TIMEOUT) -skip '$(OUTSIDE_MAKE_TEST)' $(LANE_MOVES)

@@ -12,7 +12,8 @@
 //	                                                     └─ pkg.test (ZFS_NOMAD_IN_GUEST=1)
 //
 // Set ZFS_NOMAD_SKIP_GUEST=1 to skip such packages on a host without ZFS
-// (make unit does); make test never sets it.
+// (make unit does); make test never sets it. ZFS_NOMAD_GUEST_CPU=DIR
+// writes where each package's guest CPU time went to DIR (cputime.go).
 //
 // ZFS_NOMAD_GUEST picks the guest's Debian release and with it its OpenZFS
 // (bookworm, 2.1, the default; trixie, 2.3). The binaries are built for
@@ -109,7 +110,10 @@ func Main(m *testing.M, opts Options) int {
 			}
 			os.Setenv(envBinDir, dir)
 		}
-		return m.Run()
+		report := accountCPU()
+		code := m.Run()
+		report()
+		return code
 	}
 	if os.Getenv(envInGuest) != "" {
 		fmt.Fprintln(os.Stderr, "guesttest: inside the guest but /dev/zfs is missing: the zfs module did not load (see the console log)")
@@ -182,8 +186,12 @@ func (g guestRun) run() (int, error) {
 			return 0, fmt.Errorf("copying %s into the guest's share: %w", g.exchange, err)
 		}
 	}
-	script := fmt.Sprintf("#!/bin/sh\nexport %s=1 %s=/share/bin PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root TMPDIR=/tmp\ncd %s || exit 1\nexec /share/pkg.test %s\n",
-		envInGuest, envBinDir, shellQuote(cwd), guestArgs(g.args))
+	exports := fmt.Sprintf("%s=1 %s=/share/bin PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root TMPDIR=/tmp", envInGuest, envBinDir)
+	if os.Getenv(envCPU) != "" {
+		exports += " " + envCPU + "=" + guestCPUReport
+	}
+	script := fmt.Sprintf("#!/bin/sh\nexport %s\ncd %s || exit 1\nexec /share/pkg.test %s\n",
+		exports, shellQuote(cwd), guestArgs(g.args))
 	if err := os.WriteFile(filepath.Join(share, "run.sh"), []byte(script), 0o755); err != nil {
 		return 0, err
 	}
@@ -216,6 +224,9 @@ func (g guestRun) run() (int, error) {
 		if err := copyNewFiles(g.exchange, filepath.Join(share, "exchange")); err != nil {
 			return 0, fmt.Errorf("copying the guest's exchange back to %s: %w", g.exchange, err)
 		}
+	}
+	if err := keepCPUSummary(share, cwd, g.release); err != nil {
+		fmt.Fprintln(os.Stderr, "guesttest:", err)
 	}
 	if code == 0 {
 		os.RemoveAll(share)
