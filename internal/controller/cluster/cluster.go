@@ -350,26 +350,35 @@ func Find[T any](ctx context.Context, c *Cluster, what string, get func(context.
 
 // FindAll asks every node, in parallel, with get, and returns what the
 // nodes hold and the errors of nodes that could not answer (NotFound is
-// not an error: the node does not hold it).
+// not an error: the node does not hold it), the nodes the nodes' leases
+// count and the controller's peer list does not name among them
+// (Unlisted): only with no error did every node say what it holds.
 func FindAll[T any](ctx context.Context, c *Cluster, get func(context.Context, Agent) (T, error)) ([]Located[T], []error, error) {
 	answers, unreachable, err := Ask(ctx, c, get)
 	if err != nil {
 		return nil, nil, err
 	}
 	var (
-		found []Located[T]
-		errs  []error
+		found    []Located[T]
+		answered []Node
+		errs     []error
 	)
 	for _, a := range answers {
 		switch {
 		case a.Err == nil:
 			found = append(found, Located[T]{Node: a.Node, Object: a.Object})
-		case !errors.Is(a.Err, errdefs.ErrNotFound):
+			answered = append(answered, a.Node)
+		case errors.Is(a.Err, errdefs.ErrNotFound):
+			answered = append(answered, a.Node)
+		default:
 			errs = append(errs, fmt.Errorf("node %s: %w", a.Node.Info.NodeID, a.Err))
 		}
 	}
 	for _, u := range unreachable {
 		errs = append(errs, fmt.Errorf("agent %s unreachable: %w", u.Addr, u.Err))
+	}
+	if unlisted := Unlisted(answered, len(errs)); unlisted != "" {
+		errs = append(errs, errors.New(unlisted))
 	}
 	return found, errs, nil
 }

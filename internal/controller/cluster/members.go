@@ -1,5 +1,7 @@
 package cluster
 
+import "fmt"
+
 // Members is how many nodes a majority is taken over: the largest of the
 // controller's own count (the nodes that answered and those that did not)
 // and the count any answering node's lease keeps (NodeInfo.KnownNodes).
@@ -25,4 +27,23 @@ func Members(answered []Node, silent int) int {
 // Members.
 func Majority(answered []Node, silent int) bool {
 	return len(answered) > Members(answered, silent)/2
+}
+
+// Unheard is how many nodes did not answer: the silent ones the
+// controller's peer list names, and those only the nodes' lease counts
+// know of (a list rendered from service discovery drops the nodes a
+// partition hides). "No node holds it" is known only when it is 0: a node
+// the list no longer names may hold the only copy.
+func Unheard(answered []Node, silent int) int {
+	return Members(answered, silent) - len(answered)
+}
+
+// Unlisted says, for an error, how many unheard nodes the controller's
+// peer list does not name ("" if none), and what to do about them.
+func Unlisted(answered []Node, silent int) string {
+	n := Unheard(answered, silent) - silent
+	if n <= 0 {
+		return ""
+	}
+	return fmt.Sprintf("%d more the nodes' leases count that the controller's peer list does not name (a node away from service discovery; one gone for good leaves the counts when the node plugins restart)", n)
 }

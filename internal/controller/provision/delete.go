@@ -136,6 +136,9 @@ func (p *Provisioner) look(ctx context.Context, id string) (deletionLook, error)
 	for _, u := range unreachable {
 		silent = append(silent, fmt.Sprintf("agent %s: %v", u.Addr, u.Err))
 	}
+	if unlisted := cluster.Unlisted(l.nodes, len(silent)); unlisted != "" {
+		silent = append(silent, unlisted)
+	}
 	if len(silent) > 0 {
 		return deletionLook{}, fmt.Errorf("%w: volume %s is not deleted: a node that does not answer may hold a copy (%s); retry once it is back, or take it out of the controller's peers if it is gone for good",
 			errdefs.ErrUnavailable, id, strings.Join(silent, "; "))

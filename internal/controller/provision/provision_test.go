@@ -918,3 +918,55 @@ func TestNothingRacesABackgroundMove(t *testing.T) {
 		t.Errorf("copies left after the delete: %v", h)
 	}
 }
+
+// TestNothingIsGoneWhileAnUnlistedNodeMayHoldIt: the controller's peer
+// list (rendered from service discovery) names n2 and n3 only, while the
+// nodes' leases count three: n1, away from service discovery, may hold
+// the only copy of a volume or a snapshot. "No node holds it" must then
+// be Unavailable, never NotFound or an idempotent OK: a snapshot deleted
+// so would be listed again once n1 is back, and never deleted. The
+// control: nodes that count only the two listed.
+func TestNothingIsGoneWhileAnUnlistedNodeMayHoldIt(t *testing.T) {
+	ctx := context.Background()
+	vol, snap := contract.VolumeIDForName("v"), contract.SnapshotIDForName("s")
+	for _, tt := range []struct {
+		name       string
+		knownNodes int
+		gone       bool // the calls may conclude that nothing is there
+	}{
+		{"the nodes' leases count three", 3, false},
+		{"the nodes count the two listed (control)", 2, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var fakes clustertest.Fakes
+			for _, id := range []string{"n2", "n3"} {
+				fakes.Add(agentclient.NodeInfo{NodeID: id, KnownNodes: tt.knownNodes})
+			}
+			c := fakes.Cluster(t)
+			p := New(c, migration.New(c, hclog.NewNullLogger()), "most-free", hclog.NewNullLogger())
+			checks := []struct {
+				call     string
+				err      error
+				goneWant error // what "gone" answers
+			}{
+				{"DeleteSnapshot", p.DeleteSnapshot(ctx, snap), nil},
+				{"SnapshotCopies", second(p.SnapshotCopies(ctx, snap)), errdefs.ErrNotFound},
+				{"FindVolume", second(p.FindVolume(ctx, vol)), errdefs.ErrNotFound},
+				{"Delete", p.Delete(ctx, vol), nil},
+			}
+			for _, ch := range checks {
+				switch {
+				case tt.gone && ch.goneWant == nil && ch.err != nil:
+					t.Errorf("%s: %v, want OK", ch.call, ch.err)
+				case tt.gone && ch.goneWant != nil && !errors.Is(ch.err, ch.goneWant):
+					t.Errorf("%s: %v, want %v", ch.call, ch.err, ch.goneWant)
+				case !tt.gone && (!errors.Is(ch.err, errdefs.ErrUnavailable) || !strings.Contains(ch.err.Error(), "1 more the nodes' leases count that the controller's peer list does not name")):
+					t.Errorf("%s: %v, want Unavailable naming the node the list does not", ch.call, ch.err)
+				}
+			}
+		})
+	}
+}
+
+// second is the error of a call's two results.
+func second[T any](_ T, err error) error { return err }

@@ -35,8 +35,8 @@ func (p *Provisioner) SnapshotCopies(ctx context.Context, id string) ([]cluster.
 	switch {
 	case err != nil:
 		return nil, err
-	case len(st.live) == 0 && len(st.silent) > 0:
-		return nil, fmt.Errorf("%w: cannot tell where snapshot %s is: %v", errdefs.ErrUnavailable, id, errors.Join(st.silent...))
+	case len(st.live) == 0 && st.unheard() > 0:
+		return nil, fmt.Errorf("%w: cannot tell where snapshot %s is: %v", errdefs.ErrUnavailable, id, st.whyUnheard())
 	case len(st.live) == 0:
 		return nil, errdefs.Wrap(errdefs.ErrNotFound, "snapshot %s", id)
 	}
@@ -61,6 +61,19 @@ func (st snapshotState) deletedUpTo() int64 {
 		upTo = max(upTo, r.Object.CreatedUnix)
 	}
 	return upTo
+}
+
+// unheard is how many nodes did not answer, those the controller's peer
+// list no longer names included (cluster.Unheard).
+func (st snapshotState) unheard() int { return cluster.Unheard(st.answered, len(st.silent)) }
+
+// whyUnheard names, for an error, the nodes that did not answer.
+func (st snapshotState) whyUnheard() error {
+	why := slices.Clone(st.silent)
+	if unlisted := cluster.Unlisted(st.answered, len(st.silent)); unlisted != "" {
+		why = append(why, errors.New(unlisted))
+	}
+	return errors.Join(why...)
 }
 
 // majority tells whether a majority of the nodes answered, counted over
@@ -138,8 +151,8 @@ func (p *Provisioner) CreateSnapshot(ctx context.Context, name, sourceVolumeID s
 		return agentclient.Snapshot{}, errdefs.Wrap(errdefs.ErrAlreadyExists, "snapshot %q exists for volume %s, not %s", name, st.live[0].Object.SourceVolumeID, sourceVolumeID)
 	case len(st.live) > 0:
 		return st.live[0].Object, nil
-	case len(st.silent) > 0:
-		return agentclient.Snapshot{}, fmt.Errorf("%w: cannot tell whether snapshot %q exists: %v", errdefs.ErrUnavailable, name, errors.Join(st.silent...))
+	case st.unheard() > 0:
+		return agentclient.Snapshot{}, fmt.Errorf("%w: cannot tell whether snapshot %q exists: %v", errdefs.ErrUnavailable, name, st.whyUnheard())
 	}
 	found, err := p.CurrentVolume(ctx, sourceVolumeID)
 	if err != nil {
@@ -171,15 +184,15 @@ func (p *Provisioner) DeleteSnapshot(ctx context.Context, id string) error {
 		return err
 	}
 	if len(st.live) == 0 && len(st.deleted) == 0 {
-		if len(st.silent) == 0 || len(st.records) > 0 {
+		if st.unheard() == 0 || len(st.records) > 0 {
 			return nil // no copy anywhere, or deleted already while the silent node was away
 		}
 		return fmt.Errorf("%w: cannot tell where snapshot %s is, and so whether it exists: %v; retry once the nodes answer",
-			errdefs.ErrUnavailable, id, errors.Join(st.silent...))
+			errdefs.ErrUnavailable, id, st.whyUnheard())
 	}
 	if !st.majority() {
 		return fmt.Errorf("%w: snapshot %s cannot be deleted while most nodes do not answer (%v): a node that is away may hold a copy, and a majority must remember the deletion; retry once they answer",
-			errdefs.ErrUnavailable, id, errors.Join(st.silent...))
+			errdefs.ErrUnavailable, id, st.whyUnheard())
 	}
 	return p.rememberDeletion(ctx, id, st)
 }
@@ -201,9 +214,9 @@ func (p *Provisioner) rememberDeletion(ctx context.Context, id string, st snapsh
 			errdefs.ErrUnavailable, id, errors.Join(err, errors.Join(st.silent...)))
 	}
 	p.log.Info("snapshot deleted", "snapshot_id", id, "volume_id", seen.SourceVolumeID, "copies", len(st.live)+len(st.deleted), "remembered_on", len(st.answered))
-	if len(st.silent) > 0 {
+	if st.unheard() > 0 {
 		p.log.Warn("snapshot deleted while a node that may hold a copy is away: the nodes that answered remember it; the away node's copy is hidden, and deleted when the node is back",
-			"snapshot_id", id, "volume_id", seen.SourceVolumeID, "remembered_on", len(st.answered), "away", errors.Join(st.silent...))
+			"snapshot_id", id, "volume_id", seen.SourceVolumeID, "remembered_on", len(st.answered), "away", st.whyUnheard())
 	}
 	return nil
 }
@@ -229,7 +242,7 @@ func (p *Provisioner) finishDeletion(ctx context.Context, id string, st snapshot
 // lands one drops it while the record lives (volume.Manager.ForgetDeleted
 // and Received). A node that refuses keeps its record for the next pass.
 func (p *Provisioner) forgetDeletion(ctx context.Context, id string, st snapshotState) error {
-	if len(st.records) == 0 || len(st.silent) > 0 || len(st.deleted) > 0 {
+	if len(st.records) == 0 || st.unheard() > 0 || len(st.deleted) > 0 {
 		return nil
 	}
 	upTo := st.deletedUpTo()
