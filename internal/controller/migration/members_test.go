@@ -76,3 +76,31 @@ func TestAFailoverCountsTheNodesTheControllerNoLongerLists(t *testing.T) {
 		})
 	}
 }
+
+// TestAVolumeNoListedNodeHoldsIsNotGoneWhileOthersAreUnheard: the
+// controller lists d and e, both answering and holding nothing of the
+// volume (only a promise), while the nodes' leases count three: the
+// third, away from service discovery, may hold every copy. A publish
+// must answer Unavailable, not that the volume does not exist; with the
+// nodes counting only the two listed (control), NotFound.
+func TestAVolumeNoListedNodeHoldsIsNotGoneWhileOthersAreUnheard(t *testing.T) {
+	for _, tt := range []struct {
+		name       string
+		knownNodes int
+		want       error
+	}{
+		{"the nodes' leases count three", 3, errdefs.ErrUnavailable},
+		{"the nodes count the two listed (control)", 2, errdefs.ErrNotFound},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var fakes clustertest.Fakes
+			for _, id := range []string{"d", "e"} {
+				fakes.Add(agentclient.NodeInfo{NodeID: id, KnownNodes: tt.knownNodes}).Promise(testVolume, 1, "a")
+			}
+			m := New(fakes.Cluster(t), hclog.NewNullLogger())
+			if _, err := m.Publish(context.Background(), testVolume, "d"); !errors.Is(err, tt.want) {
+				t.Fatalf("publish to d: %v, want %v", err, tt.want)
+			}
+		})
+	}
+}

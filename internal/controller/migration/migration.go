@@ -276,8 +276,8 @@ func (m *Migrator) publishStep(ctx context.Context, a *attempt) (uint64, next, e
 	v.background = a.inBackground
 	target, ok := v.node(nodeID)
 	if !ok {
-		if len(v.unreachable) > 0 {
-			return 0, answer, errdefs.Wrap(errdefs.ErrUnavailable, "node %s did not answer (unreachable agents: %s); retry", nodeID, strings.Join(v.unreachable, ", "))
+		if len(v.unreachable) > 0 || v.unlisted() != "" {
+			return 0, answer, errdefs.Wrap(errdefs.ErrUnavailable, "node %s did not answer (unreachable agents: %s%s); retry", nodeID, strings.Join(v.unreachable, ", "), v.unlisted())
 		}
 		return 0, answer, errdefs.Wrap(errdefs.ErrNotFound, "node %s is not a node of this driver", nodeID)
 	}
