@@ -9,7 +9,7 @@ LDFLAGS := -X github.com/zfs-nomad/zfs-nomad/internal/shared/version.Version=$(V
 TOOLS := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/zfs-nomad/tools/$(shell sha256sum hack/tools/go.sum | cut -c1-12)
 GO_TEST_TIMEOUT ?= 45m
 
-.PHONY: help deps prepare need-headers fast build release check unit race images test test-lane-moves test-lane-rest test-trixie guest-image-trixie test-nomad test-nomad-trixie test-nomad-drain sanity-encrypted nomad bench soak sim guest-image proto demo demo-nomad clean
+.PHONY: help deps prepare need-headers fast build release check unit race images test test-trixie guest-image-trixie test-nomad test-nomad-trixie test-nomad-drain sanity-encrypted nomad bench soak sim guest-image proto demo demo-nomad clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -87,30 +87,16 @@ guest-image-trixie: deps ## build (or find cached) the Debian 13 guest image, Op
 	@ZFS_NOMAD_GUEST=trixie ./guest/image.sh >/dev/null
 
 # Packages that need ZFS boot a guest each: -p 1 keeps one guest at a time
-# in a lane (make test runs two lanes on a 2-core machine).
+# on a 2-core machine.
 # OUTSIDE_MAKE_TEST: tests make test skips to stay within CI's 90 minutes
 # (docs/testing.md, "What make test leaves out"); make test-nomad runs it.
 OUTSIDE_MAKE_TEST := ^TestNomadRawExec$$
 # The Nomad end-to-end test (test/nomad) needs a Nomad binary: hack/nomad.sh
 # builds it once (about 12 min) and prints its cached path.
 test: deps prepare check race ## everything: checks, the race detector, the images, unit tests, real-ZFS tests, csi-sanity and Nomad end to end in the guest, then test-trixie-conformance (within CI's 90 min: docs/testing.md)
-	@$(MAKE) --no-print-directory -j2 test-lane-moves test-lane-rest
-
-# make test's guest packages run in two lanes side by side, one guest at
-# a time in each (guest/run.sh's lock is per lane): a guest test keeps
-# its two emulated CPUs busy about half its time (it waits for leases,
-# throttled sends and retries the rest), so two lanes fill the machine
-# (docs/testing.md, "Two lanes"). The lanes take about as long each.
-# Their output interleaves by package: go test prints each package's
-# lines when it ends.
-LANE_MOVES := ./test/migration ./test/replication
-test-lane-moves:
-	ZFS_GUEST_LANE=moves go test -p 1 -count=1 -timeout $(GO_TEST_TIMEOUT) -skip '$(OUTSIDE_MAKE_TEST)' $(LANE_MOVES)
-
-test-lane-rest:
-	nomad=$$(./hack/nomad.sh) && ZFS_GUEST_LANE=rest ZFS_NOMAD_NOMAD=$$nomad ZFS_NOMAD_IMAGES=$(IMAGES_DIR) go test -p 1 -count=1 -timeout $(GO_TEST_TIMEOUT) -skip '$(OUTSIDE_MAKE_TEST)' $$(go list ./... | grep -vxF $(foreach p,$(LANE_MOVES),-e github.com/zfs-nomad/zfs-nomad/$(patsubst ./%,%,$(p))))
-	ZFS_GUEST_LANE=rest go test -count=1 -tags openzfs_2_2 ./internal/node/zfs/libzfs
-	ZFS_GUEST_LANE=rest $(MAKE) --no-print-directory test-trixie-conformance
+	nomad=$$(./hack/nomad.sh) && ZFS_NOMAD_NOMAD=$$nomad ZFS_NOMAD_IMAGES=$(IMAGES_DIR) go test -p 1 -count=1 -timeout $(GO_TEST_TIMEOUT) -skip '$(OUTSIDE_MAKE_TEST)' ./...
+	go test -count=1 -tags openzfs_2_2 ./internal/node/zfs/libzfs
+	$(MAKE) --no-print-directory test-trixie-conformance
 
 # The guest packages again on Debian 13's OpenZFS 2.3 (zfs-node built
 # against its libzfs, with the openzfs_2_2 build: docs/architecture.md,

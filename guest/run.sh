@@ -40,10 +40,9 @@ share=$(cd "${1:?usage: run.sh [options] SHARE}" && pwd)
 here=$(cd "$(dirname "$0")" && pwd)
 image=$("$here/image.sh")
 
-# One guest at a time per lane: ZFS_GUEST_LANE names the lane (make test
-# runs two side by side, docs/testing.md "Two lanes"); without it every
-# guest run on the machine takes turns.
-lock="${XDG_CACHE_HOME:-$HOME/.cache}/zfs-nomad/guest${ZFS_GUEST_LANE:+-$ZFS_GUEST_LANE}.lock"
+# One guest at a time: the machines we run on have two cores, and two
+# emulated guests side by side starve each other into boot timeouts.
+lock="${XDG_CACHE_HOME:-$HOME/.cache}/zfs-nomad/guest.lock"
 mkdir -p "$(dirname "$lock")"
 exec 9>"$lock"
 if ! flock -n 9; then
