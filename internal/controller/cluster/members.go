@@ -38,9 +38,20 @@ func Unheard(answered []Node, silent int) int {
 	return Members(answered, silent) - len(answered)
 }
 
+// AllAnswered reports whether every node answered: none is unheard and
+// at least one answered (a peer list that names no node, or whose nodes
+// all went silent, knows of no member; that is not knowing there is
+// none). Only then is "no node holds it" known.
+func AllAnswered(answered []Node, silent int) bool {
+	return len(answered) > 0 && Unheard(answered, silent) == 0
+}
+
 // Unlisted says, for an error, how many unheard nodes the controller's
 // peer list does not name ("" if none), and what to do about them.
 func Unlisted(answered []Node, silent int) string {
+	if len(answered) == 0 && silent == 0 {
+		return "no node answered: the controller's peer list names none"
+	}
 	n := Unheard(answered, silent) - silent
 	if n <= 0 {
 		return ""

@@ -924,22 +924,26 @@ func TestNothingRacesABackgroundMove(t *testing.T) {
 // nodes' leases count three: n1, away from service discovery, may hold
 // the only copy of a volume or a snapshot. "No node holds it" must then
 // be Unavailable, never NotFound or an idempotent OK: a snapshot deleted
-// so would be listed again once n1 is back, and never deleted. The
-// control: nodes that count only the two listed.
+// so would be listed again once n1 is back, and never deleted. So too
+// with a list that names no node. The control: nodes that count only
+// the two listed.
 func TestNothingIsGoneWhileAnUnlistedNodeMayHoldIt(t *testing.T) {
 	ctx := context.Background()
 	vol, snap := contract.VolumeIDForName("v"), contract.SnapshotIDForName("s")
 	for _, tt := range []struct {
 		name       string
+		listed     []string
 		knownNodes int
-		gone       bool // the calls may conclude that nothing is there
+		gone       bool   // the calls may conclude that nothing is there
+		why        string // else what their error says
 	}{
-		{"the nodes' leases count three", 3, false},
-		{"the nodes count the two listed (control)", 2, true},
+		{"the nodes' leases count three", []string{"n2", "n3"}, 3, false, "1 more the nodes' leases count that the controller's peer list does not name"},
+		{"the peer list names no node", nil, 0, false, "the controller's peer list names none"},
+		{"the nodes count the two listed (control)", []string{"n2", "n3"}, 2, true, ""},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			var fakes clustertest.Fakes
-			for _, id := range []string{"n2", "n3"} {
+			for _, id := range tt.listed {
 				fakes.Add(agentclient.NodeInfo{NodeID: id, KnownNodes: tt.knownNodes})
 			}
 			c := fakes.Cluster(t)
@@ -960,8 +964,8 @@ func TestNothingIsGoneWhileAnUnlistedNodeMayHoldIt(t *testing.T) {
 					t.Errorf("%s: %v, want OK", ch.call, ch.err)
 				case tt.gone && ch.goneWant != nil && !errors.Is(ch.err, ch.goneWant):
 					t.Errorf("%s: %v, want %v", ch.call, ch.err, ch.goneWant)
-				case !tt.gone && (!errors.Is(ch.err, errdefs.ErrUnavailable) || !strings.Contains(ch.err.Error(), "1 more the nodes' leases count that the controller's peer list does not name")):
-					t.Errorf("%s: %v, want Unavailable naming the node the list does not", ch.call, ch.err)
+				case !tt.gone && (!errors.Is(ch.err, errdefs.ErrUnavailable) || !strings.Contains(ch.err.Error(), tt.why)):
+					t.Errorf("%s: %v, want Unavailable saying %q", ch.call, ch.err, tt.why)
 				}
 			}
 		})

@@ -35,7 +35,7 @@ func (p *Provisioner) SnapshotCopies(ctx context.Context, id string) ([]cluster.
 	switch {
 	case err != nil:
 		return nil, err
-	case len(st.live) == 0 && st.unheard() > 0:
+	case len(st.live) == 0 && !st.allAnswered():
 		return nil, fmt.Errorf("%w: cannot tell where snapshot %s is: %v", errdefs.ErrUnavailable, id, st.whyUnheard())
 	case len(st.live) == 0:
 		return nil, errdefs.Wrap(errdefs.ErrNotFound, "snapshot %s", id)
@@ -63,9 +63,9 @@ func (st snapshotState) deletedUpTo() int64 {
 	return upTo
 }
 
-// unheard is how many nodes did not answer, those the controller's peer
-// list no longer names included (cluster.Unheard).
-func (st snapshotState) unheard() int { return cluster.Unheard(st.answered, len(st.silent)) }
+// allAnswered reports whether every node answered, those the
+// controller's peer list no longer names included (cluster.AllAnswered).
+func (st snapshotState) allAnswered() bool { return cluster.AllAnswered(st.answered, len(st.silent)) }
 
 // whyUnheard names, for an error, the nodes that did not answer.
 func (st snapshotState) whyUnheard() error {
@@ -151,7 +151,7 @@ func (p *Provisioner) CreateSnapshot(ctx context.Context, name, sourceVolumeID s
 		return agentclient.Snapshot{}, errdefs.Wrap(errdefs.ErrAlreadyExists, "snapshot %q exists for volume %s, not %s", name, st.live[0].Object.SourceVolumeID, sourceVolumeID)
 	case len(st.live) > 0:
 		return st.live[0].Object, nil
-	case st.unheard() > 0:
+	case !st.allAnswered():
 		return agentclient.Snapshot{}, fmt.Errorf("%w: cannot tell whether snapshot %q exists: %v", errdefs.ErrUnavailable, name, st.whyUnheard())
 	}
 	found, err := p.CurrentVolume(ctx, sourceVolumeID)
@@ -184,7 +184,7 @@ func (p *Provisioner) DeleteSnapshot(ctx context.Context, id string) error {
 		return err
 	}
 	if len(st.live) == 0 && len(st.deleted) == 0 {
-		if st.unheard() == 0 || len(st.records) > 0 {
+		if st.allAnswered() || len(st.records) > 0 {
 			return nil // no copy anywhere, or deleted already while the silent node was away
 		}
 		return fmt.Errorf("%w: cannot tell where snapshot %s is, and so whether it exists: %v; retry once the nodes answer",
@@ -214,7 +214,7 @@ func (p *Provisioner) rememberDeletion(ctx context.Context, id string, st snapsh
 			errdefs.ErrUnavailable, id, errors.Join(err, errors.Join(st.silent...)))
 	}
 	p.log.Info("snapshot deleted", "snapshot_id", id, "volume_id", seen.SourceVolumeID, "copies", len(st.live)+len(st.deleted), "remembered_on", len(st.answered))
-	if st.unheard() > 0 {
+	if !st.allAnswered() {
 		p.log.Warn("snapshot deleted while a node that may hold a copy is away: the nodes that answered remember it; the away node's copy is hidden, and deleted when the node is back",
 			"snapshot_id", id, "volume_id", seen.SourceVolumeID, "remembered_on", len(st.answered), "away", st.whyUnheard())
 	}
@@ -242,7 +242,7 @@ func (p *Provisioner) finishDeletion(ctx context.Context, id string, st snapshot
 // lands one drops it while the record lives (volume.Manager.ForgetDeleted
 // and Received). A node that refuses keeps its record for the next pass.
 func (p *Provisioner) forgetDeletion(ctx context.Context, id string, st snapshotState) error {
-	if len(st.records) == 0 || st.unheard() > 0 || len(st.deleted) > 0 {
+	if len(st.records) == 0 || !st.allAnswered() || len(st.deleted) > 0 {
 		return nil
 	}
 	upTo := st.deletedUpTo()
