@@ -111,10 +111,7 @@ func newExplRun(sc *explScenario, dir string) (*explRun, error) {
 // to the node's listener.
 func (x *explRun) addAlias(alias, node string) {
 	x.alias[alias] = node
-	x.w.net.mu.Lock()
-	x.w.net.handoffs[addrOf(alias)] = x.w.net.handoffs[addrOf(node)]
-	x.w.net.mu.Unlock()
-	x.w.net.setUp(alias, true)
+	x.w.net.alias(alias, node)
 }
 
 // aliasAddr is the address under which alias reaches its node.

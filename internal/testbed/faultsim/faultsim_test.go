@@ -24,6 +24,7 @@ var (
 	skewFlag  = flag.Duration("skew", -1, "largest offset of a node's wall clock (default: DefaultConfig's)")
 	liesFlag  = flag.Bool("lying-peers", false, "let nodes' certificate holders send forged streams")
 	ctlsFlag  = flag.Int("controllers", 0, "controller instances per run (default: DefaultConfig's, one)")
+	aliasFlag = flag.Bool("aliases", false, "give every node a second address, and list about half the nodes under both")
 	logsFlag  = flag.Bool("logs", false, "with -seed and -v: the nodes' and the controller's logs beside the trace")
 )
 
@@ -58,14 +59,17 @@ func TestSimulation(t *testing.T) {
 // three across the domains, copies on nodes a volume never lived on,
 // more links to cut, and splits shaped by the domains (a majority of one
 // domain cut off from the rest, a minority of all: split.go), which need
-// the seeds to meet a job, a replica and a failover. Replay a failure with
-// -run 'TestSimulation$' -seed N -nodes 5 -volumes 3 -domains 2 -v.
+// the seeds to meet a job, a replica and a failover. Every node has a
+// second address and the nodes' peer lists name about half the nodes
+// under both (Config.Aliases): two of five listed twice would make a
+// majority of addresses out of a minority of nodes. Replay a failure with -run
+// 'TestSimulation$' -seed N -nodes 5 -volumes 3 -domains 2 -aliases -v.
 func TestSimulationFiveNodes(t *testing.T) {
 	t.Parallel()
 	if *seedFlag != 0 || *nodesFlag != 0 {
 		t.Skip("a replay or a chosen shape runs in TestSimulation")
 	}
-	runSeeds(t, max(seeds()/2, 1), func(cfg *Config) { cfg.Nodes, cfg.Volumes, cfg.Domains = 5, 3, 2 })
+	runSeeds(t, max(seeds()/2, 1), func(cfg *Config) { cfg.Nodes, cfg.Volumes, cfg.Domains, cfg.Aliases = 5, 3, 2, true })
 }
 
 // TestSimulationLyingPeers runs half as many seeds with lying peers:
@@ -137,6 +141,9 @@ func runSeeds(t *testing.T, n int, shape func(*Config)) {
 		}
 		if *ctlsFlag > 0 {
 			cfg.Controllers = *ctlsFlag
+		}
+		if *aliasFlag {
+			cfg.Aliases = true
 		}
 		if *seedFlag != 0 && testing.Verbose() {
 			cfg.Trace = func(line string) { t.Log(line) }

@@ -43,6 +43,7 @@ type network struct {
 
 	mu       sync.Mutex
 	handoffs map[string]*handoff // by address
+	aliases  map[string]string   // a second endpoint of a node -> the node
 	up       map[string]bool     // endpoint -> its process runs
 	cut      map[[2]string]bool  // from, to: messages that way are lost
 	noDial   map[[2]string]bool  // from, to: from's calls to to fail; to's calls to from work
@@ -57,7 +58,7 @@ type network struct {
 }
 
 func newNetwork(d *dice, r rates, log func(string, ...any), step func() int64) *network {
-	return &network{dice: d, rates: r, handoffs: map[string]*handoff{}, up: map[string]bool{controllerEndpoint: true},
+	return &network{dice: d, rates: r, handoffs: map[string]*handoff{}, aliases: map[string]string{}, up: map[string]bool{controllerEndpoint: true},
 		cut: map[[2]string]bool{}, noDial: map[[2]string]bool{}, sent: map[string]uint64{}, budget: map[string]int{}, log: log, step: step}
 }
 
@@ -67,6 +68,27 @@ func endpointOf(target string) string {
 	target = strings.TrimPrefix(target, "passthrough:///")
 	node, _, _ := strings.Cut(target, ":")
 	return node
+}
+
+// alias makes endpoint alias a second name of node's: its address reaches
+// node's listener, and its links are node's (a host listed by name and by
+// IP).
+func (n *network) alias(alias, node string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.aliases[alias] = node
+	n.handoffs[addrOf(alias)] = n.handoffs[addrOf(node)]
+}
+
+// nodeAt names the node an endpoint reaches: the endpoint itself unless
+// it is an alias.
+func (n *network) nodeAt(endpoint string) string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if node, ok := n.aliases[endpoint]; ok {
+		return node
+	}
+	return endpoint
 }
 
 // pipeBytes is the buffer of each direction of an in-memory connection.
@@ -286,7 +308,7 @@ const smallBuffer = 32 << 10
 // unary loses requests and answers, and delivers requests twice.
 func (n *network) unary(from string, alive func() bool) grpc.UnaryClientInterceptor {
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		to := endpointOf(cc.Target())
+		to := n.nodeAt(endpointOf(cc.Target()))
 		i := n.count(from + ">" + to + method)
 		key := fmt.Sprintf("%d/%s>%s%s", n.step(), from, to, method)
 		if !alive() || !n.spend(from) {
@@ -320,7 +342,7 @@ func (n *network) unary(from string, alive func() bool) grpc.UnaryClientIntercep
 // stream refuses streams over cut links and breaks open ones.
 func (n *network) stream(from string, alive func() bool) grpc.StreamClientInterceptor {
 	return func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-		to := endpointOf(cc.Target())
+		to := n.nodeAt(endpointOf(cc.Target()))
 		i := n.count(from + ">" + to + method)
 		key := fmt.Sprintf("%d/%s>%s%s", n.step(), from, to, method)
 		if !alive() || !n.spend(from) {

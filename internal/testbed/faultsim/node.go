@@ -87,6 +87,15 @@ func (n *simNode) config() config.Node {
 	for _, m := range n.w.nodes {
 		cfg.Peers = append(cfg.Peers, m.addr())
 	}
+	if n.w.cfg.Aliases {
+		// Its own alias too: a node that does not know the address as its
+		// own pings itself, and must not count its own answer twice.
+		for _, m := range n.w.nodes {
+			if n.w.dice.roll("alias/"+n.id+"/"+m.id, 0) < 0.5 {
+				cfg.Peers = append(cfg.Peers, "passthrough:///"+addrOf(aliasOf(m.id)))
+			}
+		}
+	}
 	if n.w.cfg.NodePeers != nil {
 		cfg.Peers = n.w.cfg.NodePeers(n.id, cfg.Peers)
 	}

@@ -12,9 +12,12 @@ import (
 // client the servers lost is dropped from the agents' service). A heal
 // lists them all again.
 type listedPeers struct {
-	mu     sync.Mutex
-	all    []string
-	hidden map[string]bool
+	mu  sync.Mutex
+	all []string
+	// nodeAt names the node an endpoint reaches: its own name, or the
+	// node an alias stands for (network.nodeAt).
+	nodeAt func(endpoint string) string
+	hidden map[string]bool // by node: every address of a hidden node goes
 }
 
 func (l *listedPeers) Peers() ([]string, error) {
@@ -22,18 +25,19 @@ func (l *listedPeers) Peers() ([]string, error) {
 	defer l.mu.Unlock()
 	var out []string
 	for _, a := range l.all {
-		if !l.hidden[a] {
+		if !l.hidden[l.nodeAt(endpointOf(a))] {
 			out = append(out, a)
 		}
 	}
 	return out, nil
 }
 
-func (l *listedPeers) hide(addrs []string) {
+// hide drops every address of the nodes from the list.
+func (l *listedPeers) hide(nodes []string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for _, a := range addrs {
-		l.hidden[a] = true
+	for _, n := range nodes {
+		l.hidden[n] = true
 	}
 }
 
@@ -108,11 +112,7 @@ func (w *world) split(v *simVolume) {
 			}
 		}
 		if hide {
-			var addrs []string
-			for _, id := range side {
-				addrs = append(addrs, addrOf(id))
-			}
-			w.peers.hide(addrs)
+			w.peers.hide(side)
 		}
 	}
 	w.splitAgain()

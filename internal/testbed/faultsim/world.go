@@ -81,6 +81,12 @@ type Config struct {
 	// every node's address: the explorer lists a node under two
 	// addresses (explore_scenarios.go).
 	NodePeers func(node string, all []string) []string
+	// Aliases gives every node a second address (its name with a "b"),
+	// as a host listed by name and by IP has, and lists about half the
+	// nodes under both in each node's peers: the leases must count
+	// nodes, not addresses (docs/safety.md, "Nodes, not addresses").
+	// From rolls of their own, so that a seed's other choices stay.
+	Aliases bool
 	// SmallBuffers gives every connection gRPC's default 32 KiB buffers
 	// instead of the agent's 1 MiB ones (agent.DialOptions): the
 	// explorer starts a world per run, and clearing the large buffers of
@@ -273,6 +279,9 @@ func shapeFlags(cfg Config) string {
 	if cfg.Controllers > 1 {
 		out += fmt.Sprintf(" -controllers %d", cfg.Controllers)
 	}
+	if cfg.Aliases {
+		out += " -aliases"
+	}
 	return out
 }
 
@@ -309,9 +318,14 @@ func newWorld(cfg Config) *world {
 		n.handoff = w.net.listen(id)
 		w.nodes = append(w.nodes, n)
 	}
-	w.peers = &listedPeers{hidden: map[string]bool{}}
+	w.peers = &listedPeers{nodeAt: w.net.nodeAt, hidden: map[string]bool{}}
 	for _, n := range w.nodes {
 		w.peers.all = append(w.peers.all, n.addr())
+	}
+	if cfg.Aliases {
+		w.addAliases()
+	}
+	for _, n := range w.nodes {
 		n.start(context.Background())
 	}
 	for i := range max(cfg.Controllers, 1) {
@@ -325,6 +339,21 @@ func newWorld(cfg Config) *world {
 	}
 	return w
 }
+
+// addAliases gives each node its second address (Config.Aliases). The
+// nodes' peer lists name some nodes under it (simNode.config); the
+// controller's does not: it counts every address that does not answer
+// as a node, so a node listed twice that is down counts twice there.
+// That only makes its majorities harder (safe), and in the five-node
+// runs it left no seed a snapshot deleted while a node was away.
+func (w *world) addAliases() {
+	for _, n := range w.nodes {
+		w.net.alias(aliasOf(n.id), n.id)
+	}
+}
+
+// aliasOf is node's second name (Config.Aliases).
+func aliasOf(node string) string { return node + "b" }
 
 // domainOf names the replication domain of the i-th node (from 1).
 func domainOf(i int, cfg Config) string {
