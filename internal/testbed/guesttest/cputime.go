@@ -136,7 +136,7 @@ func accountCPU() (report func()) {
 	began := time.Now()
 	return func() {
 		wall := time.Since(began)
-		err := syscall.Acct("")
+		err := accountingOff()
 		var procs []processTime
 		if err == nil {
 			var data []byte
@@ -154,6 +154,15 @@ func accountCPU() (report func()) {
 			fmt.Fprintln(os.Stderr, "guesttest: no CPU summary:", err)
 		}
 	}
+}
+
+// accountingOff turns process accounting off: acct(2) with a null path
+// (syscall.Acct("") passes an empty one, which is ENOENT).
+func accountingOff() error {
+	if _, _, errno := syscall.Syscall(syscall.SYS_ACCT, 0, 0, 0); errno != 0 {
+		return fmt.Errorf("turning process accounting off: %w", errno)
+	}
+	return nil
 }
 
 // keepCPUSummary copies the guest's summary from its share to the host
