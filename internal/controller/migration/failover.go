@@ -19,7 +19,7 @@ import (
 func (m *Migrator) failover(ctx context.Context, id string, v view, target string, log hclog.Logger) (agentclient.Copy, next, error) {
 	r, ok := v.failoverReplica(target)
 	if !ok {
-		if len(v.unreachable) > 0 || v.unlisted() != "" || len(v.nodes) == 0 {
+		if !v.allAnswered() {
 			return agentclient.Copy{}, answer, errdefs.Wrap(errdefs.ErrUnavailable, "no reachable node holds volume %s (unreachable agents: %s%s); retry", id, strings.Join(v.unreachable, ", "), v.unlisted())
 		}
 		return agentclient.Copy{}, answer, errdefs.Wrap(errdefs.ErrNotFound, "volume %s does not exist", id)

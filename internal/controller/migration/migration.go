@@ -276,7 +276,7 @@ func (m *Migrator) publishStep(ctx context.Context, a *attempt) (uint64, next, e
 	v.background = a.inBackground
 	target, ok := v.node(nodeID)
 	if !ok {
-		if len(v.unreachable) > 0 || v.unlisted() != "" || len(v.nodes) == 0 {
+		if !v.allAnswered() {
 			return 0, answer, errdefs.Wrap(errdefs.ErrUnavailable, "node %s did not answer (unreachable agents: %s%s); retry", nodeID, strings.Join(v.unreachable, ", "), v.unlisted())
 		}
 		return 0, answer, errdefs.Wrap(errdefs.ErrNotFound, "node %s is not a node of this driver", nodeID)

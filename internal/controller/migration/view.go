@@ -67,6 +67,12 @@ func (v view) quorum() bool { return len(v.nodes) > v.total()/2 }
 // total is how many nodes a majority is taken over.
 func (v view) total() int { return max(len(v.nodes)+len(v.unreachable), v.members) }
 
+// allAnswered reports whether every node answered, those the nodes'
+// leases count beyond the controller's list included, and at least one
+// did (cluster.AllAnswered): only then does no copy in the view mean no
+// copy anywhere.
+func (v view) allAnswered() bool { return len(v.nodes) > 0 && v.total() == len(v.nodes) }
+
 // unlisted names, for an error, the nodes the nodes' leases count that
 // the controller's peer list does not.
 func (v view) unlisted() string {
