@@ -5,7 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
+	"strconv"
 	"strings"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
@@ -83,6 +85,8 @@ func (m *Manager) passphrase(id string, given contract.Passphrase) (contract.Pas
 
 // createEncrypted creates an encrypted volume's dataset with its key
 // loaded; Create unloads it (CloseKey) once it has prepared the root.
+// The operator's key derivation iterations, if set, are fixed then: raw
+// sends carry them to every copy.
 func (m *Manager) createEncrypted(ctx context.Context, id, dataset string, props map[string]string, given contract.Passphrase) error {
 	if m.Encryption == nil {
 		return fmt.Errorf("%w: node %s cannot create encrypted volumes (no key support); create the volume with encryption=off", errdefs.ErrFailedPrecondition, m.cfg.NodeID)
@@ -90,6 +94,10 @@ func (m *Manager) createEncrypted(ctx context.Context, id, dataset string, props
 	key, _, err := m.passphrase(id, given)
 	if err != nil {
 		return err
+	}
+	if n := m.cfg.EncryptionPBKDF2Iterations; n > 0 {
+		props = maps.Clone(props)
+		props["pbkdf2iters"] = strconv.FormatInt(n, 10)
 	}
 	return m.Encryption.CreateEncrypted(ctx, dataset, props, key)
 }

@@ -79,6 +79,30 @@ func TestEncryptedCreateNeedsAGoodKeyAndLeavesItUnloaded(t *testing.T) {
 	}
 }
 
+// The operator's key derivation iterations are set on the volume at its
+// create; none set leaves OpenZFS's default (no pbkdf2iters given).
+func TestEncryptedCreateTakesTheOperatorsKeyDerivation(t *testing.T) {
+	for _, tt := range []struct {
+		iterations int64
+		want       string
+	}{
+		{0, ""},
+		{100000, "100000"},
+		{1300000, "1300000"},
+	} {
+		m, fake := newKeyManager(t)
+		m.cfg.EncryptionPBKDF2Iterations = tt.iterations
+		v := create(t, m, CreateRequest{Name: "secret", Parameters: map[string]string{"encryption": "on"}, Passphrase: contract.Passphrase(passphrase)})
+		if got := fake.NativeProperty(v.Dataset, "pbkdf2iters"); got != tt.want {
+			t.Errorf("iterations %d: the volume's pbkdf2iters is %q, want %q", tt.iterations, got, tt.want)
+		}
+		plain := create(t, m, CreateRequest{Name: "plain", Parameters: map[string]string{"encryption": "off"}})
+		if got := fake.NativeProperty(plain.Dataset, "pbkdf2iters"); got != "" {
+			t.Errorf("iterations %d: an unencrypted volume got pbkdf2iters %q", tt.iterations, got)
+		}
+	}
+}
+
 func TestOpenKeyLoadsOnlyTheRightKeyAndCloseKeyUnloads(t *testing.T) {
 	ctx := context.Background()
 	m, _ := newKeyManager(t)

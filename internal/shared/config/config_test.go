@@ -91,6 +91,10 @@ func TestNodeValidation(t *testing.T) {
 		{"encryption not a cipher", []string{"-allow-property", "encryption=on:on|rot13"}, `"rot13" is not an encryption value`},
 		{"key properties are the driver's", []string{"-allow-property", "keylocation=file:///etc/shadow"}, `"keylocation" is not a property`},
 		{"key file relative", []string{"-encryption-key-file", "volume-key"}, "encryption_key_file"},
+		{"key derivation at OpenZFS's minimum", []string{"-encryption-pbkdf2-iterations", "100000"}, ""},
+		{"key derivation stronger", []string{"-encryption-pbkdf2-iterations", "1300000"}, ""},
+		{"key derivation below OpenZFS's minimum", []string{"-encryption-pbkdf2-iterations", "99999"}, "encryption_pbkdf2_iterations 99999"},
+		{"key derivation negative", []string{"-encryption-pbkdf2-iterations", "-1"}, "encryption_pbkdf2_iterations -1"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -50,6 +50,13 @@ type Node struct {
 	// "Encrypted volumes"); "" (the default): the claim must carry it.
 	// The file must be the same on every node a volume may move to.
 	EncryptionKeyFile string `json:"encryption_key_file"`
+	// EncryptionPBKDF2Iterations is how many PBKDF2 iterations OpenZFS
+	// spends deriving an encrypted volume's key from its passphrase (its
+	// pbkdf2iters property), set when the volume is created: each create
+	// and stage derives the key once, and a stolen pool costs an attacker
+	// that many per guess. 0 (the default) leaves OpenZFS's own (350,000);
+	// OpenZFS refuses fewer than MinPBKDF2Iterations.
+	EncryptionPBKDF2Iterations int64 `json:"encryption_pbkdf2_iterations"`
 	// RootDirectory bounds the owner and mode volumes may give their root
 	// directory.
 	RootDirectory RootDirectory `json:"root_directory"`
@@ -177,6 +184,10 @@ var SettableProperties = map[string]bool{
 	"encryption": true,
 }
 
+// MinPBKDF2Iterations is the fewest key derivation iterations OpenZFS
+// accepts for a passphrase (its MIN_PBKDF2_ITERATIONS).
+const MinPBKDF2Iterations = 100_000
+
 // EncryptionValues are the values of the encryption property: off, or a
 // cipher ("on" is OpenZFS's default cipher).
 var EncryptionValues = []string{"off", "on", "aes-128-ccm", "aes-192-ccm", "aes-256-ccm", "aes-128-gcm", "aes-192-gcm", "aes-256-gcm"}
@@ -289,6 +300,9 @@ func (c *Node) validateProperties() []error {
 	}
 	if c.EncryptionKeyFile != "" && !filepath.IsAbs(c.EncryptionKeyFile) {
 		errs = append(errs, fmt.Errorf("encryption_key_file %q: must be an absolute path", c.EncryptionKeyFile))
+	}
+	if n := c.EncryptionPBKDF2Iterations; n != 0 && n < MinPBKDF2Iterations {
+		errs = append(errs, fmt.Errorf("encryption_pbkdf2_iterations %d: OpenZFS takes %d or more (0 leaves its default, 350000)", n, MinPBKDF2Iterations))
 	}
 	return errs
 }
