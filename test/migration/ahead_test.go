@@ -25,7 +25,7 @@ import (
 func TestAMoveGrantedAheadOutlivesItsController(t *testing.T) {
 	e := start(t)
 	e.throttle("n1", "5M") // 150 MiB at 5 MiB/s: half a minute of catch-up
-	id, dir := e.createWritten("granted", nil, "dd if=/dev/urandom of=blob bs=1M count=150 2>/dev/null && echo end > z")
+	id, dir := e.createWritten("granted", nil, guesttest.RandomFile("blob", 150)+" && echo end > z")
 	before := e.checksums("n1", dir)
 	e.unpublish(id, "n1")
 
@@ -70,7 +70,7 @@ func TestARetryOnAnotherInstanceFollowsTheMove(t *testing.T) {
 	// its first estimate), so its refusals before that show what it
 	// reports of the running push.
 	e.throttle("n1", "2M")
-	id, dir := e.createWritten("followed", nil, "dd if=/dev/urandom of=blob bs=1M count=100 2>/dev/null && echo end > z")
+	id, dir := e.createWritten("followed", nil, guesttest.RandomFile("blob", 100)+" && echo end > z")
 	before := e.checksums("n1", dir)
 	e.unpublish(id, "n1")
 	_, endpoint, err := e.c.StartControllerInstance(2, "-move-publish-ahead", "20s")

@@ -9,6 +9,8 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guesttest"
 )
 
 // moveRecoveryBound is how long after its controller dies a move ends,
@@ -68,7 +70,7 @@ func controllerDiesInMoves(e *env, finalOnly bool) {
 		if tt.replicaFirst {
 			e.replicate(id, "n1", "n2")
 		}
-		e.write("n1", dir, "dd if=/dev/urandom of=blob bs=1M count=40 2>/dev/null && echo end > z")
+		e.write("n1", dir, guesttest.RandomFile("blob", 40)+" && echo end > z")
 		before := e.checksums("n1", dir)
 		e.unpublish(id, "n1")
 

@@ -280,7 +280,7 @@ func (e *env) write(nodeID, dir, script string) {
 
 func (e *env) checksums(nodeID, dir string) string {
 	e.t.Helper()
-	return guesttest.Exec(e.t, e.node(nodeID), "cd "+dir+" && find . -type f | sort | xargs -r sha256sum")
+	return guesttest.Exec(e.t, e.node(nodeID), guesttest.Checksums(dir))
 }
 
 func wantCode(t *testing.T, err error, code codes.Code, mention string) {
@@ -298,7 +298,7 @@ func TestPlannedMove(t *testing.T) {
 	for _, withReplica := range []bool{false, true} {
 		t.Run(fmt.Sprintf("replica=%v", withReplica), func(t *testing.T) {
 			e.t = t
-			id, dir := e.createWritten(fmt.Sprintf("move-%v", withReplica), nil, "mkdir -p d && echo one > a && seq 1 50000 > d/n && dd if=/dev/urandom of=blob bs=1M count=24 2>/dev/null")
+			id, dir := e.createWritten(fmt.Sprintf("move-%v", withReplica), nil, "mkdir -p d && echo one > a && seq 1 50000 > d/n && "+guesttest.RandomFile("blob", 24))
 			if withReplica {
 				e.replicate(id, "n1", "n2")
 				e.write("n1", dir, "echo two > a && echo late > d/late")
@@ -498,7 +498,7 @@ func TestPublishAfterSilentNodeLoss(t *testing.T) {
 // back again, is refused for staging and set aside, never destroyed.
 func TestFailoverAuto(t *testing.T) {
 	e := startForFailover(t)
-	id, dir := e.createWritten("precious", map[string]string{"failover": "auto"}, "echo replicated > a && dd if=/dev/urandom of=blob bs=1M count=8 2>/dev/null")
+	id, dir := e.createWritten("precious", map[string]string{"failover": "auto"}, "echo replicated > a && "+guesttest.RandomFile("blob", 8))
 	e.replicate(id, "n1", "n3") // older replica
 	e.write("n1", dir, "echo newer > b")
 	e.replicate(id, "n1", "n2") // the freshest
@@ -686,7 +686,7 @@ func TestInterruptedMoves(t *testing.T) {
 			// step (no catch-up, docs/migration.md), which then carries
 			// the 96 MiB written after it: the kill hits the final send.
 			e.replicate(id, "n1", "n2")
-			e.write("n1", dir, "dd if=/dev/urandom of=blob bs=1M count=96 2>/dev/null && echo end > z")
+			e.write("n1", dir, guesttest.RandomFile("blob", 96)+" && echo end > z")
 			before := e.checksums("n1", dir)
 			e.unpublish(id, "n1")
 
@@ -742,7 +742,7 @@ func TestInterruptedMoves(t *testing.T) {
 func TestCatchUpBlocksNoOtherVolume(t *testing.T) {
 	e := start(t)
 	e.throttle("n1", "10M") // 150 MiB at 10 MiB/s: about fifteen seconds of catch-up
-	id, dir := e.createWritten("bulk", nil, "dd if=/dev/urandom of=blob bs=1M count=150 2>/dev/null && echo end > z")
+	id, dir := e.createWritten("bulk", nil, guesttest.RandomFile("blob", 150)+" && echo end > z")
 	before := e.checksums("n1", dir)
 	e.unpublish(id, "n1")
 

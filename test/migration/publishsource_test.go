@@ -30,7 +30,7 @@ func TestPublishToTheSourceDuringTheFinalStep(t *testing.T) {
 	// A fresh replica sends the move straight to its final step, which
 	// then carries what is written after it.
 	e.replicate(id, "n1", "n2")
-	e.write("n1", dir, "dd if=/dev/urandom of=blob bs=1M count=48 2>/dev/null && echo end > z")
+	e.write("n1", dir, guesttest.RandomFile("blob", 48)+" && echo end > z")
 	before := e.checksums("n1", dir)
 	e.unpublish(id, "n1")
 
@@ -173,7 +173,7 @@ func TestASecondInstancesPublishToTheSourceKeepsOnePrimary(t *testing.T) {
 	e.throttle("n1", "4M") // the final increment of 32 MiB takes about 8 s
 	id, dir := e.createWritten("two-instances", nil, "echo one > a")
 	e.replicate(id, "n1", "n2") // a fresh replica: the move goes straight to its final step
-	e.write("n1", dir, "dd if=/dev/urandom of=blob bs=1M count=32 2>/dev/null && echo end > z")
+	e.write("n1", dir, guesttest.RandomFile("blob", 32)+" && echo end > z")
 	before := e.checksums("n1", dir)
 	e.unpublish(id, "n1")
 	_, endpoint, err := e.c.StartControllerInstance(2)

@@ -125,7 +125,7 @@ func (e *env) waitNothingLeft(pattern, what string) {
 func TestASnapshotDeletedDuringAPush(t *testing.T) {
 	e := start(t)
 	e.throttle("n1", "5M") // 60 MiB: about 12 s of push
-	id, _, _, snapID := e.snapshotted("in-flight", nil, "dd if=/dev/urandom of=blob bs=1M count=60 2>/dev/null", "deleted-in-flight")
+	id, _, _, snapID := e.snapshotted("in-flight", nil, guesttest.RandomFile("blob", 60), "deleted-in-flight")
 	pushed := make(chan error, 1)
 	go func() { pushed <- e.push(id, "n1", "n2") }()
 	e.waitForTransfer(id, "n1")

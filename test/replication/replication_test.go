@@ -109,7 +109,7 @@ func agent(t *testing.T, c *guestcluster.Cluster, n *guestcluster.Node) pb.NodeA
 // checksums lists every file's SHA-256 under dir, in node n's namespaces.
 func checksums(t *testing.T, n *guestcluster.Node, dir string) string {
 	t.Helper()
-	return guesttest.Exec(t, n, "cd "+dir+" && find . -type f | sort | xargs sha256sum")
+	return guesttest.Exec(t, n, guesttest.Checksums(dir))
 }
 
 // replicaChecksums mounts the replica on n2 read-only and checksums it.
@@ -131,7 +131,7 @@ func TestFullThenIncremental(t *testing.T) {
 	n1, n2 := c.Nodes[0], c.Nodes[1]
 	ctx := context.Background()
 	id, target := publishedVolume(t, c, "data")
-	guesttest.Exec(t, n1, "cd "+target+" && mkdir -p d/e && echo one > a && seq 1 100000 > d/e/numbers && dd if=/dev/urandom of=blob bs=1M count=16 2>/dev/null && sync")
+	guesttest.Exec(t, n1, "cd "+target+" && mkdir -p d/e && echo one > a && seq 1 100000 > d/e/numbers && "+guesttest.RandomFile("blob", 16)+" && sync")
 
 	p, err := replicate(t, ctx, c, n1, n2, id)
 	if err != nil {
@@ -273,7 +273,7 @@ func TestResumeAfterInterruption(t *testing.T) {
 			c := guesttest.StartCluster(t, 2, guestcluster.Options{})
 			n1, n2 := c.Nodes[0], c.Nodes[1]
 			id, target := publishedVolume(t, c, "big")
-			guesttest.Exec(t, n1, "dd if=/dev/urandom of="+target+"/big bs=1M count=200 2>/dev/null && sync")
+			guesttest.Exec(t, n1, guesttest.RandomFile(target+"/big", 200)+" && sync")
 
 			// Interrupt once a quarter of the stream has gone through.
 			// Up to about 18 MiB of what was sent can be in flight (the
@@ -619,7 +619,7 @@ func TestBackupAndStatusCommands(t *testing.T) {
 	c := guesttest.StartCluster(t, 3, guestcluster.Options{})
 	n1 := c.Nodes[0]
 	id, target := publishedVolume(t, c, "orders")
-	guesttest.Exec(t, n1, "dd if=/dev/urandom of="+target+"/data bs=1M count=40 2>/dev/null && sync")
+	guesttest.Exec(t, n1, guesttest.RandomFile(target+"/data", 40)+" && sync")
 
 	peers := c.AgentAddresses()
 	ctl := filepath.Join(guesttest.BinDir(t), "zfs-controller")
@@ -844,7 +844,7 @@ func TestBandwidthLimit(t *testing.T) {
 	c := guesttest.StartCluster(t, 2, guestcluster.Options{NodeArgs: []string{"-replication-bandwidth", "8M"}})
 	n1, n2 := c.Nodes[0], c.Nodes[1]
 	id, target := publishedVolume(t, c, "capped")
-	guesttest.Exec(t, n1, "dd if=/dev/urandom of="+target+"/data bs=1M count=24 2>/dev/null && sync")
+	guesttest.Exec(t, n1, guesttest.RandomFile(target+"/data", 24)+" && sync")
 	start := time.Now()
 	p, err := replicate(t, context.Background(), c, n1, n2, id)
 	if err != nil {

@@ -2,6 +2,7 @@ package guesttest
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -139,4 +140,21 @@ func Dial(t testing.TB, endpoint string) *grpc.ClientConn {
 	}
 	t.Cleanup(func() { conn.Close() })
 	return conn
+}
+
+// RandomFile is a shell command that writes mib MiB of incompressible
+// data to path: one MiB from /dev/urandom, repeated. The emulated guest's
+// urandom gives about 20 MB/s, which a test of 150 MiB would spend 8 s
+// on; every record of the repeated MiB is random, so compression and
+// sends see as many bytes as from urandom itself.
+func RandomFile(path string, mib int) string {
+	return fmt.Sprintf("head -c 1048576 /dev/urandom >/tmp/seed.$$ && for i in $(seq %d); do cat /tmp/seed.$$; done >%s && rm -f /tmp/seed.$$", mib, path)
+}
+
+// Checksums is a shell command that prints a checksum of every file
+// below dir, sorted by path: md5sum, which the emulated guest runs in
+// half sha256sum's time; the tests compare copies, they defend against
+// no adversary.
+func Checksums(dir string) string {
+	return "cd " + dir + " && find . -type f | sort | xargs -r md5sum"
 }
