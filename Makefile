@@ -81,7 +81,7 @@ prepare: deps ## build, side by side, what make test needs and the cache lacks: 
 	@VERSION=$(VERSION) ARCHIVE_DIR=$(IMAGES_DIR) ./hack/prepare.sh
 
 guest-image: deps ## build (or find cached) the default ZFS guest image: Debian 12, OpenZFS 2.1
-	@./guest/image.sh >/dev/null
+	@./guest/image.sh -D >/dev/null
 
 guest-image-trixie: deps ## build (or find cached) the Debian 13 guest image, OpenZFS 2.3 (make test-trixie)
 	@ZFS_NOMAD_GUEST=trixie ./guest/image.sh >/dev/null

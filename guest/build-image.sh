@@ -2,11 +2,9 @@
 # Stage 2 of the ZFS guest: picks the kernel, the modules the guest loads,
 # zfsutils, libzfs and a few tools out of the stage-1 chroot and packs them
 # into an initramfs (no init: image.sh appends guest/init as its own cpio).
-# A second archive holds the release's Docker Engine (docker.io: dockerd,
-# containerd, runc), installed into a throwaway overlay of the chroot so the
-# chroot's recipe and cache stay as they are; image.sh appends it only to
-# the initramfs of guests that run containers (guest/run.sh -D).
-# Output: OUT/vmlinuz, OUT/base.cpio.gz, OUT/docker.cpio.gz, OUT/kernel-version.
+# The release's Docker Engine is a stage of its own (build-docker.sh),
+# built only for guests that run containers.
+# Output: OUT/vmlinuz, OUT/base.cpio.gz, OUT/kernel-version.
 #
 # Usage: build-image.sh CHROOT OUT
 set -euo pipefail
@@ -15,17 +13,11 @@ chroot_dir=${1:?usage: build-image.sh CHROOT OUT}
 out=${2:?usage: build-image.sh CHROOT OUT}
 work=$(mktemp -d "${TMPDIR:-/var/tmp}/zfs-guest-image.XXXXXX")
 root=$work/initramfs
-merged=$work/docker-chroot
-cleanup() {
-  for m in proc sys dev ""; do umount -l "$merged/$m" 2>/dev/null || true; done
-  rm -rf --one-file-system "$work"
-}
+cleanup() { rm -rf --one-file-system "$work"; }
 trap cleanup EXIT
 
-log() { printf 'guest-build: %s\n' "$*" >&2; }
-# in_root ROOT COMMAND... runs COMMAND chrooted in ROOT with a clean
-# environment; in_chroot runs it in the stage-1 chroot.
-in_root() { local r=$1; shift; chroot "$r" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin "$@"; }
+here=$(cd "$(dirname "$0")" && pwd)
+. "$here/lib.sh"
 in_chroot() { in_root "$chroot_dir" "$@"; }
 kver=$(basename "$(ls -d "$chroot_dir"/lib/modules/*-amd64 | sort -V | tail -1)")
 
@@ -33,22 +25,6 @@ log "assembling the initramfs"
 mkdir -p "$root"/{bin,sbin,etc,proc,sys,dev,tmp,run,mnt,share,lib/modules,usr/bin,usr/sbin,var/tmp,root}
 ln -s lib "$root/lib64"
 
-# copy_with_libs FROM TO FILE... copies binaries and the shared libraries
-# they load from the chroot FROM to the tree TO.
-copy_with_libs() {
-  local from=$1 to=$2 f lib
-  shift 2
-  for f in "$@"; do
-    [ -e "$from$f" ] || { log "missing $f"; exit 1; }
-    mkdir -p "$to$(dirname "$f")"
-    cp -aL "$from$f" "$to$f"
-    for lib in $(in_root "$from" ldd "$f" 2>/dev/null | grep -o '/[^ ]*' || true); do
-      [ -e "$to$lib" ] && continue
-      mkdir -p "$to$(dirname "$lib")"
-      cp -aL "$from$lib" "$to$lib"
-    done
-  done
-}
 copy_with_libs "$chroot_dir" "$root" /bin/busybox /bin/dash /bin/bash /sbin/zfs /sbin/zpool /sbin/zdb /sbin/mount.zfs \
   /bin/ip /usr/bin/socat /sbin/sfdisk /bin/kmod /usr/bin/unshare /usr/bin/nsenter \
   /usr/bin/sha256sum /bin/mount /bin/umount /usr/bin/timeout /usr/bin/setsid /usr/bin/pkill
@@ -84,22 +60,8 @@ printf 'root:x:0:\nnogroup:x:65534:\n' >"$root/etc/group"
 printf 'hosts: files\n' >"$root/etc/nsswitch.conf"
 printf '127.0.0.1 localhost\n' >"$root/etc/hosts"
 
-log "installing docker.io in an overlay of the chroot"
-mkdir -p "$work/upper" "$work/overlay-work" "$merged"
-mount -t overlay overlay -o "lowerdir=$chroot_dir,upperdir=$work/upper,workdir=$work/overlay-work" "$merged"
-for m in proc sys dev; do mount --bind "/$m" "$merged/$m"; done
-cp /etc/resolv.conf "$merged/etc/resolv.conf"
-in_root "$merged" DEBIAN_FRONTEND=noninteractive sh -c 'apt-get update -qq && apt-get install -y -qq --no-install-recommends docker.io' >"$work/docker-apt.log" 2>&1 ||
-  { tail -30 "$work/docker-apt.log" >&2; exit 1; }
-# No docker client: the tests speak to dockerd's API on its socket. GNU cp
-# copies a data root with its extended attributes (busybox's drops them).
-copy_with_libs "$merged" "$work/docker" /usr/sbin/dockerd /usr/bin/containerd \
-  /usr/bin/containerd-shim-runc-v2 /usr/sbin/runc /usr/bin/docker-init /bin/cp
-
 mkdir -p "$out"
-in_root "$merged" dpkg-query -W -f='${Version}\n' docker.io >"$out/docker-version"
 cp "$chroot_dir/boot/vmlinuz-$kver" "$out/vmlinuz"
 (cd "$root" && find . | cpio -o -H newc --quiet | gzip -1) >"$out/base.cpio.gz"
-(cd "$work/docker" && find . | cpio -o -H newc --quiet | gzip -1) >"$out/docker.cpio.gz"
 echo "$kver" >"$out/kernel-version"
 log "done: $out ($(du -sh "$out" | cut -f1))"

@@ -1,27 +1,38 @@
 #!/usr/bin/env bash
 # Prints the directory holding the ZFS guest image (vmlinuz, initrd.gz) of
 # ZFS_NOMAD_GUEST (bookworm, the default, or trixie: see build-rootfs.sh),
-# building what the cache lacks for the current recipe first. With -c it
-# prints the stage-1 chroot instead (hack/gobuild.sh builds in it). The cache lives
-# outside the repo and each stage is keyed by a hash of its recipe files:
-#   chroot-KEY1  debootstrap + kernel + dkms (slow, ~15 min)   build-rootfs.sh
-#   image-KEY2   kernel + initramfs without init, and Docker   + build-image.sh
-#                Engine as a second archive (~3 min)
-#   guest-KEY3   initramfs with guest/init appended (instant)  + init
-#                initrd.gz; initrd-docker.gz has Docker too (guest/run.sh -D)
+# building what the cache lacks for the current recipe first. With -D the
+# directory also holds initrd-docker.gz, the initramfs with the release's
+# Docker Engine (guest/run.sh -D). With -c it prints the stage-1 chroot
+# instead (hack/gobuild.sh builds in it). The cache lives outside the repo
+# and each stage is keyed by a hash of its recipe files:
+#   chroot-KEY   debootstrap + kernel + dkms (slow, ~15 min)  build-rootfs.sh
+#   image-KEY    kernel + initramfs without init (~6 s)       + build-image.sh, lib.sh
+#   docker-KEY   Docker Engine as a second archive (~90 s),   build-rootfs.sh + build-docker.sh, lib.sh
+#                built only when -D asks for it
+#   guest-KEY    initrd.gz: the initramfs with guest/init     all of the above + init
+#                appended (instant); initrd-docker.gz with -D
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cache=${ZFS_GUEST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/zfs-nomad}
 
 release=${ZFS_NOMAD_GUEST:-bookworm}
 want=image
-[ "${1:-}" = -c ] && want=chroot
+docker=""
+case "${1:-}" in
+  -c) want=chroot ;;
+  -D) docker=1 ;;
+  "") ;;
+  *) echo "usage: image.sh [-c | -D]" >&2; exit 2 ;;
+esac
 key() { { echo "$release"; cat "$@"; } | sha256sum | cut -c1-16; }
 rootfs=$cache/chroot-$(key "$here/build-rootfs.sh")
-image=$cache/image-$(key "$here/build-rootfs.sh" "$here/build-image.sh")
-guest=$cache/guest-$(key "$here/build-rootfs.sh" "$here/build-image.sh" "$here/init")
+image=$cache/image-$(key "$here/build-rootfs.sh" "$here/build-image.sh" "$here/lib.sh")
+dockerimage=$cache/docker-$(key "$here/build-rootfs.sh" "$here/build-docker.sh" "$here/lib.sh")
+guest=$cache/guest-$(key "$here/build-rootfs.sh" "$here/build-image.sh" "$here/build-docker.sh" "$here/lib.sh" "$here/init")
 
-if [ "$want" = image ] && [ -s "$guest/initrd-docker.gz" ]; then echo "$guest"; exit 0; fi
+complete() { [ -s "$guest/initrd.gz" ] && { [ -z "$docker" ] || [ -s "$guest/initrd-docker.gz" ]; }; }
+if [ "$want" = image ] && complete; then echo "$guest"; exit 0; fi
 if [ "$want" = chroot ] && [ -e "$rootfs/.complete" ]; then echo "$rootfs"; exit 0; fi
 
 mkdir -p "$cache"
@@ -44,21 +55,32 @@ if [ "$want" = chroot ]; then
   echo "$rootfs"
   exit 0
 fi
-if [ ! -s "$image/docker.cpio.gz" ]; then
+# build_stage DIR FILE SCRIPT builds DIR with SCRIPT from the chroot
+# unless DIR already holds FILE.
+build_stage() {
+  [ -s "$1/$2" ] && return
   ensure_rootfs
-  rm -rf "$image.tmp"
-  "$here/build-image.sh" "$rootfs" "$image.tmp"
-  rm -rf "$image" && mv "$image.tmp" "$image"
-fi
-if [ ! -s "$guest/initrd-docker.gz" ]; then
-  tmp=$(mktemp -d)
-  install -m 0755 "$here/init" "$tmp/init"
-  (cd "$tmp" && echo init | cpio -o -H newc --quiet | gzip -1) >"$tmp/init.cpio.gz"
+  rm -rf "$1.tmp"
+  "$3" "$rootfs" "$1.tmp"
+  rm -rf "$1" && mv "$1.tmp" "$1"
+}
+build_stage "$image" base.cpio.gz "$here/build-image.sh"
+[ -z "$docker" ] || build_stage "$dockerimage" docker.cpio.gz "$here/build-docker.sh"
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+install -m 0755 "$here/init" "$tmp/init"
+(cd "$tmp" && echo init | cpio -o -H newc --quiet | gzip -1) >"$tmp/init.cpio.gz"
+if [ ! -s "$guest/initrd.gz" ]; then
   rm -rf "$guest.tmp" && mkdir -p "$guest.tmp"
-  cp "$image/vmlinuz" "$image/kernel-version" "$image/docker-version" "$guest.tmp/"
+  cp "$image/vmlinuz" "$image/kernel-version" "$guest.tmp/"
   # The kernel unpacks concatenated archives in order, later files over earlier.
   cat "$image/base.cpio.gz" "$tmp/init.cpio.gz" >"$guest.tmp/initrd.gz"
-  cat "$image/base.cpio.gz" "$image/docker.cpio.gz" "$tmp/init.cpio.gz" >"$guest.tmp/initrd-docker.gz"
-  rm -rf "$tmp" "$guest" && mv "$guest.tmp" "$guest"
+  rm -rf "$guest" && mv "$guest.tmp" "$guest"
+fi
+if [ -n "$docker" ] && [ ! -s "$guest/initrd-docker.gz" ]; then
+  cp "$dockerimage/docker-version" "$guest/"
+  cat "$image/base.cpio.gz" "$dockerimage/docker.cpio.gz" "$tmp/init.cpio.gz" >"$guest/initrd-docker.gz.tmp"
+  mv "$guest/initrd-docker.gz.tmp" "$guest/initrd-docker.gz"
 fi
 echo "$guest"

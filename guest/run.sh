@@ -23,6 +23,7 @@ mem=2G
 repo=""
 quiet=""
 initrd=initrd.gz
+image_args=()
 disks=()
 while getopts "t:d:m:r:Dq" opt; do
   case "$opt" in
@@ -30,7 +31,7 @@ while getopts "t:d:m:r:Dq" opt; do
     d) disks+=("$OPTARG") ;;
     m) mem=$OPTARG ;;
     r) repo=$OPTARG ;;
-    D) initrd=initrd-docker.gz ;;
+    D) initrd=initrd-docker.gz image_args=(-D) ;;
     q) quiet=1 ;;
     *) echo "usage: run.sh [-t SECONDS] [-d SIZE]... [-m MEM] [-r REPO] [-D] [-q] SHARE" >&2; exit 2 ;;
   esac
@@ -38,7 +39,7 @@ done
 shift $((OPTIND - 1))
 share=$(cd "${1:?usage: run.sh [options] SHARE}" && pwd)
 here=$(cd "$(dirname "$0")" && pwd)
-image=$("$here/image.sh")
+image=$("$here/image.sh" "${image_args[@]}")
 
 # One guest at a time: the machines we run on have two cores, and two
 # emulated guests side by side starve each other into boot timeouts.

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Builds, side by side, what make test needs beyond the Go toolchain and
-# finds each in the cache when its recipe is unchanged: the Debian 12 and
-# Debian 13 guest images (guest/image.sh), Nomad (hack/nomad.sh) and the
-# plugin images (hack/images.sh, when ARCHIVE_DIR is set). On a fresh
+# finds each in the cache when its recipe is unchanged: the Debian 12 guest
+# image with its Docker Engine (test/nomad's clients run containers), the
+# Debian 13 guest image without (make test runs none there; guest/run.sh
+# -D builds it when first asked), Nomad (hack/nomad.sh) and the plugin
+# images (hack/images.sh, when ARCHIVE_DIR is set). On a fresh
 # machine these are most of the cold part of make test, and much of their
 # time is spent waiting on the network (debootstrap and apt for each
 # chroot, 2 GB of Go modules for Nomad, a Debian base for the images) or
@@ -29,7 +31,7 @@ start() { # start NAME COMMAND...
   pids[$name]=$!
 }
 
-start guest-bookworm env ZFS_NOMAD_GUEST=bookworm "$repo/guest/image.sh"
+start guest-bookworm env ZFS_NOMAD_GUEST=bookworm "$repo/guest/image.sh" -D
 start guest-trixie env ZFS_NOMAD_GUEST=trixie "$repo/guest/image.sh"
 start nomad "$here/nomad.sh"
 [ -n "${ARCHIVE_DIR:-}" ] && start images "$here/images.sh"
