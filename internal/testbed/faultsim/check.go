@@ -22,7 +22,8 @@ import (
 //	    (so nothing acknowledged is lost and no copy holding the only
 //	    instance of a write was destroyed);
 //	I3  a copy's generation never goes down, and no two copies are ever
-//	    primary at one generation.
+//	    primary at one generation (but for one the operator forced:
+//	    forcedAt).
 //
 // Besides: a stage that succeeds mounts the newest primary of the volume
 // on any node, down or not (a job never gets a stale copy: what it wrote
@@ -49,6 +50,9 @@ type checker struct {
 	generations map[string]uint64
 	// primaries: by volume ID and generation, the node first seen primary.
 	primaries map[string]string
+	// forced: by volume ID and generation, the generations the operator's
+	// promote -force gave (forcePromote).
+	forced map[string]bool
 	// pending is a violation found between checks.
 	pending error
 	// unlocked is the first change of a copy made without its lock (I5),
@@ -58,7 +62,7 @@ type checker struct {
 
 func newChecker(w *world) *checker {
 	return &checker{w: w, writes: map[string][]string{}, deletingIDs: map[string]bool{},
-		generations: map[string]uint64{}, primaries: map[string]string{}}
+		generations: map[string]uint64{}, primaries: map[string]string{}, forced: map[string]bool{}}
 }
 
 func volumeOf(dataset string) string {
@@ -87,6 +91,7 @@ func (c *checker) deleted(id string) {
 	for key := range c.primaries {
 		if strings.HasPrefix(key, id+"@") {
 			delete(c.primaries, key)
+			delete(c.forced, key)
 		}
 	}
 	for _, n := range c.w.nodes {
@@ -259,12 +264,23 @@ func (c *checker) generationsGrow(id string) error {
 			continue
 		}
 		pkey := fmt.Sprintf("%s@%d", id, gen)
-		if first, ok := c.primaries[pkey]; ok && first != n.id {
+		if first, ok := c.primaries[pkey]; ok && first != n.id && !c.forced[pkey] {
 			return fmt.Errorf("I3 broken: generation %d of %s was given to the copies on %s and on %s", gen, id, first, n.id)
 		}
-		c.primaries[pkey] = n.id
+		if _, ok := c.primaries[pkey]; !ok {
+			c.primaries[pkey] = n.id
+		}
 	}
 	return nil
+}
+
+// forcedAt records a generation the operator's promote -force gave: a
+// majority that never heard of it may give it again, which the
+// controller reports as a conflict and stages neither (docs/safety.md,
+// "Generations"). I3's "given once" does not hold for it; the rest of
+// I3, and I1, do.
+func (c *checker) forcedAt(id string, gen uint64) {
+	c.forced[fmt.Sprintf("%s@%d", id, gen)] = true
 }
 
 // nothingLost is I2 and I4: every write the job saw succeed is in some

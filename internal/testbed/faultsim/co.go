@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"path/filepath"
+	"slices"
 	"time"
 
 	csispec "github.com/container-storage-interface/spec/lib/go/csi"
@@ -86,6 +87,7 @@ func (w *world) pick() func() {
 		{2, func() { w.restore() }},
 		{3, func() { w.expand(v) }},
 		{3, func() { w.promote(v, n) }},
+		{map[bool]int{true: 5}[w.cfg.ForcePromotions], func() { w.forcePromote(v) }},
 		{2, func() { w.removeReplica(v, n) }},
 		{15, func() {}}, // time passes
 	}
@@ -282,8 +284,12 @@ func (w *world) rescheduleLost() {
 	}
 	n := targets[w.dice.intn(len(targets))]
 	if w.dice.intn(3) == 0 {
-		// A manual failover: the operator promotes the copy there first.
-		w.promote(v, n)
+		// A manual failover: the operator promotes the copy there first,
+		// and forces a replica where a majority is lost and the
+		// operator's guarantee holds.
+		if !w.promote(v, n) {
+			w.forcePromote(v)
+		}
 	}
 	w.tracef("co: node %s lost: places the job of %s on %s", v.lostFrom, v.name, n.id)
 	w.schedule(v, n)
@@ -330,13 +336,10 @@ func (w *world) backup(v *simVolume, from, to *simNode) bool {
 // promote is the operator's zfs-controller promote of the volume's copy
 // on n, without -force, at any moment: the controller promotes only what
 // a failover would (docs/safety.md, "Generations"), so no moment may
-// break an invariant. -force is the operator's word that the silent
-// nodes are lost (safety.md, "What the operator guarantees"), which the
-// simulation's nodes, restarting at random, do not keep: the explorer
-// runs it where the scenario keeps it.
-func (w *world) promote(v *simVolume, n *simNode) {
+// break an invariant. forcePromote runs -force.
+func (w *world) promote(v *simVolume, n *simNode) bool {
 	if !v.created {
-		return
+		return false
 	}
 	ctx, cancel := opContext()
 	defer cancel()
@@ -345,6 +348,71 @@ func (w *world) promote(v *simVolume, n *simNode) {
 	if err == nil {
 		w.stats.Promotions++
 	}
+	return err == nil
+}
+
+// forcePromote is the operator's zfs-controller promote -force of a
+// replica of the volume on a node that answers, run only where the operator's guarantee holds
+// (docs/safety.md, "What the operator guarantees"): the simulation knows
+// every node's state, as the operator is trusted to. Every node the
+// controller cannot reach has no mount of the volume (its allocations
+// are stopped) and holds and promised no generation of it above what
+// the nodes that answer know (nothing newer). A forced generation may
+// later be given again by a majority that never heard of it, which the
+// controller reports as a conflict: the checker exempts it from "given
+// once" (checker.forcedAt), and from nothing else.
+func (w *world) forcePromote(v *simVolume) {
+	if !v.created || !w.cfg.ForcePromotions {
+		return
+	}
+	fs := rootDataset + "/" + v.id
+	var known, silentNewest uint64
+	var silent []string
+	var replicas []*simNode // the answering nodes' replicas: what an operator forces
+	for _, m := range w.nodes {
+		newest := w.newestKnown(m, v.id)
+		if m.inc != nil && w.net.deliverable(controllerEndpoint, m.id) == "" && w.net.deliverable(m.id, controllerEndpoint) == "" {
+			known = max(known, newest)
+			if role, _, err := w.checker.label(m, fs); err == nil && role == contract.RoleReplica {
+				replicas = append(replicas, m)
+			}
+			continue
+		}
+		if m.mounts.Mounted(fs) {
+			return // the operator has not stopped its allocation
+		}
+		silent = append(silent, m.id)
+		silentNewest = max(silentNewest, newest)
+	}
+	if len(silent) == 0 || len(replicas) == 0 || silentNewest > known {
+		return
+	}
+	n := replicas[w.dice.intn(len(replicas))]
+	ctx, cancel := opContext()
+	defer cancel()
+	cp, err := w.co().mig.Promote(ctx, v.id, n.id, true)
+	w.tracef("operator: promote -force %s on %s (silent: %v): generation %d %v", v.name, n.id, silent, cp.Generation, errText(err))
+	if err != nil {
+		return
+	}
+	w.checker.forcedAt(v.id, cp.Generation)
+	w.stats.ForcedPromotions++
+	if slices.Contains(silent, v.alloc) {
+		v.lostFrom, v.alloc = v.alloc, "" // stopped by the operator; Nomad places it again
+	}
+}
+
+// newestKnown is the highest generation of volume id that node n holds
+// a copy at or promised, read from its pool as the oracle does.
+func (w *world) newestKnown(n *simNode, id string) uint64 {
+	var newest uint64
+	if _, gen, err := w.checker.label(n, rootDataset+"/"+id); err == nil {
+		newest = gen
+	}
+	if p, ok := w.promise(n, id); ok {
+		newest = max(newest, p.Generation)
+	}
+	return newest
 }
 
 // removeReplica is the operator's zfs-controller remove-replica of the

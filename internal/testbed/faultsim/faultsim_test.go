@@ -25,6 +25,7 @@ var (
 	liesFlag  = flag.Bool("lying-peers", false, "let nodes' certificate holders send forged streams")
 	ctlsFlag  = flag.Int("controllers", 0, "controller instances per run (default: DefaultConfig's, one)")
 	aliasFlag = flag.Bool("aliases", false, "give every node a second address, and list about half the nodes under both")
+	forceFlag = flag.Bool("force", false, "let the operator run promote -force where its guarantee holds")
 	logsFlag  = flag.Bool("logs", false, "with -seed and -v: the nodes' and the controller's logs beside the trace")
 )
 
@@ -145,6 +146,9 @@ func runSeeds(t *testing.T, n int, shape func(*Config)) {
 		if *aliasFlag {
 			cfg.Aliases = true
 		}
+		if *forceFlag {
+			cfg.ForcePromotions = true
+		}
 		if *seedFlag != 0 && testing.Verbose() {
 			cfg.Trace = func(line string) { t.Log(line) }
 			cfg.Verbose = *logsFlag
@@ -169,7 +173,7 @@ func runSeeds(t *testing.T, n int, shape func(*Config)) {
 	shape(&lied)
 	if n >= 50 && (total.NewGeneration == 0 || total.StaleRefused == 0 || total.AheadStages == 0 || total.ReadOnly == 0 || total.Deletes == 0 || total.Crashes == 0 ||
 		total.Snapshots == 0 || total.SnapshotDeletes == 0 || total.Restores == 0 || total.Expands == 0 ||
-		n >= 1000 && total.Promotions == 0 || total.ReplicasRemoved == 0 ||
+		n >= 1000 && (total.Promotions == 0 || *forceFlag && total.ForcedPromotions == 0) || total.ReplicasRemoved == 0 ||
 		lied.LyingPeers && (total.LiesRefused == 0 || total.Stalls == 0 || total.RollbacksRefused == 0) ||
 		total.WorkLeaseHeld == 0 || lied.Controllers > 1 && total.WorkLeaseHandovers == 0 || n >= 500 && total.DeletedCopiesHidden == 0 || total.SettledRestores == 0 || n >= 500 && total.DeletedInFlight == 0) {
 		t.Errorf("the seeds did not exercise every kind of event: %+v", total)

@@ -159,13 +159,19 @@ func (w *world) rollbackLie(v *simVolume, liar, victim *simNode, generation uint
 // it does not share that code's reading (the shard, then the root's
 // legacy place).
 func (w *world) promisedTo(n *simNode, id, holder string, generation uint64) bool {
+	p, ok := w.promise(n, id)
+	return ok && p.Holder == holder && p.Generation > generation
+}
+
+// promise is node n's promise record of volume id as its pool holds it:
+// in the volume's shard, else in the root's legacy place.
+func (w *world) promise(n *simNode, id string) (volume.Promise, bool) {
 	for _, ds := range []string{volume.PromiseShard(rootDataset, id), rootDataset} {
 		if v := w.checker.user(n, ds, copyrecord.PropPromisePrefix+id); v != "" {
-			p := volume.ParsePromise(v)
-			return p.Holder == holder && p.Generation > generation
+			return volume.ParsePromise(v), true
 		}
 	}
-	return false
+	return volume.Promise{}, false
 }
 
 // sendForged sends a forged stream from liar's identity to victim and

@@ -87,6 +87,10 @@ type Config struct {
 	// nodes, not addresses (docs/safety.md, "Nodes, not addresses").
 	// From rolls of their own, so that a seed's other choices stay.
 	Aliases bool
+	// ForcePromotions lets the operator run promote -force where its
+	// guarantee holds (forcePromote). Not in make test's seeds yet:
+	// docs/safety.md, "The simulation".
+	ForcePromotions bool
 	// SmallBuffers gives every connection gRPC's default 32 KiB buffers
 	// instead of the agent's 1 MiB ones (agent.DialOptions): the
 	// explorer starts a world per run, and clearing the large buffers of
@@ -194,9 +198,10 @@ type Stats struct {
 	// WorkLeaseHeld: steps some controller instance held the work lease
 	// in; WorkLeaseHandovers: times another instance took it over.
 	WorkLeaseHeld, WorkLeaseHandovers int
-	// Promotions, ReplicasRemoved: the operator's zfs-controller promote
-	// (without -force) and remove-replica that succeeded.
-	Promotions, ReplicasRemoved int
+	// Promotions, ForcedPromotions, ReplicasRemoved: the operator's
+	// zfs-controller promote, promote -force and remove-replica that
+	// succeeded.
+	Promotions, ForcedPromotions, ReplicasRemoved int
 	// RollbacksRefused: rollbackLie's incrementals refused.
 	RollbacksRefused int
 }
@@ -228,6 +233,7 @@ func (s *Stats) Add(o Stats) {
 	s.WorkLeaseHeld += o.WorkLeaseHeld
 	s.WorkLeaseHandovers += o.WorkLeaseHandovers
 	s.Promotions += o.Promotions
+	s.ForcedPromotions += o.ForcedPromotions
 	s.ReplicasRemoved += o.ReplicasRemoved
 	s.RollbacksRefused += o.RollbacksRefused
 }
