@@ -371,7 +371,7 @@ func (w *world) forcePromote(v *simVolume) {
 	var replicas []*simNode // the answering nodes' replicas: what an operator forces
 	for _, m := range w.nodes {
 		newest := w.newestKnown(m, v.id)
-		if m.inc != nil && w.net.deliverable(controllerEndpoint, m.id) == "" && w.net.deliverable(m.id, controllerEndpoint) == "" {
+		if m.inc != nil && m.inc.isAlive() && w.net.deliverable(controllerEndpoint, m.id) == "" && w.net.deliverable(m.id, controllerEndpoint) == "" {
 			known = max(known, newest)
 			if role, _, err := w.checker.label(m, fs); err == nil && role == contract.RoleReplica {
 				replicas = append(replicas, m)
@@ -388,6 +388,10 @@ func (w *world) forcePromote(v *simVolume) {
 		return
 	}
 	n := replicas[w.dice.intn(len(replicas))]
+	// The guarantee is checked on the nodes as they are now: none dies
+	// during the call, or the operator would have to stop its jobs too.
+	crashing := w.crashing.Swap(false)
+	defer w.crashing.Store(crashing)
 	ctx, cancel := opContext()
 	defer cancel()
 	cp, err := w.co().mig.Promote(ctx, v.id, n.id, true)
