@@ -26,7 +26,6 @@ var (
 	ctlsFlag  = flag.Int("controllers", 0, "controller instances per run (default: DefaultConfig's, one)")
 	aliasFlag = flag.Bool("aliases", false, "give every node a second address, and list about half the nodes under both")
 	forceFlag = flag.Bool("force", false, "let the operator run promote -force where its guarantee holds")
-	keepFlag  = flag.Bool("keep-traces", false, "keep each seed's trace in memory and print a failing seed's: for failures that the traced replay's timing hides")
 	logsFlag  = flag.Bool("logs", false, "with -seed and -v: the nodes' and the controller's logs beside the trace")
 )
 
@@ -150,18 +149,11 @@ func runSeeds(t *testing.T, n int, shape func(*Config)) {
 		if *forceFlag {
 			cfg.ForcePromotions = true
 		}
-		var trace []string
-		switch {
-		case *seedFlag != 0 && testing.Verbose():
+		if *seedFlag != 0 && testing.Verbose() {
 			cfg.Trace = func(line string) { t.Log(line) }
 			cfg.Verbose = *logsFlag
-		case *keepFlag:
-			cfg.Trace = func(line string) { trace = append(trace, line) }
 		}
 		stats, err := Run(cfg)
-		if err != nil && *keepFlag {
-			t.Logf("the trace of seed %d:\n%s", seed, strings.Join(trace, "\n"))
-		}
 		total.Add(stats)
 		if err == nil {
 			continue

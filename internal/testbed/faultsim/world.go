@@ -288,6 +288,9 @@ func shapeFlags(cfg Config) string {
 	if cfg.Aliases {
 		out += " -aliases"
 	}
+	if cfg.ForcePromotions {
+		out += " -force"
+	}
 	return out
 }
 
