@@ -352,9 +352,10 @@ func (w *world) promote(v *simVolume, n *simNode) bool {
 }
 
 // forcePromote is the operator's zfs-controller promote -force of a
-// replica of the volume on a node that answers, run only where the operator's guarantee holds
-// (docs/safety.md, "What the operator guarantees"): the simulation knows
-// every node's state, as the operator is trusted to. Every node the
+// replica of the volume on a node that answers, run only where the
+// operator's guarantee holds (docs/safety.md, "What the operator
+// guarantees"): the simulation knows every node's state, as the operator
+// is trusted to. Every node the
 // controller cannot reach has no mount of the volume (its allocations
 // are stopped) and holds and promised no generation of it above what
 // the nodes that answer know (nothing newer). A forced generation may
@@ -371,7 +372,7 @@ func (w *world) forcePromote(v *simVolume) {
 	var replicas []*simNode // the answering nodes' replicas: what an operator forces
 	for _, m := range w.nodes {
 		newest := w.newestKnown(m, v.id)
-		if m.inc != nil && m.inc.isAlive() && w.net.deliverable(controllerEndpoint, m.id) == "" && w.net.deliverable(m.id, controllerEndpoint) == "" {
+		if w.reaches(m) && m.inc.isAlive() { // a process that died this step is not reaped yet
 			known = max(known, newest)
 			if role, _, err := w.checker.label(m, fs); err == nil && role == contract.RoleReplica {
 				replicas = append(replicas, m)
