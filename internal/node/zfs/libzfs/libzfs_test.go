@@ -582,3 +582,49 @@ func signalEveryThread(t *testing.T) (stop func()) {
 	}()
 	return func() { close(done); <-finished }
 }
+
+// hungUp is a receiver that hung up: every write fails.
+type hungUp struct{}
+
+func (hungUp) Write([]byte) (int, error) { return 0, errors.New("the receiver hung up") }
+
+// snapshotOf creates filesystem fs (with zfs create's options opts), fills
+// it with mib MiB of incompressible data and snapshots it as fs@s1.
+func snapshotOf(t *testing.T, fs, opts string, mib int) string {
+	t.Helper()
+	dir := t.TempDir()
+	guesttest.Run(t, "sh", "-c", "zfs create -o mountpoint=legacy "+opts+" "+fs+" && mount -t zfs "+fs+" "+dir+
+		" && "+guesttest.RandomFile(dir+"/blob", mib)+" && umount "+dir+" && zfs snapshot "+fs+"@s1")
+	return fs + "@s1"
+}
+
+// within fails the test unless f returns within d; it returns f's error.
+func within(t *testing.T, d time.Duration, what string, f func() error) error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- f() }()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(d):
+		t.Fatalf("%s: still running after %s", what, d)
+		return nil
+	}
+}
+
+// TestAStoppedSendEnds: a zfs send whose reader stops half-way ends, and
+// so does Send, which ran it for a push whose receiver hung up. On Linux
+// the kernel writes the stream from a taskq thread that no signal reaches
+// (openzfs/zfs#12500): killed while its pipe's read end stays open and
+// unread, zfs send never ends.
+func TestAStoppedSendEnds(t *testing.T) {
+	_, root := setup(t)
+	snap := snapshotOf(t, root+"/src", "-o compression=off", 32) // far more than a pipe holds
+	err := within(t, time.Minute, "a send whose receiver hung up", func() error {
+		_, err := zfscmd.Cmd{}.Send(context.Background(), zfscmd.SendSpec{Snapshot: snap}, hungUp{})
+		return err
+	})
+	if err == nil {
+		t.Error("a send whose receiver hung up succeeded")
+	}
+}

@@ -63,7 +63,15 @@ func (c Cmd) CopyEncrypted(ctx context.Context, snapshot, target string, props m
 	if err := send.Start(); err != nil {
 		return fmt.Errorf("starting zfs send: %w", err)
 	}
-	if err := recv.Run(); err != nil {
+	// The pipe's read end is zfs receive's alone once it runs: kept open
+	// here too, a receive that fails would leave zfs send blocked on a
+	// pipe nobody reads, where no signal stops it (see Send).
+	err = recv.Start()
+	stream.Close()
+	if err == nil {
+		err = recv.Wait()
+	}
+	if err != nil {
 		cancel() // the receiver is gone: stop the sender
 		_ = send.Wait()
 		return classify(fmt.Errorf("zfs %s: %w: %s", strings.Join(recvArgs, " "), err, strings.TrimSpace(recvErr.String())), recvErr.String())

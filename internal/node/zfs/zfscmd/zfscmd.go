@@ -111,6 +111,13 @@ func (s SendSpec) Args() []string {
 
 // Send runs zfs send and copies the stream to w. It returns the bytes
 // written; an error from w stops the sender.
+//
+// A sender is stopped by closing the pipe's read end, not by a signal
+// alone: on Linux the kernel writes the stream into the pipe from a taskq
+// thread, which no signal reaches, while the killed process waits for it
+// uninterruptibly (openzfs/zfs#12500). Killed with the read end still
+// open and unread, zfs send would never end, and neither would Wait, the
+// push holding the volume's transfer, or the move waiting for it.
 func (c Cmd) Send(ctx context.Context, spec SendSpec, w io.Writer) (int64, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -126,7 +133,10 @@ func (c Cmd) Send(ctx context.Context, spec SendSpec, w io.Writer) (int64, error
 	}
 	n, copyErr := io.Copy(w, out)
 	if copyErr != nil {
-		cancel() // the receiver is gone: stop the sender
+		// The receiver is gone: stop the sender, and let the kernel's
+		// write fail (EPIPE) so that the process can end.
+		cancel()
+		out.Close()
 	}
 	waitErr := cmd.Wait()
 	if copyErr != nil {
