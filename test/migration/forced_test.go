@@ -38,8 +38,8 @@ func TestAForcedPrimaryIsUnderTheLeaseOnceTheMajorityReturns(t *testing.T) {
 	ctl := filepath.Join(guesttest.BinDir(t), "zfs-controller")
 	out := guesttest.Run(t, ctl, "promote", "-peers", strings.Join(e.c.AgentAddresses(), ","), "-agent-timeout", "10s",
 		"-tls-ca", e.c.Operator.CA, "-tls-cert", e.c.Operator.Cert, "-tls-key", e.c.Operator.Key, "-node", "n2", "-force", id)
-	if !strings.Contains(out, "node n2 is the primary now") {
-		t.Fatalf("promote -force with n2 and n3 of five answering: %s", out)
+	if !strings.Contains(out, "node n2 is the primary now") || !strings.Contains(out, "declared lost") {
+		t.Fatalf("promote -force with n2 and n3 of five answering (and what the operator must do): %s", out)
 	}
 	dir = e.mustPublish(id, "n2")
 	probe := func() error { return e.tryWrite("n2", dir) }

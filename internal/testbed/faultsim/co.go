@@ -2,9 +2,11 @@ package faultsim
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	csispec "github.com/container-storage-interface/spec/lib/go/csi"
@@ -13,6 +15,7 @@ import (
 
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/agentclient"
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/operator"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 )
 
@@ -405,6 +408,56 @@ func (w *world) forcePromote(v *simVolume) {
 	if slices.Contains(silent, v.alloc) {
 		v.lostFrom, v.alloc = v.alloc, "" // stopped by the operator; Nomad places it again
 	}
+	for _, id := range silent {
+		w.declareLost(w.node(id), v)
+	}
+}
+
+// declareLost is the rest of the operator's part of a promote -force
+// (docs/safety.md, "What the operator guarantees", 5): a node the force
+// declared lost comes back only empty-handed. One that is only cut off
+// is powered off now; before its process starts again, its copy of the
+// volume is set aside (returnEmptyHanded). Were it to come back with
+// its copy while the forced node is down, it and the others the force
+// declared lost could be a majority that never heard of the forced
+// generation, and their older copy would be staged.
+func (w *world) declareLost(n *simNode, v *simVolume) {
+	if n.inc != nil && n.inc.isAlive() {
+		w.tracef("operator: powers %s off: declared lost by the promote -force of %s", n.id, v.name)
+		w.powerLoss(n)
+	}
+	n.lost = append(n.lost, v.id)
+}
+
+// returnEmptyHanded sets aside, before n's process starts again, its
+// copies of the volumes a promote -force declared it lost for, as the
+// operator does (zfs rename <root>/<id> <root>/<id>-aside-...): renamed,
+// they are no copy the driver stages or counts, and whatever writes they
+// hold stay for the operator.
+func (w *world) returnEmptyHanded(n *simNode) {
+	n.calls.Lock() // no call of the last incarnation is still running
+	defer n.calls.Unlock()
+	ctx, cancel := opContext()
+	defer cancel()
+	for _, id := range n.lost {
+		for _, name := range n.pool.Names() {
+			if got, ok := copyOf(name); !ok || got != id || strings.Contains(name, "@") || strings.Contains(name, "-aside-") {
+				continue
+			}
+			props := map[string]string{"readonly": "on", copyrecord.PropRole: contract.RoleSetAside}
+			aside := copyrecord.AsideName(name, w.now())
+			err := n.pool.SetProperties(ctx, name, props)
+			if err == nil {
+				err = n.pool.Rename(ctx, name, aside)
+			}
+			if err != nil {
+				w.checker.late(fmt.Errorf("sim: the operator's setting aside of %s on %s failed: %w", name, n.id, err))
+				continue
+			}
+			w.tracef("operator: %s comes back empty-handed: %s set aside as %s", n.id, name, aside)
+		}
+	}
+	n.lost = nil
 }
 
 // newestKnown is the highest generation of volume id that node n holds

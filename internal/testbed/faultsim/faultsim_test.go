@@ -106,6 +106,20 @@ func TestSimulationSeveralControllers(t *testing.T) {
 	})
 }
 
+// TestSimulationForced runs a quarter as many seeds of the default shape
+// with the operator's promote -force where its guarantee holds
+// (forcePromote), and the nodes it declares lost coming back only with
+// their copies set aside (declareLost). Its own shape, so that the other
+// shapes' draws stay as they were. Replay a failure with -run
+// 'TestSimulation$' -seed N -force -v.
+func TestSimulationForced(t *testing.T) {
+	t.Parallel()
+	if *seedFlag != 0 || *forceFlag {
+		t.Skip("a replay or a chosen shape runs in TestSimulation")
+	}
+	runSeeds(t, max(seeds()/4, 1), func(cfg *Config) { cfg.ForcePromotions = true })
+}
+
 // runSeeds runs n seeds from -first-seed (or the one -seed), each shaped
 // by shape and then by the flags.
 func runSeeds(t *testing.T, n int, shape func(*Config)) {
@@ -171,9 +185,10 @@ func runSeeds(t *testing.T, n int, shape func(*Config)) {
 	// A run that exercised nothing proves nothing.
 	lied := DefaultConfig(0)
 	shape(&lied)
+	lied.ForcePromotions = lied.ForcePromotions || *forceFlag
 	if n >= 50 && (total.NewGeneration == 0 || total.StaleRefused == 0 || total.AheadStages == 0 || total.ReadOnly == 0 || total.Deletes == 0 || total.Crashes == 0 ||
 		total.Snapshots == 0 || total.SnapshotDeletes == 0 || total.Restores == 0 || total.Expands == 0 ||
-		n >= 1000 && (total.Promotions == 0 || *forceFlag && total.ForcedPromotions == 0) || total.ReplicasRemoved == 0 ||
+		n >= 1000 && total.Promotions == 0 || lied.ForcePromotions && total.ForcedPromotions == 0 || total.ReplicasRemoved == 0 ||
 		lied.LyingPeers && (total.LiesRefused == 0 || total.Stalls == 0 || total.RollbacksRefused == 0) ||
 		total.WorkLeaseHeld == 0 || lied.Controllers > 1 && total.WorkLeaseHandovers == 0 || n >= 500 && total.DeletedCopiesHidden == 0 || total.SettledRestores == 0 || n >= 500 && total.DeletedInFlight == 0) {
 		t.Errorf("the seeds did not exercise every kind of event: %+v", total)

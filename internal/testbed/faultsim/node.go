@@ -60,6 +60,10 @@ type simNode struct {
 	inc       *incarnation // nil while the process is down
 	incs      int          // incarnations started so far
 	restartAt int          // the step at which a down process starts again
+	// lost are the volumes a promote -force declared it lost for: their
+	// copies are set aside before its process starts again
+	// (returnEmptyHanded).
+	lost []string
 }
 
 // incarnation is one run of a node's zfs-node process.

@@ -501,6 +501,7 @@ func (w *world) reap() {
 func (w *world) restartDue() {
 	for _, n := range w.nodes {
 		if n.inc == nil && n.restartAt <= w.step {
+			w.returnEmptyHanded(n)
 			n.start(context.Background())
 		}
 	}
