@@ -23,7 +23,7 @@ import (
 //	    instance of a write was destroyed);
 //	I3  a copy's generation never goes down, and no two copies are ever
 //	    primary at one generation (but for one the operator forced:
-//	    forcedAt).
+//	    generationsGrow).
 //
 // Besides: a stage that succeeds mounts the newest primary of the volume
 // on any node, down or not (a job never gets a stale copy: what it wrote
@@ -50,8 +50,8 @@ type checker struct {
 	generations map[string]uint64
 	// primaries: by volume ID and generation, the node first seen primary.
 	primaries map[string]string
-	// forced: by volume ID and generation, the generations the operator's
-	// promote -force gave (forcePromote).
+	// forced: by volume ID and generation, the generations first seen on
+	// a primary the operator's promote -force marked (generationsGrow).
 	forced map[string]bool
 	// pending is a violation found between checks.
 	pending error
@@ -244,7 +244,15 @@ func (c *checker) oneWriter(id string) error {
 	return nil
 }
 
-// generationsGrow is I3.
+// generationsGrow is I3. The operator's promote -force gives a
+// generation with the grants of the nodes that answer, not a majority's,
+// on the operator's word that the silent nodes hold nothing newer
+// (docs/safety.md, "Generations"); a majority that never heard of it may
+// give the same generation again, which the controller reports as a
+// conflict and stages neither. So a generation seen on a primary the
+// force marked (copyrecord.PropForced, which a check reads before the
+// node's next beat may clear it) is not held to being given once; every
+// other part of I3, and I1, holds for it.
 func (c *checker) generationsGrow(id string) error {
 	fs := rootDataset + "/" + id
 	for _, n := range c.w.nodes {
@@ -264,6 +272,9 @@ func (c *checker) generationsGrow(id string) error {
 			continue
 		}
 		pkey := fmt.Sprintf("%s@%d", id, gen)
+		if c.user(n, fs, copyrecord.PropForced) == strconv.FormatUint(gen, 10) {
+			c.forced[pkey] = true
+		}
 		if first, ok := c.primaries[pkey]; ok && first != n.id && !c.forced[pkey] {
 			return fmt.Errorf("I3 broken: generation %d of %s was given to the copies on %s and on %s", gen, id, first, n.id)
 		}
@@ -272,15 +283,6 @@ func (c *checker) generationsGrow(id string) error {
 		}
 	}
 	return nil
-}
-
-// forcedAt records a generation the operator's promote -force gave: a
-// majority that never heard of it may give it again, which the
-// controller reports as a conflict and stages neither (docs/safety.md,
-// "Generations"). I3's "given once" does not hold for it; the rest of
-// I3, and I1, do.
-func (c *checker) forcedAt(id string, gen uint64) {
-	c.forced[fmt.Sprintf("%s@%d", id, gen)] = true
 }
 
 // nothingLost is I2 and I4: every write the job saw succeed is in some

@@ -364,7 +364,7 @@ func (w *world) promote(v *simVolume, n *simNode) bool {
 // the nodes that answer know (nothing newer). A forced generation may
 // later be given again by a majority that never heard of it, which the
 // controller reports as a conflict: the checker exempts it from "given
-// once" (checker.forcedAt), and from nothing else.
+// once" (checker.generationsGrow), and from nothing else.
 func (w *world) forcePromote(v *simVolume) {
 	if !v.created || !w.cfg.ForcePromotions {
 		return
@@ -403,7 +403,6 @@ func (w *world) forcePromote(v *simVolume) {
 	if err != nil {
 		return
 	}
-	w.checker.forcedAt(v.id, cp.Generation)
 	w.stats.ForcedPromotions++
 	if slices.Contains(silent, v.alloc) {
 		v.lostFrom, v.alloc = v.alloc, "" // stopped by the operator; Nomad places it again

@@ -44,7 +44,6 @@ type explRun struct {
 	actors     sync.WaitGroup
 	running    int // actors not finished
 	log        hclog.Logger
-	checks     explChecks
 }
 
 // explNote is an actor's line in the trace, after step at.
