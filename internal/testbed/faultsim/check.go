@@ -21,7 +21,8 @@ import (
 //	    snapshot of the volume on some node, until the volume is deleted
 //	    (so nothing acknowledged is lost and no copy holding the only
 //	    instance of a write was destroyed);
-//	I3  a copy's generation never goes down, and no two copies are ever
+//	I3  a copy's generation never goes down while it lives (a copy
+//	    removed and received again is another), and no two copies are ever
 //	    primary at one generation (but for one the operator forced:
 //	    generationsGrow).
 //
@@ -256,14 +257,18 @@ func (c *checker) oneWriter(id string) error {
 func (c *checker) generationsGrow(id string) error {
 	fs := rootDataset + "/" + id
 	for _, n := range c.w.nodes {
+		key := n.id + "/" + id
 		if !slices.Contains(n.pool.Names(), fs) {
+			// A copy removed (remove-replica, a surplus copy) is gone: a
+			// copy received there later is another, from its own first
+			// generation.
+			delete(c.generations, key)
 			continue
 		}
 		role, gen, err := c.label(n, fs)
 		if err != nil {
 			continue // a replica being received carries no label yet
 		}
-		key := n.id + "/" + id
 		if last := c.generations[key]; gen < last {
 			return fmt.Errorf("I3 broken: the copy of %s on %s went from generation %d to %d", id, n.id, last, gen)
 		}

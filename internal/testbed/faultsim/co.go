@@ -344,9 +344,13 @@ func (w *world) promote(v *simVolume, n *simNode) bool {
 	if !v.created {
 		return false
 	}
+	id, ok := w.operatorNames(v)
+	if !ok {
+		return false
+	}
 	ctx, cancel := opContext()
 	defer cancel()
-	cp, err := w.co().mig.Promote(ctx, v.id, n.id, false)
+	cp, err := w.co().mig.Promote(ctx, id, n.id, false)
 	w.tracef("operator: promote %s on %s: generation %d %v", v.name, n.id, cp.Generation, errText(err))
 	if err == nil {
 		w.stats.Promotions++
@@ -459,6 +463,32 @@ func (w *world) returnEmptyHanded(n *simNode) {
 	n.lost = nil
 }
 
+// operatorNames is how the operator names v to a command: by its ID, or
+// half the time by its name, which the CLI resolves among the copies'
+// name labels (operator.ResolveVolume). A label is a peer's word (a
+// lying peer labels replicas of other volumes with v's name: lies), so a
+// name must resolve to v or to nothing: to another volume, the command
+// would act on that one. ok is false when the name resolved to nothing.
+func (w *world) operatorNames(v *simVolume) (id string, ok bool) {
+	// A roll of its own, not the seed's stream: the shapes' other draws
+	// stay as they were.
+	if w.dice.roll("names/"+v.id, uint64(w.step)) < 0.5 {
+		return v.id, true
+	}
+	w.stats.NamedCommands++
+	ctx, cancel := opContext()
+	defer cancel()
+	id, err := operator.ResolveVolume(ctx, w.co().cl, v.name, io.Discard)
+	if err != nil {
+		w.tracef("operator: the name %s resolves to nothing: %v", v.name, errText(err))
+		return "", false
+	}
+	if id != v.id {
+		w.checker.late(fmt.Errorf("the operator's name %s resolved to volume %s, not to %s", v.name, id, v.id))
+	}
+	return id, true
+}
+
 // newestKnown is the highest generation of volume id that node n holds
 // a copy at or promised, read from its pool as the oracle does.
 func (w *world) newestKnown(n *simNode, id string) uint64 {
@@ -479,9 +509,13 @@ func (w *world) removeReplica(v *simVolume, n *simNode) {
 	if !v.created {
 		return
 	}
+	id, ok := w.operatorNames(v)
+	if !ok {
+		return
+	}
 	ctx, cancel := opContext()
 	defer cancel()
-	err := operator.RemoveReplica(ctx, w.co().cl, v.id, n.id, false, io.Discard)
+	err := operator.RemoveReplica(ctx, w.co().cl, id, n.id, false, io.Discard)
 	w.tracef("operator: remove-replica %s on %s: %v", v.name, n.id, errText(err))
 	if err == nil {
 		w.stats.ReplicasRemoved++

@@ -189,7 +189,7 @@ func runSeeds(t *testing.T, n int, shape func(*Config)) {
 	if n >= 50 && (total.NewGeneration == 0 || total.StaleRefused == 0 || total.AheadStages == 0 || total.ReadOnly == 0 || total.Deletes == 0 || total.Crashes == 0 ||
 		total.Snapshots == 0 || total.SnapshotDeletes == 0 || total.Restores == 0 || total.Expands == 0 ||
 		n >= 1000 && total.Promotions == 0 || lied.ForcePromotions && total.ForcedPromotions == 0 || total.ReplicasRemoved == 0 ||
-		lied.LyingPeers && (total.LiesRefused == 0 || total.Stalls == 0 || total.RollbacksRefused == 0) ||
+		lied.LyingPeers && (total.LiesRefused == 0 || total.Stalls == 0 || total.RollbacksRefused == 0 || total.ForgedNames == 0) || total.NamedCommands == 0 ||
 		total.WorkLeaseHeld == 0 || lied.Controllers > 1 && total.WorkLeaseHandovers == 0 || n >= 500 && total.DeletedCopiesHidden == 0 || total.SettledRestores == 0 || n >= 500 && total.DeletedInFlight == 0) {
 		t.Errorf("the seeds did not exercise every kind of event: %+v", total)
 	}

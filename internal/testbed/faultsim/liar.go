@@ -43,6 +43,13 @@ func lies(liar, other string, role string, generation uint64) []lie {
 		// promotion after it would need one above it (issue 35, defect 4).
 		{"a planted replica at the highest generation", func(h *pb.ReceiveHeader) { h.Generation, h.HistoryFrom = replication.MaxGeneration, 1 }, replication.KindFull, codes.FailedPrecondition},
 	}
+	// A name label is the sender's word, and a replica of a volume the
+	// victim never heard of is a push like any other: accepted. What
+	// must not follow it is an operator's command by name
+	// (operatorNames).
+	out = append(out, lie{"a replica of another volume under this one's name", func(h *pb.ReceiveHeader) {
+		h.VolumeId, h.Generation = contract.VolumeIDForName("forged-"+h.VolumeName), 1
+	}, replication.KindFull, codes.OK})
 	switch {
 	case role == contract.RolePrimary:
 		out = append(out, lie{"a full stream over the primary", func(h *pb.ReceiveHeader) { h.Generation = generation + 1 }, replication.KindFull, codes.FailedPrecondition})
@@ -89,6 +96,8 @@ func (w *world) lie(v *simVolume, liar, victim *simNode) {
 	err = w.sendForged(liar, victim, h, streams[l.kind])
 	w.tracef("%s lies to %s about %s: %s: %v", liar.id, victim.id, v.name, l.name, errText(err))
 	switch {
+	case err == nil && l.want == codes.OK:
+		w.stats.ForgedNames++
 	case err == nil:
 		w.checker.late(fmt.Errorf("node %s accepted a lying peer's stream of volume %s (%s)", victim.id, v.id, l.name))
 	case status.Code(err) == l.want:

@@ -204,6 +204,10 @@ type Stats struct {
 	Promotions, ForcedPromotions, ReplicasRemoved int
 	// RollbacksRefused: rollbackLie's incrementals refused.
 	RollbacksRefused int
+	// ForgedNames: replicas a lying peer labelled with another volume's
+	// name; NamedCommands: operator commands that named a volume by its
+	// name (operatorNames).
+	ForgedNames, NamedCommands int
 }
 
 func (s *Stats) Add(o Stats) {
@@ -236,6 +240,8 @@ func (s *Stats) Add(o Stats) {
 	s.ForcedPromotions += o.ForcedPromotions
 	s.ReplicasRemoved += o.ReplicasRemoved
 	s.RollbacksRefused += o.RollbacksRefused
+	s.ForgedNames += o.ForgedNames
+	s.NamedCommands += o.NamedCommands
 }
 
 // Run runs one seed and returns the first invariant it broke, with the
