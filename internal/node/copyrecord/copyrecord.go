@@ -104,6 +104,13 @@ func AsideName(dataset string, t time.Time) string {
 	return fmt.Sprintf("%s-aside-%d", dataset, t.UnixNano())
 }
 
+// SetAsideLabels are the properties that mark a copy set aside at t, set
+// before it is renamed AsideName: read-only, never mounted, kept for an
+// operator.
+func SetAsideLabels(t time.Time) map[string]string {
+	return map[string]string{"readonly": "on", PropRole: contract.RoleSetAside, PropSetAsideAt: t.UTC().Format("2006-01-02T15:04:05Z")}
+}
+
 // TombstoneLabels are the properties that mark a copy deleted at now,
 // set before it is renamed TombstoneName: a tombstone, primary or
 // replica before, is found by its role wherever a crash left it.

@@ -154,7 +154,7 @@ func (r *Receiver) csiSnapshotsLacking(ctx context.Context, snaps []zfscmd.Snap,
 // the operator's zfs destroy would fail.
 func (r *Receiver) setAside(ctx context.Context, name, fs string, log hclog.Logger) error {
 	now := time.Now()
-	props := map[string]string{"readonly": "on", copyrecord.PropRole: contract.RoleSetAside, copyrecord.PropSetAsideAt: now.UTC().Format("2006-01-02T15:04:05Z")}
+	props := copyrecord.SetAsideLabels(now)
 	if err := r.z.Set(ctx, name, props); err != nil {
 		return fmt.Errorf("setting %s aside: %w", name, err)
 	}

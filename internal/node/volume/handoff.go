@@ -392,7 +392,7 @@ func (m *Manager) Demote(ctx context.Context, id string, generation uint64, asid
 		return nil
 	}
 	now := m.now()
-	props := map[string]string{"readonly": "on", copyrecord.PropRole: contract.RoleSetAside, copyrecord.PropSetAsideAt: now.UTC().Format("2006-01-02T15:04:05Z")}
+	props := copyrecord.SetAsideLabels(now)
 	if err := m.zfs.SetProperties(ctx, dataset, props); err != nil {
 		return zfsError(err, "setting volume "+id+" aside")
 	}

@@ -447,9 +447,8 @@ func (w *world) returnEmptyHanded(n *simNode) {
 			if got, ok := copyOf(name); !ok || got != id || strings.Contains(name, "@") || strings.Contains(name, "-aside-") {
 				continue
 			}
-			props := map[string]string{"readonly": "on", copyrecord.PropRole: contract.RoleSetAside}
 			aside := copyrecord.AsideName(name, w.now())
-			err := n.pool.SetProperties(ctx, name, props)
+			err := n.pool.SetProperties(ctx, name, copyrecord.SetAsideLabels(w.now()))
 			if err == nil {
 				err = n.pool.Rename(ctx, name, aside)
 			}
