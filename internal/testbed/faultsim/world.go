@@ -88,8 +88,8 @@ type Config struct {
 	// From rolls of their own, so that a seed's other choices stay.
 	Aliases bool
 	// ForcePromotions lets the operator run promote -force where its
-	// guarantee holds (forcePromote). Not in make test's seeds yet:
-	// docs/safety.md, "The simulation".
+	// guarantee holds (forcePromote): TestSimulationForced, and the
+	// explorer's forced scenario.
 	ForcePromotions bool
 	// SmallBuffers gives every connection gRPC's default 32 KiB buffers
 	// instead of the agent's 1 MiB ones (agent.DialOptions): the
