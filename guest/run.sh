@@ -8,8 +8,10 @@
 # Usage: run.sh [-t SECONDS] [-d SIZE]... [-m MEM] [-r REPO] [-D] [-q] SHARE
 #
 # The console is written to SHARE/console.log (and to stdout unless -q).
-# Every boot is bounded: the guest must show it booted within 60 s (it
-# hangs at boot now and then under TCG; such a boot is retried twice), and
+# Every boot is bounded: the guest must show it booted within 60 s (under
+# TCG it hangs at boot now and then, and its kernel once panicked there in
+# sched_clock_cpu; a boot that fails either way is retried twice, its
+# console kept as SHARE/console-noboot-N.log), and
 # the whole run must end within -t seconds (default 600). A guest whose
 # kernel reports a soft lockup of two minutes or more has wedged emulated
 # CPUs (seen once under TCG, both CPUs spinning for 15 minutes while Nomad
@@ -96,7 +98,10 @@ boot() {
     kill -0 "$pid" 2>/dev/null || break
     sleep 0.5
   done
-  if [ ! -e "$share/booted" ] && kill -0 "$pid" 2>/dev/null; then
+  # A guest that has not booted has run nothing of the test, so any end
+  # before boot (a hang, or a kernel that panicked under TCG) is retried.
+  if [ ! -e "$share/booted" ]; then
+    cp "$share/console.log" "$share/console-noboot-$((++noboots)).log"
     stop_guest "$pid"
     return 75
   fi
@@ -121,13 +126,14 @@ locked_up() {
   grep -qE 'soft lockup - CPU#[0-9]+ stuck for ([0-9]{4,}|[2-9][0-9]{2}|1[2-9][0-9])s' "$1"
 }
 
+noboots=0
 for run in 1 2; do
   for attempt in 1 2 3; do
     args_disks=()
     status=0
     boot || status=$?
     [ "$status" -eq 75 ] || break
-    echo "guest: no boot within 60 s (attempt $attempt); retrying" >&2
+    echo "guest: no boot (a hang of 60 s, or an early end) at attempt $attempt (console kept at $share/console-noboot-$noboots.log); retrying" >&2
     [ "$attempt" -lt 3 ] || { echo "guest: gave up booting; console: $share/console.log" >&2; exit 125; }
   done
   [ "$status" -eq 76 ] || break
