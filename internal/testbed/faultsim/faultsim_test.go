@@ -61,9 +61,10 @@ func TestSimulation(t *testing.T) {
 // more links to cut, and splits shaped by the domains (a majority of one
 // domain cut off from the rest, a minority of all: split.go), which need
 // the seeds to meet a job, a replica and a failover. Every node has a
-// second address and the nodes' peer lists name about half the nodes
-// under both (Config.Aliases): two of five listed twice would make a
-// majority of addresses out of a minority of nodes. Replay a failure with -run
+// second address, the nodes' peer lists name about half the nodes under
+// both and the controller's two of them (Config.Aliases): two of five
+// listed twice would make a majority of addresses out of a minority of
+// nodes. Replay a failure with -run
 // 'TestSimulation$' -seed N -nodes 5 -volumes 3 -domains 2 -aliases -v.
 func TestSimulationFiveNodes(t *testing.T) {
 	t.Parallel()

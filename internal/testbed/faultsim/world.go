@@ -83,8 +83,10 @@ type Config struct {
 	NodePeers func(node string, all []string) []string
 	// Aliases gives every node a second address (its name with a "b"),
 	// as a host listed by name and by IP has, and lists about half the
-	// nodes under both in each node's peers: the leases must count
-	// nodes, not addresses (docs/safety.md, "Nodes, not addresses").
+	// nodes under both in each node's peers and two of them in the
+	// controller's: the leases, reservations and the work lease must
+	// count nodes, not addresses (docs/safety.md, "Nodes, not
+	// addresses").
 	// From rolls of their own, so that a seed's other choices stay.
 	Aliases bool
 	// ForcePromotions lets the operator run promote -force where its
@@ -356,14 +358,24 @@ func newWorld(cfg Config) *world {
 }
 
 // addAliases gives each node its second address (Config.Aliases). The
-// nodes' peer lists name some nodes under it (simNode.config); the
-// controller's does not: it counts every address that does not answer
-// as a node, so a node listed twice that is down counts twice there.
-// That only makes its majorities harder (safe), and in the five-node
-// runs it left no seed a snapshot deleted while a node was away.
+// nodes' peer lists name some nodes under it (simNode.config), and the
+// controller's names two nodes under both: two is the fewest with which
+// counting addresses makes a majority of a minority of five (two nodes,
+// both listed twice, are four of seven addresses), so a controller that
+// kept both answers of a node (cluster.oncePerNode) could reserve or
+// hold the work lease on a minority. No more than two: the controller
+// counts an address that never answered as a node of its own, so each
+// alias of a node that is down makes its majorities harder (safe, but
+// with about half the nodes aliased the five-node runs left no seed a
+// snapshot deleted while a node was away).
 func (w *world) addAliases() {
 	for _, n := range w.nodes {
 		w.net.alias(aliasOf(n.id), n.id)
+	}
+	first := int(w.dice.roll("alias/controller", 0) * float64(len(w.nodes)))
+	second := (first + 1 + int(w.dice.roll("alias/controller", 1)*float64(len(w.nodes)-1))) % len(w.nodes)
+	for _, i := range []int{first, second} {
+		w.peers.all = append(w.peers.all, "passthrough:///"+addrOf(aliasOf(w.nodes[i].id)))
 	}
 }
 
