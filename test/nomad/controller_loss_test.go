@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/config"
 )
 
 // Losing the client of the controller instance that holds the work lease
@@ -242,15 +244,16 @@ func (e *e2e) runCounterNear(volume, node string) allocation {
 	return a
 }
 
-// timedFailover kills the job's node and waits for the job elsewhere with
-// its data; it returns the time from the kill to the job ready, and the
-// allocation.
-func (e *e2e) timedFailover(volume string, before allocation) (time.Duration, allocation) {
+// timedFailover loses the job's node (lose: killNode, or a cut-off that
+// the job's disconnect block must end) and waits for the job elsewhere
+// with its data; it returns the time from the loss to the job ready, and
+// the allocation.
+func (e *e2e) timedFailover(volume string, before allocation, lose func(allocation)) (time.Duration, allocation) {
 	e.t.Helper()
 	e.backup(e.externalID(volume)) // what a failover keeps is what was replicated
 	e.waitForDeployment("counter")
 	began := time.Now()
-	e.killNode(before.node)
+	lose(before)
 	after := e.waitForCounter(before.id)
 	took := time.Since(began)
 	e.logFailedAllocations()
@@ -261,8 +264,9 @@ func (e *e2e) timedFailover(volume string, before allocation) (time.Duration, al
 // failoverWithAndWithoutTheHolder runs two automatic failovers of one
 // volume in one run: first the client running the job and the controller
 // instance holding the work lease dies (and comes back), then a client
-// running the job and no controller instance dies. It returns the node
-// the second killed, which stays dead.
+// running the job and no controller instance is cut off with its
+// zfs-node down, and dies once its task stopped. It returns the node of
+// the second, which stays dead.
 func (e *e2e) failoverWithAndWithoutTheHolder() string {
 	e.t.Helper()
 	spec := strings.NewReplacer(`"web-data"`, `"web-data-auto"`, `failover = "manual"`, `failover = "auto"`).
@@ -275,7 +279,7 @@ func (e *e2e) failoverWithAndWithoutTheHolder() string {
 	holder := e.waitForWorkLeaseHolder()
 	before := e.runCounterNear("web-data-auto", holder)
 	controllers := e.controllers()
-	withHolder, after := e.timedFailover("web-data-auto", before)
+	withHolder, after := e.timedFailover("web-data-auto", before, func(a allocation) { e.killNode(a.node) })
 	e.tell("FIGURE failover, the lost client ran the work lease's holder: %s (node %s killed to the job ready on %s; %s)",
 		withHolder.Round(100*time.Millisecond), holder, after.node, controllers)
 	e.reviveNode(holder)
@@ -294,9 +298,61 @@ func (e *e2e) failoverWithAndWithoutTheHolder() string {
 	}
 	before = e.runCounterNear("web-data-auto", victim)
 	controllers = e.controllers()
-	without, after := e.timedFailover("web-data-auto", before)
-	e.tell("FIGURE failover, the lost client ran no controller instance: %s (node %s killed to the job ready on %s; %s)",
+	without, after := e.timedFailover("web-data-auto", before, e.cutOffWithItsNodePluginDown)
+	e.tell("FIGURE failover, the lost client ran no controller instance: %s (node %s cut off to the job ready on %s; %s)",
 		without.Round(100*time.Millisecond), victim, after.node, controllers)
 	e.tell("FIGURE failover with the work lease's holder lost / with no controller lost: %.2f", withHolder.Seconds()/without.Seconds())
 	return victim
+}
+
+// cutOffWithItsNodePluginDown cuts the link of a's node while its Nomad
+// client and the job's task run on, and keeps its zfs-node down. Nothing
+// of the driver can fence the task's mount then: only the job's
+// disconnect block (stop_on_client_after, guarantee 4 of docs/install.md)
+// stops the task writing, and it must do so before a failover can make
+// another copy writable. That is no earlier than lease + lease_margin
+// after the node's last majority, which may be up to a ping interval
+// (lease/4) before the cut. Once the task is gone every process of the
+// node is killed, as killNode leaves it.
+func (e *e2e) cutOffWithItsNodePluginDown(a allocation) {
+	e.t.Helper()
+	n := e.node(a.node)
+	defaults := config.DefaultNode()
+	lease, margin := time.Duration(defaults.Lease), time.Duration(defaults.LeaseMargin)
+	earliestPromotion := lease + margin - lease/4
+	// What the checks below look for must be there to begin with.
+	if len(taskProcesses(n, a.id)) == 0 {
+		e.t.Fatalf("no process of allocation %s found on %s: the check of its stop would pass by itself", a.id, a.node)
+	}
+	e.tell("%s is cut off with its zfs-node down: its Nomad client and the job's task run on", a.node)
+	began := time.Now()
+	if err := n.CutLink(); err != nil {
+		e.t.Fatal(err)
+	}
+	if killCommand(n, "zfs-node") == 0 {
+		e.t.Fatalf("no zfs-node process found on %s to kill", a.node)
+	}
+	// Nomad's client restarts the plugin's task on its own, cut off or
+	// not: kill every zfs-node that starts until the task is gone.
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		for {
+			killCommand(n, "zfs-node")
+			select {
+			case <-done:
+				return
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	}()
+	e.eventually(earliestPromotion, "the task of allocation "+a.id+" on the cut-off "+a.node+" stopped by its disconnect block", func() error {
+		if pids := taskProcesses(n, a.id); len(pids) > 0 {
+			return fmt.Errorf("its processes %v still run", pids)
+		}
+		return nil
+	})
+	e.tell("FIGURE a cut-off client's task stopped by stop_on_client_after %s after the cut (its zfs-node down; no failover can promote before %s)",
+		time.Since(began).Round(time.Second), earliestPromotion)
+	e.eventually(10*time.Second, "every process on "+a.node+" killed", func() error { return killAll(n) })
 }

@@ -1142,17 +1142,23 @@ func (e *e2e) operatorArgs(command string, args ...string) []string {
 func (e *e2e) killNode(name string) {
 	e.t.Helper()
 	e.tell("%s dies: its link goes down and every process on it (Nomad client, plugins, the job) is killed", name)
+	n := e.node(name)
+	if err := n.CutLink(); err != nil {
+		e.t.Fatal(err)
+	}
+	e.eventually(10*time.Second, "every process on "+name+" killed", func() error { return killAll(n) })
+}
+
+// node is the guest cluster's node of that name.
+func (e *e2e) node(name string) *guestcluster.Node {
+	e.t.Helper()
 	for _, n := range e.c.Nodes {
-		if n.ID != name {
-			continue
+		if n.ID == name {
+			return n
 		}
-		if err := n.CutLink(); err != nil {
-			e.t.Fatal(err)
-		}
-		e.eventually(10*time.Second, "every process on "+name+" killed", func() error { return killAll(n) })
-		return
 	}
 	e.t.Fatalf("no node %s", name)
+	return nil
 }
 
 // stop ends Nomad and everything it started, before the cluster's pools
@@ -1221,6 +1227,36 @@ func nodeProcesses(n *guestcluster.Node) ([]int, error) {
 		found = append(found, children[found[i]]...)
 	}
 	return found, nil
+}
+
+// killCommand kills a node's processes that run command, and says how
+// many it killed.
+func killCommand(n *guestcluster.Node, command string) int {
+	pids, _ := nodeProcesses(n)
+	killed := 0
+	for _, pid := range pids {
+		if comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid)); err == nil && strings.TrimSpace(string(comm)) == command {
+			if syscall.Kill(pid, syscall.SIGKILL) == nil {
+				killed++
+			}
+		}
+	}
+	return killed
+}
+
+// taskProcesses are a node's processes of the Nomad allocation allocID:
+// those whose environment names it, as Nomad sets NOMAD_ALLOC_ID in every
+// task's.
+func taskProcesses(n *guestcluster.Node, allocID string) []int {
+	pids, _ := nodeProcesses(n)
+	var found []int
+	for _, pid := range pids {
+		env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+		if err == nil && slices.Contains(strings.Split(string(env), "\x00"), "NOMAD_ALLOC_ID="+allocID) {
+			found = append(found, pid)
+		}
+	}
+	return found
 }
 
 func (e *e2e) showLogs() {
