@@ -93,10 +93,8 @@ guest-image-trixie: deps ## build (or find cached) the Debian 13 guest image, Op
 OUTSIDE_MAKE_TEST := ^TestNomadRawExec$$
 # The Nomad end-to-end test (test/nomad) needs a Nomad binary: hack/nomad.sh
 # builds it once (about 12 min) and prints its cached path.
-test: deps prepare check race ## everything: checks, the race detector, the images, unit tests, real-ZFS tests, csi-sanity and Nomad end to end in the guest, then test-trixie-conformance (within CI's 90 min: docs/testing.md)
-	nomad=$$(./hack/nomad.sh) && ZFS_NOMAD_NOMAD=$$nomad ZFS_NOMAD_IMAGES=$(IMAGES_DIR) go test -p 1 -count=1 -timeout $(GO_TEST_TIMEOUT) -skip '$(OUTSIDE_MAKE_TEST)' ./...
-	go test -count=1 -tags openzfs_2_2 ./internal/node/zfs/libzfs
-	$(MAKE) --no-print-directory test-trixie-conformance
+test: deps prepare ## everything: checks, the race detector, the images, unit tests, real-ZFS tests, csi-sanity and Nomad end to end in the guest, then test-trixie-conformance; host and guest work side by side (hack/test.sh; within CI's 90 min: docs/testing.md)
+	nomad=$$(./hack/nomad.sh) && ZFS_NOMAD_NOMAD=$$nomad ZFS_NOMAD_IMAGES=$(IMAGES_DIR) GO_TEST_TIMEOUT=$(GO_TEST_TIMEOUT) OUTSIDE_MAKE_TEST='$(OUTSIDE_MAKE_TEST)' ./hack/test.sh
 
 # The guest packages again on Debian 13's OpenZFS 2.3 (zfs-node built
 # against its libzfs, with the openzfs_2_2 build: docs/architecture.md,
