@@ -33,7 +33,9 @@ idle=(chrt -i 0)
 began=$SECONDS
 (
   "${idle[@]}" make --no-print-directory check race unit
-  echo "host lane: exit $? after $((SECONDS - began)) s"
+  status=$?
+  echo "host lane: exit $status after $((SECONDS - began)) s"
+  exit "$status"
 ) >"$host_log" 2>&1 &
 host=$!
 
@@ -53,7 +55,6 @@ echo "guest lane: exit $guest_status after $((SECONDS - began)) s"
 
 host_status=0
 wait "$host" || host_status=1
-grep -q '^host lane: exit 0 ' "$host_log" || host_status=1
 echo "---- the host lane (make check race unit) ----"
 cat "$host_log"
 [ "$guest_status" -eq 0 ] && [ "$host_status" -eq 0 ]

@@ -136,33 +136,27 @@ func (e *e2e) waitForMoveUnderWay(before map[string]int) string {
 func (e *e2e) reviveNode(name string) {
 	e.t.Helper()
 	began := time.Now()
-	for _, n := range e.c.Nodes {
-		if n.ID != name {
-			continue
-		}
-		if err := n.RestoreLink(); err != nil {
-			e.t.Fatal(err)
-		}
-		if e.flavour.docker {
-			e.procs = append(e.procs, e.startDockerd(n))
-			if err := waitForDocker(dockerSocket(n)); err != nil {
-				e.t.Fatal(err)
-			}
-		}
-		p, err := n.StartProcess("nomad-"+n.ID, filepath.Join(e.bin, "nomad"), "agent", "-config", e.writeFile("client-"+n.ID+".hcl", e.clientConfig(n)))
-		if err != nil {
-			e.t.Fatal(err)
-		}
-		e.procs = append(e.procs, p)
-		e.waitForPlugins(3, "")
-		e.waitForChecks("zfs-nomad-node-metrics", 3)
-		e.waitForChecks("zfs-nomad-controller-metrics", 2)
-		e.spreadControllers()
-		e.waitForControllerRecords(2)
-		e.tell("%s is back: its Nomad client and plugins run again (%s)", name, time.Since(began).Round(100*time.Millisecond))
-		return
+	n := e.node(name)
+	if err := n.RestoreLink(); err != nil {
+		e.t.Fatal(err)
 	}
-	e.t.Fatalf("no node %s", name)
+	if e.flavour.docker {
+		e.procs = append(e.procs, e.startDockerd(n))
+		if err := waitForDocker(dockerSocket(n)); err != nil {
+			e.t.Fatal(err)
+		}
+	}
+	p, err := n.StartProcess("nomad-"+n.ID, filepath.Join(e.bin, "nomad"), "agent", "-config", e.writeFile("client-"+n.ID+".hcl", e.clientConfig(n)))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.procs = append(e.procs, p)
+	e.waitForPlugins(3, "")
+	e.waitForChecks("zfs-nomad-node-metrics", 3)
+	e.waitForChecks("zfs-nomad-controller-metrics", 2)
+	e.spreadControllers()
+	e.waitForControllerRecords(2)
+	e.tell("%s is back: its Nomad client and plugins run again (%s)", name, time.Since(began).Round(100*time.Millisecond))
 }
 
 // spreadControllers puts the controller instances on two clients again
@@ -354,5 +348,5 @@ func (e *e2e) cutOffWithItsNodePluginDown(a allocation) {
 	})
 	e.tell("FIGURE a cut-off client's task stopped by stop_on_client_after %s after the cut (its zfs-node down; no failover can promote before %s)",
 		time.Since(began).Round(time.Second), earliestPromotion)
-	e.eventually(10*time.Second, "every process on "+a.node+" killed", func() error { return killAll(n) })
+	e.killEveryProcess(n)
 }

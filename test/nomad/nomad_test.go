@@ -1146,7 +1146,14 @@ func (e *e2e) killNode(name string) {
 	if err := n.CutLink(); err != nil {
 		e.t.Fatal(err)
 	}
-	e.eventually(10*time.Second, "every process on "+name+" killed", func() error { return killAll(n) })
+	e.killEveryProcess(n)
+}
+
+// killEveryProcess kills every process of node n, as when its machine
+// dies, and waits until none is left.
+func (e *e2e) killEveryProcess(n *guestcluster.Node) {
+	e.t.Helper()
+	e.eventually(10*time.Second, "every process on "+n.ID+" killed", func() error { return killAll(n) })
 }
 
 // node is the guest cluster's node of that name.
