@@ -91,10 +91,12 @@ guest-image-trixie: deps ## build (or find cached) the Debian 13 guest image, Op
 # OUTSIDE_MAKE_TEST: tests make test skips to stay within CI's 90 minutes
 # (docs/testing.md, "What make test leaves out"); make test-nomad runs it.
 OUTSIDE_MAKE_TEST := ^TestNomadRawExec$$
-# The Nomad end-to-end test (test/nomad) needs a Nomad binary: hack/nomad.sh
-# builds it once (about 12 min) and prints its cached path.
-test: deps prepare ## everything: checks, the race detector, the images, unit tests, real-ZFS tests, csi-sanity and Nomad end to end in the guest, then test-trixie-conformance; host and guest work side by side (hack/test.sh; within CI's 90 min: docs/testing.md)
-	nomad=$$(./hack/nomad.sh) && ZFS_NOMAD_NOMAD=$$nomad ZFS_NOMAD_IMAGES=$(IMAGES_DIR) GO_TEST_TIMEOUT=$(GO_TEST_TIMEOUT) OUTSIDE_MAKE_TEST='$(OUTSIDE_MAKE_TEST)' ./hack/test.sh
+# The guest images are built (or found) first, side by side; Nomad and the
+# plugin images, which only test/nomad needs, are built beside the guest
+# tests at the idle CPU priority (hack/test.sh says why).
+test: deps ## everything: checks, the race detector, the images, unit tests, real-ZFS tests, csi-sanity, test-trixie-conformance and Nomad end to end in the guest; host and guest work side by side (hack/test.sh; within CI's 90 min: docs/testing.md)
+	./hack/prepare.sh guest-bookworm guest-trixie
+	VERSION=$(VERSION) ARCHIVE_DIR=$(IMAGES_DIR) ZFS_NOMAD_IMAGES=$(IMAGES_DIR) GO_TEST_TIMEOUT=$(GO_TEST_TIMEOUT) OUTSIDE_MAKE_TEST='$(OUTSIDE_MAKE_TEST)' ./hack/test.sh
 
 # The guest packages again on Debian 13's OpenZFS 2.3 (zfs-node built
 # against its libzfs, with the openzfs_2_2 build: docs/architecture.md,

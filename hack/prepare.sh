@@ -13,6 +13,11 @@
 # overlap the compiles. Each build keeps its own lock and cache key, so a
 # warm run is a few cache lookups. A build that fails fails the whole,
 # with its log's tail; each build's time is printed when it built.
+#
+# Usage: hack/prepare.sh [BUILD...], BUILD one of guest-bookworm,
+# guest-trixie, nomad, images (all four when none is named). make test
+# builds the guest images here and Nomad and the plugin images beside its
+# guest tests (hack/test.sh says why).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/.." && pwd)
@@ -31,10 +36,17 @@ start() { # start NAME COMMAND...
   pids[$name]=$!
 }
 
-start guest-bookworm env ZFS_NOMAD_GUEST=bookworm "$repo/guest/image.sh" -D
-start guest-trixie env ZFS_NOMAD_GUEST=trixie "$repo/guest/image.sh"
-start nomad "$here/nomad.sh"
-[ -n "${ARCHIVE_DIR:-}" ] && start images "$here/images.sh"
+builds=("$@")
+[ ${#builds[@]} -gt 0 ] || builds=(guest-bookworm guest-trixie nomad images)
+for build in "${builds[@]}"; do
+  case "$build" in
+    guest-bookworm) start guest-bookworm env ZFS_NOMAD_GUEST=bookworm "$repo/guest/image.sh" -D ;;
+    guest-trixie) start guest-trixie env ZFS_NOMAD_GUEST=trixie "$repo/guest/image.sh" ;;
+    nomad) start nomad "$here/nomad.sh" ;;
+    images) [ -z "${ARCHIVE_DIR:-}" ] || start images "$here/images.sh" ;;
+    *) echo "prepare: no build named $build (guest-bookworm, guest-trixie, nomad, images)" >&2; exit 2 ;;
+  esac
+done
 
 # Each build is reported as it ends.
 failed=0

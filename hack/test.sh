@@ -1,39 +1,51 @@
 #!/usr/bin/env bash
-# make test after make prepare: two lanes side by side.
+# make test after the guest images are built: two lanes side by side.
 #
 # The guest lane, in the foreground: the packages whose tests boot a ZFS
 # guest (their tests call guesttest.Main or guesttest.MainPhases), one
-# guest at a time, then the shim build's libzfs tests and the Debian 13
-# conformance. A guest under TCG keeps QEMU at about one to one and a half
-# of the two cores: most of a guest test's time is waiting (leases,
+# guest at a time, then the shim build's libzfs tests, the Debian 13
+# conformance, and last test/nomad, the one package that needs Nomad and
+# the plugin images. A guest under TCG keeps QEMU at about one to one and
+# a half of the two cores: most of a guest test's time is waiting (leases,
 # retries, throttled streams), not CPU.
 #
-# The host lane, beside it at the idle CPU priority (SCHED_IDLE): make
-# check, make race and make unit (the host packages, the fault simulation
-# among them). It runs on the CPU the guest leaves idle and yields the
-# moment QEMU wants it. Measured on 2 cores (docs/testing.md, "Two
-# lanes"): three guest tests took 146 s alone and 157 s beside the
-# simulation, which meanwhile did three quarters of what it does alone.
-# Two guests side by side, by contrast, slow each other to half speed.
+# The host lane, beside it at the idle CPU priority (SCHED_IDLE): first
+# Nomad and the plugin images (hack/prepare.sh nomad images: on a fresh
+# machine a long Go build and a debootstrap, found in the cache on a warm
+# one), then make check, make race and make unit (the host packages, the
+# fault simulation among them). It runs on the CPU the guest leaves idle
+# and yields the moment QEMU wants it. Measured on 2 cores
+# (docs/testing.md, "Two lanes"): three guest tests took 146 s alone and
+# 157 s beside the simulation, which meanwhile did three quarters of what
+# it does alone. Two guests side by side, by contrast, slow each other to
+# half speed, and a guest image's kernel module build beside a guest
+# costs the guest as much as it gains: those stay before the lanes.
 #
-# The host lane's output is kept and printed once the guest lane ends.
-# Either lane failing fails the whole.
+# test/nomad waits for the host lane's Nomad and images. The host lane's
+# output is kept and printed once the guest lane ends. Either lane failing
+# fails the whole.
 #
-# Usage: hack/test.sh (make test sets ZFS_NOMAD_NOMAD, ZFS_NOMAD_IMAGES,
-# GO_TEST_TIMEOUT and OUTSIDE_MAKE_TEST).
+# Usage: hack/test.sh (make test sets VERSION, ARCHIVE_DIR,
+# ZFS_NOMAD_IMAGES, GO_TEST_TIMEOUT and OUTSIDE_MAKE_TEST).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/.."
 
-host_log=$(mktemp "${TMPDIR:-/tmp}/zfs-nomad-host-lane.XXXXXX")
-trap 'rm -f "$host_log"' EXIT
+lanes=$(mktemp -d "${TMPDIR:-/tmp}/zfs-nomad-lanes.XXXXXX")
+trap 'rm -rf "$lanes"' EXIT
+host_log=$lanes/host.log
+tools_status=$lanes/tools.status # written once Nomad and the images are built
 
 idle=(chrt -i 0)
 "${idle[@]}" true 2>/dev/null || idle=(nice -n 19)
+command -v ionice >/dev/null && idle+=(ionice -c 3)
 began=$SECONDS
 (
+  "${idle[@]}" ./hack/prepare.sh nomad images
+  echo $? >"$tools_status"
   "${idle[@]}" make --no-print-directory check race unit
   status=$?
+  [ "$(cat "$tools_status")" = 0 ] || status=1
   echo "host lane: exit $status after $((SECONDS - began)) s"
   exit "$status"
 ) >"$host_log" 2>&1 &
@@ -47,14 +59,28 @@ mapfile -t guest_packages < <(
 )
 [ "${#guest_packages[@]}" -gt 0 ] || { echo "hack/test.sh: no guest packages found" >&2; exit 1; }
 
+nomad_package=$(go list ./test/nomad)
+mapfile -t guest_packages < <(printf '%s\n' "${guest_packages[@]}" | grep -vxF "$nomad_package")
+go_test() { go test -p 1 -count=1 -timeout "${GO_TEST_TIMEOUT:-45m}" -skip "${OUTSIDE_MAKE_TEST:-^$}" "$@"; }
+
 guest_status=0
-go test -p 1 -count=1 -timeout "${GO_TEST_TIMEOUT:-45m}" -skip "${OUTSIDE_MAKE_TEST:-^$}" "${guest_packages[@]}" || guest_status=1
+go_test "${guest_packages[@]}" || guest_status=1
 go test -count=1 -tags openzfs_2_2 ./internal/node/zfs/libzfs || guest_status=1
 make --no-print-directory test-trixie-conformance || guest_status=1
+
+waited=$SECONDS
+until [ -s "$tools_status" ] || ! kill -0 "$host" 2>/dev/null; do sleep 5; done
+[ $((SECONDS - waited)) -lt 5 ] || echo "guest lane: waited $((SECONDS - waited)) s for Nomad and the plugin images"
+if [ "$(cat "$tools_status" 2>/dev/null)" = 0 ]; then
+  nomad=$(./hack/nomad.sh) && ZFS_NOMAD_NOMAD=$nomad go_test "$nomad_package" || guest_status=1
+else
+  echo "guest lane: Nomad or the plugin images failed to build (the host lane's log below): test/nomad not run" >&2
+  guest_status=1
+fi
 echo "guest lane: exit $guest_status after $((SECONDS - began)) s"
 
 host_status=0
 wait "$host" || host_status=1
-echo "---- the host lane (make check race unit) ----"
+echo "---- the host lane (Nomad and the plugin images, make check race unit) ----"
 cat "$host_log"
 [ "$guest_status" -eq 0 ] && [ "$host_status" -eq 0 ]
