@@ -12,7 +12,7 @@
 # Usage: build-rootfs.sh RELEASE OUT
 #
 # Slow (about 15 min, mostly dkms). guest/image.sh calls it only when the
-# cache keyed by this recipe's hash is empty. See docs/guest.md.
+# cache keyed by this recipe's hash is empty. See docs/testing.md.
 set -euo pipefail
 
 release=${1:?usage: build-rootfs.sh RELEASE OUT}
@@ -47,6 +47,13 @@ chmod +x "$chroot_dir/usr/sbin/policy-rc.d"
 for m in proc sys dev; do mount --bind "/$m" "$chroot_dir/$m"; done
 
 in_chroot() { chroot "$chroot_dir" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin DEBIAN_FRONTEND=noninteractive "$@"; }
+
+# The chroot's own initramfs is never used: the guest's is build-image.sh's,
+# from the chroot's files. The kernel's and OpenZFS's packages would build
+# it twice, about a minute of CPU each, so update-initramfs is diverted to
+# a no-op before they are installed.
+in_chroot dpkg-divert --quiet --local --rename --divert /usr/sbin/update-initramfs.distrib --add /usr/sbin/update-initramfs
+ln -s /bin/true "$chroot_dir/usr/sbin/update-initramfs"
 
 log "installing kernel and tools"
 in_chroot apt-get update -qq
