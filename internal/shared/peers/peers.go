@@ -36,7 +36,7 @@ func (s Static) Peers() ([]string, error) { return s, nil }
 // File reads agent addresses from a file, one host:port per line
 // ('#' starts a comment), and re-reads it when it changes. Under Nomad a
 // template block renders it from native service discovery, so the plugin
-// needs no Nomad API token (see nomad/ and docs/discovery.md).
+// needs no Nomad API token (see nomad/ and docs/install.md).
 type File struct {
 	Path string
 
