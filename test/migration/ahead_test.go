@@ -24,8 +24,13 @@ import (
 // stage mounts the volume with every file.
 func TestAMoveGrantedAheadOutlivesItsController(t *testing.T) {
 	e := start(t)
-	e.throttle("n1", "5M") // 150 MiB at 5 MiB/s: half a minute of catch-up
-	id, dir := e.createWritten("granted", nil, guesttest.RandomFile("blob", 150)+" && echo end > z")
+	// 48 MiB at 3 MiB/s: a catch-up of 16 s, granted ahead at the first
+	// retry (within the shipped two minutes) and killed well before its
+	// end. The stage is mounted about 40 s after the kill however long
+	// the catch-up: the dead instance's grants run out, then the stage
+	// waits AdoptAwaitedAfter.
+	e.throttle("n1", "3M")
+	id, dir := e.createWritten("granted", nil, guesttest.RandomFile("blob", 48)+" && echo end > z")
 	before := e.checksums("n1", dir)
 	e.unpublish(id, "n1")
 
@@ -65,12 +70,12 @@ func TestAMoveGrantedAheadOutlivesItsController(t *testing.T) {
 // the volume with every file.
 func TestARetryOnAnotherInstanceFollowsTheMove(t *testing.T) {
 	e := start(t)
-	// 100 MiB at 2 MiB/s: about 50 s. The second instance grants ahead
+	// 64 MiB at 2 MiB/s: about 32 s. The second instance grants ahead
 	// only within the last 20 s (the shipped two minutes would grant at
-	// its first estimate), so its refusals before that show what it
+	// its first estimate), so its refusals in the first 12 s show what it
 	// reports of the running push.
 	e.throttle("n1", "2M")
-	id, dir := e.createWritten("followed", nil, guesttest.RandomFile("blob", 100)+" && echo end > z")
+	id, dir := e.createWritten("followed", nil, guesttest.RandomFile("blob", 64)+" && echo end > z")
 	before := e.checksums("n1", dir)
 	e.unpublish(id, "n1")
 	_, endpoint, err := e.c.StartControllerInstance(2, "-move-publish-ahead", "20s")

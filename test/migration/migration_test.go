@@ -741,8 +741,8 @@ func TestInterruptedMoves(t *testing.T) {
 // stream's own CPU slows every call beside it.)
 func TestCatchUpBlocksNoOtherVolume(t *testing.T) {
 	e := start(t)
-	e.throttle("n1", "10M") // 150 MiB at 10 MiB/s: about fifteen seconds of catch-up
-	id, dir := e.createWritten("bulk", nil, guesttest.RandomFile("blob", 150)+" && echo end > z")
+	e.throttle("n1", "3M") // 48 MiB at 3 MiB/s: about sixteen seconds of catch-up
+	id, dir := e.createWritten("bulk", nil, guesttest.RandomFile("blob", 48)+" && echo end > z")
 	before := e.checksums("n1", dir)
 	e.unpublish(id, "n1")
 
@@ -750,7 +750,7 @@ func TestCatchUpBlocksNoOtherVolume(t *testing.T) {
 	_, err := e.controller().ControllerPublishVolume(e.ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: "n2", VolumeCapability: writer})
 	answered := time.Since(began)
 	if !guestcluster.CatchingUp(err) || answered > 15*time.Second {
-		t.Fatalf("publish of a 150 MiB volume on a node without it: %v after %s, want FailedPrecondition (catching up) within seconds", err, answered)
+		t.Fatalf("publish of a 48 MiB volume on a node without it: %v after %s, want FailedPrecondition (catching up) within seconds", err, answered)
 	}
 	t.Logf("the move's first publish answered after %s: %v", answered.Round(time.Millisecond), err)
 	began = time.Now()
