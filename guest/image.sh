@@ -35,6 +35,14 @@ complete() { [ -s "$guest/initrd.gz" ] && { [ -z "$docker" ] || [ -s "$guest/ini
 if [ "$want" = image ] && complete; then echo "$guest"; exit 0; fi
 if [ "$want" = chroot ] && [ -e "$rootfs/.complete" ]; then echo "$rootfs"; exit 0; fi
 
+# A build step's progress lines (stderr) carry the seconds since this
+# build began, so that a cold run's log shows where its time went
+# (hack/prepare.sh prints them).
+began=$(date +%s)
+stamped() {
+  "$@" 2> >(while IFS= read -r line; do printf '[%5d s] %s\n' $(($(date +%s) - began)) "$line"; done >&2)
+}
+
 mkdir -p "$cache"
 # One build per release at a time; the two releases build side by side
 # (hack/prepare.sh): their chroots, images and temporary trees are apart.
@@ -47,7 +55,7 @@ ensure_rootfs() {
   # A killed earlier build may have left its bind mounts behind: never delete through them.
   for m in proc sys dev; do umount -l "$rootfs/$m" 2>/dev/null || true; done
   rm -rf --one-file-system "$rootfs"
-  "$here/build-rootfs.sh" "$release" "$rootfs"
+  stamped "$here/build-rootfs.sh" "$release" "$rootfs"
   touch "$rootfs/.complete"
 }
 if [ "$want" = chroot ]; then
@@ -61,7 +69,7 @@ build_stage() {
   [ -s "$1/$2" ] && return
   ensure_rootfs
   rm -rf "$1.tmp"
-  "$3" "$rootfs" "$1.tmp"
+  stamped "$3" "$rootfs" "$1.tmp"
   rm -rf "$1" && mv "$1.tmp" "$1"
 }
 build_stage "$image" base.cpio.gz "$here/build-image.sh"

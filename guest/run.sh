@@ -66,6 +66,8 @@ args=(
 # the guest's Go processes read the clock all the time). Under TCG every
 # vCPU's TSC is QEMU's one monotonic clock, so it is reliable.
 cmdline="console=ttyS0 quiet panic=-1 tsc=reliable clocksource=tsc"
+# ZFS_GUEST_APPEND adds to the kernel's command line, for experiments.
+cmdline+=${ZFS_GUEST_APPEND:+ $ZFS_GUEST_APPEND}
 if [ -n "$repo" ]; then
   repo=$(cd "$repo" && pwd)
   args+=(-virtfs "local,path=$repo,mount_tag=repo,security_model=none,readonly=on")

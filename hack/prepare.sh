@@ -58,8 +58,12 @@ while [ ${#pids[@]} -gt 0 ]; do
     unset "pids[$name]"
     if [ "$rc" -eq 0 ]; then
       took=$(cat "$logs/$name.took")
-      # A cache hit takes no time worth a line; a build says how long it took.
-      [ "$took" -lt 5 ] || echo "prepare: $name built in ${took}s" >&2
+      # A cache hit takes no time worth a line; a build says how long it
+      # took, and a guest image's build where (its stamped steps).
+      if [ "$took" -ge 5 ]; then
+        echo "prepare: $name built in ${took}s" >&2
+        grep -E '^\[ *[0-9]+ s\]' "$logs/$name.log" | sed "s/^/prepare: $name /" >&2 || true
+      fi
     else
       failed=1
       echo "prepare: $name failed; the end of its log:" >&2
