@@ -596,7 +596,53 @@ func (n *Node) Start() error {
 		return err
 	}
 	n.Process = p
-	return waitForSocket(n.CSIEndpoint, p)
+	if err := waitForSocket(n.CSIEndpoint, p); err != nil {
+		return err
+	}
+	return waitForListener(n.host.Pid(), n.AgentAddress, p)
+}
+
+// waitForListener waits until a socket listens on addr's port in the
+// network namespace of process pid. A node's CSI socket answering does
+// not mean its agent port does (a test once dialed the agent right after
+// a restart and was refused), and the agent's port is where the
+// controller and the tests reach it. /proc/PID/net/tcp is read rather
+// than the port dialed (tcp and tcp6): it answers in the node's own
+// namespace, also while the node's link is cut.
+func waitForListener(pid int, addr string, p *Process) error {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return err
+	}
+	n, err := strconv.Atoi(port)
+	if err != nil {
+		return fmt.Errorf("agent address %s: %w", addr, err)
+	}
+	want := fmt.Sprintf(":%04X ", n)
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) && !p.Exited() {
+		for _, table := range []string{"tcp", "tcp6"} {
+			data, err := os.ReadFile(fmt.Sprintf("/proc/%d/net/%s", pid, table))
+			if err == nil && listens(string(data), want) {
+				return nil
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	log, _ := os.ReadFile(p.Log)
+	return fmt.Errorf("%s: nothing listened on %s within 30s; log of %s:\n%s", p.Name, addr, p.Name, log)
+}
+
+// listens says whether a /proc/net/tcp table has a socket in the LISTEN
+// state (0A) whose local address ends in port (":1DF6 ").
+func listens(table, port string) bool {
+	for _, line := range strings.Split(table, "\n") {
+		f := strings.Fields(line)
+		if len(f) > 3 && strings.HasSuffix(f[1]+" ", port) && f[3] == "0A" {
+			return true
+		}
+	}
+	return false
 }
 
 // startHost starts the process holding the node's namespaces, once.
