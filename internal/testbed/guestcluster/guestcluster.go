@@ -603,11 +603,10 @@ func (n *Node) Start() error {
 }
 
 // waitForListener waits until a socket listens on addr's port in the
-// network namespace of process pid. A node's CSI socket answering does
-// not mean its agent port does (a test once dialed the agent right after
-// a restart and was refused), and the agent's port is where the
-// controller and the tests reach it. /proc/PID/net/tcp is read rather
-// than the port dialed (tcp and tcp6): it answers in the node's own
+// network namespace of process pid: a node serves once its agent port
+// listens, as the controller and the tests reach it there, and its CSI
+// socket answering does not say that it does. /proc/PID/net/tcp and tcp6
+// are read rather than the port dialed: they answer in the node's own
 // namespace, also while the node's link is cut.
 func waitForListener(pid int, addr string, p *Process) error {
 	_, port, err := net.SplitHostPort(addr)
