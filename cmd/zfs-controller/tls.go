@@ -12,8 +12,9 @@ import (
 )
 
 // tlsCommand makes the agent port's certificates: a CA once, then one
-// certificate per node (its common name the node's node_id), one for the
-// controller and one per operator (docs/security.md).
+// certificate per node (its common name the node's node_id), one per
+// backup target (its name), one for the controller and one per operator
+// (docs/security.md).
 func tlsCommand(c command, args []string) error {
 	if len(args) == 0 {
 		return fmt.Errorf("%w: tls needs ca or cert (usage: zfs-controller tls %s)", config.ErrUsage, c.args)
@@ -54,10 +55,10 @@ func tlsCA(args []string) error {
 }
 
 func tlsCert(args []string) error {
-	fs := tlsFlagSet("cert -ca DIR -role node|controller|operator [-days N] [-out DIR] NAME",
-		"Issue a certificate and key, NAME.pem and NAME-key.pem, from the CA in -ca. A node's NAME is its node_id (Nomad: the client's name); peers refuse a stream whose source is not the node its certificate names. Issuing again renews: the files are replaced")
+	fs := tlsFlagSet("cert -ca DIR -role node|controller|operator|backup [-days N] [-out DIR] NAME",
+		"Issue a certificate and key, NAME.pem and NAME-key.pem, from the CA in -ca. A node's NAME is its node_id (Nomad: the client's name); peers refuse a stream whose source is not the node its certificate names. A backup target's NAME is the name the nodes' backups.targets give it. Issuing again renews: the files are replaced")
 	caDir := fs.String("ca", "", "directory of the CA (zfs-controller tls ca)")
-	role := fs.String("role", "", "node, controller or operator: what the certificate may do on the agent port")
+	role := fs.String("role", "", "node, controller, operator or backup (a backup target): what the certificate may do on the agent port")
 	days := fs.Int("days", 365, "days the certificate is valid")
 	out := fs.String("out", ".", "directory to write the certificate and key into")
 	name, err := parseOne(fs, args, "NAME")
@@ -68,7 +69,7 @@ func tlsCert(args []string) error {
 	case *caDir == "":
 		return fmt.Errorf("%w: -ca is required", config.ErrUsage)
 	case *role == "":
-		return fmt.Errorf("%w: -role is required: node, controller or operator", config.ErrUsage)
+		return fmt.Errorf("%w: -role is required: node, controller, operator or backup", config.ErrUsage)
 	case *days <= 0:
 		return fmt.Errorf("%w: -days %d: want at least 1", config.ErrUsage, *days)
 	}

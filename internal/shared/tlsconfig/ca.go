@@ -124,16 +124,17 @@ func (ca *CA) Issue(name, role string) (Files, error) {
 
 // IssueInto makes a certificate for name with role (its OU), valid for
 // validity from now, and writes NAME.pem and NAME-key.pem (mode 0600)
-// into dir. Node certificates also carry ServerName and may serve; the
-// others may only call. A certificate outliving its CA is refused.
+// into dir. Node certificates also carry ServerName and backup targets'
+// BackupServerName, and may serve; the others may only call. A
+// certificate outliving its CA is refused.
 func (ca *CA) IssueInto(dir, name, role string, validity time.Duration) (Files, error) {
 	switch role {
-	case RoleNode, RoleController, RoleOperator:
+	case RoleNode, RoleController, RoleOperator, RoleBackup:
 	default:
-		return Files{}, fmt.Errorf("role %q: want %s, %s or %s", role, RoleNode, RoleController, RoleOperator)
+		return Files{}, fmt.Errorf("role %q: want %s, %s, %s or %s", role, RoleNode, RoleController, RoleOperator, RoleBackup)
 	}
 	if name == "" || filepath.Base(name) != name || name == "ca" {
-		return Files{}, fmt.Errorf("name %q: want the node's node_id (Nomad: the client's name), or a name for a controller or operator, without slashes", name)
+		return Files{}, fmt.Errorf("name %q: want the node's node_id (Nomad: the client's name), a backup target's name, or a name for a controller or operator, without slashes", name)
 	}
 	notAfter := time.Now().Add(validity)
 	if notAfter.After(ca.cert.NotAfter) {
@@ -155,8 +156,8 @@ func (ca *CA) IssueInto(dir, name, role string, validity time.Duration) (Files, 
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
 	}
-	if role == RoleNode {
-		tmpl.DNSNames = []string{ServerName}
+	if dns := serverName(role); dns != "" {
+		tmpl.DNSNames = []string{dns}
 		tmpl.ExtKeyUsage = append(tmpl.ExtKeyUsage, x509.ExtKeyUsageServerAuth)
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)

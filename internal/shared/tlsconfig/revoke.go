@@ -54,10 +54,16 @@ func (s *Source) ServerOptions() []grpc.ServerOption {
 // material in use does not trust at the call. The check runs as per-call
 // credentials: gRPC asks them on the connection chosen for the call,
 // before it sends the call's header, for unary calls and streams alike.
-func (s *Source) DialOptions() []grpc.DialOption {
+func (s *Source) DialOptions() []grpc.DialOption { return s.dialOptionsFor(ServerName) }
+
+// BackupDialOptions are DialOptions for a backup target's port: the
+// server is verified as a target (BackupServerName), never as a node.
+func (s *Source) BackupDialOptions() []grpc.DialOption { return s.dialOptionsFor(BackupServerName) }
+
+func (s *Source) dialOptionsFor(name string) []grpc.DialOption {
 	return []grpc.DialOption{
-		grpc.WithTransportCredentials(s.ClientCredentials()),
-		grpc.WithPerRPCCredentials(serverCheck{s}),
+		grpc.WithTransportCredentials(s.clientCredentialsFor(name)),
+		grpc.WithPerRPCCredentials(serverCheck{s: s, name: name}),
 	}
 }
 
@@ -78,8 +84,12 @@ func (s *Source) checkCaller(ctx context.Context, method string) error {
 }
 
 // serverCheck checks, as per-call credentials, the server certificate of
-// the connection a call goes out on. It adds no metadata.
-type serverCheck struct{ s *Source }
+// the connection a call goes out on, verified by name. It adds no
+// metadata.
+type serverCheck struct {
+	s    *Source
+	name string
+}
 
 func (c serverCheck) GetRequestMetadata(ctx context.Context, _ ...string) (map[string]string, error) {
 	ri, _ := credentials.RequestInfoFromContext(ctx)
@@ -87,7 +97,7 @@ func (c serverCheck) GetRequestMetadata(ctx context.Context, _ ...string) (map[s
 	if !ok {
 		return nil, status.Errorf(codes.Unauthenticated, "%s: the connection is not TLS", ri.Method)
 	}
-	if err := c.s.checkPeer(info.State.PeerCertificates, "server", x509.ExtKeyUsageServerAuth, ServerName); err != nil {
+	if err := c.s.checkPeer(info.State.PeerCertificates, "server", x509.ExtKeyUsageServerAuth, c.name); err != nil {
 		return nil, status.Errorf(codes.Unauthenticated, "%s: %v", ri.Method, err)
 	}
 	return nil, nil

@@ -178,18 +178,21 @@ func check(m *Material, f Files, want Identity, now time.Time) error {
 
 // usableByPeers refuses a certificate its peers would refuse at the
 // handshake, with what to change: a node's certificate serves the agent
-// port and calls its peers, so it must allow serverAuth and clientAuth
-// and carry the DNS name ServerName, by which clients verify a node; a
-// controller's or an operator's only calls, and must allow clientAuth.
-// The peers verify the usages along the whole chain, and so does this.
+// port and calls its peers, a backup target's serves the backup port and
+// calls nodes to restore, so each must allow serverAuth and clientAuth
+// and carry the DNS name its clients verify it by (ServerName,
+// BackupServerName); a controller's or an operator's only calls, and must
+// allow clientAuth. The peers verify the usages along the whole chain,
+// and so does this.
 func usableByPeers(m *Material, f Files, now time.Time) error {
 	leaf := m.leaf()
 	role := roleOf(leaf)
+	dns := serverName(role)
 	usages := []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
 	howTo := fmt.Sprintf("issue it again (zfs-controller tls cert -role %s), or with openssl with extendedKeyUsage=clientAuth", role)
-	if role == RoleNode {
+	if dns != "" {
 		usages = append(usages, x509.ExtKeyUsageServerAuth)
-		howTo = "issue it again (zfs-controller tls cert -role node), or with openssl with extendedKeyUsage=serverAuth,clientAuth and subjectAltName=DNS:" + ServerName
+		howTo = fmt.Sprintf("issue it again (zfs-controller tls cert -role %s), or with openssl with extendedKeyUsage=serverAuth,clientAuth and subjectAltName=DNS:%s", role, dns)
 	}
 	for _, usage := range usages {
 		opts := x509.VerifyOptions{Roots: m.pool, CurrentTime: now, KeyUsages: []x509.ExtKeyUsage{usage}}
@@ -197,9 +200,9 @@ func usableByPeers(m *Material, f Files, now time.Time) error {
 			return fmt.Errorf("tls: %s does not allow %s (extended key usage), so its peers would refuse it: %s", f.Cert, usageName[usage], howTo)
 		}
 	}
-	if role == RoleNode {
-		if err := leaf.VerifyHostname(ServerName); err != nil {
-			return fmt.Errorf("tls: %s does not carry the DNS name %s, by which the other parties verify a node, so they would refuse it: %s", f.Cert, ServerName, howTo)
+	if dns != "" {
+		if err := leaf.VerifyHostname(dns); err != nil {
+			return fmt.Errorf("tls: %s does not carry the DNS name %s, by which the other parties verify a %s certificate, so they would refuse it: %s", f.Cert, dns, role, howTo)
 		}
 	}
 	return nil
@@ -218,19 +221,26 @@ func (s *Source) ServerCredentials() credentials.TransportCredentials {
 // connection. They check the server at the handshake only: a client
 // dials with DialOptions, which check it on every call.
 func (s *Source) ClientCredentials() credentials.TransportCredentials {
-	return &reloadingCredentials{s: s, client: true, info: s.Material().ClientCredentials().Info()}
+	return s.clientCredentialsFor(ServerName)
+}
+
+// clientCredentialsFor are ClientCredentials verifying the server by
+// name: ServerName for a node, BackupServerName for a target.
+func (s *Source) clientCredentialsFor(name string) credentials.TransportCredentials {
+	return &reloadingCredentials{s: s, client: true, serverName: name, info: s.Material().clientCredentialsFor(name).Info()}
 }
 
 // reloadingCredentials make each handshake with the material in use
 // then: gRPC's TLS credentials copy their tls.Config once.
 type reloadingCredentials struct {
-	s      *Source
-	client bool
-	info   credentials.ProtocolInfo
+	s          *Source
+	client     bool
+	serverName string // a client's: the name it verifies the server by
+	info       credentials.ProtocolInfo
 }
 
 func (c *reloadingCredentials) ClientHandshake(ctx context.Context, authority string, conn net.Conn) (net.Conn, credentials.AuthInfo, error) {
-	return c.s.Material().ClientCredentials().ClientHandshake(ctx, authority, conn)
+	return c.s.Material().clientCredentialsFor(c.serverName).ClientHandshake(ctx, authority, conn)
 }
 
 func (c *reloadingCredentials) ServerHandshake(conn net.Conn) (net.Conn, credentials.AuthInfo, error) {
@@ -245,9 +255,9 @@ func (c *reloadingCredentials) Clone() credentials.TransportCredentials {
 }
 
 // OverrideServerName is deprecated in gRPC and unused: nodes are always
-// verified as ServerName.
+// verified as ServerName, backup targets as BackupServerName.
 func (c *reloadingCredentials) OverrideServerName(string) error {
-	return errors.New("tls: the server name is fixed: " + ServerName)
+	return errors.New("tls: the server name is fixed: " + c.serverName)
 }
 
 // fileStamp is what tells a file changed: its size, modification time

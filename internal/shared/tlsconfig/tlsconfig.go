@@ -30,10 +30,32 @@ const (
 	RoleNode       = "node"
 	RoleController = "controller"
 	RoleOperator   = "operator"
+	// RoleBackup is a backup target's (zfs-node target, docs/backups.md):
+	// it serves the backup port, which nodes push to; it can never call
+	// a node's agent port.
+	RoleBackup = "backup"
 )
 
 // ServerName is the DNS name every node certificate carries.
 const ServerName = "node.zfs-nomad"
+
+// BackupServerName is the DNS name every backup target's certificate
+// carries, and only theirs. Clients verify the server by one name or the
+// other, so a node's certificate cannot serve as a target's, nor a
+// target's as a node's.
+const BackupServerName = "backup.zfs-nomad"
+
+// serverName is the DNS name by which clients verify a server of role,
+// "" for the roles that only call.
+func serverName(role string) string {
+	switch role {
+	case RoleNode:
+		return ServerName
+	case RoleBackup:
+		return BackupServerName
+	}
+	return ""
+}
 
 // Files names the PEM files of one party.
 type Files struct {
@@ -86,11 +108,15 @@ func (m *Material) ServerConfig() *tls.Config {
 }
 
 // ClientConfig presents this party's certificate and verifies the node.
-func (m *Material) ClientConfig() *tls.Config {
+func (m *Material) ClientConfig() *tls.Config { return m.clientConfigFor(ServerName) }
+
+// clientConfigFor presents this party's certificate and verifies the
+// server by name: ServerName for a node, BackupServerName for a target.
+func (m *Material) clientConfigFor(name string) *tls.Config {
 	return &tls.Config{
 		Certificates: []tls.Certificate{m.cert},
 		RootCAs:      m.pool,
-		ServerName:   ServerName,
+		ServerName:   name,
 		MinVersion:   tls.VersionTLS13,
 	}
 }
@@ -105,6 +131,11 @@ func (m *Material) ClientCredentials() credentials.TransportCredentials {
 	return credentials.NewTLS(m.ClientConfig())
 }
 
+// clientCredentialsFor are clientConfigFor(name) for gRPC.
+func (m *Material) clientCredentialsFor(name string) credentials.TransportCredentials {
+	return credentials.NewTLS(m.clientConfigFor(name))
+}
+
 // Policy maps full gRPC method names (or prefixes ending in "/") to the
 // roles allowed to call them.
 type Policy map[string][]string
@@ -117,6 +148,13 @@ var AgentPolicy = Policy{
 	// An operator's certificate reads the work lease but cannot take it.
 	"/zfsnomad.agent.v1.NodeAgent/AcquireWorkLease": {RoleController},
 	"/zfsnomad.agent.v1.NodeAgent/":                 {RoleController, RoleOperator},
+}
+
+// TargetPolicy is who may call what on a backup target's port: nodes push
+// their volumes' backups to it (docs/backups.md). A method it does not
+// name is refused to every role.
+var TargetPolicy = Policy{
+	"/zfsnomad.agent.v1.Replication/": {RoleNode},
 }
 
 func (p Policy) allowed(method string) []string {

@@ -15,9 +15,8 @@
 // clock: a target whose backups stopped arriving keeps what it has. A
 // late backup is a metric's business, never a reason to prune.
 //
-// It stands in internal/shared because the controller checks a volume's
-// grid against the operator's bounds at create, and the target prunes by
-// it.
+// The node checks a volume's grid at create, against its operator's
+// bounds, and a backup target prunes by it.
 package retention
 
 import (
