@@ -43,6 +43,11 @@ type Grid []Span
 // prunes.
 const MaxIntervals = 1000
 
+// MaxSpan bounds how far back one span reaches (its count times its
+// interval): a hundred years, far beyond any backup's life, and within
+// what a time.Duration holds (about 292 years).
+const MaxSpan = 100 * 365 * 24 * time.Hour
+
 // units are the interval units a grid is written in. A month is 30 days
 // and a year 365, blocks of fixed length, not the calendar's. "m" is a
 // month, as in sanoid's monthly; minutes are "min".
@@ -97,6 +102,9 @@ func parseSpan(field string) (Span, error) {
 	if err != nil {
 		return Span{}, fmt.Errorf("span %q: %w", field, err)
 	}
+	if d > MaxSpan/time.Duration(n) {
+		return Span{}, fmt.Errorf("span %q reaches back more than 100 years", field)
+	}
 	return Span{Every: d, Count: n}, nil
 }
 
@@ -111,6 +119,9 @@ func parseEvery(s string) (time.Duration, error) {
 	}
 	for _, u := range units {
 		if s[digits:] == u.name {
+			if time.Duration(n) > MaxSpan/u.d { // before the product overflows
+				return 0, fmt.Errorf("the interval %q is more than 100 years", s)
+			}
 			return time.Duration(n) * u.d, nil
 		}
 	}
@@ -134,6 +145,16 @@ func (s Span) String() string {
 		}
 	}
 	return fmt.Sprintf("%s:%d", s.Every, s.Count)
+}
+
+// Intervals is the sum of the grid's counts: the most backups it keeps
+// but the newest.
+func (g Grid) Intervals() int {
+	n := 0
+	for _, s := range g {
+		n += s.Count
+	}
+	return n
 }
 
 // Horizon is how far back from the newest backup the grid keeps any.

@@ -65,6 +65,12 @@ func TestParseRefuses(t *testing.T) {
 		{"1h:24,", "EVERY:COUNT"},
 		{"1h:600,1d:401", "more than 1000"},
 		{"-1h:3", "whole number and a unit"},
+		// 1000 years overflow a time.Duration; any span beyond 100 is
+		// refused before its interval is multiplied.
+		{"1000y:1", "more than 100 years"},
+		{"101y:1", "more than 100 years"},
+		{"1y:101", "more than 100 years"},
+		{"1000w:1000", "more than 100 years"},
 	} {
 		_, err := Parse(tt.in)
 		if err == nil || !strings.Contains(err.Error(), tt.mention) {
