@@ -1456,7 +1456,12 @@ type ReplicateRequest struct {
 	// node whose certificate answers first, which must be the node its
 	// ReplicaState names. With fence_for_node_id, both must name the same
 	// node.
-	TargetNodeId  string `protobuf:"bytes,5,opt,name=target_node_id,json=targetNodeId,proto3" json:"target_node_id,omitempty"`
+	TargetNodeId string `protobuf:"bytes,5,opt,name=target_node_id,json=targetNodeId,proto3" json:"target_node_id,omitempty"`
+	// A backup (docs/backups.md): the name of a backup target in the
+	// node's own configuration (backups.targets), which gives its address;
+	// the server must hold a backup target's certificate of that name.
+	// target_address, target_node_id and fence_for_node_id are then empty.
+	BackupTarget  string `protobuf:"bytes,6,opt,name=backup_target,json=backupTarget,proto3" json:"backup_target,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1522,6 +1527,13 @@ func (x *ReplicateRequest) GetPurpose() string {
 func (x *ReplicateRequest) GetTargetNodeId() string {
 	if x != nil {
 		return x.TargetNodeId
+	}
+	return ""
+}
+
+func (x *ReplicateRequest) GetBackupTarget() string {
+	if x != nil {
+		return x.BackupTarget
 	}
 	return ""
 }
@@ -3756,13 +3768,14 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\fwith_deleted\x18\x05 \x01(\bR\vwithDeleted\x12!\n" +
 	"\fdeleted_only\x18\x06 \x01(\bR\vdeletedOnly\"R\n" +
 	"\x15ListSnapshotsResponse\x129\n" +
-	"\tsnapshots\x18\x01 \x03(\v2\x1b.zfsnomad.agent.v1.SnapshotR\tsnapshots\"\xc1\x01\n" +
+	"\tsnapshots\x18\x01 \x03(\v2\x1b.zfsnomad.agent.v1.SnapshotR\tsnapshots\"\xe6\x01\n" +
 	"\x10ReplicateRequest\x12\x1b\n" +
 	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12%\n" +
 	"\x0etarget_address\x18\x02 \x01(\tR\rtargetAddress\x12)\n" +
 	"\x11fence_for_node_id\x18\x03 \x01(\tR\x0efenceForNodeId\x12\x18\n" +
 	"\apurpose\x18\x04 \x01(\tR\apurpose\x12$\n" +
-	"\x0etarget_node_id\x18\x05 \x01(\tR\ftargetNodeId\"\xcc\x01\n" +
+	"\x0etarget_node_id\x18\x05 \x01(\tR\ftargetNodeId\x12#\n" +
+	"\rbackup_target\x18\x06 \x01(\tR\fbackupTarget\"\xcc\x01\n" +
 	"\x11ReplicateProgress\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x1a\n" +
 	"\bsnapshot\x18\x02 \x01(\tR\bsnapshot\x12\x12\n" +

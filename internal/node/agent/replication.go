@@ -13,12 +13,20 @@ import (
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
-// ReplicationServer serves a node's replication.Receiver to its peers
-// (pb.ReplicationServer). It names each sender by its verified node
-// certificate, which the receiver holds the stream's header to.
+// ReplicationServer serves a receiving end to the nodes that push to it
+// (pb.ReplicationServer): a node's replication.Receiver, or a backup
+// target's replication.TargetReceiver. It names each sender by its
+// verified node certificate, which the receiver holds the stream's
+// header to.
 type ReplicationServer struct {
 	pb.UnimplementedReplicationServer
-	Receiver *replication.Receiver
+	Receiver Receiving
+}
+
+// Receiving is what ReplicationServer serves.
+type Receiving interface {
+	ReplicaState(ctx context.Context, volumeID string) (replication.ReplicaState, error)
+	Receive(ctx context.Context, sender string, in replication.Incoming) (replication.Received, error)
 }
 
 func (s *ReplicationServer) ReplicaState(ctx context.Context, req *pb.ReplicaStateRequest) (*pb.ReplicaStateResponse, error) {

@@ -165,6 +165,14 @@ func (s *Server) Replicate(req *pb.ReplicateRequest, stream pb.NodeAgent_Replica
 		_ = stream.Send(&pb.ReplicateProgress{Kind: p.Kind, Snapshot: p.Snapshot, Base: p.Base, Bytes: p.Bytes, TotalBytes: p.Total, Done: p.Done,
 			FencedUnixNano: p.FencedAt})
 	}
+	if target := req.GetBackupTarget(); target != "" {
+		if req.GetTargetAddress() != "" || req.GetTargetNodeId() != "" || req.GetFenceForNodeId() != "" {
+			return errdefs.ToStatus(errdefs.Wrap(errdefs.ErrInvalidArgument,
+				"replicate %s: backup_target %q names where the push goes; target_address, target_node_id and fence_for_node_id must be empty", req.GetVolumeId(), target))
+		}
+		_, err := s.pusher.PushBackup(stream.Context(), req.GetVolumeId(), target, req.GetPurpose(), time.Second, report)
+		return errdefs.ToStatus(err)
+	}
 	expected, fenceFor := req.GetTargetNodeId(), req.GetFenceForNodeId()
 	if expected != "" && fenceFor != "" && expected != fenceFor {
 		return errdefs.ToStatus(errdefs.Wrap(errdefs.ErrInvalidArgument,

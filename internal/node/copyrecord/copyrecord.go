@@ -59,6 +59,12 @@ const (
 	// On snapshots.
 	PropSnapshotName = propPrefix + "snapshot_name" // the CSI name of a CSI snapshot
 	PropSourceVolume = propPrefix + "source_volume" // the CSI volume ID it was taken of
+
+	// On a backup target (docs/backups.md): the grid a volume's backups
+	// are pruned by, on its chain; when a backup arrived (unix seconds,
+	// the target's clock), on its snapshot.
+	PropRetention  = propPrefix + "retention"
+	PropReceivedAt = propPrefix + "received_at"
 )
 
 // UserProperties lists every property the driver reads back from ZFS.
@@ -67,6 +73,7 @@ var UserProperties = []string{
 	PropDeletedAt, PropSnapshotName, PropSourceVolume,
 	PropMovingTo, PropFencedAt, PropCapacity, PropFailoverLag, PropForced,
 	PropHistoryFrom, PropLeaseFenced, PropSuperseded, PropRootPending,
+	PropRetention, PropReceivedAt,
 }
 
 // HistoryFrom reads a copy's PropHistoryFrom: the oldest generation g such

@@ -115,11 +115,25 @@ func lowerGeneration(h Header, state ReplicaState) error {
 // snapshot name, a sender that is who its certificate says, a generation
 // in bounds.
 func (r *Receiver) readHeader(ctx context.Context, sender string, in Incoming, guard *stallGuard) (Header, error) {
+	h, err := readHeader(ctx, r.root, sender, in, guard)
+	if err != nil {
+		return Header{}, err
+	}
+	if g := h.Generation; g == 0 || g > MaxGeneration {
+		return Header{}, errdefs.Wrap(errdefs.ErrInvalidArgument, "generation %d in the header of volume %s: must be 1 to %d", g, h.VolumeID, uint64(MaxGeneration))
+	}
+	return h, nil
+}
+
+// readHeader reads a stream's header and checks what every receiver
+// does: a volume ID, its dataset under root, a snapshot name, a sender
+// that is who its certificate says.
+func readHeader(ctx context.Context, root, sender string, in Incoming, guard *stallGuard) (Header, error) {
 	h, err := guard.header(ctx, in)
 	if err != nil {
 		return Header{}, fmt.Errorf("reading the header: %w", err)
 	}
-	fs, err := dataset(r.root, h.VolumeID)
+	fs, err := dataset(root, h.VolumeID)
 	if err != nil {
 		return Header{}, err
 	}
@@ -131,9 +145,6 @@ func (r *Receiver) readHeader(ctx context.Context, sender string, in Incoming, g
 	if sender != "" && sender != h.SourceNodeID {
 		return Header{}, errdefs.Wrap(errdefs.ErrPermissionDenied, "the stream of volume %s claims to come from node %q, but its sender's certificate names %q: each node needs a certificate of its own, with its node ID as the common name",
 			h.VolumeID, h.SourceNodeID, sender)
-	}
-	if g := h.Generation; g == 0 || g > MaxGeneration {
-		return Header{}, errdefs.Wrap(errdefs.ErrInvalidArgument, "generation %d in the header of volume %s: must be 1 to %d", g, h.VolumeID, uint64(MaxGeneration))
 	}
 	return h, nil
 }

@@ -53,6 +53,10 @@ type Pusher struct {
 	log    hclog.Logger
 	locks  *copylock.Locks // the node's, shared with volume.Manager
 	now    func() time.Time
+	// targets are the backup targets pushes may go to, by name, and
+	// targetPeers reaches them (UseTargets).
+	targets     map[string]string
+	targetPeers Peers
 
 	mu        sync.Mutex
 	transfers map[string]*Transfer // by volume ID
@@ -120,25 +124,33 @@ func (p *Pusher) Push(ctx context.Context, volumeID, addr string, interval time.
 // is the node expected at addr (a move's target): a server whose
 // certificate names another node is refused before anything is sent.
 func (p *Pusher) PushFenced(ctx context.Context, volumeID, addr, nodeID, purpose string, interval time.Duration, report func(Progress), fence Fence) (Progress, error) {
-	fs, err := dataset(p.root, volumeID)
+	job := pushJob{volumeID: volumeID, addr: addr, nodeID: nodeID, purpose: purpose, interval: interval, report: report, fence: fence,
+		log: p.log.With("volume_id", volumeID, "peer", addr)}
+	return p.run(ctx, job, "a push to "+addr)
+}
+
+// run runs job as the volume's transfer (what, in the words of
+// copylock), then drops the snapshot it took but did not send, or starts
+// the tidy after a push that sent.
+func (p *Pusher) run(ctx context.Context, job pushJob, what string) (Progress, error) {
+	fs, err := dataset(p.root, job.volumeID)
 	if err != nil {
 		return Progress{}, err
 	}
-	log := p.log.With("volume_id", volumeID, "peer", addr)
-	tctx, end, err := p.locks.StartTransfer(ctx, volumeID, "a push to "+addr)
+	job.fs = fs
+	tctx, end, err := p.locks.StartTransfer(ctx, job.volumeID, what)
 	if err != nil {
 		return Progress{}, err
 	}
-	out, err := p.push(tctx, pushJob{volumeID: volumeID, fs: fs, addr: addr, nodeID: nodeID, purpose: purpose,
-		interval: interval, report: report, fence: fence, log: log})
+	out, err := p.push(tctx, job)
 	end()
 	if out.unsent != "" {
-		p.dropSnapshot(volumeID, out.unsent, log)
+		p.dropSnapshot(job.volumeID, out.unsent, job.log)
 	}
 	if err != nil {
 		return Progress{}, err
 	}
-	p.startTidy(volumeID, fs, out.base, out.peer, log)
+	p.startTidy(job.volumeID, fs, out.base, out.peer, job.log)
 	return out.prog, nil
 }
 
@@ -157,6 +169,18 @@ type pushJob struct {
 	report                              func(Progress)
 	fence                               Fence
 	log                                 hclog.Logger
+	// backup: the push goes to the backup target nodeID (PushBackup).
+	backup bool
+}
+
+// receiverKey is the key of the push's receiver, which answered as
+// nodeID, among the volume's receivers here (base hold tags, what was
+// sent to whom): its node ID, or for a backup target backupKey.
+func (job pushJob) receiverKey(nodeID string) string {
+	if job.backup {
+		return backupKey(nodeID)
+	}
+	return nodeID
 }
 
 // push sends; see Push.
@@ -164,7 +188,11 @@ func (p *Pusher) push(ctx context.Context, job pushJob) (pushed, error) {
 	// Every call of the push is answered by one node: nodeID, or the
 	// node whose certificate answers first, which must be the node its
 	// ReplicaState names.
-	peer, err := p.peers.Peer(job.addr, job.nodeID)
+	peers := p.peers
+	if job.backup {
+		peers = p.targetPeers
+	}
+	peer, err := peers.Peer(job.addr, job.nodeID)
 	if err != nil {
 		return pushed{}, errdefs.Wrap(errdefs.ErrUnavailable, "peer %s: %v", job.addr, err)
 	}
@@ -225,6 +253,10 @@ func (p *Pusher) prepare(ctx context.Context, peer Peer, job pushJob) (preparedP
 	if err != nil {
 		return prep, err
 	}
+	if job.backup {
+		prep.plan, err = p.planBackup(ctx, job.fs, state, raw, snap, taken.err, local, job.log)
+		return prep, err
+	}
 	plan, err := p.plan(ctx, job.fs, state, header, raw, snap, taken.err, local, job.log)
 	if err != nil {
 		return prep, err
@@ -237,7 +269,7 @@ func (p *Pusher) prepare(ctx context.Context, peer Peer, job pushJob) (preparedP
 // and reported every interval; streamed says whether the stream of the
 // push's own snapshot started.
 func (p *Pusher) send(ctx context.Context, peer Peer, job pushJob, prep preparedPush) (out pushed, streamed bool, err error) {
-	plan, target := prep.plan, prep.state.NodeID
+	plan, target := prep.plan, job.receiverKey(prep.state.NodeID)
 	prog := plan.prog
 	prog.FencedAt = prep.fencedAt
 	var total atomic.Int64

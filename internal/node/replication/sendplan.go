@@ -48,14 +48,8 @@ func (p *Pusher) plan(ctx context.Context, fs string, state ReplicaState, h Head
 	if state.Exists && state.Role != RoleReplica {
 		return sendPlan{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "the peer holds %s as %q, not as a replica", fs, state.Role)
 	}
-	if token := state.ResumeToken; token != "" {
-		err := p.checkResumeToken(ctx, fs, token, raw)
-		if err == nil {
-			return sendPlan{prog: Progress{Kind: KindResume}, spec: zfscmd.SendSpec{ResumeToken: token}}, nil
-		}
-		// A fresh stream follows; the receiver discards its partial
-		// receive when it gets one that is not a resume.
-		log.Warn("not resuming the peer's interrupted receive: its resume token does not fit; sending afresh", "error", err)
+	if resume, ok := p.resumePlan(ctx, fs, state, raw, log); ok {
+		return resume, nil
 	}
 	if snapErr != nil {
 		return sendPlan{}, fmt.Errorf("taking the replication snapshot: %w", snapErr)
@@ -123,6 +117,22 @@ func (p *Pusher) plan(ctx context.Context, fs string, state ReplicaState, h Head
 		return sendPlan{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "the peer's replica of %s shares no snapshot with this node; remove it for a full send", fs)
 	}
 	return sendPlan{prog: Progress{Kind: KindFull, Snapshot: snap}, spec: zfscmd.SendSpec{Snapshot: snap, Raw: raw}, guid: guid}, nil
+}
+
+// resumePlan is the plan that resumes the receiver's interrupted receive,
+// when it has one whose token fits this copy. Otherwise a fresh stream
+// follows, and the receiver discards its partial receive when it gets one
+// that is not a resume.
+func (p *Pusher) resumePlan(ctx context.Context, fs string, state ReplicaState, raw bool, log hclog.Logger) (sendPlan, bool) {
+	token := state.ResumeToken
+	if token == "" {
+		return sendPlan{}, false
+	}
+	if err := p.checkResumeToken(ctx, fs, token, raw); err != nil {
+		log.Warn("not resuming the receiver's interrupted receive: its resume token does not fit; sending afresh", "error", err)
+		return sendPlan{}, false
+	}
+	return sendPlan{prog: Progress{Kind: KindResume}, spec: zfscmd.SendSpec{ResumeToken: token}}, true
 }
 
 // A receiver rolls its replica's snapshots after a push's base back only

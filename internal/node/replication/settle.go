@@ -14,7 +14,6 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfscmd"
-	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 )
 
 // What a receive leaves on the replica once its stream is in: the
@@ -137,7 +136,7 @@ func (r *Receiver) peerBases(h Header) map[uint64][]string {
 		if i >= maxPeerBases {
 			break
 		}
-		if id := b.NodeID; id != r.nodeID && contract.IsNodeID(id) {
+		if id := b.NodeID; id != r.nodeID && isReceiverKey(id) {
 			out[b.GUID] = append(out[b.GUID], id)
 		}
 	}

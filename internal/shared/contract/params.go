@@ -18,6 +18,11 @@ const (
 	ParamReplicationInterval = "replication_interval"
 )
 
+// ParamBackupRetention is the retention grid backup targets prune a
+// volume's backups by, such as "1h:24,1d:14,1w:8,1m:12"
+// (docs/backups.md); the node checks its form at create.
+const ParamBackupRetention = "backup_retention"
+
 // Migration parameters (docs/migration.md): "pinned"="true" keeps a volume
 // on its node; "failover" is "manual" (default: an operator promotes a
 // replica when the primary's node is lost) or "auto".

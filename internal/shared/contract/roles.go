@@ -21,6 +21,9 @@ const (
 	// RoleSetAside marks a stale primary that came back after a failover:
 	// renamed to <id>-aside-<nanos>, never mounted, kept for an operator.
 	RoleSetAside = "set-aside"
+	// RoleBackup marks a volume's backups on a backup target: never
+	// mounted, never promoted (docs/backups.md).
+	RoleBackup = "backup"
 )
 
 // ReplicationSnapshotPrefix starts the short name of the snapshots that

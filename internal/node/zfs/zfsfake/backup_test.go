@@ -1,0 +1,195 @@
+package zfsfake_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/test/bufconn"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/node/agent"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/copylock"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/replication"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
+	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
+)
+
+// targetRoot is where the backup target of these tests keeps its chains.
+const targetRoot = "tank/backups"
+
+// backupSetup is a primary on n1 and a backup target "vault" whose clock
+// the test moves.
+type backupSetup struct {
+	src, vault node
+	id, fs     string
+	now        time.Time
+	target     *replication.TargetReceiver
+	dial       func(string) (*grpc.ClientConn, error)
+}
+
+func newBackupSetup(t *testing.T, params map[string]string) *backupSetup {
+	b := &backupSetup{id: "vol-0123456789abcdef0123", now: time.Date(2026, 12, 3, 0, 30, 0, 0, time.UTC)}
+	b.fs = "tank/nomad/" + b.id
+	b.src, b.vault = newNode(t, 1, "tank/nomad"), newNode(t, 7, targetRoot)
+	must(t, b.src.CreateFilesystem(ctx, b.fs, map[string]string{copyrecord.PropRole: contract.RolePrimary, copyrecord.PropVolumeID: b.id,
+		copyrecord.PropGeneration: "1", copyrecord.PropName: "web-data", copyrecord.PropParameters: copyrecord.EncodeParameters(params), "refquota": "1000000"}))
+	b.target = replication.NewTargetReceiver(b.vault.s, targetRoot, "vault", 0, hclog.NewNullLogger())
+	b.target.UseClock(func() time.Time { return b.now })
+	lis := bufconn.Listen(1 << 20)
+	srv := grpc.NewServer()
+	pb.RegisterReplicationServer(srv, &agent.ReplicationServer{Receiver: b.target})
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+	b.dial = func(string) (*grpc.ClientConn, error) {
+		return grpc.NewClient("passthrough:///vault", grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }))
+	}
+	return b
+}
+
+// pusher returns a pusher on n that knows the target as "vault".
+func (b *backupSetup) pusher(t *testing.T, n node, nodeID string) *replication.Pusher {
+	p := replication.NewPusher(n.s, new(copylock.Locks), "tank/nomad", nodeID, 2, nil, agent.NewReplicationPeers(b.dial), hclog.NewNullLogger())
+	p.UseTargets(map[string]string{"vault": "vault"}, agent.NewReplicationPeers(b.dial))
+	t.Cleanup(p.Close)
+	return p
+}
+
+func (b *backupSetup) backup(t *testing.T, p *replication.Pusher, want string) {
+	t.Helper()
+	prog, err := p.PushBackup(ctx, b.id, "vault", "test", 0, func(replication.Progress) {})
+	if err != nil || prog.Kind != want {
+		t.Fatalf("backup: %+v, %v; want a %s push", prog, err, want)
+	}
+}
+
+// chain lists the snapshots of the target's current chain.
+func (b *backupSetup) chain(t *testing.T) []string {
+	t.Helper()
+	var names []string
+	for _, s := range b.vault.snaps(t, targetRoot+"/"+b.id) {
+		names = append(names, s.Name)
+	}
+	return names
+}
+
+// TestBackupsFollowTheGrid: each backup to a target is one snapshot
+// there, full then incremental, the newest holding what the primary held;
+// the volume's grid, dated by the target's clock, prunes the rest: with
+// 1h:3 and a backup every hour, the first of each of the last three
+// hours stays. The chain is labelled with what a restore needs, and
+// never mounted.
+func TestBackupsFollowTheGrid(t *testing.T) {
+	b := newBackupSetup(t, map[string]string{contract.ParamBackupRetention: "1h:3"})
+	p := b.pusher(t, b.src, "n1")
+	for i, word := range []string{"a", "b", "c", "d", "e"} {
+		must(t, b.src.Write(b.fs, word))
+		kind := replication.KindIncremental
+		if i == 0 {
+			kind = replication.KindFull
+		}
+		b.backup(t, p, kind)
+		// A second backup in the same hour: a grid of hours keeps the
+		// first of it, and the newest.
+		if i == 2 {
+			b.now = b.now.Add(time.Minute)
+			b.backup(t, p, replication.KindIncremental)
+		}
+		b.now = b.now.Add(time.Hour)
+	}
+	chain := b.chain(t)
+	if len(chain) != 3 {
+		t.Fatalf("the target keeps %d backups, want 3 (1h:3): %v", len(chain), chain)
+	}
+	if got, want := b.vault.content(t, chain[2]), b.src.content(t, b.fs); !slices.Equal(got, want) {
+		t.Errorf("the newest backup holds %v, the primary %v", got, want)
+	}
+	if got := b.vault.content(t, chain[0]); !slices.Equal(got, []string{"a", "b", "c"}) {
+		t.Errorf("the oldest backup kept holds %v, want the third hour's first, a b c", got)
+	}
+	fs := targetRoot + "/" + b.id
+	for prop, want := range map[string]string{copyrecord.PropRole: contract.RoleBackup, copyrecord.PropName: "web-data",
+		copyrecord.PropRetention: "1h:3", "canmount": "off"} {
+		if got := b.vault.get(t, fs, prop); got != want {
+			t.Errorf("the chain's %s is %q, want %q", prop, got, want)
+		}
+	}
+}
+
+// TestATargetNeverRollsBackOrForgets: a copy that lacks the target's
+// newest backup (a volume failed over to a replica that never had it)
+// sends in full, and the target starts a new chain beside the old one,
+// whose backups stay until the grid drops them; a stream dated in the
+// future by its sender's clock ages nothing out.
+func TestATargetNeverRollsBackOrForgets(t *testing.T) {
+	b := newBackupSetup(t, map[string]string{contract.ParamBackupRetention: "1h:24"})
+	p := b.pusher(t, b.src, "n1")
+	for _, word := range []string{"a", "b"} {
+		must(t, b.src.Write(b.fs, word))
+		b.backup(t, p, map[string]string{"a": replication.KindFull, "b": replication.KindIncremental}[word])
+		b.now = b.now.Add(time.Hour)
+	}
+	before := b.chain(t)
+
+	// Another node's copy of the volume, without either backup.
+	other := newNode(t, 2, "tank/nomad")
+	must(t, other.CreateFilesystem(ctx, b.fs, map[string]string{copyrecord.PropRole: contract.RolePrimary, copyrecord.PropVolumeID: b.id,
+		copyrecord.PropGeneration: "2", copyrecord.PropName: "web-data", "refquota": "1000000"}))
+	must(t, other.Write(b.fs, "x"))
+	q := b.pusher(t, other, "n2")
+	q.UseClock(func() time.Time { return b.now.Add(365 * 24 * time.Hour) }) // its snapshot is named a year ahead
+	b.backup(t, q, replication.KindFull)
+
+	if got := b.vault.content(t, b.chain(t)[0]); !slices.Equal(got, []string{"x"}) {
+		t.Errorf("the new chain holds %v, want the other copy's x", got)
+	}
+	children, err := b.vault.s.Children(ctx, targetRoot)
+	must(t, err)
+	var earlier []string
+	for _, c := range children {
+		if strings.HasPrefix(c.Name, targetRoot+"/"+b.id+"-chain-") {
+			earlier = append(earlier, c.Name)
+		}
+	}
+	if len(earlier) != 1 {
+		t.Fatalf("earlier chains: %v, want the one the full push set aside", earlier)
+	}
+	kept := b.vault.snaps(t, earlier[0])
+	if len(kept) != len(before) {
+		t.Errorf("the earlier chain keeps %d backups, had %d", len(kept), len(before))
+	}
+
+	// The first copy's next backup starts a chain again: nothing it sends
+	// follows the other's.
+	must(t, b.src.Write(b.fs, "c"))
+	b.now = b.now.Add(time.Hour)
+	b.backup(t, p, replication.KindFull)
+	if got := b.vault.content(t, b.chain(t)[0]); !slices.Equal(got, []string{"a", "b", "c"}) {
+		t.Errorf("the newest chain holds %v", got)
+	}
+}
+
+// TestABackupGoesOnlyToAConfiguredTarget: a push names a target by the
+// name the node's operator gave it, or is refused before anything is
+// taken or sent.
+func TestABackupGoesOnlyToAConfiguredTarget(t *testing.T) {
+	b := newBackupSetup(t, nil)
+	p := b.pusher(t, b.src, "n1")
+	before := len(b.src.snaps(t, b.fs))
+	_, err := p.PushBackup(ctx, b.id, "elsewhere", "test", 0, func(replication.Progress) {})
+	if !errors.Is(err, errdefs.ErrNotFound) || !strings.Contains(err.Error(), "backups.targets") {
+		t.Errorf("a backup to an unknown target: %v, want NotFound naming backups.targets", err)
+	}
+	if n := len(b.src.snaps(t, b.fs)); n != before {
+		t.Errorf("a refused backup left %d snapshots, were %d", n, before)
+	}
+}
