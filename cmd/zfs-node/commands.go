@@ -29,6 +29,8 @@ type command struct {
 var commands = []command{
 	{"serve", "[flags]", "Serve the CSI Identity and Node services and the node agent: what Nomad runs (the command when the first argument is a flag)",
 		func(args []string, _ io.Writer) error { return serve(args) }},
+	{"target", "[flags]", "Serve as a backup target: keep the backups nodes push, pruned by each volume's grid; no Nomad, CSI or peers (docs/backups.md)",
+		func(args []string, _ io.Writer) error { return serveTarget(args) }},
 	{"check-config", "[flags]", "Check a configuration (file, environment, flags) and its TLS files as serve would, without ZFS", checkConfig},
 	{"version", "", "Print the version, the agent protocol and the OpenZFS release the binary is built for", printVersion},
 }

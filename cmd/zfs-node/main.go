@@ -61,22 +61,18 @@ func serve(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 
-	openZFS, err := checkOpenZFS(log)
+	release, z, err := openZFS(log)
 	if err != nil {
 		return err
 	}
-	z, err := libzfs.New(copyrecord.UserProperties...)
-	if err != nil {
-		return err
-	}
-	serverOpts, dialOpts, certs, err := agentTLS(cfg, log)
+	serverOpts, dial, certs, err := agentTLS(cfg, log)
 	if err != nil {
 		return err
 	}
 	registry := metrics.NewRegistry()
-	node := assemble(cfg, z, dialOpts, registry, log)
+	node := assemble(cfg, z, dial, registry, log)
 	defer node.Pusher.Close()
-	node.Receiver.OpenZFS, node.Agent.OpenZFS = openZFS, openZFS
+	node.Receiver.OpenZFS, node.Agent.OpenZFS = release, release
 	if err := checkHealth(ctx, node.Volumes); err != nil {
 		return err
 	}
@@ -124,18 +120,16 @@ func serve(args []string) error {
 
 // assemble wires the node's parts on the host: libzfs for metadata, the
 // zfs command for streams and keys, the system's mounts, TLS to the
-// peers (dialOpts), the peer list from the configuration.
-func assemble(cfg config.Node, z *libzfs.ZFS, dialOpts []grpc.DialOption, registry *metrics.Registry, log hclog.Logger) *assembly.Parts {
+// peers and backup targets (dial), the peer list from the configuration.
+func assemble(cfg config.Node, z *libzfs.ZFS, dial dialing, registry *metrics.Registry, log hclog.Logger) *assembly.Parts {
 	node := assembly.New(assembly.Deps{
 		Config: cfg,
 		ZFS:    z,
 		// Replication streams run as zfs processes, holding no libzfs
 		// handle; the short reads and holds around them run in process.
-		Streams: z.Streams(zfscmd.Cmd{}),
-		Dial: func(addr string) (*grpc.ClientConn, error) {
-			opts := append(agent.DialOptions(), protocol.DialOptions()...)
-			return grpc.NewClient(addr, append(opts, dialOpts...)...)
-		},
+		Streams:    z.Streams(zfscmd.Cmd{}),
+		Dial:       dial.to(dial.nodes),
+		DialTarget: dial.to(dial.targets),
 		Peers:      peers.Configured(cfg.Peers, cfg.PeersFile),
 		LeaseClock: time.Now,
 		Log:        log,
@@ -184,22 +178,38 @@ func listen(cfg config.Node) (listeners, error) {
 	return listeners{csi: csiLis, agent: agentLis, metrics: metricsLis}, nil
 }
 
+// dialing is how the node dials: its peers' agent ports, verified as
+// nodes, and its backup targets, verified as targets.
+type dialing struct {
+	nodes, targets []grpc.DialOption
+}
+
+// to returns a dial with opts, the agent protocol's options added.
+func (dialing) to(opts []grpc.DialOption) func(addr string) (*grpc.ClientConn, error) {
+	return func(addr string) (*grpc.ClientConn, error) {
+		all := append(agent.DialOptions(), protocol.DialOptions()...)
+		return grpc.NewClient(addr, append(all, opts...)...)
+	}
+}
+
 // agentTLS returns the agent port's server options (mutual TLS, every
 // call's check of the caller's certificate, and the policy of who may
-// call what), the dial options of the node's calls to peers (mutual TLS
-// and every call's check of the peer's certificate), and the TLS
-// material they use (nil without TLS), which WatchTLS keeps current.
-func agentTLS(cfg config.Node, log hclog.Logger) ([]grpc.ServerOption, []grpc.DialOption, *tlsconfig.Source, error) {
+// call what), the dial options of the node's calls to peers and backup
+// targets (mutual TLS and every call's check of the server's
+// certificate), and the TLS material they use (nil without TLS), which
+// WatchTLS keeps current.
+func agentTLS(cfg config.Node, log hclog.Logger) ([]grpc.ServerOption, dialing, *tlsconfig.Source, error) {
 	logging := csiplugin.LoggingInterceptor(log.Named("agent"))
 	if cfg.InsecureAgentPort {
 		log.Warn("agent port WITHOUT TLS (-insecure-agent-port): anyone who reaches it can read and write volumes; use only on a closed test network")
-		return []grpc.ServerOption{grpc.UnaryInterceptor(logging)}, []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, nil, nil
+		plain := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+		return []grpc.ServerOption{grpc.UnaryInterceptor(logging)}, dialing{nodes: plain, targets: plain}, nil, nil
 	}
 	// The node's certificate must name it: peers bind its streams and
 	// promises to that name.
 	src, err := csiplugin.OpenTLS(cfg.TLS, tlsconfig.Identity{Roles: []string{tlsconfig.RoleNode}, Name: cfg.NodeID}, log.Named("tls"))
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, dialing{}, nil, err
 	}
 	// The certificate check comes first: a revoked caller gets
 	// Unauthenticated whatever it calls.
@@ -207,7 +217,19 @@ func agentTLS(cfg config.Node, log hclog.Logger) ([]grpc.ServerOption, []grpc.Di
 	return append(src.ServerOptions(),
 		grpc.ChainUnaryInterceptor(policy.UnaryInterceptor(), logging),
 		grpc.ChainStreamInterceptor(policy.StreamInterceptor()),
-	), src.DialOptions(), src, nil
+	), dialing{nodes: src.DialOptions(), targets: src.BackupDialOptions()}, src, nil
+}
+
+// openZFS checks the host's OpenZFS (checkOpenZFS) and opens libzfs,
+// reading the driver's user properties; it returns the userland's
+// release.
+func openZFS(log hclog.Logger) (string, *libzfs.ZFS, error) {
+	release, err := checkOpenZFS(log)
+	if err != nil {
+		return "", nil, err
+	}
+	z, err := libzfs.New(copyrecord.UserProperties...)
+	return release, z, err
 }
 
 // checkOpenZFS logs which OpenZFS userland and kernel module this host

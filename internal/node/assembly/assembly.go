@@ -47,6 +47,10 @@ type Deps struct {
 	// Dial connects to a peer's agent port (replication and the lease's
 	// pings).
 	Dial func(addr string) (*grpc.ClientConn, error)
+	// DialTarget connects to a backup target's port (Config's
+	// BackupTargets), verifying it as a target, never as a node; nil
+	// when the node pushes no backups.
+	DialTarget func(addr string) (*grpc.ClientConn, error)
 	// Peers says where the peers' agents are; LeaseClock is the clock
 	// the lease counts on (monotonic: time.Now).
 	Peers      peers.Source
@@ -88,6 +92,9 @@ func (p *Parts) newReplication(d Deps) {
 	cfg, log := d.Config, d.Log.Named("replication")
 	p.Pusher = replication.NewPusher(d.Streams, p.Volumes.Locks(), cfg.RootDataset, cfg.NodeID, cfg.ReplicationSnapshots,
 		replication.NewLimiter(uint64(cfg.ReplicationBandwidth)), agent.NewReplicationPeers(d.Dial), log)
+	if d.DialTarget != nil && len(cfg.BackupTargets) > 0 {
+		p.Pusher.UseTargets(cfg.BackupTargets, agent.NewReplicationPeers(d.DialTarget))
+	}
 	r := replication.NewReceiver(d.Streams, p.Volumes.Locks(), p.Volumes, cfg.RootDataset, cfg.NodeID, cfg.ReplicationSnapshots, log)
 	r.MaxQuota, r.QuotaProperty = uint64(cfg.MaxQuota), cfg.QuotaProperty
 	r.IdleTimeout = time.Duration(cfg.ReceiveIdleTimeout)

@@ -289,6 +289,9 @@ func TestReplicationParameters(t *testing.T) {
 		{map[string]string{"replicas": "two"}, false},
 		{map[string]string{"replicas": "1", "replication_interval": "10s"}, false}, // below 1m
 		{map[string]string{"replication_interval": "soon"}, false},
+		{map[string]string{"backup_retention": "1h:24,1d:14"}, true},
+		{map[string]string{"backup_retention": "1d:14,1d:7"}, false}, // an interval twice
+		{map[string]string{"backup_retention": "daily"}, false},
 	}
 	for _, tc := range tests {
 		m, _ := newManager(t)

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/node/retention"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
@@ -16,7 +17,8 @@ import (
 
 // controllerParameters are volume parameters that steer the controller and
 // set no ZFS property.
-var controllerParameters = map[string]bool{contract.ParamNode: true, contract.ParamReplicas: true, contract.ParamReplicationInterval: true, contract.ParamPinned: true, contract.ParamFailover: true}
+var controllerParameters = map[string]bool{contract.ParamNode: true, contract.ParamReplicas: true, contract.ParamReplicationInterval: true, contract.ParamPinned: true, contract.ParamFailover: true,
+	contract.ParamBackupRetention: true}
 
 // checkControllerParameter checks a controller parameter's value against
 // the operator's limits.
@@ -34,6 +36,11 @@ func checkControllerParameter(cfg *config.Node, key, value string) error {
 	case contract.ParamFailover:
 		if value != contract.FailoverAuto && value != contract.FailoverManual {
 			return fmt.Errorf("%w: parameter %q=%q: want %q or %q", errdefs.ErrInvalidArgument, key, value, contract.FailoverAuto, contract.FailoverManual)
+		}
+	case contract.ParamBackupRetention:
+		// The targets prune by it, each within its own max_kept.
+		if _, err := retention.Parse(value); err != nil {
+			return fmt.Errorf("%w: parameter %q: %v", errdefs.ErrInvalidArgument, key, err)
 		}
 	case contract.ParamReplicationInterval:
 		d, err := time.ParseDuration(value)

@@ -95,10 +95,43 @@ func TestNodeValidation(t *testing.T) {
 		{"key derivation stronger", []string{"-encryption-pbkdf2-iterations", "1300000"}, ""},
 		{"key derivation below OpenZFS's minimum", []string{"-encryption-pbkdf2-iterations", "99999"}, "encryption_pbkdf2_iterations 99999"},
 		{"key derivation negative", []string{"-encryption-pbkdf2-iterations", "-1"}, "encryption_pbkdf2_iterations -1"},
+		{"backup targets", []string{"-backup-targets", "vault=vault.example:7680,offsite=10.0.0.9:7680"}, ""},
+		{"backup target without a port", []string{"-backup-targets", "vault=vault.example"}, "backup_targets.vault"},
+		{"backup target's name not a certificate's", []string{"-backup-targets", "../vault=vault.example:7680"}, `name "../vault"`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := LoadNode(append(append([]string{}, base...), tc.args...), env(nil), os.Stderr)
+			if tc.want == "" && err != nil {
+				t.Fatalf("want valid, got %v", err)
+			}
+			if tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+				t.Fatalf("want error containing %q, got %v", tc.want, err)
+			}
+		})
+	}
+}
+
+// TestTargetValidation: a backup target needs its name, its root and
+// its TLS material; it has no insecure mode.
+func TestTargetValidation(t *testing.T) {
+	base := []string{"-name", "vault", "-root-dataset", "backup/nomad", "-tls-ca", "a", "-tls-cert", "b", "-tls-key", "c"}
+	tests := []struct {
+		name string
+		args []string
+		want string // "" means valid
+	}{
+		{"valid", nil, ""},
+		{"no name", []string{"-name", ""}, "name"},
+		{"root is a snapshot", []string{"-root-dataset", "backup@x"}, "root_dataset"},
+		{"no TLS", []string{"-tls-key", ""}, "mutual TLS"},
+		{"no insecure mode", []string{"-insecure-agent-port"}, "not defined"},
+		{"keeps nothing", []string{"-max-kept", "0"}, "max_kept"},
+		{"an argument", []string{"extra"}, "unexpected argument"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := LoadTarget("usage", append(append([]string{}, base...), tc.args...), env(nil), io.Discard)
 			if tc.want == "" && err != nil {
 				t.Fatalf("want valid, got %v", err)
 			}

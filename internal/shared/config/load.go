@@ -50,6 +50,7 @@ func LoadNode(args []string, getenv func(string) string, stderr io.Writer) (Node
 	fs.Var(&cfg.ReceiveIdleTimeout, "receive-idle-timeout", "how long a receive waits for the sender's next message before it ends (e.g. 2m)")
 	fs.IntVar(&cfg.MaxReplicasPerPeer, "max-replicas-per-peer", cfg.MaxReplicasPerPeer, "replicas one peer's streams may create on this node (0: no bound)")
 	fs.IntVar(&cfg.ReplicationSnapshots, "replication-snapshots", cfg.ReplicationSnapshots, "zn- snapshots kept per volume besides the incremental bases")
+	fs.Var((*mapFlag)(&cfg.BackupTargets), "backup-targets", "backup targets this node pushes backups to, name=host:port,name2=host:port")
 	tlsFlags(fs, &cfg.TLS, &cfg.InsecureAgentPort)
 	metricsFlag(fs, &cfg.MetricsAddress)
 	if err := load(fs, args, getenv, &cfg); err != nil {
@@ -57,6 +58,32 @@ func LoadNode(args []string, getenv func(string) string, stderr io.Writer) (Node
 	}
 	if err := cfg.Validate(); err != nil {
 		return cfg, fmt.Errorf("invalid zfs-node configuration:\n%w", err)
+	}
+	return cfg, nil
+}
+
+// LoadTarget reads the configuration of zfs-node target like LoadNode.
+// usage heads what -h prints, above the flags.
+func LoadTarget(usage string, args []string, getenv func(string) string, stderr io.Writer) (Target, error) {
+	cfg := DefaultTarget()
+	fs := newFlagSet("zfs-node target", usage, stderr)
+	fs.StringVar(&cfg.Name, "name", cfg.Name, "this target's name: its certificate's common name, and the name nodes know it by in backup_targets")
+	fs.StringVar(&cfg.RootDataset, "root-dataset", cfg.RootDataset, "parent dataset of every volume's backups, e.g. backup/nomad")
+	fs.StringVar(&cfg.Address, "address", cfg.Address, "host:port nodes push backups to")
+	fs.Var(&cfg.MaxQuota, "max-quota", "the largest volume whose backups this target takes: it bounds every stream (0: no bound)")
+	fs.Var(&cfg.ReceiveIdleTimeout, "receive-idle-timeout", "how long a receive waits for the sender's next message before it ends (e.g. 2m)")
+	fs.StringVar(&cfg.DefaultRetention, "default-retention", cfg.DefaultRetention, "retention grid of volumes whose backup_retention names none, or one beyond -max-kept")
+	fs.IntVar(&cfg.MaxKept, "max-kept", cfg.MaxKept, "the most backups a volume's own grid may keep (the sum of its counts)")
+	tlsFlags(fs, &cfg.TLS, nil)
+	metricsFlag(fs, &cfg.MetricsAddress)
+	if err := load(fs, args, getenv, &cfg); err != nil {
+		return cfg, err
+	}
+	if fs.NArg() > 0 {
+		return cfg, fmt.Errorf("%w: unexpected argument %q (flags only)", ErrUsage, fs.Arg(0))
+	}
+	if err := cfg.Validate(); err != nil {
+		return cfg, fmt.Errorf("invalid zfs-node target configuration:\n%w", err)
 	}
 	return cfg, nil
 }
@@ -142,7 +169,9 @@ func tlsFlags(fs *flag.FlagSet, t *TLSFiles, insecure *bool) {
 	fs.StringVar(&t.Cert, "tls-cert", t.Cert, "PEM certificate of this party; its first OU is its role")
 	fs.StringVar(&t.Key, "tls-key", t.Key, "PEM key of the certificate")
 	fs.Var(&t.ExpiryWarning, "tls-expiry-warning", "warn in the log from this long before the certificate expires (0: never); the files are reloaded when they change")
-	fs.BoolVar(insecure, "insecure-agent-port", *insecure, "no TLS on the agent port: closed test networks only")
+	if insecure != nil {
+		fs.BoolVar(insecure, "insecure-agent-port", *insecure, "no TLS on the agent port: closed test networks only")
+	}
 }
 
 // load applies the file, the environment and the flags, in that order, to

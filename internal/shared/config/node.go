@@ -105,6 +105,11 @@ type Node struct {
 	// ReplicationBandwidth caps the bytes per second this node sends to
 	// peers, all transfers together; 0 means no cap.
 	ReplicationBandwidth ByteSize `json:"replication_bandwidth"`
+	// BackupTargets are the backup targets this node pushes backups to
+	// (docs/backups.md), by name (each target's certificate names it) to
+	// host:port; a push goes only to a target named here. The same on
+	// every node a volume may move to.
+	BackupTargets map[string]string `json:"backup_targets"`
 	// CSIEndpoint is where the CSI Identity and Node services listen
 	// (unix:///path or tcp://host:port). Nomad sets CSI_ENDPOINT.
 	CSIEndpoint string `json:"csi_endpoint"`
@@ -372,6 +377,11 @@ func (c *Node) validateAgent() []error {
 	}
 	if err := c.TLS.validate(c.InsecureAgentPort); err != nil {
 		errs = append(errs, err)
+	}
+	for _, name := range slices.Sorted(maps.Keys(c.BackupTargets)) {
+		if err := validateTarget(name, c.BackupTargets[name]); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	for k, v := range c.Topology {
 		if k == TopologyNodeKey || k == TopologyDomainKey {

@@ -1,0 +1,93 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/node/agent"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/replication"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/retention"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfscmd"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/config"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/csiplugin"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/metrics"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/protocol"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/tlsconfig"
+	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
+)
+
+const targetUsage = `usage: zfs-node target [flags]
+
+Serve as a backup target (docs/backups.md): keep the backups the nodes
+push, each volume's under ROOT/<volume-id>, pruned by its retention grid.
+It needs a ZFS pool and a certificate of role backup, and no Nomad, CSI
+socket or peers; it serves nodes' pushes and nothing else.`
+
+// serveTarget runs a backup target until SIGINT or SIGTERM.
+func serveTarget(args []string) error {
+	cfg, err := config.LoadTarget(targetUsage, args, os.Getenv, os.Stderr)
+	if err != nil {
+		return err
+	}
+	grid, err := retention.Parse(cfg.DefaultRetention)
+	if err != nil {
+		return fmt.Errorf("invalid zfs-node target configuration: default_retention: %w", err)
+	}
+	log := csiplugin.NewLogger("zfs-node", os.Getenv).With("backup_target", cfg.Name)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+
+	release, z, err := openZFS(log)
+	if err != nil {
+		return err
+	}
+	streams := z.Streams(zfscmd.Cmd{})
+	if _, err := streams.Get(ctx, cfg.RootDataset, "type"); err != nil {
+		return fmt.Errorf("root_dataset %s: %w (create it first: zfs create %s)", cfg.RootDataset, err, cfg.RootDataset)
+	}
+	// The target's certificate must name it: nodes hold it to the name
+	// their backup_targets give it.
+	certs, err := csiplugin.OpenTLS(cfg.TLS, tlsconfig.Identity{Roles: []string{tlsconfig.RoleBackup}, Name: cfg.Name}, log.Named("tls"))
+	if err != nil {
+		return err
+	}
+	target := replication.NewTargetReceiver(streams, cfg.RootDataset, cfg.Name, uint64(cfg.MaxQuota), log.Named("backups"))
+	target.Default, target.MaxKept = grid, cfg.MaxKept
+	target.SetIdleTimeout(time.Duration(cfg.ReceiveIdleTimeout))
+	target.OpenZFS(release)
+
+	policy := tlsconfig.TargetPolicy
+	opts := append(certs.ServerOptions(),
+		grpc.ChainUnaryInterceptor(policy.UnaryInterceptor(), csiplugin.LoggingInterceptor(log.Named("agent"))),
+		grpc.ChainStreamInterceptor(policy.StreamInterceptor()))
+	opts = append(opts, protocol.ServerOptions("backup target "+cfg.Name)...)
+	srv := grpc.NewServer(append(opts, agent.ServerOptions()...)...)
+	pb.RegisterReplicationServer(srv, &agent.ReplicationServer{Receiver: target})
+
+	lis, err := net.Listen("tcp", cfg.Address)
+	if err != nil {
+		return fmt.Errorf("address %s: %w", cfg.Address, err)
+	}
+	metricsLis, err := csiplugin.ListenMetrics(cfg.MetricsAddress)
+	if err != nil {
+		return err
+	}
+	registry := metrics.NewRegistry()
+	csiplugin.WatchTLS(ctx, certs, registry)
+	log.Info("serving backups", "address", lis.Addr().String(), "root_dataset", cfg.RootDataset,
+		"default_retention", grid.String(), "max_kept", cfg.MaxKept)
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return csiplugin.Serve(gctx, srv, lis, 10*time.Second) })
+	g.Go(func() error { return csiplugin.ServeMetrics(gctx, metricsLis, registry, log, nil) })
+	err = g.Wait()
+	log.Info("stopped")
+	return err
+}
