@@ -59,7 +59,7 @@ func (c command) usage() string {
 
 var commands = []command{
 	{"serve", "[flags]", "Serve the CSI Identity and Controller services: what Nomad runs (the command when the first argument is a flag)", serve},
-	{"backup", "[flags] [-to NODE] VOLUME", "Push a volume to a peer now, with live progress", backup},
+	{"backup", "[flags] [-to NODE | -target TARGET] VOLUME", "Push a volume to a peer or a backup target now, with live progress", backup},
 	{"status", "[flags] [-json]", "Show every node's volumes, replicas and their lag, running transfers, moves in progress and stale copies set aside", status},
 	{"promote", "[flags] [-node NODE] [-force] VOLUME", "Promote a replica of a volume whose primary's node is lost (failover=manual)", promote},
 	{"remove-replica", "[flags] -node NODE [-force] VOLUME", "Remove one node's replica of a volume", removeReplica},
@@ -320,6 +320,7 @@ func backup(c command, args []string) error {
 	var opts operator.BackupOptions
 	sess, err := connect(c, args, true, func(fs *flag.FlagSet) {
 		fs.StringVar(&opts.To, "to", "", "node ID to back up to (default: a healthy node that holds a replica, else the one with most room in the volume's replication domain)")
+		fs.StringVar(&opts.Target, "target", "", "backup target to back up to, by the name in the nodes' backup_targets (docs/backups.md), instead of a node")
 		fs.DurationVar(&opts.WaitBusy, "wait", 5*time.Minute, "how long to wait for a running push or move of the volume to end before pushing (0: fail at once)")
 		fs.DurationVar(&opts.StallTimeout, "stall", cluster.DefaultStallTimeout, "cancel the push once it moved no data for this long: it holds the volume's one push slot, which the schedule and moves need")
 	})

@@ -169,6 +169,10 @@ func (c *Client) ListSnapshots(ctx context.Context, q SnapshotQuery) ([]Snapshot
 type Target struct {
 	Addr   string
 	NodeID string
+	// Backup names a backup target in the pushing node's own
+	// configuration (docs/backups.md), which gives its address; Addr and
+	// NodeID are then empty.
+	Backup string
 }
 
 // Replicate asks the agent to push a volume to the agent of node to now,
@@ -177,7 +181,7 @@ type Target struct {
 // source node's Status ("schedule", "backup", "catch-up for the move to
 // n2").
 func (c *Client) Replicate(ctx context.Context, volumeID string, to Target, purpose string, each func(Progress)) (Progress, error) {
-	return c.replicate(ctx, &pb.ReplicateRequest{VolumeId: volumeID, TargetAddress: to.Addr, TargetNodeId: to.NodeID, Purpose: purpose}, each)
+	return c.replicate(ctx, &pb.ReplicateRequest{VolumeId: volumeID, TargetAddress: to.Addr, TargetNodeId: to.NodeID, BackupTarget: to.Backup, Purpose: purpose}, each)
 }
 
 // MoveFinal is a planned move's final push: the agent fences its primary

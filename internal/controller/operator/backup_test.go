@@ -152,3 +152,27 @@ func TestBackupStallGuard(t *testing.T) {
 		t.Errorf("the output does not say the backup's stall bound:\n%s", out.String())
 	}
 }
+
+// TestBackupToATarget: -target hands the node the backup target's name
+// alone (the node's own configuration says where it is), and never
+// together with -to.
+func TestBackupToATarget(t *testing.T) {
+	var fakes clustertest.Fakes
+	src := fakes.Add(agentclient.NodeInfo{NodeID: "n1", AvailableBytes: 1 << 30, MaxVolumes: 100})
+	fakes.Add(agentclient.NodeInfo{NodeID: "n2", AvailableBytes: 1 << 30, MaxVolumes: 100})
+	id := src.PutPrimary("backed-up", 1)
+	var out strings.Builder
+	if err := Backup(context.Background(), fakes.Cluster(t), id, BackupOptions{Target: "vault"}, &out); err != nil {
+		t.Fatalf("backup to a target: %v\n%s", err, out.String())
+	}
+	if got := src.PushedTo(); len(got) != 1 || got[0] != (agentclient.Target{Backup: "vault"}) {
+		t.Errorf("the node was asked to push to %+v, want the backup target vault alone", got)
+	}
+	if !strings.Contains(out.String(), "to backup target vault") {
+		t.Errorf("the output does not name the target:\n%s", out.String())
+	}
+	err := Backup(context.Background(), fakes.Cluster(t), id, BackupOptions{Target: "vault", To: "n2"}, &out)
+	if !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("-to with -target: %v, want InvalidArgument", err)
+	}
+}

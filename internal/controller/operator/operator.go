@@ -29,6 +29,9 @@ type BackupOptions struct {
 	// To is the node to push to; empty means where the schedule would
 	// place the volume's replica (pickTarget).
 	To string
+	// Target is the backup target to push to, by the name the nodes'
+	// backup_targets give it (docs/backups.md); To is then empty.
+	Target string
 	// WaitBusy bounds the wait for another operation on the volume (a
 	// scheduled push, a move) to end; zero means give up at once.
 	WaitBusy time.Duration
@@ -43,10 +46,11 @@ type BackupOptions struct {
 	StallTimeout time.Duration
 }
 
-// Backup pushes a volume now from its node to the node opts.To (or, if
-// empty, where the schedule would place its replica: a node holding one,
-// else the one with most room in its replication domain) and prints live
-// progress to out.
+// Backup pushes a volume now from its node to the backup target
+// opts.Target, or to the node opts.To (or, if both are empty, where the
+// schedule would place its replica: a node holding one, else the one
+// with most room in its replication domain) and prints live progress to
+// out.
 //
 // A volume whose node is pushing it already (the schedule's round, whose
 // snapshot may predate the operator's request) answers Aborted: the
@@ -54,22 +58,30 @@ type BackupOptions struct {
 // opts.WaitBusy, so that what the node held when the command was typed
 // reaches the target.
 func Backup(ctx context.Context, cl *cluster.Cluster, volumeID string, opts BackupOptions, out io.Writer) error {
+	if opts.To != "" && opts.Target != "" {
+		return errdefs.Wrap(errdefs.ErrInvalidArgument, "a backup goes to a node (-to) or to a backup target (-target), not both")
+	}
 	src, err := cluster.Find(ctx, cl, "volume "+volumeID, func(ctx context.Context, a cluster.Agent) (agentclient.Volume, error) {
 		return a.GetVolume(ctx, volumeID)
 	})
 	if err != nil {
 		return err
 	}
-	target, err := pickTarget(ctx, cl, src.Node, src.Object, opts.To)
-	if err != nil {
-		return err
+	// where names the destination in the route line, who in errors.
+	to, where, who := agentclient.Target{Backup: opts.Target}, "backup target "+opts.Target, "backup target "+opts.Target
+	if opts.Target == "" {
+		target, err := pickTarget(ctx, cl, src.Node, src.Object, opts.To)
+		if err != nil {
+			return err
+		}
+		to, where, who = agentclient.Target{Addr: target.Addr, NodeID: target.Info.NodeID}, target.Info.NodeID, "node "+target.Info.NodeID
 	}
 	stall := cmp.Or(opts.StallTimeout, cluster.DefaultStallTimeout)
 	fmt.Fprintf(out, "backing up %s (%s) from %s to %s (cancelled if no data moves for %s)\n",
-		volumeID, src.Object.Name, src.Node.Info.NodeID, target.Info.NodeID, stall)
+		volumeID, src.Object.Name, src.Node.Info.NodeID, where, stall)
 	start := time.Now()
 	push := func() (agentclient.Progress, error) {
-		return cluster.Push(ctx, src.Node, volumeID, agentclient.Target{Addr: target.Addr, NodeID: target.Info.NodeID}, "backup", stall, func(p agentclient.Progress) {
+		return cluster.Push(ctx, src.Node, volumeID, to, "backup", stall, func(p agentclient.Progress) {
 			fmt.Fprintf(out, "\r%s", FormatProgress(p, time.Since(start)))
 		})
 	}
@@ -77,9 +89,9 @@ func Backup(ctx context.Context, cl *cluster.Cluster, volumeID string, opts Back
 	if errors.Is(err, cluster.ErrStalled) {
 		// Unavailable: the target, or the link to it, did not take the
 		// data; the slot is free again for the schedule and moves.
-		err = fmt.Errorf("%w: backup of volume %s to node %s cancelled, freeing the volume's push slot: no data moved for %s "+
-			"(check node %s and the link to it, then run the backup again; -stall changes the bound): %w",
-			errdefs.ErrUnavailable, volumeID, target.Info.NodeID, stall, target.Info.NodeID, err)
+		err = fmt.Errorf("%w: backup of volume %s to %s cancelled, freeing the volume's push slot: no data moved for %s "+
+			"(check %s and the link to it, then run the backup again; -stall changes the bound): %w",
+			errdefs.ErrUnavailable, volumeID, who, stall, who, err)
 	}
 	if err != nil {
 		fmt.Fprintln(out)

@@ -46,7 +46,8 @@ type FakeAgent struct {
 	refusals  map[string]refusal // by method name
 	before    map[string]func()  // by method name, run once (BeforeCall)
 	calls     []string
-	purposes  []string // of the Replicate calls, in order
+	purposes  []string             // of the Replicate calls, in order
+	pushedTo  []agentclient.Target // of the Replicate calls, in order
 	reserved  []agentclient.Reservation
 	world     *Fakes // the node's peers, when it was made by Fakes.Add
 	// changed logs the volume of every change of a copy (the node's
@@ -760,6 +761,7 @@ func (f *FakeAgent) Reservations() []agentclient.Reservation {
 func (f *FakeAgent) Replicate(ctx context.Context, id string, to agentclient.Target, purpose string, each func(agentclient.Progress)) (agentclient.Progress, error) {
 	f.mu.Lock()
 	f.purposes = append(f.purposes, purpose)
+	f.pushedTo = append(f.pushedTo, to)
 	f.mu.Unlock()
 	if err := f.beforePush(ctx, id, to.Addr, purpose, each); err != nil {
 		return agentclient.Progress{}, err
@@ -774,6 +776,13 @@ func (f *FakeAgent) Replicate(ctx context.Context, id string, to agentclient.Tar
 		each(p)
 	}
 	return p, err
+}
+
+// PushedTo returns the targets the node's Replicate calls named, in order.
+func (f *FakeAgent) PushedTo() []agentclient.Target {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.pushedTo)
 }
 
 // Purposes returns the purposes the node's Replicate calls gave, in order.
