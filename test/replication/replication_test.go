@@ -44,7 +44,7 @@ import (
 
 func TestMain(m *testing.M) {
 	os.Exit(guesttest.Main(m, guesttest.Options{
-		Disks:    []string{"2G", "2G", "1G"},
+		Disks:    []string{"2G", "2G", "1G", "1G"},
 		Binaries: guesttest.DriverBinaries(),
 		Memory:   "2G",
 		Timeout:  25 * time.Minute,

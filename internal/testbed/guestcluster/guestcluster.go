@@ -154,6 +154,11 @@ type Options struct {
 	// EncryptedRoots creates every node's root dataset encrypted (key in
 	// KeyFile), so every volume inherits encryption.
 	EncryptedRoots bool
+	// BackupTarget, when set, names a backup target (Target) the cluster
+	// starts before its nodes, with its pool on BackupTargetDisk; every
+	// node knows it by that name.
+	BackupTarget     string
+	BackupTargetDisk string
 }
 
 // KeyFile returns the raw key of encrypted roots in a cluster's dir.
@@ -175,7 +180,9 @@ type Cluster struct {
 	// certificate from it, for calls to the agents (DialAgent).
 	CA       *tlsconfig.CA
 	Operator tlsconfig.Files
-	undo     []func()
+	// Target is the backup target of Options.BackupTarget, if any.
+	Target *Target
+	undo   []func()
 
 	controllerArgs []string
 }
@@ -260,6 +267,13 @@ func Start(opts Options) (_ *Cluster, err error) {
 		if err := writeKeyFile(KeyFile(opts.Dir)); err != nil {
 			return nil, err
 		}
+	}
+	if opts.BackupTarget != "" {
+		if err := c.setUpTarget(); err != nil {
+			return nil, err
+		}
+		// First: a test's own -backup-targets in NodeArgs wins.
+		c.opts.NodeArgs = append([]string{"-backup-targets", opts.BackupTarget + "=" + TargetAddress()}, c.opts.NodeArgs...)
 	}
 	if err := c.addNodes(); err != nil {
 		return nil, err

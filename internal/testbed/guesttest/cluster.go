@@ -63,6 +63,9 @@ func StartCluster(t testing.TB, n int, opts guestcluster.Options) *guestcluster.
 		for _, n := range c.Nodes {
 			procs = append(procs, n.Process)
 		}
+		if c.Target != nil {
+			procs = append(procs, c.Target.Process)
+		}
 		for _, p := range procs {
 			if p == nil {
 				continue

@@ -1,0 +1,106 @@
+package replication
+
+import (
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guestcluster"
+	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guesttest"
+)
+
+// TestBackupsToATarget: a backup target outside the cluster (zfs-node
+// target, a pool of its own, a certificate of role backup) takes a
+// volume's backups from the node holding it, by the name the nodes'
+// backup_targets give it: full, then incremental, each one snapshot
+// there, labelled for a restore and never mounted; the volume's grid
+// prunes them (100y:1 keeps the first since 1970 and the newest); the
+// node keeps the target's base held. The volume is encrypted (the roots
+// are): its backups stay encrypted, the key never loaded there, and
+// hold, decrypted, what the volume held. A node's certificate answering
+// at a target's address is refused before anything is sent.
+func TestBackupsToATarget(t *testing.T) {
+	impostor := "10.77.0.2:7670" // n2's agent port
+	c := guesttest.StartCluster(t, 2, guestcluster.Options{EncryptedRoots: true, BackupTarget: "vault", BackupTargetDisk: guesttest.Disk(3),
+		NodeArgs: []string{"-backup-targets", "vault=" + guestcluster.TargetAddress() + ",impostor=" + impostor}})
+	n1 := c.Nodes[0]
+	ctl := csi.NewControllerClient(guesttest.Dial(t, c.ControllerEndpoint))
+	resp, err := ctl.CreateVolume(t.Context(), &csi.CreateVolumeRequest{Name: "ledger", VolumeCapabilities: []*csi.VolumeCapability{writer},
+		CapacityRange: &csi.CapacityRange{RequiredBytes: 1 << 30}, Parameters: map[string]string{"node": n1.ID, "compression": "off", "backup_retention": "100y:1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := resp.GetVolume().GetVolumeId()
+	target, err := guesttest.Mount(t.Context(), t, n1, id, "ledger", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"backup", "-peers", strings.Join(c.AgentAddresses(), ","), "-tls-ca", c.Operator.CA, "-tls-cert", c.Operator.Cert, "-tls-key", c.Operator.Key}
+	ctlBin := guesttest.BinDir(t) + "/zfs-controller"
+	backup := func(want string) string {
+		t.Helper()
+		out := guesttest.Run(t, ctlBin, append(args, "-target", "vault", "ledger")...)
+		if !strings.Contains(out, "from n1 to backup target vault") || !strings.Contains(out, "done: "+want) {
+			t.Fatalf("backup: want a %s backup from n1 to backup target vault:\n%s", want, out)
+		}
+		return regexp.MustCompile(`@zn-\d+`).FindString(out)
+	}
+
+	guesttest.Exec(t, n1, guesttest.RandomFile(target+"/a", 8)+" && sync")
+	first := backup("full")
+	guesttest.Exec(t, n1, guesttest.RandomFile(target+"/b", 4)+" && sync")
+	backup("incremental")
+	guesttest.Exec(t, n1, "seq 1 100000 >"+target+"/c && sync")
+	newest := backup("incremental")
+
+	chain := c.Target.RootDataset + "/" + id
+	snaps := strings.Fields(guesttest.Run(t, "zfs", "list", "-H", "-t", "snapshot", "-o", "name", "-s", "createtxg", chain))
+	if len(snaps) != 2 || !strings.HasSuffix(snaps[0], first) || !strings.HasSuffix(snaps[1], newest) {
+		t.Errorf("the target keeps %v; want two backups (100y:1: the first since 1970, %s, and the newest, %s)", snaps, first, newest)
+	}
+	for prop, want := range map[string]string{"zfs-nomad:role": "backup", "zfs-nomad:name": "ledger", "zfs-nomad:retention": "100y:1",
+		"canmount": "off", "mounted": "no", "keystatus": "unavailable"} {
+		if got := zfsGet(t, prop, chain); got != want {
+			t.Errorf("the target's %s is %s=%q, want %q", chain, prop, got, want)
+		}
+	}
+	if enc := zfsGet(t, "encryption", chain); enc == "off" {
+		t.Errorf("the backup of an encrypted volume is not encrypted")
+	}
+	// The node holds the target's base, so its next backup is an
+	// increment (in the background of the push's answer: waited for).
+	source := n1.RootDataset + "/" + id + newest
+	held := func() bool {
+		out, err := guestcluster.Run("zfs", "holds", "-H", source)
+		return err == nil && strings.Contains(out, "zfs-nomad-base-backup:vault")
+	}
+	for deadline := time.Now().Add(30 * time.Second); !held() && time.Now().Before(deadline); {
+		time.Sleep(200 * time.Millisecond)
+	}
+	if !held() {
+		out, _ := guestcluster.Run("zfs", "holds", "-H", source)
+		t.Errorf("n1 does not hold %s, the target's base, as zfs-nomad-base-backup:vault: %s", source, out)
+	}
+
+	// Decrypted with the volume's key (here, the cluster's), the newest
+	// backup holds what the volume holds.
+	guesttest.Run(t, "zfs", "load-key", "-L", "file://"+guestcluster.KeyFile(c.Dir()), chain)
+	check := c.Target.Pool + "/check"
+	guesttest.Run(t, "zfs", "clone", "-o", "mountpoint=/mnt/vault-check", snaps[1], check)
+	got := guesttest.Run(t, "sh", "-c", guesttest.Checksums("/mnt/vault-check"))
+	guesttest.Run(t, "zfs", "destroy", check)
+	if want := checksums(t, n1, target); got != want {
+		t.Errorf("the newest backup holds\n%s\nthe volume\n%s", got, want)
+	}
+
+	out, code := exitOf(ctlBin, append(args, "-target", "impostor", "ledger")...)
+	if code == 0 || !strings.Contains(out, "backup.zfs-nomad") {
+		t.Errorf("a backup to a node's agent port named as a target: exit %d, want a refusal naming backup.zfs-nomad:\n%s", code, out)
+	}
+	if out, err := guestcluster.Run("zfs", "list", c.Nodes[1].RootDataset+"/"+id); err == nil {
+		t.Errorf("the impostor node holds a copy of the volume:\n%s", out)
+	}
+}
