@@ -29,7 +29,8 @@ const targetUsage = `usage: zfs-node target [flags]
 Serve as a backup target (docs/backups.md): keep the backups the nodes
 push, each volume's under ROOT/<volume-id>, pruned by its retention grid.
 It needs a ZFS pool and a certificate of role backup, and no Nomad, CSI
-socket or peers; it serves nodes' pushes and nothing else.`
+socket or peers; it serves nodes' pushes, and restores the controller
+grants, and nothing else.`
 
 // serveTarget runs a backup target until SIGINT or SIGTERM.
 func serveTarget(args []string) error {
@@ -71,6 +72,7 @@ func serveTarget(args []string) error {
 	opts = append(opts, protocol.ServerOptions("backup target "+cfg.Name)...)
 	srv := grpc.NewServer(append(opts, agent.ServerOptions()...)...)
 	pb.RegisterReplicationServer(srv, &agent.ReplicationServer{Receiver: target})
+	pb.RegisterBackupsServer(srv, &agent.BackupsServer{Target: target})
 
 	lis, err := net.Listen("tcp", cfg.Address)
 	if err != nil {

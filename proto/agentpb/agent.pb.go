@@ -202,6 +202,471 @@ func (x *PromisesResponse) GetGenerations() map[string]uint64 {
 	return nil
 }
 
+// ListBackupsRequest selects one volume's backups; empty: every volume's.
+type ListBackupsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	VolumeId      string                 `protobuf:"bytes,1,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListBackupsRequest) Reset() {
+	*x = ListBackupsRequest{}
+	mi := &file_agentpb_agent_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListBackupsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListBackupsRequest) ProtoMessage() {}
+
+func (x *ListBackupsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agentpb_agent_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListBackupsRequest.ProtoReflect.Descriptor instead.
+func (*ListBackupsRequest) Descriptor() ([]byte, []int) {
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ListBackupsRequest) GetVolumeId() string {
+	if x != nil {
+		return x.VolumeId
+	}
+	return ""
+}
+
+type ListBackupsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The target's name.
+	Target        string    `protobuf:"bytes,1,opt,name=target,proto3" json:"target,omitempty"`
+	Backups       []*Backup `protobuf:"bytes,2,rep,name=backups,proto3" json:"backups,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListBackupsResponse) Reset() {
+	*x = ListBackupsResponse{}
+	mi := &file_agentpb_agent_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListBackupsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListBackupsResponse) ProtoMessage() {}
+
+func (x *ListBackupsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agentpb_agent_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListBackupsResponse.ProtoReflect.Descriptor instead.
+func (*ListBackupsResponse) Descriptor() ([]byte, []int) {
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *ListBackupsResponse) GetTarget() string {
+	if x != nil {
+		return x.Target
+	}
+	return ""
+}
+
+func (x *ListBackupsResponse) GetBackups() []*Backup {
+	if x != nil {
+		return x.Backups
+	}
+	return nil
+}
+
+// Backup is one backup on a target.
+type Backup struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	VolumeId   string                 `protobuf:"bytes,1,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
+	VolumeName string                 `protobuf:"bytes,2,opt,name=volume_name,json=volumeName,proto3" json:"volume_name,omitempty"`
+	// Its snapshot's short name (zn-<unix nanos>).
+	Snapshot string `protobuf:"bytes,3,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
+	// When it arrived on the target (its clock).
+	ReceivedUnix    int64             `protobuf:"varint,4,opt,name=received_unix,json=receivedUnix,proto3" json:"received_unix,omitempty"`
+	ReferencedBytes uint64            `protobuf:"varint,5,opt,name=referenced_bytes,json=referencedBytes,proto3" json:"referenced_bytes,omitempty"`
+	CapacityBytes   uint64            `protobuf:"varint,6,opt,name=capacity_bytes,json=capacityBytes,proto3" json:"capacity_bytes,omitempty"`
+	Parameters      map[string]string `protobuf:"bytes,7,rep,name=parameters,proto3" json:"parameters,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Encrypted       bool              `protobuf:"varint,8,opt,name=encrypted,proto3" json:"encrypted,omitempty"`
+	// In the volume's current chain, or an earlier one the target keeps.
+	CurrentChain  bool `protobuf:"varint,9,opt,name=current_chain,json=currentChain,proto3" json:"current_chain,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Backup) Reset() {
+	*x = Backup{}
+	mi := &file_agentpb_agent_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Backup) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Backup) ProtoMessage() {}
+
+func (x *Backup) ProtoReflect() protoreflect.Message {
+	mi := &file_agentpb_agent_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Backup.ProtoReflect.Descriptor instead.
+func (*Backup) Descriptor() ([]byte, []int) {
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *Backup) GetVolumeId() string {
+	if x != nil {
+		return x.VolumeId
+	}
+	return ""
+}
+
+func (x *Backup) GetVolumeName() string {
+	if x != nil {
+		return x.VolumeName
+	}
+	return ""
+}
+
+func (x *Backup) GetSnapshot() string {
+	if x != nil {
+		return x.Snapshot
+	}
+	return ""
+}
+
+func (x *Backup) GetReceivedUnix() int64 {
+	if x != nil {
+		return x.ReceivedUnix
+	}
+	return 0
+}
+
+func (x *Backup) GetReferencedBytes() uint64 {
+	if x != nil {
+		return x.ReferencedBytes
+	}
+	return 0
+}
+
+func (x *Backup) GetCapacityBytes() uint64 {
+	if x != nil {
+		return x.CapacityBytes
+	}
+	return 0
+}
+
+func (x *Backup) GetParameters() map[string]string {
+	if x != nil {
+		return x.Parameters
+	}
+	return nil
+}
+
+func (x *Backup) GetEncrypted() bool {
+	if x != nil {
+		return x.Encrypted
+	}
+	return false
+}
+
+func (x *Backup) GetCurrentChain() bool {
+	if x != nil {
+		return x.CurrentChain
+	}
+	return false
+}
+
+type GrantRestoreRequest struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	VolumeId string                 `protobuf:"bytes,1,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
+	Snapshot string                 `protobuf:"bytes,2,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
+	// The node that may fetch it.
+	NodeId        string `protobuf:"bytes,3,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GrantRestoreRequest) Reset() {
+	*x = GrantRestoreRequest{}
+	mi := &file_agentpb_agent_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GrantRestoreRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GrantRestoreRequest) ProtoMessage() {}
+
+func (x *GrantRestoreRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agentpb_agent_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GrantRestoreRequest.ProtoReflect.Descriptor instead.
+func (*GrantRestoreRequest) Descriptor() ([]byte, []int) {
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *GrantRestoreRequest) GetVolumeId() string {
+	if x != nil {
+		return x.VolumeId
+	}
+	return ""
+}
+
+func (x *GrantRestoreRequest) GetSnapshot() string {
+	if x != nil {
+		return x.Snapshot
+	}
+	return ""
+}
+
+func (x *GrantRestoreRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+type GrantRestoreResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Grant         string                 `protobuf:"bytes,1,opt,name=grant,proto3" json:"grant,omitempty"`
+	ExpiresUnix   int64                  `protobuf:"varint,2,opt,name=expires_unix,json=expiresUnix,proto3" json:"expires_unix,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GrantRestoreResponse) Reset() {
+	*x = GrantRestoreResponse{}
+	mi := &file_agentpb_agent_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GrantRestoreResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GrantRestoreResponse) ProtoMessage() {}
+
+func (x *GrantRestoreResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agentpb_agent_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GrantRestoreResponse.ProtoReflect.Descriptor instead.
+func (*GrantRestoreResponse) Descriptor() ([]byte, []int) {
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *GrantRestoreResponse) GetGrant() string {
+	if x != nil {
+		return x.Grant
+	}
+	return ""
+}
+
+func (x *GrantRestoreResponse) GetExpiresUnix() int64 {
+	if x != nil {
+		return x.ExpiresUnix
+	}
+	return 0
+}
+
+type SendBackupRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	VolumeId      string                 `protobuf:"bytes,1,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
+	Snapshot      string                 `protobuf:"bytes,2,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
+	Grant         string                 `protobuf:"bytes,3,opt,name=grant,proto3" json:"grant,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SendBackupRequest) Reset() {
+	*x = SendBackupRequest{}
+	mi := &file_agentpb_agent_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SendBackupRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SendBackupRequest) ProtoMessage() {}
+
+func (x *SendBackupRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agentpb_agent_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SendBackupRequest.ProtoReflect.Descriptor instead.
+func (*SendBackupRequest) Descriptor() ([]byte, []int) {
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *SendBackupRequest) GetVolumeId() string {
+	if x != nil {
+		return x.VolumeId
+	}
+	return ""
+}
+
+func (x *SendBackupRequest) GetSnapshot() string {
+	if x != nil {
+		return x.Snapshot
+	}
+	return ""
+}
+
+func (x *SendBackupRequest) GetGrant() string {
+	if x != nil {
+		return x.Grant
+	}
+	return ""
+}
+
+type SendBackupMessage struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Msg:
+	//
+	//	*SendBackupMessage_Header
+	//	*SendBackupMessage_Data
+	Msg           isSendBackupMessage_Msg `protobuf_oneof:"msg"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SendBackupMessage) Reset() {
+	*x = SendBackupMessage{}
+	mi := &file_agentpb_agent_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SendBackupMessage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SendBackupMessage) ProtoMessage() {}
+
+func (x *SendBackupMessage) ProtoReflect() protoreflect.Message {
+	mi := &file_agentpb_agent_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SendBackupMessage.ProtoReflect.Descriptor instead.
+func (*SendBackupMessage) Descriptor() ([]byte, []int) {
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *SendBackupMessage) GetMsg() isSendBackupMessage_Msg {
+	if x != nil {
+		return x.Msg
+	}
+	return nil
+}
+
+func (x *SendBackupMessage) GetHeader() *Backup {
+	if x != nil {
+		if x, ok := x.Msg.(*SendBackupMessage_Header); ok {
+			return x.Header
+		}
+	}
+	return nil
+}
+
+func (x *SendBackupMessage) GetData() []byte {
+	if x != nil {
+		if x, ok := x.Msg.(*SendBackupMessage_Data); ok {
+			return x.Data
+		}
+	}
+	return nil
+}
+
+type isSendBackupMessage_Msg interface {
+	isSendBackupMessage_Msg()
+}
+
+type SendBackupMessage_Header struct {
+	Header *Backup `protobuf:"bytes,1,opt,name=header,proto3,oneof"`
+}
+
+type SendBackupMessage_Data struct {
+	Data []byte `protobuf:"bytes,2,opt,name=data,proto3,oneof"`
+}
+
+func (*SendBackupMessage_Header) isSendBackupMessage_Msg() {}
+
+func (*SendBackupMessage_Data) isSendBackupMessage_Msg() {}
+
 type GetNodeRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Only who the node is and whether it is healthy: available_bytes and
@@ -213,7 +678,7 @@ type GetNodeRequest struct {
 
 func (x *GetNodeRequest) Reset() {
 	*x = GetNodeRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[4]
+	mi := &file_agentpb_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -225,7 +690,7 @@ func (x *GetNodeRequest) String() string {
 func (*GetNodeRequest) ProtoMessage() {}
 
 func (x *GetNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[4]
+	mi := &file_agentpb_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -238,7 +703,7 @@ func (x *GetNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetNodeRequest.ProtoReflect.Descriptor instead.
 func (*GetNodeRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{4}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *GetNodeRequest) GetWithoutCapacity() bool {
@@ -293,7 +758,7 @@ type Node struct {
 
 func (x *Node) Reset() {
 	*x = Node{}
-	mi := &file_agentpb_agent_proto_msgTypes[5]
+	mi := &file_agentpb_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -305,7 +770,7 @@ func (x *Node) String() string {
 func (*Node) ProtoMessage() {}
 
 func (x *Node) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[5]
+	mi := &file_agentpb_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -318,7 +783,7 @@ func (x *Node) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Node.ProtoReflect.Descriptor instead.
 func (*Node) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{5}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Node) GetNodeId() string {
@@ -430,7 +895,7 @@ type AwaitedPromotion struct {
 
 func (x *AwaitedPromotion) Reset() {
 	*x = AwaitedPromotion{}
-	mi := &file_agentpb_agent_proto_msgTypes[6]
+	mi := &file_agentpb_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -442,7 +907,7 @@ func (x *AwaitedPromotion) String() string {
 func (*AwaitedPromotion) ProtoMessage() {}
 
 func (x *AwaitedPromotion) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[6]
+	mi := &file_agentpb_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -455,7 +920,7 @@ func (x *AwaitedPromotion) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AwaitedPromotion.ProtoReflect.Descriptor instead.
 func (*AwaitedPromotion) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{6}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *AwaitedPromotion) GetVolumeId() string {
@@ -490,13 +955,17 @@ type CreateVolumeRequest struct {
 	// The passphrase of a volume that asks for encryption, from the
 	// create's secrets; empty: the node's encryption_key_file, if any.
 	EncryptionPassphrase []byte `protobuf:"bytes,7,opt,name=encryption_passphrase,json=encryptionPassphrase,proto3" json:"encryption_passphrase,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// With a backup as source_snapshot_id (backup:TARGET:VOLUME@SNAPSHOT):
+	// the backup target's grant of this restore to this node, which the
+	// node shows the target when it fetches the backup.
+	RestoreGrant  string `protobuf:"bytes,8,opt,name=restore_grant,json=restoreGrant,proto3" json:"restore_grant,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CreateVolumeRequest) Reset() {
 	*x = CreateVolumeRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[7]
+	mi := &file_agentpb_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -508,7 +977,7 @@ func (x *CreateVolumeRequest) String() string {
 func (*CreateVolumeRequest) ProtoMessage() {}
 
 func (x *CreateVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[7]
+	mi := &file_agentpb_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -521,7 +990,7 @@ func (x *CreateVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateVolumeRequest.ProtoReflect.Descriptor instead.
 func (*CreateVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{7}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *CreateVolumeRequest) GetName() string {
@@ -573,6 +1042,13 @@ func (x *CreateVolumeRequest) GetEncryptionPassphrase() []byte {
 	return nil
 }
 
+func (x *CreateVolumeRequest) GetRestoreGrant() string {
+	if x != nil {
+		return x.RestoreGrant
+	}
+	return ""
+}
+
 type Volume struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	VolumeId      string                 `protobuf:"bytes,1,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
@@ -595,7 +1071,7 @@ type Volume struct {
 
 func (x *Volume) Reset() {
 	*x = Volume{}
-	mi := &file_agentpb_agent_proto_msgTypes[8]
+	mi := &file_agentpb_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -607,7 +1083,7 @@ func (x *Volume) String() string {
 func (*Volume) ProtoMessage() {}
 
 func (x *Volume) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[8]
+	mi := &file_agentpb_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -620,7 +1096,7 @@ func (x *Volume) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Volume.ProtoReflect.Descriptor instead.
 func (*Volume) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{8}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Volume) GetVolumeId() string {
@@ -709,7 +1185,7 @@ type DeleteVolumeRequest struct {
 
 func (x *DeleteVolumeRequest) Reset() {
 	*x = DeleteVolumeRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[9]
+	mi := &file_agentpb_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -721,7 +1197,7 @@ func (x *DeleteVolumeRequest) String() string {
 func (*DeleteVolumeRequest) ProtoMessage() {}
 
 func (x *DeleteVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[9]
+	mi := &file_agentpb_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -734,7 +1210,7 @@ func (x *DeleteVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteVolumeRequest.ProtoReflect.Descriptor instead.
 func (*DeleteVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{9}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *DeleteVolumeRequest) GetVolumeId() string {
@@ -752,7 +1228,7 @@ type DeleteVolumeResponse struct {
 
 func (x *DeleteVolumeResponse) Reset() {
 	*x = DeleteVolumeResponse{}
-	mi := &file_agentpb_agent_proto_msgTypes[10]
+	mi := &file_agentpb_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -764,7 +1240,7 @@ func (x *DeleteVolumeResponse) String() string {
 func (*DeleteVolumeResponse) ProtoMessage() {}
 
 func (x *DeleteVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[10]
+	mi := &file_agentpb_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -777,7 +1253,7 @@ func (x *DeleteVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteVolumeResponse.ProtoReflect.Descriptor instead.
 func (*DeleteVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{10}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{17}
 }
 
 type GetVolumeRequest struct {
@@ -789,7 +1265,7 @@ type GetVolumeRequest struct {
 
 func (x *GetVolumeRequest) Reset() {
 	*x = GetVolumeRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[11]
+	mi := &file_agentpb_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -801,7 +1277,7 @@ func (x *GetVolumeRequest) String() string {
 func (*GetVolumeRequest) ProtoMessage() {}
 
 func (x *GetVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[11]
+	mi := &file_agentpb_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -814,7 +1290,7 @@ func (x *GetVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetVolumeRequest.ProtoReflect.Descriptor instead.
 func (*GetVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{11}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *GetVolumeRequest) GetVolumeId() string {
@@ -837,7 +1313,7 @@ type ListVolumesRequest struct {
 
 func (x *ListVolumesRequest) Reset() {
 	*x = ListVolumesRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[12]
+	mi := &file_agentpb_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -849,7 +1325,7 @@ func (x *ListVolumesRequest) String() string {
 func (*ListVolumesRequest) ProtoMessage() {}
 
 func (x *ListVolumesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[12]
+	mi := &file_agentpb_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -862,7 +1338,7 @@ func (x *ListVolumesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListVolumesRequest.ProtoReflect.Descriptor instead.
 func (*ListVolumesRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{12}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListVolumesRequest) GetFrom() string {
@@ -888,7 +1364,7 @@ type ListVolumesResponse struct {
 
 func (x *ListVolumesResponse) Reset() {
 	*x = ListVolumesResponse{}
-	mi := &file_agentpb_agent_proto_msgTypes[13]
+	mi := &file_agentpb_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -900,7 +1376,7 @@ func (x *ListVolumesResponse) String() string {
 func (*ListVolumesResponse) ProtoMessage() {}
 
 func (x *ListVolumesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[13]
+	mi := &file_agentpb_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -913,7 +1389,7 @@ func (x *ListVolumesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListVolumesResponse.ProtoReflect.Descriptor instead.
 func (*ListVolumesResponse) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{13}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListVolumesResponse) GetVolumes() []*Volume {
@@ -934,7 +1410,7 @@ type ExpandVolumeRequest struct {
 
 func (x *ExpandVolumeRequest) Reset() {
 	*x = ExpandVolumeRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[14]
+	mi := &file_agentpb_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -946,7 +1422,7 @@ func (x *ExpandVolumeRequest) String() string {
 func (*ExpandVolumeRequest) ProtoMessage() {}
 
 func (x *ExpandVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[14]
+	mi := &file_agentpb_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -959,7 +1435,7 @@ func (x *ExpandVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExpandVolumeRequest.ProtoReflect.Descriptor instead.
 func (*ExpandVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{14}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ExpandVolumeRequest) GetVolumeId() string {
@@ -992,7 +1468,7 @@ type ExpandVolumeResponse struct {
 
 func (x *ExpandVolumeResponse) Reset() {
 	*x = ExpandVolumeResponse{}
-	mi := &file_agentpb_agent_proto_msgTypes[15]
+	mi := &file_agentpb_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1004,7 +1480,7 @@ func (x *ExpandVolumeResponse) String() string {
 func (*ExpandVolumeResponse) ProtoMessage() {}
 
 func (x *ExpandVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[15]
+	mi := &file_agentpb_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1017,7 +1493,7 @@ func (x *ExpandVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExpandVolumeResponse.ProtoReflect.Descriptor instead.
 func (*ExpandVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{15}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ExpandVolumeResponse) GetCapacityBytes() uint64 {
@@ -1042,7 +1518,7 @@ type CreateSnapshotRequest struct {
 
 func (x *CreateSnapshotRequest) Reset() {
 	*x = CreateSnapshotRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[16]
+	mi := &file_agentpb_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1054,7 +1530,7 @@ func (x *CreateSnapshotRequest) String() string {
 func (*CreateSnapshotRequest) ProtoMessage() {}
 
 func (x *CreateSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[16]
+	mi := &file_agentpb_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1067,7 +1543,7 @@ func (x *CreateSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*CreateSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{16}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *CreateSnapshotRequest) GetSourceVolumeId() string {
@@ -1106,7 +1582,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_agentpb_agent_proto_msgTypes[17]
+	mi := &file_agentpb_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1118,7 +1594,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[17]
+	mi := &file_agentpb_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1131,7 +1607,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{17}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Snapshot) GetSnapshotId() string {
@@ -1203,7 +1679,7 @@ type DeleteSnapshotRequest struct {
 
 func (x *DeleteSnapshotRequest) Reset() {
 	*x = DeleteSnapshotRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[18]
+	mi := &file_agentpb_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1215,7 +1691,7 @@ func (x *DeleteSnapshotRequest) String() string {
 func (*DeleteSnapshotRequest) ProtoMessage() {}
 
 func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[18]
+	mi := &file_agentpb_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1228,7 +1704,7 @@ func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{18}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *DeleteSnapshotRequest) GetSnapshotId() string {
@@ -1274,7 +1750,7 @@ type DeleteSnapshotResponse struct {
 
 func (x *DeleteSnapshotResponse) Reset() {
 	*x = DeleteSnapshotResponse{}
-	mi := &file_agentpb_agent_proto_msgTypes[19]
+	mi := &file_agentpb_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1286,7 +1762,7 @@ func (x *DeleteSnapshotResponse) String() string {
 func (*DeleteSnapshotResponse) ProtoMessage() {}
 
 func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[19]
+	mi := &file_agentpb_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1299,7 +1775,7 @@ func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{19}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{26}
 }
 
 // ListSnapshotsRequest asks for the node's CSI snapshot snapshot_id alone,
@@ -1324,7 +1800,7 @@ type ListSnapshotsRequest struct {
 
 func (x *ListSnapshotsRequest) Reset() {
 	*x = ListSnapshotsRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[20]
+	mi := &file_agentpb_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1336,7 +1812,7 @@ func (x *ListSnapshotsRequest) String() string {
 func (*ListSnapshotsRequest) ProtoMessage() {}
 
 func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[20]
+	mi := &file_agentpb_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1349,7 +1825,7 @@ func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{20}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ListSnapshotsRequest) GetSnapshotId() string {
@@ -1405,7 +1881,7 @@ type ListSnapshotsResponse struct {
 
 func (x *ListSnapshotsResponse) Reset() {
 	*x = ListSnapshotsResponse{}
-	mi := &file_agentpb_agent_proto_msgTypes[21]
+	mi := &file_agentpb_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1417,7 +1893,7 @@ func (x *ListSnapshotsResponse) String() string {
 func (*ListSnapshotsResponse) ProtoMessage() {}
 
 func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[21]
+	mi := &file_agentpb_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1430,7 +1906,7 @@ func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{21}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ListSnapshotsResponse) GetSnapshots() []*Snapshot {
@@ -1468,7 +1944,7 @@ type ReplicateRequest struct {
 
 func (x *ReplicateRequest) Reset() {
 	*x = ReplicateRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[22]
+	mi := &file_agentpb_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1480,7 +1956,7 @@ func (x *ReplicateRequest) String() string {
 func (*ReplicateRequest) ProtoMessage() {}
 
 func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[22]
+	mi := &file_agentpb_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1493,7 +1969,7 @@ func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateRequest.ProtoReflect.Descriptor instead.
 func (*ReplicateRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{22}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ReplicateRequest) GetVolumeId() string {
@@ -1556,7 +2032,7 @@ type ReplicateProgress struct {
 
 func (x *ReplicateProgress) Reset() {
 	*x = ReplicateProgress{}
-	mi := &file_agentpb_agent_proto_msgTypes[23]
+	mi := &file_agentpb_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1568,7 +2044,7 @@ func (x *ReplicateProgress) String() string {
 func (*ReplicateProgress) ProtoMessage() {}
 
 func (x *ReplicateProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[23]
+	mi := &file_agentpb_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1581,7 +2057,7 @@ func (x *ReplicateProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateProgress.ProtoReflect.Descriptor instead.
 func (*ReplicateProgress) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{23}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ReplicateProgress) GetKind() string {
@@ -1641,7 +2117,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[24]
+	mi := &file_agentpb_agent_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1653,7 +2129,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[24]
+	mi := &file_agentpb_agent_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1666,7 +2142,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{24}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{31}
 }
 
 type NodeStatus struct {
@@ -1681,7 +2157,7 @@ type NodeStatus struct {
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_agentpb_agent_proto_msgTypes[25]
+	mi := &file_agentpb_agent_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1693,7 +2169,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[25]
+	mi := &file_agentpb_agent_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1706,7 +2182,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{25}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *NodeStatus) GetReplicas() []*Replica {
@@ -1740,7 +2216,7 @@ type ChangesRequest struct {
 
 func (x *ChangesRequest) Reset() {
 	*x = ChangesRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[26]
+	mi := &file_agentpb_agent_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1752,7 +2228,7 @@ func (x *ChangesRequest) String() string {
 func (*ChangesRequest) ProtoMessage() {}
 
 func (x *ChangesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[26]
+	mi := &file_agentpb_agent_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1765,7 +2241,7 @@ func (x *ChangesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChangesRequest.ProtoReflect.Descriptor instead.
 func (*ChangesRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{26}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ChangesRequest) GetSince() string {
@@ -1791,7 +2267,7 @@ type ChangesResponse struct {
 
 func (x *ChangesResponse) Reset() {
 	*x = ChangesResponse{}
-	mi := &file_agentpb_agent_proto_msgTypes[27]
+	mi := &file_agentpb_agent_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1803,7 +2279,7 @@ func (x *ChangesResponse) String() string {
 func (*ChangesResponse) ProtoMessage() {}
 
 func (x *ChangesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[27]
+	mi := &file_agentpb_agent_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1816,7 +2292,7 @@ func (x *ChangesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChangesResponse.ProtoReflect.Descriptor instead.
 func (*ChangesResponse) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{27}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ChangesResponse) GetKnown() bool {
@@ -1866,7 +2342,7 @@ type Replica struct {
 
 func (x *Replica) Reset() {
 	*x = Replica{}
-	mi := &file_agentpb_agent_proto_msgTypes[28]
+	mi := &file_agentpb_agent_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1878,7 +2354,7 @@ func (x *Replica) String() string {
 func (*Replica) ProtoMessage() {}
 
 func (x *Replica) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[28]
+	mi := &file_agentpb_agent_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1891,7 +2367,7 @@ func (x *Replica) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Replica.ProtoReflect.Descriptor instead.
 func (*Replica) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{28}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *Replica) GetVolumeId() string {
@@ -1952,7 +2428,7 @@ type Transfer struct {
 
 func (x *Transfer) Reset() {
 	*x = Transfer{}
-	mi := &file_agentpb_agent_proto_msgTypes[29]
+	mi := &file_agentpb_agent_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1964,7 +2440,7 @@ func (x *Transfer) String() string {
 func (*Transfer) ProtoMessage() {}
 
 func (x *Transfer) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[29]
+	mi := &file_agentpb_agent_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1977,7 +2453,7 @@ func (x *Transfer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Transfer.ProtoReflect.Descriptor instead.
 func (*Transfer) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{29}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *Transfer) GetVolumeId() string {
@@ -2038,7 +2514,7 @@ type ReplicaStateRequest struct {
 
 func (x *ReplicaStateRequest) Reset() {
 	*x = ReplicaStateRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[30]
+	mi := &file_agentpb_agent_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2050,7 +2526,7 @@ func (x *ReplicaStateRequest) String() string {
 func (*ReplicaStateRequest) ProtoMessage() {}
 
 func (x *ReplicaStateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[30]
+	mi := &file_agentpb_agent_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2063,7 +2539,7 @@ func (x *ReplicaStateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaStateRequest.ProtoReflect.Descriptor instead.
 func (*ReplicaStateRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{30}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ReplicaStateRequest) GetVolumeId() string {
@@ -2091,7 +2567,7 @@ type ReplicaStateResponse struct {
 
 func (x *ReplicaStateResponse) Reset() {
 	*x = ReplicaStateResponse{}
-	mi := &file_agentpb_agent_proto_msgTypes[31]
+	mi := &file_agentpb_agent_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2103,7 +2579,7 @@ func (x *ReplicaStateResponse) String() string {
 func (*ReplicaStateResponse) ProtoMessage() {}
 
 func (x *ReplicaStateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[31]
+	mi := &file_agentpb_agent_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2116,7 +2592,7 @@ func (x *ReplicaStateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaStateResponse.ProtoReflect.Descriptor instead.
 func (*ReplicaStateResponse) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{31}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ReplicaStateResponse) GetExists() bool {
@@ -2174,7 +2650,7 @@ type ReceiveMessage struct {
 
 func (x *ReceiveMessage) Reset() {
 	*x = ReceiveMessage{}
-	mi := &file_agentpb_agent_proto_msgTypes[32]
+	mi := &file_agentpb_agent_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2186,7 +2662,7 @@ func (x *ReceiveMessage) String() string {
 func (*ReceiveMessage) ProtoMessage() {}
 
 func (x *ReceiveMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[32]
+	mi := &file_agentpb_agent_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2199,7 +2675,7 @@ func (x *ReceiveMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReceiveMessage.ProtoReflect.Descriptor instead.
 func (*ReceiveMessage) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{32}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ReceiveMessage) GetMsg() isReceiveMessage_Msg {
@@ -2272,7 +2748,7 @@ type ReceiveHeader struct {
 
 func (x *ReceiveHeader) Reset() {
 	*x = ReceiveHeader{}
-	mi := &file_agentpb_agent_proto_msgTypes[33]
+	mi := &file_agentpb_agent_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2284,7 +2760,7 @@ func (x *ReceiveHeader) String() string {
 func (*ReceiveHeader) ProtoMessage() {}
 
 func (x *ReceiveHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[33]
+	mi := &file_agentpb_agent_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2297,7 +2773,7 @@ func (x *ReceiveHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReceiveHeader.ProtoReflect.Descriptor instead.
 func (*ReceiveHeader) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{33}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ReceiveHeader) GetVolumeId() string {
@@ -2381,7 +2857,7 @@ type PeerBase struct {
 
 func (x *PeerBase) Reset() {
 	*x = PeerBase{}
-	mi := &file_agentpb_agent_proto_msgTypes[34]
+	mi := &file_agentpb_agent_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2393,7 +2869,7 @@ func (x *PeerBase) String() string {
 func (*PeerBase) ProtoMessage() {}
 
 func (x *PeerBase) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[34]
+	mi := &file_agentpb_agent_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2406,7 +2882,7 @@ func (x *PeerBase) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerBase.ProtoReflect.Descriptor instead.
 func (*PeerBase) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{34}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *PeerBase) GetGuid() uint64 {
@@ -2433,7 +2909,7 @@ type ReceiveResult struct {
 
 func (x *ReceiveResult) Reset() {
 	*x = ReceiveResult{}
-	mi := &file_agentpb_agent_proto_msgTypes[35]
+	mi := &file_agentpb_agent_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2445,7 +2921,7 @@ func (x *ReceiveResult) String() string {
 func (*ReceiveResult) ProtoMessage() {}
 
 func (x *ReceiveResult) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[35]
+	mi := &file_agentpb_agent_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2458,7 +2934,7 @@ func (x *ReceiveResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReceiveResult.ProtoReflect.Descriptor instead.
 func (*ReceiveResult) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{35}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ReceiveResult) GetSnapshotGuid() uint64 {
@@ -2484,7 +2960,7 @@ type GetCopyRequest struct {
 
 func (x *GetCopyRequest) Reset() {
 	*x = GetCopyRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[36]
+	mi := &file_agentpb_agent_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2496,7 +2972,7 @@ func (x *GetCopyRequest) String() string {
 func (*GetCopyRequest) ProtoMessage() {}
 
 func (x *GetCopyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[36]
+	mi := &file_agentpb_agent_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2509,7 +2985,7 @@ func (x *GetCopyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCopyRequest.ProtoReflect.Descriptor instead.
 func (*GetCopyRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{36}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *GetCopyRequest) GetVolumeId() string {
@@ -2564,7 +3040,7 @@ type Copy struct {
 
 func (x *Copy) Reset() {
 	*x = Copy{}
-	mi := &file_agentpb_agent_proto_msgTypes[37]
+	mi := &file_agentpb_agent_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2576,7 +3052,7 @@ func (x *Copy) String() string {
 func (*Copy) ProtoMessage() {}
 
 func (x *Copy) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[37]
+	mi := &file_agentpb_agent_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2589,7 +3065,7 @@ func (x *Copy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Copy.ProtoReflect.Descriptor instead.
 func (*Copy) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{37}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *Copy) GetVolumeId() string {
@@ -2763,7 +3239,7 @@ type ReserveRequest struct {
 
 func (x *ReserveRequest) Reset() {
 	*x = ReserveRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[38]
+	mi := &file_agentpb_agent_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2775,7 +3251,7 @@ func (x *ReserveRequest) String() string {
 func (*ReserveRequest) ProtoMessage() {}
 
 func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[38]
+	mi := &file_agentpb_agent_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2788,7 +3264,7 @@ func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveRequest.ProtoReflect.Descriptor instead.
 func (*ReserveRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{38}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ReserveRequest) GetVolumeId() string {
@@ -2853,7 +3329,7 @@ type ReserveResponse struct {
 
 func (x *ReserveResponse) Reset() {
 	*x = ReserveResponse{}
-	mi := &file_agentpb_agent_proto_msgTypes[39]
+	mi := &file_agentpb_agent_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2865,7 +3341,7 @@ func (x *ReserveResponse) String() string {
 func (*ReserveResponse) ProtoMessage() {}
 
 func (x *ReserveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[39]
+	mi := &file_agentpb_agent_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2878,7 +3354,7 @@ func (x *ReserveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveResponse.ProtoReflect.Descriptor instead.
 func (*ReserveResponse) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{39}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ReserveResponse) GetGranted() bool {
@@ -2912,7 +3388,7 @@ type FenceRequest struct {
 
 func (x *FenceRequest) Reset() {
 	*x = FenceRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[40]
+	mi := &file_agentpb_agent_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2924,7 +3400,7 @@ func (x *FenceRequest) String() string {
 func (*FenceRequest) ProtoMessage() {}
 
 func (x *FenceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[40]
+	mi := &file_agentpb_agent_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2937,7 +3413,7 @@ func (x *FenceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FenceRequest.ProtoReflect.Descriptor instead.
 func (*FenceRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{40}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *FenceRequest) GetVolumeId() string {
@@ -2963,7 +3439,7 @@ type FenceResponse struct {
 
 func (x *FenceResponse) Reset() {
 	*x = FenceResponse{}
-	mi := &file_agentpb_agent_proto_msgTypes[41]
+	mi := &file_agentpb_agent_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2975,7 +3451,7 @@ func (x *FenceResponse) String() string {
 func (*FenceResponse) ProtoMessage() {}
 
 func (x *FenceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[41]
+	mi := &file_agentpb_agent_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2988,7 +3464,7 @@ func (x *FenceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FenceResponse.ProtoReflect.Descriptor instead.
 func (*FenceResponse) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{41}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *FenceResponse) GetFencedUnixNano() int64 {
@@ -3010,7 +3486,7 @@ type UnfenceRequest struct {
 
 func (x *UnfenceRequest) Reset() {
 	*x = UnfenceRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[42]
+	mi := &file_agentpb_agent_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3022,7 +3498,7 @@ func (x *UnfenceRequest) String() string {
 func (*UnfenceRequest) ProtoMessage() {}
 
 func (x *UnfenceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[42]
+	mi := &file_agentpb_agent_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3035,7 +3511,7 @@ func (x *UnfenceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnfenceRequest.ProtoReflect.Descriptor instead.
 func (*UnfenceRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{42}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *UnfenceRequest) GetVolumeId() string {
@@ -3070,7 +3546,7 @@ type PromoteRequest struct {
 
 func (x *PromoteRequest) Reset() {
 	*x = PromoteRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[43]
+	mi := &file_agentpb_agent_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3082,7 +3558,7 @@ func (x *PromoteRequest) String() string {
 func (*PromoteRequest) ProtoMessage() {}
 
 func (x *PromoteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[43]
+	mi := &file_agentpb_agent_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3095,7 +3571,7 @@ func (x *PromoteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PromoteRequest.ProtoReflect.Descriptor instead.
 func (*PromoteRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{43}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *PromoteRequest) GetVolumeId() string {
@@ -3146,7 +3622,7 @@ type DemoteRequest struct {
 
 func (x *DemoteRequest) Reset() {
 	*x = DemoteRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[44]
+	mi := &file_agentpb_agent_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3158,7 +3634,7 @@ func (x *DemoteRequest) String() string {
 func (*DemoteRequest) ProtoMessage() {}
 
 func (x *DemoteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[44]
+	mi := &file_agentpb_agent_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3171,7 +3647,7 @@ func (x *DemoteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DemoteRequest.ProtoReflect.Descriptor instead.
 func (*DemoteRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{44}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *DemoteRequest) GetVolumeId() string {
@@ -3219,7 +3695,7 @@ type DeleteReplicaRequest struct {
 
 func (x *DeleteReplicaRequest) Reset() {
 	*x = DeleteReplicaRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[45]
+	mi := &file_agentpb_agent_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3231,7 +3707,7 @@ func (x *DeleteReplicaRequest) String() string {
 func (*DeleteReplicaRequest) ProtoMessage() {}
 
 func (x *DeleteReplicaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[45]
+	mi := &file_agentpb_agent_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3244,7 +3720,7 @@ func (x *DeleteReplicaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteReplicaRequest.ProtoReflect.Descriptor instead.
 func (*DeleteReplicaRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{45}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *DeleteReplicaRequest) GetVolumeId() string {
@@ -3284,7 +3760,7 @@ type DeleteReplicaResponse struct {
 
 func (x *DeleteReplicaResponse) Reset() {
 	*x = DeleteReplicaResponse{}
-	mi := &file_agentpb_agent_proto_msgTypes[46]
+	mi := &file_agentpb_agent_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3296,7 +3772,7 @@ func (x *DeleteReplicaResponse) String() string {
 func (*DeleteReplicaResponse) ProtoMessage() {}
 
 func (x *DeleteReplicaResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[46]
+	mi := &file_agentpb_agent_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3309,7 +3785,7 @@ func (x *DeleteReplicaResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteReplicaResponse.ProtoReflect.Descriptor instead.
 func (*DeleteReplicaResponse) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{46}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *DeleteReplicaResponse) GetDeleted() bool {
@@ -3337,7 +3813,7 @@ type ControllerInstance struct {
 
 func (x *ControllerInstance) Reset() {
 	*x = ControllerInstance{}
-	mi := &file_agentpb_agent_proto_msgTypes[47]
+	mi := &file_agentpb_agent_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3349,7 +3825,7 @@ func (x *ControllerInstance) String() string {
 func (*ControllerInstance) ProtoMessage() {}
 
 func (x *ControllerInstance) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[47]
+	mi := &file_agentpb_agent_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3362,7 +3838,7 @@ func (x *ControllerInstance) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControllerInstance.ProtoReflect.Descriptor instead.
 func (*ControllerInstance) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{47}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *ControllerInstance) GetId() string {
@@ -3419,7 +3895,7 @@ type WorkLeaseRequest struct {
 
 func (x *WorkLeaseRequest) Reset() {
 	*x = WorkLeaseRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[48]
+	mi := &file_agentpb_agent_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3431,7 +3907,7 @@ func (x *WorkLeaseRequest) String() string {
 func (*WorkLeaseRequest) ProtoMessage() {}
 
 func (x *WorkLeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[48]
+	mi := &file_agentpb_agent_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3444,7 +3920,7 @@ func (x *WorkLeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkLeaseRequest.ProtoReflect.Descriptor instead.
 func (*WorkLeaseRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{48}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *WorkLeaseRequest) GetInstance() *ControllerInstance {
@@ -3469,7 +3945,7 @@ type WorkLeasesRequest struct {
 
 func (x *WorkLeasesRequest) Reset() {
 	*x = WorkLeasesRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[49]
+	mi := &file_agentpb_agent_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3481,7 +3957,7 @@ func (x *WorkLeasesRequest) String() string {
 func (*WorkLeasesRequest) ProtoMessage() {}
 
 func (x *WorkLeasesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[49]
+	mi := &file_agentpb_agent_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3494,7 +3970,7 @@ func (x *WorkLeasesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkLeasesRequest.ProtoReflect.Descriptor instead.
 func (*WorkLeasesRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{49}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{56}
 }
 
 type WorkLease struct {
@@ -3516,7 +3992,7 @@ type WorkLease struct {
 
 func (x *WorkLease) Reset() {
 	*x = WorkLease{}
-	mi := &file_agentpb_agent_proto_msgTypes[50]
+	mi := &file_agentpb_agent_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3528,7 +4004,7 @@ func (x *WorkLease) String() string {
 func (*WorkLease) ProtoMessage() {}
 
 func (x *WorkLease) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[50]
+	mi := &file_agentpb_agent_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3541,7 +4017,7 @@ func (x *WorkLease) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkLease.ProtoReflect.Descriptor instead.
 func (*WorkLease) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{50}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *WorkLease) GetGranted() bool {
@@ -3596,7 +4072,7 @@ type SeenInstance struct {
 
 func (x *SeenInstance) Reset() {
 	*x = SeenInstance{}
-	mi := &file_agentpb_agent_proto_msgTypes[51]
+	mi := &file_agentpb_agent_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3608,7 +4084,7 @@ func (x *SeenInstance) String() string {
 func (*SeenInstance) ProtoMessage() {}
 
 func (x *SeenInstance) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[51]
+	mi := &file_agentpb_agent_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3621,7 +4097,7 @@ func (x *SeenInstance) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SeenInstance.ProtoReflect.Descriptor instead.
 func (*SeenInstance) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{51}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *SeenInstance) GetInstance() *ControllerInstance {
@@ -3654,7 +4130,43 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\vgenerations\x18\x01 \x03(\v24.zfsnomad.agent.v1.PromisesResponse.GenerationsEntryR\vgenerations\x1a>\n" +
 	"\x10GenerationsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\";\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"1\n" +
+	"\x12ListBackupsRequest\x12\x1b\n" +
+	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\"b\n" +
+	"\x13ListBackupsResponse\x12\x16\n" +
+	"\x06target\x18\x01 \x01(\tR\x06target\x123\n" +
+	"\abackups\x18\x02 \x03(\v2\x19.zfsnomad.agent.v1.BackupR\abackups\"\xa6\x03\n" +
+	"\x06Backup\x12\x1b\n" +
+	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12\x1f\n" +
+	"\vvolume_name\x18\x02 \x01(\tR\n" +
+	"volumeName\x12\x1a\n" +
+	"\bsnapshot\x18\x03 \x01(\tR\bsnapshot\x12#\n" +
+	"\rreceived_unix\x18\x04 \x01(\x03R\freceivedUnix\x12)\n" +
+	"\x10referenced_bytes\x18\x05 \x01(\x04R\x0freferencedBytes\x12%\n" +
+	"\x0ecapacity_bytes\x18\x06 \x01(\x04R\rcapacityBytes\x12I\n" +
+	"\n" +
+	"parameters\x18\a \x03(\v2).zfsnomad.agent.v1.Backup.ParametersEntryR\n" +
+	"parameters\x12\x1c\n" +
+	"\tencrypted\x18\b \x01(\bR\tencrypted\x12#\n" +
+	"\rcurrent_chain\x18\t \x01(\bR\fcurrentChain\x1a=\n" +
+	"\x0fParametersEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"g\n" +
+	"\x13GrantRestoreRequest\x12\x1b\n" +
+	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12\x1a\n" +
+	"\bsnapshot\x18\x02 \x01(\tR\bsnapshot\x12\x17\n" +
+	"\anode_id\x18\x03 \x01(\tR\x06nodeId\"O\n" +
+	"\x14GrantRestoreResponse\x12\x14\n" +
+	"\x05grant\x18\x01 \x01(\tR\x05grant\x12!\n" +
+	"\fexpires_unix\x18\x02 \x01(\x03R\vexpiresUnix\"b\n" +
+	"\x11SendBackupRequest\x12\x1b\n" +
+	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12\x1a\n" +
+	"\bsnapshot\x18\x02 \x01(\tR\bsnapshot\x12\x14\n" +
+	"\x05grant\x18\x03 \x01(\tR\x05grant\"e\n" +
+	"\x11SendBackupMessage\x123\n" +
+	"\x06header\x18\x01 \x01(\v2\x19.zfsnomad.agent.v1.BackupH\x00R\x06header\x12\x14\n" +
+	"\x04data\x18\x02 \x01(\fH\x00R\x04dataB\x05\n" +
+	"\x03msg\";\n" +
 	"\x0eGetNodeRequest\x12)\n" +
 	"\x10without_capacity\x18\x01 \x01(\bR\x0fwithoutCapacity\"\x8a\x05\n" +
 	"\x04Node\x12\x17\n" +
@@ -3682,7 +4194,7 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\x10AwaitedPromotion\x12\x1b\n" +
 	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12)\n" +
 	"\x10after_generation\x18\x02 \x01(\x04R\x0fafterGeneration\x12%\n" +
-	"\x0ewaiting_millis\x18\x03 \x01(\x03R\rwaitingMillis\"\x95\x03\n" +
+	"\x0ewaiting_millis\x18\x03 \x01(\x03R\rwaitingMillis\"\xba\x03\n" +
 	"\x13CreateVolumeRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12%\n" +
 	"\x0erequired_bytes\x18\x02 \x01(\x04R\rrequiredBytes\x12\x1f\n" +
@@ -3693,7 +4205,8 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"parameters\x12,\n" +
 	"\x12source_snapshot_id\x18\x05 \x01(\tR\x10sourceSnapshotId\x12(\n" +
 	"\x10source_volume_id\x18\x06 \x01(\tR\x0esourceVolumeId\x123\n" +
-	"\x15encryption_passphrase\x18\a \x01(\fR\x14encryptionPassphrase\x1a=\n" +
+	"\x15encryption_passphrase\x18\a \x01(\fR\x14encryptionPassphrase\x12#\n" +
+	"\rrestore_grant\x18\b \x01(\tR\frestoreGrant\x1a=\n" +
 	"\x0fParametersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd0\x03\n" +
@@ -3979,7 +4492,12 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"WorkLeases\x12$.zfsnomad.agent.v1.WorkLeasesRequest\x1a\x1c.zfsnomad.agent.v1.WorkLease2\xa5\x01\n" +
 	"\x05Peers\x12G\n" +
 	"\x04Ping\x12\x1e.zfsnomad.agent.v1.PingRequest\x1a\x1f.zfsnomad.agent.v1.PingResponse\x12S\n" +
-	"\bPromises\x12\".zfsnomad.agent.v1.PromisesRequest\x1a#.zfsnomad.agent.v1.PromisesResponse2\xc0\x01\n" +
+	"\bPromises\x12\".zfsnomad.agent.v1.PromisesRequest\x1a#.zfsnomad.agent.v1.PromisesResponse2\xa4\x02\n" +
+	"\aBackups\x12\\\n" +
+	"\vListBackups\x12%.zfsnomad.agent.v1.ListBackupsRequest\x1a&.zfsnomad.agent.v1.ListBackupsResponse\x12_\n" +
+	"\fGrantRestore\x12&.zfsnomad.agent.v1.GrantRestoreRequest\x1a'.zfsnomad.agent.v1.GrantRestoreResponse\x12Z\n" +
+	"\n" +
+	"SendBackup\x12$.zfsnomad.agent.v1.SendBackupRequest\x1a$.zfsnomad.agent.v1.SendBackupMessage0\x012\xc0\x01\n" +
 	"\vReplication\x12_\n" +
 	"\fReplicaState\x12&.zfsnomad.agent.v1.ReplicaStateRequest\x1a'.zfsnomad.agent.v1.ReplicaStateResponse\x12P\n" +
 	"\aReceive\x12!.zfsnomad.agent.v1.ReceiveMessage\x1a .zfsnomad.agent.v1.ReceiveResult(\x01B.Z,github.com/zfs-nomad/zfs-nomad/proto/agentpbb\x06proto3"
@@ -3996,142 +4514,159 @@ func file_agentpb_agent_proto_rawDescGZIP() []byte {
 	return file_agentpb_agent_proto_rawDescData
 }
 
-var file_agentpb_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 58)
+var file_agentpb_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 66)
 var file_agentpb_agent_proto_goTypes = []any{
 	(*PingRequest)(nil),            // 0: zfsnomad.agent.v1.PingRequest
 	(*PingResponse)(nil),           // 1: zfsnomad.agent.v1.PingResponse
 	(*PromisesRequest)(nil),        // 2: zfsnomad.agent.v1.PromisesRequest
 	(*PromisesResponse)(nil),       // 3: zfsnomad.agent.v1.PromisesResponse
-	(*GetNodeRequest)(nil),         // 4: zfsnomad.agent.v1.GetNodeRequest
-	(*Node)(nil),                   // 5: zfsnomad.agent.v1.Node
-	(*AwaitedPromotion)(nil),       // 6: zfsnomad.agent.v1.AwaitedPromotion
-	(*CreateVolumeRequest)(nil),    // 7: zfsnomad.agent.v1.CreateVolumeRequest
-	(*Volume)(nil),                 // 8: zfsnomad.agent.v1.Volume
-	(*DeleteVolumeRequest)(nil),    // 9: zfsnomad.agent.v1.DeleteVolumeRequest
-	(*DeleteVolumeResponse)(nil),   // 10: zfsnomad.agent.v1.DeleteVolumeResponse
-	(*GetVolumeRequest)(nil),       // 11: zfsnomad.agent.v1.GetVolumeRequest
-	(*ListVolumesRequest)(nil),     // 12: zfsnomad.agent.v1.ListVolumesRequest
-	(*ListVolumesResponse)(nil),    // 13: zfsnomad.agent.v1.ListVolumesResponse
-	(*ExpandVolumeRequest)(nil),    // 14: zfsnomad.agent.v1.ExpandVolumeRequest
-	(*ExpandVolumeResponse)(nil),   // 15: zfsnomad.agent.v1.ExpandVolumeResponse
-	(*CreateSnapshotRequest)(nil),  // 16: zfsnomad.agent.v1.CreateSnapshotRequest
-	(*Snapshot)(nil),               // 17: zfsnomad.agent.v1.Snapshot
-	(*DeleteSnapshotRequest)(nil),  // 18: zfsnomad.agent.v1.DeleteSnapshotRequest
-	(*DeleteSnapshotResponse)(nil), // 19: zfsnomad.agent.v1.DeleteSnapshotResponse
-	(*ListSnapshotsRequest)(nil),   // 20: zfsnomad.agent.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil),  // 21: zfsnomad.agent.v1.ListSnapshotsResponse
-	(*ReplicateRequest)(nil),       // 22: zfsnomad.agent.v1.ReplicateRequest
-	(*ReplicateProgress)(nil),      // 23: zfsnomad.agent.v1.ReplicateProgress
-	(*StatusRequest)(nil),          // 24: zfsnomad.agent.v1.StatusRequest
-	(*NodeStatus)(nil),             // 25: zfsnomad.agent.v1.NodeStatus
-	(*ChangesRequest)(nil),         // 26: zfsnomad.agent.v1.ChangesRequest
-	(*ChangesResponse)(nil),        // 27: zfsnomad.agent.v1.ChangesResponse
-	(*Replica)(nil),                // 28: zfsnomad.agent.v1.Replica
-	(*Transfer)(nil),               // 29: zfsnomad.agent.v1.Transfer
-	(*ReplicaStateRequest)(nil),    // 30: zfsnomad.agent.v1.ReplicaStateRequest
-	(*ReplicaStateResponse)(nil),   // 31: zfsnomad.agent.v1.ReplicaStateResponse
-	(*ReceiveMessage)(nil),         // 32: zfsnomad.agent.v1.ReceiveMessage
-	(*ReceiveHeader)(nil),          // 33: zfsnomad.agent.v1.ReceiveHeader
-	(*PeerBase)(nil),               // 34: zfsnomad.agent.v1.PeerBase
-	(*ReceiveResult)(nil),          // 35: zfsnomad.agent.v1.ReceiveResult
-	(*GetCopyRequest)(nil),         // 36: zfsnomad.agent.v1.GetCopyRequest
-	(*Copy)(nil),                   // 37: zfsnomad.agent.v1.Copy
-	(*ReserveRequest)(nil),         // 38: zfsnomad.agent.v1.ReserveRequest
-	(*ReserveResponse)(nil),        // 39: zfsnomad.agent.v1.ReserveResponse
-	(*FenceRequest)(nil),           // 40: zfsnomad.agent.v1.FenceRequest
-	(*FenceResponse)(nil),          // 41: zfsnomad.agent.v1.FenceResponse
-	(*UnfenceRequest)(nil),         // 42: zfsnomad.agent.v1.UnfenceRequest
-	(*PromoteRequest)(nil),         // 43: zfsnomad.agent.v1.PromoteRequest
-	(*DemoteRequest)(nil),          // 44: zfsnomad.agent.v1.DemoteRequest
-	(*DeleteReplicaRequest)(nil),   // 45: zfsnomad.agent.v1.DeleteReplicaRequest
-	(*DeleteReplicaResponse)(nil),  // 46: zfsnomad.agent.v1.DeleteReplicaResponse
-	(*ControllerInstance)(nil),     // 47: zfsnomad.agent.v1.ControllerInstance
-	(*WorkLeaseRequest)(nil),       // 48: zfsnomad.agent.v1.WorkLeaseRequest
-	(*WorkLeasesRequest)(nil),      // 49: zfsnomad.agent.v1.WorkLeasesRequest
-	(*WorkLease)(nil),              // 50: zfsnomad.agent.v1.WorkLease
-	(*SeenInstance)(nil),           // 51: zfsnomad.agent.v1.SeenInstance
-	nil,                            // 52: zfsnomad.agent.v1.PromisesResponse.GenerationsEntry
-	nil,                            // 53: zfsnomad.agent.v1.Node.TopologyEntry
-	nil,                            // 54: zfsnomad.agent.v1.CreateVolumeRequest.ParametersEntry
-	nil,                            // 55: zfsnomad.agent.v1.Volume.ParametersEntry
-	nil,                            // 56: zfsnomad.agent.v1.ReceiveHeader.ParametersEntry
-	nil,                            // 57: zfsnomad.agent.v1.Copy.ParametersEntry
+	(*ListBackupsRequest)(nil),     // 4: zfsnomad.agent.v1.ListBackupsRequest
+	(*ListBackupsResponse)(nil),    // 5: zfsnomad.agent.v1.ListBackupsResponse
+	(*Backup)(nil),                 // 6: zfsnomad.agent.v1.Backup
+	(*GrantRestoreRequest)(nil),    // 7: zfsnomad.agent.v1.GrantRestoreRequest
+	(*GrantRestoreResponse)(nil),   // 8: zfsnomad.agent.v1.GrantRestoreResponse
+	(*SendBackupRequest)(nil),      // 9: zfsnomad.agent.v1.SendBackupRequest
+	(*SendBackupMessage)(nil),      // 10: zfsnomad.agent.v1.SendBackupMessage
+	(*GetNodeRequest)(nil),         // 11: zfsnomad.agent.v1.GetNodeRequest
+	(*Node)(nil),                   // 12: zfsnomad.agent.v1.Node
+	(*AwaitedPromotion)(nil),       // 13: zfsnomad.agent.v1.AwaitedPromotion
+	(*CreateVolumeRequest)(nil),    // 14: zfsnomad.agent.v1.CreateVolumeRequest
+	(*Volume)(nil),                 // 15: zfsnomad.agent.v1.Volume
+	(*DeleteVolumeRequest)(nil),    // 16: zfsnomad.agent.v1.DeleteVolumeRequest
+	(*DeleteVolumeResponse)(nil),   // 17: zfsnomad.agent.v1.DeleteVolumeResponse
+	(*GetVolumeRequest)(nil),       // 18: zfsnomad.agent.v1.GetVolumeRequest
+	(*ListVolumesRequest)(nil),     // 19: zfsnomad.agent.v1.ListVolumesRequest
+	(*ListVolumesResponse)(nil),    // 20: zfsnomad.agent.v1.ListVolumesResponse
+	(*ExpandVolumeRequest)(nil),    // 21: zfsnomad.agent.v1.ExpandVolumeRequest
+	(*ExpandVolumeResponse)(nil),   // 22: zfsnomad.agent.v1.ExpandVolumeResponse
+	(*CreateSnapshotRequest)(nil),  // 23: zfsnomad.agent.v1.CreateSnapshotRequest
+	(*Snapshot)(nil),               // 24: zfsnomad.agent.v1.Snapshot
+	(*DeleteSnapshotRequest)(nil),  // 25: zfsnomad.agent.v1.DeleteSnapshotRequest
+	(*DeleteSnapshotResponse)(nil), // 26: zfsnomad.agent.v1.DeleteSnapshotResponse
+	(*ListSnapshotsRequest)(nil),   // 27: zfsnomad.agent.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),  // 28: zfsnomad.agent.v1.ListSnapshotsResponse
+	(*ReplicateRequest)(nil),       // 29: zfsnomad.agent.v1.ReplicateRequest
+	(*ReplicateProgress)(nil),      // 30: zfsnomad.agent.v1.ReplicateProgress
+	(*StatusRequest)(nil),          // 31: zfsnomad.agent.v1.StatusRequest
+	(*NodeStatus)(nil),             // 32: zfsnomad.agent.v1.NodeStatus
+	(*ChangesRequest)(nil),         // 33: zfsnomad.agent.v1.ChangesRequest
+	(*ChangesResponse)(nil),        // 34: zfsnomad.agent.v1.ChangesResponse
+	(*Replica)(nil),                // 35: zfsnomad.agent.v1.Replica
+	(*Transfer)(nil),               // 36: zfsnomad.agent.v1.Transfer
+	(*ReplicaStateRequest)(nil),    // 37: zfsnomad.agent.v1.ReplicaStateRequest
+	(*ReplicaStateResponse)(nil),   // 38: zfsnomad.agent.v1.ReplicaStateResponse
+	(*ReceiveMessage)(nil),         // 39: zfsnomad.agent.v1.ReceiveMessage
+	(*ReceiveHeader)(nil),          // 40: zfsnomad.agent.v1.ReceiveHeader
+	(*PeerBase)(nil),               // 41: zfsnomad.agent.v1.PeerBase
+	(*ReceiveResult)(nil),          // 42: zfsnomad.agent.v1.ReceiveResult
+	(*GetCopyRequest)(nil),         // 43: zfsnomad.agent.v1.GetCopyRequest
+	(*Copy)(nil),                   // 44: zfsnomad.agent.v1.Copy
+	(*ReserveRequest)(nil),         // 45: zfsnomad.agent.v1.ReserveRequest
+	(*ReserveResponse)(nil),        // 46: zfsnomad.agent.v1.ReserveResponse
+	(*FenceRequest)(nil),           // 47: zfsnomad.agent.v1.FenceRequest
+	(*FenceResponse)(nil),          // 48: zfsnomad.agent.v1.FenceResponse
+	(*UnfenceRequest)(nil),         // 49: zfsnomad.agent.v1.UnfenceRequest
+	(*PromoteRequest)(nil),         // 50: zfsnomad.agent.v1.PromoteRequest
+	(*DemoteRequest)(nil),          // 51: zfsnomad.agent.v1.DemoteRequest
+	(*DeleteReplicaRequest)(nil),   // 52: zfsnomad.agent.v1.DeleteReplicaRequest
+	(*DeleteReplicaResponse)(nil),  // 53: zfsnomad.agent.v1.DeleteReplicaResponse
+	(*ControllerInstance)(nil),     // 54: zfsnomad.agent.v1.ControllerInstance
+	(*WorkLeaseRequest)(nil),       // 55: zfsnomad.agent.v1.WorkLeaseRequest
+	(*WorkLeasesRequest)(nil),      // 56: zfsnomad.agent.v1.WorkLeasesRequest
+	(*WorkLease)(nil),              // 57: zfsnomad.agent.v1.WorkLease
+	(*SeenInstance)(nil),           // 58: zfsnomad.agent.v1.SeenInstance
+	nil,                            // 59: zfsnomad.agent.v1.PromisesResponse.GenerationsEntry
+	nil,                            // 60: zfsnomad.agent.v1.Backup.ParametersEntry
+	nil,                            // 61: zfsnomad.agent.v1.Node.TopologyEntry
+	nil,                            // 62: zfsnomad.agent.v1.CreateVolumeRequest.ParametersEntry
+	nil,                            // 63: zfsnomad.agent.v1.Volume.ParametersEntry
+	nil,                            // 64: zfsnomad.agent.v1.ReceiveHeader.ParametersEntry
+	nil,                            // 65: zfsnomad.agent.v1.Copy.ParametersEntry
 }
 var file_agentpb_agent_proto_depIdxs = []int32{
-	52, // 0: zfsnomad.agent.v1.PromisesResponse.generations:type_name -> zfsnomad.agent.v1.PromisesResponse.GenerationsEntry
-	53, // 1: zfsnomad.agent.v1.Node.topology:type_name -> zfsnomad.agent.v1.Node.TopologyEntry
-	6,  // 2: zfsnomad.agent.v1.Node.awaited_promotions:type_name -> zfsnomad.agent.v1.AwaitedPromotion
-	54, // 3: zfsnomad.agent.v1.CreateVolumeRequest.parameters:type_name -> zfsnomad.agent.v1.CreateVolumeRequest.ParametersEntry
-	55, // 4: zfsnomad.agent.v1.Volume.parameters:type_name -> zfsnomad.agent.v1.Volume.ParametersEntry
-	8,  // 5: zfsnomad.agent.v1.ListVolumesResponse.volumes:type_name -> zfsnomad.agent.v1.Volume
-	17, // 6: zfsnomad.agent.v1.ListSnapshotsResponse.snapshots:type_name -> zfsnomad.agent.v1.Snapshot
-	28, // 7: zfsnomad.agent.v1.NodeStatus.replicas:type_name -> zfsnomad.agent.v1.Replica
-	29, // 8: zfsnomad.agent.v1.NodeStatus.transfers:type_name -> zfsnomad.agent.v1.Transfer
-	8,  // 9: zfsnomad.agent.v1.ChangesResponse.volumes:type_name -> zfsnomad.agent.v1.Volume
-	28, // 10: zfsnomad.agent.v1.ChangesResponse.replicas:type_name -> zfsnomad.agent.v1.Replica
-	33, // 11: zfsnomad.agent.v1.ReceiveMessage.header:type_name -> zfsnomad.agent.v1.ReceiveHeader
-	56, // 12: zfsnomad.agent.v1.ReceiveHeader.parameters:type_name -> zfsnomad.agent.v1.ReceiveHeader.ParametersEntry
-	34, // 13: zfsnomad.agent.v1.ReceiveHeader.peer_bases:type_name -> zfsnomad.agent.v1.PeerBase
-	57, // 14: zfsnomad.agent.v1.Copy.parameters:type_name -> zfsnomad.agent.v1.Copy.ParametersEntry
-	47, // 15: zfsnomad.agent.v1.WorkLeaseRequest.instance:type_name -> zfsnomad.agent.v1.ControllerInstance
-	47, // 16: zfsnomad.agent.v1.WorkLease.holder:type_name -> zfsnomad.agent.v1.ControllerInstance
-	51, // 17: zfsnomad.agent.v1.WorkLease.seen:type_name -> zfsnomad.agent.v1.SeenInstance
-	47, // 18: zfsnomad.agent.v1.SeenInstance.instance:type_name -> zfsnomad.agent.v1.ControllerInstance
-	4,  // 19: zfsnomad.agent.v1.NodeAgent.GetNode:input_type -> zfsnomad.agent.v1.GetNodeRequest
-	7,  // 20: zfsnomad.agent.v1.NodeAgent.CreateVolume:input_type -> zfsnomad.agent.v1.CreateVolumeRequest
-	9,  // 21: zfsnomad.agent.v1.NodeAgent.DeleteVolume:input_type -> zfsnomad.agent.v1.DeleteVolumeRequest
-	11, // 22: zfsnomad.agent.v1.NodeAgent.GetVolume:input_type -> zfsnomad.agent.v1.GetVolumeRequest
-	12, // 23: zfsnomad.agent.v1.NodeAgent.ListVolumes:input_type -> zfsnomad.agent.v1.ListVolumesRequest
-	14, // 24: zfsnomad.agent.v1.NodeAgent.ExpandVolume:input_type -> zfsnomad.agent.v1.ExpandVolumeRequest
-	16, // 25: zfsnomad.agent.v1.NodeAgent.CreateSnapshot:input_type -> zfsnomad.agent.v1.CreateSnapshotRequest
-	18, // 26: zfsnomad.agent.v1.NodeAgent.DeleteSnapshot:input_type -> zfsnomad.agent.v1.DeleteSnapshotRequest
-	20, // 27: zfsnomad.agent.v1.NodeAgent.ListSnapshots:input_type -> zfsnomad.agent.v1.ListSnapshotsRequest
-	22, // 28: zfsnomad.agent.v1.NodeAgent.Replicate:input_type -> zfsnomad.agent.v1.ReplicateRequest
-	24, // 29: zfsnomad.agent.v1.NodeAgent.Status:input_type -> zfsnomad.agent.v1.StatusRequest
-	26, // 30: zfsnomad.agent.v1.NodeAgent.Changes:input_type -> zfsnomad.agent.v1.ChangesRequest
-	45, // 31: zfsnomad.agent.v1.NodeAgent.DeleteReplica:input_type -> zfsnomad.agent.v1.DeleteReplicaRequest
-	36, // 32: zfsnomad.agent.v1.NodeAgent.GetCopy:input_type -> zfsnomad.agent.v1.GetCopyRequest
-	40, // 33: zfsnomad.agent.v1.NodeAgent.Fence:input_type -> zfsnomad.agent.v1.FenceRequest
-	42, // 34: zfsnomad.agent.v1.NodeAgent.Unfence:input_type -> zfsnomad.agent.v1.UnfenceRequest
-	43, // 35: zfsnomad.agent.v1.NodeAgent.Promote:input_type -> zfsnomad.agent.v1.PromoteRequest
-	44, // 36: zfsnomad.agent.v1.NodeAgent.Demote:input_type -> zfsnomad.agent.v1.DemoteRequest
-	38, // 37: zfsnomad.agent.v1.NodeAgent.Reserve:input_type -> zfsnomad.agent.v1.ReserveRequest
-	48, // 38: zfsnomad.agent.v1.NodeAgent.AcquireWorkLease:input_type -> zfsnomad.agent.v1.WorkLeaseRequest
-	49, // 39: zfsnomad.agent.v1.NodeAgent.WorkLeases:input_type -> zfsnomad.agent.v1.WorkLeasesRequest
-	0,  // 40: zfsnomad.agent.v1.Peers.Ping:input_type -> zfsnomad.agent.v1.PingRequest
-	2,  // 41: zfsnomad.agent.v1.Peers.Promises:input_type -> zfsnomad.agent.v1.PromisesRequest
-	30, // 42: zfsnomad.agent.v1.Replication.ReplicaState:input_type -> zfsnomad.agent.v1.ReplicaStateRequest
-	32, // 43: zfsnomad.agent.v1.Replication.Receive:input_type -> zfsnomad.agent.v1.ReceiveMessage
-	5,  // 44: zfsnomad.agent.v1.NodeAgent.GetNode:output_type -> zfsnomad.agent.v1.Node
-	8,  // 45: zfsnomad.agent.v1.NodeAgent.CreateVolume:output_type -> zfsnomad.agent.v1.Volume
-	10, // 46: zfsnomad.agent.v1.NodeAgent.DeleteVolume:output_type -> zfsnomad.agent.v1.DeleteVolumeResponse
-	8,  // 47: zfsnomad.agent.v1.NodeAgent.GetVolume:output_type -> zfsnomad.agent.v1.Volume
-	13, // 48: zfsnomad.agent.v1.NodeAgent.ListVolumes:output_type -> zfsnomad.agent.v1.ListVolumesResponse
-	15, // 49: zfsnomad.agent.v1.NodeAgent.ExpandVolume:output_type -> zfsnomad.agent.v1.ExpandVolumeResponse
-	17, // 50: zfsnomad.agent.v1.NodeAgent.CreateSnapshot:output_type -> zfsnomad.agent.v1.Snapshot
-	19, // 51: zfsnomad.agent.v1.NodeAgent.DeleteSnapshot:output_type -> zfsnomad.agent.v1.DeleteSnapshotResponse
-	21, // 52: zfsnomad.agent.v1.NodeAgent.ListSnapshots:output_type -> zfsnomad.agent.v1.ListSnapshotsResponse
-	23, // 53: zfsnomad.agent.v1.NodeAgent.Replicate:output_type -> zfsnomad.agent.v1.ReplicateProgress
-	25, // 54: zfsnomad.agent.v1.NodeAgent.Status:output_type -> zfsnomad.agent.v1.NodeStatus
-	27, // 55: zfsnomad.agent.v1.NodeAgent.Changes:output_type -> zfsnomad.agent.v1.ChangesResponse
-	46, // 56: zfsnomad.agent.v1.NodeAgent.DeleteReplica:output_type -> zfsnomad.agent.v1.DeleteReplicaResponse
-	37, // 57: zfsnomad.agent.v1.NodeAgent.GetCopy:output_type -> zfsnomad.agent.v1.Copy
-	41, // 58: zfsnomad.agent.v1.NodeAgent.Fence:output_type -> zfsnomad.agent.v1.FenceResponse
-	37, // 59: zfsnomad.agent.v1.NodeAgent.Unfence:output_type -> zfsnomad.agent.v1.Copy
-	37, // 60: zfsnomad.agent.v1.NodeAgent.Promote:output_type -> zfsnomad.agent.v1.Copy
-	37, // 61: zfsnomad.agent.v1.NodeAgent.Demote:output_type -> zfsnomad.agent.v1.Copy
-	39, // 62: zfsnomad.agent.v1.NodeAgent.Reserve:output_type -> zfsnomad.agent.v1.ReserveResponse
-	50, // 63: zfsnomad.agent.v1.NodeAgent.AcquireWorkLease:output_type -> zfsnomad.agent.v1.WorkLease
-	50, // 64: zfsnomad.agent.v1.NodeAgent.WorkLeases:output_type -> zfsnomad.agent.v1.WorkLease
-	1,  // 65: zfsnomad.agent.v1.Peers.Ping:output_type -> zfsnomad.agent.v1.PingResponse
-	3,  // 66: zfsnomad.agent.v1.Peers.Promises:output_type -> zfsnomad.agent.v1.PromisesResponse
-	31, // 67: zfsnomad.agent.v1.Replication.ReplicaState:output_type -> zfsnomad.agent.v1.ReplicaStateResponse
-	35, // 68: zfsnomad.agent.v1.Replication.Receive:output_type -> zfsnomad.agent.v1.ReceiveResult
-	44, // [44:69] is the sub-list for method output_type
-	19, // [19:44] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	59, // 0: zfsnomad.agent.v1.PromisesResponse.generations:type_name -> zfsnomad.agent.v1.PromisesResponse.GenerationsEntry
+	6,  // 1: zfsnomad.agent.v1.ListBackupsResponse.backups:type_name -> zfsnomad.agent.v1.Backup
+	60, // 2: zfsnomad.agent.v1.Backup.parameters:type_name -> zfsnomad.agent.v1.Backup.ParametersEntry
+	6,  // 3: zfsnomad.agent.v1.SendBackupMessage.header:type_name -> zfsnomad.agent.v1.Backup
+	61, // 4: zfsnomad.agent.v1.Node.topology:type_name -> zfsnomad.agent.v1.Node.TopologyEntry
+	13, // 5: zfsnomad.agent.v1.Node.awaited_promotions:type_name -> zfsnomad.agent.v1.AwaitedPromotion
+	62, // 6: zfsnomad.agent.v1.CreateVolumeRequest.parameters:type_name -> zfsnomad.agent.v1.CreateVolumeRequest.ParametersEntry
+	63, // 7: zfsnomad.agent.v1.Volume.parameters:type_name -> zfsnomad.agent.v1.Volume.ParametersEntry
+	15, // 8: zfsnomad.agent.v1.ListVolumesResponse.volumes:type_name -> zfsnomad.agent.v1.Volume
+	24, // 9: zfsnomad.agent.v1.ListSnapshotsResponse.snapshots:type_name -> zfsnomad.agent.v1.Snapshot
+	35, // 10: zfsnomad.agent.v1.NodeStatus.replicas:type_name -> zfsnomad.agent.v1.Replica
+	36, // 11: zfsnomad.agent.v1.NodeStatus.transfers:type_name -> zfsnomad.agent.v1.Transfer
+	15, // 12: zfsnomad.agent.v1.ChangesResponse.volumes:type_name -> zfsnomad.agent.v1.Volume
+	35, // 13: zfsnomad.agent.v1.ChangesResponse.replicas:type_name -> zfsnomad.agent.v1.Replica
+	40, // 14: zfsnomad.agent.v1.ReceiveMessage.header:type_name -> zfsnomad.agent.v1.ReceiveHeader
+	64, // 15: zfsnomad.agent.v1.ReceiveHeader.parameters:type_name -> zfsnomad.agent.v1.ReceiveHeader.ParametersEntry
+	41, // 16: zfsnomad.agent.v1.ReceiveHeader.peer_bases:type_name -> zfsnomad.agent.v1.PeerBase
+	65, // 17: zfsnomad.agent.v1.Copy.parameters:type_name -> zfsnomad.agent.v1.Copy.ParametersEntry
+	54, // 18: zfsnomad.agent.v1.WorkLeaseRequest.instance:type_name -> zfsnomad.agent.v1.ControllerInstance
+	54, // 19: zfsnomad.agent.v1.WorkLease.holder:type_name -> zfsnomad.agent.v1.ControllerInstance
+	58, // 20: zfsnomad.agent.v1.WorkLease.seen:type_name -> zfsnomad.agent.v1.SeenInstance
+	54, // 21: zfsnomad.agent.v1.SeenInstance.instance:type_name -> zfsnomad.agent.v1.ControllerInstance
+	11, // 22: zfsnomad.agent.v1.NodeAgent.GetNode:input_type -> zfsnomad.agent.v1.GetNodeRequest
+	14, // 23: zfsnomad.agent.v1.NodeAgent.CreateVolume:input_type -> zfsnomad.agent.v1.CreateVolumeRequest
+	16, // 24: zfsnomad.agent.v1.NodeAgent.DeleteVolume:input_type -> zfsnomad.agent.v1.DeleteVolumeRequest
+	18, // 25: zfsnomad.agent.v1.NodeAgent.GetVolume:input_type -> zfsnomad.agent.v1.GetVolumeRequest
+	19, // 26: zfsnomad.agent.v1.NodeAgent.ListVolumes:input_type -> zfsnomad.agent.v1.ListVolumesRequest
+	21, // 27: zfsnomad.agent.v1.NodeAgent.ExpandVolume:input_type -> zfsnomad.agent.v1.ExpandVolumeRequest
+	23, // 28: zfsnomad.agent.v1.NodeAgent.CreateSnapshot:input_type -> zfsnomad.agent.v1.CreateSnapshotRequest
+	25, // 29: zfsnomad.agent.v1.NodeAgent.DeleteSnapshot:input_type -> zfsnomad.agent.v1.DeleteSnapshotRequest
+	27, // 30: zfsnomad.agent.v1.NodeAgent.ListSnapshots:input_type -> zfsnomad.agent.v1.ListSnapshotsRequest
+	29, // 31: zfsnomad.agent.v1.NodeAgent.Replicate:input_type -> zfsnomad.agent.v1.ReplicateRequest
+	31, // 32: zfsnomad.agent.v1.NodeAgent.Status:input_type -> zfsnomad.agent.v1.StatusRequest
+	33, // 33: zfsnomad.agent.v1.NodeAgent.Changes:input_type -> zfsnomad.agent.v1.ChangesRequest
+	52, // 34: zfsnomad.agent.v1.NodeAgent.DeleteReplica:input_type -> zfsnomad.agent.v1.DeleteReplicaRequest
+	43, // 35: zfsnomad.agent.v1.NodeAgent.GetCopy:input_type -> zfsnomad.agent.v1.GetCopyRequest
+	47, // 36: zfsnomad.agent.v1.NodeAgent.Fence:input_type -> zfsnomad.agent.v1.FenceRequest
+	49, // 37: zfsnomad.agent.v1.NodeAgent.Unfence:input_type -> zfsnomad.agent.v1.UnfenceRequest
+	50, // 38: zfsnomad.agent.v1.NodeAgent.Promote:input_type -> zfsnomad.agent.v1.PromoteRequest
+	51, // 39: zfsnomad.agent.v1.NodeAgent.Demote:input_type -> zfsnomad.agent.v1.DemoteRequest
+	45, // 40: zfsnomad.agent.v1.NodeAgent.Reserve:input_type -> zfsnomad.agent.v1.ReserveRequest
+	55, // 41: zfsnomad.agent.v1.NodeAgent.AcquireWorkLease:input_type -> zfsnomad.agent.v1.WorkLeaseRequest
+	56, // 42: zfsnomad.agent.v1.NodeAgent.WorkLeases:input_type -> zfsnomad.agent.v1.WorkLeasesRequest
+	0,  // 43: zfsnomad.agent.v1.Peers.Ping:input_type -> zfsnomad.agent.v1.PingRequest
+	2,  // 44: zfsnomad.agent.v1.Peers.Promises:input_type -> zfsnomad.agent.v1.PromisesRequest
+	4,  // 45: zfsnomad.agent.v1.Backups.ListBackups:input_type -> zfsnomad.agent.v1.ListBackupsRequest
+	7,  // 46: zfsnomad.agent.v1.Backups.GrantRestore:input_type -> zfsnomad.agent.v1.GrantRestoreRequest
+	9,  // 47: zfsnomad.agent.v1.Backups.SendBackup:input_type -> zfsnomad.agent.v1.SendBackupRequest
+	37, // 48: zfsnomad.agent.v1.Replication.ReplicaState:input_type -> zfsnomad.agent.v1.ReplicaStateRequest
+	39, // 49: zfsnomad.agent.v1.Replication.Receive:input_type -> zfsnomad.agent.v1.ReceiveMessage
+	12, // 50: zfsnomad.agent.v1.NodeAgent.GetNode:output_type -> zfsnomad.agent.v1.Node
+	15, // 51: zfsnomad.agent.v1.NodeAgent.CreateVolume:output_type -> zfsnomad.agent.v1.Volume
+	17, // 52: zfsnomad.agent.v1.NodeAgent.DeleteVolume:output_type -> zfsnomad.agent.v1.DeleteVolumeResponse
+	15, // 53: zfsnomad.agent.v1.NodeAgent.GetVolume:output_type -> zfsnomad.agent.v1.Volume
+	20, // 54: zfsnomad.agent.v1.NodeAgent.ListVolumes:output_type -> zfsnomad.agent.v1.ListVolumesResponse
+	22, // 55: zfsnomad.agent.v1.NodeAgent.ExpandVolume:output_type -> zfsnomad.agent.v1.ExpandVolumeResponse
+	24, // 56: zfsnomad.agent.v1.NodeAgent.CreateSnapshot:output_type -> zfsnomad.agent.v1.Snapshot
+	26, // 57: zfsnomad.agent.v1.NodeAgent.DeleteSnapshot:output_type -> zfsnomad.agent.v1.DeleteSnapshotResponse
+	28, // 58: zfsnomad.agent.v1.NodeAgent.ListSnapshots:output_type -> zfsnomad.agent.v1.ListSnapshotsResponse
+	30, // 59: zfsnomad.agent.v1.NodeAgent.Replicate:output_type -> zfsnomad.agent.v1.ReplicateProgress
+	32, // 60: zfsnomad.agent.v1.NodeAgent.Status:output_type -> zfsnomad.agent.v1.NodeStatus
+	34, // 61: zfsnomad.agent.v1.NodeAgent.Changes:output_type -> zfsnomad.agent.v1.ChangesResponse
+	53, // 62: zfsnomad.agent.v1.NodeAgent.DeleteReplica:output_type -> zfsnomad.agent.v1.DeleteReplicaResponse
+	44, // 63: zfsnomad.agent.v1.NodeAgent.GetCopy:output_type -> zfsnomad.agent.v1.Copy
+	48, // 64: zfsnomad.agent.v1.NodeAgent.Fence:output_type -> zfsnomad.agent.v1.FenceResponse
+	44, // 65: zfsnomad.agent.v1.NodeAgent.Unfence:output_type -> zfsnomad.agent.v1.Copy
+	44, // 66: zfsnomad.agent.v1.NodeAgent.Promote:output_type -> zfsnomad.agent.v1.Copy
+	44, // 67: zfsnomad.agent.v1.NodeAgent.Demote:output_type -> zfsnomad.agent.v1.Copy
+	46, // 68: zfsnomad.agent.v1.NodeAgent.Reserve:output_type -> zfsnomad.agent.v1.ReserveResponse
+	57, // 69: zfsnomad.agent.v1.NodeAgent.AcquireWorkLease:output_type -> zfsnomad.agent.v1.WorkLease
+	57, // 70: zfsnomad.agent.v1.NodeAgent.WorkLeases:output_type -> zfsnomad.agent.v1.WorkLease
+	1,  // 71: zfsnomad.agent.v1.Peers.Ping:output_type -> zfsnomad.agent.v1.PingResponse
+	3,  // 72: zfsnomad.agent.v1.Peers.Promises:output_type -> zfsnomad.agent.v1.PromisesResponse
+	5,  // 73: zfsnomad.agent.v1.Backups.ListBackups:output_type -> zfsnomad.agent.v1.ListBackupsResponse
+	8,  // 74: zfsnomad.agent.v1.Backups.GrantRestore:output_type -> zfsnomad.agent.v1.GrantRestoreResponse
+	10, // 75: zfsnomad.agent.v1.Backups.SendBackup:output_type -> zfsnomad.agent.v1.SendBackupMessage
+	38, // 76: zfsnomad.agent.v1.Replication.ReplicaState:output_type -> zfsnomad.agent.v1.ReplicaStateResponse
+	42, // 77: zfsnomad.agent.v1.Replication.Receive:output_type -> zfsnomad.agent.v1.ReceiveResult
+	50, // [50:78] is the sub-list for method output_type
+	22, // [22:50] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_agentpb_agent_proto_init() }
@@ -4139,7 +4674,11 @@ func file_agentpb_agent_proto_init() {
 	if File_agentpb_agent_proto != nil {
 		return
 	}
-	file_agentpb_agent_proto_msgTypes[32].OneofWrappers = []any{
+	file_agentpb_agent_proto_msgTypes[10].OneofWrappers = []any{
+		(*SendBackupMessage_Header)(nil),
+		(*SendBackupMessage_Data)(nil),
+	}
+	file_agentpb_agent_proto_msgTypes[39].OneofWrappers = []any{
 		(*ReceiveMessage_Header)(nil),
 		(*ReceiveMessage_Data)(nil),
 	}
@@ -4149,9 +4688,9 @@ func file_agentpb_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agentpb_agent_proto_rawDesc), len(file_agentpb_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   58,
+			NumMessages:   66,
 			NumExtensions: 0,
-			NumServices:   3,
+			NumServices:   4,
 		},
 		GoTypes:           file_agentpb_agent_proto_goTypes,
 		DependencyIndexes: file_agentpb_agent_proto_depIdxs,

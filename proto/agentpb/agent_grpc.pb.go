@@ -1104,6 +1104,204 @@ var Peers_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
+	Backups_ListBackups_FullMethodName  = "/zfsnomad.agent.v1.Backups/ListBackups"
+	Backups_GrantRestore_FullMethodName = "/zfsnomad.agent.v1.Backups/GrantRestore"
+	Backups_SendBackup_FullMethodName   = "/zfsnomad.agent.v1.Backups/SendBackup"
+)
+
+// BackupsClient is the client API for Backups service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+//
+// Replication is what node agents call on each other: the sender asks the
+// receiver what it holds, then streams zfs send output to it.
+// Backups is a backup target's service (zfs-node target, docs/backups.md):
+// the controller and operators list a target's backups and grant their
+// restore to a node; the node then fetches the backup with the grant.
+type BackupsClient interface {
+	ListBackups(ctx context.Context, in *ListBackupsRequest, opts ...grpc.CallOption) (*ListBackupsResponse, error)
+	GrantRestore(ctx context.Context, in *GrantRestoreRequest, opts ...grpc.CallOption) (*GrantRestoreResponse, error)
+	// The backup's header first, then the raw zfs send stream of its
+	// snapshot, whole.
+	SendBackup(ctx context.Context, in *SendBackupRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SendBackupMessage], error)
+}
+
+type backupsClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewBackupsClient(cc grpc.ClientConnInterface) BackupsClient {
+	return &backupsClient{cc}
+}
+
+func (c *backupsClient) ListBackups(ctx context.Context, in *ListBackupsRequest, opts ...grpc.CallOption) (*ListBackupsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListBackupsResponse)
+	err := c.cc.Invoke(ctx, Backups_ListBackups_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *backupsClient) GrantRestore(ctx context.Context, in *GrantRestoreRequest, opts ...grpc.CallOption) (*GrantRestoreResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GrantRestoreResponse)
+	err := c.cc.Invoke(ctx, Backups_GrantRestore_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *backupsClient) SendBackup(ctx context.Context, in *SendBackupRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SendBackupMessage], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Backups_ServiceDesc.Streams[0], Backups_SendBackup_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[SendBackupRequest, SendBackupMessage]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Backups_SendBackupClient = grpc.ServerStreamingClient[SendBackupMessage]
+
+// BackupsServer is the server API for Backups service.
+// All implementations must embed UnimplementedBackupsServer
+// for forward compatibility.
+//
+// Replication is what node agents call on each other: the sender asks the
+// receiver what it holds, then streams zfs send output to it.
+// Backups is a backup target's service (zfs-node target, docs/backups.md):
+// the controller and operators list a target's backups and grant their
+// restore to a node; the node then fetches the backup with the grant.
+type BackupsServer interface {
+	ListBackups(context.Context, *ListBackupsRequest) (*ListBackupsResponse, error)
+	GrantRestore(context.Context, *GrantRestoreRequest) (*GrantRestoreResponse, error)
+	// The backup's header first, then the raw zfs send stream of its
+	// snapshot, whole.
+	SendBackup(*SendBackupRequest, grpc.ServerStreamingServer[SendBackupMessage]) error
+	mustEmbedUnimplementedBackupsServer()
+}
+
+// UnimplementedBackupsServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedBackupsServer struct{}
+
+func (UnimplementedBackupsServer) ListBackups(context.Context, *ListBackupsRequest) (*ListBackupsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListBackups not implemented")
+}
+func (UnimplementedBackupsServer) GrantRestore(context.Context, *GrantRestoreRequest) (*GrantRestoreResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GrantRestore not implemented")
+}
+func (UnimplementedBackupsServer) SendBackup(*SendBackupRequest, grpc.ServerStreamingServer[SendBackupMessage]) error {
+	return status.Error(codes.Unimplemented, "method SendBackup not implemented")
+}
+func (UnimplementedBackupsServer) mustEmbedUnimplementedBackupsServer() {}
+func (UnimplementedBackupsServer) testEmbeddedByValue()                 {}
+
+// UnsafeBackupsServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to BackupsServer will
+// result in compilation errors.
+type UnsafeBackupsServer interface {
+	mustEmbedUnimplementedBackupsServer()
+}
+
+func RegisterBackupsServer(s grpc.ServiceRegistrar, srv BackupsServer) {
+	// If the following call panics, it indicates UnimplementedBackupsServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&Backups_ServiceDesc, srv)
+}
+
+func _Backups_ListBackups_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListBackupsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(BackupsServer).ListBackups(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Backups_ListBackups_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(BackupsServer).ListBackups(ctx, req.(*ListBackupsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Backups_GrantRestore_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GrantRestoreRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(BackupsServer).GrantRestore(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Backups_GrantRestore_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(BackupsServer).GrantRestore(ctx, req.(*GrantRestoreRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Backups_SendBackup_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(SendBackupRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(BackupsServer).SendBackup(m, &grpc.GenericServerStream[SendBackupRequest, SendBackupMessage]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Backups_SendBackupServer = grpc.ServerStreamingServer[SendBackupMessage]
+
+// Backups_ServiceDesc is the grpc.ServiceDesc for Backups service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var Backups_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "zfsnomad.agent.v1.Backups",
+	HandlerType: (*BackupsServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "ListBackups",
+			Handler:    _Backups_ListBackups_Handler,
+		},
+		{
+			MethodName: "GrantRestore",
+			Handler:    _Backups_GrantRestore_Handler,
+		},
+	},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "SendBackup",
+			Handler:       _Backups_SendBackup_Handler,
+			ServerStreams: true,
+		},
+	},
+	Metadata: "agentpb/agent.proto",
+}
+
+const (
 	Replication_ReplicaState_FullMethodName = "/zfsnomad.agent.v1.Replication/ReplicaState"
 	Replication_Receive_FullMethodName      = "/zfsnomad.agent.v1.Replication/Receive"
 )
@@ -1111,9 +1309,6 @@ const (
 // ReplicationClient is the client API for Replication service.
 //
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
-//
-// Replication is what node agents call on each other: the sender asks the
-// receiver what it holds, then streams zfs send output to it.
 type ReplicationClient interface {
 	ReplicaState(ctx context.Context, in *ReplicaStateRequest, opts ...grpc.CallOption) (*ReplicaStateResponse, error)
 	// Receive takes a header, then the stream in data chunks.
@@ -1154,9 +1349,6 @@ type Replication_ReceiveClient = grpc.ClientStreamingClient[ReceiveMessage, Rece
 // ReplicationServer is the server API for Replication service.
 // All implementations must embed UnimplementedReplicationServer
 // for forward compatibility.
-//
-// Replication is what node agents call on each other: the sender asks the
-// receiver what it holds, then streams zfs send output to it.
 type ReplicationServer interface {
 	ReplicaState(context.Context, *ReplicaStateRequest) (*ReplicaStateResponse, error)
 	// Receive takes a header, then the stream in data chunks.

@@ -238,6 +238,7 @@ func (s *Server) CreateVolume(ctx context.Context, req *pb.CreateVolumeRequest) 
 		LimitBytes:       req.GetLimitBytes(),
 		Parameters:       req.GetParameters(),
 		SourceSnapshotID: req.GetSourceSnapshotId(),
+		RestoreGrant:     req.GetRestoreGrant(),
 		SourceVolumeID:   req.GetSourceVolumeId(),
 		Passphrase:       req.GetEncryptionPassphrase(),
 	})

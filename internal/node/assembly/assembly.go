@@ -94,6 +94,7 @@ func (p *Parts) newReplication(d Deps) {
 		replication.NewLimiter(uint64(cfg.ReplicationBandwidth)), agent.NewReplicationPeers(d.Dial), log)
 	if d.DialTarget != nil && len(cfg.BackupTargets) > 0 {
 		p.Pusher.UseTargets(cfg.BackupTargets, agent.NewReplicationPeers(d.DialTarget))
+		p.Volumes.Restore = p.Pusher.Restore
 	}
 	r := replication.NewReceiver(d.Streams, p.Volumes.Locks(), p.Volumes, cfg.RootDataset, cfg.NodeID, cfg.ReplicationSnapshots, log)
 	r.MaxQuota, r.QuotaProperty = uint64(cfg.MaxQuota), cfg.QuotaProperty

@@ -40,7 +40,7 @@ func isReceiverKey(key string) bool {
 // UseTargets gives the pusher the backup targets it may push to, by name
 // (the operator's backups.targets: name to host:port), and how it reaches
 // them.
-func (p *Pusher) UseTargets(targets map[string]string, peers Peers) {
+func (p *Pusher) UseTargets(targets map[string]string, peers TargetPeers) {
 	p.targets, p.targetPeers = targets, peers
 }
 

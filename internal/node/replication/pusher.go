@@ -56,7 +56,7 @@ type Pusher struct {
 	// targets are the backup targets pushes may go to, by name, and
 	// targetPeers reaches them (UseTargets).
 	targets     map[string]string
-	targetPeers Peers
+	targetPeers TargetPeers
 
 	mu        sync.Mutex
 	transfers map[string]*Transfer // by volume ID

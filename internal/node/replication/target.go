@@ -72,6 +72,8 @@ type TargetReceiver struct {
 	locks *copylock.Locks
 	now   func() time.Time
 	log   hclog.Logger
+	// grants are the restores granted (GrantRestore).
+	grants grants
 }
 
 // NewTargetReceiver returns the receiving end of the backup target name
@@ -83,6 +85,9 @@ func NewTargetReceiver(z Streams, root, name string, maxQuota uint64, log hclog.
 	r.MaxQuota = maxQuota
 	return &TargetReceiver{r: r, z: z, root: root, name: name, locks: locks, now: time.Now, log: log}
 }
+
+// Name is the target's name.
+func (t *TargetReceiver) Name() string { return t.name }
 
 // SetIdleTimeout sets how long a receive waits for the sender's next
 // message (DefaultIdleTimeout by default).

@@ -228,7 +228,9 @@ func (m *Manager) createPromised(ctx context.Context, req CreateRequest, id, dat
 	generation := max(p.Generation, 1)
 	props[copyrecord.PropGeneration] = strconv.FormatUint(generation, 10)
 	props[copyrecord.PropHistoryFrom] = strconv.FormatUint(generation, 10)
-	switch {
+	switch ref, fromBackup := contract.ParseBackupID(req.SourceSnapshotID); {
+	case fromBackup:
+		err = m.restoreBackup(ctx, ref, req.RestoreGrant, dataset, quota, props, req.Parameters)
 	case req.SourceSnapshotID != "":
 		err = m.cloneSnapshot(ctx, req.SourceSnapshotID, dataset, quota, props, req.Parameters)
 	case req.SourceVolumeID != "":
@@ -269,6 +271,31 @@ func (m *Manager) cloneSnapshot(ctx context.Context, snapID, dataset string, quo
 		return fmt.Errorf("%w: snapshot %s holds %d bytes, more than the requested capacity %d", errdefs.ErrOutOfRange, snapID, snap.Size, quota)
 	}
 	return m.copyOf(ctx, snap.Dataset, dataset, props, params)
+}
+
+// restoreBackup makes dataset a new volume from a backup on a target: a
+// receive of its whole stream with props (raw for an encrypted volume,
+// which keeps its encryption and its passphrase, as a copy of an
+// encrypted snapshot does). A backup that holds more than quota, or
+// whose encryption the parameters contradict, is refused before
+// anything is received.
+func (m *Manager) restoreBackup(ctx context.Context, ref contract.BackupRef, grant, dataset string, quota uint64, props, params map[string]string) error {
+	if m.Restore == nil {
+		return fmt.Errorf("%w: node %s restores no backups (no backup_targets)", errdefs.ErrFailedPrecondition, m.cfg.NodeID)
+	}
+	props = maps.Clone(props)
+	delete(props, "encryption") // the backup's own applies
+	check := func(encrypted bool, referenced uint64) error {
+		if referenced > quota {
+			return fmt.Errorf("%w: backup %s holds %d bytes, more than the requested capacity %d", errdefs.ErrOutOfRange, ref.SnapshotID(), referenced, quota)
+		}
+		if asked, ok := params["encryption"]; ok && (asked != "off") != encrypted {
+			return fmt.Errorf("%w: a volume restored from %s keeps its encryption (%s), and cannot have encryption=%s; leave encryption out of its parameters",
+				errdefs.ErrInvalidArgument, ref.SnapshotID(), encryptionWord(encrypted), asked)
+		}
+		return nil
+	}
+	return m.Restore(ctx, ref, grant, dataset, props, check)
 }
 
 // cloneVolume clones the current state of a volume through a private

@@ -113,20 +113,26 @@ func (m *Manager) copyEncrypted(ctx context.Context, snapshot, dataset string, p
 }
 
 // dropCopiedSnapshot destroys the snapshot a raw copy received along
-// with an encrypted volume made from a snapshot or volume, which
-// CopyEncrypted destroys at once: a create that stopped in between left
-// it, and its retry comes here. Left alone, a restore's would pass for a
+// with an encrypted volume made from a snapshot or volume, or a restore
+// along with a volume made from a backup, which CopyEncrypted and the
+// restore destroy at once: a create that stopped in between left it,
+// and its retry comes here. Left alone, a restore's would pass for a
 // second copy of its source's CSI snapshot.
 func (m *Manager) dropCopiedSnapshot(ctx context.Context, v Volume) error {
-	if !v.Encrypted || !v.KeyRoot {
-		return nil
-	}
 	snap := ""
-	if id, ok := strings.CutPrefix(v.Source, "snapshot:"); ok {
+	id, fromSnapshot := strings.CutPrefix(v.Source, "snapshot:")
+	ref, fromBackup := contract.ParseBackupID(id)
+	switch {
+	case fromSnapshot && fromBackup:
+		// A restore receives the backup's snapshot, encrypted or not.
+		snap = v.Dataset + "@" + ref.Snapshot
+	case !v.Encrypted || !v.KeyRoot:
+		return nil
+	case fromSnapshot:
 		snap = v.Dataset + "@" + id
-	} else if strings.HasPrefix(v.Source, "volume:") {
+	case strings.HasPrefix(v.Source, "volume:"):
 		snap = v.Dataset + "@clone-" + shortName(v.Dataset)
-	} else {
+	default:
 		return nil
 	}
 	switch err := m.zfs.Destroy(ctx, snap); {

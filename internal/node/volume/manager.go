@@ -105,6 +105,12 @@ type Capacity struct {
 // are 0 when unset; at most one source is set.
 type CreateRequest = contract.VolumeRequest
 
+// Restorer receives the backup ref, fetched with grant, into dataset with
+// props set by the receive; check sees the backup's header first and may
+// refuse it.
+type Restorer func(ctx context.Context, ref contract.BackupRef, grant, dataset string, props map[string]string,
+	check func(encrypted bool, referenced uint64) error) error
+
 // Manager runs volume operations on one node. Operations on one volume are
 // serialised; different volumes proceed in parallel as far as ZFS allows.
 type Manager struct {
@@ -126,6 +132,10 @@ type Manager struct {
 	// unloads their keys (keys.go); without it a create that asks for
 	// encryption fails.
 	Encryption zfs.Encryption
+	// Restore receives a backup from a backup target into a new volume's
+	// dataset (replication.Pusher.Restore); without it a create from a
+	// backup fails.
+	Restore Restorer
 
 	zfs zfs.Interface
 	// replicas reads and removes the node's replicas (replicas.go); nil

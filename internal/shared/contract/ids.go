@@ -62,3 +62,45 @@ func IsNodeID(id string) bool { return nodeIDPattern.MatchString(id) }
 // ever promoted with it, and a node that promised it refuses every other
 // reservation until the delete has the promise forgotten.
 const DeletionHolder = "(deletion)"
+
+// BackupRef names one backup on a backup target (docs/backups.md): the
+// volume it is of and its snapshot there. Its snapshot ID,
+// backup:TARGET:VOLUME-ID@SNAPSHOT, is what a CSI CreateVolume restores
+// from (its volume content source).
+type BackupRef struct {
+	Target, VolumeID, Snapshot string
+}
+
+// backupPrefix starts every backup's snapshot ID.
+const backupPrefix = "backup:"
+
+// backupSnapshotPattern is a backup's short snapshot name on a target:
+// a replication snapshot's (zn-<unix nanos>).
+var backupSnapshotPattern = regexp.MustCompile(`^zn-[0-9]{1,19}$`)
+
+// SnapshotID is the backup's snapshot ID.
+func (r BackupRef) SnapshotID() string {
+	return backupPrefix + r.Target + ":" + r.VolumeID + "@" + r.Snapshot
+}
+
+// ParseBackupID reads a backup's snapshot ID; ok is false for anything
+// else, an ordinary snapshot ID included.
+func ParseBackupID(id string) (ref BackupRef, ok bool) {
+	rest, ok := strings.CutPrefix(id, backupPrefix)
+	if !ok {
+		return BackupRef{}, false
+	}
+	target, rest, ok1 := strings.Cut(rest, ":")
+	volume, snap, ok2 := strings.Cut(rest, "@")
+	ref = BackupRef{Target: target, VolumeID: volume, Snapshot: snap}
+	if !ok1 || !ok2 || !IsNodeID(target) || !IsVolumeID(volume) || !backupSnapshotPattern.MatchString(snap) {
+		return BackupRef{}, false
+	}
+	return ref, true
+}
+
+// IsBackupID reports whether id names a backup on a target.
+func IsBackupID(id string) bool {
+	_, ok := ParseBackupID(id)
+	return ok
+}

@@ -15,6 +15,10 @@ type VolumeRequest struct {
 	// Passphrase is an encrypted volume's key from the create's secrets
 	// (SecretEncryptionKey); nil when the secrets carry none.
 	Passphrase Passphrase
+	// RestoreGrant is a backup target's grant of the restore of the
+	// backup SourceSnapshotID names (a BackupRef's ID) to the node that
+	// creates the volume (docs/backups.md).
+	RestoreGrant string
 }
 
 // SecretEncryptionKey is the secret that carries an encrypted volume's

@@ -83,6 +83,10 @@ func TestTargetPolicy(t *testing.T) {
 		{TargetPolicy, "/zfsnomad.agent.v1.NodeAgent/GetNode", nil},
 		{TargetPolicy, "/zfsnomad.agent.v1.Peers/Ping", nil},
 		{TargetPolicy, "/zfsnomad.agent.v1.NodeAgent/Replicate", nil},
+		{TargetPolicy, "/zfsnomad.agent.v1.Backups/SendBackup", []string{RoleNode}},
+		{TargetPolicy, "/zfsnomad.agent.v1.Backups/ListBackups", []string{RoleController, RoleOperator}},
+		{TargetPolicy, "/zfsnomad.agent.v1.Backups/GrantRestore", []string{RoleController, RoleOperator}},
+		{TargetPolicy, "/zfsnomad.agent.v1.Backups/Other", nil},
 	}
 	for _, tt := range tests {
 		if got := tt.policy.allowed(tt.method); !slices.Equal(got, tt.want) {

@@ -150,11 +150,16 @@ var AgentPolicy = Policy{
 	"/zfsnomad.agent.v1.NodeAgent/":                 {RoleController, RoleOperator},
 }
 
-// TargetPolicy is who may call what on a backup target's port: nodes push
-// their volumes' backups to it (docs/backups.md). A method it does not
-// name is refused to every role.
+// TargetPolicy is who may call what on a backup target's port
+// (docs/backups.md): nodes push their volumes' backups to it and fetch
+// the backups a restore granted them; the controller and operators list
+// backups and grant restores. A method it does not name is refused to
+// every role.
 var TargetPolicy = Policy{
-	"/zfsnomad.agent.v1.Replication/": {RoleNode},
+	"/zfsnomad.agent.v1.Replication/":         {RoleNode},
+	"/zfsnomad.agent.v1.Backups/SendBackup":   {RoleNode},
+	"/zfsnomad.agent.v1.Backups/ListBackups":  {RoleController, RoleOperator},
+	"/zfsnomad.agent.v1.Backups/GrantRestore": {RoleController, RoleOperator},
 }
 
 func (p Policy) allowed(method string) []string {

@@ -47,6 +47,7 @@ func newBackupSetup(t *testing.T, params map[string]string) *backupSetup {
 	lis := bufconn.Listen(1 << 20)
 	srv := grpc.NewServer()
 	pb.RegisterReplicationServer(srv, &agent.ReplicationServer{Receiver: b.target})
+	pb.RegisterBackupsServer(srv, &agent.BackupsServer{Target: b.target})
 	go func() { _ = srv.Serve(lis) }()
 	t.Cleanup(srv.Stop)
 	b.dial = func(string) (*grpc.ClientConn, error) {
@@ -191,5 +192,58 @@ func TestABackupGoesOnlyToAConfiguredTarget(t *testing.T) {
 	}
 	if n := len(b.src.snaps(t, b.fs)); n != before {
 		t.Errorf("a refused backup left %d snapshots, were %d", n, before)
+	}
+}
+
+// TestARestoreNeedsItsGrant: a node restores a backup only with the
+// target's grant of that backup to that node: the whole volume as it was
+// backed up, into a new dataset with the properties the create sets,
+// without the backup's snapshot. A grant for another backup or node, or
+// none, is refused; a backup the create's check refuses leaves nothing.
+func TestARestoreNeedsItsGrant(t *testing.T) {
+	b := newBackupSetup(t, nil)
+	must(t, b.src.Write(b.fs, "a"))
+	b.backup(t, b.pusher(t, b.src, "n1"), replication.KindFull)
+	must(t, b.src.Write(b.fs, "b")) // after the backup: not restored
+	held := b.chain(t)
+	snap := held[len(held)-1][strings.Index(held[len(held)-1], "@")+1:]
+	ref := contract.BackupRef{Target: "vault", VolumeID: b.id, Snapshot: snap}
+
+	n2 := newNode(t, 2, "tank/nomad")
+	q := b.pusher(t, n2, "n2")
+	into := "tank/nomad/vol-99999999999999999999"
+	props := map[string]string{copyrecord.PropRole: contract.RolePrimary, copyrecord.PropName: "restored"}
+	fine := func(bool, uint64) error { return nil }
+	if err := q.Restore(ctx, ref, "no-such-grant", into, props, fine); !errors.Is(err, errdefs.ErrPermissionDenied) {
+		t.Errorf("a restore without a grant: %v, want PermissionDenied", err)
+	}
+	grant, _, err := b.target.GrantRestore(ctx, b.id, snap, "n2")
+	must(t, err)
+	refused := errdefs.Wrap(errdefs.ErrOutOfRange, "too big")
+	if err := q.Restore(ctx, ref, grant, into, props, func(bool, uint64) error { return refused }); !errors.Is(err, errdefs.ErrOutOfRange) {
+		t.Errorf("a restore its check refuses: %v, want the check's error", err)
+	}
+	if _, err := n2.s.Get(ctx, into, "type"); err == nil {
+		t.Errorf("a refused restore left %s", into)
+	}
+	if err := q.Restore(ctx, ref, grant, into, props, fine); err != nil {
+		t.Fatalf("restore: %v", err)
+	}
+	if got := n2.content(t, into); !slices.Equal(got, []string{"a"}) {
+		t.Errorf("the restored volume holds %v, want the backup's a", got)
+	}
+	if got := n2.get(t, into, copyrecord.PropName); got != "restored" {
+		t.Errorf("the restored volume's name is %q, want the create's", got)
+	}
+	if snaps := n2.snaps(t, into); len(snaps) != 0 {
+		t.Errorf("the restored volume keeps snapshots %v, want none", snaps)
+	}
+
+	// The target holds the grant to its node and backup.
+	for _, tc := range []struct{ caller, snap string }{{"n3", snap}, {"n2", "zn-1"}} {
+		err := b.target.SendBackup(ctx, tc.caller, b.id, tc.snap, grant, func(replication.Backup) error { return nil }, func([]byte) error { return nil })
+		if !errors.Is(err, errdefs.ErrPermissionDenied) {
+			t.Errorf("the grant of %s to n2 shown by %s for %s: %v, want PermissionDenied", snap, tc.caller, tc.snap, err)
+		}
 	}
 }
