@@ -30,6 +30,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/controller/agentclient"
+	"github.com/zfs-nomad/zfs-nomad/internal/controller/backupsched"
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/cluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/csiserver"
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/migration"
@@ -60,10 +62,11 @@ func (c command) usage() string {
 var commands = []command{
 	{"serve", "[flags]", "Serve the CSI Identity and Controller services: what Nomad runs (the command when the first argument is a flag)", serve},
 	{"backup", "[flags] [-to NODE | -target TARGET] VOLUME", "Push a volume to a peer or a backup target now, with live progress", backup},
+	{"backups", "[flags] -target TARGET [VOLUME]", "List a backup target's backups, every volume's or one's (by name or ID, deleted volumes too), with the snapshot IDs a restore names", backups},
 	{"status", "[flags] [-json]", "Show every node's volumes, replicas and their lag, running transfers, moves in progress and stale copies set aside", status},
 	{"promote", "[flags] [-node NODE] [-force] VOLUME", "Promote a replica of a volume whose primary's node is lost (failover=manual)", promote},
 	{"remove-replica", "[flags] -node NODE [-force] VOLUME", "Remove one node's replica of a volume", removeReplica},
-	{"tls", "ca [-days N] DIR | cert -ca DIR -role node|controller|operator [-days N] [-out DIR] NAME", "Make the agent port's CA, and certificates for nodes, the controller and operators", tlsCommand},
+	{"tls", "ca [-days N] DIR | cert -ca DIR -role node|controller|operator|backup [-days N] [-out DIR] NAME", "Make the agent port's CA, and certificates for nodes, backup targets, the controller and operators", tlsCommand},
 	{"version", "", "Print the version", func(command, []string) error {
 		fmt.Printf("zfs-controller %s (agent protocol %d)\n", version.Version, protocol.Version)
 		return nil
@@ -161,7 +164,13 @@ func serve(c command, args []string) error {
 	migrator.Metrics = migration.NewMetrics(registry)
 	migrator.MaxCatchUps = cfg.MoveCatchUps
 	migrator.PublishAheadWithin = time.Duration(cfg.MovePublishAhead)
-	csispec.RegisterControllerServer(srv, csiserver.New(nodes, migrator, cfg.Placement, log.Named("csi")))
+	controller := csiserver.New(nodes, migrator, cfg.Placement, log.Named("csi"))
+	targets := backupTargets(cfg, certs)
+	if targets != nil {
+		defer targets.Close()
+		controller.UseTargets(targets)
+	}
+	csispec.RegisterControllerServer(srv, controller)
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -200,6 +209,10 @@ func serve(c command, args []string) error {
 		sched.Settle = migrator.Settle
 		sched.SurplusGrace = time.Duration(cfg.SurplusGrace)
 		go holder.Every(ctx, every, func(ctx context.Context) { sched.Round(ctx) })
+		if targets != nil {
+			backups := backupsched.New(nodes, targets, cfg.ParallelPushes, log.Named("backups"))
+			go holder.Every(ctx, every, func(ctx context.Context) { backups.Round(ctx) })
+		}
 	}
 	go func() {
 		if err := csiplugin.ServeMetrics(ctx, metricsLis, registry, log, map[string]http.Handler{migration.MovesPath: migrator.MovesHandler()}); err != nil {
@@ -210,6 +223,18 @@ func serve(c command, args []string) error {
 	err = csiplugin.Serve(ctx, srv, lis, 10*time.Second)
 	log.Info("stopped")
 	return err
+}
+
+// backupTargets reaches the configuration's backup targets with the
+// party's certificate (certs; nil without TLS: targets have no insecure
+// mode), or is nil when there are none.
+func backupTargets(cfg config.Controller, certs *tlsconfig.Source) *agentclient.Targets {
+	if len(cfg.BackupTargets) == 0 || certs == nil {
+		return nil
+	}
+	return agentclient.NewTargets(cfg.BackupTargets, func(addr string) (*grpc.ClientConn, error) {
+		return grpc.NewClient(addr, append(protocol.DialOptions(), certs.BackupDialOptions()...)...)
+	})
 }
 
 // thisInstance is how this controller process introduces itself to the
@@ -335,6 +360,39 @@ func backup(c command, args []string) error {
 		return err
 	}
 	return operator.Backup(ctx, sess.nodes, volumeID, opts, os.Stdout)
+}
+
+func backups(c command, args []string) error {
+	var target string
+	cfg, rest, err := config.LoadOperator("zfs-controller "+c.name, c.usage(), args, os.Getenv, os.Stderr, func(fs *flag.FlagSet) {
+		fs.StringVar(&target, "target", "", "the backup target, by its name in backup_targets")
+	})
+	if err != nil {
+		return err
+	}
+	switch {
+	case target == "":
+		return fmt.Errorf("%w: -target is required (usage: zfs-controller %s %s)", config.ErrUsage, c.name, c.args)
+	case len(rest) > 1:
+		return fmt.Errorf("%w: want at most one VOLUME, got %q", config.ErrUsage, rest)
+	}
+	log := csiplugin.NewLogger("zfs-controller", os.Getenv)
+	_, certs, err := agentDialOptions(cfg, []string{tlsconfig.RoleOperator, tlsconfig.RoleController}, log)
+	if err != nil {
+		return err
+	}
+	targets := backupTargets(cfg, certs)
+	if targets == nil {
+		return fmt.Errorf("%w: no backup targets in the configuration (backup_targets, or -backup-targets name=host:port), or no TLS: targets speak only mutual TLS", config.ErrUsage)
+	}
+	defer targets.Close()
+	ctx, stop := signalContext()
+	defer stop()
+	volume := ""
+	if len(rest) == 1 {
+		volume = rest[0]
+	}
+	return operator.ListBackups(ctx, targets, target, volume, os.Stdout)
 }
 
 func status(c command, args []string) error {

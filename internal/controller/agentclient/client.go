@@ -82,6 +82,7 @@ func (c *Client) CreateVolume(ctx context.Context, v NewVolume) (Volume, error) 
 		SourceSnapshotId:     v.SourceSnapshotID,
 		SourceVolumeId:       v.SourceVolumeID,
 		EncryptionPassphrase: v.Passphrase,
+		RestoreGrant:         v.RestoreGrant,
 	})
 	if err != nil {
 		return Volume{}, fromStatus(err)

@@ -46,6 +46,10 @@ func New(c *cluster.Cluster, m *migration.Migrator, policy string, log hclog.Log
 	return &Controller{volumes: provision.New(c, m, policy, log), migrator: m}
 }
 
+// UseTargets gives the controller the backup targets volumes are
+// restored from (a CreateVolume whose source is a backup's snapshot ID).
+func (c *Controller) UseTargets(t provision.Targets) { c.volumes.UseTargets(t) }
+
 func (c *Controller) tryLock(key string) (func(), error) {
 	unlock, ok := c.locks.TryLock(key)
 	if !ok {

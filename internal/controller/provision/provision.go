@@ -32,7 +32,19 @@ type Provisioner struct {
 	migrator *migration.Migrator
 	policy   string
 	log      hclog.Logger
+	targets  Targets // nil: no backup targets
 }
+
+// Targets are the backup targets a volume is restored from
+// (agentclient.Targets, docs/backups.md).
+type Targets interface {
+	Backup(ctx context.Context, ref contract.BackupRef) (agentclient.Backup, error)
+	GrantRestore(ctx context.Context, ref contract.BackupRef, nodeID string) (string, error)
+}
+
+// UseTargets gives the provisioner the backup targets volumes are
+// restored from.
+func (p *Provisioner) UseTargets(t Targets) { p.targets = t }
 
 // New returns a Provisioner over the cluster's agents; m decides a
 // volume's current primary and reserves a new volume's node, and policy
@@ -78,6 +90,14 @@ func (p *Provisioner) Create(ctx context.Context, req CreateRequest) (agentclien
 		return agentclient.Volume{}, cluster.Node{}, err
 	}
 
+	ref, fromBackup := contract.ParseBackupID(req.SourceSnapshotID)
+	if fromBackup {
+		// Before anything is reserved: a backup that is not there is
+		// NotFound, as a snapshot that is not is.
+		if err := p.checkBackup(ctx, ref); err != nil {
+			return agentclient.Volume{}, cluster.Node{}, err
+		}
+	}
 	candidates, err := p.candidates(ctx, req)
 	if err != nil {
 		return agentclient.Volume{}, cluster.Node{}, err
@@ -93,7 +113,23 @@ func (p *Provisioner) Create(ctx context.Context, req CreateRequest) (agentclien
 	if err != nil {
 		return agentclient.Volume{}, cluster.Node{}, err
 	}
+	if fromBackup {
+		// The node fetches the backup from its target showing this grant.
+		if agentReq.RestoreGrant, err = p.targets.GrantRestore(ctx, ref, node.Info.NodeID); err != nil {
+			return agentclient.Volume{}, node, fmt.Errorf("granting node %s the restore of %s: %w", node.Info.NodeID, ref.SnapshotID(), err)
+		}
+	}
 	return p.createOn(ctx, node, agentReq, log)
+}
+
+// checkBackup checks that the backup a volume is restored from is on its
+// target.
+func (p *Provisioner) checkBackup(ctx context.Context, ref contract.BackupRef) error {
+	if p.targets == nil {
+		return errdefs.Wrap(errdefs.ErrNotFound, "snapshot %s is a backup on target %s, and this controller knows no backup targets (backup_targets, docs/backups.md)", ref.SnapshotID(), ref.Target)
+	}
+	_, err := p.targets.Backup(ctx, ref)
+	return err
 }
 
 func (p *Provisioner) createOn(ctx context.Context, n cluster.Node, req agentclient.NewVolume, log hclog.Logger) (agentclient.Volume, cluster.Node, error) {
@@ -118,6 +154,8 @@ func (p *Provisioner) createOn(ctx context.Context, n cluster.Node, req agentcli
 func (p *Provisioner) candidates(ctx context.Context, req CreateRequest) ([]cluster.Node, error) {
 	var holders []string // nil: no source
 	switch {
+	case contract.IsBackupID(req.SourceSnapshotID):
+		// A backup is restored onto any node: its target sends it there.
 	case req.SourceSnapshotID != "":
 		copies, err := p.SnapshotCopies(ctx, req.SourceSnapshotID)
 		if err != nil {

@@ -974,3 +974,58 @@ func TestNothingIsGoneWhileAnUnlistedNodeMayHoldIt(t *testing.T) {
 
 // second is the error of a call's two results.
 func second[T any](_ T, err error) error { return err }
+
+// fakeTargets holds one backup and records the restores it grants.
+type fakeTargets struct {
+	have    contract.BackupRef
+	granted []string // node IDs
+}
+
+func (f *fakeTargets) Backup(_ context.Context, ref contract.BackupRef) (agentclient.Backup, error) {
+	if ref != f.have {
+		return agentclient.Backup{}, errdefs.Wrap(errdefs.ErrNotFound, "no backup %s", ref.SnapshotID())
+	}
+	return agentclient.Backup{Target: ref.Target, VolumeID: ref.VolumeID, Snapshot: ref.Snapshot}, nil
+}
+
+func (f *fakeTargets) GrantRestore(_ context.Context, ref contract.BackupRef, nodeID string) (string, error) {
+	f.granted = append(f.granted, nodeID)
+	return "grant-for-" + nodeID, nil
+}
+
+// TestARestoreGoesWhereTheJobIs: a volume made from a backup goes to any
+// node the request's topology allows, not where a copy of a snapshot is;
+// the node is handed the target's grant of the restore to it. A backup
+// the target does not hold is NotFound before anything is reserved, and
+// a controller without targets says so.
+func TestARestoreGoesWhereTheJobIs(t *testing.T) {
+	ctx := context.Background()
+	ref := contract.BackupRef{Target: "vault", VolumeID: contract.VolumeIDForName("gone"), Snapshot: "zn-1796294546589447510"}
+	w := newWorld()
+	p := w.provisioner(t)
+	targets := &fakeTargets{have: ref}
+	p.UseTargets(targets)
+	req := CreateRequest{VolumeRequest: contract.VolumeRequest{Name: "restored", SourceSnapshotID: ref.SnapshotID()},
+		Requisite: []map[string]string{{config.TopologyNodeKey: "n3"}}}
+	_, node, err := p.Create(ctx, req)
+	if err != nil || node.Info.NodeID != "n3" {
+		t.Fatalf("restore: on %s, %v; want n3, where the topology asks", node.Info.NodeID, err)
+	}
+	creates := w.nodes["n3"].Creates()
+	if len(targets.granted) != 1 || targets.granted[0] != "n3" || len(creates) != 1 || creates[0].RestoreGrant != "grant-for-n3" {
+		t.Errorf("grants %v, creates on n3 %+v; want one grant to n3, handed to its create", targets.granted, creates)
+	}
+
+	missing := req
+	missing.Name, missing.SourceSnapshotID = "other", contract.BackupRef{Target: "vault", VolumeID: ref.VolumeID, Snapshot: "zn-1"}.SnapshotID()
+	reserves := countCalls(w, "Reserve")
+	if _, _, err := p.Create(ctx, missing); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("a restore of a backup the target lacks: %v, want NotFound", err)
+	}
+	if n := countCalls(w, "Reserve"); n != reserves {
+		t.Errorf("a restore of a missing backup reserved on %d nodes", n-reserves)
+	}
+	if _, _, err := w.provisioner(t).Create(ctx, missing); !errors.Is(err, errdefs.ErrNotFound) || !strings.Contains(err.Error(), "backup_targets") {
+		t.Errorf("a restore with no backup targets: %v, want NotFound naming backup_targets", err)
+	}
+}

@@ -292,6 +292,11 @@ func TestReplicationParameters(t *testing.T) {
 		{map[string]string{"backup_retention": "1h:24,1d:14"}, true},
 		{map[string]string{"backup_retention": "1d:14,1d:7"}, false}, // an interval twice
 		{map[string]string{"backup_retention": "daily"}, false},
+		{map[string]string{"backup_to": "vault", "backup_every": "2h"}, true},
+		{map[string]string{"backup_to": "vault,offsite"}, true},
+		{map[string]string{"backup_to": "elsewhere"}, false},                   // not in backup_targets
+		{map[string]string{"backup_to": "vault", "backup_every": "5m"}, false}, // below min_backup_interval 1h
+		{map[string]string{"backup_every": "2h"}, false},                       // no target
 	}
 	for _, tc := range tests {
 		m, _ := newManager(t)

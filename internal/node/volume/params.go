@@ -18,7 +18,7 @@ import (
 // controllerParameters are volume parameters that steer the controller and
 // set no ZFS property.
 var controllerParameters = map[string]bool{contract.ParamNode: true, contract.ParamReplicas: true, contract.ParamReplicationInterval: true, contract.ParamPinned: true, contract.ParamFailover: true,
-	contract.ParamBackupRetention: true}
+	contract.ParamBackupTo: true, contract.ParamBackupEvery: true, contract.ParamBackupRetention: true}
 
 // checkControllerParameter checks a controller parameter's value against
 // the operator's limits.
@@ -36,6 +36,18 @@ func checkControllerParameter(cfg *config.Node, key, value string) error {
 	case contract.ParamFailover:
 		if value != contract.FailoverAuto && value != contract.FailoverManual {
 			return fmt.Errorf("%w: parameter %q=%q: want %q or %q", errdefs.ErrInvalidArgument, key, value, contract.FailoverAuto, contract.FailoverManual)
+		}
+	case contract.ParamBackupTo:
+		for _, t := range strings.Split(value, ",") {
+			if _, ok := cfg.BackupTargets[strings.TrimSpace(t)]; !ok {
+				return fmt.Errorf("%w: parameter %q=%q: %q is not a backup target of this node (its operator's backup_targets: %s)",
+					errdefs.ErrInvalidArgument, key, value, strings.TrimSpace(t), strings.Join(slices.Sorted(maps.Keys(cfg.BackupTargets)), ", "))
+			}
+		}
+	case contract.ParamBackupEvery:
+		d, err := time.ParseDuration(value)
+		if err != nil || d < time.Duration(cfg.MinBackupInterval) {
+			return fmt.Errorf("%w: parameter %q=%q: want a duration of at least %s (the operator's min_backup_interval)", errdefs.ErrInvalidArgument, key, value, cfg.MinBackupInterval)
 		}
 	case contract.ParamBackupRetention:
 		// The targets prune by it, each within its own max_kept.
@@ -126,6 +138,9 @@ func ResolveProperties(cfg *config.Node, params map[string]string) (props, recor
 			return nil, nil, fmt.Errorf("%w: parameter %q=%q is not allowed; the operator allows %s", errdefs.ErrInvalidArgument, key, value, strings.Join(rule.Allowed, ", "))
 		}
 		props[key] = value
+	}
+	if _, ok := params[contract.ParamBackupEvery]; ok && params[contract.ParamBackupTo] == "" {
+		return nil, nil, fmt.Errorf("%w: parameter %q without %q: name the backup targets the volume is backed up to", errdefs.ErrInvalidArgument, contract.ParamBackupEvery, contract.ParamBackupTo)
 	}
 	return props, recorded, nil
 }

@@ -33,6 +33,7 @@ func newManager(t *testing.T) (*Manager, *zfsfake.Fake) {
 		"compression": {Default: "lz4", Allowed: []string{"lz4", "off", "zstd"}},
 		"atime":       {},
 	}
+	cfg.BackupTargets = map[string]string{"vault": "vault.example:7680", "offsite": "10.0.0.9:7680"}
 	return NewManager(fake, nil, cfg, hclog.NewNullLogger()), fake
 }
 

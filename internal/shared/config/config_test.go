@@ -147,7 +147,11 @@ func TestControllerConfig(t *testing.T) {
 	if err != nil || len(cfg.Peers) != 2 || time.Duration(cfg.AgentTimeout) != 5*time.Second || time.Duration(cfg.SurplusGrace) != time.Hour || time.Duration(cfg.MovePublishAhead) != 30*time.Second || time.Duration(cfg.DeletionsEvery) != 10*time.Second {
 		t.Fatalf("%+v, %v", cfg, err)
 	}
-	for _, args := range [][]string{{"-insecure-agent-port"}, {"-peers", "nohostport", "-insecure-agent-port"}, {"-peers", "a:1", "-placement", "random", "-insecure-agent-port"}, {"-peers", "a:1"},
+	if cfg, err := LoadController("usage", []string{"-peers", "a:1", "-insecure-agent-port", "-backup-targets", "vault=v.example:7680"}, env(nil), os.Stderr); err != nil || cfg.BackupTargets["vault"] != "v.example:7680" {
+		t.Errorf("backup targets: %+v, %v", cfg.BackupTargets, err)
+	}
+	for _, args := range [][]string{{"-insecure-agent-port"}, {"-peers", "nohostport", "-insecure-agent-port"},
+		{"-peers", "a:1", "-insecure-agent-port", "-backup-targets", "vault=noport"}, {"-peers", "a:1", "-placement", "random", "-insecure-agent-port"}, {"-peers", "a:1"},
 		{"-peers", "a:1", "-insecure-agent-port", "-surplus-grace", "-1m"}, {"-peers", "a:1", "-insecure-agent-port", "-deletions-every", "0s"},
 		{"-peers", "a:1", "-insecure-agent-port", "-move-publish-ahead", "-1s"}, {"-peers", "a:1", "-insecure-agent-port", "-move-publish-ahead", "10m"}} {
 		if _, err := LoadController("usage", args, env(nil), os.Stderr); err == nil {

@@ -3,6 +3,8 @@ package config
 import (
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 )
@@ -45,6 +47,10 @@ type Controller struct {
 	// SurplusGrace is how long a copy a move demoted stays at least,
 	// surplus or not (docs/replication.md, "Surplus copies").
 	SurplusGrace Duration `json:"surplus_grace"`
+	// BackupTargets are the backup targets (docs/backups.md), by name to
+	// host:port, whose backups the controller lists and restores: the
+	// nodes' backup_targets.
+	BackupTargets map[string]string `json:"backup_targets"`
 	// TLS is the controller's mutual TLS material for the agent ports.
 	TLS TLSFiles `json:"tls"`
 	// InsecureAgentPort talks to agents without TLS: test networks only.
@@ -93,6 +99,11 @@ func (c *Controller) Validate() error {
 	}
 	if err := c.TLS.validate(c.InsecureAgentPort); err != nil {
 		errs = append(errs, err)
+	}
+	for _, name := range slices.Sorted(maps.Keys(c.BackupTargets)) {
+		if err := validateTarget(name, c.BackupTargets[name]); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if c.ScheduleEvery < 0 || c.ParallelPushes < 1 {
 		errs = append(errs, fmt.Errorf("schedule_every %s must not be negative and parallel_pushes %d at least 1", c.ScheduleEvery, c.ParallelPushes))

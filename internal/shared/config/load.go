@@ -51,6 +51,7 @@ func LoadNode(args []string, getenv func(string) string, stderr io.Writer) (Node
 	fs.IntVar(&cfg.MaxReplicasPerPeer, "max-replicas-per-peer", cfg.MaxReplicasPerPeer, "replicas one peer's streams may create on this node (0: no bound)")
 	fs.IntVar(&cfg.ReplicationSnapshots, "replication-snapshots", cfg.ReplicationSnapshots, "zn- snapshots kept per volume besides the incremental bases")
 	fs.Var((*mapFlag)(&cfg.BackupTargets), "backup-targets", "backup targets this node pushes backups to, name=host:port,name2=host:port")
+	fs.Var(&cfg.MinBackupInterval, "min-backup-interval", "shortest backup_every a volume may ask for")
 	tlsFlags(fs, &cfg.TLS, &cfg.InsecureAgentPort)
 	metricsFlag(fs, &cfg.MetricsAddress)
 	if err := load(fs, args, getenv, &cfg); err != nil {
@@ -157,6 +158,7 @@ func agentFlags(fs *flag.FlagSet, cfg *Controller) {
 	fs.Var((*listFlag)(&cfg.Peers), "peers", "node agent addresses, host:port,host:port")
 	fs.StringVar(&cfg.PeersFile, "peers-file", cfg.PeersFile, "file listing node agent addresses, one per line; re-read on change")
 	fs.Var(&cfg.AgentTimeout, "agent-timeout", "bound on each call to a node agent")
+	fs.Var((*mapFlag)(&cfg.BackupTargets), "backup-targets", "backup targets whose backups are listed and restored, name=host:port,name2=host:port (the nodes' backup_targets)")
 	tlsFlags(fs, &cfg.TLS, &cfg.InsecureAgentPort)
 }
 

@@ -110,6 +110,8 @@ type Node struct {
 	// host:port; a push goes only to a target named here. The same on
 	// every node a volume may move to.
 	BackupTargets map[string]string `json:"backup_targets"`
+	// MinBackupInterval bounds a volume's backup_every.
+	MinBackupInterval Duration `json:"min_backup_interval"`
 	// CSIEndpoint is where the CSI Identity and Node services listen
 	// (unix:///path or tcp://host:port). Nomad sets CSI_ENDPOINT.
 	CSIEndpoint string `json:"csi_endpoint"`
@@ -216,6 +218,7 @@ func DefaultNode() Node {
 		MaxReplicas:            2,
 		Domain:                 DefaultDomain,
 		MinReplicationInterval: Duration(time.Minute),
+		MinBackupInterval:      Duration(time.Hour),
 		ReplicationSnapshots:   3,
 		ReceiveIdleTimeout:     Duration(2 * time.Minute),
 		MaxReplicasPerPeer:     2000,
@@ -337,6 +340,9 @@ func (c *Node) validateMounts() []error {
 // snapshots.
 func (c *Node) validateReplication() []error {
 	var errs []error
+	if c.MinBackupInterval <= 0 {
+		errs = append(errs, fmt.Errorf("min_backup_interval %s: must be positive", c.MinBackupInterval))
+	}
 	if c.MaxReplicas < 0 || c.ReplicationSnapshots < 1 || c.MinReplicationInterval <= 0 {
 		errs = append(errs, fmt.Errorf("max_replicas %d must be 0 or more, replication_snapshots %d at least 1, min_replication_interval %s positive",
 			c.MaxReplicas, c.ReplicationSnapshots, c.MinReplicationInterval))

@@ -2,6 +2,7 @@ package contract
 
 import (
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -18,10 +19,36 @@ const (
 	ParamReplicationInterval = "replication_interval"
 )
 
-// ParamBackupRetention is the retention grid backup targets prune a
-// volume's backups by, such as "1h:24,1d:14,1w:8,1m:12"
-// (docs/backups.md); the node checks its form at create.
-const ParamBackupRetention = "backup_retention"
+// Backup parameters (docs/backups.md): the backup targets a volume is
+// backed up to (comma-separated names from the operator's
+// backup_targets), how often (a Go duration), and the retention grid the
+// targets prune its backups by ("1h:24,1d:14,1w:8,1m:12"). The node
+// checks them against its operator's bounds at create; the controller's
+// backup schedule acts on the first two.
+const (
+	ParamBackupTo        = "backup_to"
+	ParamBackupEvery     = "backup_every"
+	ParamBackupRetention = "backup_retention"
+)
+
+// DefaultBackupInterval applies when a volume names backup targets but
+// no interval.
+const DefaultBackupInterval = 24 * time.Hour
+
+// BackupPolicy reads a volume's backup parameters; they were checked
+// when it was created. No targets: the schedule backs it up nowhere.
+func BackupPolicy(params map[string]string) (targets []string, every time.Duration) {
+	for _, t := range strings.Split(params[ParamBackupTo], ",") {
+		if t = strings.TrimSpace(t); t != "" {
+			targets = append(targets, t)
+		}
+	}
+	every, err := time.ParseDuration(params[ParamBackupEvery])
+	if err != nil || every <= 0 {
+		every = DefaultBackupInterval
+	}
+	return targets, every
+}
 
 // Migration parameters (docs/migration.md): "pinned"="true" keeps a volume
 // on its node; "failover" is "manual" (default: an operator promotes a

@@ -48,6 +48,7 @@ type FakeAgent struct {
 	calls     []string
 	purposes  []string             // of the Replicate calls, in order
 	pushedTo  []agentclient.Target // of the Replicate calls, in order
+	creates   []agentclient.NewVolume
 	reserved  []agentclient.Reservation
 	world     *Fakes // the node's peers, when it was made by Fakes.Add
 	// changed logs the volume of every change of a copy (the node's
@@ -302,6 +303,7 @@ func (f *FakeAgent) CreateVolume(ctx context.Context, v agentclient.NewVolume) (
 	if err := f.enter("CreateVolume", id); err != nil {
 		return agentclient.Volume{}, err
 	}
+	f.creates = append(f.creates, v)
 	if c, ok := f.copies[id]; ok && c.Exists {
 		if c.Role != contract.RolePrimary {
 			return agentclient.Volume{}, errdefs.Wrap(errdefs.ErrAlreadyExists, "node %s holds a %s of volume %s", f.info.NodeID, c.Role, id)
@@ -776,6 +778,13 @@ func (f *FakeAgent) Replicate(ctx context.Context, id string, to agentclient.Tar
 		each(p)
 	}
 	return p, err
+}
+
+// Creates returns the requests of the node's CreateVolume calls, in order.
+func (f *FakeAgent) Creates() []agentclient.NewVolume {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.creates)
 }
 
 // PushedTo returns the targets the node's Replicate calls named, in order.
