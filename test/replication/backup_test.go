@@ -104,3 +104,88 @@ func TestBackupsToATarget(t *testing.T) {
 		t.Errorf("the impostor node holds a copy of the volume:\n%s", out)
 	}
 }
+
+// TestScheduledBackupsAndARestoreOntoAnotherNode: a volume whose
+// backup_to names a target is backed up there by the controller's
+// schedule every backup_every; deleted from the cluster, it lives on in
+// its backups, which zfs-controller backups finds by the name it had; a
+// CSI CreateVolume whose source is one of them makes a new volume on
+// whichever node the request names (here not the one it was backed up
+// from), holding what the volume held, with no snapshot.
+func TestScheduledBackupsAndARestoreOntoAnotherNode(t *testing.T) {
+	c := guesttest.StartCluster(t, 2, guestcluster.Options{BackupTarget: "vault", BackupTargetDisk: guesttest.Disk(3),
+		NodeArgs: []string{"-min-backup-interval", "10s"}, ControllerArgs: []string{"-schedule-every", "3s"}})
+	n1, n2 := c.Nodes[0], c.Nodes[1]
+	ctl := csi.NewControllerClient(guesttest.Dial(t, c.ControllerEndpoint))
+	resp, err := ctl.CreateVolume(t.Context(), &csi.CreateVolumeRequest{Name: "orders", VolumeCapabilities: []*csi.VolumeCapability{writer},
+		CapacityRange: &csi.CapacityRange{RequiredBytes: 1 << 30},
+		Parameters:    map[string]string{"node": n1.ID, "compression": "off", "backup_to": "vault", "backup_every": "10s"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := resp.GetVolume().GetVolumeId()
+	target, err := guesttest.Mount(t.Context(), t, n1, id, "orders", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	chain := c.Target.RootDataset + "/" + id
+	newestBackup := func() string {
+		out, _ := guestcluster.Run("zfs", "list", "-H", "-t", "snapshot", "-o", "name", "-s", "createtxg", chain)
+		fields := strings.Fields(out)
+		if len(fields) == 0 {
+			return ""
+		}
+		return fields[len(fields)-1]
+	}
+	guesttest.Exec(t, n1, guesttest.RandomFile(target+"/a", 6)+" && seq 1 50000 >"+target+"/numbers && sync")
+	want := checksums(t, n1, target)
+	// The schedule's next backup holds the files: one taken after them.
+	before := newestBackup()
+	began := time.Now()
+	for newestBackup() == before && time.Since(began) < 90*time.Second {
+		time.Sleep(time.Second)
+	}
+	if newestBackup() == before {
+		t.Fatalf("no scheduled backup within 90 s of the write (backup_every 10s, the schedule every 3s); the target holds %q", before)
+	}
+	t.Logf("a scheduled backup %s, %s after the write", newestBackup(), time.Since(began).Round(time.Second))
+
+	unpublish(t, c, id, "orders")
+	if _, err := ctl.DeleteVolume(t.Context(), &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
+		t.Fatal(err)
+	}
+	ctlBin := guesttest.BinDir(t) + "/zfs-controller"
+	out := guesttest.Run(t, ctlBin, "backups", "-peers", strings.Join(c.AgentAddresses(), ","), "-tls-ca", c.Operator.CA, "-tls-cert", c.Operator.Cert,
+		"-tls-key", c.Operator.Key, "-backup-targets", "vault="+guestcluster.TargetAddress(), "-target", "vault", "orders")
+	t.Logf("backups:\n%s", out)
+	ids := regexp.MustCompile(`backup:vault:`+id+`@zn-\d+`).FindAllString(out, -1)
+	if len(ids) == 0 || !strings.Contains(out, "current") {
+		t.Fatalf("zfs-controller backups lists no backup of the deleted volume orders:\n%s", out)
+	}
+	snapshotID := ids[len(ids)-1] // oldest first: the newest last
+
+	resp, err = ctl.CreateVolume(t.Context(), &csi.CreateVolumeRequest{Name: "orders-again", VolumeCapabilities: []*csi.VolumeCapability{writer},
+		CapacityRange: &csi.CapacityRange{RequiredBytes: 1 << 30}, Parameters: map[string]string{"node": n2.ID, "compression": "off"},
+		VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: snapshotID}}}})
+	if err != nil {
+		t.Fatalf("restore: %v", err)
+	}
+	restored := resp.GetVolume().GetVolumeId()
+	if src := resp.GetVolume().GetContentSource().GetSnapshot().GetSnapshotId(); src != snapshotID {
+		t.Errorf("the restored volume's source is %q, want %s", src, snapshotID)
+	}
+	dir, err := guesttest.Mount(t.Context(), t, n2, restored, "orders-again", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := checksums(t, n2, dir); got != want {
+		t.Errorf("the restored volume holds\n%s\nthe volume held\n%s", got, want)
+	}
+	ds := n2.RootDataset + "/" + restored
+	if snaps := strings.TrimSpace(guesttest.Run(t, "zfs", "list", "-H", "-t", "snapshot", "-o", "name", ds)); snaps != "" {
+		t.Errorf("the restored volume keeps snapshots: %s", snaps)
+	}
+	if role := zfsGet(t, "zfs-nomad:role", ds); role != "primary" {
+		t.Errorf("the restored volume's role is %q, want primary", role)
+	}
+}

@@ -156,7 +156,7 @@ type Options struct {
 	EncryptedRoots bool
 	// BackupTarget, when set, names a backup target (Target) the cluster
 	// starts before its nodes, with its pool on BackupTargetDisk; every
-	// node knows it by that name.
+	// node and the controller know it by that name.
 	BackupTarget     string
 	BackupTargetDisk string
 }
@@ -309,6 +309,9 @@ func Start(opts Options) (_ *Cluster, err error) {
 		}
 		c.ControllerMetrics = "http://127.0.0.1:9671/metrics"
 		c.controllerArgs = append([]string{"-peers", strings.Join(c.AgentAddresses(), ","), "-agent-timeout", "10s"}, tlsArgs(ctlTLS)...)
+		if opts.BackupTarget != "" {
+			c.controllerArgs = append(c.controllerArgs, "-backup-targets", opts.BackupTarget+"="+TargetAddress())
+		}
 		c.controllerArgs = append(c.controllerArgs, opts.ControllerArgs...)
 		if err := c.StartController(); err != nil {
 			return nil, err
