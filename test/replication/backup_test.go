@@ -1,6 +1,7 @@
 package replication
 
 import (
+	"os/exec"
 	"regexp"
 	"strings"
 	"testing"
@@ -21,11 +22,13 @@ import (
 // node keeps the target's base held. The volume is encrypted (the roots
 // are): its backups stay encrypted, the key never loaded there, and
 // hold, decrypted, what the volume held. A node's certificate answering
-// at a target's address is refused before anything is sent.
+// at a target's address is refused before anything is sent. A backup
+// broken off by the target's death resumes once it is back, within the
+// node's bandwidth cap.
 func TestBackupsToATarget(t *testing.T) {
 	impostor := "10.77.0.2:7670" // n2's agent port
 	c := guesttest.StartCluster(t, 2, guestcluster.Options{EncryptedRoots: true, BackupTarget: "vault", BackupTargetDisk: guesttest.Disk(3),
-		NodeArgs: []string{"-backup-targets", "vault=" + guestcluster.TargetAddress() + ",impostor=" + impostor}})
+		NodeArgs: []string{"-backup-targets", "vault=" + guestcluster.TargetAddress() + ",impostor=" + impostor, "-replication-bandwidth", "2M"}})
 	n1 := c.Nodes[0]
 	ctl := csi.NewControllerClient(guesttest.Dial(t, c.ControllerEndpoint))
 	resp, err := ctl.CreateVolume(t.Context(), &csi.CreateVolumeRequest{Name: "ledger", VolumeCapabilities: []*csi.VolumeCapability{writer},
@@ -102,6 +105,34 @@ func TestBackupsToATarget(t *testing.T) {
 	}
 	if out, err := guestcluster.Run("zfs", "list", c.Nodes[1].RootDataset+"/"+id); err == nil {
 		t.Errorf("the impostor node holds a copy of the volume:\n%s", out)
+	}
+
+	// A backup broken off by the target's end (killed mid-stream) resumes
+	// where it stopped once the target is back, within the node's
+	// bandwidth cap (2 MB/s: the 24 MiB take 12 s).
+	guesttest.Exec(t, n1, guesttest.RandomFile(target+"/d", 24)+" && sync")
+	var broken strings.Builder
+	cmd := exec.Command(ctlBin, append(args, "-target", "vault", "ledger")...)
+	cmd.Stdout, cmd.Stderr = &broken, &broken
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(4 * time.Second)
+	c.Target.Process.Kill()
+	if err := cmd.Wait(); err == nil {
+		t.Fatalf("the backup whose target was killed 4 s into 12 s ended well:\n%s", broken.String())
+	}
+	if err := c.Target.Start(); err != nil {
+		t.Fatal(err)
+	}
+	began := time.Now()
+	backup("resume")
+	if took := time.Since(began); took < 5*time.Second {
+		t.Errorf("the resumed backup took %s: at 2 MB/s what was left of 24 MiB takes longer (the cap was not applied?)", took)
+	}
+	snaps = strings.Fields(guesttest.Run(t, "zfs", "list", "-H", "-t", "snapshot", "-o", "name", "-s", "createtxg", chain))
+	if size := zfsGet(t, "referenced", snaps[len(snaps)-1]); !strings.HasSuffix(size, "M") {
+		t.Errorf("the resumed backup %s references %s, want the volume's tens of MiB", snaps[len(snaps)-1], size)
 	}
 }
 
