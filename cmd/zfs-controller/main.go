@@ -63,6 +63,7 @@ var commands = []command{
 	{"serve", "[flags]", "Serve the CSI Identity and Controller services: what Nomad runs (the command when the first argument is a flag)", serve},
 	{"backup", "[flags] [-to NODE | -target TARGET] VOLUME", "Push a volume to a peer or a backup target now, with live progress", backup},
 	{"backups", "[flags] -target TARGET [VOLUME]", "List a backup target's backups, every volume's or one's (by name or ID, deleted volumes too), with the snapshot IDs a restore names", backups},
+	{"delete-backups", "[flags] -target TARGET (-snapshot SNAPSHOT | -all) VOLUME", "Delete one backup of a volume from a backup target, or all of them (by its name or ID, deleted volumes too)", deleteBackups},
 	{"status", "[flags] [-json]", "Show every node's volumes, replicas and their lag, running transfers, moves in progress and stale copies set aside", status},
 	{"promote", "[flags] [-node NODE] [-force] VOLUME", "Promote a replica of a volume whose primary's node is lost (failover=manual)", promote},
 	{"remove-replica", "[flags] -node NODE [-force] VOLUME", "Remove one node's replica of a volume", removeReplica},
@@ -364,28 +365,19 @@ func backup(c command, args []string) error {
 
 func backups(c command, args []string) error {
 	var target string
-	cfg, rest, err := config.LoadOperator("zfs-controller "+c.name, c.usage(), args, os.Getenv, os.Stderr, func(fs *flag.FlagSet) {
+	targets, rest, err := connectTargets(c, args, func(fs *flag.FlagSet) {
 		fs.StringVar(&target, "target", "", "the backup target, by its name in backup_targets")
 	})
 	if err != nil {
 		return err
 	}
+	defer targets.Close()
 	switch {
 	case target == "":
 		return fmt.Errorf("%w: -target is required (usage: zfs-controller %s %s)", config.ErrUsage, c.name, c.args)
 	case len(rest) > 1:
 		return fmt.Errorf("%w: want at most one VOLUME, got %q", config.ErrUsage, rest)
 	}
-	log := csiplugin.NewLogger("zfs-controller", os.Getenv)
-	_, certs, err := agentDialOptions(cfg, []string{tlsconfig.RoleOperator, tlsconfig.RoleController}, log)
-	if err != nil {
-		return err
-	}
-	targets := backupTargets(cfg, certs)
-	if targets == nil {
-		return fmt.Errorf("%w: no backup targets in the configuration (backup_targets, or -backup-targets name=host:port), or no TLS: targets speak only mutual TLS", config.ErrUsage)
-	}
-	defer targets.Close()
 	ctx, stop := signalContext()
 	defer stop()
 	volume := ""
@@ -393,6 +385,52 @@ func backups(c command, args []string) error {
 		volume = rest[0]
 	}
 	return operator.ListBackups(ctx, targets, target, volume, os.Stdout)
+}
+
+func deleteBackups(c command, args []string) error {
+	var target, snapshot string
+	var all bool
+	targets, rest, err := connectTargets(c, args, func(fs *flag.FlagSet) {
+		fs.StringVar(&target, "target", "", "the backup target, by its name in backup_targets")
+		fs.StringVar(&snapshot, "snapshot", "", "the backup to delete, by its snapshot's name (zn-..., as zfs-controller backups shows)")
+		fs.BoolVar(&all, "all", false, "delete every backup of the volume, in every chain")
+	})
+	if err != nil {
+		return err
+	}
+	defer targets.Close()
+	switch {
+	case target == "":
+		return fmt.Errorf("%w: -target is required (usage: zfs-controller %s %s)", config.ErrUsage, c.name, c.args)
+	case (snapshot == "") == !all:
+		return fmt.Errorf("%w: name one backup (-snapshot) or all of the volume's (-all)", config.ErrUsage)
+	case len(rest) != 1:
+		return fmt.Errorf("%w: want one VOLUME (its name or ID), got %q", config.ErrUsage, rest)
+	}
+	ctx, stop := signalContext()
+	defer stop()
+	return operator.DeleteBackups(ctx, targets, target, rest[0], snapshot, os.Stdout)
+}
+
+// connectTargets reads a backup command's configuration (extra adds its
+// flags) and reaches the backup targets with the operator's certificate;
+// it returns the arguments after the flags. The caller closes the
+// targets.
+func connectTargets(c command, args []string, extra func(*flag.FlagSet)) (*agentclient.Targets, []string, error) {
+	cfg, rest, err := config.LoadOperator("zfs-controller "+c.name, c.usage(), args, os.Getenv, os.Stderr, extra)
+	if err != nil {
+		return nil, nil, err
+	}
+	log := csiplugin.NewLogger("zfs-controller", os.Getenv)
+	_, certs, err := agentDialOptions(cfg, []string{tlsconfig.RoleOperator, tlsconfig.RoleController}, log)
+	if err != nil {
+		return nil, nil, err
+	}
+	targets := backupTargets(cfg, certs)
+	if targets == nil {
+		return nil, nil, fmt.Errorf("%w: no backup targets in the configuration (backup_targets, or -backup-targets name=host:port), or no TLS: targets speak only mutual TLS", config.ErrUsage)
+	}
+	return targets, rest, nil
 }
 
 func status(c command, args []string) error {

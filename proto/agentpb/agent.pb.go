@@ -202,6 +202,103 @@ func (x *PromisesResponse) GetGenerations() map[string]uint64 {
 	return nil
 }
 
+type DeleteBackupsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	VolumeId      string                 `protobuf:"bytes,1,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
+	Snapshot      string                 `protobuf:"bytes,2,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteBackupsRequest) Reset() {
+	*x = DeleteBackupsRequest{}
+	mi := &file_agentpb_agent_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteBackupsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteBackupsRequest) ProtoMessage() {}
+
+func (x *DeleteBackupsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agentpb_agent_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteBackupsRequest.ProtoReflect.Descriptor instead.
+func (*DeleteBackupsRequest) Descriptor() ([]byte, []int) {
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *DeleteBackupsRequest) GetVolumeId() string {
+	if x != nil {
+		return x.VolumeId
+	}
+	return ""
+}
+
+func (x *DeleteBackupsRequest) GetSnapshot() string {
+	if x != nil {
+		return x.Snapshot
+	}
+	return ""
+}
+
+type DeleteBackupsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The snapshots destroyed, by their full names on the target.
+	Deleted       []string `protobuf:"bytes,1,rep,name=deleted,proto3" json:"deleted,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteBackupsResponse) Reset() {
+	*x = DeleteBackupsResponse{}
+	mi := &file_agentpb_agent_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteBackupsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteBackupsResponse) ProtoMessage() {}
+
+func (x *DeleteBackupsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agentpb_agent_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteBackupsResponse.ProtoReflect.Descriptor instead.
+func (*DeleteBackupsResponse) Descriptor() ([]byte, []int) {
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *DeleteBackupsResponse) GetDeleted() []string {
+	if x != nil {
+		return x.Deleted
+	}
+	return nil
+}
+
 // ListBackupsRequest selects one volume's backups; empty: every volume's.
 type ListBackupsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -212,7 +309,7 @@ type ListBackupsRequest struct {
 
 func (x *ListBackupsRequest) Reset() {
 	*x = ListBackupsRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[4]
+	mi := &file_agentpb_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -224,7 +321,7 @@ func (x *ListBackupsRequest) String() string {
 func (*ListBackupsRequest) ProtoMessage() {}
 
 func (x *ListBackupsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[4]
+	mi := &file_agentpb_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -237,7 +334,7 @@ func (x *ListBackupsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBackupsRequest.ProtoReflect.Descriptor instead.
 func (*ListBackupsRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{4}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ListBackupsRequest) GetVolumeId() string {
@@ -258,7 +355,7 @@ type ListBackupsResponse struct {
 
 func (x *ListBackupsResponse) Reset() {
 	*x = ListBackupsResponse{}
-	mi := &file_agentpb_agent_proto_msgTypes[5]
+	mi := &file_agentpb_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -270,7 +367,7 @@ func (x *ListBackupsResponse) String() string {
 func (*ListBackupsResponse) ProtoMessage() {}
 
 func (x *ListBackupsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[5]
+	mi := &file_agentpb_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -283,7 +380,7 @@ func (x *ListBackupsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBackupsResponse.ProtoReflect.Descriptor instead.
 func (*ListBackupsResponse) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{5}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ListBackupsResponse) GetTarget() string {
@@ -321,7 +418,7 @@ type Backup struct {
 
 func (x *Backup) Reset() {
 	*x = Backup{}
-	mi := &file_agentpb_agent_proto_msgTypes[6]
+	mi := &file_agentpb_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -333,7 +430,7 @@ func (x *Backup) String() string {
 func (*Backup) ProtoMessage() {}
 
 func (x *Backup) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[6]
+	mi := &file_agentpb_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -346,7 +443,7 @@ func (x *Backup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Backup.ProtoReflect.Descriptor instead.
 func (*Backup) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{6}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Backup) GetVolumeId() string {
@@ -424,7 +521,7 @@ type GrantRestoreRequest struct {
 
 func (x *GrantRestoreRequest) Reset() {
 	*x = GrantRestoreRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[7]
+	mi := &file_agentpb_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -436,7 +533,7 @@ func (x *GrantRestoreRequest) String() string {
 func (*GrantRestoreRequest) ProtoMessage() {}
 
 func (x *GrantRestoreRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[7]
+	mi := &file_agentpb_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -449,7 +546,7 @@ func (x *GrantRestoreRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrantRestoreRequest.ProtoReflect.Descriptor instead.
 func (*GrantRestoreRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{7}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *GrantRestoreRequest) GetVolumeId() string {
@@ -483,7 +580,7 @@ type GrantRestoreResponse struct {
 
 func (x *GrantRestoreResponse) Reset() {
 	*x = GrantRestoreResponse{}
-	mi := &file_agentpb_agent_proto_msgTypes[8]
+	mi := &file_agentpb_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -495,7 +592,7 @@ func (x *GrantRestoreResponse) String() string {
 func (*GrantRestoreResponse) ProtoMessage() {}
 
 func (x *GrantRestoreResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[8]
+	mi := &file_agentpb_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -508,7 +605,7 @@ func (x *GrantRestoreResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrantRestoreResponse.ProtoReflect.Descriptor instead.
 func (*GrantRestoreResponse) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{8}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *GrantRestoreResponse) GetGrant() string {
@@ -536,7 +633,7 @@ type SendBackupRequest struct {
 
 func (x *SendBackupRequest) Reset() {
 	*x = SendBackupRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[9]
+	mi := &file_agentpb_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -548,7 +645,7 @@ func (x *SendBackupRequest) String() string {
 func (*SendBackupRequest) ProtoMessage() {}
 
 func (x *SendBackupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[9]
+	mi := &file_agentpb_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -561,7 +658,7 @@ func (x *SendBackupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendBackupRequest.ProtoReflect.Descriptor instead.
 func (*SendBackupRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{9}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *SendBackupRequest) GetVolumeId() string {
@@ -598,7 +695,7 @@ type SendBackupMessage struct {
 
 func (x *SendBackupMessage) Reset() {
 	*x = SendBackupMessage{}
-	mi := &file_agentpb_agent_proto_msgTypes[10]
+	mi := &file_agentpb_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -610,7 +707,7 @@ func (x *SendBackupMessage) String() string {
 func (*SendBackupMessage) ProtoMessage() {}
 
 func (x *SendBackupMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[10]
+	mi := &file_agentpb_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -623,7 +720,7 @@ func (x *SendBackupMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendBackupMessage.ProtoReflect.Descriptor instead.
 func (*SendBackupMessage) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{10}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *SendBackupMessage) GetMsg() isSendBackupMessage_Msg {
@@ -678,7 +775,7 @@ type GetNodeRequest struct {
 
 func (x *GetNodeRequest) Reset() {
 	*x = GetNodeRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[11]
+	mi := &file_agentpb_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -690,7 +787,7 @@ func (x *GetNodeRequest) String() string {
 func (*GetNodeRequest) ProtoMessage() {}
 
 func (x *GetNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[11]
+	mi := &file_agentpb_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -703,7 +800,7 @@ func (x *GetNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetNodeRequest.ProtoReflect.Descriptor instead.
 func (*GetNodeRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{11}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *GetNodeRequest) GetWithoutCapacity() bool {
@@ -758,7 +855,7 @@ type Node struct {
 
 func (x *Node) Reset() {
 	*x = Node{}
-	mi := &file_agentpb_agent_proto_msgTypes[12]
+	mi := &file_agentpb_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -770,7 +867,7 @@ func (x *Node) String() string {
 func (*Node) ProtoMessage() {}
 
 func (x *Node) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[12]
+	mi := &file_agentpb_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -783,7 +880,7 @@ func (x *Node) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Node.ProtoReflect.Descriptor instead.
 func (*Node) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{12}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Node) GetNodeId() string {
@@ -895,7 +992,7 @@ type AwaitedPromotion struct {
 
 func (x *AwaitedPromotion) Reset() {
 	*x = AwaitedPromotion{}
-	mi := &file_agentpb_agent_proto_msgTypes[13]
+	mi := &file_agentpb_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -907,7 +1004,7 @@ func (x *AwaitedPromotion) String() string {
 func (*AwaitedPromotion) ProtoMessage() {}
 
 func (x *AwaitedPromotion) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[13]
+	mi := &file_agentpb_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -920,7 +1017,7 @@ func (x *AwaitedPromotion) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AwaitedPromotion.ProtoReflect.Descriptor instead.
 func (*AwaitedPromotion) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{13}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *AwaitedPromotion) GetVolumeId() string {
@@ -965,7 +1062,7 @@ type CreateVolumeRequest struct {
 
 func (x *CreateVolumeRequest) Reset() {
 	*x = CreateVolumeRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[14]
+	mi := &file_agentpb_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -977,7 +1074,7 @@ func (x *CreateVolumeRequest) String() string {
 func (*CreateVolumeRequest) ProtoMessage() {}
 
 func (x *CreateVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[14]
+	mi := &file_agentpb_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -990,7 +1087,7 @@ func (x *CreateVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateVolumeRequest.ProtoReflect.Descriptor instead.
 func (*CreateVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{14}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *CreateVolumeRequest) GetName() string {
@@ -1071,7 +1168,7 @@ type Volume struct {
 
 func (x *Volume) Reset() {
 	*x = Volume{}
-	mi := &file_agentpb_agent_proto_msgTypes[15]
+	mi := &file_agentpb_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1083,7 +1180,7 @@ func (x *Volume) String() string {
 func (*Volume) ProtoMessage() {}
 
 func (x *Volume) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[15]
+	mi := &file_agentpb_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1096,7 +1193,7 @@ func (x *Volume) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Volume.ProtoReflect.Descriptor instead.
 func (*Volume) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{15}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Volume) GetVolumeId() string {
@@ -1185,7 +1282,7 @@ type DeleteVolumeRequest struct {
 
 func (x *DeleteVolumeRequest) Reset() {
 	*x = DeleteVolumeRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[16]
+	mi := &file_agentpb_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1197,7 +1294,7 @@ func (x *DeleteVolumeRequest) String() string {
 func (*DeleteVolumeRequest) ProtoMessage() {}
 
 func (x *DeleteVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[16]
+	mi := &file_agentpb_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1210,7 +1307,7 @@ func (x *DeleteVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteVolumeRequest.ProtoReflect.Descriptor instead.
 func (*DeleteVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{16}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *DeleteVolumeRequest) GetVolumeId() string {
@@ -1228,7 +1325,7 @@ type DeleteVolumeResponse struct {
 
 func (x *DeleteVolumeResponse) Reset() {
 	*x = DeleteVolumeResponse{}
-	mi := &file_agentpb_agent_proto_msgTypes[17]
+	mi := &file_agentpb_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1240,7 +1337,7 @@ func (x *DeleteVolumeResponse) String() string {
 func (*DeleteVolumeResponse) ProtoMessage() {}
 
 func (x *DeleteVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[17]
+	mi := &file_agentpb_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1253,7 +1350,7 @@ func (x *DeleteVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteVolumeResponse.ProtoReflect.Descriptor instead.
 func (*DeleteVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{17}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{19}
 }
 
 type GetVolumeRequest struct {
@@ -1265,7 +1362,7 @@ type GetVolumeRequest struct {
 
 func (x *GetVolumeRequest) Reset() {
 	*x = GetVolumeRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[18]
+	mi := &file_agentpb_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1277,7 +1374,7 @@ func (x *GetVolumeRequest) String() string {
 func (*GetVolumeRequest) ProtoMessage() {}
 
 func (x *GetVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[18]
+	mi := &file_agentpb_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1290,7 +1387,7 @@ func (x *GetVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetVolumeRequest.ProtoReflect.Descriptor instead.
 func (*GetVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{18}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *GetVolumeRequest) GetVolumeId() string {
@@ -1313,7 +1410,7 @@ type ListVolumesRequest struct {
 
 func (x *ListVolumesRequest) Reset() {
 	*x = ListVolumesRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[19]
+	mi := &file_agentpb_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1325,7 +1422,7 @@ func (x *ListVolumesRequest) String() string {
 func (*ListVolumesRequest) ProtoMessage() {}
 
 func (x *ListVolumesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[19]
+	mi := &file_agentpb_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1338,7 +1435,7 @@ func (x *ListVolumesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListVolumesRequest.ProtoReflect.Descriptor instead.
 func (*ListVolumesRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{19}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ListVolumesRequest) GetFrom() string {
@@ -1364,7 +1461,7 @@ type ListVolumesResponse struct {
 
 func (x *ListVolumesResponse) Reset() {
 	*x = ListVolumesResponse{}
-	mi := &file_agentpb_agent_proto_msgTypes[20]
+	mi := &file_agentpb_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1376,7 +1473,7 @@ func (x *ListVolumesResponse) String() string {
 func (*ListVolumesResponse) ProtoMessage() {}
 
 func (x *ListVolumesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[20]
+	mi := &file_agentpb_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1389,7 +1486,7 @@ func (x *ListVolumesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListVolumesResponse.ProtoReflect.Descriptor instead.
 func (*ListVolumesResponse) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{20}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ListVolumesResponse) GetVolumes() []*Volume {
@@ -1410,7 +1507,7 @@ type ExpandVolumeRequest struct {
 
 func (x *ExpandVolumeRequest) Reset() {
 	*x = ExpandVolumeRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[21]
+	mi := &file_agentpb_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1422,7 +1519,7 @@ func (x *ExpandVolumeRequest) String() string {
 func (*ExpandVolumeRequest) ProtoMessage() {}
 
 func (x *ExpandVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[21]
+	mi := &file_agentpb_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1435,7 +1532,7 @@ func (x *ExpandVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExpandVolumeRequest.ProtoReflect.Descriptor instead.
 func (*ExpandVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{21}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ExpandVolumeRequest) GetVolumeId() string {
@@ -1468,7 +1565,7 @@ type ExpandVolumeResponse struct {
 
 func (x *ExpandVolumeResponse) Reset() {
 	*x = ExpandVolumeResponse{}
-	mi := &file_agentpb_agent_proto_msgTypes[22]
+	mi := &file_agentpb_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1480,7 +1577,7 @@ func (x *ExpandVolumeResponse) String() string {
 func (*ExpandVolumeResponse) ProtoMessage() {}
 
 func (x *ExpandVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[22]
+	mi := &file_agentpb_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1493,7 +1590,7 @@ func (x *ExpandVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExpandVolumeResponse.ProtoReflect.Descriptor instead.
 func (*ExpandVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{22}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ExpandVolumeResponse) GetCapacityBytes() uint64 {
@@ -1518,7 +1615,7 @@ type CreateSnapshotRequest struct {
 
 func (x *CreateSnapshotRequest) Reset() {
 	*x = CreateSnapshotRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[23]
+	mi := &file_agentpb_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1530,7 +1627,7 @@ func (x *CreateSnapshotRequest) String() string {
 func (*CreateSnapshotRequest) ProtoMessage() {}
 
 func (x *CreateSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[23]
+	mi := &file_agentpb_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1543,7 +1640,7 @@ func (x *CreateSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*CreateSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{23}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *CreateSnapshotRequest) GetSourceVolumeId() string {
@@ -1582,7 +1679,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_agentpb_agent_proto_msgTypes[24]
+	mi := &file_agentpb_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1594,7 +1691,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[24]
+	mi := &file_agentpb_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1607,7 +1704,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{24}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *Snapshot) GetSnapshotId() string {
@@ -1679,7 +1776,7 @@ type DeleteSnapshotRequest struct {
 
 func (x *DeleteSnapshotRequest) Reset() {
 	*x = DeleteSnapshotRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[25]
+	mi := &file_agentpb_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1691,7 +1788,7 @@ func (x *DeleteSnapshotRequest) String() string {
 func (*DeleteSnapshotRequest) ProtoMessage() {}
 
 func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[25]
+	mi := &file_agentpb_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1704,7 +1801,7 @@ func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{25}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *DeleteSnapshotRequest) GetSnapshotId() string {
@@ -1750,7 +1847,7 @@ type DeleteSnapshotResponse struct {
 
 func (x *DeleteSnapshotResponse) Reset() {
 	*x = DeleteSnapshotResponse{}
-	mi := &file_agentpb_agent_proto_msgTypes[26]
+	mi := &file_agentpb_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1762,7 +1859,7 @@ func (x *DeleteSnapshotResponse) String() string {
 func (*DeleteSnapshotResponse) ProtoMessage() {}
 
 func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[26]
+	mi := &file_agentpb_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1775,7 +1872,7 @@ func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{26}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{28}
 }
 
 // ListSnapshotsRequest asks for the node's CSI snapshot snapshot_id alone,
@@ -1800,7 +1897,7 @@ type ListSnapshotsRequest struct {
 
 func (x *ListSnapshotsRequest) Reset() {
 	*x = ListSnapshotsRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[27]
+	mi := &file_agentpb_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1812,7 +1909,7 @@ func (x *ListSnapshotsRequest) String() string {
 func (*ListSnapshotsRequest) ProtoMessage() {}
 
 func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[27]
+	mi := &file_agentpb_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1825,7 +1922,7 @@ func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{27}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ListSnapshotsRequest) GetSnapshotId() string {
@@ -1881,7 +1978,7 @@ type ListSnapshotsResponse struct {
 
 func (x *ListSnapshotsResponse) Reset() {
 	*x = ListSnapshotsResponse{}
-	mi := &file_agentpb_agent_proto_msgTypes[28]
+	mi := &file_agentpb_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1893,7 +1990,7 @@ func (x *ListSnapshotsResponse) String() string {
 func (*ListSnapshotsResponse) ProtoMessage() {}
 
 func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[28]
+	mi := &file_agentpb_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1906,7 +2003,7 @@ func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{28}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ListSnapshotsResponse) GetSnapshots() []*Snapshot {
@@ -1944,7 +2041,7 @@ type ReplicateRequest struct {
 
 func (x *ReplicateRequest) Reset() {
 	*x = ReplicateRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[29]
+	mi := &file_agentpb_agent_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1956,7 +2053,7 @@ func (x *ReplicateRequest) String() string {
 func (*ReplicateRequest) ProtoMessage() {}
 
 func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[29]
+	mi := &file_agentpb_agent_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1969,7 +2066,7 @@ func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateRequest.ProtoReflect.Descriptor instead.
 func (*ReplicateRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{29}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ReplicateRequest) GetVolumeId() string {
@@ -2032,7 +2129,7 @@ type ReplicateProgress struct {
 
 func (x *ReplicateProgress) Reset() {
 	*x = ReplicateProgress{}
-	mi := &file_agentpb_agent_proto_msgTypes[30]
+	mi := &file_agentpb_agent_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2044,7 +2141,7 @@ func (x *ReplicateProgress) String() string {
 func (*ReplicateProgress) ProtoMessage() {}
 
 func (x *ReplicateProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[30]
+	mi := &file_agentpb_agent_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2057,7 +2154,7 @@ func (x *ReplicateProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateProgress.ProtoReflect.Descriptor instead.
 func (*ReplicateProgress) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{30}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ReplicateProgress) GetKind() string {
@@ -2117,7 +2214,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[31]
+	mi := &file_agentpb_agent_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2129,7 +2226,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[31]
+	mi := &file_agentpb_agent_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2142,7 +2239,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{31}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{33}
 }
 
 type NodeStatus struct {
@@ -2157,7 +2254,7 @@ type NodeStatus struct {
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_agentpb_agent_proto_msgTypes[32]
+	mi := &file_agentpb_agent_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2169,7 +2266,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[32]
+	mi := &file_agentpb_agent_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2182,7 +2279,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{32}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *NodeStatus) GetReplicas() []*Replica {
@@ -2216,7 +2313,7 @@ type ChangesRequest struct {
 
 func (x *ChangesRequest) Reset() {
 	*x = ChangesRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[33]
+	mi := &file_agentpb_agent_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2228,7 +2325,7 @@ func (x *ChangesRequest) String() string {
 func (*ChangesRequest) ProtoMessage() {}
 
 func (x *ChangesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[33]
+	mi := &file_agentpb_agent_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2241,7 +2338,7 @@ func (x *ChangesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChangesRequest.ProtoReflect.Descriptor instead.
 func (*ChangesRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{33}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ChangesRequest) GetSince() string {
@@ -2267,7 +2364,7 @@ type ChangesResponse struct {
 
 func (x *ChangesResponse) Reset() {
 	*x = ChangesResponse{}
-	mi := &file_agentpb_agent_proto_msgTypes[34]
+	mi := &file_agentpb_agent_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2279,7 +2376,7 @@ func (x *ChangesResponse) String() string {
 func (*ChangesResponse) ProtoMessage() {}
 
 func (x *ChangesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[34]
+	mi := &file_agentpb_agent_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2292,7 +2389,7 @@ func (x *ChangesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChangesResponse.ProtoReflect.Descriptor instead.
 func (*ChangesResponse) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{34}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ChangesResponse) GetKnown() bool {
@@ -2342,7 +2439,7 @@ type Replica struct {
 
 func (x *Replica) Reset() {
 	*x = Replica{}
-	mi := &file_agentpb_agent_proto_msgTypes[35]
+	mi := &file_agentpb_agent_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2354,7 +2451,7 @@ func (x *Replica) String() string {
 func (*Replica) ProtoMessage() {}
 
 func (x *Replica) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[35]
+	mi := &file_agentpb_agent_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2367,7 +2464,7 @@ func (x *Replica) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Replica.ProtoReflect.Descriptor instead.
 func (*Replica) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{35}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *Replica) GetVolumeId() string {
@@ -2428,7 +2525,7 @@ type Transfer struct {
 
 func (x *Transfer) Reset() {
 	*x = Transfer{}
-	mi := &file_agentpb_agent_proto_msgTypes[36]
+	mi := &file_agentpb_agent_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2440,7 +2537,7 @@ func (x *Transfer) String() string {
 func (*Transfer) ProtoMessage() {}
 
 func (x *Transfer) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[36]
+	mi := &file_agentpb_agent_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2453,7 +2550,7 @@ func (x *Transfer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Transfer.ProtoReflect.Descriptor instead.
 func (*Transfer) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{36}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *Transfer) GetVolumeId() string {
@@ -2514,7 +2611,7 @@ type ReplicaStateRequest struct {
 
 func (x *ReplicaStateRequest) Reset() {
 	*x = ReplicaStateRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[37]
+	mi := &file_agentpb_agent_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2526,7 +2623,7 @@ func (x *ReplicaStateRequest) String() string {
 func (*ReplicaStateRequest) ProtoMessage() {}
 
 func (x *ReplicaStateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[37]
+	mi := &file_agentpb_agent_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2539,7 +2636,7 @@ func (x *ReplicaStateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaStateRequest.ProtoReflect.Descriptor instead.
 func (*ReplicaStateRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{37}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ReplicaStateRequest) GetVolumeId() string {
@@ -2567,7 +2664,7 @@ type ReplicaStateResponse struct {
 
 func (x *ReplicaStateResponse) Reset() {
 	*x = ReplicaStateResponse{}
-	mi := &file_agentpb_agent_proto_msgTypes[38]
+	mi := &file_agentpb_agent_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2579,7 +2676,7 @@ func (x *ReplicaStateResponse) String() string {
 func (*ReplicaStateResponse) ProtoMessage() {}
 
 func (x *ReplicaStateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[38]
+	mi := &file_agentpb_agent_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2592,7 +2689,7 @@ func (x *ReplicaStateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaStateResponse.ProtoReflect.Descriptor instead.
 func (*ReplicaStateResponse) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{38}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ReplicaStateResponse) GetExists() bool {
@@ -2650,7 +2747,7 @@ type ReceiveMessage struct {
 
 func (x *ReceiveMessage) Reset() {
 	*x = ReceiveMessage{}
-	mi := &file_agentpb_agent_proto_msgTypes[39]
+	mi := &file_agentpb_agent_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2662,7 +2759,7 @@ func (x *ReceiveMessage) String() string {
 func (*ReceiveMessage) ProtoMessage() {}
 
 func (x *ReceiveMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[39]
+	mi := &file_agentpb_agent_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2675,7 +2772,7 @@ func (x *ReceiveMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReceiveMessage.ProtoReflect.Descriptor instead.
 func (*ReceiveMessage) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{39}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ReceiveMessage) GetMsg() isReceiveMessage_Msg {
@@ -2748,7 +2845,7 @@ type ReceiveHeader struct {
 
 func (x *ReceiveHeader) Reset() {
 	*x = ReceiveHeader{}
-	mi := &file_agentpb_agent_proto_msgTypes[40]
+	mi := &file_agentpb_agent_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2760,7 +2857,7 @@ func (x *ReceiveHeader) String() string {
 func (*ReceiveHeader) ProtoMessage() {}
 
 func (x *ReceiveHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[40]
+	mi := &file_agentpb_agent_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2773,7 +2870,7 @@ func (x *ReceiveHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReceiveHeader.ProtoReflect.Descriptor instead.
 func (*ReceiveHeader) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{40}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ReceiveHeader) GetVolumeId() string {
@@ -2857,7 +2954,7 @@ type PeerBase struct {
 
 func (x *PeerBase) Reset() {
 	*x = PeerBase{}
-	mi := &file_agentpb_agent_proto_msgTypes[41]
+	mi := &file_agentpb_agent_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2869,7 +2966,7 @@ func (x *PeerBase) String() string {
 func (*PeerBase) ProtoMessage() {}
 
 func (x *PeerBase) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[41]
+	mi := &file_agentpb_agent_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2882,7 +2979,7 @@ func (x *PeerBase) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerBase.ProtoReflect.Descriptor instead.
 func (*PeerBase) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{41}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *PeerBase) GetGuid() uint64 {
@@ -2909,7 +3006,7 @@ type ReceiveResult struct {
 
 func (x *ReceiveResult) Reset() {
 	*x = ReceiveResult{}
-	mi := &file_agentpb_agent_proto_msgTypes[42]
+	mi := &file_agentpb_agent_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2921,7 +3018,7 @@ func (x *ReceiveResult) String() string {
 func (*ReceiveResult) ProtoMessage() {}
 
 func (x *ReceiveResult) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[42]
+	mi := &file_agentpb_agent_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2934,7 +3031,7 @@ func (x *ReceiveResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReceiveResult.ProtoReflect.Descriptor instead.
 func (*ReceiveResult) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{42}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ReceiveResult) GetSnapshotGuid() uint64 {
@@ -2960,7 +3057,7 @@ type GetCopyRequest struct {
 
 func (x *GetCopyRequest) Reset() {
 	*x = GetCopyRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[43]
+	mi := &file_agentpb_agent_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2972,7 +3069,7 @@ func (x *GetCopyRequest) String() string {
 func (*GetCopyRequest) ProtoMessage() {}
 
 func (x *GetCopyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[43]
+	mi := &file_agentpb_agent_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2985,7 +3082,7 @@ func (x *GetCopyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCopyRequest.ProtoReflect.Descriptor instead.
 func (*GetCopyRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{43}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *GetCopyRequest) GetVolumeId() string {
@@ -3040,7 +3137,7 @@ type Copy struct {
 
 func (x *Copy) Reset() {
 	*x = Copy{}
-	mi := &file_agentpb_agent_proto_msgTypes[44]
+	mi := &file_agentpb_agent_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3052,7 +3149,7 @@ func (x *Copy) String() string {
 func (*Copy) ProtoMessage() {}
 
 func (x *Copy) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[44]
+	mi := &file_agentpb_agent_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3065,7 +3162,7 @@ func (x *Copy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Copy.ProtoReflect.Descriptor instead.
 func (*Copy) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{44}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *Copy) GetVolumeId() string {
@@ -3239,7 +3336,7 @@ type ReserveRequest struct {
 
 func (x *ReserveRequest) Reset() {
 	*x = ReserveRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[45]
+	mi := &file_agentpb_agent_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3251,7 +3348,7 @@ func (x *ReserveRequest) String() string {
 func (*ReserveRequest) ProtoMessage() {}
 
 func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[45]
+	mi := &file_agentpb_agent_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3264,7 +3361,7 @@ func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveRequest.ProtoReflect.Descriptor instead.
 func (*ReserveRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{45}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ReserveRequest) GetVolumeId() string {
@@ -3329,7 +3426,7 @@ type ReserveResponse struct {
 
 func (x *ReserveResponse) Reset() {
 	*x = ReserveResponse{}
-	mi := &file_agentpb_agent_proto_msgTypes[46]
+	mi := &file_agentpb_agent_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3341,7 +3438,7 @@ func (x *ReserveResponse) String() string {
 func (*ReserveResponse) ProtoMessage() {}
 
 func (x *ReserveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[46]
+	mi := &file_agentpb_agent_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3354,7 +3451,7 @@ func (x *ReserveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveResponse.ProtoReflect.Descriptor instead.
 func (*ReserveResponse) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{46}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ReserveResponse) GetGranted() bool {
@@ -3388,7 +3485,7 @@ type FenceRequest struct {
 
 func (x *FenceRequest) Reset() {
 	*x = FenceRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[47]
+	mi := &file_agentpb_agent_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3400,7 +3497,7 @@ func (x *FenceRequest) String() string {
 func (*FenceRequest) ProtoMessage() {}
 
 func (x *FenceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[47]
+	mi := &file_agentpb_agent_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3413,7 +3510,7 @@ func (x *FenceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FenceRequest.ProtoReflect.Descriptor instead.
 func (*FenceRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{47}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *FenceRequest) GetVolumeId() string {
@@ -3439,7 +3536,7 @@ type FenceResponse struct {
 
 func (x *FenceResponse) Reset() {
 	*x = FenceResponse{}
-	mi := &file_agentpb_agent_proto_msgTypes[48]
+	mi := &file_agentpb_agent_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3451,7 +3548,7 @@ func (x *FenceResponse) String() string {
 func (*FenceResponse) ProtoMessage() {}
 
 func (x *FenceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[48]
+	mi := &file_agentpb_agent_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3464,7 +3561,7 @@ func (x *FenceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FenceResponse.ProtoReflect.Descriptor instead.
 func (*FenceResponse) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{48}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *FenceResponse) GetFencedUnixNano() int64 {
@@ -3486,7 +3583,7 @@ type UnfenceRequest struct {
 
 func (x *UnfenceRequest) Reset() {
 	*x = UnfenceRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[49]
+	mi := &file_agentpb_agent_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3498,7 +3595,7 @@ func (x *UnfenceRequest) String() string {
 func (*UnfenceRequest) ProtoMessage() {}
 
 func (x *UnfenceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[49]
+	mi := &file_agentpb_agent_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3511,7 +3608,7 @@ func (x *UnfenceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnfenceRequest.ProtoReflect.Descriptor instead.
 func (*UnfenceRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{49}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *UnfenceRequest) GetVolumeId() string {
@@ -3546,7 +3643,7 @@ type PromoteRequest struct {
 
 func (x *PromoteRequest) Reset() {
 	*x = PromoteRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[50]
+	mi := &file_agentpb_agent_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3558,7 +3655,7 @@ func (x *PromoteRequest) String() string {
 func (*PromoteRequest) ProtoMessage() {}
 
 func (x *PromoteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[50]
+	mi := &file_agentpb_agent_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3571,7 +3668,7 @@ func (x *PromoteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PromoteRequest.ProtoReflect.Descriptor instead.
 func (*PromoteRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{50}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *PromoteRequest) GetVolumeId() string {
@@ -3622,7 +3719,7 @@ type DemoteRequest struct {
 
 func (x *DemoteRequest) Reset() {
 	*x = DemoteRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[51]
+	mi := &file_agentpb_agent_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3634,7 +3731,7 @@ func (x *DemoteRequest) String() string {
 func (*DemoteRequest) ProtoMessage() {}
 
 func (x *DemoteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[51]
+	mi := &file_agentpb_agent_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3647,7 +3744,7 @@ func (x *DemoteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DemoteRequest.ProtoReflect.Descriptor instead.
 func (*DemoteRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{51}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *DemoteRequest) GetVolumeId() string {
@@ -3695,7 +3792,7 @@ type DeleteReplicaRequest struct {
 
 func (x *DeleteReplicaRequest) Reset() {
 	*x = DeleteReplicaRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[52]
+	mi := &file_agentpb_agent_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3707,7 +3804,7 @@ func (x *DeleteReplicaRequest) String() string {
 func (*DeleteReplicaRequest) ProtoMessage() {}
 
 func (x *DeleteReplicaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[52]
+	mi := &file_agentpb_agent_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3720,7 +3817,7 @@ func (x *DeleteReplicaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteReplicaRequest.ProtoReflect.Descriptor instead.
 func (*DeleteReplicaRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{52}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *DeleteReplicaRequest) GetVolumeId() string {
@@ -3760,7 +3857,7 @@ type DeleteReplicaResponse struct {
 
 func (x *DeleteReplicaResponse) Reset() {
 	*x = DeleteReplicaResponse{}
-	mi := &file_agentpb_agent_proto_msgTypes[53]
+	mi := &file_agentpb_agent_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3772,7 +3869,7 @@ func (x *DeleteReplicaResponse) String() string {
 func (*DeleteReplicaResponse) ProtoMessage() {}
 
 func (x *DeleteReplicaResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[53]
+	mi := &file_agentpb_agent_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3785,7 +3882,7 @@ func (x *DeleteReplicaResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteReplicaResponse.ProtoReflect.Descriptor instead.
 func (*DeleteReplicaResponse) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{53}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *DeleteReplicaResponse) GetDeleted() bool {
@@ -3813,7 +3910,7 @@ type ControllerInstance struct {
 
 func (x *ControllerInstance) Reset() {
 	*x = ControllerInstance{}
-	mi := &file_agentpb_agent_proto_msgTypes[54]
+	mi := &file_agentpb_agent_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3825,7 +3922,7 @@ func (x *ControllerInstance) String() string {
 func (*ControllerInstance) ProtoMessage() {}
 
 func (x *ControllerInstance) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[54]
+	mi := &file_agentpb_agent_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3838,7 +3935,7 @@ func (x *ControllerInstance) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControllerInstance.ProtoReflect.Descriptor instead.
 func (*ControllerInstance) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{54}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *ControllerInstance) GetId() string {
@@ -3895,7 +3992,7 @@ type WorkLeaseRequest struct {
 
 func (x *WorkLeaseRequest) Reset() {
 	*x = WorkLeaseRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[55]
+	mi := &file_agentpb_agent_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3907,7 +4004,7 @@ func (x *WorkLeaseRequest) String() string {
 func (*WorkLeaseRequest) ProtoMessage() {}
 
 func (x *WorkLeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[55]
+	mi := &file_agentpb_agent_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3920,7 +4017,7 @@ func (x *WorkLeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkLeaseRequest.ProtoReflect.Descriptor instead.
 func (*WorkLeaseRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{55}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *WorkLeaseRequest) GetInstance() *ControllerInstance {
@@ -3945,7 +4042,7 @@ type WorkLeasesRequest struct {
 
 func (x *WorkLeasesRequest) Reset() {
 	*x = WorkLeasesRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[56]
+	mi := &file_agentpb_agent_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3957,7 +4054,7 @@ func (x *WorkLeasesRequest) String() string {
 func (*WorkLeasesRequest) ProtoMessage() {}
 
 func (x *WorkLeasesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[56]
+	mi := &file_agentpb_agent_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3970,7 +4067,7 @@ func (x *WorkLeasesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkLeasesRequest.ProtoReflect.Descriptor instead.
 func (*WorkLeasesRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{56}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{58}
 }
 
 type WorkLease struct {
@@ -3992,7 +4089,7 @@ type WorkLease struct {
 
 func (x *WorkLease) Reset() {
 	*x = WorkLease{}
-	mi := &file_agentpb_agent_proto_msgTypes[57]
+	mi := &file_agentpb_agent_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4004,7 +4101,7 @@ func (x *WorkLease) String() string {
 func (*WorkLease) ProtoMessage() {}
 
 func (x *WorkLease) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[57]
+	mi := &file_agentpb_agent_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4017,7 +4114,7 @@ func (x *WorkLease) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkLease.ProtoReflect.Descriptor instead.
 func (*WorkLease) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{57}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *WorkLease) GetGranted() bool {
@@ -4072,7 +4169,7 @@ type SeenInstance struct {
 
 func (x *SeenInstance) Reset() {
 	*x = SeenInstance{}
-	mi := &file_agentpb_agent_proto_msgTypes[58]
+	mi := &file_agentpb_agent_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4084,7 +4181,7 @@ func (x *SeenInstance) String() string {
 func (*SeenInstance) ProtoMessage() {}
 
 func (x *SeenInstance) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[58]
+	mi := &file_agentpb_agent_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4097,7 +4194,7 @@ func (x *SeenInstance) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SeenInstance.ProtoReflect.Descriptor instead.
 func (*SeenInstance) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{58}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *SeenInstance) GetInstance() *ControllerInstance {
@@ -4130,7 +4227,12 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\vgenerations\x18\x01 \x03(\v24.zfsnomad.agent.v1.PromisesResponse.GenerationsEntryR\vgenerations\x1a>\n" +
 	"\x10GenerationsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"1\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"O\n" +
+	"\x14DeleteBackupsRequest\x12\x1b\n" +
+	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12\x1a\n" +
+	"\bsnapshot\x18\x02 \x01(\tR\bsnapshot\"1\n" +
+	"\x15DeleteBackupsResponse\x12\x18\n" +
+	"\adeleted\x18\x01 \x03(\tR\adeleted\"1\n" +
 	"\x12ListBackupsRequest\x12\x1b\n" +
 	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\"b\n" +
 	"\x13ListBackupsResponse\x12\x16\n" +
@@ -4492,12 +4594,13 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"WorkLeases\x12$.zfsnomad.agent.v1.WorkLeasesRequest\x1a\x1c.zfsnomad.agent.v1.WorkLease2\xa5\x01\n" +
 	"\x05Peers\x12G\n" +
 	"\x04Ping\x12\x1e.zfsnomad.agent.v1.PingRequest\x1a\x1f.zfsnomad.agent.v1.PingResponse\x12S\n" +
-	"\bPromises\x12\".zfsnomad.agent.v1.PromisesRequest\x1a#.zfsnomad.agent.v1.PromisesResponse2\xa4\x02\n" +
+	"\bPromises\x12\".zfsnomad.agent.v1.PromisesRequest\x1a#.zfsnomad.agent.v1.PromisesResponse2\x88\x03\n" +
 	"\aBackups\x12\\\n" +
 	"\vListBackups\x12%.zfsnomad.agent.v1.ListBackupsRequest\x1a&.zfsnomad.agent.v1.ListBackupsResponse\x12_\n" +
 	"\fGrantRestore\x12&.zfsnomad.agent.v1.GrantRestoreRequest\x1a'.zfsnomad.agent.v1.GrantRestoreResponse\x12Z\n" +
 	"\n" +
-	"SendBackup\x12$.zfsnomad.agent.v1.SendBackupRequest\x1a$.zfsnomad.agent.v1.SendBackupMessage0\x012\xc0\x01\n" +
+	"SendBackup\x12$.zfsnomad.agent.v1.SendBackupRequest\x1a$.zfsnomad.agent.v1.SendBackupMessage0\x01\x12b\n" +
+	"\rDeleteBackups\x12'.zfsnomad.agent.v1.DeleteBackupsRequest\x1a(.zfsnomad.agent.v1.DeleteBackupsResponse2\xc0\x01\n" +
 	"\vReplication\x12_\n" +
 	"\fReplicaState\x12&.zfsnomad.agent.v1.ReplicaStateRequest\x1a'.zfsnomad.agent.v1.ReplicaStateResponse\x12P\n" +
 	"\aReceive\x12!.zfsnomad.agent.v1.ReceiveMessage\x1a .zfsnomad.agent.v1.ReceiveResult(\x01B.Z,github.com/zfs-nomad/zfs-nomad/proto/agentpbb\x06proto3"
@@ -4514,156 +4617,160 @@ func file_agentpb_agent_proto_rawDescGZIP() []byte {
 	return file_agentpb_agent_proto_rawDescData
 }
 
-var file_agentpb_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 66)
+var file_agentpb_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 68)
 var file_agentpb_agent_proto_goTypes = []any{
 	(*PingRequest)(nil),            // 0: zfsnomad.agent.v1.PingRequest
 	(*PingResponse)(nil),           // 1: zfsnomad.agent.v1.PingResponse
 	(*PromisesRequest)(nil),        // 2: zfsnomad.agent.v1.PromisesRequest
 	(*PromisesResponse)(nil),       // 3: zfsnomad.agent.v1.PromisesResponse
-	(*ListBackupsRequest)(nil),     // 4: zfsnomad.agent.v1.ListBackupsRequest
-	(*ListBackupsResponse)(nil),    // 5: zfsnomad.agent.v1.ListBackupsResponse
-	(*Backup)(nil),                 // 6: zfsnomad.agent.v1.Backup
-	(*GrantRestoreRequest)(nil),    // 7: zfsnomad.agent.v1.GrantRestoreRequest
-	(*GrantRestoreResponse)(nil),   // 8: zfsnomad.agent.v1.GrantRestoreResponse
-	(*SendBackupRequest)(nil),      // 9: zfsnomad.agent.v1.SendBackupRequest
-	(*SendBackupMessage)(nil),      // 10: zfsnomad.agent.v1.SendBackupMessage
-	(*GetNodeRequest)(nil),         // 11: zfsnomad.agent.v1.GetNodeRequest
-	(*Node)(nil),                   // 12: zfsnomad.agent.v1.Node
-	(*AwaitedPromotion)(nil),       // 13: zfsnomad.agent.v1.AwaitedPromotion
-	(*CreateVolumeRequest)(nil),    // 14: zfsnomad.agent.v1.CreateVolumeRequest
-	(*Volume)(nil),                 // 15: zfsnomad.agent.v1.Volume
-	(*DeleteVolumeRequest)(nil),    // 16: zfsnomad.agent.v1.DeleteVolumeRequest
-	(*DeleteVolumeResponse)(nil),   // 17: zfsnomad.agent.v1.DeleteVolumeResponse
-	(*GetVolumeRequest)(nil),       // 18: zfsnomad.agent.v1.GetVolumeRequest
-	(*ListVolumesRequest)(nil),     // 19: zfsnomad.agent.v1.ListVolumesRequest
-	(*ListVolumesResponse)(nil),    // 20: zfsnomad.agent.v1.ListVolumesResponse
-	(*ExpandVolumeRequest)(nil),    // 21: zfsnomad.agent.v1.ExpandVolumeRequest
-	(*ExpandVolumeResponse)(nil),   // 22: zfsnomad.agent.v1.ExpandVolumeResponse
-	(*CreateSnapshotRequest)(nil),  // 23: zfsnomad.agent.v1.CreateSnapshotRequest
-	(*Snapshot)(nil),               // 24: zfsnomad.agent.v1.Snapshot
-	(*DeleteSnapshotRequest)(nil),  // 25: zfsnomad.agent.v1.DeleteSnapshotRequest
-	(*DeleteSnapshotResponse)(nil), // 26: zfsnomad.agent.v1.DeleteSnapshotResponse
-	(*ListSnapshotsRequest)(nil),   // 27: zfsnomad.agent.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil),  // 28: zfsnomad.agent.v1.ListSnapshotsResponse
-	(*ReplicateRequest)(nil),       // 29: zfsnomad.agent.v1.ReplicateRequest
-	(*ReplicateProgress)(nil),      // 30: zfsnomad.agent.v1.ReplicateProgress
-	(*StatusRequest)(nil),          // 31: zfsnomad.agent.v1.StatusRequest
-	(*NodeStatus)(nil),             // 32: zfsnomad.agent.v1.NodeStatus
-	(*ChangesRequest)(nil),         // 33: zfsnomad.agent.v1.ChangesRequest
-	(*ChangesResponse)(nil),        // 34: zfsnomad.agent.v1.ChangesResponse
-	(*Replica)(nil),                // 35: zfsnomad.agent.v1.Replica
-	(*Transfer)(nil),               // 36: zfsnomad.agent.v1.Transfer
-	(*ReplicaStateRequest)(nil),    // 37: zfsnomad.agent.v1.ReplicaStateRequest
-	(*ReplicaStateResponse)(nil),   // 38: zfsnomad.agent.v1.ReplicaStateResponse
-	(*ReceiveMessage)(nil),         // 39: zfsnomad.agent.v1.ReceiveMessage
-	(*ReceiveHeader)(nil),          // 40: zfsnomad.agent.v1.ReceiveHeader
-	(*PeerBase)(nil),               // 41: zfsnomad.agent.v1.PeerBase
-	(*ReceiveResult)(nil),          // 42: zfsnomad.agent.v1.ReceiveResult
-	(*GetCopyRequest)(nil),         // 43: zfsnomad.agent.v1.GetCopyRequest
-	(*Copy)(nil),                   // 44: zfsnomad.agent.v1.Copy
-	(*ReserveRequest)(nil),         // 45: zfsnomad.agent.v1.ReserveRequest
-	(*ReserveResponse)(nil),        // 46: zfsnomad.agent.v1.ReserveResponse
-	(*FenceRequest)(nil),           // 47: zfsnomad.agent.v1.FenceRequest
-	(*FenceResponse)(nil),          // 48: zfsnomad.agent.v1.FenceResponse
-	(*UnfenceRequest)(nil),         // 49: zfsnomad.agent.v1.UnfenceRequest
-	(*PromoteRequest)(nil),         // 50: zfsnomad.agent.v1.PromoteRequest
-	(*DemoteRequest)(nil),          // 51: zfsnomad.agent.v1.DemoteRequest
-	(*DeleteReplicaRequest)(nil),   // 52: zfsnomad.agent.v1.DeleteReplicaRequest
-	(*DeleteReplicaResponse)(nil),  // 53: zfsnomad.agent.v1.DeleteReplicaResponse
-	(*ControllerInstance)(nil),     // 54: zfsnomad.agent.v1.ControllerInstance
-	(*WorkLeaseRequest)(nil),       // 55: zfsnomad.agent.v1.WorkLeaseRequest
-	(*WorkLeasesRequest)(nil),      // 56: zfsnomad.agent.v1.WorkLeasesRequest
-	(*WorkLease)(nil),              // 57: zfsnomad.agent.v1.WorkLease
-	(*SeenInstance)(nil),           // 58: zfsnomad.agent.v1.SeenInstance
-	nil,                            // 59: zfsnomad.agent.v1.PromisesResponse.GenerationsEntry
-	nil,                            // 60: zfsnomad.agent.v1.Backup.ParametersEntry
-	nil,                            // 61: zfsnomad.agent.v1.Node.TopologyEntry
-	nil,                            // 62: zfsnomad.agent.v1.CreateVolumeRequest.ParametersEntry
-	nil,                            // 63: zfsnomad.agent.v1.Volume.ParametersEntry
-	nil,                            // 64: zfsnomad.agent.v1.ReceiveHeader.ParametersEntry
-	nil,                            // 65: zfsnomad.agent.v1.Copy.ParametersEntry
+	(*DeleteBackupsRequest)(nil),   // 4: zfsnomad.agent.v1.DeleteBackupsRequest
+	(*DeleteBackupsResponse)(nil),  // 5: zfsnomad.agent.v1.DeleteBackupsResponse
+	(*ListBackupsRequest)(nil),     // 6: zfsnomad.agent.v1.ListBackupsRequest
+	(*ListBackupsResponse)(nil),    // 7: zfsnomad.agent.v1.ListBackupsResponse
+	(*Backup)(nil),                 // 8: zfsnomad.agent.v1.Backup
+	(*GrantRestoreRequest)(nil),    // 9: zfsnomad.agent.v1.GrantRestoreRequest
+	(*GrantRestoreResponse)(nil),   // 10: zfsnomad.agent.v1.GrantRestoreResponse
+	(*SendBackupRequest)(nil),      // 11: zfsnomad.agent.v1.SendBackupRequest
+	(*SendBackupMessage)(nil),      // 12: zfsnomad.agent.v1.SendBackupMessage
+	(*GetNodeRequest)(nil),         // 13: zfsnomad.agent.v1.GetNodeRequest
+	(*Node)(nil),                   // 14: zfsnomad.agent.v1.Node
+	(*AwaitedPromotion)(nil),       // 15: zfsnomad.agent.v1.AwaitedPromotion
+	(*CreateVolumeRequest)(nil),    // 16: zfsnomad.agent.v1.CreateVolumeRequest
+	(*Volume)(nil),                 // 17: zfsnomad.agent.v1.Volume
+	(*DeleteVolumeRequest)(nil),    // 18: zfsnomad.agent.v1.DeleteVolumeRequest
+	(*DeleteVolumeResponse)(nil),   // 19: zfsnomad.agent.v1.DeleteVolumeResponse
+	(*GetVolumeRequest)(nil),       // 20: zfsnomad.agent.v1.GetVolumeRequest
+	(*ListVolumesRequest)(nil),     // 21: zfsnomad.agent.v1.ListVolumesRequest
+	(*ListVolumesResponse)(nil),    // 22: zfsnomad.agent.v1.ListVolumesResponse
+	(*ExpandVolumeRequest)(nil),    // 23: zfsnomad.agent.v1.ExpandVolumeRequest
+	(*ExpandVolumeResponse)(nil),   // 24: zfsnomad.agent.v1.ExpandVolumeResponse
+	(*CreateSnapshotRequest)(nil),  // 25: zfsnomad.agent.v1.CreateSnapshotRequest
+	(*Snapshot)(nil),               // 26: zfsnomad.agent.v1.Snapshot
+	(*DeleteSnapshotRequest)(nil),  // 27: zfsnomad.agent.v1.DeleteSnapshotRequest
+	(*DeleteSnapshotResponse)(nil), // 28: zfsnomad.agent.v1.DeleteSnapshotResponse
+	(*ListSnapshotsRequest)(nil),   // 29: zfsnomad.agent.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),  // 30: zfsnomad.agent.v1.ListSnapshotsResponse
+	(*ReplicateRequest)(nil),       // 31: zfsnomad.agent.v1.ReplicateRequest
+	(*ReplicateProgress)(nil),      // 32: zfsnomad.agent.v1.ReplicateProgress
+	(*StatusRequest)(nil),          // 33: zfsnomad.agent.v1.StatusRequest
+	(*NodeStatus)(nil),             // 34: zfsnomad.agent.v1.NodeStatus
+	(*ChangesRequest)(nil),         // 35: zfsnomad.agent.v1.ChangesRequest
+	(*ChangesResponse)(nil),        // 36: zfsnomad.agent.v1.ChangesResponse
+	(*Replica)(nil),                // 37: zfsnomad.agent.v1.Replica
+	(*Transfer)(nil),               // 38: zfsnomad.agent.v1.Transfer
+	(*ReplicaStateRequest)(nil),    // 39: zfsnomad.agent.v1.ReplicaStateRequest
+	(*ReplicaStateResponse)(nil),   // 40: zfsnomad.agent.v1.ReplicaStateResponse
+	(*ReceiveMessage)(nil),         // 41: zfsnomad.agent.v1.ReceiveMessage
+	(*ReceiveHeader)(nil),          // 42: zfsnomad.agent.v1.ReceiveHeader
+	(*PeerBase)(nil),               // 43: zfsnomad.agent.v1.PeerBase
+	(*ReceiveResult)(nil),          // 44: zfsnomad.agent.v1.ReceiveResult
+	(*GetCopyRequest)(nil),         // 45: zfsnomad.agent.v1.GetCopyRequest
+	(*Copy)(nil),                   // 46: zfsnomad.agent.v1.Copy
+	(*ReserveRequest)(nil),         // 47: zfsnomad.agent.v1.ReserveRequest
+	(*ReserveResponse)(nil),        // 48: zfsnomad.agent.v1.ReserveResponse
+	(*FenceRequest)(nil),           // 49: zfsnomad.agent.v1.FenceRequest
+	(*FenceResponse)(nil),          // 50: zfsnomad.agent.v1.FenceResponse
+	(*UnfenceRequest)(nil),         // 51: zfsnomad.agent.v1.UnfenceRequest
+	(*PromoteRequest)(nil),         // 52: zfsnomad.agent.v1.PromoteRequest
+	(*DemoteRequest)(nil),          // 53: zfsnomad.agent.v1.DemoteRequest
+	(*DeleteReplicaRequest)(nil),   // 54: zfsnomad.agent.v1.DeleteReplicaRequest
+	(*DeleteReplicaResponse)(nil),  // 55: zfsnomad.agent.v1.DeleteReplicaResponse
+	(*ControllerInstance)(nil),     // 56: zfsnomad.agent.v1.ControllerInstance
+	(*WorkLeaseRequest)(nil),       // 57: zfsnomad.agent.v1.WorkLeaseRequest
+	(*WorkLeasesRequest)(nil),      // 58: zfsnomad.agent.v1.WorkLeasesRequest
+	(*WorkLease)(nil),              // 59: zfsnomad.agent.v1.WorkLease
+	(*SeenInstance)(nil),           // 60: zfsnomad.agent.v1.SeenInstance
+	nil,                            // 61: zfsnomad.agent.v1.PromisesResponse.GenerationsEntry
+	nil,                            // 62: zfsnomad.agent.v1.Backup.ParametersEntry
+	nil,                            // 63: zfsnomad.agent.v1.Node.TopologyEntry
+	nil,                            // 64: zfsnomad.agent.v1.CreateVolumeRequest.ParametersEntry
+	nil,                            // 65: zfsnomad.agent.v1.Volume.ParametersEntry
+	nil,                            // 66: zfsnomad.agent.v1.ReceiveHeader.ParametersEntry
+	nil,                            // 67: zfsnomad.agent.v1.Copy.ParametersEntry
 }
 var file_agentpb_agent_proto_depIdxs = []int32{
-	59, // 0: zfsnomad.agent.v1.PromisesResponse.generations:type_name -> zfsnomad.agent.v1.PromisesResponse.GenerationsEntry
-	6,  // 1: zfsnomad.agent.v1.ListBackupsResponse.backups:type_name -> zfsnomad.agent.v1.Backup
-	60, // 2: zfsnomad.agent.v1.Backup.parameters:type_name -> zfsnomad.agent.v1.Backup.ParametersEntry
-	6,  // 3: zfsnomad.agent.v1.SendBackupMessage.header:type_name -> zfsnomad.agent.v1.Backup
-	61, // 4: zfsnomad.agent.v1.Node.topology:type_name -> zfsnomad.agent.v1.Node.TopologyEntry
-	13, // 5: zfsnomad.agent.v1.Node.awaited_promotions:type_name -> zfsnomad.agent.v1.AwaitedPromotion
-	62, // 6: zfsnomad.agent.v1.CreateVolumeRequest.parameters:type_name -> zfsnomad.agent.v1.CreateVolumeRequest.ParametersEntry
-	63, // 7: zfsnomad.agent.v1.Volume.parameters:type_name -> zfsnomad.agent.v1.Volume.ParametersEntry
-	15, // 8: zfsnomad.agent.v1.ListVolumesResponse.volumes:type_name -> zfsnomad.agent.v1.Volume
-	24, // 9: zfsnomad.agent.v1.ListSnapshotsResponse.snapshots:type_name -> zfsnomad.agent.v1.Snapshot
-	35, // 10: zfsnomad.agent.v1.NodeStatus.replicas:type_name -> zfsnomad.agent.v1.Replica
-	36, // 11: zfsnomad.agent.v1.NodeStatus.transfers:type_name -> zfsnomad.agent.v1.Transfer
-	15, // 12: zfsnomad.agent.v1.ChangesResponse.volumes:type_name -> zfsnomad.agent.v1.Volume
-	35, // 13: zfsnomad.agent.v1.ChangesResponse.replicas:type_name -> zfsnomad.agent.v1.Replica
-	40, // 14: zfsnomad.agent.v1.ReceiveMessage.header:type_name -> zfsnomad.agent.v1.ReceiveHeader
-	64, // 15: zfsnomad.agent.v1.ReceiveHeader.parameters:type_name -> zfsnomad.agent.v1.ReceiveHeader.ParametersEntry
-	41, // 16: zfsnomad.agent.v1.ReceiveHeader.peer_bases:type_name -> zfsnomad.agent.v1.PeerBase
-	65, // 17: zfsnomad.agent.v1.Copy.parameters:type_name -> zfsnomad.agent.v1.Copy.ParametersEntry
-	54, // 18: zfsnomad.agent.v1.WorkLeaseRequest.instance:type_name -> zfsnomad.agent.v1.ControllerInstance
-	54, // 19: zfsnomad.agent.v1.WorkLease.holder:type_name -> zfsnomad.agent.v1.ControllerInstance
-	58, // 20: zfsnomad.agent.v1.WorkLease.seen:type_name -> zfsnomad.agent.v1.SeenInstance
-	54, // 21: zfsnomad.agent.v1.SeenInstance.instance:type_name -> zfsnomad.agent.v1.ControllerInstance
-	11, // 22: zfsnomad.agent.v1.NodeAgent.GetNode:input_type -> zfsnomad.agent.v1.GetNodeRequest
-	14, // 23: zfsnomad.agent.v1.NodeAgent.CreateVolume:input_type -> zfsnomad.agent.v1.CreateVolumeRequest
-	16, // 24: zfsnomad.agent.v1.NodeAgent.DeleteVolume:input_type -> zfsnomad.agent.v1.DeleteVolumeRequest
-	18, // 25: zfsnomad.agent.v1.NodeAgent.GetVolume:input_type -> zfsnomad.agent.v1.GetVolumeRequest
-	19, // 26: zfsnomad.agent.v1.NodeAgent.ListVolumes:input_type -> zfsnomad.agent.v1.ListVolumesRequest
-	21, // 27: zfsnomad.agent.v1.NodeAgent.ExpandVolume:input_type -> zfsnomad.agent.v1.ExpandVolumeRequest
-	23, // 28: zfsnomad.agent.v1.NodeAgent.CreateSnapshot:input_type -> zfsnomad.agent.v1.CreateSnapshotRequest
-	25, // 29: zfsnomad.agent.v1.NodeAgent.DeleteSnapshot:input_type -> zfsnomad.agent.v1.DeleteSnapshotRequest
-	27, // 30: zfsnomad.agent.v1.NodeAgent.ListSnapshots:input_type -> zfsnomad.agent.v1.ListSnapshotsRequest
-	29, // 31: zfsnomad.agent.v1.NodeAgent.Replicate:input_type -> zfsnomad.agent.v1.ReplicateRequest
-	31, // 32: zfsnomad.agent.v1.NodeAgent.Status:input_type -> zfsnomad.agent.v1.StatusRequest
-	33, // 33: zfsnomad.agent.v1.NodeAgent.Changes:input_type -> zfsnomad.agent.v1.ChangesRequest
-	52, // 34: zfsnomad.agent.v1.NodeAgent.DeleteReplica:input_type -> zfsnomad.agent.v1.DeleteReplicaRequest
-	43, // 35: zfsnomad.agent.v1.NodeAgent.GetCopy:input_type -> zfsnomad.agent.v1.GetCopyRequest
-	47, // 36: zfsnomad.agent.v1.NodeAgent.Fence:input_type -> zfsnomad.agent.v1.FenceRequest
-	49, // 37: zfsnomad.agent.v1.NodeAgent.Unfence:input_type -> zfsnomad.agent.v1.UnfenceRequest
-	50, // 38: zfsnomad.agent.v1.NodeAgent.Promote:input_type -> zfsnomad.agent.v1.PromoteRequest
-	51, // 39: zfsnomad.agent.v1.NodeAgent.Demote:input_type -> zfsnomad.agent.v1.DemoteRequest
-	45, // 40: zfsnomad.agent.v1.NodeAgent.Reserve:input_type -> zfsnomad.agent.v1.ReserveRequest
-	55, // 41: zfsnomad.agent.v1.NodeAgent.AcquireWorkLease:input_type -> zfsnomad.agent.v1.WorkLeaseRequest
-	56, // 42: zfsnomad.agent.v1.NodeAgent.WorkLeases:input_type -> zfsnomad.agent.v1.WorkLeasesRequest
+	61, // 0: zfsnomad.agent.v1.PromisesResponse.generations:type_name -> zfsnomad.agent.v1.PromisesResponse.GenerationsEntry
+	8,  // 1: zfsnomad.agent.v1.ListBackupsResponse.backups:type_name -> zfsnomad.agent.v1.Backup
+	62, // 2: zfsnomad.agent.v1.Backup.parameters:type_name -> zfsnomad.agent.v1.Backup.ParametersEntry
+	8,  // 3: zfsnomad.agent.v1.SendBackupMessage.header:type_name -> zfsnomad.agent.v1.Backup
+	63, // 4: zfsnomad.agent.v1.Node.topology:type_name -> zfsnomad.agent.v1.Node.TopologyEntry
+	15, // 5: zfsnomad.agent.v1.Node.awaited_promotions:type_name -> zfsnomad.agent.v1.AwaitedPromotion
+	64, // 6: zfsnomad.agent.v1.CreateVolumeRequest.parameters:type_name -> zfsnomad.agent.v1.CreateVolumeRequest.ParametersEntry
+	65, // 7: zfsnomad.agent.v1.Volume.parameters:type_name -> zfsnomad.agent.v1.Volume.ParametersEntry
+	17, // 8: zfsnomad.agent.v1.ListVolumesResponse.volumes:type_name -> zfsnomad.agent.v1.Volume
+	26, // 9: zfsnomad.agent.v1.ListSnapshotsResponse.snapshots:type_name -> zfsnomad.agent.v1.Snapshot
+	37, // 10: zfsnomad.agent.v1.NodeStatus.replicas:type_name -> zfsnomad.agent.v1.Replica
+	38, // 11: zfsnomad.agent.v1.NodeStatus.transfers:type_name -> zfsnomad.agent.v1.Transfer
+	17, // 12: zfsnomad.agent.v1.ChangesResponse.volumes:type_name -> zfsnomad.agent.v1.Volume
+	37, // 13: zfsnomad.agent.v1.ChangesResponse.replicas:type_name -> zfsnomad.agent.v1.Replica
+	42, // 14: zfsnomad.agent.v1.ReceiveMessage.header:type_name -> zfsnomad.agent.v1.ReceiveHeader
+	66, // 15: zfsnomad.agent.v1.ReceiveHeader.parameters:type_name -> zfsnomad.agent.v1.ReceiveHeader.ParametersEntry
+	43, // 16: zfsnomad.agent.v1.ReceiveHeader.peer_bases:type_name -> zfsnomad.agent.v1.PeerBase
+	67, // 17: zfsnomad.agent.v1.Copy.parameters:type_name -> zfsnomad.agent.v1.Copy.ParametersEntry
+	56, // 18: zfsnomad.agent.v1.WorkLeaseRequest.instance:type_name -> zfsnomad.agent.v1.ControllerInstance
+	56, // 19: zfsnomad.agent.v1.WorkLease.holder:type_name -> zfsnomad.agent.v1.ControllerInstance
+	60, // 20: zfsnomad.agent.v1.WorkLease.seen:type_name -> zfsnomad.agent.v1.SeenInstance
+	56, // 21: zfsnomad.agent.v1.SeenInstance.instance:type_name -> zfsnomad.agent.v1.ControllerInstance
+	13, // 22: zfsnomad.agent.v1.NodeAgent.GetNode:input_type -> zfsnomad.agent.v1.GetNodeRequest
+	16, // 23: zfsnomad.agent.v1.NodeAgent.CreateVolume:input_type -> zfsnomad.agent.v1.CreateVolumeRequest
+	18, // 24: zfsnomad.agent.v1.NodeAgent.DeleteVolume:input_type -> zfsnomad.agent.v1.DeleteVolumeRequest
+	20, // 25: zfsnomad.agent.v1.NodeAgent.GetVolume:input_type -> zfsnomad.agent.v1.GetVolumeRequest
+	21, // 26: zfsnomad.agent.v1.NodeAgent.ListVolumes:input_type -> zfsnomad.agent.v1.ListVolumesRequest
+	23, // 27: zfsnomad.agent.v1.NodeAgent.ExpandVolume:input_type -> zfsnomad.agent.v1.ExpandVolumeRequest
+	25, // 28: zfsnomad.agent.v1.NodeAgent.CreateSnapshot:input_type -> zfsnomad.agent.v1.CreateSnapshotRequest
+	27, // 29: zfsnomad.agent.v1.NodeAgent.DeleteSnapshot:input_type -> zfsnomad.agent.v1.DeleteSnapshotRequest
+	29, // 30: zfsnomad.agent.v1.NodeAgent.ListSnapshots:input_type -> zfsnomad.agent.v1.ListSnapshotsRequest
+	31, // 31: zfsnomad.agent.v1.NodeAgent.Replicate:input_type -> zfsnomad.agent.v1.ReplicateRequest
+	33, // 32: zfsnomad.agent.v1.NodeAgent.Status:input_type -> zfsnomad.agent.v1.StatusRequest
+	35, // 33: zfsnomad.agent.v1.NodeAgent.Changes:input_type -> zfsnomad.agent.v1.ChangesRequest
+	54, // 34: zfsnomad.agent.v1.NodeAgent.DeleteReplica:input_type -> zfsnomad.agent.v1.DeleteReplicaRequest
+	45, // 35: zfsnomad.agent.v1.NodeAgent.GetCopy:input_type -> zfsnomad.agent.v1.GetCopyRequest
+	49, // 36: zfsnomad.agent.v1.NodeAgent.Fence:input_type -> zfsnomad.agent.v1.FenceRequest
+	51, // 37: zfsnomad.agent.v1.NodeAgent.Unfence:input_type -> zfsnomad.agent.v1.UnfenceRequest
+	52, // 38: zfsnomad.agent.v1.NodeAgent.Promote:input_type -> zfsnomad.agent.v1.PromoteRequest
+	53, // 39: zfsnomad.agent.v1.NodeAgent.Demote:input_type -> zfsnomad.agent.v1.DemoteRequest
+	47, // 40: zfsnomad.agent.v1.NodeAgent.Reserve:input_type -> zfsnomad.agent.v1.ReserveRequest
+	57, // 41: zfsnomad.agent.v1.NodeAgent.AcquireWorkLease:input_type -> zfsnomad.agent.v1.WorkLeaseRequest
+	58, // 42: zfsnomad.agent.v1.NodeAgent.WorkLeases:input_type -> zfsnomad.agent.v1.WorkLeasesRequest
 	0,  // 43: zfsnomad.agent.v1.Peers.Ping:input_type -> zfsnomad.agent.v1.PingRequest
 	2,  // 44: zfsnomad.agent.v1.Peers.Promises:input_type -> zfsnomad.agent.v1.PromisesRequest
-	4,  // 45: zfsnomad.agent.v1.Backups.ListBackups:input_type -> zfsnomad.agent.v1.ListBackupsRequest
-	7,  // 46: zfsnomad.agent.v1.Backups.GrantRestore:input_type -> zfsnomad.agent.v1.GrantRestoreRequest
-	9,  // 47: zfsnomad.agent.v1.Backups.SendBackup:input_type -> zfsnomad.agent.v1.SendBackupRequest
-	37, // 48: zfsnomad.agent.v1.Replication.ReplicaState:input_type -> zfsnomad.agent.v1.ReplicaStateRequest
-	39, // 49: zfsnomad.agent.v1.Replication.Receive:input_type -> zfsnomad.agent.v1.ReceiveMessage
-	12, // 50: zfsnomad.agent.v1.NodeAgent.GetNode:output_type -> zfsnomad.agent.v1.Node
-	15, // 51: zfsnomad.agent.v1.NodeAgent.CreateVolume:output_type -> zfsnomad.agent.v1.Volume
-	17, // 52: zfsnomad.agent.v1.NodeAgent.DeleteVolume:output_type -> zfsnomad.agent.v1.DeleteVolumeResponse
-	15, // 53: zfsnomad.agent.v1.NodeAgent.GetVolume:output_type -> zfsnomad.agent.v1.Volume
-	20, // 54: zfsnomad.agent.v1.NodeAgent.ListVolumes:output_type -> zfsnomad.agent.v1.ListVolumesResponse
-	22, // 55: zfsnomad.agent.v1.NodeAgent.ExpandVolume:output_type -> zfsnomad.agent.v1.ExpandVolumeResponse
-	24, // 56: zfsnomad.agent.v1.NodeAgent.CreateSnapshot:output_type -> zfsnomad.agent.v1.Snapshot
-	26, // 57: zfsnomad.agent.v1.NodeAgent.DeleteSnapshot:output_type -> zfsnomad.agent.v1.DeleteSnapshotResponse
-	28, // 58: zfsnomad.agent.v1.NodeAgent.ListSnapshots:output_type -> zfsnomad.agent.v1.ListSnapshotsResponse
-	30, // 59: zfsnomad.agent.v1.NodeAgent.Replicate:output_type -> zfsnomad.agent.v1.ReplicateProgress
-	32, // 60: zfsnomad.agent.v1.NodeAgent.Status:output_type -> zfsnomad.agent.v1.NodeStatus
-	34, // 61: zfsnomad.agent.v1.NodeAgent.Changes:output_type -> zfsnomad.agent.v1.ChangesResponse
-	53, // 62: zfsnomad.agent.v1.NodeAgent.DeleteReplica:output_type -> zfsnomad.agent.v1.DeleteReplicaResponse
-	44, // 63: zfsnomad.agent.v1.NodeAgent.GetCopy:output_type -> zfsnomad.agent.v1.Copy
-	48, // 64: zfsnomad.agent.v1.NodeAgent.Fence:output_type -> zfsnomad.agent.v1.FenceResponse
-	44, // 65: zfsnomad.agent.v1.NodeAgent.Unfence:output_type -> zfsnomad.agent.v1.Copy
-	44, // 66: zfsnomad.agent.v1.NodeAgent.Promote:output_type -> zfsnomad.agent.v1.Copy
-	44, // 67: zfsnomad.agent.v1.NodeAgent.Demote:output_type -> zfsnomad.agent.v1.Copy
-	46, // 68: zfsnomad.agent.v1.NodeAgent.Reserve:output_type -> zfsnomad.agent.v1.ReserveResponse
-	57, // 69: zfsnomad.agent.v1.NodeAgent.AcquireWorkLease:output_type -> zfsnomad.agent.v1.WorkLease
-	57, // 70: zfsnomad.agent.v1.NodeAgent.WorkLeases:output_type -> zfsnomad.agent.v1.WorkLease
-	1,  // 71: zfsnomad.agent.v1.Peers.Ping:output_type -> zfsnomad.agent.v1.PingResponse
-	3,  // 72: zfsnomad.agent.v1.Peers.Promises:output_type -> zfsnomad.agent.v1.PromisesResponse
-	5,  // 73: zfsnomad.agent.v1.Backups.ListBackups:output_type -> zfsnomad.agent.v1.ListBackupsResponse
-	8,  // 74: zfsnomad.agent.v1.Backups.GrantRestore:output_type -> zfsnomad.agent.v1.GrantRestoreResponse
-	10, // 75: zfsnomad.agent.v1.Backups.SendBackup:output_type -> zfsnomad.agent.v1.SendBackupMessage
-	38, // 76: zfsnomad.agent.v1.Replication.ReplicaState:output_type -> zfsnomad.agent.v1.ReplicaStateResponse
-	42, // 77: zfsnomad.agent.v1.Replication.Receive:output_type -> zfsnomad.agent.v1.ReceiveResult
-	50, // [50:78] is the sub-list for method output_type
-	22, // [22:50] is the sub-list for method input_type
+	6,  // 45: zfsnomad.agent.v1.Backups.ListBackups:input_type -> zfsnomad.agent.v1.ListBackupsRequest
+	9,  // 46: zfsnomad.agent.v1.Backups.GrantRestore:input_type -> zfsnomad.agent.v1.GrantRestoreRequest
+	11, // 47: zfsnomad.agent.v1.Backups.SendBackup:input_type -> zfsnomad.agent.v1.SendBackupRequest
+	4,  // 48: zfsnomad.agent.v1.Backups.DeleteBackups:input_type -> zfsnomad.agent.v1.DeleteBackupsRequest
+	39, // 49: zfsnomad.agent.v1.Replication.ReplicaState:input_type -> zfsnomad.agent.v1.ReplicaStateRequest
+	41, // 50: zfsnomad.agent.v1.Replication.Receive:input_type -> zfsnomad.agent.v1.ReceiveMessage
+	14, // 51: zfsnomad.agent.v1.NodeAgent.GetNode:output_type -> zfsnomad.agent.v1.Node
+	17, // 52: zfsnomad.agent.v1.NodeAgent.CreateVolume:output_type -> zfsnomad.agent.v1.Volume
+	19, // 53: zfsnomad.agent.v1.NodeAgent.DeleteVolume:output_type -> zfsnomad.agent.v1.DeleteVolumeResponse
+	17, // 54: zfsnomad.agent.v1.NodeAgent.GetVolume:output_type -> zfsnomad.agent.v1.Volume
+	22, // 55: zfsnomad.agent.v1.NodeAgent.ListVolumes:output_type -> zfsnomad.agent.v1.ListVolumesResponse
+	24, // 56: zfsnomad.agent.v1.NodeAgent.ExpandVolume:output_type -> zfsnomad.agent.v1.ExpandVolumeResponse
+	26, // 57: zfsnomad.agent.v1.NodeAgent.CreateSnapshot:output_type -> zfsnomad.agent.v1.Snapshot
+	28, // 58: zfsnomad.agent.v1.NodeAgent.DeleteSnapshot:output_type -> zfsnomad.agent.v1.DeleteSnapshotResponse
+	30, // 59: zfsnomad.agent.v1.NodeAgent.ListSnapshots:output_type -> zfsnomad.agent.v1.ListSnapshotsResponse
+	32, // 60: zfsnomad.agent.v1.NodeAgent.Replicate:output_type -> zfsnomad.agent.v1.ReplicateProgress
+	34, // 61: zfsnomad.agent.v1.NodeAgent.Status:output_type -> zfsnomad.agent.v1.NodeStatus
+	36, // 62: zfsnomad.agent.v1.NodeAgent.Changes:output_type -> zfsnomad.agent.v1.ChangesResponse
+	55, // 63: zfsnomad.agent.v1.NodeAgent.DeleteReplica:output_type -> zfsnomad.agent.v1.DeleteReplicaResponse
+	46, // 64: zfsnomad.agent.v1.NodeAgent.GetCopy:output_type -> zfsnomad.agent.v1.Copy
+	50, // 65: zfsnomad.agent.v1.NodeAgent.Fence:output_type -> zfsnomad.agent.v1.FenceResponse
+	46, // 66: zfsnomad.agent.v1.NodeAgent.Unfence:output_type -> zfsnomad.agent.v1.Copy
+	46, // 67: zfsnomad.agent.v1.NodeAgent.Promote:output_type -> zfsnomad.agent.v1.Copy
+	46, // 68: zfsnomad.agent.v1.NodeAgent.Demote:output_type -> zfsnomad.agent.v1.Copy
+	48, // 69: zfsnomad.agent.v1.NodeAgent.Reserve:output_type -> zfsnomad.agent.v1.ReserveResponse
+	59, // 70: zfsnomad.agent.v1.NodeAgent.AcquireWorkLease:output_type -> zfsnomad.agent.v1.WorkLease
+	59, // 71: zfsnomad.agent.v1.NodeAgent.WorkLeases:output_type -> zfsnomad.agent.v1.WorkLease
+	1,  // 72: zfsnomad.agent.v1.Peers.Ping:output_type -> zfsnomad.agent.v1.PingResponse
+	3,  // 73: zfsnomad.agent.v1.Peers.Promises:output_type -> zfsnomad.agent.v1.PromisesResponse
+	7,  // 74: zfsnomad.agent.v1.Backups.ListBackups:output_type -> zfsnomad.agent.v1.ListBackupsResponse
+	10, // 75: zfsnomad.agent.v1.Backups.GrantRestore:output_type -> zfsnomad.agent.v1.GrantRestoreResponse
+	12, // 76: zfsnomad.agent.v1.Backups.SendBackup:output_type -> zfsnomad.agent.v1.SendBackupMessage
+	5,  // 77: zfsnomad.agent.v1.Backups.DeleteBackups:output_type -> zfsnomad.agent.v1.DeleteBackupsResponse
+	40, // 78: zfsnomad.agent.v1.Replication.ReplicaState:output_type -> zfsnomad.agent.v1.ReplicaStateResponse
+	44, // 79: zfsnomad.agent.v1.Replication.Receive:output_type -> zfsnomad.agent.v1.ReceiveResult
+	51, // [51:80] is the sub-list for method output_type
+	22, // [22:51] is the sub-list for method input_type
 	22, // [22:22] is the sub-list for extension type_name
 	22, // [22:22] is the sub-list for extension extendee
 	0,  // [0:22] is the sub-list for field type_name
@@ -4674,11 +4781,11 @@ func file_agentpb_agent_proto_init() {
 	if File_agentpb_agent_proto != nil {
 		return
 	}
-	file_agentpb_agent_proto_msgTypes[10].OneofWrappers = []any{
+	file_agentpb_agent_proto_msgTypes[12].OneofWrappers = []any{
 		(*SendBackupMessage_Header)(nil),
 		(*SendBackupMessage_Data)(nil),
 	}
-	file_agentpb_agent_proto_msgTypes[39].OneofWrappers = []any{
+	file_agentpb_agent_proto_msgTypes[41].OneofWrappers = []any{
 		(*ReceiveMessage_Header)(nil),
 		(*ReceiveMessage_Data)(nil),
 	}
@@ -4688,7 +4795,7 @@ func file_agentpb_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agentpb_agent_proto_rawDesc), len(file_agentpb_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   66,
+			NumMessages:   68,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

@@ -1104,9 +1104,10 @@ var Peers_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
-	Backups_ListBackups_FullMethodName  = "/zfsnomad.agent.v1.Backups/ListBackups"
-	Backups_GrantRestore_FullMethodName = "/zfsnomad.agent.v1.Backups/GrantRestore"
-	Backups_SendBackup_FullMethodName   = "/zfsnomad.agent.v1.Backups/SendBackup"
+	Backups_ListBackups_FullMethodName   = "/zfsnomad.agent.v1.Backups/ListBackups"
+	Backups_GrantRestore_FullMethodName  = "/zfsnomad.agent.v1.Backups/GrantRestore"
+	Backups_SendBackup_FullMethodName    = "/zfsnomad.agent.v1.Backups/SendBackup"
+	Backups_DeleteBackups_FullMethodName = "/zfsnomad.agent.v1.Backups/DeleteBackups"
 )
 
 // BackupsClient is the client API for Backups service.
@@ -1124,6 +1125,9 @@ type BackupsClient interface {
 	// The backup's header first, then the raw zfs send stream of its
 	// snapshot, whole.
 	SendBackup(ctx context.Context, in *SendBackupRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SendBackupMessage], error)
+	// An operator's explicit delete: one backup, or every backup of a
+	// volume (every chain) when snapshot is empty.
+	DeleteBackups(ctx context.Context, in *DeleteBackupsRequest, opts ...grpc.CallOption) (*DeleteBackupsResponse, error)
 }
 
 type backupsClient struct {
@@ -1173,6 +1177,16 @@ func (c *backupsClient) SendBackup(ctx context.Context, in *SendBackupRequest, o
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Backups_SendBackupClient = grpc.ServerStreamingClient[SendBackupMessage]
 
+func (c *backupsClient) DeleteBackups(ctx context.Context, in *DeleteBackupsRequest, opts ...grpc.CallOption) (*DeleteBackupsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeleteBackupsResponse)
+	err := c.cc.Invoke(ctx, Backups_DeleteBackups_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // BackupsServer is the server API for Backups service.
 // All implementations must embed UnimplementedBackupsServer
 // for forward compatibility.
@@ -1188,6 +1202,9 @@ type BackupsServer interface {
 	// The backup's header first, then the raw zfs send stream of its
 	// snapshot, whole.
 	SendBackup(*SendBackupRequest, grpc.ServerStreamingServer[SendBackupMessage]) error
+	// An operator's explicit delete: one backup, or every backup of a
+	// volume (every chain) when snapshot is empty.
+	DeleteBackups(context.Context, *DeleteBackupsRequest) (*DeleteBackupsResponse, error)
 	mustEmbedUnimplementedBackupsServer()
 }
 
@@ -1206,6 +1223,9 @@ func (UnimplementedBackupsServer) GrantRestore(context.Context, *GrantRestoreReq
 }
 func (UnimplementedBackupsServer) SendBackup(*SendBackupRequest, grpc.ServerStreamingServer[SendBackupMessage]) error {
 	return status.Error(codes.Unimplemented, "method SendBackup not implemented")
+}
+func (UnimplementedBackupsServer) DeleteBackups(context.Context, *DeleteBackupsRequest) (*DeleteBackupsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeleteBackups not implemented")
 }
 func (UnimplementedBackupsServer) mustEmbedUnimplementedBackupsServer() {}
 func (UnimplementedBackupsServer) testEmbeddedByValue()                 {}
@@ -1275,6 +1295,24 @@ func _Backups_SendBackup_Handler(srv interface{}, stream grpc.ServerStream) erro
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Backups_SendBackupServer = grpc.ServerStreamingServer[SendBackupMessage]
 
+func _Backups_DeleteBackups_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteBackupsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(BackupsServer).DeleteBackups(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Backups_DeleteBackups_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(BackupsServer).DeleteBackups(ctx, req.(*DeleteBackupsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Backups_ServiceDesc is the grpc.ServiceDesc for Backups service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1289,6 +1327,10 @@ var Backups_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GrantRestore",
 			Handler:    _Backups_GrantRestore_Handler,
+		},
+		{
+			MethodName: "DeleteBackups",
+			Handler:    _Backups_DeleteBackups_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

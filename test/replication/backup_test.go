@@ -142,7 +142,8 @@ func TestBackupsToATarget(t *testing.T) {
 // its backups, which zfs-controller backups finds by the name it had; a
 // CSI CreateVolume whose source is one of them makes a new volume on
 // whichever node the request names (here not the one it was backed up
-// from), holding what the volume held, with no snapshot.
+// from), holding what the volume held, with no snapshot. An operator's
+// delete-backups -all then removes every backup of it.
 func TestScheduledBackupsAndARestoreOntoAnotherNode(t *testing.T) {
 	c := guesttest.StartCluster(t, 2, guestcluster.Options{BackupTarget: "vault", BackupTargetDisk: guesttest.Disk(3),
 		NodeArgs: []string{"-min-backup-interval", "10s"}, ControllerArgs: []string{"-schedule-every", "3s"}})
@@ -218,5 +219,18 @@ func TestScheduledBackupsAndARestoreOntoAnotherNode(t *testing.T) {
 	}
 	if role := zfsGet(t, "zfs-nomad:role", ds); role != "primary" {
 		t.Errorf("the restored volume's role is %q, want primary", role)
+	}
+
+	// Only an operator's explicit command deletes backups.
+	out = guesttest.Run(t, ctlBin, "delete-backups", "-peers", strings.Join(c.AgentAddresses(), ","), "-tls-ca", c.Operator.CA, "-tls-cert", c.Operator.Cert,
+		"-tls-key", c.Operator.Key, "-backup-targets", "vault="+guestcluster.TargetAddress(), "-target", "vault", "-all", "orders")
+	if !strings.Contains(out, "backups of "+id+" deleted from backup target vault") {
+		t.Errorf("delete-backups -all orders:\n%s", out)
+	}
+	if left, err := guestcluster.Run("zfs", "list", "-H", "-r", "-o", "name", c.Target.RootDataset); err != nil || strings.Contains(left, id) {
+		t.Errorf("after deleting every backup of %s the target holds:\n%s (%v)", id, left, err)
+	}
+	if got := checksums(t, n2, dir); got != want {
+		t.Errorf("deleting the backups changed the restored volume:\n%s", got)
 	}
 }

@@ -104,3 +104,18 @@ func (t *Targets) GrantRestore(ctx context.Context, ref contract.BackupRef, node
 	}
 	return resp.GetGrant(), nil
 }
+
+// DeleteBackups has target destroy one backup of volumeID, or every
+// backup of it when snapshot is empty (an operator's certificate only),
+// and returns what it destroyed.
+func (t *Targets) DeleteBackups(ctx context.Context, target, volumeID, snapshot string) ([]string, error) {
+	c, err := t.client(target)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.DeleteBackups(ctx, &pb.DeleteBackupsRequest{VolumeId: volumeID, Snapshot: snapshot})
+	if err != nil {
+		return nil, fromStatus(err)
+	}
+	return resp.GetDeleted(), nil
+}

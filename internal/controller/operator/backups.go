@@ -51,3 +51,27 @@ func ListBackups(ctx context.Context, targets BackupLister, target, volume strin
 	}
 	return w.Flush()
 }
+
+// BackupDeleter deletes a target's backups (agentclient.Targets).
+type BackupDeleter interface {
+	DeleteBackups(ctx context.Context, target, volumeID, snapshot string) ([]string, error)
+}
+
+// DeleteBackups deletes, on target, the backup snapshot of the volume
+// named volume (its name or ID: the volume may be deleted), or every
+// backup of it when snapshot is empty, and says what went.
+func DeleteBackups(ctx context.Context, targets BackupDeleter, target, volume, snapshot string, out io.Writer) error {
+	id := volume
+	if !contract.IsVolumeID(volume) {
+		id = contract.VolumeIDForName(volume) // a volume's ID is its name's
+	}
+	deleted, err := targets.DeleteBackups(ctx, target, id, snapshot)
+	if err != nil {
+		return err
+	}
+	for _, name := range deleted {
+		fmt.Fprintf(out, "deleted %s\n", name)
+	}
+	fmt.Fprintf(out, "%d backups of %s deleted from backup target %s\n", len(deleted), id, target)
+	return nil
+}

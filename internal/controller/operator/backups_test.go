@@ -44,3 +44,26 @@ func TestListBackups(t *testing.T) {
 		t.Errorf("a volume without backups: %v, want NotFound", err)
 	}
 }
+
+type deleter struct{ volumeID, snapshot string }
+
+func (d *deleter) DeleteBackups(_ context.Context, _, volumeID, snapshot string) ([]string, error) {
+	d.volumeID, d.snapshot = volumeID, snapshot
+	return []string{"vault/backups/" + volumeID + "@zn-1"}, nil
+}
+
+// TestDeleteBackups: a volume is named by its name or ID, deleted or not
+// (a volume's ID is its name's), and the command says what went.
+func TestDeleteBackups(t *testing.T) {
+	id := contract.VolumeIDForName("web")
+	for _, volume := range []string{"web", id} {
+		var d deleter
+		var out strings.Builder
+		if err := DeleteBackups(context.Background(), &d, "vault", volume, "zn-1", &out); err != nil {
+			t.Fatal(err)
+		}
+		if d.volumeID != id || d.snapshot != "zn-1" || !strings.Contains(out.String(), "deleted vault/backups/"+id+"@zn-1") {
+			t.Errorf("%s: asked to delete %+v; output:\n%s", volume, d, out.String())
+		}
+	}
+}

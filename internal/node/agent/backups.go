@@ -52,6 +52,14 @@ func (s *BackupsServer) SendBackup(req *pb.SendBackupRequest, stream pb.Backups_
 	return errdefs.ToStatus(s.Target.SendBackup(stream.Context(), caller, req.GetVolumeId(), req.GetSnapshot(), req.GetGrant(), header, send))
 }
 
+func (s *BackupsServer) DeleteBackups(ctx context.Context, req *pb.DeleteBackupsRequest) (*pb.DeleteBackupsResponse, error) {
+	deleted, err := s.Target.DeleteBackups(ctx, req.GetVolumeId(), req.GetSnapshot())
+	if err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
+	return &pb.DeleteBackupsResponse{Deleted: deleted}, nil
+}
+
 func backupToPB(b replication.Backup) *pb.Backup {
 	return &pb.Backup{VolumeId: b.VolumeID, VolumeName: b.VolumeName, Snapshot: b.Snapshot, ReceivedUnix: b.Received.Unix(),
 		ReferencedBytes: b.Referenced, CapacityBytes: b.Capacity, Parameters: b.Parameters, Encrypted: b.Encrypted, CurrentChain: b.Current}

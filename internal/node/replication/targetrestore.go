@@ -200,3 +200,68 @@ func (t *TargetReceiver) SendBackup(ctx context.Context, caller, volumeID, snaps
 	log.Info("backup sent", "bytes", n)
 	return nil
 }
+
+// DeleteBackups destroys, at an operator's explicit request, one backup
+// of volumeID (its snapshot's short name), or every backup of it, in
+// every chain, when snapshot is empty; it returns what it destroyed. A
+// receive of the volume running is waited for (the volume's lock). A
+// backup deleted that was the base of the next push makes that push a
+// full one, which starts a new chain.
+func (t *TargetReceiver) DeleteBackups(ctx context.Context, volumeID, snapshot string) ([]string, error) {
+	all, err := t.Backups(ctx, volumeID)
+	if err != nil {
+		return nil, err
+	}
+	if volumeID == "" {
+		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, "name the volume whose backups to delete")
+	}
+	unlock, err := t.locks.Lock(ctx, volumeID, "an operator's delete of backups")
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	if snapshot == "" {
+		return t.deleteChains(ctx, volumeID, all)
+	}
+	for _, b := range all {
+		if b.Snapshot != snapshot {
+			continue
+		}
+		if err := copyrecord.ReleaseHolds(ctx, t.z, zfs.Parent(b.name), func(string) bool { return true }); err != nil {
+			return nil, err
+		}
+		if err := t.z.Destroy(ctx, b.name); err != nil {
+			return nil, err
+		}
+		t.log.Info("backup deleted by an operator", "volume_id", volumeID, "snapshot", b.name)
+		return []string{b.name}, nil
+	}
+	return nil, errdefs.Wrap(errdefs.ErrNotFound, "backup target %s holds no backup %s of volume %s", t.name, snapshot, volumeID)
+}
+
+// deleteChains destroys every chain of volumeID, whose backups are all.
+func (t *TargetReceiver) deleteChains(ctx context.Context, volumeID string, all []Backup) ([]string, error) {
+	if len(all) == 0 {
+		return nil, errdefs.Wrap(errdefs.ErrNotFound, "backup target %s holds no backup of volume %s", t.name, volumeID)
+	}
+	chains, err := t.chains(ctx, volumeID)
+	if err != nil {
+		return nil, err
+	}
+	for _, chain := range chains {
+		// A held snapshot (the next push's base) stops zfs destroy -r.
+		err := copyrecord.ReleaseHolds(ctx, t.z, chain, func(string) bool { return true })
+		if err == nil {
+			err = t.z.DestroyRecursive(ctx, chain)
+		}
+		if err != nil && !errors.Is(err, zfs.ErrNotFound) {
+			return nil, err
+		}
+	}
+	var deleted []string
+	for _, b := range all {
+		deleted = append(deleted, b.name)
+	}
+	t.log.Info("every backup of a volume deleted by an operator", "volume_id", volumeID, "backups", len(deleted))
+	return deleted, nil
+}

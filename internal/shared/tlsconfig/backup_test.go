@@ -86,6 +86,7 @@ func TestTargetPolicy(t *testing.T) {
 		{TargetPolicy, "/zfsnomad.agent.v1.Backups/SendBackup", []string{RoleNode}},
 		{TargetPolicy, "/zfsnomad.agent.v1.Backups/ListBackups", []string{RoleController, RoleOperator}},
 		{TargetPolicy, "/zfsnomad.agent.v1.Backups/GrantRestore", []string{RoleController, RoleOperator}},
+		{TargetPolicy, "/zfsnomad.agent.v1.Backups/DeleteBackups", []string{RoleOperator}},
 		{TargetPolicy, "/zfsnomad.agent.v1.Backups/Other", nil},
 	}
 	for _, tt := range tests {

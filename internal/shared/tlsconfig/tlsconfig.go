@@ -153,13 +153,15 @@ var AgentPolicy = Policy{
 // TargetPolicy is who may call what on a backup target's port
 // (docs/backups.md): nodes push their volumes' backups to it and fetch
 // the backups a restore granted them; the controller and operators list
-// backups and grant restores. A method it does not name is refused to
-// every role.
+// backups and grant restores; only operators delete backups. A method it
+// does not name is refused to every role.
 var TargetPolicy = Policy{
 	"/zfsnomad.agent.v1.Replication/":         {RoleNode},
 	"/zfsnomad.agent.v1.Backups/SendBackup":   {RoleNode},
 	"/zfsnomad.agent.v1.Backups/ListBackups":  {RoleController, RoleOperator},
 	"/zfsnomad.agent.v1.Backups/GrantRestore": {RoleController, RoleOperator},
+	// Only a person deletes backups: no controller decision ever does.
+	"/zfsnomad.agent.v1.Backups/DeleteBackups": {RoleOperator},
 }
 
 func (p Policy) allowed(method string) []string {

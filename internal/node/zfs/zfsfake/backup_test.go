@@ -247,3 +247,44 @@ func TestARestoreNeedsItsGrant(t *testing.T) {
 		}
 	}
 }
+
+// TestAnOperatorDeletesBackups: an operator deletes one backup (the held
+// newest too: the next push then starts a new chain), or every backup of
+// a volume in every chain.
+func TestAnOperatorDeletesBackups(t *testing.T) {
+	b := newBackupSetup(t, map[string]string{contract.ParamBackupRetention: "1h:24"})
+	p := b.pusher(t, b.src, "n1")
+	for i, word := range []string{"a", "b", "c"} {
+		must(t, b.src.Write(b.fs, word))
+		b.backup(t, p, map[bool]string{true: replication.KindFull, false: replication.KindIncremental}[i == 0])
+		b.now = b.now.Add(time.Hour)
+	}
+	short := func(full string) string { return full[strings.Index(full, "@")+1:] }
+	chain := b.chain(t)
+	for _, snap := range []string{chain[1], chain[2]} { // the middle, then the held newest
+		deleted, err := b.target.DeleteBackups(ctx, b.id, short(snap))
+		if err != nil || len(deleted) != 1 || deleted[0] != snap {
+			t.Fatalf("deleting %s: %v, %v", snap, deleted, err)
+		}
+	}
+	if got := b.chain(t); len(got) != 1 || got[0] != chain[0] {
+		t.Fatalf("left %v, want only %s", got, chain[0])
+	}
+	must(t, b.src.Write(b.fs, "d"))
+	b.backup(t, p, replication.KindFull) // the source lacks the chain's newest now
+	if _, err := b.target.DeleteBackups(ctx, b.id, "zn-1"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("deleting a backup that is not there: %v, want NotFound", err)
+	}
+	deleted, err := b.target.DeleteBackups(ctx, b.id, "")
+	if err != nil || len(deleted) != 2 {
+		t.Fatalf("deleting every backup: %v, %v; want the two chains' two backups", deleted, err)
+	}
+	if left, err := b.target.Backups(ctx, b.id); err != nil || len(left) != 0 {
+		t.Errorf("after deleting every backup: %v, %v", left, err)
+	}
+	children, err := b.vault.s.Children(ctx, targetRoot)
+	must(t, err)
+	if len(children) != 0 {
+		t.Errorf("chains left: %v", children)
+	}
+}
