@@ -167,9 +167,12 @@ func serve(c command, args []string) error {
 	migrator.PublishAheadWithin = time.Duration(cfg.MovePublishAhead)
 	controller := csiserver.New(nodes, migrator, cfg.Placement, log.Named("csi"))
 	targets := backupTargets(cfg, certs)
-	if targets != nil {
+	switch {
+	case targets != nil:
 		defer targets.Close()
 		controller.UseTargets(targets)
+	case len(cfg.BackupTargets) > 0:
+		log.Warn("backup_targets ignored: backup targets speak only mutual TLS, and this controller talks to agents without it (-insecure-agent-port); no backup schedule, no restores")
 	}
 	csispec.RegisterControllerServer(srv, controller)
 

@@ -102,17 +102,14 @@ type fetched struct {
 }
 
 func (f *fetched) Read(p []byte) (int, error) {
-	for len(f.rest) == 0 {
+	return readData(&f.rest, p, func() ([]byte, error) {
 		msg, err := f.stream.Recv()
-		if err == io.EOF {
-			return 0, io.EOF
+		switch {
+		case err == io.EOF:
+			return nil, io.EOF
+		case err != nil:
+			return nil, errdefs.FromStatus(err)
 		}
-		if err != nil {
-			return 0, errdefs.FromStatus(err)
-		}
-		f.rest = msg.GetData()
-	}
-	n := copy(p, f.rest)
-	f.rest = f.rest[n:]
-	return n, nil
+		return msg.GetData(), nil
+	})
 }

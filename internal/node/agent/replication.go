@@ -74,18 +74,30 @@ func (in *incoming) Header() (replication.Header, error) {
 }
 
 func (in *incoming) Read(p []byte) (int, error) {
-	for len(in.rest) == 0 {
+	return readData(&in.rest, p, func() ([]byte, error) {
 		msg, err := in.stream.Recv()
 		if err != nil {
-			return 0, err // io.EOF after the last chunk
+			return nil, err // io.EOF after the last chunk
 		}
 		if msg.GetHeader() != nil {
-			return 0, errdefs.Wrap(errdefs.ErrInvalidArgument, "a receive stream carries one header, at its start")
+			return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, "a receive stream carries one header, at its start")
 		}
-		in.rest = msg.GetData()
+		return msg.GetData(), nil
+	})
+}
+
+// readData reads a stream of data messages into p: what is left of the
+// last message (rest) first, else the next message's data (next).
+func readData(rest *[]byte, p []byte, next func() ([]byte, error)) (int, error) {
+	for len(*rest) == 0 {
+		data, err := next()
+		if err != nil {
+			return 0, err
+		}
+		*rest = data
 	}
-	n := copy(p, in.rest)
-	in.rest = in.rest[n:]
+	n := copy(p, *rest)
+	*rest = (*rest)[n:]
 	return n, nil
 }
 

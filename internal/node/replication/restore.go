@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
@@ -71,10 +72,8 @@ func (p *Pusher) Restore(ctx context.Context, ref contract.BackupRef, grant, dat
 func (p *Pusher) abandonRestore(dataset string, log interface{ Warn(string, ...any) }) {
 	ctx, cancel := context.WithTimeout(context.Background(), tidyTimeout)
 	defer cancel()
-	if token, err := p.z.Get(ctx, dataset, "receive_resume_token"); err == nil && token != "-" && token != "" {
-		if err := p.z.AbortReceive(ctx, dataset); err != nil && !errors.Is(err, zfs.ErrNotFound) {
-			log.Warn("discarding a failed restore's partial receive failed", "error", err)
-		}
+	if err := copyrecord.NewReplicas(p.z, p.root).AbortPartial(ctx, dataset); err != nil && !errors.Is(err, zfs.ErrNotFound) {
+		log.Warn("discarding a failed restore's partial receive failed", "error", err)
 	}
 	if err := p.z.DestroyRecursive(ctx, dataset); err != nil && !errors.Is(err, zfs.ErrNotFound) {
 		log.Warn("destroying a failed restore's dataset failed", "error", err)

@@ -87,20 +87,20 @@ func (t *TargetReceiver) chainBackups(ctx context.Context, chain, id string) ([]
 	if err != nil {
 		return nil, err
 	}
-	snaps, err := t.z.Snapshots(ctx, chain)
+	found, err := t.backups(ctx, chain)
 	if err != nil {
 		return nil, err
 	}
 	capacity, _ := strconv.ParseUint(props[copyrecord.PropCapacity], 10, 64)
-	out := make([]Backup, 0, len(snaps))
-	for _, s := range snaps {
-		referenced, _ := t.z.Get(ctx, s.Name, "referenced")
+	out := make([]Backup, 0, len(found))
+	for _, b := range found {
+		referenced, _ := t.z.Get(ctx, b.snap, "referenced")
 		size, _ := strconv.ParseUint(referenced, 10, 64)
-		out = append(out, Backup{VolumeID: id, VolumeName: props[copyrecord.PropName], Snapshot: copyrecord.ShortSnapshotName(s.Name),
-			Received: receivedAt(ctx, t.z, s), Referenced: size, Capacity: capacity,
+		out = append(out, Backup{VolumeID: id, VolumeName: props[copyrecord.PropName], Snapshot: copyrecord.ShortSnapshotName(b.snap),
+			Received: b.received, Referenced: size, Capacity: capacity,
 			Parameters: copyrecord.DecodeParameters(props[copyrecord.PropParameters]),
 			Encrypted:  props["encryption"] != "off" && props["encryption"] != "-" && props["encryption"] != "",
-			Current:    !strings.Contains(chain, chainInfix), name: s.Name})
+			Current:    !strings.Contains(chain, chainInfix), name: b.snap})
 	}
 	return out, nil
 }

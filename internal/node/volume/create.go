@@ -289,13 +289,20 @@ func (m *Manager) restoreBackup(ctx context.Context, ref contract.BackupRef, gra
 		if referenced > quota {
 			return fmt.Errorf("%w: backup %s holds %d bytes, more than the requested capacity %d", errdefs.ErrOutOfRange, ref.SnapshotID(), referenced, quota)
 		}
-		if asked, ok := params["encryption"]; ok && (asked != "off") != encrypted {
-			return fmt.Errorf("%w: a volume restored from %s keeps its encryption (%s), and cannot have encryption=%s; leave encryption out of its parameters",
-				errdefs.ErrInvalidArgument, ref.SnapshotID(), encryptionWord(encrypted), asked)
-		}
-		return nil
+		return keepsEncryption(ref.SnapshotID(), encrypted, params)
 	}
 	return m.Restore(ctx, ref, grant, dataset, props, check)
+}
+
+// keepsEncryption refuses parameters that ask a volume made from source
+// (a snapshot, a volume or a backup), whose encryption it keeps, for the
+// other.
+func keepsEncryption(source string, encrypted bool, params map[string]string) error {
+	if asked, ok := params["encryption"]; ok && (asked != "off") != encrypted {
+		return fmt.Errorf("%w: a volume made from %s keeps its encryption (%s), and cannot have encryption=%s; leave encryption out of its parameters",
+			errdefs.ErrInvalidArgument, source, encryptionWord(encrypted), asked)
+	}
+	return nil
 }
 
 // cloneVolume clones the current state of a volume through a private
@@ -332,9 +339,8 @@ func (m *Manager) copyOf(ctx context.Context, snapshot, dataset string, props, p
 	}
 	props = maps.Clone(props)
 	delete(props, "encryption") // the operator's default does not apply
-	if asked, ok := params["encryption"]; ok && (asked != "off") != fs.Encrypted {
-		return fmt.Errorf("%w: a volume made from %s keeps its encryption (%s), and cannot have encryption=%s; leave encryption out of its parameters",
-			errdefs.ErrInvalidArgument, snapshot, encryptionWord(fs.Encrypted), asked)
+	if err := keepsEncryption(snapshot, fs.Encrypted, params); err != nil {
+		return err
 	}
 	if fs.Encrypted && fs.KeyRoot {
 		return m.copyEncrypted(ctx, snapshot, dataset, props)
