@@ -63,6 +63,7 @@ var commands = []command{
 	{"serve", "[flags]", "Serve the CSI Identity and Controller services: what Nomad runs (the command when the first argument is a flag)", serve},
 	{"backup", "[flags] [-to NODE | -target TARGET] VOLUME", "Push a volume to a peer or a backup target now, with live progress", backup},
 	{"backups", "[flags] -target TARGET [VOLUME]", "List a backup target's backups, every volume's or one's (by name or ID, deleted volumes too), with the snapshot IDs a restore names", backups},
+	{"restore", "[flags] [-name NAME] [-node NODE] BACKUP", "Restore a backup (its snapshot ID, as backups lists it) into a new volume, under the name it had or another, on the node named or the one placement picks", restore},
 	{"delete-backups", "[flags] -target TARGET (-snapshot SNAPSHOT | -all) VOLUME", "Delete one backup of a volume from a backup target, or all of them (by its name or ID, deleted volumes too)", deleteBackups},
 	{"status", "[flags] [-json]", "Show every node's volumes, replicas and their lag, running transfers, moves in progress and stale copies set aside", status},
 	{"promote", "[flags] [-node NODE] [-force] VOLUME", "Promote a replica of a volume whose primary's node is lost (failover=manual)", promote},
@@ -170,7 +171,7 @@ func serve(c command, args []string) error {
 	switch {
 	case targets != nil:
 		defer targets.Close()
-		controller.UseTargets(targets)
+		controller.UseTargets(targets, cfg.BackupsAsSnapshots)
 	case len(cfg.BackupTargets) > 0:
 		log.Warn("backup_targets ignored: backup targets speak only mutual TLS, and this controller talks to agents without it (-insecure-agent-port); no backup schedule, no restores")
 	}
@@ -215,6 +216,7 @@ func serve(c command, args []string) error {
 		go holder.Every(ctx, every, func(ctx context.Context) { sched.Round(ctx) })
 		if targets != nil {
 			backups := backupsched.New(nodes, targets, cfg.ParallelPushes, log.Named("backups"))
+			backups.Metrics = backupsched.NewMetrics(registry)
 			go holder.Every(ctx, every, func(ctx context.Context) { backups.Round(ctx) })
 		}
 	}
@@ -292,19 +294,19 @@ func agentDialOptions(cfg config.Controller, roles []string, log hclog.Logger) (
 }
 
 // connect reads an operator command's configuration (extra adds its own
-// flags), checks its arguments (one VOLUME if volumeArg, else none), and
-// connects to the node agents. The caller closes the cluster.
-func connect(c command, args []string, volumeArg bool, extra func(*flag.FlagSet)) (session, error) {
+// flags), checks its arguments (one, which arg names, or none when arg is
+// empty), and connects to the node agents. The caller closes the session.
+func connect(c command, args []string, arg string, extra func(*flag.FlagSet)) (session, error) {
 	cfg, rest, err := config.LoadOperator("zfs-controller "+c.name, c.usage(), args, os.Getenv, os.Stderr, extra)
 	if err != nil {
 		return session{}, err
 	}
-	var volumeID string
+	var argument string
 	switch {
-	case volumeArg && len(rest) != 1:
-		return session{}, fmt.Errorf("%w: want one VOLUME (its name or ID), got %d arguments (usage: zfs-controller %s %s)", config.ErrUsage, len(rest), c.name, c.args)
-	case volumeArg:
-		volumeID = rest[0]
+	case arg != "" && len(rest) != 1:
+		return session{}, fmt.Errorf("%w: want one %s, got %d arguments (usage: zfs-controller %s %s)", config.ErrUsage, arg, len(rest), c.name, c.args)
+	case arg != "":
+		argument = rest[0]
 	case len(rest) > 0:
 		return session{}, fmt.Errorf("%w: %s takes no arguments, got %q", config.ErrUsage, c.name, rest)
 	}
@@ -317,28 +319,37 @@ func connect(c command, args []string, volumeArg bool, extra func(*flag.FlagSet)
 		return os.Getenv(k)
 	})
 	// A command lasts seconds: its material is read once.
-	dialOpts, _, err := agentDialOptions(cfg, []string{tlsconfig.RoleOperator, tlsconfig.RoleController}, log)
+	dialOpts, certs, err := agentDialOptions(cfg, []string{tlsconfig.RoleOperator, tlsconfig.RoleController}, log)
 	if err != nil {
 		return session{}, err
 	}
 	nodes := cluster.New(peers.Configured(cfg.Peers, cfg.PeersFile), time.Duration(cfg.AgentTimeout), log, dialOpts...)
-	return session{nodes: nodes, volumeArg: volumeID, log: log, cfg: cfg}, nil
+	return session{nodes: nodes, targets: backupTargets(cfg, certs), arg: argument, log: log, cfg: cfg}, nil
 }
 
 // session is what an operator command works with: the node agents, the
-// volume argument (if it takes one), a logger and the configuration it
-// loaded.
+// backup targets (nil: none configured, or no TLS), the argument (if it
+// takes one), a logger and the configuration it loaded.
 type session struct {
-	nodes     *cluster.Cluster
-	volumeArg string
-	log       hclog.Logger
-	cfg       config.Controller
+	nodes   *cluster.Cluster
+	targets *agentclient.Targets
+	arg     string
+	log     hclog.Logger
+	cfg     config.Controller
+}
+
+// Close closes the connections to the agents and targets.
+func (s session) Close() {
+	s.nodes.Close()
+	if s.targets != nil {
+		s.targets.Close()
+	}
 }
 
 // volume resolves the command's VOLUME, a name or an ID, to the volume's
 // ID, and says on stderr which volume a name named.
 func (s session) volume(ctx context.Context) (string, error) {
-	return operator.ResolveVolume(ctx, s.nodes, s.volumeArg, os.Stderr)
+	return operator.ResolveVolume(ctx, s.nodes, s.arg, os.Stderr)
 }
 
 func signalContext() (context.Context, context.CancelFunc) {
@@ -347,7 +358,7 @@ func signalContext() (context.Context, context.CancelFunc) {
 
 func backup(c command, args []string) error {
 	var opts operator.BackupOptions
-	sess, err := connect(c, args, true, func(fs *flag.FlagSet) {
+	sess, err := connect(c, args, "VOLUME (its name or ID)", func(fs *flag.FlagSet) {
 		fs.StringVar(&opts.To, "to", "", "node ID to back up to (default: a healthy node that holds a replica, else the one with most room in the volume's replication domain)")
 		fs.StringVar(&opts.Target, "target", "", "backup target to back up to, by the name in the nodes' backup_targets (docs/backups.md), instead of a node")
 		fs.DurationVar(&opts.WaitBusy, "wait", 5*time.Minute, "how long to wait for a running push or move of the volume to end before pushing (0: fail at once)")
@@ -356,7 +367,7 @@ func backup(c command, args []string) error {
 	if err != nil {
 		return err
 	}
-	defer sess.nodes.Close()
+	defer sess.Close()
 	ctx, stop := signalContext()
 	defer stop()
 	volumeID, err := sess.volume(ctx)
@@ -415,6 +426,28 @@ func deleteBackups(c command, args []string) error {
 	return operator.DeleteBackups(ctx, targets, target, rest[0], snapshot, os.Stdout)
 }
 
+var errNoTargets = fmt.Errorf("%w: no backup targets in the configuration (backup_targets, or -backup-targets name=host:port), or no TLS: targets speak only mutual TLS", config.ErrUsage)
+
+func restore(c command, args []string) error {
+	var opts operator.RestoreOptions
+	sess, err := connect(c, args, "BACKUP (a backup's snapshot ID, as zfs-controller backups lists them)", func(fs *flag.FlagSet) {
+		fs.StringVar(&opts.Name, "name", "", "the new volume's name (default: the name the backed-up volume had, which no volume may have now)")
+		fs.StringVar(&opts.Node, "node", "", "node ID to restore onto (default: the one placement picks, as for any new volume)")
+	})
+	if err != nil {
+		return err
+	}
+	defer sess.Close()
+	if sess.targets == nil {
+		return errNoTargets
+	}
+	ctx, stop := signalContext()
+	defer stop()
+	volumes := provision.New(sess.nodes, migration.New(sess.nodes, sess.log), sess.cfg.Placement, sess.log)
+	volumes.UseTargets(sess.targets)
+	return operator.Restore(ctx, volumes, sess.targets, sess.arg, opts, os.Stdout)
+}
+
 // connectTargets reads a backup command's configuration (extra adds its
 // flags) and reaches the backup targets with the operator's certificate;
 // it returns the arguments after the flags. The caller closes the
@@ -431,7 +464,7 @@ func connectTargets(c command, args []string, extra func(*flag.FlagSet)) (*agent
 	}
 	targets := backupTargets(cfg, certs)
 	if targets == nil {
-		return nil, nil, fmt.Errorf("%w: no backup targets in the configuration (backup_targets, or -backup-targets name=host:port), or no TLS: targets speak only mutual TLS", config.ErrUsage)
+		return nil, nil, errNoTargets
 	}
 	return targets, rest, nil
 }
@@ -439,7 +472,7 @@ func connectTargets(c command, args []string, extra func(*flag.FlagSet)) (*agent
 func status(c command, args []string) error {
 	var asJSON bool
 	var controller string
-	sess, err := connect(c, args, false, func(fs *flag.FlagSet) {
+	sess, err := connect(c, args, "", func(fs *flag.FlagSet) {
 		fs.BoolVar(&asJSON, "json", false, "print the report as JSON, for scripts")
 		fs.StringVar(&controller, "controller", "", "a controller instance's metrics address, asked for the moves it runs (default: every instance the nodes know, else metrics_address of the configuration)")
 	})
@@ -447,7 +480,7 @@ func status(c command, args []string) error {
 		return err
 	}
 	nodes := sess.nodes
-	defer nodes.Close()
+	defer sess.Close()
 	ctx, stop := signalContext()
 	defer stop()
 	report, err := operator.Status(ctx, nodes)
@@ -455,6 +488,9 @@ func status(c command, args []string) error {
 		return err
 	}
 	operator.AddMoves(ctx, &report, controller, sess.cfg.MetricsAddress)
+	if sess.targets != nil {
+		operator.AddBackups(ctx, &report, sess.targets, time.Now())
+	}
 	if asJSON {
 		enc := json.NewEncoder(os.Stdout)
 		enc.SetIndent("", "  ")
@@ -482,14 +518,14 @@ func (e exitStatus) Error() string { return e.why }
 func promote(c command, args []string) error {
 	var node string
 	var force bool
-	sess, err := connect(c, args, true, func(fs *flag.FlagSet) {
+	sess, err := connect(c, args, "VOLUME (its name or ID)", func(fs *flag.FlagSet) {
 		fs.StringVar(&node, "node", "", "node ID whose replica to promote (default: the freshest)")
 		fs.BoolVar(&force, "force", false, "promote even when fewer than a majority of the nodes answer: you assert the silent nodes are lost for good, or hold nothing newer")
 	})
 	if err != nil {
 		return err
 	}
-	defer sess.nodes.Close()
+	defer sess.Close()
 	ctx, stop := signalContext()
 	defer stop()
 	volumeID, err := sess.volume(ctx)
@@ -502,14 +538,14 @@ func promote(c command, args []string) error {
 func removeReplica(c command, args []string) error {
 	var node string
 	var force bool
-	sess, err := connect(c, args, true, func(fs *flag.FlagSet) {
+	sess, err := connect(c, args, "VOLUME (its name or ID)", func(fs *flag.FlagSet) {
 		fs.StringVar(&node, "node", "", "node ID whose replica to remove (required)")
 		fs.BoolVar(&force, "force", false, "remove it even when no reachable node holds the volume's primary")
 	})
 	if err != nil {
 		return err
 	}
-	defer sess.nodes.Close()
+	defer sess.Close()
 	if node == "" {
 		return fmt.Errorf("%w: -node is required (usage: zfs-controller %s %s)", config.ErrUsage, c.name, c.args)
 	}

@@ -79,19 +79,19 @@ func TestTLSCommands(t *testing.T) {
 }
 
 func TestConnectReturnsTheVolume(t *testing.T) {
-	sess, err := connect(commands[1], []string{"-peers", "a:1", "-insecure-agent-port", "-to", "n2", "vol-1"}, true, nil)
+	sess, err := connect(commands[1], []string{"-peers", "a:1", "-insecure-agent-port", "-to", "n2", "vol-1"}, "VOLUME", nil)
 	if err == nil {
 		defer sess.nodes.Close()
 	}
-	if err == nil || sess.volumeArg != "" {
+	if err == nil || sess.arg != "" {
 		// -to is backup's own flag: connect alone does not know it.
-		t.Fatalf("connect without backup's flags: %q, %v; want the unknown -to refused", sess.volumeArg, err)
+		t.Fatalf("connect without backup's flags: %q, %v; want the unknown -to refused", sess.arg, err)
 	}
 	// No node answers: an ID is taken as it is (the command says what it
 	// finds), a name is not found.
 	id := contract.VolumeIDForName("data")
 	for arg, want := range map[string]string{id: id, "data": ""} {
-		sess, err = connect(commands[1], []string{"-peers", "a:1", "-insecure-agent-port", arg}, true, nil)
+		sess, err = connect(commands[1], []string{"-peers", "a:1", "-insecure-agent-port", arg}, "VOLUME", nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,6 +1,7 @@
 package replication
 
 import (
+	"os"
 	"os/exec"
 	"regexp"
 	"strings"
@@ -8,7 +9,10 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guestcluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guesttest"
 )
@@ -134,6 +138,34 @@ func TestBackupsToATarget(t *testing.T) {
 	if size := zfsGet(t, "referenced", snaps[len(snaps)-1]); !strings.HasSuffix(size, "M") {
 		t.Errorf("the resumed backup %s references %s, want the volume's tens of MiB", snaps[len(snaps)-1], size)
 	}
+
+	// The operator restores the newest backup under a new name onto n2,
+	// which never held the volume: encrypted as it was, its key the
+	// volume's, every file the same.
+	n2 := c.Nodes[1]
+	newestID := "backup:vault:" + id + "@" + strings.SplitN(snaps[len(snaps)-1], "@", 2)[1]
+	out = guesttest.Run(t, ctlBin, "restore", "-peers", strings.Join(c.AgentAddresses(), ","), "-tls-ca", c.Operator.CA, "-tls-cert", c.Operator.Cert,
+		"-tls-key", c.Operator.Key, "-backup-targets", "vault="+guestcluster.TargetAddress(), "-name", "ledger-restored", "-node", n2.ID, newestID)
+	restored := regexp.MustCompile(`\((vol-[0-9a-f]+)\) restored on node ` + n2.ID).FindStringSubmatch(out)
+	if restored == nil {
+		t.Fatalf("zfs-controller restore -name ledger-restored -node %s: want the volume restored there:\n%s", n2.ID, out)
+	}
+	if enc := zfsGet(t, "encryption", n2.RootDataset+"/"+restored[1]); enc == "off" {
+		t.Errorf("the restore of an encrypted volume's backup is not encrypted")
+	}
+	// The restore is its own encryption root, with the volume's key (here
+	// the cluster's raw key), which its stage must be given.
+	key, err := os.ReadFile(guestcluster.KeyFile(c.Dir()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir, err := guesttest.MountWithSecrets(t.Context(), t, n2, restored[1], "ledger-restored", nil, map[string]string{contract.SecretEncryptionKey: string(key)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := checksums(t, n2, dir), checksums(t, n1, target); got != want {
+		t.Errorf("the restored volume holds\n%s\nthe volume\n%s", got, want)
+	}
 }
 
 // TestScheduledBackupsAndARestoreOntoAnotherNode: a volume whose
@@ -142,11 +174,14 @@ func TestBackupsToATarget(t *testing.T) {
 // its backups, which zfs-controller backups finds by the name it had; a
 // CSI CreateVolume whose source is one of them makes a new volume on
 // whichever node the request names (here not the one it was backed up
-// from), holding what the volume held, with no snapshot. An operator's
+// from), holding what the volume held, with no snapshot, where the
+// operator lets job submitters restore (backups_as_snapshots: CSI lists
+// the backup too, and refuses to delete it). The operator's restore
+// brings it back under its old name; a second is refused. An operator's
 // delete-backups -all then removes every backup of it.
 func TestScheduledBackupsAndARestoreOntoAnotherNode(t *testing.T) {
 	c := guesttest.StartCluster(t, 2, guestcluster.Options{BackupTarget: "vault", BackupTargetDisk: guesttest.Disk(3),
-		NodeArgs: []string{"-min-backup-interval", "10s"}, ControllerArgs: []string{"-schedule-every", "3s"}})
+		NodeArgs: []string{"-min-backup-interval", "10s"}, ControllerArgs: []string{"-schedule-every", "3s", "-backups-as-snapshots"}})
 	n1, n2 := c.Nodes[0], c.Nodes[1]
 	ctl := csi.NewControllerClient(guesttest.Dial(t, c.ControllerEndpoint))
 	resp, err := ctl.CreateVolume(t.Context(), &csi.CreateVolumeRequest{Name: "orders", VolumeCapabilities: []*csi.VolumeCapability{writer},
@@ -196,6 +231,17 @@ func TestScheduledBackupsAndARestoreOntoAnotherNode(t *testing.T) {
 	}
 	snapshotID := ids[len(ids)-1] // oldest first: the newest last
 
+	// The operator lets job submitters see and restore backups
+	// (backups_as_snapshots): CSI lists it among the snapshots, and
+	// never deletes it.
+	listed, err := ctl.ListSnapshots(t.Context(), &csi.ListSnapshotsRequest{SnapshotId: snapshotID})
+	if err != nil || len(listed.GetEntries()) != 1 || listed.GetEntries()[0].GetSnapshot().GetSourceVolumeId() != id {
+		t.Errorf("CSI ListSnapshots of %s: %v, %v; want the backup, of volume %s", snapshotID, listed, err, id)
+	}
+	if _, err := ctl.DeleteSnapshot(t.Context(), &csi.DeleteSnapshotRequest{SnapshotId: snapshotID}); status.Code(err) != codes.FailedPrecondition {
+		t.Errorf("CSI DeleteSnapshot of a backup: %v, want FailedPrecondition", err)
+	}
+
 	resp, err = ctl.CreateVolume(t.Context(), &csi.CreateVolumeRequest{Name: "orders-again", VolumeCapabilities: []*csi.VolumeCapability{writer},
 		CapacityRange: &csi.CapacityRange{RequiredBytes: 1 << 30}, Parameters: map[string]string{"node": n2.ID, "compression": "off"},
 		VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: snapshotID}}}})
@@ -219,6 +265,34 @@ func TestScheduledBackupsAndARestoreOntoAnotherNode(t *testing.T) {
 	}
 	if role := zfsGet(t, "zfs-nomad:role", ds); role != "primary" {
 		t.Errorf("the restored volume's role is %q, want primary", role)
+	}
+
+	// The operator restores it under the name it had, onto n1; a second
+	// restore under that name is refused and changes nothing.
+	restoreArgs := []string{"restore", "-peers", strings.Join(c.AgentAddresses(), ","), "-tls-ca", c.Operator.CA, "-tls-cert", c.Operator.Cert,
+		"-tls-key", c.Operator.Key, "-backup-targets", "vault=" + guestcluster.TargetAddress(), "-node", n1.ID, snapshotID}
+	out = guesttest.Run(t, ctlBin, restoreArgs...)
+	if !strings.Contains(out, `volume "orders" (`+id+`) restored on node `+n1.ID) {
+		t.Fatalf("zfs-controller restore under the old name:\n%s", out)
+	}
+	again, err := guesttest.Mount(t.Context(), t, n1, id, "orders", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := checksums(t, n1, again); got != want {
+		t.Errorf("the volume restored under its old name holds\n%s\nthe volume held\n%s", got, want)
+	}
+	if out, code := exitOf(ctlBin, restoreArgs...); code != 1 || !strings.Contains(out, `volume "orders" exists`) {
+		t.Errorf("a restore onto a name in use: exit %d, want 1 and a refusal:\n%s", code, out)
+	}
+	if got := checksums(t, n1, again); got != want {
+		t.Errorf("a refused restore changed the volume:\n%s", got)
+	}
+	// It kept its parameters, backup_to among them: deleted again, it
+	// stops adding backups.
+	unpublish(t, c, id, "orders")
+	if _, err := ctl.DeleteVolume(t.Context(), &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
+		t.Fatal(err)
 	}
 
 	// Only an operator's explicit command deletes backups.

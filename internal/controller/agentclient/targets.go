@@ -2,6 +2,8 @@ package agentclient
 
 import (
 	"context"
+	"maps"
+	"slices"
 	"time"
 
 	"google.golang.org/grpc"
@@ -42,6 +44,9 @@ type Targets struct {
 func NewTargets(addrs map[string]string, dial func(addr string) (*grpc.ClientConn, error)) *Targets {
 	return &Targets{addrs: addrs, conns: connpool.New(dial)}
 }
+
+// Names are the targets' names, sorted.
+func (t *Targets) Names() []string { return slices.Sorted(maps.Keys(t.addrs)) }
 
 // Close closes the connections.
 func (t *Targets) Close() { t.conns.Close() }

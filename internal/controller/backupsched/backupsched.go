@@ -31,6 +31,8 @@ type Lister interface {
 
 // Schedule runs backup rounds.
 type Schedule struct {
+	// Metrics records the backups' ages and results (nil: none).
+	Metrics *Metrics
 	// StallTimeout cancels a backup that moved no byte for that long
 	// (default cluster.DefaultStallTimeout): it holds its volume's push
 	// slot, which the replication schedule and moves need.
@@ -109,13 +111,18 @@ func (s *Schedule) Wait() { s.wg.Wait() }
 // promotion and demotion) waits for the next round; a target that does
 // not answer postpones its volumes' backups to the next round too.
 func (s *Schedule) Plan(ctx context.Context) ([]Due, error) {
-	nodes, _, err := s.cl.Nodes(ctx)
+	nodes, unreachable, err := s.cl.Nodes(ctx)
 	if err != nil {
 		return nil, err
 	}
+	healthy := cluster.Healthy(nodes)
+	complete := cluster.AllAnswered(nodes, len(unreachable)) && len(healthy) == len(nodes)
+	s.Metrics.beginRound()
+	defer func() { s.Metrics.endRound(s.now(), complete) }()
 	primaries := map[string][]cluster.Located[agentclient.Volume]{}
-	for _, a := range cluster.Holdings(ctx, s.cl, cluster.Healthy(nodes)) {
+	for _, a := range cluster.Holdings(ctx, s.cl, healthy) {
 		if a.Err != nil {
+			complete = false
 			s.log.Warn("node skipped this backup round", "node_id", a.Node.Info.NodeID, "error", a.Err)
 			continue
 		}
@@ -127,9 +134,6 @@ func (s *Schedule) Plan(ctx context.Context) ([]Due, error) {
 	var out []Due
 	for _, id := range slices.Sorted(maps.Keys(primaries)) {
 		copies := primaries[id]
-		if len(copies) != 1 {
-			continue
-		}
 		v := copies[0]
 		targets, every := contract.BackupPolicy(v.Object.Parameters)
 		for _, t := range targets {
@@ -138,10 +142,11 @@ func (s *Schedule) Plan(ctx context.Context) ([]Due, error) {
 				ages = s.ages(ctx, t)
 				newest[t] = ages
 			}
-			if ages == nil {
+			last := ages[id]
+			s.Metrics.observe(id, t, last, ages != nil)
+			if ages == nil || len(copies) != 1 {
 				continue
 			}
-			last := ages[id]
 			if !last.IsZero() && s.now().Sub(last) < every {
 				continue
 			}
@@ -174,10 +179,13 @@ func (s *Schedule) backup(ctx context.Context, d Due) {
 	last, err := cluster.Push(ctx, d.Source, d.VolumeID, agentclient.Target{Backup: d.Target}, "backup schedule", s.StallTimeout, nil)
 	switch {
 	case errors.Is(err, errdefs.ErrAborted):
+		s.Metrics.backupRan("busy")
 		log.Debug("volume busy (a push or move of it runs): its backup waits for the next round", "error", err)
 	case err != nil:
+		s.Metrics.backupRan("failed")
 		log.Warn("scheduled backup failed; the next round tries again", "error", err)
 	default:
+		s.Metrics.backupRan("done")
 		log.Info("scheduled backup done", "kind", last.Kind, "snapshot", last.Snapshot, "bytes", last.Bytes)
 	}
 }

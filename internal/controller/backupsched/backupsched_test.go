@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/agentclient"
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/cluster/clustertest"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/metrics"
 )
 
 // lister answers each target's backups, or its error.
@@ -79,4 +81,67 @@ func TestPlan(t *testing.T) {
 	if to := n2.PushedTo(); len(to) != 1 || to[0] != (agentclient.Target{Backup: "vault"}) {
 		t.Errorf("n2 was asked to push to %+v, want fresh's backup to vault", to)
 	}
+}
+
+// TestBackupAges: each volume's newest backup on each target its
+// backup_to names has its age as a series (+Inf when there is none); a
+// target that stops answering keeps its volumes' ages growing, and so
+// does a volume whose node does not answer; a volume every node answers
+// it no longer holds loses its series.
+func TestBackupAges(t *testing.T) {
+	now := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+	var fakes clustertest.Fakes
+	n1 := fakes.Add(agentclient.NodeInfo{NodeID: "n1", AvailableBytes: 1 << 30})
+	n2 := fakes.Add(agentclient.NodeInfo{NodeID: "n2", AvailableBytes: 1 << 30})
+	web, db := contract.VolumeIDForName("web"), contract.VolumeIDForName("db")
+	n1.PutCopy(agentclient.Copy{VolumeID: web, Name: "web", Role: contract.RolePrimary, Generation: 1, Parameters: map[string]string{contract.ParamBackupTo: "vault,offsite"}})
+	n2.PutCopy(agentclient.Copy{VolumeID: db, Name: "db", Role: contract.RolePrimary, Generation: 1, Parameters: map[string]string{contract.ParamBackupTo: "vault"}})
+	l := lister{backups: map[string][]agentclient.Backup{"vault": {{VolumeID: web, Received: now.Add(-time.Hour)}, {VolumeID: db, Received: now.Add(-2 * time.Hour)}}},
+		down: map[string]bool{}}
+	registry := metrics.NewRegistry()
+	s := New(fakes.Cluster(t), l, 2, hclog.NewNullLogger())
+	s.Metrics = NewMetrics(registry)
+	clock := now
+	s.SetClock(func() time.Time { return clock })
+	round := func() string {
+		t.Helper()
+		if _, err := s.Plan(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		var out strings.Builder
+		if _, err := registry.WriteTo(&out); err != nil {
+			t.Fatal(err)
+		}
+		return out.String()
+	}
+	series := func(volumeID, target, value string) string {
+		return `zfs_nomad_backup_age_seconds{volume_id="` + volumeID + `",target="` + target + `"} ` + value + "\n"
+	}
+	wantSeries := func(got string, want ...string) {
+		t.Helper()
+		var ages []string
+		for _, line := range strings.SplitAfter(got, "\n") {
+			if strings.HasPrefix(line, "zfs_nomad_backup_age_seconds{") {
+				ages = append(ages, line)
+			}
+		}
+		slices.Sort(want)
+		if !slices.Equal(ages, want) {
+			t.Errorf("age series:\n%s\nwant\n%s", strings.Join(ages, ""), strings.Join(want, ""))
+		}
+	}
+	wantSeries(round(), series(web, "vault", "3600"), series(web, "offsite", "+Inf"), series(db, "vault", "7200"))
+
+	// vault stops answering, and n2 too: the ages go on growing.
+	l.down["vault"] = true
+	n2.SetDown(true)
+	clock = now.Add(time.Hour)
+	wantSeries(round(), series(web, "vault", "7200"), series(web, "offsite", "+Inf"), series(db, "vault", "10800"))
+
+	// Every node answers, and none holds db: its series goes.
+	n2.SetDown(false)
+	if err := n2.DeleteVolume(context.Background(), db); err != nil {
+		t.Fatal(err)
+	}
+	wantSeries(round(), series(web, "vault", "7200"), series(web, "offsite", "+Inf"))
 }

@@ -34,6 +34,9 @@ type Controller struct {
 	csi.UnimplementedControllerServer
 	volumes  *provision.Provisioner
 	migrator *migration.Migrator
+	// backupsAsSnapshots lists backups as snapshots and restores them
+	// (backups_as_snapshots).
+	backupsAsSnapshots bool
 	// locks serialise operations per volume/snapshot name or ID; an
 	// overlapping call gets Aborted, as the spec asks.
 	locks keylock.Locks
@@ -46,9 +49,13 @@ func New(c *cluster.Cluster, m *migration.Migrator, policy string, log hclog.Log
 	return &Controller{volumes: provision.New(c, m, policy, log), migrator: m}
 }
 
-// UseTargets gives the controller the backup targets volumes are
-// restored from (a CreateVolume whose source is a backup's snapshot ID).
-func (c *Controller) UseTargets(t provision.Targets) { c.volumes.UseTargets(t) }
+// UseTargets gives the controller the backup targets, whose backups it
+// lists as snapshots and restores (a CreateVolume whose source is a
+// backup's snapshot ID) when asSnapshots (backups_as_snapshots).
+func (c *Controller) UseTargets(t provision.Targets, asSnapshots bool) {
+	c.volumes.UseTargets(t)
+	c.backupsAsSnapshots = asSnapshots
+}
 
 func (c *Controller) tryLock(key string) (func(), error) {
 	unlock, ok := c.locks.TryLock(key)
@@ -82,6 +89,9 @@ func (c *Controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 	create, err := createRequest(req)
 	if err != nil {
 		return nil, err
+	}
+	if contract.IsBackupID(create.SourceSnapshotID) && !c.backupsAsSnapshots {
+		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, "snapshot %s is a backup, and this controller restores backups only by an operator's command (zfs-controller restore); backups_as_snapshots lets job submitters restore them", create.SourceSnapshotID)
 	}
 	unlock, err := c.tryLock(contract.VolumeIDForName(req.GetName()))
 	if err != nil {
@@ -323,6 +333,11 @@ func (c *Controller) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshot
 	if err := csiplugin.Required("snapshot_id", id); err != nil {
 		return nil, err
 	}
+	if contract.IsBackupID(id) {
+		// A backup outlives what a job submitter can delete: its grid
+		// ages it out, or an operator deletes it (docs/backups.md).
+		return nil, errdefs.Wrap(errdefs.ErrFailedPrecondition, "snapshot %s is a backup: its retention grid ages it out, or an operator deletes it (zfs-controller delete-backups)", id)
+	}
 	if err := c.deleteLocked(ctx, id, c.volumes.DeleteSnapshot); err != nil {
 		return nil, err
 	}
@@ -333,6 +348,7 @@ func (c *Controller) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRe
 	page, err := c.volumes.ListSnapshots(ctx, provision.SnapshotQuery{
 		SnapshotID:     req.GetSnapshotId(),
 		SourceVolumeID: req.GetSourceVolumeId(),
+		Backups:        c.backupsAsSnapshots,
 		Page:           provision.Page{StartingToken: req.GetStartingToken(), MaxEntries: req.GetMaxEntries()},
 	})
 	if err != nil {

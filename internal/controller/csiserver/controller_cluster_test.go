@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/controller/agentclient"
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/cluster/clustertest"
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/migration"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/agent"
@@ -602,4 +603,59 @@ func TestNothingActsOnAStaleCopy(t *testing.T) {
 	_, err = ctl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "clone", VolumeCapabilities: mountCap,
 		VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: id}}}})
 	wantCode(t, err, codes.Unavailable)
+}
+
+// oneBackup is a backup target holding one backup, which it would grant.
+type oneBackup struct{ b agentclient.Backup }
+
+func (o oneBackup) Names() []string { return []string{o.b.Target} }
+
+func (o oneBackup) Backups(context.Context, string, string) ([]agentclient.Backup, error) {
+	return []agentclient.Backup{o.b}, nil
+}
+
+func (o oneBackup) Backup(context.Context, contract.BackupRef) (agentclient.Backup, error) {
+	return o.b, nil
+}
+
+func (o oneBackup) GrantRestore(context.Context, contract.BackupRef, string) (string, error) {
+	return "grant", nil
+}
+
+// TestBackupsReachJobSubmittersOnlyWhereTheOperatorAllows: without
+// backups_as_snapshots, CSI neither lists a backup nor restores one; with
+// it, ListSnapshots lists it; a backup is never deleted through CSI.
+func TestBackupsReachJobSubmittersOnlyWhereTheOperatorAllows(t *testing.T) {
+	tc := newTestCluster(t, map[string]uint64{"n1": 4 << 30})
+	ctx := context.Background()
+	b := oneBackup{agentclient.Backup{Target: "vault", VolumeID: contract.VolumeIDForName("gone"), Snapshot: "zn-1", Received: time.Unix(1796294546, 0)}}
+	id := b.b.Ref().SnapshotID()
+	fromBackup := &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: id}}}
+	listed := func(ctl *Controller) []string {
+		resp, err := ctl.ListSnapshots(ctx, &csi.ListSnapshotsRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ids []string
+		for _, e := range resp.GetEntries() {
+			ids = append(ids, e.GetSnapshot().GetSnapshotId())
+		}
+		return ids
+	}
+	for _, asSnapshots := range []bool{false, true} {
+		ctl := tc.controller()
+		ctl.UseTargets(b, asSnapshots)
+		if got := listed(ctl); slices.Contains(got, id) != asSnapshots {
+			t.Errorf("backups_as_snapshots %v: ListSnapshots answers %v", asSnapshots, got)
+		}
+		_, err := ctl.DeleteSnapshot(ctx, &csi.DeleteSnapshotRequest{SnapshotId: id})
+		wantCode(t, err, codes.FailedPrecondition)
+		if !asSnapshots {
+			_, err = ctl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "back", VolumeCapabilities: mountCap, VolumeContentSource: fromBackup})
+			wantCode(t, err, codes.InvalidArgument)
+			if vols, err := ctl.ListVolumes(ctx, &csi.ListVolumesRequest{}); err != nil || len(vols.GetEntries()) > 0 {
+				t.Errorf("a refused restore left volumes: %v, %v", vols, err)
+			}
+		}
+	}
 }

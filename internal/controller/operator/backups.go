@@ -3,13 +3,18 @@ package operator
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
+	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/agentclient"
+	"github.com/zfs-nomad/zfs-nomad/internal/controller/cluster"
+	"github.com/zfs-nomad/zfs-nomad/internal/controller/provision"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
 )
@@ -74,4 +79,153 @@ func DeleteBackups(ctx context.Context, targets BackupDeleter, target, volume, s
 	}
 	fmt.Fprintf(out, "%d backups of %s deleted from backup target %s\n", len(deleted), id, target)
 	return nil
+}
+
+// BackupFinder finds one backup on its target (agentclient.Targets).
+type BackupFinder interface {
+	Backup(ctx context.Context, ref contract.BackupRef) (agentclient.Backup, error)
+}
+
+// Restorer makes volumes (provision.Provisioner): it finds one by ID, and
+// creates one, from a backup when the request's source is a backup's
+// snapshot ID.
+type Restorer interface {
+	FindVolume(ctx context.Context, id string) (cluster.Located[agentclient.Volume], error)
+	Create(ctx context.Context, req provision.CreateRequest) (agentclient.Volume, cluster.Node, error)
+}
+
+// RestoreOptions name the restored volume and its node.
+type RestoreOptions struct {
+	// Name is the new volume's name; empty: the name the backed-up
+	// volume had (which must be free: deleted, or never made here).
+	Name string
+	// Node pins the new volume to a node; empty: placement picks one,
+	// as for any new volume.
+	Node string
+}
+
+// Restore makes a new volume from the backup backupID names (its
+// snapshot ID, as ListBackups shows it), with the backed-up volume's
+// capacity and parameters, through the create every volume takes
+// (generation 1 reserved by a majority, the target's grant to the one
+// node that receives it; docs/backups.md, "Restoring"). A name a volume
+// has already is refused before anything is reserved: a restore never
+// merges into or replaces a volume.
+func Restore(ctx context.Context, r Restorer, targets BackupFinder, backupID string, opts RestoreOptions, out io.Writer) error {
+	ref, ok := contract.ParseBackupID(backupID)
+	if !ok {
+		return errdefs.Wrap(errdefs.ErrInvalidArgument, "%q is not a backup's snapshot ID: want backup:TARGET:VOLUME-ID@SNAPSHOT, as zfs-controller backups lists them", backupID)
+	}
+	b, err := targets.Backup(ctx, ref)
+	if err != nil {
+		return err
+	}
+	name := cmp.Or(opts.Name, b.VolumeName)
+	if name == "" {
+		return errdefs.Wrap(errdefs.ErrInvalidArgument, "backup %s does not say its volume's name: name the new volume with -name", backupID)
+	}
+	id := contract.VolumeIDForName(name)
+	switch existing, err := r.FindVolume(ctx, id); {
+	case err == nil:
+		return errdefs.Wrap(errdefs.ErrAlreadyExists, "volume %q exists (%s, primary on node %s): restore under another name (-name), or delete it first", name, id, existing.Node.Info.NodeID)
+	case !errors.Is(err, errdefs.ErrNotFound):
+		return fmt.Errorf("cannot tell whether a volume named %q exists, so nothing is restored: %w", name, err)
+	}
+	params := maps.Clone(b.Parameters)
+	delete(params, contract.ParamNode) // where the volume was says nothing of where it goes
+	if opts.Node != "" {
+		params[contract.ParamNode] = opts.Node
+	}
+	v, node, err := r.Create(ctx, provision.CreateRequest{VolumeRequest: contract.VolumeRequest{
+		Name: name, RequiredBytes: b.CapacityBytes, Parameters: params, SourceSnapshotID: backupID}})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "volume %q (%s) restored on node %s from the backup of %s received %s (%s)\n",
+		name, v.VolumeID, node.Info.NodeID, b.VolumeName, b.Received.UTC().Format(time.RFC3339), contract.Bytes(int64(b.ReferencedBytes)))
+	fmt.Fprintf(out, "Nomad does not know it yet: nomad volume register a specification with id = %q, external_id = %q and this plugin's plugin_id (docs/backups.md, \"Restoring\").\n", name, v.VolumeID)
+	return nil
+}
+
+// BackupStatus is the newest backup of a volume on one of the targets its
+// backup_to names.
+type BackupStatus struct {
+	VolumeID string `json:"volume_id"`
+	Name     string `json:"name"`
+	Target   string `json:"target"`
+	// Newest is when the target received the newest backup (zero: it
+	// holds none).
+	Newest time.Time `json:"newest,omitzero"`
+	// Every is the volume's backup_every.
+	Every string `json:"every"`
+	// Late: the target holds no backup of the volume, or its newest is
+	// more than twice backup_every old, as of the report.
+	Late bool `json:"late,omitempty"`
+	// Error says why the target did not answer.
+	Error string `json:"error,omitempty"`
+}
+
+// AddBackups adds to the report, for each primary whose backup_to names
+// targets, the newest backup on each (asking each target once): what the
+// schedule should keep young, and the late ones marked.
+func AddBackups(ctx context.Context, r *Report, targets BackupLister, now time.Time) {
+	type answer struct {
+		newest map[string]time.Time // by volume ID
+		err    error
+	}
+	asked := map[string]answer{}
+	for _, c := range r.Copies {
+		if c.Role != "primary" {
+			continue
+		}
+		names, every := contract.BackupPolicy(c.parameters)
+		for _, target := range names {
+			a, ok := asked[target]
+			if !ok {
+				a = answer{newest: map[string]time.Time{}}
+				var all []agentclient.Backup
+				if all, a.err = targets.Backups(ctx, target, ""); a.err == nil {
+					for _, b := range all {
+						if b.Received.After(a.newest[b.VolumeID]) {
+							a.newest[b.VolumeID] = b.Received
+						}
+					}
+				}
+				asked[target] = a
+			}
+			st := BackupStatus{VolumeID: c.VolumeID, Name: c.Name, Target: target, Every: every.String()}
+			if a.err != nil {
+				st.Error = innermost(a.err.Error())
+			} else {
+				st.Newest = a.newest[c.VolumeID]
+				st.Late = st.Newest.IsZero() || now.Sub(st.Newest) > 2*every
+			}
+			r.Backups = append(r.Backups, st)
+		}
+	}
+}
+
+// backupsOf is a volume's BACKUPS cell: each target's newest backup's
+// age, LATE when it is.
+func backupsOf(all []BackupStatus, volumeID string, now time.Time) string {
+	var cells []string
+	for _, b := range all {
+		if b.VolumeID != volumeID {
+			continue
+		}
+		cell := b.Target + " "
+		switch {
+		case b.Error != "":
+			cell += "? (target did not answer)"
+		case b.Newest.IsZero():
+			cell += "none, LATE"
+		default:
+			cell += now.Sub(b.Newest).Round(time.Second).String() + " ago"
+			if b.Late {
+				cell += ", LATE (every " + b.Every + ")"
+			}
+		}
+		cells = append(cells, cell)
+	}
+	return strings.Join(cells, "; ")
 }

@@ -222,6 +222,9 @@ type Report struct {
 	// Moves: what the controller instances catch up in the background,
 	// or whose final step waits for the CO's retry (AddMoves).
 	Moves []Move `json:"moves,omitempty"`
+	// Backups: the newest backup of each primary on each target its
+	// backup_to names (AddBackups; none without backup_targets).
+	Backups []BackupStatus `json:"backups,omitempty"`
 	// Controllers: the controller instances the nodes heard from, and
 	// which one holds the work lease.
 	Controllers []ControllerStatus `json:"controllers"`
@@ -259,6 +262,9 @@ type CopyStatus struct {
 	LastSnapshot     string    `json:"last_snapshot,omitempty"`
 	LastSnapshotTime time.Time `json:"last_snapshot_time,omitzero"`
 	Resumable        bool      `json:"resumable,omitempty"`
+
+	// parameters are a primary's, whose backup_to AddBackups reads.
+	parameters map[string]string
 }
 
 // TransferStatus is a push running on its source node.
@@ -306,7 +312,7 @@ func Status(ctx context.Context, cl *cluster.Cluster) (Report, error) {
 		}
 		for _, v := range vols {
 			report.Copies = append(report.Copies, CopyStatus{VolumeID: v.VolumeID, Name: v.Name, Node: id, Role: "primary",
-				Generation: v.Generation, MovingTo: v.MovingTo, FailedOverAt: v.FailoverFromSnapshot})
+				Generation: v.Generation, MovingTo: v.MovingTo, FailedOverAt: v.FailoverFromSnapshot, parameters: v.Parameters})
 		}
 		for _, name := range st.SetAside {
 			report.SetAside = append(report.SetAside, SetAsideCopy{Node: id, Dataset: name})
@@ -346,9 +352,17 @@ func PrintStatus(out io.Writer, r Report, now time.Time) {
 	printNodes(out, r.Nodes, now)
 	printControllers(out, r.Controllers, now)
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "VOLUME\tNAME\tNODE\tROLE\tLAST SNAPSHOT\tLAG")
+	header := "VOLUME\tNAME\tNODE\tROLE\tLAST SNAPSHOT\tLAG"
+	if len(r.Backups) > 0 {
+		header += "\tBACKUPS"
+	}
+	fmt.Fprintln(tw, header)
 	for _, c := range r.Copies {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", c.VolumeID, c.Name, c.Node, describeRole(c), c.LastSnapshot, lag(c, now))
+		line := fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s", c.VolumeID, c.Name, c.Node, describeRole(c), c.LastSnapshot, lag(c, now))
+		if len(r.Backups) > 0 && c.Role == "primary" {
+			line += "\t" + backupsOf(r.Backups, c.VolumeID, now)
+		}
+		fmt.Fprintln(tw, line)
 	}
 	tw.Flush()
 	fmt.Fprintf(out, "\ntransfers running: %d\n", len(r.Transfers))

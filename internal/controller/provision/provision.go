@@ -38,6 +38,8 @@ type Provisioner struct {
 // Targets are the backup targets a volume is restored from
 // (agentclient.Targets, docs/backups.md).
 type Targets interface {
+	Names() []string
+	Backups(ctx context.Context, target, volumeID string) ([]agentclient.Backup, error)
 	Backup(ctx context.Context, ref contract.BackupRef) (agentclient.Backup, error)
 	GrantRestore(ctx context.Context, ref contract.BackupRef, nodeID string) (string, error)
 }

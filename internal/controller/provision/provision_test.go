@@ -975,10 +975,30 @@ func TestNothingIsGoneWhileAnUnlistedNodeMayHoldIt(t *testing.T) {
 // second is the error of a call's two results.
 func second[T any](_ T, err error) error { return err }
 
-// fakeTargets holds one backup and records the restores it grants.
+// fakeTargets holds one backup and records the restores it grants;
+// listed are the backups it lists by target (a target missing there does
+// not answer).
 type fakeTargets struct {
 	have    contract.BackupRef
 	granted []string // node IDs
+	listed  map[string][]agentclient.Backup
+	names   []string
+}
+
+func (f *fakeTargets) Names() []string { return f.names }
+
+func (f *fakeTargets) Backups(_ context.Context, target, volumeID string) ([]agentclient.Backup, error) {
+	all, ok := f.listed[target]
+	if !ok {
+		return nil, errdefs.Wrap(errdefs.ErrUnavailable, "target %s does not answer", target)
+	}
+	var out []agentclient.Backup
+	for _, b := range all {
+		if volumeID == "" || b.VolumeID == volumeID {
+			out = append(out, b)
+		}
+	}
+	return out, nil
 }
 
 func (f *fakeTargets) Backup(_ context.Context, ref contract.BackupRef) (agentclient.Backup, error) {
@@ -1027,5 +1047,71 @@ func TestARestoreGoesWhereTheJobIs(t *testing.T) {
 	}
 	if _, _, err := w.provisioner(t).Create(ctx, missing); !errors.Is(err, errdefs.ErrNotFound) || !strings.Contains(err.Error(), "backup_targets") {
 		t.Errorf("a restore with no backup targets: %v, want NotFound naming backup_targets", err)
+	}
+}
+
+// TestBackupsListedAsSnapshots: with Backups, every answering target's
+// backups are listed among the snapshots (a deleted volume's too), by
+// source volume or ID, and paged with them; a target that does not
+// answer is left out; without Backups none is listed.
+func TestBackupsListedAsSnapshots(t *testing.T) {
+	ctx := context.Background()
+	w := newWorld()
+	vol := w.nodes["n1"].PutPrimary("v", 1)
+	p := w.provisioner(t)
+	if _, err := p.CreateSnapshot(ctx, "s", vol); err != nil {
+		t.Fatal(err)
+	}
+	gone := contract.VolumeIDForName("gone")
+	at := time.Unix(1796294546, 0)
+	backup := func(target, volumeID, snap string) agentclient.Backup {
+		return agentclient.Backup{Target: target, VolumeID: volumeID, Snapshot: snap, Received: at, ReferencedBytes: 4096}
+	}
+	p.UseTargets(&fakeTargets{names: []string{"offsite", "vault"}, listed: map[string][]agentclient.Backup{
+		"vault": {backup("vault", vol, "zn-1"), backup("vault", gone, "zn-2")}}})
+	ids := func(page SnapshotPage) []string {
+		var out []string
+		for _, s := range page.Snapshots {
+			out = append(out, s.SnapshotID)
+		}
+		return out
+	}
+	ofVol := backup("vault", vol, "zn-1").Ref().SnapshotID()
+	ofGone := backup("vault", gone, "zn-2").Ref().SnapshotID()
+	snap := contract.SnapshotIDForName("s")
+
+	all, err := p.ListSnapshots(ctx, SnapshotQuery{Backups: true})
+	if want := []string{ofGone, ofVol, snap}; err != nil || !slices.Equal(ids(all), slices.Sorted(slices.Values(want))) {
+		t.Fatalf("every snapshot and backup: %v, %v; want %v", ids(all), err, want)
+	}
+	if s := all.Snapshots[0]; s.SourceVolumeID == "" || s.SizeBytes != 4096 || s.CreatedUnix != at.Unix() {
+		t.Errorf("a backup as a snapshot: %+v; want its volume, size and the time the target received it", s)
+	}
+	if of, err := p.ListSnapshots(ctx, SnapshotQuery{Backups: true, SourceVolumeID: vol}); err != nil || !slices.Equal(ids(of), []string{ofVol, snap}) {
+		t.Errorf("of volume %s: %v, %v; want its backup and its snapshot", vol, ids(of), err)
+	}
+	if one, err := p.ListSnapshots(ctx, SnapshotQuery{Backups: true, SnapshotID: ofGone}); err != nil || !slices.Equal(ids(one), []string{ofGone}) {
+		t.Errorf("one backup by ID: %v, %v", ids(one), err)
+	}
+	var paged []string
+	q := SnapshotQuery{Backups: true, Page: Page{MaxEntries: 1}}
+	for range 5 {
+		page, err := p.ListSnapshots(ctx, q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		paged = append(paged, ids(page)...)
+		if q.StartingToken = page.NextToken; q.StartingToken == "" {
+			break
+		}
+	}
+	if !slices.Equal(paged, ids(all)) {
+		t.Errorf("paged one at a time: %v; want %v", paged, ids(all))
+	}
+	if none, err := p.ListSnapshots(ctx, SnapshotQuery{}); err != nil || !slices.Equal(ids(none), []string{snap}) {
+		t.Errorf("without backups: %v, %v; want the snapshot only", ids(none), err)
+	}
+	if _, err := p.ListSnapshots(ctx, SnapshotQuery{Page: Page{StartingToken: ofVol}}); !errors.Is(err, errdefs.ErrAborted) {
+		t.Errorf("a backup's ID as the token of a list without backups: %v, want Aborted", err)
 	}
 }

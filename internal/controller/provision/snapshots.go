@@ -356,6 +356,8 @@ func sourceOf(copies []cluster.Located[agentclient.Snapshot]) string {
 type SnapshotQuery struct {
 	SnapshotID     string
 	SourceVolumeID string
+	// Backups lists the backup targets' backups too (backups_as_snapshots).
+	Backups bool
 	Page
 }
 
@@ -368,12 +370,29 @@ type SnapshotPage struct {
 
 // ListSnapshots pages like ListVolumes: each node answers its first
 // MaxEntries+1 snapshots from the token on, of the source volume when
-// one is given (or the one snapshot asked for).
+// one is given (or the one snapshot asked for). With q.Backups the
+// targets' backups are listed too, before the snapshots (their IDs sort
+// first: "backup:" before "snap-"), each target answering all of its
+// backups of the source volume, or of every volume.
 func (p *Provisioner) ListSnapshots(ctx context.Context, q SnapshotQuery) (SnapshotPage, error) {
-	if token := q.StartingToken; token != "" && !contract.IsSnapshotID(token) {
+	isToken := contract.IsSnapshotID
+	if q.Backups {
+		isToken = func(id string) bool { return contract.IsSnapshotID(id) || contract.IsBackupID(id) }
+	}
+	if token := q.StartingToken; token != "" && !isToken(token) {
 		return SnapshotPage{}, errBadToken(token)
 	}
-	nodeReq := agentclient.SnapshotQuery{SnapshotID: q.SnapshotID, From: q.StartingToken, SourceVolumeID: q.SourceVolumeID, WithDeleted: true}
+	var backups []agentclient.Snapshot
+	if q.Backups {
+		backups = p.backupSnapshots(ctx, q)
+	}
+	if contract.IsBackupID(q.SnapshotID) {
+		return SnapshotPage{Snapshots: backups}, nil
+	}
+	nodeReq := agentclient.SnapshotQuery{SnapshotID: q.SnapshotID, SourceVolumeID: q.SourceVolumeID, WithDeleted: true}
+	if contract.IsSnapshotID(q.StartingToken) {
+		nodeReq.From = q.StartingToken // a backup's sorts before every snapshot
+	}
 	if q.MaxEntries > 0 {
 		nodeReq.MaxEntries = uint32(q.MaxEntries) + 1
 	}
@@ -411,11 +430,48 @@ func (p *Provisioner) ListSnapshots(ctx context.Context, q SnapshotQuery) (Snaps
 		at[s.SnapshotID] = len(all)
 		all = append(all, s)
 	}
+	all = append(all, backups...)
 	sort.Slice(all, func(i, j int) bool { return all[i].SnapshotID < all[j].SnapshotID })
-	page, next, err := paginate(all, func(s agentclient.Snapshot) string { return s.SnapshotID }, q.StartingToken, q.MaxEntries, contract.IsSnapshotID)
+	page, next, err := paginate(all, func(s agentclient.Snapshot) string { return s.SnapshotID }, q.StartingToken, q.MaxEntries, isToken)
 	if err != nil {
 		return SnapshotPage{}, err
 	}
 	page = slices.DeleteFunc(page, hidden)
 	return SnapshotPage{Snapshots: page, NextToken: next}, nil
+}
+
+// backupSnapshots lists the targets' backups as snapshots, of the
+// query's source volume or snapshot ID: each its backup's snapshot ID,
+// the volume it is of (deleted or not), its size and the time the target
+// received it. A target that does not answer is left out of the list,
+// as a node is.
+func (p *Provisioner) backupSnapshots(ctx context.Context, q SnapshotQuery) []agentclient.Snapshot {
+	if p.targets == nil {
+		return nil
+	}
+	names, volumeID := p.targets.Names(), q.SourceVolumeID
+	if q.SnapshotID != "" {
+		ref, ok := contract.ParseBackupID(q.SnapshotID)
+		if !ok || (volumeID != "" && volumeID != ref.VolumeID) || !slices.Contains(names, ref.Target) {
+			return nil
+		}
+		names, volumeID = []string{ref.Target}, ref.VolumeID
+	}
+	var out []agentclient.Snapshot
+	for _, name := range names {
+		cctx, cancel := p.cluster.Call(ctx)
+		backups, err := p.targets.Backups(cctx, name, volumeID)
+		cancel()
+		if err != nil {
+			p.log.Warn("listing the backups of a backup target failed; the list of snapshots leaves them out", "target", name, "error", err)
+			continue
+		}
+		for _, b := range backups {
+			s := agentclient.Snapshot{SnapshotID: b.Ref().SnapshotID(), SourceVolumeID: b.VolumeID, SizeBytes: b.ReferencedBytes, CreatedUnix: b.Received.Unix()}
+			if q.SnapshotID == "" || s.SnapshotID == q.SnapshotID {
+				out = append(out, s)
+			}
+		}
+	}
+	return out
 }

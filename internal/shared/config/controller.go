@@ -51,6 +51,11 @@ type Controller struct {
 	// host:port, whose backups the controller lists and restores: the
 	// nodes' backup_targets.
 	BackupTargets map[string]string `json:"backup_targets"`
+	// BackupsAsSnapshots lists the targets' backups as CSI snapshots and
+	// restores them through CSI CreateVolume, for whoever may create
+	// volumes (docs/backups.md, "Restores by job submitters"); off, only
+	// an operator restores (zfs-controller restore).
+	BackupsAsSnapshots bool `json:"backups_as_snapshots"`
 	// TLS is the controller's mutual TLS material for the agent ports.
 	TLS TLSFiles `json:"tls"`
 	// InsecureAgentPort talks to agents without TLS: test networks only.
