@@ -111,8 +111,10 @@ test: deps ## everything: checks, the race detector, the images, unit tests, rea
 # loaded and unloaded at stage and unstage, raw sends).
 TRIXIE_MIGRATION_TESTS := ^(TestPlannedMove|TestARestoreOnAReplica|TestPartitionedPrimaryTurnsReadOnly|TestEncryptedVolumesOpenOnlyWhereStaged)$$
 # test/replication: resume tokens, receive refusals, renames and
-# rollbacks of replicas, destroys racing receives, encryption.
-TRIXIE_REPLICATION_TESTS := ^(TestResumeAfterInterruption|TestRefusesStrangersAndBadStreams|TestBrokenReplaceKeepsTheReplica|TestEncryptedVolumeStaysEncrypted|TestDeleteRacesTidies|TestReplicaAheadOfAMovedPrimary)$$/^(receiver_killed|history_from)
+# rollbacks of replicas, destroys racing receives, encryption, and a
+# backup target on 2.3 (its chain, pruning, holds, a full target, an
+# encrypted volume's restore).
+TRIXIE_REPLICATION_TESTS := ^(TestResumeAfterInterruption|TestRefusesStrangersAndBadStreams|TestBrokenReplaceKeepsTheReplica|TestEncryptedVolumeStaysEncrypted|TestDeleteRacesTidies|TestReplicaAheadOfAMovedPrimary|TestBackupsToATarget)$$/^(receiver_killed|history_from)
 # make test runs the conformance half: every libzfs call the driver makes
 # and the node's stage, publish, mounts and quotas on 2.3; with
 # test/crossversion's streams between 2.1 and 2.3 that is what differs

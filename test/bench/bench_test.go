@@ -22,6 +22,10 @@
 // zfs list -d1 at the same counts, and the processes' memory (issue 13;
 // -scale-counts, -scale-reps).
 //
+// BenchmarkBackup: the same, backed up to a backup target and restored
+// from it onto the other node, against zfs send | socat | zfs recv along
+// the same paths (docs/backups.md, "Figures").
+//
 // BenchmarkTransport: the bare transport, 256 MiB over TLS on loopback,
 // as gRPC chunked messages and as a plain stream on the same TLS setup.
 package bench
@@ -61,7 +65,7 @@ func TestMain(m *testing.M) {
 		os.Exit(m.Run()) // no benchmark asked for (make test): no guest to boot
 	}
 	os.Exit(guesttest.Main(m, guesttest.Options{
-		Disks:    []string{"3G", "3G", "3G"},
+		Disks:    []string{"3G", "3G", "3G", "3G"}, // the fourth: BenchmarkBackup's target
 		Binaries: guesttest.DriverBinaries(),
 		Timeout:  90 * time.Minute, // BenchmarkScale at 1000 volumes per node fills 3000 datasets
 	}))

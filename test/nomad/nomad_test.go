@@ -60,7 +60,8 @@ func TestMain(m *testing.M) {
 	}
 	os.Exit(guesttest.Main(m, guesttest.Options{
 		// Room for the many-volume drain's 1 GiB volume and its copy.
-		Disks:    []string{"4G", "4G", "4G"},
+		// The fourth: the backup target's pool.
+		Disks:    []string{"4G", "4G", "4G", "1G"},
 		Binaries: guesttest.DriverBinaries(),
 		Files:    files,
 		// Each node's Docker Engine keeps its images in memory (about
@@ -90,6 +91,9 @@ type e2e struct {
 	procs   []*guestcluster.Process
 	images  map[string]string // image archive -> the name it loaded as (docker flavour)
 	pki     string            // the certificates docs/install.md has the operator make
+	// target is the backup target the plugins know as backupTarget
+	// (nil: none).
+	target *guestcluster.Target
 }
 
 // nomadBinDir is the directory of the binaries, or skips the test
@@ -109,6 +113,7 @@ func TestNomadEndToEnd(t *testing.T) {
 	haveImages(t, bin)
 	e := start(t, bin, dockerFlavour)
 
+	e.startBackupTarget()
 	e.step("deploy the plugins from nomad/ under the docker driver", e.deployPlugins)
 
 	var first, moved allocation
@@ -187,6 +192,32 @@ secrets {
 		}
 	})
 
+	e.step("back the volume up to a host outside the cluster, and restore it with nomad volume create", func() {
+		id := e.externalID("web-data")
+		e.operator("backup", "-target", backupTarget, id)
+		backupID := e.snapshotID("web-data") // its one snapshot deleted: the backup
+		if !strings.HasPrefix(backupID, "backup:"+backupTarget+":") {
+			t.Fatalf("nomad volume snapshot list shows %s for web-data, want its backup on %s", backupID, backupTarget)
+		}
+		spec := fmt.Sprintf(`id = "web-data-from-backup"
+name = "web-data-from-backup"
+type = "csi"
+plugin_id = "zfs-nomad"
+snapshot_id = %q
+capability {
+  access_mode     = "single-node-writer"
+  attachment_mode = "file-system"
+}
+secrets {
+  encryption_key = %q
+}
+`, backupID, testPassphrase)
+		e.createVolume(e.writeFile("from-backup.hcl", spec))
+		restored := e.runCounter("web-data-from-backup")
+		e.wantSameData(moved, restored, false)
+		e.nomad("job", "stop", "-purge", "counter")
+	})
+
 	e.step("delete the volumes: nothing is left on any node", func() {
 		// The drain left the old primary behind as a replica (or the
 		// schedule made one): the delete must remove it too.
@@ -197,7 +228,7 @@ secrets {
 			}
 			return nil
 		})
-		for _, id := range []string{"web-data-restored", "web-data"} {
+		for _, id := range []string{"web-data-restored", "web-data-from-backup", "web-data"} {
 			e.eventually(time.Minute, "delete of "+id, func() error {
 				out, err := e.run("volume", "delete", id)
 				if err == nil {
@@ -431,6 +462,37 @@ func (e *e2e) makeCertificates() {
 	}
 	issue(tlsconfig.RoleController, "controller")
 	issue(tlsconfig.RoleOperator, "operator")
+	issue(tlsconfig.RoleBackup, backupTarget)
+}
+
+// backupTarget is the name of the backup target startBackupTarget starts.
+const backupTarget = "vault"
+
+// startBackupTarget starts a backup target outside the Nomad cluster, on
+// the guest's fourth disk, with the certificate makeCertificates made:
+// the plugins deployed after it know it (backup_targets), and the
+// controller lists its backups as CSI snapshots (backups_as_snapshots).
+func (e *e2e) startBackupTarget() {
+	e.t.Helper()
+	target, err := e.c.StartTarget(backupTarget, guesttest.Disk(3), e.certificate(backupTarget))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.target = target
+	e.tell("backup target %s listening at %s, outside the Nomad cluster", target.Name, target.Address)
+}
+
+// backupFlags are the plugins' flags for the backup target (none without
+// one).
+func (e *e2e) backupFlags(controller bool) []string {
+	if e.target == nil {
+		return nil
+	}
+	flags := []string{"-backup-targets", e.target.Name + "=" + e.target.Address}
+	if controller {
+		flags = append(flags, "-backups-as-snapshots")
+	}
+	return flags
 }
 
 // certificate returns the files of a certificate makeCertificates made.
@@ -564,12 +626,12 @@ func (e *e2e) deployPluginsOn(nodes int) {
 		// Leases short enough for the failover steps: a failover away
 		// from a killed node waits 27 s of silence instead of 60 (the
 		// smallest margin config accepts with an 8 s lease).
-		"-var", "extra_args="+hclList(append([]string{"-lease", "8s", "-lease-margin", "19s"}, agentPortFlags()...)),
+		"-var", "extra_args="+hclList(slices.Concat([]string{"-lease", "8s", "-lease-margin", "19s"}, agentPortFlags(), e.backupFlags(false))),
 		e.file("zfs-node.nomad.hcl"))...)
 	e.nomad(append(append([]string{"job", "run", "-detach"}, controller...),
 		// Surplus copies go at once: the many-volume drain checks that
 		// the copy a move left of a volume without replicas goes.
-		"-var", "extra_args="+hclList(append([]string{"-agent-timeout", "10s", "-surplus-grace", "0s"}, agentPortFlags()...)),
+		"-var", "extra_args="+hclList(slices.Concat([]string{"-agent-timeout", "10s", "-surplus-grace", "0s"}, agentPortFlags(), e.backupFlags(true))),
 		"-var", "log_level=debug",
 		e.file("zfs-controller.nomad.hcl"))...)
 	e.waitForPlugins(nodes, "")

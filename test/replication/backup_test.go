@@ -139,6 +139,28 @@ func TestBackupsToATarget(t *testing.T) {
 		t.Errorf("the resumed backup %s references %s, want the volume's tens of MiB", snaps[len(snaps)-1], size)
 	}
 
+	// A target out of room (its backups' dataset at a quota): the backup
+	// fails saying so, the node keeps the base the next one needs, and
+	// once there is room again the next backup goes on from it, not
+	// from scratch.
+	base := strings.SplitN(snaps[len(snaps)-1], "@", 2)[1]
+	used := strings.TrimSpace(guesttest.Run(t, "zfs", "get", "-Hp", "-o", "value", "used", c.Target.RootDataset))
+	guesttest.Run(t, "sh", "-c", "zfs set quota=$(("+used+" + 2097152)) "+c.Target.RootDataset)
+	guesttest.Exec(t, n1, guesttest.RandomFile(target+"/e", 8)+" && sync")
+	out, code = exitOf(ctlBin, append(args, "-target", "vault", "ledger")...)
+	if code == 0 || !strings.Contains(out, "vault has no room") || !strings.Contains(out, "quota exceeded") {
+		t.Errorf("a backup to a target out of room: exit %d, want a failure saying why:\n%s", code, out)
+	}
+	if holds := guesttest.Run(t, "zfs", "holds", "-H", n1.RootDataset+"/"+id+"@"+base); !strings.Contains(holds, "zfs-nomad-base-backup:vault") {
+		t.Errorf("after the failed backup n1 no longer holds the target's base %s: %s", base, holds)
+	}
+	guesttest.Run(t, "zfs", "set", "quota=none", c.Target.RootDataset)
+	out = guesttest.Run(t, ctlBin, append(args, "-target", "vault", "ledger")...)
+	if !strings.Contains(out, "done: ") || strings.Contains(out, "done: full") {
+		t.Errorf("the backup once the target has room again: want it to go on from %s, not a full one:\n%s", base, out)
+	}
+	snaps = strings.Fields(guesttest.Run(t, "zfs", "list", "-H", "-t", "snapshot", "-o", "name", "-s", "createtxg", chain))
+
 	// The operator restores the newest backup under a new name onto n2,
 	// which never held the volume: encrypted as it was, its key the
 	// volume's, every file the same.

@@ -417,6 +417,13 @@ func (r *Receiver) zfsReceive(ctx context.Context, h Header, zr *pendingReceive,
 			"node %s cannot receive volume %s from node %s: its OpenZFS (%s) lacks a feature the volume uses there (%v); keep the volume on nodes of the sender's OpenZFS release or newer, or upgrade this node (docs/install.md, \"Mixed versions\")",
 			r.nodeID, h.VolumeID, h.SourceNodeID, cmp.Or(r.OpenZFS, "release unknown"), err)
 	}
+	if errors.Is(err, zfs.ErrNoSpace) {
+		// Not busy: trying again finds no more room until someone makes
+		// it; what arrived stays resumable.
+		log.Error("receive failed: no room (the pool is full or a quota is reached); what arrived stays resumable", "bytes", received.Load(), "error", err)
+		return 0, errdefs.Wrap(errdefs.ErrResourceExhausted, "%s has no room for volume %s (its pool is full or a quota is reached): %v; free space there, and the next push resumes",
+			r.nodeID, h.VolumeID, err)
+	}
 	if err != nil {
 		log.Warn("receive failed; an interrupted stream can be resumed", "bytes", received.Load(), "error", err)
 		return 0, errdefs.Wrap(errdefs.ErrAborted, "receiving volume %s: %v", h.VolumeID, err)

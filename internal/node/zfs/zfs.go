@@ -107,6 +107,9 @@ var (
 	// record because the stream uses a feature this OpenZFS release
 	// lacks (a newer release sent it); nothing was received.
 	ErrStreamUnsupported = errors.New("the stream uses a ZFS feature this OpenZFS release cannot receive")
+	// ErrNoSpace: the pool is full, or a quota of the dataset or one
+	// above it is reached; a receive cut by it stays resumable.
+	ErrNoSpace = errors.New("no space: the pool is full or a quota is reached")
 	// ErrWrongKey: a key did not unlock an encrypted dataset; nothing
 	// was loaded.
 	ErrWrongKey = errors.New("the key does not unlock the dataset")

@@ -727,8 +727,28 @@ func (n *Node) ExecAs(id int, script string) (string, error) {
 // the driver's framing nor its encryption, the baseline the benchmarks
 // and the drain's goal compare with.
 func (n *Node) SendOverTCP(to *Node, send, target string) error {
+	return sendOverTCP(n.Exec, to.HostPid(), to.IP, send, target)
+}
+
+// SendToTarget is SendOverTCP into the backup target's namespace.
+func (n *Node) SendToTarget(to *Target, send, target string) error {
+	return sendOverTCP(n.Exec, to.host.Pid(), to.IP, send, target)
+}
+
+// SendOverTCP is Node.SendOverTCP from the backup target's namespace.
+func (t *Target) SendOverTCP(to *Node, send, target string) error {
+	run := func(script string) (string, error) {
+		return Run("nsenter", "-t", strconv.Itoa(t.host.Pid()), "-m", "-n", "--", "sh", "-c", script)
+	}
+	return sendOverTCP(run, to.HostPid(), to.IP, send, target)
+}
+
+// sendOverTCP runs send | socat with run (in the sender's namespaces)
+// into socat | zfs receive -u target in the network namespace of the
+// process toPid, listening at toIP.
+func sendOverTCP(run func(string) (string, error), toPid int, toIP, send, target string) error {
 	const port = "9100"
-	recv := exec.Command("nsenter", "-t", strconv.Itoa(to.HostPid()), "-n", "--", "sh", "-c",
+	recv := exec.Command("nsenter", "-t", strconv.Itoa(toPid), "-n", "--", "sh", "-c",
 		"socat -u TCP-LISTEN:"+port+",reuseaddr - | zfs receive -u "+target)
 	out := &strings.Builder{}
 	recv.Stdout, recv.Stderr = out, out
@@ -736,7 +756,7 @@ func (n *Node) SendOverTCP(to *Node, send, target string) error {
 		return err
 	}
 	// The sender retries until the listener is up.
-	if o, err := n.Exec(send + " | socat -u - TCP:" + to.IP + ":" + port + ",retry=200,interval=0.05"); err != nil {
+	if o, err := run(send + " | socat -u - TCP:" + toIP + ":" + port + ",retry=200,interval=0.05"); err != nil {
 		_ = recv.Process.Kill()
 		_ = recv.Wait()
 		return fmt.Errorf("%s | socat: %w: %s", send, err, o)

@@ -31,29 +31,40 @@ const targetIndex = 50
 func TargetAddress() string { return fmt.Sprintf("10.77.0.%d:7680", targetIndex) }
 
 // setUpTarget makes the backup target opts.BackupTarget on
-// opts.BackupTargetDisk and starts it.
+// opts.BackupTargetDisk, with a certificate of the cluster's CA, and
+// starts it.
 func (c *Cluster) setUpTarget() error {
-	t := &Target{Name: c.opts.BackupTarget, Pool: c.opts.BackupTarget, IP: fmt.Sprintf("10.77.0.%d", targetIndex), Address: TargetAddress(), c: c}
-	t.RootDataset = t.Pool + "/backups"
-	if err := CreatePool(t.Pool, c.opts.BackupTargetDisk); err != nil {
+	files, err := c.CA.Issue(c.opts.BackupTarget, tlsconfig.RoleBackup)
+	if err != nil {
 		return err
+	}
+	_, err = c.StartTarget(c.opts.BackupTarget, c.opts.BackupTargetDisk, files)
+	return err
+}
+
+// StartTarget makes a backup target named name, its pool on disk, with
+// the certificate files (role backup, common name name: a cluster whose
+// nodes trust another CA than the cluster's issues its own), starts it
+// at TargetAddress and makes it the cluster's Target. The cluster's
+// Close undoes it.
+func (c *Cluster) StartTarget(name, disk string, files tlsconfig.Files) (*Target, error) {
+	t := &Target{Name: name, Pool: name, IP: fmt.Sprintf("10.77.0.%d", targetIndex), Address: TargetAddress(), TLS: files, c: c}
+	t.RootDataset = t.Pool + "/backups"
+	if err := CreatePool(t.Pool, disk); err != nil {
+		return nil, err
 	}
 	c.undo = append(c.undo, func() { DestroyPool(t.Pool) })
 	if _, err := Run("zfs", "create", t.RootDataset); err != nil {
-		return err
+		return nil, err
 	}
 	c.undo = append(c.undo, func() { tearDownNetwork(t.Name, hostLink(targetIndex)) })
 	if err := setUpNetwork(t.Name, hostLink(targetIndex), t.IP); err != nil {
-		return err
-	}
-	var err error
-	if t.TLS, err = c.CA.Issue(t.Name, tlsconfig.RoleBackup); err != nil {
-		return err
+		return nil, err
 	}
 	t.args = append([]string{"target", "-name", t.Name, "-root-dataset", t.RootDataset, "-address", t.Address, "-max-quota", "10G"}, tlsArgs(t.TLS)...)
 	c.Target = t
 	c.undo = append(c.undo, t.stop)
-	return t.Start()
+	return t, t.Start()
 }
 
 // Start starts (or restarts) the target's zfs-node target in its

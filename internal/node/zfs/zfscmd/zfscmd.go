@@ -71,6 +71,10 @@ func classify(err error, stderr string) error {
 		// a corrupted stream gets that too, and with the userland and
 		// module of one release (openzfs.Check) libzfs refuses first.
 		return fmt.Errorf("%w: %w", err, zfs.ErrStreamUnsupported)
+	case strings.Contains(stderr, "out of space"), strings.Contains(stderr, "quota exceeded"):
+		// ENOSPC, and EDQUOT (zfs receive: "destination D space quota
+		// exceeded").
+		return fmt.Errorf("%w: %w", err, zfs.ErrNoSpace)
 	case strings.Contains(stderr, "Incorrect key provided"):
 		return fmt.Errorf("%w: %w", err, zfs.ErrWrongKey)
 	case strings.Contains(stderr, "does not exist"), strings.Contains(stderr, "no such"):

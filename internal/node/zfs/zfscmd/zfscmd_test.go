@@ -21,6 +21,8 @@ func TestClassify(t *testing.T) {
 		// release's stream, but a broken one (resumable, Aborted).
 		{"cannot receive incremental stream: kernel modules must be upgraded to receive this stream.", nil},
 		{"cannot destroy 'p/x': dataset is busy", nil},
+		{"cannot receive incremental stream: destination p/x space quota exceeded.", zfs.ErrNoSpace},
+		{"cannot receive new filesystem stream: out of space", zfs.ErrNoSpace},
 		// zfs load-key, and load-key -n (CheckKey), with a wrong passphrase.
 		{"Key load error: Incorrect key provided for 'p/x'.", zfs.ErrWrongKey},
 	}
@@ -31,7 +33,7 @@ func TestClassify(t *testing.T) {
 			if !errors.Is(err, base) {
 				t.Errorf("classify lost the command's error: %v", err)
 			}
-			for _, kind := range []error{zfs.ErrNotFound, zfs.ErrExists, zfs.ErrStreamUnsupported, zfs.ErrWrongKey} {
+			for _, kind := range []error{zfs.ErrNotFound, zfs.ErrExists, zfs.ErrStreamUnsupported, zfs.ErrWrongKey, zfs.ErrNoSpace} {
 				if got := errors.Is(err, kind); got != (kind == tt.want) {
 					t.Errorf("errors.Is(%v, %v) = %v, want %v", err, kind, got, kind == tt.want)
 				}

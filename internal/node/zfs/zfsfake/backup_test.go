@@ -3,6 +3,7 @@ package zfsfake_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"slices"
 	"strings"
@@ -18,6 +19,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/node/copylock"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/replication"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
@@ -287,4 +289,29 @@ func TestAnOperatorDeletesBackups(t *testing.T) {
 	if len(children) != 0 {
 		t.Errorf("chains left: %v", children)
 	}
+}
+
+// TestAFullTargetFailsTheBackupAndKeepsTheBase: a target whose pool or
+// quota has no room refuses the backup as ResourceExhausted, saying so
+// (not Aborted: no retry finds room until someone makes it), and the node
+// keeps the target's base: once there is room the next backup is an
+// increment from it.
+func TestAFullTargetFailsTheBackupAndKeepsTheBase(t *testing.T) {
+	b := newBackupSetup(t, nil)
+	p := b.pusher(t, b.src, "n1")
+	must(t, b.src.Write(b.fs, "a"))
+	b.backup(t, p, replication.KindFull)
+	b.vault.Fail = func(op, name string) error {
+		if op == "receive" {
+			return fmt.Errorf("cannot receive incremental stream: destination %s space quota exceeded.: %w", name, zfs.ErrNoSpace)
+		}
+		return nil
+	}
+	must(t, b.src.Write(b.fs, "b"))
+	_, err := p.PushBackup(ctx, b.id, "vault", "test", 0, func(replication.Progress) {})
+	if !errors.Is(err, errdefs.ErrResourceExhausted) || !strings.Contains(err.Error(), "no room") {
+		t.Fatalf("a backup to a full target: %v, want ResourceExhausted saying it has no room", err)
+	}
+	b.vault.Fail = nil
+	b.backup(t, p, replication.KindIncremental)
 }
