@@ -3,8 +3,6 @@ package bench
 import (
 	"context"
 	"fmt"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 
@@ -28,19 +26,8 @@ func BenchmarkBackup(b *testing.B) {
 	c := guesttest.StartCluster(b, 2, guestcluster.Options{LogLevel: "info", BackupTarget: "vault", BackupTargetDisk: guesttest.Disk(3),
 		ControllerArgs: []string{"-backups-as-snapshots"}})
 	n1, n2, vault := c.Nodes[0], c.Nodes[1], c.Target
-	ctl, id := createVolume(b, c, "bench", n1.ID, 2<<30)
-	src := n1.RootDataset + "/" + id
-	mnt := filepath.Join(n1.Dir, "bench")
-	sh(b, fmt.Sprintf("mkdir -p %s && mount -t zfs %s %s && dd if=/dev/urandom of=%s/data bs=1M count=%d 2>/dev/null && sync && umount %s",
-		mnt, src, mnt, mnt, *replicationMiB, mnt))
-	sh(b, "zfs snapshot "+src+"@bench")
-	size, _ := strconv.ParseFloat(strings.Fields(sh(b, "zfs send -nP -L -c "+src+"@bench | awk '$1==\"size\"{print $2}'"))[0], 64)
-	agentConn, err := c.DialAgent(n1.AgentAddress)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer agentConn.Close()
-	agent := agentclient.New(agentConn)
+	v := filledVolume(b, c, n1)
+	ctl, id, src, size, agent := v.ctl, v.id, v.dataset, v.size, v.agent
 	chain := vault.RootDataset + "/" + id
 
 	var toTarget, backup, fromTarget, restore usage

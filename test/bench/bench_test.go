@@ -97,19 +97,8 @@ func timed(f func()) time.Duration {
 func BenchmarkReplication(b *testing.B) {
 	c := guesttest.StartCluster(b, 2, guestcluster.Options{LogLevel: "info"})
 	n1, n2 := c.Nodes[0], c.Nodes[1]
-	_, id := createVolume(b, c, "bench", n1.ID, 2<<30)
-	src := n1.RootDataset + "/" + id
-	mnt := filepath.Join(n1.Dir, "bench")
-	sh(b, fmt.Sprintf("mkdir -p %s && mount -t zfs %s %s && dd if=/dev/urandom of=%s/data bs=1M count=%d 2>/dev/null && sync && umount %s",
-		mnt, src, mnt, mnt, *replicationMiB, mnt))
-	sh(b, "zfs snapshot "+src+"@bench")
-	size, _ := strconv.ParseFloat(strings.Fields(sh(b, "zfs send -nP -L -c "+src+"@bench | awk '$1==\"size\"{print $2}'"))[0], 64)
-	agentConn, err := c.DialAgent(n1.AgentAddress)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer agentConn.Close()
-	agent := agentclient.New(agentConn)
+	v := filledVolume(b, c, n1)
+	id, src, size, agent := v.id, v.dataset, v.size, v.agent
 
 	var local, socat, driver, plaintext usage
 	b.ResetTimer()
@@ -201,6 +190,34 @@ func cpuBusy(b *testing.B) time.Duration {
 	}
 	const userHZ = 100 // the kernel's USER_HZ: /proc/stat counts in 1/100 s
 	return time.Duration(busy) * time.Second / userHZ
+}
+
+// filled is a volume of -replication-mib MiB of random data on node n1,
+// snapshotted as @bench, with a client of n1's agent.
+type filled struct {
+	ctl         csi.ControllerClient
+	id, dataset string
+	size        float64 // bytes of the snapshot's full stream (zfs send -L -c)
+	agent       *agentclient.Client
+}
+
+// filledVolume makes the volume BenchmarkReplication and BenchmarkBackup
+// send; the agent's connection closes with the benchmark.
+func filledVolume(b *testing.B, c *guestcluster.Cluster, n1 *guestcluster.Node) filled {
+	b.Helper()
+	ctl, id := createVolume(b, c, "bench", n1.ID, 2<<30)
+	src := n1.RootDataset + "/" + id
+	mnt := filepath.Join(n1.Dir, "bench")
+	sh(b, fmt.Sprintf("mkdir -p %s && mount -t zfs %s %s && dd if=/dev/urandom of=%s/data bs=1M count=%d 2>/dev/null && sync && umount %s",
+		mnt, src, mnt, mnt, *replicationMiB, mnt))
+	sh(b, "zfs snapshot "+src+"@bench")
+	size, _ := strconv.ParseFloat(strings.Fields(sh(b, "zfs send -nP -L -c "+src+"@bench | awk '$1==\"size\"{print $2}'"))[0], 64)
+	conn, err := c.DialAgent(n1.AgentAddress)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { conn.Close() })
+	return filled{ctl: ctl, id: id, dataset: src, size: size, agent: agentclient.New(conn)}
 }
 
 // createVolume creates a volume of size bytes on node, uncompressed (the

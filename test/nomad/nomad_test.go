@@ -168,20 +168,7 @@ func TestNomadEndToEnd(t *testing.T) {
 		e.nomad("volume", "snapshot", "create", "web-data", "snap1")
 		snapID = e.snapshotID("web-data")
 		e.nomad("job", "stop", "-purge", "counter")
-		spec := fmt.Sprintf(`id = "web-data-restored"
-name = "web-data-restored"
-type = "csi"
-plugin_id = "zfs-nomad"
-snapshot_id = %q
-capability {
-  access_mode     = "single-node-writer"
-  attachment_mode = "file-system"
-}
-secrets {
-  encryption_key = %q
-}
-`, snapID, testPassphrase)
-		e.createVolume(e.writeFile("restored.hcl", spec))
+		e.createVolume(e.writeFile("restored.hcl", fromSnapshotSpec("web-data-restored", snapID)))
 		restored := e.runCounter("web-data-restored")
 		e.wantSameData(moved, restored, false)
 		e.wantKeyLoadedOnlyOn(e.externalID("web-data-restored"), restored.node)
@@ -199,20 +186,7 @@ secrets {
 		if !strings.HasPrefix(backupID, "backup:"+backupTarget+":") {
 			t.Fatalf("nomad volume snapshot list shows %s for web-data, want its backup on %s", backupID, backupTarget)
 		}
-		spec := fmt.Sprintf(`id = "web-data-from-backup"
-name = "web-data-from-backup"
-type = "csi"
-plugin_id = "zfs-nomad"
-snapshot_id = %q
-capability {
-  access_mode     = "single-node-writer"
-  attachment_mode = "file-system"
-}
-secrets {
-  encryption_key = %q
-}
-`, backupID, testPassphrase)
-		e.createVolume(e.writeFile("from-backup.hcl", spec))
+		e.createVolume(e.writeFile("from-backup.hcl", fromSnapshotSpec("web-data-from-backup", backupID)))
 		restored := e.runCounter("web-data-from-backup")
 		e.wantSameData(moved, restored, false)
 		e.nomad("job", "stop", "-purge", "counter")
@@ -303,6 +277,25 @@ secrets {
 		after := e.waitForCounter(before.id)
 		e.wantSameData(before, after, true)
 	})
+}
+
+// fromSnapshotSpec is the volume specification of nomad volume create
+// for an encrypted volume id made from snapshotID (a snapshot's, or a
+// backup's).
+func fromSnapshotSpec(id, snapshotID string) string {
+	return fmt.Sprintf(`id = %[1]q
+name = %[1]q
+type = "csi"
+plugin_id = "zfs-nomad"
+snapshot_id = %[2]q
+capability {
+  access_mode     = "single-node-writer"
+  attachment_mode = "file-system"
+}
+secrets {
+  encryption_key = %[3]q
+}
+`, id, snapshotID, testPassphrase)
 }
 
 // TestNomadRawExec is the shorter scenario for clients without Docker:

@@ -154,6 +154,11 @@ func TestBackupsToATarget(t *testing.T) {
 	if holds := guesttest.Run(t, "zfs", "holds", "-H", n1.RootDataset+"/"+id+"@"+base); !strings.Contains(holds, "zfs-nomad-base-backup:vault") {
 		t.Errorf("after the failed backup n1 no longer holds the target's base %s: %s", base, holds)
 	}
+	statusArgs := []string{"status", "-peers", strings.Join(c.AgentAddresses(), ","), "-tls-ca", c.Operator.CA, "-tls-cert", c.Operator.Cert,
+		"-tls-key", c.Operator.Key, "-backup-targets", "vault=" + guestcluster.TargetAddress()}
+	if out, _ := exitOf(ctlBin, statusArgs...); !strings.Contains(out, "(last try failed") || !strings.Contains(out, "vault has no room") {
+		t.Errorf("zfs-controller status does not say why ledger's backup failed:\n%s", out)
+	}
 	guesttest.Run(t, "zfs", "set", "quota=none", c.Target.RootDataset)
 	out = guesttest.Run(t, ctlBin, append(args, "-target", "vault", "ledger")...)
 	if !strings.Contains(out, "done: ") || strings.Contains(out, "done: full") {
@@ -226,8 +231,9 @@ func TestScheduledBackupsAndARestoreOntoAnotherNode(t *testing.T) {
 		}
 		return fields[len(fields)-1]
 	}
-	guesttest.Exec(t, n1, guesttest.RandomFile(target+"/a", 6)+" && seq 1 50000 >"+target+"/numbers && sync")
-	want := checksums(t, n1, target)
+	guesttest.Exec(t, n1, guesttest.RandomFile(target+"/a", 6)+" && seq 1 50000 >"+target+"/numbers && mkdir "+target+"/sub && "+
+		"chown 1234:2345 "+target+"/a && chmod 640 "+target+"/a && chown 99:99 "+target+"/sub && chmod 750 "+target+"/sub && sync")
+	want, wantOwners := checksums(t, n1, target), owners(t, n1, target)
 	// The schedule's next backup holds the files: one taken after them.
 	before := newestBackup()
 	began := time.Now()
@@ -281,6 +287,9 @@ func TestScheduledBackupsAndARestoreOntoAnotherNode(t *testing.T) {
 	if got := checksums(t, n2, dir); got != want {
 		t.Errorf("the restored volume holds\n%s\nthe volume held\n%s", got, want)
 	}
+	if got := owners(t, n2, dir); got != wantOwners {
+		t.Errorf("the restored volume's owners and modes:\n%s\nthe volume's:\n%s", got, wantOwners)
+	}
 	ds := n2.RootDataset + "/" + restored
 	if snaps := strings.TrimSpace(guesttest.Run(t, "zfs", "list", "-H", "-t", "snapshot", "-o", "name", ds)); snaps != "" {
 		t.Errorf("the restored volume keeps snapshots: %s", snaps)
@@ -329,4 +338,11 @@ func TestScheduledBackupsAndARestoreOntoAnotherNode(t *testing.T) {
 	if got := checksums(t, n2, dir); got != want {
 		t.Errorf("deleting the backups changed the restored volume:\n%s", got)
 	}
+}
+
+// owners lists every file and directory under dir with its mode, owner
+// and group.
+func owners(t *testing.T, n *guestcluster.Node, dir string) string {
+	t.Helper()
+	return guesttest.Exec(t, n, "cd "+dir+" && find . | sort | xargs stat -c '%n %a %u %g'")
 }

@@ -88,6 +88,9 @@ func nodeStatusFromPB(st *pb.NodeStatus) NodeStatus {
 		Replicas:  convertAll(st.GetReplicas(), replicaFromPB),
 		Transfers: convertAll(st.GetTransfers(), transferFromPB),
 		SetAside:  st.GetSetAside(),
+		BackupFailures: convertAll(st.GetBackupFailures(), func(f *pb.BackupFailure) BackupFailure {
+			return BackupFailure{VolumeID: f.GetVolumeId(), Target: f.GetTarget(), Error: f.GetError(), AtUnix: f.GetAtUnix()}
+		}),
 	}
 }
 

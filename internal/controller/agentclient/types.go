@@ -140,6 +140,15 @@ type NodeStatus struct {
 	Replicas  []Replica
 	Transfers []Transfer
 	SetAside  []string
+	// BackupFailures are the last failed backup of each volume to each
+	// target, until a backup there succeeds.
+	BackupFailures []BackupFailure
+}
+
+// BackupFailure is the last failed backup of a volume to a target.
+type BackupFailure struct {
+	VolumeID, Target, Error string
+	AtUnix                  int64
 }
 
 // Changes is what a node tells of the volumes whose copy there changed

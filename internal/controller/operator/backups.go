@@ -156,53 +156,102 @@ type BackupStatus struct {
 	// Newest is when the target received the newest backup (zero: it
 	// holds none).
 	Newest time.Time `json:"newest,omitzero"`
-	// Every is the volume's backup_every.
-	Every string `json:"every"`
+	// Every is the volume's backup_every, when backup_to names the
+	// target (else the target is listed for a failed backup only).
+	Every string `json:"every,omitempty"`
 	// Late: the target holds no backup of the volume, or its newest is
 	// more than twice backup_every old, as of the report.
 	Late bool `json:"late,omitempty"`
 	// Error says why the target did not answer.
 	Error string `json:"error,omitempty"`
+	// LastFailure says why the last backup there failed, when it failed
+	// after the newest backup (the node that tried keeps it until one
+	// succeeds), and LastFailureAt when.
+	LastFailure   string    `json:"last_failure,omitempty"`
+	LastFailureAt time.Time `json:"last_failure_at,omitzero"`
 }
 
 // AddBackups adds to the report, for each primary whose backup_to names
 // targets, the newest backup on each (asking each target once): what the
-// schedule should keep young, and the late ones marked.
+// schedule should keep young, and the late ones marked; and for any
+// primary, a target its last backup to failed (by the operator's command
+// too), and why.
 func AddBackups(ctx context.Context, r *Report, targets BackupLister, now time.Time) {
-	type answer struct {
-		newest map[string]time.Time // by volume ID
-		err    error
-	}
-	asked := map[string]answer{}
+	newest := newestBackups(ctx, targets)
 	for _, c := range r.Copies {
 		if c.Role != "primary" {
 			continue
 		}
-		names, every := contract.BackupPolicy(c.parameters)
-		for _, target := range names {
-			a, ok := asked[target]
-			if !ok {
-				a = answer{newest: map[string]time.Time{}}
-				var all []agentclient.Backup
-				if all, a.err = targets.Backups(ctx, target, ""); a.err == nil {
-					for _, b := range all {
-						if b.Received.After(a.newest[b.VolumeID]) {
-							a.newest[b.VolumeID] = b.Received
-						}
-					}
-				}
-				asked[target] = a
+		scheduled, every := contract.BackupPolicy(c.parameters)
+		names := slices.Clone(scheduled)
+		for _, f := range r.backupFailures {
+			if f.VolumeID == c.VolumeID && !slices.Contains(names, f.Target) {
+				names = append(names, f.Target)
 			}
-			st := BackupStatus{VolumeID: c.VolumeID, Name: c.Name, Target: target, Every: every.String()}
-			if a.err != nil {
-				st.Error = innermost(a.err.Error())
+		}
+		for _, target := range names {
+			st := BackupStatus{VolumeID: c.VolumeID, Name: c.Name, Target: target}
+			ages, err := newest(target)
+			if err != nil {
+				st.Error = innermost(err.Error())
 			} else {
-				st.Newest = a.newest[c.VolumeID]
-				st.Late = st.Newest.IsZero() || now.Sub(st.Newest) > 2*every
+				st.Newest = ages[c.VolumeID]
+			}
+			if slices.Contains(scheduled, target) {
+				st.Every = every.String()
+				st.Late = err == nil && (st.Newest.IsZero() || now.Sub(st.Newest) > 2*every)
+			}
+			if f, ok := lastFailure(r.backupFailures, c.VolumeID, target); ok && f.After(st.Newest) {
+				st.LastFailure, st.LastFailureAt = f.why, f.Time
 			}
 			r.Backups = append(r.Backups, st)
 		}
 	}
+}
+
+// newestBackups returns a function answering, for a target, when it
+// received each volume's newest backup (by volume ID), asking each
+// target once.
+func newestBackups(ctx context.Context, targets BackupLister) func(target string) (map[string]time.Time, error) {
+	type answer struct {
+		newest map[string]time.Time
+		err    error
+	}
+	asked := map[string]answer{}
+	return func(target string) (map[string]time.Time, error) {
+		if a, ok := asked[target]; ok {
+			return a.newest, a.err
+		}
+		a := answer{newest: map[string]time.Time{}}
+		var all []agentclient.Backup
+		if all, a.err = targets.Backups(ctx, target, ""); a.err == nil {
+			for _, b := range all {
+				if b.Received.After(a.newest[b.VolumeID]) {
+					a.newest[b.VolumeID] = b.Received
+				}
+			}
+		}
+		asked[target] = a
+		return a.newest, a.err
+	}
+}
+
+// failure is a backup's failure: when, and why.
+type failure struct {
+	time.Time
+	why string
+}
+
+// lastFailure is the newest of the nodes' failed backups of volumeID to
+// target (a volume that moved may have failed on two nodes).
+func lastFailure(all []agentclient.BackupFailure, volumeID, target string) (failure, bool) {
+	var last failure
+	for _, f := range all {
+		if at := time.Unix(f.AtUnix, 0); f.VolumeID == volumeID && f.Target == target && at.After(last.Time) {
+			last = failure{Time: at, why: f.Error}
+		}
+	}
+	return last, !last.IsZero()
 }
 
 // backupsOf is a volume's BACKUPS cell: each target's newest backup's
@@ -217,13 +266,18 @@ func backupsOf(all []BackupStatus, volumeID string, now time.Time) string {
 		switch {
 		case b.Error != "":
 			cell += "? (target did not answer)"
-		case b.Newest.IsZero():
+		case b.Newest.IsZero() && b.Late:
 			cell += "none, LATE"
+		case b.Newest.IsZero():
+			cell += "none"
 		default:
 			cell += now.Sub(b.Newest).Round(time.Second).String() + " ago"
 			if b.Late {
 				cell += ", LATE (every " + b.Every + ")"
 			}
+		}
+		if b.LastFailure != "" {
+			cell += fmt.Sprintf(" (last try failed %s ago: %s)", now.Sub(b.LastFailureAt).Round(time.Second), b.LastFailure)
 		}
 		cells = append(cells, cell)
 	}

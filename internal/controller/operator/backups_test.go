@@ -168,7 +168,9 @@ func (b byTarget) Backups(_ context.Context, target, _ string) ([]agentclient.Ba
 // TestStatusShowsBackupAges: status shows, for each primary whose
 // backup_to names targets, each target's newest backup by age, LATE when
 // the target holds none or its newest is more than twice backup_every
-// old, and a target that does not answer as unknown.
+// old, and a target that does not answer as unknown; beside them, why
+// the last backup failed, if it failed after the newest, also to a
+// target backup_to does not name (an operator's backup).
 func TestStatusShowsBackupAges(t *testing.T) {
 	now := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
 	web, db, tmp := contract.VolumeIDForName("web"), contract.VolumeIDForName("db"), contract.VolumeIDForName("tmp")
@@ -182,12 +184,18 @@ func TestStatusShowsBackupAges(t *testing.T) {
 		"vault":   {{VolumeID: web, Received: now.Add(-30 * time.Minute)}, {VolumeID: web, Received: now.Add(-90 * time.Minute)}, {VolumeID: db, Received: now.Add(-3 * time.Hour)}},
 		"offsite": {},
 	}
+	r.backupFailures = []agentclient.BackupFailure{
+		{VolumeID: db, Target: "vault", Error: "vault has no room for volume " + db, AtUnix: now.Add(-2 * time.Minute).Unix()},
+		{VolumeID: web, Target: "vault", Error: "before the newest backup: no longer news", AtUnix: now.Add(-time.Hour).Unix()},
+		{VolumeID: tmp, Target: "vault", Error: "an operator's backup failed", AtUnix: now.Add(-time.Minute).Unix()},
+	}
 	AddBackups(context.Background(), &r, targets, now)
 	var got []string
 	for _, b := range r.Backups {
 		got = append(got, fmt.Sprintf("%s %s late=%v err=%v", b.Name, b.Target, b.Late, b.Error != ""))
 	}
-	want := []string{"web vault late=false err=false", "web offsite late=true err=false", "web lost late=false err=true", "db vault late=true err=false"}
+	want := []string{"web vault late=false err=false", "web offsite late=true err=false", "web lost late=false err=true", "db vault late=true err=false",
+		"tmp vault late=false err=false"}
 	if !slices.Equal(got, want) {
 		t.Errorf("backups:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
@@ -195,11 +203,15 @@ func TestStatusShowsBackupAges(t *testing.T) {
 	PrintStatus(&out, r, now)
 	for _, line := range []string{
 		"vault 30m0s ago; offsite none, LATE; lost ? (target did not answer)",
-		"vault 3h0m0s ago, LATE (every 1h0m0s)",
+		"vault 3h0m0s ago, LATE (every 1h0m0s) (last try failed 2m0s ago: vault has no room for volume " + db + ")",
+		"vault none (last try failed 1m0s ago: an operator's backup failed)",
 	} {
 		if !strings.Contains(out.String(), line) {
 			t.Errorf("status lacks %q:\n%s", line, out.String())
 		}
+	}
+	if strings.Contains(out.String(), "no longer news") {
+		t.Errorf("status shows a failure older than the newest backup:\n%s", out.String())
 	}
 	if !strings.Contains(out.String(), "BACKUPS") {
 		t.Errorf("status has no BACKUPS column:\n%s", out.String())

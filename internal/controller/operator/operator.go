@@ -232,6 +232,10 @@ type Report struct {
 	// that answered who it is but not what it holds, and each controller
 	// instance asked for its moves in vain.
 	Unreachable []Unreachable `json:"unreachable"`
+
+	// backupFailures are the nodes' last failed backups, which
+	// AddBackups shows beside the late ones.
+	backupFailures []agentclient.BackupFailure
 }
 
 // Move is a move a controller instance runs in the background.
@@ -314,6 +318,7 @@ func Status(ctx context.Context, cl *cluster.Cluster) (Report, error) {
 			report.Copies = append(report.Copies, CopyStatus{VolumeID: v.VolumeID, Name: v.Name, Node: id, Role: "primary",
 				Generation: v.Generation, MovingTo: v.MovingTo, FailedOverAt: v.FailoverFromSnapshot, parameters: v.Parameters})
 		}
+		report.backupFailures = append(report.backupFailures, st.BackupFailures...)
 		for _, name := range st.SetAside {
 			report.SetAside = append(report.SetAside, SetAsideCopy{Node: id, Dataset: name})
 		}

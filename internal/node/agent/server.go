@@ -139,6 +139,9 @@ func (s *Server) Status(ctx context.Context, _ *pb.StatusRequest) (*pb.NodeStatu
 		out.Transfers = append(out.Transfers, &pb.Transfer{VolumeId: t.VolumeID, Peer: t.Peer, Kind: t.Kind,
 			Bytes: t.Bytes, TotalBytes: t.Total, StartedUnix: t.Started.Unix(), Purpose: t.Purpose})
 	}
+	for _, f := range s.pusher.BackupFailures() {
+		out.BackupFailures = append(out.BackupFailures, &pb.BackupFailure{VolumeId: f.VolumeID, Target: f.Target, Error: f.Err, AtUnix: f.At.Unix()})
+	}
 	return out, nil
 }
 

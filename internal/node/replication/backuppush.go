@@ -2,7 +2,10 @@ package replication
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -38,7 +41,7 @@ func isReceiverKey(key string) bool {
 }
 
 // UseTargets gives the pusher the backup targets it may push to, by name
-// (the operator's backups.targets: name to host:port), and how it reaches
+// (the operator's backup_targets: name to host:port), and how it reaches
 // them.
 func (p *Pusher) UseTargets(targets map[string]string, peers TargetPeers) {
 	p.targets, p.targetPeers = targets, peers
@@ -49,11 +52,63 @@ func (p *Pusher) UseTargets(targets map[string]string, peers TargetPeers) {
 func (p *Pusher) PushBackup(ctx context.Context, volumeID, target, purpose string, interval time.Duration, report func(Progress)) (Progress, error) {
 	addr, ok := p.targets[target]
 	if !ok || p.targetPeers == nil {
-		return Progress{}, errdefs.Wrap(errdefs.ErrNotFound, "node %s knows no backup target %q: add it to its backups.targets (docs/backups.md)", p.nodeID, target)
+		return Progress{}, errdefs.Wrap(errdefs.ErrNotFound, "node %s knows no backup target %q: add it to its backup_targets (docs/backups.md)", p.nodeID, target)
 	}
 	job := pushJob{volumeID: volumeID, addr: addr, nodeID: target, purpose: purpose, interval: interval, report: report, backup: true,
 		log: p.log.With("volume_id", volumeID, "backup_target", target, "peer", addr)}
-	return p.run(ctx, job, "a backup to "+target)
+	prog, err := p.run(ctx, job, "a backup to "+target)
+	p.backupEnded(volumeID, target, err)
+	return prog, err
+}
+
+// BackupFailure is the last failed backup of a volume to a target, kept
+// until a backup there succeeds: why a backup is late, for the status.
+type BackupFailure struct {
+	VolumeID, Target, Err string
+	At                    time.Time
+}
+
+// maxBackupFailures bounds the failures kept (one per volume and
+// target): beyond it the oldest goes.
+const maxBackupFailures = 10000
+
+// backupEnded records a backup's failure, or forgets the last one when
+// it succeeded. A busy volume (Aborted: another push of it runs) or a
+// cancelled call is no failure of the backup.
+func (p *Pusher) backupEnded(volumeID, target string, err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	key := volumeID + "\x00" + target
+	switch {
+	case err == nil:
+		delete(p.backupFailures, key)
+		return
+	case errors.Is(err, errdefs.ErrAborted), errors.Is(err, context.Canceled):
+		return
+	}
+	if p.backupFailures == nil {
+		p.backupFailures = map[string]BackupFailure{}
+	}
+	if _, ok := p.backupFailures[key]; !ok && len(p.backupFailures) >= maxBackupFailures {
+		oldest := ""
+		for k, f := range p.backupFailures {
+			if oldest == "" || f.At.Before(p.backupFailures[oldest].At) {
+				oldest = k
+			}
+		}
+		delete(p.backupFailures, oldest)
+	}
+	p.backupFailures[key] = BackupFailure{VolumeID: volumeID, Target: target, Err: err.Error(), At: p.now()}
+}
+
+// BackupFailures are the last failed backup of each volume to each
+// target, of those that have not succeeded since, oldest first.
+func (p *Pusher) BackupFailures() []BackupFailure {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := slices.Collect(maps.Values(p.backupFailures))
+	slices.SortFunc(out, func(a, b BackupFailure) int { return a.At.Compare(b.At) })
+	return out
 }
 
 // planBackup decides what a push to a backup target sends: an

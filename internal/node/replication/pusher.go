@@ -66,6 +66,9 @@ type Pusher struct {
 	// refused is, by dataset and peer node ID, the newest snapshot (GUID)
 	// of a replica whose node refused to roll it back (rollbackRefused).
 	refused map[string]uint64
+	// backupFailures are, by volume ID and target, the last failed
+	// backup of those not succeeded since (BackupFailures).
+	backupFailures map[string]BackupFailure
 }
 
 // Peers reaches the receiving nodes: agent.ReplicationPeers over the

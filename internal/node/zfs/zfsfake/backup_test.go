@@ -189,8 +189,8 @@ func TestABackupGoesOnlyToAConfiguredTarget(t *testing.T) {
 	p := b.pusher(t, b.src, "n1")
 	before := len(b.src.snaps(t, b.fs))
 	_, err := p.PushBackup(ctx, b.id, "elsewhere", "test", 0, func(replication.Progress) {})
-	if !errors.Is(err, errdefs.ErrNotFound) || !strings.Contains(err.Error(), "backups.targets") {
-		t.Errorf("a backup to an unknown target: %v, want NotFound naming backups.targets", err)
+	if !errors.Is(err, errdefs.ErrNotFound) || !strings.Contains(err.Error(), "backup_targets") {
+		t.Errorf("a backup to an unknown target: %v, want NotFound naming backup_targets", err)
 	}
 	if n := len(b.src.snaps(t, b.fs)); n != before {
 		t.Errorf("a refused backup left %d snapshots, were %d", n, before)
@@ -293,9 +293,10 @@ func TestAnOperatorDeletesBackups(t *testing.T) {
 
 // TestAFullTargetFailsTheBackupAndKeepsTheBase: a target whose pool or
 // quota has no room refuses the backup as ResourceExhausted, saying so
-// (not Aborted: no retry finds room until someone makes it), and the node
-// keeps the target's base: once there is room the next backup is an
-// increment from it.
+// (not Aborted: no retry finds room until someone makes it); the node
+// records the failure for the status until a backup succeeds, and keeps
+// the target's base: once there is room the next backup is an increment
+// from it.
 func TestAFullTargetFailsTheBackupAndKeepsTheBase(t *testing.T) {
 	b := newBackupSetup(t, nil)
 	p := b.pusher(t, b.src, "n1")
@@ -312,6 +313,12 @@ func TestAFullTargetFailsTheBackupAndKeepsTheBase(t *testing.T) {
 	if !errors.Is(err, errdefs.ErrResourceExhausted) || !strings.Contains(err.Error(), "no room") {
 		t.Fatalf("a backup to a full target: %v, want ResourceExhausted saying it has no room", err)
 	}
+	if f := p.BackupFailures(); len(f) != 1 || f[0].VolumeID != b.id || f[0].Target != "vault" || !strings.Contains(f[0].Err, "no room") {
+		t.Errorf("the node's record of failed backups: %+v; want the full target's", f)
+	}
 	b.vault.Fail = nil
 	b.backup(t, p, replication.KindIncremental)
+	if f := p.BackupFailures(); len(f) != 0 {
+		t.Errorf("after a backup succeeded the node still records failures: %+v", f)
+	}
 }
