@@ -24,8 +24,12 @@ import (
 // there, labelled for a restore and never mounted; the volume's grid
 // prunes them (100y:1 keeps the first since 1970 and the newest); the
 // node keeps the target's base held. The volume is encrypted (the roots
-// are): its backups stay encrypted, the key never loaded there, and
-// hold, decrypted, what the volume held. A node's certificate answering
+// are): its backups stay encrypted, the key never loaded there, their
+// stream without its plaintext, and hold, decrypted, what the volume
+// held. A target out of room fails a backup at once, saying why in the
+// status too, and the next goes on from the base the node kept. Restored
+// onto the other node, the volume is its own encryption root, staged
+// with its key. A node's certificate answering
 // at a target's address is refused before anything is sent. A backup
 // broken off by the target's death resumes once it is back, within the
 // node's bandwidth cap.
@@ -60,7 +64,8 @@ func TestBackupsToATarget(t *testing.T) {
 	first := backup("full")
 	guesttest.Exec(t, n1, guesttest.RandomFile(target+"/b", 4)+" && sync")
 	backup("incremental")
-	guesttest.Exec(t, n1, "seq 1 100000 >"+target+"/c && sync")
+	const marker = "zfs-nomad-plaintext-marker-7f3a9c"
+	guesttest.Exec(t, n1, "seq 1 100000 >"+target+"/c && echo "+marker+" >"+target+"/marker && sync")
 	newest := backup("incremental")
 
 	chain := c.Target.RootDataset + "/" + id
@@ -90,6 +95,19 @@ func TestBackupsToATarget(t *testing.T) {
 	if !held() {
 		out, _ := guestcluster.Run("zfs", "holds", "-H", source)
 		t.Errorf("n1 does not hold %s, the target's base, as zfs-nomad-base-backup:vault: %s", source, out)
+	}
+
+	// The target's stream of the newest backup carries no plaintext: a
+	// file's text, found in the node's decrypted stream, is not in it.
+	inStream := func(send string) bool {
+		_, err := guestcluster.Run("sh", "-c", send+" | grep -q -a "+marker)
+		return err == nil
+	}
+	if !inStream("zfs send " + n1.RootDataset + "/" + id + newest) {
+		t.Errorf("the marker is not in n1's decrypted stream: the check below proves nothing")
+	}
+	if inStream("zfs send -w " + chain + newest) {
+		t.Errorf("the target's stream of %s carries the volume's plaintext", chain+newest)
 	}
 
 	// Decrypted with the volume's key (here, the cluster's), the newest

@@ -46,13 +46,18 @@ func ListBackups(ctx context.Context, targets BackupLister, target, volume strin
 		return cmp.Or(cmp.Compare(a.VolumeName, b.VolumeName), a.Received.Compare(b.Received), cmp.Compare(a.Snapshot, b.Snapshot))
 	})
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "VOLUME\tRECEIVED\tSIZE\tCHAIN\tSNAPSHOT ID")
+	fmt.Fprintln(w, "VOLUME\tRECEIVED\tSIZE\tENCRYPTED\tCHAIN\tSNAPSHOT ID")
 	for _, b := range shown {
 		chain := "current"
 		if !b.CurrentChain {
 			chain = "earlier"
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", b.VolumeName, b.Received.UTC().Format(time.RFC3339), contract.Bytes(int64(b.ReferencedBytes)), chain, b.Ref().SnapshotID())
+		encrypted := "no"
+		if b.Encrypted {
+			encrypted = "yes"
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", b.VolumeName, b.Received.UTC().Format(time.RFC3339), contract.Bytes(int64(b.ReferencedBytes)),
+			encrypted, chain, b.Ref().SnapshotID())
 	}
 	return w.Flush()
 }

@@ -28,7 +28,7 @@ func TestListBackups(t *testing.T) {
 	at := time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)
 	web, db := contract.VolumeIDForName("web"), contract.VolumeIDForName("db")
 	all := listed{
-		{Target: "vault", VolumeID: web, VolumeName: "web", Snapshot: "zn-2", Received: at.Add(time.Hour), CurrentChain: true},
+		{Target: "vault", VolumeID: web, VolumeName: "web", Snapshot: "zn-2", Received: at.Add(time.Hour), CurrentChain: true, Encrypted: true},
 		{Target: "vault", VolumeID: db, VolumeName: "db", Snapshot: "zn-3", Received: at, CurrentChain: true},
 		{Target: "vault", VolumeID: web, VolumeName: "web", Snapshot: "zn-1", Received: at},
 	}
@@ -38,7 +38,8 @@ func TestListBackups(t *testing.T) {
 	}
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
 	if len(lines) != 3 || !strings.Contains(lines[1], "backup:vault:"+web+"@zn-1") || !strings.Contains(lines[1], "earlier") ||
-		!strings.Contains(lines[2], "@zn-2") || !strings.Contains(lines[2], "current") {
+		!strings.Contains(lines[2], "@zn-2") || !strings.Contains(lines[2], "current") || !strings.Contains(lines[0], "ENCRYPTED") ||
+		!strings.Contains(lines[2], " yes ") || !strings.Contains(lines[1], " no ") {
 		t.Errorf("web's backups, oldest first:\n%s", out.String())
 	}
 	out.Reset()
@@ -94,6 +95,9 @@ func (r *restorer) Create(_ context.Context, req provision.CreateRequest) (agent
 type found agentclient.Backup
 
 func (f found) Backup(_ context.Context, ref contract.BackupRef) (agentclient.Backup, error) {
+	if ref.Target != f.Target {
+		return agentclient.Backup{}, errdefs.Wrap(errdefs.ErrUnavailable, "backup target %s does not answer", ref.Target)
+	}
 	if ref != agentclient.Backup(f).Ref() {
 		return agentclient.Backup{}, errdefs.Wrap(errdefs.ErrNotFound, "no backup %s", ref.SnapshotID())
 	}
@@ -125,6 +129,7 @@ func TestRestore(t *testing.T) {
 		{name: "the nodes cannot tell", backupID: id, r: restorer{findErr: errdefs.ErrUnavailable}, wantErr: errdefs.ErrUnavailable},
 		{name: "no such backup", backupID: "backup:vault:" + web + "@zn-8", wantErr: errdefs.ErrNotFound},
 		{name: "not a backup's ID", backupID: "snap-1", wantErr: errdefs.ErrInvalidArgument},
+		{name: "its target does not answer", backupID: "backup:offsite:" + web + "@zn-7", wantErr: errdefs.ErrUnavailable},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
