@@ -62,7 +62,7 @@ func (c command) usage() string {
 var commands = []command{
 	{"serve", "[flags]", "Serve the CSI Identity and Controller services: what Nomad runs (the command when the first argument is a flag)", serve},
 	{"backup", "[flags] [-to NODE | -target TARGET] VOLUME", "Push a volume to a peer or a backup target now, with live progress", backup},
-	{"backups", "[flags] -target TARGET [VOLUME]", "List a backup target's backups, every volume's or one's (by name or ID, deleted volumes too), with the snapshot IDs a restore names", backups},
+	{"backups", "[flags] [-target TARGET] [VOLUME]", "List the backup targets' backups, every volume's or one's (by name or ID, deleted volumes too), with the snapshot IDs a restore names", backups},
 	{"restore", "[flags] [-name NAME] [-node NODE] BACKUP", "Restore a backup (its snapshot ID, as backups lists it) into a new volume, under the name it had or another, on the node named or the one placement picks", restore},
 	{"delete-backups", "[flags] -target TARGET (-snapshot SNAPSHOT | -all) VOLUME", "Delete one backup of a volume from a backup target, or all of them (by its name or ID, deleted volumes too)", deleteBackups},
 	{"status", "[flags] [-json]", "Show every node's volumes, replicas and their lag, running transfers, moves in progress and stale copies set aside", status},
@@ -380,16 +380,13 @@ func backup(c command, args []string) error {
 func backups(c command, args []string) error {
 	var target string
 	targets, rest, err := connectTargets(c, args, func(fs *flag.FlagSet) {
-		fs.StringVar(&target, "target", "", "the backup target, by its name in backup_targets")
+		fs.StringVar(&target, "target", "", "list only this backup target's, by its name in backup_targets (default: every one's)")
 	})
 	if err != nil {
 		return err
 	}
 	defer targets.Close()
-	switch {
-	case target == "":
-		return fmt.Errorf("%w: -target is required (usage: zfs-controller %s %s)", config.ErrUsage, c.name, c.args)
-	case len(rest) > 1:
+	if len(rest) > 1 {
 		return fmt.Errorf("%w: want at most one VOLUME, got %q", config.ErrUsage, rest)
 	}
 	ctx, stop := signalContext()
@@ -398,7 +395,11 @@ func backups(c command, args []string) error {
 	if len(rest) == 1 {
 		volume = rest[0]
 	}
-	return operator.ListBackups(ctx, targets, target, volume, os.Stdout)
+	names := targets.Names()
+	if target != "" {
+		names = []string{target}
+	}
+	return operator.ListBackups(ctx, targets, names, volume, os.Stdout)
 }
 
 func deleteBackups(c command, args []string) error {

@@ -24,29 +24,38 @@ type BackupLister interface {
 	Backups(ctx context.Context, target, volumeID string) ([]agentclient.Backup, error)
 }
 
-// ListBackups prints target's backups of the volume named volume (its
-// name or ID; every volume's when empty), oldest first by volume, with
-// the snapshot ID a restore names (docs/backups.md). A volume's backups
-// outlive it: they are found by the name it had.
-func ListBackups(ctx context.Context, targets BackupLister, target, volume string, out io.Writer) error {
-	all, err := targets.Backups(ctx, target, "")
-	if err != nil {
-		return err
-	}
+// ListBackups prints the backups each of targets holds of the volume
+// named volume (its name or ID; every volume's when empty), by volume
+// and target, oldest first, with the snapshot ID a restore names
+// (docs/backups.md). A volume's backups outlive it: they are found by the
+// name it had. A target that does not answer is left out and named in
+// the error returned after the list.
+func ListBackups(ctx context.Context, lister BackupLister, targets []string, volume string, out io.Writer) error {
 	var shown []agentclient.Backup
-	for _, b := range all {
-		if volume == "" || b.VolumeID == volume || b.VolumeName == volume {
-			shown = append(shown, b)
+	var silent []error
+	for _, target := range targets {
+		all, err := lister.Backups(ctx, target, "")
+		if err != nil {
+			silent = append(silent, fmt.Errorf("backup target %s: %w", target, err))
+			continue
+		}
+		for _, b := range all {
+			if volume == "" || b.VolumeID == volume || b.VolumeName == volume {
+				shown = append(shown, b)
+			}
 		}
 	}
-	if volume != "" && len(shown) == 0 {
-		return errdefs.Wrap(errdefs.ErrNotFound, "backup target %s holds no backup of a volume named or with the ID %q", target, volume)
+	if len(silent) == len(targets) {
+		return errors.Join(silent...)
+	}
+	if volume != "" && len(shown) == 0 && len(silent) == 0 {
+		return errdefs.Wrap(errdefs.ErrNotFound, "no backup target (%s) holds a backup of a volume named or with the ID %q", strings.Join(targets, ", "), volume)
 	}
 	slices.SortFunc(shown, func(a, b agentclient.Backup) int {
-		return cmp.Or(cmp.Compare(a.VolumeName, b.VolumeName), a.Received.Compare(b.Received), cmp.Compare(a.Snapshot, b.Snapshot))
+		return cmp.Or(cmp.Compare(a.VolumeName, b.VolumeName), cmp.Compare(a.Target, b.Target), a.Received.Compare(b.Received), cmp.Compare(a.Snapshot, b.Snapshot))
 	})
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "VOLUME\tRECEIVED\tSIZE\tENCRYPTED\tCHAIN\tSNAPSHOT ID")
+	fmt.Fprintln(w, "VOLUME\tTARGET\tRECEIVED\tSIZE\tENCRYPTED\tCHAIN\tSNAPSHOT ID")
 	for _, b := range shown {
 		chain := "current"
 		if !b.CurrentChain {
@@ -56,10 +65,16 @@ func ListBackups(ctx context.Context, targets BackupLister, target, volume strin
 		if b.Encrypted {
 			encrypted = "yes"
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", b.VolumeName, b.Received.UTC().Format(time.RFC3339), contract.Bytes(int64(b.ReferencedBytes)),
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", b.VolumeName, b.Target, b.Received.UTC().Format(time.RFC3339), contract.Bytes(int64(b.ReferencedBytes)),
 			encrypted, chain, b.Ref().SnapshotID())
 	}
-	return w.Flush()
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	if len(silent) > 0 {
+		return fmt.Errorf("%w; the list above lacks their backups", errors.Join(silent...))
+	}
+	return nil
 }
 
 // BackupDeleter deletes a target's backups (agentclient.Targets).

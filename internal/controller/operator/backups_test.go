@@ -19,21 +19,36 @@ import (
 
 type listed []agentclient.Backup
 
-func (l listed) Backups(context.Context, string, string) ([]agentclient.Backup, error) { return l, nil }
+// Backups answers the backups of target; "lost" does not answer.
+func (l listed) Backups(_ context.Context, target, _ string) ([]agentclient.Backup, error) {
+	if target == "lost" {
+		return nil, errors.New("connection refused")
+	}
+	var out []agentclient.Backup
+	for _, b := range l {
+		if b.Target == target {
+			out = append(out, b)
+		}
+	}
+	return out, nil
+}
 
-// TestListBackups: a target's backups are shown by volume, oldest first,
-// with the snapshot ID a restore names; a volume is named by its name
-// or ID, deleted or not, and one the target holds nothing of is NotFound.
+// TestListBackups: the targets' backups are shown by volume and target,
+// oldest first, with the snapshot ID a restore names; a volume is named
+// by its name or ID, deleted or not, and one no target holds anything of
+// is NotFound; a target that does not answer is named after the list of
+// the others'.
 func TestListBackups(t *testing.T) {
 	at := time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)
 	web, db := contract.VolumeIDForName("web"), contract.VolumeIDForName("db")
 	all := listed{
 		{Target: "vault", VolumeID: web, VolumeName: "web", Snapshot: "zn-2", Received: at.Add(time.Hour), CurrentChain: true, Encrypted: true},
 		{Target: "vault", VolumeID: db, VolumeName: "db", Snapshot: "zn-3", Received: at, CurrentChain: true},
+		{Target: "offsite", VolumeID: db, VolumeName: "db", Snapshot: "zn-4", Received: at, CurrentChain: true},
 		{Target: "vault", VolumeID: web, VolumeName: "web", Snapshot: "zn-1", Received: at},
 	}
 	var out strings.Builder
-	if err := ListBackups(context.Background(), all, "vault", "web", &out); err != nil {
+	if err := ListBackups(context.Background(), all, []string{"vault"}, "web", &out); err != nil {
 		t.Fatal(err)
 	}
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
@@ -43,11 +58,16 @@ func TestListBackups(t *testing.T) {
 		t.Errorf("web's backups, oldest first:\n%s", out.String())
 	}
 	out.Reset()
-	if err := ListBackups(context.Background(), all, "vault", db, &out); err != nil || !strings.Contains(out.String(), "@zn-3") {
+	if err := ListBackups(context.Background(), all, []string{"vault"}, db, &out); err != nil || !strings.Contains(out.String(), "@zn-3") {
 		t.Errorf("db's backups by ID: %v\n%s", err, out.String())
 	}
-	if err := ListBackups(context.Background(), all, "vault", "nothing", &out); !errors.Is(err, errdefs.ErrNotFound) {
+	if err := ListBackups(context.Background(), all, []string{"offsite", "vault"}, "nothing", &out); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("a volume without backups: %v, want NotFound", err)
+	}
+	out.Reset()
+	err := ListBackups(context.Background(), all, []string{"lost", "offsite", "vault"}, "db", &out)
+	if err == nil || !strings.Contains(err.Error(), "backup target lost") || !strings.Contains(out.String(), "offsite") || !strings.Contains(out.String(), "@zn-3") {
+		t.Errorf("every target's backups of db, one target silent: %v\n%s", err, out.String())
 	}
 }
 
