@@ -161,7 +161,8 @@ func TestControllerConfig(t *testing.T) {
 }
 
 // TestOperatorConfig: an operator command reads where the agents are and
-// its own flags, not the server's, and -h shows its usage and only those.
+// its own flags, not the server's, before or after its arguments, and -h
+// shows its usage and only those.
 func TestOperatorConfig(t *testing.T) {
 	var to string
 	extra := func(fs *flag.FlagSet) { fs.StringVar(&to, "to", "", "target node") }
@@ -177,6 +178,20 @@ func TestOperatorConfig(t *testing.T) {
 	if !errors.Is(err, flag.ErrHelp) || !strings.HasPrefix(help.String(), "usage: zfs-controller backup") || !strings.Contains(help.String(), "-to") ||
 		strings.Contains(help.String(), "-schedule-every") || strings.Contains(help.String(), "-csi-endpoint") {
 		t.Errorf("-h: %v, printed:\n%s\nwant the usage line, -to, and no flag of the server", err, help.String())
+	}
+	// Flags after the argument count, as in Nomad's commands; "--" ends
+	// them.
+	to = ""
+	cfg, rest, err = LoadOperator("zfs-controller backup", "usage", []string{"vol-1", "-peers", "a:1", "-to", "n3", "-insecure-agent-port"}, env(nil), io.Discard, extra)
+	if err != nil || len(cfg.Peers) != 1 || to != "n3" || !cfg.InsecureAgentPort || !slices.Equal(rest, []string{"vol-1"}) {
+		t.Errorf("flags after the argument: %+v, %q, %v, %v", cfg, to, rest, err)
+	}
+	_, rest, err = LoadOperator("zfs-controller backup", "usage", []string{"-peers", "a:1", "-insecure-agent-port", "--", "-vol"}, env(nil), io.Discard, extra)
+	if err != nil || !slices.Equal(rest, []string{"-vol"}) {
+		t.Errorf("an argument after --: %q, %v", rest, err)
+	}
+	if _, _, err := LoadOperator("zfs-controller backup", "usage", []string{"-peers", "a:1", "vol-1", "-nonsense"}, env(nil), io.Discard, extra); !errors.Is(err, ErrUsage) {
+		t.Errorf("an unknown flag after the argument: %v, want ErrUsage", err)
 	}
 	if _, err := LoadController("usage", []string{"-peers", "a:1", "-insecure-agent-port", "stray"}, env(nil), io.Discard); !errors.Is(err, ErrUsage) {
 		t.Errorf("serve with a stray argument: %v, want ErrUsage", err)

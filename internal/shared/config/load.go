@@ -132,10 +132,32 @@ func LoadOperator(name, usage string, args []string, getenv func(string) string,
 	if err := load(fs, args, getenv, &cfg); err != nil {
 		return cfg, nil, err
 	}
+	rest, err := interspersed(fs)
+	if err != nil {
+		return cfg, nil, err
+	}
 	if err := cfg.Validate(); err != nil {
 		return cfg, nil, fmt.Errorf("invalid configuration:\n%w", err)
 	}
-	return cfg, fs.Args(), nil
+	return cfg, rest, nil
+}
+
+// interspersed parses the flags that follow the first argument fs
+// stopped at, as Nomad's commands take them (promote web-data -force),
+// and returns the arguments; "--" ends the flags. Without it a flag
+// after an argument would be taken for an argument, or ignored.
+func interspersed(fs *flag.FlagSet) ([]string, error) {
+	var args []string
+	for rest := fs.Args(); len(rest) > 0; rest = fs.Args() {
+		if rest[0] == "--" {
+			return append(args, rest[1:]...), nil
+		}
+		args = append(args, rest[0])
+		if err := parseFlags(fs, rest[1:]); err != nil {
+			return nil, err
+		}
+	}
+	return args, nil
 }
 
 // ErrUsage marks a command line that names no command or misses an
