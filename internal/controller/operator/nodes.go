@@ -121,6 +121,20 @@ const (
 // Verdict is the report's exit status and, unless healthy, a sentence
 // saying why.
 func (r Report) Verdict() (int, string) {
+	// Nothing heard is no news of health: no volume is known to have a
+	// primary anyone could stage.
+	answered := 0
+	for _, n := range r.Nodes {
+		if n.Reachable {
+			answered++
+		}
+	}
+	switch {
+	case len(r.Nodes) == 0:
+		return ExitNoPrimary, "the peer list names no node agent (peers, peers_file): no volume is known to have a healthy primary"
+	case answered == 0:
+		return ExitNoPrimary, fmt.Sprintf("none of the %d node agents answered: no volume is known to have a healthy primary", len(r.Nodes))
+	}
 	if vols := r.withoutHealthyPrimary(); len(vols) > 0 {
 		return ExitNoPrimary, fmt.Sprintf("%d volume(s) without a healthy primary: %s", len(vols), strings.Join(vols, ", "))
 	}

@@ -99,6 +99,8 @@ func TestVerdict(t *testing.T) {
 		{"the controller's moves unknown", Report{Nodes: []NodeStatus{well}, Unreachable: []Unreachable{{Node: "controller :9671"}}}, ExitDegraded, "controller :9671"},
 		{"only a replica answered", Report{Nodes: []NodeStatus{other}, Copies: []CopyStatus{replica}}, ExitNoPrimary, "1 volume(s) without a healthy primary: v"},
 		{"the primary's node lost its lease", Report{Nodes: []NodeStatus{with(well, func(n *NodeStatus) { n.Lease = "lost" }), other}, Copies: []CopyStatus{primary, replica}}, ExitNoPrimary, "v"},
+		{"no node configured", Report{}, ExitNoPrimary, "names no node agent"},
+		{"no node answered", Report{Nodes: []NodeStatus{{Node: "x:1", Problem: "down"}, {Node: "y:1", Problem: "down"}}}, ExitNoPrimary, "none of the 2 node agents answered"},
 		{"two primaries in conflict", Report{Nodes: []NodeStatus{well, other}, Copies: []CopyStatus{
 			{VolumeID: "v", Node: "n1", Role: "primary", Conflict: true}, {VolumeID: "v", Node: "n2", Role: "primary", Conflict: true}}}, ExitNoPrimary, "v"},
 	}
