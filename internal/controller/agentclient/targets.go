@@ -45,6 +45,9 @@ func NewTargets(addrs map[string]string, dial func(addr string) (*grpc.ClientCon
 	return &Targets{addrs: addrs, conns: connpool.New(dial)}
 }
 
+// Addr is target's address in backup_targets ("" for none).
+func (t *Targets) Addr(target string) string { return t.addrs[target] }
+
 // Names are the targets' names, sorted.
 func (t *Targets) Names() []string { return slices.Sorted(maps.Keys(t.addrs)) }
 

@@ -12,6 +12,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"google.golang.org/grpc/codes"
+
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/agentclient"
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/cluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/provision"
@@ -22,6 +24,19 @@ import (
 // BackupLister lists a backup target's backups (agentclient.Targets).
 type BackupLister interface {
 	Backups(ctx context.Context, target, volumeID string) ([]agentclient.Backup, error)
+	Addr(target string) string
+}
+
+// unanswered says in one sentence why a target did not answer, as
+// Unreached does for a node; an answer of the target's (a refusal, a
+// backup it lacks) stays as it is.
+func unanswered(t interface{ Addr(string) string }, target string, err error) error {
+	switch errdefs.Code(err) {
+	case codes.Unavailable, codes.DeadlineExceeded, codes.Unknown:
+		return fmt.Errorf("%w: backup target %s: %s", errdefs.ErrUnavailable, target,
+			strings.Replace(Unreached(t.Addr(target), err), "zfs-node running", "zfs-node target running", 1))
+	}
+	return err
 }
 
 // ListBackups prints the backups each of targets holds of the volume
@@ -36,7 +51,7 @@ func ListBackups(ctx context.Context, lister BackupLister, targets []string, vol
 	for _, target := range targets {
 		all, err := lister.Backups(ctx, target, "")
 		if err != nil {
-			silent = append(silent, fmt.Errorf("backup target %s: %w", target, err))
+			silent = append(silent, unanswered(lister, target, err))
 			continue
 		}
 		for _, b := range all {
@@ -80,6 +95,7 @@ func ListBackups(ctx context.Context, lister BackupLister, targets []string, vol
 // BackupDeleter deletes a target's backups (agentclient.Targets).
 type BackupDeleter interface {
 	DeleteBackups(ctx context.Context, target, volumeID, snapshot string) ([]string, error)
+	Addr(target string) string
 }
 
 // DeleteBackups deletes, on target, the backup snapshot of the volume
@@ -92,7 +108,7 @@ func DeleteBackups(ctx context.Context, targets BackupDeleter, target, volume, s
 	}
 	deleted, err := targets.DeleteBackups(ctx, target, id, snapshot)
 	if err != nil {
-		return err
+		return unanswered(targets, target, err)
 	}
 	for _, name := range deleted {
 		fmt.Fprintf(out, "deleted %s\n", name)
@@ -104,6 +120,7 @@ func DeleteBackups(ctx context.Context, targets BackupDeleter, target, volume, s
 // BackupFinder finds one backup on its target (agentclient.Targets).
 type BackupFinder interface {
 	Backup(ctx context.Context, ref contract.BackupRef) (agentclient.Backup, error)
+	Addr(target string) string
 }
 
 // Restorer makes volumes (provision.Provisioner): it finds one by ID, and
@@ -138,7 +155,7 @@ func Restore(ctx context.Context, r Restorer, targets BackupFinder, backupID str
 	}
 	b, err := targets.Backup(ctx, ref)
 	if err != nil {
-		return err
+		return unanswered(targets, ref.Target, err)
 	}
 	name := cmp.Or(opts.Name, b.VolumeName)
 	if name == "" {
@@ -243,8 +260,10 @@ func newestBackups(ctx context.Context, targets BackupLister) func(target string
 			return a.newest, a.err
 		}
 		a := answer{newest: map[string]time.Time{}}
-		var all []agentclient.Backup
-		if all, a.err = targets.Backups(ctx, target, ""); a.err == nil {
+		all, err := targets.Backups(ctx, target, "")
+		if err != nil {
+			a.err = unanswered(targets, target, err)
+		} else {
 			for _, b := range all {
 				if b.Received.After(a.newest[b.VolumeID]) {
 					a.newest[b.VolumeID] = b.Received

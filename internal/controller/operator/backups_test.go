@@ -22,7 +22,7 @@ type listed []agentclient.Backup
 // Backups answers the backups of target; "lost" does not answer.
 func (l listed) Backups(_ context.Context, target, _ string) ([]agentclient.Backup, error) {
 	if target == "lost" {
-		return nil, errors.New("connection refused")
+		return nil, errdefs.Wrap(errdefs.ErrUnavailable, "connection error: desc = \"transport: Error while dialing: dial tcp 10.0.0.9:7680: connect: connection refused\"")
 	}
 	var out []agentclient.Backup
 	for _, b := range l {
@@ -66,7 +66,8 @@ func TestListBackups(t *testing.T) {
 	}
 	out.Reset()
 	err := ListBackups(context.Background(), all, []string{"lost", "offsite", "vault"}, "db", &out)
-	if err == nil || !strings.Contains(err.Error(), "backup target lost") || !strings.Contains(out.String(), "offsite") || !strings.Contains(out.String(), "@zn-3") {
+	if err == nil || !strings.Contains(err.Error(), "backup target lost: nothing listens at lost.example:7680 (connection refused): is zfs-node target running there") ||
+		!strings.Contains(out.String(), "offsite") || !strings.Contains(out.String(), "@zn-3") {
 		t.Errorf("every target's backups of db, one target silent: %v\n%s", err, out.String())
 	}
 }
@@ -242,3 +243,8 @@ func TestStatusShowsBackupAges(t *testing.T) {
 		t.Errorf("status has no BACKUPS column:\n%s", out.String())
 	}
 }
+
+func (listed) Addr(target string) string   { return target + ".example:7680" }
+func (byTarget) Addr(target string) string { return target + ".example:7680" }
+func (found) Addr(target string) string    { return target + ".example:7680" }
+func (*deleter) Addr(target string) string { return target + ".example:7680" }

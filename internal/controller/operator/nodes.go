@@ -76,8 +76,8 @@ func nodeStatuses(nodes []cluster.Node, unreachable []cluster.Unreachable) []Nod
 func Unreached(addr string, err error) string {
 	msg := err.Error()
 	var se interface{ GRPCStatus() *status.Status }
-	if errors.As(err, &se) && se.GRPCStatus().Code() != codes.Unknown {
-		msg = se.GRPCStatus().Message()
+	if strings.Contains(msg, "rpc error: ") && errors.As(err, &se) && se.GRPCStatus().Code() != codes.Unknown {
+		msg = se.GRPCStatus().Message() // without gRPC's "rpc error: code = ... desc =" prefix
 	}
 	cause := innermost(msg)
 	switch {
