@@ -179,6 +179,19 @@ func TestOperatorConfig(t *testing.T) {
 		strings.Contains(help.String(), "-schedule-every") || strings.Contains(help.String(), "-csi-endpoint") {
 		t.Errorf("-h: %v, printed:\n%s\nwant the usage line, -to, and no flag of the server", err, help.String())
 	}
+	// The environment sets what the flags would, as NOMAD_ADDR does for
+	// Nomad's commands; a flag still wins.
+	cfg, _, err = LoadOperator("zfs-controller status", "usage", nil, env(map[string]string{"ZFS_NOMAD_PEERS": "a:1,b:1",
+		"ZFS_NOMAD_TLS_CA": "/ca.pem", "ZFS_NOMAD_TLS_CERT": "/op.pem", "ZFS_NOMAD_TLS_KEY": "/op-key.pem", "ZFS_NOMAD_BACKUP_TARGETS": "vault=v:7680"}), io.Discard, nil)
+	if err != nil || len(cfg.Peers) != 2 || cfg.TLS.CA != "/ca.pem" || cfg.TLS.Key != "/op-key.pem" || cfg.BackupTargets["vault"] != "v:7680" {
+		t.Errorf("from the environment: %+v, %v", cfg, err)
+	}
+	cfg, _, err = LoadOperator("zfs-controller status", "usage", []string{"-peers", "c:1"}, env(map[string]string{"ZFS_NOMAD_PEERS": "a:1,b:1",
+		"ZFS_NOMAD_TLS_CA": "/ca.pem", "ZFS_NOMAD_TLS_CERT": "/op.pem", "ZFS_NOMAD_TLS_KEY": "/op-key.pem"}), io.Discard, nil)
+	if err != nil || !slices.Equal(cfg.Peers, []string{"c:1"}) {
+		t.Errorf("-peers over ZFS_NOMAD_PEERS: %q, %v; want the flag's", cfg.Peers, err)
+	}
+
 	// Flags after the argument count, as in Nomad's commands; "--" ends
 	// them.
 	to = ""
