@@ -234,7 +234,7 @@ func openZFS(log hclog.Logger) (string, *libzfs.ZFS, error) {
 
 // checkOpenZFS logs which OpenZFS userland and kernel module this host
 // runs and the libzfs this build was compiled against, and refuses to go
-// on when they do not fit (issue 36). It returns the userland's release.
+// on when they do not fit (package openzfs). It returns the userland's release.
 func checkOpenZFS(log hclog.Logger) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -15,7 +15,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
 )
 
-// A move's catch-up (issue 15, docs/migration.md "Catch-up"). Nomad
+// A move's catch-up (docs/migration.md, "Catch-up"). Nomad
 // sends a plugin's controller calls one at a time across the whole
 // cluster and gives each about two minutes; a move that streamed the
 // whole volume inside ControllerPublishVolume held every other volume's

@@ -293,7 +293,7 @@ func (cs *moveJobs) runningTo(volumeID, target string) (*moveJob, bool) {
 // refusal of a publish to nodeID (nil otherwise): FailedPrecondition,
 // which Nomad retries. Such a publish, to the move's source above all,
 // must not act on the copies while the move may fence the source and
-// promote its target (issue 35): it is decided once the move ends.
+// promote its target: it is decided once the move ends.
 func (cs *moveJobs) movingElsewhere(volumeID, nodeID string) error {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()

@@ -166,7 +166,7 @@ func (m *Migrator) MoveRunning(id string) (string, bool) { return m.jobs.running
 // runs in the background, running is that move's job.
 //
 // The rule that keeps a background move and the CO's publishes of its
-// volume apart (issue 35): one decision acts on a volume's copies at a
+// volume apart: one decision acts on a volume's copies at a
 // time. The foreground publishes of a volume hold its publishing lock,
 // so they run one at a time; a move job of the volume is started only by
 // one of them (startMove), and while it runs (catch-up or final step,

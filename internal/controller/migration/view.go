@@ -142,7 +142,7 @@ func (v view) newerElsewhere(p copyOn) (promised, bool) {
 // (which its promotion checks, under the record's lock) still holds that
 // promise, or holds none as high (a reservation in flight may still reach
 // it). The holder answering without a primary proves nothing while a
-// move's final step may be promoting it (issue 35). The promise is void
+// move's final step may be promoting it. The promise is void
 // only once the holder's own record promises a generation at least as
 // high to another node: records only grow, so the holder can then never
 // be promoted with it. p's fence is lifted only when there is none

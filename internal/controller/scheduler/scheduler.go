@@ -9,7 +9,7 @@
 // the last one stopped. What a full plan learned is kept for the rounds
 // after it (the book), which ask each node only for its volumes' version
 // and push what the book says is due, so a round's work is in proportion
-// to the volumes due, not to all volumes (issue 13). A node whose
+// to the volumes due, not to all volumes. A node whose
 // primaries changed since (its version differs) is asked again, and the
 // round plans over what it answers and what the book keeps of the others
 // (with the pushes made since applied); a node that came or went, a push

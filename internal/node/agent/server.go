@@ -447,7 +447,7 @@ func (s *Server) Reserve(ctx context.Context, req *pb.ReserveRequest) (*pb.Reser
 // node without peers keeps no lease, and neither do the silent nodes (the
 // same configuration), so nothing made their primaries read-only: it
 // grants the operator's promotion, on the operator's word, and refuses
-// the controller's automatic failover (issue 35, defect 7).
+// the controller's automatic failover.
 func (s *Server) attest(req *pb.ReserveRequest) error {
 	err := s.AttestSilence(req.GetFailoverFrom(), req.GetAnsweringNodeIds())
 	switch {

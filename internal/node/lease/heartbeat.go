@@ -262,7 +262,7 @@ func (h *Heartbeat) confirm(ctx context.Context) bool {
 // node's generation) and returns those a majority confirms current. A
 // copy for which a newer generation was promised, by this node or by a
 // peer that answered, is made read-only at once, mounted or not: another
-// copy may be the primary now (issue 35, defect 7).
+// copy may be the primary now (docs/safety.md, I4).
 func (h *Heartbeat) vouched(ctx context.Context, volumes map[string]uint64) map[string]bool {
 	ok := map[string]bool{}
 	if len(volumes) == 0 {

@@ -241,10 +241,9 @@ func (m *Monitor) count(selfID string) (heard, total int) {
 // them that heard from no majority for the lease made itself read-only,
 // and one that heard from a majority was heard by a node of every
 // majority. A node without peers keeps no lease and cannot attest
-// anything: it refuses with ErrNoLease (issue 35, defect 7: answering
-// nil let a failover be granted at once, with the binary's default of
-// no peers, while the lost primary, which kept no lease either, still
-// wrote).
+// anything: it refuses with ErrNoLease. Answering nil would grant a
+// failover at once with the binary's default of no peers, while the lost
+// primary, which keeps no lease either, may still write.
 //
 // A call names a node ID, a peer is listed by address: the two meet once
 // the peer answered a ping naming itself. A peer that never answered may

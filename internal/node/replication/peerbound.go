@@ -10,8 +10,7 @@ import (
 
 // peerBound counts, by sending node, the replicas full streams created on
 // this node (copyrecord.PropReceivedFrom), so that one peer cannot create
-// replicas of arbitrary volume IDs until the pool is full (issue 35,
-// defect 4). The counts are an upper bound kept in memory: each stream
+// replicas of arbitrary volume IDs until the pool is full. The counts are an upper bound kept in memory: each stream
 // that may create a replica adds one before it runs, whether it succeeds
 // or not, and nothing subtracts. They are taken afresh from one listing
 // of the root at the first such stream and whenever a peer reaches the

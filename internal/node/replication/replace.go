@@ -96,15 +96,15 @@ func (r *Receiver) finishReplace(ctx context.Context, fs string, log hclog.Logge
 // writes the new primary lacks (I4), or a CSI snapshot that exists
 // nowhere else (its CSI snapshots stay listed there).
 //
-// Until issue 35 (defect 4) a replica whose generation the replacement's
-// history held (history_from <= generation < the new generation: planned
-// moves since) was destroyed. Both numbers are labels the receiver set
-// from the sender's header, and the replacement shares no snapshot with
-// the replica (or it would have been an incremental), so nothing this
-// node holds confirms them: a peer's word would destroy a copy that may
-// be the only one of its writes. The cost is a set-aside copy, for an
-// operator, where a planned move's replica missed its bridges (rare:
-// docs/replication.md, "Replicas share a base").
+// A replica whose generation the replacement's history holds
+// (history_from <= generation < the new generation: planned moves since)
+// is set aside too, not destroyed: both numbers are labels the receiver
+// set from the sender's header, and the replacement shares no snapshot
+// with the replica (or it would have been an incremental), so nothing
+// this node holds confirms them, and a peer's word must not destroy a
+// copy that may be the only one of its writes. The cost is a set-aside
+// copy, for an operator, where a planned move's replica missed its
+// bridges (rare: docs/replication.md, "Replicas share a base").
 func (r *Receiver) retire(ctx context.Context, fs, incoming string, generation uint64, log hclog.Logger) error {
 	snaps, err := r.z.Snapshots(ctx, fs)
 	if err != nil {

@@ -19,7 +19,7 @@ import (
 // with peers, a primary is staged only once a majority of the domain
 // confirmed that none of them promised a newer generation since the
 // process started or the lease was last lost. A mounted primary is not
-// exempt (issue 35, defect 7): a zfs-node killed during a partition
+// exempt: a zfs-node killed during a partition
 // fenced nothing, the kernel kept the mount and the job kept writing, and
 // when the process returns after a failover its mount proves nothing. The heartbeat asks about every unconfirmed primary,
 // mounted ones included, and one a newer generation was promised for
@@ -117,7 +117,7 @@ func (m *Manager) hasConfirmation(id string) bool {
 
 // checkConfirmed refuses to stage a primary no majority confirmed current
 // since the process started or the lease was lost, mounted or not. A
-// mount is no proof after a restart (issue 35, defect 7): the process may
+// mount is no proof after a restart: the process may
 // have been dead through a partition in which the volume was failed over,
 // with the kernel keeping the mount and the job writing, and Nomad then
 // replays the old publish context. What the mounted exemption was for, a

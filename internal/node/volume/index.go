@@ -19,8 +19,8 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
 )
 
-// The node's indexes of its primaries and of its CSI snapshots (issue 13,
-// docs/volumes.md "Counting and listing"): placement's volume count,
+// The node's indexes of its primaries and of its CSI snapshots
+// (docs/volumes.md, "Counting and listing"): placement's volume count,
 // ListVolumes' and ListSnapshots' pages and finding a snapshot by ID come
 // from them, so none opens every dataset on the node. One listing fills
 // an index, at the node's start (WarmIndexes) or when first needed; every

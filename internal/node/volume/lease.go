@@ -115,7 +115,7 @@ func supersededBy(v string) uint64 {
 // it learned that generation newer, above the copy's generation, was
 // promised elsewhere (the heartbeat's Promises round, this node's own
 // record): another copy may be the primary now, and this one must take
-// no write, whatever is mounted (issue 35, defect 7). It is the lease's
+// no write, whatever is mounted (docs/safety.md, I4). It is the lease's
 // fence, readonly=on with PropLeaseFenced, and PropSuperseded saying why:
 // the marks live on the dataset, so a restart keeps them, and nothing
 // that does not know about a newer promise lifts them. The heartbeat lifts

@@ -22,7 +22,7 @@ import (
 // promises a generation to one holder only, so no generation is ever
 // given to two copies (I3).
 //
-// Where the records live (issue 13): never on the root dataset, whose
+// Where the records live: never on the root dataset, whose
 // user properties every volume below it inherits, so that every open of
 // any volume read all of them (with 3000 records on the root, reading one
 // property of a volume took 4.3 s instead of 0.23 s in the guest, and
@@ -89,8 +89,8 @@ func (m *Manager) Promised(ctx context.Context, id string) (Promise, error) {
 }
 
 // readPromise reads the record of volume id; onRoot tells that it was
-// found on the root dataset, where builds before issue 13's fix kept
-// them (legacyPromises).
+// found on the root dataset, where older builds kept them
+// (legacyPromises).
 func (m *Manager) readPromise(ctx context.Context, id string) (p Promise, onRoot bool, err error) {
 	v, ok, err := m.zfs.UserProperty(ctx, PromiseShard(m.cfg.RootDataset, id), promiseProp(id))
 	if errors.Is(err, zfs.ErrNotFound) { // no record in this shard yet
@@ -160,7 +160,7 @@ func (m *Manager) clearPromise(ctx context.Context, id string) error {
 }
 
 // CheckLegacyPromises looks once, at the node's start, for promise
-// records kept on the root dataset by builds before issue 13's fix. While
+// records kept on the root dataset by older builds. While
 // some are, a record not found in its shard is looked for on the root too
 // (a read of the root costs in proportion to them), a reservation moves
 // the record it supersedes off the root, and a deletion removes it.

@@ -1,6 +1,6 @@
 // Package openzfs tells which OpenZFS a node runs, its userland (libzfs
 // and the zfs command) and its kernel module, and whether both fit the
-// libzfs this build was compiled against (issue 36): a node that talks to
+// libzfs this build was compiled against: a node that talks to
 // another release than it was built for, or whose userland and kernel
 // module differ (packages upgraded, the host not rebooted), refuses to
 // start and says which is which, instead of failing later at some ioctl.
