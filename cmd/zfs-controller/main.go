@@ -213,11 +213,11 @@ func serve(c command, args []string) error {
 		sched.Metrics = scheduler.NewMetrics(registry)
 		sched.Settle = migrator.Settle
 		sched.SurplusGrace = time.Duration(cfg.SurplusGrace)
-		go holder.Every(ctx, every, func(ctx context.Context) { sched.Round(ctx) })
+		go holder.EveryWhileHeld(ctx, every, func(ctx context.Context) { sched.Round(ctx) }, sched.Metrics.Clear)
 		if targets != nil {
 			backups := backupsched.New(nodes, targets, cfg.ParallelPushes, log.Named("backups"))
 			backups.Metrics = backupsched.NewMetrics(registry)
-			go holder.Every(ctx, every, func(ctx context.Context) { backups.Round(ctx) })
+			go holder.EveryWhileHeld(ctx, every, func(ctx context.Context) { backups.Round(ctx) }, backups.Metrics.Clear)
 		}
 	}
 	go func() {

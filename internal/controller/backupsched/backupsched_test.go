@@ -87,7 +87,8 @@ func TestPlan(t *testing.T) {
 // backup_to names has its age as a series (+Inf when there is none); a
 // target that stops answering keeps its volumes' ages growing, and so
 // does a volume whose node does not answer; a volume every node answers
-// it no longer holds loses its series.
+// it no longer holds loses its series, and every series goes when the
+// instance stops holding the work lease (Clear).
 func TestBackupAges(t *testing.T) {
 	now := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
 	var fakes clustertest.Fakes
@@ -144,4 +145,12 @@ func TestBackupAges(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantSeries(round(), series(web, "vault", "7200"), series(web, "offsite", "+Inf"))
+
+	// The instance stops holding the work lease: its series go.
+	s.Metrics.Clear()
+	var out strings.Builder
+	if _, err := registry.WriteTo(&out); err != nil {
+		t.Fatal(err)
+	}
+	wantSeries(out.String())
 }

@@ -88,6 +88,20 @@ func (m *Metrics) endRound(now time.Time, complete bool) {
 	}
 }
 
+// Clear withdraws the age series, which only the work lease's holder
+// keeps current: an instance that stops holding it must not leave its
+// last values behind for an alert to read. The next holding's first
+// round sets them afresh.
+func (m *Metrics) Clear() {
+	if m == nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.age.Reset()
+	m.newest = map[due]time.Time{}
+}
+
 func (m *Metrics) backupRan(result string) {
 	if m != nil {
 		m.backups.Add(1, result)

@@ -28,6 +28,11 @@ func (m *Metrics) surplusCopy(result string) {
 	}
 }
 
+// Clear withdraws the per-volume gauges, which only the work lease's
+// holder keeps current: an instance that stops holding it must not leave
+// its last values behind for an alert to read.
+func (m *Metrics) Clear() { m.reset() }
+
 func (m *Metrics) reset() {
 	if m != nil {
 		m.lag.Reset()

@@ -246,19 +246,35 @@ func (h *Holder) Stop() {
 // may leave goroutines behind (a schedule round's pushes), and those stop
 // when another instance may start them again. It returns when ctx ends.
 func (h *Holder) Every(ctx context.Context, every time.Duration, work func(context.Context)) {
+	h.EveryWhileHeld(ctx, every, work, nil)
+}
+
+// EveryWhileHeld is Every, and calls ended (when not nil) at the first
+// period after a holding in which work ran has ended: what the work
+// published as the holder's (gauges only the holder keeps current) is
+// withdrawn there, by the same goroutine that runs work, so never while
+// a round of it runs.
+func (h *Holder) EveryWhileHeld(ctx context.Context, every time.Duration, work func(context.Context), ended func()) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	var holding, workCtx context.Context
 	stop := func() {}
 	defer func() { stop() }()
 	for {
-		if held := h.context(); held != nil {
+		switch held := h.context(); {
+		case held != nil:
 			if held != holding {
 				stop()
 				holding = held
 				workCtx, stop = mergeDone(ctx, held)
 			}
 			work(workCtx)
+		case holding != nil:
+			stop()
+			holding = nil
+			if ended != nil {
+				ended()
+			}
 		}
 		select {
 		case <-ctx.Done():

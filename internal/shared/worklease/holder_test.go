@@ -124,6 +124,8 @@ func TestHolderReleasesBeforeItTellsTheNodes(t *testing.T) {
 	}
 }
 
+// TestEveryWorksOnlyWhileHeld: work runs only while the lease is held,
+// its context ends with the holding, and ended is called once it has.
 func TestEveryWorksOnlyWhileHeld(t *testing.T) {
 	c := newClock()
 	ns := newNodes(c, 3)
@@ -132,7 +134,8 @@ func TestEveryWorksOnlyWhileHeld(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	works := make(chan context.Context, 100)
-	go h.Every(ctx, time.Millisecond, func(ctx context.Context) { works <- ctx })
+	ended := make(chan struct{}, 100)
+	go h.EveryWhileHeld(ctx, time.Millisecond, func(ctx context.Context) { works <- ctx }, func() { ended <- struct{}{} })
 	select {
 	case <-works:
 		t.Fatal("worked without the lease")
@@ -144,6 +147,11 @@ func TestEveryWorksOnlyWhileHeld(t *testing.T) {
 	if work.Err() != nil {
 		t.Fatal("the work's context ended while the lease is held")
 	}
+	select {
+	case <-ended:
+		t.Fatal("ended was called while the lease is held")
+	default:
+	}
 	ns.down = map[int]bool{0: true, 1: true}
 	c.advance(HeldFor)
 	h.Try(ctx)
@@ -154,6 +162,11 @@ func TestEveryWorksOnlyWhileHeld(t *testing.T) {
 	}
 	if !errors.Is(context.Cause(work), context.Cause(work)) || context.Cause(work).Error() != "the work lease ended" {
 		t.Fatalf("cause: %v", context.Cause(work))
+	}
+	select {
+	case <-ended:
+	case <-time.After(5 * time.Second):
+		t.Fatal("ended was not called when the holding ended")
 	}
 	for len(works) > 0 {
 		<-works
