@@ -176,9 +176,11 @@ func TestStalledSenderLosesTheReplicaLock(t *testing.T) {
 func TestSlowSenderAboveTheRateKeepsItsReceive(t *testing.T) {
 	z := &replicaStore{exists: true, generation: 5}
 	r := NewReceiver(z, new(copylock.Locks), nil, testRoot, "n2", 2, hclog.NewNullLogger())
-	r.IdleTimeout, r.MinRate = 100*time.Millisecond, 4<<10
-	// 1 KiB every 60 ms: about 16 KiB/s, for 0.6 s.
-	_, err := receiveFrom(r, paced(t, 60*time.Millisecond, 1<<10, 10, header(KindIncremental, 5), plainStream(KindIncremental)))
+	// 1 KiB every 200 ms: 5 KiB/s, for 2.4 s, past twice the idle
+	// timeout. Each pause leaves 800 ms to the timeout: room for a
+	// machine busy with other tests to be late waking the sender.
+	r.IdleTimeout, r.MinRate = time.Second, 4<<10
+	_, err := receiveFrom(r, paced(t, 200*time.Millisecond, 1<<10, 12, header(KindIncremental, 5), plainStream(KindIncremental)))
 	if err != nil {
 		t.Errorf("a sender above the rate: %v", err)
 	}
