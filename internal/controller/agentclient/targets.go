@@ -26,6 +26,18 @@ type Backup struct {
 	CurrentChain bool
 }
 
+// NewestByVolume is, by volume ID, when the newest of backups was
+// received: what a volume's backup age counts from.
+func NewestByVolume(backups []Backup) map[string]time.Time {
+	newest := map[string]time.Time{}
+	for _, b := range backups {
+		if b.Received.After(newest[b.VolumeID]) {
+			newest[b.VolumeID] = b.Received
+		}
+	}
+	return newest
+}
+
 // Ref is the backup's reference; its SnapshotID is what a restore names.
 func (b Backup) Ref() contract.BackupRef {
 	return contract.BackupRef{Target: b.Target, VolumeID: b.VolumeID, Snapshot: b.Snapshot}

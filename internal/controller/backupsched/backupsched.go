@@ -164,13 +164,7 @@ func (s *Schedule) ages(ctx context.Context, target string) map[string]time.Time
 		s.log.Warn("backup target did not answer: its volumes' backups wait for the next round", "backup_target", target, "error", err)
 		return nil
 	}
-	ages := map[string]time.Time{}
-	for _, b := range all {
-		if b.Received.After(ages[b.VolumeID]) {
-			ages[b.VolumeID] = b.Received
-		}
-	}
-	return ages
+	return agentclient.NewestByVolume(all)
 }
 
 // backup has the volume's node push it to the target.

@@ -259,16 +259,12 @@ func newestBackups(ctx context.Context, targets BackupLister) func(target string
 		if a, ok := asked[target]; ok {
 			return a.newest, a.err
 		}
-		a := answer{newest: map[string]time.Time{}}
+		var a answer
 		all, err := targets.Backups(ctx, target, "")
 		if err != nil {
 			a.err = unanswered(targets, target, err)
 		} else {
-			for _, b := range all {
-				if b.Received.After(a.newest[b.VolumeID]) {
-					a.newest[b.VolumeID] = b.Received
-				}
-			}
+			a.newest = agentclient.NewestByVolume(all)
 		}
 		asked[target] = a
 		return a.newest, a.err
