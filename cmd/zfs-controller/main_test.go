@@ -41,6 +41,7 @@ func TestCommandLine(t *testing.T) {
 		{"tls ca -days 0 /nonexistent/x", 2, "-days 0"},
 		{"tls cert -ca /nonexistent client-1", 2, "-role is required"},
 		{"tls cert -role node client-1", 2, "-ca is required"},
+		{"tls cert -ca /nonexistent -role nod client-1", 2, `-role "nod": want node, controller, operator or backup`},
 		{"tls cert -ca /nonexistent -role node client-1", 1, "no such file"},
 		{"tls cert -h", 0, ""},
 	}

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/config"
@@ -70,6 +71,8 @@ func tlsCert(args []string) error {
 		return fmt.Errorf("%w: -ca is required", config.ErrUsage)
 	case *role == "":
 		return fmt.Errorf("%w: -role is required: node, controller, operator or backup", config.ErrUsage)
+	case !slices.Contains([]string{tlsconfig.RoleNode, tlsconfig.RoleController, tlsconfig.RoleOperator, tlsconfig.RoleBackup}, *role):
+		return fmt.Errorf("%w: -role %q: want node, controller, operator or backup", config.ErrUsage, *role)
 	case *days <= 0:
 		return fmt.Errorf("%w: -days %d: want at least 1", config.ErrUsage, *days)
 	}
