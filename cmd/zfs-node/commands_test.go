@@ -47,6 +47,7 @@ func TestCommands(t *testing.T) {
 		{"help", nil, "serve"},
 		{"bogus", config.ErrUsage, `unknown command "bogus"`},
 		{"version extra", config.ErrUsage, "no arguments"},
+		{"-bogus", config.ErrUsage, "(zfs-node serve -h lists its flags)"},
 		{"check-config -h", flag.ErrHelp, ""},
 		{"check-config " + base + tls(mine), nil, "the configuration is valid"},
 		{"check-config " + base + tls(mine), nil, "names node n1, valid until"},

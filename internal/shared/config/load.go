@@ -19,7 +19,7 @@ const EnvPrefix = "ZFS_NOMAD_"
 // named by -config, then the environment, then flags; and validates it.
 func LoadNode(args []string, getenv func(string) string, stderr io.Writer) (Node, error) {
 	cfg := DefaultNode()
-	fs := flag.NewFlagSet("zfs-node", flag.ContinueOnError)
+	fs := flag.NewFlagSet("zfs-node serve", flag.ContinueOnError) // serve -h lists these flags
 	fs.SetOutput(stderr)
 	fs.String("config", "", "JSON config file (see docs/config.md)")
 	fs.StringVar(&cfg.NodeID, "node-id", cfg.NodeID, "this node's ID (Nomad: ${node.unique.name})")
