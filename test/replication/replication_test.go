@@ -37,6 +37,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/protocol"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/tlsconfig"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/worklease"
 	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guestcluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guesttest"
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
@@ -615,6 +616,27 @@ func exitOf(name string, args ...string) (string, int) {
 	return string(out), 0
 }
 
+// waitForWorkLease waits until the nodes grant a controller instance the
+// work lease, as status reports it: until then status exits 3 (nothing
+// runs the schedules), and a node grants it to nobody in its first
+// worklease.Term.
+func waitForWorkLease(t *testing.T, ctl string, args []string) {
+	t.Helper()
+	var out []byte
+	for deadline := time.Now().Add(2*worklease.Term + 10*time.Second); time.Now().Before(deadline); time.Sleep(time.Second) {
+		out, _ = exec.Command(ctl, append([]string{"status", "-json"}, args...)...).Output()
+		var report operator.Report
+		if json.Unmarshal(out, &report) == nil {
+			for _, c := range report.Controllers {
+				if c.HoldsWorkLease {
+					return
+				}
+			}
+		}
+	}
+	t.Fatalf("no controller instance held the work lease within %s of the nodes' start; status -json said:\n%s", 2*worklease.Term+10*time.Second, out)
+}
+
 func TestBackupAndStatusCommands(t *testing.T) {
 	c := guesttest.StartCluster(t, 3, guestcluster.Options{})
 	n1 := c.Nodes[0]
@@ -636,6 +658,7 @@ func TestBackupAndStatusCommands(t *testing.T) {
 	if !strings.Contains(out, "to n3") || !strings.Contains(out, "done: incremental") || !strings.Contains(out, "volume "+id+`: the volume named "orders"`) {
 		t.Errorf("second backup, by name, did not resolve it or go incrementally to n3:\n%s", out)
 	}
+	waitForWorkLease(t, ctl, args)
 	out = guesttest.Run(t, ctl, append([]string{"status"}, args...)...)
 	t.Logf("status:\n%s", out)
 	var primary, replica bool

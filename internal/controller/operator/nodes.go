@@ -14,6 +14,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/cluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/worklease"
 )
 
 // SchemaVersion is the version of status -json's form: raised when a
@@ -111,7 +112,8 @@ func innermost(msg string) string {
 const (
 	ExitHealthy = 0
 	// ExitDegraded: a node (or a controller instance asked for its moves) did
-	// not answer, or a node is unhealthy or lost its lease.
+	// not answer, a node is unhealthy or lost its lease, or no controller
+	// instance holds the work lease (nothing runs the schedules).
 	ExitDegraded = 3
 	// ExitNoPrimary: a volume has no healthy primary among the nodes
 	// that answered: its data cannot be staged now.
@@ -150,7 +152,21 @@ func (r Report) Verdict() (int, string) {
 	if len(down) > 0 {
 		return ExitDegraded, fmt.Sprintf("not every node is well: %s", strings.Join(down, ", "))
 	}
+	if !r.workLeaseHeld() {
+		return ExitDegraded, fmt.Sprintf("no controller instance holds the work lease: the replication and backup schedules and the pass over missed deletions do not run (is zfs-controller running, and reaching a majority of the nodes? a node that started within %s grants it to nobody yet)", worklease.Term)
+	}
 	return ExitHealthy, ""
+}
+
+// workLeaseHeld reports whether a controller instance holds the work
+// lease, as the nodes that answered grant it.
+func (r Report) workLeaseHeld() bool {
+	for _, c := range r.Controllers {
+		if c.HoldsWorkLease {
+			return true
+		}
+	}
+	return false
 }
 
 // unreachableBesidesNodes are the entries of Unreachable that the node

@@ -85,14 +85,17 @@ func TestVerdict(t *testing.T) {
 	primary := CopyStatus{VolumeID: "v", Node: "n1", Role: "primary", Generation: 2}
 	replica := CopyStatus{VolumeID: "v", Node: "n2", Role: "replica"}
 	with := func(n NodeStatus, change func(*NodeStatus)) NodeStatus { change(&n); return n }
+	holding := []ControllerStatus{{ID: "c1", HoldsWorkLease: true}, {ID: "c2"}}
 	tests := []struct {
 		name   string
 		report Report
 		code   int
 		why    string
 	}{
-		{"all well", Report{Nodes: []NodeStatus{well, other}, Copies: []CopyStatus{primary, replica}}, ExitHealthy, ""},
-		{"no volumes", Report{Nodes: []NodeStatus{well}}, ExitHealthy, ""},
+		{"all well", Report{Nodes: []NodeStatus{well, other}, Copies: []CopyStatus{primary, replica}, Controllers: holding}, ExitHealthy, ""},
+		{"no volumes", Report{Nodes: []NodeStatus{well}, Controllers: holding}, ExitHealthy, ""},
+		{"no controller instance asked for the work lease", Report{Nodes: []NodeStatus{well, other}, Copies: []CopyStatus{primary, replica}}, ExitDegraded, "no controller instance holds the work lease"},
+		{"instances on standby only", Report{Nodes: []NodeStatus{well, other}, Copies: []CopyStatus{primary, replica}, Controllers: []ControllerStatus{{ID: "c1", GrantedBy: []string{"n1"}}, {ID: "c2"}}}, ExitDegraded, "no controller instance holds the work lease"},
 		{"a node unreachable", Report{Nodes: []NodeStatus{well, {Node: "x:1", Problem: "down"}}, Copies: []CopyStatus{primary}}, ExitDegraded, "x:1"},
 		{"a node unhealthy", Report{Nodes: []NodeStatus{well, with(other, func(n *NodeStatus) { n.Healthy = false })}, Copies: []CopyStatus{primary}}, ExitDegraded, "n2"},
 		{"a node lost its lease", Report{Nodes: []NodeStatus{well, with(other, func(n *NodeStatus) { n.Lease = "lost" })}}, ExitDegraded, "n2"},
