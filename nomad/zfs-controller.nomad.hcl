@@ -92,8 +92,9 @@ job "zfs-nomad-controller" {
     }
 
     # Prometheus metrics, and the moves in progress that
-    # `zfs-controller status -controller ADDRESS` shows; its answer is
-    # also the plugin's health.
+    # `zfs-controller status -controller ADDRESS` shows. Its check asks
+    # /healthz, which fails while no node agent answers healthy or the
+    # certificate expired (docs/config.md, "Health").
     service {
       name     = "zfs-nomad-controller-metrics"
       provider = "nomad"
@@ -102,7 +103,7 @@ job "zfs-nomad-controller" {
 
       check {
         type     = "http"
-        path     = "/metrics"
+        path     = "/healthz"
         interval = "10s"
         timeout  = "3s"
       }

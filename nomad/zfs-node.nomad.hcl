@@ -140,8 +140,10 @@ job "zfs-nomad-node" {
     }
 
     # Prometheus metrics (docs/replication.md, docs/safety.md): scrape the
-    # addresses of this service. It answers once the node has checked its
-    # OpenZFS and pool, so it is also the plugin's health.
+    # addresses of this service. Its check asks /healthz, which fails
+    # while the node cannot serve its volumes: its root dataset does not
+    # answer, it holds no lease (with peers), or its certificate expired
+    # (docs/config.md, "Health").
     service {
       name     = "zfs-nomad-node-metrics"
       provider = "nomad"
@@ -150,7 +152,7 @@ job "zfs-nomad-node" {
 
       check {
         type     = "http"
-        path     = "/metrics"
+        path     = "/healthz"
         interval = "10s"
         timeout  = "3s"
       }

@@ -220,8 +220,21 @@ func serve(c command, args []string) error {
 			go holder.EveryWhileHeld(ctx, every, func(ctx context.Context) { backups.Round(ctx) }, backups.Metrics.Clear)
 		}
 	}
+	// Healthy when it can do its job: some node agent answers healthy
+	// (what the CSI Probe asks), with a certificate that has not expired.
+	health := []csiplugin.HealthCheck{{Name: "nodes", Check: func(ctx context.Context) error {
+		// Short of the handler's bound: the nodes that answered by then
+		// decide, not the one that did not.
+		ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		return probe(ctx, nodes)
+	}}}
+	if certs != nil {
+		health = append(health, csiplugin.CertificateCheck(func() time.Time { return certs.Certificate().NotAfter }))
+	}
 	go func() {
-		if err := csiplugin.ServeMetrics(ctx, metricsLis, registry, log, map[string]http.Handler{migration.MovesPath: migrator.MovesHandler()}); err != nil {
+		paths := map[string]http.Handler{migration.MovesPath: migrator.MovesHandler(), csiplugin.HealthPath: csiplugin.HealthHandler(health...)}
+		if err := csiplugin.ServeMetrics(ctx, metricsLis, registry, log, paths); err != nil {
 			log.Error("metrics endpoint failed", "error", err)
 		}
 	}()
@@ -260,9 +273,15 @@ func thisInstance(metrics net.Listener) worklease.Instance {
 
 // probe is ready when at least one node agent answers and is healthy.
 func probe(ctx context.Context, nodes *cluster.Cluster) error {
-	all, unreachable, err := nodes.Nodes(ctx)
+	// Who answers and whether it is healthy, without each node's
+	// capacity (which reads every volume of it).
+	answers, unreachable, err := cluster.Ask(ctx, nodes, func(context.Context, cluster.Agent) (struct{}, error) { return struct{}{}, nil })
 	if err != nil {
 		return err
+	}
+	all := make([]cluster.Node, 0, len(answers))
+	for _, a := range answers {
+		all = append(all, a.Node)
 	}
 	if len(cluster.Healthy(all)) > 0 {
 		return nil

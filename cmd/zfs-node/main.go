@@ -12,8 +12,10 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -91,12 +93,21 @@ func serve(args []string) error {
 	cancelRecover()
 	node.StartLease()
 	gauge := registry.Gauge("zfs_nomad_lease_held", "1 while this node heard from a majority of all its peers, every domain, within the lease, else 0 (its mounted primaries are read-only).")
+	var leaseHeld atomic.Bool
 	node.Heartbeat.Held = func(held bool) {
+		leaseHeld.Store(held)
 		v := 0.0
 		if held {
 			v = 1
 		}
 		gauge.Set(v)
+	}
+	health := []csiplugin.HealthCheck{{Name: "zfs", Check: node.Volumes.Health}}
+	if len(cfg.Peers) > 0 || cfg.PeersFile != "" {
+		health = append(health, leaseCheck(leaseHeld.Load, time.Duration(cfg.Lease)))
+	}
+	if certs != nil {
+		health = append(health, csiplugin.CertificateCheck(func() time.Time { return certs.Certificate().NotAfter }))
 	}
 
 	csiSrv := grpc.NewServer(grpc.UnaryInterceptor(csiplugin.LoggingInterceptor(log.Named("csi"))))
@@ -111,11 +122,26 @@ func serve(args []string) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return csiplugin.Serve(gctx, csiSrv, lis.csi, 10*time.Second) })
 	g.Go(func() error { return csiplugin.Serve(gctx, agentSrv, lis.agent, 10*time.Second) })
-	g.Go(func() error { return csiplugin.ServeMetrics(gctx, lis.metrics, registry, log, nil) })
+	g.Go(func() error {
+		return csiplugin.ServeMetrics(gctx, lis.metrics, registry, log, map[string]http.Handler{csiplugin.HealthPath: csiplugin.HealthHandler(health...)})
+	})
 	g.Go(func() error { node.Heartbeat.Run(gctx); return nil })
 	err = g.Wait()
 	log.Info("stopped")
 	return err
+}
+
+// leaseCheck fails while a node with peers holds no lease: its mounted
+// primaries are read-only and it stages none, so it cannot serve its
+// volumes' jobs (also in the moments after its start, until a majority
+// of its peers answered).
+func leaseCheck(held func() bool, lease time.Duration) csiplugin.HealthCheck {
+	return csiplugin.HealthCheck{Name: "lease", Check: func(context.Context) error {
+		if held() {
+			return nil
+		}
+		return fmt.Errorf("no lease: this node has not heard from a majority of its peers within the lease (%s), so its mounted primaries are read-only and it stages no primary; check that the nodes reach each other's agent ports (zfs-controller status)", lease)
+	}}
 }
 
 // assemble wires the node's parts on the host: libzfs for metadata, the
