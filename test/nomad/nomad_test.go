@@ -1257,7 +1257,7 @@ func killAll(n *guestcluster.Node) error {
 // one holding its namespaces, and all their descendants: a container with
 // a network of its own runs under a containerd shim in the node's.
 func nodeProcesses(n *guestcluster.Node) ([]int, error) {
-	out, err := guestcluster.Run("ip", "netns", "pids", n.ID)
+	out, err := guestcluster.Run("ip", "netns", "pids", n.Netns)
 	if err != nil {
 		return nil, err
 	}

@@ -9,6 +9,12 @@
 //	  ├─ veth vh2 ── netns n2: eth0 10.77.0.2, zfs-node, pool2/nomad on /dev/vdb
 //	  └─ ...
 //
+// Clusters in different slots (Options.Slot) run side by side in one
+// guest: slot s has its own bridge zbr<s> and subnet 10.77.<s>.0/24, its
+// namespaces, links and pools are suffixed s<s> (n1s1, vh1s1, pool1s1),
+// and its controller's metrics port is 9671+10s. Its nodes keep the IDs
+// n1, n2, ...: node IDs are per cluster.
+//
 // Tests use it through package guesttest; the demo uses it directly.
 package guestcluster
 
@@ -159,6 +165,33 @@ type Options struct {
 	// node and the controller know it by that name.
 	BackupTarget     string
 	BackupTargetDisk string
+	// Slot places the cluster in a guest beside clusters of other slots
+	// (the package comment); 0 is the default.
+	Slot int
+	// FirstDisk is the index of node 1's disk (Disk); node i uses disk
+	// FirstDisk+i-1.
+	FirstDisk int
+}
+
+// slotName is a namespace, link or pool name in o's slot: the name as
+// it is in slot 0, suffixed s<slot> in the others.
+func (o Options) slotName(name string) string {
+	if o.Slot == 0 {
+		return name
+	}
+	return fmt.Sprintf("%ss%d", name, o.Slot)
+}
+
+// ip is host i's address in o's slot's subnet (254: the bridge's).
+func (o Options) ip(i int) string { return fmt.Sprintf("10.77.%d.%d", o.Slot, i) }
+
+// bridge is the root namespace's bridge of o's slot.
+func (o Options) bridge() string { return "zbr" + strconv.Itoa(o.Slot) }
+
+// controllerMetrics is controller instance n's (1, 2, ...) metrics
+// address in o's slot.
+func (o Options) controllerMetrics(n int) string {
+	return fmt.Sprintf("127.0.0.1:%d", 9671+10*o.Slot+n-1)
 }
 
 // KeyFile returns the raw key of encrypted roots in a cluster's dir.
@@ -216,7 +249,8 @@ func tlsArgs(f tlsconfig.Files) []string {
 // Node is one simulated node.
 type Node struct {
 	ID           string
-	Index        int // 1-based
+	Index        int    // 1-based
+	Netns        string // its network namespace's name (ip netns)
 	Pool         string
 	RootDataset  string
 	IP           string
@@ -234,8 +268,6 @@ type Node struct {
 	args []string
 	c    *Cluster
 }
-
-const bridge = "zbr0"
 
 // Start sets up and starts a cluster. On error, what was set up is undone.
 func Start(opts Options) (_ *Cluster, err error) {
@@ -256,8 +288,11 @@ func Start(opts Options) (_ *Cluster, err error) {
 	if c.Operator, err = c.CA.Issue("operator", tlsconfig.RoleOperator); err != nil {
 		return nil, err
 	}
-	if _, err := net.InterfaceByName(bridge); err != nil {
-		batch := fmt.Sprintf("link add %[1]s type bridge\naddr add 10.77.0.254/24 dev %[1]s\nlink set %[1]s up\n", bridge)
+	if opts.Slot != 0 && opts.BackupTarget != "" {
+		return nil, fmt.Errorf("a backup target runs in slot 0 only (TargetAddress), not in slot %d", opts.Slot)
+	}
+	if bridge := opts.bridge(); !haveLink(bridge) {
+		batch := fmt.Sprintf("link add %[1]s type bridge\naddr add %[2]s/24 dev %[1]s\nlink set %[1]s up\n", bridge, opts.ip(254))
 		if _, err := RunWithInput(batch, "ip", "-batch", "-"); err != nil {
 			return nil, err
 		}
@@ -307,7 +342,7 @@ func Start(opts Options) (_ *Cluster, err error) {
 		if err != nil {
 			return nil, err
 		}
-		c.ControllerMetrics = "http://127.0.0.1:9671/metrics"
+		c.ControllerMetrics = "http://" + opts.controllerMetrics(1) + "/metrics"
 		c.controllerArgs = append([]string{"-peers", strings.Join(c.AgentAddresses(), ","), "-agent-timeout", "10s"}, tlsArgs(ctlTLS)...)
 		if opts.BackupTarget != "" {
 			c.controllerArgs = append(c.controllerArgs, "-backup-targets", opts.BackupTarget+"="+TargetAddress())
@@ -323,7 +358,7 @@ func Start(opts Options) (_ *Cluster, err error) {
 // StartController starts the controller (again, after Controller.Kill)
 // and waits for its CSI socket.
 func (c *Cluster) StartController() error {
-	p, err := c.startController("controller", c.ControllerEndpoint, "127.0.0.1:9671")
+	p, err := c.startController("controller", c.ControllerEndpoint, c.opts.controllerMetrics(1))
 	if err != nil {
 		return err
 	}
@@ -339,7 +374,7 @@ func (c *Cluster) StartController() error {
 func (c *Cluster) StartControllerInstance(n int, extra ...string) (*Process, string, error) {
 	name := fmt.Sprintf("controller-%d", n)
 	endpoint := "unix://" + filepath.Join(c.opts.Dir, name+".sock")
-	p, err := c.startController(name, endpoint, fmt.Sprintf("127.0.0.1:%d", 9671+n-1), extra...)
+	p, err := c.startController(name, endpoint, c.opts.controllerMetrics(n), extra...)
 	if err != nil {
 		return nil, "", err
 	}
@@ -486,7 +521,7 @@ func undoAtOnce(lists [][]func()) {
 func (c *Cluster) setUpNode(i int) (_ *Node, undo []func(), _ error) {
 	id := fmt.Sprintf("n%d", i)
 	node := &Node{
-		ID: id, Index: i, Pool: fmt.Sprintf("pool%d", i), IP: fmt.Sprintf("10.77.0.%d", i),
+		ID: id, Index: i, Netns: c.opts.slotName(id), Pool: c.opts.slotName(fmt.Sprintf("pool%d", i)), IP: c.opts.ip(i),
 		Dir: filepath.Join(c.opts.Dir, id), c: c,
 	}
 	node.RootDataset = node.Pool + "/nomad"
@@ -496,7 +531,7 @@ func (c *Cluster) setUpNode(i int) (_ *Node, undo []func(), _ error) {
 	if err := os.MkdirAll(node.Dir, 0o755); err != nil {
 		return nil, undo, err
 	}
-	if err := CreatePool(node.Pool, Disk(i-1)); err != nil {
+	if err := CreatePool(node.Pool, Disk(c.opts.FirstDisk+i-1)); err != nil {
 		return nil, undo, err
 	}
 	undo = append(undo, func() { DestroyPool(node.Pool) })
@@ -505,8 +540,8 @@ func (c *Cluster) setUpNode(i int) (_ *Node, undo []func(), _ error) {
 	}
 	// Undone also when set up only in part: the teardown ignores what is
 	// not there.
-	undo = append(undo, func() { tearDownNetwork(id, hostLink(i)) })
-	if err := setUpNetwork(id, hostLink(i), node.IP); err != nil {
+	undo = append(undo, func() { tearDownNetwork(node.Netns, c.hostLink(i)) })
+	if err := setUpNetwork(node.Netns, c.hostLink(i), node.IP, c.opts.bridge()); err != nil {
 		return nil, undo, err
 	}
 	nodeTLS, err := c.CA.Issue(id, tlsconfig.RoleNode)
@@ -533,7 +568,7 @@ func (c *Cluster) createRoot(name string) error {
 
 // setUpNetwork gives node id its network namespace, with eth0 at ip on
 // the bridge through the veth pair whose root end is host.
-func setUpNetwork(id, host, ip string) error {
+func setUpNetwork(id, host, ip, bridge string) error {
 	if err := removeLink(host); err != nil {
 		return err
 	}
@@ -550,7 +585,14 @@ func setUpNetwork(id, host, ip string) error {
 }
 
 // hostLink names the root namespace's end of node i's veth pair.
-func hostLink(i int) string { return "vh" + strconv.Itoa(i) }
+func (c *Cluster) hostLink(i int) string { return c.opts.slotName("vh" + strconv.Itoa(i)) }
+
+// haveLink reports whether a link of that name exists in the root
+// namespace.
+func haveLink(name string) bool {
+	_, err := net.InterfaceByName(name)
+	return err == nil
+}
 
 // tearDownNetwork removes what setUpNetwork made.
 func tearDownNetwork(id, host string) {
@@ -578,7 +620,7 @@ func (c *Cluster) nodeArgs(node *Node) []string {
 	if c.opts.Lease > 0 {
 		var peers []string
 		for j := 1; j <= c.opts.Nodes; j++ {
-			peers = append(peers, fmt.Sprintf("10.77.0.%d:7670", j))
+			peers = append(peers, c.opts.ip(j)+":7670")
 		}
 		args = append(args, "-peers", strings.Join(peers, ","), "-lease", c.opts.Lease.String())
 	}
@@ -668,7 +710,7 @@ func (n *Node) startHost() error {
 	}
 	// ip netns exec gives the holder the node's network namespace and a
 	// mount namespace of its own.
-	host, err := n.c.start(n.ID+"-host", "ip", "netns", "exec", n.ID, "sleep", "1000000000")
+	host, err := n.c.start(n.ID+"-host", "ip", "netns", "exec", n.Netns, "sleep", "1000000000")
 	if err != nil {
 		return err
 	}
@@ -700,12 +742,12 @@ func (n *Node) Kill() { n.Process.Kill() }
 
 // CutLink takes the node off the network; RestoreLink puts it back.
 func (n *Node) CutLink() error {
-	_, err := Run("ip", "link", "set", hostLink(n.Index), "down")
+	_, err := Run("ip", "link", "set", n.c.hostLink(n.Index), "down")
 	return err
 }
 
 func (n *Node) RestoreLink() error {
-	_, err := Run("ip", "link", "set", hostLink(n.Index), "up")
+	_, err := Run("ip", "link", "set", n.c.hostLink(n.Index), "up")
 	return err
 }
 

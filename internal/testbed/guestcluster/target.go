@@ -57,8 +57,8 @@ func (c *Cluster) StartTarget(name, disk string, files tlsconfig.Files) (*Target
 	if _, err := Run("zfs", "create", t.RootDataset); err != nil {
 		return nil, err
 	}
-	c.undo = append(c.undo, func() { tearDownNetwork(t.Name, hostLink(targetIndex)) })
-	if err := setUpNetwork(t.Name, hostLink(targetIndex), t.IP); err != nil {
+	c.undo = append(c.undo, func() { tearDownNetwork(t.Name, c.hostLink(targetIndex)) })
+	if err := setUpNetwork(t.Name, c.hostLink(targetIndex), t.IP, c.opts.bridge()); err != nil {
 		return nil, err
 	}
 	t.args = append([]string{"target", "-name", t.Name, "-root-dataset", t.RootDataset, "-address", t.Address, "-max-quota", "10G"}, tlsArgs(t.TLS)...)

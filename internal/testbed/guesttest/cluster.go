@@ -38,23 +38,67 @@ func Pool(t testing.TB, name, disk string) {
 	t.Cleanup(func() { guestcluster.DestroyPool(name) })
 }
 
+// allDisks are the guest's disks: Disks once per slot.
+func (o Options) allDisks() []string {
+	var all []string
+	for range max(o.Slots, 1) {
+		all = append(all, o.Disks...)
+	}
+	return all
+}
+
+// slots hands out the package's cluster slots (Options.Slots): a cluster
+// takes a free one and gives it back once closed, so clusters of
+// parallel tests never share a disk, a namespace or an address.
+var slots struct {
+	free  chan int
+	disks int // a slot's disks: slot s starts at disk s*disks
+}
+
+func openSlots(opts Options) {
+	slots.disks = len(opts.Disks)
+	slots.free = make(chan int, max(opts.Slots, 1))
+	for s := range cap(slots.free) {
+		slots.free <- s
+	}
+}
+
+// takeSlot waits for a free slot: with go test's -parallel above Slots,
+// a parallel test's cluster waits for another's to close.
+func takeSlot() int {
+	if slots.free == nil {
+		return 0
+	}
+	return <-slots.free
+}
+
+func giveBackSlot(s int) {
+	if slots.free != nil {
+		slots.free <- s
+	}
+}
+
 // StartCluster starts a simulated cluster of n nodes (see package guestcluster) for
-// the test, stops it when the test ends and shows the processes' logs if
-// the test failed.
+// the test, in a free slot of the guest, stops it when the test ends and
+// shows the processes' logs if the test failed.
 func StartCluster(t testing.TB, n int, opts guestcluster.Options) *guestcluster.Cluster {
 	t.Helper()
 	opts.Nodes = n
 	opts.Dir = t.TempDir()
 	opts.BinDir = BinDir(t)
+	slot := takeSlot()
+	opts.Slot, opts.FirstDisk = slot, slot*slots.disks
 	began := time.Now()
 	c, err := guestcluster.Start(opts)
 	if err != nil {
+		giveBackSlot(slot)
 		t.Fatal(err)
 	}
-	t.Logf("cluster of %d nodes started in %s", n, time.Since(began).Round(time.Millisecond))
+	t.Logf("cluster of %d nodes started in slot %d in %s", n, slot, time.Since(began).Round(time.Millisecond))
 	t.Cleanup(func() {
 		began := time.Now()
 		c.Close()
+		giveBackSlot(slot)
 		t.Logf("cluster stopped in %s", time.Since(began).Round(time.Millisecond))
 		if !t.Failed() {
 			return

@@ -45,8 +45,14 @@ func DriverBinaries() map[string]string {
 
 // Options say what a package's guest run needs.
 type Options struct {
-	// Disks are the sizes of the guest's virtio disks (/dev/vda, ...).
+	// Disks are the sizes of the guest's virtio disks (/dev/vda, ...),
+	// those of one cluster slot when Slots is more than one.
 	Disks []string
+	// Slots is how many of the package's clusters (StartCluster) may run
+	// at once, in parallel tests (t.Parallel): each slot has the Disks
+	// of its own, after the previous slot's, and its own network
+	// (guestcluster.Options.Slot). Zero means one.
+	Slots int
 	// Binaries maps a name to a main package path ("./cmd/zfs-node")
 	// built for the guest; BinPath(name) finds it inside.
 	Binaries map[string]string
@@ -90,7 +96,7 @@ func Main(m *testing.M, opts Options) int {
 	if haveZFS() {
 		if os.Getenv(envInGuest) == "" && os.Getenv(guestcluster.EnvDisks) == "" {
 			// A host with ZFS: pools go on image files, never on devices.
-			cleanup, err := imageDisks(opts.Disks)
+			cleanup, err := imageDisks(opts.allDisks())
 			if err != nil {
 				fmt.Fprintln(os.Stderr, "guesttest:", err)
 				return 1
@@ -110,6 +116,7 @@ func Main(m *testing.M, opts Options) int {
 			}
 			os.Setenv(envBinDir, dir)
 		}
+		openSlots(opts)
 		report := accountCPU()
 		code := m.Run()
 		report()
@@ -204,7 +211,7 @@ func (g guestRun) run() (int, error) {
 	if g.opts.Memory != "" {
 		args = append(args, "-m", g.opts.Memory)
 	}
-	for _, d := range g.opts.Disks {
+	for _, d := range g.opts.allDisks() {
 		args = append(args, "-d", d)
 	}
 	if g.opts.Docker {
