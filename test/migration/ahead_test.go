@@ -23,6 +23,7 @@ import (
 // enough, finishes the move (the catch-up resumes what arrived), and the
 // stage mounts the volume with every file.
 func TestAMoveGrantedAheadOutlivesItsController(t *testing.T) {
+	t.Parallel()
 	e := start(t)
 	// 48 MiB at 3 MiB/s: a catch-up of 16 s, granted ahead at the first
 	// retry (within the shipped two minutes) and killed well before its
@@ -69,6 +70,7 @@ func TestAMoveGrantedAheadOutlivesItsController(t *testing.T) {
 // push's estimate, or once the volume moved), and the node's stage mounts
 // the volume with every file.
 func TestARetryOnAnotherInstanceFollowsTheMove(t *testing.T) {
+	t.Parallel()
 	e := start(t)
 	// 64 MiB at 2 MiB/s: about 32 s. The second instance grants ahead
 	// only within the last 20 s (the shipped two minutes would grant at

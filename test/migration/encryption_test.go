@@ -33,6 +33,7 @@ import (
 // goes with its demotion after a move; a stage checks the passphrase
 // even where the key is loaded.
 func TestEncryptedVolumesOpenOnlyWhereStaged(t *testing.T) {
+	t.Parallel()
 	// The operator's key file, the same on every node (they share the
 	// guest's file system): for claims whose secrets carry no key.
 	keyFile := filepath.Join(t.TempDir(), "volume-key")

@@ -21,6 +21,7 @@ import (
 // asks for another owner gets it. The owner writes without root; another
 // user cannot.
 func TestOwnerAndModeFollowTheVolume(t *testing.T) {
+	t.Parallel()
 	c := guesttest.StartCluster(t, 3, guestcluster.Options{
 		ControllerArgs: []string{"-schedule-every", "0"},
 		NodeArgs:       []string{"-root-uids", "1000-1001", "-root-gids", "1000"},

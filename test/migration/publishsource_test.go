@@ -140,7 +140,7 @@ func (e *env) writablePrimaries(id string) []string {
 		if len(f) != 3 {
 			continue
 		}
-		node := "n" + strings.TrimPrefix(strings.Split(f[0], "/")[0], "pool")
+		node := e.nodeOf(f[0])
 		if f[1] == "readonly" {
 			readonly[node] = f[2]
 		} else {

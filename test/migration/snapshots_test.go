@@ -27,6 +27,7 @@ import (
 // back its copy is never listed or restored, the controller deletes it,
 // the records go, and nothing of the volume is left.
 func TestSnapshotsFollowTheVolume(t *testing.T) {
+	t.Parallel()
 	e := start(t)
 	id, dir, taken, snapID := e.snapshotted("snapped", nil, "echo before > a && dd if=/dev/urandom of=blob bs=1M count=4 2>/dev/null", "before-the-move")
 	e.write("n1", dir, "echo after > a")
@@ -123,6 +124,7 @@ func (e *env) waitNothingLeft(pattern, what string) {
 // answered OK and the push ended, no copy is left on the target, and the
 // controller's pass leaves no copy and no record anywhere.
 func TestASnapshotDeletedDuringAPush(t *testing.T) {
+	t.Parallel()
 	e := start(t)
 	e.throttle("n1", "5M") // 60 MiB: about 12 s of push
 	id, _, _, snapID := e.snapshotted("in-flight", nil, guesttest.RandomFile("blob", 60), "deleted-in-flight")
@@ -254,6 +256,7 @@ func (e *env) deletionRecords(n string) string {
 // the data only the snapshots hold, which a replica must have for them
 // to survive the node.
 func TestBytesSentWithSnapshots(t *testing.T) {
+	t.Parallel()
 	e := start(t)
 	id, dir := e.createWritten("ten-snapshots", nil, "dd if=/dev/urandom of=f bs=1M count=4 2>/dev/null")
 	for i := range 10 {
@@ -288,6 +291,7 @@ func TestBytesSentWithSnapshots(t *testing.T) {
 // takes the snapshot and the tombstone along, and nothing of either
 // volume is left.
 func TestARestoreOnAReplica(t *testing.T) {
+	t.Parallel()
 	e := start(t)
 	id, dir, taken, snapID := e.snapshotted("cloned-replica", nil, "echo before > a && dd if=/dev/urandom of=blob bs=1M count=2 2>/dev/null", "restored-on-the-replica")
 	e.write("n1", dir, "echo after > a")
@@ -345,6 +349,7 @@ func TestARestoreOnAReplica(t *testing.T) {
 // might), then moved to n3, so the next push to n2 is a full one of a
 // newer generation.
 func TestAReplacedReplicaKeepsItsSnapshots(t *testing.T) {
+	t.Parallel()
 	e := start(t)
 	id, dir, taken, snapID := e.snapshotted("replaced", nil, "echo kept > a && dd if=/dev/urandom of=blob bs=1M count=2 2>/dev/null", "only-on-the-old-replica")
 	e.replicate(id, "n1", "n2")
@@ -379,6 +384,7 @@ func TestAReplacedReplicaKeepsItsSnapshots(t *testing.T) {
 // delete must destroy both copies, or the node lists the deleted
 // snapshot again once it lists its pool.
 func TestASnapshotKeptTwiceGoesWithItsDelete(t *testing.T) {
+	t.Parallel()
 	e := start(t)
 	id, _, _, snapID := e.snapshotted("kept-twice", nil, "echo kept > a", "twice")
 	e.replicate(id, "n1", "n2")
