@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/csiplugin"
 	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guestcluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guesttest"
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
@@ -908,6 +909,14 @@ func TestPartitionedPrimaryTurnsReadOnly(t *testing.T) {
 	cut := e.cutOffWhenLeased("n1", lease, probe)
 	waitFor(t, 3*lease, "writes on n1 to fail after its link was cut", func() bool { return probe() != nil })
 	fenced := time.Since(cut)
+	// The node's health check (what Nomad's service check asks) says it
+	// cannot serve its volumes, and why.
+	if got := health(t, n1); !strings.Contains(got, " 503 ") || !strings.Contains(got, "lease: no lease") {
+		t.Errorf("the cut-off node's %s answered:\n%s\nwant 503 naming its lease", csiplugin.HealthPath, got)
+	}
+	if out, _ := n1.Exec("cd " + dir + " && echo x > q 2>&1"); !strings.Contains(out, "Read-only file system") {
+		t.Errorf("a write on the cut-off node failed with %q, want EROFS", out)
+	}
 	_, err := e.stage(id, "n1", map[string]string{"generation": "1"})
 	if status.Code(err) != codes.Unavailable {
 		t.Errorf("staging on the cut-off node: %v, want Unavailable", err)
@@ -919,6 +928,9 @@ func TestPartitionedPrimaryTurnsReadOnly(t *testing.T) {
 	restored := time.Now()
 	waitFor(t, 3*lease, "writes on n1 to succeed after its link came back", func() bool { return probe() == nil })
 	lifted := time.Since(restored)
+	if got := health(t, n1); !strings.Contains(got, " 200 ") {
+		t.Errorf("the node's %s once its link is back and it writes again:\n%s\nwant 200", csiplugin.HealthPath, got)
+	}
 	t.Logf("lease %s: read-only %.1f s after the link was cut, writable %.1f s after it came back", lease, fenced.Seconds(), lifted.Seconds())
 	if fenced > lease+lease/2 {
 		t.Errorf("the read-only switch took %s, want at most 1.5 leases (%s)", fenced, lease+lease/2)
@@ -927,6 +939,19 @@ func TestPartitionedPrimaryTurnsReadOnly(t *testing.T) {
 		t.Errorf("the file written before the cut reads %q", got)
 	}
 	e.unpublish(id, "n1")
+}
+
+// health asks node n's health endpoint from inside its namespaces (its
+// link may be down) and returns the HTTP answer, status line first.
+func health(t *testing.T, n *guestcluster.Node) string {
+	t.Helper()
+	host, _, _ := strings.Cut(strings.TrimPrefix(n.Metrics, "http://"), "/")
+	// nc ends at its input's end: the sleep keeps it open for the answer.
+	out, err := n.Exec("(printf 'GET " + csiplugin.HealthPath + " HTTP/1.0\\r\\n\\r\\n'; sleep 3) | nc " + strings.Replace(host, ":", " ", 1))
+	if err != nil {
+		t.Fatalf("asking %s's %s: %v\n%s", n.ID, csiplugin.HealthPath, err, out)
+	}
+	return out
 }
 
 // startWithLease starts three nodes that keep leases of length lease
