@@ -9,7 +9,7 @@ LDFLAGS := -X github.com/zfs-nomad/zfs-nomad/internal/shared/version.Version=$(V
 TOOLS := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/zfs-nomad/tools/$(shell sha256sum hack/tools/go.sum | cut -c1-12)
 GO_TEST_TIMEOUT ?= 45m
 
-.PHONY: help deps prepare need-headers fast build release check unit race images test test-trixie guest-image-trixie test-nomad test-nomad-trixie test-nomad-drain sanity-encrypted nomad bench soak sim guest-image proto demo demo-nomad clean
+.PHONY: help deps prepare need-headers fast build release check unit race simulation images test test-trixie test-shim guest-image-trixie test-nomad test-nomad-trixie test-nomad-drain sanity-encrypted nomad bench soak sim guest-image proto demo demo-nomad clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -68,6 +68,14 @@ race: need-headers ## unit tests and a short simulation under the race detector
 	ZFS_NOMAD_SKIP_GUEST=1 go test -race -count=1 $$(go list ./... | grep -v /internal/testbed/faultsim)
 	ZFS_NOMAD_SKIP_GUEST=1 go test -race -count=1 -skip '^TestExplorer' ./internal/testbed/faultsim -args -seeds 30
 
+# The simulation's full seed counts and the explorer, without the race
+# detector. make test runs race and this instead of race and unit: every
+# other unit test already ran under the race detector, and a second run
+# without it proves nothing the first did not (a fresh machine compiled
+# every test binary twice for it).
+simulation: need-headers ## the fault simulation's full seed counts and the explorer (make test's share of make unit)
+	ZFS_NOMAD_SKIP_GUEST=1 go test -count=1 ./internal/testbed/faultsim
+
 # Builds with buildah from Debian's mirrors and the host's Go: no container
 # registry needed (see hack/images.sh). The docker-archive files in
 # bin/images are what test/nomad loads into its clients' Docker Engines.
@@ -123,6 +131,12 @@ TRIXIE_REPLICATION_TESTS := ^(TestResumeAfterInterruption|TestRefusesStrangersAn
 # leaves out").
 test-trixie-conformance: guest-image-trixie ## libzfs conformance and test/node in the Debian 13 guest (OpenZFS 2.3): the part of test-trixie in make test
 	ZFS_NOMAD_GUEST=trixie go test -p 1 -count=1 -timeout 40m ./internal/node/zfs/libzfs ./test/node
+
+# The shim build on OpenZFS 2.1: no release ships it there (2.1 is
+# go-libzfs's, docs/architecture.md), and make test runs it on 2.3, where
+# it is shipped; this run keeps the two builds interchangeable on 2.1.
+test-shim: guest-image ## the shim build's libzfs conformance on OpenZFS 2.1 (not in make test: no release ships it there)
+	go test -count=1 -tags openzfs_2_2 ./internal/node/zfs/libzfs
 
 test-trixie: test-trixie-conformance ## test-trixie-conformance, then the parts of test/replication and test/migration whose ZFS steps differ, in the Debian 13 guest (OpenZFS 2.3)
 	ZFS_NOMAD_GUEST=trixie go test -count=1 -timeout 20m -run '$(TRIXIE_REPLICATION_TESTS)' ./test/replication

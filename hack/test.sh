@@ -3,8 +3,8 @@
 #
 # The guest lane, in the foreground: the packages whose tests boot a ZFS
 # guest (their tests call guesttest.Main or guesttest.MainPhases), one
-# guest at a time, then the shim build's libzfs tests, the Debian 13
-# conformance, and last test/nomad, the one package that needs Nomad and
+# guest at a time, then the Debian 13 conformance (the shim build of
+# libzfs, the one that release ships), and last test/nomad, the one package that needs Nomad and
 # the plugin images. A guest under TCG keeps QEMU at about one to one and
 # a half of the two cores: most of a guest test's time is waiting (leases,
 # retries, throttled streams), not CPU.
@@ -12,8 +12,9 @@
 # The host lane, beside it at the idle CPU priority (SCHED_IDLE): first
 # Nomad and the plugin images (hack/prepare.sh nomad images: on a fresh
 # machine a long Go build and a debootstrap, found in the cache on a warm
-# one), then make check, make race and make unit (the host packages, the
-# fault simulation among them). It runs on the CPU the guest leaves idle
+# one), then make check, make race (every host package's unit tests under
+# the race detector) and make simulation (the fault simulation's full
+# seed counts, without the race detector). It runs on the CPU the guest leaves idle
 # and yields the moment QEMU wants it. Measured on 2 cores
 # (docs/testing.md, "Two lanes"): three guest tests took 146 s alone and
 # 157 s beside the simulation, which meanwhile did three quarters of what
@@ -43,7 +44,7 @@ began=$SECONDS
 (
   "${idle[@]}" ./hack/prepare.sh nomad images
   echo $? >"$tools_status"
-  "${idle[@]}" make --no-print-directory check race unit
+  "${idle[@]}" make --no-print-directory check race simulation
   status=$?
   [ "$(cat "$tools_status")" = 0 ] || status=1
   echo "host lane: exit $status after $((SECONDS - began)) s"
@@ -65,7 +66,6 @@ go_test() { go test -p 1 -count=1 -timeout "${GO_TEST_TIMEOUT:-45m}" -skip "${OU
 
 guest_status=0
 go_test "${guest_packages[@]}" || guest_status=1
-go test -count=1 -tags openzfs_2_2 ./internal/node/zfs/libzfs || guest_status=1
 make --no-print-directory test-trixie-conformance || guest_status=1
 
 waited=$SECONDS
@@ -81,6 +81,6 @@ echo "guest lane: exit $guest_status after $((SECONDS - began)) s"
 
 host_status=0
 wait "$host" || host_status=1
-echo "---- the host lane (Nomad and the plugin images, make check race unit) ----"
+echo "---- the host lane (Nomad and the plugin images, make check race simulation) ----"
 cat "$host_log"
 [ "$guest_status" -eq 0 ] && [ "$host_status" -eq 0 ]
