@@ -189,6 +189,7 @@ func serve(c command, args []string) error {
 	// The background work runs in the instance that holds the work lease
 	// (docs/architecture.md, "Several controllers").
 	holder := worklease.NewHolder(thisInstance(metricsLis), cluster.WorkLeaseAsker(nodes), log.Named("worklease"))
+	holder.Changed = workLeaseGauges(registry)
 	holderDone := make(chan struct{})
 	go func() {
 		defer close(holderDone)
@@ -254,6 +255,25 @@ func backupTargets(cfg config.Controller, certs *tlsconfig.Source) *agentclient.
 	return agentclient.NewTargets(cfg.BackupTargets, func(addr string) (*grpc.ClientConn, error) {
 		return grpc.NewClient(addr, append(protocol.DialOptions(), certs.BackupDialOptions()...)...)
 	})
+}
+
+// workLeaseGauges are the metrics of this instance's work lease, for
+// the alert on a cluster where no instance runs the background work:
+// max(zfs_nomad_work_lease_held) is 1 on a cluster with a holder.
+func workLeaseGauges(registry *metrics.Registry) func(bool, time.Time) {
+	held := registry.Gauge("zfs_nomad_work_lease_held", "1 while this controller instance holds the work lease (it runs the replication and backup schedules and the pass over deletions), else 0.")
+	since := registry.Gauge("zfs_nomad_work_lease_held_since_timestamp_seconds", "When this instance's current holding of the work lease began (Unix seconds); 0 while it holds none.")
+	held.Set(0)
+	since.Set(0)
+	return func(h bool, at time.Time) {
+		if !h {
+			held.Set(0)
+			since.Set(0)
+			return
+		}
+		held.Set(1)
+		since.Set(float64(at.Unix()))
+	}
 }
 
 // thisInstance is how this controller process introduces itself to the

@@ -659,6 +659,11 @@ func TestBackupAndStatusCommands(t *testing.T) {
 		t.Errorf("second backup, by name, did not resolve it or go incrementally to n3:\n%s", out)
 	}
 	waitForWorkLease(t, ctl, args)
+	// The one instance holds it, and its gauges say so (the alert on a
+	// cluster whose schedules run nowhere reads them).
+	if m := scrape(t, c.ControllerMetrics); !strings.Contains(m, "\nzfs_nomad_work_lease_held 1\n") || strings.Contains(m, "\nzfs_nomad_work_lease_held_since_timestamp_seconds 0\n") {
+		t.Errorf("the holder's metrics lack zfs_nomad_work_lease_held 1 and the holding's start:\n%s", m)
+	}
 	out = guesttest.Run(t, ctl, append([]string{"status"}, args...)...)
 	t.Logf("status:\n%s", out)
 	var primary, replica bool

@@ -27,6 +27,12 @@ type AskFunc func(ctx context.Context, self Instance, release bool) (replies []R
 // nodes every RenewEvery and believes it holds the lease for HeldFor
 // after a request that more than half the members granted.
 type Holder struct {
+	// Changed, when set before the first Try, is told each time this
+	// instance starts holding the lease (held, since the holding's
+	// start) and stops (not held, zero time): the controller's gauges.
+	// It runs under the holder's lock and must not call the holder.
+	Changed func(held bool, since time.Time)
+
 	self Instance
 	ask  AskFunc
 	log  hclog.Logger
@@ -128,6 +134,9 @@ func (h *Holder) hold(until time.Time, granted, members int) {
 		h.endLocked()
 		h.since = now
 		h.held, h.stopHeld = context.WithCancel(context.Background())
+		if h.Changed != nil {
+			h.Changed(true, now)
+		}
 		h.log.Info("this controller instance holds the work lease: it runs the replication schedule and the pass over deletions",
 			"instance", h.self.ID, "granted_by", granted, "nodes", members)
 	}
@@ -150,6 +159,9 @@ func (h *Holder) expire() {
 }
 
 func (h *Holder) endLocked() {
+	if h.held != nil && h.Changed != nil {
+		h.Changed(false, time.Time{})
+	}
 	if h.stopHeld != nil {
 		h.stopHeld()
 	}

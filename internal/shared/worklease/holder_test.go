@@ -76,6 +76,31 @@ func TestHolderHoldsWithAMajority(t *testing.T) {
 	}
 }
 
+// TestHolderTellsItsChanges: Changed hears each start and end of a
+// holding, once each, as the gauges of the holder need.
+func TestHolderTellsItsChanges(t *testing.T) {
+	c := newClock()
+	ns := newNodes(c, 3)
+	h := NewHolder(instance("a"), ns.ask, hclog.NewNullLogger())
+	h.SetClock(c.now)
+	var told []string
+	h.Changed = func(held bool, since time.Time) { told = append(told, fmt.Sprintf("%v %s", held, since.Format(time.TimeOnly))) }
+	c.advance(Term)
+	h.Try(context.Background())
+	first := c.now().Format(time.TimeOnly)
+	h.Try(context.Background()) // a renewal is no change
+	c.advance(HeldFor)          // run out without a renewal...
+	h.Try(context.Background()) // ...and taken again
+	again := c.now().Format(time.TimeOnly)
+	h.Release()
+	h.Release() // released already: no change
+	zero := time.Time{}.Format(time.TimeOnly)
+	want := []string{"true " + first, "false " + zero, "true " + again, "false " + zero}
+	if fmt.Sprint(told) != fmt.Sprint(want) {
+		t.Errorf("Changed heard %q, want %q", told, want)
+	}
+}
+
 func TestHolderAnswersTooLateDoNotCount(t *testing.T) {
 	c := newClock()
 	ns := newNodes(c, 3)
