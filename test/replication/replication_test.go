@@ -829,6 +829,7 @@ func TestScheduleKeepsReplicasCurrent(t *testing.T) {
 		`zfs_nomad_replica_lag_seconds{volume_id="` + id + `",node="n2"}`,
 		`zfs_nomad_replica_lag_seconds{volume_id="` + id + `",node="n3"}`,
 		`zfs_nomad_replicas_missing{volume_id="` + id + `"} 0`,
+		`zfs_nomad_replication_interval_seconds{volume_id="` + id + `"} 2`,
 		`zfs_nomad_scheduled_pushes_total{result="success"}`,
 	}
 	ctlMetrics := scrape(t, c.ControllerMetrics)

@@ -143,7 +143,7 @@ func (s *Schedule) Plan(ctx context.Context) ([]Due, error) {
 				newest[t] = ages
 			}
 			last := ages[id]
-			s.Metrics.observe(id, t, last, ages != nil)
+			s.Metrics.observe(id, t, every, last, ages != nil)
 			if ages == nil || len(copies) != 1 {
 				continue
 			}

@@ -118,17 +118,29 @@ func TestBackupAges(t *testing.T) {
 	series := func(volumeID, target, value string) string {
 		return `zfs_nomad_backup_age_seconds{volume_id="` + volumeID + `",target="` + target + `"} ` + value + "\n"
 	}
+	// wantSeries checks the age series, and that each has its volume's
+	// backup_every beside it (the default day), and no other.
 	wantSeries := func(got string, want ...string) {
 		t.Helper()
-		var ages []string
+		var ages, intervals, wantIntervals []string
 		for _, line := range strings.SplitAfter(got, "\n") {
-			if strings.HasPrefix(line, "zfs_nomad_backup_age_seconds{") {
+			switch {
+			case strings.HasPrefix(line, "zfs_nomad_backup_age_seconds{"):
 				ages = append(ages, line)
+			case strings.HasPrefix(line, "zfs_nomad_backup_interval_seconds{"):
+				intervals = append(intervals, line)
 			}
 		}
 		slices.Sort(want)
 		if !slices.Equal(ages, want) {
 			t.Errorf("age series:\n%s\nwant\n%s", strings.Join(ages, ""), strings.Join(want, ""))
+		}
+		for _, w := range want {
+			labels := w[strings.Index(w, "{"):strings.Index(w, "}")+1]
+			wantIntervals = append(wantIntervals, "zfs_nomad_backup_interval_seconds"+labels+" 86400\n")
+		}
+		if !slices.Equal(intervals, wantIntervals) {
+			t.Errorf("interval series:\n%s\nwant\n%s", strings.Join(intervals, ""), strings.Join(wantIntervals, ""))
 		}
 	}
 	wantSeries(round(), series(web, "vault", "3600"), series(web, "offsite", "+Inf"), series(db, "vault", "7200"))

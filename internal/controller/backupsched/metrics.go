@@ -20,11 +20,12 @@ import (
 // every node answered and none holds the volume with that target in its
 // backup_to (deleted, or no longer backed up there).
 type Metrics struct {
-	age, backups metrics.Vec
+	age, interval, backups metrics.Vec
 
 	mu     sync.Mutex
-	newest map[due]time.Time // by volume and target: the newest backup seen (zero: none)
-	seen   map[due]bool      // this round's
+	newest map[due]time.Time     // by volume and target: the newest backup seen (zero: none)
+	every  map[due]time.Duration // by volume and target: the volume's backup_every
+	seen   map[due]bool          // this round's
 }
 
 // NewMetrics declares the schedule's metrics in r.
@@ -32,8 +33,11 @@ func NewMetrics(r *metrics.Registry) *Metrics {
 	return &Metrics{
 		age: r.Gauge("zfs_nomad_backup_age_seconds",
 			"Age of each volume's newest backup on each backup target its backup_to names, as of the last backup round; +Inf when the target holds none.", "volume_id", "target"),
+		interval: r.Gauge("zfs_nomad_backup_interval_seconds",
+			"Each volume's backup_every, beside its backup age on each target its backup_to names: a backup older than twice this is late.", "volume_id", "target"),
 		backups: r.Counter("zfs_nomad_scheduled_backups_total", "Backups the backup schedule ran, by result (done, failed, busy).", "result"),
 		newest:  map[due]time.Time{},
+		every:   map[due]time.Duration{},
 	}
 }
 
@@ -47,10 +51,10 @@ func (m *Metrics) beginRound() {
 	m.seen = map[due]bool{}
 }
 
-// observe records the newest backup of volumeID on target (zero: none);
-// answered is false when the target did not answer, and the newest it
-// last listed stands.
-func (m *Metrics) observe(volumeID, target string, newest time.Time, answered bool) {
+// observe records the newest backup of volumeID on target (zero: none)
+// and the volume's backup_every; answered is false when the target did
+// not answer, and the newest it last listed stands.
+func (m *Metrics) observe(volumeID, target string, every time.Duration, newest time.Time, answered bool) {
 	if m == nil {
 		return
 	}
@@ -58,6 +62,7 @@ func (m *Metrics) observe(volumeID, target string, newest time.Time, answered bo
 	defer m.mu.Unlock()
 	k := due{volumeID, target}
 	m.seen[k] = true
+	m.every[k] = every
 	if answered || m.newest[k].Before(newest) {
 		m.newest[k] = newest
 	} else if _, known := m.newest[k]; !known {
@@ -77,9 +82,12 @@ func (m *Metrics) endRound(now time.Time, complete bool) {
 	for k, newest := range m.newest {
 		if complete && !m.seen[k] {
 			delete(m.newest, k)
+			delete(m.every, k)
 			m.age.Delete(k.volumeID, k.target)
+			m.interval.Delete(k.volumeID, k.target)
 			continue
 		}
+		m.interval.Set(m.every[k].Seconds(), k.volumeID, k.target)
 		age := math.Inf(1)
 		if !newest.IsZero() {
 			age = now.Sub(newest).Seconds()
@@ -99,7 +107,9 @@ func (m *Metrics) Clear() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.age.Reset()
+	m.interval.Reset()
 	m.newest = map[due]time.Time{}
+	m.every = map[due]time.Duration{}
 }
 
 func (m *Metrics) backupRan(result string) {

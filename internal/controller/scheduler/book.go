@@ -70,7 +70,7 @@ func (s *Scheduler) planFromBook(b *book) []Push {
 				have = append(have, t)
 			}
 		}
-		s.Metrics.observe(id, v.want, have, s.now())
+		s.Metrics.observe(id, v.want, v.interval, have, s.now())
 		targets := slices.Clone(v.targets)
 		slices.SortStableFunc(targets, func(a, b replica) int { return a.last.Compare(b.last) })
 		for _, t := range targets {

@@ -9,16 +9,17 @@ import (
 // Metrics are the controller's replication metrics. A nil *Metrics records
 // nothing.
 type Metrics struct {
-	lag, missing, pushes, surplus metrics.Vec
+	lag, interval, missing, pushes, surplus metrics.Vec
 }
 
 // NewMetrics declares the schedule's metrics in r.
 func NewMetrics(r *metrics.Registry) *Metrics {
 	return &Metrics{
-		lag:     r.Gauge("zfs_nomad_replica_lag_seconds", "Age of each replica's newest snapshot: what a failover to it would lose.", "volume_id", "node"),
-		missing: r.Gauge("zfs_nomad_replicas_missing", "Replicas a volume asks for but does not have (complete) yet.", "volume_id"),
-		pushes:  r.Counter("zfs_nomad_scheduled_pushes_total", "Pushes the schedule ran, by result.", "result"),
-		surplus: r.Counter("zfs_nomad_surplus_copies_total", "Copies a move demoted that the schedule found surplus: removed, or kept because their node refused.", "result"),
+		lag:      r.Gauge("zfs_nomad_replica_lag_seconds", "Age of each replica's newest snapshot: what a failover to it would lose.", "volume_id", "node"),
+		interval: r.Gauge("zfs_nomad_replication_interval_seconds", "Each replicated volume's replication_interval: the replica lag it asks for.", "volume_id"),
+		missing:  r.Gauge("zfs_nomad_replicas_missing", "Replicas a volume asks for but does not have (complete) yet.", "volume_id"),
+		pushes:   r.Counter("zfs_nomad_scheduled_pushes_total", "Pushes the schedule ran, by result.", "result"),
+		surplus:  r.Counter("zfs_nomad_surplus_copies_total", "Copies a move demoted that the schedule found surplus: removed, or kept because their node refused.", "result"),
 	}
 }
 
@@ -36,14 +37,16 @@ func (m *Metrics) Clear() { m.reset() }
 func (m *Metrics) reset() {
 	if m != nil {
 		m.lag.Reset()
+		m.interval.Reset()
 		m.missing.Reset()
 	}
 }
 
-func (m *Metrics) observe(volumeID string, want int, have []replica, now time.Time) {
+func (m *Metrics) observe(volumeID string, want int, interval time.Duration, have []replica, now time.Time) {
 	if m == nil {
 		return
 	}
+	m.interval.Set(interval.Seconds(), volumeID)
 	complete := 0
 	for _, r := range have {
 		if r.last.Unix() > 0 {

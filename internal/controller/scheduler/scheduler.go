@@ -314,7 +314,7 @@ func (s *Scheduler) planVolumes(ctx context.Context, h seen, healthy []cluster.N
 		want, interval := contract.ReplicationPolicy(p.vol.Parameters)
 		var targets []replica
 		if want > 0 {
-			s.Metrics.observe(id, want, h.replicas[id], s.now())
+			s.Metrics.observe(id, want, interval, h.replicas[id], s.now())
 			targets = s.targets(p.node, p.vol, want, h.replicas[id], healthy)
 		}
 		surplus = append(surplus, s.surplus(p.node, id, want, targets, h.replicas[id])...)
