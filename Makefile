@@ -9,7 +9,7 @@ LDFLAGS := -X github.com/zfs-nomad/zfs-nomad/internal/shared/version.Version=$(V
 TOOLS := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/zfs-nomad/tools/$(shell sha256sum hack/tools/go.sum | cut -c1-12)
 GO_TEST_TIMEOUT ?= 45m
 
-.PHONY: help deps prepare need-headers fast build release check unit race simulation images test test-trixie test-shim guest-image-trixie test-nomad test-nomad-trixie test-nomad-drain sanity-encrypted nomad bench soak sim guest-image proto demo demo-nomad clean
+.PHONY: help deps prepare need-headers fast build release check unit race simulation alerts images test test-trixie test-shim guest-image-trixie test-nomad test-nomad-trixie test-nomad-drain sanity-encrypted nomad bench soak sim guest-image proto demo demo-nomad clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -75,6 +75,12 @@ race: need-headers ## unit tests and a short simulation under the race detector
 # every test binary twice for it).
 simulation: need-headers ## the fault simulation's full seed counts and the explorer (make test's share of make unit)
 	ZFS_NOMAD_SKIP_GUEST=1 go test -count=1 ./internal/testbed/faultsim
+
+# The alert rules of monitoring/, checked and unit-tested with promtool
+# from Debian's prometheus package, unpacked into the cache (hack/prometheus.sh:
+# nothing installed). In make test's host lane.
+alerts: ## the Prometheus alert rules (monitoring/alerts.yml): promtool check rules and their unit tests (promtool from Debian's package, cached)
+	bin=$$(./hack/prometheus.sh) && $$bin/promtool check rules monitoring/alerts.yml && cd monitoring && $$bin/promtool test rules alerts_test.yml
 
 # Builds with buildah from Debian's mirrors and the host's Go: no container
 # registry needed (see hack/images.sh). The docker-archive files in

@@ -13,8 +13,9 @@
 # Nomad and the plugin images (hack/prepare.sh nomad images: on a fresh
 # machine a long Go build and a debootstrap, found in the cache on a warm
 # one), then make check, make race (every host package's unit tests under
-# the race detector) and make simulation (the fault simulation's full
-# seed counts, without the race detector). It runs on the CPU the guest leaves idle
+# the race detector), make simulation (the fault simulation's full
+# seed counts, without the race detector) and make alerts (the alert
+# rules' promtool tests). It runs on the CPU the guest leaves idle
 # and yields the moment QEMU wants it. Measured on 2 cores
 # (docs/testing.md, "Two lanes"): three guest tests took 146 s alone and
 # 157 s beside the simulation, which meanwhile did three quarters of what
@@ -44,7 +45,7 @@ began=$SECONDS
 (
   "${idle[@]}" ./hack/prepare.sh nomad images
   echo $? >"$tools_status"
-  "${idle[@]}" make --no-print-directory check race simulation
+  "${idle[@]}" make --no-print-directory check race simulation alerts
   status=$?
   [ "$(cat "$tools_status")" = 0 ] || status=1
   echo "host lane: exit $status after $((SECONDS - began)) s"
@@ -81,6 +82,6 @@ echo "guest lane: exit $guest_status after $((SECONDS - began)) s"
 
 host_status=0
 wait "$host" || host_status=1
-echo "---- the host lane (Nomad and the plugin images, make check race simulation) ----"
+echo "---- the host lane (Nomad and the plugin images, make check race simulation alerts) ----"
 cat "$host_log"
 [ "$guest_status" -eq 0 ] && [ "$host_status" -eq 0 ]
