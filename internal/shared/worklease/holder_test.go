@@ -84,7 +84,9 @@ func TestHolderTellsItsChanges(t *testing.T) {
 	h := NewHolder(instance("a"), ns.ask, hclog.NewNullLogger())
 	h.SetClock(c.now)
 	var told []string
-	h.Changed = func(held bool, since time.Time) { told = append(told, fmt.Sprintf("%v %s", held, since.Format(time.TimeOnly))) }
+	h.Changed = func(held bool, since time.Time) {
+		told = append(told, fmt.Sprintf("%v %s", held, since.Format(time.TimeOnly)))
+	}
 	c.advance(Term)
 	h.Try(context.Background())
 	first := c.now().Format(time.TimeOnly)
