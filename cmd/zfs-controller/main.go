@@ -22,6 +22,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -162,6 +163,7 @@ func serve(c command, args []string) error {
 	srv := grpc.NewServer(grpc.UnaryInterceptor(csiplugin.LoggingInterceptor(log.Named("csi"))))
 	csispec.RegisterIdentityServer(srv, csiplugin.NewIdentity(func(ctx context.Context) error { return probe(ctx, nodes) }))
 	registry := metrics.NewRegistry()
+	registry.BuildInfo(map[string]string{"version": version.Version, "agent_protocol": strconv.Itoa(protocol.Version)})
 	migrator := migration.New(nodes, log.Named("migration"))
 	migrator.Metrics = migration.NewMetrics(registry)
 	migrator.MaxCatchUps = cfg.MoveCatchUps

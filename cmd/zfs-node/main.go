@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strconv"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -72,6 +73,7 @@ func serve(args []string) error {
 		return err
 	}
 	registry := metrics.NewRegistry()
+	registry.BuildInfo(buildInfo(release))
 	node := assemble(cfg, z, dial, registry, log)
 	defer node.Pusher.Close()
 	node.Receiver.OpenZFS, node.Agent.OpenZFS = release, release
@@ -129,6 +131,13 @@ func serve(args []string) error {
 	err = g.Wait()
 	log.Info("stopped")
 	return err
+}
+
+// buildInfo labels zfs_nomad_build_info: this build and the OpenZFS it
+// was built for and runs on.
+func buildInfo(running string) map[string]string {
+	return map[string]string{"version": version.Version, "agent_protocol": strconv.Itoa(protocol.Version),
+		"openzfs_built_for": cmp.Or(openzfs.BuiltFor, "unknown"), "openzfs_running": running}
 }
 
 // leaseCheck fails while a node with peers holds no lease: its mounted

@@ -83,6 +83,7 @@ func serveTarget(args []string) error {
 		return err
 	}
 	registry := metrics.NewRegistry()
+	registry.BuildInfo(buildInfo(release))
 	csiplugin.WatchTLS(ctx, certs, registry)
 	log.Info("serving backups", "address", lis.Addr().String(), "root_dataset", cfg.RootDataset,
 		"default_retention", grid.String(), "max_kept", cfg.MaxKept)

@@ -826,8 +826,8 @@ func TestScheduleKeepsReplicasCurrent(t *testing.T) {
 	// once they end, which may be a moment after the replica is fresh: it
 	// is scraped until they show, for two rounds at most.
 	wantCtl := []string{
-		`zfs_nomad_replica_lag_seconds{volume_id="` + id + `",node="n2"}`,
-		`zfs_nomad_replica_lag_seconds{volume_id="` + id + `",node="n3"}`,
+		`zfs_nomad_replica_lag_seconds{node="n2",volume_id="` + id + `"}`,
+		`zfs_nomad_replica_lag_seconds{node="n3",volume_id="` + id + `"}`,
 		`zfs_nomad_replicas_missing{volume_id="` + id + `"} 0`,
 		`zfs_nomad_replication_interval_seconds{volume_id="` + id + `"} 2`,
 		`zfs_nomad_scheduled_pushes_total{result="success"}`,

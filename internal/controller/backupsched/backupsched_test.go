@@ -116,7 +116,7 @@ func TestBackupAges(t *testing.T) {
 		return out.String()
 	}
 	series := func(volumeID, target, value string) string {
-		return `zfs_nomad_backup_age_seconds{volume_id="` + volumeID + `",target="` + target + `"} ` + value + "\n"
+		return `zfs_nomad_backup_age_seconds{target="` + target + `",volume_id="` + volumeID + `"} ` + value + "\n"
 	}
 	// wantSeries checks the age series, and that each has its volume's
 	// backup_every beside it (the default day), and no other.
@@ -136,7 +136,7 @@ func TestBackupAges(t *testing.T) {
 			t.Errorf("age series:\n%s\nwant\n%s", strings.Join(ages, ""), strings.Join(want, ""))
 		}
 		for _, w := range want {
-			labels := w[strings.Index(w, "{"):strings.Index(w, "}")+1]
+			labels := w[strings.Index(w, "{") : strings.Index(w, "}")+1]
 			wantIntervals = append(wantIntervals, "zfs_nomad_backup_interval_seconds"+labels+" 86400\n")
 		}
 		if !slices.Equal(intervals, wantIntervals) {

@@ -414,7 +414,7 @@ func finalStepPending(t *testing.T, registry *metrics.Registry, id, target strin
 	if _, err := registry.WriteTo(&b); err != nil {
 		t.Fatal(err)
 	}
-	return strings.Contains(b.String(), fmt.Sprintf("zfs_nomad_move_final_step_pending{volume_id=%q,target=%q} 1", id, target))
+	return strings.Contains(b.String(), fmt.Sprintf("zfs_nomad_move_final_step_pending{target=%q,volume_id=%q} 1", target, id))
 }
 
 // TestABusyPromotionIsRetried: a move whose target answers that its copy

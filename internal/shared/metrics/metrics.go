@@ -1,134 +1,160 @@
-// Package metrics keeps the driver's few counters and gauges and serves
-// them in the Prometheus text format. A handful of series does not warrant
-// a client library and its dependencies; this is the whole of it.
+// Package metrics is the driver's metrics registry: Prometheus's
+// client_golang (with the Go runtime and process collectors) behind the
+// small API the packages use, counter and gauge families declared by
+// name and set by label values. Served in the Prometheus text format, or
+// OpenMetrics when a scraper asks for it.
 package metrics
 
 import (
-	"fmt"
 	"io"
+	"maps"
 	"net/http"
-	"sort"
-	"strings"
-	"sync"
+	"slices"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/prometheus/common/expfmt"
 )
 
 // Registry holds metric families by name.
 type Registry struct {
-	mu       sync.Mutex
-	families map[string]*family
+	reg *prometheus.Registry
 }
 
-type family struct {
-	help, kind string
-	labels     []string
-	values     map[string]float64 // key: label values joined by \xff
+// NewRegistry returns a registry with the Go runtime's and the process's
+// collectors (go_*, process_*) and no families of the driver's yet.
+func NewRegistry() *Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return &Registry{reg: reg}
 }
 
-// NewRegistry returns an empty registry.
-func NewRegistry() *Registry { return &Registry{families: map[string]*family{}} }
-
-// Vec is one metric family with its label names.
+// Vec is one metric family with its label names: a counter or a gauge.
 type Vec struct {
-	r    *Registry
-	name string
+	counter *prometheus.CounterVec
+	gauge   *prometheus.GaugeVec
 }
 
-func (r *Registry) vec(name, help, kind string, labels []string) Vec {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if _, ok := r.families[name]; !ok {
-		r.families[name] = &family{help: help, kind: kind, labels: labels, values: map[string]float64{}}
-	}
-	return Vec{r: r, name: name}
-}
-
-// Counter declares a counter (only ever goes up).
+// Counter declares a counter (only ever goes up). Declaring a name
+// twice returns the family declared first.
 func (r *Registry) Counter(name, help string, labels ...string) Vec {
-	return r.vec(name, help, "counter", labels)
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, labels)
+	if err := r.reg.Register(c); err != nil {
+		if are, ok := err.(prometheus.AlreadyRegisteredError); ok {
+			if existing, ok := are.ExistingCollector.(*prometheus.CounterVec); ok {
+				return Vec{counter: existing}
+			}
+		}
+		panic("metrics: declaring counter " + name + ": " + err.Error()) // a name reused for another kind: a defect, found at start
+	}
+	return Vec{counter: c}
 }
 
-// Gauge declares a gauge (set to the current value).
+// Gauge declares a gauge (set to the current value). Declaring a name
+// twice returns the family declared first.
 func (r *Registry) Gauge(name, help string, labels ...string) Vec {
-	return r.vec(name, help, "gauge", labels)
+	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: help}, labels)
+	if err := r.reg.Register(g); err != nil {
+		if are, ok := err.(prometheus.AlreadyRegisteredError); ok {
+			if existing, ok := are.ExistingCollector.(*prometheus.GaugeVec); ok {
+				return Vec{gauge: existing}
+			}
+		}
+		panic("metrics: declaring gauge " + name + ": " + err.Error())
+	}
+	return Vec{gauge: g}
 }
 
-// Add adds v to the series with the given label values.
+// BuildInfo declares zfs_nomad_build_info, 1 with labels saying what
+// runs (version, agent protocol, OpenZFS series), as Prometheus's
+// convention for build information has it.
+func (r *Registry) BuildInfo(labels map[string]string) {
+	names := slices.Sorted(maps.Keys(labels))
+	values := make([]string, len(names))
+	for i, n := range names {
+		values[i] = labels[n]
+	}
+	r.Gauge("zfs_nomad_build_info", "1, with labels saying which build of the driver runs: its version, agent protocol and OpenZFS series.", names...).Set(1, values...)
+}
+
+// Add adds value to the series with the given label values. A counter
+// takes no negative value (it is dropped); a mismatch of label values is
+// a defect of the caller and is dropped too, never a crash.
 func (v Vec) Add(value float64, labelValues ...string) {
-	v.update(labelValues, func(old float64) float64 { return old + value })
+	switch {
+	case v.counter != nil:
+		if c, err := v.counter.GetMetricWithLabelValues(labelValues...); err == nil && value >= 0 {
+			c.Add(value)
+		}
+	case v.gauge != nil:
+		if g, err := v.gauge.GetMetricWithLabelValues(labelValues...); err == nil {
+			g.Add(value)
+		}
+	}
 }
 
-// Set sets the series with the given label values.
+// Set sets the gauge series with the given label values (on a counter,
+// nothing).
 func (v Vec) Set(value float64, labelValues ...string) {
-	v.update(labelValues, func(float64) float64 { return value })
+	if v.gauge == nil {
+		return
+	}
+	if g, err := v.gauge.GetMetricWithLabelValues(labelValues...); err == nil {
+		g.Set(value)
+	}
 }
 
 // Reset removes every series of the family (a gauge recomputed whole).
 func (v Vec) Reset() {
-	v.r.mu.Lock()
-	defer v.r.mu.Unlock()
-	v.r.families[v.name].values = map[string]float64{}
+	if v.counter != nil {
+		v.counter.Reset()
+	}
+	if v.gauge != nil {
+		v.gauge.Reset()
+	}
 }
 
 // Delete removes a series (a gauge for something that is gone).
 func (v Vec) Delete(labelValues ...string) {
-	v.r.mu.Lock()
-	defer v.r.mu.Unlock()
-	delete(v.r.families[v.name].values, strings.Join(labelValues, "\xff"))
-}
-
-func (v Vec) update(labelValues []string, f func(float64) float64) {
-	v.r.mu.Lock()
-	defer v.r.mu.Unlock()
-	fam := v.r.families[v.name]
-	if len(labelValues) != len(fam.labels) {
-		panic(fmt.Sprintf("metrics: %s takes labels %v, got %d values", v.name, fam.labels, len(labelValues)))
+	if v.counter != nil {
+		v.counter.DeleteLabelValues(labelValues...)
 	}
-	key := strings.Join(labelValues, "\xff")
-	fam.values[key] = f(fam.values[key])
+	if v.gauge != nil {
+		v.gauge.DeleteLabelValues(labelValues...)
+	}
 }
 
-// WriteTo writes every family in the Prometheus text format, sorted.
+// WriteTo writes every family in the Prometheus text format, sorted by
+// name, each series' labels sorted by name.
 func (r *Registry) WriteTo(w io.Writer) (int64, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	var b strings.Builder
-	names := make([]string, 0, len(r.families))
-	for n := range r.families {
-		names = append(names, n)
+	families, err := r.reg.Gather()
+	if err != nil {
+		return 0, err
 	}
-	sort.Strings(names)
-	for _, name := range names {
-		fam := r.families[name]
-		fmt.Fprintf(&b, "# HELP %s %s\n# TYPE %s %s\n", name, fam.help, name, fam.kind)
-		keys := make([]string, 0, len(fam.values))
-		for k := range fam.values {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
-		for _, k := range keys {
-			fmt.Fprintf(&b, "%s%s %g\n", name, labelText(fam.labels, k), fam.values[k])
+	cw := &countingWriter{w: w}
+	enc := expfmt.NewEncoder(cw, expfmt.NewFormat(expfmt.TypeTextPlain))
+	for _, f := range families {
+		if err := enc.Encode(f); err != nil {
+			return cw.n, err
 		}
 	}
-	n, err := io.WriteString(w, b.String())
-	return int64(n), err
+	return cw.n, nil
 }
 
-func labelText(names []string, key string) string {
-	if len(names) == 0 {
-		return ""
-	}
-	values := strings.Split(key, "\xff")
-	parts := make([]string, len(names))
-	for i, n := range names {
-		parts[i] = fmt.Sprintf("%s=%q", n, values[i])
-	}
-	return "{" + strings.Join(parts, ",") + "}"
+type countingWriter struct {
+	w io.Writer
+	n int64
 }
 
-// Handler serves the registry at /metrics.
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
+}
+
+// Handler serves the registry: OpenMetrics to a scraper that asks for
+// it, the Prometheus text format otherwise.
 func (r *Registry) Handler() http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
-		_, _ = r.WriteTo(w)
-	})
+	return promhttp.HandlerFor(r.reg, promhttp.HandlerOpts{EnableOpenMetrics: true})
 }

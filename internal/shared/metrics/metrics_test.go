@@ -1,31 +1,70 @@
 package metrics
 
 import (
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 )
 
+// TestExposition: the driver's families in the text format, labels
+// sorted and escaped, deleted series gone; the Go and process
+// collectors beside them.
 func TestExposition(t *testing.T) {
 	r := NewRegistry()
 	sent := r.Counter("zfs_nomad_bytes_sent_total", "Bytes sent.", "peer")
-	lag := r.Gauge("zfs_nomad_lag_seconds", "Lag.", "volume_id", "node")
+	lag := r.Gauge("zfs_nomad_lag_seconds", "Lag, in \\ seconds\nof a replica.", "volume_id", "node")
 	sent.Add(10, "n2")
 	sent.Add(5, "n2")
+	sent.Add(-3, "n2") // a counter never goes down
 	sent.Add(1, `we"ird`)
+	sent.Add(1, "too", "many") // dropped, not a crash
 	lag.Set(3.5, "vol-1", "n2")
 	lag.Set(1, "vol-2", "n3")
 	lag.Delete("vol-2", "n3")
+	if again := r.Counter("zfs_nomad_bytes_sent_total", "Bytes sent.", "peer"); again.counter != sent.counter {
+		t.Error("declaring a counter twice made a second family")
+	}
+	r.BuildInfo(map[string]string{"version": "v1.2.3", "agent_protocol": "1"})
 	var b strings.Builder
-	r.WriteTo(&b)
-	want := `# HELP zfs_nomad_bytes_sent_total Bytes sent.
-# TYPE zfs_nomad_bytes_sent_total counter
-zfs_nomad_bytes_sent_total{peer="n2"} 15
-zfs_nomad_bytes_sent_total{peer="we\"ird"} 1
-# HELP zfs_nomad_lag_seconds Lag.
-# TYPE zfs_nomad_lag_seconds gauge
-zfs_nomad_lag_seconds{volume_id="vol-1",node="n2"} 3.5
-`
-	if b.String() != want {
-		t.Errorf("got\n%s\nwant\n%s", b.String(), want)
+	if _, err := r.WriteTo(&b); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"# HELP zfs_nomad_bytes_sent_total Bytes sent.\n# TYPE zfs_nomad_bytes_sent_total counter\nzfs_nomad_bytes_sent_total{peer=\"n2\"} 15\nzfs_nomad_bytes_sent_total{peer=\"we\\\"ird\"} 1\n",
+		"# HELP zfs_nomad_lag_seconds Lag, in \\\\ seconds\\nof a replica.\n# TYPE zfs_nomad_lag_seconds gauge\nzfs_nomad_lag_seconds{node=\"n2\",volume_id=\"vol-1\"} 3.5\n",
+		"zfs_nomad_build_info{agent_protocol=\"1\",version=\"v1.2.3\"} 1\n",
+		"\ngo_goroutines ",
+		"\nprocess_resident_memory_bytes ",
+	} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("the exposition lacks\n%s\nin\n%s", want, b.String())
+		}
+	}
+	if strings.Contains(b.String(), "vol-2") {
+		t.Errorf("a deleted series is still there:\n%s", b.String())
 	}
 }
+
+// TestOpenMetricsWhenAsked: the handler speaks OpenMetrics to a scraper
+// that asks for it, the text format to the others.
+func TestOpenMetricsWhenAsked(t *testing.T) {
+	r := NewRegistry()
+	r.Gauge("zfs_nomad_lease_held", "1 while the lease is held.").Set(1)
+	for _, tc := range []struct{ accept, contentType, ends string }{
+		{"", "text/plain; version=0.0.4", "zfs_nomad_lease_held 1\n"},
+		{"application/openmetrics-text; version=1.0.0", "application/openmetrics-text; version=1.0.0", "# EOF\n"},
+	} {
+		req := httptest.NewRequest(http.MethodGet, "/metrics", nil)
+		if tc.accept != "" {
+			req.Header.Set("Accept", tc.accept)
+		}
+		rec := httptest.NewRecorder()
+		r.Handler().ServeHTTP(rec, req)
+		if ct := rec.Header().Get("Content-Type"); !strings.HasPrefix(ct, tc.contentType) || !strings.Contains(rec.Body.String(), "zfs_nomad_lease_held 1") || !strings.HasSuffix(rec.Body.String(), tc.ends) && tc.accept != "" {
+			t.Errorf("Accept %q: content type %q, body ending %q; want %q and the series", tc.accept, ct, tail(rec.Body.String()), tc.contentType)
+		}
+	}
+}
+
+func tail(s string) string { return s[max(0, len(s)-40):] }
