@@ -75,6 +75,7 @@ func serve(args []string) error {
 	registry := metrics.NewRegistry()
 	registry.BuildInfo(buildInfo(release))
 	node := assemble(cfg, z, dial, registry, log)
+	rootSpaceMetrics(registry, node.Volumes)
 	defer node.Pusher.Close()
 	node.Receiver.OpenZFS, node.Agent.OpenZFS = release, release
 	if err := checkHealth(ctx, node.Volumes); err != nil {
@@ -131,6 +132,25 @@ func serve(args []string) error {
 	err = g.Wait()
 	log.Info("stopped")
 	return err
+}
+
+// rootSpaceMetrics exports the root dataset's used and available bytes,
+// read at each scrape (a libzfs read of one dataset): a pool filling up
+// is what stops creates, pushes and backups alike.
+func rootSpaceMetrics(registry *metrics.Registry, volumes *volume.Manager) {
+	const used, available = "zfs_nomad_root_dataset_used_bytes", "zfs_nomad_root_dataset_available_bytes"
+	registry.GaugesAtScrape(map[string]string{
+		used:      "Bytes the root dataset and everything below it (volumes, replicas, snapshots) use.",
+		available: "Bytes left to the root dataset: the pool's free space, bounded by the root's quota.",
+	}, func() (map[string]float64, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		u, a, err := volumes.RootSpace(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return map[string]float64{used: float64(u), available: float64(a)}, nil
+	})
 }
 
 // buildInfo labels zfs_nomad_build_info: this build and the OpenZFS it

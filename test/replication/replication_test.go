@@ -842,7 +842,8 @@ func TestScheduleKeepsReplicasCurrent(t *testing.T) {
 		}
 	}
 	n1Metrics := scrape(t, n1.Metrics)
-	for _, want := range []string{`zfs_nomad_replication_sent_bytes_total{peer_node="n2"}`, `zfs_nomad_replication_transfers_total{direction="out",kind="full",result="success"}`} {
+	for _, want := range []string{`zfs_nomad_replication_sent_bytes_total{peer_node="n2"}`, `zfs_nomad_replication_transfers_total{direction="out",kind="full",result="success"}`,
+		"\nzfs_nomad_root_dataset_used_bytes ", "\nzfs_nomad_root_dataset_available_bytes ", `zfs_nomad_build_info{agent_protocol="1",openzfs_built_for="2.`, "\ngo_goroutines "} {
 		if !strings.Contains(n1Metrics, want) {
 			t.Errorf("node metrics lack %s:\n%s", want, n1Metrics)
 		}

@@ -340,6 +340,17 @@ func (m *Manager) Capacity(ctx context.Context) (Capacity, error) {
 	return Capacity{Available: root.Available, MaxQuota: uint64(m.cfg.MaxQuota), Volumes: len(primaries)}, nil
 }
 
+// RootSpace reads the root dataset's used and available bytes: what its
+// volumes, replicas and snapshots take, and what is left to them (the
+// pool's free space, bounded by the root's quota).
+func (m *Manager) RootSpace(ctx context.Context) (used, available uint64, err error) {
+	root, err := m.zfs.Get(ctx, m.cfg.RootDataset)
+	if err != nil {
+		return 0, 0, zfsError(err, "root dataset "+m.cfg.RootDataset)
+	}
+	return root.Used, root.Available, nil
+}
+
 // zfsError classifies a ZFS error for the CSI layer.
 func zfsError(err error, what string) error {
 	switch {

@@ -277,6 +277,22 @@ func TestCapacity(t *testing.T) {
 	}
 }
 
+func TestRootSpace(t *testing.T) {
+	m, fake := newManager(t)
+	ctx := context.Background()
+	fake.SetUsed(root, 3<<30)
+	used, available, err := m.RootSpace(ctx)
+	if err != nil || used != 3<<30 || available != 7<<30 {
+		t.Errorf("RootSpace = %d used, %d available, %v; want 3 GiB and 7 GiB of the 10 GiB pool", used, available, err)
+	}
+	if err := fake.Destroy(ctx, root); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := m.RootSpace(ctx); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("RootSpace without the root dataset: %v, want NotFound", err)
+	}
+}
+
 func TestReplicationParameters(t *testing.T) {
 	tests := []struct {
 		params map[string]string

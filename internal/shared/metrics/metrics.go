@@ -78,6 +78,41 @@ func (r *Registry) BuildInfo(labels map[string]string) {
 	r.Gauge("zfs_nomad_build_info", "1, with labels saying which build of the driver runs: its version, agent protocol and OpenZFS series.", names...).Set(1, values...)
 }
 
+// GaugesAtScrape declares unlabelled gauges, by name with their help,
+// whose values read gives at each scrape: for what is cheap to read and
+// wrong as soon as it was read (free space). A name read does not give,
+// or an error, leaves the gauge out of that scrape.
+func (r *Registry) GaugesAtScrape(help map[string]string, read func() (map[string]float64, error)) {
+	c := &scraped{descs: map[string]*prometheus.Desc{}, read: read}
+	for name, h := range help {
+		c.descs[name] = prometheus.NewDesc(name, h, nil, nil)
+	}
+	r.reg.MustRegister(c)
+}
+
+type scraped struct {
+	descs map[string]*prometheus.Desc
+	read  func() (map[string]float64, error)
+}
+
+func (c *scraped) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range c.descs {
+		ch <- d
+	}
+}
+
+func (c *scraped) Collect(ch chan<- prometheus.Metric) {
+	values, err := c.read()
+	if err != nil {
+		return
+	}
+	for name, v := range values {
+		if d, ok := c.descs[name]; ok {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v)
+		}
+	}
+}
+
 // Add adds value to the series with the given label values. A counter
 // takes no negative value (it is dropped); a mismatch of label values is
 // a defect of the caller and is dropped too, never a crash.

@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -68,3 +69,34 @@ func TestOpenMetricsWhenAsked(t *testing.T) {
 }
 
 func tail(s string) string { return s[max(0, len(s)-40):] }
+
+// TestGaugesAtScrape: values read at each scrape; a failed read leaves
+// them out of that scrape.
+func TestGaugesAtScrape(t *testing.T) {
+	r := NewRegistry()
+	free, fail := 100.0, false
+	r.GaugesAtScrape(map[string]string{"zfs_nomad_free_bytes": "Free bytes."}, func() (map[string]float64, error) {
+		if fail {
+			return nil, errors.New("the pool did not answer")
+		}
+		return map[string]float64{"zfs_nomad_free_bytes": free, "undeclared": 1}, nil
+	})
+	scrape := func() string {
+		var b strings.Builder
+		if _, err := r.WriteTo(&b); err != nil {
+			t.Fatal(err)
+		}
+		return b.String()
+	}
+	if got := scrape(); !strings.Contains(got, "\nzfs_nomad_free_bytes 100\n") || strings.Contains(got, "undeclared") {
+		t.Errorf("first scrape:\n%s", got)
+	}
+	free = 40
+	if got := scrape(); !strings.Contains(got, "\nzfs_nomad_free_bytes 40\n") {
+		t.Errorf("the value read again at the second scrape:\n%s", got)
+	}
+	fail = true
+	if got := scrape(); strings.Contains(got, "zfs_nomad_free_bytes ") {
+		t.Errorf("a failed read still gave a value:\n%s", got)
+	}
+}
