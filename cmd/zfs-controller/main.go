@@ -160,10 +160,10 @@ func serve(c command, args []string) error {
 	if err != nil {
 		return err
 	}
-	srv := grpc.NewServer(grpc.UnaryInterceptor(csiplugin.LoggingInterceptor(log.Named("csi"))))
-	csispec.RegisterIdentityServer(srv, csiplugin.NewIdentity(func(ctx context.Context) error { return probe(ctx, nodes) }))
 	registry := metrics.NewRegistry()
 	registry.BuildInfo(map[string]string{"version": version.Version, "agent_protocol": strconv.Itoa(protocol.Version)})
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(csiCallMetrics(registry), csiplugin.LoggingInterceptor(log.Named("csi"))))
+	csispec.RegisterIdentityServer(srv, csiplugin.NewIdentity(func(ctx context.Context) error { return probe(ctx, nodes) }))
 	migrator := migration.New(nodes, log.Named("migration"))
 	migrator.Metrics = migration.NewMetrics(registry)
 	migrator.MaxCatchUps = cfg.MoveCatchUps
@@ -257,6 +257,11 @@ func backupTargets(cfg config.Controller, certs *tlsconfig.Source) *agentclient.
 	return agentclient.NewTargets(cfg.BackupTargets, func(addr string) (*grpc.ClientConn, error) {
 		return grpc.NewClient(addr, append(protocol.DialOptions(), certs.BackupDialOptions()...)...)
 	})
+}
+
+// csiCallMetrics times the CSI calls the CO makes.
+func csiCallMetrics(registry *metrics.Registry) grpc.UnaryServerInterceptor {
+	return csiplugin.CallMetrics(registry, "zfs_nomad_csi_call_seconds", "CSI calls this plugin answered, by method and gRPC code, and how long they took.")
 }
 
 // workLeaseGauges are the metrics of this instance's work lease, for

@@ -68,11 +68,11 @@ func serve(args []string) error {
 	if err != nil {
 		return err
 	}
-	serverOpts, dial, certs, err := agentTLS(cfg, log)
+	registry := metrics.NewRegistry()
+	serverOpts, dial, certs, err := agentTLS(cfg, log, registry)
 	if err != nil {
 		return err
 	}
-	registry := metrics.NewRegistry()
 	registry.BuildInfo(buildInfo(release))
 	node := assemble(cfg, z, dial, registry, log)
 	rootSpaceMetrics(registry, node.Volumes)
@@ -113,7 +113,9 @@ func serve(args []string) error {
 		health = append(health, csiplugin.CertificateCheck(func() time.Time { return certs.Certificate().NotAfter }))
 	}
 
-	csiSrv := grpc.NewServer(grpc.UnaryInterceptor(csiplugin.LoggingInterceptor(log.Named("csi"))))
+	csiSrv := grpc.NewServer(grpc.ChainUnaryInterceptor(
+		csiplugin.CallMetrics(registry, "zfs_nomad_csi_call_seconds", "CSI calls this plugin answered, by method and gRPC code, and how long they took."),
+		csiplugin.LoggingInterceptor(log.Named("csi"))))
 	csispec.RegisterIdentityServer(csiSrv, csiplugin.NewIdentity(node.Volumes.Health))
 	csispec.RegisterNodeServer(csiSrv, csinode.New(node.Volumes, mount.System{}, cfg, log.Named("csi")))
 	serverOpts = append(serverOpts, protocol.ServerOptions("node "+cfg.NodeID)...)
@@ -132,6 +134,13 @@ func serve(args []string) error {
 	err = g.Wait()
 	log.Info("stopped")
 	return err
+}
+
+// agentCallMetrics times the unary calls on the agent port (the
+// controller's, the operator's, the peers'), refusals of the policy
+// included.
+func agentCallMetrics(registry *metrics.Registry) grpc.UnaryServerInterceptor {
+	return csiplugin.CallMetrics(registry, "zfs_nomad_agent_call_seconds", "Unary calls on the agent port, by method and gRPC code, and how long they took.")
 }
 
 // rootSpaceMetrics exports the root dataset's used and available bytes,
@@ -253,12 +262,13 @@ func (dialing) to(opts []grpc.DialOption) func(addr string) (*grpc.ClientConn, e
 // targets (mutual TLS and every call's check of the server's
 // certificate), and the TLS material they use (nil without TLS), which
 // WatchTLS keeps current.
-func agentTLS(cfg config.Node, log hclog.Logger) ([]grpc.ServerOption, dialing, *tlsconfig.Source, error) {
+func agentTLS(cfg config.Node, log hclog.Logger, registry *metrics.Registry) ([]grpc.ServerOption, dialing, *tlsconfig.Source, error) {
 	logging := csiplugin.LoggingInterceptor(log.Named("agent"))
+	calls := agentCallMetrics(registry)
 	if cfg.InsecureAgentPort {
 		log.Warn("agent port WITHOUT TLS (-insecure-agent-port): anyone who reaches it can read and write volumes; use only on a closed test network")
 		plain := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
-		return []grpc.ServerOption{grpc.UnaryInterceptor(logging)}, dialing{nodes: plain, targets: plain}, nil, nil
+		return []grpc.ServerOption{grpc.ChainUnaryInterceptor(calls, logging)}, dialing{nodes: plain, targets: plain}, nil, nil
 	}
 	// The node's certificate must name it: peers bind its streams and
 	// promises to that name.
@@ -270,7 +280,7 @@ func agentTLS(cfg config.Node, log hclog.Logger) ([]grpc.ServerOption, dialing, 
 	// Unauthenticated whatever it calls.
 	policy := tlsconfig.AgentPolicy
 	return append(src.ServerOptions(),
-		grpc.ChainUnaryInterceptor(policy.UnaryInterceptor(), logging),
+		grpc.ChainUnaryInterceptor(calls, policy.UnaryInterceptor(), logging),
 		grpc.ChainStreamInterceptor(policy.StreamInterceptor()),
 	), dialing{nodes: src.DialOptions(), targets: src.BackupDialOptions()}, src, nil
 }

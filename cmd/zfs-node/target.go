@@ -65,9 +65,11 @@ func serveTarget(args []string) error {
 	target.SetIdleTimeout(time.Duration(cfg.ReceiveIdleTimeout))
 	target.OpenZFS(release)
 
+	registry := metrics.NewRegistry()
+	registry.BuildInfo(buildInfo(release))
 	policy := tlsconfig.TargetPolicy
 	opts := append(certs.ServerOptions(),
-		grpc.ChainUnaryInterceptor(policy.UnaryInterceptor(), csiplugin.LoggingInterceptor(log.Named("agent"))),
+		grpc.ChainUnaryInterceptor(agentCallMetrics(registry), policy.UnaryInterceptor(), csiplugin.LoggingInterceptor(log.Named("agent"))),
 		grpc.ChainStreamInterceptor(policy.StreamInterceptor()))
 	opts = append(opts, protocol.ServerOptions("backup target "+cfg.Name)...)
 	srv := grpc.NewServer(append(opts, agent.ServerOptions()...)...)
@@ -82,8 +84,6 @@ func serveTarget(args []string) error {
 	if err != nil {
 		return err
 	}
-	registry := metrics.NewRegistry()
-	registry.BuildInfo(buildInfo(release))
 	csiplugin.WatchTLS(ctx, certs, registry)
 	log.Info("serving backups", "address", lis.Addr().String(), "root_dataset", cfg.RootDataset,
 		"default_retention", grid.String(), "max_kept", cfg.MaxKept)

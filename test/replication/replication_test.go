@@ -831,6 +831,7 @@ func TestScheduleKeepsReplicasCurrent(t *testing.T) {
 		`zfs_nomad_replicas_missing{volume_id="` + id + `"} 0`,
 		`zfs_nomad_replication_interval_seconds{volume_id="` + id + `"} 2`,
 		`zfs_nomad_scheduled_pushes_total{result="success"}`,
+		`zfs_nomad_csi_call_seconds_count{code="OK",method="CreateVolume"} `,
 	}
 	ctlMetrics := scrape(t, c.ControllerMetrics)
 	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline) && !containsAll(ctlMetrics, wantCtl); time.Sleep(time.Second) {
@@ -843,7 +844,8 @@ func TestScheduleKeepsReplicasCurrent(t *testing.T) {
 	}
 	n1Metrics := scrape(t, n1.Metrics)
 	for _, want := range []string{`zfs_nomad_replication_sent_bytes_total{peer_node="n2"}`, `zfs_nomad_replication_transfers_total{direction="out",kind="full",result="success"}`,
-		"\nzfs_nomad_root_dataset_used_bytes ", "\nzfs_nomad_root_dataset_available_bytes ", `zfs_nomad_build_info{agent_protocol="1",openzfs_built_for="2.`, "\ngo_goroutines "} {
+		"\nzfs_nomad_root_dataset_used_bytes ", "\nzfs_nomad_root_dataset_available_bytes ", `zfs_nomad_build_info{agent_protocol="1",openzfs_built_for="2.`, "\ngo_goroutines ",
+		`zfs_nomad_agent_call_seconds_count{code="OK",method="GetNode"} `} {
 		if !strings.Contains(n1Metrics, want) {
 			t.Errorf("node metrics lack %s:\n%s", want, n1Metrics)
 		}

@@ -78,6 +78,34 @@ func (r *Registry) BuildInfo(labels map[string]string) {
 	r.Gauge("zfs_nomad_build_info", "1, with labels saying which build of the driver runs: its version, agent protocol and OpenZFS series.", names...).Set(1, values...)
 }
 
+// HistogramVec is a histogram family with its label names.
+type HistogramVec struct {
+	h *prometheus.HistogramVec
+}
+
+// Histogram declares a histogram with the given upper bounds.
+// Declaring a name twice returns the family declared first.
+func (r *Registry) Histogram(name, help string, buckets []float64, labels ...string) HistogramVec {
+	h := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: name, Help: help, Buckets: buckets}, labels)
+	if err := r.reg.Register(h); err != nil {
+		if are, ok := err.(prometheus.AlreadyRegisteredError); ok {
+			if existing, ok := are.ExistingCollector.(*prometheus.HistogramVec); ok {
+				return HistogramVec{h: existing}
+			}
+		}
+		panic("metrics: declaring histogram " + name + ": " + err.Error())
+	}
+	return HistogramVec{h: h}
+}
+
+// Observe records value in the series with the given label values (a
+// mismatch of label values is dropped).
+func (v HistogramVec) Observe(value float64, labelValues ...string) {
+	if o, err := v.h.GetMetricWithLabelValues(labelValues...); err == nil {
+		o.Observe(value)
+	}
+}
+
 // GaugesAtScrape declares unlabelled gauges, by name with their help,
 // whose values read gives at each scrape: for what is cheap to read and
 // wrong as soon as it was read (free space). A name read does not give,
