@@ -261,6 +261,7 @@ func permanent(err error) bool {
 // same target; it gives up after maxBusyWaits seconds without progress.
 func (m *Migrator) runCatchUp(c *moveJob, source cluster.Node, targetAddr string, log hclog.Logger) error {
 	m.Metrics.catchUpStarted()
+	began := m.now()
 	ctx := m.background.context()
 	to := agentclient.Target{Addr: targetAddr, NodeID: c.target}
 	var err error
@@ -279,10 +280,10 @@ func (m *Migrator) runCatchUp(c *moveJob, source cluster.Node, targetAddr string
 		_ = sleep(ctx, time.Second)
 	}
 	if err != nil {
-		m.Metrics.catchUpEnded("failed")
+		m.Metrics.catchUpEnded("failed", m.now().Sub(began))
 		return err
 	}
-	m.Metrics.catchUpEnded("ok")
+	m.Metrics.catchUpEnded("ok", m.now().Sub(began))
 	c.mu.Lock()
 	sent := c.bytes
 	c.mu.Unlock()

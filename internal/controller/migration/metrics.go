@@ -9,7 +9,13 @@ import (
 // Metrics are the controller's migration metrics.
 type Metrics struct {
 	events, moveSeconds, rpo, catchUps, catchUpsRunning, finalPending, ahead metrics.Vec
+	steps                                                                    metrics.HistogramVec
 }
+
+// stepBuckets are the upper bounds of a move step's duration, in
+// seconds: a final step of a few MiB takes seconds, a catch-up of a large
+// volume an hour or more.
+var stepBuckets = []float64{0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200}
 
 // NewMetrics declares the migration metrics in r.
 func NewMetrics(r *metrics.Registry) *Metrics {
@@ -20,7 +26,9 @@ func NewMetrics(r *metrics.Registry) *Metrics {
 		catchUps:        r.Counter("zfs_nomad_move_catchups_total", "Background pushes that caught a move's target up before its final step, by result.", "result"),
 		catchUpsRunning: r.Gauge("zfs_nomad_move_catchups_running", "Background pushes catching a move's target up now."),
 		finalPending:    r.Gauge("zfs_nomad_move_final_step_pending", "1 while a move's target is caught up and the move waits for the publish retry that runs its final step.", "volume_id", "target"),
-		ahead:           r.Counter("zfs_nomad_publishes_ahead_total", "Publishes granted ahead of the end of the volume's background move to the node, whose stage waits for the move."),
+		steps: r.Histogram("zfs_nomad_move_step_seconds", "How long the successful steps of moves took: catch_up (the background push to a target that was not fresh), final (fence, last increment, promotion).",
+			stepBuckets, "step"),
+		ahead: r.Counter("zfs_nomad_publishes_ahead_total", "Publishes granted ahead of the end of the volume's background move to the node, whose stage waits for the move."),
 	}
 }
 
@@ -49,10 +57,13 @@ func (m *Metrics) catchUpStarted() {
 	}
 }
 
-func (m *Metrics) catchUpEnded(result string) {
+func (m *Metrics) catchUpEnded(result string, took time.Duration) {
 	if m != nil {
 		m.catchUpsRunning.Add(-1)
 		m.catchUps.Add(1, result)
+		if result == "ok" {
+			m.steps.Observe(took.Seconds(), "catch_up")
+		}
 	}
 }
 
@@ -65,6 +76,7 @@ func (m *Metrics) count(kind, result string) {
 func (m *Metrics) observeMove(d time.Duration) {
 	if m != nil {
 		m.moveSeconds.Add(d.Seconds())
+		m.steps.Observe(d.Seconds(), "final")
 	}
 }
 

@@ -520,6 +520,15 @@ func TestAPublishIsGrantedAheadOfAMovesEnd(t *testing.T) {
 			if p, err := m.PublishAhead(ctx, id, "n2"); err != nil || p != (Publication{Generation: 2}) {
 				t.Errorf("PublishAhead once moved: %+v, %v; want generation 2", p, err)
 			}
+			b.Reset()
+			if _, err := registry.WriteTo(&b); err != nil {
+				t.Fatal(err)
+			}
+			for _, step := range []string{"catch_up", "final"} {
+				if want := `zfs_nomad_move_step_seconds_count{step="` + step + `"} 1`; !strings.Contains(b.String(), want) {
+					t.Errorf("the move's steps were not timed: no %s in\n%s", want, b.String())
+				}
+			}
 		})
 	}
 }
