@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
@@ -89,7 +90,16 @@ func serveTarget(args []string) error {
 		"default_retention", grid.String(), "max_kept", cfg.MaxKept)
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return csiplugin.Serve(gctx, srv, lis, 10*time.Second) })
-	g.Go(func() error { return csiplugin.ServeMetrics(gctx, metricsLis, registry, log, nil) })
+	// Healthy while its root dataset answers and its certificate is valid.
+	health := csiplugin.HealthHandler(
+		csiplugin.HealthCheck{Name: "zfs", Check: func(ctx context.Context) error {
+			_, err := streams.Get(ctx, cfg.RootDataset, "type")
+			return err
+		}},
+		csiplugin.CertificateCheck(func() time.Time { return certs.Certificate().NotAfter }))
+	g.Go(func() error {
+		return csiplugin.ServeMetrics(gctx, metricsLis, registry, log, map[string]http.Handler{csiplugin.HealthPath: health})
+	})
 	err = g.Wait()
 	log.Info("stopped")
 	return err
