@@ -3,6 +3,7 @@ package agentclient
 import (
 	"time"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/volumelog"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/worklease"
 
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
@@ -43,7 +44,11 @@ func unixTime(s int64) time.Time {
 	return time.Unix(s, 0).UTC()
 }
 
+// The conversions of what a node says of its copies learn each volume's
+// name for the log lines (volumelog), as the node's own reads do.
+
 func volumeFromPB(v *pb.Volume) Volume {
+	volumelog.Learn(v.GetVolumeId(), v.GetName())
 	return Volume{
 		VolumeID:             v.GetVolumeId(),
 		Name:                 v.GetName(),
@@ -95,6 +100,7 @@ func nodeStatusFromPB(st *pb.NodeStatus) NodeStatus {
 }
 
 func replicaFromPB(r *pb.Replica) Replica {
+	volumelog.Learn(r.GetVolumeId(), r.GetName())
 	return Replica{
 		VolumeID:         r.GetVolumeId(),
 		Name:             r.GetName(),
@@ -118,6 +124,7 @@ func transferFromPB(t *pb.Transfer) Transfer {
 }
 
 func copyFromPB(c *pb.Copy) Copy {
+	volumelog.Learn(c.GetVolumeId(), c.GetName())
 	return Copy{
 		VolumeID:             c.GetVolumeId(),
 		NodeID:               c.GetNodeId(),

@@ -26,6 +26,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/csiplugin"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/keylock"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/volumelog"
 )
 
 // Controller is the CSI Controller service. It translates CSI calls into
@@ -93,6 +94,7 @@ func (c *Controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 	if contract.IsBackupID(create.SourceSnapshotID) && !c.backupsAsSnapshots {
 		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, "snapshot %s is a backup, and this controller restores backups only by an operator's command (zfs-controller restore); backups_as_snapshots lets job submitters restore them", create.SourceSnapshotID)
 	}
+	volumelog.Learn(contract.VolumeIDForName(req.GetName()), req.GetName())
 	unlock, err := c.tryLock(contract.VolumeIDForName(req.GetName()))
 	if err != nil {
 		return nil, err

@@ -9,6 +9,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfscmd"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/volumelog"
 )
 
 // Store is what reading and removing a node's replicas needs of ZFS: the
@@ -128,6 +129,7 @@ func (r *Replicas) IsReplica(ch zfscmd.Child) bool {
 func (r *Replicas) replica(ctx context.Context, ch zfscmd.Child) (Replica, error) {
 	rep := Replica{VolumeID: ch.Props[PropVolumeID], Name: ch.Props[PropName], Resumable: ch.Props["receive_resume_token"] != "-",
 		DemotedAt: DemotedAt(ch.Props[PropDemotedAt])}
+	volumelog.Learn(rep.VolumeID, rep.Name)
 	snaps, err := r.store.Snapshots(ctx, ch.Name)
 	if err != nil {
 		return Replica{}, err

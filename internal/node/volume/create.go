@@ -11,6 +11,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/volumelog"
 )
 
 // Create creates a volume, or returns the one an earlier identical request
@@ -22,6 +23,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Volume, error)
 		return Volume{}, err
 	}
 	id := contract.VolumeIDForName(req.Name)
+	volumelog.Learn(id, req.Name)
 	unlock, err := m.lock(ctx, id, "create")
 	if err != nil {
 		return Volume{}, err

@@ -10,6 +10,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/volumelog"
 )
 
 // The node's side of migration (docs/migration.md). The controller decides;
@@ -97,6 +98,7 @@ func (m *Manager) Copy(ctx context.Context, id string) (Copy, error) {
 	}
 	role := ds.User[copyrecord.PropRole]
 	out.Exists, out.Role, out.Name = true, role, ds.User[copyrecord.PropName]
+	volumelog.Learn(id, out.Name)
 	out.Generation, _ = strconv.ParseUint(ds.User[copyrecord.PropGeneration], 10, 64)
 	out.MovingTo = movingTo(ds)
 	out.FencedAt = fencedAt(ds)

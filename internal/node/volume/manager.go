@@ -37,6 +37,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/keylock"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/volumelog"
 )
 
 // Volume is a CSI volume on this node.
@@ -257,6 +258,7 @@ func (m *Manager) volumeOf(ds zfs.Dataset) (Volume, bool) {
 		capacity = ds.Quota
 	}
 	gen, _ := strconv.ParseUint(ds.User[copyrecord.PropGeneration], 10, 64)
+	volumelog.Learn(id, ds.User[copyrecord.PropName])
 	return Volume{
 		ID:            id,
 		Name:          ds.User[copyrecord.PropName],

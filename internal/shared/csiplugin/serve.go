@@ -19,6 +19,7 @@ import (
 
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/metrics"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/volumelog"
 )
 
 // Listen opens a CSI endpoint: unix:///path/csi.sock (a stale socket file
@@ -108,12 +109,12 @@ func NewLogger(name string, getenv func(string) string) hclog.Logger {
 	if level == hclog.NoLevel {
 		level = hclog.Info
 	}
-	return hclog.New(&hclog.LoggerOptions{
+	return volumelog.Logger(hclog.New(&hclog.LoggerOptions{
 		Name:       name,
 		Level:      level,
 		JSONFormat: getenv("ZFS_NOMAD_LOG_JSON") != "",
 		Output:     os.Stderr,
-	})
+	}))
 }
 
 // Serve runs srv on lis until ctx ends, then stops it gracefully, waiting
