@@ -592,7 +592,7 @@ func (s *story) failover(ctx context.Context) (*csi.Volume, error) {
 		return nil, fmt.Errorf("the promoted replica on %s lacks file a as replicated: %q (%v)", survivor.ID, out, err)
 	}
 	s.say("file b, written after the last replication, is not claimed to exist: the recovery point is logged and in metrics")
-	s.metrics("zfs_nomad_failover_rpo_seconds", "zfs_nomad_migrations_total")
+	s.metrics("zfs_nomad_failover_rpo_seconds_sum", "zfs_nomad_failover_promotion_seconds_sum", "zfs_nomad_migrations_total")
 
 	s.step("%s comes back: its stale copy is refused, then set aside, never destroyed", lost.ID)
 	if err := lost.RestoreLink(); err != nil {

@@ -76,6 +76,7 @@ func serve(args []string) error {
 	registry.BuildInfo(buildInfo(release))
 	node := assemble(cfg, z, dial, registry, log)
 	rootSpaceMetrics(registry, node.Volumes)
+	volumeSpaceMetrics(registry, node.Volumes)
 	defer node.Pusher.Close()
 	node.Receiver.OpenZFS, node.Agent.OpenZFS = release, release
 	if err := checkHealth(ctx, node.Volumes); err != nil {
@@ -95,16 +96,8 @@ func serve(args []string) error {
 	node.Recover(recoverCtx, log)
 	cancelRecover()
 	node.StartLease()
-	gauge := registry.Gauge("zfs_nomad_lease_held", "1 while this node heard from a majority of all its peers, every domain, within the lease, else 0 (its mounted primaries are read-only).")
 	var leaseHeld atomic.Bool
-	node.Heartbeat.Held = func(held bool) {
-		leaseHeld.Store(held)
-		v := 0.0
-		if held {
-			v = 1
-		}
-		gauge.Set(v)
-	}
+	node.Heartbeat.Held = leaseMetrics(registry, &leaseHeld, time.Now)
 	health := []csiplugin.HealthCheck{{Name: "zfs", Check: node.Volumes.Health}}
 	if len(cfg.Peers) > 0 || cfg.PeersFile != "" {
 		health = append(health, leaseCheck(leaseHeld.Load, time.Duration(cfg.Lease)))
@@ -159,6 +152,51 @@ func rootSpaceMetrics(registry *metrics.Registry, volumes *volume.Manager) {
 			return nil, err
 		}
 		return map[string]float64{used: float64(u), available: float64(a)}, nil
+	})
+}
+
+// leaseMetrics returns what the heartbeat tells after each beat: it
+// records in held and in the metrics whether the node holds its lease,
+// and when it last did (time() minus that is how long its primaries have
+// been read-only).
+func leaseMetrics(registry *metrics.Registry, held *atomic.Bool, now func() time.Time) func(bool) {
+	gauge := registry.Gauge("zfs_nomad_lease_held", "1 while this node heard from a majority of all its peers, every domain, within the lease, else 0 (its mounted primaries are read-only).")
+	last := registry.Gauge("zfs_nomad_lease_held_timestamp_seconds", "When this node last found itself holding its lease (a majority of its peers heard within the lease), at its heartbeat; absent until it first did.")
+	return func(isHeld bool) {
+		held.Store(isHeld)
+		if !isHeld {
+			gauge.Set(0)
+			return
+		}
+		gauge.Set(1)
+		last.Set(float64(now().UnixMilli()) / 1000)
+	}
+}
+
+// volumeSpaceMetrics exports each primary's used bytes and quota, read
+// at each scrape (one listing of the root's children): a volume near its
+// quota fails its job's writes. Two series per primary on its node, gone
+// with the primary (moved, deleted); replicas are left out, their
+// primary's series say it.
+func volumeSpaceMetrics(registry *metrics.Registry, volumes *volume.Manager) {
+	const used, quota = "zfs_nomad_volume_used_bytes", "zfs_nomad_volume_quota_bytes"
+	registry.LabelledGaugesAtScrape(map[string]string{
+		used:  "Bytes a primary volume on this node refers to (its files, not its snapshots), which its quota bounds.",
+		quota: "A primary volume's quota on this node: its capacity.",
+	}, []string{"volume_id", "volume_name"}, func() ([]metrics.Sample, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		list, err := volumes.List(ctx)
+		if err != nil {
+			return nil, err
+		}
+		samples := make([]metrics.Sample, 0, 2*len(list))
+		for _, v := range list {
+			labels := []string{v.ID, v.Name}
+			samples = append(samples, metrics.Sample{Name: used, Labels: labels, Value: float64(v.Used)},
+				metrics.Sample{Name: quota, Labels: labels, Value: float64(v.Capacity)})
+		}
+		return samples, nil
 	})
 }
 

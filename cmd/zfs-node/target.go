@@ -68,6 +68,7 @@ func serveTarget(args []string) error {
 
 	registry := metrics.NewRegistry()
 	registry.BuildInfo(buildInfo(release))
+	target.SetMetrics(replication.NewMetrics(registry))
 	policy := tlsconfig.TargetPolicy
 	opts := append(certs.ServerOptions(),
 		grpc.ChainUnaryInterceptor(agentCallMetrics(registry), policy.UnaryInterceptor(), csiplugin.LoggingInterceptor(log.Named("agent"))),

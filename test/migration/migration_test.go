@@ -535,7 +535,8 @@ func TestFailoverAuto(t *testing.T) {
 		t.Fatalf("promoted copy: %+v", c)
 	}
 	metrics := scrape(t, e.c.ControllerMetrics)
-	if !strings.Contains(metrics, `zfs_nomad_migrations_total{kind="failover",result="ok"} 1`) || !strings.Contains(metrics, `zfs_nomad_failover_rpo_seconds{volume_id="`+id+`"}`) {
+	if !strings.Contains(metrics, `zfs_nomad_migrations_total{kind="failover",result="ok"} 1`) || !strings.Contains(metrics, "\nzfs_nomad_failover_rpo_seconds_count 1\n") ||
+		!strings.Contains(metrics, "\nzfs_nomad_failover_promotion_seconds_count 1\n") {
 		t.Errorf("metrics lack the failover:\n%s", metrics)
 	}
 

@@ -67,6 +67,10 @@ func TestBackupsToATarget(t *testing.T) {
 	const marker = "zfs-nomad-plaintext-marker-7f3a9c"
 	guesttest.Exec(t, n1, "seq 1 100000 >"+target+"/c && echo "+marker+" >"+target+"/marker && sync")
 	newest := backup("incremental")
+	// The node counts its three streams to the target as backups.
+	if m := scrape(t, n1.Metrics); !strings.Contains(m, `zfs_nomad_replication_transfer_seconds_count{direction="out",kind="backup",result="success"} 3`) {
+		t.Errorf("n1's metrics lack three successful backup streams:\n%s", m)
+	}
 
 	chain := c.Target.RootDataset + "/" + id
 	snaps := strings.Fields(guesttest.Run(t, "zfs", "list", "-H", "-t", "snapshot", "-o", "name", "-s", "createtxg", chain))

@@ -43,7 +43,7 @@ func (m *Migrator) promote(ctx context.Context, id string, r copyOn, v view, ope
 		return agentclient.Copy{}, answer, m.noQuorum(id, v)
 	}
 	gen := v.nextGeneration(r.nodeID())
-	lastAt := time.Unix(0, r.copy.LastSnapshotUnixNano)
+	lastAt, started := time.Unix(0, r.copy.LastSnapshotUnixNano), m.now()
 	// A failover waits until a majority of the nodes attest that the
 	// silent ones, one of which may hold the primary, have been silent for
 	// a lease and its margin (docs/safety.md, "Leases"); the operator's
@@ -64,7 +64,7 @@ func (m *Migrator) promote(ctx context.Context, id string, r copyOn, v view, ope
 	}
 	rpo := m.now().Sub(lastAt)
 	m.Metrics.count("failover", "ok")
-	m.Metrics.recordRPO(id, rpo)
+	m.Metrics.failedOver(rpo, m.now().Sub(started))
 	log.Warn("failover: replica promoted; writes on the lost primary after its last replicated snapshot are lost",
 		"promoted_node", r.nodeID(), "generation", gen, "last_snapshot", r.copy.LastSnapshot,
 		"last_snapshot_time", lastAt.UTC().Format(time.RFC3339), "rpo_seconds", int64(rpo.Seconds()))

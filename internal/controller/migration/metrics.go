@@ -8,8 +8,8 @@ import (
 
 // Metrics are the controller's migration metrics.
 type Metrics struct {
-	events, moveSeconds, rpo, catchUps, catchUpsRunning, finalPending, ahead metrics.Vec
-	steps                                                                    metrics.HistogramVec
+	events, moveSeconds, catchUps, catchUpsRunning, finalPending, ahead metrics.Vec
+	steps, rpo, promotion                                               metrics.HistogramVec
 }
 
 // stepBuckets are the upper bounds of a move step's duration, in
@@ -17,12 +17,20 @@ type Metrics struct {
 // volume an hour or more.
 var stepBuckets = []float64{0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200}
 
+// rpoBuckets are the upper bounds of a failover's recovery point, in
+// seconds: a replica pushed every minute loses a minute or two, one whose
+// pushes failed for a day a day.
+var rpoBuckets = []float64{10, 30, 60, 120, 300, 900, 1800, 3600, 4 * 3600, 86400, 7 * 86400}
+
 // NewMetrics declares the migration metrics in r.
 func NewMetrics(r *metrics.Registry) *Metrics {
 	return &Metrics{
-		events:          r.Counter("zfs_nomad_migrations_total", "Moves, failovers and stale primaries set aside, by result.", "kind", "result"),
-		moveSeconds:     r.Counter("zfs_nomad_move_seconds_total", "Time spent in successful planned moves."),
-		rpo:             r.Gauge("zfs_nomad_failover_rpo_seconds", "Age of the snapshot a failover promoted: writes in this window on the lost primary are gone.", "volume_id"),
+		events:      r.Counter("zfs_nomad_migrations_total", "Moves, failovers and stale primaries set aside, by result.", "kind", "result"),
+		moveSeconds: r.Counter("zfs_nomad_move_seconds_total", "Time spent in successful planned moves."),
+		rpo: r.Histogram("zfs_nomad_failover_rpo_seconds", "Age of the snapshot each failover promoted: writes in this window on the lost primary are gone (the log names the volume and the snapshot).",
+			rpoBuckets),
+		promotion: r.Histogram("zfs_nomad_failover_promotion_seconds", "How long each failover's promotion took, once the replica was chosen: the reservation of its generation on a majority (which waits for the silent nodes' leases to run out) and the promotion on its node.",
+			stepBuckets),
 		catchUps:        r.Counter("zfs_nomad_move_catchups_total", "Background pushes that caught a move's target up before its final step, by result.", "result"),
 		catchUpsRunning: r.Gauge("zfs_nomad_move_catchups_running", "Background pushes catching a move's target up now."),
 		finalPending:    r.Gauge("zfs_nomad_move_final_step_pending", "1 while a move's target is caught up and the move waits for the publish retry that runs its final step.", "volume_id", "target"),
@@ -80,8 +88,11 @@ func (m *Metrics) observeMove(d time.Duration) {
 	}
 }
 
-func (m *Metrics) recordRPO(volumeID string, d time.Duration) {
+// failedOver records a failover's recovery point and how long its
+// promotion took.
+func (m *Metrics) failedOver(rpo, promotion time.Duration) {
 	if m != nil {
-		m.rpo.Set(d.Seconds(), volumeID)
+		m.rpo.Observe(rpo.Seconds())
+		m.promotion.Observe(promotion.Seconds())
 	}
 }

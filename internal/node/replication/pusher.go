@@ -374,7 +374,7 @@ func (p *Pusher) sendStream(ctx context.Context, peer Peer, header Header, st st
 	if sendErr != nil {
 		_, recvErr := stream.CloseAndRecv() // the receiver's own account, if it has one
 		log.Warn("send failed; the next push resumes", "stream", st.spec.Snapshot, "bytes", bytes, "error", sendErr, "receiver", recvErr)
-		p.Metrics.transfer("out", st.kind, volumeID, peerNode, bytes, p.now().Sub(started), sendErr)
+		p.Metrics.transfer("out", st.kind, peerNode, bytes, p.now().Sub(started), sendErr)
 		if streamBroke && receiverSaidWhy(recvErr) {
 			// The receiver refused or gave up and said why: its verdict,
 			// not the broken stream it caused, is the answer (a move
@@ -386,7 +386,7 @@ func (p *Pusher) sendStream(ctx context.Context, peer Peer, header Header, st st
 		return 0, errdefs.Wrap(errdefs.ErrUnavailable, "sending volume %s to %s: %v (receiver: %v)", volumeID, addr, sendErr, recvErr)
 	}
 	result, err := stream.CloseAndRecv()
-	p.Metrics.transfer("out", st.kind, volumeID, peerNode, bytes, p.now().Sub(started), err)
+	p.Metrics.transfer("out", st.kind, peerNode, bytes, p.now().Sub(started), err)
 	if err != nil {
 		return 0, err
 	}

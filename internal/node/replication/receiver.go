@@ -18,6 +18,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/volumelog"
 )
 
 // Receiver is the receiving end of replication on a node: it tells
@@ -172,6 +173,7 @@ func (r *Receiver) Receive(ctx context.Context, sender string, in Incoming) (Rec
 	if err != nil {
 		return Received{}, err
 	}
+	volumelog.Learn(h.VolumeID, h.VolumeName)
 	s := &inbound{h: h, in: in, guard: guard,
 		log: r.log.With("volume_id", h.VolumeID, "source_node", h.SourceNodeID, "kind", h.Kind, "snapshot", h.Snapshot)}
 	s.fs, _ = dataset(r.root, h.VolumeID) // checked in readHeader
@@ -394,7 +396,7 @@ func (r *Receiver) zfsReceive(ctx context.Context, h Header, zr *pendingReceive,
 	}()
 	started := time.Now()
 	err := <-zr.done
-	r.Metrics.transfer("in", h.Kind, h.VolumeID, h.SourceNodeID, received.Load(), time.Since(started), err)
+	r.Metrics.transfer("in", h.Kind, h.SourceNodeID, received.Load(), time.Since(started), err)
 	if cause := context.Cause(ctx); errors.Is(cause, errIdle) || errors.Is(cause, errSlow) {
 		err = cause
 	}

@@ -97,6 +97,9 @@ func (t *TargetReceiver) SetIdleTimeout(d time.Duration) { t.r.IdleTimeout = d }
 // newer release is refused.
 func (t *TargetReceiver) OpenZFS(release string) { t.r.OpenZFS = release }
 
+// SetMetrics records the target's receipts in m, each a backup.
+func (t *TargetReceiver) SetMetrics(m *Metrics) { t.r.Metrics = ForTarget(m) }
+
 // UseClock sets the clock that dates the backups received (time.Now by
 // default).
 func (t *TargetReceiver) UseClock(now func() time.Time) { t.now = now }

@@ -111,16 +111,42 @@ func (v HistogramVec) Observe(value float64, labelValues ...string) {
 // wrong as soon as it was read (free space). A name read does not give,
 // or an error, leaves the gauge out of that scrape.
 func (r *Registry) GaugesAtScrape(help map[string]string, read func() (map[string]float64, error)) {
-	c := &scraped{descs: map[string]*prometheus.Desc{}, read: read}
+	r.LabelledGaugesAtScrape(help, nil, func() ([]Sample, error) {
+		values, err := read()
+		samples := make([]Sample, 0, len(values))
+		for name, v := range values {
+			samples = append(samples, Sample{Name: name, Value: v})
+		}
+		return samples, err
+	})
+}
+
+// A Sample is one series' value read at a scrape: its family's name and
+// its label values, in the order the family declared its labels.
+type Sample struct {
+	Name   string
+	Labels []string
+	Value  float64
+}
+
+// LabelledGaugesAtScrape declares gauges, by name with their help, all
+// with the given label names, whose series read gives at each scrape
+// (what a family holds is only what read gives: a series read no longer
+// gives is gone at once, so none outlives what it measured). A sample of
+// an undeclared name or with the wrong number of label values is
+// dropped; an error leaves every family out of that scrape.
+func (r *Registry) LabelledGaugesAtScrape(help map[string]string, labels []string, read func() ([]Sample, error)) {
+	c := &scraped{descs: map[string]*prometheus.Desc{}, labels: len(labels), read: read}
 	for name, h := range help {
-		c.descs[name] = prometheus.NewDesc(name, h, nil, nil)
+		c.descs[name] = prometheus.NewDesc(name, h, labels, nil)
 	}
 	r.reg.MustRegister(c)
 }
 
 type scraped struct {
-	descs map[string]*prometheus.Desc
-	read  func() (map[string]float64, error)
+	descs  map[string]*prometheus.Desc
+	labels int
+	read   func() ([]Sample, error)
 }
 
 func (c *scraped) Describe(ch chan<- *prometheus.Desc) {
@@ -130,13 +156,13 @@ func (c *scraped) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *scraped) Collect(ch chan<- prometheus.Metric) {
-	values, err := c.read()
+	samples, err := c.read()
 	if err != nil {
 		return
 	}
-	for name, v := range values {
-		if d, ok := c.descs[name]; ok {
-			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v)
+	for _, s := range samples {
+		if d, ok := c.descs[s.Name]; ok && len(s.Labels) == c.labels {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, s.Value, s.Labels...)
 		}
 	}
 }

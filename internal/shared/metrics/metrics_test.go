@@ -100,3 +100,38 @@ func TestGaugesAtScrape(t *testing.T) {
 		t.Errorf("a failed read still gave a value:\n%s", got)
 	}
 }
+
+// TestLabelledGaugesAtScrape: the series are what the read gives at each
+// scrape, so one it no longer gives is gone; samples of an undeclared
+// name or with the wrong labels are dropped.
+func TestLabelledGaugesAtScrape(t *testing.T) {
+	r := NewRegistry()
+	samples := []Sample{
+		{Name: "zfs_nomad_volume_used_bytes", Labels: []string{"v1", "web"}, Value: 10},
+		{Name: "zfs_nomad_volume_used_bytes", Labels: []string{"v2", "db"}, Value: 20},
+		{Name: "zfs_nomad_volume_used_bytes", Labels: []string{"v3"}, Value: 30},
+		{Name: "undeclared", Labels: []string{"v1", "web"}, Value: 1},
+	}
+	r.LabelledGaugesAtScrape(map[string]string{"zfs_nomad_volume_used_bytes": "Used."}, []string{"volume_id", "volume_name"},
+		func() ([]Sample, error) { return samples, nil })
+	scrape := func() string {
+		var b strings.Builder
+		if _, err := r.WriteTo(&b); err != nil {
+			t.Fatal(err)
+		}
+		return b.String()
+	}
+	got := scrape()
+	for _, want := range []string{`zfs_nomad_volume_used_bytes{volume_id="v1",volume_name="web"} 10`, `zfs_nomad_volume_used_bytes{volume_id="v2",volume_name="db"} 20`} {
+		if !strings.Contains(got, want) {
+			t.Errorf("first scrape lacks %s:\n%s", want, got)
+		}
+	}
+	if strings.Contains(got, "v3") || strings.Contains(got, "undeclared") {
+		t.Errorf("a sample with one label value, or of an undeclared name, was kept:\n%s", got)
+	}
+	samples = samples[1:2]
+	if got := scrape(); strings.Contains(got, `volume_id="v1"`) || !strings.Contains(got, `volume_id="v2"`) {
+		t.Errorf("the second scrape is not what the read gave (v2 alone):\n%s", got)
+	}
+}
