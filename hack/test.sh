@@ -73,7 +73,8 @@ waited=$SECONDS
 until [ -s "$tools_status" ] || ! kill -0 "$host" 2>/dev/null; do sleep 5; done
 [ $((SECONDS - waited)) -lt 5 ] || echo "guest lane: waited $((SECONDS - waited)) s for Nomad and the plugin images"
 if [ "$(cat "$tools_status" 2>/dev/null)" = 0 ]; then
-  nomad=$(./hack/nomad.sh) && ZFS_NOMAD_NOMAD=$nomad go_test "$nomad_package" || guest_status=1
+  nomad=$(./hack/nomad.sh) && prometheus=$(./hack/prometheus.sh) &&
+    ZFS_NOMAD_NOMAD=$nomad ZFS_NOMAD_PROMETHEUS=$prometheus/prometheus go_test "$nomad_package" || guest_status=1
 else
   echo "guest lane: Nomad or the plugin images failed to build (the host lane's log below): test/nomad not run" >&2
   guest_status=1

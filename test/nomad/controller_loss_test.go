@@ -136,6 +136,20 @@ func (e *e2e) waitForMoveUnderWay(before map[string]int) string {
 func (e *e2e) reviveNode(name string) {
 	e.t.Helper()
 	began := time.Now()
+	e.restartClient(name)
+	e.waitForPlugins(3, "")
+	e.waitForChecks("zfs-nomad-node-metrics", 3)
+	e.waitForChecks("zfs-nomad-controller-metrics", 2)
+	e.spreadControllers()
+	e.waitForControllerRecords(2)
+	e.tell("%s is back: its Nomad client and plugins run again (%s)", name, time.Since(began).Round(100*time.Millisecond))
+}
+
+// restartClient brings a killed node's link back and starts its Docker
+// Engine (docker flavour) and Nomad client again, which start its
+// plugins and tasks; it waits for none of them.
+func (e *e2e) restartClient(name string) {
+	e.t.Helper()
 	n := e.node(name)
 	if err := n.RestoreLink(); err != nil {
 		e.t.Fatal(err)
@@ -151,12 +165,6 @@ func (e *e2e) reviveNode(name string) {
 		e.t.Fatal(err)
 	}
 	e.procs = append(e.procs, p)
-	e.waitForPlugins(3, "")
-	e.waitForChecks("zfs-nomad-node-metrics", 3)
-	e.waitForChecks("zfs-nomad-controller-metrics", 2)
-	e.spreadControllers()
-	e.waitForControllerRecords(2)
-	e.tell("%s is back: its Nomad client and plugins run again (%s)", name, time.Since(began).Round(100*time.Millisecond))
 }
 
 // spreadControllers puts the controller instances on two clients again

@@ -8,9 +8,11 @@
 //
 // Nomad and the images are not built here: hack/nomad.sh builds Nomad
 // once from the Go module proxy and caches it, hack/images.sh writes the
-// images' archives, and `make test-nomad` passes their paths in
-// ZFS_NOMAD_NOMAD and ZFS_NOMAD_IMAGES. Without Nomad the package is
-// skipped; without the images, the docker flavour is.
+// images' archives, hack/prometheus.sh unpacks Debian's Prometheus, and
+// `make test-nomad` passes their paths in ZFS_NOMAD_NOMAD,
+// ZFS_NOMAD_IMAGES and ZFS_NOMAD_PROMETHEUS. Without Nomad the package is
+// skipped; without the images, the docker flavour is; without
+// Prometheus, its checks are.
 package nomad
 
 import (
@@ -52,6 +54,9 @@ func TestMain(m *testing.M) {
 	} else if !guesttest.InGuest() {
 		fmt.Printf("test/nomad: %s is not set: skipping the Nomad end-to-end test (make test-nomad builds Nomad and sets it)\n", envNomad)
 		os.Exit(0)
+	}
+	if path := os.Getenv(envPrometheus); path != "" {
+		files["prometheus"] = path
 	}
 	if dir := os.Getenv(envImages); dir != "" {
 		for _, name := range imageArchives {
@@ -115,6 +120,8 @@ func TestNomadEndToEnd(t *testing.T) {
 
 	e.startBackupTarget()
 	e.step("deploy the plugins from nomad/ under the docker driver", e.deployPlugins)
+	prometheus := false
+	e.step("a real Prometheus finds both plugins through Nomad's service discovery", func() { prometheus = e.startPrometheus() })
 
 	var first, moved allocation
 	e.step("create a replicated, encrypted volume and run the example job on it", func() {
@@ -202,6 +209,9 @@ func TestNomadEndToEnd(t *testing.T) {
 			}
 			return nil
 		})
+		if prometheus {
+			e.wantLagSeriesOn(id, moved.node)
+		}
 		for _, id := range []string{"web-data-restored", "web-data-from-backup", "web-data"} {
 			e.eventually(time.Minute, "delete of "+id, func() error {
 				out, err := e.run("volume", "delete", id)
@@ -276,6 +286,14 @@ func TestNomadEndToEnd(t *testing.T) {
 		e.operator("promote", "-force", "-node", replica, id)
 		after := e.waitForCounter(before.id)
 		e.wantSameData(before, after, true)
+		if prometheus {
+			// The last node has held no lease since the kill: the alert
+			// fires after its minute, and resolves once a killed node is
+			// back and the two make a majority again.
+			e.waitForAlert(2*time.Minute, "ZfsNomadNodeLeaseLost", e.node(last), "firing")
+			e.restartClient(before.node)
+			e.waitForAlert(3*time.Minute, "ZfsNomadNodeLeaseLost", e.node(last), "")
+		}
 	})
 }
 
