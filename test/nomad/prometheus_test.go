@@ -44,6 +44,8 @@ scrape_configs:
         action: keep
       - source_labels: [__meta_nomad_service]
         target_label: service
+      - source_labels: [__meta_nomad_node_id]
+        target_label: nomad_node_id
 `, rules, apiAddr)
 }
 
@@ -132,8 +134,8 @@ func (e *e2e) promQuery(query string) ([]promSeries, error) {
 	return out, nil
 }
 
-// promAlert is the state of the alert name on instances of node, or ""
-// when it is neither pending nor firing there.
+// promAlert is the state of the alert name on the series of node's
+// Nomad client, or "" when it is neither pending nor firing there.
 func (e *e2e) promAlert(name string, node *guestcluster.Node) (string, error) {
 	var body struct {
 		Data struct {
@@ -147,7 +149,7 @@ func (e *e2e) promAlert(name string, node *guestcluster.Node) (string, error) {
 		return "", err
 	}
 	for _, a := range body.Data.Alerts {
-		if a.Labels["alertname"] == name && strings.HasPrefix(a.Labels["instance"], node.IP+":") {
+		if a.Labels["alertname"] == name && a.Labels["nomad_node_id"] == e.nodeIDs[node.ID] {
 			return a.State, nil
 		}
 	}
