@@ -3,7 +3,8 @@
 # the contrib component (ZFS lives there), libzfs headers for cgo, QEMU and
 # debootstrap for the ZFS guest, protoc, and any packages named as arguments
 # (hack/images.sh adds buildah). Idempotent: it does nothing when all is
-# present.
+# present. With ZFS_NOMAD_NO_INSTALL set it installs nothing and fails
+# naming what is missing.
 set -euo pipefail
 
 packages=(
@@ -22,6 +23,13 @@ for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
 done
 [ ${#missing[@]} -eq 0 ] && exit 0
+
+# A release (hack/release.sh) installs nothing unasked: it says what is
+# missing and stops.
+if [ -n "${ZFS_NOMAD_NO_INSTALL:-}" ]; then
+  echo "missing Debian packages: ${missing[*]}; install them (apt-get install ${missing[*]}, contrib enabled for libzfslinux-dev) and run again" >&2
+  exit 1
+fi
 
 sudo=""
 [ "$(id -u)" -eq 0 ] || sudo="sudo"

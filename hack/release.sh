@@ -12,10 +12,13 @@
 #   zfs-node-image-debian12.tar      localhost/zfs-nomad/zfs-node:VERSION-debian12
 #   zfs-node-image-debian13.tar      localhost/zfs-nomad/zfs-node:VERSION-debian13
 #
-# The images need root (buildah).
+# The images need root (buildah). It installs nothing: a missing Debian
+# package (libzfslinux-dev, buildah, debootstrap for the chroots) is named
+# and the release stops (ZFS_NOMAD_NO_INSTALL).
 #
 # Usage: release.sh VERSION
 set -euo pipefail
+export ZFS_NOMAD_NO_INSTALL=1
 repo=$(cd "$(dirname "$0")/.." && pwd)
 version=${1:?usage: release.sh VERSION}
 out=$repo/dist/$version
