@@ -1454,14 +1454,18 @@ func (e *e2e) taskLogs(allocID, task string) (string, error) {
 }
 
 // get reads a Nomad HTTP API path into out.
-func (e *e2e) get(path string, out any) error {
-	resp, err := http.Get(apiAddr + path)
+func (e *e2e) get(path string, out any) error { return getJSON(apiAddr+path, out) }
+
+// getJSON decodes the JSON answer of a GET of url into out.
+func getJSON(url string, out any) error {
+	client := http.Client{Timeout: 10 * time.Second}
+	resp, err := client.Get(url)
 	if err != nil {
 		return err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("GET %s: %s", path, resp.Status)
+		return fmt.Errorf("GET %s: %s", url, resp.Status)
 	}
 	return json.NewDecoder(resp.Body).Decode(out)
 }

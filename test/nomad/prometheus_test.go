@@ -1,9 +1,7 @@
 package nomad
 
 import (
-	"encoding/json"
 	"fmt"
-	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -197,18 +195,7 @@ func (e *e2e) wantLagSeriesOn(id, primary string) {
 	e.tell("the replica-lag series of the moved volume name %s, not its primary's node %s", strings.Join(want, ", "), primary)
 }
 
-func promGet(path string, out any) error {
-	client := http.Client{Timeout: 10 * time.Second}
-	resp, err := client.Get("http://" + promAddr + path)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("GET %s: %s", path, resp.Status)
-	}
-	return json.NewDecoder(resp.Body).Decode(out)
-}
+func promGet(path string, out any) error { return getJSON("http://"+promAddr+path, out) }
 
 func cmpOr(s, otherwise string) string {
 	if s == "" {
