@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -77,6 +78,7 @@ func serve(args []string) error {
 	node := assemble(cfg, z, dial, registry, log)
 	rootSpaceMetrics(registry, node.Volumes)
 	volumeSpaceMetrics(registry, node.Volumes)
+	poolSpaceMetrics(registry, strings.SplitN(cfg.RootDataset, "/", 2)[0])
 	defer node.Pusher.Close()
 	node.Receiver.OpenZFS, node.Agent.OpenZFS = release, release
 	if err := checkHealth(ctx, node.Volumes); err != nil {
@@ -171,6 +173,26 @@ func leaseMetrics(registry *metrics.Registry, held *atomic.Bool, now func() time
 		gauge.Set(1)
 		last.Set(float64(now().UnixMilli()) / 1000)
 	}
+}
+
+// poolSpaceMetrics exports the pool's size, allocated and free bytes,
+// read at each scrape (zpool list): the root dataset's room is bounded by
+// its quota, the pool's is what every dataset on it shares.
+func poolSpaceMetrics(registry *metrics.Registry, pool string) {
+	const size, allocated, free = "zfs_nomad_pool_size_bytes", "zfs_nomad_pool_allocated_bytes", "zfs_nomad_pool_free_bytes"
+	registry.GaugesAtScrape(map[string]string{
+		size:      "The size of the pool holding the root dataset (zpool list: raw space, before redundancy).",
+		allocated: "Bytes allocated in the pool holding the root dataset (raw).",
+		free:      "Bytes free in the pool holding the root dataset (raw).",
+	}, func() (map[string]float64, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		s, err := zfscmd.ReadPoolSpace(ctx, pool)
+		if err != nil {
+			return nil, err
+		}
+		return map[string]float64{size: float64(s.Size), allocated: float64(s.Allocated), free: float64(s.Free)}, nil
+	})
 }
 
 // volumeSpaceMetrics exports each primary's used bytes and quota, read

@@ -844,7 +844,7 @@ func TestScheduleKeepsReplicasCurrent(t *testing.T) {
 	}
 	n1Metrics := scrape(t, n1.Metrics)
 	for _, want := range []string{`zfs_nomad_replication_sent_bytes_total{peer_node="n2"}`, `zfs_nomad_replication_transfer_seconds_count{direction="out",kind="full",result="success"}`,
-		"\nzfs_nomad_root_dataset_used_bytes ", "\nzfs_nomad_root_dataset_available_bytes ", `zfs_nomad_build_info{agent_protocol="1",openzfs_built_for="2.`, "\ngo_goroutines ",
+		"\nzfs_nomad_root_dataset_used_bytes ", "\nzfs_nomad_root_dataset_available_bytes ", "\nzfs_nomad_pool_size_bytes ", "\nzfs_nomad_pool_free_bytes ", `zfs_nomad_build_info{agent_protocol="1",openzfs_built_for="2.`, "\ngo_goroutines ",
 		`zfs_nomad_agent_call_seconds_count{code="OK",method="GetNode"} `,
 		`zfs_nomad_volume_quota_bytes{volume_id="` + id + `",volume_name="kept"} `, `zfs_nomad_volume_used_bytes{volume_id="` + id + `",volume_name="kept"} `} {
 		if !strings.Contains(n1Metrics, want) {
