@@ -82,7 +82,7 @@ func main() {
 
 // exitCode reports err and turns it into the exit status: 0 for none or
 // -h, 2 for a wrong command line (as flag errors), 1 for a failure, and
-// status's verdicts (operator.ExitDegraded, operator.ExitNoPrimary).
+// status's verdicts (operator.ExitDegraded and the others).
 func exitCode(err error, stderr io.Writer) int {
 	var verdict exitStatus
 	switch {
@@ -547,7 +547,7 @@ func status(c command, args []string) error {
 	} else {
 		operator.PrintStatus(os.Stdout, report, time.Now())
 	}
-	if code, why := report.Verdict(); code != operator.ExitHealthy {
+	if code, why := report.Verdict(time.Now()); code != operator.ExitHealthy {
 		return exitStatus{code: code, why: why}
 	}
 	return nil

@@ -617,7 +617,7 @@ func exitOf(name string, args ...string) (string, int) {
 }
 
 // waitForWorkLease waits until the nodes grant a controller instance the
-// work lease, as status reports it: until then status exits 3 (nothing
+// work lease, as status reports it: until then status exits 5 (nothing
 // runs the schedules), and a node grants it to nobody in its first
 // worklease.Term.
 func waitForWorkLease(t *testing.T, ctl string, args []string) {

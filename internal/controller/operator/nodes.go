@@ -112,17 +112,29 @@ func innermost(msg string) string {
 const (
 	ExitHealthy = 0
 	// ExitDegraded: a node (or a controller instance asked for its moves) did
-	// not answer, a node is unhealthy or lost its lease, or no controller
-	// instance holds the work lease (nothing runs the schedules).
+	// not answer, or a node is unhealthy or lost its lease.
 	ExitDegraded = 3
 	// ExitNoPrimary: a volume has no healthy primary among the nodes
 	// that answered: its data cannot be staged now.
 	ExitNoPrimary = 4
+	// ExitNoWorkLease: no controller instance holds the work lease:
+	// nothing runs the replication and backup schedules.
+	ExitNoWorkLease = 5
+	// ExitReplicasBehind: a volume lacks replicas it asks for, or one is
+	// older than twice its replication_interval plus two minutes (the
+	// bound of the ZfsNomadReplicaLagAboveTarget alert).
+	ExitReplicasBehind = 6
 )
 
-// Verdict is the report's exit status and, unless healthy, a sentence
-// saying why.
-func (r Report) Verdict() (int, string) {
+// replicaGrace is what a replica may lag beyond twice its interval: a
+// schedule round and a push.
+const replicaGrace = 2 * time.Minute
+
+// Verdict is the report's exit status as of now and, unless healthy, a
+// sentence saying why. When several hold, the first of: no healthy
+// primary (4), a node not well (3), no work-lease holder (5), replicas
+// behind (6).
+func (r Report) Verdict(now time.Time) (int, string) {
 	// Nothing heard is no news of health: no volume is known to have a
 	// primary anyone could stage.
 	answered := 0
@@ -153,9 +165,48 @@ func (r Report) Verdict() (int, string) {
 		return ExitDegraded, fmt.Sprintf("not every node is well: %s", strings.Join(down, ", "))
 	}
 	if !r.workLeaseHeld() {
-		return ExitDegraded, fmt.Sprintf("no controller instance holds the work lease: the replication and backup schedules and the pass over missed deletions do not run (is zfs-controller running, and reaching a majority of the nodes? a node that started within %s grants it to nobody yet)", worklease.Term)
+		return ExitNoWorkLease, fmt.Sprintf("no controller instance holds the work lease: the replication and backup schedules and the pass over missed deletions do not run (is zfs-controller running, and reaching a majority of the nodes? a node that started within %s grants it to nobody yet)", worklease.Term)
+	}
+	if behind := r.replicasBehind(now); len(behind) > 0 {
+		return ExitReplicasBehind, fmt.Sprintf("%d volume(s) with replicas missing or late: %s", len(behind), strings.Join(behind, "; "))
 	}
 	return ExitHealthy, ""
+}
+
+// replicasBehind says, for each volume whose primary asks for replicas,
+// which it lacks or which are late as of now.
+func (r Report) replicasBehind(now time.Time) []string {
+	replicas := map[string][]CopyStatus{}
+	for _, c := range r.Copies {
+		if c.Role == "replica" {
+			replicas[c.VolumeID] = append(replicas[c.VolumeID], c)
+		}
+	}
+	var out []string
+	seen := map[string]bool{}
+	for _, p := range r.Copies {
+		want, interval := contract.ReplicationPolicy(p.parameters)
+		if p.Role != "primary" || p.Conflict || want == 0 || seen[p.VolumeID] {
+			continue
+		}
+		seen[p.VolumeID] = true
+		var late []string
+		for _, c := range replicas[p.VolumeID] {
+			if c.LastSnapshotTime.IsZero() || now.Sub(c.LastSnapshotTime) > 2*interval+replicaGrace {
+				late = append(late, c.Node)
+			}
+		}
+		have := len(replicas[p.VolumeID])
+		switch {
+		case have < want && len(late) > 0:
+			out = append(out, fmt.Sprintf("%s has %d of %d replicas, late on %s", p.VolumeID, have, want, strings.Join(late, ", ")))
+		case have < want:
+			out = append(out, fmt.Sprintf("%s has %d of %d replicas", p.VolumeID, have, want))
+		case len(late) > 0:
+			out = append(out, fmt.Sprintf("%s: replica late on %s (older than twice its replication_interval %s, plus %s)", p.VolumeID, strings.Join(late, ", "), interval, replicaGrace))
+		}
+	}
+	return out
 }
 
 // workLeaseHeld reports whether a controller instance holds the work

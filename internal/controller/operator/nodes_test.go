@@ -85,7 +85,14 @@ func TestVerdict(t *testing.T) {
 	primary := CopyStatus{VolumeID: "v", Node: "n1", Role: "primary", Generation: 2}
 	replica := CopyStatus{VolumeID: "v", Node: "n2", Role: "replica"}
 	with := func(n NodeStatus, change func(*NodeStatus)) NodeStatus { change(&n); return n }
+	receivedAt := func(c CopyStatus, at time.Time) CopyStatus { c.LastSnapshotTime = at; return c }
 	holding := []ControllerStatus{{ID: "c1", HoldsWorkLease: true}, {ID: "c2"}}
+	now := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+	replicated := primary
+	replicated.parameters = map[string]string{"replicas": "2", "replication_interval": "1m"}
+	fresh := CopyStatus{VolumeID: "v", Node: "n2", Role: "replica", LastSnapshotTime: now.Add(-3 * time.Minute)}
+	late := CopyStatus{VolumeID: "v", Node: "n3", Role: "replica", LastSnapshotTime: now.Add(-5 * time.Minute)}
+	third := NodeStatus{Node: "n3", Reachable: true, Healthy: true, Lease: "held"}
 	tests := []struct {
 		name   string
 		report Report
@@ -94,8 +101,14 @@ func TestVerdict(t *testing.T) {
 	}{
 		{"all well", Report{Nodes: []NodeStatus{well, other}, Copies: []CopyStatus{primary, replica}, Controllers: holding}, ExitHealthy, ""},
 		{"no volumes", Report{Nodes: []NodeStatus{well}, Controllers: holding}, ExitHealthy, ""},
-		{"no controller instance asked for the work lease", Report{Nodes: []NodeStatus{well, other}, Copies: []CopyStatus{primary, replica}}, ExitDegraded, "no controller instance holds the work lease"},
-		{"instances on standby only", Report{Nodes: []NodeStatus{well, other}, Copies: []CopyStatus{primary, replica}, Controllers: []ControllerStatus{{ID: "c1", GrantedBy: []string{"n1"}}, {ID: "c2"}}}, ExitDegraded, "no controller instance holds the work lease"},
+		{"replicas within their lag", Report{Nodes: []NodeStatus{well, other, third}, Copies: []CopyStatus{replicated, fresh, receivedAt(late, now.Add(-4*time.Minute))}, Controllers: holding}, ExitHealthy, ""},
+		{"a replica missing", Report{Nodes: []NodeStatus{well, other}, Copies: []CopyStatus{replicated, fresh}, Controllers: holding}, ExitReplicasBehind, "v has 1 of 2 replicas"},
+		{"a replica late", Report{Nodes: []NodeStatus{well, other, third}, Copies: []CopyStatus{replicated, fresh, late}, Controllers: holding}, ExitReplicasBehind, "v: replica late on n3"},
+		{"a replica never received", Report{Nodes: []NodeStatus{well, other, third}, Copies: []CopyStatus{replicated, fresh, {VolumeID: "v", Node: "n3", Role: "replica"}}, Controllers: holding}, ExitReplicasBehind, "late on n3"},
+		{"no work-lease holder comes before replicas", Report{Nodes: []NodeStatus{well, other}, Copies: []CopyStatus{replicated}}, ExitNoWorkLease, "work lease"},
+		{"a node down comes before replicas", Report{Nodes: []NodeStatus{well, {Node: "x:1", Problem: "down"}}, Copies: []CopyStatus{replicated}, Controllers: holding}, ExitDegraded, "x:1"},
+		{"no controller instance asked for the work lease", Report{Nodes: []NodeStatus{well, other}, Copies: []CopyStatus{primary, replica}}, ExitNoWorkLease, "no controller instance holds the work lease"},
+		{"instances on standby only", Report{Nodes: []NodeStatus{well, other}, Copies: []CopyStatus{primary, replica}, Controllers: []ControllerStatus{{ID: "c1", GrantedBy: []string{"n1"}}, {ID: "c2"}}}, ExitNoWorkLease, "no controller instance holds the work lease"},
 		{"a node unreachable", Report{Nodes: []NodeStatus{well, {Node: "x:1", Problem: "down"}}, Copies: []CopyStatus{primary}}, ExitDegraded, "x:1"},
 		{"a node unhealthy", Report{Nodes: []NodeStatus{well, with(other, func(n *NodeStatus) { n.Healthy = false })}, Copies: []CopyStatus{primary}}, ExitDegraded, "n2"},
 		{"a node lost its lease", Report{Nodes: []NodeStatus{well, with(other, func(n *NodeStatus) { n.Lease = "lost" })}}, ExitDegraded, "n2"},
@@ -109,7 +122,7 @@ func TestVerdict(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			code, why := tc.report.Verdict()
+			code, why := tc.report.Verdict(now)
 			if code != tc.code || !strings.Contains(why, tc.why) {
 				t.Errorf("Verdict = %d %q, want %d mentioning %q", code, why, tc.code, tc.why)
 			}
