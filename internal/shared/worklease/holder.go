@@ -270,19 +270,19 @@ func (h *Holder) EveryWhileHeld(ctx context.Context, every time.Duration, work f
 	t := time.NewTicker(every)
 	defer t.Stop()
 	var holding, workCtx context.Context
-	stop := func() {}
-	defer func() { stop() }()
+	stop := func(error) {}
+	defer func() { stop(context.Canceled) }()
 	for {
 		switch held := h.context(); {
 		case held != nil:
 			if held != holding {
-				stop()
+				stop(errLeaseEnded)
 				holding = held
 				workCtx, stop = mergeDone(ctx, held)
 			}
 			work(workCtx)
 		case holding != nil:
-			stop()
+			stop(errLeaseEnded)
 			holding = nil
 			if ended != nil {
 				ended()
@@ -306,12 +306,18 @@ func (h *Holder) context() context.Context {
 	return h.held
 }
 
-// mergeDone returns a context of parent that also ends when other does.
-func mergeDone(parent, other context.Context) (context.Context, context.CancelFunc) {
+// errLeaseEnded is the cause a work's context ends with when its holding
+// ends, whichever notices first: the holding's context, or the loop
+// finding the lease expired.
+var errLeaseEnded = errors.New("the work lease ended")
+
+// mergeDone returns a context of parent that also ends when other does
+// (with errLeaseEnded), and the function that ends it with a cause.
+func mergeDone(parent, other context.Context) (context.Context, func(cause error)) {
 	ctx, cancel := context.WithCancelCause(parent)
-	stop := context.AfterFunc(other, func() { cancel(errors.New("the work lease ended")) })
-	return ctx, func() {
+	stop := context.AfterFunc(other, func() { cancel(errLeaseEnded) })
+	return ctx, func(cause error) {
 		stop()
-		cancel(context.Canceled)
+		cancel(cause)
 	}
 }
