@@ -166,16 +166,16 @@ nomad: ## build (or find cached) the Nomad binary for the end-to-end test (3 to 
 	@./hack/nomad.sh
 
 test-nomad: guest-image images ## the driver under a real Nomad (1 server, 3 clients) in the guest, from the nomad/ job files: docker, then raw_exec
-	nomad=$$(./hack/nomad.sh) && prometheus=$$(./hack/prometheus.sh) && ZFS_NOMAD_NOMAD=$$nomad ZFS_NOMAD_PROMETHEUS=$$prometheus/prometheus ZFS_NOMAD_IMAGES=$(IMAGES_DIR) go test -count=1 -v -timeout 40m ./test/nomad/
+	nomad=$$(./hack/nomad.sh) && prometheus=$$(./hack/prometheus-server.sh) && ZFS_NOMAD_NOMAD=$$nomad ZFS_NOMAD_PROMETHEUS=$$prometheus ZFS_NOMAD_IMAGES=$(IMAGES_DIR) go test -count=1 -v -timeout 40m ./test/nomad/
 
 # The docker scenario on Debian 13's OpenZFS 2.3 with its node image (not
 # in make test: the Debian 13 images take a few minutes to build once).
 test-nomad-trixie: guest-image-trixie ## test-nomad's docker scenario in the Debian 13 guest, with the Debian 13 node image
 	@VERSION=$(VERSION) TAG=dev-debian13 DEBIAN_RELEASE=trixie ARCHIVE_DIR=$(IMAGES_DIR)-debian13 ./hack/images.sh
-	nomad=$$(./hack/nomad.sh) && prometheus=$$(./hack/prometheus.sh) && ZFS_NOMAD_GUEST=trixie ZFS_NOMAD_PROMETHEUS=$$prometheus/prometheus ZFS_NOMAD_NOMAD=$$nomad ZFS_NOMAD_IMAGES=$(IMAGES_DIR)-debian13 go test -count=1 -v -timeout 40m -run TestNomadEndToEnd ./test/nomad/
+	nomad=$$(./hack/nomad.sh) && prometheus=$$(./hack/prometheus-server.sh) && ZFS_NOMAD_GUEST=trixie ZFS_NOMAD_PROMETHEUS=$$prometheus ZFS_NOMAD_NOMAD=$$nomad ZFS_NOMAD_IMAGES=$(IMAGES_DIR)-debian13 go test -count=1 -v -timeout 40m -run TestNomadEndToEnd ./test/nomad/
 
 test-nomad-drain: guest-image images ## test-nomad plus a drain of a client holding eight volumes (issue 15; not yet in make test)
-	nomad=$$(./hack/nomad.sh) && prometheus=$$(./hack/prometheus.sh) && ZFS_NOMAD_NOMAD=$$nomad ZFS_NOMAD_PROMETHEUS=$$prometheus/prometheus ZFS_NOMAD_IMAGES=$(IMAGES_DIR) go test -count=1 -v -timeout 60m -run TestNomadEndToEnd ./test/nomad/ -args -drain-many
+	nomad=$$(./hack/nomad.sh) && prometheus=$$(./hack/prometheus-server.sh) && ZFS_NOMAD_NOMAD=$$nomad ZFS_NOMAD_PROMETHEUS=$$prometheus ZFS_NOMAD_IMAGES=$(IMAGES_DIR) go test -count=1 -v -timeout 60m -run TestNomadEndToEnd ./test/nomad/ -args -drain-many
 
 sanity-encrypted: guest-image ## csi-sanity's specs with plain volumes and again with encrypted ones (the encrypted half is not in make test: test/sanity says why)
 	go test -count=1 -v -timeout 30m ./test/sanity -args -sanity.encrypted

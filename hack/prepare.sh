@@ -3,7 +3,8 @@
 # finds each in the cache when its recipe is unchanged: the Debian 12 guest
 # image with its Docker Engine (test/nomad's clients run containers), the
 # Debian 13 guest image without (make test runs none there; guest/run.sh
-# -D builds it when first asked), Nomad (hack/nomad.sh) and the plugin
+# -D builds it when first asked), Nomad (hack/nomad.sh), the Prometheus
+# server test/nomad runs (hack/prometheus-server.sh) and the plugin
 # images (hack/images.sh, when ARCHIVE_DIR is set). On a fresh
 # machine these are most of the cold part of make test, and much of their
 # time is spent waiting on the network (debootstrap and apt for each
@@ -15,9 +16,9 @@
 # with its log's tail; each build's time is printed when it built.
 #
 # Usage: hack/prepare.sh [BUILD...], BUILD one of guest-bookworm,
-# guest-trixie, nomad, images (all four when none is named). make test
-# builds the guest images here and Nomad and the plugin images beside its
-# guest tests (hack/test.sh says why).
+# guest-trixie, nomad, prometheus, images (all five when none is named).
+# make test builds the guest images here and Nomad, Prometheus and the
+# plugin images beside its guest tests (hack/test.sh says why).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/.." && pwd)
@@ -37,14 +38,15 @@ start() { # start NAME COMMAND...
 }
 
 builds=("$@")
-[ ${#builds[@]} -gt 0 ] || builds=(guest-bookworm guest-trixie nomad images)
+[ ${#builds[@]} -gt 0 ] || builds=(guest-bookworm guest-trixie nomad prometheus images)
 for build in "${builds[@]}"; do
   case "$build" in
     guest-bookworm) start guest-bookworm env ZFS_NOMAD_GUEST=bookworm "$repo/guest/image.sh" -D ;;
     guest-trixie) start guest-trixie env ZFS_NOMAD_GUEST=trixie "$repo/guest/image.sh" ;;
     nomad) start nomad "$here/nomad.sh" ;;
+    prometheus) start prometheus "$here/prometheus-server.sh" ;;
     images) [ -z "${ARCHIVE_DIR:-}" ] || start images "$here/images.sh" ;;
-    *) echo "prepare: no build named $build (guest-bookworm, guest-trixie, nomad, images)" >&2; exit 2 ;;
+    *) echo "prepare: no build named $build (guest-bookworm, guest-trixie, nomad, prometheus, images)" >&2; exit 2 ;;
   esac
 done
 

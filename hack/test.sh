@@ -10,9 +10,9 @@
 # retries, throttled streams), not CPU.
 #
 # The host lane, beside it at the idle CPU priority (SCHED_IDLE): first
-# Nomad and the plugin images (hack/prepare.sh nomad images: on a fresh
-# machine a long Go build and a debootstrap, found in the cache on a warm
-# one), then make check, make race (every host package's unit tests under
+# Nomad, the Prometheus server and the plugin images (hack/prepare.sh
+# nomad prometheus images: on a fresh machine two long Go builds and a
+# debootstrap, found in the cache on a warm one), then make check, make race (every host package's unit tests under
 # the race detector), make simulation (the fault simulation's full
 # seed counts, without the race detector) and make alerts (the alert
 # rules' promtool tests). It runs on the CPU the guest leaves idle
@@ -36,14 +36,14 @@ cd "$here/.."
 lanes=$(mktemp -d "${TMPDIR:-/tmp}/zfs-nomad-lanes.XXXXXX")
 trap 'rm -rf "$lanes"' EXIT
 host_log=$lanes/host.log
-tools_status=$lanes/tools.status # written once Nomad and the images are built
+tools_status=$lanes/tools.status # written once Nomad, Prometheus and the images are built
 
 idle=(chrt -i 0)
 "${idle[@]}" true 2>/dev/null || idle=(nice -n 19)
 command -v ionice >/dev/null && idle+=(ionice -c 3)
 began=$SECONDS
 (
-  "${idle[@]}" ./hack/prepare.sh nomad images
+  "${idle[@]}" ./hack/prepare.sh nomad prometheus images
   echo $? >"$tools_status"
   "${idle[@]}" make --no-print-directory check race simulation alerts
   status=$?
@@ -71,10 +71,10 @@ make --no-print-directory test-trixie-conformance || guest_status=1
 
 waited=$SECONDS
 until [ -s "$tools_status" ] || ! kill -0 "$host" 2>/dev/null; do sleep 5; done
-[ $((SECONDS - waited)) -lt 5 ] || echo "guest lane: waited $((SECONDS - waited)) s for Nomad and the plugin images"
+[ $((SECONDS - waited)) -lt 5 ] || echo "guest lane: waited $((SECONDS - waited)) s for Nomad, Prometheus and the plugin images"
 if [ "$(cat "$tools_status" 2>/dev/null)" = 0 ]; then
-  nomad=$(./hack/nomad.sh) && prometheus=$(./hack/prometheus.sh) &&
-    ZFS_NOMAD_NOMAD=$nomad ZFS_NOMAD_PROMETHEUS=$prometheus/prometheus go_test "$nomad_package" || guest_status=1
+  nomad=$(./hack/nomad.sh) && prometheus=$(./hack/prometheus-server.sh) &&
+    ZFS_NOMAD_NOMAD=$nomad ZFS_NOMAD_PROMETHEUS=$prometheus go_test "$nomad_package" || guest_status=1
 else
   echo "guest lane: Nomad or the plugin images failed to build (the host lane's log below): test/nomad not run" >&2
   guest_status=1

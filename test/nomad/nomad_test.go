@@ -8,7 +8,7 @@
 //
 // Nomad and the images are not built here: hack/nomad.sh builds Nomad
 // once from the Go module proxy and caches it, hack/images.sh writes the
-// images' archives, hack/prometheus.sh unpacks Debian's Prometheus, and
+// images' archives, hack/prometheus-server.sh builds Prometheus, and
 // `make test-nomad` passes their paths in ZFS_NOMAD_NOMAD,
 // ZFS_NOMAD_IMAGES and ZFS_NOMAD_PROMETHEUS. Without Nomad the package is
 // skipped; without the images, the docker flavour is; without

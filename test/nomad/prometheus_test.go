@@ -13,9 +13,9 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guestcluster"
 )
 
-// envPrometheus names Debian's prometheus binary on the host
-// (hack/prometheus.sh's directory); make test sets it. Without it the
-// scenario runs without a Prometheus.
+// envPrometheus names a Prometheus server on the host, built with Nomad's
+// service discovery (hack/prometheus-server.sh); make test sets it.
+// Without it the scenario runs without a Prometheus.
 const envPrometheus = "ZFS_NOMAD_PROMETHEUS"
 
 // promAddr is the guest's Prometheus, in the root namespace beside the
