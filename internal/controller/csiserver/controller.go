@@ -94,8 +94,9 @@ func (c *Controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 	if contract.IsBackupID(create.SourceSnapshotID) && !c.backupsAsSnapshots {
 		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, "snapshot %s is a backup, and this controller restores backups only by an operator's command (zfs-controller restore); backups_as_snapshots lets job submitters restore them", create.SourceSnapshotID)
 	}
-	volumelog.Learn(contract.VolumeIDForName(req.GetName()), req.GetName())
-	unlock, err := c.tryLock(contract.VolumeIDForName(req.GetName()))
+	id := contract.VolumeIDForName(req.GetName())
+	volumelog.Learn(id, req.GetName())
+	unlock, err := c.tryLock(id)
 	if err != nil {
 		return nil, err
 	}
