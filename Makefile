@@ -162,7 +162,7 @@ FIRST ?= 1
 sim: ## the fault-injection simulation, SEEDS seeds (5000) from FIRST (1), every failure listed
 	ZFS_NOMAD_SKIP_GUEST=1 go test -count=1 -timeout 180m -run 'TestSimulation$$' ./internal/testbed/faultsim -v -args -seeds $(SEEDS) -first-seed $(FIRST) -keep-going
 
-nomad: ## build (or find cached) the Nomad binary for the end-to-end test (3 to 14 min, once)
+nomad: ## build (or find cached) the Nomad binary for the end-to-end test (about 6 min, once)
 	@./hack/nomad.sh
 
 test-nomad: guest-image images ## the driver under a real Nomad (1 server, 3 clients) in the guest, from the nomad/ job files: docker, then raw_exec
