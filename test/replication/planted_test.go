@@ -27,6 +27,7 @@ import (
 // move of the volume still works, at generation 2 (a planted 2^48 would
 // have made every later move use 2^48+1, which receivers refuse).
 func TestPlantedGenerationIsRefused(t *testing.T) {
+	t.Parallel()
 	const absurd = 1 << 48
 	c := guesttest.StartCluster(t, 3, guestcluster.Options{ControllerArgs: []string{"-schedule-every", "0"}})
 	n1, n2, n3 := c.Nodes[0], c.Nodes[1], c.Nodes[2]
@@ -121,6 +122,7 @@ func TestPlantedGenerationIsRefused(t *testing.T) {
 // nothing is set aside, and the primary's next push goes on by an
 // increment.
 func TestALyingIncrementalLeavesEveryGenuineSnapshot(t *testing.T) {
+	t.Parallel()
 	c := guesttest.StartCluster(t, 2, guestcluster.Options{ControllerArgs: []string{"-schedule-every", "0"}})
 	n1, n2 := c.Nodes[0], c.Nodes[1]
 	ctx := context.Background()

@@ -43,11 +43,19 @@ import (
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
+// Tests that bound a time (a rate, an idle timeout, a call's answer, a
+// fence) or run a backup target (slot 0's only) run alone, first; the
+// others call t.Parallel and run two at a time, each cluster in a slot of
+// its own (guesttest.Options.Slots): their assertions are about what
+// ends where, not when, and much of their time is waiting (a link kept
+// down past the keepalive, schedules, retries) that a second cluster
+// fills.
 func TestMain(m *testing.M) {
 	os.Exit(guesttest.Main(m, guesttest.Options{
 		Disks:    []string{"2G", "2G", "1G", "1G"},
+		Slots:    2,
 		Binaries: guesttest.DriverBinaries(),
-		Memory:   "2G",
+		Memory:   "3G",
 		Timeout:  25 * time.Minute,
 	}))
 }
@@ -128,6 +136,7 @@ func zfsGet(t *testing.T, prop, ds string) string {
 }
 
 func TestFullThenIncremental(t *testing.T) {
+	t.Parallel()
 	c := guesttest.StartCluster(t, 2, guestcluster.Options{})
 	n1, n2 := c.Nodes[0], c.Nodes[1]
 	ctx := context.Background()
@@ -233,6 +242,7 @@ func unpublish(t *testing.T, c *guestcluster.Cluster, id, name string) {
 // An interrupted transfer resumes from the receiver's token without
 // starting over, whatever interrupted it.
 func TestResumeAfterInterruption(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name string
 		// interrupt breaks the transfer; restore undoes what it did.
@@ -271,6 +281,7 @@ func TestResumeAfterInterruption(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel() // each case has a cluster of its own
 			c := guesttest.StartCluster(t, 2, guestcluster.Options{})
 			n1, n2 := c.Nodes[0], c.Nodes[1]
 			id, target := publishedVolume(t, c, "big")
@@ -368,6 +379,7 @@ func mustStart(t *testing.T, n *guestcluster.Node) {
 }
 
 func TestRefusesStrangersAndBadStreams(t *testing.T) {
+	t.Parallel()
 	c, id, target := replicatedVolume(t, guestcluster.Options{}, "guarded")
 	n1, n2 := c.Nodes[0], c.Nodes[1]
 	ctx := context.Background()
@@ -490,6 +502,7 @@ func TestRefusesStrangersAndBadStreams(t *testing.T) {
 // that breaks midway leaves the existing replica as it was; a whole one
 // takes its place, and the old replica is set aside, not destroyed.
 func TestBrokenReplaceKeepsTheReplica(t *testing.T) {
+	t.Parallel()
 	c, id, _ := replicatedVolume(t, guestcluster.Options{}, "replaced")
 	n1, n2 := c.Nodes[0], c.Nodes[1]
 	ctx := context.Background()
@@ -638,6 +651,7 @@ func waitForWorkLease(t *testing.T, ctl string, args []string) {
 }
 
 func TestBackupAndStatusCommands(t *testing.T) {
+	t.Parallel()
 	c := guesttest.StartCluster(t, 3, guestcluster.Options{})
 	n1 := c.Nodes[0]
 	id, target := publishedVolume(t, c, "orders")
@@ -761,6 +775,7 @@ func TestBackupAndStatusCommands(t *testing.T) {
 // The controller's schedule keeps the asked-for replicas on other nodes
 // current, and old replication snapshots are pruned on both sides.
 func TestScheduleKeepsReplicasCurrent(t *testing.T) {
+	t.Parallel()
 	c := guesttest.StartCluster(t, 3, guestcluster.Options{
 		NodeArgs:       []string{"-min-replication-interval", "1s", "-replication-snapshots", "2"},
 		ControllerArgs: []string{"-schedule-every", "1s"},
@@ -897,6 +912,7 @@ func TestBandwidthLimit(t *testing.T) {
 // An encrypted volume is sent raw: the replica stays encrypted and its
 // node needs no key; with the key it holds the source's files.
 func TestEncryptedVolumeStaysEncrypted(t *testing.T) {
+	t.Parallel()
 	c := guesttest.StartCluster(t, 2, guestcluster.Options{EncryptedRoots: true})
 	n1, n2 := c.Nodes[0], c.Nodes[1]
 	id, target := publishedVolume(t, c, "secret")
@@ -927,6 +943,7 @@ func TestEncryptedVolumeStaysEncrypted(t *testing.T) {
 // it. Every delete must answer OK and leave nothing of the volume on
 // either node.
 func TestDeleteRacesTidies(t *testing.T) {
+	t.Parallel()
 	c := guesttest.StartCluster(t, 2, guestcluster.Options{NodeArgs: []string{"-replication-snapshots", "1"}})
 	n1, n2 := c.Nodes[0], c.Nodes[1]
 	ctx := context.Background()
@@ -987,6 +1004,7 @@ func TestDeleteRacesTidies(t *testing.T) {
 // generation 1 (a failover since), n2's replica may hold writes n1
 // lacks: n1 sends in full, and n2's old replica is set aside whole.
 func TestReplicaAheadOfAMovedPrimary(t *testing.T) {
+	t.Parallel()
 	for _, tt := range []struct {
 		historyFrom  string
 		granted      bool // n2 granted n1 generation 2
@@ -999,6 +1017,7 @@ func TestReplicaAheadOfAMovedPrimary(t *testing.T) {
 		{"2", true, false, "full", true},
 	} {
 		t.Run(fmt.Sprintf("history from %s granted %v", tt.historyFrom, tt.granted), func(t *testing.T) {
+			t.Parallel() // each case has a cluster of its own
 			c := guesttest.StartCluster(t, 2, guestcluster.Options{})
 			n1, n2 := c.Nodes[0], c.Nodes[1]
 			ctx := context.Background()
@@ -1127,6 +1146,7 @@ func TestStalledSenderIsCutOff(t *testing.T) {
 // Another node's certificate written over it is refused, naming the
 // file, and the node keeps the one in use.
 func TestCertificatesRotateWithoutARestart(t *testing.T) {
+	t.Parallel()
 	c, id, target := replicatedVolume(t, guestcluster.Options{}, "rotated")
 	n1, n2 := c.Nodes[0], c.Nodes[1]
 	const expiryMetric = "zfs_nomad_tls_certificate_expiry_timestamp_seconds"

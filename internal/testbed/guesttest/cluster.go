@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -49,33 +50,53 @@ func (o Options) allDisks() []string {
 
 // slots hands out the package's cluster slots (Options.Slots): a cluster
 // takes a free one and gives it back once closed, so clusters of
-// parallel tests never share a disk, a namespace or an address.
+// parallel tests never share a disk, a namespace or an address. A
+// cluster takes the lowest free slot, and one with a backup target waits
+// for slot 0, the only one a target runs in (guestcluster.TargetAddress).
 var slots struct {
-	free  chan int
+	mu    sync.Mutex
+	freed *sync.Cond
+	taken []bool
 	disks int // a slot's disks: slot s starts at disk s*disks
 }
 
 func openSlots(opts Options) {
 	slots.disks = len(opts.Disks)
-	slots.free = make(chan int, max(opts.Slots, 1))
-	for s := range cap(slots.free) {
-		slots.free <- s
-	}
+	slots.taken = make([]bool, max(opts.Slots, 1))
+	slots.freed = sync.NewCond(&slots.mu)
 }
 
-// takeSlot waits for a free slot: with go test's -parallel above Slots,
-// a parallel test's cluster waits for another's to close.
-func takeSlot() int {
-	if slots.free == nil {
+// takeSlot waits for a free slot (slot 0 if firstOnly): with go test's
+// -parallel above Slots, a parallel test's cluster waits for another's
+// to close.
+func takeSlot(firstOnly bool) int {
+	if slots.freed == nil {
 		return 0
 	}
-	return <-slots.free
+	slots.mu.Lock()
+	defer slots.mu.Unlock()
+	for {
+		for s, taken := range slots.taken {
+			if !taken {
+				slots.taken[s] = true
+				return s
+			}
+			if firstOnly {
+				break
+			}
+		}
+		slots.freed.Wait()
+	}
 }
 
 func giveBackSlot(s int) {
-	if slots.free != nil {
-		slots.free <- s
+	if slots.freed == nil {
+		return
 	}
+	slots.mu.Lock()
+	slots.taken[s] = false
+	slots.mu.Unlock()
+	slots.freed.Broadcast()
 }
 
 // StartCluster starts a simulated cluster of n nodes (see package guestcluster) for
@@ -86,7 +107,7 @@ func StartCluster(t testing.TB, n int, opts guestcluster.Options) *guestcluster.
 	opts.Nodes = n
 	opts.Dir = t.TempDir()
 	opts.BinDir = BinDir(t)
-	slot := takeSlot()
+	slot := takeSlot(opts.BackupTarget != "")
 	opts.Slot, opts.FirstDisk = slot, slot*slots.disks
 	began := time.Now()
 	c, err := guestcluster.Start(opts)
