@@ -516,11 +516,21 @@ func TestPublishAfterSilentNodeLoss(t *testing.T) {
 // Failover with policy auto promotes the freshest replica; what was
 // written after the last replication is not claimed; the lost primary,
 // back again, is refused for staging and set aside, never destroyed.
+// A CSI snapshot taken on n1 reaches n2 with the replica's push and
+// survives the failover (issue 16): it is listed once and restored on n2
+// with the data it was taken with, although its node of origin is gone.
 func TestFailoverAuto(t *testing.T) {
 	e := startForFailover(t)
 	id, dir := e.createWritten("precious", map[string]string{"failover": "auto"}, "echo replicated > a && "+guesttest.RandomFile("blob", 8))
 	e.replicate(id, "n1", "n3") // older replica
 	e.write("n1", dir, "echo newer > b")
+	taken := e.checksums("n1", dir)
+	snap, err := e.controller().CreateSnapshot(e.ctx, &csi.CreateSnapshotRequest{SourceVolumeId: id, Name: "before-the-loss"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	snapID := snap.GetSnapshot().GetSnapshotId()
+	e.write("n1", dir, "echo after-the-snapshot > a")
 	e.replicate(id, "n1", "n2") // the freshest
 	replicated := e.checksums("n1", dir)
 	e.write("n1", dir, "echo lost > c") // never replicated
@@ -534,6 +544,11 @@ func TestFailoverAuto(t *testing.T) {
 	if c.GetRole() != "primary" || c.GetGeneration() != 2 || c.GetFailoverFromSnapshot() == "" {
 		t.Fatalf("promoted copy: %+v", c)
 	}
+	listed, err := e.controller().ListSnapshots(e.ctx, &csi.ListSnapshotsRequest{SnapshotId: snapID})
+	if err != nil || len(listed.GetEntries()) != 1 {
+		t.Fatalf("ListSnapshots with n1 lost: %v, %v; want %s once", listed, err, snapID)
+	}
+	restored := e.restoreHolds("restored-after-loss", snapID, nil, "n2", taken)
 	metrics := scrape(t, e.c.ControllerMetrics)
 	if !strings.Contains(metrics, `zfs_nomad_migrations_total{kind="failover",result="ok"} 1`) || !strings.Contains(metrics, "\nzfs_nomad_failover_rpo_seconds_count 1\n") ||
 		!strings.Contains(metrics, "\nzfs_nomad_failover_promotion_seconds_count 1\n") {
@@ -546,7 +561,6 @@ func TestFailoverAuto(t *testing.T) {
 	// is not demoted while mounted (issue 35, defect 7).
 	e.returnNode("n1")
 	waitFor(t, 3*failoverLease, "n1's returning copy to turn read-only", func() bool { return e.tryWrite("n1", dir) != nil })
-	var err error
 	for deadline := time.Now().Add(3 * failoverLease); time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
 		if _, err = e.stage(id, "n1", map[string]string{"generation": "1"}); status.Code(err) != codes.Unavailable {
 			break
@@ -584,6 +598,7 @@ func TestFailoverAuto(t *testing.T) {
 	if aside := guesttest.Run(t, "sh", "-c", "zfs list -H -o name -r "+e.node("n3").RootDataset+" | grep -- -aside- || true"); strings.TrimSpace(aside) != "" {
 		t.Fatalf("n3's replica was set aside, although it holds nothing the new primary lacks: %q", aside)
 	}
+	e.deleteVolume(restored)
 }
 
 // TestStaleCopyWaitsForTheNewestsNode: issue 12, case 3. After a

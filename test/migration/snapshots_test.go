@@ -157,32 +157,6 @@ func TestASnapshotDeletedDuringAPush(t *testing.T) {
 	e.waitNothingLeft(snapID, "of the snapshot deleted during a push")
 }
 
-// TestSnapshotsSurviveAFailover (issue 16) on real ZFS: a snapshot taken
-// on n1 reaches n2 with the replica's push; n1 is lost, the volume fails
-// over to n2, and the snapshot is listed once and restored there with
-// the data it was taken with, although its node of origin is gone.
-func TestSnapshotsSurviveAFailover(t *testing.T) {
-	e := startForFailover(t)
-	id, dir, taken, snapID := e.snapshotted("survivor", map[string]string{"failover": "auto"}, "echo before > a && dd if=/dev/urandom of=blob bs=1M count=2 2>/dev/null", "before-the-loss")
-	e.write("n1", dir, "echo after > a")
-	e.replicate(id, "n1", "n2")
-
-	e.loseNode("n1")
-	e.publishAfterSilence(id, "n2") // the failover
-	if c := e.copyOn(id, "n2"); c.GetRole() != "primary" || c.GetGeneration() != 2 {
-		t.Fatalf("n2's copy after the failover: %+v", c)
-	}
-	listed, err := e.controller().ListSnapshots(e.ctx, &csi.ListSnapshotsRequest{SnapshotId: snapID})
-	if err != nil || len(listed.GetEntries()) != 1 {
-		t.Fatalf("ListSnapshots with n1 lost: %v, %v; want %s once", listed, err, snapID)
-	}
-	rid := e.restoreHolds("restored-after-loss", snapID, nil, "n2", taken)
-	e.unpublish(id, "n2")
-	e.returnNode("n1")
-	e.deleteVolume(rid) // a delete waits for every node: n1 may hold a copy
-
-}
-
 // snapshotted creates volume name (with params) on n1, runs script in it,
 // and takes CSI snapshot snapName of it; it returns the volume's ID and
 // mount directory, the checksums of the files the snapshot holds, and the
