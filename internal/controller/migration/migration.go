@@ -10,6 +10,9 @@
 // generation; a promotion raises the generation before the old copy is
 // demoted, so there is never a moment without a primary, and an older
 // primary is never mounted again.
+//
+// The driver's words (generation, promise, reservation, fence, catch-up,
+// final step, settle, ...) are defined in docs/glossary.md.
 package migration
 
 import (

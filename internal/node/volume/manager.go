@@ -16,6 +16,9 @@
 //   - clones stay valid after their origin is deleted: an origin snapshot
 //     with clones is destroyed deferred (zfs destroy -d) and vanishes with
 //     its last clone.
+//
+// The driver's words (generation, promise, fence, tombstone, set aside,
+// ...) are defined in docs/glossary.md.
 package volume
 
 import (

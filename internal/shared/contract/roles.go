@@ -18,8 +18,10 @@ const (
 	// RoleReplica marks a copy received from another node's primary:
 	// read-only, never staged, promoted by migration or failover.
 	RoleReplica = "replica"
-	// RoleSetAside marks a stale primary that came back after a failover:
-	// renamed to <id>-aside-<nanos>, never mounted, kept for an operator.
+	// RoleSetAside marks a copy kept for an operator, a stale primary that
+	// came back after a failover or a replaced replica that held snapshots:
+	// renamed to <id>-aside-<nanos>, never mounted, never destroyed by the
+	// driver.
 	RoleSetAside = "set-aside"
 	// RoleBackup marks a volume's backups on a backup target: never
 	// mounted, never promoted (docs/backups.md).
