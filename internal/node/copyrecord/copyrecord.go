@@ -26,7 +26,7 @@ const (
 	// On volume filesystems.
 	PropVolumeID   = propPrefix + "volume_id"  // the CSI volume ID; equals the dataset's last component
 	PropName       = propPrefix + "name"       // the CSI name it was created with
-	PropRole       = propPrefix + "role"       // contract.RolePrimary or contract.RoleDeleted (replicas come with replication)
+	PropRole       = propPrefix + "role"       // contract.RolePrimary, RoleReplica, RoleDeleted or RoleSetAside
 	PropGeneration = propPrefix + "generation" // fencing token for migration; 1 at creation
 	PropParameters = propPrefix + "parameters" // the creation parameters, canonical JSON
 	PropSource     = propPrefix + "source"     // "snapshot:ID", "volume:ID" or ""
@@ -67,7 +67,10 @@ const (
 	PropReceivedAt = propPrefix + "received_at"
 )
 
-// UserProperties lists every property the driver reads back from ZFS.
+// UserProperties are the properties the node's Get and List read with
+// every dataset (libzfs.New). The others (demoted_at, set_aside_at,
+// received_from, the promise and deleted-snapshot records) are read by
+// name where they are needed.
 var UserProperties = []string{
 	PropVolumeID, PropName, PropRole, PropGeneration, PropParameters, PropSource,
 	PropDeletedAt, PropSnapshotName, PropSourceVolume,
