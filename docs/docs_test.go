@@ -125,6 +125,20 @@ func flagsIn(help string) map[string]bool {
 	return flags
 }
 
+// tlsCommands reads the tls commands from tls's usage line: "usage:
+// zfs-controller tls ca [-days N] DIR | cert ... | issue ...".
+func tlsCommands(help string) []string {
+	line, _, _ := strings.Cut(help, "\n")
+	_, usage, _ := strings.Cut(line, "zfs-controller tls ")
+	var subs []string
+	for _, part := range strings.Split(usage, " | ") {
+		if words := strings.Fields(part); len(words) > 0 && !strings.HasPrefix(words[0], "-") {
+			subs = append(subs, words[0])
+		}
+	}
+	return subs
+}
+
 // build builds the binaries and reads their commands and flags.
 func build(t *testing.T) map[string]cli {
 	t.Helper()
@@ -150,7 +164,11 @@ func build(t *testing.T) map[string]cli {
 			c.flags[cmd] = flagsIn(helpOf(t, bin, cmd, "-h"))
 		}
 		if name == "zfs-controller" {
-			for _, sub := range []string{"ca", "cert"} {
+			subs := tlsCommands(helpOf(t, bin, "tls", "-h"))
+			if len(subs) < 2 {
+				t.Fatalf("zfs-controller tls -h names the tls commands %v: the parse of its usage is wrong", subs)
+			}
+			for _, sub := range subs {
 				c.flags["tls "+sub] = flagsIn(helpOf(t, bin, "tls", sub, "-h"))
 			}
 		}
@@ -224,7 +242,10 @@ func checkCommand(c cli, args []string) []string {
 			return []string{"no command " + args[0] + " (-h lists " + strings.Join(sortedKeys(c.commands), ", ") + ")"}
 		}
 		cmd, args = args[0], args[1:]
-		if cmd == "tls" && len(args) > 0 && c.flags["tls "+args[0]] != nil {
+		if cmd == "tls" && len(args) > 0 && !strings.HasPrefix(args[0], "-") && !placeholder.MatchString(args[0]) {
+			if c.flags["tls "+args[0]] == nil {
+				return []string{"no tls command " + args[0]}
+			}
 			cmd, args = "tls "+args[0], args[1:]
 		}
 	}
@@ -298,6 +319,7 @@ func TestCheckCommand(t *testing.T) {
 		{"zfs-controller -confg x", 1},
 		{"zfs-controller tls cert -ca DIR -role node n1", 0},
 		{"zfs-controller tls cert -ca DIR -days 30 n1", 1},
+		{"zfs-controller tls certs -ca DIR n1", 1},
 		{"zfs-controller COMMAND -h", 0},
 		{"zfs-node --version", 0},
 		{"zfs-controller promote [flags] VOLUME", 0},
@@ -318,5 +340,14 @@ func TestCodeOf(t *testing.T) {
 	want := []string{"make build", "zfs-controller status    -json", "", "make fast"}
 	if !slices.Equal(got, want) {
 		t.Errorf("codeOf: %q, want %q", got, want)
+	}
+}
+
+// TestTLSCommands: the tls commands are read from its usage line, whose
+// role list also holds bars.
+func TestTLSCommands(t *testing.T) {
+	help := "usage: zfs-controller tls ca [-days N] DIR | cert -ca DIR -role node|controller|operator|backup [-days N] [-out DIR] NAME | issue -ca DIR CLIENT...\n\nMake..."
+	if got := tlsCommands(help); !slices.Equal(got, []string{"ca", "cert", "issue"}) {
+		t.Errorf("tlsCommands: %q, want ca, cert and issue", got)
 	}
 }

@@ -69,7 +69,7 @@ var commands = []command{
 	{"status", "[flags] [-json]", "Show every node's volumes, replicas and their lag, running transfers, moves in progress and stale copies set aside", status},
 	{"promote", "[flags] [-node NODE] [-force] VOLUME", "Promote a replica of a volume whose primary's node is lost (failover=manual)", promote},
 	{"remove-replica", "[flags] -node NODE [-force] VOLUME", "Remove one node's replica of a volume", removeReplica},
-	{"tls", "ca [-days N] DIR | cert -ca DIR -role node|controller|operator|backup [-days N] [-out DIR] NAME", "Make the agent port's CA, and certificates for nodes, backup targets, the controller and operators", tlsCommand},
+	{"tls", "ca [-days N] DIR | cert -ca DIR -role node|controller|operator|backup [-days N] [-out DIR] NAME | issue -ca DIR [-out DIR] [-nomad-vars] CLIENT...", "Make the agent port's CA, and certificates for nodes, backup targets, the controller and operators; issue makes every client's, the controller's and an operator's in one step", tlsCommand},
 	{"version", "", "Print the version", func(command, []string) error {
 		fmt.Printf("zfs-controller %s (agent protocol %d)\n", version.Version, protocol.Version)
 		return nil

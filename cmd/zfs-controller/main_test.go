@@ -2,7 +2,13 @@ package main
 
 import (
 	"context"
+	"crypto/x509"
+	"encoding/json"
+	"encoding/pem"
 	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -35,7 +41,7 @@ func TestCommandLine(t *testing.T) {
 		{"remove-replica -peers a:1 -insecure-agent-port vol-1", 2, "-node is required"},
 		{"-peers a:1 -insecure-agent-port stray", 2, `unexpected argument "stray"`},
 		{"backup vol-1", 1, "peers"}, // a configuration error, not a wrong command line
-		{"tls", 2, "needs ca or cert"},
+		{"tls", 2, "needs ca, cert or issue"},
 		{"tls bogus", 2, `unknown tls command "bogus"`},
 		{"tls ca", 2, "want one DIR"},
 		{"tls ca -days 0 /nonexistent/x", 2, "-days 0"},
@@ -44,6 +50,11 @@ func TestCommandLine(t *testing.T) {
 		{"tls cert -ca /nonexistent -role nod client-1", 2, `-role "nod": want node, controller, operator or backup`},
 		{"tls cert -ca /nonexistent -role node client-1", 1, "no such file"},
 		{"tls cert -h", 0, ""},
+		{"tls issue -h", 0, ""},
+		{"tls issue -ca /nonexistent", 2, "want at least one CLIENT"},
+		{"tls issue client-1", 2, "-ca is required"},
+		{"tls issue -ca /nonexistent -days 0 client-1", 2, "-days 0"},
+		{"tls cert client-1 -ca /nonexistent -role nod", 2, `-role "nod"`}, // flags after the argument
 	}
 	for _, tc := range tests {
 		t.Run(tc.args, func(t *testing.T) {
@@ -77,6 +88,86 @@ func TestTLSCommands(t *testing.T) {
 	if _, err := tlsconfig.Load(files); err != nil {
 		t.Errorf("the issued files do not load: %v", err)
 	}
+}
+
+// TestTLSIssue: one command makes what install.md's third step needs: a
+// CA, each client's /etc/zfs-nomad (its node certificate under the names
+// the plugins read, the controller's) and an operator's, each loading as
+// its party's material; with -nomad-vars each client's and the
+// controller's reach Nomad's variables API at the paths the jobs read. A
+// second run renews from the same CA.
+func TestTLSIssue(t *testing.T) {
+	dir := t.TempDir()
+	puts := map[string]map[string]string{}
+	nomad := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var v struct{ Items map[string]string }
+		if err := json.NewDecoder(r.Body).Decode(&v); err != nil {
+			t.Errorf("%s: %v", r.URL.Path, err)
+		}
+		puts[r.URL.Path] = v.Items
+	}))
+	defer nomad.Close()
+	env := map[string]string{"NOMAD_ADDR": nomad.URL}
+	ca, out := filepath.Join(dir, "ca"), filepath.Join(dir, "out")
+	args := []string{"-ca", ca, "-out", out, "client-1", "client-2", "-nomad-vars"}
+	if err := tlsIssue(args, func(k string) string { return env[k] }); err != nil {
+		t.Fatal(err)
+	}
+	for _, client := range []string{"client-1", "client-2"} {
+		etc := filepath.Join(out, client)
+		node := tlsconfig.Files{CA: filepath.Join(etc, "ca.pem"), Cert: filepath.Join(etc, "node.pem"), Key: filepath.Join(etc, "node-key.pem")}
+		ctl := tlsconfig.Files{CA: node.CA, Cert: filepath.Join(etc, "controller.pem"), Key: filepath.Join(etc, "controller-key.pem")}
+		wantParty(t, node, tlsconfig.RoleNode, client)
+		wantParty(t, ctl, tlsconfig.RoleController, "controller")
+		if items := puts["/v1/var/zfs-nomad/tls/node-"+client]; items["cert"] != readFile(t, node.Cert) || items["key"] != readFile(t, node.Key) || items["ca"] != readFile(t, node.CA) {
+			t.Errorf("Nomad variable of %s: %v", client, items)
+		}
+	}
+	if items := puts["/v1/var/zfs-nomad/tls/controller"]; items["cert"] != readFile(t, filepath.Join(out, "controller", "controller.pem")) {
+		t.Errorf("Nomad variable of the controller: %v", items)
+	}
+	if len(puts) != 3 {
+		t.Errorf("variables put: %v, want two clients' and the controller's", puts)
+	}
+	op := filepath.Join(out, "operator")
+	wantParty(t, tlsconfig.Files{CA: filepath.Join(op, "ca.pem"), Cert: filepath.Join(op, "operator.pem"), Key: filepath.Join(op, "operator-key.pem")}, tlsconfig.RoleOperator, "operator")
+
+	before := readFile(t, filepath.Join(out, "client-1", "node.pem"))
+	caBefore := readFile(t, filepath.Join(ca, "ca.pem"))
+	if err := tlsIssue([]string{"-ca", ca, "-out", out, "client-1"}, func(string) string { return "" }); err != nil {
+		t.Fatal(err)
+	}
+	if readFile(t, filepath.Join(out, "client-1", "node.pem")) == before || readFile(t, filepath.Join(ca, "ca.pem")) != caBefore {
+		t.Error("a second run did not renew client-1's certificate from the same CA")
+	}
+}
+
+// wantParty checks that f loads and names name with role.
+func wantParty(t *testing.T, f tlsconfig.Files, role, name string) {
+	t.Helper()
+	if _, err := tlsconfig.Load(f); err != nil {
+		t.Fatalf("%s's files do not load: %v", name, err)
+	}
+	block, _ := pem.Decode([]byte(readFile(t, f.Cert)))
+	if block == nil {
+		t.Fatalf("%s: no PEM", f.Cert)
+	}
+	cert, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cert.Subject.CommonName != name || len(cert.Subject.OrganizationalUnit) != 1 || cert.Subject.OrganizationalUnit[0] != role {
+		t.Errorf("%s names %s %v, want %s of role %s", f.Cert, cert.Subject.CommonName, cert.Subject.OrganizationalUnit, name, role)
+	}
+}
+
+func readFile(t *testing.T, path string) string {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(data)
 }
 
 func TestConnectReturnsTheVolume(t *testing.T) {

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -18,18 +17,20 @@ import (
 // (docs/security.md).
 func tlsCommand(c command, args []string) error {
 	if len(args) == 0 {
-		return fmt.Errorf("%w: tls needs ca or cert (usage: zfs-controller tls %s)", config.ErrUsage, c.args)
+		return fmt.Errorf("%w: tls needs ca, cert or issue (usage: zfs-controller tls %s)", config.ErrUsage, c.args)
 	}
 	switch args[0] {
 	case "ca":
 		return tlsCA(args[1:])
 	case "cert":
 		return tlsCert(args[1:])
+	case "issue":
+		return tlsIssue(args[1:], os.Getenv)
 	case "-h", "-help", "--help":
 		fmt.Fprintln(os.Stderr, c.usage())
 		return flag.ErrHelp
 	}
-	return fmt.Errorf("%w: unknown tls command %q: want ca or cert", config.ErrUsage, args[0])
+	return fmt.Errorf("%w: unknown tls command %q: want ca, cert or issue", config.ErrUsage, args[0])
 }
 
 const day = 24 * time.Hour
@@ -100,16 +101,14 @@ func tlsFlagSet(args, summary string) *flag.FlagSet {
 	return fs
 }
 
-// parseOne parses the flags and the one argument after them.
+// parseOne parses the flags, wherever they stand, and the one argument.
 func parseOne(fs *flag.FlagSet, args []string, what string) (string, error) {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return "", err
-		}
-		return "", fmt.Errorf("%w: %v", config.ErrUsage, err)
+	rest, err := config.ParseArgs(fs, args)
+	if err != nil {
+		return "", err
 	}
-	if fs.NArg() != 1 {
-		return "", fmt.Errorf("%w: want one %s after the flags, got %q", config.ErrUsage, what, fs.Args())
+	if len(rest) != 1 {
+		return "", fmt.Errorf("%w: want one %s, got %q", config.ErrUsage, what, rest)
 	}
-	return fs.Arg(0), nil
+	return rest[0], nil
 }

@@ -58,13 +58,24 @@ func (e *e2e) putTLSVariable(name string, f tlsconfig.Files) {
 	e.show("nomad var put "+path+" ca=@ca.pem cert=@"+filepath.Base(f.Cert)+" key=@"+filepath.Base(f.Key), "")
 }
 
-// putTLSVariables writes every party's variable from the certificates
+// putTLSVariables issues every client's and the controller's material
+// into the Nomad Variables the jobs read, in one command, as
+// docs/install.md tells the operator to (zfs-controller tls issue
+// -nomad-vars, reaching Nomad through NOMAD_ADDR), from the CA
 // makeCertificates made.
 func (e *e2e) putTLSVariables() {
+	e.t.Helper()
+	args := []string{"tls", "issue", "-ca", filepath.Join(e.pki, "ca"), "-out", filepath.Join(e.pki, "issued"), "-nomad-vars"}
 	for _, n := range e.c.Nodes {
-		e.putTLSVariable(n.ID, e.certificate(n.ID))
+		args = append(args, n.ID)
 	}
-	e.putTLSVariable("controller", e.certificate("controller"))
+	cmd := exec.Command(filepath.Join(e.bin, "zfs-controller"), args...)
+	cmd.Env = append(os.Environ(), "NOMAD_ADDR="+apiAddr)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		e.t.Fatalf("zfs-controller %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	e.show("NOMAD_ADDR="+apiAddr+" zfs-controller "+strings.Join(args, " "), string(out))
 }
 
 // renew issues every node and the controller a new certificate valid for

@@ -142,6 +142,16 @@ func LoadOperator(name, usage string, args []string, getenv func(string) string,
 	return cfg, rest, nil
 }
 
+// ParseArgs parses a command's flags wherever they stand among its
+// arguments, as Nomad's commands take them, and returns the arguments
+// ("--" ends the flags). Errors are ErrUsage, and -h prints the usage.
+func ParseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
+	if err := parseFlags(fs, args); err != nil {
+		return nil, err
+	}
+	return interspersed(fs)
+}
+
 // interspersed parses the flags that follow the first argument fs
 // stopped at, as Nomad's commands take them (promote web-data -force),
 // and returns the arguments; "--" ends the flags. Without it a flag
