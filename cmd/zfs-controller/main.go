@@ -36,6 +36,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/cluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/csiserver"
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/migration"
+	"github.com/zfs-nomad/zfs-nomad/internal/controller/nomadapi"
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/operator"
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/provision"
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/scheduler"
@@ -364,6 +365,9 @@ func connect(c command, args []string, arg string, extra func(*flag.FlagSet)) (s
 		}
 		return os.Getenv(k)
 	})
+	if err := agentsFromNomad(&cfg); err != nil {
+		return session{}, err
+	}
 	// A command lasts seconds: its material is read once.
 	dialOpts, certs, err := agentDialOptions(cfg, []string{tlsconfig.RoleOperator, tlsconfig.RoleController}, log)
 	if err != nil {
@@ -371,6 +375,31 @@ func connect(c command, args []string, arg string, extra func(*flag.FlagSet)) (s
 	}
 	nodes := cluster.New(peers.Configured(cfg.Peers, cfg.PeersFile), time.Duration(cfg.AgentTimeout), log, dialOpts...)
 	return session{nodes: nodes, targets: backupTargets(cfg, certs), arg: argument, log: log, cfg: cfg}, nil
+}
+
+// agentsFromNomad sets the agents' addresses from Nomad's service
+// registry (cfg.NomadService, through NOMAD_ADDR and Nomad's other
+// variables) when the configuration names none: after the install guide
+// an operator's first command needs no list of addresses.
+func agentsFromNomad(cfg *config.Controller) error {
+	if len(cfg.Peers) > 0 || cfg.PeersFile != "" {
+		return nil
+	}
+	nomad, err := nomadapi.FromEnv(os.Getenv)
+	if err != nil {
+		return fmt.Errorf("no peers or peers_file, and Nomad's service %s cannot be asked where the node agents are: %w", cfg.NomadService, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(cfg.AgentTimeout))
+	defer cancel()
+	addrs, err := nomad.ServiceAddresses(ctx, cfg.NomadService)
+	if err != nil {
+		return fmt.Errorf("no peers or peers_file, and finding the node agents through Nomad failed: %w (set ZFS_NOMAD_PEERS, or NOMAD_ADDR and NOMAD_TOKEN as for nomad)", err)
+	}
+	if len(addrs) == 0 {
+		return fmt.Errorf("no peers or peers_file, and Nomad's service %s (namespace %s) has no instance: is the node job running? (-nomad-service names another service; ZFS_NOMAD_PEERS lists the agents)", cfg.NomadService, nomad.Namespace())
+	}
+	cfg.Peers = addrs
+	return nil
 }
 
 // session is what an operator command works with: the node agents, the

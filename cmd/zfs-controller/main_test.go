@@ -22,6 +22,7 @@ import (
 // and exit status 2 for a wrong command line.
 func TestCommandLine(t *testing.T) {
 	noEnv := func(string) string { return "" }
+	t.Setenv("NOMAD_ADDR", "http://127.0.0.1:1") // nothing listens there
 	tests := []struct {
 		args     string
 		code     int
@@ -40,7 +41,10 @@ func TestCommandLine(t *testing.T) {
 		{"status -placement most-free", 2, "-placement"},
 		{"remove-replica -peers a:1 -insecure-agent-port vol-1", 2, "-node is required"},
 		{"-peers a:1 -insecure-agent-port stray", 2, `unexpected argument "stray"`},
-		{"backup vol-1", 1, "peers"}, // a configuration error, not a wrong command line
+		{"backup vol-1", 1, "tls"}, // a configuration error, not a wrong command line
+		// No peers: the agents are asked of Nomad, which does not answer.
+		{"backup -insecure-agent-port vol-1", 1, "finding the node agents through Nomad failed"},
+		{"backup -insecure-agent-port -nomad-service= vol-1", 1, "peers, peers_file or nomad_service"},
 		{"tls", 2, "needs ca, cert or issue"},
 		{"tls bogus", 2, `unknown tls command "bogus"`},
 		{"tls ca", 2, "want one DIR"},

@@ -10,7 +10,7 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/zfs-nomad/zfs-nomad/internal/controller/nomadvars"
+	"github.com/zfs-nomad/zfs-nomad/internal/controller/nomadapi"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/tlsconfig"
 )
@@ -45,10 +45,10 @@ func tlsIssue(args []string, getenv func(string) string) error {
 	case *days <= 0:
 		return fmt.Errorf("%w: -days %d: want at least 1", config.ErrUsage, *days)
 	}
-	var nomad *nomadvars.Client
+	var nomad *nomadapi.Client
 	if *vars {
 		// Before anything is written: a wrong NOMAD_ADDR is said at once.
-		if nomad, err = nomadvars.FromEnv(getenv); err != nil {
+		if nomad, err = nomadapi.FromEnv(getenv); err != nil {
 			return err
 		}
 	}
@@ -157,7 +157,7 @@ func copyFile(from, to string) error {
 }
 
 // putVariable puts one party's files as the variable at path.
-func putVariable(ctx context.Context, nomad *nomadvars.Client, path string, f tlsconfig.Files) error {
+func putVariable(ctx context.Context, nomad *nomadapi.Client, path string, f tlsconfig.Files) error {
 	items := map[string]string{}
 	for item, file := range map[string]string{"ca": f.CA, "cert": f.Cert, "key": f.Key} {
 		data, err := os.ReadFile(file)
@@ -166,7 +166,7 @@ func putVariable(ctx context.Context, nomad *nomadvars.Client, path string, f tl
 		}
 		items[item] = string(data)
 	}
-	return nomad.Put(ctx, path, items)
+	return nomad.PutVariable(ctx, path, items)
 }
 
 // parseMany parses the flags, wherever they stand, and at least one

@@ -120,6 +120,7 @@ func TestNomadEndToEnd(t *testing.T) {
 
 	e.startBackupTarget()
 	e.step("deploy the plugins from nomad/ under the docker driver", e.deployPlugins)
+	e.step("zfs-controller status as the operator's first command: the agents found through Nomad", e.statusThroughNomad)
 	prometheus := false
 	e.step("a real Prometheus finds both plugins through Nomad's service discovery", func() { prometheus = e.startPrometheus() })
 

@@ -148,6 +148,32 @@ func (e *e2e) statusReport() operator.Report {
 	return r
 }
 
+// statusThroughNomad runs zfs-controller status -json as the operator's
+// first command after the install guide: no list of agents, only
+// NOMAD_ADDR and the operator's certificate in the environment (the line
+// tls issue printed), so the agents come from the node job's service in
+// Nomad's registry. Every client's agent must be found and answer.
+func (e *e2e) statusThroughNomad() {
+	e.t.Helper()
+	op := e.certificate("operator")
+	args := append([]string{"status", "-json"}, agentPortFlags()...)
+	e.eventually(time.Minute, "status through Nomad's service registry reaching every agent", func() error {
+		cmd := exec.Command(filepath.Join(e.bin, "zfs-controller"), args...)
+		cmd.Env = append(os.Environ(), "NOMAD_ADDR="+apiAddr,
+			"ZFS_NOMAD_TLS_CA="+op.CA, "ZFS_NOMAD_TLS_CERT="+op.Cert, "ZFS_NOMAD_TLS_KEY="+op.Key)
+		out, err := cmd.Output()
+		var r operator.Report
+		if jsonErr := json.Unmarshal(out, &r); jsonErr != nil {
+			return fmt.Errorf("status -json: %v, %v\n%s", err, jsonErr, out)
+		}
+		if len(r.Nodes) != len(e.c.Nodes) || len(r.Unreachable) != 0 {
+			return fmt.Errorf("status found %d agents (want %d), unreachable %v", len(r.Nodes), len(e.c.Nodes), r.Unreachable)
+		}
+		return nil
+	})
+	e.tell("zfs-controller status, with only NOMAD_ADDR and the operator's certificate set, found and reached the %d agents through Nomad's service %s", len(e.c.Nodes), "zfs-nomad-agent")
+}
+
 // certificatesInUse is each node's certificate expiry as status reports it.
 func (e *e2e) certificatesInUse() map[string]string {
 	out := map[string]string{}

@@ -19,6 +19,11 @@ type Controller struct {
 	// PeersFile names a file with one agent address per line, re-read when
 	// it changes. Under Nomad a template renders it from service discovery.
 	PeersFile string `json:"peers_file"`
+	// NomadService is the Nomad service the node agents register (the
+	// node job's agent_service). Operator commands given neither Peers nor
+	// PeersFile read the agents' addresses from it, through Nomad's API
+	// (NOMAD_ADDR, NOMAD_TOKEN, ...); serve does not read it.
+	NomadService string `json:"nomad_service"`
 	// Placement is "most-free" (default: the matching node with the most
 	// free space) or "fewest-volumes".
 	Placement string `json:"placement"`
@@ -75,6 +80,7 @@ func DefaultController() Controller {
 		CSIEndpoint:      "unix:///run/zfs-nomad/controller.sock",
 		Placement:        "most-free",
 		AgentTimeout:     Duration(30 * time.Second),
+		NomadService:     "zfs-nomad-agent",
 		ScheduleEvery:    Duration(30 * time.Second),
 		ParallelPushes:   2,
 		MoveCatchUps:     4,
@@ -88,11 +94,26 @@ func DefaultController() Controller {
 // Validate checks the config and explains every problem at once.
 func (c *Controller) Validate() error {
 	var errs []error
-	if c.CSIEndpoint == "" {
-		errs = append(errs, errors.New("csi_endpoint: required (Nomad sets CSI_ENDPOINT)"))
-	}
 	if c.PeersFile == "" && len(c.Peers) == 0 {
 		errs = append(errs, errors.New("peers or peers_file: required, where the node agents are"))
+	}
+	return errors.Join(append(errs, c.validateSettings())...)
+}
+
+// validateOperator checks an operator command's config: without peers,
+// the command finds the agents through Nomad (NomadService).
+func (c *Controller) validateOperator() error {
+	if c.PeersFile == "" && len(c.Peers) == 0 && c.NomadService == "" {
+		return errors.New("peers, peers_file or nomad_service: required, where the node agents are")
+	}
+	return c.validateSettings()
+}
+
+// validateSettings checks everything but where the agents are.
+func (c *Controller) validateSettings() error {
+	var errs []error
+	if c.CSIEndpoint == "" {
+		errs = append(errs, errors.New("csi_endpoint: required (Nomad sets CSI_ENDPOINT)"))
 	}
 	for _, p := range c.Peers {
 		if _, port, ok := strings.Cut(p, ":"); !ok || port == "" {

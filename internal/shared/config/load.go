@@ -126,6 +126,7 @@ func LoadOperator(name, usage string, args []string, getenv func(string) string,
 	cfg := DefaultController()
 	fs := newFlagSet(name, usage, stderr)
 	agentFlags(fs, &cfg)
+	fs.StringVar(&cfg.NomadService, "nomad-service", cfg.NomadService, "Nomad service the node agents register; without peers or peers-file the agents are read from it through Nomad's API (NOMAD_ADDR, NOMAD_TOKEN, NOMAD_NAMESPACE, NOMAD_CACERT, ...)")
 	if extra != nil {
 		extra(fs)
 	}
@@ -136,7 +137,7 @@ func LoadOperator(name, usage string, args []string, getenv func(string) string,
 	if err != nil {
 		return cfg, nil, err
 	}
-	if err := cfg.Validate(); err != nil {
+	if err := cfg.validateOperator(); err != nil {
 		return cfg, nil, fmt.Errorf("invalid configuration:\n%w", err)
 	}
 	return cfg, rest, nil

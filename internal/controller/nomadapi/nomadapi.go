@@ -1,9 +1,11 @@
-// Package nomadvars puts Nomad Variables through Nomad's HTTP API, set up
-// as Nomad's own command line is: NOMAD_ADDR, NOMAD_TOKEN,
-// NOMAD_NAMESPACE, NOMAD_CACERT, NOMAD_CLIENT_CERT, NOMAD_CLIENT_KEY and
-// NOMAD_TLS_SERVER_NAME. It speaks the documented JSON API with the
-// standard library: the driver links none of Nomad's modules.
-package nomadvars
+// Package nomadapi is what the operator's command line asks of Nomad's
+// HTTP API: it puts Nomad Variables and reads a service's addresses from
+// Nomad's service registry, set up as Nomad's own command line is:
+// NOMAD_ADDR, NOMAD_TOKEN, NOMAD_NAMESPACE, NOMAD_CACERT,
+// NOMAD_CLIENT_CERT, NOMAD_CLIENT_KEY and NOMAD_TLS_SERVER_NAME. It
+// speaks the documented JSON API with the standard library: the driver
+// links none of Nomad's modules.
+package nomadapi
 
 import (
 	"bytes"
@@ -14,14 +16,17 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
 
-// Client puts variables into one Nomad namespace.
+// Client asks Nomad about one namespace.
 type Client struct {
 	addr, token, namespace string
 	http                   *http.Client
@@ -80,12 +85,12 @@ func tlsConfig(getenv func(string) string) (*tls.Config, error) {
 	return cfg, nil
 }
 
-// Namespace is the namespace the client puts variables into.
+// Namespace is the namespace the client asks about.
 func (c *Client) Namespace() string { return c.namespace }
 
-// Put writes the variable at path with items, replacing what it held
-// (PUT /v1/var/:path).
-func (c *Client) Put(ctx context.Context, path string, items map[string]string) error {
+// PutVariable writes the variable at path with items, replacing what it
+// held (PUT /v1/var/:path).
+func (c *Client) PutVariable(ctx context.Context, path string, items map[string]string) error {
 	body, err := json.Marshal(map[string]any{"Namespace": c.namespace, "Path": path, "Items": items})
 	if err != nil {
 		return err
@@ -96,21 +101,60 @@ func (c *Client) Put(ctx context.Context, path string, items map[string]string) 
 		return err
 	}
 	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.do(req, "putting Nomad variable "+path, "variables write on zfs-nomad/*")
+	if err != nil {
+		return err
+	}
+	return resp.Body.Close()
+}
+
+// ServiceAddresses returns the host:port of every registered instance
+// of the Nomad service name (GET /v1/service/:name), sorted.
+func (c *Client) ServiceAddresses(ctx context.Context, name string) ([]string, error) {
+	u := c.addr + "/v1/service/" + url.PathEscape(name) + "?namespace=" + url.QueryEscape(c.namespace)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.do(req, "reading Nomad service "+name, "read-job (service registrations)")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	var instances []struct {
+		Address string
+		Port    int
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&instances); err != nil {
+		return nil, fmt.Errorf("reading Nomad service %s: %w", name, err)
+	}
+	var addrs []string
+	for _, i := range instances {
+		addrs = append(addrs, net.JoinHostPort(i.Address, strconv.Itoa(i.Port)))
+	}
+	slices.Sort(addrs)
+	return slices.Compact(addrs), nil
+}
+
+// do sends req with the token and returns a 200 answer; any other is an
+// error saying what was being done, in Nomad's words, and for a 403 the
+// capability the token lacks.
+func (c *Client) do(req *http.Request, doing, capability string) (*http.Response, error) {
 	if c.token != "" {
 		req.Header.Set("X-Nomad-Token", c.token)
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return fmt.Errorf("putting Nomad variable %s: %w (is NOMAD_ADDR %s right?)", path, err, c.addr)
+		return nil, fmt.Errorf("%s: %w (is NOMAD_ADDR %s right?)", doing, err, c.addr)
 	}
-	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
+		defer resp.Body.Close()
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
 		hint := ""
 		if resp.StatusCode == http.StatusForbidden {
-			hint = ": NOMAD_TOKEN needs a policy with variables write on zfs-nomad/* in namespace " + c.namespace
+			hint = ": NOMAD_TOKEN needs a policy with " + capability + " in namespace " + c.namespace
 		}
-		return fmt.Errorf("putting Nomad variable %s: %s %s%s", path, resp.Status, strings.TrimSpace(string(msg)), hint)
+		return nil, fmt.Errorf("%s: %s %s%s", doing, resp.Status, strings.TrimSpace(string(msg)), hint)
 	}
-	return nil
+	return resp, nil
 }

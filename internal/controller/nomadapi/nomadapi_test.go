@@ -1,10 +1,11 @@
-package nomadvars
+package nomadapi
 
 import (
 	"context"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -36,7 +37,7 @@ func TestPutSendsWhatNomadsAPITakes(t *testing.T) {
 		t.Fatal(err)
 	}
 	items := map[string]string{"ca": "CA", "cert": "CERT", "key": "KEY"}
-	if err := c.Put(context.Background(), "zfs-nomad/tls/node-client-1", items); err != nil {
+	if err := c.PutVariable(context.Background(), "zfs-nomad/tls/node-client-1", items); err != nil {
 		t.Fatal(err)
 	}
 	if got.method != http.MethodPut || got.path != "/v1/var/zfs-nomad/tls/node-client-1" || got.namespace != "storage" || got.token != "secret" ||
@@ -45,7 +46,7 @@ func TestPutSendsWhatNomadsAPITakes(t *testing.T) {
 	}
 
 	status = http.StatusForbidden
-	err = c.Put(context.Background(), "zfs-nomad/tls/controller", items)
+	err = c.PutVariable(context.Background(), "zfs-nomad/tls/controller", items)
 	if err == nil || !strings.Contains(err.Error(), "403") || !strings.Contains(err.Error(), "Permission denied") || !strings.Contains(err.Error(), "variables write") {
 		t.Errorf("a refused put: %v, want Nomad's answer and the policy the token needs", err)
 	}
@@ -74,5 +75,46 @@ func TestFromEnv(t *testing.T) {
 		case tt.wantErr == "" && c.Namespace() != tt.namespace:
 			t.Errorf("%v: namespace %q, want %q", tt.env, c.Namespace(), tt.namespace)
 		}
+	}
+}
+
+// TestServiceAddresses: every registered instance as host:port, sorted
+// and once each, from the namespace asked; a missing service is no error
+// here (Nomad answers an empty list), a refusal names the capability.
+func TestServiceAddresses(t *testing.T) {
+	var asked string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		asked = r.URL.Path + "?" + r.URL.RawQuery
+		switch r.URL.Path {
+		case "/v1/service/zfs-nomad-agent":
+			w.Write([]byte(`[{"ServiceName":"zfs-nomad-agent","Address":"10.0.0.2","Port":7670},
+				{"ServiceName":"zfs-nomad-agent","Address":"10.0.0.1","Port":7670},
+				{"ServiceName":"zfs-nomad-agent","Address":"10.0.0.1","Port":7670},
+				{"ServiceName":"zfs-nomad-agent","Address":"fd00::3","Port":7670}]`))
+		case "/v1/service/none":
+			w.Write([]byte(`[]`))
+		default:
+			http.Error(w, "Permission denied", http.StatusForbidden)
+		}
+	}))
+	defer srv.Close()
+	c, err := FromEnv(func(k string) string {
+		return map[string]string{"NOMAD_ADDR": srv.URL, "NOMAD_NAMESPACE": "storage"}[k]
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := c.ServiceAddresses(context.Background(), "zfs-nomad-agent")
+	if want := []string{"10.0.0.1:7670", "10.0.0.2:7670", "[fd00::3]:7670"}; err != nil || !slices.Equal(got, want) {
+		t.Errorf("ServiceAddresses: %v, %v; want %v", got, err, want)
+	}
+	if asked != "/v1/service/zfs-nomad-agent?namespace=storage" {
+		t.Errorf("asked %s", asked)
+	}
+	if got, err := c.ServiceAddresses(context.Background(), "none"); err != nil || len(got) != 0 {
+		t.Errorf("an unregistered service: %v, %v; want none", got, err)
+	}
+	if _, err := c.ServiceAddresses(context.Background(), "secret"); err == nil || !strings.Contains(err.Error(), "read-job") {
+		t.Errorf("a refused read: %v, want the capability named", err)
 	}
 }
