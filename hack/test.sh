@@ -63,10 +63,15 @@ mapfile -t guest_packages < <(
 
 nomad_package=$(go list ./test/nomad)
 mapfile -t guest_packages < <(printf '%s\n' "${guest_packages[@]}" | grep -vxF "$nomad_package")
-go_test() { go test -p 1 -count=1 -timeout "${GO_TEST_TIMEOUT:-45m}" -skip "${OUTSIDE_MAKE_TEST:-^$}" "$@"; }
+# One package at a time, so one guest at a time, each compiled with every
+# core: go test -p 1 over the list would compile on one core, which on a
+# fresh machine (Go's build cache empty) held each package's guest back.
+go_test() { go test -count=1 -timeout "${GO_TEST_TIMEOUT:-45m}" -skip "${OUTSIDE_MAKE_TEST:-^$}" "$1"; }
 
 guest_status=0
-go_test "${guest_packages[@]}" || guest_status=1
+for package in "${guest_packages[@]}"; do
+  go_test "$package" || guest_status=1
+done
 make --no-print-directory test-trixie-conformance || guest_status=1
 
 waited=$SECONDS
