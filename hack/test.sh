@@ -24,7 +24,8 @@
 # costs the guest as much as it gains: those stay before the lanes.
 #
 # test/nomad waits for the host lane's Nomad and images. The host lane's
-# output is kept and printed once the guest lane ends. Either lane failing
+# output is kept and printed once the guest lane ends, and what failed in
+# either lane is summed up last (hack/failures.sh). Either lane failing
 # fails the whole.
 #
 # Usage: hack/test.sh (make test sets VERSION, ARCHIVE_DIR,
@@ -36,6 +37,7 @@ cd "$here/.."
 lanes=$(mktemp -d "${TMPDIR:-/tmp}/zfs-nomad-lanes.XXXXXX")
 trap 'rm -rf "$lanes"' EXIT
 host_log=$lanes/host.log
+guest_log=$lanes/guest.log # the guest lane's go test output, for the failures' summary
 tools_status=$lanes/tools.status # written once Nomad, Prometheus and the images are built
 
 idle=(chrt -i 0)
@@ -66,13 +68,13 @@ mapfile -t guest_packages < <(printf '%s\n' "${guest_packages[@]}" | grep -vxF "
 # One package at a time, so one guest at a time, each compiled with every
 # core: go test -p 1 over the list would compile on one core, which on a
 # fresh machine (Go's build cache empty) held each package's guest back.
-go_test() { go test -count=1 -timeout "${GO_TEST_TIMEOUT:-45m}" -skip "${OUTSIDE_MAKE_TEST:-^$}" "$1"; }
+go_test() { go test -count=1 -timeout "${GO_TEST_TIMEOUT:-45m}" -skip "${OUTSIDE_MAKE_TEST:-^$}" "$1" 2>&1 | tee -a "$guest_log"; }
 
 guest_status=0
 for package in "${guest_packages[@]}"; do
   go_test "$package" || guest_status=1
 done
-make --no-print-directory test-trixie-conformance || guest_status=1
+make --no-print-directory test-trixie-conformance 2>&1 | tee -a "$guest_log" || guest_status=1
 
 waited=$SECONDS
 until [ -s "$tools_status" ] || ! kill -0 "$host" 2>/dev/null; do sleep 5; done
@@ -90,4 +92,7 @@ host_status=0
 wait "$host" || host_status=1
 echo "---- the host lane (Nomad and the plugin images, make check race simulation alerts) ----"
 cat "$host_log"
+# Last, so that the end of the output says what failed.
+[ "$guest_status" -eq 0 ] || ./hack/failures.sh "$guest_log"
+[ "$host_status" -eq 0 ] || ./hack/failures.sh "$host_log"
 [ "$guest_status" -eq 0 ] && [ "$host_status" -eq 0 ]
