@@ -20,7 +20,7 @@ func (m *Migrator) failover(ctx context.Context, id string, v view, target strin
 	r, ok := v.failoverReplica(target)
 	if !ok {
 		if !v.allAnswered() {
-			return agentclient.Copy{}, answer, errdefs.Wrap(errdefs.ErrUnavailable, "no reachable node holds volume %s (unreachable agents: %s%s); retry", id, strings.Join(v.unreachable, ", "), v.unlisted())
+			return agentclient.Copy{}, answer, errdefs.Wrap(errdefs.ErrUnavailable, "no reachable node holds volume %s (not answering: %s); retry", id, v.silent())
 		}
 		return agentclient.Copy{}, answer, errdefs.Wrap(errdefs.ErrNotFound, "volume %s does not exist", id)
 	}

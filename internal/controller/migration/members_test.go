@@ -9,6 +9,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/agentclient"
+	"github.com/zfs-nomad/zfs-nomad/internal/controller/cluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/cluster/clustertest"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
@@ -100,6 +101,32 @@ func TestAVolumeNoListedNodeHoldsIsNotGoneWhileOthersAreUnheard(t *testing.T) {
 			m := New(fakes.Cluster(t), hclog.NewNullLogger())
 			if _, err := m.Publish(context.Background(), testVolume, "d"); !errors.Is(err, tt.want) {
 				t.Fatalf("publish to d: %v, want %v", err, tt.want)
+			}
+		})
+	}
+}
+
+// TestSilentNodesAreNamedOrCounted: an error for a view without every
+// node names the unreachable agents and counts the nodes only the leases
+// know, and reads whole when either is missing.
+func TestSilentNodesAreNamedOrCounted(t *testing.T) {
+	answered := []cluster.Node{{Info: agentclient.NodeInfo{NodeID: "n2"}}}
+	tests := []struct {
+		name        string
+		unreachable []string
+		members     int
+		want        string
+	}{
+		{"unreachable only", []string{"n1", "n3"}, 3, "unreachable agents n1, n3"},
+		{"unlisted only", nil, 3, "2 node(s) the nodes' leases count that the controller's peer list no longer names"},
+		{"both", []string{"n1"}, 3, "unreachable agents n1, and 1 node(s) the nodes' leases count that the controller's peer list no longer names"},
+		{"neither", nil, 1, "none"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			v := view{nodes: answered, unreachable: tt.unreachable, members: tt.members}
+			if got := v.silent(); got != tt.want {
+				t.Errorf("silent() = %q, want %q", got, tt.want)
 			}
 		})
 	}

@@ -280,7 +280,7 @@ func (m *Migrator) publishStep(ctx context.Context, a *attempt) (uint64, next, e
 	target, ok := v.node(nodeID)
 	if !ok {
 		if !v.allAnswered() {
-			return 0, answer, errdefs.Wrap(errdefs.ErrUnavailable, "node %s did not answer (unreachable agents: %s%s); retry", nodeID, strings.Join(v.unreachable, ", "), v.unlisted())
+			return 0, answer, errdefs.Wrap(errdefs.ErrUnavailable, "node %s did not answer (not answering: %s); retry", nodeID, v.silent())
 		}
 		return 0, answer, errdefs.Wrap(errdefs.ErrNotFound, "node %s is not a node of this driver", nodeID)
 	}
@@ -412,9 +412,9 @@ func (m *Migrator) supersede(ctx context.Context, id string, p copyOn, pr promis
 // noQuorum is the error for a decision a view without a majority cannot
 // make: a newer generation may live on the nodes that did not answer.
 func (m *Migrator) noQuorum(id string, v view) error {
-	return errdefs.Wrap(errdefs.ErrUnavailable, "only %d of the %d nodes answered (not answering: %s%s): a majority must answer to know volume %s's newest copy; retry, "+
+	return errdefs.Wrap(errdefs.ErrUnavailable, "only %d of the %d nodes answered (not answering: %s): a majority must answer to know volume %s's newest copy; retry, "+
 		"or if those nodes are lost for good, an operator may promote a replica with zfs-controller promote -force",
-		len(v.nodes), v.total(), strings.Join(v.unreachable, ", "), v.unlisted(), id)
+		len(v.nodes), v.total(), v.silent(), id)
 }
 
 // grants says whose grants a reservation needs besides a majority's

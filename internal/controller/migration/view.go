@@ -73,14 +73,21 @@ func (v view) total() int { return max(len(v.nodes)+len(v.unreachable), v.member
 // copy anywhere.
 func (v view) allAnswered() bool { return len(v.nodes) > 0 && v.total() == len(v.nodes) }
 
-// unlisted names, for an error, the nodes the nodes' leases count that
-// the controller's peer list does not.
-func (v view) unlisted() string {
-	listed := len(v.nodes) + len(v.unreachable)
-	if v.members <= listed {
-		return ""
+// silent says, for an error, which nodes did not answer: the unreachable
+// agents by name, and how many more the nodes' leases count than the
+// controller's peer list names (a node gone from service discovery).
+func (v view) silent() string {
+	var parts []string
+	if len(v.unreachable) > 0 {
+		parts = append(parts, "unreachable agents "+strings.Join(v.unreachable, ", "))
 	}
-	return fmt.Sprintf(", and %d the nodes' leases count that the controller's peer list no longer names", v.members-listed)
+	if unlisted := v.members - len(v.nodes) - len(v.unreachable); unlisted > 0 {
+		parts = append(parts, fmt.Sprintf("%d node(s) the nodes' leases count that the controller's peer list no longer names", unlisted))
+	}
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, ", and ")
 }
 
 // newest is the highest generation any answering node holds or promised.
