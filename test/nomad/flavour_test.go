@@ -94,10 +94,19 @@ func (e *e2e) startDocker() map[string]string {
 }
 
 // startDockerd starts a node's Docker Engine.
+//
+// An Engine killed with its node leaves its pid files behind, its own
+// and its containerd's. dockerd refuses to start while any process holds
+// the PID its file names, and takes a live PID in containerd's file for
+// its containerd still running; a guest's PIDs wrap at pid_max (32768
+// with two CPUs), so a stale file may name a live process. Every process
+// of the node is dead when it starts again (killEveryProcess), so the
+// files only mislead.
 func (e *e2e) startDockerd(n *guestcluster.Node) *guestcluster.Process {
 	e.t.Helper()
 	dir := filepath.Join(dockerDir, n.ID)
 	guesttest.Run(e.t, "mkdir", "-p", dir)
+	guesttest.Run(e.t, "rm", "-f", dir+"/dockerd.pid", dir+"/run/containerd/containerd.pid")
 	// No iptables: the guest's kernel has no netfilter modules; the
 	// default bridge network still gives containers a network of their
 	// own. (guest/init moved the guest's root to a tmpfs, so runc can
