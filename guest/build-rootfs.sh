@@ -64,16 +64,12 @@ in_chroot apt-get install -y -qq --no-install-recommends \
 
 kver=$(basename "$(ls -d "$chroot_dir"/lib/modules/*-amd64 | sort -V | tail -1)")
 log "kernel $kver; building zfs with dkms (the slow part)"
-# Without debug information (kbuild appends KCFLAGS last, so -g0 wins over
-# the kernel config's -g): dkms strips it from the modules it installs,
-# and compiling it took about 11 % of the build (docs/testing.md).
-nodebug=KCFLAGS=-g0
-in_chroot "$nodebug" apt-get install -y -qq --no-install-recommends zfs-dkms zfsutils-linux >>"$work/apt.log" 2>&1 ||
+in_chroot apt-get install -y -qq --no-install-recommends zfs-dkms zfsutils-linux >>"$work/apt.log" 2>&1 ||
   { tail -30 "$work/apt.log" >&2; exit 1; }
 # The postinst builds for the running kernel, which is the host's: build for the guest's.
 if ! ls "$chroot_dir/lib/modules/$kver/updates/dkms/zfs.ko"* >/dev/null 2>&1; then
   zfsver=$(in_chroot dpkg-query -W -f='${Version}' zfs-dkms | sed 's/-.*//')
-  in_chroot "$nodebug" dkms install "zfs/$zfsver" -k "$kver" >"$work/dkms.log" 2>&1 ||
+  in_chroot dkms install "zfs/$zfsver" -k "$kver" >"$work/dkms.log" 2>&1 ||
     { tail -30 "$work/dkms.log" >&2; exit 1; }
 fi
 
