@@ -51,9 +51,18 @@ parameters {
   # encryption = "on"
 }
 
-# With encryption = "on": the passphrase, which Nomad sends with the create
-# and with every mount. Keep it: without it the data cannot be read.
+# Secrets, which Nomad sends with the create and with every call on the
+# volume after it:
+# - owner_secret: only calls that present it reach the volume. Nomad does
+#   not tell the driver a volume's namespace, so without one a volume of
+#   the same name created in another namespace is this one, and anyone
+#   who may register volumes can register this one's ID in theirs
+#   (docs/volumes.md, "Owner secrets"). At least 16 random characters
+#   (`openssl rand -hex 16`), one per team, never shared.
+# - encryption_key: with encryption = "on", the passphrase. Keep it:
+#   without it the data cannot be read.
 # secrets {
+#   owner_secret   = "the output of openssl rand -hex 16"
 #   encryption_key = "a passphrase of 8 to 512 characters"
 # }
 

@@ -51,6 +51,12 @@ variable "root_gids" {
   default     = ["1000-65534"]
 }
 
+variable "require_owner_secret" {
+  description = "Refuse to create a volume whose secrets carry no owner_secret (docs/volumes.md, \"Owner secrets\")"
+  type        = bool
+  default     = false
+}
+
 variable "domain" {
   description = "Replication domain: the clients a migratable volume moves between"
   default     = "default"
@@ -196,6 +202,9 @@ job "zfs-nomad-node" {
           # tasks need not run as root (volume parameters uid, gid, mode).
           "-root-uids", join(",", var.root_uids),
           "-root-gids", join(",", var.root_gids),
+          # Whether every volume must have an owner secret, which keeps
+          # other namespaces' volumes of the same name out.
+          "-require-owner-secret=${var.require_owner_secret}",
         ], flatten([for p in var.allow_properties : ["-allow-property", p]]), var.extra_args)
       }
 

@@ -17,6 +17,7 @@ import (
 
 	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/volume"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guestcluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guesttest"
 )
@@ -266,5 +267,62 @@ func TestPromiseRecordsStayOffTheRoot(t *testing.T) {
 	}
 	if got := strings.TrimSpace(guesttest.Run(t, "zfs", "get", "-H", "-o", "value", "canmount,mountpoint", shard)); got != "off\nnone" {
 		t.Errorf("shard %s: canmount, mountpoint = %q, want off and none", shard, got)
+	}
+}
+
+// TestAnOwnerSecretKeepsAnotherTenantOut: on real ZFS, through the
+// controller and node services, a volume created with an owner secret
+// records the secret's digest (never the secret) on its dataset, and
+// another tenant's create of the same name, stage and delete are refused
+// and change nothing; its owner's go through.
+func TestAnOwnerSecretKeepsAnotherTenantOut(t *testing.T) {
+	c, cl := setup(t)
+	n := c.Nodes[0]
+	ctx := context.Background()
+	const secret = "tenant-a-5f0c2e9b7d41"
+	owner := map[string]string{contract.SecretOwner: secret}
+	other := map[string]string{contract.SecretOwner: "tenant-b-0a7d3c1e8f26"}
+	create := func(secrets map[string]string) (*csi.CreateVolumeResponse, error) {
+		return cl.ctl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "data", Secrets: secrets,
+			VolumeCapabilities: []*csi.VolumeCapability{writer}, CapacityRange: &csi.CapacityRange{RequiredBytes: 64 << 20}})
+	}
+	resp, err := create(owner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := resp.GetVolume().GetVolumeId()
+	recorded := guesttest.Run(t, "zfs", "get", "-H", "-o", "value", copyrecord.PropParameters, n.RootDataset+"/"+id)
+	if !strings.Contains(recorded, contract.OwnerDigest(secret)) || strings.Contains(recorded, secret) {
+		t.Errorf("recorded parameters %q: want the owner secret's digest and not the secret", recorded)
+	}
+
+	_, err = create(other)
+	wantCode(t, err, codes.AlreadyExists)
+	staging := filepath.Join(n.Dir, "staging")
+	if err := os.MkdirAll(staging, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	stage := func(secrets map[string]string) error {
+		_, err := cl.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: writer, Secrets: secrets})
+		return err
+	}
+	wantCode(t, stage(other), codes.PermissionDenied)
+	if out := guesttest.Exec(t, n, "grep -c ' "+staging+" ' /proc/self/mountinfo || true"); strings.TrimSpace(out) != "0" {
+		t.Errorf("a refused stage mounted the volume: %s", out)
+	}
+	if err := stage(owner); err != nil {
+		t.Fatalf("the owner's stage: %v", err)
+	}
+	if _, err := cl.node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging}); err != nil {
+		t.Fatal(err)
+	}
+
+	_, err = cl.ctl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id, Secrets: other})
+	wantCode(t, err, codes.PermissionDenied)
+	if _, err := cl.ctl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id, Secrets: owner}); err != nil {
+		t.Fatal(err)
+	}
+	if left, err := guestcluster.DatasetsLeft(n.RootDataset); err != nil || len(left) > 0 {
+		t.Errorf("datasets left after the owner's delete: %v %v", left, err)
 	}
 }

@@ -8,6 +8,8 @@ package csiserver
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"time"
@@ -120,12 +122,16 @@ func createRequest(req *csi.CreateVolumeRequest) (provision.CreateRequest, error
 	if required < 0 || limit < 0 {
 		return provision.CreateRequest{}, errdefs.Wrap(errdefs.ErrInvalidArgument, "capacity range must not be negative")
 	}
+	params, err := contract.OwnedParameters(req.GetParameters(), req.GetSecrets())
+	if err != nil {
+		return provision.CreateRequest{}, err
+	}
 	create := provision.CreateRequest{
 		VolumeRequest: contract.VolumeRequest{
 			Name:          req.GetName(),
 			RequiredBytes: uint64(required),
 			LimitBytes:    uint64(limit),
-			Parameters:    req.GetParameters(),
+			Parameters:    params,
 			Passphrase:    contract.PassphraseFrom(req.GetSecrets()),
 		},
 		Requisite: segments(req.GetAccessibilityRequirements().GetRequisite()),
@@ -183,6 +189,9 @@ func (c *Controller) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequ
 	if !contract.IsVolumeID(id) {
 		return &csi.DeleteVolumeResponse{}, nil // names no volume, so none to delete
 	}
+	if err := c.checkOwner(ctx, id, req.GetSecrets()); err != nil {
+		return nil, err
+	}
 	if err := c.deleteLocked(ctx, id, c.volumes.Delete); err != nil {
 		return nil, err
 	}
@@ -207,7 +216,13 @@ func (c *Controller) ValidateVolumeCapabilities(ctx context.Context, req *csi.Va
 	if len(req.GetVolumeCapabilities()) == 0 {
 		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, "volume capabilities are required")
 	}
-	if _, err := c.volumes.FindVolume(ctx, req.GetVolumeId()); err != nil {
+	// Nomad validates every volume it registers: a volume with an owner
+	// secret is registered only with it, in whatever namespace.
+	found, err := c.volumes.FindVolume(ctx, req.GetVolumeId())
+	if err != nil {
+		return nil, err
+	}
+	if err := contract.CheckOwner("volume "+found.Object.VolumeID, found.Object.Parameters, req.GetSecrets()); err != nil {
 		return nil, err
 	}
 	if err := csiplugin.CheckCapabilities(req.GetVolumeCapabilities()); err != nil {
@@ -292,6 +307,9 @@ func (c *Controller) ControllerExpandVolume(ctx context.Context, req *csi.Contro
 		return nil, err
 	}
 	defer unlock()
+	if err := c.checkOwner(ctx, id, req.GetSecrets()); err != nil {
+		return nil, err
+	}
 	capacity, err := c.volumes.Expand(ctx, id,
 		uint64(max(0, req.GetCapacityRange().GetRequiredBytes())),
 		uint64(max(0, req.GetCapacityRange().GetLimitBytes())))
@@ -314,6 +332,9 @@ func (c *Controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshot
 		return nil, err
 	}
 	defer unlock()
+	if err := c.checkOwner(ctx, req.GetSourceVolumeId(), req.GetSecrets()); err != nil {
+		return nil, err
+	}
 	snap, err := c.volumes.CreateSnapshot(ctx, req.GetName(), req.GetSourceVolumeId())
 	if err != nil {
 		return nil, err
@@ -341,6 +362,9 @@ func (c *Controller) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshot
 		// ages it out, or an operator deletes it (docs/backups.md).
 		return nil, errdefs.Wrap(errdefs.ErrFailedPrecondition, "snapshot %s is a backup: its retention grid ages it out, or an operator deletes it (zfs-controller delete-backups)", id)
 	}
+	if err := c.checkSnapshotOwner(ctx, id, req.GetSecrets()); err != nil {
+		return nil, err
+	}
 	if err := c.deleteLocked(ctx, id, c.volumes.DeleteSnapshot); err != nil {
 		return nil, err
 	}
@@ -362,6 +386,42 @@ func (c *Controller) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRe
 		resp.Entries = append(resp.Entries, &csi.ListSnapshotsResponse_Entry{Snapshot: csiSnapshot(s)})
 	}
 	return resp, nil
+}
+
+// checkOwner refuses a call on volume id that does not present the
+// volume's owner secret (contract.CheckOwner). A volume that no node
+// holds has no owner to check: the call's own logic answers for it.
+func (c *Controller) checkOwner(ctx context.Context, id string, secrets map[string]string) error {
+	found, err := c.volumes.FindVolume(ctx, id)
+	switch {
+	case errors.Is(err, errdefs.ErrNotFound):
+		return nil
+	case err != nil:
+		return err
+	}
+	return contract.CheckOwner("volume "+id, found.Object.Parameters, secrets)
+}
+
+// checkSnapshotOwner refuses the delete of snapshot id without the owner
+// secret of the volume it was taken of, while that volume exists. Nomad
+// sends a snapshot delete only the secrets its command line gives
+// (`nomad volume snapshot delete -secret owner_secret=...`).
+func (c *Controller) checkSnapshotOwner(ctx context.Context, id string, secrets map[string]string) error {
+	if !contract.IsSnapshotID(id) {
+		return nil
+	}
+	page, err := c.volumes.ListSnapshots(ctx, provision.SnapshotQuery{SnapshotID: id})
+	if err != nil {
+		return err
+	}
+	if len(page.Snapshots) == 0 {
+		return nil // nothing to delete
+	}
+	// Every copy of a snapshot is of one volume.
+	if err := c.checkOwner(ctx, page.Snapshots[0].SourceVolumeID, secrets); err != nil {
+		return fmt.Errorf("deleting snapshot %s (nomad volume snapshot delete -secret %s=...): %w", id, contract.SecretOwner, err)
+	}
+	return nil
 }
 
 // ControllerPublishVolume makes the volume's data current on the node and

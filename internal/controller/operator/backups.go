@@ -181,6 +181,9 @@ func Restore(ctx context.Context, r Restorer, targets BackupFinder, backupID str
 	fmt.Fprintf(out, "volume %q (%s) restored on node %s from the backup of %s received %s (%s)\n",
 		name, v.VolumeID, node.Info.NodeID, b.VolumeName, b.Received.UTC().Format(time.RFC3339), contract.Bytes(int64(b.ReferencedBytes)))
 	fmt.Fprintf(out, "Nomad does not know it yet: nomad volume register a specification with id = %q, external_id = %q and this plugin's plugin_id (docs/backups.md, \"Restoring\").\n", name, v.VolumeID)
+	if _, owned := params[contract.ParamOwnerDigest]; owned {
+		fmt.Fprintf(out, "It keeps the owner secret of the volume it was a backup of: register it with that secret (secrets { %s = \"...\" }), or Nomad's registration is refused.\n", contract.SecretOwner)
+	}
 	return nil
 }
 

@@ -96,7 +96,7 @@ func (p *Provisioner) Create(ctx context.Context, req CreateRequest) (agentclien
 	if fromBackup {
 		// Before anything is reserved: a backup that is not there is
 		// NotFound, as a snapshot that is not is.
-		if err := p.checkBackup(ctx, ref); err != nil {
+		if err := p.checkBackup(ctx, ref, req.Parameters); err != nil {
 			return agentclient.Volume{}, cluster.Node{}, err
 		}
 	}
@@ -125,13 +125,21 @@ func (p *Provisioner) Create(ctx context.Context, req CreateRequest) (agentclien
 }
 
 // checkBackup checks that the backup a volume is restored from is on its
-// target.
-func (p *Provisioner) checkBackup(ctx context.Context, ref contract.BackupRef) error {
+// target, and that the restore presents its volume's owner secret, if the
+// volume had one (params carry the secret's digest): a restored volume
+// has its backup's owner, as a clone has its source's.
+func (p *Provisioner) checkBackup(ctx context.Context, ref contract.BackupRef, params map[string]string) error {
 	if p.targets == nil {
 		return errdefs.Wrap(errdefs.ErrNotFound, "snapshot %s is a backup on target %s, and this controller knows no backup targets (backup_targets, docs/backups.md)", ref.SnapshotID(), ref.Target)
 	}
-	_, err := p.targets.Backup(ctx, ref)
-	return err
+	b, err := p.targets.Backup(ctx, ref)
+	if err != nil {
+		return err
+	}
+	if !contract.SameOwner(b.Parameters, params) {
+		return errdefs.Wrap(errdefs.ErrPermissionDenied, "backup %s belongs to another owner than this create presents: a volume made from it needs the owner secret its volume was created with (secrets { %s = \"...\" })", ref.SnapshotID(), contract.SecretOwner)
+	}
+	return nil
 }
 
 func (p *Provisioner) createOn(ctx context.Context, n cluster.Node, req agentclient.NewVolume, log hclog.Logger) (agentclient.Volume, cluster.Node, error) {

@@ -251,6 +251,11 @@ func (n *Node) stage(ctx context.Context, req *csi.NodeStageVolumeRequest) error
 		return err
 	}
 	defer unlock()
+	// The node holds the data: it is where an owner secret is decisive
+	// (contract.CheckOwner).
+	if err := contract.CheckOwner("volume "+id, v.Parameters, req.GetSecrets()); err != nil {
+		return err
+	}
 	// An encrypted volume's key is checked against the stage's
 	// passphrase first, loaded or not (a stage repeated at the same path,
 	// or at a second one, included), then loaded here and unloaded at
@@ -382,6 +387,11 @@ func (n *Node) publish(ctx context.Context, req *csi.NodePublishVolumeRequest) e
 		return err
 	}
 	defer unlock()
+	// The node holds the data: it is where an owner secret is decisive
+	// (contract.CheckOwner).
+	if err := contract.CheckOwner("volume "+id, v.Parameters, req.GetSecrets()); err != nil {
+		return err
+	}
 	if entry, mounted, err := n.mounter.Lookup(staging); err != nil {
 		return err
 	} else if !mounted || entry.Source != v.Dataset {

@@ -338,3 +338,54 @@ func TestAStageWithoutTheKeyIsRefusedWhileTheKeyIsLoaded(t *testing.T) {
 		})
 	}
 }
+
+// TestAVolumeWithAnOwnerIsStagedAndPublishedOnlyWithItsSecret: the node
+// holds the data, so its stage and publish are where an owner secret is
+// decisive: without it, or with another, each is PermissionDenied and
+// mounts nothing.
+func TestAVolumeWithAnOwnerIsStagedAndPublishedOnlyWithItsSecret(t *testing.T) {
+	const secret = "owner-a-0123456789abcdef"
+	owner := map[string]string{contract.SecretOwner: secret}
+	tests := []struct {
+		name    string
+		secrets map[string]string
+		want    codes.Code
+	}{
+		{"no secret", nil, codes.PermissionDenied},
+		{"another owner's", map[string]string{contract.SecretOwner: "owner-b-0123456789abcdef"}, codes.PermissionDenied},
+		{"the owner's", owner, codes.OK},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx := context.Background()
+			n, mounter, _, _, base := newTestNode(t)
+			v, err := n.volumes.Create(ctx, volume.CreateRequest{Name: "owned", Parameters: map[string]string{contract.ParamOwnerDigest: contract.OwnerDigest(secret)}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			staging, target := filepath.Join(base, "staging"), filepath.Join(base, "target")
+			_, err = n.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: v.ID, StagingTargetPath: staging, VolumeCapability: capability, Secrets: tt.secrets})
+			if status.Code(err) != tt.want {
+				t.Fatalf("stage: %v, want %v", err, tt.want)
+			}
+			if tt.want != codes.OK {
+				if calls := mounter.Calls(); len(calls) > 0 {
+					t.Errorf("a refused stage did %q", calls)
+				}
+				// Staged by its owner, the volume is still published
+				// only to its owner.
+				if _, err := n.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: v.ID, StagingTargetPath: staging, VolumeCapability: capability, Secrets: owner}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			before := len(mounter.Calls())
+			_, err = n.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: v.ID, StagingTargetPath: staging, TargetPath: target, VolumeCapability: capability, Secrets: tt.secrets})
+			if status.Code(err) != tt.want {
+				t.Fatalf("publish: %v, want %v", err, tt.want)
+			}
+			if calls := mounter.Calls()[before:]; tt.want != codes.OK && len(calls) > 0 {
+				t.Errorf("a refused publish did %q", calls)
+			}
+		})
+	}
+}

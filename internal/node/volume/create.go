@@ -65,6 +65,11 @@ func (m *Manager) resolveCreate(req CreateRequest) (spec createSpec, err error) 
 	if spec.props, spec.recorded, err = ResolveProperties(&m.cfg, req.Parameters); err != nil {
 		return spec, err
 	}
+	// Only a create: a promotion resolves a volume's parameters again,
+	// and volumes made before the operator required owners keep moving.
+	if _, owned := spec.recorded[contract.ParamOwnerDigest]; m.cfg.RequireOwnerSecret && !owned {
+		return spec, fmt.Errorf("%w: this cluster requires every volume to have an owner secret (require_owner_secret): add secrets { %s = \"...\" } to the volume spec, at least %d random characters", errdefs.ErrInvalidArgument, contract.SecretOwner, contract.MinOwnerSecretLength)
+	}
 	if spec.root, spec.setRoot, err = ResolveRoot(&m.cfg, req.Parameters); err != nil {
 		return spec, err
 	}
@@ -256,8 +261,14 @@ func compatible(v Volume, name string, quota, limit uint64, params map[string]st
 		return fmt.Errorf("%w: volume %s belongs to name %q", errdefs.ErrAlreadyExists, v.ID, v.Name)
 	case v.Capacity < quota || (limit > 0 && v.Capacity > limit):
 		return fmt.Errorf("%w: volume %q exists with capacity %d, incompatible with the requested range", errdefs.ErrAlreadyExists, name, v.Capacity)
+	case !contract.SameOwner(v.Parameters, params):
+		// Most likely a volume of the same name in another Nomad
+		// namespace: Nomad sends no namespace (docs/volumes.md).
+		return fmt.Errorf("%w: volume %q %s: it may be another Nomad namespace's volume of the same name; choose a name no other namespace uses, or present the %s it was created with",
+			errdefs.ErrAlreadyExists, name, contract.OwnerMismatch(v.Parameters, params), contract.SecretOwner)
 	case copyrecord.EncodeParameters(v.Parameters) != copyrecord.EncodeParameters(params):
-		return fmt.Errorf("%w: volume %q exists with parameters %s, not %s", errdefs.ErrAlreadyExists, name, copyrecord.EncodeParameters(v.Parameters), copyrecord.EncodeParameters(params))
+		return fmt.Errorf("%w: volume %q exists with parameters %s, not %s", errdefs.ErrAlreadyExists, name,
+			copyrecord.EncodeParameters(contract.WithoutOwner(v.Parameters)), copyrecord.EncodeParameters(contract.WithoutOwner(params)))
 	case v.Source != source:
 		return fmt.Errorf("%w: volume %q exists with source %q, not %q", errdefs.ErrAlreadyExists, name, v.Source, source)
 	}
@@ -338,6 +349,11 @@ func (m *Manager) copyOf(ctx context.Context, snapshot, dataset string, props, p
 	fs, err := m.zfs.Get(ctx, zfs.Parent(snapshot))
 	if err != nil {
 		return err
+	}
+	// A copy has its source's owner: its data is the source's.
+	if !contract.SameOwner(copyrecord.DecodeParameters(fs.User[copyrecord.PropParameters]), params) {
+		return fmt.Errorf("%w: %s belongs to another owner than this create presents: a volume made from it needs the owner secret its volume was created with (secrets { %s = \"...\" })",
+			errdefs.ErrPermissionDenied, snapshot, contract.SecretOwner)
 	}
 	props = maps.Clone(props)
 	delete(props, "encryption") // the operator's default does not apply

@@ -370,3 +370,26 @@ func reserve(t *testing.T, m *Manager, id string, gen uint64, holder string) {
 		t.Fatalf("reserving generation %d of %s for %s: granted %v, %v", gen, id, holder, granted, err)
 	}
 }
+
+// TestOwnersAreRequiredOfCreatesOnly: a node that requires owner secrets
+// still promotes a replica of a volume made without one (before the
+// operator required them, or on a node that did not), and keeps the
+// owner of one made with one.
+func TestOwnersAreRequiredOfCreatesOnly(t *testing.T) {
+	owned := map[string]string{contract.ParamOwnerDigest: contract.OwnerDigest("0123456789abcdef")}
+	for _, params := range []map[string]string{nil, owned} {
+		ctx := context.Background()
+		m, fake := newManager(t)
+		m.cfg.RequireOwnerSecret = true
+		id, _ := receivedReplica(t, fake, 1, map[string]string{copyrecord.PropParameters: copyrecord.EncodeParameters(params)})
+		if _, granted, err := m.Reserve(ctx, id, 2, "n1"); err != nil || !granted {
+			t.Fatalf("reserving generation 2: granted %v, %v", granted, err)
+		}
+		if _, err := m.Promote(ctx, id, 2, 0, true); err != nil {
+			t.Fatalf("promoting a replica with parameters %v: %v", params, err)
+		}
+		if v, err := m.Get(ctx, id); err != nil || !contract.SameOwner(v.Parameters, params) {
+			t.Errorf("promoted volume's parameters %v (%v), want the owner of %v", v.Parameters, err, params)
+		}
+	}
+}

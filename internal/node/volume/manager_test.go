@@ -71,6 +71,8 @@ func TestCreateValidatesAgainstOperatorRules(t *testing.T) {
 		{"two sources", CreateRequest{Name: "a", SourceVolumeID: "x", SourceSnapshotID: "y"}, errdefs.ErrInvalidArgument, "at most one source"},
 		{"k8s parameters ignored", CreateRequest{Name: "a", Parameters: map[string]string{"csi.storage.k8s.io/pvc/name": "x"}}, nil, ""},
 		{"node parameter accepted", CreateRequest{Name: "b", Parameters: map[string]string{"node": "n1"}}, nil, ""},
+		{"owner digest malformed", CreateRequest{Name: "a", Parameters: map[string]string{contract.ParamOwnerDigest: "sha256:00"}}, errdefs.ErrInvalidArgument, "the driver's own"},
+		{"owner digest accepted", CreateRequest{Name: "a", Parameters: map[string]string{contract.ParamOwnerDigest: contract.OwnerDigest("0123456789abcdef")}}, nil, ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -86,6 +88,23 @@ func TestCreateValidatesAgainstOperatorRules(t *testing.T) {
 				t.Fatalf("got %v, want %v containing %q", err, tc.want, tc.msg)
 			}
 		})
+	}
+}
+
+// TestAnOperatorMayRequireOwnerSecrets: with require_owner_secret, a
+// create without an owner secret's digest is refused and creates
+// nothing; one with it succeeds.
+func TestAnOperatorMayRequireOwnerSecrets(t *testing.T) {
+	m, fake := newManager(t)
+	m.cfg.RequireOwnerSecret = true
+	ctx := context.Background()
+	_, err := m.Create(ctx, CreateRequest{Name: "plain"})
+	if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "require_owner_secret") {
+		t.Fatalf("a create without an owner secret: %v, want InvalidArgument naming require_owner_secret", err)
+	}
+	wantOnlyRoot(t, fake, "after the refused create")
+	if _, err := m.Create(ctx, CreateRequest{Name: "owned", Parameters: map[string]string{contract.ParamOwnerDigest: contract.OwnerDigest("0123456789abcdef")}}); err != nil {
+		t.Fatalf("a create with an owner secret: %v", err)
 	}
 }
 

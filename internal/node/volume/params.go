@@ -118,6 +118,14 @@ func ResolveProperties(cfg *config.Node, params map[string]string) (props, recor
 			continue
 		}
 		recorded[key] = value
+		if key == contract.ParamOwnerDigest {
+			// The controller's, from the create's owner secret
+			// (contract.OwnedParameters); never a ZFS property.
+			if !contract.IsOwnerDigest(value) {
+				return nil, nil, fmt.Errorf("%w: parameter %q is the driver's own; give the volume's owner as a secret instead: secrets { %s = \"...\" }", errdefs.ErrInvalidArgument, key, contract.SecretOwner)
+			}
+			continue
+		}
 		if controllerParameters[key] {
 			if err := checkControllerParameter(cfg, key, value); err != nil {
 				return nil, nil, err

@@ -38,6 +38,7 @@ func LoadNode(args []string, getenv func(string) string, stderr io.Writer) (Node
 	fs.StringVar(&cfg.RootDirectory.ModeMask, "root-mode-mask", cfg.RootDirectory.ModeMask, "octal mode bits a volume's mode parameter may set (default "+DefaultModeMask+")")
 	fs.StringVar(&cfg.EncryptionKeyFile, "encryption-key-file", cfg.EncryptionKeyFile, "file holding the passphrase of encrypted volumes whose claims carry none (secret encryption_key); the same on every node")
 	fs.Int64Var(&cfg.EncryptionPBKDF2Iterations, "encryption-pbkdf2-iterations", cfg.EncryptionPBKDF2Iterations, "PBKDF2 iterations deriving an encrypted volume's key from its passphrase, set at create (0: OpenZFS's default, 350000; at least 100000)")
+	fs.BoolVar(&cfg.RequireOwnerSecret, "require-owner-secret", cfg.RequireOwnerSecret, "refuse to create a volume whose secrets carry no owner_secret (docs/volumes.md)")
 	fs.Var((*listFlag)(&cfg.MountFlags), "mount-flags", "mount flags claims may ask for, comma separated")
 	fs.Var((*listFlag)(&cfg.MountBaseDirs), "mount-base-dirs", "directories staging and target paths must lie below, comma separated (default: Nomad's, see docs/config.md)")
 	fs.IntVar(&cfg.MaxReplicas, "max-replicas", cfg.MaxReplicas, "largest replicas parameter a volume may ask for")

@@ -60,6 +60,9 @@ type Node struct {
 	// RootDirectory bounds the owner and mode volumes may give their root
 	// directory.
 	RootDirectory RootDirectory `json:"root_directory"`
+	// RequireOwnerSecret refuses to create a volume whose secrets carry
+	// no owner secret (contract.SecretOwner).
+	RequireOwnerSecret bool `json:"require_owner_secret"`
 	// MountFlags are the mount flags a claim may ask for.
 	MountFlags []string `json:"mount_flags"`
 	// MountBaseDirs are the directories staging and target paths must lie
