@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/tlsconfig"
@@ -58,6 +59,7 @@ func TestCommandLine(t *testing.T) {
 		{"tls issue -ca /nonexistent", 2, "want at least one CLIENT"},
 		{"tls issue client-1", 2, "-ca is required"},
 		{"tls issue -ca /nonexistent -days 0 client-1", 2, "-days 0"},
+		{"tls issue -ca /nonexistent -stagger-days -1 client-1", 2, "-stagger-days -1"},
 		{"tls cert client-1 -ca /nonexistent -role nod", 2, `-role "nod"`}, // flags after the argument
 	}
 	for _, tc := range tests {
@@ -135,6 +137,15 @@ func TestTLSIssue(t *testing.T) {
 	}
 	op := filepath.Join(out, "operator")
 	wantParty(t, tlsconfig.Files{CA: filepath.Join(op, "ca.pem"), Cert: filepath.Join(op, "operator.pem"), Key: filepath.Join(op, "operator-key.pem")}, tlsconfig.RoleOperator, "operator")
+	// The clients' expiries are spread over -stagger-days (30) after the
+	// controller's: client i of n at i*30/n days.
+	ctlExpiry := notAfter(t, filepath.Join(out, "controller", "controller.pem"))
+	for i, client := range []string{"client-1", "client-2"} {
+		got := notAfter(t, filepath.Join(out, client, "node.pem")).Sub(ctlExpiry)
+		if want := time.Duration(i*15) * 24 * time.Hour; got < want-time.Minute || got > want+time.Minute {
+			t.Errorf("%s expires %v after the controller, want %v", client, got, want)
+		}
+	}
 
 	before := readFile(t, filepath.Join(out, "client-1", "node.pem"))
 	caBefore := readFile(t, filepath.Join(ca, "ca.pem"))
@@ -163,6 +174,20 @@ func wantParty(t *testing.T, f tlsconfig.Files, role, name string) {
 	if cert.Subject.CommonName != name || len(cert.Subject.OrganizationalUnit) != 1 || cert.Subject.OrganizationalUnit[0] != role {
 		t.Errorf("%s names %s %v, want %s of role %s", f.Cert, cert.Subject.CommonName, cert.Subject.OrganizationalUnit, name, role)
 	}
+}
+
+// notAfter is the expiry of the certificate in path.
+func notAfter(t *testing.T, path string) time.Time {
+	t.Helper()
+	block, _ := pem.Decode([]byte(readFile(t, path)))
+	if block == nil {
+		t.Fatalf("%s: no PEM", path)
+	}
+	cert, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cert.NotAfter
 }
 
 func readFile(t *testing.T, path string) string {

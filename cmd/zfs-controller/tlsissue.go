@@ -28,10 +28,11 @@ const tlsVariables = "zfs-nomad/tls"
 // (tls_from = "variables"). Running it again renews every certificate
 // from the same CA.
 func tlsIssue(args []string, getenv func(string) string) error {
-	flags := tlsFlagSet("issue -ca DIR [-days N] [-out DIR] [-operator NAME] [-nomad-vars] CLIENT...",
+	flags := tlsFlagSet("issue -ca DIR [-days N] [-stagger-days N] [-out DIR] [-operator NAME] [-nomad-vars] CLIENT...",
 		"Issue, from the CA in -ca (made there first if it holds none), a node certificate for each CLIENT (its Nomad client name), the controller's and an operator's, and write each client's directory as /etc/zfs-nomad holds it (ca.pem, node.pem, node-key.pem, controller.pem, controller-key.pem) and the operator's (ca.pem, NAME.pem, NAME-key.pem). With -nomad-vars, also put each client's and the controller's into the Nomad Variables the shipped jobs read with tls_from = \"variables\" ("+tlsVariables+"/node-CLIENT and "+tlsVariables+"/controller), reaching Nomad as its own command line does (NOMAD_ADDR, NOMAD_TOKEN, NOMAD_NAMESPACE, NOMAD_CACERT, NOMAD_CLIENT_CERT, NOMAD_CLIENT_KEY). Running it again renews them all")
 	caDir := flags.String("ca", "", "directory of the CA (made there if it holds none; keep ca-key.pem off the clients)")
 	days := flags.Int("days", 365, "days each certificate is valid")
+	stagger := flags.Int("stagger-days", 30, "spread the clients' expiries over this many days after -days, in the order named (0: all on one day)")
 	out := flags.String("out", ".", "directory to write one directory per client, controller/ and the operator's into")
 	operator := flags.String("operator", "operator", "the operator certificate's name")
 	vars := flags.Bool("nomad-vars", false, "also put the clients' and the controller's material into Nomad Variables")
@@ -44,6 +45,8 @@ func tlsIssue(args []string, getenv func(string) string) error {
 		return fmt.Errorf("%w: -ca is required", config.ErrUsage)
 	case *days <= 0:
 		return fmt.Errorf("%w: -days %d: want at least 1", config.ErrUsage, *days)
+	case *stagger < 0:
+		return fmt.Errorf("%w: -stagger-days %d: want 0 or more", config.ErrUsage, *stagger)
 	}
 	var nomad *nomadapi.Client
 	if *vars {
@@ -56,7 +59,7 @@ func tlsIssue(args []string, getenv func(string) string) error {
 	if err != nil {
 		return err
 	}
-	validity := time.Duration(*days) * day
+	validity := lifetimes{days: *days, staggerDays: *stagger}
 	issued, err := issueAll(ca, *out, clients, *operator, validity)
 	if err != nil {
 		return err
@@ -66,6 +69,9 @@ func tlsIssue(args []string, getenv func(string) string) error {
 	}
 	op := issued[*operator]
 	fmt.Printf("operator %s: export ZFS_NOMAD_TLS_CA=%s ZFS_NOMAD_TLS_CERT=%s ZFS_NOMAD_TLS_KEY=%s\n", *operator, op.CA, op.Cert, op.Key)
+	now := time.Now().UTC()
+	fmt.Printf("expiry: the controller's and %s's %s, the clients' from %s to %s (-stagger-days): renew before, and watch ZfsNomadCertificateExpiresSoon\n",
+		*operator, now.Add(validity.party()).Format(time.DateOnly), now.Add(validity.client(0, len(clients))).Format(time.DateOnly), now.Add(validity.client(len(clients)-1, len(clients))).Format(time.DateOnly))
 	if nomad == nil {
 		return nil
 	}
@@ -97,22 +103,40 @@ func openOrCreateCA(dir string) (*tlsconfig.CA, error) {
 	return tlsconfig.OpenCA(dir)
 }
 
+// lifetimes are the certificates' validities. The controller's and the
+// operator's last days; the clients' expiries are spread over the
+// staggerDays after it, client i of n (in the order named) valid days +
+// i*staggerDays/n. A renewal forgotten then costs one client's lease at
+// a time, each after the alerts on the earlier ones, instead of every
+// lease at once (every mounted primary read-only: docs/install.md); the
+// controller's expiring first stops creates and moves but fences
+// nothing.
+type lifetimes struct {
+	days, staggerDays int
+}
+
+func (l lifetimes) party() time.Duration { return time.Duration(l.days) * day }
+
+func (l lifetimes) client(i, n int) time.Duration {
+	return time.Duration(l.days+i*l.staggerDays/n) * day
+}
+
 // issueAll issues every party's certificate and writes each client's
 // directory as /etc/zfs-nomad holds it. It returns each party's files:
 // by client name, "controller", and the operator's name.
-func issueAll(ca *tlsconfig.CA, out string, clients []string, operator string, validity time.Duration) (map[string]tlsconfig.Files, error) {
+func issueAll(ca *tlsconfig.CA, out string, clients []string, operator string, validity lifetimes) (map[string]tlsconfig.Files, error) {
 	issued := map[string]tlsconfig.Files{}
 	for party, role := range map[string]string{"controller": tlsconfig.RoleController, operator: tlsconfig.RoleOperator} {
-		f, err := issueInDir(ca, filepath.Join(out, party), party, role, validity)
+		f, err := issueInDir(ca, filepath.Join(out, party), party, role, validity.party())
 		if err != nil {
 			return nil, err
 		}
 		issued[party] = f
 	}
 	ctl := issued["controller"]
-	for _, client := range clients {
+	for i, client := range clients {
 		dir := filepath.Join(out, client)
-		f, err := issueInDir(ca, dir, client, tlsconfig.RoleNode, validity)
+		f, err := issueInDir(ca, dir, client, tlsconfig.RoleNode, validity.client(i, len(clients)))
 		if err != nil {
 			return nil, err
 		}
