@@ -12,7 +12,7 @@ import (
 // before anything is created: a create whose answer was lost, retried
 // while that node is silent, or one racing another controller, can then
 // never make a second primary on another node (I3, docs/safety.md
-// "Generations"; the fault-injection simulation found it). candidates
+// "Generations"). candidates
 // are the node IDs the placement allows, best first.
 //
 // A node an earlier attempt was promised is the only choice: while it is

@@ -28,9 +28,8 @@ import (
 // copy can be promoted or created from then on, by a move's final step or
 // a failover another controller instance runs, so the look taken after it
 // finds every primary there will be. A look before it could miss a
-// promotion landing meanwhile, and the delete would answer OK over a
-// primary (docs/safety.md, G9; the simulation found it with two
-// instances).
+// promotion landing meanwhile (another controller instance's), and the
+// delete would answer OK over a primary (docs/safety.md, G9).
 //
 // The replicas go before the primary, and the nodes' promises last: a
 // delete that fails midway leaves the primary, so the CO's retry finds
@@ -87,9 +86,9 @@ func (p *Provisioner) Delete(ctx context.Context, id string) error {
 	}
 	// Every copy goes before any node forgets the generation it promised:
 	// a promise forgotten while a replica is left would let a failover of
-	// that replica take again a generation a deleted copy held (I3; the
-	// simulation found it in a sweep of 5000 seeds, docs/safety.md). A
-	// replica a push landed since the first pass goes here too.
+	// that replica take again a generation a deleted copy held (I3,
+	// docs/safety.md). A replica a push landed since the first pass goes
+	// here too.
 	return p.deleteReplicas(ctx, id, now.nodes, true)
 }
 

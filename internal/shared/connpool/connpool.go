@@ -52,10 +52,9 @@ func (p *Pool) Get(addr string) (*grpc.ClientConn, error) {
 // without waiting. The state check also keeps ResetConnectBackoff safe:
 // gRPC (v1.85) iterates the connection's subchannels without its lock
 // there, racing with a connection that leaves idleness and creates them
-// (the race detector found it in the simulation, about one run in ten;
-// outside it, the runtime's fatal "concurrent map iteration and map
-// write" would end the process: grpc-go pull request 9155); a connection
-// in TransientFailure creates none.
+// (the runtime's fatal "concurrent map iteration and map write" would end
+// the process: grpc-go pull request 9155); a connection in
+// TransientFailure creates none.
 //
 // It is not part of Get: a call that does not wait for readiness fails at
 // once while the connection is in TransientFailure, but waits while it

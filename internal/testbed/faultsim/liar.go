@@ -40,7 +40,7 @@ func lies(liar, other string, role string, generation uint64) []lie {
 		{"claims to come from " + other, func(h *pb.ReceiveHeader) { h.SourceNodeId = other }, replication.KindFull, codes.PermissionDenied},
 		{"an absurd generation", func(h *pb.ReceiveHeader) { h.Generation = replication.MaxGeneration + 1 }, replication.KindFull, codes.InvalidArgument},
 		// A replica planted at a generation no majority promised: every
-		// promotion after it would need one above it (issue 35, defect 4).
+		// promotion after it would need one above it.
 		{"a planted replica at the highest generation", func(h *pb.ReceiveHeader) { h.Generation, h.HistoryFrom = replication.MaxGeneration, 1 }, replication.KindFull, codes.FailedPrecondition},
 	}
 	// A name label is the sender's word, and a replica of a volume the
@@ -105,7 +105,7 @@ func (w *world) lie(v *simVolume, liar, victim *simNode) {
 	}
 }
 
-// rollbackLie is class 3 of issue 51: liar, a node with its own copy of
+// rollbackLie: liar, a node with its own copy of
 // v, sends victim's replica a genuine incremental from a snapshot both
 // hold that is not the replica's newest, labelled one generation above
 // the replica's with a history claiming to cover it. Received, it would
@@ -245,7 +245,7 @@ func forgedStreams(id string, seed uint64) (map[string][]byte, error) {
 // stallSteps bounds, in steps, how long a stalling liar sends nothing.
 const stallSteps = 40
 
-// stall is a lying peer that stalls mid-receive (issue 35, defect 3): it
+// stall is a lying peer that stalls mid-receive: it
 // sends victim the header of a stream of v one generation above the
 // victim's copy, and half the time the stream's first record, then
 // nothing for 3 to stallSteps steps. It stalls at the node of v's job

@@ -51,8 +51,8 @@ func (l *listedPeers) showAll() {
 // heal only the other cuts): a side of at most half of them,
 // around the node that runs v's job if any, is cut off from the rest and
 // the controller. Three shapes, each a way the lease and the failover's
-// majority could miss each other (issue 35, defect 2, and the controller's
-// shrinking peer list):
+// majority could miss each other (a lease counted by domain, a node heard
+// only by its own calls, the controller's shrinking peer list):
 //
 //   - in a run with domains, half the splits take a majority of one
 //     domain, still a minority of all nodes (a lease counted by domain
@@ -63,7 +63,7 @@ func (l *listedPeers) showAll() {
 //     calls); three in four of those also cut the cut side off from the
 //     controller and the CO both ways, so that the CO places its jobs
 //     elsewhere (with a replica there, the failover that a peer's calls
-//     must stop, defect 2(b));
+//     must stop);
 //   - half the two-way splits also drop the cut side from the
 //     controller's peer list, as service discovery would.
 func (w *world) split(v *simVolume) {
@@ -193,8 +193,8 @@ func (w *world) stepWallClock() {
 // stallOnTheCutSide, in a run with lying peers, has a liar on the cut
 // side of every split stall a stream into the primary of the job that
 // runs at the side's first node, for the split's whole time, after the
-// header alone (issue 35, defect 3: a receiver that took the copy's lock
-// at the header held it until the first record): the node must fence
+// header alone (a receiver that took the copy's lock at the header
+// would hold it until the first record): the node must fence
 // that primary when its lease runs out, whatever the liar holds.
 func (w *world) stallOnTheCutSide(side []string) {
 	victim := w.node(side[0])
