@@ -34,6 +34,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/tlsconfig"
 	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guestcluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guesttest"
@@ -132,6 +133,10 @@ func TestNomadEndToEnd(t *testing.T) {
 		e.wantKeyLoadedOnlyOn(e.externalID("web-data"), first.node)
 	})
 
+	e.step("another namespace's team creates a volume of the same name, and registers this one's ID: both refused", func() {
+		e.otherTeamIsKeptOut(first)
+	})
+
 	e.step("restart the node plugin under the job: its container finds the volume's mounts", func() {
 		// The mounts a plugin's container made live on in the client's
 		// mount namespace; the next container must see them through
@@ -181,7 +186,13 @@ func TestNomadEndToEnd(t *testing.T) {
 		e.wantSameData(moved, restored, false)
 		e.wantKeyLoadedOnlyOn(e.externalID("web-data-restored"), restored.node)
 		e.nomad("job", "stop", "-purge", "counter")
-		e.nomad("volume", "snapshot", "delete", "zfs-nomad", snapID)
+		// Nomad sends a snapshot delete only the secrets its command
+		// line gives, and a snapshot of a volume with an owner is
+		// deleted only with the owner's.
+		if out, err := e.run("volume", "snapshot", "delete", "zfs-nomad", snapID); err == nil || !strings.Contains(out, contract.SecretOwner) {
+			t.Fatalf("a snapshot delete without the owner secret: %v\n%s\nwant it refused, naming %s", err, out, contract.SecretOwner)
+		}
+		e.nomad("volume", "snapshot", "delete", "-secret", contract.SecretOwner+"="+testOwnerSecret, "zfs-nomad", snapID)
 		if out := e.nomad("volume", "snapshot", "list", "-plugin", "zfs-nomad"); strings.Contains(out, snapID) {
 			t.Fatalf("snapshot %s still listed after delete:\n%s", snapID, out)
 		}
@@ -300,7 +311,7 @@ func TestNomadEndToEnd(t *testing.T) {
 
 // fromSnapshotSpec is the volume specification of nomad volume create
 // for an encrypted volume id made from snapshotID (a snapshot's, or a
-// backup's).
+// backup's), with its source's owner secret.
 func fromSnapshotSpec(id, snapshotID string) string {
 	return fmt.Sprintf(`id = %[1]q
 name = %[1]q
@@ -312,9 +323,10 @@ capability {
   attachment_mode = "file-system"
 }
 secrets {
+  owner_secret   = %[4]q
   encryption_key = %[3]q
 }
-`, id, snapshotID, testPassphrase)
+`, id, snapshotID, testPassphrase, testOwnerSecret)
 }
 
 // TestNomadRawExec is the shorter scenario for clients without Docker:
@@ -1121,18 +1133,23 @@ func (e *e2e) externalID(volume string) string {
 	return v.ExternalID
 }
 
-// testPassphrase is the key of the scenario's encrypted volumes.
-const testPassphrase = "nomad end to end passphrase"
+// testPassphrase is the key of the scenario's encrypted volumes, and
+// testOwnerSecret their owner secret.
+const (
+	testPassphrase  = "nomad end to end passphrase"
+	testOwnerSecret = "5e2b9c07d1f4a6e38b0c"
+)
 
-// encrypted turns nomad/volume.hcl's commented encryption on: the
-// parameter and the secrets block with testPassphrase, which Nomad sends
-// with the create and every stage.
+// encrypted turns nomad/volume.hcl's commented encryption and secrets
+// on: the parameter, and the secrets block with testOwnerSecret and
+// testPassphrase, which Nomad sends with the create and every call on
+// the volume after it.
 func (e *e2e) encrypted(spec string) string {
 	e.t.Helper()
 	out := strings.NewReplacer(
 		`  # encryption = "on"`, `  encryption = "on"`,
-		"# secrets {\n#   encryption_key = \"a passphrase of 8 to 512 characters\"\n# }",
-		fmt.Sprintf("secrets {\n  encryption_key = %q\n}", testPassphrase),
+		"# secrets {\n#   owner_secret   = \"the output of openssl rand -hex 16\"\n#   encryption_key = \"a passphrase of 8 to 512 characters\"\n# }",
+		fmt.Sprintf("secrets {\n  owner_secret   = %q\n  encryption_key = %q\n}", testOwnerSecret, testPassphrase),
 	).Replace(spec)
 	if !strings.Contains(out, `  encryption = "on"`) || !strings.Contains(out, testPassphrase) {
 		e.t.Fatal("nomad/volume.hcl no longer has the commented encryption parameter and secrets block: update this test")
