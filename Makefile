@@ -175,7 +175,7 @@ test-nomad-trixie: guest-image-trixie ## test-nomad's docker scenario in the Deb
 	@VERSION=$(VERSION) TAG=dev-debian13 DEBIAN_RELEASE=trixie ARCHIVE_DIR=$(IMAGES_DIR)-debian13 ./hack/images.sh
 	nomad=$$(./hack/nomad.sh) && prometheus=$$(./hack/prometheus-server.sh) && ZFS_NOMAD_GUEST=trixie ZFS_NOMAD_PROMETHEUS=$$prometheus ZFS_NOMAD_NOMAD=$$nomad ZFS_NOMAD_IMAGES=$(IMAGES_DIR)-debian13 go test -count=1 -v -timeout 40m -run TestNomadEndToEnd ./test/nomad/
 
-test-nomad-drain: guest-image images ## test-nomad plus a drain of a client holding eight volumes (issue 15; not yet in make test)
+test-nomad-drain: guest-image images ## test-nomad plus a drain of a client holding eight volumes (not in make test)
 	nomad=$$(./hack/nomad.sh) && prometheus=$$(./hack/prometheus-server.sh) && ZFS_NOMAD_NOMAD=$$nomad ZFS_NOMAD_PROMETHEUS=$$prometheus ZFS_NOMAD_IMAGES=$(IMAGES_DIR) go test -count=1 -v -timeout 60m -run TestNomadEndToEnd ./test/nomad/ -args -drain-many
 
 sanity-encrypted: guest-image ## csi-sanity's specs with plain volumes and again with encrypted ones (the encrypted half is not in make test: test/sanity says why)

@@ -19,8 +19,8 @@
 //
 // BenchmarkScale: the latency of each CSI call about one volume with 10,
 // 100 and 1000 volumes on each of three nodes, against raw zfs create and
-// zfs list -d1 at the same counts, and the processes' memory (issue 13;
-// -scale-counts, -scale-reps).
+// zfs list -d1 at the same counts, and the processes' memory
+// (-scale-counts, -scale-reps).
 //
 // BenchmarkBackup: the same, backed up to a backup target and restored
 // from it onto the other node, against zfs send | socat | zfs recv along

@@ -23,7 +23,7 @@ var (
 	drainMiB    = flag.Int("drain-mib", 16, "MiB of random data in each volume BenchmarkDrain moves")
 )
 
-// BenchmarkDrain (issue 15): N volumes (-drain-counts, 1, 8 and 32) of
+// BenchmarkDrain: N volumes (-drain-counts, 1, 8 and 32) of
 // -drain-mib MiB each, without replicas, moved off a node at once, as a
 // drain of N jobs does: one ControllerPublishVolume per volume to another
 // node, retried every second while the answer says the target is being

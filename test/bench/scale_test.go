@@ -34,7 +34,7 @@ var (
 	heavyReps   = flag.Int("scale-heavy-reps", 3, "calls of each kind whose answer grows with the volumes (listings, status) BenchmarkScale takes the median of")
 )
 
-// BenchmarkScale (issue 13): with 10, 100 and 1000 volumes on every node
+// BenchmarkScale: with 10, 100 and 1000 volumes on every node
 // of three, the median latency of each CSI call that concerns one volume,
 // and of the operator's zfs-controller status (whose answer grows with the
 // volumes), and of a schedule round, against raw zfs create, zfs destroy

@@ -17,10 +17,10 @@ import (
 )
 
 // BenchmarkSnapshotBytes is what a volume's first push to a new replica
-// sends now that CSI snapshots follow their volume (issue 16), against
-// what it sent before: the stream of the newest state alone. The volume
-// holds a 4 MiB file of random data, 1 MiB of it rewritten before each of
-// ten CSI snapshots, so the snapshots reference 14 MiB of distinct blocks.
+// sends with the CSI snapshots that follow the volume, against the stream
+// of the newest state alone. The volume holds a 4 MiB file of random
+// data, 1 MiB of it rewritten before each of ten CSI snapshots, so the
+// snapshots reference 14 MiB of distinct blocks.
 func BenchmarkSnapshotBytes(b *testing.B) {
 	c := guesttest.StartCluster(b, 2, guestcluster.Options{LogLevel: "info"})
 	n1, n2 := c.Nodes[0], c.Nodes[1]

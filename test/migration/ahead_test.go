@@ -15,13 +15,13 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guesttest"
 )
 
-// TestAMoveGrantedAheadOutlivesItsController (issue 38): a controller
-// grants a publish ahead of its move's end and dies in the catch-up. No
-// publish retry comes (the CO considers the volume published); the
-// node's stage waits for its copy's promotion. The next controller
-// instance, once it holds the work lease and the stage has waited long
-// enough, finishes the move (the catch-up resumes what arrived), and the
-// stage mounts the volume with every file.
+// TestAMoveGrantedAheadOutlivesItsController: a controller grants a
+// publish ahead of its move's end and dies in the catch-up. No publish
+// retry comes (the CO considers the volume published); the node's stage
+// waits for its copy's promotion. The next controller instance, once it
+// holds the work lease and the stage has waited long enough, finishes the
+// move (the catch-up resumes what arrived), and the stage mounts the
+// volume with every file.
 func TestAMoveGrantedAheadOutlivesItsController(t *testing.T) {
 	t.Parallel()
 	e := start(t)
@@ -62,13 +62,13 @@ func TestAMoveGrantedAheadOutlivesItsController(t *testing.T) {
 	e.waitPrimaries(id, "n2(gen 2)")
 }
 
-// TestARetryOnAnotherInstanceFollowsTheMove (issue 38): with two
-// controller instances, the publish that starts a move lands on one and
-// the CO's retries on the other. The other's own move job finds the
-// volume's push running on the source: its refusals tell that push's
-// progress, it grants the publish (ahead of the move's end, from that
-// push's estimate, or once the volume moved), and the node's stage mounts
-// the volume with every file.
+// TestARetryOnAnotherInstanceFollowsTheMove: with two controller
+// instances, the publish that starts a move lands on one and the CO's
+// retries on the other. The other's own move job finds the volume's push
+// running on the source: its refusals tell that push's progress, it
+// grants the publish (ahead of the move's end, from that push's estimate,
+// or once the volume moved), and the node's stage mounts the volume with
+// every file.
 func TestARetryOnAnotherInstanceFollowsTheMove(t *testing.T) {
 	t.Parallel()
 	e := start(t)

@@ -20,14 +20,14 @@ import (
 // the instance holding the work lease after the stage waited 20 s.
 const moveRecoveryBound = 2 * time.Minute
 
-// TestAMoveWhoseControllerDiesEnds (issue 51, class 7): the controller is
-// killed at several moments of the publish that starts a move, in the
-// catch-up, in the final step's fence and send, and after the promotion,
-// and started again, with the binary's default configuration (nodes
-// without peers) and with peers and leases. The CO's retries, as Nomad
-// sends them, and its stage, as Nomad tries it, end with the volume
-// staged on the target with every file, within moveRecoveryBound of the
-// kill, and the target the only primary.
+// TestAMoveWhoseControllerDiesEnds: the controller is killed at several
+// moments of the publish that starts a move, in the catch-up, in the
+// final step's fence and send, and after the promotion, and started
+// again, with the binary's default configuration (nodes without peers)
+// and with peers and leases. The CO's retries, as Nomad sends them, and
+// its stage, as Nomad tries it, end with the volume staged on the target
+// with every file, within moveRecoveryBound of the kill, and the target
+// the only primary.
 func TestAMoveWhoseControllerDiesEnds(t *testing.T) {
 	t.Run("no peers", func(t *testing.T) {
 		controllerDiesInMoves(start(t), false)

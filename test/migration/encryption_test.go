@@ -15,23 +15,23 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guesttest"
 )
 
-// TestEncryptedVolumesOpenOnlyWhereStaged (issue 37): a volume created
-// with encryption=on and its passphrase in the claim's secrets is
-// encrypted on every node that holds it, and its key is loaded only on
-// the node that has it staged, for as long as it is staged: not after
-// the create, not on replicas, not after an unstage. A stage with a
-// wrong key (from the secrets, or from the operator's key file when the
-// secrets carry none) is InvalidArgument and mounts nothing. After a
-// move, a restore from a snapshot on another node and a manual failover
-// the stage loads the key and the workload reads its files. A volume
-// whose claims carry no key opens with the key file's. Whatever stops a
-// create half-way leaves no key loaded: a create killed before the
-// key's unload has it unloaded by zfs-node's start, and its retry checks
-// the passphrase (a create whose root directory cannot be set, and its
-// retries, are TestARetriedCreateChecksTheKeyAndLeavesItUnloaded's, over
-// the fake: the ZFS steps are the same); a key left loaded on a source
-// goes with its demotion after a move; a stage checks the passphrase
-// even where the key is loaded.
+// TestEncryptedVolumesOpenOnlyWhereStaged: a volume created with
+// encryption=on and its passphrase in the claim's secrets is encrypted on
+// every node that holds it, and its key is loaded only on the node that
+// has it staged, for as long as it is staged: not after the create, not
+// on replicas, not after an unstage. A stage with a wrong key (from the
+// secrets, or from the operator's key file when the secrets carry none)
+// is InvalidArgument and mounts nothing. After a move, a restore from a
+// snapshot on another node and a manual failover the stage loads the key
+// and the workload reads its files. A volume whose claims carry no key
+// opens with the key file's. Whatever stops a create half-way leaves no
+// key loaded: a create killed before the key's unload has it unloaded by
+// zfs-node's start, and its retry checks the passphrase (a create whose
+// root directory cannot be set, and its retries, are
+// TestARetriedCreateChecksTheKeyAndLeavesItUnloaded's, over the fake: the
+// ZFS steps are the same); a key left loaded on a source goes with its
+// demotion after a move; a stage checks the passphrase even where the key
+// is loaded.
 func TestEncryptedVolumesOpenOnlyWhereStaged(t *testing.T) {
 	t.Parallel()
 	// The operator's key file, the same on every node (they share the

@@ -449,10 +449,9 @@ func (e *env) returnNode(nodeID string) {
 }
 
 // The lease of the clusters whose tests fail a volume over automatically:
-// nodes without peers keep no lease and grant no automatic failover
-// (issue 35, defect 7), so those tests run nodes that keep leases.
-// The margin is the smallest config accepts with this lease
-// (config.MinLeaseMargin).
+// nodes without peers keep no lease and grant no automatic failover, so
+// those tests run nodes that keep leases. The margin is the smallest
+// config accepts with this lease (config.MinLeaseMargin).
 const failoverLease, failoverMargin = 8 * time.Second, 19 * time.Second
 
 // startForFailover starts three nodes that keep leases of failoverLease,
@@ -486,7 +485,7 @@ func (e *env) publishAfterSilence(id, nodeID string) string {
 // publish the controller's agent timeout: keepalive pings find the dead
 // connection first, and calls to the node fail at once. The nodes keep
 // no lease (no peers), so the answer is the refusal of the automatic
-// failover (issue 35, defect 7), which must come as quickly.
+// failover, which must come as quickly.
 func TestPublishAfterSilentNodeLoss(t *testing.T) {
 	const agentTimeout = 30 * time.Second // the production default
 	c := guesttest.StartCluster(t, 3, guestcluster.Options{ControllerArgs: []string{"-schedule-every", "0", "-agent-timeout", agentTimeout.String()}})
@@ -515,10 +514,10 @@ func TestPublishAfterSilentNodeLoss(t *testing.T) {
 
 // Failover with policy auto promotes the freshest replica; what was
 // written after the last replication is not claimed; the lost primary,
-// back again, is refused for staging and set aside, never destroyed.
-// A CSI snapshot taken on n1 reaches n2 with the replica's push and
-// survives the failover (issue 16): it is listed once and restored on n2
-// with the data it was taken with, although its node of origin is gone.
+// back again, is refused for staging and set aside, never destroyed. A
+// CSI snapshot taken on n1 reaches n2 with the replica's push and
+// survives the failover: it is listed once and restored on n2 with the
+// data it was taken with, although its node of origin is gone.
 func TestFailoverAuto(t *testing.T) {
 	e := startForFailover(t)
 	id, dir := e.createWritten("precious", map[string]string{"failover": "auto"}, "echo replicated > a && "+guesttest.RandomFile("blob", 8))
@@ -558,7 +557,7 @@ func TestFailoverAuto(t *testing.T) {
 	// n1 comes back with its copy still mounted (the workload there was
 	// never stopped). Its first beats learn that generation 2 was
 	// promised elsewhere: the copy turns read-only and is refused, and it
-	// is not demoted while mounted (issue 35, defect 7).
+	// is not demoted while mounted.
 	e.returnNode("n1")
 	waitFor(t, 3*failoverLease, "n1's returning copy to turn read-only", func() bool { return e.tryWrite("n1", dir) != nil })
 	for deadline := time.Now().Add(3 * failoverLease); time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
@@ -601,12 +600,12 @@ func TestFailoverAuto(t *testing.T) {
 	e.deleteVolume(restored)
 }
 
-// TestStaleCopyWaitsForTheNewestsNode: issue 12, case 3. After a
-// failover, the old primary's node returns while the new primary's node
-// is down. The old copy still says "primary, generation 1", and the
-// replica on n3 is of generation 1 too; only n3's promise of generation 2
-// to n2 shows that a newer copy exists. The publish must wait for n2, not
-// hand out the stale copy.
+// TestStaleCopyWaitsForTheNewestsNode: after a failover, the old
+// primary's node returns while the new primary's node is down. The old
+// copy still says "primary, generation 1", and the replica on n3 is of
+// generation 1 too; only n3's promise of generation 2 to n2 shows that a
+// newer copy exists. The publish must wait for n2, not hand out the stale
+// copy.
 func TestStaleCopyWaitsForTheNewestsNode(t *testing.T) {
 	e := startForFailover(t)
 	id, _ := e.createWritten("promised", map[string]string{"failover": "auto"}, "echo replicated > a")
@@ -766,10 +765,10 @@ func TestInterruptedMoves(t *testing.T) {
 	}
 }
 
-// TestCatchUpBlocksNoOtherVolume (issue 15): a move whose target lacks
-// the data answers within seconds, FailedPrecondition, while the data
-// streams in the background; meanwhile a create and a publish of another
-// volume complete before the catch-up does; the publish retried after the
+// TestCatchUpBlocksNoOtherVolume: a move whose target lacks the data
+// answers within seconds, FailedPrecondition, while the data streams in
+// the background; meanwhile a create and a publish of another volume
+// complete before the catch-up does; the publish retried after the
 // catch-up finishes the move with every file there.
 //
 // "Before the catch-up does" is the test, not a time bound: a catch-up
@@ -851,10 +850,10 @@ func (e *env) waitForTransfer(id, nodeID string) {
 	e.t.Fatalf("node %s reported no transfer of volume %s past 8 MiB within 60 s: the move's final send never started", nodeID, id)
 }
 
-// TestDeleteWithANodeDown: issue 12, case 4. With a node that holds a
-// replica down, DeleteVolume touches nothing and answers Unavailable
-// naming it (the CO retries); once it is back, the delete removes every
-// copy and answers OK, and a retry answers OK again.
+// TestDeleteWithANodeDown: with a node that holds a replica down,
+// DeleteVolume touches nothing and answers Unavailable naming it (the CO
+// retries); once it is back, the delete removes every copy and answers
+// OK, and a retry answers OK again.
 func TestDeleteWithANodeDown(t *testing.T) {
 	t.Parallel()
 	e := start(t)
@@ -910,12 +909,12 @@ func onceNodeBack(call func() error) error {
 	return err
 }
 
-// TestPartitionedPrimaryTurnsReadOnly: issue 12, case 2 (G1). A primary
-// whose node is cut off from its peers stops taking writes within about a
-// lease (writes fail with EROFS instead of diverging), and takes them
-// again once its link is back and a majority confirms that no newer copy
-// was promoted. The times are logged: L, the time to the read-only
-// switch, the time to writable again.
+// TestPartitionedPrimaryTurnsReadOnly (G1): a primary whose node is cut
+// off from its peers stops taking writes within about a lease (writes
+// fail with EROFS instead of diverging), and takes them again once its
+// link is back and a majority confirms that no newer copy was promoted.
+// The times are logged: L, the time to the read-only switch, the time to
+// writable again.
 func TestPartitionedPrimaryTurnsReadOnly(t *testing.T) {
 	const lease = 8 * time.Second
 	e := startWithLease(t, lease)
@@ -1008,13 +1007,12 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 	t.Fatalf("waited %s for %s", d, what)
 }
 
-// TestFailoverWaitsForTheLease: issue 12, case 2 (G1). The primary's node
-// is cut off with its workload still running. Auto failover is refused
-// (Unavailable, the CO retries) until a majority attests that node's
-// silence for the lease and its margin, by which time it has made its
-// copy read-only: at no moment can both copies take writes. When its
-// link returns, the old copy stays read-only: a majority promised a newer
-// generation.
+// TestFailoverWaitsForTheLease (G1): the primary's node is cut off with
+// its workload still running. Auto failover is refused (Unavailable, the
+// CO retries) until a majority attests that node's silence for the lease
+// and its margin, by which time it has made its copy read-only: at no
+// moment can both copies take writes. When its link returns, the old copy
+// stays read-only: a majority promised a newer generation.
 func TestFailoverWaitsForTheLease(t *testing.T) {
 	// The smallest margin config accepts with this lease (config.MinLeaseMargin).
 	const lease, margin = 8 * time.Second, 19 * time.Second

@@ -14,12 +14,12 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guesttest"
 )
 
-// TestOwnerAndModeFollowTheVolume (issue 37): a volume created with uid,
-// gid and mode parameters has its root directory so wherever it is
-// staged: on its first node, after a move, after a manual failover, and
-// in a volume restored from its snapshot on another node; a restore that
-// asks for another owner gets it. The owner writes without root; another
-// user cannot.
+// TestOwnerAndModeFollowTheVolume: a volume created with uid, gid and
+// mode parameters has its root directory so wherever it is staged: on its
+// first node, after a move, after a manual failover, and in a volume
+// restored from its snapshot on another node; a restore that asks for
+// another owner gets it. The owner writes without root; another user
+// cannot.
 func TestOwnerAndModeFollowTheVolume(t *testing.T) {
 	t.Parallel()
 	c := guesttest.StartCluster(t, 3, guestcluster.Options{

@@ -15,14 +15,14 @@ import (
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
-// TestPublishToTheSourceDuringTheFinalStep: issue 35, defect 1, on real
-// ZFS with the shipped defaults (background moves, publish-ahead). While
-// a move's final step runs in the background (n1's pushes capped, so the
-// last increment takes seconds), Nomad places an allocation on the
-// source: ControllerPublishVolume to n1 is refused, retryably, naming the
-// move, and so is a stage there; at no moment do two copies take writes;
-// the move ends with one primary on n2 and every file there, and a
-// publish to n1 after it is decided as any move back is.
+// TestPublishToTheSourceDuringTheFinalStep, on real ZFS with the shipped
+// defaults (background moves, publish-ahead): while a move's final step
+// runs in the background (n1's pushes capped, so the last increment takes
+// seconds), Nomad places an allocation on the source:
+// ControllerPublishVolume to n1 is refused, retryably, naming the move,
+// and so is a stage there; at no moment do two copies take writes; the
+// move ends with one primary on n2 and every file there, and a publish to
+// n1 after it is decided as any move back is.
 func TestPublishToTheSourceDuringTheFinalStep(t *testing.T) {
 	e := start(t)
 	e.throttle("n1", "4M") // the final increment of 48 MiB takes about 12 s

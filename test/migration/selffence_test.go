@@ -12,14 +12,14 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guestcluster"
 )
 
-// TestSelfFenceOfTwentyPrimaries: issue 35, defect 6, on real ZFS. A node
-// with 20 mounted primaries is cut off from its peers; the self-fence
-// makes all 20 read-only (writes fail with EROFS) within the bound
-// docs/safety.md states ("Why the margin covers the self-fence"): within
-// the fence allowance F (config.FenceAllowance) of the beat that notices
-// the lost lease, so within L + L/4 + F of the cut. The figures are
-// logged: the cut to the node's "lease lost" line, that line to the last
-// volume's read-only line, and the cut to the moment no write succeeds.
+// TestSelfFenceOfTwentyPrimaries, on real ZFS: a node with 20 mounted
+// primaries is cut off from its peers; the self-fence makes all 20
+// read-only (writes fail with EROFS) within the bound docs/safety.md
+// states ("Why the margin covers the self-fence"): within the fence
+// allowance F (config.FenceAllowance) of the beat that notices the lost
+// lease, so within L + L/4 + F of the cut. The figures are logged: the
+// cut to the node's "lease lost" line, that line to the last volume's
+// read-only line, and the cut to the moment no write succeeds.
 func TestSelfFenceOfTwentyPrimaries(t *testing.T) {
 	const lease, margin, volumes = 8 * time.Second, 19 * time.Second, 20
 	e := startWithLease(t, lease, "-lease-margin="+margin.String())

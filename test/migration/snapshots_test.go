@@ -18,14 +18,14 @@ import (
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
-// TestSnapshotsFollowTheVolume (issue 16) on real ZFS: a CSI snapshot
-// taken on n1 reaches n2 with the replica's first (full) push, the volume
-// moves to n2, and there the snapshot is listed once and restored with
-// the data it was taken with. The volume is deleted: its copies on both
-// nodes become tombstones that keep the snapshot. DeleteSnapshot with n1
-// away succeeds: n2 and n3 remember it and n2's copy goes; once n1 is
-// back its copy is never listed or restored, the controller deletes it,
-// the records go, and nothing of the volume is left.
+// TestSnapshotsFollowTheVolume on real ZFS: a CSI snapshot taken on n1
+// reaches n2 with the replica's first (full) push, the volume moves to
+// n2, and there the snapshot is listed once and restored with the data it
+// was taken with. The volume is deleted: its copies on both nodes become
+// tombstones that keep the snapshot. DeleteSnapshot with n1 away
+// succeeds: n2 and n3 remember it and n2's copy goes; once n1 is back its
+// copy is never listed or restored, the controller deletes it, the
+// records go, and nothing of the volume is left.
 func TestSnapshotsFollowTheVolume(t *testing.T) {
 	t.Parallel()
 	e := start(t)
@@ -116,13 +116,13 @@ func (e *env) waitNothingLeft(pattern, what string) {
 	e.t.Fatalf("left %s:\n%s", what, left)
 }
 
-// TestASnapshotDeletedDuringAPush (issue 16) on real ZFS: a CSI snapshot
-// is deleted, as a CO does (retried while the answer says retry), while
-// a push that carries it runs, throttled to 10 MiB/s. Whatever ZFS does
-// with the destroy on the sender while its send runs (refuses it as
-// busy, or defers it), the snapshot is not listed once the delete
-// answered OK and the push ended, no copy is left on the target, and the
-// controller's pass leaves no copy and no record anywhere.
+// TestASnapshotDeletedDuringAPush on real ZFS: a CSI snapshot is deleted,
+// as a CO does (retried while the answer says retry), while a push that
+// carries it runs, throttled to 10 MiB/s. Whatever ZFS does with the
+// destroy on the sender while its send runs (refuses it as busy, or
+// defers it), the snapshot is not listed once the delete answered OK and
+// the push ended, no copy is left on the target, and the controller's
+// pass leaves no copy and no record anywhere.
 func TestASnapshotDeletedDuringAPush(t *testing.T) {
 	t.Parallel()
 	e := start(t)
@@ -222,13 +222,12 @@ func (e *env) deletionRecords(n string) string {
 	return strings.TrimSpace(guesttest.Run(e.t, "sh", "-c", "zfs get -H -o property,value -s local all "+ds+" 2>/dev/null | grep "+copyrecord.PropDeletedSnapshotPrefix+" || true"))
 }
 
-// TestBytesSentWithSnapshots (issue 16) reports what carrying CSI
-// snapshots costs a replica's first push: a volume with ten snapshots,
-// each taken after 1 MiB of a 4 MiB file was rewritten, against a send
-// of the newest state alone (zfs send -nP, what a push sent before the
-// snapshots rode along). A figure, not an assertion: the difference is
-// the data only the snapshots hold, which a replica must have for them
-// to survive the node.
+// TestBytesSentWithSnapshots reports what carrying CSI snapshots costs a
+// replica's first push: a volume with ten snapshots, each taken after
+// 1 MiB of a 4 MiB file was rewritten, against a send of the newest state
+// alone (zfs send -nP, what a push would send without the snapshots). A
+// figure, not an assertion: the difference is the data only the snapshots
+// hold, which a replica must have for them to survive the node.
 func TestBytesSentWithSnapshots(t *testing.T) {
 	t.Parallel()
 	e := start(t)
@@ -256,14 +255,13 @@ func TestBytesSentWithSnapshots(t *testing.T) {
 	e.unpublish(id, "n1")
 }
 
-// TestARestoreOnAReplica (issue 16) on real ZFS: a volume restored on a
-// replica's node is a clone of the replica's copy of the snapshot, which
-// ties the replica down while the clone lives. The replica still takes
-// incremental pushes; the volume's delete turns the replica into a
-// tombstone under the clone instead of failing; the snapshot's delete is
-// deferred there and the listing forgets it at once; the clone's delete
-// takes the snapshot and the tombstone along, and nothing of either
-// volume is left.
+// TestARestoreOnAReplica on real ZFS: a volume restored on a replica's
+// node is a clone of the replica's copy of the snapshot, which ties the
+// replica down while the clone lives. The replica still takes incremental
+// pushes; the volume's delete turns the replica into a tombstone under
+// the clone instead of failing; the snapshot's delete is deferred there
+// and the listing forgets it at once; the clone's delete takes the
+// snapshot and the tombstone along, and nothing of either volume is left.
 func TestARestoreOnAReplica(t *testing.T) {
 	t.Parallel()
 	e := start(t)
@@ -315,13 +313,12 @@ func TestARestoreOnAReplica(t *testing.T) {
 	t.Fatalf("left of the volume, its snapshot and the clone after all three deletes:\n%s", left)
 }
 
-// TestAReplacedReplicaKeepsItsSnapshots (issue 16) on real ZFS: a replica
-// replaced by a full send, while it holds a CSI snapshot the new primary
-// lacks, is set aside rather than destroyed, and the snapshot stays
-// listed once and restorable. The primary lost the snapshot and every
-// snapshot it shared with n2 by hand (zfs destroy, as an operator
-// might), then moved to n3, so the next push to n2 is a full one of a
-// newer generation.
+// TestAReplacedReplicaKeepsItsSnapshots on real ZFS: a replica replaced
+// by a full send, while it holds a CSI snapshot the new primary lacks, is
+// set aside rather than destroyed, and the snapshot stays listed once and
+// restorable. The primary lost the snapshot and every snapshot it shared
+// with n2 by hand (zfs destroy, as an operator might), then moved to n3,
+// so the next push to n2 is a full one of a newer generation.
 func TestAReplacedReplicaKeepsItsSnapshots(t *testing.T) {
 	t.Parallel()
 	e := start(t)

@@ -229,11 +229,11 @@ func TestMountFlagsQuotaAndExpand(t *testing.T) {
 	}
 }
 
-// TestPromiseRecordsStayOffTheRoot (issue 13): a node's promise records
-// live in the shards beside the volumes, never on the root dataset, whose
-// user properties every volume inherits (3000 records there made reading
-// one property of a volume 19 times slower); a deletion removes its
-// volume's record.
+// TestPromiseRecordsStayOffTheRoot: a node's promise records live in the
+// shards beside the volumes, never on the root dataset, whose user
+// properties every volume inherits (3000 records there make reading one
+// property of a volume 19 times slower); a deletion removes its volume's
+// record.
 func TestPromiseRecordsStayOffTheRoot(t *testing.T) {
 	c, cl := setup(t)
 	n := c.Nodes[0]

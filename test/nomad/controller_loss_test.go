@@ -11,10 +11,10 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/config"
 )
 
-// Losing the client of the controller instance that holds the work lease
-// (issue 38): in the middle of a move and in the middle of a failover, the
-// job must come up elsewhere with exactly its data, and a failover must
-// cost no more than one whose lost client ran no active controller.
+// Losing the client of the controller instance that holds the work lease,
+// in the middle of a move and in the middle of a failover: the job must
+// come up elsewhere with exactly its data, and a failover must cost no
+// more than one whose lost client ran no active controller.
 
 // drainWhileTheHolderDies drains the job's node to the third client and,
 // once a controller logs that the move is under way, kills the client

@@ -17,7 +17,7 @@ import (
 // host and 20 or more on a slow one (2026-11-26: the drain alone took 8-9
 // minutes there, against its 12-minute bound), which would put the
 // suite's time and its passing at the host's mercy (docs/migration.md).
-var drainMany = flag.Bool("drain-many", false, "also drain a client holding eight volumes (issue 15)")
+var drainMany = flag.Bool("drain-many", false, "also drain a client holding eight volumes")
 
 // drainJob is one of the jobs the many-volume drain moves.
 type drainJob struct {
@@ -29,9 +29,9 @@ type drainJob struct {
 	fresh    bool // operator backups make its replicas current before the drain
 }
 
-// drainJobs are the eight of issue 15: most with a current replica, one
-// with replicas = 0 and 1 GiB of data, one whose replica is older than
-// what the job wrote.
+// drainJobs are the eight jobs of the many-volume drain: most with a
+// current replica, one with replicas = 0 and 1 GiB of data, one whose
+// replica is older than what the job wrote.
 //
 // The six with a current replica have two, one on each other client:
 // Nomad places a job on any client its volume's topology allows, knowing
@@ -52,7 +52,7 @@ func drainJobs() []drainJob {
 	return jobs
 }
 
-// drainManyVolumes (issue 15): a Nomad client holding eight volumes used
+// drainManyVolumes: a Nomad client holding eight volumes used
 // by eight jobs is drained, and every job runs elsewhere with exactly its
 // data. The same drain of eight jobs without volumes, in the same run, is
 // the baseline; the bytes not yet replicated at the drain, at the rate

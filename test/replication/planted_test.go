@@ -17,15 +17,15 @@ import (
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
-// TestPlantedGenerationIsRefused: issue 35, defect 4, on real ZFS. A peer
-// with a valid node certificate sends streams of a living volume (its
-// primary on n1 at generation 1, a genuine replica on n2) whose headers
-// claim generation 2^48 (replication.MaxGeneration): a new replica on
-// n3, an incremental onto n2's replica, a full stream replacing it.
-// Each is refused; n2's replica keeps its generation and data and is
-// not set aside; no copy anywhere claims the absurd generation; and a
-// move of the volume still works, at generation 2 (a planted 2^48 would
-// have made every later move use 2^48+1, which receivers refuse).
+// TestPlantedGenerationIsRefused, on real ZFS: a peer with a valid node
+// certificate sends streams of a living volume (its primary on n1 at
+// generation 1, a genuine replica on n2) whose headers claim generation
+// 2^48 (replication.MaxGeneration): a new replica on n3, an incremental
+// onto n2's replica, a full stream replacing it. Each is refused; n2's
+// replica keeps its generation and data and is not set aside; no copy
+// anywhere claims the absurd generation; and a move of the volume still
+// works, at generation 2 (a planted 2^48 would make every later move use
+// 2^48+1, which receivers refuse).
 func TestPlantedGenerationIsRefused(t *testing.T) {
 	t.Parallel()
 	const absurd = 1 << 48

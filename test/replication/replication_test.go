@@ -267,7 +267,7 @@ func TestResumeAfterInterruption(t *testing.T) {
 				// token was tried (2026-11-23): the resume right after the
 				// link returned then failed once in two runs, zfs receive
 				// saying "kernel modules must be upgraded to receive this
-				// stream"; not understood yet (issue 12's note).
+				// stream"; not understood yet.
 				time.Sleep(30 * time.Second)
 			},
 			func(t *testing.T, n1, n2 *guestcluster.Node) {
@@ -990,19 +990,19 @@ func TestDeleteRacesTidies(t *testing.T) {
 	}
 }
 
-// TestReplicaAheadOfAMovedPrimary: issue 12, case 8. n2's replica holds a
-// snapshot after the newest one it shares with n1, taken by the primary
-// of generation 1. n1's copy is made the primary of generation 2 without
-// that snapshot, as a move or a failover leaves it, and n2 granted n1
-// generation 2 as the move's or failover's reservation does (or, in one
-// case, missed it). When n1's history holds generation 1 (planned moves
-// since) and n2 granted it generation 2, n2 takes an incremental that
-// rolls the snapshot back, and nothing is set aside. When n2 missed the
+// TestReplicaAheadOfAMovedPrimary: n2's replica holds a snapshot after
+// the newest one it shares with n1, taken by the primary of generation 1.
+// n1's copy is made the primary of generation 2 without that snapshot, as
+// a move or a failover leaves it, and n2 granted n1 generation 2 as the
+// move's or failover's reservation does (or, in one case, missed it).
+// When n1's history holds generation 1 (planned moves since) and n2
+// granted it generation 2, n2 takes an incremental that rolls the
+// snapshot back, and nothing is set aside. When n2 missed the
 // reservation, its own promise record does not show the snapshot
 // superseded: it refuses that incremental, and n1's next push sends in
 // full, the old replica set aside whole. When n1's history does not hold
-// generation 1 (a failover since), n2's replica may hold writes n1
-// lacks: n1 sends in full, and n2's old replica is set aside whole.
+// generation 1 (a failover since), n2's replica may hold writes n1 lacks:
+// n1 sends in full, and n2's old replica is set aside whole.
 func TestReplicaAheadOfAMovedPrimary(t *testing.T) {
 	t.Parallel()
 	for _, tt := range []struct {
@@ -1088,9 +1088,9 @@ func TestReplicaAheadOfAMovedPrimary(t *testing.T) {
 	}
 }
 
-// TestStalledSenderIsCutOff: issue 12, case 5. A peer with a valid node
-// certificate sends a header and half a stream, then nothing, keeping the
-// connection open. The receive ends after the idle timeout (5 s here,
+// TestStalledSenderIsCutOff: a peer with a valid node certificate sends a
+// header and half a stream, then nothing, keeping the connection open.
+// The receive ends after the idle timeout (5 s here,
 // receive_idle_timeout), the replica keeps its data, and the volume's
 // receive lock is free again: the primary's next push succeeds.
 func TestStalledSenderIsCutOff(t *testing.T) {
@@ -1140,11 +1140,11 @@ func TestStalledSenderIsCutOff(t *testing.T) {
 	}
 }
 
-// TestCertificatesRotateWithoutARestart (issue 37): a node's renewed
-// certificate is put in use when its files change and on SIGHUP, with no
-// restart: new connections are served with it and replication goes on.
-// Another node's certificate written over it is refused, naming the
-// file, and the node keeps the one in use.
+// TestCertificatesRotateWithoutARestart: a node's renewed certificate is
+// put in use when its files change and on SIGHUP, with no restart: new
+// connections are served with it and replication goes on. Another node's
+// certificate written over it is refused, naming the file, and the node
+// keeps the one in use.
 func TestCertificatesRotateWithoutARestart(t *testing.T) {
 	t.Parallel()
 	c, id, target := replicatedVolume(t, guestcluster.Options{}, "rotated")

@@ -17,16 +17,16 @@ import (
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
-// TestStalledHeadersDelayNothing: issue 35, defect 3, on real ZFS. A peer
-// with a valid node certificate opens receives on n1 and sends only a
-// header, then nothing (docs/safety.md, "A receive and the lock"). A
-// header for a primary, mounted or not, is refused at once; one for a
-// replica, or for a volume n1 lacks, stalls, holding no lock. Meanwhile a
-// stage, a fence, an unfence and deletes on n1 each answer within
-// opBound (half of copylock.DefaultWait: none of them waited for a lock), and
-// when n1's peers go, its self-fence makes the mounted primary read-only
-// within L + L/4 + F of their loss ("Why the margin covers the
-// self-fence") while the peer keeps sending headers for it.
+// TestStalledHeadersDelayNothing, on real ZFS: a peer with a valid node
+// certificate opens receives on n1 and sends only a header, then nothing
+// (docs/safety.md, "A receive and the lock"). A header for a primary,
+// mounted or not, is refused at once; one for a replica, or for a volume
+// n1 lacks, stalls, holding no lock. Meanwhile a stage, a fence, an
+// unfence and deletes on n1 each answer within opBound (half of
+// copylock.DefaultWait: none of them waited for a lock), and when n1's
+// peers go, its self-fence makes the mounted primary read-only within
+// L + L/4 + F of their loss ("Why the margin covers the self-fence")
+// while the peer keeps sending headers for it.
 func TestStalledHeadersDelayNothing(t *testing.T) {
 	const lease, margin, opBound = 8 * time.Second, 19 * time.Second, 5 * time.Second
 	c := guesttest.StartCluster(t, 3, guestcluster.Options{Lease: lease, NodeArgs: []string{"-lease-margin=" + margin.String()},

@@ -345,9 +345,9 @@ func (tc *testCluster) promise(node, id string, gen int, holder string) {
 	}
 }
 
-// TestPublishDecidesOnlyFromAMajority: issue 12, case 3. Every generation
-// is promised by a majority before it is used, so a majority of answers
-// shows it even when the node holding it is down.
+// TestPublishDecidesOnlyFromAMajority: every generation is promised by a
+// majority before it is used, so a majority of answers shows it even when
+// the node holding it is down.
 func TestPublishDecidesOnlyFromAMajority(t *testing.T) {
 	ctx := context.Background()
 	id := contract.VolumeIDForName("v")
@@ -453,10 +453,10 @@ func TestPublishDecidesOnlyFromAMajority(t *testing.T) {
 		}
 	})
 
-	// Issue 35, defect 7 (G1): nodes without peers keep no lease, so the
-	// lost primary's node never made its copy read-only; the others used
-	// to grant the failover at once. Now they refuse the controller's
-	// automatic failover and grant the operator's promotion.
+	// G1: nodes without peers keep no lease, so the lost primary's node
+	// never makes its copy read-only, and a failover granted at once
+	// would leave two writers. They refuse the controller's automatic
+	// failover and grant the operator's promotion.
 	t.Run("nodes without peers refuse an automatic failover and grant the operator's", func(t *testing.T) {
 		tc := newTestCluster(t, map[string]uint64{"n1": 4 << 30, "n2": 4 << 30, "n3": 4 << 30})
 		tc.copyOf("n1", id, contract.RolePrimary, 1)
@@ -573,10 +573,10 @@ func TestSnapshotsComeOnlyFromTheCurrentPrimary(t *testing.T) {
 	}
 }
 
-// TestNothingActsOnAStaleCopy: issue 12, G8. The newest primary's node is
-// down and a majority answers; the stale primary on n1 is neither
-// reported as the volume, nor expanded, nor cloned: each answers
-// Unavailable naming the silent node, as a publish does.
+// TestNothingActsOnAStaleCopy (G8): the newest primary's node is down and
+// a majority answers; the stale primary on n1 is neither reported as the
+// volume, nor expanded, nor cloned: each answers Unavailable naming the
+// silent node, as a publish does.
 func TestNothingActsOnAStaleCopy(t *testing.T) {
 	ctx := context.Background()
 	id := contract.VolumeIDForName("v")

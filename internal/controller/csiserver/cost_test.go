@@ -90,8 +90,8 @@ func (cc *costCluster) costOf(t *testing.T, name string, op func() error) int64 
 
 // TestCostFlatInTheNumberOfVolumes measures each call's ZFS work with 20
 // and with 220 volumes (each with a snapshot) on every node of three, and
-// fails when one grows with the count (issue 13): a call that opens every
-// volume costs seconds at a thousand.
+// fails when one grows with the count: a call that opens every volume
+// costs seconds at a thousand.
 func TestCostFlatInTheNumberOfVolumes(t *testing.T) {
 	ctx := context.Background()
 	cc := newCostCluster(t)

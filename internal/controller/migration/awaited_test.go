@@ -76,14 +76,14 @@ func TestAnAwaitedMoveIsFinishedByAnotherInstance(t *testing.T) {
 	}
 }
 
-// TestARetryOnAnotherInstanceFollowsTheRunningMove (issue 38): one
-// instance starts a volume's move and its catch-up runs; the CO's retry
-// of the publish lands on another instance, whose own move finds the
-// volume's push running on the source. It tells the first push's
-// progress and estimate (not "nothing sent") and grants the publish
-// ahead of the move's end on it; once the push ends, the volume arrives
-// with one primary. Without following the running push, the second
-// instance reported nothing sent and could not grant ahead.
+// TestARetryOnAnotherInstanceFollowsTheRunningMove: one instance starts a
+// volume's move and its catch-up runs; the CO's retry of the publish
+// lands on another instance, whose own move finds the volume's push
+// running on the source. It tells the first push's progress and estimate
+// (not "nothing sent") and grants the publish ahead of the move's end on
+// it; once the push ends, the volume arrives with one primary. Without
+// following the running push, the second instance would report nothing
+// sent and could not grant ahead.
 func TestARetryOnAnotherInstanceFollowsTheRunningMove(t *testing.T) {
 	fakes, n1, n2 := threeNodes()
 	id := n1.PutPrimary("big", 1)

@@ -27,7 +27,7 @@ func withGUIDs(c copyOn, guids ...uint64) copyOn {
 // TestFailoverNeverPicksAnUnpromisedReplica: a replica whose generation
 // no node of a majority promised came from a peer's header alone (a
 // planted replica): a failover promotes the highest generation a majority
-// promised, not it (issue 35, defect 4).
+// promised, not it.
 func TestFailoverNeverPicksAnUnpromisedReplica(t *testing.T) {
 	nodes := []cluster.Node{{Info: agentclient.NodeInfo{NodeID: "n1"}}, {Info: agentclient.NodeInfo{NodeID: "n2"}}, {Info: agentclient.NodeInfo{NodeID: "n3"}}}
 	genuine, planted := on("n2", "replica", 3, 5), on("n3", "replica", 1<<40, 9)
@@ -182,11 +182,11 @@ func TestNextGeneration(t *testing.T) {
 	}
 }
 
-// TestPromisedAway (issue 35): a promise above the copy's generation to
-// another node stands in the way of lifting the copy's fence until the
-// holder's own record promises a generation at least as high to another
-// node (after which it can never be promoted with it); the holder
-// answering without a primary is no proof.
+// TestPromisedAway: a promise above the copy's generation to another node
+// stands in the way of lifting the copy's fence until the holder's own
+// record promises a generation at least as high to another node (after
+// which it can never be promoted with it); the holder answering without a
+// primary is no proof.
 func TestPromisedAway(t *testing.T) {
 	p := on("n1", "primary", 1, 0)
 	tests := []struct {

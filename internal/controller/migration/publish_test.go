@@ -127,10 +127,10 @@ func TestPublishDecides(t *testing.T) {
 		{name: "an abandoned move: the fence is lifted", nodes: three, target: "n1", gen: 1,
 			copies: []copyOf{{node: "n1", role: contract.RolePrimary, gen: 1, movingTo: "n2", snapAt: 10}},
 			calls:  []string{"Unfence@n1"}},
-		// Issue 35: the target answered without a primary, but its own
-		// record still holds the promise: a move's final step may be
-		// promoting it. A newer generation is reserved for n1 first,
-		// which voids it, then the fence is lifted.
+		// The target answers without a primary, but its own record still
+		// holds the promise: a move's final step may be promoting it. A
+		// newer generation is reserved for n1 first, which voids it, then
+		// the fence is lifted.
 		{name: "an abandoned move whose target still holds its promise: superseded, then the fence is lifted", nodes: three, target: "n1", gen: 1,
 			copies:   []copyOf{{node: "n1", role: contract.RolePrimary, gen: 1, movingTo: "n2", snapAt: 10}, {node: "n2", role: contract.RoleReplica, gen: 1, snapAt: 10}},
 			promises: map[string]string{"n1": "2 n2", "n2": "2 n2", "n3": "2 n2"},
@@ -221,11 +221,11 @@ func heldPushes(agent *clustertest.FakeAgent, release chan struct{}) *atomic.Int
 	return &pushes
 }
 
-// TestAMoveCatchesUpInTheBackground (issue 15): a publish on a node
-// without a fresh replica starts a push of the primary there in the
-// background and answers FailedPrecondition (Nomad retries it) saying how
-// far it is, without fencing or promoting anything; retries meanwhile
-// start no second push; the retry after it is done finishes the move.
+// TestAMoveCatchesUpInTheBackground: a publish on a node without a fresh
+// replica starts a push of the primary there in the background and
+// answers FailedPrecondition (Nomad retries it) saying how far it is,
+// without fencing or promoting anything; retries meanwhile start no
+// second push; the retry after it is done finishes the move.
 func TestAMoveCatchesUpInTheBackground(t *testing.T) {
 	fakes, n1, n2 := threeNodes()
 	id := n1.PutPrimary("big", 1)
@@ -444,13 +444,13 @@ func threeNodes() (fakes *clustertest.Fakes, n1, n2 *clustertest.FakeAgent) {
 	return fakes, n1, n2
 }
 
-// TestAPublishIsGrantedAheadOfAMovesEnd (issue 15): while a volume's
-// background move to the node runs, its source unpublished, PublishAhead
-// grants the publish at once with the source's generation (the node's
-// stage waits past it) when the move is estimated to end within
-// PublishAheadWithin, and refuses it with the move's progress otherwise;
-// Publish never grants ahead, and once the move is done PublishAhead
-// grants the new generation itself.
+// TestAPublishIsGrantedAheadOfAMovesEnd: while a volume's background move
+// to the node runs, its source unpublished, PublishAhead grants the
+// publish at once with the source's generation (the node's stage waits
+// past it) when the move is estimated to end within PublishAheadWithin,
+// and refuses it with the move's progress otherwise; Publish never grants
+// ahead, and once the move is done PublishAhead grants the new generation
+// itself.
 func TestAPublishIsGrantedAheadOfAMovesEnd(t *testing.T) {
 	tests := []struct {
 		name            string
@@ -584,11 +584,11 @@ func TestAheadOf(t *testing.T) {
 	}
 }
 
-// TestAMoveGrantedAheadTriesAgainItself (issue 15): a background move
-// whose publish was granted ahead of its end gets no retry of the
-// publish after a failure, so it tries again itself, resuming the push,
-// and the volume arrives; a move not granted ahead fails and waits for
-// the publish's retry, as before.
+// TestAMoveGrantedAheadTriesAgainItself: a background move whose publish
+// was granted ahead of its end gets no retry of the publish after a
+// failure, so it tries again itself, resuming the push, and the volume
+// arrives; a move not granted ahead fails and waits for the publish's
+// retry.
 func TestAMoveGrantedAheadTriesAgainItself(t *testing.T) {
 	for _, granted := range []bool{true, false} {
 		t.Run(fmt.Sprintf("granted ahead %v", granted), func(t *testing.T) {
@@ -640,16 +640,15 @@ func TestAMoveGrantedAheadTriesAgainItself(t *testing.T) {
 	}
 }
 
-// TestAPublishToTheSourceDuringTheFinalStepIsRefused (issue 35, defect
-// 1): while a background move's final step runs (the source fenced, the
-// target's generation reserved, its promotion under way), a publish to
-// the move's source acts on no copy: it is refused, retryably, saying
-// the move runs; a publish elsewhere is refused alike. The move then
-// ends with exactly one primary, on its target. On the code before the
-// fix, the publish to the source lifted its fence (the target answered
-// without a primary yet, so its reservation looked void) and answered
-// generation 1 while the final step promoted the target to 2: two
-// primaries.
+// TestAPublishToTheSourceDuringTheFinalStepIsRefused: while a background
+// move's final step runs (the source fenced, the target's generation
+// reserved, its promotion under way), a publish to the move's source acts
+// on no copy: it is refused, retryably, saying the move runs; a publish
+// elsewhere is refused alike. The move then ends with exactly one
+// primary, on its target. A publish to the source that lifted its fence
+// (the target answers without a primary yet, so its reservation looks
+// void) would answer generation 1 while the final step promotes the
+// target to 2: two primaries.
 func TestAPublishToTheSourceDuringTheFinalStepIsRefused(t *testing.T) {
 	fakes, n1, n2 := threeNodes()
 	id := n1.PutPrimary("v", 1)

@@ -113,11 +113,11 @@ func TestBackupWaitsForRunningPush(t *testing.T) {
 	}
 }
 
-// TestBackupStallGuard (issue 35): a backup holds the volume's one push
-// slot, so a push that moves no data (a hung target or stream) is
-// cancelled after the stall timeout, as the schedule's and the moves'
-// pushes are, and the error says so. Before, the backup waited as long
-// as the command ran, and the schedule and moves of the volume with it.
+// TestBackupStallGuard: a backup holds the volume's one push slot, so a
+// push that moves no data (a hung target or stream) is cancelled after
+// the stall timeout, as the schedule's and the moves' pushes are, and the
+// error says so. Without the guard the backup would wait as long as the
+// command ran, and the schedule and moves of the volume with it.
 func TestBackupStallGuard(t *testing.T) {
 	var fakes clustertest.Fakes
 	src := fakes.Add(agentclient.NodeInfo{NodeID: "n1", AvailableBytes: 1 << 30, MaxVolumes: 100})

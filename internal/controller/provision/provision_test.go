@@ -411,9 +411,9 @@ func TestDelete(t *testing.T) {
 			wantLeft: []string{"n1:primary:1", "n2:primary:2"},
 		},
 		{
-			// Issue 35: the primary used to go first, and a publish
-			// before the retry failed the volume over to the replica
-			// left, bringing the volume back.
+			// Replicas go before the primary: were the primary deleted
+			// first, a publish before the retry would fail the volume
+			// over to the replica left, bringing the volume back.
 			name:   "a replica that cannot be deleted fails the delete before the primary goes",
 			copies: []string{"n1:primary:1", "n2:replica:1", "n3:replica:1"},
 			setup: func(w *world) {

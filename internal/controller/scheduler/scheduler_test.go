@@ -269,13 +269,13 @@ func TestStalestReplicaIsPushedFirst(t *testing.T) {
 	}
 }
 
-// TestRoundsBetweenChangesListNothing (issue 13): while no node's
-// primaries change (their volumes versions stay), a round asks the nodes
-// only who they are and pushes what the book says is due; a pushed
-// replica is not due again within its interval; a changed version, or a
-// push refused because the source lost the primary, makes the next
-// round plan in full. The nodes cannot tell what changed (as nodes older
-// than Changes): TestPlanAsksOnlyTheNodesThatChanged covers those that can.
+// TestRoundsBetweenChangesListNothing: while no node's primaries change
+// (their volumes versions stay), a round asks the nodes only who they are
+// and pushes what the book says is due; a pushed replica is not due again
+// within its interval; a changed version, or a push refused because the
+// source lost the primary, makes the next round plan in full. The nodes
+// cannot tell what changed (as nodes older than Changes):
+// TestPlanAsksOnlyTheNodesThatChanged covers those that can.
 func TestRoundsBetweenChangesListNothing(t *testing.T) {
 	cl, agents := startAgents(t, []*agent{
 		{node: node("n1", "a", 10), volumes: []agentclient.Copy{vol("a", 1, "1h"), vol("b", 1, "1h"), vol("c", 1, "1h")}},
@@ -396,11 +396,11 @@ func TestAnIncompleteRoundKeepsNoBook(t *testing.T) {
 	}
 }
 
-// TestPlanAsksOnlyTheNodesThatChanged (issue 13): after one node's
-// primaries change, the next plan asks that node what it holds and takes
-// the other nodes' holdings from the book, with the pushes made since
-// applied to them: a replica pushed to a node that is not asked again is
-// neither placed anew nor pushed to before its interval.
+// TestPlanAsksOnlyTheNodesThatChanged: after one node's primaries change,
+// the next plan asks that node what it holds and takes the other nodes'
+// holdings from the book, with the pushes made since applied to them: a
+// replica pushed to a node that is not asked again is neither placed anew
+// nor pushed to before its interval.
 func TestPlanAsksOnlyTheNodesThatChanged(t *testing.T) {
 	tests := []struct {
 		name         string
@@ -517,12 +517,12 @@ func TestFullPlanKeepsTheReplicaBeingMade(t *testing.T) {
 	}
 }
 
-// TestSurplusCopies (issue 15): after a move the demoted source is one
-// replica more than the volume asks for; a full plan removes it once it
-// was demoted SurplusGrace ago and as many kept replicas as the volume
-// wants are as fresh as it, and never otherwise: not a replica of the
-// schedule's own, not one fresher than the kept ones, not while a move
-// runs, not the volume's only replica when it wants one.
+// TestSurplusCopies: after a move the demoted source is one replica more
+// than the volume asks for; a full plan removes it once it was demoted
+// SurplusGrace ago and as many kept replicas as the volume wants are as
+// fresh as it, and never otherwise: not a replica of the schedule's own,
+// not one fresher than the kept ones, not while a move runs, not the
+// volume's only replica when it wants one.
 func TestSurplusCopies(t *testing.T) {
 	demoted := func(age time.Duration) agentclient.Copy { return replicaOf("v", age) }
 	resumable := func(c agentclient.Copy) agentclient.Copy {
@@ -602,10 +602,10 @@ func TestSurplusCopies(t *testing.T) {
 
 func ptr[T any](v T) *T { return &v }
 
-// TestTheKeptReplicaCatchesUpNotTheDemotedCopy (issue 15): after a move
-// the schedule updates the volume's other replica, not the demoted copy
-// (fresher at first), so the other becomes as fresh and the demoted copy
-// goes; pushing to the demoted copy instead would keep both for good.
+// TestTheKeptReplicaCatchesUpNotTheDemotedCopy: after a move the schedule
+// updates the volume's other replica, not the demoted copy (fresher at
+// first), so the other becomes as fresh and the demoted copy goes;
+// pushing to the demoted copy instead would keep both for good.
 func TestTheKeptReplicaCatchesUpNotTheDemotedCopy(t *testing.T) {
 	onN2 := replicaOf("v", time.Minute)
 	onN2.LastSnapshot = "zn-final"

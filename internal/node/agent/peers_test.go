@@ -45,11 +45,11 @@ func peerOverTLS(t *testing.T, cert string, server *lease.Server) *PeerClient {
 	return c
 }
 
-// TestPeerClientHoldsAnswersToTheirNode (issue 35): every node
-// certificate carries the same server name, so without a check a node
-// could answer a ping as another node, and count for the caller's lease
-// as that node, or vouch for another node's promises. The client refuses
-// both with PermissionDenied (lease.Heartbeat then counts nothing).
+// TestPeerClientHoldsAnswersToTheirNode: every node certificate carries
+// the same server name, so without a check a node could answer a ping as
+// another node, and count for the caller's lease as that node, or vouch
+// for another node's promises. The client refuses both with
+// PermissionDenied (lease.Heartbeat then counts nothing).
 func TestPeerClientHoldsAnswersToTheirNode(t *testing.T) {
 	for _, tc := range []struct {
 		name, cert, says string

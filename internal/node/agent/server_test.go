@@ -38,11 +38,10 @@ func newServer(t *testing.T) (*Server, *volume.Manager, *zfsfake.Fake) {
 	return NewServer(volumes, replicas, nil, receiver, cfg, log), volumes, fake
 }
 
-// TestChangesTellsWhatBecameOfEachChangedVolume (issue 13): the schedule's
-// round after a change asks the node what changed since the version it
-// saw; the node answers, for each volume changed since, its primary or
-// its replica here now, or neither; and cannot tell for another
-// process's version.
+// TestChangesTellsWhatBecameOfEachChangedVolume: the schedule's round
+// after a change asks the node what changed since the version it saw; the
+// node answers, for each volume changed since, its primary or its replica
+// here now, or neither; and cannot tell for another process's version.
 func TestChangesTellsWhatBecameOfEachChangedVolume(t *testing.T) {
 	ctx := context.Background()
 	s, volumes, fake := newServer(t)
@@ -93,12 +92,12 @@ func TestChangesTellsWhatBecameOfEachChangedVolume(t *testing.T) {
 	}
 }
 
-// TestDeleteSurplus (issue 15): the node removes a replica as a surplus
-// copy only when that loses nothing the caller did not judge: a copy
-// demoted after a move, whose newest snapshot is the one the schedule
-// saw, with no snapshot but replication snapshots. Anything else is
-// refused with FailedPrecondition and left as it was; a primary, or no
-// copy, is not a replica to delete.
+// TestDeleteSurplus: the node removes a replica as a surplus copy only
+// when that loses nothing the caller did not judge: a copy demoted after
+// a move, whose newest snapshot is the one the schedule saw, with no
+// snapshot but replication snapshots. Anything else is refused with
+// FailedPrecondition and left as it was; a primary, or no copy, is not a
+// replica to delete.
 func TestDeleteSurplus(t *testing.T) {
 	ctx := context.Background()
 	demoted := map[string]string{copyrecord.PropRole: replication.RoleReplica, copyrecord.PropDemotedAt: "1800000000"}

@@ -129,12 +129,12 @@ func awaitedStage(n *Node, within time.Duration) []volume.AwaitedPromotion {
 	}
 }
 
-// TestAStageGrantedAheadWaitsForThePromotion (issue 15): a publish
-// granted ahead of the end of the volume's move here names the source's
-// generation; the stage waits, holding no lock, until the copy here is
-// the primary of a newer one and then mounts it, and gives up with
-// Unavailable (Nomad retries it) before the call's deadline if it never
-// is. A context naming both keys is refused.
+// TestAStageGrantedAheadWaitsForThePromotion: a publish granted ahead of
+// the end of the volume's move here names the source's generation; the
+// stage waits, holding no lock, until the copy here is the primary of a
+// newer one and then mounts it, and gives up with Unavailable (Nomad
+// retries it) before the call's deadline if it never is. A context naming
+// both keys is refused.
 func TestAStageGrantedAheadWaitsForThePromotion(t *testing.T) {
 	after1 := map[string]string{contract.PublishContextAfterGeneration: "1"}
 	tests := []struct {

@@ -8,12 +8,12 @@ import (
 	"github.com/hashicorp/go-hclog"
 )
 
-// TestPingCountsOnlyANodeAnsweringAsItself (issue 35): every node
-// certificate carries the same server name, so without a check a node
-// could answer a ping as another node and count for this node's lease
-// as that node. The client refuses such an answer (agent.PeerClient
-// checks the certificate: agent's TestPeerClientHoldsAnswersToTheirNode);
-// the heartbeat must then not count it.
+// TestPingCountsOnlyANodeAnsweringAsItself: every node certificate
+// carries the same server name, so without a check a node could answer a
+// ping as another node and count for this node's lease as that node. The
+// client refuses such an answer (agent.PeerClient checks the certificate:
+// agent's TestPeerClientHoldsAnswersToTheirNode); the heartbeat must then
+// not count it.
 func TestPingCountsOnlyANodeAnsweringAsItself(t *testing.T) {
 	for _, tc := range []struct {
 		name, cert, says string

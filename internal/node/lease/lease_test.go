@@ -30,9 +30,8 @@ func TestHeldNeedsAMajorityOfAllPeersWithinTheLease(t *testing.T) {
 		{"its own address counts once", []string{"self", "a", "b"}, []answer{{"self", "n1", "d", 0}, {"a", "n2", "d", time.Second}}, true},
 		{"alone with its own address", []string{"self", "a", "b"}, []answer{{"self", "n1", "d", 0}}, false},
 		{"another domain counts", []string{"a", "b", "c"}, []answer{{"b", "x1", "other", 0}, {"c", "x2", "other", 0}}, true},
-		// Issue 35, defect 2: domains X={n1,n2,n3}, Y={x1,x2}; n1 hears
-		// only n2. Two of its domain's three was a lease; two of five
-		// is not.
+		// Domains X={n1,n2,n3}, Y={x1,x2}; n1 hears only n2: two of its
+		// domain's three, but two of five nodes, so no lease.
 		{"a majority of the domain is not a majority of the nodes", []string{"n2", "n3", "x1", "x2"}, []answer{{"n2", "n2", "d", 0}}, false},
 		{"a peer never heard counts against", []string{"a", "b", "c"}, []answer{{"a", "n2", "d", 0}}, false},
 		{"two of four is no majority", []string{"a", "b", "c"}, []answer{{"a", "n2", "d", 0}}, false},
@@ -99,9 +98,9 @@ func TestPeersNeverShrink(t *testing.T) {
 // TestAttest: a node attests the silence of peers that have not answered
 // it for the time needed, counted from its own start for one that never
 // did; it cannot attest an address it does not ping; without peers it
-// keeps no lease and attests nothing (issue 35, defect 7: it attested
-// anything, so nodes with the binary's default granted every failover at
-// once).
+// keeps no lease and attests nothing: a node without peers that attested
+// anything would let nodes with the binary's default grant every failover
+// at once.
 func TestAttest(t *testing.T) {
 	const need = 20 * time.Second
 	tests := []struct {

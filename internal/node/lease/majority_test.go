@@ -35,11 +35,11 @@ func failoverGranted(monitors map[string]*Monitor, addr string, n int) (bool, []
 	return len(attesting) > n/2, attesting
 }
 
-// TestDomainCutLeaseAndFailoverIntersect: issue 35, defect 2. Domains
-// X={a,b,c} and Y={d,e}; the cut {a,b} | {c,d,e}. Counting only its
-// domain, a kept its lease through b (two of three) while c, d and e, a
-// majority of the five, attested it silent: two writers. Counting every
-// node, a holds no lease (two of five) by the time they do.
+// TestDomainCutLeaseAndFailoverIntersect: domains X={a,b,c} and Y={d,e};
+// the cut {a,b} | {c,d,e}. Counting only its domain, a would keep its
+// lease through b (two of three) while c, d and e, a majority of the
+// five, attest it silent: two writers. Counting every node, a holds no
+// lease (two of five) by the time they do.
 func TestDomainCutLeaseAndFailoverIntersect(t *testing.T) {
 	nodes := []string{"a", "b", "c", "d", "e"}
 	side := map[string]int{"a": 0, "b": 0, "c": 1, "d": 1, "e": 1}
@@ -88,11 +88,11 @@ func TestDomainCutLeaseAndFailoverIntersect(t *testing.T) {
 	}
 }
 
-// TestOneWayReachability: issue 35, defect 2. a can dial b, b cannot
-// dial a, c reaches neither way. a's pings to b are answered, so a keeps
-// its lease (two of three); b, whose pings to a fail, attested a silent
-// all the same, and with c that was a majority. b now counts a's calls
-// as hearing it and attests nothing.
+// TestOneWayReachability: a can dial b, b cannot dial a, c reaches
+// neither way. a's pings to b are answered, so a keeps its lease (two of
+// three); b, whose pings to a fail, must not attest a silent, since with
+// c that would be a majority. b counts a's calls as hearing it and
+// attests nothing.
 func TestOneWayReachability(t *testing.T) {
 	for _, knownBefore := range []bool{true, false} {
 		t.Run(fmt.Sprintf("b heard a's answers before the cut: %v", knownBefore), func(t *testing.T) {
@@ -167,13 +167,12 @@ func (f *fencingVolumes) SelfFence(ctx context.Context) ([]string, error) {
 	return f.fakeVolumes.SelfFence(ctx)
 }
 
-// TestMarginCoversTheSelfFence: issue 35, defect 6. On a fake clock: x
-// records a's ping when it arrives (x's last word of a); a counts x's
-// answer up to a ping timeout (L/4) later; then the link is cut and a's
-// pings time out at every beat. At the moment x first attests a silent
-// for L+M, a must have fenced its primaries: it began at least
-// config.FenceAllowance before. With the old minimum margin (L/4) it had
-// not; with config.MinLeaseMargin it has.
+// TestMarginCoversTheSelfFence, on a fake clock: x records a's ping when
+// it arrives (x's last word of a); a counts x's answer up to a ping
+// timeout (L/4) later; then the link is cut and a's pings time out at
+// every beat. At the moment x first attests a silent for L+M, a must have
+// fenced its primaries: it began at least config.FenceAllowance before.
+// With a margin of L/4 it has not; with config.MinLeaseMargin it has.
 func TestMarginCoversTheSelfFence(t *testing.T) {
 	const lease = 8 * time.Second
 	interval := lease / 4

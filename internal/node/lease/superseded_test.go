@@ -24,14 +24,14 @@ func (v managerVolumes) Promised(ctx context.Context, id string) (uint64, error)
 	return p.Generation, err
 }
 
-// TestAReturningNodeFencesItsSupersededMount: issue 35, defect 7, on the
-// node's real volume code. A node's zfs-node was dead through a partition
-// in which its volume was failed over (generation 2 promised to n3); the
-// kernel kept the mount, read-write, and the job kept writing. The
-// process comes back: its first beat learns of the newer promise from a
-// peer and must make the mounted copy read-only at once, and the old
-// publish context (generation 1) must not stage it. Before the fix the
-// beat only logged, and the mount passed the stage.
+// TestAReturningNodeFencesItsSupersededMount, on the node's real volume
+// code: a node's zfs-node was dead through a partition in which its
+// volume was failed over (generation 2 promised to n3); the kernel kept
+// the mount, read-write, and the job kept writing. The process comes
+// back: its first beat learns of the newer promise from a peer and must
+// make the mounted copy read-only at once, and the old publish context
+// (generation 1) must not stage it. A beat that only logged the promise
+// would leave the copy writable and let the mount pass the stage.
 func TestAReturningNodeFencesItsSupersededMount(t *testing.T) {
 	ctx := context.Background()
 	fake := zfsfake.New(10<<30, "tank")

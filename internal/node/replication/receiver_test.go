@@ -283,7 +283,7 @@ func TestAStreamOfANewerReleaseIsRefused(t *testing.T) {
 // MaxGenerationLead above the generation the node's promise record holds
 // of the volume: a peer's header alone never plants a replica at a
 // generation no majority promised, such as MaxGeneration, after which
-// every promotion would need one receivers refuse (issue 35, defect 4).
+// every promotion would need one receivers refuse.
 // The replica's own label does not raise the bound: a peer's earlier
 // stream set it. A node that promised the generation, or missed fewer
 // reservations than the bound, receives as before.
@@ -457,11 +457,11 @@ func TestNoReceiveDuringAPromotion(t *testing.T) {
 	}
 }
 
-// TestReceiveBoundsTheReplicasOfOnePeer: a full stream that would create a
-// new replica is refused with ResourceExhausted once its sender's streams
-// created MaxReplicasPerPeer of the replicas here (issue 35, defect 4:
-// nothing bounded how many replicas of arbitrary volume IDs one peer could
-// create). Other peers' replicas, replicas from before the label, streams
+// TestReceiveBoundsTheReplicasOfOnePeer: a full stream that would create
+// a new replica is refused with ResourceExhausted once its sender's
+// streams created MaxReplicasPerPeer of the replicas here: without the
+// bound, one peer could create any number of replicas of arbitrary volume
+// IDs. Other peers' replicas, replicas from before the label, streams
 // into an existing replica and a node without the bound are not refused.
 func TestReceiveBoundsTheReplicasOfOnePeer(t *testing.T) {
 	replicas := func(from string, n int) []zfscmd.Child {

@@ -301,9 +301,9 @@ func TestIncrementalRollsBackOnlyWhatTheSendersHistoryHolds(t *testing.T) {
 }
 
 // TestReplacedReplicaIsSetAsideWhateverTheHeaderSays: a replica with
-// snapshots that a full stream replaces is set aside (I4; issue 16),
-// even when the sender's history_from and generation say planned moves
-// since: those are the sender's word alone (issue 35, defect 4).
+// snapshots that a full stream replaces is set aside (I4), even when the
+// sender's history_from and generation say planned moves since: those are
+// the sender's word alone.
 func TestReplacedReplicaIsSetAsideWhateverTheHeaderSays(t *testing.T) {
 	tests := []struct {
 		name        string
@@ -311,8 +311,8 @@ func TestReplacedReplicaIsSetAsideWhateverTheHeaderSays(t *testing.T) {
 		csiSnapshot bool   // the replica holds a CSI snapshot the stream lacks
 		wantAside   bool
 	}{
-		// The sender's header alone says so: a peer may lie (issue 35,
-		// defect 4), and nothing the node holds confirms it.
+		// The sender's header alone says so: a peer may lie, and nothing
+		// the node holds confirms it.
 		{"the header says planned moves since the replica's generation", 1, false, true},
 		{"planned moves since, but it holds a CSI snapshot the new copy lacks", 1, true, true},
 		{"a failover since", 2, false, true},

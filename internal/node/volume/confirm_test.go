@@ -10,14 +10,14 @@ import (
 
 // TestUnconfirmedPrimariesAreNotStaged: a node that restarted (a new
 // Manager over the same pool) stages a primary only once it was confirmed
-// current, and a lost lease forgets every confirmation. Found by the
-// fault-injection simulation (seed 37 with replays weighted up): a node
-// that lost power during a failover came back with its old primary and
-// staged it for a replayed publish context of the old generation. A
-// mounted primary is no exception (issue 35, defect 7): a zfs-node killed
-// during a partition left the mount to the kernel, the volume was failed
-// over, and the returning process staged the mount for its old publish
-// context; only a mount this process staged is re-staged at once.
+// current, and a lost lease forgets every confirmation. A node that lost
+// power during a failover comes back with its old primary, and a replayed
+// publish context of the old generation must not stage it (the
+// fault-injection simulation reaches this with seed 37 and replays
+// weighted up). A mounted primary is no exception: a zfs-node killed
+// during a partition leaves the mount to the kernel, the volume is failed
+// over, and the returning process must not stage the mount for its old
+// publish context; only a mount this process staged is re-staged at once.
 func TestUnconfirmedPrimariesAreNotStaged(t *testing.T) {
 	ctx := context.Background()
 	before, fake := newManager(t)

@@ -191,7 +191,7 @@ func TestADeleteTakesADuplicateTheListingFound(t *testing.T) {
 // it). The name decides nothing: the tombstone's copy is neither
 // destroyed nor displaced, so it is the one found, listed and restored,
 // whether the receive's own step ran or a restarted node lists the pool;
-// and a delete of the snapshot takes both copies (issue 35, defect 5).
+// and a delete of the snapshot takes both copies.
 func TestAPlantedSnapshotNeverReplacesTheKeptOne(t *testing.T) {
 	tests := []struct {
 		name string
@@ -314,7 +314,7 @@ func wantNotListed(t *testing.T, m *Manager, id string) {
 // TestOneCopyEach: the listing indexes, of the copies of one snapshot
 // ID, the one that was on the node first (lowest createtxg) or a copy of
 // the same snapshot (same GUID) on its volume's live copy; never a copy
-// of another GUID that only carries the name (issue 35, defect 5).
+// of another GUID that only carries the name.
 func TestOneCopyEach(t *testing.T) {
 	const (
 		id    = "vol-0123456789abcdef0123"

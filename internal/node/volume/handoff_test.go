@@ -92,12 +92,12 @@ func TestHandoffSteps(t *testing.T) {
 	}
 }
 
-// TestUnfenceRefusesACopyPromisedAway (issue 35, defect 1): a copy fenced
-// for a move stays fenced while this node's own record promises a newer
-// generation to the move's target: the target may be promoted with it at
-// any moment, and the copy would be a second primary. Once a newer
-// generation is reserved for this node's copy (the publish here
-// superseding the move's promise), the fence is lifted.
+// TestUnfenceRefusesACopyPromisedAway: a copy fenced for a move stays
+// fenced while this node's own record promises a newer generation to the
+// move's target: the target may be promoted with it at any moment, and
+// the copy would be a second primary. Once a newer generation is reserved
+// for this node's copy (the publish here superseding the move's promise),
+// the fence is lifted.
 func TestUnfenceRefusesACopyPromisedAway(t *testing.T) {
 	ctx := context.Background()
 	m, fake := newManager(t)

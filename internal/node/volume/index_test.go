@@ -206,10 +206,10 @@ func TestIndexListsAgainNoSoonerThanAWhileAfterAFailure(t *testing.T) {
 	read("after relistAfterFailure", 3)
 }
 
-// TestASlowListingSpacesTheNext (issue 13): an index whose listing took
-// long trusts it for relistSpacing times that, not only indexMaxAge, so a
-// node with a thousand volumes under a slow pool does not spend a tenth
-// of its time listing; a quick listing keeps indexMaxAge.
+// TestASlowListingSpacesTheNext: an index whose listing took long trusts
+// it for relistSpacing times that, not only indexMaxAge, so a node with a
+// thousand volumes under a slow pool does not spend a tenth of its time
+// listing; a quick listing keeps indexMaxAge.
 func TestASlowListingSpacesTheNext(t *testing.T) {
 	tests := []struct {
 		name     string
@@ -251,10 +251,10 @@ func TestASlowListingSpacesTheNext(t *testing.T) {
 	}
 }
 
-// TestChangedSince (issue 13): the node tells which volumes changed since
-// a version it reported, each once, as long as it can be sure: not for
-// another process's version, not past an invalidation, not further back
-// than its log, not more than the caller's limit.
+// TestChangedSince: the node tells which volumes changed since a version
+// it reported, each once, as long as it can be sure: not for another
+// process's version, not past an invalidation, not further back than its
+// log, not more than the caller's limit.
 func TestChangedSince(t *testing.T) {
 	ctx := context.Background()
 	m, _ := newManager(t)
@@ -525,11 +525,11 @@ func TestWarmIndexes(t *testing.T) {
 	}
 }
 
-// TestReceivedCSISnapshotsAreIndexed (issue 16): a CSI snapshot a
-// receive brings to a replica, without the labels it was taken with, is
-// found by ID and listed as its volume's once the receiver tells the
-// node (Received), without a listing of the node; a receive that brings
-// none reads no snapshot.
+// TestReceivedCSISnapshotsAreIndexed: a CSI snapshot a receive brings to
+// a replica, without the labels it was taken with, is found by ID and
+// listed as its volume's once the receiver tells the node (Received),
+// without a listing of the node; a receive that brings none reads no
+// snapshot.
 func TestReceivedCSISnapshotsAreIndexed(t *testing.T) {
 	ctx := context.Background()
 	m, fake := newManager(t)

@@ -90,11 +90,11 @@ func TestForcedCopyIgnoresTheLease(t *testing.T) {
 	unlock()
 }
 
-// TestSelfFenceFencesAllAtOnce: issue 35, defect 6. A node that lost its
-// lease fences every mounted primary at once: one volume whose lock is
-// busy delays only itself, so all twenty are read-only within one lock
-// wait and one switch, the allowance the lease margin makes
-// (config.FenceAllowance), not one per volume.
+// TestSelfFenceFencesAllAtOnce: a node that lost its lease fences every
+// mounted primary at once: one volume whose lock is busy delays only
+// itself, so all twenty are read-only within one lock wait and one
+// switch, the allowance the lease margin makes (config.FenceAllowance),
+// not one per volume.
 func TestSelfFenceFencesAllAtOnce(t *testing.T) {
 	const (
 		primaries = 20
@@ -132,12 +132,12 @@ func TestSelfFenceFencesAllAtOnce(t *testing.T) {
 	}
 }
 
-// TestFenceSuperseded (issue 35, defect 7): a copy this node learns a
-// newer generation was promised for elsewhere turns read-only at once,
-// mounted or not, and is not staged, the error naming the newer
-// generation; a fence for an older promise, of another generation or of
-// a copy moving away changes nothing; the controller's Unfence (a publish
-// found the promise unused) lifts it and its mark.
+// TestFenceSuperseded: a copy this node learns a newer generation was
+// promised for elsewhere turns read-only at once, mounted or not, and is
+// not staged, the error naming the newer generation; a fence for an older
+// promise, of another generation or of a copy moving away changes
+// nothing; the controller's Unfence (a publish found the promise unused)
+// lifts it and its mark.
 func TestFenceSuperseded(t *testing.T) {
 	ctx := context.Background()
 	m, fake := newManager(t)

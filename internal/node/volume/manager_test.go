@@ -590,10 +590,10 @@ func TestABusyDeleteSaysWhoHoldsTheVolume(t *testing.T) {
 	}
 }
 
-// TestDeleteOfAVolumeMountedElsewhereTouchesNothing (issue 35): a volume
-// the node unmounted may still be mounted in another mount namespace (a
-// task's); ZFS refuses its destroy as busy only after the delete dropped
-// its replication snapshots, the bases of its replicas' increments. The
+// TestDeleteOfAVolumeMountedElsewhereTouchesNothing: a volume the node
+// unmounted may still be mounted in another mount namespace (a task's);
+// ZFS refuses its destroy as busy only after the delete dropped its
+// replication snapshots, the bases of its replicas' increments. The
 // delete is refused first, naming the processes, and the volume keeps
 // every snapshot.
 func TestDeleteOfAVolumeMountedElsewhereTouchesNothing(t *testing.T) {

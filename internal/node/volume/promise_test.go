@@ -101,9 +101,9 @@ func TestReserveDoesNotWaitForTheCopy(t *testing.T) {
 }
 
 // TestPromiseRecordsStayOffTheRoot: every volume below the root inherits
-// the root's user properties, so a record kept there made every open of
-// every volume read all records (issue 13). Records go to the shards, and
-// a deletion removes them rather than leaving a "0" behind.
+// the root's user properties, so a record kept there would make every
+// open of every volume read all records. Records go to the shards, and a
+// deletion removes them rather than leaving a "0" behind.
 func TestPromiseRecordsStayOffTheRoot(t *testing.T) {
 	ctx := context.Background()
 	m, fake := newManager(t)

@@ -76,9 +76,11 @@ func TestSimulationFiveNodes(t *testing.T) {
 
 // TestSimulationLyingPeers runs half as many seeds with lying peers:
 // forged streams from a node's certificate holder, and streams it stalls,
-// on a split's cut side among others (liar.go; defect 3 of issue 35,
-// reverted, failed seed 247 only, so a fifth was too few). Replay a
-// failure with -run 'TestSimulation$' -seed N -lying-peers -v.
+// on a split's cut side among others (liar.go). Half, not a fifth: a
+// receiver that took a copy's lock on a stalled header (docs/safety.md,
+// "A receive and the lock") fails seed 247 alone, which a fifth of the
+// seeds misses.
+// Replay a failure with -run 'TestSimulation$' -seed N -lying-peers -v.
 func TestSimulationLyingPeers(t *testing.T) {
 	t.Parallel()
 	if *seedFlag != 0 || *liesFlag {

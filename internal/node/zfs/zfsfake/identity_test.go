@@ -25,12 +25,12 @@ import (
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
-// TestPushGoesOnlyToTheNodeItNames (issue 35): every node certificate
-// carries the same server name, so the handshake alone lets any node
-// answer at a peer's address. A push to a node it names (a move's final
-// push) refuses a server whose certificate names another node, and any
-// push refuses a server that says it is a node its certificate does not
-// name; neither sends anything.
+// TestPushGoesOnlyToTheNodeItNames: every node certificate carries the
+// same server name, so the handshake alone lets any node answer at a
+// peer's address. A push to a node it names (a move's final push) refuses
+// a server whose certificate names another node, and any push refuses a
+// server that says it is a node its certificate does not name; neither
+// sends anything.
 func TestPushGoesOnlyToTheNodeItNames(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
@@ -88,13 +88,13 @@ func pusherOverTLS(t *testing.T, src, dst node, cert, says string) *replication.
 	return p
 }
 
-// TestReplicateGoesOnlyToTheTargetNodeItNames (issue 35): the
-// controller's scheduled pushes, catch-ups and an operator's backups name
-// the node they push to (target_node_id), as a move's final push does:
-// the agent refuses a server at the target address whose certificate
-// names another node, sending nothing; without a name, a node that
-// answers as itself is pushed to; a request whose target and fence name
-// different nodes is refused as wrong.
+// TestReplicateGoesOnlyToTheTargetNodeItNames: the controller's scheduled
+// pushes, catch-ups and an operator's backups name the node they push to
+// (target_node_id), as a move's final push does: the agent refuses a
+// server at the target address whose certificate names another node,
+// sending nothing; without a name, a node that answers as itself is
+// pushed to; a request whose target and fence name different nodes is
+// refused as wrong.
 func TestReplicateGoesOnlyToTheTargetNodeItNames(t *testing.T) {
 	for _, tc := range []struct {
 		name string

@@ -171,12 +171,12 @@ func pusherWith(t *testing.T, src, dst node, locks *copylock.Locks) *replication
 	return p
 }
 
-// TestReplicasShareABase (issue 15): every push brings its target the
-// bases of the primary's other replicas and the target holds them with
-// their peers' tags, so a replica promoted by a failover shares a
-// snapshot with every other replica, and its first push to each is an
-// increment. Pushes alternate between two replicas, each with a snapshot
-// of its own: without the bridges the two replicas share none.
+// TestReplicasShareABase: every push brings its target the bases of the
+// primary's other replicas and the target holds them with their peers'
+// tags, so a replica promoted by a failover shares a snapshot with every
+// other replica, and its first push to each is an increment. Pushes
+// alternate between two replicas, each with a snapshot of its own:
+// without the bridges the two replicas share none.
 func TestReplicasShareABase(t *testing.T) {
 	const id = "vol-0123456789abcdef0123"
 	fs := "tank/nomad/" + id
@@ -252,11 +252,11 @@ func meshOf(t *testing.T, nodes map[string]node) func(from string) *replication.
 	}
 }
 
-// TestCSISnapshotsFollowTheirVolume (issue 16): every push brings its
-// target the CSI snapshots it lacks, those taken before the replica's
-// first full send too, each an exact state of the volume; a deleted one
-// (kept by a clone, destroyed deferred) stays behind; pruning the
-// replication snapshots leaves them alone.
+// TestCSISnapshotsFollowTheirVolume: every push brings its target the CSI
+// snapshots it lacks, those taken before the replica's first full send
+// too, each an exact state of the volume; a deleted one (kept by a clone,
+// destroyed deferred) stays behind; pruning the replication snapshots
+// leaves them alone.
 func TestCSISnapshotsFollowTheirVolume(t *testing.T) {
 	const id = "vol-0123456789abcdef0123"
 	fs := "tank/nomad/" + id
