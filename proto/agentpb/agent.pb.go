@@ -1673,8 +1673,12 @@ type Snapshot struct {
 	CreatedUnix    int64                  `protobuf:"varint,5,opt,name=created_unix,json=createdUnix,proto3" json:"created_unix,omitempty"`
 	NodeId         string                 `protobuf:"bytes,6,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
 	Deleted        bool                   `protobuf:"varint,7,opt,name=deleted,proto3" json:"deleted,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// owner_digest is the owner secret's digest of the copy the snapshot
+	// is on (docs/volumes.md, "Owner secrets"), answered when the query
+	// names the snapshot; empty when the volume has no owner.
+	OwnerDigest   string `protobuf:"bytes,8,opt,name=owner_digest,json=ownerDigest,proto3" json:"owner_digest,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Snapshot) Reset() {
@@ -1754,6 +1758,13 @@ func (x *Snapshot) GetDeleted() bool {
 		return x.Deleted
 	}
 	return false
+}
+
+func (x *Snapshot) GetOwnerDigest() string {
+	if x != nil {
+		return x.OwnerDigest
+	}
+	return ""
 }
 
 // DeleteSnapshotRequest deletes the node's copy of snapshot_id, if it
@@ -4433,7 +4444,7 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\x15CreateSnapshotRequest\x12(\n" +
 	"\x10source_volume_id\x18\x01 \x01(\tR\x0esourceVolumeId\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12,\n" +
-	"\x12created_after_unix\x18\x03 \x01(\x03R\x10createdAfterUnix\"\xde\x01\n" +
+	"\x12created_after_unix\x18\x03 \x01(\x03R\x10createdAfterUnix\"\x81\x02\n" +
 	"\bSnapshot\x12\x1f\n" +
 	"\vsnapshot_id\x18\x01 \x01(\tR\n" +
 	"snapshotId\x12\x12\n" +
@@ -4443,7 +4454,8 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"size_bytes\x18\x04 \x01(\x04R\tsizeBytes\x12!\n" +
 	"\fcreated_unix\x18\x05 \x01(\x03R\vcreatedUnix\x12\x17\n" +
 	"\anode_id\x18\x06 \x01(\tR\x06nodeId\x12\x18\n" +
-	"\adeleted\x18\a \x01(\bR\adeleted\"\xc3\x01\n" +
+	"\adeleted\x18\a \x01(\bR\adeleted\x12!\n" +
+	"\fowner_digest\x18\b \x01(\tR\vownerDigest\"\xc3\x01\n" +
 	"\x15DeleteSnapshotRequest\x12\x1f\n" +
 	"\vsnapshot_id\x18\x01 \x01(\tR\n" +
 	"snapshotId\x12+\n" +

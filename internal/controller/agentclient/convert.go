@@ -73,6 +73,7 @@ func snapshotFromPB(s *pb.Snapshot) Snapshot {
 		CreatedUnix:    s.GetCreatedUnix(),
 		NodeID:         s.GetNodeId(),
 		Deleted:        s.GetDeleted(),
+		OwnerDigest:    s.GetOwnerDigest(),
 	}
 }
 

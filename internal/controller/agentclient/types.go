@@ -95,6 +95,9 @@ type Snapshot struct {
 	// "Deleted snapshots"). Only a query WithDeleted or DeletedOnly
 	// answers records.
 	Deleted bool
+	// OwnerDigest is the owner secret's digest of the volume the copy is
+	// of, answered to a query by SnapshotID (contract.ParamOwnerDigest).
+	OwnerDigest string
 }
 
 // SnapshotQuery selects a node's snapshots: by ID, by source volume, and

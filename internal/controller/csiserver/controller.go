@@ -403,7 +403,11 @@ func (c *Controller) checkOwner(ctx context.Context, id string, secrets map[stri
 }
 
 // checkSnapshotOwner refuses the delete of snapshot id without the owner
-// secret of the volume it was taken of, while that volume exists. Nomad
+// secret of the volume it was taken of. Each node that holds a copy
+// answers the owner of the copy it is on (a volume, a replica, a
+// tombstone: each keeps its volume's parameters), so the check needs
+// neither the volume nor every node: a snapshot outlives its volume, and
+// its delete succeeds with a node away (docs/replication.md). Nomad
 // sends a snapshot delete only the secrets its command line gives
 // (`nomad volume snapshot delete -secret owner_secret=...`).
 func (c *Controller) checkSnapshotOwner(ctx context.Context, id string, secrets map[string]string) error {
@@ -414,12 +418,15 @@ func (c *Controller) checkSnapshotOwner(ctx context.Context, id string, secrets 
 	if err != nil {
 		return err
 	}
-	if len(page.Snapshots) == 0 {
-		return nil // nothing to delete
-	}
-	// Every copy of a snapshot is of one volume.
-	if err := c.checkOwner(ctx, page.Snapshots[0].SourceVolumeID, secrets); err != nil {
-		return fmt.Errorf("deleting snapshot %s (nomad volume snapshot delete -secret %s=...): %w", id, contract.SecretOwner, err)
+	for _, s := range page.Snapshots {
+		if s.OwnerDigest == "" {
+			continue
+		}
+		owned := map[string]string{contract.ParamOwnerDigest: s.OwnerDigest}
+		if err := contract.CheckOwner("snapshot "+id+" of volume "+s.SourceVolumeID, owned, secrets); err != nil {
+			return fmt.Errorf("%w (nomad volume snapshot delete -secret %s=...)", err, contract.SecretOwner)
+		}
+		return nil // every copy is of one volume, with one owner
 	}
 	return nil
 }

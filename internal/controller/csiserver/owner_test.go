@@ -140,3 +140,45 @@ func TestARestoreHasItsBackupsOwner(t *testing.T) {
 		wantCode(t, err, codes.PermissionDenied)
 	}
 }
+
+// TestASnapshotOutlivingItsVolumeKeepsItsOwner: a snapshot's owner is
+// read from the copy it is on, so with its volume deleted and a node
+// away, a delete of a snapshot of an owned volume still needs the
+// owner's secret, and one of a volume without an owner needs none.
+func TestASnapshotOutlivingItsVolumeKeepsItsOwner(t *testing.T) {
+	const secret = "owner-a-0123456789abcdef"
+	for _, owned := range []bool{false, true} {
+		tc := newTestCluster(t, map[string]uint64{"n1": 4 << 30, "n2": 4 << 30, "n3": 4 << 30})
+		ctx := context.Background()
+		ctl := tc.controller()
+		var owner map[string]string
+		if owned {
+			owner = map[string]string{contract.SecretOwner: secret}
+		}
+		created, err := ctl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "data", VolumeCapabilities: mountCap, Secrets: owner, Parameters: map[string]string{"node": "n1"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		id := created.GetVolume().GetVolumeId()
+		snap, err := ctl.CreateSnapshot(ctx, &csi.CreateSnapshotRequest{Name: "s", SourceVolumeId: id, Secrets: owner})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ctl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id, Secrets: owner}); err != nil {
+			t.Fatal(err)
+		}
+		tc.stop("n3")
+		del := func(secrets map[string]string) error {
+			_, err := ctl.DeleteSnapshot(ctx, &csi.DeleteSnapshotRequest{SnapshotId: snap.GetSnapshot().GetSnapshotId(), Secrets: secrets})
+			return err
+		}
+		if owned {
+			if err := del(nil); status.Code(err) != codes.PermissionDenied {
+				t.Errorf("owned: a delete without the secret, its volume gone and n3 away: %v, want PermissionDenied", err)
+			}
+		}
+		if err := del(owner); err != nil {
+			t.Errorf("owned %v: the owner's delete with its volume gone and n3 away: %v", owned, err)
+		}
+	}
+}

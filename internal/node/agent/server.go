@@ -394,6 +394,7 @@ func (s *Server) snapshotToPB(sn volume.Snapshot) *pb.Snapshot {
 		SizeBytes:      sn.Size,
 		CreatedUnix:    sn.Created.Unix(),
 		NodeId:         s.cfg.NodeID,
+		OwnerDigest:    sn.OwnerDigest,
 	}
 }
 

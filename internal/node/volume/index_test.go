@@ -555,8 +555,8 @@ func TestReceivedCSISnapshotsAreIndexed(t *testing.T) {
 	if err != nil || got.SourceVolumeID != id || got.Dataset != fs+"@"+snapID {
 		t.Fatalf("the received snapshot: %+v, %v; want it found on %s, of volume %s", got, err, fs, id)
 	}
-	if n := counting.Work() - before; n != 1 {
-		t.Errorf("finding it cost %d ZFS calls, want 1 (a read of it, no listing of the node)", n)
+	if n := counting.Work() - before; n != 2 {
+		t.Errorf("finding it cost %d ZFS calls, want 2 (a read of it and of the copy it is on, for its owner; no listing of the node)", n)
 	}
 	before = counting.Work()
 	m.Received(id) // nothing new

@@ -96,6 +96,9 @@ type Snapshot struct {
 	// the lower CreateTXG was on the node first.
 	GUID      uint64
 	CreateTXG uint64
+	// OwnerDigest is the owner secret's digest of the copy the snapshot
+	// is on (contract.ParamOwnerDigest), read by GetSnapshot only.
+	OwnerDigest string
 }
 
 // Capacity is what placement needs to know about this node.

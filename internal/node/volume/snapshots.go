@@ -201,9 +201,20 @@ func (m *Manager) ListSnapshots(ctx context.Context) ([]Snapshot, error) {
 	return out, nil
 }
 
-// GetSnapshot returns one snapshot by ID.
+// GetSnapshot returns one snapshot by ID, with its volume's owner: the
+// owner digest of the copy it is on (a volume, a replica, a tombstone or
+// a set-aside copy: each keeps its volume's parameters).
 func (m *Manager) GetSnapshot(ctx context.Context, id string) (Snapshot, error) {
-	return m.findSnapshot(ctx, id)
+	s, err := m.findSnapshot(ctx, id)
+	if err != nil {
+		return Snapshot{}, err
+	}
+	copyOf, err := m.zfs.Get(ctx, zfs.Parent(s.Dataset))
+	if err != nil {
+		return Snapshot{}, zfsError(err, "the copy of snapshot "+id)
+	}
+	s.OwnerDigest = copyrecord.DecodeParameters(copyOf.User[copyrecord.PropParameters])[contract.ParamOwnerDigest]
+	return s, nil
 }
 
 // findSnapshot finds a CSI snapshot through the index, reading it to be
