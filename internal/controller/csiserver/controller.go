@@ -8,7 +8,6 @@ package csiserver
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -389,17 +388,14 @@ func (c *Controller) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRe
 }
 
 // checkOwner refuses a call on volume id that does not present the
-// volume's owner secret (contract.CheckOwner). A volume that no node
-// holds has no owner to check: the call's own logic answers for it.
+// volume's owner secret (contract.CheckOwner), read from any copy of it,
+// a replica's included (provision.OwnerOf).
 func (c *Controller) checkOwner(ctx context.Context, id string, secrets map[string]string) error {
-	found, err := c.volumes.FindVolume(ctx, id)
-	switch {
-	case errors.Is(err, errdefs.ErrNotFound):
-		return nil
-	case err != nil:
+	owner, err := c.volumes.OwnerOf(ctx, id)
+	if err != nil {
 		return err
 	}
-	return contract.CheckOwner("volume "+id, found.Object.Parameters, secrets)
+	return contract.CheckOwner("volume "+id, owner, secrets)
 }
 
 // checkSnapshotOwner refuses the delete of snapshot id without the owner

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/agentclient"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 )
 
@@ -180,5 +181,32 @@ func TestASnapshotOutlivingItsVolumeKeepsItsOwner(t *testing.T) {
 		if err := del(owner); err != nil {
 			t.Errorf("owned %v: the owner's delete with its volume gone and n3 away: %v", owned, err)
 		}
+	}
+}
+
+// TestAReplicaKeepsItsVolumesOwner: with the primary gone (its node lost
+// for good) and a replica left on a node that answers, the replica's
+// recorded owner still guards the volume: a delete without the secret is
+// PermissionDenied and leaves the replica; the owner's removes it.
+func TestAReplicaKeepsItsVolumesOwner(t *testing.T) {
+	ctx := context.Background()
+	tc := newTestCluster(t, map[string]uint64{"n1": 4 << 30, "n2": 4 << 30})
+	id := contract.VolumeIDForName("v")
+	const secret = "owner-a-0123456789abcdef"
+	replica := tc.copyOf("n2", id, contract.RoleReplica, 1)
+	params := copyrecord.EncodeParameters(map[string]string{contract.ParamOwnerDigest: contract.OwnerDigest(secret)})
+	if err := tc.fakes["n2"].SetProperties(ctx, replica, map[string]string{copyrecord.PropParameters: params}); err != nil {
+		t.Fatal(err)
+	}
+	ctl := tc.controller()
+	for _, secrets := range []map[string]string{nil, {contract.SecretOwner: "owner-b-0123456789abcdef"}} {
+		_, err := ctl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id, Secrets: secrets})
+		wantCode(t, err, codes.PermissionDenied)
+		if _, err := tc.fakes["n2"].Get(ctx, replica); err != nil {
+			t.Fatalf("a refused delete removed the replica: %v", err)
+		}
+	}
+	if _, err := ctl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id, Secrets: map[string]string{contract.SecretOwner: secret}}); err != nil {
+		t.Fatalf("the owner's delete: %v", err)
 	}
 }
