@@ -1,0 +1,123 @@
+package migration
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/controller/agentclient"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
+)
+
+// grants says whose grants a reservation needs besides a majority's
+// and its holder's.
+type grants struct {
+	// everyAnswering: every node that answered must grant, not a
+	// majority (the operator's forced promotion, without a majority).
+	everyAnswering bool
+	// failover: every node attests the silence of those that did not
+	// answer, and of any node its lease knows that is not among those that
+	// did (agentclient.Reservation); every node that answered the look
+	// must grant it, and a node that holds a primary of the volume
+	// refuses it.
+	failover bool
+	// operator marks the operator's promotion: a node that keeps no lease
+	// (no peers) grants its failover on the operator's word, and refuses
+	// the controller's automatic one.
+	operator bool
+	// also names a node whose grant is needed too: a move's source, whose
+	// own record must promise the target's generation before it is fenced,
+	// so that the source's node refuses to lift that fence for any
+	// controller instance that has not superseded the promise.
+	also string
+}
+
+// reserve has a majority of the nodes promise generation gen of the
+// volume to holder's copy before it is promoted with it: no other copy
+// can then ever get gen (docs/safety.md, "Generations"). Granted, the
+// caller goes on; refused because a newer generation exists or another
+// promotion raced this one, it looks again (lookAgain, with an error
+// that says who refused); anything else answers. g says whose grants it
+// needs besides (grants).
+func (m *Migrator) reserve(ctx context.Context, id string, gen uint64, holder string, v view, g grants) (next, error) {
+	type reply struct {
+		node string
+		resp agentclient.Promise
+		err  error
+	}
+	r := agentclient.Reservation{VolumeID: id, Generation: gen, HolderNodeID: holder, Operator: g.operator, Failover: g.failover}
+	if g.failover {
+		r.FailoverFrom = v.unreachable
+		for _, n := range v.nodes {
+			r.Answering = append(r.Answering, n.Info.NodeID)
+		}
+	}
+	answers := make(chan reply, len(v.nodes))
+	for _, n := range v.nodes {
+		go func() {
+			cctx, cancel := m.call(ctx, v)
+			defer cancel()
+			resp, err := n.Agent.Reserve(cctx, r)
+			answers <- reply{n.Info.NodeID, resp, err}
+		}()
+	}
+	total := v.total()
+	granted, holderGranted, alsoGranted, waiting, holdsPrimary := 0, false, g.also == "", false, false
+	var refusals []string
+	for range v.nodes {
+		a := <-answers
+		switch {
+		case a.err != nil:
+			refusals = append(refusals, fmt.Sprintf("node %s: %v", a.node, a.err))
+			waiting = waiting || (g.failover && errors.Is(a.err, errdefs.ErrUnavailable))
+			// A node refuses a failover's reservation with
+			// FailedPrecondition while it holds a primary of the volume
+			// (volume.Manager.ReserveForFailover).
+			holdsPrimary = holdsPrimary || (g.failover && errors.Is(a.err, errdefs.ErrFailedPrecondition))
+		case a.resp.Granted:
+			granted++
+			holderGranted = holderGranted || a.node == holder
+			alsoGranted = alsoGranted || a.node == g.also
+		default:
+			refusals = append(refusals, fmt.Sprintf("node %s promised generation %d to node %s", a.node, a.resp.PromisedGeneration, a.resp.PromisedHolder))
+		}
+	}
+	enough := granted > total/2
+	switch {
+	case g.everyAnswering:
+		enough = granted == len(v.nodes)
+	case g.failover:
+		// Every node of the look must grant too: one whose answer is
+		// missing may have refused because it holds the primary now (a
+		// move promoted it after the look read it), and its refusal is
+		// what stops a failover on a torn look.
+		enough = enough && granted == len(v.nodes)
+	}
+	if enough && holderGranted && alsoGranted {
+		return goOn, nil
+	}
+	if holdsPrimary {
+		// The look was torn: a node it read as holding no primary was
+		// promoted since (a move's final step). Its refusal already kept
+		// the grants short of every node of the look; look again rather
+		// than wait.
+		m.log.Warn("no failover: a node holds the primary since the look; looking again", "volume_id", id, "generation", gen, "holder", holder,
+			"refusals", strings.Join(refusals, "; "))
+		return lookAgain, errdefs.Wrap(errdefs.ErrAborted, "generation %d of volume %s for node %s: a node holds the volume's primary (%s)",
+			gen, id, holder, strings.Join(refusals, "; "))
+	}
+	if waiting {
+		// Nodes that keep leases wait for the silent ones' to run out:
+		// looking again at once changes nothing; the CO's retry comes
+		// later.
+		m.log.Warn("generation not reserved: nodes wait for the silent ones' leases to run out", "volume_id", id, "generation", gen, "holder", holder,
+			"granted", granted, "nodes", total, "refusals", strings.Join(refusals, "; "))
+		return answer, errdefs.Wrap(errdefs.ErrUnavailable, "generation %d of volume %s for node %s: %d of %d nodes granted it (%s); retry",
+			gen, id, holder, granted, total, strings.Join(refusals, "; "))
+	}
+	m.log.Warn("generation not reserved; looking again", "volume_id", id, "generation", gen, "holder", holder,
+		"granted", granted, "nodes", total, "refusals", strings.Join(refusals, "; "))
+	return lookAgain, errdefs.Wrap(errdefs.ErrAborted, "generation %d of volume %s for node %s: %d of %d nodes granted it (%s)",
+		gen, id, holder, granted, total, strings.Join(refusals, "; "))
+}
