@@ -136,10 +136,7 @@ func (p *Provisioner) checkBackup(ctx context.Context, ref contract.BackupRef, p
 	if err != nil {
 		return err
 	}
-	if !contract.SameOwner(b.Parameters, params) {
-		return errdefs.Wrap(errdefs.ErrPermissionDenied, "backup %s belongs to another owner than this create presents: a volume made from it needs the owner secret its volume was created with (secrets { %s = \"...\" })", ref.SnapshotID(), contract.SecretOwner)
-	}
-	return nil
+	return contract.CheckSameOwner("backup "+ref.SnapshotID(), b.Parameters, params)
 }
 
 func (p *Provisioner) createOn(ctx context.Context, n cluster.Node, req agentclient.NewVolume, log hclog.Logger) (agentclient.Volume, cluster.Node, error) {

@@ -350,10 +350,8 @@ func (m *Manager) copyOf(ctx context.Context, snapshot, dataset string, props, p
 	if err != nil {
 		return err
 	}
-	// A copy has its source's owner: its data is the source's.
-	if !contract.SameOwner(copyrecord.DecodeParameters(fs.User[copyrecord.PropParameters]), params) {
-		return fmt.Errorf("%w: %s belongs to another owner than this create presents: a volume made from it needs the owner secret its volume was created with (secrets { %s = \"...\" })",
-			errdefs.ErrPermissionDenied, snapshot, contract.SecretOwner)
+	if err := contract.CheckSameOwner(snapshot, copyrecord.DecodeParameters(fs.User[copyrecord.PropParameters]), params); err != nil {
+		return err
 	}
 	props = maps.Clone(props)
 	delete(props, "encryption") // the operator's default does not apply

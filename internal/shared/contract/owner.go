@@ -111,6 +111,17 @@ func SameOwner(a, b map[string]string) bool {
 	return a[ParamOwnerDigest] == b[ParamOwnerDigest]
 }
 
+// CheckSameOwner lets a volume be made from source (what names it: a
+// snapshot, a volume, a backup) only with its owner's secret: params are
+// the create's recorded parameters, sourceParams the source's. A copy has
+// its source's owner. It answers PermissionDenied.
+func CheckSameOwner(what string, sourceParams, params map[string]string) error {
+	if SameOwner(sourceParams, params) {
+		return nil
+	}
+	return errdefs.Wrap(errdefs.ErrPermissionDenied, "%s belongs to another owner than this create presents: a volume made from it needs the owner secret its volume was created with (secrets { %s = \"...\" })", what, SecretOwner)
+}
+
 // OwnerMismatch says how a create's owner differs from an existing
 // volume's ("exists ..."), without either digest.
 func OwnerMismatch(existing, asked map[string]string) string {
