@@ -62,7 +62,7 @@ unit: need-headers ## unit tests only (skips the packages that need real ZFS)
 # The race detector over the host packages (the guest packages skip
 # themselves), the simulation on 30 seeds of each shape: a race is a
 # defect even where the tests pass (about 4 min on 2 cores). The
-# explorer runs on one P (docs/safety.md, "The explorer"): the race
+# explorer runs on one P (docs/simulation.md, "The explorer"): the race
 # detector would only slow it, so it runs in make test without.
 race: need-headers ## unit tests and a short simulation under the race detector
 	ZFS_NOMAD_SKIP_GUEST=1 go test -race -count=1 $$(go list ./... | grep -v /internal/testbed/faultsim)
@@ -156,7 +156,7 @@ soak: guest-image images ## run the guest test packages and the demo N times (N=
 	nomad=$$(./hack/nomad.sh) && ZFS_NOMAD_NOMAD=$$nomad ZFS_NOMAD_IMAGES=$(IMAGES_DIR) ./hack/soak.sh $(N) $(PKGS)
 
 # make sim SEEDS=5000 [FIRST=1]: the fault-injection simulation's long
-# mode (docs/safety.md): every failing seed listed, each replayable with
+# mode (docs/simulation.md): every failing seed listed, each replayable with
 # go test ./internal/testbed/faultsim -run 'TestSimulation$$' -seed N -v.
 SEEDS ?= 5000
 FIRST ?= 1

@@ -34,8 +34,8 @@ job "counter" {
     # A client cut off from the Nomad servers stops this task after 15 s,
     # before the servers reschedule it and a failover may promote another
     # copy: with the client's zfs-node down during the cut, nothing else
-    # would stop the task writing to its mount (docs/safety.md, "What the
-    # operator guarantees"). Nomad 1.8 or later.
+    # would stop the task writing to its mount (docs/install.md, "What the
+    # cluster must guarantee"). Nomad 1.8 or later.
     disconnect {
       stop_on_client_after = "15s"
     }

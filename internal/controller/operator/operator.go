@@ -474,7 +474,7 @@ func Promote(ctx context.Context, m *migration.Migrator, volumeID, node string, 
 	fmt.Fprintf(out, "It holds the data as of %s (snapshot %s); writes on the lost primary after that are not in it.\n", at, c.LastSnapshot)
 	fmt.Fprintf(out, "If the old primary's node returns, its copy is set aside (renamed %s-aside-<time>), never mounted.\n", volumeID)
 	if force {
-		// docs/safety.md, "What the operator guarantees", 5.
+		// docs/install.md, "What the cluster must guarantee", 5.
 		fmt.Fprintf(out, "Forced: the nodes that did not answer are declared lost. Before one of them comes back, stop its allocations and set its copy aside\n"+
 			"(on it: zfs rename <root_dataset>/%[1]s <root_dataset>/%[1]s-aside-lost), or destroy it: should node %[2]s be down when they return,\n"+
 			"they would be a majority that never heard of generation %[3]d, and could stage their older copy.\n", volumeID, c.NodeID, c.Generation)

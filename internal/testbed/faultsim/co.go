@@ -360,8 +360,8 @@ func (w *world) promote(v *simVolume, n *simNode) bool {
 
 // forcePromote is the operator's zfs-controller promote -force of a
 // replica of the volume on a node that answers, run only where the
-// operator's guarantee holds (docs/safety.md, "What the operator
-// guarantees"): the simulation knows every node's state, as the operator
+// operator's guarantee holds (docs/install.md, "What the cluster must
+// guarantee", 5): the simulation knows every node's state, as the operator
 // is trusted to. Every node the
 // controller cannot reach has no mount of the volume (its allocations
 // are stopped) and holds and promised no generation of it above what
@@ -417,7 +417,7 @@ func (w *world) forcePromote(v *simVolume) {
 }
 
 // declareLost is the rest of the operator's part of a promote -force
-// (docs/safety.md, "What the operator guarantees", 5): a node the force
+// (docs/install.md, "What the cluster must guarantee", 5): a node the force
 // declared lost comes back only empty-handed. One that is only cut off
 // is powered off now; before its process starts again, its copy of the
 // volume is set aside (returnEmptyHanded). Were it to come back with

@@ -68,7 +68,7 @@ func (c *simController) start(w *world) {
 	// zfs-controller wires it): moves catch their target up in the
 	// background and a publish is granted ahead of a move's end, so the
 	// background move, its final step and the CO's calls that arrive
-	// while it runs meet the faults (docs/safety.md, "What the
+	// while it runs meet the faults (docs/simulation.md, "What the
 	// simulation runs").
 	shipped := config.DefaultController()
 	mig := migration.New(c.cl, log)

@@ -9,7 +9,7 @@ import (
 	"time"
 )
 
-// The explorer (docs/safety.md, "The explorer") runs a scenario's actors
+// The explorer (docs/simulation.md, "The explorer") runs a scenario's actors
 // (controller instances running the real Migrator, a CO, an operator,
 // the environment) over real node processes, and enumerates the
 // interleavings of their remote calls, each call's effect and its answer

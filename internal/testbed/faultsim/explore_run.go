@@ -74,7 +74,7 @@ type explController struct {
 // explLease is the nodes' lease in the explorer, and its margin: a tick
 // (tickNow) moves the world's clock a second, a quarter of the lease and
 // the heartbeat's interval; the margin covers a ping interval and a beat,
-// as the simulation's does (docs/safety.md, "What the simulation runs").
+// as the simulation's does (docs/simulation.md, "What the simulation runs").
 const (
 	explLease  = 4 * time.Second
 	explMargin = 2 * time.Second

@@ -13,7 +13,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
 )
 
-// The explorer's scheduler (docs/safety.md, "The explorer"). Every remote
+// The explorer's scheduler (docs/simulation.md, "The explorer"). Every remote
 // call between the actors of a run (a controller instance's call to a
 // node agent, the CO's stage on a node, the environment's tick, cut or
 // heal) blocks at a gate in two places: before its effect (the request is

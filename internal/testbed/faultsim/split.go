@@ -97,7 +97,7 @@ func (w *world) split(v *simVolume) {
 	w.splitEnds = w.step + lasts
 	// A node's wall clock steps about when the cut side's lease runs out
 	// (L) and when its peers may attest its silence (L+M): the lease and
-	// the failover must not read it (docs/safety.md, "Clocks").
+	// the failover must not read it (docs/simulation.md, "Clocks").
 	w.clockSteps = []int{w.step + int(w.cfg.Lease/time.Second) + w.dice.intn(3) - 1,
 		w.step + int((w.cfg.Lease+w.cfg.LeaseMargin)/time.Second) + w.dice.intn(3) - 1}
 	w.splitAgain = func() {

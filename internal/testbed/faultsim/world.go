@@ -1,5 +1,5 @@
 // Package faultsim is a deterministic fault-injection simulation of the
-// driver (docs/safety.md, "The simulation"), after FoundationDB's
+// driver (docs/simulation.md, "The simulation"), after FoundationDB's
 // simulation testing and TigerBeetle's VOPR: the real controller (CSI
 // controller, migration, placement) and several real node processes
 // (agent, volume manager, replication, leases, CSI node service), each
