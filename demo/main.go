@@ -24,7 +24,7 @@ import (
 
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/agentclient"
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/operator"
-	"github.com/zfs-nomad/zfs-nomad/internal/node/volume"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
@@ -263,7 +263,7 @@ func (s *story) walk(ctx context.Context) error {
 				break
 			}
 		}
-		s.say("%s: %s, and its promise records (%s/%s)", n.ID, n.RootDataset, n.RootDataset, volume.PromisesDataset)
+		s.say("%s: %s, and its promise records (%s/%s)", n.ID, n.RootDataset, n.RootDataset, copyrecord.PromisesDataset)
 		if err != nil || len(left) > 0 {
 			return fmt.Errorf("%s still holds datasets 30 s after every volume and snapshot was deleted: %v %v", n.ID, left, err)
 		}

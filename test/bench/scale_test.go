@@ -20,7 +20,6 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/cluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/scheduler"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
-	"github.com/zfs-nomad/zfs-nomad/internal/node/volume"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/peers"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/tlsconfig"
@@ -132,7 +131,7 @@ func fillID(n *guestcluster.Node, i int) string {
 // from..to-1 of every node would have left there: each create reserves
 // generation 1 on every node that answers (a majority is needed), so a
 // node keeps a promise record for every volume of the cluster, in the
-// shards of volume.PromiseShard. One zfs set per shard.
+// shards of copyrecord.PromiseShard. One zfs set per shard.
 func fillPromises(b *testing.B, node *guestcluster.Node, all []*guestcluster.Node, from, to int) {
 	if to <= from {
 		return
@@ -143,13 +142,13 @@ func fillPromises(b *testing.B, node *guestcluster.Node, all []*guestcluster.Nod
 	shards := map[string][]string{}
 	if from == 0 {
 		for i := range 256 {
-			shards[volume.PromiseShard(node.RootDataset, fmt.Sprintf("vol-%020x", i))] = nil
+			shards[copyrecord.PromiseShard(node.RootDataset, fmt.Sprintf("vol-%020x", i))] = nil
 		}
 	}
 	for _, holder := range all {
 		for i := from; i < to; i++ {
 			id := fillID(holder, i)
-			shard := volume.PromiseShard(node.RootDataset, id)
+			shard := copyrecord.PromiseShard(node.RootDataset, id)
 			shards[shard] = append(shards[shard], fmt.Sprintf("%s%s='1 %s'", copyrecord.PropPromisePrefix, id, holder.ID))
 		}
 	}

@@ -12,7 +12,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
-	"github.com/zfs-nomad/zfs-nomad/internal/node/volume"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guesttest"
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
@@ -218,7 +217,7 @@ func (e *env) deleteVolume(id string) {
 // (copyrecord.PropDeletedSnapshotPrefix properties), one per line.
 func (e *env) deletionRecords(n string) string {
 	e.t.Helper()
-	ds := e.node(n).RootDataset + "/" + volume.PromisesDataset
+	ds := e.node(n).RootDataset + "/" + copyrecord.PromisesDataset
 	return strings.TrimSpace(guesttest.Run(e.t, "sh", "-c", "zfs get -H -o property,value -s local all "+ds+" 2>/dev/null | grep "+copyrecord.PropDeletedSnapshotPrefix+" || true"))
 }
 

@@ -16,7 +16,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
-	"github.com/zfs-nomad/zfs-nomad/internal/node/volume"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guestcluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guesttest"
@@ -258,11 +257,11 @@ func TestPromiseRecordsStayOffTheRoot(t *testing.T) {
 	if got := promiseProps("-s", "inherited", "all", n.RootDataset+"/"+kept); got != "" {
 		t.Errorf("the volume inherits promise records:\n%s", got)
 	}
-	shard := volume.PromiseShard(n.RootDataset, kept)
+	shard := copyrecord.PromiseShard(n.RootDataset, kept)
 	if got := strings.TrimSpace(guesttest.Run(t, "zfs", "get", "-H", "-o", "value", copyrecord.PropPromisePrefix+kept, shard)); got != "1 "+n.ID {
 		t.Errorf("record of %s in %s = %q, want generation 1 to %s", kept, shard, got, n.ID)
 	}
-	if got := promiseProps("-s", "local", "-r", "all", n.RootDataset+"/"+volume.PromisesDataset); strings.Contains(got, deleted) {
+	if got := promiseProps("-s", "local", "-r", "all", n.RootDataset+"/"+copyrecord.PromisesDataset); strings.Contains(got, deleted) {
 		t.Errorf("the deleted volume's record is left:\n%s", got)
 	}
 	if got := strings.TrimSpace(guesttest.Run(t, "zfs", "get", "-H", "-o", "value", "canmount,mountpoint", shard)); got != "off\nnone" {

@@ -334,7 +334,7 @@ func TestDeleteNeverLeavesACopyBehind(t *testing.T) {
 func (tc *testCluster) promise(node, id string, gen int, holder string) {
 	tc.t.Helper()
 	ctx, fake := context.Background(), tc.fakes[node]
-	shard := volume.PromiseShard("tank/nomad", id)
+	shard := copyrecord.PromiseShard("tank/nomad", id)
 	for _, ds := range []string{zfs.Parent(shard), shard} {
 		if err := fake.CreateFilesystem(ctx, ds, nil); err != nil && !errors.Is(err, zfs.ErrExists) {
 			tc.t.Fatal(err)

@@ -306,7 +306,7 @@ func (s *Server) CreateSnapshot(ctx context.Context, req *pb.CreateSnapshotReque
 func (s *Server) DeleteSnapshot(ctx context.Context, req *pb.DeleteSnapshotRequest) (*pb.DeleteSnapshotResponse, error) {
 	id := req.GetSnapshotId()
 	if req.GetRemember() {
-		d := volume.DeletedSnapshot{ID: id, SourceVolumeID: req.GetSourceVolumeId(), CreatedUnix: req.GetCreatedUpToUnix()}
+		d := copyrecord.DeletedSnapshot{ID: id, SourceVolumeID: req.GetSourceVolumeId(), CreatedUnix: req.GetCreatedUpToUnix()}
 		if err := s.volumes.RememberDeleted(ctx, d); err != nil {
 			return nil, err
 		}

@@ -105,7 +105,7 @@ func BoundHistoryFrom(g, generation uint64) uint64 {
 const PropPromisePrefix = propPrefix + "promise:"
 
 // PropDeletedSnapshotPrefix + snapshot ID, on the node's promises dataset:
-// "CREATED_UNIX SOURCE_VOLUME_ID" (volume.PromisesDataset).
+// "CREATED_UNIX SOURCE_VOLUME_ID" (DeletedSnapshot).
 const PropDeletedSnapshotPrefix = propPrefix + "deleted-snapshot:"
 
 // AsideName is the name a copy set aside at t gets: <dataset>-aside-<nanos>.

@@ -18,7 +18,6 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
-	"github.com/zfs-nomad/zfs-nomad/internal/node/volume"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfscmd"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
@@ -91,15 +90,15 @@ func (r *Receiver) refuseUnknownGeneration(ctx context.Context, h Header) error 
 // (volume.Manager.Reserve): the highest generation it promised, and to
 // which node; none for a volume it never promised anything of. Only
 // the controller's reservations write it: no peer's stream can.
-func (r *Receiver) promise(ctx context.Context, id string) (volume.Promise, error) {
-	record, err := r.z.Get(ctx, volume.PromiseShard(r.root, id), copyrecord.PropPromisePrefix+id)
+func (r *Receiver) promise(ctx context.Context, id string) (copyrecord.Promise, error) {
+	record, err := r.z.Get(ctx, copyrecord.PromiseShard(r.root, id), copyrecord.PropPromisePrefix+id)
 	if errors.Is(err, zfs.ErrNotFound) { // no record in this shard yet
-		return volume.Promise{}, nil
+		return copyrecord.Promise{}, nil
 	}
 	if err != nil {
-		return volume.Promise{}, fmt.Errorf("reading the promise record of volume %s: %w", id, err)
+		return copyrecord.Promise{}, fmt.Errorf("reading the promise record of volume %s: %w", id, err)
 	}
-	return volume.ParsePromise(record), nil
+	return copyrecord.ParsePromise(record), nil
 }
 
 func notAReplica(h Header, state ReplicaState) error {
@@ -322,7 +321,7 @@ func (r *Receiver) rollBackTo(ctx context.Context, fs string, snaps []zfscmd.Sna
 // own grant, part of the majority that promised it; a header is only the
 // sender's word. A deletion's promise names no node, so nothing is
 // rolled back while a volume is being deleted.
-func rollbackSuperseded(promised volume.Promise, sender string, generation uint64) bool {
+func rollbackSuperseded(promised copyrecord.Promise, sender string, generation uint64) bool {
 	return sender != "" && promised.Holder == sender && promised.Generation > generation
 }
 

@@ -14,7 +14,6 @@ import (
 
 	"github.com/zfs-nomad/zfs-nomad/internal/node/copylock"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
-	"github.com/zfs-nomad/zfs-nomad/internal/node/volume"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
 )
@@ -25,12 +24,12 @@ func putPromise(z *memPool, record string) {
 	if record == "" {
 		return
 	}
-	z.put(volume.PromiseShard(testRoot, testVolume), map[string]string{copyrecord.PropPromisePrefix + testVolume: record})
+	z.put(copyrecord.PromiseShard(testRoot, testVolume), map[string]string{copyrecord.PropPromisePrefix + testVolume: record})
 }
 
 // copies lists z's datasets but the promise records'.
 func copies(z *memPool) []string {
-	return slices.DeleteFunc(z.names(), func(n string) bool { return strings.HasPrefix(n, testRoot+"/"+volume.PromisesDataset+"/") })
+	return slices.DeleteFunc(z.names(), func(n string) bool { return strings.HasPrefix(n, testRoot+"/"+copyrecord.PromisesDataset+"/") })
 }
 
 // TestALiarsIncrementalLeavesEveryGenuineSnapshot: a peer holding a node

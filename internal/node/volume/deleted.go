@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 
@@ -22,39 +21,20 @@ import (
 // and restore while one of them answers, and deleted; then the controller
 // has the records forgotten. Records are few (they live from a delete to
 // the controller's next pass, or until an outage ends), so each node
-// keeps them as user properties of one dataset, PromisesDataset (no
+// keeps them as user properties of one dataset, copyrecord.PromisesDataset (no
 // volume descends from it), and in memory once read.
-
-// DeletedSnapshot records that every copy of snapshot ID created at or
-// before CreatedUnix is deleted.
-type DeletedSnapshot struct {
-	ID             string
-	SourceVolumeID string
-	CreatedUnix    int64
-}
-
-func (d DeletedSnapshot) String() string {
-	return strconv.FormatInt(d.CreatedUnix, 10) + " " + d.SourceVolumeID
-}
-
-func parseDeletedSnapshot(id, v string) (DeletedSnapshot, bool) {
-	created, source, _ := strings.Cut(v, " ")
-	n, err := strconv.ParseInt(created, 10, 64)
-	if err != nil || !contract.IsSnapshotID(id) {
-		return DeletedSnapshot{}, false
-	}
-	return DeletedSnapshot{ID: id, SourceVolumeID: source, CreatedUnix: n}, true
-}
 
 // deletedRecords is the node's records in memory, read from the pool on
 // first use; every change is written to the pool before it is kept here.
 type deletedRecords struct {
 	mu     sync.Mutex
 	loaded bool
-	byID   map[string]DeletedSnapshot
+	byID   map[string]copyrecord.DeletedSnapshot
 }
 
-func (m *Manager) recordsDataset() string { return m.cfg.RootDataset + "/" + PromisesDataset }
+func (m *Manager) recordsDataset() string {
+	return m.cfg.RootDataset + "/" + copyrecord.PromisesDataset
+}
 
 // loadDeleted reads the records once; the caller holds m.deleted.mu.
 func (m *Manager) loadDeleted(ctx context.Context) error {
@@ -65,10 +45,10 @@ func (m *Manager) loadDeleted(ctx context.Context) error {
 	if err != nil && !errors.Is(err, zfs.ErrNotFound) { // no dataset: no record yet
 		return zfsError(err, "reading the records of deleted snapshots")
 	}
-	m.deleted.byID = map[string]DeletedSnapshot{}
+	m.deleted.byID = map[string]copyrecord.DeletedSnapshot{}
 	for key, v := range props {
 		id := strings.TrimPrefix(key, copyrecord.PropDeletedSnapshotPrefix)
-		if d, ok := parseDeletedSnapshot(id, v); ok {
+		if d, ok := copyrecord.ParseDeletedSnapshot(id, v); ok {
 			m.deleted.byID[id] = d
 		}
 	}
@@ -78,13 +58,13 @@ func (m *Manager) loadDeleted(ctx context.Context) error {
 
 // DeletedSnapshots returns the node's records of deleted snapshots,
 // sorted by ID.
-func (m *Manager) DeletedSnapshots(ctx context.Context) ([]DeletedSnapshot, error) {
+func (m *Manager) DeletedSnapshots(ctx context.Context) ([]copyrecord.DeletedSnapshot, error) {
 	m.deleted.mu.Lock()
 	defer m.deleted.mu.Unlock()
 	if err := m.loadDeleted(ctx); err != nil {
 		return nil, err
 	}
-	out := make([]DeletedSnapshot, 0, len(m.deleted.byID))
+	out := make([]copyrecord.DeletedSnapshot, 0, len(m.deleted.byID))
 	for _, d := range m.deleted.byID {
 		out = append(out, d)
 	}
@@ -94,7 +74,7 @@ func (m *Manager) DeletedSnapshots(ctx context.Context) ([]DeletedSnapshot, erro
 
 // RememberDeleted records d; a record of the same snapshot that covers
 // later copies stays.
-func (m *Manager) RememberDeleted(ctx context.Context, d DeletedSnapshot) error {
+func (m *Manager) RememberDeleted(ctx context.Context, d copyrecord.DeletedSnapshot) error {
 	if !contract.IsSnapshotID(d.ID) || d.CreatedUnix <= 0 {
 		return fmt.Errorf("%w: remembering a deleted snapshot needs a snapshot ID and its creation time (got %q, %d)", errdefs.ErrInvalidArgument, d.ID, d.CreatedUnix)
 	}
@@ -156,11 +136,11 @@ func (m *Manager) ForgetDeleted(ctx context.Context, id string) error {
 }
 
 // deletedRecord returns the node's record of snapshot id's deletion.
-func (m *Manager) deletedRecord(ctx context.Context, id string) (DeletedSnapshot, bool, error) {
+func (m *Manager) deletedRecord(ctx context.Context, id string) (copyrecord.DeletedSnapshot, bool, error) {
 	m.deleted.mu.Lock()
 	defer m.deleted.mu.Unlock()
 	if err := m.loadDeleted(ctx); err != nil {
-		return DeletedSnapshot{}, false, err
+		return copyrecord.DeletedSnapshot{}, false, err
 	}
 	d, ok := m.deleted.byID[id]
 	return d, ok, nil

@@ -36,11 +36,11 @@ func TestDeletedSnapshotRecords(t *testing.T) {
 		t.Fatalf("a copy newer than the record was deleted: %v", err)
 	}
 
-	d := DeletedSnapshot{ID: snap.ID, SourceVolumeID: v.ID, CreatedUnix: created}
+	d := copyrecord.DeletedSnapshot{ID: snap.ID, SourceVolumeID: v.ID, CreatedUnix: created}
 	if err := m.RememberDeleted(ctx, d); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.RememberDeleted(ctx, DeletedSnapshot{ID: snap.ID, SourceVolumeID: v.ID, CreatedUnix: created - 5}); err != nil {
+	if err := m.RememberDeleted(ctx, copyrecord.DeletedSnapshot{ID: snap.ID, SourceVolumeID: v.ID, CreatedUnix: created - 5}); err != nil {
 		t.Fatal(err)
 	}
 	restarted := NewManager(fake, nil, m.cfg, hclog.NewNullLogger())
@@ -64,7 +64,7 @@ func TestDeletedSnapshotRecords(t *testing.T) {
 	if records, err := again.DeletedSnapshots(ctx); err != nil || len(records) != 0 {
 		t.Fatalf("records after forgetting: %+v, %v; want none", records, err)
 	}
-	if err := m.RememberDeleted(ctx, DeletedSnapshot{ID: "not-a-snapshot", CreatedUnix: 1}); err == nil {
+	if err := m.RememberDeleted(ctx, copyrecord.DeletedSnapshot{ID: "not-a-snapshot", CreatedUnix: 1}); err == nil {
 		t.Error("a record of no snapshot ID was accepted")
 	}
 }
@@ -98,11 +98,11 @@ func TestAReceiveDropsADeletedSnapshot(t *testing.T) {
 	ctx := context.Background()
 	v := create(t, m, CreateRequest{Name: "v"})
 	old := snapshot(t, m, v.ID, "old")
-	if err := m.RememberDeleted(ctx, DeletedSnapshot{ID: old.ID, SourceVolumeID: v.ID, CreatedUnix: old.Created.Unix()}); err != nil {
+	if err := m.RememberDeleted(ctx, copyrecord.DeletedSnapshot{ID: old.ID, SourceVolumeID: v.ID, CreatedUnix: old.Created.Unix()}); err != nil {
 		t.Fatal(err)
 	}
 	later := snapshot(t, m, v.ID, "later")
-	if err := m.RememberDeleted(ctx, DeletedSnapshot{ID: later.ID, SourceVolumeID: v.ID, CreatedUnix: later.Created.Unix() - 1}); err != nil {
+	if err := m.RememberDeleted(ctx, copyrecord.DeletedSnapshot{ID: later.ID, SourceVolumeID: v.ID, CreatedUnix: later.Created.Unix() - 1}); err != nil {
 		t.Fatal(err)
 	}
 

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
@@ -27,7 +26,7 @@ import (
 // any volume read all of them (with 3000 records on the root, reading one
 // property of a volume took 4.3 s instead of 0.23 s in the guest, and
 // listing 20 volumes 50 s instead of 0.9 s). They are spread over
-// promiseShards small datasets beside the volumes,
+// copyrecord.PromiseShards small datasets beside the volumes,
 // <root>/zn-promises/<shard>, from which no volume descends: a read or a
 // write opens one of them, holding a 64th of the records, and a deleted
 // volume's record is removed (zfs inherit), so they do not pile up.
@@ -39,50 +38,10 @@ import (
 // only the promise lock; Create, Promote and Forget take the copy's lock
 // and then the promise lock, never the other way round.
 
-// PromisesDataset is the child of the root dataset under which the
-// promise shards live; it is no volume ID, and holds no data.
-const PromisesDataset = "zn-promises"
-
-// promiseShards is how many datasets share the records: a power of two,
-// few enough that listing the node's whole tree meets few of them, and
-// enough that each holds few records (about 50 with 3000 volumes in the
-// cluster).
-const promiseShards = 64
-
-// Promise is what a node promised of one volume's generations.
-type Promise struct {
-	Generation uint64 // 0: nothing promised
-	Holder     string // the node whose copy gets the generation
-}
-
-func promiseProp(id string) string { return copyrecord.PropPromisePrefix + id }
-
-// PromiseShard is the dataset holding the promise record of volume id
-// under root: the ID ends in hex digits of a hash, spread evenly.
-func PromiseShard(root, id string) string {
-	n, _ := strconv.ParseUint(id[len(id)-2:], 16, 8)
-	return fmt.Sprintf("%s/%s/%02x", root, PromisesDataset, n%promiseShards)
-}
-
-// ParsePromise reads a promise record's value ("GENERATION HOLDER"); an
-// unset one ("-", "") promises nothing.
-func ParsePromise(v string) Promise { return parsePromise(v) }
-
-func parsePromise(v string) Promise {
-	gen, holder, _ := strings.Cut(v, " ")
-	n, err := strconv.ParseUint(gen, 10, 64)
-	if err != nil {
-		return Promise{}
-	}
-	return Promise{Generation: n, Holder: holder}
-}
-
-func (p Promise) String() string { return strconv.FormatUint(p.Generation, 10) + " " + p.Holder }
-
 // Promised returns what this node promised of volume id.
-func (m *Manager) Promised(ctx context.Context, id string) (Promise, error) {
+func (m *Manager) Promised(ctx context.Context, id string) (copyrecord.Promise, error) {
 	if !contract.IsVolumeID(id) {
-		return Promise{}, nil
+		return copyrecord.Promise{}, nil
 	}
 	p, _, err := m.readPromise(ctx, id)
 	return p, err
@@ -91,29 +50,29 @@ func (m *Manager) Promised(ctx context.Context, id string) (Promise, error) {
 // readPromise reads the record of volume id; onRoot tells that it was
 // found on the root dataset, where older builds kept them
 // (legacyPromises).
-func (m *Manager) readPromise(ctx context.Context, id string) (p Promise, onRoot bool, err error) {
-	v, ok, err := m.zfs.UserProperty(ctx, PromiseShard(m.cfg.RootDataset, id), promiseProp(id))
+func (m *Manager) readPromise(ctx context.Context, id string) (p copyrecord.Promise, onRoot bool, err error) {
+	v, ok, err := m.zfs.UserProperty(ctx, copyrecord.PromiseShard(m.cfg.RootDataset, id), copyrecord.PromiseProperty(id))
 	if errors.Is(err, zfs.ErrNotFound) { // no record in this shard yet
 		v, ok, err = "", false, nil
 	}
 	if err == nil && !ok && m.legacyPromises.Load() {
-		v, ok, err = m.zfs.UserProperty(ctx, m.cfg.RootDataset, promiseProp(id))
+		v, ok, err = m.zfs.UserProperty(ctx, m.cfg.RootDataset, copyrecord.PromiseProperty(id))
 		onRoot = ok
 	}
 	if err != nil {
-		return Promise{}, false, zfsError(err, "reading the generation promised for volume "+id)
+		return copyrecord.Promise{}, false, zfsError(err, "reading the generation promised for volume "+id)
 	}
 	if !ok {
-		return Promise{}, false, nil
+		return copyrecord.Promise{}, false, nil
 	}
-	return parsePromise(v), onRoot, nil
+	return copyrecord.ParsePromise(v), onRoot, nil
 }
 
 // writePromise records p for volume id in its shard, making the shard
 // (and the dataset of the shards) on first use.
-func (m *Manager) writePromise(ctx context.Context, id string, p Promise) error {
-	shard := PromiseShard(m.cfg.RootDataset, id)
-	record := map[string]string{promiseProp(id): p.String()}
+func (m *Manager) writePromise(ctx context.Context, id string, p copyrecord.Promise) error {
+	shard := copyrecord.PromiseShard(m.cfg.RootDataset, id)
+	record := map[string]string{copyrecord.PromiseProperty(id): p.String()}
 	err := m.zfs.SetProperties(ctx, shard, record)
 	if !errors.Is(err, zfs.ErrNotFound) {
 		return err
@@ -146,15 +105,15 @@ func (m *Manager) clearPromise(ctx context.Context, id string) error {
 	case err != nil:
 		return err
 	case onRoot: // the shard holds none
-		return m.zfs.ClearUserProperty(ctx, m.cfg.RootDataset, promiseProp(id))
+		return m.zfs.ClearUserProperty(ctx, m.cfg.RootDataset, copyrecord.PromiseProperty(id))
 	case p.Generation == 0:
 		return nil
 	}
-	if err := m.zfs.ClearUserProperty(ctx, PromiseShard(m.cfg.RootDataset, id), promiseProp(id)); err != nil {
+	if err := m.zfs.ClearUserProperty(ctx, copyrecord.PromiseShard(m.cfg.RootDataset, id), copyrecord.PromiseProperty(id)); err != nil {
 		return err
 	}
 	if m.legacyPromises.Load() { // a reservation that failed to clear it
-		return m.zfs.ClearUserProperty(ctx, m.cfg.RootDataset, promiseProp(id))
+		return m.zfs.ClearUserProperty(ctx, m.cfg.RootDataset, copyrecord.PromiseProperty(id))
 	}
 	return nil
 }
@@ -172,7 +131,7 @@ func (m *Manager) CheckLegacyPromises(ctx context.Context) error {
 	}
 	var forgotten []string // "0": what earlier builds left of a deleted volume's
 	for key, v := range legacy {
-		if parsePromise(v).Generation == 0 {
+		if copyrecord.ParsePromise(v).Generation == 0 {
 			forgotten = append(forgotten, key)
 		}
 	}
@@ -206,10 +165,10 @@ func (m *Manager) dropForgotten(keys []string, last bool) {
 }
 
 // lockedPromise reads the promise of volume id under its lock.
-func (m *Manager) lockedPromise(ctx context.Context, id string) (Promise, error) {
+func (m *Manager) lockedPromise(ctx context.Context, id string) (copyrecord.Promise, error) {
 	unlock, err := m.promiseLocks.Lock(ctx, id)
 	if err != nil {
-		return Promise{}, fmt.Errorf("%w: waiting for the promise record of volume %s: %v", errdefs.ErrAborted, id, err)
+		return copyrecord.Promise{}, fmt.Errorf("%w: waiting for the promise record of volume %s: %v", errdefs.ErrAborted, id, err)
 	}
 	defer unlock()
 	return m.Promised(ctx, id)
@@ -225,7 +184,7 @@ func (m *Manager) lockedPromise(ctx context.Context, id string) (Promise, error)
 // copy is promoted or created while the delete removes the copies; a
 // deletion's own is granted again at its generation or below (a retried
 // or a concurrent delete of the same volume).
-func (m *Manager) Reserve(ctx context.Context, id string, generation uint64, holder string) (Promise, bool, error) {
+func (m *Manager) Reserve(ctx context.Context, id string, generation uint64, holder string) (copyrecord.Promise, bool, error) {
 	return m.reserve(ctx, id, generation, holder, false)
 }
 
@@ -236,16 +195,16 @@ func (m *Manager) Reserve(ctx context.Context, id string, generation uint64, hol
 // (it read the node before a move promoted it). The check and the
 // promise share the promise's lock with Promote, so no promotion of this
 // node's copy slips between them.
-func (m *Manager) ReserveForFailover(ctx context.Context, id string, generation uint64, holder string) (Promise, bool, error) {
+func (m *Manager) ReserveForFailover(ctx context.Context, id string, generation uint64, holder string) (copyrecord.Promise, bool, error) {
 	return m.reserve(ctx, id, generation, holder, true)
 }
 
-func (m *Manager) reserve(ctx context.Context, id string, generation uint64, holder string, failover bool) (Promise, bool, error) {
+func (m *Manager) reserve(ctx context.Context, id string, generation uint64, holder string, failover bool) (copyrecord.Promise, bool, error) {
 	if !contract.IsVolumeID(id) {
-		return Promise{}, false, fmt.Errorf("%w: %q is not a volume ID", errdefs.ErrInvalidArgument, id)
+		return copyrecord.Promise{}, false, fmt.Errorf("%w: %q is not a volume ID", errdefs.ErrInvalidArgument, id)
 	}
 	if generation == 0 || holder == "" {
-		return Promise{}, false, fmt.Errorf("%w: reserving a generation of volume %s needs a generation and a holder", errdefs.ErrInvalidArgument, id)
+		return copyrecord.Promise{}, false, fmt.Errorf("%w: reserving a generation of volume %s needs a generation and a holder", errdefs.ErrInvalidArgument, id)
 	}
 	// Only the promise's lock: the copy may be receiving a move's final
 	// snapshot meanwhile. Its generation, read below without the copy's
@@ -253,12 +212,12 @@ func (m *Manager) reserve(ctx context.Context, id string, generation uint64, hol
 	// generation a controller reserves for the move (nextGeneration).
 	unlock, err := m.promiseLocks.Lock(ctx, id)
 	if err != nil {
-		return Promise{}, false, fmt.Errorf("%w: waiting for the promise record of volume %s: %v", errdefs.ErrAborted, id, err)
+		return copyrecord.Promise{}, false, fmt.Errorf("%w: waiting for the promise record of volume %s: %v", errdefs.ErrAborted, id, err)
 	}
 	defer unlock()
 	promised, onRoot, err := m.readPromise(ctx, id)
 	if err != nil {
-		return Promise{}, false, err
+		return copyrecord.Promise{}, false, err
 	}
 	if promised.Generation == generation && promised.Holder == holder {
 		return promised, true, nil
@@ -269,25 +228,25 @@ func (m *Manager) reserve(ctx context.Context, id string, generation uint64, hol
 	}
 	held, role, err := m.copyGenerationAndRole(ctx, id)
 	if err != nil {
-		return Promise{}, false, err
+		return copyrecord.Promise{}, false, err
 	}
 	if failover && role == contract.RolePrimary {
-		return Promise{}, false, fmt.Errorf("%w: node %s holds the primary of volume %s (generation %d): no failover is granted while it does; look again",
+		return copyrecord.Promise{}, false, fmt.Errorf("%w: node %s holds the primary of volume %s (generation %d): no failover is granted while it does; look again",
 			errdefs.ErrFailedPrecondition, m.cfg.NodeID, id, held)
 	}
 	known := promised
 	if held > known.Generation {
-		known = Promise{Generation: held, Holder: m.cfg.NodeID}
+		known = copyrecord.Promise{Generation: held, Holder: m.cfg.NodeID}
 	}
 	if generation <= known.Generation {
 		return known, false, nil
 	}
-	want := Promise{Generation: generation, Holder: holder}
+	want := copyrecord.Promise{Generation: generation, Holder: holder}
 	if err := m.writePromise(ctx, id, want); err != nil {
-		return Promise{}, false, zfsError(err, "recording the generation promised for volume "+id)
+		return copyrecord.Promise{}, false, zfsError(err, "recording the generation promised for volume "+id)
 	}
 	if onRoot { // superseded by the shard's record
-		if err := m.zfs.ClearUserProperty(ctx, m.cfg.RootDataset, promiseProp(id)); err != nil {
+		if err := m.zfs.ClearUserProperty(ctx, m.cfg.RootDataset, copyrecord.PromiseProperty(id)); err != nil {
 			m.log.Warn("removing the superseded promise record from the root dataset failed; its deletion retries", "volume_id", id, "error", err)
 		}
 	}

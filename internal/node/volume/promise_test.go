@@ -25,14 +25,14 @@ func TestReserve(t *testing.T) {
 		gen     uint64
 		holder  string
 		granted bool
-		stands  Promise // what a refusal names
+		stands  copyrecord.Promise // what a refusal names
 	}{
-		{"not above the copy held here", 3, "n2", false, Promise{3, "n1"}},
-		{"above it", 4, "n2", true, Promise{}},
-		{"the same again (a retry)", 4, "n2", true, Promise{}},
-		{"the same generation to another holder", 4, "n3", false, Promise{4, "n2"}},
-		{"a lower one", 2, "n3", false, Promise{4, "n2"}},
-		{"a higher one to another holder", 5, "n3", true, Promise{}},
+		{"not above the copy held here", 3, "n2", false, copyrecord.Promise{Generation: 3, Holder: "n1"}},
+		{"above it", 4, "n2", true, copyrecord.Promise{}},
+		{"the same again (a retry)", 4, "n2", true, copyrecord.Promise{}},
+		{"the same generation to another holder", 4, "n3", false, copyrecord.Promise{Generation: 4, Holder: "n2"}},
+		{"a lower one", 2, "n3", false, copyrecord.Promise{Generation: 4, Holder: "n2"}},
+		{"a higher one to another holder", 5, "n3", true, copyrecord.Promise{}},
 	}
 	for _, s := range steps {
 		got, granted, err := m.Reserve(ctx, id, s.gen, s.holder)
@@ -43,7 +43,7 @@ func TestReserve(t *testing.T) {
 			t.Errorf("%s: granted %v (%+v), want %v (%+v)", s.name, granted, got, s.granted, s.stands)
 		}
 	}
-	if p, _ := m.Promised(ctx, id); p != (Promise{5, "n3"}) {
+	if p, _ := m.Promised(ctx, id); p != (copyrecord.Promise{Generation: 5, Holder: "n3"}) {
 		t.Errorf("promised %+v, want generation 5 to n3", p)
 	}
 	deletion := []struct {
@@ -68,13 +68,13 @@ func TestReserve(t *testing.T) {
 			t.Errorf("%s: granted %v (%+v), want %v", s.name, granted, got, s.granted)
 		}
 	}
-	if p, _ := m.Promised(ctx, id); p != (Promise{6, contract.DeletionHolder}) {
+	if p, _ := m.Promised(ctx, id); p != (copyrecord.Promise{Generation: 6, Holder: contract.DeletionHolder}) {
 		t.Errorf("promised %+v, want generation 6 to the deletion", p)
 	}
 	if err := m.Forget(ctx, id); err != nil {
 		t.Fatal(err)
 	}
-	if p, _ := m.Promised(ctx, id); p != (Promise{}) {
+	if p, _ := m.Promised(ctx, id); p != (copyrecord.Promise{}) {
 		t.Errorf("after Forget: %+v, want nothing", p)
 	}
 }
@@ -123,14 +123,14 @@ func TestPromiseRecordsStayOffTheRoot(t *testing.T) {
 	}
 	perShard := map[string]int{}
 	for _, id := range ids {
-		shard := PromiseShard(root, id)
-		if !strings.HasPrefix(shard, root+"/"+PromisesDataset+"/") {
-			t.Fatalf("shard %s of %s is not under %s/%s", shard, id, root, PromisesDataset)
+		shard := copyrecord.PromiseShard(root, id)
+		if !strings.HasPrefix(shard, root+"/"+copyrecord.PromisesDataset+"/") {
+			t.Fatalf("shard %s of %s is not under %s/%s", shard, id, root, copyrecord.PromisesDataset)
 		}
 		perShard[shard]++
 	}
-	if len(perShard) > promiseShards || len(perShard) < promiseShards/2 {
-		t.Errorf("200 records in %d shards, want them spread over about %d", len(perShard), promiseShards)
+	if len(perShard) > copyrecord.PromiseShards || len(perShard) < copyrecord.PromiseShards/2 {
+		t.Errorf("200 records in %d shards, want them spread over about %d", len(perShard), copyrecord.PromiseShards)
 	}
 	for _, id := range ids[:100] {
 		if err := m.Forget(ctx, id); err != nil {
@@ -148,7 +148,7 @@ func TestPromiseRecordsStayOffTheRoot(t *testing.T) {
 	if left != 100 {
 		t.Errorf("%d records left after forgetting 100 of 200, want 100", left)
 	}
-	if p, _ := m.Promised(ctx, ids[150]); p != (Promise{1, "n2"}) {
+	if p, _ := m.Promised(ctx, ids[150]); p != (copyrecord.Promise{Generation: 1, Holder: "n2"}) {
 		t.Errorf("promised %+v, want generation 1 to n2", p)
 	}
 }
@@ -161,16 +161,16 @@ func TestLegacyPromiseRecords(t *testing.T) {
 	ctx := context.Background()
 	m, fake := newManager(t)
 	a, b := contract.VolumeIDForName("a"), contract.VolumeIDForName("b")
-	if err := fake.SetProperties(ctx, root, map[string]string{promiseProp(a): "3 n2", promiseProp(b): "1 n1"}); err != nil {
+	if err := fake.SetProperties(ctx, root, map[string]string{copyrecord.PromiseProperty(a): "3 n2", copyrecord.PromiseProperty(b): "1 n1"}); err != nil {
 		t.Fatal(err)
 	}
 	if err := m.CheckLegacyPromises(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if p, _ := m.Promised(ctx, a); p != (Promise{3, "n2"}) {
+	if p, _ := m.Promised(ctx, a); p != (copyrecord.Promise{Generation: 3, Holder: "n2"}) {
 		t.Errorf("a: promised %+v, want the root's generation 3 to n2", p)
 	}
-	if got, granted, err := m.Reserve(ctx, a, 3, "n3"); err != nil || granted || got != (Promise{3, "n2"}) {
+	if got, granted, err := m.Reserve(ctx, a, 3, "n3"); err != nil || granted || got != (copyrecord.Promise{Generation: 3, Holder: "n2"}) {
 		t.Errorf("Reserve a 3 to n3: granted %v (%+v), %v; want refused by the root's record", granted, got, err)
 	}
 	if _, granted, err := m.Reserve(ctx, a, 4, "n3"); err != nil || !granted {
@@ -182,7 +182,7 @@ func TestLegacyPromiseRecords(t *testing.T) {
 	if onRoot, _ := fake.OwnUserProperties(ctx, root, copyrecord.PropPromisePrefix); len(onRoot) != 0 {
 		t.Errorf("records left on the root: %v, want none (a moved to its shard, b forgotten)", onRoot)
 	}
-	if p, _ := m.Promised(ctx, a); p != (Promise{4, "n3"}) {
+	if p, _ := m.Promised(ctx, a); p != (copyrecord.Promise{Generation: 4, Holder: "n3"}) {
 		t.Errorf("a: promised %+v, want generation 4 to n3 from its shard", p)
 	}
 
@@ -190,10 +190,10 @@ func TestLegacyPromiseRecords(t *testing.T) {
 	if err := m.CheckLegacyPromises(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := fake.SetProperties(ctx, root, map[string]string{promiseProp(b): "9 n9"}); err != nil {
+	if err := fake.SetProperties(ctx, root, map[string]string{copyrecord.PromiseProperty(b): "9 n9"}); err != nil {
 		t.Fatal(err)
 	}
-	if p, _ := m.Promised(ctx, b); p != (Promise{}) {
+	if p, _ := m.Promised(ctx, b); p != (copyrecord.Promise{}) {
 		t.Errorf("b: promised %+v after a start that found no record on the root; want the root left unread", p)
 	}
 }
@@ -207,7 +207,7 @@ func TestForgottenLegacyRecordsGo(t *testing.T) {
 	ctx := context.Background()
 	m, fake := newManager(t)
 	old := contract.VolumeIDForName("deleted long ago")
-	if err := fake.SetProperties(ctx, root, map[string]string{promiseProp(old): "0"}); err != nil {
+	if err := fake.SetProperties(ctx, root, map[string]string{copyrecord.PromiseProperty(old): "0"}); err != nil {
 		t.Fatal(err)
 	}
 	if err := m.CheckLegacyPromises(ctx); err != nil {

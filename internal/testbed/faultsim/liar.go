@@ -15,7 +15,6 @@ import (
 
 	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/replication"
-	"github.com/zfs-nomad/zfs-nomad/internal/node/volume"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfscmd"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfsfake"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
@@ -174,13 +173,13 @@ func (w *world) promisedTo(n *simNode, id, holder string, generation uint64) boo
 
 // promise is node n's promise record of volume id as its pool holds it:
 // in the volume's shard, else in the root's legacy place.
-func (w *world) promise(n *simNode, id string) (volume.Promise, bool) {
-	for _, ds := range []string{volume.PromiseShard(rootDataset, id), rootDataset} {
+func (w *world) promise(n *simNode, id string) (copyrecord.Promise, bool) {
+	for _, ds := range []string{copyrecord.PromiseShard(rootDataset, id), rootDataset} {
 		if v := w.checker.user(n, ds, copyrecord.PropPromisePrefix+id); v != "" {
-			return volume.ParsePromise(v), true
+			return copyrecord.ParsePromise(v), true
 		}
 	}
-	return volume.Promise{}, false
+	return copyrecord.Promise{}, false
 }
 
 // sendForged sends a forged stream from liar's identity to victim and

@@ -36,7 +36,7 @@ import (
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 
-	"github.com/zfs-nomad/zfs-nomad/internal/node/volume"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/protocol"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/tlsconfig"
 )
@@ -80,7 +80,7 @@ func RunWithInput(input, name string, args ...string) (string, error) {
 }
 
 // DatasetsLeft lists what a node holds under its root dataset besides the
-// root and its promise records (volume.PromisesDataset, which outlive
+// root and its promise records (copyrecord.PromisesDataset, which outlive
 // every volume): the datasets and snapshots of volumes, replicas and
 // copies set aside. Empty once every volume is deleted.
 func DatasetsLeft(root string) ([]string, error) {
@@ -88,7 +88,7 @@ func DatasetsLeft(root string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	promises := root + "/" + volume.PromisesDataset
+	promises := root + "/" + copyrecord.PromisesDataset
 	var left []string
 	for _, name := range strings.Fields(out) {
 		if name != root && name != promises && !strings.HasPrefix(name, promises+"/") {
