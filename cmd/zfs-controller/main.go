@@ -70,15 +70,31 @@ var commands = []command{
 	{"status", "[flags] [-json]", "Show every node's volumes, replicas and their lag, running transfers, moves in progress and stale copies set aside", status},
 	{"promote", "[flags] [-node NODE] [-force] VOLUME", "Promote a replica of a volume whose primary's node is lost (failover=manual)", promote},
 	{"remove-replica", "[flags] -node NODE [-force] VOLUME", "Remove one node's replica of a volume", removeReplica},
-	{"tls", "ca [-days N] DIR | cert -ca DIR -role node|controller|operator|backup [-days N] [-out DIR] NAME | issue -ca DIR [-out DIR] [-nomad-vars] CLIENT...", "Make the agent port's CA, and certificates for nodes, backup targets, the controller and operators; issue makes every client's, the controller's and an operator's in one step", tlsCommand},
-	{"version", "", "Print the version", func(command, []string) error {
-		fmt.Printf("zfs-controller %s (agent protocol %d)\n", version.Version, protocol.Version)
-		return nil
-	}},
+	{"tls", "ca|cert|issue [flags] [arguments]", "Make the agent port's CA, and certificates for nodes, backup targets, the controller and operators; issue makes every client's, the controller's and an operator's in one step", tlsCommand},
+	{"tls ca", "[-days N] [-name NAME] DIR", "Make a CA in DIR: ca.pem, which every node, the controller and operators trust, and ca-key.pem, which only this command needs (keep it off the clients)", func(_ command, args []string) error { return tlsCA(args) }},
+	{"tls cert", "-ca DIR -role node|controller|operator|backup [-days N] [-out DIR] NAME", "Issue a certificate and key, NAME.pem and NAME-key.pem, from the CA in -ca", func(_ command, args []string) error { return tlsCert(args) }},
+	{"tls issue", "-ca DIR [-days N] [-stagger-days N] [-out DIR] [-operator NAME] [-nomad-vars] CLIENT...", "Issue every client's certificate, the controller's and an operator's in one step, and with -nomad-vars put them into the Nomad Variables the jobs read", func(_ command, args []string) error { return tlsIssue(args, os.Getenv) }},
+	{"version", "", "Print the version", printVersion},
 }
 
 func main() {
-	os.Exit(exitCode(run(os.Args[1:], os.Getenv), os.Stderr))
+	os.Exit(run(os.Args[1:], os.Getenv, os.Stdout, os.Stderr))
+}
+
+// printVersion prints the version line; it takes no flags.
+func printVersion(c command, args []string) error {
+	fs := flag.NewFlagSet("zfs-controller version", flag.ContinueOnError)
+	fs.SetOutput(usageOutput)
+	fs.Usage = func() { fmt.Fprintln(fs.Output(), c.usage()) }
+	rest, err := config.ParseArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(rest) > 0 {
+		return fmt.Errorf("%w: version takes no arguments, got %q", config.ErrUsage, rest)
+	}
+	fmt.Println(versionLine())
+	return nil
 }
 
 // exitCode reports err and turns it into the exit status: 0 for none or
@@ -101,49 +117,9 @@ func exitCode(err error, stderr io.Writer) int {
 	}
 }
 
-// run picks the command. Without arguments it serves when the environment
-// configures a server (a CO sets CSI_ENDPOINT for its plugins), and lists
-// the commands otherwise.
-func run(args []string, getenv func(string) string) error {
-	if len(args) == 0 {
-		if getenv("CSI_ENDPOINT") != "" || getenv(config.EnvPrefix+"CONFIG") != "" {
-			return serve(commands[0], args)
-		}
-		printCommands(os.Stderr)
-		return fmt.Errorf("%w: no command given", config.ErrUsage)
-	}
-	switch first := args[0]; first {
-	case "-h", "-help", "--help", "help":
-		if len(args) > 1 && first == "help" {
-			return run([]string{args[1], "-h"}, getenv)
-		}
-		printCommands(os.Stdout)
-		return nil
-	case "-version", "--version":
-		return run([]string{"version"}, getenv)
-	}
-	if args[0][0] == '-' {
-		return serve(commands[0], args)
-	}
-	for _, c := range commands {
-		if c.name == args[0] {
-			return c.run(c, args[1:])
-		}
-	}
-	return fmt.Errorf("%w: unknown command %q; zfs-controller -h lists the commands", config.ErrUsage, args[0])
-}
-
-func printCommands(out io.Writer) {
-	fmt.Fprintf(out, "usage: zfs-controller COMMAND [flags] [arguments]\n\nCommands:\n")
-	for _, c := range commands {
-		fmt.Fprintf(out, "  %-15s %s\n", c.name, c.summary)
-	}
-	fmt.Fprintf(out, "\nzfs-controller COMMAND -h shows a command's usage and flags; docs/config.md the configuration.\n")
-}
-
 // serve runs the controller plugin until SIGINT or SIGTERM.
 func serve(c command, args []string) error {
-	cfg, err := config.LoadController(c.usage(), args, os.Getenv, os.Stderr)
+	cfg, err := config.LoadController(c.usage(), args, os.Getenv, usageOutput)
 	if err != nil {
 		return err
 	}
@@ -344,7 +320,7 @@ func agentDialOptions(cfg config.Controller, roles []string, log hclog.Logger) (
 // flags), checks its arguments (one, which arg names, or none when arg is
 // empty), and connects to the node agents. The caller closes the session.
 func connect(c command, args []string, arg string, extra func(*flag.FlagSet)) (session, error) {
-	cfg, rest, err := config.LoadOperator("zfs-controller "+c.name, c.usage(), args, os.Getenv, os.Stderr, extra)
+	cfg, rest, err := config.LoadOperator("zfs-controller "+c.name, c.usage(), args, os.Getenv, usageOutput, extra)
 	if err != nil {
 		return session{}, err
 	}
@@ -529,7 +505,7 @@ func restore(c command, args []string) error {
 // it returns the arguments after the flags. The caller closes the
 // targets.
 func connectTargets(c command, args []string, extra func(*flag.FlagSet)) (*agentclient.Targets, []string, error) {
-	cfg, rest, err := config.LoadOperator("zfs-controller "+c.name, c.usage(), args, os.Getenv, os.Stderr, extra)
+	cfg, rest, err := config.LoadOperator("zfs-controller "+c.name, c.usage(), args, os.Getenv, usageOutput, extra)
 	if err != nil {
 		return nil, nil, err
 	}

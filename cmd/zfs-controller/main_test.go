@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -64,12 +65,81 @@ func TestCommandLine(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.args, func(t *testing.T) {
-			err := run(strings.Fields(tc.args), noEnv)
-			if code := exitCode(err, io.Discard); code != tc.code || tc.errorHas != "" && !strings.Contains(err.Error(), tc.errorHas) {
-				t.Errorf("zfs-controller %s: exit %d, %v; want exit %d and an error naming %q", tc.args, code, err, tc.code, tc.errorHas)
+			var stdout, stderr strings.Builder
+			code := run(strings.Fields(tc.args), noEnv, &stdout, &stderr)
+			if code != tc.code || !strings.Contains(stderr.String(), tc.errorHas) {
+				t.Errorf("zfs-controller %s: exit %d, stderr %q; want exit %d and an error naming %q", tc.args, code, stderr.String(), tc.code, tc.errorHas)
 			}
 		})
 	}
+}
+
+// TestHelp: -h anywhere on a command's line, help COMMAND and a nested
+// command's -h print that command's usage and its flags on stdout.
+func TestHelp(t *testing.T) {
+	noEnv := func(string) string { return "" }
+	for _, tc := range []struct{ args, want string }{
+		{"-h", "Commands:"},
+		{"help", "remove-replica"},
+		{"help promote", "-force"},
+		{"promote web-data -h", "usage: zfs-controller promote"},
+		{"promote -h web-data", "-node string"},
+		{"tls -h", "issue"},
+		{"tls issue -h", "-stagger-days"},
+		{"tls cert vol -h", "-role string"},
+		{"serve -h", "-csi-endpoint"},
+		{"version -h", "usage: zfs-controller version"},
+	} {
+		var stdout, stderr strings.Builder
+		if code := run(strings.Fields(tc.args), noEnv, &stdout, &stderr); code != 0 || !strings.Contains(stdout.String(), tc.want) {
+			t.Errorf("zfs-controller %s: exit %d, stdout %q, stderr %q; want exit 0 and %q on stdout", tc.args, code, stdout.String(), stderr.String(), tc.want)
+		}
+	}
+}
+
+// TestCompletion: with COMP_LINE set, as a shell's completion calls it,
+// the binary prints the words that complete the line: commands, nested
+// commands and each command's flags.
+func TestCompletion(t *testing.T) {
+	for _, tc := range []struct {
+		line string
+		want []string
+	}{
+		{"zfs-controller pro", []string{"promote"}},
+		{"zfs-controller tls ", []string{"ca", "cert", "issue"}},
+		{"zfs-controller promote -fo", []string{"-force"}},
+		{"zfs-controller tls issue -stag", []string{"-stagger-days"}},
+		{"zfs-controller status -tls-c", []string{"-tls-ca", "-tls-cert"}},
+	} {
+		got := completions(t, tc.line)
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("completing %q: %q, want %q", tc.line, got, tc.want)
+		}
+	}
+}
+
+// completions runs the command line as a shell's completion does and
+// returns the words printed, sorted. The library prints them on the
+// process's stdout.
+func completions(t *testing.T, line string) []string {
+	t.Helper()
+	t.Setenv("COMP_LINE", line)
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout := os.Stdout
+	os.Stdout = w
+	code := run(nil, os.Getenv, io.Discard, io.Discard)
+	os.Stdout = stdout
+	w.Close()
+	out, _ := io.ReadAll(r)
+	if code != 0 {
+		t.Fatalf("completing %q: exit %d", line, code)
+	}
+	words := strings.Fields(string(out))
+	slices.Sort(words)
+	return words
 }
 
 // TestTLSCommands: a CA, then a node's certificate from it, as
@@ -83,12 +153,14 @@ func TestTLSCommands(t *testing.T) {
 		{"tls", "ca", ca},
 		{"tls", "cert", "-ca", ca, "-role", "node", "-days", "90", "-out", out, "client-1"},
 	} {
-		if err := run(args, noEnv); err != nil {
-			t.Fatalf("zfs-controller %s: %v", strings.Join(args, " "), err)
+		var stderr strings.Builder
+		if code := run(args, noEnv, io.Discard, &stderr); code != 0 {
+			t.Fatalf("zfs-controller %s: exit %d, %s", strings.Join(args, " "), code, stderr.String())
 		}
 	}
-	if err := run([]string{"tls", "ca", ca}, noEnv); err == nil || !strings.Contains(err.Error(), "already exists") {
-		t.Errorf("a second CA over the first: %v, want refused", err)
+	var stderr strings.Builder
+	if code := run([]string{"tls", "ca", ca}, noEnv, io.Discard, &stderr); code != 1 || !strings.Contains(stderr.String(), "already exists") {
+		t.Errorf("a second CA over the first: exit %d, %s; want refused", code, stderr.String())
 	}
 	files := tlsconfig.Files{CA: filepath.Join(ca, "ca.pem"), Cert: filepath.Join(out, "client-1.pem"), Key: filepath.Join(out, "client-1-key.pem")}
 	if _, err := tlsconfig.Load(files); err != nil {

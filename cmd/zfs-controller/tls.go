@@ -19,15 +19,8 @@ func tlsCommand(c command, args []string) error {
 	if len(args) == 0 {
 		return fmt.Errorf("%w: tls needs ca, cert or issue (usage: zfs-controller tls %s)", config.ErrUsage, c.args)
 	}
-	switch args[0] {
-	case "ca":
-		return tlsCA(args[1:])
-	case "cert":
-		return tlsCert(args[1:])
-	case "issue":
-		return tlsIssue(args[1:], os.Getenv)
-	case "-h", "-help", "--help":
-		fmt.Fprintln(os.Stderr, c.usage())
+	if args[0] == "-h" {
+		fmt.Fprintln(usageOutput, c.usage())
 		return flag.ErrHelp
 	}
 	return fmt.Errorf("%w: unknown tls command %q: want ca, cert or issue", config.ErrUsage, args[0])
@@ -94,6 +87,7 @@ func tlsCert(args []string) error {
 
 func tlsFlagSet(args, summary string) *flag.FlagSet {
 	fs := flag.NewFlagSet("zfs-controller tls", flag.ContinueOnError)
+	fs.SetOutput(usageOutput)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: zfs-controller tls %s\n\n%s.\n\nFlags:\n", args, summary)
 		fs.PrintDefaults()
