@@ -272,7 +272,7 @@ func (e *e2e) rotateCertificates(job allocation) {
 	e.tell("FIGURE certificates rotated through Nomad variables: every node's renewed certificate in use %s after the variables were put, %s after the backup started (%s); the backup took %s",
 		(inUse - put).Round(100*time.Millisecond), inUse.Round(100*time.Millisecond), running, time.Since(began).Round(100*time.Millisecond))
 	if err != nil || !strings.Contains(output.String(), "done:") {
-		e.t.Fatalf("the backup during the rotation: %v\n%s", err, output)
+		e.t.Fatalf("the backup during the rotation: %v\n%s\nthe node plugins' warnings and errors:\n%s", err, output, e.nodeWarnings())
 	}
 	e.eventually(time.Minute, "every controller instance's renewed certificate in use", func() error {
 		for _, node := range e.runningOn("zfs-nomad-controller") {
@@ -308,6 +308,16 @@ func (e *e2e) rotateCertificates(job allocation) {
 		e.t.Fatalf("n2 uses a certificate expiring %s after the expired one was refused, want the renewed one's %s", inUse, want)
 	}
 	e.putTLSVariable("n2", renewed["n2"])
+}
+
+// nodeWarnings is every node plugin's WARN and ERROR lines, by node:
+// what explains why an operator command found no node answering.
+func (e *e2e) nodeWarnings() string {
+	var b strings.Builder
+	for _, n := range e.c.Nodes {
+		fmt.Fprintf(&b, "-- %s:\n%s\n", n.ID, warnings(e.pluginLog("zfs-nomad-node", "zfs-node", n.ID)))
+	}
+	return b.String()
 }
 
 // startOperator starts a zfs-controller operator command, as operator

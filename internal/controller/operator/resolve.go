@@ -32,7 +32,7 @@ func ResolveVolume(ctx context.Context, cl *cluster.Cluster, arg string, out io.
 	id, how, err := resolveAmong(report.Copies, arg)
 	if err != nil {
 		if len(report.Unreachable) > 0 {
-			err = fmt.Errorf("%w (%d node(s) did not answer and may hold it: zfs-controller status says which)", err, len(report.Unreachable))
+			err = fmt.Errorf("%w (%d node(s) did not answer and may hold it: %s)", err, len(report.Unreachable), whyUnanswered(report.Unreachable))
 		}
 		return "", err
 	}
@@ -40,6 +40,20 @@ func ResolveVolume(ctx context.Context, cl *cluster.Cluster, arg string, out io.
 		fmt.Fprintf(out, "volume %s: %s\n", id, how)
 	}
 	return id, nil
+}
+
+// whyUnanswered says why each node did not answer, the first three of them
+// (zfs-controller status lists them all).
+func whyUnanswered(nodes []Unreachable) string {
+	const shown = 3
+	var out []string
+	for _, u := range nodes[:min(len(nodes), shown)] {
+		out = append(out, u.Node+": "+u.Error)
+	}
+	if len(nodes) > shown {
+		out = append(out, fmt.Sprintf("and %d more (zfs-controller status lists them)", len(nodes)-shown))
+	}
+	return strings.Join(out, "; ")
 }
 
 // resolveAmong resolves arg among the copies that answered. how is empty

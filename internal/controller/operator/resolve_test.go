@@ -57,3 +57,27 @@ func TestANameNeverResolvesSilently(t *testing.T) {
 		})
 	}
 }
+
+// TestAnUnresolvedNameSaysWhyNodesDidNotAnswer: a name no answering node
+// holds names the nodes that did not answer and why, three at most.
+func TestAnUnresolvedNameSaysWhyNodesDidNotAnswer(t *testing.T) {
+	down := func(n int) []Unreachable {
+		var out []Unreachable
+		for i := range n {
+			out = append(out, Unreachable{Node: "n" + string(rune('1'+i)), Error: "no answer in time"})
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		nodes int
+		want  string
+	}{
+		{1, "n1: no answer in time"},
+		{3, "n1: no answer in time; n2: no answer in time; n3: no answer in time"},
+		{5, "n3: no answer in time; and 2 more (zfs-controller status lists them)"},
+	} {
+		if got := whyUnanswered(down(tc.nodes)); !strings.HasSuffix(got, tc.want) {
+			t.Errorf("%d nodes down: %q, want it to end %q", tc.nodes, got, tc.want)
+		}
+	}
+}
