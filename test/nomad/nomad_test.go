@@ -644,20 +644,18 @@ func (e *e2e) deployPluginsOn(nodes int) {
 		e.putTLSVariables()
 		tls = []string{"-var", "tls_from=variables"}
 	}
-	node, controller = append(node, tls...), append(controller, tls...)
-	e.nomad(append(append([]string{"job", "run", "-detach"}, node...),
-		"-var", "log_level=debug",
+	nodeRun, controllerRun := e.pluginRuns(node, controller)
+	nodeRun = nodeRun.before(slices.Concat([]string{"-detach"}, tls, []string{"-var", "log_level=debug",
 		// Leases short enough for the failover steps: a failover away
 		// from a killed node waits 27 s of silence instead of 60 (the
 		// smallest margin config accepts with an 8 s lease).
-		"-var", "extra_args="+hclList(slices.Concat([]string{"-lease", "8s", "-lease-margin", "19s"}, agentPortFlags(), e.backupFlags(false))),
-		e.file("zfs-node.nomad.hcl"))...)
-	e.nomad(append(append([]string{"job", "run", "-detach"}, controller...),
+		"-var", "extra_args=" + hclList(slices.Concat([]string{"-lease", "8s", "-lease-margin", "19s"}, agentPortFlags(), e.backupFlags(false)))})...)
+	controllerRun = controllerRun.before(slices.Concat([]string{"-detach"}, tls, []string{"-var", "log_level=debug",
 		// Surplus copies go at once: the many-volume drain checks that
 		// the copy a move left of a volume without replicas goes.
-		"-var", "extra_args="+hclList(slices.Concat([]string{"-agent-timeout", "10s", "-surplus-grace", "0s"}, agentPortFlags(), e.backupFlags(true))),
-		"-var", "log_level=debug",
-		e.file("zfs-controller.nomad.hcl"))...)
+		"-var", "extra_args=" + hclList(slices.Concat([]string{"-agent-timeout", "10s", "-surplus-grace", "0s"}, agentPortFlags(), e.backupFlags(true)))})...)
+	e.nomad(nodeRun[1:]...)
+	e.nomad(controllerRun[1:]...)
 	e.waitForPlugins(nodes, "")
 	e.tell("FIGURE plugins healthy: %s after job run", time.Since(began).Round(100*time.Millisecond))
 	e.waitForChecks("zfs-nomad-node-metrics", nodes)
@@ -758,6 +756,28 @@ func (e *e2e) pluginVars() (node, controller []string) {
 	}
 	return []string{"-var", "binary=" + filepath.Join(e.bin, "zfs-node"), "-var", "data_dir=" + nomadDir + "/data"},
 		[]string{"-var", "binary=" + filepath.Join(e.bin, "zfs-controller")}
+}
+
+// pluginRuns are the command lines that run the plugin jobs: under
+// docker the install guide's (its image names' repositories checked
+// against the images the test loaded, their tags the test's), under
+// raw_exec, which the guide describes in words, the test's own with
+// the binaries' and data directory's variables.
+func (e *e2e) pluginRuns(node, controller []string) (nodeRun, controllerRun guideLine) {
+	if !e.flavour.docker {
+		return slices.Concat(guideLine{"nomad", "job", "run"}, node, []string{e.file("zfs-node.nomad.hcl")}),
+			slices.Concat(guideLine{"nomad", "job", "run"}, controller, []string{e.file("zfs-controller.nomad.hcl")})
+	}
+	const controllerRepo = "localhost/zfs-nomad/zfs-controller:"
+	if image := e.images["zfs-controller.tar"]; !strings.HasPrefix(image, controllerRepo) {
+		e.t.Fatalf("the controller image is %s; the guide names it %sVERSION", image, controllerRepo)
+	}
+	nodeRun = guideCommand(e.t, "nomad", "job", "run", "image=${meta.zfs_nomad_node_image}", "nomad/zfs-node.nomad.hcl").
+		replace(e.t, "nomad/zfs-node.nomad.hcl", e.file("zfs-node.nomad.hcl"))
+	controllerRun = guideCommand(e.t, "nomad", "job", "run", "nomad/zfs-controller.nomad.hcl").
+		replacePrefix(e.t, "image="+controllerRepo, "image="+e.images["zfs-controller.tar"]).
+		replace(e.t, "nomad/zfs-controller.nomad.hcl", e.file("zfs-controller.nomad.hcl"))
+	return nodeRun, controllerRun
 }
 
 // imageMeta is the client meta naming the client's node image (docker
@@ -870,7 +890,10 @@ type allocation struct {
 // is ready.
 func (e *e2e) runCounter(volume string) allocation {
 	e.t.Helper()
-	e.nomad(append(append([]string{"job", "run", "-detach", "-var", "volume=" + volume}, e.counterVars()...), e.file("example-job.nomad.hcl"))...)
+	run := guideCommand(e.t, "nomad", "job", "run", "nomad/example-job.nomad.hcl").
+		replace(e.t, "nomad/example-job.nomad.hcl", e.file("example-job.nomad.hcl")).
+		before(append([]string{"-detach", "-var", "volume=" + volume}, e.counterVars()...)...)
+	e.nomad(run[1:]...)
 	return e.waitForCounter("")
 }
 
@@ -1430,8 +1453,9 @@ func (e *e2e) show(command, out string) {
 // placed after a drain), for up to two minutes; any other error fails.
 func (e *e2e) createVolume(spec string) {
 	e.t.Helper()
+	create := guideCommand(e.t, "nomad", "volume", "create").replace(e.t, "nomad/volume.hcl", spec)
 	e.eventually(2*time.Minute, "nomad volume create "+filepath.Base(spec), func() error {
-		out, err := e.run("volume", "create", spec)
+		out, err := e.run(create[1:]...)
 		e.show("nomad volume create "+spec, out)
 		if err != nil && !strings.Contains(out, "no healthy controllers") {
 			e.t.Fatal(err)

@@ -65,10 +65,17 @@ func (e *e2e) putTLSVariable(name string, f tlsconfig.Files) {
 // makeCertificates made.
 func (e *e2e) putTLSVariables() {
 	e.t.Helper()
-	args := []string{"tls", "issue", "-ca", filepath.Join(e.pki, "ca"), "-out", filepath.Join(e.pki, "issued"), "-nomad-vars"}
+	var clients []string
 	for _, n := range e.c.Nodes {
-		args = append(args, n.ID)
+		clients = append(clients, n.ID)
 	}
+	// The guide's line, with the test's directories and clients, and
+	// -nomad-vars, which the guide adds for tls_from = "variables".
+	line := guideCommand(e.t, "zfs-controller", "tls", "issue").
+		replace(e.t, "/root/zfs-nomad-ca", filepath.Join(e.pki, "ca")).
+		replace(e.t, "/root/zfs-nomad-tls", filepath.Join(e.pki, "issued")).
+		replace(e.t, "client-1", clients...).replace(e.t, "client-2").replace(e.t, "client-3")
+	args := append(line[1:], "-nomad-vars")
 	cmd := exec.Command(filepath.Join(e.bin, "zfs-controller"), args...)
 	cmd.Env = append(os.Environ(), "NOMAD_ADDR="+apiAddr)
 	out, err := cmd.CombinedOutput()
