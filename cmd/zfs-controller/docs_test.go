@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/cmdline"
 )
 
 // TestTheDocsNameRealCommandsAndFlags: every zfs-controller command line
@@ -82,7 +84,7 @@ func checkCommandLine(line string) string {
 		return "" // a diagram's arrow
 	}
 	if strings.HasPrefix(args[0], "-") {
-		if slices.Contains(cliFlags, args[0]) {
+		if slices.Contains(cmdline.LibraryFlags, args[0]) {
 			return ""
 		}
 		args = append([]string{"serve"}, args...)
@@ -95,7 +97,7 @@ func checkCommandLine(line string) string {
 	if !ok {
 		return "no such command"
 	}
-	flags := cliCommand{c: cmd}.AutocompleteFlags()
+	flags := cmdline.Flags(libraryCommand(cmd))
 	for _, arg := range args[1:] {
 		flag, _, _ := strings.Cut(strings.TrimRight(arg, ".,:"), "=")
 		if !strings.HasPrefix(flag, "-") || flag == "-" || flag == "--" || flag == "-h" || strings.ContainsAny(flag, "[]|") {

@@ -40,6 +40,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/operator"
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/provision"
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/scheduler"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/cmdline"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/csiplugin"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/metrics"
@@ -84,7 +85,7 @@ func main() {
 // printVersion prints the version line; it takes no flags.
 func printVersion(c command, args []string) error {
 	fs := flag.NewFlagSet("zfs-controller version", flag.ContinueOnError)
-	fs.SetOutput(usageOutput)
+	fs.SetOutput(cmdline.UsageOutput)
 	fs.Usage = func() { fmt.Fprintln(fs.Output(), c.usage()) }
 	rest, err := config.ParseArgs(fs, args)
 	if err != nil {
@@ -119,7 +120,7 @@ func exitCode(err error, stderr io.Writer) int {
 
 // serve runs the controller plugin until SIGINT or SIGTERM.
 func serve(c command, args []string) error {
-	cfg, err := config.LoadController(c.usage(), args, os.Getenv, usageOutput)
+	cfg, err := config.LoadController(c.usage(), args, os.Getenv, cmdline.UsageOutput)
 	if err != nil {
 		return err
 	}
@@ -320,7 +321,7 @@ func agentDialOptions(cfg config.Controller, roles []string, log hclog.Logger) (
 // flags), checks its arguments (one, which arg names, or none when arg is
 // empty), and connects to the node agents. The caller closes the session.
 func connect(c command, args []string, arg string, extra func(*flag.FlagSet)) (session, error) {
-	cfg, rest, err := config.LoadOperator("zfs-controller "+c.name, c.usage(), args, os.Getenv, usageOutput, extra)
+	cfg, rest, err := config.LoadOperator("zfs-controller "+c.name, c.usage(), args, os.Getenv, cmdline.UsageOutput, extra)
 	if err != nil {
 		return session{}, err
 	}
@@ -505,7 +506,7 @@ func restore(c command, args []string) error {
 // it returns the arguments after the flags. The caller closes the
 // targets.
 func connectTargets(c command, args []string, extra func(*flag.FlagSet)) (*agentclient.Targets, []string, error) {
-	cfg, rest, err := config.LoadOperator("zfs-controller "+c.name, c.usage(), args, os.Getenv, usageOutput, extra)
+	cfg, rest, err := config.LoadOperator("zfs-controller "+c.name, c.usage(), args, os.Getenv, cmdline.UsageOutput, extra)
 	if err != nil {
 		return nil, nil, err
 	}

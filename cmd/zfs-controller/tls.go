@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/cmdline"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/tlsconfig"
 )
@@ -20,7 +21,7 @@ func tlsCommand(c command, args []string) error {
 		return fmt.Errorf("%w: tls needs ca, cert or issue (usage: zfs-controller tls %s)", config.ErrUsage, c.args)
 	}
 	if args[0] == "-h" {
-		fmt.Fprintln(usageOutput, c.usage())
+		fmt.Fprintln(cmdline.UsageOutput, c.usage())
 		return flag.ErrHelp
 	}
 	return fmt.Errorf("%w: unknown tls command %q: want ca, cert or issue", config.ErrUsage, args[0])
@@ -87,7 +88,7 @@ func tlsCert(args []string) error {
 
 func tlsFlagSet(args, summary string) *flag.FlagSet {
 	fs := flag.NewFlagSet("zfs-controller tls", flag.ContinueOnError)
-	fs.SetOutput(usageOutput)
+	fs.SetOutput(cmdline.UsageOutput)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: zfs-controller tls %s\n\n%s.\n\nFlags:\n", args, summary)
 		fs.PrintDefaults()

@@ -7,12 +7,12 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strings"
 
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/libzfs"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/openzfs"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/cmdline"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/csiplugin"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/protocol"
@@ -20,76 +20,79 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/version"
 )
 
-// command is one of zfs-node's commands, as zfs-controller's.
-type command struct {
-	name, args, summary string
-	run                 func(args []string, stdout io.Writer) error
-}
-
-var commands = []command{
-	{"serve", "[flags]", "Serve the CSI Identity and Node services and the node agent: what Nomad runs (the command when the first argument is a flag)",
-		func(args []string, _ io.Writer) error { return serve(args) }},
-	{"target", "[flags]", "Serve as a backup target: keep the backups nodes push, pruned by each volume's grid; no Nomad, CSI or peers (docs/backups.md)",
-		func(args []string, _ io.Writer) error { return serveTarget(args) }},
-	{"check-config", "[flags]", "Check a configuration (file, environment, flags) and its TLS files as serve would, without ZFS", checkConfig},
-	{"version", "", "Print the version, the agent protocol and the OpenZFS release the binary is built for", printVersion},
+// commands are zfs-node's commands, writing what they print on stdout.
+func commands(stdout io.Writer) []cmdline.Command {
+	return []cmdline.Command{
+		{Name: "serve", Args: "[flags]", Summary: "Serve the CSI Identity and Node services and the node agent: what Nomad runs (the command when the first argument is a flag, or there is none)",
+			Run: serve},
+		{Name: "target", Args: "[flags]", Summary: "Serve as a backup target: keep the backups nodes push, pruned by each volume's grid; no Nomad, CSI or peers (docs/backups.md)",
+			Run: serveTarget},
+		{Name: "check-config", Args: "[flags]", Summary: "Check a configuration (file, environment, flags) and its TLS files as serve would, without ZFS",
+			Run: func(args []string) error { return checkConfig(args, stdout) }},
+		{Name: "version", Summary: "Print the version, the agent protocol and the OpenZFS release the binary is built for",
+			Run: func(args []string) error { return printVersion(args, stdout) }},
+	}
 }
 
 // main exits 0 when done or after -h, 2 on a wrong command line (as
 // zfs-controller), 1 on a failure.
 func main() {
-	err := run(os.Args[1:], os.Stdout)
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// run runs the command line (package cmdline); without a command (no
+// arguments, or flags first) it serves, as Nomad's job files of earlier
+// releases run it.
+func run(args []string, stdout, stderr io.Writer) int {
+	p := cmdline.Program{
+		Name:             "zfs-node",
+		Version:          versionLine(),
+		Commands:         commands(stdout),
+		Serve:            "serve",
+		ServeWithoutArgs: func() bool { return true },
+		Footer:           "zfs-node COMMAND -h shows a command's usage and flags; docs/config.md the configuration.",
+		ExitCode:         exitCode,
+		Stdout:           stdout,
+		Stderr:           stderr,
+		Getenv:           os.Getenv,
+	}
+	return p.Run(args)
+}
+
+// exitCode reports err on stderr and turns it into the exit status.
+func exitCode(err error, stderr io.Writer) int {
 	switch {
 	case err == nil, errors.Is(err, flag.ErrHelp):
-		return
+		return 0
 	case errors.Is(err, config.ErrUsage):
-		fmt.Fprintln(os.Stderr, "zfs-node:", err)
-		os.Exit(2)
+		fmt.Fprintln(stderr, "zfs-node:", err)
+		return 2
 	default:
-		fmt.Fprintln(os.Stderr, "zfs-node:", err)
-		os.Exit(1)
+		fmt.Fprintln(stderr, "zfs-node:", err)
+		return 1
 	}
 }
 
-// run picks the command; without one (no arguments, or flags first) it
-// serves, as Nomad's job files of earlier releases run it.
-func run(args []string, stdout io.Writer) error {
-	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
-		switch {
-		case len(args) == 1 && (args[0] == "-version" || args[0] == "--version"):
-			return printVersion(nil, stdout)
-		case len(args) == 1 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help"):
-			printCommands(stdout)
-			return nil
-		}
-		return serve(args)
-	}
-	if args[0] == "help" {
-		printCommands(stdout)
-		return nil
-	}
-	for _, c := range commands {
-		if c.name == args[0] {
-			return c.run(args[1:], stdout)
-		}
-	}
-	return fmt.Errorf("%w: unknown command %q; zfs-node -h lists the commands", config.ErrUsage, args[0])
+func versionLine() string {
+	return fmt.Sprintf("zfs-node %s (agent protocol %d, built for OpenZFS %s, libzfs binding %s)",
+		version.Version, protocol.Version, cmp.Or(openzfs.BuiltFor, "unknown"), libzfs.Binding)
 }
 
-func printCommands(out io.Writer) {
-	fmt.Fprintf(out, "usage: zfs-node COMMAND [flags]\n\nCommands:\n")
-	for _, c := range commands {
-		fmt.Fprintf(out, "  %-13s %s\n", c.name, c.summary)
-	}
-	fmt.Fprintf(out, "\nzfs-node serve -h lists the flags; docs/config.md the configuration.\n")
-}
-
+// printVersion prints the version line; it takes no flags.
 func printVersion(args []string, stdout io.Writer) error {
-	if len(args) > 0 {
+	fs := flag.NewFlagSet("zfs-node version", flag.ContinueOnError)
+	fs.SetOutput(cmdline.UsageOutput)
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "usage: zfs-node version\n\nPrint the version, the agent protocol and the OpenZFS release the binary is built for.")
+	}
+	rest, err := config.ParseArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(rest) > 0 {
 		return fmt.Errorf("%w: version takes no arguments", config.ErrUsage)
 	}
-	fmt.Fprintf(stdout, "zfs-node %s (agent protocol %d, built for OpenZFS %s, libzfs binding %s)\n",
-		version.Version, protocol.Version, cmp.Or(openzfs.BuiltFor, "unknown"), libzfs.Binding)
+	fmt.Fprintln(stdout, versionLine())
 	return nil
 }
 
@@ -98,7 +101,7 @@ func printVersion(args []string, stdout io.Writer) error {
 // says what it found: an operator runs it before a restart, a job's
 // prestart task before the plugin.
 func checkConfig(args []string, stdout io.Writer) error {
-	cfg, err := config.LoadNode(args, os.Getenv, os.Stderr)
+	cfg, err := config.LoadNode(args, os.Getenv, cmdline.UsageOutput)
 	if err != nil {
 		return err
 	}

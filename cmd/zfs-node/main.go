@@ -37,6 +37,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/libzfs"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/openzfs"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfscmd"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/cmdline"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/csiplugin"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/metrics"
@@ -57,7 +58,7 @@ const rootsDir = "/run/zfs-nomad/roots"
 
 // serve runs the node plugin until SIGINT or SIGTERM.
 func serve(args []string) error {
-	cfg, err := config.LoadNode(args, os.Getenv, os.Stderr)
+	cfg, err := config.LoadNode(args, os.Getenv, cmdline.UsageOutput)
 	if err != nil {
 		return err
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/node/replication"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/retention"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfscmd"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/cmdline"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/csiplugin"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/metrics"
@@ -35,7 +36,7 @@ grants, and nothing else.`
 
 // serveTarget runs a backup target until SIGINT or SIGTERM.
 func serveTarget(args []string) error {
-	cfg, err := config.LoadTarget(targetUsage, args, os.Getenv, os.Stderr)
+	cfg, err := config.LoadTarget(targetUsage, args, os.Getenv, cmdline.UsageOutput)
 	if err != nil {
 		return err
 	}
