@@ -244,7 +244,17 @@ func (e *e2e) rotateCertificates(job allocation) {
 	// (its peers were not up yet), or while the write above was synced:
 	// 48 MiB encrypted under emulation keeps ZFS's I/O threads, which run
 	// above every process, on both of the guest's CPUs for seconds, and
-	// the test's lease is 8 s. Count what the rotation adds.
+	// the test's lease is 8 s. Count what the rotation adds, from a
+	// moment every node holds its lease: a loss the write caused is
+	// logged at the beat after it, which may come after the write ends.
+	e.eventually(time.Minute, "every node holding its lease after the write", func() error {
+		for _, n := range e.statusReport().Nodes {
+			if n.Lease != "held" {
+				return fmt.Errorf("node %s: lease %q", n.Node, n.Lease)
+			}
+		}
+		return nil
+	})
 	leaseLost := map[string]int{}
 	for _, n := range e.c.Nodes {
 		leaseLost[n.ID] = strings.Count(e.pluginLog("zfs-nomad-node", "zfs-node", n.ID), "lease lost")
