@@ -238,13 +238,18 @@ func (e *e2e) pluginLog(job, task, node string) string {
 func (e *e2e) rotateCertificates(job allocation) {
 	e.t.Helper()
 	runs := e.taskRuns()
-	// Something for the backup to send while the variables change.
-	e.nomad("alloc", "exec", "-task", "counter", job.id, "sh", "-c", "head -c 50331648 /dev/urandom > /data/big && sync")
+	// Something for the backup to send while the variables change: 16
+	// MiB (the FIGURE below says whether the backup still ran when the
+	// new certificates were in use). Its encryption, checksums and its
+	// replica's receive run in ZFS's I/O threads, above every process,
+	// on both of the emulated guest's CPUs: a push of 48 MiB could leave
+	// every plugin without a CPU for longer than the test's 8 s lease, a
+	// limit of the guest, not of the rotation.
+	e.nomad("alloc", "exec", "-task", "counter", job.id, "sh", "-c", "head -c 16777216 /dev/urandom > /data/big && sync")
 	// A node's lease may have lapsed once while the plugins started
-	// (its peers were not up yet), or while the write above was synced:
-	// 48 MiB encrypted under emulation keeps ZFS's I/O threads, which run
-	// above every process, on both of the guest's CPUs for seconds, and
-	// the test's lease is 8 s. Count what the rotation adds, from a
+	// (its peers were not up yet), or while the write above was synced
+	// (ZFS's I/O threads on both of the guest's CPUs for seconds, the
+	// test's lease 8 s). Count what the rotation adds, from a
 	// moment every node holds its lease: a loss the write caused is
 	// logged at the beat after it, which may come after the write ends.
 	e.eventually(time.Minute, "every node holding its lease after the write", func() error {
