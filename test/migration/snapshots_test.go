@@ -13,6 +13,7 @@ import (
 
 	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
+	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guestcluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guesttest"
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
@@ -362,6 +363,14 @@ func TestASnapshotKeptTwiceGoesWithItsDelete(t *testing.T) {
 	n2 := e.node("n2")
 	copyOnN2 := n2.RootDataset + "/" + id
 	tombstone := copyOnN2 + "-deleted-1"
+	// A second after a receive the receiver moves its base hold to the
+	// newest snapshot (Receiver.tidy). Stopped before that, n2 would keep
+	// the CSI snapshot held, and its delete would only defer the destroy:
+	// this test is about the copy kept twice, not about that second.
+	waitFor(t, 30*time.Second, "n2's receiver releasing its hold on the CSI snapshot", func() bool {
+		out, err := guestcluster.Run("zfs", "get", "-H", "-o", "value", "userrefs", copyOnN2+"@"+snapID)
+		return err == nil && strings.TrimSpace(out) == "0"
+	})
 	n2.Process.Stop()
 	guesttest.Run(t, "sh", "-c", fmt.Sprintf("zfs send %[1]s@%[2]s | zfs receive -u %[3]s && zfs set %[4]s=%[5]s %[6]s=%[7]s %[3]s",
 		copyOnN2, snapID, tombstone, copyrecord.PropRole, contract.RoleDeleted, copyrecord.PropVolumeID, id))
