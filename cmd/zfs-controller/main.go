@@ -58,9 +58,7 @@ type command struct {
 }
 
 // usage is the command's usage line and summary, above its flags in -h.
-func (c command) usage() string {
-	return fmt.Sprintf("usage: zfs-controller %s %s\n\n%s.", c.name, c.args, c.summary)
-}
+func (c command) usage() string { return cmdline.Usage("zfs-controller", libraryCommand(c)) }
 
 var commands = []command{
 	{"serve", "[flags]", "Serve the CSI Identity and Controller services: what Nomad runs (the command when the first argument is a flag)", serve},
