@@ -12,6 +12,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/cmdline"
 )
 
 // binaries are the commands the docs show, and their packages.
@@ -232,6 +234,12 @@ func TestDocsNameWhatExists(t *testing.T) {
 func checkCommand(c cli, args []string) []string {
 	if len(args) == 1 && strings.TrimLeft(args[0], "-") == "version" && strings.HasPrefix(args[0], "-") && c.version {
 		return nil
+	}
+	if len(args) > 0 && slices.Contains(cmdline.LibraryFlags, args[0]) {
+		return nil // the command-line library's own (-autocomplete-install)
+	}
+	if len(args) > 1 && args[0] == "help" {
+		args = args[1:]
 	}
 	cmd := "serve"
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
