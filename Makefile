@@ -66,15 +66,18 @@ unit: need-headers ## unit tests only (skips the packages that need real ZFS)
 # detector would only slow it, so it runs in make test without.
 race: need-headers ## unit tests and a short simulation under the race detector
 	ZFS_NOMAD_SKIP_GUEST=1 go test -race -count=1 $$(go list ./... | grep -v /internal/testbed/faultsim)
-	ZFS_NOMAD_SKIP_GUEST=1 go test -race -count=1 -skip '^TestExplorer' ./internal/testbed/faultsim -args -seeds 30
+	ZFS_NOMAD_SKIP_GUEST=1 go test -race -count=1 -timeout 30m -skip '^TestExplorer' ./internal/testbed/faultsim -args -seeds 30
 
 # The simulation's full seed counts and the explorer, without the race
 # detector. make test runs race and this instead of race and unit: every
 # other unit test already ran under the race detector, and a second run
 # without it proves nothing the first did not (a fresh machine compiled
 # every test binary twice for it).
+# Its run takes about 10 minutes of two cores (docs/simulation.md), go
+# test's default timeout: it is bounded by 30 (the host lane runs it at
+# the idle CPU priority beside the guest).
 simulation: need-headers ## the fault simulation's full seed counts and the explorer (make test's share of make unit)
-	ZFS_NOMAD_SKIP_GUEST=1 go test -count=1 ./internal/testbed/faultsim
+	ZFS_NOMAD_SKIP_GUEST=1 go test -count=1 -timeout 30m ./internal/testbed/faultsim
 
 # The alert rules of monitoring/, checked and unit-tested with promtool
 # from Debian's prometheus package, unpacked into the cache (hack/prometheus.sh:
