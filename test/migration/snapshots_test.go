@@ -12,8 +12,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/replication"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
-	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guestcluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guesttest"
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
@@ -363,15 +363,18 @@ func TestASnapshotKeptTwiceGoesWithItsDelete(t *testing.T) {
 	n2 := e.node("n2")
 	copyOnN2 := n2.RootDataset + "/" + id
 	tombstone := copyOnN2 + "-deleted-1"
-	// A second after a receive the receiver moves its base hold to the
-	// newest snapshot (Receiver.tidy). Stopped before that, n2 would keep
-	// the CSI snapshot held, and its delete would only defer the destroy:
-	// this test is about the copy kept twice, not about that second.
-	waitFor(t, 30*time.Second, "n2's receiver releasing its hold on the CSI snapshot", func() bool {
-		out, err := guestcluster.Run("zfs", "get", "-H", "-o", "value", "userrefs", copyOnN2+"@"+snapID)
-		return err == nil && strings.TrimSpace(out) == "0"
-	})
 	n2.Process.Stop()
+	// A second after a receive the receiver moves its base hold to the
+	// newest snapshot (Receiver.tidy). The replica is left as a stop
+	// within that second leaves it, whenever this one came: the CSI
+	// snapshot held as the base, the newest snapshot not. The restart
+	// must move the hold (Receiver.Recover), or the delete below would
+	// only defer the CSI snapshot's destroy and it would stay listed.
+	guesttest.Run(t, "sh", "-c", fmt.Sprintf(`newest=$(zfs list -H -o name -t snapshot -s createtxg -d 1 %[1]s | tail -n 1)
+[ "$newest" != %[1]s@%[2]s ] || { echo "no snapshot newer than the CSI snapshot on n2"; exit 1; }
+zfs release %[3]s "$newest" 2>/dev/null || true
+zfs hold %[3]s %[1]s@%[2]s 2>/dev/null || true
+zfs holds -H %[1]s@%[2]s | grep -q %[3]s`, copyOnN2, snapID, replication.BaseHoldTag))
 	guesttest.Run(t, "sh", "-c", fmt.Sprintf("zfs send %[1]s@%[2]s | zfs receive -u %[3]s && zfs set %[4]s=%[5]s %[6]s=%[7]s %[3]s",
 		copyOnN2, snapID, tombstone, copyrecord.PropRole, contract.RoleDeleted, copyrecord.PropVolumeID, id))
 	e.returnNodeProcess("n2")

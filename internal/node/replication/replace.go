@@ -188,8 +188,9 @@ func (r *Receiver) dropIncoming(ctx context.Context, incoming string, log hclog.
 	}
 }
 
-// Recover finishes or discards the replacements a crash interrupted. The
-// node runs it once before serving.
+// Recover finishes or discards the replacements a crash interrupted, then
+// finishes the base holds of receives whose tidy a stop cut off
+// (holdNewestBases). The node runs it once before serving.
 func (r *Receiver) Recover(ctx context.Context) error {
 	children, err := r.z.Children(ctx, r.root, copyrecord.PropRole)
 	if err != nil {
@@ -205,7 +206,7 @@ func (r *Receiver) Recover(ctx context.Context) error {
 			return err
 		}
 	}
-	return nil
+	return r.holdNewestBases(ctx)
 }
 
 func (r *Receiver) recoverOne(ctx context.Context, id, fs string) error {

@@ -3,6 +3,7 @@ package replication
 import (
 	"context"
 	"errors"
+	"maps"
 	"math"
 	"slices"
 	"strings"
@@ -141,6 +142,62 @@ func TestRecoverFinishesReplacements(t *testing.T) {
 			}
 			if aside != tt.wantAside {
 				t.Errorf("%d copies set aside, want %d (pool: %v)", aside, tt.wantAside, z.names())
+			}
+		})
+	}
+}
+
+// TestRecoverHoldsEachReplicasNewestBase: a node stopped between a receive
+// and its tidy kept the hold on the previous base; its recovery moves the
+// hold to the replica's newest snapshot, as tidy would have, so that a
+// deleted CSI snapshot on the old base is destroyed, not deferred. Other
+// holds and other copies' holds stay.
+func TestRecoverHoldsEachReplicasNewestBase(t *testing.T) {
+	peer := peerTag("n3")
+	tests := []struct {
+		name  string
+		props map[string]string
+		holds map[string][]string // snapshot -> tags, before
+		want  map[string][]string // after
+	}{
+		{"a stop cut the tidy off", replicaProps("1"),
+			map[string][]string{"csi-1": {BaseHoldTag}},
+			map[string][]string{"zn-2": {BaseHoldTag}}},
+		{"a stop between tidy's hold and its release", replicaProps("1"),
+			map[string][]string{"csi-1": {BaseHoldTag}, "zn-2": {BaseHoldTag}},
+			map[string][]string{"zn-2": {BaseHoldTag}}},
+		{"tidied", replicaProps("1"),
+			map[string][]string{"zn-2": {BaseHoldTag}},
+			map[string][]string{"zn-2": {BaseHoldTag}}},
+		{"a first receive whose tidy never ran", replicaProps("1"),
+			map[string][]string{},
+			map[string][]string{"zn-2": {BaseHoldTag}}},
+		{"a peer's base stays until a receive mirrors the sender's", replicaProps("1"),
+			map[string][]string{"csi-1": {BaseHoldTag, peer}},
+			map[string][]string{"csi-1": {peer}, "zn-2": {BaseHoldTag}}},
+		{"a primary is its own to tidy", map[string]string{copyrecord.PropRole: contract.RolePrimary, copyrecord.PropGeneration: "2"},
+			map[string][]string{"csi-1": {BaseHoldTag}},
+			map[string][]string{"csi-1": {BaseHoldTag}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			z := newMemPool(testRoot)
+			z.put(testDataset, tt.props, "csi-1:7", "zn-2:8")
+			for snap, tags := range tt.holds {
+				z.ds[testDataset].holds[snap] = slices.Clone(tags)
+			}
+			r := NewReceiver(z, new(copylock.Locks), nil, testRoot, "n2", 2, hclog.NewNullLogger())
+			if err := r.Recover(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			got := map[string][]string{}
+			for snap, tags := range z.ds[testDataset].holds {
+				if len(tags) > 0 {
+					got[snap] = slices.Sorted(slices.Values(tags))
+				}
+			}
+			if !maps.EqualFunc(got, tt.want, slices.Equal) {
+				t.Errorf("holds after recovery: %v, want %v", got, tt.want)
 			}
 		})
 	}

@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -14,6 +15,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfscmd"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 )
 
 // What a receive leaves on the replica once its stream is in: the
@@ -120,6 +122,54 @@ func (r *Receiver) tidy(volumeID, fs, received string, peerBases map[uint64][]st
 		log.Warn("holding the sender's peer bases failed; next receive retries", "error", err)
 	}
 	dropOldBases(ctx, r.z, fs, r.keep, nil, "receive", log)
+}
+
+// holdNewestBases does for every replica what tidy does after a receive,
+// for the receives whose tidy a stop cut off (it runs a second after the
+// answer): without it, the previous base kept its hold until the
+// volume's next receive, and a CSI snapshot deleted meanwhile was only
+// marked for a deferred destroy, its space kept. A replica's newest
+// snapshot is the one it received last, which its sender holds as this
+// node's base, so it is held before the older holds go. A replica it
+// cannot tidy is logged and left for its next receive.
+func (r *Receiver) holdNewestBases(ctx context.Context) error {
+	children, err := r.z.Children(ctx, r.root, copyrecord.PropRole)
+	if err != nil {
+		return fmt.Errorf("listing %s: %w", r.root, err)
+	}
+	for _, ch := range children {
+		id := ch.Name[strings.LastIndexByte(ch.Name, '/')+1:]
+		if ch.Props[copyrecord.PropRole] != RoleReplica || !contract.IsVolumeID(id) {
+			continue
+		}
+		if err := r.holdNewestBase(ctx, id, ch.Name); err != nil {
+			r.log.Warn("moving the base hold to the replica's newest snapshot failed; its next receive does", "volume_id", id, "error", err)
+		}
+	}
+	return nil
+}
+
+func (r *Receiver) holdNewestBase(ctx context.Context, id, fs string) error {
+	unlock, err := r.locks.Lock(ctx, id, "holding the newest base")
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	snaps, err := r.z.Snapshots(ctx, fs) // oldest first
+	if err != nil || len(snaps) == 0 {
+		return err
+	}
+	holds, err := r.z.Holds(ctx, fs)
+	if err != nil {
+		return err
+	}
+	newest := snaps[len(snaps)-1].Name
+	if !slices.Contains(holds[newest], BaseHoldTag) {
+		if err := r.z.Hold(ctx, newest, BaseHoldTag); err != nil && !errors.Is(err, zfs.ErrExists) {
+			return err
+		}
+	}
+	return releaseSuperseded(ctx, r.z, fs)
 }
 
 // maxPeerBases bounds the peer bases a receiver holds for one volume: a
