@@ -122,7 +122,8 @@ func serve(c command, args []string) error {
 	if err != nil {
 		return err
 	}
-	log := csiplugin.NewLogger("zfs-controller", os.Getenv)
+	log, flushLog := csiplugin.NewServerLogger("zfs-controller", os.Getenv)
+	defer flushLog()
 
 	agents := peers.Configured(cfg.Peers, cfg.PeersFile)
 	dialOpts, certs, err := agentDialOptions(cfg, []string{tlsconfig.RoleController}, log)

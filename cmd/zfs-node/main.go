@@ -62,7 +62,9 @@ func serve(args []string) error {
 	if err != nil {
 		return err
 	}
-	log := csiplugin.NewLogger("zfs-node", os.Getenv).With("node_id", cfg.NodeID)
+	baseLog, flushLog := csiplugin.NewServerLogger("zfs-node", os.Getenv)
+	defer flushLog()
+	log := baseLog.With("node_id", cfg.NodeID)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 

@@ -44,7 +44,9 @@ func serveTarget(args []string) error {
 	if err != nil {
 		return fmt.Errorf("invalid zfs-node target configuration: default_retention: %w", err)
 	}
-	log := csiplugin.NewLogger("zfs-node", os.Getenv).With("backup_target", cfg.Name)
+	baseLog, flushLog := csiplugin.NewServerLogger("zfs-node", os.Getenv)
+	defer flushLog()
+	log := baseLog.With("backup_target", cfg.Name)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/url"
@@ -18,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/logqueue"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/metrics"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/volumelog"
 )
@@ -102,9 +104,23 @@ func CallMetrics(registry *metrics.Registry, name, help string) grpc.UnaryServer
 	}
 }
 
-// NewLogger returns the binaries' logger: level from ZFS_NOMAD_LOG_LEVEL
-// (default info), JSON when ZFS_NOMAD_LOG_JSON is set.
+// NewLogger returns the binaries' logger on stderr: level from
+// ZFS_NOMAD_LOG_LEVEL (default info), JSON when ZFS_NOMAD_LOG_JSON is
+// set. A command's log; a serving process takes NewServerLogger's.
 func NewLogger(name string, getenv func(string) string) hclog.Logger {
+	return newLogger(name, getenv, os.Stderr)
+}
+
+// NewServerLogger is NewLogger for a process that serves: its lines go
+// to stderr through a logqueue.Writer, so that no call, beat or fence
+// waits for the CO's log collector to read them. flush, at exit, waits a
+// second at most for the lines still queued.
+func NewServerLogger(name string, getenv func(string) string) (log hclog.Logger, flush func()) {
+	w := logqueue.New(os.Stderr, logqueue.DefaultLines)
+	return newLogger(name, getenv, w), func() { w.Flush(time.Second) }
+}
+
+func newLogger(name string, getenv func(string) string, out io.Writer) hclog.Logger {
 	level := hclog.LevelFromString(getenv("ZFS_NOMAD_LOG_LEVEL"))
 	if level == hclog.NoLevel {
 		level = hclog.Info
@@ -113,7 +129,7 @@ func NewLogger(name string, getenv func(string) string) hclog.Logger {
 		Name:       name,
 		Level:      level,
 		JSONFormat: getenv("ZFS_NOMAD_LOG_JSON") != "",
-		Output:     os.Stderr,
+		Output:     out,
 	}))
 }
 

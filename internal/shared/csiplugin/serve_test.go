@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
@@ -68,5 +70,62 @@ func TestCallMetrics(t *testing.T) {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("the metrics lack %s:\n%s", want, b.String())
 		}
+	}
+}
+
+// TestServerLoggerNeverWaitsForStderr: a serving process's log calls
+// return while nobody reads its stderr (a CO's log collector that
+// stopped), so the lease's beat and the self-fence, which log, are never
+// held by it; a command's logger (NewLogger) would wait.
+func TestServerLoggerNeverWaitsForStderr(t *testing.T) {
+	tests := []struct {
+		name      string
+		newLogger func() hclog.Logger
+		wantDone  bool
+	}{
+		{"a serving process's logger", func() hclog.Logger {
+			log, _ := NewServerLogger("test", func(string) string { return "" })
+			return log
+		}, true},
+		{"a command's logger", func() hclog.Logger { return NewLogger("test", func(string) string { return "" }) }, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r, w, err := os.Pipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			saved := os.Stderr
+			os.Stderr = w
+			log := tt.newLogger()
+			os.Stderr = saved
+			done := make(chan struct{})
+			go func() {
+				// About 2 MB, far beyond a pipe's buffer (64 KiB).
+				for i := range 20000 {
+					log.Info("a line no one reads", "volume_id", "vol-0123456789abcdef0123", "i", i)
+				}
+				close(done)
+			}()
+			select {
+			case <-done:
+			case <-time.After(3 * time.Second):
+			}
+			finished := isClosed(done)
+			r.Close() // the blocked write, if any, fails now
+			w.Close()
+			if finished != tt.wantDone {
+				t.Fatalf("the log calls finished while nobody read stderr: %v, want %v", finished, tt.wantDone)
+			}
+		})
+	}
+}
+
+func isClosed(c chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
 	}
 }
