@@ -276,8 +276,16 @@ job "zfs-nomad-node" {
       # 105 MiB (test/nomad, 2026-11-26), too near the 128 MiB this job
       # used to ask for, where the cgroup reclaims the plugin's own pages
       # or kills it mid-transfer.
+      #
+      # Under the docker driver a task's cpu is also its share of a busy
+      # CPU: Docker makes it the cgroup's cpu.weight, 1 + (cpu - 2) *
+      # 9999 / 262142, against the client's other tasks and services
+      # (100 each). The plugin answers its peers' lease pings and fences
+      # its volumes only when it gets a CPU: at 100 (a weight of 4) a
+      # client busy with other work left it none for longer than a lease
+      # (test/nomad, 2026-12-04). 1000 weighs 39.
       resources {
-        cpu    = 100
+        cpu    = 1000
         memory = 512
       }
     }

@@ -158,7 +158,9 @@ func cpuSince(before cpuSample) string {
 
 // pluginMemory tells the cgroup memory of each process named one of
 // comms: Nomad makes a task's memory its hard limit (memory.max), which
-// covers the zfs send and receive processes a node plugin runs.
+// covers the zfs send and receive processes a node plugin runs; and its
+// cgroup's CPU weight (from the task's cpu, Docker's CPU shares), which
+// is its share of a busy CPU against its cgroup's siblings.
 func pluginMemory(comms ...string) string {
 	var out []string
 	for pid, p := range sampleCPU().byPID {
@@ -174,7 +176,8 @@ func pluginMemory(comms ...string) string {
 			v, _ := os.ReadFile(filepath.Join("/sys/fs/cgroup", cg, name))
 			return strings.Join(strings.Fields(string(v)), " ")
 		}
-		out = append(out, fmt.Sprintf("%s %d: memory.max %s, peak %s, events: %s", p.comm, pid, read("memory.max"), read("memory.peak"), read("memory.events")))
+		out = append(out, fmt.Sprintf("%s %d: memory.max %s, peak %s, events: %s; cgroup %s, cpu.weight %s, its parent's %s",
+			p.comm, pid, read("memory.max"), read("memory.peak"), read("memory.events"), cg, read("cpu.weight"), read("../cpu.weight")))
 	}
 	sort.Strings(out)
 	return strings.Join(out, "\n")

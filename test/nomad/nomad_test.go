@@ -243,8 +243,8 @@ func TestNomadEndToEnd(t *testing.T) {
 
 	// Before a node is killed: the controller has run since the plugins
 	// were deployed, through creates, a drain, snapshots and deletes.
-	e.tell("FIGURE the plugins' memory (each task's cgroup; memory.max from the job files' resources):\n%s",
-		pluginMemory("zfs-node", "zfs-controller"))
+	e.tell("FIGURE the plugins' memory and CPU weight (each task's cgroup; memory.max and cpu.weight from the job files' resources), beside the Nomad agents':\n%s",
+		pluginMemory("zfs-node", "zfs-controller", "nomad"))
 
 	e.step("failover=auto: the job's node dies and the job comes back elsewhere, once with the work lease's holder on it and once without", func() {
 		autoNode = e.failoverWithAndWithoutTheHolder()
