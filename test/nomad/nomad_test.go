@@ -34,6 +34,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/tlsconfig"
 	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guestcluster"
@@ -273,7 +274,7 @@ func TestNomadEndToEnd(t *testing.T) {
 		}
 		e.killNode(before.node)
 		// The last node hears from no majority of its peers now: with the
-		// peers the node job renders, it loses its lease within 8 s (its
+		// peers the node job renders, it loses its lease within testLease (its
 		// mounted primaries would turn read-only; the operator's -force
 		// copy below is exempt). Without peers it never would.
 		e.eventually(time.Minute, "node "+last+" reporting its lease lost", func() error {
@@ -633,6 +634,13 @@ func (e *e2e) deployPlugins() { e.deployPluginsOn(3) }
 
 // deployPluginsOn is deployPlugins for a cluster where the node job
 // places that many node plugins.
+// The node plugins' lease here, and the smallest margin config accepts
+// with it (docs/safety.md, "Why the margin covers the self-fence").
+var (
+	testLease       = 12 * time.Second
+	testLeaseMargin = config.MinLeaseMargin(testLease)
+)
+
 func (e *e2e) deployPluginsOn(nodes int) {
 	began := time.Now()
 	node, controller := e.pluginVars()
@@ -647,9 +655,11 @@ func (e *e2e) deployPluginsOn(nodes int) {
 	nodeRun, controllerRun := e.pluginRuns(node, controller)
 	nodeRun = nodeRun.before(slices.Concat([]string{"-detach"}, tls, []string{"-var", "log_level=debug",
 		// Leases short enough for the failover steps: a failover away
-		// from a killed node waits 27 s of silence instead of 60 (the
-		// smallest margin config accepts with an 8 s lease).
-		"-var", "extra_args=" + hclList(slices.Concat([]string{"-lease", "8s", "-lease-margin", "19s"}, agentPortFlags(), e.backupFlags(false)))})...)
+		// from a killed node waits 33 s of silence instead of 60 (the
+		// smallest margin config accepts with a 12 s lease). 8 s lapsed
+		// in the rotation step: under a backup's load on the emulated
+		// guest's two CPUs a node's peers were silent 9 s (2026-12-04).
+		"-var", "extra_args=" + hclList(slices.Concat([]string{"-lease", testLease.String(), "-lease-margin", testLeaseMargin.String()}, agentPortFlags(), e.backupFlags(false)))})...)
 	controllerRun = controllerRun.before(slices.Concat([]string{"-detach"}, tls, []string{"-var", "log_level=debug",
 		// Surplus copies go at once: the many-volume drain checks that
 		// the copy a move left of a volume without replicas goes.

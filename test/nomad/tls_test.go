@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"testing"
 	"time"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/operator"
@@ -240,16 +241,12 @@ func (e *e2e) rotateCertificates(job allocation) {
 	runs := e.taskRuns()
 	// Something for the backup to send while the variables change: 16
 	// MiB (the FIGURE below says whether the backup still ran when the
-	// new certificates were in use). Its encryption, checksums and its
-	// replica's receive run in ZFS's I/O threads, above every process,
-	// on both of the emulated guest's CPUs: a push of 48 MiB could leave
-	// every plugin without a CPU for longer than the test's 8 s lease, a
-	// limit of the guest, not of the rotation.
+	// new certificates were in use).
 	e.nomad("alloc", "exec", "-task", "counter", job.id, "sh", "-c", "head -c 16777216 /dev/urandom > /data/big && sync")
 	// A node's lease may have lapsed once while the plugins started
 	// (its peers were not up yet), or while the write above was synced
 	// (ZFS's I/O threads on both of the guest's CPUs for seconds, the
-	// test's lease 8 s). Count what the rotation adds, from a
+	// test's lease short). Count what the rotation adds, from a
 	// moment every node holds its lease: a loss the write caused is
 	// logged at the beat after it, which may come after the write ends.
 	e.eventually(time.Minute, "every node holding its lease after the write", func() error {
@@ -309,7 +306,7 @@ func (e *e2e) rotateCertificates(job allocation) {
 	}
 	for _, n := range e.c.Nodes {
 		if log := e.pluginLog("zfs-nomad-node", "zfs-node", n.ID); strings.Count(log, "lease lost") != leaseLost[n.ID] {
-			e.t.Fatalf("node %s lost its lease during the rotation; its warnings and errors:\n%s", n.ID, warnings(log))
+			e.t.Fatalf("node %s lost its lease during the rotation; its log in the 20 s before:\n%s", n.ID, logBefore(log, "lease lost", leaseLost[n.ID], 20*time.Second))
 		}
 	}
 	if now := e.waitForCounter(""); now.id != job.id {
@@ -355,6 +352,46 @@ func (e *e2e) startOperator(command string, args ...string) (*exec.Cmd, *strings
 	return cmd, out
 }
 
+// logBefore returns the lines of a plugin log from span before the
+// (skip+1)-th line containing marker to that line: what the plugin did
+// while it went wrong, the line the failure found included. Lines
+// without a timestamp of their own belong to the one above.
+func logBefore(log, marker string, skip int, span time.Duration) string {
+	lines := strings.Split(log, "\n")
+	at := -1
+	for i, line := range lines {
+		if strings.Contains(line, marker) {
+			if skip == 0 {
+				at = i
+				break
+			}
+			skip--
+		}
+	}
+	if at < 0 {
+		return warnings(log)
+	}
+	end, ok := logTime(lines[at])
+	if !ok {
+		return lines[at]
+	}
+	first := at
+	for first > 0 {
+		if t, ok := logTime(lines[first-1]); ok && end.Sub(t) > span {
+			break
+		}
+		first--
+	}
+	return strings.Join(lines[first:at+1], "\n")
+}
+
+// logTime reads the timestamp an hclog line starts with.
+func logTime(line string) (time.Time, bool) {
+	field, _, _ := strings.Cut(strings.TrimSpace(line), " ")
+	t, err := time.Parse("2006-01-02T15:04:05.000Z0700", field)
+	return t, err == nil
+}
+
 // warnings returns a plugin log's WARN and ERROR lines: what explains a
 // failure, short enough that a CI excerpt keeps it.
 func warnings(log string) string {
@@ -365,4 +402,28 @@ func warnings(log string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// TestLogBefore: the lines up to a marker's chosen occurrence, from span
+// before it, continuation lines kept with their line.
+func TestLogBefore(t *testing.T) {
+	log := strings.Join([]string{
+		"2026-12-04T20:42:40.000Z [DEBUG] zfs-node.agent: call: long before",
+		"2026-12-04T20:42:55.000Z [WARN]  zfs-node.lease: lease lost: the first",
+		"2026-12-04T20:43:00.000Z [DEBUG] zfs-node.agent: call: within",
+		"  a continuation line",
+		"2026-12-04T20:43:13.000Z [WARN]  zfs-node.lease: lease lost: the second",
+		"2026-12-04T20:43:14.000Z [INFO]  zfs-node: after",
+	}, "\n")
+	for _, tc := range []struct {
+		skip int
+		want string
+	}{
+		{0, "2026-12-04T20:42:40.000Z [DEBUG] zfs-node.agent: call: long before\n2026-12-04T20:42:55.000Z [WARN]  zfs-node.lease: lease lost: the first"},
+		{1, "2026-12-04T20:42:55.000Z [WARN]  zfs-node.lease: lease lost: the first\n2026-12-04T20:43:00.000Z [DEBUG] zfs-node.agent: call: within\n  a continuation line\n2026-12-04T20:43:13.000Z [WARN]  zfs-node.lease: lease lost: the second"},
+	} {
+		if got := logBefore(log, "lease lost", tc.skip, 20*time.Second); got != tc.want {
+			t.Errorf("skip %d:\n%s\nwant\n%s", tc.skip, got, tc.want)
+		}
+	}
 }
