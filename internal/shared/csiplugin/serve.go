@@ -117,7 +117,11 @@ func NewLogger(name string, getenv func(string) string) hclog.Logger {
 // second at most for the lines still queued.
 func NewServerLogger(name string, getenv func(string) string) (log hclog.Logger, flush func()) {
 	w := logqueue.New(os.Stderr, logqueue.DefaultLines)
-	return newLogger(name, getenv, w), func() { w.Flush(time.Second) }
+	log = newLogger(name, getenv, w)
+	w.Start(func(dropped int64) {
+		log.Warn("log lines were dropped here: the log's reader (the CO's log collector) did not read for a while", "dropped", dropped)
+	})
+	return log, func() { w.Flush(time.Second) }
 }
 
 func newLogger(name string, getenv func(string) string, out io.Writer) hclog.Logger {

@@ -13,7 +13,6 @@
 package logqueue
 
 import (
-	"fmt"
 	"io"
 	"sync/atomic"
 	"time"
@@ -32,11 +31,19 @@ type Writer struct {
 	pending atomic.Int64 // lines queued or being written
 }
 
-// New starts a Writer that queues at most capacity lines for out.
+// New returns a Writer that queues at most capacity lines for out. It
+// writes nothing until Start.
 func New(out io.Writer, capacity int) *Writer {
-	w := &Writer{out: out, lines: make(chan []byte, capacity)}
-	go w.run()
-	return w
+	return &Writer{out: out, lines: make(chan []byte, capacity)}
+}
+
+// Start writes the queued lines out from now on. Before it writes a line
+// after some were dropped, it calls report with how many: the logger
+// writing through w reports them in its own format (a logger's line
+// written here directly would break a JSON log). report may log through
+// w: a line it logs is queued like any other.
+func (w *Writer) Start(report func(dropped int64)) {
+	go w.run(report)
 }
 
 // Write queues a copy of p, or drops it when the queue is full. It never
@@ -53,14 +60,10 @@ func (w *Writer) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// Dropped is how many lines were dropped and not yet reported.
-func (w *Writer) Dropped() int64 { return w.dropped.Load() }
-
-func (w *Writer) run() {
+func (w *Writer) run(report func(dropped int64)) {
 	for line := range w.lines {
-		if n := w.dropped.Swap(0); n > 0 {
-			fmt.Fprintf(w.out, "%s [WARN]  logqueue: %d log lines were dropped here: the log's reader (the CO's log collector) did not read for a while\n",
-				time.Now().UTC().Format("2006-01-02T15:04:05.000Z"), n)
+		if n := w.dropped.Swap(0); n > 0 && report != nil {
+			report(n)
 		}
 		_, _ = w.out.Write(line)
 		w.pending.Add(-1)
