@@ -26,6 +26,96 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type RetirePeerRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The retired node's node ID.
+	NodeId        string `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RetirePeerRequest) Reset() {
+	*x = RetirePeerRequest{}
+	mi := &file_agentpb_agent_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RetirePeerRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RetirePeerRequest) ProtoMessage() {}
+
+func (x *RetirePeerRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_agentpb_agent_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RetirePeerRequest.ProtoReflect.Descriptor instead.
+func (*RetirePeerRequest) Descriptor() ([]byte, []int) {
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *RetirePeerRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+type RetirePeerResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// How many nodes this node's lease counts now, itself included.
+	KnownNodes    uint32 `protobuf:"varint,1,opt,name=known_nodes,json=knownNodes,proto3" json:"known_nodes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RetirePeerResponse) Reset() {
+	*x = RetirePeerResponse{}
+	mi := &file_agentpb_agent_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RetirePeerResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RetirePeerResponse) ProtoMessage() {}
+
+func (x *RetirePeerResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_agentpb_agent_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RetirePeerResponse.ProtoReflect.Descriptor instead.
+func (*RetirePeerResponse) Descriptor() ([]byte, []int) {
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *RetirePeerResponse) GetKnownNodes() uint32 {
+	if x != nil {
+		return x.KnownNodes
+	}
+	return 0
+}
+
 type PingRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -34,7 +124,7 @@ type PingRequest struct {
 
 func (x *PingRequest) Reset() {
 	*x = PingRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[0]
+	mi := &file_agentpb_agent_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -46,7 +136,7 @@ func (x *PingRequest) String() string {
 func (*PingRequest) ProtoMessage() {}
 
 func (x *PingRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[0]
+	mi := &file_agentpb_agent_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -59,7 +149,7 @@ func (x *PingRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PingRequest.ProtoReflect.Descriptor instead.
 func (*PingRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{0}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{2}
 }
 
 type PingResponse struct {
@@ -72,7 +162,7 @@ type PingResponse struct {
 
 func (x *PingResponse) Reset() {
 	*x = PingResponse{}
-	mi := &file_agentpb_agent_proto_msgTypes[1]
+	mi := &file_agentpb_agent_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -84,7 +174,7 @@ func (x *PingResponse) String() string {
 func (*PingResponse) ProtoMessage() {}
 
 func (x *PingResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[1]
+	mi := &file_agentpb_agent_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -97,7 +187,7 @@ func (x *PingResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PingResponse.ProtoReflect.Descriptor instead.
 func (*PingResponse) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{1}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *PingResponse) GetNodeId() string {
@@ -123,7 +213,7 @@ type PromisesRequest struct {
 
 func (x *PromisesRequest) Reset() {
 	*x = PromisesRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[2]
+	mi := &file_agentpb_agent_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -135,7 +225,7 @@ func (x *PromisesRequest) String() string {
 func (*PromisesRequest) ProtoMessage() {}
 
 func (x *PromisesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[2]
+	mi := &file_agentpb_agent_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -148,7 +238,7 @@ func (x *PromisesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PromisesRequest.ProtoReflect.Descriptor instead.
 func (*PromisesRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{2}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *PromisesRequest) GetVolumeIds() []string {
@@ -167,7 +257,7 @@ type PromisesResponse struct {
 
 func (x *PromisesResponse) Reset() {
 	*x = PromisesResponse{}
-	mi := &file_agentpb_agent_proto_msgTypes[3]
+	mi := &file_agentpb_agent_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -179,7 +269,7 @@ func (x *PromisesResponse) String() string {
 func (*PromisesResponse) ProtoMessage() {}
 
 func (x *PromisesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[3]
+	mi := &file_agentpb_agent_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -192,7 +282,7 @@ func (x *PromisesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PromisesResponse.ProtoReflect.Descriptor instead.
 func (*PromisesResponse) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{3}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *PromisesResponse) GetGenerations() map[string]uint64 {
@@ -212,7 +302,7 @@ type DeleteBackupsRequest struct {
 
 func (x *DeleteBackupsRequest) Reset() {
 	*x = DeleteBackupsRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[4]
+	mi := &file_agentpb_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -224,7 +314,7 @@ func (x *DeleteBackupsRequest) String() string {
 func (*DeleteBackupsRequest) ProtoMessage() {}
 
 func (x *DeleteBackupsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[4]
+	mi := &file_agentpb_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -237,7 +327,7 @@ func (x *DeleteBackupsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBackupsRequest.ProtoReflect.Descriptor instead.
 func (*DeleteBackupsRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{4}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *DeleteBackupsRequest) GetVolumeId() string {
@@ -264,7 +354,7 @@ type DeleteBackupsResponse struct {
 
 func (x *DeleteBackupsResponse) Reset() {
 	*x = DeleteBackupsResponse{}
-	mi := &file_agentpb_agent_proto_msgTypes[5]
+	mi := &file_agentpb_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -276,7 +366,7 @@ func (x *DeleteBackupsResponse) String() string {
 func (*DeleteBackupsResponse) ProtoMessage() {}
 
 func (x *DeleteBackupsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[5]
+	mi := &file_agentpb_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -289,7 +379,7 @@ func (x *DeleteBackupsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteBackupsResponse.ProtoReflect.Descriptor instead.
 func (*DeleteBackupsResponse) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{5}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *DeleteBackupsResponse) GetDeleted() []string {
@@ -309,7 +399,7 @@ type ListBackupsRequest struct {
 
 func (x *ListBackupsRequest) Reset() {
 	*x = ListBackupsRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[6]
+	mi := &file_agentpb_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -321,7 +411,7 @@ func (x *ListBackupsRequest) String() string {
 func (*ListBackupsRequest) ProtoMessage() {}
 
 func (x *ListBackupsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[6]
+	mi := &file_agentpb_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -334,7 +424,7 @@ func (x *ListBackupsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBackupsRequest.ProtoReflect.Descriptor instead.
 func (*ListBackupsRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{6}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ListBackupsRequest) GetVolumeId() string {
@@ -355,7 +445,7 @@ type ListBackupsResponse struct {
 
 func (x *ListBackupsResponse) Reset() {
 	*x = ListBackupsResponse{}
-	mi := &file_agentpb_agent_proto_msgTypes[7]
+	mi := &file_agentpb_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -367,7 +457,7 @@ func (x *ListBackupsResponse) String() string {
 func (*ListBackupsResponse) ProtoMessage() {}
 
 func (x *ListBackupsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[7]
+	mi := &file_agentpb_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -380,7 +470,7 @@ func (x *ListBackupsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBackupsResponse.ProtoReflect.Descriptor instead.
 func (*ListBackupsResponse) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{7}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ListBackupsResponse) GetTarget() string {
@@ -418,7 +508,7 @@ type Backup struct {
 
 func (x *Backup) Reset() {
 	*x = Backup{}
-	mi := &file_agentpb_agent_proto_msgTypes[8]
+	mi := &file_agentpb_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -430,7 +520,7 @@ func (x *Backup) String() string {
 func (*Backup) ProtoMessage() {}
 
 func (x *Backup) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[8]
+	mi := &file_agentpb_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -443,7 +533,7 @@ func (x *Backup) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Backup.ProtoReflect.Descriptor instead.
 func (*Backup) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{8}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Backup) GetVolumeId() string {
@@ -521,7 +611,7 @@ type GrantRestoreRequest struct {
 
 func (x *GrantRestoreRequest) Reset() {
 	*x = GrantRestoreRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[9]
+	mi := &file_agentpb_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -533,7 +623,7 @@ func (x *GrantRestoreRequest) String() string {
 func (*GrantRestoreRequest) ProtoMessage() {}
 
 func (x *GrantRestoreRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[9]
+	mi := &file_agentpb_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -546,7 +636,7 @@ func (x *GrantRestoreRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrantRestoreRequest.ProtoReflect.Descriptor instead.
 func (*GrantRestoreRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{9}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *GrantRestoreRequest) GetVolumeId() string {
@@ -580,7 +670,7 @@ type GrantRestoreResponse struct {
 
 func (x *GrantRestoreResponse) Reset() {
 	*x = GrantRestoreResponse{}
-	mi := &file_agentpb_agent_proto_msgTypes[10]
+	mi := &file_agentpb_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -592,7 +682,7 @@ func (x *GrantRestoreResponse) String() string {
 func (*GrantRestoreResponse) ProtoMessage() {}
 
 func (x *GrantRestoreResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[10]
+	mi := &file_agentpb_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -605,7 +695,7 @@ func (x *GrantRestoreResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrantRestoreResponse.ProtoReflect.Descriptor instead.
 func (*GrantRestoreResponse) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{10}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *GrantRestoreResponse) GetGrant() string {
@@ -633,7 +723,7 @@ type SendBackupRequest struct {
 
 func (x *SendBackupRequest) Reset() {
 	*x = SendBackupRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[11]
+	mi := &file_agentpb_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -645,7 +735,7 @@ func (x *SendBackupRequest) String() string {
 func (*SendBackupRequest) ProtoMessage() {}
 
 func (x *SendBackupRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[11]
+	mi := &file_agentpb_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -658,7 +748,7 @@ func (x *SendBackupRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendBackupRequest.ProtoReflect.Descriptor instead.
 func (*SendBackupRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{11}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *SendBackupRequest) GetVolumeId() string {
@@ -695,7 +785,7 @@ type SendBackupMessage struct {
 
 func (x *SendBackupMessage) Reset() {
 	*x = SendBackupMessage{}
-	mi := &file_agentpb_agent_proto_msgTypes[12]
+	mi := &file_agentpb_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -707,7 +797,7 @@ func (x *SendBackupMessage) String() string {
 func (*SendBackupMessage) ProtoMessage() {}
 
 func (x *SendBackupMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[12]
+	mi := &file_agentpb_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -720,7 +810,7 @@ func (x *SendBackupMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendBackupMessage.ProtoReflect.Descriptor instead.
 func (*SendBackupMessage) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{12}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *SendBackupMessage) GetMsg() isSendBackupMessage_Msg {
@@ -775,7 +865,7 @@ type GetNodeRequest struct {
 
 func (x *GetNodeRequest) Reset() {
 	*x = GetNodeRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[13]
+	mi := &file_agentpb_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -787,7 +877,7 @@ func (x *GetNodeRequest) String() string {
 func (*GetNodeRequest) ProtoMessage() {}
 
 func (x *GetNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[13]
+	mi := &file_agentpb_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -800,7 +890,7 @@ func (x *GetNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetNodeRequest.ProtoReflect.Descriptor instead.
 func (*GetNodeRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{13}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GetNodeRequest) GetWithoutCapacity() bool {
@@ -830,7 +920,8 @@ type Node struct {
 	// Empty from a node that does not keep one.
 	VolumesVersion string `protobuf:"bytes,9,opt,name=volumes_version,json=volumesVersion,proto3" json:"volumes_version,omitempty"`
 	// How many nodes this node's lease counts, itself included: every peer
-	// address it was ever given since it started (0: it keeps no lease).
+	// address it was ever given since it started, less the node it
+	// retired (0: it keeps no lease).
 	// The controller takes its majorities over the largest count any node
 	// reports, so a peer list of its own that shrank (service discovery
 	// drops the nodes a partition hides) cannot lower them.
@@ -849,13 +940,18 @@ type Node struct {
 	// granted ahead of its end: the controller instance holding the work
 	// lease finishes such a move if the instance that started it died.
 	AwaitedPromotions []*AwaitedPromotion `protobuf:"bytes,14,rep,name=awaited_promotions,json=awaitedPromotions,proto3" json:"awaited_promotions,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// The node the operator retired on this node since it started
+	// (RetirePeer), if any: a node retires one per start, and
+	// zfs-controller retire-node retires a node only while no node has
+	// retired another.
+	RetiredNodeIds []string `protobuf:"bytes,15,rep,name=retired_node_ids,json=retiredNodeIds,proto3" json:"retired_node_ids,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Node) Reset() {
 	*x = Node{}
-	mi := &file_agentpb_agent_proto_msgTypes[14]
+	mi := &file_agentpb_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -867,7 +963,7 @@ func (x *Node) String() string {
 func (*Node) ProtoMessage() {}
 
 func (x *Node) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[14]
+	mi := &file_agentpb_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -880,7 +976,7 @@ func (x *Node) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Node.ProtoReflect.Descriptor instead.
 func (*Node) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{14}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Node) GetNodeId() string {
@@ -981,6 +1077,13 @@ func (x *Node) GetAwaitedPromotions() []*AwaitedPromotion {
 	return nil
 }
 
+func (x *Node) GetRetiredNodeIds() []string {
+	if x != nil {
+		return x.RetiredNodeIds
+	}
+	return nil
+}
+
 type AwaitedPromotion struct {
 	state           protoimpl.MessageState `protogen:"open.v1"`
 	VolumeId        string                 `protobuf:"bytes,1,opt,name=volume_id,json=volumeId,proto3" json:"volume_id,omitempty"`
@@ -992,7 +1095,7 @@ type AwaitedPromotion struct {
 
 func (x *AwaitedPromotion) Reset() {
 	*x = AwaitedPromotion{}
-	mi := &file_agentpb_agent_proto_msgTypes[15]
+	mi := &file_agentpb_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1004,7 +1107,7 @@ func (x *AwaitedPromotion) String() string {
 func (*AwaitedPromotion) ProtoMessage() {}
 
 func (x *AwaitedPromotion) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[15]
+	mi := &file_agentpb_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1017,7 +1120,7 @@ func (x *AwaitedPromotion) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AwaitedPromotion.ProtoReflect.Descriptor instead.
 func (*AwaitedPromotion) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{15}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *AwaitedPromotion) GetVolumeId() string {
@@ -1062,7 +1165,7 @@ type CreateVolumeRequest struct {
 
 func (x *CreateVolumeRequest) Reset() {
 	*x = CreateVolumeRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[16]
+	mi := &file_agentpb_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1074,7 +1177,7 @@ func (x *CreateVolumeRequest) String() string {
 func (*CreateVolumeRequest) ProtoMessage() {}
 
 func (x *CreateVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[16]
+	mi := &file_agentpb_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1087,7 +1190,7 @@ func (x *CreateVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateVolumeRequest.ProtoReflect.Descriptor instead.
 func (*CreateVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{16}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *CreateVolumeRequest) GetName() string {
@@ -1168,7 +1271,7 @@ type Volume struct {
 
 func (x *Volume) Reset() {
 	*x = Volume{}
-	mi := &file_agentpb_agent_proto_msgTypes[17]
+	mi := &file_agentpb_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1180,7 +1283,7 @@ func (x *Volume) String() string {
 func (*Volume) ProtoMessage() {}
 
 func (x *Volume) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[17]
+	mi := &file_agentpb_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1193,7 +1296,7 @@ func (x *Volume) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Volume.ProtoReflect.Descriptor instead.
 func (*Volume) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{17}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Volume) GetVolumeId() string {
@@ -1282,7 +1385,7 @@ type DeleteVolumeRequest struct {
 
 func (x *DeleteVolumeRequest) Reset() {
 	*x = DeleteVolumeRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[18]
+	mi := &file_agentpb_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1294,7 +1397,7 @@ func (x *DeleteVolumeRequest) String() string {
 func (*DeleteVolumeRequest) ProtoMessage() {}
 
 func (x *DeleteVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[18]
+	mi := &file_agentpb_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1307,7 +1410,7 @@ func (x *DeleteVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteVolumeRequest.ProtoReflect.Descriptor instead.
 func (*DeleteVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{18}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *DeleteVolumeRequest) GetVolumeId() string {
@@ -1325,7 +1428,7 @@ type DeleteVolumeResponse struct {
 
 func (x *DeleteVolumeResponse) Reset() {
 	*x = DeleteVolumeResponse{}
-	mi := &file_agentpb_agent_proto_msgTypes[19]
+	mi := &file_agentpb_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1337,7 +1440,7 @@ func (x *DeleteVolumeResponse) String() string {
 func (*DeleteVolumeResponse) ProtoMessage() {}
 
 func (x *DeleteVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[19]
+	mi := &file_agentpb_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1350,7 +1453,7 @@ func (x *DeleteVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteVolumeResponse.ProtoReflect.Descriptor instead.
 func (*DeleteVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{19}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{21}
 }
 
 type GetVolumeRequest struct {
@@ -1362,7 +1465,7 @@ type GetVolumeRequest struct {
 
 func (x *GetVolumeRequest) Reset() {
 	*x = GetVolumeRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[20]
+	mi := &file_agentpb_agent_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1374,7 +1477,7 @@ func (x *GetVolumeRequest) String() string {
 func (*GetVolumeRequest) ProtoMessage() {}
 
 func (x *GetVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[20]
+	mi := &file_agentpb_agent_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1387,7 +1490,7 @@ func (x *GetVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetVolumeRequest.ProtoReflect.Descriptor instead.
 func (*GetVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{20}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *GetVolumeRequest) GetVolumeId() string {
@@ -1410,7 +1513,7 @@ type ListVolumesRequest struct {
 
 func (x *ListVolumesRequest) Reset() {
 	*x = ListVolumesRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[21]
+	mi := &file_agentpb_agent_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1422,7 +1525,7 @@ func (x *ListVolumesRequest) String() string {
 func (*ListVolumesRequest) ProtoMessage() {}
 
 func (x *ListVolumesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[21]
+	mi := &file_agentpb_agent_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1435,7 +1538,7 @@ func (x *ListVolumesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListVolumesRequest.ProtoReflect.Descriptor instead.
 func (*ListVolumesRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{21}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ListVolumesRequest) GetFrom() string {
@@ -1461,7 +1564,7 @@ type ListVolumesResponse struct {
 
 func (x *ListVolumesResponse) Reset() {
 	*x = ListVolumesResponse{}
-	mi := &file_agentpb_agent_proto_msgTypes[22]
+	mi := &file_agentpb_agent_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1473,7 +1576,7 @@ func (x *ListVolumesResponse) String() string {
 func (*ListVolumesResponse) ProtoMessage() {}
 
 func (x *ListVolumesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[22]
+	mi := &file_agentpb_agent_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1486,7 +1589,7 @@ func (x *ListVolumesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListVolumesResponse.ProtoReflect.Descriptor instead.
 func (*ListVolumesResponse) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{22}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ListVolumesResponse) GetVolumes() []*Volume {
@@ -1507,7 +1610,7 @@ type ExpandVolumeRequest struct {
 
 func (x *ExpandVolumeRequest) Reset() {
 	*x = ExpandVolumeRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[23]
+	mi := &file_agentpb_agent_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1519,7 +1622,7 @@ func (x *ExpandVolumeRequest) String() string {
 func (*ExpandVolumeRequest) ProtoMessage() {}
 
 func (x *ExpandVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[23]
+	mi := &file_agentpb_agent_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1532,7 +1635,7 @@ func (x *ExpandVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExpandVolumeRequest.ProtoReflect.Descriptor instead.
 func (*ExpandVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{23}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ExpandVolumeRequest) GetVolumeId() string {
@@ -1565,7 +1668,7 @@ type ExpandVolumeResponse struct {
 
 func (x *ExpandVolumeResponse) Reset() {
 	*x = ExpandVolumeResponse{}
-	mi := &file_agentpb_agent_proto_msgTypes[24]
+	mi := &file_agentpb_agent_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1577,7 +1680,7 @@ func (x *ExpandVolumeResponse) String() string {
 func (*ExpandVolumeResponse) ProtoMessage() {}
 
 func (x *ExpandVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[24]
+	mi := &file_agentpb_agent_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1590,7 +1693,7 @@ func (x *ExpandVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExpandVolumeResponse.ProtoReflect.Descriptor instead.
 func (*ExpandVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{24}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ExpandVolumeResponse) GetCapacityBytes() uint64 {
@@ -1615,7 +1718,7 @@ type CreateSnapshotRequest struct {
 
 func (x *CreateSnapshotRequest) Reset() {
 	*x = CreateSnapshotRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[25]
+	mi := &file_agentpb_agent_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1627,7 +1730,7 @@ func (x *CreateSnapshotRequest) String() string {
 func (*CreateSnapshotRequest) ProtoMessage() {}
 
 func (x *CreateSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[25]
+	mi := &file_agentpb_agent_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1640,7 +1743,7 @@ func (x *CreateSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*CreateSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{25}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *CreateSnapshotRequest) GetSourceVolumeId() string {
@@ -1683,7 +1786,7 @@ type Snapshot struct {
 
 func (x *Snapshot) Reset() {
 	*x = Snapshot{}
-	mi := &file_agentpb_agent_proto_msgTypes[26]
+	mi := &file_agentpb_agent_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1695,7 +1798,7 @@ func (x *Snapshot) String() string {
 func (*Snapshot) ProtoMessage() {}
 
 func (x *Snapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[26]
+	mi := &file_agentpb_agent_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1708,7 +1811,7 @@ func (x *Snapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
 func (*Snapshot) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{26}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *Snapshot) GetSnapshotId() string {
@@ -1787,7 +1890,7 @@ type DeleteSnapshotRequest struct {
 
 func (x *DeleteSnapshotRequest) Reset() {
 	*x = DeleteSnapshotRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[27]
+	mi := &file_agentpb_agent_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1799,7 +1902,7 @@ func (x *DeleteSnapshotRequest) String() string {
 func (*DeleteSnapshotRequest) ProtoMessage() {}
 
 func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[27]
+	mi := &file_agentpb_agent_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1812,7 +1915,7 @@ func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{27}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *DeleteSnapshotRequest) GetSnapshotId() string {
@@ -1858,7 +1961,7 @@ type DeleteSnapshotResponse struct {
 
 func (x *DeleteSnapshotResponse) Reset() {
 	*x = DeleteSnapshotResponse{}
-	mi := &file_agentpb_agent_proto_msgTypes[28]
+	mi := &file_agentpb_agent_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1870,7 +1973,7 @@ func (x *DeleteSnapshotResponse) String() string {
 func (*DeleteSnapshotResponse) ProtoMessage() {}
 
 func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[28]
+	mi := &file_agentpb_agent_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1883,7 +1986,7 @@ func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteSnapshotResponse.ProtoReflect.Descriptor instead.
 func (*DeleteSnapshotResponse) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{28}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{30}
 }
 
 // ListSnapshotsRequest asks for the node's CSI snapshot snapshot_id alone,
@@ -1908,7 +2011,7 @@ type ListSnapshotsRequest struct {
 
 func (x *ListSnapshotsRequest) Reset() {
 	*x = ListSnapshotsRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[29]
+	mi := &file_agentpb_agent_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1920,7 +2023,7 @@ func (x *ListSnapshotsRequest) String() string {
 func (*ListSnapshotsRequest) ProtoMessage() {}
 
 func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[29]
+	mi := &file_agentpb_agent_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1933,7 +2036,7 @@ func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{29}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ListSnapshotsRequest) GetSnapshotId() string {
@@ -1989,7 +2092,7 @@ type ListSnapshotsResponse struct {
 
 func (x *ListSnapshotsResponse) Reset() {
 	*x = ListSnapshotsResponse{}
-	mi := &file_agentpb_agent_proto_msgTypes[30]
+	mi := &file_agentpb_agent_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2001,7 +2104,7 @@ func (x *ListSnapshotsResponse) String() string {
 func (*ListSnapshotsResponse) ProtoMessage() {}
 
 func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[30]
+	mi := &file_agentpb_agent_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2014,7 +2117,7 @@ func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
 func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{30}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ListSnapshotsResponse) GetSnapshots() []*Snapshot {
@@ -2052,7 +2155,7 @@ type ReplicateRequest struct {
 
 func (x *ReplicateRequest) Reset() {
 	*x = ReplicateRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[31]
+	mi := &file_agentpb_agent_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2064,7 +2167,7 @@ func (x *ReplicateRequest) String() string {
 func (*ReplicateRequest) ProtoMessage() {}
 
 func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[31]
+	mi := &file_agentpb_agent_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2077,7 +2180,7 @@ func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateRequest.ProtoReflect.Descriptor instead.
 func (*ReplicateRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{31}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ReplicateRequest) GetVolumeId() string {
@@ -2140,7 +2243,7 @@ type ReplicateProgress struct {
 
 func (x *ReplicateProgress) Reset() {
 	*x = ReplicateProgress{}
-	mi := &file_agentpb_agent_proto_msgTypes[32]
+	mi := &file_agentpb_agent_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2152,7 +2255,7 @@ func (x *ReplicateProgress) String() string {
 func (*ReplicateProgress) ProtoMessage() {}
 
 func (x *ReplicateProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[32]
+	mi := &file_agentpb_agent_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2165,7 +2268,7 @@ func (x *ReplicateProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateProgress.ProtoReflect.Descriptor instead.
 func (*ReplicateProgress) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{32}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ReplicateProgress) GetKind() string {
@@ -2225,7 +2328,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[33]
+	mi := &file_agentpb_agent_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2237,7 +2340,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[33]
+	mi := &file_agentpb_agent_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2250,7 +2353,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{33}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{35}
 }
 
 type NodeStatus struct {
@@ -2268,7 +2371,7 @@ type NodeStatus struct {
 
 func (x *NodeStatus) Reset() {
 	*x = NodeStatus{}
-	mi := &file_agentpb_agent_proto_msgTypes[34]
+	mi := &file_agentpb_agent_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2280,7 +2383,7 @@ func (x *NodeStatus) String() string {
 func (*NodeStatus) ProtoMessage() {}
 
 func (x *NodeStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[34]
+	mi := &file_agentpb_agent_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2293,7 +2396,7 @@ func (x *NodeStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use NodeStatus.ProtoReflect.Descriptor instead.
 func (*NodeStatus) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{34}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *NodeStatus) GetReplicas() []*Replica {
@@ -2337,7 +2440,7 @@ type BackupFailure struct {
 
 func (x *BackupFailure) Reset() {
 	*x = BackupFailure{}
-	mi := &file_agentpb_agent_proto_msgTypes[35]
+	mi := &file_agentpb_agent_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2349,7 +2452,7 @@ func (x *BackupFailure) String() string {
 func (*BackupFailure) ProtoMessage() {}
 
 func (x *BackupFailure) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[35]
+	mi := &file_agentpb_agent_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2362,7 +2465,7 @@ func (x *BackupFailure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackupFailure.ProtoReflect.Descriptor instead.
 func (*BackupFailure) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{35}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *BackupFailure) GetVolumeId() string {
@@ -2403,7 +2506,7 @@ type ChangesRequest struct {
 
 func (x *ChangesRequest) Reset() {
 	*x = ChangesRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[36]
+	mi := &file_agentpb_agent_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2415,7 +2518,7 @@ func (x *ChangesRequest) String() string {
 func (*ChangesRequest) ProtoMessage() {}
 
 func (x *ChangesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[36]
+	mi := &file_agentpb_agent_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2428,7 +2531,7 @@ func (x *ChangesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChangesRequest.ProtoReflect.Descriptor instead.
 func (*ChangesRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{36}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ChangesRequest) GetSince() string {
@@ -2454,7 +2557,7 @@ type ChangesResponse struct {
 
 func (x *ChangesResponse) Reset() {
 	*x = ChangesResponse{}
-	mi := &file_agentpb_agent_proto_msgTypes[37]
+	mi := &file_agentpb_agent_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2466,7 +2569,7 @@ func (x *ChangesResponse) String() string {
 func (*ChangesResponse) ProtoMessage() {}
 
 func (x *ChangesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[37]
+	mi := &file_agentpb_agent_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2479,7 +2582,7 @@ func (x *ChangesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ChangesResponse.ProtoReflect.Descriptor instead.
 func (*ChangesResponse) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{37}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ChangesResponse) GetKnown() bool {
@@ -2529,7 +2632,7 @@ type Replica struct {
 
 func (x *Replica) Reset() {
 	*x = Replica{}
-	mi := &file_agentpb_agent_proto_msgTypes[38]
+	mi := &file_agentpb_agent_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2541,7 +2644,7 @@ func (x *Replica) String() string {
 func (*Replica) ProtoMessage() {}
 
 func (x *Replica) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[38]
+	mi := &file_agentpb_agent_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2554,7 +2657,7 @@ func (x *Replica) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Replica.ProtoReflect.Descriptor instead.
 func (*Replica) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{38}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *Replica) GetVolumeId() string {
@@ -2615,7 +2718,7 @@ type Transfer struct {
 
 func (x *Transfer) Reset() {
 	*x = Transfer{}
-	mi := &file_agentpb_agent_proto_msgTypes[39]
+	mi := &file_agentpb_agent_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2627,7 +2730,7 @@ func (x *Transfer) String() string {
 func (*Transfer) ProtoMessage() {}
 
 func (x *Transfer) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[39]
+	mi := &file_agentpb_agent_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2640,7 +2743,7 @@ func (x *Transfer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Transfer.ProtoReflect.Descriptor instead.
 func (*Transfer) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{39}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *Transfer) GetVolumeId() string {
@@ -2701,7 +2804,7 @@ type ReplicaStateRequest struct {
 
 func (x *ReplicaStateRequest) Reset() {
 	*x = ReplicaStateRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[40]
+	mi := &file_agentpb_agent_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2713,7 +2816,7 @@ func (x *ReplicaStateRequest) String() string {
 func (*ReplicaStateRequest) ProtoMessage() {}
 
 func (x *ReplicaStateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[40]
+	mi := &file_agentpb_agent_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2726,7 +2829,7 @@ func (x *ReplicaStateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaStateRequest.ProtoReflect.Descriptor instead.
 func (*ReplicaStateRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{40}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ReplicaStateRequest) GetVolumeId() string {
@@ -2754,7 +2857,7 @@ type ReplicaStateResponse struct {
 
 func (x *ReplicaStateResponse) Reset() {
 	*x = ReplicaStateResponse{}
-	mi := &file_agentpb_agent_proto_msgTypes[41]
+	mi := &file_agentpb_agent_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2766,7 +2869,7 @@ func (x *ReplicaStateResponse) String() string {
 func (*ReplicaStateResponse) ProtoMessage() {}
 
 func (x *ReplicaStateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[41]
+	mi := &file_agentpb_agent_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2779,7 +2882,7 @@ func (x *ReplicaStateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaStateResponse.ProtoReflect.Descriptor instead.
 func (*ReplicaStateResponse) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{41}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ReplicaStateResponse) GetExists() bool {
@@ -2837,7 +2940,7 @@ type ReceiveMessage struct {
 
 func (x *ReceiveMessage) Reset() {
 	*x = ReceiveMessage{}
-	mi := &file_agentpb_agent_proto_msgTypes[42]
+	mi := &file_agentpb_agent_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2849,7 +2952,7 @@ func (x *ReceiveMessage) String() string {
 func (*ReceiveMessage) ProtoMessage() {}
 
 func (x *ReceiveMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[42]
+	mi := &file_agentpb_agent_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2862,7 +2965,7 @@ func (x *ReceiveMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReceiveMessage.ProtoReflect.Descriptor instead.
 func (*ReceiveMessage) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{42}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ReceiveMessage) GetMsg() isReceiveMessage_Msg {
@@ -2935,7 +3038,7 @@ type ReceiveHeader struct {
 
 func (x *ReceiveHeader) Reset() {
 	*x = ReceiveHeader{}
-	mi := &file_agentpb_agent_proto_msgTypes[43]
+	mi := &file_agentpb_agent_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2947,7 +3050,7 @@ func (x *ReceiveHeader) String() string {
 func (*ReceiveHeader) ProtoMessage() {}
 
 func (x *ReceiveHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[43]
+	mi := &file_agentpb_agent_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2960,7 +3063,7 @@ func (x *ReceiveHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReceiveHeader.ProtoReflect.Descriptor instead.
 func (*ReceiveHeader) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{43}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ReceiveHeader) GetVolumeId() string {
@@ -3044,7 +3147,7 @@ type PeerBase struct {
 
 func (x *PeerBase) Reset() {
 	*x = PeerBase{}
-	mi := &file_agentpb_agent_proto_msgTypes[44]
+	mi := &file_agentpb_agent_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3056,7 +3159,7 @@ func (x *PeerBase) String() string {
 func (*PeerBase) ProtoMessage() {}
 
 func (x *PeerBase) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[44]
+	mi := &file_agentpb_agent_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3069,7 +3172,7 @@ func (x *PeerBase) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerBase.ProtoReflect.Descriptor instead.
 func (*PeerBase) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{44}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *PeerBase) GetGuid() uint64 {
@@ -3096,7 +3199,7 @@ type ReceiveResult struct {
 
 func (x *ReceiveResult) Reset() {
 	*x = ReceiveResult{}
-	mi := &file_agentpb_agent_proto_msgTypes[45]
+	mi := &file_agentpb_agent_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3108,7 +3211,7 @@ func (x *ReceiveResult) String() string {
 func (*ReceiveResult) ProtoMessage() {}
 
 func (x *ReceiveResult) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[45]
+	mi := &file_agentpb_agent_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3121,7 +3224,7 @@ func (x *ReceiveResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReceiveResult.ProtoReflect.Descriptor instead.
 func (*ReceiveResult) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{45}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ReceiveResult) GetSnapshotGuid() uint64 {
@@ -3147,7 +3250,7 @@ type GetCopyRequest struct {
 
 func (x *GetCopyRequest) Reset() {
 	*x = GetCopyRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[46]
+	mi := &file_agentpb_agent_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3159,7 +3262,7 @@ func (x *GetCopyRequest) String() string {
 func (*GetCopyRequest) ProtoMessage() {}
 
 func (x *GetCopyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[46]
+	mi := &file_agentpb_agent_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3172,7 +3275,7 @@ func (x *GetCopyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCopyRequest.ProtoReflect.Descriptor instead.
 func (*GetCopyRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{46}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *GetCopyRequest) GetVolumeId() string {
@@ -3227,7 +3330,7 @@ type Copy struct {
 
 func (x *Copy) Reset() {
 	*x = Copy{}
-	mi := &file_agentpb_agent_proto_msgTypes[47]
+	mi := &file_agentpb_agent_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3239,7 +3342,7 @@ func (x *Copy) String() string {
 func (*Copy) ProtoMessage() {}
 
 func (x *Copy) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[47]
+	mi := &file_agentpb_agent_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3252,7 +3355,7 @@ func (x *Copy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Copy.ProtoReflect.Descriptor instead.
 func (*Copy) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{47}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *Copy) GetVolumeId() string {
@@ -3426,7 +3529,7 @@ type ReserveRequest struct {
 
 func (x *ReserveRequest) Reset() {
 	*x = ReserveRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[48]
+	mi := &file_agentpb_agent_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3438,7 +3541,7 @@ func (x *ReserveRequest) String() string {
 func (*ReserveRequest) ProtoMessage() {}
 
 func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[48]
+	mi := &file_agentpb_agent_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3451,7 +3554,7 @@ func (x *ReserveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveRequest.ProtoReflect.Descriptor instead.
 func (*ReserveRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{48}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ReserveRequest) GetVolumeId() string {
@@ -3516,7 +3619,7 @@ type ReserveResponse struct {
 
 func (x *ReserveResponse) Reset() {
 	*x = ReserveResponse{}
-	mi := &file_agentpb_agent_proto_msgTypes[49]
+	mi := &file_agentpb_agent_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3528,7 +3631,7 @@ func (x *ReserveResponse) String() string {
 func (*ReserveResponse) ProtoMessage() {}
 
 func (x *ReserveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[49]
+	mi := &file_agentpb_agent_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3541,7 +3644,7 @@ func (x *ReserveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReserveResponse.ProtoReflect.Descriptor instead.
 func (*ReserveResponse) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{49}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ReserveResponse) GetGranted() bool {
@@ -3575,7 +3678,7 @@ type FenceRequest struct {
 
 func (x *FenceRequest) Reset() {
 	*x = FenceRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[50]
+	mi := &file_agentpb_agent_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3587,7 +3690,7 @@ func (x *FenceRequest) String() string {
 func (*FenceRequest) ProtoMessage() {}
 
 func (x *FenceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[50]
+	mi := &file_agentpb_agent_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3600,7 +3703,7 @@ func (x *FenceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FenceRequest.ProtoReflect.Descriptor instead.
 func (*FenceRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{50}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *FenceRequest) GetVolumeId() string {
@@ -3626,7 +3729,7 @@ type FenceResponse struct {
 
 func (x *FenceResponse) Reset() {
 	*x = FenceResponse{}
-	mi := &file_agentpb_agent_proto_msgTypes[51]
+	mi := &file_agentpb_agent_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3638,7 +3741,7 @@ func (x *FenceResponse) String() string {
 func (*FenceResponse) ProtoMessage() {}
 
 func (x *FenceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[51]
+	mi := &file_agentpb_agent_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3651,7 +3754,7 @@ func (x *FenceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FenceResponse.ProtoReflect.Descriptor instead.
 func (*FenceResponse) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{51}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *FenceResponse) GetFencedUnixNano() int64 {
@@ -3673,7 +3776,7 @@ type UnfenceRequest struct {
 
 func (x *UnfenceRequest) Reset() {
 	*x = UnfenceRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[52]
+	mi := &file_agentpb_agent_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3685,7 +3788,7 @@ func (x *UnfenceRequest) String() string {
 func (*UnfenceRequest) ProtoMessage() {}
 
 func (x *UnfenceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[52]
+	mi := &file_agentpb_agent_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3698,7 +3801,7 @@ func (x *UnfenceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnfenceRequest.ProtoReflect.Descriptor instead.
 func (*UnfenceRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{52}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *UnfenceRequest) GetVolumeId() string {
@@ -3733,7 +3836,7 @@ type PromoteRequest struct {
 
 func (x *PromoteRequest) Reset() {
 	*x = PromoteRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[53]
+	mi := &file_agentpb_agent_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3745,7 +3848,7 @@ func (x *PromoteRequest) String() string {
 func (*PromoteRequest) ProtoMessage() {}
 
 func (x *PromoteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[53]
+	mi := &file_agentpb_agent_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3758,7 +3861,7 @@ func (x *PromoteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PromoteRequest.ProtoReflect.Descriptor instead.
 func (*PromoteRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{53}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *PromoteRequest) GetVolumeId() string {
@@ -3809,7 +3912,7 @@ type DemoteRequest struct {
 
 func (x *DemoteRequest) Reset() {
 	*x = DemoteRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[54]
+	mi := &file_agentpb_agent_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3821,7 +3924,7 @@ func (x *DemoteRequest) String() string {
 func (*DemoteRequest) ProtoMessage() {}
 
 func (x *DemoteRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[54]
+	mi := &file_agentpb_agent_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3834,7 +3937,7 @@ func (x *DemoteRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DemoteRequest.ProtoReflect.Descriptor instead.
 func (*DemoteRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{54}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *DemoteRequest) GetVolumeId() string {
@@ -3882,7 +3985,7 @@ type DeleteReplicaRequest struct {
 
 func (x *DeleteReplicaRequest) Reset() {
 	*x = DeleteReplicaRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[55]
+	mi := &file_agentpb_agent_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3894,7 +3997,7 @@ func (x *DeleteReplicaRequest) String() string {
 func (*DeleteReplicaRequest) ProtoMessage() {}
 
 func (x *DeleteReplicaRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[55]
+	mi := &file_agentpb_agent_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3907,7 +4010,7 @@ func (x *DeleteReplicaRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteReplicaRequest.ProtoReflect.Descriptor instead.
 func (*DeleteReplicaRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{55}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *DeleteReplicaRequest) GetVolumeId() string {
@@ -3947,7 +4050,7 @@ type DeleteReplicaResponse struct {
 
 func (x *DeleteReplicaResponse) Reset() {
 	*x = DeleteReplicaResponse{}
-	mi := &file_agentpb_agent_proto_msgTypes[56]
+	mi := &file_agentpb_agent_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3959,7 +4062,7 @@ func (x *DeleteReplicaResponse) String() string {
 func (*DeleteReplicaResponse) ProtoMessage() {}
 
 func (x *DeleteReplicaResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[56]
+	mi := &file_agentpb_agent_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3972,7 +4075,7 @@ func (x *DeleteReplicaResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteReplicaResponse.ProtoReflect.Descriptor instead.
 func (*DeleteReplicaResponse) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{56}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *DeleteReplicaResponse) GetDeleted() bool {
@@ -4000,7 +4103,7 @@ type ControllerInstance struct {
 
 func (x *ControllerInstance) Reset() {
 	*x = ControllerInstance{}
-	mi := &file_agentpb_agent_proto_msgTypes[57]
+	mi := &file_agentpb_agent_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4012,7 +4115,7 @@ func (x *ControllerInstance) String() string {
 func (*ControllerInstance) ProtoMessage() {}
 
 func (x *ControllerInstance) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[57]
+	mi := &file_agentpb_agent_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4025,7 +4128,7 @@ func (x *ControllerInstance) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControllerInstance.ProtoReflect.Descriptor instead.
 func (*ControllerInstance) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{57}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *ControllerInstance) GetId() string {
@@ -4082,7 +4185,7 @@ type WorkLeaseRequest struct {
 
 func (x *WorkLeaseRequest) Reset() {
 	*x = WorkLeaseRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[58]
+	mi := &file_agentpb_agent_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4094,7 +4197,7 @@ func (x *WorkLeaseRequest) String() string {
 func (*WorkLeaseRequest) ProtoMessage() {}
 
 func (x *WorkLeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[58]
+	mi := &file_agentpb_agent_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4107,7 +4210,7 @@ func (x *WorkLeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkLeaseRequest.ProtoReflect.Descriptor instead.
 func (*WorkLeaseRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{58}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *WorkLeaseRequest) GetInstance() *ControllerInstance {
@@ -4132,7 +4235,7 @@ type WorkLeasesRequest struct {
 
 func (x *WorkLeasesRequest) Reset() {
 	*x = WorkLeasesRequest{}
-	mi := &file_agentpb_agent_proto_msgTypes[59]
+	mi := &file_agentpb_agent_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4144,7 +4247,7 @@ func (x *WorkLeasesRequest) String() string {
 func (*WorkLeasesRequest) ProtoMessage() {}
 
 func (x *WorkLeasesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[59]
+	mi := &file_agentpb_agent_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4157,7 +4260,7 @@ func (x *WorkLeasesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkLeasesRequest.ProtoReflect.Descriptor instead.
 func (*WorkLeasesRequest) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{59}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{61}
 }
 
 type WorkLease struct {
@@ -4179,7 +4282,7 @@ type WorkLease struct {
 
 func (x *WorkLease) Reset() {
 	*x = WorkLease{}
-	mi := &file_agentpb_agent_proto_msgTypes[60]
+	mi := &file_agentpb_agent_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4191,7 +4294,7 @@ func (x *WorkLease) String() string {
 func (*WorkLease) ProtoMessage() {}
 
 func (x *WorkLease) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[60]
+	mi := &file_agentpb_agent_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4204,7 +4307,7 @@ func (x *WorkLease) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkLease.ProtoReflect.Descriptor instead.
 func (*WorkLease) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{60}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *WorkLease) GetGranted() bool {
@@ -4259,7 +4362,7 @@ type SeenInstance struct {
 
 func (x *SeenInstance) Reset() {
 	*x = SeenInstance{}
-	mi := &file_agentpb_agent_proto_msgTypes[61]
+	mi := &file_agentpb_agent_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4271,7 +4374,7 @@ func (x *SeenInstance) String() string {
 func (*SeenInstance) ProtoMessage() {}
 
 func (x *SeenInstance) ProtoReflect() protoreflect.Message {
-	mi := &file_agentpb_agent_proto_msgTypes[61]
+	mi := &file_agentpb_agent_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4284,7 +4387,7 @@ func (x *SeenInstance) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SeenInstance.ProtoReflect.Descriptor instead.
 func (*SeenInstance) Descriptor() ([]byte, []int) {
-	return file_agentpb_agent_proto_rawDescGZIP(), []int{61}
+	return file_agentpb_agent_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *SeenInstance) GetInstance() *ControllerInstance {
@@ -4305,7 +4408,12 @@ var File_agentpb_agent_proto protoreflect.FileDescriptor
 
 const file_agentpb_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x13agentpb/agent.proto\x12\x11zfsnomad.agent.v1\"\r\n" +
+	"\x13agentpb/agent.proto\x12\x11zfsnomad.agent.v1\",\n" +
+	"\x11RetirePeerRequest\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\"5\n" +
+	"\x12RetirePeerResponse\x12\x1f\n" +
+	"\vknown_nodes\x18\x01 \x01(\rR\n" +
+	"knownNodes\"\r\n" +
 	"\vPingRequest\"?\n" +
 	"\fPingResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x16\n" +
@@ -4360,7 +4468,7 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\x04data\x18\x02 \x01(\fH\x00R\x04dataB\x05\n" +
 	"\x03msg\";\n" +
 	"\x0eGetNodeRequest\x12)\n" +
-	"\x10without_capacity\x18\x01 \x01(\bR\x0fwithoutCapacity\"\x8a\x05\n" +
+	"\x10without_capacity\x18\x01 \x01(\bR\x0fwithoutCapacity\"\xb4\x05\n" +
 	"\x04Node\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12A\n" +
 	"\btopology\x18\x02 \x03(\v2%.zfsnomad.agent.v1.Node.TopologyEntryR\btopology\x12'\n" +
@@ -4379,7 +4487,8 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\n" +
 	"lease_held\x18\f \x01(\bR\tleaseHeld\x122\n" +
 	"\x15certificate_not_after\x18\r \x01(\x03R\x13certificateNotAfter\x12R\n" +
-	"\x12awaited_promotions\x18\x0e \x03(\v2#.zfsnomad.agent.v1.AwaitedPromotionR\x11awaitedPromotions\x1a;\n" +
+	"\x12awaited_promotions\x18\x0e \x03(\v2#.zfsnomad.agent.v1.AwaitedPromotionR\x11awaitedPromotions\x12(\n" +
+	"\x10retired_node_ids\x18\x0f \x03(\tR\x0eretiredNodeIds\x1a;\n" +
 	"\rTopologyEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x81\x01\n" +
@@ -4665,7 +4774,7 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\x04seen\x18\x06 \x03(\v2\x1f.zfsnomad.agent.v1.SeenInstanceR\x04seen\"\x82\x01\n" +
 	"\fSeenInstance\x12A\n" +
 	"\binstance\x18\x01 \x01(\v2%.zfsnomad.agent.v1.ControllerInstanceR\binstance\x12/\n" +
-	"\x14last_seen_millis_ago\x18\x02 \x01(\x03R\x11lastSeenMillisAgo2\xf2\r\n" +
+	"\x14last_seen_millis_ago\x18\x02 \x01(\x03R\x11lastSeenMillisAgo2\xcd\x0e\n" +
 	"\tNodeAgent\x12E\n" +
 	"\aGetNode\x12!.zfsnomad.agent.v1.GetNodeRequest\x1a\x17.zfsnomad.agent.v1.Node\x12Q\n" +
 	"\fCreateVolume\x12&.zfsnomad.agent.v1.CreateVolumeRequest\x1a\x19.zfsnomad.agent.v1.Volume\x12_\n" +
@@ -4688,7 +4797,9 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\aReserve\x12!.zfsnomad.agent.v1.ReserveRequest\x1a\".zfsnomad.agent.v1.ReserveResponse\x12U\n" +
 	"\x10AcquireWorkLease\x12#.zfsnomad.agent.v1.WorkLeaseRequest\x1a\x1c.zfsnomad.agent.v1.WorkLease\x12P\n" +
 	"\n" +
-	"WorkLeases\x12$.zfsnomad.agent.v1.WorkLeasesRequest\x1a\x1c.zfsnomad.agent.v1.WorkLease2\xa5\x01\n" +
+	"WorkLeases\x12$.zfsnomad.agent.v1.WorkLeasesRequest\x1a\x1c.zfsnomad.agent.v1.WorkLease\x12Y\n" +
+	"\n" +
+	"RetirePeer\x12$.zfsnomad.agent.v1.RetirePeerRequest\x1a%.zfsnomad.agent.v1.RetirePeerResponse2\xa5\x01\n" +
 	"\x05Peers\x12G\n" +
 	"\x04Ping\x12\x1e.zfsnomad.agent.v1.PingRequest\x1a\x1f.zfsnomad.agent.v1.PingResponse\x12S\n" +
 	"\bPromises\x12\".zfsnomad.agent.v1.PromisesRequest\x1a#.zfsnomad.agent.v1.PromisesResponse2\x88\x03\n" +
@@ -4714,162 +4825,166 @@ func file_agentpb_agent_proto_rawDescGZIP() []byte {
 	return file_agentpb_agent_proto_rawDescData
 }
 
-var file_agentpb_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 69)
+var file_agentpb_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 71)
 var file_agentpb_agent_proto_goTypes = []any{
-	(*PingRequest)(nil),            // 0: zfsnomad.agent.v1.PingRequest
-	(*PingResponse)(nil),           // 1: zfsnomad.agent.v1.PingResponse
-	(*PromisesRequest)(nil),        // 2: zfsnomad.agent.v1.PromisesRequest
-	(*PromisesResponse)(nil),       // 3: zfsnomad.agent.v1.PromisesResponse
-	(*DeleteBackupsRequest)(nil),   // 4: zfsnomad.agent.v1.DeleteBackupsRequest
-	(*DeleteBackupsResponse)(nil),  // 5: zfsnomad.agent.v1.DeleteBackupsResponse
-	(*ListBackupsRequest)(nil),     // 6: zfsnomad.agent.v1.ListBackupsRequest
-	(*ListBackupsResponse)(nil),    // 7: zfsnomad.agent.v1.ListBackupsResponse
-	(*Backup)(nil),                 // 8: zfsnomad.agent.v1.Backup
-	(*GrantRestoreRequest)(nil),    // 9: zfsnomad.agent.v1.GrantRestoreRequest
-	(*GrantRestoreResponse)(nil),   // 10: zfsnomad.agent.v1.GrantRestoreResponse
-	(*SendBackupRequest)(nil),      // 11: zfsnomad.agent.v1.SendBackupRequest
-	(*SendBackupMessage)(nil),      // 12: zfsnomad.agent.v1.SendBackupMessage
-	(*GetNodeRequest)(nil),         // 13: zfsnomad.agent.v1.GetNodeRequest
-	(*Node)(nil),                   // 14: zfsnomad.agent.v1.Node
-	(*AwaitedPromotion)(nil),       // 15: zfsnomad.agent.v1.AwaitedPromotion
-	(*CreateVolumeRequest)(nil),    // 16: zfsnomad.agent.v1.CreateVolumeRequest
-	(*Volume)(nil),                 // 17: zfsnomad.agent.v1.Volume
-	(*DeleteVolumeRequest)(nil),    // 18: zfsnomad.agent.v1.DeleteVolumeRequest
-	(*DeleteVolumeResponse)(nil),   // 19: zfsnomad.agent.v1.DeleteVolumeResponse
-	(*GetVolumeRequest)(nil),       // 20: zfsnomad.agent.v1.GetVolumeRequest
-	(*ListVolumesRequest)(nil),     // 21: zfsnomad.agent.v1.ListVolumesRequest
-	(*ListVolumesResponse)(nil),    // 22: zfsnomad.agent.v1.ListVolumesResponse
-	(*ExpandVolumeRequest)(nil),    // 23: zfsnomad.agent.v1.ExpandVolumeRequest
-	(*ExpandVolumeResponse)(nil),   // 24: zfsnomad.agent.v1.ExpandVolumeResponse
-	(*CreateSnapshotRequest)(nil),  // 25: zfsnomad.agent.v1.CreateSnapshotRequest
-	(*Snapshot)(nil),               // 26: zfsnomad.agent.v1.Snapshot
-	(*DeleteSnapshotRequest)(nil),  // 27: zfsnomad.agent.v1.DeleteSnapshotRequest
-	(*DeleteSnapshotResponse)(nil), // 28: zfsnomad.agent.v1.DeleteSnapshotResponse
-	(*ListSnapshotsRequest)(nil),   // 29: zfsnomad.agent.v1.ListSnapshotsRequest
-	(*ListSnapshotsResponse)(nil),  // 30: zfsnomad.agent.v1.ListSnapshotsResponse
-	(*ReplicateRequest)(nil),       // 31: zfsnomad.agent.v1.ReplicateRequest
-	(*ReplicateProgress)(nil),      // 32: zfsnomad.agent.v1.ReplicateProgress
-	(*StatusRequest)(nil),          // 33: zfsnomad.agent.v1.StatusRequest
-	(*NodeStatus)(nil),             // 34: zfsnomad.agent.v1.NodeStatus
-	(*BackupFailure)(nil),          // 35: zfsnomad.agent.v1.BackupFailure
-	(*ChangesRequest)(nil),         // 36: zfsnomad.agent.v1.ChangesRequest
-	(*ChangesResponse)(nil),        // 37: zfsnomad.agent.v1.ChangesResponse
-	(*Replica)(nil),                // 38: zfsnomad.agent.v1.Replica
-	(*Transfer)(nil),               // 39: zfsnomad.agent.v1.Transfer
-	(*ReplicaStateRequest)(nil),    // 40: zfsnomad.agent.v1.ReplicaStateRequest
-	(*ReplicaStateResponse)(nil),   // 41: zfsnomad.agent.v1.ReplicaStateResponse
-	(*ReceiveMessage)(nil),         // 42: zfsnomad.agent.v1.ReceiveMessage
-	(*ReceiveHeader)(nil),          // 43: zfsnomad.agent.v1.ReceiveHeader
-	(*PeerBase)(nil),               // 44: zfsnomad.agent.v1.PeerBase
-	(*ReceiveResult)(nil),          // 45: zfsnomad.agent.v1.ReceiveResult
-	(*GetCopyRequest)(nil),         // 46: zfsnomad.agent.v1.GetCopyRequest
-	(*Copy)(nil),                   // 47: zfsnomad.agent.v1.Copy
-	(*ReserveRequest)(nil),         // 48: zfsnomad.agent.v1.ReserveRequest
-	(*ReserveResponse)(nil),        // 49: zfsnomad.agent.v1.ReserveResponse
-	(*FenceRequest)(nil),           // 50: zfsnomad.agent.v1.FenceRequest
-	(*FenceResponse)(nil),          // 51: zfsnomad.agent.v1.FenceResponse
-	(*UnfenceRequest)(nil),         // 52: zfsnomad.agent.v1.UnfenceRequest
-	(*PromoteRequest)(nil),         // 53: zfsnomad.agent.v1.PromoteRequest
-	(*DemoteRequest)(nil),          // 54: zfsnomad.agent.v1.DemoteRequest
-	(*DeleteReplicaRequest)(nil),   // 55: zfsnomad.agent.v1.DeleteReplicaRequest
-	(*DeleteReplicaResponse)(nil),  // 56: zfsnomad.agent.v1.DeleteReplicaResponse
-	(*ControllerInstance)(nil),     // 57: zfsnomad.agent.v1.ControllerInstance
-	(*WorkLeaseRequest)(nil),       // 58: zfsnomad.agent.v1.WorkLeaseRequest
-	(*WorkLeasesRequest)(nil),      // 59: zfsnomad.agent.v1.WorkLeasesRequest
-	(*WorkLease)(nil),              // 60: zfsnomad.agent.v1.WorkLease
-	(*SeenInstance)(nil),           // 61: zfsnomad.agent.v1.SeenInstance
-	nil,                            // 62: zfsnomad.agent.v1.PromisesResponse.GenerationsEntry
-	nil,                            // 63: zfsnomad.agent.v1.Backup.ParametersEntry
-	nil,                            // 64: zfsnomad.agent.v1.Node.TopologyEntry
-	nil,                            // 65: zfsnomad.agent.v1.CreateVolumeRequest.ParametersEntry
-	nil,                            // 66: zfsnomad.agent.v1.Volume.ParametersEntry
-	nil,                            // 67: zfsnomad.agent.v1.ReceiveHeader.ParametersEntry
-	nil,                            // 68: zfsnomad.agent.v1.Copy.ParametersEntry
+	(*RetirePeerRequest)(nil),      // 0: zfsnomad.agent.v1.RetirePeerRequest
+	(*RetirePeerResponse)(nil),     // 1: zfsnomad.agent.v1.RetirePeerResponse
+	(*PingRequest)(nil),            // 2: zfsnomad.agent.v1.PingRequest
+	(*PingResponse)(nil),           // 3: zfsnomad.agent.v1.PingResponse
+	(*PromisesRequest)(nil),        // 4: zfsnomad.agent.v1.PromisesRequest
+	(*PromisesResponse)(nil),       // 5: zfsnomad.agent.v1.PromisesResponse
+	(*DeleteBackupsRequest)(nil),   // 6: zfsnomad.agent.v1.DeleteBackupsRequest
+	(*DeleteBackupsResponse)(nil),  // 7: zfsnomad.agent.v1.DeleteBackupsResponse
+	(*ListBackupsRequest)(nil),     // 8: zfsnomad.agent.v1.ListBackupsRequest
+	(*ListBackupsResponse)(nil),    // 9: zfsnomad.agent.v1.ListBackupsResponse
+	(*Backup)(nil),                 // 10: zfsnomad.agent.v1.Backup
+	(*GrantRestoreRequest)(nil),    // 11: zfsnomad.agent.v1.GrantRestoreRequest
+	(*GrantRestoreResponse)(nil),   // 12: zfsnomad.agent.v1.GrantRestoreResponse
+	(*SendBackupRequest)(nil),      // 13: zfsnomad.agent.v1.SendBackupRequest
+	(*SendBackupMessage)(nil),      // 14: zfsnomad.agent.v1.SendBackupMessage
+	(*GetNodeRequest)(nil),         // 15: zfsnomad.agent.v1.GetNodeRequest
+	(*Node)(nil),                   // 16: zfsnomad.agent.v1.Node
+	(*AwaitedPromotion)(nil),       // 17: zfsnomad.agent.v1.AwaitedPromotion
+	(*CreateVolumeRequest)(nil),    // 18: zfsnomad.agent.v1.CreateVolumeRequest
+	(*Volume)(nil),                 // 19: zfsnomad.agent.v1.Volume
+	(*DeleteVolumeRequest)(nil),    // 20: zfsnomad.agent.v1.DeleteVolumeRequest
+	(*DeleteVolumeResponse)(nil),   // 21: zfsnomad.agent.v1.DeleteVolumeResponse
+	(*GetVolumeRequest)(nil),       // 22: zfsnomad.agent.v1.GetVolumeRequest
+	(*ListVolumesRequest)(nil),     // 23: zfsnomad.agent.v1.ListVolumesRequest
+	(*ListVolumesResponse)(nil),    // 24: zfsnomad.agent.v1.ListVolumesResponse
+	(*ExpandVolumeRequest)(nil),    // 25: zfsnomad.agent.v1.ExpandVolumeRequest
+	(*ExpandVolumeResponse)(nil),   // 26: zfsnomad.agent.v1.ExpandVolumeResponse
+	(*CreateSnapshotRequest)(nil),  // 27: zfsnomad.agent.v1.CreateSnapshotRequest
+	(*Snapshot)(nil),               // 28: zfsnomad.agent.v1.Snapshot
+	(*DeleteSnapshotRequest)(nil),  // 29: zfsnomad.agent.v1.DeleteSnapshotRequest
+	(*DeleteSnapshotResponse)(nil), // 30: zfsnomad.agent.v1.DeleteSnapshotResponse
+	(*ListSnapshotsRequest)(nil),   // 31: zfsnomad.agent.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),  // 32: zfsnomad.agent.v1.ListSnapshotsResponse
+	(*ReplicateRequest)(nil),       // 33: zfsnomad.agent.v1.ReplicateRequest
+	(*ReplicateProgress)(nil),      // 34: zfsnomad.agent.v1.ReplicateProgress
+	(*StatusRequest)(nil),          // 35: zfsnomad.agent.v1.StatusRequest
+	(*NodeStatus)(nil),             // 36: zfsnomad.agent.v1.NodeStatus
+	(*BackupFailure)(nil),          // 37: zfsnomad.agent.v1.BackupFailure
+	(*ChangesRequest)(nil),         // 38: zfsnomad.agent.v1.ChangesRequest
+	(*ChangesResponse)(nil),        // 39: zfsnomad.agent.v1.ChangesResponse
+	(*Replica)(nil),                // 40: zfsnomad.agent.v1.Replica
+	(*Transfer)(nil),               // 41: zfsnomad.agent.v1.Transfer
+	(*ReplicaStateRequest)(nil),    // 42: zfsnomad.agent.v1.ReplicaStateRequest
+	(*ReplicaStateResponse)(nil),   // 43: zfsnomad.agent.v1.ReplicaStateResponse
+	(*ReceiveMessage)(nil),         // 44: zfsnomad.agent.v1.ReceiveMessage
+	(*ReceiveHeader)(nil),          // 45: zfsnomad.agent.v1.ReceiveHeader
+	(*PeerBase)(nil),               // 46: zfsnomad.agent.v1.PeerBase
+	(*ReceiveResult)(nil),          // 47: zfsnomad.agent.v1.ReceiveResult
+	(*GetCopyRequest)(nil),         // 48: zfsnomad.agent.v1.GetCopyRequest
+	(*Copy)(nil),                   // 49: zfsnomad.agent.v1.Copy
+	(*ReserveRequest)(nil),         // 50: zfsnomad.agent.v1.ReserveRequest
+	(*ReserveResponse)(nil),        // 51: zfsnomad.agent.v1.ReserveResponse
+	(*FenceRequest)(nil),           // 52: zfsnomad.agent.v1.FenceRequest
+	(*FenceResponse)(nil),          // 53: zfsnomad.agent.v1.FenceResponse
+	(*UnfenceRequest)(nil),         // 54: zfsnomad.agent.v1.UnfenceRequest
+	(*PromoteRequest)(nil),         // 55: zfsnomad.agent.v1.PromoteRequest
+	(*DemoteRequest)(nil),          // 56: zfsnomad.agent.v1.DemoteRequest
+	(*DeleteReplicaRequest)(nil),   // 57: zfsnomad.agent.v1.DeleteReplicaRequest
+	(*DeleteReplicaResponse)(nil),  // 58: zfsnomad.agent.v1.DeleteReplicaResponse
+	(*ControllerInstance)(nil),     // 59: zfsnomad.agent.v1.ControllerInstance
+	(*WorkLeaseRequest)(nil),       // 60: zfsnomad.agent.v1.WorkLeaseRequest
+	(*WorkLeasesRequest)(nil),      // 61: zfsnomad.agent.v1.WorkLeasesRequest
+	(*WorkLease)(nil),              // 62: zfsnomad.agent.v1.WorkLease
+	(*SeenInstance)(nil),           // 63: zfsnomad.agent.v1.SeenInstance
+	nil,                            // 64: zfsnomad.agent.v1.PromisesResponse.GenerationsEntry
+	nil,                            // 65: zfsnomad.agent.v1.Backup.ParametersEntry
+	nil,                            // 66: zfsnomad.agent.v1.Node.TopologyEntry
+	nil,                            // 67: zfsnomad.agent.v1.CreateVolumeRequest.ParametersEntry
+	nil,                            // 68: zfsnomad.agent.v1.Volume.ParametersEntry
+	nil,                            // 69: zfsnomad.agent.v1.ReceiveHeader.ParametersEntry
+	nil,                            // 70: zfsnomad.agent.v1.Copy.ParametersEntry
 }
 var file_agentpb_agent_proto_depIdxs = []int32{
-	62, // 0: zfsnomad.agent.v1.PromisesResponse.generations:type_name -> zfsnomad.agent.v1.PromisesResponse.GenerationsEntry
-	8,  // 1: zfsnomad.agent.v1.ListBackupsResponse.backups:type_name -> zfsnomad.agent.v1.Backup
-	63, // 2: zfsnomad.agent.v1.Backup.parameters:type_name -> zfsnomad.agent.v1.Backup.ParametersEntry
-	8,  // 3: zfsnomad.agent.v1.SendBackupMessage.header:type_name -> zfsnomad.agent.v1.Backup
-	64, // 4: zfsnomad.agent.v1.Node.topology:type_name -> zfsnomad.agent.v1.Node.TopologyEntry
-	15, // 5: zfsnomad.agent.v1.Node.awaited_promotions:type_name -> zfsnomad.agent.v1.AwaitedPromotion
-	65, // 6: zfsnomad.agent.v1.CreateVolumeRequest.parameters:type_name -> zfsnomad.agent.v1.CreateVolumeRequest.ParametersEntry
-	66, // 7: zfsnomad.agent.v1.Volume.parameters:type_name -> zfsnomad.agent.v1.Volume.ParametersEntry
-	17, // 8: zfsnomad.agent.v1.ListVolumesResponse.volumes:type_name -> zfsnomad.agent.v1.Volume
-	26, // 9: zfsnomad.agent.v1.ListSnapshotsResponse.snapshots:type_name -> zfsnomad.agent.v1.Snapshot
-	38, // 10: zfsnomad.agent.v1.NodeStatus.replicas:type_name -> zfsnomad.agent.v1.Replica
-	39, // 11: zfsnomad.agent.v1.NodeStatus.transfers:type_name -> zfsnomad.agent.v1.Transfer
-	35, // 12: zfsnomad.agent.v1.NodeStatus.backup_failures:type_name -> zfsnomad.agent.v1.BackupFailure
-	17, // 13: zfsnomad.agent.v1.ChangesResponse.volumes:type_name -> zfsnomad.agent.v1.Volume
-	38, // 14: zfsnomad.agent.v1.ChangesResponse.replicas:type_name -> zfsnomad.agent.v1.Replica
-	43, // 15: zfsnomad.agent.v1.ReceiveMessage.header:type_name -> zfsnomad.agent.v1.ReceiveHeader
-	67, // 16: zfsnomad.agent.v1.ReceiveHeader.parameters:type_name -> zfsnomad.agent.v1.ReceiveHeader.ParametersEntry
-	44, // 17: zfsnomad.agent.v1.ReceiveHeader.peer_bases:type_name -> zfsnomad.agent.v1.PeerBase
-	68, // 18: zfsnomad.agent.v1.Copy.parameters:type_name -> zfsnomad.agent.v1.Copy.ParametersEntry
-	57, // 19: zfsnomad.agent.v1.WorkLeaseRequest.instance:type_name -> zfsnomad.agent.v1.ControllerInstance
-	57, // 20: zfsnomad.agent.v1.WorkLease.holder:type_name -> zfsnomad.agent.v1.ControllerInstance
-	61, // 21: zfsnomad.agent.v1.WorkLease.seen:type_name -> zfsnomad.agent.v1.SeenInstance
-	57, // 22: zfsnomad.agent.v1.SeenInstance.instance:type_name -> zfsnomad.agent.v1.ControllerInstance
-	13, // 23: zfsnomad.agent.v1.NodeAgent.GetNode:input_type -> zfsnomad.agent.v1.GetNodeRequest
-	16, // 24: zfsnomad.agent.v1.NodeAgent.CreateVolume:input_type -> zfsnomad.agent.v1.CreateVolumeRequest
-	18, // 25: zfsnomad.agent.v1.NodeAgent.DeleteVolume:input_type -> zfsnomad.agent.v1.DeleteVolumeRequest
-	20, // 26: zfsnomad.agent.v1.NodeAgent.GetVolume:input_type -> zfsnomad.agent.v1.GetVolumeRequest
-	21, // 27: zfsnomad.agent.v1.NodeAgent.ListVolumes:input_type -> zfsnomad.agent.v1.ListVolumesRequest
-	23, // 28: zfsnomad.agent.v1.NodeAgent.ExpandVolume:input_type -> zfsnomad.agent.v1.ExpandVolumeRequest
-	25, // 29: zfsnomad.agent.v1.NodeAgent.CreateSnapshot:input_type -> zfsnomad.agent.v1.CreateSnapshotRequest
-	27, // 30: zfsnomad.agent.v1.NodeAgent.DeleteSnapshot:input_type -> zfsnomad.agent.v1.DeleteSnapshotRequest
-	29, // 31: zfsnomad.agent.v1.NodeAgent.ListSnapshots:input_type -> zfsnomad.agent.v1.ListSnapshotsRequest
-	31, // 32: zfsnomad.agent.v1.NodeAgent.Replicate:input_type -> zfsnomad.agent.v1.ReplicateRequest
-	33, // 33: zfsnomad.agent.v1.NodeAgent.Status:input_type -> zfsnomad.agent.v1.StatusRequest
-	36, // 34: zfsnomad.agent.v1.NodeAgent.Changes:input_type -> zfsnomad.agent.v1.ChangesRequest
-	55, // 35: zfsnomad.agent.v1.NodeAgent.DeleteReplica:input_type -> zfsnomad.agent.v1.DeleteReplicaRequest
-	46, // 36: zfsnomad.agent.v1.NodeAgent.GetCopy:input_type -> zfsnomad.agent.v1.GetCopyRequest
-	50, // 37: zfsnomad.agent.v1.NodeAgent.Fence:input_type -> zfsnomad.agent.v1.FenceRequest
-	52, // 38: zfsnomad.agent.v1.NodeAgent.Unfence:input_type -> zfsnomad.agent.v1.UnfenceRequest
-	53, // 39: zfsnomad.agent.v1.NodeAgent.Promote:input_type -> zfsnomad.agent.v1.PromoteRequest
-	54, // 40: zfsnomad.agent.v1.NodeAgent.Demote:input_type -> zfsnomad.agent.v1.DemoteRequest
-	48, // 41: zfsnomad.agent.v1.NodeAgent.Reserve:input_type -> zfsnomad.agent.v1.ReserveRequest
-	58, // 42: zfsnomad.agent.v1.NodeAgent.AcquireWorkLease:input_type -> zfsnomad.agent.v1.WorkLeaseRequest
-	59, // 43: zfsnomad.agent.v1.NodeAgent.WorkLeases:input_type -> zfsnomad.agent.v1.WorkLeasesRequest
-	0,  // 44: zfsnomad.agent.v1.Peers.Ping:input_type -> zfsnomad.agent.v1.PingRequest
-	2,  // 45: zfsnomad.agent.v1.Peers.Promises:input_type -> zfsnomad.agent.v1.PromisesRequest
-	6,  // 46: zfsnomad.agent.v1.Backups.ListBackups:input_type -> zfsnomad.agent.v1.ListBackupsRequest
-	9,  // 47: zfsnomad.agent.v1.Backups.GrantRestore:input_type -> zfsnomad.agent.v1.GrantRestoreRequest
-	11, // 48: zfsnomad.agent.v1.Backups.SendBackup:input_type -> zfsnomad.agent.v1.SendBackupRequest
-	4,  // 49: zfsnomad.agent.v1.Backups.DeleteBackups:input_type -> zfsnomad.agent.v1.DeleteBackupsRequest
-	40, // 50: zfsnomad.agent.v1.Replication.ReplicaState:input_type -> zfsnomad.agent.v1.ReplicaStateRequest
-	42, // 51: zfsnomad.agent.v1.Replication.Receive:input_type -> zfsnomad.agent.v1.ReceiveMessage
-	14, // 52: zfsnomad.agent.v1.NodeAgent.GetNode:output_type -> zfsnomad.agent.v1.Node
-	17, // 53: zfsnomad.agent.v1.NodeAgent.CreateVolume:output_type -> zfsnomad.agent.v1.Volume
-	19, // 54: zfsnomad.agent.v1.NodeAgent.DeleteVolume:output_type -> zfsnomad.agent.v1.DeleteVolumeResponse
-	17, // 55: zfsnomad.agent.v1.NodeAgent.GetVolume:output_type -> zfsnomad.agent.v1.Volume
-	22, // 56: zfsnomad.agent.v1.NodeAgent.ListVolumes:output_type -> zfsnomad.agent.v1.ListVolumesResponse
-	24, // 57: zfsnomad.agent.v1.NodeAgent.ExpandVolume:output_type -> zfsnomad.agent.v1.ExpandVolumeResponse
-	26, // 58: zfsnomad.agent.v1.NodeAgent.CreateSnapshot:output_type -> zfsnomad.agent.v1.Snapshot
-	28, // 59: zfsnomad.agent.v1.NodeAgent.DeleteSnapshot:output_type -> zfsnomad.agent.v1.DeleteSnapshotResponse
-	30, // 60: zfsnomad.agent.v1.NodeAgent.ListSnapshots:output_type -> zfsnomad.agent.v1.ListSnapshotsResponse
-	32, // 61: zfsnomad.agent.v1.NodeAgent.Replicate:output_type -> zfsnomad.agent.v1.ReplicateProgress
-	34, // 62: zfsnomad.agent.v1.NodeAgent.Status:output_type -> zfsnomad.agent.v1.NodeStatus
-	37, // 63: zfsnomad.agent.v1.NodeAgent.Changes:output_type -> zfsnomad.agent.v1.ChangesResponse
-	56, // 64: zfsnomad.agent.v1.NodeAgent.DeleteReplica:output_type -> zfsnomad.agent.v1.DeleteReplicaResponse
-	47, // 65: zfsnomad.agent.v1.NodeAgent.GetCopy:output_type -> zfsnomad.agent.v1.Copy
-	51, // 66: zfsnomad.agent.v1.NodeAgent.Fence:output_type -> zfsnomad.agent.v1.FenceResponse
-	47, // 67: zfsnomad.agent.v1.NodeAgent.Unfence:output_type -> zfsnomad.agent.v1.Copy
-	47, // 68: zfsnomad.agent.v1.NodeAgent.Promote:output_type -> zfsnomad.agent.v1.Copy
-	47, // 69: zfsnomad.agent.v1.NodeAgent.Demote:output_type -> zfsnomad.agent.v1.Copy
-	49, // 70: zfsnomad.agent.v1.NodeAgent.Reserve:output_type -> zfsnomad.agent.v1.ReserveResponse
-	60, // 71: zfsnomad.agent.v1.NodeAgent.AcquireWorkLease:output_type -> zfsnomad.agent.v1.WorkLease
-	60, // 72: zfsnomad.agent.v1.NodeAgent.WorkLeases:output_type -> zfsnomad.agent.v1.WorkLease
-	1,  // 73: zfsnomad.agent.v1.Peers.Ping:output_type -> zfsnomad.agent.v1.PingResponse
-	3,  // 74: zfsnomad.agent.v1.Peers.Promises:output_type -> zfsnomad.agent.v1.PromisesResponse
-	7,  // 75: zfsnomad.agent.v1.Backups.ListBackups:output_type -> zfsnomad.agent.v1.ListBackupsResponse
-	10, // 76: zfsnomad.agent.v1.Backups.GrantRestore:output_type -> zfsnomad.agent.v1.GrantRestoreResponse
-	12, // 77: zfsnomad.agent.v1.Backups.SendBackup:output_type -> zfsnomad.agent.v1.SendBackupMessage
-	5,  // 78: zfsnomad.agent.v1.Backups.DeleteBackups:output_type -> zfsnomad.agent.v1.DeleteBackupsResponse
-	41, // 79: zfsnomad.agent.v1.Replication.ReplicaState:output_type -> zfsnomad.agent.v1.ReplicaStateResponse
-	45, // 80: zfsnomad.agent.v1.Replication.Receive:output_type -> zfsnomad.agent.v1.ReceiveResult
-	52, // [52:81] is the sub-list for method output_type
-	23, // [23:52] is the sub-list for method input_type
+	64, // 0: zfsnomad.agent.v1.PromisesResponse.generations:type_name -> zfsnomad.agent.v1.PromisesResponse.GenerationsEntry
+	10, // 1: zfsnomad.agent.v1.ListBackupsResponse.backups:type_name -> zfsnomad.agent.v1.Backup
+	65, // 2: zfsnomad.agent.v1.Backup.parameters:type_name -> zfsnomad.agent.v1.Backup.ParametersEntry
+	10, // 3: zfsnomad.agent.v1.SendBackupMessage.header:type_name -> zfsnomad.agent.v1.Backup
+	66, // 4: zfsnomad.agent.v1.Node.topology:type_name -> zfsnomad.agent.v1.Node.TopologyEntry
+	17, // 5: zfsnomad.agent.v1.Node.awaited_promotions:type_name -> zfsnomad.agent.v1.AwaitedPromotion
+	67, // 6: zfsnomad.agent.v1.CreateVolumeRequest.parameters:type_name -> zfsnomad.agent.v1.CreateVolumeRequest.ParametersEntry
+	68, // 7: zfsnomad.agent.v1.Volume.parameters:type_name -> zfsnomad.agent.v1.Volume.ParametersEntry
+	19, // 8: zfsnomad.agent.v1.ListVolumesResponse.volumes:type_name -> zfsnomad.agent.v1.Volume
+	28, // 9: zfsnomad.agent.v1.ListSnapshotsResponse.snapshots:type_name -> zfsnomad.agent.v1.Snapshot
+	40, // 10: zfsnomad.agent.v1.NodeStatus.replicas:type_name -> zfsnomad.agent.v1.Replica
+	41, // 11: zfsnomad.agent.v1.NodeStatus.transfers:type_name -> zfsnomad.agent.v1.Transfer
+	37, // 12: zfsnomad.agent.v1.NodeStatus.backup_failures:type_name -> zfsnomad.agent.v1.BackupFailure
+	19, // 13: zfsnomad.agent.v1.ChangesResponse.volumes:type_name -> zfsnomad.agent.v1.Volume
+	40, // 14: zfsnomad.agent.v1.ChangesResponse.replicas:type_name -> zfsnomad.agent.v1.Replica
+	45, // 15: zfsnomad.agent.v1.ReceiveMessage.header:type_name -> zfsnomad.agent.v1.ReceiveHeader
+	69, // 16: zfsnomad.agent.v1.ReceiveHeader.parameters:type_name -> zfsnomad.agent.v1.ReceiveHeader.ParametersEntry
+	46, // 17: zfsnomad.agent.v1.ReceiveHeader.peer_bases:type_name -> zfsnomad.agent.v1.PeerBase
+	70, // 18: zfsnomad.agent.v1.Copy.parameters:type_name -> zfsnomad.agent.v1.Copy.ParametersEntry
+	59, // 19: zfsnomad.agent.v1.WorkLeaseRequest.instance:type_name -> zfsnomad.agent.v1.ControllerInstance
+	59, // 20: zfsnomad.agent.v1.WorkLease.holder:type_name -> zfsnomad.agent.v1.ControllerInstance
+	63, // 21: zfsnomad.agent.v1.WorkLease.seen:type_name -> zfsnomad.agent.v1.SeenInstance
+	59, // 22: zfsnomad.agent.v1.SeenInstance.instance:type_name -> zfsnomad.agent.v1.ControllerInstance
+	15, // 23: zfsnomad.agent.v1.NodeAgent.GetNode:input_type -> zfsnomad.agent.v1.GetNodeRequest
+	18, // 24: zfsnomad.agent.v1.NodeAgent.CreateVolume:input_type -> zfsnomad.agent.v1.CreateVolumeRequest
+	20, // 25: zfsnomad.agent.v1.NodeAgent.DeleteVolume:input_type -> zfsnomad.agent.v1.DeleteVolumeRequest
+	22, // 26: zfsnomad.agent.v1.NodeAgent.GetVolume:input_type -> zfsnomad.agent.v1.GetVolumeRequest
+	23, // 27: zfsnomad.agent.v1.NodeAgent.ListVolumes:input_type -> zfsnomad.agent.v1.ListVolumesRequest
+	25, // 28: zfsnomad.agent.v1.NodeAgent.ExpandVolume:input_type -> zfsnomad.agent.v1.ExpandVolumeRequest
+	27, // 29: zfsnomad.agent.v1.NodeAgent.CreateSnapshot:input_type -> zfsnomad.agent.v1.CreateSnapshotRequest
+	29, // 30: zfsnomad.agent.v1.NodeAgent.DeleteSnapshot:input_type -> zfsnomad.agent.v1.DeleteSnapshotRequest
+	31, // 31: zfsnomad.agent.v1.NodeAgent.ListSnapshots:input_type -> zfsnomad.agent.v1.ListSnapshotsRequest
+	33, // 32: zfsnomad.agent.v1.NodeAgent.Replicate:input_type -> zfsnomad.agent.v1.ReplicateRequest
+	35, // 33: zfsnomad.agent.v1.NodeAgent.Status:input_type -> zfsnomad.agent.v1.StatusRequest
+	38, // 34: zfsnomad.agent.v1.NodeAgent.Changes:input_type -> zfsnomad.agent.v1.ChangesRequest
+	57, // 35: zfsnomad.agent.v1.NodeAgent.DeleteReplica:input_type -> zfsnomad.agent.v1.DeleteReplicaRequest
+	48, // 36: zfsnomad.agent.v1.NodeAgent.GetCopy:input_type -> zfsnomad.agent.v1.GetCopyRequest
+	52, // 37: zfsnomad.agent.v1.NodeAgent.Fence:input_type -> zfsnomad.agent.v1.FenceRequest
+	54, // 38: zfsnomad.agent.v1.NodeAgent.Unfence:input_type -> zfsnomad.agent.v1.UnfenceRequest
+	55, // 39: zfsnomad.agent.v1.NodeAgent.Promote:input_type -> zfsnomad.agent.v1.PromoteRequest
+	56, // 40: zfsnomad.agent.v1.NodeAgent.Demote:input_type -> zfsnomad.agent.v1.DemoteRequest
+	50, // 41: zfsnomad.agent.v1.NodeAgent.Reserve:input_type -> zfsnomad.agent.v1.ReserveRequest
+	60, // 42: zfsnomad.agent.v1.NodeAgent.AcquireWorkLease:input_type -> zfsnomad.agent.v1.WorkLeaseRequest
+	61, // 43: zfsnomad.agent.v1.NodeAgent.WorkLeases:input_type -> zfsnomad.agent.v1.WorkLeasesRequest
+	0,  // 44: zfsnomad.agent.v1.NodeAgent.RetirePeer:input_type -> zfsnomad.agent.v1.RetirePeerRequest
+	2,  // 45: zfsnomad.agent.v1.Peers.Ping:input_type -> zfsnomad.agent.v1.PingRequest
+	4,  // 46: zfsnomad.agent.v1.Peers.Promises:input_type -> zfsnomad.agent.v1.PromisesRequest
+	8,  // 47: zfsnomad.agent.v1.Backups.ListBackups:input_type -> zfsnomad.agent.v1.ListBackupsRequest
+	11, // 48: zfsnomad.agent.v1.Backups.GrantRestore:input_type -> zfsnomad.agent.v1.GrantRestoreRequest
+	13, // 49: zfsnomad.agent.v1.Backups.SendBackup:input_type -> zfsnomad.agent.v1.SendBackupRequest
+	6,  // 50: zfsnomad.agent.v1.Backups.DeleteBackups:input_type -> zfsnomad.agent.v1.DeleteBackupsRequest
+	42, // 51: zfsnomad.agent.v1.Replication.ReplicaState:input_type -> zfsnomad.agent.v1.ReplicaStateRequest
+	44, // 52: zfsnomad.agent.v1.Replication.Receive:input_type -> zfsnomad.agent.v1.ReceiveMessage
+	16, // 53: zfsnomad.agent.v1.NodeAgent.GetNode:output_type -> zfsnomad.agent.v1.Node
+	19, // 54: zfsnomad.agent.v1.NodeAgent.CreateVolume:output_type -> zfsnomad.agent.v1.Volume
+	21, // 55: zfsnomad.agent.v1.NodeAgent.DeleteVolume:output_type -> zfsnomad.agent.v1.DeleteVolumeResponse
+	19, // 56: zfsnomad.agent.v1.NodeAgent.GetVolume:output_type -> zfsnomad.agent.v1.Volume
+	24, // 57: zfsnomad.agent.v1.NodeAgent.ListVolumes:output_type -> zfsnomad.agent.v1.ListVolumesResponse
+	26, // 58: zfsnomad.agent.v1.NodeAgent.ExpandVolume:output_type -> zfsnomad.agent.v1.ExpandVolumeResponse
+	28, // 59: zfsnomad.agent.v1.NodeAgent.CreateSnapshot:output_type -> zfsnomad.agent.v1.Snapshot
+	30, // 60: zfsnomad.agent.v1.NodeAgent.DeleteSnapshot:output_type -> zfsnomad.agent.v1.DeleteSnapshotResponse
+	32, // 61: zfsnomad.agent.v1.NodeAgent.ListSnapshots:output_type -> zfsnomad.agent.v1.ListSnapshotsResponse
+	34, // 62: zfsnomad.agent.v1.NodeAgent.Replicate:output_type -> zfsnomad.agent.v1.ReplicateProgress
+	36, // 63: zfsnomad.agent.v1.NodeAgent.Status:output_type -> zfsnomad.agent.v1.NodeStatus
+	39, // 64: zfsnomad.agent.v1.NodeAgent.Changes:output_type -> zfsnomad.agent.v1.ChangesResponse
+	58, // 65: zfsnomad.agent.v1.NodeAgent.DeleteReplica:output_type -> zfsnomad.agent.v1.DeleteReplicaResponse
+	49, // 66: zfsnomad.agent.v1.NodeAgent.GetCopy:output_type -> zfsnomad.agent.v1.Copy
+	53, // 67: zfsnomad.agent.v1.NodeAgent.Fence:output_type -> zfsnomad.agent.v1.FenceResponse
+	49, // 68: zfsnomad.agent.v1.NodeAgent.Unfence:output_type -> zfsnomad.agent.v1.Copy
+	49, // 69: zfsnomad.agent.v1.NodeAgent.Promote:output_type -> zfsnomad.agent.v1.Copy
+	49, // 70: zfsnomad.agent.v1.NodeAgent.Demote:output_type -> zfsnomad.agent.v1.Copy
+	51, // 71: zfsnomad.agent.v1.NodeAgent.Reserve:output_type -> zfsnomad.agent.v1.ReserveResponse
+	62, // 72: zfsnomad.agent.v1.NodeAgent.AcquireWorkLease:output_type -> zfsnomad.agent.v1.WorkLease
+	62, // 73: zfsnomad.agent.v1.NodeAgent.WorkLeases:output_type -> zfsnomad.agent.v1.WorkLease
+	1,  // 74: zfsnomad.agent.v1.NodeAgent.RetirePeer:output_type -> zfsnomad.agent.v1.RetirePeerResponse
+	3,  // 75: zfsnomad.agent.v1.Peers.Ping:output_type -> zfsnomad.agent.v1.PingResponse
+	5,  // 76: zfsnomad.agent.v1.Peers.Promises:output_type -> zfsnomad.agent.v1.PromisesResponse
+	9,  // 77: zfsnomad.agent.v1.Backups.ListBackups:output_type -> zfsnomad.agent.v1.ListBackupsResponse
+	12, // 78: zfsnomad.agent.v1.Backups.GrantRestore:output_type -> zfsnomad.agent.v1.GrantRestoreResponse
+	14, // 79: zfsnomad.agent.v1.Backups.SendBackup:output_type -> zfsnomad.agent.v1.SendBackupMessage
+	7,  // 80: zfsnomad.agent.v1.Backups.DeleteBackups:output_type -> zfsnomad.agent.v1.DeleteBackupsResponse
+	43, // 81: zfsnomad.agent.v1.Replication.ReplicaState:output_type -> zfsnomad.agent.v1.ReplicaStateResponse
+	47, // 82: zfsnomad.agent.v1.Replication.Receive:output_type -> zfsnomad.agent.v1.ReceiveResult
+	53, // [53:83] is the sub-list for method output_type
+	23, // [23:53] is the sub-list for method input_type
 	23, // [23:23] is the sub-list for extension type_name
 	23, // [23:23] is the sub-list for extension extendee
 	0,  // [0:23] is the sub-list for field type_name
@@ -4880,11 +4995,11 @@ func file_agentpb_agent_proto_init() {
 	if File_agentpb_agent_proto != nil {
 		return
 	}
-	file_agentpb_agent_proto_msgTypes[12].OneofWrappers = []any{
+	file_agentpb_agent_proto_msgTypes[14].OneofWrappers = []any{
 		(*SendBackupMessage_Header)(nil),
 		(*SendBackupMessage_Data)(nil),
 	}
-	file_agentpb_agent_proto_msgTypes[42].OneofWrappers = []any{
+	file_agentpb_agent_proto_msgTypes[44].OneofWrappers = []any{
 		(*ReceiveMessage_Header)(nil),
 		(*ReceiveMessage_Data)(nil),
 	}
@@ -4894,7 +5009,7 @@ func file_agentpb_agent_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agentpb_agent_proto_rawDesc), len(file_agentpb_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   69,
+			NumMessages:   71,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

@@ -45,6 +45,7 @@ const (
 	NodeAgent_Reserve_FullMethodName          = "/zfsnomad.agent.v1.NodeAgent/Reserve"
 	NodeAgent_AcquireWorkLease_FullMethodName = "/zfsnomad.agent.v1.NodeAgent/AcquireWorkLease"
 	NodeAgent_WorkLeases_FullMethodName       = "/zfsnomad.agent.v1.NodeAgent/WorkLeases"
+	NodeAgent_RetirePeer_FullMethodName       = "/zfsnomad.agent.v1.NodeAgent/RetirePeer"
 )
 
 // NodeAgentClient is the client API for NodeAgent service.
@@ -102,6 +103,12 @@ type NodeAgentClient interface {
 	// WorkLeases tells who holds this node's part of the work lease, and
 	// which controller instances asked lately (zfs-controller status).
 	WorkLeases(ctx context.Context, in *WorkLeasesRequest, opts ...grpc.CallOption) (*WorkLease, error)
+	// RetirePeer makes this node stop counting a stopped node for its lease
+	// and refuse its calls: refused (FailedPrecondition) until this node
+	// has heard nothing from it for the lease plus its margin. Only an
+	// operator's certificate may call it (zfs-controller retire-node,
+	// docs/safety.md, "Retiring a node").
+	RetirePeer(ctx context.Context, in *RetirePeerRequest, opts ...grpc.CallOption) (*RetirePeerResponse, error)
 }
 
 type nodeAgentClient struct {
@@ -331,6 +338,16 @@ func (c *nodeAgentClient) WorkLeases(ctx context.Context, in *WorkLeasesRequest,
 	return out, nil
 }
 
+func (c *nodeAgentClient) RetirePeer(ctx context.Context, in *RetirePeerRequest, opts ...grpc.CallOption) (*RetirePeerResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RetirePeerResponse)
+	err := c.cc.Invoke(ctx, NodeAgent_RetirePeer_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // NodeAgentServer is the server API for NodeAgent service.
 // All implementations must embed UnimplementedNodeAgentServer
 // for forward compatibility.
@@ -386,6 +403,12 @@ type NodeAgentServer interface {
 	// WorkLeases tells who holds this node's part of the work lease, and
 	// which controller instances asked lately (zfs-controller status).
 	WorkLeases(context.Context, *WorkLeasesRequest) (*WorkLease, error)
+	// RetirePeer makes this node stop counting a stopped node for its lease
+	// and refuse its calls: refused (FailedPrecondition) until this node
+	// has heard nothing from it for the lease plus its margin. Only an
+	// operator's certificate may call it (zfs-controller retire-node,
+	// docs/safety.md, "Retiring a node").
+	RetirePeer(context.Context, *RetirePeerRequest) (*RetirePeerResponse, error)
 	mustEmbedUnimplementedNodeAgentServer()
 }
 
@@ -458,6 +481,9 @@ func (UnimplementedNodeAgentServer) AcquireWorkLease(context.Context, *WorkLease
 }
 func (UnimplementedNodeAgentServer) WorkLeases(context.Context, *WorkLeasesRequest) (*WorkLease, error) {
 	return nil, status.Error(codes.Unimplemented, "method WorkLeases not implemented")
+}
+func (UnimplementedNodeAgentServer) RetirePeer(context.Context, *RetirePeerRequest) (*RetirePeerResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RetirePeer not implemented")
 }
 func (UnimplementedNodeAgentServer) mustEmbedUnimplementedNodeAgentServer() {}
 func (UnimplementedNodeAgentServer) testEmbeddedByValue()                   {}
@@ -851,6 +877,24 @@ func _NodeAgent_WorkLeases_Handler(srv interface{}, ctx context.Context, dec fun
 	return interceptor(ctx, in, info, handler)
 }
 
+func _NodeAgent_RetirePeer_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RetirePeerRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NodeAgentServer).RetirePeer(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: NodeAgent_RetirePeer_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NodeAgentServer).RetirePeer(ctx, req.(*RetirePeerRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // NodeAgent_ServiceDesc is the grpc.ServiceDesc for NodeAgent service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -937,6 +981,10 @@ var NodeAgent_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "WorkLeases",
 			Handler:    _NodeAgent_WorkLeases_Handler,
+		},
+		{
+			MethodName: "RetirePeer",
+			Handler:    _NodeAgent_RetirePeer_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -22,7 +22,10 @@ type PeersServer struct {
 }
 
 func (s *PeersServer) Ping(ctx context.Context, _ *pb.PingRequest) (*pb.PingResponse, error) {
-	nodeID, domain := s.Lease.Ping(callerOf(ctx))
+	nodeID, domain, err := s.Lease.Ping(callerOf(ctx))
+	if err != nil {
+		return nil, errdefs.ToStatus(err)
+	}
 	return &pb.PingResponse{NodeId: nodeID, Domain: domain}, nil
 }
 

@@ -41,6 +41,11 @@ type Server struct {
 	// KnownNodes, when set, is how many nodes this node's lease counts,
 	// itself included (lease.Monitor.Members), reported by GetNode.
 	KnownNodes func() int
+	// Retire, when set, makes this node's lease stop counting a stopped
+	// node (lease.Monitor.Retire); without it RetirePeer is refused.
+	// RetiredNodes, reported by GetNode, lists those it retired.
+	Retire       func(nodeID string) error
+	RetiredNodes func() []string
 	// OpenZFS is the release of the node's kernel module, reported by
 	// GetNode.
 	OpenZFS string
@@ -202,6 +207,9 @@ func (s *Server) GetNode(ctx context.Context, req *pb.GetNodeRequest) (*pb.Node,
 		// Before the health check: the version says what the node's
 		// primaries are, whatever its health.
 		VolumesVersion: s.volumes.VolumesVersion(),
+	}
+	if s.RetiredNodes != nil {
+		n.RetiredNodeIds = s.RetiredNodes()
 	}
 	if s.KnownNodes != nil {
 		n.KnownNodes = uint32(s.KnownNodes())
@@ -442,6 +450,25 @@ func (s *Server) Reserve(ctx context.Context, req *pb.ReserveRequest) (*pb.Reser
 		return nil, err
 	}
 	return &pb.ReserveResponse{Granted: granted, PromisedGeneration: p.Generation, PromisedHolder: p.Holder}, nil
+}
+
+// RetirePeer stops counting a stopped node, at the operator's word
+// (zfs-controller retire-node; the agent port lets only an operator's
+// certificate call it).
+func (s *Server) RetirePeer(ctx context.Context, req *pb.RetirePeerRequest) (*pb.RetirePeerResponse, error) {
+	if s.Retire == nil {
+		return nil, errdefs.Wrap(errdefs.ErrFailedPrecondition, "node %s keeps no lease, so it counts no node to retire", s.cfg.NodeID)
+	}
+	if err := s.Retire(req.GetNodeId()); err != nil {
+		return nil, err
+	}
+	known := 0
+	if s.KnownNodes != nil {
+		known = s.KnownNodes()
+	}
+	s.log.Warn("node retired at the operator's word: this node's lease no longer counts it, and its calls are refused until this node restarts",
+		"retired_node", req.GetNodeId(), "known_nodes", known)
+	return &pb.RetirePeerResponse{KnownNodes: uint32(known)}, nil
 }
 
 // attest checks a failover's reservation against this node's lease. A

@@ -6,9 +6,12 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/hashicorp/go-hclog"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/replication"
@@ -212,5 +215,31 @@ func TestDeleteSnapshotRemembersAndForgets(t *testing.T) {
 	}
 	if _, records := list(&pb.ListSnapshotsRequest{DeletedOnly: true}); len(records) != 0 {
 		t.Errorf("records after forgetting: %v, want none", records)
+	}
+}
+
+// TestRetirePeer: refused on a node that keeps no lease; otherwise the
+// lease's verdict, and the count after it.
+func TestRetirePeer(t *testing.T) {
+	s, _, _ := newServer(t)
+	ctx := context.Background()
+	if _, err := s.RetirePeer(ctx, &pb.RetirePeerRequest{NodeId: "n3"}); status.Code(errdefs.ToStatus(err)) != codes.FailedPrecondition {
+		t.Errorf("RetirePeer without a lease: %v, want FailedPrecondition", err)
+	}
+	var retired []string
+	s.Retire = func(id string) error {
+		if id == "n2" {
+			return errdefs.Wrap(errdefs.ErrFailedPrecondition, "node n1 heard from n2 3s ago")
+		}
+		retired = append(retired, id)
+		return nil
+	}
+	s.KnownNodes = func() int { return 3 - len(retired) }
+	if _, err := s.RetirePeer(ctx, &pb.RetirePeerRequest{NodeId: "n2"}); status.Code(errdefs.ToStatus(err)) != codes.FailedPrecondition || !strings.Contains(err.Error(), "heard from n2") {
+		t.Errorf("RetirePeer of a peer heard lately: %v, want the lease's refusal", err)
+	}
+	resp, err := s.RetirePeer(ctx, &pb.RetirePeerRequest{NodeId: "n3"})
+	if err != nil || resp.GetKnownNodes() != 2 || len(retired) != 1 {
+		t.Errorf("RetirePeer(n3) = %v, %v; want 2 nodes counted", resp, err)
 	}
 }

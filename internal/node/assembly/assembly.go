@@ -141,6 +141,18 @@ func (p *Parts) newAgent(d Deps) {
 		}
 		return p.Monitor.AttestFailover(cfg.NodeID, addrs, answering, time.Duration(cfg.Lease+cfg.LeaseMargin))
 	}
+	a.Retire = func(nodeID string) error {
+		if p.Monitor == nil {
+			return errLeaseNotStarted
+		}
+		return p.Monitor.Retire(cfg.NodeID, nodeID, time.Duration(cfg.Lease+cfg.LeaseMargin))
+	}
+	a.RetiredNodes = func() []string {
+		if p.Monitor == nil {
+			return nil
+		}
+		return p.Monitor.RetiredNodes()
+	}
 	a.KnownNodes = func() int {
 		if p.Monitor == nil {
 			return 0

@@ -387,10 +387,24 @@ func (s *Server) called(caller string) {
 	}
 }
 
-// Ping answers caller's ping: this node's ID and failure domain.
-func (s *Server) Ping(caller string) (nodeID, domain string) {
+// Ping answers caller's ping: this node's ID and failure domain. A
+// retired caller is refused: an answer would count for its lease.
+func (s *Server) Ping(caller string) (nodeID, domain string, err error) {
 	s.called(caller)
-	return s.NodeID, s.Domain
+	if err := s.refuseRetired(caller); err != nil {
+		return "", "", err
+	}
+	return s.NodeID, s.Domain, nil
+}
+
+// refuseRetired refuses a call from a node this node retired (Monitor.
+// Retire). It is still recorded as heard (called): that only delays the
+// failovers this node grants away from it.
+func (s *Server) refuseRetired(caller string) error {
+	if s.Monitor == nil || caller == "" || !s.Monitor.Retired(caller) {
+		return nil
+	}
+	return errdefs.Wrap(errdefs.ErrPermissionDenied, "node %s was retired on node %s (zfs-controller retire-node) and counts for nothing here; a node that returns rejoins once every node restarted with it in their peers (docs/operations.md)", caller, s.NodeID)
 }
 
 // MaxPromiseIDs bounds the volumes one Promises request asks about: each
@@ -406,6 +420,9 @@ func (s *Server) Promises(ctx context.Context, caller string, ids []string) (map
 		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, "a Promises request asks about %d volumes, more than %d: ask in chunks", n, MaxPromiseIDs)
 	}
 	s.called(caller)
+	if err := s.refuseRetired(caller); err != nil {
+		return nil, err
+	}
 	out := make(map[string]uint64, len(ids))
 	for _, id := range ids {
 		g, err := s.Promised(ctx, id)

@@ -155,7 +155,10 @@ func (c memClient) Ping(_ context.Context, addr string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	nodeID, _ := s.Ping(c.from)
+	nodeID, _, err := s.Ping(c.from)
+	if err != nil {
+		return "", err
+	}
 	c.n.mu.Lock()
 	cert, lies := c.n.liars[addr]
 	c.n.mu.Unlock()

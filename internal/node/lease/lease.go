@@ -47,6 +47,9 @@ type Monitor struct {
 	// knowing none yet means it has not learned them, not that it is a
 	// domain of one.
 	needsPeers bool
+	// retired: the node IDs the operator retired (Retire). None of them
+	// counts for anything again until this node restarts.
+	retired map[string]bool
 }
 
 // RequirePeers tells the monitor the node is configured with peers: until
@@ -70,7 +73,7 @@ type peer struct {
 // outside tests (its readings carry the monotonic clock, so wall clock
 // steps do not move a lease).
 func NewMonitor(lease time.Duration, now func() time.Time) *Monitor {
-	return &Monitor{lease: lease, now: now, started: now(), peers: map[string]*peer{}, called: map[string]time.Time{}}
+	return &Monitor{lease: lease, now: now, started: now(), peers: map[string]*peer{}, called: map[string]time.Time{}, retired: map[string]bool{}}
 }
 
 // SetPeers adds the peer addresses not known yet. An address once listed
@@ -121,7 +124,7 @@ func (m *Monitor) Silent(selfID string) []string {
 	var out []string
 	for _, a := range slices.Sorted(maps.Keys(m.peers)) {
 		p := m.peers[a]
-		if p.nodeID == selfID || (!p.heard.IsZero() && now.Sub(p.heard) < m.lease) {
+		if p.nodeID == selfID || m.retired[p.nodeID] || (!p.heard.IsZero() && now.Sub(p.heard) < m.lease) {
 			continue
 		}
 		d := a
@@ -176,8 +179,8 @@ func (m *Monitor) learning() bool {
 }
 
 // Members returns how many nodes this node's lease counts, itself
-// included: every peer address it was given since it started. It never
-// shrinks: the controller takes its majorities over the largest count a
+// included: every peer address it was given since it started, less the
+// nodes the operator retired (Retire). Nothing else shrinks it: the controller takes its majorities over the largest count a
 // node reports (cluster.Members), so that they intersect this node's
 // lease majority even when the controller's own peer list lost nodes.
 // It is 0 (nothing to report) until the node has found its own address
@@ -219,7 +222,7 @@ func (m *Monitor) count(selfID string) (heard, total int) {
 	unnamed := 0
 	for _, p := range m.peers {
 		switch {
-		case p.nodeID == selfID:
+		case p.nodeID == selfID, m.retired[p.nodeID]:
 		case p.nodeID == "":
 			unnamed++
 		default:
@@ -366,7 +369,7 @@ func (m *Monitor) others(selfID string) []string {
 	defer m.mu.Unlock()
 	best := map[string]string{} // node ID -> address
 	for a, p := range m.peers {
-		if p.nodeID == "" || p.nodeID == selfID {
+		if p.nodeID == "" || p.nodeID == selfID || m.retired[p.nodeID] {
 			continue
 		}
 		if b, ok := best[p.nodeID]; !ok || p.heard.After(m.peers[b].heard) || (p.heard.Equal(m.peers[b].heard) && a < b) {

@@ -13,6 +13,7 @@ func TestAgentPolicy(t *testing.T) {
 		{"/zfsnomad.agent.v1.NodeAgent/GetNode", []string{RoleController, RoleOperator}},
 		{"/zfsnomad.agent.v1.NodeAgent/WorkLeases", []string{RoleController, RoleOperator}},
 		{"/zfsnomad.agent.v1.NodeAgent/AcquireWorkLease", []string{RoleController}},
+		{"/zfsnomad.agent.v1.NodeAgent/RetirePeer", []string{RoleOperator}},
 		{"/zfsnomad.agent.v1.Replication/Receive", []string{RoleNode}},
 		{"/zfsnomad.agent.v1.Peers/Ping", []string{RoleNode}},
 		{"/other.Service/Call", nil},

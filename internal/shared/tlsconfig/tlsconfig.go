@@ -147,7 +147,9 @@ var AgentPolicy = Policy{
 	"/zfsnomad.agent.v1.NodeAgent/Replicate": {RoleController, RoleOperator},
 	// An operator's certificate reads the work lease but cannot take it.
 	"/zfsnomad.agent.v1.NodeAgent/AcquireWorkLease": {RoleController},
-	"/zfsnomad.agent.v1.NodeAgent/":                 {RoleController, RoleOperator},
+	// Only a person retires a node: no controller decision ever does.
+	"/zfsnomad.agent.v1.NodeAgent/RetirePeer": {RoleOperator},
+	"/zfsnomad.agent.v1.NodeAgent/":           {RoleController, RoleOperator},
 }
 
 // TargetPolicy is who may call what on a backup target's port
