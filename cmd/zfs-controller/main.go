@@ -69,6 +69,7 @@ var commands = []command{
 	{"status", "[flags] [-json]", "Show every node's volumes, replicas and their lag, running transfers, moves in progress and stale copies set aside", status},
 	{"promote", "[flags] [-node NODE] [-force] VOLUME", "Promote a replica of a volume whose primary's node is lost (failover=manual)", promote},
 	{"remove-replica", "[flags] -node NODE [-force] VOLUME", "Remove one node's replica of a volume", removeReplica},
+	{"retire-node", "[flags] NODE", "Make every node stop counting a node whose plugin was stopped for good, without restarting them (docs/operations.md)", retireNode},
 	{"tls", "ca [-days N] DIR | cert -ca DIR -role node|controller|operator|backup [-days N] [-out DIR] NAME | issue -ca DIR [-out DIR] [-nomad-vars] CLIENT...", "Make the agent port's CA, and certificates for nodes, backup targets, the controller and operators; issue makes every client's, the controller's and an operator's in one step", tlsCommand},
 	{"tls ca", "[-days N] [-name NAME] DIR", "Make a CA in DIR: ca.pem, which every node, the controller and operators trust, and ca-key.pem, which only this command needs (keep it off the clients)", func(_ command, args []string) error { return tlsCA(args) }},
 	{"tls cert", "-ca DIR -role node|controller|operator|backup [-days N] [-out DIR] NAME", "Issue a certificate and key, NAME.pem and NAME-key.pem, from the CA in -ca", func(_ command, args []string) error { return tlsCert(args) }},
@@ -585,6 +586,17 @@ func promote(c command, args []string) error {
 		return err
 	}
 	return operator.Promote(ctx, migration.New(sess.nodes, sess.log), volumeID, node, force, os.Stdout)
+}
+
+func retireNode(c command, args []string) error {
+	sess, err := connect(c, args, "NODE (the retired node's ID)", nil)
+	if err != nil {
+		return err
+	}
+	defer sess.Close()
+	ctx, stop := signalContext()
+	defer stop()
+	return operator.RetireNode(ctx, sess.nodes, sess.arg, os.Stdout)
 }
 
 func removeReplica(c command, args []string) error {

@@ -340,6 +340,16 @@ func (c *Client) WorkLeases(ctx context.Context) (worklease.Lease, error) {
 	return workLeaseOrError(l, err)
 }
 
+// RetirePeer makes the node stop counting nodeID, a stopped node, for its
+// lease; it returns how many nodes the node's lease counts then.
+func (c *Client) RetirePeer(ctx context.Context, nodeID string) (knownNodes int, err error) {
+	resp, err := c.rpc.RetirePeer(ctx, &pb.RetirePeerRequest{NodeId: nodeID})
+	if err != nil {
+		return 0, fromStatus(err)
+	}
+	return int(resp.GetKnownNodes()), nil
+}
+
 func workLeaseOrError(l *pb.WorkLease, err error) (worklease.Lease, error) {
 	if status.Code(err) == codes.Unimplemented {
 		return worklease.Lease{}, fmt.Errorf("%w: %v", worklease.ErrNodeTooOld, err)

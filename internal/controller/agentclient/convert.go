@@ -24,6 +24,7 @@ func nodeInfoFromPB(n *pb.Node) NodeInfo {
 		Version:             n.GetVersion(),
 		VolumesVersion:      n.GetVolumesVersion(),
 		KnownNodes:          int(n.GetKnownNodes()),
+		RetiredNodes:        n.GetRetiredNodeIds(),
 		OpenZFS:             n.GetOpenzfsVersion(),
 		LeaseHeld:           n.GetLeaseHeld(),
 		CertificateNotAfter: unixTime(n.GetCertificateNotAfter()),

@@ -26,6 +26,9 @@ type NodeInfo struct {
 	// included (0: it keeps no lease). Majorities are taken over the
 	// largest count any node reports (cluster.Majority).
 	KnownNodes int
+	// RetiredNodes names the node the operator retired on this node since
+	// it started, if any (zfs-controller retire-node).
+	RetiredNodes []string
 	// OpenZFS is the release of the node's kernel module; LeaseHeld
 	// whether it holds its lease (always, keeping none);
 	// CertificateNotAfter when its agent certificate expires (zero: no

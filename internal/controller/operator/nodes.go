@@ -38,6 +38,11 @@ type NodeStatus struct {
 	// Lease is "held", "lost" (the node hears no majority of its peers:
 	// its mounted primaries are read-only) or "none" (it keeps none).
 	Lease string `json:"lease,omitempty"`
+	// KnownNodes is how many nodes the node's lease counts, itself
+	// included (0: it keeps none); RetiredNodes the node retired on it
+	// since it started (retire-node).
+	KnownNodes   int      `json:"known_nodes,omitempty"`
+	RetiredNodes []string `json:"retired_nodes,omitempty"`
 	// CertificateExpires is when the node's agent certificate expires
 	// (absent without TLS, or from a node of an older build).
 	CertificateExpires string `json:"certificate_expires,omitempty"`
@@ -49,7 +54,8 @@ func nodeStatuses(nodes []cluster.Node, unreachable []cluster.Unreachable) []Nod
 	for _, n := range nodes {
 		i := n.Info
 		s := NodeStatus{Node: i.NodeID, Address: n.Addr, Reachable: true, Healthy: i.UnhealthyReason == "",
-			DriverVersion: i.Version, OpenZFSVersion: i.OpenZFS, AvailableBytes: i.AvailableBytes, Volumes: i.Volumes}
+			DriverVersion: i.Version, OpenZFSVersion: i.OpenZFS, AvailableBytes: i.AvailableBytes, Volumes: i.Volumes,
+			KnownNodes: i.KnownNodes, RetiredNodes: i.RetiredNodes}
 		if !s.Healthy {
 			s.Problem = "unhealthy: " + i.UnhealthyReason
 		}

@@ -56,13 +56,13 @@ func TestNodeStatuses(t *testing.T) {
 	expires := time.Date(2027, 1, 2, 3, 4, 5, 0, time.UTC)
 	nodes := []cluster.Node{
 		{Addr: "a:1", Info: agentclient.NodeInfo{NodeID: "n1", Version: "v1", OpenZFS: "2.1.11", AvailableBytes: 5 << 30, Volumes: 3, KnownNodes: 3, LeaseHeld: true, CertificateNotAfter: expires}},
-		{Addr: "b:1", Info: agentclient.NodeInfo{NodeID: "n2", UnhealthyReason: "pool tank is DEGRADED", KnownNodes: 3}},
+		{Addr: "b:1", Info: agentclient.NodeInfo{NodeID: "n2", UnhealthyReason: "pool tank is DEGRADED", KnownNodes: 2, RetiredNodes: []string{"n4"}}},
 		{Addr: "c:1", Info: agentclient.NodeInfo{NodeID: "n3"}},
 	}
 	got := nodeStatuses(nodes, []cluster.Unreachable{{Addr: "d:1", Err: errors.New("dial: connection refused")}})
 	want := []NodeStatus{
-		{Node: "n1", Address: "a:1", Reachable: true, Healthy: true, DriverVersion: "v1", OpenZFSVersion: "2.1.11", AvailableBytes: 5 << 30, Volumes: 3, Lease: "held", CertificateExpires: "2027-01-02T03:04:05Z"},
-		{Node: "n2", Address: "b:1", Reachable: true, Problem: "unhealthy: pool tank is DEGRADED", Lease: "lost"},
+		{Node: "n1", Address: "a:1", Reachable: true, Healthy: true, DriverVersion: "v1", OpenZFSVersion: "2.1.11", AvailableBytes: 5 << 30, Volumes: 3, Lease: "held", KnownNodes: 3, CertificateExpires: "2027-01-02T03:04:05Z"},
+		{Node: "n2", Address: "b:1", Reachable: true, Problem: "unhealthy: pool tank is DEGRADED", Lease: "lost", KnownNodes: 2, RetiredNodes: []string{"n4"}},
 		{Node: "n3", Address: "c:1", Reachable: true, Healthy: true, Lease: "none"},
 		{Node: "d:1", Address: "d:1", Problem: Unreached("d:1", errors.New("dial: connection refused"))},
 	}
