@@ -9,7 +9,7 @@ LDFLAGS := -X github.com/zfs-nomad/zfs-nomad/internal/shared/version.Version=$(V
 TOOLS := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/zfs-nomad/tools/$(shell sha256sum hack/tools/go.sum | cut -c1-12)
 GO_TEST_TIMEOUT ?= 45m
 
-.PHONY: help deps prepare need-headers fast build release check unit race simulation alerts images test test-trixie test-shim guest-image-trixie test-nomad test-nomad-trixie test-nomad-drain sanity-encrypted nomad bench soak sim guest-image proto demo demo-nomad clean
+.PHONY: help deps prepare need-headers fast build release check unit race simulation alerts images test test-trixie test-shim guest-image-trixie test-nomad test-nomad-trixie test-nomad-drain test-nomad-oldest sanity-encrypted nomad bench soak sim guest-image proto demo demo-nomad clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -177,6 +177,11 @@ test-nomad: guest-image images ## the driver under a real Nomad (1 server, 3 cli
 test-nomad-trixie: guest-image-trixie ## test-nomad's docker scenario in the Debian 13 guest, with the Debian 13 node image
 	@VERSION=$(VERSION) TAG=dev-debian13 DEBIAN_RELEASE=trixie ARCHIVE_DIR=$(IMAGES_DIR)-debian13 ./hack/images.sh
 	nomad=$$(./hack/nomad.sh) && prometheus=$$(./hack/prometheus-server.sh) && ZFS_NOMAD_GUEST=trixie ZFS_NOMAD_PROMETHEUS=$$prometheus ZFS_NOMAD_NOMAD=$$nomad ZFS_NOMAD_IMAGES=$(IMAGES_DIR)-debian13 go test -count=1 -v -timeout 40m -run TestNomadEndToEnd ./test/nomad/
+
+# The oldest Nomad the job files support (docs/install.md), not in make
+# test: its end-to-end run costs about 17 min more (docs/testing.md).
+test-nomad-oldest: guest-image images ## test-nomad's docker scenario under Nomad 1.8.4, the oldest release the job files support
+	nomad=$$(NOMAD_VERSION=v1.8.4 ./hack/nomad.sh) && prometheus=$$(./hack/prometheus-server.sh) && ZFS_NOMAD_NOMAD=$$nomad ZFS_NOMAD_PROMETHEUS=$$prometheus ZFS_NOMAD_IMAGES=$(IMAGES_DIR) go test -count=1 -v -timeout 40m -run 'TestNomadEndToEnd$$' ./test/nomad/
 
 test-nomad-drain: guest-image images ## test-nomad plus a drain of a client holding eight volumes (not in make test)
 	nomad=$$(./hack/nomad.sh) && prometheus=$$(./hack/prometheus-server.sh) && ZFS_NOMAD_NOMAD=$$nomad ZFS_NOMAD_PROMETHEUS=$$prometheus ZFS_NOMAD_IMAGES=$(IMAGES_DIR) go test -count=1 -v -timeout 60m -run TestNomadEndToEnd ./test/nomad/ -args -drain-many
