@@ -178,10 +178,10 @@ test-nomad-trixie: guest-image-trixie ## test-nomad's docker scenario in the Deb
 	@VERSION=$(VERSION) TAG=dev-debian13 DEBIAN_RELEASE=trixie ARCHIVE_DIR=$(IMAGES_DIR)-debian13 ./hack/images.sh
 	nomad=$$(./hack/nomad.sh) && prometheus=$$(./hack/prometheus-server.sh) && ZFS_NOMAD_GUEST=trixie ZFS_NOMAD_PROMETHEUS=$$prometheus ZFS_NOMAD_NOMAD=$$nomad ZFS_NOMAD_IMAGES=$(IMAGES_DIR)-debian13 go test -count=1 -v -timeout 40m -run TestNomadEndToEnd ./test/nomad/
 
-# The oldest Nomad the job files support (docs/install.md), not in make
+# The oldest Nomad the driver supports (docs/install.md), not in make
 # test: its end-to-end run costs about 17 min more (docs/testing.md).
-test-nomad-oldest: guest-image images ## test-nomad's docker scenario under Nomad 1.8.4, the oldest release the job files support
-	nomad=$$(NOMAD_VERSION=v1.8.4 ./hack/nomad.sh) && prometheus=$$(./hack/prometheus-server.sh) && ZFS_NOMAD_NOMAD=$$nomad ZFS_NOMAD_PROMETHEUS=$$prometheus ZFS_NOMAD_IMAGES=$(IMAGES_DIR) go test -count=1 -v -timeout 40m -run 'TestNomadEndToEnd$$' ./test/nomad/
+test-nomad-oldest: guest-image images ## test-nomad's docker scenario under Nomad 1.10.2, the oldest release the driver supports
+	nomad=$$(NOMAD_VERSION=v1.10.2 ./hack/nomad.sh) && prometheus=$$(./hack/prometheus-server.sh) && ZFS_NOMAD_NOMAD=$$nomad ZFS_NOMAD_PROMETHEUS=$$prometheus ZFS_NOMAD_IMAGES=$(IMAGES_DIR) go test -count=1 -v -timeout 40m -run 'TestNomadEndToEnd$$' ./test/nomad/
 
 test-nomad-drain: guest-image images ## test-nomad plus a drain of a client holding eight volumes (not in make test)
 	nomad=$$(./hack/nomad.sh) && prometheus=$$(./hack/prometheus-server.sh) && ZFS_NOMAD_NOMAD=$$nomad ZFS_NOMAD_PROMETHEUS=$$prometheus ZFS_NOMAD_IMAGES=$(IMAGES_DIR) go test -count=1 -v -timeout 60m -run TestNomadEndToEnd ./test/nomad/ -args -drain-many

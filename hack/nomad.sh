@@ -11,17 +11,16 @@ set -euo pipefail
 version=${NOMAD_VERSION:-v1.11.1}
 # The api module pseudo-version that compiles with each Nomad release.
 # The proxy serves api modules of commits on Nomad's main branch only,
-# and 1.8.x was tagged on a release branch: v1.8.4 (the oldest release
-# the job files support, docs/install.md) is built with the api module of
-# v1.9.0, which lacks one field the 1.8 agent reads (HCLv1 of the
-# /v1/jobs/parse request, removed in 1.9): patch drops that read, so the
-# endpoint parses HCL2 only, as every job file here is. Nothing else of
-# 1.8.4 changes (docs/testing.md, "Nomad versions").
-patch=""
+# and patch releases were tagged on release branches: v1.10.2 (the
+# oldest release the driver supports, docs/install.md) is built with the
+# api module of v1.10.5, and v1.9.4 (which places movable volumes but
+# sends no secrets with a snapshot delete) with v1.9.3's. Nothing of
+# the release itself changes (docs/testing.md, "Nomad versions").
 case "$version" in
   v1.11.1) api=v0.0.0-20251216171439-1dee0671280e ;;
   v1.10.5) api=v0.0.0-20250909143645-a3b86c697f38 ;;
-  v1.8.4) api=v0.0.0-20241010071343-7ad36851ec02 patch='s/args\.HCLv1/false/' ;;
+  v1.10.2) api=v0.0.0-20250909143645-a3b86c697f38 ;;
+  v1.9.4) api=v0.0.0-20241111163541-d92bf1014886 ;;
   *) echo "nomad.sh: no known api version for Nomad $version" >&2; exit 2 ;;
 esac
 cache=${XDG_CACHE_HOME:-$HOME/.cache}/zfs-nomad
@@ -44,7 +43,6 @@ chmod -R u+w "$src"
 cd "$src"
 go mod edit -dropreplace github.com/hashicorp/nomad/api \
   -replace "github.com/hashicorp/nomad/api=github.com/hashicorp/nomad/api@$api"
-if [ -n "$patch" ]; then sed -i "$patch" command/agent/job_endpoint.go; fi
 mkdir -p "$out.tmp"
 GOFLAGS=-mod=mod CGO_ENABLED=1 go build -trimpath -o "$out.tmp/nomad" .
 rm -rf "$out" && mv "$out.tmp" "$out"
