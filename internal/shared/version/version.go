@@ -8,7 +8,7 @@ package version
 // comes from. The Makefile, hack/images.sh and hack/release.sh set the
 // exact one (git describe, or the release's tag):
 // -ldflags "-X github.com/zfs-nomad/zfs-nomad/internal/shared/version.Version=...".
-var Version = "v0.1.0"
+var Version = "v0.2.0-dev"
 
 // PluginName is the CSI plugin name both binaries report.
 const PluginName = "zfs.csi.zfs-nomad.io"
