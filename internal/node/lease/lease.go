@@ -268,11 +268,7 @@ func (m *Monitor) Attest(addrs []string, need time.Duration) error {
 		if !ok {
 			return fmt.Errorf("%s is not among this node's peers, so this node cannot tell how long it has been silent", a)
 		}
-		last := m.lastHeard(p)
-		if last.IsZero() {
-			last = m.started
-		}
-		if silent := now.Sub(last); silent < need {
+		if silent := m.silentSince(now, m.lastHeard(p)); silent < need {
 			return fmt.Errorf("%s answered this node %s ago; a failover away from it waits until it has been silent for %s (%s more), when a primary there has made itself read-only",
 				a, silent.Round(time.Second), need, (need - silent).Round(time.Second))
 		}
@@ -311,6 +307,17 @@ func (m *Monitor) beyond(selfID string, from, answering []string) []string {
 		}
 	}
 	return slices.Sorted(maps.Keys(set))
+}
+
+// silentSince is how long a peer last heard at last (zero: never) has
+// been silent at now: counted from this node's start when it was never
+// heard, since this node cannot tell what came before. The caller holds
+// m.mu.
+func (m *Monitor) silentSince(now, last time.Time) time.Duration {
+	if last.IsZero() {
+		last = m.started
+	}
+	return now.Sub(last)
 }
 
 // lastHeard is when p last answered this node or called it (zero for

@@ -58,10 +58,7 @@ func (m *Monitor) Retire(selfID, nodeID string, need time.Duration) error {
 			last = p.heard
 		}
 	}
-	if last.IsZero() {
-		last = m.started
-	}
-	if silent := m.now().Sub(last); silent < need {
+	if silent := m.silentSince(m.now(), last); silent < need {
 		return errdefs.Wrap(errdefs.ErrFailedPrecondition, "node %s heard from %s %s ago: a node is retired only once it has been silent for %s (%s more); stop its node plugin first (docs/operations.md, \"Retiring\") and retry",
 			selfID, nodeID, silent.Round(time.Second), need, (need - silent).Round(time.Second))
 	}
