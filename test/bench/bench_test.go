@@ -53,6 +53,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/agentclient"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/agent"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/protocol"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/tlsconfig"
 	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guestcluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guesttest"
@@ -119,7 +120,7 @@ func BenchmarkReplication(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	plainConn, err := grpc.NewClient(n1.AgentAddress, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	plainConn, err := grpc.NewClient(n1.AgentAddress, append(protocol.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
 	if err != nil {
 		b.Fatal(err)
 	}
