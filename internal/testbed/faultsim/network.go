@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/protocol"
+	"github.com/zfs-nomad/zfs-nomad/internal/testbed/memnet"
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
@@ -293,7 +294,7 @@ func (n *network) directDialOptions(from string) []grpc.DialOption {
 	fast := backoff.Config{BaseDelay: time.Millisecond, Multiplier: 1, MaxDelay: time.Millisecond}
 	opts := append([]grpc.DialOption{
 		grpc.WithContextDialer(dialer),
-		grpc.WithTransportCredentials(identity{name: from}),
+		grpc.WithTransportCredentials(memnet.Identity{Name: from}),
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: fast, MinConnectTimeout: time.Second}),
 	}, protocol.DialOptions()...)
 	if n.smallBuffers {

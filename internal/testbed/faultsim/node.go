@@ -25,6 +25,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/peers"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/protocol"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/worklease"
+	"github.com/zfs-nomad/zfs-nomad/internal/testbed/memnet"
 )
 
 const (
@@ -158,7 +159,7 @@ func (n *simNode) start(ctx context.Context) {
 	if n.w.cfg.SmallBuffers {
 		srvOpts = append(srvOpts, grpc.ReadBufferSize(smallBuffer), grpc.WriteBufferSize(smallBuffer))
 	}
-	inc.srv = grpc.NewServer(append(srvOpts, grpc.Creds(identity{}),
+	inc.srv = grpc.NewServer(append(srvOpts, grpc.Creds(memnet.Identity{}),
 		grpc.UnaryInterceptor(csiplugin.LoggingInterceptor(log.Named("agent"))))...)
 	node.Register(inc.srv)
 	inc.lis = n.handoff.listener()

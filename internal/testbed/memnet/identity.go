@@ -1,4 +1,8 @@
-package faultsim
+// Package memnet is the agents' mutual TLS for tests that run nodes in
+// one process over in-memory connections (the fault simulation, the scale
+// measurement): who dialled is known as a verified node certificate
+// would tell it, without keys or handshakes.
+package memnet
 
 import (
 	"context"
@@ -14,24 +18,24 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/tlsconfig"
 )
 
-// identity stands in for the agents' mutual TLS: the dialling side names
+// Identity stands in for the agents' mutual TLS: the dialling side names
 // its endpoint in the connection's first line, and the serving side takes
 // that name as its verified client certificate's common name, role node,
 // as tlsconfig reads it. So a check on who sent a call (a stream's source
 // node) runs as in production, and a lying peer has a node's identity
 // and nothing more.
-type identity struct {
-	name string // the dialling side's; "" on the serving side
+type Identity struct {
+	Name string // the dialling side's; "" on the serving side
 }
 
-func (c identity) ClientHandshake(_ context.Context, _ string, conn net.Conn) (net.Conn, credentials.AuthInfo, error) {
-	if _, err := fmt.Fprintf(conn, "%s\n", c.name); err != nil {
+func (c Identity) ClientHandshake(_ context.Context, _ string, conn net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	if _, err := fmt.Fprintf(conn, "%s\n", c.Name); err != nil {
 		return nil, nil, err
 	}
 	return conn, authInfo(""), nil
 }
 
-func (c identity) ServerHandshake(conn net.Conn) (net.Conn, credentials.AuthInfo, error) {
+func (c Identity) ServerHandshake(conn net.Conn) (net.Conn, credentials.AuthInfo, error) {
 	// Byte by byte: what follows the line is gRPC's.
 	var name []byte
 	b := make([]byte, 1)
@@ -43,7 +47,7 @@ func (c identity) ServerHandshake(conn net.Conn) (net.Conn, credentials.AuthInfo
 			break
 		}
 		if name = append(name, b[0]); len(name) > 64 {
-			return nil, nil, errors.New("sim identity: no name line")
+			return nil, nil, errors.New("memnet identity: no name line")
 		}
 	}
 	return conn, authInfo(string(name)), nil
@@ -60,8 +64,8 @@ func authInfo(name string) credentials.TLSInfo {
 	return info
 }
 
-func (c identity) Info() credentials.ProtocolInfo {
+func (c Identity) Info() credentials.ProtocolInfo {
 	return credentials.ProtocolInfo{SecurityProtocol: "tls"}
 }
-func (c identity) Clone() credentials.TransportCredentials { return c }
-func (c identity) OverrideServerName(string) error         { return nil }
+func (c Identity) Clone() credentials.TransportCredentials { return c }
+func (c Identity) OverrideServerName(string) error         { return nil }
