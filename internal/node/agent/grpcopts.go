@@ -9,9 +9,28 @@ import (
 
 // Bulk data flows through gRPC streams of messages of 1 MiB (replication's
 // chunks). gRPC's default flow-control windows (64 KiB, grown by BDP
-// estimation) and 32 KiB buffers keep a fast stream waiting on window
-// updates; large fixed windows let the sender keep several chunks in
-// flight (see docs/replication.md for the measurements).
+// estimation) keep a fast stream waiting on window updates; large fixed
+// windows let the sender keep several chunks in flight (see
+// docs/replication.md for the measurements). A window is credit, not
+// memory.
+//
+// Buffers are memory, held by every connection to or from the agent
+// port for its life: a node of an N-node cluster keeps about 2N of them
+// (its heartbeat's to each peer, each peer's to it), idle between beats.
+// So they are 64 KiB each way, not the 1 MiB a stream might want: over
+// TLS a read returns one record (at most 16 KiB) and writes are cut into
+// records anyway, so a stream over TLS runs as fast (BenchmarkBulkStream;
+// without TLS, a test network's setting, about 8 % slower), while 1 MiB
+// of each makes a node of 30 hold about 80 MiB against 7 (and grows by
+// about 2.5 MiB a peer: docs/architecture.md, "Scale"). A write buffer shared between
+// connections (grpc.SharedWriteBuffer) does not help: every flush takes a
+// whole buffer, so a beat's pings to every peer at once take as many.
+const (
+	streamWindow = 16 << 20
+	connWindow   = 32 << 20
+	bufferSize   = 64 << 10
+)
+
 // Keepalive pings notice a silent peer (a cut link, a frozen host) within
 // about keepaliveTime+keepaliveTimeout on either end: the stream then fails,
 // zfs receive sees its input end and keeps a resume token, and the next
@@ -43,12 +62,6 @@ const MaxConnectionAge = time.Hour
 // catch-ups per source; its short calls (a burst of publishes asking
 // every node) at worst wait for one another.
 const MaxConcurrentStreams = 256
-
-const (
-	streamWindow = 16 << 20
-	connWindow   = 32 << 20
-	bufferSize   = 1 << 20
-)
 
 // ServerOptions tune the agent port's gRPC server for bulk streams.
 func ServerOptions() []grpc.ServerOption {

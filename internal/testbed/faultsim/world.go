@@ -94,7 +94,7 @@ type Config struct {
 	// explorer's forced scenario.
 	ForcePromotions bool
 	// SmallBuffers gives every connection gRPC's default 32 KiB buffers
-	// instead of the agent's 1 MiB ones (agent.DialOptions): the
+	// instead of the agent's larger ones (agent.DialOptions): the
 	// explorer starts a world per run, and clearing the large buffers of
 	// its connections took half of a run's time.
 	SmallBuffers bool
