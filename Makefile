@@ -9,7 +9,7 @@ LDFLAGS := -X github.com/zfs-nomad/zfs-nomad/internal/shared/version.Version=$(V
 TOOLS := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/zfs-nomad/tools/$(shell sha256sum hack/tools/go.sum | cut -c1-12)
 GO_TEST_TIMEOUT ?= 45m
 
-.PHONY: help deps prepare need-headers fast build release check unit race simulation alerts images test test-trixie test-shim guest-image-trixie test-nomad test-nomad-trixie test-nomad-drain test-nomad-oldest sanity-encrypted nomad bench soak sim guest-image proto demo demo-nomad clean
+.PHONY: help deps prepare need-headers fast build release check unit race simulation alerts images test test-trixie test-shim guest-image-trixie test-nomad test-nomad-trixie test-nomad-drain test-nomad-oldest sanity-encrypted nomad bench scale soak sim guest-image proto demo demo-nomad clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -191,6 +191,13 @@ sanity-encrypted: guest-image ## csi-sanity's specs with plain volumes and again
 
 bench: guest-image ## replication throughput vs zfs send|socat|zfs recv and the local pipe, in the guest
 	go test -run '^$$' -bench . -benchtime 1x -count 1 -timeout 40m ./test/bench/
+
+# The cluster-scale figures (docs/architecture.md, "Scale"): real node
+# and controller code in one process over fake pools, at each node count
+# of SCALE_NODES with 100 volumes a node. About 10 minutes on 2 cores.
+SCALE_NODES ?= 3,10,30,100
+scale: ## the cluster-scale figures at SCALE_NODES nodes (3,10,30,100), 100 volumes each, on the host
+	ZFS_NOMAD_SKIP_GUEST=1 go test -count=1 -timeout 60m -run 'TestScaleFigures$$' ./internal/testbed/scalesim -v -args -scale-nodes $(SCALE_NODES)
 
 proto: $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc ## regenerate proto/*.pb.go
 	PATH=$(TOOLS):$$PATH protoc -I proto --go_out=proto --go_opt=paths=source_relative \

@@ -1,0 +1,104 @@
+package scalesim
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/config"
+)
+
+var (
+	sizes   = flag.String("scale-nodes", "", "node counts TestScaleFigures measures at (make scale: 3,10,30,100); empty skips it")
+	volumes = flag.Int("scale-volumes", 100, "volumes per node TestScaleFigures creates")
+	beats   = flag.Int("scale-beats", 4, "heartbeat intervals TestScaleFigures measures the quiet cluster over")
+)
+
+// TestScale runs the measurement on a small cluster and checks what it
+// reports: every volume made, every lease held, each node pinged by each
+// peer once a beat, a publish and a move that succeed, and plans.
+func TestScale(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits a heartbeat interval of the shipped lease")
+	}
+	const nodes, perNode = 4, 3
+	r, err := Run(context.Background(), Config{Nodes: nodes, VolumesPerNode: perNode, Latency: time.Millisecond, Beats: 1, Samples: 2, Parallel: 4, Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Log(row(r))
+	if r.Volumes != nodes*perNode {
+		t.Errorf("%d volumes made, want %d", r.Volumes, nodes*perNode)
+	}
+	interval := time.Duration(config.DefaultNode().Lease) / 4
+	want := float64(nodes-1) / interval.Seconds()
+	if got := r.CallsPerNodeSecond["Peers/Ping"]; math.Abs(got-want) > want/2 {
+		t.Errorf("each node received %.2f pings a second, want about %.2f (%d peers each %s)", got, want, nodes-1, interval)
+	}
+	for what, d := range map[string]time.Duration{"publish": r.Publish, "move": r.Move, "full plan": r.FullPlan, "leases held": r.LeasesHeld} {
+		if d <= 0 {
+			t.Errorf("%s took %s: want a measured time", what, d)
+		}
+	}
+	if r.HeapPerNode == 0 || r.CPUPerNode <= 0 {
+		t.Errorf("heap %d B and CPU %s per node: want both measured", r.HeapPerNode, r.CPUPerNode)
+	}
+}
+
+// TestScaleFigures prints the figures table of docs/architecture.md,
+// "Scale": go test -run TestScaleFigures ./internal/testbed/scalesim
+// -args -scale-nodes 3,10,30,100 (make scale).
+func TestScaleFigures(t *testing.T) {
+	if *sizes == "" {
+		t.Skip("no -scale-nodes: make scale measures")
+	}
+	var rows []string
+	for _, field := range strings.Split(*sizes, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(field))
+		if err != nil || n < 1 {
+			t.Fatalf("-scale-nodes: %q is not a node count", field)
+		}
+		r, err := Run(context.Background(), Config{Nodes: n, VolumesPerNode: *volumes, Latency: 500 * time.Microsecond, Beats: *beats, Samples: 5, Parallel: 16, Dir: t.TempDir()})
+		if err != nil {
+			t.Fatalf("%d nodes: %v", n, err)
+		}
+		rows = append(rows, row(r))
+		t.Log(rows[len(rows)-1])
+	}
+	fmt.Println(header)
+	for _, r := range rows {
+		fmt.Println(r)
+	}
+}
+
+const header = "| nodes | volumes | create (median; all) | leases held after | calls a node receives per second, quiet | CPU per node | heap per node | publish | planned move | full plan; from the book |\n|---|---|---|---|---|---|---|---|---|---|"
+
+func row(r Result) string {
+	var calls []string
+	for method, rate := range r.CallsPerNodeSecond {
+		if rate >= 0.005 {
+			calls = append(calls, fmt.Sprintf("%s %.2f", method, rate))
+		}
+	}
+	slices.Sort(calls)
+	return fmt.Sprintf("| %d | %d | %s; %s | %s | %s | %.1f ms/s | %.1f MiB | %s | %s | %s; %s |",
+		r.Nodes, r.Volumes, round(r.CreateEach), round(r.Fill), round(r.LeasesHeld), strings.Join(calls, ", "),
+		float64(r.CPUPerNode)/float64(time.Millisecond), float64(r.HeapPerNode)/(1<<20),
+		round(r.Publish), round(r.Move), round(r.FullPlan), round(r.BookPlan))
+}
+
+func round(d time.Duration) time.Duration {
+	switch {
+	case d >= time.Second:
+		return d.Round(10 * time.Millisecond)
+	case d >= time.Millisecond:
+		return d.Round(100 * time.Microsecond)
+	}
+	return d.Round(time.Microsecond)
+}
