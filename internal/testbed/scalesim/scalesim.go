@@ -9,8 +9,9 @@
 // It measures, at each size: the creates that fill the nodes, the time
 // until every node holds its lease, the calls each node receives per
 // second in a quiet cluster (by method), the process's CPU and memory per
-// node, the latency of a publish on the volume's node and of a planned
-// move, and the schedule's full plan and a plan from its book.
+// node, the latency of a publish on the volume's node, of a planned
+// move and of a failover after a node's loss, and the schedule's full
+// plan and a plan from its book.
 package scalesim
 
 import (
@@ -31,6 +32,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/test/bufconn"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/controller/agentclient"
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/cluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/csiserver"
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/migration"
@@ -68,6 +70,9 @@ type Config struct {
 	Samples int
 	// Parallel is how many creates run at once while the nodes fill.
 	Parallel int
+	// Lease is the nodes' lease (0: the shipped 30 s), with the smallest
+	// margin it allows; a beat is a quarter of it.
+	Lease time.Duration
 	// Dir holds the nodes' mount base directories.
 	Dir string
 }
@@ -94,6 +99,11 @@ type Result struct {
 	// node that holds it; Move the median planned move, from the first
 	// ControllerPublishVolume to another node to the one that succeeds.
 	Publish, Move time.Duration
+	// Failover is the time from a node's loss to the first publish of
+	// one of its volumes on the node of its replica that succeeds (the
+	// lease and its margin, then the decision); FailoverNext the median
+	// of the next volumes' publishes, once the loss is attested.
+	Failover, FailoverNext time.Duration
 	// FullPlan is the schedule's first plan (it asks every node for
 	// everything it holds); BookPlan the next, from its book.
 	FullPlan, BookPlan time.Duration
@@ -115,7 +125,6 @@ type simCluster struct {
 	net     *network
 	nodes   []*simNode
 	started time.Time
-	beats   context.CancelFunc
 	cl      *cluster.Cluster
 	mig     *migration.Migrator
 	ctl     *csiserver.Controller
@@ -130,11 +139,9 @@ func start(cfg Config) (*simCluster, error) {
 		addrs = append(addrs, n.addr())
 		c.nodes = append(c.nodes, n)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	c.beats = cancel
 	c.started = time.Now()
 	for _, n := range c.nodes {
-		if err := n.start(ctx, c.net, addrs, cfg.Dir); err != nil {
+		if err := n.start(c.net, addrs, cfg); err != nil {
 			c.stop()
 			return nil, err
 		}
@@ -164,7 +171,6 @@ func (c *simCluster) stop() {
 	if c.cl != nil {
 		c.cl.Close()
 	}
-	c.beats()
 	for _, n := range c.nodes {
 		n.stop()
 	}
@@ -183,16 +189,20 @@ func (c *simCluster) measure(ctx context.Context) (Result, error) {
 	if r.Publish, err = c.publishes(ctx, vols); err != nil {
 		return r, err
 	}
-	if r.Move, err = c.moves(ctx, vols); err != nil {
+	moved := spread(vols, c.cfg.Samples)
+	if r.Move, err = c.moves(ctx, moved); err != nil {
 		return r, err
 	}
-	return r, c.plans(ctx, &r)
+	if err := c.plans(ctx, &r); err != nil {
+		return r, err
+	}
+	return r, c.failover(ctx, vols, moved, &r)
 }
 
 // waitForLeases waits until every node holds its lease: a majority of
 // its peers answered it.
 func (c *simCluster) waitForLeases(ctx context.Context, r *Result) error {
-	lease := time.Duration(config.DefaultNode().Lease)
+	lease := c.lease()
 	deadline := time.Now().Add(2 * lease)
 	for {
 		held := 0
@@ -224,7 +234,7 @@ type volume struct {
 
 // fill creates VolumesPerNode volumes on each node through the
 // controller's CreateVolume, Parallel at a time, each with one replica
-// wanted (which the plans count; no push runs).
+// wanted (which the plans count; no push runs) and failover auto.
 func (c *simCluster) fill(ctx context.Context, r *Result) ([]volume, error) {
 	type job struct {
 		name, node string
@@ -247,7 +257,7 @@ func (c *simCluster) fill(ctx context.Context, r *Result) ([]volume, error) {
 					Name:               j.name,
 					CapacityRange:      &csispec.CapacityRange{RequiredBytes: 1 << 20},
 					VolumeCapabilities: []*csispec.VolumeCapability{mountCapability},
-					Parameters:         map[string]string{contract.ParamNode: j.node, contract.ParamReplicas: "1"},
+					Parameters:         map[string]string{contract.ParamNode: j.node, contract.ParamReplicas: "1", contract.ParamFailover: contract.FailoverAuto},
 				})
 				mu.Lock()
 				if err != nil && first == nil {
@@ -276,7 +286,7 @@ func (c *simCluster) fill(ctx context.Context, r *Result) ([]volume, error) {
 // quiet measures the idle cluster over Beats heartbeat intervals: the
 // calls each node receives, and the process's CPU and heap.
 func (c *simCluster) quiet(r *Result) {
-	window := time.Duration(config.DefaultNode().Lease) / 4 * time.Duration(max(c.cfg.Beats, 1))
+	window := c.lease() / 4 * time.Duration(max(c.cfg.Beats, 1))
 	before := make([]map[string]uint64, len(c.nodes))
 	for i, n := range c.nodes {
 		before[i] = n.calls.snapshot()
@@ -321,7 +331,7 @@ func (c *simCluster) publishes(ctx context.Context, vols []volume) (time.Duratio
 // (the driver's time, not the CO's retry schedule), until it succeeds.
 func (c *simCluster) moves(ctx context.Context, vols []volume) (time.Duration, error) {
 	var times []time.Duration
-	for _, v := range spread(vols, c.cfg.Samples) {
+	for _, v := range vols {
 		target := c.nextNode(v.node)
 		began := time.Now()
 		deadline := began.Add(time.Minute)
@@ -359,6 +369,74 @@ func (c *simCluster) plans(ctx context.Context, r *Result) error {
 	return nil
 }
 
+// failover pushes a replica of Samples volumes of the first node (none
+// of them moved) to the second, stops the first node's process, and
+// publishes each volume on the second until it succeeds: the first waits
+// for the lease and its margin to run out.
+func (c *simCluster) failover(ctx context.Context, vols, moved []volume, r *Result) error {
+	lost, target := c.nodes[0], c.nodes[1]
+	var mine []volume
+	for _, v := range slices.Backward(vols) {
+		if v.node == lost.id && !slices.Contains(moved, v) && len(mine) < max(c.cfg.Samples, 1) {
+			mine = append(mine, v)
+		}
+	}
+	if err := c.replicate(ctx, lost, target, mine); err != nil {
+		return err
+	}
+	lost.stop()
+	lostAt := time.Now()
+	deadline := lostAt.Add(3 * (c.lease() + config.MinLeaseMargin(c.lease())))
+	var next []time.Duration
+	for i, v := range mine {
+		began := time.Now()
+		for {
+			_, err := c.publish(ctx, v.id, target.id)
+			if err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("failing %s over from the lost %s to %s: still refused: %w", v.id, lost.id, target.id, err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if i == 0 {
+			r.Failover = time.Since(lostAt)
+		} else {
+			next = append(next, time.Since(began))
+		}
+	}
+	r.FailoverNext = median(next)
+	return nil
+}
+
+// replicate pushes each volume's replica from one node to another, as
+// the schedule would.
+func (c *simCluster) replicate(ctx context.Context, from, to *simNode, vols []volume) error {
+	nodes, _, err := c.cl.Nodes(ctx)
+	if err != nil {
+		return err
+	}
+	i := slices.IndexFunc(nodes, func(n cluster.Node) bool { return n.Info.NodeID == from.id })
+	if i < 0 {
+		return fmt.Errorf("node %s did not answer", from.id)
+	}
+	for _, v := range vols {
+		if _, err := nodes[i].Agent.Replicate(ctx, v.id, agentclient.Target{Addr: to.addr(), NodeID: to.id}, "scale", nil); err != nil {
+			return fmt.Errorf("pushing a replica of %s from %s to %s: %w", v.id, from.id, to.id, err)
+		}
+	}
+	return nil
+}
+
+// lease is the nodes' lease.
+func (c *simCluster) lease() time.Duration {
+	if c.cfg.Lease > 0 {
+		return c.cfg.Lease
+	}
+	return time.Duration(config.DefaultNode().Lease)
+}
+
 func (c *simCluster) publish(ctx context.Context, volumeID, node string) (*csispec.ControllerPublishVolumeResponse, error) {
 	return c.ctl.ControllerPublishVolume(ctx, &csispec.ControllerPublishVolumeRequest{VolumeId: volumeID, NodeId: node, VolumeCapability: mountCapability})
 }
@@ -391,18 +469,21 @@ type simNode struct {
 	parts *assembly.Parts
 	srv   *grpc.Server
 	calls *counter
+	beats context.CancelFunc // ends the heartbeat
 }
 
 func (n *simNode) addr() string { return "passthrough:///" + n.id }
 
 // start wires the node as zfs-node does, over a fake pool, with the
-// shipped lease, and starts its heartbeat.
-func (n *simNode) start(ctx context.Context, nw *network, addrs []string, dir string) error {
+// configured lease, and starts its heartbeat.
+func (n *simNode) start(nw *network, addrs []string, sc Config) error {
+	ctx, cancel := context.WithCancel(context.Background())
+	n.beats = cancel
 	pool := zfsfake.New(poolSize, "tank")
 	if err := pool.CreateFilesystem(ctx, rootDataset, nil); err != nil {
 		return err
 	}
-	base := filepath.Join(dir, n.id)
+	base := filepath.Join(sc.Dir, n.id)
 	if err := os.MkdirAll(base, 0o750); err != nil {
 		return err
 	}
@@ -410,6 +491,9 @@ func (n *simNode) start(ctx context.Context, nw *network, addrs []string, dir st
 	cfg.NodeID, cfg.RootDataset, cfg.MaxQuota = n.id, rootDataset, 8<<30
 	cfg.MountBaseDirs = []string{base}
 	cfg.Peers = addrs
+	if sc.Lease > 0 {
+		cfg.Lease, cfg.LeaseMargin = config.Duration(sc.Lease), config.Duration(config.MinLeaseMargin(sc.Lease))
+	}
 	log := hclog.NewNullLogger()
 	parts := assembly.New(assembly.Deps{
 		Config:  cfg,
@@ -437,7 +521,11 @@ func (n *simNode) start(ctx context.Context, nw *network, addrs []string, dir st
 	return nil
 }
 
+// stop ends the node's process: its heartbeat and its agent port.
 func (n *simNode) stop() {
+	if n.beats != nil {
+		n.beats()
+	}
 	if n.srv != nil {
 		n.srv.Stop()
 	}

@@ -20,15 +20,17 @@ var (
 	beats   = flag.Int("scale-beats", 4, "heartbeat intervals TestScaleFigures measures the quiet cluster over")
 )
 
-// TestScale runs the measurement on a small cluster and checks what it
-// reports: every volume made, every lease held, each node pinged by each
-// peer once a beat, a publish and a move that succeed, and plans.
+// TestScale runs the measurement on a small cluster with the shortest
+// lease and checks what it reports: every volume made, every lease held,
+// each node pinged by each peer once a beat, a publish and a move that
+// succeed, plans, and a failover granted no sooner than the lease and its
+// margin allow.
 func TestScale(t *testing.T) {
 	if testing.Short() {
-		t.Skip("waits a heartbeat interval of the shipped lease")
+		t.Skip("waits for a lost node's lease and margin, about 22 s")
 	}
-	const nodes, perNode = 4, 3
-	r, err := Run(context.Background(), Config{Nodes: nodes, VolumesPerNode: perNode, Latency: time.Millisecond, Beats: 1, Samples: 2, Parallel: 4, Dir: t.TempDir()})
+	const nodes, perNode, lease = 4, 3, 2 * time.Second
+	r, err := Run(context.Background(), Config{Nodes: nodes, VolumesPerNode: perNode, Latency: time.Millisecond, Beats: 4, Samples: 2, Parallel: 4, Lease: lease, Dir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,12 +38,18 @@ func TestScale(t *testing.T) {
 	if r.Volumes != nodes*perNode {
 		t.Errorf("%d volumes made, want %d", r.Volumes, nodes*perNode)
 	}
-	interval := time.Duration(config.DefaultNode().Lease) / 4
+	interval := lease / 4
 	want := float64(nodes-1) / interval.Seconds()
 	if got := r.CallsPerNodeSecond["Peers/Ping"]; math.Abs(got-want) > want/2 {
 		t.Errorf("each node received %.2f pings a second, want about %.2f (%d peers each %s)", got, want, nodes-1, interval)
 	}
-	for what, d := range map[string]time.Duration{"publish": r.Publish, "move": r.Move, "full plan": r.FullPlan, "leases held": r.LeasesHeld} {
+	// The lost node's peers last heard it at most a beat before its loss,
+	// and grant a failover only once it was silent for the lease and its
+	// margin.
+	if earliest := lease + config.MinLeaseMargin(lease) - interval; r.Failover < earliest {
+		t.Errorf("a failover was granted %s after the node's loss: want no sooner than %s", r.Failover, earliest)
+	}
+	for what, d := range map[string]time.Duration{"publish": r.Publish, "move": r.Move, "full plan": r.FullPlan, "leases held": r.LeasesHeld, "next failover": r.FailoverNext} {
 		if d <= 0 {
 			t.Errorf("%s took %s: want a measured time", what, d)
 		}
@@ -77,7 +85,7 @@ func TestScaleFigures(t *testing.T) {
 	}
 }
 
-const header = "| nodes | volumes | create (median; all) | leases held after | calls a node receives per second, quiet | CPU per node | heap per node | publish | planned move | full plan; from the book |\n|---|---|---|---|---|---|---|---|---|---|"
+const header = "| nodes | volumes | create (median; all) | leases held after | calls a node receives per second, quiet | CPU per node | heap per node | publish | planned move | failover: first; next | full plan; from the book |\n|---|---|---|---|---|---|---|---|---|---|---|"
 
 func row(r Result) string {
 	var calls []string
@@ -87,10 +95,10 @@ func row(r Result) string {
 		}
 	}
 	slices.Sort(calls)
-	return fmt.Sprintf("| %d | %d | %s; %s | %s | %s | %.1f ms/s | %.1f MiB | %s | %s | %s; %s |",
+	return fmt.Sprintf("| %d | %d | %s; %s | %s | %s | %.1f ms/s | %.1f MiB | %s | %s | %s; %s | %s; %s |",
 		r.Nodes, r.Volumes, round(r.CreateEach), round(r.Fill), round(r.LeasesHeld), strings.Join(calls, ", "),
 		float64(r.CPUPerNode)/float64(time.Millisecond), float64(r.HeapPerNode)/(1<<20),
-		round(r.Publish), round(r.Move), round(r.FullPlan), round(r.BookPlan))
+		round(r.Publish), round(r.Move), round(r.Failover), round(r.FailoverNext), round(r.FullPlan), round(r.BookPlan))
 }
 
 func round(d time.Duration) time.Duration {
