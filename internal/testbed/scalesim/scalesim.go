@@ -69,6 +69,10 @@ type Result struct {
 	// CallsPerNodeSecond are the calls a node received per second while
 	// the cluster was quiet, by method (short name).
 	CallsPerNodeSecond map[string]float64
+	// CallsPerCreate and CallsPerMove are the calls all the nodes
+	// received per create of the fill and per planned move (with its
+	// unpublish), by method, the heartbeat's pings apart.
+	CallsPerCreate, CallsPerMove map[string]float64
 	// CPUPerNode is the process's CPU time per node per second of the
 	// quiet window (the controller's included, which is idle then).
 	CPUPerNode time.Duration
@@ -161,22 +165,49 @@ func (c *simCluster) measure(ctx context.Context) (Result, error) {
 	if err := c.waitForLeases(ctx, &r); err != nil {
 		return r, err
 	}
+	before := c.calls()
 	vols, err := c.fill(ctx, &r)
 	if err != nil {
 		return r, err
 	}
+	r.CallsPerCreate = perOperation(before, c.calls(), len(vols))
 	c.quiet(&r)
 	if r.Publish, err = c.publishes(ctx, vols); err != nil {
 		return r, err
 	}
 	moved := spread(vols, c.cfg.Samples)
+	before = c.calls()
 	if r.Move, err = c.moves(ctx, moved); err != nil {
 		return r, err
 	}
+	r.CallsPerMove = perOperation(before, c.calls(), len(moved))
 	if err := c.plans(ctx, &r); err != nil {
 		return r, err
 	}
 	return r, c.failover(ctx, vols, moved, &r)
+}
+
+// calls sums the calls every node received so far, by method.
+func (c *simCluster) calls() map[string]uint64 {
+	sum := map[string]uint64{}
+	for _, n := range c.nodes {
+		for method, count := range n.calls.snapshot() {
+			sum[method] += count
+		}
+	}
+	return sum
+}
+
+// perOperation is the calls the nodes received between two sums, per
+// operation of ops, the heartbeat's pings apart (they go on meanwhile).
+func perOperation(before, after map[string]uint64, ops int) map[string]float64 {
+	out := map[string]float64{}
+	for method, count := range after {
+		if method != "Peers/Ping" && ops > 0 && count > before[method] {
+			out[method] = float64(count-before[method]) / float64(ops)
+		}
+	}
+	return out
 }
 
 // lease is the nodes' lease.

@@ -1,6 +1,7 @@
 package scalesim
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -49,6 +50,11 @@ func TestScale(t *testing.T) {
 	if earliest := lease + config.MinLeaseMargin(lease) - interval; r.Failover < earliest {
 		t.Errorf("a failover was granted %s after the node's loss: want no sooner than %s", r.Failover, earliest)
 	}
+	// A create reserves generation 1 with every node (a majority must
+	// grant it).
+	if got := r.CallsPerCreate["NodeAgent/Reserve"]; got < nodes {
+		t.Errorf("a create asked %.1f nodes to reserve: want every one of the %d", got, nodes)
+	}
 	for what, d := range map[string]time.Duration{"publish": r.Publish, "move": r.Move, "full plan": r.FullPlan, "leases held": r.LeasesHeld, "next failover": r.FailoverNext} {
 		if d <= 0 {
 			t.Errorf("%s took %s: want a measured time", what, d)
@@ -85,7 +91,7 @@ func TestScaleFigures(t *testing.T) {
 	}
 }
 
-const header = "| nodes | volumes | create (median; all) | leases held after | calls a node receives per second, quiet | CPU per node | heap per node | publish | planned move | failover: first; next | full plan; from the book |\n|---|---|---|---|---|---|---|---|---|---|---|"
+const header = "| nodes | volumes | create (median; all) | leases held after | calls a node receives per second, quiet | CPU per node | heap per node | publish | planned move | failover: first; next | full plan; from the book | calls the nodes receive per create; per move |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
 
 func row(r Result) string {
 	var calls []string
@@ -95,10 +101,33 @@ func row(r Result) string {
 		}
 	}
 	slices.Sort(calls)
-	return fmt.Sprintf("| %d | %d | %s; %s | %s | %s | %.1f ms/s | %.1f MiB | %s | %s | %s; %s | %s; %s |",
+	return fmt.Sprintf("| %d | %d | %s; %s | %s | %s | %.1f ms/s | %.1f MiB | %s | %s | %s; %s | %s; %s | %s; %s |",
 		r.Nodes, r.Volumes, round(r.CreateEach), round(r.Fill), round(r.LeasesHeld), strings.Join(calls, ", "),
 		float64(r.CPUPerNode)/float64(time.Millisecond), float64(r.HeapPerNode)/(1<<20),
-		round(r.Publish), round(r.Move), round(r.Failover), round(r.FailoverNext), round(r.FullPlan), round(r.BookPlan))
+		round(r.Publish), round(r.Move), round(r.Failover), round(r.FailoverNext), round(r.FullPlan), round(r.BookPlan),
+		callsSummary(r.CallsPerCreate), callsSummary(r.CallsPerMove))
+}
+
+// callsSummary is the total of calls per operation and its three most
+// frequent methods: "312 (NodeAgent/Reserve 100, ...)".
+func callsSummary(calls map[string]float64) string {
+	total := 0.0
+	methods := make([]string, 0, len(calls))
+	for method, n := range calls {
+		total += n
+		methods = append(methods, method)
+	}
+	slices.SortFunc(methods, func(a, b string) int {
+		if calls[a] != calls[b] {
+			return cmp.Compare(calls[b], calls[a])
+		}
+		return strings.Compare(a, b)
+	})
+	var top []string
+	for _, m := range methods[:min(3, len(methods))] {
+		top = append(top, fmt.Sprintf("%s %.0f", m, calls[m]))
+	}
+	return fmt.Sprintf("%.0f (%s)", total, strings.Join(top, ", "))
 }
 
 func round(d time.Duration) time.Duration {
