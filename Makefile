@@ -194,7 +194,7 @@ bench: guest-image ## replication throughput vs zfs send|socat|zfs recv and the 
 
 # The cluster-scale figures (docs/architecture.md, "Scale"): real node
 # and controller code in one process over fake pools, at each node count
-# of SCALE_NODES with 100 volumes a node. About 10 minutes on 2 cores.
+# of SCALE_NODES with 100 volumes a node. About 15 minutes on 2 cores.
 SCALE_NODES ?= 3,10,30,100
 scale: ## the cluster-scale figures at SCALE_NODES nodes (3,10,30,100), 100 volumes each, on the host
 	ZFS_NOMAD_SKIP_GUEST=1 go test -count=1 -timeout 60m -run 'TestScaleFigures$$' ./internal/testbed/scalesim -v -args -scale-nodes $(SCALE_NODES)
