@@ -3,6 +3,7 @@ package scalesim
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -160,9 +161,5 @@ func (c *counter) interceptor(ctx context.Context, req any, info *grpc.UnaryServ
 func (c *counter) snapshot() map[string]uint64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	out := make(map[string]uint64, len(c.counts))
-	for k, v := range c.counts {
-		out[k] = v
-	}
-	return out
+	return maps.Clone(c.counts)
 }

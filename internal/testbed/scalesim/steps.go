@@ -104,21 +104,16 @@ func (c *simCluster) fill(ctx context.Context, r *Result) ([]volume, error) {
 // calls each node receives, and the process's CPU and heap.
 func (c *simCluster) quiet(r *Result) {
 	window := c.lease() / 4 * time.Duration(max(c.cfg.Beats, 1))
-	before := make([]map[string]uint64, len(c.nodes))
-	for i, n := range c.nodes {
-		before[i] = n.calls.snapshot()
-	}
+	before := c.calls()
 	cpu := cpuTime()
 	time.Sleep(window)
 	r.CPUPerNode = (cpuTime() - cpu) / time.Duration(len(c.nodes)) * time.Second / window
 	r.CallsPerNodeSecond = map[string]float64{}
-	for i, n := range c.nodes {
-		for method, count := range n.calls.snapshot() {
-			r.CallsPerNodeSecond[method] += float64(count-before[i][method]) / window.Seconds() / float64(len(c.nodes))
-		}
+	for method, count := range c.calls() {
+		r.CallsPerNodeSecond[method] = float64(count-before[method]) / window.Seconds() / float64(len(c.nodes))
 	}
-	// Twice: buffers pooled for reuse (gRPC's shared write buffers) are
-	// free after the second collection.
+	// Twice: what a sync.Pool holds (gRPC pools its message buffers) is
+	// freed only by the second collection after it was put there.
 	runtime.GC()
 	runtime.GC()
 	var m runtime.MemStats
@@ -151,16 +146,8 @@ func (c *simCluster) moves(ctx context.Context, vols []volume) (time.Duration, e
 	for _, v := range vols {
 		target := c.nextNode(v.node)
 		began := time.Now()
-		deadline := began.Add(time.Minute)
-		for {
-			_, err := c.publish(ctx, v.id, target)
-			if err == nil {
-				break
-			}
-			if time.Now().After(deadline) {
-				return 0, fmt.Errorf("moving %s from %s to %s: still refused after a minute: %w", v.id, v.node, target, err)
-			}
-			time.Sleep(100 * time.Millisecond)
+		if err := c.publishUntil(ctx, v.id, target, began.Add(time.Minute)); err != nil {
+			return 0, fmt.Errorf("moving %s from %s to %s: %w", v.id, v.node, target, err)
 		}
 		times = append(times, time.Since(began))
 		if err := c.unpublish(ctx, v.id, target); err != nil {
@@ -168,6 +155,21 @@ func (c *simCluster) moves(ctx context.Context, vols []volume) (time.Duration, e
 		}
 	}
 	return median(times), nil
+}
+
+// publishUntil publishes the volume on node every 100 ms until it
+// succeeds, as a CO retries a claim, or until deadline.
+func (c *simCluster) publishUntil(ctx context.Context, volumeID, node string, deadline time.Time) error {
+	for {
+		_, err := c.publish(ctx, volumeID, node)
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("still refused at the deadline: %w", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // plans times the schedule's first plan, which asks every node for what
@@ -207,15 +209,8 @@ func (c *simCluster) failover(ctx context.Context, vols, moved []volume, r *Resu
 	var next []time.Duration
 	for i, v := range mine {
 		began := time.Now()
-		for {
-			_, err := c.publish(ctx, v.id, target.id)
-			if err == nil {
-				break
-			}
-			if time.Now().After(deadline) {
-				return fmt.Errorf("failing %s over from the lost %s to %s: still refused: %w", v.id, lost.id, target.id, err)
-			}
-			time.Sleep(100 * time.Millisecond)
+		if err := c.publishUntil(ctx, v.id, target.id, deadline); err != nil {
+			return fmt.Errorf("failing %s over from the lost %s to %s: %w", v.id, lost.id, target.id, err)
 		}
 		if i == 0 {
 			r.Failover = time.Since(lostAt)
