@@ -10,39 +10,17 @@ import (
 
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/agentclient"
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/cluster"
-	"github.com/zfs-nomad/zfs-nomad/internal/shared/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
 )
 
-// checkMove says why the primary p may not move to target (a pinned
-// volume, another replication domain), or nil.
-func (m *Migrator) checkMove(p copyOn, target cluster.Node) error {
-	id := p.copy.VolumeID
-	if contract.Pinned(p.copy.Parameters) {
-		return errdefs.Wrap(errdefs.ErrFailedPrecondition, "volume %s is pinned to node %s (parameter pinned=true); it cannot be published on node %s", id, p.nodeID(), target.Info.NodeID)
-	}
-	from, to := p.node.Info.Topology[config.TopologyDomainKey], target.Info.Topology[config.TopologyDomainKey]
-	if from != to {
-		return errdefs.Wrap(errdefs.ErrFailedPrecondition, "volume %s lives in replication domain %q; node %s is in %q", id, from, target.Info.NodeID, to)
-	}
-	return nil
-}
-
-// move is the planned move of p to target. A foreground publish hands it
-// to a move job (handOff: a catch-up unless the target is fresh, then the
-// final step, which the job runs through steps with inBackground set),
-// answering a retryable error until the job ended. The final step: fence
-// and send the final snapshot (one call: the source fences under the same
-// lock hold as the snapshot), promote the target, demote the source.
-func (m *Migrator) move(ctx context.Context, a *attempt, p copyOn, target cluster.Node, v view) (uint64, next, error) {
-	// The catch-up may run while the workload still writes on the source:
-	// it is a push like the schedule's, and the final step sends the rest.
-	if !a.inBackground {
-		if n, err := m.handOff(ctx, a, p, target, v); n != goOn {
-			return 0, n, err
-		}
-	}
+// finalStep moves the primary p to target: fence and send the final
+// snapshot (one call: the source fences under the same lock hold as the
+// snapshot), reserve the next generation, promote the target, demote the
+// source. A move job runs it (runFinalStep, through steps with
+// inBackground set), or a foreground publish when catch-ups are off or
+// the fresh target's source is still published (which it answers).
+func (m *Migrator) finalStep(ctx context.Context, a *attempt, p copyOn, target cluster.Node, v view) (uint64, next, error) {
 	id := a.id
 	if p.copy.Mounted {
 		return 0, answer, errdefs.Wrap(errdefs.ErrFailedPrecondition, "volume %s is still published on node %s; it moves to node %s once it is unpublished there", id, p.nodeID(), target.Info.NodeID)

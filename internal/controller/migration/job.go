@@ -12,11 +12,11 @@ import (
 )
 
 // A move job is a volume's move to one target run in the background, in
-// the memory of the controller instance whose publish started it
-// (catchup.go; docs/migration.md, "A move job's states"). It catches
-// the target up, or runs the final step, or both, and ends; its step and
-// its outcome change only through newMoveJob, enterFinalStep and end,
-// under its mutex:
+// the memory of the controller instance whose publish started it (the
+// hand-off in publish.go; runner.go runs it; docs/migration.md, "A move
+// job's states"). It catches the target up, or runs the final step, or
+// both, and ends; its step and its outcome change only through
+// newMoveJob, enterFinalStep and end, under its mutex:
 //
 //	catching up ──► final step ──► ended: moved, nothing to move, or failed
 //	     │
@@ -95,37 +95,37 @@ func newMoveJob(p copyOn, target string, withCatchUp bool, now time.Time) *moveJ
 }
 
 // enterFinalStep moves a running job on from its catch-up.
-func (c *moveJob) enterFinalStep() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.step = finalStep
+func (j *moveJob) enterFinalStep() {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.step = finalStep
 }
 
-func (c *moveJob) inFinalStep() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.step == finalStep
+func (j *moveJob) inFinalStep() bool {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.step == finalStep
 }
 
 // end ends the job with outcome (err for failed) at at.
-func (c *moveJob) end(outcome moveOutcome, err error, at time.Time) {
-	c.mu.Lock()
-	c.outcome, c.err, c.ended = outcome, err, at
-	c.mu.Unlock()
-	close(c.done)
+func (j *moveJob) end(outcome moveOutcome, err error, at time.Time) {
+	j.mu.Lock()
+	j.outcome, j.err, j.ended = outcome, err, at
+	j.mu.Unlock()
+	close(j.done)
 }
 
 // result is how the job ended (notEnded while it runs).
-func (c *moveJob) result() (moveOutcome, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.outcome, c.err
+func (j *moveJob) result() (moveOutcome, error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.outcome, j.err
 }
 
-// isDone tells whether c ended.
-func (c *moveJob) isDone() bool {
+// isDone tells whether j ended.
+func (j *moveJob) isDone() bool {
 	select {
-	case <-c.done:
+	case <-j.done:
 		return true
 	default:
 		return false
@@ -133,96 +133,96 @@ func (c *moveJob) isDone() bool {
 }
 
 // progress records what the job's own push, started at since, sent.
-func (c *moveJob) progress(p agentclient.Progress, since time.Time) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.bytes, c.total, c.since, c.via = p.Bytes, p.TotalBytes, since, ""
+func (j *moveJob) progress(p agentclient.Progress, since time.Time) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.bytes, j.total, j.since, j.via = p.Bytes, p.TotalBytes, since, ""
 }
 
 // observe records what the source's running push t of the volume to the
 // move's target sent, as the move's progress; it reports whether t is
 // another push than the one observed last, or sent more since.
-func (c *moveJob) observe(t agentclient.Transfer) (progressed bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
+func (j *moveJob) observe(t agentclient.Transfer) (progressed bool) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
 	since, via := time.Unix(t.StartedUnix, 0), cmp.Or(t.Purpose, "a push")
-	progressed = c.via != via || !c.since.Equal(since) || t.Bytes > c.bytes
-	c.bytes, c.total, c.since, c.via = t.Bytes, t.TotalBytes, since, via
+	progressed = j.via != via || !j.since.Equal(since) || t.Bytes > j.bytes
+	j.bytes, j.total, j.since, j.via = t.Bytes, t.TotalBytes, since, via
 	return progressed
 }
 
-// refusal is the publish's answer while c runs: retryable
+// refusal is the publish's answer while j runs: retryable
 // (FailedPrecondition, which Nomad retries), saying how far it is.
-func (c *moveJob) refusal(now time.Time) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	elapsed := now.Sub(c.started)
-	if c.step == finalStep {
+func (j *moveJob) refusal(now time.Time) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	elapsed := now.Sub(j.started)
+	if j.step == finalStep {
 		return errdefs.Wrap(errdefs.ErrFailedPrecondition,
 			"moving volume %s to node %s: the final step (fence, last increment, promotion) runs in the background (%s sent before it, running %s); the move is done at a retry",
-			c.volumeID, c.target, contract.Bytes(c.bytes), elapsed.Round(time.Second))
+			j.volumeID, j.target, contract.Bytes(j.bytes), elapsed.Round(time.Second))
 	}
-	how := fmt.Sprintf("%s sent so far", contract.Bytes(c.bytes))
-	if c.total > 0 {
-		how = fmt.Sprintf("%s of %s", contract.Bytes(c.bytes), contract.Bytes(c.total))
-		if left, ok := c.leftLocked(now); ok {
+	how := fmt.Sprintf("%s sent so far", contract.Bytes(j.bytes))
+	if j.total > 0 {
+		how = fmt.Sprintf("%s of %s", contract.Bytes(j.bytes), contract.Bytes(j.total))
+		if left, ok := j.leftLocked(now); ok {
 			how += fmt.Sprintf(", about %s left", left.Round(time.Second))
 		}
 	}
-	if c.via != "" {
-		how += fmt.Sprintf(", by the push already running there: %s", c.via)
+	if j.via != "" {
+		how += fmt.Sprintf(", by the push already running there: %s", j.via)
 	}
 	return errdefs.Wrap(errdefs.ErrFailedPrecondition,
 		"moving volume %s to node %s: node %s is sending it in the background (%s, running %s); the move finishes at a retry once that is done",
-		c.volumeID, c.target, c.source, how, elapsed.Round(time.Second))
+		j.volumeID, j.target, j.source, how, elapsed.Round(time.Second))
 }
 
 // leftLocked estimates the catch-up's time left from its rate so far,
 // once it has run long enough for a rate to mean something.
-func (c *moveJob) leftLocked(now time.Time) (time.Duration, bool) {
-	elapsed := now.Sub(cmp.Or(c.since, c.started))
-	if c.bytes <= 0 || c.total <= c.bytes || elapsed < minEstimateTime {
+func (j *moveJob) leftLocked(now time.Time) (time.Duration, bool) {
+	elapsed := now.Sub(cmp.Or(j.since, j.started))
+	if j.bytes <= 0 || j.total <= j.bytes || elapsed < minEstimateTime {
 		return 0, false
 	}
-	return time.Duration(float64(elapsed) * float64(c.total-c.bytes) / float64(c.bytes)), true
+	return time.Duration(float64(elapsed) * float64(j.total-j.bytes) / float64(j.bytes)), true
 }
 
 // minEstimateTime is how long a catch-up runs before its rate gives an
 // estimate of its end.
 const minEstimateTime = 2 * time.Second
 
-// wasGrantedAhead tells whether a publish was granted ahead of c's end.
-func (c *moveJob) wasGrantedAhead() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return !c.publishedAhead.IsZero()
+// wasGrantedAhead tells whether a publish was granted ahead of j's end.
+func (j *moveJob) wasGrantedAhead() bool {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return !j.publishedAhead.IsZero()
 }
 
-// grantedAhead records that a publish was granted ahead of c's end.
-func (c *moveJob) grantedAhead(at time.Time) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.publishedAhead.IsZero() {
-		c.publishedAhead = at
+// grantedAhead records that a publish was granted ahead of j's end.
+func (j *moveJob) grantedAhead(at time.Time) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.publishedAhead.IsZero() {
+		j.publishedAhead = at
 	}
 }
 
 // aheadOf returns the generation the target's copy must exceed when the
-// publish may be granted ahead of c's end: it runs its final step (which
+// publish may be granted ahead of j's end: it runs its final step (which
 // it does only with the source unpublished), or its source was
 // unpublished when it started (the final step follows) and its catch-up
 // is estimated to end within d.
-func (c *moveJob) aheadOf(now time.Time, d time.Duration) (uint64, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.sourceGeneration == 0 {
+func (j *moveJob) aheadOf(now time.Time, d time.Duration) (uint64, bool) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.sourceGeneration == 0 {
 		return 0, false
 	}
-	if c.step == finalStep {
-		return c.sourceGeneration, true
+	if j.step == finalStep {
+		return j.sourceGeneration, true
 	}
-	left, ok := c.leftLocked(now)
-	return c.sourceGeneration, c.sourceUnpublished && ok && left <= d
+	left, ok := j.leftLocked(now)
+	return j.sourceGeneration, j.sourceUnpublished && ok && left <= d
 }
 
 // moveJobs are the running jobs and the ended ones a publish has not
@@ -236,56 +236,56 @@ func jobKey(volumeID, target string) string { return volumeID + " " + target }
 
 // find returns the job of volumeID to target, unless there is none or it
 // ended more than catchUpKeep before now; those it forgets.
-func (cs *moveJobs) find(volumeID, target string, now time.Time) (c *moveJob, forgotten []*moveJob) {
-	cs.mu.Lock()
-	defer cs.mu.Unlock()
-	for key, other := range cs.all {
+func (js *moveJobs) find(volumeID, target string, now time.Time) (j *moveJob, forgotten []*moveJob) {
+	js.mu.Lock()
+	defer js.mu.Unlock()
+	for key, other := range js.all {
 		other.mu.Lock()
 		stale := !other.ended.IsZero() && now.Sub(other.ended) > catchUpKeep
 		other.mu.Unlock()
 		if stale {
-			delete(cs.all, key)
+			delete(js.all, key)
 			forgotten = append(forgotten, other)
 		}
 	}
-	return cs.all[jobKey(volumeID, target)], forgotten
+	return js.all[jobKey(volumeID, target)], forgotten
 }
 
-// add records c unless a move of c's volume to another node runs, or c
-// starts with a catch-up and max catch-ups from c's source run already
+// add records j unless a move of j's volume to another node runs, or j
+// starts with a catch-up and max catch-ups from j's source run already
 // (jobs in their final step are not counted).
-func (cs *moveJobs) add(c *moveJob, max int) error {
-	cs.mu.Lock()
-	defer cs.mu.Unlock()
+func (js *moveJobs) add(j *moveJob, max int) error {
+	js.mu.Lock()
+	defer js.mu.Unlock()
 	catchingUp := 0
-	for _, other := range cs.all {
+	for _, other := range js.all {
 		busy := !other.isDone()
-		if busy && other.volumeID == c.volumeID {
+		if busy && other.volumeID == j.volumeID {
 			return errdefs.Wrap(errdefs.ErrFailedPrecondition,
-				"volume %s is moving to node %s in the background; it can move to node %s at a retry once that move is done", c.volumeID, other.target, c.target)
+				"volume %s is moving to node %s in the background; it can move to node %s at a retry once that move is done", j.volumeID, other.target, j.target)
 		}
-		if busy && other.source == c.source && !other.inFinalStep() {
+		if busy && other.source == j.source && !other.inFinalStep() {
 			catchingUp++
 		}
 	}
-	if !c.inFinalStep() && catchingUp >= max {
+	if !j.inFinalStep() && catchingUp >= max {
 		return errdefs.Wrap(errdefs.ErrFailedPrecondition,
 			"moving volume %s to node %s: node %s already sends %d volumes in the background (at most %d at once); this move starts at a retry once one is done",
-			c.volumeID, c.target, c.source, catchingUp, max)
+			j.volumeID, j.target, j.source, catchingUp, max)
 	}
-	if cs.all == nil {
-		cs.all = map[string]*moveJob{}
+	if js.all == nil {
+		js.all = map[string]*moveJob{}
 	}
-	cs.all[jobKey(c.volumeID, c.target)] = c
+	js.all[jobKey(j.volumeID, j.target)] = j
 	return nil
 }
 
 // runningTo returns the job of volumeID to target while it runs.
-func (cs *moveJobs) runningTo(volumeID, target string) (*moveJob, bool) {
-	cs.mu.Lock()
-	c := cs.all[jobKey(volumeID, target)]
-	cs.mu.Unlock()
-	return c, c != nil && !c.isDone()
+func (js *moveJobs) runningTo(volumeID, target string) (*moveJob, bool) {
+	js.mu.Lock()
+	j := js.all[jobKey(volumeID, target)]
+	js.mu.Unlock()
+	return j, j != nil && !j.isDone()
 }
 
 // movingElsewhere answers, when a move of volumeID to a node other than
@@ -294,42 +294,47 @@ func (cs *moveJobs) runningTo(volumeID, target string) (*moveJob, bool) {
 // which Nomad retries. Such a publish, to the move's source above all,
 // must not act on the copies while the move may fence the source and
 // promote its target: it is decided once the move ends.
-func (cs *moveJobs) movingElsewhere(volumeID, nodeID string) error {
-	cs.mu.Lock()
-	defer cs.mu.Unlock()
-	for _, c := range cs.all {
-		if c.volumeID != volumeID || c.target == nodeID || c.isDone() {
+func (js *moveJobs) movingElsewhere(volumeID, nodeID string) error {
+	js.mu.Lock()
+	defer js.mu.Unlock()
+	for _, j := range js.all {
+		if j.volumeID != volumeID || j.target == nodeID || j.isDone() {
 			continue
 		}
 		step := "catching its target up"
-		if c.inFinalStep() {
+		if j.inFinalStep() {
 			step = "final step running"
 		}
 		return errdefs.Wrap(errdefs.ErrFailedPrecondition,
 			"volume %s is moving from node %s to node %s (%s); retry: the publish on node %s will be decided once the move ends",
-			volumeID, c.source, c.target, step, nodeID)
+			volumeID, j.source, j.target, step, nodeID)
 	}
 	return nil
 }
 
 // running returns the target of the move of volumeID running in the
 // background, if one runs.
-func (cs *moveJobs) running(volumeID string) (string, bool) {
-	cs.mu.Lock()
-	defer cs.mu.Unlock()
-	for _, c := range cs.all {
-		if c.volumeID == volumeID && !c.isDone() {
-			return c.target, true
+func (js *moveJobs) running(volumeID string) (string, bool) {
+	js.mu.Lock()
+	defer js.mu.Unlock()
+	for _, j := range js.all {
+		if j.volumeID == volumeID && !j.isDone() {
+			return j.target, true
 		}
 	}
 	return "", false
 }
 
-// remove forgets c (a publish answered from its end).
-func (cs *moveJobs) remove(c *moveJob) {
-	cs.mu.Lock()
-	defer cs.mu.Unlock()
-	if cs.all[jobKey(c.volumeID, c.target)] == c {
-		delete(cs.all, jobKey(c.volumeID, c.target))
+// remove forgets j (a publish answered from its end).
+func (js *moveJobs) remove(j *moveJob) {
+	js.mu.Lock()
+	defer js.mu.Unlock()
+	if js.all[jobKey(j.volumeID, j.target)] == j {
+		delete(js.all, jobKey(j.volumeID, j.target))
 	}
 }
+
+// catchUpKeep is how long a finished catch-up waits for the publish that
+// finishes its move; one older is forgotten (the CO gave up, or went
+// elsewhere).
+const catchUpKeep = 10 * time.Minute

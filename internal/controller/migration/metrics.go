@@ -46,16 +46,16 @@ func (m *Metrics) publishedAhead() {
 	}
 }
 
-// finalStepPending records that c's move waits for its final step (pending)
+// finalStepPending records that j's move waits for its final step (pending)
 // or no longer does.
-func (m *Metrics) finalStepPending(c *moveJob, pending bool) {
+func (m *Metrics) finalStepPending(j *moveJob, pending bool) {
 	if m == nil {
 		return
 	}
 	if pending {
-		m.finalPending.Set(1, c.volumeID, c.target)
+		m.finalPending.Set(1, j.volumeID, j.target)
 	} else {
-		m.finalPending.Delete(c.volumeID, c.target)
+		m.finalPending.Delete(j.volumeID, j.target)
 	}
 }
 

@@ -38,7 +38,7 @@ type Migrator struct {
 
 	// CatchUpFresh: a move whose target holds a replica younger than
 	// this goes straight to its final step; any other first catches the
-	// target up in the background (catchup.go). Zero means
+	// target up in the background (runner.go). Zero means
 	// DefaultCatchUpFresh; negative turns catch-ups off (the publish then
 	// sends everything itself, however long that takes).
 	CatchUpFresh time.Duration

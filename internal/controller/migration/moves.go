@@ -45,24 +45,24 @@ func (m *Migrator) Moves() []MoveStatus {
 	m.jobs.mu.Lock()
 	defer m.jobs.mu.Unlock()
 	out := make([]MoveStatus, 0, len(m.jobs.all))
-	for _, c := range m.jobs.all {
-		c.mu.Lock()
-		if !c.ended.IsZero() && now.Sub(c.ended) > catchUpKeep {
-			c.mu.Unlock()
+	for _, j := range m.jobs.all {
+		j.mu.Lock()
+		if !j.ended.IsZero() && now.Sub(j.ended) > catchUpKeep {
+			j.mu.Unlock()
 			continue // the CO gave up on it, or went elsewhere
 		}
-		s := MoveStatus{VolumeID: c.volumeID, From: c.source, To: c.target, Started: c.started, Bytes: c.bytes, TotalBytes: c.total, FinalStep: c.step == finalStep, PublishedAhead: c.publishedAhead}
-		switch c.outcome {
+		s := MoveStatus{VolumeID: j.volumeID, From: j.source, To: j.target, Started: j.started, Bytes: j.bytes, TotalBytes: j.total, FinalStep: j.step == finalStep, PublishedAhead: j.publishedAhead}
+		switch j.outcome {
 		case failed:
-			s.Error = c.err.Error()
+			s.Error = j.err.Error()
 		case moved:
-			s.Moved = c.ended
+			s.Moved = j.ended
 		case caughtUp:
-			s.CaughtUp = c.ended
+			s.CaughtUp = j.ended
 		case nothingToMove:
-			s.NothingToMove = c.ended
+			s.NothingToMove = j.ended
 		}
-		c.mu.Unlock()
+		j.mu.Unlock()
 		out = append(out, s)
 	}
 	sort.Slice(out, func(i, j int) bool {

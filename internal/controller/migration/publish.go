@@ -1,12 +1,16 @@
 package migration
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/controller/cluster"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/config"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
 )
 
@@ -53,7 +57,7 @@ func (m *Migrator) PublishAhead(ctx context.Context, id, nodeID string) (Publica
 }
 
 // MoveRunning returns the target of the volume's move running in the
-// background (catchup.go), if one runs: a delete or an expansion of the
+// background (runner.go), if one runs: a delete or an expansion of the
 // volume waits for it.
 func (m *Migrator) MoveRunning(id string) (string, bool) { return m.jobs.running(id) }
 
@@ -131,10 +135,10 @@ func (m *Migrator) newAttempt(id, nodeID string, inBackground bool) *attempt {
 	return &attempt{id: id, nodeID: nodeID, inBackground: inBackground, log: m.log.With("volume_id", id, "node_id", nodeID)}
 }
 
-// runs is the publish's refusal while the move job c runs.
-func (a *attempt) runs(c *moveJob, now time.Time) error {
-	a.running = c
-	return c.refusal(now)
+// runs is the publish's refusal while the move job j runs.
+func (a *attempt) runs(j *moveJob, now time.Time) error {
+	a.running = j
+	return j.refusal(now)
 }
 
 // enterForeground takes the volume's publishing lock for a foreground
@@ -148,9 +152,9 @@ func (m *Migrator) enterForeground(a *attempt) (unlock func(), err error) {
 	if !ok {
 		return nil, errdefs.Wrap(errdefs.ErrAborted, "another publish of volume %s is in progress; retry", a.id)
 	}
-	if c, running := m.jobs.runningTo(a.id, a.nodeID); running {
+	if j, running := m.jobs.runningTo(a.id, a.nodeID); running {
 		unlock()
-		return nil, a.runs(c, m.now())
+		return nil, a.runs(j, m.now())
 	}
 	if err := m.jobs.movingElsewhere(a.id, a.nodeID); err != nil {
 		a.log.Info("publish refused: the volume's move to another node runs in the background", "error", err)
@@ -275,4 +279,215 @@ func (m *Migrator) noQuorum(id string, v view) error {
 	return errdefs.Wrap(errdefs.ErrUnavailable, "only %d of the %d nodes answered (not answering: %s): a majority must answer to know volume %s's newest copy; retry, "+
 		"or if those nodes are lost for good, an operator may promote a replica with zfs-controller promote -force",
 		len(v.nodes), v.total(), v.silent(), id)
+}
+
+// A publish hands a move to a job (docs/migration.md, "Catch-up"). Nomad
+// sends a plugin's controller calls one at a time across the whole
+// cluster and gives each about two minutes: a move that streamed the
+// whole volume inside ControllerPublishVolume would hold every other
+// volume's calls behind it, and fail when the transfer needs longer.
+// So when the target holds no fresh replica, the publish starts a push
+// of the primary to it in the background (an ordinary push: the primary
+// stays where it is, writable and unfenced; the target gets a replica)
+// and answers FailedPrecondition, which Nomad's claim retries with
+// backoff. The retry that finds the catch-up done goes on to the move's
+// final step, which sends only what changed since. A catch-up is no
+// change of ownership: it keeps every invariant a scheduled push keeps.
+//
+// The final step runs in the background too, right after the catch-up
+// (or at once, when the target is fresh), once the source is unpublished
+// (Nomad unpublishes it before it publishes on the target): it is the
+// publish Nomad would retry, run by the controller itself
+// (runFinalStep), so a drain's final steps run side by side instead
+// of one at a time inside Nomad's serialised calls, and the retry only
+// finds the volume moved.
+
+// checkMove says why the primary p may not move to target (a pinned
+// volume, another replication domain), or nil.
+func (m *Migrator) checkMove(p copyOn, target cluster.Node) error {
+	id := p.copy.VolumeID
+	if contract.Pinned(p.copy.Parameters) {
+		return errdefs.Wrap(errdefs.ErrFailedPrecondition, "volume %s is pinned to node %s (parameter pinned=true); it cannot be published on node %s", id, p.nodeID(), target.Info.NodeID)
+	}
+	from, to := p.node.Info.Topology[config.TopologyDomainKey], target.Info.Topology[config.TopologyDomainKey]
+	if from != to {
+		return errdefs.Wrap(errdefs.ErrFailedPrecondition, "volume %s lives in replication domain %q; node %s is in %q", id, from, target.Info.NodeID, to)
+	}
+	return nil
+}
+
+// move is the planned move of p to target. A foreground publish hands it
+// to a move job (handOff: a catch-up unless the target is fresh, then the
+// final step), answering a retryable error until the job ended; the job
+// runs the final step through steps with inBackground set. The catch-up
+// may run while the workload still writes on the source: it is a push
+// like the schedule's, and the final step sends the rest.
+func (m *Migrator) move(ctx context.Context, a *attempt, p copyOn, target cluster.Node, v view) (uint64, next, error) {
+	if !a.inBackground {
+		if n, err := m.handOff(ctx, a, p, target, v); n != goOn {
+			return 0, n, err
+		}
+	}
+	return m.finalStep(ctx, a, p, target, v)
+}
+
+// DefaultCatchUpFresh is how recent the target's replica must be for a
+// move to skip the catch-up: its final step then sends what was written
+// since, at most that much.
+const DefaultCatchUpFresh = time.Minute
+
+// DefaultMaxCatchUps bounds the catch-ups running from one source node:
+// a drain of many volumes streams a few at a time, not all at once. A
+// final step takes no place among them: it sends what was written since
+// the target was caught up, and counting it held a large volume's
+// catch-up behind the final steps of small ones (a drain's 1 GiB volume
+// waited over two minutes for them).
+const DefaultMaxCatchUps = 4
+
+// DefaultCatchUpWait is how long a publish waits for the background move it
+// started before answering that it runs: a small volume's move ends
+// within it on real disks, and the same call answers it moved. It is
+// short: Nomad sends a plugin's controller calls one at a time, so every
+// other volume's calls wait as long.
+const DefaultCatchUpWait = time.Second
+
+// handOff is what a foreground publish that would move p to target does
+// about the volume's move job (job.go): goOn when the move goes on in
+// this call (catch-ups are off, or the target is fresh and the source
+// still published, which the move then answers). Otherwise it starts a
+// job and waits CatchUpWait for it, or answers from the job it finds:
+// its progress while it runs, and once it ended, by its outcome
+// (answerEnded).
+func (m *Migrator) handOff(ctx context.Context, a *attempt, p copyOn, target cluster.Node, v view) (next, error) {
+	if m.CatchUpFresh < 0 {
+		return goOn, nil // catch-ups off: the move sends everything itself
+	}
+	j, forgotten := m.jobs.find(a.id, a.nodeID, m.now())
+	for _, f := range forgotten {
+		m.Metrics.finalStepPending(f, false) // the CO gave up on it, or went elsewhere
+	}
+	if j == nil {
+		fresh := m.targetFresh(p, target, v)
+		if fresh && p.copy.Mounted {
+			return goOn, nil // the move says it is still published there
+		}
+		return m.startMove(ctx, a, p, target, !fresh)
+	}
+	// Only the call that starts a job waits for it: Nomad sends a
+	// plugin's controller calls one at a time, so a retry that waited
+	// for a running one would hold every other volume's calls that long.
+	if !j.isDone() {
+		return answer, a.runs(j, m.now())
+	}
+	return m.answerEnded(ctx, a, j, p, target)
+}
+
+// startMove starts a job moving p to target (from its catch-up, or from
+// its final step) and waits CatchUpWait for it.
+func (m *Migrator) startMove(ctx context.Context, a *attempt, p copyOn, target cluster.Node, withCatchUp bool) (next, error) {
+	j := newMoveJob(p, target.Info.NodeID, withCatchUp, m.now())
+	if err := m.jobs.add(j, m.maxCatchUps()); err != nil {
+		return answer, err
+	}
+	if withCatchUp {
+		a.log.Info("catching the move's target up in the background", "from_node", j.source)
+	} else {
+		a.log.Info("moving the volume in the background: its target is fresh", "from_node", j.source)
+	}
+	m.background.spawn(func() { m.runMove(j, p.node, target.Addr, withCatchUp, a.log) })
+	if err := waitFor(ctx, j.done, cmp.Or(m.CatchUpWait, DefaultCatchUpWait)); err != nil {
+		return answer, err
+	}
+	if !j.isDone() {
+		return answer, a.runs(j, m.now())
+	}
+	return m.answerEnded(ctx, a, j, p, target)
+}
+
+// arrived forgets an ended move job of the volume to nodeID, which holds
+// its primary now: the publish that finds it there answers from it.
+func (m *Migrator) arrived(id, nodeID string) {
+	j, forgotten := m.jobs.find(id, nodeID, m.now())
+	for _, f := range forgotten {
+		m.Metrics.finalStepPending(f, false)
+	}
+	if j != nil && j.isDone() {
+		m.jobs.remove(j)
+		m.Metrics.finalStepPending(j, false)
+	}
+}
+
+// answerEnded is the publish's answer from the ended job j, which it
+// forgets: moved, look again (and find the volume on the target); failed,
+// refuse; with the source published now, go on (the move answers so);
+// nothing to move, refuse (another final step started now would find the
+// same until the call's deadline; the CO's retry looks afresh); caught
+// up, start the final step.
+func (m *Migrator) answerEnded(ctx context.Context, a *attempt, j *moveJob, p copyOn, target cluster.Node) (next, error) {
+	m.jobs.remove(j)
+	m.Metrics.finalStepPending(j, false)
+	outcome, err := j.result()
+	switch {
+	case outcome == moved:
+		return lookAgain, nil
+	case outcome == failed && permanent(err):
+		return answer, fmt.Errorf("sending volume %s to node %s before the move: %w", a.id, a.nodeID, err)
+	case outcome == failed:
+		// Anything else (a node restarted, a stream broke, a push busy)
+		// may pass: the retry starts another, which resumes what arrived.
+		return answer, errdefs.Wrap(errdefs.ErrFailedPrecondition, "moving volume %s to node %s in the background failed: %v; a retry starts it again from where it stopped",
+			a.id, a.nodeID, err)
+	case p.copy.Mounted:
+		return goOn, nil
+	case outcome == nothingToMove:
+		return answer, errdefs.Wrap(errdefs.ErrFailedPrecondition, "volume %s did not move to node %s: its final step found it published again on node %s, or no longer its primary there; retry once it is unpublished there",
+			a.id, a.nodeID, j.source)
+	}
+	return m.startMove(ctx, a, p, target, false) // caught up
+}
+
+// waitFor waits until done is closed or wait has passed, whichever is
+// first; only ctx's end is an error.
+func waitFor(ctx context.Context, done <-chan struct{}, wait time.Duration) error {
+	if wait <= 0 {
+		return nil
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return nil
+}
+
+// targetFresh reports whether target holds a replica of p's generation
+// whose newest snapshot is younger than CatchUpFresh, with no receive
+// left to resume.
+func (m *Migrator) targetFresh(p copyOn, target cluster.Node, v view) bool {
+	for _, c := range v.copies {
+		if c.nodeID() != target.Info.NodeID {
+			continue
+		}
+		age := m.now().Sub(time.Unix(0, c.copy.LastSnapshotUnixNano))
+		return c.copy.Role == contract.RoleReplica && c.copy.Generation == p.copy.Generation && !c.copy.Resumable &&
+			c.copy.LastSnapshotUnixNano > 0 && age < m.catchUpFresh()
+	}
+	return false
+}
+
+func (m *Migrator) catchUpFresh() time.Duration {
+	if m.CatchUpFresh == 0 {
+		return DefaultCatchUpFresh
+	}
+	return m.CatchUpFresh
+}
+
+func (m *Migrator) maxCatchUps() int {
+	if m.MaxCatchUps <= 0 {
+		return DefaultMaxCatchUps
+	}
+	return m.MaxCatchUps
 }
