@@ -18,6 +18,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/node/assembly"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfsfake"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/config"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/csiplugin"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/peers"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/protocol"
 	"github.com/zfs-nomad/zfs-nomad/internal/testbed/memnet"
@@ -81,7 +82,7 @@ func (n *simNode) start(nw *network, addrs []string, sc Config) error {
 	parts.StartLease()
 	n.calls = &counter{counts: map[string]uint64{}}
 	opts := append(agent.ServerOptions(), protocol.ServerOptions("node "+n.id)...)
-	n.srv = grpc.NewServer(append(opts, grpc.Creds(memnet.Identity{}), grpc.ChainUnaryInterceptor(n.calls.interceptor))...)
+	n.srv = grpc.NewServer(append(opts, grpc.Creds(memnet.Identity{}), grpc.ChainUnaryInterceptor(n.calls.interceptor, csiplugin.LoggingInterceptor(log.Named("agent"))))...)
 	parts.Register(n.srv)
 	n.parts = parts
 	lis := nw.listen(n.id)
