@@ -7,7 +7,6 @@ import (
 	"sort"
 	"strings"
 	"testing"
-	"time"
 
 	csinode "github.com/zfs-nomad/zfs-nomad/internal/node/csiserver"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/mount"
@@ -46,13 +45,7 @@ func newCostCluster(t *testing.T) *costCluster {
 		cfg := config.DefaultNode()
 		cfg.NodeID, cfg.RootDataset, cfg.MaxQuota, cfg.MountBaseDirs = id, "tank/nomad", 8<<30, []string{base}
 		mgr := volume.NewManager(z, nil, cfg, hclog.NewNullLogger())
-		srv := agent.NewServer(mgr, nil, nil, nil, cfg, hclog.NewNullLogger())
-		// The node's health is read at most once a second, whichever call
-		// comes then: stopped, the clock keeps the first reading, so each
-		// call's count is its own work, the same at every run.
-		stopped := time.Now()
-		srv.UseHealthClock(func() time.Time { return stopped })
-		agents.Serve(t, id+":7670", srv)
+		agents.Serve(t, id+":7670", agent.NewServer(mgr, nil, nil, nil, cfg, hclog.NewNullLogger()))
 		cc.zfs[id], cc.vols[id] = z, mgr
 		cc.nodes[id] = csinode.New(mgr, mount.NewFake(), cfg, hclog.NewNullLogger())
 	}

@@ -35,12 +35,6 @@ func newHealthReadings(check func(context.Context) error, maxAge time.Duration, 
 	return &healthReadings{check: check, maxAge: maxAge, now: now}
 }
 
-func (h *healthReadings) useClock(now func() time.Time) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.now = now
-}
-
 // Check returns the node's health as last read, reading it first if the
 // last reading is maxAge old or older. A reading cut short by ctx is
 // returned but not kept: it says nothing of the node.

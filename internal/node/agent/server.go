@@ -75,11 +75,6 @@ func NewServer(volumes *volume.Manager, replicas *copyrecord.Replicas, pusher *r
 		replicas: replicas, pusher: pusher, receiver: receiver, cfg: cfg, log: log, WorkLease: worklease.NewGrants(time.Now)}
 }
 
-// UseHealthClock sets the clock that ages GetNode's health readings
-// (time.Now by default). A test that counts the ZFS work of each call
-// stops it, so that no reading falls inside a call by chance.
-func (s *Server) UseHealthClock(now func() time.Time) { s.health.useClock(now) }
-
 // DeleteReplica destroys this node's replica of a volume, if any.
 func (s *Server) DeleteReplica(ctx context.Context, req *pb.DeleteReplicaRequest) (*pb.DeleteReplicaResponse, error) {
 	if req.GetVolumeDeleted() {
