@@ -58,8 +58,6 @@ type Server struct {
 	WorkLease *worklease.Grants
 
 	volumes *volume.Manager
-	// health reads volumes.Health at most once a healthMaxAge for GetNode.
-	health *healthReadings
 	// replicas is the inventory of the node's replicas; nil, as pusher
 	// and receiver are, on a node without replication.
 	replicas *copyrecord.Replicas
@@ -71,8 +69,7 @@ type Server struct {
 
 // NewServer returns the agent service of the node described by cfg.
 func NewServer(volumes *volume.Manager, replicas *copyrecord.Replicas, pusher *replication.Pusher, receiver *replication.Receiver, cfg config.Node, log hclog.Logger) *Server {
-	return &Server{volumes: volumes, health: newHealthReadings(volumes.Health, healthMaxAge, time.Now),
-		replicas: replicas, pusher: pusher, receiver: receiver, cfg: cfg, log: log, WorkLease: worklease.NewGrants(time.Now)}
+	return &Server{volumes: volumes, replicas: replicas, pusher: pusher, receiver: receiver, cfg: cfg, log: log, WorkLease: worklease.NewGrants(time.Now)}
 }
 
 // DeleteReplica destroys this node's replica of a volume, if any.
@@ -228,7 +225,7 @@ func (s *Server) GetNode(ctx context.Context, req *pb.GetNodeRequest) (*pb.Node,
 		n.AwaitedPromotions = append(n.AwaitedPromotions, &pb.AwaitedPromotion{VolumeId: a.VolumeID, AfterGeneration: a.AfterGeneration,
 			WaitingMillis: time.Since(a.Since).Milliseconds()})
 	}
-	if err := s.health.Check(ctx); err != nil {
+	if err := s.volumes.Health(ctx); err != nil {
 		n.UnhealthyReason = err.Error()
 		return n, nil
 	}
