@@ -14,13 +14,13 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
 )
 
-// finalStep moves the primary p to target: fence and send the final
-// snapshot (one call: the source fences under the same lock hold as the
-// snapshot), reserve the next generation, promote the target, demote the
-// source. A move job runs it (runFinalStep, through steps with
+// finishMove is a move's final step: reserve the next generation for
+// target, fence p and send its final snapshot (one call: the source
+// fences under the same lock hold as the snapshot), promote the target,
+// demote the source. A move job runs it (runFinalStep, through steps with
 // inBackground set), or a foreground publish when catch-ups are off or
 // the fresh target's source is still published (which it answers).
-func (m *Migrator) finalStep(ctx context.Context, a *attempt, p copyOn, target cluster.Node, v view) (uint64, next, error) {
+func (m *Migrator) finishMove(ctx context.Context, a *attempt, p copyOn, target cluster.Node, v view) (uint64, next, error) {
 	id := a.id
 	if p.copy.Mounted {
 		return 0, answer, errdefs.Wrap(errdefs.ErrFailedPrecondition, "volume %s is still published on node %s; it moves to node %s once it is unpublished there", id, p.nodeID(), target.Info.NodeID)

@@ -35,8 +35,9 @@ const (
 	// catchingUp: the source pushes the primary to the target, unfenced,
 	// as a scheduled push would.
 	catchingUp moveStep = iota
-	// finalStep: fence the source, send the last increment, reserve the
-	// next generation, promote the target, demote the source.
+	// finalStep: reserve the next generation, fence the source and send
+	// the last increment, promote the target, demote the source
+	// (Migrator.finishMove).
 	finalStep
 )
 

@@ -328,7 +328,7 @@ func (m *Migrator) move(ctx context.Context, a *attempt, p copyOn, target cluste
 			return 0, n, err
 		}
 	}
-	return m.finalStep(ctx, a, p, target, v)
+	return m.finishMove(ctx, a, p, target, v)
 }
 
 // DefaultCatchUpFresh is how recent the target's replica must be for a
