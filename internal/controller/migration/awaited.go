@@ -67,7 +67,7 @@ func (m *Migrator) finishAwaited(ctx context.Context, id, nodeID string, waited 
 	log.Info("a stage has waited for the volume's move here, and no controller instance runs it: finishing it as the publish's retry would",
 		"waited", waited.Round(time.Second), "from_node", source.Info.NodeID)
 	_, running, err := m.publish(ctx, id, nodeID)
-	if j, _ := m.jobs.find(id, nodeID, m.now()); j != nil {
+	if j := m.findJob(id, nodeID); j != nil {
 		j.grantedAhead(m.now()) // no retry will start it again: it tries again itself
 	}
 	switch {

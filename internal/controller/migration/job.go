@@ -339,3 +339,22 @@ func (js *moveJobs) remove(j *moveJob) {
 // finishes its move; one older is forgotten (the CO gave up, or went
 // elsewhere).
 const catchUpKeep = 10 * time.Minute
+
+// findJob returns the move job of volume id to nodeID, if there is one,
+// and forgets the jobs that ended more than catchUpKeep ago (the CO gave
+// up on them, or went elsewhere) with their pending final step's metric:
+// every lookup forgets the same way, so no forgotten job's metric stays.
+func (m *Migrator) findJob(id, nodeID string) *moveJob {
+	j, forgotten := m.jobs.find(id, nodeID, m.now())
+	for _, f := range forgotten {
+		m.Metrics.finalStepPending(f, false)
+	}
+	return j
+}
+
+// forgetJob forgets the ended job j, which a publish answered from, with
+// its pending final step's metric.
+func (m *Migrator) forgetJob(j *moveJob) {
+	m.jobs.remove(j)
+	m.Metrics.finalStepPending(j, false)
+}

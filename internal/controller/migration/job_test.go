@@ -11,6 +11,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/agentclient"
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/cluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/metrics"
 )
 
 // TestAnswerEnded: what the publish that finds a move job ended does,
@@ -103,5 +104,41 @@ func TestJobSteps(t *testing.T) {
 	}
 	if fresh := newMoveJob(p, "n2", false, now); !fresh.inFinalStep() {
 		t.Error("a job whose target is fresh does not start in its final step")
+	}
+}
+
+// TestAForgottenJobTakesItsMetric: a job that ended caught up longer than
+// catchUpKeep ago is forgotten at the next lookup of any job, whoever
+// looks (a publish's hand-off, its arrival, a stage's awaited move), and
+// its pending final step's metric with it.
+func TestAForgottenJobTakesItsMetric(t *testing.T) {
+	fakes, n1, _ := threeNodes()
+	id := n1.PutPrimary("vol", 1)
+	m := New(fakes.Cluster(t), hclog.NewNullLogger())
+	registry := metrics.NewRegistry()
+	m.Metrics = NewMetrics(registry)
+	now := time.Unix(1000, 0)
+	m.SetClock(func() time.Time { return now })
+	p := copyOn{copy: agentclient.Copy{VolumeID: id, Generation: 1}}
+	j := newMoveJob(p, "n2", true, now)
+	if err := m.jobs.add(j, DefaultMaxCatchUps); err != nil {
+		t.Fatal(err)
+	}
+	m.Metrics.finalStepPending(j, true)
+	j.end(caughtUp, nil, now)
+
+	now = now.Add(catchUpKeep)
+	if got := m.findJob(id, "n2"); got != j || !finalStepPending(t, registry, id, "n2") {
+		t.Fatalf("catchUpKeep after its end: findJob = %p, pending %v; want the job (%p), still pending", got, finalStepPending(t, registry, id, "n2"), j)
+	}
+	now = now.Add(time.Second)
+	if got := m.findJob(id, "n3"); got != nil {
+		t.Errorf("a lookup of another target found %p", got)
+	}
+	if finalStepPending(t, registry, id, "n2") {
+		t.Error("the forgotten job's final step still shows pending")
+	}
+	if got := m.findJob(id, "n2"); got != nil {
+		t.Errorf("the forgotten job is still found: %p", got)
 	}
 }

@@ -362,10 +362,7 @@ func (m *Migrator) handOff(ctx context.Context, a *attempt, p copyOn, target clu
 	if m.CatchUpFresh < 0 {
 		return goOn, nil // catch-ups off: the move sends everything itself
 	}
-	j, forgotten := m.jobs.find(a.id, a.nodeID, m.now())
-	for _, f := range forgotten {
-		m.Metrics.finalStepPending(f, false) // the CO gave up on it, or went elsewhere
-	}
+	j := m.findJob(a.id, a.nodeID)
 	if j == nil {
 		fresh := m.targetFresh(p, target, v)
 		if fresh && p.copy.Mounted {
@@ -407,13 +404,8 @@ func (m *Migrator) startMove(ctx context.Context, a *attempt, p copyOn, target c
 // arrived forgets an ended move job of the volume to nodeID, which holds
 // its primary now: the publish that finds it there answers from it.
 func (m *Migrator) arrived(id, nodeID string) {
-	j, forgotten := m.jobs.find(id, nodeID, m.now())
-	for _, f := range forgotten {
-		m.Metrics.finalStepPending(f, false)
-	}
-	if j != nil && j.isDone() {
-		m.jobs.remove(j)
-		m.Metrics.finalStepPending(j, false)
+	if j := m.findJob(id, nodeID); j != nil && j.isDone() {
+		m.forgetJob(j)
 	}
 }
 
@@ -424,8 +416,7 @@ func (m *Migrator) arrived(id, nodeID string) {
 // same until the call's deadline; the CO's retry looks afresh); caught
 // up, start the final step.
 func (m *Migrator) answerEnded(ctx context.Context, a *attempt, j *moveJob, p copyOn, target cluster.Node) (next, error) {
-	m.jobs.remove(j)
-	m.Metrics.finalStepPending(j, false)
+	m.forgetJob(j)
 	outcome, err := j.result()
 	switch {
 	case outcome == moved:
