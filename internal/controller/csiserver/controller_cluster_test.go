@@ -48,7 +48,7 @@ func newTestCluster(t *testing.T, free map[string]uint64) *testCluster {
 		cfg := config.DefaultNode()
 		cfg.NodeID, cfg.RootDataset, cfg.MaxQuota = id, "tank/nomad", 8<<30
 		mgr := volume.NewManager(fake, nil, cfg, hclog.NewNullLogger())
-		if err := mgr.CheckLegacyPromises(context.Background()); err != nil {
+		if err := mgr.Records().CheckLegacyPromises(context.Background()); err != nil {
 			t.Fatal(err)
 		}
 		srv := agent.NewServer(mgr, nil, nil, nil, cfg, hclog.NewNullLogger())

@@ -73,7 +73,7 @@ func (m *Migrator) reserve(ctx context.Context, id string, gen uint64, holder st
 			waiting = waiting || (g.failover && errors.Is(a.err, errdefs.ErrUnavailable))
 			// A node refuses a failover's reservation with
 			// FailedPrecondition while it holds a primary of the volume
-			// (volume.Manager.ReserveForFailover).
+			// (volume.Records.ReserveForFailover).
 			holdsPrimary = holdsPrimary || (g.failover && errors.Is(a.err, errdefs.ErrFailedPrecondition))
 		case a.resp.Granted:
 			granted++

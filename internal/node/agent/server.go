@@ -58,6 +58,7 @@ type Server struct {
 	WorkLease *worklease.Grants
 
 	volumes *volume.Manager
+	records *volume.Records
 	// replicas is the inventory of the node's replicas; nil, as pusher
 	// and receiver are, on a node without replication.
 	replicas *copyrecord.Replicas
@@ -69,7 +70,7 @@ type Server struct {
 
 // NewServer returns the agent service of the node described by cfg.
 func NewServer(volumes *volume.Manager, replicas *copyrecord.Replicas, pusher *replication.Pusher, receiver *replication.Receiver, cfg config.Node, log hclog.Logger) *Server {
-	return &Server{volumes: volumes, replicas: replicas, pusher: pusher, receiver: receiver, cfg: cfg, log: log, WorkLease: worklease.NewGrants(time.Now)}
+	return &Server{volumes: volumes, records: volumes.Records(), replicas: replicas, pusher: pusher, receiver: receiver, cfg: cfg, log: log, WorkLease: worklease.NewGrants(time.Now)}
 }
 
 // DeleteReplica destroys this node's replica of a volume, if any.
@@ -315,7 +316,7 @@ func (s *Server) DeleteSnapshot(ctx context.Context, req *pb.DeleteSnapshotReque
 	id := req.GetSnapshotId()
 	if req.GetRemember() {
 		d := copyrecord.DeletedSnapshot{ID: id, SourceVolumeID: req.GetSourceVolumeId(), CreatedUnix: req.GetCreatedUpToUnix()}
-		if err := s.volumes.RememberDeleted(ctx, d); err != nil {
+		if err := s.records.RememberDeleted(ctx, d); err != nil {
 			return nil, err
 		}
 	}
@@ -365,7 +366,7 @@ func (s *Server) ListSnapshots(ctx context.Context, req *pb.ListSnapshotsRequest
 // deletedSnapshots answers the node's records of deleted snapshots, of
 // snapshot id or of source volume when given.
 func (s *Server) deletedSnapshots(ctx context.Context, id, source string) ([]*pb.Snapshot, error) {
-	records, err := s.volumes.DeletedSnapshots(ctx)
+	records, err := s.records.DeletedSnapshots(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -418,7 +419,7 @@ func (s *Server) copyOf(ctx context.Context, id string) (*pb.Copy, error) {
 		return nil, err
 	}
 	out := s.copyToPB(c)
-	promised, err := s.volumes.Promised(ctx, id)
+	promised, err := s.records.Promised(ctx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -441,9 +442,9 @@ func (s *Server) Reserve(ctx context.Context, req *pb.ReserveRequest) (*pb.Reser
 			return nil, err
 		}
 	}
-	reserve := s.volumes.Reserve
+	reserve := s.records.Reserve
 	if req.GetFailover() {
-		reserve = s.volumes.ReserveForFailover
+		reserve = s.records.ReserveForFailover
 	}
 	p, granted, err := reserve(ctx, req.GetVolumeId(), req.GetGeneration(), req.GetHolderNodeId())
 	if err != nil {

@@ -186,7 +186,7 @@ func (p *Parts) Recover(ctx context.Context, log hclog.Logger) {
 	if err := p.Volumes.SweepKeys(ctx); err != nil {
 		log.Error("unloading the keys left loaded on copies that are not staged failed", "error", err)
 	}
-	if err := p.Volumes.CheckLegacyPromises(ctx); err != nil {
+	if err := p.Volumes.Records().CheckLegacyPromises(ctx); err != nil {
 		log.Error("looking for promise records on the root dataset failed", "error", err)
 	}
 	p.Volumes.WarmIndexes()
@@ -199,6 +199,6 @@ type leaseVolumes struct {
 }
 
 func (v leaseVolumes) Promised(ctx context.Context, id string) (uint64, error) {
-	p, err := v.Manager.Promised(ctx, id)
+	p, err := v.Manager.Records().Promised(ctx, id)
 	return p.Generation, err
 }

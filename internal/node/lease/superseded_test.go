@@ -20,7 +20,7 @@ import (
 type managerVolumes struct{ *volume.Manager }
 
 func (v managerVolumes) Promised(ctx context.Context, id string) (uint64, error) {
-	p, err := v.Manager.Promised(ctx, id)
+	p, err := v.Manager.Records().Promised(ctx, id)
 	return p.Generation, err
 }
 

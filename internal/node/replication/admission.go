@@ -67,7 +67,7 @@ func refuseEarly(h Header, found copyRead) error {
 // refuseUnknownGeneration refuses a stream whose generation is more than
 // MaxGenerationLead above the generation this node's own promise record
 // holds of the volume. The record is what this node granted as part of a
-// majority (volume.Manager.Reserve); a replica's generation label is not
+// majority (volume.Records.Reserve); a replica's generation label is not
 // counted: a peer's earlier stream set it, and a bound measured from it
 // would rise with every stream a liar sends, MaxGenerationLead at a time.
 // The record only grows, so a stream let through here stays within the
@@ -87,7 +87,7 @@ func (r *Receiver) refuseUnknownGeneration(ctx context.Context, h Header) error 
 }
 
 // promise reads this node's promise record of volume id
-// (volume.Manager.Reserve): the highest generation it promised, and to
+// (volume.Records.Reserve): the highest generation it promised, and to
 // which node; none for a volume it never promised anything of. Only
 // the controller's reservations write it: no peer's stream can.
 func (r *Receiver) promise(ctx context.Context, id string) (copyrecord.Promise, error) {

@@ -19,7 +19,7 @@ import (
 )
 
 // putPromise gives z a promise record of testVolume ("GENERATION HOLDER"),
-// as volume.Manager.Reserve writes it: what this node granted.
+// as volume.Records.Reserve writes it: what this node granted.
 func putPromise(z *memPool, record string) {
 	if record == "" {
 		return

@@ -216,12 +216,12 @@ func (m *Manager) createNew(ctx context.Context, id string, req CreateRequest, s
 // check, which then refuses, or after the dataset exists, which the
 // delete's next look finds.
 func (m *Manager) createPromised(ctx context.Context, req CreateRequest, id, dataset string, quota uint64, props map[string]string) (uint64, error) {
-	unlock, err := m.promiseLocks.Lock(ctx, id)
+	unlock, err := m.records.lockPromise(ctx, id)
 	if err != nil {
-		return 0, fmt.Errorf("%w: waiting for the promise record of volume %s: %v", errdefs.ErrAborted, id, err)
+		return 0, err
 	}
 	defer unlock()
-	p, err := m.Promised(ctx, id)
+	p, err := m.records.Promised(ctx, id)
 	switch {
 	case err != nil:
 		return 0, err

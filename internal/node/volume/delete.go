@@ -273,3 +273,17 @@ func (m *Manager) collectTombstoneLocked(ctx context.Context, fs string) {
 		m.log.Warn("destroying tombstone failed", "volume_id", id, "dataset", fs, "error", err)
 	}
 }
+
+// Forget drops the promise of a volume being deleted, so that a volume
+// created later under the same name starts afresh.
+func (m *Manager) Forget(ctx context.Context, id string) error {
+	if !contract.IsVolumeID(id) {
+		return nil
+	}
+	unlock, err := m.lock(ctx, id, "forgetting the promise")
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	return m.records.forget(ctx, id)
+}

@@ -37,14 +37,14 @@ func TestDeletedSnapshotRecords(t *testing.T) {
 	}
 
 	d := copyrecord.DeletedSnapshot{ID: snap.ID, SourceVolumeID: v.ID, CreatedUnix: created}
-	if err := m.RememberDeleted(ctx, d); err != nil {
+	if err := m.records.RememberDeleted(ctx, d); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.RememberDeleted(ctx, copyrecord.DeletedSnapshot{ID: snap.ID, SourceVolumeID: v.ID, CreatedUnix: created - 5}); err != nil {
+	if err := m.records.RememberDeleted(ctx, copyrecord.DeletedSnapshot{ID: snap.ID, SourceVolumeID: v.ID, CreatedUnix: created - 5}); err != nil {
 		t.Fatal(err)
 	}
 	restarted := NewManager(fake, nil, m.cfg, hclog.NewNullLogger())
-	records, err := restarted.DeletedSnapshots(ctx)
+	records, err := restarted.records.DeletedSnapshots(ctx)
 	if err != nil || len(records) != 1 || records[0] != d {
 		t.Fatalf("records after a restart: %+v, %v; want only %+v (an older record never replaces a newer one)", records, err, d)
 	}
@@ -61,10 +61,10 @@ func TestDeletedSnapshotRecords(t *testing.T) {
 		t.Fatalf("forgetting twice: %v", err)
 	}
 	again := NewManager(fake, nil, m.cfg, hclog.NewNullLogger())
-	if records, err := again.DeletedSnapshots(ctx); err != nil || len(records) != 0 {
+	if records, err := again.records.DeletedSnapshots(ctx); err != nil || len(records) != 0 {
 		t.Fatalf("records after forgetting: %+v, %v; want none", records, err)
 	}
-	if err := m.RememberDeleted(ctx, copyrecord.DeletedSnapshot{ID: "not-a-snapshot", CreatedUnix: 1}); err == nil {
+	if err := m.records.RememberDeleted(ctx, copyrecord.DeletedSnapshot{ID: "not-a-snapshot", CreatedUnix: 1}); err == nil {
 		t.Error("a record of no snapshot ID was accepted")
 	}
 }
@@ -98,11 +98,11 @@ func TestAReceiveDropsADeletedSnapshot(t *testing.T) {
 	ctx := context.Background()
 	v := create(t, m, CreateRequest{Name: "v"})
 	old := snapshot(t, m, v.ID, "old")
-	if err := m.RememberDeleted(ctx, copyrecord.DeletedSnapshot{ID: old.ID, SourceVolumeID: v.ID, CreatedUnix: old.Created.Unix()}); err != nil {
+	if err := m.records.RememberDeleted(ctx, copyrecord.DeletedSnapshot{ID: old.ID, SourceVolumeID: v.ID, CreatedUnix: old.Created.Unix()}); err != nil {
 		t.Fatal(err)
 	}
 	later := snapshot(t, m, v.ID, "later")
-	if err := m.RememberDeleted(ctx, copyrecord.DeletedSnapshot{ID: later.ID, SourceVolumeID: v.ID, CreatedUnix: later.Created.Unix() - 1}); err != nil {
+	if err := m.records.RememberDeleted(ctx, copyrecord.DeletedSnapshot{ID: later.ID, SourceVolumeID: v.ID, CreatedUnix: later.Created.Unix() - 1}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -135,7 +135,7 @@ func TestAReceiveDropsADeletedSnapshot(t *testing.T) {
 			t.Fatalf("forgetting %s once the receive ended: %v", id, err)
 		}
 	}
-	if records, err := m.DeletedSnapshots(ctx); err != nil || len(records) != 0 {
+	if records, err := m.records.DeletedSnapshots(ctx); err != nil || len(records) != 0 {
 		t.Fatalf("records left: %+v, %v; want none", records, err)
 	}
 }

@@ -70,10 +70,10 @@ func fencedAt(ds zfs.Dataset) int64 {
 	return at
 }
 
-// copyDataset reads this node's dataset of volume id, and whether it is
+// readCopy reads the dataset of volume id under root, and whether it is
 // a copy of it (a primary or a replica labelled with that ID).
-func (m *Manager) copyDataset(ctx context.Context, id string) (zfs.Dataset, bool, error) {
-	ds, err := m.zfs.Get(ctx, datasetFor(m.cfg.RootDataset, id))
+func readCopy(ctx context.Context, z zfs.Interface, root, id string) (zfs.Dataset, bool, error) {
+	ds, err := z.Get(ctx, datasetFor(root, id))
 	if errors.Is(err, zfs.ErrNotFound) {
 		return zfs.Dataset{}, false, nil
 	}
@@ -92,7 +92,7 @@ func (m *Manager) Copy(ctx context.Context, id string) (Copy, error) {
 		return out, nil
 	}
 	dataset := datasetFor(m.cfg.RootDataset, id)
-	ds, exists, err := m.copyDataset(ctx, id)
+	ds, exists, err := readCopy(ctx, m.zfs, m.cfg.RootDataset, id)
 	if err != nil || !exists {
 		return out, err
 	}
@@ -182,7 +182,7 @@ func (m *Manager) FenceHeld(ctx context.Context, id, target string, at int64) (i
 		return 0, fmt.Errorf("%w: volume %s is still mounted on node %s; it can move to node %s once the CO has unpublished it there",
 			errdefs.ErrFailedPrecondition, id, m.cfg.NodeID, target)
 	}
-	if err := m.checkPromisedTo(ctx, v, target); err != nil {
+	if err := m.records.checkPromisedTo(ctx, v, target); err != nil {
 		return 0, err
 	}
 	props := map[string]string{"readonly": "on", copyrecord.PropMovingTo: target, copyrecord.PropFencedAt: strconv.FormatInt(at, 10)}
@@ -213,7 +213,7 @@ func (m *Manager) Unfence(ctx context.Context, id string, generation uint64) err
 		return err
 	}
 	if v.MovingTo != "" || v.LeaseFencedAt != 0 {
-		if err := m.checkNotPromisedAway(ctx, v); err != nil {
+		if err := m.records.checkNotPromisedAway(ctx, v); err != nil {
 			return err
 		}
 	}
@@ -258,13 +258,13 @@ func (m *Manager) Promote(ctx context.Context, id string, generation uint64, not
 	// source voiding it, docs/safety.md "A publish to the source while a
 	// move runs") lands either before the check, which then refuses, or
 	// after the promotion, which the controller's next look then sees.
-	unlockPromise, err := m.promiseLocks.Lock(ctx, id)
+	unlockPromise, err := m.records.lockPromise(ctx, id)
 	if err != nil {
-		return Copy{}, fmt.Errorf("%w: waiting for the promise record of volume %s: %v", errdefs.ErrAborted, id, err)
+		return Copy{}, err
 	}
 	defer unlockPromise()
 	if promoted := c.Exists && c.Role == contract.RolePrimary && c.Generation == generation; !promoted {
-		if err := m.checkPromised(ctx, id, generation); err != nil {
+		if err := m.records.checkPromised(ctx, id, generation); err != nil {
 			return Copy{}, err
 		}
 	}

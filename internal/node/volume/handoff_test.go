@@ -114,7 +114,7 @@ func TestUnfenceRefusesACopyPromisedAway(t *testing.T) {
 		t.Fatalf("after the refused unfence: read-only %v, moving to %q; want still fenced for n2", ds.ReadOnly, movingTo(ds))
 	}
 	// The publish here supersedes the move's promise, then unfences.
-	if _, granted, err := m.Reserve(ctx, v.ID, 3, "n1"); err != nil || !granted {
+	if _, granted, err := m.records.Reserve(ctx, v.ID, 3, "n1"); err != nil || !granted {
 		t.Fatalf("reserving generation 3 for this node: granted %v, %v", granted, err)
 	}
 	if err := m.Unfence(ctx, v.ID, v.Generation); err != nil {
@@ -159,7 +159,7 @@ func TestADemotedPrimaryIsMarked(t *testing.T) {
 	if got := copyrecord.DemotedAt(mark()); !got.Equal(demotedAt) {
 		t.Fatalf("demoted after its move: marked %v (%q), want %v", got, mark(), demotedAt)
 	}
-	if _, granted, err := m.Reserve(ctx, v.ID, 3, "n1"); err != nil || !granted {
+	if _, granted, err := m.records.Reserve(ctx, v.ID, 3, "n1"); err != nil || !granted {
 		t.Fatalf("reserving generation 3: granted %v, %v", granted, err)
 	}
 	if _, err := m.Promote(ctx, v.ID, 3, 0, false); err != nil {
@@ -208,7 +208,7 @@ func TestPromoteChecksTheReplica(t *testing.T) {
 	}
 	for _, tt := range tests {
 		if tt.name == "final snapshot missing" {
-			if _, granted, err := m.Reserve(ctx, id, 2, "n1"); err != nil || !granted {
+			if _, granted, err := m.records.Reserve(ctx, id, 2, "n1"); err != nil || !granted {
 				t.Fatalf("reserving generation 2: granted %v, %v", granted, err)
 			}
 		}
@@ -300,7 +300,7 @@ func TestPromotionCarriesTheHistory(t *testing.T) {
 				props[copyrecord.PropHistoryFrom] = tt.historyFrom
 			}
 			id, _ := receivedReplica(t, fake, 2, props)
-			if _, granted, err := m.Reserve(ctx, id, 3, "n1"); err != nil || !granted {
+			if _, granted, err := m.records.Reserve(ctx, id, 3, "n1"); err != nil || !granted {
 				t.Fatalf("reserving generation 3: granted %v, %v", granted, err)
 			}
 			notBefore := int64(100)
@@ -339,7 +339,7 @@ func TestPromotionSetsTheQuotaOnlyWhenMissing(t *testing.T) {
 				props["refquota"] = tt.quota
 			}
 			id, ds := receivedReplica(t, fake, 1, props)
-			if _, granted, err := m.Reserve(ctx, id, 2, "n1"); err != nil || !granted {
+			if _, granted, err := m.records.Reserve(ctx, id, 2, "n1"); err != nil || !granted {
 				t.Fatalf("reserving generation 2: granted %v, %v", granted, err)
 			}
 			sets := 0
@@ -366,7 +366,7 @@ func TestPromotionSetsTheQuotaOnlyWhenMissing(t *testing.T) {
 // controller's reservation does.
 func reserve(t *testing.T, m *Manager, id string, gen uint64, holder string) {
 	t.Helper()
-	if _, granted, err := m.Reserve(context.Background(), id, gen, holder); err != nil || !granted {
+	if _, granted, err := m.records.Reserve(context.Background(), id, gen, holder); err != nil || !granted {
 		t.Fatalf("reserving generation %d of %s for %s: granted %v, %v", gen, id, holder, granted, err)
 	}
 }
@@ -382,7 +382,7 @@ func TestOwnersAreRequiredOfCreatesOnly(t *testing.T) {
 		m, fake := newManager(t)
 		m.cfg.RequireOwnerSecret = true
 		id, _ := receivedReplica(t, fake, 1, map[string]string{copyrecord.PropParameters: copyrecord.EncodeParameters(params)})
-		if _, granted, err := m.Reserve(ctx, id, 2, "n1"); err != nil || !granted {
+		if _, granted, err := m.records.Reserve(ctx, id, 2, "n1"); err != nil || !granted {
 			t.Fatalf("reserving generation 2: granted %v, %v", granted, err)
 		}
 		if _, err := m.Promote(ctx, id, 2, 0, true); err != nil {

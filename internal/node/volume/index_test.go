@@ -79,7 +79,7 @@ func TestIndexFollowsTheDriversChanges(t *testing.T) {
 	agree("a demotion")
 	// A replica promoted here.
 	id, _ := putCopy(t, fake, "r", contract.RoleReplica, 1, nil)
-	if _, _, err := m.Reserve(ctx, id, 2, "n1"); err != nil {
+	if _, _, err := m.records.Reserve(ctx, id, 2, "n1"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := m.Promote(ctx, id, 2, 0, true); err != nil {

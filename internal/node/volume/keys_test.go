@@ -216,7 +216,7 @@ func TestPromotionLeavesTheEncryptionAsReceived(t *testing.T) {
 	ctx := context.Background()
 	m, fake := newKeyManager(t)
 	id, _ := receivedReplica(t, fake, 1, map[string]string{copyrecord.PropParameters: `{"encryption":"on"}`, copyrecord.PropCapacity: "1073741824", "encryption": "on"})
-	if _, granted, err := m.Reserve(ctx, id, 2, "n1"); err != nil || !granted {
+	if _, granted, err := m.records.Reserve(ctx, id, 2, "n1"); err != nil || !granted {
 		t.Fatalf("reserving generation 2: granted %v, %v", granted, err)
 	}
 	if _, err := m.Promote(ctx, id, 2, 0, true); err != nil {

@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
 )
 
@@ -277,5 +278,30 @@ func (m *Manager) endForced(ctx context.Context, id string) error {
 	}
 	m.log.Warn("a majority of the nodes answers again: the copy the operator promoted without one is under the lease again (it is made read-only if the lease is lost, and confirmed before it is staged again)",
 		"volume_id", id, "generation", v.Generation)
+	return nil
+}
+
+// MarkForced records on the primary of volume id that the operator
+// promoted it at generation without a majority of the nodes: the
+// controller may then publish it while the majority stays lost, on the
+// operator's word that the silent nodes hold nothing newer.
+func (m *Manager) MarkForced(ctx context.Context, id string, generation uint64) error {
+	unlock, err := m.lock(ctx, id, "marking forced")
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	c, err := m.Copy(ctx, id)
+	if err != nil {
+		return err
+	}
+	if !c.Exists || c.Role != contract.RolePrimary || c.Generation != generation {
+		return fmt.Errorf("%w: node %s holds no primary of volume %s at generation %d to mark as forced", errdefs.ErrFailedPrecondition, m.cfg.NodeID, id, generation)
+	}
+	if err := m.zfs.SetProperties(ctx, datasetFor(m.cfg.RootDataset, id), map[string]string{copyrecord.PropForced: strconv.FormatUint(generation, 10)}); err != nil {
+		return zfsError(err, "marking volume "+id+" as forced")
+	}
+	m.mayHoldForced.Store(true)
+	m.log.Warn("primary promoted by the operator without a majority of the nodes", "volume_id", id, "generation", generation)
 	return nil
 }

@@ -6,7 +6,10 @@
 // call the Manager; neither touches ZFS directly. The Manager also keeps
 // the node's indexes of its copies, which the replication receiver tells
 // of every receive, and deletes replicas under their locks (what a
-// removal does on disk is copyrecord.Replicas'). Rules (docs/volumes.md):
+// removal does on disk is copyrecord.Replicas'). Records keeps the node's
+// promise and deleted-snapshot records, which outlive its copies; the
+// Manager reads them where a change of a copy must agree with them.
+// Rules (docs/volumes.md):
 //   - every volume is <root>/<volume id>, mountpoint=legacy, mounted only by
 //     the CSI node service;
 //   - a CSI snapshot is <root>/<volume id>@<snapshot id>;
@@ -39,7 +42,6 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
-	"github.com/zfs-nomad/zfs-nomad/internal/shared/keylock"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/volumelog"
 )
 
@@ -151,14 +153,9 @@ type Manager struct {
 	cfg      config.Node
 	log      hclog.Logger
 	locks    *copylock.Locks
-	// promiseLocks serialise the reads and writes of each volume's
-	// promise record (promise.go). It is not the copy: Reserve takes only
-	// this lock, so a reservation never waits for a receive or a push of
-	// the copy; anything that needs both takes the copy's lock first.
-	promiseLocks keylock.Locks
-	// legacyPromises tells that promise records may be kept on the root
-	// dataset (CheckLegacyPromises); true until the node has looked.
-	legacyPromises atomic.Bool
+	// records are the node's promises and deleted-snapshot records
+	// (Records).
+	records *Records
 	// mayHoldForced tells that a copy the operator forced may be on the
 	// pool (at start, and after MarkForced): EndForced lists the pool
 	// only then, not at every beat.
@@ -174,9 +171,6 @@ type Manager struct {
 	// loaded) is being seen to (sweepListed).
 	sweepMu  sync.Mutex
 	sweeping bool
-	// deleted: the records of snapshots deleted while a node was away
-	// (deleted.go).
-	deleted deletedRecords
 	// duplicates: the second copies of CSI snapshots the last listing
 	// found (snapshotDuplicates in index.go).
 	duplicates snapshotDuplicates
@@ -188,10 +182,14 @@ type Manager struct {
 // replicas (nil without replication) are over the same pool as z.
 func NewManager(z zfs.Interface, replicas *copyrecord.Replicas, cfg config.Node, log hclog.Logger) *Manager {
 	m := &Manager{zfs: z, replicas: replicas, cfg: cfg, log: log, now: time.Now, locks: new(copylock.Locks), started: time.Now()}
-	m.legacyPromises.Store(true)
+	m.records = NewRecords(z, cfg, log)
 	m.mayHoldForced.Store(true)
 	return m
 }
+
+// Records are the node's promise and deleted-snapshot records, which the
+// Manager reads where a change of a copy must agree with them.
+func (m *Manager) Records() *Records { return m.records }
 
 // UseClock sets the node's wall clock (time.Now by default), which names
 // set-aside copies and dates fences: the simulation skews it per node.

@@ -662,7 +662,7 @@ func TestCreateAtThePromisedGeneration(t *testing.T) {
 			ctx := context.Background()
 			id := contract.VolumeIDForName("data")
 			if tt.promise > 0 {
-				if _, granted, err := m.Reserve(ctx, id, tt.promise, tt.holder); err != nil || !granted {
+				if _, granted, err := m.records.Reserve(ctx, id, tt.promise, tt.holder); err != nil || !granted {
 					t.Fatalf("reserve: %v %v", granted, err)
 				}
 			}

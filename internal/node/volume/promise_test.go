@@ -35,7 +35,7 @@ func TestReserve(t *testing.T) {
 		{"a higher one to another holder", 5, "n3", true, copyrecord.Promise{}},
 	}
 	for _, s := range steps {
-		got, granted, err := m.Reserve(ctx, id, s.gen, s.holder)
+		got, granted, err := m.records.Reserve(ctx, id, s.gen, s.holder)
 		if err != nil {
 			t.Fatalf("%s: %v", s.name, err)
 		}
@@ -43,7 +43,7 @@ func TestReserve(t *testing.T) {
 			t.Errorf("%s: granted %v (%+v), want %v (%+v)", s.name, granted, got, s.granted, s.stands)
 		}
 	}
-	if p, _ := m.Promised(ctx, id); p != (copyrecord.Promise{Generation: 5, Holder: "n3"}) {
+	if p, _ := m.records.Promised(ctx, id); p != (copyrecord.Promise{Generation: 5, Holder: "n3"}) {
 		t.Errorf("promised %+v, want generation 5 to n3", p)
 	}
 	deletion := []struct {
@@ -60,7 +60,7 @@ func TestReserve(t *testing.T) {
 		{"a creation's first generation", 1, "n2", false},
 	}
 	for _, s := range deletion {
-		got, granted, err := m.Reserve(ctx, id, s.gen, s.holder)
+		got, granted, err := m.records.Reserve(ctx, id, s.gen, s.holder)
 		if err != nil {
 			t.Fatalf("%s: %v", s.name, err)
 		}
@@ -68,13 +68,13 @@ func TestReserve(t *testing.T) {
 			t.Errorf("%s: granted %v (%+v), want %v", s.name, granted, got, s.granted)
 		}
 	}
-	if p, _ := m.Promised(ctx, id); p != (copyrecord.Promise{Generation: 6, Holder: contract.DeletionHolder}) {
+	if p, _ := m.records.Promised(ctx, id); p != (copyrecord.Promise{Generation: 6, Holder: contract.DeletionHolder}) {
 		t.Errorf("promised %+v, want generation 6 to the deletion", p)
 	}
 	if err := m.Forget(ctx, id); err != nil {
 		t.Fatal(err)
 	}
-	if p, _ := m.Promised(ctx, id); p != (copyrecord.Promise{}) {
+	if p, _ := m.records.Promised(ctx, id); p != (copyrecord.Promise{}) {
 		t.Errorf("after Forget: %+v, want nothing", p)
 	}
 }
@@ -95,7 +95,7 @@ func TestReserveDoesNotWaitForTheCopy(t *testing.T) {
 	defer unlock()
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	if _, granted, err := m.Reserve(rctx, id, 2, "n1"); err != nil || !granted {
+	if _, granted, err := m.records.Reserve(rctx, id, 2, "n1"); err != nil || !granted {
 		t.Fatalf("Reserve while the copy is locked: granted %v, %v; want granted at once", granted, err)
 	}
 }
@@ -107,14 +107,14 @@ func TestReserveDoesNotWaitForTheCopy(t *testing.T) {
 func TestPromiseRecordsStayOffTheRoot(t *testing.T) {
 	ctx := context.Background()
 	m, fake := newManager(t)
-	if err := m.CheckLegacyPromises(ctx); err != nil {
+	if err := m.records.CheckLegacyPromises(ctx); err != nil {
 		t.Fatal(err)
 	}
 	var ids []string
 	for i := range 200 {
 		id := contract.VolumeIDForName(fmt.Sprintf("v%d", i))
 		ids = append(ids, id)
-		if _, granted, err := m.Reserve(ctx, id, 1, "n2"); err != nil || !granted {
+		if _, granted, err := m.records.Reserve(ctx, id, 1, "n2"); err != nil || !granted {
 			t.Fatalf("Reserve %s: granted %v, %v", id, granted, err)
 		}
 	}
@@ -148,7 +148,7 @@ func TestPromiseRecordsStayOffTheRoot(t *testing.T) {
 	if left != 100 {
 		t.Errorf("%d records left after forgetting 100 of 200, want 100", left)
 	}
-	if p, _ := m.Promised(ctx, ids[150]); p != (copyrecord.Promise{Generation: 1, Holder: "n2"}) {
+	if p, _ := m.records.Promised(ctx, ids[150]); p != (copyrecord.Promise{Generation: 1, Holder: "n2"}) {
 		t.Errorf("promised %+v, want generation 1 to n2", p)
 	}
 }
@@ -164,16 +164,16 @@ func TestLegacyPromiseRecords(t *testing.T) {
 	if err := fake.SetProperties(ctx, root, map[string]string{copyrecord.PromiseProperty(a): "3 n2", copyrecord.PromiseProperty(b): "1 n1"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.CheckLegacyPromises(ctx); err != nil {
+	if err := m.records.CheckLegacyPromises(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if p, _ := m.Promised(ctx, a); p != (copyrecord.Promise{Generation: 3, Holder: "n2"}) {
+	if p, _ := m.records.Promised(ctx, a); p != (copyrecord.Promise{Generation: 3, Holder: "n2"}) {
 		t.Errorf("a: promised %+v, want the root's generation 3 to n2", p)
 	}
-	if got, granted, err := m.Reserve(ctx, a, 3, "n3"); err != nil || granted || got != (copyrecord.Promise{Generation: 3, Holder: "n2"}) {
+	if got, granted, err := m.records.Reserve(ctx, a, 3, "n3"); err != nil || granted || got != (copyrecord.Promise{Generation: 3, Holder: "n2"}) {
 		t.Errorf("Reserve a 3 to n3: granted %v (%+v), %v; want refused by the root's record", granted, got, err)
 	}
-	if _, granted, err := m.Reserve(ctx, a, 4, "n3"); err != nil || !granted {
+	if _, granted, err := m.records.Reserve(ctx, a, 4, "n3"); err != nil || !granted {
 		t.Fatalf("Reserve a 4 to n3: granted %v, %v", granted, err)
 	}
 	if err := m.Forget(ctx, b); err != nil {
@@ -182,18 +182,18 @@ func TestLegacyPromiseRecords(t *testing.T) {
 	if onRoot, _ := fake.OwnUserProperties(ctx, root, copyrecord.PropPromisePrefix); len(onRoot) != 0 {
 		t.Errorf("records left on the root: %v, want none (a moved to its shard, b forgotten)", onRoot)
 	}
-	if p, _ := m.Promised(ctx, a); p != (copyrecord.Promise{Generation: 4, Holder: "n3"}) {
+	if p, _ := m.records.Promised(ctx, a); p != (copyrecord.Promise{Generation: 4, Holder: "n3"}) {
 		t.Errorf("a: promised %+v, want generation 4 to n3 from its shard", p)
 	}
 
 	// A restarted node finds none left, and stops reading the root.
-	if err := m.CheckLegacyPromises(ctx); err != nil {
+	if err := m.records.CheckLegacyPromises(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if err := fake.SetProperties(ctx, root, map[string]string{copyrecord.PromiseProperty(b): "9 n9"}); err != nil {
 		t.Fatal(err)
 	}
-	if p, _ := m.Promised(ctx, b); p != (copyrecord.Promise{}) {
+	if p, _ := m.records.Promised(ctx, b); p != (copyrecord.Promise{}) {
 		t.Errorf("b: promised %+v after a start that found no record on the root; want the root left unread", p)
 	}
 }
@@ -210,14 +210,14 @@ func TestForgottenLegacyRecordsGo(t *testing.T) {
 	if err := fake.SetProperties(ctx, root, map[string]string{copyrecord.PromiseProperty(old): "0"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.CheckLegacyPromises(ctx); err != nil {
+	if err := m.records.CheckLegacyPromises(ctx); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(5 * time.Second); m.legacyPromises.Load() && time.Now().Before(deadline); {
+	for deadline := time.Now().Add(5 * time.Second); m.records.legacyPromises.Load() && time.Now().Before(deadline); {
 		time.Sleep(10 * time.Millisecond)
 	}
-	if onRoot, _ := fake.OwnUserProperties(ctx, root, copyrecord.PropPromisePrefix); len(onRoot) != 0 || m.legacyPromises.Load() {
-		t.Fatalf("after the start: %v on the root, still read: %v; want none, not read", onRoot, m.legacyPromises.Load())
+	if onRoot, _ := fake.OwnUserProperties(ctx, root, copyrecord.PropPromisePrefix); len(onRoot) != 0 || m.records.legacyPromises.Load() {
+		t.Fatalf("after the start: %v on the root, still read: %v; want none, not read", onRoot, m.records.legacyPromises.Load())
 	}
 
 	counting := &zfsfake.Counting{Interface: fake}

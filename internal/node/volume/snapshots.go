@@ -241,3 +241,60 @@ func (m *Manager) findSnapshot(ctx context.Context, id string) (Snapshot, error)
 		return s, err
 	}
 }
+
+// ForgetDeleted removes the record of snapshot id, if there is one, once
+// no copy it covers is on the node. It takes the copy lock of the
+// snapshot's volume first, so it waits for a receive into that volume to
+// end: a push that started before the delete may still carry a copy, and
+// the receive drops it only while the record lives (Received, which
+// calls dropDeleted under that lock).
+func (m *Manager) ForgetDeleted(ctx context.Context, id string) error {
+	d, ok, err := m.records.deletedRecord(ctx, id)
+	if err != nil || !ok {
+		return err
+	}
+	if contract.IsVolumeID(d.SourceVolumeID) {
+		unlock, err := m.lock(ctx, d.SourceVolumeID, "forgetting deleted snapshot "+id)
+		if err != nil {
+			return fmt.Errorf("the record of deleted snapshot %s is kept: %w", id, err)
+		}
+		defer unlock()
+	}
+	switch snap, err := m.findSnapshot(ctx, id); {
+	case err == nil && snap.Created.Unix() <= d.CreatedUnix:
+		return fmt.Errorf("%w: the record of deleted snapshot %s is kept: a copy it covers is on this node (%s); delete it first",
+			errdefs.ErrFailedPrecondition, id, snap.Dataset)
+	case err != nil && !errors.Is(err, errdefs.ErrNotFound):
+		return err
+	}
+	return m.records.forgetDeleted(ctx, id, d.SourceVolumeID)
+}
+
+// dropDeleted destroys the CSI snapshots among names (of the copy of
+// volume id) that a record of their deletion covers: a push that started
+// before the delete brought them (docs/replication.md, "Deleted
+// snapshots"). The caller holds the copy's lock. A
+// failure leaves the copy hidden by the record, and the controller's
+// next pass deletes it.
+func (m *Manager) dropDeleted(ctx context.Context, id string, names []string) {
+	for _, name := range names {
+		snapID := shortName(name)
+		if !contract.IsSnapshotID(snapID) {
+			continue
+		}
+		d, ok, err := m.records.deletedRecord(ctx, snapID)
+		if err != nil || !ok {
+			continue
+		}
+		snap, err := m.readSnapshot(ctx, name)
+		if err != nil || snap.Created.Unix() > d.CreatedUnix {
+			continue // gone, or taken again after the deletion
+		}
+		if err := m.zfs.DestroyDeferred(ctx, name); err != nil && !errors.Is(err, zfs.ErrNotFound) {
+			m.log.Warn("dropping a received copy of a deleted snapshot failed; it stays hidden, and the controller deletes it", "volume_id", id, "snapshot_id", snapID, "error", err)
+			continue
+		}
+		m.reindexSnapshot(ctx, snapID, name)
+		m.log.Info("dropped a received copy of a deleted snapshot: the push that carried it started before the delete", "volume_id", id, "snapshot_id", snapID, "dataset", name)
+	}
+}

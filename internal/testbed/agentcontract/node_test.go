@@ -138,7 +138,7 @@ func (n *realNode) arrange(t *testing.T, h holding) {
 	t.Helper()
 	ctx := context.Background()
 	if h.promise.generation > 0 {
-		_, granted, err := n.parts.Volumes.Reserve(ctx, volID, h.promise.generation, h.promise.holder)
+		_, granted, err := n.parts.Volumes.Records().Reserve(ctx, volID, h.promise.generation, h.promise.holder)
 		if err != nil || !granted {
 			t.Fatalf("node %s: setting up the promise %+v: granted %v, %v", n.id, h.promise, granted, err)
 		}

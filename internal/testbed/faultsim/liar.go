@@ -163,7 +163,7 @@ func (w *world) rollbackLie(v *simVolume, liar, victim *simNode, generation uint
 // promises holder a generation above generation: a move or failover to
 // holder is under way, and its stream may roll the replica back. It
 // reads the record as the pool holds it, through the checker, not
-// through volume.Manager.Promised: the oracle judges the node's code, so
+// through volume.Records.Promised: the oracle judges the node's code, so
 // it does not share that code's reading (the shard, then the root's
 // legacy place).
 func (w *world) promisedTo(n *simNode, id, holder string, generation uint64) bool {

@@ -722,13 +722,13 @@ func (f *FakeAgent) Reserve(_ context.Context, r agentclient.Reservation) (agent
 		return agentclient.Promise{}, errdefs.Wrap(errdefs.ErrInvalidArgument, "reserving a generation of volume %s needs a generation and a holder", r.VolumeID)
 	}
 	c := f.copies[r.VolumeID]
-	if r.Failover && c.Exists && c.Role == contract.RolePrimary { // as volume.Manager.ReserveForFailover
+	if r.Failover && c.Exists && c.Role == contract.RolePrimary { // as volume.Records.ReserveForFailover
 		return agentclient.Promise{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "node %s holds the primary of volume %s (generation %d): no failover is granted while it does", f.info.NodeID, r.VolumeID, c.Generation)
 	}
 	if c.PromisedGeneration == r.Generation && c.PromisedHolder == r.HolderNodeID {
 		return agentclient.Promise{Granted: true, PromisedGeneration: r.Generation, PromisedHolder: r.HolderNodeID}, nil
 	}
-	if c.PromisedHolder == contract.DeletionHolder { // as volume.Manager.Reserve
+	if c.PromisedHolder == contract.DeletionHolder { // as volume.Records.Reserve
 		granted := r.HolderNodeID == contract.DeletionHolder && r.Generation <= c.PromisedGeneration
 		return agentclient.Promise{Granted: granted, PromisedGeneration: c.PromisedGeneration, PromisedHolder: c.PromisedHolder}, nil
 	}
