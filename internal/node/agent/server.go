@@ -59,6 +59,7 @@ type Server struct {
 
 	volumes *volume.Manager
 	records *volume.Records
+	fences  *volume.Fences
 	// replicas is the inventory of the node's replicas; nil, as pusher
 	// and receiver are, on a node without replication.
 	replicas *copyrecord.Replicas
@@ -70,7 +71,7 @@ type Server struct {
 
 // NewServer returns the agent service of the node described by cfg.
 func NewServer(volumes *volume.Manager, replicas *copyrecord.Replicas, pusher *replication.Pusher, receiver *replication.Receiver, cfg config.Node, log hclog.Logger) *Server {
-	return &Server{volumes: volumes, records: volumes.Records(), replicas: replicas, pusher: pusher, receiver: receiver, cfg: cfg, log: log, WorkLease: worklease.NewGrants(time.Now)}
+	return &Server{volumes: volumes, records: volumes.Records(), fences: volumes.Fences(), replicas: replicas, pusher: pusher, receiver: receiver, cfg: cfg, log: log, WorkLease: worklease.NewGrants(time.Now)}
 }
 
 // DeleteReplica destroys this node's replica of a volume, if any.
@@ -534,7 +535,7 @@ func (s *Server) Promote(ctx context.Context, req *pb.PromoteRequest) (*pb.Copy,
 		return nil, err
 	}
 	if req.GetForced() {
-		if err := s.volumes.MarkForced(ctx, req.GetVolumeId(), req.GetGeneration()); err != nil {
+		if err := s.fences.MarkForced(ctx, req.GetVolumeId(), req.GetGeneration()); err != nil {
 			return nil, err
 		}
 		c.Forced = req.GetGeneration()

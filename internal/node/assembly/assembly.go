@@ -111,23 +111,23 @@ func (p *Parts) StartLease() {
 	d := p.deps
 	cfg, log := d.Config, d.Log.Named("lease")
 	p.Monitor = lease.NewMonitor(time.Duration(cfg.Lease), d.LeaseClock)
-	p.Volumes.LeaseHeld = func() bool { return p.Monitor.Held(cfg.NodeID) }
+	fences := p.Volumes.Fences()
+	fences.FollowLease(func() bool { return p.Monitor.Held(cfg.NodeID) })
 	if len(cfg.Peers) > 0 || cfg.PeersFile != "" {
 		// No lease and no attested silence before the peers are known;
 		// after a start or a lost lease, an unmounted primary is staged
 		// only once a majority confirmed it current (docs/safety.md).
 		p.Monitor.RequirePeers()
-		p.Volumes.RequireConfirmation()
+		fences.RequireConfirmation()
 	} else {
 		log.Warn("no peers configured: this node keeps no lease, so its mounted primaries are never made read-only when it is cut off, " +
 			"and it refuses to grant an automatic failover (only zfs-controller promote fails a volume over); configure peers or peers_file (docs/safety.md, \"Leases\")")
 	}
-	volumes := leaseVolumes{p.Volumes}
 	p.Heartbeat = &lease.Heartbeat{Monitor: p.Monitor, NodeID: cfg.NodeID, Interval: time.Duration(cfg.Lease) / 4,
-		Peers: d.Peers.Peers, Client: agent.NewPeerClient(d.Dial), Volumes: volumes, Log: log}
+		Peers: d.Peers.Peers, Client: agent.NewPeerClient(d.Dial), Volumes: fences, Log: log}
 	// The peers' calls count as hearing them when this node attests
 	// their silence (the caller is its verified node certificate).
-	p.peers = &agent.PeersServer{Lease: &lease.Server{NodeID: cfg.NodeID, Domain: cfg.Domain, Promised: volumes.Promised, Monitor: p.Monitor}}
+	p.peers = &agent.PeersServer{Lease: &lease.Server{NodeID: cfg.NodeID, Domain: cfg.Domain, Promised: fences.Promised, Monitor: p.Monitor}}
 }
 
 // newAgent makes the node agent service the controller calls. What it
@@ -159,7 +159,7 @@ func (p *Parts) newAgent(d Deps) {
 		}
 		return p.Monitor.Members(cfg.NodeID)
 	}
-	a.LeaseHeld = func() bool { return p.Volumes.LeaseHeld != nil && p.Volumes.LeaseHeld() }
+	a.LeaseHeld = p.Volumes.Fences().Held
 	p.Agent = a
 }
 
@@ -190,15 +190,4 @@ func (p *Parts) Recover(ctx context.Context, log hclog.Logger) {
 		log.Error("looking for promise records on the root dataset failed", "error", err)
 	}
 	p.Volumes.WarmIndexes()
-}
-
-// leaseVolumes is the volume manager as the lease sees it: the generation
-// promised for a volume, besides the manager's fences and confirmations.
-type leaseVolumes struct {
-	*volume.Manager
-}
-
-func (v leaseVolumes) Promised(ctx context.Context, id string) (uint64, error) {
-	p, err := v.Manager.Records().Promised(ctx, id)
-	return p.Generation, err
 }

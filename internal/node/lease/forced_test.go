@@ -34,7 +34,7 @@ func TestAForcedPrimaryIsUnderTheLeaseOnceAMajorityAnswers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := m.MarkForced(ctx, v.ID, v.Generation); err != nil {
+	if err := m.Fences().MarkForced(ctx, v.ID, v.Generation); err != nil {
 		t.Fatal(err)
 	}
 	m.Mounted = func(ds string) (bool, error) { return ds == v.Dataset, nil }
@@ -42,8 +42,8 @@ func TestAForcedPrimaryIsUnderTheLeaseOnceAMajorityAnswers(t *testing.T) {
 	const lease = 8 * time.Second
 	monitor := NewMonitor(lease, c.now)
 	monitor.RequirePeers()
-	m.LeaseHeld = func() bool { return monitor.Held("n1") }
-	m.RequireConfirmation()
+	m.Fences().FollowLease(func() bool { return monitor.Held("n1") })
+	m.Fences().RequireConfirmation()
 
 	peers := []string{"n2:7670", "n3:7670", "n4:7670", "n5:7670"}
 	net := newMemNet()
@@ -58,7 +58,7 @@ func TestAForcedPrimaryIsUnderTheLeaseOnceAMajorityAnswers(t *testing.T) {
 			net.cut[[2]string{"n1", a}] = true
 		}
 	}
-	h := &Heartbeat{Monitor: monitor, NodeID: "n1", Interval: lease / 4, Client: net.client("n1"), Volumes: managerVolumes{m}, Log: hclog.NewNullLogger(),
+	h := &Heartbeat{Monitor: monitor, NodeID: "n1", Interval: lease / 4, Client: net.client("n1"), Volumes: m.Fences(), Log: hclog.NewNullLogger(),
 		Peers: func() ([]string, error) { return peers, nil }}
 	writable := func() bool { return fake.NativeProperty(v.Dataset, "readonly") != "on" }
 	beats := func(n int) {

@@ -29,7 +29,7 @@ type PeerClient interface {
 }
 
 // Volumes is what the heartbeat does to the node's primaries
-// (volume.Manager).
+// (volume.Fences).
 type Volumes interface {
 	// SelfFence makes the mounted primaries read-only; it returns the IDs
 	// it fenced now.
@@ -44,7 +44,7 @@ type Volumes interface {
 	// Unconfirmed lists the primaries not confirmed current since the
 	// process started or the lease was lost, with their generations;
 	// Confirm records one confirmed; ForgetConfirmations forgets them all
-	// (volume.Manager: staging an unmounted primary waits for it).
+	// (volume.Fences: staging an unmounted primary waits for it).
 	Unconfirmed(ctx context.Context) (map[string]uint64, error)
 	Confirm(id string, generation uint64)
 	ForgetConfirmations()

@@ -15,15 +15,6 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
 )
 
-// managerVolumes is the volume manager as zfs-node hands it to the
-// heartbeat (assembly's leaseVolumes).
-type managerVolumes struct{ *volume.Manager }
-
-func (v managerVolumes) Promised(ctx context.Context, id string) (uint64, error) {
-	p, err := v.Manager.Records().Promised(ctx, id)
-	return p.Generation, err
-}
-
 // TestAReturningNodeFencesItsSupersededMount, on the node's real volume
 // code: a node's zfs-node was dead through a partition in which its
 // volume was failed over (generation 2 promised to n3); the kernel kept
@@ -51,8 +42,8 @@ func TestAReturningNodeFencesItsSupersededMount(t *testing.T) {
 	m.Mounted = func(ds string) (bool, error) { return ds == v.Dataset, nil }
 	monitor := NewMonitor(time.Minute, time.Now)
 	monitor.RequirePeers()
-	m.LeaseHeld = func() bool { return monitor.Held("n1") }
-	m.RequireConfirmation()
+	m.Fences().FollowLease(func() bool { return monitor.Held("n1") })
+	m.Fences().RequireConfirmation()
 
 	net := newMemNet()
 	net.serve("n2:7670", "n2", map[string]uint64{})
@@ -63,7 +54,7 @@ func TestAReturningNodeFencesItsSupersededMount(t *testing.T) {
 		Interval: 2 * time.Second,
 		Peers:    func() ([]string, error) { return []string{"n2:7670", "n3:7670"}, nil },
 		Client:   net.client("n1"),
-		Volumes:  managerVolumes{m},
+		Volumes:  m.Fences(),
 		Log:      hclog.NewNullLogger(),
 	}
 	h.Beat(ctx)

@@ -35,43 +35,43 @@ type confirmations struct {
 
 // RequireConfirmation makes staging wait for a primary's confirmation
 // (nodes with peers; a node alone has no one to ask).
-func (m *Manager) RequireConfirmation() {
-	m.confirmed.mu.Lock()
-	defer m.confirmed.mu.Unlock()
-	m.confirmed.required = true
+func (f *Fences) RequireConfirmation() {
+	f.confirmed.mu.Lock()
+	defer f.confirmed.mu.Unlock()
+	f.confirmed.required = true
 }
 
 // Confirm records that a majority of the domain confirmed generation of
 // volume id current (lease.Heartbeat), or that this node made it so
 // (create, promotion).
-func (m *Manager) Confirm(id string, generation uint64) {
-	m.confirmed.mu.Lock()
-	defer m.confirmed.mu.Unlock()
-	if m.confirmed.gen == nil {
-		m.confirmed.gen = map[string]uint64{}
+func (f *Fences) Confirm(id string, generation uint64) {
+	f.confirmed.mu.Lock()
+	defer f.confirmed.mu.Unlock()
+	if f.confirmed.gen == nil {
+		f.confirmed.gen = map[string]uint64{}
 	}
-	m.confirmed.gen[id] = generation
+	f.confirmed.gen[id] = generation
 }
 
 // ForgetConfirmations forgets every confirmation: the node lost its lease,
 // and a failover may follow.
-func (m *Manager) ForgetConfirmations() {
-	m.confirmed.mu.Lock()
-	defer m.confirmed.mu.Unlock()
-	m.confirmed.gen = nil
+func (f *Fences) ForgetConfirmations() {
+	f.confirmed.mu.Lock()
+	defer f.confirmed.mu.Unlock()
+	f.confirmed.gen = nil
 }
 
 // forgetConfirmation forgets the confirmation of volume id.
-func (m *Manager) forgetConfirmation(id string) {
-	m.confirmed.mu.Lock()
-	defer m.confirmed.mu.Unlock()
-	delete(m.confirmed.gen, id)
+func (f *Fences) forgetConfirmation(id string) {
+	f.confirmed.mu.Lock()
+	defer f.confirmed.mu.Unlock()
+	delete(f.confirmed.gen, id)
 }
 
-func (m *Manager) isConfirmed(id string, generation uint64) bool {
-	m.confirmed.mu.Lock()
-	defer m.confirmed.mu.Unlock()
-	return !m.confirmed.required || m.confirmed.gen[id] == generation
+func (f *Fences) isConfirmed(id string, generation uint64) bool {
+	f.confirmed.mu.Lock()
+	defer f.confirmed.mu.Unlock()
+	return !f.confirmed.required || f.confirmed.gen[id] == generation
 }
 
 // Unconfirmed lists the primaries not confirmed at their generation, with
@@ -82,24 +82,24 @@ func (m *Manager) isConfirmed(id string, generation uint64) bool {
 // node's volumes. A confirmation is always of the primary's current
 // generation: every change of it (create, promote) confirms the new one,
 // and losing the lease forgets them all.
-func (m *Manager) Unconfirmed(ctx context.Context) (map[string]uint64, error) {
-	primaries, err := m.primaries(ctx)
+func (f *Fences) Unconfirmed(ctx context.Context) (map[string]uint64, error) {
+	primaries, err := f.copies.primaries(ctx)
 	if err != nil {
 		return nil, err
 	}
 	out := map[string]uint64{}
 	for id := range primaries {
-		if m.hasConfirmation(id) {
+		if f.hasConfirmation(id) {
 			continue
 		}
-		v, err := m.get(ctx, id)
+		v, err := f.copies.get(ctx, id)
 		if errors.Is(err, errdefs.ErrNotFound) || errors.Is(err, errdefs.ErrFailedPrecondition) {
 			continue // gone meanwhile
 		}
 		if err != nil {
 			return nil, err
 		}
-		if !v.Forced && !m.isConfirmed(v.ID, v.Generation) {
+		if !v.Forced && !f.isConfirmed(v.ID, v.Generation) {
 			out[v.ID] = v.Generation
 		}
 	}
@@ -108,11 +108,11 @@ func (m *Manager) Unconfirmed(ctx context.Context) (map[string]uint64, error) {
 
 // hasConfirmation reports whether a primary needs no asking: confirmation
 // is not required, or it has one.
-func (m *Manager) hasConfirmation(id string) bool {
-	m.confirmed.mu.Lock()
-	defer m.confirmed.mu.Unlock()
-	_, ok := m.confirmed.gen[id]
-	return !m.confirmed.required || ok
+func (f *Fences) hasConfirmation(id string) bool {
+	f.confirmed.mu.Lock()
+	defer f.confirmed.mu.Unlock()
+	_, ok := f.confirmed.gen[id]
+	return !f.confirmed.required || ok
 }
 
 // checkConfirmed refuses to stage a primary no majority confirmed current
@@ -127,11 +127,11 @@ func (m *Manager) hasConfirmation(id string) bool {
 // is lost (when the mount is fenced, and lifting the fence confirms it
 // again). A re-run in the few seconds after a restart waits for the first
 // beats (Unavailable; the CO retries).
-func (m *Manager) checkConfirmed(v Volume) error {
-	if v.Forced || m.isConfirmed(v.ID, v.Generation) {
+func (f *Fences) checkConfirmed(v Volume) error {
+	if v.Forced || f.isConfirmed(v.ID, v.Generation) {
 		return nil
 	}
 	return fmt.Errorf("%w: node %s has not yet confirmed with a majority of its peers that its copy of volume %s (generation %d) is still the newest: "+
 		"it started or lost its lease since, and another copy may have been promoted meanwhile (a mount from before is no proof); retry in a few seconds (a lease beat)",
-		errdefs.ErrUnavailable, m.cfg.NodeID, v.ID, v.Generation)
+		errdefs.ErrUnavailable, f.nodeID, v.ID, v.Generation)
 }

@@ -23,7 +23,7 @@ func TestUnconfirmedPrimariesAreNotStaged(t *testing.T) {
 	before, fake := newManager(t)
 	idle := create(t, before, CreateRequest{Name: "idle"})
 	mounted := create(t, before, CreateRequest{Name: "mounted"})
-	before.RequireConfirmation()
+	before.fences.RequireConfirmation()
 	if _, unlock, err := before.Stageable(ctx, idle.ID, 1); err != nil {
 		t.Fatalf("a volume this process created: %v, want it stageable", err)
 	} else {
@@ -31,7 +31,7 @@ func TestUnconfirmedPrimariesAreNotStaged(t *testing.T) {
 	}
 
 	m := NewManager(fake, nil, before.cfg, before.log) // the process restarts
-	m.RequireConfirmation()
+	m.fences.RequireConfirmation()
 	m.Mounted = func(ds string) (bool, error) { return ds == mounted.Dataset, nil }
 	if _, _, err := m.Stageable(ctx, idle.ID, 1); !errors.Is(err, errdefs.ErrUnavailable) {
 		t.Errorf("an unconfirmed primary after a restart: %v, want Unavailable", err)
@@ -42,11 +42,11 @@ func TestUnconfirmedPrimariesAreNotStaged(t *testing.T) {
 		}
 		t.Errorf("a mounted, unconfirmed primary after a restart, with its old publish context: %v, want Unavailable", err)
 	}
-	pending, err := m.Unconfirmed(ctx)
+	pending, err := m.fences.Unconfirmed(ctx)
 	if err != nil || len(pending) != 2 || pending[idle.ID] != 1 || pending[mounted.ID] != 1 {
 		t.Fatalf("Unconfirmed = %v (%v), want both volumes, the mounted one too, at generation 1", pending, err)
 	}
-	m.Confirm(mounted.ID, 1) // the first beat
+	m.fences.Confirm(mounted.ID, 1) // the first beat
 	// Staged by this process, then its stage run again.
 	for range 2 {
 		_, unlock, err := m.Stageable(ctx, mounted.ID, 1)
@@ -55,17 +55,17 @@ func TestUnconfirmedPrimariesAreNotStaged(t *testing.T) {
 		}
 		unlock()
 	}
-	m.Confirm(idle.ID, 2) // a confirmation of another generation
+	m.fences.Confirm(idle.ID, 2) // a confirmation of another generation
 	if _, _, err := m.Stageable(ctx, idle.ID, 1); !errors.Is(err, errdefs.ErrUnavailable) {
 		t.Errorf("confirmed at another generation: %v, want Unavailable", err)
 	}
-	m.Confirm(idle.ID, 1)
+	m.fences.Confirm(idle.ID, 1)
 	if _, unlock, err := m.Stageable(ctx, idle.ID, 1); err != nil {
 		t.Errorf("a confirmed primary: %v, want it stageable", err)
 	} else {
 		unlock()
 	}
-	m.ForgetConfirmations() // the lease was lost
+	m.fences.ForgetConfirmations() // the lease was lost
 	if _, _, err := m.Stageable(ctx, idle.ID, 1); !errors.Is(err, errdefs.ErrUnavailable) {
 		t.Errorf("after the lease was lost: %v, want Unavailable", err)
 	}

@@ -183,7 +183,7 @@ func (m *Manager) createNew(ctx context.Context, id string, req CreateRequest, s
 		m.closeFailedCreate(ctx, id, err)
 		return Volume{}, err
 	}
-	m.Confirm(id, generation) // a majority promised it to this node first
+	m.fences.Confirm(id, generation) // a majority promised it to this node first
 	v, err := m.get(ctx, id)
 	if err != nil {
 		m.closeFailedCreate(ctx, id, err)

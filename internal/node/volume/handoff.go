@@ -218,7 +218,7 @@ func (m *Manager) Unfence(ctx context.Context, id string, generation uint64) err
 		}
 	}
 	if v.LeaseFencedAt != 0 && v.MovingTo == "" {
-		return m.liftLeaseFence(ctx, v, generation)
+		return m.fences.liftLeaseFence(ctx, v, generation)
 	}
 	if v.MovingTo == "" {
 		return nil
@@ -272,7 +272,7 @@ func (m *Manager) Promote(ctx context.Context, id string, generation uint64, not
 		return Copy{}, err
 	}
 	c.Role, c.Generation, c.MovingTo = contract.RolePrimary, generation, ""
-	m.Confirm(id, generation) // a majority promised it to this copy first
+	m.fences.Confirm(id, generation) // a majority promised it to this copy first
 	if failover {
 		c.FailoverFrom = c.LastSnapshot
 	}
@@ -427,7 +427,7 @@ func (m *Manager) Stageable(ctx context.Context, id string, generation uint64) (
 	case err != nil:
 	case v.MovingTo != "":
 		err = fmt.Errorf("%w: volume %s is moving to node %s and cannot be staged on node %s", errdefs.ErrFailedPrecondition, id, v.MovingTo, m.cfg.NodeID)
-	case m.LeaseHeld != nil && !m.LeaseHeld() && !v.Forced:
+	case m.fences.leaseLost() && !v.Forced:
 		err = fmt.Errorf("%w: node %s hears from no majority of its peers (lease lost): another copy of volume %s may be promoted meanwhile, so it is not staged; retry once the node's peers answer",
 			errdefs.ErrUnavailable, m.cfg.NodeID, id)
 	case v.SupersededBy != 0:
@@ -441,7 +441,7 @@ func (m *Manager) Stageable(ctx context.Context, id string, generation uint64) (
 		err = fmt.Errorf("%w: node %s holds volume %s at generation %d but generation %d was published: refusing a stale copy",
 			errdefs.ErrFailedPrecondition, m.cfg.NodeID, id, v.Generation, generation)
 	default:
-		err = m.checkConfirmed(v)
+		err = m.fences.checkConfirmed(v)
 	}
 	if err != nil {
 		unlock()

@@ -415,19 +415,19 @@ func TestUnconfirmedCostsTheUnconfirmed(t *testing.T) {
 	m, fake := newManager(t)
 	counting := &zfsfake.Counting{Interface: fake}
 	m.zfs = counting
-	m.RequireConfirmation()
+	m.fences.RequireConfirmation()
 	costWith := func(n int) int64 {
 		for i := range n {
 			if _, err := m.Create(ctx, CreateRequest{Name: fmt.Sprintf("v%d-%d", n, i)}); err != nil { // confirmed at create
 				t.Fatal(err)
 			}
 		}
-		m.Confirm(contract.VolumeIDForName("stale"), 0) // a stale entry, never matched
-		if _, err := m.Unconfirmed(ctx); err != nil {   // fills the index
+		m.fences.Confirm(contract.VolumeIDForName("stale"), 0) // a stale entry, never matched
+		if _, err := m.fences.Unconfirmed(ctx); err != nil {   // fills the index
 			t.Fatal(err)
 		}
 		before := counting.Work()
-		pending, err := m.Unconfirmed(ctx)
+		pending, err := m.fences.Unconfirmed(ctx)
 		if err != nil || len(pending) != 1 {
 			t.Fatalf("unconfirmed: %v, %v; want the one made by hand", pending, err)
 		}

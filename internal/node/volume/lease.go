@@ -7,11 +7,15 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
 
 	"golang.org/x/sync/errgroup"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
-	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
 )
 
@@ -19,6 +23,68 @@ import (
 // read-only: while it hears from no majority of its peers, another copy
 // may be promoted, and two writers must never be (docs/safety.md,
 // "Leases"). The mark lives on the dataset, so a restart keeps it.
+
+// Fences are the lease's hold on this node's primaries (package lease
+// calls them; it is lease.Volumes): a node that lost its lease makes its
+// mounted primaries read-only (SelfFence) and lifts that only once a
+// majority of the domain confirmed no newer copy exists; a primary a
+// newer generation was promised for elsewhere is made read-only
+// (FenceSuperseded); after a start or a lost lease a primary is staged
+// only once confirmed (confirm.go); a copy the operator forced without a
+// majority is exempt until a majority answers again (MarkForced,
+// EndForced). The Manager asks Fences before it stages or unfences a
+// primary, and confirms the generations it makes.
+type Fences struct {
+	copies  primaryCopies
+	records *Records
+	zfs     zfs.Interface
+	nodeID  string
+	log     hclog.Logger
+	now     func() time.Time
+	// held reports whether this node holds its lease; nil until the
+	// lease starts (FollowLease), and on a node without one.
+	held      func() bool
+	confirmed confirmations
+	// mayHoldForced tells that a copy the operator forced may be on the
+	// pool (at start, and after MarkForced): EndForced lists the pool
+	// only then, not at every beat.
+	mayHoldForced atomic.Bool
+}
+
+// primaryCopies are the node's primaries as Fences reads and changes
+// them: under each copy's lock (the Manager).
+type primaryCopies interface {
+	// List lists the pool; primaries reads the index of the primaries.
+	List(ctx context.Context) ([]Volume, error)
+	primaries(ctx context.Context) (map[string]string, error)
+	get(ctx context.Context, id string) (Volume, error)
+	lock(ctx context.Context, id, what string) (func(), error)
+	mounted(dataset string) (bool, error)
+}
+
+func newFences(copies primaryCopies, records *Records, z zfs.Interface, nodeID string, log hclog.Logger) *Fences {
+	f := &Fences{copies: copies, records: records, zfs: z, nodeID: nodeID, log: log, now: time.Now}
+	f.mayHoldForced.Store(true)
+	return f
+}
+
+// FollowLease makes the fences follow the node's lease, held reporting
+// whether it is held. The lease starts after the node's parts are built
+// (its monitor counts from then), so it comes after construction.
+func (f *Fences) FollowLease(held func() bool) { f.held = held }
+
+// Held reports whether the node holds its lease; false before it starts.
+func (f *Fences) Held() bool { return f.held != nil && f.held() }
+
+// leaseLost reports whether the node follows a lease it does not hold.
+func (f *Fences) leaseLost() bool { return f.held != nil && !f.held() }
+
+// Promised is the highest generation of volume id this node promised
+// (lease.Volumes: the heartbeat asks its peers about higher ones).
+func (f *Fences) Promised(ctx context.Context, id string) (uint64, error) {
+	p, err := f.records.Promised(ctx, id)
+	return p.Generation, err
+}
 
 // leaseFencedAt reads PropLeaseFenced: unix nanos, or 0 when not fenced.
 func leaseFencedAt(v string) int64 {
@@ -40,8 +106,8 @@ func leaseFencedAt(v string) int64 {
 // It fences the volumes all at once (selfFenceParallel at a time): each
 // may wait up to copylock.DefaultWait for its lock, and the lease margin allows
 // for one such wait (config.FenceAllowance), not one per volume.
-func (m *Manager) SelfFence(ctx context.Context) ([]string, error) {
-	vols, err := m.List(ctx)
+func (f *Fences) SelfFence(ctx context.Context) ([]string, error) {
+	vols, err := f.copies.List(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -57,7 +123,7 @@ func (m *Manager) SelfFence(ctx context.Context) ([]string, error) {
 			continue
 		}
 		g.Go(func() error {
-			ok, err := m.selfFence(ctx, v.ID)
+			ok, err := f.selfFence(ctx, v.ID)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -79,28 +145,28 @@ func (m *Manager) SelfFence(ctx context.Context) ([]string, error) {
 // once needs one FenceAllowance per round of them (docs/safety.md).
 const selfFenceParallel = 64
 
-func (m *Manager) selfFence(ctx context.Context, id string) (bool, error) {
-	unlock, err := m.lock(ctx, id, "self-fence after losing the lease")
+func (f *Fences) selfFence(ctx context.Context, id string) (bool, error) {
+	unlock, err := f.copies.lock(ctx, id, "self-fence after losing the lease")
 	if err != nil {
 		return false, err
 	}
 	defer unlock()
-	v, err := m.get(ctx, id)
+	v, err := f.copies.get(ctx, id)
 	if err != nil {
 		return false, err
 	}
 	if v.LeaseFencedAt != 0 || v.MovingTo != "" || v.Forced {
 		return false, nil
 	}
-	mounted, err := m.mounted(v.Dataset)
+	mounted, err := f.copies.mounted(v.Dataset)
 	if err != nil || !mounted {
 		return false, err
 	}
-	props := map[string]string{"readonly": "on", copyrecord.PropLeaseFenced: strconv.FormatInt(m.now().UnixNano(), 10)}
-	if err := m.zfs.SetProperties(ctx, v.Dataset, props); err != nil {
+	props := map[string]string{"readonly": "on", copyrecord.PropLeaseFenced: strconv.FormatInt(f.now().UnixNano(), 10)}
+	if err := f.zfs.SetProperties(ctx, v.Dataset, props); err != nil {
 		return false, zfsError(err, "making volume "+id+" read-only after losing the lease")
 	}
-	m.log.Warn("lease lost: volume made read-only; writes fail until a majority of the nodes confirms no newer copy exists",
+	f.log.Warn("lease lost: volume made read-only; writes fail until a majority of the nodes confirms no newer copy exists",
 		"volume_id", id, "generation", v.Generation)
 	return true, nil
 }
@@ -128,19 +194,19 @@ func supersededBy(v string) uint64 {
 // copy meanwhile, naming the newer generation. A copy fenced for a move is
 // read-only already and left as it is; so is one of another generation
 // (it changed meanwhile). It reports whether it fenced the copy now.
-func (m *Manager) FenceSuperseded(ctx context.Context, id string, generation, newer uint64) (bool, error) {
+func (f *Fences) FenceSuperseded(ctx context.Context, id string, generation, newer uint64) (bool, error) {
 	// The heartbeat asks again at every beat while the copy stays
 	// unconfirmed: one fenced already is seen without waiting for the
 	// copy's lock, which a receive or a push may hold.
-	if v, err := m.get(ctx, id); err == nil && v.SupersededBy >= newer {
+	if v, err := f.copies.get(ctx, id); err == nil && v.SupersededBy >= newer {
 		return false, nil
 	}
-	unlock, err := m.lock(ctx, id, "fencing a copy superseded elsewhere")
+	unlock, err := f.copies.lock(ctx, id, "fencing a copy superseded elsewhere")
 	if err != nil {
 		return false, err
 	}
 	defer unlock()
-	v, err := m.get(ctx, id)
+	v, err := f.copies.get(ctx, id)
 	if errors.Is(err, errdefs.ErrNotFound) || errors.Is(err, errdefs.ErrFailedPrecondition) {
 		return false, nil // gone or no primary any more
 	}
@@ -150,24 +216,24 @@ func (m *Manager) FenceSuperseded(ctx context.Context, id string, generation, ne
 	if v.Generation != generation || newer <= generation || v.MovingTo != "" || v.SupersededBy >= newer {
 		return false, nil
 	}
-	m.forgetConfirmation(id)
+	f.forgetConfirmation(id)
 	props := map[string]string{"readonly": "on", copyrecord.PropSuperseded: strconv.FormatUint(newer, 10)}
 	if v.LeaseFencedAt == 0 {
-		props[copyrecord.PropLeaseFenced] = strconv.FormatInt(m.now().UnixNano(), 10)
+		props[copyrecord.PropLeaseFenced] = strconv.FormatInt(f.now().UnixNano(), 10)
 	}
-	if err := m.zfs.SetProperties(ctx, v.Dataset, props); err != nil {
+	if err := f.zfs.SetProperties(ctx, v.Dataset, props); err != nil {
 		return false, zfsError(err, "making volume "+id+" read-only: a newer generation was promised elsewhere")
 	}
-	mounted, _ := m.mounted(v.Dataset)
-	m.log.Warn("a newer generation of the volume was promised elsewhere: this copy is made read-only and is not staged; the controller publishes the newest copy",
+	mounted, _ := f.copies.mounted(v.Dataset)
+	f.log.Warn("a newer generation of the volume was promised elsewhere: this copy is made read-only and is not staged; the controller publishes the newest copy",
 		"volume_id", id, "generation", generation, "promised", newer, "mounted", mounted)
 	return true, nil
 }
 
 // LeaseFenced returns the primaries fenced by the lease, with their
 // generations.
-func (m *Manager) LeaseFenced(ctx context.Context) (map[string]uint64, error) {
-	vols, err := m.List(ctx)
+func (f *Fences) LeaseFenced(ctx context.Context) (map[string]uint64, error) {
+	vols, err := f.copies.List(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -184,43 +250,43 @@ func (m *Manager) LeaseFenced(ctx context.Context) (map[string]uint64, error) {
 // domain confirmed that none of them promised a generation above
 // generation: no other copy can have been promoted. It does nothing to a
 // copy of another generation or one fenced for a move.
-func (m *Manager) LiftLeaseFence(ctx context.Context, id string, generation uint64) error {
-	unlock, err := m.lock(ctx, id, "lifting the lease fence")
+func (f *Fences) LiftLeaseFence(ctx context.Context, id string, generation uint64) error {
+	unlock, err := f.copies.lock(ctx, id, "lifting the lease fence")
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	v, err := m.get(ctx, id)
+	v, err := f.copies.get(ctx, id)
 	if err != nil {
 		return err
 	}
-	return m.liftLeaseFence(ctx, v, generation)
+	return f.liftLeaseFence(ctx, v, generation)
 }
 
 // liftLeaseFence makes v writable again if it is fenced by the lease, of
 // generation, and the node holds its lease again. The caller holds the
 // volume's lock.
-func (m *Manager) liftLeaseFence(ctx context.Context, v Volume, generation uint64) error {
+func (f *Fences) liftLeaseFence(ctx context.Context, v Volume, generation uint64) error {
 	id := v.ID
 	if v.LeaseFencedAt == 0 {
 		return nil
 	}
-	if m.LeaseHeld != nil && !m.LeaseHeld() {
-		return fmt.Errorf("%w: node %s hears from no majority of its peers (every domain): volume %s stays read-only until it does", errdefs.ErrUnavailable, m.cfg.NodeID, id)
+	if f.leaseLost() {
+		return fmt.Errorf("%w: node %s hears from no majority of its peers (every domain): volume %s stays read-only until it does", errdefs.ErrUnavailable, f.nodeID, id)
 	}
 	if v.Generation != generation || v.MovingTo != "" {
 		return fmt.Errorf("%w: volume %s is at generation %d (moving to %q); the confirmation was for generation %d",
 			errdefs.ErrFailedPrecondition, id, v.Generation, v.MovingTo, generation)
 	}
 	if v.SupersededBy != 0 {
-		m.log.Warn("lifting the fence of a copy a newer generation was promised elsewhere for: the controller found no newer copy (the promise was never used)",
+		f.log.Warn("lifting the fence of a copy a newer generation was promised elsewhere for: the controller found no newer copy (the promise was never used)",
 			"volume_id", id, "generation", generation, "promised", v.SupersededBy)
 	}
-	if err := m.zfs.SetProperties(ctx, v.Dataset, map[string]string{"readonly": "off", copyrecord.PropLeaseFenced: "-", copyrecord.PropSuperseded: "-"}); err != nil {
+	if err := f.zfs.SetProperties(ctx, v.Dataset, map[string]string{"readonly": "off", copyrecord.PropLeaseFenced: "-", copyrecord.PropSuperseded: "-"}); err != nil {
 		return zfsError(err, "making volume "+id+" writable again")
 	}
-	m.log.Info("lease held again and no newer copy exists: volume writable again", "volume_id", id, "generation", generation)
-	m.Confirm(id, generation)
+	f.log.Info("lease held again and no newer copy exists: volume writable again", "volume_id", id, "generation", generation)
+	f.Confirm(id, generation)
 	return nil
 }
 
@@ -234,15 +300,15 @@ func (m *Manager) liftLeaseFence(ctx context.Context, v Volume, generation uint6
 // elsewhere, like any primary; the controller publishes it only with a
 // majority answering. A copy forced at another generation than its
 // current one carries no exemption already (Volume.Forced) and is left.
-func (m *Manager) EndForced(ctx context.Context) ([]string, error) {
+func (f *Fences) EndForced(ctx context.Context) ([]string, error) {
 	// The heartbeat calls it every beat: the pool is listed only while a
 	// forced copy may be on it, and a pass that fails looks again.
-	if !m.mayHoldForced.Swap(false) {
+	if !f.mayHoldForced.Swap(false) {
 		return nil, nil
 	}
-	vols, err := m.List(ctx)
+	vols, err := f.copies.List(ctx)
 	if err != nil {
-		m.mayHoldForced.Store(true)
+		f.mayHoldForced.Store(true)
 		return nil, err
 	}
 	var (
@@ -253,8 +319,8 @@ func (m *Manager) EndForced(ctx context.Context) ([]string, error) {
 		if !v.Forced {
 			continue
 		}
-		if err := m.endForced(ctx, v.ID); err != nil {
-			m.mayHoldForced.Store(true)
+		if err := f.endForced(ctx, v.ID); err != nil {
+			f.mayHoldForced.Store(true)
 			errs = append(errs, err)
 			continue
 		}
@@ -263,20 +329,20 @@ func (m *Manager) EndForced(ctx context.Context) ([]string, error) {
 	return ended, errors.Join(errs...)
 }
 
-func (m *Manager) endForced(ctx context.Context, id string) error {
-	unlock, err := m.lock(ctx, id, "ending the operator's forced promotion")
+func (f *Fences) endForced(ctx context.Context, id string) error {
+	unlock, err := f.copies.lock(ctx, id, "ending the operator's forced promotion")
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	v, err := m.get(ctx, id)
+	v, err := f.copies.get(ctx, id)
 	if err != nil || !v.Forced {
 		return err
 	}
-	if err := m.zfs.ClearUserProperty(ctx, v.Dataset, copyrecord.PropForced); err != nil {
+	if err := f.zfs.ClearUserProperty(ctx, v.Dataset, copyrecord.PropForced); err != nil {
 		return zfsError(err, "ending the forced promotion of volume "+id)
 	}
-	m.log.Warn("a majority of the nodes answers again: the copy the operator promoted without one is under the lease again (it is made read-only if the lease is lost, and confirmed before it is staged again)",
+	f.log.Warn("a majority of the nodes answers again: the copy the operator promoted without one is under the lease again (it is made read-only if the lease is lost, and confirmed before it is staged again)",
 		"volume_id", id, "generation", v.Generation)
 	return nil
 }
@@ -285,23 +351,23 @@ func (m *Manager) endForced(ctx context.Context, id string) error {
 // promoted it at generation without a majority of the nodes: the
 // controller may then publish it while the majority stays lost, on the
 // operator's word that the silent nodes hold nothing newer.
-func (m *Manager) MarkForced(ctx context.Context, id string, generation uint64) error {
-	unlock, err := m.lock(ctx, id, "marking forced")
+func (f *Fences) MarkForced(ctx context.Context, id string, generation uint64) error {
+	unlock, err := f.copies.lock(ctx, id, "marking forced")
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	c, err := m.Copy(ctx, id)
-	if err != nil {
+	v, err := f.copies.get(ctx, id)
+	switch {
+	case errors.Is(err, errdefs.ErrNotFound), errors.Is(err, errdefs.ErrFailedPrecondition), err == nil && v.Generation != generation:
+		return fmt.Errorf("%w: node %s holds no primary of volume %s at generation %d to mark as forced", errdefs.ErrFailedPrecondition, f.nodeID, id, generation)
+	case err != nil:
 		return err
 	}
-	if !c.Exists || c.Role != contract.RolePrimary || c.Generation != generation {
-		return fmt.Errorf("%w: node %s holds no primary of volume %s at generation %d to mark as forced", errdefs.ErrFailedPrecondition, m.cfg.NodeID, id, generation)
-	}
-	if err := m.zfs.SetProperties(ctx, datasetFor(m.cfg.RootDataset, id), map[string]string{copyrecord.PropForced: strconv.FormatUint(generation, 10)}); err != nil {
+	if err := f.zfs.SetProperties(ctx, v.Dataset, map[string]string{copyrecord.PropForced: strconv.FormatUint(generation, 10)}); err != nil {
 		return zfsError(err, "marking volume "+id+" as forced")
 	}
-	m.mayHoldForced.Store(true)
-	m.log.Warn("primary promoted by the operator without a majority of the nodes", "volume_id", id, "generation", generation)
+	f.mayHoldForced.Store(true)
+	f.log.Warn("primary promoted by the operator without a majority of the nodes", "volume_id", id, "generation", generation)
 	return nil
 }

@@ -23,20 +23,20 @@ func TestSelfFenceAndLift(t *testing.T) {
 	idle := create(t, m, CreateRequest{Name: "idle"})
 	m.Mounted = func(ds string) (bool, error) { return ds == mounted.Dataset, nil }
 	held := true
-	m.LeaseHeld = func() bool { return held }
+	m.fences.FollowLease(func() bool { return held })
 	readonly := func(ds string) string {
 		return fake.NativeProperty(ds, "readonly")
 	}
 
 	held = false
-	fenced, err := m.SelfFence(ctx)
+	fenced, err := m.fences.SelfFence(ctx)
 	if err != nil || !slices.Equal(fenced, []string{mounted.ID}) {
 		t.Fatalf("SelfFence fenced %v (%v), want only the mounted volume %s", fenced, err, mounted.ID)
 	}
 	if readonly(mounted.Dataset) != "on" || readonly(idle.Dataset) == "on" {
 		t.Errorf("readonly: mounted %s, idle %s; want on and off", readonly(mounted.Dataset), readonly(idle.Dataset))
 	}
-	if again, err := m.SelfFence(ctx); err != nil || len(again) != 0 {
+	if again, err := m.fences.SelfFence(ctx); err != nil || len(again) != 0 {
 		t.Errorf("a second SelfFence fenced %v (%v), want nothing", again, err)
 	}
 	if _, _, err := m.Stageable(ctx, idle.ID, 1); !errors.Is(err, errdefs.ErrUnavailable) {
@@ -47,10 +47,10 @@ func TestSelfFenceAndLift(t *testing.T) {
 	if _, _, err := m.Stageable(ctx, mounted.ID, 1); !errors.Is(err, errdefs.ErrUnavailable) {
 		t.Errorf("staging a volume fenced by the lease: %v, want Unavailable", err)
 	}
-	if got, err := m.LeaseFenced(ctx); err != nil || len(got) != 1 || got[mounted.ID] != 1 {
+	if got, err := m.fences.LeaseFenced(ctx); err != nil || len(got) != 1 || got[mounted.ID] != 1 {
 		t.Errorf("LeaseFenced = %v (%v), want %s at generation 1", got, err, mounted.ID)
 	}
-	if err := m.LiftLeaseFence(ctx, mounted.ID, 2); !errors.Is(err, errdefs.ErrFailedPrecondition) || readonly(mounted.Dataset) != "on" {
+	if err := m.fences.LiftLeaseFence(ctx, mounted.ID, 2); !errors.Is(err, errdefs.ErrFailedPrecondition) || readonly(mounted.Dataset) != "on" {
 		t.Errorf("lifting with another generation: %v, readonly %s; want FailedPrecondition and still on", err, readonly(mounted.Dataset))
 	}
 	held = false
@@ -75,12 +75,12 @@ func TestForcedCopyIgnoresTheLease(t *testing.T) {
 	ctx := context.Background()
 	m, fake := newManager(t)
 	v := create(t, m, CreateRequest{Name: "forced"})
-	if err := m.MarkForced(ctx, v.ID, 1); err != nil {
+	if err := m.fences.MarkForced(ctx, v.ID, 1); err != nil {
 		t.Fatal(err)
 	}
 	m.Mounted = func(string) (bool, error) { return true, nil }
-	m.LeaseHeld = func() bool { return false }
-	if fenced, err := m.SelfFence(ctx); err != nil || len(fenced) != 0 || fake.NativeProperty(v.Dataset, "readonly") == "on" {
+	m.fences.FollowLease(func() bool { return false })
+	if fenced, err := m.fences.SelfFence(ctx); err != nil || len(fenced) != 0 || fake.NativeProperty(v.Dataset, "readonly") == "on" {
 		t.Errorf("SelfFence fenced %v (%v); want the forced copy left writable", fenced, err)
 	}
 	_, unlock, err := m.Stageable(ctx, v.ID, 1)
@@ -109,7 +109,7 @@ func TestSelfFenceFencesAllAtOnce(t *testing.T) {
 		vols = append(vols, create(t, m, CreateRequest{Name: fmt.Sprintf("v%02d", i)}))
 	}
 	m.Mounted = func(string) (bool, error) { time.Sleep(perVolume); return true, nil }
-	m.LeaseHeld = func() bool { return false }
+	m.fences.FollowLease(func() bool { return false })
 	unlock, err := m.Locks().Lock(ctx, vols[7].ID, "a slow change")
 	if err != nil {
 		t.Fatal(err)
@@ -117,7 +117,7 @@ func TestSelfFenceFencesAllAtOnce(t *testing.T) {
 	time.AfterFunc(busy, unlock)
 
 	began := time.Now()
-	fenced, err := m.SelfFence(ctx)
+	fenced, err := m.fences.SelfFence(ctx)
 	took := time.Since(began)
 	if err != nil || len(fenced) != primaries {
 		t.Fatalf("SelfFence fenced %d of %d (%v)", len(fenced), primaries, err)
@@ -144,17 +144,17 @@ func TestFenceSuperseded(t *testing.T) {
 	mounted := create(t, m, CreateRequest{Name: "mounted"})
 	idle := create(t, m, CreateRequest{Name: "idle"})
 	m.Mounted = func(ds string) (bool, error) { return ds == mounted.Dataset, nil }
-	m.LeaseHeld = func() bool { return true }
+	m.fences.FollowLease(func() bool { return true })
 	readonly := func(ds string) string { return fake.NativeProperty(ds, "readonly") }
 
-	if fenced, err := m.FenceSuperseded(ctx, mounted.ID, 2, 3); err != nil || fenced {
+	if fenced, err := m.fences.FenceSuperseded(ctx, mounted.ID, 2, 3); err != nil || fenced {
 		t.Errorf("fencing for another generation of the copy: %v, %v; want nothing done", fenced, err)
 	}
 	for _, v := range []Volume{mounted, idle} {
-		if fenced, err := m.FenceSuperseded(ctx, v.ID, 1, 2); err != nil || !fenced || readonly(v.Dataset) != "on" {
+		if fenced, err := m.fences.FenceSuperseded(ctx, v.ID, 1, 2); err != nil || !fenced || readonly(v.Dataset) != "on" {
 			t.Fatalf("fencing %s for generation 2: %v, %v, readonly %s; want fenced and on", v.Name, fenced, err, readonly(v.Dataset))
 		}
-		if fenced, err := m.FenceSuperseded(ctx, v.ID, 1, 2); err != nil || fenced {
+		if fenced, err := m.fences.FenceSuperseded(ctx, v.ID, 1, 2); err != nil || fenced {
 			t.Errorf("fencing %s again: %v, %v; want nothing done", v.Name, fenced, err)
 		}
 		_, _, err := m.Stageable(ctx, v.ID, 1)
@@ -162,7 +162,7 @@ func TestFenceSuperseded(t *testing.T) {
 			t.Errorf("staging %s: %v; want FailedPrecondition naming generation 2", v.Name, err)
 		}
 	}
-	if got, err := m.LeaseFenced(ctx); err != nil || len(got) != 2 {
+	if got, err := m.fences.LeaseFenced(ctx); err != nil || len(got) != 2 {
 		t.Errorf("LeaseFenced = %v (%v); want both: the heartbeat asks about them at every beat", got, err)
 	}
 	if err := m.Unfence(ctx, idle.ID, 1); err != nil || readonly(idle.Dataset) != "off" {

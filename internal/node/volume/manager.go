@@ -131,9 +131,6 @@ type Manager struct {
 	// is refused before it touches anything while any holds the volume,
 	// and says who does.
 	MountHolders func(dataset string) []string
-	// LeaseHeld, when set, reports whether this node holds its lease
-	// (package lease); no primary is staged while it does not.
-	LeaseHeld func() bool
 	// Roots sets the owner and mode of new volumes' root directories;
 	// without it a create that asks for them fails.
 	Roots RootPreparer
@@ -156,12 +153,9 @@ type Manager struct {
 	// records are the node's promises and deleted-snapshot records
 	// (Records).
 	records *Records
-	// mayHoldForced tells that a copy the operator forced may be on the
-	// pool (at start, and after MarkForced): EndForced lists the pool
-	// only then, not at every beat.
-	mayHoldForced atomic.Bool
-	now           func() time.Time
-	confirmed     confirmations
+	// fences are the lease's on the primaries (lease.go).
+	fences *Fences
+	now    func() time.Time
 	// primaryIndex and snapshotIndex: see index.go. primariesListed and
 	// snapshotsListed tell whether each was listed once since the start.
 	primaryIndex, snapshotIndex      idIndex
@@ -183,7 +177,7 @@ type Manager struct {
 func NewManager(z zfs.Interface, replicas *copyrecord.Replicas, cfg config.Node, log hclog.Logger) *Manager {
 	m := &Manager{zfs: z, replicas: replicas, cfg: cfg, log: log, now: time.Now, locks: new(copylock.Locks), started: time.Now()}
 	m.records = NewRecords(z, cfg, log)
-	m.mayHoldForced.Store(true)
+	m.fences = newFences(m, m.records, z, cfg.NodeID, log)
 	return m
 }
 
@@ -191,10 +185,14 @@ func NewManager(z zfs.Interface, replicas *copyrecord.Replicas, cfg config.Node,
 // Manager reads where a change of a copy must agree with them.
 func (m *Manager) Records() *Records { return m.records }
 
+// Fences are the lease's fences on the node's primaries, which the
+// Manager asks before it stages or unfences one.
+func (m *Manager) Fences() *Fences { return m.fences }
+
 // UseClock sets the node's wall clock (time.Now by default), which names
 // set-aside copies and dates fences: the simulation skews it per node.
 // No decision compares two nodes' readings of it (docs/safety.md).
-func (m *Manager) UseClock(now func() time.Time) { m.now = now }
+func (m *Manager) UseClock(now func() time.Time) { m.now, m.fences.now = now, now }
 
 // Locks is the one lock of each copy on this node (package copylock): the
 // replication pusher and receiver change copies under it too.

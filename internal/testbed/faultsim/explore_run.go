@@ -177,7 +177,7 @@ func (x *explRun) tickNow() string {
 	x.w.beat()
 	var held []string
 	for _, n := range x.w.nodes {
-		if n.inc != nil && n.inc.volumes.LeaseHeld() {
+		if n.inc != nil && n.inc.volumes.Fences().Held() {
 			held = append(held, n.id)
 		}
 	}
