@@ -259,14 +259,16 @@ func assemble(cfg config.Node, z *libzfs.ZFS, dial dialing, registry *metrics.Re
 		DialTarget: dial.to(dial.targets),
 		Peers:      peers.Configured(cfg.Peers, cfg.PeersFile),
 		LeaseClock: time.Now,
-		Log:        log,
+		Host: volume.Host{
+			Mounted:      mount.IsMountedZFS,
+			MountHolders: func(dataset string) []string { return mount.Holders("/proc", dataset) },
+			Roots:        mount.RootPreparer{Dir: rootsDir},
+			// libzfs takes no key material: encrypted volumes go through
+			// the zfs command with the passphrase on its standard input.
+			Encryption: zfscmd.Cmd{},
+		},
+		Log: log,
 	})
-	node.Volumes.Mounted = mount.IsMountedZFS
-	node.Volumes.MountHolders = func(dataset string) []string { return mount.Holders("/proc", dataset) }
-	node.Volumes.Roots = mount.RootPreparer{Dir: rootsDir}
-	// libzfs takes no key material: encrypted volumes go through the zfs
-	// command with the passphrase on its standard input.
-	node.Volumes.Encryption = zfscmd.Cmd{}
 	node.Pusher.Metrics = replication.NewMetrics(registry)
 	node.Receiver.Metrics = node.Pusher.Metrics
 	return node

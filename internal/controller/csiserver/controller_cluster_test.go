@@ -47,7 +47,7 @@ func newTestCluster(t *testing.T, free map[string]uint64) *testCluster {
 		}
 		cfg := config.DefaultNode()
 		cfg.NodeID, cfg.RootDataset, cfg.MaxQuota = id, "tank/nomad", 8<<30
-		mgr := volume.NewManager(fake, nil, cfg, hclog.NewNullLogger())
+		mgr := volume.NewManager(volume.Deps{ZFS: fake, Config: cfg, Log: hclog.NewNullLogger()})
 		if err := mgr.Records().CheckLegacyPromises(context.Background()); err != nil {
 			t.Fatal(err)
 		}

@@ -44,7 +44,7 @@ func newCostCluster(t *testing.T) *costCluster {
 		z := &zfsfake.Counting{Interface: fake}
 		cfg := config.DefaultNode()
 		cfg.NodeID, cfg.RootDataset, cfg.MaxQuota, cfg.MountBaseDirs = id, "tank/nomad", 8<<30, []string{base}
-		mgr := volume.NewManager(z, nil, cfg, hclog.NewNullLogger())
+		mgr := volume.NewManager(volume.Deps{ZFS: z, Config: cfg, Log: hclog.NewNullLogger()})
 		agents.Serve(t, id+":7670", agent.NewServer(mgr, nil, nil, nil, cfg, hclog.NewNullLogger()))
 		cc.zfs[id], cc.vols[id] = z, mgr
 		cc.nodes[id] = csinode.New(mgr, mount.NewFake(), cfg, hclog.NewNullLogger())

@@ -36,7 +36,7 @@ func newServer(t *testing.T) (*Server, *volume.Manager, *zfsfake.Fake) {
 	cfg.MaxQuota, cfg.DefaultQuota = 4<<30, 1<<30
 	log := hclog.NewNullLogger()
 	replicas := copyrecord.NewReplicas(fake.Streams(), root)
-	volumes := volume.NewManager(fake, replicas, cfg, log)
+	volumes := volume.NewManager(volume.Deps{ZFS: fake, Config: cfg, Log: log, Replicas: replicas})
 	receiver := replication.NewReceiver(fake.Streams(), volumes.Locks(), volumes, root, cfg.NodeID, cfg.ReplicationSnapshots, log)
 	return NewServer(volumes, replicas, nil, receiver, cfg, log), volumes, fake
 }

@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/node/agent"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/copylock"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/lease"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/replication"
@@ -55,7 +56,9 @@ type Deps struct {
 	// the lease counts on (monotonic: time.Now).
 	Peers      peers.Source
 	LeaseClock func() time.Time
-	Log        hclog.Logger
+	// Host is the node's mounts, volume root directories and keys.
+	Host volume.Host
+	Log  hclog.Logger
 }
 
 // Parts are one node process's parts, wired together.
@@ -77,26 +80,47 @@ type Parts struct {
 // does).
 func New(d Deps) *Parts {
 	replicas := copyrecord.NewReplicas(d.Streams, d.Config.RootDataset)
-	p := &Parts{Volumes: volume.NewManager(d.ZFS, replicas, d.Config, d.Log.Named("volumes")), Replicas: replicas, deps: d}
-	p.newReplication(d)
+	p := &Parts{Replicas: replicas, deps: d}
+	locks := new(copylock.Locks)
+	p.newPusher(d, locks)
+	vd := volume.Deps{ZFS: d.ZFS, Config: d.Config, Log: d.Log.Named("volumes"), Replicas: replicas, Locks: locks, Host: d.Host}
+	if pushesBackups(d) {
+		vd.Restore = p.Pusher.Restore
+	}
+	p.Volumes = volume.NewManager(vd)
+	p.newReceiver(d, locks)
 	p.newAgent(d)
 	return p
 }
 
-// newReplication makes the sender and receiver of replica streams. Both
-// change copies under the volume manager's locks, one lock per copy
-// whichever part of the node changes it, and the receiver tells the
+// The sender and the receiver of replica streams change copies under
+// the node's copy locks, which the volume manager takes too: one lock per
+// copy, whichever part of the node changes it.
+
+// newPusher makes the sender of replica streams, and of backups to the
+// configured targets.
+func (p *Parts) newPusher(d Deps, locks *copylock.Locks) {
+	cfg := d.Config
+	p.Pusher = replication.NewPusher(d.Streams, locks, cfg.RootDataset, cfg.NodeID, cfg.ReplicationSnapshots,
+		replication.NewLimiter(uint64(cfg.ReplicationBandwidth)), agent.NewReplicationPeers(d.Dial), d.Log.Named("replication"))
+	if pushesBackups(d) {
+		p.Pusher.UseTargets(cfg.BackupTargets, agent.NewReplicationPeers(d.DialTarget))
+	}
+}
+
+// pushesBackups tells whether the node pushes backups to, and restores
+// them from, backup targets: it is configured with some and can dial
+// them.
+func pushesBackups(d Deps) bool {
+	return d.DialTarget != nil && len(d.Config.BackupTargets) > 0
+}
+
+// newReceiver makes the receiver of replica streams. It tells the volume
 // manager, the index of the node's copies, what it received, so the
 // indexes stay exact.
-func (p *Parts) newReplication(d Deps) {
-	cfg, log := d.Config, d.Log.Named("replication")
-	p.Pusher = replication.NewPusher(d.Streams, p.Volumes.Locks(), cfg.RootDataset, cfg.NodeID, cfg.ReplicationSnapshots,
-		replication.NewLimiter(uint64(cfg.ReplicationBandwidth)), agent.NewReplicationPeers(d.Dial), log)
-	if d.DialTarget != nil && len(cfg.BackupTargets) > 0 {
-		p.Pusher.UseTargets(cfg.BackupTargets, agent.NewReplicationPeers(d.DialTarget))
-		p.Volumes.Restore = p.Pusher.Restore
-	}
-	r := replication.NewReceiver(d.Streams, p.Volumes.Locks(), p.Volumes, cfg.RootDataset, cfg.NodeID, cfg.ReplicationSnapshots, log)
+func (p *Parts) newReceiver(d Deps, locks *copylock.Locks) {
+	cfg := d.Config
+	r := replication.NewReceiver(d.Streams, locks, p.Volumes, cfg.RootDataset, cfg.NodeID, cfg.ReplicationSnapshots, d.Log.Named("replication"))
 	r.MaxQuota, r.QuotaProperty = uint64(cfg.MaxQuota), cfg.QuotaProperty
 	r.IdleTimeout = time.Duration(cfg.ReceiveIdleTimeout)
 	r.MaxReplicasPerPeer = cfg.MaxReplicasPerPeer

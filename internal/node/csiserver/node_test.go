@@ -41,7 +41,7 @@ func newTestNode(t *testing.T) (n *Node, mounter *mount.Fake, fake *zfsfake.Fake
 	base = t.TempDir()
 	cfg := config.DefaultNode()
 	cfg.NodeID, cfg.RootDataset, cfg.MaxQuota, cfg.MountBaseDirs = "n1", "tank/nomad", 1<<30, []string{base}
-	volumes := volume.NewManager(fake, nil, cfg, hclog.NewNullLogger())
+	volumes := volume.NewManager(volume.Deps{ZFS: fake, Config: cfg, Log: hclog.NewNullLogger()})
 	v, err := volumes.Create(ctx, volume.CreateRequest{Name: "v"})
 	if err != nil {
 		t.Fatal(err)
@@ -240,9 +240,8 @@ func TestAnEncryptedVolumeIsOpenOnlyWhileStaged(t *testing.T) {
 	ctx := context.Background()
 	n, mounter, fake, _, base := newTestNode(t)
 	n.cfg.Properties["encryption"] = config.PropertyRule{}
-	n.volumes = volume.NewManager(fake, nil, n.cfg, hclog.NewNullLogger())
-	n.volumes.Encryption = fake
-	n.volumes.Mounted = func(ds string) (bool, error) { return mounter.Mounted(ds), nil }
+	n.volumes = volume.NewManager(volume.Deps{ZFS: fake, Config: n.cfg, Log: hclog.NewNullLogger(),
+		Host: volume.Host{Encryption: fake, Mounted: func(ds string) (bool, error) { return mounter.Mounted(ds), nil }}})
 	key := "correct horse battery"
 	v, err := n.volumes.Create(ctx, volume.CreateRequest{Name: "secret", Parameters: map[string]string{"encryption": "on"}, Passphrase: contract.Passphrase(key)})
 	if err != nil {
@@ -305,9 +304,8 @@ func TestAStageWithoutTheKeyIsRefusedWhileTheKeyIsLoaded(t *testing.T) {
 			ctx := context.Background()
 			n, mounter, fake, _, base := newTestNode(t)
 			n.cfg.Properties["encryption"] = config.PropertyRule{}
-			n.volumes = volume.NewManager(fake, nil, n.cfg, hclog.NewNullLogger())
-			n.volumes.Encryption = fake
-			n.volumes.Mounted = func(ds string) (bool, error) { return mounter.Mounted(ds), nil }
+			n.volumes = volume.NewManager(volume.Deps{ZFS: fake, Config: n.cfg, Log: hclog.NewNullLogger(),
+				Host: volume.Host{Encryption: fake, Mounted: func(ds string) (bool, error) { return mounter.Mounted(ds), nil }}})
 			v, err := n.volumes.Create(ctx, volume.CreateRequest{Name: "secret", Parameters: map[string]string{"encryption": "on"}, Passphrase: contract.Passphrase(key)})
 			if err != nil {
 				t.Fatal(err)

@@ -29,7 +29,9 @@ func TestAForcedPrimaryIsUnderTheLeaseOnceAMajorityAnswers(t *testing.T) {
 	}
 	cfg := config.DefaultNode()
 	cfg.NodeID, cfg.RootDataset, cfg.MaxQuota, cfg.DefaultQuota = "n1", "tank/nomad", 4<<30, 1<<30
-	m := volume.NewManager(fake, nil, cfg, hclog.NewNullLogger())
+	var staged string // the dataset the job's mount holds
+	mounted := func(ds string) (bool, error) { return ds == staged, nil }
+	m := volume.NewManager(volume.Deps{ZFS: fake, Config: cfg, Log: hclog.NewNullLogger(), Host: volume.Host{Mounted: mounted}})
 	v, err := m.Create(ctx, volume.CreateRequest{Name: "forced"})
 	if err != nil {
 		t.Fatal(err)
@@ -37,7 +39,7 @@ func TestAForcedPrimaryIsUnderTheLeaseOnceAMajorityAnswers(t *testing.T) {
 	if err := m.Fences().MarkForced(ctx, v.ID, v.Generation); err != nil {
 		t.Fatal(err)
 	}
-	m.Mounted = func(ds string) (bool, error) { return ds == v.Dataset, nil }
+	staged = v.Dataset
 	c := &clock{t: time.Unix(1000, 0)}
 	const lease = 8 * time.Second
 	monitor := NewMonitor(lease, c.now)

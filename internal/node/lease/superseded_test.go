@@ -31,15 +31,15 @@ func TestAReturningNodeFencesItsSupersededMount(t *testing.T) {
 	}
 	cfg := config.DefaultNode()
 	cfg.NodeID, cfg.RootDataset, cfg.MaxQuota, cfg.DefaultQuota = "n1", "tank/nomad", 4<<30, 1<<30
-	before := volume.NewManager(fake, nil, cfg, hclog.NewNullLogger())
+	before := volume.NewManager(volume.Deps{ZFS: fake, Config: cfg, Log: hclog.NewNullLogger()})
 	v, err := before.Create(ctx, volume.CreateRequest{Name: "web-data"})
 	if err != nil {
 		t.Fatal(err)
 	}
 
 	// The process restarts, as zfs-node wires it with peers.
-	m := volume.NewManager(fake, nil, cfg, hclog.NewNullLogger())
-	m.Mounted = func(ds string) (bool, error) { return ds == v.Dataset, nil }
+	mounted := func(ds string) (bool, error) { return ds == v.Dataset, nil }
+	m := volume.NewManager(volume.Deps{ZFS: fake, Config: cfg, Log: hclog.NewNullLogger(), Host: volume.Host{Mounted: mounted}})
 	monitor := NewMonitor(time.Minute, time.Now)
 	monitor.RequirePeers()
 	m.Fences().FollowLease(func() bool { return monitor.Held("n1") })
@@ -76,7 +76,7 @@ func TestAReturningNodeFencesItsSupersededMount(t *testing.T) {
 		t.Errorf("after a second beat: readonly=%q, want on", ro)
 	}
 	// A restart keeps the mark: the fence is on the dataset.
-	again := volume.NewManager(fake, nil, cfg, hclog.NewNullLogger())
+	again := volume.NewManager(volume.Deps{ZFS: fake, Config: cfg, Log: hclog.NewNullLogger()})
 	if _, _, err := again.Stageable(ctx, v.ID, 1); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Errorf("staging after another restart: %v, want FailedPrecondition", err)
 	}

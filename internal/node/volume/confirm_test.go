@@ -30,9 +30,9 @@ func TestUnconfirmedPrimariesAreNotStaged(t *testing.T) {
 		unlock()
 	}
 
-	m := NewManager(fake, nil, before.cfg, before.log) // the process restarts
+	m := NewManager(Deps{ZFS: fake, Config: before.cfg, Log: before.log}) // the process restarts
 	m.fences.RequireConfirmation()
-	m.Mounted = func(ds string) (bool, error) { return ds == mounted.Dataset, nil }
+	m.host.Mounted = func(ds string) (bool, error) { return ds == mounted.Dataset, nil }
 	if _, _, err := m.Stageable(ctx, idle.ID, 1); !errors.Is(err, errdefs.ErrUnavailable) {
 		t.Errorf("an unconfirmed primary after a restart: %v, want Unavailable", err)
 	}

@@ -170,7 +170,7 @@ func (m *Manager) createNew(ctx context.Context, id string, req CreateRequest, s
 	props[copyrecord.PropParameters] = copyrecord.EncodeParameters(spec.recorded)
 	props[copyrecord.PropSource] = spec.source
 	if spec.setRoot {
-		if m.Roots == nil {
+		if m.host.Roots == nil {
 			return Volume{}, fmt.Errorf("%w: this node cannot set a volume's root directory owner or mode; create the volume without uid, gid and mode", errdefs.ErrFailedPrecondition)
 		}
 		props[copyrecord.PropRootPending] = "true"
@@ -293,7 +293,7 @@ func (m *Manager) cloneSnapshot(ctx context.Context, snapID, dataset string, quo
 // whose encryption the parameters contradict, is refused before
 // anything is received.
 func (m *Manager) restoreBackup(ctx context.Context, ref contract.BackupRef, grant, dataset string, quota uint64, props, params map[string]string) error {
-	if m.Restore == nil {
+	if m.restore == nil {
 		return fmt.Errorf("%w: node %s restores no backups (no backup_targets)", errdefs.ErrFailedPrecondition, m.cfg.NodeID)
 	}
 	props = maps.Clone(props)
@@ -304,7 +304,7 @@ func (m *Manager) restoreBackup(ctx context.Context, ref contract.BackupRef, gra
 		}
 		return keepsEncryption(ref.SnapshotID(), encrypted, params)
 	}
-	return m.Restore(ctx, ref, grant, dataset, props, check)
+	return m.restore(ctx, ref, grant, dataset, props, check)
 }
 
 // keepsEncryption refuses parameters that ask a volume made from source

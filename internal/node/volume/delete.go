@@ -96,10 +96,10 @@ func (m *Manager) refuseMounted(v Volume) error {
 	if mounted {
 		return fmt.Errorf("%w: volume %s is mounted on node %s; unpublish it first", errdefs.ErrFailedPrecondition, v.ID, m.cfg.NodeID)
 	}
-	if m.MountHolders == nil {
+	if m.host.MountHolders == nil {
 		return nil
 	}
-	if holders := m.MountHolders(v.Dataset); len(holders) > 0 {
+	if holders := m.host.MountHolders(v.Dataset); len(holders) > 0 {
 		m.log.Warn("volume not deleted: mounted in other mount namespaces", "volume_id", v.ID, "dataset", v.Dataset, "holders", holders)
 		return fmt.Errorf("%w: volume %s is mounted in other mount namespaces on node %s (%s); "+
 			"unpublish it, or end those processes, then delete it again", errdefs.ErrFailedPrecondition, v.ID, m.cfg.NodeID, strings.Join(holders, "; "))
@@ -112,8 +112,8 @@ func (m *Manager) refuseMounted(v Volume) error {
 // namespace (a task's that outlived its unmount), or open there.
 func (m *Manager) busyError(v Volume, err error) error {
 	where := "still mounted?"
-	if m.MountHolders != nil {
-		if holders := m.MountHolders(v.Dataset); len(holders) > 0 {
+	if m.host.MountHolders != nil {
+		if holders := m.host.MountHolders(v.Dataset); len(holders) > 0 {
 			where = "mounted in other mount namespaces: " + strings.Join(holders, "; ")
 		}
 	}
@@ -217,7 +217,7 @@ func tombstonesAmong(children []zfs.Dataset) []string {
 // unless the last sweep still runs (the next listing finds what it
 // leaves). Best effort.
 func (m *Manager) sweepListed(tombstones, keys []string) {
-	if len(tombstones) == 0 && (len(keys) == 0 || m.Encryption == nil || m.Mounted == nil) {
+	if len(tombstones) == 0 && (len(keys) == 0 || m.host.Encryption == nil || m.host.Mounted == nil) {
 		return
 	}
 	m.sweepMu.Lock()
@@ -232,7 +232,7 @@ func (m *Manager) sweepListed(tombstones, keys []string) {
 		for _, fs := range tombstones {
 			m.collectTombstone(ctx, fs)
 		}
-		if m.Encryption != nil && m.Mounted != nil {
+		if m.host.Encryption != nil && m.host.Mounted != nil {
 			m.sweepKeys(ctx, keys)
 		}
 		m.sweepMu.Lock()

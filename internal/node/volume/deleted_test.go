@@ -43,7 +43,7 @@ func TestDeletedSnapshotRecords(t *testing.T) {
 	if err := m.records.RememberDeleted(ctx, copyrecord.DeletedSnapshot{ID: snap.ID, SourceVolumeID: v.ID, CreatedUnix: created - 5}); err != nil {
 		t.Fatal(err)
 	}
-	restarted := NewManager(fake, nil, m.cfg, hclog.NewNullLogger())
+	restarted := NewManager(Deps{ZFS: fake, Config: m.cfg, Log: hclog.NewNullLogger()})
 	records, err := restarted.records.DeletedSnapshots(ctx)
 	if err != nil || len(records) != 1 || records[0] != d {
 		t.Fatalf("records after a restart: %+v, %v; want only %+v (an older record never replaces a newer one)", records, err, d)
@@ -60,7 +60,7 @@ func TestDeletedSnapshotRecords(t *testing.T) {
 	if err := restarted.ForgetDeleted(ctx, snap.ID); err != nil {
 		t.Fatalf("forgetting twice: %v", err)
 	}
-	again := NewManager(fake, nil, m.cfg, hclog.NewNullLogger())
+	again := NewManager(Deps{ZFS: fake, Config: m.cfg, Log: hclog.NewNullLogger()})
 	if records, err := again.records.DeletedSnapshots(ctx); err != nil || len(records) != 0 {
 		t.Fatalf("records after forgetting: %+v, %v; want none", records, err)
 	}
@@ -174,7 +174,7 @@ func TestAReceiveDropsAKeptDuplicate(t *testing.T) {
 func TestADeleteTakesADuplicateTheListingFound(t *testing.T) {
 	m, fake, v, s, _ := keptTwice(t, true)
 	ctx := context.Background()
-	restarted := NewManager(fake, nil, m.cfg, hclog.NewNullLogger())
+	restarted := NewManager(Deps{ZFS: fake, Config: m.cfg, Log: hclog.NewNullLogger()})
 	found, err := restarted.findSnapshot(ctx, s.ID)
 	if err != nil || found.Dataset != v.Dataset+"@"+s.ID {
 		t.Errorf("the restarted node finds the snapshot at %+v, %v; want the live copy's", found, err)
@@ -182,7 +182,7 @@ func TestADeleteTakesADuplicateTheListingFound(t *testing.T) {
 	if err := restarted.DeleteSnapshot(ctx, s.ID); err != nil {
 		t.Fatal(err)
 	}
-	wantNotListed(t, NewManager(fake, nil, m.cfg, hclog.NewNullLogger()), s.ID)
+	wantNotListed(t, NewManager(Deps{ZFS: fake, Config: m.cfg, Log: hclog.NewNullLogger()}), s.ID)
 }
 
 // TestAPlantedSnapshotNeverReplacesTheKeptOne: a stream brings a
@@ -208,7 +208,7 @@ func TestAPlantedSnapshotNeverReplacesTheKeptOne(t *testing.T) {
 			return m
 		}},
 		{"a restarted node lists the pool", func(_ *testing.T, m *Manager, fake *zfsfake.Fake, _ Volume) *Manager {
-			return NewManager(fake, nil, m.cfg, hclog.NewNullLogger())
+			return NewManager(Deps{ZFS: fake, Config: m.cfg, Log: hclog.NewNullLogger()})
 		}},
 	}
 	for _, tt := range tests {
@@ -241,7 +241,7 @@ func TestAPlantedSnapshotNeverReplacesTheKeptOne(t *testing.T) {
 			if err := node.DeleteSnapshot(ctx, s.ID); err != nil {
 				t.Fatal(err)
 			}
-			wantNotListed(t, NewManager(fake, nil, m.cfg, hclog.NewNullLogger()), s.ID)
+			wantNotListed(t, NewManager(Deps{ZFS: fake, Config: m.cfg, Log: hclog.NewNullLogger()}), s.ID)
 		})
 	}
 }

@@ -132,10 +132,10 @@ func (m *Manager) Copy(ctx context.Context, id string) (Copy, error) {
 }
 
 func (m *Manager) mounted(dataset string) (bool, error) {
-	if m.Mounted == nil {
+	if m.host.Mounted == nil {
 		return false, nil
 	}
-	mounted, err := m.Mounted(dataset)
+	mounted, err := m.host.Mounted(dataset)
 	if err != nil {
 		return false, fmt.Errorf("reading the mount table: %w", err)
 	}

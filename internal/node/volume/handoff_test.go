@@ -21,7 +21,7 @@ func TestHandoffSteps(t *testing.T) {
 	m, fake := newManager(t)
 	v := create(t, m, CreateRequest{Name: "data", RequiredBytes: 1 << 30})
 	mounted := true
-	m.Mounted = func(string) (bool, error) { return mounted, nil }
+	m.host.Mounted = func(string) (bool, error) { return mounted, nil }
 
 	if _, err := m.Fence(ctx, v.ID, "n2"); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Fatalf("fencing a mounted volume: %v, want FailedPrecondition", err)

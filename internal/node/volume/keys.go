@@ -88,7 +88,7 @@ func (m *Manager) passphrase(id string, given contract.Passphrase) (contract.Pas
 // The operator's key derivation iterations, if set, are fixed then: raw
 // sends carry them to every copy.
 func (m *Manager) createEncrypted(ctx context.Context, id, dataset string, props map[string]string, given contract.Passphrase) error {
-	if m.Encryption == nil {
+	if m.host.Encryption == nil {
 		return fmt.Errorf("%w: node %s cannot create encrypted volumes (no key support); create the volume with encryption=off", errdefs.ErrFailedPrecondition, m.cfg.NodeID)
 	}
 	key, _, err := m.passphrase(id, given)
@@ -99,17 +99,17 @@ func (m *Manager) createEncrypted(ctx context.Context, id, dataset string, props
 		props = maps.Clone(props)
 		props["pbkdf2iters"] = strconv.FormatInt(n, 10)
 	}
-	return m.Encryption.CreateEncrypted(ctx, dataset, props, key)
+	return m.host.Encryption.CreateEncrypted(ctx, dataset, props, key)
 }
 
 // copyEncrypted makes dataset a raw copy of an encrypted snapshot: a
 // clone would share the snapshot's encryption root, so staging it would
 // load the key of the source volume (or of a replica) on this node.
 func (m *Manager) copyEncrypted(ctx context.Context, snapshot, dataset string, props map[string]string) error {
-	if m.Encryption == nil {
+	if m.host.Encryption == nil {
 		return fmt.Errorf("%w: node %s cannot copy encrypted volumes (no key support)", errdefs.ErrFailedPrecondition, m.cfg.NodeID)
 	}
-	return m.Encryption.CopyEncrypted(ctx, snapshot, dataset, props)
+	return m.host.Encryption.CopyEncrypted(ctx, snapshot, dataset, props)
 }
 
 // dropCopiedSnapshot destroys the snapshot a raw copy received along
@@ -170,7 +170,7 @@ func (m *Manager) OpenKey(ctx context.Context, v Volume, given contract.Passphra
 		}
 		return false, fmt.Errorf("%w: volume %s is encrypted with the key of a dataset above it, which is not loaded; the operator loads it (zfs load-key)", errdefs.ErrFailedPrecondition, v.ID)
 	}
-	if m.Encryption == nil {
+	if m.host.Encryption == nil {
 		return false, fmt.Errorf("%w: node %s cannot load the keys of encrypted volumes", errdefs.ErrFailedPrecondition, m.cfg.NodeID)
 	}
 	key, from, err := m.passphrase(v.ID, given)
@@ -178,12 +178,12 @@ func (m *Manager) OpenKey(ctx context.Context, v Volume, given contract.Passphra
 		return false, err
 	}
 	if v.KeyLoaded {
-		if err := m.Encryption.CheckKey(ctx, v.Dataset, key); err != nil {
+		if err := m.host.Encryption.CheckKey(ctx, v.Dataset, key); err != nil {
 			return false, keyError(err, v.ID, from, "nothing was mounted")
 		}
 		return false, nil
 	}
-	if err := m.Encryption.LoadKey(ctx, v.Dataset, key); err != nil {
+	if err := m.host.Encryption.LoadKey(ctx, v.Dataset, key); err != nil {
 		return false, keyError(err, v.ID, from, "nothing was mounted")
 	}
 	m.log.Info("volume key loaded", "volume_id", v.ID, "from", from)
@@ -195,14 +195,14 @@ func (m *Manager) OpenKey(ctx context.Context, v Volume, given contract.Passphra
 // of a create answers the volume only to a caller who knows its key, as
 // the first create did.
 func (m *Manager) checkCreateKey(ctx context.Context, v Volume, given contract.Passphrase) error {
-	if m.Encryption == nil {
+	if m.host.Encryption == nil {
 		return fmt.Errorf("%w: node %s cannot check the keys of encrypted volumes", errdefs.ErrFailedPrecondition, m.cfg.NodeID)
 	}
 	key, from, err := m.passphrase(v.ID, given)
 	if err != nil {
 		return err
 	}
-	if err := m.Encryption.CheckKey(ctx, v.Dataset, key); err != nil {
+	if err := m.host.Encryption.CheckKey(ctx, v.Dataset, key); err != nil {
 		return keyError(err, v.ID, from, "the volume exists with another passphrase, and this create changed nothing")
 	}
 	return nil
@@ -237,18 +237,18 @@ func (m *Manager) CloseKey(ctx context.Context, id string) error {
 }
 
 func (m *Manager) closeKey(ctx context.Context, id string, ds zfs.Dataset) error {
-	if !ds.Encrypted || !ds.KeyRoot || !ds.KeyLoaded || m.Encryption == nil {
+	if !ds.Encrypted || !ds.KeyRoot || !ds.KeyLoaded || m.host.Encryption == nil {
 		return nil
 	}
-	if m.Mounted != nil {
+	if m.host.Mounted != nil {
 		// Staged at another path too (Nomad stages per access mode):
 		// the last unstage unloads the key.
-		if mounted, err := m.Mounted(ds.Name); err == nil && mounted {
+		if mounted, err := m.host.Mounted(ds.Name); err == nil && mounted {
 			m.log.Debug("volume still mounted: its key stays loaded", "volume_id", id)
 			return nil
 		}
 	}
-	if err := m.Encryption.UnloadKey(ctx, ds.Name); err != nil {
+	if err := m.host.Encryption.UnloadKey(ctx, ds.Name); err != nil {
 		if errors.Is(err, zfs.ErrBusy) {
 			return fmt.Errorf("%w: the key of volume %s stays loaded: %s is still mounted on node %s (%v)", errdefs.ErrFailedPrecondition, id, ds.Name, m.cfg.NodeID, err)
 		}
@@ -264,7 +264,7 @@ func (m *Manager) closeKey(ctx context.Context, id string, ds zfs.Dataset) error
 // happens to the key, so a failure is logged, and the sweeps
 // (SweepKeys) try again.
 func (m *Manager) dropKey(ctx context.Context, id, dataset, why string) {
-	if m.Encryption == nil {
+	if m.host.Encryption == nil {
 		return
 	}
 	ds, err := m.zfs.Get(ctx, dataset)
@@ -284,7 +284,7 @@ func (m *Manager) dropKey(ctx context.Context, id, dataset, why string) {
 // runs it too (sweepKeysOf). It needs to know what is mounted: without
 // Mounted it unloads nothing.
 func (m *Manager) SweepKeys(ctx context.Context) error {
-	if m.Encryption == nil || m.Mounted == nil {
+	if m.host.Encryption == nil || m.host.Mounted == nil {
 		return nil
 	}
 	children, err := m.zfs.Children(ctx, m.cfg.RootDataset)

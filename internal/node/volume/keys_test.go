@@ -21,7 +21,7 @@ func newKeyManager(t *testing.T) (*Manager, *zfsfake.Fake) {
 	t.Helper()
 	m, fake := newManager(t)
 	m.cfg.Properties["encryption"] = config.PropertyRule{Allowed: []string{"on", "off"}}
-	m.Encryption = fake
+	m.host.Encryption = fake
 	return m, fake
 }
 
@@ -53,7 +53,7 @@ func TestEncryptedCreateNeedsAGoodKeyAndLeavesItUnloaded(t *testing.T) {
 			m, fake := newKeyManager(t)
 			m.cfg.EncryptionKeyFile = tt.keyFile
 			if tt.noKeys {
-				m.Encryption = nil
+				m.host.Encryption = nil
 			}
 			v, err := m.Create(context.Background(), CreateRequest{Name: "secret", Parameters: map[string]string{"encryption": "on"}, Passphrase: tt.given})
 			if tt.wantErr != nil {
@@ -129,14 +129,14 @@ func TestOpenKeyLoadsOnlyTheRightKeyAndCloseKeyUnloads(t *testing.T) {
 		t.Fatalf("the right key, loaded already: opened %v, %v; want nothing to do", opened, err)
 	}
 
-	m.Mounted = func(string) (bool, error) { return true, nil }
+	m.host.Mounted = func(string) (bool, error) { return true, nil }
 	if err := m.CloseKey(ctx, v.ID); err != nil {
 		t.Fatal(err)
 	}
 	if v, _ = m.Get(ctx, v.ID); !v.KeyLoaded {
 		t.Fatal("CloseKey unloaded the key of a volume still mounted")
 	}
-	m.Mounted = func(string) (bool, error) { return false, nil }
+	m.host.Mounted = func(string) (bool, error) { return false, nil }
 	for range 2 { // unloading twice is no error
 		if err := m.CloseKey(ctx, v.ID); err != nil {
 			t.Fatal(err)
@@ -317,9 +317,9 @@ func TestARetriedCreateChecksTheKeyAndLeavesItUnloaded(t *testing.T) {
 			m, fake := newKeyManager(t)
 			m.cfg.RootDirectory = config.RootDirectory{UIDs: []string{"1000"}}
 			roots := &fakeRoots{}
-			m.Roots = roots
+			m.host.Roots = roots
 			staged := false
-			m.Mounted = func(string) (bool, error) { return staged, nil }
+			m.host.Mounted = func(string) (bool, error) { return staged, nil }
 			if tt.failRoot {
 				roots.failures = 1
 			}
@@ -426,7 +426,7 @@ func TestEveryCopyNotStagedHasItsKeyUnloaded(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			m, fake := newKeyManager(t)
-			m.Mounted = func(string) (bool, error) { return false, nil }
+			m.host.Mounted = func(string) (bool, error) { return false, nil }
 			v := create(t, m, CreateRequest{Name: "secret", Parameters: map[string]string{"encryption": "on"}, Passphrase: contract.Passphrase(passphrase)})
 			loadKey(t, fake, v.Dataset) // as a crash between a stage's load and its mount leaves it
 			ds := tt.change(t, m, fake, v)
@@ -444,7 +444,7 @@ func TestTheSweepUnloadsTheKeysOfCopiesNotStaged(t *testing.T) {
 	ctx := context.Background()
 	m, fake := newKeyManager(t)
 	staged := map[string]bool{}
-	m.Mounted = func(ds string) (bool, error) { return staged[ds], nil }
+	m.host.Mounted = func(ds string) (bool, error) { return staged[ds], nil }
 	copies := []struct {
 		name, role string
 		staged     bool
@@ -488,7 +488,7 @@ func TestTheSweepUnloadsTheKeysOfCopiesNotStaged(t *testing.T) {
 func TestTheListingSweepsKeysLeftLoaded(t *testing.T) {
 	ctx := context.Background()
 	m, fake := newKeyManager(t)
-	m.Mounted = func(string) (bool, error) { return false, nil }
+	m.host.Mounted = func(string) (bool, error) { return false, nil }
 	v := create(t, m, CreateRequest{Name: "secret", Parameters: map[string]string{"encryption": "on"}, Passphrase: contract.Passphrase(passphrase)})
 	loadKey(t, fake, v.Dataset)
 	if _, err := m.primaries(ctx); err != nil {

@@ -21,7 +21,7 @@ func TestSelfFenceAndLift(t *testing.T) {
 	m, fake := newManager(t)
 	mounted := create(t, m, CreateRequest{Name: "mounted"})
 	idle := create(t, m, CreateRequest{Name: "idle"})
-	m.Mounted = func(ds string) (bool, error) { return ds == mounted.Dataset, nil }
+	m.host.Mounted = func(ds string) (bool, error) { return ds == mounted.Dataset, nil }
 	held := true
 	m.fences.FollowLease(func() bool { return held })
 	readonly := func(ds string) string {
@@ -78,7 +78,7 @@ func TestForcedCopyIgnoresTheLease(t *testing.T) {
 	if err := m.fences.MarkForced(ctx, v.ID, 1); err != nil {
 		t.Fatal(err)
 	}
-	m.Mounted = func(string) (bool, error) { return true, nil }
+	m.host.Mounted = func(string) (bool, error) { return true, nil }
 	m.fences.FollowLease(func() bool { return false })
 	if fenced, err := m.fences.SelfFence(ctx); err != nil || len(fenced) != 0 || fake.NativeProperty(v.Dataset, "readonly") == "on" {
 		t.Errorf("SelfFence fenced %v (%v); want the forced copy left writable", fenced, err)
@@ -108,7 +108,7 @@ func TestSelfFenceFencesAllAtOnce(t *testing.T) {
 	for i := range primaries {
 		vols = append(vols, create(t, m, CreateRequest{Name: fmt.Sprintf("v%02d", i)}))
 	}
-	m.Mounted = func(string) (bool, error) { time.Sleep(perVolume); return true, nil }
+	m.host.Mounted = func(string) (bool, error) { time.Sleep(perVolume); return true, nil }
 	m.fences.FollowLease(func() bool { return false })
 	unlock, err := m.Locks().Lock(ctx, vols[7].ID, "a slow change")
 	if err != nil {
@@ -143,7 +143,7 @@ func TestFenceSuperseded(t *testing.T) {
 	m, fake := newManager(t)
 	mounted := create(t, m, CreateRequest{Name: "mounted"})
 	idle := create(t, m, CreateRequest{Name: "idle"})
-	m.Mounted = func(ds string) (bool, error) { return ds == mounted.Dataset, nil }
+	m.host.Mounted = func(ds string) (bool, error) { return ds == mounted.Dataset, nil }
 	m.fences.FollowLease(func() bool { return true })
 	readonly := func(ds string) string { return fake.NativeProperty(ds, "readonly") }
 

@@ -120,28 +120,49 @@ type CreateRequest = contract.VolumeRequest
 type Restorer func(ctx context.Context, ref contract.BackupRef, grant, dataset string, props map[string]string,
 	check func(encrypted bool, referenced uint64) error) error
 
+// Host is what the node's host gives the Manager besides the pool. Each
+// part may be nil, with the effect its comment says.
+type Host struct {
+	// Mounted reports whether a dataset is mounted on this node; a
+	// mounted primary is never fenced or demoted. Nil: nothing is.
+	Mounted func(dataset string) (bool, error)
+	// MountHolders names the processes in other mount namespaces that
+	// see a dataset mounted (mount.Holders): a delete is refused before
+	// it touches anything while any holds the volume, and says who does.
+	MountHolders func(dataset string) []string
+	// Roots sets the owner and mode of new volumes' root directories;
+	// nil: a create that asks for them fails.
+	Roots RootPreparer
+	// Encryption creates and copies encrypted volumes and loads and
+	// unloads their keys (keys.go); nil: a create that asks for
+	// encryption fails.
+	Encryption zfs.Encryption
+}
+
+// Deps are what a Manager is built from: ZFS, Config and Log are
+// required, the rest may be nil.
+type Deps struct {
+	ZFS    zfs.Interface
+	Config config.Node
+	Log    hclog.Logger
+	// Replicas reads and removes the node's replicas over the same pool;
+	// nil on a node without replication, which holds none.
+	Replicas *copyrecord.Replicas
+	// Locks is the one lock of each copy on the node, which the
+	// replication pusher and receiver share; nil: the Manager's own.
+	Locks *copylock.Locks
+	Host  Host
+	// Restore receives a backup from a backup target into a new volume's
+	// dataset (replication.Pusher.Restore); nil: a create from a backup
+	// fails.
+	Restore Restorer
+}
+
 // Manager runs volume operations on one node. Operations on one volume are
 // serialised; different volumes proceed in parallel as far as ZFS allows.
 type Manager struct {
-	// Mounted, when set, reports whether a dataset is mounted on this node;
-	// a mounted primary is never fenced or demoted.
-	Mounted func(dataset string) (bool, error)
-	// MountHolders, when set, names the processes in other mount
-	// namespaces that see a dataset mounted (mount.Holders): a delete
-	// is refused before it touches anything while any holds the volume,
-	// and says who does.
-	MountHolders func(dataset string) []string
-	// Roots sets the owner and mode of new volumes' root directories;
-	// without it a create that asks for them fails.
-	Roots RootPreparer
-	// Encryption creates and copies encrypted volumes and loads and
-	// unloads their keys (keys.go); without it a create that asks for
-	// encryption fails.
-	Encryption zfs.Encryption
-	// Restore receives a backup from a backup target into a new volume's
-	// dataset (replication.Pusher.Restore); without it a create from a
-	// backup fails.
-	Restore Restorer
+	host    Host
+	restore Restorer
 
 	zfs zfs.Interface
 	// replicas reads and removes the node's replicas (replicas.go); nil
@@ -172,12 +193,15 @@ type Manager struct {
 	awaited awaitedPromotions
 }
 
-// NewManager returns a Manager for the node described by cfg, whose
-// replicas (nil without replication) are over the same pool as z.
-func NewManager(z zfs.Interface, replicas *copyrecord.Replicas, cfg config.Node, log hclog.Logger) *Manager {
-	m := &Manager{zfs: z, replicas: replicas, cfg: cfg, log: log, now: time.Now, locks: new(copylock.Locks), started: time.Now()}
-	m.records = NewRecords(z, cfg, log)
-	m.fences = newFences(m, m.records, z, cfg.NodeID, log)
+// NewManager returns the Manager of the node d.Config describes.
+func NewManager(d Deps) *Manager {
+	m := &Manager{zfs: d.ZFS, replicas: d.Replicas, cfg: d.Config, log: d.Log, host: d.Host, restore: d.Restore,
+		now: time.Now, locks: d.Locks, started: time.Now()}
+	if m.locks == nil {
+		m.locks = new(copylock.Locks)
+	}
+	m.records = NewRecords(d.ZFS, d.Config, d.Log)
+	m.fences = newFences(m, m.records, d.ZFS, d.Config.NodeID, d.Log)
 	return m
 }
 

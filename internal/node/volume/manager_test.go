@@ -450,7 +450,7 @@ func TestDeleteRefusesAMountedVolumeBeforeTouchingIt(t *testing.T) {
 		t.Fatal(err)
 	}
 	fake.Hold(v.Dataset+"@zn-1", "zfs-nomad-base-n2")
-	m.Mounted = func(ds string) (bool, error) { return ds == v.Dataset, nil }
+	m.host.Mounted = func(ds string) (bool, error) { return ds == v.Dataset, nil }
 	err := m.Delete(ctx, v.ID)
 	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "unpublish") {
 		t.Fatalf("delete of a mounted volume: %v, want FailedPrecondition asking to unpublish", err)
@@ -577,8 +577,8 @@ func (b busyDestroy) Destroy(ctx context.Context, name string) error {
 func TestABusyDeleteSaysWhoHoldsTheVolume(t *testing.T) {
 	m, fake := newManager(t)
 	v := create(t, m, CreateRequest{Name: "v"})
-	busy := NewManager(busyDestroy{Fake: fake, busy: v.Dataset}, nil, m.cfg, hclog.NewNullLogger())
-	busy.MountHolders = func(dataset string) []string {
+	busy := NewManager(Deps{ZFS: busyDestroy{Fake: fake, busy: v.Dataset}, Config: m.cfg, Log: hclog.NewNullLogger()})
+	busy.host.MountHolders = func(dataset string) []string {
 		if dataset != v.Dataset {
 			return nil
 		}
@@ -614,10 +614,10 @@ func TestDeleteOfAVolumeMountedElsewhereTouchesNothing(t *testing.T) {
 			}
 			fake.Hold(v.Dataset+"@zn-1", "zfs-nomad-base-n2")
 			if tc.refused { // and ZFS answers EBUSY, as it does
-				m = NewManager(busyDestroy{Fake: fake, busy: v.Dataset}, nil, m.cfg, hclog.NewNullLogger())
+				m = NewManager(Deps{ZFS: busyDestroy{Fake: fake, busy: v.Dataset}, Config: m.cfg, Log: hclog.NewNullLogger()})
 			}
-			m.Mounted = func(string) (bool, error) { return false, nil } // not in the node's own table
-			m.MountHolders = func(dataset string) []string {
+			m.host.Mounted = func(string) (bool, error) { return false, nil } // not in the node's own table
+			m.host.MountHolders = func(dataset string) []string {
 				if dataset != v.Dataset {
 					return nil
 				}

@@ -112,10 +112,10 @@ func allowedIDs(ranges []string) string {
 // and mode, then clears the mark: a create interrupted between the two
 // leaves the mark, and its retry (which finds the volume) does it again.
 func (m *Manager) prepareRoot(ctx context.Context, dataset string, root Root) error {
-	if m.Roots == nil {
+	if m.host.Roots == nil {
 		return errors.New("this node cannot set a volume's root directory owner (no RootPreparer)")
 	}
-	if err := m.Roots.PrepareRoot(ctx, dataset, root.UID, root.GID, root.Mode); err != nil {
+	if err := m.host.Roots.PrepareRoot(ctx, dataset, root.UID, root.GID, root.Mode); err != nil {
 		return fmt.Errorf("setting the root directory of %s to %s: %w; retry the create", dataset, root, err)
 	}
 	return m.zfs.ClearUserProperty(ctx, dataset, copyrecord.PropRootPending)

@@ -34,7 +34,7 @@ func newRootManager(t *testing.T) (*Manager, *fakeRoots) {
 	m, _ := newManager(t)
 	m.cfg.RootDirectory = config.RootDirectory{UIDs: []string{"1000-1999", "65534"}, GIDs: []string{"100"}, ModeMask: "2775"}
 	roots := &fakeRoots{}
-	m.Roots = roots
+	m.host.Roots = roots
 	return m, roots
 }
 
@@ -93,7 +93,7 @@ func TestRootParametersWithinTheOperatorsRules(t *testing.T) {
 
 func TestRootParametersNeedTheOperatorsRules(t *testing.T) {
 	m, _ := newManager(t) // the default config allows no uid or gid
-	m.Roots = &fakeRoots{}
+	m.host.Roots = &fakeRoots{}
 	_, err := m.Create(context.Background(), CreateRequest{Name: "owned", Parameters: map[string]string{"uid": "1000"}})
 	if !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "the operator allows none") {
 		t.Fatalf("got %v, want InvalidArgument saying the operator allows none", err)
@@ -137,7 +137,7 @@ func TestACreateThatStoppedHalfWayIsFinishedByItsRetry(t *testing.T) {
 
 func TestRootParametersOnANodeThatCannotSetThem(t *testing.T) {
 	m, _ := newRootManager(t)
-	m.Roots = nil
+	m.host.Roots = nil
 	_, err := m.Create(context.Background(), CreateRequest{Name: "owned", Parameters: map[string]string{"uid": "1000"}})
 	if !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Fatalf("got %v, want FailedPrecondition", err)

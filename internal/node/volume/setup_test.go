@@ -34,7 +34,7 @@ func newManager(t *testing.T) (*Manager, *zfsfake.Fake) {
 		"atime":       {},
 	}
 	cfg.BackupTargets = map[string]string{"vault": "vault.example:7680", "offsite": "10.0.0.9:7680"}
-	return NewManager(fake, nil, cfg, hclog.NewNullLogger()), fake
+	return NewManager(Deps{ZFS: fake, Config: cfg, Log: hclog.NewNullLogger()}), fake
 }
 
 // wantOnlyRoot fails the test unless the fake holds only the pool and the

@@ -19,6 +19,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/node/agent"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/assembly"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/volume"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfsfake"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
@@ -107,8 +108,8 @@ func (w *realWorld) startNode(t *testing.T, id string, h holding) *realNode {
 	n.parts = assembly.New(assembly.Deps{
 		Config: cfg, ZFS: pool, Streams: pool.Streams(), Dial: w.net.dial,
 		Peers: peers.Static(nil), LeaseClock: time.Now, Log: log,
+		Host: volume.Host{Mounted: n.mounted},
 	})
-	n.parts.Volumes.Mounted = n.mounted
 	n.arrange(t, h)
 	n.parts.Recover(ctx, log)
 	n.parts.StartLease()

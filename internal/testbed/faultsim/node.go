@@ -130,6 +130,7 @@ func (n *simNode) start(ctx context.Context) {
 		},
 		Peers:      peers.Static(cfg.Peers),
 		LeaseClock: func() time.Time { return n.w.nodeNow(n.rate) },
+		Host:       volume.Host{Mounted: func(dataset string) (bool, error) { return n.mounts.Mounted(dataset), nil }},
 		Log:        log,
 	})
 	inc.volumes, inc.pusher = node.Volumes, node.Pusher
@@ -138,7 +139,6 @@ func (n *simNode) start(ctx context.Context) {
 	// beat of its lease: a lock that a stalled stream holds makes them
 	// Aborted in the step, not ten seconds of real time later.
 	inc.volumes.Locks().Wait = lockWait
-	inc.volumes.Mounted = func(dataset string) (bool, error) { return n.mounts.Mounted(dataset), nil }
 	wall := func() time.Time { return time.Now().Add(time.Duration(n.skew.Load())) }
 	inc.volumes.UseClock(wall)
 	inc.pusher.UseClock(wall)

@@ -77,7 +77,6 @@ func (n *simNode) start(nw *network, addrs []string, sc Config) error {
 		LeaseClock: time.Now,
 		Log:        log,
 	})
-	parts.Volumes.Mounted = func(string) (bool, error) { return false, nil }
 	parts.Recover(ctx, log)
 	parts.StartLease()
 	n.calls = &counter{counts: map[string]uint64{}}

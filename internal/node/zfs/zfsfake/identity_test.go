@@ -113,7 +113,7 @@ func TestReplicateGoesOnlyToTheTargetNodeItNames(t *testing.T) {
 			p := pusherOverTLS(t, src, dst, "n3", "n3")
 			cfg := config.DefaultNode()
 			cfg.NodeID, cfg.RootDataset = "n1", "tank/nomad"
-			volumes := volume.NewManager(src, nil, cfg, hclog.NewNullLogger())
+			volumes := volume.NewManager(volume.Deps{ZFS: src, Config: cfg, Log: hclog.NewNullLogger()})
 			agentServer := agent.NewServer(volumes, nil, p, nil, cfg, hclog.NewNullLogger())
 			lis := bufconn.Listen(1 << 20)
 			srv := grpc.NewServer()
