@@ -51,7 +51,7 @@ func newTestCluster(t *testing.T, free map[string]uint64) *testCluster {
 		if err := mgr.Records().CheckLegacyPromises(context.Background()); err != nil {
 			t.Fatal(err)
 		}
-		srv := agent.NewServer(mgr, nil, nil, nil, cfg, hclog.NewNullLogger())
+		srv := agent.NewServer(agent.Node{Volumes: mgr, Copies: mgr, Index: mgr.Index(), Records: mgr.Records(), Forcing: mgr.Fences()}, cfg, hclog.NewNullLogger())
 		tc.agents.Serve(t, id+":7670", srv)
 		tc.fakes[id], tc.servers[id] = fake, srv
 	}

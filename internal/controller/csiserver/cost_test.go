@@ -45,7 +45,7 @@ func newCostCluster(t *testing.T) *costCluster {
 		cfg := config.DefaultNode()
 		cfg.NodeID, cfg.RootDataset, cfg.MaxQuota, cfg.MountBaseDirs = id, "tank/nomad", 8<<30, []string{base}
 		mgr := volume.NewManager(volume.Deps{ZFS: z, Config: cfg, Log: hclog.NewNullLogger()})
-		agents.Serve(t, id+":7670", agent.NewServer(mgr, nil, nil, nil, cfg, hclog.NewNullLogger()))
+		agents.Serve(t, id+":7670", agent.NewServer(agent.Node{Volumes: mgr, Copies: mgr, Index: mgr.Index(), Records: mgr.Records(), Forcing: mgr.Fences()}, cfg, hclog.NewNullLogger()))
 		cc.zfs[id], cc.vols[id] = z, mgr
 		cc.nodes[id] = csinode.New(mgr, mount.NewFake(), cfg, hclog.NewNullLogger())
 	}

@@ -1,7 +1,8 @@
 // Package agent is the node's gRPC adapter for the agent protocol
 // (proto/agentpb), and the only node package that speaks it (hack/edges.sh
-// checks): Server serves the node agent service, the node's volume.Manager
-// and replication, to the controller; between nodes, ReplicationServer and
+// checks): Server serves the node agent service, the node's volumes (the
+// volume package's Manager, Index, Records and Fences) and replication, to
+// the controller; between nodes, ReplicationServer and
 // ReplicationPeers carry replication's streams, PeersServer and PeerClient
 // the lease's calls. The node's logic speaks the plain types of volume,
 // replication and lease; ServerOptions and DialOptions tune the agent
@@ -57,11 +58,11 @@ type Server struct {
 	// (package worklease); NewServer starts it on the wall clock.
 	WorkLease *worklease.Grants
 
-	volumes *volume.Manager
-	records *volume.Records
-	fences  *volume.Fences
-	// replicas is the inventory of the node's replicas; nil, as pusher
-	// and receiver are, on a node without replication.
+	volumes  Volumes
+	copies   Copies
+	index    Index
+	records  Records
+	forcing  Forcing
 	replicas *copyrecord.Replicas
 	pusher   *replication.Pusher
 	receiver *replication.Receiver
@@ -69,23 +70,95 @@ type Server struct {
 	log      hclog.Logger
 }
 
-// NewServer returns the agent service of the node described by cfg.
-func NewServer(volumes *volume.Manager, replicas *copyrecord.Replicas, pusher *replication.Pusher, receiver *replication.Receiver, cfg config.Node, log hclog.Logger) *Server {
-	return &Server{volumes: volumes, records: volumes.Records(), fences: volumes.Fences(), replicas: replicas, pusher: pusher, receiver: receiver, cfg: cfg, log: log, WorkLease: worklease.NewGrants(time.Now)}
+// Node is the node's parts the agent serves, each as the agent uses it:
+// in zfs-node, the volume package's Manager (Volumes and Copies), Index,
+// Records and Fences (Forcing), and the replication's parts.
+type Node struct {
+	Volumes Volumes
+	Copies  Copies
+	Index   Index
+	Records Records
+	Forcing Forcing
+	// Replicas is the inventory of the node's replicas; nil, as Pusher
+	// and Receiver are, on a node without replication.
+	Replicas *copyrecord.Replicas
+	Pusher   *replication.Pusher
+	Receiver *replication.Receiver
+}
+
+// Volumes are the node's volumes and CSI snapshots.
+type Volumes interface {
+	Health(ctx context.Context) error
+	Capacity(ctx context.Context) (volume.Capacity, error)
+	Create(ctx context.Context, req volume.CreateRequest) (volume.Volume, error)
+	Get(ctx context.Context, id string) (volume.Volume, error)
+	List(ctx context.Context) ([]volume.Volume, error)
+	Expand(ctx context.Context, id string, required, limit uint64) (uint64, error)
+	Delete(ctx context.Context, id string) error
+	CreateSnapshotAfter(ctx context.Context, volumeID, name string, createdAfterUnix int64) (volume.Snapshot, error)
+	GetSnapshot(ctx context.Context, id string) (volume.Snapshot, error)
+	DeleteSnapshotUpTo(ctx context.Context, id string, createdUpToUnix int64) error
+	// ForgetDeleted removes the record of a deleted snapshot once no copy
+	// it covers is on the node.
+	ForgetDeleted(ctx context.Context, id string) error
+}
+
+// Copies are the node's copies of volumes as a move, a failover and a
+// delete hand them over.
+type Copies interface {
+	Copy(ctx context.Context, id string) (volume.Copy, error)
+	Fence(ctx context.Context, id, target string) (int64, error)
+	FenceHeld(ctx context.Context, id, target string, at int64) (int64, error)
+	Unfence(ctx context.Context, id string, generation uint64) error
+	Promote(ctx context.Context, id string, generation uint64, notBefore int64, failover bool) (volume.Copy, error)
+	Demote(ctx context.Context, id string, generation uint64, aside bool) error
+	DeleteReplica(ctx context.Context, id string) (bool, error)
+	DeleteSurplus(ctx context.Context, id, newest string, elsewhere []string) (bool, error)
+	// Forget drops the promise of a volume being deleted.
+	Forget(ctx context.Context, id string) error
+	AwaitedPromotions() []volume.AwaitedPromotion
+}
+
+// Index is the node's index of its primaries and CSI snapshots.
+type Index interface {
+	VolumesVersion() string
+	ChangedSince(version string, limit int) ([]string, bool)
+	ListPage(ctx context.Context, from string, limit int) ([]volume.Volume, error)
+	SnapshotPage(ctx context.Context, from string, limit int, source string) ([]volume.Snapshot, error)
+}
+
+// Records are the node's promise and deleted-snapshot records.
+type Records interface {
+	Promised(ctx context.Context, id string) (copyrecord.Promise, error)
+	Reserve(ctx context.Context, id string, generation uint64, holder string) (copyrecord.Promise, bool, error)
+	ReserveForFailover(ctx context.Context, id string, generation uint64, holder string) (copyrecord.Promise, bool, error)
+	DeletedSnapshots(ctx context.Context) ([]copyrecord.DeletedSnapshot, error)
+	RememberDeleted(ctx context.Context, d copyrecord.DeletedSnapshot) error
+}
+
+// Forcing marks a primary the operator promoted without a majority.
+type Forcing interface {
+	MarkForced(ctx context.Context, id string, generation uint64) error
+}
+
+// NewServer returns the agent service of node n, described by cfg.
+func NewServer(n Node, cfg config.Node, log hclog.Logger) *Server {
+	return &Server{volumes: n.Volumes, copies: n.Copies, index: n.Index, records: n.Records, forcing: n.Forcing,
+		replicas: n.Replicas, pusher: n.Pusher, receiver: n.Receiver, cfg: cfg, log: log, WorkLease: worklease.NewGrants(time.Now)}
 }
 
 // DeleteReplica destroys this node's replica of a volume, if any.
 func (s *Server) DeleteReplica(ctx context.Context, req *pb.DeleteReplicaRequest) (*pb.DeleteReplicaResponse, error) {
 	if req.GetVolumeDeleted() {
-		if err := s.volumes.Forget(ctx, req.GetVolumeId()); err != nil {
+		if err := s.copies.Forget(ctx, req.GetVolumeId()); err != nil {
 			return nil, err
 		}
 	}
 	deleted, err := false, error(nil)
 	if newest := req.GetSurplusNewest(); newest != "" {
-		deleted, err = s.volumes.DeleteSurplus(ctx, req.GetVolumeId(), newest, req.GetSnapshotsElsewhere())
+		deleted, err = s.copies.DeleteSurplus(ctx, req.GetVolumeId(), newest, req.GetSnapshotsElsewhere())
 	} else {
-		deleted, err = s.volumes.DeleteReplica(ctx, req.GetVolumeId())
+		deleted, err = s.copies.DeleteReplica(ctx, req.GetVolumeId())
 	}
 	if err != nil {
 		return nil, err
@@ -101,7 +174,7 @@ const maxChanges = 200
 // the node reported a volumes version: for each, its primary or its
 // replica here now, if any.
 func (s *Server) Changes(ctx context.Context, req *pb.ChangesRequest) (*pb.ChangesResponse, error) {
-	ids, ok := s.volumes.ChangedSince(req.GetSince(), maxChanges)
+	ids, ok := s.index.ChangedSince(req.GetSince(), maxChanges)
 	if !ok {
 		return &pb.ChangesResponse{}, nil
 	}
@@ -191,7 +264,7 @@ func (s *Server) Replicate(req *pb.ReplicateRequest, stream pb.NodeAgent_Replica
 	var fence replication.Fence
 	if fenceFor != "" {
 		id := req.GetVolumeId()
-		fence = func(ctx context.Context, at int64) (int64, error) { return s.volumes.FenceHeld(ctx, id, fenceFor, at) }
+		fence = func(ctx context.Context, at int64) (int64, error) { return s.copies.FenceHeld(ctx, id, fenceFor, at) }
 	}
 	// A caller that knows the target node (the controller always does):
 	// only that node's certificate may answer at the target address.
@@ -208,7 +281,7 @@ func (s *Server) GetNode(ctx context.Context, req *pb.GetNodeRequest) (*pb.Node,
 		Version:       version.Version,
 		// Before the health check: the version says what the node's
 		// primaries are, whatever its health.
-		VolumesVersion: s.volumes.VolumesVersion(),
+		VolumesVersion: s.index.VolumesVersion(),
 	}
 	if s.RetiredNodes != nil {
 		n.RetiredNodeIds = s.RetiredNodes()
@@ -223,7 +296,7 @@ func (s *Server) GetNode(ctx context.Context, req *pb.GetNodeRequest) (*pb.Node,
 	if s.CertificateNotAfter != nil {
 		n.CertificateNotAfter = s.CertificateNotAfter().Unix()
 	}
-	for _, a := range s.volumes.AwaitedPromotions() {
+	for _, a := range s.copies.AwaitedPromotions() {
 		n.AwaitedPromotions = append(n.AwaitedPromotions, &pb.AwaitedPromotion{VolumeId: a.VolumeID, AfterGeneration: a.AfterGeneration,
 			WaitingMillis: time.Since(a.Since).Milliseconds()})
 	}
@@ -280,7 +353,7 @@ func (s *Server) ListVolumes(ctx context.Context, req *pb.ListVolumesRequest) (*
 	list := s.volumes.List
 	if req.GetFrom() != "" || req.GetMaxEntries() > 0 {
 		list = func(ctx context.Context) ([]volume.Volume, error) {
-			return s.volumes.ListPage(ctx, req.GetFrom(), int(req.GetMaxEntries()))
+			return s.index.ListPage(ctx, req.GetFrom(), int(req.GetMaxEntries()))
 		}
 	}
 	vols, err := list(ctx)
@@ -345,7 +418,7 @@ func (s *Server) ListSnapshots(ctx context.Context, req *pb.ListSnapshotsRequest
 			err = nil
 		}
 	default:
-		snaps, err = s.volumes.SnapshotPage(ctx, req.GetFrom(), int(req.GetMaxEntries()), req.GetSourceVolumeId())
+		snaps, err = s.index.SnapshotPage(ctx, req.GetFrom(), int(req.GetMaxEntries()), req.GetSourceVolumeId())
 	}
 	if err != nil {
 		return nil, err
@@ -415,7 +488,7 @@ func (s *Server) GetCopy(ctx context.Context, req *pb.GetCopyRequest) (*pb.Copy,
 }
 
 func (s *Server) copyOf(ctx context.Context, id string) (*pb.Copy, error) {
-	c, err := s.volumes.Copy(ctx, id)
+	c, err := s.copies.Copy(ctx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -510,7 +583,7 @@ func (s *Server) Fence(ctx context.Context, req *pb.FenceRequest) (*pb.FenceResp
 	if req.GetTargetNodeId() == "" || req.GetTargetNodeId() == s.cfg.NodeID {
 		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, "fence: target_node_id must name another node")
 	}
-	at, err := s.volumes.Fence(ctx, req.GetVolumeId(), req.GetTargetNodeId())
+	at, err := s.copies.Fence(ctx, req.GetVolumeId(), req.GetTargetNodeId())
 	if err != nil {
 		return nil, err
 	}
@@ -519,7 +592,7 @@ func (s *Server) Fence(ctx context.Context, req *pb.FenceRequest) (*pb.FenceResp
 
 // Unfence lifts a fence after an abandoned move.
 func (s *Server) Unfence(ctx context.Context, req *pb.UnfenceRequest) (*pb.Copy, error) {
-	if err := s.volumes.Unfence(ctx, req.GetVolumeId(), req.GetGeneration()); err != nil {
+	if err := s.copies.Unfence(ctx, req.GetVolumeId(), req.GetGeneration()); err != nil {
 		return nil, err
 	}
 	return s.GetCopy(ctx, &pb.GetCopyRequest{VolumeId: req.GetVolumeId()})
@@ -530,12 +603,12 @@ func (s *Server) Promote(ctx context.Context, req *pb.PromoteRequest) (*pb.Copy,
 	if req.GetGeneration() == 0 {
 		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, "promote: generation is required")
 	}
-	c, err := s.volumes.Promote(ctx, req.GetVolumeId(), req.GetGeneration(), req.GetNotBeforeUnixNano(), req.GetFailover())
+	c, err := s.copies.Promote(ctx, req.GetVolumeId(), req.GetGeneration(), req.GetNotBeforeUnixNano(), req.GetFailover())
 	if err != nil {
 		return nil, err
 	}
 	if req.GetForced() {
-		if err := s.fences.MarkForced(ctx, req.GetVolumeId(), req.GetGeneration()); err != nil {
+		if err := s.forcing.MarkForced(ctx, req.GetVolumeId(), req.GetGeneration()); err != nil {
 			return nil, err
 		}
 		c.Forced = req.GetGeneration()
@@ -545,7 +618,7 @@ func (s *Server) Promote(ctx context.Context, req *pb.PromoteRequest) (*pb.Copy,
 
 // Demote retires this node's stale primary: to a replica, or aside.
 func (s *Server) Demote(ctx context.Context, req *pb.DemoteRequest) (*pb.Copy, error) {
-	if err := s.volumes.Demote(ctx, req.GetVolumeId(), req.GetGeneration(), req.GetAside()); err != nil {
+	if err := s.copies.Demote(ctx, req.GetVolumeId(), req.GetGeneration(), req.GetAside()); err != nil {
 		return nil, err
 	}
 	return s.GetCopy(ctx, &pb.GetCopyRequest{VolumeId: req.GetVolumeId()})

@@ -38,7 +38,7 @@ func newServer(t *testing.T) (*Server, *volume.Manager, *zfsfake.Fake) {
 	replicas := copyrecord.NewReplicas(fake.Streams(), root)
 	volumes := volume.NewManager(volume.Deps{ZFS: fake, Config: cfg, Log: log, Replicas: replicas})
 	receiver := replication.NewReceiver(fake.Streams(), volumes.Locks(), volumes, root, cfg.NodeID, cfg.ReplicationSnapshots, log)
-	return NewServer(volumes, replicas, nil, receiver, cfg, log), volumes, fake
+	return NewServer(nodeOf(volumes, replicas, nil, receiver), cfg, log), volumes, fake
 }
 
 // TestChangesTellsWhatBecameOfEachChangedVolume: the schedule's round
@@ -52,7 +52,7 @@ func TestChangesTellsWhatBecameOfEachChangedVolume(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	since := volumes.VolumesVersion()
+	since := volumes.Index().VolumesVersion()
 	made, err := volumes.Create(ctx, volume.CreateRequest{Name: "made"})
 	if err != nil {
 		t.Fatal(err)
@@ -71,7 +71,7 @@ func TestChangesTellsWhatBecameOfEachChangedVolume(t *testing.T) {
 		copyrecord.PropVolumeID: replicaID, copyrecord.PropRole: replication.RoleReplica, copyrecord.PropName: "theirs"}); err != nil {
 		t.Fatal(err)
 	}
-	volumes.NoteChanged(replicaID)
+	volumes.Index().NoteChanged(replicaID)
 
 	resp, err := s.Changes(ctx, &pb.ChangesRequest{Since: since})
 	if err != nil {
@@ -242,4 +242,9 @@ func TestRetirePeer(t *testing.T) {
 	if err != nil || resp.GetKnownNodes() != 2 || len(retired) != 1 {
 		t.Errorf("RetirePeer(n3) = %v, %v; want 2 nodes counted", resp, err)
 	}
+}
+
+// nodeOf is a node whose parts are m's, as assembly wires them.
+func nodeOf(m *volume.Manager, replicas *copyrecord.Replicas, pusher *replication.Pusher, receiver *replication.Receiver) Node {
+	return Node{Volumes: m, Copies: m, Index: m.Index(), Records: m.Records(), Forcing: m.Fences(), Replicas: replicas, Pusher: pusher, Receiver: receiver}
 }

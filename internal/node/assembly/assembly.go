@@ -158,7 +158,9 @@ func (p *Parts) StartLease() {
 // asks of the lease is read when called: from StartLease on.
 func (p *Parts) newAgent(d Deps) {
 	cfg := d.Config
-	a := agent.NewServer(p.Volumes, p.Replicas, p.Pusher, p.Receiver, cfg, d.Log.Named("agent"))
+	v := p.Volumes
+	a := agent.NewServer(agent.Node{Volumes: v, Copies: v, Index: v.Index(), Records: v.Records(), Forcing: v.Fences(),
+		Replicas: p.Replicas, Pusher: p.Pusher, Receiver: p.Receiver}, cfg, d.Log.Named("agent"))
 	a.AttestSilence = func(addrs, answering []string) error {
 		if p.Monitor == nil {
 			return errLeaseNotStarted
@@ -213,5 +215,5 @@ func (p *Parts) Recover(ctx context.Context, log hclog.Logger) {
 	if err := p.Volumes.Records().CheckLegacyPromises(ctx); err != nil {
 		log.Error("looking for promise records on the root dataset failed", "error", err)
 	}
-	p.Volumes.WarmIndexes()
+	p.Volumes.Index().WarmIndexes()
 }

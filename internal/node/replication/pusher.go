@@ -90,9 +90,9 @@ func (p *Pusher) Close() {
 }
 
 // NewPusher returns a Pusher for the node whose volumes live under root
-// and whose copies locks guards (volume.Manager.Locks); peers reaches the
-// receiving nodes; keep replication snapshots are kept besides the held
-// bases.
+// and whose copies locks guards (the node's, which the volume Manager
+// takes too); peers reaches the receiving nodes; keep replication
+// snapshots are kept besides the held bases.
 func NewPusher(z Streams, locks *copylock.Locks, root, nodeID string, keep int, limit *Limiter, peers Peers, log hclog.Logger) *Pusher {
 	return &Pusher{z: z, locks: locks, root: root, nodeID: nodeID, keep: keep, limit: limit, peers: peers, log: log, now: time.Now}
 }

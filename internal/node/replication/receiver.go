@@ -110,7 +110,8 @@ type Index interface {
 
 // NewReceiver returns the replication service for the node whose volumes
 // live under root, whose copies locks guards and index indexes
-// (volume.Manager's Locks and the Manager; a nil index is told nothing);
+// (the node's copy locks, and the volume Manager; a nil index is told
+// nothing);
 // replicas keep the newest keep replication snapshots.
 func NewReceiver(z Streams, locks *copylock.Locks, index Index, root, nodeID string, keep int, log hclog.Logger) *Receiver {
 	return &Receiver{z: z, locks: locks, index: index, replicas: copyrecord.NewReplicas(z, root), root: root, nodeID: nodeID, keep: keep, log: log,

@@ -83,7 +83,7 @@ func (f *Fences) isConfirmed(id string, generation uint64) bool {
 // generation: every change of it (create, promote) confirms the new one,
 // and losing the lease forgets them all.
 func (f *Fences) Unconfirmed(ctx context.Context) (map[string]uint64, error) {
-	primaries, err := f.copies.primaries(ctx)
+	primaries, err := f.index.primaries(ctx)
 	if err != nil {
 		return nil, err
 	}

@@ -30,7 +30,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Volume, error)
 	}
 	defer unlock()
 	// Whether it is a primary may change: the index reads it again.
-	defer m.reindex(ctx, id)
+	defer m.index.reindex(ctx, id)
 
 	existing, err := m.get(ctx, id)
 	switch {

@@ -25,7 +25,7 @@ func (m *Manager) Delete(ctx context.Context, id string) error {
 	}
 	defer unlock()
 	// Whether it is a primary may change: the index reads it again.
-	defer m.reindex(ctx, id)
+	defer m.index.reindex(ctx, id)
 
 	v, err := m.get(ctx, id)
 	if errors.Is(err, errdefs.ErrNotFound) {
@@ -187,7 +187,7 @@ func (m *Manager) tombstone(ctx context.Context, v Volume) error {
 	if err := m.zfs.Rename(ctx, v.Dataset, target); err != nil {
 		return zfsError(err, "renaming deleted volume "+v.ID)
 	}
-	m.reindexSnapshotsOf(ctx, target) // its CSI snapshots moved with it
+	m.index.reindexSnapshotsOf(ctx, target) // its CSI snapshots moved with it
 	return nil
 }
 

@@ -76,7 +76,7 @@ func TestWaitPast(t *testing.T) {
 	m, _ := newManager(t)
 	base := time.Unix(1_800_000_000, 0)
 	reads := 0
-	m.now = func() time.Time { reads++; return base.Add(time.Duration(reads) * 300 * time.Millisecond) }
+	m.UseClock(func() time.Time { reads++; return base.Add(time.Duration(reads) * 300 * time.Millisecond) })
 	if err := m.waitPast(context.Background(), base.Unix()); err != nil {
 		t.Fatal(err)
 	}
@@ -198,7 +198,7 @@ func TestAPlantedSnapshotNeverReplacesTheKeptOne(t *testing.T) {
 		node func(t *testing.T, m *Manager, fake *zfsfake.Fake, v Volume) *Manager
 	}{
 		{"the receive's step ran", func(t *testing.T, m *Manager, _ *zfsfake.Fake, v Volume) *Manager {
-			m.snapshots(context.Background()) // the index is filled before the receive
+			m.index.snapshots(context.Background()) // the index is filled before the receive
 			unlock, err := m.Locks().Lock(context.Background(), v.ID, "receive from node n2")
 			if err != nil {
 				t.Fatal(err)
@@ -224,7 +224,7 @@ func TestAPlantedSnapshotNeverReplacesTheKeptOne(t *testing.T) {
 			if err != nil || found.Dataset != kept {
 				t.Fatalf("the node finds the snapshot at %q (%v); want the genuine copy %q", found.Dataset, err, kept)
 			}
-			page, err := node.SnapshotPage(ctx, "", 0, "")
+			page, err := node.index.SnapshotPage(ctx, "", 0, "")
 			if err != nil || len(page) != 1 || page[0].Dataset != kept {
 				t.Fatalf("the node lists %+v (%v); want only the genuine copy %q", page, err, kept)
 			}

@@ -163,7 +163,7 @@ func (m *Manager) Fence(ctx context.Context, id, target string) (int64, error) {
 // for target already keeps its earlier one.
 func (m *Manager) FenceHeld(ctx context.Context, id, target string, at int64) (int64, error) {
 	// The schedule skips a volume being moved: it must learn of it.
-	defer m.reindex(ctx, id)
+	defer m.index.reindex(ctx, id)
 	v, err := m.get(ctx, id)
 	if err != nil {
 		return 0, err
@@ -207,7 +207,7 @@ func (m *Manager) Unfence(ctx context.Context, id string, generation uint64) err
 	}
 	defer unlock()
 	// The schedule skips a volume being moved: it must learn of it.
-	defer m.reindex(ctx, id)
+	defer m.index.reindex(ctx, id)
 	v, err := m.get(ctx, id)
 	if err != nil {
 		return err
@@ -243,7 +243,7 @@ func (m *Manager) Promote(ctx context.Context, id string, generation uint64, not
 	}
 	defer unlock()
 	// Whether it is a primary may change: the index reads it again.
-	defer m.reindex(ctx, id)
+	defer m.index.reindex(ctx, id)
 	if m.replicas != nil {
 		if err := m.replicas.DiscardPartial(ctx, id); err != nil {
 			return Copy{}, err
@@ -351,7 +351,7 @@ func (m *Manager) Demote(ctx context.Context, id string, generation uint64, asid
 	}
 	defer unlock()
 	// Whether it is a primary may change: the index reads it again.
-	defer m.reindex(ctx, id)
+	defer m.index.reindex(ctx, id)
 	// A push of this copy stops first: a replica or a copy set aside sends
 	// nothing.
 	if err := m.locks.StopTransfer(ctx, id); err != nil {
@@ -402,7 +402,7 @@ func (m *Manager) Demote(ctx context.Context, id string, generation uint64, asid
 	if err := m.zfs.Rename(ctx, dataset, asideName); err != nil {
 		return zfsError(err, "renaming stale volume "+id+" aside")
 	}
-	m.reindexSnapshotsOf(ctx, asideName) // its CSI snapshots moved with it
+	m.index.reindexSnapshotsOf(ctx, asideName) // its CSI snapshots moved with it
 	// Its replication holds protected bases for peers that have moved on;
 	// left in place they would make the operator's zfs destroy fail.
 	if err := m.releaseHolds(ctx, asideName); err != nil {

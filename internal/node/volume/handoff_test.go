@@ -133,7 +133,7 @@ func TestADemotedPrimaryIsMarked(t *testing.T) {
 	ctx := context.Background()
 	m, fake := newManager(t)
 	demotedAt := time.Unix(1_800_000_000, 0)
-	m.now = func() time.Time { return demotedAt }
+	m.UseClock(func() time.Time { return demotedAt })
 	v := create(t, m, CreateRequest{Name: "moved"})
 	mark := func() string {
 		t.Helper()

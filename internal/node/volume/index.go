@@ -15,7 +15,6 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
-	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
 )
 
@@ -34,6 +33,40 @@ import (
 // listing (and serves the index it has until that listing ends); an entry
 // whose dataset is gone is caught when it is read (ListPage and
 // findSnapshot read each entry they return).
+
+// Index is the node's index of its primaries and of its CSI snapshots.
+// It reads the copies through indexedCopies (the Manager), which updates
+// it after every change it makes under a copy's lock.
+type Index struct {
+	copies indexedCopies
+	zfs    zfs.Interface
+	root   string
+	log    hclog.Logger
+	now    func() time.Time
+	// started is the process's start: part of VolumesVersion.
+	started time.Time
+	// primariesListed and snapshotsListed tell whether each index was
+	// listed once since the start.
+	primaryIndex, snapshotIndex      idIndex
+	primariesListed, snapshotsListed atomic.Bool
+	// duplicates: the second copies of CSI snapshots the last listing
+	// found (snapshotDuplicates).
+	duplicates snapshotDuplicates
+}
+
+// indexedCopies are the node's copies as the Index lists and reads them.
+type indexedCopies interface {
+	// listPrimaries lists the node's primaries (and sees to what the
+	// same listing finds: Manager.listPrimaries).
+	listPrimaries(ctx context.Context) ([]Volume, error)
+	ListSnapshots(ctx context.Context) ([]Snapshot, error)
+	get(ctx context.Context, id string) (Volume, error)
+	readSnapshot(ctx context.Context, name string) (Snapshot, error)
+}
+
+func newIndex(copies indexedCopies, z zfs.Interface, root string, log hclog.Logger) *Index {
+	return &Index{copies: copies, zfs: z, root: root, log: log, now: time.Now, started: time.Now()}
+}
 
 // indexMaxAge bounds how long an index trusts itself without a listing,
 // unless its listings are slow (relistSpacing).
@@ -320,30 +353,13 @@ func sortedFrom(m map[string]string, from string) []string {
 }
 
 // primaries returns the index of the node's primaries: ID to dataset.
-func (m *Manager) primaries(ctx context.Context) (map[string]string, error) {
-	return m.primaryIndex.read(ctx, m.now, m.listPrimaries)
+func (x *Index) primaries(ctx context.Context) (map[string]string, error) {
+	return x.primaryIndex.read(ctx, x.now, x.listPrimaries)
 }
 
-// listPrimaries lists the node's primaries for their index. The same
-// listing finds the node's tombstones and the copies whose key is
-// loaded, which are seen to apart (sweepListed: tombstones collected,
-// keys of copies not staged unloaded): one listing of the node instead
-// of several, each taking seconds at a thousand volumes.
-func (m *Manager) listPrimaries(ctx context.Context) (map[string]string, error) {
-	var tombstones, keys []string
-	list := func(ctx context.Context) ([]Volume, error) {
-		children, err := m.zfs.Children(ctx, m.cfg.RootDataset)
-		if err != nil {
-			return nil, zfsError(err, "listing volumes")
-		}
-		tombstones, keys = tombstonesAmong(children), loadedKeys(children)
-		return m.volumesAmong(children), nil
-	}
-	index, err := listForIndex(ctx, m.log, "primaries", &m.primariesListed, list, func(v Volume) (string, string) { return v.ID, v.Dataset })
-	if err == nil {
-		m.sweepListed(tombstones, keys)
-	}
-	return index, err
+// listPrimaries lists the node's primaries for their index.
+func (x *Index) listPrimaries(ctx context.Context) (map[string]string, error) {
+	return listForIndex(ctx, x.log, "primaries", &x.primariesListed, x.copies.listPrimaries, func(v Volume) (string, string) { return v.ID, v.Dataset })
 }
 
 // listForIndex lists what an index holds with list, maps each item to
@@ -378,24 +394,24 @@ func listForIndex[T any](ctx context.Context, log hclog.Logger, what string, lis
 // controller's GetNode, a ListVolumes) find them filled, instead of
 // waiting for a listing that, with a thousand volumes under a slow pool,
 // outlasts their deadline.
-func (m *Manager) WarmIndexes() {
-	m.primaryIndex.warm(m.now, m.listPrimaries)
-	m.snapshotIndex.warm(m.now, m.listSnapshotIndex)
+func (x *Index) WarmIndexes() {
+	x.primaryIndex.warm(x.now, x.listPrimaries)
+	x.snapshotIndex.warm(x.now, x.listSnapshotIndex)
 }
 
 // reindex reads volume id's copy again and updates the index of
 // primaries. The caller holds the copy's lock and has just changed it (or
 // tried to). An error other than "no primary here" makes the index list
 // again.
-func (m *Manager) reindex(ctx context.Context, id string) {
-	v, err := m.get(ctx, id)
+func (x *Index) reindex(ctx context.Context, id string) {
+	v, err := x.copies.get(ctx, id)
 	switch {
 	case err == nil:
-		m.primaryIndex.update(id, v.Dataset)
+		x.primaryIndex.update(id, v.Dataset)
 	case errors.Is(err, errdefs.ErrNotFound), errors.Is(err, errdefs.ErrFailedPrecondition):
-		m.primaryIndex.update(id, "")
+		x.primaryIndex.update(id, "")
 	default:
-		m.primaryIndex.invalidate()
+		x.primaryIndex.invalidate()
 	}
 }
 
@@ -403,148 +419,47 @@ func (m *Manager) reindex(ctx context.Context, id string) {
 // update of the index), a replica is deleted (NoteChanged) and when the
 // process restarts: the schedule asks again only the nodes whose version
 // changed, and only for what ChangedSince tells (scheduler.Scheduler).
-func (m *Manager) VolumesVersion() string {
-	m.primaryIndex.mu.Lock()
-	defer m.primaryIndex.mu.Unlock()
-	return fmt.Sprintf("%d-%d", m.started.UnixNano(), m.primaryIndex.changes)
+func (x *Index) VolumesVersion() string {
+	x.primaryIndex.mu.Lock()
+	defer x.primaryIndex.mu.Unlock()
+	return fmt.Sprintf("%d-%d", x.started.UnixNano(), x.primaryIndex.changes)
 }
 
 // NoteChanged counts a change of a volume's copy on the node that is no
 // change of its primaries (a replica deleted), so that VolumesVersion
 // moves and ChangedSince tells it.
-func (m *Manager) NoteChanged(id string) {
-	m.primaryIndex.mu.Lock()
-	defer m.primaryIndex.mu.Unlock()
-	m.primaryIndex.note(id)
+func (x *Index) NoteChanged(id string) {
+	x.primaryIndex.mu.Lock()
+	defer x.primaryIndex.mu.Unlock()
+	x.primaryIndex.note(id)
 }
-
-// Received notes a receive into the volume's copy on the node
-// (the replication receiver's Index), which holds the copy's lock: the
-// volumes version moves (NoteChanged), and the CSI snapshots the streams
-// brought (docs/replication.md, "CSI snapshots") enter the snapshot
-// index. Only the snapshots the index lacks at this copy are read: most
-// receives bring none, and then this costs one listing of the copy's
-// snapshot names. A snapshot deleted while the push that brought it ran
-// is dropped (dropDeleted).
-func (m *Manager) Received(id string) {
-	m.NoteChanged(id)
-	ctx, cancel := context.WithTimeout(context.Background(), receivedReadTimeout)
-	defer cancel()
-	fs := m.cfg.RootDataset + "/" + id
-	names, err := m.zfs.SnapshotNames(ctx, fs)
-	if errors.Is(err, zfs.ErrNotFound) {
-		return // a receive that made nothing
-	}
-	if err != nil {
-		m.log.Warn("reading the snapshots a receive brought failed; the snapshot index lists again", "volume_id", id, "error", err)
-		m.snapshotIndex.invalidate()
-		return
-	}
-	for _, name := range names {
-		if snapID := shortName(name); contract.IsSnapshotID(snapID) && !m.snapshotIndex.knows(snapID, name) {
-			if m.keepIndexed(ctx, id, snapID, name) {
-				continue
-			}
-			m.reindexSnapshot(ctx, snapID, name)
-		}
-	}
-	m.dropDeleted(ctx, id, names)
-	// A replica is staged nowhere: a key loaded on it (by a crash, or
-	// an operator) goes with the receive that updates it.
-	m.dropKey(ctx, id, fs, "received into")
-}
-
-// keepIndexed decides what a receive into volume id's live copy that
-// brought CSI snapshot snapID (at name) does to the copy of that
-// snapshot the index holds, and tells whether the index keeps it.
-//
-// A copy that a tombstone or a set-aside copy of the volume keeps, with
-// the received snapshot's GUID, is the same snapshot (ZFS keeps a
-// snapshot's GUID across send and receive): it is dropped and the live
-// copy indexed, so the node holds one copy per snapshot and a
-// DeleteSnapshot leaves none (a seed of the simulation, 26863, found the
-// second copy listed again after a delete).
-//
-// A stream may bring any snapshot name, though: a copy of another GUID
-// is another snapshot that only carries the name (a peer's stream may
-// plant it, docs/safety.md "What a peer's header may decide"). The name
-// decides nothing then: the copy the index holds, which was on the node
-// first, stays indexed, so it is the one listed and restored, and
-// neither copy is destroyed (either may be the only one of its data).
-// The received copy is remembered beside it, so a delete of the snapshot
-// takes both (deleteDuplicates). The same holds for the index's copy on
-// another volume's datasets. The caller holds the copy's lock, which
-// guards the volume's tombstones too.
-func (m *Manager) keepIndexed(ctx context.Context, id, snapID, name string) bool {
-	old, ok := m.snapshotIndex.entry(snapID)
-	if !ok || old == name {
-		return false
-	}
-	indexed, err1 := m.zfs.Get(ctx, old)
-	received, err2 := m.zfs.Get(ctx, name)
-	switch {
-	case errors.Is(err1, zfs.ErrNotFound):
-		return false // the index's copy is gone: the received one takes its place
-	case err1 != nil || err2 != nil:
-		m.log.Warn("reading two copies of a snapshot after a receive failed; the snapshot index lists again", "volume_id", id, "snapshot_id", snapID, "error", errors.Join(err1, err2))
-		m.snapshotIndex.invalidate()
-		return true
-	case indexed.GUID != received.GUID:
-		m.duplicates.add(snapID, name)
-		m.log.Warn("a receive brought a snapshot under the name of another one on this node: the one here first stays listed, and the received one is kept aside until the snapshot is deleted",
-			"volume_id", id, "snapshot_id", snapID, "indexed", old, "received", name, "indexed_guid", indexed.GUID, "received_guid", received.GUID)
-		return true
-	case copyIDOf(old) != id:
-		return true // the same snapshot on another volume's copy: not this lock's to drop
-	}
-	m.dropDuplicate(ctx, id, snapID, old)
-	return false
-}
-
-// dropDuplicate destroys old, the copy of CSI snapshot snapID that a
-// tombstone or a set-aside copy of volume id keeps on the node, now that
-// a receive brought the same snapshot (same GUID, keepIndexed) to the
-// volume's live copy. The index holds one dataset per snapshot ID, so
-// the node's DeleteSnapshot would destroy one copy and leave the other,
-// to be listed again after the next listing.
-func (m *Manager) dropDuplicate(ctx context.Context, id, snapID, old string) {
-	if err := m.zfs.DestroyDeferred(ctx, old); err != nil && !errors.Is(err, zfs.ErrNotFound) {
-		m.log.Warn("dropping a kept copy of a snapshot a receive brought again failed; deleting the snapshot may leave it", "volume_id", id, "snapshot_id", snapID, "dataset", old, "error", err)
-		return
-	}
-	m.log.Info("dropped a kept copy of a snapshot the volume's copy received again", "volume_id", id, "snapshot_id", snapID, "dataset", old)
-	m.collectTombstoneLocked(ctx, zfs.Parent(old))
-}
-
-// receivedReadTimeout bounds Received's reads.
-const receivedReadTimeout = 30 * time.Second
 
 // ChangedSince returns the IDs of the volumes whose copy on the node
 // changed since the node reported version (VolumesVersion), or false when
 // it cannot tell: version is another process's, the node's change log no
 // longer reaches back to it, or the IDs are more than limit.
-func (m *Manager) ChangedSince(version string, limit int) ([]string, bool) {
+func (x *Index) ChangedSince(version string, limit int) ([]string, bool) {
 	started, seq, ok := strings.Cut(version, "-")
-	if !ok || started != strconv.FormatInt(m.started.UnixNano(), 10) {
+	if !ok || started != strconv.FormatInt(x.started.UnixNano(), 10) {
 		return nil, false
 	}
 	n, err := strconv.ParseUint(seq, 10, 64)
 	if err != nil {
 		return nil, false
 	}
-	return m.primaryIndex.changedSince(n, limit)
+	return x.primaryIndex.changedSince(n, limit)
 }
 
 // ListPage returns up to limit of the node's primaries (all, for limit 0)
 // in the order of their IDs, from the first ID at or after from: the cost
 // is the page's, not the node's.
-func (m *Manager) ListPage(ctx context.Context, from string, limit int) ([]Volume, error) {
-	index, err := m.primaries(ctx)
+func (x *Index) ListPage(ctx context.Context, from string, limit int) ([]Volume, error) {
+	index, err := x.primaries(ctx)
 	if err != nil {
 		return nil, err
 	}
 	return readPage(index, from, limit, func(id, _ string) (Volume, bool, error) {
-		v, err := m.get(ctx, id)
+		v, err := x.copies.get(ctx, id)
 		if errors.Is(err, errdefs.ErrNotFound) || errors.Is(err, errdefs.ErrFailedPrecondition) {
 			return v, false, nil // gone or changed by hand: the index learns at its next listing
 		}

@@ -30,7 +30,7 @@ func primaryIDsListed(t *testing.T, m *Manager) []string {
 
 func pageIDs(t *testing.T, m *Manager, from string, limit int) []string {
 	t.Helper()
-	vols, err := m.ListPage(context.Background(), from, limit)
+	vols, err := m.index.ListPage(context.Background(), from, limit)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,9 +100,9 @@ func TestIndexFollowsTheDriversChanges(t *testing.T) {
 	if got := pageIDs(t, m, "", 0); slices.Contains(got, all[0]) {
 		t.Errorf("a page lists %s, destroyed by hand", all[0])
 	}
-	m.now = func() time.Time { return time.Now().Add(indexMaxAge + time.Second) }
+	m.UseClock(func() time.Time { return time.Now().Add(indexMaxAge + time.Second) })
 	pageIDs(t, m, "", 0) // starts the listing of an index past its age
-	waitForListing(t, &m.primaryIndex)
+	waitForListing(t, &m.index.primaryIndex)
 	agree("a destroy by hand, after indexMaxAge and the listing it started")
 }
 
@@ -258,18 +258,18 @@ func TestASlowListingSpacesTheNext(t *testing.T) {
 func TestChangedSince(t *testing.T) {
 	ctx := context.Background()
 	m, _ := newManager(t)
-	v0 := m.VolumesVersion()
+	v0 := m.index.VolumesVersion()
 	a := create(t, m, CreateRequest{Name: "a"})
-	v1 := m.VolumesVersion()
+	v1 := m.index.VolumesVersion()
 	b := create(t, m, CreateRequest{Name: "b"})
 	if err := m.Delete(ctx, a.ID); err != nil {
 		t.Fatal(err)
 	}
-	v2 := m.VolumesVersion()
-	m.NoteChanged("vol-replica-gone")
+	v2 := m.index.VolumesVersion()
+	m.index.NoteChanged("vol-replica-gone")
 	all := []string{a.ID, b.ID, "vol-replica-gone"}
 	slices.Sort(all)
-	now := m.VolumesVersion()
+	now := m.index.VolumesVersion()
 	tests := []struct {
 		name   string
 		since  string
@@ -288,7 +288,7 @@ func TestChangedSince(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, ok := m.ChangedSince(tt.since, tt.limit)
+			got, ok := m.index.ChangedSince(tt.since, tt.limit)
 			if ok != tt.wantOK || !slices.Equal(got, tt.want) {
 				t.Errorf("ChangedSince(%s, %d) = %v, %v; want %v, %v", tt.since, tt.limit, got, ok, tt.want, tt.wantOK)
 			}
@@ -297,8 +297,8 @@ func TestChangedSince(t *testing.T) {
 	if v1 == now {
 		t.Errorf("the version did not move: %s", now)
 	}
-	m.primaryIndex.invalidate()
-	if got, ok := m.ChangedSince(now, 10); ok {
+	m.index.primaryIndex.invalidate()
+	if got, ok := m.index.ChangedSince(now, 10); ok {
 		t.Errorf("after an invalidation: %v, true; want not known", got)
 	}
 }
@@ -401,7 +401,7 @@ func TestSnapshotIndex(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantOnlyRoot(t, fake, "after the last snapshot went, the tombstone must be collected")
-	page, err := m.SnapshotPage(ctx, "", 0, "")
+	page, err := m.index.SnapshotPage(ctx, "", 0, "")
 	if err != nil || len(page) != 0 {
 		t.Errorf("snapshots left: %v, %v", page, err)
 	}
@@ -494,8 +494,8 @@ func TestWarmIndexes(t *testing.T) {
 	if _, err := m.CreateSnapshot(ctx, v.ID, "s"); err != nil {
 		t.Fatal(err)
 	}
-	m.primaryIndex.invalidate() // as a process that just started
-	m.snapshotIndex.invalidate()
+	m.index.primaryIndex.invalidate() // as a process that just started
+	m.index.snapshotIndex.invalidate()
 	var mu sync.Mutex
 	lists := 0
 	fake.Before = func(op, name string) {
@@ -505,8 +505,8 @@ func TestWarmIndexes(t *testing.T) {
 			mu.Unlock()
 		}
 	}
-	m.WarmIndexes()
-	for _, x := range []*idIndex{&m.primaryIndex, &m.snapshotIndex} {
+	m.index.WarmIndexes()
+	for _, x := range []*idIndex{&m.index.primaryIndex, &m.index.snapshotIndex} {
 		if _, err := x.read(ctx, m.now, failingList); err != nil {
 			t.Fatal(err)
 		}
@@ -515,7 +515,7 @@ func TestWarmIndexes(t *testing.T) {
 	if err != nil || c.Volumes != 1 {
 		t.Fatalf("capacity: %+v, %v; want one volume", c, err)
 	}
-	if page, err := m.SnapshotPage(ctx, "", 0, ""); err != nil || len(page) != 1 {
+	if page, err := m.index.SnapshotPage(ctx, "", 0, ""); err != nil || len(page) != 1 {
 		t.Fatalf("snapshots: %v, %v; want one", page, err)
 	}
 	mu.Lock()
@@ -540,7 +540,7 @@ func TestReceivedCSISnapshotsAreIndexed(t *testing.T) {
 	if err := fake.CreateFilesystem(ctx, fs, map[string]string{copyrecord.PropVolumeID: id, copyrecord.PropRole: contract.RoleReplica, copyrecord.PropGeneration: "1"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := m.SnapshotPage(ctx, "", 0, ""); err != nil { // fills the index
+	if _, err := m.index.SnapshotPage(ctx, "", 0, ""); err != nil { // fills the index
 		t.Fatal(err)
 	}
 	snapID := contract.SnapshotIDForName("before-upgrade")

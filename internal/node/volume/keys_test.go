@@ -491,10 +491,10 @@ func TestTheListingSweepsKeysLeftLoaded(t *testing.T) {
 	m.host.Mounted = func(string) (bool, error) { return false, nil }
 	v := create(t, m, CreateRequest{Name: "secret", Parameters: map[string]string{"encryption": "on"}, Passphrase: contract.Passphrase(passphrase)})
 	loadKey(t, fake, v.Dataset)
-	if _, err := m.primaries(ctx); err != nil {
+	if _, err := m.index.primaries(ctx); err != nil {
 		t.Fatal(err)
 	}
-	waitForListing(t, &m.primaryIndex)
+	waitForListing(t, &m.index.primaryIndex)
 	waitForSweep(t, m)
 	if fake.KeyLoaded(v.Dataset) {
 		t.Error("the listing left the key of a copy not staged loaded")

@@ -37,6 +37,7 @@ import (
 type Fences struct {
 	copies  primaryCopies
 	records *Records
+	index   *Index
 	zfs     zfs.Interface
 	nodeID  string
 	log     hclog.Logger
@@ -54,16 +55,15 @@ type Fences struct {
 // primaryCopies are the node's primaries as Fences reads and changes
 // them: under each copy's lock (the Manager).
 type primaryCopies interface {
-	// List lists the pool; primaries reads the index of the primaries.
+	// List lists the pool.
 	List(ctx context.Context) ([]Volume, error)
-	primaries(ctx context.Context) (map[string]string, error)
 	get(ctx context.Context, id string) (Volume, error)
 	lock(ctx context.Context, id, what string) (func(), error)
 	mounted(dataset string) (bool, error)
 }
 
-func newFences(copies primaryCopies, records *Records, z zfs.Interface, nodeID string, log hclog.Logger) *Fences {
-	f := &Fences{copies: copies, records: records, zfs: z, nodeID: nodeID, log: log, now: time.Now}
+func newFences(copies primaryCopies, records *Records, index *Index, z zfs.Interface, nodeID string, log hclog.Logger) *Fences {
+	f := &Fences{copies: copies, records: records, index: index, zfs: z, nodeID: nodeID, log: log, now: time.Now}
 	f.mayHoldForced.Store(true)
 	return f
 }

@@ -469,7 +469,7 @@ func TestTheIndexListingCollectsTombstones(t *testing.T) {
 	ctx := context.Background()
 	m, fake := newManager(t)
 	clock := time.Now()
-	m.now = func() time.Time { return clock }
+	m.UseClock(func() time.Time { return clock })
 	v, _ := m.Create(ctx, CreateRequest{Name: "v"})
 	s, err := m.CreateSnapshot(ctx, v.ID, "s")
 	if err != nil {
@@ -496,7 +496,7 @@ func TestTheIndexListingCollectsTombstones(t *testing.T) {
 		}
 	}
 	w, _ := m.Create(ctx, CreateRequest{Name: "w"})
-	waitForListing(t, &m.primaryIndex)
+	waitForListing(t, &m.index.primaryIndex)
 	listings.Store(0)
 	clock = clock.Add(indexMaxAge)
 	if err := m.Delete(ctx, w.ID); err != nil {
@@ -509,10 +509,10 @@ func TestTheIndexListingCollectsTombstones(t *testing.T) {
 		t.Fatalf("tombstone %s collected before any listing: %v", tombstone, err)
 	}
 
-	if _, err := m.primaries(ctx); err != nil { // stale: starts a listing
+	if _, err := m.index.primaries(ctx); err != nil { // stale: starts a listing
 		t.Fatal(err)
 	}
-	waitForListing(t, &m.primaryIndex)
+	waitForListing(t, &m.index.primaryIndex)
 	waitForSweep(t, m)
 	if n := listings.Load(); n != 1 {
 		t.Errorf("the index's listing and the tombstones' collection listed the node %d times, want once", n)

@@ -51,12 +51,12 @@ func (m *Manager) removeReplica(ctx context.Context, id string, surplus *copyrec
 	if removal.Dataset == "" {
 		return false, nil
 	}
-	m.NoteChanged(id)
+	m.index.NoteChanged(id)
 	if removal.Tombstone != "" {
 		// A tombstone is staged nowhere: a key a crash left loaded on
 		// the replica goes.
 		m.dropKey(ctx, id, removal.Tombstone, "removed replica kept as a tombstone")
-		m.reindexSnapshotsOf(ctx, removal.Tombstone)
+		m.index.reindexSnapshotsOf(ctx, removal.Tombstone)
 		m.log.Info("deleted "+what+"; its CSI snapshots stay on a tombstone until they are deleted", "volume_id", id, "tombstone", removal.Tombstone)
 		return true, nil
 	}

@@ -50,7 +50,7 @@ func TestDeleteReplica(t *testing.T) {
 						t.Fatal(err)
 					}
 				}
-				if _, err := m.SnapshotPage(ctx, "", 0, ""); err != nil { // the index knows the snapshots where they are
+				if _, err := m.index.SnapshotPage(ctx, "", 0, ""); err != nil { // the index knows the snapshots where they are
 					t.Fatal(err)
 				}
 			}
@@ -96,7 +96,7 @@ func wantTombstoneOf(t *testing.T, m *Manager, fs, csi string) {
 	if snaps, err := m.zfs.SnapshotNames(ctx, tomb); err != nil || len(snaps) != 1 || snaps[0] != tomb+"@"+csi {
 		t.Errorf("the tombstone's snapshots: %v (%v), want %s alone", snaps, err, csi)
 	}
-	listed, err := m.SnapshotPage(ctx, "", 0, "")
+	listed, err := m.index.SnapshotPage(ctx, "", 0, "")
 	if err != nil || len(listed) != 1 || listed[0].Dataset != tomb+"@"+csi {
 		t.Errorf("the snapshot index lists %+v (%v), want %s on the tombstone", listed, err, csi)
 	}

@@ -16,29 +16,29 @@ import (
 
 // snapshots returns the index of the node's CSI snapshots: ID to snapshot
 // name (dataset@ID).
-func (m *Manager) snapshots(ctx context.Context) (map[string]string, error) {
-	return m.snapshotIndex.read(ctx, m.now, m.listSnapshotIndex)
+func (x *Index) snapshots(ctx context.Context) (map[string]string, error) {
+	return x.snapshotIndex.read(ctx, x.now, x.listSnapshotIndex)
 }
 
 // listSnapshotIndex lists the node's CSI snapshots for their index.
-func (m *Manager) listSnapshotIndex(ctx context.Context) (map[string]string, error) {
+func (x *Index) listSnapshotIndex(ctx context.Context) (map[string]string, error) {
 	var duplicates map[string][]string
 	list := func(ctx context.Context) ([]Snapshot, error) {
-		all, err := m.ListSnapshots(ctx)
+		all, err := x.copies.ListSnapshots(ctx)
 		if err != nil {
 			return nil, err
 		}
 		var kept []Snapshot
-		kept, duplicates = oneCopyEach(m.cfg.RootDataset, all)
+		kept, duplicates = oneCopyEach(x.root, all)
 		return kept, nil
 	}
-	index, err := listForIndex(ctx, m.log, "CSI snapshots", &m.snapshotsListed, list, func(s Snapshot) (string, string) { return s.ID, s.Dataset })
+	index, err := listForIndex(ctx, x.log, "CSI snapshots", &x.snapshotsListed, list, func(s Snapshot) (string, string) { return s.ID, s.Dataset })
 	if err == nil {
 		for id, copies := range duplicates {
-			m.log.Info("a CSI snapshot is kept twice on this node; the copies of the indexed one's volume go with the snapshot's delete",
+			x.log.Info("a CSI snapshot is kept twice on this node; the copies of the indexed one's volume go with the snapshot's delete",
 				"volume_id", copyIDOf(index[id]), "snapshot_id", id, "indexed", index[id], "duplicates", copies)
 		}
-		m.duplicates.set(duplicates)
+		x.duplicates.set(duplicates)
 	}
 	return index, err
 }
@@ -144,29 +144,29 @@ func indexedCopy(root string, copies []Snapshot) int {
 }
 
 // reindexSnapshot reads one snapshot again and updates the index.
-func (m *Manager) reindexSnapshot(ctx context.Context, id, name string) {
-	ds, err := m.zfs.Get(ctx, name)
+func (x *Index) reindexSnapshot(ctx context.Context, id, name string) {
+	ds, err := x.zfs.Get(ctx, name)
 	switch {
 	case err == nil && isCSISnapshot(ds):
-		m.snapshotIndex.update(id, ds.Name)
+		x.snapshotIndex.update(id, ds.Name)
 	case err == nil, errors.Is(err, zfs.ErrNotFound):
-		m.snapshotIndex.update(id, "")
+		x.snapshotIndex.update(id, "")
 	default:
-		m.snapshotIndex.invalidate()
+		x.snapshotIndex.invalidate()
 	}
 }
 
 // reindexSnapshotsOf reads the CSI snapshots of a filesystem again after
 // it was renamed (a tombstone, a copy set aside).
-func (m *Manager) reindexSnapshotsOf(ctx context.Context, fs string) {
-	names, err := m.zfs.SnapshotNames(ctx, fs)
+func (x *Index) reindexSnapshotsOf(ctx context.Context, fs string) {
+	names, err := x.zfs.SnapshotNames(ctx, fs)
 	if err != nil {
-		m.snapshotIndex.invalidate()
+		x.snapshotIndex.invalidate()
 		return
 	}
 	for _, name := range names {
 		if id := shortName(name); contract.IsSnapshotID(id) {
-			m.reindexSnapshot(ctx, id, name)
+			x.reindexSnapshot(ctx, id, name)
 		}
 	}
 }
@@ -175,8 +175,8 @@ func (m *Manager) reindexSnapshotsOf(ctx context.Context, fs string) {
 // limit 0) in the order of their IDs, from the first ID at or after from;
 // only those of volume source when it is set (a snapshot's name says whose
 // copy it is on, so no other is read).
-func (m *Manager) SnapshotPage(ctx context.Context, from string, limit int, source string) ([]Snapshot, error) {
-	index, err := m.snapshots(ctx)
+func (x *Index) SnapshotPage(ctx context.Context, from string, limit int, source string) ([]Snapshot, error) {
+	index, err := x.snapshots(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -184,22 +184,10 @@ func (m *Manager) SnapshotPage(ctx context.Context, from string, limit int, sour
 		if source != "" && copyIDOf(name) != source {
 			return Snapshot{}, false, nil
 		}
-		s, err := m.readSnapshot(ctx, name)
+		s, err := x.copies.readSnapshot(ctx, name)
 		if errors.Is(err, errdefs.ErrNotFound) {
 			return s, false, nil
 		}
 		return s, true, err
 	})
-}
-
-// readSnapshot reads one CSI snapshot by its name.
-func (m *Manager) readSnapshot(ctx context.Context, name string) (Snapshot, error) {
-	ds, err := m.zfs.Get(ctx, name)
-	if err != nil {
-		return Snapshot{}, zfsError(err, "snapshot "+name)
-	}
-	if !isCSISnapshot(ds) {
-		return Snapshot{}, errdefs.Wrap(errdefs.ErrNotFound, "%s is no CSI snapshot", name)
-	}
-	return snapshotOf(ds), nil
 }

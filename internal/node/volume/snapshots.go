@@ -63,7 +63,7 @@ func (m *Manager) CreateSnapshotAfter(ctx context.Context, volumeID, name string
 		return Snapshot{}, zfsError(err, "creating snapshot "+id)
 	}
 	log.Info("snapshot created", "name", name, "dataset", dataset)
-	m.reindexSnapshot(ctx, id, dataset)
+	m.index.reindexSnapshot(ctx, id, dataset)
 	return m.readSnapshot(ctx, dataset)
 }
 
@@ -131,7 +131,7 @@ func (m *Manager) DeleteSnapshotUpTo(ctx context.Context, id string, createdUpTo
 	if err != nil && !errors.Is(err, zfs.ErrNotFound) { // gone meanwhile: deleted
 		return zfsError(err, "deleting snapshot "+id)
 	}
-	m.reindexSnapshot(ctx, id, snap.Dataset)
+	m.index.reindexSnapshot(ctx, id, snap.Dataset)
 	m.log.Info("snapshot deleted", "volume_id", snap.SourceVolumeID, "snapshot_id", id, "dataset", snap.Dataset)
 	m.collectTombstoneLocked(ctx, zfs.Parent(snap.Dataset))
 	return nil
@@ -142,7 +142,7 @@ func (m *Manager) DeleteSnapshotUpTo(ctx context.Context, id string, createdUpTo
 // listing found them (snapshotDuplicates), under the same rule as the
 // indexed copy.
 func (m *Manager) deleteDuplicates(ctx context.Context, id, volumeID string, createdUpToUnix int64) error {
-	for _, name := range m.duplicates.of(id) {
+	for _, name := range m.index.duplicates.of(id) {
 		if copyIDOf(name) != volumeID {
 			continue
 		}
@@ -225,7 +225,7 @@ func (m *Manager) findSnapshot(ctx context.Context, id string) (Snapshot, error)
 		return Snapshot{}, fmt.Errorf("%w: snapshot %q", errdefs.ErrNotFound, id)
 	}
 	for attempt := 0; ; attempt++ {
-		index, err := m.snapshots(ctx)
+		index, err := m.index.snapshots(ctx)
 		if err != nil {
 			return Snapshot{}, err
 		}
@@ -235,7 +235,7 @@ func (m *Manager) findSnapshot(ctx context.Context, id string) (Snapshot, error)
 		}
 		s, err := m.readSnapshot(ctx, name)
 		if errors.Is(err, errdefs.ErrNotFound) && attempt == 0 {
-			m.snapshotIndex.invalidate()
+			m.index.snapshotIndex.invalidate()
 			continue
 		}
 		return s, err
@@ -294,7 +294,19 @@ func (m *Manager) dropDeleted(ctx context.Context, id string, names []string) {
 			m.log.Warn("dropping a received copy of a deleted snapshot failed; it stays hidden, and the controller deletes it", "volume_id", id, "snapshot_id", snapID, "error", err)
 			continue
 		}
-		m.reindexSnapshot(ctx, snapID, name)
+		m.index.reindexSnapshot(ctx, snapID, name)
 		m.log.Info("dropped a received copy of a deleted snapshot: the push that carried it started before the delete", "volume_id", id, "snapshot_id", snapID, "dataset", name)
 	}
+}
+
+// readSnapshot reads one CSI snapshot by its name.
+func (m *Manager) readSnapshot(ctx context.Context, name string) (Snapshot, error) {
+	ds, err := m.zfs.Get(ctx, name)
+	if err != nil {
+		return Snapshot{}, zfsError(err, "snapshot "+name)
+	}
+	if !isCSISnapshot(ds) {
+		return Snapshot{}, errdefs.Wrap(errdefs.ErrNotFound, "%s is no CSI snapshot", name)
+	}
+	return snapshotOf(ds), nil
 }

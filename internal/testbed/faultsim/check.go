@@ -155,7 +155,7 @@ func (c *checker) indexAgrees(n *simNode) error {
 	if inc == nil || !inc.isAlive() {
 		return nil
 	}
-	quiet := func() (string, bool) { return inc.volumes.VolumesVersion(), !inc.volumes.Locks().Busy() }
+	quiet := func() (string, bool) { return inc.volumes.Index().VolumesVersion(), !inc.volumes.Locks().Busy() }
 	version, ok := quiet()
 	if !ok {
 		return nil
@@ -166,7 +166,7 @@ func (c *checker) indexAgrees(n *simNode) error {
 		return nil // the process died meanwhile
 	}
 	capacity, cerr := inc.volumes.Capacity(ctx)
-	page, perr := inc.volumes.ListPage(ctx, "", 0)
+	page, perr := inc.volumes.Index().ListPage(ctx, "", 0)
 	if after, ok := quiet(); !ok || after != version || cerr != nil || perr != nil {
 		return nil
 	}
@@ -194,11 +194,11 @@ func (c *checker) bookAgrees(sched *scheduler.Scheduler, n *simNode) error {
 		return nil
 	}
 	booked, version, ok := sched.Held(n.id)
-	if !ok || version != inc.volumes.VolumesVersion() || inc.volumes.Locks().Busy() {
+	if !ok || version != inc.volumes.Index().VolumesVersion() || inc.volumes.Locks().Busy() {
 		return nil
 	}
 	listed, err := inc.volumes.List(context.Background())
-	if err != nil || version != inc.volumes.VolumesVersion() || inc.volumes.Locks().Busy() {
+	if err != nil || version != inc.volumes.Index().VolumesVersion() || inc.volumes.Locks().Busy() {
 		return nil // the process died, or a change began meanwhile
 	}
 	var want []string

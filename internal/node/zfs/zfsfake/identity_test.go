@@ -114,7 +114,7 @@ func TestReplicateGoesOnlyToTheTargetNodeItNames(t *testing.T) {
 			cfg := config.DefaultNode()
 			cfg.NodeID, cfg.RootDataset = "n1", "tank/nomad"
 			volumes := volume.NewManager(volume.Deps{ZFS: src, Config: cfg, Log: hclog.NewNullLogger()})
-			agentServer := agent.NewServer(volumes, nil, p, nil, cfg, hclog.NewNullLogger())
+			agentServer := agent.NewServer(agent.Node{Volumes: volumes, Copies: volumes, Index: volumes.Index(), Records: volumes.Records(), Forcing: volumes.Fences(), Pusher: p}, cfg, hclog.NewNullLogger())
 			lis := bufconn.Listen(1 << 20)
 			srv := grpc.NewServer()
 			pb.RegisterNodeAgentServer(srv, agentServer)
