@@ -49,15 +49,30 @@ type Node struct {
 	// two minutes); the fault simulation, on its own clock, waits not.
 	PromotionWait time.Duration
 
-	volumes *volume.Manager
+	volumes Volumes
 	mounter Mounter
 	cfg     config.Node
 	log     hclog.Logger
 	locks   keylock.Locks
 }
 
+// Volumes are the node's volumes as the CSI node service stages and
+// publishes them (volume.Manager).
+type Volumes interface {
+	Get(ctx context.Context, id string) (volume.Volume, error)
+	Copy(ctx context.Context, id string) (volume.Copy, error)
+	// Stageable checks that this node's copy of volume id may be staged
+	// at generation, and returns it with its lock held until unlock.
+	Stageable(ctx context.Context, id string, generation uint64) (v volume.Volume, unlock func(), err error)
+	// AwaitPromotion tells that a stage waits for the copy's promotion
+	// past generation after, until done.
+	AwaitPromotion(id string, after uint64) (done func())
+	OpenKey(ctx context.Context, v volume.Volume, given contract.Passphrase) (opened bool, err error)
+	CloseKey(ctx context.Context, id string) error
+}
+
 // New returns the Node service.
-func New(volumes *volume.Manager, mounter Mounter, cfg config.Node, log hclog.Logger) *Node {
+func New(volumes Volumes, mounter Mounter, cfg config.Node, log hclog.Logger) *Node {
 	return &Node{volumes: volumes, mounter: mounter, cfg: cfg, log: log}
 }
 

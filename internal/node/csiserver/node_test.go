@@ -121,7 +121,7 @@ func TestStalePublishContextRefused(t *testing.T) {
 func awaitedStage(n *Node, within time.Duration) []volume.AwaitedPromotion {
 	giveUp := time.Now().Add(within)
 	for {
-		a := n.volumes.AwaitedPromotions()
+		a := manager(n).AwaitedPromotions()
 		if len(a) > 0 || time.Now().After(giveUp) {
 			return a
 		}
@@ -186,7 +186,7 @@ func TestAStageGrantedAheadWaitsForThePromotion(t *testing.T) {
 					// stage must not hold it.
 					lctx, lcancel := context.WithTimeout(bg, time.Second)
 					defer lcancel()
-					unlock, err := n.volumes.Locks().Lock(lctx, v.ID, "promote")
+					unlock, err := manager(n).Locks().Lock(lctx, v.ID, "promote")
 					if err != nil {
 						t.Errorf("the promotion could not take the copy's lock during the stage's wait: %v", err)
 						return
@@ -211,7 +211,7 @@ func TestAStageGrantedAheadWaitsForThePromotion(t *testing.T) {
 				t.Errorf("NodeStageVolume answered after its deadline (%v)", answered.Sub(began))
 			}
 			<-promoted
-			if a := n.volumes.AwaitedPromotions(); len(a) != 0 {
+			if a := manager(n).AwaitedPromotions(); len(a) != 0 {
 				t.Errorf("the stages waiting for a promotion, after the stage answered: %+v", a)
 			}
 			_, mounted, _ := mounter.Lookup(staging)
@@ -243,7 +243,7 @@ func TestAnEncryptedVolumeIsOpenOnlyWhileStaged(t *testing.T) {
 	n.volumes = volume.NewManager(volume.Deps{ZFS: fake, Config: n.cfg, Log: hclog.NewNullLogger(),
 		Host: volume.Host{Encryption: fake, Mounted: func(ds string) (bool, error) { return mounter.Mounted(ds), nil }}})
 	key := "correct horse battery"
-	v, err := n.volumes.Create(ctx, volume.CreateRequest{Name: "secret", Parameters: map[string]string{"encryption": "on"}, Passphrase: contract.Passphrase(key)})
+	v, err := manager(n).Create(ctx, volume.CreateRequest{Name: "secret", Parameters: map[string]string{"encryption": "on"}, Passphrase: contract.Passphrase(key)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -253,7 +253,7 @@ func TestAnEncryptedVolumeIsOpenOnlyWhileStaged(t *testing.T) {
 		return err
 	}
 	keyLoaded := func() bool {
-		got, err := n.volumes.Get(ctx, v.ID)
+		got, err := manager(n).Get(ctx, v.ID)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -306,7 +306,7 @@ func TestAStageWithoutTheKeyIsRefusedWhileTheKeyIsLoaded(t *testing.T) {
 			n.cfg.Properties["encryption"] = config.PropertyRule{}
 			n.volumes = volume.NewManager(volume.Deps{ZFS: fake, Config: n.cfg, Log: hclog.NewNullLogger(),
 				Host: volume.Host{Encryption: fake, Mounted: func(ds string) (bool, error) { return mounter.Mounted(ds), nil }}})
-			v, err := n.volumes.Create(ctx, volume.CreateRequest{Name: "secret", Parameters: map[string]string{"encryption": "on"}, Passphrase: contract.Passphrase(key)})
+			v, err := manager(n).Create(ctx, volume.CreateRequest{Name: "secret", Parameters: map[string]string{"encryption": "on"}, Passphrase: contract.Passphrase(key)})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -357,7 +357,7 @@ func TestAVolumeWithAnOwnerIsStagedAndPublishedOnlyWithItsSecret(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			ctx := context.Background()
 			n, mounter, _, _, base := newTestNode(t)
-			v, err := n.volumes.Create(ctx, volume.CreateRequest{Name: "owned", Parameters: map[string]string{contract.ParamOwnerDigest: contract.OwnerDigest(secret)}})
+			v, err := manager(n).Create(ctx, volume.CreateRequest{Name: "owned", Parameters: map[string]string{contract.ParamOwnerDigest: contract.OwnerDigest(secret)}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -387,3 +387,6 @@ func TestAVolumeWithAnOwnerIsStagedAndPublishedOnlyWithItsSecret(t *testing.T) {
 		})
 	}
 }
+
+// manager is the volume manager n serves, as zfs-node gives it.
+func manager(n *Node) *volume.Manager { return n.volumes.(*volume.Manager) }
