@@ -144,7 +144,12 @@ func agentCallMetrics(registry *metrics.Registry) grpc.UnaryServerInterceptor {
 // rootSpaceMetrics exports the root dataset's used and available bytes,
 // read at each scrape (a libzfs read of one dataset): a pool filling up
 // is what stops creates, pushes and backups alike.
-func rootSpaceMetrics(registry *metrics.Registry, volumes *volume.Manager) {
+// rootSpace reads the root dataset's space (volume.Manager).
+type rootSpace interface {
+	RootSpace(ctx context.Context) (used, available uint64, err error)
+}
+
+func rootSpaceMetrics(registry *metrics.Registry, volumes rootSpace) {
 	const used, available = "zfs_nomad_root_dataset_used_bytes", "zfs_nomad_root_dataset_available_bytes"
 	registry.GaugesAtScrape(map[string]string{
 		used:      "Bytes the root dataset and everything below it (volumes, replicas, snapshots) use.",
@@ -203,7 +208,12 @@ func poolSpaceMetrics(registry *metrics.Registry, pool string) {
 // quota fails its job's writes. Two series per primary on its node, gone
 // with the primary (moved, deleted); replicas are left out, their
 // primary's series say it.
-func volumeSpaceMetrics(registry *metrics.Registry, volumes *volume.Manager) {
+// volumeLister lists the node's volumes (volume.Manager).
+type volumeLister interface {
+	List(ctx context.Context) ([]volume.Volume, error)
+}
+
+func volumeSpaceMetrics(registry *metrics.Registry, volumes volumeLister) {
 	const used, quota = "zfs_nomad_volume_used_bytes", "zfs_nomad_volume_quota_bytes"
 	registry.LabelledGaugesAtScrape(map[string]string{
 		used:  "Bytes a primary volume on this node refers to (its files, not its snapshots), which its quota bounds.",
@@ -276,7 +286,7 @@ func assemble(cfg config.Node, z *libzfs.ZFS, dial dialing, registry *metrics.Re
 
 // checkHealth checks that the root dataset serves within 30 s of the
 // start.
-func checkHealth(ctx context.Context, volumes *volume.Manager) error {
+func checkHealth(ctx context.Context, volumes interface{ Health(context.Context) error }) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if err := volumes.Health(ctx); err != nil {
