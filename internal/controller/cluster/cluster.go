@@ -330,6 +330,30 @@ func Find[T any](ctx context.Context, c *Cluster, what string, get func(context.
 	if err != nil {
 		return Located[T]{}, err
 	}
+	return pick(c, what, found, errs, best...)
+}
+
+// FindWithNodes is Find that also asks every node its capacity, in the
+// same round trip, and returns the nodes that answered (as Nodes does;
+// nil only when no node could be asked: the peer list is unreadable): a
+// create looks for the volume an earlier attempt made and places a new
+// one from one question to each node instead of two.
+func FindWithNodes[T any](ctx context.Context, c *Cluster, what string, get func(context.Context, Agent) (T, error), best ...func(a, b T) bool) (Located[T], []Node, error) {
+	answers, unreachable, err := ask(ctx, c, agentclient.GetNodeOptions{}, get)
+	if err != nil {
+		return Located[T]{}, nil, err
+	}
+	nodes := make([]Node, 0, len(answers))
+	for _, a := range answers {
+		nodes = append(nodes, a.Node)
+	}
+	found, errs := locate(answers, unreachable)
+	l, err := pick(c, what, found, errs, best...)
+	return l, nodes, err
+}
+
+// pick chooses among the copies of what found, or fails as Find does.
+func pick[T any](c *Cluster, what string, found []Located[T], errs []error, best ...func(a, b T) bool) (Located[T], error) {
 	if len(found) > 0 {
 		pick := found[0]
 		for _, f := range found[1:] {
@@ -358,6 +382,13 @@ func FindAll[T any](ctx context.Context, c *Cluster, get func(context.Context, A
 	if err != nil {
 		return nil, nil, err
 	}
+	found, errs := locate(answers, unreachable)
+	return found, errs, nil
+}
+
+// locate sorts the nodes' answers to a question into what they hold and
+// the errors that keep them from saying (FindAll).
+func locate[T any](answers []Answer[T], unreachable []Unreachable) ([]Located[T], []error) {
 	var (
 		found    []Located[T]
 		answered []Node
@@ -380,7 +411,7 @@ func FindAll[T any](ctx context.Context, c *Cluster, get func(context.Context, A
 	if unlisted := Unlisted(answered, len(errs)); unlisted != "" {
 		errs = append(errs, errors.New(unlisted))
 	}
-	return found, errs, nil
+	return found, errs
 }
 
 // Call bounds one agent call by the agent timeout.

@@ -83,13 +83,14 @@ func (p *Provisioner) Create(ctx context.Context, req CreateRequest) (agentclien
 		Passphrase:       req.Passphrase,
 	}
 	// A volume of this name may exist already (a retried call): its node
-	// decides whether the request is compatible, the source included.
-	existing, err := p.FindVolume(ctx, id)
-	if err == nil {
+	// decides whether the request is compatible, the source included. The
+	// same question to each node brings its capacity, for placement.
+	existing, nodes, err := p.findForCreate(ctx, id)
+	switch {
+	case err == nil:
 		return p.createOn(ctx, existing.Node, agentReq, log)
-	}
-	if !errors.Is(err, errdefs.ErrNotFound) && !errors.Is(err, errdefs.ErrUnavailable) {
-		return agentclient.Volume{}, cluster.Node{}, err
+	case nodes == nil, !errors.Is(err, errdefs.ErrNotFound) && !errors.Is(err, errdefs.ErrUnavailable):
+		return agentclient.Volume{}, cluster.Node{}, err // nil nodes: none could be asked
 	}
 
 	ref, fromBackup := contract.ParseBackupID(req.SourceSnapshotID)
@@ -100,7 +101,7 @@ func (p *Provisioner) Create(ctx context.Context, req CreateRequest) (agentclien
 			return agentclient.Volume{}, cluster.Node{}, err
 		}
 	}
-	candidates, err := p.candidates(ctx, req)
+	candidates, err := p.candidates(ctx, req, nodes)
 	if err != nil {
 		return agentclient.Volume{}, cluster.Node{}, err
 	}
@@ -154,11 +155,12 @@ func (p *Provisioner) createOn(ctx context.Context, n cluster.Node, req agentcli
 	return v, n, nil
 }
 
-// candidates returns the nodes a new volume may go to, best first. A volume
-// made from a snapshot or another volume must live where its source does:
-// on a node holding a copy of the snapshot (replicas hold them too), on
-// the node of the volume's primary.
-func (p *Provisioner) candidates(ctx context.Context, req CreateRequest) ([]cluster.Node, error) {
+// candidates returns the nodes among nodes (those that answered, with
+// their capacity) a new volume may go to, best first. A volume made from
+// a snapshot or another volume must live where its source does: on a
+// node holding a copy of the snapshot (replicas hold them too), on the
+// node of the volume's primary.
+func (p *Provisioner) candidates(ctx context.Context, req CreateRequest, nodes []cluster.Node) ([]cluster.Node, error) {
 	var holders []string // nil: no source
 	switch {
 	case contract.IsBackupID(req.SourceSnapshotID):
@@ -183,10 +185,6 @@ func (p *Provisioner) candidates(ctx context.Context, req CreateRequest) ([]clus
 		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, "parameter node=%s conflicts with the source, which lives on node %s (clones are made where their source is)", pinned, strings.Join(holders, ", "))
 	}
 
-	nodes, _, err := p.cluster.Nodes(ctx)
-	if err != nil {
-		return nil, err
-	}
 	size := req.RequiredBytes
 	if size == 0 {
 		size = 1 // the node applies its default size; placement only needs a node with room
@@ -208,12 +206,24 @@ func (p *Provisioner) FindVolume(ctx context.Context, id string) (cluster.Locate
 	if !contract.IsVolumeID(id) {
 		return cluster.Located[agentclient.Volume]{}, errdefs.Wrap(errdefs.ErrNotFound, "volume %q does not exist (not a volume ID of this driver)", id)
 	}
-	// Between a move's promotion and the demotion of the old copy, two
-	// nodes hold a primary: the newest generation is the volume.
-	return cluster.Find(ctx, p.cluster, "volume "+id, func(ctx context.Context, a cluster.Agent) (agentclient.Volume, error) {
-		return a.GetVolume(ctx, id)
-	}, func(a, b agentclient.Volume) bool { return a.Generation > b.Generation })
+	return cluster.Find(ctx, p.cluster, "volume "+id, getVolume(id), newestGeneration)
 }
+
+// findForCreate is FindVolume that also returns the nodes that answered,
+// with their capacity: a create places its volume among them.
+func (p *Provisioner) findForCreate(ctx context.Context, id string) (cluster.Located[agentclient.Volume], []cluster.Node, error) {
+	return cluster.FindWithNodes(ctx, p.cluster, "volume "+id, getVolume(id), newestGeneration)
+}
+
+// getVolume asks a node for its primary of volume id.
+func getVolume(id string) func(context.Context, cluster.Agent) (agentclient.Volume, error) {
+	return func(ctx context.Context, a cluster.Agent) (agentclient.Volume, error) { return a.GetVolume(ctx, id) }
+}
+
+// newestGeneration picks the newest of two primaries of a volume: between
+// a move's promotion and the demotion of the old copy, two nodes hold
+// one, and the newest generation is the volume.
+func newestGeneration(a, b agentclient.Volume) bool { return a.Generation > b.Generation }
 
 // CurrentVolume finds the volume on the node of its current primary, as a
 // publish decides it (Migrator.Current): with the newest copy's node

@@ -55,6 +55,12 @@ func TestScale(t *testing.T) {
 	if got := r.CallsPerCreate["NodeAgent/Reserve"]; got < nodes {
 		t.Errorf("a create asked %.1f nodes to reserve: want every one of the %d", got, nodes)
 	}
+	// It asks each node who it is twice: once with its question whether
+	// the volume exists (and the node's capacity, for placement), once
+	// with the reservation's look at the copies.
+	if got := r.CallsPerCreate["NodeAgent/GetNode"]; got > 2*nodes {
+		t.Errorf("a create asked the nodes who they are %.1f times: want at most twice each (%d)", got, 2*nodes)
+	}
 	for what, d := range map[string]time.Duration{"publish": r.Publish, "move": r.Move, "full plan": r.FullPlan, "leases held": r.LeasesHeld, "next failover": r.FailoverNext} {
 		if d <= 0 {
 			t.Errorf("%s took %s: want a measured time", what, d)
