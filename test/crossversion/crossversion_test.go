@@ -205,13 +205,13 @@ func TestPhaseSend(t *testing.T) {
 		guesttest.Run(t, "zfs", "create", "-o", "mountpoint=legacy", "-o", "longname=on", long)
 		writeFiles(t, long, func(dir string) { writeFile(t, filepath.Join(dir, strings.Repeat("n", 300)), 4096, 3) })
 		snapshotFiles(t, long, "s1")
-		send(t, ctx, zfscmd.SendSpec{Snapshot: long + "@s1"}, filepath.Join(out, "long-s1.zstream"))
+		send(t, ctx, zfs.SendSpec{Snapshot: long + "@s1"}, filepath.Join(out, "long-s1.zstream"))
 		m.LongNames = true
 	}
 
-	send(t, ctx, zfscmd.SendSpec{Snapshot: plain + "@s1"}, filepath.Join(out, "plain-s1.zstream"))
-	send(t, ctx, zfscmd.SendSpec{Snapshot: plain + "@s2", Base: plain + "@s1"}, filepath.Join(out, "plain-s1-s2.zstream"))
-	send(t, ctx, zfscmd.SendSpec{Snapshot: secret + "@s1", Raw: true}, filepath.Join(out, "secret-s1.zstream"))
+	send(t, ctx, zfs.SendSpec{Snapshot: plain + "@s1"}, filepath.Join(out, "plain-s1.zstream"))
+	send(t, ctx, zfs.SendSpec{Snapshot: plain + "@s2", Base: plain + "@s1"}, filepath.Join(out, "plain-s1-s2.zstream"))
+	send(t, ctx, zfs.SendSpec{Snapshot: secret + "@s1", Raw: true}, filepath.Join(out, "secret-s1.zstream"))
 	data, err := json.Marshal(m)
 	if err != nil {
 		t.Fatal(err)
@@ -341,7 +341,7 @@ func TestPhaseResumeSend(t *testing.T) {
 			t.Fatal(err)
 		}
 		receiver := strings.TrimPrefix(filepath.Base(path), "token-")
-		send(t, context.Background(), zfscmd.SendSpec{ResumeToken: string(token)}, filepath.Join(dir, "resume-"+receiver+".zstream"))
+		send(t, context.Background(), zfs.SendSpec{ResumeToken: string(token)}, filepath.Join(dir, "resume-"+receiver+".zstream"))
 	}
 }
 
@@ -366,7 +366,7 @@ func TestPhaseResumeReceive(t *testing.T) {
 	}
 }
 
-func send(t *testing.T, ctx context.Context, spec zfscmd.SendSpec, path string) {
+func send(t *testing.T, ctx context.Context, spec zfs.SendSpec, path string) {
 	t.Helper()
 	f, err := os.Create(path)
 	if err != nil {
@@ -377,7 +377,7 @@ func send(t *testing.T, ctx context.Context, spec zfscmd.SendSpec, path string) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("zfs %s: %d bytes", strings.Join(spec.Args(), " "), n)
+	t.Logf("zfs %s: %d bytes", strings.Join(zfscmd.SendArgs(spec), " "), n)
 }
 
 func receive(t *testing.T, ctx context.Context, target string, props map[string]string, path string) {

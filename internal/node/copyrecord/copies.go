@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
-	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfscmd"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/volumelog"
 )
@@ -16,11 +15,11 @@ import (
 // replication streams' interface (package zfscmd, or zfsfake's Streams)
 // has all of it.
 type Store interface {
-	Children(ctx context.Context, parent string, props ...string) ([]zfscmd.Child, error)
+	Children(ctx context.Context, parent string, props ...string) ([]zfs.Child, error)
 	Get(ctx context.Context, dataset, prop string) (string, error)
 	GetAll(ctx context.Context, dataset string, props ...string) (map[string]string, error)
 	Set(ctx context.Context, dataset string, props map[string]string) error
-	Snapshots(ctx context.Context, fs string) ([]zfscmd.Snap, error)
+	Snapshots(ctx context.Context, fs string) ([]zfs.Snap, error)
 	Holds(ctx context.Context, fs string) (map[string][]string, error)
 	Release(ctx context.Context, snapshot, tag string) error
 	Destroy(ctx context.Context, snapshot string) error
@@ -96,7 +95,7 @@ func (r *Replicas) ReplicaOf(ctx context.Context, volumeID string) (Replica, boo
 	if !ok || err != nil {
 		return Replica{}, false, err
 	}
-	rep, err := r.replica(ctx, zfscmd.Child{Name: fs, Props: props})
+	rep, err := r.replica(ctx, zfs.Child{Name: fs, Props: props})
 	return rep, err == nil, err
 }
 
@@ -114,19 +113,19 @@ func (r *Replicas) readReplica(ctx context.Context, volumeID string) (fs string,
 	if err != nil {
 		return "", nil, false, err
 	}
-	return fs, props, r.IsReplica(zfscmd.Child{Name: fs, Props: props}), nil
+	return fs, props, r.IsReplica(zfs.Child{Name: fs, Props: props}), nil
 }
 
 // IsReplica tells whether a child of the root, read with at least its
 // volume ID and role, is a replica. A replacement labelled but not yet
 // renamed into place is not the replica yet.
-func (r *Replicas) IsReplica(ch zfscmd.Child) bool {
+func (r *Replicas) IsReplica(ch zfs.Child) bool {
 	return ch.Props[PropRole] == contract.RoleReplica && ch.Name == r.root+"/"+ch.Props[PropVolumeID]
 }
 
 // replica reads what Holdings reports of one replica: its newest
 // snapshot.
-func (r *Replicas) replica(ctx context.Context, ch zfscmd.Child) (Replica, error) {
+func (r *Replicas) replica(ctx context.Context, ch zfs.Child) (Replica, error) {
 	rep := Replica{VolumeID: ch.Props[PropVolumeID], Name: ch.Props[PropName], Resumable: ch.Props["receive_resume_token"] != "-",
 		DemotedAt: DemotedAt(ch.Props[PropDemotedAt])}
 	volumelog.Learn(rep.VolumeID, rep.Name)
@@ -150,6 +149,6 @@ func ShortSnapshotName(full string) string {
 // IsLiveCSISnapshot reports whether s is a CSI snapshot not deleted: its
 // short name is a snapshot ID and it is not waiting for a deferred
 // destroy (docs/replication.md, "CSI snapshots").
-func IsLiveCSISnapshot(s zfscmd.Snap) bool {
+func IsLiveCSISnapshot(s zfs.Snap) bool {
 	return !s.Deferred && contract.IsSnapshotID(ShortSnapshotName(s.Name))
 }

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
-	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfscmd"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
 )
@@ -75,7 +74,7 @@ func (r *Replicas) RemoveReplica(ctx context.Context, volumeID string, surplus *
 
 // checkSurplus says why the replica with props and snaps (oldest first)
 // is not the surplus copy s describes, or nil when it is one.
-func checkSurplus(props map[string]string, snaps []zfscmd.Snap, s Surplus) error {
+func checkSurplus(props map[string]string, snaps []zfs.Snap, s Surplus) error {
 	if DemotedAt(props[PropDemotedAt]).IsZero() {
 		return errors.New("it was not demoted from primary by a move")
 	}

@@ -19,7 +19,6 @@ import (
 
 	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
-	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfscmd"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
 )
 
@@ -260,8 +259,8 @@ func (r *Receiver) prepare(ctx context.Context, fs string, h Header, fromGUID ui
 // refused before anything is changed: the sender sends from the replica's
 // newest snapshot, or in full, and a full stream sets the replica aside
 // (retire, I4).
-func (r *Receiver) rollBackTo(ctx context.Context, fs string, snaps []zfscmd.Snap, base, generation uint64, h Header, log hclog.Logger) error {
-	i := slices.IndexFunc(snaps, func(s zfscmd.Snap) bool { return s.GUID == base })
+func (r *Receiver) rollBackTo(ctx context.Context, fs string, snaps []zfs.Snap, base, generation uint64, h Header, log hclog.Logger) error {
+	i := slices.IndexFunc(snaps, func(s zfs.Snap) bool { return s.GUID == base })
 	if i < 0 {
 		return errdefs.Wrap(errdefs.ErrFailedPrecondition, "the replica of %s lacks the stream's base (guid %d): it was destroyed meanwhile; the next push picks another", h.VolumeID, base)
 	}
@@ -328,8 +327,8 @@ func rollbackSuperseded(promised copyrecord.Promise, sender string, generation u
 // copyRead is what a receive reads of the copy before it decides.
 type copyRead struct {
 	state     ReplicaState
-	snapshots []zfscmd.Snap // oldest first; none when the copy does not exist
-	replacing bool          // an interrupted replacement waits beside it
+	snapshots []zfs.Snap // oldest first; none when the copy does not exist
+	replacing bool       // an interrupted replacement waits beside it
 	err       error
 }
 

@@ -11,7 +11,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
-	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfscmd"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
 )
@@ -118,7 +118,7 @@ func (p *Pusher) BackupFailures() []BackupFailure {
 // had the newest backup). An interrupted stream resumes when its token
 // fits this copy.
 func (p *Pusher) planBackup(ctx context.Context, fs string, state ReplicaState, raw bool, snap string, snapErr error,
-	listed func() ([]zfscmd.Snap, error), log hclog.Logger) (sendPlan, error) {
+	listed func() ([]zfs.Snap, error), log hclog.Logger) (sendPlan, error) {
 	if state.Exists && state.Role != contract.RoleBackup {
 		return sendPlan{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "the backup target holds %s as %q, not as backups", fs, state.Role)
 	}
@@ -151,10 +151,10 @@ func (p *Pusher) planBackup(ctx context.Context, fs string, state ReplicaState, 
 		}
 	}
 	if base != "" {
-		return sendPlan{prog: Progress{Kind: KindIncremental, Snapshot: snap, Base: base}, spec: zfscmd.SendSpec{Snapshot: snap, Base: base, Raw: raw}, guid: guid}, nil
+		return sendPlan{prog: Progress{Kind: KindIncremental, Snapshot: snap, Base: base}, spec: zfs.SendSpec{Snapshot: snap, Base: base, Raw: raw}, guid: guid}, nil
 	}
 	if newest != 0 {
 		log.Warn("this copy lacks the target's newest backup of the volume: sending in full; the target keeps its backups in an earlier chain")
 	}
-	return sendPlan{prog: Progress{Kind: KindFull, Snapshot: snap}, spec: zfscmd.SendSpec{Snapshot: snap, Raw: raw}, guid: guid}, nil
+	return sendPlan{prog: Progress{Kind: KindFull, Snapshot: snap}, spec: zfs.SendSpec{Snapshot: snap, Raw: raw}, guid: guid}, nil
 }

@@ -12,7 +12,6 @@ import (
 	"sync"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
-	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfscmd"
 )
 
 // memPool is a pool in memory with what a receive does to it: datasets
@@ -28,7 +27,7 @@ type memPool struct {
 
 type memDataset struct {
 	props   map[string]string
-	snaps   []zfscmd.Snap // oldest first
+	snaps   []zfs.Snap // oldest first
 	holds   map[string][]string
 	token   string // an interrupted receive's resume token
 	partial bool   // created by a full receive that has not completed
@@ -53,7 +52,7 @@ func (p *memPool) put(name string, props map[string]string, snaps ...string) {
 	for _, s := range snaps {
 		n, g, _ := strings.Cut(s, ":")
 		guid, _ := strconv.ParseUint(g, 10, 64)
-		d.snaps = append(d.snaps, zfscmd.Snap{Name: name + "@" + n, GUID: guid})
+		d.snaps = append(d.snaps, zfs.Snap{Name: name + "@" + n, GUID: guid})
 	}
 	p.ds[name] = d
 }
@@ -117,7 +116,7 @@ func (p *memPool) Receive(ctx context.Context, target string, props map[string]s
 	}
 	d.token, d.partial = "", false
 	_, snap, _ := strings.Cut(begin.toName, "@")
-	d.snaps = append(d.snaps, zfscmd.Snap{Name: target + "@" + snap, GUID: begin.toGUID})
+	d.snaps = append(d.snaps, zfs.Snap{Name: target + "@" + snap, GUID: begin.toGUID})
 	return nil
 }
 
@@ -149,7 +148,7 @@ func (p *memPool) GetAll(_ context.Context, name string, props ...string) (map[s
 		out[prop] = "-"
 		switch {
 		case isSnap && prop == "guid":
-			i := slices.IndexFunc(d.snaps, func(s zfscmd.Snap) bool { return s.Name == fs+"@"+snap })
+			i := slices.IndexFunc(d.snaps, func(s zfs.Snap) bool { return s.Name == fs+"@"+snap })
 			if i < 0 {
 				return nil, fmt.Errorf("%s: %w", name, zfs.ErrNotFound)
 			}
@@ -179,7 +178,7 @@ func (p *memPool) Set(_ context.Context, name string, props map[string]string) e
 	return nil
 }
 
-func (p *memPool) Snapshots(_ context.Context, fs string) ([]zfscmd.Snap, error) {
+func (p *memPool) Snapshots(_ context.Context, fs string) ([]zfs.Snap, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	d, err := p.find(fs)
@@ -233,7 +232,7 @@ func (p *memPool) Destroy(_ context.Context, snapshot string) error {
 		if len(d.holds[snap]) > 0 {
 			return fmt.Errorf("zfs destroy %s: %w", snapshot, zfs.ErrBusy)
 		}
-		d.snaps = slices.DeleteFunc(d.snaps, func(s zfscmd.Snap) bool { return s.Name == snapshot })
+		d.snaps = slices.DeleteFunc(d.snaps, func(s zfs.Snap) bool { return s.Name == snapshot })
 	}
 	return nil
 }
@@ -247,7 +246,7 @@ func (p *memPool) Rollback(_ context.Context, snapshot string) error {
 	if err != nil {
 		return err
 	}
-	i := slices.IndexFunc(d.snaps, func(s zfscmd.Snap) bool { return s.Name == snapshot })
+	i := slices.IndexFunc(d.snaps, func(s zfs.Snap) bool { return s.Name == snapshot })
 	if i < 0 {
 		return fmt.Errorf("%s: %w", snapshot, zfs.ErrNotFound)
 	}
@@ -292,15 +291,15 @@ func (p *memPool) Rename(_ context.Context, from, to string) error {
 	return nil
 }
 
-func (p *memPool) Children(_ context.Context, parent string, props ...string) ([]zfscmd.Child, error) {
+func (p *memPool) Children(_ context.Context, parent string, props ...string) ([]zfs.Child, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	var out []zfscmd.Child
+	var out []zfs.Child
 	for _, name := range slices.Sorted(maps.Keys(p.ds)) {
 		if zfs.Parent(name) != parent {
 			continue
 		}
-		ch := zfscmd.Child{Name: name, Props: map[string]string{}}
+		ch := zfs.Child{Name: name, Props: map[string]string{}}
 		for _, prop := range props {
 			ch.Props[prop] = p.ds[name].props[prop]
 			if ch.Props[prop] == "" {

@@ -16,7 +16,6 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/node/copylock"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
-	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfscmd"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
 )
@@ -342,7 +341,7 @@ func (p *Pusher) estimateLater(ctx context.Context, plan sendPlan, total *atomic
 // A streamSpec is one stream of a push.
 type streamSpec struct {
 	kind string // KindFull, KindIncremental or KindResume
-	spec zfscmd.SendSpec
+	spec zfs.SendSpec
 	guid uint64 // of the snapshot sent; 0 when resuming
 }
 

@@ -14,7 +14,6 @@ import (
 
 	"github.com/zfs-nomad/zfs-nomad/internal/node/copylock"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
-	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfscmd"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
 )
@@ -42,7 +41,7 @@ func (s *tidyStreams) Release(context.Context, string, string) error { return ni
 func (s *tidyStreams) Holds(context.Context, string) (map[string][]string, error) {
 	return nil, nil
 }
-func (s *tidyStreams) Snapshots(context.Context, string) ([]zfscmd.Snap, error) { return nil, nil }
+func (s *tidyStreams) Snapshots(context.Context, string) ([]zfs.Snap, error) { return nil, nil }
 
 // TestTidyWaitsForTheCopyLock: the tidy after a push holds and prunes the
 // copy's snapshots only under the copy's lock, so a delete holding it
@@ -151,16 +150,16 @@ func TestReceiverSaidWhy(t *testing.T) {
 // tokenStreams decodes every resume token to info and lists snaps.
 type tokenStreams struct {
 	Streams
-	info  zfscmd.ResumeInfo
+	info  zfs.ResumeInfo
 	err   error
-	snaps []zfscmd.Snap
+	snaps []zfs.Snap
 }
 
-func (z *tokenStreams) ResumeToken(context.Context, string) (zfscmd.ResumeInfo, error) {
+func (z *tokenStreams) ResumeToken(context.Context, string) (zfs.ResumeInfo, error) {
 	return z.info, z.err
 }
 
-func (z *tokenStreams) Snapshots(context.Context, string) ([]zfscmd.Snap, error) { return z.snaps, nil }
+func (z *tokenStreams) Snapshots(context.Context, string) ([]zfs.Snap, error) { return z.snaps, nil }
 
 // TestResumeTokensAreChecked: a receiver's resume token is used only when
 // it asks for a snapshot of the very volume being pushed that this node
@@ -169,24 +168,24 @@ func (z *tokenStreams) Snapshots(context.Context, string) ([]zfscmd.Snap, error)
 // its partial receive).
 func TestResumeTokensAreChecked(t *testing.T) {
 	const fs = "tank/nomad/" + testVolume
-	snaps := []zfscmd.Snap{{Name: fs + "@zn-1", GUID: 1}, {Name: fs + "@zn-2", GUID: 2}, {Name: fs + "@zn-3", GUID: 3}}
+	snaps := []zfs.Snap{{Name: fs + "@zn-1", GUID: 1}, {Name: fs + "@zn-2", GUID: 2}, {Name: fs + "@zn-3", GUID: 3}}
 	tests := []struct {
 		name   string
-		info   zfscmd.ResumeInfo
+		info   zfs.ResumeInfo
 		err    error
 		raw    bool
 		resume bool
 	}{
-		{"a full stream of this volume", zfscmd.ResumeInfo{ToName: fs + "@zn-2", ToGUID: 2}, nil, false, true},
-		{"an incremental of this volume", zfscmd.ResumeInfo{ToName: fs + "@zn-2", ToGUID: 2, FromGUID: 1}, nil, false, true},
-		{"raw, for an encrypted volume", zfscmd.ResumeInfo{ToName: fs + "@zn-2", ToGUID: 2, Raw: true}, nil, true, true},
-		{"another volume's snapshot", zfscmd.ResumeInfo{ToName: "tank/nomad/vol-ffffffffffffffffffff@zn-2", ToGUID: 2}, nil, false, false},
-		{"a dataset outside the root", zfscmd.ResumeInfo{ToName: "tank/secrets@daily", ToGUID: 2}, nil, false, false},
-		{"a snapshot pruned here", zfscmd.ResumeInfo{ToName: fs + "@zn-0", ToGUID: 99}, nil, false, false},
-		{"a name with another snapshot's guid", zfscmd.ResumeInfo{ToName: fs + "@zn-1", ToGUID: 2}, nil, false, false},
-		{"a base that is not this volume's", zfscmd.ResumeInfo{ToName: fs + "@zn-2", ToGUID: 2, FromGUID: 77}, nil, false, false},
-		{"plaintext of an encrypted volume", zfscmd.ResumeInfo{ToName: fs + "@zn-2", ToGUID: 2}, nil, true, false},
-		{"a token that does not decode", zfscmd.ResumeInfo{}, errors.New("bad token"), false, false},
+		{"a full stream of this volume", zfs.ResumeInfo{ToName: fs + "@zn-2", ToGUID: 2}, nil, false, true},
+		{"an incremental of this volume", zfs.ResumeInfo{ToName: fs + "@zn-2", ToGUID: 2, FromGUID: 1}, nil, false, true},
+		{"raw, for an encrypted volume", zfs.ResumeInfo{ToName: fs + "@zn-2", ToGUID: 2, Raw: true}, nil, true, true},
+		{"another volume's snapshot", zfs.ResumeInfo{ToName: "tank/nomad/vol-ffffffffffffffffffff@zn-2", ToGUID: 2}, nil, false, false},
+		{"a dataset outside the root", zfs.ResumeInfo{ToName: "tank/secrets@daily", ToGUID: 2}, nil, false, false},
+		{"a snapshot pruned here", zfs.ResumeInfo{ToName: fs + "@zn-0", ToGUID: 99}, nil, false, false},
+		{"a name with another snapshot's guid", zfs.ResumeInfo{ToName: fs + "@zn-1", ToGUID: 2}, nil, false, false},
+		{"a base that is not this volume's", zfs.ResumeInfo{ToName: fs + "@zn-2", ToGUID: 2, FromGUID: 77}, nil, false, false},
+		{"plaintext of an encrypted volume", zfs.ResumeInfo{ToName: fs + "@zn-2", ToGUID: 2}, nil, true, false},
+		{"a token that does not decode", zfs.ResumeInfo{}, errors.New("bad token"), false, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -217,7 +216,7 @@ func TestResumeTokensAreChecked(t *testing.T) {
 // every push.
 func TestPlanChoosesTheKind(t *testing.T) {
 	const fs = "tank/nomad/" + testVolume
-	local := []zfscmd.Snap{{Name: fs + "@zn-1", GUID: 1}, {Name: fs + "@zn-2", GUID: 2}, {Name: fs + "@zn-3", GUID: 3}}
+	local := []zfs.Snap{{Name: fs + "@zn-1", GUID: 1}, {Name: fs + "@zn-2", GUID: 2}, {Name: fs + "@zn-3", GUID: 3}}
 	tests := []struct {
 		name        string
 		generation  uint64 // the peer's; this node's is 3
@@ -269,7 +268,7 @@ func TestPlanChoosesTheKind(t *testing.T) {
 // was.
 func TestARefusedRollbackIsSentInFull(t *testing.T) {
 	const fs = "tank/nomad/" + testVolume
-	local := []zfscmd.Snap{{Name: fs + "@zn-1", GUID: 1}, {Name: fs + "@zn-2", GUID: 2}, {Name: fs + "@zn-3", GUID: 3}}
+	local := []zfs.Snap{{Name: fs + "@zn-1", GUID: 1}, {Name: fs + "@zn-2", GUID: 2}, {Name: fs + "@zn-3", GUID: 3}}
 	refused := errdefs.FromStatus(status.Error(codes.FailedPrecondition, "no generation promised to node n1 supersedes them"))
 	tests := []struct {
 		name   string

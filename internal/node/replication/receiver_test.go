@@ -21,7 +21,6 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/node/copylock"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
-	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfscmd"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
 )
@@ -34,16 +33,16 @@ type replicaStore struct {
 	exists     bool
 	generation uint64
 	received   int
-	token      string         // receive_resume_token; "" for none
-	calls      []string       // AbortReceive and Receive, in order
-	finishing  time.Duration  // zfs receive's work after the stream's end
-	started    atomic.Int32   // zfs receives started, fed or not
-	promised   string         // the node's promise record of the volume; "" for none
-	children   []zfscmd.Child // what a listing of the root finds
-	refuse     error          // zfs receive's error at the first record; nil: none
+	token      string        // receive_resume_token; "" for none
+	calls      []string      // AbortReceive and Receive, in order
+	finishing  time.Duration // zfs receive's work after the stream's end
+	started    atomic.Int32  // zfs receives started, fed or not
+	promised   string        // the node's promise record of the volume; "" for none
+	children   []zfs.Child   // what a listing of the root finds
+	refuse     error         // zfs receive's error at the first record; nil: none
 }
 
-func (s *replicaStore) Children(context.Context, string, ...string) ([]zfscmd.Child, error) {
+func (s *replicaStore) Children(context.Context, string, ...string) ([]zfs.Child, error) {
 	return s.children, nil
 }
 
@@ -125,8 +124,8 @@ func (s *replicaStore) Get(_ context.Context, name, prop string) (string, error)
 func (s *replicaStore) Set(context.Context, string, map[string]string) error { return nil }
 
 // Snapshots lists the base of plainStream's incremental alone.
-func (s *replicaStore) Snapshots(_ context.Context, fs string) ([]zfscmd.Snap, error) {
-	return []zfscmd.Snap{{Name: fs + "@zn-1", GUID: 41}}, nil
+func (s *replicaStore) Snapshots(_ context.Context, fs string) ([]zfs.Snap, error) {
+	return []zfs.Snap{{Name: fs + "@zn-1", GUID: 41}}, nil
 }
 
 // message is one message of a test stream: a header or a chunk of data.
@@ -464,18 +463,18 @@ func TestNoReceiveDuringAPromotion(t *testing.T) {
 // IDs. Other peers' replicas, replicas from before the label, streams
 // into an existing replica and a node without the bound are not refused.
 func TestReceiveBoundsTheReplicasOfOnePeer(t *testing.T) {
-	replicas := func(from string, n int) []zfscmd.Child {
-		var out []zfscmd.Child
+	replicas := func(from string, n int) []zfs.Child {
+		var out []zfs.Child
 		for i := range n {
 			id := contract.VolumeIDForName(fmt.Sprintf("planted-%d", i))
-			out = append(out, zfscmd.Child{Name: "tank/nomad/" + id,
+			out = append(out, zfs.Child{Name: "tank/nomad/" + id,
 				Props: map[string]string{copyrecord.PropVolumeID: id, copyrecord.PropRole: RoleReplica, copyrecord.PropReceivedFrom: from}})
 		}
 		return out
 	}
 	tests := []struct {
 		name     string
-		children []zfscmd.Child
+		children []zfs.Child
 		exists   bool
 		kind     string
 		limit    int

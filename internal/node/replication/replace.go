@@ -12,7 +12,6 @@ import (
 
 	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
-	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfscmd"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 )
 
@@ -128,7 +127,7 @@ func (r *Receiver) retire(ctx context.Context, fs, incoming string, generation u
 
 // csiSnapshotsLacking returns the name of a live CSI snapshot among snaps
 // that other lacks (by GUID), or "" when other has every one.
-func (r *Receiver) csiSnapshotsLacking(ctx context.Context, snaps []zfscmd.Snap, other string) (string, error) {
+func (r *Receiver) csiSnapshotsLacking(ctx context.Context, snaps []zfs.Snap, other string) (string, error) {
 	if !slices.ContainsFunc(snaps, copyrecord.IsLiveCSISnapshot) {
 		return "", nil
 	}

@@ -23,7 +23,6 @@ import (
 
 	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
-	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfscmd"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
 )
@@ -47,11 +46,12 @@ const (
 	chunkSize = 1 << 20
 )
 
-// Streams is what replication needs of ZFS; zfscmd.Cmd implements it.
+// Streams is what replication needs of ZFS; zfscmd.Cmd, libzfs.Streams
+// and zfsfake.Streams implement it.
 type Streams interface {
-	Send(ctx context.Context, spec zfscmd.SendSpec, w io.Writer) (int64, error)
+	Send(ctx context.Context, spec zfs.SendSpec, w io.Writer) (int64, error)
 	Receive(ctx context.Context, target string, props map[string]string, r io.Reader) error
-	Snapshots(ctx context.Context, fs string) ([]zfscmd.Snap, error)
+	Snapshots(ctx context.Context, fs string) ([]zfs.Snap, error)
 	Get(ctx context.Context, dataset, prop string) (string, error)
 	GetAll(ctx context.Context, dataset string, props ...string) (map[string]string, error)
 	Set(ctx context.Context, dataset string, props map[string]string) error
@@ -64,9 +64,9 @@ type Streams interface {
 	AbortReceive(ctx context.Context, target string) error
 	Rollback(ctx context.Context, snapshot string) error
 	Rename(ctx context.Context, from, to string) error
-	EstimateSize(ctx context.Context, spec zfscmd.SendSpec) (int64, error)
-	ResumeToken(ctx context.Context, token string) (zfscmd.ResumeInfo, error)
-	Children(ctx context.Context, parent string, props ...string) ([]zfscmd.Child, error)
+	EstimateSize(ctx context.Context, spec zfs.SendSpec) (int64, error)
+	ResumeToken(ctx context.Context, token string) (zfs.ResumeInfo, error)
+	Children(ctx context.Context, parent string, props ...string) ([]zfs.Child, error)
 }
 
 // dataset returns the volume's dataset under root, refusing IDs that are

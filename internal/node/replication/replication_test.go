@@ -6,7 +6,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfscmd"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
 )
 
 // holdsOnly is the part of Streams that hold bookkeeping uses, in memory.
@@ -16,10 +16,10 @@ type holdsOnly struct {
 	holds map[string][]string // snapshot -> tags
 }
 
-func (h *holdsOnly) Snapshots(context.Context, string) ([]zfscmd.Snap, error) {
-	var out []zfscmd.Snap
+func (h *holdsOnly) Snapshots(context.Context, string) ([]zfs.Snap, error) {
+	var out []zfs.Snap
 	for i, s := range h.snaps {
-		out = append(out, zfscmd.Snap{Name: s, CreateTXG: uint64(i + 1)})
+		out = append(out, zfs.Snap{Name: s, CreateTXG: uint64(i + 1)})
 	}
 	return out, nil
 }

@@ -13,14 +13,13 @@ import (
 
 	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
-	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfscmd"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
 )
 
 // A sendPlan is what one push sends.
 type sendPlan struct {
 	prog Progress
-	spec zfscmd.SendSpec
+	spec zfs.SendSpec
 	guid uint64 // of the snapshot sent; 0 when resuming, whose header does not say
 	// bridges are the streams before spec's: the peer bases the target
 	// lacks (bridge).
@@ -43,7 +42,7 @@ type sendPlan struct {
 // snap is the new replication snapshot, or snapErr why it could not be
 // taken.
 func (p *Pusher) plan(ctx context.Context, fs string, state ReplicaState, h Header, raw bool, snap string, snapErr error,
-	listed func() ([]zfscmd.Snap, error), log hclog.Logger) (sendPlan, error) {
+	listed func() ([]zfs.Snap, error), log hclog.Logger) (sendPlan, error) {
 	generation := h.Generation
 	if state.Exists && state.Role != RoleReplica {
 		return sendPlan{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "the peer holds %s as %q, not as a replica", fs, state.Role)
@@ -79,7 +78,7 @@ func (p *Pusher) plan(ctx context.Context, fs string, state ReplicaState, h Head
 	}
 	remoteGUIDs := state.SnapshotGUIDs
 	newerThere := len(remoteGUIDs) > 0 && remoteGUIDs[len(remoteGUIDs)-1] != baseGUID
-	incremental := sendPlan{prog: Progress{Kind: KindIncremental, Snapshot: snap, Base: base}, spec: zfscmd.SendSpec{Snapshot: snap, Base: base, Raw: raw}, guid: guid}
+	incremental := sendPlan{prog: Progress{Kind: KindIncremental, Snapshot: snap, Base: base}, spec: zfs.SendSpec{Snapshot: snap, Base: base, Raw: raw}, guid: guid}
 	vouched := base != "" && newerThere && state.Generation < generation && state.Generation >= h.HistoryFrom
 	switch {
 	case vouched && p.rollbackRefused(fs, state):
@@ -116,7 +115,7 @@ func (p *Pusher) plan(ctx context.Context, fs string, state ReplicaState, h Head
 	case state.Exists:
 		return sendPlan{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "the peer's replica of %s shares no snapshot with this node; remove it for a full send", fs)
 	}
-	return sendPlan{prog: Progress{Kind: KindFull, Snapshot: snap}, spec: zfscmd.SendSpec{Snapshot: snap, Raw: raw}, guid: guid}, nil
+	return sendPlan{prog: Progress{Kind: KindFull, Snapshot: snap}, spec: zfs.SendSpec{Snapshot: snap, Raw: raw}, guid: guid}, nil
 }
 
 // resumePlan is the plan that resumes the receiver's interrupted receive,
@@ -132,7 +131,7 @@ func (p *Pusher) resumePlan(ctx context.Context, fs string, state ReplicaState, 
 		log.Warn("not resuming the receiver's interrupted receive: its resume token does not fit; sending afresh", "error", err)
 		return sendPlan{}, false
 	}
-	return sendPlan{prog: Progress{Kind: KindResume}, spec: zfscmd.SendSpec{ResumeToken: token}}, true
+	return sendPlan{prog: Progress{Kind: KindResume}, spec: zfs.SendSpec{ResumeToken: token}}, true
 }
 
 // A receiver rolls its replica's snapshots after a push's base back only
@@ -194,7 +193,7 @@ func refusedKey(fs, peer string) string { return fs + " " + peer }
 //
 // A resume carries none: the next push does.
 func (p *Pusher) bridge(plan sendPlan, state ReplicaState, header *Header,
-	listed func() ([]zfscmd.Snap, error), held func() (map[string][]string, error), sentTo map[string]string) (sendPlan, error) {
+	listed func() ([]zfs.Snap, error), held func() (map[string][]string, error), sentTo map[string]string) (sendPlan, error) {
 	holds, err := held()
 	if err != nil {
 		return sendPlan{}, fmt.Errorf("listing the holds of %s: %w", zfs.Parent(plan.prog.Snapshot), err)
@@ -228,7 +227,7 @@ func (p *Pusher) bridge(plan sendPlan, state ReplicaState, header *Header,
 		case s.Name == plan.spec.Base:
 			after = true
 		case after && !remote[s.GUID] && (isBase[s.Name] || copyrecord.IsLiveCSISnapshot(s)):
-			spec := zfscmd.SendSpec{Snapshot: s.Name, Base: from, Raw: plan.spec.Raw}
+			spec := zfs.SendSpec{Snapshot: s.Name, Base: from, Raw: plan.spec.Raw}
 			plan.bridges = append(plan.bridges, streamSpec{kind: kindOf(spec), spec: spec, guid: s.GUID})
 			from = s.Name
 		}
@@ -240,7 +239,7 @@ func (p *Pusher) bridge(plan sendPlan, state ReplicaState, header *Header,
 }
 
 // kindOf names the kind of stream spec sends.
-func kindOf(spec zfscmd.SendSpec) string {
+func kindOf(spec zfs.SendSpec) string {
 	switch {
 	case spec.ResumeToken != "":
 		return KindResume
@@ -265,8 +264,8 @@ func peersHeldFor(tags []string) []string {
 // held with its tag, or sent to it last by this process (the hold
 // follows a push's answer in the background, and a push to another peer
 // right after must count it already).
-func peerBases(local []zfscmd.Snap, holds map[string][]string, sent map[string]string) map[string]zfscmd.Snap {
-	bases := map[string]zfscmd.Snap{}
+func peerBases(local []zfs.Snap, holds map[string][]string, sent map[string]string) map[string]zfs.Snap {
+	bases := map[string]zfs.Snap{}
 	for _, s := range local { // oldest first: the newest wins
 		for _, peer := range peersHeldFor(holds[s.Name]) {
 			bases[peer] = s
@@ -316,8 +315,8 @@ func (p *Pusher) noteSent(volumeID, peer, snapshot string) {
 
 // listAhead lists the snapshots of fs in the background and returns the
 // wait for the listing.
-func (p *Pusher) listAhead(ctx context.Context, fs string) func() ([]zfscmd.Snap, error) {
-	return ahead(func() ([]zfscmd.Snap, error) { return p.z.Snapshots(ctx, fs) })
+func (p *Pusher) listAhead(ctx context.Context, fs string) func() ([]zfs.Snap, error) {
+	return ahead(func() ([]zfs.Snap, error) { return p.z.Snapshots(ctx, fs) })
 }
 
 // ahead runs read in the background and returns the wait for its

@@ -14,7 +14,6 @@ import (
 
 	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
-	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfscmd"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 )
 
@@ -25,19 +24,19 @@ import (
 // settleReceived makes a received stream the copy (a replacement takes
 // the old replica's place; an incremental's labels follow the sender's)
 // and returns the newest snapshot it now holds.
-func (r *Receiver) settleReceived(ctx context.Context, fs string, h Header, into intoTarget, log hclog.Logger) (zfscmd.Snap, error) {
+func (r *Receiver) settleReceived(ctx context.Context, fs string, h Header, into intoTarget, log hclog.Logger) (zfs.Snap, error) {
 	if into.replacing {
 		if err := r.replace(ctx, fs, into.target, r.fullLabels(h), log); err != nil {
-			return zfscmd.Snap{}, err
+			return zfs.Snap{}, err
 		}
 	}
 	last, err := r.received(ctx, fs, h)
 	if err != nil {
-		return zfscmd.Snap{}, err
+		return zfs.Snap{}, err
 	}
 	if h.Kind != KindFull {
 		if err := r.relabel(ctx, fs, r.labels(h)); err != nil {
-			return zfscmd.Snap{}, err
+			return zfs.Snap{}, err
 		}
 	}
 	return last, nil
@@ -45,22 +44,22 @@ func (r *Receiver) settleReceived(ctx context.Context, fs string, h Header, into
 
 // received reads the snapshot a receive brought: the one its header
 // names, or for a resumed stream, whose header does not, the newest.
-func (r *Receiver) received(ctx context.Context, fs string, h Header) (zfscmd.Snap, error) {
+func (r *Receiver) received(ctx context.Context, fs string, h Header) (zfs.Snap, error) {
 	if h.Kind != KindResume {
 		name := fs + "@" + h.Snapshot
 		guid, err := r.z.Get(ctx, name, "guid")
 		if err != nil {
-			return zfscmd.Snap{}, fmt.Errorf("reading the received snapshot %s: %w", name, err)
+			return zfs.Snap{}, fmt.Errorf("reading the received snapshot %s: %w", name, err)
 		}
 		n, err := strconv.ParseUint(guid, 10, 64)
 		if err != nil {
-			return zfscmd.Snap{}, fmt.Errorf("reading the received snapshot %s: guid %q: %w", name, guid, err)
+			return zfs.Snap{}, fmt.Errorf("reading the received snapshot %s: guid %q: %w", name, guid, err)
 		}
-		return zfscmd.Snap{Name: name, GUID: n}, nil
+		return zfs.Snap{Name: name, GUID: n}, nil
 	}
 	snaps, err := r.z.Snapshots(ctx, fs)
 	if err != nil || len(snaps) == 0 {
-		return zfscmd.Snap{}, fmt.Errorf("reading the received snapshot of %s: %v", fs, err)
+		return zfs.Snap{}, fmt.Errorf("reading the received snapshot of %s: %v", fs, err)
 	}
 	return snaps[len(snaps)-1], nil
 }

@@ -14,7 +14,6 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/retention"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
-	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfscmd"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
 )
@@ -396,7 +395,7 @@ func (t *TargetReceiver) backups(ctx context.Context, chain string) ([]backup, e
 }
 
 // receivedAt reads when the target received s.
-func receivedAt(ctx context.Context, z Streams, s zfscmd.Snap) time.Time {
+func receivedAt(ctx context.Context, z Streams, s zfs.Snap) time.Time {
 	v, err := z.Get(ctx, s.Name, copyrecord.PropReceivedAt)
 	if secs, perr := strconv.ParseInt(v, 10, 64); err == nil && perr == nil && secs > 0 {
 		return time.Unix(secs, 0)

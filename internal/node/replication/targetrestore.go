@@ -13,7 +13,6 @@ import (
 
 	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
-	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfscmd"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
 )
@@ -186,7 +185,7 @@ func (t *TargetReceiver) SendBackup(ctx context.Context, caller, volumeID, snaps
 	log := t.log.With("volume_id", volumeID, "volume_name", b.VolumeName, "snapshot", snapshot, "node_id", caller)
 	log.Info("sending a backup for a restore")
 	w := &chunkWriter{send: send, sent: new(atomic.Int64)}
-	n, err := t.z.Send(ctx, zfscmd.SendSpec{Snapshot: b.name, Raw: true}, w)
+	n, err := t.z.Send(ctx, zfs.SendSpec{Snapshot: b.name, Raw: true}, w)
 	if err == nil {
 		err = w.flush()
 	}

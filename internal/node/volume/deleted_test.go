@@ -12,7 +12,6 @@ import (
 
 	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
-	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfscmd"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfsfake"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
@@ -272,7 +271,7 @@ func keptTwice(t *testing.T, genuine bool) (m *Manager, fake *zfsfake.Fake, v Vo
 	if genuine {
 		var stream bytes.Buffer
 		streams := fake.Streams()
-		if _, err := streams.Send(ctx, zfscmd.SendSpec{Snapshot: onTombstone.Dataset}, &stream); err != nil {
+		if _, err := streams.Send(ctx, zfs.SendSpec{Snapshot: onTombstone.Dataset}, &stream); err != nil {
 			t.Fatal(err)
 		}
 		if err := streams.Receive(ctx, v.Dataset, replica, &stream); err != nil {

@@ -204,3 +204,45 @@ type Interface interface {
 // ValidateName refuses anything that is not a plain filesystem or snapshot
 // name (zfsname.Validate).
 var ValidateName = zfsname.Validate
+
+// The vocabulary of replication streams: what to send, what a snapshot
+// and a child filesystem are as a stream's sender and receiver read them,
+// and what a receive's resume token asks for.
+
+// SendSpec says what to send: a resume token, or a snapshot with an
+// optional incremental base.
+type SendSpec struct {
+	Snapshot    string
+	Base        string
+	ResumeToken string
+	// Raw sends an encrypted dataset's blocks as stored (-w): the stream and
+	// the replica stay encrypted, and the receiver needs no key.
+	Raw bool
+}
+
+// ResumeInfo is what a receive resume token asks the sender to send.
+type ResumeInfo struct {
+	ToName   string // the snapshot, full name
+	ToGUID   uint64
+	FromGUID uint64 // the incremental base; 0 for a full stream
+	Raw      bool   // the stream was raw (-w)
+}
+
+// Child is a filesystem directly below a parent, with requested properties.
+type Child struct {
+	Name  string
+	Props map[string]string
+}
+
+// Snap is one snapshot as replication sees it.
+type Snap struct {
+	Name      string // full name
+	GUID      uint64
+	CreateTXG uint64
+	Created   int64 // unix seconds
+	// Deferred: destroyed with zfs destroy -d while clones or holds kept
+	// it; ZFS removes it with the last of them. A CSI snapshot deferred
+	// so is deleted: it is never sent (docs/replication.md, "CSI
+	// snapshots").
+	Deferred bool
+}

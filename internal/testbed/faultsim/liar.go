@@ -15,7 +15,7 @@ import (
 
 	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/replication"
-	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfscmd"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfsfake"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
@@ -140,7 +140,7 @@ func (w *world) rollbackLie(v *simVolume, liar, victim *simNode, generation uint
 		return false
 	}
 	var stream bytes.Buffer
-	spec := zfscmd.SendSpec{Snapshot: mine[len(mine)-1].Name, Base: mine[base].Name}
+	spec := zfs.SendSpec{Snapshot: mine[len(mine)-1].Name, Base: mine[base].Name}
 	if _, err := liar.pool.Streams().Send(ctx, spec, &stream); err != nil {
 		return false
 	}
@@ -228,7 +228,7 @@ func forgedStreams(id string, seed uint64) (map[string][]byte, error) {
 		}
 	}
 	out := map[string][]byte{}
-	for kind, spec := range map[string]zfscmd.SendSpec{
+	for kind, spec := range map[string]zfs.SendSpec{
 		replication.KindFull:        {Snapshot: fs + "@zn-1"},
 		replication.KindIncremental: {Snapshot: fs + "@zn-2", Base: fs + "@zn-1"},
 	} {

@@ -6,7 +6,6 @@ import (
 
 	"github.com/zfs-nomad/zfs-nomad/internal/node/replication"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
-	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfscmd"
 )
 
 // A node's pool outlives its processes; each incarnation reaches it
@@ -136,7 +135,7 @@ type liveStreams struct {
 	enter gate
 }
 
-func (l liveStreams) Send(ctx context.Context, spec zfscmd.SendSpec, w io.Writer) (int64, error) {
+func (l liveStreams) Send(ctx context.Context, spec zfs.SendSpec, w io.Writer) (int64, error) {
 	if err := check(l.enter, "send", spec.Snapshot); err != nil {
 		return 0, err
 	}
@@ -150,8 +149,8 @@ func (l liveStreams) Receive(ctx context.Context, target string, props map[strin
 	return l.s.Receive(ctx, target, props, r)
 }
 
-func (l liveStreams) Snapshots(ctx context.Context, fs string) ([]zfscmd.Snap, error) {
-	return call(l.enter, "list", fs, func() ([]zfscmd.Snap, error) { return l.s.Snapshots(ctx, fs) })
+func (l liveStreams) Snapshots(ctx context.Context, fs string) ([]zfs.Snap, error) {
+	return call(l.enter, "list", fs, func() ([]zfs.Snap, error) { return l.s.Snapshots(ctx, fs) })
 }
 
 func (l liveStreams) Get(ctx context.Context, dataset, prop string) (string, error) {
@@ -202,14 +201,14 @@ func (l liveStreams) Rename(ctx context.Context, from, to string) error {
 	return call0(l.enter, "rename", from, func() error { return l.s.Rename(ctx, from, to) })
 }
 
-func (l liveStreams) EstimateSize(ctx context.Context, spec zfscmd.SendSpec) (int64, error) {
+func (l liveStreams) EstimateSize(ctx context.Context, spec zfs.SendSpec) (int64, error) {
 	return call(l.enter, "estimate", spec.Snapshot, func() (int64, error) { return l.s.EstimateSize(ctx, spec) })
 }
 
-func (l liveStreams) ResumeToken(ctx context.Context, token string) (zfscmd.ResumeInfo, error) {
-	return call(l.enter, "token", token, func() (zfscmd.ResumeInfo, error) { return l.s.ResumeToken(ctx, token) })
+func (l liveStreams) ResumeToken(ctx context.Context, token string) (zfs.ResumeInfo, error) {
+	return call(l.enter, "token", token, func() (zfs.ResumeInfo, error) { return l.s.ResumeToken(ctx, token) })
 }
 
-func (l liveStreams) Children(ctx context.Context, parent string, props ...string) ([]zfscmd.Child, error) {
-	return call(l.enter, "children", parent, func() ([]zfscmd.Child, error) { return l.s.Children(ctx, parent, props...) })
+func (l liveStreams) Children(ctx context.Context, parent string, props ...string) ([]zfs.Child, error) {
+	return call(l.enter, "children", parent, func() ([]zfs.Child, error) { return l.s.Children(ctx, parent, props...) })
 }

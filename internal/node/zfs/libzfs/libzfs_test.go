@@ -452,11 +452,11 @@ func TestStreamsMatchZfsCommand(t *testing.T) {
 
 // Streamer is what the test reads through both implementations.
 type Streamer interface {
-	Snapshots(ctx context.Context, fs string) ([]zfscmd.Snap, error)
+	Snapshots(ctx context.Context, fs string) ([]zfs.Snap, error)
 	Holds(ctx context.Context, fs string) (map[string][]string, error)
 	GetAll(ctx context.Context, dataset string, props ...string) (map[string]string, error)
 	Get(ctx context.Context, dataset, prop string) (string, error)
-	Children(ctx context.Context, parent string, props ...string) ([]zfscmd.Child, error)
+	Children(ctx context.Context, parent string, props ...string) ([]zfs.Child, error)
 }
 
 // TestResumeTokenDecodes: a token left by a broken receive decodes to the
@@ -491,7 +491,7 @@ func TestResumeTokenDecodes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := zfscmd.ResumeInfo{ToName: fs + "@s3", ToGUID: guid(t, fs+"@s3"), FromGUID: guid(t, fs+"@s1")}
+	want := zfs.ResumeInfo{ToName: fs + "@s3", ToGUID: guid(t, fs+"@s3"), FromGUID: guid(t, fs+"@s1")}
 	if info != want {
 		t.Errorf("decoded %+v, want %+v", info, want)
 	}
@@ -621,7 +621,7 @@ func TestAStoppedSendEnds(t *testing.T) {
 	_, root := setup(t)
 	snap := snapshotOf(t, root+"/src", "-o compression=off", 32) // far more than a pipe holds
 	err := within(t, time.Minute, "a send whose receiver hung up", func() error {
-		_, err := zfscmd.Cmd{}.Send(context.Background(), zfscmd.SendSpec{Snapshot: snap}, hungUp{})
+		_, err := zfscmd.Cmd{}.Send(context.Background(), zfs.SendSpec{Snapshot: snap}, hungUp{})
 		return err
 	})
 	if err == nil {

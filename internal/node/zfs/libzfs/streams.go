@@ -97,12 +97,12 @@ func (s Streams) Destroy(ctx context.Context, snapshot string) error {
 }
 
 // Snapshots lists the snapshots of one filesystem, oldest first.
-func (s Streams) Snapshots(ctx context.Context, fs string) ([]zfscmd.Snap, error) {
+func (s Streams) Snapshots(ctx context.Context, fs string) ([]zfs.Snap, error) {
 	lines, err := s.z.snapshotLines(ctx, fs, C.SNAPSHOT_DETAILS)
 	if err != nil {
 		return nil, err
 	}
-	snaps := make([]zfscmd.Snap, 0, len(lines))
+	snaps := make([]zfs.Snap, 0, len(lines))
 	for _, line := range lines {
 		f := strings.Split(line, "\t")
 		if len(f) != 5 {
@@ -114,7 +114,7 @@ func (s Streams) Snapshots(ctx context.Context, fs string) ([]zfscmd.Snap, error
 		if err := errors.Join(err1, err2, err3); err != nil {
 			return nil, fmt.Errorf("listing snapshots of %s: line %q: %w", fs, line, err)
 		}
-		snaps = append(snaps, zfscmd.Snap{Name: f[0], GUID: guid, CreateTXG: txg, Created: created, Deferred: f[4] == "1"})
+		snaps = append(snaps, zfs.Snap{Name: f[0], GUID: guid, CreateTXG: txg, Created: created, Deferred: f[4] == "1"})
 	}
 	sort.Slice(snaps, func(i, j int) bool { return snaps[i].CreateTXG < snaps[j].CreateTXG })
 	return snaps, nil
@@ -140,15 +140,15 @@ func (s Streams) Holds(ctx context.Context, fs string) (map[string][]string, err
 
 // Children lists the filesystems directly below parent with props, read
 // from the listing's own handles.
-func (s Streams) Children(ctx context.Context, parent string, props ...string) ([]zfscmd.Child, error) {
+func (s Streams) Children(ctx context.Context, parent string, props ...string) ([]zfs.Child, error) {
 	if err := zfs.ValidateName(parent); err != nil {
 		return nil, err
 	}
-	var children []zfscmd.Child
+	var children []zfs.Child
 	err := s.z.do(ctx, func(h handle) error {
 		var err error
-		children, err = eachListed(h, parent, childFilesystems(h), func(zh *C.zfs_handle_t) zfscmd.Child {
-			return zfscmd.Child{Name: C.GoString(C.zfs_get_name(zh)), Props: readProps(zh, props)}
+		children, err = eachListed(h, parent, childFilesystems(h), func(zh *C.zfs_handle_t) zfs.Child {
+			return zfs.Child{Name: C.GoString(C.zfs_get_name(zh)), Props: readProps(zh, props)}
 		})
 		return err
 	})
@@ -161,8 +161,8 @@ func (s Streams) Children(ctx context.Context, parent string, props ...string) (
 
 // ResumeToken decodes a receive resume token with libzfs itself, so a
 // sender can check what a peer's token asks for before it sends.
-func (s Streams) ResumeToken(ctx context.Context, token string) (zfscmd.ResumeInfo, error) {
-	var info zfscmd.ResumeInfo
+func (s Streams) ResumeToken(ctx context.Context, token string) (zfs.ResumeInfo, error) {
+	var info zfs.ResumeInfo
 	err := s.z.do(ctx, func(h handle) error {
 		ct := C.CString(token)
 		defer C.free(unsafe.Pointer(ct))
@@ -170,7 +170,7 @@ func (s Streams) ResumeToken(ctx context.Context, token string) (zfscmd.ResumeIn
 		if C.resume_token_info(h.h, ct, &out) != 0 {
 			return fmt.Errorf("the resume token does not decode: %s", C.GoString(C.last_error(h.h)))
 		}
-		info = zfscmd.ResumeInfo{ToName: C.GoString(&out.toname[0]), ToGUID: uint64(out.toguid), FromGUID: uint64(out.fromguid), Raw: out.raw != 0}
+		info = zfs.ResumeInfo{ToName: C.GoString(&out.toname[0]), ToGUID: uint64(out.toguid), FromGUID: uint64(out.fromguid), Raw: out.raw != 0}
 		return nil
 	})
 	return info, err

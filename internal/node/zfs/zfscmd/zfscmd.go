@@ -85,21 +85,10 @@ func classify(err error, stderr string) error {
 	return err
 }
 
-// SendSpec says what to send: a resume token, or a snapshot with an
-// optional incremental base.
-type SendSpec struct {
-	Snapshot    string
-	Base        string
-	ResumeToken string
-	// Raw sends an encrypted dataset's blocks as stored (-w): the stream and
-	// the replica stay encrypted, and the receiver needs no key.
-	Raw bool
-}
-
-// Args returns the zfs send arguments: large blocks and compressed blocks
-// as stored (-L -c), so data is neither split nor recompressed; raw (-w,
-// which implies both) for encrypted datasets.
-func (s SendSpec) Args() []string {
+// SendArgs returns the zfs send arguments of s: large blocks and
+// compressed blocks as stored (-L -c), so data is neither split nor
+// recompressed; raw (-w, which implies both) for encrypted datasets.
+func SendArgs(s zfs.SendSpec) []string {
 	if s.ResumeToken != "" {
 		return []string{"send", "-t", s.ResumeToken} // the token carries the original flags
 	}
@@ -122,11 +111,11 @@ func (s SendSpec) Args() []string {
 // uninterruptibly (openzfs/zfs#12500). Killed with the read end still
 // open and unread, zfs send would never end, and neither would Wait, the
 // push holding the volume's transfer, or the move waiting for it.
-func (c Cmd) Send(ctx context.Context, spec SendSpec, w io.Writer) (int64, error) {
+func (c Cmd) Send(ctx context.Context, spec zfs.SendSpec, w io.Writer) (int64, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var stderr bytes.Buffer
-	cmd := exec.CommandContext(ctx, c.bin(), spec.Args()...)
+	cmd := exec.CommandContext(ctx, c.bin(), SendArgs(spec)...)
 	cmd.Stderr = &stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -144,17 +133,17 @@ func (c Cmd) Send(ctx context.Context, spec SendSpec, w io.Writer) (int64, error
 	}
 	waitErr := cmd.Wait()
 	if copyErr != nil {
-		return n, fmt.Errorf("streaming zfs %s: %w", strings.Join(spec.Args(), " "), copyErr)
+		return n, fmt.Errorf("streaming zfs %s: %w", strings.Join(SendArgs(spec), " "), copyErr)
 	}
 	if waitErr != nil {
-		return n, classify(fmt.Errorf("zfs %s: %w: %s", strings.Join(spec.Args(), " "), waitErr, strings.TrimSpace(stderr.String())), stderr.String())
+		return n, classify(fmt.Errorf("zfs %s: %w: %s", strings.Join(SendArgs(spec), " "), waitErr, strings.TrimSpace(stderr.String())), stderr.String())
 	}
 	return n, nil
 }
 
 // EstimateSize returns the size zfs send -nP predicts for spec.
-func (c Cmd) EstimateSize(ctx context.Context, spec SendSpec) (int64, error) {
-	args := spec.Args()
+func (c Cmd) EstimateSize(ctx context.Context, spec zfs.SendSpec) (int64, error) {
+	args := SendArgs(spec)
 	args = append([]string{"send", "-n", "-P"}, args[1:]...)
 	out, err := c.run(ctx, args...)
 	if err != nil {
@@ -168,33 +157,19 @@ func (c Cmd) EstimateSize(ctx context.Context, spec SendSpec) (int64, error) {
 	return 0, fmt.Errorf("zfs send -nP printed no size")
 }
 
-// ResumeInfo is what a receive resume token asks the sender to send.
-type ResumeInfo struct {
-	ToName   string // the snapshot, full name
-	ToGUID   uint64
-	FromGUID uint64 // the incremental base; 0 for a full stream
-	Raw      bool   // the stream was raw (-w)
-}
-
-// Child is a filesystem directly below a parent, with requested properties.
-type Child struct {
-	Name  string
-	Props map[string]string
-}
-
 // Children lists the filesystems directly below parent with props.
-func (c Cmd) Children(ctx context.Context, parent string, props ...string) ([]Child, error) {
+func (c Cmd) Children(ctx context.Context, parent string, props ...string) ([]zfs.Child, error) {
 	out, err := c.run(ctx, "list", "-H", "-p", "-d", "1", "-t", "filesystem", "-o", "name,"+strings.Join(props, ","), parent)
 	if err != nil {
 		return nil, err
 	}
-	var children []Child
+	var children []zfs.Child
 	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
 		f := strings.Split(line, "\t")
 		if len(f) != len(props)+1 || f[0] == parent {
 			continue
 		}
-		ch := Child{Name: f[0], Props: map[string]string{}}
+		ch := zfs.Child{Name: f[0], Props: map[string]string{}}
 		for i, p := range props {
 			ch.Props[p] = f[i+1]
 		}
@@ -266,21 +241,8 @@ func (c Cmd) AbortReceive(ctx context.Context, target string) error {
 	return err
 }
 
-// Snap is one snapshot as replication sees it.
-type Snap struct {
-	Name      string // full name
-	GUID      uint64
-	CreateTXG uint64
-	Created   int64 // unix seconds
-	// Deferred: destroyed with zfs destroy -d while clones or holds kept
-	// it; ZFS removes it with the last of them. A CSI snapshot deferred
-	// so is deleted: it is never sent (docs/replication.md, "CSI
-	// snapshots").
-	Deferred bool
-}
-
 // Snapshots lists the snapshots of one filesystem, oldest first.
-func (c Cmd) Snapshots(ctx context.Context, fs string) ([]Snap, error) {
+func (c Cmd) Snapshots(ctx context.Context, fs string) ([]zfs.Snap, error) {
 	if err := zfs.ValidateName(fs); err != nil {
 		return nil, err
 	}
@@ -288,7 +250,7 @@ func (c Cmd) Snapshots(ctx context.Context, fs string) ([]Snap, error) {
 	if err != nil {
 		return nil, err
 	}
-	var snaps []Snap
+	var snaps []zfs.Snap
 	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
 		f := strings.Split(line, "\t")
 		if len(f) != 5 {
@@ -300,7 +262,7 @@ func (c Cmd) Snapshots(ctx context.Context, fs string) ([]Snap, error) {
 		if err := errors.Join(err1, err2, err3); err != nil {
 			return nil, fmt.Errorf("zfs list: unexpected line %q: %w", line, err)
 		}
-		snaps = append(snaps, Snap{Name: f[0], GUID: guid, CreateTXG: txg, Created: created, Deferred: f[4] == "on" || f[4] == "1"})
+		snaps = append(snaps, zfs.Snap{Name: f[0], GUID: guid, CreateTXG: txg, Created: created, Deferred: f[4] == "on" || f[4] == "1"})
 	}
 	return snaps, nil
 }

@@ -19,7 +19,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/node/copylock"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/replication"
-	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfscmd"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
@@ -55,7 +55,7 @@ func TestRealReplication(t *testing.T) {
 	must(t, src.Write(fs, "b"))
 	base := src.snaps(t, fs)[0].Name
 	must(t, src.s.Snapshot(ctx, fs+"@zn-1"))
-	stream := src.send(t, zfscmd.SendSpec{Snapshot: fs + "@zn-1", Base: base})
+	stream := src.send(t, zfs.SendSpec{Snapshot: fs + "@zn-1", Base: base})
 	if err := dst.s.Receive(ctx, fs, nil, bytes.NewReader(stream[:400])); err == nil {
 		t.Fatal("a cut stream was received whole")
 	}

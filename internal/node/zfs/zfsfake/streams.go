@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
-	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfscmd"
 )
 
 // Streams is the fake pool as replication sees it: it has the method set
@@ -132,10 +131,10 @@ func (f *Fake) onFilesystem(op, fs string, fn func(e *entry) error) error {
 
 // ---- Reads ----
 
-func (s *Streams) Snapshots(ctx context.Context, fs string) (out []zfscmd.Snap, err error) {
+func (s *Streams) Snapshots(ctx context.Context, fs string) (out []zfs.Snap, err error) {
 	err = s.f.onFilesystem("list", fs, func(*entry) error {
 		for _, e := range s.f.snapshotsOf(fs) {
-			out = append(out, zfscmd.Snap{Name: e.ds.Name, GUID: e.guid, CreateTXG: e.createTXG, Created: e.ds.Created.Unix(), Deferred: e.ds.DeferDestroy})
+			out = append(out, zfs.Snap{Name: e.ds.Name, GUID: e.guid, CreateTXG: e.createTXG, Created: e.ds.Created.Unix(), Deferred: e.ds.DeferDestroy})
 		}
 		return nil
 	})
@@ -170,12 +169,12 @@ func (s *Streams) GetAll(ctx context.Context, dataset string, props ...string) (
 	return values, err
 }
 
-func (s *Streams) Children(ctx context.Context, parent string, props ...string) (out []zfscmd.Child, err error) {
+func (s *Streams) Children(ctx context.Context, parent string, props ...string) (out []zfs.Child, err error) {
 	f := s.f
 	err = f.onFilesystem("list", parent, func(*entry) error {
 		for n, e := range f.datasets {
 			if e.ds.Type == zfs.Filesystem && zfs.Parent(n) == parent {
-				out = append(out, zfscmd.Child{Name: n, Props: f.props(e, props)})
+				out = append(out, zfs.Child{Name: n, Props: f.props(e, props)})
 			}
 		}
 		sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
@@ -560,23 +559,23 @@ type partialRecv struct {
 	newDataset bool
 }
 
-func (s *Streams) ResumeToken(ctx context.Context, token string) (zfscmd.ResumeInfo, error) {
+func (s *Streams) ResumeToken(ctx context.Context, token string) (zfs.ResumeInfo, error) {
 	s.f.before("resume_token", token)
 	if s.f.Fail != nil {
 		if err := s.f.Fail("resume_token", token); err != nil {
-			return zfscmd.ResumeInfo{}, err
+			return zfs.ResumeInfo{}, err
 		}
 	}
 	t, err := decodeToken(token)
 	if err != nil {
-		return zfscmd.ResumeInfo{}, err
+		return zfs.ResumeInfo{}, err
 	}
-	return zfscmd.ResumeInfo{ToName: t.ToName, ToGUID: t.ToGUID, FromGUID: t.FromGUID, Raw: t.Raw}, nil
+	return zfs.ResumeInfo{ToName: t.ToName, ToGUID: t.ToGUID, FromGUID: t.FromGUID, Raw: t.Raw}, nil
 }
 
 // Send writes the stream spec asks for to w and returns the bytes written.
 // The stream is made at once: later changes to the pool do not show in it.
-func (s *Streams) Send(ctx context.Context, spec zfscmd.SendSpec, w io.Writer) (int64, error) {
+func (s *Streams) Send(ctx context.Context, spec zfs.SendSpec, w io.Writer) (int64, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
@@ -588,13 +587,13 @@ func (s *Streams) Send(ctx context.Context, spec zfscmd.SendSpec, w io.Writer) (
 }
 
 // EstimateSize returns the size of the payload Send would write.
-func (s *Streams) EstimateSize(ctx context.Context, spec zfscmd.SendSpec) (int64, error) {
+func (s *Streams) EstimateSize(ctx context.Context, spec zfs.SendSpec) (int64, error) {
 	_, payload, err := s.f.stream("estimate", spec)
 	return int64(len(payload)), err
 }
 
 // stream builds the head and payload spec asks for.
-func (f *Fake) stream(op string, spec zfscmd.SendSpec) (streamHead, []byte, error) {
+func (f *Fake) stream(op string, spec zfs.SendSpec) (streamHead, []byte, error) {
 	name := spec.Snapshot
 	var token resumeToken
 	if spec.ResumeToken != "" {

@@ -15,7 +15,6 @@ import (
 
 	"github.com/zfs-nomad/zfs-nomad/internal/node/replication"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
-	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfscmd"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfsfake"
 )
 
@@ -57,7 +56,7 @@ func (n node) writeAndSnap(t *testing.T, fs, snap string, tokens ...string) {
 }
 
 // send returns the stream spec asks for.
-func (n node) send(t *testing.T, spec zfscmd.SendSpec) []byte {
+func (n node) send(t *testing.T, spec zfs.SendSpec) []byte {
 	t.Helper()
 	var buf bytes.Buffer
 	written, err := n.s.Send(ctx, spec, &buf)
@@ -75,7 +74,7 @@ func (n node) content(t *testing.T, name string) []string {
 	return c
 }
 
-func (n node) snaps(t *testing.T, fs string) []zfscmd.Snap {
+func (n node) snaps(t *testing.T, fs string) []zfs.Snap {
 	t.Helper()
 	s, err := n.s.Snapshots(ctx, fs)
 	must(t, err)
@@ -112,7 +111,7 @@ func TestSendReceive(t *testing.T) {
 			src.writeAndSnap(t, "tank/v", "s1", "a", "b")
 			srcSnaps := src.snaps(t, "tank/v")
 
-			full := src.send(t, zfscmd.SendSpec{Snapshot: "tank/v@s1", Raw: tt.raw})
+			full := src.send(t, zfs.SendSpec{Snapshot: "tank/v@s1", Raw: tt.raw})
 			checkBegin(t, full, 0, srcSnaps[0].GUID, "tank/v@s1")
 			recvProps := map[string]string{"readonly": "on", "mountpoint": "legacy", "zfs-nomad:role": "replica"}
 			must(t, dst.s.Receive(ctx, "tank/replicas/v", recvProps, bytes.NewReader(full)))
@@ -134,7 +133,7 @@ func TestSendReceive(t *testing.T) {
 			}
 
 			src.writeAndSnap(t, "tank/v", "s2", "c")
-			inc := src.send(t, zfscmd.SendSpec{Snapshot: "tank/v@s2", Base: "tank/v@s1", Raw: tt.raw})
+			inc := src.send(t, zfs.SendSpec{Snapshot: "tank/v@s2", Base: "tank/v@s1", Raw: tt.raw})
 			srcSnaps = src.snaps(t, "tank/v")
 			checkBegin(t, inc, srcSnaps[0].GUID, srcSnaps[1].GUID, "tank/v@s2")
 			must(t, dst.s.Receive(ctx, "tank/replicas/v", nil, bytes.NewReader(inc)))
@@ -187,12 +186,12 @@ func TestInterruptedReceiveResumes(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			src, dst := newNode(t, 1, "tank/v"), newNode(t, 2)
 			src.writeAndSnap(t, "tank/v", "s1", "a")
-			spec := zfscmd.SendSpec{Snapshot: "tank/v@s1"}
+			spec := zfs.SendSpec{Snapshot: "tank/v@s1"}
 			labels := map[string]string{"zfs-nomad:role": "replica"}
 			if tt.incremental {
 				must(t, dst.s.Receive(ctx, "tank/v", labels, bytes.NewReader(src.send(t, spec))))
 				src.writeAndSnap(t, "tank/v", "s2", "b")
-				spec = zfscmd.SendSpec{Snapshot: "tank/v@s2", Base: "tank/v@s1"}
+				spec = zfs.SendSpec{Snapshot: "tank/v@s2", Base: "tank/v@s1"}
 			}
 			stream := src.send(t, spec)
 			cut := tt.cut
@@ -229,7 +228,7 @@ func TestInterruptedReceiveResumes(t *testing.T) {
 			info, err := src.s.ResumeToken(ctx, token)
 			must(t, err)
 			srcSnaps := src.snaps(t, "tank/v")
-			want := zfscmd.ResumeInfo{ToName: spec.Snapshot, ToGUID: srcSnaps[len(srcSnaps)-1].GUID}
+			want := zfs.ResumeInfo{ToName: spec.Snapshot, ToGUID: srcSnaps[len(srcSnaps)-1].GUID}
 			if tt.incremental {
 				want.FromGUID = srcSnaps[0].GUID
 			}
@@ -241,7 +240,7 @@ func TestInterruptedReceiveResumes(t *testing.T) {
 			if err := dst.s.Receive(ctx, "tank/v", nil, bytes.NewReader(stream)); err == nil || !strings.Contains(err.Error(), "partially-complete") {
 				t.Errorf("a fresh stream into a partial receive: %v", err)
 			}
-			resumed := src.send(t, zfscmd.SendSpec{ResumeToken: token})
+			resumed := src.send(t, zfs.SendSpec{ResumeToken: token})
 			checkBegin(t, resumed, want.FromGUID, want.ToGUID, want.ToName)
 			must(t, dst.s.Receive(ctx, "tank/v", nil, bytes.NewReader(resumed)))
 			if tok := dst.get(t, "tank/v", "receive_resume_token"); tok != "-" {
@@ -271,11 +270,11 @@ func TestAbortReceive(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			src, dst := newNode(t, 1, "tank/v"), newNode(t, 2)
 			src.writeAndSnap(t, "tank/v", "s1", "a")
-			spec := zfscmd.SendSpec{Snapshot: "tank/v@s1"}
+			spec := zfs.SendSpec{Snapshot: "tank/v@s1"}
 			if tt.incremental {
 				must(t, dst.s.Receive(ctx, "tank/v", nil, bytes.NewReader(src.send(t, spec))))
 				src.writeAndSnap(t, "tank/v", "s2", "b")
-				spec = zfscmd.SendSpec{Snapshot: "tank/v@s2", Base: "@s1"}
+				spec = zfs.SendSpec{Snapshot: "tank/v@s2", Base: "@s1"}
 			}
 			stream := src.send(t, spec)
 			_ = dst.s.Receive(ctx, "tank/v", nil, bytes.NewReader(stream[:400]))
@@ -300,22 +299,22 @@ func TestSendRefuses(t *testing.T) {
 	s2 := src.snaps(t, "tank/v")[1]
 	// The token of a partial receive of s2, cut after its begin record.
 	dst := newNode(t, 2)
-	stream := src.send(t, zfscmd.SendSpec{Snapshot: "tank/v@s2"})
+	stream := src.send(t, zfs.SendSpec{Snapshot: "tank/v@s2"})
 	_ = dst.s.Receive(ctx, "tank/x", nil, bytes.NewReader(stream[:312]))
 	token := dst.get(t, "tank/x", "receive_resume_token")
 	tests := []struct { // in order: the last two change the pool
 		name    string
-		spec    zfscmd.SendSpec
+		spec    zfs.SendSpec
 		prepare func()
 		want    string
 	}{
-		{"a missing snapshot", zfscmd.SendSpec{Snapshot: "tank/v@nope"}, nil, "tank/v@nope"},
-		{"a missing base", zfscmd.SendSpec{Snapshot: "tank/v@s2", Base: "tank/v@nope"}, nil, "tank/v@nope"},
-		{"a base of another filesystem", zfscmd.SendSpec{Snapshot: "tank/v@s2", Base: "tank/w@s1"}, nil, "not an earlier snapshot"},
-		{"a later base", zfscmd.SendSpec{Snapshot: "tank/v@s1", Base: "tank/v@s2"}, nil, "not an earlier snapshot"},
-		{"a token whose snapshot was destroyed", zfscmd.SendSpec{ResumeToken: token},
+		{"a missing snapshot", zfs.SendSpec{Snapshot: "tank/v@nope"}, nil, "tank/v@nope"},
+		{"a missing base", zfs.SendSpec{Snapshot: "tank/v@s2", Base: "tank/v@nope"}, nil, "tank/v@nope"},
+		{"a base of another filesystem", zfs.SendSpec{Snapshot: "tank/v@s2", Base: "tank/w@s1"}, nil, "not an earlier snapshot"},
+		{"a later base", zfs.SendSpec{Snapshot: "tank/v@s1", Base: "tank/v@s2"}, nil, "not an earlier snapshot"},
+		{"a token whose snapshot was destroyed", zfs.SendSpec{ResumeToken: token},
 			func() { must(t, src.s.Destroy(ctx, "tank/v@s2")) }, "tank/v@s2"},
-		{"a token whose snapshot was made anew", zfscmd.SendSpec{ResumeToken: token},
+		{"a token whose snapshot was made anew", zfs.SendSpec{ResumeToken: token},
 			func() { must(t, src.s.Snapshot(ctx, "tank/v@s2")) }, strconv.FormatUint(s2.GUID, 10)},
 	}
 	for _, tt := range tests {
@@ -339,36 +338,36 @@ func TestReceiveRefuses(t *testing.T) {
 	tests := []struct {
 		name    string
 		prepare func(t *testing.T, src, dst node)
-		spec    zfscmd.SendSpec
+		spec    zfs.SendSpec
 		want    string
 	}{
 		{"an incremental from a base the target's newest snapshot is not",
 			func(t *testing.T, src, dst node) {
 				src.writeAndSnap(t, "tank/v", "s3", "c")
 			},
-			zfscmd.SendSpec{Snapshot: "tank/v@s3", Base: "tank/v@s1"}, "does not match incremental source"},
+			zfs.SendSpec{Snapshot: "tank/v@s3", Base: "tank/v@s1"}, "does not match incremental source"},
 		{"an incremental into a target written since its newest snapshot",
 			func(t *testing.T, src, dst node) {
 				must(t, dst.s.Set(ctx, "tank/v", map[string]string{"readonly": "off"}))
 				must(t, dst.Write("tank/v", "x"))
 				src.writeAndSnap(t, "tank/v", "s3", "c")
 			},
-			zfscmd.SendSpec{Snapshot: "tank/v@s3", Base: "tank/v@s2"}, "modified since most recent snapshot"},
+			zfs.SendSpec{Snapshot: "tank/v@s3", Base: "tank/v@s2"}, "modified since most recent snapshot"},
 		{"a full stream into an existing target",
-			func(t *testing.T, src, dst node) {}, zfscmd.SendSpec{Snapshot: "tank/v@s2"}, "exists"},
+			func(t *testing.T, src, dst node) {}, zfs.SendSpec{Snapshot: "tank/v@s2"}, "exists"},
 		{"an incremental into no target",
 			func(t *testing.T, src, dst node) {
 				must(t, dst.s.DestroyRecursive(ctx, "tank/v"))
 				src.writeAndSnap(t, "tank/v", "s3", "c")
 			},
-			zfscmd.SendSpec{Snapshot: "tank/v@s3", Base: "tank/v@s2"}, "does not exist"},
+			zfs.SendSpec{Snapshot: "tank/v@s3", Base: "tank/v@s2"}, "does not exist"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			src, dst := newNode(t, 1, "tank/v"), newNode(t, 2)
 			src.writeAndSnap(t, "tank/v", "s1", "a")
 			src.writeAndSnap(t, "tank/v", "s2", "b")
-			must(t, dst.s.Receive(ctx, "tank/v", map[string]string{"readonly": "on"}, bytes.NewReader(src.send(t, zfscmd.SendSpec{Snapshot: "tank/v@s2"}))))
+			must(t, dst.s.Receive(ctx, "tank/v", map[string]string{"readonly": "on"}, bytes.NewReader(src.send(t, zfs.SendSpec{Snapshot: "tank/v@s2"}))))
 			tt.prepare(t, src, dst)
 			names, content := dst.Names(), dst.snapshotContents()
 			err := dst.s.Receive(ctx, "tank/v", nil, bytes.NewReader(src.send(t, tt.spec)))
@@ -574,7 +573,7 @@ func TestChildren(t *testing.T) {
 	must(t, n.s.Set(ctx, "tank/r/b", map[string]string{"zfs-nomad:role": "replica"}))
 	children, err := n.s.Children(ctx, "tank/r", "zfs-nomad:role", "receive_resume_token")
 	must(t, err)
-	want := []zfscmd.Child{
+	want := []zfs.Child{
 		{Name: "tank/r/a", Props: map[string]string{"zfs-nomad:role": "-", "receive_resume_token": "-"}},
 		{Name: "tank/r/b", Props: map[string]string{"zfs-nomad:role": "replica", "receive_resume_token": "-"}},
 	}
@@ -641,7 +640,7 @@ func TestFaultHooks(t *testing.T) {
 		}
 		return nil
 	}
-	if _, err := n.s.Send(ctx, zfscmd.SendSpec{Snapshot: "tank/v@s"}, io.Discard); !errors.Is(err, crash) {
+	if _, err := n.s.Send(ctx, zfs.SendSpec{Snapshot: "tank/v@s"}, io.Discard); !errors.Is(err, crash) {
 		t.Errorf("send: %v", err)
 	}
 	if err := n.s.Hold(ctx, "tank/v@s", "t"); !errors.Is(err, crash) {
@@ -656,7 +655,7 @@ func TestFaultHooks(t *testing.T) {
 func TestReceiveStopsWithContext(t *testing.T) {
 	src, dst := newNode(t, 1, "tank/v"), newNode(t, 2)
 	src.writeAndSnap(t, "tank/v", "s1", "a")
-	stream := src.send(t, zfscmd.SendSpec{Snapshot: "tank/v@s1"})
+	stream := src.send(t, zfs.SendSpec{Snapshot: "tank/v@s1"})
 	pr, pw := io.Pipe()
 	go func() { _, _ = pw.Write(stream[:312]) }() // and then nothing, as a stalled sender
 	cctx, cancel := context.WithCancel(ctx)
