@@ -261,10 +261,9 @@ func leaseCheck(held func() bool, lease time.Duration) csiplugin.HealthCheck {
 func assemble(cfg config.Node, z *libzfs.ZFS, dial dialing, registry *metrics.Registry, log hclog.Logger) *assembly.Parts {
 	node := assembly.New(assembly.Deps{
 		Config: cfg,
-		ZFS:    z,
 		// Replication streams run as zfs processes, holding no libzfs
 		// handle; the short reads and holds around them run in process.
-		Streams:    z.Streams(zfscmd.Cmd{}),
+		ZFS:        z,
 		Dial:       dial.to(dial.nodes),
 		DialTarget: dial.to(dial.targets),
 		Peers:      peers.Configured(cfg.Peers, cfg.PeersFile),

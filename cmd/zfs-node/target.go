@@ -16,7 +16,6 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/node/agent"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/replication"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/retention"
-	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfscmd"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/cmdline"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/csiplugin"
@@ -54,8 +53,7 @@ func serveTarget(args []string) error {
 	if err != nil {
 		return err
 	}
-	streams := z.Streams(zfscmd.Cmd{})
-	if _, err := streams.Get(ctx, cfg.RootDataset, "type"); err != nil {
+	if _, err := z.Property(ctx, cfg.RootDataset, "type"); err != nil {
 		return fmt.Errorf("root_dataset %s: %w (create it first: zfs create %s)", cfg.RootDataset, err, cfg.RootDataset)
 	}
 	// The target's certificate must name it: nodes hold it to the name
@@ -64,7 +62,7 @@ func serveTarget(args []string) error {
 	if err != nil {
 		return err
 	}
-	target := replication.NewTargetReceiver(streams, cfg.RootDataset, cfg.Name, uint64(cfg.MaxQuota), log.Named("backups"))
+	target := replication.NewTargetReceiver(z, cfg.RootDataset, cfg.Name, uint64(cfg.MaxQuota), log.Named("backups"))
 	target.Default, target.MaxKept = grid, cfg.MaxKept
 	target.SetIdleTimeout(time.Duration(cfg.ReceiveIdleTimeout))
 	target.OpenZFS(release)
@@ -97,7 +95,7 @@ func serveTarget(args []string) error {
 	// Healthy while its root dataset answers and its certificate is valid.
 	health := csiplugin.HealthHandler(
 		csiplugin.HealthCheck{Name: "zfs", Check: func(ctx context.Context) error {
-			_, err := streams.Get(ctx, cfg.RootDataset, "type")
+			_, err := z.Property(ctx, cfg.RootDataset, "type")
 			return err
 		}},
 		csiplugin.CertificateCheck(func() time.Time { return certs.Certificate().NotAfter }))

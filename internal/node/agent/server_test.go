@@ -35,9 +35,9 @@ func newServer(t *testing.T) (*Server, *volume.Manager, *zfsfake.Fake) {
 	cfg.NodeID, cfg.RootDataset = "n1", root
 	cfg.MaxQuota, cfg.DefaultQuota = 4<<30, 1<<30
 	log := hclog.NewNullLogger()
-	replicas := copyrecord.NewReplicas(fake.Streams(), root)
+	replicas := copyrecord.NewReplicas(fake, root)
 	volumes := volume.NewManager(volume.Deps{ZFS: fake, Config: cfg, Log: log, Replicas: replicas})
-	receiver := replication.NewReceiver(fake.Streams(), volumes.Locks(), volumes, root, cfg.NodeID, cfg.ReplicationSnapshots, log)
+	receiver := replication.NewReceiver(fake, volumes.Locks(), volumes, root, cfg.NodeID, cfg.ReplicationSnapshots, log)
 	return NewServer(nodeOf(volumes, replicas, nil, receiver), cfg, log), volumes, fake
 }
 

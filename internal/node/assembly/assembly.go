@@ -41,10 +41,8 @@ var errLeaseNotStarted = errors.New("this node's lease has not started yet: retr
 // Deps are what a node process brings to its parts.
 type Deps struct {
 	Config config.Node
-	// ZFS is the pool's metadata interface (libzfs, or a fake), Streams
-	// the replication streams over the same pool.
-	ZFS     zfs.Interface
-	Streams replication.Streams
+	// ZFS is the pool: libzfs, or a fake.
+	ZFS zfs.Interface
 	// Dial connects to a peer's agent port (replication and the lease's
 	// pings).
 	Dial func(addr string) (*grpc.ClientConn, error)
@@ -79,7 +77,7 @@ type Parts struct {
 // New wires a node's parts but its lease; it touches no pool (Recover
 // does).
 func New(d Deps) *Parts {
-	replicas := copyrecord.NewReplicas(d.Streams, d.Config.RootDataset)
+	replicas := copyrecord.NewReplicas(d.ZFS, d.Config.RootDataset)
 	p := &Parts{Replicas: replicas, deps: d}
 	locks := new(copylock.Locks)
 	p.newPusher(d, locks)
@@ -101,7 +99,7 @@ func New(d Deps) *Parts {
 // configured targets.
 func (p *Parts) newPusher(d Deps, locks *copylock.Locks) {
 	cfg := d.Config
-	p.Pusher = replication.NewPusher(d.Streams, locks, cfg.RootDataset, cfg.NodeID, cfg.ReplicationSnapshots,
+	p.Pusher = replication.NewPusher(d.ZFS, locks, cfg.RootDataset, cfg.NodeID, cfg.ReplicationSnapshots,
 		replication.NewLimiter(uint64(cfg.ReplicationBandwidth)), agent.NewReplicationPeers(d.Dial), d.Log.Named("replication"))
 	if pushesBackups(d) {
 		p.Pusher.UseTargets(cfg.BackupTargets, agent.NewReplicationPeers(d.DialTarget))
@@ -120,7 +118,7 @@ func pushesBackups(d Deps) bool {
 // indexes stay exact.
 func (p *Parts) newReceiver(d Deps, locks *copylock.Locks) {
 	cfg := d.Config
-	r := replication.NewReceiver(d.Streams, locks, p.Volumes, cfg.RootDataset, cfg.NodeID, cfg.ReplicationSnapshots, d.Log.Named("replication"))
+	r := replication.NewReceiver(d.ZFS, locks, p.Volumes, cfg.RootDataset, cfg.NodeID, cfg.ReplicationSnapshots, d.Log.Named("replication"))
 	r.MaxQuota, r.QuotaProperty = uint64(cfg.MaxQuota), cfg.QuotaProperty
 	r.IdleTimeout = time.Duration(cfg.ReceiveIdleTimeout)
 	r.MaxReplicasPerPeer = cfg.MaxReplicasPerPeer

@@ -11,18 +11,15 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/volumelog"
 )
 
-// Store is what reading and removing a node's replicas needs of ZFS: the
-// replication streams' interface (package zfscmd, or zfsfake's Streams)
-// has all of it.
+// Store is what reading and removing a node's replicas needs of ZFS (a
+// part of zfs.Interface).
 type Store interface {
-	Children(ctx context.Context, parent string, props ...string) ([]zfs.Child, error)
-	Get(ctx context.Context, dataset, prop string) (string, error)
-	GetAll(ctx context.Context, dataset string, props ...string) (map[string]string, error)
-	Set(ctx context.Context, dataset string, props map[string]string) error
-	Snapshots(ctx context.Context, fs string) ([]zfs.Snap, error)
+	zfs.PropertyReader
+	zfs.SnapshotLister
 	Holds(ctx context.Context, fs string) (map[string][]string, error)
 	Release(ctx context.Context, snapshot, tag string) error
-	Destroy(ctx context.Context, snapshot string) error
+	SetProperties(ctx context.Context, name string, props map[string]string) error
+	DestroySnapshot(ctx context.Context, snapshot string) error
 	DestroyRecursive(ctx context.Context, fs string) error
 	AbortReceive(ctx context.Context, target string) error
 	Rename(ctx context.Context, from, to string) error
@@ -68,7 +65,7 @@ var holdingProps = []string{PropVolumeID, PropRole, PropName, PropDemotedAt, "re
 // set aside there (docs/migration.md: kept for an operator, never
 // mounted).
 func (r *Replicas) Holdings(ctx context.Context) (replicas []Replica, setAside []string, err error) {
-	children, err := r.store.Children(ctx, r.root, holdingProps...)
+	children, err := r.store.ChildProperties(ctx, r.root, holdingProps...)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -106,7 +103,7 @@ func (r *Replicas) readReplica(ctx context.Context, volumeID string) (fs string,
 		return "", nil, false, nil // names no volume, so no replica of one
 	}
 	fs = r.root + "/" + volumeID
-	props, err = r.store.GetAll(ctx, fs, holdingProps...)
+	props, err = r.store.Properties(ctx, fs, holdingProps...)
 	if errors.Is(err, zfs.ErrNotFound) {
 		return "", nil, false, nil
 	}

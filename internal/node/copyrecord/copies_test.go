@@ -39,7 +39,7 @@ func TestInventory(t *testing.T) {
 			mustDo(t, fake.Snapshot(ctx, c.name+"@"+snap, nil))
 		}
 	}
-	r := NewReplicas(fake.Streams(), root)
+	r := NewReplicas(fake, root)
 	replicas, setAside, err := r.Holdings(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -105,7 +105,7 @@ func (r *Replicas) entomb(ctx context.Context, fs string) (string, error) {
 		return "", err
 	}
 	now := time.Now()
-	if err := r.store.Set(ctx, fs, TombstoneLabels(now)); err != nil {
+	if err := r.store.SetProperties(ctx, fs, TombstoneLabels(now)); err != nil {
 		return "", fmt.Errorf("marking replica %s deleted: %w", fs, err)
 	}
 	tombstone := TombstoneName(fs, now)
@@ -148,7 +148,7 @@ func (r *Replicas) AbortPartial(ctx context.Context, fs string) error {
 
 // HasPartial reports whether an interrupted receive into fs waits.
 func (r *Replicas) HasPartial(ctx context.Context, fs string) bool {
-	token, err := r.store.Get(ctx, fs, "receive_resume_token")
+	token, err := r.store.Property(ctx, fs, "receive_resume_token")
 	return err == nil && token != "-" && token != ""
 }
 
@@ -165,7 +165,7 @@ func (r *Replicas) DiscardPartial(ctx context.Context, volumeID string) error {
 	if !r.HasPartial(ctx, fs) {
 		return nil
 	}
-	if role, err := r.store.Get(ctx, fs, PropRole); err != nil || role != contract.RoleReplica {
+	if role, err := r.store.Property(ctx, fs, PropRole); err != nil || role != contract.RoleReplica {
 		return nil
 	}
 	if err := r.store.AbortReceive(ctx, fs); err != nil {
@@ -217,7 +217,7 @@ func Prune(ctx context.Context, store Store, fs string, keep int, spare ...strin
 		if i >= len(ours)-keep || len(holds[name]) > 0 || slices.Contains(spare, name) {
 			continue
 		}
-		if err := store.Destroy(ctx, name); err != nil && !errors.Is(err, zfs.ErrNotFound) {
+		if err := store.DestroySnapshot(ctx, name); err != nil && !errors.Is(err, zfs.ErrNotFound) {
 			return fmt.Errorf("pruning %s: %w", name, err)
 		}
 	}

@@ -90,7 +90,7 @@ func (r *Receiver) refuseUnknownGeneration(ctx context.Context, h Header) error 
 // which node; none for a volume it never promised anything of. Only
 // the controller's reservations write it: no peer's stream can.
 func (r *Receiver) promise(ctx context.Context, id string) (copyrecord.Promise, error) {
-	record, err := r.z.Get(ctx, copyrecord.PromiseShard(r.root, id), copyrecord.PropPromisePrefix+id)
+	record, err := r.z.Property(ctx, copyrecord.PromiseShard(r.root, id), copyrecord.PropPromisePrefix+id)
 	if errors.Is(err, zfs.ErrNotFound) { // no record in this shard yet
 		return copyrecord.Promise{}, nil
 	}
@@ -335,7 +335,7 @@ type copyRead struct {
 func (r *Receiver) readCopy(ctx context.Context, fs string) copyRead {
 	var found copyRead
 	// Unless it is surely absent, finishReplace looks at it and says.
-	_, err := r.z.Get(ctx, incomingName(fs), copyrecord.PropRole)
+	_, err := r.z.Property(ctx, incomingName(fs), copyrecord.PropRole)
 	found.replacing = !errors.Is(err, zfs.ErrNotFound)
 	if found.state, found.err = r.copyState(ctx, fs); found.err != nil || !found.state.Exists {
 		return found

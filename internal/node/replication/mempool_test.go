@@ -19,7 +19,7 @@ import (
 // begin record (testBegin), any bytes, and streamEnd when complete; one
 // that stops short leaves a partial receive, as zfs receive -s does.
 type memPool struct {
-	Streams
+	Pool
 	mu       sync.Mutex
 	ds       map[string]*memDataset
 	receives int // zfs receive runs
@@ -135,7 +135,7 @@ func (p *memPool) AbortReceive(_ context.Context, target string) error {
 	return nil
 }
 
-func (p *memPool) GetAll(_ context.Context, name string, props ...string) (map[string]string, error) {
+func (p *memPool) Properties(_ context.Context, name string, props ...string) (map[string]string, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	fs, snap, isSnap := strings.Cut(name, "@")
@@ -162,12 +162,12 @@ func (p *memPool) GetAll(_ context.Context, name string, props ...string) (map[s
 	return out, nil
 }
 
-func (p *memPool) Get(ctx context.Context, name, prop string) (string, error) {
-	out, err := p.GetAll(ctx, name, prop)
+func (p *memPool) Property(ctx context.Context, name, prop string) (string, error) {
+	out, err := p.Properties(ctx, name, prop)
 	return out[prop], err
 }
 
-func (p *memPool) Set(_ context.Context, name string, props map[string]string) error {
+func (p *memPool) SetProperties(_ context.Context, name string, props map[string]string) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	d, ok := p.ds[name]
@@ -224,7 +224,7 @@ func (p *memPool) Release(_ context.Context, snapshot, tag string) error {
 	return nil
 }
 
-func (p *memPool) Destroy(_ context.Context, snapshot string) error {
+func (p *memPool) DestroySnapshot(_ context.Context, snapshot string) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	fs, snap, _ := strings.Cut(snapshot, "@")
@@ -291,7 +291,7 @@ func (p *memPool) Rename(_ context.Context, from, to string) error {
 	return nil
 }
 
-func (p *memPool) Children(_ context.Context, parent string, props ...string) ([]zfs.Child, error) {
+func (p *memPool) ChildProperties(_ context.Context, parent string, props ...string) ([]zfs.Child, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var out []zfs.Child

@@ -60,7 +60,7 @@ func (r *Receiver) refuseOneReplicaTooMany(ctx context.Context, h Header, found 
 // replicasBySource counts the replicas under the root by the node whose
 // stream created them.
 func (r *Receiver) replicasBySource(ctx context.Context) (map[string]int, error) {
-	children, err := r.z.Children(ctx, r.root, copyrecord.PropVolumeID, copyrecord.PropRole, copyrecord.PropReceivedFrom)
+	children, err := r.z.ChildProperties(ctx, r.root, copyrecord.PropVolumeID, copyrecord.PropRole, copyrecord.PropReceivedFrom)
 	if err != nil {
 		return nil, err
 	}

@@ -43,7 +43,7 @@ type Pusher struct {
 	// Metrics, when set, records every transfer.
 	Metrics *Metrics
 
-	z      Streams
+	z      Pool
 	root   string
 	nodeID string
 	keep   int
@@ -92,7 +92,7 @@ func (p *Pusher) Close() {
 // and whose copies locks guards (the node's, which the volume Manager
 // takes too); peers reaches the receiving nodes; keep replication
 // snapshots are kept besides the held bases.
-func NewPusher(z Streams, locks *copylock.Locks, root, nodeID string, keep int, limit *Limiter, peers Peers, log hclog.Logger) *Pusher {
+func NewPusher(z Pool, locks *copylock.Locks, root, nodeID string, keep int, limit *Limiter, peers Peers, log hclog.Logger) *Pusher {
 	return &Pusher{z: z, locks: locks, root: root, nodeID: nodeID, keep: keep, limit: limit, peers: peers, log: log, now: time.Now}
 }
 
@@ -426,7 +426,7 @@ func (p *Pusher) snapshot(ctx context.Context, volumeID, fs string, fence Fence)
 	if err != nil {
 		return nil, "", nil, err
 	}
-	props, err = p.z.GetAll(ctx, fs, copyrecord.PropRole, copyrecord.PropName, copyrecord.PropGeneration, copyrecord.PropHistoryFrom, copyrecord.PropParameters, "refquota", "quota", "encryption")
+	props, err = p.z.Properties(ctx, fs, copyrecord.PropRole, copyrecord.PropName, copyrecord.PropGeneration, copyrecord.PropHistoryFrom, copyrecord.PropParameters, "refquota", "quota", "encryption")
 	if errors.Is(err, zfs.ErrNotFound) {
 		err = errdefs.Wrap(errdefs.ErrNotFound, "volume %s is not on this node: %v", volumeID, err)
 	} else if err != nil {
@@ -459,7 +459,7 @@ func (p *Pusher) snapshot(ctx context.Context, volumeID, fs string, fence Fence)
 		} else {
 			close(fenced)
 		}
-		t.err = p.z.Snapshot(ctx, snap)
+		t.err = p.z.Snapshot(ctx, snap, nil)
 		<-fenced
 		done <- t
 	}()
@@ -477,7 +477,7 @@ func (p *Pusher) dropSnapshot(volumeID, snap string, log hclog.Logger) {
 		return
 	}
 	defer unlock()
-	if err := p.z.Destroy(ctx, snap); err != nil && !errors.Is(err, zfs.ErrNotFound) {
+	if err := p.z.DestroySnapshot(ctx, snap); err != nil && !errors.Is(err, zfs.ErrNotFound) {
 		log.Warn("destroying an unsent replication snapshot failed; pruning takes it later", "snapshot", snap, "error", err)
 	}
 }
@@ -502,7 +502,7 @@ func (p *Pusher) startTidy(volumeID, fs, base, peer string, log hclog.Logger) {
 			return
 		}
 		defer unlock()
-		if role, err := p.z.Get(ctx, fs, copyrecord.PropRole); err != nil || role != contract.RolePrimary {
+		if role, err := p.z.Property(ctx, fs, copyrecord.PropRole); err != nil || role != contract.RolePrimary {
 			return
 		}
 		p.tidy(ctx, volumeID, fs, base, peer, log)

@@ -21,12 +21,12 @@ import (
 // tidyStreams records a tidy's holds on a primary, or on nothing when
 // gone is set.
 type tidyStreams struct {
-	Streams
+	Pool
 	gone  atomic.Bool
 	holds atomic.Int32
 }
 
-func (s *tidyStreams) Get(_ context.Context, _, prop string) (string, error) {
+func (s *tidyStreams) Property(_ context.Context, _, prop string) (string, error) {
 	if s.gone.Load() {
 		return "", zfs.ErrNotFound
 	}
@@ -149,7 +149,7 @@ func TestReceiverSaidWhy(t *testing.T) {
 
 // tokenStreams decodes every resume token to info and lists snaps.
 type tokenStreams struct {
-	Streams
+	Pool
 	info  zfs.ResumeInfo
 	err   error
 	snaps []zfs.Snap

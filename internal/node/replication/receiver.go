@@ -56,7 +56,7 @@ type Receiver struct {
 	// stream of a newer release is refused.
 	OpenZFS string
 
-	z      Streams
+	z      Pool
 	root   string
 	nodeID string
 	keep   int
@@ -113,7 +113,7 @@ type Index interface {
 // (the node's copy locks, and the volume Manager; a nil index is told
 // nothing);
 // replicas keep the newest keep replication snapshots.
-func NewReceiver(z Streams, locks *copylock.Locks, index Index, root, nodeID string, keep int, log hclog.Logger) *Receiver {
+func NewReceiver(z Pool, locks *copylock.Locks, index Index, root, nodeID string, keep int, log hclog.Logger) *Receiver {
 	return &Receiver{z: z, locks: locks, index: index, replicas: copyrecord.NewReplicas(z, root), root: root, nodeID: nodeID, keep: keep, log: log,
 		IdleTimeout: DefaultIdleTimeout, MinRate: DefaultMinRate, slots: make(chan struct{}, MaxReceives)}
 }
@@ -142,7 +142,7 @@ func (r *Receiver) ReplicaState(ctx context.Context, volumeID string) (ReplicaSt
 // copyState is the state of the copy at fs without its snapshots, which
 // take a listing to read.
 func (r *Receiver) copyState(ctx context.Context, fs string) (ReplicaState, error) {
-	props, err := r.z.GetAll(ctx, fs, copyrecord.PropRole, "receive_resume_token", copyrecord.PropGeneration)
+	props, err := r.z.Properties(ctx, fs, copyrecord.PropRole, "receive_resume_token", copyrecord.PropGeneration)
 	if errors.Is(err, zfs.ErrNotFound) {
 		return ReplicaState{NodeID: r.nodeID}, nil
 	}

@@ -25,10 +25,10 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
 )
 
-// replicaStore is the part of Streams a receive uses, over one replica
+// replicaStore is the part of Pool a receive uses, over one replica
 // in memory.
 type replicaStore struct {
-	Streams
+	Pool
 	mu         sync.Mutex
 	exists     bool
 	generation uint64
@@ -42,7 +42,7 @@ type replicaStore struct {
 	refuse     error         // zfs receive's error at the first record; nil: none
 }
 
-func (s *replicaStore) Children(context.Context, string, ...string) ([]zfs.Child, error) {
+func (s *replicaStore) ChildProperties(context.Context, string, ...string) ([]zfs.Child, error) {
 	return s.children, nil
 }
 
@@ -54,7 +54,7 @@ func (s *replicaStore) AbortReceive(context.Context, string) error {
 	return nil
 }
 
-func (s *replicaStore) GetAll(_ context.Context, _ string, props ...string) (map[string]string, error) {
+func (s *replicaStore) Properties(_ context.Context, _ string, props ...string) (map[string]string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !s.exists {
@@ -105,7 +105,7 @@ func (s *replicaStore) Receive(ctx context.Context, _ string, _ map[string]strin
 	}
 }
 
-func (s *replicaStore) Get(_ context.Context, name, prop string) (string, error) {
+func (s *replicaStore) Property(_ context.Context, name, prop string) (string, error) {
 	if strings.HasSuffix(name, incomingSuffix) {
 		return "", zfs.ErrNotFound
 	}
@@ -121,7 +121,7 @@ func (s *replicaStore) Get(_ context.Context, name, prop string) (string, error)
 	return "42", nil // the guid
 }
 
-func (s *replicaStore) Set(context.Context, string, map[string]string) error { return nil }
+func (s *replicaStore) SetProperties(context.Context, string, map[string]string) error { return nil }
 
 // Snapshots lists the base of plainStream's incremental alone.
 func (s *replicaStore) Snapshots(_ context.Context, fs string) ([]zfs.Snap, error) {
@@ -444,7 +444,7 @@ func TestNoReceiveDuringAPromotion(t *testing.T) {
 		received <- err
 	case <-time.After(300 * time.Millisecond):
 	}
-	if err := z.Set(ctx, testDataset, map[string]string{copyrecord.PropRole: contract.RolePrimary, copyrecord.PropGeneration: "2"}); err != nil {
+	if err := z.SetProperties(ctx, testDataset, map[string]string{copyrecord.PropRole: contract.RolePrimary, copyrecord.PropGeneration: "2"}); err != nil {
 		t.Fatal(err)
 	}
 	unlock()

@@ -42,7 +42,7 @@ func incomingName(fs string) string { return fs + incomingSuffix }
 // replace puts the complete incoming copy in the place of the replica at
 // fs. The caller holds the volume's lock.
 func (r *Receiver) replace(ctx context.Context, fs, incoming string, labels map[string]string, log hclog.Logger) error {
-	if err := r.z.Set(ctx, incoming, labels); err != nil {
+	if err := r.z.SetProperties(ctx, incoming, labels); err != nil {
 		r.dropIncoming(ctx, incoming, log)
 		return fmt.Errorf("labelling the received replacement %s: %w", incoming, err)
 	}
@@ -55,7 +55,7 @@ func (r *Receiver) replace(ctx context.Context, fs, incoming string, labels map[
 // volume's lock.
 func (r *Receiver) finishReplace(ctx context.Context, fs string, log hclog.Logger) error {
 	incoming := incomingName(fs)
-	role, err := r.z.Get(ctx, incoming, copyrecord.PropRole)
+	role, err := r.z.Property(ctx, incoming, copyrecord.PropRole)
 	if errors.Is(err, zfs.ErrNotFound) {
 		return nil
 	}
@@ -116,7 +116,7 @@ func (r *Receiver) retire(ctx context.Context, fs, incoming string, generation u
 	if err != nil {
 		return err
 	}
-	labels, err := r.z.GetAll(ctx, incoming, copyrecord.PropGeneration, copyrecord.PropHistoryFrom)
+	labels, err := r.z.Properties(ctx, incoming, copyrecord.PropGeneration, copyrecord.PropHistoryFrom)
 	if err != nil {
 		return fmt.Errorf("reading the labels of the replacement %s: %w", incoming, err)
 	}
@@ -154,7 +154,7 @@ func (r *Receiver) csiSnapshotsLacking(ctx context.Context, snaps []zfs.Snap, ot
 func (r *Receiver) setAside(ctx context.Context, name, fs string, log hclog.Logger) error {
 	now := time.Now()
 	props := copyrecord.SetAsideLabels(now)
-	if err := r.z.Set(ctx, name, props); err != nil {
+	if err := r.z.SetProperties(ctx, name, props); err != nil {
 		return fmt.Errorf("setting %s aside: %w", name, err)
 	}
 	aside := copyrecord.AsideName(fs, now)
@@ -191,7 +191,7 @@ func (r *Receiver) dropIncoming(ctx context.Context, incoming string, log hclog.
 // finishes the base holds of receives whose tidy a stop cut off
 // (holdNewestBases). The node runs it once before serving.
 func (r *Receiver) Recover(ctx context.Context) error {
-	children, err := r.z.Children(ctx, r.root, copyrecord.PropRole)
+	children, err := r.z.ChildProperties(ctx, r.root, copyrecord.PropRole)
 	if err != nil {
 		return fmt.Errorf("listing %s: %w", r.root, err)
 	}

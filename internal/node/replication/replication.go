@@ -16,7 +16,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"strings"
 
 	"github.com/hashicorp/go-hclog"
@@ -46,27 +45,18 @@ const (
 	chunkSize = 1 << 20
 )
 
-// Streams is what replication needs of ZFS; zfscmd.Cmd, libzfs.Streams
-// and zfsfake.Streams implement it.
-type Streams interface {
-	Send(ctx context.Context, spec zfs.SendSpec, w io.Writer) (int64, error)
-	Receive(ctx context.Context, target string, props map[string]string, r io.Reader) error
-	Snapshots(ctx context.Context, fs string) ([]zfs.Snap, error)
-	Get(ctx context.Context, dataset, prop string) (string, error)
-	GetAll(ctx context.Context, dataset string, props ...string) (map[string]string, error)
-	Set(ctx context.Context, dataset string, props map[string]string) error
-	Snapshot(ctx context.Context, name string) error
-	Hold(ctx context.Context, snapshot, tag string) error
-	Release(ctx context.Context, snapshot, tag string) error
-	Holds(ctx context.Context, fs string) (map[string][]string, error)
-	Destroy(ctx context.Context, snapshot string) error
-	DestroyRecursive(ctx context.Context, fs string) error
-	AbortReceive(ctx context.Context, target string) error
-	Rollback(ctx context.Context, snapshot string) error
+// Pool is what replication needs of the node's pool: the streams and
+// what is read, held and destroyed around them (libzfs and zfsfake
+// implement all of zfs.Interface).
+type Pool interface {
+	zfs.Streams
+	zfs.SnapshotLister
+	zfs.PropertyReader
+	zfs.Holds
+	zfs.Destroyer
+	SetProperties(ctx context.Context, name string, props map[string]string) error
+	Snapshot(ctx context.Context, name string, props map[string]string) error
 	Rename(ctx context.Context, from, to string) error
-	EstimateSize(ctx context.Context, spec zfs.SendSpec) (int64, error)
-	ResumeToken(ctx context.Context, token string) (zfs.ResumeInfo, error)
-	Children(ctx context.Context, parent string, props ...string) ([]zfs.Child, error)
 }
 
 // dataset returns the volume's dataset under root, refusing IDs that are
@@ -84,7 +74,7 @@ func dataset(root, volumeID string) (string, error) {
 // those in spare (bases a peer received whose hold is not placed yet).
 // What fails is retried by the next transfer (a push or a receive, as
 // next says).
-func dropOldBases(ctx context.Context, z Streams, fs string, keep int, spare []string, next string, log hclog.Logger) {
+func dropOldBases(ctx context.Context, z Pool, fs string, keep int, spare []string, next string, log hclog.Logger) {
 	if err := releaseSuperseded(ctx, z, fs); err != nil {
 		log.Warn("releasing old base holds failed; the next "+next+" retries", "error", err)
 	}
@@ -98,7 +88,7 @@ func dropOldBases(ctx context.Context, z Streams, fs string, keep int, spare []s
 // names. After a transfer, tidy holds the new base and only then runs
 // this, so some common snapshot is held at every moment, and the answer
 // to the transfer waits for neither sync task.
-func releaseSuperseded(ctx context.Context, z Streams, fs string) error {
+func releaseSuperseded(ctx context.Context, z Pool, fs string) error {
 	snaps, err := z.Snapshots(ctx, fs) // oldest first
 	if err != nil {
 		return err

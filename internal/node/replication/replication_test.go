@@ -9,9 +9,9 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
 )
 
-// holdsOnly is the part of Streams that hold bookkeeping uses, in memory.
+// holdsOnly is the part of Pool that hold bookkeeping uses, in memory.
 type holdsOnly struct {
-	Streams
+	Pool
 	snaps []string            // oldest first
 	holds map[string][]string // snapshot -> tags
 }

@@ -59,7 +59,7 @@ func (p *Pusher) Restore(ctx context.Context, ref contract.BackupRef, grant, dat
 		p.abandonRestore(dataset, log)
 		return errdefs.Wrap(errdefs.ErrUnavailable, "receiving backup %s into %s: %v", ref.SnapshotID(), dataset, err)
 	}
-	if err := p.z.Destroy(ctx, dataset+"@"+ref.Snapshot); err != nil && !errors.Is(err, zfs.ErrNotFound) {
+	if err := p.z.DestroySnapshot(ctx, dataset+"@"+ref.Snapshot); err != nil && !errors.Is(err, zfs.ErrNotFound) {
 		// The create's retry destroys it (volume.Manager.dropCopiedSnapshot).
 		return fmt.Errorf("destroying the snapshot backup %s brought along: %w", ref.SnapshotID(), err)
 	}

@@ -337,7 +337,7 @@ func ahead[T any](read func() (T, error)) func() (T, error) {
 }
 
 func (p *Pusher) guidOf(ctx context.Context, snap string) (uint64, error) {
-	v, err := p.z.Get(ctx, snap, "guid")
+	v, err := p.z.Property(ctx, snap, "guid")
 	if err != nil {
 		return 0, err
 	}

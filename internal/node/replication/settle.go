@@ -47,7 +47,7 @@ func (r *Receiver) settleReceived(ctx context.Context, fs string, h Header, into
 func (r *Receiver) received(ctx context.Context, fs string, h Header) (zfs.Snap, error) {
 	if h.Kind != KindResume {
 		name := fs + "@" + h.Snapshot
-		guid, err := r.z.Get(ctx, name, "guid")
+		guid, err := r.z.Property(ctx, name, "guid")
 		if err != nil {
 			return zfs.Snap{}, fmt.Errorf("reading the received snapshot %s: %w", name, err)
 		}
@@ -69,14 +69,14 @@ func (r *Receiver) received(ctx context.Context, fs string, h Header) (zfs.Snap,
 // the answer to the sender, and so a move, would wait for.
 func (r *Receiver) relabel(ctx context.Context, fs string, labels map[string]string) error {
 	keys := slices.Collect(maps.Keys(labels))
-	current, err := r.z.GetAll(ctx, fs, keys...)
+	current, err := r.z.Properties(ctx, fs, keys...)
 	if err != nil {
 		return fmt.Errorf("reading the labels of replica %s: %w", fs, err)
 	}
 	if maps.Equal(current, labels) {
 		return nil
 	}
-	if err := r.z.Set(ctx, fs, labels); err != nil {
+	if err := r.z.SetProperties(ctx, fs, labels); err != nil {
 		return fmt.Errorf("labelling replica %s: %w", fs, err)
 	}
 	return nil
@@ -110,7 +110,7 @@ func (r *Receiver) tidy(volumeID, fs, received string, peerBases map[uint64][]st
 		return // busy with another receive: it holds its own base
 	}
 	defer unlock()
-	if role, err := r.z.Get(ctx, fs, copyrecord.PropRole); err != nil || role != RoleReplica {
+	if role, err := r.z.Property(ctx, fs, copyrecord.PropRole); err != nil || role != RoleReplica {
 		return
 	}
 	if err := r.z.Hold(ctx, received, BaseHoldTag); err != nil {
@@ -132,7 +132,7 @@ func (r *Receiver) tidy(volumeID, fs, received string, peerBases map[uint64][]st
 // node's base, so it is held before the older holds go. A replica it
 // cannot tidy is logged and left for its next receive.
 func (r *Receiver) holdNewestBases(ctx context.Context) error {
-	children, err := r.z.Children(ctx, r.root, copyrecord.PropRole)
+	children, err := r.z.ChildProperties(ctx, r.root, copyrecord.PropRole)
 	if err != nil {
 		return fmt.Errorf("listing %s: %w", r.root, err)
 	}
@@ -199,7 +199,7 @@ func (r *Receiver) peerBases(h Header) map[uint64][]string {
 // the replica then keeps what every other replica shares with it, and its
 // first push to each goes on incrementally from there. The holds are made
 // before any is released.
-func mirrorPeerBases(ctx context.Context, z Streams, fs string, peerBases map[uint64][]string) error {
+func mirrorPeerBases(ctx context.Context, z Pool, fs string, peerBases map[uint64][]string) error {
 	snaps, err := z.Snapshots(ctx, fs)
 	if err != nil {
 		return err

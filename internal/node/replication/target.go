@@ -65,7 +65,7 @@ type TargetReceiver struct {
 	MaxKept int
 
 	r     *Receiver // a stream's mechanics: slots, the stall guard, zfs receive and its bound
-	z     Streams
+	z     Pool
 	root  string
 	name  string
 	locks *copylock.Locks
@@ -78,7 +78,7 @@ type TargetReceiver struct {
 // NewTargetReceiver returns the receiving end of the backup target name
 // whose chains live under root. maxQuota bounds every stream as a node's
 // max_quota does (0: unbounded).
-func NewTargetReceiver(z Streams, root, name string, maxQuota uint64, log hclog.Logger) *TargetReceiver {
+func NewTargetReceiver(z Pool, root, name string, maxQuota uint64, log hclog.Logger) *TargetReceiver {
 	locks := &copylock.Locks{}
 	r := NewReceiver(z, locks, nil, root, name, 0, log)
 	r.MaxQuota = maxQuota
@@ -110,7 +110,7 @@ func (t *TargetReceiver) ReplicaState(ctx context.Context, volumeID string) (Rep
 	if err != nil {
 		return ReplicaState{}, err
 	}
-	props, err := t.z.GetAll(ctx, fs, copyrecord.PropRole, "receive_resume_token")
+	props, err := t.z.Properties(ctx, fs, copyrecord.PropRole, "receive_resume_token")
 	if errors.Is(err, zfs.ErrNotFound) {
 		return ReplicaState{NodeID: t.name}, nil
 	}
@@ -266,11 +266,11 @@ func (t *TargetReceiver) settle(ctx context.Context, fs, snap string, h Header) 
 	if h.CapacityBytes > 0 {
 		labels[copyrecord.PropCapacity] = strconv.FormatUint(h.CapacityBytes, 10)
 	}
-	if err := t.z.Set(ctx, fs, labels); err != nil {
+	if err := t.z.SetProperties(ctx, fs, labels); err != nil {
 		return fmt.Errorf("labelling the backups of %s: %w", fs, err)
 	}
 	at := strconv.FormatInt(t.now().Unix(), 10)
-	if err := t.z.Set(ctx, snap, map[string]string{copyrecord.PropReceivedAt: at}); err != nil {
+	if err := t.z.SetProperties(ctx, snap, map[string]string{copyrecord.PropReceivedAt: at}); err != nil {
 		return fmt.Errorf("dating the backup %s: %w", snap, err)
 	}
 	if err := t.z.Hold(ctx, snap, BaseHoldTag); err != nil && !errors.Is(err, zfs.ErrExists) {
@@ -309,7 +309,7 @@ type backup struct {
 // The grid is the one the current chain is labelled with.
 func (t *TargetReceiver) prune(ctx context.Context, volumeID string, log hclog.Logger) error {
 	fs, _ := dataset(t.root, volumeID)
-	written, err := t.z.Get(ctx, fs, copyrecord.PropRetention)
+	written, err := t.z.Property(ctx, fs, copyrecord.PropRetention)
 	if err != nil {
 		return err
 	}
@@ -338,7 +338,7 @@ func (t *TargetReceiver) prune(ctx context.Context, volumeID string, log hclog.L
 		if keep[i] || b.held {
 			continue
 		}
-		if err := t.z.Destroy(ctx, b.snap); err != nil && !errors.Is(err, zfs.ErrNotFound) {
+		if err := t.z.DestroySnapshot(ctx, b.snap); err != nil && !errors.Is(err, zfs.ErrNotFound) {
 			return fmt.Errorf("destroying the backup %s, beyond the grid %s: %w", b.snap, grid, err)
 		}
 		log.Info("backup pruned", "snapshot", b.snap, "received", b.received.UTC().Format(time.RFC3339), "grid", grid.String())
@@ -357,7 +357,7 @@ func (t *TargetReceiver) prune(ctx context.Context, volumeID string, log hclog.L
 // chains lists the datasets holding volumeID's backups: the current
 // chain first, then the earlier ones.
 func (t *TargetReceiver) chains(ctx context.Context, volumeID string) ([]string, error) {
-	children, err := t.z.Children(ctx, t.root)
+	children, err := t.z.ChildProperties(ctx, t.root)
 	if err != nil {
 		return nil, err
 	}
@@ -395,8 +395,8 @@ func (t *TargetReceiver) backups(ctx context.Context, chain string) ([]backup, e
 }
 
 // receivedAt reads when the target received s.
-func receivedAt(ctx context.Context, z Streams, s zfs.Snap) time.Time {
-	v, err := z.Get(ctx, s.Name, copyrecord.PropReceivedAt)
+func receivedAt(ctx context.Context, z Pool, s zfs.Snap) time.Time {
+	v, err := z.Property(ctx, s.Name, copyrecord.PropReceivedAt)
 	if secs, perr := strconv.ParseInt(v, 10, 64); err == nil && perr == nil && secs > 0 {
 		return time.Unix(secs, 0)
 	}

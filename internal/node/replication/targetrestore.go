@@ -61,7 +61,7 @@ func (t *TargetReceiver) Backups(ctx context.Context, volumeID string) ([]Backup
 	if volumeID != "" && !contract.IsVolumeID(volumeID) {
 		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, "%q is not a volume ID", volumeID)
 	}
-	children, err := t.z.Children(ctx, t.root, copyrecord.PropRole, copyrecord.PropVolumeID)
+	children, err := t.z.ChildProperties(ctx, t.root, copyrecord.PropRole, copyrecord.PropVolumeID)
 	if err != nil {
 		return nil, err
 	}
@@ -82,7 +82,7 @@ func (t *TargetReceiver) Backups(ctx context.Context, volumeID string) ([]Backup
 
 // chainBackups lists the backups of one chain of volume id.
 func (t *TargetReceiver) chainBackups(ctx context.Context, chain, id string) ([]Backup, error) {
-	props, err := t.z.GetAll(ctx, chain, copyrecord.PropName, copyrecord.PropParameters, copyrecord.PropCapacity, "encryption")
+	props, err := t.z.Properties(ctx, chain, copyrecord.PropName, copyrecord.PropParameters, copyrecord.PropCapacity, "encryption")
 	if err != nil {
 		return nil, err
 	}
@@ -93,7 +93,7 @@ func (t *TargetReceiver) chainBackups(ctx context.Context, chain, id string) ([]
 	capacity, _ := strconv.ParseUint(props[copyrecord.PropCapacity], 10, 64)
 	out := make([]Backup, 0, len(found))
 	for _, b := range found {
-		referenced, _ := t.z.Get(ctx, b.snap, "referenced")
+		referenced, _ := t.z.Property(ctx, b.snap, "referenced")
 		size, _ := strconv.ParseUint(referenced, 10, 64)
 		out = append(out, Backup{VolumeID: id, VolumeName: props[copyrecord.PropName], Snapshot: copyrecord.ShortSnapshotName(b.snap),
 			Received: b.received, Referenced: size, Capacity: capacity,
@@ -229,7 +229,7 @@ func (t *TargetReceiver) DeleteBackups(ctx context.Context, volumeID, snapshot s
 		if err := copyrecord.ReleaseHolds(ctx, t.z, zfs.Parent(b.name), func(string) bool { return true }); err != nil {
 			return nil, err
 		}
-		if err := t.z.Destroy(ctx, b.name); err != nil {
+		if err := t.z.DestroySnapshot(ctx, b.name); err != nil {
 			return nil, err
 		}
 		t.log.Info("backup deleted by an operator", "volume_id", volumeID, "snapshot", b.name)

@@ -270,7 +270,7 @@ func keptTwice(t *testing.T, genuine bool) (m *Manager, fake *zfsfake.Fake, v Vo
 	replica := map[string]string{copyrecord.PropRole: contract.RoleReplica, copyrecord.PropVolumeID: v.ID}
 	if genuine {
 		var stream bytes.Buffer
-		streams := fake.Streams()
+		streams := fake
 		if _, err := streams.Send(ctx, zfs.SendSpec{Snapshot: onTombstone.Dataset}, &stream); err != nil {
 			t.Fatal(err)
 		}

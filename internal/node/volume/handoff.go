@@ -72,7 +72,7 @@ func fencedAt(ds zfs.Dataset) int64 {
 
 // readCopy reads the dataset of volume id under root, and whether it is
 // a copy of it (a primary or a replica labelled with that ID).
-func readCopy(ctx context.Context, z zfs.Interface, root, id string) (zfs.Dataset, bool, error) {
+func readCopy(ctx context.Context, z zfs.Reader, root, id string) (zfs.Dataset, bool, error) {
 	ds, err := z.Get(ctx, datasetFor(root, id))
 	if errors.Is(err, zfs.ErrNotFound) {
 		return zfs.Dataset{}, false, nil

@@ -39,7 +39,7 @@ import (
 // it after every change it makes under a copy's lock.
 type Index struct {
 	copies indexedCopies
-	zfs    zfs.Interface
+	zfs    zfs.Reader
 	root   string
 	log    hclog.Logger
 	now    func() time.Time
@@ -64,7 +64,7 @@ type indexedCopies interface {
 	readSnapshot(ctx context.Context, name string) (Snapshot, error)
 }
 
-func newIndex(copies indexedCopies, z zfs.Interface, root string, log hclog.Logger) *Index {
+func newIndex(copies indexedCopies, z zfs.Reader, root string, log hclog.Logger) *Index {
 	return &Index{copies: copies, zfs: z, root: root, log: log, now: time.Now, started: time.Now()}
 }
 

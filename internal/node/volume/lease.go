@@ -38,7 +38,7 @@ type Fences struct {
 	copies  primaryCopies
 	records *Records
 	index   *Index
-	zfs     zfs.Interface
+	zfs     zfs.Writer
 	nodeID  string
 	log     hclog.Logger
 	now     func() time.Time
@@ -62,7 +62,7 @@ type primaryCopies interface {
 	mounted(dataset string) (bool, error)
 }
 
-func newFences(copies primaryCopies, records *Records, index *Index, z zfs.Interface, nodeID string, log hclog.Logger) *Fences {
+func newFences(copies primaryCopies, records *Records, index *Index, z zfs.Writer, nodeID string, log hclog.Logger) *Fences {
 	f := &Fences{copies: copies, records: records, index: index, zfs: z, nodeID: nodeID, log: log, now: time.Now}
 	f.mayHoldForced.Store(true)
 	return f

@@ -138,10 +138,17 @@ type Host struct {
 	Encryption zfs.Encryption
 }
 
+// Pool is what the Manager needs of the node's pool (a part of
+// zfs.Interface).
+type Pool interface {
+	zfs.DatasetManager
+	zfs.Pools
+}
+
 // Deps are what a Manager is built from: ZFS, Config and Log are
 // required, the rest may be nil.
 type Deps struct {
-	ZFS    zfs.Interface
+	ZFS    Pool
 	Config config.Node
 	Log    hclog.Logger
 	// Replicas reads and removes the node's replicas over the same pool;
@@ -163,7 +170,7 @@ type Manager struct {
 	host    Host
 	restore Restorer
 
-	zfs zfs.Interface
+	zfs Pool
 	// replicas reads and removes the node's replicas (replicas.go); nil
 	// on a node built without replication, which holds none.
 	replicas *copyrecord.Replicas

@@ -356,7 +356,7 @@ func replicatedVolume(t *testing.T, m *Manager, fake *zfsfake.Fake) Volume {
 			t.Fatal(err)
 		}
 	}
-	fake.Hold(v.Dataset+"@zn-2", "zfs-nomad-base-n2")
+	fake.PutHold(v.Dataset+"@zn-2", "zfs-nomad-base-n2")
 	return v
 }
 
@@ -379,7 +379,7 @@ func TestTombstonesIgnoreReplicationSnapshots(t *testing.T) {
 	if err := fake.Snapshot(ctx, tomb+"@zn-9", nil); err != nil {
 		t.Fatal(err)
 	}
-	fake.Hold(tomb+"@zn-9", "zfs-nomad-base-n2")
+	fake.PutHold(tomb+"@zn-9", "zfs-nomad-base-n2")
 	if err := m.DeleteSnapshot(ctx, snap.ID); err != nil {
 		t.Fatal(err)
 	}
@@ -401,7 +401,7 @@ func TestDeleteRacesTidy(t *testing.T) {
 		{"no race", "", "", nil},
 		{"a snapshot pruned before its release", "release", "zn-1", func(f *zfsfake.Fake, s string) { _ = f.Destroy(context.Background(), s) }},
 		{"a snapshot pruned before its destroy", "destroy", "zn-1", func(f *zfsfake.Fake, s string) { _ = f.Destroy(context.Background(), s) }},
-		{"a snapshot held as the new base before its destroy", "destroy", "zn-2", func(f *zfsfake.Fake, s string) { f.Hold(s, "zfs-nomad-base-n2") }},
+		{"a snapshot held as the new base before its destroy", "destroy", "zn-2", func(f *zfsfake.Fake, s string) { f.PutHold(s, "zfs-nomad-base-n2") }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -449,7 +449,7 @@ func TestDeleteRefusesAMountedVolumeBeforeTouchingIt(t *testing.T) {
 	if err := fake.Snapshot(ctx, v.Dataset+"@zn-1", nil); err != nil {
 		t.Fatal(err)
 	}
-	fake.Hold(v.Dataset+"@zn-1", "zfs-nomad-base-n2")
+	fake.PutHold(v.Dataset+"@zn-1", "zfs-nomad-base-n2")
 	m.host.Mounted = func(ds string) (bool, error) { return ds == v.Dataset, nil }
 	err := m.Delete(ctx, v.ID)
 	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "unpublish") {
@@ -612,7 +612,7 @@ func TestDeleteOfAVolumeMountedElsewhereTouchesNothing(t *testing.T) {
 			if err := fake.Snapshot(ctx, v.Dataset+"@zn-1", nil); err != nil {
 				t.Fatal(err)
 			}
-			fake.Hold(v.Dataset+"@zn-1", "zfs-nomad-base-n2")
+			fake.PutHold(v.Dataset+"@zn-1", "zfs-nomad-base-n2")
 			if tc.refused { // and ZFS answers EBUSY, as it does
 				m = NewManager(Deps{ZFS: busyDestroy{Fake: fake, busy: v.Dataset}, Config: m.cfg, Log: hclog.NewNullLogger()})
 			}

@@ -52,7 +52,7 @@ import (
 // them under a copy's lock where a change of the copy must agree with
 // them (create, promotion, fence, unfence, forget).
 type Records struct {
-	zfs    zfs.Interface
+	zfs    zfs.DatasetManager
 	root   string // the operator's root dataset
 	nodeID string
 	log    hclog.Logger
@@ -69,7 +69,7 @@ type Records struct {
 }
 
 // NewRecords returns the records of the node cfg describes, on pool z.
-func NewRecords(z zfs.Interface, cfg config.Node, log hclog.Logger) *Records {
+func NewRecords(z zfs.DatasetManager, cfg config.Node, log hclog.Logger) *Records {
 	r := &Records{zfs: z, root: cfg.RootDataset, nodeID: cfg.NodeID, log: log}
 	r.legacyPromises.Store(true)
 	return r

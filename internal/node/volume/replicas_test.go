@@ -35,7 +35,7 @@ func TestDeleteReplica(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			m, fake := newManager(t)
-			streams := fake.Streams()
+			streams := fake
 			m.replicas = copyrecord.NewReplicas(streams, root)
 			id, fs := contract.VolumeIDForName("v"), root+"/"+contract.VolumeIDForName("v")
 			if tt.role != "" {
@@ -108,7 +108,7 @@ func wantTombstoneOf(t *testing.T, m *Manager, fs, csi string) {
 func TestDeleteSurplusRefusesWithoutChange(t *testing.T) {
 	ctx := context.Background()
 	m, fake := newManager(t)
-	m.replicas = copyrecord.NewReplicas(fake.Streams(), root)
+	m.replicas = copyrecord.NewReplicas(fake, root)
 	id, fs := putCopy(t, fake, "v", contract.RoleReplica, 3, nil)
 	if err := fake.Snapshot(ctx, fs+"@zn-2", nil); err != nil {
 		t.Fatal(err)

@@ -1,9 +1,12 @@
-// Package zfs is the driver's narrow view of ZFS: the few dataset operations
-// the volume logic needs, as plain Go types.
+// Package zfs is the driver's one port to ZFS: what the node's volume
+// logic, replication and records need of it, as small interfaces over
+// plain Go types.
 //
-// Two implementations exist: package zfs/libzfs (go-libzfs, cgo, the real
-// thing, linked only into zfs-node) and package zfs/zfsfake (in memory, for
-// unit tests of logic). Nothing above this package knows which one it has.
+// Two implementations exist: package zfs/libzfs (libzfs through cgo and
+// the zfs command for streams and keys, the real thing, linked only into
+// zfs-node) and package zfs/zfsfake (in memory, for unit tests of logic
+// and the simulations). Nothing above this package knows which one it
+// has.
 //
 // Names are full ZFS names ("tank/volumes/vol-1", "tank/volumes/vol-1@snap").
 // Callers validate names before they get here; implementations refuse names
@@ -14,6 +17,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 	"time"
 
@@ -115,8 +119,13 @@ var (
 	ErrWrongKey = errors.New("the key does not unlock the dataset")
 )
 
-// DatasetManager reads and changes datasets under the node's root dataset.
-type DatasetManager interface {
+// The port: what a node needs of ZFS, as small interfaces over the types
+// of this package. libzfs implements all of it (Interface), running the
+// streams and what takes a key as zfs commands (zfscmd); zfsfake is its
+// in-memory fake. Each consumer takes the interfaces it uses.
+
+// Reader reads datasets.
+type Reader interface {
 	// Get returns one filesystem or snapshot.
 	Get(ctx context.Context, name string) (Dataset, error)
 	// List returns the filesystem name and everything below it: child
@@ -132,12 +141,13 @@ type DatasetManager interface {
 	// OwnUserProperties reads the user properties set on name itself
 	// whose keys start with prefix, in one read.
 	OwnUserProperties(ctx context.Context, name, prefix string) (map[string]string, error)
-	// ClearUserProperty removes user property key set on name itself, as
-	// zfs inherit does; one not set there is no error.
-	ClearUserProperty(ctx context.Context, name, key string) error
 	// SnapshotNames returns the names ("fs@snap") of fs's snapshots,
 	// sorted, without reading their properties.
 	SnapshotNames(ctx context.Context, fs string) ([]string, error)
+}
+
+// Writer changes datasets.
+type Writer interface {
 	// CreateFilesystem creates name with the given native and user
 	// properties set at once, so a crash never leaves it half-labelled.
 	CreateFilesystem(ctx context.Context, name string, props map[string]string) error
@@ -147,7 +157,10 @@ type DatasetManager interface {
 	Clone(ctx context.Context, snapshot, name string, props map[string]string) error
 	// SetProperties sets native or user properties.
 	SetProperties(ctx context.Context, name string, props map[string]string) error
-	// Rename renames a filesystem.
+	// ClearUserProperty removes user property key set on name itself, as
+	// zfs inherit does; one not set there is no error.
+	ClearUserProperty(ctx context.Context, name, key string) error
+	// Rename renames a filesystem, with its snapshots.
 	Rename(ctx context.Context, from, to string) error
 	// Destroy destroys a filesystem without snapshots or children, or a
 	// snapshot without clones. ErrHasDependents otherwise.
@@ -155,8 +168,68 @@ type DatasetManager interface {
 	// DestroyDeferred destroys a snapshot now, or once its last clone is
 	// gone (zfs destroy -d).
 	DestroyDeferred(ctx context.Context, name string) error
+}
+
+// DatasetManager reads and changes datasets under the node's root
+// dataset.
+type DatasetManager interface {
+	Reader
+	Writer
 	// ReleaseAll removes every user hold from a snapshot.
 	ReleaseAll(ctx context.Context, snapshot string) error
+}
+
+// PropertyReader reads properties by name as zfs get -Hp prints them
+// ("-" when unset or not applicable): what a stream's sender and
+// receiver read and compare besides a Dataset's fields.
+type PropertyReader interface {
+	Property(ctx context.Context, dataset, prop string) (string, error)
+	Properties(ctx context.Context, dataset string, props ...string) (map[string]string, error)
+	// ChildProperties lists the filesystems directly below parent with
+	// props.
+	ChildProperties(ctx context.Context, parent string, props ...string) ([]Child, error)
+}
+
+// SnapshotLister lists a filesystem's snapshots as streams see them.
+type SnapshotLister interface {
+	// Snapshots lists the snapshots of fs, oldest first.
+	Snapshots(ctx context.Context, fs string) ([]Snap, error)
+}
+
+// Holds are user holds on snapshots: a held snapshot is not destroyed.
+type Holds interface {
+	// Hold puts hold tag on snapshot; holding twice is fine.
+	Hold(ctx context.Context, snapshot, tag string) error
+	// Release removes hold tag from snapshot; a missing hold is fine.
+	Release(ctx context.Context, snapshot, tag string) error
+	// Holds returns the hold tags of every snapshot of fs that has any.
+	Holds(ctx context.Context, fs string) (map[string][]string, error)
+	// ReleaseAll removes every user hold from a snapshot.
+	ReleaseAll(ctx context.Context, snapshot string) error
+}
+
+// Streams send and receive snapshots between pools.
+type Streams interface {
+	// Send writes the stream spec names to w and returns its bytes; an
+	// error from w stops the sender.
+	Send(ctx context.Context, spec SendSpec, w io.Writer) (int64, error)
+	// EstimateSize is the size of the stream spec names.
+	EstimateSize(ctx context.Context, spec SendSpec) (int64, error)
+	// Receive receives the stream r into target, with props set.
+	Receive(ctx context.Context, target string, props map[string]string, r io.Reader) error
+	// AbortReceive discards the partial receive into target.
+	AbortReceive(ctx context.Context, target string) error
+	// ResumeToken decodes a receive's resume token.
+	ResumeToken(ctx context.Context, token string) (ResumeInfo, error)
+}
+
+// Destroyer destroys what streams leave behind: one snapshot (refusing
+// any other name), a filesystem with everything below it, and what a
+// rollback to a snapshot drops.
+type Destroyer interface {
+	DestroySnapshot(ctx context.Context, snapshot string) error
+	DestroyRecursive(ctx context.Context, fs string) error
+	Rollback(ctx context.Context, snapshot string) error
 }
 
 // Pools checks the pool under the root dataset.
@@ -195,10 +268,16 @@ type Encryption interface {
 	UnloadKey(ctx context.Context, fs string) error
 }
 
-// Interface is everything a node needs from ZFS.
+// Interface is everything a node needs of ZFS.
 type Interface interface {
 	DatasetManager
+	PropertyReader
+	SnapshotLister
+	Holds
+	Streams
+	Destroyer
 	Pools
+	Encryption
 }
 
 // ValidateName refuses anything that is not a plain filesystem or snapshot

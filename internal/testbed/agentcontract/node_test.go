@@ -106,7 +106,7 @@ func (w *realWorld) startNode(t *testing.T, id string, h holding) *realNode {
 	log := hclog.NewNullLogger()
 	n := &realNode{id: id, pool: pool, mounts: map[string]bool{}}
 	n.parts = assembly.New(assembly.Deps{
-		Config: cfg, ZFS: pool, Streams: pool.Streams(), Dial: w.net.dial,
+		Config: cfg, ZFS: pool, Dial: w.net.dial,
 		Peers: peers.Static(nil), LeaseClock: time.Now, Log: log,
 		Host: volume.Host{Mounted: n.mounted},
 	})

@@ -118,11 +118,11 @@ func (w *world) rollbackLie(v *simVolume, liar, victim *simNode, generation uint
 	ctx, cancel := opContext()
 	defer cancel()
 	fs := rootDataset + "/" + v.id
-	theirs, err := victim.pool.Streams().Snapshots(ctx, fs)
+	theirs, err := victim.pool.Snapshots(ctx, fs)
 	if err != nil || len(theirs) < 2 {
 		return false
 	}
-	mine, err := liar.pool.Streams().Snapshots(ctx, fs)
+	mine, err := liar.pool.Snapshots(ctx, fs)
 	if err != nil {
 		return false
 	}
@@ -141,7 +141,7 @@ func (w *world) rollbackLie(v *simVolume, liar, victim *simNode, generation uint
 	}
 	var stream bytes.Buffer
 	spec := zfs.SendSpec{Snapshot: mine[len(mine)-1].Name, Base: mine[base].Name}
-	if _, err := liar.pool.Streams().Send(ctx, spec, &stream); err != nil {
+	if _, err := liar.pool.Send(ctx, spec, &stream); err != nil {
 		return false
 	}
 	h := &pb.ReceiveHeader{VolumeId: v.id, VolumeName: v.name, SourceNodeId: liar.id, Kind: replication.KindIncremental,
@@ -233,7 +233,7 @@ func forgedStreams(id string, seed uint64) (map[string][]byte, error) {
 		replication.KindIncremental: {Snapshot: fs + "@zn-2", Base: fs + "@zn-1"},
 	} {
 		var b bytes.Buffer
-		if _, err := scratch.Streams().Send(ctx, spec, &b); err != nil {
+		if _, err := scratch.Send(ctx, spec, &b); err != nil {
 			return nil, err
 		}
 		out[kind] = b.Bytes()

@@ -121,9 +121,8 @@ func (n *simNode) start(ctx context.Context) {
 		log = hclog.New(&hclog.LoggerOptions{Name: n.id, Level: hclog.Debug})
 	}
 	node := assembly.New(assembly.Deps{
-		Config:  cfg,
-		ZFS:     liveZFS{z: n.pool, enter: inc.enter},
-		Streams: liveStreams{s: n.pool.Streams(), enter: inc.enter},
+		Config: cfg,
+		ZFS:    liveZFS{z: n.pool, enter: inc.enter},
 		Dial: func(addr string) (*grpc.ClientConn, error) {
 			opts := append(agent.DialOptions(), protocol.DialOptions()...)
 			return grpc.NewClient(addr, append(opts, n.w.net.dialOptions(n.id, inc.isAlive)...)...)

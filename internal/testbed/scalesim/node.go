@@ -66,9 +66,8 @@ func (n *simNode) start(nw *network, addrs []string, sc Config) error {
 	}
 	log := hclog.NewNullLogger()
 	parts := assembly.New(assembly.Deps{
-		Config:  cfg,
-		ZFS:     pool,
-		Streams: pool.Streams(),
+		Config: cfg,
+		ZFS:    pool,
 		Dial: func(addr string) (*grpc.ClientConn, error) {
 			opts := append(agent.DialOptions(), nw.dialOptions(n.id)...)
 			return grpc.NewClient(addr, opts...)

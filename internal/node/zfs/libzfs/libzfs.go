@@ -39,11 +39,14 @@ import (
 	"unsafe"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfscmd"
 )
 
 // ZFS implements zfs.Interface on the local kernel module.
 type ZFS struct {
 	userProps []string // user properties Get and List read
+	// cmd runs the streams and what takes a key (streams.go).
+	cmd zfscmd.Cmd
 }
 
 var _ zfs.Interface = (*ZFS)(nil)

@@ -362,11 +362,12 @@ func TestSnapshotVisibleAtOnce(t *testing.T) {
 
 // TestStreamsMatchZfsCommand: replication's in-process reads, snapshots
 // and holds answer exactly what the zfs command answers on the same
-// datasets, so the two are interchangeable behind replication.Streams.
+// datasets, so the two are interchangeable behind zfs.PropertyReader,
+// zfs.SnapshotLister and zfs.Holds.
 func TestStreamsMatchZfsCommand(t *testing.T) {
 	z, root := setup(t)
 	ctx := context.Background()
-	in, cmd := z.Streams(zfscmd.Cmd{}), zfscmd.Cmd{}
+	in, cmd := z, zfscmd.Cmd{}
 	fs := root + "/v1"
 	if err := z.CreateFilesystem(ctx, fs, map[string]string{"refquota": "67108864", userProp: "replica"}); err != nil {
 		t.Fatal(err)
@@ -375,7 +376,7 @@ func TestStreamsMatchZfsCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, s := range []string{"s1", "s2", "s3"} {
-		if err := in.Snapshot(ctx, fs+"@"+s); err != nil {
+		if err := in.Snapshot(ctx, fs+"@"+s, nil); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -389,8 +390,8 @@ func TestStreamsMatchZfsCommand(t *testing.T) {
 		{"hold s2 t1", func() error { return in.Hold(ctx, fs+"@s2", "t1") }},
 		{"release s2 t1", func() error { return in.Release(ctx, fs+"@s2", "t1") }},
 		{"release s2 t1 again", func() error { return in.Release(ctx, fs+"@s2", "t1") }},
-		{"destroy s3", func() error { return in.Destroy(ctx, fs+"@s3") }},
-		{"set a property", func() error { return in.Set(ctx, fs, map[string]string{"zfs-nomad:generation": "7"}) }},
+		{"destroy s3", func() error { return in.DestroySnapshot(ctx, fs+"@s3") }},
+		{"set a property", func() error { return in.SetProperties(ctx, fs, map[string]string{"zfs-nomad:generation": "7"}) }},
 	}
 	for _, s := range steps {
 		if err := s.do(); err != nil {
@@ -411,10 +412,10 @@ func TestStreamsMatchZfsCommand(t *testing.T) {
 			return h, err
 		}},
 		{"properties", func(s Streamer) (any, error) {
-			return s.GetAll(ctx, fs, "refquota", "receive_resume_token", "encryption", "guid", userProp, "zfs-nomad:generation", "zfs-nomad:unset")
+			return s.Properties(ctx, fs, "refquota", "receive_resume_token", "encryption", "guid", userProp, "zfs-nomad:generation", "zfs-nomad:unset")
 		}},
-		{"inherited user property of a snapshot", func(s Streamer) (any, error) { return s.Get(ctx, fs+"@s1", userProp) }},
-		{"children", func(s Streamer) (any, error) { return s.Children(ctx, root, userProp, "receive_resume_token") }},
+		{"inherited user property of a snapshot", func(s Streamer) (any, error) { return s.Property(ctx, fs+"@s1", userProp) }},
+		{"children", func(s Streamer) (any, error) { return s.ChildProperties(ctx, root, userProp, "receive_resume_token") }},
 	}
 	for _, r := range reads {
 		got, gerr := r.read(in)
@@ -436,11 +437,11 @@ func TestStreamsMatchZfsCommand(t *testing.T) {
 		do   func() error
 		want error
 	}{
-		{"get of a missing dataset", func() error { _, err := in.Get(ctx, root+"/missing", "guid"); return err }, zfs.ErrNotFound},
+		{"get of a missing dataset", func() error { _, err := in.Property(ctx, root+"/missing", "guid"); return err }, zfs.ErrNotFound},
 		{"snapshots of a missing dataset", func() error { _, err := in.Snapshots(ctx, root+"/missing"); return err }, zfs.ErrNotFound},
 		{"hold of a missing snapshot", func() error { return in.Hold(ctx, fs+"@missing", "t1") }, zfs.ErrNotFound},
-		{"destroy of a held snapshot", func() error { return in.Destroy(ctx, fs+"@s1") }, zfs.ErrBusy},
-		{"destroy of a filesystem", func() error { return in.Destroy(ctx, root+"/v2") }, nil},
+		{"destroy of a held snapshot", func() error { return in.DestroySnapshot(ctx, fs+"@s1") }, zfs.ErrBusy},
+		{"destroy of a filesystem", func() error { return in.DestroySnapshot(ctx, root+"/v2") }, nil},
 	}
 	for _, f := range failures {
 		err := f.do()
@@ -452,11 +453,9 @@ func TestStreamsMatchZfsCommand(t *testing.T) {
 
 // Streamer is what the test reads through both implementations.
 type Streamer interface {
-	Snapshots(ctx context.Context, fs string) ([]zfs.Snap, error)
+	zfs.SnapshotLister
+	zfs.PropertyReader
 	Holds(ctx context.Context, fs string) (map[string][]string, error)
-	GetAll(ctx context.Context, dataset string, props ...string) (map[string]string, error)
-	Get(ctx context.Context, dataset, prop string) (string, error)
-	Children(ctx context.Context, parent string, props ...string) ([]zfs.Child, error)
 }
 
 // TestResumeTokenDecodes: a token left by a broken receive decodes to the
@@ -465,20 +464,20 @@ type Streamer interface {
 func TestResumeTokenDecodes(t *testing.T) {
 	z, root := setup(t)
 	ctx := context.Background()
-	in := z.Streams(zfscmd.Cmd{})
+	in := z
 	fs, target := root+"/src", root+"/dst"
 	if err := z.CreateFilesystem(ctx, fs, map[string]string{"compression": "off", "mountpoint": "legacy"}); err != nil {
 		t.Fatal(err)
 	}
 	guesttest.Run(t, "sh", "-c", "mkdir -p /tmp/src && mount -t zfs "+fs+" /tmp/src && dd if=/dev/urandom of=/tmp/src/blob bs=1M count=8 2>/dev/null && umount /tmp/src")
 	for _, s := range []string{"s1", "s2"} {
-		if err := in.Snapshot(ctx, fs+"@"+s); err != nil {
+		if err := in.Snapshot(ctx, fs+"@"+s, nil); err != nil {
 			t.Fatal(err)
 		}
 	}
 	guesttest.Run(t, "sh", "-c", "zfs send "+fs+"@s1 | zfs receive -u "+target)
 	guesttest.Run(t, "sh", "-c", "mkdir -p /tmp/src && mount -t zfs "+fs+" /tmp/src && dd if=/dev/urandom of=/tmp/src/more bs=1M count=8 2>/dev/null && umount /tmp/src")
-	if err := in.Snapshot(ctx, fs+"@s3"); err != nil {
+	if err := in.Snapshot(ctx, fs+"@s3", nil); err != nil {
 		t.Fatal(err)
 	}
 	// An incremental broken after 1 MiB leaves a token.

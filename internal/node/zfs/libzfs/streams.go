@@ -11,39 +11,77 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"sort"
 	"strconv"
 	"strings"
 	"unsafe"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
-	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfscmd"
 )
 
-// Streams is what replication needs of ZFS: the streams (send, receive,
-// size estimates) from zfscmd, each its own process so a long transfer
-// never holds a libzfs handle; and the short reads, snapshots and holds
-// around them in process. A zfs command costs a process
-// start and a libzfs_init each; on the critical path of a move there are
-// a dozen of them.
-type Streams struct {
-	zfscmd.Cmd
-	z *ZFS
+// What streams need of ZFS: the streams themselves (send, receive, size
+// estimates) and what takes a key run as zfs commands (zfscmd), each its
+// own process, so a long transfer never holds a libzfs handle; the short
+// reads, snapshots and holds around them run in process. A zfs command
+// costs a process start and a libzfs_init each; on the critical path of
+// a move there are a dozen of them.
+
+func (z *ZFS) Send(ctx context.Context, spec zfs.SendSpec, w io.Writer) (int64, error) {
+	return z.cmd.Send(ctx, spec, w)
 }
 
-// Streams returns the replication view of z, running streams with cmd.
-func (z *ZFS) Streams(cmd zfscmd.Cmd) Streams { return Streams{Cmd: cmd, z: z} }
+func (z *ZFS) EstimateSize(ctx context.Context, spec zfs.SendSpec) (int64, error) {
+	return z.cmd.EstimateSize(ctx, spec)
+}
+
+func (z *ZFS) Receive(ctx context.Context, target string, props map[string]string, r io.Reader) error {
+	return z.cmd.Receive(ctx, target, props, r)
+}
+
+func (z *ZFS) AbortReceive(ctx context.Context, target string) error {
+	return z.cmd.AbortReceive(ctx, target)
+}
+
+func (z *ZFS) Rollback(ctx context.Context, snapshot string) error {
+	return z.cmd.Rollback(ctx, snapshot)
+}
+
+func (z *ZFS) DestroyRecursive(ctx context.Context, fs string) error {
+	return z.cmd.DestroyRecursive(ctx, fs)
+}
+
+// Encrypted volumes go through the zfs command with the passphrase on its
+// standard input: libzfs takes no key material from its caller.
+
+func (z *ZFS) CreateEncrypted(ctx context.Context, name string, props map[string]string, passphrase []byte) error {
+	return z.cmd.CreateEncrypted(ctx, name, props, passphrase)
+}
+
+func (z *ZFS) CopyEncrypted(ctx context.Context, snapshot, target string, props map[string]string) error {
+	return z.cmd.CopyEncrypted(ctx, snapshot, target, props)
+}
+
+func (z *ZFS) LoadKey(ctx context.Context, fs string, passphrase []byte) error {
+	return z.cmd.LoadKey(ctx, fs, passphrase)
+}
+
+func (z *ZFS) CheckKey(ctx context.Context, fs string, passphrase []byte) error {
+	return z.cmd.CheckKey(ctx, fs, passphrase)
+}
+
+func (z *ZFS) UnloadKey(ctx context.Context, fs string) error { return z.cmd.UnloadKey(ctx, fs) }
 
 // propValueMax bounds a property value (a resume token is the longest).
 const propValueMax = 8192
 
-// GetAll reads several properties; those unset or not applicable are "-".
-func (s Streams) GetAll(ctx context.Context, dataset string, props ...string) (map[string]string, error) {
+// Properties reads several properties; those unset or not applicable are "-".
+func (z *ZFS) Properties(ctx context.Context, dataset string, props ...string) (map[string]string, error) {
 	if err := zfs.ValidateName(dataset); err != nil {
 		return nil, err
 	}
 	var values map[string]string
-	err := s.z.do(ctx, func(h handle) error {
+	err := z.do(ctx, func(h handle) error {
 		return h.withDataset("get", dataset, func(zh *C.zfs_handle_t) error {
 			values = readProps(zh, props)
 			return nil
@@ -67,38 +105,23 @@ func readProps(zh *C.zfs_handle_t, props []string) map[string]string {
 	return values
 }
 
-// Get reads one property ("-" when unset).
-func (s Streams) Get(ctx context.Context, dataset, prop string) (string, error) {
-	values, err := s.GetAll(ctx, dataset, prop)
+// Property reads one property ("-" when unset).
+func (z *ZFS) Property(ctx context.Context, dataset, prop string) (string, error) {
+	values, err := z.Properties(ctx, dataset, prop)
 	return values[prop], err
 }
 
-// Set sets properties on a dataset.
-func (s Streams) Set(ctx context.Context, dataset string, props map[string]string) error {
-	return s.z.SetProperties(ctx, dataset, props)
-}
-
-// Rename renames a filesystem with its snapshots, in process.
-func (s Streams) Rename(ctx context.Context, from, to string) error {
-	return s.z.Rename(ctx, from, to)
-}
-
-// Snapshot creates a snapshot.
-func (s Streams) Snapshot(ctx context.Context, name string) error {
-	return s.z.Snapshot(ctx, name, nil)
-}
-
-// Destroy destroys one snapshot.
-func (s Streams) Destroy(ctx context.Context, snapshot string) error {
+// DestroySnapshot destroys one snapshot, and refuses any other name.
+func (z *ZFS) DestroySnapshot(ctx context.Context, snapshot string) error {
 	if !strings.Contains(snapshot, "@") {
 		return fmt.Errorf("refusing to destroy %q: not a snapshot name", snapshot)
 	}
-	return s.z.Destroy(ctx, snapshot)
+	return z.Destroy(ctx, snapshot)
 }
 
 // Snapshots lists the snapshots of one filesystem, oldest first.
-func (s Streams) Snapshots(ctx context.Context, fs string) ([]zfs.Snap, error) {
-	lines, err := s.z.snapshotLines(ctx, fs, C.SNAPSHOT_DETAILS)
+func (z *ZFS) Snapshots(ctx context.Context, fs string) ([]zfs.Snap, error) {
+	lines, err := z.snapshotLines(ctx, fs, C.SNAPSHOT_DETAILS)
 	if err != nil {
 		return nil, err
 	}
@@ -121,8 +144,8 @@ func (s Streams) Snapshots(ctx context.Context, fs string) ([]zfs.Snap, error) {
 }
 
 // Holds returns the hold tags of every snapshot of fs that has any.
-func (s Streams) Holds(ctx context.Context, fs string) (map[string][]string, error) {
-	lines, err := s.z.snapshotLines(ctx, fs, C.SNAPSHOT_HOLDS)
+func (z *ZFS) Holds(ctx context.Context, fs string) (map[string][]string, error) {
+	lines, err := z.snapshotLines(ctx, fs, C.SNAPSHOT_HOLDS)
 	if err != nil {
 		return nil, err
 	}
@@ -138,14 +161,14 @@ func (s Streams) Holds(ctx context.Context, fs string) (map[string][]string, err
 	return holds, nil
 }
 
-// Children lists the filesystems directly below parent with props, read
-// from the listing's own handles.
-func (s Streams) Children(ctx context.Context, parent string, props ...string) ([]zfs.Child, error) {
+// ChildProperties lists the filesystems directly below parent with props,
+// read from the listing's own handles.
+func (z *ZFS) ChildProperties(ctx context.Context, parent string, props ...string) ([]zfs.Child, error) {
 	if err := zfs.ValidateName(parent); err != nil {
 		return nil, err
 	}
 	var children []zfs.Child
-	err := s.z.do(ctx, func(h handle) error {
+	err := z.do(ctx, func(h handle) error {
 		var err error
 		children, err = eachListed(h, parent, childFilesystems(h), func(zh *C.zfs_handle_t) zfs.Child {
 			return zfs.Child{Name: C.GoString(C.zfs_get_name(zh)), Props: readProps(zh, props)}
@@ -161,9 +184,9 @@ func (s Streams) Children(ctx context.Context, parent string, props ...string) (
 
 // ResumeToken decodes a receive resume token with libzfs itself, so a
 // sender can check what a peer's token asks for before it sends.
-func (s Streams) ResumeToken(ctx context.Context, token string) (zfs.ResumeInfo, error) {
+func (z *ZFS) ResumeToken(ctx context.Context, token string) (zfs.ResumeInfo, error) {
 	var info zfs.ResumeInfo
-	err := s.z.do(ctx, func(h handle) error {
+	err := z.do(ctx, func(h handle) error {
 		ct := C.CString(token)
 		defer C.free(unsafe.Pointer(ct))
 		var out C.resume_info_t
@@ -177,22 +200,22 @@ func (s Streams) ResumeToken(ctx context.Context, token string) (zfs.ResumeInfo,
 }
 
 // Hold puts hold tag on snapshot; holding twice is fine.
-func (s Streams) Hold(ctx context.Context, snapshot, tag string) error {
-	return s.holdOrRelease(ctx, "hold", snapshot, tag, C.EZFS_REFTAG_HOLD, func(h handle, cs, ct *C.char) C.int { return C.hold_or_release(h.h, cs, ct, 0) })
+func (z *ZFS) Hold(ctx context.Context, snapshot, tag string) error {
+	return z.holdOrRelease(ctx, "hold", snapshot, tag, C.EZFS_REFTAG_HOLD, func(h handle, cs, ct *C.char) C.int { return C.hold_or_release(h.h, cs, ct, 0) })
 }
 
 // Release removes hold tag from snapshot; a missing hold is fine.
-func (s Streams) Release(ctx context.Context, snapshot, tag string) error {
-	return s.holdOrRelease(ctx, "release", snapshot, tag, C.EZFS_REFTAG_RELE, func(h handle, cs, ct *C.char) C.int { return C.hold_or_release(h.h, cs, ct, 1) })
+func (z *ZFS) Release(ctx context.Context, snapshot, tag string) error {
+	return z.holdOrRelease(ctx, "release", snapshot, tag, C.EZFS_REFTAG_RELE, func(h handle, cs, ct *C.char) C.int { return C.hold_or_release(h.h, cs, ct, 1) })
 }
 
 // holdOrRelease runs op, taking the errno that says it was done already
 // as success.
-func (s Streams) holdOrRelease(ctx context.Context, op, snapshot, tag string, done C.int, f func(h handle, cs, ct *C.char) C.int) error {
+func (z *ZFS) holdOrRelease(ctx context.Context, op, snapshot, tag string, done C.int, f func(h handle, cs, ct *C.char) C.int) error {
 	if err := zfs.ValidateName(snapshot); err != nil || !strings.Contains(snapshot, "@") {
 		return fmt.Errorf("zfs %s %s: not a snapshot name", op, snapshot)
 	}
-	return s.z.do(ctx, func(h handle) error {
+	return z.do(ctx, func(h handle) error {
 		cs, ct := C.CString(snapshot), C.CString(tag)
 		defer C.free(unsafe.Pointer(cs))
 		defer C.free(unsafe.Pointer(ct))

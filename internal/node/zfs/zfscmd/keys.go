@@ -80,7 +80,7 @@ func (c Cmd) CopyEncrypted(ctx context.Context, snapshot, target string, props m
 		return classify(fmt.Errorf("zfs %s: %w: %s", strings.Join(sendArgs, " "), err, strings.TrimSpace(sendErr.String())), sendErr.String())
 	}
 	_, snapName, _ := strings.Cut(snapshot, "@")
-	return c.Destroy(ctx, target+"@"+snapName)
+	return c.DestroySnapshot(ctx, target+"@"+snapName)
 }
 
 // LoadKey loads the key of encryption root fs.

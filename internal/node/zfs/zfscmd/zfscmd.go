@@ -4,7 +4,7 @@
 // process, so a long transfer never stalls other volumes. It also does
 // what needs a key (keys.go): libzfs reads key material only from a
 // prompt or a file. It also has the reads and holds around the streams,
-// which the node runs in process instead (libzfs.Streams) and tests use
+// which the node runs in process instead (libzfs) and tests use
 // to check that both agree.
 package zfscmd
 
@@ -157,8 +157,8 @@ func (c Cmd) EstimateSize(ctx context.Context, spec zfs.SendSpec) (int64, error)
 	return 0, fmt.Errorf("zfs send -nP printed no size")
 }
 
-// Children lists the filesystems directly below parent with props.
-func (c Cmd) Children(ctx context.Context, parent string, props ...string) ([]zfs.Child, error) {
+// ChildProperties lists the filesystems directly below parent with props.
+func (c Cmd) ChildProperties(ctx context.Context, parent string, props ...string) ([]zfs.Child, error) {
 	out, err := c.run(ctx, "list", "-H", "-p", "-d", "1", "-t", "filesystem", "-o", "name,"+strings.Join(props, ","), parent)
 	if err != nil {
 		return nil, err
@@ -198,8 +198,8 @@ func (c Cmd) Receive(ctx context.Context, target string, props map[string]string
 	return nil
 }
 
-// Set sets properties on a dataset.
-func (c Cmd) Set(ctx context.Context, dataset string, props map[string]string) error {
+// SetProperties sets properties on a dataset.
+func (c Cmd) SetProperties(ctx context.Context, dataset string, props map[string]string) error {
 	if err := zfs.ValidateName(dataset); err != nil {
 		return err
 	}
@@ -267,14 +267,14 @@ func (c Cmd) Snapshots(ctx context.Context, fs string) ([]zfs.Snap, error) {
 	return snaps, nil
 }
 
-// Get reads one property's value ("-" when unset).
-func (c Cmd) Get(ctx context.Context, dataset, prop string) (string, error) {
+// Property reads one property's value ("-" when unset).
+func (c Cmd) Property(ctx context.Context, dataset, prop string) (string, error) {
 	out, err := c.run(ctx, "get", "-H", "-p", "-o", "value", prop, dataset)
 	return strings.TrimSpace(out), err
 }
 
-// GetAll reads several properties in one call; unset ones are "-".
-func (c Cmd) GetAll(ctx context.Context, dataset string, props ...string) (map[string]string, error) {
+// Properties reads several properties in one call; unset ones are "-".
+func (c Cmd) Properties(ctx context.Context, dataset string, props ...string) (map[string]string, error) {
 	out, err := c.run(ctx, "get", "-H", "-p", "-o", "property,value", strings.Join(props, ","), dataset)
 	if err != nil {
 		return nil, err
@@ -288,12 +288,16 @@ func (c Cmd) GetAll(ctx context.Context, dataset string, props ...string) (map[s
 	return values, nil
 }
 
-// Snapshot creates a snapshot.
-func (c Cmd) Snapshot(ctx context.Context, name string) error {
+// Snapshot creates a snapshot with user properties.
+func (c Cmd) Snapshot(ctx context.Context, name string, props map[string]string) error {
 	if err := zfs.ValidateName(name); err != nil {
 		return err
 	}
-	_, err := c.run(ctx, "snapshot", name)
+	args := []string{"snapshot"}
+	for _, k := range sortedKeys(props) {
+		args = append(args, "-o", k+"="+props[k])
+	}
+	_, err := c.run(ctx, append(args, name)...)
 	return err
 }
 
@@ -347,8 +351,8 @@ func (c Cmd) DestroyRecursive(ctx context.Context, fs string) error {
 	return err
 }
 
-// Destroy destroys one snapshot.
-func (c Cmd) Destroy(ctx context.Context, snapshot string) error {
+// DestroySnapshot destroys one snapshot, and refuses any other name.
+func (c Cmd) DestroySnapshot(ctx context.Context, snapshot string) error {
 	if err := zfs.ValidateName(snapshot); err != nil || !strings.Contains(snapshot, "@") {
 		return fmt.Errorf("refusing to destroy %q: not a snapshot name", snapshot)
 	}

@@ -155,7 +155,7 @@ func TestATargetNeverRollsBackOrForgets(t *testing.T) {
 	if got := b.vault.content(t, b.chain(t)[0]); !slices.Equal(got, []string{"x"}) {
 		t.Errorf("the new chain holds %v, want the other copy's x", got)
 	}
-	children, err := b.vault.s.Children(ctx, targetRoot)
+	children, err := b.vault.s.ChildProperties(ctx, targetRoot)
 	must(t, err)
 	var earlier []string
 	for _, c := range children {
@@ -225,7 +225,7 @@ func TestARestoreNeedsItsGrant(t *testing.T) {
 	if err := q.Restore(ctx, ref, grant, into, props, func(bool, uint64) error { return refused }); !errors.Is(err, errdefs.ErrOutOfRange) {
 		t.Errorf("a restore its check refuses: %v, want the check's error", err)
 	}
-	if _, err := n2.s.Get(ctx, into, "type"); err == nil {
+	if _, err := n2.s.Property(ctx, into, "type"); err == nil {
 		t.Errorf("a refused restore left %s", into)
 	}
 	if err := q.Restore(ctx, ref, grant, into, props, fine); err != nil {
@@ -284,7 +284,7 @@ func TestAnOperatorDeletesBackups(t *testing.T) {
 	if left, err := b.target.Backups(ctx, b.id); err != nil || len(left) != 0 {
 		t.Errorf("after deleting every backup: %v, %v", left, err)
 	}
-	children, err := b.vault.s.Children(ctx, targetRoot)
+	children, err := b.vault.s.ChildProperties(ctx, targetRoot)
 	must(t, err)
 	if len(children) != 0 {
 		t.Errorf("chains left: %v", children)

@@ -3,10 +3,10 @@
 // quotas closely enough to exercise that logic; it proves nothing about ZFS
 // itself, which the integration tests in the guest do.
 //
-// The same pool is seen by replication through Streams (streams.go), with
-// GUIDs, createtxg, holds, send and receive; and file contents are modelled
-// as lists of tokens (Write, Content), so that a simulation can check that
-// no write is lost.
+// It is the whole port, as libzfs is: the datasets (fake.go), keys
+// (keys.go), and what streams need (streams.go: GUIDs, createtxg, holds,
+// send and receive); file contents are modelled as lists of tokens
+// (Write, Content), so that a simulation can check that no write is lost.
 package zfsfake
 
 import (
@@ -65,8 +65,9 @@ type entry struct {
 	keyLoaded  bool
 }
 
-// Hold puts a user hold on a snapshot, as zfs hold does.
-func (f *Fake) Hold(snapshot, tag string) {
+// PutHold puts a user hold on a snapshot, as zfs hold does, past the
+// faults and hooks that Hold meets: a test's own setup.
+func (f *Fake) PutHold(snapshot, tag string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.datasets[snapshot].holds = append(f.datasets[snapshot].holds, tag)

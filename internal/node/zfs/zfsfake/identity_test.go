@@ -57,7 +57,7 @@ func TestPushGoesOnlyToTheNodeItNames(t *testing.T) {
 			if !errors.Is(err, errdefs.ErrPermissionDenied) {
 				t.Fatalf("push: %v, want PermissionDenied", err)
 			}
-			if _, err := dst.s.Get(ctx, fs, "guid"); !errors.Is(err, zfs.ErrNotFound) {
+			if _, err := dst.s.Property(ctx, fs, "guid"); !errors.Is(err, zfs.ErrNotFound) {
 				t.Errorf("the refused server received the volume (%v)", err)
 			}
 		})
@@ -136,7 +136,7 @@ func TestReplicateGoesOnlyToTheTargetNodeItNames(t *testing.T) {
 			if status.Code(err) != tc.want {
 				t.Fatalf("replicate: %v, want %s", err, tc.want)
 			}
-			_, got := dst.s.Get(ctx, fs, "guid")
+			_, got := dst.s.Property(ctx, fs, "guid")
 			if received := got == nil; received != (tc.want == codes.OK) {
 				t.Errorf("the server at the target received the volume: %v, want %v", received, tc.want == codes.OK)
 			}

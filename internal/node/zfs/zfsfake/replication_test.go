@@ -54,7 +54,7 @@ func TestRealReplication(t *testing.T) {
 	// a snapshot the source has, and the next push resumes it.
 	must(t, src.Write(fs, "b"))
 	base := src.snaps(t, fs)[0].Name
-	must(t, src.s.Snapshot(ctx, fs+"@zn-1"))
+	must(t, src.s.Snapshot(ctx, fs+"@zn-1", nil))
 	stream := src.send(t, zfs.SendSpec{Snapshot: fs + "@zn-1", Base: base})
 	if err := dst.s.Receive(ctx, fs, nil, bytes.NewReader(stream[:400])); err == nil {
 		t.Fatal("a cut stream was received whole")

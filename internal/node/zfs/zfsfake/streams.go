@@ -19,19 +19,12 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
 )
 
-// Streams is the fake pool as replication sees it: it has the method set
-// of replication.Streams (which this package cannot import: replication's
-// tests use it), over the same state as the Fake's zfs.Interface, as
-// libzfs.Streams and zfscmd see the one real pool. Fail and Before are
-// consulted with the op names "send", "estimate", "receive",
-// "abort_receive", "resume_token", "get", "list", "set", "snapshot",
-// "hold", "release", "destroy", "rollback" and "rename".
-type Streams struct {
-	f *Fake
-}
-
-// Streams returns the replication view of f.
-func (f *Fake) Streams() *Streams { return &Streams{f: f} }
+// What streams need of the fake pool (zfs.Streams, zfs.PropertyReader,
+// zfs.SnapshotLister, zfs.Holds, zfs.Destroyer), over the same state as
+// the rest of the Fake. Fail and Before are consulted with the op names
+// "send", "estimate", "receive", "abort_receive", "resume_token", "get",
+// "list", "set", "snapshot", "hold", "release", "destroy", "rollback" and
+// "rename".
 
 // Write appends token to the content of filesystem fs, as a write to its
 // files would: refused with EROFS when it is read-only.
@@ -131,9 +124,9 @@ func (f *Fake) onFilesystem(op, fs string, fn func(e *entry) error) error {
 
 // ---- Reads ----
 
-func (s *Streams) Snapshots(ctx context.Context, fs string) (out []zfs.Snap, err error) {
-	err = s.f.onFilesystem("list", fs, func(*entry) error {
-		for _, e := range s.f.snapshotsOf(fs) {
+func (f *Fake) Snapshots(ctx context.Context, fs string) (out []zfs.Snap, err error) {
+	err = f.onFilesystem("list", fs, func(*entry) error {
+		for _, e := range f.snapshotsOf(fs) {
 			out = append(out, zfs.Snap{Name: e.ds.Name, GUID: e.guid, CreateTXG: e.createTXG, Created: e.ds.Created.Unix(), Deferred: e.ds.DeferDestroy})
 		}
 		return nil
@@ -141,10 +134,10 @@ func (s *Streams) Snapshots(ctx context.Context, fs string) (out []zfs.Snap, err
 	return out, err
 }
 
-func (s *Streams) Holds(ctx context.Context, fs string) (out map[string][]string, err error) {
-	err = s.f.onFilesystem("list", fs, func(*entry) error {
+func (f *Fake) Holds(ctx context.Context, fs string) (out map[string][]string, err error) {
+	err = f.onFilesystem("list", fs, func(*entry) error {
 		out = map[string][]string{}
-		for _, e := range s.f.snapshotsOf(fs) {
+		for _, e := range f.snapshotsOf(fs) {
 			if len(e.holds) > 0 {
 				tags := slices.Clone(e.holds)
 				sort.Strings(tags)
@@ -156,21 +149,20 @@ func (s *Streams) Holds(ctx context.Context, fs string) (out map[string][]string
 	return out, err
 }
 
-func (s *Streams) Get(ctx context.Context, dataset, prop string) (string, error) {
-	values, err := s.GetAll(ctx, dataset, prop)
+func (f *Fake) Property(ctx context.Context, dataset, prop string) (string, error) {
+	values, err := f.Properties(ctx, dataset, prop)
 	return values[prop], err
 }
 
-func (s *Streams) GetAll(ctx context.Context, dataset string, props ...string) (values map[string]string, err error) {
-	err = s.f.onDataset("get", dataset, func(e *entry) error {
-		values = s.f.props(e, props)
+func (f *Fake) Properties(ctx context.Context, dataset string, props ...string) (values map[string]string, err error) {
+	err = f.onDataset("get", dataset, func(e *entry) error {
+		values = f.props(e, props)
 		return nil
 	})
 	return values, err
 }
 
-func (s *Streams) Children(ctx context.Context, parent string, props ...string) (out []zfs.Child, err error) {
-	f := s.f
+func (f *Fake) ChildProperties(ctx context.Context, parent string, props ...string) (out []zfs.Child, err error) {
 	err = f.onFilesystem("list", parent, func(*entry) error {
 		for n, e := range f.datasets {
 			if e.ds.Type == zfs.Filesystem && zfs.Parent(n) == parent {
@@ -283,32 +275,18 @@ func onOff(b bool) string {
 
 // ---- Changes ----
 
-// Set sets native or user properties, as Fake.SetProperties does.
-func (s *Streams) Set(ctx context.Context, dataset string, props map[string]string) error {
-	return s.f.SetProperties(ctx, dataset, props)
-}
-
-// Snapshot creates a snapshot without properties.
-func (s *Streams) Snapshot(ctx context.Context, name string) error {
-	return s.f.Snapshot(ctx, name, nil)
-}
-
-// Rename renames a filesystem with its snapshots, holds and content.
-func (s *Streams) Rename(ctx context.Context, from, to string) error {
-	return s.f.Rename(ctx, from, to)
-}
-
-// Destroy destroys one snapshot; a held one is ErrBusy.
-func (s *Streams) Destroy(ctx context.Context, snapshot string) error {
+// DestroySnapshot destroys one snapshot, and refuses any other name; a
+// held one is ErrBusy.
+func (f *Fake) DestroySnapshot(ctx context.Context, snapshot string) error {
 	if !strings.Contains(snapshot, "@") {
 		return fmt.Errorf("refusing to destroy %q: not a snapshot name", snapshot)
 	}
-	return s.f.Destroy(ctx, snapshot)
+	return f.Destroy(ctx, snapshot)
 }
 
 // Hold puts hold tag on snapshot; holding twice is fine.
-func (s *Streams) Hold(ctx context.Context, snapshot, tag string) error {
-	return s.f.onSnapshot("hold", snapshot, "zfs hold "+tag, func(e *entry) error {
+func (f *Fake) Hold(ctx context.Context, snapshot, tag string) error {
+	return f.onSnapshot("hold", snapshot, "zfs hold "+tag, func(e *entry) error {
 		if !slices.Contains(e.holds, tag) {
 			e.holds = append(e.holds, tag)
 		}
@@ -317,8 +295,8 @@ func (s *Streams) Hold(ctx context.Context, snapshot, tag string) error {
 }
 
 // Release removes hold tag from snapshot; a missing hold is fine.
-func (s *Streams) Release(ctx context.Context, snapshot, tag string) error {
-	return s.f.onSnapshot("release", snapshot, "zfs release "+tag, func(e *entry) error {
+func (f *Fake) Release(ctx context.Context, snapshot, tag string) error {
+	return f.onSnapshot("release", snapshot, "zfs release "+tag, func(e *entry) error {
 		e.holds = slices.DeleteFunc(e.holds, func(t string) bool { return t == tag })
 		return nil
 	})
@@ -327,12 +305,11 @@ func (s *Streams) Release(ctx context.Context, snapshot, tag string) error {
 // DestroyRecursive is zfs destroy -r: fs with its snapshots and children.
 // Nothing is destroyed when a snapshot among them is held (ErrBusy), or
 // has a clone outside them (ErrHasDependents).
-func (s *Streams) DestroyRecursive(ctx context.Context, fs string) error {
+func (f *Fake) DestroyRecursive(ctx context.Context, fs string) error {
 	// Refused before anything runs, as zfscmd refuses it.
 	if strings.Contains(fs, "@") || !strings.Contains(fs, "/") {
 		return fmt.Errorf("refusing to destroy %q recursively: not a filesystem below a pool", fs)
 	}
-	f := s.f
 	return f.onFilesystem("destroy", fs, func(*entry) error {
 		return f.destroyTogether("zfs destroy -r "+fs, f.tree(fs))
 	})
@@ -377,8 +354,7 @@ func (f *Fake) destroyTogether(what string, names []string) error {
 // Rollback is zfs rollback -r: the filesystem's content becomes the
 // snapshot's, and the snapshots after it are destroyed; one of them held
 // (ErrBusy) or cloned (ErrHasDependents) makes it fail with no change.
-func (s *Streams) Rollback(ctx context.Context, snapshot string) error {
-	f := s.f
+func (f *Fake) Rollback(ctx context.Context, snapshot string) error {
 	return f.onSnapshot("rollback", snapshot, "zfs rollback", func(to *entry) error {
 		fs := f.datasets[zfs.Parent(snapshot)]
 		var later []string
@@ -559,10 +535,10 @@ type partialRecv struct {
 	newDataset bool
 }
 
-func (s *Streams) ResumeToken(ctx context.Context, token string) (zfs.ResumeInfo, error) {
-	s.f.before("resume_token", token)
-	if s.f.Fail != nil {
-		if err := s.f.Fail("resume_token", token); err != nil {
+func (f *Fake) ResumeToken(ctx context.Context, token string) (zfs.ResumeInfo, error) {
+	f.before("resume_token", token)
+	if f.Fail != nil {
+		if err := f.Fail("resume_token", token); err != nil {
 			return zfs.ResumeInfo{}, err
 		}
 	}
@@ -575,11 +551,11 @@ func (s *Streams) ResumeToken(ctx context.Context, token string) (zfs.ResumeInfo
 
 // Send writes the stream spec asks for to w and returns the bytes written.
 // The stream is made at once: later changes to the pool do not show in it.
-func (s *Streams) Send(ctx context.Context, spec zfs.SendSpec, w io.Writer) (int64, error) {
+func (f *Fake) Send(ctx context.Context, spec zfs.SendSpec, w io.Writer) (int64, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
-	h, payload, err := s.f.stream("send", spec)
+	h, payload, err := f.stream("send", spec)
 	if err != nil {
 		return 0, err
 	}
@@ -587,8 +563,8 @@ func (s *Streams) Send(ctx context.Context, spec zfs.SendSpec, w io.Writer) (int
 }
 
 // EstimateSize returns the size of the payload Send would write.
-func (s *Streams) EstimateSize(ctx context.Context, spec zfs.SendSpec) (int64, error) {
-	_, payload, err := s.f.stream("estimate", spec)
+func (f *Fake) EstimateSize(ctx context.Context, spec zfs.SendSpec) (int64, error) {
+	_, payload, err := f.stream("estimate", spec)
 	return int64(len(payload)), err
 }
 
@@ -690,8 +666,7 @@ func writeStream(ctx context.Context, w io.Writer, b []byte) (int64, error) {
 // Receive is zfs receive -s -u into target, setting props on what it
 // creates. A stream cut short, or a ctx that ends while reading (a killed
 // zfs receive), leaves a partial receive with a resume token.
-func (s *Streams) Receive(ctx context.Context, target string, props map[string]string, r io.Reader) error {
-	f := s.f
+func (f *Fake) Receive(ctx context.Context, target string, props map[string]string, r io.Reader) error {
 	if err := f.checked("receive", target); err != nil {
 		return err
 	}
@@ -864,8 +839,7 @@ func shortName(snapshot string) string {
 
 // AbortReceive is zfs receive -A: it discards a partial receive, and the
 // filesystem too when a full stream created it.
-func (s *Streams) AbortReceive(ctx context.Context, target string) error {
-	f := s.f
+func (f *Fake) AbortReceive(ctx context.Context, target string) error {
 	return f.onFilesystem("abort_receive", target, func(d *entry) error {
 		if d.recv == nil {
 			return fmt.Errorf("zfs receive -A %s: no partial receive: %w", target, zfs.ErrNotFound)

@@ -18,7 +18,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfsfake"
 )
 
-var _ replication.Streams = (*zfsfake.Streams)(nil)
+var _ replication.Pool = (*zfsfake.Fake)(nil)
 
 var ctx = context.Background()
 
@@ -26,7 +26,7 @@ var ctx = context.Background()
 // GUIDs its own, as each node of a simulation needs.
 type node struct {
 	*zfsfake.Fake
-	s *zfsfake.Streams
+	s replication.Pool
 }
 
 func newNode(t *testing.T, seed uint64, filesystems ...string) node {
@@ -36,7 +36,7 @@ func newNode(t *testing.T, seed uint64, filesystems ...string) node {
 	for _, fs := range filesystems {
 		must(t, f.CreateFilesystem(ctx, fs, nil))
 	}
-	return node{f, f.Streams()}
+	return node{f, f}
 }
 
 func must(t *testing.T, err error) {
@@ -52,7 +52,7 @@ func (n node) writeAndSnap(t *testing.T, fs, snap string, tokens ...string) {
 	for _, tok := range tokens {
 		must(t, n.Write(fs, tok))
 	}
-	must(t, n.s.Snapshot(ctx, fs+"@"+snap))
+	must(t, n.s.Snapshot(ctx, fs+"@"+snap, nil))
 }
 
 // send returns the stream spec asks for.
@@ -83,7 +83,7 @@ func (n node) snaps(t *testing.T, fs string) []zfs.Snap {
 
 func (n node) get(t *testing.T, name, prop string) string {
 	t.Helper()
-	v, err := n.s.Get(ctx, name, prop)
+	v, err := n.s.Property(ctx, name, prop)
 	must(t, err)
 	return v
 }
@@ -216,7 +216,7 @@ func TestInterruptedReceiveResumes(t *testing.T) {
 			if c := dst.content(t, "tank/v"); !slices.Equal(c, wantContent) {
 				t.Errorf("content %v after the interrupted receive, want %v", c, wantContent)
 			}
-			children, err := dst.s.Children(ctx, "tank", "receive_resume_token", "zfs-nomad:role")
+			children, err := dst.s.ChildProperties(ctx, "tank", "receive_resume_token", "zfs-nomad:role")
 			must(t, err)
 			if len(children) != 1 || children[0].Props["zfs-nomad:role"] != "replica" {
 				t.Fatalf("children %+v, want the partial replica with its properties", children)
@@ -313,9 +313,9 @@ func TestSendRefuses(t *testing.T) {
 		{"a base of another filesystem", zfs.SendSpec{Snapshot: "tank/v@s2", Base: "tank/w@s1"}, nil, "not an earlier snapshot"},
 		{"a later base", zfs.SendSpec{Snapshot: "tank/v@s1", Base: "tank/v@s2"}, nil, "not an earlier snapshot"},
 		{"a token whose snapshot was destroyed", zfs.SendSpec{ResumeToken: token},
-			func() { must(t, src.s.Destroy(ctx, "tank/v@s2")) }, "tank/v@s2"},
+			func() { must(t, src.s.DestroySnapshot(ctx, "tank/v@s2")) }, "tank/v@s2"},
 		{"a token whose snapshot was made anew", zfs.SendSpec{ResumeToken: token},
-			func() { must(t, src.s.Snapshot(ctx, "tank/v@s2")) }, strconv.FormatUint(s2.GUID, 10)},
+			func() { must(t, src.s.Snapshot(ctx, "tank/v@s2", nil)) }, strconv.FormatUint(s2.GUID, 10)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -348,7 +348,7 @@ func TestReceiveRefuses(t *testing.T) {
 			zfs.SendSpec{Snapshot: "tank/v@s3", Base: "tank/v@s1"}, "does not match incremental source"},
 		{"an incremental into a target written since its newest snapshot",
 			func(t *testing.T, src, dst node) {
-				must(t, dst.s.Set(ctx, "tank/v", map[string]string{"readonly": "off"}))
+				must(t, dst.s.SetProperties(ctx, "tank/v", map[string]string{"readonly": "off"}))
 				must(t, dst.Write("tank/v", "x"))
 				src.writeAndSnap(t, "tank/v", "s3", "c")
 			},
@@ -377,7 +377,7 @@ func TestReceiveRefuses(t *testing.T) {
 			if !slices.Equal(dst.Names(), names) || dst.snapshotContents() != content {
 				t.Errorf("a refused receive changed the target: %v %s, was %v %s", dst.Names(), dst.snapshotContents(), names, content)
 			}
-			if tok, err := dst.s.Get(ctx, "tank/v", "receive_resume_token"); err == nil && tok != "-" {
+			if tok, err := dst.s.Property(ctx, "tank/v", "receive_resume_token"); err == nil && tok != "-" {
 				t.Errorf("a refused receive left a token: %q", tok)
 			}
 		})
@@ -399,8 +399,8 @@ func TestHoldsBlockDestroyAndRollback(t *testing.T) {
 		name    string
 		destroy func(n node) error
 	}{
-		{"Streams.Destroy", func(n node) error { return n.s.Destroy(ctx, "tank/v@s1") }},
-		{"Fake.Destroy", func(n node) error { return n.Destroy(ctx, "tank/v@s1") }},
+		{"DestroySnapshot", func(n node) error { return n.s.DestroySnapshot(ctx, "tank/v@s1") }},
+		{"Destroy", func(n node) error { return n.Destroy(ctx, "tank/v@s1") }},
 		{"DestroyRecursive", func(n node) error { return n.s.DestroyRecursive(ctx, "tank/v") }},
 		{"Rollback over the held snapshot", func(n node) error { return n.s.Rollback(ctx, "tank/v@s0") }},
 	}
@@ -429,12 +429,12 @@ func TestHoldsBlockDestroyAndRollback(t *testing.T) {
 
 			// The test helper's holds and ReleaseAll are the same holds.
 			if slices.Contains(n.Names(), "tank/v@s0") {
-				n.Hold("tank/v@s0", "other")
-				if err := n.s.Destroy(ctx, "tank/v@s0"); !errors.Is(err, zfs.ErrBusy) {
-					t.Errorf("Fake.Hold did not block Streams.Destroy: %v", err)
+				n.PutHold("tank/v@s0", "other")
+				if err := n.s.DestroySnapshot(ctx, "tank/v@s0"); !errors.Is(err, zfs.ErrBusy) {
+					t.Errorf("PutHold did not block DestroySnapshot: %v", err)
 				}
 				must(t, n.ReleaseAll(ctx, "tank/v@s0"))
-				must(t, n.s.Destroy(ctx, "tank/v@s0"))
+				must(t, n.s.DestroySnapshot(ctx, "tank/v@s0"))
 			}
 		})
 	}
@@ -460,8 +460,8 @@ func TestRollback(t *testing.T) {
 
 func TestWrite(t *testing.T) {
 	n := newNode(t, 1, "tank/v", "tank/ro")
-	must(t, n.s.Snapshot(ctx, "tank/v@s"))
-	must(t, n.s.Set(ctx, "tank/ro", map[string]string{"readonly": "on"}))
+	must(t, n.s.Snapshot(ctx, "tank/v@s", nil))
+	must(t, n.s.SetProperties(ctx, "tank/ro", map[string]string{"readonly": "on"}))
 	tests := []struct {
 		fs   string
 		want error
@@ -488,7 +488,7 @@ func TestOneState(t *testing.T) {
 	must(t, n.Write("tank/v", "a"))
 	must(t, n.Snapshot(ctx, "tank/v@viaFake", map[string]string{"zfs-nomad:snapshot_name": "csi"}))
 	must(t, n.Write("tank/v", "b"))
-	must(t, n.s.Snapshot(ctx, "tank/v@viaStreams"))
+	must(t, n.s.Snapshot(ctx, "tank/v@viaStreams", nil))
 
 	snaps := n.snaps(t, "tank/v")
 	if len(snaps) != 2 || snaps[0].Name != "tank/v@viaFake" || snaps[1].Name != "tank/v@viaStreams" {
@@ -522,8 +522,8 @@ func TestOneState(t *testing.T) {
 
 	// Properties set either way are read either way.
 	must(t, n.SetProperties(ctx, "tank/v", map[string]string{"zfs-nomad:role": "primary", "refquota": "1000"}))
-	must(t, n.s.Set(ctx, "tank/v", map[string]string{"zfs-nomad:generation": "2", "quota": "2000", "readonly": "on"}))
-	all, err := n.s.GetAll(ctx, "tank/v", "zfs-nomad:role", "zfs-nomad:generation", "zfs-nomad:unset", "refquota", "quota", "readonly", "encryption", "receive_resume_token")
+	must(t, n.s.SetProperties(ctx, "tank/v", map[string]string{"zfs-nomad:generation": "2", "quota": "2000", "readonly": "on"}))
+	all, err := n.s.Properties(ctx, "tank/v", "zfs-nomad:role", "zfs-nomad:generation", "zfs-nomad:unset", "refquota", "quota", "readonly", "encryption", "receive_resume_token")
 	must(t, err)
 	want := map[string]string{"zfs-nomad:role": "primary", "zfs-nomad:generation": "2", "zfs-nomad:unset": "-",
 		"refquota": "1000", "quota": "2000", "readonly": "on", "encryption": "off", "receive_resume_token": "-"}
@@ -540,7 +540,7 @@ func TestOneState(t *testing.T) {
 	if v, ok, err := n.UserProperty(ctx, "tank/v", "zfs-nomad:generation"); v != "2" || !ok || err != nil {
 		t.Errorf("UserProperty: %q %v %v", v, ok, err)
 	}
-	if err := n.s.Set(ctx, "tank/v", map[string]string{"guid": "1"}); err == nil {
+	if err := n.s.SetProperties(ctx, "tank/v", map[string]string{"guid": "1"}); err == nil {
 		t.Error("set a read-only property")
 	}
 }
@@ -569,9 +569,9 @@ func TestRenameCarriesEverything(t *testing.T) {
 
 func TestChildren(t *testing.T) {
 	n := newNode(t, 1, "tank/r", "tank/r/b", "tank/r/a", "tank/r/a/deep")
-	must(t, n.s.Snapshot(ctx, "tank/r/a@s"))
-	must(t, n.s.Set(ctx, "tank/r/b", map[string]string{"zfs-nomad:role": "replica"}))
-	children, err := n.s.Children(ctx, "tank/r", "zfs-nomad:role", "receive_resume_token")
+	must(t, n.s.Snapshot(ctx, "tank/r/a@s", nil))
+	must(t, n.s.SetProperties(ctx, "tank/r/b", map[string]string{"zfs-nomad:role": "replica"}))
+	children, err := n.s.ChildProperties(ctx, "tank/r", "zfs-nomad:role", "receive_resume_token")
 	must(t, err)
 	want := []zfs.Child{
 		{Name: "tank/r/a", Props: map[string]string{"zfs-nomad:role": "-", "receive_resume_token": "-"}},
@@ -585,7 +585,7 @@ func TestChildren(t *testing.T) {
 			t.Errorf("child %d: %+v, want %+v", i, children[i], want[i])
 		}
 	}
-	if _, err := n.s.Children(ctx, "tank/none"); !errors.Is(err, zfs.ErrNotFound) {
+	if _, err := n.s.ChildProperties(ctx, "tank/none"); !errors.Is(err, zfs.ErrNotFound) {
 		t.Errorf("children of nothing: %v", err)
 	}
 }
@@ -606,7 +606,7 @@ func TestGUIDsAreDeterministic(t *testing.T) {
 	guids := func(seed uint64) []uint64 {
 		n := newNode(t, seed, "tank/v")
 		for _, s := range []string{"a", "b", "c"} {
-			must(t, n.s.Snapshot(ctx, "tank/v@"+s))
+			must(t, n.s.Snapshot(ctx, "tank/v@"+s, nil))
 		}
 		var out []uint64
 		for _, s := range n.snaps(t, "tank/v") {
@@ -630,7 +630,7 @@ func TestGUIDsAreDeterministic(t *testing.T) {
 
 func TestFaultHooks(t *testing.T) {
 	n := newNode(t, 1, "tank/v")
-	must(t, n.s.Snapshot(ctx, "tank/v@s"))
+	must(t, n.s.Snapshot(ctx, "tank/v@s", nil))
 	var ops []string
 	crash := errors.New("crash")
 	n.Before = func(op, name string) { ops = append(ops, op+" "+name) }
@@ -670,7 +670,7 @@ func TestReceiveStopsWithContext(t *testing.T) {
 	}
 	// Whether the begin record arrived or not, the receive left nothing,
 	// or a partial receive: never a complete one.
-	if tok, gerr := dst.s.Get(ctx, "tank/v", "receive_resume_token"); gerr == nil && tok == "-" {
+	if tok, gerr := dst.s.Property(ctx, "tank/v", "receive_resume_token"); gerr == nil && tok == "-" {
 		t.Errorf("%v, and tank/v exists without a partial receive", err)
 	}
 }
