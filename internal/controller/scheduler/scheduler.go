@@ -15,6 +15,9 @@
 // (with the pushes made since applied); a node that came or went, a push
 // refused because its source no longer holds the primary, and every
 // Resync make the next round ask every node again.
+//
+// The driver's words (generation, promise, fence, lease, set aside,
+// tombstone, ...) are defined in docs/glossary.md.
 package scheduler
 
 import (

@@ -8,6 +8,9 @@
 // takes their names and formats from here. Replicas reads the node's
 // replicas from that record and removes them: the inventory the node
 // reports, replica deletion and its tombstones.
+//
+// The driver's words (generation, promise, fence, lease, set aside,
+// tombstone, ...) are defined in docs/glossary.md.
 package copyrecord
 
 import (

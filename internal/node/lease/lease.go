@@ -14,6 +14,9 @@
 // peer was alive and talking to it: an answer to its own ping, and the
 // peer's own authenticated Ping and Promises calls (Called). Each use
 // leans the safe way: a lease is kept on less, silence attested on more.
+//
+// The driver's words (generation, promise, fence, lease, set aside,
+// tombstone, ...) are defined in docs/glossary.md.
 package lease
 
 import (

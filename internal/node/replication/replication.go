@@ -10,6 +10,9 @@
 // volume ID; nothing a peer sends names a dataset. The package speaks plain
 // types (messages.go): the node's gRPC adapter, package agent, carries
 // ReplicaState and the Receive stream between the nodes.
+//
+// The driver's words (generation, promise, fence, lease, set aside,
+// tombstone, ...) are defined in docs/glossary.md.
 package replication
 
 import (
