@@ -53,7 +53,7 @@ func (p *Provisioner) Delete(ctx context.Context, id string) error {
 	if err := before.refuseMounted(id); err != nil {
 		return err
 	}
-	if err := p.reserveDeletion(ctx, id, before); err != nil {
+	if err := p.migrator.ReserveDeletion(ctx, id, before.nodes, before.copies); err != nil {
 		return err
 	}
 	now, err := p.look(ctx, id)
@@ -96,10 +96,9 @@ func (p *Provisioner) Delete(ctx context.Context, id string) error {
 type deletionLook struct {
 	nodes     []cluster.Node
 	primaries []cluster.Answer[agentclient.Copy] // newest generation first
-	// generation is the one to reserve for the deletion: above every copy
-	// and promise, or the deletion's own if it is the newest already.
-	generation uint64
-	anything   bool // a node holds a copy or a promise
+	// copies are every node's answers: its copy and its promise.
+	copies   []agentclient.Copy
+	anything bool // a node holds a copy or a promise
 }
 
 // look asks every node for its copy of id; every node must answer.
@@ -112,7 +111,6 @@ func (p *Provisioner) look(ctx context.Context, id string) (deletionLook, error)
 	}
 	var l deletionLook
 	var silent []string
-	var top, deletion uint64 // the highest generation, and the deletion's
 	for _, a := range answers {
 		if a.Err != nil {
 			silent = append(silent, fmt.Sprintf("node %s: %v", a.Node.Info.NodeID, a.Err))
@@ -120,15 +118,9 @@ func (p *Provisioner) look(ctx context.Context, id string) (deletionLook, error)
 		}
 		l.nodes = append(l.nodes, a.Node)
 		c := a.Object
+		l.copies = append(l.copies, c)
 		if c.Exists && c.Role == contract.RolePrimary {
 			l.primaries = append(l.primaries, a)
-		}
-		if c.Exists {
-			top = max(top, c.Generation)
-		}
-		top = max(top, c.PromisedGeneration)
-		if c.PromisedHolder == contract.DeletionHolder {
-			deletion = max(deletion, c.PromisedGeneration)
 		}
 		l.anything = l.anything || c.Exists || c.PromisedGeneration > 0
 	}
@@ -143,10 +135,6 @@ func (p *Provisioner) look(ctx context.Context, id string) (deletionLook, error)
 			errdefs.ErrUnavailable, id, strings.Join(silent, "; "))
 	}
 	sort.Slice(l.primaries, func(i, j int) bool { return l.primaries[i].Object.Generation > l.primaries[j].Object.Generation })
-	l.generation = top + 1
-	if deletion == top && top > 0 {
-		l.generation = top // the deletion's own is the newest already
-	}
 	return l, nil
 }
 
@@ -156,31 +144,6 @@ func (l deletionLook) refuseMounted(id string) error {
 	if len(l.primaries) > 0 && l.primaries[0].Object.Mounted {
 		return errdefs.Wrap(errdefs.ErrFailedPrecondition, "volume %s is mounted on node %s; unpublish it first", id, l.primaries[0].Node.Info.NodeID)
 	}
-	return nil
-}
-
-// reserveDeletion has every node promise l's generation of volume id to
-// its deletion. A refusal means a move, failover or creation reserved a
-// newer generation since the look: the CO's retry looks again.
-func (p *Provisioner) reserveDeletion(ctx context.Context, id string, l deletionLook) error {
-	r := agentclient.Reservation{VolumeID: id, Generation: l.generation, HolderNodeID: contract.DeletionHolder}
-	answers := cluster.Each(ctx, p.cluster, l.nodes, func(ctx context.Context, n cluster.Node) (agentclient.Promise, error) {
-		return n.Agent.Reserve(ctx, r)
-	})
-	var refusals []string
-	for _, a := range answers {
-		switch {
-		case a.Err != nil:
-			refusals = append(refusals, fmt.Sprintf("node %s: %v", a.Node.Info.NodeID, a.Err))
-		case !a.Object.Granted:
-			refusals = append(refusals, fmt.Sprintf("node %s promised generation %d to %s", a.Node.Info.NodeID, a.Object.PromisedGeneration, a.Object.PromisedHolder))
-		}
-	}
-	if len(refusals) > 0 {
-		return errdefs.Wrap(errdefs.ErrAborted, "volume %s is not deleted: reserving generation %d for its deletion on every node failed (%s); a move, failover or creation of it may have raced the delete: retry the delete",
-			id, l.generation, strings.Join(refusals, "; "))
-	}
-	p.log.Debug("generation reserved for the deletion", "volume_id", id, "generation", l.generation)
 	return nil
 }
 
