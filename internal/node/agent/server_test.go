@@ -37,7 +37,7 @@ func newServer(t *testing.T) (*Server, *volume.Manager, *zfsfake.Fake) {
 	log := hclog.NewNullLogger()
 	replicas := copyrecord.NewReplicas(fake, root)
 	volumes := volume.NewManager(volume.Deps{ZFS: fake, Config: cfg, Log: log, Replicas: replicas})
-	receiver := replication.NewReceiver(fake, volumes.Locks(), volumes, root, cfg.NodeID, cfg.ReplicationSnapshots, log)
+	receiver := replication.NewReceiver(fake, volumes.Locks(), volumes.Index(), root, cfg.NodeID, cfg.ReplicationSnapshots, log)
 	return NewServer(nodeOf(volumes, replicas, nil, receiver), cfg, log), volumes, fake
 }
 

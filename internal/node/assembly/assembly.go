@@ -113,12 +113,11 @@ func pushesBackups(d Deps) bool {
 	return d.DialTarget != nil && len(d.Config.BackupTargets) > 0
 }
 
-// newReceiver makes the receiver of replica streams. It tells the volume
-// manager, the index of the node's copies, what it received, so the
-// indexes stay exact.
+// newReceiver makes the receiver of replica streams. It tells the index
+// of the node's copies what it received, so the indexes stay exact.
 func (p *Parts) newReceiver(d Deps, locks *copylock.Locks) {
 	cfg := d.Config
-	r := replication.NewReceiver(d.ZFS, locks, p.Volumes, cfg.RootDataset, cfg.NodeID, cfg.ReplicationSnapshots, d.Log.Named("replication"))
+	r := replication.NewReceiver(d.ZFS, locks, p.Volumes.Index(), cfg.RootDataset, cfg.NodeID, cfg.ReplicationSnapshots, d.Log.Named("replication"))
 	r.MaxQuota, r.QuotaProperty = uint64(cfg.MaxQuota), cfg.QuotaProperty
 	r.IdleTimeout = time.Duration(cfg.ReceiveIdleTimeout)
 	r.MaxReplicasPerPeer = cfg.MaxReplicasPerPeer

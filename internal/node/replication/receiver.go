@@ -98,7 +98,7 @@ const MaxGeneration = 1 << 48
 // (docs/safety.md, "What a peer's header may decide").
 const MaxGenerationLead = 1 << 20
 
-// Index is the node's index of its copies (volume.Manager): it is told
+// Index is the node's index of its copies (volume.Index): it is told
 // the volume of every receive that took the copy's lock, done or not (it
 // may have made, replaced or left a resumable replica), while the lock
 // is still held, so that a reader after the unlock sees the change: the
@@ -110,8 +110,8 @@ type Index interface {
 
 // NewReceiver returns the replication service for the node whose volumes
 // live under root, whose copies locks guards and index indexes
-// (the node's copy locks, and the volume Manager; a nil index is told
-// nothing);
+// (the node's copy locks, and the volume Manager's Index; a nil index is
+// told nothing);
 // replicas keep the newest keep replication snapshots.
 func NewReceiver(z Pool, locks *copylock.Locks, index Index, root, nodeID string, keep int, log hclog.Logger) *Receiver {
 	return &Receiver{z: z, locks: locks, index: index, replicas: copyrecord.NewReplicas(z, root), root: root, nodeID: nodeID, keep: keep, log: log,

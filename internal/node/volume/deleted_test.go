@@ -120,7 +120,7 @@ func TestAReceiveDropsADeletedSnapshot(t *testing.T) {
 	if err := m.ForgetDeleted(short, later.ID); err == nil { // no copy it covers: only the lock keeps it
 		t.Fatal("a record was forgotten while a receive into its volume held the copy's lock")
 	}
-	m.Received(v.ID) // the receive ends: called under its lock
+	m.index.Received(v.ID) // the receive ends: called under its lock
 	unlock()
 
 	if _, err := m.GetSnapshot(ctx, old.ID); !errors.Is(err, errdefs.ErrNotFound) {
@@ -152,7 +152,7 @@ func TestAReceiveDropsAKeptDuplicate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m.Received(v.ID)
+	m.index.Received(v.ID)
 	unlock()
 
 	if _, err := fake.Get(ctx, kept); !errors.Is(err, zfs.ErrNotFound) {
@@ -203,7 +203,7 @@ func TestAPlantedSnapshotNeverReplacesTheKeptOne(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer unlock()
-			m.Received(v.ID)
+			m.index.Received(v.ID)
 			return m
 		}},
 		{"a restarted node lists the pool", func(_ *testing.T, m *Manager, fake *zfsfake.Fake, _ Volume) *Manager {

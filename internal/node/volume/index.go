@@ -62,6 +62,8 @@ type indexedCopies interface {
 	ListSnapshots(ctx context.Context) ([]Snapshot, error)
 	get(ctx context.Context, id string) (Volume, error)
 	readSnapshot(ctx context.Context, name string) (Snapshot, error)
+	// received sees to what a receive brought into a copy (Received).
+	received(id string)
 }
 
 func newIndex(copies indexedCopies, z zfs.Reader, root string, log hclog.Logger) *Index {

@@ -549,7 +549,7 @@ func TestReceivedCSISnapshotsAreIndexed(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	m.Received(id)
+	m.index.Received(id)
 	before := counting.Work()
 	got, err := m.GetSnapshot(ctx, snapID)
 	if err != nil || got.SourceVolumeID != id || got.Dataset != fs+"@"+snapID {
@@ -559,7 +559,7 @@ func TestReceivedCSISnapshotsAreIndexed(t *testing.T) {
 		t.Errorf("finding it cost %d ZFS calls, want 2 (a read of it and of the copy it is on, for its owner; no listing of the node)", n)
 	}
 	before = counting.Work()
-	m.Received(id) // nothing new
+	m.index.Received(id) // nothing new
 	if n := counting.Work() - before; n != 4 {
 		t.Errorf("a receive that brought no snapshot cost %d, want 4 (the listing of the copy's 3 snapshot names)", n)
 	}

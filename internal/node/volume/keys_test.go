@@ -406,7 +406,7 @@ func TestEveryCopyNotStagedHasItsKeyUnloaded(t *testing.T) {
 			if err := fake.SetProperties(ctx, v.Dataset, map[string]string{copyrecord.PropRole: contract.RoleReplica}); err != nil {
 				t.Fatal(err)
 			}
-			m.Received(v.ID)
+			m.index.Received(v.ID)
 			return v.Dataset
 		}},
 		{"deletion into a tombstone", func(t *testing.T, m *Manager, fake *zfsfake.Fake, v Volume) string {

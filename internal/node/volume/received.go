@@ -14,16 +14,24 @@ import (
 // stream should not have left (a deleted snapshot's copy, a duplicate, a
 // loaded key) goes.
 
-// Received notes a receive into the volume's copy on the node
-// (the replication receiver's Index), which holds the copy's lock: the
-// volumes version moves (NoteChanged), and the CSI snapshots the streams
-// brought (docs/replication.md, "CSI snapshots") enter the snapshot
-// index. Only the snapshots the index lacks at this copy are read: most
-// receives bring none, and then this costs one listing of the copy's
-// snapshot names. A snapshot deleted while the push that brought it ran
-// is dropped (dropDeleted).
-func (m *Manager) Received(id string) {
-	m.index.NoteChanged(id)
+// Received is told of every receive into volume id's copy on the node
+// (the replication receiver's Index), while the receive holds the copy's
+// lock: the volumes version moves, and the copies see to what the stream
+// brought (Manager.received), which indexes its CSI snapshots.
+func (x *Index) Received(id string) {
+	x.NoteChanged(id)
+	x.copies.received(id)
+}
+
+// received sees to what a receive brought into volume id's copy, under
+// the receive's hold of the copy's lock: the CSI snapshots it brought
+// (docs/replication.md, "CSI snapshots") enter the snapshot index. Only
+// the snapshots the index lacks at this copy are read: most receives
+// bring none, and then this costs one listing of the copy's snapshot
+// names. A snapshot deleted while the push that brought it ran is
+// dropped (dropDeleted), and so is a duplicate a tombstone kept
+// (keepIndexed) and a key left loaded.
+func (m *Manager) received(id string) {
 	ctx, cancel := context.WithTimeout(context.Background(), receivedReadTimeout)
 	defer cancel()
 	fs := m.cfg.RootDataset + "/" + id
