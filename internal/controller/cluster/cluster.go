@@ -178,6 +178,13 @@ func Ask[T any](ctx context.Context, c *Cluster, get func(context.Context, Agent
 	return ask(ctx, c, agentclient.GetNodeOptions{WithoutCapacity: true}, get)
 }
 
+// AskWithCapacity is Ask whose nodes also say their capacity (as Nodes
+// does): a create places its volume from the answers to its first
+// question.
+func AskWithCapacity[T any](ctx context.Context, c *Cluster, get func(context.Context, Agent) (T, error)) (answers []Answer[T], unreachable []Unreachable, err error) {
+	return ask(ctx, c, agentclient.GetNodeOptions{}, get)
+}
+
 func ask[T any](ctx context.Context, c *Cluster, about agentclient.GetNodeOptions, get func(context.Context, Agent) (T, error)) (answers []Answer[T], unreachable []Unreachable, err error) {
 	addrs, err := c.peers.Peers()
 	if err != nil && len(addrs) == 0 {
@@ -331,25 +338,6 @@ func Find[T any](ctx context.Context, c *Cluster, what string, get func(context.
 		return Located[T]{}, err
 	}
 	return pick(c, what, found, errs, best...)
-}
-
-// FindWithNodes is Find that also asks every node its capacity, in the
-// same round trip, and returns the nodes that answered (as Nodes does;
-// nil only when no node could be asked: the peer list is unreadable): a
-// create looks for the volume an earlier attempt made and places a new
-// one from one question to each node instead of two.
-func FindWithNodes[T any](ctx context.Context, c *Cluster, what string, get func(context.Context, Agent) (T, error), best ...func(a, b T) bool) (Located[T], []Node, error) {
-	answers, unreachable, err := ask(ctx, c, agentclient.GetNodeOptions{}, get)
-	if err != nil {
-		return Located[T]{}, nil, err
-	}
-	nodes := make([]Node, 0, len(answers))
-	for _, a := range answers {
-		nodes = append(nodes, a.Node)
-	}
-	found, errs := locate(answers, unreachable)
-	l, err := pick(c, what, found, errs, best...)
-	return l, nodes, err
 }
 
 // pick chooses among the copies of what found, or fails as Find does.

@@ -3,7 +3,9 @@ package migration
 import (
 	"context"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/controller/agentclient"
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/cluster"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
 )
 
@@ -13,7 +15,10 @@ import (
 // while that node is silent, or one racing another controller, can then
 // never make a second primary on another node (I3, docs/safety.md
 // "Generations"). candidates
-// are the node IDs the placement allows, best first.
+// are the node IDs the placement allows, best first; look is the create's
+// first look at the nodes (LookForCreation), which the first step decides
+// from (a later step, after another creation's reservation won, asks the
+// nodes again).
 //
 // A node an earlier attempt was promised is the only choice: while it is
 // silent the create answers Unavailable, and the CO's retry finds the
@@ -21,9 +26,9 @@ import (
 // that answered) is returned as it is. The first generation is 1, unless
 // concurrent creations split its promises so that none can win
 // (creationPlan): then the next one above, for one of them.
-func (m *Migrator) ReserveCreation(ctx context.Context, id string, candidates []string) (cluster.Node, error) {
-	for range maxSteps {
-		v, err := m.gather(ctx, id)
+func (m *Migrator) ReserveCreation(ctx context.Context, id string, candidates []string, look CreationLook) (cluster.Node, error) {
+	for step := range maxSteps {
+		v, err := m.lookAt(ctx, id, step, look)
 		if err != nil {
 			return cluster.Node{}, err
 		}
@@ -48,6 +53,62 @@ func (m *Migrator) ReserveCreation(ctx context.Context, id string, candidates []
 		// lookAgain: another creation's reservation won this one's nodes.
 	}
 	return cluster.Node{}, errdefs.Wrap(errdefs.ErrAborted, "creating volume %s raced other creations %d times; retry", id, maxSteps)
+}
+
+// lookAt is the view of a creation's step: the create's look at first,
+// then the nodes asked again (another creation's reservation won).
+func (m *Migrator) lookAt(ctx context.Context, id string, step int, look CreationLook) (view, error) {
+	if step == 0 {
+		return m.viewOf(id, look.answers, look.unreachable)
+	}
+	return m.gather(ctx, id)
+}
+
+// CreationLook is what every node holds of a volume about to be created,
+// with each node's capacity, from one question to each
+// (LookForCreation): the create finds an earlier attempt's volume in it,
+// places a new one among its nodes, and reserves the first generation
+// from it.
+type CreationLook struct {
+	answers     []cluster.Answer[agentclient.Copy]
+	unreachable []cluster.Unreachable
+}
+
+// LookForCreation asks every node who it is, its capacity, and what it
+// holds of volume id, in one round trip each.
+func (m *Migrator) LookForCreation(ctx context.Context, id string) (CreationLook, error) {
+	answers, unreachable, err := cluster.AskWithCapacity(ctx, m.cluster, getCopy(id))
+	return CreationLook{answers: answers, unreachable: unreachable}, err
+}
+
+// Nodes are the nodes that answered, with their capacity.
+func (l CreationLook) Nodes() []cluster.Node {
+	nodes := make([]cluster.Node, 0, len(l.answers))
+	for _, a := range l.answers {
+		nodes = append(nodes, a.Node)
+	}
+	return nodes
+}
+
+// Primary is the node of the newest primary of the volume an answering
+// node holds: an earlier attempt made the volume there (between a move's
+// promotion and the demotion of the old copy two nodes hold one, and the
+// newest generation is the volume).
+func (l CreationLook) Primary() (cluster.Node, bool) {
+	var newest *cluster.Answer[agentclient.Copy]
+	for i, a := range l.answers {
+		c := a.Object
+		if a.Err != nil || !c.Exists || c.Role != contract.RolePrimary {
+			continue
+		}
+		if newest == nil || c.Generation > newest.Object.Generation {
+			newest = &l.answers[i]
+		}
+	}
+	if newest == nil {
+		return cluster.Node{}, false
+	}
+	return newest.Node, true
 }
 
 // creationPlan is the node to create a volume no node holds on, and the

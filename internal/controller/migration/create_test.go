@@ -8,6 +8,7 @@ import (
 
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/agentclient"
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/cluster"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
 )
 
@@ -58,6 +59,37 @@ func TestCreationPlan(t *testing.T) {
 			}
 			if got != tt.want {
 				t.Errorf("plan %q (%v), want %q", got, err, tt.want)
+			}
+		})
+	}
+}
+
+// TestCreationLookPrimary: a create answers the volume an earlier attempt
+// made on the node of its newest primary; a replica, a node that could
+// not say, or no copy at all is no volume.
+func TestCreationLookPrimary(t *testing.T) {
+	answer := func(node string, c agentclient.Copy, err error) cluster.Answer[agentclient.Copy] {
+		return cluster.Answer[agentclient.Copy]{Node: cluster.Node{Info: agentclient.NodeInfo{NodeID: node}}, Object: c, Err: err}
+	}
+	primary := func(gen uint64) agentclient.Copy {
+		return agentclient.Copy{Exists: true, Role: contract.RolePrimary, Generation: gen}
+	}
+	tests := []struct {
+		name    string
+		answers []cluster.Answer[agentclient.Copy]
+		want    string // "": none
+	}{
+		{"nothing anywhere", []cluster.Answer[agentclient.Copy]{answer("n1", agentclient.Copy{}, nil), answer("n2", agentclient.Copy{}, nil)}, ""},
+		{"one primary", []cluster.Answer[agentclient.Copy]{answer("n1", agentclient.Copy{}, nil), answer("n2", primary(1), nil)}, "n2"},
+		{"a move's two primaries: the newest", []cluster.Answer[agentclient.Copy]{answer("n1", primary(2), nil), answer("n2", primary(3), nil), answer("n3", primary(1), nil)}, "n2"},
+		{"a replica is no volume", []cluster.Answer[agentclient.Copy]{answer("n1", agentclient.Copy{Exists: true, Role: contract.RoleReplica, Generation: 4}, nil)}, ""},
+		{"a node that could not say", []cluster.Answer[agentclient.Copy]{answer("n1", primary(2), errors.New("busy")), answer("n2", agentclient.Copy{}, nil)}, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			n, ok := CreationLook{answers: tt.answers}.Primary()
+			if got := n.Info.NodeID; ok != (tt.want != "") || got != tt.want {
+				t.Errorf("Primary() = %q, %v; want %q", got, ok, tt.want)
 			}
 		})
 	}

@@ -177,13 +177,22 @@ func (v view) recordOf(nodeID string) promised {
 	return promised{}
 }
 
+// gather asks every node what it holds of volume id.
 func (m *Migrator) gather(ctx context.Context, id string) (view, error) {
-	answers, unreachable, err := cluster.Ask(ctx, m.cluster, func(ctx context.Context, a cluster.Agent) (agentclient.Copy, error) {
-		return a.GetCopy(ctx, id)
-	})
+	answers, unreachable, err := cluster.Ask(ctx, m.cluster, getCopy(id))
 	if err != nil {
 		return view{}, err
 	}
+	return m.viewOf(id, answers, unreachable)
+}
+
+// getCopy asks a node for its copy of volume id.
+func getCopy(id string) func(context.Context, cluster.Agent) (agentclient.Copy, error) {
+	return func(ctx context.Context, a cluster.Agent) (agentclient.Copy, error) { return a.GetCopy(ctx, id) }
+}
+
+// viewOf is the view of volume id the nodes' answers to GetCopy give.
+func (m *Migrator) viewOf(id string, answers []cluster.Answer[agentclient.Copy], unreachable []cluster.Unreachable) (view, error) {
 	var v view
 	for _, u := range unreachable {
 		v.unreachable = append(v.unreachable, u.Addr)

@@ -82,15 +82,17 @@ func (p *Provisioner) Create(ctx context.Context, req CreateRequest) (agentclien
 		SourceVolumeID:   req.SourceVolumeID,
 		Passphrase:       req.Passphrase,
 	}
-	// A volume of this name may exist already (a retried call): its node
-	// decides whether the request is compatible, the source included. The
-	// same question to each node brings its capacity, for placement.
-	existing, nodes, err := p.findForCreate(ctx, id)
-	switch {
-	case err == nil:
-		return p.createOn(ctx, existing.Node, agentReq, log)
-	case nodes == nil, !errors.Is(err, errdefs.ErrNotFound) && !errors.Is(err, errdefs.ErrUnavailable):
-		return agentclient.Volume{}, cluster.Node{}, err // nil nodes: none could be asked
+	// One question to each node: what it holds of the volume, and its
+	// capacity. A volume of this name may exist already (a retried call):
+	// its node decides whether the request is compatible, the source
+	// included. Otherwise the volume is placed among the nodes that
+	// answered, and its first generation reserved from what they hold.
+	look, err := p.migrator.LookForCreation(ctx, id)
+	if err != nil {
+		return agentclient.Volume{}, cluster.Node{}, err
+	}
+	if existing, ok := look.Primary(); ok {
+		return p.createOn(ctx, existing, agentReq, log)
 	}
 
 	ref, fromBackup := contract.ParseBackupID(req.SourceSnapshotID)
@@ -101,7 +103,7 @@ func (p *Provisioner) Create(ctx context.Context, req CreateRequest) (agentclien
 			return agentclient.Volume{}, cluster.Node{}, err
 		}
 	}
-	candidates, err := p.candidates(ctx, req, nodes)
+	candidates, err := p.candidates(ctx, req, look.Nodes())
 	if err != nil {
 		return agentclient.Volume{}, cluster.Node{}, err
 	}
@@ -112,7 +114,7 @@ func (p *Provisioner) Create(ctx context.Context, req CreateRequest) (agentclien
 	// Generation 1 is promised to one node by a majority before it is
 	// created there, so a retry after a lost answer never makes a second
 	// volume on another node (a silent node answers Unavailable instead).
-	node, err := p.migrator.ReserveCreation(ctx, id, ids)
+	node, err := p.migrator.ReserveCreation(ctx, id, ids, look)
 	if err != nil {
 		return agentclient.Volume{}, cluster.Node{}, err
 	}
@@ -207,12 +209,6 @@ func (p *Provisioner) FindVolume(ctx context.Context, id string) (cluster.Locate
 		return cluster.Located[agentclient.Volume]{}, errdefs.Wrap(errdefs.ErrNotFound, "volume %q does not exist (not a volume ID of this driver)", id)
 	}
 	return cluster.Find(ctx, p.cluster, "volume "+id, getVolume(id), newestGeneration)
-}
-
-// findForCreate is FindVolume that also returns the nodes that answered,
-// with their capacity: a create places its volume among them.
-func (p *Provisioner) findForCreate(ctx context.Context, id string) (cluster.Located[agentclient.Volume], []cluster.Node, error) {
-	return cluster.FindWithNodes(ctx, p.cluster, "volume "+id, getVolume(id), newestGeneration)
 }
 
 // getVolume asks a node for its primary of volume id.

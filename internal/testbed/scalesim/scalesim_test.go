@@ -55,11 +55,14 @@ func TestScale(t *testing.T) {
 	if got := r.CallsPerCreate["NodeAgent/Reserve"]; got < nodes {
 		t.Errorf("a create asked %.1f nodes to reserve: want every one of the %d", got, nodes)
 	}
-	// It asks each node who it is twice: once with its question whether
-	// the volume exists (and the node's capacity, for placement), once
-	// with the reservation's look at the copies.
-	if got := r.CallsPerCreate["NodeAgent/GetNode"]; got > 2*nodes {
-		t.Errorf("a create asked the nodes who they are %.1f times: want at most twice each (%d)", got, 2*nodes)
+	// It asks each node once, before it reserves: who it is and its
+	// capacity (placement), with what it holds of the volume (an earlier
+	// attempt's copy, and the promises the reservation starts from).
+	if got := r.CallsPerCreate["NodeAgent/GetNode"]; got > nodes {
+		t.Errorf("a create asked the nodes who they are %.1f times: want at most once each (%d)", got, nodes)
+	}
+	if got := r.CallsPerCreate["NodeAgent/GetVolume"]; got > 0 {
+		t.Errorf("a create asked the nodes for the volume %.1f times: want none (its look at the copies tells)", got)
 	}
 	for what, d := range map[string]time.Duration{"publish": r.Publish, "move": r.Move, "full plan": r.FullPlan, "leases held": r.LeasesHeld, "next failover": r.FailoverNext} {
 		if d <= 0 {
