@@ -27,8 +27,8 @@ import (
 // concurrent creations split its promises so that none can win
 // (creationPlan): then the next one above, for one of them.
 func (m *Migrator) ReserveCreation(ctx context.Context, id string, candidates []string, look CreationLook) (cluster.Node, error) {
-	for step := range maxSteps {
-		v, err := m.lookAt(ctx, id, step, look)
+	for attempt := range maxSteps {
+		v, err := m.lookAt(ctx, id, attempt, look)
 		if err != nil {
 			return cluster.Node{}, err
 		}
@@ -55,10 +55,10 @@ func (m *Migrator) ReserveCreation(ctx context.Context, id string, candidates []
 	return cluster.Node{}, errdefs.Wrap(errdefs.ErrAborted, "creating volume %s raced other creations %d times; retry", id, maxSteps)
 }
 
-// lookAt is the view of a creation's step: the create's look at first,
-// then the nodes asked again (another creation's reservation won).
-func (m *Migrator) lookAt(ctx context.Context, id string, step int, look CreationLook) (view, error) {
-	if step == 0 {
+// lookAt is the view of a creation's attempt: the create's look at
+// first, then the nodes asked again (another creation's reservation won).
+func (m *Migrator) lookAt(ctx context.Context, id string, attempt int, look CreationLook) (view, error) {
+	if attempt == 0 {
 		return m.viewOf(id, look.answers, look.unreachable)
 	}
 	return m.gather(ctx, id)
