@@ -3,9 +3,7 @@ package migration
 import (
 	"context"
 
-	"github.com/zfs-nomad/zfs-nomad/internal/controller/agentclient"
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/cluster"
-	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
 )
 
@@ -59,7 +57,7 @@ func (m *Migrator) ReserveCreation(ctx context.Context, id string, candidates []
 // first, then the nodes asked again (another creation's reservation won).
 func (m *Migrator) lookAt(ctx context.Context, id string, attempt int, look CreationLook) (view, error) {
 	if attempt == 0 {
-		return m.viewOf(id, look.answers, look.unreachable)
+		return notBeingDeleted(id, look.view)
 	}
 	return m.gather(ctx, id)
 }
@@ -70,45 +68,34 @@ func (m *Migrator) lookAt(ctx context.Context, id string, attempt int, look Crea
 // places a new one among its nodes, and reserves the first generation
 // from it.
 type CreationLook struct {
-	answers     []cluster.Answer[agentclient.Copy]
-	unreachable []cluster.Unreachable
+	view  view
+	nodes []cluster.Node // every node that answered, with its capacity
 }
 
 // LookForCreation asks every node who it is, its capacity, and what it
 // holds of volume id, in one round trip each.
 func (m *Migrator) LookForCreation(ctx context.Context, id string) (CreationLook, error) {
 	answers, unreachable, err := cluster.AskWithCapacity(ctx, m.cluster, getCopy(id))
-	return CreationLook{answers: answers, unreachable: unreachable}, err
+	if err != nil {
+		return CreationLook{}, err
+	}
+	l := CreationLook{view: m.viewOf(id, answers, unreachable)}
+	for _, a := range answers {
+		l.nodes = append(l.nodes, a.Node)
+	}
+	return l, nil
 }
 
 // Nodes are the nodes that answered, with their capacity.
-func (l CreationLook) Nodes() []cluster.Node {
-	nodes := make([]cluster.Node, 0, len(l.answers))
-	for _, a := range l.answers {
-		nodes = append(nodes, a.Node)
-	}
-	return nodes
-}
+func (l CreationLook) Nodes() []cluster.Node { return l.nodes }
 
 // Primary is the node of the newest primary of the volume an answering
 // node holds: an earlier attempt made the volume there (between a move's
 // promotion and the demotion of the old copy two nodes hold one, and the
 // newest generation is the volume).
 func (l CreationLook) Primary() (cluster.Node, bool) {
-	var newest *cluster.Answer[agentclient.Copy]
-	for i, a := range l.answers {
-		c := a.Object
-		if a.Err != nil || !c.Exists || c.Role != contract.RolePrimary {
-			continue
-		}
-		if newest == nil || c.Generation > newest.Object.Generation {
-			newest = &l.answers[i]
-		}
-	}
-	if newest == nil {
-		return cluster.Node{}, false
-	}
-	return newest.Node, true
+	p, ok := l.view.primary()
+	return p.node, ok
 }
 
 // creationPlan is the node to create a volume no node holds on, and the

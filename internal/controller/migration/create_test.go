@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/hashicorp/go-hclog"
+
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/agentclient"
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/cluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
@@ -87,7 +89,8 @@ func TestCreationLookPrimary(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			n, ok := CreationLook{answers: tt.answers}.Primary()
+			look := CreationLook{view: (&Migrator{log: hclog.NewNullLogger()}).viewOf("v", tt.answers, nil)}
+			n, ok := look.Primary()
 			if got := n.Info.NodeID; ok != (tt.want != "") || got != tt.want {
 				t.Errorf("Primary() = %q, %v; want %q", got, ok, tt.want)
 			}

@@ -183,7 +183,7 @@ func (m *Migrator) gather(ctx context.Context, id string) (view, error) {
 	if err != nil {
 		return view{}, err
 	}
-	return m.viewOf(id, answers, unreachable)
+	return notBeingDeleted(id, m.viewOf(id, answers, unreachable))
 }
 
 // getCopy asks a node for its copy of volume id.
@@ -192,7 +192,7 @@ func getCopy(id string) func(context.Context, cluster.Agent) (agentclient.Copy, 
 }
 
 // viewOf is the view of volume id the nodes' answers to GetCopy give.
-func (m *Migrator) viewOf(id string, answers []cluster.Answer[agentclient.Copy], unreachable []cluster.Unreachable) (view, error) {
+func (m *Migrator) viewOf(id string, answers []cluster.Answer[agentclient.Copy], unreachable []cluster.Unreachable) view {
 	var v view
 	for _, u := range unreachable {
 		v.unreachable = append(v.unreachable, u.Addr)
@@ -216,6 +216,12 @@ func (m *Migrator) viewOf(id string, answers []cluster.Answer[agentclient.Copy],
 			v.promises = append(v.promises, promised{generation: g, holder: a.Object.PromisedHolder, recorder: a.Node.Info.NodeID})
 		}
 	}
+	return v
+}
+
+// notBeingDeleted refuses a view of volume id in which a delete of it has
+// reserved its generation (deletion): nothing is decided from it.
+func notBeingDeleted(id string, v view) (view, error) {
 	if pr, ok := v.deletion(); ok {
 		return view{}, errdefs.Wrap(errdefs.ErrAborted, "volume %s is being deleted: a delete reserved its generation %d (node %s's record) and has not finished, so it is neither published, moved, failed over nor created; retry the delete",
 			id, pr.generation, pr.recorder)
