@@ -42,7 +42,6 @@ type Index struct {
 	zfs    zfs.Reader
 	root   string
 	log    hclog.Logger
-	now    func() time.Time
 	// started is the process's start: part of VolumesVersion.
 	started time.Time
 	// primariesListed and snapshotsListed tell whether each index was
@@ -64,10 +63,12 @@ type indexedCopies interface {
 	readSnapshot(ctx context.Context, name string) (Snapshot, error)
 	// received sees to what a receive brought into a copy (Received).
 	received(id string)
+	// now is the node's wall clock, which ages the indexes.
+	now() time.Time
 }
 
 func newIndex(copies indexedCopies, z zfs.Reader, root string, log hclog.Logger) *Index {
-	return &Index{copies: copies, zfs: z, root: root, log: log, now: time.Now, started: time.Now()}
+	return &Index{copies: copies, zfs: z, root: root, log: log, started: time.Now()}
 }
 
 // indexMaxAge bounds how long an index trusts itself without a listing,
@@ -356,7 +357,7 @@ func sortedFrom(m map[string]string, from string) []string {
 
 // primaries returns the index of the node's primaries: ID to dataset.
 func (x *Index) primaries(ctx context.Context) (map[string]string, error) {
-	return x.primaryIndex.read(ctx, x.now, x.listPrimaries)
+	return x.primaryIndex.read(ctx, x.copies.now, x.listPrimaries)
 }
 
 // listPrimaries lists the node's primaries for their index.
@@ -397,8 +398,8 @@ func listForIndex[T any](ctx context.Context, log hclog.Logger, what string, lis
 // waiting for a listing that, with a thousand volumes under a slow pool,
 // outlasts their deadline.
 func (x *Index) WarmIndexes() {
-	x.primaryIndex.warm(x.now, x.listPrimaries)
-	x.snapshotIndex.warm(x.now, x.listSnapshotIndex)
+	x.primaryIndex.warm(x.copies.now, x.listPrimaries)
+	x.snapshotIndex.warm(x.copies.now, x.listSnapshotIndex)
 }
 
 // reindex reads volume id's copy again and updates the index of

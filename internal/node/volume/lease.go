@@ -41,7 +41,6 @@ type Fences struct {
 	zfs     zfs.Writer
 	nodeID  string
 	log     hclog.Logger
-	now     func() time.Time
 	// held reports whether this node holds its lease; nil until the
 	// lease starts (FollowLease), and on a node without one.
 	held      func() bool
@@ -60,10 +59,12 @@ type primaryCopies interface {
 	get(ctx context.Context, id string) (Volume, error)
 	lock(ctx context.Context, id, what string) (func(), error)
 	mounted(dataset string) (bool, error)
+	// now is the node's wall clock, which dates fences.
+	now() time.Time
 }
 
 func newFences(copies primaryCopies, records *Records, index *Index, z zfs.Writer, nodeID string, log hclog.Logger) *Fences {
-	f := &Fences{copies: copies, records: records, index: index, zfs: z, nodeID: nodeID, log: log, now: time.Now}
+	f := &Fences{copies: copies, records: records, index: index, zfs: z, nodeID: nodeID, log: log}
 	f.mayHoldForced.Store(true)
 	return f
 }
@@ -162,7 +163,7 @@ func (f *Fences) selfFence(ctx context.Context, id string) (bool, error) {
 	if err != nil || !mounted {
 		return false, err
 	}
-	props := map[string]string{"readonly": "on", copyrecord.PropLeaseFenced: strconv.FormatInt(f.now().UnixNano(), 10)}
+	props := map[string]string{"readonly": "on", copyrecord.PropLeaseFenced: strconv.FormatInt(f.copies.now().UnixNano(), 10)}
 	if err := f.zfs.SetProperties(ctx, v.Dataset, props); err != nil {
 		return false, zfsError(err, "making volume "+id+" read-only after losing the lease")
 	}
@@ -219,7 +220,7 @@ func (f *Fences) FenceSuperseded(ctx context.Context, id string, generation, new
 	f.forgetConfirmation(id)
 	props := map[string]string{"readonly": "on", copyrecord.PropSuperseded: strconv.FormatUint(newer, 10)}
 	if v.LeaseFencedAt == 0 {
-		props[copyrecord.PropLeaseFenced] = strconv.FormatInt(f.now().UnixNano(), 10)
+		props[copyrecord.PropLeaseFenced] = strconv.FormatInt(f.copies.now().UnixNano(), 10)
 	}
 	if err := f.zfs.SetProperties(ctx, v.Dataset, props); err != nil {
 		return false, zfsError(err, "making volume "+id+" read-only: a newer generation was promised elsewhere")

@@ -182,7 +182,7 @@ type Manager struct {
 	records *Records
 	// fences are the lease's on the primaries (lease.go).
 	fences *Fences
-	now    func() time.Time
+	clock  func() time.Time // now reads it (UseClock)
 	// index is the node's index of its primaries and CSI snapshots,
 	// which every change of them updates (index.go).
 	index *Index
@@ -197,7 +197,7 @@ type Manager struct {
 // NewManager returns the Manager of the node d.Config describes.
 func NewManager(d Deps) *Manager {
 	m := &Manager{zfs: d.ZFS, replicas: d.Replicas, cfg: d.Config, log: d.Log, host: d.Host, restore: d.Restore,
-		now: time.Now, locks: d.Locks}
+		clock: time.Now, locks: d.Locks}
 	if m.locks == nil {
 		m.locks = new(copylock.Locks)
 	}
@@ -222,7 +222,10 @@ func (m *Manager) Index() *Index { return m.index }
 // UseClock sets the node's wall clock (time.Now by default), which names
 // set-aside copies and dates fences: the simulation skews it per node.
 // No decision compares two nodes' readings of it (docs/safety.md).
-func (m *Manager) UseClock(now func() time.Time) { m.now, m.fences.now, m.index.now = now, now, now }
+func (m *Manager) UseClock(now func() time.Time) { m.clock = now }
+
+// now is the node's wall clock, which Fences and Index read too.
+func (m *Manager) now() time.Time { return m.clock() }
 
 // Locks is the one lock of each copy on this node (package copylock): the
 // replication pusher and receiver change copies under it too.

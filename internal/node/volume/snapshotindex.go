@@ -17,7 +17,7 @@ import (
 // snapshots returns the index of the node's CSI snapshots: ID to snapshot
 // name (dataset@ID).
 func (x *Index) snapshots(ctx context.Context) (map[string]string, error) {
-	return x.snapshotIndex.read(ctx, x.now, x.listSnapshotIndex)
+	return x.snapshotIndex.read(ctx, x.copies.now, x.listSnapshotIndex)
 }
 
 // listSnapshotIndex lists the node's CSI snapshots for their index.
