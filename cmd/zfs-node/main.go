@@ -272,9 +272,10 @@ func assemble(cfg config.Node, z *libzfs.ZFS, dial dialing, registry *metrics.Re
 			Mounted:      mount.IsMountedZFS,
 			MountHolders: func(dataset string) []string { return mount.Holders("/proc", dataset) },
 			Roots:        mount.RootPreparer{Dir: rootsDir},
-			// libzfs takes no key material: encrypted volumes go through
-			// the zfs command with the passphrase on its standard input.
-			Encryption: zfscmd.Cmd{},
+			// The pool's keys: libzfs.ZFS runs them as zfs commands with
+			// the passphrase on their standard input (libzfs takes no key
+			// material).
+			Encryption: z,
 		},
 		Log: log,
 	})
