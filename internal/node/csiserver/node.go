@@ -65,8 +65,9 @@ type Volumes interface {
 	// at generation, and returns it with its lock held until unlock.
 	Stageable(ctx context.Context, id string, generation uint64) (v volume.Volume, unlock func(), err error)
 	// AwaitPromotion tells that a stage waits for the copy's promotion
-	// past generation after, until done.
-	AwaitPromotion(id string, after uint64) (done func())
+	// past generation after, until done; promoted is closed when this
+	// node promotes the copy.
+	AwaitPromotion(id string, after uint64) (promoted <-chan struct{}, done func())
 	OpenKey(ctx context.Context, v volume.Volume, given contract.Passphrase) (opened bool, err error)
 	CloseKey(ctx context.Context, id string) error
 }
@@ -162,6 +163,7 @@ func (n *Node) promotedAfter(ctx context.Context, id string, after uint64) (uint
 		wait = min(wait, time.Until(d)-promotionWaitMargin)
 	}
 	giveUp := time.Now().Add(wait)
+	var promoted <-chan struct{}
 	for first := true; ; first = false {
 		// Get reads the one dataset (Copy would list its snapshots and
 		// the mount table too, every half second); it answers only for a
@@ -181,8 +183,11 @@ func (n *Node) promotedAfter(ctx context.Context, id string, after uint64) (uint
 		if first {
 			n.log.Info("volume published ahead of its move's end: staging waits for this node's copy to be promoted", "volume_id", id, "after_generation", after)
 			// Tells the controller the move is wanted here, should the
-			// instance that runs it die.
-			defer n.volumes.AwaitPromotion(id, after)()
+			// instance that runs it die, and wakes this wait when the
+			// promotion comes.
+			var done func()
+			promoted, done = n.volumes.AwaitPromotion(id, after)
+			defer done()
 		}
 		if !time.Now().Before(giveUp) {
 			return 0, errdefs.Wrap(errdefs.ErrUnavailable, "volume %s was published on node %s ahead of the end of its move here, and the copy here is not promoted yet (%s): the move still runs, or failed (zfs-controller status shows it); retry",
@@ -194,6 +199,9 @@ func (n *Node) promotedAfter(ctx context.Context, id string, after uint64) (uint
 			t.Stop()
 			return 0, errdefs.Wrap(errdefs.ErrUnavailable, "volume %s: waiting for the copy on node %s to be promoted by its move: %v; retry", id, n.cfg.NodeID, ctx.Err())
 		case <-t.C:
+		case <-promoted:
+			t.Stop()
+			promoted = nil // woken once; polls on should the copy not show it
 		}
 	}
 }

@@ -25,15 +25,20 @@ type awaitedPromotions struct {
 	waiting map[string]*awaited // by volume ID
 }
 
-// awaited is the first waiting stage of a volume, and how many wait.
+// awaited is the first waiting stage of a volume, how many wait, and
+// the channel that wakes them when this node promotes its copy.
 type awaited struct {
 	AwaitedPromotion
-	stages int
+	stages   int
+	promoted chan struct{}
 }
 
 // AwaitPromotion records a stage of volume id waiting for its promotion
-// past after, until done is called.
-func (m *Manager) AwaitPromotion(id string, after uint64) (done func()) {
+// past after, until done is called. The channel it returns is closed
+// when this node promotes its copy of id (Promote), so the stage looks at
+// once instead of at its next poll; a promotion before this call does
+// not close it.
+func (m *Manager) AwaitPromotion(id string, after uint64) (promoted <-chan struct{}, done func()) {
 	a := &m.awaited
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -42,12 +47,12 @@ func (m *Manager) AwaitPromotion(id string, after uint64) (done func()) {
 	}
 	w, ok := a.waiting[id]
 	if !ok {
-		w = &awaited{AwaitedPromotion: AwaitedPromotion{VolumeID: id, AfterGeneration: after, Since: time.Now()}}
+		w = &awaited{AwaitedPromotion: AwaitedPromotion{VolumeID: id, AfterGeneration: after, Since: time.Now()}, promoted: make(chan struct{})}
 		a.waiting[id] = w
 	}
 	w.stages++
 	var once sync.Once
-	return func() {
+	return w.promoted, func() {
 		once.Do(func() {
 			a.mu.Lock()
 			defer a.mu.Unlock()
@@ -56,6 +61,21 @@ func (m *Manager) AwaitPromotion(id string, after uint64) (done func()) {
 			}
 		})
 	}
+}
+
+// wakeAwaited wakes the stages that wait for volume id's promotion: this
+// node promoted its copy. They stay listed until they end; stages that
+// start waiting later get a new channel.
+func (m *Manager) wakeAwaited(id string) {
+	a := &m.awaited
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	w, ok := a.waiting[id]
+	if !ok {
+		return
+	}
+	close(w.promoted)
+	w.promoted = make(chan struct{})
 }
 
 // AwaitedPromotions lists the stages waiting for a promotion now, by

@@ -273,6 +273,7 @@ func (m *Manager) Promote(ctx context.Context, id string, generation uint64, not
 	}
 	c.Role, c.Generation, c.MovingTo = contract.RolePrimary, generation, ""
 	m.fences.Confirm(id, generation) // a majority promised it to this copy first
+	m.wakeAwaited(id)
 	if failover {
 		c.FailoverFrom = c.LastSnapshot
 	}
