@@ -67,6 +67,10 @@ type moveJob struct {
 	// ahead of the move's end: the final step follows the catch-up).
 	sourceGeneration  uint64
 	sourceUnpublished bool
+	// seen is the look of the publish that started the job at its final
+	// step, taken just before: the final step's first attempt acts on it
+	// instead of asking every node again (takeSeen).
+	seen *view
 
 	mu      sync.Mutex
 	step    moveStep
@@ -93,6 +97,15 @@ func newMoveJob(p copyOn, target string, withCatchUp bool, now time.Time) *moveJ
 	}
 	return &moveJob{volumeID: p.copy.VolumeID, source: p.nodeID(), target: target, started: now, step: step, done: make(chan struct{}),
 		sourceGeneration: p.copy.Generation, sourceUnpublished: !p.copy.Mounted}
+}
+
+// takeSeen returns the look the job was started with, once.
+func (j *moveJob) takeSeen() *view {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	v := j.seen
+	j.seen = nil
+	return v
 }
 
 // enterFinalStep moves a running job on from its catch-up.

@@ -128,7 +128,21 @@ type attempt struct {
 	// running is the volume's move job to nodeID whose progress refused
 	// the publish (runs).
 	running *moveJob
-	log     hclog.Logger
+	// seen is a look its caller took just before the first step (a move
+	// job's final step checks the copies first), which that step acts on
+	// instead of asking every node again.
+	seen *view
+	log  hclog.Logger
+}
+
+// look is the view a's step acts on: the one a's caller took just before
+// the first step, or a fresh look at every node.
+func (m *Migrator) look(ctx context.Context, a *attempt) (view, error) {
+	if v := a.seen; v != nil {
+		a.seen = nil
+		return *v, nil
+	}
+	return m.gather(ctx, a.id)
 }
 
 func (m *Migrator) newAttempt(id, nodeID string, inBackground bool) *attempt {
@@ -169,7 +183,7 @@ func (m *Migrator) enterForeground(a *attempt) (unlock func(), err error) {
 // or lost a race to another change, and the next step looks again.
 func (m *Migrator) publishStep(ctx context.Context, a *attempt) (uint64, next, error) {
 	id, nodeID := a.id, a.nodeID
-	v, err := m.gather(ctx, id)
+	v, err := m.look(ctx, a)
 	if err != nil {
 		return 0, answer, err
 	}
@@ -368,7 +382,10 @@ func (m *Migrator) handOff(ctx context.Context, a *attempt, p copyOn, target clu
 		if fresh && p.copy.Mounted {
 			return goOn, nil // the move says it is still published there
 		}
-		return m.startMove(ctx, a, p, target, !fresh)
+		if fresh {
+			return m.startMove(ctx, a, p, target, false, &v)
+		}
+		return m.startMove(ctx, a, p, target, true, nil)
 	}
 	// Only the call that starts a job waits for it: Nomad sends a
 	// plugin's controller calls one at a time, so a retry that waited
@@ -380,9 +397,14 @@ func (m *Migrator) handOff(ctx context.Context, a *attempt, p copyOn, target clu
 }
 
 // startMove starts a job moving p to target (from its catch-up, or from
-// its final step) and waits CatchUpWait for it.
-func (m *Migrator) startMove(ctx context.Context, a *attempt, p copyOn, target cluster.Node, withCatchUp bool) (next, error) {
+// its final step) and waits CatchUpWait for it. seen, if given, is the
+// look this publish just took, which a job starting at its final step
+// acts on first.
+func (m *Migrator) startMove(ctx context.Context, a *attempt, p copyOn, target cluster.Node, withCatchUp bool, seen *view) (next, error) {
 	j := newMoveJob(p, target.Info.NodeID, withCatchUp, m.now())
+	if !withCatchUp {
+		j.seen = seen
+	}
 	if err := m.jobs.add(j, m.maxCatchUps()); err != nil {
 		return answer, err
 	}
@@ -434,7 +456,7 @@ func (m *Migrator) answerEnded(ctx context.Context, a *attempt, j *moveJob, p co
 		return answer, errdefs.Wrap(errdefs.ErrFailedPrecondition, "volume %s did not move to node %s: its final step found it published again on node %s, or no longer its primary there; retry once it is unpublished there",
 			a.id, a.nodeID, j.source)
 	}
-	return m.startMove(ctx, a, p, target, false) // caught up
+	return m.startMove(ctx, a, p, target, false, nil) // caught up
 }
 
 // waitFor waits until done is closed or wait has passed, whichever is

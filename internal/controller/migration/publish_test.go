@@ -279,6 +279,7 @@ func TestAMoveCatchesUpInTheBackground(t *testing.T) {
 		moves[0].Bytes != 1<<30 || !moves[0].CaughtUp.IsZero() {
 		t.Errorf("the moves during the catch-up: %+v, want the one to n2 running, 1 GiB sent", moves)
 	}
+	n2Before := len(n2.Calls())
 	close(release)
 	// The source is unpublished: the final step runs in the background
 	// right after the catch-up, before any retry. The job is done once it
@@ -295,6 +296,11 @@ func TestAMoveCatchesUpInTheBackground(t *testing.T) {
 	}
 	if moves := m.Moves(); len(moves) != 1 || moves[0].Moved.IsZero() || !moves[0].FinalStep || moves[0].Error != "" {
 		t.Errorf("the moves once moved: %+v, want the one to n2, moved", moves)
+	}
+	// The final step acts on the look that checked the source: one look
+	// at every node, not two.
+	if looks := countCalls(n2.Calls()[n2Before:], "GetCopy "+id); looks != 1 {
+		t.Errorf("the final step asked n2 for its copy %d times, want once", looks)
 	}
 	began := time.Now()
 	gen, err := m.Publish(ctx, id, "n2")
@@ -736,5 +742,36 @@ func TestAFinalStepThatCannotRunIsNotStartedAgainAndAgain(t *testing.T) {
 	}
 	if finals > 3 {
 		t.Errorf("the source was asked for its copy %d times in one publish: the final step was started again and again", finals)
+	}
+}
+
+// countCalls counts the calls named call among calls.
+func countCalls(calls []string, call string) int {
+	n := 0
+	for _, c := range calls {
+		if c == call {
+			n++
+		}
+	}
+	return n
+}
+
+// TestAMoveToAFreshReplicaLooksOnceBeforeItsFinalStep: a publish that
+// finds the target's replica fresh starts the move's job at its final
+// step, which acts on the look the publish just took instead of asking
+// every node again; the publish then looks once more and finds the
+// volume moved.
+func TestAMoveToAFreshReplicaLooksOnceBeforeItsFinalStep(t *testing.T) {
+	m, agents := fakeCluster(t, []string{"n1", "n2", "n3"}, nil,
+		[]copyOf{{node: "n1", role: contract.RolePrimary, gen: 1}, {node: "n2", role: contract.RoleReplica, gen: 1, fresh: true}}, nil)
+	m.CatchUpWait = 10 * time.Second
+	gen, err := m.Publish(context.Background(), testVolume, "n2")
+	if err != nil || gen != 2 {
+		t.Fatalf("Publish: generation %d, %v; want 2", gen, err)
+	}
+	for node, a := range agents {
+		if looks := countCalls(a.Calls(), "GetCopy "+testVolume); looks != 2 {
+			t.Errorf("%s was asked for its copy %d times, want twice (the publish's look, its look after the move)", node, looks)
+		}
 	}
 }

@@ -143,7 +143,8 @@ func (m *Migrator) follow(ctx context.Context, j *moveJob, source cluster.Node, 
 
 // runFinalStep runs the job's final step when the primary is still on
 // the move's source and unpublished there, taking the same steps as the
-// publish's retry would (from a fresh look at every node). While the
+// publish's retry would (from a look at every node, finalLook's, which
+// its first step acts on). While the
 // source is published, the final step waits for the publish's retry, as
 // it must: the job may still write. A job that never entered its final
 // step ends caught up then; one that did (its target was fresh, or an
@@ -151,7 +152,7 @@ func (m *Migrator) follow(ctx context.Context, j *moveJob, source cluster.Node, 
 func (m *Migrator) runFinalStep(j *moveJob) (moveOutcome, error) {
 	ctx, cancel := context.WithTimeout(m.background.context(), finalStepTimeout)
 	defer cancel()
-	v, err := m.gather(ctx, j.volumeID)
+	v, err := m.finalLook(ctx, j)
 	if err != nil {
 		return failed, fmt.Errorf("looking at the copies of volume %s before the move's final step: %w", j.volumeID, err)
 	}
@@ -162,8 +163,23 @@ func (m *Migrator) runFinalStep(j *moveJob) (moveOutcome, error) {
 		return caughtUp, nil
 	}
 	j.enterFinalStep()
-	if _, err := m.steps(ctx, m.newAttempt(j.volumeID, j.target, true)); err != nil {
+	a := m.newAttempt(j.volumeID, j.target, true)
+	a.seen = &v // its first step acts on this look
+	if _, err := m.steps(ctx, a); err != nil {
 		return failed, err
 	}
 	return moved, nil
+}
+
+// finalLook is the look a final step starts from: the one the job's
+// publish took just before starting it at its final step (its first
+// attempt only), or a fresh look at every node. A look a moment old is
+// as good as a fresh one: whatever changed since is refused by the nodes
+// (the reservation, the fence's checks of the promise and the mount) and
+// looked at again.
+func (m *Migrator) finalLook(ctx context.Context, j *moveJob) (view, error) {
+	if v := j.takeSeen(); v != nil {
+		return *v, nil
+	}
+	return m.gather(ctx, j.volumeID)
 }
