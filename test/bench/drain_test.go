@@ -67,7 +67,7 @@ func BenchmarkDrain(b *testing.B) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				err := claim(ctx, oneAtATime{ctl, &serial}, node2, staging(id), &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: n2.ID, VolumeCapability: mountCapability})
+				_, err := claim(ctx, oneAtATime{ctl, &serial}, node2, staging(id), &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: n2.ID, VolumeCapability: mountCapability})
 				if err != nil {
 					b.Error(err)
 				}
@@ -123,21 +123,34 @@ func drainVolumes(b *testing.B, ctl csi.ControllerClient, node *guestcluster.Nod
 // at staging on the node, as Nomad's client does next: a publish granted
 // ahead of the move's end answers before the move is done, and the stage
 // waits for it.
-func claim(ctx context.Context, ctl csi.ControllerClient, node csi.NodeClient, staging string, req *csi.ControllerPublishVolumeRequest) error {
+func claim(ctx context.Context, ctl csi.ControllerClient, node csi.NodeClient, staging string, req *csi.ControllerPublishVolumeRequest) (claimResult, error) {
+	var r claimResult
 	backoff := 2 * time.Second
 	for deadline := time.Now().Add(30 * time.Minute); ; {
 		resp, err := ctl.ControllerPublishVolume(ctx, req)
+		r.publishes++
 		if err == nil {
+			r.granted = time.Now()
 			_, err = node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: req.GetVolumeId(), StagingTargetPath: staging,
 				VolumeCapability: mountCapability, PublishContext: resp.GetPublishContext()})
-			return err
+			r.staged = time.Now()
+			return r, err
 		}
 		if !guestcluster.CatchingUp(err) || time.Now().After(deadline) {
-			return err
+			return r, err
 		}
 		time.Sleep(backoff)
+		r.backoff += backoff
 		backoff = min(2*backoff, time.Minute)
 	}
+}
+
+// claimResult is what a claim took: its publishes, the time it slept
+// between them, when the publish was granted and when the stage answered.
+type claimResult struct {
+	publishes       int
+	backoff         time.Duration
+	granted, staged time.Time
 }
 
 // oneAtATime sends a controller's publishes one at a time, as Nomad sends
