@@ -67,12 +67,12 @@ type moveJob struct {
 	// ahead of the move's end: the final step follows the catch-up).
 	sourceGeneration  uint64
 	sourceUnpublished bool
+
+	mu sync.Mutex
 	// seen is the look of the publish that started the job at its final
 	// step, taken just before: the final step's first attempt acts on it
 	// instead of asking every node again (takeSeen).
-	seen *view
-
-	mu      sync.Mutex
+	seen    *view
 	step    moveStep
 	outcome moveOutcome
 	err     error     // failed: why
