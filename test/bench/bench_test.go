@@ -50,7 +50,9 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/agentclient"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/agent"
@@ -207,9 +209,7 @@ func filledVolume(b *testing.B, c *guestcluster.Cluster, n1 *guestcluster.Node) 
 	b.Helper()
 	ctl, id := createVolume(b, c, "bench", n1.ID, 2<<30)
 	src := n1.RootDataset + "/" + id
-	mnt := filepath.Join(n1.Dir, "bench")
-	sh(b, fmt.Sprintf("mkdir -p %s && mount -t zfs %s %s && dd if=/dev/urandom of=%s/data bs=1M count=%d 2>/dev/null && sync && umount %s",
-		mnt, src, mnt, mnt, *replicationMiB, mnt))
+	fill(b, n1, id, "data", *replicationMiB)
 	sh(b, "zfs snapshot "+src+"@bench")
 	size, _ := strconv.ParseFloat(strings.Fields(sh(b, "zfs send -nP -L -c "+src+"@bench | awk '$1==\"size\"{print $2}'"))[0], 64)
 	conn, err := c.DialAgent(n1.AgentAddress)
@@ -218,6 +218,28 @@ func filledVolume(b *testing.B, c *guestcluster.Cluster, n1 *guestcluster.Node) 
 	}
 	b.Cleanup(func() { conn.Close() })
 	return filled{ctl: ctl, id: id, dataset: src, size: size, agent: agentclient.New(conn)}
+}
+
+// fill writes mib MiB of random data to file on the volume's copy on n.
+func fill(b *testing.B, n *guestcluster.Node, id, file string, mib int) {
+	mnt := filepath.Join(n.Dir, "fill-"+id)
+	sh(b, fmt.Sprintf("mkdir -p %[1]s && mount -t zfs %[2]s/%[3]s %[1]s && dd if=/dev/urandom of=%[1]s/%[4]s bs=1M count=%[5]d 2>/dev/null && sync && umount %[1]s",
+		mnt, n.RootDataset, id, file, mib))
+}
+
+// deleteVolume deletes volume id, again while the job of a move that
+// just ended still demotes the old primary (Aborted, which a CO
+// retries), for up to 30 s.
+func deleteVolume(b *testing.B, ctl csi.ControllerClient, id string) {
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		_, err := ctl.DeleteVolume(context.Background(), &csi.DeleteVolumeRequest{VolumeId: id})
+		if err == nil {
+			return
+		}
+		if status.Code(err) != codes.Aborted || time.Now().After(deadline) {
+			b.Fatal(err)
+		}
+	}
 }
 
 // createVolume creates a volume of size bytes on node, uncompressed (the

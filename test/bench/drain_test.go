@@ -84,9 +84,7 @@ func BenchmarkDrain(b *testing.B) {
 			if _, err := node2.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging(id)}); err != nil {
 				b.Fatal(err)
 			}
-			if _, err := ctl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
-				b.Fatal(err)
-			}
+			deleteVolume(b, ctl, id)
 		}
 		b.StartTimer()
 	}
@@ -109,9 +107,7 @@ func drainVolumes(b *testing.B, ctl csi.ControllerClient, node *guestcluster.Nod
 			b.Fatal(err)
 		}
 		ids[i] = resp.GetVolume().GetVolumeId()
-		mnt := filepath.Join(node.Dir, "drain-fill")
-		sh(b, fmt.Sprintf("mkdir -p %[1]s && mount -t zfs %[2]s/%[3]s %[1]s && dd if=/dev/urandom of=%[1]s/data bs=1M count=%[4]d 2>/dev/null && sync && umount %[1]s",
-			mnt, node.RootDataset, ids[i], *drainMiB))
+		fill(b, node, ids[i], "data", *drainMiB)
 	}
 	return ids
 }

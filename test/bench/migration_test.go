@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -13,8 +14,6 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/agentclient"
 	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guestcluster"
@@ -122,20 +121,6 @@ func movesToNoCopy(b *testing.B, c *guestcluster.Cluster, ctl csi.ControllerClie
 	return figures
 }
 
-// deleteVolume deletes volume id, again while its move's job still
-// demotes the old primary (Aborted), for up to 30 s.
-func deleteVolume(b *testing.B, ctl csi.ControllerClient, id string) {
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
-		_, err := ctl.DeleteVolume(context.Background(), &csi.DeleteVolumeRequest{VolumeId: id})
-		if err == nil {
-			return
-		}
-		if status.Code(err) != codes.Aborted || time.Now().After(deadline) {
-			b.Fatal(err)
-		}
-	}
-}
-
 // moveFigures are the moves of one kind: each one's raw send and claim,
 // in seconds, their ratio, and where the claim's time went.
 type moveFigures struct {
@@ -208,7 +193,7 @@ func readTimeline(b *testing.B, c *guestcluster.Cluster, id string, from, to *gu
 	tgt := volumeLog(b, to.Process.Log, id, began)
 	fenced := src.first("volume fenced for a move", time.Time{})
 	return moveTimeline{
-		jobStarted: since(cmpOr(ctl.first("catching the move's target up in the background", time.Time{}),
+		jobStarted: since(cmp.Or(ctl.first("catching the move's target up in the background", time.Time{}),
 			ctl.first("moving the volume in the background", time.Time{}))),
 		caughtUp:  since(ctl.first("move's target caught up", time.Time{})),
 		finalStep: since(ctl.first("moving volume", time.Time{})),
@@ -222,15 +207,6 @@ func readTimeline(b *testing.B, c *guestcluster.Cluster, id string, from, to *gu
 		publishes: claimed.publishes,
 		backoff:   claimed.backoff.Seconds(),
 	}
-}
-
-func cmpOr(ts ...time.Time) time.Time {
-	for _, t := range ts {
-		if !t.IsZero() {
-			return t
-		}
-	}
-	return time.Time{}
 }
 
 // logLines are a process's log lines about one volume from a time on.
@@ -281,13 +257,6 @@ func (ls logLines) first(msg string, after time.Time) time.Time {
 		}
 	}
 	return time.Time{}
-}
-
-// fill writes mib MiB of random data to file on the volume's copy on n.
-func fill(b *testing.B, n *guestcluster.Node, id, file string, mib int) {
-	mnt := filepath.Join(n.Dir, "fill-"+id)
-	sh(b, fmt.Sprintf("mkdir -p %[1]s && mount -t zfs %[2]s/%[3]s %[1]s && dd if=/dev/urandom of=%[1]s/%[4]s bs=1M count=%[5]d 2>/dev/null && sync && umount %[1]s",
-		mnt, n.RootDataset, id, file, mib))
 }
 
 // waitDemoted waits until the volume's copy on n is a replica: the
