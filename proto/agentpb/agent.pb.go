@@ -3323,9 +3323,13 @@ type Copy struct {
 	ForcedGeneration uint64 `protobuf:"varint,19,opt,name=forced_generation,json=forcedGeneration,proto3" json:"forced_generation,omitempty"`
 	// A primary read-only since its node lost its lease (docs/safety.md,
 	// "Leases"); a publish that finds it current lifts that (Unfence).
-	LeaseFenced   bool `protobuf:"varint,20,opt,name=lease_fenced,json=leaseFenced,proto3" json:"lease_fenced,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	LeaseFenced bool `protobuf:"varint,20,opt,name=lease_fenced,json=leaseFenced,proto3" json:"lease_fenced,omitempty"`
+	// On a primary: the bytes written to it since last_snapshot (ZFS's
+	// written@ property), what a final increment from there sends. Unset
+	// when the node does not report it (an older node, or no snapshot).
+	WrittenSinceLastSnapshot *uint64 `protobuf:"varint,21,opt,name=written_since_last_snapshot,json=writtenSinceLastSnapshot,proto3,oneof" json:"written_since_last_snapshot,omitempty"`
+	unknownFields            protoimpl.UnknownFields
+	sizeCache                protoimpl.SizeCache
 }
 
 func (x *Copy) Reset() {
@@ -3496,6 +3500,13 @@ func (x *Copy) GetLeaseFenced() bool {
 		return x.LeaseFenced
 	}
 	return false
+}
+
+func (x *Copy) GetWrittenSinceLastSnapshot() uint64 {
+	if x != nil && x.WrittenSinceLastSnapshot != nil {
+		return *x.WrittenSinceLastSnapshot
+	}
+	return 0
 }
 
 type ReserveRequest struct {
@@ -4679,7 +4690,7 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\rsnapshot_guid\x18\x01 \x01(\x04R\fsnapshotGuid\x12\x14\n" +
 	"\x05bytes\x18\x02 \x01(\x03R\x05bytes\"-\n" +
 	"\x0eGetCopyRequest\x12\x1b\n" +
-	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\"\xad\x06\n" +
+	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\"\x91\a\n" +
 	"\x04Copy\x12\x1b\n" +
 	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x16\n" +
@@ -4705,10 +4716,12 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\x0fpromised_holder\x18\x11 \x01(\tR\x0epromisedHolder\x12%\n" +
 	"\x0esnapshot_guids\x18\x12 \x03(\x04R\rsnapshotGuids\x12+\n" +
 	"\x11forced_generation\x18\x13 \x01(\x04R\x10forcedGeneration\x12!\n" +
-	"\flease_fenced\x18\x14 \x01(\bR\vleaseFenced\x1a=\n" +
+	"\flease_fenced\x18\x14 \x01(\bR\vleaseFenced\x12B\n" +
+	"\x1bwritten_since_last_snapshot\x18\x15 \x01(\x04H\x00R\x18writtenSinceLastSnapshot\x88\x01\x01\x1a=\n" +
 	"\x0fParametersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xfe\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x1e\n" +
+	"\x1c_written_since_last_snapshot\"\xfe\x01\n" +
 	"\x0eReserveRequest\x12\x1b\n" +
 	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12\x1e\n" +
 	"\n" +
@@ -5003,6 +5016,7 @@ func file_agentpb_agent_proto_init() {
 		(*ReceiveMessage_Header)(nil),
 		(*ReceiveMessage_Data)(nil),
 	}
+	file_agentpb_agent_proto_msgTypes[49].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

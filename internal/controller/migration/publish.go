@@ -8,6 +8,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/controller/agentclient"
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/cluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
@@ -476,19 +477,40 @@ func waitFor(ctx context.Context, done <-chan struct{}, wait time.Duration) erro
 	return nil
 }
 
-// targetFresh reports whether target holds a replica of p's generation
-// whose newest snapshot is younger than CatchUpFresh, with no receive
-// left to resume.
+// DefaultCatchUpFreshBytes is how much may have been written to an
+// unpublished primary since the target's replica was taken for the move
+// to skip the catch-up: a final step that sends that much ends within
+// seconds, so a catch-up first would only add a round.
+const DefaultCatchUpFreshBytes = 64 << 20
+
+// targetFresh reports whether target holds a replica of p's generation,
+// with no receive left to resume, that a final step brings up to date
+// at once: its newest snapshot is younger than CatchUpFresh, or it is
+// the unpublished primary's newest replication snapshot and at most
+// DefaultCatchUpFreshBytes were written since. The second is what an
+// idle replica between scheduled pushes usually is. A published primary
+// is judged by age alone: what its workload writes until it is
+// unpublished is not known.
 func (m *Migrator) targetFresh(p copyOn, target cluster.Node, v view) bool {
 	for _, c := range v.copies {
 		if c.nodeID() != target.Info.NodeID {
 			continue
 		}
+		if c.copy.Role != contract.RoleReplica || c.copy.Generation != p.copy.Generation || c.copy.Resumable || c.copy.LastSnapshotUnixNano == 0 {
+			return false
+		}
 		age := m.now().Sub(time.Unix(0, c.copy.LastSnapshotUnixNano))
-		return c.copy.Role == contract.RoleReplica && c.copy.Generation == p.copy.Generation && !c.copy.Resumable &&
-			c.copy.LastSnapshotUnixNano > 0 && age < m.catchUpFresh()
+		return age < m.catchUpFresh() || smallIncrement(p.copy, c.copy)
 	}
 	return false
+}
+
+// smallIncrement tells whether replica holds primary's newest replication
+// snapshot and the unpublished primary had at most
+// DefaultCatchUpFreshBytes written since.
+func smallIncrement(primary, replica agentclient.Copy) bool {
+	return !primary.Mounted && primary.WrittenKnown && primary.WrittenSinceLast <= DefaultCatchUpFreshBytes &&
+		primary.LastSnapshot != "" && replica.LastSnapshot == primary.LastSnapshot
 }
 
 func (m *Migrator) catchUpFresh() time.Duration {

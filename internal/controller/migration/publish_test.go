@@ -13,6 +13,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/agentclient"
+	"github.com/zfs-nomad/zfs-nomad/internal/controller/cluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/cluster/clustertest"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
@@ -29,6 +30,10 @@ type copyOf struct {
 	mounted  bool
 	movingTo string // a fenced primary's target
 	params   map[string]string
+	// lastSnapshot names its newest replication snapshot; on a primary,
+	// written is what was written since it.
+	lastSnapshot string
+	written      uint64
 }
 
 // fakeCluster gives each of nodes a fake agent holding copies and
@@ -44,7 +49,8 @@ func fakeCluster(t *testing.T, nodes []string, down []string, copies []copyOf, p
 			if c.node == id {
 				a.PutCopy(agentclient.Copy{VolumeID: testVolume, Role: c.role, Generation: c.gen, MovingTo: c.movingTo, Mounted: c.mounted,
 					FencedUnixNano:       map[bool]int64{true: c.snapAt}[c.movingTo != ""],
-					LastSnapshotUnixNano: map[bool]int64{false: c.snapAt, true: time.Now().UnixNano()}[c.fresh], Parameters: c.params})
+					LastSnapshotUnixNano: map[bool]int64{false: c.snapAt, true: time.Now().UnixNano()}[c.fresh], Parameters: c.params,
+					LastSnapshot: c.lastSnapshot, WrittenSinceLast: c.written, WrittenKnown: c.role == contract.RolePrimary && c.lastSnapshot != ""})
 			}
 		}
 		if p, ok := promises[id]; ok {
@@ -773,5 +779,90 @@ func TestAMoveToAFreshReplicaLooksOnceBeforeItsFinalStep(t *testing.T) {
 		if looks := countCalls(a.Calls(), "GetCopy "+testVolume); looks != 2 {
 			t.Errorf("%s was asked for its copy %d times, want twice (the publish's look, its look after the move)", node, looks)
 		}
+	}
+}
+
+// TestWhichReplicasSkipTheCatchUp: a move skips its catch-up when the
+// target's replica is young, or when it holds the unpublished primary's
+// newest replication snapshot and little was written since; never for
+// a replica of another generation or with a receive to resume.
+func TestWhichReplicasSkipTheCatchUp(t *testing.T) {
+	now := time.Unix(1_000_000, 0)
+	old := now.Add(-10 * time.Minute).UnixNano()
+	primary := agentclient.Copy{Role: contract.RolePrimary, Generation: 3, LastSnapshot: "repl-1", LastSnapshotUnixNano: old,
+		WrittenKnown: true, WrittenSinceLast: 17 << 10}
+	replica := agentclient.Copy{Role: contract.RoleReplica, Generation: 3, LastSnapshot: "repl-1", LastSnapshotUnixNano: old}
+	tests := []struct {
+		name      string
+		primary   func(*agentclient.Copy)
+		replica   func(*agentclient.Copy)
+		wantFresh bool
+	}{
+		{"old replica of the newest snapshot, little written", nil, nil, true},
+		{"as much written as the bound", func(p *agentclient.Copy) { p.WrittenSinceLast = DefaultCatchUpFreshBytes }, nil, true},
+		{"more written than the bound", func(p *agentclient.Copy) { p.WrittenSinceLast = DefaultCatchUpFreshBytes + 1 }, nil, false},
+		{"primary from a node that does not report what was written", func(p *agentclient.Copy) { p.WrittenKnown, p.WrittenSinceLast = false, 0 }, nil, false},
+		{"primary still published", func(p *agentclient.Copy) { p.Mounted = true }, nil, false},
+		{"replica behind the primary's newest snapshot", nil, func(r *agentclient.Copy) { r.LastSnapshot = "repl-0" }, false},
+		{"primary without a replication snapshot", func(p *agentclient.Copy) { p.LastSnapshot = "" }, nil, false},
+		{"replica of an older generation", nil, func(r *agentclient.Copy) { r.Generation = 2 }, false},
+		{"replica with a receive to resume", nil, func(r *agentclient.Copy) { r.Resumable = true }, false},
+		{"young replica, much written", func(p *agentclient.Copy) { p.WrittenSinceLast = 1 << 40 },
+			func(r *agentclient.Copy) {
+				r.LastSnapshot, r.LastSnapshotUnixNano = "repl-2", now.Add(-time.Second).UnixNano()
+			}, true},
+		{"young replica, primary published", func(p *agentclient.Copy) { p.Mounted = true },
+			func(r *agentclient.Copy) { r.LastSnapshotUnixNano = now.Add(-time.Second).UnixNano() }, true},
+		{"young primary copy on the target", nil, func(r *agentclient.Copy) { r.Role = contract.RolePrimary }, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, r := primary, replica
+			if tt.primary != nil {
+				tt.primary(&p)
+			}
+			if tt.replica != nil {
+				tt.replica(&r)
+			}
+			m := &Migrator{now: func() time.Time { return now }}
+			source := copyOn{node: cluster.Node{Info: agentclient.NodeInfo{NodeID: "n1"}}, copy: p}
+			target := copyOn{node: cluster.Node{Info: agentclient.NodeInfo{NodeID: "n2"}}, copy: r}
+			v := view{copies: []copyOn{source, target}}
+			if got := m.targetFresh(source, target.node, v); got != tt.wantFresh {
+				t.Errorf("targetFresh = %v, want %v", got, tt.wantFresh)
+			}
+		})
+	}
+}
+
+// TestAMoveToAnIdleReplicaSkipsItsCatchUp: a replica last pushed long
+// ago, holding the unpublished primary's newest snapshot with little
+// written since, is brought up to date by the final step alone: the
+// first publish starts the move at its final step, with no catch-up.
+func TestAMoveToAnIdleReplicaSkipsItsCatchUp(t *testing.T) {
+	longAgo := time.Now().Add(-time.Hour).UnixNano()
+	for _, tt := range []struct {
+		name        string
+		written     uint64
+		wantCatchUp bool
+	}{
+		{"little written", 1 << 20, false},
+		{"much written", DefaultCatchUpFreshBytes + 1, true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			m, agents := fakeCluster(t, []string{"n1", "n2", "n3"}, nil, []copyOf{
+				{node: "n1", role: contract.RolePrimary, gen: 1, snapAt: longAgo, lastSnapshot: "s1", written: tt.written},
+				{node: "n2", role: contract.RoleReplica, gen: 1, snapAt: longAgo, lastSnapshot: "s1"},
+			}, nil)
+			m.CatchUpWait = 10 * time.Second
+			gen, err := m.Publish(context.Background(), testVolume, "n2")
+			if err != nil || gen != 2 {
+				t.Fatalf("Publish: generation %d, %v; want 2", gen, err)
+			}
+			caughtUp := slices.Contains(agents["n1"].Purposes(), "catch-up for the move to n2")
+			if caughtUp != tt.wantCatchUp {
+				t.Errorf("n1 pushed for: %q; want a catch-up: %v", agents["n1"].Purposes(), tt.wantCatchUp)
+			}
+		})
 	}
 }

@@ -45,6 +45,11 @@ type Copy struct {
 	HistoryFrom uint64
 	// LeaseFenced: read-only since this node lost its lease.
 	LeaseFenced bool
+	// WrittenSinceLast is, on a primary with a replication snapshot, the
+	// bytes written since LastSnapshot (written@): what a final increment
+	// from it sends. WrittenKnown tells whether it was read.
+	WrittenSinceLast uint64
+	WrittenKnown     bool
 	// quota is the dataset's quota property as set (QuotaProperty), 0
 	// when unset: a replica received with its primary's quota needs no
 	// separate step to set it when promoted.
@@ -128,7 +133,22 @@ func (m *Manager) Copy(ctx context.Context, id string) (Copy, error) {
 	if out.Mounted, err = m.mounted(dataset); err != nil {
 		return out, err
 	}
+	if role == contract.RolePrimary && out.LastSnapshot != "" {
+		out.WrittenSinceLast, out.WrittenKnown = m.writtenSince(ctx, dataset, out.LastSnapshot)
+	}
 	return out, nil
+}
+
+// writtenSince reads the bytes written to dataset since its snapshot,
+// if ZFS tells (a snapshot destroyed since it was listed does not): an
+// estimate the controller may go without, so not reading it is no error.
+func (m *Manager) writtenSince(ctx context.Context, dataset, snapshot string) (uint64, bool) {
+	v, err := m.zfs.Property(ctx, dataset, "written@"+snapshot)
+	if err != nil {
+		return 0, false
+	}
+	n, err := strconv.ParseUint(v, 10, 64)
+	return n, err == nil
 }
 
 func (m *Manager) mounted(dataset string) (bool, error) {

@@ -393,3 +393,32 @@ func TestOwnersAreRequiredOfCreatesOnly(t *testing.T) {
 		}
 	}
 }
+
+// TestCopyTellsWhatWasWrittenSinceItsNewestReplicationSnapshot: a
+// primary's copy reports the bytes written since its newest replication
+// snapshot, whatever snapshots came after it; with none, nothing.
+func TestCopyTellsWhatWasWrittenSinceItsNewestReplicationSnapshot(t *testing.T) {
+	ctx := context.Background()
+	m, fake := newManager(t)
+	v := create(t, m, CreateRequest{Name: "data", RequiredBytes: 1 << 30})
+	if c, err := m.Copy(ctx, v.ID); err != nil || c.WrittenKnown {
+		t.Fatalf("copy without a replication snapshot: %+v, %v; want nothing written known", c, err)
+	}
+	for _, snap := range []string{"zn-100", "zn-200"} {
+		if err := fake.Snapshot(ctx, v.Dataset+"@"+snap, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, token := range []string{"0123456789", "abcde"} {
+		if err := fake.Write(v.Dataset, token); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := fake.Snapshot(ctx, v.Dataset+"@user-snapshot", nil); err != nil {
+		t.Fatal(err)
+	}
+	c, err := m.Copy(ctx, v.ID)
+	if err != nil || c.LastSnapshot != "zn-200" || !c.WrittenKnown || c.WrittenSinceLast != 15 {
+		t.Errorf("copy: last snapshot %q, written %d (known: %v), %v; want 15 bytes since zn-200", c.LastSnapshot, c.WrittenSinceLast, c.WrittenKnown, err)
+	}
+}

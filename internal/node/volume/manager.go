@@ -143,6 +143,9 @@ type Host struct {
 type Pool interface {
 	zfs.DatasetManager
 	zfs.Pools
+	// Property reads one property as zfs get -Hp prints it: the Manager
+	// reads written@snapshot (Copy).
+	Property(ctx context.Context, dataset, prop string) (string, error)
 }
 
 // Deps are what a Manager is built from: ZFS, Config and Log are

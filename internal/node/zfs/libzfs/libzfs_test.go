@@ -458,6 +458,47 @@ type Streamer interface {
 	Holds(ctx context.Context, fs string) (map[string][]string, error)
 }
 
+// TestWrittenSinceASnapshot: written@snapshot reads the bytes written
+// to a filesystem since that snapshot, newer snapshots or not, as the
+// zfs command reads it: what a move's final increment from it sends.
+func TestWrittenSinceASnapshot(t *testing.T) {
+	z, root := setup(t)
+	ctx := context.Background()
+	fs := root + "/src"
+	if err := z.CreateFilesystem(ctx, fs, map[string]string{"compression": "off", "mountpoint": "legacy"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := z.Snapshot(ctx, fs+"@s1", nil); err != nil {
+		t.Fatal(err)
+	}
+	guesttest.Run(t, "sh", "-c", "mkdir -p /tmp/src && mount -t zfs "+fs+" /tmp/src && dd if=/dev/urandom of=/tmp/src/blob bs=1M count=8 2>/dev/null && umount /tmp/src")
+	if err := z.Snapshot(ctx, fs+"@s2", nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		snapshot string
+		min, max uint64
+	}{
+		{"s1", 8 << 20, 9 << 20}, // the file, and a little metadata
+		{"s2", 0, 1 << 20},
+	} {
+		prop := "written@" + tt.snapshot
+		got, err := z.Property(ctx, fs, prop)
+		if err != nil {
+			t.Fatalf("%s: %v", prop, err)
+		}
+		if want := zfsGet(t, prop, fs); got != want {
+			t.Errorf("%s = %q in process, %q by the zfs command", prop, got, want)
+		}
+		if n, err := strconv.ParseUint(got, 10, 64); err != nil || n < tt.min || n > tt.max {
+			t.Errorf("%s = %q, want between %d and %d bytes", prop, got, tt.min, tt.max)
+		}
+	}
+	if got, err := z.Property(ctx, fs, "written@missing"); err != nil || got != "-" {
+		t.Errorf("written@ a missing snapshot: %q, %v; want \"-\"", got, err)
+	}
+}
+
 // TestResumeTokenDecodes: a token left by a broken receive decodes to the
 // snapshot that was being sent, its guid, its incremental base and
 // whether the stream was raw, as a sender needs to check it.

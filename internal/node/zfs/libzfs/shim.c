@@ -291,8 +291,13 @@ int hold_or_release(libzfs_handle_t *h, const char *snapshot, const char *tag, i
 
 // prop_get writes a property's parsable value into buf, as `zfs get -Hp`
 // prints it: "-" when the property does not apply or a user property is
-// unset. Native and user properties alike.
+// unset. Native and user properties alike, and written@snapshot.
 void prop_get(zfs_handle_t *zh, const char *name, char *buf, size_t len) {
+	if (strncmp(name, "written@", strlen("written@")) == 0) {
+		if (zfs_prop_get_written(zh, name, buf, len, B_TRUE) != 0)
+			snprintf(buf, len, "-");
+		return;
+	}
 	zfs_prop_t p = zfs_name_to_prop(name);
 	if (p != ZPROP_INVAL) {
 		if (zfs_prop_get(zh, p, buf, len, NULL, NULL, 0, B_TRUE) != 0)

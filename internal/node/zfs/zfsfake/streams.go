@@ -197,6 +197,9 @@ func (f *Fake) prop(e *entry, p string) string {
 		return "-"
 	}
 	snap := e.ds.Type == zfs.Snapshot
+	if since, ok := strings.CutPrefix(p, "written@"); ok && !snap {
+		return f.writtenSince(e, since)
+	}
 	switch p {
 	case "name":
 		return e.ds.Name
@@ -255,6 +258,24 @@ func (f *Fake) prop(e *entry, p string) string {
 		return v
 	}
 	return "-"
+}
+
+// writtenSince is the fake's written@snapshot of the filesystem e: the
+// bytes of the tokens written since the snapshot, plus the growth of its
+// referenced bytes (SetUsed); "-" when it has no such snapshot.
+func (f *Fake) writtenSince(e *entry, snapshot string) string {
+	s, ok := f.datasets[e.ds.Name+"@"+snapshot]
+	if !ok {
+		return "-"
+	}
+	var n uint64
+	for _, token := range e.content[min(len(s.content), len(e.content)):] {
+		n += uint64(len(token))
+	}
+	if e.ds.Referenced > s.ds.Referenced {
+		n += e.ds.Referenced - s.ds.Referenced
+	}
+	return u64(n)
 }
 
 func u64(n uint64) string { return strconv.FormatUint(n, 10) }
