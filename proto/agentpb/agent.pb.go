@@ -3324,12 +3324,13 @@ type Copy struct {
 	// A primary read-only since its node lost its lease (docs/safety.md,
 	// "Leases"); a publish that finds it current lifts that (Unfence).
 	LeaseFenced bool `protobuf:"varint,20,opt,name=lease_fenced,json=leaseFenced,proto3" json:"lease_fenced,omitempty"`
-	// On a primary: the bytes written to it since last_snapshot (ZFS's
-	// written@ property), what a final increment from there sends. Unset
-	// when the node does not report it (an older node, or no snapshot).
-	WrittenSinceLastSnapshot *uint64 `protobuf:"varint,21,opt,name=written_since_last_snapshot,json=writtenSinceLastSnapshot,proto3,oneof" json:"written_since_last_snapshot,omitempty"`
-	unknownFields            protoimpl.UnknownFields
-	sizeCache                protoimpl.SizeCache
+	// On a primary: for each of its replication snapshots (by short
+	// name), the bytes written to it since (ZFS's written@ property): what
+	// a final increment from a replica holding that snapshot sends. Empty
+	// from a node that does not report it (an older node).
+	WrittenSince  map[string]uint64 `protobuf:"bytes,21,rep,name=written_since,json=writtenSince,proto3" json:"written_since,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Copy) Reset() {
@@ -3502,11 +3503,11 @@ func (x *Copy) GetLeaseFenced() bool {
 	return false
 }
 
-func (x *Copy) GetWrittenSinceLastSnapshot() uint64 {
-	if x != nil && x.WrittenSinceLastSnapshot != nil {
-		return *x.WrittenSinceLastSnapshot
+func (x *Copy) GetWrittenSince() map[string]uint64 {
+	if x != nil {
+		return x.WrittenSince
 	}
-	return 0
+	return nil
 }
 
 type ReserveRequest struct {
@@ -4690,7 +4691,7 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\rsnapshot_guid\x18\x01 \x01(\x04R\fsnapshotGuid\x12\x14\n" +
 	"\x05bytes\x18\x02 \x01(\x03R\x05bytes\"-\n" +
 	"\x0eGetCopyRequest\x12\x1b\n" +
-	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\"\x91\a\n" +
+	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\"\xbe\a\n" +
 	"\x04Copy\x12\x1b\n" +
 	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x16\n" +
@@ -4716,12 +4717,14 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\x0fpromised_holder\x18\x11 \x01(\tR\x0epromisedHolder\x12%\n" +
 	"\x0esnapshot_guids\x18\x12 \x03(\x04R\rsnapshotGuids\x12+\n" +
 	"\x11forced_generation\x18\x13 \x01(\x04R\x10forcedGeneration\x12!\n" +
-	"\flease_fenced\x18\x14 \x01(\bR\vleaseFenced\x12B\n" +
-	"\x1bwritten_since_last_snapshot\x18\x15 \x01(\x04H\x00R\x18writtenSinceLastSnapshot\x88\x01\x01\x1a=\n" +
+	"\flease_fenced\x18\x14 \x01(\bR\vleaseFenced\x12N\n" +
+	"\rwritten_since\x18\x15 \x03(\v2).zfsnomad.agent.v1.Copy.WrittenSinceEntryR\fwrittenSince\x1a=\n" +
 	"\x0fParametersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x1e\n" +
-	"\x1c_written_since_last_snapshot\"\xfe\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a?\n" +
+	"\x11WrittenSinceEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\xfe\x01\n" +
 	"\x0eReserveRequest\x12\x1b\n" +
 	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12\x1e\n" +
 	"\n" +
@@ -4838,7 +4841,7 @@ func file_agentpb_agent_proto_rawDescGZIP() []byte {
 	return file_agentpb_agent_proto_rawDescData
 }
 
-var file_agentpb_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 71)
+var file_agentpb_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 72)
 var file_agentpb_agent_proto_goTypes = []any{
 	(*RetirePeerRequest)(nil),      // 0: zfsnomad.agent.v1.RetirePeerRequest
 	(*RetirePeerResponse)(nil),     // 1: zfsnomad.agent.v1.RetirePeerResponse
@@ -4911,6 +4914,7 @@ var file_agentpb_agent_proto_goTypes = []any{
 	nil,                            // 68: zfsnomad.agent.v1.Volume.ParametersEntry
 	nil,                            // 69: zfsnomad.agent.v1.ReceiveHeader.ParametersEntry
 	nil,                            // 70: zfsnomad.agent.v1.Copy.ParametersEntry
+	nil,                            // 71: zfsnomad.agent.v1.Copy.WrittenSinceEntry
 }
 var file_agentpb_agent_proto_depIdxs = []int32{
 	64, // 0: zfsnomad.agent.v1.PromisesResponse.generations:type_name -> zfsnomad.agent.v1.PromisesResponse.GenerationsEntry
@@ -4932,75 +4936,76 @@ var file_agentpb_agent_proto_depIdxs = []int32{
 	69, // 16: zfsnomad.agent.v1.ReceiveHeader.parameters:type_name -> zfsnomad.agent.v1.ReceiveHeader.ParametersEntry
 	46, // 17: zfsnomad.agent.v1.ReceiveHeader.peer_bases:type_name -> zfsnomad.agent.v1.PeerBase
 	70, // 18: zfsnomad.agent.v1.Copy.parameters:type_name -> zfsnomad.agent.v1.Copy.ParametersEntry
-	59, // 19: zfsnomad.agent.v1.WorkLeaseRequest.instance:type_name -> zfsnomad.agent.v1.ControllerInstance
-	59, // 20: zfsnomad.agent.v1.WorkLease.holder:type_name -> zfsnomad.agent.v1.ControllerInstance
-	63, // 21: zfsnomad.agent.v1.WorkLease.seen:type_name -> zfsnomad.agent.v1.SeenInstance
-	59, // 22: zfsnomad.agent.v1.SeenInstance.instance:type_name -> zfsnomad.agent.v1.ControllerInstance
-	15, // 23: zfsnomad.agent.v1.NodeAgent.GetNode:input_type -> zfsnomad.agent.v1.GetNodeRequest
-	18, // 24: zfsnomad.agent.v1.NodeAgent.CreateVolume:input_type -> zfsnomad.agent.v1.CreateVolumeRequest
-	20, // 25: zfsnomad.agent.v1.NodeAgent.DeleteVolume:input_type -> zfsnomad.agent.v1.DeleteVolumeRequest
-	22, // 26: zfsnomad.agent.v1.NodeAgent.GetVolume:input_type -> zfsnomad.agent.v1.GetVolumeRequest
-	23, // 27: zfsnomad.agent.v1.NodeAgent.ListVolumes:input_type -> zfsnomad.agent.v1.ListVolumesRequest
-	25, // 28: zfsnomad.agent.v1.NodeAgent.ExpandVolume:input_type -> zfsnomad.agent.v1.ExpandVolumeRequest
-	27, // 29: zfsnomad.agent.v1.NodeAgent.CreateSnapshot:input_type -> zfsnomad.agent.v1.CreateSnapshotRequest
-	29, // 30: zfsnomad.agent.v1.NodeAgent.DeleteSnapshot:input_type -> zfsnomad.agent.v1.DeleteSnapshotRequest
-	31, // 31: zfsnomad.agent.v1.NodeAgent.ListSnapshots:input_type -> zfsnomad.agent.v1.ListSnapshotsRequest
-	33, // 32: zfsnomad.agent.v1.NodeAgent.Replicate:input_type -> zfsnomad.agent.v1.ReplicateRequest
-	35, // 33: zfsnomad.agent.v1.NodeAgent.Status:input_type -> zfsnomad.agent.v1.StatusRequest
-	38, // 34: zfsnomad.agent.v1.NodeAgent.Changes:input_type -> zfsnomad.agent.v1.ChangesRequest
-	57, // 35: zfsnomad.agent.v1.NodeAgent.DeleteReplica:input_type -> zfsnomad.agent.v1.DeleteReplicaRequest
-	48, // 36: zfsnomad.agent.v1.NodeAgent.GetCopy:input_type -> zfsnomad.agent.v1.GetCopyRequest
-	52, // 37: zfsnomad.agent.v1.NodeAgent.Fence:input_type -> zfsnomad.agent.v1.FenceRequest
-	54, // 38: zfsnomad.agent.v1.NodeAgent.Unfence:input_type -> zfsnomad.agent.v1.UnfenceRequest
-	55, // 39: zfsnomad.agent.v1.NodeAgent.Promote:input_type -> zfsnomad.agent.v1.PromoteRequest
-	56, // 40: zfsnomad.agent.v1.NodeAgent.Demote:input_type -> zfsnomad.agent.v1.DemoteRequest
-	50, // 41: zfsnomad.agent.v1.NodeAgent.Reserve:input_type -> zfsnomad.agent.v1.ReserveRequest
-	60, // 42: zfsnomad.agent.v1.NodeAgent.AcquireWorkLease:input_type -> zfsnomad.agent.v1.WorkLeaseRequest
-	61, // 43: zfsnomad.agent.v1.NodeAgent.WorkLeases:input_type -> zfsnomad.agent.v1.WorkLeasesRequest
-	0,  // 44: zfsnomad.agent.v1.NodeAgent.RetirePeer:input_type -> zfsnomad.agent.v1.RetirePeerRequest
-	2,  // 45: zfsnomad.agent.v1.Peers.Ping:input_type -> zfsnomad.agent.v1.PingRequest
-	4,  // 46: zfsnomad.agent.v1.Peers.Promises:input_type -> zfsnomad.agent.v1.PromisesRequest
-	8,  // 47: zfsnomad.agent.v1.Backups.ListBackups:input_type -> zfsnomad.agent.v1.ListBackupsRequest
-	11, // 48: zfsnomad.agent.v1.Backups.GrantRestore:input_type -> zfsnomad.agent.v1.GrantRestoreRequest
-	13, // 49: zfsnomad.agent.v1.Backups.SendBackup:input_type -> zfsnomad.agent.v1.SendBackupRequest
-	6,  // 50: zfsnomad.agent.v1.Backups.DeleteBackups:input_type -> zfsnomad.agent.v1.DeleteBackupsRequest
-	42, // 51: zfsnomad.agent.v1.Replication.ReplicaState:input_type -> zfsnomad.agent.v1.ReplicaStateRequest
-	44, // 52: zfsnomad.agent.v1.Replication.Receive:input_type -> zfsnomad.agent.v1.ReceiveMessage
-	16, // 53: zfsnomad.agent.v1.NodeAgent.GetNode:output_type -> zfsnomad.agent.v1.Node
-	19, // 54: zfsnomad.agent.v1.NodeAgent.CreateVolume:output_type -> zfsnomad.agent.v1.Volume
-	21, // 55: zfsnomad.agent.v1.NodeAgent.DeleteVolume:output_type -> zfsnomad.agent.v1.DeleteVolumeResponse
-	19, // 56: zfsnomad.agent.v1.NodeAgent.GetVolume:output_type -> zfsnomad.agent.v1.Volume
-	24, // 57: zfsnomad.agent.v1.NodeAgent.ListVolumes:output_type -> zfsnomad.agent.v1.ListVolumesResponse
-	26, // 58: zfsnomad.agent.v1.NodeAgent.ExpandVolume:output_type -> zfsnomad.agent.v1.ExpandVolumeResponse
-	28, // 59: zfsnomad.agent.v1.NodeAgent.CreateSnapshot:output_type -> zfsnomad.agent.v1.Snapshot
-	30, // 60: zfsnomad.agent.v1.NodeAgent.DeleteSnapshot:output_type -> zfsnomad.agent.v1.DeleteSnapshotResponse
-	32, // 61: zfsnomad.agent.v1.NodeAgent.ListSnapshots:output_type -> zfsnomad.agent.v1.ListSnapshotsResponse
-	34, // 62: zfsnomad.agent.v1.NodeAgent.Replicate:output_type -> zfsnomad.agent.v1.ReplicateProgress
-	36, // 63: zfsnomad.agent.v1.NodeAgent.Status:output_type -> zfsnomad.agent.v1.NodeStatus
-	39, // 64: zfsnomad.agent.v1.NodeAgent.Changes:output_type -> zfsnomad.agent.v1.ChangesResponse
-	58, // 65: zfsnomad.agent.v1.NodeAgent.DeleteReplica:output_type -> zfsnomad.agent.v1.DeleteReplicaResponse
-	49, // 66: zfsnomad.agent.v1.NodeAgent.GetCopy:output_type -> zfsnomad.agent.v1.Copy
-	53, // 67: zfsnomad.agent.v1.NodeAgent.Fence:output_type -> zfsnomad.agent.v1.FenceResponse
-	49, // 68: zfsnomad.agent.v1.NodeAgent.Unfence:output_type -> zfsnomad.agent.v1.Copy
-	49, // 69: zfsnomad.agent.v1.NodeAgent.Promote:output_type -> zfsnomad.agent.v1.Copy
-	49, // 70: zfsnomad.agent.v1.NodeAgent.Demote:output_type -> zfsnomad.agent.v1.Copy
-	51, // 71: zfsnomad.agent.v1.NodeAgent.Reserve:output_type -> zfsnomad.agent.v1.ReserveResponse
-	62, // 72: zfsnomad.agent.v1.NodeAgent.AcquireWorkLease:output_type -> zfsnomad.agent.v1.WorkLease
-	62, // 73: zfsnomad.agent.v1.NodeAgent.WorkLeases:output_type -> zfsnomad.agent.v1.WorkLease
-	1,  // 74: zfsnomad.agent.v1.NodeAgent.RetirePeer:output_type -> zfsnomad.agent.v1.RetirePeerResponse
-	3,  // 75: zfsnomad.agent.v1.Peers.Ping:output_type -> zfsnomad.agent.v1.PingResponse
-	5,  // 76: zfsnomad.agent.v1.Peers.Promises:output_type -> zfsnomad.agent.v1.PromisesResponse
-	9,  // 77: zfsnomad.agent.v1.Backups.ListBackups:output_type -> zfsnomad.agent.v1.ListBackupsResponse
-	12, // 78: zfsnomad.agent.v1.Backups.GrantRestore:output_type -> zfsnomad.agent.v1.GrantRestoreResponse
-	14, // 79: zfsnomad.agent.v1.Backups.SendBackup:output_type -> zfsnomad.agent.v1.SendBackupMessage
-	7,  // 80: zfsnomad.agent.v1.Backups.DeleteBackups:output_type -> zfsnomad.agent.v1.DeleteBackupsResponse
-	43, // 81: zfsnomad.agent.v1.Replication.ReplicaState:output_type -> zfsnomad.agent.v1.ReplicaStateResponse
-	47, // 82: zfsnomad.agent.v1.Replication.Receive:output_type -> zfsnomad.agent.v1.ReceiveResult
-	53, // [53:83] is the sub-list for method output_type
-	23, // [23:53] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	71, // 19: zfsnomad.agent.v1.Copy.written_since:type_name -> zfsnomad.agent.v1.Copy.WrittenSinceEntry
+	59, // 20: zfsnomad.agent.v1.WorkLeaseRequest.instance:type_name -> zfsnomad.agent.v1.ControllerInstance
+	59, // 21: zfsnomad.agent.v1.WorkLease.holder:type_name -> zfsnomad.agent.v1.ControllerInstance
+	63, // 22: zfsnomad.agent.v1.WorkLease.seen:type_name -> zfsnomad.agent.v1.SeenInstance
+	59, // 23: zfsnomad.agent.v1.SeenInstance.instance:type_name -> zfsnomad.agent.v1.ControllerInstance
+	15, // 24: zfsnomad.agent.v1.NodeAgent.GetNode:input_type -> zfsnomad.agent.v1.GetNodeRequest
+	18, // 25: zfsnomad.agent.v1.NodeAgent.CreateVolume:input_type -> zfsnomad.agent.v1.CreateVolumeRequest
+	20, // 26: zfsnomad.agent.v1.NodeAgent.DeleteVolume:input_type -> zfsnomad.agent.v1.DeleteVolumeRequest
+	22, // 27: zfsnomad.agent.v1.NodeAgent.GetVolume:input_type -> zfsnomad.agent.v1.GetVolumeRequest
+	23, // 28: zfsnomad.agent.v1.NodeAgent.ListVolumes:input_type -> zfsnomad.agent.v1.ListVolumesRequest
+	25, // 29: zfsnomad.agent.v1.NodeAgent.ExpandVolume:input_type -> zfsnomad.agent.v1.ExpandVolumeRequest
+	27, // 30: zfsnomad.agent.v1.NodeAgent.CreateSnapshot:input_type -> zfsnomad.agent.v1.CreateSnapshotRequest
+	29, // 31: zfsnomad.agent.v1.NodeAgent.DeleteSnapshot:input_type -> zfsnomad.agent.v1.DeleteSnapshotRequest
+	31, // 32: zfsnomad.agent.v1.NodeAgent.ListSnapshots:input_type -> zfsnomad.agent.v1.ListSnapshotsRequest
+	33, // 33: zfsnomad.agent.v1.NodeAgent.Replicate:input_type -> zfsnomad.agent.v1.ReplicateRequest
+	35, // 34: zfsnomad.agent.v1.NodeAgent.Status:input_type -> zfsnomad.agent.v1.StatusRequest
+	38, // 35: zfsnomad.agent.v1.NodeAgent.Changes:input_type -> zfsnomad.agent.v1.ChangesRequest
+	57, // 36: zfsnomad.agent.v1.NodeAgent.DeleteReplica:input_type -> zfsnomad.agent.v1.DeleteReplicaRequest
+	48, // 37: zfsnomad.agent.v1.NodeAgent.GetCopy:input_type -> zfsnomad.agent.v1.GetCopyRequest
+	52, // 38: zfsnomad.agent.v1.NodeAgent.Fence:input_type -> zfsnomad.agent.v1.FenceRequest
+	54, // 39: zfsnomad.agent.v1.NodeAgent.Unfence:input_type -> zfsnomad.agent.v1.UnfenceRequest
+	55, // 40: zfsnomad.agent.v1.NodeAgent.Promote:input_type -> zfsnomad.agent.v1.PromoteRequest
+	56, // 41: zfsnomad.agent.v1.NodeAgent.Demote:input_type -> zfsnomad.agent.v1.DemoteRequest
+	50, // 42: zfsnomad.agent.v1.NodeAgent.Reserve:input_type -> zfsnomad.agent.v1.ReserveRequest
+	60, // 43: zfsnomad.agent.v1.NodeAgent.AcquireWorkLease:input_type -> zfsnomad.agent.v1.WorkLeaseRequest
+	61, // 44: zfsnomad.agent.v1.NodeAgent.WorkLeases:input_type -> zfsnomad.agent.v1.WorkLeasesRequest
+	0,  // 45: zfsnomad.agent.v1.NodeAgent.RetirePeer:input_type -> zfsnomad.agent.v1.RetirePeerRequest
+	2,  // 46: zfsnomad.agent.v1.Peers.Ping:input_type -> zfsnomad.agent.v1.PingRequest
+	4,  // 47: zfsnomad.agent.v1.Peers.Promises:input_type -> zfsnomad.agent.v1.PromisesRequest
+	8,  // 48: zfsnomad.agent.v1.Backups.ListBackups:input_type -> zfsnomad.agent.v1.ListBackupsRequest
+	11, // 49: zfsnomad.agent.v1.Backups.GrantRestore:input_type -> zfsnomad.agent.v1.GrantRestoreRequest
+	13, // 50: zfsnomad.agent.v1.Backups.SendBackup:input_type -> zfsnomad.agent.v1.SendBackupRequest
+	6,  // 51: zfsnomad.agent.v1.Backups.DeleteBackups:input_type -> zfsnomad.agent.v1.DeleteBackupsRequest
+	42, // 52: zfsnomad.agent.v1.Replication.ReplicaState:input_type -> zfsnomad.agent.v1.ReplicaStateRequest
+	44, // 53: zfsnomad.agent.v1.Replication.Receive:input_type -> zfsnomad.agent.v1.ReceiveMessage
+	16, // 54: zfsnomad.agent.v1.NodeAgent.GetNode:output_type -> zfsnomad.agent.v1.Node
+	19, // 55: zfsnomad.agent.v1.NodeAgent.CreateVolume:output_type -> zfsnomad.agent.v1.Volume
+	21, // 56: zfsnomad.agent.v1.NodeAgent.DeleteVolume:output_type -> zfsnomad.agent.v1.DeleteVolumeResponse
+	19, // 57: zfsnomad.agent.v1.NodeAgent.GetVolume:output_type -> zfsnomad.agent.v1.Volume
+	24, // 58: zfsnomad.agent.v1.NodeAgent.ListVolumes:output_type -> zfsnomad.agent.v1.ListVolumesResponse
+	26, // 59: zfsnomad.agent.v1.NodeAgent.ExpandVolume:output_type -> zfsnomad.agent.v1.ExpandVolumeResponse
+	28, // 60: zfsnomad.agent.v1.NodeAgent.CreateSnapshot:output_type -> zfsnomad.agent.v1.Snapshot
+	30, // 61: zfsnomad.agent.v1.NodeAgent.DeleteSnapshot:output_type -> zfsnomad.agent.v1.DeleteSnapshotResponse
+	32, // 62: zfsnomad.agent.v1.NodeAgent.ListSnapshots:output_type -> zfsnomad.agent.v1.ListSnapshotsResponse
+	34, // 63: zfsnomad.agent.v1.NodeAgent.Replicate:output_type -> zfsnomad.agent.v1.ReplicateProgress
+	36, // 64: zfsnomad.agent.v1.NodeAgent.Status:output_type -> zfsnomad.agent.v1.NodeStatus
+	39, // 65: zfsnomad.agent.v1.NodeAgent.Changes:output_type -> zfsnomad.agent.v1.ChangesResponse
+	58, // 66: zfsnomad.agent.v1.NodeAgent.DeleteReplica:output_type -> zfsnomad.agent.v1.DeleteReplicaResponse
+	49, // 67: zfsnomad.agent.v1.NodeAgent.GetCopy:output_type -> zfsnomad.agent.v1.Copy
+	53, // 68: zfsnomad.agent.v1.NodeAgent.Fence:output_type -> zfsnomad.agent.v1.FenceResponse
+	49, // 69: zfsnomad.agent.v1.NodeAgent.Unfence:output_type -> zfsnomad.agent.v1.Copy
+	49, // 70: zfsnomad.agent.v1.NodeAgent.Promote:output_type -> zfsnomad.agent.v1.Copy
+	49, // 71: zfsnomad.agent.v1.NodeAgent.Demote:output_type -> zfsnomad.agent.v1.Copy
+	51, // 72: zfsnomad.agent.v1.NodeAgent.Reserve:output_type -> zfsnomad.agent.v1.ReserveResponse
+	62, // 73: zfsnomad.agent.v1.NodeAgent.AcquireWorkLease:output_type -> zfsnomad.agent.v1.WorkLease
+	62, // 74: zfsnomad.agent.v1.NodeAgent.WorkLeases:output_type -> zfsnomad.agent.v1.WorkLease
+	1,  // 75: zfsnomad.agent.v1.NodeAgent.RetirePeer:output_type -> zfsnomad.agent.v1.RetirePeerResponse
+	3,  // 76: zfsnomad.agent.v1.Peers.Ping:output_type -> zfsnomad.agent.v1.PingResponse
+	5,  // 77: zfsnomad.agent.v1.Peers.Promises:output_type -> zfsnomad.agent.v1.PromisesResponse
+	9,  // 78: zfsnomad.agent.v1.Backups.ListBackups:output_type -> zfsnomad.agent.v1.ListBackupsResponse
+	12, // 79: zfsnomad.agent.v1.Backups.GrantRestore:output_type -> zfsnomad.agent.v1.GrantRestoreResponse
+	14, // 80: zfsnomad.agent.v1.Backups.SendBackup:output_type -> zfsnomad.agent.v1.SendBackupMessage
+	7,  // 81: zfsnomad.agent.v1.Backups.DeleteBackups:output_type -> zfsnomad.agent.v1.DeleteBackupsResponse
+	43, // 82: zfsnomad.agent.v1.Replication.ReplicaState:output_type -> zfsnomad.agent.v1.ReplicaStateResponse
+	47, // 83: zfsnomad.agent.v1.Replication.Receive:output_type -> zfsnomad.agent.v1.ReceiveResult
+	54, // [54:84] is the sub-list for method output_type
+	24, // [24:54] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_agentpb_agent_proto_init() }
@@ -5016,14 +5021,13 @@ func file_agentpb_agent_proto_init() {
 		(*ReceiveMessage_Header)(nil),
 		(*ReceiveMessage_Data)(nil),
 	}
-	file_agentpb_agent_proto_msgTypes[49].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_agentpb_agent_proto_rawDesc), len(file_agentpb_agent_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   71,
+			NumMessages:   72,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

@@ -14,7 +14,6 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
@@ -139,7 +138,7 @@ func TestConversions(t *testing.T) {
 		copy: &pb.Copy{VolumeId: "vol-1", NodeId: "n1", Exists: true, Role: "primary", Generation: 5, MovingTo: "n2", FencedUnixNano: 6,
 			Mounted: true, LastSnapshot: "zn-2", LastSnapshotUnixNano: 7, Parameters: map[string]string{"a": "b"}, CapacityBytes: 8,
 			Resumable: true, Name: "data", FailoverFromSnapshot: "f", PromisedGeneration: 9, PromisedHolder: "n3",
-			SnapshotGuids: []uint64{1, 2}, ForcedGeneration: 4, LeaseFenced: true, WrittenSinceLastSnapshot: proto.Uint64(0)},
+			SnapshotGuids: []uint64{1, 2}, ForcedGeneration: 4, LeaseFenced: true, WrittenSince: map[string]uint64{"zn-2": 10}},
 		progress: []*pb.ReplicateProgress{{Kind: "full", Bytes: 1}, {Kind: "full", Snapshot: "zn-3", Base: "zn-2", Bytes: 2, TotalBytes: 3, Done: true}},
 	}
 	c := serve(t, a)
@@ -148,7 +147,7 @@ func TestConversions(t *testing.T) {
 	wantCopy := Copy{VolumeID: "vol-1", NodeID: "n1", Exists: true, Role: "primary", Generation: 5, MovingTo: "n2", FencedUnixNano: 6,
 		Mounted: true, LastSnapshot: "zn-2", LastSnapshotUnixNano: 7, Parameters: map[string]string{"a": "b"}, CapacityBytes: 8,
 		Resumable: true, Name: "data", FailoverFromSnapshot: "f", PromisedGeneration: 9, PromisedHolder: "n3",
-		SnapshotGUIDs: []uint64{1, 2}, ForcedGeneration: 4, LeaseFenced: true, WrittenKnown: true}
+		SnapshotGUIDs: []uint64{1, 2}, ForcedGeneration: 4, LeaseFenced: true, WrittenSince: map[string]uint64{"zn-2": 10}}
 	wantVolume := Volume{VolumeID: "vol-1", Name: "data", CapacityBytes: 1 << 30, UsedBytes: 5, Parameters: map[string]string{"replicas": "1"},
 		Source: "snapshot:snap-1", NodeID: "n1", CreatedUnix: 100, Generation: 3, MovingTo: "n2", FailoverFromSnapshot: "s"}
 	wantSnapshot := Snapshot{SnapshotID: "snap-1", Name: "s1", SourceVolumeID: "vol-1", SizeBytes: 9, CreatedUnix: 200, NodeID: "n1"}

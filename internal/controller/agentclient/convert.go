@@ -148,8 +148,7 @@ func copyFromPB(c *pb.Copy) Copy {
 		SnapshotGUIDs:        c.GetSnapshotGuids(),
 		ForcedGeneration:     c.GetForcedGeneration(),
 		LeaseFenced:          c.GetLeaseFenced(),
-		WrittenSinceLast:     c.GetWrittenSinceLastSnapshot(),
-		WrittenKnown:         c != nil && c.WrittenSinceLastSnapshot != nil,
+		WrittenSince:         c.GetWrittenSince(),
 	}
 }
 

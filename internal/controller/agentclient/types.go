@@ -223,10 +223,9 @@ type Copy struct {
 	ForcedGeneration uint64
 	// A primary read-only since its node lost its lease.
 	LeaseFenced bool
-	// On a primary: the bytes written since LastSnapshot, if the node
-	// said (WrittenKnown; an older node does not).
-	WrittenSinceLast uint64
-	WrittenKnown     bool
+	// On a primary: the bytes written since each of its replication
+	// snapshots, by short name; empty from an older node.
+	WrittenSince map[string]uint64
 }
 
 // Reservation asks a node to promise a generation of a volume to a

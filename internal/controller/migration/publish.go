@@ -478,19 +478,18 @@ func waitFor(ctx context.Context, done <-chan struct{}, wait time.Duration) erro
 }
 
 // DefaultCatchUpFreshBytes is how much may have been written to an
-// unpublished primary since the target's replica was taken for the move
-// to skip the catch-up: a final step that sends that much ends within
-// seconds, so a catch-up first would only add a round.
+// unpublished primary since the snapshot the target's replica holds for
+// the move to skip the catch-up: a final step that sends that much ends
+// within seconds, so a catch-up first would only add a round.
 const DefaultCatchUpFreshBytes = 64 << 20
 
 // targetFresh reports whether target holds a replica of p's generation,
 // with no receive left to resume, that a final step brings up to date
-// at once: its newest snapshot is younger than CatchUpFresh, or it is
-// the unpublished primary's newest replication snapshot and at most
-// DefaultCatchUpFreshBytes were written since. The second is what an
-// idle replica between scheduled pushes usually is. A published primary
-// is judged by age alone: what its workload writes until it is
-// unpublished is not known.
+// at once: its newest snapshot is younger than CatchUpFresh, or at most
+// DefaultCatchUpFreshBytes were written to the unpublished primary
+// since it. The second is what an idle volume's replica is between
+// scheduled pushes. A published primary is judged by age alone: what
+// its workload writes until it is unpublished is not known.
 func (m *Migrator) targetFresh(p copyOn, target cluster.Node, v view) bool {
 	for _, c := range v.copies {
 		if c.nodeID() != target.Info.NodeID {
@@ -505,12 +504,12 @@ func (m *Migrator) targetFresh(p copyOn, target cluster.Node, v view) bool {
 	return false
 }
 
-// smallIncrement tells whether replica holds primary's newest replication
-// snapshot and the unpublished primary had at most
-// DefaultCatchUpFreshBytes written since.
+// smallIncrement tells whether at most DefaultCatchUpFreshBytes were
+// written to the unpublished primary since the newest snapshot replica
+// holds, as the primary's node reads it.
 func smallIncrement(primary, replica agentclient.Copy) bool {
-	return !primary.Mounted && primary.WrittenKnown && primary.WrittenSinceLast <= DefaultCatchUpFreshBytes &&
-		primary.LastSnapshot != "" && replica.LastSnapshot == primary.LastSnapshot
+	written, known := primary.WrittenSince[replica.LastSnapshot]
+	return !primary.Mounted && known && written <= DefaultCatchUpFreshBytes
 }
 
 func (m *Migrator) catchUpFresh() time.Duration {

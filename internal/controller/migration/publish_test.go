@@ -31,9 +31,9 @@ type copyOf struct {
 	movingTo string // a fenced primary's target
 	params   map[string]string
 	// lastSnapshot names its newest replication snapshot; on a primary,
-	// written is what was written since it.
+	// written is what was written since each of its snapshots.
 	lastSnapshot string
-	written      uint64
+	written      map[string]uint64
 }
 
 // fakeCluster gives each of nodes a fake agent holding copies and
@@ -50,7 +50,7 @@ func fakeCluster(t *testing.T, nodes []string, down []string, copies []copyOf, p
 				a.PutCopy(agentclient.Copy{VolumeID: testVolume, Role: c.role, Generation: c.gen, MovingTo: c.movingTo, Mounted: c.mounted,
 					FencedUnixNano:       map[bool]int64{true: c.snapAt}[c.movingTo != ""],
 					LastSnapshotUnixNano: map[bool]int64{false: c.snapAt, true: time.Now().UnixNano()}[c.fresh], Parameters: c.params,
-					LastSnapshot: c.lastSnapshot, WrittenSinceLast: c.written, WrittenKnown: c.role == contract.RolePrimary && c.lastSnapshot != ""})
+					LastSnapshot: c.lastSnapshot, WrittenSince: c.written})
 			}
 		}
 		if p, ok := promises[id]; ok {
@@ -783,14 +783,15 @@ func TestAMoveToAFreshReplicaLooksOnceBeforeItsFinalStep(t *testing.T) {
 }
 
 // TestWhichReplicasSkipTheCatchUp: a move skips its catch-up when the
-// target's replica is young, or when it holds the unpublished primary's
-// newest replication snapshot and little was written since; never for
-// a replica of another generation or with a receive to resume.
+// target's replica is young, or when the unpublished primary had little
+// written since the snapshot the replica holds, newer snapshots (another
+// replica's, a backup's) or not; never for a replica of another
+// generation or with a receive to resume.
 func TestWhichReplicasSkipTheCatchUp(t *testing.T) {
 	now := time.Unix(1_000_000, 0)
 	old := now.Add(-10 * time.Minute).UnixNano()
-	primary := agentclient.Copy{Role: contract.RolePrimary, Generation: 3, LastSnapshot: "repl-1", LastSnapshotUnixNano: old,
-		WrittenKnown: true, WrittenSinceLast: 17 << 10}
+	primary := agentclient.Copy{Role: contract.RolePrimary, Generation: 3, LastSnapshot: "repl-2", LastSnapshotUnixNano: old,
+		WrittenSince: map[string]uint64{"repl-1": 17 << 10, "repl-2": 0}}
 	replica := agentclient.Copy{Role: contract.RoleReplica, Generation: 3, LastSnapshot: "repl-1", LastSnapshotUnixNano: old}
 	tests := []struct {
 		name      string
@@ -798,22 +799,19 @@ func TestWhichReplicasSkipTheCatchUp(t *testing.T) {
 		replica   func(*agentclient.Copy)
 		wantFresh bool
 	}{
-		{"old replica of the newest snapshot, little written", nil, nil, true},
-		{"as much written as the bound", func(p *agentclient.Copy) { p.WrittenSinceLast = DefaultCatchUpFreshBytes }, nil, true},
-		{"more written than the bound", func(p *agentclient.Copy) { p.WrittenSinceLast = DefaultCatchUpFreshBytes + 1 }, nil, false},
-		{"primary from a node that does not report what was written", func(p *agentclient.Copy) { p.WrittenKnown, p.WrittenSinceLast = false, 0 }, nil, false},
+		{"old replica, little written since its snapshot", nil, nil, true},
+		{"as much written as the bound", func(p *agentclient.Copy) { p.WrittenSince = map[string]uint64{"repl-1": DefaultCatchUpFreshBytes} }, nil, true},
+		{"more written than the bound", func(p *agentclient.Copy) { p.WrittenSince = map[string]uint64{"repl-1": DefaultCatchUpFreshBytes + 1} }, nil, false},
+		{"primary from a node that does not report what was written", func(p *agentclient.Copy) { p.WrittenSince = nil }, nil, false},
+		{"primary without the replica's snapshot", nil, func(r *agentclient.Copy) { r.LastSnapshot = "repl-0" }, false},
 		{"primary still published", func(p *agentclient.Copy) { p.Mounted = true }, nil, false},
-		{"replica behind the primary's newest snapshot", nil, func(r *agentclient.Copy) { r.LastSnapshot = "repl-0" }, false},
-		{"primary without a replication snapshot", func(p *agentclient.Copy) { p.LastSnapshot = "" }, nil, false},
 		{"replica of an older generation", nil, func(r *agentclient.Copy) { r.Generation = 2 }, false},
 		{"replica with a receive to resume", nil, func(r *agentclient.Copy) { r.Resumable = true }, false},
-		{"young replica, much written", func(p *agentclient.Copy) { p.WrittenSinceLast = 1 << 40 },
-			func(r *agentclient.Copy) {
-				r.LastSnapshot, r.LastSnapshotUnixNano = "repl-2", now.Add(-time.Second).UnixNano()
-			}, true},
+		{"young replica, much written", func(p *agentclient.Copy) { p.WrittenSince = map[string]uint64{"repl-1": 1 << 40} },
+			func(r *agentclient.Copy) { r.LastSnapshotUnixNano = now.Add(-time.Second).UnixNano() }, true},
 		{"young replica, primary published", func(p *agentclient.Copy) { p.Mounted = true },
 			func(r *agentclient.Copy) { r.LastSnapshotUnixNano = now.Add(-time.Second).UnixNano() }, true},
-		{"young primary copy on the target", nil, func(r *agentclient.Copy) { r.Role = contract.RolePrimary }, false},
+		{"a primary on the target", nil, func(r *agentclient.Copy) { r.Role = contract.RolePrimary }, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -836,9 +834,10 @@ func TestWhichReplicasSkipTheCatchUp(t *testing.T) {
 }
 
 // TestAMoveToAnIdleReplicaSkipsItsCatchUp: a replica last pushed long
-// ago, holding the unpublished primary's newest snapshot with little
-// written since, is brought up to date by the final step alone: the
-// first publish starts the move at its final step, with no catch-up.
+// ago, the unpublished primary having had little written since its
+// snapshot (a backup took a newer one), is brought up to date by the
+// final step alone: the first publish starts the move at its final
+// step, with no catch-up.
 func TestAMoveToAnIdleReplicaSkipsItsCatchUp(t *testing.T) {
 	longAgo := time.Now().Add(-time.Hour).UnixNano()
 	for _, tt := range []struct {
@@ -851,7 +850,7 @@ func TestAMoveToAnIdleReplicaSkipsItsCatchUp(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			m, agents := fakeCluster(t, []string{"n1", "n2", "n3"}, nil, []copyOf{
-				{node: "n1", role: contract.RolePrimary, gen: 1, snapAt: longAgo, lastSnapshot: "s1", written: tt.written},
+				{node: "n1", role: contract.RolePrimary, gen: 1, snapAt: longAgo, lastSnapshot: "s2", written: map[string]uint64{"s1": tt.written, "s2": 0}},
 				{node: "n2", role: contract.RoleReplica, gen: 1, snapAt: longAgo, lastSnapshot: "s1"},
 			}, nil)
 			m.CatchUpWait = 10 * time.Second

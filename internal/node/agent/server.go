@@ -498,17 +498,13 @@ func (s *Server) attest(req *pb.ReserveRequest) error {
 }
 
 func (s *Server) copyToPB(c volume.Copy) *pb.Copy {
-	out := &pb.Copy{
+	return &pb.Copy{
 		VolumeId: c.VolumeID, NodeId: s.cfg.NodeID, Exists: c.Exists, Role: c.Role, Name: c.Name,
 		Generation: c.Generation, MovingTo: c.MovingTo, FencedUnixNano: c.FencedAt, Mounted: c.Mounted,
 		LastSnapshot: c.LastSnapshot, LastSnapshotUnixNano: c.LastSnapshotAt,
 		Parameters: c.Parameters, CapacityBytes: c.Capacity, FailoverFromSnapshot: c.FailoverFrom,
-		ForcedGeneration: c.Forced, LeaseFenced: c.LeaseFenced,
+		ForcedGeneration: c.Forced, LeaseFenced: c.LeaseFenced, WrittenSince: c.WrittenSince,
 	}
-	if c.WrittenKnown {
-		out.WrittenSinceLastSnapshot = &c.WrittenSinceLast
-	}
-	return out
 }
 
 // Fence makes this node's primary read-only for a move to another node.

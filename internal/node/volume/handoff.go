@@ -45,11 +45,11 @@ type Copy struct {
 	HistoryFrom uint64
 	// LeaseFenced: read-only since this node lost its lease.
 	LeaseFenced bool
-	// WrittenSinceLast is, on a primary with a replication snapshot, the
-	// bytes written since LastSnapshot (written@): what a final increment
-	// from it sends. WrittenKnown tells whether it was read.
-	WrittenSinceLast uint64
-	WrittenKnown     bool
+	// WrittenSince is, on a primary, the bytes written since each of
+	// its replication snapshots (written@, by short name): what a final
+	// increment from a replica holding that snapshot sends. A snapshot
+	// ZFS did not answer for is left out.
+	WrittenSince map[string]uint64
 	// quota is the dataset's quota property as set (QuotaProperty), 0
 	// when unset: a replica received with its primary's quota needs no
 	// separate step to set it when promoted.
@@ -125,30 +125,45 @@ func (m *Manager) Copy(ctx context.Context, id string) (Copy, error) {
 	if err != nil {
 		return out, zfsError(err, "listing the snapshots of "+id)
 	}
+	var replication []string
 	for _, s := range snapshots {
-		if at, ok := contract.ReplicationSnapshotTime(s); ok && at >= out.LastSnapshotAt {
+		at, ok := contract.ReplicationSnapshotTime(s)
+		if !ok {
+			continue
+		}
+		replication = append(replication, shortName(s))
+		if at >= out.LastSnapshotAt {
 			out.LastSnapshot, out.LastSnapshotAt = shortName(s), at
 		}
 	}
 	if out.Mounted, err = m.mounted(dataset); err != nil {
 		return out, err
 	}
-	if role == contract.RolePrimary && out.LastSnapshot != "" {
-		out.WrittenSinceLast, out.WrittenKnown = m.writtenSince(ctx, dataset, out.LastSnapshot)
+	if role == contract.RolePrimary {
+		out.WrittenSince = m.writtenSince(ctx, dataset, replication)
 	}
 	return out, nil
 }
 
-// writtenSince reads the bytes written to dataset since its snapshot,
-// if ZFS tells (a snapshot destroyed since it was listed does not): an
-// estimate the controller may go without, so not reading it is no error.
-func (m *Manager) writtenSince(ctx context.Context, dataset, snapshot string) (uint64, bool) {
-	v, err := m.zfs.Property(ctx, dataset, "written@"+snapshot)
-	if err != nil {
-		return 0, false
+// writtenSince reads the bytes written to dataset since each of
+// snapshots, where ZFS tells (a snapshot destroyed since it was listed
+// does not): an estimate the controller may go without, so what is not
+// read is left out, not an error.
+func (m *Manager) writtenSince(ctx context.Context, dataset string, snapshots []string) map[string]uint64 {
+	if len(snapshots) == 0 {
+		return nil
 	}
-	n, err := strconv.ParseUint(v, 10, 64)
-	return n, err == nil
+	out := make(map[string]uint64, len(snapshots))
+	for _, s := range snapshots {
+		v, err := m.zfs.Property(ctx, dataset, "written@"+s)
+		if err != nil {
+			continue
+		}
+		if n, err := strconv.ParseUint(v, 10, 64); err == nil {
+			out[s] = n
+		}
+	}
+	return out
 }
 
 func (m *Manager) mounted(dataset string) (bool, error) {

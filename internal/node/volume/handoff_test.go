@@ -394,31 +394,34 @@ func TestOwnersAreRequiredOfCreatesOnly(t *testing.T) {
 	}
 }
 
-// TestCopyTellsWhatWasWrittenSinceItsNewestReplicationSnapshot: a
-// primary's copy reports the bytes written since its newest replication
-// snapshot, whatever snapshots came after it; with none, nothing.
-func TestCopyTellsWhatWasWrittenSinceItsNewestReplicationSnapshot(t *testing.T) {
+// TestCopyTellsWhatWasWrittenSinceItsReplicationSnapshots: a primary's
+// copy reports the bytes written since each of its replication
+// snapshots, whatever snapshots came after them; a replica's, nothing.
+func TestCopyTellsWhatWasWrittenSinceItsReplicationSnapshots(t *testing.T) {
 	ctx := context.Background()
 	m, fake := newManager(t)
 	v := create(t, m, CreateRequest{Name: "data", RequiredBytes: 1 << 30})
-	if c, err := m.Copy(ctx, v.ID); err != nil || c.WrittenKnown {
-		t.Fatalf("copy without a replication snapshot: %+v, %v; want nothing written known", c, err)
+	if c, err := m.Copy(ctx, v.ID); err != nil || len(c.WrittenSince) != 0 {
+		t.Fatalf("copy without a replication snapshot: %+v, %v; want nothing written reported", c, err)
 	}
-	for _, snap := range []string{"zn-100", "zn-200"} {
-		if err := fake.Snapshot(ctx, v.Dataset+"@"+snap, nil); err != nil {
+	steps := []struct{ snapshot, write string }{{"zn-100", "0123456789"}, {"zn-200", "abcde"}, {"user-snapshot", "xy"}}
+	for _, s := range steps {
+		if err := fake.Snapshot(ctx, v.Dataset+"@"+s.snapshot, nil); err != nil {
 			t.Fatal(err)
 		}
-	}
-	for _, token := range []string{"0123456789", "abcde"} {
-		if err := fake.Write(v.Dataset, token); err != nil {
+		if err := fake.Write(v.Dataset, s.write); err != nil {
 			t.Fatal(err)
 		}
-	}
-	if err := fake.Snapshot(ctx, v.Dataset+"@user-snapshot", nil); err != nil {
-		t.Fatal(err)
 	}
 	c, err := m.Copy(ctx, v.ID)
-	if err != nil || c.LastSnapshot != "zn-200" || !c.WrittenKnown || c.WrittenSinceLast != 15 {
-		t.Errorf("copy: last snapshot %q, written %d (known: %v), %v; want 15 bytes since zn-200", c.LastSnapshot, c.WrittenSinceLast, c.WrittenKnown, err)
+	want := map[string]uint64{"zn-100": 17, "zn-200": 7}
+	if err != nil || c.LastSnapshot != "zn-200" || !maps.Equal(c.WrittenSince, want) {
+		t.Errorf("copy: last snapshot %q, written since %v, %v; want zn-200 and %v", c.LastSnapshot, c.WrittenSince, err, want)
+	}
+	if err := fake.SetProperties(ctx, v.Dataset, map[string]string{copyrecord.PropRole: contract.RoleReplica}); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := m.Copy(ctx, v.ID); err != nil || c.WrittenSince != nil {
+		t.Errorf("a replica's copy: written since %v, %v; want none", c.WrittenSince, err)
 	}
 }
