@@ -328,6 +328,9 @@ func TestPlannedMove(t *testing.T) {
 				e.replicate(id, "n1", "n3")
 			}
 			before := e.checksums("n1", dir)
+			if withReplica {
+				e.writtenSinceReplicas(id, "n1", "n2", "n3")
+			}
 
 			// Still published on n1: the move waits, and says why.
 			_, err := e.publish(id, "n2")
@@ -379,6 +382,24 @@ func TestPlannedMove(t *testing.T) {
 			e.unpublish(id, "n1")
 		})
 	}
+}
+
+// writtenSinceReplicas checks that the primary on nodeID tells what was
+// written since the snapshot each replica holds (ZFS's written@): since
+// the first's, the writes after it; since the second's, its newest
+// snapshot, nothing of those. A move decides from it whether its target
+// needs a catch-up (docs/migration.md, "Catch-up").
+func (e *env) writtenSinceReplicas(id, nodeID, first, second string) {
+	e.t.Helper()
+	written := e.copyOn(id, nodeID).GetWrittenSince()
+	older, newer := e.copyOn(id, first).GetLastSnapshot(), e.copyOn(id, second).GetLastSnapshot()
+	sinceOlder, ok1 := written[older]
+	sinceNewer, ok2 := written[newer]
+	if !ok1 || !ok2 || sinceOlder == 0 || sinceOlder > 1<<20 || sinceNewer >= sinceOlder {
+		e.t.Fatalf("%s's primary tells written since its snapshots %v; want since %s's %s a little (the writes after it), since %s's %s less",
+			nodeID, written, first, older, second, newer)
+	}
+	e.t.Logf("written on %s since %s's snapshot: %d bytes; since %s's: %d", nodeID, first, sinceOlder, second, sinceNewer)
 }
 
 // rolledForward pushes the volume from its primary on from to the replica
