@@ -203,7 +203,8 @@ func (e *e2e) timedDrain(node string, jobs []drainJob, withVolumes bool) drainTi
 		suffix = "-plain"
 	}
 	for _, j := range jobs {
-		e.nomad("job", "run", "-detach", "-var", "volume="+j.name, e.writeFile(j.name+suffix+".nomad.hcl", e.drainJobSpec(j, suffix, withVolumes)))
+		args := append([]string{"job", "run", "-detach", "-var", "volume=" + j.name}, e.counterVars()...)
+		e.nomad(append(args, e.writeFile(j.name+suffix+".nomad.hcl", e.drainJobSpec(j, suffix, withVolumes)))...)
 	}
 	before := map[string]allocation{}
 	for _, j := range jobs {
