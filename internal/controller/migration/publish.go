@@ -354,9 +354,10 @@ const DefaultCatchUpFresh = time.Minute
 // DefaultMaxCatchUps bounds the catch-ups running from one source node:
 // a drain of many volumes streams a few at a time, not all at once. A
 // final step takes no place among them: it sends what was written since
-// the target was caught up, and counting it held a large volume's
-// catch-up behind the final steps of small ones (a drain's 1 GiB volume
-// waited over two minutes for them).
+// the target was caught up, or since a fresh target's snapshot (a
+// minute's writes, or DefaultCatchUpFreshBytes), and counting it held a
+// large volume's catch-up behind the final steps of small ones (a
+// drain's 1 GiB volume waited over two minutes for them).
 const DefaultMaxCatchUps = 4
 
 // DefaultCatchUpWait is how long a publish waits for the background move it
