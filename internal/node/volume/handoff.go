@@ -153,13 +153,17 @@ func (m *Manager) writtenSince(ctx context.Context, dataset string, snapshots []
 	if len(snapshots) == 0 {
 		return nil
 	}
+	props := make([]string, len(snapshots))
+	for i, s := range snapshots {
+		props[i] = "written@" + s
+	}
+	values, err := m.zfs.Properties(ctx, dataset, props...)
+	if err != nil {
+		return nil
+	}
 	out := make(map[string]uint64, len(snapshots))
-	for _, s := range snapshots {
-		v, err := m.zfs.Property(ctx, dataset, "written@"+s)
-		if err != nil {
-			continue
-		}
-		if n, err := strconv.ParseUint(v, 10, 64); err == nil {
+	for i, s := range snapshots {
+		if n, err := strconv.ParseUint(values[props[i]], 10, 64); err == nil {
 			out[s] = n
 		}
 	}

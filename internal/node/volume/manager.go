@@ -143,9 +143,9 @@ type Host struct {
 type Pool interface {
 	zfs.DatasetManager
 	zfs.Pools
-	// Property reads one property as zfs get -Hp prints it: the Manager
-	// reads written@snapshot (Copy).
-	Property(ctx context.Context, dataset, prop string) (string, error)
+	// Properties reads properties of one dataset as zfs get -Hp prints
+	// them, in one open: the Manager reads written@snapshot (Copy).
+	Properties(ctx context.Context, dataset string, props ...string) (map[string]string, error)
 }
 
 // Deps are what a Manager is built from: ZFS, Config and Log are
