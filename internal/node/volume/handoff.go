@@ -131,9 +131,10 @@ func (m *Manager) Copy(ctx context.Context, id string) (Copy, error) {
 		if !ok {
 			continue
 		}
-		replication = append(replication, shortName(s))
+		short := shortName(s)
+		replication = append(replication, short)
 		if at >= out.LastSnapshotAt {
-			out.LastSnapshot, out.LastSnapshotAt = shortName(s), at
+			out.LastSnapshot, out.LastSnapshotAt = short, at
 		}
 	}
 	if out.Mounted, err = m.mounted(dataset); err != nil {
