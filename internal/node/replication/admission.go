@@ -281,11 +281,17 @@ func (r *Receiver) rollBackTo(ctx context.Context, fs string, snaps []zfs.Snap, 
 		if promised.Generation > 0 {
 			record = fmt.Sprintf("generation %d promised to %s", promised.Generation, promised.Holder)
 		}
+		remedy := "Send from the replica's newest snapshot (%[1]s); a sender that lacks it sends the volume in full, and this node sets the old replica aside"
+		if generation == h.Generation {
+			// No full stream replaces a replica of the sender's own
+			// generation either (intoTarget).
+			remedy = "Send from the replica's newest snapshot (%[1]s); a sender of the replica's own generation that lacks it cannot update this replica: " +
+				"remove it (zfs-controller remove-replica -node %[2]s %[3]s) and the next push sends the volume in full, or the volume's next move replaces it"
+		}
 		return errdefs.Wrap(errdefs.ErrFailedPrecondition,
 			"the replica of %s on node %s holds %d snapshot(s) after the stream's base, the newest %s, received at generation %d; this node's promise record holds %s, "+
-				"so no generation promised to node %s supersedes them, and they may hold writes the sender lacks: refused, nothing changed. "+
-				"Send from the replica's newest snapshot (%s); a sender that lacks it sends the volume in full, and this node sets the old replica aside",
-			h.VolumeID, r.nodeID, len(after), newest, generation, record, h.SourceNodeID, newest)
+				"so no generation promised to node %s supersedes them, and they may hold writes the sender lacks: refused, nothing changed. %s",
+			h.VolumeID, r.nodeID, len(after), newest, generation, record, h.SourceNodeID, fmt.Sprintf(remedy, newest, r.nodeID, h.VolumeID))
 	}
 	vouched := h.HistoryFrom > 0 && h.HistoryFrom <= generation && generation < h.Generation
 	if !vouched {

@@ -62,6 +62,10 @@ type Pusher struct {
 	// sent is, by volume ID and peer node ID, the snapshot a push sent
 	// last: the peer's base before the tidy holds it (peerBases).
 	sent map[string]map[string]string
+	// streamed is, by volume ID and receiver key, the snapshots whose
+	// streams to that receiver started since a push to it last succeeded
+	// (mayHold).
+	streamed map[string]map[string][]string
 	// refused is, by dataset and peer node ID, the newest snapshot (GUID)
 	// of a replica whose node refused to roll it back (rollbackRefused).
 	refused map[string]uint64
@@ -255,6 +259,7 @@ func (p *Pusher) prepare(ctx context.Context, peer Peer, job pushJob) (preparedP
 	if err != nil {
 		return prep, err
 	}
+	p.trimStreamed(job.volumeID, job.receiverKey(state.NodeID), local, state.SnapshotGUIDs)
 	if job.backup {
 		prep.plan, err = p.planBackup(ctx, job.fs, state, raw, snap, taken.err, local, job.log)
 		return prep, err
@@ -292,11 +297,13 @@ func (p *Pusher) send(ctx context.Context, peer Peer, job pushJob, prep prepared
 	// (bridge); a failure leaves the target with those that arrived, and
 	// the next push goes on from the newest.
 	for _, b := range plan.bridges {
+		p.noteStreaming(job.volumeID, target, b.spec.Snapshot)
 		if _, err := p.sendStream(ctx, peer, prep.header, b, &sent, job.volumeID, target, job.addr, log); err != nil {
 			return pushed{}, false, err
 		}
 	}
 	streamed = plan.spec.Snapshot == prep.snap
+	p.noteStreaming(job.volumeID, target, plan.spec.Snapshot)
 	guid, err := p.sendStream(ctx, peer, prep.header, streamSpec{kind: kindOf(plan.spec), spec: plan.spec}, &sent, job.volumeID, target, job.addr, log)
 	if err != nil {
 		return pushed{}, streamed, err
@@ -310,6 +317,7 @@ func (p *Pusher) send(ctx context.Context, peer Peer, job pushJob, prep prepared
 		return pushed{}, streamed, err
 	}
 	p.noteSent(job.volumeID, target, base)
+	p.forgetStreamed(job.volumeID, target)
 	prog.Bytes, prog.Done = sent.Load(), true
 	prog.Total = prog.Bytes // what the estimate was for
 	job.report(prog)
@@ -515,7 +523,8 @@ func (p *Pusher) startTidy(volumeID, fs, base, peer string, log hclog.Logger) {
 // hold it kept as a replica (before a move or failover promoted it) would
 // pin its old base forever. Then old replication snapshots are pruned,
 // except the bases other peers received whose tidies have not held them
-// yet: tidies after pushes to different peers may run in either order.
+// yet (tidies after pushes to different peers may run in either order)
+// and the snapshots a peer may hold beyond its base (mayHold).
 // Stopped at any step, it leaves some common snapshot held.
 func (p *Pusher) tidy(ctx context.Context, volumeID, fs, base, peer string, log hclog.Logger) {
 	if err := p.z.Hold(ctx, base, peerTag(peer)); err != nil {
@@ -526,7 +535,8 @@ func (p *Pusher) tidy(ctx context.Context, volumeID, fs, base, peer string, log 
 	if err := copyrecord.ReleaseHolds(ctx, p.z, fs, isReceiverTag); err != nil {
 		log.Warn("releasing a former replica's hold failed; next push retries", "error", err)
 	}
-	dropOldBases(ctx, p.z, fs, p.keep, slices.Collect(maps.Values(p.sentTo(volumeID))), "push", log)
+	spare := append(slices.Collect(maps.Values(p.sentTo(volumeID))), p.mayHold(volumeID)...)
+	dropOldBases(ctx, p.z, fs, p.keep, spare, "push", log)
 }
 
 // header describes the volume to the receiver, from its properties: what

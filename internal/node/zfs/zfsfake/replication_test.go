@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -333,4 +335,118 @@ func TestAFailedSendSaysWhy(t *testing.T) {
 	if !errors.Is(err, errdefs.ErrUnavailable) || errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "the snapshot went away") {
 		t.Fatalf("a push whose zfs send failed answered %v; want the send's error, Unavailable (retried later)", err)
 	}
+}
+
+// TestAReplicaKeepsABaseWithItsPrimary: a replica can come to hold a
+// snapshot its primary does not count as its base: a bridge that arrived
+// before a later stream of the same push failed, or a stream whose answer
+// was lost after the replica took it. Pushes to the other replica go on
+// and prune the primary's old replication snapshots; the primary spares
+// those, so the next push to the replica goes on incrementally from its
+// newest. Pruned, it left the replica ahead of its primary at the
+// primary's own generation, which refuses every push until the volume's
+// next move.
+func TestAReplicaKeepsABaseWithItsPrimary(t *testing.T) {
+	tests := []struct {
+		name string
+		// bridge: n3's own stream breaks after n2's new base reached it
+		// as a bridge; otherwise n3 takes the push's stream and its
+		// answer is lost.
+		bridge bool
+	}{
+		{"a bridge arrived before the push's own stream broke", true},
+		{"the push's stream arrived and its answer was lost", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			const id = "vol-0123456789abcdef0123"
+			fs := "tank/nomad/" + id
+			nodes := map[string]node{"n1": newNode(t, 1, "tank/nomad"), "n2": newNode(t, 2, "tank/nomad"), "n3": newNode(t, 3, "tank/nomad")}
+			n1, n3 := nodes["n1"], nodes["n3"]
+			must(t, n1.CreateFilesystem(ctx, fs, map[string]string{copyrecord.PropRole: contract.RolePrimary, copyrecord.PropVolumeID: id,
+				copyrecord.PropGeneration: "1", copyrecord.PropName: "v", "refquota": "1000000"}))
+			var sendsOnly atomic.Pointer[string]
+			var loseAnswer atomic.Bool
+			n1.Fail = func(op, name string) error {
+				if only := sendsOnly.Load(); op == "send" && only != nil && name != *only {
+					return errors.New("the link to n3 broke")
+				}
+				return nil
+			}
+			n3.Fail = func(op, name string) error {
+				if op == "get" && strings.Contains(name, "@") && loseAnswer.CompareAndSwap(true, false) {
+					return errors.New("the answer was lost")
+				}
+				return nil
+			}
+			a := meshOf(t, nodes)("n1")
+			push := func(to string) error {
+				t.Helper()
+				must(t, n1.Write(fs, to))
+				_, err := a.Push(ctx, id, to, 0, func(replication.Progress) {})
+				tidied(t, n1, fs, to)
+				return err
+			}
+			must(t, push("n2"))
+			must(t, push("n3"))
+
+			if tt.bridge {
+				// n2's new base reaches n3 as a bridge; n3's own
+				// stream breaks.
+				must(t, push("n2"))
+				bridge := newest(t, nodes["n2"], fs)
+				sendsOnly.Store(&bridge)
+				if err := push("n3"); err == nil {
+					t.Fatal("the push to n3 succeeded with its stream broken")
+				}
+				sendsOnly.Store(nil)
+			} else {
+				loseAnswer.Store(true)
+				if err := push("n3"); err == nil {
+					t.Fatal("the push to n3 succeeded with its answer lost")
+				}
+			}
+			ahead := newest(t, n3, fs)
+			for range 4 { // more than the replication snapshots kept
+				must(t, push("n2"))
+			}
+			if err := push("n3"); err != nil {
+				t.Fatalf("the push to n3 after n1 pruned: %v\nn1: %v\nn3: %v", err, n1.snaps(t, fs), n3.snaps(t, fs))
+			}
+			if got, want := n3.content(t, fs), n1.content(t, fs); !slices.Equal(got, want) {
+				t.Errorf("n3's replica holds %v, the primary %v", got, want)
+			}
+			if !slices.ContainsFunc(n3.snaps(t, fs), func(s zfs.Snap) bool { return s.Name == ahead }) {
+				t.Errorf("n3 lost %s, which it held beyond its base on n1: %v", ahead, n3.snaps(t, fs))
+			}
+		})
+	}
+}
+
+// newest is the name of n's newest snapshot of fs.
+func newest(t *testing.T, n node, fs string) string {
+	t.Helper()
+	snaps := n.snaps(t, fs)
+	if len(snaps) == 0 {
+		t.Fatalf("no snapshot of %s", fs)
+	}
+	return snaps[len(snaps)-1].Name
+}
+
+// tidied waits until the tidy after a push from n to peer has run:
+// nothing on n's copy of fs changes for a while.
+func tidied(t *testing.T, n node, fs, peer string) {
+	t.Helper()
+	var last string
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
+		holds, err := n.Holds(ctx, fs)
+		must(t, err)
+		now := fmt.Sprint(n.snaps(t, fs), holds)
+		if now == last {
+			return
+		}
+		last = now
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("the snapshots of %s kept changing after a push to %s", fs, peer)
 }
