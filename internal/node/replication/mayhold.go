@@ -4,6 +4,7 @@ import (
 	"slices"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 )
 
 // A primary never prunes a snapshot a replica may hold beyond the base
@@ -12,21 +13,26 @@ import (
 // peer sends rolls back what no newer promised generation supersedes),
 // and a full stream into a replica of the same generation: a replica
 // whose newest snapshot its primary has pruned is refused every push
-// until the volume's next move or failover. A receiver can come to hold
-// a snapshot its sender does not count as its base in two ways: a bridge
-// that arrived before a later stream of the same push failed, and a
-// stream whose answer was lost after the receiver took it. So every
-// snapshot whose stream to a receiver starts is spared from pruning until
-// a push to that receiver succeeds: the receiver's newest snapshot is
-// then the push's, which the tidy holds.
+// until the volume's next move or failover.
 //
-// The record lives in this process only: a zfs-node restarted between
-// such a stream and the receiver's next successful push prunes by age
-// again (docs/replication.md, "Invariants").
+// A receiver comes to hold a snapshot its sender does not count as its
+// base in two ways: a bridge that arrived before a later stream of the
+// same push failed, and a stream whose answer was lost after the receiver
+// took it. So:
+//   - every snapshot whose stream to a receiver starts is spared until a
+//     push to that receiver succeeds: the receiver's newest snapshot is
+//     then the push's, which the tidy holds;
+//   - once a push has read what the receiver holds, only the receiver's
+//     newest and the later ones this process streamed stay spared (at
+//     most maxStreamed of the later ones: a receiver that keeps failing
+//     pins no snapshot per attempt);
+//   - a process knows nothing of its predecessor's streams: until a push
+//     has read what a receiver holds, the first push of a volume since
+//     the start spares for it every replication snapshot taken before the
+//     start and after the base held for it, as if each had been streamed.
 
 // maxStreamed bounds the snapshots spared for one receiver beyond its
-// newest: each is a push to it that failed after its stream started, and
-// a receiver that keeps failing must not pin a snapshot per attempt.
+// newest.
 const maxStreamed = 8
 
 // noteStreaming records, before its stream starts, that receiver may
@@ -37,6 +43,10 @@ func (p *Pusher) noteStreaming(volumeID, receiver, snapshot string) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.noteStreamingLocked(volumeID, receiver, snapshot)
+}
+
+func (p *Pusher) noteStreamingLocked(volumeID, receiver, snapshot string) {
 	if p.streamed == nil {
 		p.streamed = map[string]map[string][]string{}
 	}
@@ -48,9 +58,9 @@ func (p *Pusher) noteStreaming(volumeID, receiver, snapshot string) {
 	}
 }
 
-// forgetStreamed drops what noteStreaming recorded of receiver once a
-// push to it succeeded: it holds nothing newer than that push's snapshot,
-// which noteSent records until the tidy holds it.
+// forgetStreamed drops what was noted of receiver once a push to it
+// succeeded: it holds nothing newer than that push's snapshot, which
+// noteSent records until the tidy holds it.
 func (p *Pusher) forgetStreamed(volumeID, receiver string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -76,14 +86,20 @@ func (p *Pusher) mayHold(volumeID string) []string {
 	return out
 }
 
-// trimStreamed keeps, of what noteStreaming recorded of receiver, what
-// may still matter once a push has read the receiver's snapshots (held,
-// oldest first) and this node's (listed): the receiver's newest, and the
-// newer ones, whose streams may yet land (at most maxStreamed). An older
-// one is no base the receiver needs, and one this node no longer has
-// cannot be spared.
-func (p *Pusher) trimStreamed(volumeID, receiver string, listed func() ([]zfs.Snap, error), held []uint64) {
+// learnReceiver brings what is spared of volumeID up to date for a push
+// to receiver that has read the receiver's snapshots (held, oldest first)
+// and this node's, with their holds: on the volume's first push since
+// the start, the snapshots its predecessor may have streamed
+// (seedUnknown); then, for receiver, only its newest and the later ones
+// this process noted (at most maxStreamed): an earlier process's streams
+// ended with it. An older one is no base the receiver needs, and one this
+// node no longer has cannot be spared.
+func (p *Pusher) learnReceiver(volumeID, receiver string, listed func() ([]zfs.Snap, error), holds func() (map[string][]string, error), held []uint64) {
 	local, err := listed()
+	if err != nil {
+		return
+	}
+	tags, err := holds()
 	if err != nil {
 		return
 	}
@@ -93,17 +109,15 @@ func (p *Pusher) trimStreamed(volumeID, receiver string, listed func() ([]zfs.Sn
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.seedUnknown(volumeID, local, tags)
 	noted := p.streamed[volumeID][receiver]
-	if len(noted) == 0 {
-		return
-	}
 	var kept []string
 	if newest >= 0 && slices.Contains(noted, local[newest].Name) {
 		kept = append(kept, local[newest].Name)
 	}
 	var later []string
 	for _, s := range local[newest+1:] {
-		if slices.Contains(noted, s.Name) {
+		if slices.Contains(noted, s.Name) && !p.beforeStart(s.Name) {
 			later = append(later, s.Name)
 		}
 	}
@@ -113,4 +127,36 @@ func (p *Pusher) trimStreamed(volumeID, receiver string, listed func() ([]zfs.Sn
 		return
 	}
 	p.streamed[volumeID][receiver] = kept
+}
+
+// seedUnknown notes, once per volume in this process, for every receiver
+// whose base this node holds, the replication snapshots taken before this
+// process started and after that base: an earlier process may have
+// streamed any of them to it without an answer. The caller holds p.mu.
+func (p *Pusher) seedUnknown(volumeID string, local []zfs.Snap, tags map[string][]string) {
+	if p.seeded[volumeID] {
+		return
+	}
+	if p.seeded == nil {
+		p.seeded = map[string]bool{}
+	}
+	p.seeded[volumeID] = true
+	after := map[string]bool{} // receivers whose base is behind the snapshot
+	for _, s := range local {  // oldest first
+		if p.beforeStart(s.Name) {
+			for receiver := range after {
+				p.noteStreamingLocked(volumeID, receiver, s.Name)
+			}
+		}
+		for _, receiver := range peersHeldFor(tags[s.Name]) {
+			after[receiver] = true
+		}
+	}
+}
+
+// beforeStart reports whether snapshot is a replication snapshot taken
+// before this process started.
+func (p *Pusher) beforeStart(snapshot string) bool {
+	at, ok := contract.ReplicationSnapshotTime(snapshot)
+	return ok && at < p.started
 }

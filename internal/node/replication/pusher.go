@@ -66,6 +66,11 @@ type Pusher struct {
 	// streams to that receiver started since a push to it last succeeded
 	// (mayHold).
 	streamed map[string]map[string][]string
+	// seeded are the volumes whose first push since started noted what
+	// an earlier process may have streamed (seedUnknown).
+	seeded map[string]bool
+	// started is when this Pusher was made, on its clock, in unix nanos.
+	started int64
 	// refused is, by dataset and peer node ID, the newest snapshot (GUID)
 	// of a replica whose node refused to roll it back (rollbackRefused).
 	refused map[string]uint64
@@ -97,12 +102,12 @@ func (p *Pusher) Close() {
 // takes too); peers reaches the receiving nodes; keep replication
 // snapshots are kept besides the held bases.
 func NewPusher(z Pool, locks *copylock.Locks, root, nodeID string, keep int, limit *Limiter, peers Peers, log hclog.Logger) *Pusher {
-	return &Pusher{z: z, locks: locks, root: root, nodeID: nodeID, keep: keep, limit: limit, peers: peers, log: log, now: time.Now}
+	return &Pusher{z: z, locks: locks, root: root, nodeID: nodeID, keep: keep, limit: limit, peers: peers, log: log, now: time.Now, started: time.Now().UnixNano()}
 }
 
 // UseClock sets the node's wall clock (time.Now by default), which names
 // replication snapshots: the simulation skews it per node.
-func (p *Pusher) UseClock(now func() time.Time) { p.now = now }
+func (p *Pusher) UseClock(now func() time.Time) { p.now, p.started = now, now().UnixNano() }
 
 // Push brings the replica of volumeID on the peer at addr up to date:
 // resuming an interrupted transfer, or sending a new snapshot
@@ -259,7 +264,7 @@ func (p *Pusher) prepare(ctx context.Context, peer Peer, job pushJob) (preparedP
 	if err != nil {
 		return prep, err
 	}
-	p.trimStreamed(job.volumeID, job.receiverKey(state.NodeID), local, state.SnapshotGUIDs)
+	p.learnReceiver(job.volumeID, job.receiverKey(state.NodeID), local, held, state.SnapshotGUIDs)
 	if job.backup {
 		prep.plan, err = p.planBackup(ctx, job.fs, state, raw, snap, taken.err, local, job.log)
 		return prep, err

@@ -353,9 +353,14 @@ func TestAReplicaKeepsABaseWithItsPrimary(t *testing.T) {
 		// as a bridge; otherwise n3 takes the push's stream and its
 		// answer is lost.
 		bridge bool
+		// restart: n1's zfs-node restarts after the broken push, and
+		// the new process knows nothing of its predecessor's streams.
+		restart bool
 	}{
-		{"a bridge arrived before the push's own stream broke", true},
-		{"the push's stream arrived and its answer was lost", false},
+		{"a bridge arrived before the push's own stream broke", true, false},
+		{"the push's stream arrived and its answer was lost", false, false},
+		{"a bridge arrived, then zfs-node restarted", true, true},
+		{"the answer was lost, then zfs-node restarted", false, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -379,7 +384,8 @@ func TestAReplicaKeepsABaseWithItsPrimary(t *testing.T) {
 				}
 				return nil
 			}
-			a := meshOf(t, nodes)("n1")
+			mesh := meshOf(t, nodes)
+			a := mesh("n1")
 			push := func(to string) error {
 				t.Helper()
 				must(t, n1.Write(fs, to))
@@ -407,6 +413,9 @@ func TestAReplicaKeepsABaseWithItsPrimary(t *testing.T) {
 				}
 			}
 			ahead := newest(t, n3, fs)
+			if tt.restart {
+				a = mesh("n1")
+			}
 			for range 4 { // more than the replication snapshots kept
 				must(t, push("n2"))
 			}
