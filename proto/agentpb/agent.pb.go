@@ -3328,7 +3328,12 @@ type Copy struct {
 	// name), the bytes written to it since (ZFS's written@ property): what
 	// a final increment from a replica holding that snapshot sends. Empty
 	// from a node that does not report it (an older node).
-	WrittenSince  map[string]uint64 `protobuf:"bytes,21,rep,name=written_since,json=writtenSince,proto3" json:"written_since,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	WrittenSince map[string]uint64 `protobuf:"bytes,21,rep,name=written_since,json=writtenSince,proto3" json:"written_since,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// The oldest generation whose every snapshot is an earlier state of
+	// this copy (its history, docs/replication.md "Replicas of an older
+	// generation"): a planned move's promotion keeps its source's, a
+	// failover's starts at its own generation. 0 from an older node.
+	HistoryFrom   uint64 `protobuf:"varint,22,opt,name=history_from,json=historyFrom,proto3" json:"history_from,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3508,6 +3513,13 @@ func (x *Copy) GetWrittenSince() map[string]uint64 {
 		return x.WrittenSince
 	}
 	return nil
+}
+
+func (x *Copy) GetHistoryFrom() uint64 {
+	if x != nil {
+		return x.HistoryFrom
+	}
+	return 0
 }
 
 type ReserveRequest struct {
@@ -3841,7 +3853,12 @@ type PromoteRequest struct {
 	// The operator forced it without a majority of the nodes (zfs-controller
 	// promote -force): recorded on the copy, so that it can be published
 	// while the majority stays lost.
-	Forced        bool `protobuf:"varint,5,opt,name=forced,proto3" json:"forced,omitempty"`
+	Forced bool `protobuf:"varint,5,opt,name=forced,proto3" json:"forced,omitempty"`
+	// A planned move: the node the final snapshot came from, which the move
+	// demotes to a replica holding that snapshot. The promoted copy holds
+	// its newest snapshot as that node's base, so it is not pruned before a
+	// push reaches the node. Empty from an older controller.
+	SourceNodeId  string `protobuf:"bytes,6,opt,name=source_node_id,json=sourceNodeId,proto3" json:"source_node_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3909,6 +3926,13 @@ func (x *PromoteRequest) GetForced() bool {
 		return x.Forced
 	}
 	return false
+}
+
+func (x *PromoteRequest) GetSourceNodeId() string {
+	if x != nil {
+		return x.SourceNodeId
+	}
+	return ""
 }
 
 type DemoteRequest struct {
@@ -4691,7 +4715,7 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\rsnapshot_guid\x18\x01 \x01(\x04R\fsnapshotGuid\x12\x14\n" +
 	"\x05bytes\x18\x02 \x01(\x03R\x05bytes\"-\n" +
 	"\x0eGetCopyRequest\x12\x1b\n" +
-	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\"\xbe\a\n" +
+	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\"\xe1\a\n" +
 	"\x04Copy\x12\x1b\n" +
 	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x16\n" +
@@ -4718,7 +4742,8 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\x0esnapshot_guids\x18\x12 \x03(\x04R\rsnapshotGuids\x12+\n" +
 	"\x11forced_generation\x18\x13 \x01(\x04R\x10forcedGeneration\x12!\n" +
 	"\flease_fenced\x18\x14 \x01(\bR\vleaseFenced\x12N\n" +
-	"\rwritten_since\x18\x15 \x03(\v2).zfsnomad.agent.v1.Copy.WrittenSinceEntryR\fwrittenSince\x1a=\n" +
+	"\rwritten_since\x18\x15 \x03(\v2).zfsnomad.agent.v1.Copy.WrittenSinceEntryR\fwrittenSince\x12!\n" +
+	"\fhistory_from\x18\x16 \x01(\x04R\vhistoryFrom\x1a=\n" +
 	"\x0fParametersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a?\n" +
@@ -4748,7 +4773,7 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x02 \x01(\x04R\n" +
-	"generation\"\xb2\x01\n" +
+	"generation\"\xd8\x01\n" +
 	"\x0ePromoteRequest\x12\x1b\n" +
 	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12\x1e\n" +
 	"\n" +
@@ -4756,7 +4781,8 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"generation\x12/\n" +
 	"\x14not_before_unix_nano\x18\x03 \x01(\x03R\x11notBeforeUnixNano\x12\x1a\n" +
 	"\bfailover\x18\x04 \x01(\bR\bfailover\x12\x16\n" +
-	"\x06forced\x18\x05 \x01(\bR\x06forced\"b\n" +
+	"\x06forced\x18\x05 \x01(\bR\x06forced\x12$\n" +
+	"\x0esource_node_id\x18\x06 \x01(\tR\fsourceNodeId\"b\n" +
 	"\rDemoteRequest\x12\x1b\n" +
 	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12\x1e\n" +
 	"\n" +

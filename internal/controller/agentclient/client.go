@@ -293,6 +293,7 @@ func (c *Client) Promote(ctx context.Context, p Promotion) (Copy, error) {
 		NotBeforeUnixNano: p.NotBeforeUnixNano,
 		Failover:          p.Failover,
 		Forced:            p.Forced,
+		SourceNodeId:      p.SourceNodeID,
 	})
 	if err != nil {
 		return Copy{}, fromStatus(err)

@@ -177,7 +177,7 @@ func TestConversions(t *testing.T) {
 		}},
 		{"GetCopy", func() (any, error) { return c.GetCopy(ctx, "vol-1") }, wantCopy},
 		{"Promote", func() (any, error) {
-			return c.Promote(ctx, Promotion{VolumeID: "vol-1", Generation: 5, NotBeforeUnixNano: 6, Failover: true, Forced: true})
+			return c.Promote(ctx, Promotion{VolumeID: "vol-1", Generation: 5, NotBeforeUnixNano: 6, Failover: true, Forced: true, SourceNodeID: "n7"})
 		}, wantCopy},
 		{"Demote", func() (any, error) { return c.Demote(ctx, Demotion{VolumeID: "vol-1", Generation: 6, Aside: true}) }, wantCopy},
 		{"Reserve", func() (any, error) {
@@ -211,7 +211,7 @@ func TestConversions(t *testing.T) {
 	if r := a.gotList; r.GetSnapshotId() != "snap-1" || r.GetSourceVolumeId() != "vol-1" || r.GetFrom() != "snap-0" || r.GetMaxEntries() != 5 {
 		t.Errorf("ListSnapshots sent %v", r)
 	}
-	if r := a.gotPromote; r.GetVolumeId() != "vol-1" || r.GetGeneration() != 5 || r.GetNotBeforeUnixNano() != 6 || !r.GetFailover() || !r.GetForced() {
+	if r := a.gotPromote; r.GetVolumeId() != "vol-1" || r.GetGeneration() != 5 || r.GetNotBeforeUnixNano() != 6 || !r.GetFailover() || !r.GetForced() || r.GetSourceNodeId() != "n7" {
 		t.Errorf("Promote sent %v", r)
 	}
 	if r := a.gotDemote; r.GetVolumeId() != "vol-1" || r.GetGeneration() != 6 || !r.GetAside() {

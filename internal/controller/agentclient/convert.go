@@ -149,6 +149,7 @@ func copyFromPB(c *pb.Copy) Copy {
 		ForcedGeneration:     c.GetForcedGeneration(),
 		LeaseFenced:          c.GetLeaseFenced(),
 		WrittenSince:         c.GetWrittenSince(),
+		HistoryFrom:          c.GetHistoryFrom(),
 	}
 }
 

@@ -226,6 +226,10 @@ type Copy struct {
 	// On a primary: the bytes written since each of its replication
 	// snapshots, by short name; empty from an older node.
 	WrittenSince map[string]uint64
+	// The oldest generation this copy's history holds whole (a planned
+	// move keeps its source's, a failover starts at its own); 0 from an
+	// older node.
+	HistoryFrom uint64
 }
 
 // Reservation asks a node to promise a generation of a volume to a
@@ -264,6 +268,8 @@ type Promotion struct {
 	NotBeforeUnixNano int64
 	Failover          bool
 	Forced            bool
+	// SourceNodeID is a planned move's source (PromoteRequest).
+	SourceNodeID string
 }
 
 // Demotion retires a node's older primary (Demote): to a replica, or set

@@ -45,7 +45,7 @@ func (m *Migrator) finishMove(ctx context.Context, a *attempt, p copyOn, target 
 		m.Metrics.count("move", "failed")
 		return 0, answer, err
 	}
-	err = m.promoteTarget(ctx, target, agentclient.Promotion{VolumeID: id, Generation: gen, NotBeforeUnixNano: fencedAt}, v)
+	err = m.promoteTarget(ctx, target, agentclient.Promotion{VolumeID: id, Generation: gen, NotBeforeUnixNano: fencedAt, SourceNodeID: p.nodeID()}, v)
 	if err != nil {
 		m.Metrics.count("move", "failed")
 		return 0, answer, fmt.Errorf("promoting the copy on node %s: %w", target.Info.NodeID, err)

@@ -75,8 +75,11 @@ func New(c *cluster.Cluster, log hclog.Logger) *Migrator {
 }
 
 // settle retires primaries older than the current one: a copy fenced for a
-// move to the current primary's node becomes a replica; any other (a
-// primary that was lost and came back) is set aside.
+// move to the current primary's node, whose history holds the copy's
+// generation (the move's final snapshot promoted it), becomes a replica;
+// any other (a primary that was lost and came back, or the source of a
+// move whose target a failover promoted instead, which may hold writes
+// after the target's newest snapshot) is set aside.
 func (m *Migrator) settle(ctx context.Context, id string, v view) error {
 	p, ok := v.primary()
 	if !ok {
@@ -90,7 +93,7 @@ func (m *Migrator) settle(ctx context.Context, id string, v view) error {
 		if c.copy.Role != contract.RolePrimary || c.copy.Generation >= p.copy.Generation {
 			continue
 		}
-		aside := c.copy.MovingTo != p.nodeID()
+		aside := c.copy.MovingTo != p.nodeID() || p.copy.HistoryFrom > c.copy.Generation
 		cctx, cancel := m.call(ctx, v)
 		_, err := c.node.Agent.Demote(cctx, agentclient.Demotion{VolumeID: id, Generation: p.copy.Generation, Aside: aside})
 		cancel()

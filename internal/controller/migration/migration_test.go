@@ -6,11 +6,14 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/agentclient"
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/cluster"
+	"github.com/zfs-nomad/zfs-nomad/internal/controller/cluster/clustertest"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
 )
 
@@ -158,6 +161,46 @@ func TestConflictingPrimaries(t *testing.T) {
 	err := m.settle(context.Background(), "vol-x", v)
 	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "n2, n3") {
 		t.Errorf("settle with two primaries of one generation: %v, want FailedPrecondition naming both nodes", err)
+	}
+}
+
+// TestSettleSetsAsideWhatTheNewPrimaryMayLack: an older primary fenced
+// for a move to the current primary's node becomes a replica only when
+// the current primary's history holds its generation (the move's final
+// snapshot promoted it). When a failover promoted the target instead, the
+// fenced source may hold writes after the target's newest snapshot (its
+// final push never arrived): as a replica of the new generation it would
+// refuse every push, those writes in no copy an operator is told of. It
+// is set aside, as any other stale primary.
+func TestSettleSetsAsideWhatTheNewPrimaryMayLack(t *testing.T) {
+	tests := []struct {
+		name        string
+		movingTo    string // the stale primary's fence
+		historyFrom uint64 // the current primary's
+		aside       bool
+	}{
+		{"the move's target, promoted by the move", "n2", 1, false},
+		{"the move's target, promoted by a failover", "n2", 2, true},
+		{"the move's target, from an older node", "n2", 0, false},
+		{"a lost primary come back", "", 1, true},
+		{"fenced for a move elsewhere", "n3", 1, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			stale := clustertest.NewFakeAgent(agentclient.NodeInfo{NodeID: "n1"})
+			stale.PutCopy(agentclient.Copy{VolumeID: "vol-x", NodeID: "n1", Exists: true, Role: contract.RolePrimary, Generation: 1, MovingTo: tt.movingTo})
+			old := on("n1", contract.RolePrimary, 1, 0)
+			old.node.Agent, old.copy.MovingTo = stale, tt.movingTo
+			current := on("n2", contract.RolePrimary, 2, 0)
+			current.copy.HistoryFrom = tt.historyFrom
+			m := &Migrator{log: hclog.NewNullLogger(), now: time.Now}
+			if err := m.settle(context.Background(), "vol-x", view{copies: []copyOn{old, current}, background: true}); err != nil {
+				t.Fatal(err)
+			}
+			if got := slices.Contains(stale.SetAside(), "vol-x"); got != tt.aside {
+				t.Errorf("set aside: %v, want %v", got, tt.aside)
+			}
+		})
 	}
 }
 

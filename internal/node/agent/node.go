@@ -48,7 +48,7 @@ type Copies interface {
 	Fence(ctx context.Context, id, target string) (int64, error)
 	FenceHeld(ctx context.Context, id, target string, at int64) (int64, error)
 	Unfence(ctx context.Context, id string, generation uint64) error
-	Promote(ctx context.Context, id string, generation uint64, notBefore int64, failover bool) (volume.Copy, error)
+	Promote(ctx context.Context, id string, generation uint64, notBefore int64, source string, failover bool) (volume.Copy, error)
 	Demote(ctx context.Context, id string, generation uint64, aside bool) error
 	DeleteReplica(ctx context.Context, id string) (bool, error)
 	DeleteSurplus(ctx context.Context, id, newest string, elsewhere []string) (bool, error)

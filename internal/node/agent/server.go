@@ -503,7 +503,7 @@ func (s *Server) copyToPB(c volume.Copy) *pb.Copy {
 		Generation: c.Generation, MovingTo: c.MovingTo, FencedUnixNano: c.FencedAt, Mounted: c.Mounted,
 		LastSnapshot: c.LastSnapshot, LastSnapshotUnixNano: c.LastSnapshotAt,
 		Parameters: c.Parameters, CapacityBytes: c.Capacity, FailoverFromSnapshot: c.FailoverFrom,
-		ForcedGeneration: c.Forced, LeaseFenced: c.LeaseFenced, WrittenSince: c.WrittenSince,
+		ForcedGeneration: c.Forced, LeaseFenced: c.LeaseFenced, WrittenSince: c.WrittenSince, HistoryFrom: c.HistoryFrom,
 	}
 }
 
@@ -532,7 +532,7 @@ func (s *Server) Promote(ctx context.Context, req *pb.PromoteRequest) (*pb.Copy,
 	if req.GetGeneration() == 0 {
 		return nil, errdefs.Wrap(errdefs.ErrInvalidArgument, "promote: generation is required")
 	}
-	c, err := s.copies.Promote(ctx, req.GetVolumeId(), req.GetGeneration(), req.GetNotBeforeUnixNano(), req.GetFailover())
+	c, err := s.copies.Promote(ctx, req.GetVolumeId(), req.GetGeneration(), req.GetNotBeforeUnixNano(), req.GetSourceNodeId(), req.GetFailover())
 	if err != nil {
 		return nil, err
 	}

@@ -174,6 +174,14 @@ func (r *Replicas) DiscardPartial(ctx context.Context, volumeID string) error {
 	return nil
 }
 
+// BaseHoldTag holds the newest snapshot both sides of a replication
+// share: a receiver holds its newest received snapshot with it, a sender
+// the base of each peer with PeerBaseTag (docs/replication.md).
+const BaseHoldTag = "zfs-nomad-base"
+
+// PeerBaseTag is the hold tag of node's base on a primary.
+func PeerBaseTag(node string) string { return BaseHoldTag + "-" + node }
+
 // ReleaseHolds releases, on every snapshot of fs, the hold tags drop
 // selects. A copy that changed roles keeps no holds of its old role.
 // Here and in the other bookkeeping, a snapshot that vanished since the

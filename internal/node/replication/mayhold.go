@@ -26,10 +26,11 @@ import (
 //     newest and the later ones this process streamed stay spared (at
 //     most maxStreamed of the later ones: a receiver that keeps failing
 //     pins no snapshot per attempt);
-//   - a process knows nothing of its predecessor's streams: until a push
-//     has read what a receiver holds, the first push of a volume since
-//     the start spares for it every replication snapshot taken before the
-//     start and after the base held for it, as if each had been streamed.
+//   - a process knows nothing of its predecessor's streams: the first
+//     push of a volume in a process spares, for every receiver whose base
+//     this node holds, every replication snapshot after that base, until
+//     a push reads what that receiver holds. No clock decides which
+//     snapshot is older: the listing's order (creation) does.
 
 // maxStreamed bounds the snapshots spared for one receiver beyond its
 // newest.
@@ -83,15 +84,18 @@ func (p *Pusher) mayHold(volumeID string) []string {
 	for _, snaps := range p.streamed[volumeID] {
 		out = append(out, snaps...)
 	}
+	for _, snaps := range p.unknown[volumeID] {
+		out = append(out, snaps...)
+	}
 	return out
 }
 
 // learnReceiver brings what is spared of volumeID up to date for a push
 // to receiver that has read the receiver's snapshots (held, oldest first)
-// and this node's, with their holds: on the volume's first push since
-// the start, the snapshots its predecessor may have streamed
-// (seedUnknown); then, for receiver, only its newest and the later ones
-// this process noted (at most maxStreamed): an earlier process's streams
+// and this node's, with their holds: on the volume's first push in this
+// process, what an earlier process may have streamed (seedUnknown); then,
+// for receiver, only its newest of what was noted and the later ones this
+// process streamed (at most maxStreamed): an earlier process's streams
 // ended with it. An older one is no base the receiver needs, and one this
 // node no longer has cannot be spared.
 func (p *Pusher) learnReceiver(volumeID, receiver string, listed func() ([]zfs.Snap, error), holds func() (map[string][]string, error), held []uint64) {
@@ -110,14 +114,15 @@ func (p *Pusher) learnReceiver(volumeID, receiver string, listed func() ([]zfs.S
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.seedUnknown(volumeID, local, tags)
-	noted := p.streamed[volumeID][receiver]
+	noted, unknown := p.streamed[volumeID][receiver], p.unknown[volumeID][receiver]
+	delete(p.unknown[volumeID], receiver)
 	var kept []string
-	if newest >= 0 && slices.Contains(noted, local[newest].Name) {
+	if newest >= 0 && (slices.Contains(noted, local[newest].Name) || slices.Contains(unknown, local[newest].Name)) {
 		kept = append(kept, local[newest].Name)
 	}
 	var later []string
 	for _, s := range local[newest+1:] {
-		if slices.Contains(noted, s.Name) && !p.beforeStart(s.Name) {
+		if slices.Contains(noted, s.Name) {
 			later = append(later, s.Name)
 		}
 	}
@@ -126,37 +131,42 @@ func (p *Pusher) learnReceiver(volumeID, receiver string, listed func() ([]zfs.S
 		p.forgetStreamedLocked(volumeID, receiver)
 		return
 	}
+	if p.streamed == nil {
+		p.streamed = map[string]map[string][]string{}
+	}
+	if p.streamed[volumeID] == nil {
+		p.streamed[volumeID] = map[string][]string{}
+	}
 	p.streamed[volumeID][receiver] = kept
 }
 
-// seedUnknown notes, once per volume in this process, for every receiver
-// whose base this node holds, the replication snapshots taken before this
-// process started and after that base: an earlier process may have
-// streamed any of them to it without an answer. The caller holds p.mu.
+// seedUnknown records, on the volume's first push in this process, for
+// every receiver whose base this node holds, the replication snapshots
+// after that base: an earlier process may have streamed any of them to
+// it without an answer. Every stream of this process is noted itself,
+// after this first push has seeded, so what the listing holds besides is
+// an earlier process's (or a snapshot this one took and did not send:
+// spared until the receiver is read, no longer). The caller holds p.mu.
 func (p *Pusher) seedUnknown(volumeID string, local []zfs.Snap, tags map[string][]string) {
 	if p.seeded[volumeID] {
 		return
 	}
 	if p.seeded == nil {
-		p.seeded = map[string]bool{}
+		p.seeded, p.unknown = map[string]bool{}, map[string]map[string][]string{}
 	}
 	p.seeded[volumeID] = true
 	after := map[string]bool{} // receivers whose base is behind the snapshot
 	for _, s := range local {  // oldest first
-		if p.beforeStart(s.Name) {
+		if _, ok := contract.ReplicationSnapshotTime(s.Name); ok {
 			for receiver := range after {
-				p.noteStreamingLocked(volumeID, receiver, s.Name)
+				if p.unknown[volumeID] == nil {
+					p.unknown[volumeID] = map[string][]string{}
+				}
+				p.unknown[volumeID][receiver] = append(p.unknown[volumeID][receiver], s.Name)
 			}
 		}
 		for _, receiver := range peersHeldFor(tags[s.Name]) {
 			after[receiver] = true
 		}
 	}
-}
-
-// beforeStart reports whether snapshot is a replication snapshot taken
-// before this process started.
-func (p *Pusher) beforeStart(snapshot string) bool {
-	at, ok := contract.ReplicationSnapshotTime(snapshot)
-	return ok && at < p.started
 }

@@ -69,40 +69,39 @@ func TestWhatAReceiverMayHoldIsSpared(t *testing.T) {
 }
 
 // TestAnEarlierProcesssStreamsAreSpared: a process knows nothing of what
-// its predecessor streamed, so the first push of a volume since the start
+// its predecessor streamed, so the first push of a volume in a process
 // spares, for every receiver whose base this node holds, the replication
-// snapshots taken before the start and after that base, until a push
-// reads what that receiver holds.
+// snapshots after that base, until a push reads what that receiver holds.
+// The listing's order says which are after the base, not the time in
+// their names.
 func TestAnEarlierProcesssStreamsAreSpared(t *testing.T) {
-	const start = 1000
 	snap := func(at int) zfs.Snap {
 		return zfs.Snap{Name: fmt.Sprintf("tank/v@zn-%d", at), GUID: uint64(at)}
 	}
-	// n2's base is zn-100, n3's zn-300; zn-200 and zn-400 were taken
-	// before the start, zn-1100 after it.
-	local := []zfs.Snap{snap(100), snap(200), snap(300), snap(400), snap(1100)}
+	// Oldest first: n2's base is zn-100, n3's zn-300; zn-50 was taken
+	// after zn-300 by a clock that stepped back.
+	local := []zfs.Snap{snap(100), snap(200), snap(300), snap(400), snap(50)}
 	holds := func() (map[string][]string, error) {
 		return map[string][]string{local[0].Name: {peerTag("n2")}, local[2].Name: {peerTag("n3")}}, nil
 	}
 	listed := func() ([]zfs.Snap, error) { return local, nil }
-	p := &Pusher{started: start}
+	p := &Pusher{}
+	sorted := func() []string { got := p.mayHold("v"); slices.Sort(got); return got }
 	// A push to n2, which holds zn-100 alone: n3 is not read yet.
 	p.learnReceiver("v", "n2", listed, holds, []uint64{100})
-	got := p.mayHold("v")
-	slices.Sort(got)
-	if want := []string{local[3].Name}; !slices.Equal(got, want) {
-		t.Errorf("after the first push since the start, %v spared; want %v (n2 read, holding its base alone; n3 not read)", got, want)
+	if got, want := sorted(), []string{local[3].Name, local[4].Name}; !slices.Equal(got, want) {
+		t.Errorf("after the first push in the process, %v spared; want %v (n2 read, holding its base alone; n3 not read)", got, want)
 	}
 	// n3 answers holding zn-400: an earlier process's stream whose
 	// answer was lost. It stays spared until a push to n3 succeeds.
 	p.learnReceiver("v", "n3", listed, holds, []uint64{300, 400})
-	if got := p.mayHold("v"); !slices.Equal(got, []string{local[3].Name}) {
+	if got := sorted(); !slices.Equal(got, []string{local[3].Name}) {
 		t.Errorf("n3 read holding zn-400: %v spared, want zn-400", got)
 	}
 	p.forgetStreamed("v", "n3")
-	// The seeding is once per volume: a later push notes nothing again.
+	// The seeding is once per volume: a later push records nothing again.
 	p.learnReceiver("v", "n2", listed, holds, []uint64{100})
-	if got := p.mayHold("v"); len(got) != 0 {
+	if got := sorted(); len(got) != 0 {
 		t.Errorf("after a push to n3 succeeded, %v spared; want none", got)
 	}
 }

@@ -66,11 +66,11 @@ type Pusher struct {
 	// streams to that receiver started since a push to it last succeeded
 	// (mayHold).
 	streamed map[string]map[string][]string
-	// seeded are the volumes whose first push since started noted what
-	// an earlier process may have streamed (seedUnknown).
-	seeded map[string]bool
-	// started is when this Pusher was made, on its clock, in unix nanos.
-	started int64
+	// seeded are the volumes whose first push in this process recorded,
+	// in unknown (by volume ID and receiver key), what an earlier process
+	// may have streamed (seedUnknown).
+	seeded  map[string]bool
+	unknown map[string]map[string][]string
 	// refused is, by dataset and peer node ID, the newest snapshot (GUID)
 	// of a replica whose node refused to roll it back (rollbackRefused).
 	refused map[string]uint64
@@ -102,12 +102,12 @@ func (p *Pusher) Close() {
 // takes too); peers reaches the receiving nodes; keep replication
 // snapshots are kept besides the held bases.
 func NewPusher(z Pool, locks *copylock.Locks, root, nodeID string, keep int, limit *Limiter, peers Peers, log hclog.Logger) *Pusher {
-	return &Pusher{z: z, locks: locks, root: root, nodeID: nodeID, keep: keep, limit: limit, peers: peers, log: log, now: time.Now, started: time.Now().UnixNano()}
+	return &Pusher{z: z, locks: locks, root: root, nodeID: nodeID, keep: keep, limit: limit, peers: peers, log: log, now: time.Now}
 }
 
 // UseClock sets the node's wall clock (time.Now by default), which names
 // replication snapshots: the simulation skews it per node.
-func (p *Pusher) UseClock(now func() time.Time) { p.now, p.started = now, now().UnixNano() }
+func (p *Pusher) UseClock(now func() time.Time) { p.now = now }
 
 // Push brings the replica of volumeID on the peer at addr up to date:
 // resuming an interrupted transfer, or sending a new snapshot
@@ -439,13 +439,21 @@ func (p *Pusher) snapshot(ctx context.Context, volumeID, fs string, fence Fence)
 	if err != nil {
 		return nil, "", nil, err
 	}
-	props, err = p.z.Properties(ctx, fs, copyrecord.PropRole, copyrecord.PropName, copyrecord.PropGeneration, copyrecord.PropHistoryFrom, copyrecord.PropParameters, "refquota", "quota", "encryption")
+	props, err = p.z.Properties(ctx, fs, copyrecord.PropRole, copyrecord.PropName, copyrecord.PropGeneration, copyrecord.PropHistoryFrom, copyrecord.PropParameters,
+		copyrecord.PropMovingTo, "refquota", "quota", "encryption")
 	if errors.Is(err, zfs.ErrNotFound) {
 		err = errdefs.Wrap(errdefs.ErrNotFound, "volume %s is not on this node: %v", volumeID, err)
 	} else if err != nil {
 		err = fmt.Errorf("reading the labels of %s: %w", fs, err)
 	} else if role := props[copyrecord.PropRole]; role != contract.RolePrimary {
 		err = errdefs.Wrap(errdefs.ErrFailedPrecondition, "volume %s is a %s here; only a primary is sent", volumeID, role)
+	} else if to := props[copyrecord.PropMovingTo]; fence == nil && to != "" && to != "-" {
+		// A fenced primary's last snapshot is its move's final one: the
+		// target holds it, and the move demotes this copy to a replica of
+		// the target's generation. A snapshot taken after it would be one
+		// that replica holds and its new primary lacks, which no push
+		// could then change (mayhold.go).
+		err = errdefs.Wrap(errdefs.ErrFailedPrecondition, "volume %s is fenced here for its move to node %s: only the move's final push sends it; pushes resume from the new primary, or here if the move is called off", volumeID, to)
 	}
 	if err != nil {
 		unlock()

@@ -36,7 +36,7 @@ const (
 	// incremental base, never destroyed while it is the base. A receiver
 	// holds its newest received snapshot with it; a sender holds the base of
 	// each peer with BaseHoldTag + "-" + the peer's node ID.
-	BaseHoldTag = "zfs-nomad-base"
+	BaseHoldTag = copyrecord.BaseHoldTag
 	// RoleReplica labels a received copy.
 	RoleReplica = contract.RoleReplica
 
@@ -124,7 +124,7 @@ func releaseSuperseded(ctx context.Context, z Pool, fs string) error {
 func isBaseTag(tag string) bool { return tag == BaseHoldTag || isPeerTag(tag) }
 
 // peerTag is the hold tag of peer's base.
-func peerTag(peer string) string { return BaseHoldTag + "-" + peer }
+func peerTag(peer string) string { return copyrecord.PeerBaseTag(peer) }
 
 // isPeerTag selects a sender's per-peer base holds.
 func isPeerTag(tag string) bool { return strings.HasPrefix(tag, peerTag("")) }

@@ -40,7 +40,7 @@ func TestAPromotionWakesTheStagesWaitingForIt(t *testing.T) {
 	other, otherDone := m.AwaitPromotion("vol-other", 1)
 	defer otherDone()
 	reserve(t, m, id, 2, "n1")
-	if _, err := m.Promote(ctx, id, 2, 0, false); err != nil {
+	if _, err := m.Promote(ctx, id, 2, 0, "", false); err != nil {
 		t.Fatal(err)
 	}
 	select {

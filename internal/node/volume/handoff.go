@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strconv"
 
+	"github.com/hashicorp/go-hclog"
+
 	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
@@ -276,7 +278,7 @@ func (m *Manager) Unfence(ctx context.Context, id string, generation uint64) err
 // records the newest snapshot the replica had: the recovery point. A
 // receive into the replica that is running finishes first (it holds the
 // lock), and an interrupted one is discarded (copyrecord's DiscardPartial).
-func (m *Manager) Promote(ctx context.Context, id string, generation uint64, notBefore int64, failover bool) (Copy, error) {
+func (m *Manager) Promote(ctx context.Context, id string, generation uint64, notBefore int64, source string, failover bool) (Copy, error) {
 	unlock, err := m.lock(ctx, id, "promote")
 	if err != nil {
 		return Copy{}, err
@@ -308,7 +310,7 @@ func (m *Manager) Promote(ctx context.Context, id string, generation uint64, not
 			return Copy{}, err
 		}
 	}
-	if err := m.promote(ctx, c, generation, notBefore, failover); err != nil {
+	if err := m.promote(ctx, c, generation, notBefore, source, failover); err != nil {
 		return Copy{}, err
 	}
 	c.Role, c.Generation, c.MovingTo = contract.RolePrimary, generation, ""
@@ -320,7 +322,7 @@ func (m *Manager) Promote(ctx context.Context, id string, generation uint64, not
 	return c, nil
 }
 
-func (m *Manager) promote(ctx context.Context, c Copy, generation uint64, notBefore int64, failover bool) error {
+func (m *Manager) promote(ctx context.Context, c Copy, generation uint64, notBefore int64, source string, failover bool) error {
 	id := c.VolumeID
 	log := m.log.With("volume_id", id, "generation", generation)
 	switch {
@@ -368,7 +370,10 @@ func (m *Manager) promote(ctx context.Context, c Copy, generation uint64, notBef
 		props[copyrecord.PropFailoverLag] = c.LastSnapshot
 		props[copyrecord.PropHistoryFrom] = strconv.FormatUint(generation, 10)
 	}
-	if err := m.zfs.SetProperties(ctx, dataset, props); err != nil {
+	held := m.holdSourcesBase(ctx, c, source, failover, log)
+	err = m.zfs.SetProperties(ctx, dataset, props)
+	held()
+	if err != nil {
 		return zfsError(err, "promoting volume "+id)
 	}
 	if failover {
@@ -377,6 +382,46 @@ func (m *Manager) promote(ctx context.Context, c Copy, generation uint64, notBef
 		log.Info("replica promoted to primary", "last_snapshot", c.LastSnapshot)
 	}
 	return nil
+}
+
+// holdSourcesBase holds, for a planned move, the promoted copy's newest
+// snapshot (the final one) as the base of the move's source, which the
+// move demotes to a replica holding that snapshot: as a push to the source
+// would have held it. Otherwise this primary would prune it once its
+// pushes to other replicas moved on, and the source's replica, of this
+// copy's generation and ahead of its snapshots, would refuse every push
+// until the volume's next move (docs/replication.md, "A replica is never
+// ahead of its primary's snapshots"). It runs beside the promotion's write
+// (a hold waits for a pool sync as a property change does), and the
+// function it returns waits for it. Best effort: a hold that fails leaves
+// that replica to be removed or replaced, never a write lost.
+func (m *Manager) holdSourcesBase(ctx context.Context, c Copy, source string, failover bool, log hclog.Logger) (wait func()) {
+	if failover || source == "" || source == m.cfg.NodeID {
+		return func() {}
+	}
+	dataset := datasetFor(m.cfg.RootDataset, c.VolumeID)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		// The newest received, which the source holds too: in creation
+		// order, not by the time in its name (the source's clock, which
+		// may have stepped back since an earlier snapshot).
+		snaps, err := m.zfs.Snapshots(ctx, dataset)
+		newest := ""
+		for _, s := range snaps {
+			if _, ok := contract.ReplicationSnapshotTime(s.Name); ok {
+				newest = s.Name
+			}
+		}
+		if err == nil && newest != "" {
+			err = m.zfs.Hold(ctx, newest, copyrecord.PeerBaseTag(source))
+		}
+		if err != nil {
+			log.Warn("holding the final snapshot as the move's source's base failed; that replica's pushes may need it removed",
+				"snapshot", newest, "source", source, "error", err)
+		}
+	}()
+	return func() { <-done }
 }
 
 // Demote retires this node's primary of volume id in favour of a primary of

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"maps"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -162,7 +163,7 @@ func TestADemotedPrimaryIsMarked(t *testing.T) {
 	if _, granted, err := m.records.Reserve(ctx, v.ID, 3, "n1"); err != nil || !granted {
 		t.Fatalf("reserving generation 3: granted %v, %v", granted, err)
 	}
-	if _, err := m.Promote(ctx, v.ID, 3, 0, false); err != nil {
+	if _, err := m.Promote(ctx, v.ID, 3, 0, "", false); err != nil {
 		t.Fatal(err)
 	}
 	if got := copyrecord.DemotedAt(mark()); !got.IsZero() {
@@ -213,7 +214,7 @@ func TestPromoteChecksTheReplica(t *testing.T) {
 			}
 		}
 		fake.SetUsed(ds, tt.used)
-		_, err := m.Promote(ctx, id, tt.generation, tt.notBefore, false)
+		_, err := m.Promote(ctx, id, tt.generation, tt.notBefore, "", false)
 		if tt.used > 0 {
 			if c, _ := m.Copy(ctx, id); err == nil || c.Role != contract.RoleReplica {
 				t.Errorf("%s: %v, and the copy is a %s; want an error and still a replica", tt.name, err, c.Role)
@@ -307,12 +308,68 @@ func TestPromotionCarriesTheHistory(t *testing.T) {
 			if tt.failover {
 				notBefore = 0
 			}
-			if _, err := m.Promote(ctx, id, 3, notBefore, tt.failover); err != nil {
+			if _, err := m.Promote(ctx, id, 3, notBefore, "", tt.failover); err != nil {
 				t.Fatal(err)
 			}
 			c, err := m.Copy(ctx, id)
 			if err != nil || c.Generation != 3 || c.HistoryFrom != tt.want {
 				t.Errorf("promoted copy: generation %d, history from %d (%v); want 3, %d", c.Generation, c.HistoryFrom, err, tt.want)
+			}
+		})
+	}
+}
+
+// TestAPlannedPromotionHoldsTheSourcesBase: the move's source becomes a
+// replica holding the final snapshot, so the promoted copy holds it as
+// the source's base, as a push to the source would: pruned, the source's
+// replica would be ahead of its primary at the primary's own generation,
+// and every push to it refused. A failover (the source is lost, its copy
+// set aside) and a promotion from an older controller (no source) hold
+// nothing.
+func TestAPlannedPromotionHoldsTheSourcesBase(t *testing.T) {
+	tests := []struct {
+		name     string
+		source   string
+		failover bool
+		// skewed: the final snapshot's name is older than an earlier
+		// one's (the source's clock stepped back): the newest by creation
+		// is held, not by the time in its name.
+		skewed bool
+		want   []string
+	}{
+		{"a planned move", "n2", false, false, []string{copyrecord.PeerBaseTag("n2")}},
+		{"a planned move, the source's clock stepped back", "n2", false, true, []string{copyrecord.PeerBaseTag("n2")}},
+		{"a failover", "n2", true, false, nil},
+		{"an older controller", "", false, false, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx := context.Background()
+			m, fake := newManager(t)
+			id, ds := receivedReplica(t, fake, 2, nil)
+			final := ds + "@zn-100"
+			if tt.skewed {
+				final = ds + "@zn-99"
+				if err := fake.Snapshot(ctx, final, nil); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, granted, err := m.records.Reserve(ctx, id, 3, "n1"); err != nil || !granted {
+				t.Fatalf("reserving generation 3: granted %v, %v", granted, err)
+			}
+			notBefore := int64(99)
+			if tt.failover {
+				notBefore = 0
+			}
+			if _, err := m.Promote(ctx, id, 3, notBefore, tt.source, tt.failover); err != nil {
+				t.Fatal(err)
+			}
+			holds, err := fake.Holds(ctx, ds)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := holds[final]; !slices.Equal(got, tt.want) {
+				t.Errorf("the final snapshot's holds are %v, want %v (all holds: %v)", got, tt.want, holds)
 			}
 		})
 	}
@@ -348,7 +405,7 @@ func TestPromotionSetsTheQuotaOnlyWhenMissing(t *testing.T) {
 					sets++
 				}
 			}
-			if _, err := m.Promote(ctx, id, 2, 100, false); err != nil {
+			if _, err := m.Promote(ctx, id, 2, 100, "", false); err != nil {
 				t.Fatal(err)
 			}
 			fake.Before = nil
@@ -385,7 +442,7 @@ func TestOwnersAreRequiredOfCreatesOnly(t *testing.T) {
 		if _, granted, err := m.records.Reserve(ctx, id, 2, "n1"); err != nil || !granted {
 			t.Fatalf("reserving generation 2: granted %v, %v", granted, err)
 		}
-		if _, err := m.Promote(ctx, id, 2, 0, true); err != nil {
+		if _, err := m.Promote(ctx, id, 2, 0, "", true); err != nil {
 			t.Fatalf("promoting a replica with parameters %v: %v", params, err)
 		}
 		if v, err := m.Get(ctx, id); err != nil || !contract.SameOwner(v.Parameters, params) {

@@ -82,7 +82,7 @@ func TestIndexFollowsTheDriversChanges(t *testing.T) {
 	if _, _, err := m.records.Reserve(ctx, id, 2, "n1"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := m.Promote(ctx, id, 2, 0, true); err != nil {
+	if _, err := m.Promote(ctx, id, 2, 0, "", true); err != nil {
 		t.Fatal(err)
 	}
 	agree("a promotion")

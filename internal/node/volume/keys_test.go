@@ -219,7 +219,7 @@ func TestPromotionLeavesTheEncryptionAsReceived(t *testing.T) {
 	if _, granted, err := m.records.Reserve(ctx, id, 2, "n1"); err != nil || !granted {
 		t.Fatalf("reserving generation 2: granted %v, %v", granted, err)
 	}
-	if _, err := m.Promote(ctx, id, 2, 0, true); err != nil {
+	if _, err := m.Promote(ctx, id, 2, 0, "", true); err != nil {
 		t.Fatal(err)
 	}
 	if v, err := m.Get(ctx, id); err != nil || v.Generation != 2 || !v.Encrypted {

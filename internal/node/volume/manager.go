@@ -143,6 +143,10 @@ type Host struct {
 type Pool interface {
 	zfs.DatasetManager
 	zfs.Pools
+	// Holds and the snapshots in creation order: a promotion holds its
+	// newest snapshot as the move's source's base (promote).
+	zfs.Holds
+	zfs.SnapshotLister
 	// Properties reads properties of one dataset as zfs get -Hp prints
 	// them, in one open: the Manager reads written@snapshot (Copy).
 	Properties(ctx context.Context, dataset string, props ...string) (map[string]string, error)

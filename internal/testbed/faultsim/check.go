@@ -10,6 +10,7 @@ import (
 
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/scheduler"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 )
 
@@ -37,6 +38,9 @@ import (
 //	    copylock): the one owner of a copy's life. Checked at every
 //	    change, in the pool wrapper (lockedChange).
 //
+// And a replica of the primary's own generation never holds, as its
+// newest, a replication snapshot the primary lacks (replicasFollow).
+//
 // And each live node's index of its primaries agrees with its pool
 // (indexAgrees), and so does what the schedule's book keeps of the node's
 // primaries while the node reports the version the book saw (bookAgrees,
@@ -54,6 +58,10 @@ type checker struct {
 	// forced: by volume ID and generation, the generations first seen on
 	// a primary the operator's promote -force marked (generationsGrow).
 	forced map[string]bool
+	// ahead: by node and volume ID, the replication snapshot a replica
+	// held as its newest, of the primary's generation, while the primary
+	// lacked it, at the last check (replicasFollow).
+	ahead map[string]string
 	// pending is a violation found between checks.
 	pending error
 	// unlocked is the first change of a copy made without its lock (I5),
@@ -63,7 +71,7 @@ type checker struct {
 
 func newChecker(w *world) *checker {
 	return &checker{w: w, writes: map[string][]string{}, deletingIDs: map[string]bool{},
-		generations: map[string]uint64{}, primaries: map[string]string{}, forced: map[string]bool{}}
+		generations: map[string]uint64{}, primaries: map[string]string{}, forced: map[string]bool{}, ahead: map[string]string{}}
 }
 
 func volumeOf(dataset string) string {
@@ -87,6 +95,11 @@ func (c *checker) deleted(id string) {
 	for key := range c.generations {
 		if strings.HasSuffix(key, "/"+id) {
 			delete(c.generations, key)
+		}
+	}
+	for key := range c.ahead {
+		if strings.HasSuffix(key, "/"+id) {
+			delete(c.ahead, key)
 		}
 	}
 	for key := range c.primaries {
@@ -133,7 +146,7 @@ func (c *checker) check() error {
 		return *err
 	}
 	for _, v := range c.w.vols {
-		for _, check := range []func(id string) error{c.oneWriter, c.generationsGrow, c.nothingLost, c.mountsStay} {
+		for _, check := range []func(id string) error{c.oneWriter, c.generationsGrow, c.nothingLost, c.mountsStay, c.replicasFollow} {
 			if err := check(v.id); err != nil {
 				return err
 			}
@@ -329,6 +342,71 @@ func (c *checker) mountsStay(id string) error {
 		}
 	}
 	return nil
+}
+
+// replicasFollow: no replica of the primary's generation holds, as its
+// newest, a replication snapshot the primary lacks (docs/replication.md,
+// "A replica is never ahead of its primary's snapshots"): the receiver
+// refuses to roll back snapshots of its own generation, so every push to
+// it would be refused until the volume's next move. The checks read the
+// nodes while their pushes and tidies run, so a replica found ahead once
+// may be a read between a receive and the primary's listing; found ahead
+// of the same snapshot again at the next check, it is stuck. A volume
+// being deleted, and a generation the operator forced (which may have
+// two primaries), are left out.
+func (c *checker) replicasFollow(id string) error {
+	fs := rootDataset + "/" + id
+	ctx := context.Background()
+	var primary *simNode
+	var gen uint64
+	for _, n := range c.w.nodes {
+		if slices.Contains(n.pool.Names(), fs) {
+			if role, g, err := c.label(n, fs); err == nil && role == contract.RolePrimary && g >= gen {
+				primary, gen = n, g
+			}
+		}
+	}
+	if primary == nil || c.deletingIDs[id] || c.forced[fmt.Sprintf("%s@%d", id, gen)] {
+		return nil
+	}
+	mine, err := primary.pool.Snapshots(ctx, fs)
+	if err != nil {
+		return nil
+	}
+	for _, n := range c.w.nodes {
+		key := n.id + "/" + id
+		newest, ok := c.replicaNewest(n, fs, gen)
+		if !ok || slices.ContainsFunc(mine, func(s zfs.Snap) bool { return s.GUID == newest.GUID }) {
+			delete(c.ahead, key)
+			continue
+		}
+		if c.ahead[key] == newest.Name {
+			return fmt.Errorf("the replica of %s on %s holds %s, of the primary's generation %d, which the primary on %s lacks: every push to it is refused",
+				id, n.id, newest.Name, gen, primary.id)
+		}
+		c.ahead[key] = newest.Name
+	}
+	return nil
+}
+
+// replicaNewest is the newest snapshot of n's replica fs of generation
+// gen, when that is a replication snapshot.
+func (c *checker) replicaNewest(n *simNode, fs string, gen uint64) (zfs.Snap, bool) {
+	if !slices.Contains(n.pool.Names(), fs) {
+		return zfs.Snap{}, false
+	}
+	if role, g, err := c.label(n, fs); err != nil || role != contract.RoleReplica || g != gen {
+		return zfs.Snap{}, false
+	}
+	snaps, err := n.pool.Snapshots(context.Background(), fs)
+	if err != nil || len(snaps) == 0 {
+		return zfs.Snap{}, false
+	}
+	newest := snaps[len(snaps)-1]
+	if _, ok := contract.ReplicationSnapshotTime(newest.Name); !ok {
+		return zfs.Snap{}, false
+	}
+	return newest, true
 }
 
 // changes are the pool operations that change a dataset or snapshot.

@@ -157,6 +157,34 @@ func TestFencedPush(t *testing.T) {
 	}
 }
 
+// TestAFencedPrimarySendsOnlyItsFinalPush: a primary fenced for a move
+// (labelled with the node it moves to, as volume.Manager's fence labels
+// it) refuses every push but the move's own fenced one, and takes no
+// snapshot for it: its last snapshot must be the final one, which the
+// target holds, or the replica the move demotes it to would hold a
+// snapshot its new primary lacks.
+func TestAFencedPrimarySendsOnlyItsFinalPush(t *testing.T) {
+	src, dst, id, fs := primaryAndPeer(t)
+	must(t, src.Write(fs, "a"))
+	push := pusherTo(t, src, dst)
+	if _, err := push(id); err != nil {
+		t.Fatal(err)
+	}
+	must(t, src.SetProperties(ctx, fs, map[string]string{copyrecord.PropMovingTo: "n2"}))
+	before := src.snaps(t, fs)
+	if _, err := push(id); !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "fenced") {
+		t.Fatalf("a fenced primary's push: %v, want FailedPrecondition naming the fence", err)
+	}
+	if got := src.snaps(t, fs); len(got) != len(before) {
+		t.Errorf("the refused push left snapshots %v, were %v", got, before)
+	}
+	fence := func(_ context.Context, at int64) (int64, error) { return at, nil }
+	p := pusherWith(t, src, dst, new(copylock.Locks))
+	if _, err := p.PushFenced(ctx, id, "n2", "", "test", 0, func(replication.Progress) {}, fence); err != nil {
+		t.Errorf("the move's fenced push: %v", err)
+	}
+}
+
 // pusherWith is a Pusher from src to a Receiver on dst, over locks.
 func pusherWith(t *testing.T, src, dst node, locks *copylock.Locks) *replication.Pusher {
 	lis := bufconn.Listen(1 << 20)
