@@ -237,7 +237,7 @@ type preparedPush struct {
 func (p *Pusher) prepare(ctx context.Context, peer Peer, job pushJob) (preparedPush, error) {
 	// The new replication snapshot is taken while the peer says what it
 	// holds: each waits tens of milliseconds (a pool sync, a round trip).
-	props, snap, snapped, err := p.snapshot(ctx, job.volumeID, job.fs, job.fence)
+	props, snap, snapped, err := p.snapshot(ctx, job)
 	if err != nil {
 		return preparedPush{}, err
 	}
@@ -311,7 +311,13 @@ func (p *Pusher) send(ctx context.Context, peer Peer, job pushJob, prep prepared
 	p.noteStreaming(job.volumeID, target, plan.spec.Snapshot)
 	guid, err := p.sendStream(ctx, peer, prep.header, streamSpec{kind: kindOf(plan.spec), spec: plan.spec}, &sent, job.volumeID, target, job.addr, log)
 	if err != nil {
-		return pushed{}, streamed, err
+		// A receiver's refusal is its verdict before anything of the
+		// stream was received: the snapshot goes again, as one whose
+		// stream never started. Kept, it would be one more snapshot
+		// after what the receiver holds (a fenced source's push to a
+		// target promoted meanwhile, which the demoted source would then
+		// hold and the new primary lack).
+		return pushed{}, streamed && !refusedWhole(err), err
 	}
 	stop()
 	// The peer now has the snapshot: it becomes this peer's base here too.
@@ -408,6 +414,18 @@ func (p *Pusher) sendStream(ctx context.Context, peer Peer, header Header, st st
 	return result.SnapshotGUID, nil
 }
 
+// refusedWhole reports whether err is a receiver's refusal of a whole
+// stream, made before it received any of it (admission: the header, the
+// replica's state, the first record).
+func refusedWhole(err error) bool {
+	for _, kind := range []error{errdefs.ErrFailedPrecondition, errdefs.ErrInvalidArgument, errdefs.ErrPermissionDenied, errdefs.ErrAlreadyExists} {
+		if errors.Is(err, kind) {
+			return true
+		}
+	}
+	return false
+}
+
 // receiverSaidWhy reports whether a receiver's answer to a broken stream
 // is a verdict of its own (a refusal, or Aborted: busy or failed to
 // receive) rather than the transport's failure.
@@ -434,7 +452,8 @@ type taken struct {
 // under the same hold, beside the snapshot. The lock is released when
 // both are done, which snapped reports, so the caller can ask the peer
 // meanwhile.
-func (p *Pusher) snapshot(ctx context.Context, volumeID, fs string, fence Fence) (props map[string]string, snap string, snapped <-chan taken, err error) {
+func (p *Pusher) snapshot(ctx context.Context, job pushJob) (props map[string]string, snap string, snapped <-chan taken, err error) {
+	volumeID, fs, fence := job.volumeID, job.fs, job.fence
 	unlock, err := p.locks.Lock(ctx, volumeID, "a push's snapshot")
 	if err != nil {
 		return nil, "", nil, err
@@ -447,13 +466,14 @@ func (p *Pusher) snapshot(ctx context.Context, volumeID, fs string, fence Fence)
 		err = fmt.Errorf("reading the labels of %s: %w", fs, err)
 	} else if role := props[copyrecord.PropRole]; role != contract.RolePrimary {
 		err = errdefs.Wrap(errdefs.ErrFailedPrecondition, "volume %s is a %s here; only a primary is sent", volumeID, role)
-	} else if to := props[copyrecord.PropMovingTo]; fence == nil && to != "" && to != "-" {
-		// A fenced primary's last snapshot is its move's final one: the
-		// target holds it, and the move demotes this copy to a replica of
-		// the target's generation. A snapshot taken after it would be one
-		// that replica holds and its new primary lacks, which no push
-		// could then change (mayhold.go).
-		err = errdefs.Wrap(errdefs.ErrFailedPrecondition, "volume %s is fenced here for its move to node %s: only the move's final push sends it; pushes resume from the new primary, or here if the move is called off", volumeID, to)
+	} else if to := props[copyrecord.PropMovingTo]; to != "" && to != "-" && (job.backup || job.nodeID != to) {
+		// A fenced primary sends only to its move's target (the move's
+		// catch-up and final pushes): every snapshot it takes is one the
+		// target gets before the move demotes this copy to a replica of
+		// the target's generation. One sent elsewhere would be a
+		// snapshot that replica holds and its new primary lacks, which
+		// no push could then change (mayhold.go).
+		err = errdefs.Wrap(errdefs.ErrFailedPrecondition, "volume %s is fenced here for its move to node %s: it is sent only to that node until the move ends (pushes then go from the new primary) or is called off", volumeID, to)
 	}
 	if err != nil {
 		unlock()

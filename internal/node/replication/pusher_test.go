@@ -3,6 +3,7 @@ package replication
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync/atomic"
 	"testing"
@@ -124,6 +125,30 @@ func TestOneTransferPerVolume(t *testing.T) {
 	_, err = p.Push(context.Background(), id, "n2:1", 0, func(Progress) {})
 	if status.Code(errdefs.ToStatus(err)) != codes.Aborted || !errors.Is(err, copylock.ErrTransferRunning) {
 		t.Errorf("a second push: %v, want Aborted naming the running one", err)
+	}
+}
+
+// TestARefusedStreamLeavesNoSnapshot: a receiver's refusal at admission
+// (its replica's state, the header, the first record) means it received
+// nothing of the stream, so the push's snapshot goes again as unsent; a
+// broken or failed stream may have left a resumable partial receive, so
+// the snapshot stays.
+func TestARefusedStreamLeavesNoSnapshot(t *testing.T) {
+	tests := []struct {
+		err  error
+		want bool
+	}{
+		{fmt.Errorf("sending volume v to n3: %w", errdefs.Wrap(errdefs.ErrFailedPrecondition, "the replica holds 1 snapshot(s) after the stream's base")), true},
+		{errdefs.Wrap(errdefs.ErrPermissionDenied, "the certificate names n9"), true},
+		{errdefs.Wrap(errdefs.ErrInvalidArgument, "not a stream"), true},
+		{errdefs.Wrap(errdefs.ErrAborted, "busy, or failed to receive"), false},
+		{errdefs.Wrap(errdefs.ErrUnavailable, "the link broke"), false},
+		{errors.New("the peer received another snapshot"), false},
+	}
+	for _, tt := range tests {
+		if got := refusedWhole(tt.err); got != tt.want {
+			t.Errorf("refusedWhole(%v) = %v, want %v", tt.err, got, tt.want)
+		}
 	}
 }
 

@@ -157,13 +157,14 @@ func TestFencedPush(t *testing.T) {
 	}
 }
 
-// TestAFencedPrimarySendsOnlyItsFinalPush: a primary fenced for a move
-// (labelled with the node it moves to, as volume.Manager's fence labels
-// it) refuses every push but the move's own fenced one, and takes no
-// snapshot for it: its last snapshot must be the final one, which the
-// target holds, or the replica the move demotes it to would hold a
-// snapshot its new primary lacks.
-func TestAFencedPrimarySendsOnlyItsFinalPush(t *testing.T) {
+// TestAFencedPrimarySendsOnlyToItsMovesTarget: a primary fenced for a
+// move (labelled with the node it moves to, as volume.Manager's fence
+// labels it) refuses every push but to its move's target (the move's
+// catch-up and final pushes), and takes no snapshot for one: every
+// snapshot it takes must reach the target, or the replica the move
+// demotes it to would hold a snapshot its new primary lacks. Once the
+// target is promoted, the source's push is refused and its snapshot goes.
+func TestAFencedPrimarySendsOnlyToItsMovesTarget(t *testing.T) {
 	src, dst, id, fs := primaryAndPeer(t)
 	must(t, src.Write(fs, "a"))
 	push := pusherTo(t, src, dst)
@@ -173,15 +174,35 @@ func TestAFencedPrimarySendsOnlyItsFinalPush(t *testing.T) {
 	must(t, src.SetProperties(ctx, fs, map[string]string{copyrecord.PropMovingTo: "n2"}))
 	before := src.snaps(t, fs)
 	if _, err := push(id); !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "fenced") {
-		t.Fatalf("a fenced primary's push: %v, want FailedPrecondition naming the fence", err)
+		t.Fatalf("a fenced primary's push to an unnamed node: %v, want FailedPrecondition naming the fence", err)
 	}
 	if got := src.snaps(t, fs); len(got) != len(before) {
 		t.Errorf("the refused push left snapshots %v, were %v", got, before)
 	}
-	fence := func(_ context.Context, at int64) (int64, error) { return at, nil }
 	p := pusherWith(t, src, dst, new(copylock.Locks))
-	if _, err := p.PushFenced(ctx, id, "n2", "", "test", 0, func(replication.Progress) {}, fence); err != nil {
-		t.Errorf("the move's fenced push: %v", err)
+	pushTo := func(fence replication.Fence) error {
+		_, err := p.PushFenced(ctx, id, "n2", "n2", "test", 0, func(replication.Progress) {}, fence)
+		return err
+	}
+	if err := pushTo(nil); err != nil {
+		t.Errorf("the move's catch-up push to its target: %v", err)
+	}
+	if err := pushTo(func(_ context.Context, at int64) (int64, error) { return at, nil }); err != nil {
+		t.Errorf("the move's final push: %v", err)
+	}
+
+	// The target is promoted; a push from the source (a retry that did
+	// not see it) is refused (by the plan, which reads the target's
+	// state), and leaves no snapshot behind.
+	must(t, dst.SetProperties(ctx, fs, map[string]string{copyrecord.PropRole: contract.RolePrimary, copyrecord.PropGeneration: "2"}))
+	before = src.snaps(t, fs)
+	if err := pushTo(nil); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Fatalf("a push to a target holding the primary: %v, want FailedPrecondition", err)
+	}
+	for _, s := range src.snaps(t, fs) { // the earlier push's tidy may prune meanwhile
+		if !slices.ContainsFunc(before, func(b zfs.Snap) bool { return b.Name == s.Name }) {
+			t.Errorf("the refused push left its snapshot %s", s.Name)
+		}
 	}
 }
 
