@@ -31,6 +31,10 @@ import (
 //     this node holds, every replication snapshot after that base, until
 //     a push reads what that receiver holds. No clock decides which
 //     snapshot is older: the listing's order (creation) does.
+//
+// A move's source, which the move demotes to a replica holding the final
+// snapshot, is kept by the promotion (volume.Manager.holdSourcesBase) and
+// by a fenced primary sending only to its move's target (Pusher.snapshot).
 
 // maxStreamed bounds the snapshots spared for one receiver beyond its
 // newest.
