@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"google.golang.org/grpc/codes"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/node/copylock"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
@@ -418,10 +419,9 @@ func (p *Pusher) sendStream(ctx context.Context, peer Peer, header Header, st st
 // stream, made before it received any of it (admission: the header, the
 // replica's state, the first record).
 func refusedWhole(err error) bool {
-	for _, kind := range []error{errdefs.ErrFailedPrecondition, errdefs.ErrInvalidArgument, errdefs.ErrPermissionDenied, errdefs.ErrAlreadyExists} {
-		if errors.Is(err, kind) {
-			return true
-		}
+	switch errdefs.Code(err) {
+	case codes.FailedPrecondition, codes.InvalidArgument, codes.PermissionDenied, codes.AlreadyExists:
+		return true
 	}
 	return false
 }
