@@ -466,13 +466,16 @@ func (p *Pusher) snapshot(ctx context.Context, job pushJob) (props map[string]st
 		err = fmt.Errorf("reading the labels of %s: %w", fs, err)
 	} else if role := props[copyrecord.PropRole]; role != contract.RolePrimary {
 		err = errdefs.Wrap(errdefs.ErrFailedPrecondition, "volume %s is a %s here; only a primary is sent", volumeID, role)
-	} else if to := props[copyrecord.PropMovingTo]; to != "" && to != "-" && (job.backup || job.nodeID != to) {
+	} else if to := props[copyrecord.PropMovingTo]; job.fence == nil && to != "" && to != "-" && (job.backup || job.nodeID != to) {
 		// A fenced primary sends only to its move's target (the move's
 		// catch-up and final pushes): every snapshot it takes is one the
 		// target gets before the move demotes this copy to a replica of
 		// the target's generation. One sent elsewhere would be a
 		// snapshot that replica holds and its new primary lacks, which
-		// no push could then change (mayhold.go).
+		// no push could then change (mayhold.go). A fenced push names
+		// its own target: its fence, beside its snapshot, labels the copy
+		// as moving there (FenceHeld refuses unless this node's record
+		// promises that node the next generation).
 		err = errdefs.Wrap(errdefs.ErrFailedPrecondition, "volume %s is fenced here for its move to node %s: it is sent only to that node until the move ends (pushes then go from the new primary) or is called off", volumeID, to)
 	}
 	if err != nil {
