@@ -80,8 +80,9 @@ type Unreachable struct {
 
 // Cluster reaches the node agents named by a peers.Source.
 type Cluster struct {
-	// ReconnectWait bounds the second attempt to reach an agent whose
-	// connection had failed (zero: DefaultReconnectWait).
+	// ReconnectWait bounds the wait for a new connection to an agent
+	// whose connection had failed, once an outage (zero:
+	// DefaultReconnectWait; reconnect.go).
 	ReconnectWait time.Duration
 
 	peers   peers.Source
@@ -91,6 +92,9 @@ type Cluster struct {
 	// in tests an in-memory fake (NewWithAgents).
 	connect func(addr string) (NodeAgent, error)
 	conns   *connpool.Pool
+	outages *outages
+	// stop ends what the Cluster runs in the background (Close).
+	stop context.CancelFunc
 }
 
 // New returns a Cluster. Each agent call is bounded by timeout. dialOpts
@@ -100,23 +104,26 @@ type Cluster struct {
 func New(peers peers.Source, timeout time.Duration, log hclog.Logger, dialOpts ...grpc.DialOption) *Cluster {
 	dialOpts = append([]grpc.DialOption{grpc.WithKeepaliveParams(agentKeepalive), grpc.WithConnectParams(agentConnect)}, dialOpts...)
 	dialOpts = append(dialOpts, protocol.DialOptions()...)
-	c := &Cluster{
-		peers:   peers,
-		timeout: timeout,
-		log:     log,
-		conns: connpool.New(func(addr string) (*grpc.ClientConn, error) {
-			return grpc.NewClient(addr, dialOpts...)
-		}),
-	}
+	c := &Cluster{peers: peers, timeout: timeout, log: log}
+	c.withConns(connpool.New(func(addr string) (*grpc.ClientConn, error) {
+		return grpc.NewClient(addr, dialOpts...)
+	}))
 	c.connect = c.client
 	return c
+}
+
+func (c *Cluster) withConns(pool *connpool.Pool) {
+	stop, cancel := context.WithCancel(context.Background())
+	c.conns, c.outages, c.stop = pool, newOutages(pool, stop), cancel
 }
 
 // NewWithAgents returns a Cluster whose agents connect returns, without
 // gRPC: the controller's logic is tested against in-memory fakes of the
 // agents (clustertest.Fakes). connect's error makes the peer unreachable.
 func NewWithAgents(peers peers.Source, connect func(addr string) (NodeAgent, error), timeout time.Duration, log hclog.Logger) *Cluster {
-	return &Cluster{peers: peers, timeout: timeout, log: log, connect: connect, conns: connpool.New(nil)}
+	c := &Cluster{peers: peers, timeout: timeout, log: log, connect: connect}
+	c.withConns(connpool.New(nil))
+	return c
 }
 
 // agentKeepalive pings idle agent connections. A node that dies without
@@ -135,7 +142,10 @@ var agentKeepalive = keepalive.ClientParameters{Time: 10 * time.Second, Timeout:
 var agentConnect = grpc.ConnectParams{Backoff: backoff.DefaultConfig, MinConnectTimeout: 5 * time.Second}
 
 // Close closes all agent connections.
-func (c *Cluster) Close() { c.conns.Close() }
+func (c *Cluster) Close() {
+	c.stop()
+	c.conns.Close()
+}
 
 // client returns a client of the agent at addr held to one node: the one
 // whose certificate answers first, which its GetNode must name
@@ -286,16 +296,19 @@ func (c *Cluster) node(ctx context.Context, client NodeAgent, addr string, about
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
 	info, err := client.GetNode(ctx, about)
-	if errors.Is(err, errdefs.ErrUnavailable) {
+	if errors.Is(err, errdefs.ErrUnavailable) && !c.outages.isDown(addr) {
 		// After failures gRPC waits up to two minutes before dialling
-		// again. A node that is back must be seen at once (a failover's
-		// old primary must be fenced, a move may wait for it): dial now,
-		// and give the new connection a moment.
+		// again. A node that is back must be seen at once: dial now, and
+		// give the new connection a moment, once an outage (outages).
 		c.conns.ResetBackoff(addr)
-		rctx, rcancel := context.WithTimeout(ctx, cmp.Or(c.ReconnectWait, DefaultReconnectWait))
+		wait := cmp.Or(c.ReconnectWait, DefaultReconnectWait)
+		rctx, rcancel := context.WithTimeout(ctx, wait)
 		waiting := about
 		waiting.WaitForReady = true
 		info, err = client.GetNode(rctx, waiting)
+		if err != nil && (errors.Is(err, errdefs.ErrUnavailable) || rctx.Err() != nil) {
+			c.outages.begin(addr, wait/4)
+		}
 		rcancel()
 	}
 	if err != nil {
@@ -303,11 +316,6 @@ func (c *Cluster) node(ctx context.Context, client NodeAgent, addr string, about
 	}
 	return Node{Addr: addr, Info: info, Agent: client}, nil
 }
-
-// DefaultReconnectWait bounds the second attempt to reach an agent
-// whose connection had failed: long enough for a node that is back to
-// answer on a new connection.
-const DefaultReconnectWait = 2 * time.Second
 
 // Healthy returns the nodes that answered and are healthy.
 func Healthy(nodes []Node) []Node {

@@ -5,6 +5,7 @@
 package connpool
 
 import (
+	"context"
 	"fmt"
 	"sync"
 
@@ -65,6 +66,42 @@ func (p *Pool) ResetBackoff(addr string) {
 	defer p.mu.Unlock()
 	if conn, ok := p.conns[addr]; ok && conn.GetState() == connectivity.TransientFailure {
 		conn.ResetConnectBackoff()
+	}
+}
+
+// Holds reports whether the pool has a connection to addr.
+func (p *Pool) Holds(addr string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	_, ok := p.conns[addr]
+	return ok
+}
+
+// AwaitReady dials addr's connection again at once if it waits out a
+// backoff (as ResetBackoff does), then waits until the connection is
+// ready or ctx ends, and reports whether it is ready. It dials at most
+// once a call: a caller that polls a dead peer paces the attempts.
+func (p *Pool) AwaitReady(ctx context.Context, addr string) bool {
+	p.mu.Lock()
+	conn, ok := p.conns[addr]
+	p.mu.Unlock()
+	if !ok {
+		return false
+	}
+	p.ResetBackoff(addr)
+	for {
+		state := conn.GetState()
+		switch state {
+		case connectivity.Ready:
+			return true
+		case connectivity.Shutdown:
+			return false
+		case connectivity.Idle:
+			conn.Connect()
+		}
+		if !conn.WaitForStateChange(ctx, state) {
+			return false
+		}
 	}
 }
 

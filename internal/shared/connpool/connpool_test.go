@@ -1,8 +1,10 @@
 package connpool
 
 import (
+	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/connectivity"
@@ -12,7 +14,7 @@ import (
 // TestOneConnectionPerAddress: an address is dialled once and its
 // connection shared until Close, after which it is dialled again; a dial
 // error names the address; ResetBackoff leaves an idle connection and an
-// unknown address alone.
+// unknown address alone, and no unknown address is ready.
 func TestOneConnectionPerAddress(t *testing.T) {
 	dials := map[string]int{}
 	p := New(func(addr string) (*grpc.ClientConn, error) {
@@ -34,6 +36,14 @@ func TestOneConnectionPerAddress(t *testing.T) {
 	if _, err := p.Get("bad:1"); err == nil || err.Error() != "connect to bad:1: no route" {
 		t.Errorf("a failed dial: %v, want it to name the address", err)
 	}
+	if !p.Holds("a:1") || p.Holds("unknown:1") {
+		t.Errorf("Holds: a:1 %v, unknown:1 %v; want only a:1 held", p.Holds("a:1"), p.Holds("unknown:1"))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	if p.AwaitReady(ctx, "unknown:1") {
+		t.Error("an address the pool holds no connection to is ready")
+	}
+	cancel()
 	p.ResetBackoff("a:1")
 	p.ResetBackoff("unknown:1")
 	if s := first.GetState(); s != connectivity.Idle {

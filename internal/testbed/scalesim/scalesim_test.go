@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/controller/cluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/config"
 )
 
@@ -49,6 +50,11 @@ func TestScale(t *testing.T) {
 	// margin.
 	if earliest := lease + config.MinLeaseMargin(lease) - interval; r.Failover < earliest {
 		t.Errorf("a failover was granted %s after the node's loss: want no sooner than %s", r.Failover, earliest)
+	}
+	// While the lost node stays down, a publish does not wait for it
+	// again: one wait for a new connection per outage (cluster.outages).
+	if r.FailoverNext >= cluster.DefaultReconnectWait {
+		t.Errorf("a publish while a node is down took %s: want less than the reconnect wait (%s), which only the outage's first call waits", r.FailoverNext, cluster.DefaultReconnectWait)
 	}
 	// A create reserves generation 1 with every node (a majority must
 	// grant it).

@@ -30,7 +30,8 @@ type Agents struct {
 	peers     []string
 }
 
-// Serve starts agent as the node agent at addr until the test ends.
+// Serve starts agent as the node agent at addr until the test ends; at
+// an address stopped before, the node is back.
 func (a *Agents) Serve(t testing.TB, addr string, agent pb.NodeAgentServer) {
 	lis := bufconn.Listen(1 << 20)
 	srv := grpc.NewServer()
@@ -42,8 +43,11 @@ func (a *Agents) Serve(t testing.TB, addr string, agent pb.NodeAgentServer) {
 	if a.listeners == nil {
 		a.listeners, a.servers = map[string]*bufconn.Listener{}, map[string]*grpc.Server{}
 	}
+	_, before := a.servers[addr]
 	a.listeners[addr], a.servers[addr] = lis, srv
-	a.peers = append(a.peers, "passthrough:///"+addr)
+	if !before {
+		a.peers = append(a.peers, "passthrough:///"+addr)
+	}
 }
 
 // Stop takes the agent at addr down: connecting to it is refused from
@@ -57,7 +61,8 @@ func (a *Agents) Stop(addr string) {
 
 // Cluster returns a cluster of the agents served, plus peers at the extra
 // addresses, which nobody serves. Each agent call is bounded by 2 s, and
-// the second attempt to reach an agent whose connection failed by 100 ms.
+// the wait for a new connection to an agent whose connection failed by
+// 100 ms.
 func (a *Agents) Cluster(t testing.TB, extra ...string) *cluster.Cluster {
 	a.mu.Lock()
 	addrs := append([]string(nil), a.peers...)
