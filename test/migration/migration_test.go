@@ -657,7 +657,10 @@ func TestStaleCopyWaitsForTheNewestsNode(t *testing.T) {
 
 	// Once n2 answers, the volume comes to n1 with n2's files.
 	e.returnNode("n2")
-	dir3 := e.mustPublish(id, "n1")
+	var dir3 string
+	if err := whileUnavailable(func() (err error) { dir3, err = e.publish(id, "n1"); return err }); err != nil {
+		t.Fatalf("publishing %s on n1 once n2 is back: %v", id, err)
+	}
 	if got := e.checksums("n1", dir3); got != newest {
 		t.Fatalf("n1 has:\n%s\nwant n2's newest:\n%s", got, newest)
 	}
@@ -920,6 +923,18 @@ func whileNodeDown(call func() error) error {
 
 // onceNodeBack calls call, for up to a minute, until it succeeds, and
 // returns its last answer: a node just back takes a moment to answer.
+// whileUnavailable calls call again, every half second for up to a
+// minute, while it fails Unavailable: the controller reaches a node back
+// from an outage at its next redial (cluster.outages), and a CO retries
+// such a call.
+func whileUnavailable(call func() error) error {
+	err := call()
+	for deadline := time.Now().Add(time.Minute); status.Code(err) == codes.Unavailable && time.Now().Before(deadline); err = call() {
+		time.Sleep(500 * time.Millisecond)
+	}
+	return err
+}
+
 func onceNodeBack(call func() error) error {
 	var err error
 	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(2 * time.Second) {

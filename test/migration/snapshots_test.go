@@ -87,12 +87,15 @@ func TestSnapshotsFollowTheVolume(t *testing.T) {
 	if err := onceNodeBack(func() error { _, err := e.agent("n1").GetNode(e.ctx, &pb.GetNodeRequest{}); return err }); err != nil {
 		t.Fatal(err)
 	}
+	err = whileUnavailable(func() error {
+		_, err := e.controller().CreateVolume(e.ctx, &csi.CreateVolumeRequest{Name: "from-deleted", VolumeCapabilities: []*csi.VolumeCapability{writer},
+			VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: snapID}}}})
+		return err
+	})
+	wantCode(t, err, codes.NotFound, snapID)
 	if listed, err := e.controller().ListSnapshots(e.ctx, &csi.ListSnapshotsRequest{SnapshotId: snapID}); err != nil || len(listed.GetEntries()) != 0 {
 		t.Errorf("ListSnapshots of the deleted snapshot with n1 back: %v, %v; want nothing", listed, err)
 	}
-	_, err = e.controller().CreateVolume(e.ctx, &csi.CreateVolumeRequest{Name: "from-deleted", VolumeCapabilities: []*csi.VolumeCapability{writer},
-		VolumeContentSource: &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: snapID}}}})
-	wantCode(t, err, codes.NotFound, snapID)
 	e.waitNothingLeft(id, "of the volume and its snapshot after both deletes and n1's return")
 }
 

@@ -230,8 +230,17 @@ func (e *e2e) timedDrain(node string, jobs []drainJob, withVolumes bool) drainTi
 		}
 	}
 
+	what := "without volumes"
+	if withVolumes {
+		what = "with volumes"
+	}
 	cpu, logs := sampleCPU(), e.logOffsets()
 	began := time.Now()
+	// Where the guest's CPU went, told also when the drain does not end
+	// in time: that drain is the one whose minutes need explaining.
+	defer func() {
+		e.tell("during the drain %s (%s): %s", what, time.Since(began).Round(time.Second), cpuSince(cpu))
+	}()
 	e.nomad("node", "drain", "-enable", "-yes", "-detach", "-ignore-system", "-deadline", "15m", e.nodeIDs[node])
 	after := map[string]allocation{}
 	ready := map[string]time.Duration{}
@@ -254,11 +263,6 @@ func (e *e2e) timedDrain(node string, jobs []drainJob, withVolumes bool) drainTi
 		return nil
 	})
 	took := drainTimes{ready: time.Since(began)}
-	what := "without volumes"
-	if withVolumes {
-		what = "with volumes"
-	}
-	e.tell("during the drain %s: %s", what, cpuSince(cpu))
 	e.t.Logf("what Nomad's agents logged during the drain %s:%s", what, logActivity(logs))
 	for _, j := range jobs {
 		started := e.taskStarted(after[j.name].id).Sub(began)

@@ -114,7 +114,7 @@ func New(peers peers.Source, timeout time.Duration, log hclog.Logger, dialOpts .
 
 func (c *Cluster) withConns(pool *connpool.Pool) {
 	stop, cancel := context.WithCancel(context.Background())
-	c.conns, c.outages, c.stop = pool, newOutages(pool, stop), cancel
+	c.conns, c.outages, c.stop = pool, newOutages(pool, stop, c.log), cancel
 }
 
 // NewWithAgents returns a Cluster whose agents connect returns, without

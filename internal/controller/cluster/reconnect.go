@@ -5,6 +5,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
+
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/connpool"
 )
 
@@ -30,13 +32,14 @@ type outages struct {
 	pool *connpool.Pool
 	// stop ends the watchers (Cluster.Close).
 	stop context.Context
+	log  hclog.Logger
 
 	mu   sync.Mutex
 	down map[string]bool
 }
 
-func newOutages(pool *connpool.Pool, stop context.Context) *outages {
-	return &outages{pool: pool, stop: stop, down: map[string]bool{}}
+func newOutages(pool *connpool.Pool, stop context.Context, log hclog.Logger) *outages {
+	return &outages{pool: pool, stop: stop, log: log, down: map[string]bool{}}
 }
 
 // isDown reports whether addr is in an outage.
@@ -60,6 +63,7 @@ func (o *outages) begin(addr string, period time.Duration) {
 		return
 	}
 	o.down[addr] = true
+	o.log.Warn("node agent down: calls to it fail at once until it answers again; redialling it", "addr", addr, "every", period)
 	go o.watch(addr, period)
 }
 
@@ -73,6 +77,7 @@ func (o *outages) watch(addr string, period time.Duration) {
 			o.mu.Lock()
 			delete(o.down, addr)
 			o.mu.Unlock()
+			o.log.Info("node agent answers again: calls reach it", "addr", addr)
 			return
 		}
 	}
