@@ -298,7 +298,7 @@ func (c *Cluster) node(ctx context.Context, client NodeAgent, addr string, about
 	info, err := client.GetNode(ctx, about)
 	if errors.Is(err, errdefs.ErrUnavailable) && !c.outages.isDown(addr) {
 		// After failures gRPC waits up to two minutes before dialling
-		// again. A node that is back must be seen at once: dial now, and
+		// again. A node that is back must be seen soon: dial now, and
 		// give the new connection a moment, once an outage (outages).
 		c.conns.ResetBackoff(addr)
 		wait := cmp.Or(c.ReconnectWait, DefaultReconnectWait)

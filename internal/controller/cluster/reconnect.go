@@ -18,16 +18,20 @@ const DefaultReconnectWait = 2 * time.Second
 // outages are the agents whose connection stayed down through a
 // reconnect wait, each watched until its connection is ready again.
 //
-// The rule: a node that is back must be seen at once (a failover's old
+// The rule: a node that is back must be seen soon (a failover's old
 // primary must be fenced, a move may wait for it), and a node that stays
-// down must cost a call no more than its failure. A call that finds an
-// agent's connection down dials again at once and waits up to the
-// reconnect wait for it; if the node still does not answer, it is in an
-// outage: calls to it fail at once instead of each waiting again (every
-// decision asks every node, so a wait per call adds it to every publish
-// and create while any node is down), and a watcher dials it again every
-// quarter of the wait until its connection is ready, when calls reach it
-// again.
+// down must cost a call no more than its failure. Only a wait tells one
+// from the other (gRPC reports a connection failed until a new one is
+// ready), so the wait is paid once an outage, not once a call. A call
+// that finds an agent's connection down dials again at once and waits up
+// to the reconnect wait for it; if the node still does not answer, it is
+// in an outage: calls to it fail at once instead of each waiting again
+// (every decision asks every node, so a wait per call adds it to every
+// publish and create while any node is down), and a watcher dials it
+// again every quarter of the wait until its connection is ready, when
+// calls reach it again. A node back from an outage is seen within that
+// quarter and a connection's setup; a call before that is Unavailable,
+// which the CO retries.
 type outages struct {
 	pool *connpool.Pool
 	// stop ends the watchers (Cluster.Close).
