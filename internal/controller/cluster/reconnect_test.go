@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/controller/cluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/cluster/clustertest"
 )
 
@@ -13,8 +14,11 @@ import (
 // node stays down, later calls fail at once instead of each waiting
 // again; once the node is back, calls reach it within a quarter of the
 // wait, without any call waiting for it.
+//
+// The shipped wait: the bounds (half of it for a call that fails at once)
+// leave a loaded machine room.
 func TestADownAgentCostsOneWait(t *testing.T) {
-	const wait = time.Second
+	const wait = cluster.DefaultReconnectWait
 	var served clustertest.Agents
 	n1, n2 := &agent{id: "n1"}, &agent{id: "n2"}
 	served.Serve(t, "n1:7670", n1)
