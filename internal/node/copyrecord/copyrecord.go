@@ -137,6 +137,18 @@ func TombstoneName(dataset string, now time.Time) string {
 	return fmt.Sprintf("%s-deleted-%d", dataset, now.UnixNano())
 }
 
+// NotMoving is PropMovingTo on a primary that is not fenced for a move.
+const NotMoving = "-"
+
+// MovingTo reads PropMovingTo: the node a primary fenced for a move moves
+// to; "" when it is not fenced (NotMoving, or never labelled).
+func MovingTo(value string) string {
+	if value == NotMoving {
+		return ""
+	}
+	return value
+}
+
 // DemotedAt reads PropDemotedAt: when a replica was demoted from primary
 // after a move; zero when it was not (or was promoted since).
 func DemotedAt(value string) time.Time {

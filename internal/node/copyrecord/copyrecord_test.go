@@ -49,6 +49,19 @@ func TestDemotedAt(t *testing.T) {
 	}
 }
 
+func TestMovingTo(t *testing.T) {
+	tests := []struct{ value, want string }{
+		{"n2", "n2"},
+		{NotMoving, ""}, // unfenced
+		{"", ""},        // never fenced (a replica, an older node's primary)
+	}
+	for _, tt := range tests {
+		if got := MovingTo(tt.value); got != tt.want {
+			t.Errorf("MovingTo(%q) = %q, want %q", tt.value, got, tt.want)
+		}
+	}
+}
+
 func TestParametersRoundTrip(t *testing.T) {
 	tests := []struct {
 		params map[string]string

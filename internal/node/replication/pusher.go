@@ -466,7 +466,7 @@ func (p *Pusher) snapshot(ctx context.Context, job pushJob) (props map[string]st
 		err = fmt.Errorf("reading the labels of %s: %w", fs, err)
 	} else if role := props[copyrecord.PropRole]; role != contract.RolePrimary {
 		err = errdefs.Wrap(errdefs.ErrFailedPrecondition, "volume %s is a %s here; only a primary is sent", volumeID, role)
-	} else if to := props[copyrecord.PropMovingTo]; job.fence == nil && to != "" && to != "-" && (job.backup || job.nodeID != to) {
+	} else if to := copyrecord.MovingTo(props[copyrecord.PropMovingTo]); job.fence == nil && to != "" && (job.backup || job.nodeID != to) {
 		// A fenced primary sends only to its move's target (the move's
 		// catch-up and final pushes): every snapshot it takes is one the
 		// target gets before the move demotes this copy to a replica of

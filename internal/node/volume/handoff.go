@@ -58,18 +58,12 @@ type Copy struct {
 	quota uint64
 }
 
-// notMoving is the value of PropMovingTo on a primary that is not fenced.
-const notMoving = "-"
-
 // notDemoted is the value of PropDemotedAt on a copy promoted since its
 // demotion.
 const notDemoted = "-"
 
 func movingTo(ds zfs.Dataset) string {
-	if v := ds.User[copyrecord.PropMovingTo]; v != notMoving {
-		return v
-	}
-	return ""
+	return copyrecord.MovingTo(ds.User[copyrecord.PropMovingTo])
 }
 
 func fencedAt(ds zfs.Dataset) int64 {
@@ -265,7 +259,7 @@ func (m *Manager) Unfence(ctx context.Context, id string, generation uint64) err
 	if v.MovingTo == "" {
 		return nil
 	}
-	if err := m.zfs.SetProperties(ctx, v.Dataset, map[string]string{"readonly": "off", copyrecord.PropMovingTo: notMoving}); err != nil {
+	if err := m.zfs.SetProperties(ctx, v.Dataset, map[string]string{"readonly": "off", copyrecord.PropMovingTo: copyrecord.NotMoving}); err != nil {
 		return zfsError(err, "unfencing volume "+id)
 	}
 	m.log.Info("move abandoned; volume writable again", "volume_id", id, "was_moving_to", v.MovingTo)
@@ -360,7 +354,7 @@ func (m *Manager) promote(ctx context.Context, c Copy, generation uint64, notBef
 	props["readonly"] = "off"
 	props[copyrecord.PropRole] = contract.RolePrimary
 	props[copyrecord.PropGeneration] = strconv.FormatUint(generation, 10)
-	props[copyrecord.PropMovingTo] = notMoving
+	props[copyrecord.PropMovingTo] = copyrecord.NotMoving
 	props[copyrecord.PropDemotedAt] = notDemoted
 	// A planned move's replica holds the fenced primary's last state, so
 	// it vouches for all the fenced primary vouched for; a failover's may
@@ -472,7 +466,7 @@ func (m *Manager) Demote(ctx context.Context, id string, generation uint64, asid
 		// fresh, the schedule removes it if the volume wants no more
 		// replicas (docs/replication.md, "Surplus copies").
 		props := map[string]string{"readonly": "on", copyrecord.PropRole: contract.RoleReplica, copyrecord.PropGeneration: strconv.FormatUint(generation, 10),
-			copyrecord.PropMovingTo: notMoving, copyrecord.PropCapacity: strconv.FormatUint(c.Capacity, 10), copyrecord.PropDemotedAt: strconv.FormatInt(m.now().Unix(), 10)}
+			copyrecord.PropMovingTo: copyrecord.NotMoving, copyrecord.PropCapacity: strconv.FormatUint(c.Capacity, 10), copyrecord.PropDemotedAt: strconv.FormatInt(m.now().Unix(), 10)}
 		if err := m.zfs.SetProperties(ctx, dataset, props); err != nil {
 			return zfsError(err, "demoting volume "+id)
 		}

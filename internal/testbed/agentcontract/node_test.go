@@ -154,7 +154,7 @@ func (n *realNode) arrange(t *testing.T, h holding) {
 		copyrecord.PropName:       volName,
 		copyrecord.PropRole:       h.role,
 		copyrecord.PropGeneration: strconv.FormatUint(h.generation, 10),
-		copyrecord.PropMovingTo:   "-",
+		copyrecord.PropMovingTo:   copyrecord.NotMoving,
 	}
 	switch h.role {
 	case contract.RolePrimary:
