@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/prometheus/common/expfmt"
+	"golang.org/x/sync/singleflight"
 )
 
 // Registry holds metric families by name.
@@ -134,7 +135,11 @@ type Sample struct {
 // (what a family holds is only what read gives: a series read no longer
 // gives is gone at once, so none outlives what it measured). A sample of
 // an undeclared name or with the wrong number of label values is
-// dropped; an error leaves every family out of that scrape.
+// dropped; an error leaves every family out of that scrape. Scrapes that
+// overlap share one read: a read slower than the scrape interval (a
+// listing on a busy pool) never runs twice at once, so the metrics hold
+// no more of what they read from (libzfs's handles, the pool) than one
+// read's worth, whatever the scrape rate.
 func (r *Registry) LabelledGaugesAtScrape(help map[string]string, labels []string, read func() ([]Sample, error)) {
 	c := &scraped{descs: map[string]*prometheus.Desc{}, labels: len(labels), read: read}
 	for name, h := range help {
@@ -147,6 +152,8 @@ type scraped struct {
 	descs  map[string]*prometheus.Desc
 	labels int
 	read   func() ([]Sample, error)
+	// reads joins a scrape to a read already running.
+	reads singleflight.Group
 }
 
 func (c *scraped) Describe(ch chan<- *prometheus.Desc) {
@@ -156,7 +163,8 @@ func (c *scraped) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *scraped) Collect(ch chan<- prometheus.Metric) {
-	samples, err := c.read()
+	read, err, _ := c.reads.Do("", func() (any, error) { return c.read() })
+	samples, _ := read.([]Sample)
 	if err != nil {
 		return
 	}

@@ -5,7 +5,10 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // TestExposition: the driver's families in the text format, labels
@@ -133,5 +136,47 @@ func TestLabelledGaugesAtScrape(t *testing.T) {
 	samples = samples[1:2]
 	if got := scrape(); strings.Contains(got, `volume_id="v1"`) || !strings.Contains(got, `volume_id="v2"`) {
 		t.Errorf("the second scrape is not what the read gave (v2 alone):\n%s", got)
+	}
+}
+
+// TestOverlappingScrapesShareARead: scrapes that come while a read runs
+// wait for it and give its values, rather than starting reads of their
+// own (a slow listing must not run once per scrape at once).
+func TestOverlappingScrapesShareARead(t *testing.T) {
+	r := NewRegistry()
+	var reads atomic.Int32
+	release := make(chan struct{})
+	r.GaugesAtScrape(map[string]string{"zfs_nomad_free_bytes": "Free bytes."}, func() (map[string]float64, error) {
+		reads.Add(1)
+		<-release
+		return map[string]float64{"zfs_nomad_free_bytes": 7}, nil
+	})
+	var wg sync.WaitGroup
+	got := make([]string, 3)
+	for i := range got {
+		wg.Go(func() {
+			var b strings.Builder
+			if _, err := r.WriteTo(&b); err != nil {
+				t.Error(err)
+			}
+			got[i] = b.String()
+		})
+	}
+	// The three scrapes start; the read they share is held until then.
+	for deadline := time.Now().Add(5 * time.Second); reads.Load() == 0 && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(300 * time.Millisecond)
+	close(release)
+	wg.Wait()
+	// Each scrape reading on its own makes three reads, all held until
+	// the release; shared, one (two only if a scrape came that late).
+	if n := reads.Load(); n >= 3 {
+		t.Errorf("three overlapping scrapes made %d reads, want them to share one", n)
+	}
+	for i, g := range got {
+		if !strings.Contains(g, "\nzfs_nomad_free_bytes 7\n") {
+			t.Errorf("scrape %d lacks the shared read's value:\n%s", i, g)
+		}
 	}
 }
