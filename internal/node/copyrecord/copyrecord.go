@@ -149,6 +149,13 @@ func MovingTo(value string) string {
 	return value
 }
 
+// FencedAt reads PropFencedAt: the fence's time (unix nanos), and whether
+// the value is one.
+func FencedAt(value string) (int64, bool) {
+	at, err := strconv.ParseInt(value, 10, 64)
+	return at, err == nil && at > 0
+}
+
 // DemotedAt reads PropDemotedAt: when a replica was demoted from primary
 // after a move; zero when it was not (or was promoted since).
 func DemotedAt(value string) time.Time {

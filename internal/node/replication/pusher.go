@@ -256,7 +256,7 @@ func (p *Pusher) prepare(ctx context.Context, peer Peer, job pushJob) (preparedP
 	state, err := peer.ReplicaState(ctx, job.volumeID)
 	taken := <-snapped
 	prep := preparedPush{header: header, state: state, fencedAt: taken.fencedAt}
-	if taken.err == nil {
+	if taken.err == nil && taken.own {
 		prep.snap = snap
 	}
 	if taken.fenceErr != nil {
@@ -271,7 +271,8 @@ func (p *Pusher) prepare(ctx context.Context, peer Peer, job pushJob) (preparedP
 		return prep, err
 	}
 	plan, err := p.plan(ctx, job.fs, state, header, raw, snap, taken.err, local, job.log)
-	if err != nil {
+	if err != nil || plan.current {
+		prep.plan = plan
 		return prep, err
 	}
 	prep.plan, err = p.bridge(plan, state, &prep.header, local, held, sentTo)
@@ -285,6 +286,13 @@ func (p *Pusher) send(ctx context.Context, peer Peer, job pushJob, prep prepared
 	plan, target := prep.plan, job.receiverKey(prep.state.NodeID)
 	prog := plan.prog
 	prog.FencedAt = prep.fencedAt
+	if plan.current {
+		job.log.Info("the peer holds the fenced copy's snapshot already; nothing to send", "snapshot", prog.Snapshot)
+		p.noteSent(job.volumeID, target, prog.Snapshot)
+		prog.Done = true
+		job.report(prog)
+		return pushed{prog: prog, base: prog.Snapshot, peer: target}, false, nil
+	}
 	var total atomic.Int64
 	defer p.estimateLater(ctx, plan, &total, job.log)()
 	log := job.log.With("kind", prog.Kind, "snapshot", prog.Snapshot, "base", prog.Base)
@@ -441,6 +449,7 @@ func receiverSaidWhy(recvErr error) bool {
 
 // taken is what snapshot did under the copy's lock.
 type taken struct {
+	own      bool  // the snapshot was taken, not a fenced copy's found
 	err      error // the snapshot's
 	fencedAt int64
 	fenceErr error
@@ -459,16 +468,17 @@ func (p *Pusher) snapshot(ctx context.Context, job pushJob) (props map[string]st
 		return nil, "", nil, err
 	}
 	props, err = p.z.Properties(ctx, fs, copyrecord.PropRole, copyrecord.PropName, copyrecord.PropGeneration, copyrecord.PropHistoryFrom, copyrecord.PropParameters,
-		copyrecord.PropMovingTo, "refquota", "quota", "encryption")
+		copyrecord.PropMovingTo, copyrecord.PropFencedAt, "refquota", "quota", "encryption")
+	to := copyrecord.MovingTo(props[copyrecord.PropMovingTo])
 	if errors.Is(err, zfs.ErrNotFound) {
 		err = errdefs.Wrap(errdefs.ErrNotFound, "volume %s is not on this node: %v", volumeID, err)
 	} else if err != nil {
 		err = fmt.Errorf("reading the labels of %s: %w", fs, err)
 	} else if role := props[copyrecord.PropRole]; role != contract.RolePrimary {
 		err = errdefs.Wrap(errdefs.ErrFailedPrecondition, "volume %s is a %s here; only a primary is sent", volumeID, role)
-	} else if to := copyrecord.MovingTo(props[copyrecord.PropMovingTo]); job.fence == nil && to != "" && (job.backup || job.nodeID != to) {
+	} else if job.fence == nil && to != "" && (job.backup || job.nodeID != to) {
 		// A fenced primary sends only to its move's target (the move's
-		// catch-up and final pushes): every snapshot it takes is one the
+		// catch-up and final pushes): its fence's snapshot is one the
 		// target gets before the move demotes this copy to a replica of
 		// the target's generation. One sent elsewhere would be a
 		// snapshot that replica holds and its new primary lacks, which
@@ -482,18 +492,19 @@ func (p *Pusher) snapshot(ctx context.Context, job pushJob) (props map[string]st
 		unlock()
 		return nil, "", nil, err
 	}
-	// The snapshot is named with the fence's time: a promotion checks the
-	// final snapshot is not older than the fence.
+	at, snap, own, err := p.pushSnapshot(ctx, job, props)
+	if err != nil {
+		unlock()
+		return nil, "", nil, err
+	}
 	// Which write the pool applies first does not matter: the copy is not
 	// mounted (the fence refuses otherwise) and cannot be while the lock
 	// is held, so the snapshot holds the same either way, and a snapshot
 	// without its fence (a crash between) is only one more snapshot.
-	at := p.now().UnixNano()
-	snap = fmt.Sprintf("%s@%s%d", fs, SnapshotPrefix, at)
 	done := make(chan taken, 1)
 	go func() {
 		defer unlock()
-		var t taken
+		t := taken{own: own}
 		fenced := make(chan struct{})
 		if fence != nil {
 			go func() {
@@ -503,11 +514,43 @@ func (p *Pusher) snapshot(ctx context.Context, job pushJob) (props map[string]st
 		} else {
 			close(fenced)
 		}
-		t.err = p.z.Snapshot(ctx, snap, nil)
+		if own {
+			t.err = p.z.Snapshot(ctx, snap, nil)
+		}
 		<-fenced
 		done <- t
 	}()
 	return props, snap, done, nil
+}
+
+// pushSnapshot names the push's snapshot, and says whether the push
+// takes it (own) or finds it. A fenced copy gains one snapshot after its
+// fence: the fence's own, named with its time, which every later push of
+// it to the move's target sends again (taken then if a crash came between
+// the two). Nothing can write the copy since, so a newer snapshot would
+// add nothing but one the target may lack (its push broke, or the target
+// was promoted meanwhile), which the replica the move demotes this copy
+// to would hold and its new primary not (docs/replication.md, "A replica
+// is never ahead of its primary's snapshots"). A promotion checks that
+// the target holds the snapshot of the fence's name. Otherwise the
+// snapshot is new, named with the time now: a push that fences names it
+// with the fence's time.
+func (p *Pusher) pushSnapshot(ctx context.Context, job pushJob, props map[string]string) (at int64, snap string, own bool, err error) {
+	to := copyrecord.MovingTo(props[copyrecord.PropMovingTo])
+	fencedAt, fenced := copyrecord.FencedAt(props[copyrecord.PropFencedAt])
+	if !fenced || to == "" || (job.fence != nil && job.nodeID != to) {
+		at = p.now().UnixNano()
+		return at, fmt.Sprintf("%s@%s", job.fs, contract.ReplicationSnapshotName(at)), true, nil
+	}
+	snap = fmt.Sprintf("%s@%s", job.fs, contract.ReplicationSnapshotName(fencedAt))
+	switch _, err := p.guidOf(ctx, snap); {
+	case err == nil:
+		return fencedAt, snap, false, nil
+	case errors.Is(err, zfs.ErrNotFound):
+		return fencedAt, snap, true, nil
+	default:
+		return 0, "", false, fmt.Errorf("looking for the fence's snapshot %s: %w", snap, err)
+	}
 }
 
 // dropSnapshot destroys, under the copy's lock, a replication snapshot a

@@ -28,6 +28,9 @@ type sendPlan struct {
 	// the peer must roll its snapshots after the plan's base back; 0
 	// otherwise.
 	rollback uint64
+	// current: the peer holds the plan's snapshot already (a fenced
+	// copy's, which an earlier push sent): nothing is sent.
+	current bool
 }
 
 // plan decides what to send, from what the receiver holds and what this
@@ -75,6 +78,11 @@ func (p *Pusher) plan(ctx context.Context, fs string, state ReplicaState, h Head
 		if guid, err = p.guidOf(ctx, snap); err != nil {
 			return sendPlan{}, fmt.Errorf("reading the replication snapshot %s after it was taken: %w", snap, err)
 		}
+	}
+	if remote[guid] {
+		// A fenced copy's snapshot, which an earlier push sent (its
+		// answer lost, or a catch-up after the final push).
+		return sendPlan{prog: Progress{Kind: KindIncremental, Snapshot: snap, Base: snap}, guid: guid, current: true}, nil
 	}
 	remoteGUIDs := state.SnapshotGUIDs
 	newerThere := len(remoteGUIDs) > 0 && remoteGUIDs[len(remoteGUIDs)-1] != baseGUID

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 
 	"github.com/hashicorp/go-hclog"
@@ -52,6 +53,8 @@ type Copy struct {
 	// increment from a replica holding that snapshot sends. A snapshot
 	// ZFS did not answer for is left out.
 	WrittenSince map[string]uint64
+	// replication is the short names of its replication snapshots.
+	replication []string
 	// quota is the dataset's quota property as set (QuotaProperty), 0
 	// when unset: a replica received with its primary's quota needs no
 	// separate step to set it when promoted.
@@ -133,6 +136,7 @@ func (m *Manager) Copy(ctx context.Context, id string) (Copy, error) {
 			out.LastSnapshot, out.LastSnapshotAt = short, at
 		}
 	}
+	out.replication = replication
 	if out.Mounted, err = m.mounted(dataset); err != nil {
 		return out, err
 	}
@@ -267,8 +271,9 @@ func (m *Manager) Unfence(ctx context.Context, id string, generation uint64) err
 }
 
 // Promote turns this node's replica into the primary at generation. For a
-// planned move (notBefore > 0) the replica must hold a snapshot the source
-// took after its fence, so nothing written there is missing. failover
+// planned move (notBefore > 0, the fence's time) the replica must hold the
+// snapshot the source took with its fence, so nothing written there is
+// missing. failover
 // records the newest snapshot the replica had: the recovery point. A
 // receive into the replica that is running finishes first (it holds the
 // lock), and an interrupted one is discarded (copyrecord's DiscardPartial).
@@ -328,9 +333,13 @@ func (m *Manager) promote(ctx context.Context, c Copy, generation uint64, notBef
 		return fmt.Errorf("%w: node %s holds volume %s as %s generation %d, not as a replica", errdefs.ErrFailedPrecondition, m.cfg.NodeID, id, c.Role, c.Generation)
 	case generation <= c.Generation:
 		return fmt.Errorf("%w: promoting volume %s to generation %d, but this replica is already at %d", errdefs.ErrFailedPrecondition, id, generation, c.Generation)
-	case notBefore > 0 && c.LastSnapshotAt < notBefore:
-		return fmt.Errorf("%w: this replica of volume %s ends at %s, taken before the source was fenced: send the final snapshot first",
-			errdefs.ErrFailedPrecondition, id, c.LastSnapshot)
+	case notBefore > 0 && !slices.Contains(c.replication, contract.ReplicationSnapshotName(notBefore)):
+		// The fence's own snapshot, by its exact name: a fenced source
+		// takes no other after it (replication.Pusher), and a name's
+		// time proves nothing of order (the source's clock may have
+		// stepped back since an earlier snapshot named later).
+		return fmt.Errorf("%w: this replica of volume %s lacks the source's final snapshot %s (its newest is %s): send the final snapshot first",
+			errdefs.ErrFailedPrecondition, id, contract.ReplicationSnapshotName(notBefore), c.LastSnapshot)
 	}
 	props, _, err := ResolveProperties(&m.cfg, c.Parameters)
 	if err != nil {

@@ -200,6 +200,10 @@ func TestPromoteChecksTheReplica(t *testing.T) {
 		// The controller reserves a generation on a majority first.
 		{"generation not reserved", 2, 100, 0, errdefs.ErrFailedPrecondition},
 		{"final snapshot missing", 2, 200, 0, errdefs.ErrFailedPrecondition},
+		// The replica's zn-100 is named after the fence but is not the
+		// fence's snapshot: taken before it, by a clock that stepped
+		// back since.
+		{"final snapshot missing, a later-named one held", 2, 50, 0, errdefs.ErrFailedPrecondition},
 		// ZFS refuses a quota below the space used but sets the other
 		// properties of the same call: the quota goes first, alone, so
 		// the copy stays a replica, and a retry finishes the promotion.
@@ -357,7 +361,7 @@ func TestAPlannedPromotionHoldsTheSourcesBase(t *testing.T) {
 			if _, granted, err := m.records.Reserve(ctx, id, 3, "n1"); err != nil || !granted {
 				t.Fatalf("reserving generation 3: granted %v, %v", granted, err)
 			}
-			notBefore := int64(99)
+			notBefore, _ := contract.ReplicationSnapshotTime(final) // the fence's time names its snapshot
 			if tt.failover {
 				notBefore = 0
 			}

@@ -32,6 +32,12 @@ const (
 // replication takes (docs/replication.md): internal, never CSI snapshots.
 const ReplicationSnapshotPrefix = "zn-"
 
+// ReplicationSnapshotName is the short name of the replication snapshot
+// taken at (unix nanos): zn-<at>.
+func ReplicationSnapshotName(at int64) string {
+	return ReplicationSnapshotPrefix + strconv.FormatInt(at, 10)
+}
+
 // ReplicationSnapshotTime reads the time out of a zn-<unix nanos> name.
 func ReplicationSnapshotTime(name string) (int64, bool) {
 	_, short, ok := strings.Cut(name, "@")

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -203,6 +204,73 @@ func TestAFencedPrimarySendsOnlyToItsMovesTarget(t *testing.T) {
 		if !slices.ContainsFunc(before, func(b zfs.Snap) bool { return b.Name == s.Name }) {
 			t.Errorf("the refused push left its snapshot %s", s.Name)
 		}
+	}
+}
+
+// TestAFencedCopyGainsOnlyItsFencesSnapshot: after its fence a primary
+// gains one snapshot, the fence's (zn-<fenced_at>): taken by the final
+// push, or by the next push when a crash came between the fence and it.
+// Every later push to the move's target (a retried final push, a catch-up
+// that did not see the fence) sends that one again, or nothing when the
+// target holds it. A newer snapshot, were its stream to break or the
+// target be promoted first, would be one the demoted source holds and its
+// new primary lacks, which every push to that replica would then meet.
+func TestAFencedCopyGainsOnlyItsFencesSnapshot(t *testing.T) {
+	src, dst, id, fs := primaryAndPeer(t)
+	must(t, src.Write(fs, "a"))
+	p := pusherWith(t, src, dst, new(copylock.Locks))
+	pushTo := func(fence replication.Fence) replication.Progress {
+		t.Helper()
+		prog, err := p.PushFenced(ctx, id, "n2", "n2", "test", 0, func(replication.Progress) {}, fence)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return prog
+	}
+	pushTo(nil)
+	must(t, src.Write(fs, "b"))
+	// As volume.Manager.FenceHeld fences: the first fence keeps its time.
+	fence := func(ctx context.Context, at int64) (int64, error) {
+		v, err := src.s.Property(ctx, fs, copyrecord.PropFencedAt)
+		if earlier, ok := copyrecord.FencedAt(v); err == nil && ok {
+			return earlier, nil
+		}
+		return at, src.SetProperties(ctx, fs, map[string]string{copyrecord.PropMovingTo: "n2", copyrecord.PropFencedAt: strconv.FormatInt(at, 10)})
+	}
+	final := pushTo(fence)
+	want := fs + "@" + contract.ReplicationSnapshotName(final.FencedAt)
+	if final.Snapshot != want {
+		t.Fatalf("the final push sent %s, want the fence's snapshot %s", final.Snapshot, want)
+	}
+	before := src.snaps(t, fs)
+	for _, push := range []struct {
+		name  string
+		fence replication.Fence
+	}{{"a retried final push", fence}, {"a catch-up push", nil}} {
+		prog := pushTo(push.fence)
+		if prog.Snapshot != want || prog.Bytes != 0 || prog.FencedAt != final.FencedAt && push.fence != nil {
+			t.Errorf("%s: %+v, want the fence's snapshot %s, nothing sent", push.name, prog, want)
+		}
+		for _, s := range src.snaps(t, fs) { // the earlier push's tidy may prune meanwhile
+			if !slices.ContainsFunc(before, func(b zfs.Snap) bool { return b.Name == s.Name }) {
+				t.Errorf("%s took the snapshot %s after the fence's", push.name, s.Name)
+			}
+		}
+	}
+	if snaps := dst.snaps(t, fs); snaps[len(snaps)-1].Name != want {
+		t.Errorf("the target's newest snapshot is %s, want the fence's %s", snaps[len(snaps)-1].Name, want)
+	}
+
+	// Fenced, its snapshot never taken (a crash between): the next push
+	// takes the fence's.
+	src, dst, id, fs = primaryAndPeer(t)
+	must(t, src.Write(fs, "a"))
+	p = pusherWith(t, src, dst, new(copylock.Locks))
+	pushTo(nil)
+	must(t, src.Write(fs, "b"))
+	must(t, src.SetProperties(ctx, fs, map[string]string{copyrecord.PropMovingTo: "n2", copyrecord.PropFencedAt: "777"}))
+	if prog := pushTo(nil); prog.Snapshot != fs+"@zn-777" || prog.Bytes == 0 {
+		t.Errorf("a push of a copy fenced without its snapshot: %+v, want zn-777 taken and sent", prog)
 	}
 }
 
