@@ -842,6 +842,7 @@ func (e *env) throttle(nodeID, rate string) {
 	if err := e.node(nodeID).RestartWith("-replication-bandwidth=" + rate); err != nil {
 		e.t.Fatal(err)
 	}
+	e.awaitControllerReaches(nodeID)
 	e.t.Cleanup(func() {
 		if err := e.node(nodeID).RestartWith("-replication-bandwidth=0"); err != nil {
 			e.t.Error(err)
@@ -853,6 +854,27 @@ func (e *env) returnNodeProcess(nodeID string) {
 	e.t.Helper()
 	if err := e.node(nodeID).Start(); err != nil {
 		e.t.Fatal(err)
+	}
+	e.awaitControllerReaches(nodeID)
+}
+
+// awaitControllerReaches waits until the controller reaches nodeID's
+// agent again (its capacity counts) after the node's process restarted.
+// The controller's calls during the restart put the node in an outage,
+// and it sees the node back within about half a second of its answering
+// (cluster's outages); a call before that finds the node down, which a
+// test of something else must not meet.
+func (e *env) awaitControllerReaches(nodeID string) {
+	e.t.Helper()
+	req := &csi.GetCapacityRequest{Parameters: map[string]string{contract.ParamNode: nodeID}}
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		resp, err := e.controller().GetCapacity(e.ctx, req)
+		if err == nil && resp.GetAvailableCapacity() > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("the controller did not reach node %s within 30 s of its restart: %v, %v", nodeID, resp, err)
+		}
 	}
 }
 

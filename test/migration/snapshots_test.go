@@ -389,6 +389,7 @@ zfs holds -H %[1]s@%[2]s | grep -q %[3]s`, copyOnN2, snapID, replication.BaseHol
 	if err := n2.RestartWith(); err != nil {
 		t.Fatal(err)
 	}
+	e.awaitControllerReaches("n2")
 	listed, err := e.controller().ListSnapshots(e.ctx, &csi.ListSnapshotsRequest{SnapshotId: snapID})
 	if err != nil || len(listed.GetEntries()) != 0 {
 		t.Fatalf("ListSnapshots after the delete and a restart of n2: %v, %v; want nothing", listed, err)
