@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"sort"
@@ -37,6 +38,10 @@ type Requirement struct {
 	Policy string
 }
 
+// ErrNoMatchingNode marks Place's failure to find any node that matches
+// the requirement (whatever their room).
+var ErrNoMatchingNode = errors.New("no reachable, healthy node matches the topology requirement")
+
 // Place returns the nodes that can hold the volume, best first. It fails
 // with ErrOutOfRange when the size is above every node's ceiling, and with
 // ErrResourceExhausted when nodes match but none has room.
@@ -48,7 +53,7 @@ func Place(cands []Candidate, req Requirement) ([]Candidate, error) {
 		}
 	}
 	if len(matching) == 0 {
-		return nil, fmt.Errorf("%w: no reachable, healthy node matches the topology requirement%s", errdefs.ErrResourceExhausted, describeNode(req.Node, req.Among))
+		return nil, fmt.Errorf("%w: %w%s", errdefs.ErrResourceExhausted, ErrNoMatchingNode, describeNode(req.Node, req.Among))
 	}
 	var fitting []Candidate
 	var largestCeiling uint64

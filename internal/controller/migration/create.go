@@ -89,6 +89,16 @@ func (m *Migrator) LookForCreation(ctx context.Context, id string) (CreationLook
 // Nodes are the nodes that answered, with their capacity.
 func (l CreationLook) Nodes() []cluster.Node { return l.nodes }
 
+// Silent says which nodes did not answer ("" when every node did): a
+// placement that found no matching node among those that did may have
+// found one among them.
+func (l CreationLook) Silent() string {
+	if l.view.allAnswered() {
+		return ""
+	}
+	return l.view.silent()
+}
+
 // Primary is the node of the newest primary of the volume an answering
 // node holds: an earlier attempt made the volume there (between a move's
 // promotion and the demotion of the old copy two nodes hold one, and the

@@ -104,6 +104,12 @@ func (p *Provisioner) Create(ctx context.Context, req CreateRequest) (agentclien
 		}
 	}
 	candidates, err := p.candidates(ctx, req, look.Nodes())
+	if silent := look.Silent(); errors.Is(err, cluster.ErrNoMatchingNode) && silent != "" {
+		// The node that matches may be one that did not answer (a
+		// create pinned to a node whose zfs-node restarts): a retry
+		// finds it once it answers.
+		return agentclient.Volume{}, cluster.Node{}, errdefs.Wrap(errdefs.ErrUnavailable, "%v; not answering: %s: retry once they answer", err, silent)
+	}
 	if err != nil {
 		return agentclient.Volume{}, cluster.Node{}, err
 	}

@@ -157,6 +157,12 @@ func TestCreate(t *testing.T) {
 			wantErr: errdefs.ErrResourceExhausted,
 		},
 		{
+			name:    "no node that answered matches, and one did not answer: a retry may find it",
+			down:    []string{"n3"},
+			req:     CreateRequest{VolumeRequest: contract.VolumeRequest{Name: "v", Parameters: map[string]string{contract.ParamNode: "n3"}}},
+			wantErr: errdefs.ErrUnavailable,
+		},
+		{
 			name:    "the size is above every node's ceiling",
 			req:     CreateRequest{VolumeRequest: contract.VolumeRequest{Name: "v", RequiredBytes: 40 << 30}},
 			wantErr: errdefs.ErrOutOfRange,
