@@ -374,8 +374,16 @@ func TestPlannedMove(t *testing.T) {
 				// n3 is as fresh (docs/replication.md, "Surplus copies").
 				e.surplusGoes(id, "n2")
 			}
-			// Publishing where it is is a no-op with the same generation.
-			resp, err := e.controller().ControllerPublishVolume(e.ctx, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: "n1", VolumeCapability: writer})
+			// Publishing where it is is a no-op with the same generation,
+			// once the move's job has ended: until the source's demotion
+			// returns, the move still runs and a publish is granted ahead
+			// of its end (after_generation), which the stage passes at once.
+			req := &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: "n1", VolumeCapability: writer}
+			resp, err := e.controller().ControllerPublishVolume(e.ctx, req)
+			for deadline := time.Now().Add(10 * time.Second); err == nil && resp.GetPublishContext()[contract.PublishContextAfterGeneration] != "" && time.Now().Before(deadline); {
+				time.Sleep(200 * time.Millisecond)
+				resp, err = e.controller().ControllerPublishVolume(e.ctx, req)
+			}
 			if err != nil || resp.GetPublishContext()["generation"] != "3" {
 				t.Fatalf("repeated publish: %v, %v", resp, err)
 			}
