@@ -70,7 +70,7 @@ func movingTo(ds zfs.Dataset) string {
 }
 
 func fencedAt(ds zfs.Dataset) int64 {
-	at, _ := strconv.ParseInt(ds.User[copyrecord.PropFencedAt], 10, 64)
+	at, _ := copyrecord.FencedAt(ds.User[copyrecord.PropFencedAt])
 	return at
 }
 

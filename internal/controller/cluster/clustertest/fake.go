@@ -846,7 +846,7 @@ func (f *FakeAgent) push(id, targetAddr string) (agentclient.Progress, error) {
 		return agentclient.Progress{}, err
 	}
 	at := f.tick()
-	p := agentclient.Progress{Kind: "full", Snapshot: fmt.Sprintf("%s@%s%d", id, contract.ReplicationSnapshotPrefix, at), Done: true}
+	p := agentclient.Progress{Kind: "full", Snapshot: id + "@" + contract.ReplicationSnapshotName(at), Done: true}
 	if world == nil {
 		return p, nil
 	}
