@@ -30,6 +30,11 @@
 //
 // BenchmarkTransport: the bare transport, 256 MiB over TLS on loopback,
 // as gRPC chunked messages and as a plain stream on the same TLS setup.
+//
+// BenchmarkIdle: what a settled three-node cluster with the shipped
+// settings costs when nothing happens, process by process, unscraped and
+// scraped every 15 s (-idle-volumes, -idle-window; docs/architecture.md,
+// "Scale").
 package bench
 
 import (
