@@ -57,14 +57,14 @@ func BenchmarkIdle(b *testing.B) {
 		procs := processTimes(b)
 		guest := measure(b, func() { scrapeFor(c, *idleWindow, every) })
 		after := processTimes(b)
-		perMinute := func(d time.Duration) float64 { return 100 * d.Seconds() / guest.wall.Seconds() }
+		shareOfOneVCPU := func(d time.Duration) float64 { return 100 * d.Seconds() / guest.wall.Seconds() }
 		var lines []string
 		for _, pid := range sortedPids(after) {
 			p, was := after[pid], procs[pid]
-			lines = append(lines, fmt.Sprintf("%s (pid %d): %.1f %% own, %.1f %% children", p.name, pid, perMinute(p.own-was.own), perMinute(p.children-was.children)))
+			lines = append(lines, fmt.Sprintf("%s (pid %d): %.1f %% own, %.1f %% children", p.name, pid, shareOfOneVCPU(p.own-was.own), shareOfOneVCPU(p.children-was.children)))
 		}
 		b.Logf("FIGURE idle, %s, %d volumes with a replica, lease %s: the guest %.1f %% of one vCPU busy (of %d); %s",
-			name, *idleVolumes, lease, perMinute(guest.cpu), runtime.NumCPU(), strings.Join(lines, "; "))
+			name, *idleVolumes, lease, shareOfOneVCPU(guest.cpu), runtime.NumCPU(), strings.Join(lines, "; "))
 	}
 }
 
