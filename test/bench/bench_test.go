@@ -184,19 +184,26 @@ func cpuBusy(b *testing.B) time.Duration {
 	if len(fields) < 9 || fields[0] != "cpu" {
 		b.Fatalf("unexpected /proc/stat: %q", line)
 	}
-	var busy uint64
+	var busy time.Duration
 	for i, f := range fields[1:9] {
 		if i == 3 || i == 4 { // idle, iowait
 			continue
 		}
-		n, err := strconv.ParseUint(f, 10, 64)
+		t, err := userTicks(f)
 		if err != nil {
 			b.Fatal(err)
 		}
-		busy += n
+		busy += t
 	}
-	const userHZ = 100 // the kernel's USER_HZ: /proc/stat counts in 1/100 s
-	return time.Duration(busy) * time.Second / userHZ
+	return busy
+}
+
+// userTicks reads a CPU time /proc counts in the kernel's USER_HZ ticks
+// (1/100 s).
+func userTicks(field string) (time.Duration, error) {
+	n, err := strconv.ParseUint(field, 10, 64)
+	const userHZ = 100
+	return time.Duration(n) * time.Second / userHZ, err
 }
 
 // filled is a volume of -replication-mib MiB of random data on node n1,

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -59,7 +60,7 @@ func BenchmarkIdle(b *testing.B) {
 		after := processTimes(b)
 		shareOfOneVCPU := func(d time.Duration) float64 { return 100 * d.Seconds() / guest.wall.Seconds() }
 		var lines []string
-		for _, pid := range sortedPids(after) {
+		for _, pid := range slices.Sorted(maps.Keys(after)) {
 			p, was := after[pid], procs[pid]
 			lines = append(lines, fmt.Sprintf("%s (pid %d): %.1f %% own, %.1f %% children", p.name, pid, shareOfOneVCPU(p.own-was.own), shareOfOneVCPU(p.children-was.children)))
 		}
@@ -145,21 +146,14 @@ func processTimes(b *testing.B) map[int]processTime {
 			b.Fatalf("%s/stat: too few fields: %q", dir, stat)
 		}
 		ticks := func(i int) time.Duration {
-			n, _ := strconv.ParseInt(f[i], 10, 64)
-			const userHZ = 100
-			return time.Duration(n) * time.Second / userHZ
+			t, err := userTicks(f[i])
+			if err != nil {
+				b.Fatalf("%s/stat: %v", dir, err)
+			}
+			return t
 		}
 		pid, _ := strconv.Atoi(filepath.Base(dir))
 		out[pid] = processTime{name: name, own: ticks(11) + ticks(12), children: ticks(13) + ticks(14)}
 	}
 	return out
-}
-
-func sortedPids(m map[int]processTime) []int {
-	pids := make([]int, 0, len(m))
-	for pid := range m {
-		pids = append(pids, pid)
-	}
-	slices.Sort(pids)
-	return pids
 }
