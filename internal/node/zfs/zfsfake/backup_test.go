@@ -263,7 +263,7 @@ func TestAnOperatorDeletesBackups(t *testing.T) {
 		// source's older snapshots, which the full push below relies on
 		// (before it, the backup below would be planned from the chain's
 		// oldest, and fail when the tidy pruned it under the send).
-		tidied(t, b.src, b.fs, "vault")
+		tidied(t, b.src, b.fs, "backup:vault") // the target's key among the receivers
 		b.now = b.now.Add(time.Hour)
 	}
 	short := func(full string) string { return full[strings.Index(full, "@")+1:] }

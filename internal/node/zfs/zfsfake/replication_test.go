@@ -503,11 +503,18 @@ func TestAReplicaKeepsABaseWithItsPrimary(t *testing.T) {
 			}
 			mesh := meshOf(t, nodes)
 			a := mesh("n1")
-			push := func(to string) error {
+			pushFrom := func(to string) (replication.Progress, error) {
 				t.Helper()
 				must(t, n1.Write(fs, to))
-				_, err := a.Push(ctx, id, to, 0, func(replication.Progress) {})
-				tidied(t, n1, fs, to)
+				prog, err := a.Push(ctx, id, to, 0, func(replication.Progress) {})
+				if err == nil { // a failed push starts no tidy
+					tidied(t, n1, fs, to)
+				}
+				return prog, err
+			}
+			push := func(to string) error {
+				t.Helper()
+				_, err := pushFrom(to)
 				return err
 			}
 			must(t, push("n2"))
@@ -536,14 +543,18 @@ func TestAReplicaKeepsABaseWithItsPrimary(t *testing.T) {
 			for range 4 { // more than the replication snapshots kept
 				must(t, push("n2"))
 			}
-			if err := push("n3"); err != nil {
+			// n1 spared ahead, so the push goes on from it: nothing n3
+			// holds is rolled back. (n3's own tidies may prune ahead
+			// after this push, as they prune any base it superseded.)
+			prog, err := pushFrom("n3")
+			if err != nil {
 				t.Fatalf("the push to n3 after n1 pruned: %v\nn1: %v\nn3: %v", err, n1.snaps(t, fs), n3.snaps(t, fs))
+			}
+			if prog.Kind != replication.KindIncremental || prog.Base != ahead {
+				t.Errorf("the push to n3 after n1 pruned was a %s push from %q, not an incremental from %s, which n3 held beyond its base on n1", prog.Kind, prog.Base, ahead)
 			}
 			if got, want := n3.content(t, fs), n1.content(t, fs); !slices.Equal(got, want) {
 				t.Errorf("n3's replica holds %v, the primary %v", got, want)
-			}
-			if !slices.ContainsFunc(n3.snaps(t, fs), func(s zfs.Snap) bool { return s.Name == ahead }) {
-				t.Errorf("n3 lost %s, which it held beyond its base on n1: %v", ahead, n3.snaps(t, fs))
 			}
 		})
 	}
@@ -559,20 +570,32 @@ func newest(t *testing.T, n node, fs string) string {
 	return snaps[len(snaps)-1].Name
 }
 
-// tidied waits until the tidy after a push from n to peer has run:
-// nothing on n's copy of fs changes for a while.
+// tidied waits until the tidy after a successful push from n to peer
+// has run: the newest snapshot of fs is held with the peer's tag (the
+// tidy's first step), and then nothing on n's copy of fs changes for two
+// samples in a row (its releases and prunes). The hold comes first: a
+// tidy whose goroutine has not started yet also leaves the copy still.
 func tidied(t *testing.T, n node, fs, peer string) {
 	t.Helper()
+	tag := copyrecord.PeerBaseTag(peer)
 	var last string
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
+	for still, deadline := 0, time.Now().Add(5*time.Second); time.Now().Before(deadline); {
 		holds, err := n.Holds(ctx, fs)
 		must(t, err)
 		now := fmt.Sprint(n.snaps(t, fs), holds)
-		if now == last {
+		switch {
+		case !slices.Contains(holds[newest(t, n, fs)], tag):
+			still = 0
+		case now == last:
+			still++
+		default:
+			still = 1
+		}
+		if still == 3 {
 			return
 		}
 		last = now
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond)
 	}
-	t.Fatalf("the snapshots of %s kept changing after a push to %s", fs, peer)
+	t.Fatalf("no tidy after a push to %s: %s's newest snapshot not held with %q, or its snapshots kept changing: %s", peer, fs, tag, last)
 }
