@@ -859,8 +859,14 @@ type GetNodeRequest struct {
 	// Only who the node is and whether it is healthy: available_bytes and
 	// volumes are left 0. Counting volumes reads every one of them.
 	WithoutCapacity bool `protobuf:"varint,1,opt,name=without_capacity,json=withoutCapacity,proto3" json:"without_capacity,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Only who the node is and which stages wait for a promotion: its
+	// health is not read either (unhealthy_reason stays empty). A health
+	// read opens the pool and reads every one of its properties; the work
+	// lease's holder asks every node for its waiting stages every few
+	// seconds. A node of an older build reads its health anyway.
+	WithoutHealth bool `protobuf:"varint,2,opt,name=without_health,json=withoutHealth,proto3" json:"without_health,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GetNodeRequest) Reset() {
@@ -896,6 +902,13 @@ func (*GetNodeRequest) Descriptor() ([]byte, []int) {
 func (x *GetNodeRequest) GetWithoutCapacity() bool {
 	if x != nil {
 		return x.WithoutCapacity
+	}
+	return false
+}
+
+func (x *GetNodeRequest) GetWithoutHealth() bool {
+	if x != nil {
+		return x.WithoutHealth
 	}
 	return false
 }
@@ -4502,9 +4515,10 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\x11SendBackupMessage\x123\n" +
 	"\x06header\x18\x01 \x01(\v2\x19.zfsnomad.agent.v1.BackupH\x00R\x06header\x12\x14\n" +
 	"\x04data\x18\x02 \x01(\fH\x00R\x04dataB\x05\n" +
-	"\x03msg\";\n" +
+	"\x03msg\"b\n" +
 	"\x0eGetNodeRequest\x12)\n" +
-	"\x10without_capacity\x18\x01 \x01(\bR\x0fwithoutCapacity\"\xb4\x05\n" +
+	"\x10without_capacity\x18\x01 \x01(\bR\x0fwithoutCapacity\x12%\n" +
+	"\x0ewithout_health\x18\x02 \x01(\bR\rwithoutHealth\"\xb4\x05\n" +
 	"\x04Node\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12A\n" +
 	"\btopology\x18\x02 \x03(\v2%.zfsnomad.agent.v1.Node.TopologyEntryR\btopology\x12'\n" +

@@ -54,7 +54,7 @@ func (c *Client) GetNode(ctx context.Context, opts GetNodeOptions) (NodeInfo, er
 	if opts.WaitForReady {
 		callOpts = append(callOpts, grpc.WaitForReady(true))
 	}
-	n, err := c.rpc.GetNode(ctx, &pb.GetNodeRequest{WithoutCapacity: opts.WithoutCapacity}, callOpts...)
+	n, err := c.rpc.GetNode(ctx, &pb.GetNodeRequest{WithoutCapacity: opts.WithoutCapacity, WithoutHealth: opts.WithoutHealth}, callOpts...)
 	if err != nil {
 		return NodeInfo{}, fromStatus(err)
 	}

@@ -158,7 +158,7 @@ func TestConversions(t *testing.T) {
 		call func() (any, error)
 		want any
 	}{
-		{"GetNode", func() (any, error) { return c.GetNode(ctx, GetNodeOptions{WithoutCapacity: true}) },
+		{"GetNode", func() (any, error) { return c.GetNode(ctx, GetNodeOptions{WithoutCapacity: true, WithoutHealth: true}) },
 			NodeInfo{NodeID: "n1", Topology: map[string]string{"zone": "a"}, AvailableBytes: 10, MaxQuotaBytes: 20,
 				Volumes: 3, MaxVolumes: 4, UnhealthyReason: "pool degraded", Version: "v1", VolumesVersion: "vv",
 				AwaitedPromotions: []AwaitedPromotion{{VolumeID: "vol-1", AfterGeneration: 3, Waiting: 1500 * time.Millisecond}}}},
@@ -201,8 +201,8 @@ func TestConversions(t *testing.T) {
 	}
 
 	// The requests carry every field of the plain types.
-	if !a.gotNode.GetWithoutCapacity() {
-		t.Error("GetNode lost WithoutCapacity")
+	if !a.gotNode.GetWithoutCapacity() || !a.gotNode.GetWithoutHealth() {
+		t.Errorf("GetNode sent %v", a.gotNode)
 	}
 	if r := a.gotCreate; r.GetName() != "data" || r.GetRequiredBytes() != 1 || r.GetLimitBytes() != 2 || r.GetParameters()["x"] != "y" ||
 		r.GetSourceSnapshotId() != "snap-1" || r.GetSourceVolumeId() != "vol-0" {

@@ -53,6 +53,10 @@ type AwaitedPromotion struct {
 type GetNodeOptions struct {
 	// WithoutCapacity skips counting the node's volumes and free space.
 	WithoutCapacity bool
+	// WithoutHealth skips capacity and the node's health read as well
+	// (NodeInfo.UnhealthyReason stays empty, whatever the pool's state):
+	// for questions that place nothing, such as which stages wait.
+	WithoutHealth bool
 	// WaitForReady waits for the connection to come up (within the
 	// context's deadline) instead of failing at once while it is down.
 	WaitForReady bool

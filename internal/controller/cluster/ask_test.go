@@ -28,16 +28,20 @@ type agent struct {
 	nodeErr   error
 	copyErrs  []error
 	copyCalls atomic.Int32
+	unhealthy string // its health, when read
 }
 
-// GetNode reports its capacity (42 bytes) unless asked without.
+// GetNode reports its capacity (42 bytes) and health unless asked without.
 func (a *agent) GetNode(_ context.Context, req *pb.GetNodeRequest) (*pb.Node, error) {
 	if a.nodeErr != nil {
 		return nil, a.nodeErr
 	}
 	n := &pb.Node{NodeId: a.id}
-	if !req.GetWithoutCapacity() {
+	if !req.GetWithoutCapacity() && !req.GetWithoutHealth() {
 		n.AvailableBytes = 42
+	}
+	if !req.GetWithoutHealth() {
+		n.UnhealthyReason = a.unhealthy
 	}
 	return n, nil
 }
@@ -246,5 +250,26 @@ func TestHoldingsWaitsForASlowStatus(t *testing.T) {
 	answers := cluster.Holdings(context.Background(), c, nodes)
 	if len(answers) != 1 || answers[0].Err != nil {
 		t.Fatalf("Holdings of a node whose Status takes three agent timeouts: %+v", answers)
+	}
+}
+
+// TestWaiting: the question of which stages wait reads no node's health
+// or capacity: an unhealthy node answers it as any other.
+func TestWaiting(t *testing.T) {
+	c := serve(t, []*agent{{id: "n2", unhealthy: "pool tank is FAULTED"}, {id: "n1"}})
+	nodes, err := cluster.Waiting(context.Background(), c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, n := range nodes {
+		got = append(got, fmt.Sprintf("%s %q %d", n.Info.NodeID, n.Info.UnhealthyReason, n.Info.AvailableBytes))
+	}
+	if want := []string{`n1 "" 0`, `n2 "" 0`}; !slices.Equal(got, want) {
+		t.Errorf("got %q, want %q", got, want)
+	}
+	all, _, err := c.Nodes(context.Background())
+	if err != nil || len(all) != 2 || all[1].Info.UnhealthyReason == "" || all[0].Info.AvailableBytes != 42 {
+		t.Errorf("Nodes, with health and capacity: %+v, %v", all, err)
 	}
 }

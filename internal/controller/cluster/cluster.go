@@ -317,6 +317,19 @@ func (c *Cluster) node(ctx context.Context, client NodeAgent, addr string, about
 	return Node{Addr: addr, Info: info, Agent: client}, nil
 }
 
+// Waiting asks every agent which of its stages wait for a move's
+// promotion (NodeInfo.AwaitedPromotions), without its health or capacity:
+// the work lease's holder asks every few seconds, and a node's health read
+// opens its pool. The nodes' UnhealthyReason is empty whatever their
+// health, so they are for this question only, never for placement.
+func Waiting(ctx context.Context, c *Cluster) (nodes []Node, err error) {
+	answers, _, err := ask[struct{}](ctx, c, agentclient.GetNodeOptions{WithoutHealth: true}, nil)
+	for _, a := range answers {
+		nodes = append(nodes, a.Node)
+	}
+	return nodes, err
+}
+
 // Healthy returns the nodes that answered and are healthy.
 func Healthy(nodes []Node) []Node {
 	var out []Node

@@ -31,19 +31,19 @@ const AdoptAwaitedAfter = 20 * time.Second
 // instance runs (see above). It is the background work of the instance
 // holding the work lease, run every few seconds.
 func (m *Migrator) FinishAwaitedMoves(ctx context.Context) {
-	answers, _, err := cluster.Ask[struct{}](ctx, m.cluster, nil)
+	nodes, err := cluster.Waiting(ctx, m.cluster)
 	if err != nil {
 		return
 	}
-	for _, a := range answers {
-		for _, w := range a.Node.Info.AwaitedPromotions {
+	for _, n := range nodes {
+		for _, w := range n.Info.AwaitedPromotions {
 			if w.Waiting < AdoptAwaitedAfter {
 				continue
 			}
 			if _, running := m.jobs.running(w.VolumeID); running {
 				continue // this instance moves it
 			}
-			m.finishAwaited(ctx, w.VolumeID, a.Node.Info.NodeID, w.Waiting)
+			m.finishAwaited(ctx, w.VolumeID, n.Info.NodeID, w.Waiting)
 		}
 	}
 }

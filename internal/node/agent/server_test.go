@@ -248,3 +248,60 @@ func TestRetirePeer(t *testing.T) {
 func nodeOf(m *volume.Manager, replicas *copyrecord.Replicas, pusher *replication.Pusher, receiver *replication.Receiver) Node {
 	return Node{Volumes: m, Copies: m, Index: m.Index(), Records: m.Records(), Forcing: m.Fences(), Replicas: replicas, Pusher: pusher, Receiver: receiver}
 }
+
+// TestGetNodeReadsWhatItIsAskedFor: a GetNode reads the node's health
+// (the pool's and the root dataset's) and capacity unless asked without;
+// asked without health, it reads neither and reports no unhealthy reason,
+// but still who the node is and which stages wait.
+func TestGetNodeReadsWhatItIsAskedFor(t *testing.T) {
+	ctx := context.Background()
+	tests := []struct {
+		name          string
+		req           *pb.GetNodeRequest
+		wantHealth    bool // the pool's health read
+		wantCapacity  bool
+		wantUnhealthy bool // with the pool faulted
+	}{
+		{"everything", &pb.GetNodeRequest{}, true, true, true},
+		{"without capacity", &pb.GetNodeRequest{WithoutCapacity: true}, true, false, true},
+		{"without health", &pb.GetNodeRequest{WithoutHealth: true}, false, false, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for _, faulted := range []bool{false, true} {
+				s, volumes, fake := newServer(t)
+				if _, err := volumes.Create(ctx, volume.CreateRequest{Name: "data"}); err != nil {
+					t.Fatal(err)
+				}
+				healthReads := 0
+				fake.Fail = func(op, name string) error {
+					if op != "pool" {
+						return nil
+					}
+					healthReads++
+					if faulted {
+						return errors.New("pool tank is FAULTED")
+					}
+					return nil
+				}
+				n, err := s.GetNode(ctx, tt.req)
+				fake.Fail = nil
+				if err != nil {
+					t.Fatal(err)
+				}
+				if n.GetNodeId() != "n1" || n.GetVolumesVersion() == "" {
+					t.Errorf("faulted %v: the node says it is %q at volumes version %q", faulted, n.GetNodeId(), n.GetVolumesVersion())
+				}
+				if got := healthReads > 0; got != tt.wantHealth {
+					t.Errorf("faulted %v: the pool's health read %d times", faulted, healthReads)
+				}
+				if got, want := n.GetUnhealthyReason() != "", faulted && tt.wantUnhealthy; got != want {
+					t.Errorf("faulted %v: unhealthy reason %q", faulted, n.GetUnhealthyReason())
+				}
+				if got, want := n.GetVolumes() == 1 && n.GetAvailableBytes() > 0, !faulted && tt.wantCapacity; got != want {
+					t.Errorf("faulted %v: %d volumes, %d bytes available", faulted, n.GetVolumes(), n.GetAvailableBytes())
+				}
+			}
+		})
+	}
+}

@@ -240,7 +240,10 @@ func (f *FakeAgent) GetNode(_ context.Context, opts agentclient.GetNodeOptions) 
 	}
 	info := f.info
 	info.VolumesVersion = f.version()
-	if opts.WithoutCapacity {
+	if opts.WithoutHealth { // as a node answers: its health not read
+		info.UnhealthyReason = ""
+	}
+	if opts.WithoutCapacity || opts.WithoutHealth {
 		info.AvailableBytes, info.Volumes = 0, 0
 		return info, nil
 	}
