@@ -34,9 +34,9 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/node/mount"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/replication"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/volume"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/libzfs"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/openzfs"
-	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfscmd"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/cmdline"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/csiplugin"
@@ -81,7 +81,7 @@ func serve(args []string) error {
 	node := assemble(cfg, z, dial, registry, log)
 	rootSpaceMetrics(registry, node.Volumes)
 	volumeSpaceMetrics(registry, node.Volumes)
-	poolSpaceMetrics(registry, strings.SplitN(cfg.RootDataset, "/", 2)[0])
+	poolSpaceMetrics(registry, z, strings.SplitN(cfg.RootDataset, "/", 2)[0])
 	defer node.Pusher.Close()
 	node.Receiver.OpenZFS, node.Agent.OpenZFS = release, release
 	if err := checkHealth(ctx, node.Volumes); err != nil {
@@ -183,19 +183,24 @@ func leaseMetrics(registry *metrics.Registry, held *atomic.Bool, now func() time
 	}
 }
 
+// poolSpaceReader reads a pool's own accounting (libzfs.ZFS).
+type poolSpaceReader interface {
+	PoolSpace(ctx context.Context, pool string) (zfs.PoolSpace, error)
+}
+
 // poolSpaceMetrics exports the pool's size, allocated and free bytes,
-// read at each scrape (zpool list): the root dataset's room is bounded by
-// its quota, the pool's is what every dataset on it shares.
-func poolSpaceMetrics(registry *metrics.Registry, pool string) {
+// read at each scrape: the root dataset's room is bounded by its quota,
+// the pool's is what every dataset on it shares.
+func poolSpaceMetrics(registry *metrics.Registry, z poolSpaceReader, pool string) {
 	const size, allocated, free = "zfs_nomad_pool_size_bytes", "zfs_nomad_pool_allocated_bytes", "zfs_nomad_pool_free_bytes"
 	registry.GaugesAtScrape(map[string]string{
-		size:      "The size of the pool holding the root dataset (zpool list: raw space, before redundancy).",
+		size:      "The size of the pool holding the root dataset (as zpool list reports it: raw space, before redundancy).",
 		allocated: "Bytes allocated in the pool holding the root dataset (raw).",
 		free:      "Bytes free in the pool holding the root dataset (raw).",
 	}, func() (map[string]float64, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		s, err := zfscmd.ReadPoolSpace(ctx, pool)
+		s, err := z.PoolSpace(ctx, pool)
 		if err != nil {
 			return nil, err
 		}

@@ -43,6 +43,12 @@ func (t Type) String() string {
 	return fmt.Sprintf("type(%d)", int(t))
 }
 
+// PoolSpace is a pool's size and what of it is allocated and free, in
+// bytes, as zpool list reports them (raw space: before redundancy).
+type PoolSpace struct {
+	Size, Allocated, Free uint64
+}
+
 // Dataset is what the driver reads about one filesystem or snapshot.
 type Dataset struct {
 	Name string

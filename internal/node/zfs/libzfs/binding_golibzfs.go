@@ -16,6 +16,7 @@ import "C"
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 
 	golibzfs "github.com/bicomsystems/go-libzfs"
@@ -107,6 +108,28 @@ func releaseAllHolds(h handle, snapshot string) error {
 		}
 	}
 	return nil
+}
+
+func poolSpace(_ handle, pool string) (zfs.PoolSpace, error) {
+	p, err := golibzfs.PoolOpen(pool)
+	if err != nil {
+		return zfs.PoolSpace{}, fmt.Errorf("pool %s is not imported: %v: %w", pool, err, zfs.ErrUnavailable)
+	}
+	defer p.Close()
+	// PoolOpen read every property, as numbers (zpool_get_prop, literal).
+	var s zfs.PoolSpace
+	for _, f := range []struct {
+		prop golibzfs.Prop
+		into *uint64
+	}{{golibzfs.PoolPropSize, &s.Size}, {golibzfs.PoolPropAllocated, &s.Allocated}, {golibzfs.PoolPropFree, &s.Free}} {
+		v := p.Properties[f.prop].Value
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			return zfs.PoolSpace{}, fmt.Errorf("pool %s: property %d is %q, not a byte count: %w", pool, f.prop, v, err)
+		}
+		*f.into = n
+	}
+	return s, nil
 }
 
 func poolHealth(_ handle, pool string) (string, error) {

@@ -287,6 +287,39 @@ func TestErrorsAndHealth(t *testing.T) {
 	}
 }
 
+// TestPoolSpaceIsZpoolLists: the pool's space read in the process is what
+// zpool list reports, and a pool that is not imported is Unavailable.
+func TestPoolSpaceIsZpoolLists(t *testing.T) {
+	z, _ := setup(t)
+	ctx := context.Background()
+	if _, err := z.PoolSpace(ctx, "nosuchpool"); !errors.Is(err, zfs.ErrUnavailable) {
+		t.Errorf("the space of a pool not imported: %v, want Unavailable", err)
+	}
+	var got, want zfs.PoolSpace
+	for range 3 { // allocation moves while the pool syncs: read again
+		if out, err := exec.Command("zpool", "sync", "ltest").CombinedOutput(); err != nil {
+			t.Fatalf("zpool sync: %v: %s", err, out)
+		}
+		var err error
+		if got, err = z.PoolSpace(ctx, "ltest"); err != nil {
+			t.Fatal(err)
+		}
+		out, err := exec.Command("zpool", "list", "-Hp", "-o", "size,allocated,free", "ltest").CombinedOutput()
+		if err != nil {
+			t.Fatalf("zpool list: %v: %s", err, out)
+		}
+		if _, err := fmt.Sscan(string(out), &want.Size, &want.Allocated, &want.Free); err != nil {
+			t.Fatalf("zpool list printed %q: %v", out, err)
+		}
+		if got == want {
+			break
+		}
+	}
+	if got != want || got.Size == 0 || got.Allocated == 0 {
+		t.Errorf("PoolSpace read %+v, zpool list %+v", got, want)
+	}
+}
+
 func TestConcurrentCallsAreSafe(t *testing.T) {
 	z, root := setup(t)
 	ctx := context.Background()
