@@ -72,6 +72,9 @@ type Pusher struct {
 	// may have streamed (seedUnknown).
 	seeded  map[string]bool
 	unknown map[string]map[string][]string
+	// kept counts, by volume ID and snapshot, the running backups whose
+	// base it is and which nothing else spares (keepBase).
+	kept map[string]map[string]int
 	// refused is, by dataset and peer node ID, the newest snapshot (GUID)
 	// of a replica whose node refused to roll it back (rollbackRefused).
 	refused map[string]uint64
@@ -212,6 +215,9 @@ func (p *Pusher) push(ctx context.Context, job pushJob) (pushed, error) {
 	if err != nil {
 		return pushed{unsent: prep.snap}, err
 	}
+	if prep.release != nil {
+		defer prep.release()
+	}
 	out, streamed, err := p.send(ctx, peer, job, prep)
 	p.noteRollback(job.fs, prep.state.NodeID, prep.plan, err)
 	if !streamed {
@@ -231,6 +237,8 @@ type preparedPush struct {
 	plan     sendPlan
 	snap     string // the push's own snapshot; "" when it was not taken
 	fencedAt int64
+	// release ends the sparing of the plan's base (keepBase), if any.
+	release func()
 }
 
 // prepare takes the push's snapshot (and fence) and plans what to send.
@@ -267,7 +275,10 @@ func (p *Pusher) prepare(ctx context.Context, peer Peer, job pushJob) (preparedP
 	}
 	p.learnReceiver(job.volumeID, job.receiverKey(state.NodeID), local, held, state.SnapshotGUIDs)
 	if job.backup {
-		prep.plan, err = p.planBackup(ctx, job.fs, state, raw, snap, taken.err, local, job.log)
+		if prep.plan, err = p.planBackup(ctx, job.fs, state, raw, snap, taken.err, local, job.log); err != nil {
+			return prep, err
+		}
+		prep.plan, prep.release, err = p.keepBackupBase(ctx, job, prep.plan, held, job.receiverKey(state.NodeID))
 		return prep, err
 	}
 	plan, err := p.plan(ctx, job.fs, state, header, raw, snap, taken.err, local, job.log)
@@ -615,6 +626,7 @@ func (p *Pusher) tidy(ctx context.Context, volumeID, fs, base, peer string, log 
 		log.Warn("releasing a former replica's hold failed; next push retries", "error", err)
 	}
 	spare := append(slices.Collect(maps.Values(p.sentTo(volumeID))), p.mayHold(volumeID)...)
+	spare = append(spare, p.keptBases(volumeID)...)
 	dropOldBases(ctx, p.z, fs, p.keep, spare, "push", log)
 }
 
