@@ -16,7 +16,6 @@ import "C"
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"strings"
 
 	golibzfs "github.com/bicomsystems/go-libzfs"
@@ -24,8 +23,8 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
 )
 
-// Binding names the library that renames, destroys, releases and reads
-// pool health in this build.
+// Binding names the library that renames, destroys and releases in this
+// build.
 const Binding = "go-libzfs"
 
 // golibzfsHandle guards the handle go-libzfs opened at load time, which
@@ -108,39 +107,4 @@ func releaseAllHolds(h handle, snapshot string) error {
 		}
 	}
 	return nil
-}
-
-func poolSpace(_ handle, pool string) (zfs.PoolSpace, error) {
-	p, err := golibzfs.PoolOpen(pool)
-	if err != nil {
-		return zfs.PoolSpace{}, fmt.Errorf("pool %s is not imported: %v: %w", pool, err, zfs.ErrUnavailable)
-	}
-	defer p.Close()
-	// PoolOpen read every property, as numbers (zpool_get_prop, literal).
-	var s zfs.PoolSpace
-	for _, f := range []struct {
-		prop golibzfs.Prop
-		into *uint64
-	}{{golibzfs.PoolPropSize, &s.Size}, {golibzfs.PoolPropAllocated, &s.Allocated}, {golibzfs.PoolPropFree, &s.Free}} {
-		v := p.Properties[f.prop].Value
-		n, err := strconv.ParseUint(v, 10, 64)
-		if err != nil {
-			return zfs.PoolSpace{}, fmt.Errorf("pool %s: property %d is %q, not a byte count: %w", pool, f.prop, v, err)
-		}
-		*f.into = n
-	}
-	return s, nil
-}
-
-func poolHealth(_ handle, pool string) (string, error) {
-	p, err := golibzfs.PoolOpen(pool)
-	if err != nil {
-		return "", fmt.Errorf("pool %s is not imported: %v: %w", pool, err, zfs.ErrUnavailable)
-	}
-	defer p.Close()
-	health, err := p.GetProperty(golibzfs.PoolPropHealth)
-	if err != nil {
-		return "", fmt.Errorf("pool %s: reading health: %w", pool, err)
-	}
-	return health.Value, nil
 }

@@ -41,44 +41,17 @@ static int shim_release_all(libzfs_handle_t *h, const char *snapshot) {
 	nvlist_free(holds);
 	return rc;
 }
-
-// shim_pool_health writes the pool's health ("ONLINE", "DEGRADED", ...)
-// into buf; -1 when the pool is not imported.
-static int shim_pool_health(libzfs_handle_t *h, const char *pool, char *buf, size_t len) {
-	zpool_handle_t *zp = zpool_open_canfail(h, pool);
-	if (zp == NULL)
-		return -1;
-	int rc = zpool_get_prop(zp, ZPOOL_PROP_HEALTH, buf, len, NULL, B_FALSE);
-	zpool_close(zp);
-	return rc;
-}
-
-// shim_pool_space reads the pool's size, allocated and free bytes; -1
-// when the pool is not imported.
-static int shim_pool_space(libzfs_handle_t *h, const char *pool, uint64_t *size, uint64_t *alloc, uint64_t *free) {
-	zpool_handle_t *zp = zpool_open_canfail(h, pool);
-	if (zp == NULL)
-		return -1;
-	*size = zpool_get_prop_int(zp, ZPOOL_PROP_SIZE, NULL);
-	*alloc = zpool_get_prop_int(zp, ZPOOL_PROP_ALLOCATED, NULL);
-	*free = zpool_get_prop_int(zp, ZPOOL_PROP_FREE, NULL);
-	zpool_close(zp);
-	return 0;
-}
 */
 import "C"
 
 import (
 	"context"
 	"errors"
-	"fmt"
 	"unsafe"
-
-	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
 )
 
-// Binding names the library that renames, destroys, releases and reads
-// pool health in this build.
+// Binding names the library that renames, destroys and releases in this
+// build.
 const Binding = "shim"
 
 // bindingReady: the shim's calls take the handles New opens, which it
@@ -120,25 +93,4 @@ func releaseAllHolds(h handle, snapshot string) error {
 		return h.lastError("release all holds of", snapshot)
 	}
 	return nil
-}
-
-func poolSpace(h handle, pool string) (zfs.PoolSpace, error) {
-	cpool := C.CString(pool)
-	defer C.free(unsafe.Pointer(cpool))
-	var size, alloc, free C.uint64_t
-	if C.shim_pool_space(h.h, cpool, &size, &alloc, &free) != 0 {
-		return zfs.PoolSpace{}, fmt.Errorf("pool %s is not imported: %s: %w", pool, C.GoString(C.last_error(h.h)), zfs.ErrUnavailable)
-	}
-	return zfs.PoolSpace{Size: uint64(size), Allocated: uint64(alloc), Free: uint64(free)}, nil
-}
-
-func poolHealth(h handle, pool string) (string, error) {
-	cpool := C.CString(pool)
-	defer C.free(unsafe.Pointer(cpool))
-	buf := (*C.char)(C.malloc(64))
-	defer C.free(unsafe.Pointer(buf))
-	if C.shim_pool_health(h.h, cpool, buf, 64) != 0 {
-		return "", fmt.Errorf("pool %s is not imported: %s: %w", pool, C.GoString(C.last_error(h.h)), zfs.ErrUnavailable)
-	}
-	return C.GoString(buf), nil
 }

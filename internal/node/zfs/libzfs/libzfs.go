@@ -1,10 +1,10 @@
 //go:build linux && cgo
 
 // Package libzfs implements zfs.Interface on the kernel module through
-// libzfs: its own C shim (shim.c) for reads, listings, holds and property
-// sets, which it does in one call each where go-libzfs would take many,
-// and a binding for renames, destroys, releases and pool health that
-// depends on the libzfs it is built against (docs/architecture.md,
+// libzfs: its own C shim (shim.c) for reads, listings, holds, property
+// sets and the pool's health and space, which it does in one call each
+// where go-libzfs would take many, and a binding for renames, destroys and
+// releases that depends on the libzfs it is built against (docs/architecture.md,
 // "OpenZFS versions"):
 //
 //   - OpenZFS 2.1 (the default build): go-libzfs v0.4.0 (binding_golibzfs.go).
@@ -452,7 +452,7 @@ func (z *ZFS) ReleaseAll(ctx context.Context, snapshot string) error {
 }
 
 func (z *ZFS) PoolHealth(ctx context.Context, pool string) error {
-	return z.withBinding(ctx, func(h handle) error {
+	return z.do(ctx, func(h handle) error {
 		health, err := poolHealth(h, pool)
 		if err != nil {
 			return err
@@ -468,11 +468,33 @@ func (z *ZFS) PoolHealth(ctx context.Context, pool string) error {
 // bytes), which no dataset property gives: in the process, instead of a
 // zpool list process per read.
 func (z *ZFS) PoolSpace(ctx context.Context, pool string) (s zfs.PoolSpace, err error) {
-	err = z.withBinding(ctx, func(h handle) error {
+	err = z.do(ctx, func(h handle) error {
 		s, err = poolSpace(h, pool)
 		return err
 	})
 	return s, err
+}
+
+// poolHealth reads the pool's health: "ONLINE", "DEGRADED", ...
+func poolHealth(h handle, pool string) (string, error) {
+	cpool := C.CString(pool)
+	defer C.free(unsafe.Pointer(cpool))
+	buf := (*C.char)(C.malloc(64))
+	defer C.free(unsafe.Pointer(buf))
+	if C.pool_health(h.h, cpool, buf, 64) != 0 {
+		return "", fmt.Errorf("pool %s is not imported: %s: %w", pool, C.GoString(C.last_error(h.h)), zfs.ErrUnavailable)
+	}
+	return C.GoString(buf), nil
+}
+
+func poolSpace(h handle, pool string) (zfs.PoolSpace, error) {
+	cpool := C.CString(pool)
+	defer C.free(unsafe.Pointer(cpool))
+	var size, alloc, free C.uint64_t
+	if C.pool_space(h.h, cpool, &size, &alloc, &free) != 0 {
+		return zfs.PoolSpace{}, fmt.Errorf("pool %s is not imported: %s: %w", pool, C.GoString(C.last_error(h.h)), zfs.ErrUnavailable)
+	}
+	return zfs.PoolSpace{Size: uint64(size), Allocated: uint64(alloc), Free: uint64(free)}, nil
 }
 
 // destroyError classifies a failed destroy by the handle's errno.

@@ -39,8 +39,8 @@ func TestCallsWaitForAFreeHandle(t *testing.T) {
 	}
 	// go-libzfs's handle is not in the pool: its calls still go through.
 	if Binding == "go-libzfs" {
-		if err := z.PoolHealth(ctx, "nosuchpool"); err == nil || errors.Is(err, context.DeadlineExceeded) {
-			t.Errorf("PoolHealth with the pool busy: %v, want the pool-missing error", err)
+		if err := z.ReleaseAll(ctx, "nosuchpool/v@s"); err == nil || errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("ReleaseAll with the pool busy: %v, want the snapshot-missing error", err)
 		}
 	}
 	close(release)

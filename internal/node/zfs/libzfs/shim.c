@@ -421,3 +421,28 @@ int resume_token_info(libzfs_handle_t *h, const char *token, resume_info_t *out)
 	nvlist_free(nv);
 	return rc;
 }
+
+// pool_health writes the pool's health ("ONLINE", "DEGRADED", ...) into
+// buf; -1 when the pool is not imported. It reads the pool's state from
+// the configuration zpool_open_canfail loads: no property is read.
+int pool_health(libzfs_handle_t *h, const char *pool, char *buf, size_t len) {
+	zpool_handle_t *zp = zpool_open_canfail(h, pool);
+	if (zp == NULL)
+		return -1;
+	int rc = zpool_get_prop(zp, ZPOOL_PROP_HEALTH, buf, len, NULL, B_FALSE);
+	zpool_close(zp);
+	return rc;
+}
+
+// pool_space reads the pool's size, allocated and free bytes (one read of
+// the pool's properties); -1 when the pool is not imported.
+int pool_space(libzfs_handle_t *h, const char *pool, uint64_t *size, uint64_t *alloc, uint64_t *free) {
+	zpool_handle_t *zp = zpool_open_canfail(h, pool);
+	if (zp == NULL)
+		return -1;
+	*size = zpool_get_prop_int(zp, ZPOOL_PROP_SIZE, NULL);
+	*alloc = zpool_get_prop_int(zp, ZPOOL_PROP_ALLOCATED, NULL);
+	*free = zpool_get_prop_int(zp, ZPOOL_PROP_FREE, NULL);
+	zpool_close(zp);
+	return 0;
+}

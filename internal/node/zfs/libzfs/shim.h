@@ -10,6 +10,8 @@
 #include <libnvpair.h>
 
 int last_errno(libzfs_handle_t *h);
+int pool_health(libzfs_handle_t *h, const char *pool, char *buf, size_t len);
+int pool_space(libzfs_handle_t *h, const char *pool, uint64_t *size, uint64_t *alloc, uint64_t *free);
 const char *last_error(libzfs_handle_t *h);
 
 nvlist_t *props_new(void);
