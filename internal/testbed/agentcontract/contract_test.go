@@ -256,7 +256,8 @@ var table = []row{
 		call: reserve("n1", 0, "n2"), err: errdefs.ErrInvalidArgument, after: map[string]state{"n1": noCopy}},
 
 	// Promote: only the generation the node promised to itself, only a
-	// replica below it, holding a snapshot taken at or after the fence.
+	// replica below it, holding the snapshot named after the fence's time
+	// (a fenced copy's own), not merely a later one.
 	{name: "Promote: without a promise",
 		holds: map[string]holding{"n2": replica(1)}, call: promote("n2", agentclient.Promotion{Generation: 2, NotBeforeUnixNano: t0}),
 		err: errdefs.ErrFailedPrecondition, after: map[string]state{"n2": replicaState(1)}},
@@ -265,6 +266,9 @@ var table = []row{
 		err: errdefs.ErrFailedPrecondition, after: map[string]state{"n2": replicaState(1).with(2, "n3")}},
 	{name: "Promote: the replica ends before the fence",
 		holds: map[string]holding{"n2": replica(1).promised(2, "n2")}, call: promote("n2", agentclient.Promotion{Generation: 2, NotBeforeUnixNano: t0 + 1}),
+		err: errdefs.ErrFailedPrecondition, after: map[string]state{"n2": replicaState(1).with(2, "n2")}},
+	{name: "Promote: the replica's snapshot is later than the fence, not the fence's own",
+		holds: map[string]holding{"n2": replica(1).promised(2, "n2")}, call: promote("n2", agentclient.Promotion{Generation: 2, NotBeforeUnixNano: t0 - 1}),
 		err: errdefs.ErrFailedPrecondition, after: map[string]state{"n2": replicaState(1).with(2, "n2")}},
 	{name: "Promote: promised, fresh: the primary",
 		holds: map[string]holding{"n2": replica(1).promised(2, "n2")}, call: promote("n2", agentclient.Promotion{Generation: 2, NotBeforeUnixNano: t0}),

@@ -849,6 +849,11 @@ func (f *FakeAgent) push(id, targetAddr string) (agentclient.Progress, error) {
 		return agentclient.Progress{}, err
 	}
 	at := f.tick()
+	if c.MovingTo != "" && c.FencedUnixNano != 0 {
+		// A fenced copy gains one snapshot after its fence, named with
+		// the fence's time, and every later push of it sends that one.
+		at = c.FencedUnixNano
+	}
 	p := agentclient.Progress{Kind: "full", Snapshot: id + "@" + contract.ReplicationSnapshotName(at), Done: true}
 	if world == nil {
 		return p, nil
@@ -966,7 +971,8 @@ func (f *FakeAgent) Unfence(_ context.Context, id string, generation uint64) (ag
 
 // Promote makes the node's replica the primary of the generation the
 // node promised to itself, as the node does: only a replica below that
-// generation, holding a snapshot taken at or after NotBeforeUnixNano; a
+// generation, holding the snapshot of the move's fence (named after
+// NotBeforeUnixNano) when it is a move's; a
 // primary of that generation is promoted already (no promise checked). A
 // failover records the replica's newest snapshot as the recovery point.
 func (f *FakeAgent) Promote(_ context.Context, p agentclient.Promotion) (agentclient.Copy, error) {
@@ -987,8 +993,11 @@ func (f *FakeAgent) Promote(_ context.Context, p agentclient.Promotion) (agentcl
 		return agentclient.Copy{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "node %s holds volume %s as %s generation %d, not as a replica", f.info.NodeID, p.VolumeID, c.Role, c.Generation)
 	case p.Generation <= c.Generation:
 		return agentclient.Copy{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "node %s: promoting volume %s to generation %d, but its replica is already at %d", f.info.NodeID, p.VolumeID, p.Generation, c.Generation)
-	case c.LastSnapshotUnixNano < p.NotBeforeUnixNano:
-		return agentclient.Copy{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "node %s holds no replica of volume %s fresh enough", f.info.NodeID, p.VolumeID)
+	case p.NotBeforeUnixNano > 0 && c.LastSnapshotUnixNano != p.NotBeforeUnixNano:
+		// The node looks for the fence's own snapshot by its name; the
+		// fake's replica keeps its newest only, which a fenced source's
+		// pushes never pass.
+		return agentclient.Copy{}, errdefs.Wrap(errdefs.ErrFailedPrecondition, "node %s's replica of volume %s lacks the snapshot %s the move fenced its source at", f.info.NodeID, p.VolumeID, contract.ReplicationSnapshotName(p.NotBeforeUnixNano))
 	default:
 		c.Role, c.Generation, c.MovingTo = contract.RolePrimary, p.Generation, ""
 		if p.Failover {
