@@ -3,9 +3,7 @@ package replication
 import (
 	"context"
 	"errors"
-	"maps"
 	"slices"
-	"sync"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
 )
@@ -42,15 +40,14 @@ func (p *Pusher) keepBackupBase(ctx context.Context, job pushJob, plan sendPlan,
 		plan.prog.Kind, plan.prog.Base, plan.spec.Base = KindFull, "", ""
 		return plan, nil, nil
 	}
-	if err != nil {
-		return plan, nil, err
-	}
-	return plan, release, nil
+	return plan, release, err
 }
 
 // keepBase spares base, a snapshot of volumeID, from every prune until
 // release is called, once it has found it under the copy's lock; it
-// fails with zfs.ErrNotFound when the snapshot is gone.
+// fails with zfs.ErrNotFound when the snapshot is gone. A push runs as
+// its volume's one transfer (copylock), so a volume keeps one base at a
+// time.
 func (p *Pusher) keepBase(ctx context.Context, volumeID, base string) (release func(), err error) {
 	unlock, err := p.locks.Lock(ctx, volumeID, "keeping a backup's base for its send")
 	if err != nil {
@@ -63,28 +60,22 @@ func (p *Pusher) keepBase(ctx context.Context, volumeID, base string) (release f
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.kept == nil {
-		p.kept = map[string]map[string]int{}
+		p.kept = map[string]string{}
 	}
-	if p.kept[volumeID] == nil {
-		p.kept[volumeID] = map[string]int{}
-	}
-	p.kept[volumeID][base]++
-	return sync.OnceFunc(func() {
+	p.kept[volumeID] = base
+	return func() {
 		p.mu.Lock()
 		defer p.mu.Unlock()
-		if p.kept[volumeID][base]--; p.kept[volumeID][base] == 0 {
-			delete(p.kept[volumeID], base)
-		}
-		if len(p.kept[volumeID]) == 0 {
+		if p.kept[volumeID] == base {
 			delete(p.kept, volumeID)
 		}
-	}), nil
+	}, nil
 }
 
-// keptBases are the snapshots of volumeID that running backups keep as
-// their bases: pruning spares them.
-func (p *Pusher) keptBases(volumeID string) []string {
+// keptBase is the snapshot of volumeID that its running backup keeps as
+// its base, if any: pruning spares it.
+func (p *Pusher) keptBase(volumeID string) string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return slices.Collect(maps.Keys(p.kept[volumeID]))
+	return p.kept[volumeID]
 }

@@ -47,7 +47,7 @@ func TestAKeptBaseOutlivesTidies(t *testing.T) {
 	if got := left(); slices.Contains(got, fs+"@zn-1") {
 		t.Errorf("a tidy after the send left %v, zn-1 among them", got)
 	}
-	if kept := p.keptBases(id); len(kept) != 0 {
+	if kept := p.keptBase(id); kept != "" {
 		t.Errorf("kept after the release: %v", kept)
 	}
 }
@@ -92,7 +92,7 @@ func TestKeepBackupBase(t *testing.T) {
 			if plan.prog.Kind != tt.wantKind || (plan.spec.Base == "") != (tt.wantKind == KindFull) || plan.spec.Base != plan.prog.Base {
 				t.Errorf("plan %+v, want a %s send", plan, tt.wantKind)
 			}
-			if kept := slices.Contains(p.keptBases(id), base); kept != tt.wantKept || (release != nil) != tt.wantKept {
+			if kept := p.keptBase(id) == base; kept != tt.wantKept || (release != nil) != tt.wantKept {
 				t.Errorf("base kept %v (release %v), want %v", kept, release != nil, tt.wantKept)
 			}
 			if release != nil {

@@ -72,9 +72,9 @@ type Pusher struct {
 	// may have streamed (seedUnknown).
 	seeded  map[string]bool
 	unknown map[string]map[string][]string
-	// kept counts, by volume ID and snapshot, the running backups whose
-	// base it is and which nothing else spares (keepBase).
-	kept map[string]map[string]int
+	// kept is, by volume ID, the base its running backup keeps, which
+	// nothing else spares (keepBase).
+	kept map[string]string
 	// refused is, by dataset and peer node ID, the newest snapshot (GUID)
 	// of a replica whose node refused to roll it back (rollbackRefused).
 	refused map[string]uint64
@@ -626,7 +626,9 @@ func (p *Pusher) tidy(ctx context.Context, volumeID, fs, base, peer string, log 
 		log.Warn("releasing a former replica's hold failed; next push retries", "error", err)
 	}
 	spare := append(slices.Collect(maps.Values(p.sentTo(volumeID))), p.mayHold(volumeID)...)
-	spare = append(spare, p.keptBases(volumeID)...)
+	if kept := p.keptBase(volumeID); kept != "" {
+		spare = append(spare, kept)
+	}
 	dropOldBases(ctx, p.z, fs, p.keep, spare, "push", log)
 }
 
