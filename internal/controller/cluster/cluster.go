@@ -164,7 +164,12 @@ func (c *Cluster) client(addr string) (NodeAgent, error) {
 // not answer are listed in unreachable. It fails only when the peer list
 // cannot be read.
 func (c *Cluster) Nodes(ctx context.Context) (nodes []Node, unreachable []Unreachable, err error) {
-	answers, unreachable, err := ask[struct{}](ctx, c, agentclient.GetNodeOptions{}, nil)
+	return askNodes(ctx, c, agentclient.GetNodeOptions{})
+}
+
+// askNodes asks every agent about itself only, as about says.
+func askNodes(ctx context.Context, c *Cluster, about agentclient.GetNodeOptions) (nodes []Node, unreachable []Unreachable, err error) {
+	answers, unreachable, err := ask[struct{}](ctx, c, about, nil)
 	for _, a := range answers {
 		nodes = append(nodes, a.Node)
 	}
@@ -323,10 +328,7 @@ func (c *Cluster) node(ctx context.Context, client NodeAgent, addr string, about
 // opens its pool. The nodes' UnhealthyReason is empty whatever their
 // health, so they are for this question only, never for placement.
 func Waiting(ctx context.Context, c *Cluster) (nodes []Node, err error) {
-	answers, _, err := ask[struct{}](ctx, c, agentclient.GetNodeOptions{WithoutHealth: true}, nil)
-	for _, a := range answers {
-		nodes = append(nodes, a.Node)
-	}
+	nodes, _, err = askNodes(ctx, c, agentclient.GetNodeOptions{WithoutHealth: true})
 	return nodes, err
 }
 
