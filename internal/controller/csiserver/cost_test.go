@@ -209,6 +209,7 @@ func (cc *costCluster) measure(t *testing.T, ctx context.Context, round int) map
 	})
 	out["ControllerUnpublishVolume"] = cc.costOf(t, "ControllerUnpublishVolume", func() error {
 		_, err := cc.ctl.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: id, NodeId: node})
+		cc.ctl.migrator.WaitFlushes() // its flush to the replicas counts with it
 		return err
 	})
 	out["DeleteVolume"] = cc.costOf(t, "DeleteVolume", func() error {

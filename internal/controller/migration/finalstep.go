@@ -104,6 +104,7 @@ func (m *Migrator) demote(id string, p copyOn, gen uint64, log hclog.Logger) {
 // first finish an older, interrupted transfer); it returns the fence's
 // time. Every push fences: the first one up keeps its time.
 func (m *Migrator) sendFinal(ctx context.Context, id string, p copyOn, target cluster.Node, v view, log hclog.Logger) (int64, error) {
+	m.yieldFlush(ctx, id, target.Info.NodeID, log)
 	busy := 0
 	for attempt := 0; attempt < 3; attempt++ {
 		last, err := p.node.Agent.MoveFinal(ctx, id, target.Addr, target.Info.NodeID)

@@ -8,8 +8,8 @@ import (
 
 // Metrics are the controller's migration metrics.
 type Metrics struct {
-	events, moveSeconds, catchUps, catchUpsRunning, finalPending, ahead metrics.Vec
-	steps, rpo, promotion                                               metrics.HistogramVec
+	events, moveSeconds, catchUps, catchUpsRunning, finalPending, ahead, flushes metrics.Vec
+	steps, rpo, promotion                                                        metrics.HistogramVec
 }
 
 // stepBuckets are the upper bounds of a move step's duration, in
@@ -36,7 +36,14 @@ func NewMetrics(r *metrics.Registry) *Metrics {
 		finalPending:    r.Gauge("zfs_nomad_move_final_step_pending", "1 while a move's target is caught up and the move waits for the publish retry that runs its final step.", "volume_id", "target"),
 		steps: r.Histogram("zfs_nomad_move_step_seconds", "How long the successful steps of moves took: catch_up (the background push to a target that was not fresh), final (fence, last increment, promotion).",
 			stepBuckets, "step"),
-		ahead: r.Counter("zfs_nomad_publishes_ahead_total", "Publishes granted ahead of the end of the volume's background move to the node, whose stage waits for the move."),
+		ahead:   r.Counter("zfs_nomad_publishes_ahead_total", "Publishes granted ahead of the end of the volume's background move to the node, whose stage waits for the move."),
+		flushes: r.Counter("zfs_nomad_unpublish_flushes_total", "Pushes of a volume to a replica right after its unpublish from its primary's node, by result (a failed one leaves the replica to the schedule).", "result"),
+	}
+}
+
+func (m *Metrics) flushed(result string) {
+	if m != nil {
+		m.flushes.Add(1, result)
 	}
 }
 

@@ -65,6 +65,7 @@ type Migrator struct {
 	log             hclog.Logger
 	now             func() time.Time
 	jobs            moveJobs
+	flushes         flushes       // the flushes after an unpublish (flush.go)
 	aheadRetryPause time.Duration // zero: aheadRetryPause
 	background      lifecycle     // the moves and demotions that outlive their publish
 }

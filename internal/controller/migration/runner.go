@@ -64,6 +64,7 @@ func (m *Migrator) runMove(j *moveJob, source cluster.Node, targetAddr string, w
 // earlier attempt sent, and a final step starts from a fresh look at
 // every node, as the publish's retry would.
 func (m *Migrator) moveOnce(j *moveJob, source cluster.Node, targetAddr string, withCatchUp bool, log hclog.Logger) (moveOutcome, error) {
+	m.yieldFlush(m.background.context(), j.volumeID, j.target, log)
 	if withCatchUp {
 		if err := m.runCatchUp(j, source, targetAddr, log); err != nil {
 			return failed, err
