@@ -26,13 +26,16 @@ var (
 	migrationMiB = flag.Int("migration-mib", 1000, "MiB of random data in each volume BenchmarkMigration moves")
 	moves        = flag.Int("moves", 5, "moves BenchmarkMigration makes to a node holding a replica, and takes the medians of")
 	fullMoves    = flag.Int("full-moves", 3, "moves BenchmarkMigration makes to a node holding no copy, and takes the medians of")
+	unpublishGap = flag.Duration("unpublish-gap", 0, "how long after the volume's ControllerUnpublishVolume from the source BenchmarkMigration's first publish on the target comes (Nomad's claim of the replacement retries 2 s, then 4 s, ... apart)")
 )
 
 // BenchmarkMigration: planned moves as Nomad sees them, from the first
 // ControllerPublishVolume to the volume staged on the new node, with
 // Nomad's retry schedule (claim), against a raw zfs send | socat | zfs
 // recv of the same bytes between the same nodes, measured just before
-// each move:
+// each move. As Nomad does, it unpublishes the volume from the source
+// first (which starts the flush to its replicas), -unpublish-gap before
+// the first publish. Each move:
 //   - to a replica: a volume of -migration-mib MiB moved back and forth
 //     -moves times, 10 MiB written before each move (the raw send: the
 //     incremental of those 10 MiB);
@@ -125,16 +128,23 @@ func movesToNoCopy(b *testing.B, c *guestcluster.Cluster, ctl csi.ControllerClie
 // in seconds, their ratio, and where the claim's time went.
 type moveFigures struct {
 	raws, claims, ratios []float64
+	wholes               []float64 // from the unpublish to the stage
 	timelines            []moveTimeline
 }
 
-// add moves volume id from one node to the other as Nomad's claim does,
-// timed from its first publish to its stage, then unstages it there (a
-// later move from that node needs it unpublished).
+// add moves volume id from one node to the other as Nomad does: the
+// unpublish from the source, then -unpublish-gap later the claim, timed
+// from its first publish (and from the unpublish) to its stage; then it
+// unstages it there (a later move from that node needs it unpublished).
 func (f *moveFigures) add(b *testing.B, c *guestcluster.Cluster, ctl csi.ControllerClient, id string, from, to *guestcluster.Node, raw time.Duration) {
 	ctx := context.Background()
 	node := csi.NewNodeClient(guesttest.Dial(b, to.CSIEndpoint))
 	staging := filepath.Join(to.Dir, "staging-"+id)
+	unpublished := time.Now()
+	if _, err := ctl.ControllerUnpublishVolume(ctx, &csi.ControllerUnpublishVolumeRequest{VolumeId: id, NodeId: from.ID}); err != nil {
+		b.Fatal(err)
+	}
+	time.Sleep(*unpublishGap)
 	began := time.Now()
 	b.StartTimer()
 	claimed, err := claim(ctx, ctl, node, staging, &csi.ControllerPublishVolumeRequest{VolumeId: id, NodeId: to.ID, VolumeCapability: mountCapability})
@@ -146,22 +156,25 @@ func (f *moveFigures) add(b *testing.B, c *guestcluster.Cluster, ctl csi.Control
 	if _, err := node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging}); err != nil {
 		b.Fatal(err)
 	}
-	t := readTimeline(b, c, id, from, to, began, claimed)
-	b.Logf("move %s, %s to %s: raw %.2f s, claimed and staged %.2f s: %.2fx; %s", id, from.ID, to.ID, raw.Seconds(), took.Seconds(), took.Seconds()/raw.Seconds(), t)
+	whole := claimed.staged.Sub(unpublished)
+	t := readTimeline(b, c, id, from, to, unpublished, began, claimed)
+	b.Logf("move %s, %s to %s: raw %.2f s, claimed and staged %.2f s: %.2fx; from the unpublish %.2f s: %.2fx; %s", id, from.ID, to.ID,
+		raw.Seconds(), took.Seconds(), took.Seconds()/raw.Seconds(), whole.Seconds(), whole.Seconds()/raw.Seconds(), t)
 	f.raws = append(f.raws, raw.Seconds())
 	f.claims = append(f.claims, took.Seconds())
 	f.ratios = append(f.ratios, took.Seconds()/raw.Seconds())
+	f.wholes = append(f.wholes, whole.Seconds())
 	f.timelines = append(f.timelines, t)
 }
 
-const moveHeader = "moves                       n   raw-s  claim-s  claim/raw  (min-max)"
+const moveHeader = "moves                       n   raw-s  claim-s  claim/raw  (min-max)  from-unpublish-s  /raw"
 
 func (f moveFigures) row(kind string) string {
 	if len(f.ratios) == 0 {
 		return fmt.Sprintf("%-27s %d", kind, 0)
 	}
-	return fmt.Sprintf("%-27s %d  %6.2f  %7.2f  %8.2fx  (%.2f-%.2f)", kind, len(f.ratios), median(f.raws), median(f.claims), median(f.ratios),
-		slices.Min(f.ratios), slices.Max(f.ratios))
+	return fmt.Sprintf("%-27s %d  %6.2f  %7.2f  %8.2fx  (%.2f-%.2f)  %16.2f  %.2fx", kind, len(f.ratios), median(f.raws), median(f.claims), median(f.ratios),
+		slices.Min(f.ratios), slices.Max(f.ratios), median(f.wholes), median(f.wholes)/median(f.raws))
 }
 
 // moveTimeline is where one move's time went: the seconds from its first
@@ -169,30 +182,31 @@ func (f moveFigures) row(kind string) string {
 // source's and the target's logs (a step not found, -1), and what
 // Nomad's retries spent.
 type moveTimeline struct {
-	jobStarted, caughtUp, finalStep, fenced, sending, received, sent, promoted, granted, staged float64
-	publishes                                                                                   int
-	backoff                                                                                     float64
+	flushed, jobStarted, caughtUp, finalStep, fenced, sending, received, sent, promoted, granted, staged float64
+	publishes                                                                                            int
+	backoff                                                                                              float64
 }
 
-const timelineHeader = "each move, seconds from its first publish: job started, caught up, final step began (after its look), source fenced (after the reservation), final increment's stream begun (after the snapshot), received on the target, its push ended on the source, target promoted, publish granted, staged; publishes; Nomad's backoff slept"
+const timelineHeader = "each move, seconds from its first publish (negative: before it, after the unpublish): flush to the target's replica ended, job started, caught up, final step began (after its look), source fenced (after the reservation), final increment's stream begun (after the snapshot), received on the target, its push ended on the source, target promoted, publish granted, staged; publishes; Nomad's backoff slept"
 
 func (t moveTimeline) String() string {
-	return fmt.Sprintf("job %.2f, caught up %.2f, final step %.2f, fenced %.2f, sending %.2f, received %.2f, sent %.2f, promoted %.2f, granted %.2f, staged %.2f; %d publishes, %.1f s backoff",
-		t.jobStarted, t.caughtUp, t.finalStep, t.fenced, t.sending, t.received, t.sent, t.promoted, t.granted, t.staged, t.publishes, t.backoff)
+	return fmt.Sprintf("flushed %.2f, job %.2f, caught up %.2f, final step %.2f, fenced %.2f, sending %.2f, received %.2f, sent %.2f, promoted %.2f, granted %.2f, staged %.2f; %d publishes, %.1f s backoff",
+		t.flushed, t.jobStarted, t.caughtUp, t.finalStep, t.fenced, t.sending, t.received, t.sent, t.promoted, t.granted, t.staged, t.publishes, t.backoff)
 }
 
-func readTimeline(b *testing.B, c *guestcluster.Cluster, id string, from, to *guestcluster.Node, began time.Time, claimed claimResult) moveTimeline {
+func readTimeline(b *testing.B, c *guestcluster.Cluster, id string, from, to *guestcluster.Node, unpublished, began time.Time, claimed claimResult) moveTimeline {
 	since := func(at time.Time) float64 {
 		if at.IsZero() {
 			return -1
 		}
 		return at.Sub(began).Seconds()
 	}
-	ctl := volumeLog(b, c.Controller.Log, id, began)
+	ctl := volumeLog(b, c.Controller.Log, id, unpublished)
 	src := volumeLog(b, from.Process.Log, id, began)
 	tgt := volumeLog(b, to.Process.Log, id, began)
 	fenced := src.first("volume fenced for a move", time.Time{})
 	return moveTimeline{
+		flushed: since(ctl.first("replica flushed", time.Time{})),
 		jobStarted: since(cmp.Or(ctl.first("catching the move's target up in the background", time.Time{}),
 			ctl.first("moving the volume in the background", time.Time{}))),
 		caughtUp:  since(ctl.first("move's target caught up", time.Time{})),
