@@ -146,6 +146,7 @@ func serve(c command, args []string) error {
 	migrator.Metrics = migration.NewMetrics(registry)
 	migrator.MaxCatchUps = cfg.MoveCatchUps
 	migrator.PublishAheadWithin = time.Duration(cfg.MovePublishAhead)
+	migrator.NoFlush = !cfg.FlushOnUnpublish
 	controller := csiserver.New(nodes, migrator, cfg.Placement, log.Named("csi"))
 	targets := backupTargets(cfg, certs)
 	switch {

@@ -48,7 +48,7 @@ func TestEncryptedVolumesOpenOnlyWhereStaged(t *testing.T) {
 	// many iterations changes nothing else the driver does.
 	const iterations = "100000"
 	c := guesttest.StartCluster(t, 3, guestcluster.Options{
-		ControllerArgs: []string{"-schedule-every", "0", "-agent-timeout", "30s"},
+		ControllerArgs: explicitPushes("-agent-timeout", "30s"),
 		NodeArgs: []string{"-allow-property", "encryption=off:on|off|aes-256-gcm", "-encryption-key-file", keyFile,
 			"-encryption-pbkdf2-iterations", iterations},
 	})

@@ -23,7 +23,7 @@ import (
 // exempt from the self-fence for as long as it kept its generation, and
 // took writes beside the failover's copy.
 func TestAForcedPrimaryIsUnderTheLeaseOnceTheMajorityReturns(t *testing.T) {
-	c := guesttest.StartCluster(t, 5, guestcluster.Options{ControllerArgs: []string{"-schedule-every", "0"},
+	c := guesttest.StartCluster(t, 5, guestcluster.Options{ControllerArgs: explicitPushes(),
 		Lease: failoverLease, NodeArgs: []string{"-lease-margin=" + failoverMargin.String()}})
 	e := &env{t: t, c: c, ctx: context.Background()}
 	id, dir := e.createWritten("forced", map[string]string{"failover": "auto"}, "echo before > a")

@@ -56,12 +56,29 @@ type env struct {
 }
 
 func start(t *testing.T) *env {
-	// No schedule: the tests push replicas themselves, at chosen moments.
 	// The pass over deleted snapshots every 10 s, not every minute: the
 	// snapshot tests wait for it, and a shorter pass forgets the records
 	// sooner, which makes a late copy's race with it more likely, not less.
-	c := guesttest.StartCluster(t, 3, guestcluster.Options{ControllerArgs: []string{"-schedule-every", "0", "-deletions-every", "10s"}})
+	return startController(t, explicitPushes("-deletions-every", "10s"))
+}
+
+// startFlushing is start with the flush at unpublish on, as shipped.
+func startFlushing(t *testing.T) *env {
+	return startController(t, []string{"-schedule-every", "0", "-deletions-every", "10s"})
+}
+
+func startController(t *testing.T, args []string) *env {
+	c := guesttest.StartCluster(t, 3, guestcluster.Options{ControllerArgs: args})
 	return &env{t: t, c: c, ctx: context.Background()}
+}
+
+// explicitPushes are the controller's arguments, then more, for tests
+// that push replicas themselves, at chosen moments: no schedule, and no
+// flush at unpublish, which would push at the unpublishes (both push
+// from the primary the tests' pushes push from; TestFailoverManual runs
+// the flush).
+func explicitPushes(more ...string) []string {
+	return append([]string{"-schedule-every", "0", "-flush-on-unpublish=false"}, more...)
 }
 
 func (e *env) controller() csi.ControllerClient {
@@ -517,7 +534,7 @@ func (e *env) publishAfterSilence(id, nodeID string) string {
 // failover, which must come as quickly.
 func TestPublishAfterSilentNodeLoss(t *testing.T) {
 	const agentTimeout = 30 * time.Second // the production default
-	c := guesttest.StartCluster(t, 3, guestcluster.Options{ControllerArgs: []string{"-schedule-every", "0", "-agent-timeout", agentTimeout.String()}})
+	c := guesttest.StartCluster(t, 3, guestcluster.Options{ControllerArgs: explicitPushes("-agent-timeout", agentTimeout.String())})
 	e := &env{t: t, c: c, ctx: context.Background()}
 	// Published: the controller now holds a connection to every agent.
 	id, _ := e.createWritten("silent", map[string]string{"failover": "auto"}, "echo replicated > a")
@@ -675,12 +692,20 @@ func TestStaleCopyWaitsForTheNewestsNode(t *testing.T) {
 }
 
 // With the default policy, manual, publishing keeps failing with a clear
-// message until the operator promotes a replica.
+// message until the operator promotes a replica. The workload stopped
+// before its node was lost: its last writes reached the replica with the
+// unpublish's flush (docs/migration.md, "Flush at unpublish"), although
+// nothing else pushed them (no schedule here), and the failover loses
+// none of them.
 func TestFailoverManual(t *testing.T) {
 	t.Parallel()
-	e := start(t)
-	id, _ := e.createWritten("careful", nil, "echo hello > a")
+	e := startFlushing(t)
+	id, dir := e.createWritten("careful", nil, "echo hello > a")
 	e.replicate(id, "n1", "n2")
+	e.write("n1", dir, "echo stopped > b")
+	replicated := e.copyOn(id, "n2").GetLastSnapshot()
+	e.unpublish(id, "n1")
+	waitFor(t, 30*time.Second, "the unpublish's flush to reach n2", func() bool { return e.copyOn(id, "n2").GetLastSnapshot() != replicated })
 	e.loseNode("n1")
 
 	for i := 0; i < 2; i++ {
@@ -691,8 +716,8 @@ func TestFailoverManual(t *testing.T) {
 		t.Errorf("promote output: %s", out)
 	}
 	dir3 := e.mustPublish(id, "n3") // moves on from n2
-	if got := guesttest.Exec(t, e.node("n3"), "cat "+dir3+"/a"); strings.TrimSpace(got) != "hello" {
-		t.Fatalf("n3 reads %q", got)
+	if got := guesttest.Exec(t, e.node("n3"), "cat "+dir3+"/a "+dir3+"/b"); got != "hello\nstopped\n" {
+		t.Fatalf("n3 reads %q, want the file replicated by a push and the one by the flush", got)
 	}
 	// The lost node's copy is still a primary of generation 1 in its pool,
 	// until the node returns and its workload is stopped: then it is set
@@ -1038,7 +1063,7 @@ func health(t *testing.T, n *guestcluster.Node) string {
 // startWithLease starts three nodes that keep leases of length lease
 // (each other's peers), with extra zfs-node flags, and no schedule.
 func startWithLease(t *testing.T, lease time.Duration, nodeArgs ...string) *env {
-	c := guesttest.StartCluster(t, 3, guestcluster.Options{ControllerArgs: []string{"-schedule-every", "0"}, Lease: lease, NodeArgs: nodeArgs})
+	c := guesttest.StartCluster(t, 3, guestcluster.Options{ControllerArgs: explicitPushes(), Lease: lease, NodeArgs: nodeArgs})
 	return &env{t: t, c: c, ctx: context.Background()}
 }
 

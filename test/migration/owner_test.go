@@ -23,7 +23,7 @@ import (
 func TestOwnerAndModeFollowTheVolume(t *testing.T) {
 	t.Parallel()
 	c := guesttest.StartCluster(t, 3, guestcluster.Options{
-		ControllerArgs: []string{"-schedule-every", "0"},
+		ControllerArgs: explicitPushes(),
 		NodeArgs:       []string{"-root-uids", "1000-1001", "-root-gids", "1000"},
 	})
 	e := &env{t: t, c: c, ctx: context.Background()}

@@ -24,7 +24,7 @@ import (
 // holds its lease, so its primaries stay read-only.
 func TestARetiredNodeCountsNoMore(t *testing.T) {
 	t.Parallel()
-	c := guesttest.StartCluster(t, 3, guestcluster.Options{ControllerArgs: []string{"-schedule-every", "0"},
+	c := guesttest.StartCluster(t, 3, guestcluster.Options{ControllerArgs: explicitPushes(),
 		Lease: failoverLease, NodeArgs: []string{"-lease-margin=" + failoverMargin.String()}})
 	n1, n2, n3 := c.Nodes[0], c.Nodes[1], c.Nodes[2]
 	ctl := filepath.Join(guesttest.BinDir(t), "zfs-controller")

@@ -111,8 +111,12 @@ func (f *flushes) slot(ctx context.Context, source string) (release func(), err 
 
 // Flush pushes volume id's primary, unpublished from nodeID, to each of
 // its replicas in the background (see above); it returns at once. It
-// does nothing when a flush of the volume runs here already.
+// does nothing when a flush of the volume runs here already, or with
+// NoFlush.
 func (m *Migrator) Flush(id, nodeID string) {
+	if m.NoFlush {
+		return
+	}
 	ctx, run, ok := m.flushes.start(m.background.context(), id)
 	if !ok {
 		return

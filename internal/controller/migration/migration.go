@@ -52,6 +52,9 @@ type Migrator struct {
 	// volume's background move to the node is estimated to end within
 	// it (zero: never; see PublishAhead).
 	PublishAheadWithin time.Duration
+	// NoFlush: an unpublish starts no flush (Flush does nothing), and the
+	// replicas wait for the schedule.
+	NoFlush bool
 	// CatchUpWait is how long the publish that starts a background move
 	// waits for it to end before answering that it runs (zero:
 	// DefaultCatchUpWait).

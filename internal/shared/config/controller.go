@@ -44,6 +44,10 @@ type Controller struct {
 	// waits for the move (docs/migration.md, "Publishing ahead of a
 	// move's end"); 0 turns it off.
 	MovePublishAhead Duration `json:"move_publish_ahead"`
+	// FlushOnUnpublish pushes a volume unpublished from its primary's
+	// node to each of its replicas at once (docs/migration.md, "Flush at
+	// unpublish"); false leaves them to the schedule.
+	FlushOnUnpublish bool `json:"flush_on_unpublish"`
 	// DeletionsEvery is how often the instance holding the work lease
 	// deletes the copies of deleted snapshots that a node away at the
 	// delete still holds, and the records once none is left
@@ -85,6 +89,7 @@ func DefaultController() Controller {
 		ParallelPushes:   2,
 		MoveCatchUps:     4,
 		MovePublishAhead: Duration(2 * time.Minute),
+		FlushOnUnpublish: true,
 		DeletionsEvery:   Duration(time.Minute),
 		SurplusGrace:     Duration(10 * time.Minute),
 		TLS:              TLSFiles{ExpiryWarning: DefaultExpiryWarning},

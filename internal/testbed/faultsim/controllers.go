@@ -74,6 +74,7 @@ func (c *simController) start(w *world) {
 	mig := migration.New(c.cl, log)
 	mig.MaxCatchUps = shipped.MoveCatchUps
 	mig.PublishAheadWithin = time.Duration(shipped.MovePublishAhead)
+	mig.NoFlush = !shipped.FlushOnUnpublish
 	mig.SetClock(w.now)
 	// A step is a second of the simulation's clock, and the CO's call
 	// cannot see steps pass: waiting the shipped second of real time
