@@ -123,10 +123,20 @@ func (m *Migrator) Flush(id, nodeID string) {
 	}
 	m.background.spawn(func() {
 		defer m.flushes.end(id, run)
-		ctx, cancel := context.WithTimeout(ctx, flushTimeout)
-		defer cancel()
 		m.flush(ctx, id, nodeID, run)
 	})
+}
+
+// FlushNow is Flush run in the caller's goroutine until it ends, NoFlush
+// or not: for the fault simulation's explorer, whose actors make every
+// call themselves.
+func (m *Migrator) FlushNow(ctx context.Context, id, nodeID string) {
+	ctx, run, ok := m.flushes.start(ctx, id)
+	if !ok {
+		return
+	}
+	defer m.flushes.end(id, run)
+	m.flush(ctx, id, nodeID, run)
 }
 
 // WaitFlushes waits until the flushes started so far have ended: for
@@ -136,6 +146,8 @@ func (m *Migrator) WaitFlushes() { m.flushes.wg.Wait() }
 // flush pushes the primary to its replicas one by one, if it is still
 // the unpublished primary on nodeID as a majority of the nodes tell.
 func (m *Migrator) flush(ctx context.Context, id, nodeID string, run *flushRun) {
+	ctx, cancel := context.WithTimeout(ctx, flushTimeout)
+	defer cancel()
 	log := m.log.With("volume_id", id, "node_id", nodeID)
 	release, err := m.flushes.slot(ctx, nodeID)
 	if err != nil {

@@ -332,6 +332,17 @@ func (x *explRun) publish(ctx context.Context, actor, ctl, node string) (map[str
 	return resp.GetPublishContext(), err
 }
 
+// flush is the flush that ControllerUnpublishVolume from node starts,
+// answered by instance ctl, run to its end in the actor's goroutine
+// (migration.Migrator.FlushNow).
+func (x *explRun) flush(ctx context.Context, actor, ctl, node string) {
+	c := x.ctls[ctl]
+	x.s.join(ctl, actor)
+	c.mig.FlushNow(ctx, x.vol.id, node)
+	x.s.join(actor, ctl)
+	x.note("%s: the flush after ControllerUnpublishVolume from %s via %s ended", actor, node, ctl)
+}
+
 // crashed says why instance ctl is dead ("" if it runs).
 func (x *explRun) crashed(ctl string) string {
 	x.s.mu.Lock()

@@ -53,7 +53,7 @@ func scenarioNames() []string {
 
 func init() {
 	for _, sc := range []*explScenario{moveBesidePublishBack(contract.FailoverManual), moveBesidePublishBack(contract.FailoverAuto),
-		aliasedPeers(), forcedOutlivesItsMinority()} {
+		aliasedPeers(), forcedOutlivesItsMinority(), flushBesideMove()} {
 		explScenarios[sc.name] = sc
 	}
 }
@@ -184,6 +184,41 @@ func forcedOutlivesItsMinority() *explScenario {
 					ticks(7, "lease and margin passed")(ctx, x)
 				}, "lease and margin passed")}},
 				{name: "co2", steps: []explStepFn{after("co2", "lease and margin passed", publishAndStage("co2", "B", "n3"))}},
+			}
+		},
+	}
+}
+
+// flushBesideMove: the flush at unpublish meets a move. Three nodes, the
+// volume's primary on n1, unpublished, holding a write its replicas on n2
+// and n3 lack. Instance B answered the unpublish and flushes the volume
+// to the replicas while instance A moves it to n2 for the CO's publish
+// there. A flush is a push: in any order of its calls among the move's
+// (its look, the reservation, the fenced final push, the promotion, the
+// demotion), with any fault among them, at most one copy is staged
+// writable and the write is kept.
+func flushBesideMove() *explScenario {
+	return &explScenario{
+		name:      "flush-beside-move",
+		about:     "instance B flushes n1's unpublished primary to its replicas on n2 and n3 while instance A moves it to n2",
+		nodes:     3,
+		primary:   "n1",
+		replicaOn: []string{"n2", "n3"},
+		ctls:      []string{"A", "B"},
+		setup: func(x *explRun) error {
+			ds, token := rootDataset+"/"+x.vol.id, "n1/before-the-unpublish"
+			if err := x.w.node("n1").pool.Write(ds, token); err != nil {
+				return err
+			}
+			x.w.checker.acked(ds, token)
+			return nil
+		},
+		actors: func(x *explRun) []explActor {
+			x.controller("A", x.allPeers())
+			x.controller("B", x.allPeers())
+			return []explActor{
+				{name: "co", steps: []explStepFn{publishAndStage("co", "A", "n2")}},
+				{name: "unpublish", steps: []explStepFn{func(ctx context.Context, x *explRun) { x.flush(ctx, "unpublish", "B", "n1") }}},
 			}
 		},
 	}

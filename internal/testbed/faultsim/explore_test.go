@@ -42,6 +42,7 @@ func TestExplorer(t *testing.T) {
 		{scenario: "move-beside-publish-back", budget: 45 * time.Second, random: 30},
 		{scenario: "aliased-peers", faults: 1, budget: 10 * time.Second, random: 20, randomFaults: 2},
 		{scenario: "forced-outlives-its-minority", faults: 1, budget: 10 * time.Second, random: 20, randomFaults: 2},
+		{scenario: "flush-beside-move", faults: 1, budget: 10 * time.Second, random: 20, randomFaults: 2},
 	})
 }
 
