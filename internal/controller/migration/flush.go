@@ -159,6 +159,7 @@ func (m *Migrator) flush(ctx context.Context, id, nodeID string, run *flushRun) 
 		log.Debug("no flush after the unpublish", "reason", why)
 		return
 	}
+	log = log.With("name", p.copy.Name)
 	log.Info("flushing the unpublished volume to its replicas", "replicas", len(replicas))
 	for _, r := range replicas {
 		if _, moving := m.jobs.running(id); moving {
@@ -169,6 +170,11 @@ func (m *Migrator) flush(ctx context.Context, id, nodeID string, run *flushRun) 
 		began := m.now()
 		last, err := cluster.Push(ctx, p.node, id, agentclient.Target{Addr: r.node.Addr, NodeID: r.nodeID()}, "flush after the unpublish", m.StallTimeout, nil)
 		m.flushes.pushingTo(run, "")
+		if ctx.Err() != nil {
+			m.Metrics.flushed("cancelled")
+			log.Info("flush stopped: a move of the volume went first, or the controller stops", "target", r.nodeID(), "error", err)
+			return
+		}
 		if err != nil {
 			m.Metrics.flushed("failed")
 			log.Info("flush to a replica failed; the schedule pushes it when due", "target", r.nodeID(), "error", err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/cluster/clustertest"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/metrics"
 )
 
 // TestAnUnpublishFlushesToEveryReplica: Flush pushes the unpublished
@@ -100,9 +102,10 @@ func TestAMoveGoesBeforeAFlush(t *testing.T) {
 	for _, tt := range []struct {
 		name, target string
 		cancelled    bool
+		counted      string // the flush's push in zfs_nomad_unpublish_flushes_total
 	}{
-		{name: "to the replica the flush pushes to", target: "n2"},
-		{name: "to another node", target: "n3", cancelled: true},
+		{name: "to the replica the flush pushes to", target: "n2", counted: `result="ok"`},
+		{name: "to another node", target: "n3", cancelled: true, counted: `result="cancelled"`},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			fakes := new(clustertest.Fakes)
@@ -116,6 +119,8 @@ func TestAMoveGoesBeforeAFlush(t *testing.T) {
 			release := make(chan struct{})
 			held, cancelled := heldFirstPush(n1, release)
 			m := New(fakes.Cluster(t), hclog.NewNullLogger())
+			registry := metrics.NewRegistry()
+			m.Metrics = NewMetrics(registry)
 			m.CatchUpWait = 10 * time.Millisecond
 			m.Flush(id, "n1")
 			<-held
@@ -132,6 +137,13 @@ func TestAMoveGoesBeforeAFlush(t *testing.T) {
 			}
 			if c, _ := agents[tt.target].Copy(id); c.Role != contract.RolePrimary || c.Generation != 2 {
 				t.Errorf("%s's copy: %+v, want the primary of generation 2", tt.target, c)
+			}
+			var b strings.Builder
+			if _, err := registry.WriteTo(&b); err != nil {
+				t.Fatal(err)
+			}
+			if want := "zfs_nomad_unpublish_flushes_total{" + tt.counted + "} 1\n"; !strings.Contains(b.String(), want) {
+				t.Errorf("the metrics lack %q:\n%s", want, b.String())
 			}
 		})
 	}

@@ -37,7 +37,7 @@ func NewMetrics(r *metrics.Registry) *Metrics {
 		steps: r.Histogram("zfs_nomad_move_step_seconds", "How long the successful steps of moves took: catch_up (the background push to a target that was not fresh), final (fence, last increment, promotion).",
 			stepBuckets, "step"),
 		ahead:   r.Counter("zfs_nomad_publishes_ahead_total", "Publishes granted ahead of the end of the volume's background move to the node, whose stage waits for the move."),
-		flushes: r.Counter("zfs_nomad_unpublish_flushes_total", "Pushes of a volume to a replica right after its unpublish from its primary's node, by result (a failed one leaves the replica to the schedule).", "result"),
+		flushes: r.Counter("zfs_nomad_unpublish_flushes_total", "Pushes of a volume to a replica right after its unpublish from its primary's node, by result: ok, failed (the replica is left to the schedule) or cancelled (a move of the volume went first).", "result"),
 	}
 }
 
