@@ -143,6 +143,7 @@ func (c *simCluster) startController(addrs []string) {
 	c.mig = migration.New(c.cl, log)
 	c.mig.MaxCatchUps = shipped.MoveCatchUps
 	c.mig.PublishAheadWithin = time.Duration(shipped.MovePublishAhead)
+	c.mig.NoFlush = !shipped.FlushOnUnpublish
 	c.ctl = csiserver.New(c.cl, c.mig, shipped.Placement, log)
 	c.sched = scheduler.New(c.cl, shipped.ParallelPushes, log)
 	c.sched.Settle = c.mig.Settle
@@ -222,10 +223,14 @@ func (c *simCluster) publish(ctx context.Context, volumeID, node string) (*csisp
 	return c.ctl.ControllerPublishVolume(ctx, &csispec.ControllerPublishVolumeRequest{VolumeId: volumeID, NodeId: node, VolumeCapability: mountCapability})
 }
 
+// unpublish is ControllerUnpublishVolume, and the flush it starts to the
+// volume's replicas, to its end: the next operation measured does not
+// meet it, and its calls count with the operation it ends.
 func (c *simCluster) unpublish(ctx context.Context, volumeID, node string) error {
 	if _, err := c.ctl.ControllerUnpublishVolume(ctx, &csispec.ControllerUnpublishVolumeRequest{VolumeId: volumeID, NodeId: node}); err != nil {
 		return fmt.Errorf("ControllerUnpublishVolume %s from %s: %w", volumeID, node, err)
 	}
+	c.mig.WaitFlushes()
 	return nil
 }
 
