@@ -220,15 +220,18 @@ func (m *Migrator) flushable(ctx context.Context, id, nodeID string) (copyOn, []
 func (m *Migrator) yieldFlush(ctx context.Context, id, target string, log hclog.Logger) {
 	m.flushes.mu.Lock()
 	r, ok := m.flushes.running[id]
-	sameTarget := ok && r.target == target
+	var pushingTo string
+	if ok {
+		pushingTo = r.target
+	}
 	m.flushes.mu.Unlock()
 	if !ok {
 		return
 	}
-	if !sameTarget {
+	if pushingTo != target {
 		r.cancel()
 	}
-	log.Debug("the move waits for the volume's flush", "flush_target", r.target)
+	log.Debug("the move waits for the volume's flush", "flush_target", pushingTo)
 	select {
 	case <-r.done:
 	case <-ctx.Done():
