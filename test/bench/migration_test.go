@@ -128,7 +128,7 @@ func movesToNoCopy(b *testing.B, c *guestcluster.Cluster, ctl csi.ControllerClie
 // in seconds, their ratio, and where the claim's time went.
 type moveFigures struct {
 	raws, claims, ratios []float64
-	wholes               []float64 // from the unpublish to the stage
+	wholes, wholeRatios  []float64 // from the unpublish to the stage, and against the raw send
 	timelines            []moveTimeline
 }
 
@@ -164,6 +164,7 @@ func (f *moveFigures) add(b *testing.B, c *guestcluster.Cluster, ctl csi.Control
 	f.claims = append(f.claims, took.Seconds())
 	f.ratios = append(f.ratios, took.Seconds()/raw.Seconds())
 	f.wholes = append(f.wholes, whole.Seconds())
+	f.wholeRatios = append(f.wholeRatios, whole.Seconds()/raw.Seconds())
 	f.timelines = append(f.timelines, t)
 }
 
@@ -174,7 +175,7 @@ func (f moveFigures) row(kind string) string {
 		return fmt.Sprintf("%-27s %d", kind, 0)
 	}
 	return fmt.Sprintf("%-27s %d  %6.2f  %7.2f  %8.2fx  (%.2f-%.2f)  %16.2f  %.2fx", kind, len(f.ratios), median(f.raws), median(f.claims), median(f.ratios),
-		slices.Min(f.ratios), slices.Max(f.ratios), median(f.wholes), median(f.wholes)/median(f.raws))
+		slices.Min(f.ratios), slices.Max(f.ratios), median(f.wholes), median(f.wholeRatios))
 }
 
 // moveTimeline is where one move's time went: the seconds from its first
