@@ -29,7 +29,8 @@ import (
 // one that fails (a node down, another transfer of the volume under way)
 // leaves the replica to the schedule. A move of the volume goes first: a
 // flush pushes nothing once a move job of the volume runs here, and the
-// move waits for the flush's push under way (yieldFlush).
+// move cancels the flush's push under way unless it goes to the move's
+// target, whose end it waits for before its own push (yieldFlush).
 
 // DefaultMaxFlushes bounds the flushes pushing from one source node at
 // once: a drain unpublishes many volumes together, and their moves'
@@ -214,24 +215,28 @@ func (m *Migrator) flushable(ctx context.Context, id, nodeID string) (copyOn, []
 	return p, replicas, ""
 }
 
-// yieldFlush makes way for a move of volume id to target: it waits for
-// this instance's flush of the volume to end, cancelling it first unless
-// its push under way goes to target (that push sends what the move would).
-func (m *Migrator) yieldFlush(ctx context.Context, id, target string, log hclog.Logger) {
+// cancelFlushElsewhere makes way for a move of volume id to target: it
+// cancels this instance's flush of the volume unless its push under way
+// goes to target, which sends what the move would. It returns the flush,
+// if one runs.
+func (m *Migrator) cancelFlushElsewhere(id, target string) (*flushRun, bool) {
 	m.flushes.mu.Lock()
+	defer m.flushes.mu.Unlock()
 	r, ok := m.flushes.running[id]
-	var pushingTo string
-	if ok {
-		pushingTo = r.target
+	if ok && r.target != target {
+		r.cancel()
 	}
-	m.flushes.mu.Unlock()
+	return r, ok
+}
+
+// yieldFlush is cancelFlushElsewhere, then waits for the flush to end:
+// before a push of the move, which the flush's would meet on the source.
+func (m *Migrator) yieldFlush(ctx context.Context, id, target string, log hclog.Logger) {
+	r, ok := m.cancelFlushElsewhere(id, target)
 	if !ok {
 		return
 	}
-	if pushingTo != target {
-		r.cancel()
-	}
-	log.Debug("the move waits for the volume's flush", "flush_target", pushingTo)
+	log.Debug("the move's push waits for the volume's flush to end")
 	select {
 	case <-r.done:
 	case <-ctx.Done():

@@ -97,14 +97,19 @@ func heldFirstPush(agent *clustertest.FakeAgent, release chan struct{}) (held ch
 // TestAMoveGoesBeforeAFlush: a move of a volume whose flush runs waits
 // for the flush's push when it goes to the move's target (that push
 // sends what the move would), and cancels it when it goes elsewhere;
-// either way the move ends with the target's primary.
+// either way the move ends with the target's primary. A move straight to
+// its final step (a fresh replica) looks and reserves while the flush's
+// push goes on, and waits for it only at its fence: here the flush's
+// push is held until the move's reservation reaches n3.
 func TestAMoveGoesBeforeAFlush(t *testing.T) {
 	for _, tt := range []struct {
 		name, target string
+		fresh        bool // n2's replica is fresh: the move skips its catch-up
 		cancelled    bool
 		counted      string // the flush's push in zfs_nomad_unpublish_flushes_total
 	}{
 		{name: "to the replica the flush pushes to", target: "n2", counted: `result="ok"`},
+		{name: "to the fresh replica the flush pushes to", target: "n2", fresh: true, counted: `result="ok"`},
 		{name: "to another node", target: "n3", cancelled: true, counted: `result="cancelled"`},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -116,6 +121,11 @@ func TestAMoveGoesBeforeAFlush(t *testing.T) {
 			n1, n2 := agents["n1"], agents["n2"]
 			id := n1.PutPrimary("flushed", 1)
 			n2.PutReplica("flushed", 1)
+			if tt.fresh {
+				c, _ := n2.Copy(id)
+				c.LastSnapshot, c.LastSnapshotUnixNano = "zn-1", time.Now().UnixNano()
+				n2.PutCopy(c)
+			}
 			release := make(chan struct{})
 			held, cancelled := heldFirstPush(n1, release)
 			m := New(fakes.Cluster(t), hclog.NewNullLogger())
@@ -124,7 +134,10 @@ func TestAMoveGoesBeforeAFlush(t *testing.T) {
 			m.CatchUpWait = 10 * time.Millisecond
 			m.Flush(id, "n1")
 			<-held
-			if tt.target == "n2" {
+			switch {
+			case tt.fresh:
+				agents["n3"].BeforeCall("Reserve", func() { close(release) })
+			case tt.target == "n2":
 				time.AfterFunc(200*time.Millisecond, func() { close(release) })
 			}
 			gen := publishUntilMoved(t, m, id, tt.target)

@@ -64,7 +64,14 @@ func (m *Migrator) runMove(j *moveJob, source cluster.Node, targetAddr string, w
 // earlier attempt sent, and a final step starts from a fresh look at
 // every node, as the publish's retry would.
 func (m *Migrator) moveOnce(j *moveJob, source cluster.Node, targetAddr string, withCatchUp bool, log hclog.Logger) (moveOutcome, error) {
-	m.yieldFlush(m.background.context(), j.volumeID, j.target, log)
+	// A catch-up pushes at once, and waits for the flush here; a final
+	// step first looks and reserves while the flush's push to its target
+	// goes on, and waits for it at its fence (sendFinal).
+	if withCatchUp {
+		m.yieldFlush(m.background.context(), j.volumeID, j.target, log)
+	} else {
+		m.cancelFlushElsewhere(j.volumeID, j.target)
+	}
 	if withCatchUp {
 		if err := m.runCatchUp(j, source, targetAddr, log); err != nil {
 			return failed, err
