@@ -23,10 +23,11 @@ import (
 // The volume sizes the issues name. Flags, not environment variables: the
 // guest gets the test's flags, not the host's environment.
 var (
-	migrationMiB = flag.Int("migration-mib", 1000, "MiB of random data in each volume BenchmarkMigration moves")
-	moves        = flag.Int("moves", 5, "moves BenchmarkMigration makes to a node holding a replica, and takes the medians of")
-	fullMoves    = flag.Int("full-moves", 3, "moves BenchmarkMigration makes to a node holding no copy, and takes the medians of")
-	unpublishGap = flag.Duration("unpublish-gap", 0, "how long after the volume's ControllerUnpublishVolume from the source BenchmarkMigration's first publish on the target comes (Nomad's claim of the replacement retries 2 s, then 4 s, ... apart)")
+	migrationMiB     = flag.Int("migration-mib", 1000, "MiB of random data in each volume BenchmarkMigration moves")
+	moves            = flag.Int("moves", 5, "moves BenchmarkMigration makes to a node holding a replica, and takes the medians of")
+	fullMoves        = flag.Int("full-moves", 3, "moves BenchmarkMigration makes to a node holding no copy, and takes the medians of")
+	flushOnUnpublish = flag.Bool("flush-on-unpublish", false, "BenchmarkMigration's controller runs the flush at unpublish (flush_on_unpublish, off by default)")
+	unpublishGap     = flag.Duration("unpublish-gap", 0, "how long after the volume's ControllerUnpublishVolume from the source BenchmarkMigration's first publish on the target comes (Nomad's claim of the replacement retries 2 s, then 4 s, ... apart)")
 )
 
 // BenchmarkMigration: planned moves as Nomad sees them, from the first
@@ -34,8 +35,8 @@ var (
 // Nomad's retry schedule (claim), against a raw zfs send | socat | zfs
 // recv of the same bytes between the same nodes, measured just before
 // each move. As Nomad does, it unpublishes the volume from the source
-// first (which starts the flush to its replicas), -unpublish-gap before
-// the first publish. Each move:
+// first (which, with -flush-on-unpublish, starts the flush to its
+// replicas), -unpublish-gap before the first publish. Each move:
 //   - to a replica: a volume of -migration-mib MiB moved back and forth
 //     -moves times, 10 MiB written before each move (the raw send: the
 //     incremental of those 10 MiB);
@@ -47,7 +48,11 @@ var (
 // read from the processes' logs (moveTimeline): one move alone varies by
 // a third on this machine.
 func BenchmarkMigration(b *testing.B) {
-	c := guesttest.StartCluster(b, 2, guestcluster.Options{LogLevel: "info", ControllerArgs: []string{"-schedule-every", "0"}})
+	args := []string{"-schedule-every", "0"}
+	if *flushOnUnpublish {
+		args = append(args, "-flush-on-unpublish")
+	}
+	c := guesttest.StartCluster(b, 2, guestcluster.Options{LogLevel: "info", ControllerArgs: args})
 	ctl := controllerClient(b, c)
 	b.ResetTimer()
 	toReplica := movesToAReplica(b, c, ctl)

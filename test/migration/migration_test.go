@@ -62,9 +62,9 @@ func start(t *testing.T) *env {
 	return startController(t, explicitPushes("-deletions-every", "10s"))
 }
 
-// startFlushing is start with the flush at unpublish on, as shipped.
+// startFlushing is start with the flush at unpublish on.
 func startFlushing(t *testing.T) *env {
-	return startController(t, []string{"-schedule-every", "0", "-deletions-every", "10s"})
+	return startController(t, []string{"-schedule-every", "0", "-deletions-every", "10s", "-flush-on-unpublish"})
 }
 
 func startController(t *testing.T, args []string) *env {
@@ -74,9 +74,9 @@ func startController(t *testing.T, args []string) *env {
 
 // explicitPushes are the controller's arguments, then more, for tests
 // that push replicas themselves, at chosen moments: no schedule, and no
-// flush at unpublish, which would push at the unpublishes (both push
-// from the primary the tests' pushes push from; TestFailoverManual runs
-// the flush).
+// flush at unpublish (off by default, and off here whatever the default),
+// which would push at the unpublishes (both push from the primary the
+// tests' pushes push from; TestFailoverManual runs the flush).
 func explicitPushes(more ...string) []string {
 	return append([]string{"-schedule-every", "0", "-flush-on-unpublish=false"}, more...)
 }

@@ -46,7 +46,8 @@ type Controller struct {
 	MovePublishAhead Duration `json:"move_publish_ahead"`
 	// FlushOnUnpublish pushes a volume unpublished from its primary's
 	// node to each of its replicas at once (docs/migration.md, "Flush at
-	// unpublish"); false leaves them to the schedule.
+	// unpublish"): off by default, because a move that meets the flush
+	// waits for it and takes longer than one alone.
 	FlushOnUnpublish bool `json:"flush_on_unpublish"`
 	// DeletionsEvery is how often the instance holding the work lease
 	// deletes the copies of deleted snapshots that a node away at the
@@ -89,7 +90,6 @@ func DefaultController() Controller {
 		ParallelPushes:   2,
 		MoveCatchUps:     4,
 		MovePublishAhead: Duration(2 * time.Minute),
-		FlushOnUnpublish: true,
 		DeletionsEvery:   Duration(time.Minute),
 		SurplusGrace:     Duration(10 * time.Minute),
 		TLS:              TLSFiles{ExpiryWarning: DefaultExpiryWarning},

@@ -103,7 +103,7 @@ func LoadController(usage string, args []string, getenv func(string) string, std
 	fs.IntVar(&cfg.ParallelPushes, "parallel-pushes", cfg.ParallelPushes, "transfers the schedule runs at once")
 	fs.IntVar(&cfg.MoveCatchUps, "move-catch-ups", cfg.MoveCatchUps, "catch-ups (bulk pushes of moves to targets that are not fresh) running in the background per source node; moves in their final step are not counted")
 	fs.Var(&cfg.MovePublishAhead, "move-publish-ahead", "grant a publish whose volume's move to the node ends within this, the node's stage waiting for the move (0: off)")
-	fs.BoolVar(&cfg.FlushOnUnpublish, "flush-on-unpublish", cfg.FlushOnUnpublish, "push a volume unpublished from its primary's node to its replicas at once (false: the schedule pushes them when due)")
+	fs.BoolVar(&cfg.FlushOnUnpublish, "flush-on-unpublish", cfg.FlushOnUnpublish, "push a volume unpublished from its primary's node to its replicas at once, rather than when the schedule says (docs/migration.md, \"Flush at unpublish\")")
 	fs.Var(&cfg.SurplusGrace, "surplus-grace", "how long a copy a move demoted stays at least, surplus or not")
 	fs.BoolVar(&cfg.BackupsAsSnapshots, "backups-as-snapshots", cfg.BackupsAsSnapshots, "list the backup targets' backups as CSI snapshots, which any job submitter may then restore (nomad volume create's snapshot_id)")
 	metricsFlag(fs, &cfg.MetricsAddress)

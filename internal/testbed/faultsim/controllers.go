@@ -74,7 +74,10 @@ func (c *simController) start(w *world) {
 	mig := migration.New(c.cl, log)
 	mig.MaxCatchUps = shipped.MoveCatchUps
 	mig.PublishAheadWithin = time.Duration(shipped.MovePublishAhead)
-	mig.NoFlush = !shipped.FlushOnUnpublish
+	// The flush at unpublish on, which is not the default: an operator
+	// may turn it on, and it adds pushes at moments the schedule does
+	// not choose, among the CO's calls.
+	mig.NoFlush = false
 	mig.SetClock(w.now)
 	// A step is a second of the simulation's clock, and the CO's call
 	// cannot see steps pass: waiting the shipped second of real time
