@@ -458,12 +458,11 @@ func (c *Controller) ControllerPublishVolume(ctx context.Context, req *csi.Contr
 }
 
 // ControllerUnpublishVolume has nothing to undo: the node unmounts, and the
-// next publish elsewhere moves the data. It starts the volume's flush to
-// its replicas in the background (migration.Migrator.Flush, with
-// flush_on_unpublish on: the node unstaged it, so nothing writes it any
-// more) and succeeds at once, for
-// any volume, as Nomad retries it after node loss and must not be stuck
-// on a dead node.
+// next publish elsewhere moves the data. With flush_on_unpublish on, it
+// starts the volume's flush to its replicas in the background
+// (migration.Migrator.Flush: the node unstaged it, so nothing writes it
+// any more). It succeeds at once, for any volume, as Nomad retries it
+// after node loss and must not be stuck on a dead node.
 func (c *Controller) ControllerUnpublishVolume(ctx context.Context, req *csi.ControllerUnpublishVolumeRequest) (*csi.ControllerUnpublishVolumeResponse, error) {
 	id := req.GetVolumeId()
 	if err := csiplugin.Required("volume_id", id); err != nil {

@@ -15,8 +15,10 @@ import (
 // A flush (docs/migration.md, "Flush at unpublish"): Nomad unpublishes a
 // volume from a node after that node unstaged it, so an unpublished
 // primary has no writer left, and what it holds is all it will hold until
-// its next publish. The controller then pushes it to each of its replicas
-// at once, rather than at the schedule's next due time:
+// its next publish. With flush_on_unpublish on (off by default: a move
+// that meets a flush in flight waits for it, and takes longer than
+// alone), the controller then pushes it to each of its replicas at once,
+// rather than at the schedule's next due time:
 //   - a node lost after its workload stopped loses nothing: the replica a
 //     failover promotes holds every write;
 //   - the publish that moves the volume to a replica's node, which Nomad
