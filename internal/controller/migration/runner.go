@@ -69,13 +69,11 @@ func (m *Migrator) moveOnce(j *moveJob, source cluster.Node, targetAddr string, 
 	// goes on, and waits for it at its fence (sendFinal).
 	if withCatchUp {
 		m.yieldFlush(m.background.context(), j.volumeID, j.target, log)
-	} else {
-		m.cancelFlushElsewhere(j.volumeID, j.target)
-	}
-	if withCatchUp {
 		if err := m.runCatchUp(j, source, targetAddr, log); err != nil {
 			return failed, err
 		}
+	} else {
+		m.cancelFlushElsewhere(j.volumeID, j.target)
 	}
 	return m.runFinalStep(j)
 }
