@@ -56,25 +56,32 @@ func (e *e2e) drainWhileTheHolderDies(first allocation) allocation {
 }
 
 // moveLeaseOff makes sure the controller instance holding the work lease
-// does not run on node: if it does, its task is restarted (a clean stop
-// releases the lease) until the other instance takes the lease over. A
-// released lease goes to whichever instance asks first, and the
-// restarted one asks as it starts while the other asks every
-// worklease.RenewEvery: CI saw the restarted instance win it again.
+// does not run on node. If it does, its task is sent SIGTERM: a clean
+// stop releases the lease, and Nomad starts the task again only after
+// its restart policy's delay (15 s for a service job), in which the
+// other instance, asking every worklease.RenewEvery, takes the lease. A
+// `nomad alloc restart` would not do: the restarted instance asks as it
+// starts, and often wins the released lease back.
 func (e *e2e) moveLeaseOff(node string) {
 	e.t.Helper()
 	if e.waitForWorkLeaseHolder() != node {
 		return
 	}
-	const restarts = 5
-	for try := 1; try <= restarts; try++ {
-		e.tell("the work lease's holder runs on %s, the job's node: its task restarts (%d of at most %d), so that the other instance takes the lease over", node, try, restarts)
-		e.restartTask("zfs-nomad-controller", "zfs-controller", node)
-		if e.waitForWorkLeaseHolder() != node {
-			return
+	const job, task = "zfs-nomad-controller", "zfs-controller"
+	alloc := e.runningAlloc(job, node)
+	before, _, _ := e.taskState(alloc, task)
+	e.tell("the work lease's holder runs on %s, the job's node: its task stops until Nomad restarts it, so that the other instance takes the lease over", node)
+	e.nomad("alloc", "signal", "-s", "SIGTERM", alloc, task)
+	e.eventually(time.Minute, "the work lease held on another node than "+node, func() error {
+		if holder := e.workLeaseHolder(); holder == "nobody" || holder == node {
+			return fmt.Errorf("held by %s", holder)
 		}
+		return nil
+	})
+	e.waitForTaskRestarted(alloc, task, node, before)
+	if holder := e.waitForWorkLeaseHolder(); holder == node {
+		e.t.Fatalf("the work lease went back to %s: a newly started instance took it from the one holding it", node)
 	}
-	e.t.Fatalf("the work lease stayed on %s through %d restarts of its controller task", node, restarts)
 }
 
 // waitForWorkLeaseHolder waits until a controller instance holds the

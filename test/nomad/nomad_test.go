@@ -719,37 +719,52 @@ func (e *e2e) runningAllocations(job string) []string {
 // and waits until Nomad reports it running again.
 func (e *e2e) restartTask(job, task, node string) {
 	e.t.Helper()
-	id := ""
+	id := e.runningAlloc(job, node)
+	before, _, _ := e.taskState(id, task)
+	e.nomad("alloc", "restart", id, task)
+	e.waitForTaskRestarted(id, task, node, before)
+}
+
+// runningAlloc is the ID of a job's running allocation on a node.
+func (e *e2e) runningAlloc(job, node string) string {
+	e.t.Helper()
 	var allocs []struct{ ID, NodeName, ClientStatus string }
 	if err := e.get("/v1/job/"+job+"/allocations", &allocs); err != nil {
 		e.t.Fatal(err)
 	}
 	for _, a := range allocs {
 		if a.NodeName == node && a.ClientStatus == "running" {
-			id = a.ID
+			return a.ID
 		}
 	}
-	if id == "" {
-		e.t.Fatalf("no running allocation of %s on %s: %+v", job, node, allocs)
-	}
-	state := func() (restarts int, running bool, events string) {
-		var a struct {
-			TaskStates map[string]struct {
-				State    string
-				Restarts int
-				Events   []struct{ Type, DisplayMessage string }
-			}
+	e.t.Fatalf("no running allocation of %s on %s: %+v", job, node, allocs)
+	return ""
+}
+
+// taskState is what Nomad reports of an allocation's task: how often it
+// restarted, whether it runs, and its events.
+func (e *e2e) taskState(alloc, task string) (restarts int, running bool, events string) {
+	e.t.Helper()
+	var a struct {
+		TaskStates map[string]struct {
+			State    string
+			Restarts int
+			Events   []struct{ Type, DisplayMessage string }
 		}
-		if err := e.get("/v1/allocation/"+id, &a); err != nil {
-			e.t.Fatal(err)
-		}
-		ts := a.TaskStates[task]
-		return ts.Restarts, ts.State == "running", fmt.Sprintf("%+v", ts.Events)
 	}
-	before, _, _ := state()
-	e.nomad("alloc", "restart", id, task)
+	if err := e.get("/v1/allocation/"+alloc, &a); err != nil {
+		e.t.Fatal(err)
+	}
+	ts := a.TaskStates[task]
+	return ts.Restarts, ts.State == "running", fmt.Sprintf("%+v", ts.Events)
+}
+
+// waitForTaskRestarted waits until the allocation's task restarted since
+// it had restarted before times, and runs.
+func (e *e2e) waitForTaskRestarted(alloc, task, node string, before int) {
+	e.t.Helper()
 	e.eventually(time.Minute, task+" running again on "+node, func() error {
-		if n, running, events := state(); n <= before || !running {
+		if n, running, events := e.taskState(alloc, task); n <= before || !running {
 			return fmt.Errorf("%s: %d restarts (%d before), running %v; events %s", task, n, before, running, events)
 		}
 		return nil

@@ -47,6 +47,7 @@ func (c *simCluster) waitForLeases(ctx context.Context, r *Result) error {
 type volume struct {
 	id   string
 	node string
+	seq  int // the order the fill asked for it in
 }
 
 // fill creates VolumesPerNode volumes on each node through the
@@ -55,6 +56,7 @@ type volume struct {
 func (c *simCluster) fill(ctx context.Context, r *Result) ([]volume, error) {
 	type job struct {
 		name, node string
+		seq        int
 	}
 	jobs := make(chan job)
 	var (
@@ -81,7 +83,7 @@ func (c *simCluster) fill(ctx context.Context, r *Result) ([]volume, error) {
 					first = fmt.Errorf("CreateVolume %s on %s: %w", j.name, j.node, err)
 				}
 				if err == nil {
-					vols = append(vols, volume{id: resp.GetVolume().GetVolumeId(), node: j.node})
+					vols = append(vols, volume{id: resp.GetVolume().GetVolumeId(), node: j.node, seq: j.seq})
 					each = append(each, time.Since(began))
 				}
 				mu.Unlock()
@@ -89,13 +91,19 @@ func (c *simCluster) fill(ctx context.Context, r *Result) ([]volume, error) {
 		}()
 	}
 	began := time.Now()
+	seq := 0
 	for v := range c.cfg.VolumesPerNode {
 		for _, n := range c.nodes {
-			jobs <- job{name: fmt.Sprintf("%s-vol%d", n.id, v), node: n.id}
+			jobs <- job{name: fmt.Sprintf("%s-vol%d", n.id, v), node: n.id, seq: seq}
+			seq++
 		}
 	}
 	close(jobs)
 	wg.Wait()
+	// In the order asked, not the order the creates ended: the samples
+	// the moves take, and those the failover takes from the first node
+	// after them, must not depend on which create finished first.
+	slices.SortFunc(vols, func(a, b volume) int { return a.seq - b.seq })
 	r.Fill, r.CreateEach, r.Volumes = time.Since(began), median(each), len(vols)
 	return vols, first
 }
