@@ -12,6 +12,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"sort"
 	"sync"
 	"text/tabwriter"
@@ -141,7 +142,10 @@ func whenIdle(ctx context.Context, opts BackupOptions, out io.Writer, push func(
 // pickTarget chooses where a backup goes: the node asked for, else where
 // the schedule would place the volume's replica (cluster.ReplicaTargets):
 // a healthy node that holds one already, else the one with most room in
-// the volume's replication domain.
+// the volume's replication domain. Among the holders, a replica the
+// schedule keeps goes before a copy a move demoted: the schedule removes
+// such a copy once the kept replicas are as fresh, and a backup pushing
+// into it would fail when that happens under it.
 func pickTarget(ctx context.Context, cl *cluster.Cluster, src cluster.Node, vol agentclient.Volume, want string) (cluster.Node, error) {
 	srcNode := src.Info.NodeID
 	if want != "" {
@@ -163,28 +167,35 @@ func pickTarget(ctx context.Context, cl *cluster.Cluster, src cluster.Node, vol 
 		return cluster.Node{}, err
 	}
 	healthy := cluster.Healthy(nodes)
-	var holders []cluster.Node
+	var kept, demoted []cluster.Node
 	for _, a := range cluster.Each(ctx, cl, healthy, func(ctx context.Context, n cluster.Node) (agentclient.NodeStatus, error) {
 		return n.Agent.Status(ctx)
 	}) {
-		if a.Err == nil && holdsReplica(a.Object, vol.VolumeID) {
-			holders = append(holders, a.Node)
+		if a.Err != nil {
+			continue
+		}
+		switch r, ok := replicaIn(a.Object, vol.VolumeID); {
+		case ok && r.DemotedAtUnix != 0:
+			demoted = append(demoted, a.Node)
+		case ok:
+			kept = append(kept, a.Node)
 		}
 	}
-	targets, err := cluster.ReplicaTargets(src, vol.UsedBytes, 1, holders, healthy)
+	targets, err := cluster.ReplicaTargets(src, vol.UsedBytes, 1, slices.Concat(kept, demoted), healthy)
 	if len(targets) == 0 {
 		return cluster.Node{}, fmt.Errorf("no node to back volume %s up to from node %s: %w", vol.VolumeID, srcNode, err)
 	}
 	return targets[0], nil
 }
 
-func holdsReplica(st agentclient.NodeStatus, volumeID string) bool {
+// replicaIn is the node's replica of volumeID, if its status lists one.
+func replicaIn(st agentclient.NodeStatus, volumeID string) (agentclient.Replica, bool) {
 	for _, r := range st.Replicas {
 		if r.VolumeID == volumeID {
-			return true
+			return r, true
 		}
 	}
-	return false
+	return agentclient.Replica{}, false
 }
 
 // FormatProgress renders one progress line: bytes, rate and ETA.

@@ -415,7 +415,6 @@ func (f *FakeAgent) Changes(_ context.Context, since string) (agentclient.Change
 	return out, nil
 }
 
-// replicaOf is what Status reports of a replica.
 // replicaOf is what Status tells of replica c. The caller holds f.mu.
 func (f *FakeAgent) replicaOf(c agentclient.Copy) agentclient.Replica {
 	r := agentclient.Replica{VolumeID: c.VolumeID, Name: c.Name, LastSnapshot: c.LastSnapshot,
