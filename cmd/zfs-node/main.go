@@ -388,5 +388,9 @@ func checkOpenZFS(log hclog.Logger) (string, error) {
 		return "", err
 	}
 	log.Info("OpenZFS", "userland", v.Userland, "kernel_module", v.Kernel, "built_for", cmp.Or(openzfs.BuiltFor, "unknown"), "libzfs_binding", libzfs.Binding)
+	if v.EncryptedMountDefect() {
+		log.Warn("this OpenZFS kernel module may oops when it mounts an encrypted volume, leaving the node's ZFS hung until a reboot (openzfs/zfs#16104, fixed after 2.1): keep encrypted volumes on nodes with OpenZFS 2.2 or later (docs/security.md, \"Encrypted volumes\")",
+			"kernel_module", v.Kernel)
+	}
 	return v.Userland, v.Check(openzfs.BuiltFor)
 }

@@ -78,6 +78,21 @@ func (v Versions) Check(builtFor string) error {
 	return nil
 }
 
+// EncryptedMountDefect reports whether the kernel module is of a series
+// whose reads of a block of encrypted dnodes race with its write: a
+// mount of an encrypted filesystem (a volume's stage) may then
+// dereference NULL in the kernel and leave the node's ZFS hung. Our test
+// guest's 2.1.11 did so once, mounting a volume after a move
+// (zio_crypt_copy_dnode_bonus under zfsvfs_init); upstream fixed it in
+// openzfs/zfs#16104, which no 2.1 release is known to carry.
+func (v Versions) EncryptedMountDefect() bool {
+	var major, minor int
+	if _, err := fmt.Sscanf(v.Kernel, "%d.%d", &major, &minor); err != nil {
+		return false
+	}
+	return major < 2 || major == 2 && minor < 2
+}
+
 // Detect asks the host's zfs command which releases it and the kernel
 // module are.
 func Detect(ctx context.Context) (Versions, error) {

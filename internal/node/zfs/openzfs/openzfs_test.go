@@ -56,3 +56,24 @@ func TestCheck(t *testing.T) {
 		})
 	}
 }
+
+// TestEncryptedMountDefect: the kernel modules of the 2.1 series (and
+// older) are told apart from 2.2 and later, by the kernel module's
+// release, not the userland's.
+func TestEncryptedMountDefect(t *testing.T) {
+	for _, tc := range []struct {
+		v    Versions
+		want bool
+	}{
+		{Versions{"2.1.11-1+deb12u1", "2.1.11-1+deb12u1"}, true},
+		{Versions{"2.0.7-1", "2.0.7-1"}, true},
+		{Versions{"2.2.2-0ubuntu9.1", "2.1.5-1ubuntu6"}, true},
+		{Versions{"2.2.4-pve1", "2.2.4-pve1"}, false},
+		{Versions{"2.3.9-1", "2.3.9-1"}, false},
+		{Versions{"2.1.11-1", "unknown"}, false},
+	} {
+		if got := tc.v.EncryptedMountDefect(); got != tc.want {
+			t.Errorf("%+v: EncryptedMountDefect() = %v, want %v", tc.v, got, tc.want)
+		}
+	}
+}
