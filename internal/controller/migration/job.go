@@ -136,6 +136,15 @@ func (j *moveJob) result() (moveOutcome, error) {
 	return j.outcome, j.err
 }
 
+// movedAwaySince tells whether j ended having moved the volume to its
+// target, and p, a primary elsewhere, is newer than j's source was: the
+// volume moved on from the target since. A p of j's source generation
+// is a look taken before j's promotion, which a look again resolves.
+func (j *moveJob) movedAwaySince(p copyOn) bool {
+	outcome, _ := j.result()
+	return outcome == moved && p.copy.Generation > j.sourceGeneration
+}
+
 // isDone tells whether j ended.
 func (j *moveJob) isDone() bool {
 	select {

@@ -379,6 +379,13 @@ func (m *Migrator) handOff(ctx context.Context, a *attempt, p copyOn, target clu
 		return goOn, nil // catch-ups off: the move sends everything itself
 	}
 	j := m.findJob(a.id, a.nodeID)
+	if j != nil && j.movedAwaySince(p) {
+		// The job moved the volume here, and it moved on since: its end
+		// answers nothing now (a publish granted ahead of it never came
+		// back for it), and looking again would find what v shows.
+		m.forgetJob(j)
+		j = nil
+	}
 	if j == nil {
 		fresh := m.targetFresh(p, target, v)
 		if fresh && p.copy.Mounted {

@@ -782,6 +782,46 @@ func TestAMoveToAFreshReplicaLooksOnceBeforeItsFinalStep(t *testing.T) {
 	}
 }
 
+// TestAMoveBackLooksOnceBeforeItsFinalStep: a move to a node the volume
+// left since an earlier move brought it there (that move's publish
+// granted ahead, so no publish answered from its job) acts on its look,
+// as the first move there did, instead of looking again for the earlier
+// job's sake; a look older than that job's promotion still looks again.
+func TestAMoveBackLooksOnceBeforeItsFinalStep(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		primaryGen uint64 // the primary on n1 when the publish looks
+		wantLooks  int
+	}{
+		{"moved on since the earlier job", 3, 2},
+		{"a look from before the earlier job's promotion", 1, 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m, agents := fakeCluster(t, []string{"n1", "n2", "n3"}, nil,
+				[]copyOf{{node: "n1", role: contract.RolePrimary, gen: tc.primaryGen}, {node: "n2", role: contract.RoleReplica, gen: tc.primaryGen, fresh: true}}, nil)
+			m.CatchUpWait = 10 * time.Second
+			t.Cleanup(m.Stop)
+			nodes, _, err := m.cluster.Nodes(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			earlier := newMoveJob(copyOn{node: nodes[0], copy: agentclient.Copy{VolumeID: testVolume, Generation: 1}}, "n2", false, m.now())
+			earlier.end(moved, nil, m.now())
+			if err := m.jobs.add(earlier, 1); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := m.Publish(context.Background(), testVolume, "n2"); err != nil {
+				t.Fatalf("Publish: %v", err)
+			}
+			for node, a := range agents {
+				if looks := countCalls(a.Calls(), "GetCopy "+testVolume); looks != tc.wantLooks {
+					t.Errorf("%s was asked for its copy %d times, want %d", node, looks, tc.wantLooks)
+				}
+			}
+		})
+	}
+}
+
 // TestWhichReplicasSkipTheCatchUp: a move skips its catch-up when the
 // target's replica is young, or when the unpublished primary had little
 // written since the snapshot the replica holds, newer snapshots (another
