@@ -1259,14 +1259,7 @@ func (e *e2e) onlyRootDatasets() error {
 // copy a move demoted, which the schedule removes once the volume's
 // other replicas are as fresh, is never its target while another replica
 // exists: a backup that chose it failed when the removal came under it.
-func (e *e2e) backup(volumeID string) {
-	e.t.Helper()
-	out, err := exec.Command(filepath.Join(e.bin, "zfs-controller"), e.operatorArgs("backup", volumeID)...).CombinedOutput()
-	if err != nil {
-		e.t.Fatalf("zfs-controller backup %s: %v\n%s", volumeID, err, out)
-	}
-	e.show("zfs-controller backup "+volumeID, string(out))
-}
+func (e *e2e) backup(volumeID string) { e.operator("backup", volumeID) }
 
 // operator runs a zfs-controller operator command with the operator's
 // certificate against every node's agent.
