@@ -430,13 +430,13 @@ func (s *Server) copyOf(ctx context.Context, id string) (*pb.Copy, error) {
 		return nil, err
 	}
 	out.PromisedGeneration, out.PromisedHolder = promised.Generation, promised.Holder
-	if c.Exists && c.Role == contract.RoleReplica && s.receiver != nil {
-		state, err := s.receiver.ReplicaState(ctx, id)
-		if err != nil {
-			return nil, err
+	if c.Exists && c.Role == contract.RoleReplica {
+		out.SnapshotGuids = c.SnapshotGUIDs
+		if s.receiver != nil {
+			if out.Resumable, err = s.receiver.Resumable(ctx, id); err != nil {
+				return nil, err
+			}
 		}
-		out.Resumable = state.ResumeToken != ""
-		out.SnapshotGuids = state.SnapshotGUIDs
 	}
 	return out, nil
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/node/copyrecord"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/replication"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/volume"
+	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs"
 	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/zfsfake"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
@@ -28,6 +29,13 @@ const root = "tank/nomad"
 func newServer(t *testing.T) (*Server, *volume.Manager, *zfsfake.Fake) {
 	t.Helper()
 	fake := zfsfake.New(10<<30, "tank")
+	s, volumes := newServerOver(t, fake)
+	return s, volumes, fake
+}
+
+// newServerOver is newServer over z, a fake or a wrapper of one.
+func newServerOver(t *testing.T, fake zfs.Interface) (*Server, *volume.Manager) {
+	t.Helper()
 	if err := fake.CreateFilesystem(context.Background(), root, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -38,7 +46,43 @@ func newServer(t *testing.T) (*Server, *volume.Manager, *zfsfake.Fake) {
 	replicas := copyrecord.NewReplicas(fake, root)
 	volumes := volume.NewManager(volume.Deps{ZFS: fake, Config: cfg, Log: log, Replicas: replicas})
 	receiver := replication.NewReceiver(fake, volumes.Locks(), volumes.Index(), root, cfg.NodeID, cfg.ReplicationSnapshots, log)
-	return NewServer(nodeOf(volumes, replicas, nil, receiver), cfg, log), volumes, fake
+	return NewServer(nodeOf(volumes, replicas, nil, receiver), cfg, log), volumes
+}
+
+// TestGetCopyListsAReplicasSnapshotsOnce: every decision asks every node
+// for its copy, so what GetCopy reads is paid on each node at every
+// look: a replica's snapshots are listed once, with the GUIDs a push
+// plans from, not once by name and again with their GUIDs.
+func TestGetCopyListsAReplicasSnapshotsOnce(t *testing.T) {
+	ctx := context.Background()
+	counting := &zfsfake.Counting{Interface: zfsfake.New(10<<30, "tank")}
+	s, _ := newServerOver(t, counting)
+	id := "vol-00000000000000000001"
+	fs := root + "/" + id
+	if err := counting.CreateFilesystem(ctx, fs, map[string]string{
+		copyrecord.PropVolumeID: id, copyrecord.PropRole: contract.RoleReplica, copyrecord.PropName: "theirs", copyrecord.PropGeneration: "2"}); err != nil {
+		t.Fatal(err)
+	}
+	const snapshots = 20
+	for i := range snapshots {
+		if err := counting.Snapshot(ctx, fs+"@"+contract.ReplicationSnapshotName(int64(i+1)*1e9), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := counting.Work()
+	c, err := s.GetCopy(ctx, &pb.GetCopyRequest{VolumeId: id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.GetSnapshotGuids()) != snapshots || c.GetRole() != contract.RoleReplica || c.GetLastSnapshot() != contract.ReplicationSnapshotName(snapshots*1e9) {
+		t.Fatalf("GetCopy answered %d GUIDs, role %q, newest %q: want %d, a replica, the newest snapshot",
+			len(c.GetSnapshotGuids()), c.GetRole(), c.GetLastSnapshot(), snapshots)
+	}
+	// One listing (1 + a dataset each), and a handful of reads of the
+	// copy itself (the dataset, the promise, the resume token).
+	if work, most := counting.Work()-before, int64(snapshots+6); work > most {
+		t.Fatalf("GetCopy of a replica with %d snapshots did %d units of ZFS work, want at most %d: its snapshots listed more than once?", snapshots, work, most)
+	}
 }
 
 // TestChangesTellsWhatBecameOfEachChangedVolume: the schedule's round

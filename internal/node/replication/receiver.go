@@ -139,6 +139,18 @@ func (r *Receiver) ReplicaState(ctx context.Context, volumeID string) (ReplicaSt
 	return resp, nil
 }
 
+// Resumable says whether this node's copy of volumeID holds an
+// interrupted receive that a push can resume (its resume token), without
+// listing its snapshots.
+func (r *Receiver) Resumable(ctx context.Context, volumeID string) (bool, error) {
+	fs, err := dataset(r.root, volumeID)
+	if err != nil {
+		return false, err
+	}
+	state, err := r.copyState(ctx, fs)
+	return state.ResumeToken != "", err
+}
+
 // copyState is the state of the copy at fs without its snapshots, which
 // take a listing to read.
 func (r *Receiver) copyState(ctx context.Context, fs string) (ReplicaState, error) {

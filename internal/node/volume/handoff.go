@@ -53,6 +53,9 @@ type Copy struct {
 	// increment from a replica holding that snapshot sends. A snapshot
 	// ZFS did not answer for is left out.
 	WrittenSince map[string]uint64
+	// SnapshotGUIDs are, on a replica, the GUIDs of all its snapshots,
+	// oldest first: what a push to it plans its increment from.
+	SnapshotGUIDs []uint64
 	// replication is the short names of its replication snapshots.
 	replication []string
 	// quota is the dataset's quota property as set (QuotaProperty), 0
@@ -119,11 +122,11 @@ func (m *Manager) Copy(ctx context.Context, id string) (Copy, error) {
 	if role == contract.RolePrimary {
 		out.Capacity = out.quota
 	}
-	// Only the names: a replication snapshot's time is in its name.
-	snapshots, err := m.zfs.SnapshotNames(ctx, dataset)
+	snapshots, guids, err := m.snapshotsOf(ctx, dataset, role)
 	if err != nil {
 		return out, zfsError(err, "listing the snapshots of "+id)
 	}
+	out.SnapshotGUIDs = guids
 	var replication []string
 	for _, s := range snapshots {
 		at, ok := contract.ReplicationSnapshotTime(s)
@@ -144,6 +147,26 @@ func (m *Manager) Copy(ctx context.Context, id string) (Copy, error) {
 		out.WrittenSince = m.writtenSince(ctx, dataset, replication)
 	}
 	return out, nil
+}
+
+// snapshotsOf lists the snapshots of a copy's dataset, in one listing:
+// a replica's with their GUIDs (a push plans its increment from them),
+// a primary's by name only, which the kernel lists without reading each
+// snapshot's properties (a replication snapshot's time is in its name).
+func (m *Manager) snapshotsOf(ctx context.Context, dataset, role string) ([]string, []uint64, error) {
+	if role != contract.RoleReplica {
+		names, err := m.zfs.SnapshotNames(ctx, dataset)
+		return names, nil, err
+	}
+	snaps, err := m.zfs.Snapshots(ctx, dataset)
+	if err != nil {
+		return nil, nil, err
+	}
+	names, guids := make([]string, len(snaps)), make([]uint64, len(snaps))
+	for i, s := range snaps {
+		names[i], guids[i] = s.Name, s.GUID
+	}
+	return names, guids, nil
 }
 
 // writtenSince reads the bytes written to dataset since each of

@@ -53,6 +53,15 @@ func (c *Counting) SnapshotNames(ctx context.Context, fs string) ([]string, erro
 	c.add(1 + len(out))
 	return out, err
 }
+func (c *Counting) Snapshots(ctx context.Context, fs string) ([]zfs.Snap, error) {
+	out, err := c.Interface.Snapshots(ctx, fs)
+	c.add(1 + len(out))
+	return out, err
+}
+func (c *Counting) Properties(ctx context.Context, dataset string, props ...string) (map[string]string, error) {
+	c.add(1)
+	return c.Interface.Properties(ctx, dataset, props...)
+}
 func (c *Counting) CreateFilesystem(ctx context.Context, name string, props map[string]string) error {
 	c.add(1)
 	return c.Interface.CreateFilesystem(ctx, name, props)
