@@ -58,6 +58,11 @@ type Copy struct {
 	SnapshotGUIDs []uint64
 	// replication is the short names of its replication snapshots.
 	replication []string
+	// newestReceived is, on a replica, the full name of its newest
+	// replication snapshot in creation order (not by the time in its
+	// name: the source's clock may have stepped back since an earlier
+	// one); "" on a primary.
+	newestReceived string
 	// quota is the dataset's quota property as set (QuotaProperty), 0
 	// when unset: a replica received with its primary's quota needs no
 	// separate step to set it when promoted.
@@ -135,6 +140,9 @@ func (m *Manager) Copy(ctx context.Context, id string) (Copy, error) {
 		}
 		short := shortName(s)
 		replication = append(replication, short)
+		if role == contract.RoleReplica {
+			out.newestReceived = s // a replica's listing is in creation order
+		}
 		if at >= out.LastSnapshotAt {
 			out.LastSnapshot, out.LastSnapshotAt = short, at
 		}
@@ -425,24 +433,17 @@ func (m *Manager) holdSourcesBase(ctx context.Context, c Copy, source string, fa
 	if failover || source == "" || source == m.cfg.NodeID {
 		return func() {}
 	}
-	dataset := datasetFor(m.cfg.RootDataset, c.VolumeID)
+	// The newest received, which the source holds too, as the
+	// promotion's own reading of the copy lists it (under the copy's
+	// lock, so nothing was received since).
+	newest := c.newestReceived
+	if newest == "" {
+		return func() {}
+	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		// The newest received, which the source holds too: in creation
-		// order, not by the time in its name (the source's clock, which
-		// may have stepped back since an earlier snapshot).
-		snaps, err := m.zfs.Snapshots(ctx, dataset)
-		newest := ""
-		for _, s := range snaps {
-			if _, ok := contract.ReplicationSnapshotTime(s.Name); ok {
-				newest = s.Name
-			}
-		}
-		if err == nil && newest != "" {
-			err = m.zfs.Hold(ctx, newest, copyrecord.PeerBaseTag(source))
-		}
-		if err != nil {
+		if err := m.zfs.Hold(ctx, newest, copyrecord.PeerBaseTag(source)); err != nil {
 			log.Warn("holding the final snapshot as the move's source's base failed; that replica's pushes may need it removed",
 				"snapshot", newest, "source", source, "error", err)
 		}
