@@ -197,7 +197,6 @@ func (r *Receiver) Receive(ctx context.Context, sender string, in Incoming) (Rec
 		return Received{}, errdefs.Wrap(errdefs.ErrResourceExhausted, "node %s is receiving %d streams already; retry later", r.nodeID, MaxReceives)
 	}
 	if err := r.open(ctx, s); err != nil {
-		s.early.abandon()
 		return Received{}, err
 	}
 	return r.receiveLocked(ctx, s)
@@ -217,9 +216,6 @@ type inbound struct {
 	found copyRead
 	mark  uint64
 	free  bool
-	// early is the zfs receive into the replica started once the header
-	// passed (open), nil for a stream that does not go there as it is.
-	early *pendingReceive
 }
 
 // open reads what the copy holds and the stream's first record, without
@@ -236,19 +232,6 @@ func (r *Receiver) open(ctx context.Context, s *inbound) error {
 	if err := r.refuseOnHeader(ctx, s.h, s.found); err != nil {
 		s.log.Warn("stream refused before its first record", "error", err)
 		return err
-	}
-	// zfs receive into the replica, for the streams that go there as they
-	// are (an incremental, a resumed one), starts now, so that its
-	// process start overlaps the sender's (which the first record waits
-	// for; each about 0.1 s in the guest). It reads the first record
-	// before it changes anything and is fed nothing before the copy's
-	// lock is held and the copy checked under it, so one that is not fed
-	// ends without a trace (abandon).
-	if k := s.h.Kind; k == KindIncremental || k == KindResume {
-		var err error
-		if s.early, err = r.startReceive(ctx, s.fs, nil); err != nil {
-			return err
-		}
 	}
 	// The stream's own first record, read before anything is touched:
 	// what the stream does is decided by it, not by the header.
@@ -270,17 +253,25 @@ func (r *Receiver) receiveLocked(ctx context.Context, s *inbound) (Received, err
 	// second or so): a push that lands then waits for it rather than
 	// failing. Another change of the copy that outlasts
 	// copylock.DefaultWait (a receive) makes it Aborted.
-	early := s.early
 	unlock, err := r.locks.Lock(ctx, h.VolumeID, "receive from node "+h.SourceNodeID)
 	if err != nil {
-		early.abandon()
 		return Received{}, err
 	}
 	defer unlock()
 	if r.index != nil {
 		defer r.index.Received(h.VolumeID) // before the unlock: a reader after it sees the change noted
 	}
-	defer func() { early.abandon() }() // unless it was used; before the unlock
+	// zfs receive into the replica, for the streams that go there as they
+	// are (an incremental, a resumed one), starts while the copy is
+	// checked; it reads the first record before it changes anything, so
+	// one that is not fed ends without a trace.
+	var early *pendingReceive
+	if k := h.Kind; k == KindIncremental || k == KindResume {
+		if early, err = r.startReceive(ctx, fs, nil); err != nil {
+			return Received{}, err
+		}
+		defer func() { early.abandon() }() // unless it was used
+	}
 	found, err := r.readLocked(ctx, fs, h.VolumeID, s.found, s.mark, s.free, log)
 	if err != nil {
 		return Received{}, err
