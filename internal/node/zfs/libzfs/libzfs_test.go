@@ -29,7 +29,7 @@ func TestMain(m *testing.M) {
 
 const userProp = "zfs-nomad:test"
 
-func setup(t *testing.T) (*libzfs.ZFS, string) {
+func setup(t testing.TB) (*libzfs.ZFS, string) {
 	t.Helper()
 	pool := "ltest"
 	guesttest.Pool(t, pool, guesttest.Disk(0))
