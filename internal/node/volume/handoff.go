@@ -48,10 +48,13 @@ type Copy struct {
 	HistoryFrom uint64
 	// LeaseFenced: read-only since this node lost its lease.
 	LeaseFenced bool
-	// WrittenSince is, on a primary, the bytes written since each of
-	// its replication snapshots (written@, by short name): what a final
-	// increment from a replica holding that snapshot sends. A snapshot
-	// ZFS did not answer for is left out.
+	// WrittenSince is, on an unmounted primary, the bytes written since
+	// each of its replication snapshots (written@, by short name): what a
+	// final increment from a replica holding that snapshot sends. A
+	// snapshot ZFS did not answer for is left out. A mounted primary's
+	// is not read (a read per snapshot): its workload may write any
+	// amount before its final snapshot, so the controller judges it by
+	// age alone.
 	WrittenSince map[string]uint64
 	// SnapshotGUIDs are, on a replica, the GUIDs of all its snapshots,
 	// oldest first: what a push to it plans its increment from.
@@ -151,7 +154,7 @@ func (m *Manager) Copy(ctx context.Context, id string) (Copy, error) {
 	if out.Mounted, err = m.mounted(dataset); err != nil {
 		return out, err
 	}
-	if role == contract.RolePrimary {
+	if role == contract.RolePrimary && !out.Mounted {
 		out.WrittenSince = m.writtenSince(ctx, dataset, replication)
 	}
 	return out, nil

@@ -455,9 +455,10 @@ func TestOwnersAreRequiredOfCreatesOnly(t *testing.T) {
 	}
 }
 
-// TestCopyTellsWhatWasWrittenSinceItsReplicationSnapshots: a primary's
-// copy reports the bytes written since each of its replication
-// snapshots, whatever snapshots came after them; a replica's, nothing.
+// TestCopyTellsWhatWasWrittenSinceItsReplicationSnapshots: an unmounted
+// primary's copy reports the bytes written since each of its
+// replication snapshots, whatever snapshots came after them; a mounted
+// primary's and a replica's, nothing.
 func TestCopyTellsWhatWasWrittenSinceItsReplicationSnapshots(t *testing.T) {
 	ctx := context.Background()
 	m, fake := newManager(t)
@@ -479,6 +480,11 @@ func TestCopyTellsWhatWasWrittenSinceItsReplicationSnapshots(t *testing.T) {
 	if err != nil || c.LastSnapshot != "zn-200" || !maps.Equal(c.WrittenSince, want) {
 		t.Errorf("copy: last snapshot %q, written since %v, %v; want zn-200 and %v", c.LastSnapshot, c.WrittenSince, err, want)
 	}
+	m.host.Mounted = func(ds string) (bool, error) { return ds == v.Dataset, nil }
+	if c, err := m.Copy(ctx, v.ID); err != nil || !c.Mounted || c.WrittenSince != nil {
+		t.Errorf("a mounted primary's copy: mounted %v, written since %v, %v; want mounted, none", c.Mounted, c.WrittenSince, err)
+	}
+	m.host.Mounted = nil
 	if err := fake.SetProperties(ctx, v.Dataset, map[string]string{copyrecord.PropRole: contract.RoleReplica}); err != nil {
 		t.Fatal(err)
 	}
