@@ -146,10 +146,22 @@ func (r *Replicas) AbortPartial(ctx context.Context, fs string) error {
 	return nil
 }
 
-// HasPartial reports whether an interrupted receive into fs waits.
+// HasPartial reports whether an interrupted receive into fs waits; one
+// that cannot be read counts as none.
 func (r *Replicas) HasPartial(ctx context.Context, fs string) bool {
+	partial, err := r.Partial(ctx, fs)
+	return err == nil && partial
+}
+
+// Partial reports whether an interrupted receive into fs waits (its
+// resume token), or the error that kept it from reading it; fs gone is
+// none.
+func (r *Replicas) Partial(ctx context.Context, fs string) (bool, error) {
 	token, err := r.store.Property(ctx, fs, "receive_resume_token")
-	return err == nil && token != "-" && token != ""
+	if errors.Is(err, zfs.ErrNotFound) {
+		return false, nil
+	}
+	return err == nil && token != "-" && token != "", err
 }
 
 // DiscardPartial discards an interrupted receive into this node's replica

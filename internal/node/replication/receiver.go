@@ -147,8 +147,7 @@ func (r *Receiver) Resumable(ctx context.Context, volumeID string) (bool, error)
 	if err != nil {
 		return false, err
 	}
-	state, err := r.copyState(ctx, fs)
-	return state.ResumeToken != "", err
+	return r.replicas.Partial(ctx, fs)
 }
 
 // copyState is the state of the copy at fs without its snapshots, which
