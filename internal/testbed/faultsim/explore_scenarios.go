@@ -53,7 +53,7 @@ func scenarioNames() []string {
 
 func init() {
 	for _, sc := range []*explScenario{moveBesidePublishBack(contract.FailoverManual), moveBesidePublishBack(contract.FailoverAuto),
-		aliasedPeers(), forcedOutlivesItsMinority(), flushBesideMove()} {
+		aliasedPeers(), forcedOutlivesItsMinority(), flushBesideMove(), moveOverABrokenLink()} {
 		explScenarios[sc.name] = sc
 	}
 }
@@ -219,6 +219,48 @@ func flushBesideMove() *explScenario {
 			return []explActor{
 				{name: "co", steps: []explStepFn{publishAndStage("co", "A", "n2")}},
 				{name: "unpublish", steps: []explStepFn{func(ctx context.Context, x *explRun) { x.flush(ctx, "unpublish", "B", "n1") }}},
+			}
+		},
+	}
+}
+
+// moveOverABrokenLink: the link between a move's source and its target
+// breaks and heals while the move runs. Three nodes, the volume's primary
+// on n1, unpublished, holding a write its replicas on n2 and n3 lack.
+// Instance A moves the volume to n2 for the CO's publish there, instance
+// B publishes it back on n1 for another CO; meanwhile the link n1<->n2
+// breaks (the controllers still reach both), a beat passes, and it heals.
+// A stream that cannot reach its target must leave no copy promoted
+// without the final snapshot: in any order of the break and the heal
+// among the move's calls, with any fault among them, at most one copy is
+// staged writable and the write is kept.
+func moveOverABrokenLink() *explScenario {
+	return &explScenario{
+		name:      "move-over-a-broken-link",
+		about:     "instance A moves n1's unpublished primary to n2 while B publishes it on n1; the link n1<->n2 breaks, a beat passes, it heals",
+		nodes:     3,
+		primary:   "n1",
+		replicaOn: []string{"n2", "n3"},
+		ctls:      []string{"A", "B"},
+		setup: func(x *explRun) error {
+			ds, token := rootDataset+"/"+x.vol.id, "n1/before-the-move"
+			if err := x.w.node("n1").pool.Write(ds, token); err != nil {
+				return err
+			}
+			x.w.checker.acked(ds, token)
+			return nil
+		},
+		actors: func(x *explRun) []explActor {
+			x.controller("A", x.allPeers())
+			x.controller("B", x.allPeers())
+			return []explActor{
+				{name: "co-a", steps: []explStepFn{publishAndStage("co-a", "A", "n2")}},
+				{name: "co-b", steps: []explStepFn{publishAndStage("co-b", "B", "n1")}},
+				{name: "env", steps: []explStepFn{func(ctx context.Context, x *explRun) {
+					x.env("Break", "n1,n2", func() string { x.cutNodes("n1", "n2", true); return "the link n1<->n2 is broken" })
+					x.env("Tick", "", x.tickNow)
+					x.env("Heal", "n1,n2", func() string { x.cutNodes("n1", "n2", false); return "the link n1<->n2 works again" })
+				}}},
 			}
 		},
 	}
