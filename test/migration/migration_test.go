@@ -656,12 +656,19 @@ func TestFailoverAuto(t *testing.T) {
 func TestStaleCopyWaitsForTheNewestsNode(t *testing.T) {
 	e := startForFailover(t)
 	id, _ := e.createWritten("promised", map[string]string{"failover": "auto"}, "echo replicated > a")
-	e.replicate(id, "n1", "n2")
+	// n2's replica last, so that it is the freshest: the failover
+	// promotes it, and n3's replica stays at generation 1. (With n3's the
+	// freshest, the failover promotes n3 and then moves the volume to n2,
+	// and n3's demoted copy shows the newer generation by itself.)
 	e.replicate(id, "n1", "n3")
+	e.replicate(id, "n1", "n2")
 	e.unpublish(id, "n1")
 
 	e.loseNode("n1")
 	dir2 := e.publishAfterSilence(id, "n2") // failover: generation 2, promised by n2 and n3
+	if c := e.copyOn(id, "n3"); c.GetRole() != "replica" || c.GetGeneration() != 1 {
+		t.Fatalf("n3's copy after the failover to n2: %+v, want a replica at generation 1 (only its promise tells of generation 2)", c)
+	}
 	e.write("n2", dir2, "echo only-on-n2 > b")
 	newest := e.checksums("n2", dir2)
 	e.unpublish(id, "n2")
