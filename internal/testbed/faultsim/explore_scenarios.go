@@ -205,14 +205,7 @@ func flushBesideMove() *explScenario {
 		primary:   "n1",
 		replicaOn: []string{"n2", "n3"},
 		ctls:      []string{"A", "B"},
-		setup: func(x *explRun) error {
-			ds, token := rootDataset+"/"+x.vol.id, "n1/before-the-unpublish"
-			if err := x.w.node("n1").pool.Write(ds, token); err != nil {
-				return err
-			}
-			x.w.checker.acked(ds, token)
-			return nil
-		},
+		setup:     ackedWrite("n1", "n1/before-the-unpublish"),
 		actors: func(x *explRun) []explActor {
 			x.controller("A", x.allPeers())
 			x.controller("B", x.allPeers())
@@ -242,14 +235,7 @@ func moveOverABrokenLink() *explScenario {
 		primary:   "n1",
 		replicaOn: []string{"n2", "n3"},
 		ctls:      []string{"A", "B"},
-		setup: func(x *explRun) error {
-			ds, token := rootDataset+"/"+x.vol.id, "n1/before-the-move"
-			if err := x.w.node("n1").pool.Write(ds, token); err != nil {
-				return err
-			}
-			x.w.checker.acked(ds, token)
-			return nil
-		},
+		setup:     ackedWrite("n1", "n1/before-the-move"),
 		actors: func(x *explRun) []explActor {
 			x.controller("A", x.allPeers())
 			x.controller("B", x.allPeers())
@@ -263,6 +249,21 @@ func moveOverABrokenLink() *explScenario {
 				}}},
 			}
 		},
+	}
+}
+
+// ackedWrite is a setup that writes token to the volume's copy on node
+// and holds the checker to keeping it: a write the workload saw
+// acknowledged before the scenario's calls, which no copy staged later
+// may lack.
+func ackedWrite(node, token string) func(x *explRun) error {
+	return func(x *explRun) error {
+		ds := rootDataset + "/" + x.vol.id
+		if err := x.w.node(node).pool.Write(ds, token); err != nil {
+			return err
+		}
+		x.w.checker.acked(ds, token)
+		return nil
 	}
 }
 
