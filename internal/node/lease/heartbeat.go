@@ -300,9 +300,11 @@ func (h *Heartbeat) fenceSuperseded(ctx context.Context, id string, gen, newer u
 	}
 }
 
-// confirmed reports whether a majority of the nodes (this node included)
-// answered and none of them promised a generation above gen: any failover
-// needed a majority's promise above it, and two majorities share a node.
+// confirmed reports whether a majority of the nodes its lease counts
+// (this node included, unless witnesses count and it is not one)
+// answered and none of them promised a generation above gen: any
+// failover needed a majority's promise above it, and two majorities of
+// one set share a node.
 // newer is the highest generation above gen that this node or a peer
 // that answered promised, 0 if none.
 func (h *Heartbeat) confirmed(ctx context.Context, id string, gen uint64, answers []map[string]uint64) (current bool, newer uint64) {
@@ -310,8 +312,11 @@ func (h *Heartbeat) confirmed(ctx context.Context, id string, gen uint64, answer
 	if own > gen {
 		newer = own
 	}
-	_, total := h.Monitor.count(h.NodeID)
-	agreed := 1
+	self, total := h.Monitor.votes(h.NodeID)
+	agreed := 0
+	if self {
+		agreed = 1
+	}
 	for _, a := range answers {
 		if a[id] > gen {
 			newer = max(newer, a[id])

@@ -27,6 +27,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/witnesses"
 )
 
 // ErrNoLease is Attest's refusal on a node configured without peers: it
@@ -53,6 +55,9 @@ type Monitor struct {
 	// retired: the node IDs the operator retired (Retire). None of them
 	// counts for anything again until this node restarts.
 	retired map[string]bool
+	// witnesses: when not empty, the set every majority counts over
+	// (UseWitnesses); empty, every peer counts.
+	witnesses witnesses.Set
 }
 
 // RequirePeers tells the monitor the node is configured with peers: until
@@ -79,6 +84,26 @@ func NewMonitor(lease time.Duration, now func() time.Time) *Monitor {
 	return &Monitor{lease: lease, now: now, started: now(), peers: map[string]*peer{}, called: map[string]time.Time{}, retired: map[string]bool{}}
 }
 
+// UseWitnesses makes the monitor count over the witness set w instead of
+// over all its peers (package witnesses): the lease is held while a
+// majority of w answered within L, this node counting itself only if it
+// is a witness; the peers pinged and asked to confirm are the witnesses,
+// other than selfID, at their configured addresses, each expected to
+// answer as its configured node; and a failover is attested by node
+// identity (AttestFailover). Call it before the first beat; the peers
+// file then no longer changes what the lease counts (SetPeers).
+func (m *Monitor) UseWitnesses(selfID string, w witnesses.Set) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.witnesses = w
+	m.peers = map[string]*peer{}
+	for _, id := range w.IDs() {
+		if id != selfID {
+			m.peers[w.Addr(id)] = &peer{nodeID: id}
+		}
+	}
+}
+
 // SetPeers adds the peer addresses not known yet. An address once listed
 // stays until the node restarts, even when a re-read peers file drops it:
 // a peers file rendered from service discovery drops the nodes a
@@ -86,9 +111,15 @@ func NewMonitor(lease time.Duration, now func() time.Time) *Monitor {
 // cut-off node count itself a majority. Its own address may be among
 // them: the node's answer to itself names it, and from then on it counts
 // once, as itself.
+//
+// With witnesses (UseWitnesses) it does nothing: the lease counts the
+// witnesses, whatever the peers file lists.
 func (m *Monitor) SetPeers(addrs []string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if !m.witnesses.Empty() {
+		return
+	}
 	for _, a := range addrs {
 		if _, ok := m.peers[a]; !ok {
 			m.peers[a] = &peer{}
@@ -97,11 +128,18 @@ func (m *Monitor) SetPeers(addrs []string) {
 }
 
 // Answered records that the peer at addr answered a ping now, naming
-// itself.
+// itself. A witness's address must answer as that witness: any other
+// node's answer there counts for nothing (it is recorded as the ping's
+// failure, for Silent).
 func (m *Monitor) Answered(addr, nodeID string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if p, ok := m.peers[addr]; ok {
+	p, ok := m.peers[addr]
+	switch {
+	case !ok:
+	case !m.witnesses.Empty() && nodeID != p.nodeID:
+		p.lastErr = fmt.Errorf("answered as node %s, while the witness list names %s at this address: correct witnesses", nodeID, p.nodeID)
+	default:
 		p.heard, p.nodeID = m.now(), nodeID
 	}
 }
@@ -193,8 +231,14 @@ func (m *Monitor) learning() bool {
 // node's count of four in a cluster of three refused a publish that only
 // needed two of three). A node whose peers do not list itself never
 // reports one, and the controller counts its own list.
+//
+// With witnesses it is the number of witnesses, from the start.
 func (m *Monitor) Members(selfID string) int {
 	m.mu.Lock()
+	if !m.witnesses.Empty() {
+		defer m.mu.Unlock()
+		return m.witnesses.Len()
+	}
 	knowsItself := false
 	for _, p := range m.peers {
 		knowsItself = knowsItself || p.nodeID == selfID
@@ -217,10 +261,15 @@ func (m *Monitor) Members(selfID string) int {
 // answered within the lease. An address that never answered counts as a
 // node of its own: it may be an alias of a known node, but counting it
 // only makes a majority harder to reach.
+//
+// With witnesses only they count: this node only if it is one.
 func (m *Monitor) count(selfID string) (heard, total int) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	now := m.now()
+	if !m.witnesses.Empty() {
+		return m.countWitnesses(now, selfID)
+	}
 	fresh := map[string]bool{} // node ID -> heard within the lease
 	unnamed := 0
 	for _, p := range m.peers {
@@ -239,6 +288,30 @@ func (m *Monitor) count(selfID string) (heard, total int) {
 		}
 	}
 	return heard, total
+}
+
+// countWitnesses is count over the witnesses. Each witness other than
+// selfID is one peer (UseWitnesses), and none is retired (Retire refuses
+// them). The caller holds m.mu.
+func (m *Monitor) countWitnesses(now time.Time, selfID string) (heard, total int) {
+	if m.witnesses.Has(selfID) {
+		heard = 1
+	}
+	for _, p := range m.peers {
+		if !p.heard.IsZero() && now.Sub(p.heard) < m.lease {
+			heard++
+		}
+	}
+	return heard, m.witnesses.Len()
+}
+
+// votes reports whether selfID's own word counts toward a majority of
+// its lease's set, and how many nodes that set has.
+func (m *Monitor) votes(selfID string) (self bool, total int) {
+	_, total = m.count(selfID)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.witnesses.Empty() || m.witnesses.Has(selfID), total
 }
 
 // Attest checks that none of addrs answered this node's pings nor called
@@ -287,12 +360,55 @@ func (m *Monitor) Attest(addrs []string, need time.Duration) error {
 // name them, but this node, whose peers never shrink, still attests that
 // they are silent. A peer that never answered this node may be any node,
 // so it is attested too. With nobody silent there is nothing to attest.
+//
+// With witnesses a failover is attested by node identity, since a node
+// pings only the witnesses and knows no address of the others: this node
+// must have been up for need (any node it never heard from was silent
+// that long), and every node it heard from, by an answer or a call, that
+// is neither selfID nor among answering must have been silent for need
+// (attestBeyond). from is then not needed: its nodes are among those.
 func (m *Monitor) AttestFailover(selfID string, from, answering []string, need time.Duration) error {
+	if m.hasWitnesses() {
+		return m.attestBeyond(selfID, answering, need)
+	}
 	silent := m.beyond(selfID, from, answering)
 	if len(silent) == 0 {
 		return nil
 	}
 	return m.Attest(silent, need)
+}
+
+func (m *Monitor) hasWitnesses() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return !m.witnesses.Empty()
+}
+
+// attestBeyond is AttestFailover with witnesses: see there.
+func (m *Monitor) attestBeyond(selfID string, answering []string, need time.Duration) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.now()
+	if up := now.Sub(m.started); up < need {
+		return fmt.Errorf("this node started %s ago; it attests a failover once it has been up for %s (%s more), since a node it has not heard from since its start may have been writing before it",
+			up.Round(time.Second), need, (need - up).Round(time.Second))
+	}
+	last := maps.Clone(m.called) // node ID -> when last heard
+	for _, p := range m.peers {
+		if p.heard.After(last[p.nodeID]) {
+			last[p.nodeID] = p.heard
+		}
+	}
+	for _, id := range slices.Sorted(maps.Keys(last)) {
+		if id == selfID || slices.Contains(answering, id) {
+			continue
+		}
+		if silent := now.Sub(last[id]); silent < need {
+			return fmt.Errorf("node %s, which did not answer the controller, was heard here %s ago; a failover waits until it has been silent for %s (%s more), when a primary there has made itself read-only",
+				id, silent.Round(time.Second), need, (need - silent).Round(time.Second))
+		}
+	}
+	return nil
 }
 
 // beyond returns from and the addresses of the peers whose node ID is

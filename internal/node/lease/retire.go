@@ -46,6 +46,9 @@ func (m *Monitor) Retire(selfID, nodeID string, need time.Duration) error {
 	if m.retired[nodeID] {
 		return nil
 	}
+	if m.witnesses.Has(nodeID) {
+		return errdefs.Wrap(errdefs.ErrFailedPrecondition, "node %s is a witness: every majority counts it until the witness set changes (docs/operations.md, \"Witnesses\"), so it cannot be retired on its own", nodeID)
+	}
 	for other := range m.retired {
 		return errdefs.Wrap(errdefs.ErrFailedPrecondition, "node %s retired %s since it started, and retires one node per start: restart its node plugin (it then counts the peers its list names), then retire %s (docs/operations.md, \"Retiring\")", selfID, other, nodeID)
 	}
