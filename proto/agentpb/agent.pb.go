@@ -117,7 +117,11 @@ func (x *RetirePeerResponse) GetKnownNodes() uint32 {
 }
 
 type PingRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The digest of the caller's witness set ("" for none: every node
+	// counts). A node answers only a caller that counts the same set: a
+	// lease counted over another set need not meet its failovers.
+	WitnessDigest string `protobuf:"bytes,1,opt,name=witness_digest,json=witnessDigest,proto3" json:"witness_digest,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -150,6 +154,13 @@ func (x *PingRequest) ProtoReflect() protoreflect.Message {
 // Deprecated: Use PingRequest.ProtoReflect.Descriptor instead.
 func (*PingRequest) Descriptor() ([]byte, []int) {
 	return file_agentpb_agent_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *PingRequest) GetWitnessDigest() string {
+	if x != nil {
+		return x.WitnessDigest
+	}
+	return ""
 }
 
 type PingResponse struct {
@@ -958,8 +969,13 @@ type Node struct {
 	// zfs-controller retire-node retires a node only while no node has
 	// retired another.
 	RetiredNodeIds []string `protobuf:"bytes,15,rep,name=retired_node_ids,json=retiredNodeIds,proto3" json:"retired_node_ids,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The node's witness set, node_id@host:port each, sorted by node ID;
+	// empty when the node counts every node. The controller counts a
+	// decision's majorities over the set its nodes report, and decides
+	// nothing while two answering nodes report different sets.
+	Witnesses     []string `protobuf:"bytes,16,rep,name=witnesses,proto3" json:"witnesses,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Node) Reset() {
@@ -1093,6 +1109,13 @@ func (x *Node) GetAwaitedPromotions() []*AwaitedPromotion {
 func (x *Node) GetRetiredNodeIds() []string {
 	if x != nil {
 		return x.RetiredNodeIds
+	}
+	return nil
+}
+
+func (x *Node) GetWitnesses() []string {
+	if x != nil {
+		return x.Witnesses
 	}
 	return nil
 }
@@ -4462,8 +4485,9 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\"5\n" +
 	"\x12RetirePeerResponse\x12\x1f\n" +
 	"\vknown_nodes\x18\x01 \x01(\rR\n" +
-	"knownNodes\"\r\n" +
-	"\vPingRequest\"?\n" +
+	"knownNodes\"4\n" +
+	"\vPingRequest\x12%\n" +
+	"\x0ewitness_digest\x18\x01 \x01(\tR\rwitnessDigest\"?\n" +
 	"\fPingResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x16\n" +
 	"\x06domain\x18\x02 \x01(\tR\x06domain\"0\n" +
@@ -4518,7 +4542,7 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\x03msg\"b\n" +
 	"\x0eGetNodeRequest\x12)\n" +
 	"\x10without_capacity\x18\x01 \x01(\bR\x0fwithoutCapacity\x12%\n" +
-	"\x0ewithout_health\x18\x02 \x01(\bR\rwithoutHealth\"\xb4\x05\n" +
+	"\x0ewithout_health\x18\x02 \x01(\bR\rwithoutHealth\"\xd2\x05\n" +
 	"\x04Node\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12A\n" +
 	"\btopology\x18\x02 \x03(\v2%.zfsnomad.agent.v1.Node.TopologyEntryR\btopology\x12'\n" +
@@ -4538,7 +4562,8 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"lease_held\x18\f \x01(\bR\tleaseHeld\x122\n" +
 	"\x15certificate_not_after\x18\r \x01(\x03R\x13certificateNotAfter\x12R\n" +
 	"\x12awaited_promotions\x18\x0e \x03(\v2#.zfsnomad.agent.v1.AwaitedPromotionR\x11awaitedPromotions\x12(\n" +
-	"\x10retired_node_ids\x18\x0f \x03(\tR\x0eretiredNodeIds\x1a;\n" +
+	"\x10retired_node_ids\x18\x0f \x03(\tR\x0eretiredNodeIds\x12\x1c\n" +
+	"\twitnesses\x18\x10 \x03(\tR\twitnesses\x1a;\n" +
 	"\rTopologyEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x81\x01\n" +

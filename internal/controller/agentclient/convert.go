@@ -25,6 +25,7 @@ func nodeInfoFromPB(n *pb.Node) NodeInfo {
 		VolumesVersion:      n.GetVolumesVersion(),
 		KnownNodes:          int(n.GetKnownNodes()),
 		RetiredNodes:        n.GetRetiredNodeIds(),
+		Witnesses:           n.GetWitnesses(),
 		OpenZFS:             n.GetOpenzfsVersion(),
 		LeaseHeld:           n.GetLeaseHeld(),
 		CertificateNotAfter: unixTime(n.GetCertificateNotAfter()),

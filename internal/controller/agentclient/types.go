@@ -29,6 +29,9 @@ type NodeInfo struct {
 	// RetiredNodes names the node the operator retired on this node since
 	// it started, if any (zfs-controller retire-node).
 	RetiredNodes []string
+	// Witnesses is the node's witness set (node_id@host:port each;
+	// empty: every node counts), cluster.Witnesses.
+	Witnesses []string
 	// OpenZFS is the release of the node's kernel module; LeaseHeld
 	// whether it holds its lease (always, keeping none);
 	// CertificateNotAfter when its agent certificate expires (zero: no

@@ -1,6 +1,11 @@
 package cluster
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/witnesses"
+)
 
 // Members is how many nodes a majority is taken over: the largest of the
 // controller's own count (the nodes that answered and those that did not)
@@ -57,4 +62,39 @@ func Unlisted(answered []Node, silent int) string {
 		return ""
 	}
 	return fmt.Sprintf("%d more the nodes' leases count that the controller's peer list does not name (a node away from service discovery; one gone for good leaves the counts when the node plugins restart)", n)
+}
+
+// Witnesses is the witness set the answering nodes count (package
+// witnesses; the empty set when none reports one): a generation's
+// majorities are counted over it (migration's view). Every answering
+// node must report the same set: two sets need not share a node, so
+// while nodes disagree no such decision is taken (Unavailable).
+func Witnesses(answered []Node) (witnesses.Set, error) {
+	var (
+		set  witnesses.Set
+		from string
+	)
+	for i, n := range answered {
+		s, err := witnesses.Parse(n.Info.Witnesses)
+		if err != nil {
+			return witnesses.Set{}, errdefs.Wrap(errdefs.ErrUnavailable, "node %s reports a witness set that does not parse (%v): correct its witnesses", n.Info.NodeID, err)
+		}
+		if i == 0 {
+			set, from = s, n.Info.NodeID
+			continue
+		}
+		if s.Digest() != set.Digest() {
+			return witnesses.Set{}, errdefs.Wrap(errdefs.ErrUnavailable, "nodes %s and %s count different witness sets (%s and %s): no volume is created, moved or failed over until every node lists the same witnesses (docs/operations.md, \"Witnesses\")",
+				from, n.Info.NodeID, setName(set), setName(s))
+		}
+	}
+	return set, nil
+}
+
+// setName names a witness set in a message.
+func setName(s witnesses.Set) string {
+	if s.Empty() {
+		return "none: every node"
+	}
+	return s.String()
 }

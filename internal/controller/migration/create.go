@@ -137,9 +137,9 @@ func (v view) creationPlan(id string, candidates []string) (cluster.Node, uint64
 		}
 		return cluster.Node{}, 0, errdefs.Wrap(errdefs.ErrUnavailable, "none of the nodes chosen for volume %s answered; retry", id)
 	}
-	votes := map[string]int{}
+	votes := map[string]int{} // holder -> voters that promised it top
 	for _, p := range v.promises {
-		if p.generation == top {
+		if p.generation == top && v.counts(p.recorder) {
 			votes[p.holder]++
 		}
 	}
@@ -153,25 +153,25 @@ func (v view) creationPlan(id string, candidates []string) (cluster.Node, uint64
 		}
 	}
 	n, _ := v.node(holder)
-	if v.canGrant(holder, top) > v.total()/2 && v.grantsItself(holder, top) {
+	if v.canGrant(holder, top) > v.voters()/2 && v.grantsItself(holder, top) {
 		return n, top, nil
 	}
-	silent := v.total() - len(v.nodes)
+	silent := v.voters() - v.answeringVoters()
 	for h, count := range votes {
-		if h != holder && count+silent > v.total()/2 {
+		if h != holder && count+silent > v.voters()/2 {
 			return cluster.Node{}, 0, errdefs.Wrap(errdefs.ErrAborted, "another creation of volume %s chose node %s and may still be under way; retry", id, h)
 		}
 	}
 	return n, top + 1, nil
 }
 
-// canGrant counts the answering nodes that can promise gen to holder:
-// those that promised it already, and those that promised nothing as
-// high.
+// canGrant counts the answering voters (view.counts) that can promise
+// gen to holder: those that promised it already, and those that promised
+// nothing as high.
 func (v view) canGrant(holder string, gen uint64) int {
-	count := len(v.nodes)
+	count := v.answeringVoters()
 	for _, p := range v.promises {
-		if p.generation > gen || p.generation == gen && p.holder != holder {
+		if v.counts(p.recorder) && (p.generation > gen || p.generation == gen && p.holder != holder) {
 			count--
 		}
 	}

@@ -291,6 +291,14 @@ func (m *Migrator) supersede(ctx context.Context, id string, p copyOn, pr promis
 // noQuorum is the error for a decision a view without a majority cannot
 // make: a newer generation may live on the nodes that did not answer.
 func (m *Migrator) noQuorum(id string, v view) error {
+	if v.witnessErr != nil {
+		return v.witnessErr
+	}
+	if !v.witnesses.Empty() {
+		return errdefs.Wrap(errdefs.ErrUnavailable, "only %d of the %d witnesses (%s) answered (not answering: %s): a majority of them must answer to know volume %s's newest copy; retry, "+
+			"or if they are lost for good, an operator may promote a replica with zfs-controller promote -force",
+			v.answeringVoters(), v.voters(), v.witnesses, v.silent(), id)
+	}
 	return errdefs.Wrap(errdefs.ErrUnavailable, "only %d of the %d nodes answered (not answering: %s): a majority must answer to know volume %s's newest copy; retry, "+
 		"or if those nodes are lost for good, an operator may promote a replica with zfs-controller promote -force",
 		len(v.nodes), v.total(), v.silent(), id)

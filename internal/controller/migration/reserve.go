@@ -62,8 +62,8 @@ func (m *Migrator) reserve(ctx context.Context, id string, gen uint64, holder st
 			answers <- reply{n.Info.NodeID, resp, err}
 		}()
 	}
-	total := v.total()
-	granted, holderGranted, alsoGranted, waiting, holdsPrimary := 0, false, g.also == "", false, false
+	total := v.voters()
+	granted, voted, holderGranted, alsoGranted, waiting, holdsPrimary := 0, 0, false, g.also == "", false, false
 	var refusals []string
 	for range v.nodes {
 		a := <-answers
@@ -77,13 +77,18 @@ func (m *Migrator) reserve(ctx context.Context, id string, gen uint64, holder st
 			holdsPrimary = holdsPrimary || (g.failover && errors.Is(a.err, errdefs.ErrFailedPrecondition))
 		case a.resp.Granted:
 			granted++
+			if v.counts(a.node) {
+				voted++
+			}
 			holderGranted = holderGranted || a.node == holder
 			alsoGranted = alsoGranted || a.node == g.also
 		default:
 			refusals = append(refusals, fmt.Sprintf("node %s promised generation %d to node %s", a.node, a.resp.PromisedGeneration, a.resp.PromisedHolder))
 		}
 	}
-	enough := granted > total/2
+	// A majority of the voters (every node, or the witnesses) promised
+	// gen; the others' grants count only where named below.
+	enough := voted > total/2
 	switch {
 	case g.everyAnswering:
 		enough = granted == len(v.nodes)
@@ -112,12 +117,12 @@ func (m *Migrator) reserve(ctx context.Context, id string, gen uint64, holder st
 		// looking again at once changes nothing; the CO's retry comes
 		// later.
 		m.log.Warn("generation not reserved: nodes wait for the silent ones' leases to run out", "volume_id", id, "generation", gen, "holder", holder,
-			"granted", granted, "nodes", total, "refusals", strings.Join(refusals, "; "))
-		return answer, errdefs.Wrap(errdefs.ErrUnavailable, "generation %d of volume %s for node %s: %d of %d nodes granted it (%s); retry",
-			gen, id, holder, granted, total, strings.Join(refusals, "; "))
+			"granted", granted, "voters_granted", voted, "voters", total, "refusals", strings.Join(refusals, "; "))
+		return answer, errdefs.Wrap(errdefs.ErrUnavailable, "generation %d of volume %s for node %s: %d nodes granted it, %d of the %d whose grants make a majority (%s); retry",
+			gen, id, holder, granted, voted, total, strings.Join(refusals, "; "))
 	}
 	m.log.Warn("generation not reserved; looking again", "volume_id", id, "generation", gen, "holder", holder,
-		"granted", granted, "nodes", total, "refusals", strings.Join(refusals, "; "))
-	return lookAgain, errdefs.Wrap(errdefs.ErrAborted, "generation %d of volume %s for node %s: %d of %d nodes granted it (%s)",
-		gen, id, holder, granted, total, strings.Join(refusals, "; "))
+		"granted", granted, "voters_granted", voted, "voters", total, "refusals", strings.Join(refusals, "; "))
+	return lookAgain, errdefs.Wrap(errdefs.ErrAborted, "generation %d of volume %s for node %s: %d nodes granted it, %d of the %d whose grants make a majority (%s)",
+		gen, id, holder, granted, voted, total, strings.Join(refusals, "; "))
 }

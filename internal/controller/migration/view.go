@@ -11,6 +11,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/cluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/witnesses"
 )
 
 // copyOn is one node's copy of a volume.
@@ -31,6 +32,12 @@ type view struct {
 	// at least the answering and the unreachable ones, more when a node's
 	// lease knows more than the controller's peer list.
 	members int
+	// witnesses: when not empty, the set a generation's majorities count
+	// (the look's quorum, a reservation, a creation's plan) instead of
+	// every node (cluster.Witnesses). witnessErr: the answering nodes
+	// report different sets, and the view has no quorum.
+	witnesses  witnesses.Set
+	witnessErr error
 	// background: no CO waits on this decision (a move's final step run
 	// in the background), so its agent calls may take longer (call).
 	background bool
@@ -61,8 +68,37 @@ type promised struct {
 
 // quorum reports whether a majority of the nodes answered: only then does
 // the view hold every generation ever given (each was promised by a
-// majority, and two majorities share a node).
-func (v view) quorum() bool { return len(v.nodes) > v.total()/2 }
+// majority, and two majorities share a node). With witnesses it is a
+// majority of the witnesses: each generation was promised by one.
+func (v view) quorum() bool {
+	return v.witnessErr == nil && v.answeringVoters() > v.voters()/2
+}
+
+// counts reports whether node nodeID's word counts toward a generation's
+// majority: every node's, or with witnesses only theirs.
+func (v view) counts(nodeID string) bool {
+	return v.witnesses.Empty() || v.witnesses.Has(nodeID)
+}
+
+// voters is how many nodes a generation's majority is taken over: every
+// node (total), or the witnesses.
+func (v view) voters() int {
+	if v.witnesses.Empty() {
+		return v.total()
+	}
+	return v.witnesses.Len()
+}
+
+// answeringVoters is how many of the voters answered.
+func (v view) answeringVoters() int {
+	n := 0
+	for _, node := range v.nodes {
+		if v.counts(node.Info.NodeID) {
+			n++
+		}
+	}
+	return n
+}
 
 // total is how many nodes a majority is taken over.
 func (v view) total() int { return max(len(v.nodes)+len(v.unreachable), v.members) }
@@ -202,6 +238,7 @@ func (m *Migrator) viewOf(id string, answers []cluster.Answer[agentclient.Copy],
 		answering = append(answering, a.Node)
 	}
 	v.members = cluster.Members(answering, len(unreachable))
+	v.witnesses, v.witnessErr = cluster.Witnesses(answering)
 	for _, a := range answers { // sorted by node ID
 		if a.Err != nil {
 			m.log.Warn("node cannot describe its copy", "volume_id", id, "node_id", a.Node.Info.NodeID, "error", a.Err)
