@@ -21,8 +21,8 @@ type PeersServer struct {
 	Lease *lease.Server
 }
 
-func (s *PeersServer) Ping(ctx context.Context, _ *pb.PingRequest) (*pb.PingResponse, error) {
-	nodeID, domain, err := s.Lease.Ping(callerOf(ctx))
+func (s *PeersServer) Ping(ctx context.Context, req *pb.PingRequest) (*pb.PingResponse, error) {
+	nodeID, domain, err := s.Lease.Ping(callerOf(ctx), req.GetWitnessDigest())
 	if err != nil {
 		return nil, errdefs.ToStatus(err)
 	}
@@ -49,6 +49,9 @@ func callerOf(ctx context.Context) string {
 // node may answer only as itself.
 type PeerClient struct {
 	conns *connpool.Pool
+	// WitnessDigest is sent with every ping: the digest of this node's
+	// witness set ("" for none). A peer counting another set refuses.
+	WitnessDigest string
 }
 
 // NewPeerClient returns a client that connects to the peers with dial.
@@ -67,7 +70,7 @@ func (c *PeerClient) Ping(ctx context.Context, addr string) (string, error) {
 		return "", err
 	}
 	var server grpcpeer.Peer
-	resp, err := pb.NewPeersClient(conn).Ping(ctx, &pb.PingRequest{}, grpc.Peer(&server))
+	resp, err := pb.NewPeersClient(conn).Ping(ctx, &pb.PingRequest{WitnessDigest: c.WitnessDigest}, grpc.Peer(&server))
 	if err != nil {
 		return "", errdefs.FromStatus(err)
 	}

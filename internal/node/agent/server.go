@@ -42,6 +42,10 @@ type Server struct {
 	// KnownNodes, when set, is how many nodes this node's lease counts,
 	// itself included (lease.Monitor.Members), reported by GetNode.
 	KnownNodes func() int
+	// Witnesses is the node's witness set (node_id@host:port each, sorted;
+	// empty: every node counts), reported by GetNode: the controller
+	// counts a generation's majorities over it.
+	Witnesses []string
 	// Retire, when set, makes this node's lease stop counting a stopped
 	// node (lease.Monitor.Retire); without it RetirePeer is refused.
 	// RetiredNodes, reported by GetNode, lists those it retired.
@@ -218,6 +222,7 @@ func (s *Server) GetNode(ctx context.Context, req *pb.GetNodeRequest) (*pb.Node,
 	if s.KnownNodes != nil {
 		n.KnownNodes = uint32(s.KnownNodes())
 	}
+	n.Witnesses = s.Witnesses
 	n.OpenzfsVersion = s.OpenZFS
 	if s.LeaseHeld != nil {
 		n.LeaseHeld = s.LeaseHeld()

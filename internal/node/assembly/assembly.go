@@ -134,7 +134,13 @@ func (p *Parts) StartLease() {
 	p.Monitor = lease.NewMonitor(time.Duration(cfg.Lease), d.LeaseClock)
 	fences := p.Volumes.Fences()
 	fences.FollowLease(func() bool { return p.Monitor.Held(cfg.NodeID) })
-	if len(cfg.Peers) > 0 || cfg.PeersFile != "" {
+	// Validated with the configuration.
+	witnessSet, _ := cfg.WitnessSet()
+	if !witnessSet.Empty() {
+		p.Monitor.UseWitnesses(cfg.NodeID, witnessSet)
+		log.Info("the lease counts the witnesses", "witnesses", witnessSet.String(), "digest", witnessSet.Digest())
+	}
+	if len(cfg.Peers) > 0 || cfg.PeersFile != "" || !witnessSet.Empty() {
 		// No lease and no attested silence before the peers are known;
 		// after a start or a lost lease, an unmounted primary is staged
 		// only once a majority confirmed it current (docs/safety.md).
@@ -144,11 +150,14 @@ func (p *Parts) StartLease() {
 		log.Warn("no peers configured: this node keeps no lease, so its mounted primaries are never made read-only when it is cut off, " +
 			"and it refuses to grant an automatic failover (only zfs-controller promote fails a volume over); configure peers or peers_file (docs/safety.md, \"Leases\")")
 	}
+	client := agent.NewPeerClient(d.Dial)
+	client.WitnessDigest = witnessSet.Digest()
 	p.Heartbeat = &lease.Heartbeat{Monitor: p.Monitor, NodeID: cfg.NodeID, Interval: time.Duration(cfg.Lease) / 4,
-		Peers: d.Peers.Peers, Client: agent.NewPeerClient(d.Dial), Volumes: fences, Log: log}
+		Peers: d.Peers.Peers, Client: client, Volumes: fences, Log: log}
 	// The peers' calls count as hearing them when this node attests
 	// their silence (the caller is its verified node certificate).
-	p.peers = &agent.PeersServer{Lease: &lease.Server{NodeID: cfg.NodeID, Domain: cfg.Domain, Promised: fences.Promised, Monitor: p.Monitor}}
+	p.peers = &agent.PeersServer{Lease: &lease.Server{NodeID: cfg.NodeID, Domain: cfg.Domain, Promised: fences.Promised, Monitor: p.Monitor,
+		WitnessDigest: witnessSet.Digest()}}
 }
 
 // newAgent makes the node agent service the controller calls. What it
@@ -183,6 +192,9 @@ func (p *Parts) newAgent(d Deps) {
 		return p.Monitor.Members(cfg.NodeID)
 	}
 	a.LeaseHeld = p.Volumes.Fences().Held
+	if w, _ := cfg.WitnessSet(); !w.Empty() {
+		a.Witnesses = w.Entries()
+	}
 	p.Agent = a
 }
 

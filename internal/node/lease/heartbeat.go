@@ -379,6 +379,11 @@ func (h *Heartbeat) Close() { h.Client.Close() }
 // (docs/safety.md, "Why the lease and failover majorities intersect").
 type Server struct {
 	NodeID, Domain string
+	// WitnessDigest is the digest of this node's witness set ("" for
+	// none: every node counts). A ping from a node that counts another
+	// set is refused: its lease would be counted over a set this node's
+	// failovers are not.
+	WitnessDigest string
 	Promised       func(ctx context.Context, id string) (uint64, error)
 	// Monitor, when set, records the callers.
 	Monitor *Monitor
@@ -393,13 +398,27 @@ func (s *Server) called(caller string) {
 }
 
 // Ping answers caller's ping: this node's ID and failure domain. A
-// retired caller is refused: an answer would count for its lease.
-func (s *Server) Ping(caller string) (nodeID, domain string, err error) {
+// retired caller is refused, and so is one whose witness set
+// (witnessDigest) is not this node's: an answer would count for its
+// lease.
+func (s *Server) Ping(caller, witnessDigest string) (nodeID, domain string, err error) {
 	s.called(caller)
 	if err := s.refuseRetired(caller); err != nil {
 		return "", "", err
 	}
+	if witnessDigest != s.WitnessDigest {
+		return "", "", errdefs.Wrap(errdefs.ErrFailedPrecondition, "node %s counts the witness set %s and node %s the set %s: list the same witnesses on every node (docs/operations.md, \"Witnesses\"); until then node %s's answers count for nothing there",
+			s.NodeID, digestName(s.WitnessDigest), caller, digestName(witnessDigest), s.NodeID)
+	}
 	return s.NodeID, s.Domain, nil
+}
+
+// digestName names a witness set's digest in a message.
+func digestName(digest string) string {
+	if digest == "" {
+		return "of none (every node counts)"
+	}
+	return digest
 }
 
 // refuseRetired refuses a call from a node this node retired (Monitor.

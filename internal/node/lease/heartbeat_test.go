@@ -114,10 +114,11 @@ type memNet struct {
 	servers map[string]*Server // by address
 	cut     map[[2]string]bool // from node, to address: calls that way fail
 	liars   map[string]string  // address -> the node its certificate names, when not the one it answers as
+	digests map[string]string  // node -> the digest of its witness set, when it has one
 }
 
 func newMemNet() *memNet {
-	return &memNet{servers: map[string]*Server{}, cut: map[[2]string]bool{}, liars: map[string]string{}}
+	return &memNet{servers: map[string]*Server{}, cut: map[[2]string]bool{}, liars: map[string]string{}, digests: map[string]string{}}
 }
 
 // serve puts a lease server for node nodeID, with its promises, at addr.
@@ -155,7 +156,7 @@ func (c memClient) Ping(_ context.Context, addr string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	nodeID, _, err := s.Ping(c.from)
+	nodeID, _, err := s.Ping(c.from, c.n.digests[c.from])
 	if err != nil {
 		return "", err
 	}

@@ -232,12 +232,17 @@ func (m *Monitor) learning() bool {
 // needed two of three). A node whose peers do not list itself never
 // reports one, and the controller counts its own list.
 //
-// With witnesses it is the number of witnesses, from the start.
+// With witnesses it counts node identities: this node, the witnesses and
+// every node that called it since it started, less the retired. Every
+// node pings every witness each beat, so a witness knows them all; the
+// controller takes the largest count, as without witnesses (its
+// majorities of a generation count the witnesses, but "no node holds
+// it" and the work lease still count every node).
 func (m *Monitor) Members(selfID string) int {
 	m.mu.Lock()
 	if !m.witnesses.Empty() {
 		defer m.mu.Unlock()
-		return m.witnesses.Len()
+		return m.knownIDs(selfID)
 	}
 	knowsItself := false
 	for _, p := range m.peers {
@@ -288,6 +293,21 @@ func (m *Monitor) count(selfID string) (heard, total int) {
 		}
 	}
 	return heard, total
+}
+
+// knownIDs is Members with witnesses. The caller holds m.mu.
+func (m *Monitor) knownIDs(selfID string) int {
+	known := map[string]bool{selfID: true}
+	for _, id := range m.witnesses.IDs() {
+		known[id] = true
+	}
+	for id := range m.called {
+		known[id] = true
+	}
+	for id := range m.retired {
+		delete(known, id)
+	}
+	return len(known)
 }
 
 // countWitnesses is count over the witnesses. Each witness other than

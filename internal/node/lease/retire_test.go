@@ -123,13 +123,13 @@ func TestARetiredNodeCountsForNothing(t *testing.T) {
 		t.Errorf("a retired node is listed among the silent: %v", silent)
 	}
 	s := &Server{NodeID: "n1", Domain: "d", Monitor: m, Promised: func(context.Context, string) (uint64, error) { return 0, nil }}
-	if _, _, err := s.Ping("n4"); !errors.Is(err, errdefs.ErrPermissionDenied) {
+	if _, _, err := s.Ping("n4", ""); !errors.Is(err, errdefs.ErrPermissionDenied) {
 		t.Errorf("the retired node's ping: %v, want PermissionDenied", err)
 	}
 	if _, err := s.Promises(context.Background(), "n4", []string{"v"}); !errors.Is(err, errdefs.ErrPermissionDenied) {
 		t.Errorf("the retired node's question: %v, want PermissionDenied", err)
 	}
-	if _, _, err := s.Ping("n2"); err != nil {
+	if _, _, err := s.Ping("n2", ""); err != nil {
 		t.Errorf("another node's ping: %v", err)
 	}
 }
@@ -176,7 +176,7 @@ func TestRetiringKeepsLeaseAndFailoverApart(t *testing.T) {
 			for _, a := range ids {
 				for _, b := range ids {
 					if up[[2]string{a, b}] {
-						if _, _, err := servers[b].Ping(a); err == nil {
+						if _, _, err := servers[b].Ping(a, ""); err == nil {
 							monitors[a].Answered(b, b)
 						}
 					}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -53,7 +54,10 @@ func (c *witnessCluster) start(id string) {
 	m.RequirePeers()
 	m.UseWitnesses(id, c.set)
 	c.monitors[id] = m
-	c.net.serveWith(addrOf(id), &Server{NodeID: id, Domain: "d", Monitor: m,
+	c.net.mu.Lock()
+	c.net.digests[id] = c.set.Digest()
+	c.net.mu.Unlock()
+	c.net.serveWith(addrOf(id), &Server{NodeID: id, Domain: "d", Monitor: m, WitnessDigest: c.set.Digest(),
 		Promised: func(context.Context, string) (uint64, error) { return 0, nil }})
 	everyone := make([]string, 0, len(c.nodes))
 	for _, n := range c.nodes {
@@ -194,8 +198,12 @@ func TestWitnessLeaseCountsOnlyWitnesses(t *testing.T) {
 			if got := c.monitors[tt.node].Held(tt.node); got != tt.wantHeld {
 				t.Errorf("%s reaching %v holds its lease: %v, want %v (silent: %v)", tt.node, tt.reaches, got, tt.wantHeld, c.monitors[tt.node].Silent(tt.node))
 			}
-			if got := c.monitors[tt.node].Members(tt.node); got != 3 {
-				t.Errorf("Members = %d, want the 3 witnesses", got)
+			want := 4 // itself and the witnesses
+			if tt.node[0] == 'w' {
+				want = 3
+			}
+			if got := c.monitors[tt.node].Members(tt.node); got != want {
+				t.Errorf("Members = %d, want %d (itself and the witnesses: it heard no other node)", got, want)
 			}
 		})
 	}
@@ -205,7 +213,7 @@ func TestWitnessLeaseCountsOnlyWitnesses(t *testing.T) {
 // other node counts for nothing.
 func TestWitnessAnswersAsItself(t *testing.T) {
 	c := newWitnessCluster(t)
-	c.net.serveWith(addrOf("w2"), &Server{NodeID: "n5", Domain: "d",
+	c.net.serveWith(addrOf("w2"), &Server{NodeID: "n5", Domain: "d", WitnessDigest: c.set.Digest(),
 		Promised: func(context.Context, string) (uint64, error) { return 0, nil }})
 	c.cut(map[[2]string]bool{{"n4", "w3"}: true})
 	c.beats["n4"].Beat(context.Background())
@@ -266,7 +274,7 @@ func TestWitnessConfirmationCountsOnlyWitnesses(t *testing.T) {
 		t.Run(fmt.Sprintf("w2 answers: %v", w2Answers), func(t *testing.T) {
 			c := newWitnessCluster(t)
 			if !w2Answers {
-				c.net.serveWith(addrOf("w2"), &Server{NodeID: "w2", Domain: "d", Monitor: c.monitors["w2"],
+				c.net.serveWith(addrOf("w2"), &Server{NodeID: "w2", Domain: "d", Monitor: c.monitors["w2"], WitnessDigest: c.set.Digest(),
 					Promised: func(context.Context, string) (uint64, error) { return 0, fmt.Errorf("pool busy") }})
 			}
 			c.cut(map[[2]string]bool{{"n4", "w3"}: true})
@@ -281,5 +289,44 @@ func TestWitnessConfirmationCountsOnlyWitnesses(t *testing.T) {
 				t.Errorf("n4's primary confirmed: %v, want %v", confirmed, w2Answers)
 			}
 		})
+	}
+}
+
+// TestWitnessesMustAgree: a node whose witness list differs from the
+// witnesses' own gets no answer from them, so holds no lease, while it
+// still counts for the attestations as a caller: its set is not the one
+// the failovers are counted over.
+func TestWitnessesMustAgree(t *testing.T) {
+	c := newWitnessCluster(t)
+	c.net.mu.Lock()
+	c.net.digests["n4"] = "another-set"
+	c.net.mu.Unlock()
+	c.beats["n4"].Beat(context.Background())
+	if c.monitors["n4"].Held("n4") {
+		t.Error("n4, counting another witness set, holds its lease through the witnesses' answers")
+	}
+	silent := c.monitors["n4"].Silent("n4")
+	if len(silent) != 3 || !strings.Contains(silent[0], "list the same witnesses on every node") {
+		t.Errorf("n4's silent witnesses do not say why: %q", silent)
+	}
+}
+
+// TestWitnessKnowsEveryNodeThatPings: a witness counts every node that
+// pinged it in Members, which the controller's "no node holds it"
+// counts; a retired node leaves the count.
+func TestWitnessKnowsEveryNodeThatPings(t *testing.T) {
+	c := newWitnessCluster(t)
+	for _, id := range c.nodes {
+		c.beats[id].Beat(context.Background())
+	}
+	if got := c.monitors["w1"].Members("w1"); got != 7 {
+		t.Errorf("w1, pinged by all seven nodes, counts %d", got)
+	}
+	c.clock.t = c.clock.t.Add(time.Hour)
+	if err := c.monitors["w1"].Retire("w1", "n7", testLease+testMargin); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.monitors["w1"].Members("w1"); got != 6 {
+		t.Errorf("w1 retired n7 and counts %d, want 6", got)
 	}
 }

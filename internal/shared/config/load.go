@@ -46,6 +46,7 @@ func LoadNode(args []string, getenv func(string) string, stderr io.Writer) (Node
 	fs.Var(&cfg.ReplicationBandwidth, "replication-bandwidth", "bytes per second this node sends to peers, all transfers together (e.g. 50M; 0: no cap)")
 	fs.Var((*listFlag)(&cfg.Peers), "peers", "node agent addresses of the cluster, comma separated (leases, see docs/safety.md)")
 	fs.StringVar(&cfg.PeersFile, "peers-file", cfg.PeersFile, "file listing node agent addresses, one per line; re-read on change")
+	fs.Var((*listFlag)(&cfg.Witnesses), "witnesses", "the witness set, node_id@host:port comma separated, the same on every node: the lease and every majority count these nodes only (docs/safety.md, \"Witnesses\")")
 	fs.Var(&cfg.Lease, "lease", "a node that hears from no majority of all its peers (every domain) for this long makes its mounted primaries read-only")
 	fs.Var(&cfg.LeaseMargin, "lease-margin", "a failover away from a silent node waits for the lease plus this margin")
 	fs.Var(&cfg.ReceiveIdleTimeout, "receive-idle-timeout", "how long a receive waits for the sender's next message before it ends (e.g. 2m)")

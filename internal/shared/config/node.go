@@ -19,6 +19,7 @@ import (
 
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/pathcheck"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/witnesses"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/zfsname"
 )
 
@@ -91,6 +92,13 @@ type Node struct {
 	// operator's zfs-controller promote fails a volume over then.
 	Peers     []string `json:"peers"`
 	PeersFile string   `json:"peers_file"`
+	// Witnesses, when set, is the witness set (node_id@host:port each, an
+	// odd number from 3 to 9, the same on every node): the lease and every
+	// majority of a generation count the witnesses instead of every node,
+	// and the node pings only them (docs/safety.md, "Witnesses"). Peers
+	// are still read: they are the addresses the controller's nodes are
+	// reached at, and the node asks them nothing for its lease.
+	Witnesses []string `json:"witnesses"`
 	Lease     Duration `json:"lease"`
 	// LeaseMargin is added to Lease before this node grants a failover
 	// away from a silent node: the ping and beat intervals and the time
@@ -368,7 +376,15 @@ func (c *Node) validateLease() []error {
 			errs = append(errs, fmt.Errorf("peers: %q is not host:port", p))
 		}
 	}
+	if _, err := c.WitnessSet(); err != nil {
+		errs = append(errs, err)
+	}
 	return errs
+}
+
+// WitnessSet is Witnesses, parsed (the empty set when none are listed).
+func (c *Node) WitnessSet() (witnesses.Set, error) {
+	return witnesses.Parse(c.Witnesses)
 }
 
 // validateAgent checks the agent port: its address, TLS, the receive

@@ -109,11 +109,15 @@ func (s Set) Digest() string {
 	return hex.EncodeToString(h.Sum(nil))[:16]
 }
 
-// String lists the set as it is configured, sorted by node ID.
-func (s Set) String() string {
+// Entries lists the set as Parse reads it (node_id@host:port), sorted
+// by node ID: Parse(s.Entries()) is s.
+func (s Set) Entries() []string {
 	out := make([]string, 0, s.Len())
 	for _, id := range s.IDs() {
 		out = append(out, id+"@"+s.addrs[id])
 	}
-	return strings.Join(out, ",")
+	return out
 }
+
+// String lists the set as it is configured, sorted by node ID.
+func (s Set) String() string { return strings.Join(s.Entries(), ",") }
