@@ -84,7 +84,7 @@ const (
 // ungated.
 func newExplRun(sc *explScenario, dir string) (*explRun, error) {
 	cfg := Config{Seed: 1, Nodes: sc.nodes, Volumes: 1, Domains: 1, Lease: explLease, LeaseMargin: explMargin, MaxProcessDowntime: 1, Dir: dir,
-		NodePeers: sc.nodePeers, SmallBuffers: true}
+		NodePeers: sc.nodePeers, Witnesses: sc.witnesses, SmallBuffers: true}
 	x := &explRun{sc: sc, ctls: map[string]*explController{}, alias: map[string]string{}, milestones: map[string]*explMilestone{},
 		log: hclog.NewNullLogger()}
 	x.w = newWorld(cfg)

@@ -24,6 +24,9 @@ type explScenario struct {
 	// lists that name them are nodePeers' (the nodes') and the actors'.
 	aliases   map[string]string
 	nodePeers func(node string, all []string) []string
+	// witnesses names the witness set's nodes (Config.Witnesses); none:
+	// every node counts.
+	witnesses []string
 	setup     func(x *explRun) error
 	actors    func(x *explRun) []explActor
 	// ctls are the controller instances faults may strike.
@@ -53,7 +56,7 @@ func scenarioNames() []string {
 
 func init() {
 	for _, sc := range []*explScenario{moveBesidePublishBack(contract.FailoverManual), moveBesidePublishBack(contract.FailoverAuto),
-		aliasedPeers(), forcedOutlivesItsMinority(), flushBesideMove(), moveOverABrokenLink()} {
+		aliasedPeers(), forcedOutlivesItsMinority(), flushBesideMove(), moveOverABrokenLink(), witnessMajorityCutOff()} {
 		explScenarios[sc.name] = sc
 	}
 }
@@ -133,6 +136,53 @@ func aliasedPeers() *explScenario {
 			return []explActor{
 				{name: "env", steps: []explStepFn{ticks(7, "lease and margin passed")}},
 				{name: "co", steps: []explStepFn{after("co", "lease and margin passed", publishAndStage("co", "A", "n3"))}},
+			}
+		},
+	}
+}
+
+// witnessMajorityCutOff: the leases and a generation's majorities count
+// a witness set (n1, n2, n4 of five nodes). The volume's primary is on
+// n1, staged there, a replica on n3. A split cuts n1 and n2 off from n3,
+// n4, n5, the controller and the CO: a majority of the witnesses on the
+// cut side, a majority of all nodes on the other. n1 keeps its lease
+// through n2, so the controller must not fail the volume over: its side
+// holds one witness. The environment lets the lease and its margin pass
+// (seven ticks), the CO publishes the volume on n3 and stages it there,
+// then the split heals, a beat passes, and the CO tries n3 again.
+// Counted over all nodes, three of five grant the failover during the
+// split (n1 never pings n3 and n5, and n4 no longer hears it) and n3 is
+// promoted; n3 cannot hold its lease on its side, but once the split
+// heals it is staged beside n1, which never lost its lease.
+func witnessMajorityCutOff() *explScenario {
+	return &explScenario{
+		name:      "witness-majority-cut-off",
+		about:     "witnesses n1,n2,n4 of five nodes; a split {n1,n2} | {n3,n4,n5,controller}; the CO publishes on n3 after the lease and its margin, and after the heal",
+		nodes:     5,
+		failover:  contract.FailoverAuto,
+		primary:   "n1",
+		replicaOn: []string{"n3"},
+		witnesses: []string{"n1", "n2", "n4"},
+		ctls:      []string{"A"},
+		setup: func(x *explRun) error {
+			if err := x.stageNow("n1"); err != nil {
+				return fmt.Errorf("staging the volume on n1: %w", err)
+			}
+			x.split("n1", "n2")
+			return nil
+		},
+		actors: func(x *explRun) []explActor {
+			x.controller("A", x.allPeers())
+			return []explActor{
+				{name: "env", steps: []explStepFn{ticks(7, "lease and margin passed"), after("env", "tried n3", func(ctx context.Context, x *explRun) {
+					x.env("Heal", "n1,n2", func() string { return x.heal("n1") + "; " + x.heal("n2") })
+					ticks(1, "healed")(ctx, x)
+				}, "healed")}},
+				{name: "co", steps: []explStepFn{after("co", "lease and margin passed", func(ctx context.Context, x *explRun) {
+					publishAndStage("co", "A", "n3")(ctx, x)
+					x.reach("co", "tried n3", true)
+				}, "tried n3")}},
+				{name: "co2", steps: []explStepFn{after("co2", "healed", publishAndStage("co2", "A", "n3"))}},
 			}
 		},
 	}

@@ -44,6 +44,7 @@ func TestExplorer(t *testing.T) {
 		{scenario: "forced-outlives-its-minority", faults: 1, budget: 10 * time.Second, random: 20, randomFaults: 2},
 		{scenario: "flush-beside-move", faults: 1, budget: 10 * time.Second, random: 20, randomFaults: 2},
 		{scenario: "move-over-a-broken-link", faults: 1, budget: 10 * time.Second, random: 20, randomFaults: 2},
+		{scenario: "witness-majority-cut-off", faults: 1, budget: 10 * time.Second, random: 20, randomFaults: 2},
 	})
 }
 

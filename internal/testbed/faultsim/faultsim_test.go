@@ -26,6 +26,7 @@ var (
 	ctlsFlag  = flag.Int("controllers", 0, "controller instances per run (default: DefaultConfig's, one)")
 	aliasFlag = flag.Bool("aliases", false, "give every node a second address, and list about half the nodes under both")
 	forceFlag = flag.Bool("force", false, "let the operator run promote -force where its guarantee holds")
+	witsFlag  = flag.String("witnesses", "", "the witness set's nodes, comma separated (n1,n2,n4): the leases and a generation's majorities count them only")
 	logsFlag  = flag.Bool("logs", false, "with -seed and -v: the nodes' and the controller's logs beside the trace")
 )
 
@@ -123,6 +124,24 @@ func TestSimulationForced(t *testing.T) {
 	runSeeds(t, max(seeds()/4, 1), func(cfg *Config) { cfg.ForcePromotions = true })
 }
 
+// TestSimulationWitnesses runs half as many seeds on five nodes in two
+// domains (n1-n3, n4-n5) with three witnesses across them (n1, n2, n4):
+// the leases and a generation's majorities count the witnesses only,
+// and half the splits cut off a majority of the witnesses with the job's
+// node, a minority of all nodes, where a failover counted over all nodes
+// would meet a lease that still holds (cutSide). Replay a failure with
+// -run 'TestSimulation$' -seed N -nodes 5 -volumes 3 -domains 2
+// -witnesses n1,n2,n4 -v.
+func TestSimulationWitnesses(t *testing.T) {
+	t.Parallel()
+	if *seedFlag != 0 || *witsFlag != "" {
+		t.Skip("a replay or a chosen shape runs in TestSimulation")
+	}
+	runSeeds(t, max(seeds()/2, 1), func(cfg *Config) {
+		cfg.Nodes, cfg.Volumes, cfg.Domains, cfg.Witnesses = 5, 3, 2, []string{"n1", "n2", "n4"}
+	})
+}
+
 // runSeeds runs n seeds from -first-seed (or the one -seed), each shaped
 // by shape and then by the flags.
 func runSeeds(t *testing.T, n int, shape func(*Config)) {
@@ -165,6 +184,9 @@ func runSeeds(t *testing.T, n int, shape func(*Config)) {
 		}
 		if *forceFlag {
 			cfg.ForcePromotions = true
+		}
+		if *witsFlag != "" {
+			cfg.Witnesses = strings.Split(*witsFlag, ",")
 		}
 		if *seedFlag != 0 && testing.Verbose() {
 			cfg.Trace = func(line string) { t.Log(line) }

@@ -104,6 +104,9 @@ func (n *simNode) config() config.Node {
 	if n.w.cfg.NodePeers != nil {
 		cfg.Peers = n.w.cfg.NodePeers(n.id, cfg.Peers)
 	}
+	for _, id := range n.w.cfg.Witnesses {
+		cfg.Witnesses = append(cfg.Witnesses, id+"@"+addrOf(id))
+	}
 	return cfg
 }
 
@@ -124,6 +127,9 @@ func (n *simNode) start(ctx context.Context) {
 		Config: cfg,
 		ZFS:    liveZFS{z: n.pool, enter: inc.enter},
 		Dial: func(addr string) (*grpc.ClientConn, error) {
+			if !strings.Contains(addr, ":///") { // a witness's address, host:port as configured
+				addr = "passthrough:///" + addr
+			}
 			opts := append(agent.DialOptions(), protocol.DialOptions()...)
 			return grpc.NewClient(addr, append(opts, n.w.net.dialOptions(n.id, inc.isAlive)...)...)
 		},

@@ -153,7 +153,24 @@ func (w *world) cutSide(v *simVolume) []string {
 	side, most := []string{first.id}, (len(w.nodes)-1)/2
 	var pool []*simNode // the nodes the side may grow by
 	want := 1 + w.dice.intn(max(most, 1))
-	if w.cfg.Domains > 1 && w.dice.chance(0.5) {
+	if len(w.cfg.Witnesses) > 0 && w.dice.chance(0.5) {
+		// A majority of the witnesses, the job's node among them, that is
+		// a minority of all nodes: the leases on that side hold, and a
+		// failover counted over all nodes would be granted on the other.
+		var ws []*simNode
+		for _, id := range w.cfg.Witnesses {
+			if id != first.id {
+				ws = append(ws, w.node(id))
+			}
+		}
+		need := len(w.cfg.Witnesses)/2 + 1
+		if slices.Contains(w.cfg.Witnesses, first.id) {
+			need--
+		}
+		if 1+need <= most {
+			pool, want = ws, 1+need
+		}
+	} else if w.cfg.Domains > 1 && w.dice.chance(0.5) {
 		var domain []*simNode
 		for _, n := range w.nodes {
 			if n.domain == first.domain {

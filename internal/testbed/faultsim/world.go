@@ -93,6 +93,11 @@ type Config struct {
 	// guarantee holds (forcePromote): TestSimulationForced, and the
 	// explorer's forced scenario.
 	ForcePromotions bool
+	// Witnesses, when set, names the nodes of the witness set every node
+	// is configured with (docs/safety.md, "Witnesses"): the leases and a
+	// generation's majorities count them only, and half the splits cut
+	// off a majority of them that is a minority of all nodes (cutSide).
+	Witnesses []string
 	// SmallBuffers gives every connection gRPC's default 32 KiB buffers
 	// instead of the agent's larger ones (agent.DialOptions): the
 	// explorer starts a world per run, and clearing the large buffers of
