@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -46,7 +47,7 @@ func (n *simNode) addr() string { return "passthrough:///" + n.id }
 
 // start wires the node as zfs-node does, over a fake pool, with the
 // configured lease, and starts its heartbeat.
-func (n *simNode) start(nw *network, addrs []string, sc Config) error {
+func (n *simNode) start(nw *network, addrs, witnesses []string, sc Config) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	n.beats = cancel
 	pool := zfsfake.New(poolSize, "tank")
@@ -60,7 +61,7 @@ func (n *simNode) start(nw *network, addrs []string, sc Config) error {
 	cfg := config.DefaultNode()
 	cfg.NodeID, cfg.RootDataset, cfg.MaxQuota = n.id, rootDataset, 8<<30
 	cfg.MountBaseDirs = []string{base}
-	cfg.Peers = addrs
+	cfg.Peers, cfg.Witnesses = addrs, witnesses
 	if sc.Lease > 0 {
 		cfg.Lease, cfg.LeaseMargin = config.Duration(sc.Lease), config.Duration(config.MinLeaseMargin(sc.Lease))
 	}
@@ -69,6 +70,10 @@ func (n *simNode) start(nw *network, addrs []string, sc Config) error {
 		Config: cfg,
 		ZFS:    pool,
 		Dial: func(addr string) (*grpc.ClientConn, error) {
+			if !strings.Contains(addr, ":///") { // a witness's host:port
+				host, _, _ := net.SplitHostPort(addr)
+				addr = "passthrough:///" + host
+			}
 			opts := append(agent.DialOptions(), nw.dialOptions(n.id)...)
 			return grpc.NewClient(addr, opts...)
 		},

@@ -53,6 +53,9 @@ type Config struct {
 	// Lease is the nodes' lease (0: the shipped 30 s), with the smallest
 	// margin it allows; a beat is a quarter of it.
 	Lease time.Duration
+	// Witnesses, when not 0, makes the first that many nodes the witness
+	// set (docs/safety.md, "Witnesses"): the others ping only them.
+	Witnesses int
 	// Dir holds the nodes' mount base directories.
 	Dir string
 }
@@ -69,6 +72,11 @@ type Result struct {
 	// CallsPerNodeSecond are the calls a node received per second while
 	// the cluster was quiet, by method (short name).
 	CallsPerNodeSecond map[string]float64
+	// With witnesses, PingsPerWitnessSecond and PingsPerOtherSecond are
+	// the pings a witness and a node that is not one received per second
+	// while the cluster was quiet.
+	Witnesses                                  int
+	PingsPerWitnessSecond, PingsPerOtherSecond float64
 	// CallsPerCreate and CallsPerMove are the calls all the nodes
 	// received per create of the fill and per planned move (with its
 	// unpublish), by method, the heartbeat's pings apart.
@@ -117,15 +125,18 @@ type simCluster struct {
 
 func start(cfg Config) (*simCluster, error) {
 	c := &simCluster{cfg: cfg, net: &network{latency: cfg.Latency, listeners: map[string]*bufconn.Listener{}}}
-	var addrs []string
+	var addrs, witnesses []string
 	for i := 1; i <= cfg.Nodes; i++ {
 		n := &simNode{id: fmt.Sprintf("n%d", i)}
 		addrs = append(addrs, n.addr())
 		c.nodes = append(c.nodes, n)
+		if i <= cfg.Witnesses {
+			witnesses = append(witnesses, n.id+"@"+n.id+":7670")
+		}
 	}
 	c.started = time.Now()
 	for _, n := range c.nodes {
-		if err := n.start(c.net, addrs, cfg); err != nil {
+		if err := n.start(c.net, addrs, witnesses, cfg); err != nil {
 			c.stop()
 			return nil, err
 		}

@@ -20,6 +20,7 @@ var (
 	sizes   = flag.String("scale-nodes", "", "node counts TestScaleFigures measures at (make scale: 3,10,30,100); empty skips it")
 	volumes = flag.Int("scale-volumes", 100, "volumes per node TestScaleFigures creates")
 	beats   = flag.Int("scale-beats", 4, "heartbeat intervals TestScaleFigures measures the quiet cluster over")
+	wits    = flag.Int("scale-witnesses", 0, "witnesses TestScaleFigures configures (the first nodes; 0: none, every node counts)")
 )
 
 // TestScale runs the measurement on a small cluster with the shortest
@@ -80,6 +81,34 @@ func TestScale(t *testing.T) {
 	}
 }
 
+// TestScaleWitnesses runs the measurement on six nodes with three
+// witnesses: each node pings the witnesses only (a witness is pinged by
+// the five others each beat, another node by none), and a failover after
+// a witness's loss is still granted, by the two left, no sooner than the
+// lease and its margin allow.
+func TestScaleWitnesses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for a lost node's lease and margin, about 22 s")
+	}
+	const nodes, witnesses, lease = 6, 3, 2 * time.Second
+	r, err := Run(context.Background(), Config{Nodes: nodes, VolumesPerNode: 2, Latency: time.Millisecond, Beats: 4, Samples: 2, Parallel: 4, Lease: lease,
+		Witnesses: witnesses, Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Log(row(r))
+	interval := lease / 4
+	if want := float64(nodes-1) / interval.Seconds(); math.Abs(r.PingsPerWitnessSecond-want) > want/2 {
+		t.Errorf("each witness received %.2f pings a second, want about %.2f (%d nodes each %s)", r.PingsPerWitnessSecond, want, nodes-1, interval)
+	}
+	if r.PingsPerOtherSecond > 0 {
+		t.Errorf("a node that is not a witness received %.2f pings a second, want none", r.PingsPerOtherSecond)
+	}
+	if earliest := lease + config.MinLeaseMargin(lease) - interval; r.Failover < earliest {
+		t.Errorf("a failover was granted %s after the node's loss: want no sooner than %s", r.Failover, earliest)
+	}
+}
+
 // TestScaleFigures prints the figures table of docs/architecture.md,
 // "Scale": go test -run TestScaleFigures ./internal/testbed/scalesim
 // -args -scale-nodes 3,10,30,100 (make scale).
@@ -93,7 +122,7 @@ func TestScaleFigures(t *testing.T) {
 		if err != nil || n < 1 {
 			t.Fatalf("-scale-nodes: %q is not a node count", field)
 		}
-		r, err := Run(context.Background(), Config{Nodes: n, VolumesPerNode: *volumes, Latency: 500 * time.Microsecond, Beats: *beats, Samples: 5, Parallel: 16, Dir: t.TempDir()})
+		r, err := Run(context.Background(), Config{Nodes: n, VolumesPerNode: *volumes, Latency: 500 * time.Microsecond, Beats: *beats, Samples: 5, Parallel: 16, Witnesses: min(*wits, n), Dir: t.TempDir()})
 		if err != nil {
 			t.Fatalf("%d nodes: %v", n, err)
 		}
@@ -116,6 +145,9 @@ func row(r Result) string {
 		}
 	}
 	slices.Sort(calls)
+	if r.Witnesses > 0 {
+		calls = append(calls, fmt.Sprintf("(pings: %.2f a witness, %.2f another node)", r.PingsPerWitnessSecond, r.PingsPerOtherSecond))
+	}
 	return fmt.Sprintf("| %d | %d | %s; %s | %s | %s | %.1f ms/s | %.1f MiB | %s | %s | %s; %s | %s; %s | %s; %s |",
 		r.Nodes, r.Volumes, round(r.CreateEach), round(r.Fill), round(r.LeasesHeld), strings.Join(calls, ", "),
 		float64(r.CPUPerNode)/float64(time.Millisecond), float64(r.HeapPerNode)/(1<<20),

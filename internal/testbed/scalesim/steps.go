@@ -113,12 +113,26 @@ func (c *simCluster) fill(ctx context.Context, r *Result) ([]volume, error) {
 func (c *simCluster) quiet(r *Result) {
 	window := c.lease() / 4 * time.Duration(max(c.cfg.Beats, 1))
 	before := c.calls()
+	pingsBefore := c.pingsByNode()
 	cpu := cpuTime()
 	time.Sleep(window)
 	r.CPUPerNode = (cpuTime() - cpu) / time.Duration(len(c.nodes)) * time.Second / window
 	r.CallsPerNodeSecond = map[string]float64{}
 	for method, count := range c.calls() {
 		r.CallsPerNodeSecond[method] = float64(count-before[method]) / window.Seconds() / float64(len(c.nodes))
+	}
+	if w := c.cfg.Witnesses; w > 0 {
+		var toWitnesses, toOthers uint64
+		for i, count := range c.pingsByNode() {
+			if i < w {
+				toWitnesses += count - pingsBefore[i]
+			} else {
+				toOthers += count - pingsBefore[i]
+			}
+		}
+		r.Witnesses = w
+		r.PingsPerWitnessSecond = float64(toWitnesses) / window.Seconds() / float64(w)
+		r.PingsPerOtherSecond = float64(toOthers) / window.Seconds() / float64(max(len(c.nodes)-w, 1))
 	}
 	// Twice: what a sync.Pool holds (gRPC pools its message buffers) is
 	// freed only by the second collection after it was put there.
@@ -127,6 +141,15 @@ func (c *simCluster) quiet(r *Result) {
 	var m runtime.MemStats
 	runtime.ReadMemStats(&m)
 	r.HeapPerNode = m.HeapAlloc / uint64(len(c.nodes))
+}
+
+// pingsByNode is the pings each node received so far, in node order.
+func (c *simCluster) pingsByNode() []uint64 {
+	out := make([]uint64, len(c.nodes))
+	for i, n := range c.nodes {
+		out[i] = n.calls.snapshot()["Peers/Ping"]
+	}
+	return out
 }
 
 // publishes times ControllerPublishVolume of Samples volumes to the
