@@ -3583,8 +3583,15 @@ type ReserveRequest struct {
 	// peers never shrink, still ask after them.
 	Failover         bool     `protobuf:"varint,6,opt,name=failover,proto3" json:"failover,omitempty"`
 	AnsweringNodeIds []string `protobuf:"bytes,7,rep,name=answering_node_ids,json=answeringNodeIds,proto3" json:"answering_node_ids,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The digest of the witness set the controller counted the
+	// reservation's majority over ("" for none: every node). A node refuses
+	// (Unavailable) a reservation counted over another set than its own:
+	// its lease and the reservation's majority would not meet. A
+	// controller of a release without witnesses sends none, and so gets no
+	// grant from a node that has them.
+	WitnessDigest string `protobuf:"bytes,8,opt,name=witness_digest,json=witnessDigest,proto3" json:"witness_digest,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ReserveRequest) Reset() {
@@ -3664,6 +3671,13 @@ func (x *ReserveRequest) GetAnsweringNodeIds() []string {
 		return x.AnsweringNodeIds
 	}
 	return nil
+}
+
+func (x *ReserveRequest) GetWitnessDigest() string {
+	if x != nil {
+		return x.WitnessDigest
+	}
+	return ""
 }
 
 type ReserveResponse struct {
@@ -4788,7 +4802,7 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a?\n" +
 	"\x11WrittenSinceEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\xfe\x01\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\xa5\x02\n" +
 	"\x0eReserveRequest\x12\x1b\n" +
 	"\tvolume_id\x18\x01 \x01(\tR\bvolumeId\x12\x1e\n" +
 	"\n" +
@@ -4798,7 +4812,8 @@ const file_agentpb_agent_proto_rawDesc = "" +
 	"\rfailover_from\x18\x04 \x03(\tR\ffailoverFrom\x12\x1a\n" +
 	"\boperator\x18\x05 \x01(\bR\boperator\x12\x1a\n" +
 	"\bfailover\x18\x06 \x01(\bR\bfailover\x12,\n" +
-	"\x12answering_node_ids\x18\a \x03(\tR\x10answeringNodeIds\"\x85\x01\n" +
+	"\x12answering_node_ids\x18\a \x03(\tR\x10answeringNodeIds\x12%\n" +
+	"\x0ewitness_digest\x18\b \x01(\tR\rwitnessDigest\"\x85\x01\n" +
 	"\x0fReserveResponse\x12\x18\n" +
 	"\agranted\x18\x01 \x01(\bR\agranted\x12/\n" +
 	"\x13promised_generation\x18\x02 \x01(\x04R\x12promisedGeneration\x12'\n" +

@@ -320,6 +320,7 @@ func (c *Client) Reserve(ctx context.Context, r Reservation) (Promise, error) {
 		Operator:         r.Operator,
 		Failover:         r.Failover,
 		AnsweringNodeIds: r.Answering,
+		WitnessDigest:    r.WitnessDigest,
 	})
 	if err != nil {
 		return Promise{}, fromStatus(err)

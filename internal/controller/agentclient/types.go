@@ -258,6 +258,9 @@ type Reservation struct {
 	// without peers grants its failover on the operator's word; nodes
 	// that keep leases still wait for the silence.
 	Operator bool
+	// WitnessDigest is the digest of the witness set the majority is
+	// counted over ("" for none); a node with another set refuses.
+	WitnessDigest string
 }
 
 // Promise is a node's answer to a Reservation: granted, or the promise

@@ -23,7 +23,11 @@ import (
 // first (ReserveCreation), a promotion's (reserve), a deletion's (here).
 func (m *Migrator) ReserveDeletion(ctx context.Context, id string, nodes []cluster.Node, copies []agentclient.Copy) error {
 	generation := deletionGeneration(copies)
-	r := agentclient.Reservation{VolumeID: id, Generation: generation, HolderNodeID: contract.DeletionHolder}
+	set, err := cluster.Witnesses(nodes)
+	if err != nil {
+		return err
+	}
+	r := agentclient.Reservation{VolumeID: id, Generation: generation, HolderNodeID: contract.DeletionHolder, WitnessDigest: set.Digest()}
 	answers := cluster.Each(ctx, m.cluster, nodes, func(ctx context.Context, n cluster.Node) (agentclient.Promise, error) {
 		return n.Agent.Reserve(ctx, r)
 	})

@@ -46,7 +46,8 @@ func (m *Migrator) reserve(ctx context.Context, id string, gen uint64, holder st
 		resp agentclient.Promise
 		err  error
 	}
-	r := agentclient.Reservation{VolumeID: id, Generation: gen, HolderNodeID: holder, Operator: g.operator, Failover: g.failover}
+	r := agentclient.Reservation{VolumeID: id, Generation: gen, HolderNodeID: holder, Operator: g.operator, Failover: g.failover,
+		WitnessDigest: v.witnesses.Digest()}
 	if g.failover {
 		r.FailoverFrom = v.unreachable
 		for _, n := range v.nodes {

@@ -26,6 +26,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/version"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/witnesses"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/worklease"
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
@@ -44,7 +45,8 @@ type Server struct {
 	KnownNodes func() int
 	// Witnesses is the node's witness set (node_id@host:port each, sorted;
 	// empty: every node counts), reported by GetNode: the controller
-	// counts a generation's majorities over it.
+	// counts a generation's majorities over it, and a reservation counted
+	// over another set is refused.
 	Witnesses []string
 	// Retire, when set, makes this node's lease stop counting a stopped
 	// node (lease.Monitor.Retire); without it RetirePeer is refused.
@@ -448,6 +450,10 @@ func (s *Server) copyOf(ctx context.Context, id string) (*pb.Copy, error) {
 
 // Reserve promises a generation of a volume to one promotion.
 func (s *Server) Reserve(ctx context.Context, req *pb.ReserveRequest) (*pb.ReserveResponse, error) {
+	if got, own := req.GetWitnessDigest(), s.witnessDigest(); got != own {
+		return nil, errdefs.Wrap(errdefs.ErrUnavailable, "node %s counts the witness set %s and the controller counted this reservation over %s: no generation of volume %s is granted until the controller and every node list the same witnesses (a controller older than witnesses counts every node: upgrade it; docs/operations.md, \"Witnesses\")",
+			s.cfg.NodeID, setName(s.Witnesses, own), setName(nil, got), req.GetVolumeId())
+	}
 	if (req.GetFailover() || len(req.GetFailoverFrom()) > 0) && s.AttestSilence != nil {
 		if err := s.attest(req); err != nil {
 			return nil, err
@@ -462,6 +468,26 @@ func (s *Server) Reserve(ctx context.Context, req *pb.ReserveRequest) (*pb.Reser
 		return nil, err
 	}
 	return &pb.ReserveResponse{Granted: granted, PromisedGeneration: p.Generation, PromisedHolder: p.Holder}, nil
+}
+
+// witnessDigest is the digest of Witnesses ("" for none).
+func (s *Server) witnessDigest() string {
+	set, err := witnesses.Parse(s.Witnesses)
+	if err != nil {
+		return "unparsable"
+	}
+	return set.Digest()
+}
+
+// setName names a witness set, or the digest of one, in a message.
+func setName(entries []string, digest string) string {
+	switch {
+	case len(entries) > 0:
+		return strings.Join(entries, ",")
+	case digest == "":
+		return "of none (every node)"
+	}
+	return "with digest " + digest
 }
 
 // RetirePeer stops counting a stopped node, at the operator's word

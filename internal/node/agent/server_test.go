@@ -21,6 +21,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/witnesses"
 	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
@@ -345,6 +346,47 @@ func TestGetNodeReadsWhatItIsAskedFor(t *testing.T) {
 				if got, want := n.GetVolumes() == 1 && n.GetAvailableBytes() > 0, !faulted && tt.wantCapacity; got != want {
 					t.Errorf("faulted %v: %d volumes, %d bytes available", faulted, n.GetVolumes(), n.GetAvailableBytes())
 				}
+			}
+		})
+	}
+}
+
+// TestReserveRefusesAnotherWitnessSet: a node grants a generation only
+// to a reservation counted over its own witness set. A controller that
+// counted every node (an older one, or one whose nodes disagree) gets
+// Unavailable from a node with witnesses, and so does one that counted
+// witnesses from a node without.
+func TestReserveRefusesAnotherWitnessSet(t *testing.T) {
+	set := []string{"n1@a:7670", "n2@b:7670", "n3@c:7670"}
+	parsed, err := witnesses.Parse(set)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name        string
+		own         []string
+		digest      string
+		wantGranted bool
+	}{
+		{"no witnesses on either side", nil, "", true},
+		{"the same set", set, parsed.Digest(), true},
+		{"the node has witnesses, the controller counted every node", set, "", false},
+		{"the controller counted witnesses, the node has none", nil, parsed.Digest(), false},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, _, _ := newServer(t)
+			s.Witnesses = tt.own
+			id := fmt.Sprintf("vol-%020d", i+1)
+			resp, err := s.Reserve(context.Background(), &pb.ReserveRequest{VolumeId: id, Generation: 1, HolderNodeId: "n1", WitnessDigest: tt.digest})
+			if tt.wantGranted {
+				if err != nil || !resp.GetGranted() {
+					t.Fatalf("Reserve = %v, %v; want granted", resp, err)
+				}
+				return
+			}
+			if !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "list the same witnesses") {
+				t.Fatalf("Reserve = %v, %v; want Unavailable saying the sets differ", resp, err)
 			}
 		})
 	}

@@ -384,7 +384,7 @@ type Server struct {
 	// set is refused: its lease would be counted over a set this node's
 	// failovers are not.
 	WitnessDigest string
-	Promised       func(ctx context.Context, id string) (uint64, error)
+	Promised      func(ctx context.Context, id string) (uint64, error)
 	// Monitor, when set, records the callers.
 	Monitor *Monitor
 }

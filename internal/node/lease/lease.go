@@ -6,6 +6,9 @@
 // a volume over it writes nothing any more. The failover's majority is
 // taken over all the nodes too, so the two majorities share a node
 // (docs/safety.md, "Why the lease and failover majorities intersect").
+// With a witness set (UseWitnesses) both count a majority of the
+// witnesses instead, and a node pings only them (docs/safety.md,
+// "Witnesses").
 //
 // Two kinds of hearing, for two uses. For its lease a node counts only a
 // round trip it started: its ping to the peer was answered, which proves
