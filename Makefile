@@ -9,7 +9,7 @@ LDFLAGS := -X github.com/zfs-nomad/zfs-nomad/internal/shared/version.Version=$(V
 TOOLS := $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/zfs-nomad/tools/$(shell sha256sum hack/tools/go.sum | cut -c1-12)
 GO_TEST_TIMEOUT ?= 45m
 
-.PHONY: help deps prepare need-headers fast build release check unit race simulation alerts images test test-trixie test-shim guest-image-trixie test-nomad test-nomad-trixie test-nomad-drain test-nomad-oldest sanity-encrypted nomad bench scale soak sim guest-image proto demo demo-nomad clean
+.PHONY: help deps prepare need-headers fast build release check unit race simulation alerts images test test-trixie test-shim guest-image-trixie test-nomad test-nomad-trixie test-nomad-drain test-nomad-oldest test-witnesses sanity-encrypted nomad bench scale soak sim guest-image proto demo demo-nomad clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -107,8 +107,9 @@ guest-image-trixie: deps ## build (or find cached) the Debian 13 guest image, Op
 # one guest at a time on a 2-core machine (a loop rather than go test -p
 # 1, which would compile on one core too).
 # OUTSIDE_MAKE_TEST: tests make test skips to stay within CI's 90 minutes
-# (docs/testing.md, "What make test leaves out"); make test-nomad runs it.
-OUTSIDE_MAKE_TEST := ^TestNomadRawExec$$
+# (docs/testing.md, "What make test leaves out"); make test-nomad and
+# make test-witnesses run them.
+OUTSIDE_MAKE_TEST := ^TestNomadRawExec$$|^TestFailoverCountsTheWitnesses$$
 # The guest images are built (or found) first, side by side; Nomad and the
 # plugin images, which only test/nomad needs, are built beside the guest
 # tests at the idle CPU priority (hack/test.sh says why).
@@ -186,6 +187,9 @@ test-nomad-oldest: guest-image images ## test-nomad's docker scenario under Noma
 test-nomad-drain: guest-image images ## test-nomad plus a drain of a client holding eight volumes (not in make test)
 	nomad=$$(./hack/nomad.sh) && prometheus=$$(./hack/prometheus-server.sh) && ZFS_NOMAD_NOMAD=$$nomad ZFS_NOMAD_PROMETHEUS=$$prometheus ZFS_NOMAD_IMAGES=$(IMAGES_DIR) go test -count=1 -v -timeout 60m -run TestNomadEndToEnd ./test/nomad/ -args -drain-many
 
+test-witnesses: guest-image ## the failover with a witness set on real ZFS (TestFailoverCountsTheWitnesses; not in make test)
+	go test -count=1 -v -timeout 20m -run '^TestFailoverCountsTheWitnesses$$' ./test/migration
+
 sanity-encrypted: guest-image ## csi-sanity's specs with plain volumes and again with encrypted ones (the encrypted half is not in make test: test/sanity says why)
 	go test -count=1 -v -timeout 30m ./test/sanity -args -sanity.encrypted
 
@@ -195,9 +199,12 @@ bench: guest-image ## replication throughput vs zfs send|socat|zfs recv and the 
 # The cluster-scale figures (docs/architecture.md, "Scale"): real node
 # and controller code in one process over fake pools, at each node count
 # of SCALE_NODES with 100 volumes a node. About 15 minutes on 2 cores.
+# SCALE_WITNESSES configures that many witnesses (the first nodes; 0:
+# none, every node counts).
 SCALE_NODES ?= 3,10,30,100
-scale: ## the cluster-scale figures at SCALE_NODES nodes (3,10,30,100), 100 volumes each, on the host
-	ZFS_NOMAD_SKIP_GUEST=1 go test -count=1 -timeout 60m -run 'TestScaleFigures$$' ./internal/testbed/scalesim -v -args -scale-nodes $(SCALE_NODES)
+SCALE_WITNESSES ?= 0
+scale: ## the cluster-scale figures at SCALE_NODES nodes (3,10,30,100), 100 volumes each, on the host (SCALE_WITNESSES=5: with witnesses)
+	ZFS_NOMAD_SKIP_GUEST=1 go test -count=1 -timeout 60m -run 'TestScaleFigures$$' ./internal/testbed/scalesim -v -args -scale-nodes $(SCALE_NODES) -scale-witnesses $(SCALE_WITNESSES)
 
 proto: $(TOOLS)/protoc-gen-go $(TOOLS)/protoc-gen-go-grpc ## regenerate proto/*.pb.go
 	PATH=$(TOOLS):$$PATH protoc -I proto --go_out=proto --go_opt=paths=source_relative \

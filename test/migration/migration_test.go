@@ -1117,11 +1117,48 @@ func TestFailoverWaitsForTheLease(t *testing.T) {
 	const lease, margin = 8 * time.Second, 19 * time.Second
 	e := startWithLease(t, lease, "-lease-margin="+margin.String())
 	id, dir := e.createWritten("leased", map[string]string{"failover": "auto"}, "echo replicated > a")
-	e.replicate(id, "n1", "n2")
-	replicated := e.checksums("n1", dir)
-	n1 := e.node("n1")
-	probe := func() error { return e.tryWrite("n1", dir) }
-	cut := e.cutOffWhenLeased("n1", lease, probe)
+	e.failoverWaitsForTheLease(id, dir, "n1", "n2", lease, margin)
+}
+
+// TestFailoverCountsTheWitnesses is TestFailoverWaitsForTheLease with a
+// witness set (docs/safety.md, "Witnesses"): four nodes, n1, n2 and n4
+// the witnesses, the primary on n3, which pings only them, and its
+// replica on n1. n2 is cut off first: n1 and n4 are a majority of the
+// witnesses but half of the nodes, so counted over every node nothing
+// would be failed over, nor would n1 hold its lease. Then n3 is cut
+// off: it loses its lease and is failed over to n1 once n1 and n4
+// attest its silence by its node identity, never before it is
+// read-only. Outside make test (OUTSIDE_MAKE_TEST): the simulation, the
+// explorer and the lease's tests check the rule; this proves the real
+// binaries' wiring (the flag, the digest in pings over mutual TLS, the
+// controller counting what GetNode reports).
+func TestFailoverCountsTheWitnesses(t *testing.T) {
+	const lease, margin = 8 * time.Second, 19 * time.Second
+	c := guesttest.StartCluster(t, 4, guestcluster.Options{ControllerArgs: explicitPushes(), Lease: lease, Witnesses: []int{1, 2, 4},
+		NodeArgs: []string{"-lease-margin=" + margin.String()}})
+	e := &env{t: t, c: c, ctx: context.Background()}
+	id := e.create("witnessed", map[string]string{"failover": "auto", "node": "n3"})
+	dir := e.mustPublish(id, "n3")
+	e.write("n3", dir, "echo replicated > a")
+	if err := e.node("n2").CutLink(); err != nil {
+		t.Fatal(err)
+	}
+	e.failoverWaitsForTheLease(id, dir, "n3", "n1", lease, margin)
+}
+
+// failoverWaitsForTheLease replicates volume id, published at dir on
+// primary, to replica; cuts primary off; and checks that the failover to
+// replica comes only after primary's copy turned read-only, with what
+// was replicated, and that the old copy stays read-only once its link
+// is back.
+func (e *env) failoverWaitsForTheLease(id, dir, primary, replica string, lease, margin time.Duration) {
+	t := e.t
+	t.Helper()
+	e.replicate(id, primary, replica)
+	replicated := e.checksums(primary, dir)
+	node := e.node(primary)
+	probe := func() error { return e.tryWrite(primary, dir) }
+	cut := e.cutOffWhenLeased(primary, lease, probe)
 	readOnly := make(chan time.Duration, 1)
 	go func() {
 		for time.Since(cut) < 5*lease {
@@ -1136,33 +1173,33 @@ func TestFailoverWaitsForTheLease(t *testing.T) {
 	var dir2 string
 	var err error
 	for time.Since(cut) < 5*lease {
-		if dir2, err = e.publish(id, "n2"); err == nil {
+		if dir2, err = e.publish(id, replica); err == nil {
 			break
 		}
 		if status.Code(err) != codes.Unavailable {
-			t.Fatalf("publish on n2 while n1 is cut off: %v, want Unavailable until the failover", err)
+			t.Fatalf("publish on %s while %s is cut off: %v, want Unavailable until the failover", replica, primary, err)
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
 	if err != nil {
-		t.Fatalf("no failover %s after n1 was cut off: %v", 5*lease, err)
+		t.Fatalf("no failover %s after %s was cut off: %v", 5*lease, primary, err)
 	}
 	failedOver := time.Since(cut)
 	fenced := <-readOnly
-	t.Logf("lease %s, margin %s: n1 read-only %.1f s after its link was cut, failover to n2 %.1f s after", lease, margin, fenced.Seconds(), failedOver.Seconds())
+	t.Logf("lease %s, margin %s: %s read-only %.1f s after its link was cut, failover to %s %.1f s after", lease, margin, primary, fenced.Seconds(), replica, failedOver.Seconds())
 	if fenced < 0 || fenced >= failedOver {
-		t.Fatalf("n1 turned read-only after %s, the failover came after %s: both could take writes", fenced, failedOver)
+		t.Fatalf("%s turned read-only after %s, the failover came after %s: both could take writes", primary, fenced, failedOver)
 	}
-	if got := e.checksums("n2", dir2); got != replicated {
-		t.Errorf("after the failover n2 has:\n%s\nwant what was replicated:\n%s", got, replicated)
+	if got := e.checksums(replica, dir2); got != replicated {
+		t.Errorf("after the failover %s has:\n%s\nwant what was replicated:\n%s", replica, got, replicated)
 	}
 
-	if err := n1.RestoreLink(); err != nil {
+	if err := node.RestoreLink(); err != nil {
 		t.Fatal(err)
 	}
 	for deadline := time.Now().Add(lease); time.Now().Before(deadline); time.Sleep(500 * time.Millisecond) {
 		if probe() == nil {
-			t.Fatal("n1's stale copy took writes again after its link came back")
+			t.Fatalf("%s's stale copy took writes again after its link came back", primary)
 		}
 	}
 }

@@ -147,6 +147,9 @@ type Options struct {
 	// lease time (docs/safety.md, "Leases"); without it nodes have no
 	// peers and never fence themselves.
 	Lease time.Duration
+	// Witnesses, with Lease, numbers the nodes (1 for n1) of the witness set
+	// every node is given (docs/safety.md, "Witnesses").
+	Witnesses []int
 	// ControllerArgs are extra zfs-controller flags.
 	ControllerArgs []string
 	// NoController leaves the controller out.
@@ -623,6 +626,13 @@ func (c *Cluster) nodeArgs(node *Node) []string {
 			peers = append(peers, c.opts.ip(j)+":7670")
 		}
 		args = append(args, "-peers", strings.Join(peers, ","), "-lease", c.opts.Lease.String())
+		var witnesses []string
+		for _, j := range c.opts.Witnesses {
+			witnesses = append(witnesses, fmt.Sprintf("n%d@%s:7670", j, c.opts.ip(j)))
+		}
+		if len(witnesses) > 0 {
+			args = append(args, "-witnesses", strings.Join(witnesses, ","))
+		}
 	}
 	return append(args, c.opts.NodeArgs...)
 }
