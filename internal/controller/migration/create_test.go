@@ -43,12 +43,7 @@ func TestCreationPlan(t *testing.T) {
 			for i := range tt.silent {
 				v.unreachable = append(v.unreachable, fmt.Sprintf("silent-%d:7670", i))
 			}
-			for _, p := range tt.promises {
-				f := strings.Split(p, ":")
-				var gen uint64
-				fmt.Sscan(f[1], &gen)
-				v.promises = append(v.promises, promised{recorder: f[0], generation: gen, holder: f[2]})
-			}
+			v.promises = promisesOf(tt.promises)
 			n, gen, err := v.creationPlan("vol-1", []string{"n2", "n1"})
 			got := fmt.Sprintf("%s %d", n.Info.NodeID, gen)
 			switch {
@@ -64,6 +59,18 @@ func TestCreationPlan(t *testing.T) {
 			}
 		})
 	}
+}
+
+// promisesOf reads promises written "recorder:generation:holder".
+func promisesOf(specs []string) []promised {
+	var out []promised
+	for _, p := range specs {
+		f := strings.Split(p, ":")
+		var gen uint64
+		fmt.Sscan(f[1], &gen)
+		out = append(out, promised{recorder: f[0], generation: gen, holder: f[2]})
+	}
+	return out
 }
 
 // TestCreationLookPrimary: a create answers the volume an earlier attempt

@@ -95,12 +95,7 @@ func TestCreationPlanCountsTheWitnesses(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			v := witnessView(t, []string{"n1", "n2", "n3", "n4", "n5"}, nil)
-			for _, p := range tt.promises {
-				f := strings.Split(p, ":")
-				var gen uint64
-				fmt.Sscan(f[1], &gen)
-				v.promises = append(v.promises, promised{recorder: f[0], generation: gen, holder: f[2]})
-			}
+			v.promises = promisesOf(tt.promises)
 			n, gen, err := v.creationPlan("vol-1", []string{"n2", "n1"})
 			if got := fmt.Sprintf("%s %d", n.Info.NodeID, gen); err != nil || got != tt.want {
 				t.Errorf("plan %q (%v), want %q", got, err, tt.want)

@@ -123,14 +123,8 @@ func aliasedPeers() *explScenario {
 			}
 			return all
 		},
-		ctls: []string{"A"},
-		setup: func(x *explRun) error {
-			if err := x.stageNow("n1"); err != nil {
-				return fmt.Errorf("staging the volume on n1: %w", err)
-			}
-			x.split("n1", "n2")
-			return nil
-		},
+		ctls:  []string{"A"},
+		setup: stagedThenSplit("n1", "n2"),
 		actors: func(x *explRun) []explActor {
 			x.controller("A", append(x.allPeers(), aliasAddr("n4b")))
 			return []explActor{
@@ -164,13 +158,7 @@ func witnessMajorityCutOff() *explScenario {
 		replicaOn: []string{"n3"},
 		witnesses: []string{"n1", "n2", "n4"},
 		ctls:      []string{"A"},
-		setup: func(x *explRun) error {
-			if err := x.stageNow("n1"); err != nil {
-				return fmt.Errorf("staging the volume on n1: %w", err)
-			}
-			x.split("n1", "n2")
-			return nil
-		},
+		setup:     stagedThenSplit("n1", "n2"),
 		actors: func(x *explRun) []explActor {
 			x.controller("A", x.allPeers())
 			return []explActor{
@@ -299,6 +287,19 @@ func moveOverABrokenLink() *explScenario {
 				}}},
 			}
 		},
+	}
+}
+
+// stagedThenSplit is a setup that stages the volume on node, its primary,
+// and then splits node and others off from the rest of the nodes, the
+// controller instances and the CO.
+func stagedThenSplit(node string, others ...string) func(x *explRun) error {
+	return func(x *explRun) error {
+		if err := x.stageNow(node); err != nil {
+			return fmt.Errorf("staging the volume on %s: %w", node, err)
+		}
+		x.split(append([]string{node}, others...)...)
+		return nil
 	}
 }
 
