@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/cluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/witnesses"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/worklease"
 )
 
@@ -43,6 +45,10 @@ type NodeStatus struct {
 	// since it started (retire-node).
 	KnownNodes   int      `json:"known_nodes,omitempty"`
 	RetiredNodes []string `json:"retired_nodes,omitempty"`
+	// Witnesses is the node's witness set (node_id@host:port each; absent:
+	// every node counts); Witness whether the node is one of them.
+	Witnesses []string `json:"witnesses,omitempty"`
+	Witness   bool     `json:"witness,omitempty"`
 	// CertificateExpires is when the node's agent certificate expires
 	// (absent without TLS, or from a node of an older build).
 	CertificateExpires string `json:"certificate_expires,omitempty"`
@@ -55,7 +61,10 @@ func nodeStatuses(nodes []cluster.Node, unreachable []cluster.Unreachable) []Nod
 		i := n.Info
 		s := NodeStatus{Node: i.NodeID, Address: n.Addr, Reachable: true, Healthy: i.UnhealthyReason == "",
 			DriverVersion: i.Version, OpenZFSVersion: i.OpenZFS, AvailableBytes: i.AvailableBytes, Volumes: i.Volumes,
-			KnownNodes: i.KnownNodes, RetiredNodes: i.RetiredNodes}
+			KnownNodes: i.KnownNodes, RetiredNodes: i.RetiredNodes, Witnesses: i.Witnesses}
+		if set, err := witnesses.Parse(i.Witnesses); err == nil {
+			s.Witness = set.Has(i.NodeID)
+		}
 		if !s.Healthy {
 			s.Problem = "unhealthy: " + i.UnhealthyReason
 		}
@@ -170,6 +179,9 @@ func (r Report) Verdict(now time.Time) (int, string) {
 	if len(down) > 0 {
 		return ExitDegraded, fmt.Sprintf("not every node is well: %s", strings.Join(down, ", "))
 	}
+	if why := r.witnessesDiffer(); why != "" {
+		return ExitDegraded, why
+	}
 	if !r.workLeaseHeld() {
 		return ExitNoWorkLease, fmt.Sprintf("no controller instance holds the work lease: the replication and backup schedules and the pass over missed deletions do not run (is zfs-controller running, and reaching a majority of the nodes? a node that started within %s grants it to nobody yet)", worklease.Term)
 	}
@@ -213,6 +225,35 @@ func (r Report) replicasBehind(now time.Time) []string {
 		}
 	}
 	return out
+}
+
+// witnessesDiffer says which nodes count different witness sets ("" if
+// every reachable node counts the same): the controller then creates,
+// moves and fails over nothing (docs/operations.md, "Witnesses").
+func (r Report) witnessesDiffer() string {
+	first := -1
+	for i, n := range r.Nodes {
+		if !n.Reachable {
+			continue
+		}
+		if first < 0 {
+			first = i
+			continue
+		}
+		if !slices.Equal(n.Witnesses, r.Nodes[first].Witnesses) {
+			return fmt.Sprintf("nodes %s and %s count different witness sets (%s; %s): no volume is created, moved or failed over until every node lists the same witnesses",
+				r.Nodes[first].Node, n.Node, witnessList(r.Nodes[first].Witnesses), witnessList(n.Witnesses))
+		}
+	}
+	return ""
+}
+
+// witnessList names a witness set in a message.
+func witnessList(entries []string) string {
+	if len(entries) == 0 {
+		return "none"
+	}
+	return strings.Join(entries, ",")
 }
 
 // workLeaseHeld reports whether a controller instance holds the work
@@ -293,7 +334,11 @@ func printNodes(out io.Writer, nodes []NodeStatus, now time.Time) {
 		case !n.Healthy:
 			state = "UNHEALTHY"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", n.Node, n.Address, state, n.DriverVersion, n.OpenZFSVersion, free, volumes, n.Lease, certificateLeft(n.CertificateExpires, now))
+		lease := n.Lease
+		if n.Witness {
+			lease += " (witness)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", n.Node, n.Address, state, n.DriverVersion, n.OpenZFSVersion, free, volumes, lease, certificateLeft(n.CertificateExpires, now))
 	}
 	tw.Flush()
 	for _, n := range nodes {
