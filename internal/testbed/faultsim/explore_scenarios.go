@@ -56,7 +56,8 @@ func scenarioNames() []string {
 
 func init() {
 	for _, sc := range []*explScenario{moveBesidePublishBack(contract.FailoverManual), moveBesidePublishBack(contract.FailoverAuto),
-		aliasedPeers(), forcedOutlivesItsMinority(), flushBesideMove(), moveOverABrokenLink(), witnessMajorityCutOff()} {
+		aliasedPeers(), forcedOutlivesItsMinority(), flushBesideMove(), moveOverABrokenLink(), witnessMajorityCutOff(),
+		moveBesidePublishBackWitnesses()} {
 		explScenarios[sc.name] = sc
 	}
 }
@@ -92,6 +93,20 @@ func moveBesidePublishBack(failover string) *explScenario {
 			}
 		},
 	}
+}
+
+// moveBesidePublishBackWitnesses is class 1 over a witness set: four
+// nodes, witnesses n1, n3 and n4, the volume's primary on n1 (not
+// mounted), a replica on n2, which is not a witness, failover auto.
+// Instance A moves the volume to n2 while instance B publishes it back
+// on n1, as in move-beside-publish-back-auto: n2's promise and grants
+// count for nothing toward a majority, while its own record still
+// decides its promotion and its refusal of a failover.
+func moveBesidePublishBackWitnesses() *explScenario {
+	sc := moveBesidePublishBack(contract.FailoverAuto)
+	sc.name, sc.about = "move-beside-publish-back-witnesses", "class 1 over witnesses n1,n3,n4 of four nodes: instance A moves the volume n1->n2 (not a witness) while instance B publishes it back on n1 (failover auto)"
+	sc.nodes, sc.witnesses = 4, []string{"n1", "n3", "n4"}
+	return sc
 }
 
 // aliasedPeers is class 4 (majorities counted addresses): four nodes;
