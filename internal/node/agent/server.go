@@ -43,11 +43,10 @@ type Server struct {
 	// KnownNodes, when set, is how many nodes this node's lease counts,
 	// itself included (lease.Monitor.Members), reported by GetNode.
 	KnownNodes func() int
-	// Witnesses is the node's witness set (node_id@host:port each, sorted;
-	// empty: every node counts), reported by GetNode: the controller
-	// counts a generation's majorities over it, and a reservation counted
-	// over another set is refused.
-	Witnesses []string
+	// Witnesses is the node's witness set (empty: every node counts),
+	// reported by GetNode: the controller counts a generation's majorities
+	// over it, and a reservation counted over another set is refused.
+	Witnesses witnesses.Set
 	// Retire, when set, makes this node's lease stop counting a stopped
 	// node (lease.Monitor.Retire); without it RetirePeer is refused.
 	// RetiredNodes, reported by GetNode, lists those it retired.
@@ -224,7 +223,7 @@ func (s *Server) GetNode(ctx context.Context, req *pb.GetNodeRequest) (*pb.Node,
 	if s.KnownNodes != nil {
 		n.KnownNodes = uint32(s.KnownNodes())
 	}
-	n.Witnesses = s.Witnesses
+	n.Witnesses = s.Witnesses.Entries()
 	n.OpenzfsVersion = s.OpenZFS
 	if s.LeaseHeld != nil {
 		n.LeaseHeld = s.LeaseHeld()
@@ -450,9 +449,9 @@ func (s *Server) copyOf(ctx context.Context, id string) (*pb.Copy, error) {
 
 // Reserve promises a generation of a volume to one promotion.
 func (s *Server) Reserve(ctx context.Context, req *pb.ReserveRequest) (*pb.ReserveResponse, error) {
-	if got, own := req.GetWitnessDigest(), s.witnessDigest(); got != own {
+	if got, own := req.GetWitnessDigest(), s.Witnesses.Digest(); got != own {
 		return nil, errdefs.Wrap(errdefs.ErrUnavailable, "node %s counts the witness set %s and the controller counted this reservation over %s: no generation of volume %s is granted until the controller and every node list the same witnesses (a controller older than witnesses counts every node: upgrade it; docs/operations.md, \"Witnesses\")",
-			s.cfg.NodeID, setName(s.Witnesses, own), setName(nil, got), req.GetVolumeId())
+			s.cfg.NodeID, setName(s.Witnesses.Entries(), own), setName(nil, got), req.GetVolumeId())
 	}
 	if (req.GetFailover() || len(req.GetFailoverFrom()) > 0) && s.AttestSilence != nil {
 		if err := s.attest(req); err != nil {
@@ -468,15 +467,6 @@ func (s *Server) Reserve(ctx context.Context, req *pb.ReserveRequest) (*pb.Reser
 		return nil, err
 	}
 	return &pb.ReserveResponse{Granted: granted, PromisedGeneration: p.Generation, PromisedHolder: p.Holder}, nil
-}
-
-// witnessDigest is the digest of Witnesses ("" for none).
-func (s *Server) witnessDigest() string {
-	set, err := witnesses.Parse(s.Witnesses)
-	if err != nil {
-		return "unparsable"
-	}
-	return set.Digest()
 }
 
 // setName names a witness set, or the digest of one, in a message.

@@ -376,7 +376,9 @@ func TestReserveRefusesAnotherWitnessSet(t *testing.T) {
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			s, _, _ := newServer(t)
-			s.Witnesses = tt.own
+			if s.Witnesses, err = witnesses.Parse(tt.own); err != nil {
+				t.Fatal(err)
+			}
 			id := fmt.Sprintf("vol-%020d", i+1)
 			resp, err := s.Reserve(context.Background(), &pb.ReserveRequest{VolumeId: id, Generation: 1, HolderNodeId: "n1", WitnessDigest: tt.digest})
 			if tt.wantGranted {

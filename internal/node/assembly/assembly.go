@@ -192,9 +192,8 @@ func (p *Parts) newAgent(d Deps) {
 		return p.Monitor.Members(cfg.NodeID)
 	}
 	a.LeaseHeld = p.Volumes.Fences().Held
-	if w, _ := cfg.WitnessSet(); !w.Empty() {
-		a.Witnesses = w.Entries()
-	}
+	// Validated with the configuration.
+	a.Witnesses, _ = cfg.WitnessSet()
 	p.Agent = a
 }
 
