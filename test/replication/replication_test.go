@@ -121,14 +121,26 @@ func checksums(t *testing.T, n *guestcluster.Node, dir string) string {
 	return guesttest.Exec(t, n, guesttest.Checksums(dir))
 }
 
-// replicaChecksums mounts the replica on n2 read-only and checksums it.
+// replicaChecksums mounts the replica on n read-only and checksums it.
+// A receive into the replica while it is read (the schedule keeps
+// pushing) suspends the mounted file system, and a file opened across
+// its resume fails with EIO: such a read is tried again.
 func replicaChecksums(t *testing.T, n *guestcluster.Node, id string) string {
 	t.Helper()
 	dir := filepath.Join(n.Dir, "replica-check")
 	ds := n.RootDataset + "/" + id
 	guesttest.Exec(t, n, "mkdir -p "+dir+" && mount -t zfs -o ro "+ds+" "+dir)
 	defer guesttest.Exec(t, n, "umount "+dir)
-	return checksums(t, n, dir)
+	var err error
+	for range 5 {
+		var out string
+		if out, err = n.Exec(guesttest.Checksums(dir)); err == nil {
+			return out
+		}
+		time.Sleep(time.Second)
+	}
+	t.Fatalf("checksumming the replica of %s on %s: %v", id, n.ID, err)
+	return ""
 }
 
 func zfsGet(t *testing.T, prop, ds string) string {
