@@ -194,6 +194,13 @@ const BaseHoldTag = "zfs-nomad-base"
 // PeerBaseTag is the hold tag of node's base on a primary.
 func PeerBaseTag(node string) string { return BaseHoldTag + "-" + node }
 
+// PeerStreamedTag is the hold tag, on a primary, of the first replication
+// snapshot streamed to node while no snapshot here carried a tag of
+// node's: node may hold it, or a later one, unbeknown to a restarted
+// process (docs/replication.md, "A replica is never ahead of its
+// primary's snapshots").
+func PeerStreamedTag(node string) string { return "zfs-nomad-streamed-" + node }
+
 // ReleaseHolds releases, on every snapshot of fs, the hold tags drop
 // selects. A copy that changed roles keeps no holds of its old role.
 // Here and in the other bookkeeping, a snapshot that vanished since the

@@ -169,7 +169,7 @@ func (p *Pusher) seedUnknown(volumeID string, local []zfs.Snap, tags map[string]
 				p.unknown[volumeID][receiver] = append(p.unknown[volumeID][receiver], s.Name)
 			}
 		}
-		for _, receiver := range peersHeldFor(tags[s.Name]) {
+		for _, receiver := range receiversHeldFor(tags[s.Name]) {
 			after[receiver] = true
 		}
 	}

@@ -70,10 +70,11 @@ func TestWhatAReceiverMayHoldIsSpared(t *testing.T) {
 
 // TestAnEarlierProcesssStreamsAreSpared: a process knows nothing of what
 // its predecessor streamed, so the first push of a volume in a process
-// spares, for every receiver whose base this node holds, the replication
-// snapshots after that base, until a push reads what that receiver holds.
-// The listing's order says which are after the base, not the time in
-// their names.
+// spares, for every receiver with a tag here (its base's, or the
+// streamed tag of its first stream, streamed.go), the replication
+// snapshots after it, until a push reads what that receiver holds. The
+// listing's order says which are after the base, not the time in their
+// names.
 func TestAnEarlierProcesssStreamsAreSpared(t *testing.T) {
 	snap := func(at int) zfs.Snap {
 		return zfs.Snap{Name: fmt.Sprintf("tank/v@zn-%d", at), GUID: uint64(at)}
@@ -103,5 +104,23 @@ func TestAnEarlierProcesssStreamsAreSpared(t *testing.T) {
 	p.learnReceiver("v", "n2", listed, holds, []uint64{100})
 	if got := sorted(); len(got) != 0 {
 		t.Errorf("after a push to n3 succeeded, %v spared; want none", got)
+	}
+}
+
+// TestAFirstStreamsMarkIsSpared: a receiver whose only tag here is the
+// streamed one (its first push broke) is known to a restarted process:
+// what follows the marked snapshot stays spared until it is read.
+func TestAFirstStreamsMarkIsSpared(t *testing.T) {
+	local := []zfs.Snap{{Name: "tank/v@zn-100", GUID: 100}, {Name: "tank/v@zn-200", GUID: 200}, {Name: "tank/v@zn-300", GUID: 300}}
+	holds := func() (map[string][]string, error) {
+		return map[string][]string{local[0].Name: {peerTag("n2")}, local[1].Name: {streamedTag("n3")}}, nil
+	}
+	p := &Pusher{}
+	p.learnReceiver("v", "n2", func() ([]zfs.Snap, error) { return local, nil }, holds, []uint64{100})
+	if got := p.mayHold("v"); !slices.Equal(got, []string{local[2].Name}) {
+		t.Errorf("with n3 marked on zn-200 and not read, %v spared; want zn-300", got)
+	}
+	if !receiverKnown(holds, "n3") || !receiverKnown(holds, "n2") || receiverKnown(holds, "n4") {
+		t.Errorf("receiverKnown: n2 (base tag) and n3 (streamed tag) are known, n4 is not")
 	}
 }

@@ -160,7 +160,7 @@ func (p *Pusher) run(ctx context.Context, job pushJob, what string) (Progress, e
 	out, err := p.push(tctx, job)
 	end()
 	if out.unsent != "" {
-		p.dropSnapshot(job.volumeID, out.unsent, job.log)
+		p.dropSnapshot(job.volumeID, fs, out.unsent, job.log)
 	}
 	if err != nil {
 		return Progress{}, err
@@ -239,6 +239,9 @@ type preparedPush struct {
 	fencedAt int64
 	// release ends the sparing of the plan's base (keepBase), if any.
 	release func()
+	// known: a snapshot here carries a tag of the receiver's, so its
+	// streams need no mark (streamed.go).
+	known bool
 }
 
 // prepare takes the push's snapshot (and fence) and plans what to send.
@@ -286,6 +289,7 @@ func (p *Pusher) prepare(ctx context.Context, peer Peer, job pushJob) (preparedP
 		prep.plan = plan
 		return prep, err
 	}
+	prep.known = receiverKnown(held, job.receiverKey(state.NodeID))
 	prep.plan, err = p.bridge(plan, state, &prep.header, local, held, sentTo)
 	return prep, err
 }
@@ -321,14 +325,21 @@ func (p *Pusher) send(ctx context.Context, peer Peer, job pushJob, prep prepared
 	// The peer bases the target lacks go first, each a stream of its own
 	// (bridge); a failure leaves the target with those that arrived, and
 	// the next push goes on from the newest.
+	known := prep.known
 	for _, b := range plan.bridges {
 		p.noteStreaming(job.volumeID, target, b.spec.Snapshot)
+		if known, err = p.markStream(ctx, known, job.volumeID, target, b.spec.Snapshot); err != nil {
+			return pushed{}, false, err
+		}
 		if _, err := p.sendStream(ctx, peer, prep.header, b, &sent, job.volumeID, target, job.addr, log); err != nil {
 			return pushed{}, false, err
 		}
 	}
-	streamed = plan.spec.Snapshot == prep.snap
 	p.noteStreaming(job.volumeID, target, plan.spec.Snapshot)
+	if _, err = p.markStream(ctx, known, job.volumeID, target, plan.spec.Snapshot); err != nil {
+		return pushed{}, false, err
+	}
+	streamed = plan.spec.Snapshot == prep.snap
 	guid, err := p.sendStream(ctx, peer, prep.header, streamSpec{kind: kindOf(plan.spec), spec: plan.spec}, &sent, job.volumeID, target, job.addr, log)
 	if err != nil {
 		// A receiver's refusal is its verdict before anything of the
@@ -564,9 +575,11 @@ func (p *Pusher) pushSnapshot(ctx context.Context, job pushJob, props map[string
 	}
 }
 
-// dropSnapshot destroys, under the copy's lock, a replication snapshot a
-// push took but did not send. Failing that, pruning takes it later.
-func (p *Pusher) dropSnapshot(volumeID, snap string, log hclog.Logger) {
+// dropSnapshot destroys, under the copy's lock, a replication snapshot of
+// fs a push took but did not send, and the streamed tag it may carry
+// (a receiver refused its stream whole). Failing that, pruning takes it
+// later.
+func (p *Pusher) dropSnapshot(volumeID, fs, snap string, log hclog.Logger) {
 	ctx, cancel := context.WithTimeout(context.Background(), tidyTimeout)
 	defer cancel()
 	unlock, err := p.locks.Lock(ctx, volumeID, "dropping an unsent snapshot")
@@ -575,6 +588,10 @@ func (p *Pusher) dropSnapshot(volumeID, snap string, log hclog.Logger) {
 		return
 	}
 	defer unlock()
+	if err := p.releaseStreamed(ctx, fs, snap); err != nil && !errors.Is(err, zfs.ErrNotFound) {
+		log.Warn("releasing an unsent replication snapshot's hold failed; pruning takes it once a push to its receiver succeeds", "snapshot", snap, "error", err)
+		return
+	}
 	if err := p.z.DestroySnapshot(ctx, snap); err != nil && !errors.Is(err, zfs.ErrNotFound) {
 		log.Warn("destroying an unsent replication snapshot failed; pruning takes it later", "snapshot", snap, "error", err)
 	}
@@ -609,9 +626,10 @@ func (p *Pusher) startTidy(volumeID, fs, base, peer string, log hclog.Logger) {
 
 // tidy runs after a successful push. It holds base, the snapshot the peer
 // now has, with the peer's tag before anything releases the old base, so
-// some common snapshot is always held. A primary receives nothing: the
-// hold it kept as a replica (before a move or failover promoted it) would
-// pin its old base forever. Then old replication snapshots are pruned,
+// some common snapshot is always held; the peer's streamed tag goes then
+// (its base tag makes it known to a restarted process, streamed.go). A
+// primary receives nothing: the hold it kept as a replica (before a move
+// or failover promoted it) would pin its old base forever. Then old replication snapshots are pruned,
 // except the bases other peers received whose tidies have not held them
 // yet (tidies after pushes to different peers may run in either order)
 // and the snapshots a peer may hold beyond its base (mayHold).
@@ -622,8 +640,9 @@ func (p *Pusher) tidy(ctx context.Context, volumeID, fs, base, peer string, log 
 		return
 	}
 	p.forgetSent(volumeID, peer, base)
-	if err := copyrecord.ReleaseHolds(ctx, p.z, fs, isReceiverTag); err != nil {
-		log.Warn("releasing a former replica's hold failed; next push retries", "error", err)
+	superseded := func(tag string) bool { return isReceiverTag(tag) || tag == streamedTag(peer) }
+	if err := copyrecord.ReleaseHolds(ctx, p.z, fs, superseded); err != nil {
+		log.Warn("releasing a former replica's hold, or the peer's streamed tag, failed; next push retries", "error", err)
 	}
 	spare := append(slices.Collect(maps.Values(p.sentTo(volumeID))), p.mayHold(volumeID)...)
 	if kept := p.keptBase(volumeID); kept != "" {

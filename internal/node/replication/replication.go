@@ -129,5 +129,12 @@ func peerTag(peer string) string { return copyrecord.PeerBaseTag(peer) }
 // isPeerTag selects a sender's per-peer base holds.
 func isPeerTag(tag string) bool { return strings.HasPrefix(tag, peerTag("")) }
 
+// streamedTag is the hold tag of the first snapshot streamed to peer
+// while it carried no tag here (streamed.go).
+func streamedTag(peer string) string { return copyrecord.PeerStreamedTag(peer) }
+
+// isStreamedTag selects the holds streamedTag places.
+func isStreamedTag(tag string) bool { return strings.HasPrefix(tag, streamedTag("")) }
+
 // isReceiverTag selects a receiver's base hold.
 func isReceiverTag(tag string) bool { return tag == BaseHoldTag }

@@ -195,7 +195,8 @@ func (r *Receiver) peerBases(h Header) map[uint64][]string {
 // mirrorPeerBases makes the holds of a replica's peer tags those of its
 // sender (docs/replication.md, "Replicas share a base"): each snapshot
 // the sender holds as a peer's base, and this replica has, is held here
-// with that peer's tag, and no other snapshot keeps a peer tag. Promoted,
+// with that peer's tag, and no other snapshot keeps a peer tag; nor does
+// any keep a streamed tag, which only a primary's pushes need. Promoted,
 // the replica then keeps what every other replica shares with it, and its
 // first push to each goes on incrementally from there. The holds are made
 // before any is released.
@@ -228,7 +229,7 @@ func mirrorPeerBases(ctx context.Context, z Pool, fs string, peerBases map[uint6
 	}
 	for snap, tags := range holds {
 		for _, tag := range tags {
-			if isPeerTag(tag) && !want[snap][tag] {
+			if isStreamedTag(tag) || isPeerTag(tag) && !want[snap][tag] {
 				if err := z.Release(ctx, snap, tag); err != nil && !errors.Is(err, zfs.ErrNotFound) {
 					return fmt.Errorf("releasing %s on %s: %w", tag, snap, err)
 				}

@@ -473,11 +473,17 @@ func TestAReplicaKeepsABaseWithItsPrimary(t *testing.T) {
 		// restart: n1's zfs-node restarts after the broken push, and
 		// the new process knows nothing of its predecessor's streams.
 		restart bool
+		// first: the broken push is n3's first, so n1 holds no base of
+		// n3's (its stream is a full one).
+		first bool
 	}{
-		{"a bridge arrived before the push's own stream broke", true, false},
-		{"the push's stream arrived and its answer was lost", false, false},
-		{"a bridge arrived, then zfs-node restarted", true, true},
-		{"the answer was lost, then zfs-node restarted", false, true},
+		{"a bridge arrived before the push's own stream broke", true, false, false},
+		{"the push's stream arrived and its answer was lost", false, false, false},
+		{"a bridge arrived, then zfs-node restarted", true, true, false},
+		{"the answer was lost, then zfs-node restarted", false, true, false},
+		{"a full stream's bridge arrived, then zfs-node restarted", true, true, true},
+		{"a full stream arrived and its answer was lost, then zfs-node restarted", false, true, true},
+		{"a full stream's bridge arrived before its own stream broke", true, false, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -518,7 +524,9 @@ func TestAReplicaKeepsABaseWithItsPrimary(t *testing.T) {
 				return err
 			}
 			must(t, push("n2"))
-			must(t, push("n3"))
+			if !tt.first {
+				must(t, push("n3"))
+			}
 
 			if tt.bridge {
 				// n2's new base reaches n3 as a bridge; n3's own
