@@ -85,16 +85,8 @@ func Witnesses(answered []Node) (witnesses.Set, error) {
 		}
 		if s.Digest() != set.Digest() {
 			return witnesses.Set{}, errdefs.Wrap(errdefs.ErrUnavailable, "nodes %s and %s count different witness sets (%s and %s): no volume is created, moved or failed over until every node lists the same witnesses (docs/operations.md, \"Witnesses\")",
-				from, n.Info.NodeID, setName(set), setName(s))
+				from, n.Info.NodeID, witnesses.Describe(set.Entries(), ""), witnesses.Describe(s.Entries(), ""))
 		}
 	}
 	return set, nil
-}
-
-// setName names a witness set in a message.
-func setName(s witnesses.Set) string {
-	if s.Empty() {
-		return "none: every node"
-	}
-	return s.String()
 }

@@ -242,18 +242,10 @@ func (r Report) witnessesDiffer() string {
 		}
 		if !slices.Equal(n.Witnesses, r.Nodes[first].Witnesses) {
 			return fmt.Sprintf("nodes %s and %s count different witness sets (%s; %s): no volume is created, moved or failed over until every node lists the same witnesses",
-				r.Nodes[first].Node, n.Node, witnessList(r.Nodes[first].Witnesses), witnessList(n.Witnesses))
+				r.Nodes[first].Node, n.Node, witnesses.Describe(r.Nodes[first].Witnesses, ""), witnesses.Describe(n.Witnesses, ""))
 		}
 	}
 	return ""
-}
-
-// witnessList names a witness set in a message.
-func witnessList(entries []string) string {
-	if len(entries) == 0 {
-		return "none"
-	}
-	return strings.Join(entries, ",")
 }
 
 // workLeaseHeld reports whether a controller instance holds the work

@@ -113,7 +113,7 @@ func TestVerdict(t *testing.T) {
 		{"the same witnesses everywhere", Report{Nodes: []NodeStatus{with(well, func(n *NodeStatus) { n.Witnesses = []string{"n1@a:1", "n2@b:1", "n3@c:1"} }),
 			with(other, func(n *NodeStatus) { n.Witnesses = []string{"n1@a:1", "n2@b:1", "n3@c:1"} })}, Copies: []CopyStatus{primary, replica}, Controllers: holding}, ExitHealthy, ""},
 		{"nodes count different witness sets", Report{Nodes: []NodeStatus{with(well, func(n *NodeStatus) { n.Witnesses = []string{"n1@a:1", "n2@b:1", "n3@c:1"} }), other},
-			Copies: []CopyStatus{primary, replica}, Controllers: holding}, ExitDegraded, "nodes n1 and n2 count different witness sets (n1@a:1,n2@b:1,n3@c:1; none)"},
+			Copies: []CopyStatus{primary, replica}, Controllers: holding}, ExitDegraded, "nodes n1 and n2 count different witness sets (n1@a:1,n2@b:1,n3@c:1; none (every node counts))"},
 		{"a node unhealthy", Report{Nodes: []NodeStatus{well, with(other, func(n *NodeStatus) { n.Healthy = false })}, Copies: []CopyStatus{primary}}, ExitDegraded, "n2"},
 		{"a node lost its lease", Report{Nodes: []NodeStatus{well, with(other, func(n *NodeStatus) { n.Lease = "lost" })}}, ExitDegraded, "n2"},
 		{"the controller's moves unknown", Report{Nodes: []NodeStatus{well}, Unreachable: []Unreachable{{Node: "controller :9671"}}}, ExitDegraded, "controller :9671"},

@@ -451,7 +451,7 @@ func (s *Server) copyOf(ctx context.Context, id string) (*pb.Copy, error) {
 func (s *Server) Reserve(ctx context.Context, req *pb.ReserveRequest) (*pb.ReserveResponse, error) {
 	if got, own := req.GetWitnessDigest(), s.Witnesses.Digest(); got != own {
 		return nil, errdefs.Wrap(errdefs.ErrUnavailable, "node %s counts the witness set %s and the controller counted this reservation over %s: no generation of volume %s is granted until the controller and every node list the same witnesses (a controller older than witnesses counts every node: upgrade it; docs/operations.md, \"Witnesses\")",
-			s.cfg.NodeID, setName(s.Witnesses.Entries(), own), setName(nil, got), req.GetVolumeId())
+			s.cfg.NodeID, witnesses.Describe(s.Witnesses.Entries(), own), witnesses.Describe(nil, got), req.GetVolumeId())
 	}
 	if (req.GetFailover() || len(req.GetFailoverFrom()) > 0) && s.AttestSilence != nil {
 		if err := s.attest(req); err != nil {
@@ -467,17 +467,6 @@ func (s *Server) Reserve(ctx context.Context, req *pb.ReserveRequest) (*pb.Reser
 		return nil, err
 	}
 	return &pb.ReserveResponse{Granted: granted, PromisedGeneration: p.Generation, PromisedHolder: p.Holder}, nil
-}
-
-// setName names a witness set, or the digest of one, in a message.
-func setName(entries []string, digest string) string {
-	switch {
-	case len(entries) > 0:
-		return strings.Join(entries, ",")
-	case digest == "":
-		return "of none (every node)"
-	}
-	return "with digest " + digest
 }
 
 // RetirePeer stops counting a stopped node, at the operator's word

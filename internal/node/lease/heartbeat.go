@@ -11,6 +11,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/witnesses"
 )
 
 // PeerClient is how the heartbeat calls its peers: agent.PeerClient over
@@ -408,17 +409,9 @@ func (s *Server) Ping(caller, witnessDigest string) (nodeID, domain string, err 
 	}
 	if witnessDigest != s.WitnessDigest {
 		return "", "", errdefs.Wrap(errdefs.ErrFailedPrecondition, "node %s counts the witness set %s and node %s the set %s: list the same witnesses on every node (docs/operations.md, \"Witnesses\"); until then node %s's answers count for nothing there",
-			s.NodeID, digestName(s.WitnessDigest), caller, digestName(witnessDigest), s.NodeID)
+			s.NodeID, witnesses.Describe(nil, s.WitnessDigest), caller, witnesses.Describe(nil, witnessDigest), s.NodeID)
 	}
 	return s.NodeID, s.Domain, nil
-}
-
-// digestName names a witness set's digest in a message.
-func digestName(digest string) string {
-	if digest == "" {
-		return "of none (every node counts)"
-	}
-	return digest
 }
 
 // refuseRetired refuses a call from a node this node retired (Monitor.

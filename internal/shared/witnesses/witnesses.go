@@ -121,3 +121,16 @@ func (s Set) Entries() []string {
 
 // String lists the set as it is configured, sorted by node ID.
 func (s Set) String() string { return strings.Join(s.Entries(), ",") }
+
+// Describe names a witness set in a message, from its entries when the
+// caller has them, else from its digest (what a ping or a reservation
+// carries): "none (every node counts)" for the empty set.
+func Describe(entries []string, digest string) string {
+	switch {
+	case len(entries) > 0:
+		return strings.Join(entries, ",")
+	case digest == "":
+		return "none (every node counts)"
+	}
+	return "with digest " + digest
+}
