@@ -11,7 +11,7 @@ func (x *explRun) check() error {
 		return *err
 	}
 	id := x.vol.id
-	for _, check := range []func(string) error{c.oneWriter, c.generationsGrow, c.nothingLost, c.mountsStay} {
+	for _, check := range []func(string) error{c.oneWriter, c.generationsGrow, c.nothingLost, c.mountsStay, c.replicasFollow} {
 		if err := check(id); err != nil {
 			return err
 		}
