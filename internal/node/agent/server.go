@@ -56,7 +56,8 @@ type Server struct {
 	// GetNode.
 	OpenZFS string
 	// LeaseHeld and CertificateNotAfter, when set, report whether the
-	// node holds its lease and when its agent certificate expires.
+	// node holds its lease (unset: it keeps none, so it holds it) and
+	// when its agent certificate expires.
 	LeaseHeld           func() bool
 	CertificateNotAfter func() time.Time
 	// WorkLease is this node's part of the controllers' work lease
@@ -225,9 +226,8 @@ func (s *Server) GetNode(ctx context.Context, req *pb.GetNodeRequest) (*pb.Node,
 	}
 	n.Witnesses = s.Witnesses.Entries()
 	n.OpenzfsVersion = s.OpenZFS
-	if s.LeaseHeld != nil {
-		n.LeaseHeld = s.LeaseHeld()
-	}
+	// Without a lease the node holds it always (pb.Node.lease_held).
+	n.LeaseHeld = s.LeaseHeld == nil || s.LeaseHeld()
 	if s.CertificateNotAfter != nil {
 		n.CertificateNotAfter = s.CertificateNotAfter().Unix()
 	}

@@ -240,6 +240,11 @@ func (f *FakeAgent) GetNode(_ context.Context, opts agentclient.GetNodeOptions) 
 	}
 	info := f.info
 	info.VolumesVersion = f.version()
+	// A node that keeps no lease always holds it (a real node without
+	// peers answers so); one that keeps a lease and counts no node yet
+	// has just started (cluster.starting): a test sets KnownNodes to
+	// give it a lease.
+	info.LeaseHeld = info.LeaseHeld || info.KnownNodes == 0
 	if opts.WithoutHealth { // as a node answers: its health not read
 		info.UnhealthyReason = ""
 	}
