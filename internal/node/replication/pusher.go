@@ -278,6 +278,9 @@ func (p *Pusher) prepare(ctx context.Context, peer Peer, job pushJob) (preparedP
 	}
 	p.learnReceiver(job.volumeID, job.receiverKey(state.NodeID), local, held, state.SnapshotGUIDs)
 	if job.backup {
+		// A backup target whose base is gone takes a full stream into a
+		// new chain (planBackup): what it may hold needs no mark.
+		prep.known = true
 		if prep.plan, err = p.planBackup(ctx, job.fs, state, raw, snap, taken.err, local, job.log); err != nil {
 			return prep, err
 		}
@@ -629,10 +632,11 @@ func (p *Pusher) startTidy(volumeID, fs, base, peer string, log hclog.Logger) {
 // some common snapshot is always held; the peer's streamed tag goes then
 // (its base tag makes it known to a restarted process, streamed.go). A
 // primary receives nothing: the hold it kept as a replica (before a move
-// or failover promoted it) would pin its old base forever. Then old replication snapshots are pruned,
-// except the bases other peers received whose tidies have not held them
-// yet (tidies after pushes to different peers may run in either order)
-// and the snapshots a peer may hold beyond its base (mayHold).
+// or failover promoted it) would pin its old base forever. Then old
+// replication snapshots are pruned, except the bases other peers
+// received whose tidies have not held them yet (tidies after pushes to
+// different peers may run in either order) and the snapshots a peer may
+// hold beyond its base (mayHold).
 // Stopped at any step, it leaves some common snapshot held.
 func (p *Pusher) tidy(ctx context.Context, volumeID, fs, base, peer string, log hclog.Logger) {
 	if err := p.z.Hold(ctx, base, peerTag(peer)); err != nil {

@@ -58,7 +58,7 @@ func receiverKnown(tags func() (map[string][]string, error), receiver string) bo
 		return false
 	}
 	for _, ts := range held {
-		if slices.Contains(ts, peerTag(receiver)) || slices.Contains(ts, streamedTag(receiver)) {
+		if slices.Contains(receiversHeldFor(ts), receiver) {
 			return true
 		}
 	}

@@ -327,3 +327,33 @@ func TestAFullTargetFailsTheBackupAndKeepsTheBase(t *testing.T) {
 		t.Errorf("after a backup succeeded the node still records failures: %+v", f)
 	}
 }
+
+// TestAFailedBackupMarksNothing: only a replica's first stream is held
+// with its receiver's streamed tag (a replica ahead of its primary
+// refuses every push); a backup target whose base is gone takes a full
+// stream into a new chain, so failed backups pin no snapshot here.
+func TestAFailedBackupMarksNothing(t *testing.T) {
+	b := newBackupSetup(t, nil)
+	p := b.pusher(t, b.src, "n1")
+	b.vault.Fail = func(op, name string) error {
+		if op == "receive" {
+			return errors.New("the target's disk failed")
+		}
+		return nil
+	}
+	for _, word := range []string{"a", "b", "c"} {
+		must(t, b.src.Write(b.fs, word))
+		if _, err := p.PushBackup(ctx, b.id, "vault", "test", 0, func(replication.Progress) {}); err == nil {
+			t.Fatal("a backup to a target whose receives fail succeeded")
+		}
+	}
+	holds, err := b.src.Holds(ctx, b.fs)
+	must(t, err)
+	for snap, tags := range holds {
+		for _, tag := range tags {
+			if strings.HasPrefix(tag, "zfs-nomad-streamed-") {
+				t.Errorf("after failed backups %s is held with %s", snap, tag)
+			}
+		}
+	}
+}
