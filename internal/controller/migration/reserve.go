@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/agentclient"
+	"github.com/zfs-nomad/zfs-nomad/internal/controller/cluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
 )
 
@@ -54,8 +55,9 @@ func (m *Migrator) reserve(ctx context.Context, id string, gen uint64, holder st
 			r.Answering = append(r.Answering, n.Info.NodeID)
 		}
 	}
-	answers := make(chan reply, len(v.nodes))
-	for _, n := range v.nodes {
+	asked := v.reservationNodes(holder, g)
+	answers := make(chan reply, len(asked))
+	for _, n := range asked {
 		go func() {
 			cctx, cancel := m.call(ctx, v)
 			defer cancel()
@@ -66,7 +68,7 @@ func (m *Migrator) reserve(ctx context.Context, id string, gen uint64, holder st
 	total := v.voters()
 	granted, voted, holderGranted, alsoGranted, waiting, holdsPrimary := 0, 0, false, g.also == "", false, false
 	var refusals []string
-	for range v.nodes {
+	for range asked {
 		a := <-answers
 		switch {
 		case a.err != nil:
@@ -92,13 +94,13 @@ func (m *Migrator) reserve(ctx context.Context, id string, gen uint64, holder st
 	enough := voted > total/2
 	switch {
 	case g.everyAnswering:
-		enough = granted == len(v.nodes)
+		enough = granted == len(asked)
 	case g.failover:
 		// Every node of the look must grant too: one whose answer is
 		// missing may have refused because it holds the primary now (a
 		// move promoted it after the look read it), and its refusal is
 		// what stops a failover on a torn look.
-		enough = enough && granted == len(v.nodes)
+		enough = enough && granted == len(asked)
 	}
 	if enough && holderGranted && alsoGranted {
 		return goOn, nil
@@ -126,4 +128,50 @@ func (m *Migrator) reserve(ctx context.Context, id string, gen uint64, holder st
 		"granted", granted, "voters_granted", voted, "voters", total, "refusals", strings.Join(refusals, "; "))
 	return lookAgain, errdefs.Wrap(errdefs.ErrAborted, "generation %d of volume %s for node %s: %d nodes granted it, %d of the %d whose grants make a majority (%s)",
 		gen, id, holder, granted, voted, total, strings.Join(refusals, "; "))
+}
+
+// reservationNodes are the answering nodes a reservation of a generation
+// for holder goes to. Without witnesses, every one: each grant counts
+// toward the majority. With witnesses only theirs do, and another node's
+// record decides nothing but that node's own changes of its copy, each
+// checked against its record under the record's lock (docs/safety.md,
+// "Witnesses"). So the reservation goes to the witnesses and to the nodes
+// whose records a change of theirs reads:
+//   - the holder, whose promotion or create checks that its record
+//     promises it the generation (Records.checkPromised);
+//   - the node g.also names, a move's source, whose fence checks that its
+//     record promises the target the generation (checkPromisedTo);
+//   - every node holding a copy of the volume, whose unfence checks that
+//     its record promises no newer generation to another node
+//     (checkNotPromisedAway);
+//   - the holder of every promise the look found, which must grant a
+//     newer generation for its promotion with the old one to be refused
+//     for good (view.promisedAway, Migrator.supersede).
+//
+// What the other nodes would have recorded no decision reads: a look's
+// generations and promises count the witnesses' records (view.counts), and
+// a node's lease asks the witnesses. Each node then answers the
+// reservations of the volumes it holds or is given, and the witnesses
+// every one, instead of every node answering every reservation of the
+// cluster. A failover's reservation (the operator's promotion is one)
+// still goes to every answering node: each must grant it (the torn look,
+// or the operator's word without a majority).
+func (v view) reservationNodes(holder string, g grants) []cluster.Node {
+	if v.witnesses.Empty() || g.failover || g.everyAnswering {
+		return v.nodes
+	}
+	involved := map[string]bool{holder: true, g.also: true}
+	for _, c := range v.copies {
+		involved[c.nodeID()] = true
+	}
+	for _, p := range v.promises {
+		involved[p.holder] = true
+	}
+	var out []cluster.Node
+	for _, n := range v.nodes {
+		if id := n.Info.NodeID; v.witnesses.Has(id) || involved[id] {
+			out = append(out, n)
+		}
+	}
+	return out
 }

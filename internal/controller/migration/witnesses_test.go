@@ -7,12 +7,14 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/agentclient"
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/cluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/controller/cluster/clustertest"
+	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/errdefs"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/witnesses"
 )
@@ -147,5 +149,82 @@ func TestReserveCountsTheWitnesses(t *testing.T) {
 				t.Errorf("reserved: %v (%v), want %v", granted, err, wantGranted)
 			}
 		})
+	}
+}
+
+// TestReservationsGoToTheWitnessesAndTheNodesInvolved: with witnesses
+// n1, n2, n4 of seven nodes, the volume's primary on n3 and replicas on
+// n5 and n6, a move to n5 reserves its generation with the witnesses, the
+// source, the target and the other replica's node, and not with n7, which
+// holds nothing of the volume; a failover after n3's loss asks every node
+// that answered. Without witnesses every node is asked.
+func TestReservationsGoToTheWitnessesAndTheNodesInvolved(t *testing.T) {
+	tests := []struct {
+		name      string
+		witnesses []string
+		lost      bool // n3, the primary's node, is down: the publish fails over
+		want      []string
+	}{
+		{"a move, with witnesses", testWitnesses, false, []string{"n1", "n2", "n3", "n4", "n5", "n6"}},
+		{"a move, without witnesses", nil, false, []string{"n1", "n2", "n3", "n4", "n5", "n6", "n7"}},
+		{"a failover, with witnesses", testWitnesses, true, []string{"n1", "n2", "n4", "n5", "n6", "n7"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var fakes clustertest.Fakes
+			agents := map[string]*clustertest.FakeAgent{}
+			for _, id := range []string{"n1", "n2", "n3", "n4", "n5", "n6", "n7"} {
+				agents[id] = fakes.Add(agentclient.NodeInfo{NodeID: id, Witnesses: tt.witnesses})
+			}
+			agents["n3"].PutCopy(agentclient.Copy{VolumeID: testVolume, Role: contract.RolePrimary, Generation: 1})
+			now := time.Now().UnixNano() // both replicas as fresh: a failover promotes the target's
+			for _, id := range []string{"n5", "n6"} {
+				agents[id].PutCopy(agentclient.Copy{VolumeID: testVolume, Role: contract.RoleReplica, Generation: 1, LastSnapshotUnixNano: now,
+					Parameters: map[string]string{contract.ParamFailover: contract.FailoverAuto}})
+			}
+			m := New(fakes.Cluster(t), hclog.NewNullLogger())
+			m.CatchUpWait = 10 * time.Second
+			t.Cleanup(m.Stop)
+			if tt.lost {
+				agents["n3"].SetDown(true)
+			}
+			if gen, err := m.Publish(context.Background(), testVolume, "n5"); err != nil || gen != 2 {
+				t.Fatalf("Publish on n5: generation %d, %v; want 2", gen, err)
+			}
+			var asked []string
+			for id, a := range agents {
+				if len(a.Reservations()) > 0 {
+					asked = append(asked, id)
+				}
+			}
+			slices.Sort(asked)
+			if !slices.Equal(asked, tt.want) {
+				t.Errorf("reserved with %v, want %v", asked, tt.want)
+			}
+		})
+	}
+}
+
+// TestASupersedeReachesThePromisesHolder: with witnesses n1, n2, n4, the
+// primary on n3 is fenced for a move to n5 that was promised generation 2
+// and never promoted; n5 is no witness and holds no copy. A publish on
+// n3 lifts the fence only once n5's own record no longer promises n5
+// generation 2, so the reservation that supersedes it must reach n5.
+func TestASupersedeReachesThePromisesHolder(t *testing.T) {
+	var fakes clustertest.Fakes
+	agents := map[string]*clustertest.FakeAgent{}
+	for _, id := range []string{"n1", "n2", "n3", "n4", "n5"} {
+		agents[id] = fakes.Add(agentclient.NodeInfo{NodeID: id, Witnesses: testWitnesses})
+		agents[id].Promise(testVolume, 2, "n5")
+	}
+	agents["n3"].PutCopy(agentclient.Copy{VolumeID: testVolume, Role: contract.RolePrimary, Generation: 1, MovingTo: "n5", FencedUnixNano: 1})
+	m := New(fakes.Cluster(t), hclog.NewNullLogger())
+	t.Cleanup(m.Stop)
+	if gen, err := m.Publish(context.Background(), testVolume, "n3"); err != nil {
+		t.Fatalf("Publish on n3: generation %d, %v; want the fence lifted", gen, err)
+	}
+	rs := agents["n5"].Reservations()
+	if len(rs) == 0 || rs[len(rs)-1].HolderNodeID != "n3" {
+		t.Errorf("n5 was asked to reserve %+v: want a generation for n3", rs)
 	}
 }

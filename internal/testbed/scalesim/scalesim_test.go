@@ -107,6 +107,12 @@ func TestScaleWitnesses(t *testing.T) {
 	if earliest := lease + config.MinLeaseMargin(lease) - interval; r.Failover < earliest {
 		t.Errorf("a failover was granted %s after the node's loss: want no sooner than %s", r.Failover, earliest)
 	}
+	// A create reserves generation 1 with the witnesses and the node it
+	// chose, not with every node.
+	if got := r.CallsPerCreate["NodeAgent/Reserve"]; got > witnesses+1 {
+		t.Errorf("a create asked %.1f nodes to reserve: want the %d witnesses and the chosen node at most", got, witnesses)
+	}
+	t.Logf("reservations: %.1f a create, %.1f a move", r.CallsPerCreate["NodeAgent/Reserve"], r.CallsPerMove["NodeAgent/Reserve"])
 }
 
 // TestScaleFigures prints the figures table of docs/architecture.md,
