@@ -410,18 +410,19 @@ func (p *Pusher) sendStream(ctx context.Context, peer Peer, header Header, st st
 	}
 	before, started := sent.Load(), p.now()
 	streamBroke := false // the stream failed, not zfs send
-	w := &chunkWriter{send: func(b []byte) error {
+	w := newChunkWriter(func(b []byte) error {
 		if err := p.limit.Wait(ctx, len(b)); err != nil {
 			return err
 		}
 		err := stream.Send(b)
 		streamBroke = err != nil
 		return err
-	}, sent: sent}
+	}, sent)
 	_, sendErr := p.z.Send(ctx, st.spec, w)
 	if sendErr == nil {
 		sendErr = w.flush()
 	}
+	w.stop() // streamBroke is read below, and the stream closed
 	bytes := sent.Load() - before
 	if sendErr != nil {
 		_, recvErr := stream.CloseAndRecv() // the receiver's own account, if it has one

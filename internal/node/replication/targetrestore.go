@@ -184,11 +184,12 @@ func (t *TargetReceiver) SendBackup(ctx context.Context, caller, volumeID, snaps
 	}
 	log := t.log.With("volume_id", volumeID, "volume_name", b.VolumeName, "snapshot", snapshot, "node_id", caller)
 	log.Info("sending a backup for a restore")
-	w := &chunkWriter{send: send, sent: new(atomic.Int64)}
+	w := newChunkWriter(send, new(atomic.Int64))
 	n, err := t.z.Send(ctx, zfs.SendSpec{Snapshot: b.name, Raw: true}, w)
 	if err == nil {
 		err = w.flush()
 	}
+	w.stop() // no send outlives the call
 	if err != nil {
 		if errors.Is(err, zfs.ErrNotFound) {
 			err = errdefs.Wrap(errdefs.ErrNotFound, "backup %s of volume %s was pruned meanwhile", snapshot, volumeID)
