@@ -148,9 +148,10 @@ func (m *Migrator) reserve(ctx context.Context, id string, gen uint64, holder st
 //     newer generation for its promotion with the old one to be refused
 //     for good (view.promisedAway, Migrator.supersede).
 //
-// What the other nodes would have recorded no decision reads: a look's
-// generations and promises count the witnesses' records (view.counts), and
-// a node's lease asks the witnesses. Each node then answers the
+// What the other nodes would have recorded no decision needs: a look
+// with a quorum reads a majority of the witnesses, which shares a
+// witness with every reservation's majority (view.quorum), and a node's
+// lease asks the witnesses. Each node then answers the
 // reservations of the volumes it holds or is given, and the witnesses
 // every one, instead of every node answering every reservation of the
 // cluster. A failover's reservation (the operator's promotion is one)
