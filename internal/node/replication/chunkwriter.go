@@ -97,11 +97,11 @@ func (w *chunkWriter) ReadFrom(r io.Reader) (int64, error) {
 	}
 }
 
-// grow gives the chunk being filled a buffer of its own: the transport
-// may still hold a chunk passed on.
+// grow gives the chunk being filled a buffer of its own, of the chunk's
+// size: the transport may still hold a chunk passed on.
 func (w *chunkWriter) grow() {
 	if w.buf == nil {
-		w.buf = make([]byte, 0, chunkSize)
+		w.buf = make([]byte, 0, w.size)
 	}
 }
 
