@@ -164,6 +164,61 @@ func TestBackupStallGuard(t *testing.T) {
 	}
 }
 
+// TestBackupOutlivesABrokenStream: the stream from the source node may
+// break under a running backup (on a loaded host its connection's
+// keepalive ping went unanswered for 5 s, test/nomad 2026-12-07). The
+// node resumes a push started again, so the command pushes again while
+// data moved within the stall bound it prints, and gives up, saying
+// why, once none did.
+func TestBackupOutlivesABrokenStream(t *testing.T) {
+	broken := errdefs.Wrap(errdefs.ErrUnavailable, "keepalive ping failed to receive ACK within timeout")
+	tests := []struct {
+		name       string
+		moving     bool // each broken push moved data first
+		breaks     int  // pushes that break before one completes; -1: all
+		wantErr    string
+		wantPushes int // 0: any
+	}{
+		{"never broken: one push", true, 0, "", 1},
+		{"broken twice after moving data: pushed three times", true, 2, "", 3},
+		{"broken without moving data, within the bound: pushed again", false, 1, "", 2},
+		{"always broken, no data moved: given up after the bound", false, -1, "no data moved for 60ms", 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var fakes clustertest.Fakes
+			src := fakes.Add(agentclient.NodeInfo{NodeID: "n1", AvailableBytes: 1 << 30, MaxVolumes: 100})
+			fakes.Add(agentclient.NodeInfo{NodeID: "n2", AvailableBytes: 1 << 30, MaxVolumes: 100})
+			id := src.PutPrimary("backed-up", 1)
+			pushes := 0
+			src.BeforePush = func(_ context.Context, _ string, each func(agentclient.Progress)) error {
+				pushes++
+				if tt.breaks >= 0 && pushes > tt.breaks {
+					return nil
+				}
+				if tt.moving {
+					each(agentclient.Progress{Kind: "full", Bytes: 1 << 20})
+				}
+				return broken
+			}
+			var out strings.Builder
+			err := Backup(context.Background(), fakes.Cluster(t), id, BackupOptions{StallTimeout: 60 * time.Millisecond, RetryEvery: 10 * time.Millisecond}, &out)
+			switch {
+			case tt.wantErr == "" && err != nil:
+				t.Fatalf("backup failed: %v\n%s", err, out.String())
+			case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr) || !errors.Is(err, errdefs.ErrUnavailable)):
+				t.Fatalf("backup answered %v, want Unavailable saying %q", err, tt.wantErr)
+			}
+			if tt.wantPushes > 0 && pushes != tt.wantPushes {
+				t.Errorf("the node was asked to push %d times, want %d", pushes, tt.wantPushes)
+			}
+			if said := strings.Count(out.String(), "the push broke"); tt.breaks > 0 && said != tt.breaks {
+				t.Errorf("the output tells of %d broken pushes, want %d:\n%s", said, tt.breaks, out.String())
+			}
+		})
+	}
+}
+
 // TestBackupToATarget: -target hands the node the backup target's name
 // alone (the node's own configuration says where it is), and never
 // together with -to.

@@ -81,12 +81,19 @@ func Backup(ctx context.Context, cl *cluster.Cluster, volumeID string, opts Back
 	fmt.Fprintf(out, "backing up %s (%s) from %s to %s (cancelled if no data moves for %s)\n",
 		volumeID, src.Object.Name, src.Node.Info.NodeID, where, stall)
 	start := time.Now()
-	push := func() (agentclient.Progress, error) {
+	push := func(moved func()) (agentclient.Progress, error) {
+		var most int64
 		return cluster.Push(ctx, src.Node, volumeID, to, "backup", stall, func(p agentclient.Progress) {
+			if p.Bytes > most {
+				most = p.Bytes
+				moved()
+			}
 			fmt.Fprintf(out, "\r%s", FormatProgress(p, time.Since(start)))
 		})
 	}
-	last, err := whenIdle(ctx, opts, out, push)
+	last, err := againWhenBroken(ctx, stall, retryEvery(opts), out, func(moved func()) (agentclient.Progress, error) {
+		return whenIdle(ctx, opts, out, func() (agentclient.Progress, error) { return push(moved) })
+	})
 	if errors.Is(err, cluster.ErrStalled) {
 		// Unavailable: the target, or the link to it, did not take the
 		// data; the slot is free again for the schedule and moves.
@@ -110,10 +117,7 @@ func Backup(ctx context.Context, cl *cluster.Cluster, volumeID string, opts Back
 // opts.RetryEvery for up to opts.WaitBusy; it says once on out what it
 // waits for.
 func whenIdle(ctx context.Context, opts BackupOptions, out io.Writer, push func() (agentclient.Progress, error)) (agentclient.Progress, error) {
-	every := opts.RetryEvery
-	if every <= 0 {
-		every = 2 * time.Second
-	}
+	every := retryEvery(opts)
 	deadline := time.Now().Add(opts.WaitBusy)
 	told := false
 	for {
@@ -134,6 +138,42 @@ func whenIdle(ctx context.Context, opts BackupOptions, out io.Writer, push func(
 		select {
 		case <-ctx.Done():
 			return agentclient.Progress{}, fmt.Errorf("gave up waiting for the volume's running operation: %w", ctx.Err())
+		case <-time.After(every):
+		}
+	}
+}
+
+// retryEvery is how often a busy or broken push is tried again.
+func retryEvery(opts BackupOptions) time.Duration {
+	if opts.RetryEvery <= 0 {
+		return 2 * time.Second
+	}
+	return opts.RetryEvery
+}
+
+// againWhenBroken calls push again, every `every`, while it fails
+// Unavailable (the stream from the source node broke: a keepalive ping
+// unanswered on a loaded host, a reset connection, the node plugin
+// restarting) and data moved within stall, the bound the command
+// prints. The node resumes where the broken push stopped (the
+// receiver keeps a resume token), so a stall of the source shorter
+// than the bound costs the operator a line of output, not the backup.
+// push calls moved whenever its data moves.
+func againWhenBroken(ctx context.Context, stall, every time.Duration, out io.Writer, push func(moved func()) (agentclient.Progress, error)) (agentclient.Progress, error) {
+	lastMoved := time.Now()
+	moved := func() { lastMoved = time.Now() }
+	for {
+		last, err := push(moved)
+		if err == nil || !errors.Is(err, errdefs.ErrUnavailable) || errors.Is(err, cluster.ErrStalled) {
+			return last, err
+		}
+		if time.Since(lastMoved)+every > stall {
+			return last, fmt.Errorf("the push broke and no data moved for %s: %w", stall, err)
+		}
+		fmt.Fprintf(out, "\nthe push broke (%v): pushing again in %s, from where it stopped (given up once no data moved for %s)\n", err, every, stall)
+		select {
+		case <-ctx.Done():
+			return last, fmt.Errorf("gave up pushing again after the push broke (%v): %w", err, ctx.Err())
 		case <-time.After(every):
 		}
 	}
