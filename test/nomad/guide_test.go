@@ -15,8 +15,8 @@ import (
 // gone) fails the test. The test changes only what its cluster makes
 // different, each change named where it is made: the CA's and the
 // output's directories, the clients' names, the job files' paths, the
-// images' tags, and the flags it adds after the guide's (short leases,
-// debug logs, its agent port).
+// images' tags, and the flags it adds after the guide's (debug logs,
+// its agent port).
 
 // installGuide is docs/install.md.
 const installGuide = "../../docs/install.md"

@@ -34,7 +34,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/zfs-nomad/zfs-nomad/internal/shared/config"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/tlsconfig"
 	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guestcluster"
@@ -274,7 +273,7 @@ func TestNomadEndToEnd(t *testing.T) {
 		}
 		e.killNode(before.node)
 		// The last node hears from no majority of its peers now: with the
-		// peers the node job renders, it loses its lease within testLease (its
+		// peers the node job renders, it loses its lease within its 30 s lease (its
 		// mounted primaries would turn read-only; the operator's -force
 		// copy below is exempt). Without peers it never would.
 		e.eventually(time.Minute, "node "+last+" reporting its lease lost", func() error {
@@ -634,13 +633,6 @@ func (e *e2e) deployPlugins() { e.deployPluginsOn(3) }
 
 // deployPluginsOn is deployPlugins for a cluster where the node job
 // places that many node plugins.
-// The node plugins' lease here, and the smallest margin config accepts
-// with it (docs/safety.md, "Why the margin covers the self-fence").
-var (
-	testLease       = 12 * time.Second
-	testLeaseMargin = config.MinLeaseMargin(testLease)
-)
-
 func (e *e2e) deployPluginsOn(nodes int) {
 	began := time.Now()
 	node, controller := e.pluginVars()
@@ -654,12 +646,12 @@ func (e *e2e) deployPluginsOn(nodes int) {
 	}
 	nodeRun, controllerRun := e.pluginRuns(node, controller)
 	nodeRun = nodeRun.before(slices.Concat([]string{"-detach"}, tls, []string{"-var", "log_level=debug",
-		// Leases short enough for the failover steps: a failover away
-		// from a killed node waits 33 s of silence instead of 60 (the
-		// smallest margin config accepts with a 12 s lease). 8 s lapsed
-		// in the rotation step: under a backup's load on the emulated
-		// guest's two CPUs a node's peers were silent 9 s (2026-12-04).
-		"-var", "extra_args=" + hclList(slices.Concat([]string{"-lease", testLease.String(), "-lease-margin", testLeaseMargin.String()}, agentPortFlags(), e.backupFlags(false)))})...)
+		// The shipped lease and margin (30 s each): a failover away
+		// from a killed node waits 60 s of silence. Shorter leases
+		// lapsed under load here: in the rotation step, with a backup
+		// running, the emulated guest's two CPUs left two nodes' peers
+		// silent 15 s (docs/testing.md, "The Nomad test's lease").
+		"-var", "extra_args=" + hclList(slices.Concat(agentPortFlags(), e.backupFlags(false)))})...)
 	controllerRun = controllerRun.before(slices.Concat([]string{"-detach"}, tls, []string{"-var", "log_level=debug",
 		// Surplus copies go at once: the many-volume drain checks that
 		// the copy a move left of a volume without replicas goes.
