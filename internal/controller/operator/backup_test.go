@@ -93,10 +93,7 @@ func TestBackupWaitsForRunningPush(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			var fakes clustertest.Fakes
-			src := fakes.Add(agentclient.NodeInfo{NodeID: "n1", AvailableBytes: 1 << 30, MaxVolumes: 100})
-			fakes.Add(agentclient.NodeInfo{NodeID: "n2", AvailableBytes: 1 << 30, MaxVolumes: 100})
-			id := src.PutPrimary("backed-up", 1)
+			fakes, src, id := backedUpVolume()
 			src.RefuseTimes("Replicate", tt.busyCalls, busy)
 			var out strings.Builder
 			err := Backup(context.Background(), fakes.Cluster(t), id, BackupOptions{WaitBusy: tt.wait, RetryEvery: 5 * time.Millisecond}, &out)
@@ -124,16 +121,22 @@ func TestBackupWaitsForRunningPush(t *testing.T) {
 	}
 }
 
+// backedUpVolume is two fake nodes: n1 holds the primary of the volume
+// id, n2 has room for its replica.
+func backedUpVolume() (*clustertest.Fakes, *clustertest.FakeAgent, string) {
+	fakes := &clustertest.Fakes{}
+	src := fakes.Add(agentclient.NodeInfo{NodeID: "n1", AvailableBytes: 1 << 30, MaxVolumes: 100})
+	fakes.Add(agentclient.NodeInfo{NodeID: "n2", AvailableBytes: 1 << 30, MaxVolumes: 100})
+	return fakes, src, src.PutPrimary("backed-up", 1)
+}
+
 // TestBackupStallGuard: a backup holds the volume's one push slot, so a
 // push that moves no data (a hung target or stream) is cancelled after
 // the stall timeout, as the schedule's and the moves' pushes are, and the
 // error says so. Without the guard the backup would wait as long as the
 // command ran, and the schedule and moves of the volume with it.
 func TestBackupStallGuard(t *testing.T) {
-	var fakes clustertest.Fakes
-	src := fakes.Add(agentclient.NodeInfo{NodeID: "n1", AvailableBytes: 1 << 30, MaxVolumes: 100})
-	fakes.Add(agentclient.NodeInfo{NodeID: "n2", AvailableBytes: 1 << 30, MaxVolumes: 100})
-	id := src.PutPrimary("backed-up", 1)
+	fakes, src, id := backedUpVolume()
 	released := make(chan struct{})
 	src.BeforePush = func(ctx context.Context, _ string, each func(agentclient.Progress)) error {
 		each(agentclient.Progress{Kind: "full", Bytes: 0}) // started, then nothing
@@ -186,10 +189,7 @@ func TestBackupOutlivesABrokenStream(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			var fakes clustertest.Fakes
-			src := fakes.Add(agentclient.NodeInfo{NodeID: "n1", AvailableBytes: 1 << 30, MaxVolumes: 100})
-			fakes.Add(agentclient.NodeInfo{NodeID: "n2", AvailableBytes: 1 << 30, MaxVolumes: 100})
-			id := src.PutPrimary("backed-up", 1)
+			fakes, src, id := backedUpVolume()
 			pushes := 0
 			src.BeforePush = func(_ context.Context, _ string, each func(agentclient.Progress)) error {
 				pushes++
@@ -223,10 +223,7 @@ func TestBackupOutlivesABrokenStream(t *testing.T) {
 // alone (the node's own configuration says where it is), and never
 // together with -to.
 func TestBackupToATarget(t *testing.T) {
-	var fakes clustertest.Fakes
-	src := fakes.Add(agentclient.NodeInfo{NodeID: "n1", AvailableBytes: 1 << 30, MaxVolumes: 100})
-	fakes.Add(agentclient.NodeInfo{NodeID: "n2", AvailableBytes: 1 << 30, MaxVolumes: 100})
-	id := src.PutPrimary("backed-up", 1)
+	fakes, src, id := backedUpVolume()
 	var out strings.Builder
 	if err := Backup(context.Background(), fakes.Cluster(t), id, BackupOptions{Target: "vault"}, &out); err != nil {
 		t.Fatalf("backup to a target: %v\n%s", err, out.String())
