@@ -273,7 +273,7 @@ func TestNomadEndToEnd(t *testing.T) {
 		}
 		e.killNode(before.node)
 		// The last node hears from no majority of its peers now: with the
-		// peers the node job renders, it loses its lease within its 30 s lease (its
+		// peers the node job renders, it loses its lease within 30 s (its
 		// mounted primaries would turn read-only; the operator's -force
 		// copy below is exempt). Without peers it never would.
 		e.eventually(time.Minute, "node "+last+" reporting its lease lost", func() error {

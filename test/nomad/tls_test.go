@@ -246,9 +246,9 @@ func (e *e2e) rotateCertificates(job allocation) {
 	// A node's lease may have lapsed once while the plugins started
 	// (its peers were not up yet), or while the write above was synced
 	// (ZFS's I/O threads on both of the guest's CPUs for seconds).
-	// Count what the rotation adds, from a
-	// moment every node holds its lease: a loss the write caused is
-	// logged at the beat after it, which may come after the write ends.
+	// Count what the rotation adds, from a moment every node holds its
+	// lease: a loss the write caused is logged at the beat after it,
+	// which may come after the write ends.
 	e.eventually(time.Minute, "every node holding its lease after the write", func() error {
 		for _, n := range e.statusReport().Nodes {
 			if n.Lease != "held" {
