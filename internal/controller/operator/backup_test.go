@@ -177,21 +177,27 @@ func TestBackupOutlivesABrokenStream(t *testing.T) {
 	broken := errdefs.Wrap(errdefs.ErrUnavailable, "keepalive ping failed to receive ACK within timeout")
 	tests := []struct {
 		name       string
-		moving     bool // each broken push moved data first
-		breaks     int  // pushes that break before one completes; -1: all
+		busy       time.Duration // the volume busy (Aborted) this long first
+		moving     bool          // each broken push moved data first
+		breaks     int           // pushes that break before one completes; -1: all
 		wantErr    string
-		wantPushes int // 0: any
+		wantPushes int // pushes taken, busy answers not counted; 0: any
 	}{
-		{"never broken: one push", true, 0, "", 1},
-		{"broken twice after moving data: pushed three times", true, 2, "", 3},
-		{"broken without moving data, within the bound: pushed again", false, 1, "", 2},
-		{"always broken, no data moved: given up after the bound", false, -1, "no data moved for 60ms", 0},
+		{"never broken: one push", 0, true, 0, "", 1},
+		{"broken twice after moving data: pushed three times", 0, true, 2, "", 3},
+		{"broken without moving data, within the bound: pushed again", 0, false, 1, "", 2},
+		{"always broken, no data moved: given up after the bound", 0, false, -1, "no data moved for 60ms", 0},
+		{"broken without moving data after a busy wait longer than the bound: pushed again", 100 * time.Millisecond, false, 1, "", 2},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			fakes, src, id := backedUpVolume()
 			pushes := 0
+			busyUntil := time.Now().Add(tt.busy)
 			src.BeforePush = func(_ context.Context, _ string, each func(agentclient.Progress)) error {
+				if time.Now().Before(busyUntil) {
+					return errdefs.Wrap(errdefs.ErrAborted, "another operation on the volume is running")
+				}
 				pushes++
 				if tt.breaks >= 0 && pushes > tt.breaks {
 					return nil
@@ -202,7 +208,7 @@ func TestBackupOutlivesABrokenStream(t *testing.T) {
 				return broken
 			}
 			var out strings.Builder
-			err := Backup(context.Background(), fakes.Cluster(t), id, BackupOptions{StallTimeout: 60 * time.Millisecond, RetryEvery: 10 * time.Millisecond}, &out)
+			err := Backup(context.Background(), fakes.Cluster(t), id, BackupOptions{StallTimeout: 60 * time.Millisecond, RetryEvery: 10 * time.Millisecond, WaitBusy: time.Second}, &out)
 			switch {
 			case tt.wantErr == "" && err != nil:
 				t.Fatalf("backup failed: %v\n%s", err, out.String())

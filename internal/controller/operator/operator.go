@@ -81,11 +81,12 @@ func Backup(ctx context.Context, cl *cluster.Cluster, volumeID string, opts Back
 	fmt.Fprintf(out, "backing up %s (%s) from %s to %s (cancelled if no data moves for %s)\n",
 		volumeID, src.Object.Name, src.Node.Info.NodeID, where, stall)
 	start := time.Now()
+	reported := false // the node has taken a push and reported on it
 	push := func(moved func()) (agentclient.Progress, error) {
 		var most int64
 		return cluster.Push(ctx, src.Node, volumeID, to, "backup", stall, func(p agentclient.Progress) {
-			if p.Bytes > most {
-				most = p.Bytes
+			if p.Bytes > most || !reported {
+				most, reported = max(most, p.Bytes), true
 				moved()
 			}
 			fmt.Fprintf(out, "\r%s", FormatProgress(p, time.Since(start)))
@@ -158,14 +159,20 @@ func retryEvery(opts BackupOptions) time.Duration {
 // prints. The node resumes where the broken push stopped (the
 // receiver keeps a resume token), so a stall of the source shorter
 // than the bound costs the operator a line of output, not the backup.
-// push calls moved whenever its data moves.
+// push calls moved when the node first reports on a push and whenever
+// data moves. The bound counts from then, or from the first break if
+// none came before it: never from the command's start, whose wait for
+// a busy volume (-wait) is no stall.
 func againWhenBroken(ctx context.Context, stall, every time.Duration, out io.Writer, push func(moved func()) (agentclient.Progress, error)) (agentclient.Progress, error) {
-	lastMoved := time.Now()
+	var lastMoved time.Time // zero until the node reports or a push breaks
 	moved := func() { lastMoved = time.Now() }
 	for {
 		last, err := push(moved)
 		if err == nil || !errors.Is(err, errdefs.ErrUnavailable) || errors.Is(err, cluster.ErrStalled) {
 			return last, err
+		}
+		if lastMoved.IsZero() {
+			lastMoved = time.Now()
 		}
 		if time.Since(lastMoved)+every > stall {
 			return last, fmt.Errorf("the push broke and no data moved for %s: %w", stall, err)
