@@ -1,6 +1,7 @@
 package nomad
 
 import (
+	"flag"
 	"fmt"
 	"path/filepath"
 	"regexp"
@@ -270,13 +271,22 @@ func (e *e2e) timedFailover(volume string, before allocation, lose func(allocati
 	return took, after
 }
 
-// failoverWithAndWithoutTheHolder runs two automatic failovers of one
-// volume in one run: first the client running the job and the controller
-// instance holding the work lease dies (and comes back), then a client
-// running the job and no controller instance is cut off with its
-// zfs-node down, and dies once its task stopped. It returns the node of
-// the second, which stays dead.
-func (e *e2e) failoverWithAndWithoutTheHolder() string {
+// failoverWithTheHolder adds to the failover=auto step a first failover
+// whose lost client runs the job and the controller instance holding the
+// work lease (make test-nomad). Not part of make test: the drain step
+// already loses the holder's client in the middle of a move, so the
+// instance taking over under Nomad is proven there, and this failover
+// and the client's revival cost about three minutes more (2026-12-07:
+// 1m19s and 1m13s), which CI's 90 minutes do not have.
+var failoverWithTheHolder = flag.Bool("failover-with-holder", false, "also fail over once with the work lease's holder on the lost client")
+
+// failoverAuto runs the automatic failovers of one volume: with
+// -failover-with-holder first the client running the job and the
+// controller instance holding the work lease dies (and comes back); then
+// a client running the job and no controller instance is cut off with
+// its zfs-node down, and dies once its task stopped. It returns the node
+// of the last, which stays dead.
+func (e *e2e) failoverAuto() string {
 	e.t.Helper()
 	spec := strings.NewReplacer(`"web-data"`, `"web-data-auto"`, `failover = "manual"`, `failover = "auto"`).
 		Replace(e.readFile(e.file("volume.hcl")))
@@ -285,15 +295,10 @@ func (e *e2e) failoverWithAndWithoutTheHolder() string {
 	}
 	e.createVolume(e.writeFile("auto.hcl", spec))
 
-	holder := e.waitForWorkLeaseHolder()
-	before := e.runCounterNear("web-data-auto", holder)
-	controllers := e.controllers()
-	withHolder, after := e.timedFailover("web-data-auto", before, func(a allocation) { e.killNode(a.node) })
-	e.tell("FIGURE failover, the lost client ran the work lease's holder: %s (node %s killed to the job ready on %s; %s)",
-		withHolder.Round(100*time.Millisecond), holder, after.node, controllers)
-	e.reviveNode(holder)
-
-	e.nomad("job", "stop", "-purge", "counter")
+	var withHolder time.Duration
+	if *failoverWithTheHolder {
+		withHolder = e.failoverWithTheHolder()
+	}
 	e.waitForWorkLeaseHolder()
 	victim := ""
 	withController := e.runningOn("zfs-nomad-controller")
@@ -305,13 +310,31 @@ func (e *e2e) failoverWithAndWithoutTheHolder() string {
 	if victim == "" {
 		e.t.Fatalf("the controller instances run on %v: no client runs none", withController)
 	}
-	before = e.runCounterNear("web-data-auto", victim)
-	controllers = e.controllers()
+	before := e.runCounterNear("web-data-auto", victim)
+	controllers := e.controllers()
 	without, after := e.timedFailover("web-data-auto", before, e.cutOffWithItsNodePluginDown)
 	e.tell("FIGURE failover, the lost client ran no controller instance: %s (node %s cut off to the job ready on %s; %s)",
 		without.Round(100*time.Millisecond), victim, after.node, controllers)
-	e.tell("FIGURE failover with the work lease's holder lost / with no controller lost: %.2f", withHolder.Seconds()/without.Seconds())
+	if withHolder > 0 {
+		e.tell("FIGURE failover with the work lease's holder lost / with no controller lost: %.2f", withHolder.Seconds()/without.Seconds())
+	}
 	return victim
+}
+
+// failoverWithTheHolder runs the job next to the work lease's holder,
+// kills that client, waits for the job elsewhere with its data, revives
+// the client and stops the job. It returns the failover's time.
+func (e *e2e) failoverWithTheHolder() time.Duration {
+	e.t.Helper()
+	holder := e.waitForWorkLeaseHolder()
+	before := e.runCounterNear("web-data-auto", holder)
+	controllers := e.controllers()
+	took, after := e.timedFailover("web-data-auto", before, func(a allocation) { e.killNode(a.node) })
+	e.tell("FIGURE failover, the lost client ran the work lease's holder: %s (node %s killed to the job ready on %s; %s)",
+		took.Round(100*time.Millisecond), holder, after.node, controllers)
+	e.reviveNode(holder)
+	e.nomad("job", "stop", "-purge", "counter")
+	return took
 }
 
 // cutOffWithItsNodePluginDown cuts the link of a's node while its Nomad

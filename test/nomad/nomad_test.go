@@ -34,6 +34,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/openzfs"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/tlsconfig"
 	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guestcluster"
@@ -100,6 +101,13 @@ type e2e struct {
 	// target is the backup target the plugins know as backupTarget
 	// (nil: none).
 	target *guestcluster.Target
+	// encrypt: the scenario's volumes are encrypted. Only where the
+	// guest's kernel module is free of OpenZFS 2.1's encrypted-mount
+	// defect (docs/security.md: an oops that hangs the node's ZFS, met
+	// in this scenario's drain): on 2.1 nodes the docs say to leave
+	// encryption out, and so does the test (make test-nomad-trixie runs
+	// it encrypted on 2.3).
+	encrypt bool
 }
 
 // nomadBinDir is the directory of the binaries, or skips the test
@@ -118,6 +126,7 @@ func TestNomadEndToEnd(t *testing.T) {
 	bin := nomadBinDir(t)
 	haveImages(t, bin)
 	e := start(t, bin, dockerFlavour)
+	e.encrypt = !encryptedMountDefect(t)
 
 	e.startBackupTarget()
 	e.step("deploy the plugins from nomad/ under the docker driver", e.deployPlugins)
@@ -126,8 +135,8 @@ func TestNomadEndToEnd(t *testing.T) {
 	e.step("a real Prometheus finds both plugins through Nomad's service discovery", func() { prometheus = e.startPrometheus() })
 
 	var first, moved allocation
-	e.step("create a replicated, encrypted volume and run the example job on it", func() {
-		e.createVolume(e.writeFile("encrypted.hcl", e.encrypted(e.readFile(e.file("volume.hcl")))))
+	e.step("create a replicated volume (encrypted but on OpenZFS 2.1) and run the example job on it", func() {
+		e.createVolume(e.writeFile("web-data.hcl", e.withSecrets(e.readFile(e.file("volume.hcl")))))
 		first = e.runCounter("web-data")
 		e.tell("the counter job runs on %s and wrote data.bin, sha256 %.16s...", first.node, first.data)
 		e.wantKeyLoadedOnlyOn(e.externalID("web-data"), first.node)
@@ -181,7 +190,7 @@ func TestNomadEndToEnd(t *testing.T) {
 		e.nomad("volume", "snapshot", "create", "web-data", "snap1")
 		snapID = e.snapshotID("web-data")
 		e.nomad("job", "stop", "-purge", "counter")
-		e.createVolume(e.writeFile("restored.hcl", fromSnapshotSpec("web-data-restored", snapID)))
+		e.createVolume(e.writeFile("restored.hcl", e.fromSnapshotSpec("web-data-restored", snapID)))
 		restored := e.runCounter("web-data-restored")
 		e.wantSameData(moved, restored, false)
 		e.wantKeyLoadedOnlyOn(e.externalID("web-data-restored"), restored.node)
@@ -205,7 +214,7 @@ func TestNomadEndToEnd(t *testing.T) {
 		if !strings.HasPrefix(backupID, "backup:"+backupTarget+":") {
 			t.Fatalf("nomad volume snapshot list shows %s for web-data, want its backup on %s", backupID, backupTarget)
 		}
-		e.createVolume(e.writeFile("from-backup.hcl", fromSnapshotSpec("web-data-from-backup", backupID)))
+		e.createVolume(e.writeFile("from-backup.hcl", e.fromSnapshotSpec("web-data-from-backup", backupID)))
 		restored := e.runCounter("web-data-from-backup")
 		e.wantSameData(moved, restored, false)
 		e.nomad("job", "stop", "-purge", "counter")
@@ -246,8 +255,8 @@ func TestNomadEndToEnd(t *testing.T) {
 	e.tell("FIGURE the plugins' memory and CPU weight (each task's cgroup; memory.max and cpu.weight from the job files' resources), beside the Nomad agents':\n%s",
 		pluginMemory("zfs-node", "zfs-controller", "nomad"))
 
-	e.step("failover=auto: the job's node dies and the job comes back elsewhere, once with the work lease's holder on it and once without", func() {
-		autoNode = e.failoverWithAndWithoutTheHolder()
+	e.step("failover=auto: the job's node is lost and the job comes back elsewhere", func() {
+		autoNode = e.failoverAuto()
 	})
 
 	e.step("failover=manual: the job waits until the operator promotes a replica", func() {
@@ -310,9 +319,13 @@ func TestNomadEndToEnd(t *testing.T) {
 }
 
 // fromSnapshotSpec is the volume specification of nomad volume create
-// for an encrypted volume id made from snapshotID (a snapshot's, or a
-// backup's), with its source's owner secret.
-func fromSnapshotSpec(id, snapshotID string) string {
+// for a volume id made from snapshotID (a snapshot's, or a backup's),
+// with its source's owner secret and, when e.encrypt, its passphrase.
+func (e *e2e) fromSnapshotSpec(id, snapshotID string) string {
+	key := ""
+	if e.encrypt {
+		key = fmt.Sprintf("\n  encryption_key = %q", testPassphrase)
+	}
 	return fmt.Sprintf(`id = %[1]q
 name = %[1]q
 type = "csi"
@@ -323,10 +336,9 @@ capability {
   attachment_mode = "file-system"
 }
 secrets {
-  owner_secret   = %[4]q
-  encryption_key = %[3]q
+  owner_secret   = %[4]q%[3]s
 }
-`, id, snapshotID, testPassphrase, testOwnerSecret)
+`, id, snapshotID, key, testOwnerSecret)
 }
 
 // TestNomadRawExec is the shorter scenario for clients without Docker:
@@ -1180,28 +1192,45 @@ const (
 	testOwnerSecret = "5e2b9c07d1f4a6e38b0c"
 )
 
-// encrypted turns nomad/volume.hcl's commented encryption and secrets
-// on: the parameter, and the secrets block with testOwnerSecret and
-// testPassphrase, which Nomad sends with the create and every call on
-// the volume after it.
-func (e *e2e) encrypted(spec string) string {
+// withSecrets turns nomad/volume.hcl's commented secrets block on, with
+// testOwnerSecret, which Nomad sends with the create and every call on
+// the volume after it; when e.encrypt, also its commented encryption
+// parameter and the secrets' testPassphrase.
+func (e *e2e) withSecrets(spec string) string {
 	e.t.Helper()
-	out := strings.NewReplacer(
-		`  # encryption = "on"`, `  encryption = "on"`,
-		"# secrets {\n#   owner_secret   = \"the output of openssl rand -hex 16\"\n#   encryption_key = \"a passphrase of 8 to 512 characters\"\n# }",
-		fmt.Sprintf("secrets {\n  owner_secret   = %q\n  encryption_key = %q\n}", testOwnerSecret, testPassphrase),
-	).Replace(spec)
-	if !strings.Contains(out, `  encryption = "on"`) || !strings.Contains(out, testPassphrase) {
+	const commented = "# secrets {\n#   owner_secret   = \"the output of openssl rand -hex 16\"\n#   encryption_key = \"a passphrase of 8 to 512 characters\"\n# }"
+	if !strings.Contains(spec, commented) || !strings.Contains(spec, `  # encryption = "on"`) {
 		e.t.Fatal("nomad/volume.hcl no longer has the commented encryption parameter and secrets block: update this test")
 	}
-	return out
+	if !e.encrypt {
+		return strings.Replace(spec, commented, fmt.Sprintf("secrets {\n  owner_secret = %q\n}", testOwnerSecret), 1)
+	}
+	return strings.NewReplacer(
+		`  # encryption = "on"`, `  encryption = "on"`,
+		commented, fmt.Sprintf("secrets {\n  owner_secret   = %q\n  encryption_key = %q\n}", testOwnerSecret, testPassphrase),
+	).Replace(spec)
+}
+
+// encryptedMountDefect reports whether the guest's ZFS kernel module has
+// OpenZFS 2.1's encrypted-mount defect, as zfs-node judges it at start.
+func encryptedMountDefect(t *testing.T) bool {
+	t.Helper()
+	v, err := openzfs.Parse(guesttest.Run(t, "zfs", "version"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v.EncryptedMountDefect()
 }
 
 // wantKeyLoadedOnlyOn checks that every copy of volume id is encrypted
 // and that its key is loaded on node, where the job has it mounted, and
-// nowhere else (docs/security.md, "Encrypted volumes").
+// nowhere else (docs/security.md, "Encrypted volumes"); nothing when the
+// scenario's volumes are not encrypted.
 func (e *e2e) wantKeyLoadedOnlyOn(id, node string) {
 	e.t.Helper()
+	if !e.encrypt {
+		return
+	}
 	var copies []string
 	for _, n := range e.c.Nodes {
 		out, err := guestcluster.Run("zfs", "get", "-H", "-o", "value", "encryption,keystatus", n.RootDataset+"/"+id)
