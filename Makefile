@@ -171,21 +171,21 @@ nomad: ## build (or find cached) the Nomad binary for the end-to-end test (about
 	@./hack/nomad.sh
 
 test-nomad: guest-image images ## the driver under a real Nomad (1 server, 3 clients) in the guest, from the nomad/ job files: docker, then raw_exec
-	nomad=$$(./hack/nomad.sh) && prometheus=$$(./hack/prometheus-server.sh) && ZFS_NOMAD_NOMAD=$$nomad ZFS_NOMAD_PROMETHEUS=$$prometheus ZFS_NOMAD_IMAGES=$(IMAGES_DIR) go test -count=1 -v -timeout 40m ./test/nomad/ -args -failover-with-holder
+	nomad=$$(./hack/nomad.sh) && prometheus=$$(./hack/prometheus-server.sh) && ZFS_NOMAD_NOMAD=$$nomad ZFS_NOMAD_PROMETHEUS=$$prometheus ZFS_NOMAD_IMAGES=$(IMAGES_DIR) go test -count=1 -v -timeout 40m ./test/nomad/ -args -failover-with-holder -failover-manual
 
 # The docker scenario on Debian 13's OpenZFS 2.3 with its node image (not
 # in make test: the Debian 13 images take a few minutes to build once).
 test-nomad-trixie: guest-image-trixie ## test-nomad's docker scenario in the Debian 13 guest, with the Debian 13 node image
 	@VERSION=$(VERSION) TAG=dev-debian13 DEBIAN_RELEASE=trixie ARCHIVE_DIR=$(IMAGES_DIR)-debian13 ./hack/images.sh
-	nomad=$$(./hack/nomad.sh) && prometheus=$$(./hack/prometheus-server.sh) && ZFS_NOMAD_GUEST=trixie ZFS_NOMAD_PROMETHEUS=$$prometheus ZFS_NOMAD_NOMAD=$$nomad ZFS_NOMAD_IMAGES=$(IMAGES_DIR)-debian13 go test -count=1 -v -timeout 40m -run TestNomadEndToEnd ./test/nomad/ -args -failover-with-holder
+	nomad=$$(./hack/nomad.sh) && prometheus=$$(./hack/prometheus-server.sh) && ZFS_NOMAD_GUEST=trixie ZFS_NOMAD_PROMETHEUS=$$prometheus ZFS_NOMAD_NOMAD=$$nomad ZFS_NOMAD_IMAGES=$(IMAGES_DIR)-debian13 go test -count=1 -v -timeout 40m -run TestNomadEndToEnd ./test/nomad/ -args -failover-with-holder -failover-manual
 
 # The oldest Nomad the driver supports (docs/install.md), not in make
 # test: its end-to-end run costs about 17 min more (docs/testing.md).
 test-nomad-oldest: guest-image images ## test-nomad's docker scenario under Nomad 1.10.2, the oldest release the driver supports
-	nomad=$$(NOMAD_VERSION=v1.10.2 ./hack/nomad.sh) && prometheus=$$(./hack/prometheus-server.sh) && ZFS_NOMAD_NOMAD=$$nomad ZFS_NOMAD_PROMETHEUS=$$prometheus ZFS_NOMAD_IMAGES=$(IMAGES_DIR) go test -count=1 -v -timeout 40m -run 'TestNomadEndToEnd$$' ./test/nomad/ -args -failover-with-holder
+	nomad=$$(NOMAD_VERSION=v1.10.2 ./hack/nomad.sh) && prometheus=$$(./hack/prometheus-server.sh) && ZFS_NOMAD_NOMAD=$$nomad ZFS_NOMAD_PROMETHEUS=$$prometheus ZFS_NOMAD_IMAGES=$(IMAGES_DIR) go test -count=1 -v -timeout 40m -run 'TestNomadEndToEnd$$' ./test/nomad/ -args -failover-with-holder -failover-manual
 
 test-nomad-drain: guest-image images ## test-nomad plus a drain of a client holding eight volumes (not in make test)
-	nomad=$$(./hack/nomad.sh) && prometheus=$$(./hack/prometheus-server.sh) && ZFS_NOMAD_NOMAD=$$nomad ZFS_NOMAD_PROMETHEUS=$$prometheus ZFS_NOMAD_IMAGES=$(IMAGES_DIR) go test -count=1 -v -timeout 60m -run TestNomadEndToEnd ./test/nomad/ -args -drain-many -failover-with-holder
+	nomad=$$(./hack/nomad.sh) && prometheus=$$(./hack/prometheus-server.sh) && ZFS_NOMAD_NOMAD=$$nomad ZFS_NOMAD_PROMETHEUS=$$prometheus ZFS_NOMAD_IMAGES=$(IMAGES_DIR) go test -count=1 -v -timeout 60m -run TestNomadEndToEnd ./test/nomad/ -args -drain-many -failover-with-holder -failover-manual
 
 test-witnesses: guest-image ## the failover with a witness set on real ZFS (TestFailoverCountsTheWitnesses; not in make test)
 	go test -count=1 -v -timeout 20m -run '^TestFailoverCountsTheWitnesses$$' ./test/migration
