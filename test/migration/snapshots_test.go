@@ -2,7 +2,6 @@ package migration
 
 import (
 	"fmt"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -223,39 +222,6 @@ func (e *env) deletionRecords(n string) string {
 	e.t.Helper()
 	ds := e.node(n).RootDataset + "/" + copyrecord.PromisesDataset
 	return strings.TrimSpace(guesttest.Run(e.t, "sh", "-c", "zfs get -H -o property,value -s local all "+ds+" 2>/dev/null | grep "+copyrecord.PropDeletedSnapshotPrefix+" || true"))
-}
-
-// TestBytesSentWithSnapshots reports what carrying CSI snapshots costs a
-// replica's first push: a volume with ten snapshots, each taken after
-// 1 MiB of a 4 MiB file was rewritten, against a send of the newest state
-// alone (zfs send -nP, what a push would send without the snapshots). A
-// figure, not an assertion: the difference is the data only the snapshots
-// hold, which a replica must have for them to survive the node.
-func TestBytesSentWithSnapshots(t *testing.T) {
-	t.Parallel()
-	e := start(t)
-	id, dir := e.createWritten("ten-snapshots", nil, "dd if=/dev/urandom of=f bs=1M count=4 2>/dev/null")
-	for i := range 10 {
-		e.write("n1", dir, fmt.Sprintf("dd if=/dev/urandom of=f bs=1M count=1 seek=%d conv=notrunc 2>/dev/null", i%4))
-		if _, err := e.controller().CreateSnapshot(e.ctx, &csi.CreateSnapshotRequest{SourceVolumeId: id, Name: fmt.Sprintf("s%d", i)}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	fs := e.node("n1").RootDataset + "/" + id
-	newest := fs + "@" + contract.SnapshotIDForName("s9")
-	out := guesttest.Run(t, "sh", "-c", "zfs send -nP -L -c "+newest+" | awk '/^size/ {print $2}'")
-	alone, err := strconv.ParseInt(strings.TrimSpace(out), 10, 64)
-	if err != nil {
-		t.Fatalf("zfs send -nP: %q: %v", out, err)
-	}
-	prog := e.replicate(id, "n1", "n2")
-	snaps := guesttest.Run(t, "sh", "-c", "zfs list -H -o name -t snapshot "+e.node("n2").RootDataset+"/"+id+" | grep -c @snap- || true")
-	t.Logf("FIGURE first push of a volume with 10 CSI snapshots: %d bytes (%s snapshots on the replica); its newest state alone: %d bytes; ratio %.2f",
-		prog.GetBytes(), strings.TrimSpace(snaps), alone, float64(prog.GetBytes())/float64(alone))
-	if strings.TrimSpace(snaps) != "10" {
-		t.Errorf("the replica holds %s CSI snapshots, want 10", strings.TrimSpace(snaps))
-	}
-	e.unpublish(id, "n1")
 }
 
 // TestARestoreOnAReplica on real ZFS: a volume restored on a replica's
