@@ -1,6 +1,7 @@
 package operator
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"slices"
@@ -175,19 +176,22 @@ func TestBackupStallGuard(t *testing.T) {
 // why, once none did.
 func TestBackupOutlivesABrokenStream(t *testing.T) {
 	broken := errdefs.Wrap(errdefs.ErrUnavailable, "keepalive ping failed to receive ACK within timeout")
+	refused := errdefs.Wrap(errdefs.ErrUnavailable, "peer 10.77.0.2:7670: connection error: desc = \"transport: authentication handshake failed: tls: failed to verify certificate: x509: certificate is valid for n2.node.zfs-nomad, not backup.zfs-nomad\"")
 	tests := []struct {
 		name       string
 		busy       time.Duration // the volume busy (Aborted) this long first
+		failure    error         // how a push breaks (nil: broken)
 		moving     bool          // each broken push moved data first
 		breaks     int           // pushes that break before one completes; -1: all
 		wantErr    string
 		wantPushes int // pushes taken, busy answers not counted; 0: any
 	}{
-		{"never broken: one push", 0, true, 0, "", 1},
-		{"broken twice after moving data: pushed three times", 0, true, 2, "", 3},
-		{"broken without moving data, within the bound: pushed again", 0, false, 1, "", 2},
-		{"always broken, no data moved: given up after the bound", 0, false, -1, "no data moved for 60ms", 0},
-		{"broken without moving data after a busy wait longer than the bound: pushed again", 100 * time.Millisecond, false, 1, "", 2},
+		{"never broken: one push", 0, nil, true, 0, "", 1},
+		{"broken twice after moving data: pushed three times", 0, nil, true, 2, "", 3},
+		{"broken without moving data, within the bound: pushed again", 0, nil, false, 1, "", 2},
+		{"always broken, no data moved: given up after the bound", 0, nil, false, -1, "no data moved for 60ms", 0},
+		{"broken without moving data after a busy wait longer than the bound: pushed again", 100 * time.Millisecond, nil, false, 1, "", 2},
+		{"a certificate refused: answered at once", 0, refused, false, -1, "not backup.zfs-nomad", 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -205,7 +209,7 @@ func TestBackupOutlivesABrokenStream(t *testing.T) {
 				if tt.moving {
 					each(agentclient.Progress{Kind: "full", Bytes: 1 << 20})
 				}
-				return broken
+				return cmp.Or(tt.failure, broken)
 			}
 			var out strings.Builder
 			err := Backup(context.Background(), fakes.Cluster(t), id, BackupOptions{StallTimeout: 60 * time.Millisecond, RetryEvery: 10 * time.Millisecond, WaitBusy: time.Second}, &out)

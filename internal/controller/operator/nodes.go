@@ -101,7 +101,7 @@ func Unreached(addr string, err error) string {
 		return fmt.Sprintf("nothing listens at %s (connection refused): is zfs-node running there, on that port?", addr)
 	case strings.Contains(msg, "no such host") || strings.Contains(msg, "produced zero addresses"):
 		return fmt.Sprintf("the name in %s does not resolve: check the peers list", addr)
-	case strings.Contains(msg, "certificate") || strings.Contains(msg, "tls:") || strings.Contains(msg, "x509"):
+	case tlsRefusal(msg):
 		return fmt.Sprintf("the TLS handshake with %s failed (%s): check that its certificate and ours come from the same CA and are valid (docs/security.md)", addr, cause)
 	case errdefs.Code(err) == codes.DeadlineExceeded || strings.Contains(msg, "i/o timeout") || strings.Contains(msg, "no route to host") || strings.Contains(msg, "deadline exceeded"):
 		return fmt.Sprintf("no answer from %s in time (%s): the host, its zfs-node or the network to it is down", addr, cause)
@@ -109,6 +109,12 @@ func Unreached(addr string, err error) string {
 		return fmt.Sprintf("%s refused the call: %s", addr, msg)
 	}
 	return fmt.Sprintf("%s did not answer: %s", addr, cause)
+}
+
+// tlsRefusal reports whether an error's message tells of a TLS
+// handshake that failed: a certificate refused, which no retry mends.
+func tlsRefusal(msg string) bool {
+	return strings.Contains(msg, "certificate") || strings.Contains(msg, "tls:") || strings.Contains(msg, "x509")
 }
 
 // innermost is the last cause of a chain of "context: cause" messages,

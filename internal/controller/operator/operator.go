@@ -159,16 +159,18 @@ func retryEvery(opts BackupOptions) time.Duration {
 // prints. The node resumes where the broken push stopped (the
 // receiver keeps a resume token), so a stall of the source shorter
 // than the bound costs the operator a line of output, not the backup.
-// push calls moved when the node first reports on a push and whenever
-// data moves. The bound counts from then, or from the first break if
-// none came before it: never from the command's start, whose wait for
-// a busy volume (-wait) is no stall.
+// A TLS handshake refused (a target's certificate not of its role, a
+// CA that differs) is Unavailable too, but no retry mends it: it is
+// answered at once. push calls moved when the node first reports on a
+// push and whenever data moves. The bound counts from then, or from the
+// first break if none came before it: never from the command's start,
+// whose wait for a busy volume (-wait) is no stall.
 func againWhenBroken(ctx context.Context, stall, every time.Duration, out io.Writer, push func(moved func()) (agentclient.Progress, error)) (agentclient.Progress, error) {
 	var lastMoved time.Time // zero until the node reports or a push breaks
 	moved := func() { lastMoved = time.Now() }
 	for {
 		last, err := push(moved)
-		if err == nil || !errors.Is(err, errdefs.ErrUnavailable) || errors.Is(err, cluster.ErrStalled) {
+		if err == nil || !errors.Is(err, errdefs.ErrUnavailable) || errors.Is(err, cluster.ErrStalled) || tlsRefusal(err.Error()) {
 			return last, err
 		}
 		if lastMoved.IsZero() {
