@@ -5,6 +5,7 @@ import (
 	"os/exec"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guestcluster"
 	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guesttest"
+	pb "github.com/zfs-nomad/zfs-nomad/proto/agentpb"
 )
 
 // TestBackupsToATarget: a backup target outside the cluster (zfs-node
@@ -31,9 +33,14 @@ import (
 // onto the other node, the volume is its own encryption root, staged
 // with its key. A node's certificate answering
 // at a target's address is refused before anything is sent. A backup
-// broken off by the target's death resumes once it is back, within the
-// node's bandwidth cap.
+// broken off by the target's death goes on when it is back, the same
+// command resuming where the stream stopped, within the node's
+// bandwidth cap.
 func TestBackupsToATarget(t *testing.T) {
+	// In slot 0, beside another test: its waits are generous (30 s for a
+	// hold, a minute for 4 MiB at 2 MB/s), its one check of a time a
+	// lower bound.
+	t.Parallel()
 	impostor := "10.77.0.2:7670" // n2's agent port
 	c := guesttest.StartCluster(t, 2, guestcluster.Options{EncryptedRoots: true, BackupTarget: "vault", BackupTargetDisk: guesttest.Disk(3),
 		NodeArgs: []string{"-backup-targets", "vault=" + guestcluster.TargetAddress() + ",impostor=" + impostor, "-replication-bandwidth", "2M"}})
@@ -133,26 +140,36 @@ func TestBackupsToATarget(t *testing.T) {
 		t.Errorf("the impostor node holds a copy of the volume:\n%s", out)
 	}
 
-	// A backup broken off by the target's end (killed mid-stream) resumes
-	// where it stopped once the target is back, within the node's
-	// bandwidth cap (2 MB/s: the 24 MiB take 12 s).
+	// A backup broken off by the target's end (killed mid-stream) goes
+	// on once the target is back: the command pushes again every 2 s
+	// while data moved within its -stall, and the node resumes where the
+	// stream stopped (the target's resume token), within its bandwidth
+	// cap (2 MB/s: the 24 MiB take 12 s).
 	guesttest.Exec(t, n1, guesttest.RandomFile(target+"/d", 24)+" && sync")
-	var broken strings.Builder
+	var resumed syncBuffer
 	cmd := exec.Command(ctlBin, append(args, "-target", "vault", "ledger")...)
-	cmd.Stdout, cmd.Stderr = &broken, &broken
+	cmd.Stdout, cmd.Stderr = &resumed, &resumed
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(4 * time.Second)
-	c.Target.Process.Kill()
-	if err := cmd.Wait(); err == nil {
-		t.Fatalf("the backup whose target was killed 4 s into 12 s ended well:\n%s", broken.String())
+	n1Agent := agent(t, c, n1)
+	for deadline := time.Now().Add(time.Minute); sentToTarget(t, n1Agent, id) < 4<<20; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the backup of 24 MiB sent less than 4 MiB in a minute:\n%s", resumed.String())
+		}
 	}
+	c.Target.Process.Kill()
+	time.Sleep(3 * time.Second) // the command pushes again meanwhile, and finds no target
 	if err := c.Target.Start(); err != nil {
 		t.Fatal(err)
 	}
 	began := time.Now()
-	backup("resume")
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("the backup whose target was killed mid-stream and back 3 s later failed: %v\n%s", err, resumed.String())
+	}
+	if out := resumed.String(); !strings.Contains(out, "the push broke") || !strings.Contains(out, "done: resume") {
+		t.Errorf("the backup whose target was killed mid-stream: want it to say the push broke, then resume and finish:\n%s", out)
+	}
 	if took := time.Since(began); took < 5*time.Second {
 		t.Errorf("the resumed backup took %s: at 2 MB/s what was left of 24 MiB takes longer (the cap was not applied?)", took)
 	}
@@ -367,4 +384,39 @@ func TestScheduledBackupsAndARestoreOntoAnotherNode(t *testing.T) {
 func owners(t *testing.T, n *guestcluster.Node, dir string) string {
 	t.Helper()
 	return guesttest.Exec(t, n, "cd "+dir+" && find . | sort | xargs stat -c '%n %a %u %g'")
+}
+
+// sentToTarget is how many bytes n's running push of volume id has sent
+// (0 when none runs).
+func sentToTarget(t *testing.T, n pb.NodeAgentClient, id string) int64 {
+	t.Helper()
+	st, err := n.Status(t.Context(), &pb.StatusRequest{})
+	if err != nil {
+		t.Fatalf("status: %v", err)
+	}
+	for _, tr := range st.GetTransfers() {
+		if tr.GetVolumeId() == id {
+			return tr.GetBytes()
+		}
+	}
+	return 0
+}
+
+// syncBuffer is a strings.Builder a command's output goroutines and the
+// test may use at once.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

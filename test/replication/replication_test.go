@@ -44,12 +44,14 @@ import (
 )
 
 // Tests that bound a time (a rate, an idle timeout, a call's answer, a
-// fence) or run a backup target (slot 0's only) run alone, first; the
-// others call t.Parallel and run two at a time, each cluster in a slot of
-// its own (guesttest.Options.Slots): their assertions are about what
-// ends where, not when, and much of their time is waiting (a link kept
-// down past the keepalive, schedules, retries) that a second cluster
-// fills.
+// fence) run alone, first; the others call t.Parallel and run two at a
+// time, each cluster in a slot of its own (guesttest.Options.Slots):
+// their assertions are about what ends where, not when, and much of
+// their time is waiting (a link kept down past the keepalive, schedules,
+// retries) that a second cluster fills. A backup target runs in slot 0
+// only: of the two tests that run one, the longer,
+// TestBackupsToATarget, runs in parallel, waiting for slot 0 if need be,
+// and the other alone.
 func TestMain(m *testing.M) {
 	os.Exit(guesttest.Main(m, guesttest.Options{
 		Disks:    []string{"2G", "2G", "1G", "1G"},

@@ -51,8 +51,10 @@ func (o Options) allDisks() []string {
 // slots hands out the package's cluster slots (Options.Slots): a cluster
 // takes a free one and gives it back once closed, so clusters of
 // parallel tests never share a disk, a namespace or an address. A
-// cluster takes the lowest free slot, and one with a backup target waits
-// for slot 0, the only one a target runs in (guestcluster.TargetAddress).
+// cluster with a backup target waits for slot 0, the only one a target
+// runs in (guestcluster.TargetAddress); any other takes the highest free
+// slot, so that slot 0 is the last taken and such a cluster seldom waits
+// beside an idle slot.
 var slots struct {
 	mu    sync.Mutex
 	freed *sync.Cond
@@ -66,23 +68,24 @@ func openSlots(opts Options) {
 	slots.freed = sync.NewCond(&slots.mu)
 }
 
-// takeSlot waits for a free slot (slot 0 if firstOnly): with go test's
-// -parallel above Slots, a parallel test's cluster waits for another's
-// to close.
+// takeSlot waits for a free slot (slot 0 if firstOnly, else the highest
+// free one): with go test's -parallel above Slots, a parallel test's
+// cluster waits for another's to close.
 func takeSlot(firstOnly bool) int {
 	if slots.freed == nil {
 		return 0
 	}
 	slots.mu.Lock()
 	defer slots.mu.Unlock()
+	from := len(slots.taken) - 1 // the highest: slot 0 is taken last
+	if firstOnly {
+		from = 0
+	}
 	for {
-		for s, taken := range slots.taken {
-			if !taken {
+		for s := from; s >= 0; s-- {
+			if !slots.taken[s] {
 				slots.taken[s] = true
 				return s
-			}
-			if firstOnly {
-				break
 			}
 		}
 		slots.freed.Wait()
