@@ -32,8 +32,17 @@ import (
 // ZFS steps are the same); a key left loaded on a source goes with its
 // demotion after a move; a stage checks the passphrase even where the key
 // is loaded.
+//
+// It runs where the kernel module is OpenZFS 2.2 or later (make
+// test-trixie): on 2.1 a mount of an encrypted volume may oops the
+// module and hang the guest's ZFS (docs/security.md), which this test's
+// stages after moves met once in make test; the docs keep encrypted
+// volumes off 2.1.
 func TestEncryptedVolumesOpenOnlyWhereStaged(t *testing.T) {
 	t.Parallel()
+	if guesttest.EncryptedMountDefect(t) {
+		t.Skip("OpenZFS 2.1's kernel module may oops mounting an encrypted volume (docs/security.md): make test-trixie runs this test on 2.3")
+	}
 	// The operator's key file, the same on every node (they share the
 	// guest's file system): for claims whose secrets carry no key.
 	keyFile := filepath.Join(t.TempDir(), "volume-key")

@@ -34,7 +34,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/zfs-nomad/zfs-nomad/internal/node/zfs/openzfs"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/contract"
 	"github.com/zfs-nomad/zfs-nomad/internal/shared/tlsconfig"
 	"github.com/zfs-nomad/zfs-nomad/internal/testbed/guestcluster"
@@ -126,7 +125,7 @@ func TestNomadEndToEnd(t *testing.T) {
 	bin := nomadBinDir(t)
 	haveImages(t, bin)
 	e := start(t, bin, dockerFlavour)
-	e.encrypt = !encryptedMountDefect(t)
+	e.encrypt = !guesttest.EncryptedMountDefect(t)
 
 	e.startBackupTarget()
 	e.step("deploy the plugins from nomad/ under the docker driver", e.deployPlugins)
@@ -1233,17 +1232,6 @@ func (e *e2e) withSecrets(spec string) string {
 		`  # encryption = "on"`, `  encryption = "on"`,
 		commented, fmt.Sprintf("secrets {\n  owner_secret   = %q\n  encryption_key = %q\n}", testOwnerSecret, testPassphrase),
 	).Replace(spec)
-}
-
-// encryptedMountDefect reports whether the guest's ZFS kernel module has
-// OpenZFS 2.1's encrypted-mount defect, as zfs-node judges it at start.
-func encryptedMountDefect(t *testing.T) bool {
-	t.Helper()
-	v, err := openzfs.Parse(guesttest.Run(t, "zfs", "version"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return v.EncryptedMountDefect()
 }
 
 // wantKeyLoadedOnlyOn checks that every copy of volume id is encrypted
